@@ -1,0 +1,682 @@
+"""Static conformance check of a checkpoint root or version directory (``python -m conformance check``).
+
+The checks are written from the spec, independently of :mod:`portable_ckpt`:
+
+* every JSON document is decoded strictly (duplicate keys, NaN, depth) and validated against its
+  JSON Schema from ``spec/schemas``;
+* commit-record rules: ``format``/``format_version`` (major 1), ``must_understand``, ``attempt_id``
+  equal to the directory name and consistent with ``step``;
+* every path is safe and stays inside the attempt (no symlinks out); every file in ``files`` exists
+  with its recorded size; checksums of the blocks read (all blocks with ``deep``);
+* every tensor: dtype known, shape within limits, every range in bounds, exactly-once coverage
+  (sweep over boxes plus a volume count), range records agree with the safetensors headers;
+  zstd ranges decompress to the right size (``deep``);
+* every entry: declaration, the values per scope, each value strictly decoded and valid against
+  its declared schema (builtin ids resolve to ``spec/schemas/entries``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.schemas import SchemaSet, load_schemas
+from conformance.spec import (
+    ATTEMPT_ID_RE,
+    BUILTIN_SCHEMA_IDS,
+    DTYPES,
+    KNOWN_EXTENSIONS,
+    MAX_NDIM,
+    MAX_SIZE,
+    has_control_chars,
+    path_problem,
+)
+from conformance.store import (
+    FileRecord,
+    Problem,
+    StHeader,
+    VersionFiles,
+    parse_file_record,
+    parse_safetensors_header,
+    zstd_frame_content_size,
+)
+from conformance.strictjson import StrictJsonError, loads_strict
+
+__all__ = ["Finding", "Report", "check", "check_version", "find_versions"]
+
+MANIFEST_MAX_BYTES = 256 << 20
+ENTRY_MAX_BYTES = 64 << 20
+_VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)$")
+
+
+@dataclass
+class Finding:
+    """One violation: spec error code, message, and the version it was found in."""
+
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        """``{"code", "message"}`` as printed by ``--json``."""
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass
+class Report:
+    """Result of a check: errors (violations) and warnings (allowed but suspicious)."""
+
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no error was found."""
+        return not self.errors
+
+    @property
+    def codes(self) -> set[str]:
+        """The set of error codes found."""
+        return {e.code for e in self.errors}
+
+    def error(self, code: str, message: str) -> None:
+        """Record a violation."""
+        self.errors.append(Finding(code, message))
+
+    def warn(self, message: str) -> None:
+        """Record a warning (not a violation)."""
+        self.warnings.append(Finding("WARNING", message))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"ok", "errors", "warnings", "versions"}``."""
+        return {"ok": self.ok, "errors": [e.to_json() for e in self.errors],
+                "warnings": [w.message for w in self.warnings], "versions": self.versions}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str:
+    """Map a schema violation to the most specific code the spec has for that location.
+
+    The error table has specific codes for rules that the schemas also express (dtype enum,
+    path patterns, box rank, lengths >= 1, ...); those take precedence over PCK-SCHEMA.
+    """
+    if not path:
+        return "PCK-SCHEMA"
+    top = path[0]
+    n = len(path)
+    if top == "attempt_id":
+        return "PCK-ATTEMPT-ID"
+    if top == "files":
+        if n == 1 and keyword in ("pattern", "maxLength"):
+            return "PCK-PATH-UNSAFE"
+        if n == 3 and path[2] == "size" and keyword == "maximum":
+            return "PCK-LIMIT"
+    if top == "tensors" and n >= 3:
+        if path[2] == "dtype" and keyword in ("enum", "const"):
+            return "PCK-DTYPE-UNSUPPORTED"
+        if path[2] == "shape" and keyword in ("maxItems", "maximum"):
+            return "PCK-LIMIT"
+        if path[2] == "ranges":
+            if n == 3 and keyword == "minItems":
+                return "PCK-COVERAGE-GAP"
+            if n == 3 and keyword == "maxItems":
+                t = doc.get("tensors", {}).get(path[1], {}) if isinstance(doc, dict) else {}
+                shape = t.get("shape") if isinstance(t, dict) else None
+                if isinstance(shape, list) and 0 in shape:
+                    return "PCK-RANGE-BOUNDS"
+                return "PCK-COVERAGE-OVERLAP"
+            if n >= 5 and path[4] == "file" and keyword in ("pattern", "maxLength"):
+                return "PCK-PATH-UNSAFE"
+            if n >= 5 and path[4] == "codec" and keyword in ("enum", "const"):
+                return "PCK-CODEC"
+            if n >= 5 and path[4] in ("offsets", "lengths") and keyword in (
+                    "maxItems", "minimum"):
+                return "PCK-RANGE-BOUNDS"
+    if top == "entries" and n >= 3:
+        if path[2] == "values" and n == 3 and keyword == "minItems":
+            return "PCK-ENTRY-MISSING"
+        if n >= 5 and path[2] == "values" and path[4] == "file" and keyword in (
+                "pattern", "maxLength"):
+            return "PCK-PATH-UNSAFE"
+        if path[2] == "schema" and n == 3:
+            e = doc.get("entries", {}).get(path[1], {}) if isinstance(doc, dict) else {}
+            sch = e.get("schema") if isinstance(e, dict) else None
+            if isinstance(sch, dict) and set(sch) == {"id"} and isinstance(sch["id"], str):
+                return "PCK-ENTRY-SCHEMA"
+    return "PCK-SCHEMA"
+
+
+def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
+                  report: Report) -> bool:
+    """Validate ``doc`` against ``<name>.schema.json``; return False on a generic violation."""
+    schema = schemas.document(name)
+    if schema is None:
+        report.warn(f"{name}.schema.json not found in {schemas.root}; schema validation skipped")
+        return True
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(schema, registry=schemas.registry())
+    generic = False
+    n = 0
+    for err in validator.iter_errors(doc):
+        path = list(err.absolute_path)
+        code = _classify_schema_error(path, str(err.validator), doc) if name == "manifest" \
+            else "PCK-SCHEMA"
+        generic |= code == "PCK-SCHEMA"
+        loc = "/".join(str(p) for p in path) or "(root)"
+        report.error(code, f"{where}: schema {name}.schema.json violated at {loc}: "
+                     f"{err.message[:300]}")
+        n += 1
+        if n >= 20:
+            break
+    return not generic
+
+
+def _load_json(vf: VersionFiles, rel: str, report: Report, *, max_bytes: int,
+               verified: bool) -> Any:
+    """Read and strictly decode a JSON file; record problems; return None on failure."""
+    try:
+        if verified:
+            data = vf.read(rel)
+        else:
+            p = vf.resolve(rel)
+            if p.stat().st_size > max_bytes:
+                raise Problem("PCK-JSON-INVALID", f"{rel!r} is larger than {max_bytes} bytes")
+            data = p.read_bytes()
+        return loads_strict(data, max_bytes=max_bytes)
+    except Problem as exc:
+        report.error(exc.code, f"{vf.vdir.name}/{rel}: {exc.message}")
+    except StrictJsonError as exc:
+        report.error("PCK-JSON-INVALID", f"{vf.vdir.name}/{rel}: {exc}")
+    except OSError as exc:
+        report.error("PCK-STORAGE", f"{vf.vdir.name}/{rel}: {exc}")
+    return None
+
+
+class _VersionChecker:
+    def __init__(self, vdir: Path, report: Report, schemas: SchemaSet, deep: bool) -> None:
+        self.vdir = vdir
+        self.name = vdir.name
+        self.r = report
+        self.schemas = schemas
+        self.deep = deep
+        self.vf = VersionFiles(vdir)
+        self.headers: dict[str, StHeader | None] = {}
+        self.bad_files: set[str] = set()
+
+    def err(self, code: str, msg: str) -> None:
+        self.r.error(code, f"{self.name}: {msg}")
+
+    # -- commit record -------------------------------------------------------------------------
+    def run(self) -> None:
+        mpath = self.vdir / "manifest.json"
+        if mpath.is_symlink():
+            self.err("PCK-PATH-UNSAFE", "manifest.json is a symlink")
+            return
+        if not mpath.is_file():
+            self.err("PCK-MANIFEST-MISSING", "no manifest.json: the attempt is not committed")
+            return
+        m = _load_json(self.vf, "manifest.json", self.r, max_bytes=MANIFEST_MAX_BYTES,
+                       verified=False)
+        if m is None:
+            return
+        if not isinstance(m, dict):
+            self.err("PCK-SCHEMA", "manifest.json is not a JSON object")
+            return
+        if m.get("format") != "portable-ckpt":
+            self.err("PCK-SCHEMA", f"manifest format is {m.get('format')!r}, not 'portable-ckpt'")
+            return
+        fv = m.get("format_version")
+        mv = _VERSION_RE.match(fv) if isinstance(fv, str) else None
+        if mv is None:
+            self.err("PCK-SCHEMA", f"format_version {fv!r} is not 'MAJOR.MINOR'")
+            return
+        if int(mv.group(1)) != 1:
+            self.err("PCK-VERSION-UNSUPPORTED", f"format_version {fv} has major version "
+                     f"{mv.group(1)}; this checker implements 1.x")
+            return
+        mu = m.get("must_understand")
+        if isinstance(mu, list):
+            unknown = [x for x in mu if x not in KNOWN_EXTENSIONS]
+            if unknown:
+                self.err("PCK-FEATURE-UNSUPPORTED", f"must_understand names extensions this "
+                         f"checker does not implement: {unknown!r}")
+                return
+        if not _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r):
+            return
+        self.check_manifest(m)
+
+    def check_manifest(self, m: dict[str, Any]) -> None:
+        aid, step = m.get("attempt_id"), m.get("step")
+        am = ATTEMPT_ID_RE.match(aid) if isinstance(aid, str) else None
+        if am is None:
+            self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} is malformed")
+        elif aid != self.name:
+            self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} differs from its directory name")
+        elif not _is_int(step) or int(am.group(1)) != step:
+            self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} does not encode step {step!r}")
+        cont = m.get("continuation")
+        ws = cont.get("world_size") if isinstance(cont, dict) else None
+        if not _is_int(ws) or ws < 1:
+            self.err("PCK-SCHEMA", f"continuation.world_size {ws!r} must be an integer >= 1")
+            ws = None
+        files = m.get("files")
+        if not isinstance(files, dict):
+            self.err("PCK-SCHEMA", "files must be an object")
+            return
+        self.check_files(files)
+        tensors = m.get("tensors")
+        if not isinstance(tensors, dict):
+            self.err("PCK-SCHEMA", "tensors must be an object")
+        else:
+            for key, t in tensors.items():
+                try:
+                    self.check_tensor(key, t)
+                except Problem as exc:
+                    self.err(exc.code, f"tensor {key!r}: {exc.message}")
+        entries = m.get("entries", {})
+        if not isinstance(entries, dict):
+            self.err("PCK-SCHEMA", "entries must be an object")
+        else:
+            for name, e in entries.items():
+                try:
+                    self.check_entry(name, e, ws, step)
+                except Problem as exc:
+                    self.err(exc.code, f"entry {name!r}: {exc.message}")
+        self.check_side_documents(aid)
+
+    def check_files(self, files: dict[str, Any]) -> None:
+        for rel, rec in files.items():
+            why = path_problem(rel)
+            if why is not None:
+                self.err("PCK-PATH-UNSAFE", f"files: {why}")
+                self.bad_files.add(rel)
+                continue
+            if rel.startswith(("manifest.json", "drills/", "copies/")):
+                self.err("PCK-SCHEMA", f"files must not list {rel!r}")
+            try:
+                fr: FileRecord = parse_file_record(rel, rec)
+                size = self.vf.stat_size(rel)
+                if size != fr.size:
+                    raise Problem("PCK-FILE-SIZE", f"{rel!r} has {size} bytes, recorded "
+                                  f"{fr.size} (truncated or extended)")
+                self.vf.records[rel] = fr
+                if self.deep:
+                    self.vf.verify_all(rel)
+            except Problem as exc:
+                self.err(exc.code, exc.message)
+                self.bad_files.add(rel)
+            except OSError as exc:
+                self.err("PCK-STORAGE", f"{rel!r}: {exc}")
+                self.bad_files.add(rel)
+        # Files present but not listed: allowed for readers (they ignore them), flagged.
+        listed = set(files)
+        for p in sorted(self.vdir.rglob("*")):
+            rel = p.relative_to(self.vdir).as_posix()
+            if p.is_dir() and not p.is_symlink():
+                continue
+            if rel == "manifest.json" or rel.startswith(("drills/", "copies/")) or rel in listed:
+                continue
+            self.r.warn(f"{self.name}: {rel!r} is not listed in files")
+
+    def header(self, rel: str) -> StHeader | None:
+        if rel not in self.headers:
+            try:
+                self.headers[rel] = parse_safetensors_header(self.vf, rel)
+            except Problem as exc:
+                self.err(exc.code, exc.message)
+                self.headers[rel] = None
+        return self.headers[rel]
+
+    # -- tensors -------------------------------------------------------------------------------
+    def check_tensor(self, key: str, t: Any) -> None:
+        if not key or len(key) > 1024 or has_control_chars(key):
+            raise Problem("PCK-SCHEMA", "key must be 1..1024 characters without control characters")
+        if not isinstance(t, dict):
+            raise Problem("PCK-SCHEMA", "tensor record is not an object")
+        dtype, shape, ranges = t.get("dtype"), t.get("shape"), t.get("ranges")
+        if dtype not in DTYPES:
+            raise Problem("PCK-DTYPE-UNSUPPORTED", f"dtype {dtype!r} is not in the format's table")
+        st_dtype, itemsize = DTYPES[dtype]
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise Problem("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0")
+        if len(shape) > MAX_NDIM or math.prod(shape) * itemsize > MAX_SIZE:
+            raise Problem("PCK-LIMIT", f"shape {shape} exceeds the format's limits")
+        if not isinstance(ranges, list):
+            raise Problem("PCK-SCHEMA", "ranges must be a list")
+        ndim = len(shape)
+        boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        for i, rr in enumerate(ranges):
+            where = f"range {i}"
+            if not isinstance(rr, dict):
+                raise Problem("PCK-SCHEMA", f"{where} is not an object")
+            offs, lens = rr.get("offsets"), rr.get("lengths")
+            if (not isinstance(offs, list) or not isinstance(lens, list)
+                    or not all(_is_int(x) for x in offs + lens)):
+                raise Problem("PCK-SCHEMA", f"{where}: offsets/lengths must be integer lists")
+            if len(offs) != ndim or len(lens) != ndim:
+                raise Problem("PCK-RANGE-BOUNDS", f"{where}: box of rank {len(offs)}/{len(lens)} "
+                              f"for a tensor of rank {ndim}")
+            for d in range(ndim):
+                if offs[d] < 0 or lens[d] < 1 or offs[d] + lens[d] > shape[d]:
+                    raise Problem("PCK-RANGE-BOUNDS", f"{where}: box offsets={offs} lengths={lens} "
+                                  f"is empty or outside shape {shape} (dim {d})")
+            boxes.append((tuple(offs), tuple(lens)))
+            self.check_range_data(key, where, rr, st_dtype, itemsize, lens)
+        _check_coverage(shape, boxes)
+
+    def check_range_data(self, key: str, where: str, rr: dict[str, Any], st_dtype: str,
+                         itemsize: int, lens: list[int]) -> None:
+        rel, name, codec = rr.get("file"), rr.get("name"), rr.get("codec")
+        if codec not in ("none", "zstd"):
+            raise Problem("PCK-CODEC", f"{where}: unknown codec {codec!r}")
+        why = path_problem(rel)
+        if why is not None:
+            raise Problem("PCK-PATH-UNSAFE", f"{where}: {why}")
+        assert isinstance(rel, str)
+        if rel in self.bad_files:
+            return  # already reported for the file itself
+        if rel not in self.vf.records:
+            raise Problem("PCK-FILE-MISSING", f"{where}: file {rel!r} is not listed in files")
+        hdr = self.header(rel)
+        if hdr is None:
+            return
+        if not isinstance(name, str) or name not in hdr.tensors:
+            raise Problem("PCK-SHARD-MISMATCH", f"{where}: {rel!r} has no tensor named {name!r}")
+        st = hdr.tensors[name]
+        nbytes = math.prod(lens) * itemsize
+        if codec == "none":
+            if st.dtype != st_dtype or st.shape != lens:
+                raise Problem("PCK-SHARD-MISMATCH", f"{where}: {rel!r}:{name} is {st.dtype}"
+                              f"{st.shape}, the range record needs {st_dtype}{lens}")
+            return
+        if st.dtype != "U8" or len(st.shape) != 1:
+            raise Problem("PCK-SHARD-MISMATCH", f"{where}: zstd range {rel!r}:{name} must be a "
+                          f"1-D U8 tensor, is {st.dtype}{st.shape}")
+        if self.deep:
+            frame = self.vf.read(rel, st.begin, st.end - st.begin)
+            fcs = zstd_frame_content_size(frame)
+            if fcs is not None and fcs != nbytes:
+                raise Problem("PCK-CODEC", f"{where}: zstd frame declares {fcs} bytes, the box "
+                              f"needs {nbytes}")
+            _zstd_decompress_exact(frame, nbytes, where)
+
+    # -- entries -------------------------------------------------------------------------------
+    def check_entry(self, name: str, e: Any, ws: int | None, step: Any) -> None:
+        if not name or len(name) > 256 or has_control_chars(name):
+            raise Problem("PCK-SCHEMA", "entry name must be 1..256 chars without control chars")
+        if not isinstance(e, dict):
+            raise Problem("PCK-SCHEMA", "entry record is not an object")
+        sch, scope, enc, values = e.get("schema"), e.get("scope"), e.get("encoding"), \
+            e.get("values")
+        schema_doc, schema_id = self.entry_schema(sch)
+        if enc not in ("json", "json+zstd"):
+            raise Problem("PCK-SCHEMA", f"encoding {enc!r} is not 'json' or 'json+zstd'")
+        if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
+            raise Problem("PCK-SCHEMA", "values must be a list of objects")
+        if scope == "global":
+            if "world_size_policy" in e:
+                raise Problem("PCK-SCHEMA", "world_size_policy is only allowed for per_rank")
+            if not values:
+                raise Problem("PCK-ENTRY-MISSING", "global entry has no value")
+            if len(values) != 1 or "rank" in values[0]:
+                raise Problem("PCK-SCHEMA", "global entry must have exactly one value, no rank")
+        elif scope == "per_rank":
+            if e.get("world_size_policy") not in ("require_same", "modulo", "rank0", "drop"):
+                raise Problem("PCK-SCHEMA", f"per_rank entry needs a world_size_policy, got "
+                              f"{e.get('world_size_policy')!r}")
+            ranks = [v.get("rank") for v in values]
+            if not all(_is_int(r) and r >= 0 for r in ranks):
+                raise Problem("PCK-SCHEMA", "every per_rank value needs an integer rank >= 0")
+            if len(set(ranks)) != len(ranks):
+                raise Problem("PCK-SCHEMA", f"duplicate ranks in {sorted(ranks)}")
+            if ws is not None:
+                extra = sorted(r for r in ranks if r >= ws)
+                if extra:
+                    raise Problem("PCK-SCHEMA", f"ranks {extra} >= world_size {ws}")
+                missing = sorted(set(range(ws)) - set(ranks))
+                if missing:
+                    raise Problem("PCK-ENTRY-MISSING", f"per_rank values missing for ranks "
+                                  f"{missing[:10]} (world_size {ws})")
+        else:
+            raise Problem("PCK-SCHEMA", f"scope {scope!r} is not 'global' or 'per_rank'")
+        for v in values:
+            rel = v.get("file")
+            why = path_problem(rel)
+            if why is not None:
+                raise Problem("PCK-PATH-UNSAFE", why)
+            assert isinstance(rel, str)
+            if rel in self.bad_files:
+                continue
+            if rel not in self.vf.records:
+                raise Problem("PCK-FILE-MISSING", f"value file {rel!r} is not listed in files")
+            raw = self.vf.read(rel)
+            if enc == "json+zstd":
+                raw = _zstd_decompress_bounded(raw, ENTRY_MAX_BYTES, rel)
+            try:
+                value = loads_strict(raw, max_bytes=ENTRY_MAX_BYTES)
+            except StrictJsonError as exc:
+                raise Problem("PCK-JSON-INVALID", f"value file {rel!r}: {exc}") from None
+            if schema_doc is not None:
+                errs = self.schemas.validate(schema_doc, value, limit=3)
+                if errs:
+                    raise Problem("PCK-ENTRY-SCHEMA", f"value {rel!r} violates its schema "
+                                  f"{schema_id or 'json_schema'}: {'; '.join(errs)}")
+            if schema_id == "pck:step/1" and _step_of(value) != step:
+                raise Problem("PCK-STEP-MISMATCH", f"value {rel!r} holds step {value!r}, the "
+                              f"manifest says {step!r}")
+
+    def entry_schema(self, sch: Any) -> tuple[dict[str, Any] | None, str | None]:
+        if not isinstance(sch, dict) or len(sch) != 1:
+            raise Problem("PCK-SCHEMA", "schema must be {'id': ...} or {'json_schema': {...}}")
+        if "id" in sch:
+            sid = sch["id"]
+            if sid not in BUILTIN_SCHEMA_IDS:
+                raise Problem("PCK-ENTRY-SCHEMA", f"unknown builtin schema id {sid!r}")
+            doc = self.schemas.entry_schema(sid)
+            if doc is None:
+                self.r.warn(f"builtin schema {sid} not found under {self.schemas.root}/entries")
+            return doc, sid
+        js = sch.get("json_schema")
+        if not isinstance(js, (dict, bool)):
+            raise Problem("PCK-SCHEMA", "json_schema must be a JSON Schema (object or boolean)")
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError as JsSchemaError
+
+        try:
+            Draft202012Validator.check_schema(js)
+        except JsSchemaError as exc:
+            raise Problem("PCK-ENTRY-SCHEMA", f"json_schema is not a valid Draft 2020-12 "
+                          f"schema: {exc.message[:200]}") from None
+        if _has_remote_ref(js):
+            raise Problem("PCK-ENTRY-SCHEMA", "json_schema uses a remote $ref")
+        return (js if isinstance(js, dict) else {"not": {}} if js is False else {}), None
+
+    # -- writer indexes, drills ----------------------------------------------------------------
+    def check_side_documents(self, aid: Any) -> None:
+        for sub, schema_name, fmt in (("index", "writer-index", "portable-ckpt-writer-index"),
+                                      ("drills", "drill", "portable-ckpt-drill"),
+                                      ("copies", "copy", "portable-ckpt-copy")):
+            d = self.vdir / sub
+            if not d.is_dir():
+                continue
+            for p in sorted(d.glob("*.json")):
+                rel = f"{sub}/{p.name}"
+                listed = rel in self.vf.records
+                doc = _load_json(self.vf, rel, self.r, max_bytes=MANIFEST_MAX_BYTES,
+                                 verified=listed)
+                if doc is None:
+                    continue
+                where = f"{self.name}/{rel}"
+                if not isinstance(doc, dict) or doc.get("format") != fmt:
+                    self.r.error("PCK-SCHEMA", f"{where}: format must be {fmt!r}")
+                    continue
+                fv = doc.get("format_version")
+                if isinstance(fv, str) and not fv.startswith("1."):
+                    self.r.error("PCK-VERSION-UNSUPPORTED", f"{where}: format_version {fv!r}")
+                    continue
+                if not _schema_check(self.schemas, schema_name, doc, where, self.r):
+                    continue
+                if doc.get("attempt_id") != aid:
+                    self.r.error("PCK-ATTEMPT-ID", f"{where}: attempt_id {doc.get('attempt_id')!r}"
+                                 f" differs from the manifest's {aid!r}")
+                if sub == "index":
+                    w = doc.get("writer")
+                    if p.name != f"w{w:05d}.json" if _is_int(w) else True:
+                        self.r.error("PCK-SCHEMA", f"{where}: writer {w!r} does not match the "
+                                     "file name")
+
+
+def _step_of(value: Any) -> Any:
+    if isinstance(value, dict) and "step" in value:
+        return value["step"]
+    return value
+
+
+def _has_remote_ref(js: Any) -> bool:
+    stack = [js]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k in ("$ref", "$dynamicRef") and isinstance(x, str) and not x.startswith("#"):
+                    return True
+                stack.append(x)
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _zstd_decompress_exact(frame: bytes, nbytes: int, where: str) -> bytes:
+    import zstandard
+
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        out = dobj.decompress(frame)
+    except zstandard.ZstdError as exc:
+        raise Problem("PCK-CODEC", f"{where}: corrupt zstd frame: {exc}") from None
+    if not dobj.eof:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame is truncated")
+    if dobj.unused_data:
+        raise Problem("PCK-CODEC", f"{where}: {len(dobj.unused_data)} bytes after the zstd frame")
+    if len(out) != nbytes:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame decompresses to {len(out)} bytes, the "
+                      f"box needs {nbytes}")
+    return bytes(out)
+
+
+def _zstd_decompress_bounded(frame: bytes, limit: int, rel: str) -> bytes:
+    import zstandard
+
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        out = dobj.decompress(frame)
+    except zstandard.ZstdError as exc:
+        raise Problem("PCK-CODEC", f"{rel!r}: corrupt zstd frame: {exc}") from None
+    if not dobj.eof or dobj.unused_data:
+        raise Problem("PCK-CODEC", f"{rel!r}: not exactly one complete zstd frame")
+    if len(out) > limit:
+        raise Problem("PCK-JSON-INVALID", f"{rel!r}: decompressed value exceeds {limit} bytes")
+    return bytes(out)
+
+
+def _check_coverage(shape: list[int], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+    """Exactly-once coverage by a sweep (pairwise overlap test) plus a volume count.
+
+    Boxes are already known to be in bounds and non-empty. Without overlaps, the boxes cover
+    the tensor iff their volumes add up to the tensor's element count.
+    """
+    total = math.prod(shape)
+    if total == 0:
+        if boxes:
+            raise Problem("PCK-RANGE-BOUNDS", "a zero-size tensor must have no ranges")
+        return
+    ndim = len(shape)
+    if ndim == 0:
+        if len(boxes) > 1:
+            raise Problem("PCK-COVERAGE-OVERLAP", f"0-d tensor has {len(boxes)} ranges")
+    else:
+        # Sweep along the dimension with the most distinct offsets.
+        sd = max(range(ndim), key=lambda d: len({b[0][d] for b in boxes}))
+        order = sorted(boxes, key=lambda b: b[0][sd])
+        active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        for b in order:
+            start = b[0][sd]
+            active = [a for a in active if a[0][sd] + a[1][sd] > start]
+            for a in active:
+                if all(a[0][d] < b[0][d] + b[1][d] and b[0][d] < a[0][d] + a[1][d]
+                       for d in range(ndim)):
+                    lo = [max(a[0][d], b[0][d]) for d in range(ndim)]
+                    raise Problem("PCK-COVERAGE-OVERLAP", f"boxes offsets={list(a[0])} "
+                                  f"lengths={list(a[1])} and offsets={list(b[0])} "
+                                  f"lengths={list(b[1])} both cover element {lo}")
+            active.append(b)
+    covered = sum(math.prod(b[1]) for b in boxes)
+    if covered < total:
+        raise Problem("PCK-COVERAGE-GAP", f"ranges cover {covered} of {total} elements of shape "
+                      f"{shape}")
+
+
+def find_versions(root: Path) -> tuple[list[Path], list[Path]]:
+    """Return (committed candidate dirs, uncommitted attempt dirs) below a root."""
+    committed, pending = [], []
+    if root.is_dir():
+        for p in sorted(root.iterdir()):
+            if not p.is_dir() or p.is_symlink():
+                continue
+            if (p / "manifest.json").exists() or (p / "manifest.json").is_symlink():
+                committed.append(p)
+            elif ATTEMPT_ID_RE.match(p.name):
+                pending.append(p)
+    return committed, pending
+
+
+def check_version(vdir: Path, *, deep: bool = False, schemas: SchemaSet | None = None,
+                  report: Report | None = None) -> Report:
+    """Check one version (attempt) directory."""
+    report = report or Report()
+    report.versions.append(vdir.name)
+    _VersionChecker(vdir, report, schemas or load_schemas(), deep).run()
+    return report
+
+
+def check(path: str | Path, *, deep: bool = False, schema_dir: str | None = None) -> Report:
+    """Check a checkpoint root (every committed version) or one version directory.
+
+    Args:
+        path: A root directory or an attempt directory.
+        deep: Verify every checksum block and decompress every zstd range.
+        schema_dir: Directory of the spec's JSON Schemas (default ``spec/schemas``).
+
+    Returns:
+        A :class:`Report`; ``report.ok`` is True when the path conforms.
+    """
+    p = Path(path)
+    schemas = load_schemas(schema_dir)
+    report = Report()
+    if not p.exists():
+        report.error("PCK-NOT-FOUND", f"{p} does not exist")
+        return report
+    if not p.is_dir():
+        report.error("PCK-USAGE", f"{p} is not a directory")
+        return report
+    is_version = (p / "manifest.json").exists() or (p / "manifest.json").is_symlink() or \
+        ATTEMPT_ID_RE.match(p.name) is not None or (p / "data").is_dir() or \
+        (p / "index").is_dir()
+    if is_version:
+        return check_version(p, deep=deep, schemas=schemas, report=report)
+    committed, pending = find_versions(p)
+    for v in committed:
+        check_version(v, deep=deep, schemas=schemas, report=report)
+    if pending:
+        report.warn(f"{len(pending)} uncommitted attempt(s) (invisible to readers): "
+                    f"{[q.name for q in pending][:5]}")
+    if not committed:
+        report.error("PCK-NOT-FOUND", f"no committed version under {p}")
+    return report

@@ -1,0 +1,95 @@
+"""Loading the normative JSON Schemas from ``spec/schemas`` (Draft 2020-12)."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SchemaSet", "default_schema_dir", "load_schemas"]
+
+
+def default_schema_dir() -> Path:
+    """Return ``$PCK_SPEC_SCHEMAS`` or ``<repo>/spec/schemas`` next to this package."""
+    env = os.environ.get("PCK_SPEC_SCHEMAS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "spec" / "schemas"
+
+
+class SchemaSet:
+    """Every schema below a directory, addressable by file name and by ``$id``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.by_file: dict[str, dict[str, Any]] = {}
+        self.by_id: dict[str, dict[str, Any]] = {}
+        if root.is_dir():
+            for p in sorted(root.rglob("*.json")):
+                try:
+                    doc = json.loads(p.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                if not isinstance(doc, dict):
+                    continue
+                rel = p.relative_to(root).as_posix()
+                self.by_file[rel] = doc
+                sid = doc.get("$id")
+                if isinstance(sid, str):
+                    self.by_id[sid] = doc
+        self._registry: Any = None
+
+    def registry(self) -> Any:
+        """A ``referencing.Registry`` holding every schema (no remote retrieval)."""
+        if self._registry is None:
+            from referencing import Registry, Resource
+            from referencing.jsonschema import DRAFT202012
+
+            reg: Any = Registry()
+            for rel, doc in self.by_file.items():
+                res = Resource.from_contents(doc, default_specification=DRAFT202012)
+                uri = doc.get("$id") if isinstance(doc.get("$id"), str) else rel
+                reg = reg.with_resource(uri, res)
+                if uri != rel:
+                    reg = reg.with_resource(rel, res)
+            self._registry = reg
+        return self._registry
+
+    def document(self, name: str) -> dict[str, Any] | None:
+        """Return the schema of a format document, e.g. ``"manifest"`` -> manifest.schema.json."""
+        return self.by_file.get(f"{name}.schema.json")
+
+    def entry_schema(self, schema_id: str) -> dict[str, Any] | None:
+        """Return the builtin entry schema with ``schema_id`` (e.g. ``pck:rng/1``), or None."""
+        doc = self.by_id.get(schema_id)
+        if doc is not None:
+            return doc
+        # Fall back to a file-name convention: pck:rng/1 -> entries/rng-1.schema.json (or .1).
+        if schema_id.startswith("pck:") and "/" in schema_id:
+            base, ver = schema_id[4:].rsplit("/", 1)
+            for cand in (f"entries/{base}-{ver}.schema.json", f"entries/{base}.{ver}.schema.json",
+                         f"entries/{base}.schema.json", f"entries/{base}-v{ver}.schema.json"):
+                if cand in self.by_file:
+                    return self.by_file[cand]
+        return None
+
+    def validate(self, schema: dict[str, Any], instance: Any, *, limit: int = 20) -> list[str]:
+        """Validate ``instance`` and return up to ``limit`` error messages (empty when valid)."""
+        from jsonschema import Draft202012Validator
+
+        validator = Draft202012Validator(schema, registry=self.registry())
+        out: list[str] = []
+        for err in validator.iter_errors(instance):
+            loc = "/".join(str(p) for p in err.absolute_path) or "(root)"
+            out.append(f"at {loc}: {err.message[:300]}")
+            if len(out) >= limit:
+                break
+        return out
+
+
+@lru_cache(maxsize=4)
+def load_schemas(root: str | None = None) -> SchemaSet:
+    """Load (and cache) the schema set below ``root`` or the default directory."""
+    return SchemaSet(Path(root) if root else default_schema_dir())

@@ -1,0 +1,108 @@
+"""Constants of format 1.0 as the conformance suite reads them from the spec (own copy).
+
+Nothing here is imported from :mod:`portable_ckpt`; the values are transcribed from
+``spec/README.md`` / ``spec/DESIGN-NOTES.md`` so that a mistake in the reference implementation's
+tables shows up as a disagreement.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "ATTEMPT_ID_RE",
+    "BUILTIN_SCHEMA_IDS",
+    "CODES",
+    "DTYPES",
+    "KNOWN_EXTENSIONS",
+    "MAX_BLOCK_SIZE",
+    "MAX_COMPONENTS",
+    "MAX_HEADER_BYTES",
+    "MAX_NDIM",
+    "MAX_SIZE",
+    "MIN_BLOCK_SIZE",
+    "PATH_COMPONENT_RE",
+    "ST_ITEMSIZE",
+    "has_control_chars",
+    "path_problem",
+]
+
+#: attempt id: ``s<step:012d>-<YYYYMMDD>T<HHMMSS><micro:06d>Z-<16 hex>``.
+ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-[0-9]{8}T[0-9]{12}Z-[0-9a-f]{16}$")
+PATH_COMPONENT_RE = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+MAX_COMPONENTS = 8
+#: format dtype name -> (safetensors dtype, itemsize)
+DTYPES: dict[str, tuple[str, int]] = {
+    "float64": ("F64", 8),
+    "float32": ("F32", 4),
+    "float16": ("F16", 2),
+    "bfloat16": ("BF16", 2),
+    "int64": ("I64", 8),
+    "int32": ("I32", 4),
+    "int16": ("I16", 2),
+    "int8": ("I8", 1),
+    "uint8": ("U8", 1),
+    "uint16": ("U16", 2),
+    "uint32": ("U32", 4),
+    "uint64": ("U64", 8),
+    "bool": ("BOOL", 1),
+    "float8_e4m3fn": ("F8_E4M3", 1),
+    "float8_e5m2": ("F8_E5M2", 1),
+}
+#: itemsize of every safetensors dtype a header may name (superset of the format's table).
+ST_ITEMSIZE: dict[str, int] = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+    "U8": 1, "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}
+MAX_SIZE = 2**53 - 1
+MAX_NDIM = 64
+MAX_HEADER_BYTES = 100_000_000
+MIN_BLOCK_SIZE = 4096
+MAX_BLOCK_SIZE = 2**30
+BUILTIN_SCHEMA_IDS = (
+    "pck:step/1",
+    "pck:lr-scheduler/1",
+    "pck:grad-scaler/1",
+    "pck:rng/1",
+    "pck:data-position/1",
+    "pck:json/1",
+)
+#: extensions this checker implements (for ``must_understand``): none in 1.0.
+KNOWN_EXTENSIONS: frozenset[str] = frozenset()
+
+CODES = (
+    "PCK-NOT-FOUND", "PCK-MANIFEST-MISSING", "PCK-JSON-INVALID", "PCK-SCHEMA",
+    "PCK-VERSION-UNSUPPORTED", "PCK-FEATURE-UNSUPPORTED", "PCK-ATTEMPT-ID", "PCK-PATH-UNSAFE",
+    "PCK-FILE-MISSING", "PCK-FILE-SIZE", "PCK-CHECKSUM", "PCK-DTYPE-UNSUPPORTED",
+    "PCK-RANGE-BOUNDS", "PCK-COVERAGE-GAP", "PCK-COVERAGE-OVERLAP", "PCK-SHARD-HEADER",
+    "PCK-SHARD-MISMATCH", "PCK-CODEC", "PCK-LIMIT", "PCK-ENTRY-SCHEMA", "PCK-ENTRY-MISSING",
+    "PCK-TENSOR-MISSING", "PCK-CONTRACT", "PCK-COMMIT-CONFLICT", "PCK-WRITER-MISSING",
+    "PCK-METADATA-CONFLICT", "PCK-STEP-MISMATCH", "PCK-STORAGE", "PCK-DISTRIBUTED",
+    "PCK-UNSUPPORTED-VALUE", "PCK-USAGE",
+)
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def has_control_chars(s: str) -> bool:
+    """Return True when ``s`` contains U+0000-U+001F or U+007F."""
+    return _CONTROL.search(s) is not None
+
+
+def path_problem(path: object) -> str | None:
+    """Return why ``path`` breaks the spec's path rules, or None when it is safe."""
+    if not isinstance(path, str) or not path:
+        return f"path must be a non-empty string, got {path!r}"
+    if path.startswith("/"):
+        return f"path {path!r} is absolute"
+    if "\\" in path:
+        return f"path {path!r} contains a backslash"
+    parts = path.split("/")
+    if len(parts) > MAX_COMPONENTS:
+        return f"path {path!r} has more than {MAX_COMPONENTS} components"
+    for part in parts:
+        if part in (".", ".."):
+            return f"path {path!r} has a {part!r} component"
+        if not PATH_COMPONENT_RE.match(part):
+            return f"path {path!r} has a component {part!r} outside [A-Za-z0-9._-]{{1,255}}"
+    return None

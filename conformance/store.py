@@ -1,0 +1,309 @@
+"""Safe, checksum-verifying access to the files of one version directory (own implementation).
+
+Used by both the checker and the suite's own reader. Every path taken from a document goes
+through :meth:`VersionFiles.resolve`, which applies the spec's path rules and refuses symlinks
+that leave the attempt directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.spec import (
+    MAX_BLOCK_SIZE,
+    MAX_HEADER_BYTES,
+    MIN_BLOCK_SIZE,
+    ST_ITEMSIZE,
+    path_problem,
+)
+from conformance.strictjson import StrictJsonError, loads_strict
+
+__all__ = [
+    "FileRecord",
+    "Problem",
+    "StHeader",
+    "StTensor",
+    "VersionFiles",
+    "crc32c",
+    "parse_file_record",
+    "zstd_frame_content_size",
+]
+
+
+class Problem(Exception):
+    """A conformance violation with its spec error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+        self.message = message
+
+
+def _crc32c_py(data: bytes, crc: int = 0) -> int:
+    table = _TABLE
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _make_table() -> list[int]:
+    out = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        out.append(c)
+    return out
+
+
+_TABLE = _make_table()
+
+try:  # the native package is much faster; the pure-Python table is the fallback.
+    import crc32c as _crc32c_mod
+
+    def crc32c(data: bytes | memoryview) -> int:
+        """CRC-32C (Castagnoli) of ``data``."""
+        return int(_crc32c_mod.crc32c(bytes(data)))
+
+except ImportError:  # pragma: no cover
+
+    def crc32c(data: bytes | memoryview) -> int:
+        """CRC-32C (Castagnoli) of ``data``."""
+        return _crc32c_py(bytes(data))
+
+
+@dataclass
+class FileRecord:
+    """A ``files`` record of a manifest or writer index."""
+
+    path: str
+    size: int
+    block_size: int
+    blocks: list[int]
+    verified: set[int] = field(default_factory=set)
+
+
+def parse_file_record(path: str, rec: Any) -> FileRecord:
+    """Parse and sanity-check one ``files`` record.
+
+    Raises:
+        Problem: PCK-SCHEMA / PCK-CHECKSUM / PCK-LIMIT when the record is malformed.
+    """
+    if not isinstance(rec, dict):
+        raise Problem("PCK-SCHEMA", f"files[{path!r}] is not an object")
+    size = rec.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise Problem("PCK-SCHEMA", f"files[{path!r}].size must be an integer >= 0, got {size!r}")
+    if size > 2**53 - 1:
+        raise Problem("PCK-LIMIT", f"files[{path!r}].size {size} exceeds 2^53-1")
+    ck = rec.get("checksum")
+    if not isinstance(ck, dict) or ck.get("algorithm") != "crc32c":
+        raise Problem("PCK-SCHEMA", f"files[{path!r}].checksum must have algorithm 'crc32c'")
+    bs = ck.get("block_size")
+    if (not isinstance(bs, int) or isinstance(bs, bool) or bs < MIN_BLOCK_SIZE
+            or bs > MAX_BLOCK_SIZE or bs & (bs - 1)):
+        raise Problem("PCK-SCHEMA", f"files[{path!r}].checksum.block_size {bs!r} is not a power "
+                      f"of two in [{MIN_BLOCK_SIZE}, 2^30]")
+    blocks = ck.get("blocks")
+    if not isinstance(blocks, str) or len(blocks) % 8 or any(c not in "0123456789abcdef"
+                                                            for c in blocks):
+        raise Problem("PCK-SCHEMA", f"files[{path!r}].checksum.blocks must be lowercase hex, "
+                      "8 digits per block")
+    n = math.ceil(size / bs)
+    if len(blocks) != 8 * n:
+        raise Problem("PCK-SCHEMA", f"files[{path!r}]: {len(blocks) // 8} block checksums for "
+                      f"{n} blocks of {bs} bytes (size {size})")
+    return FileRecord(path, size, bs, [int(blocks[i:i + 8], 16) for i in range(0, len(blocks), 8)])
+
+
+class VersionFiles:
+    """Files of one attempt directory, read with the spec's path and checksum rules."""
+
+    def __init__(self, vdir: Path) -> None:
+        self.vdir = vdir
+        self.real = os.path.realpath(vdir)
+        self.records: dict[str, FileRecord] = {}
+
+    def resolve(self, rel: object, *, must_exist: bool = True) -> Path:
+        """Return the filesystem path of document path ``rel``.
+
+        Raises:
+            Problem: PCK-PATH-UNSAFE for unsafe paths or symlinks leaving the attempt,
+                PCK-FILE-MISSING when ``must_exist`` and the file is absent.
+        """
+        why = path_problem(rel)
+        if why is not None:
+            raise Problem("PCK-PATH-UNSAFE", why)
+        assert isinstance(rel, str)
+        cur = self.vdir
+        for part in rel.split("/"):
+            cur = cur / part
+            if cur.is_symlink():
+                target = os.path.realpath(cur)
+                if not (target + os.sep).startswith(self.real + os.sep) or target == self.real:
+                    raise Problem("PCK-PATH-UNSAFE",
+                                  f"{rel!r}: {part!r} is a symlink leaving the attempt directory")
+        if must_exist and not cur.exists():
+            raise Problem("PCK-FILE-MISSING", f"file {rel!r} does not exist in {self.vdir}")
+        return cur
+
+    def stat_size(self, rel: str) -> int:
+        """Size of an existing regular file (after :meth:`resolve`)."""
+        p = self.resolve(rel)
+        if not p.is_file():
+            raise Problem("PCK-FILE-MISSING", f"{rel!r} is not a regular file")
+        return p.stat().st_size
+
+    def read(self, rel: str, start: int = 0, length: int | None = None) -> bytes:
+        """Read bytes of a recorded file, verifying every block the read touches.
+
+        Raises:
+            Problem: PCK-FILE-MISSING / PCK-FILE-SIZE / PCK-CHECKSUM / PCK-PATH-UNSAFE.
+        """
+        rec = self.records.get(rel)
+        if rec is None:
+            raise Problem("PCK-FILE-MISSING", f"{rel!r} is not listed in the manifest's files")
+        if length is None:
+            length = rec.size - start
+        if start < 0 or length < 0 or start + length > rec.size:
+            raise Problem("PCK-SHARD-HEADER", f"read of bytes [{start}, {start + length}) beyond "
+                          f"the recorded size {rec.size} of {rel!r}")
+        if length == 0:
+            return b""
+        p = self.resolve(rel)
+        bs = rec.block_size
+        b0, b1 = start // bs, (start + length - 1) // bs
+        with open(p, "rb") as f:
+            f.seek(b0 * bs)
+            raw = f.read((b1 - b0 + 1) * bs)
+        expected_len = min(rec.size, (b1 + 1) * bs) - b0 * bs
+        if len(raw) != expected_len:
+            raise Problem("PCK-FILE-SIZE", f"{rel!r} is shorter than its recorded size {rec.size}")
+        for b in range(b0, b1 + 1):
+            if b in rec.verified:
+                continue
+            chunk = raw[(b - b0) * bs:(b - b0 + 1) * bs]
+            got = crc32c(chunk)
+            if got != rec.blocks[b]:
+                raise Problem("PCK-CHECKSUM", f"{rel!r} block {b} (bytes {b * bs}..{b * bs + len(chunk)}):"
+                              f" crc32c {got:08x} != recorded {rec.blocks[b]:08x}")
+            rec.verified.add(b)
+        off = start - b0 * bs
+        return raw[off:off + length]
+
+    def verify_all(self, rel: str) -> None:
+        """Verify every block of a recorded file (``--deep``)."""
+        rec = self.records[rel]
+        step = max(rec.block_size, 1 << 24)
+        pos = 0
+        while pos < rec.size:
+            n = min(step, rec.size - pos)
+            self.read(rel, pos, n)
+            pos += n
+
+
+@dataclass
+class StTensor:
+    """One tensor of a safetensors header."""
+
+    dtype: str
+    shape: list[int]
+    begin: int  # absolute file offset
+    end: int
+
+
+@dataclass
+class StHeader:
+    """A parsed, validated safetensors header."""
+
+    tensors: dict[str, StTensor]
+    metadata: dict[str, str] | None
+
+
+def parse_safetensors_header(vf: VersionFiles, rel: str) -> StHeader:
+    """Parse and validate the header of a safetensors file (bounded; standard layout).
+
+    Raises:
+        Problem: PCK-SHARD-HEADER on any header defect (or a checksum/size problem).
+    """
+    size = vf.records[rel].size
+    if size < 8:
+        raise Problem("PCK-SHARD-HEADER", f"{rel!r}: {size} bytes, too small for a safetensors file")
+    n = int.from_bytes(vf.read(rel, 0, 8), "little")
+    if n > MAX_HEADER_BYTES or n > size - 8:
+        raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header length {n} is absurd (file size {size}, "
+                      f"limit {MAX_HEADER_BYTES})")
+    try:
+        hdr = loads_strict(vf.read(rel, 8, n))
+    except StrictJsonError as exc:
+        raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header is not valid JSON: {exc}") from None
+    if not isinstance(hdr, dict):
+        raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header is not a JSON object")
+    data_start = 8 + n
+    data_len = size - data_start
+    meta = hdr.get("__metadata__")
+    if meta is not None and (not isinstance(meta, dict)
+                             or not all(isinstance(v, str) for v in meta.values())):
+        raise Problem("PCK-SHARD-HEADER", f"{rel!r}: __metadata__ must map strings to strings")
+    tensors: dict[str, StTensor] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, t in hdr.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(t, dict):
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: entry {name!r} is not an object")
+        dt, shape, offs = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+        if dt not in ST_ITEMSIZE:
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} has unknown dtype {dt!r}")
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                   and d >= 0 for d in shape)):
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} has a bad shape {shape!r}")
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} has bad data_offsets")
+        b, e = offs
+        if not 0 <= b <= e <= data_len:
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} data_offsets [{b}, {e}] "
+                          f"outside the data section of {data_len} bytes")
+        need = math.prod(shape) * ST_ITEMSIZE[dt]
+        if e - b != need:
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} spans {e - b} bytes but "
+                          f"{dt}{shape} needs {need}")
+        tensors[name] = StTensor(dt, list(shape), data_start + b, data_start + e)
+        spans.append((b, e, name))
+    spans.sort()
+    pos = 0
+    for b, e, name in spans:
+        if b != pos:
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: data of {name!r} starts at {b}, expected "
+                          f"{pos} (hole or overlap in the data section)")
+        pos = e
+    if pos != data_len:
+        raise Problem("PCK-SHARD-HEADER", f"{rel!r}: data section has {data_len} bytes, tensors "
+                      f"index {pos}")
+    return StHeader(tensors, meta)
+
+
+def zstd_frame_content_size(frame: bytes) -> int | None:
+    """Return the Frame_Content_Size of a zstd frame header, or None when absent.
+
+    Raises:
+        Problem: PCK-CODEC when the bytes do not start with a zstd frame header.
+    """
+    if len(frame) < 5 or frame[:4] != b"\x28\xb5\x2f\xfd":
+        raise Problem("PCK-CODEC", "data does not start with a zstd frame (magic 28 B5 2F FD)")
+    fhd = frame[4]
+    fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
+    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if fcs_len == 0:
+        return None
+    if len(frame) < pos + fcs_len:
+        raise Problem("PCK-CODEC", "truncated zstd frame header")
+    v = int.from_bytes(frame[pos:pos + fcs_len], "little")
+    return v + 256 if fcs_len == 2 else v

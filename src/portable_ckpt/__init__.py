@@ -1,0 +1,125 @@
+"""portable_ckpt: versioned, sharded, portable training checkpoints.
+
+The core (this package without ``portable_ckpt.torch``) needs no torch::
+
+    import portable_ckpt
+    ck = portable_ckpt.open("/ckpts/run1")          # latest committed version
+    w = ck.read("model.w", offsets=[0, 0], lengths=[8, 8])
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+import os
+from typing import Any
+
+from portable_ckpt.errors import *  # noqa: F403
+from portable_ckpt.errors import CheckpointError, ManifestMissingError
+from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Checkpoint",
+    "CheckpointError",
+    "Continuation",
+    "Manifest",
+    "Mesh",
+    "__version__",
+    "gc",
+    "list_versions",
+    "open",
+    "save_arrays",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy imports keep `import portable_ckpt` light.
+    if name == "Checkpoint":
+        from portable_ckpt.io.reader import Checkpoint
+
+        return Checkpoint
+    if name in ("list_versions", "gc"):
+        from portable_ckpt.io import versions
+
+        return getattr(versions, name)
+    raise AttributeError(name)
+
+
+def _split_version(path: str) -> tuple[str, str] | None:
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    text = path.rstrip("/")
+    parent, _, base = text.rpartition("/")
+    if ATTEMPT_ID_RE.match(base) and parent:
+        return parent, base
+    return None
+
+
+def open(  # noqa: A001 - the natural name, like builtins.open / zarr.open
+    path: str | os.PathLike[str], step: int | None = None
+) -> Any:
+    """Open a committed version for reading.
+
+    Args:
+        path: A checkpoint root (resolves to its latest committed version, or to ``step``), or a
+            version directory (an attempt id as last component). Local path or ``s3://...``.
+        step: With a root, open the newest committed version of this step.
+
+    Returns:
+        A :class:`portable_ckpt.io.reader.Checkpoint`.
+
+    Raises:
+        NotFoundError: no committed version at the root (for ``step``).
+        ManifestMissingError: a version directory that was never committed.
+    """
+    from portable_ckpt.io.reader import Checkpoint
+    from portable_ckpt.io.versions import latest, load_manifest
+    from portable_ckpt.storage import open_storage
+
+    text = os.fspath(path)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    split = _split_version(text if text.startswith("s3://") else os.path.abspath(text))
+    if split is not None:
+        root, attempt = split
+        storage = open_storage(root)
+        manifest = load_manifest(storage, attempt)
+        if step is not None and manifest.step != step:
+            raise ManifestMissingError(f"{text} holds step {manifest.step}, not {step}")
+        return Checkpoint(storage, attempt, manifest)
+    storage = open_storage(text)
+    attempt, manifest = latest(storage, step)
+    return Checkpoint(storage, attempt, manifest)
+
+
+def save_arrays(
+    root: str | os.PathLike[str],
+    arrays: dict[str, Any],
+    *,
+    step: int,
+    entries: dict[str, Any] | None = None,
+    continuation: Continuation | None = None,
+    codec: str = "none",
+) -> Manifest:
+    """Save numpy arrays (and JSON entries, schema ``pck:json/1``) as one version, one process.
+
+    Returns the published manifest.
+    """
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(root, create=True)
+    attempt = new_attempt_id(step)
+    w = ShardWriter(storage, attempt, 0, codec=codec, write_index=False)
+    try:
+        for key, arr in arrays.items():
+            w.add_tensor(key, arr)
+        for name, value in (entries or {}).items():
+            w.add_entry(name, value)
+        idx = w.finish()
+        return commit(storage, attempt, step=step, indexes=[idx], expected_writers=[0], continuation=continuation)
+    except BaseException:
+        w.abort()
+        raise

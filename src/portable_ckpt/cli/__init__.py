@@ -1,0 +1,1 @@
+"""The ``portable-ckpt`` command line."""

@@ -1,0 +1,172 @@
+"""Core subcommands: ``ls``, ``inspect``, ``verify``, ``gc``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from portable_ckpt.errors import CheckpointError, UsageError
+
+__all__ = ["register"]
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from portable_ckpt.io.versions import list_versions
+
+    versions = list_versions(args.root)
+    if args.json:
+        print(json.dumps({"versions": [v.to_json() for v in versions]}, indent=2))
+        return 0
+    if not versions:
+        print(f"no attempts under {args.root}")
+        return 0
+    rows = []
+    for v in versions:
+        drill = "passed" if v.drilled else ("failed" if v.drills else "-")
+        copies = ", ".join(c.get("destination", "?") for c in v.copies if c.get("ok")) or "-"
+        rows.append([v.id, str(v.step), v.status, _size(v.bytes) if v.bytes else "-", v.committed_at or "-", drill, copies])
+    print(_table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "DRILL", "COPIES"]))
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    import portable_ckpt
+    from portable_ckpt.io.versions import read_annotations
+
+    ck = portable_ckpt.open(args.ckpt, step=args.step)
+    m = ck.manifest
+    drills = read_annotations(ck.storage, ck.id, "drills")
+    if args.json:
+        doc: dict[str, Any] = m.to_json()
+        doc["drills"] = drills
+        doc["copies"] = read_annotations(ck.storage, ck.id, "copies")
+        if not args.ranges:
+            for t in doc["tensors"].values():
+                t["ranges"] = len(t["ranges"])
+            for f in doc["files"].values():
+                f["checksum"] = {k: v for k, v in f["checksum"].items() if k != "blocks"}
+        print(json.dumps(doc, indent=2))
+        return 0
+    c = m.continuation
+    mesh = f" mesh {list(c.mesh.shape)} {list(c.mesh.dim_names)}" if c.mesh else ""
+    print(f"version     {ck.path}")
+    print(f"step        {m.step}")
+    print(f"format      {m.format_version} (producer {m.producer.get('name')} {m.producer.get('version')})")
+    print(f"committed   {m.committed_at}")
+    print(f"contract    {c.contract}, world size {c.world_size}{mesh}")
+    total = sum(f.size for f in m.files.values())
+    print(f"files       {len(m.files)} ({_size(total)})")
+    last = drills[-1] if drills else None
+    print(f"drill       {'none' if last is None else ('passed' if last.get('ok') else 'failed')}"
+          + (f" on {last.get('world_size')} ranks at {last.get('finished_at')}" if last else ""))
+    print()
+    rows = [[k, t.dtype, str(list(t.shape)), str(len(t.ranges)), _size(t.nbytes),
+             ",".join(sorted({r.codec for r in t.ranges})) or "-"] for k, t in m.tensors.items()]
+    print(_table(rows, ["TENSOR", "DTYPE", "SHAPE", "RANGES", "SIZE", "CODEC"]))
+    if args.ranges:
+        for k, t in m.tensors.items():
+            for r in t.ranges:
+                print(f"  {k} offsets={list(r.offsets)} lengths={list(r.lengths)} -> {r.file}:{r.name} ({r.codec})")
+    if m.entries:
+        print()
+        erows = [[n, e.schema_id or "embedded", e.scope, e.world_size_policy or "-", e.encoding, str(len(e.values))]
+                 for n, e in m.entries.items()]
+        print(_table(erows, ["ENTRY", "SCHEMA", "SCOPE", "POLICY", "ENCODING", "VALUES"]))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import portable_ckpt
+
+    if args.sample is not None and not 0 < args.sample <= 1:
+        raise UsageError("--sample must be a fraction in (0, 1]")
+    errors: list[CheckpointError]
+    try:
+        ck = portable_ckpt.open(args.ckpt, step=args.step)
+        errors = ck.verify(deep=args.deep, sample=args.sample)
+        target = ck.path
+    except UsageError:
+        raise
+    except CheckpointError as exc:
+        errors = [exc]
+        target = args.ckpt
+    ok = not errors
+    if args.json:
+        print(json.dumps({"ok": ok, "path": target, "errors": [e.to_json() for e in errors]}, indent=2))
+    else:
+        mode = "deep" if args.deep else (f"sample {args.sample}" if args.sample else "metadata")
+        if ok:
+            print(f"OK  {target} ({mode} verification)")
+        for e in errors:
+            print(f"{e.code}  {e.message}", file=sys.stdout)
+    return 0 if ok else 1
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from portable_ckpt.io.versions import gc
+
+    rep = gc(args.root, keep=args.keep, grace_seconds=args.grace, dry_run=args.dry_run,
+             require_copy=args.require_copy)
+    if args.json:
+        print(json.dumps(rep.to_json(), indent=2))
+        return 0
+    verb = "would delete" if args.dry_run else "deleted"
+    for v in rep.deleted:
+        print(f"{verb}  {v}")
+    for v in rep.abandoned:
+        print(f"{verb}  {v}  (abandoned attempt)")
+    print(f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``ls``, ``inspect``, ``verify`` and ``gc``."""
+    p = sub.add_parser("ls", help="list the attempts of a root (committed and incomplete)")
+    p.add_argument("root")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_ls)
+
+    p = sub.add_parser("inspect", help="show a version's tensors, entries and contract")
+    p.add_argument("ckpt", help="a root (its latest committed version) or a version directory")
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--ranges", action="store_true", help="list every range record")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_inspect)
+
+    p = sub.add_parser("verify", help="verify a version (exit 0 ok, 1 problems, 2 usage)")
+    p.add_argument("ckpt")
+    p.add_argument("--step", type=int, default=None)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--deep", action="store_true", help="read and checksum every byte")
+    g.add_argument("--sample", type=float, default=None, metavar="FRACTION",
+                   help="read and checksum a random fraction of the chunks")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("gc", help="apply retention: keep N newest and the newest drilled version")
+    p.add_argument("root")
+    p.add_argument("--keep", type=int, required=True)
+    p.add_argument("--grace", type=float, default=3600.0, help="seconds before an abandoned attempt is removed")
+    p.add_argument("--require-copy", action="store_true",
+                   help="delete older versions only once a kept one has a verified copy elsewhere")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_gc)

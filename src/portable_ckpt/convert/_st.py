@@ -1,0 +1,179 @@
+"""Minimal, bounded safetensors header parsing and streaming writing (for HF shards).
+
+Reading parses only the header (≤ 100 MB, checked against the file size) and returns where each
+tensor's bytes are; data is then read with ``pread`` one tensor at a time. Writing emits the
+header first and then streams each tensor's bytes, so nothing larger than one slab is in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from portable_ckpt.errors import (
+    DtypeUnsupportedError,
+    FileMissingError,
+    FileSizeError,
+    JsonInvalidError,
+    ShardHeaderError,
+    StorageError,
+)
+from portable_ckpt.format.dtypes import DTYPES, dtype_by_safetensors
+
+__all__ = ["MAX_HEADER", "StTensor", "build_header", "read_header"]
+
+#: Largest safetensors header accepted (spec: readers reject N > 100,000,000).
+MAX_HEADER = 100_000_000
+
+
+@dataclass(frozen=True)
+class StTensor:
+    """A tensor inside a safetensors file: format dtype, shape, absolute byte range."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        """Return the size of the tensor's bytes."""
+        return self.end - self.start
+
+
+def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def read_header(path: str) -> tuple[list[StTensor], dict[str, str]]:
+    """Parse the header of safetensors file ``path``.
+
+    Returns:
+        The tensors in data order and the ``__metadata__`` map (empty when absent).
+
+    Raises:
+        FileMissingError: the file does not exist.
+        ShardHeaderError: header length absurd, JSON bad, offsets inconsistent.
+        FileSizeError: the header's data extends past the end of the file (truncated).
+        DtypeUnsupportedError: a tensor's dtype is outside the format's table.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileMissingError(f"safetensors file {path} does not exist", path=path) from None
+    except OSError as exc:
+        raise StorageError(f"open {path}: {exc.strerror}", path=path) from None
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+        if len(head) != 8:
+            raise ShardHeaderError(f"{path}: file of {size} bytes is too short for a safetensors header", path=path)
+        n = int.from_bytes(head, "little")
+        if n > MAX_HEADER or n > size - 8:
+            if n <= MAX_HEADER:
+                raise FileSizeError(
+                    f"{path}: header length {n} exceeds the file ({size} bytes): truncated file",
+                    path=path,
+                )
+            raise ShardHeaderError(f"{path}: header length {n} is absurd (max {MAX_HEADER})", path=path)
+        raw = os.pread(fd, n, 8)
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dupes)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ShardHeaderError(f"{path}: header is not valid JSON: {exc}", path=path) from None
+    if not isinstance(doc, dict):
+        raise ShardHeaderError(f"{path}: header is not a JSON object", path=path)
+    data_start = 8 + n
+    data_len = size - data_start
+    meta_raw = doc.pop("__metadata__", None) or {}
+    if not isinstance(meta_raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta_raw.items()
+    ):
+        raise ShardHeaderError(f"{path}: __metadata__ must map strings to strings", path=path)
+    tensors: list[StTensor] = []
+    for name, info in doc.items():
+        if not isinstance(info, dict):
+            raise ShardHeaderError(f"{path}: entry {name!r} is not an object", path=path)
+        code = info.get("dtype")
+        try:
+            dt = dtype_by_safetensors(code)  # type: ignore[arg-type]
+        except DtypeUnsupportedError:
+            raise DtypeUnsupportedError(
+                f"{path}: tensor {name!r} has dtype {code!r}, which the portable format does not "
+                f"support (supported: {', '.join(r.safetensors for r in DTYPES.values())}); cast it "
+                "before converting",
+                path=path,
+            ) from None
+        shape = info.get("shape")
+        offs = info.get("data_offsets")
+        if (
+            not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+            or not isinstance(offs, list)
+            or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
+            or offs[0] > offs[1]
+        ):
+            raise ShardHeaderError(f"{path}: tensor {name!r} has a malformed shape/data_offsets", path=path)
+        want = math.prod(shape) * dt.itemsize
+        if offs[1] - offs[0] != want:
+            raise ShardHeaderError(
+                f"{path}: tensor {name!r} has {offs[1] - offs[0]} bytes but shape {shape} x "
+                f"{dt.safetensors} needs {want}",
+                path=path,
+            )
+        if offs[1] > data_len:
+            raise FileSizeError(
+                f"{path}: tensor {name!r} needs data bytes up to {offs[1]} but the file holds "
+                f"{data_len} after the header: the file is truncated; re-download it",
+                path=path,
+            )
+        tensors.append(StTensor(name, dt.name, tuple(shape), data_start + offs[0], data_start + offs[1]))
+    tensors.sort(key=lambda t: t.start)
+    return tensors, dict(meta_raw)
+
+
+def _sort_key(item: tuple[str, str, tuple[int, ...]]) -> tuple[int, str]:
+    return (-DTYPES[item[1]].itemsize, item[0])
+
+
+def build_header(
+    tensors: list[tuple[str, str, tuple[int, ...]]], metadata: dict[str, str] | None
+) -> tuple[bytes, list[tuple[str, int, int]]]:
+    """Build a safetensors header for ``(name, format dtype, shape)`` tensors.
+
+    Tensors are laid out like the ``safetensors`` library does (largest alignment first, then by
+    name); the header is padded with spaces to a multiple of 8.
+
+    Returns:
+        The 8-byte length prefix + header bytes, and ``(name, start, end)`` in data order
+        (offsets relative to the data section).
+    """
+    order = sorted(tensors, key=_sort_key)
+    doc: dict[str, Any] = {}
+    if metadata:
+        doc["__metadata__"] = metadata
+    layout: list[tuple[str, int, int]] = []
+    pos = 0
+    for name, dtype, shape in order:
+        n = math.prod(shape) * DTYPES[dtype].itemsize
+        doc[name] = {"dtype": DTYPES[dtype].safetensors, "shape": list(shape), "data_offsets": [pos, pos + n]}
+        layout.append((name, pos, pos + n))
+        pos += n
+    try:
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except ValueError as exc:  # pragma: no cover - names are str
+        raise JsonInvalidError(f"cannot encode safetensors header: {exc}") from None
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, layout

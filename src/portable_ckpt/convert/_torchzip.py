@@ -1,0 +1,343 @@
+"""Read one tensor stored by ``torch.save`` (zip format) without torch and without unpickling.
+
+The zip is located by ``(path, offset, length)`` — DCP concatenates one such zip per chunk in its
+``.distcp`` files. The tensor's metadata comes from ``data.pkl`` interpreted by
+:mod:`portable_ckpt.convert._pickle_scan` (no code runs); its bytes are the ``data/<key>`` member,
+which ``torch.save`` stores uncompressed, so they are read straight from the file with ``pread``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import struct
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from portable_ckpt.convert._pickle_scan import Call, Global, PersistentId, PickleScanError, scan_pickle
+from portable_ckpt.errors import (
+    CodecError,
+    DtypeUnsupportedError,
+    FileSizeError,
+    ShardHeaderError,
+)
+from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
+
+__all__ = [
+    "TORCH_DTYPE_NAMES",
+    "TorchTensorLayout",
+    "is_tensor_node",
+    "open_torch_archive",
+    "parse_torch_zip",
+    "pread_into",
+    "read_torch_tensor",
+    "tensor_layout",
+]
+
+#: torch dtype attribute name → format dtype name.
+TORCH_DTYPE_NAMES: dict[str, str] = {
+    "float64": "float64",
+    "double": "float64",
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "int64": "int64",
+    "long": "int64",
+    "int32": "int32",
+    "int": "int32",
+    "int16": "int16",
+    "short": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "bool": "bool",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "float8_e5m2": "float8_e5m2",
+}
+
+_STORAGE_DTYPES = {
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+}
+
+_MAX_PKL = 64 << 20
+_REBUILD = ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3")
+
+
+@dataclass(frozen=True)
+class TorchTensorLayout:
+    """Where a ``torch.save``'d tensor's elements live in the containing file.
+
+    Attributes:
+        dtype: format dtype name.
+        data_offset: absolute file offset of the storage bytes.
+        storage_nbytes: size of the storage in bytes.
+        storage_offset: offset of the tensor's first element in the storage, in elements.
+        shape: tensor shape.
+        stride: tensor strides in elements.
+    """
+
+    dtype: str
+    data_offset: int
+    storage_nbytes: int
+    storage_offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @property
+    def is_contiguous(self) -> bool:
+        """Return whether the elements are in C order without gaps."""
+        expected = 1
+        for dim, st in zip(reversed(self.shape), reversed(self.stride), strict=True):
+            if dim != 1 and st != expected:
+                return False
+            expected *= dim
+        return True
+
+
+class _Window(io.RawIOBase):
+    """A read-only seekable view of ``[offset, offset+length)`` of a file descriptor."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        self._fd = fd
+        self._off = offset
+        self._len = length
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence == 0:
+            self._pos = pos
+        elif whence == 1:
+            self._pos += pos
+        else:
+            self._pos = self._len + pos
+        self._pos = max(0, self._pos)
+        return self._pos
+
+    def readinto(self, b: object) -> int:
+        mv = memoryview(b).cast("B")  # type: ignore[arg-type]
+        n = max(0, min(len(mv), self._len - self._pos))
+        if n == 0:
+            return 0
+        data = os.pread(self._fd, n, self._off + self._pos)
+        mv[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def _as_int_tuple(value: object, what: str, where: str) -> tuple[int, ...]:
+    if not isinstance(value, tuple) or not all(isinstance(v, int) for v in value):
+        raise ShardHeaderError(f"{where}: torch.save pickle has a malformed {what} {value!r}")
+    return tuple(int(v) for v in value)
+
+
+def open_torch_archive(
+    fd: int, offset: int, length: int, *, where: str
+) -> tuple[Any, dict[str, tuple[int, int]]]:
+    """Open the ``torch.save`` zip at ``[offset, offset+length)`` of ``fd``.
+
+    Returns:
+        The symbolic tree of ``data.pkl`` (see :mod:`._pickle_scan`) and, per storage key,
+        ``(absolute data offset, size in bytes)``.
+
+    Raises:
+        FileSizeError: the file is shorter than ``offset + length`` (truncated).
+        ShardHeaderError: not a torch zip, or its pickle cannot be interpreted.
+        CodecError: a storage member is compressed.
+    """
+    size = os.fstat(fd).st_size
+    if offset + length > size:
+        raise FileSizeError(
+            f"{where}: item needs bytes [{offset}, {offset + length}) but the file has {size} "
+            "bytes (truncated); re-copy the checkpoint",
+        )
+    try:
+        zf = zipfile.ZipFile(_Window(fd, offset, length))
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise ShardHeaderError(
+            f"{where}: not a torch.save zip ({exc}); only torch's zip serialization is supported"
+        ) from None
+    storages: dict[str, tuple[int, int]] = {}
+    with zf:
+        members = {i.filename: i for i in zf.infolist()}
+        pkl = [n for n in members if n.endswith("data.pkl") and n.count("/") == 1]
+        if len(pkl) != 1:
+            raise ShardHeaderError(f"{where}: torch zip without a single data.pkl")
+        prefix = pkl[0][: -len("data.pkl")]
+        info = members[pkl[0]]
+        if info.file_size > _MAX_PKL:
+            raise ShardHeaderError(f"{where}: data.pkl is {info.file_size} bytes; too large")
+        order = members.get(prefix + "byteorder")
+        if order is not None and zf.read(order).strip() not in (b"little", b""):
+            raise ShardHeaderError(f"{where}: big-endian torch.save data is not supported")
+        try:
+            root = scan_pickle(zf.read(info))
+        except PickleScanError as exc:
+            raise ShardHeaderError(f"{where}: cannot interpret data.pkl: {exc}") from None
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise ShardHeaderError(f"{where}: cannot read data.pkl: {exc}") from None
+        dprefix = prefix + "data/"
+        for name, member in members.items():
+            if not name.startswith(dprefix) or "/" in name[len(dprefix) :]:
+                continue
+            key = name[len(dprefix) :]
+            if member.compress_type != zipfile.ZIP_STORED:
+                raise CodecError(f"{where}: storage member {name} is compressed; unsupported")
+            header = os.pread(fd, 30, offset + member.header_offset)
+            if len(header) != 30 or header[:4] != b"PK\x03\x04":
+                raise ShardHeaderError(f"{where}: bad zip local header for {name}")
+            name_len, extra_len = struct.unpack("<HH", header[26:30])
+            data_offset = offset + member.header_offset + 30 + name_len + extra_len
+            if data_offset - offset + member.file_size > length:
+                raise FileSizeError(f"{where}: storage member {name} extends past the file (truncated)")
+            storages[key] = (data_offset, member.file_size)
+    return root, storages
+
+
+def tensor_layout(
+    node: object, storages: dict[str, tuple[int, int]], *, where: str
+) -> TorchTensorLayout:
+    """Return the layout of a ``_rebuild_tensor_v2/v3`` call node of a scanned ``data.pkl``.
+
+    Raises:
+        ShardHeaderError: not a plain dense tensor, or inconsistent with its storage.
+        DtypeUnsupportedError: the tensor's dtype is outside the format's table.
+    """
+    key, numel, (dtype, storage_offset, shape, stride) = _tensor_from_pickle(node, where)
+    if key not in storages:
+        raise ShardHeaderError(f"{where}: torch zip lacks storage member data/{key}")
+    data_offset, storage_nbytes = storages[key]
+    item = DTYPES[dtype].itemsize
+    if numel >= 0 and numel * item != storage_nbytes and numel != storage_nbytes:
+        raise ShardHeaderError(
+            f"{where}: storage size {storage_nbytes} B disagrees with its element count {numel}"
+        )
+    if any(d < 0 for d in shape) or any(s < 0 for s in stride) or len(shape) != len(stride):
+        raise ShardHeaderError(f"{where}: bad shape/stride {shape}/{stride}")
+    if math.prod(shape) > 0:
+        last = storage_offset + sum((d - 1) * s for d, s in zip(shape, stride, strict=True))
+        if storage_offset < 0 or (last + 1) * item > storage_nbytes:
+            raise ShardHeaderError(f"{where}: tensor view exceeds its storage")
+    return TorchTensorLayout(dtype, data_offset, storage_nbytes, storage_offset, shape, stride)
+
+
+def is_tensor_node(node: object) -> bool:
+    """Return whether a scanned pickle node is a tensor rebuild call."""
+    return (
+        isinstance(node, Call)
+        and isinstance(node.func, Global)
+        and node.func.qualname in _REBUILD
+    )
+
+
+def parse_torch_zip(fd: int, offset: int, length: int, *, where: str) -> TorchTensorLayout:
+    """Parse a ``torch.save`` zip holding exactly one tensor (a DCP chunk).
+
+    Raises:
+        FileSizeError, ShardHeaderError, CodecError, DtypeUnsupportedError: see
+            :func:`open_torch_archive` and :func:`tensor_layout`.
+    """
+    root, storages = open_torch_archive(fd, offset, length, where=where)
+    return tensor_layout(root, storages, where=where)
+
+
+def _tensor_from_pickle(
+    root: object, where: str
+) -> tuple[str, int, tuple[str, int, tuple[int, ...], tuple[int, ...]]]:
+    if not (is_tensor_node(root) and isinstance(root, Call) and len(root.args) >= 4):
+        raise ShardHeaderError(f"{where}: data.pkl is not a plain dense tensor")
+    pid = root.args[0]
+    if not isinstance(pid, PersistentId) or not isinstance(pid.value, tuple) or len(pid.value) < 5:
+        raise ShardHeaderError(f"{where}: data.pkl has no storage reference")
+    tag, stype, key, _loc, numel = pid.value[:5]
+    if tag != "storage" or not isinstance(stype, Global) or not isinstance(key, str):
+        raise ShardHeaderError(f"{where}: data.pkl storage reference malformed")
+    if not isinstance(numel, int):
+        raise ShardHeaderError(f"{where}: storage size malformed")
+    if root.func.name == "_rebuild_tensor_v3":
+        if len(root.args) < 7 or not isinstance(root.args[6], Global):
+            raise ShardHeaderError(f"{where}: _rebuild_tensor_v3 without a dtype")
+        tname = root.args[6].name
+        dtype = TORCH_DTYPE_NAMES.get(tname)
+        if dtype is None:
+            raise DtypeUnsupportedError(f"{where}: torch dtype {tname!r} is not in the format's table")
+        numel_items = -1  # untyped storage: numel counts bytes
+        numel_bytes = numel
+    else:
+        sname = stype.name
+        dtype_or_none = _STORAGE_DTYPES.get(sname)
+        if dtype_or_none is None:
+            raise DtypeUnsupportedError(f"{where}: torch storage {sname!r} is not in the format's table")
+        dtype = dtype_or_none
+        numel_items = numel
+        numel_bytes = -1
+    offset = root.args[1]
+    if not isinstance(offset, int):
+        raise ShardHeaderError(f"{where}: storage offset malformed")
+    shape = _as_int_tuple(root.args[2], "size", where)
+    stride = _as_int_tuple(root.args[3], "stride", where)
+    count = numel_items if numel_items >= 0 else numel_bytes
+    return key, count, (dtype, offset, shape, stride)
+
+
+def read_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.ndarray:
+    """Read the tensor described by ``layout`` from ``fd`` into a new numpy array.
+
+    Only the bytes the view covers are read when it is contiguous; a strided view reads its
+    storage span and returns a strided view of it (the format writer accepts any strides).
+    """
+    dt = numpy_dtype(layout.dtype)
+    item = dt.itemsize
+    n = math.prod(layout.shape)
+    if n == 0:
+        return np.empty(layout.shape, dtype=dt)
+    if layout.is_contiguous:
+        start = layout.data_offset + layout.storage_offset * item
+        buf = np.empty(n * item, dtype=np.uint8)
+        pread_into(fd, buf, start, where=where)
+        return buf.view(dt).reshape(layout.shape)
+    lo = layout.storage_offset
+    hi = lo + sum((d - 1) * s for d, s in zip(layout.shape, layout.stride, strict=True)) + 1
+    buf = np.empty((hi - lo) * item, dtype=np.uint8)
+    pread_into(fd, buf, layout.data_offset + lo * item, where=where)
+    flat = buf.view(dt)
+    return np.lib.stride_tricks.as_strided(
+        flat, shape=layout.shape, strides=tuple(s * item for s in layout.stride), writeable=False
+    )
+
+
+def pread_into(fd: int, buf: np.ndarray, offset: int, *, where: str) -> None:
+    """Fill ``buf`` from ``fd`` at ``offset`` (``FileSizeError`` naming ``where`` if short)."""
+    mv = memoryview(buf).cast("B")
+    done = 0
+    total = len(mv)
+    while done < total:
+        n = os.preadv(fd, [mv[done : done + (1 << 30)]], offset + done)
+        if n <= 0:
+            raise FileSizeError(f"{where}: short read at offset {offset + done}: file truncated")
+        done += n

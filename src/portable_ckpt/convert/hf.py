@@ -1,0 +1,347 @@
+"""Hugging Face safetensors checkpoints: a single ``model.safetensors`` or a sharded set.
+
+Reading (:func:`read_hf_source`) parses every shard header (bounded), checks the index against
+the shards (missing files, tensors stored twice, tensors the index misplaces), and returns one
+chunk per tensor whose loader ``pread``s exactly that tensor's bytes.
+
+Writing (:func:`write_hf`) streams a portable checkpoint into shards of at most
+``max_shard_size`` bytes (a tensor larger than that gets a shard of its own, as in
+``transformers``), writes ``model.safetensors.index.json`` (``metadata.total_size`` +
+``weight_map``) when there is more than one shard, and publishes the directory with one
+``rename`` at the end. Tensors are assembled in C-order slabs, so a chunked tensor never needs to
+be whole in memory.
+
+Error codes: missing shard or index → ``PCK-FILE-MISSING``; truncated shard → ``PCK-FILE-SIZE``;
+a tensor in two shards → ``PCK-COVERAGE-OVERLAP``; index/shard disagreement →
+``PCK-SHARD-MISMATCH``; bad header → ``PCK-SHARD-HEADER``; dtype outside the table →
+``PCK-DTYPE-UNSUPPORTED``; malformed index JSON → ``PCK-JSON-INVALID``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from portable_ckpt.convert._model import ChunkSpec, ConvertWarning, EntrySpec, SourcePlan, TensorSpec
+from portable_ckpt.convert._st import StTensor, build_header, read_header
+from portable_ckpt.convert._torchzip import pread_into
+from portable_ckpt.errors import (
+    CoverageOverlapError,
+    FileMissingError,
+    JsonInvalidError,
+    LimitError,
+    ShardMismatchError,
+    StorageError,
+    UsageError,
+)
+from portable_ckpt.format.dtypes import numpy_dtype
+
+__all__ = [
+    "HF_METADATA_ENTRY",
+    "find_hf_files",
+    "parse_size",
+    "read_hf_source",
+    "write_hf",
+]
+
+#: Entry name under which a shard's ``__metadata__`` is kept (restored on export).
+HF_METADATA_ENTRY = "hf/safetensors_metadata"
+_MAX_INDEX = 256 << 20
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 1 << 10,
+    "MIB": 1 << 20,
+    "GIB": 1 << 30,
+    "TIB": 1 << 40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse ``"5GB"`` (10^9, as ``transformers``), ``"500MiB"``, ``"1048576"`` into bytes."""
+    if isinstance(text, int):
+        return text
+    s = text.strip().upper().replace(" ", "")
+    num = s.rstrip("KMGTIB")
+    unit = s[len(num) :]
+    try:
+        value = float(num)
+    except ValueError:
+        raise UsageError(f"cannot parse size {text!r}; use e.g. 5GB, 500MiB or 1048576") from None
+    if unit not in _UNITS or value <= 0:
+        raise UsageError(f"cannot parse size {text!r}; use e.g. 5GB, 500MiB or 1048576")
+    return int(value * _UNITS[unit])
+
+
+def find_hf_files(src: str) -> tuple[str | None, list[str]]:
+    """Return ``(index path or None, shard paths)`` for a file, index or directory ``src``."""
+    if os.path.isfile(src):
+        if src.endswith(".index.json"):
+            return src, []
+        return None, [src]
+    if not os.path.isdir(src):
+        raise FileMissingError(f"source {src} does not exist", path=src)
+    names = sorted(os.listdir(src))
+    indexes = [n for n in names if n.endswith(".safetensors.index.json")]
+    if "model.safetensors.index.json" in indexes:
+        return os.path.join(src, "model.safetensors.index.json"), []
+    if len(indexes) == 1:
+        return os.path.join(src, indexes[0]), []
+    if len(indexes) > 1:
+        raise UsageError(f"{src} holds several indexes ({', '.join(indexes)}); pass one of them as SRC")
+    if "model.safetensors" in names:
+        return None, [os.path.join(src, "model.safetensors")]
+    shards = [os.path.join(src, n) for n in names if n.endswith(".safetensors")]
+    if len(shards) == 1:
+        return None, shards
+    if not shards:
+        raise FileMissingError(f"{src} holds no .safetensors file", path=src)
+    raise UsageError(
+        f"{src} holds {len(shards)} .safetensors files but no model.safetensors.index.json; "
+        "pass one file as SRC or add the index"
+    )
+
+
+def _load_index(path: str) -> dict[str, str]:
+    try:
+        if os.path.getsize(path) > _MAX_INDEX:
+            raise LimitError(f"{path}: index larger than {_MAX_INDEX} bytes", path=path)
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise FileMissingError(f"index {path} does not exist", path=path) from None
+    except OSError as exc:
+        raise StorageError(f"read {path}: {exc.strerror}", path=path) from None
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise ValueError(f"duplicate key {k!r}")
+            out[k] = v
+        return out
+
+    try:
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise JsonInvalidError(f"{path}: not valid JSON: {exc}", path=path) from None
+    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise JsonInvalidError(f"{path}: 'weight_map' must map tensor names to file names", path=path)
+    for fname in set(wm.values()):
+        if "/" in fname or "\\" in fname or fname in ("", ".", ".."):
+            raise ShardMismatchError(
+                f"{path}: weight_map names {fname!r}, which is not a file beside the index", path=path
+            )
+    return dict(wm)
+
+
+def _loader(path: str, t: StTensor) -> Callable[[], np.ndarray[Any, Any]]:
+    def load() -> np.ndarray[Any, Any]:
+        buf = np.empty(t.nbytes, dtype=np.uint8)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise StorageError(f"open {path}: {exc.strerror}", path=path) from None
+        try:
+            pread_into(fd, buf, t.start, where=f"{path} tensor {t.name!r}")
+        finally:
+            os.close(fd)
+        return buf.view(numpy_dtype(t.dtype)).reshape(t.shape)
+
+    return load
+
+
+def read_hf_source(src: str) -> SourcePlan:
+    """Describe the safetensors checkpoint at ``src`` (file, index or directory).
+
+    Raises:
+        CheckpointError: see the module docstring for the codes; every message names the file.
+    """
+    index_path, shards = find_hf_files(src)
+    warnings: list[ConvertWarning] = []
+    weight_map: dict[str, str] | None = None
+    if index_path is not None:
+        weight_map = _load_index(index_path)
+        base = os.path.dirname(index_path)
+        files = sorted(set(weight_map.values()))
+        shards = [os.path.join(base, f) for f in files]
+        for f, p in zip(files, shards, strict=True):
+            if not os.path.isfile(p):
+                raise FileMissingError(
+                    f"{index_path} names shard {f!r}, but {p} does not exist; the download is "
+                    "incomplete",
+                    path=p,
+                )
+    where: dict[str, str] = {}
+    tensors: list[TensorSpec] = []
+    metadata: dict[str, str] = {}
+    for path in shards:
+        sts, meta = read_header(path)
+        for k, v in meta.items():
+            metadata.setdefault(k, v)
+        for t in sts:
+            if t.name in where:
+                raise CoverageOverlapError(
+                    f"tensor {t.name!r} is stored in both {where[t.name]} and {path}; each tensor "
+                    "must be in exactly one shard",
+                    path=path,
+                )
+            where[t.name] = path
+            if weight_map is not None:
+                named = weight_map.get(t.name)
+                if named is None:
+                    raise ShardMismatchError(
+                        f"{path} holds tensor {t.name!r}, which {index_path} does not list",
+                        path=path,
+                    )
+                if os.path.basename(path) != named:
+                    raise ShardMismatchError(
+                        f"{index_path} places tensor {t.name!r} in {named!r} but it is in {path}",
+                        path=path,
+                    )
+            chunks = []
+            if math.prod(t.shape) > 0:
+                chunks.append(
+                    ChunkSpec((0,) * len(t.shape), t.shape, t.nbytes, path, _loader(path, t))
+                )
+            tensors.append(TensorSpec(t.name, t.dtype, t.shape, chunks))
+    if weight_map is not None:
+        missing = sorted(set(weight_map) - set(where))
+        if missing:
+            raise ShardMismatchError(
+                f"{index_path} lists tensor {missing[0]!r} in {weight_map[missing[0]]!r}, but "
+                f"that shard does not hold it ({len(missing)} tensor(s) missing)",
+                path=index_path,
+            )
+    entries = [EntrySpec(HF_METADATA_ENTRY, metadata)] if metadata else []
+    return SourcePlan("hf", tensors, entries, warnings)
+
+
+def write_hf(
+    src: Any,
+    dst: str,
+    *,
+    max_shard_size: int,
+    progress: Callable[[int], None] | None = None,
+    slab_bytes: int = 64 << 20,
+) -> tuple[int, int, list[ConvertWarning]]:
+    """Write portable checkpoint ``src`` (an opened checkpoint) as HF safetensors into ``dst``.
+
+    Args:
+        src: a checkpoint returned by :func:`portable_ckpt.open`.
+        dst: destination directory (must not exist; created by one final ``rename``).
+        max_shard_size: largest shard in bytes of tensor data.
+        progress: called with the number of bytes written after each slab.
+        slab_bytes: most bytes assembled in memory at once.
+
+    Returns:
+        ``(tensors, bytes, warnings)``.
+    """
+    from portable_ckpt.convert._publish import staged_dir
+
+    warnings: list[ConvertWarning] = []
+    infos = [src.tensors[k] for k in sorted(src.tensors)]
+    meta: dict[str, str] = {"format": "pt"}
+    for name in sorted(src.entries):
+        if name == HF_METADATA_ENTRY:
+            value = src.entry(name)
+            if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+                meta = {str(k): v for k, v in value.items()}
+                continue
+        warnings.append(ConvertWarning(name, "non-tensor entry has no place in safetensors; skipped"))
+    shards: list[list[Any]] = [[]]
+    size = 0
+    for info in infos:
+        n = int(info.nbytes)
+        if shards[-1] and size + n > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(info)
+        size += n
+    total = sum(int(i.nbytes) for i in infos)
+    count = len(shards)
+    names = (
+        ["model.safetensors"]
+        if count == 1
+        else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+    )
+    written = 0
+    with staged_dir(dst) as tmp:
+        weight_map: dict[str, str] = {}
+        for fname, group in zip(names, shards, strict=True):
+            header, layout = build_header(
+                [(i.key, i.dtype, tuple(i.shape)) for i in group], meta
+            )
+            by_key = {i.key: i for i in group}
+            path = os.path.join(tmp, fname)
+            with open(path, "wb") as f:
+                f.write(header)
+                for key, _start, _end in layout:
+                    weight_map[key] = fname
+                    for arr in _slabs(src, by_key[key], slab_bytes):
+                        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+                        written += arr.nbytes
+                        if progress is not None:
+                            progress(arr.nbytes)
+                f.flush()
+                os.fsync(f.fileno())
+        if count > 1:
+            doc = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+    return len(infos), written, warnings
+
+
+def _slabs(src: Any, info: Any, slab_bytes: int) -> Any:
+    """Yield the tensor's elements in C order as arrays of at most ~``slab_bytes``."""
+    shape = tuple(info.shape)
+    if math.prod(shape) == 0:
+        return
+    if len(shape) == 0:
+        yield src.read(info.key)
+        return
+    item = numpy_dtype(info.dtype).itemsize
+    row = math.prod(shape[1:]) * item
+    if row <= slab_bytes or len(shape) == 1:
+        if len(shape) == 1:
+            step = max(1, slab_bytes // item)
+        else:
+            step = max(1, slab_bytes // max(row, 1))
+        for r in range(0, shape[0], step):
+            n = min(step, shape[0] - r)
+            yield src.read(info.key, (r,) + (0,) * (len(shape) - 1), (n, *shape[1:]))
+        return
+    # A single row is larger than a slab: recurse into the row (C order is preserved).
+    for r in range(shape[0]):
+        sub = _RowView(src, info, r)
+        yield from _slabs(sub, sub, slab_bytes)
+
+
+class _RowView:
+    """Presents row ``r`` of a tensor as a tensor of shape ``shape[1:]`` for :func:`_slabs`."""
+
+    def __init__(self, src: Any, info: Any, r: int) -> None:
+        self._src = src
+        self.key = info.key
+        self.dtype = info.dtype
+        self.shape = tuple(info.shape)[1:]
+        self._r = r
+
+    def read(self, key: str, offsets: tuple[int, ...] | None = None, lengths: tuple[int, ...] | None = None) -> Any:
+        offsets = offsets if offsets is not None else (0,) * len(self.shape)
+        lengths = lengths if lengths is not None else self.shape
+        arr = self._src.read(key, (self._r, *offsets), (1, *lengths))
+        return arr.reshape(lengths)

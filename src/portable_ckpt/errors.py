@@ -1,0 +1,272 @@
+"""Error classes: one per rule of the specification, each with the spec's stable code.
+
+Every error raised for a checkpoint problem derives from :class:`CheckpointError`. The ``code``
+attribute is the stable identifier from the spec's error table (``spec/README.md`` §Errors); other
+implementations report the same codes, and the conformance suite compares them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttemptIdError",
+    "ChecksumError",
+    "CheckpointError",
+    "CodecError",
+    "CommitConflictError",
+    "ContractError",
+    "CoverageGapError",
+    "CoverageOverlapError",
+    "DistributedError",
+    "DtypeUnsupportedError",
+    "EntryMissingError",
+    "EntrySchemaError",
+    "FeatureUnsupportedError",
+    "FileMissingError",
+    "FileSizeError",
+    "JsonInvalidError",
+    "LimitError",
+    "ManifestMissingError",
+    "MetadataConflictError",
+    "NotFoundError",
+    "PathUnsafeError",
+    "RangeBoundsError",
+    "SchemaError",
+    "ShardHeaderError",
+    "ShardMismatchError",
+    "StepMismatchError",
+    "StorageError",
+    "TensorMissingError",
+    "UnsupportedValueError",
+    "UsageError",
+    "VersionUnsupportedError",
+    "WriterMissingError",
+    "ERROR_CODES",
+    "error_for_code",
+]
+
+
+class CheckpointError(Exception):
+    """Base class of every checkpoint error.
+
+    Attributes:
+        code: Stable error code from the specification (e.g. ``"PCK-COVERAGE-GAP"``).
+        path: The file or directory concerned, when there is one.
+    """
+
+    code: str = "PCK-ERROR"
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_json(self) -> dict[str, str]:
+        """Return ``{"code": ..., "message": ...}`` as used by ``--json`` outputs."""
+        return {"code": self.code, "message": self.message}
+
+
+class NotFoundError(CheckpointError):
+    """No committed version at the root (or none with the requested step)."""
+
+    code = "PCK-NOT-FOUND"
+
+
+class ManifestMissingError(CheckpointError):
+    """A version directory has no commit record: the attempt does not exist for readers."""
+
+    code = "PCK-MANIFEST-MISSING"
+
+
+class JsonInvalidError(CheckpointError):
+    """Malformed JSON, non-UTF-8, duplicate keys, NaN/Infinity, too deep or too large."""
+
+    code = "PCK-JSON-INVALID"
+
+
+class SchemaError(CheckpointError):
+    """A format document violates its JSON Schema."""
+
+    code = "PCK-SCHEMA"
+
+
+class VersionUnsupportedError(CheckpointError):
+    """The document's major format version is not understood."""
+
+    code = "PCK-VERSION-UNSUPPORTED"
+
+
+class FeatureUnsupportedError(CheckpointError):
+    """``must_understand`` names an extension this reader does not implement."""
+
+    code = "PCK-FEATURE-UNSUPPORTED"
+
+
+class AttemptIdError(CheckpointError):
+    """An attempt id is malformed or differs from its directory name."""
+
+    code = "PCK-ATTEMPT-ID"
+
+
+class PathUnsafeError(CheckpointError):
+    """A path would leave the attempt directory (absolute, ``..``, symlink, bad characters)."""
+
+    code = "PCK-PATH-UNSAFE"
+
+
+class FileMissingError(CheckpointError):
+    """A file referenced by the manifest does not exist."""
+
+    code = "PCK-FILE-MISSING"
+
+
+class FileSizeError(CheckpointError):
+    """A file's size differs from its record (truncated or extended)."""
+
+    code = "PCK-FILE-SIZE"
+
+
+class ChecksumError(CheckpointError):
+    """A block's checksum differs from the recorded one."""
+
+    code = "PCK-CHECKSUM"
+
+
+class DtypeUnsupportedError(CheckpointError):
+    """A dtype outside the format's dtype table."""
+
+    code = "PCK-DTYPE-UNSUPPORTED"
+
+
+class RangeBoundsError(CheckpointError):
+    """A range box lies outside the tensor, is empty, or has the wrong rank."""
+
+    code = "PCK-RANGE-BOUNDS"
+
+
+class CoverageGapError(CheckpointError):
+    """Some element of a tensor is covered by no range record."""
+
+    code = "PCK-COVERAGE-GAP"
+
+
+class CoverageOverlapError(CheckpointError):
+    """Some element of a tensor is covered by more than one range record."""
+
+    code = "PCK-COVERAGE-OVERLAP"
+
+
+class ShardHeaderError(CheckpointError):
+    """A safetensors header is unreadable or inconsistent with its file."""
+
+    code = "PCK-SHARD-HEADER"
+
+
+class ShardMismatchError(CheckpointError):
+    """A range record disagrees with the safetensors header it points to."""
+
+    code = "PCK-SHARD-MISMATCH"
+
+
+class CodecError(CheckpointError):
+    """Unknown codec, corrupt compressed frame, or decompressed size mismatch."""
+
+    code = "PCK-CODEC"
+
+
+class LimitError(CheckpointError):
+    """A size beyond the format's limits."""
+
+    code = "PCK-LIMIT"
+
+
+class EntrySchemaError(CheckpointError):
+    """A non-tensor entry violates its declared schema, or names an unknown built-in schema."""
+
+    code = "PCK-ENTRY-SCHEMA"
+
+
+class EntryMissingError(CheckpointError):
+    """A non-tensor entry (or one rank's value of it) is missing."""
+
+    code = "PCK-ENTRY-MISSING"
+
+
+class TensorMissingError(CheckpointError):
+    """The requested tensor key is not in the checkpoint."""
+
+    code = "PCK-TENSOR-MISSING"
+
+
+class ContractError(CheckpointError):
+    """The continuation contract forbids this restore."""
+
+    code = "PCK-CONTRACT"
+
+
+class CommitConflictError(CheckpointError):
+    """The commit record already exists, or an attempt id was reused."""
+
+    code = "PCK-COMMIT-CONFLICT"
+
+
+class WriterMissingError(CheckpointError):
+    """The committer lacks an expected writer's index."""
+
+    code = "PCK-WRITER-MISSING"
+
+
+class MetadataConflictError(CheckpointError):
+    """Writers disagree about a tensor's dtype/shape or an entry's declaration."""
+
+    code = "PCK-METADATA-CONFLICT"
+
+
+class StepMismatchError(CheckpointError):
+    """A ``pck:step/1`` entry disagrees with the manifest's step."""
+
+    code = "PCK-STEP-MISMATCH"
+
+
+class StorageError(CheckpointError):
+    """An I/O failure of the storage backend; the message names the operation and path."""
+
+    code = "PCK-STORAGE"
+
+
+class DistributedError(CheckpointError):
+    """A peer rank failed or timed out during a collective save or load."""
+
+    code = "PCK-DISTRIBUTED"
+
+
+class UnsupportedValueError(CheckpointError):
+    """A value the adapter cannot store (e.g. a DTensor with a ``Partial`` placement)."""
+
+    code = "PCK-UNSUPPORTED-VALUE"
+
+
+class UsageError(CheckpointError):
+    """Invalid arguments from the caller (e.g. a read box outside the tensor)."""
+
+    code = "PCK-USAGE"
+
+
+def _collect() -> dict[str, type[CheckpointError]]:
+    table: dict[str, type[CheckpointError]] = {}
+    for name in __all__:
+        obj = globals().get(name)
+        if isinstance(obj, type) and issubclass(obj, CheckpointError) and obj is not CheckpointError:
+            table[obj.code] = obj
+    return table
+
+
+#: Mapping of every stable error code to its class.
+ERROR_CODES: dict[str, type[CheckpointError]] = _collect()
+
+
+def error_for_code(code: str) -> type[CheckpointError]:
+    """Return the error class for a stable ``code`` (``CheckpointError`` if unknown)."""
+    return ERROR_CODES.get(code, CheckpointError)

@@ -1,0 +1,1 @@
+"""The format model: dtypes, paths, naming, strict JSON, manifest records, schemas."""

@@ -1,0 +1,643 @@
+"""The format model: typed records for manifest.json and writer index documents.
+
+``parse_*`` functions turn untrusted JSON into records, checking every rule of the spec that a
+single document can violate and raising the rule's error (``SchemaError`` for structure,
+``PathUnsafeError``, ``RangeBoundsError``, ``LimitError``...). They are an implementation of the
+JSON Schemas in ``spec/schemas`` plus the cross-field rules a schema cannot express; the test
+suite checks that both accept and reject the same documents.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    DtypeUnsupportedError,
+    FeatureUnsupportedError,
+    LimitError,
+    RangeBoundsError,
+    SchemaError,
+    VersionUnsupportedError,
+)
+from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.naming import check_attempt_id
+from portable_ckpt.format.paths import check_relative_path
+from portable_ckpt.ranges.box import Box
+
+__all__ = [
+    "BUILTIN_SCHEMA_IDS",
+    "CODECS",
+    "FORMAT_MAJOR",
+    "FORMAT_MINOR",
+    "FORMAT_VERSION",
+    "KNOWN_EXTENSIONS",
+    "MAX_NDIM",
+    "MAX_SIZE",
+    "Checksum",
+    "Continuation",
+    "Entry",
+    "EntryValue",
+    "FileRecord",
+    "Manifest",
+    "Mesh",
+    "RangeRecord",
+    "TensorEntry",
+    "WriterIndex",
+    "check_format_version",
+    "parse_manifest",
+    "parse_writer_index",
+]
+
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+#: The format version this implementation writes.
+FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+#: Largest size or byte count the format allows (2^53 - 1: exact in every JSON implementation).
+MAX_SIZE = (1 << 53) - 1
+#: Largest tensor rank.
+MAX_NDIM = 64
+CODECS = ("none", "zstd")
+CONTRACTS = ("exact", "statistical")
+SCOPES = ("global", "per_rank")
+POLICIES = ("require_same", "modulo", "rank0", "drop")
+ENCODINGS = ("json", "json+zstd")
+BUILTIN_SCHEMA_IDS = (
+    "pck:step/1",
+    "pck:lr-scheduler/1",
+    "pck:grad-scaler/1",
+    "pck:rng/1",
+    "pck:data-position/1",
+    "pck:json/1",
+)
+#: Extensions this implementation understands (for ``must_understand``).
+KNOWN_EXTENSIONS: frozenset[str] = frozenset()
+
+_HEX = re.compile(r"^(?:[0-9a-f]{8})*$")
+_CTRL = re.compile(r"[\x00-\x1f\x7f]")
+_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
+_TS = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Checksum:
+    """Per-block CRC32C of a file: one 8-hex-digit value per ``block_size`` bytes."""
+
+    algorithm: str
+    block_size: int
+    blocks: str
+
+    def block_count(self) -> int:
+        """Number of blocks."""
+        return len(self.blocks) // 8
+
+    def block(self, i: int) -> int:
+        """CRC of block ``i``."""
+        return int(self.blocks[8 * i : 8 * i + 8], 16)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"algorithm": self.algorithm, "block_size": self.block_size, "blocks": self.blocks}
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A file of the version: relative path, size and checksum."""
+
+    path: str
+    size: int
+    checksum: Checksum
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (the path is the key in ``files``)."""
+        return {"size": self.size, "checksum": self.checksum.to_json()}
+
+
+@dataclass(frozen=True)
+class RangeRecord:
+    """A stored box of a tensor: where its bytes are and how they are encoded."""
+
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    file: str
+    name: str
+    codec: str = "none"
+
+    @property
+    def box(self) -> Box:
+        """The global box this record stores."""
+        return Box(self.offsets, self.lengths)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "offsets": list(self.offsets),
+            "lengths": list(self.lengths),
+            "file": self.file,
+            "name": self.name,
+            "codec": self.codec,
+        }
+
+
+@dataclass
+class TensorEntry:
+    """A logical tensor: dtype, global shape and its range records."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    ranges: list[RangeRecord] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Logical size in bytes."""
+        return self.numel * DTYPES[self.dtype].itemsize
+
+    @property
+    def itemsize(self) -> int:
+        """Element size in bytes."""
+        return DTYPES[self.dtype].itemsize
+
+    @property
+    def numpy_dtype(self) -> Any:
+        """The numpy dtype (ml_dtypes for bfloat16 and float8)."""
+        return DTYPES[self.dtype].numpy
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (the key is the key in ``tensors``)."""
+        return {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "ranges": [r.to_json() for r in self.ranges],
+        }
+
+
+@dataclass(frozen=True)
+class EntryValue:
+    """One stored value of a non-tensor entry (``rank`` is ``None`` for global scope)."""
+
+    file: str
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"file": self.file} if self.rank is None else {"rank": self.rank, "file": self.file}
+
+
+@dataclass
+class Entry:
+    """A non-tensor entry: declared schema, scope, policy, encoding and stored values."""
+
+    name: str
+    schema: dict[str, Any]
+    scope: str
+    encoding: str
+    values: list[EntryValue]
+    world_size_policy: str | None = None
+
+    @property
+    def schema_id(self) -> str | None:
+        """The built-in schema id, or ``None`` for an embedded JSON Schema."""
+        sid = self.schema.get("id")
+        return sid if isinstance(sid, str) else None
+
+    def declaration(self) -> tuple[Any, ...]:
+        """What every writer of this entry must agree on."""
+        import json
+
+        return (json.dumps(self.schema, sort_keys=True), self.scope, self.encoding, self.world_size_policy)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (the name is the key in ``entries``)."""
+        doc: dict[str, Any] = {"schema": self.schema, "scope": self.scope}
+        if self.world_size_policy is not None:
+            doc["world_size_policy"] = self.world_size_policy
+        doc["encoding"] = self.encoding
+        doc["values"] = [v.to_json() for v in self.values]
+        return doc
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The device mesh at save time: its shape and dimension names."""
+
+    shape: tuple[int, ...]
+    dim_names: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"shape": list(self.shape), "dim_names": list(self.dim_names)}
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The continuation contract declared at save time (spec §Continuation)."""
+
+    contract: str = "exact"
+    world_size: int = 1
+    mesh: Mesh | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "contract": self.contract,
+            "world_size": self.world_size,
+            "mesh": self.mesh.to_json() if self.mesh is not None else None,
+        }
+
+
+@dataclass
+class WriterIndex:
+    """What one writer wrote: its files, its range records and its entry values."""
+
+    attempt_id: str
+    writer: int
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    tensors: dict[str, TensorEntry] = field(default_factory=dict)
+    entries: dict[str, Entry] = field(default_factory=dict)
+    #: The record of ``index/wNNNNN.json`` itself, when the writer stored it (not part of the doc).
+    index_file: FileRecord | None = None
+
+    def to_transport(self) -> dict[str, Any]:
+        """The index plus the record of its own file, for sending to the committer in memory."""
+        doc: dict[str, Any] = {"index": self.to_json()}
+        if self.index_file is not None:
+            doc["index_file"] = {"path": self.index_file.path, **self.index_file.to_json()}
+        return doc
+
+    @staticmethod
+    def from_transport(doc: Any) -> WriterIndex:
+        """Inverse of :meth:`to_transport` (validates everything)."""
+        c = _Ctx("writer index (transport)")
+        d = c.obj(doc, "top level")
+        idx = parse_writer_index(c.req(d, "index", "top level"))
+        f = d.get("index_file")
+        if f is not None:
+            fo = c.obj(f, "index_file")
+            path = check_relative_path(fo.get("path"), what="index_file.path")
+            size = c.int_(c.req(fo, "size", "index_file"), "index_file.size")
+            idx.index_file = FileRecord(path, size, _checksum(c, c.req(fo, "checksum", "index_file"), "index_file.checksum", size))
+        return idx
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``index/wNNNNN.json``)."""
+        return {
+            "format": "portable-ckpt-writer-index",
+            "format_version": FORMAT_VERSION,
+            "attempt_id": self.attempt_id,
+            "writer": self.writer,
+            "files": {p: f.to_json() for p, f in self.files.items()},
+            "tensors": {k: t.to_json() for k, t in self.tensors.items()},
+            "entries": {n: e.to_json() for n, e in self.entries.items()},
+        }
+
+    @staticmethod
+    def from_json(doc: Any, *, what: str = "writer index") -> WriterIndex:
+        """Parse (and validate) a writer index document."""
+        return parse_writer_index(doc, what=what)
+
+
+@dataclass
+class Manifest:
+    """The commit record of one version."""
+
+    attempt_id: str
+    step: int
+    created_at: str
+    committed_at: str
+    producer: dict[str, Any]
+    continuation: Continuation
+    files: dict[str, FileRecord]
+    tensors: dict[str, TensorEntry]
+    entries: dict[str, Entry]
+    format_version: str = FORMAT_VERSION
+    must_understand: list[str] = field(default_factory=list)
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``manifest.json``)."""
+        return {
+            "format": "portable-ckpt",
+            "format_version": self.format_version,
+            "attempt_id": self.attempt_id,
+            "step": self.step,
+            "created_at": self.created_at,
+            "committed_at": self.committed_at,
+            "producer": self.producer,
+            "continuation": self.continuation.to_json(),
+            "files": {p: f.to_json() for p, f in self.files.items()},
+            "tensors": {k: t.to_json() for k, t in self.tensors.items()},
+            "entries": {n: e.to_json() for n, e in self.entries.items()},
+            "must_understand": list(self.must_understand),
+            "extensions": self.extensions,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing untrusted documents
+# ---------------------------------------------------------------------------------------------
+
+
+class _Ctx:
+    """Path-aware helpers that raise ``SchemaError`` naming the JSON location."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, where: str, msg: str, cls: type[CheckpointError] = SchemaError) -> CheckpointError:
+        return cls(f"{self.what}: {where}: {msg}", path=self.what)
+
+    def obj(self, v: Any, where: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise self.fail(where, f"expected an object, got {type(v).__name__}")
+        return v
+
+    def arr(self, v: Any, where: str, max_len: int | None = None) -> list[Any]:
+        if not isinstance(v, list):
+            raise self.fail(where, f"expected an array, got {type(v).__name__}")
+        if max_len is not None and len(v) > max_len:
+            raise self.fail(where, f"more than {max_len} items", LimitError)
+        return v
+
+    def req(self, d: dict[str, Any], k: str, where: str) -> Any:
+        if k not in d:
+            raise self.fail(where, f"required field {k!r} is missing")
+        return d[k]
+
+    def int_(self, v: Any, where: str, lo: int = 0, hi: int = MAX_SIZE) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self.fail(where, f"expected an integer, got {v!r}")
+        if v < lo or v > hi:
+            cls: type[CheckpointError] = LimitError if v > hi else SchemaError
+            raise self.fail(where, f"{v} is outside [{lo}, {hi}]", cls)
+        return v
+
+    def str_(self, v: Any, where: str, max_len: int = 1024) -> str:
+        if not isinstance(v, str):
+            raise self.fail(where, f"expected a string, got {type(v).__name__}")
+        if len(v) > max_len:
+            raise self.fail(where, f"string longer than {max_len} characters")
+        return v
+
+    def enum(self, v: Any, where: str, allowed: tuple[str, ...]) -> str:
+        if v not in allowed:
+            raise self.fail(where, f"{v!r} is not one of {', '.join(allowed)}")
+        return str(v)
+
+    def name(self, v: Any, where: str, max_len: int = 1024) -> str:
+        s = self.str_(v, where, max_len)
+        if not s or _CTRL.search(s):
+            raise self.fail(where, f"name {s!r} is empty or contains control characters")
+        return s
+
+    def closed(self, d: dict[str, Any], where: str, allowed: set[str]) -> None:
+        extra = set(d) - allowed
+        if extra:
+            raise self.fail(where, f"unknown field(s) {sorted(extra)}")
+
+
+def check_format_version(v: Any, what: str) -> str:
+    """Validate ``format_version`` and refuse an unknown major version."""
+    if not isinstance(v, str) or not _VERSION.match(v):
+        raise SchemaError(f"{what}: format_version {v!r} is not MAJOR.MINOR", path=what)
+    major = int(v.split(".")[0])
+    if major != FORMAT_MAJOR:
+        raise VersionUnsupportedError(
+            f"{what}: format_version {v} has major version {major}; this reader implements "
+            f"major {FORMAT_MAJOR} (upgrade portable_ckpt to read it)",
+            path=what,
+        )
+    return v
+
+
+def _checksum(c: _Ctx, v: Any, where: str, size: int) -> Checksum:
+    d = c.obj(v, where)
+    c.closed(d, where, {"algorithm", "block_size", "blocks"})
+    alg = c.enum(c.req(d, "algorithm", where), where + ".algorithm", ("crc32c",))
+    bs = c.int_(c.req(d, "block_size", where), where + ".block_size", 4096, 1 << 30)
+    if bs & (bs - 1):
+        raise c.fail(where + ".block_size", f"{bs} is not a power of two")
+    blocks = c.str_(c.req(d, "blocks", where), where + ".blocks", max_len=MAX_SIZE)
+    if not _HEX.match(blocks):
+        raise c.fail(where + ".blocks", "must be 8 lowercase hex digits per block")
+    want = -(-size // bs)
+    if len(blocks) != 8 * want:
+        raise c.fail(where + ".blocks", f"has {len(blocks) // 8} block checksums, the file size needs {want}")
+    return Checksum(alg, bs, blocks)
+
+
+def _files(c: _Ctx, v: Any) -> dict[str, FileRecord]:
+    d = c.obj(v, "files")
+    out: dict[str, FileRecord] = {}
+    for path, rec in d.items():
+        check_relative_path(path, what=f"{c.what}: files key")
+        if path == "manifest.json" or path.startswith("drills/") or path.startswith("copies/"):
+            raise c.fail(f"files[{path!r}]", "the manifest and annotations are not listed in files")
+        r = c.obj(rec, f"files[{path!r}]")
+        c.closed(r, f"files[{path!r}]", {"size", "checksum"})
+        size = c.int_(c.req(r, "size", f"files[{path!r}]"), f"files[{path!r}].size")
+        out[path] = FileRecord(path, size, _checksum(c, c.req(r, "checksum", f"files[{path!r}]"), f"files[{path!r}].checksum", size))
+    return out
+
+
+def _ints(c: _Ctx, v: Any, where: str, lo: int) -> tuple[int, ...]:
+    arr = c.arr(v, where, MAX_NDIM)
+    return tuple(c.int_(x, f"{where}[{i}]", lo) for i, x in enumerate(arr))
+
+
+def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -> TensorEntry:
+    where = f"tensors[{key!r}]"
+    c.name(key, where)
+    d = c.obj(v, where)
+    c.closed(d, where, {"dtype", "shape", "ranges"})
+    dtype = c.req(d, "dtype", where)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise c.fail(where + ".dtype", f"{dtype!r} is not in the dtype table", DtypeUnsupportedError)
+    shape = _ints(c, c.req(d, "shape", where), where + ".shape", 0)
+    numel = math.prod(shape)
+    if numel * DTYPES[dtype].itemsize > MAX_SIZE:
+        raise c.fail(where + ".shape", f"{list(shape)} × {DTYPES[dtype].itemsize} bytes exceeds 2^53-1", LimitError)
+    ranges = []
+    for i, rv in enumerate(c.arr(c.req(d, "ranges", where), where + ".ranges")):
+        rw = f"{where}.ranges[{i}]"
+        r = c.obj(rv, rw)
+        c.closed(r, rw, {"offsets", "lengths", "file", "name", "codec"})
+        offs = _ints(c, c.req(r, "offsets", rw), rw + ".offsets", 0)
+        lens = _ints(c, c.req(r, "lengths", rw), rw + ".lengths", 1)
+        if len(offs) != len(shape) or len(lens) != len(shape):
+            raise c.fail(rw, f"offsets/lengths have rank {len(offs)}/{len(lens)}, the tensor has {len(shape)}", RangeBoundsError)
+        for dim, (o, n, s) in enumerate(zip(offs, lens, shape, strict=True)):
+            if o + n > s:
+                raise c.fail(rw, f"box [{o}:{o + n}] exceeds dimension {dim} of size {s}", RangeBoundsError)
+        fpath = check_relative_path(c.str_(c.req(r, "file", rw), rw + ".file", 4096), what=f"{c.what}: {rw}.file")
+        if files is not None and fpath not in files:
+            raise c.fail(rw + ".file", f"{fpath!r} is not listed in files")
+        name = c.name(c.req(r, "name", rw), rw + ".name", 4096)
+        codec = c.enum(r.get("codec", "none"), rw + ".codec", CODECS)
+        ranges.append(RangeRecord(offs, lens, fpath, name, codec))
+    return TensorEntry(key, dtype, shape, ranges)
+
+
+def _entry(c: _Ctx, name: str, v: Any, files: Mapping[str, FileRecord] | None, world_size: int | None) -> Entry:
+    where = f"entries[{name!r}]"
+    c.name(name, where, 256)
+    d = c.obj(v, where)
+    c.closed(d, where, {"schema", "scope", "world_size_policy", "encoding", "values"})
+    schema = c.obj(c.req(d, "schema", where), where + ".schema")
+    if "id" in schema:
+        c.closed(schema, where + ".schema", {"id"})
+        c.enum(schema["id"], where + ".schema.id", BUILTIN_SCHEMA_IDS)
+    elif "json_schema" in schema:
+        c.closed(schema, where + ".schema", {"json_schema"})
+        if not isinstance(schema["json_schema"], dict | bool):
+            raise c.fail(where + ".schema.json_schema", "must be a JSON Schema (object or boolean)")
+    else:
+        raise c.fail(where + ".schema", "needs 'id' (a built-in schema) or 'json_schema'")
+    scope = c.enum(c.req(d, "scope", where), where + ".scope", SCOPES)
+    policy = d.get("world_size_policy")
+    if scope == "per_rank":
+        policy = c.enum(c.req(d, "world_size_policy", where), where + ".world_size_policy", POLICIES)
+    elif policy is not None:
+        raise c.fail(where + ".world_size_policy", "only per_rank entries have a world_size_policy")
+    encoding = c.enum(c.req(d, "encoding", where), where + ".encoding", ENCODINGS)
+    values = []
+    seen_ranks: set[int] = set()
+    for i, vv in enumerate(c.arr(c.req(d, "values", where), where + ".values")):
+        vw = f"{where}.values[{i}]"
+        o = c.obj(vv, vw)
+        c.closed(o, vw, {"file", "rank"})
+        fpath = check_relative_path(c.str_(c.req(o, "file", vw), vw + ".file", 4096), what=f"{c.what}: {vw}.file")
+        if files is not None and fpath not in files:
+            raise c.fail(vw + ".file", f"{fpath!r} is not listed in files")
+        rank: int | None = None
+        if scope == "per_rank":
+            rank = c.int_(c.req(o, "rank", vw), vw + ".rank", 0, (world_size - 1) if world_size else MAX_SIZE)
+            if rank in seen_ranks:
+                raise c.fail(vw + ".rank", f"rank {rank} has two values")
+            seen_ranks.add(rank)
+        elif "rank" in o:
+            raise c.fail(vw, "global entries have no rank")
+        values.append(EntryValue(fpath, rank))
+    if world_size is not None:
+        from portable_ckpt.errors import EntryMissingError
+
+        if scope == "global" and len(values) != 1:
+            raise c.fail(where + ".values", f"a global entry has exactly one value, found {len(values)}", EntryMissingError if not values else SchemaError)
+        if scope == "per_rank" and len(values) != world_size:
+            missing = sorted(set(range(world_size)) - seen_ranks)
+            raise c.fail(where + ".values", f"per_rank entry lacks the values of rank(s) {missing[:8]} (world size {world_size})", EntryMissingError)
+    return Entry(name, schema, scope, encoding, values, policy)
+
+
+def _continuation(c: _Ctx, v: Any) -> Continuation:
+    d = c.obj(v, "continuation")
+    c.closed(d, "continuation", {"contract", "world_size", "mesh"})
+    contract = c.enum(c.req(d, "contract", "continuation"), "continuation.contract", CONTRACTS)
+    ws = c.int_(c.req(d, "world_size", "continuation"), "continuation.world_size", 1, 1 << 24)
+    mv = d.get("mesh")
+    mesh = None
+    if mv is not None:
+        m = c.obj(mv, "continuation.mesh")
+        c.closed(m, "continuation.mesh", {"shape", "dim_names"})
+        shape = _ints(c, c.req(m, "shape", "continuation.mesh"), "continuation.mesh.shape", 1)
+        names = tuple(c.name(x, "continuation.mesh.dim_names", 64) for x in c.arr(c.req(m, "dim_names", "continuation.mesh"), "continuation.mesh.dim_names", MAX_NDIM))
+        if len(names) != len(shape):
+            raise c.fail("continuation.mesh", "dim_names and shape differ in length")
+        if math.prod(shape) != ws:
+            raise c.fail("continuation.mesh", f"mesh shape {list(shape)} does not hold world_size {ws} ranks")
+        mesh = Mesh(shape, names)
+    return Continuation(contract, ws, mesh)
+
+
+def parse_manifest(doc: Any, *, what: str = "manifest.json", directory_name: str | None = None) -> Manifest:
+    """Validate an untrusted manifest document and return its record.
+
+    Args:
+        doc: The parsed JSON document.
+        what: Name for messages.
+        directory_name: The attempt directory's name; the manifest's ``attempt_id`` must equal it.
+    """
+    c = _Ctx(what)
+    d = c.obj(doc, "top level")
+    if d.get("format") != "portable-ckpt":
+        raise c.fail("format", f"expected 'portable-ckpt', got {d.get('format')!r}")
+    version = check_format_version(c.req(d, "format_version", "top level"), what)
+    mu = [c.str_(x, "must_understand", 256) for x in c.arr(d.get("must_understand", []), "must_understand", 1024)]
+    unknown = [x for x in mu if x not in KNOWN_EXTENSIONS]
+    if unknown:
+        raise FeatureUnsupportedError(
+            f"{what}: must_understand names extension(s) {unknown} that this reader does not "
+            "implement; use a reader that supports them",
+            path=what,
+        )
+    attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
+    if directory_name is not None and directory_name != attempt_id:
+        from portable_ckpt.errors import AttemptIdError
+
+        raise AttemptIdError(
+            f"{what}: attempt_id {attempt_id!r} differs from its directory {directory_name!r} "
+            "(a copied or renamed attempt); attempts are never renamed",
+            path=what,
+        )
+    step = c.int_(c.req(d, "step", "top level"), "step", 0, 10**12 - 1)
+    created = c.str_(c.req(d, "created_at", "top level"), "created_at", 64)
+    committed = c.str_(c.req(d, "committed_at", "top level"), "committed_at", 64)
+    for k, val in (("created_at", created), ("committed_at", committed)):
+        if not _TS.match(val):
+            raise c.fail(k, f"{val!r} is not an RFC 3339 UTC timestamp (YYYY-MM-DDTHH:MM:SS[.f]Z)")
+    producer = c.obj(c.req(d, "producer", "top level"), "producer")
+    c.str_(c.req(producer, "name", "producer"), "producer.name", 256)
+    c.str_(c.req(producer, "version", "producer"), "producer.version", 256)
+    cont = _continuation(c, c.req(d, "continuation", "top level"))
+    files = _files(c, c.req(d, "files", "top level"))
+    tensors = {k: _tensor(c, k, v, files) for k, v in c.obj(c.req(d, "tensors", "top level"), "tensors").items()}
+    entries = {
+        n: _entry(c, n, v, files, cont.world_size)
+        for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()
+    }
+    ext = d.get("extensions", {})
+    if not isinstance(ext, dict):
+        raise c.fail("extensions", "must be an object")
+    return Manifest(
+        attempt_id=attempt_id,
+        step=step,
+        created_at=created,
+        committed_at=committed,
+        producer=producer,
+        continuation=cont,
+        files=files,
+        tensors=tensors,
+        entries=entries,
+        format_version=version,
+        must_understand=mu,
+        extensions=ext,
+    )
+
+
+def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
+    """Validate an untrusted writer index document and return its record."""
+    c = _Ctx(what)
+    d = c.obj(doc, "top level")
+    if d.get("format") != "portable-ckpt-writer-index":
+        raise c.fail("format", f"expected 'portable-ckpt-writer-index', got {d.get('format')!r}")
+    check_format_version(c.req(d, "format_version", "top level"), what)
+    attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
+    writer = c.int_(c.req(d, "writer", "top level"), "writer", 0, 1 << 24)
+    files = _files(c, c.req(d, "files", "top level"))
+    tensors = {k: _tensor(c, k, v, files) for k, v in c.obj(c.req(d, "tensors", "top level"), "tensors").items()}
+    entries = {n: _entry(c, n, v, files, None) for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()}
+    return WriterIndex(attempt_id, writer, files, tensors, entries)

@@ -1,0 +1,1 @@
+"""Writer, committer, reader and version management (framework-neutral, no torch)."""

@@ -1,0 +1,493 @@
+"""The reader: open a committed version, read any box of any tensor, verify what was read.
+
+Reads are planned per stored range (``ranges.planning``) and executed per range: a box that is one
+contiguous run of a stored chunk and of the destination is read straight into the destination
+(only the partial checksum blocks at its edges go through a small buffer); other boxes are read
+in bounded windows and copied with numpy. Every checksum block a read touches is verified.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    CodecError,
+    ContractError,
+    CoverageGapError,
+    EntryMissingError,
+    FileMissingError,
+    FileSizeError,
+    StepMismatchError,
+    TensorMissingError,
+    UsageError,
+)
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.manifest import (
+    Continuation,
+    Entry,
+    FileRecord,
+    Manifest,
+    RangeRecord,
+    TensorEntry,
+)
+from portable_ckpt.format.schemas import validate_entry_value
+from portable_ckpt.io.checksum import BlockVerifier
+from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
+from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
+from portable_ckpt.ranges.coverage import check_coverage
+from portable_ckpt.ranges.planning import RangeIndex, ReadItem
+from portable_ckpt.storage.base import Storage
+
+__all__ = ["WINDOW_BYTES", "Checkpoint", "ReadStats", "TensorInfo"]
+
+#: Largest scratch window for reads that cannot go straight into the destination.
+WINDOW_BYTES = 16 << 20
+
+#: Public name of a tensor's metadata record.
+TensorInfo = TensorEntry
+
+
+@dataclass
+class ReadStats:
+    """Counters of one :class:`Checkpoint` (thread-safe updates).
+
+    Attributes:
+        bytes_read: Bytes fetched from storage (data plus checksum-block edges).
+        bytes_delivered: Bytes written into destinations.
+        peak_scratch_bytes: Largest temporary buffer alive at once.
+        blocks_verified: Checksum blocks verified.
+    """
+
+    bytes_read: int = 0
+    bytes_delivered: int = 0
+    peak_scratch_bytes: int = 0
+    blocks_verified: int = 0
+
+
+class Checkpoint:
+    """One committed version, opened for reading. Create with :func:`portable_ckpt.open`."""
+
+    def __init__(self, storage: Storage, attempt_id: str, manifest: Manifest) -> None:
+        self.storage = storage
+        self.manifest = manifest
+        self.stats = ReadStats()
+        self._lock = threading.Lock()
+        self._headers: dict[str, ShardHeader] = {}
+        self._sizes_checked: set[str] = set()
+        self._covered: set[str] = set()
+        self._indexes: dict[str, RangeIndex[RangeRecord]] = {}
+        self._zcache: tuple[tuple[str, str], bytes] | None = None
+        self._attempt = attempt_id
+
+    # -- metadata ----------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """The attempt id of this version."""
+        return self._attempt
+
+    @property
+    def step(self) -> int:
+        """The completed training step this version holds."""
+        return self.manifest.step
+
+    @property
+    def path(self) -> str:
+        """Location of the version directory."""
+        base = self.storage.url.rstrip("/")
+        return f"{base}/{self._attempt}"
+
+    @property
+    def continuation(self) -> Continuation:
+        """The continuation contract recorded at save time."""
+        return self.manifest.continuation
+
+    @property
+    def tensors(self) -> dict[str, TensorEntry]:
+        """Tensor key → metadata (dtype, shape, ranges)."""
+        return self.manifest.tensors
+
+    @property
+    def entries(self) -> dict[str, Entry]:
+        """Entry name → declaration."""
+        return self.manifest.entries
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.path!r}, step={self.step}, tensors={len(self.tensors)})"
+
+    def _rel(self, path: str) -> str:
+        return f"{self._attempt}/{path}"
+
+    def _file(self, path: str) -> FileRecord:
+        rec = self.manifest.files[path]
+        if path not in self._sizes_checked:
+            actual = self.storage.size(self._rel(path))
+            if actual != rec.size:
+                raise FileSizeError(
+                    f"{self._rel(path)!r} is {actual} bytes, the manifest records {rec.size} "
+                    f"({'truncated' if actual < rec.size else 'extended'}); the version is damaged",
+                    path=path,
+                )
+            self._sizes_checked.add(path)
+        return rec
+
+    def _header(self, path: str) -> ShardHeader:
+        hdr = self._headers.get(path)
+        if hdr is None:
+            rec = self._file(path)
+            hdr = load_header(self.storage, self._rel(path), file_size=rec.size, what=self._rel(path))
+            # The header bytes are covered by checksums too: verify the blocks it occupies.
+            self._read_verified(path, 0, hdr.data_start, None)
+            self._headers[path] = hdr
+        return hdr
+
+    def _tensor(self, key: str) -> TensorEntry:
+        t = self.manifest.tensors.get(key)
+        if t is None:
+            raise TensorMissingError(
+                f"tensor {key!r} is not in checkpoint {self.path} ({len(self.tensors)} tensors; "
+                "see `portable-ckpt inspect`)"
+            )
+        if key not in self._covered:
+            check_coverage(t.shape, [r.box for r in t.ranges], key=key)
+            self._covered.add(key)
+        return t
+
+    def _shard_tensor(self, t: TensorEntry, rec: RangeRecord) -> ShardTensor:
+        hdr = self._header(rec.file)
+        item = DTYPES[t.dtype]
+        return check_range(
+            hdr, what=self._rel(rec.file), key=t.key, rec_name=rec.name, codec=rec.codec,
+            st_dtype=item.safetensors, lengths=rec.lengths, nbytes=math.prod(rec.lengths) * item.itemsize,
+        )
+
+    # -- planning -----------------------------------------------------------------------------------
+    def plan_read(
+        self, key: str, offsets: Sequence[int] | None = None, lengths: Sequence[int] | None = None
+    ) -> list[ReadItem[RangeRecord]]:
+        """Return the stored pieces that fill the box, proving exactly-once coverage of it."""
+        t = self._tensor(key)
+        box = self._target_box(t, offsets, lengths)
+        if box.volume == 0:
+            return []
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = RangeIndex([(r.box, r) for r in t.ranges])
+        items = index.query(box)
+        got = sum(it.box.volume for it in items)
+        if got != box.volume:
+            raise CoverageGapError(
+                f"tensor {key!r}: the stored ranges provide {got} of the {box.volume} elements of "
+                f"box {box}; the version is incomplete"
+            )
+        return items
+
+    @staticmethod
+    def _target_box(t: TensorEntry, offsets: Sequence[int] | None, lengths: Sequence[int] | None) -> Box:
+        offs = tuple(int(o) for o in offsets) if offsets is not None else (0,) * len(t.shape)
+        lens = (
+            tuple(int(n) for n in lengths)
+            if lengths is not None
+            else tuple(s - o for s, o in zip(t.shape, offs, strict=False))
+        )
+        box = Box(offs, lens)
+        if len(offs) != len(t.shape) or len(lens) != len(t.shape) or not box.within(t.shape):
+            raise UsageError(
+                f"tensor {t.key!r}: requested box offsets={list(offs)} lengths={list(lens)} is not "
+                f"inside its shape {list(t.shape)}"
+            )
+        return box
+
+    # -- reading ------------------------------------------------------------------------------------
+    def read(
+        self,
+        key: str,
+        offsets: Sequence[int] | None = None,
+        lengths: Sequence[int] | None = None,
+        *,
+        out: np.ndarray[Any, Any] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """Read a box of tensor ``key`` (the whole tensor by default).
+
+        Only the bytes of stored chunks that intersect the box are read (rounded out to checksum
+        blocks, which are all verified).
+
+        Args:
+            key: Logical tensor key.
+            offsets: Box start per dimension (default zeros).
+            lengths: Box size per dimension (default: to the end).
+            out: Optional destination (shape ``lengths``, the tensor's dtype, any strides);
+                filled in place and returned.
+        """
+        t = self._tensor(key)
+        box = self._target_box(t, offsets, lengths)
+        if out is None:
+            out = np.empty(box.lengths, dtype=t.numpy_dtype)
+        else:
+            if tuple(out.shape) != box.lengths or out.dtype != t.numpy_dtype:
+                raise UsageError(
+                    f"tensor {key!r}: out has {out.dtype}{list(out.shape)}, the box needs "
+                    f"{t.numpy_dtype}{list(box.lengths)}"
+                )
+            if not out.flags.writeable:
+                raise UsageError(f"tensor {key!r}: out is not writeable")
+        for item in self.plan_read(key, box.offsets, box.lengths):
+            dst = out[item.box.slices(box.offsets)] if out.ndim else out
+            self._read_item(t, item.record, item.box, dst)
+        return out
+
+    def _read_item(self, t: TensorEntry, rec: RangeRecord, inter: Box, dst: np.ndarray[Any, Any]) -> None:
+        st = self._shard_tensor(t, rec)
+        rel = inter.relative_to(rec.box)
+        if rec.codec == "zstd":
+            chunk = self._decompressed(t, rec, st)
+            src = chunk.reshape(rec.lengths)
+            dst[...] = src[rel.slices()] if src.ndim else src
+            with self._lock:
+                self.stats.bytes_delivered += dst.nbytes
+            return
+        self._copy_box(rec.file, st.start, rec.lengths, t.numpy_dtype, rel, dst)
+
+    def _decompressed(self, t: TensorEntry, rec: RangeRecord, st: ShardTensor) -> np.ndarray[Any, Any]:
+        ck = (rec.file, rec.name)
+        cached = self._zcache
+        if cached is not None and cached[0] == ck:
+            raw = cached[1]
+        else:
+            frame = bytearray(st.end - st.start)
+            self._read_verified(rec.file, st.start, st.end, memoryview(frame))
+            expect = math.prod(rec.lengths) * t.itemsize
+            try:
+                params = zstandard.get_frame_parameters(bytes(frame[:18]))
+                if params.content_size not in (expect, zstandard.CONTENTSIZE_UNKNOWN):
+                    raise CodecError(
+                        f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} declares "
+                        f"{params.content_size} decompressed bytes, {expect} expected", path=rec.file
+                    )
+                raw = zstandard.ZstdDecompressor().decompress(bytes(frame), max_output_size=expect)
+            except zstandard.ZstdError as exc:
+                raise CodecError(
+                    f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r}: zstd frame is "
+                    f"corrupt ({exc})", path=rec.file
+                ) from None
+            if len(raw) != expect:
+                raise CodecError(
+                    f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} decompressed "
+                    f"to {len(raw)} bytes, {expect} expected", path=rec.file
+                )
+            self._zcache = (ck, raw)
+            self._note_scratch(len(frame) + len(raw))
+        return np.frombuffer(raw, dtype=t.numpy_dtype)
+
+    def _copy_box(
+        self, path: str, base: int, chunk_shape: Sequence[int], dtype: Any, rel: Box,
+        dst: np.ndarray[Any, Any],
+    ) -> None:
+        """Copy box ``rel`` of the stored chunk at file offset ``base`` into ``dst``."""
+        isz = int(np.dtype(dtype).itemsize)
+        strides = strides_of(chunk_shape)
+        first = sum(o * s for o, s in zip(rel.offsets, strides, strict=True))
+        last = sum((o + n - 1) * s for o, n, s in zip(rel.offsets, rel.lengths, strides, strict=True))
+        lo = base + first * isz
+        hi = base + (last + 1) * isz
+        needed = rel.volume * isz
+        contiguous = contiguous_prefix(rel, chunk_shape) == 0
+        if contiguous and dst.flags.c_contiguous:
+            self._read_verified(path, lo, hi, memoryview(dst.reshape(-1).view(np.uint8)))
+            with self._lock:
+                self.stats.bytes_delivered += needed
+            return
+        span = hi - lo
+        bs = self.manifest.files[path].checksum.block_size
+        d = next((i for i, n in enumerate(rel.lengths) if n > 1), None)
+        sparse = d is not None and strides[d] * isz >= 2 * bs + (needed // max(rel.lengths[d], 1))
+        if d is None or (span <= WINDOW_BYTES and not sparse):
+            buf = bytearray(span)
+            self._note_scratch(span)
+            self._read_verified(path, lo, hi, memoryview(buf))
+            # View the span as the chunk region it covers, then pick the box out of it.
+            full = np.frombuffer(buf, dtype=dtype)
+            view = np.lib.stride_tricks.as_strided(
+                full, shape=rel.lengths, strides=tuple(s * isz for s in strides), writeable=False
+            )
+            dst[...] = view
+            with self._lock:
+                self.stats.bytes_delivered += needed
+            return
+        # Split along the first non-unit dimension: into single indices when rows are far apart
+        # (skips the gaps), else into pieces whose span fits the window.
+        n = rel.lengths[d]
+        parts = n if sparse else max(2, -(-span // WINDOW_BYTES))
+        edges = [n * i // parts for i in range(parts + 1)]
+        for a, b in zip(edges, edges[1:], strict=False):
+            if a == b:
+                continue
+            sub = Box(
+                rel.offsets[:d] + (rel.offsets[d] + a,) + rel.offsets[d + 1 :],
+                rel.lengths[:d] + (b - a,) + rel.lengths[d + 1 :],
+            )
+            idx = tuple(slice(None) for _ in range(d)) + (slice(a, b),)
+            self._copy_box(path, base, chunk_shape, dtype, sub, dst[idx])
+
+    def _note_scratch(self, n: int) -> None:
+        with self._lock:
+            if n > self.stats.peak_scratch_bytes:
+                self.stats.peak_scratch_bytes = n
+
+    def _read_verified(self, path: str, lo: int, hi: int, dest: memoryview | None) -> None:
+        """Read bytes ``[lo, hi)`` of ``path`` into ``dest`` verifying every block touched.
+
+        With ``dest=None`` the bytes are only verified.
+        """
+        rec = self._file(path)
+        if not 0 <= lo <= hi <= rec.size:
+            raise FileSizeError(f"{self._rel(path)!r}: read [{lo}:{hi}] outside its {rec.size} bytes", path=path)
+        if hi == lo:
+            return
+        ck = rec.checksum
+        bs = ck.block_size
+        a = lo // bs * bs
+        b = min(-(-hi // bs) * bs, rec.size)
+        head = bytearray(lo - a)
+        tail = bytearray(b - hi)
+        scratch = len(head) + len(tail)
+        if dest is None:
+            dest = memoryview(bytearray(hi - lo))
+            scratch += hi - lo
+        bufs = [memoryview(head), dest, memoryview(tail)]
+        self._note_scratch(scratch)
+        self.storage.read_into_many(self._rel(path), a, bufs)
+        verifier = BlockVerifier(self._rel(path), ck.blocks, bs, rec.size)
+        verifier.verify_span(a, bufs)
+        with self._lock:
+            self.stats.bytes_read += b - a
+            self.stats.blocks_verified += verifier.verified
+
+    # -- entries ------------------------------------------------------------------------------------
+    def entry(self, name: str, rank: int | None = None, world_size: int | None = None) -> Any:
+        """Return the value of non-tensor entry ``name``.
+
+        For ``per_rank`` entries pass the reader's ``rank`` (and ``world_size`` when it differs
+        from the saved one): the entry's ``world_size_policy`` decides which stored value it gets
+        (``require_same`` raises ``ContractError``, ``drop`` returns ``None``).
+        """
+        e = self.manifest.entries.get(name)
+        if e is None:
+            raise EntryMissingError(f"entry {name!r} is not in checkpoint {self.path}")
+        if e.scope == "global":
+            if len(e.values) != 1:
+                raise EntryMissingError(f"global entry {name!r} has {len(e.values)} values, not one")
+            path = e.values[0].file
+        else:
+            if rank is None:
+                raise UsageError(f"entry {name!r} is per_rank: pass rank= (and world_size= if it changed)")
+            saved = self.manifest.continuation.world_size
+            target = rank
+            if world_size is not None and world_size != saved:
+                policy = e.world_size_policy
+                if policy == "require_same":
+                    raise ContractError(
+                        f"entry {name!r} (per_rank, policy require_same) was saved on {saved} ranks "
+                        f"and cannot be restored on {world_size}"
+                    )
+                if policy == "drop":
+                    return None
+                target = 0 if policy == "rank0" else rank % saved
+            match = [v for v in e.values if v.rank == target]
+            if not match:
+                raise EntryMissingError(f"entry {name!r} has no value for rank {target}")
+            path = match[0].file
+        value = self._load_json_value(e, path)
+        if e.schema_id == "pck:step/1" and isinstance(value, dict) and value.get("step") != self.step:
+            raise StepMismatchError(
+                f"entry {name!r} records step {value.get('step')!r}, the manifest's step is {self.step}"
+            )
+        return value
+
+    def _load_json_value(self, e: Entry, path: str) -> Any:
+        rec = self._file(path)
+        if rec.size > jsonio.MAX_DOCUMENT_BYTES:
+            raise FileSizeError(f"{self._rel(path)!r}: entry value of {rec.size} bytes exceeds the limit", path=path)
+        buf = bytearray(rec.size)
+        self._read_verified(path, 0, rec.size, memoryview(buf))
+        data = bytes(buf)
+        if e.encoding == "json+zstd":
+            try:
+                data = zstandard.ZstdDecompressor().decompress(data, max_output_size=jsonio.MAX_DOCUMENT_BYTES)
+            except zstandard.ZstdError as exc:
+                raise CodecError(f"{self._rel(path)!r}: entry {e.name!r}: bad zstd frame ({exc})", path=path) from None
+        value = jsonio.loads(data, what=self._rel(path))
+        validate_entry_value(value, e.schema, name=e.name, what=self._rel(path))
+        return value
+
+    # -- verification -------------------------------------------------------------------------------
+    def verify(self, *, deep: bool = False, sample: float | None = None, seed: int | None = None) -> list[CheckpointError]:
+        """Check the version; return every problem found (empty when it verifies).
+
+        Always: files exist with their recorded sizes, shard headers agree with range records,
+        exactly-once coverage of every tensor, every entry value against its schema.
+        ``deep``: every block of every file is read and checksummed. ``sample``: a random fraction
+        of the stored chunks is read and checksummed (the cheap post-commit spot check).
+        """
+        errors: list[CheckpointError] = []
+
+        def attempt(fn: Any, *args: Any) -> None:
+            try:
+                fn(*args)
+            except CheckpointError as exc:
+                errors.append(exc)
+
+        for path in self.manifest.files:
+            attempt(self._file, path)
+        if errors:
+            return errors
+        for key, t in self.tensors.items():
+            attempt(self._tensor, key)
+            for rec in t.ranges:
+                attempt(self._shard_tensor, t, rec)
+        for name, e in self.entries.items():
+            for v in e.values:
+                attempt(self._load_json_value, e, v.file)
+        if deep:
+            for path in self.manifest.files:
+                attempt(self._verify_file, path)
+        elif sample:
+            rng = random.Random(seed)
+            chunks = [(t, r) for t in self.tensors.values() for r in t.ranges]
+            k = min(len(chunks), max(1, math.ceil(len(chunks) * sample))) if chunks else 0
+            for t, r in rng.sample(chunks, k):
+                attempt(self._verify_chunk, t, r)
+        return errors
+
+    def _verify_chunk(self, t: TensorEntry, rec: RangeRecord) -> None:
+        st = self._shard_tensor(t, rec)
+        self._read_verified(rec.file, st.start, st.end, None)
+
+    def _verify_file(self, path: str) -> None:
+        rec = self._file(path)
+        bs = rec.checksum.block_size
+        window = max(bs, WINDOW_BYTES // bs * bs)
+        buf = bytearray(min(window, rec.size))
+        self._note_scratch(len(buf))
+        verifier = BlockVerifier(self._rel(path), rec.checksum.blocks, bs, rec.size)
+        pos = 0
+        while pos < rec.size:
+            n = min(window, rec.size - pos)
+            mv = memoryview(buf)[:n]
+            self.storage.read_into(self._rel(path), pos, mv)
+            verifier.verify_span(pos, [mv])
+            pos += n
+        with self._lock:
+            self.stats.bytes_read += rec.size
+            self.stats.blocks_verified += verifier.verified
+        if rec.size == 0 and rec.checksum.blocks:
+            raise FileMissingError(f"{self._rel(path)!r}: empty file with block checksums", path=path)

@@ -1,0 +1,357 @@
+"""The shard writer: one process streams its chunks into its own safetensors files.
+
+Planning happens in :meth:`ShardWriter.add_tensor` (validation, naming, file assignment, no I/O);
+:meth:`ShardWriter.finish` moves the bytes: header first, then every chunk straight from the
+caller's memory, hashing each piece just before it is written (one pass, no staging copy for
+contiguous sources; bounded copies for strided ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    MetadataConflictError,
+    RangeBoundsError,
+    UsageError,
+)
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.dtypes import DTYPES, dtype_name
+from portable_ckpt.format.manifest import (
+    BUILTIN_SCHEMA_IDS,
+    CODECS,
+    FORMAT_VERSION,
+    MAX_NDIM,
+    POLICIES,
+    SCOPES,
+    Checksum,
+    Entry,
+    EntryValue,
+    FileRecord,
+    RangeRecord,
+    TensorEntry,
+    WriterIndex,
+)
+from portable_ckpt.format.naming import (
+    check_attempt_id,
+    data_file_name,
+    entry_file_name,
+    index_file_name,
+    new_attempt_id,
+)
+from portable_ckpt.format.schemas import validate_entry_value
+from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher
+from portable_ckpt.io.safetensors_io import build_header
+from portable_ckpt.ranges.box import Box
+from portable_ckpt.storage.base import Storage, StreamWriter
+
+__all__ = ["PIECE_BYTES", "ShardWriter", "WriteStats", "new_attempt_id"]
+
+#: Largest piece handed to the storage in one write (and the bound on strided-copy scratch).
+PIECE_BYTES = 16 << 20
+
+
+@dataclass
+class _Chunk:
+    key: str
+    array: np.ndarray[Any, Any]
+    box: Box
+    name: str
+    st_dtype: str
+    payload: bytes | None = None  # compressed frame when codec == "zstd"
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload) if self.payload is not None else int(self.array.nbytes)
+
+
+@dataclass
+class WriteStats:
+    """Bytes written and the largest temporary buffer this writer allocated."""
+
+    bytes_written: int = 0
+    files: int = 0
+    peak_scratch_bytes: int = 0
+
+
+def _pieces(arr: np.ndarray[Any, Any], stats: WriteStats) -> Iterator[memoryview]:
+    """Yield the C-order bytes of ``arr`` in pieces of at most ``PIECE_BYTES``.
+
+    Contiguous arrays are sliced without copying; strided ones are copied slab by slab.
+    """
+    if arr.flags.c_contiguous:
+        mv = memoryview(arr.reshape(-1).view(np.uint8))
+        for i in range(0, len(mv), PIECE_BYTES):
+            yield mv[i : i + PIECE_BYTES]
+        return
+    if arr.ndim == 0:
+        yield memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        return
+    row = arr.nbytes // arr.shape[0] if arr.shape[0] else 0
+    step = max(1, PIECE_BYTES // max(row, 1))
+    for i in range(0, arr.shape[0], step):
+        slab = np.ascontiguousarray(arr[i : i + step])
+        stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, slab.nbytes)
+        yield memoryview(slab.reshape(-1).view(np.uint8))
+
+
+class ShardWriter:
+    """Write one writer's share of a save attempt.
+
+    Args:
+        storage: The checkpoint root's storage.
+        attempt_id: The attempt (from :func:`new_attempt_id`, agreed by every writer).
+        writer: This writer's number (usually the rank); names its files.
+        codec: ``"none"`` or ``"zstd"`` for every chunk of this writer.
+        block_size: Checksum block size (power of two, 4 KiB–1 GiB).
+        max_file_bytes: Start a new shard file when one would exceed this.
+        zstd_level: Compression level for ``codec="zstd"``.
+        write_index: Also store ``index/wNNNNN.json`` (needed when the committer reads indexes
+            from storage rather than receiving them in memory).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        attempt_id: str,
+        writer: int = 0,
+        *,
+        codec: str = "none",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_file_bytes: int = 4 << 30,
+        zstd_level: int = 3,
+        write_index: bool = True,
+    ) -> None:
+        check_attempt_id(attempt_id)
+        if codec not in CODECS:
+            raise UsageError(f"codec must be one of {CODECS}, got {codec!r}")
+        if block_size < 4096 or block_size > 1 << 30 or block_size & (block_size - 1):
+            raise UsageError(f"block_size must be a power of two in [4096, 2^30], got {block_size}")
+        if not isinstance(writer, int) or writer < 0:
+            raise UsageError(f"writer must be a non-negative int, got {writer!r}")
+        self.storage = storage
+        self.attempt_id = attempt_id
+        self.writer = writer
+        self.codec = codec
+        self.block_size = block_size
+        self.max_file_bytes = max_file_bytes
+        self.zstd_level = zstd_level
+        self.write_index = write_index
+        self.stats = WriteStats()
+        self._chunks: list[_Chunk] = []
+        self._tensors: dict[str, TensorEntry] = {}
+        self._entries: dict[str, Entry] = {}
+        self._entry_payloads: list[tuple[str, bytes]] = []
+        self._written: list[str] = []
+        self._finished = False
+
+    # -- planning ------------------------------------------------------------------------------
+    def declare_tensor(self, key: str, dtype: str, global_shape: Sequence[int]) -> TensorEntry:
+        """Declare a tensor without storing any of it (e.g. a rank holding no shard of it)."""
+        if not isinstance(key, str) or not key or len(key) > 1024 or any(ord(c) < 32 or ord(c) == 127 for c in key):
+            raise UsageError(f"tensor key {key!r} must be 1–1024 characters without control characters")
+        if dtype not in DTYPES:
+            raise UsageError(f"tensor {key!r}: dtype {dtype!r} is not in the format's table")
+        shape = tuple(int(s) for s in global_shape)
+        if len(shape) > MAX_NDIM or any(s < 0 for s in shape):
+            raise UsageError(f"tensor {key!r}: invalid global shape {list(shape)}")
+        prev = self._tensors.get(key)
+        if prev is None:
+            prev = self._tensors[key] = TensorEntry(key, dtype, shape, [])
+        elif prev.dtype != dtype or prev.shape != shape:
+            raise MetadataConflictError(
+                f"tensor {key!r} declared as {prev.dtype}{list(prev.shape)} and now as "
+                f"{dtype}{list(shape)} by writer {self.writer}"
+            )
+        return prev
+
+    def add_tensor(
+        self,
+        key: str,
+        array: np.ndarray[Any, Any],
+        offsets: Sequence[int] | None = None,
+        global_shape: Sequence[int] | None = None,
+    ) -> None:
+        """Plan to store ``array`` as the box at ``offsets`` of tensor ``key``.
+
+        The array is not copied: it must not change until :meth:`finish` returns.
+        """
+        self._check_open()
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        name = dtype_name(array.dtype)
+        gshape = tuple(array.shape) if global_shape is None else tuple(int(s) for s in global_shape)
+        offs = (0,) * array.ndim if offsets is None else tuple(int(o) for o in offsets)
+        entry = self.declare_tensor(key, name, gshape)
+        box = Box(offs, tuple(int(n) for n in array.shape))
+        if len(offs) != len(gshape) or not box.within(gshape):
+            raise RangeBoundsError(
+                f"tensor {key!r}: chunk at offsets {list(offs)} with shape {list(array.shape)} does "
+                f"not fit the global shape {list(gshape)}"
+            )
+        if array.size == 0:
+            return  # zero-size chunks carry no elements and get no range record
+        if array.dtype.byteorder == ">":
+            raise UsageError(f"tensor {key!r}: big-endian arrays are not supported")
+        chunk_name = f"{key}@{','.join(str(o) for o in offs)}"
+        rec = RangeRecord(offs, box.lengths, "", chunk_name, self.codec)
+        entry.ranges.append(rec)
+        self._chunks.append(_Chunk(key, array, box, chunk_name, DTYPES[name].safetensors))
+
+    def add_entry(
+        self,
+        name: str,
+        value: Any,
+        schema: str | dict[str, Any] = "pck:json/1",
+        *,
+        scope: str = "global",
+        rank: int | None = None,
+        world_size_policy: str | None = None,
+        compress: bool = False,
+    ) -> None:
+        """Plan to store a non-tensor entry value (validated against its schema now)."""
+        self._check_open()
+        if isinstance(schema, str):
+            if schema not in BUILTIN_SCHEMA_IDS:
+                raise UsageError(f"entry {name!r}: unknown built-in schema {schema!r} ({', '.join(BUILTIN_SCHEMA_IDS)})")
+            schema_doc: dict[str, Any] = {"id": schema}
+        elif isinstance(schema, dict) and ("json_schema" in schema or "id" in schema):
+            schema_doc = dict(schema)
+        else:
+            schema_doc = {"json_schema": schema}
+        if scope not in SCOPES:
+            raise UsageError(f"entry {name!r}: scope must be one of {SCOPES}")
+        if scope == "per_rank":
+            if rank is None or rank < 0:
+                raise UsageError(f"entry {name!r}: per_rank entries need rank=")
+            if world_size_policy not in POLICIES:
+                raise UsageError(f"entry {name!r}: per_rank entries need world_size_policy in {POLICIES}")
+        elif rank is not None or world_size_policy is not None:
+            raise UsageError(f"entry {name!r}: global entries take no rank or world_size_policy")
+        validate_entry_value(value, schema_doc, name=name)
+        payload = jsonio.dumps(value)
+        if compress:
+            payload = zstandard.ZstdCompressor(level=self.zstd_level, write_content_size=True).compress(payload)
+        path = entry_file_name(name, rank, compress)
+        encoding = "json+zstd" if compress else "json"
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = Entry(name, schema_doc, scope, encoding, [], world_size_policy)
+        elif entry.declaration() != Entry(name, schema_doc, scope, encoding, [], world_size_policy).declaration():
+            raise MetadataConflictError(f"entry {name!r} declared twice with different schema/scope/encoding")
+        if any(v.rank == rank for v in entry.values):
+            raise UsageError(f"entry {name!r} already has a value for rank {rank}")
+        entry.values.append(EntryValue(path, rank))
+        self._entry_payloads.append((path, payload))
+
+    # -- I/O ---------------------------------------------------------------------------------
+    def finish(self) -> WriterIndex:
+        """Write every planned chunk and entry, make them durable, and return the index."""
+        self._check_open()
+        self._finished = True
+        try:
+            return self._finish()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _finish(self) -> WriterIndex:
+        index = WriterIndex(self.attempt_id, self.writer)
+        if self.codec == "zstd":
+            cctx = zstandard.ZstdCompressor(level=self.zstd_level, write_content_size=True)
+            for ch in self._chunks:
+                comp = cctx.compressobj(size=int(ch.array.nbytes))
+                parts = [comp.compress(bytes(p)) for p in _pieces(ch.array, self.stats)]
+                parts.append(comp.flush())
+                ch.payload = b"".join(parts)
+        # Assign chunks to files in order, starting a new file past max_file_bytes.
+        groups: list[list[_Chunk]] = [[]]
+        size = 0
+        for ch in self._chunks:
+            if groups[-1] and size + ch.nbytes > self.max_file_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(ch)
+            size += ch.nbytes
+        records = {(ch.key, ch.name): ch for ch in self._chunks}
+        paths: dict[tuple[str, str], str] = {}
+        for seq, group in enumerate(g for g in groups if g):
+            rel = data_file_name(self.writer, seq)
+            index.files[rel] = self._write_shard(rel, group)
+            for ch in group:
+                paths[(ch.key, ch.name)] = rel
+        for key, t in self._tensors.items():
+            ranges = [
+                RangeRecord(r.offsets, r.lengths, paths[(key, r.name)], r.name, r.codec)
+                for r in t.ranges
+                if (key, r.name) in records
+            ]
+            index.tensors[key] = TensorEntry(key, t.dtype, t.shape, ranges)
+        for rel, payload in self._entry_payloads:
+            index.files[rel] = self._put(rel, payload)
+        index.entries = {n: Entry(e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy) for n, e in self._entries.items()}
+        if self.write_index:
+            rel = index_file_name(self.writer)
+            index.index_file = self._put(rel, jsonio.dumps(index.to_json()))
+        self._chunks.clear()
+        return index
+
+    def _rel(self, rel: str) -> str:
+        return f"{self.attempt_id}/{rel}"
+
+    def _open(self, rel: str) -> StreamWriter:
+        w = self.storage.open_writer(self._rel(rel))
+        self._written.append(rel)
+        return w
+
+    def _put(self, rel: str, payload: bytes) -> FileRecord:
+        h = BlockHasher(self.block_size)
+        h.update(payload)
+        with self._open(rel) as w:
+            w.write(payload)
+        self.stats.bytes_written += len(payload)
+        self.stats.files += 1
+        return FileRecord(rel, len(payload), Checksum("crc32c", self.block_size, h.blocks()))
+
+    def _write_shard(self, rel: str, group: list[_Chunk]) -> FileRecord:
+        header = build_header(
+            [
+                (ch.name, "U8" if ch.payload is not None else ch.st_dtype,
+                 [len(ch.payload)] if ch.payload is not None else list(ch.box.lengths), ch.nbytes)
+                for ch in group
+            ],
+            {"format": "pt", "portable_ckpt": FORMAT_VERSION, "attempt_id": self.attempt_id},
+        )
+        h = BlockHasher(self.block_size)
+        with self._open(rel) as w:
+            h.update(header)
+            w.write(header)
+            for ch in group:
+                src = [memoryview(ch.payload)] if ch.payload is not None else _pieces(ch.array, self.stats)
+                for piece in src:
+                    h.update(piece)
+                    w.write(piece)
+        self.stats.bytes_written += h.size
+        self.stats.files += 1
+        return FileRecord(rel, h.size, Checksum("crc32c", self.block_size, h.blocks()))
+
+    def abort(self) -> None:
+        """Remove every file this writer wrote (best effort); the attempt never commits."""
+        self._finished = True
+        for rel in self._written:
+            try:
+                self.storage.delete(self._rel(rel))
+            except CheckpointError:
+                pass
+        self._written.clear()
+        self._chunks.clear()
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise UsageError("this ShardWriter has already finished or aborted; create a new one")

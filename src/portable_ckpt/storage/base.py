@@ -1,0 +1,154 @@
+"""The storage interface: the only thing a new backend implements.
+
+Paths are relative POSIX paths below the storage root (e.g. ``"<attempt>/data/w00000-0000.safetensors"``).
+Backends must refuse paths that leave the root; callers validate paths read from disk with
+:func:`portable_ckpt.format.paths.check_relative_path` before they ever reach a backend.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["Capabilities", "ObjectInfo", "Storage", "StreamWriter"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; planners consult it instead of the backend's type.
+
+    Attributes:
+        atomic_create: ``create_if_absent`` is atomic against concurrent creators.
+        ranged_read: ``read_into`` reads only the requested bytes.
+        durable_fsync: writes are made durable (fsync) when a writer closes.
+        local_path: the backend maps to a local directory (``local_root`` is set).
+        native_crc32c: the backend verifies CRC32C checksums of uploaded objects itself.
+    """
+
+    atomic_create: bool = True
+    ranged_read: bool = True
+    durable_fsync: bool = True
+    local_path: bool = False
+    native_crc32c: bool = False
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object: its relative path, size in bytes and modification time (epoch s)."""
+
+    path: str
+    size: int
+    mtime: float
+
+
+class StreamWriter(abc.ABC):
+    """A file being written sequentially. Nothing is visible under its name before ``close``.
+
+    Local backends write in place (the attempt directory is private to its writer); object
+    stores upload parts and complete the upload on ``close``.
+    """
+
+    @abc.abstractmethod
+    def write(self, data: memoryview | bytes) -> None:
+        """Append ``data``; the caller may reuse its buffer when this returns."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush and make the file durable (fsync on POSIX, complete upload on object stores)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Abandon the file, removing what was written where possible."""
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class Storage(abc.ABC):
+    """Ranged get, put, list, atomic create-if-absent, delete; plus capabilities."""
+
+    capabilities: Capabilities = Capabilities()
+
+    #: Human-readable location of the root (a directory path or ``s3://bucket/prefix``).
+    url: str = ""
+
+    @abc.abstractmethod
+    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+        """Fill ``buf`` with ``len(buf)`` bytes of ``path`` starting at ``offset``.
+
+        Raises:
+            FileMissingError: the object does not exist.
+            FileSizeError: fewer bytes than requested exist.
+            StorageError: any other I/O failure.
+        """
+
+    def read_into_many(self, path: str, offset: int, bufs: list[memoryview]) -> None:
+        """Fill ``bufs`` in order from consecutive bytes of ``path`` starting at ``offset``."""
+        for b in bufs:
+            self.read_into(path, offset, b)
+            offset += len(b)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Return ``length`` bytes of ``path`` from ``offset`` (a ranged get)."""
+        buf = bytearray(length)
+        self.read_into(path, offset, memoryview(buf))
+        return bytes(buf)
+
+    @abc.abstractmethod
+    def read_all(self, path: str, *, max_size: int) -> bytes:
+        """Return the whole object, refusing (``LimitError``) one larger than ``max_size``."""
+
+    @abc.abstractmethod
+    def size(self, path: str) -> int:
+        """Return the size in bytes (``FileMissingError`` when absent)."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool:
+        """Return whether ``path`` exists (as a regular object, not following links out)."""
+
+    @abc.abstractmethod
+    def open_writer(self, path: str) -> StreamWriter:
+        """Start writing a new object at ``path`` (parents are created as needed)."""
+
+    def put(self, path: str, data: bytes | memoryview) -> None:
+        """Write a whole object durably, replacing nothing that a reader relies on."""
+        with self.open_writer(path) as w:
+            w.write(data)
+
+    @abc.abstractmethod
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        """Atomically create ``path`` with ``data`` unless it exists; return whether it did.
+
+        This is the commit primitive: readers see either nothing or the whole object.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        """List objects under ``prefix`` (a directory-like prefix, ``""`` for the root)."""
+
+    @abc.abstractmethod
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """Return the names of the immediate 'directories' under ``prefix``."""
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Delete one object; deleting a missing object is not an error."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix`` (used by gc after the manifest is gone)."""
+        for info in list(self.list(prefix)):
+            self.delete(info.path)
+
+    def local_root(self) -> str | None:
+        """Return the local directory of the root, when ``capabilities.local_path``."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and thread pools."""

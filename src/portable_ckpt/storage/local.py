@@ -1,0 +1,318 @@
+"""Local-filesystem backend: pread/pwrite, fsync, atomic create via ``link()``."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import uuid
+from collections.abc import Iterator
+
+from portable_ckpt.errors import (
+    FileMissingError,
+    FileSizeError,
+    LimitError,
+    PathUnsafeError,
+    StorageError,
+)
+from portable_ckpt.storage.base import Capabilities, ObjectInfo, Storage, StreamWriter
+
+__all__ = ["LocalStorage"]
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _LocalWriter(StreamWriter):
+    def __init__(self, storage: LocalStorage, rel: str, full: str) -> None:
+        self._storage = storage
+        self._rel = rel
+        self._full = full
+        try:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            self._fd: int | None = os.open(
+                full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644
+            )
+        except FileExistsError as exc:
+            raise StorageError(
+                f"create {rel!r}: file already exists; attempts never overwrite files", path=rel
+            ) from exc
+        except OSError as exc:
+            raise StorageError(f"create {rel!r}: {exc.strerror}", path=rel) from exc
+
+    def write(self, data: memoryview | bytes) -> None:
+        fd = self._fd
+        if fd is None:
+            raise StorageError(f"write {self._rel!r}: writer is closed", path=self._rel)
+        mv = memoryview(data).cast("B")
+        try:
+            while len(mv):
+                n = os.write(fd, mv[: 1 << 30])
+                mv = mv[n:]
+        except OSError as exc:
+            raise StorageError(
+                f"write {self._rel!r}: {exc.strerror} (errno {exc.errno})", path=self._rel
+            ) from exc
+
+    def close(self) -> None:
+        fd = self._fd
+        if fd is None:
+            return
+        self._fd = None
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError(f"fsync {self._rel!r}: {exc.strerror}", path=self._rel) from exc
+        os.close(fd)
+        self._storage._fsync_parent(self._full)
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.unlink(self._full)
+        except OSError:
+            pass
+
+
+class LocalStorage(Storage):
+    """A directory on a POSIX filesystem.
+
+    Symlinks are never followed: a path whose final component or any parent below the root is a
+    symlink is refused with ``PathUnsafeError``.
+    """
+
+    capabilities = Capabilities(
+        atomic_create=True, ranged_read=True, durable_fsync=True, local_path=True
+    )
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+        root = os.path.abspath(os.fspath(root))
+        if create:
+            os.makedirs(root, exist_ok=True)
+        self.root = root
+        self.url = root
+        self._synced_dirs: set[str] = set()
+
+    # -- path handling -------------------------------------------------------------------------
+    def _full(self, rel: str) -> str:
+        if rel.startswith("/") or "\\" in rel or any(p in ("..",) for p in rel.split("/")):
+            raise PathUnsafeError(f"path {rel!r} leaves the storage root {self.root}", path=rel)
+        full = os.path.join(self.root, rel) if rel else self.root
+        # Refuse symlinked parents below the root: they could point anywhere.
+        parent = os.path.dirname(full)
+        while len(parent) > len(self.root):
+            try:
+                st = os.lstat(parent)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StorageError(f"stat {parent!r}: {exc.strerror}", path=rel) from exc
+            else:
+                if stat.S_ISLNK(st.st_mode):
+                    raise PathUnsafeError(
+                        f"{rel!r}: directory {parent!r} is a symlink; checkpoints never follow "
+                        "links", path=rel
+                    )
+            parent = os.path.dirname(parent)
+        return full
+
+    def _open_read(self, rel: str) -> int:
+        full = self._full(rel)
+        try:
+            return os.open(full, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise FileMissingError(f"{rel!r} does not exist under {self.root}", path=rel) from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PathUnsafeError(
+                    f"{rel!r} is a symlink; checkpoints never follow links", path=rel
+                ) from exc
+            raise StorageError(f"open {rel!r}: {exc.strerror}", path=rel) from exc
+
+    def _fsync_parent(self, full: str) -> None:
+        d = os.path.dirname(full)
+        _fsync_dir(d)
+        # New directories must be made durable in their parents too (once per directory).
+        while d not in self._synced_dirs and len(d) > len(self.root):
+            self._synced_dirs.add(d)
+            d = os.path.dirname(d)
+            _fsync_dir(d)
+
+    # -- interface -------------------------------------------------------------------------------
+    def local_root(self) -> str | None:
+        return self.root
+
+    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+        fd = self._open_read(path)
+        try:
+            self._pread_full(fd, path, offset, buf)
+        finally:
+            os.close(fd)
+
+    def read_into_many(self, path: str, offset: int, bufs: list[memoryview]) -> None:
+        fd = self._open_read(path)
+        try:
+            bufs = [b for b in bufs if len(b)]
+            total = sum(len(b) for b in bufs)
+            try:
+                n = os.preadv(fd, bufs, offset) if bufs else 0
+            except OSError as exc:
+                raise StorageError(
+                    f"read {path!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path
+                ) from exc
+            if n < total:
+                # Short read: finish buffer by buffer (raises FileSizeError at end of file).
+                pos = offset
+                for b in bufs:
+                    if n >= len(b):
+                        n -= len(b)
+                    else:
+                        self._pread_full(fd, path, pos + n, b[n:])
+                        n = 0
+                    pos += len(b)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _pread_full(fd: int, path: str, offset: int, buf: memoryview) -> None:
+        mv = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        want = len(mv)
+        done = 0
+        try:
+            while done < want:
+                n = os.preadv(fd, [mv[done:]], offset + done)
+                if n == 0:
+                    raise FileSizeError(
+                        f"{path!r} ended at byte {offset + done}, needed {offset + want}: the file "
+                        "is truncated", path=path
+                    )
+                done += n
+        except OSError as exc:
+            raise StorageError(
+                f"read {path!r} at {offset + done}: {exc.strerror} (errno {exc.errno})", path=path
+            ) from exc
+
+    def read_all(self, path: str, *, max_size: int) -> bytes:
+        fd = self._open_read(path)
+        try:
+            size = os.fstat(fd).st_size
+            if size > max_size:
+                raise LimitError(
+                    f"{path!r} is {size} bytes, above the limit of {max_size}", path=path
+                )
+            buf = bytearray(size)
+            self._pread_full(fd, path, 0, memoryview(buf))
+            return bytes(buf)
+        finally:
+            os.close(fd)
+
+    def size(self, path: str) -> int:
+        full = self._full(path)
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError as exc:
+            raise FileMissingError(f"{path!r} does not exist under {self.root}", path=path) from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise PathUnsafeError(f"{path!r} is a symlink; checkpoints never follow links", path=path)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileMissingError(f"{path!r} is not a regular file", path=path)
+        return st.st_size
+
+    def exists(self, path: str) -> bool:
+        try:
+            st = os.lstat(self._full(path))
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode)
+
+    def open_writer(self, path: str) -> StreamWriter:
+        return _LocalWriter(self, path, self._full(path))
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        full = self._full(path)
+        tmp = f"{full}.{uuid.uuid4().hex}.tmp"
+        try:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+            try:
+                mv = memoryview(data)
+                while len(mv):
+                    mv = mv[os.write(fd, mv) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                # link() fails when the target exists: an atomic create-if-absent, unlike rename().
+                os.link(tmp, full)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+            _fsync_dir(os.path.dirname(full))
+            return True
+        except OSError as exc:
+            raise StorageError(f"create {path!r}: {exc.strerror} (errno {exc.errno})", path=path) from exc
+
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        base = self._full(prefix.rstrip("/")) if prefix else self.root
+        if not os.path.isdir(base) or os.path.islink(base):
+            return
+        stack = [base]
+        while stack:
+            d = stack.pop()
+            try:
+                with os.scandir(d) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except FileNotFoundError:
+                continue
+            for e in entries:
+                if e.is_symlink():
+                    continue
+                rel = os.path.relpath(e.path, self.root).replace(os.sep, "/")
+                if e.is_dir(follow_symlinks=False):
+                    if recursive:
+                        stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    yield ObjectInfo(rel, st.st_size, st.st_mtime)
+
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        base = self._full(prefix.rstrip("/")) if prefix else self.root
+        try:
+            with os.scandir(base) as it:
+                return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def delete(self, path: str) -> None:
+        full = self._full(path)
+        try:
+            os.unlink(full)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"delete {path!r}: {exc.strerror}", path=path) from exc
+
+    def delete_prefix(self, prefix: str) -> None:
+        super().delete_prefix(prefix)
+        base = self._full(prefix.rstrip("/"))
+        # Remove the now-empty directories bottom-up.
+        for d, _subdirs, _files in sorted(os.walk(base), key=lambda t: -len(t[0])):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass

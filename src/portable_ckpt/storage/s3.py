@@ -1,0 +1,987 @@
+"""S3 (and S3-compatible) backend: ranged GETs, streaming multipart uploads, conditional create.
+
+Configuration comes from the standard AWS environment (``AWS_ENDPOINT_URL`` /
+``AWS_ENDPOINT_URL_S3``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``; plain ``http://`` endpoints are
+allowed for loopback hosts, or anywhere when ``AWS_ALLOW_HTTP=true``) plus a few tuning variables
+(``PCK_S3_PART_SIZE``, ``PCK_S3_CONCURRENCY``, ``PCK_S3_MAX_ATTEMPTS``, ``PCK_S3_READ_TIMEOUT``,
+``PCK_S3_CONNECT_TIMEOUT``, ``PCK_S3_CHECKSUM`` = ``crc32c``/``off``,
+``PCK_S3_CONDITIONAL_PUT`` = ``on``/``off``); see :class:`S3Options`.
+
+Two clients are used, each for what it does best:
+
+* **obstore** (Rust, ``object_store``) for every read, list, head and delete: ranged GETs run
+  without the GIL and are several times faster than boto3 downloads.
+* **boto3** for every write. obstore 0.12 cannot send ``x-amz-checksum-crc32c`` (its
+  ``checksum_algorithm`` knows only SHA256 and CRC64NVME) and does not expose the parts of a
+  multipart upload. The format's block checksums are CRC32C, so writes go through boto3 to let
+  the server verify each part's CRC32C and the whole object's (``x-amz-checksum-type:
+  FULL_OBJECT``), and to send ``If-None-Match: *`` together with the checksum in the single
+  commit ``PUT``.
+
+Both clients share one credential chain (boto3's: environment, profiles, SSO, IMDS) and the same
+retry budget (:attr:`S3Options.max_attempts`, exponential backoff with jitter on 5xx, throttling,
+timeouts and connection resets).
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import datetime as _dt
+import ipaddress
+import os
+import re
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, NoReturn
+
+import crc32c as _crc32c
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    FileMissingError,
+    FileSizeError,
+    LimitError,
+    PathUnsafeError,
+    StorageError,
+    UsageError,
+)
+from portable_ckpt.storage.base import Capabilities, ObjectInfo, Storage, StreamWriter
+
+__all__ = ["S3IoStats", "S3Options", "S3Storage"]
+
+_MIB = 1 << 20
+_MIN_PART = 5 * _MIB  # S3's minimum part size (all parts but the last)
+_MAX_PART = 5 << 30
+_MAX_PARTS = 10_000
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise UsageError(f"environment variable {name}={raw!r} is not an integer") from exc
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise UsageError(f"environment variable {name}={raw!r} is not a number") from exc
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off", "none")
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """Tuning of the S3 backend. Every field has an environment variable (read by ``from_env``).
+
+    Attributes:
+        part_size: Multipart part size in bytes (``PCK_S3_PART_SIZE``, default 16 MiB, at least
+            5 MiB). Objects smaller than one part are uploaded with a single PUT.
+        max_concurrency: Part uploads in flight per writer (``PCK_S3_CONCURRENCY``, default 4).
+            A writer holds at most ``(max_concurrency + 1) * part_size`` bytes.
+        read_chunk: Reads larger than this are split into concurrent ranged GETs of this size.
+        max_attempts: Tries per request, first included (``PCK_S3_MAX_ATTEMPTS``, default 5).
+        backoff_initial: First retry delay in seconds (doubles each retry, with jitter).
+        backoff_max: Largest retry delay in seconds.
+        connect_timeout: Seconds to establish a connection (``PCK_S3_CONNECT_TIMEOUT``).
+        read_timeout: Seconds without progress on a response (``PCK_S3_READ_TIMEOUT``).
+        checksum: ``"crc32c"`` sends S3 native CRC32C checksums with every upload and compares
+            the server's; ``"off"`` for stores without flexible checksums (``PCK_S3_CHECKSUM``).
+        conditional_put: Commit with ``If-None-Match: *`` (``PCK_S3_CONDITIONAL_PUT``). Turn off
+            only for stores that reject the header; ``atomic_create`` is then False.
+        endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``); None = AWS.
+        region: Region (``AWS_REGION`` / ``AWS_DEFAULT_REGION``, default ``us-east-1``).
+        allow_http: Allow a plain-HTTP endpoint; None = only for loopback hosts or when
+            ``AWS_ALLOW_HTTP=true``.
+
+    """
+
+    part_size: int = 16 * _MIB
+    max_concurrency: int = 4
+    read_chunk: int = 32 * _MIB
+    max_attempts: int = 5
+    backoff_initial: float = 0.1
+    backoff_max: float = 5.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    checksum: str = "crc32c"
+    conditional_put: bool = True
+    endpoint_url: str | None = None
+    region: str | None = None
+    allow_http: bool | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> S3Options:
+        """Return options from the environment, with keyword ``overrides`` taking precedence."""
+        opts = cls(
+            part_size=_env_int("PCK_S3_PART_SIZE", cls.part_size),
+            max_concurrency=_env_int("PCK_S3_CONCURRENCY", cls.max_concurrency),
+            max_attempts=_env_int("PCK_S3_MAX_ATTEMPTS", cls.max_attempts),
+            connect_timeout=_env_float("PCK_S3_CONNECT_TIMEOUT", cls.connect_timeout),
+            read_timeout=_env_float("PCK_S3_READ_TIMEOUT", cls.read_timeout),
+            checksum=os.environ.get("PCK_S3_CHECKSUM", cls.checksum).strip().lower() or "crc32c",
+            conditional_put=_env_flag("PCK_S3_CONDITIONAL_PUT", cls.conditional_put),
+            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            or None,
+            region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
+            allow_http=_env_flag("AWS_ALLOW_HTTP", False) or None,
+        )
+        opts = replace(opts, **overrides)
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        """Raise ``UsageError`` for out-of-range values."""
+        if not _MIN_PART <= self.part_size <= _MAX_PART:
+            raise UsageError(
+                f"S3 part_size {self.part_size} must be between 5 MiB and 5 GiB (PCK_S3_PART_SIZE)"
+            )
+        if self.max_concurrency < 1 or self.max_attempts < 1 or self.read_chunk < _MIB:
+            raise UsageError(
+                "S3 max_concurrency and max_attempts must be >= 1 and read_chunk >= 1 MiB"
+            )
+        if self.checksum not in ("crc32c", "off"):
+            raise UsageError(f"PCK_S3_CHECKSUM must be 'crc32c' or 'off', got {self.checksum!r}")
+
+
+@dataclass
+class S3IoStats:
+    """Counters of the requests this storage object made (all threads together).
+
+    Attributes:
+        get_requests: ranged/whole GETs issued (retries inside the client not counted).
+        get_bytes: payload bytes received by GETs.
+        put_requests: PUTs and UploadParts issued.
+        put_bytes: payload bytes sent.
+        other_requests: HEAD, LIST, DELETE, multipart create/complete/abort.
+
+    """
+
+    get_requests: int = 0
+    get_bytes: int = 0
+    put_requests: int = 0
+    put_bytes: int = 0
+    other_requests: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        """Add ``counts`` (field name -> increment) atomically."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def snapshot(self) -> dict[str, int]:
+        """Return the counters as a plain dict."""
+        with self._lock:
+            return {
+                "get_requests": self.get_requests,
+                "get_bytes": self.get_bytes,
+                "put_requests": self.put_requests,
+                "put_bytes": self.put_bytes,
+                "other_requests": self.other_requests,
+            }
+
+
+def _b64_crc(value: int) -> str:
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+def _is_loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _mask_key(key: str | None) -> str:
+    if not key:
+        return "<none>"
+    return key if len(key) <= 8 else f"{key[:4]}…{key[-4:]}"
+
+
+_AUTH_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "InvalidToken",
+    "ExpiredToken",
+    "TokenRefreshRequired",
+    "AllAccessDisabled",
+}
+
+
+class S3Storage(Storage):
+    """A bucket and key prefix on S3 or any S3-compatible store.
+
+    ``read_into`` issues ranged GETs for exactly the requested bytes; ``open_writer`` streams a
+    multipart upload with bounded memory and makes the object visible only on ``close``;
+    ``create_if_absent`` is one PUT with ``If-None-Match: *``.
+
+    Args:
+        bucket: Bucket name.
+        prefix: Key prefix (no leading or trailing ``/``); ``""`` for the bucket root.
+        options: Tuning; defaults to :meth:`S3Options.from_env`.
+
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, options: S3Options | None = None) -> None:
+        if not bucket or "/" in bucket:
+            raise UsageError(f"invalid S3 bucket name {bucket!r}; use s3://BUCKET/PREFIX")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.options = options if options is not None else S3Options.from_env()
+        self.options.validate()
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.capabilities = Capabilities(
+            atomic_create=self.options.conditional_put,
+            ranged_read=True,
+            durable_fsync=True,
+            local_path=False,
+            native_crc32c=self.options.checksum == "crc32c",
+        )
+        self.stats = S3IoStats()
+        self._lock = threading.Lock()
+        self._boto: Any = None
+        self._obstore: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._session: Any = None
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> S3Storage:
+        """Return the storage for ``s3://bucket/prefix``; ``overrides`` go to :class:`S3Options`.
+
+        Raises:
+            UsageError: the URL is not ``s3://BUCKET[/PREFIX]`` or an option is invalid.
+
+        """
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise UsageError(f"{url!r} is not an S3 URL; expected s3://BUCKET/PREFIX")
+        if parts.query or parts.fragment:
+            raise UsageError(f"S3 URL {url!r} must not have a query or fragment")
+        return cls(parts.netloc, parts.path.strip("/"), options=S3Options.from_env(**overrides))
+
+    def _endpoint(self) -> str | None:
+        ep = self.options.endpoint_url
+        if ep is None:
+            return None
+        if ep.startswith("http://"):
+            allowed = self.options.allow_http
+            if allowed is None:
+                allowed = _is_loopback(ep)
+            if not allowed:
+                raise StorageError(
+                    f"endpoint {ep} uses plain HTTP; set AWS_ALLOW_HTTP=true to allow it or use "
+                    "https://", path=self.url
+                )
+        return ep
+
+    def _region(self) -> str:
+        if self.options.region:
+            return self.options.region
+        return str(self._boto_session().region_name or "us-east-1")
+
+    def _boto_session(self) -> Any:
+        with self._lock:
+            if self._session is None:
+                import boto3
+
+                self._session = boto3.session.Session()
+            return self._session
+
+    def _credentials(self) -> Any:
+        creds = self._boto_session().get_credentials()
+        if creds is None:
+            raise StorageError(
+                f"no AWS credentials found for {self.url}: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE / an instance role)", path=self.url
+            )
+        return creds
+
+    def _client(self) -> Any:
+        """Return the boto3 client (writes). Created lazily; thread-safe after creation."""
+        if self._boto is not None:
+            return self._boto
+        from botocore.config import Config
+
+        endpoint = self._endpoint()
+        creds = self._credentials().get_frozen_credentials()
+        cfg = Config(
+            region_name=self._region(),
+            connect_timeout=self.options.connect_timeout,
+            read_timeout=self.options.read_timeout,
+            retries={"total_max_attempts": self.options.max_attempts, "mode": "standard"},
+            max_pool_connections=max(10, 2 * self.options.max_concurrency + 4),
+            s3={"addressing_style": "path" if endpoint else "auto"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        client = self._boto_session().client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=creds.access_key,
+            aws_secret_access_key=creds.secret_key,
+            aws_session_token=creds.token,
+            config=cfg,
+        )
+        with self._lock:
+            if self._boto is None:
+                self._boto = client
+        return self._boto
+
+    def _store(self) -> Any:
+        """Return the obstore ``S3Store`` (reads, lists, heads, deletes)."""
+        if self._obstore is not None:
+            return self._obstore
+        from obstore.store import S3Store
+
+        endpoint = self._endpoint()
+        creds_obj = self._credentials()
+        refreshable = hasattr(creds_obj, "refresh_needed")
+
+        def provider() -> Any:
+            frozen = creds_obj.get_frozen_credentials()
+            expires = (
+                _dt.datetime.now(_dt.UTC) + _dt.timedelta(minutes=5) if refreshable else None
+            )
+            return {
+                "access_key_id": frozen.access_key,
+                "secret_access_key": frozen.secret_key,
+                "token": frozen.token,
+                "expires_at": expires,
+            }
+
+        config: dict[str, Any] = {"region": self._region()}
+        if endpoint:
+            config["endpoint"] = endpoint
+        client_options: dict[str, Any] = {
+            "connect_timeout": _dt.timedelta(seconds=self.options.connect_timeout),
+            "read_timeout": _dt.timedelta(seconds=self.options.read_timeout),
+            # The whole-request limit must let a large range finish at a slow link's speed.
+            "timeout": _dt.timedelta(seconds=max(600.0, self.options.read_timeout)),
+            "pool_idle_timeout": _dt.timedelta(seconds=30),
+        }
+        if endpoint and endpoint.startswith("http://"):
+            client_options["allow_http"] = True
+        retry = {
+            "max_retries": self.options.max_attempts - 1,
+            "backoff": {
+                "init_backoff": _dt.timedelta(seconds=self.options.backoff_initial),
+                "max_backoff": _dt.timedelta(seconds=self.options.backoff_max),
+                "base": 2,
+            },
+            "retry_timeout": _dt.timedelta(minutes=3),
+        }
+        store = S3Store(
+            self.bucket,
+            prefix=self.prefix or None,
+            config=config,  # type: ignore[arg-type]
+            client_options=client_options,  # type: ignore[arg-type]
+            retry_config=retry,  # type: ignore[arg-type]
+            credential_provider=provider,
+        )
+        with self._lock:
+            if self._obstore is None:
+                self._obstore = store
+        return self._obstore
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=max(8, 2 * self.options.max_concurrency),
+                    thread_name_prefix="pck-s3",
+                )
+            return self._pool
+
+    # -- paths and errors -----------------------------------------------------------------------
+    def _check(self, path: str) -> str:
+        if (
+            not path
+            or path.startswith("/")
+            or "\\" in path
+            or any(p in ("", ".", "..") for p in path.split("/"))
+        ):
+            raise PathUnsafeError(f"path {path!r} is not a relative path below {self.url}",
+                                  path=path)
+        return path
+
+    def _key(self, path: str) -> str:
+        self._check(path)
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def _prefix_arg(self, prefix: str) -> str | None:
+        prefix = prefix.strip("/")
+        if not prefix:
+            return None
+        self._check(prefix)
+        return prefix
+
+    def _where(self, path: str) -> str:
+        return f"{self.url}/{path}" if path else self.url
+
+    def _fail(self, op: str, path: str, exc: BaseException) -> NoReturn:
+        """Translate a client exception into a ``CheckpointError`` and raise it."""
+        if isinstance(exc, CheckpointError):
+            raise exc
+        code, status, text = self._classify(exc)
+        where = self._where(path)
+        if code == "NoSuchBucket":
+            raise StorageError(
+                f"{op} {where}: bucket {self.bucket!r} does not exist at "
+                f"{self.options.endpoint_url or 'AWS S3'}; create it (e.g. `aws s3 mb "
+                f"s3://{self.bucket}`) or fix the bucket name / AWS_ENDPOINT_URL", path=path
+            ) from exc
+        if code in ("NoSuchKey", "NotFound") or (status == 404 and code != "NoSuchUpload"):
+            raise FileMissingError(f"{op} {where}: object does not exist", path=path) from exc
+        if code in _AUTH_CODES or status in (401, 403):
+            key = None
+            try:
+                key = self._credentials().get_frozen_credentials().access_key
+            except CheckpointError:
+                pass
+            hint = {
+                "InvalidAccessKeyId": "the access key id is unknown to the server",
+                "SignatureDoesNotMatch": "the secret access key is wrong",
+                "ExpiredToken": "the session token has expired",
+                "InvalidToken": "the session token is invalid",
+            }.get(code or "", "access was denied")
+            raise StorageError(
+                f"{op} {where}: {code or status}: {hint} (access key {_mask_key(key)}, bucket "
+                f"{self.bucket!r}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
+                "AWS_SESSION_TOKEN (or AWS_PROFILE) and the bucket policy", path=path
+            ) from exc
+        if status == 416 or code == "InvalidRange":
+            raise FileSizeError(
+                f"{op} {where}: requested range lies beyond the end of the object (truncated?)",
+                path=path,
+            ) from exc
+        detail = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+        raise StorageError(
+            f"{op} {where}: {code or status or type(exc).__name__}: {detail} (after up to "
+            f"{self.options.max_attempts} tries; endpoint {self.options.endpoint_url or 'AWS'})",
+            path=path,
+        ) from exc
+
+    @staticmethod
+    def _classify(exc: BaseException) -> tuple[str | None, int | None, str]:
+        """Return (S3 error code, HTTP status, text) for a boto3 or obstore exception."""
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            err = response.get("Error", {})
+            meta = response.get("ResponseMetadata", {})
+            code = err.get("Code")
+            status = meta.get("HTTPStatusCode")
+            if code is not None and str(code).isdigit() and status is None:
+                status = int(code)
+            return (str(code) if code else None, status, str(exc))
+        text = str(exc)
+        code = None
+        marker = text.find("<Code>")
+        if marker >= 0:
+            end = text.find("</Code>", marker)
+            code = text[marker + 6 : end] if end > marker else None
+        status = None
+        m = re.search(r"status code: (\d{3})", text)
+        if m:
+            status = int(m.group(1))
+        if code is None and isinstance(exc, FileNotFoundError):
+            code = "NoSuchKey"
+        if code is None and type(exc).__name__ in ("PermissionDeniedError",
+                                                   "UnauthenticatedError"):
+            status = status or 403
+        return (code, status, text)
+
+    # -- reads (obstore) ------------------------------------------------------------------------
+    def _get_range(self, path: str, key_path: str, offset: int, dest: memoryview) -> None:
+        import obstore
+
+        n = len(dest)
+        try:
+            data = obstore.get_range(self._store(), key_path, start=offset, length=n)
+        except Exception as exc:
+            self._fail("read", path, exc)
+        got = memoryview(data)
+        self.stats.add(get_requests=1, get_bytes=len(got))
+        if len(got) != n:
+            raise FileSizeError(
+                f"read {self._where(path)}: the object ended at byte {offset + len(got)}, needed "
+                f"{offset + n}: it is truncated", path=path
+            )
+        dest[:] = got
+
+    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+        """Fill ``buf`` from ``path`` at ``offset`` with ranged GETs of exactly those bytes."""
+        self._check(path)
+        mv = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        n = len(mv)
+        if offset < 0:
+            raise UsageError(f"read {self._where(path)}: negative offset {offset}")
+        if n == 0:
+            return
+        chunk = self.options.read_chunk
+        if n <= chunk:
+            self._get_range(path, path, offset, mv)
+            return
+        futures = [
+            self._executor().submit(
+                self._get_range, path, path, offset + start, mv[start : min(start + chunk, n)]
+            )
+            for start in range(0, n, chunk)
+        ]
+        first: BaseException | None = None
+        for fut in futures:
+            try:
+                fut.result()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def read_all(self, path: str, *, max_size: int) -> bytes:
+        """Return the whole object; ``LimitError`` when it is larger than ``max_size``."""
+        import obstore
+
+        self._check(path)
+        try:
+            result = obstore.get(self._store(), path)
+            size = int(result.meta["size"])
+            if size > max_size:
+                raise LimitError(
+                    f"{self._where(path)} is {size} bytes, above the limit of {max_size}",
+                    path=path,
+                )
+            data = bytes(result.bytes())
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            self._fail("read", path, exc)
+        self.stats.add(get_requests=1, get_bytes=len(data))
+        if len(data) != size:
+            raise FileSizeError(
+                f"read {self._where(path)}: got {len(data)} of {size} bytes", path=path
+            )
+        return data
+
+    def _head(self, path: str) -> dict[str, Any]:
+        import obstore
+
+        self._check(path)
+        try:
+            meta = obstore.head(self._store(), path)
+        except Exception as exc:
+            self._fail("stat", path, exc)
+        self.stats.add(other_requests=1)
+        return dict(meta)
+
+    def size(self, path: str) -> int:
+        """Return the object's size (one HEAD)."""
+        return int(self._head(path)["size"])
+
+    def exists(self, path: str) -> bool:
+        """Return whether the object exists (one HEAD)."""
+        try:
+            self._head(path)
+        except FileMissingError:
+            return False
+        return True
+
+    def checksum_crc32c(self, path: str) -> int | None:
+        """Return the server-stored whole-object CRC32C of ``path``, or None if it has none.
+
+        Only objects uploaded with ``checksum="crc32c"`` as a single PUT or a FULL_OBJECT
+        multipart upload carry one. Uses boto3 because obstore does not request
+        ``x-amz-checksum-mode: ENABLED``.
+        """
+        key = self._key(path)
+        try:
+            resp = self._client().head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+        except Exception as exc:
+            self._fail("stat", path, exc)
+        self.stats.add(other_requests=1)
+        value = resp.get("ChecksumCRC32C")
+        if not value or resp.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT" or "-" in value:
+            return None
+        return int.from_bytes(base64.b64decode(value), "big")
+
+    # -- listing (obstore) ----------------------------------------------------------------------
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        """List objects below ``prefix`` (sorted by path within each page)."""
+        import obstore
+
+        pfx = self._prefix_arg(prefix)
+        try:
+            if recursive:
+                for page in obstore.list(self._store(), pfx, chunk_size=1000):
+                    self.stats.add(other_requests=1)
+                    for meta in page:
+                        yield ObjectInfo(
+                            str(meta["path"]), int(meta["size"]),
+                            meta["last_modified"].timestamp(),
+                        )
+            else:
+                res = obstore.list_with_delimiter(self._store(), pfx)
+                self.stats.add(other_requests=1)
+                for meta in res["objects"]:
+                    yield ObjectInfo(
+                        str(meta["path"]), int(meta["size"]), meta["last_modified"].timestamp()
+                    )
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            self._fail("list", prefix, exc)
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """Return the names of the immediate common prefixes below ``prefix``."""
+        import obstore
+
+        pfx = self._prefix_arg(prefix)
+        try:
+            res = obstore.list_with_delimiter(self._store(), pfx)
+        except Exception as exc:
+            self._fail("list", prefix, exc)
+        self.stats.add(other_requests=1)
+        return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"]})
+
+    # -- deletes (obstore) ----------------------------------------------------------------------
+    def delete(self, path: str) -> None:
+        """Delete one object (missing is fine)."""
+        import obstore
+
+        self._check(path)
+        try:
+            obstore.delete(self._store(), path)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            try:
+                self._fail("delete", path, exc)
+            except FileMissingError:
+                return
+        self.stats.add(other_requests=1)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object below ``prefix`` (bulk deletes) and abort its pending uploads."""
+        import obstore
+
+        pfx = self._prefix_arg(prefix)
+        if pfx is None:
+            raise UsageError(f"refusing to delete everything below {self.url}")
+        paths = [info.path for info in self.list(pfx)]
+        for i in range(0, len(paths), 1000):
+            try:
+                obstore.delete(self._store(), paths[i : i + 1000])
+            except Exception as exc:
+                self._fail("delete", pfx, exc)
+            self.stats.add(other_requests=1)
+        self.abort_uploads(pfx)
+
+    def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
+        """Abort unfinished multipart uploads below ``prefix`` started ``older_than_s`` ago.
+
+        Killed writers leave such uploads behind: invisible to listings but billed. Returns the
+        number aborted.
+        """
+        pfx = self._prefix_arg(prefix)
+        key_prefix = self._key(pfx) + "/" if pfx else (self.prefix + "/" if self.prefix else "")
+        client = self._client()
+        now = _dt.datetime.now(_dt.UTC)
+        count = 0
+        try:
+            paginator = client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=key_prefix):
+                self.stats.add(other_requests=1)
+                for up in page.get("Uploads", []):
+                    started = up.get("Initiated")
+                    if older_than_s > 0 and started is not None:
+                        if (now - started).total_seconds() < older_than_s:
+                            continue
+                    try:
+                        client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                        )
+                        count += 1
+                    except Exception as exc:
+                        if self._classify(exc)[0] != "NoSuchUpload":
+                            raise
+                    self.stats.add(other_requests=1)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            self._fail("abort uploads", prefix, exc)
+        return count
+
+    # -- writes (boto3) -------------------------------------------------------------------------
+    def open_writer(self, path: str) -> StreamWriter:
+        """Start a streaming upload; nothing is visible at ``path`` before ``close``."""
+        return _S3Writer(self, path, self._key(path))
+
+    def put(self, path: str, data: bytes | memoryview) -> None:
+        """Upload a whole object (one PUT when smaller than a part)."""
+        with self.open_writer(path) as w:
+            w.write(data)
+
+    def _put_object(self, path: str, key: str, body: bytes | bytearray, crc: int,
+                    **extra: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": body, **extra}
+        if self.options.checksum == "crc32c":
+            kwargs["ChecksumAlgorithm"] = "CRC32C"
+            kwargs["ChecksumCRC32C"] = _b64_crc(crc)
+        resp: dict[str, Any] = self._client().put_object(**kwargs)
+        self.stats.add(put_requests=1, put_bytes=len(body))
+        self._check_returned_crc(path, resp, crc)
+        return resp
+
+    def _check_returned_crc(self, path: str, resp: dict[str, Any], crc: int) -> None:
+        value = resp.get("ChecksumCRC32C")
+        if self.options.checksum != "crc32c" or not value or "-" in value:
+            return
+        if value != _b64_crc(crc):
+            raise StorageError(
+                f"upload {self._where(path)}: the server stored CRC32C {value}, but the data "
+                f"sent has {_b64_crc(crc)}; the upload was corrupted in transit; retry the save",
+                path=path,
+            )
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        """Create ``path`` with one ``PUT`` + ``If-None-Match: *``; False when it exists.
+
+        A 412 after a retried request may mean our own first try succeeded: the existing object
+        is then read back and compared, and identical bytes count as created.
+        """
+        key = self._key(path)
+        crc = _crc32c.crc32c(data)
+        if not self.options.conditional_put:
+            if self.exists(path):
+                return False
+            try:
+                self._put_object(path, key, data, crc)
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                self._fail("create", path, exc)
+            return True
+        for _ in range(self.options.max_attempts):
+            try:
+                self._put_object(path, key, data, crc, IfNoneMatch="*")
+                return True
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                code, status, _text = self._classify(exc)
+                if code == "PreconditionFailed" or status == 412:
+                    break
+                if code == "ConditionalRequestConflict" or status == 409:
+                    continue  # a concurrent conditional write is in progress; ask again
+                self._fail("create", path, exc)
+        try:
+            existing = self.read_all(path, max_size=max(len(data), 1) * 2 + 1024)
+        except (FileMissingError, LimitError):
+            return False
+        return existing == bytes(data)
+
+    def close(self) -> None:
+        """Shut down the thread pool (clients are released with the object)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+class _S3Writer(StreamWriter):
+    """Buffers one part, uploads full parts concurrently (bounded), completes on close."""
+
+    def __init__(self, storage: S3Storage, path: str, key: str) -> None:
+        self._s = storage
+        self._path = path
+        self._key = key
+        self._opts = storage.options
+        self._part_size = self._opts.part_size
+        self._buf = bytearray()
+        self._crc = 0
+        self._size = 0
+        self._upload_id: str | None = None
+        self._parts: list[Future[dict[str, Any]]] = []
+        self._slots = threading.BoundedSemaphore(self._opts.max_concurrency)
+        self._closed = False
+        self._completed = False
+        self._failed: BaseException | None = None
+
+    def _fail(self, op: str, exc: BaseException) -> NoReturn:
+        self._failed = exc
+        self._abort_quietly()
+        self._s._fail(op, self._path, exc)
+
+    def write(self, data: memoryview | bytes) -> None:
+        if self._closed:
+            raise StorageError(f"write {self._s._where(self._path)}: writer is closed",
+                               path=self._path)
+        mv = memoryview(data).cast("B")
+        self._crc = _crc32c.crc32c(mv, self._crc)
+        self._size += len(mv)
+        while len(mv):
+            room = self._part_size - len(self._buf)
+            take = mv[:room]
+            self._buf += take
+            mv = mv[len(take):]
+            if len(self._buf) >= self._part_size:
+                self._flush_part()
+
+    def _start(self) -> None:
+        kwargs: dict[str, Any] = {"Bucket": self._s.bucket, "Key": self._key}
+        if self._opts.checksum == "crc32c":
+            kwargs["ChecksumAlgorithm"] = "CRC32C"
+            kwargs["ChecksumType"] = "FULL_OBJECT"
+        try:
+            resp = self._s._client().create_multipart_upload(**kwargs)
+        except Exception as exc:
+            self._fail("upload", exc)
+        self._s.stats.add(other_requests=1)
+        self._upload_id = str(resp["UploadId"])
+
+    def _flush_part(self) -> None:
+        if self._upload_id is None:
+            self._start()
+        self._raise_failed_part()
+        body, self._buf = self._buf, bytearray()
+        number = len(self._parts) + 1
+        if number > _MAX_PARTS:
+            raise StorageError(
+                f"upload {self._s._where(self._path)}: more than {_MAX_PARTS} parts; raise "
+                "PCK_S3_PART_SIZE", path=self._path
+            )
+        # Keep the part count within S3's limit for very large objects: double the part size
+        # every 1000 parts (2 TiB+ at the default size).
+        if number % 1000 == 0:
+            self._part_size = min(self._part_size * 2, _MAX_PART)
+        self._slots.acquire()  # bounded memory: at most max_concurrency parts in flight
+        try:
+            fut = self._s._executor().submit(self._upload_part, number, body)
+        except BaseException:
+            self._slots.release()
+            raise
+        fut.add_done_callback(lambda _f: self._slots.release())
+        self._parts.append(fut)
+
+    def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "Bucket": self._s.bucket, "Key": self._key, "UploadId": self._upload_id,
+            "PartNumber": number, "Body": body,
+        }
+        part: dict[str, Any] = {"PartNumber": number}
+        if self._opts.checksum == "crc32c":
+            value = _b64_crc(_crc32c.crc32c(body))
+            kwargs["ChecksumCRC32C"] = value
+            part["ChecksumCRC32C"] = value
+        resp = self._s._client().upload_part(**kwargs)
+        self._s.stats.add(put_requests=1, put_bytes=len(body))
+        part["ETag"] = resp["ETag"]
+        returned = resp.get("ChecksumCRC32C")
+        if "ChecksumCRC32C" in part and returned and returned != part["ChecksumCRC32C"]:
+            raise StorageError(
+                f"upload part {number} of {self._s._where(self._path)}: server CRC32C "
+                f"{returned} differs from the data's {part['ChecksumCRC32C']}", path=self._path
+            )
+        return part
+
+    def _raise_failed_part(self) -> None:
+        for fut in self._parts:
+            exc = fut.exception() if fut.done() else None
+            if exc is not None:
+                self._fail("upload", exc)
+
+    def close(self) -> None:
+        if self._closed:
+            if self._failed is not None:
+                raise StorageError(
+                    f"upload {self._s._where(self._path)} failed earlier: {self._failed}",
+                    path=self._path,
+                )
+            return
+        self._closed = True
+        if self._upload_id is None:
+            body = self._buf
+            self._buf = bytearray()
+            try:
+                self._s._put_object(self._path, self._key, body, self._crc)
+            except CheckpointError as exc:
+                self._failed = exc
+                raise
+            except Exception as exc:
+                self._failed = exc
+                self._s._fail("upload", self._path, exc)
+            self._completed = True
+            return
+        if self._buf:
+            self._flush_part()
+        parts: list[dict[str, Any]] = []
+        for fut in self._parts:
+            try:
+                parts.append(fut.result())
+            except BaseException as exc:
+                self._fail("upload", exc)
+        kwargs: dict[str, Any] = {
+            "Bucket": self._s.bucket, "Key": self._key, "UploadId": self._upload_id,
+            "MultipartUpload": {"Parts": parts},
+        }
+        if self._opts.checksum == "crc32c":
+            kwargs["ChecksumCRC32C"] = _b64_crc(self._crc)
+            kwargs["ChecksumType"] = "FULL_OBJECT"
+        try:
+            resp = self._s._client().complete_multipart_upload(**kwargs)
+        except Exception as exc:
+            self._fail("complete upload", exc)
+        self._s.stats.add(other_requests=1)
+        self._upload_id = None
+        self._completed = True
+        self._s._check_returned_crc(self._path, resp, self._crc)
+
+    def _abort_quietly(self) -> None:
+        for fut in self._parts:
+            fut.cancel()
+        for fut in self._parts:
+            if not fut.cancelled():
+                try:
+                    fut.exception()
+                except BaseException:
+                    pass
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            try:
+                self._s._client().abort_multipart_upload(
+                    Bucket=self._s.bucket, Key=self._key, UploadId=upload_id
+                )
+                self._s.stats.add(other_requests=1)
+            except Exception:
+                pass
+        self._buf = bytearray()
+
+    def abort(self) -> None:
+        self._closed = True
+        if self._failed is None:
+            self._failed = StorageError(f"upload {self._path!r} aborted", path=self._path)
+        self._abort_quietly()
+        if self._completed:  # like the local backend: abort removes what was written
+            self._s.delete(self._path)
+            self._completed = False

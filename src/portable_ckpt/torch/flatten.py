@@ -1,0 +1,324 @@
+"""Flattening a nested state dict into logical tensor keys and schema'd non-tensor values.
+
+Key rule (stable and collision-free):
+
+* A leaf's key is the path of container keys from the top of the state dict to the leaf, joined
+  with ``/``.
+* Dict keys are strings (used as is) or ints (written in decimal); list and tuple positions are
+  written in decimal. Inside a component, ``~`` is written ``~0`` and ``/`` is written ``~1``
+  (the JSON-Pointer escapes), so splitting a key on ``/`` gives back the components, and two
+  different leaves of one state dict never share a key. A dict holding both ``1`` and ``"1"`` is
+  refused.
+* An object with ``state_dict()``/``load_state_dict()`` contributes the keys of its
+  ``state_dict()`` below its own path.
+
+Example: ``{"model": {"fc.weight": w}, "optim": {"state": {"fc.weight": {"exp_avg": m}}}}``
+gives ``model/fc.weight`` and ``optim/state/fc.weight/exp_avg``.
+
+Leaves: tensors (plain or DTensor) become tensor keys; JSON scalars (``None``, ``bool``, ``int``,
+``float``, ``str``) are collected into one global ``pck:json/1`` entry (``torch.values``) keyed by
+their flat key; :class:`StateEntry` objects (RNG, data position, LR scheduler, gradient scaler)
+become one entry each, named by their flat key, with their built-in schema. Nothing is pickled:
+any other value is refused with PCK-UNSUPPORTED-VALUE.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from portable_ckpt.errors import UnsupportedValueError
+
+__all__ = [
+    "VALUES_ENTRY",
+    "FlatState",
+    "StateEntry",
+    "decode_json",
+    "encode_json",
+    "escape_component",
+    "flatten_state",
+    "join_key",
+    "split_key",
+    "unflatten_keys",
+]
+
+#: Name of the global entry holding every JSON-scalar leaf.
+VALUES_ENTRY = "torch.values"
+
+
+class StateEntry:
+    """Base class of leaves stored as one non-tensor entry each (RNG, scheduler, ...).
+
+    Subclasses set ``schema`` (a built-in id), ``scope`` (``"global"`` or ``"per_rank"``) and,
+    for per-rank entries, ``world_size_policy``; and implement :meth:`capture` and
+    :meth:`restore`. ``restore_last`` entries (RNG) are restored after everything else so a
+    load has no RNG side effect.
+    """
+
+    schema: str = "pck:json/1"
+    scope: str = "global"
+    world_size_policy: str | None = None
+    restore_last: bool = False
+
+    def capture(self) -> Any:
+        """Return this rank's JSON value now."""
+        raise NotImplementedError
+
+    def restore(self, value: Any) -> None:
+        """Apply a stored JSON value (``None`` when the policy dropped it)."""
+        raise NotImplementedError
+
+
+def escape_component(c: str) -> str:
+    """Escape one path component (``~`` → ``~0``, ``/`` → ``~1``)."""
+    return c.replace("~", "~0").replace("/", "~1")
+
+
+def join_key(parts: list[str]) -> str:
+    """Join already-escaped components into a key."""
+    return "/".join(parts)
+
+
+def split_key(key: str) -> list[str]:
+    """Split a key into its unescaped components (inverse of the key rule)."""
+    return [p.replace("~1", "/").replace("~0", "~") for p in key.split("/")]
+
+
+def unflatten_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Build nested dicts from flat keys; ``flatten_state`` of the result gives the same keys."""
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = split_key(key)
+        node = root
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise UnsupportedValueError(f"key {key!r} nests below the leaf {p!r}")
+            node = nxt
+        node[parts[-1]] = value
+    return root
+
+
+_FLOAT_TAG = "__float__"
+
+
+def encode_json(value: Any, *, key: str = "?") -> Any:
+    """Return a JSON-safe copy of ``value`` (tuples become lists, non-finite floats are tagged)."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float(value)
+        return {_FLOAT_TAG: "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str | int) or isinstance(k, bool):
+                raise UnsupportedValueError(f"value at {key!r}: dict key {k!r} is not a str or int")
+            sk = str(k)
+            if sk in out:
+                raise UnsupportedValueError(f"value at {key!r}: dict keys collide on {sk!r}")
+            out[sk] = encode_json(v, key=f"{key}/{sk}")
+        return out
+    if isinstance(value, list | tuple):
+        return [encode_json(v, key=f"{key}/{i}") for i, v in enumerate(value)]
+    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0:
+        return encode_json(value.item(), key=key)  # numpy / torch scalars
+    raise UnsupportedValueError(
+        f"value at {key!r} of type {type(value).__name__} cannot be stored without pickle; "
+        f"store a tensor, a JSON scalar, or an object with state_dict()/load_state_dict()"
+    )
+
+
+def decode_json(value: Any) -> Any:
+    """Inverse of :func:`encode_json` for tagged floats (containers stay dicts/lists)."""
+    if isinstance(value, dict):
+        if len(value) == 1 and _FLOAT_TAG in value and isinstance(value[_FLOAT_TAG], str):
+            return float(value[_FLOAT_TAG])
+        return {k: decode_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_json(v) for v in value]
+    return value
+
+
+@dataclass
+class FlatState:
+    """A state dict taken apart.
+
+    Attributes:
+        tensors: Flat key → tensor (plain or DTensor), in traversal order.
+        values: Flat key → JSON scalar leaf.
+        entries: Flat key → :class:`StateEntry`.
+        objects: Flat key (of the object) → ``(object, its state_dict() template)``.
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, StateEntry] = field(default_factory=dict)
+    objects: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+def _is_stateful(node: Any) -> bool:
+    return callable(getattr(node, "state_dict", None)) and callable(
+        getattr(node, "load_state_dict", None)
+    )
+
+
+def _wrap_known(node: Any) -> StateEntry | None:
+    """Auto-wrap LR schedulers and gradient scalers into their built-in-schema entries."""
+    from portable_ckpt.torch.state import GradScalerState, LRSchedulerState, is_grad_scaler, is_lr_scheduler
+
+    if is_lr_scheduler(node):
+        return LRSchedulerState(node)
+    if is_grad_scaler(node):
+        return GradScalerState(node)
+    return None
+
+
+def _child_components(node: Any, key: str) -> list[tuple[Any, str]]:
+    """``(child key in the container, escaped component)`` for a dict, list or tuple."""
+    if isinstance(node, Mapping):
+        seen: dict[str, Any] = {}
+        out = []
+        for k in node:
+            if isinstance(k, bool) or not isinstance(k, str | int):
+                raise UnsupportedValueError(
+                    f"state at {key or '<top>'!r}: dict key {k!r} of type {type(k).__name__} is "
+                    f"not a str or int"
+                )
+            comp = escape_component(str(k))
+            if comp in seen:
+                raise UnsupportedValueError(
+                    f"state at {key or '<top>'!r}: keys {seen[comp]!r} and {k!r} map to the same "
+                    f"component {comp!r}; rename one"
+                )
+            seen[comp] = k
+            out.append((k, comp))
+        return out
+    return [(i, str(i)) for i in range(len(node))]
+
+
+def _sub(key: str, comp: str) -> str:
+    return f"{key}/{comp}" if key else comp
+
+
+def flatten_state(state: Any) -> FlatState:
+    """Take a state dict apart according to the key rule (see the module docstring).
+
+    Args:
+        state: The (nested) state dict.
+
+    Raises:
+        UnsupportedValueError: a value that cannot be stored, a key collision, or a bad key.
+    """
+    if not isinstance(state, Mapping):
+        raise UnsupportedValueError(f"the state must be a dict, got {type(state).__name__}")
+    flat = FlatState()
+    _flatten(state, "", flat)
+    return flat
+
+
+def _check_key(key: str) -> None:
+    if not key or len(key) > 1024 or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise UnsupportedValueError(
+            f"flat key {key!r} must be 1–1024 characters without control characters; shorten or "
+            f"rename the dict keys on its path"
+        )
+
+
+def _flatten(node: Any, key: str, flat: FlatState) -> None:
+    if isinstance(node, torch.Tensor):
+        _check_key(key)
+        flat.tensors[key] = node
+        return
+    if isinstance(node, StateEntry):
+        _check_key(key)
+        flat.entries[key] = node
+        return
+    known = _wrap_known(node)
+    if known is not None:
+        _check_key(key)
+        flat.entries[key] = known
+        return
+    if _is_stateful(node) and not isinstance(node, Mapping):
+        template = node.state_dict()
+        flat.objects[key] = (node, template)
+        _flatten(template, key, flat)
+        return
+    if isinstance(node, Mapping | list | tuple):
+        for k, comp in _child_components(node, key):
+            _flatten(node[k], _sub(key, comp), flat)
+        return
+    if node is None or isinstance(node, bool | int | float | str):
+        _check_key(key)
+        flat.values[key] = node
+        return
+    if hasattr(node, "item") and hasattr(node, "dtype") and getattr(node, "ndim", 1) == 0:
+        _check_key(key)
+        flat.values[key] = node.item()
+        return
+    raise UnsupportedValueError(
+        f"state at {key or '<top>'!r}: value of type {type(node).__name__} cannot be stored "
+        f"without pickle; store tensors, JSON scalars, dicts/lists of them, or objects with "
+        f"state_dict()/load_state_dict()"
+    )
+
+
+def fill_state(
+    node: Any,
+    flat: FlatState,
+    loaded_values: Mapping[str, Any],
+    *,
+    key: str = "",
+    on_object: Callable[[Any, Any], None] | None = None,
+) -> Any:
+    """Write loaded JSON leaves back into the structure ``flatten_state`` walked; return the node.
+
+    Dicts and lists are updated in place; tuples are rebuilt. Tensors were filled in place by the
+    reader; entries are restored by the caller. For a stateful object, its template (from
+    ``flat.objects``) is filled and passed to ``load_state_dict`` (or to ``on_object``).
+    """
+    if isinstance(node, torch.Tensor | StateEntry):
+        return node
+    if key in flat.entries:
+        return node
+    if key in flat.objects and not isinstance(node, Mapping):
+        obj, template = flat.objects[key]
+        filled = fill_state(template, flat, loaded_values, key=key, on_object=on_object)
+        if on_object is not None:
+            on_object(obj, filled)
+        else:
+            obj.load_state_dict(filled)
+        return node
+    if isinstance(node, Mapping):
+        for k, comp in _child_components(node, key):
+            new = fill_state(node[k], flat, loaded_values, key=_sub(key, comp), on_object=on_object)
+            if new is not node[k]:
+                node[k] = new  # type: ignore[index]
+        return node
+    if isinstance(node, list):
+        for i in range(len(node)):
+            node[i] = fill_state(node[i], flat, loaded_values, key=_sub(key, str(i)), on_object=on_object)
+        return node
+    if isinstance(node, tuple):
+        items = [
+            fill_state(v, flat, loaded_values, key=_sub(key, str(i)), on_object=on_object)
+            for i, v in enumerate(node)
+        ]
+        if hasattr(node, "_make"):
+            return node._make(items)
+        return type(node)(items)
+    if key in loaded_values:
+        value = loaded_values[key]
+        if isinstance(node, tuple) and isinstance(value, list):
+            return tuple(value)
+        if isinstance(node, float) and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+    return node

@@ -1,0 +1,285 @@
+"""Continuation state beyond tensors: RNG, LR scheduler, gradient scaler and data position.
+
+Each helper is a :class:`~portable_ckpt.torch.flatten.StateEntry`: put it anywhere in the state
+dict passed to :func:`portable_ckpt.torch.save` / :func:`~portable_ckpt.torch.load` and it is
+stored as one non-tensor entry with its built-in schema. LR schedulers
+(``torch.optim.lr_scheduler.LRScheduler`` and ``ReduceLROnPlateau``) and gradient scalers
+(``torch.amp.GradScaler`` and subclasses) found in the state dict are wrapped automatically.
+
+* :class:`RNGState` — ``pck:rng/1``, per rank: Python ``random``, NumPy's legacy global generator,
+  torch CPU and (when present) every CUDA device. Captured before any other ``state_dict()`` call
+  and restored after everything else. World-size policy (default ``modulo``): on a different
+  world size new rank ``r`` continues stored rank ``r mod W`` (``drop`` keeps fresh RNG,
+  ``rank0`` gives everyone rank 0's, ``require_same`` refuses).
+* :class:`DataPosition` — ``pck:data-position/1``, per rank: ``epoch``, ``sample_index`` (global
+  samples consumed) and free-form ``extra``. Default policy ``rank0``: the cursor is global (the
+  same on every rank) and each rank's share is derived from it and the current world size.
+* :class:`LRSchedulerState` — ``pck:lr-scheduler/1``, global: the scheduler's class and its
+  ``state_dict()`` as JSON.
+* :class:`GradScalerState` — ``pck:grad-scaler/1``, global. On CPU use
+  ``torch.amp.GradScaler("cpu")`` (supported since torch 2.3).
+
+The step itself is not an entry: it is the manifest's ``step`` (``LoadInfo.step``).
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from portable_ckpt.errors import EntrySchemaError, UsageError
+from portable_ckpt.torch.flatten import StateEntry, decode_json, encode_json
+
+__all__ = [
+    "DataPosition",
+    "GradScalerState",
+    "LRSchedulerState",
+    "RNGState",
+    "capture_rng",
+    "is_grad_scaler",
+    "is_lr_scheduler",
+    "restore_rng",
+]
+
+_POLICIES = ("require_same", "modulo", "rank0", "drop")
+
+
+def _check_policy(policy: str) -> str:
+    if policy not in _POLICIES:
+        raise UsageError(f"world_size_policy must be one of {_POLICIES}, got {policy!r}")
+    return policy
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s.encode("ascii"), validate=True)), dtype=torch.uint8)
+
+
+def capture_rng(*, cuda: bool | None = None) -> dict[str, Any]:
+    """Return this process's RNG state as a ``pck:rng/1`` value.
+
+    Args:
+        cuda: Include every CUDA device's generator (default: when CUDA is initialised).
+    """
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=True)
+    if not isinstance(np_state, tuple):  # pragma: no cover - legacy=True always gives a tuple
+        raise UsageError("numpy legacy RNG state unavailable")
+    name, key, pos, has_gauss, cached = np_state
+    use_cuda = torch.cuda.is_available() and torch.cuda.is_initialized() if cuda is None else cuda
+    return {
+        "python": {"version": int(version), "state": [int(x) for x in internal], "gauss_next": gauss},
+        "numpy": {
+            "bit_generator": str(name),
+            "key": [int(x) for x in key],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch_cpu": _b64(torch.get_rng_state()),
+        "torch_cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if use_cuda else None,
+    }
+
+
+def restore_rng(value: dict[str, Any]) -> None:
+    """Apply a ``pck:rng/1`` value to this process's generators."""
+    try:
+        py = value.get("python")
+        if py is not None:
+            random.setstate((int(py["version"]), tuple(int(x) for x in py["state"]), py["gauss_next"]))
+        nps = value.get("numpy")
+        if nps is not None:
+            np.random.set_state(
+                (
+                    nps["bit_generator"],
+                    np.asarray(nps["key"], dtype=np.uint32),
+                    int(nps["pos"]),
+                    int(nps["has_gauss"]),
+                    float(nps["cached_gaussian"]),
+                )
+            )
+        cpu = value.get("torch_cpu")
+        if cpu is not None:
+            torch.set_rng_state(_unb64(cpu))
+        cuda = value.get("torch_cuda")
+        if cuda and torch.cuda.is_available():
+            states = [_unb64(s) for s in cuda]
+            if len(states) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(states)
+            else:
+                for i in range(min(len(states), torch.cuda.device_count())):
+                    torch.cuda.set_rng_state(states[i], i)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise EntrySchemaError(f"pck:rng/1 value cannot be applied: {e}") from e
+
+
+class RNGState(StateEntry):
+    """Per-rank RNG state (``pck:rng/1``); captured first at save, restored last at load.
+
+    Args:
+        world_size_policy: What a different world size gets (default ``modulo``).
+        cuda: Include CUDA generators (default: when CUDA is initialised).
+    """
+
+    schema = "pck:rng/1"
+    scope = "per_rank"
+    restore_last = True
+    capture_first = True
+
+    def __init__(self, world_size_policy: str = "modulo", *, cuda: bool | None = None) -> None:
+        self.world_size_policy = _check_policy(world_size_policy)
+        self.cuda = cuda
+        #: True after a load applied a stored value (False when the policy dropped it).
+        self.restored = False
+
+    def capture(self) -> Any:
+        """Return this rank's RNG state now."""
+        return capture_rng(cuda=self.cuda)
+
+    def restore(self, value: Any) -> None:
+        """Apply the stored value (``None``: keep the current generators)."""
+        self.restored = value is not None
+        if value is not None:
+            restore_rng(value)
+
+
+class DataPosition(StateEntry):
+    """Where the data stream stands (``pck:data-position/1``), a mutable holder.
+
+    Args:
+        epoch: Current epoch.
+        sample_index: Global number of samples consumed in this epoch (the same on every rank).
+        extra: Any further JSON object (shuffle seed, shard cursor, ...).
+        world_size_policy: What a different world size gets (default ``rank0``).
+    """
+
+    schema = "pck:data-position/1"
+    scope = "per_rank"
+
+    def __init__(
+        self,
+        epoch: int = 0,
+        sample_index: int = 0,
+        extra: dict[str, Any] | None = None,
+        *,
+        world_size_policy: str = "rank0",
+    ) -> None:
+        self.epoch = int(epoch)
+        self.sample_index = int(sample_index)
+        self.extra: dict[str, Any] = dict(extra or {})
+        self.world_size_policy = _check_policy(world_size_policy)
+        #: True after a load applied a stored value.
+        self.restored = False
+
+    def capture(self) -> Any:
+        """Return the position as JSON."""
+        return {"epoch": self.epoch, "sample_index": self.sample_index, "extra": encode_json(self.extra)}
+
+    def restore(self, value: Any) -> None:
+        """Apply a stored position (``None``: keep the current one)."""
+        self.restored = value is not None
+        if value is None:
+            return
+        try:
+            self.epoch = int(value["epoch"])
+            self.sample_index = int(value["sample_index"])
+            self.extra = dict(decode_json(value.get("extra") or {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise EntrySchemaError(f"pck:data-position/1 value cannot be applied: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"DataPosition(epoch={self.epoch}, sample_index={self.sample_index}, extra={self.extra})"
+
+
+def is_lr_scheduler(obj: Any) -> bool:
+    """Whether ``obj`` is a torch LR scheduler (including ``ReduceLROnPlateau``)."""
+    sched = torch.optim.lr_scheduler
+    bases = tuple(
+        c for c in (getattr(sched, "LRScheduler", None), getattr(sched, "ReduceLROnPlateau", None)) if c
+    )
+    return isinstance(obj, bases)
+
+
+def is_grad_scaler(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.amp.GradScaler`` (or the CUDA alias / a subclass)."""
+    return isinstance(obj, torch.amp.GradScaler)
+
+
+class LRSchedulerState(StateEntry):
+    """A scheduler's state (``pck:lr-scheduler/1``, global).
+
+    The value is ``{"class": "<module>.<name>", "state": scheduler.state_dict()}``; on restore
+    the class must match.
+    """
+
+    schema = "pck:lr-scheduler/1"
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def capture(self) -> Any:
+        """Return the scheduler's state as JSON."""
+        cls = type(self.scheduler)
+        return {"class": f"{cls.__module__}.{cls.__qualname__}", "state": encode_json(self.scheduler.state_dict())}
+
+    def restore(self, value: Any) -> None:
+        """Load a stored scheduler state."""
+        if value is None:
+            return
+        cls = type(self.scheduler)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if value.get("class") not in (None, name):
+            raise EntrySchemaError(
+                f"pck:lr-scheduler/1 value is for {value.get('class')}, but the target is {name}; "
+                f"build the same scheduler class before loading"
+            )
+        state = decode_json(value["state"])
+        current = self.scheduler.state_dict()
+        for k, v in list(state.items()):  # keep tuple-typed fields tuples
+            if isinstance(current.get(k), tuple) and isinstance(v, list):
+                state[k] = tuple(v)
+        self.scheduler.load_state_dict(state)
+
+
+class GradScalerState(StateEntry):
+    """A gradient scaler's state (``pck:grad-scaler/1``, global)."""
+
+    schema = "pck:grad-scaler/1"
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+
+    def capture(self) -> Any:
+        """Return the scaler's state as JSON."""
+        sd = self.scaler.state_dict()
+        if not sd:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "scale": float(sd["scale"]),
+            "growth_factor": float(sd["growth_factor"]),
+            "backoff_factor": float(sd["backoff_factor"]),
+            "growth_interval": int(sd["growth_interval"]),
+            "growth_tracker": int(sd["_growth_tracker"]),
+        }
+
+    def restore(self, value: Any) -> None:
+        """Load a stored scaler state."""
+        if value is None or not value.get("enabled", True):
+            return
+        self.scaler.load_state_dict(
+            {
+                "scale": float(value["scale"]),
+                "growth_factor": float(value["growth_factor"]),
+                "backoff_factor": float(value["backoff_factor"]),
+                "growth_interval": int(value["growth_interval"]),
+                "_growth_tracker": int(value["growth_tracker"]),
+            }
+        )

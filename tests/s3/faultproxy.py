@@ -1,0 +1,168 @@
+"""A real HTTP proxy on 127.0.0.1 in front of the moto server, used to inject S3 faults.
+
+It forwards every request to the upstream server unchanged and can, per request:
+* answer ``500 InternalError`` (without forwarding) every ``fail_every``-th request,
+* forward, then answer ``500`` anyway every ``fail_after_every``-th request (the server did the
+  work, the client believes it failed: the hardest case for a retried conditional PUT),
+* sleep ``delay_s`` before answering every ``delay_every``-th request (slow responses / timeouts),
+* answer ``403 InvalidAccessKeyId`` for access key ids in ``deny_keys`` (moto does not check
+  credentials),
+and counts requests and response bytes per method, plus every GET's Range header.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+        "upgrade"}
+
+
+@dataclass
+class ProxyLog:
+    requests: int = 0
+    by_method: dict[str, int] = field(default_factory=dict)
+    response_bytes: dict[str, int] = field(default_factory=dict)
+    get_log: list[tuple[str, str | None, int]] = field(default_factory=list)  # path, Range, bytes
+    injected_500: int = 0
+    injected_delays: int = 0
+    denied: int = 0
+
+
+class FaultProxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.fail_every = 0
+        self.fail_after_every = 0
+        self.delay_every = 0
+        self.delay_s = 0.0
+        self.match_method: str | None = None  # only count/inject on this method when set
+        self.match_path: str | None = None  # regex on the request path
+        self.deny_keys: set[str] = set()
+        self.log = ProxyLog()
+        self._lock = threading.Lock()
+        self._counter = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = bytearray()
+                    while True:
+                        line = self.rfile.readline().strip()
+                        size = int(line.split(b";")[0], 16)
+                        if size == 0:
+                            while self.rfile.readline().strip():
+                                pass
+                            break
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                    return bytes(out)
+                n = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(n) if n else b""
+
+            def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None
+                       ) -> None:
+                self.send_response(status)
+                for k, v in (headers or {"Content-Type": "application/xml"}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _error(self, status: int, code: str, message: str) -> None:
+                body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+                        f"<Message>{message}</Message><RequestId>FAULTPROXY</RequestId></Error>"
+                        ).encode()
+                self._reply(status, body)
+
+            def _handle(self) -> None:
+                body = self._body()
+                auth = self.headers.get("Authorization", "")
+                m = re.search(r"Credential=([^/]+)/", auth)
+                if m and m.group(1) in proxy.deny_keys:
+                    with proxy._lock:
+                        proxy.log.denied += 1
+                    self._error(403, "InvalidAccessKeyId",
+                                "The AWS Access Key Id you provided does not exist in our records.")
+                    return
+                matches = (proxy.match_method in (None, self.command)) and (
+                    proxy.match_path is None or re.search(proxy.match_path, self.path) is not None
+                )
+                fail = fail_after = delay = False
+                with proxy._lock:
+                    proxy.log.requests += 1
+                    proxy.log.by_method[self.command] = proxy.log.by_method.get(self.command, 0) + 1
+                    if matches:
+                        proxy._counter += 1
+                        n = proxy._counter
+                        fail = bool(proxy.fail_every) and n % proxy.fail_every == 0
+                        fail_after = (not fail and bool(proxy.fail_after_every)
+                                      and n % proxy.fail_after_every == 0)
+                        delay = bool(proxy.delay_every) and n % proxy.delay_every == 0
+                if delay:
+                    with proxy._lock:
+                        proxy.log.injected_delays += 1
+                    time.sleep(proxy.delay_s)
+                if fail:
+                    with proxy._lock:
+                        proxy.log.injected_500 += 1
+                    self._error(500, "InternalError", "We encountered an internal error (injected).")
+                    return
+                conn = http.client.HTTPConnection(*proxy.upstream, timeout=120)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                    if body or self.command in ("PUT", "POST"):
+                        headers["Content-Length"] = str(len(body))
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    out_headers = {k: v for k, v in resp.getheaders()
+                                   if k.lower() not in _HOP and k.lower() != "content-length"}
+                finally:
+                    conn.close()
+                with proxy._lock:
+                    proxy.log.response_bytes[self.command] = (
+                        proxy.log.response_bytes.get(self.command, 0) + len(data))
+                    if self.command == "GET":
+                        proxy.log.get_log.append((self.path, self.headers.get("Range"), len(data)))
+                if fail_after:
+                    with proxy._lock:
+                        proxy.log.injected_500 += 1
+                    self._error(500, "InternalError", "Injected after the server acted.")
+                    return
+                self._reply(resp.status, data, out_headers)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle  # noqa: N815
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.fail_every = self.fail_after_every = self.delay_every = 0
+            self.delay_s = 0.0
+            self.match_method = self.match_path = None
+            self.deny_keys = set()
+            self.log = ProxyLog()
+            self._counter = 0
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,236 @@
+"""S3Storage against a real moto server (and the fault proxy in front of it)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+
+import crc32c
+import pytest
+
+from portable_ckpt.errors import FileMissingError, FileSizeError, PathUnsafeError, StorageError
+from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.s3 import S3Storage
+
+from .conftest import S3Env
+
+pytestmark = pytest.mark.s3
+
+MIB = 1 << 20
+
+
+def _payload(n: int, seed: int = 1) -> bytes:
+    return (bytes(range(256)) * (n // 256 + 1))[seed : seed + n]
+
+
+def test_from_url_and_capabilities(s3: S3Env) -> None:
+    st = open_storage(s3.root("a/b/"))
+    assert isinstance(st, S3Storage)
+    assert (st.bucket, st.prefix, st.url) == (s3.bucket, "a/b", f"s3://{s3.bucket}/a/b")
+    assert st.capabilities.atomic_create and st.capabilities.ranged_read
+    assert st.capabilities.native_crc32c and not st.capabilities.local_path
+    with pytest.raises(PathUnsafeError):
+        st.size("../x")
+
+
+def test_put_read_list_delete(s3: S3Env) -> None:
+    st = S3Storage.from_url(s3.root())
+    data = _payload(1000)
+    st.put("att1/data/w00000-0000.safetensors", data)
+    st.put("att1/index/w00000.json", b"{}")
+    st.put("att2/manifest.json", b"{}")
+    assert st.read_all("att1/data/w00000-0000.safetensors", max_size=10_000) == data
+    assert st.read_range("att1/data/w00000-0000.safetensors", 10, 20) == data[10:30]
+    assert st.size("att1/data/w00000-0000.safetensors") == 1000
+    assert st.exists("att1/index/w00000.json") and not st.exists("att1/nope")
+    assert st.list_dirs("") == ["att1", "att2"]
+    assert st.list_dirs("att1") == ["data", "index"]
+    assert sorted(i.path for i in st.list("att1")) == [
+        "att1/data/w00000-0000.safetensors", "att1/index/w00000.json"]
+    assert [i.path for i in st.list("att1", recursive=False)] == []
+    st.delete("att2/manifest.json")
+    st.delete("att2/manifest.json")  # missing is fine
+    assert st.list_dirs("") == ["att1"]
+    st.delete_prefix("att1")
+    assert list(st.list("")) == []
+    # The prefix isolates roots in one bucket.
+    other = S3Storage.from_url(s3.root("other"))
+    other.put("x/y", b"1")
+    assert st.list_dirs("") == []
+
+
+def test_missing_and_truncated(s3: S3Env) -> None:
+    st = S3Storage.from_url(s3.root())
+    with pytest.raises(FileMissingError):
+        st.read_range("nope/x", 0, 4)
+    with pytest.raises(FileMissingError):
+        st.size("nope/x")
+    st.put("a/b", b"12345")
+    with pytest.raises(FileSizeError):
+        st.read_range("a/b", 2, 10)
+    with pytest.raises(FileSizeError):
+        st.read_range("a/b", 7, 1)
+
+
+def test_multipart_streaming_writer(s3: S3Env) -> None:
+    st = S3Storage.from_url(s3.root(), part_size=5 * MIB, max_concurrency=2)
+    data = os.urandom(13 * MIB + 123)
+    w = st.open_writer("att/data/big.safetensors")
+    step = 3 * MIB + 7
+    for i in range(0, len(data), step):
+        w.write(memoryview(data)[i : i + step])
+        assert not st.exists("att/data/big.safetensors")  # invisible until close
+    w.close()
+    assert st.size("att/data/big.safetensors") == len(data)
+    assert st.read_range("att/data/big.safetensors", 6 * MIB - 5, 10) == data[6 * MIB - 5 : 6 * MIB + 5]
+    # The server holds the whole-object CRC32C we sent (FULL_OBJECT multipart checksum).
+    assert st.checksum_crc32c("att/data/big.safetensors") == crc32c.crc32c(data)
+    head = s3.boto().head_object(Bucket=s3.bucket, Key="ckpts/att/data/big.safetensors",
+                                 ChecksumMode="ENABLED")
+    assert base64.b64decode(head["ChecksumCRC32C"]) == crc32c.crc32c(data).to_bytes(4, "big")
+    # Large reads are split into concurrent ranged GETs.
+    st2 = S3Storage.from_url(s3.root(), read_chunk=4 * MIB)
+    buf = bytearray(len(data))
+    st2.read_into("att/data/big.safetensors", 0, memoryview(buf))
+    assert bytes(buf) == data
+    assert st2.stats.get_requests == 4 and st2.stats.get_bytes == len(data)
+
+
+def test_writer_abort_leaves_nothing(s3: S3Env) -> None:
+    st = S3Storage.from_url(s3.root(), part_size=5 * MIB)
+    w = st.open_writer("att/data/x")
+    w.write(os.urandom(11 * MIB))
+    w.abort()
+    assert not st.exists("att/data/x")
+    uploads = s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    assert uploads == []
+    # A writer used as a context manager aborts on exceptions.
+    with pytest.raises(RuntimeError), st.open_writer("att/data/y") as w2:
+        w2.write(b"abc")
+        raise RuntimeError("boom")
+    assert not st.exists("att/data/y")
+
+
+def test_abort_uploads_cleans_killed_writers(s3: S3Env) -> None:
+    st = S3Storage.from_url(s3.root(), part_size=5 * MIB)
+    w = st.open_writer("att/data/x")
+    w.write(os.urandom(6 * MIB))  # starts a multipart upload, never completed
+    w._parts[0].result()  # type: ignore[attr-defined]
+    assert len(s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])) == 1
+    assert st.abort_uploads("att") == 1
+    assert s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
+
+
+def test_create_if_absent_is_exclusive(s3: S3Env) -> None:
+    st = S3Storage.from_url(s3.root())
+    assert st.create_if_absent("att/manifest.json", b'{"a": 1}')
+    assert not st.create_if_absent("att/manifest.json", b'{"a": 2}')
+    assert st.read_all("att/manifest.json", max_size=100) == b'{"a": 1}'
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def racer(i: int) -> None:
+        ok = S3Storage.from_url(s3.root()).create_if_absent("race/manifest.json", b"%d" % i)
+        with lock:
+            results.append(ok)
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_partial_read_fetches_only_the_range(s3_proxied: S3Env) -> None:
+    st = S3Storage.from_url(s3_proxied.root())
+    data = os.urandom(8 * MIB)
+    st.put("att/data/w.safetensors", data)
+    s3_proxied.proxy.reset()
+    assert st.read_range("att/data/w.safetensors", 5 * MIB + 3, 4096) == data[5 * MIB + 3 :][:4096]
+    log = s3_proxied.proxy.log
+    assert log.get_log == [
+        (f"/{s3_proxied.bucket}/ckpts/att/data/w.safetensors",
+         f"bytes={5 * MIB + 3}-{5 * MIB + 3 + 4095}", 4096)
+    ]
+
+
+def test_retries_survive_500s(s3_proxied: S3Env) -> None:
+    proxy = s3_proxied.proxy
+    proxy.fail_every = 3
+    st = S3Storage.from_url(s3_proxied.root(), part_size=5 * MIB, backoff_initial=0.01)
+    data = os.urandom(12 * MIB)
+    st.put("att/data/a", data)
+    st.put("att/index/w00000.json", b"{}")
+    assert st.create_if_absent("att/manifest.json", b"{1}")
+    assert st.read_all("att/data/a", max_size=len(data)) == data
+    assert st.read_range("att/data/a", 100, 10) == data[100:110]
+    assert sorted(st.list_dirs("att")) == ["data", "index"]
+    assert proxy.log.injected_500 >= 3
+
+
+def test_conditional_put_retried_after_server_side_success(s3_proxied: S3Env) -> None:
+    """The PUT reaches the server, the client sees a 500, retries, gets 412: still ours."""
+    proxy = s3_proxied.proxy
+    proxy.fail_after_every = 2  # every 2nd PUT: forwarded to the server, then answered 500
+    proxy.match_method = "PUT"
+    st = S3Storage.from_url(s3_proxied.root(), backoff_initial=0.01)
+    assert st.create_if_absent("a/manifest.json", b"first")  # request 1: plain success
+    assert st.create_if_absent("b/manifest.json", b"mine")  # request 2: done, 500; retry 412
+    assert proxy.log.injected_500 == 1
+    assert not st.create_if_absent("b/manifest.json", b"other")
+
+
+def test_slow_responses_time_out_and_retry(s3_proxied: S3Env) -> None:
+    proxy = s3_proxied.proxy
+    st = S3Storage.from_url(s3_proxied.root(), read_timeout=0.5, backoff_initial=0.01)
+    st.put("att/x", b"0123456789")
+    proxy.delay_every = 2
+    proxy.delay_s = 1.5
+    proxy.match_method = "GET"
+    assert st.read_range("att/x", 2, 3) == b"234"
+    assert st.read_range("att/x", 0, 10) == b"0123456789"
+    assert proxy.log.injected_delays >= 1
+
+
+def test_persistent_failure_is_a_storage_error(s3_proxied: S3Env) -> None:
+    s3_proxied.proxy.fail_every = 1
+    st = S3Storage.from_url(s3_proxied.root(), max_attempts=2, backoff_initial=0.01)
+    with pytest.raises(StorageError, match="InternalError|500"):
+        st.put("att/x", b"1")
+    with pytest.raises(StorageError, match="500|InternalError"):
+        st.read_range("att/x", 0, 1)
+
+
+def test_missing_bucket_error_names_bucket(s3: S3Env) -> None:
+    st = S3Storage.from_url("s3://no-such-bucket-pck/root")
+    for op in (lambda: st.list_dirs(""), lambda: st.put("a/b", b"1"),
+               lambda: st.read_range("a/b", 0, 1)):
+        with pytest.raises(StorageError) as ei:
+            op()
+        msg = str(ei.value)
+        assert "PCK-STORAGE" in msg and "no-such-bucket-pck" in msg and "does not exist" in msg
+        assert "create it" in msg
+
+
+def test_wrong_credentials_error(s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_proxied.proxy.deny_keys = {"AKIDWRONGKEY00000000"}
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDWRONGKEY00000000")
+    st = S3Storage.from_url(s3_proxied.root())
+    for op in (lambda: st.list_dirs(""), lambda: st.put("a/b", b"1"),
+               lambda: st.read_range("a/b", 0, 1)):
+        with pytest.raises(StorageError) as ei:
+            op()
+        msg = str(ei.value)
+        assert "InvalidAccessKeyId" in msg and "AWS_ACCESS_KEY_ID" in msg
+        assert "AKID…0000" in msg and s3_proxied.bucket in msg
+
+
+def test_no_credentials_error(s3: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    st = S3Storage.from_url(s3.root())
+    with pytest.raises(StorageError, match="no AWS credentials"):
+        st.list_dirs("")

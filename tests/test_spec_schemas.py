@@ -1,0 +1,327 @@
+"""The spec's JSON Schemas are valid, resolve offline, and agree with the example documents.
+
+File-name convention (spec/README.md, section "Schemas and examples"):
+
+* ``spec/examples/<stem>[--<variant>].json`` validates against ``spec/schemas/<stem>.schema.json``;
+* ``spec/examples/entries/<stem>[--<variant>].json`` against ``spec/schemas/entries/<stem>.schema.json``;
+* ``spec/examples/invalid/[entries/]<stem>--<rule>.json`` breaks exactly the rule ``<rule>`` and MUST
+  fail validation against the same schema.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from collections.abc import Iterator
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.exceptions import NoSuchResource
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "spec"
+SCHEMAS = SPEC / "schemas"
+EXAMPLES = SPEC / "examples"
+INVALID = EXAMPLES / "invalid"
+BASE_URI = "https://portable-ckpt.dev/schemas/1.0/"
+
+SCHEMA_FILES = sorted(SCHEMAS.rglob("*.schema.json"))
+VALID_EXAMPLES = sorted(p for p in EXAMPLES.rglob("*.json") if INVALID not in p.parents)
+INVALID_EXAMPLES = sorted(INVALID.rglob("*.json"))
+DOCUMENT_SCHEMAS = ["manifest", "writer-index", "drill", "copy"]
+ENTRY_SCHEMAS = {
+    "pck:step/1": "step",
+    "pck:lr-scheduler/1": "lr-scheduler",
+    "pck:grad-scaler/1": "grad-scaler",
+    "pck:rng/1": "rng",
+    "pck:data-position/1": "data-position",
+    "pck:json/1": "json",
+}
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _load(path: Path) -> Any:
+    with path.open("rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def _no_network(uri: str) -> Resource[Any]:
+    raise NoSuchResource(ref=uri)
+
+
+def build_registry() -> Registry[Any]:
+    """All spec schemas, keyed by their ``$id``; any other URI fails instead of being fetched."""
+    resources = []
+    for path in SCHEMA_FILES:
+        schema = _load(path)
+        resources.append((schema["$id"], Resource.from_contents(schema)))
+    registry: Registry[Any] = Registry(retrieve=_no_network)  # type: ignore[call-arg]
+    return registry.with_resources(resources)
+
+
+REGISTRY = build_registry()
+
+
+def schema_id_for(path: Path) -> str:
+    """Map an example (valid or invalid) to the ``$id`` of the schema it is checked against."""
+    rel = path.relative_to(INVALID if INVALID in path.parents else EXAMPLES)
+    stem = rel.name.removesuffix(".json").split("--", 1)[0]
+    sub = "entries/" if rel.parts[0] == "entries" else ""
+    return f"{BASE_URI}{sub}{stem}.schema.json"
+
+
+def validator_for(schema_id: str) -> Draft202012Validator:
+    schema = REGISTRY.contents(schema_id)
+    return Draft202012Validator(schema, registry=REGISTRY)
+
+
+def _walk_refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _walk_refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk_refs(item)
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def test_schema_files_present() -> None:
+    names = {_rel(p) for p in SCHEMA_FILES}
+    for stem in [*DOCUMENT_SCHEMAS, "common"]:
+        assert f"spec/schemas/{stem}.schema.json" in names
+    for stem in ENTRY_SCHEMAS.values():
+        assert f"spec/schemas/entries/{stem}.schema.json" in names
+
+
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=_rel)
+def test_schema_is_valid_draft_2020_12(path: Path) -> None:
+    schema = _load(path)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    expected_id = BASE_URI + path.relative_to(SCHEMAS).as_posix()
+    assert schema["$id"] == expected_id
+    Draft202012Validator.check_schema(schema)
+
+
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=_rel)
+def test_schema_refs_resolve_offline(path: Path) -> None:
+    schema = _load(path)
+    resolver = REGISTRY.resolver(base_uri=schema["$id"])
+    refs = list(_walk_refs(schema))
+    for ref in refs:
+        assert not re.match(r"^[a-z]+://", ref), f"{path.name}: absolute $ref {ref!r}"
+        resolved = resolver.lookup(ref)
+        assert resolved.contents is not None
+
+
+def test_unknown_remote_ref_is_not_fetched() -> None:
+    schema = {"$ref": "https://example.invalid/remote.schema.json"}
+    validator = Draft202012Validator(schema, registry=REGISTRY)
+    with pytest.raises(Exception, match="remote"):
+        validator.validate({})
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_every_schema_has_examples() -> None:
+    valid_ids = {schema_id_for(p) for p in VALID_EXAMPLES}
+    invalid_ids = {schema_id_for(p) for p in INVALID_EXAMPLES}
+    for path in SCHEMA_FILES:
+        schema_id = _load(path)["$id"]
+        if path.name == "common.schema.json":
+            continue
+        assert schema_id in valid_ids, f"no valid example for {schema_id}"
+        if path.name != "json.schema.json":  # pck:json/1 accepts every JSON value
+            assert schema_id in invalid_ids, f"no invalid example for {schema_id}"
+
+
+@pytest.mark.parametrize("path", VALID_EXAMPLES, ids=_rel)
+def test_valid_example_validates(path: Path) -> None:
+    schema_id = schema_id_for(path)
+    assert schema_id in {str(u) for u in REGISTRY}, f"{_rel(path)}: no schema {schema_id}"
+    errors = sorted(validator_for(schema_id).iter_errors(_load(path)), key=str)
+    assert not errors, f"{_rel(path)}: " + "; ".join(e.message for e in errors[:5])
+
+
+@pytest.mark.parametrize("path", INVALID_EXAMPLES, ids=_rel)
+def test_invalid_example_fails(path: Path) -> None:
+    assert "--" in path.name, f"{_rel(path)}: invalid examples are named <stem>--<rule>.json"
+    schema_id = schema_id_for(path)
+    assert schema_id in {str(u) for u in REGISTRY}, f"{_rel(path)}: no schema {schema_id}"
+    assert not validator_for(schema_id).is_valid(_load(path)), f"{_rel(path)} validates"
+
+
+def test_invalid_examples_have_unique_rules() -> None:
+    names = [p.name for p in INVALID_EXAMPLES]
+    assert len(names) == len(set(names))
+
+
+# ------------------------------------------------------- rules beyond the schemas (examples)
+
+
+def _manifest_like_examples() -> list[Path]:
+    return [p for p in VALID_EXAMPLES if p.parent == EXAMPLES and p.name.split("--")[0] in (
+        "manifest.json", "manifest", "writer-index.json", "writer-index")]
+
+
+def _boxes_cover_exactly_once(shape: list[int], boxes: list[tuple[list[int], list[int]]]) -> bool:
+    counts: dict[tuple[int, ...], int] = {}
+    for offsets, lengths in boxes:
+        for index in product(*(range(o, o + n) for o, n in zip(offsets, lengths, strict=True))):
+            counts[index] = counts.get(index, 0) + 1
+    every = list(product(*(range(n) for n in shape)))
+    return all(counts.get(i) == 1 for i in every) and len(counts) == len(every)
+
+
+@pytest.mark.parametrize("path", _manifest_like_examples(), ids=_rel)
+def test_example_obeys_semantic_rules(path: Path) -> None:
+    doc = _load(path)
+    is_manifest = doc["format"] == "portable-ckpt"
+    step = int(doc["attempt_id"][1:13])
+    if is_manifest:
+        assert step == doc["step"]
+    for name, record in doc["files"].items():
+        cks = record["checksum"]
+        assert len(cks["blocks"]) == 8 * math.ceil(record["size"] / cks["block_size"]), name
+    for key, tensor in doc["tensors"].items():
+        ndim = len(tensor["shape"])
+        for r in tensor["ranges"]:
+            assert r["file"] in doc["files"], (key, r["file"])
+            assert len(r["offsets"]) == len(r["lengths"]) == ndim, key
+            for o, n, dim in zip(r["offsets"], r["lengths"], tensor["shape"], strict=True):
+                assert o + n <= dim, key
+        if is_manifest:
+            boxes = [(r["offsets"], r["lengths"]) for r in tensor["ranges"]]
+            assert _boxes_cover_exactly_once(tensor["shape"], boxes), key
+    for name, entry in doc["entries"].items():
+        for value in entry["values"]:
+            assert value["file"] in doc["files"], (name, value["file"])
+        if is_manifest and entry["scope"] == "per_rank":
+            ranks = sorted(v["rank"] for v in entry["values"])
+            assert ranks == list(range(doc["continuation"]["world_size"])), name
+        schema = entry["schema"]
+        if "json_schema" in schema:
+            Draft202012Validator.check_schema(schema["json_schema"])
+    if is_manifest and doc["continuation"]["mesh"] is not None:
+        mesh = doc["continuation"]["mesh"]
+        assert len(mesh["shape"]) == len(mesh["dim_names"])
+        assert math.prod(mesh["shape"]) == doc["continuation"]["world_size"]
+
+
+def test_manifest_example_covers_required_features() -> None:
+    doc = _load(EXAMPLES / "manifest.json")
+    shapes = [t["shape"] for t in doc["tensors"].values()]
+    assert [] in shapes, "a 0-d tensor"
+    assert any(0 in s for s in shapes), "a zero-size tensor"
+    assert any(t["dtype"] == "bfloat16" for t in doc["tensors"].values())
+    codecs = {r["codec"] for t in doc["tensors"].values() for r in t["ranges"]}
+    assert codecs == {"none", "zstd"}
+    scopes = {e["scope"] for e in doc["entries"].values()}
+    assert scopes == {"global", "per_rank"}
+    assert doc["continuation"]["mesh"] is not None
+    ids = {e["schema"].get("id") for e in doc["entries"].values()}
+    assert set(ENTRY_SCHEMAS) <= ids | {"pck:json/1"}
+    assert any("json_schema" in e["schema"] for e in doc["entries"].values())
+
+
+def test_annotation_examples_name_the_manifest_attempt() -> None:
+    attempt = _load(EXAMPLES / "manifest.json")["attempt_id"]
+    for name in ("drill.json", "copy.json", "writer-index.json"):
+        assert _load(EXAMPLES / name)["attempt_id"] == attempt
+
+
+# --------------------------------------------------------------- the worked checksum example
+
+
+def test_readme_crc32c_worked_example_is_correct() -> None:
+    crc32c = pytest.importorskip("crc32c")
+    readme = (SPEC / "README.md").read_text(encoding="utf-8")
+    assert f"{crc32c.crc32c(b'123456789'):08x}" in readme
+    data = bytes(i % 251 for i in range(10000))
+    blocks = "".join(f"{crc32c.crc32c(data[i:i + 4096]):08x}" for i in range(0, len(data), 4096))
+    assert len(blocks) == 24
+    assert blocks in readme
+
+
+# ------------------------------------------------------------- real torch objects fit
+
+
+def _jsonable(value: Any) -> Any:
+    """Round-trip through strict JSON (no NaN/Infinity), as a writer would store it."""
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+def test_torch_scheduler_and_scaler_states_validate() -> None:
+    torch = pytest.importorskip("torch")
+    lr = torch.optim.lr_scheduler
+    params = [torch.nn.Parameter(torch.zeros(2))]
+
+    def opt() -> Any:
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    schedulers = []
+    o = opt()
+    schedulers.append(lr.LambdaLR(o, lambda e: 0.9**e))
+    o = opt()
+    schedulers.append(lr.StepLR(o, 3))
+    o = opt()
+    schedulers.append(lr.CosineAnnealingLR(o, 10))
+    o = opt()
+    schedulers.append(lr.LinearLR(o))
+    o = opt()
+    schedulers.append(lr.SequentialLR(o, [lr.LinearLR(o), lr.CosineAnnealingLR(o, 10)], [5]))
+    o = opt()
+    schedulers.append(lr.ChainedScheduler([lr.LinearLR(o), lr.StepLR(o, 3)]))
+    o = opt()
+    schedulers.append(lr.OneCycleLR(o, 1.0, total_steps=10))
+    validator = validator_for(BASE_URI + "entries/lr-scheduler.schema.json")
+    for sched in schedulers:
+        for _ in range(3):
+            sched.optimizer.step() if hasattr(sched, "optimizer") else None
+            sched.step()
+        state = _jsonable(sched.state_dict())
+        errors = list(validator.iter_errors(state))
+        assert not errors, (type(sched).__name__, [e.message for e in errors])
+
+    scaler_validator = validator_for(BASE_URI + "entries/grad-scaler.schema.json")
+    for enabled in (True, False):
+        scaler = torch.amp.GradScaler("cpu", enabled=enabled)
+        assert scaler_validator.is_valid(_jsonable(scaler.state_dict()))
+
+
+def test_real_rng_states_validate() -> None:
+    import random
+
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    version, state, gauss_next = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    value = {
+        "python": {"version": version, "state": list(state), "gauss_next": gauss_next},
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "state": {"key": [int(k) for k in np_state["state"]["key"]],
+                      "pos": int(np_state["state"]["pos"])},
+            "has_gauss": int(np_state["has_gauss"]),
+            "cached_gaussian": float(np_state["gauss"]),
+        },
+        "torch_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+        "torch_cuda": [],
+    }
+    validator = validator_for(BASE_URI + "entries/rng.schema.json")
+    errors = list(validator.iter_errors(_jsonable(value)))
+    assert not errors, [e.message for e in errors]
