@@ -315,11 +315,13 @@ class Checkpoint:
             self._note_scratch(span)
             self._read_verified(path, lo, hi, memoryview(buf))
             # View the span as the chunk region it covers, then pick the box out of it.
-            full = np.frombuffer(buf, dtype=dtype)
+            # Work on same-size unsigned ints: as_strided does not accept ml_dtypes' dtypes.
+            raw = np.dtype(f"u{isz}")
+            full = np.frombuffer(buf, dtype=raw)
             view = np.lib.stride_tricks.as_strided(
                 full, shape=rel.lengths, strides=tuple(s * isz for s in strides), writeable=False
             )
-            dst[...] = view
+            dst.view(raw)[...] = view
             with self._lock:
                 self.stats.bytes_delivered += needed
             return

@@ -1,0 +1,440 @@
+"""Replicate one committed version to another root (local ↔ S3, S3 → S3), verified, atomically.
+
+Two names on one failed device are not two copies: ``copy_version`` streams every file of a
+version to an independent root in bounded memory, verifies every checksum block as it streams,
+checks the size (and, on S3, the server-computed whole-object CRC32C) at the destination, and
+publishes the destination's ``manifest.json`` last with ``create_if_absent`` — the same commit
+protocol as a save, so a partial copy is never listed. It then records the verified copy in the
+SOURCE version as ``copies/<copy-id>.json`` (which ``ls`` and ``gc --require-copy`` read).
+
+Memory: at most ``jobs`` files are in flight, each holding two read chunks (one being verified
+and written, one prefetched) plus its destination writer's buffer (for S3:
+``(max_concurrency + 1) * part_size``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    ChecksumError,
+    CommitConflictError,
+    FileSizeError,
+    UsageError,
+)
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
+from portable_ckpt.format.paths import check_relative_path
+from portable_ckpt.io.checksum import crc32c
+from portable_ckpt.storage import Storage, open_storage
+
+__all__ = [
+    "CopyResult",
+    "copy_version",
+    "copy_version_async",
+    "normalize_root_url",
+    "shutdown_background_copies",
+]
+
+_MIB = 1 << 20
+
+
+def normalize_root_url(root: str | os.PathLike[str] | Storage) -> str:
+    """Return the canonical URL of a root: ``s3://bucket/prefix`` or ``file:///abs/path``."""
+    if isinstance(root, Storage):
+        url = root.url
+        return url.rstrip("/") if "://" in url else "file://" + os.path.abspath(url)
+    text = os.fspath(root)
+    if text.startswith("s3://"):
+        return text.rstrip("/")
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return "file://" + os.path.abspath(text)
+
+
+def _storage_for(url: str, *, create: bool) -> Storage:
+    if url.startswith("file://"):
+        return open_storage(url[len("file://") :], create=create)
+    return open_storage(url, create=create)
+
+
+def _copy_id() -> str:
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"c{stamp}{int(now * 1e6) % 1_000_000:06d}Z-{secrets.token_hex(4)}"
+
+
+@dataclass
+class CopyResult:
+    """What :func:`copy_version` did.
+
+    Attributes:
+        attempt_id: The version copied (same id at both roots).
+        step: Its step.
+        source: URL of the source version directory.
+        destination: URL of the destination root.
+        destination_version: URL of the version directory at the destination.
+        files: Number of files copied (or checked, when already present).
+        bytes: Payload bytes copied.
+        seconds: Wall time.
+        already_present: The destination already held this exact version; nothing was copied,
+            the destination's sizes were checked.
+        server_checksums: Files whose destination CRC32C was verified by the store itself.
+        record: Path (relative to the source root) of the copy record, when written.
+        record_error: Why the copy record could not be written (the copy itself succeeded).
+        warnings: Non-fatal observations (e.g. both roots on the same local device).
+
+    """
+
+    attempt_id: str
+    step: int
+    source: str
+    destination: str
+    destination_version: str
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    already_present: bool = False
+    server_checksums: int = 0
+    record: str | None = None
+    record_error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def mib_per_s(self) -> float:
+        """Copy throughput in MiB/s."""
+        return self.bytes / _MIB / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form used by ``portable-ckpt copy --json``."""
+        return {
+            "ok": True,
+            "attempt_id": self.attempt_id,
+            "step": self.step,
+            "source": self.source,
+            "destination": self.destination,
+            "destination_version": self.destination_version,
+            "files": self.files,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 6),
+            "mib_per_s": round(self.mib_per_s, 3),
+            "already_present": self.already_present,
+            "server_checksums": self.server_checksums,
+            "record": self.record,
+            "record_error": self.record_error,
+            "warnings": self.warnings,
+        }
+
+
+class _FileCopier:
+    """Streams one file: ranged reads (one prefetched), per-block CRC32C checks, upload."""
+
+    def __init__(self, src: Storage, dst: Storage, attempt: str, rec: FileRecord, chunk: int,
+                 reads: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
+        self.src, self.dst, self.rec = src, dst, rec
+        self.rel = f"{attempt}/{check_relative_path(rec.path, what='file path')}"
+        bs = rec.checksum.block_size
+        if rec.checksum.algorithm != "crc32c":
+            raise ChecksumError(
+                f"{self.rel}: checksum algorithm {rec.checksum.algorithm!r} is not crc32c",
+                path=self.rel,
+            )
+        self.block_size = bs
+        self.chunk = max(bs, chunk // bs * bs)  # whole blocks per chunk
+        self.reads = reads
+        self.progress = progress
+
+    def _read(self, offset: int, n: int) -> memoryview:
+        buf = memoryview(bytearray(n))
+        self.src.read_into(self.rel, offset, buf)
+        return buf
+
+    def _verify(self, offset: int, data: memoryview) -> None:
+        bs, cs = self.block_size, self.rec.checksum
+        for start in range(0, len(data), bs):
+            index = (offset + start) // bs
+            got = crc32c(data[start : start + bs])
+            want = cs.block(index)
+            if got != want:
+                raise ChecksumError(
+                    f"{self.src.url}/{self.rel}: block {index} (bytes {offset + start}.."
+                    f"{offset + min(start + bs, len(data))}) has CRC32C {got:08x}, the manifest "
+                    f"records {want:08x}; the source is corrupt, nothing was published at "
+                    f"{self.dst.url}", path=self.rel,
+                )
+
+    def run(self) -> bool:
+        """Copy and verify; return whether the store verified a whole-object CRC32C."""
+        size = self.rec.size
+        expected_blocks = -(-size // self.block_size)
+        if self.rec.checksum.block_count() != expected_blocks:
+            raise ChecksumError(
+                f"{self.rel}: manifest has {self.rec.checksum.block_count()} checksum blocks for "
+                f"{size} bytes, expected {expected_blocks}", path=self.rel,
+            )
+        whole = 0
+        writer = self.dst.open_writer(self.rel)
+        try:
+            offset = 0
+            pending: Future[memoryview] | None = (
+                self.reads.submit(self._read, 0, min(self.chunk, size)) if size else None
+            )
+            while pending is not None:
+                data = pending.result()
+                nxt = offset + len(data)
+                pending = (
+                    self.reads.submit(self._read, nxt, min(self.chunk, size - nxt))
+                    if nxt < size else None
+                )
+                self._verify(offset, data)
+                whole = crc32c(data, whole)
+                writer.write(data)
+                self.progress(len(data))
+                offset = nxt
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        got_size = self.dst.size(self.rel)
+        if got_size != size:
+            raise FileSizeError(
+                f"{self.dst.url}/{self.rel}: destination holds {got_size} bytes after the copy, "
+                f"the manifest records {size}", path=self.rel,
+            )
+        server = getattr(self.dst, "checksum_crc32c", None)
+        if callable(server) and self.dst.capabilities.native_crc32c:
+            value = server(self.rel)
+            if value is not None:
+                if value != whole:
+                    raise ChecksumError(
+                        f"{self.dst.url}/{self.rel}: the store reports CRC32C {value:08x}, the "
+                        f"verified source bytes have {whole:08x}", path=self.rel,
+                    )
+                return True
+        return False
+
+
+def _same_local_device(src: Storage, dst: Storage) -> bool:
+    a, b = src.local_root(), dst.local_root()
+    if a is None or b is None:
+        return False
+    try:
+        probe = b
+        while not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        return os.stat(a).st_dev == os.stat(probe).st_dev
+    except OSError:
+        return False
+
+
+def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -> None:
+    """Remove leftovers of an interrupted copy at a local destination (never committed)."""
+    leftovers = list(dst.list(f"{attempt}/"))
+    if not leftovers:
+        return
+    newest = max(i.mtime for i in leftovers)
+    age = time.time() - newest
+    if not force and age < grace_s:
+        raise UsageError(
+            f"{dst.url}/{attempt} holds {len(leftovers)} files of an uncommitted copy written "
+            f"{age:.0f}s ago: another copy may be in progress; wait, or pass force=True "
+            "(--force) to replace them"
+        )
+    dst.delete_prefix(f"{attempt}/")
+
+
+def _write_record(src: Storage, attempt: str, destination: str, result: CopyResult) -> str:
+    from portable_ckpt.format.naming import utc_now_iso
+    from portable_ckpt.format.schemas import validate_document
+
+    copy_id = _copy_id()
+    rel = f"{attempt}/copies/{copy_id}.json"
+    rec: dict[str, Any] = {
+        "format": "portable-ckpt-copy",
+        "format_version": FORMAT_VERSION,
+        "attempt_id": attempt,
+        "copy_id": copy_id,
+        "destination": destination,
+        "verified_at": utc_now_iso(),
+        "ok": True,
+        "error": None,
+    }
+    validate_document(rec, "copy.schema.json", what=rel)
+    if not src.create_if_absent(rel, jsonio.dumps(rec, indent=2)):
+        raise CommitConflictError(f"{src.url}/{rel} already exists", path=rel)
+    return rel
+
+
+def copy_version(
+    src: str | os.PathLike[str],
+    dst_root: str | os.PathLike[str] | Storage,
+    *,
+    step: int | None = None,
+    jobs: int = 2,
+    chunk_size: int = 8 * _MIB,
+    record: bool = True,
+    force: bool = False,
+    partial_grace_s: float = 300.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> CopyResult:
+    """Copy one committed version to another root, verified, published atomically.
+
+    Args:
+        src: A version directory (``<root>/<attempt-id>``) or a root (its latest committed
+            version, or the newest of ``step``); local path or ``s3://``.
+        dst_root: The destination root (local path, ``file://`` URL, ``s3://bucket/prefix`` or a
+            :class:`Storage`); created when missing.
+        step: With a root as ``src``, copy the newest committed version of this step.
+        jobs: Files copied concurrently.
+        chunk_size: Bytes per ranged read (rounded down to whole checksum blocks).
+        record: Write ``copies/<copy-id>.json`` into the source version afterwards.
+        force: Replace leftovers of an interrupted copy at a local destination even if recent.
+        partial_grace_s: Leftovers younger than this are assumed to be a copy in progress.
+        progress: Called as ``progress(bytes_done, bytes_total)`` from worker threads.
+
+    Returns:
+        A :class:`CopyResult`.
+
+    Raises:
+        UsageError: source and destination are the same root.
+        ChecksumError: a source block does not match its manifest checksum (nothing published).
+        CommitConflictError: the destination holds a different commit record for this id.
+        StorageError: an I/O failure (nothing published unless the manifest PUT succeeded).
+
+    """
+    import portable_ckpt
+    from portable_ckpt.io.versions import load_manifest
+
+    t0 = time.perf_counter()
+    if jobs < 1 or chunk_size < 1:
+        raise UsageError("jobs and chunk_size must be >= 1")
+    ck = portable_ckpt.open(src, step=step)
+    src_storage: Storage = ck.storage
+    attempt: str = ck.id
+    manifest = ck.manifest
+    src_url = normalize_root_url(src_storage)
+    dst_url = normalize_root_url(dst_root)
+    if src_url == dst_url:
+        raise UsageError(
+            f"source and destination are the same root ({dst_url}); a copy must go to another "
+            "root, ideally on independent storage"
+        )
+    dst = dst_root if isinstance(dst_root, Storage) else _storage_for(dst_url, create=True)
+    mrel = f"{attempt}/manifest.json"
+    raw = src_storage.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
+    result = CopyResult(
+        attempt_id=attempt, step=manifest.step, source=ck.path, destination=dst_url,
+        destination_version=f"{dst_url}/{attempt}",
+    )
+    if _same_local_device(src_storage, dst):
+        result.warnings.append(
+            "source and destination are on the same local device: this copy does not survive "
+            "the loss of that device"
+        )
+    files = sorted(manifest.files.values(), key=lambda r: -r.size)
+    total = sum(r.size for r in files)
+
+    if dst.exists(mrel):
+        existing = dst.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
+        if existing != raw:
+            raise CommitConflictError(
+                f"{dst_url}/{mrel} exists with a different commit record than {ck.path}; "
+                "refusing to overwrite a committed version", path=mrel,
+            )
+        for rec in files:
+            rel = f"{attempt}/{rec.path}"
+            if dst.size(rel) != rec.size:
+                raise FileSizeError(
+                    f"{dst_url}/{rel}: {dst.size(rel)} bytes, manifest records {rec.size}; the "
+                    "destination copy is damaged (delete that version there and copy again)",
+                    path=rel,
+                )
+        result.already_present = True
+        result.files = len(files)
+    else:
+        if dst.capabilities.local_path:
+            _clear_partial(dst, attempt, force=force, grace_s=partial_grace_s)
+        done = [0]
+        lock = threading.Lock()
+
+        def on_bytes(n: int) -> None:
+            with lock:
+                done[0] += n
+                now_done = done[0]
+            if progress is not None:
+                progress(now_done, total)
+
+        with ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-read") as reads, \
+                ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-file") as pool:
+            futures = [
+                pool.submit(_FileCopier(src_storage, dst, attempt, rec, chunk_size, reads,
+                                        on_bytes).run)
+                for rec in files
+            ]
+            first: BaseException | None = None
+            for fut in futures:
+                try:
+                    if fut.result():
+                        result.server_checksums += 1
+                except BaseException as exc:
+                    if first is None:
+                        first = exc
+                        for other in futures:
+                            other.cancel()
+            if first is not None:
+                raise first
+        result.files = len(files)
+        result.bytes = total
+        if not dst.create_if_absent(mrel, raw):
+            existing = dst.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
+            if existing != raw:
+                raise CommitConflictError(
+                    f"{dst_url}/{mrel} was committed concurrently with a different record",
+                    path=mrel,
+                )
+        load_manifest(dst, attempt)  # the published version parses and validates
+    if record:
+        try:
+            result.record = _write_record(src_storage, attempt, dst_url, result)
+        except (CheckpointError, OSError) as exc:
+            result.record_error = str(exc)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+_background: ThreadPoolExecutor | None = None
+_background_lock = threading.Lock()
+
+
+def copy_version_async(
+    src: str | os.PathLike[str], dst_root: str | os.PathLike[str] | Storage, **kwargs: Any
+) -> Future[CopyResult]:
+    """Start :func:`copy_version` in a background thread and return its ``Future``.
+
+    Meant for "save fast to local disk, then replicate": background copies run one at a time,
+    in submission order, so a burst of saves never multiplies memory or bandwidth use. The
+    interpreter waits for running copies at exit; call :func:`shutdown_background_copies` to
+    wait explicitly.
+    """
+    global _background
+    with _background_lock:
+        if _background is None:
+            _background = ThreadPoolExecutor(1, thread_name_prefix="pck-copy-bg")
+        return _background.submit(copy_version, src, dst_root, **kwargs)
+
+
+def shutdown_background_copies(*, wait: bool = True) -> None:
+    """Wait for (``wait=True``) or abandon queued background copies and stop their thread."""
+    global _background
+    with _background_lock:
+        pool, _background = _background, None
+    if pool is not None:
+        pool.shutdown(wait=wait, cancel_futures=not wait)

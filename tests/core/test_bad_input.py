@@ -1,0 +1,173 @@
+"""Hostile and damaged checkpoints: every problem is a CheckpointError with its code."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import CheckpointError
+
+from .helpers import save_sharded
+
+
+@pytest.fixture
+def ck_dir(tmp_path):
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    m = save_sharded(tmp_path, {"a": (a, (2, 1)), "b": (np.arange(5, dtype=np.int32), (1,))},
+                     entries={"cfg": {"x": 1}})
+    return tmp_path, tmp_path / m.attempt_id
+
+
+def edit_manifest(vdir, fn) -> None:
+    p = vdir / "manifest.json"
+    doc = json.loads(p.read_text())
+    fn(doc)
+    p.write_text(json.dumps(doc))
+
+
+def open_and_read_all(path) -> None:
+    ck = portable_ckpt.open(path)
+    for k in ck.tensors:
+        ck.read(k)
+    for n in ck.entries:
+        ck.entry(n)
+    errs = ck.verify(deep=True)
+    if errs:
+        raise errs[0]
+
+
+def expect(code: str, path) -> CheckpointError:
+    t0 = time.perf_counter()
+    with pytest.raises(CheckpointError) as ei:
+        open_and_read_all(path)
+    assert ei.value.code == code, str(ei.value)
+    assert time.perf_counter() - t0 < 1.0
+    return ei.value
+
+
+def test_valid_checkpoint_reads(ck_dir) -> None:
+    open_and_read_all(ck_dir[1])
+
+
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        (b"{not json", "PCK-JSON-INVALID"),
+        (b'{"a": 1, "a": 2}', "PCK-JSON-INVALID"),
+        (b"\xff\xfe", "PCK-JSON-INVALID"),
+        (b"[" * 5000 + b"]" * 5000, "PCK-JSON-INVALID"),
+        (b"[]", "PCK-SCHEMA"),
+    ],
+)
+def test_malformed_manifest(ck_dir, raw: bytes, code: str) -> None:
+    (ck_dir[1] / "manifest.json").write_bytes(raw)
+    expect(code, ck_dir[1])
+
+
+def test_nan_in_manifest(ck_dir) -> None:
+    p = ck_dir[1] / "manifest.json"
+    p.write_text(p.read_text().replace('"step":1', '"step":NaN'))
+    expect("PCK-JSON-INVALID", ck_dir[1])
+
+
+@pytest.mark.parametrize(
+    "mutate, code",
+    [
+        (lambda d: d.__setitem__("format_version", "2.0"), "PCK-VERSION-UNSUPPORTED"),
+        (lambda d: d.__setitem__("must_understand", ["fancy-ext"]), "PCK-FEATURE-UNSUPPORTED"),
+        (lambda d: d.__setitem__("step", -1), "PCK-SCHEMA"),
+        (lambda d: d.pop("tensors"), "PCK-SCHEMA"),
+        (lambda d: d.__setitem__("attempt_id", "s000000000001-20200101T000000000000Z-0000000000000000"), "PCK-ATTEMPT-ID"),
+        (lambda d: d["tensors"]["a"].__setitem__("dtype", "complex64"), "PCK-DTYPE-UNSUPPORTED"),
+        (lambda d: d["tensors"]["a"].__setitem__("shape", [1 << 40, 1 << 40]), "PCK-LIMIT"),
+        (lambda d: d["tensors"]["a"].__setitem__("shape", [1 << 40]), "PCK-RANGE-BOUNDS"),
+        (lambda d: d["tensors"]["a"]["ranges"].pop(), "PCK-COVERAGE-GAP"),
+        (lambda d: d["tensors"]["a"]["ranges"].append(d["tensors"]["a"]["ranges"][0]), "PCK-COVERAGE-OVERLAP"),
+        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("lengths", [9, 8]), "PCK-RANGE-BOUNDS"),
+        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("file", "../../etc/passwd"), "PCK-PATH-UNSAFE"),
+        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("file", "/etc/passwd"), "PCK-PATH-UNSAFE"),
+        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("codec", "lz4"), "PCK-SCHEMA"),
+        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("name", "nope"), "PCK-SHARD-MISMATCH"),
+        # Size and block count disagree inside the record itself.
+        (lambda d: d["files"][next(iter(d["files"]))].__setitem__("size", 10**9), "PCK-SCHEMA"),
+        (lambda d: d["files"][next(iter(d["files"]))].__setitem__("size", 1 << 60), "PCK-LIMIT"),
+        (lambda d: d["files"][next(iter(d["files"]))]["checksum"].__setitem__("block_size", 3000), "PCK-SCHEMA"),
+        (lambda d: d["entries"]["cfg"].__setitem__("schema", {"id": "pck:nope/1"}), "PCK-SCHEMA"),
+        (lambda d: d["entries"]["cfg"].__setitem__("schema", {"json_schema": {"type": "string"}}), "PCK-ENTRY-SCHEMA"),
+        (lambda d: d["entries"]["cfg"].__setitem__("values", []), "PCK-ENTRY-MISSING"),
+    ],
+)
+def test_manifest_rule_violations(ck_dir, mutate, code: str) -> None:
+    edit_manifest(ck_dir[1], mutate)
+    expect(code, ck_dir[1])
+
+
+def _data_file(vdir) -> str:
+    return str(sorted((vdir / "data").iterdir())[0])
+
+
+def test_missing_truncated_and_extended_files(ck_dir) -> None:
+    f = _data_file(ck_dir[1])
+    with open(f, "ab") as fh:
+        fh.write(b"x")
+    expect("PCK-FILE-SIZE", ck_dir[1])
+    with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) - 1)
+    open_and_read_all(ck_dir[1])
+    with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) - 1)
+    expect("PCK-FILE-SIZE", ck_dir[1])
+    os.unlink(f)
+    expect("PCK-FILE-MISSING", ck_dir[1])
+
+
+def test_flipped_byte_fails_checksum(ck_dir) -> None:
+    f = _data_file(ck_dir[1])
+    with open(f, "r+b") as fh:
+        fh.seek(os.path.getsize(f) - 2)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0x40]))
+    err = expect("PCK-CHECKSUM", ck_dir[1])
+    assert "w0000" in str(err)
+
+
+@pytest.mark.parametrize("length", [1 << 62, 1 << 40, 10**8 + 1])
+def test_absurd_header_length(ck_dir, length: int) -> None:
+    f = _data_file(ck_dir[1])
+    with open(f, "r+b") as fh:
+        fh.write(struct.pack("<Q", length))
+    expect("PCK-SHARD-HEADER", ck_dir[1])
+
+
+def test_symlinks_are_never_followed(ck_dir, tmp_path_factory) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+    f = _data_file(ck_dir[1])
+    target = outside / "secret"
+    os.rename(f, target)
+    os.symlink(target, f)
+    expect("PCK-PATH-UNSAFE", ck_dir[1])
+    # A symlinked directory is refused too.
+    os.unlink(f)
+    os.rename(target, f)
+    data = ck_dir[1] / "data"
+    moved = outside / "data"
+    os.rename(data, moved)
+    os.symlink(moved, data)
+    expect("PCK-PATH-UNSAFE", ck_dir[1])
+
+
+def test_uncommitted_attempt_is_not_a_version(ck_dir) -> None:
+    os.unlink(ck_dir[1] / "manifest.json")
+    with pytest.raises(CheckpointError) as ei:
+        portable_ckpt.open(ck_dir[1])
+    assert ei.value.code == "PCK-MANIFEST-MISSING"
+    with pytest.raises(CheckpointError) as ei:
+        portable_ckpt.open(ck_dir[0])
+    assert ei.value.code == "PCK-NOT-FOUND"

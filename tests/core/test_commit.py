@@ -1,0 +1,152 @@
+"""The committer publishes nothing unless every check passes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import (
+    CommitConflictError,
+    CoverageGapError,
+    CoverageOverlapError,
+    EntryMissingError,
+    FileMissingError,
+    FileSizeError,
+    MetadataConflictError,
+    NotFoundError,
+    ShardMismatchError,
+    WriterMissingError,
+)
+from portable_ckpt.format.manifest import Continuation
+from portable_ckpt.io.commit import commit
+from portable_ckpt.io.versions import list_versions
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import open_storage
+
+
+def two_writers(root, step=1, *, second_offset=4, second_dtype=np.float32, second_shape=(8,)):
+    storage = open_storage(root, create=True)
+    aid = new_attempt_id(step)
+    w0 = ShardWriter(storage, aid, 0)
+    w0.add_tensor("x", np.arange(4, dtype=np.float32), offsets=(0,), global_shape=(8,))
+    w1 = ShardWriter(storage, aid, 1)
+    w1.add_tensor("x", np.arange(4, dtype=second_dtype), offsets=(second_offset,), global_shape=second_shape)
+    return storage, aid, w0, w1
+
+
+def assert_nothing_published(root, aid) -> None:
+    assert not os.path.exists(os.path.join(root, aid, "manifest.json"))
+    versions = list_versions(root)
+    assert all(v.status == "incomplete" for v in versions if v.id == aid)
+    with pytest.raises(NotFoundError):
+        portable_ckpt.open(root)
+
+
+def test_commit_reads_indexes_from_storage(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path)
+    w0.finish()
+    w1.finish()
+    m = commit(storage, aid, step=1, expected_writers=[0, 1])
+    assert "index/w00000.json" in m.files and "index/w00001.json" in m.files
+    ck = portable_ckpt.open(tmp_path)
+    np.testing.assert_array_equal(ck.read("x"), np.r_[np.arange(4), np.arange(4)].astype(np.float32))
+    assert ck.verify(deep=True) == []
+
+
+def test_missing_writer_publishes_nothing(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path)
+    w0.finish()  # writer 1 "died"
+    with pytest.raises(WriterMissingError, match="writer 1"):
+        commit(storage, aid, step=1, expected_writers=[0, 1])
+    assert_nothing_published(tmp_path, aid)
+
+
+def test_shape_disagreement_publishes_nothing(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path, second_shape=(9,), second_offset=5)
+    w0.finish()
+    w1.finish()
+    with pytest.raises(MetadataConflictError, match=r"\[9\]"):
+        commit(storage, aid, step=1, expected_writers=[0, 1])
+    assert_nothing_published(tmp_path, aid)
+
+
+def test_coverage_gap_and_overlap(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path / "gap", second_offset=3)
+    with pytest.raises(CoverageOverlapError):
+        commit(storage, aid, step=1, indexes=[w0.finish(), w1.finish()])
+    assert_nothing_published(tmp_path / "gap", aid)
+    storage = open_storage(tmp_path / "g2", create=True)
+    aid = new_attempt_id(1)
+    w = ShardWriter(storage, aid, 0)
+    w.add_tensor("x", np.arange(4, dtype=np.float32), offsets=(0,), global_shape=(8,))
+    with pytest.raises(CoverageGapError, match=r"\[4:8\]"):
+        commit(storage, aid, step=1, indexes=[w.finish()])
+    assert_nothing_published(tmp_path / "g2", aid)
+
+
+def test_dtype_disagreement(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path, second_dtype=np.float64)
+    with pytest.raises(MetadataConflictError, match="float64"):
+        commit(storage, aid, step=1, indexes=[w0.finish(), w1.finish()])
+    assert_nothing_published(tmp_path, aid)
+
+
+def test_truncated_or_missing_file(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path)
+    i0, i1 = w0.finish(), w1.finish()
+    path = os.path.join(tmp_path, aid, "data", "w00001-0000.safetensors")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 3)
+    with pytest.raises(FileSizeError, match="w00001"):
+        commit(storage, aid, step=1, indexes=[i0, i1])
+    os.unlink(path)
+    with pytest.raises(FileMissingError, match="w00001"):
+        commit(storage, aid, step=1, indexes=[i0, i1])
+    assert_nothing_published(tmp_path, aid)
+
+
+def test_header_disagreement(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path)
+    i0, i1 = w0.finish(), w1.finish()
+    # Claim writer 1's chunk is a different name than the one in its safetensors header.
+    rec = i1.tensors["x"].ranges[0]
+    from dataclasses import replace
+
+    i1.tensors["x"].ranges[0] = replace(rec, name="x@999")
+    with pytest.raises(ShardMismatchError, match="x@999"):
+        commit(storage, aid, step=1, indexes=[i0, i1])
+
+
+def test_commit_is_create_if_absent(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path)
+    idx = [w0.finish(), w1.finish()]
+    commit(storage, aid, step=1, indexes=idx)
+    before = open(os.path.join(tmp_path, aid, "manifest.json"), "rb").read()
+    with pytest.raises(CommitConflictError):
+        commit(storage, aid, step=1, indexes=idx)
+    assert open(os.path.join(tmp_path, aid, "manifest.json"), "rb").read() == before
+
+
+def test_per_rank_entries_need_every_rank(tmp_path) -> None:
+    storage = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    ws = [ShardWriter(storage, aid, r) for r in range(3)]
+    for r, w in enumerate(ws[:2]):
+        w.add_entry("rng", {}, "pck:rng/1", scope="per_rank", rank=r, world_size_policy="modulo")
+    with pytest.raises(EntryMissingError, match=r"\[2\]"):
+        commit(storage, aid, step=1, indexes=[w.finish() for w in ws], continuation=Continuation("exact", 3))
+    assert_nothing_published(tmp_path, aid)
+
+
+def test_aborted_writer_removes_its_files(tmp_path) -> None:
+    storage, aid, w0, w1 = two_writers(tmp_path)
+    w0.finish()
+    w0b = ShardWriter(storage, aid, 5)
+    w0b.add_tensor("y", np.ones(3, np.float32))
+    w0b.finish()
+    assert os.path.exists(os.path.join(tmp_path, aid, "data", "w00005-0000.safetensors"))
+    w0b.abort()
+    assert not os.path.exists(os.path.join(tmp_path, aid, "data", "w00005-0000.safetensors"))

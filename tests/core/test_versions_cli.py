@@ -1,0 +1,117 @@
+"""Versions, latest, retention, and the CLI (run as a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.io.versions import gc, list_versions, write_drill_record
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import open_storage
+
+from .helpers import save_sharded
+
+
+def save_step(root, step: int, value: float = 0.0) -> str:
+    m = save_sharded(root, {"w": (np.full((4, 4), value, np.float32), (2, 1))}, step=step)
+    return m.attempt_id
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "portable_ckpt.cli.main", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_latest_is_highest_step_then_commit_time(tmp_path) -> None:
+    save_step(tmp_path, 5, 5.0)
+    save_step(tmp_path, 9, 9.0)
+    late = save_step(tmp_path, 9, 9.5)  # same step, committed later
+    save_step(tmp_path, 7, 7.0)
+    ck = portable_ckpt.open(tmp_path)
+    assert ck.id == late and ck.read("w")[0, 0] == 9.5
+    assert portable_ckpt.open(tmp_path, step=5).read("w")[0, 0] == 5.0
+    with pytest.raises(portable_ckpt.CheckpointError) as ei:
+        portable_ckpt.open(tmp_path, step=6)
+    assert ei.value.code == "PCK-NOT-FOUND"
+
+
+def test_incomplete_attempts_are_listed_but_never_latest(tmp_path) -> None:
+    good = save_step(tmp_path, 1)
+    storage = open_storage(tmp_path)
+    aid = new_attempt_id(2)
+    w = ShardWriter(storage, aid, 0)
+    w.add_tensor("w", np.zeros((4, 4), np.float32))
+    w.finish()  # every file written, never committed
+    vs = {v.id: v.status for v in list_versions(tmp_path)}
+    assert vs == {good: "committed", aid: "incomplete"}
+    assert portable_ckpt.open(tmp_path).id == good
+
+
+def test_gc_keeps_newest_and_newest_drilled(tmp_path) -> None:
+    ids = [save_step(tmp_path, s) for s in (1, 2, 3, 4)]
+    write_drill_record(open_storage(tmp_path), ids[1], {
+        "ok": True, "started_at": "2026-11-29T00:00:00Z", "finished_at": "2026-11-29T00:00:01Z",
+        "world_size": 2, "saved_world_size": 2, "contract": "exact",
+        "measurements": {"restore_seconds": 1.0, "restore_bytes": 10, "restore_mib_per_s": 1.0,
+                         "slowest_rank_seconds": 1.0, "peak_temp_bytes_per_rank": [1, 1],
+                         "first_step_seconds": 0.1},
+        "error": None,
+    })
+    rep = gc(tmp_path, keep=1, dry_run=True)
+    assert set(rep.deleted) == {ids[0], ids[2]} and rep.protected == ids[1]
+    assert len(list_versions(tmp_path)) == 4
+    rep = gc(tmp_path, keep=1)
+    assert [v.id for v in list_versions(tmp_path)] == [ids[1], ids[3]]
+    assert not (tmp_path / ids[0]).exists()
+
+
+def test_gc_removes_abandoned_attempts_only_after_grace(tmp_path) -> None:
+    save_step(tmp_path, 1)
+    storage = open_storage(tmp_path)
+    aid = new_attempt_id(2)
+    w = ShardWriter(storage, aid, 0)
+    w.add_tensor("w", np.zeros(3, np.float32))
+    w.finish()
+    assert gc(tmp_path, keep=5, grace_seconds=3600).abandoned == []
+    assert gc(tmp_path, keep=5, grace_seconds=3600, now=lambda: time.time() + 7200).abandoned == [aid]
+    assert not (tmp_path / aid).exists()
+
+
+def test_cli_ls_inspect_verify_gc(tmp_path) -> None:
+    ids = [save_step(tmp_path, s) for s in (1, 2)]
+    r = cli("ls", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    vs = json.loads(r.stdout)["versions"]
+    assert [(v["id"], v["step"], v["status"]) for v in vs] == [(ids[0], 1, "committed"), (ids[1], 2, "committed")]
+    assert all(v["path"].endswith(v["id"]) for v in vs)
+    r = cli("ls", str(tmp_path))
+    assert ids[0] in r.stdout and "committed" in r.stdout
+    r = cli("inspect", str(tmp_path), "--json")
+    assert json.loads(r.stdout)["step"] == 2
+    r = cli("inspect", str(tmp_path / ids[0]))
+    assert r.returncode == 0 and "float32" in r.stdout
+    for args in (["--deep"], ["--sample", "0.5"], []):
+        r = cli("verify", str(tmp_path), "--json", *args)
+        assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True
+    # Corrupt the newest version: verify --deep reports the checksum code and exits 1.
+    f = sorted((tmp_path / ids[1] / "data").iterdir())[0]
+    raw = bytearray(f.read_bytes())
+    raw[-1] ^= 1
+    f.write_bytes(bytes(raw))
+    r = cli("verify", str(tmp_path), "--deep", "--json")
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    assert out["ok"] is False and out["errors"][0]["code"] == "PCK-CHECKSUM"
+    r = cli("verify", str(tmp_path), "--sample", "7")
+    assert r.returncode == 2
+    r = cli("verify", str(tmp_path / "nope"), "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["errors"][0]["code"] == "PCK-NOT-FOUND"
+    r = cli("gc", str(tmp_path), "--keep", "1", "--dry-run", "--json")
+    assert json.loads(r.stdout)["deleted"] == [ids[0]]
+    assert os.path.exists(tmp_path / ids[0] / "manifest.json")
