@@ -14,11 +14,11 @@ __version__ = "0.1.0"
 import os
 from typing import Any
 
-from portable_ckpt.errors import *  # noqa: F403
+from portable_ckpt import errors
 from portable_ckpt.errors import CheckpointError, ManifestMissingError
 from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
 
-__all__ = [
+__all__ = [  # Checkpoint, gc and list_versions are imported lazily (see __getattr__)
     "FORMAT_VERSION",
     "Checkpoint",
     "CheckpointError",
@@ -26,6 +26,7 @@ __all__ = [
     "Manifest",
     "Mesh",
     "__version__",
+    "errors",
     "gc",
     "list_versions",
     "open",
@@ -43,6 +44,8 @@ def __getattr__(name: str) -> Any:
         from portable_ckpt.io import versions
 
         return getattr(versions, name)
+    if hasattr(errors, name):
+        return getattr(errors, name)
     raise AttributeError(name)
 
 
@@ -56,7 +59,7 @@ def _split_version(path: str) -> tuple[str, str] | None:
     return None
 
 
-def open(  # noqa: A001 - the natural name, like builtins.open / zarr.open
+def open(
     path: str | os.PathLike[str], step: int | None = None
 ) -> Any:
     """Open a committed version for reading.
@@ -72,6 +75,7 @@ def open(  # noqa: A001 - the natural name, like builtins.open / zarr.open
     Raises:
         NotFoundError: no committed version at the root (for ``step``).
         ManifestMissingError: a version directory that was never committed.
+
     """
     from portable_ckpt.io.reader import Checkpoint
     from portable_ckpt.io.versions import latest, load_manifest
@@ -119,7 +123,14 @@ def save_arrays(
         for name, value in (entries or {}).items():
             w.add_entry(name, value)
         idx = w.finish()
-        return commit(storage, attempt, step=step, indexes=[idx], expected_writers=[0], continuation=continuation)
+        return commit(
+            storage,
+            attempt,
+            step=step,
+            indexes=[idx],
+            expected_writers=[0],
+            continuation=continuation,
+        )
     except BaseException:
         w.abort()
         raise

@@ -51,6 +51,7 @@ class CheckpointError(Exception):
     Attributes:
         code: Stable error code from the specification (e.g. ``"PCK-COVERAGE-GAP"``).
         path: The file or directory concerned, when there is one.
+
     """
 
     code: str = "PCK-ERROR"
@@ -258,7 +259,11 @@ def _collect() -> dict[str, type[CheckpointError]]:
     table: dict[str, type[CheckpointError]] = {}
     for name in __all__:
         obj = globals().get(name)
-        if isinstance(obj, type) and issubclass(obj, CheckpointError) and obj is not CheckpointError:
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, CheckpointError)
+            and obj is not CheckpointError
+        ):
             table[obj.code] = obj
     return table
 

@@ -24,13 +24,17 @@ def sample_array(dtype: str, shape: Sequence[int], seed: int = 0) -> np.ndarray:
         raw = rng.integers(0, 2, n).astype(bool)
     elif dtype.startswith(("int", "uint")):
         info = np.iinfo(np_dtype)
-        raw = rng.integers(max(info.min, -1000), min(info.max, 1000), n, endpoint=True).astype(np_dtype)
+        raw = rng.integers(max(info.min, -1000), min(info.max, 1000), n, endpoint=True).astype(
+            np_dtype
+        )
     else:
         raw = (rng.integers(-64, 64, n) / 4).astype(np.float32).astype(np_dtype)
     return raw.reshape(tuple(shape))
 
 
-def grid_boxes(shape: Sequence[int], parts: Sequence[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def grid_boxes(
+    shape: Sequence[int], parts: Sequence[int]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Uneven grid split of ``shape`` into ``parts`` pieces per dimension."""
     cuts = [[s * i // p for i in range(p + 1)] for s, p in zip(shape, parts)]
     out = []
@@ -58,7 +62,9 @@ def save_sharded(
     storage = open_storage(root, create=True)
     attempt = new_attempt_id(step)
     ws = [
-        ShardWriter(storage, attempt, w, codec=codec, block_size=block_size, max_file_bytes=max_file_bytes)
+        ShardWriter(
+            storage, attempt, w, codec=codec, block_size=block_size, max_file_bytes=max_file_bytes
+        )
         for w in range(writers)
     ]
     n = 0
@@ -73,8 +79,14 @@ def save_sharded(
     for name, value in (entries or {}).items():
         ws[0].add_entry(name, value)
     idx = [w.finish() for w in ws]
-    return commit(storage, attempt, step=step, indexes=idx, expected_writers=list(range(writers)),
-                  continuation=continuation)
+    return commit(
+        storage,
+        attempt,
+        step=step,
+        indexes=idx,
+        expected_writers=list(range(writers)),
+        continuation=continuation,
+    )
 
 
 def _name(arr: np.ndarray) -> str:

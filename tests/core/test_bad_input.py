@@ -19,8 +19,11 @@ from .helpers import save_sharded
 @pytest.fixture
 def ck_dir(tmp_path):
     a = np.arange(64, dtype=np.float32).reshape(8, 8)
-    m = save_sharded(tmp_path, {"a": (a, (2, 1)), "b": (np.arange(5, dtype=np.int32), (1,))},
-                     entries={"cfg": {"x": 1}})
+    m = save_sharded(
+        tmp_path,
+        {"a": (a, (2, 1)), "b": (np.arange(5, dtype=np.int32), (1,))},
+        entries={"cfg": {"x": 1}},
+    )
     return tmp_path, tmp_path / m.attempt_id
 
 
@@ -83,23 +86,53 @@ def test_nan_in_manifest(ck_dir) -> None:
         (lambda d: d.__setitem__("must_understand", ["fancy-ext"]), "PCK-FEATURE-UNSUPPORTED"),
         (lambda d: d.__setitem__("step", -1), "PCK-SCHEMA"),
         (lambda d: d.pop("tensors"), "PCK-SCHEMA"),
-        (lambda d: d.__setitem__("attempt_id", "s000000000001-20200101T000000000000Z-0000000000000000"), "PCK-ATTEMPT-ID"),
+        (
+            lambda d: d.__setitem__(
+                "attempt_id", "s000000000001-20200101T000000000000Z-0000000000000000"
+            ),
+            "PCK-ATTEMPT-ID",
+        ),
         (lambda d: d["tensors"]["a"].__setitem__("dtype", "complex64"), "PCK-DTYPE-UNSUPPORTED"),
         (lambda d: d["tensors"]["a"].__setitem__("shape", [1 << 40, 1 << 40]), "PCK-LIMIT"),
         (lambda d: d["tensors"]["a"].__setitem__("shape", [1 << 40]), "PCK-RANGE-BOUNDS"),
         (lambda d: d["tensors"]["a"]["ranges"].pop(), "PCK-COVERAGE-GAP"),
-        (lambda d: d["tensors"]["a"]["ranges"].append(d["tensors"]["a"]["ranges"][0]), "PCK-COVERAGE-OVERLAP"),
-        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("lengths", [9, 8]), "PCK-RANGE-BOUNDS"),
-        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("file", "../../etc/passwd"), "PCK-PATH-UNSAFE"),
-        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("file", "/etc/passwd"), "PCK-PATH-UNSAFE"),
+        (
+            lambda d: d["tensors"]["a"]["ranges"].append(d["tensors"]["a"]["ranges"][0]),
+            "PCK-COVERAGE-OVERLAP",
+        ),
+        (
+            lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("lengths", [9, 8]),
+            "PCK-RANGE-BOUNDS",
+        ),
+        (
+            lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("file", "../../etc/passwd"),
+            "PCK-PATH-UNSAFE",
+        ),
+        (
+            lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("file", "/etc/passwd"),
+            "PCK-PATH-UNSAFE",
+        ),
         (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("codec", "lz4"), "PCK-SCHEMA"),
-        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("name", "nope"), "PCK-SHARD-MISMATCH"),
+        (
+            lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("name", "nope"),
+            "PCK-SHARD-MISMATCH",
+        ),
         # Size and block count disagree inside the record itself.
         (lambda d: d["files"][next(iter(d["files"]))].__setitem__("size", 10**9), "PCK-SCHEMA"),
         (lambda d: d["files"][next(iter(d["files"]))].__setitem__("size", 1 << 60), "PCK-LIMIT"),
-        (lambda d: d["files"][next(iter(d["files"]))]["checksum"].__setitem__("block_size", 3000), "PCK-SCHEMA"),
+        (
+            lambda d: d["files"][next(iter(d["files"]))]["checksum"].__setitem__(
+                "block_size", 3000
+            ),
+            "PCK-SCHEMA",
+        ),
         (lambda d: d["entries"]["cfg"].__setitem__("schema", {"id": "pck:nope/1"}), "PCK-SCHEMA"),
-        (lambda d: d["entries"]["cfg"].__setitem__("schema", {"json_schema": {"type": "string"}}), "PCK-ENTRY-SCHEMA"),
+        (
+            lambda d: d["entries"]["cfg"].__setitem__(
+                "schema", {"json_schema": {"type": "string"}}
+            ),
+            "PCK-ENTRY-SCHEMA",
+        ),
         (lambda d: d["entries"]["cfg"].__setitem__("values", []), "PCK-ENTRY-MISSING"),
     ],
 )

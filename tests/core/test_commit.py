@@ -33,7 +33,9 @@ def two_writers(root, step=1, *, second_offset=4, second_dtype=np.float32, secon
     w0 = ShardWriter(storage, aid, 0)
     w0.add_tensor("x", np.arange(4, dtype=np.float32), offsets=(0,), global_shape=(8,))
     w1 = ShardWriter(storage, aid, 1)
-    w1.add_tensor("x", np.arange(4, dtype=second_dtype), offsets=(second_offset,), global_shape=second_shape)
+    w1.add_tensor(
+        "x", np.arange(4, dtype=second_dtype), offsets=(second_offset,), global_shape=second_shape
+    )
     return storage, aid, w0, w1
 
 
@@ -52,7 +54,9 @@ def test_commit_reads_indexes_from_storage(tmp_path) -> None:
     m = commit(storage, aid, step=1, expected_writers=[0, 1])
     assert "index/w00000.json" in m.files and "index/w00001.json" in m.files
     ck = portable_ckpt.open(tmp_path)
-    np.testing.assert_array_equal(ck.read("x"), np.r_[np.arange(4), np.arange(4)].astype(np.float32))
+    np.testing.assert_array_equal(
+        ck.read("x"), np.r_[np.arange(4), np.arange(4)].astype(np.float32)
+    )
     assert ck.verify(deep=True) == []
 
 
@@ -137,7 +141,13 @@ def test_per_rank_entries_need_every_rank(tmp_path) -> None:
     for r, w in enumerate(ws[:2]):
         w.add_entry("rng", {}, "pck:rng/1", scope="per_rank", rank=r, world_size_policy="modulo")
     with pytest.raises(EntryMissingError, match=r"\[2\]"):
-        commit(storage, aid, step=1, indexes=[w.finish() for w in ws], continuation=Continuation("exact", 3))
+        commit(
+            storage,
+            aid,
+            step=1,
+            indexes=[w.finish() for w in ws],
+            continuation=Continuation("exact", 3),
+        )
     assert_nothing_published(tmp_path, aid)
 
 

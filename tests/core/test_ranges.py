@@ -11,7 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from portable_ckpt.errors import CoverageGapError, CoverageOverlapError, RangeBoundsError
-from portable_ckpt.ranges import Box, RangeIndex, check_coverage, contiguous_prefix, find_overlap, intersect
+from portable_ckpt.ranges import (
+    Box,
+    RangeIndex,
+    check_coverage,
+    contiguous_prefix,
+    find_overlap,
+    intersect,
+)
 
 shapes = st.lists(st.integers(1, 7), min_size=1, max_size=4).map(tuple)
 
@@ -29,7 +36,10 @@ def partitions(draw: st.DrawFn, regular: bool | None = None) -> tuple[tuple[int,
             inner = sorted(draw(st.sets(st.integers(1, s - 1), max_size=k - 1))) if s > 1 else []
             cuts.append([0, *inner, s])
         boxes = [
-            Box(tuple(c[i] for c, i in zip(cuts, idx)), tuple(c[i + 1] - c[i] for c, i in zip(cuts, idx)))
+            Box(
+                tuple(c[i] for c, i in zip(cuts, idx)),
+                tuple(c[i + 1] - c[i] for c, i in zip(cuts, idx)),
+            )
             for idx in itertools.product(*[range(len(c) - 1) for c in cuts])
         ]
         return shape, boxes
@@ -43,7 +53,10 @@ def partitions(draw: st.DrawFn, regular: bool | None = None) -> tuple[tuple[int,
         d = draw(st.sampled_from(dims))
         cut = draw(st.integers(1, b.lengths[d] - 1))
         left = Box(b.offsets, b.lengths[:d] + (cut,) + b.lengths[d + 1 :])
-        right = Box(b.offsets[:d] + (b.offsets[d] + cut,) + b.offsets[d + 1 :], b.lengths[:d] + (b.lengths[d] - cut,) + b.lengths[d + 1 :])
+        right = Box(
+            b.offsets[:d] + (b.offsets[d] + cut,) + b.offsets[d + 1 :],
+            b.lengths[:d] + (b.lengths[d] - cut,) + b.lengths[d + 1 :],
+        )
         boxes[i : i + 1] = [left, right]
     return shape, boxes
 
@@ -73,7 +86,9 @@ def test_removed_box_is_a_gap(p: tuple[tuple[int, ...], list[Box]], data: st.Dat
 
 
 @given(partitions(), st.data())
-def test_duplicated_or_grown_box_is_an_overlap(p: tuple[tuple[int, ...], list[Box]], data: st.DataObject) -> None:
+def test_duplicated_or_grown_box_is_an_overlap(
+    p: tuple[tuple[int, ...], list[Box]], data: st.DataObject
+) -> None:
     shape, boxes = p
     i = data.draw(st.integers(0, len(boxes) - 1))
     with pytest.raises(CoverageOverlapError):
@@ -88,7 +103,16 @@ def test_duplicated_or_grown_box_is_an_overlap(p: tuple[tuple[int, ...], list[Bo
             break
 
 
-@given(shapes, st.lists(st.tuples(st.lists(st.integers(0, 6), min_size=4, max_size=4), st.lists(st.integers(1, 4), min_size=4, max_size=4)), max_size=6))
+@given(
+    shapes,
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 6), min_size=4, max_size=4),
+            st.lists(st.integers(1, 4), min_size=4, max_size=4),
+        ),
+        max_size=6,
+    ),
+)
 def test_arbitrary_box_sets_agree_with_brute_force(shape: tuple[int, ...], raw: list) -> None:
     boxes = []
     for offs, lens in raw:
@@ -175,12 +199,16 @@ def test_contiguous_prefix(shape: tuple[int, ...], data: st.DataObject) -> None:
 
 
 @given(partitions(), st.data())
-def test_range_index_matches_scan(p: tuple[tuple[int, ...], list[Box]], data: st.DataObject) -> None:
+def test_range_index_matches_scan(
+    p: tuple[tuple[int, ...], list[Box]], data: st.DataObject
+) -> None:
     shape, boxes = p
     index = RangeIndex([(b, i) for i, b in enumerate(boxes)])
     offs = tuple(data.draw(st.integers(0, s - 1)) for s in shape)
     target = Box(offs, tuple(data.draw(st.integers(1, s - o)) for s, o in zip(shape, offs)))
     got = {(it.record, it.box) for it in index.query(target)}
-    want = {(i, intersect(b, target)) for i, b in enumerate(boxes) if intersect(b, target) is not None}
+    want = {
+        (i, intersect(b, target)) for i, b in enumerate(boxes) if intersect(b, target) is not None
+    }
     assert got == want
     assert sum(b.volume for _, b in got) == target.volume

@@ -142,7 +142,11 @@ def test_entries_round_trip_with_compression(tmp_path) -> None:
     aid = new_attempt_id(3)
     w = ShardWriter(storage, aid, 0)
     w.add_entry("cfg", {"lr": 0.1, "names": ["a", "b"]}, compress=True)
-    w.add_entry("pos", {"epoch": 1, "global_sample_index": 640, "sampler_seed": 7, "workers": []}, "pck:data-position/1")
+    w.add_entry(
+        "pos",
+        {"epoch": 1, "global_sample_index": 640, "sampler_seed": 7, "workers": []},
+        "pck:data-position/1",
+    )
     idx = w.finish()
     from portable_ckpt.io.commit import commit
 

@@ -25,7 +25,12 @@ def save_step(root, step: int, value: float = 0.0) -> str:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "portable_ckpt.cli.main", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_latest_is_highest_step_then_commit_time(tmp_path) -> None:
@@ -55,14 +60,27 @@ def test_incomplete_attempts_are_listed_but_never_latest(tmp_path) -> None:
 
 def test_gc_keeps_newest_and_newest_drilled(tmp_path) -> None:
     ids = [save_step(tmp_path, s) for s in (1, 2, 3, 4)]
-    write_drill_record(open_storage(tmp_path), ids[1], {
-        "ok": True, "started_at": "2026-11-29T00:00:00Z", "finished_at": "2026-11-29T00:00:01Z",
-        "world_size": 2, "saved_world_size": 2, "contract": "exact",
-        "measurements": {"restore_seconds": 1.0, "restore_bytes": 10, "restore_mib_per_s": 1.0,
-                         "slowest_rank_seconds": 1.0, "peak_temp_bytes_per_rank": [1, 1],
-                         "first_step_seconds": 0.1},
-        "error": None,
-    })
+    write_drill_record(
+        open_storage(tmp_path),
+        ids[1],
+        {
+            "ok": True,
+            "started_at": "2026-11-29T00:00:00Z",
+            "finished_at": "2026-11-29T00:00:01Z",
+            "world_size": 2,
+            "saved_world_size": 2,
+            "contract": "exact",
+            "measurements": {
+                "restore_seconds": 1.0,
+                "restore_bytes": 10,
+                "restore_mib_per_s": 1.0,
+                "slowest_rank_seconds": 1.0,
+                "peak_temp_bytes_per_rank": [1, 1],
+                "first_step_seconds": 0.1,
+            },
+            "error": None,
+        },
+    )
     rep = gc(tmp_path, keep=1, dry_run=True)
     assert set(rep.deleted) == {ids[0], ids[2]} and rep.protected == ids[1]
     assert len(list_versions(tmp_path)) == 4
@@ -79,7 +97,9 @@ def test_gc_removes_abandoned_attempts_only_after_grace(tmp_path) -> None:
     w.add_tensor("w", np.zeros(3, np.float32))
     w.finish()
     assert gc(tmp_path, keep=5, grace_seconds=3600).abandoned == []
-    assert gc(tmp_path, keep=5, grace_seconds=3600, now=lambda: time.time() + 7200).abandoned == [aid]
+    assert gc(tmp_path, keep=5, grace_seconds=3600, now=lambda: time.time() + 7200).abandoned == [
+        aid
+    ]
     assert not (tmp_path / aid).exists()
 
 
@@ -88,7 +108,10 @@ def test_cli_ls_inspect_verify_gc(tmp_path) -> None:
     r = cli("ls", str(tmp_path), "--json")
     assert r.returncode == 0, r.stderr
     vs = json.loads(r.stdout)["versions"]
-    assert [(v["id"], v["step"], v["status"]) for v in vs] == [(ids[0], 1, "committed"), (ids[1], 2, "committed")]
+    assert [(v["id"], v["step"], v["status"]) for v in vs] == [
+        (ids[0], 1, "committed"),
+        (ids[1], 2, "committed"),
+    ]
     assert all(v["path"].endswith(v["id"]) for v in vs)
     r = cli("ls", str(tmp_path))
     assert ids[0] in r.stdout and "committed" in r.stdout

@@ -42,7 +42,17 @@ def _ls(args: argparse.Namespace) -> int:
     for v in versions:
         drill = "passed" if v.drilled else ("failed" if v.drills else "-")
         copies = ", ".join(c.get("destination", "?") for c in v.copies if c.get("ok")) or "-"
-        rows.append([v.id, str(v.step), v.status, _size(v.bytes) if v.bytes else "-", v.committed_at or "-", drill, copies])
+        rows.append(
+            [
+                v.id,
+                str(v.step),
+                v.status,
+                _size(v.bytes) if v.bytes else "-",
+                v.committed_at or "-",
+                drill,
+                copies,
+            ]
+        )
     print(_table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "DRILL", "COPIES"]))
     return 0
 
@@ -69,26 +79,50 @@ def _inspect(args: argparse.Namespace) -> int:
     mesh = f" mesh {list(c.mesh.shape)} {list(c.mesh.dim_names)}" if c.mesh else ""
     print(f"version     {ck.path}")
     print(f"step        {m.step}")
-    print(f"format      {m.format_version} (producer {m.producer.get('name')} {m.producer.get('version')})")
+    print(
+        f"format      {m.format_version} (producer {m.producer.get('name')} {m.producer.get('version')})"
+    )
     print(f"committed   {m.committed_at}")
     print(f"contract    {c.contract}, world size {c.world_size}{mesh}")
     total = sum(f.size for f in m.files.values())
     print(f"files       {len(m.files)} ({_size(total)})")
     last = drills[-1] if drills else None
-    print(f"drill       {'none' if last is None else ('passed' if last.get('ok') else 'failed')}"
-          + (f" on {last.get('world_size')} ranks at {last.get('finished_at')}" if last else ""))
+    print(
+        f"drill       {'none' if last is None else ('passed' if last.get('ok') else 'failed')}"
+        + (f" on {last.get('world_size')} ranks at {last.get('finished_at')}" if last else "")
+    )
     print()
-    rows = [[k, t.dtype, str(list(t.shape)), str(len(t.ranges)), _size(t.nbytes),
-             ",".join(sorted({r.codec for r in t.ranges})) or "-"] for k, t in m.tensors.items()]
+    rows = [
+        [
+            k,
+            t.dtype,
+            str(list(t.shape)),
+            str(len(t.ranges)),
+            _size(t.nbytes),
+            ",".join(sorted({r.codec for r in t.ranges})) or "-",
+        ]
+        for k, t in m.tensors.items()
+    ]
     print(_table(rows, ["TENSOR", "DTYPE", "SHAPE", "RANGES", "SIZE", "CODEC"]))
     if args.ranges:
         for k, t in m.tensors.items():
             for r in t.ranges:
-                print(f"  {k} offsets={list(r.offsets)} lengths={list(r.lengths)} -> {r.file}:{r.name} ({r.codec})")
+                print(
+                    f"  {k} offsets={list(r.offsets)} lengths={list(r.lengths)} -> {r.file}:{r.name} ({r.codec})"
+                )
     if m.entries:
         print()
-        erows = [[n, e.schema_id or "embedded", e.scope, e.world_size_policy or "-", e.encoding, str(len(e.values))]
-                 for n, e in m.entries.items()]
+        erows = [
+            [
+                n,
+                e.schema_id or "embedded",
+                e.scope,
+                e.world_size_policy or "-",
+                e.encoding,
+                str(len(e.values)),
+            ]
+            for n, e in m.entries.items()
+        ]
         print(_table(erows, ["ENTRY", "SCHEMA", "SCOPE", "POLICY", "ENCODING", "VALUES"]))
     return 0
 
@@ -110,7 +144,11 @@ def _verify(args: argparse.Namespace) -> int:
         target = args.ckpt
     ok = not errors
     if args.json:
-        print(json.dumps({"ok": ok, "path": target, "errors": [e.to_json() for e in errors]}, indent=2))
+        print(
+            json.dumps(
+                {"ok": ok, "path": target, "errors": [e.to_json() for e in errors]}, indent=2
+            )
+        )
     else:
         mode = "deep" if args.deep else (f"sample {args.sample}" if args.sample else "metadata")
         if ok:
@@ -123,8 +161,13 @@ def _verify(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     from portable_ckpt.io.versions import gc
 
-    rep = gc(args.root, keep=args.keep, grace_seconds=args.grace, dry_run=args.dry_run,
-             require_copy=args.require_copy)
+    rep = gc(
+        args.root,
+        keep=args.keep,
+        grace_seconds=args.grace,
+        dry_run=args.dry_run,
+        require_copy=args.require_copy,
+    )
     if args.json:
         print(json.dumps(rep.to_json(), indent=2))
         return 0
@@ -133,7 +176,9 @@ def _gc(args: argparse.Namespace) -> int:
         print(f"{verb}  {v}")
     for v in rep.abandoned:
         print(f"{verb}  {v}  (abandoned attempt)")
-    print(f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}")
+    print(
+        f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}"
+    )
     return 0
 
 
@@ -156,17 +201,31 @@ def register(sub: Any) -> None:
     p.add_argument("--step", type=int, default=None)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--deep", action="store_true", help="read and checksum every byte")
-    g.add_argument("--sample", type=float, default=None, metavar="FRACTION",
-                   help="read and checksum a random fraction of the chunks")
+    g.add_argument(
+        "--sample",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="read and checksum a random fraction of the chunks",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("gc", help="apply retention: keep N newest and the newest drilled version")
     p.add_argument("root")
     p.add_argument("--keep", type=int, required=True)
-    p.add_argument("--grace", type=float, default=3600.0, help="seconds before an abandoned attempt is removed")
-    p.add_argument("--require-copy", action="store_true",
-                   help="delete older versions only once a kept one has a verified copy elsewhere")
+    p.add_argument(
+        "--grace", type=float, default=3600.0, help="seconds before an abandoned attempt is removed"
+    )
+    p.add_argument(
+        "--require-copy",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="ROOT_URL",
+        help="delete older versions only once a kept one has a verified copy on "
+        "another root (on ROOT_URL when given)",
+    )
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_gc)

@@ -77,14 +77,18 @@ def dtype_by_safetensors(code: str) -> DType:
     try:
         return _BY_ST[code]
     except (KeyError, TypeError):
-        raise DtypeUnsupportedError(f"safetensors dtype {code!r} is not in the format's table") from None
+        raise DtypeUnsupportedError(
+            f"safetensors dtype {code!r} is not in the format's table"
+        ) from None
 
 
 def dtype_name(dtype: object) -> str:
     """Return the format dtype name of a numpy dtype (big-endian inputs are refused)."""
     dt = np.dtype(dtype)  # type: ignore[call-overload]
     if dt.byteorder == ">":
-        raise DtypeUnsupportedError(f"big-endian dtype {dt} is not supported; convert to little-endian")
+        raise DtypeUnsupportedError(
+            f"big-endian dtype {dt} is not supported; convert to little-endian"
+        )
     dt = dt.newbyteorder("<") if dt.byteorder == "=" and dt.itemsize > 1 else dt
     try:
         return _BY_NUMPY[dt]

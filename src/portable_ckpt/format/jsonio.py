@@ -34,8 +34,6 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-
-
 def loads(data: bytes | str, *, what: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
     """Parse one JSON document strictly.
 
@@ -47,6 +45,7 @@ def loads(data: bytes | str, *, what: str, max_bytes: int = MAX_DOCUMENT_BYTES) 
     Raises:
         JsonInvalidError: malformed, non-UTF-8, duplicate keys, NaN/Infinity or too deep.
         LimitError: larger than ``max_bytes``.
+
     """
     if len(data) > max_bytes:
         raise LimitError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", path=what)
@@ -54,7 +53,9 @@ def loads(data: bytes | str, *, what: str, max_bytes: int = MAX_DOCUMENT_BYTES) 
         try:
             text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise JsonInvalidError(f"{what}: not UTF-8 ({exc.reason} at byte {exc.start})", path=what) from None
+            raise JsonInvalidError(
+                f"{what}: not UTF-8 ({exc.reason} at byte {exc.start})", path=what
+            ) from None
     else:
         text = data
     try:
@@ -78,7 +79,9 @@ def _depth(doc: Any) -> int:
             deepest = d
             if deepest > MAX_DEPTH:
                 return deepest
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        )
         for child in children:
             if isinstance(child, dict | list):
                 stack.append((child, d + 1))
@@ -89,7 +92,11 @@ def dumps(doc: Any, *, indent: int | None = None) -> bytes:
     """Serialise a format document: UTF-8, no NaN/Infinity, keys in insertion order."""
     try:
         return json.dumps(
-            doc, allow_nan=False, ensure_ascii=False, indent=indent, separators=(",", ":") if indent is None else None
+            doc,
+            allow_nan=False,
+            ensure_ascii=False,
+            indent=indent,
+            separators=(",", ":") if indent is None else None,
         ).encode("utf-8")
     except ValueError as exc:
         raise JsonInvalidError(f"value cannot be stored as JSON: {exc}") from None

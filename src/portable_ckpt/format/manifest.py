@@ -219,7 +219,12 @@ class Entry:
         """What every writer of this entry must agree on."""
         import json
 
-        return (json.dumps(self.schema, sort_keys=True), self.scope, self.encoding, self.world_size_policy)
+        return (
+            json.dumps(self.schema, sort_keys=True),
+            self.scope,
+            self.encoding,
+            self.world_size_policy,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (the name is the key in ``entries``)."""
@@ -290,7 +295,11 @@ class WriterIndex:
             fo = c.obj(f, "index_file")
             path = check_relative_path(fo.get("path"), what="index_file.path")
             size = c.int_(c.req(fo, "size", "index_file"), "index_file.size")
-            idx.index_file = FileRecord(path, size, _checksum(c, c.req(fo, "checksum", "index_file"), "index_file.checksum", size))
+            idx.index_file = FileRecord(
+                path,
+                size,
+                _checksum(c, c.req(fo, "checksum", "index_file"), "index_file.checksum", size),
+            )
         return idx
 
     def to_json(self) -> dict[str, Any]:
@@ -358,7 +367,9 @@ class _Ctx:
     def __init__(self, what: str) -> None:
         self.what = what
 
-    def fail(self, where: str, msg: str, cls: type[CheckpointError] = SchemaError) -> CheckpointError:
+    def fail(
+        self, where: str, msg: str, cls: type[CheckpointError] = SchemaError
+    ) -> CheckpointError:
         return cls(f"{self.what}: {where}: {msg}", path=self.what)
 
     def obj(self, v: Any, where: str) -> dict[str, Any]:
@@ -436,7 +447,9 @@ def _checksum(c: _Ctx, v: Any, where: str, size: int) -> Checksum:
         raise c.fail(where + ".blocks", "must be 8 lowercase hex digits per block")
     want = -(-size // bs)
     if len(blocks) != 8 * want:
-        raise c.fail(where + ".blocks", f"has {len(blocks) // 8} block checksums, the file size needs {want}")
+        raise c.fail(
+            where + ".blocks", f"has {len(blocks) // 8} block checksums, the file size needs {want}"
+        )
     return Checksum(alg, bs, blocks)
 
 
@@ -450,7 +463,13 @@ def _files(c: _Ctx, v: Any) -> dict[str, FileRecord]:
         r = c.obj(rec, f"files[{path!r}]")
         c.closed(r, f"files[{path!r}]", {"size", "checksum"})
         size = c.int_(c.req(r, "size", f"files[{path!r}]"), f"files[{path!r}].size")
-        out[path] = FileRecord(path, size, _checksum(c, c.req(r, "checksum", f"files[{path!r}]"), f"files[{path!r}].checksum", size))
+        out[path] = FileRecord(
+            path,
+            size,
+            _checksum(
+                c, c.req(r, "checksum", f"files[{path!r}]"), f"files[{path!r}].checksum", size
+            ),
+        )
     return out
 
 
@@ -466,11 +485,17 @@ def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -
     c.closed(d, where, {"dtype", "shape", "ranges"})
     dtype = c.req(d, "dtype", where)
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise c.fail(where + ".dtype", f"{dtype!r} is not in the dtype table", DtypeUnsupportedError)
+        raise c.fail(
+            where + ".dtype", f"{dtype!r} is not in the dtype table", DtypeUnsupportedError
+        )
     shape = _ints(c, c.req(d, "shape", where), where + ".shape", 0)
     numel = math.prod(shape)
     if numel * DTYPES[dtype].itemsize > MAX_SIZE:
-        raise c.fail(where + ".shape", f"{list(shape)} × {DTYPES[dtype].itemsize} bytes exceeds 2^53-1", LimitError)
+        raise c.fail(
+            where + ".shape",
+            f"{list(shape)} × {DTYPES[dtype].itemsize} bytes exceeds 2^53-1",
+            LimitError,
+        )
     ranges = []
     for i, rv in enumerate(c.arr(c.req(d, "ranges", where), where + ".ranges")):
         rw = f"{where}.ranges[{i}]"
@@ -479,11 +504,19 @@ def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -
         offs = _ints(c, c.req(r, "offsets", rw), rw + ".offsets", 0)
         lens = _ints(c, c.req(r, "lengths", rw), rw + ".lengths", 1)
         if len(offs) != len(shape) or len(lens) != len(shape):
-            raise c.fail(rw, f"offsets/lengths have rank {len(offs)}/{len(lens)}, the tensor has {len(shape)}", RangeBoundsError)
+            raise c.fail(
+                rw,
+                f"offsets/lengths have rank {len(offs)}/{len(lens)}, the tensor has {len(shape)}",
+                RangeBoundsError,
+            )
         for dim, (o, n, s) in enumerate(zip(offs, lens, shape, strict=True)):
             if o + n > s:
-                raise c.fail(rw, f"box [{o}:{o + n}] exceeds dimension {dim} of size {s}", RangeBoundsError)
-        fpath = check_relative_path(c.str_(c.req(r, "file", rw), rw + ".file", 4096), what=f"{c.what}: {rw}.file")
+                raise c.fail(
+                    rw, f"box [{o}:{o + n}] exceeds dimension {dim} of size {s}", RangeBoundsError
+                )
+        fpath = check_relative_path(
+            c.str_(c.req(r, "file", rw), rw + ".file", 4096), what=f"{c.what}: {rw}.file"
+        )
         if files is not None and fpath not in files:
             raise c.fail(rw + ".file", f"{fpath!r} is not listed in files")
         name = c.name(c.req(r, "name", rw), rw + ".name", 4096)
@@ -492,7 +525,9 @@ def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -
     return TensorEntry(key, dtype, shape, ranges)
 
 
-def _entry(c: _Ctx, name: str, v: Any, files: Mapping[str, FileRecord] | None, world_size: int | None) -> Entry:
+def _entry(
+    c: _Ctx, name: str, v: Any, files: Mapping[str, FileRecord] | None, world_size: int | None
+) -> Entry:
     where = f"entries[{name!r}]"
     c.name(name, where, 256)
     d = c.obj(v, where)
@@ -510,7 +545,9 @@ def _entry(c: _Ctx, name: str, v: Any, files: Mapping[str, FileRecord] | None, w
     scope = c.enum(c.req(d, "scope", where), where + ".scope", SCOPES)
     policy = d.get("world_size_policy")
     if scope == "per_rank":
-        policy = c.enum(c.req(d, "world_size_policy", where), where + ".world_size_policy", POLICIES)
+        policy = c.enum(
+            c.req(d, "world_size_policy", where), where + ".world_size_policy", POLICIES
+        )
     elif policy is not None:
         raise c.fail(where + ".world_size_policy", "only per_rank entries have a world_size_policy")
     encoding = c.enum(c.req(d, "encoding", where), where + ".encoding", ENCODINGS)
@@ -520,12 +557,16 @@ def _entry(c: _Ctx, name: str, v: Any, files: Mapping[str, FileRecord] | None, w
         vw = f"{where}.values[{i}]"
         o = c.obj(vv, vw)
         c.closed(o, vw, {"file", "rank"})
-        fpath = check_relative_path(c.str_(c.req(o, "file", vw), vw + ".file", 4096), what=f"{c.what}: {vw}.file")
+        fpath = check_relative_path(
+            c.str_(c.req(o, "file", vw), vw + ".file", 4096), what=f"{c.what}: {vw}.file"
+        )
         if files is not None and fpath not in files:
             raise c.fail(vw + ".file", f"{fpath!r} is not listed in files")
         rank: int | None = None
         if scope == "per_rank":
-            rank = c.int_(c.req(o, "rank", vw), vw + ".rank", 0, (world_size - 1) if world_size else MAX_SIZE)
+            rank = c.int_(
+                c.req(o, "rank", vw), vw + ".rank", 0, (world_size - 1) if world_size else MAX_SIZE
+            )
             if rank in seen_ranks:
                 raise c.fail(vw + ".rank", f"rank {rank} has two values")
             seen_ranks.add(rank)
@@ -536,10 +577,18 @@ def _entry(c: _Ctx, name: str, v: Any, files: Mapping[str, FileRecord] | None, w
         from portable_ckpt.errors import EntryMissingError
 
         if scope == "global" and len(values) != 1:
-            raise c.fail(where + ".values", f"a global entry has exactly one value, found {len(values)}", EntryMissingError if not values else SchemaError)
+            raise c.fail(
+                where + ".values",
+                f"a global entry has exactly one value, found {len(values)}",
+                EntryMissingError if not values else SchemaError,
+            )
         if scope == "per_rank" and len(values) != world_size:
             missing = sorted(set(range(world_size)) - seen_ranks)
-            raise c.fail(where + ".values", f"per_rank entry lacks the values of rank(s) {missing[:8]} (world size {world_size})", EntryMissingError)
+            raise c.fail(
+                where + ".values",
+                f"per_rank entry lacks the values of rank(s) {missing[:8]} (world size {world_size})",
+                EntryMissingError,
+            )
     return Entry(name, schema, scope, encoding, values, policy)
 
 
@@ -554,29 +603,42 @@ def _continuation(c: _Ctx, v: Any) -> Continuation:
         m = c.obj(mv, "continuation.mesh")
         c.closed(m, "continuation.mesh", {"shape", "dim_names"})
         shape = _ints(c, c.req(m, "shape", "continuation.mesh"), "continuation.mesh.shape", 1)
-        names = tuple(c.name(x, "continuation.mesh.dim_names", 64) for x in c.arr(c.req(m, "dim_names", "continuation.mesh"), "continuation.mesh.dim_names", MAX_NDIM))
+        names = tuple(
+            c.name(x, "continuation.mesh.dim_names", 64)
+            for x in c.arr(
+                c.req(m, "dim_names", "continuation.mesh"), "continuation.mesh.dim_names", MAX_NDIM
+            )
+        )
         if len(names) != len(shape):
             raise c.fail("continuation.mesh", "dim_names and shape differ in length")
         if math.prod(shape) != ws:
-            raise c.fail("continuation.mesh", f"mesh shape {list(shape)} does not hold world_size {ws} ranks")
+            raise c.fail(
+                "continuation.mesh", f"mesh shape {list(shape)} does not hold world_size {ws} ranks"
+            )
         mesh = Mesh(shape, names)
     return Continuation(contract, ws, mesh)
 
 
-def parse_manifest(doc: Any, *, what: str = "manifest.json", directory_name: str | None = None) -> Manifest:
+def parse_manifest(
+    doc: Any, *, what: str = "manifest.json", directory_name: str | None = None
+) -> Manifest:
     """Validate an untrusted manifest document and return its record.
 
     Args:
         doc: The parsed JSON document.
         what: Name for messages.
         directory_name: The attempt directory's name; the manifest's ``attempt_id`` must equal it.
+
     """
     c = _Ctx(what)
     d = c.obj(doc, "top level")
     if d.get("format") != "portable-ckpt":
         raise c.fail("format", f"expected 'portable-ckpt', got {d.get('format')!r}")
     version = check_format_version(c.req(d, "format_version", "top level"), what)
-    mu = [c.str_(x, "must_understand", 256) for x in c.arr(d.get("must_understand", []), "must_understand", 1024)]
+    mu = [
+        c.str_(x, "must_understand", 256)
+        for x in c.arr(d.get("must_understand", []), "must_understand", 1024)
+    ]
     unknown = [x for x in mu if x not in KNOWN_EXTENSIONS]
     if unknown:
         raise FeatureUnsupportedError(
@@ -604,7 +666,10 @@ def parse_manifest(doc: Any, *, what: str = "manifest.json", directory_name: str
     c.str_(c.req(producer, "version", "producer"), "producer.version", 256)
     cont = _continuation(c, c.req(d, "continuation", "top level"))
     files = _files(c, c.req(d, "files", "top level"))
-    tensors = {k: _tensor(c, k, v, files) for k, v in c.obj(c.req(d, "tensors", "top level"), "tensors").items()}
+    tensors = {
+        k: _tensor(c, k, v, files)
+        for k, v in c.obj(c.req(d, "tensors", "top level"), "tensors").items()
+    }
     entries = {
         n: _entry(c, n, v, files, cont.world_size)
         for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()
@@ -638,6 +703,12 @@ def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
     writer = c.int_(c.req(d, "writer", "top level"), "writer", 0, 1 << 24)
     files = _files(c, c.req(d, "files", "top level"))
-    tensors = {k: _tensor(c, k, v, files) for k, v in c.obj(c.req(d, "tensors", "top level"), "tensors").items()}
-    entries = {n: _entry(c, n, v, files, None) for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()}
+    tensors = {
+        k: _tensor(c, k, v, files)
+        for k, v in c.obj(c.req(d, "tensors", "top level"), "tensors").items()
+    }
+    entries = {
+        n: _entry(c, n, v, files, None)
+        for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()
+    }
     return WriterIndex(attempt_id, writer, files, tensors, entries)

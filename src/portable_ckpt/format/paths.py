@@ -21,6 +21,7 @@ def check_relative_path(path: object, *, what: str = "path") -> str:
 
     Raises:
         PathUnsafeError: when any rule is broken.
+
     """
     if not isinstance(path, str) or not path:
         raise PathUnsafeError(f"{what} must be a non-empty string, got {path!r}")
@@ -33,7 +34,9 @@ def check_relative_path(path: object, *, what: str = "path") -> str:
         )
     parts = path.split("/")
     if len(parts) > MAX_COMPONENTS:
-        raise PathUnsafeError(f"{what} {path!r} has more than {MAX_COMPONENTS} components", path=path)
+        raise PathUnsafeError(
+            f"{what} {path!r} has more than {MAX_COMPONENTS} components", path=path
+        )
     for part in parts:
         if part in (".", "..") or not _COMPONENT.match(part):
             raise PathUnsafeError(

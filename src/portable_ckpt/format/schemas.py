@@ -51,7 +51,7 @@ def _no_remote(uri: str) -> Resource[Any]:
         doc = _load(str(path.relative_to(schema_dir())))
         if doc.get("$id") == uri:
             return Resource.from_contents(doc)
-    raise NoSuchResource(ref=uri)
+    raise NoSuchResource(uri)
 
 
 @functools.cache
@@ -63,7 +63,7 @@ def _registry() -> Registry[Any]:
 def _validator(rel: str) -> jsonschema.protocols.Validator:
     schema = _load(rel)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, registry=_registry())  # type: ignore[call-arg]
+    return cls(schema, registry=_registry())
 
 
 def validate_document(doc: Any, schema_file: str, *, what: str) -> None:
@@ -88,6 +88,7 @@ def validate_entry_value(value: Any, schema: dict[str, Any], *, name: str, what:
 
     Raises:
         EntrySchemaError: unknown built-in id, invalid embedded schema, or a value that fails it.
+
     """
     where = f"{what}: " if what else ""
     sid = schema.get("id")
@@ -100,11 +101,15 @@ def validate_entry_value(value: Any, schema: dict[str, Any], *, name: str, what:
         else:
             v = _embedded_validator(json.dumps(schema.get("json_schema"), sort_keys=True))
     except jsonschema.exceptions.SchemaError as exc:
-        raise EntrySchemaError(f"{where}entry {name!r}: its embedded JSON Schema is invalid: {exc.message[:200]}") from None
+        raise EntrySchemaError(
+            f"{where}entry {name!r}: its embedded JSON Schema is invalid: {exc.message[:200]}"
+        ) from None
     try:
         err = jsonschema.exceptions.best_match(v.iter_errors(value))
     except Exception as exc:  # unresolvable $ref and similar schema faults
-        raise EntrySchemaError(f"{where}entry {name!r}: its schema cannot be applied: {exc}"[:400]) from None
+        raise EntrySchemaError(
+            f"{where}entry {name!r}: its schema cannot be applied: {exc}"[:400]
+        ) from None
     if err is not None:
         loc = "/".join(str(p) for p in err.absolute_path) or "value"
         raise EntrySchemaError(

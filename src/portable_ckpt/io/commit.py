@@ -119,7 +119,9 @@ def merge_indexes(
         for name, e in idx.entries.items():
             cur_e = entries.get(name)
             if cur_e is None:
-                entries[name] = Entry(e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy)
+                entries[name] = Entry(
+                    e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy
+                )
             elif cur_e.declaration() != e.declaration():
                 raise MetadataConflictError(
                     f"entry {name!r}: writer {idx.writer} declares a different schema, scope, "
@@ -168,6 +170,7 @@ def commit(
 
     Raises:
         CheckpointError: any failed check; nothing is published.
+
     """
     check_attempt_id(attempt_id)
     if parse_attempt_step(attempt_id) != step:
@@ -185,7 +188,9 @@ def commit(
     report.checks.append("coverage")
     for name, e in entries.items():
         if e.scope == "global" and len(e.values) != 1:
-            raise EntryMissingError(f"global entry {name!r} has {len(e.values)} values; exactly one is required")
+            raise EntryMissingError(
+                f"global entry {name!r} has {len(e.values)} values; exactly one is required"
+            )
         if e.scope == "per_rank":
             ranks = {v.rank for v in e.values}
             missing = sorted(set(range(cont.world_size)) - ranks)
@@ -214,8 +219,13 @@ def commit(
             for t, r in items:
                 item = DTYPES[t.dtype]
                 check_range(
-                    hdr, what=full, key=t.key, rec_name=r.name, codec=r.codec,
-                    st_dtype=item.safetensors, lengths=r.lengths,
+                    hdr,
+                    what=full,
+                    key=t.key,
+                    rec_name=r.name,
+                    codec=r.codec,
+                    st_dtype=item.safetensors,
+                    lengths=r.lengths,
                     nbytes=item.itemsize * _prod(r.lengths),
                 )
         report.checks.append("headers")

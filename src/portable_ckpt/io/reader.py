@@ -8,6 +8,7 @@ in bounded windows and copied with numpy. Every checksum block a read touches is
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import threading
@@ -66,6 +67,7 @@ class ReadStats:
         bytes_delivered: Bytes written into destinations.
         peak_scratch_bytes: Largest temporary buffer alive at once.
         blocks_verified: Checksum blocks verified.
+
     """
 
     bytes_read: int = 0
@@ -144,7 +146,9 @@ class Checkpoint:
         hdr = self._headers.get(path)
         if hdr is None:
             rec = self._file(path)
-            hdr = load_header(self.storage, self._rel(path), file_size=rec.size, what=self._rel(path))
+            hdr = load_header(
+                self.storage, self._rel(path), file_size=rec.size, what=self._rel(path)
+            )
             # The header bytes are covered by checksums too: verify the blocks it occupies.
             self._read_verified(path, 0, hdr.data_start, None)
             self._headers[path] = hdr
@@ -166,8 +170,14 @@ class Checkpoint:
         hdr = self._header(rec.file)
         item = DTYPES[t.dtype]
         return check_range(
-            hdr, what=self._rel(rec.file), key=t.key, rec_name=rec.name, codec=rec.codec,
-            st_dtype=item.safetensors, lengths=rec.lengths, nbytes=math.prod(rec.lengths) * item.itemsize,
+            hdr,
+            what=self._rel(rec.file),
+            key=t.key,
+            rec_name=rec.name,
+            codec=rec.codec,
+            st_dtype=item.safetensors,
+            lengths=rec.lengths,
+            nbytes=math.prod(rec.lengths) * item.itemsize,
         )
 
     # -- planning -----------------------------------------------------------------------------------
@@ -192,7 +202,9 @@ class Checkpoint:
         return items
 
     @staticmethod
-    def _target_box(t: TensorEntry, offsets: Sequence[int] | None, lengths: Sequence[int] | None) -> Box:
+    def _target_box(
+        t: TensorEntry, offsets: Sequence[int] | None, lengths: Sequence[int] | None
+    ) -> Box:
         offs = tuple(int(o) for o in offsets) if offsets is not None else (0,) * len(t.shape)
         lens = (
             tuple(int(n) for n in lengths)
@@ -227,6 +239,7 @@ class Checkpoint:
             lengths: Box size per dimension (default: to the end).
             out: Optional destination (shape ``lengths``, the tensor's dtype, any strides);
                 filled in place and returned.
+
         """
         t = self._tensor(key)
         box = self._target_box(t, offsets, lengths)
@@ -245,7 +258,9 @@ class Checkpoint:
             self._read_item(t, item.record, item.box, dst)
         return out
 
-    def _read_item(self, t: TensorEntry, rec: RangeRecord, inter: Box, dst: np.ndarray[Any, Any]) -> None:
+    def _read_item(
+        self, t: TensorEntry, rec: RangeRecord, inter: Box, dst: np.ndarray[Any, Any]
+    ) -> None:
         st = self._shard_tensor(t, rec)
         rel = inter.relative_to(rec.box)
         if rec.codec == "zstd":
@@ -257,7 +272,9 @@ class Checkpoint:
             return
         self._copy_box(rec.file, st.start, rec.lengths, t.numpy_dtype, rel, dst)
 
-    def _decompressed(self, t: TensorEntry, rec: RangeRecord, st: ShardTensor) -> np.ndarray[Any, Any]:
+    def _decompressed(
+        self, t: TensorEntry, rec: RangeRecord, st: ShardTensor
+    ) -> np.ndarray[Any, Any]:
         ck = (rec.file, rec.name)
         cached = self._zcache
         if cached is not None and cached[0] == ck:
@@ -271,38 +288,48 @@ class Checkpoint:
                 if params.content_size not in (expect, zstandard.CONTENTSIZE_UNKNOWN):
                     raise CodecError(
                         f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} declares "
-                        f"{params.content_size} decompressed bytes, {expect} expected", path=rec.file
+                        f"{params.content_size} decompressed bytes, {expect} expected",
+                        path=rec.file,
                     )
                 raw = zstandard.ZstdDecompressor().decompress(bytes(frame), max_output_size=expect)
             except zstandard.ZstdError as exc:
                 raise CodecError(
                     f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r}: zstd frame is "
-                    f"corrupt ({exc})", path=rec.file
+                    f"corrupt ({exc})",
+                    path=rec.file,
                 ) from None
             if len(raw) != expect:
                 raise CodecError(
                     f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} decompressed "
-                    f"to {len(raw)} bytes, {expect} expected", path=rec.file
+                    f"to {len(raw)} bytes, {expect} expected",
+                    path=rec.file,
                 )
             self._zcache = (ck, raw)
             self._note_scratch(len(frame) + len(raw))
         return np.frombuffer(raw, dtype=t.numpy_dtype)
 
     def _copy_box(
-        self, path: str, base: int, chunk_shape: Sequence[int], dtype: Any, rel: Box,
+        self,
+        path: str,
+        base: int,
+        chunk_shape: Sequence[int],
+        dtype: Any,
+        rel: Box,
         dst: np.ndarray[Any, Any],
     ) -> None:
         """Copy box ``rel`` of the stored chunk at file offset ``base`` into ``dst``."""
         isz = int(np.dtype(dtype).itemsize)
         strides = strides_of(chunk_shape)
         first = sum(o * s for o, s in zip(rel.offsets, strides, strict=True))
-        last = sum((o + n - 1) * s for o, n, s in zip(rel.offsets, rel.lengths, strides, strict=True))
+        last = sum(
+            (o + n - 1) * s for o, n, s in zip(rel.offsets, rel.lengths, strides, strict=True)
+        )
         lo = base + first * isz
         hi = base + (last + 1) * isz
         needed = rel.volume * isz
         contiguous = contiguous_prefix(rel, chunk_shape) == 0
         if contiguous and dst.flags.c_contiguous:
-            self._read_verified(path, lo, hi, memoryview(dst.reshape(-1).view(np.uint8)))
+            self._read_verified(path, lo, hi, dst.reshape(-1).view(np.uint8).data)
             with self._lock:
                 self.stats.bytes_delivered += needed
             return
@@ -330,7 +357,7 @@ class Checkpoint:
         n = rel.lengths[d]
         parts = n if sparse else max(2, -(-span // WINDOW_BYTES))
         edges = [n * i // parts for i in range(parts + 1)]
-        for a, b in zip(edges, edges[1:], strict=False):
+        for a, b in itertools.pairwise(edges):
             if a == b:
                 continue
             sub = Box(
@@ -352,7 +379,9 @@ class Checkpoint:
         """
         rec = self._file(path)
         if not 0 <= lo <= hi <= rec.size:
-            raise FileSizeError(f"{self._rel(path)!r}: read [{lo}:{hi}] outside its {rec.size} bytes", path=path)
+            raise FileSizeError(
+                f"{self._rel(path)!r}: read [{lo}:{hi}] outside its {rec.size} bytes", path=path
+            )
         if hi == lo:
             return
         ck = rec.checksum
@@ -387,11 +416,15 @@ class Checkpoint:
             raise EntryMissingError(f"entry {name!r} is not in checkpoint {self.path}")
         if e.scope == "global":
             if len(e.values) != 1:
-                raise EntryMissingError(f"global entry {name!r} has {len(e.values)} values, not one")
+                raise EntryMissingError(
+                    f"global entry {name!r} has {len(e.values)} values, not one"
+                )
             path = e.values[0].file
         else:
             if rank is None:
-                raise UsageError(f"entry {name!r} is per_rank: pass rank= (and world_size= if it changed)")
+                raise UsageError(
+                    f"entry {name!r} is per_rank: pass rank= (and world_size= if it changed)"
+                )
             saved = self.manifest.continuation.world_size
             target = rank
             if world_size is not None and world_size != saved:
@@ -409,7 +442,11 @@ class Checkpoint:
                 raise EntryMissingError(f"entry {name!r} has no value for rank {target}")
             path = match[0].file
         value = self._load_json_value(e, path)
-        if e.schema_id == "pck:step/1" and isinstance(value, dict) and value.get("step") != self.step:
+        if (
+            e.schema_id == "pck:step/1"
+            and isinstance(value, dict)
+            and value.get("step") != self.step
+        ):
             raise StepMismatchError(
                 f"entry {name!r} records step {value.get('step')!r}, the manifest's step is {self.step}"
             )
@@ -418,21 +455,29 @@ class Checkpoint:
     def _load_json_value(self, e: Entry, path: str) -> Any:
         rec = self._file(path)
         if rec.size > jsonio.MAX_DOCUMENT_BYTES:
-            raise FileSizeError(f"{self._rel(path)!r}: entry value of {rec.size} bytes exceeds the limit", path=path)
+            raise FileSizeError(
+                f"{self._rel(path)!r}: entry value of {rec.size} bytes exceeds the limit", path=path
+            )
         buf = bytearray(rec.size)
         self._read_verified(path, 0, rec.size, memoryview(buf))
         data = bytes(buf)
         if e.encoding == "json+zstd":
             try:
-                data = zstandard.ZstdDecompressor().decompress(data, max_output_size=jsonio.MAX_DOCUMENT_BYTES)
+                data = zstandard.ZstdDecompressor().decompress(
+                    data, max_output_size=jsonio.MAX_DOCUMENT_BYTES
+                )
             except zstandard.ZstdError as exc:
-                raise CodecError(f"{self._rel(path)!r}: entry {e.name!r}: bad zstd frame ({exc})", path=path) from None
+                raise CodecError(
+                    f"{self._rel(path)!r}: entry {e.name!r}: bad zstd frame ({exc})", path=path
+                ) from None
         value = jsonio.loads(data, what=self._rel(path))
         validate_entry_value(value, e.schema, name=e.name, what=self._rel(path))
         return value
 
     # -- verification -------------------------------------------------------------------------------
-    def verify(self, *, deep: bool = False, sample: float | None = None, seed: int | None = None) -> list[CheckpointError]:
+    def verify(
+        self, *, deep: bool = False, sample: float | None = None, seed: int | None = None
+    ) -> list[CheckpointError]:
         """Check the version; return every problem found (empty when it verifies).
 
         Always: files exist with their recorded sizes, shard headers agree with range records,
@@ -456,7 +501,7 @@ class Checkpoint:
             attempt(self._tensor, key)
             for rec in t.ranges:
                 attempt(self._shard_tensor, t, rec)
-        for name, e in self.entries.items():
+        for e in self.entries.values():
             for v in e.values:
                 attempt(self._load_json_value, e, v.file)
         if deep:
@@ -492,4 +537,6 @@ class Checkpoint:
             self.stats.bytes_read += rec.size
             self.stats.blocks_verified += verifier.verified
         if rec.size == 0 and rec.checksum.blocks:
-            raise FileMissingError(f"{self._rel(path)!r}: empty file with block checksums", path=path)
+            raise FileMissingError(
+                f"{self._rel(path)!r}: empty file with block checksums", path=path
+            )

@@ -45,7 +45,9 @@ class ShardHeader:
     metadata: dict[str, str]
 
 
-def build_header(items: Sequence[tuple[str, str, Sequence[int], int]], metadata: dict[str, str]) -> bytes:
+def build_header(
+    items: Sequence[tuple[str, str, Sequence[int], int]], metadata: dict[str, str]
+) -> bytes:
     """Return the 8-byte length prefix + JSON header for ``(name, dtype, shape, nbytes)`` items.
 
     Tensors are laid out back to back in the given order; the header is padded with spaces to a
@@ -66,6 +68,7 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
 
     Raises:
         ShardHeaderError: bad JSON, malformed entries, offsets outside the file.
+
     """
     n = struct.unpack("<Q", prefix)[0]
     data_start = 8 + n
@@ -76,7 +79,9 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
     if not isinstance(doc, dict):
         raise ShardHeaderError(f"{path}: safetensors header is not a JSON object", path=path)
     meta = doc.pop("__metadata__", {}) or {}
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+    if not isinstance(meta, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+    ):
         raise ShardHeaderError(f"{path}: __metadata__ must map strings to strings", path=path)
     tensors: dict[str, ShardTensor] = {}
     data_len = file_size - data_start
@@ -89,12 +94,16 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
         if (
             not isinstance(dtype, str)
             or not isinstance(shape, list)
-            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 53 for s in shape)
+            or not all(
+                isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 53 for s in shape
+            )
             or not isinstance(offs, list)
             or len(offs) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
         ):
-            raise ShardHeaderError(f"{path}: header entry {name!r} is malformed ({t!r:.200})", path=path)
+            raise ShardHeaderError(
+                f"{path}: header entry {name!r} is malformed ({t!r:.200})", path=path
+            )
         b, e = offs
         if not 0 <= b <= e <= data_len:
             raise ShardHeaderError(
@@ -112,7 +121,9 @@ def load_header(storage: Storage, path: str, *, file_size: int, what: str) -> Sh
     ``file_size`` is the size recorded in the manifest (already checked against the storage).
     """
     if file_size < 8:
-        raise ShardHeaderError(f"{what}: {file_size} bytes is too short for a safetensors file", path=what)
+        raise ShardHeaderError(
+            f"{what}: {file_size} bytes is too short for a safetensors file", path=what
+        )
     prefix = storage.read_range(path, 0, 8)
     n = struct.unpack("<Q", prefix)[0]
     if n > MAX_HEADER_BYTES or n > file_size - 8:
@@ -126,26 +137,36 @@ def load_header(storage: Storage, path: str, *, file_size: int, what: str) -> Sh
 
 
 def check_range(
-    header: ShardHeader, *, what: str, key: str, rec_name: str, codec: str, st_dtype: str,
-    lengths: Sequence[int], nbytes: int,
+    header: ShardHeader,
+    *,
+    what: str,
+    key: str,
+    rec_name: str,
+    codec: str,
+    st_dtype: str,
+    lengths: Sequence[int],
+    nbytes: int,
 ) -> ShardTensor:
     """Check that range record ``rec_name`` agrees with the header; return its shard tensor."""
     t = header.tensors.get(rec_name)
     if t is None:
         raise ShardMismatchError(
             f"{what}: tensor {key!r}: range names {rec_name!r}, which the safetensors header does "
-            "not contain", path=what,
+            "not contain",
+            path=what,
         )
     if codec == "none":
         if t.dtype != st_dtype or t.shape != tuple(lengths) or t.end - t.start != nbytes:
             raise ShardMismatchError(
                 f"{what}: tensor {key!r} range {rec_name!r}: header says {t.dtype}{list(t.shape)} "
                 f"({t.end - t.start} bytes), the manifest says {st_dtype}{list(lengths)} "
-                f"({nbytes} bytes)", path=what,
+                f"({nbytes} bytes)",
+                path=what,
             )
     elif t.dtype != "U8" or len(t.shape) != 1 or t.shape[0] != t.end - t.start:
         raise ShardMismatchError(
             f"{what}: tensor {key!r} range {rec_name!r} is zstd-coded and must be a 1-D U8 tensor, "
-            f"the header says {t.dtype}{list(t.shape)}", path=what,
+            f"the header says {t.dtype}{list(t.shape)}",
+            path=what,
         )
     return t

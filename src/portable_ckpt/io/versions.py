@@ -89,7 +89,11 @@ def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
             path=rel,
         )
     data = storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
-    return parse_manifest(jsonio.loads(data, what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES), what=rel, directory_name=attempt_id)
+    return parse_manifest(
+        jsonio.loads(data, what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES),
+        what=rel,
+        directory_name=attempt_id,
+    )
 
 
 def read_annotations(storage: Storage, attempt_id: str, kind: str) -> list[dict[str, Any]]:
@@ -99,7 +103,9 @@ def read_annotations(storage: Storage, attempt_id: str, kind: str) -> list[dict[
         if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
             continue
         try:
-            doc = jsonio.loads(storage.read_all(info.path, max_size=jsonio.MAX_DOCUMENT_BYTES), what=info.path)
+            doc = jsonio.loads(
+                storage.read_all(info.path, max_size=jsonio.MAX_DOCUMENT_BYTES), what=info.path
+            )
         except CheckpointError:
             continue
         if isinstance(doc, dict) and doc.get("attempt_id") == attempt_id:
@@ -108,7 +114,9 @@ def read_annotations(storage: Storage, attempt_id: str, kind: str) -> list[dict[
     return out
 
 
-def _write_annotation(storage: Storage, attempt_id: str, kind: str, ident: str, record: dict[str, Any]) -> str:
+def _write_annotation(
+    storage: Storage, attempt_id: str, kind: str, ident: str, record: dict[str, Any]
+) -> str:
     load_manifest(storage, attempt_id)  # annotations only exist for committed versions
     rel = f"{attempt_id}/{kind}/{ident}.json"
     if not storage.create_if_absent(rel, jsonio.dumps(record, indent=2)):
@@ -135,7 +143,9 @@ def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]
     return _write_annotation(storage, attempt_id, "drills", str(rec["drill_id"]), rec)
 
 
-def write_copy_record(storage: Storage, attempt_id: str, destination: str, *, ok: bool = True) -> str:
+def write_copy_record(
+    storage: Storage, attempt_id: str, destination: str, *, ok: bool = True
+) -> str:
     """Record in the source version that a verified copy exists at ``destination``."""
     from portable_ckpt.format.schemas import validate_document
 
@@ -153,7 +163,9 @@ def write_copy_record(storage: Storage, attempt_id: str, destination: str, *, ok
     return _write_annotation(storage, attempt_id, "copies", copy_id, rec)
 
 
-def list_versions(root: str | os.PathLike[str] | Storage, *, annotations: bool = True) -> list[VersionInfo]:
+def list_versions(
+    root: str | os.PathLike[str] | Storage, *, annotations: bool = True
+) -> list[VersionInfo]:
     """List every attempt of a root, oldest first (by step, then commit time).
 
     Only a valid commit record makes an attempt ``committed``; the files present never do.
@@ -175,7 +187,11 @@ def list_versions(root: str | os.PathLike[str] | Storage, *, annotations: bool =
             out.append(VersionInfo(name, step, "incomplete", path, error=str(exc)))
             continue
         info = VersionInfo(
-            name, man.step, "committed", path, man.committed_at,
+            name,
+            man.step,
+            "committed",
+            path,
+            man.committed_at,
             bytes=sum(f.size for f in man.files.values()),
         )
         if annotations:
@@ -251,7 +267,7 @@ def gc(
     keep: int,
     grace_seconds: float = 3600.0,
     dry_run: bool = False,
-    require_copy: bool = False,
+    require_copy: bool | str = False,
     now: Callable[[], float] = time.time,
 ) -> GcReport:
     """Apply retention to a root.
@@ -259,7 +275,8 @@ def gc(
     Keeps the ``keep`` newest committed versions and, in addition, the newest version that passed
     a restore drill (or, when none ever did, the newest committed version). With
     ``require_copy``, older committed versions are only deleted once a kept version has a
-    verified copy on another root. Attempts without a commit record are removed once nothing was
+    verified copy on another root (any root when ``True``; the given root URL when a string).
+    Attempts without a commit record are removed once nothing was
     written to them for ``grace_seconds`` (a save in progress is never touched). A deleted
     version's commit record is removed first, so it stops existing before any data goes.
     """
@@ -274,8 +291,20 @@ def gc(
     protected = drilled or (newest_first[0] if newest_first else None)
     if protected is not None and protected not in kept:
         kept.append(protected)
-    report = GcReport(kept=[v.id for v in kept], protected=protected.id if protected else None, dry_run=dry_run)
-    may_delete = not require_copy or any(v.copied for v in kept)
+    report = GcReport(
+        kept=[v.id for v in kept], protected=protected.id if protected else None, dry_run=dry_run
+    )
+
+    def has_copy(v: VersionInfo) -> bool:
+        if isinstance(require_copy, str):
+            want = require_copy.rstrip("/")
+            return any(
+                c.get("ok") is True and str(c.get("destination", "")).rstrip("/") == want
+                for c in v.copies
+            )
+        return v.copied
+
+    may_delete = not require_copy or any(has_copy(v) for v in kept)
     for v in newest_first:
         if v in kept or not may_delete:
             continue

@@ -86,19 +86,19 @@ def _pieces(arr: np.ndarray[Any, Any], stats: WriteStats) -> Iterator[memoryview
     Contiguous arrays are sliced without copying; strided ones are copied slab by slab.
     """
     if arr.flags.c_contiguous:
-        mv = memoryview(arr.reshape(-1).view(np.uint8))
+        mv = arr.reshape(-1).view(np.uint8).data
         for i in range(0, len(mv), PIECE_BYTES):
             yield mv[i : i + PIECE_BYTES]
         return
     if arr.ndim == 0:
-        yield memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        yield np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
         return
     row = arr.nbytes // arr.shape[0] if arr.shape[0] else 0
     step = max(1, PIECE_BYTES // max(row, 1))
     for i in range(0, arr.shape[0], step):
         slab = np.ascontiguousarray(arr[i : i + step])
         stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, slab.nbytes)
-        yield memoryview(slab.reshape(-1).view(np.uint8))
+        yield slab.reshape(-1).view(np.uint8).data
 
 
 class ShardWriter:
@@ -114,6 +114,7 @@ class ShardWriter:
         zstd_level: Compression level for ``codec="zstd"``.
         write_index: Also store ``index/wNNNNN.json`` (needed when the committer reads indexes
             from storage rather than receiving them in memory).
+
     """
 
     def __init__(
@@ -149,13 +150,23 @@ class ShardWriter:
         self._entries: dict[str, Entry] = {}
         self._entry_payloads: list[tuple[str, bytes]] = []
         self._written: list[str] = []
+        self._files: dict[str, FileRecord] = {}
+        self._placed: dict[tuple[str, str], str] = {}
+        self._seq = 0
         self._finished = False
 
     # -- planning ------------------------------------------------------------------------------
     def declare_tensor(self, key: str, dtype: str, global_shape: Sequence[int]) -> TensorEntry:
         """Declare a tensor without storing any of it (e.g. a rank holding no shard of it)."""
-        if not isinstance(key, str) or not key or len(key) > 1024 or any(ord(c) < 32 or ord(c) == 127 for c in key):
-            raise UsageError(f"tensor key {key!r} must be 1–1024 characters without control characters")
+        if (
+            not isinstance(key, str)
+            or not key
+            or len(key) > 1024
+            or any(ord(c) < 32 or ord(c) == 127 for c in key)
+        ):
+            raise UsageError(
+                f"tensor key {key!r} must be 1–1024 characters without control characters"
+            )
         if dtype not in DTYPES:
             raise UsageError(f"tensor {key!r}: dtype {dtype!r} is not in the format's table")
         shape = tuple(int(s) for s in global_shape)
@@ -219,7 +230,9 @@ class ShardWriter:
         self._check_open()
         if isinstance(schema, str):
             if schema not in BUILTIN_SCHEMA_IDS:
-                raise UsageError(f"entry {name!r}: unknown built-in schema {schema!r} ({', '.join(BUILTIN_SCHEMA_IDS)})")
+                raise UsageError(
+                    f"entry {name!r}: unknown built-in schema {schema!r} ({', '.join(BUILTIN_SCHEMA_IDS)})"
+                )
             schema_doc: dict[str, Any] = {"id": schema}
         elif isinstance(schema, dict) and ("json_schema" in schema or "id" in schema):
             schema_doc = dict(schema)
@@ -231,20 +244,31 @@ class ShardWriter:
             if rank is None or rank < 0:
                 raise UsageError(f"entry {name!r}: per_rank entries need rank=")
             if world_size_policy not in POLICIES:
-                raise UsageError(f"entry {name!r}: per_rank entries need world_size_policy in {POLICIES}")
+                raise UsageError(
+                    f"entry {name!r}: per_rank entries need world_size_policy in {POLICIES}"
+                )
         elif rank is not None or world_size_policy is not None:
             raise UsageError(f"entry {name!r}: global entries take no rank or world_size_policy")
         validate_entry_value(value, schema_doc, name=name)
         payload = jsonio.dumps(value)
         if compress:
-            payload = zstandard.ZstdCompressor(level=self.zstd_level, write_content_size=True).compress(payload)
+            payload = zstandard.ZstdCompressor(
+                level=self.zstd_level, write_content_size=True
+            ).compress(payload)
         path = entry_file_name(name, rank, compress)
         encoding = "json+zstd" if compress else "json"
         entry = self._entries.get(name)
         if entry is None:
-            entry = self._entries[name] = Entry(name, schema_doc, scope, encoding, [], world_size_policy)
-        elif entry.declaration() != Entry(name, schema_doc, scope, encoding, [], world_size_policy).declaration():
-            raise MetadataConflictError(f"entry {name!r} declared twice with different schema/scope/encoding")
+            entry = self._entries[name] = Entry(
+                name, schema_doc, scope, encoding, [], world_size_policy
+            )
+        elif (
+            entry.declaration()
+            != Entry(name, schema_doc, scope, encoding, [], world_size_policy).declaration()
+        ):
+            raise MetadataConflictError(
+                f"entry {name!r} declared twice with different schema/scope/encoding"
+            )
         if any(v.rank == rank for v in entry.values):
             raise UsageError(f"entry {name!r} already has a value for rank {rank}")
         entry.values.append(EntryValue(path, rank))
@@ -261,8 +285,19 @@ class ShardWriter:
             self.abort()
             raise
 
-    def _finish(self) -> WriterIndex:
-        index = WriterIndex(self.attempt_id, self.writer)
+    def flush(self) -> None:
+        """Write every chunk planned so far into new shard file(s) now and drop the references.
+
+        Lets one writer stream a state larger than memory: add, flush, add, flush, ... finish.
+        """
+        self._check_open()
+        try:
+            self._flush_chunks()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _flush_chunks(self) -> None:
         if self.codec == "zstd":
             cctx = zstandard.ZstdCompressor(level=self.zstd_level, write_content_size=True)
             for ch in self._chunks:
@@ -279,27 +314,35 @@ class ShardWriter:
                 size = 0
             groups[-1].append(ch)
             size += ch.nbytes
-        records = {(ch.key, ch.name): ch for ch in self._chunks}
-        paths: dict[tuple[str, str], str] = {}
-        for seq, group in enumerate(g for g in groups if g):
-            rel = data_file_name(self.writer, seq)
-            index.files[rel] = self._write_shard(rel, group)
+        for group in groups:
+            if not group:
+                continue
+            rel = data_file_name(self.writer, self._seq)
+            self._seq += 1
+            self._files[rel] = self._write_shard(rel, group)
             for ch in group:
-                paths[(ch.key, ch.name)] = rel
+                self._placed[(ch.key, ch.name)] = rel
+        self._chunks.clear()
+
+    def _finish(self) -> WriterIndex:
+        self._flush_chunks()
+        index = WriterIndex(self.attempt_id, self.writer)
+        index.files.update(self._files)
         for key, t in self._tensors.items():
             ranges = [
-                RangeRecord(r.offsets, r.lengths, paths[(key, r.name)], r.name, r.codec)
+                RangeRecord(r.offsets, r.lengths, self._placed[(key, r.name)], r.name, r.codec)
                 for r in t.ranges
-                if (key, r.name) in records
             ]
             index.tensors[key] = TensorEntry(key, t.dtype, t.shape, ranges)
         for rel, payload in self._entry_payloads:
             index.files[rel] = self._put(rel, payload)
-        index.entries = {n: Entry(e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy) for n, e in self._entries.items()}
+        index.entries = {
+            n: Entry(e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy)
+            for n, e in self._entries.items()
+        }
         if self.write_index:
             rel = index_file_name(self.writer)
             index.index_file = self._put(rel, jsonio.dumps(index.to_json()))
-        self._chunks.clear()
         return index
 
     def _rel(self, rel: str) -> str:
@@ -322,8 +365,12 @@ class ShardWriter:
     def _write_shard(self, rel: str, group: list[_Chunk]) -> FileRecord:
         header = build_header(
             [
-                (ch.name, "U8" if ch.payload is not None else ch.st_dtype,
-                 [len(ch.payload)] if ch.payload is not None else list(ch.box.lengths), ch.nbytes)
+                (
+                    ch.name,
+                    "U8" if ch.payload is not None else ch.st_dtype,
+                    [len(ch.payload)] if ch.payload is not None else list(ch.box.lengths),
+                    ch.nbytes,
+                )
                 for ch in group
             ],
             {"format": "pt", "portable_ckpt": FORMAT_VERSION, "attempt_id": self.attempt_id},
@@ -333,7 +380,11 @@ class ShardWriter:
             h.update(header)
             w.write(header)
             for ch in group:
-                src = [memoryview(ch.payload)] if ch.payload is not None else _pieces(ch.array, self.stats)
+                src = (
+                    [memoryview(ch.payload)]
+                    if ch.payload is not None
+                    else _pieces(ch.array, self.stats)
+                )
                 for piece in src:
                     h.update(piece)
                     w.write(piece)

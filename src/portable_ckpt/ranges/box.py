@@ -55,7 +55,7 @@ class Box:
         )
 
     def relative_to(self, outer: Box) -> Box:
-        """This box in the coordinates of ``outer`` (which must contain it)."""
+        """Return the box in the coordinates of ``outer`` (which must contain it)."""
         return Box(
             tuple(o - p for o, p in zip(self.offsets, outer.offsets, strict=True)), self.lengths
         )
@@ -68,7 +68,11 @@ class Box:
         )
 
     def __str__(self) -> str:
-        return "[" + ", ".join(f"{o}:{o + n}" for o, n in zip(self.offsets, self.lengths, strict=True)) + "]"
+        return (
+            "["
+            + ", ".join(f"{o}:{o + n}" for o, n in zip(self.offsets, self.lengths, strict=True))
+            + "]"
+        )
 
 
 def intersect(a: Box, b: Box) -> Box | None:

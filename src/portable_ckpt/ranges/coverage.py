@@ -39,7 +39,11 @@ def _bounds(shape: Sequence[int], boxes: Sequence[Box], key: str) -> None:
 
 
 def check_coverage(
-    shape: Sequence[int], boxes: Sequence[Box], *, key: str = "?", max_grid_cells: int = MAX_GRID_CELLS
+    shape: Sequence[int],
+    boxes: Sequence[Box],
+    *,
+    key: str = "?",
+    max_grid_cells: int = MAX_GRID_CELLS,
 ) -> None:
     """Prove that ``boxes`` cover every element of a tensor of ``shape`` exactly once.
 
@@ -49,6 +53,7 @@ def check_coverage(
         RangeBoundsError: a box of the wrong rank, empty, or outside the tensor.
         CoverageOverlapError: some element is covered twice (the message names both boxes).
         CoverageGapError: some element is covered by no box (the message names one).
+
     """
     shape = [int(s) for s in shape]
     _bounds(shape, boxes, key)
@@ -62,7 +67,9 @@ def check_coverage(
             return
         if not boxes:
             raise CoverageGapError(f"tensor {key!r} (0-d) has no range record")
-        raise CoverageOverlapError(f"tensor {key!r} (0-d) has {len(boxes)} range records; exactly one is allowed")
+        raise CoverageOverlapError(
+            f"tensor {key!r} (0-d) has {len(boxes)} range records; exactly one is allowed"
+        )
     if not boxes:
         raise CoverageGapError(f"tensor {key!r} of shape {shape} has no range records")
     total = sum(b.volume for b in boxes)
@@ -120,7 +127,9 @@ def _check_1d(n: int, boxes: Sequence[Box], key: str) -> None:
         raise CoverageGapError(f"tensor {key!r}: elements [{pos}:{n}] are covered by no range")
 
 
-def _check_grid(shape: Sequence[int], boxes: Sequence[Box], cuts: list[np.ndarray], key: str) -> None:
+def _check_grid(
+    shape: Sequence[int], boxes: Sequence[Box], cuts: list[np.ndarray], key: str
+) -> None:
     nd = len(shape)
     gshape = tuple(len(c) - 1 for c in cuts)
     lo = np.empty((len(boxes), nd), dtype=np.int64)
@@ -163,8 +172,7 @@ def _check_grid(shape: Sequence[int], boxes: Sequence[Box], cuts: list[np.ndarra
             "missing"
         )
     members = [
-        i for i in range(len(boxes))
-        if all(lo[i, d] <= cell[d] < hi[i, d] for d in range(nd))
+        i for i in range(len(boxes)) if all(lo[i, d] <= cell[d] < hi[i, d] for d in range(nd))
     ][:2]
     raise CoverageOverlapError(
         f"tensor {key!r}: region {where} is covered {c} times (ranges "
@@ -191,7 +199,8 @@ def find_overlap(boxes: Sequence[Box]) -> tuple[int, int] | None:
         for j in active:
             bj = boxes[j]
             if all(
-                bi.offsets[d] < bj.offsets[d] + bj.lengths[d] and bj.offsets[d] < bi.offsets[d] + bi.lengths[d]
+                bi.offsets[d] < bj.offsets[d] + bj.lengths[d]
+                and bj.offsets[d] < bi.offsets[d] + bi.lengths[d]
                 for d in range(nd)
             ):
                 return (j, i)

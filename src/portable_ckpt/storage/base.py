@@ -8,6 +8,7 @@ Backends must refuse paths that leave the root; callers validate paths read from
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ class Capabilities:
         durable_fsync: writes are made durable (fsync) when a writer closes.
         local_path: the backend maps to a local directory (``local_root`` is set).
         native_crc32c: the backend verifies CRC32C checksums of uploaded objects itself.
+
     """
 
     atomic_create: bool = True
@@ -87,6 +89,7 @@ class Storage(abc.ABC):
             FileMissingError: the object does not exist.
             FileSizeError: fewer bytes than requested exist.
             StorageError: any other I/O failure.
+
         """
 
     def read_into_many(self, path: str, offset: int, bufs: list[memoryview]) -> None:
@@ -134,7 +137,7 @@ class Storage(abc.ABC):
         """List objects under ``prefix`` (a directory-like prefix, ``""`` for the root)."""
 
     @abc.abstractmethod
-    def list_dirs(self, prefix: str = "") -> list[str]:
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the names of the immediate 'directories' under ``prefix``."""
 
     @abc.abstractmethod

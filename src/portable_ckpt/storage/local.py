@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import stat
@@ -122,7 +123,8 @@ class LocalStorage(Storage):
                 if stat.S_ISLNK(st.st_mode):
                     raise PathUnsafeError(
                         f"{rel!r}: directory {parent!r} is a symlink; checkpoints never follow "
-                        "links", path=rel
+                        "links",
+                        path=rel,
                     )
             parent = os.path.dirname(parent)
         return full
@@ -195,7 +197,8 @@ class LocalStorage(Storage):
                 if n == 0:
                     raise FileSizeError(
                         f"{path!r} ended at byte {offset + done}, needed {offset + want}: the file "
-                        "is truncated", path=path
+                        "is truncated",
+                        path=path,
                     )
                 done += n
         except OSError as exc:
@@ -224,7 +227,9 @@ class LocalStorage(Storage):
         except FileNotFoundError as exc:
             raise FileMissingError(f"{path!r} does not exist under {self.root}", path=path) from exc
         if stat.S_ISLNK(st.st_mode):
-            raise PathUnsafeError(f"{path!r} is a symlink; checkpoints never follow links", path=path)
+            raise PathUnsafeError(
+                f"{path!r} is a symlink; checkpoints never follow links", path=path
+            )
         if not stat.S_ISREG(st.st_mode):
             raise FileMissingError(f"{path!r} is not a regular file", path=path)
         return st.st_size
@@ -262,7 +267,9 @@ class LocalStorage(Storage):
             _fsync_dir(os.path.dirname(full))
             return True
         except OSError as exc:
-            raise StorageError(f"create {path!r}: {exc.strerror} (errno {exc.errno})", path=path) from exc
+            raise StorageError(
+                f"create {path!r}: {exc.strerror} (errno {exc.errno})", path=path
+            ) from exc
 
     def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
         base = self._full(prefix.rstrip("/")) if prefix else self.root
@@ -290,7 +297,7 @@ class LocalStorage(Storage):
                         continue
                     yield ObjectInfo(rel, st.st_size, st.st_mtime)
 
-    def list_dirs(self, prefix: str = "") -> list[str]:
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         base = self._full(prefix.rstrip("/")) if prefix else self.root
         try:
             with os.scandir(base) as it:
