@@ -59,9 +59,7 @@ def _split_version(path: str) -> tuple[str, str] | None:
     return None
 
 
-def open(
-    path: str | os.PathLike[str], step: int | None = None
-) -> Any:
+def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
     """Open a committed version for reading.
 
     Args:

@@ -112,7 +112,7 @@ def test_nan_in_manifest(ck_dir) -> None:
             lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("file", "/etc/passwd"),
             "PCK-PATH-UNSAFE",
         ),
-        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("codec", "lz4"), "PCK-SCHEMA"),
+        (lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("codec", "lz4"), "PCK-CODEC"),
         (
             lambda d: d["tensors"]["a"]["ranges"][0].__setitem__("name", "nope"),
             "PCK-SHARD-MISMATCH",
@@ -126,7 +126,10 @@ def test_nan_in_manifest(ck_dir) -> None:
             ),
             "PCK-SCHEMA",
         ),
-        (lambda d: d["entries"]["cfg"].__setitem__("schema", {"id": "pck:nope/1"}), "PCK-SCHEMA"),
+        (
+            lambda d: d["entries"]["cfg"].__setitem__("schema", {"id": "pck:nope/1"}),
+            "PCK-ENTRY-SCHEMA",
+        ),
         (
             lambda d: d["entries"]["cfg"].__setitem__(
                 "schema", {"json_schema": {"type": "string"}}
@@ -171,11 +174,45 @@ def test_flipped_byte_fails_checksum(ck_dir) -> None:
     assert "w0000" in str(err)
 
 
+def rechecksum(vdir, path: str) -> None:
+    """Make the manifest's block checksums match the (tampered) file again."""
+    from portable_ckpt.io.checksum import BlockHasher
+
+    rel = os.path.relpath(path, vdir)
+
+    def fix(doc) -> None:
+        ck = doc["files"][rel]["checksum"]
+        h = BlockHasher(ck["block_size"])
+        h.update(open(path, "rb").read())
+        ck["blocks"] = h.blocks()
+
+    edit_manifest(vdir, fix)
+
+
 @pytest.mark.parametrize("length", [1 << 62, 1 << 40, 10**8 + 1])
 def test_absurd_header_length(ck_dir, length: int) -> None:
     f = _data_file(ck_dir[1])
     with open(f, "r+b") as fh:
         fh.write(struct.pack("<Q", length))
+    # A header is verified before it is interpreted: first the checksum catches it...
+    expect("PCK-CHECKSUM", ck_dir[1])
+    # ...and with consistent checksums the length bound does, before any allocation.
+    rechecksum(ck_dir[1], f)
+    expect("PCK-SHARD-HEADER", ck_dir[1])
+
+
+def test_header_offsets_outside_file(ck_dir) -> None:
+    f = _data_file(ck_dir[1])
+    raw = open(f, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"][1] += 10**6
+    body = json.dumps(header, separators=(",", ":")).encode()
+    body += b" " * (n - len(body))
+    assert len(body) == n
+    open(f, "wb").write(raw[:8] + body + raw[8 + n :])
+    rechecksum(ck_dir[1], f)
     expect("PCK-SHARD-HEADER", ck_dir[1])
 
 

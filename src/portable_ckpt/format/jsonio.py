@@ -7,6 +7,8 @@ non-UTF-8 bytes, deep nesting and oversized documents. Every failure is a ``Json
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 from portable_ckpt.errors import JsonInvalidError, LimitError
@@ -23,6 +25,45 @@ MAX_DOCUMENT_BYTES = 64 << 20
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON (NaN and Infinity are forbidden)")
+
+
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(text: str) -> bool:
+    # Slow path, only for documents that contain a surrogate escape at all.
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return False  # reported by the main parse
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        items = (
+            list(node.items())
+            if isinstance(node, dict)
+            else node
+            if isinstance(node, list)
+            else [node]
+        )
+        for item in items:
+            parts = item if isinstance(item, tuple) else (item,)
+            for part in parts:
+                if isinstance(part, str):
+                    try:
+                        part.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return True
+                elif isinstance(part, dict | list) and part is not node:
+                    stack.append(part)
+    return False
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if math.isinf(value):
+        raise ValueError(f"number {token[:40]} overflows a double")
+    return value
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -58,8 +99,17 @@ def loads(data: bytes | str, *, what: str, max_bytes: int = MAX_DOCUMENT_BYTES) 
             ) from None
     else:
         text = data
+    if text.startswith("\ufeff"):
+        raise JsonInvalidError(f"{what}: starts with a byte-order mark", path=what)
+    if _SURROGATE.search(text) and _lone_surrogate(text):
+        raise JsonInvalidError(f"{what}: contains an unpaired surrogate escape", path=what)
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        doc = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+        )
     except RecursionError:
         raise JsonInvalidError(f"{what}: nesting deeper than {MAX_DEPTH}", path=what) from None
     except ValueError as exc:

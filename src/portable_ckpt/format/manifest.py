@@ -16,8 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.errors import (
+    AttemptIdError,
     CheckpointError,
+    CodecError,
+    CoverageGapError,
+    CoverageOverlapError,
     DtypeUnsupportedError,
+    EntrySchemaError,
     FeatureUnsupportedError,
     LimitError,
     RangeBoundsError,
@@ -77,6 +82,7 @@ BUILTIN_SCHEMA_IDS = (
 #: Extensions this implementation understands (for ``must_understand``).
 KNOWN_EXTENSIONS: frozenset[str] = frozenset()
 
+_ENTRY_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 _HEX = re.compile(r"^(?:[0-9a-f]{8})*$")
 _CTRL = re.compile(r"[\x00-\x1f\x7f]")
 _VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
@@ -389,11 +395,18 @@ class _Ctx:
             raise self.fail(where, f"required field {k!r} is missing")
         return d[k]
 
-    def int_(self, v: Any, where: str, lo: int = 0, hi: int = MAX_SIZE) -> int:
+    def int_(
+        self,
+        v: Any,
+        where: str,
+        lo: int = 0,
+        hi: int = MAX_SIZE,
+        low_cls: type[CheckpointError] = SchemaError,
+    ) -> int:
         if not isinstance(v, int) or isinstance(v, bool):
-            raise self.fail(where, f"expected an integer, got {v!r}")
+            raise self.fail(where, f"expected an integer, got {v!r:.40}")
         if v < lo or v > hi:
-            cls: type[CheckpointError] = LimitError if v > hi else SchemaError
+            cls: type[CheckpointError] = LimitError if v > hi else low_cls
             raise self.fail(where, f"{v} is outside [{lo}, {hi}]", cls)
         return v
 
@@ -473,9 +486,11 @@ def _files(c: _Ctx, v: Any) -> dict[str, FileRecord]:
     return out
 
 
-def _ints(c: _Ctx, v: Any, where: str, lo: int) -> tuple[int, ...]:
+def _ints(
+    c: _Ctx, v: Any, where: str, lo: int, low_cls: type[CheckpointError] = SchemaError
+) -> tuple[int, ...]:
     arr = c.arr(v, where, MAX_NDIM)
-    return tuple(c.int_(x, f"{where}[{i}]", lo) for i, x in enumerate(arr))
+    return tuple(c.int_(x, f"{where}[{i}]", lo, low_cls=low_cls) for i, x in enumerate(arr))
 
 
 def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -> TensorEntry:
@@ -501,8 +516,8 @@ def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -
         rw = f"{where}.ranges[{i}]"
         r = c.obj(rv, rw)
         c.closed(r, rw, {"offsets", "lengths", "file", "name", "codec"})
-        offs = _ints(c, c.req(r, "offsets", rw), rw + ".offsets", 0)
-        lens = _ints(c, c.req(r, "lengths", rw), rw + ".lengths", 1)
+        offs = _ints(c, c.req(r, "offsets", rw), rw + ".offsets", 0, RangeBoundsError)
+        lens = _ints(c, c.req(r, "lengths", rw), rw + ".lengths", 1, RangeBoundsError)
         if len(offs) != len(shape) or len(lens) != len(shape):
             raise c.fail(
                 rw,
@@ -520,8 +535,22 @@ def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -
         if files is not None and fpath not in files:
             raise c.fail(rw + ".file", f"{fpath!r} is not listed in files")
         name = c.name(c.req(r, "name", rw), rw + ".name", 4096)
-        codec = c.enum(r.get("codec", "none"), rw + ".codec", CODECS)
+        if name == "__metadata__":
+            raise c.fail(rw + ".name", "'__metadata__' is not a tensor name")
+        codec = c.req(r, "codec", rw)
+        if codec not in CODECS:
+            raise c.fail(
+                rw + ".codec", f"codec {codec!r} is not one of {', '.join(CODECS)}", CodecError
+            )
         ranges.append(RangeRecord(offs, lens, fpath, name, codec))
+    # Cheap structural coverage rules (the full exactly-once check runs before a tensor is read).
+    if not shape and len(ranges) != 1:
+        cls = CoverageGapError if not ranges else CoverageOverlapError
+        raise c.fail(
+            where + ".ranges", f"a 0-d tensor has exactly one range, found {len(ranges)}", cls
+        )
+    if numel and not ranges:
+        raise c.fail(where + ".ranges", f"no range records for {numel} elements", CoverageGapError)
     return TensorEntry(key, dtype, shape, ranges)
 
 
@@ -530,12 +559,19 @@ def _entry(
 ) -> Entry:
     where = f"entries[{name!r}]"
     c.name(name, where, 256)
+    if not _ENTRY_NAME.match(name) or any(p in ("", ".", "..") for p in name.split("/")):
+        raise c.fail(where, "entry names use [A-Za-z0-9._/-] with no empty, '.' or '..' parts")
     d = c.obj(v, where)
     c.closed(d, where, {"schema", "scope", "world_size_policy", "encoding", "values"})
     schema = c.obj(c.req(d, "schema", where), where + ".schema")
     if "id" in schema:
         c.closed(schema, where + ".schema", {"id"})
-        c.enum(schema["id"], where + ".schema.id", BUILTIN_SCHEMA_IDS)
+        if schema["id"] not in BUILTIN_SCHEMA_IDS:
+            raise c.fail(
+                where + ".schema.id",
+                f"{schema['id']!r} is not a built-in schema id ({', '.join(BUILTIN_SCHEMA_IDS)})",
+                EntrySchemaError,
+            )
     elif "json_schema" in schema:
         c.closed(schema, where + ".schema", {"json_schema"})
         if not isinstance(schema["json_schema"], dict | bool):
@@ -597,7 +633,7 @@ def _continuation(c: _Ctx, v: Any) -> Continuation:
     c.closed(d, "continuation", {"contract", "world_size", "mesh"})
     contract = c.enum(c.req(d, "contract", "continuation"), "continuation.contract", CONTRACTS)
     ws = c.int_(c.req(d, "world_size", "continuation"), "continuation.world_size", 1, 1 << 24)
-    mv = d.get("mesh")
+    mv = c.req(d, "mesh", "continuation")
     mesh = None
     if mv is not None:
         m = c.obj(mv, "continuation.mesh")
@@ -611,6 +647,8 @@ def _continuation(c: _Ctx, v: Any) -> Continuation:
         )
         if len(names) != len(shape):
             raise c.fail("continuation.mesh", "dim_names and shape differ in length")
+        if len(set(names)) != len(names):
+            raise c.fail("continuation.mesh.dim_names", f"duplicate dimension names {list(names)}")
         if math.prod(shape) != ws:
             raise c.fail(
                 "continuation.mesh", f"mesh shape {list(shape)} does not hold world_size {ws} ranks"
@@ -648,14 +686,16 @@ def parse_manifest(
         )
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
     if directory_name is not None and directory_name != attempt_id:
-        from portable_ckpt.errors import AttemptIdError
-
         raise AttemptIdError(
             f"{what}: attempt_id {attempt_id!r} differs from its directory {directory_name!r} "
             "(a copied or renamed attempt); attempts are never renamed",
             path=what,
         )
     step = c.int_(c.req(d, "step", "top level"), "step", 0, 10**12 - 1)
+    if int(attempt_id[1:13]) != step:
+        raise AttemptIdError(
+            f"{what}: step {step} differs from the step in attempt_id {attempt_id}", path=what
+        )
     created = c.str_(c.req(d, "created_at", "top level"), "created_at", 64)
     committed = c.str_(c.req(d, "committed_at", "top level"), "committed_at", 64)
     for k, val in (("created_at", created), ("committed_at", committed)):

@@ -42,7 +42,7 @@ from portable_ckpt.format.naming import (
     parse_attempt_step,
     utc_now_iso,
 )
-from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher
+from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher, read_verified_bytes
 from portable_ckpt.io.safetensors_io import check_range, load_header
 from portable_ckpt.ranges.coverage import check_coverage
 from portable_ckpt.storage.base import Storage
@@ -215,7 +215,12 @@ def commit(
                 by_file.setdefault(r.file, []).append((t, r))
         for path, items in by_file.items():
             full = f"{attempt_id}/{path}"
-            hdr = load_header(storage, full, file_size=files[path].size, what=full)
+            rec = files[path]
+
+            def read(lo: int, hi: int, full: str = full, rec: FileRecord = rec) -> bytes:
+                return read_verified_bytes(storage, full, rec, lo, hi)
+
+            hdr = load_header(read, file_size=rec.size, what=full)
             for t, r in items:
                 item = DTYPES[t.dtype]
                 check_range(

@@ -42,7 +42,7 @@ from portable_ckpt.format.manifest import (
     TensorEntry,
 )
 from portable_ckpt.format.schemas import validate_entry_value
-from portable_ckpt.io.checksum import BlockVerifier
+from portable_ckpt.io.checksum import BlockVerifier, read_verified
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
 from portable_ckpt.ranges.coverage import check_coverage
@@ -146,11 +146,14 @@ class Checkpoint:
         hdr = self._headers.get(path)
         if hdr is None:
             rec = self._file(path)
-            hdr = load_header(
-                self.storage, self._rel(path), file_size=rec.size, what=self._rel(path)
-            )
-            # The header bytes are covered by checksums too: verify the blocks it occupies.
-            self._read_verified(path, 0, hdr.data_start, None)
+
+            def read(lo: int, hi: int) -> bytes:
+                buf = bytearray(hi - lo)
+                self._read_verified(path, lo, hi, memoryview(buf))
+                return bytes(buf)
+
+            # Header bytes are verified against their checksum blocks before they are parsed.
+            hdr = load_header(read, file_size=rec.size, what=self._rel(path))
             self._headers[path] = hdr
         return hdr
 
@@ -377,31 +380,11 @@ class Checkpoint:
 
         With ``dest=None`` the bytes are only verified.
         """
-        rec = self._file(path)
-        if not 0 <= lo <= hi <= rec.size:
-            raise FileSizeError(
-                f"{self._rel(path)!r}: read [{lo}:{hi}] outside its {rec.size} bytes", path=path
-            )
-        if hi == lo:
-            return
-        ck = rec.checksum
-        bs = ck.block_size
-        a = lo // bs * bs
-        b = min(-(-hi // bs) * bs, rec.size)
-        head = bytearray(lo - a)
-        tail = bytearray(b - hi)
-        scratch = len(head) + len(tail)
-        if dest is None:
-            dest = memoryview(bytearray(hi - lo))
-            scratch += hi - lo
-        bufs = [memoryview(head), dest, memoryview(tail)]
-        self._note_scratch(scratch)
-        self.storage.read_into_many(self._rel(path), a, bufs)
-        verifier = BlockVerifier(self._rel(path), ck.blocks, bs, rec.size)
-        verifier.verify_span(a, bufs)
+        res = read_verified(self.storage, self._rel(path), self._file(path), lo, hi, dest)
+        self._note_scratch(res.scratch)
         with self._lock:
-            self.stats.bytes_read += b - a
-            self.stats.blocks_verified += verifier.verified
+            self.stats.bytes_read += res.bytes_read
+            self.stats.blocks_verified += res.blocks
 
     # -- entries ------------------------------------------------------------------------------------
     def entry(self, name: str, rank: int | None = None, world_size: int | None = None) -> Any:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from portable_ckpt.errors import CheckpointError, ShardHeaderError, ShardMismatchError
 from portable_ckpt.format import jsonio
-from portable_ckpt.storage.base import Storage
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -115,16 +114,18 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
     return ShardHeader(data_start, tensors, dict(meta))
 
 
-def load_header(storage: Storage, path: str, *, file_size: int, what: str) -> ShardHeader:
-    """Read and parse the header of the safetensors file at storage ``path`` (bounded reads).
+def load_header(read: Callable[[int, int], bytes], *, file_size: int, what: str) -> ShardHeader:
+    """Read and parse a safetensors header with bounded reads.
 
-    ``file_size`` is the size recorded in the manifest (already checked against the storage).
+    ``read(lo, hi)`` returns bytes ``[lo, hi)`` of the file, already checksum-verified (a header is
+    never interpreted before its blocks verify). ``file_size`` is the size recorded in the
+    manifest (already checked against the storage).
     """
     if file_size < 8:
         raise ShardHeaderError(
             f"{what}: {file_size} bytes is too short for a safetensors file", path=what
         )
-    prefix = storage.read_range(path, 0, 8)
+    prefix = read(0, 8)
     n = struct.unpack("<Q", prefix)[0]
     if n > MAX_HEADER_BYTES or n > file_size - 8:
         raise ShardHeaderError(
@@ -132,7 +133,7 @@ def load_header(storage: Storage, path: str, *, file_size: int, what: str) -> Sh
             f"({file_size}); the file is corrupt or not safetensors",
             path=what,
         )
-    header = storage.read_range(path, 8, n)
+    header = read(8, 8 + n)
     return parse_header(prefix, header, path=what, file_size=file_size)
 
 
