@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import crc32c as _crc
@@ -145,11 +146,60 @@ def read_verified(
     if dest is None:
         dest = memoryview(bytearray(hi - lo))
         scratch += hi - lo
-    bufs = [memoryview(head), dest, memoryview(tail)]
-    storage.read_into_many(full_path, a, bufs)
+    bufs = [memoryview(head), dest.cast("B") if dest.format != "B" else dest, memoryview(tail)]
     verifier = BlockVerifier(full_path, ck.blocks, bs, rec.size)
-    verifier.verify_span(a, bufs)
+    if b - a <= 2 * PIPELINE_WINDOW:
+        storage.read_into_many(full_path, a, bufs)
+        verifier.verify_span(a, bufs)
+    else:
+        # Large spans: read window k+1 in the I/O thread while window k is checksummed here.
+        windows = _split(bufs, PIPELINE_WINDOW // bs * bs or bs)
+        starts = [a]
+        for w in windows[:-1]:
+            starts.append(starts[-1] + sum(len(p) for p in w))
+        pool = _io_pool()
+        fut = pool.submit(storage.read_into_many, full_path, starts[0], windows[0])
+        for k, win in enumerate(windows):
+            fut.result()
+            if k + 1 < len(windows):
+                fut = pool.submit(storage.read_into_many, full_path, starts[k + 1], windows[k + 1])
+            try:
+                verifier.verify_span(starts[k], win)
+            except BaseException:
+                if k + 1 < len(windows):
+                    fut.result()  # never leave a read writing into memory the caller owns
+                raise
     return VerifiedRead(b - a, verifier.verified, scratch)
+
+
+#: Reads larger than two windows are pipelined: I/O of one window overlaps the CRC of the last.
+PIPELINE_WINDOW = 8 << 20
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="pck-io"))
+    return _POOL[0]
+
+
+def _split(bufs: list[memoryview], window: int) -> list[list[memoryview]]:
+    """Cut the concatenation of ``bufs`` into consecutive windows of ``window`` bytes."""
+    out: list[list[memoryview]] = [[]]
+    fill = 0
+    for buf in bufs:
+        mv = buf
+        while len(mv):
+            take = min(window - fill, len(mv))
+            out[-1].append(mv[:take])
+            fill += take
+            mv = mv[take:]
+            if fill == window:
+                out.append([])
+                fill = 0
+    if not out[-1]:
+        out.pop()
+    return out
 
 
 def read_verified_bytes(

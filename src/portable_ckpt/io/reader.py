@@ -25,7 +25,6 @@ from portable_ckpt.errors import (
     ContractError,
     CoverageGapError,
     EntryMissingError,
-    FileMissingError,
     FileSizeError,
     StepMismatchError,
     TensorMissingError,
@@ -42,7 +41,7 @@ from portable_ckpt.format.manifest import (
     TensorEntry,
 )
 from portable_ckpt.format.schemas import validate_entry_value
-from portable_ckpt.io.checksum import BlockVerifier, read_verified
+from portable_ckpt.io.checksum import read_verified
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
 from portable_ckpt.ranges.coverage import check_coverage
@@ -504,22 +503,12 @@ class Checkpoint:
 
     def _verify_file(self, path: str) -> None:
         rec = self._file(path)
-        bs = rec.checksum.block_size
-        window = max(bs, WINDOW_BYTES // bs * bs)
-        buf = bytearray(min(window, rec.size))
-        self._note_scratch(len(buf))
-        verifier = BlockVerifier(self._rel(path), rec.checksum.blocks, bs, rec.size)
+        # One scratch window at a time, pipelined inside read_verified (I/O overlaps the CRC).
+        step = 4 * WINDOW_BYTES // rec.checksum.block_size * rec.checksum.block_size
+        buf = bytearray(min(step, rec.size))
         pos = 0
         while pos < rec.size:
-            n = min(window, rec.size - pos)
-            mv = memoryview(buf)[:n]
-            self.storage.read_into(self._rel(path), pos, mv)
-            verifier.verify_span(pos, [mv])
+            n = min(step, rec.size - pos)
+            self._read_verified(path, pos, pos + n, memoryview(buf)[:n])
             pos += n
-        with self._lock:
-            self.stats.bytes_read += rec.size
-            self.stats.blocks_verified += verifier.verified
-        if rec.size == 0 and rec.checksum.blocks:
-            raise FileMissingError(
-                f"{self._rel(path)!r}: empty file with block checksums", path=path
-            )
+        self._note_scratch(len(buf))

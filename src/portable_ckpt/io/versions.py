@@ -17,7 +17,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import FORMAT_VERSION, Manifest, parse_manifest
-from portable_ckpt.format.naming import ATTEMPT_ID_RE, attempt_time, check_attempt_id, utc_now_iso
+from portable_ckpt.format.naming import ATTEMPT_ID_RE, attempt_time, check_attempt_id
 from portable_ckpt.storage import Storage, open_storage
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "list_versions",
     "load_manifest",
     "read_annotations",
-    "write_copy_record",
     "write_drill_record",
 ]
 
@@ -143,26 +142,6 @@ def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]
     return _write_annotation(storage, attempt_id, "drills", str(rec["drill_id"]), rec)
 
 
-def write_copy_record(
-    storage: Storage, attempt_id: str, destination: str, *, ok: bool = True
-) -> str:
-    """Record in the source version that a verified copy exists at ``destination``."""
-    from portable_ckpt.format.schemas import validate_document
-
-    copy_id = f"c{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(4)}"
-    rec = {
-        "format": "portable-ckpt-copy",
-        "format_version": FORMAT_VERSION,
-        "attempt_id": attempt_id,
-        "copy_id": copy_id,
-        "destination": destination,
-        "verified_at": utc_now_iso(),
-        "ok": ok,
-    }
-    validate_document(rec, "copy.schema.json", what=f"{attempt_id}/copies/{copy_id}.json")
-    return _write_annotation(storage, attempt_id, "copies", copy_id, rec)
-
-
 def list_versions(
     root: str | os.PathLike[str] | Storage, *, annotations: bool = True
 ) -> list[VersionInfo]:
@@ -241,6 +220,8 @@ class GcReport:
     abandoned: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     protected: str | None = None
+    kept_for_copy: list[str] = field(default_factory=list)
+    aborted_uploads: int = 0
     dry_run: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -250,6 +231,8 @@ class GcReport:
             "abandoned": self.abandoned,
             "kept": self.kept,
             "protected": self.protected,
+            "kept_for_copy": self.kept_for_copy,
+            "aborted_uploads": self.aborted_uploads,
             "dry_run": self.dry_run,
         }
 
@@ -306,7 +289,10 @@ def gc(
 
     may_delete = not require_copy or any(has_copy(v) for v in kept)
     for v in newest_first:
-        if v in kept or not may_delete:
+        if v in kept:
+            continue
+        if not may_delete:
+            report.kept_for_copy.append(v.id)
             continue
         report.deleted.append(v.id)
         if not dry_run:
@@ -322,4 +308,7 @@ def gc(
         if not dry_run:
             storage.delete(f"{v.id}/manifest.json")
             storage.delete_prefix(f"{v.id}/")
+    if not dry_run:
+        # Object stores: uploads of killed writers are invisible to listings but still stored.
+        report.aborted_uploads = storage.abort_uploads("", older_than_s=grace_seconds)
     return report

@@ -149,6 +149,13 @@ class Storage(abc.ABC):
         for info in list(self.list(prefix)):
             self.delete(info.path)
 
+    def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
+        """Abort unfinished uploads under ``prefix`` older than ``older_than_s``; return how many.
+
+        Only object stores have such uploads; the default does nothing.
+        """
+        return 0
+
     def local_root(self) -> str | None:
         """Return the local directory of the root, when ``capabilities.local_path``."""
         return None
