@@ -53,7 +53,7 @@ class FaultProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
             def _body(self) -> bytes:
@@ -77,7 +77,8 @@ class FaultProxy:
                 self.send_response(status)
                 for k, v in (headers or {"Content-Type": "application/xml"}).items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
+                if self.command != "HEAD" or "Content-Length" not in (headers or {}):
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(body)
@@ -119,7 +120,7 @@ class FaultProxy:
                 if fail:
                     with proxy._lock:
                         proxy.log.injected_500 += 1
-                    self._error(500, "InternalError", "We encountered an internal error (injected).")
+                    self._error(500, "InternalError", "Internal error (injected).")
                     return
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=120)
                 try:
@@ -131,6 +132,8 @@ class FaultProxy:
                     data = resp.read()
                     out_headers = {k: v for k, v in resp.getheaders()
                                    if k.lower() not in _HOP and k.lower() != "content-length"}
+                    if self.command == "HEAD" and resp.getheader("Content-Length"):
+                        out_headers["Content-Length"] = str(resp.getheader("Content-Length"))
                 finally:
                     conn.close()
                 with proxy._lock:
@@ -145,7 +148,7 @@ class FaultProxy:
                     return
                 self._reply(resp.status, data, out_headers)
 
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle  # noqa: N815
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

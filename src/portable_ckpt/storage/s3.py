@@ -559,6 +559,48 @@ class S3Storage(Storage):
         if first is not None:
             raise first
 
+    def read_into_many(self, path: str, offset: int, bufs: builtins.list[memoryview]) -> None:
+        """Fill ``bufs`` from consecutive bytes at ``offset`` with ONE ranged GET per chunk.
+
+        The base class would issue one GET per buffer (a reader's head/body/tail scratch around
+        checksum blocks); here the whole span is fetched once and scattered.
+        """
+        self._check(path)
+        views = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs]
+        views = [v for v in views if len(v)]
+        if len(views) <= 1:
+            if views:
+                self.read_into(path, offset, views[0])
+            return
+        total = sum(len(v) for v in views)
+        chunk = self.options.read_chunk
+
+        def fetch(start: int, end: int) -> None:
+            tmp = memoryview(bytearray(end - start))
+            self._get_range(path, path, offset + start, tmp)
+            pos = 0
+            for v in views:  # scatter the piece [start, end) into the buffers it overlaps
+                lo, hi = max(start, pos), min(end, pos + len(v))
+                if lo < hi:
+                    v[lo - pos : hi - pos] = tmp[lo - start : hi - start]
+                pos += len(v)
+                if pos >= end:
+                    break
+
+        if total <= chunk:
+            fetch(0, total)
+            return
+        futures = [self._executor().submit(fetch, s, min(s + chunk, total))
+                   for s in range(0, total, chunk)]
+        first: BaseException | None = None
+        for fut in futures:
+            try:
+                fut.result()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
     def read_all(self, path: str, *, max_size: int) -> bytes:
         """Return the whole object; ``LimitError`` when it is larger than ``max_size``."""
         import obstore

@@ -1,0 +1,62 @@
+"""``portable-ckpt copy CKPT DST_ROOT``: replicate a committed version to another root."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from portable_ckpt.errors import CheckpointError
+
+__all__ = ["register"]
+
+
+def _copy(args: argparse.Namespace) -> int:
+    from portable_ckpt.io.copy import copy_version
+
+    try:
+        res = copy_version(
+            args.ckpt, args.dst_root, step=args.step, jobs=args.jobs,
+            chunk_size=args.chunk_mib << 20, record=not args.no_record, force=args.force,
+        )
+    except CheckpointError as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
+        raise
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2))
+    else:
+        what = "already present at" if res.already_present else "copied to"
+        print(f"{res.attempt_id} (step {res.step}) {what} {res.destination_version}")
+        print(f"  {res.files} files, {res.bytes} bytes, {res.seconds:.2f} s "
+              f"({res.mib_per_s:.1f} MiB/s); every block CRC32C verified"
+              + (f"; {res.server_checksums} whole-object CRC32C verified by the store"
+                 if res.server_checksums else ""))
+        if res.record:
+            print(f"  copy record: {res.source.rsplit('/', 1)[0]}/{res.record}")
+        if res.record_error:
+            print(f"  warning: copy record not written: {res.record_error}", file=sys.stderr)
+        for w in res.warnings:
+            print(f"  warning: {w}", file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``copy``."""
+    p = sub.add_parser(
+        "copy",
+        help="copy a committed version to another root (local or s3://), verified and "
+        "published atomically; records the copy in the source",
+    )
+    p.add_argument("ckpt", help="a version directory, or a root (its latest committed version)")
+    p.add_argument("dst_root", help="destination root: a directory or s3://bucket/prefix")
+    p.add_argument("--step", type=int, default=None, help="with a root: copy this step")
+    p.add_argument("--jobs", type=int, default=2, help="files copied concurrently (default 2)")
+    p.add_argument("--chunk-mib", type=int, default=8, help="MiB per ranged read (default 8)")
+    p.add_argument("--no-record", action="store_true",
+                   help="do not write copies/<copy-id>.json into the source version")
+    p.add_argument("--force", action="store_true",
+                   help="replace leftovers of an interrupted copy at a local destination")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_copy)
