@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.planner import (
     WriteItem,
     WriteItemType,
 )
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from portable_ckpt.convert._model import ConvertWarning
 
@@ -120,6 +121,6 @@ def save_portable_as_dcp(
 ) -> tuple[int, int, list[ConvertWarning]]:
     """Write opened portable checkpoint ``ck`` into the (empty) directory as DCP."""
     planner = _PortablePlanner(ck, progress)
-    writer = dcp.FileSystemWriter(directory, single_file_per_rank=False, thread_count=1)
-    dcp.save({}, storage_writer=writer, planner=planner, no_dist=True)
+    writer = FileSystemWriter(directory, single_file_per_rank=False, thread_count=1)
+    dcp_save({}, storage_writer=writer, planner=planner, no_dist=True)
     return len(ck.tensors), planner.bytes, planner.warnings

@@ -29,6 +29,7 @@ class ChunkSpec:
         nbytes: bytes of the chunk's elements.
         where: file (and item) it is stored in, for messages.
         load: returns the chunk as a numpy array of shape ``lengths`` (any strides).
+
     """
 
     offsets: tuple[int, ...]
@@ -97,6 +98,7 @@ def check_plan(plan: SourcePlan) -> None:
     Raises:
         CoverageGapError, CoverageOverlapError, RangeBoundsError: the layout is broken; the
             message names the tensor and the files of its chunks.
+
     """
     for t in plan.tensors:
         boxes = [Box.of(c.offsets, c.lengths) for c in t.chunks]

@@ -75,6 +75,7 @@ def scan_pickle(data: bytes) -> Any:
 
     Raises:
         PickleScanError: unknown opcode, malformed stream or too many operations.
+
     """
     stack: list[Any] = []
     memo: dict[int, Any] = {}
@@ -130,12 +131,12 @@ def scan_pickle(data: bytes) -> Any:
             elif name == "NEWFALSE":
                 stack.append(False)
             elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                memo[int(arg)] = stack[-1]
+                memo[int(arg)] = stack[-1]  # type: ignore[arg-type]
             elif name == "MEMOIZE":
                 memo[len(memo)] = stack[-1]
             elif name in ("BINGET", "LONG_BINGET", "GET"):
                 try:
-                    stack.append(memo[int(arg)])
+                    stack.append(memo[int(arg)])  # type: ignore[arg-type]
                 except KeyError:
                     raise PickleScanError(f"memo key {arg} missing") from None
             elif name == "MARK":

@@ -65,6 +65,7 @@ def read_header(path: str) -> tuple[list[StTensor], dict[str, str]]:
         ShardHeaderError: header length absurd, JSON bad, offsets inconsistent.
         FileSizeError: the header's data extends past the end of the file (truncated).
         DtypeUnsupportedError: a tensor's dtype is outside the format's table.
+
     """
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -159,6 +160,7 @@ def build_header(
     Returns:
         The 8-byte length prefix + header bytes, and ``(name, start, end)`` in data order
         (offsets relative to the data section).
+
     """
     order = sorted(tensors, key=_sort_key)
     doc: dict[str, Any] = {}

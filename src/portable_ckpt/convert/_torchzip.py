@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from portable_ckpt.convert._pickle_scan import Call, Global, PersistentId, PickleScanError, scan_pickle
+from portable_ckpt.convert._pickle_scan import (
+    Call,
+    Global,
+    PersistentId,
+    PickleScanError,
+    scan_pickle,
+)
 from portable_ckpt.errors import (
     CodecError,
     DtypeUnsupportedError,
@@ -91,6 +97,7 @@ class TorchTensorLayout:
         storage_offset: offset of the tensor's first element in the storage, in elements.
         shape: tensor shape.
         stride: tensor strides in elements.
+
     """
 
     dtype: str
@@ -169,6 +176,7 @@ def open_torch_archive(
         FileSizeError: the file is shorter than ``offset + length`` (truncated).
         ShardHeaderError: not a torch zip, or its pickle cannot be interpreted.
         CodecError: a storage member is compressed.
+
     """
     size = os.fstat(fd).st_size
     if offset + length > size:
@@ -227,6 +235,7 @@ def tensor_layout(
     Raises:
         ShardHeaderError: not a plain dense tensor, or inconsistent with its storage.
         DtypeUnsupportedError: the tensor's dtype is outside the format's table.
+
     """
     key, numel, (dtype, storage_offset, shape, stride) = _tensor_from_pickle(node, where)
     if key not in storages:
@@ -261,6 +270,7 @@ def parse_torch_zip(fd: int, offset: int, length: int, *, where: str) -> TorchTe
     Raises:
         FileSizeError, ShardHeaderError, CodecError, DtypeUnsupportedError: see
             :func:`open_torch_archive` and :func:`tensor_layout`.
+
     """
     root, storages = open_torch_archive(fd, offset, length, where=where)
     return tensor_layout(root, storages, where=where)
@@ -333,7 +343,7 @@ def read_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.n
 
 def pread_into(fd: int, buf: np.ndarray, offset: int, *, where: str) -> None:
     """Fill ``buf`` from ``fd`` at ``offset`` (``FileSizeError`` naming ``where`` if short)."""
-    mv = memoryview(buf).cast("B")
+    mv = memoryview(buf).cast("B")  # type: ignore[arg-type]
     done = 0
     total = len(mv)
     while done < total:

@@ -44,7 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from portable_ckpt.convert._model import ChunkSpec, ConvertWarning, EntrySpec, SourcePlan, TensorSpec
+from portable_ckpt.convert._model import (
+    ChunkSpec,
+    ConvertWarning,
+    EntrySpec,
+    SourcePlan,
+    TensorSpec,
+)
 from portable_ckpt.convert._torchzip import (
     TORCH_DTYPE_NAMES,
     TorchTensorLayout,
@@ -187,6 +193,7 @@ def read_dcp_source(root: str, *, trust_pickle: bool, strict: bool = False) -> S
         FileSizeError: a ``.distcp`` file is shorter than its items (truncated).
         DtypeUnsupportedError: a tensor's dtype is outside the format's table.
         ShardHeaderError, CodecError, ShardMismatchError: a chunk is not what the metadata says.
+
     """
     if not os.path.isdir(root):
         raise FileMissingError(f"DCP directory {root} does not exist", path=root)
@@ -304,6 +311,7 @@ def write_dcp(
 
     Returns:
         ``(tensors, bytes, warnings)``.
+
     """
     from portable_ckpt.convert._dcp_export import save_portable_as_dcp
     from portable_ckpt.convert._publish import staged_dir

@@ -27,7 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from portable_ckpt.convert._model import ChunkSpec, ConvertWarning, EntrySpec, SourcePlan, TensorSpec
+from portable_ckpt.convert._model import (
+    ChunkSpec,
+    ConvertWarning,
+    EntrySpec,
+    SourcePlan,
+    TensorSpec,
+)
 from portable_ckpt.convert._st import StTensor, build_header, read_header
 from portable_ckpt.convert._torchzip import pread_into
 from portable_ckpt.errors import (
@@ -166,6 +172,7 @@ def read_hf_source(src: str) -> SourcePlan:
 
     Raises:
         CheckpointError: see the module docstring for the codes; every message names the file.
+
     """
     index_path, shards = find_hf_files(src)
     warnings: list[ConvertWarning] = []
@@ -185,8 +192,10 @@ def read_hf_source(src: str) -> SourcePlan:
     where: dict[str, str] = {}
     tensors: list[TensorSpec] = []
     metadata: dict[str, str] = {}
+    headers = []
     for path in shards:
         sts, meta = read_header(path)
+        headers.append((path, sts))
         for k, v in meta.items():
             metadata.setdefault(k, v)
         for t in sts:
@@ -197,6 +206,8 @@ def read_hf_source(src: str) -> SourcePlan:
                     path=path,
                 )
             where[t.name] = path
+    for path, sts in headers:
+        for t in sts:
             if weight_map is not None:
                 named = weight_map.get(t.name)
                 if named is None:
@@ -246,6 +257,7 @@ def write_hf(
 
     Returns:
         ``(tensors, bytes, warnings)``.
+
     """
     from portable_ckpt.convert._publish import staged_dir
 
@@ -289,7 +301,7 @@ def write_hf(
                 for key, _start, _end in layout:
                     weight_map[key] = fname
                     for arr in _slabs(src, by_key[key], slab_bytes):
-                        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+                        f.write(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
                         written += arr.nbytes
                         if progress is not None:
                             progress(arr.nbytes)

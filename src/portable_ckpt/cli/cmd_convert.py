@@ -1,0 +1,130 @@
+"""``portable-ckpt convert SRC DST``: DCP / HF safetensors / torch.save ↔ portable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+_HELP = """\
+Convert a checkpoint between formats in bounded memory (one batch of chunks at a time).
+
+Sources: dcp (torch.distributed.checkpoint directory), hf (model.safetensors or a sharded set
+with model.safetensors.index.json), torch (torch.save .pt/.bin state dict), portable.
+Targets: portable (default; DST is a checkpoint root, a new version is committed), dcp, hf
+(DST must be new or empty; it appears only when the conversion succeeded).
+
+DCP's .metadata and non-tensor items are Python pickles. Unpickling runs code chosen by whoever
+wrote the file, so DCP sources are refused unless you pass --trust-pickle. (torch.save files are
+read without running pickle code.)
+"""
+
+
+class _Progress:
+    """A one-line progress bar on stderr (only used when stderr is a terminal)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        frac = done / total if total else 1.0
+        width = 30
+        bar = "#" * int(frac * width)
+        rate = done / max(now - self.t0, 1e-9) / (1 << 20)
+        sys.stderr.write(
+            f"\r[{bar:<{width}}] {frac * 100:5.1f}%  {done / (1 << 20):,.0f}/{total / (1 << 20):,.0f} MiB"
+            f"  {rate:,.0f} MiB/s"
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from portable_ckpt.convert import convert
+    from portable_ckpt.errors import CheckpointError
+
+    progress: Any = None
+    if not args.json and sys.stderr.isatty():
+        progress = _Progress()
+    try:
+        report = convert(
+            args.src,
+            args.dst,
+            src_format=args.src_format,
+            dst_format=args.dst_format,
+            trust_pickle=args.trust_pickle,
+            strict=args.strict,
+            max_shard_size=args.max_shard_size,
+            step=args.step,
+            codec=args.codec,
+            progress=progress,
+        )
+    except CheckpointError as exc:
+        if progress is not None:
+            progress.close()
+        if args.json:
+            print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
+        raise
+    if progress is not None:
+        progress.close()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    for w in report.warnings:
+        print(f"warning: {w.item}: {w.message}", file=sys.stderr)
+    rate = report.bytes / max(report.seconds, 1e-9) / (1 << 20)
+    print(
+        f"converted {report.source_format} -> {report.target_format}: {report.tensors} tensors, "
+        f"{report.chunks} chunks, {report.entries} entries, {report.bytes:,} bytes in "
+        f"{report.seconds:.2f} s ({rate:,.0f} MiB/s) -> {report.destination}"
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``convert`` subcommand."""
+    p = subparsers.add_parser(
+        "convert",
+        help="convert DCP / HF safetensors / torch.save checkpoints to and from the portable format",
+        description=_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC", help="source checkpoint (file or directory)")
+    p.add_argument("dst", metavar="DST", help="destination (portable root, or new directory for dcp/hf)")
+    p.add_argument(
+        "--from", dest="src_format", choices=["dcp", "hf", "torch", "portable"], default=None,
+        help="source format (default: detected)",
+    )
+    p.add_argument(
+        "--to", dest="dst_format", choices=["portable", "dcp", "hf"], default="portable",
+        help="target format (default: portable)",
+    )
+    p.add_argument(
+        "--trust-pickle", action="store_true",
+        help="allow unpickling DCP .metadata and byte items; unpickling can run arbitrary code, "
+        "so only use it for checkpoints you trust",
+    )
+    p.add_argument(
+        "--strict", action="store_true",
+        help="fail on non-tensor items that cannot be converted instead of skipping them",
+    )
+    p.add_argument(
+        "--max-shard-size", default="5GB",
+        help="hf target: largest shard, e.g. 5GB (10^9 bytes, as transformers), 2GiB (default 5GB)",
+    )
+    p.add_argument("--step", type=int, default=None, help="step of the new portable version / portable version to read")
+    p.add_argument("--codec", choices=["none", "zstd"], default="none", help="portable target codec")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (tensors, bytes, seconds)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,216 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _dist_workers  # noqa: E402
+
+import portable_ckpt  # noqa: E402
+from portable_ckpt.convert import convert  # noqa: E402
+from portable_ckpt.errors import CheckpointError  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _bytes(t: Any) -> bytes:
+    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+@pytest.fixture(scope="module")
+def dcp_ckpt(tmp_path_factory: Any) -> tuple[Path, Path]:
+    from conftest import run_ranks
+
+    d = tmp_path_factory.mktemp("dcp")
+    ckpt, ref = d / "ckpt", d / "ref.pt"
+    run_ranks(_dist_workers.save_dtensor_and_fsdp, 2, str(ckpt), str(ref))
+    return ckpt, ref
+
+
+@pytest.fixture(scope="module")
+def converted(dcp_ckpt: tuple[Path, Path], tmp_path_factory: Any) -> tuple[Path, Any]:
+    ckpt, _ = dcp_ckpt
+    root = tmp_path_factory.mktemp("portable") / "root"
+    report = convert(ckpt, root, trust_pickle=True, step=3)
+    return root, report
+
+
+def test_dcp_to_portable_values(dcp_ckpt: tuple[Path, Path], converted: tuple[Path, Any]) -> None:
+    ckpt, ref = dcp_ckpt
+    root, report = converted
+    full = torch.load(ref, weights_only=True)
+    ck = portable_ckpt.open(root)
+    assert ck.step == 3
+    assert set(full) <= set(ck.tensors)
+    # FSDP2 model + AdamW state are present under DCP's flattened keys
+    assert any(k.startswith("model.") for k in ck.tensors)
+    assert any(k.startswith("optim.state.") and k.endswith("exp_avg") for k in ck.tensors)
+    for k, v in full.items():
+        info = ck.tensors[k]
+        assert info.dtype == str(v.dtype).removeprefix("torch."), k
+        assert tuple(info.shape) == tuple(v.shape), k
+        assert ck.read(k).reshape(-1).view(np.uint8).tobytes() == _bytes(v), k
+    # the stored chunk layout is kept: sharded DTensors have one range per rank
+    assert len(ck.tensors["dt.a"].ranges) == 2
+    assert len(ck.tensors["dt.b"].ranges) == 2
+    assert ck.tensors["dt.b"].ranges[1].offsets[1] == 5  # Shard(1) of 9 columns on 2 ranks
+    assert len(ck.tensors["dt.r"].ranges) == 1  # replicated: written once
+    assert ck.entry("step") == 7
+    assert ck.entry("meta.name") == "run1"
+    assert ck.entry("meta.lrs") == [0.1, 0.01]
+    # DCP flattens param_groups to one byte item per field
+    assert ck.entry("optim.param_groups.0.lr") == 1e-3
+    assert ck.entry("optim.param_groups.0.betas") == [0.9, 0.999]
+    assert "0.weight" in ck.entry("optim.param_groups.0.params")
+    assert report.tensors == len(ck.tensors)
+    assert report.largest_chunk > 0 and report.bytes == sum(i.nbytes for i in ck.tensors.values())
+
+
+def test_resharded_reads_on_three_ranks(dcp_ckpt: tuple[Path, Path], converted: tuple[Path, Any], ranks: Any) -> None:
+    _, ref = dcp_ckpt
+    root, _ = converted
+    ranks(_dist_workers.read_portable_boxes, 3, str(root), str(ref))
+
+
+def test_portable_to_dcp_loads_on_other_world_sizes(
+    dcp_ckpt: tuple[Path, Path], converted: tuple[Path, Any], tmp_path: Path, ranks: Any
+) -> None:
+    _, ref = dcp_ckpt
+    root, _ = converted
+    out = tmp_path / "dcp-out"
+    report = convert(root, out, dst_format="dcp")
+    assert (out / ".metadata").is_file()
+    assert report.tensors == len(portable_ckpt.open(root).tensors)
+    ranks(_dist_workers.load_dcp_into_dtensors, 3, str(out), str(ref))
+    # and in one process without a process group
+    import torch.distributed.checkpoint as dcp
+
+    full = torch.load(ref, weights_only=True)
+    target = {k: torch.zeros_like(v) for k, v in full.items()}
+    target["step"] = 0
+    dcp.load(target, checkpoint_id=str(out), no_dist=True)
+    for k, v in full.items():
+        assert _bytes(target[k]) == _bytes(v), k
+    assert target["step"] == 7
+    # and back again: the round trip keeps every byte
+    root2 = tmp_path / "again"
+    convert(out, root2, trust_pickle=True)
+    ck2 = portable_ckpt.open(root2)
+    for k, v in full.items():
+        assert ck2.read(k).reshape(-1).view(np.uint8).tobytes() == _bytes(v), k
+
+
+def test_dcp_to_hf_direct(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    ckpt, ref = dcp_ckpt
+    out = tmp_path / "hf"
+    convert(ckpt, out, trust_pickle=True, dst_format="hf", max_shard_size=200)
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    loaded: dict[str, Any] = {}
+    for f in set(idx["weight_map"].values()):
+        loaded.update(load_file(out / f))
+    full = torch.load(ref, weights_only=True)
+    for k, v in full.items():
+        assert torch.equal(loaded[k], v) and loaded[k].dtype == v.dtype, k
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pck-convert-")]
+
+
+def test_refuses_without_trust(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, _ = dcp_ckpt
+    with pytest.raises(CheckpointError) as ei:
+        convert(ckpt, tmp_path / "x")
+    assert ei.value.code == "PCK-USAGE"
+    assert ".metadata" in str(ei.value) and "--trust-pickle" in str(ei.value)
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_help_explains_pickle() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "convert", "--help"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "--trust-pickle" in out and "arbitrary code" in out.replace("\n", " ")
+
+
+def test_missing_metadata(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, _ = dcp_ckpt
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    (bad / ".metadata").unlink()
+    with pytest.raises(CheckpointError) as ei:
+        convert(bad, tmp_path / "out", trust_pickle=True, src_format="dcp")
+    assert ei.value.code == "PCK-FILE-MISSING"
+    assert str(bad / ".metadata") in str(ei.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_distcp(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, _ = dcp_ckpt
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    victim = sorted(bad.glob("*.distcp"))[-1]
+    size = victim.stat().st_size
+    with open(victim, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CheckpointError) as ei:
+        convert(bad, tmp_path / "out", trust_pickle=True)
+    assert ei.value.code in ("PCK-FILE-SIZE", "PCK-SHARD-HEADER")
+    assert victim.name in str(ei.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_dtype_in_dcp(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "c64"
+    dcp.save({"z": torch.zeros(3, dtype=torch.complex64), "ok": torch.ones(2)}, checkpoint_id=str(src), no_dist=True)
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out", trust_pickle=True)
+    assert ei.value.code == "PCK-DTYPE-UNSUPPORTED"
+    assert "'z'" in str(ei.value) and ".distcp" in str(ei.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unrecognised_byte_item_warns_or_fails(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "odd"
+    dcp.save({"w": torch.ones(2), "odd": {1.5, 2.5}, "n": float("nan")}, checkpoint_id=str(src), no_dist=True)
+    report = convert(src, tmp_path / "out", trust_pickle=True)
+    items = {w.item for w in report.warnings}
+    assert {"odd", "n"} <= items
+    ck = portable_ckpt.open(tmp_path / "out")
+    assert list(ck.tensors) == ["w"] and not ck.entries
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out2", trust_pickle=True, strict=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE"
+    assert not (tmp_path / "out2").exists()
+
+
+def test_cli_json(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, _ = dcp_ckpt
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "convert", str(ckpt), str(tmp_path / "o"),
+         "--trust-pickle", "--json"],
+        capture_output=True, text=True, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["source_format"] == "dcp" and doc["tensors"] > 5 and doc["bytes"] > 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "convert", str(ckpt), str(tmp_path / "p"), "--json"],
+        capture_output=True, text=True, env=env,
+    )
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "PCK-USAGE"

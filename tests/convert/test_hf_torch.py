@@ -1,0 +1,283 @@
+# ruff: noqa: E402
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file, save_file
+
+import portable_ckpt
+from portable_ckpt.convert import convert, detect_format
+from portable_ckpt.convert._pickle_scan import scan_pickle
+from portable_ckpt.convert.hf import parse_size
+from portable_ckpt.errors import CheckpointError
+from portable_ckpt.format.dtypes import dtype_name as portable_dtype
+
+
+def _tensors() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "embed.weight": torch.randn(33, 16, generator=g),
+        "layer.0.w": torch.randn(16, 16, generator=g).to(torch.bfloat16),
+        "layer.0.b": torch.randn(16, generator=g).to(torch.float16),
+        "layer.1.w": torch.randint(-100, 100, (8, 4), generator=g),
+        "mask": torch.randint(0, 2, (5,), generator=g).bool(),
+        "scale": torch.tensor(1.5, dtype=torch.float64),
+        "q": torch.randn(12, generator=g).to(torch.float8_e4m3fn),
+        "u": torch.randint(0, 60000, (7,), generator=g).to(torch.uint16),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def _raw(a: Any) -> bytes:
+    if isinstance(a, torch.Tensor):
+        return bytes(a.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8).tobytes())
+
+
+def _dtype(a: Any) -> str:
+    return str(a.dtype).removeprefix("torch.") if isinstance(a, torch.Tensor) else portable_dtype(a.dtype)
+
+
+def _save_sharded(d: Path, t: dict[str, np.ndarray], groups: list[list[str]]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    wm = {}
+    for i, g in enumerate(groups):
+        name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file({k: t[k] for k in g}, d / name, metadata={"format": "pt"})
+        wm.update({k: name for k in g})
+    total = sum(t[k].numel() * t[k].element_size() for k in wm)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}))
+
+
+def _check(ck: Any, t: dict[str, np.ndarray]) -> None:
+    assert set(ck.tensors) == set(t)
+    for k, v in t.items():
+        assert tuple(ck.tensors[k].shape) == v.shape, k
+        got = ck.read(k)
+        assert portable_dtype(got.dtype) == _dtype(v), k
+        assert _raw(got) == _raw(v), k
+
+
+pytestmark = pytest.mark.torch
+
+
+def test_single_file_round_trip(tmp_path: Path) -> None:
+    t = _tensors()
+    save_file(t, tmp_path / "model.safetensors", metadata={"format": "pt", "note": "x"})
+    assert detect_format(tmp_path) == "hf"
+    rep = convert(tmp_path / "model.safetensors", tmp_path / "root")
+    assert rep.tensors == len(t) and rep.bytes == sum(v.numel() * v.element_size() for v in t.values())
+    ck = portable_ckpt.open(tmp_path / "root")
+    _check(ck, t)
+    out = tmp_path / "back"
+    convert(tmp_path / "root", out, dst_format="hf")
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    back = load_file(out / "model.safetensors")
+    for k, v in t.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape and _raw(back[k]) == _raw(v), k
+    from safetensors import safe_open
+
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt", "note": "x"}
+
+
+def test_sharded_round_trip_with_max_shard_size(tmp_path: Path) -> None:
+    t = _tensors()
+    keys = sorted(t)
+    _save_sharded(tmp_path / "src", t, [keys[:3], keys[3:5], keys[5:]])
+    rep = convert(tmp_path / "src", tmp_path / "root", step=12)
+    assert rep.source_format == "hf"
+    ck = portable_ckpt.open(tmp_path / "root")
+    assert ck.step == 12
+    _check(ck, t)
+    out = tmp_path / "out"
+    convert(tmp_path / "root", out, dst_format="hf", max_shard_size="512B")
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(idx["weight_map"]) == set(t)
+    assert idx["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in t.values())
+    files = sorted(p for p in out.iterdir() if p.suffix == ".safetensors")
+    assert len(files) > 2
+    got: dict[str, Any] = {}
+    for f in files:
+        part = load_file(f)
+        data_bytes = sum(v.numel() * v.element_size() for v in part.values())
+        assert data_bytes <= 512 or len(part) == 1
+        got.update(part)
+    for k, v in t.items():
+        assert idx["weight_map"][k] in {f.name for f in files}
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and _raw(got[k]) == _raw(v), k
+    # HF -> HF through the CLI-equivalent API (temporary portable in between)
+    convert(out, tmp_path / "again", dst_format="hf", max_shard_size="1GB")
+    again = load_file(tmp_path / "again" / "model.safetensors")
+    assert all(_raw(again[k]) == _raw(v) for k, v in t.items())
+
+
+def test_chunked_portable_to_hf_slabs(tmp_path: Path) -> None:
+    """A tensor stored as several ranges is assembled in bounded slabs."""
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    a = np.arange(40 * 30, dtype=np.float32).reshape(40, 30)
+    st_ = open_storage(tmp_path / "root", create=True)
+    aid = new_attempt_id(1)
+    idx = []
+    for w, (r0, c0) in enumerate([(0, 0), (0, 17), (25, 0), (25, 17)]):
+        sw = ShardWriter(st_, aid, w)
+        sw.add_tensor("a", a[r0 : r0 + (25 if r0 == 0 else 15), c0 : c0 + (17 if c0 == 0 else 13)], offsets=(r0, c0), global_shape=a.shape)
+        idx.append(sw.finish())
+    commit(st_, aid, step=1, indexes=idx)
+    from portable_ckpt.convert.hf import write_hf
+
+    ck = portable_ckpt.open(tmp_path / "root")
+    write_hf(ck, str(tmp_path / "hf"), max_shard_size=10**9, slab_bytes=100)
+    assert _raw(load_file(tmp_path / "hf" / "model.safetensors")["a"]) == _raw(a)
+
+
+def test_index_names_missing_file(tmp_path: Path) -> None:
+    t = _tensors()
+    keys = sorted(t)
+    _save_sharded(tmp_path / "src", t, [keys[:4], keys[4:]])
+    (tmp_path / "src" / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "src", tmp_path / "root")
+    assert ei.value.code == "PCK-FILE-MISSING"
+    assert "model-00002-of-00002.safetensors" in str(ei.value)
+    assert not (tmp_path / "root").exists()
+
+
+def test_duplicate_tensor_across_shards(tmp_path: Path) -> None:
+    t = _tensors()
+    d = tmp_path / "src"
+    d.mkdir()
+    save_file({"a": t["embed.weight"], "b": t["mask"]}, d / "s1.safetensors")
+    save_file({"a": t["embed.weight"]}, d / "s2.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {"a": "s2.safetensors", "b": "s1.safetensors"}}))
+    with pytest.raises(CheckpointError) as ei:
+        convert(d, tmp_path / "root")
+    assert ei.value.code == "PCK-COVERAGE-OVERLAP"
+    assert "s1.safetensors" in str(ei.value) and "s2.safetensors" in str(ei.value)
+    assert not (tmp_path / "root").exists()
+
+
+def test_truncated_shard(tmp_path: Path) -> None:
+    t = _tensors()
+    keys = sorted(t)
+    _save_sharded(tmp_path / "src", t, [keys[:4], keys[4:]])
+    victim = tmp_path / "src" / "model-00001-of-00002.safetensors"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) - 10])
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "src", tmp_path / "root")
+    assert ei.value.code == "PCK-FILE-SIZE"
+    assert victim.name in str(ei.value)
+    assert not (tmp_path / "root").exists()
+    victim.write_bytes(data[:5])
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "src", tmp_path / "root")
+    assert ei.value.code == "PCK-SHARD-HEADER" and victim.name in str(ei.value)
+
+
+def test_unsupported_dtype(tmp_path: Path) -> None:
+    save_file({"ok": torch.ones(2), "c": torch.zeros(3, dtype=torch.complex64)}, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "model.safetensors", tmp_path / "root")
+    assert ei.value.code == "PCK-DTYPE-UNSUPPORTED"
+    assert "model.safetensors" in str(ei.value) and "'c'" in str(ei.value)
+    assert not (tmp_path / "root").exists()
+
+
+def test_absurd_header(tmp_path: Path) -> None:
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(struct.pack("<Q", 10**12) + b"{}")
+    with pytest.raises(CheckpointError) as ei:
+        convert(p, tmp_path / "root")
+    assert ei.value.code == "PCK-SHARD-HEADER"
+
+
+def test_hf_target_not_published_on_failure(tmp_path: Path) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "x").write_text("keep")
+    save_file({"a": torch.ones(3)}, tmp_path / "m.safetensors")
+    convert(tmp_path / "m.safetensors", tmp_path / "root")
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "root", out, dst_format="hf")
+    assert ei.value.code == "PCK-USAGE"
+    assert (out / "x").read_text() == "keep"
+
+
+def test_parse_size() -> None:
+    assert parse_size("5GB") == 5 * 10**9
+    assert parse_size("2GiB") == 2 << 30
+    assert parse_size("100") == 100
+    with pytest.raises(CheckpointError):
+        parse_size("lots")
+
+
+@pytest.mark.torch
+def test_torch_save_round_trip(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
+    opt.step()
+    tied = torch.randn(6, 4)
+    sd = {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "view": tied[2:5].t(),  # a strided view of a bigger storage
+        "same": tied,
+        "epoch": 3,
+        "u16": torch.arange(5).to(torch.uint16),
+    }
+    torch.save(sd, tmp_path / "ckpt.pt")
+    assert detect_format(tmp_path / "ckpt.pt") == "torch"
+    rep = convert(tmp_path / "ckpt.pt", tmp_path / "root")
+    ck = portable_ckpt.open(tmp_path / "root")
+    expected = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for pid, state in opt.state_dict()["state"].items():
+        for name, v in state.items():
+            expected[f"optim.state.{pid}.{name}"] = v
+    expected.update({"view": sd["view"], "same": tied, "u16": sd["u16"]})
+    assert set(ck.tensors) == set(expected), rep.warnings
+    for k, v in expected.items():
+        assert ck.tensors[k].dtype == str(v.dtype).removeprefix("torch."), k
+        assert tuple(ck.tensors[k].shape) == tuple(v.shape), k
+        assert _raw(ck.read(k)) == v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), k
+    assert ck.entry("epoch") == 3
+    groups = ck.entry("optim.param_groups")
+    assert groups[0]["betas"] == [0.9, 0.999] and groups[0]["params"] == [0, 1, 2, 3]
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=JSONISH, proto=st.integers(2, 5))
+def test_pickle_scan_matches_pickle(value: Any, proto: int) -> None:
+    assert scan_pickle(pickle.dumps(value, protocol=proto)) == value
+
+
+def test_pickle_scan_never_calls() -> None:
+    class Boom:
+        def __reduce__(self) -> Any:
+            return (print, ("side effect",))
+
+    from portable_ckpt.convert._pickle_scan import Call, Global
+
+    out = scan_pickle(pickle.dumps(Boom(), protocol=4))
+    assert isinstance(out, Call) and out.func.name == "print" and isinstance(out.func, Global)
