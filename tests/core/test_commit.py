@@ -160,3 +160,16 @@ def test_aborted_writer_removes_its_files(tmp_path) -> None:
     assert os.path.exists(os.path.join(tmp_path, aid, "data", "w00005-0000.safetensors"))
     w0b.abort()
     assert not os.path.exists(os.path.join(tmp_path, aid, "data", "w00005-0000.safetensors"))
+
+
+def test_declared_tensor_without_ranges_is_a_gap_not_a_silent_drop(tmp_path) -> None:
+    """A writer may declare a tensor it holds no part of; if nobody stored it, commit refuses."""
+    storage = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    w = ShardWriter(storage, aid, 0)
+    w.declare_tensor("lost", "float32", (4,))
+    w.add_tensor("kept", np.zeros(2, np.float32))
+    w.finish()
+    with pytest.raises(CoverageGapError, match="lost"):
+        commit(storage, aid, step=1, expected_writers=[0])
+    assert_nothing_published(tmp_path, aid)

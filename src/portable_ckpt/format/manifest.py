@@ -493,7 +493,9 @@ def _ints(
     return tuple(c.int_(x, f"{where}[{i}]", lo, low_cls=low_cls) for i, x in enumerate(arr))
 
 
-def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -> TensorEntry:
+def _tensor(
+    c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None, *, complete: bool = True
+) -> TensorEntry:
     where = f"tensors[{key!r}]"
     c.name(key, where)
     d = c.obj(v, where)
@@ -549,7 +551,7 @@ def _tensor(c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None) -
         raise c.fail(
             where + ".ranges", f"a 0-d tensor has exactly one range, found {len(ranges)}", cls
         )
-    if numel and not ranges:
+    if complete and numel and not ranges:
         raise c.fail(where + ".ranges", f"no range records for {numel} elements", CoverageGapError)
     return TensorEntry(key, dtype, shape, ranges)
 

@@ -69,6 +69,8 @@ def _validator(rel: str) -> jsonschema.protocols.Validator:
 def validate_document(doc: Any, schema_file: str, *, what: str) -> None:
     """Validate a format document against ``schemas/<schema_file>`` (``SchemaError`` if not)."""
     v = _validator(schema_file)
+    if v.is_valid(doc):
+        return
     err = jsonschema.exceptions.best_match(v.iter_errors(doc))
     if err is not None:
         loc = "/".join(str(p) for p in err.absolute_path) or "top level"
@@ -105,6 +107,8 @@ def validate_entry_value(value: Any, schema: dict[str, Any], *, name: str, what:
             f"{where}entry {name!r}: its embedded JSON Schema is invalid: {exc.message[:200]}"
         ) from None
     try:
+        if v.is_valid(value):
+            return
         err = jsonschema.exceptions.best_match(v.iter_errors(value))
     except Exception as exc:  # unresolvable $ref and similar schema faults
         raise EntrySchemaError(

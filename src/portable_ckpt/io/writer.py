@@ -336,6 +336,8 @@ class ShardWriter:
             index.tensors[key] = TensorEntry(key, t.dtype, t.shape, ranges)
         for rel, payload in self._entry_payloads:
             index.files[rel] = self._put(rel, payload)
+        # Every listed file is durable, names included, before the index that lists them.
+        self.storage.sync()
         index.entries = {
             n: Entry(e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy)
             for n, e in self._entries.items()
@@ -343,6 +345,7 @@ class ShardWriter:
         if self.write_index:
             rel = index_file_name(self.writer)
             index.index_file = self._put(rel, jsonio.dumps(index.to_json()))
+            self.storage.sync()
         return index
 
     def _rel(self, rel: str) -> str:

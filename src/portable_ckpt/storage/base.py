@@ -149,6 +149,12 @@ class Storage(abc.ABC):
         for info in list(self.list(prefix)):
             self.delete(info.path)
 
+    def sync(self) -> None:  # noqa: B027 - optional hook
+        """Make the names of every file closed so far durable (POSIX: fsync their directories).
+
+        Writers call it once after their data files instead of once per file.
+        """
+
     def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
         """Abort unfinished uploads under ``prefix`` older than ``older_than_s``; return how many.
 

@@ -6,6 +6,7 @@ import builtins
 import errno
 import os
 import stat
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -104,6 +105,8 @@ class LocalStorage(Storage):
         self.root = root
         self.url = root
         self._synced_dirs: set[str] = set()
+        self._dirty: set[str] = set()
+        self._dirty_lock = threading.Lock()
 
     # -- path handling -------------------------------------------------------------------------
     def _full(self, rel: str) -> str:
@@ -143,13 +146,27 @@ class LocalStorage(Storage):
             raise StorageError(f"open {rel!r}: {exc.strerror}", path=rel) from exc
 
     def _fsync_parent(self, full: str) -> None:
-        d = os.path.dirname(full)
-        _fsync_dir(d)
-        # New directories must be made durable in their parents too (once per directory).
-        while d not in self._synced_dirs and len(d) > len(self.root):
-            self._synced_dirs.add(d)
-            d = os.path.dirname(d)
-            _fsync_dir(d)
+        # Directory fsyncs are batched: sync() makes all names durable at once.
+        with self._dirty_lock:
+            d = os.path.dirname(full)
+            self._dirty.add(d)
+            # New directories must be made durable in their parents too (once per directory).
+            while d not in self._synced_dirs and len(d) > len(self.root):
+                self._synced_dirs.add(d)
+                d = os.path.dirname(d)
+                self._dirty.add(d)
+
+    def sync(self) -> None:
+        with self._dirty_lock:
+            dirty = sorted(self._dirty, key=len, reverse=True)
+            self._dirty.clear()
+        for d in dirty:
+            try:
+                _fsync_dir(d)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StorageError(f"fsync directory {d!r}: {exc.strerror}", path=d) from exc
 
     # -- interface -------------------------------------------------------------------------------
     def local_root(self) -> str | None:
