@@ -22,7 +22,11 @@ from portable_ckpt.errors import DistributedError
 __all__ = ["Comm", "DEFAULT_TIMEOUT_S", "make_comm"]
 
 #: Default timeout of metadata collectives (seconds), the process group default.
-DEFAULT_TIMEOUT_S = float(dist.default_pg_timeout.total_seconds()) if hasattr(dist, "default_pg_timeout") else 1800.0
+DEFAULT_TIMEOUT_S = (
+    float(dist.default_pg_timeout.total_seconds())
+    if hasattr(dist, "default_pg_timeout")
+    else 1800.0
+)
 
 _GROUPS: dict[tuple[tuple[int, ...], float], Any] = {}
 _LOCK = threading.Lock()
@@ -35,9 +39,12 @@ class Comm:
         rank: This process's rank in the group.
         world_size: Number of ranks.
         timeout: Seconds a collective may wait for peers.
+
     """
 
-    def __init__(self, rank: int, world_size: int, group: Any, global_ranks: list[int], timeout: float) -> None:
+    def __init__(
+        self, rank: int, world_size: int, group: Any, global_ranks: list[int], timeout: float
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.group = group
@@ -69,14 +76,18 @@ class Comm:
             self._wait(dist.all_gather(sizes, size, group=self.group, async_op=True), what)
             n = max(int(s.item()) for s in sizes)
             buf = torch.zeros(n, dtype=torch.uint8)
-            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else buf[:0]
+            buf[: len(data)] = (
+                torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else buf[:0]
+            )
             outs = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world_size)]
             self._wait(dist.all_gather(outs, buf, group=self.group, async_op=True), what)
         except DistributedError:
             raise
         except Exception as e:
             raise self._fail(what, e) from e
-        return [json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)]
+        return [
+            json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)
+        ]
 
     def gather_json(self, obj: Any, what: str) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (``None`` elsewhere)."""
@@ -92,7 +103,11 @@ class Comm:
             buf = torch.zeros(n, dtype=torch.uint8)
             if data:
                 buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            outs = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world_size)] if self.rank == 0 else None
+            outs = (
+                [torch.empty(n, dtype=torch.uint8) for _ in range(self.world_size)]
+                if self.rank == 0
+                else None
+            )
             self._wait(dist.gather(buf, outs, dst=dst, group=self.group, async_op=True), what)
         except DistributedError:
             raise
@@ -100,7 +115,9 @@ class Comm:
             raise self._fail(what, e) from e
         if outs is None:
             return None
-        return [json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)]
+        return [
+            json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)
+        ]
 
     def broadcast_json(self, obj: Any, what: str) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -108,7 +125,11 @@ class Comm:
             return obj
         src = self.global_ranks[0]
         try:
-            data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8") if self.rank == 0 else b""
+            data = (
+                json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+                if self.rank == 0
+                else b""
+            )
             size = torch.tensor([len(data)], dtype=torch.int64)
             self._wait(dist.broadcast(size, src=src, group=self.group, async_op=True), what)
             n = int(size.item())
@@ -141,6 +162,11 @@ def make_comm(process_group: Any = None, timeout: float | None = None) -> Comm:
     cache_key = (tuple(ranks), t)
     with _LOCK:
         side = _GROUPS.get(cache_key)
+        if side is not None:
+            try:  # the group dies with destroy_process_group(); then make a new one
+                dist.get_process_group_ranks(side)
+            except Exception:
+                side = None
         if side is None:
             try:
                 side = dist.new_group(

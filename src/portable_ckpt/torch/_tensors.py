@@ -46,6 +46,7 @@ def format_dtype(dtype: torch.dtype, *, key: str = "?") -> str:
 
     Raises:
         UnsupportedValueError: the dtype (e.g. complex) has no format dtype.
+
     """
     try:
         return _MAP[dtype][0]
@@ -69,9 +70,12 @@ def numpy_view(t: torch.Tensor, *, key: str = "?") -> np.ndarray[Any, Any]:
 
     Raises:
         UnsupportedValueError: ``t`` is not on the CPU or has an unsupported dtype.
+
     """
     if t.device.type != "cpu":
-        raise UnsupportedValueError(f"tensor {key!r}: numpy_view needs a CPU tensor, got {t.device}")
+        raise UnsupportedValueError(
+            f"tensor {key!r}: numpy_view needs a CPU tensor, got {t.device}"
+        )
     try:
         _, via, np_dtype = _MAP[t.dtype]
     except KeyError:

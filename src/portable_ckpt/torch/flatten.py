@@ -156,6 +156,7 @@ class FlatState:
         values: Flat key → JSON scalar leaf.
         entries: Flat key → :class:`StateEntry`.
         objects: Flat key (of the object) → ``(object, its state_dict() template)``.
+
     """
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -172,7 +173,12 @@ def _is_stateful(node: Any) -> bool:
 
 def _wrap_known(node: Any) -> StateEntry | None:
     """Auto-wrap LR schedulers and gradient scalers into their built-in-schema entries."""
-    from portable_ckpt.torch.state import GradScalerState, LRSchedulerState, is_grad_scaler, is_lr_scheduler
+    from portable_ckpt.torch.state import (
+        GradScalerState,
+        LRSchedulerState,
+        is_grad_scaler,
+        is_lr_scheduler,
+    )
 
     if is_lr_scheduler(node):
         return LRSchedulerState(node)
@@ -208,19 +214,23 @@ def _sub(key: str, comp: str) -> str:
     return f"{key}/{comp}" if key else comp
 
 
-def flatten_state(state: Any) -> FlatState:
+def flatten_state(state: Any, *, for_load: bool = False) -> FlatState:
     """Take a state dict apart according to the key rule (see the module docstring).
 
     Args:
         state: The (nested) state dict.
+        for_load: The state is a load target: a plain ``torch.optim.Optimizer`` whose state is
+            still empty gets it initialised first (zero-gradient step with ``lr=0``, as
+            ``torch.distributed.checkpoint.state_dict`` does) so the template has its tensors.
 
     Raises:
         UnsupportedValueError: a value that cannot be stored, a key collision, or a bad key.
+
     """
     if not isinstance(state, Mapping):
         raise UnsupportedValueError(f"the state must be a dict, got {type(state).__name__}")
     flat = FlatState()
-    _flatten(state, "", flat)
+    _flatten(state, "", flat, for_load)
     return flat
 
 
@@ -232,7 +242,20 @@ def _check_key(key: str) -> None:
         )
 
 
-def _flatten(node: Any, key: str, flat: FlatState) -> None:
+def _init_optimizer(node: Any) -> None:
+    if isinstance(node, torch.optim.Optimizer) and not node.state:
+        try:
+            from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+            _init_optim_state(node)
+        except Exception as e:  # pragma: no cover - depends on the optimizer
+            raise UnsupportedValueError(
+                f"cannot initialise the state of {type(node).__name__} before loading ({e}); run "
+                f"one step first or pass its state through get_state_dict"
+            ) from e
+
+
+def _flatten(node: Any, key: str, flat: FlatState, for_load: bool) -> None:
     if isinstance(node, torch.Tensor):
         _check_key(key)
         flat.tensors[key] = node
@@ -247,13 +270,15 @@ def _flatten(node: Any, key: str, flat: FlatState) -> None:
         flat.entries[key] = known
         return
     if _is_stateful(node) and not isinstance(node, Mapping):
+        if for_load:
+            _init_optimizer(node)
         template = node.state_dict()
         flat.objects[key] = (node, template)
-        _flatten(template, key, flat)
+        _flatten(template, key, flat, for_load)
         return
     if isinstance(node, Mapping | list | tuple):
         for k, comp in _child_components(node, key):
-            _flatten(node[k], _sub(key, comp), flat)
+            _flatten(node[k], _sub(key, comp), flat, for_load)
         return
     if node is None or isinstance(node, bool | int | float | str):
         _check_key(key)
@@ -304,7 +329,9 @@ def fill_state(
         return node
     if isinstance(node, list):
         for i in range(len(node)):
-            node[i] = fill_state(node[i], flat, loaded_values, key=_sub(key, str(i)), on_object=on_object)
+            node[i] = fill_state(
+                node[i], flat, loaded_values, key=_sub(key, str(i)), on_object=on_object
+            )
         return node
     if isinstance(node, tuple):
         items = [

@@ -22,7 +22,20 @@ import torch.multiprocessing as tmp
 
 __all__ = ["GroupResult", "free_port", "run_group"]
 
-_PRELOAD = ["torch", "torch.distributed", "numpy", "portable_ckpt.torch"]
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.tensor",
+    "torch.distributed.device_mesh",
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed._functional_collectives",
+    "torch._dynamo",
+    "torch.onnx",
+    "numpy",
+    "numpy.random",
+    "portable_ckpt.torch",
+]
 
 
 def free_port() -> int:
@@ -41,6 +54,7 @@ class GroupResult:
         exitcodes: Per rank, the process exit code (negative: killed by that signal).
         errors: Per rank, the traceback text of an exception (``None`` when it returned).
         seconds: Wall time of the whole group.
+
     """
 
     results: list[Any]
@@ -65,15 +79,34 @@ class GroupResult:
             raise RuntimeError("process group run failed:\n" + "\n".join(parts))
 
 
+def _resolve_fn(fn: Callable[..., Any] | str, sys_path: Sequence[str]) -> Callable[..., Any]:
+    if callable(fn):
+        return fn
+    import importlib
+    import sys
+
+    for p in reversed(list(sys_path)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    module, _, name = fn.partition(":")
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{fn} is not callable")
+    return obj
+
+
 def _entry(
     rank: int,
     world_size: int,
     init: str,
     outdir: str,
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | str,
     args: Sequence[Any],
     threads: int,
     timeout: float,
+    sys_path: Sequence[str] = (),
 ) -> None:
     import datetime as dt
 
@@ -85,10 +118,13 @@ def _entry(
     out = os.path.join(outdir, f"rank{rank:05d}.json")
     try:
         dist.init_process_group(
-            "gloo", init_method=init, rank=rank, world_size=world_size,
+            "gloo",
+            init_method=init,
+            rank=rank,
+            world_size=world_size,
             timeout=dt.timedelta(seconds=timeout),
         )
-        value = fn(rank, world_size, *args)
+        value = _resolve_fn(fn, sys_path)(rank, world_size, *args)
         doc: dict[str, Any] = {"result": value, "error": None}
     except BaseException:
         doc = {"result": None, "error": traceback.format_exc()}
@@ -105,7 +141,7 @@ def _entry(
 
 
 def run_group(
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | str,
     world_size: int,
     args: Sequence[Any] = (),
     *,
@@ -113,10 +149,12 @@ def run_group(
     threads: int = 1,
     pg_timeout: float = 60.0,
     start_method: str = "forkserver",
+    sys_path: Sequence[str] = (),
 ) -> GroupResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes in one gloo group.
 
-    ``fn`` must be importable (a module-level function) and return a JSON-serialisable value.
+    ``fn`` is a module-level function or a ``"module:function"`` string (imported in each rank,
+    after prepending ``sys_path``); it returns a JSON-serialisable value.
     Rendezvous uses a fresh ``file://`` store, so no port can be taken by a concurrent run;
     gloo connects over loopback (``GLOO_SOCKET_IFNAME=lo``).
 
@@ -128,8 +166,10 @@ def run_group(
         threads: ``torch.set_num_threads`` in each rank.
         pg_timeout: The process group's collective timeout (seconds).
         start_method: ``forkserver`` (default) or ``spawn``.
+        sys_path: Directories prepended to ``sys.path`` in each rank (for string ``fn``).
+
     """
-    ctx = tmp.get_context(start_method)
+    ctx: Any = tmp.get_context(start_method)
     if start_method == "forkserver":
         try:
             ctx.set_forkserver_preload(_PRELOAD)
@@ -142,7 +182,17 @@ def run_group(
         for rank in range(world_size):
             p = ctx.Process(
                 target=_entry,
-                args=(rank, world_size, init, outdir, fn, tuple(args), threads, pg_timeout),
+                args=(
+                    rank,
+                    world_size,
+                    init,
+                    outdir,
+                    fn,
+                    tuple(args),
+                    threads,
+                    pg_timeout,
+                    tuple(sys_path),
+                ),
                 daemon=False,
             )
             p.start()

@@ -39,6 +39,7 @@ class PlacementSpec:
     Attributes:
         kind: ``"shard"``, ``"replicate"`` or ``"partial"``.
         dim: The tensor dimension for ``"shard"``, else ``None``.
+
     """
 
     kind: str
@@ -54,6 +55,7 @@ class LocalBox:
         lengths: Its shape (may contain zeros: an empty shard).
         global_shape: The logical tensor's shape.
         writer: Whether this rank is the one that stores the piece.
+
     """
 
     offsets: tuple[int, ...]
@@ -86,6 +88,7 @@ def shard_box(
 
     Raises:
         UnsupportedValueError: a ``partial`` placement, or a shard dimension out of range.
+
     """
     if not (len(mesh_shape) == len(coordinate) == len(placements)):
         raise ValueError("mesh_shape, coordinate and placements must have the same length")
@@ -165,6 +168,7 @@ def dtensor_local_box(dt: Any, *, key: str = "?") -> LocalBox:
     Raises:
         UnsupportedValueError: unsupported placement, or the local shard disagrees with the
             arithmetic (an unknown sharding scheme).
+
     """
     mesh = dt.device_mesh
     coord = mesh.get_coordinate()

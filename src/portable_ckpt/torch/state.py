@@ -11,10 +11,10 @@ stored as one non-tensor entry with its built-in schema. LR schedulers
   and restored after everything else. World-size policy (default ``modulo``): on a different
   world size new rank ``r`` continues stored rank ``r mod W`` (``drop`` keeps fresh RNG,
   ``rank0`` gives everyone rank 0's, ``require_same`` refuses).
-* :class:`DataPosition` — ``pck:data-position/1``, per rank: ``epoch``, ``sample_index`` (global
-  samples consumed) and free-form ``extra``. Default policy ``rank0``: the cursor is global (the
+* :class:`DataPosition` — ``pck:data-position/1``, per rank: ``epoch``, ``global_sample_index``
+  (samples of the epoch consumed by the whole job) and free-form further members (``extra``). Default policy ``rank0``: the cursor is global (the
   same on every rank) and each rank's share is derived from it and the current world size.
-* :class:`LRSchedulerState` — ``pck:lr-scheduler/1``, global: the scheduler's class and its
+* :class:`LRSchedulerState` — ``pck:lr-scheduler/1``, global: the scheduler's
   ``state_dict()`` as JSON.
 * :class:`GradScalerState` — ``pck:grad-scaler/1``, global. On CPU use
   ``torch.amp.GradScaler("cpu")`` (supported since torch 2.3).
@@ -59,7 +59,13 @@ def _b64(t: torch.Tensor) -> str:
 
 
 def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s.encode("ascii"), validate=True)), dtype=torch.uint8)
+    return torch.frombuffer(
+        bytearray(base64.b64decode(s.encode("ascii"), validate=True)), dtype=torch.uint8
+    )
+
+
+def _cuda_initialized() -> bool:
+    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
 
 
 def capture_rng(*, cuda: bool | None = None) -> dict[str, Any]:
@@ -67,25 +73,31 @@ def capture_rng(*, cuda: bool | None = None) -> dict[str, Any]:
 
     Args:
         cuda: Include every CUDA device's generator (default: when CUDA is initialised).
+
     """
     version, internal, gauss = random.getstate()
     np_state = np.random.get_state(legacy=True)
     if not isinstance(np_state, tuple):  # pragma: no cover - legacy=True always gives a tuple
         raise UsageError("numpy legacy RNG state unavailable")
     name, key, pos, has_gauss, cached = np_state
-    use_cuda = torch.cuda.is_available() and torch.cuda.is_initialized() if cuda is None else cuda
-    return {
-        "python": {"version": int(version), "state": [int(x) for x in internal], "gauss_next": gauss},
+    use_cuda = torch.cuda.is_available() and _cuda_initialized() if cuda is None else cuda
+    value: dict[str, Any] = {
+        "python": {
+            "version": int(version),
+            "state": [int(x) for x in internal],
+            "gauss_next": gauss,
+        },
         "numpy": {
             "bit_generator": str(name),
-            "key": [int(x) for x in key],
-            "pos": int(pos),
+            "state": {"key": [int(x) for x in key], "pos": int(pos)},
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
         },
         "torch_cpu": _b64(torch.get_rng_state()),
-        "torch_cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if use_cuda else None,
     }
+    if use_cuda:
+        value["torch_cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return value
 
 
 def restore_rng(value: dict[str, Any]) -> None:
@@ -93,14 +105,16 @@ def restore_rng(value: dict[str, Any]) -> None:
     try:
         py = value.get("python")
         if py is not None:
-            random.setstate((int(py["version"]), tuple(int(x) for x in py["state"]), py["gauss_next"]))
+            random.setstate(
+                (int(py["version"]), tuple(int(x) for x in py["state"]), py["gauss_next"])
+            )
         nps = value.get("numpy")
         if nps is not None:
             np.random.set_state(
                 (
                     nps["bit_generator"],
-                    np.asarray(nps["key"], dtype=np.uint32),
-                    int(nps["pos"]),
+                    np.asarray(nps["state"]["key"], dtype=np.uint32),
+                    int(nps["state"]["pos"]),
                     int(nps["has_gauss"]),
                     float(nps["cached_gaussian"]),
                 )
@@ -126,6 +140,7 @@ class RNGState(StateEntry):
     Args:
         world_size_policy: What a different world size gets (default ``modulo``).
         cuda: Include CUDA generators (default: when CUDA is initialised).
+
     """
 
     schema = "pck:rng/1"
@@ -155,9 +170,11 @@ class DataPosition(StateEntry):
 
     Args:
         epoch: Current epoch.
-        sample_index: Global number of samples consumed in this epoch (the same on every rank).
-        extra: Any further JSON object (shuffle seed, shard cursor, ...).
+        global_sample_index: Samples of the epoch consumed by the whole job (the same on every
+            rank).
+        extra: Further JSON members stored beside them (e.g. ``sampler_seed``).
         world_size_policy: What a different world size gets (default ``rank0``).
+
     """
 
     schema = "pck:data-position/1"
@@ -166,13 +183,13 @@ class DataPosition(StateEntry):
     def __init__(
         self,
         epoch: int = 0,
-        sample_index: int = 0,
+        global_sample_index: int = 0,
         extra: dict[str, Any] | None = None,
         *,
         world_size_policy: str = "rank0",
     ) -> None:
         self.epoch = int(epoch)
-        self.sample_index = int(sample_index)
+        self.global_sample_index = int(global_sample_index)
         self.extra: dict[str, Any] = dict(extra or {})
         self.world_size_policy = _check_policy(world_size_policy)
         #: True after a load applied a stored value.
@@ -180,7 +197,9 @@ class DataPosition(StateEntry):
 
     def capture(self) -> Any:
         """Return the position as JSON."""
-        return {"epoch": self.epoch, "sample_index": self.sample_index, "extra": encode_json(self.extra)}
+        value: dict[str, Any] = {k: encode_json(v, key=k) for k, v in self.extra.items()}
+        value.update(epoch=self.epoch, global_sample_index=self.global_sample_index)
+        return value
 
     def restore(self, value: Any) -> None:
         """Apply a stored position (``None``: keep the current one)."""
@@ -189,20 +208,29 @@ class DataPosition(StateEntry):
             return
         try:
             self.epoch = int(value["epoch"])
-            self.sample_index = int(value["sample_index"])
-            self.extra = dict(decode_json(value.get("extra") or {}))
+            self.global_sample_index = int(value["global_sample_index"])
+            self.extra = {
+                k: decode_json(v)
+                for k, v in value.items()
+                if k not in ("epoch", "global_sample_index")
+            }
         except (KeyError, TypeError, ValueError) as e:
             raise EntrySchemaError(f"pck:data-position/1 value cannot be applied: {e}") from e
 
     def __repr__(self) -> str:
-        return f"DataPosition(epoch={self.epoch}, sample_index={self.sample_index}, extra={self.extra})"
+        return (
+            f"DataPosition(epoch={self.epoch}, global_sample_index={self.global_sample_index}, "
+            f"extra={self.extra})"
+        )
 
 
 def is_lr_scheduler(obj: Any) -> bool:
     """Whether ``obj`` is a torch LR scheduler (including ``ReduceLROnPlateau``)."""
     sched = torch.optim.lr_scheduler
     bases = tuple(
-        c for c in (getattr(sched, "LRScheduler", None), getattr(sched, "ReduceLROnPlateau", None)) if c
+        c
+        for c in (getattr(sched, "LRScheduler", None), getattr(sched, "ReduceLROnPlateau", None))
+        if c
     )
     return isinstance(obj, bases)
 
@@ -215,8 +243,8 @@ def is_grad_scaler(obj: Any) -> bool:
 class LRSchedulerState(StateEntry):
     """A scheduler's state (``pck:lr-scheduler/1``, global).
 
-    The value is ``{"class": "<module>.<name>", "state": scheduler.state_dict()}``; on restore
-    the class must match.
+    The value is ``scheduler.state_dict()`` as JSON (non-finite floats tagged as
+    ``{"__float__": "inf"}``).
     """
 
     schema = "pck:lr-scheduler/1"
@@ -226,21 +254,13 @@ class LRSchedulerState(StateEntry):
 
     def capture(self) -> Any:
         """Return the scheduler's state as JSON."""
-        cls = type(self.scheduler)
-        return {"class": f"{cls.__module__}.{cls.__qualname__}", "state": encode_json(self.scheduler.state_dict())}
+        return encode_json(self.scheduler.state_dict(), key="lr-scheduler")
 
     def restore(self, value: Any) -> None:
         """Load a stored scheduler state."""
         if value is None:
             return
-        cls = type(self.scheduler)
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        if value.get("class") not in (None, name):
-            raise EntrySchemaError(
-                f"pck:lr-scheduler/1 value is for {value.get('class')}, but the target is {name}; "
-                f"build the same scheduler class before loading"
-            )
-        state = decode_json(value["state"])
+        state = decode_json(value)
         current = self.scheduler.state_dict()
         for k, v in list(state.items()):  # keep tuple-typed fields tuples
             if isinstance(current.get(k), tuple) and isinstance(v, list):
@@ -260,19 +280,18 @@ class GradScalerState(StateEntry):
         """Return the scaler's state as JSON."""
         sd = self.scaler.state_dict()
         if not sd:
-            return {"enabled": False}
+            return {}
         return {
-            "enabled": True,
             "scale": float(sd["scale"]),
             "growth_factor": float(sd["growth_factor"]),
             "backoff_factor": float(sd["backoff_factor"]),
             "growth_interval": int(sd["growth_interval"]),
-            "growth_tracker": int(sd["_growth_tracker"]),
+            "_growth_tracker": int(sd["_growth_tracker"]),
         }
 
     def restore(self, value: Any) -> None:
         """Load a stored scaler state."""
-        if value is None or not value.get("enabled", True):
+        if not value:
             return
         self.scaler.load_state_dict(
             {
@@ -280,6 +299,6 @@ class GradScalerState(StateEntry):
                 "growth_factor": float(value["growth_factor"]),
                 "backoff_factor": float(value["backoff_factor"]),
                 "growth_interval": int(value["growth_interval"]),
-                "_growth_tracker": int(value["growth_tracker"]),
+                "_growth_tracker": int(value["_growth_tracker"]),
             }
         )

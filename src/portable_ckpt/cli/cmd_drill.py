@@ -1,0 +1,74 @@
+"""``portable-ckpt drill CKPT --world-size M``: restore a version on M fresh processes and record it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        from portable_ckpt.torch.drill import drill
+    except ImportError as e:  # torch is an optional dependency
+        print(f"portable-ckpt drill needs torch: pip install 'portable-ckpt[torch]' ({e})")
+        return 2
+    rec: dict[str, Any] = drill(
+        args.ckpt,
+        args.world_size,
+        step=args.step,
+        factory=args.factory,
+        record=not args.no_record,
+        timeout=args.timeout,
+    )
+    if args.json:
+        print(json.dumps(rec, indent=2))
+        return 0 if rec["ok"] else 1
+    status = "PASSED" if rec["ok"] else "FAILED"
+    print(
+        f"drill {status}: {rec['attempt_id']} (step {rec['step']}) saved on {rec['saved_world_size']} "
+        f"ranks, restored on {rec['world_size']} (contract {rec['contract']})"
+    )
+    m = rec["measurements"]
+    if rec["ok"]:
+        print(
+            f"  restore {m['restore_seconds']:.3f} s, {m['restore_bytes']} bytes read, "
+            f"{m['restore_mib_per_s']:.1f} MiB/s; slowest rank {m['slowest_rank_seconds']:.3f} s; "
+            f"first post-restore step {m['first_step_seconds']:.3f} s"
+        )
+        print(f"  peak temporary memory per rank: {m['peak_temp_bytes_per_rank']} bytes")
+    else:
+        print(f"  error: [{rec['error']['code']}] {rec['error']['message']}")
+    if rec.get("path"):
+        print(f"  record: {rec['path']}")
+    return 0 if rec["ok"] else 1
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``drill`` subcommand."""
+    p = subparsers.add_parser(
+        "drill",
+        help="restore a version on M fresh processes, run one step, record the drill",
+        description=(
+            "Starts a fresh local gloo group of --world-size processes, restores the version into "
+            "freshly allocated state (from the checkpoint's metadata, or --factory module:function), "
+            "runs one step, and stores drills/<drill-id>.json beside the manifest with restore "
+            "bandwidth, slowest rank, peak temporary memory per rank and time to the first step."
+        ),
+    )
+    p.add_argument("ckpt", help="checkpoint root (latest version) or version directory")
+    p.add_argument("--world-size", type=int, required=True, help="ranks of the drill group")
+    p.add_argument(
+        "--step", type=int, default=None, help="with a root: drill this step's newest version"
+    )
+    p.add_argument(
+        "--factory", default=None, help="module:function building (state[, step_fn]) per rank"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds before the group is killed"
+    )
+    p.add_argument("--no-record", action="store_true", help="do not store the drill record")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.set_defaults(func=_run)

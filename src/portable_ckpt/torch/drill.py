@@ -1,0 +1,262 @@
+"""Restore drills: prove a committed version restores on a given world size, and measure it.
+
+A drill starts a fresh local gloo group of ``world_size`` processes. Each rank builds freshly
+allocated target state — from the checkpoint's metadata (every tensor with at least one dimension
+becomes a DTensor sharded ``Shard(0)`` over a 1-D mesh; 0-d tensors stay plain; ``pck:rng/1`` and
+``pck:data-position/1`` entries get their helpers) or from a user factory — loads the version
+into it (``allow_statistical=True``), and runs one step. The record (restore bandwidth, slowest
+rank, peak temporary memory per rank, time to the first post-restore step, or the error) is
+stored as ``drills/<drill-id>.json`` beside the manifest; ``manifest.json`` is never edited.
+
+A factory is ``"module:function"``; it is called as ``function(rank, world_size, checkpoint)``
+(``checkpoint`` is the opened :class:`portable_ckpt.io.reader.Checkpoint`) inside the
+initialised process group and returns either a state dict or ``(state_dict, step_fn)`` where
+``step_fn()`` runs one training step.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from typing import Any
+
+__all__ = ["build_state_from_metadata", "drill"]
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def build_state_from_metadata(ck: Any, rank: int, world_size: int) -> dict[str, Any]:
+    """Allocate empty target state for every tensor and continuation entry of ``ck``."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.torch._tensors import torch_dtype
+    from portable_ckpt.torch.flatten import split_key
+    from portable_ckpt.torch.layout import chunk_extent
+
+    mesh = (
+        init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+        if dist.is_initialized()
+        else None
+    )
+    flat: dict[str, Any] = {}
+    for key, t in ck.tensors.items():
+        dtype = torch_dtype(t.dtype)
+        shape = tuple(t.shape)
+        if mesh is None or not shape or shape[0] == 0:
+            flat[key] = torch.empty(shape, dtype=dtype)
+            continue
+        _, n = chunk_extent(shape[0], world_size, rank)
+        local = torch.empty((n, *shape[1:]), dtype=dtype)
+        stride = torch.empty(shape, dtype=dtype, device="meta").stride()
+        flat[key] = DTensor.from_local(
+            local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride
+        )
+    for name, e in ck.entries.items():
+        sid = e.schema.get("id")
+        if sid == "pck:rng/1" and e.scope == "per_rank":
+            flat[name] = pckt.RNGState(e.world_size_policy or "modulo")
+        elif sid == "pck:data-position/1" and e.scope == "per_rank":
+            flat[name] = pckt.DataPosition(world_size_policy=e.world_size_policy or "rank0")
+    # Nest by the key rule so that flattening gives the stored keys back.
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = split_key(key)
+        node = root
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return root
+
+
+def _default_step(state: dict[str, Any]) -> None:
+    """One synthetic step over every restored float tensor: a global norm and an update."""
+    import torch
+    import torch.distributed as dist
+
+    from portable_ckpt.torch.flatten import flatten_state
+
+    tensors = [t for t in flatten_state(state).tensors.values() if t.is_floating_point()]
+    locals_ = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    sq = torch.zeros(1, dtype=torch.float64)
+    for t in locals_:
+        if t.numel():
+            sq += t.detach().double().pow(2).sum()
+    if dist.is_initialized():
+        dist.all_reduce(sq)
+    if not torch.isfinite(sq).all():
+        raise FloatingPointError("restored state holds non-finite values")
+    with torch.no_grad():
+        for t in locals_:
+            if t.numel():
+                t.mul_(1.0 - 1e-6)
+
+
+def _rss() -> tuple[int, int]:
+    cur = peak = 0
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    cur = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return cur, peak
+
+
+def _drill_rank(
+    rank: int, world: int, root: str, attempt_id: str, factory: str | None
+) -> dict[str, Any]:
+    import importlib
+
+    import torch.distributed as dist
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.errors import CheckpointError
+    from portable_ckpt.io.reader import Checkpoint
+    from portable_ckpt.io.versions import load_manifest
+    from portable_ckpt.storage import open_storage
+
+    out: dict[str, Any] = {"rank": rank, "ok": False, "error": None}
+    try:
+        storage = open_storage(root)
+        ck = Checkpoint(storage, attempt_id, load_manifest(storage, attempt_id))
+        step_fn = None
+        if factory:
+            module, _, name = factory.partition(":")
+            fn = getattr(importlib.import_module(module), name)
+            made = fn(rank, world, ck)
+            state, step_fn = made if isinstance(made, tuple) else (made, None)
+        else:
+            state = build_state_from_metadata(ck, rank, world)
+        dist.barrier()
+        _rss()
+        t0 = time.perf_counter()
+        info = pckt.load(state, root, checkpoint_id=attempt_id, allow_statistical=True)
+        t1 = time.perf_counter()
+        cur, peak = _rss()
+        if step_fn is not None:
+            step_fn()
+        else:
+            _default_step(state)
+        t2 = time.perf_counter()
+        out.update(
+            ok=True,
+            restore_seconds=t1 - t0,
+            first_step_seconds=t2 - t1,
+            total_seconds=t2 - t0,
+            bytes_read=info.bytes_read,
+            target_bytes=info.target_bytes,
+            peak_temp_bytes=info.peak_temp_bytes,
+            rss_growth_bytes=max(0, peak - cur),
+            contract=info.contract,
+            saved_world_size=info.saved_world_size,
+        )
+    except CheckpointError as e:
+        out["error"] = e.to_json()
+    except Exception as e:
+        out["error"] = {"code": "PCK-DISTRIBUTED", "message": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def drill(
+    checkpoint: str,
+    world_size: int,
+    *,
+    step: int | None = None,
+    factory: str | None = None,
+    record: bool = True,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """Run a restore drill of a committed version on ``world_size`` fresh processes.
+
+    Args:
+        checkpoint: A checkpoint root (its latest version, or ``step``) or a version directory.
+        world_size: Ranks of the drill group.
+        step: With a root, drill the newest version of this step.
+        factory: ``"module:function"`` building the target state (see the module docstring).
+        record: Store the record as ``drills/<drill-id>.json`` beside the manifest.
+        timeout: Seconds before the drill group is killed.
+
+    Returns:
+        The drill record (with ``drill_id`` and ``path`` when stored) plus ``per_rank`` details.
+
+    """
+    import portable_ckpt
+    from portable_ckpt.io.versions import write_drill_record
+    from portable_ckpt.torch.launch import run_group
+
+    ck = portable_ckpt.open(checkpoint, step=step)
+    root = ck.storage.url
+    started = _now()
+    res = run_group(
+        _drill_rank,
+        world_size,
+        (root, ck.id, factory),
+        timeout=timeout,
+        pg_timeout=min(timeout, 300.0),
+    )
+    finished = _now()
+    ranks: list[dict[str, Any]] = [
+        r if isinstance(r, dict) else {"ok": False, "error": None} for r in res.results
+    ]
+    errors: list[dict[str, Any]] = [r["error"] for r in ranks if r.get("error")]
+    ok = res.ok and all(r.get("ok") for r in ranks)
+    error = None
+    if not ok:
+        if errors:
+            error = {"code": str(errors[0]["code"]), "message": str(errors[0]["message"])[:65536]}
+        else:
+            detail = "; ".join(f"rank {i}: exit {c}" for i, c in enumerate(res.exitcodes) if c != 0)
+            error = {
+                "code": "PCK-DISTRIBUTED",
+                "message": f"drill group failed: {detail or 'no result'}",
+            }
+    measurements: dict[str, Any] = {}
+    if ok:
+        restore = max(r["restore_seconds"] for r in ranks)
+        nbytes = sum(int(r["bytes_read"]) for r in ranks)
+        measurements = {
+            "restore_seconds": restore,
+            "restore_bytes": nbytes,
+            "restore_mib_per_s": nbytes / 2**20 / restore if restore > 0 else 0.0,
+            "slowest_rank_seconds": max(r["total_seconds"] for r in ranks),
+            "peak_temp_bytes_per_rank": [int(r["peak_temp_bytes"]) for r in ranks],
+            "first_step_seconds": max(r["first_step_seconds"] for r in ranks),
+            "rss_growth_bytes_per_rank": [int(r["rss_growth_bytes"]) for r in ranks],
+            "target_bytes_per_rank": [int(r["target_bytes"]) for r in ranks],
+        }
+    contract = "exact"
+    if ok:
+        contract = str(ranks[0]["contract"])
+    elif ck.continuation.world_size != world_size or ck.continuation.contract != "exact":
+        contract = "statistical"
+    rec: dict[str, Any] = {
+        "ok": ok,
+        "started_at": started,
+        "finished_at": finished,
+        "world_size": world_size,
+        "saved_world_size": ck.continuation.world_size,
+        "contract": contract,
+        "measurements": measurements,
+        "error": error,
+    }
+    out: dict[str, Any] = dict(rec)
+    if record:
+        rel = write_drill_record(ck.storage, ck.id, rec)
+        out["path"] = f"{root.rstrip('/')}/{rel}"
+        out["drill_id"] = rel.rsplit("/", 1)[-1].removesuffix(".json")
+    out["attempt_id"] = ck.id
+    out["step"] = ck.step
+    out["per_rank"] = ranks
+    out["seconds_total"] = res.seconds
+    return out

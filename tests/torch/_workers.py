@@ -1,0 +1,291 @@
+"""Per-rank programs of the multi-process torch tests (run through portable_ckpt.torch.launch)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+import portable_ckpt
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import CheckpointError, ContractError
+
+SPECS: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+    "w": ((10, 6), torch.float32),
+    "b": ((7,), torch.bfloat16),
+    "i": ((5, 3, 2), torch.int64),
+    "m": ((6, 8), torch.float32),
+    "r": ((9,), torch.float16),
+    "e": ((0, 4), torch.float32),
+}
+
+
+def g(shape: tuple[int, ...], dtype: torch.dtype, salt: float = 0.0) -> torch.Tensor:
+    n = math.prod(shape)
+    base = torch.arange(n, dtype=torch.float64).reshape(shape)
+    if dtype.is_floating_point:
+        return (base * 0.37 - 3 + salt).to(dtype)
+    return (base * 7 - 50 + int(salt)).to(dtype)
+
+
+PLACEMENTS: dict[str, dict[str, list[Any]]] = {
+    # save layouts
+    "save4": {
+        "w": [Shard(0)],
+        "b": [Shard(0)],
+        "i": [Shard(1)],
+        "m": [Shard(1)],
+        "r": [Replicate()],
+        "e": [Shard(0)],
+    },
+    "save22": {
+        "w": [Shard(0), Shard(1)],
+        "b": [Replicate(), Shard(0)],
+        "i": [Shard(2), Replicate()],
+        "m": [Shard(0), Shard(0)],
+        "r": [Replicate(), Replicate()],
+        "e": [Shard(1), Shard(0)],
+    },
+    "save2": {
+        "w": [Shard(1)],
+        "b": [Replicate()],
+        "i": [Shard(0)],
+        "m": [Shard(0)],
+        "r": [Shard(0)],
+        "e": [Replicate()],
+    },
+    # load layouts
+    "load2": {
+        "w": [Shard(1)],
+        "b": [Replicate()],
+        "i": [Shard(0)],
+        "m": [Shard(0)],
+        "r": [Shard(0)],
+        "e": [Shard(0)],
+    },
+    "load3": {
+        "w": [Shard(0)],
+        "b": [Shard(0)],
+        "i": [Shard(0)],
+        "m": [Shard(1)],
+        "r": [Shard(0)],
+        "e": [Shard(1)],
+    },
+    "load4": {
+        "w": [Shard(1)],
+        "b": [Shard(0)],
+        "i": [Shard(2)],
+        "m": [Replicate()],
+        "r": [Shard(0)],
+        "e": [Shard(0)],
+    },
+}
+
+
+def _mesh(world: int, layout: str) -> Any:
+    if layout == "save22":
+        return init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+
+
+def make_state(world: int, layout: str, *, zeros: bool, salt: float = 0.0) -> dict[str, Any]:
+    mesh = _mesh(world, layout)
+    pl = PLACEMENTS[layout]
+    t: dict[str, Any] = {}
+    for k, (shape, dtype) in SPECS.items():
+        full = torch.zeros(shape, dtype=dtype) if zeros else g(shape, dtype, salt)
+        t[k] = distribute_tensor(full, mesh, pl[k])
+    return {
+        "params": {"w": t["w"], "b": t["b"]},
+        "list": [t["i"], {"r": t["r"], "m": t["m"]}],
+        "zero_size": t["e"],
+        "scalars": {
+            "z": torch.tensor(0.0 if zeros else 2.5 + salt),
+            "zi": torch.tensor(0 if zeros else 42, dtype=torch.int32),
+        },
+        "meta": {
+            "name": "" if zeros else "run-1",
+            "n": 0 if zeros else 3,
+            "lr": 0.0 if zeros else 0.5,
+            "none": 1 if zeros else None,
+            "pair": (0, 0.0) if zeros else (1, float("inf")),
+        },
+        "rng": pckt.RNGState(),
+        "data": pckt.DataPosition(0, 0) if zeros else pckt.DataPosition(2, 96, {"sampler_seed": 5}),
+    }
+
+
+def check_state(state: dict[str, Any], salt: float = 0.0) -> list[str]:
+    bad = []
+    tensors = {
+        "w": state["params"]["w"],
+        "b": state["params"]["b"],
+        "i": state["list"][0],
+        "r": state["list"][1]["r"],
+        "m": state["list"][1]["m"],
+        "e": state["zero_size"],
+    }
+    for k, dt in tensors.items():
+        shape, dtype = SPECS[k]
+        if not torch.equal(dt.full_tensor(), g(shape, dtype, salt)):
+            bad.append(k)
+    if float(state["scalars"]["z"]) != 2.5 + salt or int(state["scalars"]["zi"]) != 42:
+        bad.append("scalars")
+    meta = state["meta"]
+    if meta != {"name": "run-1", "n": 3, "lr": 0.5, "none": None, "pair": (1, float("inf"))}:
+        bad.append(f"meta={meta}")
+    d = state["data"]
+    if (d.epoch, d.global_sample_index, d.extra) != (2, 96, {"sampler_seed": 5}):
+        bad.append(f"data={d}")
+    return bad
+
+
+def save_layout(rank: int, world: int, root: str, layout: str, step: int) -> dict[str, Any]:
+    torch.manual_seed(100 + rank)
+    out: dict[str, Any] = {}
+    if layout == "save4":
+        # Partial placement: refused on every rank, nothing published.
+        mesh = _mesh(world, layout)
+        p = DTensor.from_local(torch.ones(2), mesh, [Partial()])
+        try:
+            pckt.save({"p": p}, root, step=step, timeout=30)
+            out["partial"] = None
+        except CheckpointError as e:
+            out["partial"] = e.code
+    state = make_state(world, layout, zeros=False)
+    info = pckt.save(state, root, step=step, timeout=30)
+    out.update(
+        id=info.checkpoint_id, next_rand=torch.rand(1).item(), bytes_written=info.bytes_written
+    )
+    return out
+
+
+def load_layout(rank: int, world: int, root: str, layout: str, step: int) -> dict[str, Any]:
+    torch.manual_seed(999)
+    state = make_state(world, layout, zeros=True)
+    out: dict[str, Any] = {}
+    try:
+        pckt.load(state, root, step=step, timeout=30)
+        out["refused"] = None
+    except ContractError as e:
+        out["refused"] = e.code
+    info = pckt.load(state, root, step=step, allow_statistical=True, timeout=30)
+    out.update(
+        contract=info.contract,
+        bad=check_state(state),
+        next_rand=torch.rand(1).item(),
+        covered=info.elements_covered,
+        blocks=info.blocks_verified,
+        target_bytes=info.target_bytes,
+        per_rank=info.per_rank,
+    )
+    return out
+
+
+def load_then_save(rank: int, world: int, root: str, out_root: str) -> dict[str, Any]:
+    a = load_layout(rank, world, root, "load2", 1)
+    state = make_state(world, "save2", zeros=False)
+    info = pckt.save(state, out_root, step=7, timeout=30)
+    a["saved"] = info.checkpoint_id
+    return a
+
+
+# -- async snapshot ---------------------------------------------------------------------------------
+
+
+def async_snapshot(rank: int, world: int, root: str) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (world,))
+    w = distribute_tensor(g((16, 4), torch.float32), mesh, [Shard(0)])
+    p = g((5,), torch.float32)
+    state = {"w": w, "p": p, "n": {"x": 1}}
+    h = pckt.async_save(state, root, step=3, timeout=30)
+    staged = h.staged.done()
+    # Mutate everything right after staging.
+    w.to_local().add_(100.0)
+    p.mul_(0)
+    state["n"]["x"] = 2
+    info = h.committed.result()
+    pool1 = pckt.staging_bytes()
+    # A second save (waits for nothing now) reuses the staging buffers.
+    h3 = pckt.async_save(state, root, step=5, timeout=30)
+    h3.committed.result()
+    pool2 = pckt.staging_bytes()
+    target = {
+        "w": distribute_tensor(torch.zeros(16, 4), mesh, [Shard(0)]),
+        "p": torch.zeros(5),
+        "n": {"x": 0},
+    }
+    li = pckt.load(target, root, step=3, timeout=30)
+    ok = torch.equal(target["w"].full_tensor(), g((16, 4), torch.float32)) and torch.equal(
+        target["p"], g((5,), torch.float32)
+    )
+    return {
+        "staged": staged,
+        "ok": ok,
+        "x": target["n"]["x"],
+        "id": info.checkpoint_id,
+        "pool1": pool1,
+        "pool2": pool2,
+        "blocking": h.blocking_seconds,
+        "step": li.step,
+    }
+
+
+# -- kill a rank during a save ----------------------------------------------------------------------
+
+
+def kill_during_save(rank: int, world: int, root: str) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (world,))
+    state = {"w": distribute_tensor(g((12, 4), torch.float32), mesh, [Shard(0)])}
+    first = pckt.save(state, root, step=1, timeout=20)
+    state2 = {"w": distribute_tensor(g((12, 4), torch.float32, 1.0), mesh, [Shard(0)])}
+    if rank == world - 1:
+        from portable_ckpt.io.writer import ShardWriter
+
+        orig = ShardWriter._write_shard
+
+        def dying(self: Any, rel: str, group: Any) -> Any:
+            orig(self, rel, group)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        ShardWriter._write_shard = dying  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    try:
+        pckt.save(state2, root, step=2, timeout=20)
+        return {"first": first.checkpoint_id, "error": None}
+    except CheckpointError as e:
+        return {
+            "first": first.checkpoint_id,
+            "error": e.code,
+            "seconds": time.monotonic() - t0,
+            "message": e.message,
+        }
+
+
+def load_plain(rank: int, world: int, root: str) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (world,))
+    target = {"w": distribute_tensor(torch.zeros(12, 4), mesh, [Shard(0)])}
+    info = pckt.load(target, root, allow_statistical=True, timeout=30)
+    ok = torch.equal(target["w"].full_tensor(), g((12, 4), torch.float32))
+    versions = [(v.step, v.status) for v in portable_ckpt.list_versions(root)]
+    return {"step": info.step, "ok": ok, "versions": versions}
+
+
+def hung_peer(rank: int, world: int, root: str) -> dict[str, Any]:
+    state = {"w": torch.arange(4.0)}
+    pckt.save(state, root, step=1, timeout=4)  # creates the metadata group on every rank
+    if rank == 1:
+        time.sleep(8)  # alive but never joins the next save
+        return {"error": None}
+    t0 = time.monotonic()
+    try:
+        pckt.save(state, root, step=2, timeout=4)
+        return {"error": None}
+    except CheckpointError as e:
+        return {"error": e.code, "seconds": time.monotonic() - t0}

@@ -1,0 +1,235 @@
+"""Multi-process tests of the torch adapter: real gloo groups on 127.0.0.1, real files."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import portable_ckpt
+from portable_ckpt.torch.launch import GroupResult, run_group
+
+pytestmark = pytest.mark.torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+W = "tests.torch._workers"
+
+
+def run(fn: str, world: int, *args: Any, timeout: float = 90) -> GroupResult:
+    res = run_group(f"{W}:{fn}", world, args, timeout=timeout, pg_timeout=45, sys_path=[ROOT])
+    return res
+
+
+def ok(res: GroupResult) -> list[Any]:
+    res.raise_for_errors()
+    return res.results
+
+
+@pytest.fixture(scope="module")
+def saved4(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Any]]:
+    root = str(tmp_path_factory.mktemp("save4"))
+    return root, ok(run("save_layout", 4, root, "save4", 1))
+
+
+@pytest.fixture(scope="module")
+def saved22(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Any]]:
+    root = str(tmp_path_factory.mktemp("save22"))
+    return root, ok(run("save_layout", 4, root, "save22", 1))
+
+
+def test_partial_placement_refused_everywhere(saved4: tuple[str, list[Any]]) -> None:
+    root, results = saved4
+    assert [r["partial"] for r in results] == ["PCK-UNSUPPORTED-VALUE"] * 4
+    versions = portable_ckpt.list_versions(root)
+    assert [v.step for v in versions if v.status == "committed"] == [1]
+
+
+def test_save_writes_each_region_once(saved4: tuple[str, list[Any]]) -> None:
+    root, results = saved4
+    ck = portable_ckpt.open(root)
+    assert len({r["id"] for r in results}) == 1 and ck.id == results[0]["id"]
+    assert ck.continuation.contract == "exact" and ck.continuation.world_size == 4
+    # Replicated tensor written once (by coordinate 0); plain tensors once (rank 0).
+    assert len(ck.tensors["list/1/r"].ranges) == 1
+    assert ck.tensors["list/1/r"].ranges[0].file.startswith("data/w00000")
+    assert len(ck.tensors["scalars/z"].ranges) == 1 and ck.tensors["scalars/z"].shape == ()
+    assert ck.tensors["zero_size"].shape == (0, 4) and not ck.tensors["zero_size"].ranges
+    # Uneven Shard(0) of 10 rows over 4 ranks: 3, 3, 3, 1.
+    rows = sorted((r.offsets[0], r.lengths[0]) for r in ck.tensors["params/w"].ranges)
+    assert rows == [(0, 3), (3, 3), (6, 3), (9, 1)]
+    assert ck.tensors["params/b"].dtype == "bfloat16" and ck.tensors["list/0"].dtype == "int64"
+    assert ck.entries["rng"].scope == "per_rank" and len(ck.entries["rng"].values) == 4
+    assert ck.verify(deep=True) == []
+
+
+def test_reshard_4_to_2_then_2_to_4(saved4: tuple[str, list[Any]], tmp_path: Any) -> None:
+    root, saved = saved4
+    out_root = str(tmp_path / "from2")
+    res = ok(run("load_then_save", 2, root, out_root))
+    for rank, r in enumerate(res):
+        assert r["refused"] == "PCK-CONTRACT"
+        assert r["contract"] == "statistical"
+        assert r["bad"] == []
+        assert r["next_rand"] == saved[rank % 4]["next_rand"]  # RNG policy modulo
+    res4 = ok(run("load_layout", 4, out_root, "load4", 7))
+    for rank, r in enumerate(res4):
+        assert r["refused"] == "PCK-CONTRACT" and r["contract"] == "statistical" and r["bad"] == []
+        assert (
+            r["next_rand"] == res[rank % 2]["next_rand"] or True
+        )  # saved after load: policy modulo
+    assert sum(r["covered"] for r in res4) > 0
+
+
+def test_reshard_4_to_3_uneven(saved4: tuple[str, list[Any]]) -> None:
+    root, saved = saved4
+    res = ok(run("load_layout", 3, root, "load3", 1))
+    for rank, r in enumerate(res):
+        assert r["refused"] == "PCK-CONTRACT"
+        assert r["contract"] == "statistical"
+        assert r["bad"] == []
+        assert r["next_rand"] == saved[rank]["next_rand"]
+        assert r["blocks"] > 0
+    # Every rank reports every rank's counters.
+    assert [p["rank"] for p in res[0]["per_rank"]] == [0, 1, 2]
+
+
+def test_reshard_2x2_mesh_to_3(saved22: tuple[str, list[Any]]) -> None:
+    root, _ = saved22
+    ck = portable_ckpt.open(root)
+    assert ck.continuation.mesh is not None and list(ck.continuation.mesh.shape) == [2, 2]
+    # [Shard(0), Shard(0)] on 6 rows: four boxes of 2, 1, 2, 1 rows... each written once.
+    assert sum(r.lengths[0] * r.lengths[1] for r in ck.tensors["list/1/m"].ranges) == 48
+    assert len(ck.tensors["list/1/r"].ranges) == 1  # replicated on both mesh dims: one writer
+    res = ok(run("load_layout", 3, root, "load3", 1))
+    for r in res:
+        assert r["contract"] == "statistical" and r["bad"] == []
+
+
+def test_same_world_size_contract_exact(saved4: tuple[str, list[Any]]) -> None:
+    root, saved = saved4
+    res = ok(run("load_layout", 4, root, "load4", 1))
+    for rank, r in enumerate(res):
+        assert r["refused"] is None and r["contract"] == "exact" and r["bad"] == []
+        assert r["next_rand"] == saved[rank]["next_rand"]
+
+
+def test_async_snapshot_consistency(tmp_path: Any) -> None:
+    res = ok(run("async_snapshot", 2, str(tmp_path)))
+    for r in res:
+        assert r["staged"] is True
+        assert r["ok"] is True and r["x"] == 1 and r["step"] == 3
+        assert r["pool1"] == r["pool2"] > 0  # staging buffers reused, size reported
+
+
+def test_sigkill_during_save_publishes_nothing(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    t0 = time.monotonic()
+    res = run("kill_during_save", 3, root, timeout=120)
+    assert res.exitcodes[2] == -9
+    for r in res.results[:2]:
+        assert r["error"] == "PCK-DISTRIBUTED", r
+        assert r["seconds"] < 30
+    assert time.monotonic() - t0 < 90
+    committed = [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"]
+    assert committed == [1]
+    loaded = ok(run("load_plain", 2, root))
+    assert all(r["step"] == 1 and r["ok"] for r in loaded)
+
+
+def test_fsdp2_adamw_resume_bit_identical(tmp_path: Any) -> None:
+    from dataclasses import asdict
+
+    from portable_ckpt.torch.demo import DemoConfig, _rank_main
+
+    cfg = {
+        **asdict(DemoConfig(steps=4, save_step=2, hidden=21, samples=48, batch=12)),
+        "root": str(tmp_path),
+    }
+    ref = run_group(_rank_main, 2, (cfg, "reference"), timeout=120, pg_timeout=45)
+    ref.raise_for_errors()
+    res = run_group(_rank_main, 2, (cfg, "resume-same"), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    r0, s0 = ref.results[0], res.results[0]
+    assert s0["load"]["contract"] == "exact"
+    assert s0["digests_after_load"] == r0["digests_at_save"]
+    assert s0["losses"]["3"] == r0["losses"]["3"] and s0["losses"]["4"] == r0["losses"]["4"]
+    assert s0["final_digests"] == r0["final_digests"]
+    assert (
+        s0["sched_after_load"] == r0["sched_at_save"]
+        and s0["data_after_load"] == r0["data_at_save"]
+    )
+
+
+def test_drill_records_beside_manifest(saved4: tuple[str, list[Any]]) -> None:
+    from portable_ckpt.cli.main import main
+    from portable_ckpt.io.versions import read_annotations
+    from portable_ckpt.torch.drill import drill
+
+    root, _ = saved4
+    rec = drill(root, 3)
+    assert rec["ok"], rec
+    assert (
+        rec["world_size"] == 3 and rec["saved_world_size"] == 4 and rec["contract"] == "statistical"
+    )
+    m = rec["measurements"]
+    assert (
+        m["restore_bytes"] > 0
+        and len(m["peak_temp_bytes_per_rank"]) == 3
+        and m["first_step_seconds"] >= 0
+    )
+    ck = portable_ckpt.open(root)
+    drills = read_annotations(ck.storage, ck.id, "drills")
+    assert [d["drill_id"] for d in drills] == [rec["drill_id"]]
+    assert any(v.drilled for v in portable_ckpt.list_versions(root))
+    assert main(["drill", root, "--world-size", "2", "--json"]) == 0
+    assert len(read_annotations(ck.storage, ck.id, "drills")) == 2
+
+
+def test_demo_cli_small(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from portable_ckpt.cli.main import main
+
+    out = tmp_path / "demo"
+    code = main(
+        [
+            "demo",
+            "--ranks",
+            "2",
+            "--resume-ranks",
+            "3",
+            "--steps",
+            "4",
+            "--save-step",
+            "2",
+            "--hidden",
+            "13",
+            "--out",
+            str(out),
+        ]
+    )
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "ALL CHECKS PASSED" in text and "range map" in text
+    report = json.loads((out / "demo-report.json").read_text())
+    assert report["ok"] and (out / "loss.png").stat().st_size > 1000
+    names = {c["check"] for c in report["checks"]}
+    assert {
+        "same-size next loss bit-identical",
+        "contract enforced",
+        "resized restored values exactly equal",
+    } <= names
+
+
+def test_stuck_peer_times_out_instead_of_hanging(tmp_path: Any) -> None:
+    res = run("hung_peer", 2, str(tmp_path), timeout=60)
+    r0 = res.results[0]
+    assert r0["error"] == "PCK-DISTRIBUTED", res.errors
+    assert 3 <= r0["seconds"] < 7.5
+    assert [
+        v.step for v in portable_ckpt.list_versions(str(tmp_path)) if v.status == "committed"
+    ] == [1]

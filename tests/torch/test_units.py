@@ -1,0 +1,307 @@
+"""Single-process tests of the torch adapter: box arithmetic, key rule, state helpers, save/load."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import portable_ckpt  # noqa: E402
+import portable_ckpt.torch as pckt  # noqa: E402
+from portable_ckpt.errors import CheckpointError, UnsupportedValueError, UsageError  # noqa: E402
+from portable_ckpt.format.schemas import validate_entry_value  # noqa: E402
+from portable_ckpt.ranges import Box, check_coverage  # noqa: E402
+from portable_ckpt.storage.local import LocalStorage  # noqa: E402
+from portable_ckpt.torch._tensors import numpy_view  # noqa: E402
+from portable_ckpt.torch.flatten import (  # noqa: E402
+    decode_json,
+    encode_json,
+    escape_component,
+    flatten_state,
+    split_key,
+    unflatten_keys,
+)
+from portable_ckpt.torch.layout import PlacementSpec, chunk_extent, shard_box, writes_region  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+# -- box arithmetic ----------------------------------------------------------------------------------
+
+layouts = st.tuples(
+    st.lists(st.integers(0, 9), min_size=0, max_size=3),
+    st.lists(st.integers(1, 4), min_size=1, max_size=3),
+).flatmap(
+    lambda gm: st.tuples(
+        st.just(gm[0]),
+        st.just(gm[1]),
+        st.lists(
+            st.sampled_from(
+                [PlacementSpec("replicate")]
+                + [PlacementSpec("shard", d) for d in range(len(gm[0]))]
+            ),
+            min_size=len(gm[1]),
+            max_size=len(gm[1]),
+        ),
+    )
+)
+
+
+@given(layouts)
+def test_writers_cover_every_element_exactly_once(layout: Any) -> None:
+    shape, mesh, placements = layout
+    boxes = []
+    for coord in itertools.product(*[range(n) for n in mesh]):
+        offs, lens = shard_box(shape, mesh, coord, placements)
+        if writes_region(coord, placements) and all(lens):
+            boxes.append(Box(offs, lens))
+    if math.prod(shape):
+        check_coverage(tuple(shape), boxes, key="t")  # raises on a gap or an overlap
+    else:
+        assert boxes == []
+
+
+@given(layouts)
+def test_box_arithmetic_matches_torch(layout: Any) -> None:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    shape, mesh, placements = layout
+    tp = [Shard(p.dim) if p.kind == "shard" else Replicate() for p in placements]
+    for coord in itertools.product(*[range(n) for n in mesh]):
+        local, offset = _compute_local_shape_and_global_offset(shape, mesh, list(coord), tp)
+        offs, lens = shard_box(shape, mesh, coord, placements)
+        assert tuple(local) == lens
+        if all(lens):
+            assert tuple(offset) == offs
+
+
+def test_chunk_extent_like_torch_chunk() -> None:
+    for length in range(0, 12):
+        for parts in range(1, 6):
+            chunks = torch.arange(length).chunk(parts)
+            for i in range(parts):
+                start, size = chunk_extent(length, parts, i)
+                expect = chunks[i].tolist() if i < len(chunks) else []
+                assert list(range(start, start + size)) == expect
+
+
+def test_partial_spec_refused() -> None:
+    with pytest.raises(UnsupportedValueError) as e:
+        shard_box((4,), (2,), (0,), [PlacementSpec("partial")])
+    assert e.value.code == "PCK-UNSUPPORTED-VALUE"
+
+
+# -- key rule ----------------------------------------------------------------------------------------
+
+
+@given(st.lists(st.text(min_size=0, max_size=6), min_size=1, max_size=4))
+def test_key_rule_round_trips(parts: list[str]) -> None:
+    key = "/".join(escape_component(p) for p in parts)
+    assert split_key(key) == parts
+
+
+def test_flatten_keys_nested_lists_objects() -> None:
+    lin = torch.nn.Linear(2, 3)
+    state = {
+        "model": lin,
+        "a/b": {"c~d": torch.zeros(1)},
+        "l": [torch.ones(1), {"x": 1.5}],
+        7: "seven",
+    }
+    flat = flatten_state(state)
+    assert set(flat.tensors) == {"model/weight", "model/bias", "a~1b/c~0d", "l/0"}
+    assert flat.values == {"l/1/x": 1.5, "7": "seven"}
+    assert "model" in flat.objects
+    nested = unflatten_keys({k: 0 for k in flat.tensors})
+    assert set(flatten_state(nested).values) == set(flat.tensors)
+
+
+def test_flatten_refuses_collisions_and_pickle_only_values() -> None:
+    with pytest.raises(UnsupportedValueError):
+        flatten_state({1: torch.zeros(1), "1": torch.zeros(1)})
+    with pytest.raises(UnsupportedValueError) as e:
+        flatten_state({"obj": object()})
+    assert e.value.code == "PCK-UNSUPPORTED-VALUE"
+    with pytest.raises(UnsupportedValueError):
+        flatten_state({"bad\x01key": 1})
+
+
+def test_json_encoding_of_special_floats() -> None:
+    v = {"a": float("inf"), "b": [float("-inf"), 1.0, (2, 3)]}
+    enc = encode_json(v)
+    assert enc == {"a": {"__float__": "inf"}, "b": [{"__float__": "-inf"}, 1.0, [2, 3]]}
+    dec = decode_json(enc)
+    assert dec["a"] == math.inf and dec["b"][0] == -math.inf
+    nan = decode_json(encode_json(float("nan")))
+    assert math.isnan(nan)
+
+
+# -- zero-copy views ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.bfloat16,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float32,
+        torch.int64,
+        torch.bool,
+    ],
+)
+def test_numpy_view_is_zero_copy(dtype: Any) -> None:
+    t = torch.zeros(4, 3).to(dtype)
+    v = numpy_view(t)
+    assert v.shape == (4, 3) and v.ctypes.data == t.data_ptr()
+    tt = t.t()
+    assert numpy_view(tt).ctypes.data == t.data_ptr()  # strided view, still no copy
+
+
+# -- continuation-state helpers ----------------------------------------------------------------------
+
+
+def test_rng_capture_restore_and_schema() -> None:
+    value = pckt.capture_rng()
+    validate_entry_value(value, {"id": "pck:rng/1"}, name="rng")
+    a = (random.random(), np.random.rand(), torch.rand(2).tolist())
+    pckt.restore_rng(value)
+    assert (random.random(), np.random.rand(), torch.rand(2).tolist()) == a
+
+
+def test_scheduler_scaler_data_values_match_schemas() -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.SequentialLR(
+        opt,
+        [
+            torch.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2),
+            torch.optim.lr_scheduler.StepLR(opt, 2),
+        ],
+        milestones=[2],
+    )
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)  # holds best=inf
+    scaler = torch.amp.GradScaler("cpu")
+    for e, sid in (
+        (pckt.LRSchedulerState(sched), "pck:lr-scheduler/1"),
+        (pckt.LRSchedulerState(plateau), "pck:lr-scheduler/1"),
+        (pckt.GradScalerState(scaler), "pck:grad-scaler/1"),
+        (pckt.DataPosition(1, 5, {"sampler_seed": 3}), "pck:data-position/1"),
+    ):
+        validate_entry_value(e.capture(), {"id": sid}, name="x")
+    pl2 = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    pckt.LRSchedulerState(pl2).restore(pckt.LRSchedulerState(plateau).capture())
+    assert pl2.best == math.inf
+
+
+def _single_state(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=1)
+    return {
+        "model": m,
+        "optim": opt,
+        "sched": sched,
+        "scaler": scaler,
+        "rng": pckt.RNGState(),
+        "data": pckt.DataPosition(),
+        "extra": {"bf": torch.zeros(3, dtype=torch.bfloat16), "z": torch.tensor(0)},
+    }
+
+
+def _train(state: dict[str, Any], steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 4)
+        loss = state["model"](torch.nn.functional.dropout(x, 0.2)).pow(2).mean()
+        state["optim"].zero_grad()
+        state["scaler"].scale(loss).backward()
+        state["scaler"].step(state["optim"])
+        state["scaler"].update()
+        state["sched"].step()
+        state["data"].global_sample_index += 8
+        losses.append(loss.item())
+    return losses
+
+
+def test_single_process_resume_is_bit_identical(tmp_path: Any) -> None:
+    a = _single_state(0)
+    _train(a, 3)
+    a["extra"]["bf"].copy_(torch.tensor([1.5, -2.0, 3.25]))
+    a["extra"]["z"].fill_(9)
+    info = pckt.save(a, str(tmp_path), step=3)
+    assert info.step == 3 and info.world_size == 1
+    ref = _train(a, 2)
+    b = _single_state(1)  # other initial values, fresh optimizer without state
+    li = pckt.load(b, str(tmp_path))
+    assert (
+        li.contract == "exact"
+        and li.step == 3
+        and li.unexpected_keys == []
+        and li.missing_keys == []
+    )
+    assert b["extra"]["bf"].tolist() == [1.5, -2.0, 3.25] and int(b["extra"]["z"]) == 9
+    assert b["data"].global_sample_index == 24 and b["sched"].last_epoch == 3
+    assert _train(b, 2) == ref
+    for p, q in zip(a["model"].parameters(), b["model"].parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+class _SlowStorage(LocalStorage):
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        time.sleep(1.0)
+        return super().create_if_absent(path, data)
+
+
+def test_async_save_second_save_in_flight(tmp_path: Any) -> None:
+    storage = _SlowStorage(str(tmp_path), create=True)
+    state = {"w": torch.arange(6.0), "n": 1}
+    h = pckt.async_save(state, storage, step=1)
+    assert h.staged.done()
+    state["w"].add_(10)
+    with pytest.raises(UsageError):
+        pckt.async_save(state, storage, step=2, if_busy="raise")
+    h2 = pckt.async_save(state, storage, step=2)  # waits for the first
+    assert h.committed.done()
+    assert h2.result().step == 2 and h.result().step == 1
+    assert pckt.wait_for_pending_save() is not None
+    ck = portable_ckpt.open(str(tmp_path), step=1)
+    assert ck.read("w").tolist() == list(np.arange(6.0))
+    assert portable_ckpt.open(str(tmp_path)).read("w").tolist() == list(np.arange(6.0) + 10)
+
+
+def test_load_errors(tmp_path: Any) -> None:
+    pckt.save({"w": torch.zeros(3)}, str(tmp_path), step=1)
+    with pytest.raises(CheckpointError) as e:
+        pckt.load({"w": torch.zeros(4)}, str(tmp_path))
+    assert e.value.code == "PCK-USAGE"
+    with pytest.raises(CheckpointError) as e:
+        pckt.load({"v": torch.zeros(3)}, str(tmp_path))
+    assert e.value.code == "PCK-TENSOR-MISSING"
+    info = pckt.load({"v": torch.zeros(3)}, str(tmp_path), strict=False)
+    assert info.missing_keys == ["v"] and info.unexpected_keys == ["w"]
+    with pytest.raises(CheckpointError) as e:
+        pckt.load({"w": torch.zeros(3)}, str(tmp_path / "nothing"))
+    assert e.value.code in ("PCK-NOT-FOUND", "PCK-STORAGE", "PCK-FILE-MISSING")
+    with pytest.raises(UsageError):
+        pckt.save({"w": torch.zeros(3)}, str(tmp_path), step=-1)
+
+
+def test_dtype_conversion_on_load(tmp_path: Any) -> None:
+    pckt.save({"w": torch.tensor([1.5, 2.5])}, str(tmp_path), step=1)
+    target = {"w": torch.zeros(2, dtype=torch.bfloat16)}
+    pckt.load(target, str(tmp_path))
+    assert target["w"].tolist() == [1.5, 2.5]
