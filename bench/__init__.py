@@ -1,0 +1,1 @@
+"""Benchmark harness of portable_ckpt (``python -m bench``; see bench/README.md)."""

@@ -1,0 +1,65 @@
+"""Describe the machine a run happened on (for the report header)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["describe"]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _disk_of(path: str) -> str:
+    try:
+        out = subprocess.run(["findmnt", "-no", "SOURCE,FSTYPE,OPTIONS", "--target", path],
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    dev = out.split()[0] if out else "?"
+    model = ""
+    name = os.path.basename(dev)
+    if name:
+        rot = _read(f"/sys/block/{name}/queue/rotational").strip()
+        model = _read(f"/sys/block/{name}/device/model").strip()
+        kind = {"0": "non-rotational", "1": "rotational"}.get(rot, "")
+        model = ", ".join(x for x in (model, kind) if x)
+    return f"{out} {('(' + model + ')') if model else ''}".strip()
+
+
+def describe(scratch: str) -> dict[str, Any]:
+    """CPU model, cores, memory, disk of ``scratch``, kernel, Python and library versions."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or "?")
+    mem = next((int(line.split()[1]) * 1024 for line in _read("/proc/meminfo").splitlines()
+                if line.startswith("MemTotal")), 0)
+    du = shutil.disk_usage(scratch)
+    versions: dict[str, str] = {}
+    for mod in ("numpy", "torch", "safetensors", "zstandard", "crc32c", "ml_dtypes", "portable_ckpt"):
+        try:
+            m = __import__(mod)
+            versions[mod] = str(getattr(m, "__version__", "?"))
+        except Exception:
+            versions[mod] = "not installed"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem / (1 << 30), 1),
+        "scratch": scratch,
+        "disk": _disk_of(scratch),
+        "disk_free_gib": round(du.free / (1 << 30), 1),
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+    }
