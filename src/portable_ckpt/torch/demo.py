@@ -536,9 +536,11 @@ def run_demo(config: DemoConfig | None = None, *, verbose: bool = True) -> dict[
         + f"{'resume-resized':>14}"
     )
     for k in sorted(rl):
-        sval = f"{_losses(same[0]).get(k, float('nan')):>14.8f} " if same else ""
-        zval = zl.get(k, float("nan"))
-        print(f"  {k:>5} {rl[k]:>14.8f} " + sval + f"{zval:>14.8f}")
+        def cell(v: float | None) -> str:
+            return f"{v:>14.8f}" if v is not None else f"{'-':>14}"
+
+        sval = cell(_losses(same[0]).get(k)) + " " if same else ""
+        print(f"  {k:>5} {rl[k]:>14.8f} " + sval + cell(zl.get(k)))
 
     report: dict[str, Any] = {
         "ok": all(ch["ok"] for ch in checks),
