@@ -25,6 +25,7 @@ __all__ = [  # Checkpoint, gc and list_versions are imported lazily (see __getat
     "Continuation",
     "Manifest",
     "Mesh",
+    "NO_VALUE",
     "__version__",
     "errors",
     "gc",
@@ -36,10 +37,10 @@ __all__ = [  # Checkpoint, gc and list_versions are imported lazily (see __getat
 
 def __getattr__(name: str) -> Any:
     # Lazy imports keep `import portable_ckpt` light.
-    if name == "Checkpoint":
-        from portable_ckpt.io.reader import Checkpoint
+    if name in ("Checkpoint", "NO_VALUE"):
+        from portable_ckpt.io import reader
 
-        return Checkpoint
+        return getattr(reader, name)
     if name in ("list_versions", "gc"):
         from portable_ckpt.io import versions
 

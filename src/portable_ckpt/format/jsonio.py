@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from portable_ckpt.errors import JsonInvalidError, LimitError
+from portable_ckpt.errors import JsonInvalidError, UsageError
 
 __all__ = ["MAX_DEPTH", "MAX_DOCUMENT_BYTES", "MAX_MANIFEST_BYTES", "dumps", "loads"]
 
@@ -89,7 +89,9 @@ def loads(data: bytes | str, *, what: str, max_bytes: int = MAX_DOCUMENT_BYTES) 
 
     """
     if len(data) > max_bytes:
-        raise LimitError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", path=what)
+        raise JsonInvalidError(
+            f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", path=what
+        )
     if isinstance(data, bytes | bytearray | memoryview):
         try:
             text = bytes(data).decode("utf-8")
@@ -148,5 +150,5 @@ def dumps(doc: Any, *, indent: int | None = None) -> bytes:
             indent=indent,
             separators=(",", ":") if indent is None else None,
         ).encode("utf-8")
-    except ValueError as exc:
-        raise JsonInvalidError(f"value cannot be stored as JSON: {exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"value cannot be stored as JSON: {exc}") from None

@@ -507,7 +507,8 @@ def _tensor(
         )
     shape = _ints(c, c.req(d, "shape", where), where + ".shape", 0)
     numel = math.prod(shape)
-    if numel * DTYPES[dtype].itemsize > MAX_SIZE:
+    # Zero-size tensors too: an array of shape [0, 2^53, 2^53] cannot even be described in memory.
+    if math.prod(max(s, 1) for s in shape) * DTYPES[dtype].itemsize > MAX_SIZE:
         raise c.fail(
             where + ".shape",
             f"{list(shape)} × {DTYPES[dtype].itemsize} bytes exceeds 2^53-1",
@@ -546,7 +547,7 @@ def _tensor(
             )
         ranges.append(RangeRecord(offs, lens, fpath, name, codec))
     # Cheap structural coverage rules (the full exactly-once check runs before a tensor is read).
-    if not shape and len(ranges) != 1:
+    if not shape and (len(ranges) > 1 or (complete and not ranges)):
         cls = CoverageGapError if not ranges else CoverageOverlapError
         raise c.fail(
             where + ".ranges", f"a 0-d tensor has exactly one range, found {len(ranges)}", cls
@@ -602,9 +603,9 @@ def _entry(
             raise c.fail(vw + ".file", f"{fpath!r} is not listed in files")
         rank: int | None = None
         if scope == "per_rank":
-            rank = c.int_(
-                c.req(o, "rank", vw), vw + ".rank", 0, (world_size - 1) if world_size else MAX_SIZE
-            )
+            rank = c.int_(c.req(o, "rank", vw), vw + ".rank", 0, (1 << 24) - 1)
+            if world_size is not None and rank >= world_size:
+                raise c.fail(vw + ".rank", f"rank {rank} is not below world_size {world_size}")
             if rank in seen_ranks:
                 raise c.fail(vw + ".rank", f"rank {rank} has two values")
             seen_ranks.add(rank)
@@ -746,7 +747,7 @@ def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
     writer = c.int_(c.req(d, "writer", "top level"), "writer", 0, 1 << 24)
     files = _files(c, c.req(d, "files", "top level"))
     tensors = {
-        k: _tensor(c, k, v, files)
+        k: _tensor(c, k, v, files, complete=False)
         for k, v in c.obj(c.req(d, "tensors", "top level"), "tensors").items()
     }
     entries = {

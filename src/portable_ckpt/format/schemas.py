@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import re2
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
@@ -77,12 +78,119 @@ def validate_document(doc: Any, schema_file: str, *, what: str) -> None:
         raise SchemaError(f"{what}: {loc}: {err.message[:300]}", path=what)
 
 
+# -- Embedded schemas come from the checkpoint: hostile input. Regular expressions run on RE2
+# (linear time, no catastrophic backtracking) and uniqueItems is a hash-set check, not O(n^2).
+
+
+@functools.cache
+def _re2(pattern: str) -> Any:
+    try:
+        return re2.compile(pattern)
+    except re2.error as exc:
+        raise EntrySchemaError(
+            f"embedded schema pattern {pattern[:80]!r} is not supported: patterns must be RE2 "
+            f"syntax (no backreferences or lookaround) ({exc})"
+        ) from None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    if validator.is_type(instance, "string") and not _re2(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance[:80]!r} does not match {pattern[:80]!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
+) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        rx = _re2(pattern)
+        for k, v in instance.items():
+            if rx.search(k):
+                yield from validator.descend(v, subschema, path=k, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, aP: Any, instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    props = schema.get("properties", {})
+    rxs = [_re2(p) for p in schema.get("patternProperties", {})]
+    extras = [k for k in instance if k not in props and not any(rx.search(k) for rx in rxs)]
+    if validator.is_type(aP, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], aP, path=extra)
+    elif not aP and extras:
+        yield jsonschema.ValidationError(
+            f"additional properties are not allowed ({', '.join(map(repr, extras[:5]))})"
+        )
+
+
+def _canonical(value: Any) -> Any:
+    # JSON Schema equality: 1 == 1.0, but true != 1; object member order does not matter.
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("num", float(value) if not float(value).is_integer() else int(value))
+    if isinstance(value, list):
+        return ("list", tuple(_canonical(v) for v in value))
+    return ("obj", tuple(sorted((k, _canonical(v)) for k, v in value.items())))
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set[Any] = set()
+    for item in instance:
+        key = _canonical(item)
+        if key in seen:
+            yield jsonschema.ValidationError("array has non-unique elements")
+            return
+        seen.add(key)
+
+
+_SafeValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+        "uniqueItems": _unique_items,
+    },
+)
+
+
+def _refuse_remote_refs(schema: Any) -> None:
+    """Refuse any non-local ``$ref``/``$dynamicRef``, evaluated or not: nothing is fetched."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in ("$ref", "$dynamicRef") and not (isinstance(v, str) and v.startswith("#")):
+                    raise EntrySchemaError(
+                        f"embedded schema refers to {v!r:.80}; only local references ('#...') "
+                        "are allowed (nothing is fetched)"
+                    )
+                stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 @functools.cache
 def _embedded_validator(schema_json: str) -> jsonschema.protocols.Validator:
     schema = json.loads(schema_json)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    cls.check_schema(schema)
-    return cls(schema, registry=Registry())
+    if (
+        isinstance(schema, dict)
+        and schema.get("$schema", jsonschema.Draft202012Validator.META_SCHEMA["$id"])
+        != jsonschema.Draft202012Validator.META_SCHEMA["$id"]
+    ):
+        raise EntrySchemaError(
+            f"embedded schemas use JSON Schema Draft 2020-12, not {schema.get('$schema')!r}"
+        )
+    jsonschema.Draft202012Validator.check_schema(schema)
+    _refuse_remote_refs(schema)
+    v: jsonschema.protocols.Validator = _SafeValidator(schema, registry=Registry())
+    return v
 
 
 def validate_entry_value(value: Any, schema: dict[str, Any], *, name: str, what: str = "") -> None:

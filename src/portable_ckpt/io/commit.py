@@ -21,6 +21,7 @@ from portable_ckpt.errors import (
     FileSizeError,
     MetadataConflictError,
     SchemaError,
+    StorageError,
     UsageError,
     WriterMissingError,
 )
@@ -75,7 +76,9 @@ def read_writer_index(storage: Storage, attempt_id: str, writer: int) -> WriterI
     data = storage.read_all(full, max_size=jsonio.MAX_DOCUMENT_BYTES)
     idx = parse_writer_index(jsonio.loads(data, what=full), what=full)
     if idx.writer != writer:
-        raise SchemaError(f"{full}: names writer {idx.writer}, its file name says {writer}", path=full)
+        raise SchemaError(
+            f"{full}: names writer {idx.writer}, its file name says {writer}", path=full
+        )
     h = BlockHasher(DEFAULT_BLOCK_SIZE)
     h.update(data)
     from portable_ckpt.format.manifest import Checksum
@@ -131,6 +134,16 @@ def merge_indexes(
                     "encoding or policy than another writer"
                 )
             else:
+                have = {v.rank for v in cur_e.values}
+                for v in e.values:
+                    if v.rank in have:
+                        what = (
+                            "the global value" if v.rank is None else f"the value of rank {v.rank}"
+                        )
+                        raise MetadataConflictError(
+                            f"entry {name!r}: writer {idx.writer} and another writer both stored {what}"
+                        )
+                    have.add(v.rank)
                 cur_e.values.extend(e.values)
     if expected_writers is not None:
         missing = sorted(set(expected_writers) - seen)
@@ -176,9 +189,16 @@ def commit(
 
     """
     check_attempt_id(attempt_id)
+    if not storage.capabilities.atomic_create:
+        raise StorageError(
+            f"{storage.url} cannot create the commit record atomically (no create-if-absent); "
+            "refusing to commit — enable conditional writes on the store"
+        )
     if parse_attempt_step(attempt_id) != step:
         raise UsageError(f"step {step} differs from the step in attempt id {attempt_id}")
-    cont = continuation or Continuation("exact", 1, None)
+    cont = continuation or Continuation(
+        "exact", len(expected_writers) if expected_writers else max(1, len(indexes or [])), None
+    )
     if indexes is None:
         if expected_writers is None:
             raise UsageError("commit needs indexes= or expected_writers=")

@@ -33,7 +33,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
 from portable_ckpt.format.paths import check_relative_path
-from portable_ckpt.io.checksum import crc32c
+from portable_ckpt.io.checksum import crc32c, read_verified
 from portable_ckpt.storage import Storage, open_storage
 
 __all__ = [
@@ -137,8 +137,16 @@ class CopyResult:
 class _FileCopier:
     """Streams one file: ranged reads (one prefetched), per-block CRC32C checks, upload."""
 
-    def __init__(self, src: Storage, dst: Storage, attempt: str, rec: FileRecord, chunk: int,
-                 reads: ThreadPoolExecutor, progress: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        src: Storage,
+        dst: Storage,
+        attempt: str,
+        rec: FileRecord,
+        chunk: int,
+        reads: ThreadPoolExecutor,
+        progress: Callable[[int], None],
+    ) -> None:
         self.src, self.dst, self.rec = src, dst, rec
         self.rel = f"{attempt}/{check_relative_path(rec.path, what='file path')}"
         bs = rec.checksum.block_size
@@ -168,7 +176,8 @@ class _FileCopier:
                     f"{self.src.url}/{self.rel}: block {index} (bytes {offset + start}.."
                     f"{offset + min(start + bs, len(data))}) has CRC32C {got:08x}, the manifest "
                     f"records {want:08x}; the source is corrupt, nothing was published at "
-                    f"{self.dst.url}", path=self.rel,
+                    f"{self.dst.url}",
+                    path=self.rel,
                 )
 
     def run(self) -> bool:
@@ -178,7 +187,8 @@ class _FileCopier:
         if self.rec.checksum.block_count() != expected_blocks:
             raise ChecksumError(
                 f"{self.rel}: manifest has {self.rec.checksum.block_count()} checksum blocks for "
-                f"{size} bytes, expected {expected_blocks}", path=self.rel,
+                f"{size} bytes, expected {expected_blocks}",
+                path=self.rel,
             )
         whole = 0
         writer = self.dst.open_writer(self.rel)
@@ -192,7 +202,8 @@ class _FileCopier:
                 nxt = offset + len(data)
                 pending = (
                     self.reads.submit(self._read, nxt, min(self.chunk, size - nxt))
-                    if nxt < size else None
+                    if nxt < size
+                    else None
                 )
                 self._verify(offset, data)
                 whole = crc32c(data, whole)
@@ -207,7 +218,8 @@ class _FileCopier:
         if got_size != size:
             raise FileSizeError(
                 f"{self.dst.url}/{self.rel}: destination holds {got_size} bytes after the copy, "
-                f"the manifest records {size}", path=self.rel,
+                f"the manifest records {size}",
+                path=self.rel,
             )
         server = getattr(self.dst, "checksum_crc32c", None)
         if callable(server) and self.dst.capabilities.native_crc32c:
@@ -216,7 +228,8 @@ class _FileCopier:
                 if value != whole:
                     raise ChecksumError(
                         f"{self.dst.url}/{self.rel}: the store reports CRC32C {value:08x}, the "
-                        f"verified source bytes have {whole:08x}", path=self.rel,
+                        f"verified source bytes have {whole:08x}",
+                        path=self.rel,
                     )
                 return True
         return False
@@ -331,7 +344,10 @@ def copy_version(
     mrel = f"{attempt}/manifest.json"
     raw = src_storage.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
     result = CopyResult(
-        attempt_id=attempt, step=manifest.step, source=ck.path, destination=dst_url,
+        attempt_id=attempt,
+        step=manifest.step,
+        source=ck.path,
+        destination=dst_url,
         destination_version=f"{dst_url}/{attempt}",
     )
     if _same_local_device(src_storage, dst):
@@ -347,8 +363,11 @@ def copy_version(
         if existing != raw:
             raise CommitConflictError(
                 f"{dst_url}/{mrel} exists with a different commit record than {ck.path}; "
-                "refusing to overwrite a committed version", path=mrel,
+                "refusing to overwrite a committed version",
+                path=mrel,
             )
+        # Before vouching for an existing copy, verify every block of every file there.
+        window = bytearray(8 << 20)
         for rec in files:
             rel = f"{attempt}/{rec.path}"
             if dst.size(rel) != rec.size:
@@ -357,6 +376,15 @@ def copy_version(
                     "destination copy is damaged (delete that version there and copy again)",
                     path=rel,
                 )
+            step = (
+                len(window) // rec.checksum.block_size * rec.checksum.block_size
+                or rec.checksum.block_size
+            )
+            if len(window) < step:
+                window = bytearray(step)
+            for pos in range(0, rec.size, step):
+                n = min(step, rec.size - pos)
+                read_verified(dst, rel, rec, pos, pos + n, memoryview(window)[:n])
         result.already_present = True
         result.files = len(files)
     else:
@@ -372,11 +400,14 @@ def copy_version(
             if progress is not None:
                 progress(now_done, total)
 
-        with ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-read") as reads, \
-                ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-file") as pool:
+        with (
+            ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-read") as reads,
+            ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-file") as pool,
+        ):
             futures = [
-                pool.submit(_FileCopier(src_storage, dst, attempt, rec, chunk_size, reads,
-                                        on_bytes).run)
+                pool.submit(
+                    _FileCopier(src_storage, dst, attempt, rec, chunk_size, reads, on_bytes).run
+                )
                 for rec in files
             ]
             first: BaseException | None = None

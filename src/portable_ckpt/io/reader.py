@@ -26,6 +26,8 @@ from portable_ckpt.errors import (
     CoverageGapError,
     EntryMissingError,
     FileSizeError,
+    JsonInvalidError,
+    LimitError,
     StepMismatchError,
     TensorMissingError,
     UsageError,
@@ -42,13 +44,35 @@ from portable_ckpt.format.manifest import (
 )
 from portable_ckpt.format.schemas import validate_entry_value
 from portable_ckpt.io.checksum import read_verified
+from portable_ckpt.io.codec import decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
 from portable_ckpt.ranges.coverage import check_coverage
 from portable_ckpt.ranges.planning import RangeIndex, ReadItem
 from portable_ckpt.storage.base import Storage
 
-__all__ = ["WINDOW_BYTES", "Checkpoint", "ReadStats", "TensorInfo"]
+__all__ = ["NO_VALUE", "WINDOW_BYTES", "Checkpoint", "ReadStats", "TensorInfo"]
+
+
+class _NoValue:
+    """The value of a ``drop`` entry on another world size (distinct from a stored ``null``)."""
+
+    _instance: _NoValue | None = None
+
+    def __new__(cls) -> _NoValue:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NO_VALUE"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: Returned by :meth:`Checkpoint.entry` when a ``drop`` policy leaves a rank without a value.
+NO_VALUE = _NoValue()
 
 #: Largest scratch window for reads that cannot go straight into the destination.
 WINDOW_BYTES = 16 << 20
@@ -171,7 +195,7 @@ class Checkpoint:
     def _shard_tensor(self, t: TensorEntry, rec: RangeRecord) -> ShardTensor:
         hdr = self._header(rec.file)
         item = DTYPES[t.dtype]
-        return check_range(
+        st = check_range(
             hdr,
             what=self._rel(rec.file),
             key=t.key,
@@ -181,6 +205,29 @@ class Checkpoint:
             lengths=rec.lengths,
             nbytes=math.prod(rec.lengths) * item.itemsize,
         )
+        if rec.codec == "zstd":
+            self._check_frame(t, rec, st)
+        return st
+
+    def _check_frame(self, t: TensorEntry, rec: RangeRecord, st: ShardTensor) -> None:
+        """Check a zstd frame's declared size before anything is allocated for its range."""
+        head = bytearray(min(18, st.end - st.start))
+        self._read_verified(rec.file, st.start, st.start + len(head), memoryview(head))
+        expect = math.prod(rec.lengths) * t.itemsize
+        try:
+            size = zstandard.get_frame_parameters(bytes(head)).content_size
+        except zstandard.ZstdError as exc:
+            raise CodecError(
+                f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r}: not a zstd frame "
+                f"({exc})",
+                path=rec.file,
+            ) from None
+        if size not in (expect, zstandard.CONTENTSIZE_UNKNOWN):
+            raise CodecError(
+                f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} declares {size} "
+                f"decompressed bytes, the range needs {expect}",
+                path=rec.file,
+            )
 
     # -- planning -----------------------------------------------------------------------------------
     def plan_read(
@@ -245,8 +292,18 @@ class Checkpoint:
         """
         t = self._tensor(key)
         box = self._target_box(t, offsets, lengths)
+        items = self.plan_read(key, box.offsets, box.lengths)
+        # Check every stored piece against its file before allocating anything sized by the box.
+        for item in items:
+            self._shard_tensor(t, item.record)
         if out is None:
-            out = np.empty(box.lengths, dtype=t.numpy_dtype)
+            try:
+                out = np.empty(box.lengths, dtype=t.numpy_dtype)
+            except (MemoryError, ValueError):
+                raise LimitError(
+                    f"tensor {key!r}: box {box} needs {box.volume * t.itemsize} bytes, more than "
+                    "this process can allocate; read smaller boxes or pass out="
+                ) from None
         else:
             if tuple(out.shape) != box.lengths or out.dtype != t.numpy_dtype:
                 raise UsageError(
@@ -255,7 +312,7 @@ class Checkpoint:
                 )
             if not out.flags.writeable:
                 raise UsageError(f"tensor {key!r}: out is not writeable")
-        for item in self.plan_read(key, box.offsets, box.lengths):
+        for item in items:
             dst = out[item.box.slices(box.offsets)] if out.ndim else out
             self._read_item(t, item.record, item.box, dst)
         return out
@@ -285,27 +342,12 @@ class Checkpoint:
             frame = bytearray(st.end - st.start)
             self._read_verified(rec.file, st.start, st.end, memoryview(frame))
             expect = math.prod(rec.lengths) * t.itemsize
-            try:
-                params = zstandard.get_frame_parameters(bytes(frame[:18]))
-                if params.content_size not in (expect, zstandard.CONTENTSIZE_UNKNOWN):
-                    raise CodecError(
-                        f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} declares "
-                        f"{params.content_size} decompressed bytes, {expect} expected",
-                        path=rec.file,
-                    )
-                raw = zstandard.ZstdDecompressor().decompress(bytes(frame), max_output_size=expect)
-            except zstandard.ZstdError as exc:
-                raise CodecError(
-                    f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r}: zstd frame is "
-                    f"corrupt ({exc})",
-                    path=rec.file,
-                ) from None
-            if len(raw) != expect:
-                raise CodecError(
-                    f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} decompressed "
-                    f"to {len(raw)} bytes, {expect} expected",
-                    path=rec.file,
-                )
+            raw = decompress_frame(
+                bytes(frame),
+                expect=expect,
+                limit=expect,
+                what=f"{self._rel(rec.file)}: tensor {t.key!r} range {rec.name!r}",
+            )
             self._zcache = (ck, raw)
             self._note_scratch(len(frame) + len(raw))
         return np.frombuffer(raw, dtype=t.numpy_dtype)
@@ -391,7 +433,7 @@ class Checkpoint:
 
         For ``per_rank`` entries pass the reader's ``rank`` (and ``world_size`` when it differs
         from the saved one): the entry's ``world_size_policy`` decides which stored value it gets
-        (``require_same`` raises ``ContractError``, ``drop`` returns ``None``).
+        (``require_same`` raises ``ContractError``, ``drop`` returns :data:`NO_VALUE`).
         """
         e = self.manifest.entries.get(name)
         if e is None:
@@ -408,6 +450,9 @@ class Checkpoint:
                     f"entry {name!r} is per_rank: pass rank= (and world_size= if it changed)"
                 )
             saved = self.manifest.continuation.world_size
+            size = world_size if world_size is not None else saved
+            if not 0 <= rank < size:
+                raise UsageError(f"entry {name!r}: rank {rank} is outside 0..{size - 1}")
             target = rank
             if world_size is not None and world_size != saved:
                 policy = e.world_size_policy
@@ -417,7 +462,7 @@ class Checkpoint:
                         f"and cannot be restored on {world_size}"
                     )
                 if policy == "drop":
-                    return None
+                    return NO_VALUE
                 target = 0 if policy == "rank0" else rank % saved
             match = [v for v in e.values if v.rank == target]
             if not match:
@@ -437,21 +482,21 @@ class Checkpoint:
     def _load_json_value(self, e: Entry, path: str) -> Any:
         rec = self._file(path)
         if rec.size > jsonio.MAX_DOCUMENT_BYTES:
-            raise FileSizeError(
-                f"{self._rel(path)!r}: entry value of {rec.size} bytes exceeds the limit", path=path
+            raise JsonInvalidError(
+                f"{self._rel(path)!r}: entry value of {rec.size} bytes exceeds the limit of "
+                f"{jsonio.MAX_DOCUMENT_BYTES}",
+                path=path,
             )
         buf = bytearray(rec.size)
         self._read_verified(path, 0, rec.size, memoryview(buf))
         data = bytes(buf)
         if e.encoding == "json+zstd":
-            try:
-                data = zstandard.ZstdDecompressor().decompress(
-                    data, max_output_size=jsonio.MAX_DOCUMENT_BYTES
-                )
-            except zstandard.ZstdError as exc:
-                raise CodecError(
-                    f"{self._rel(path)!r}: entry {e.name!r}: bad zstd frame ({exc})", path=path
-                ) from None
+            data = decompress_frame(
+                data,
+                expect=None,
+                limit=jsonio.MAX_DOCUMENT_BYTES,
+                what=f"{self._rel(path)}: entry {e.name!r}",
+            )
         value = jsonio.loads(data, what=self._rel(path))
         validate_entry_value(value, e.schema, name=e.name, what=self._rel(path))
         return value

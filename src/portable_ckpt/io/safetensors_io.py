@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Any
 
 from portable_ckpt.errors import CheckpointError, ShardHeaderError, ShardMismatchError
 from portable_ckpt.format import jsonio
+from portable_ckpt.format.dtypes import DTYPES
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -19,6 +21,8 @@ __all__ = [
     "load_header",
     "parse_header",
 ]
+
+_ST_ITEMSIZE = {row.safetensors: row.itemsize for row in DTYPES.values()}
 
 #: Largest header accepted (the safetensors reference limit).
 MAX_HEADER_BYTES = 100_000_000
@@ -69,7 +73,15 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
         ShardHeaderError: bad JSON, malformed entries, offsets outside the file.
 
     """
+    if len(prefix) != 8:
+        raise ShardHeaderError(
+            f"{path}: safetensors length prefix has {len(prefix)} bytes, not 8", path=path
+        )
     n = struct.unpack("<Q", prefix)[0]
+    if len(header) != n:
+        raise ShardHeaderError(
+            f"{path}: header has {len(header)} bytes, the prefix says {n}", path=path
+        )
     data_start = 8 + n
     try:
         doc = jsonio.loads(header, what=f"{path} (safetensors header)", max_bytes=MAX_HEADER_BYTES)
@@ -104,6 +116,19 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
                 f"{path}: header entry {name!r} is malformed ({t!r:.200})", path=path
             )
         b, e = offs
+        row = _ST_ITEMSIZE.get(dtype)
+        if row is None:
+            raise ShardHeaderError(
+                f"{path}: header entry {name!r} has dtype {dtype!r}, not a safetensors dtype of "
+                "the format's table",
+                path=path,
+            )
+        if e - b != math.prod(shape) * row:
+            raise ShardHeaderError(
+                f"{path}: header entry {name!r} spans {e - b} bytes, but {dtype}{shape} needs "
+                f"{math.prod(shape) * row}",
+                path=path,
+            )
         if not 0 <= b <= e <= data_len:
             raise ShardHeaderError(
                 f"{path}: tensor {name!r} data_offsets [{b}, {e}] lie outside the {data_len}-byte "

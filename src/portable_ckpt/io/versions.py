@@ -11,6 +11,7 @@ from typing import Any
 
 from portable_ckpt.errors import (
     CheckpointError,
+    JsonInvalidError,
     ManifestMissingError,
     NotFoundError,
     UsageError,
@@ -77,6 +78,25 @@ class VersionInfo:
         }
 
 
+def timestamp_key(ts: str | None) -> tuple[int, int]:
+    """Sort key of an RFC 3339 UTC timestamp: (epoch seconds, nanoseconds).
+
+    Text order is wrong: ``"...00Z"`` must sort before ``"...00.5Z"``.
+    """
+    if not ts:
+        return (-1, 0)
+    import datetime as _dt
+
+    base, _, frac = ts.rstrip("Z").partition(".")
+    try:
+        secs = int(
+            _dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=_dt.UTC).timestamp()
+        )
+    except ValueError:
+        return (-1, 0)
+    return (secs, int((frac + "000000000")[:9]) if frac.isdigit() else 0)
+
+
 def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
     """Read, parse and validate ``<attempt_id>/manifest.json``."""
     check_attempt_id(attempt_id, what="version directory")
@@ -85,6 +105,12 @@ def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
         raise ManifestMissingError(
             f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
             "(or was interrupted) and does not exist for readers",
+            path=rel,
+        )
+    size = storage.size(rel)
+    if size > jsonio.MAX_MANIFEST_BYTES:
+        raise JsonInvalidError(
+            f"{rel}: {size} bytes exceeds the manifest limit of {jsonio.MAX_MANIFEST_BYTES}",
             path=rel,
         )
     data = storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
@@ -107,8 +133,20 @@ def read_annotations(storage: Storage, attempt_id: str, kind: str) -> list[dict[
             )
         except CheckpointError:
             continue
-        if isinstance(doc, dict) and doc.get("attempt_id") == attempt_id:
-            out.append(doc)
+        if not isinstance(doc, dict) or doc.get("attempt_id") != attempt_id:
+            continue
+        ident = doc.get("drill_id" if kind == "drills" else "copy_id")
+        if f"{ident}.json" != info.path.rsplit("/", 1)[-1]:
+            continue  # a record counts only under its own name
+        try:
+            from portable_ckpt.format.schemas import validate_document
+
+            validate_document(
+                doc, "drill.schema.json" if kind == "drills" else "copy.schema.json", what=info.path
+            )
+        except CheckpointError:
+            continue
+        out.append(doc)
     out.sort(key=lambda d: str(d.get("finished_at") or d.get("verified_at") or ""))
     return out
 
@@ -177,7 +215,7 @@ def list_versions(
             info.drills = read_annotations(storage, name, "drills")
             info.copies = read_annotations(storage, name, "copies")
         out.append(info)
-    out.sort(key=lambda v: (v.step, v.committed_at or "", v.id))
+    out.sort(key=lambda v: (v.step, timestamp_key(v.committed_at), v.id))
     return out
 
 
@@ -186,7 +224,7 @@ def latest(storage: Storage, step: int | None = None) -> tuple[str, Manifest]:
 
     Newest means the highest step; among equal steps, the latest ``committed_at``.
     """
-    best: tuple[int, str, str, Manifest] | None = None
+    best: tuple[int, tuple[int, int], str, Manifest] | None = None
     candidates = []
     for name in storage.list_dirs(""):
         m = ATTEMPT_ID_RE.match(name)
@@ -203,7 +241,7 @@ def latest(storage: Storage, step: int | None = None) -> tuple[str, Manifest]:
         except CheckpointError:
             continue
         level = s
-        key = (man.step, man.committed_at, name, man)
+        key = (man.step, timestamp_key(man.committed_at), name, man)
         if best is None or key[:3] > best[:3]:
             best = key
     if best is None:

@@ -208,6 +208,8 @@ class ShardWriter:
             )
         if array.size == 0:
             return  # zero-size chunks carry no elements and get no range record
+        if array.dtype == np.bool_ and bool((array.view(np.uint8) > 1).any()):
+            array = array.view(np.uint8) != 0  # stored bools are exactly 0 or 1
         if array.dtype.byteorder == ">":
             raise UsageError(f"tensor {key!r}: big-endian arrays are not supported")
         chunk_name = f"{key}@{','.join(str(o) for o in offs)}"
@@ -228,6 +230,8 @@ class ShardWriter:
     ) -> None:
         """Plan to store a non-tensor entry value (validated against its schema now)."""
         self._check_open()
+        if not isinstance(name, str) or not 1 <= len(name) <= 256:
+            raise UsageError(f"entry name {name!r:.80} must be 1-256 characters")
         if isinstance(schema, str):
             if schema not in BUILTIN_SCHEMA_IDS:
                 raise UsageError(

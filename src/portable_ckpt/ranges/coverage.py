@@ -73,6 +73,25 @@ def check_coverage(
     if not boxes:
         raise CoverageGapError(f"tensor {key!r} of shape {shape} has no range records")
     total = sum(b.volume for b in boxes)
+    # Dimensions every box spans fully cannot separate boxes: drop them (a hostile 64-d
+    # [1, ..., 1] tensor must not cost 2^64 corners).
+    keep = [
+        d
+        for d in range(len(shape))
+        if any(b.offsets[d] != 0 or b.lengths[d] != shape[d] for b in boxes)
+    ]
+    if len(keep) < len(shape):
+        if not keep:
+            if len(boxes) > 1:
+                raise CoverageOverlapError(
+                    f"tensor {key!r}: ranges #0 {boxes[0]} and #1 {boxes[1]} overlap (both "
+                    "cover the whole tensor)"
+                )
+            return
+        shape = [shape[d] for d in keep]
+        boxes = [
+            Box(tuple(b.offsets[d] for d in keep), tuple(b.lengths[d] for d in keep)) for b in boxes
+        ]
     if len(shape) == 1:
         _check_1d(shape[0], boxes, key)
         return
@@ -86,7 +105,9 @@ def check_coverage(
         arr = np.array(sorted(pts), dtype=np.int64)
         cuts.append(arr)
         cells *= len(arr) - 1
-    if cells <= max_grid_cells:
+    # The difference array has prod(cuts) cells and every box touches 2^d corners.
+    grid_cost = max(cells, (1 << len(shape)) * len(boxes))
+    if len(shape) <= 16 and grid_cost <= max_grid_cells:
         _check_grid(shape, boxes, cuts, key)
         return
     overlap = find_overlap(boxes)

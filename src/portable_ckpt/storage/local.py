@@ -5,9 +5,9 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import secrets
 import stat
 import threading
-import uuid
 from collections.abc import Iterator
 
 from portable_ckpt.errors import (
@@ -263,7 +263,7 @@ class LocalStorage(Storage):
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         full = self._full(path)
-        tmp = f"{full}.{uuid.uuid4().hex}.tmp"
+        tmp = f"{full}.{secrets.token_hex(8)}.tmp"
         try:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
@@ -272,8 +272,11 @@ class LocalStorage(Storage):
                 while len(mv):
                     mv = mv[os.write(fd, mv) :]
                 os.fsync(fd)
-            finally:
+            except BaseException:
                 os.close(fd)
+                os.unlink(tmp)  # never leave a partial temp record on a full disk
+                raise
+            os.close(fd)
             try:
                 # link() fails when the target exists: an atomic create-if-absent, unlike rename().
                 os.link(tmp, full)

@@ -815,15 +815,11 @@ class S3Storage(Storage):
         key = self._key(path)
         crc = _crc32c.crc32c(data)
         if not self.options.conditional_put:
-            if self.exists(path):
-                return False
-            try:
-                self._put_object(path, key, data, crc)
-            except CheckpointError:
-                raise
-            except Exception as exc:
-                self._fail("create", path, exc)
-            return True
+            # HEAD-then-PUT is not atomic: two committers could both "win". Refuse instead.
+            raise StorageError(
+                f"{self.url}: conditional PUT is off (PCK_S3_CONDITIONAL_PUT); {path} cannot be "
+                "created atomically, so nothing is committed", path=path,
+            )
         for _ in range(self.options.max_attempts):
             try:
                 self._put_object(path, key, data, crc, IfNoneMatch="*")

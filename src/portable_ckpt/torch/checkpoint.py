@@ -45,7 +45,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.manifest import Continuation, Mesh, WriterIndex
 from portable_ckpt.io.commit import commit
-from portable_ckpt.io.reader import Checkpoint
+from portable_ckpt.io.reader import NO_VALUE, Checkpoint
 from portable_ckpt.io.versions import latest, load_manifest
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import Storage, open_storage
@@ -808,6 +808,8 @@ def _load_local(
         stored_e = ck.entries[key]
         if stored_e.scope == "per_rank":
             value = ck.entry(key, rank=rank, world_size=world)
+            if value is NO_VALUE:  # policy "drop": the application keeps its fresh state
+                continue
         else:
             value = ck.entry(key)
         if e.restore_last:

@@ -1,0 +1,197 @@
+"""Storage faults (fault-injecting wrapper and a real size-limited tmpfs).
+
+Invariant: nothing is published, earlier versions are untouched and still restore, and the error
+is a PCK-STORAGE error naming the operation and the file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import CheckpointError, StorageError
+from portable_ckpt.io.commit import commit
+from portable_ckpt.io.reader import Checkpoint
+from portable_ckpt.io.versions import latest, list_versions
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage, parse_faults
+from tests.hardening._util import check_restores, make_version, write_share
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, float]]:
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            st = os.stat(os.path.join(d, f))
+            out[os.path.relpath(os.path.join(d, f), root)] = (st.st_size, st.st_mtime)
+    return out
+
+
+def _assert_nothing_published(root: Path, prev: str, before: dict[str, tuple[int, float]]) -> None:
+    committed = [v.id for v in list_versions(str(root)) if v.status == "committed"]
+    assert committed == [prev], committed
+    after = _snapshot(root)
+    for rel, meta in before.items():
+        assert after.get(rel) == meta, f"{rel} of the earlier version changed"
+    check_restores(open_storage(str(root)), prev)
+
+
+def _save(storage: FaultyStorage, step: int) -> None:
+    a = new_attempt_id(step)
+    idx = [write_share(storage, a, step, w, 2) for w in range(2)]
+    commit(storage, a, step=step, indexes=idx, expected_writers=[0, 1],
+           continuation=portable_ckpt.Continuation("exact", 2, None))
+
+
+@pytest.mark.parametrize(
+    ("fault", "op", "pattern"),
+    [
+        (Fault(op="write", path="*/data/*", error="ENOSPC", after_bytes=3000), "write", "/data/"),
+        (Fault(op="write", path="*/index/*", error="ENOSPC"), "write", "/index/"),
+        (Fault(op="write", path="*/data/*", error="EIO", after_ops=2), "write", "/data/"),
+        (Fault(op="fsync", path="*/data/*", error="EIO"), "fsync", "/data/"),
+        (Fault(op="open", path="*/entries/*", error="EDQUOT"), "open", "/entries/"),
+        (Fault(op="create", path="*/manifest.json", error="ENOSPC"), "create", "manifest.json"),
+        (Fault(op="read", path="*/data/*", error="EIO"), "read", "/data/"),  # committer's header check
+        (Fault(op="size", path="*/data/*", error="EIO"), "size", "/data/"),
+    ],
+    ids=["enospc-mid-data", "enospc-index", "eio-write", "fsync-data", "edquot-open", "enospc-commit-record",
+         "eio-read-at-commit", "eio-stat-at-commit"],
+)
+def test_save_fault_publishes_nothing(tmp_path: Path, fault: Fault, op: str, pattern: str) -> None:
+    root = tmp_path / "root"
+    prev = make_version(str(root), 1)
+    before = _snapshot(root)
+    storage = FaultyStorage(open_storage(str(root)), [fault])
+    with pytest.raises(StorageError) as info:
+        _save(storage, 2)
+    msg = str(info.value)
+    assert info.value.code == "PCK-STORAGE"
+    assert msg.split("] ", 1)[1].startswith(op), msg  # names the operation...
+    assert pattern in msg and "s000000000002-" in msg, msg  # ...and the file
+    assert fault.fired >= 1
+    _assert_nothing_published(root, prev, before)
+
+
+def test_eio_on_read_names_file(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    a = make_version(str(root), 1)
+    storage = FaultyStorage(open_storage(str(root)), [Fault(op="read", path="*/data/w00001-*", error="EIO")])
+    att, man = latest(storage)
+    ck = Checkpoint(storage, att, man)
+    with pytest.raises(StorageError, match=r"read '.*data/w00001-0000.safetensors'.*Input/output error"):
+        ck.read("model.w")
+    errs = ck.verify(deep=True)
+    assert errs and all(e.code == "PCK-STORAGE" for e in errs)
+    check_restores(open_storage(str(root)), a)  # the fault was in the wrapper, the version is fine
+
+
+def test_transient_read_fault_then_success(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make_version(str(root), 1)
+    f = Fault(op="read", path="*.safetensors", error="EIO", times=1)
+    storage = FaultyStorage(open_storage(str(root)), [f])
+    att, man = latest(storage)
+    ck = Checkpoint(storage, att, man)
+    with pytest.raises(StorageError):
+        ck.read("model.w")
+    assert ck.read("model.w").shape == (64, 48)  # the next attempt succeeds: no poisoned cache
+
+
+def test_slow_io_still_correct(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    storage = FaultyStorage(open_storage(str(root), create=True), [Fault(op="*", error=None, delay=0.002)])
+    t0 = time.perf_counter()
+    _save(storage, 3)
+    assert time.perf_counter() - t0 > 0.002 * len(storage.ops) * 0.9
+    check_restores(open_storage(str(root)), latest(open_storage(str(root)))[0])
+
+
+def test_abort_removes_partial_files(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    storage = FaultyStorage(open_storage(str(root), create=True),
+                            [Fault(op="write", path="*/data/w00000-0001*", error="ENOSPC")])
+    a = new_attempt_id(4)
+    with pytest.raises(StorageError):
+        write_share(storage, a, 4, 0, 2)
+    left = [p for p in _snapshot(root) if p.startswith(a)]
+    assert left == [], left
+
+
+def test_parse_faults() -> None:
+    fs = parse_faults("write:*/data/*:ENOSPC:after_bytes=4096;read:*:EIO:times=1;*:*:none:delay=0.01")
+    assert [f.op for f in fs] == ["write", "read", "*"]
+    assert fs[0].after_bytes == 4096 and fs[1].times == 1 and fs[2].error == "none" and fs[2].delay == 0.01
+    with pytest.raises(CheckpointError):
+        parse_faults("bogus:*:EIO")
+
+
+# -- a real size-limited filesystem --------------------------------------------------------------
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs here ({r.stderr.strip() or 'mount failed'}); "
+                    "the fault wrapper covers ENOSPC instead")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_real_enospc_during_finish(tmpfs: Path) -> None:
+    root = tmpfs / "root"
+    prev = make_version(str(root), 1)
+    before = _snapshot(root)
+    big = np.ones((2 << 20) // 4, dtype=np.float32)  # 2 MiB > the 1 MiB filesystem
+    with pytest.raises(StorageError) as info:
+        portable_ckpt.save_arrays(str(root), {"big": big}, step=2)
+    assert "No space left on device" in str(info.value) and "data/w00000-0000.safetensors" in str(info.value)
+    _assert_nothing_published(root, prev, before)
+
+
+def _enospc_commit_record(tmpfs: Path) -> Path:
+    root = tmpfs / "root"
+    prev = make_version(str(root), 1)
+    storage = open_storage(str(root))
+    a = new_attempt_id(2)
+    w = ShardWriter(storage, a, 0, write_index=False)
+    w.add_tensor("x", np.arange(1000, dtype=np.float32))
+    idx = w.finish()
+    before = _snapshot(root)
+    fd = os.open(tmpfs / "filler", os.O_WRONLY | os.O_CREAT)  # fill the disk to the last byte
+    try:
+        for chunk in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    with pytest.raises(StorageError) as info:
+        commit(storage, a, step=2, indexes=[idx], expected_writers=[0])
+    assert str(info.value).split("] ", 1)[1].startswith("create") and "manifest.json" in str(info.value)
+    os.unlink(tmpfs / "filler")
+    _assert_nothing_published(root, prev, {k: v for k, v in before.items() if not k.startswith(a)})
+    return root
+
+
+def test_real_enospc_during_commit_record(tmpfs: Path) -> None:
+    _enospc_commit_record(tmpfs)
+
+
+def test_real_enospc_commit_record_leaves_no_temp(tmpfs: Path) -> None:
+    root = _enospc_commit_record(tmpfs)
+    assert not any(p.endswith(".tmp") for p in _snapshot(root)), "temporary commit record left behind"

@@ -1,0 +1,264 @@
+"""File list, checksums (§6) and dtypes (§7)."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.manifest import Continuation
+
+from ._util import (
+    build_version,
+    edit_manifest,
+    expect_code,
+    read_manifest,
+    sample_array,
+    save_sharded,
+    shard_header,
+)
+
+
+def test_files_lists_every_file_of_the_version(tmp_path: Path) -> None:
+    """R-FILES-1: `files` lists every file except manifest.json, temporaries, drills, copies."""
+    m = save_sharded(
+        tmp_path,
+        {"a": (sample_array("float32", (16, 8)), (4, 2)), "z": (np.zeros((0, 3)), (1, 1))},
+        writers=3, entries={"cfg": {"k": [1, 2]}, "sched": {"last_epoch": 3}},
+        max_file_bytes=200,
+    )
+    vdir = tmp_path / m.attempt_id
+    on_disk = {str(p.relative_to(vdir)) for p in vdir.rglob("*") if p.is_file()}
+    listed = set(read_manifest(vdir)["files"])
+    assert on_disk - {"manifest.json"} == listed
+    assert {p.split("/")[0] for p in listed} == {"data", "entries", "index"}
+
+
+def test_referenced_files_must_be_listed(tmp_path: Path) -> None:
+    """R-FILES-2: a range or entry value naming an unlisted file is PCK-SCHEMA."""
+    vdir, _ = build_version(tmp_path)
+    doc = read_manifest(vdir)
+    rel = doc["tensors"]["a"]["ranges"][0]["file"]
+    edit_manifest(vdir, lambda d: d["files"].pop(rel))
+    expect_code("PCK-SCHEMA", portable_ckpt.open, vdir)
+    vdir2, _ = build_version(tmp_path, step=2)
+    erel = read_manifest(vdir2)["entries"]["cfg"]["values"][0]["file"]
+    edit_manifest(vdir2, lambda d: d["files"].pop(erel))
+    expect_code("PCK-SCHEMA", portable_ckpt.open, vdir2)
+
+
+@pytest.mark.parametrize("change", ["missing", "shorter", "longer"])
+@pytest.mark.parametrize("kind", ["data", "entries"])
+def test_missing_or_resized_file_is_detected_before_use(tmp_path: Path, change: str,
+                                                        kind: str) -> None:
+    """R-FILES-3: PCK-FILE-MISSING / PCK-FILE-SIZE before any byte of the file is used."""
+    vdir, _ = build_version(tmp_path, entries={"cfg": {"x": 1}})
+    f = sorted((vdir / kind).iterdir())[0]
+    if change == "missing":
+        os.unlink(f)
+    elif change == "shorter":
+        with open(f, "r+b") as fh:
+            fh.truncate(f.stat().st_size - 1)
+    else:
+        with open(f, "ab") as fh:
+            fh.write(b"\0" * 5000)
+    code = "PCK-FILE-MISSING" if change == "missing" else "PCK-FILE-SIZE"
+    ck = portable_ckpt.open(vdir)
+    if kind == "data":
+        # Only the first element is requested: its blocks are intact, the size is not.
+        key = next(k for k, t in ck.tensors.items() if any(r.file.endswith(f.name)
+                                                          for r in t.ranges))
+        rec = next(r for r in ck.tensors[key].ranges if r.file.endswith(f.name))
+        expect_code(code, ck.read, key, rec.offsets, [1] * len(rec.offsets))
+    else:
+        expect_code(code, ck.entry, "cfg")
+    assert ck.stats.bytes_delivered == 0
+
+
+def test_checksum_check_value_and_worked_example() -> None:
+    """R-CKSUM-1: CRC-32C check value and the spec's worked example."""
+    from portable_ckpt.io.checksum import BlockHasher
+
+    h = BlockHasher(4096)
+    h.update(b"123456789")
+    assert h.blocks() == "e3069283"
+    data = bytes(i % 251 for i in range(10000))
+    h = BlockHasher(4096)
+    for i in range(0, len(data), 777):  # fed in odd pieces
+        h.update(data[i : i + 777])
+    assert h.blocks() == "719077fccf9bb204c59156a2"
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_writer_blocks_cover_exactly_the_stored_bytes(tmp_path: Path, codec: str) -> None:
+    """R-CKSUM-1: every file's `blocks` is the CRC-32C of each block of its stored bytes."""
+    m = save_sharded(tmp_path, {"a": (sample_array("float32", (100, 37)), (3, 2)),
+                                "b": (sample_array("bfloat16", (4096,)), (1,))},
+                     codec=codec, block_size=4096, entries={"e": {"v": list(range(2000))}})
+    vdir = tmp_path / m.attempt_id
+    for rel, rec in read_manifest(vdir)["files"].items():
+        data = (vdir / rel).read_bytes()
+        bs = rec["checksum"]["block_size"]
+        assert rec["size"] == len(data)
+        want = "".join(f"{crc32c.crc32c(data[i:i + bs]):08x}" for i in range(0, len(data), bs))
+        assert rec["checksum"] == {"algorithm": "crc32c", "block_size": bs, "blocks": want}
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_block_count_must_match_size(tmp_path: Path, delta: int) -> None:
+    """R-CKSUM-2: len(blocks) != 8 * ceil(size / block_size) is PCK-SCHEMA."""
+    vdir, _ = build_version(tmp_path)
+
+    def fix(d: dict) -> None:  # type: ignore[type-arg]
+        ck = next(iter(d["files"].values()))["checksum"]
+        ck["blocks"] = ck["blocks"] + "00000000" if delta > 0 else ck["blocks"][:-8]
+
+    edit_manifest(vdir, fix)
+    expect_code("PCK-SCHEMA", portable_ckpt.open, vdir)
+
+
+def test_partial_block_digits_rejected(tmp_path: Path) -> None:
+    """R-CKSUM-2: a `blocks` string that is not whole 8-digit groups is PCK-SCHEMA."""
+    vdir, _ = build_version(tmp_path)
+    edit_manifest(vdir, lambda d: next(iter(d["files"].values()))["checksum"].__setitem__(
+        "blocks", next(iter(d["files"].values()))["checksum"]["blocks"][:-3]))
+    expect_code("PCK-SCHEMA", portable_ckpt.open, vdir)
+
+
+def _one_tensor_version(tmp_path: Path, n: int = 4 * 4096) -> tuple[Path, str, int]:
+    a = np.arange(n, dtype=np.uint8)
+    m = save_sharded(tmp_path, {"t": (a, (1,))}, writers=1, block_size=4096, entries={})
+    vdir = tmp_path / m.attempt_id
+    rel = read_manifest(vdir)["tensors"]["t"]["ranges"][0]["file"]
+    n_hdr = struct.unpack("<Q", (vdir / rel).read_bytes()[:8])[0]
+    return vdir, rel, 8 + n_hdr
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+def test_whole_touched_block_is_verified_before_delivery(tmp_path: Path) -> None:
+    """R-CKSUM-3: a corrupt byte in a touched block fails the read even if not requested."""
+    vdir, rel, data_start = _one_tensor_version(tmp_path)
+    # Corrupt the last byte of block 2; request one element at the start of block 2.
+    _flip(vdir / rel, 3 * 4096 - 1)
+    ck = portable_ckpt.open(vdir)
+    first_in_block2 = 2 * 4096 - data_start
+    expect_code("PCK-CHECKSUM", ck.read, "t", [first_in_block2], [1])
+    # Elements whose blocks are intact are still served.
+    assert ck.read("t", [3 * 4096 - data_start], [10]).tolist() == [
+        (3 * 4096 - data_start + i) % 256 for i in range(10)]
+
+
+def test_header_blocks_are_verified_before_the_header_is_interpreted(tmp_path: Path) -> None:
+    """R-CKSUM-3: a corrupted safetensors header is a checksum error, not a parse of bad bytes."""
+    vdir, rel, _ = _one_tensor_version(tmp_path)
+    _flip(vdir / rel, 20)  # inside the JSON header
+    ck = portable_ckpt.open(vdir)
+    expect_code("PCK-CHECKSUM", ck.read, "t", [16000], [1])
+
+
+def test_entry_value_blocks_are_verified(tmp_path: Path) -> None:
+    """R-CKSUM-3: entry value files are verified before they are decoded."""
+    vdir, _ = build_version(tmp_path, entries={"cfg": {"x": 12345}})
+    f = next((vdir / "entries").iterdir())
+    f.write_bytes(f.read_bytes().replace(b"12345", b"99999"))
+    expect_code("PCK-CHECKSUM", portable_ckpt.open(vdir).entry, "cfg")
+
+
+def test_checksum_error_names_file_and_block(tmp_path: Path) -> None:
+    """R-CKSUM-4: a mismatch is PCK-CHECKSUM naming the file and the block index."""
+    vdir, rel, data_start = _one_tensor_version(tmp_path)
+    _flip(vdir / rel, 3 * 4096 + 5)
+    err = expect_code("PCK-CHECKSUM", portable_ckpt.open(vdir).read, "t")
+    assert rel in str(err) and "block 3" in str(err)
+    errs = portable_ckpt.open(vdir).verify(deep=True)
+    assert [e.code for e in errs] == ["PCK-CHECKSUM"] and "block 3" in str(errs[0])
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_data_is_little_endian_c_order_of_the_box(tmp_path: Path, dtype: str) -> None:
+    """R-DTYPE-1: a range's bytes are the little-endian, row-major bytes of its box."""
+    arr = sample_array(dtype, (6, 5, 3), seed=3)
+    src = np.asfortranarray(arr)[:, ::1, :]  # a non-C-contiguous source
+    m = save_sharded(tmp_path, {"t": (src, (2, 1, 2))}, writers=1, entries={})
+    vdir = tmp_path / m.attempt_id
+    doc = read_manifest(vdir)
+    for r in doc["tensors"]["t"]["ranges"]:
+        _, header, data = shard_header(vdir / r["file"])
+        b, e = header[r["name"]]["data_offsets"]
+        sl = tuple(slice(o, o + n) for o, n in zip(r["offsets"], r["lengths"], strict=True))
+        box = np.ascontiguousarray(arr[sl])
+        le = box.view(box.dtype.newbyteorder("<")) if box.dtype.byteorder == ">" else box
+        assert data[b:e] == le.tobytes(order="C")
+
+
+def test_big_endian_source_is_never_stored_as_big_endian(tmp_path: Path) -> None:
+    """R-DTYPE-1: a big-endian array is refused (or converted), never stored byte-swapped."""
+    arr = np.arange(6, dtype=">i4")
+    try:
+        m = portable_ckpt.save_arrays(tmp_path, {"t": arr}, step=1)
+    except portable_ckpt.CheckpointError as exc:
+        assert exc.code in ("PCK-USAGE", "PCK-UNSUPPORTED-VALUE", "PCK-DTYPE-UNSUPPORTED")
+        return
+    ck = portable_ckpt.open(tmp_path / m.attempt_id)
+    assert ck.read("t").tolist() == list(range(6))
+
+
+def test_bool_elements_are_stored_as_0_or_1(tmp_path: Path) -> None:
+    """R-DTYPE-2: bool elements are stored as the bytes 0x00 and 0x01 only."""
+    raw = np.array([0, 1, 2, 255, 7, 0], dtype=np.uint8)
+    arr = raw.view(np.bool_)  # True values with bytes other than 0x01
+    m = portable_ckpt.save_arrays(tmp_path, {"t": arr}, step=1)
+    vdir = tmp_path / m.attempt_id
+    r = read_manifest(vdir)["tensors"]["t"]["ranges"][0]
+    _, header, data = shard_header(vdir / r["file"])
+    b, e = header[r["name"]]["data_offsets"]
+    assert set(data[b:e]) <= {0, 1}
+
+
+def test_bool_written_from_normal_arrays_is_0_or_1(tmp_path: Path) -> None:
+    """R-DTYPE-2: ordinary bool arrays are stored as 0x00/0x01 and read back equal."""
+    arr = np.array([True, False, True, True])
+    m = portable_ckpt.save_arrays(tmp_path, {"t": arr}, step=1)
+    vdir = tmp_path / m.attempt_id
+    r = read_manifest(vdir)["tensors"]["t"]["ranges"][0]
+    _, header, data = shard_header(vdir / r["file"])
+    b, e = header[r["name"]]["data_offsets"]
+    assert data[b:e] == b"\x01\x00\x01\x01"
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "float8_e4m3fnuz", "F32", "float128", "int4",
+                                   "Float32", ""])
+def test_dtype_outside_table_rejected(tmp_path: Path, dtype: str) -> None:
+    """R-DTYPE-3: a dtype not in the table is PCK-DTYPE-UNSUPPORTED."""
+    vdir, _ = build_version(tmp_path)
+    edit_manifest(vdir, lambda d: d["tensors"]["b"].__setitem__("dtype", dtype))
+    expect_code("PCK-DTYPE-UNSUPPORTED", portable_ckpt.open, vdir)
+
+
+def test_itemsizes_match_the_table() -> None:
+    """R-DTYPE-1: every table dtype has the itemsize and safetensors name of the spec."""
+    table = {"float64": ("F64", 8), "float32": ("F32", 4), "float16": ("F16", 2),
+             "bfloat16": ("BF16", 2), "int64": ("I64", 8), "int32": ("I32", 4),
+             "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1), "uint16": ("U16", 2),
+             "uint32": ("U32", 4), "uint64": ("U64", 8), "bool": ("BOOL", 1),
+             "float8_e4m3fn": ("F8_E4M3", 1), "float8_e5m2": ("F8_E5M2", 1)}
+    assert set(DTYPES) == set(table)
+    for name, (st, size) in table.items():
+        assert (DTYPES[name].safetensors, DTYPES[name].itemsize) == (st, size)
+        assert np.dtype(DTYPES[name].numpy).itemsize == size
+    assert math.prod([]) == 1
+    assert Continuation().world_size == 1

@@ -1,0 +1,300 @@
+"""Reading (§10) and safetensors shards (§11)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import portable_ckpt
+from portable_ckpt.io.versions import load_manifest
+
+from ._util import (
+    RecordingStorage,
+    build_version,
+    edit_manifest,
+    expect_code,
+    open_and_read_all,
+    open_recorded,
+    read_manifest,
+    rewrite_file,
+    rewrite_shard_header,
+    sample_array,
+    save_sharded,
+    shard_header,
+)
+
+
+def test_latest_skips_invalid_commit_records(tmp_path: Path) -> None:
+    """R-READ-1: resolving the latest version skips invalid commit records; step= picks the greatest."""
+    v1 = build_version(tmp_path, step=5)[1]
+    v2 = build_version(tmp_path, step=5)[1]
+    bad = build_version(tmp_path, step=9)[0]
+    (bad / "manifest.json").write_text('{"format": "portable-ckpt", "format_version": "1.0"}')
+    assert portable_ckpt.open(tmp_path).id == v2.attempt_id
+    assert portable_ckpt.open(tmp_path, step=5).id == v2.attempt_id
+    assert v1.attempt_id != v2.attempt_id
+    expect_code("PCK-NOT-FOUND", portable_ckpt.open, tmp_path, step=9)
+
+
+def test_all_document_checks_happen_before_any_data_file_is_read(tmp_path: Path) -> None:
+    """R-READ-2: §16.3, path and range checks run before any data file of the version is read."""
+    vdir, m = build_version(tmp_path)
+    bad_mutations = [
+        lambda d: d["tensors"]["b"]["ranges"][0].__setitem__("lengths", [6]),
+        lambda d: d["tensors"]["b"]["ranges"][0].__setitem__("file", "data/../x"),
+        lambda d: d.__setitem__("must_understand", ["x"]),
+    ]
+    original = (vdir / "manifest.json").read_bytes()
+    for mutate in bad_mutations:
+        (vdir / "manifest.json").write_bytes(original)
+        edit_manifest(vdir, mutate)
+        st = RecordingStorage(tmp_path)
+        with pytest.raises(portable_ckpt.CheckpointError):
+            load_manifest(st, m.attempt_id)
+        assert not [p for p, *_ in st.reads() if "/data/" in p or "/entries/" in p]
+
+
+@pytest.fixture(scope="module")
+def grid_version(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    root = tmp_path_factory.mktemp("grid")
+    arr = sample_array("int32", (13, 11, 5), seed=2)
+    m = save_sharded(root, {"t": (arr, (3, 2, 2))}, writers=3, entries={})
+    return root / m.attempt_id, arr
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_box_delivers_exactly_its_elements(grid_version: tuple[Path, np.ndarray],
+                                               data: st.DataObject) -> None:
+    """R-READ-3: a box read delivers exactly the box's elements."""
+    vdir, arr = grid_version
+    offs = [data.draw(st.integers(0, s - 1)) for s in arr.shape]
+    lens = [data.draw(st.integers(1, s - o)) for s, o in zip(arr.shape, offs, strict=True)]
+    ck = portable_ckpt.open(vdir)
+    got = ck.read("t", offs, lens)
+    want = arr[tuple(slice(o, o + n) for o, n in zip(offs, lens, strict=True))]
+    np.testing.assert_array_equal(got, want)
+    out = np.full(tuple(lens[::-1]), -1, dtype=np.int32).T  # a non-contiguous destination
+    ck.read("t", offs, lens, out=out)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize(
+    "offsets, lengths",
+    [([0, 0, -1], [1, 1, 1]), ([0, 0, 0], [14, 1, 1]), ([12, 0, 0], [2, 1, 1]),
+     ([0, 0], [1, 1]), ([0, 0, 0], [1, 1]), ([0, 0, 5], [1, 1, 1]), ([0, 0, 0], [1, 1, -1])],
+)
+def test_box_outside_the_tensor_is_a_usage_error(grid_version: tuple[Path, np.ndarray],
+                                                 offsets: list[int], lengths: list[int]) -> None:
+    """R-READ-3: a requested box outside the tensor's shape is PCK-USAGE, before any I/O."""
+    vdir, _ = grid_version
+    ck = portable_ckpt.open(vdir)
+    expect_code("PCK-USAGE", ck.read, "t", offsets, lengths)
+    assert ck.stats.bytes_read == 0
+
+
+def test_each_element_comes_from_the_range_that_covers_it(tmp_path: Path) -> None:
+    """R-READ-3: with distinct per-range contents, every element comes from its own range."""
+    from portable_ckpt.format.naming import new_attempt_id
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(1)
+    ws = [ShardWriter(storage, attempt, w) for w in range(3)]
+    ws[0].add_tensor("t", np.full((2, 6), 10, np.int16), offsets=[0, 0], global_shape=[6, 6])
+    ws[1].add_tensor("t", np.full((4, 3), 20, np.int16), offsets=[2, 0], global_shape=[6, 6])
+    ws[2].add_tensor("t", np.full((4, 3), 30, np.int16), offsets=[2, 3], global_shape=[6, 6])
+    commit(storage, attempt, step=1, indexes=[w.finish() for w in ws], expected_writers=[0, 1, 2])
+    got = portable_ckpt.open(tmp_path).read("t", [1, 2], [3, 3])
+    assert got.tolist() == [[10, 10, 10], [20, 30, 30], [20, 30, 30]]
+
+
+def test_partial_read_reads_only_needed_blocks_and_header(tmp_path: Path) -> None:
+    """R-READ-4: codec none: only the blocks holding requested bytes plus the header's blocks."""
+    arr = np.arange(64 * 1024, dtype=np.float32).reshape(256, 256)  # 256 KiB in one range
+    m = save_sharded(tmp_path, {"t": (arr, (1, 1))}, writers=1, block_size=4096, entries={})
+    vdir = tmp_path / m.attempt_id
+    r = read_manifest(vdir)["tensors"]["t"]["ranges"][0]
+    n_hdr, header, _ = shard_header(vdir / r["file"])
+    data_start = 8 + n_hdr + header[r["name"]]["data_offsets"][0]
+    for offs, lens in (([100, 7], [3, 5]), ([0, 0], [1, 256]), ([255, 255], [1, 1]),
+                       ([10, 0], [20, 1])):
+        st, ck = open_recorded(tmp_path, m.attempt_id)
+        got = ck.read("t", offs, lens)
+        np.testing.assert_array_equal(got, arr[offs[0]:offs[0] + lens[0], offs[1]:offs[1] + lens[1]])
+        allowed: set[int] = set(range(0, (8 + n_hdr + 4095) // 4096))  # header blocks
+        for i in range(lens[0]):
+            lo = data_start + ((offs[0] + i) * 256 + offs[1]) * 4
+            hi = lo + lens[1] * 4
+            allowed.update(range(lo // 4096, (hi - 1) // 4096 + 1))
+        touched: set[int] = set()
+        for _path, o, n in st.reads(m.attempt_id + "/data/"):
+            touched.update(range(o // 4096, (o + n - 1) // 4096 + 1))
+        assert touched <= allowed, sorted(touched - allowed)
+
+
+def test_unknown_tensor_key(tmp_path: Path) -> None:
+    """R-READ-5: a tensor key that does not exist is PCK-TENSOR-MISSING."""
+    vdir, _ = build_version(tmp_path)
+    ck = portable_ckpt.open(vdir)
+    for key in ("nope", "A", "a ", ""):
+        expect_code("PCK-TENSOR-MISSING", ck.read, key)
+        expect_code("PCK-TENSOR-MISSING", ck.plan_read, key)
+
+
+def test_shards_are_accepted_by_the_safetensors_library(tmp_path: Path) -> None:
+    """R-SHARD-1: data files load with the reference safetensors library; tensors packed densely."""
+    from safetensors import safe_open
+
+    dtypes = ["float32", "float64", "int64", "uint8", "bool", "float16", "bfloat16", "int16",
+              "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64", "int8", "int32"]
+    tensors = {d: (sample_array(d, (7, 3), seed=i), (2, 1)) for i, d in enumerate(dtypes)}
+    for codec in ("none", "zstd"):
+        m = save_sharded(tmp_path / codec, tensors, writers=2, codec=codec, entries={},
+                         max_file_bytes=120)
+        vdir = tmp_path / codec / m.attempt_id
+        doc = read_manifest(vdir)
+        for rel in (p for p in doc["files"] if p.startswith("data/")):
+            path = vdir / rel
+            n_hdr, header, data = shard_header(path)
+            spans = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
+            assert spans[0][0] == 0 and spans[-1][1] == len(data)
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+            with safe_open(str(path), framework="pt") as f:  # type: ignore[no-untyped-call]
+                for name in f.keys():
+                    t = f.get_tensor(name)
+                    b, e = header[name]["data_offsets"]
+                    assert t.numel() * t.element_size() == e - b
+                    assert list(t.shape) == header[name]["shape"]
+
+
+def test_header_is_space_padded_to_a_multiple_of_8(tmp_path: Path) -> None:
+    """R-SHARD-2: the header length N is a multiple of 8, padded with ASCII spaces."""
+    for i, key in enumerate(["a", "ab", "abc", "abcd" * 7, "k\u00e9y", "x" * 13]):
+        m = save_sharded(tmp_path / str(i), {key: (np.ones(i + 1, np.float32), (1,))},
+                         writers=1, entries={})
+        vdir = tmp_path / str(i) / m.attempt_id
+        for rel in (p for p in read_manifest(vdir)["files"] if p.startswith("data/")):
+            raw = (vdir / rel).read_bytes()
+            n = struct.unpack("<Q", raw[:8])[0]
+            assert n % 8 == 0
+            text = raw[8:8 + n]
+            body = text.rstrip(b" ")
+            assert json.loads(body) is not None and set(text[len(body):]) <= {0x20}
+
+
+@pytest.mark.parametrize("meta", [None, {"format": "tf"}, {}, {"x": "y", "portable_ckpt": "9.9"}])
+def test_reader_does_not_depend_on_metadata(tmp_path: Path, meta: Any) -> None:
+    """R-SHARD-3: removing or changing __metadata__ does not change what is read."""
+    vdir, _ = build_version(tmp_path)
+    for rel in [p for p in read_manifest(vdir)["files"] if p.startswith("data/")]:
+        def fix(h: dict) -> None:  # type: ignore[type-arg]
+            h.pop("__metadata__", None)
+            if meta is not None:
+                h["__metadata__"] = meta
+
+        rewrite_shard_header(vdir, rel, fix)
+    ck = open_and_read_all(vdir)
+    np.testing.assert_array_equal(ck.read("a"), np.arange(64, dtype=np.float32).reshape(8, 8))
+
+
+def _data_rel(vdir: Path, key: str = "b") -> str:
+    return str(read_manifest(vdir)["tensors"][key]["ranges"][0]["file"])
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x01", b"\x00" * 7])
+def test_file_shorter_than_8_bytes(tmp_path: Path, raw: bytes) -> None:
+    """R-SHARD-4: a data file shorter than 8 bytes is PCK-SHARD-HEADER."""
+    vdir, _ = build_version(tmp_path)
+    rewrite_file(vdir, _data_rel(vdir), raw)
+    expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+
+
+@pytest.mark.parametrize("n", [2**63, 100_000_001, "size-7", "size+100"])
+def test_absurd_header_length_is_refused_before_reading(tmp_path: Path, n: Any) -> None:
+    """R-SHARD-4: N > 100,000,000 or N > size - 8 is refused before the header is read."""
+    vdir, m = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    raw = (vdir / rel).read_bytes()
+    size = len(raw)
+    value = size - 7 if n == "size-7" else size + 100 if n == "size+100" else n
+    rewrite_file(vdir, rel, struct.pack("<Q", value) + raw[8:])
+    st, ck = open_recorded(tmp_path, m.attempt_id)
+    expect_code("PCK-SHARD-HEADER", ck.read, "b")
+    assert all(o + n_ <= size for p, o, n_ in st.reads(f"{m.attempt_id}/{rel}"))
+    assert ck.stats.peak_scratch_bytes < 1 << 20
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"[]", b'"x"', b"{not json", b'{"a": 1, "a": 2}', b'{"b@0": {"dtype": "I32"}}',
+     b'{"b@0": {"dtype": "I32", "shape": "5", "data_offsets": [0, 20]}}',
+     b'{"b@0": {"dtype": "I32", "shape": [5], "data_offsets": [0]}}',
+     b'{"b@0": {"dtype": 7, "shape": [5], "data_offsets": [0, 20]}}',
+     b'{"b@0": {"dtype": "I32", "shape": [5], "data_offsets": [0, NaN]}}',
+     b'{"b@0": {"dtype": "I32", "shape": [5], "data_offsets": [0, 20]}, "__metadata__": 5}',
+     b"\xef\xbb\xbf{}", b'{"\\ud800": {}}'],
+)
+def test_unusable_header_is_shard_header_error(tmp_path: Path, header: bytes) -> None:
+    """R-SHARD-5: non-object / invalid JSON / malformed entries are PCK-SHARD-HEADER."""
+    vdir, _ = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    _, _, data = shard_header(vdir / rel)
+    body = header + b" " * (-(len(header) + 8) % 8)
+    rewrite_file(vdir, rel, struct.pack("<Q", len(body)) + body + data)
+    expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+
+
+def test_header_entry_with_invalid_dtype(tmp_path: Path) -> None:
+    """R-SHARD-5: a header entry without a valid dtype is PCK-SHARD-HEADER."""
+    vdir, _ = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    rewrite_shard_header(vdir, rel, lambda h: h.__setitem__(
+        "extra", {"dtype": "Q99", "shape": [0], "data_offsets": [0, 0]}))
+    expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+
+
+@pytest.mark.parametrize("offsets", [[20, 0], [0, 10**6], [-4, 16]])
+def test_data_offsets_checked_against_the_file(tmp_path: Path, offsets: list[int]) -> None:
+    """R-SHARD-6: begin > end or 8 + N + end > size is PCK-SHARD-HEADER."""
+    vdir, _ = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    name = read_manifest(vdir)["tensors"]["b"]["ranges"][0]["name"]
+    rewrite_shard_header(vdir, rel, lambda h: h[name].__setitem__("data_offsets", offsets))
+    expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+
+
+def test_span_must_equal_shape_times_itemsize(tmp_path: Path) -> None:
+    """R-SHARD-6: end - begin != prod(shape) x itemsize is PCK-SHARD-HEADER."""
+    vdir, _ = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    name = read_manifest(vdir)["tensors"]["b"]["ranges"][0]["name"]
+    rewrite_shard_header(vdir, rel, lambda h: h[name].__setitem__("data_offsets", [0, 16]))
+    expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda h, n: h.__setitem__(n + "x", h.pop(n)),
+        lambda h, n: h[n].__setitem__("dtype", "U32"),
+        lambda h, n: h[n].__setitem__("shape", [5, 1]),
+    ],
+)
+def test_range_disagreeing_with_header_is_shard_mismatch(tmp_path: Path, change: Any) -> None:
+    """R-SHARD-7: name absent, or dtype/shape breaking §8.3: PCK-SHARD-MISMATCH."""
+    vdir, _ = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    name = read_manifest(vdir)["tensors"]["b"]["ranges"][0]["name"]
+    rewrite_shard_header(vdir, rel, lambda h: change(h, name))
+    expect_code("PCK-SHARD-MISMATCH", open_and_read_all, vdir)
