@@ -357,6 +357,7 @@ def _entry_schema_attack(root: Path, a: str, schema: dict[str, Any], value: Any)
 
 
 def test_entry_schema_redos(version: tuple[Path, str]) -> None:
+    """R-ENTRY-15: embedded patterns run in linear time (RE2)."""
     root, a = version
     _entry_schema_attack(root, a, {"type": "string", "pattern": "^(a+)+$"}, "a" * 22 + "!")
     ck = portable_ckpt.open(str(root / a))
@@ -367,6 +368,7 @@ def test_entry_schema_redos(version: tuple[Path, str]) -> None:
 
 
 def test_entry_schema_unique_items_quadratic(version: tuple[Path, str]) -> None:
+    """R-ENTRY-15: uniqueItems without quadratic cost."""
     root, a = version
     _entry_schema_attack(root, a, {"type": "array", "uniqueItems": True}, [{"i": i} for i in range(700)])
     ck = portable_ckpt.open(str(root / a))

@@ -271,7 +271,7 @@ def test_world_size_policies_follow_the_table(tmp_path: Path) -> None:
 
 
 def test_rank_outside_requesting_world_is_usage_error(tmp_path: Path) -> None:
-    """R-ENTRY-11: the policy applies to 0 <= r < W' only; otherwise PCK-USAGE."""
+    """R-ENTRY-14 (with R-ENTRY-11): the policy applies to 0 <= r < W' only; otherwise PCK-USAGE."""
     ck = portable_ckpt.open(_per_rank_version(tmp_path, 4, "modulo"))
     expect_code("PCK-USAGE", ck.entry, "st", rank=5, world_size=3)
     expect_code("PCK-USAGE", ck.entry, "st", rank=-1, world_size=4)
@@ -409,3 +409,14 @@ def test_statistical_version_restores_anywhere_but_require_same_applies(tmp_path
     assert info.contract == "statistical" and state["w"].tolist() == list(range(6))
     ck = portable_ckpt.open(_per_rank_version(tmp_path / "rs", 2, "require_same"))
     expect_code("PCK-CONTRACT", ck.entry, "st", rank=0, world_size=1)
+
+
+def test_patterns_outside_re2_are_entry_schema_errors() -> None:
+    """R-ENTRY-15: a backreference or lookaround pattern is refused with PCK-ENTRY-SCHEMA."""
+    from portable_ckpt.format.schemas import validate_entry_value
+
+    for pattern in (r"^(a)\1$", r"^(?=a)a$"):
+        with pytest.raises(portable_ckpt.CheckpointError) as ei:
+            validate_entry_value("aa", {"json_schema": {"type": "string", "pattern": pattern}}, name="e")
+        assert ei.value.code == "PCK-ENTRY-SCHEMA"
+    validate_entry_value("ab", {"json_schema": {"type": "string", "pattern": "^a[bc]$"}}, name="e")
