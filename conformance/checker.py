@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from conformance.schemas import SchemaSet, load_schemas
 from conformance.spec import (
     ATTEMPT_ID_RE,
+    BUILTIN_SCHEMA_FILES,
     BUILTIN_SCHEMA_IDS,
     DTYPES,
     KNOWN_EXTENSIONS,
@@ -47,7 +49,7 @@ from conformance.strictjson import StrictJsonError, loads_strict
 
 __all__ = ["Finding", "Report", "check", "check_version", "find_versions"]
 
-MANIFEST_MAX_BYTES = 256 << 20
+MANIFEST_MAX_BYTES = 1 << 30
 ENTRY_MAX_BYTES = 64 << 20
 _VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)$")
 
@@ -135,6 +137,8 @@ def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str
                 return "PCK-PATH-UNSAFE"
             if n >= 5 and path[4] == "codec" and keyword in ("enum", "const"):
                 return "PCK-CODEC"
+            if n >= 5 and path[4] in ("offsets", "lengths") and keyword == "maximum":
+                return "PCK-LIMIT"
             if n >= 5 and path[4] in ("offsets", "lengths") and keyword in (
                     "maxItems", "minimum"):
                 return "PCK-RANGE-BOUNDS"
@@ -159,9 +163,7 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
     if schema is None:
         report.warn(f"{name}.schema.json not found in {schemas.root}; schema validation skipped")
         return True
-    from jsonschema import Draft202012Validator
-
-    validator = Draft202012Validator(schema, registry=schemas.registry())
+    validator = schemas.validator(schema)
     generic = False
     n = 0
     for err in validator.iter_errors(doc):
@@ -262,10 +264,17 @@ class _VersionChecker:
         elif not _is_int(step) or int(am.group(1)) != step:
             self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} does not encode step {step!r}")
         cont = m.get("continuation")
-        ws = cont.get("world_size") if isinstance(cont, dict) else None
+        ws: Any = cont.get("world_size") if isinstance(cont, dict) else None
         if not _is_int(ws) or ws < 1:
             self.err("PCK-SCHEMA", f"continuation.world_size {ws!r} must be an integer >= 1")
             ws = None
+        mesh = cont.get("mesh") if isinstance(cont, dict) else None
+        if isinstance(mesh, dict) and ws is not None:
+            ms, names = mesh.get("shape"), mesh.get("dim_names")
+            if (not isinstance(ms, list) or not isinstance(names, list) or len(ms) != len(names)
+                    or not all(_is_int(x) for x in ms) or math.prod(ms) != ws):
+                self.err("PCK-SCHEMA", f"continuation.mesh {mesh} does not match world_size {ws}"
+                         " (R-CONTRACT-2)")
         files = m.get("files")
         if not isinstance(files, dict):
             self.err("PCK-SCHEMA", "files must be an object")
@@ -346,7 +355,8 @@ class _VersionChecker:
         st_dtype, itemsize = DTYPES[dtype]
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise Problem("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0")
-        if len(shape) > MAX_NDIM or math.prod(shape) * itemsize > MAX_SIZE:
+        if len(shape) > MAX_NDIM or any(d > MAX_SIZE for d in shape) or \
+                math.prod(shape) * itemsize > MAX_SIZE:
             raise Problem("PCK-LIMIT", f"shape {shape} exceeds the format's limits")
         if not isinstance(ranges, list):
             raise Problem("PCK-SCHEMA", "ranges must be a list")
@@ -383,7 +393,8 @@ class _VersionChecker:
         if rel in self.bad_files:
             return  # already reported for the file itself
         if rel not in self.vf.records:
-            raise Problem("PCK-FILE-MISSING", f"{where}: file {rel!r} is not listed in files")
+            raise Problem("PCK-SCHEMA", f"{where}: file {rel!r} is not listed in files "
+                          "(R-FILES-2)")
         hdr = self.header(rel)
         if hdr is None:
             return
@@ -455,7 +466,8 @@ class _VersionChecker:
             if rel in self.bad_files:
                 continue
             if rel not in self.vf.records:
-                raise Problem("PCK-FILE-MISSING", f"value file {rel!r} is not listed in files")
+                raise Problem("PCK-SCHEMA", f"value file {rel!r} is not listed in files "
+                              "(R-FILES-2)")
             raw = self.vf.read(rel)
             if enc == "json+zstd":
                 raw = _zstd_decompress_bounded(raw, ENTRY_MAX_BYTES, rel)
@@ -479,7 +491,7 @@ class _VersionChecker:
             sid = sch["id"]
             if sid not in BUILTIN_SCHEMA_IDS:
                 raise Problem("PCK-ENTRY-SCHEMA", f"unknown builtin schema id {sid!r}")
-            doc = self.schemas.entry_schema(sid)
+            doc = self.schemas.by_file.get(BUILTIN_SCHEMA_FILES[sid])
             if doc is None:
                 self.r.warn(f"builtin schema {sid} not found under {self.schemas.root}/entries")
             return doc, sid
@@ -528,7 +540,7 @@ class _VersionChecker:
                                  f" differs from the manifest's {aid!r}")
                 if sub == "index":
                     w = doc.get("writer")
-                    if p.name != f"w{w:05d}.json" if _is_int(w) else True:
+                    if not _is_int(w) or p.name != f"w{w:05d}.json":
                         self.r.error("PCK-SCHEMA", f"{where}: writer {w!r} does not match the "
                                      "file name")
 
@@ -582,11 +594,12 @@ def _zstd_decompress_bounded(frame: bytes, limit: int, rel: str) -> bytes:
     if not dobj.eof or dobj.unused_data:
         raise Problem("PCK-CODEC", f"{rel!r}: not exactly one complete zstd frame")
     if len(out) > limit:
-        raise Problem("PCK-JSON-INVALID", f"{rel!r}: decompressed value exceeds {limit} bytes")
+        raise Problem("PCK-CODEC", f"{rel!r}: decompressed value exceeds {limit} bytes")
     return bytes(out)
 
 
-def _check_coverage(shape: list[int], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+def _check_coverage(shape: Sequence[int],
+                    boxes: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
     """Exactly-once coverage by a sweep (pairwise overlap test) plus a volume count.
 
     Boxes are already known to be in bounds and non-empty. Without overlaps, the boxes cover
@@ -605,7 +618,7 @@ def _check_coverage(shape: list[int], boxes: list[tuple[tuple[int, ...], tuple[i
         # Sweep along the dimension with the most distinct offsets.
         sd = max(range(ndim), key=lambda d: len({b[0][d] for b in boxes}))
         order = sorted(boxes, key=lambda b: b[0][sd])
-        active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        active: list[tuple[Sequence[int], Sequence[int]]] = []
         for b in order:
             start = b[0][sd]
             active = [a for a in active if a[0][sd] + a[1][sd] > start]
@@ -656,6 +669,7 @@ def check(path: str | Path, *, deep: bool = False, schema_dir: str | None = None
 
     Returns:
         A :class:`Report`; ``report.ok`` is True when the path conforms.
+
     """
     p = Path(path)
     schemas = load_schemas(schema_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 __all__ = ["main"]
 
@@ -13,6 +14,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from conformance.checker import check
 
     report = check(args.path, deep=args.deep, schema_dir=args.schemas)
+    try:
+        _print_report(report, args)
+    except BrokenPipeError:  # e.g. `... --json | head`: the exit status still tells
+        sys.stderr.close()
+    return 0 if report.ok else 1
+
+
+def _print_report(report: Any, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -22,7 +31,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
             print(f"warning: {w.message}", file=sys.stderr)
         print(f"{'conformant' if report.ok else 'NOT conformant'}: {args.path} "
               f"({len(report.versions)} version(s) checked, {len(report.errors)} error(s))")
-    return 0 if report.ok else 1
 
 
 def _cmd_writer(args: argparse.Namespace) -> int:
@@ -37,7 +45,7 @@ def _cmd_writer(args: argparse.Namespace) -> int:
     return run_writer_suite(cmd, examples=args.examples, crash_examples=args.crash_examples,
                             codecs=args.codec.split(","), seed=args.seed, workdir=args.workdir,
                             max_writers=args.max_writers, timeout=args.timeout,
-                            verbose=args.verbose)
+                            verbose=args.verbose, shrink=not args.no_shrink)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--seed", type=int, default=None, help="derandomise hypothesis with this seed")
     w.add_argument("--workdir", default=None, help="keep jobs and checkpoints here")
     w.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process")
+    w.add_argument("--no-shrink", action="store_true",
+                   help="report the first failing example without minimising it")
     w.add_argument("-v", "--verbose", action="store_true")
     w.add_argument("cmd", nargs=argparse.REMAINDER)
     w.set_defaults(func=_cmd_writer)

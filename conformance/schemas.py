@@ -40,6 +40,20 @@ class SchemaSet:
                 if isinstance(sid, str):
                     self.by_id[sid] = doc
         self._registry: Any = None
+        self._validators: dict[int, Any] = {}
+
+    def validator(self, schema: dict[str, Any] | bool) -> Any:
+        """A (cached) Draft 2020-12 validator of ``schema`` resolving refs in this set only."""
+        from jsonschema import Draft202012Validator
+
+        key = id(schema)
+        hit = self._validators.get(key)
+        if hit is None or hit[0] is not schema:
+            hit = (schema, Draft202012Validator(schema, registry=self.registry()))
+            if len(self._validators) > 256:
+                self._validators.clear()
+            self._validators[key] = hit
+        return hit[1]
 
     def registry(self) -> Any:
         """A ``referencing.Registry`` holding every schema (no remote retrieval)."""
@@ -77,9 +91,7 @@ class SchemaSet:
 
     def validate(self, schema: dict[str, Any], instance: Any, *, limit: int = 20) -> list[str]:
         """Validate ``instance`` and return up to ``limit`` error messages (empty when valid)."""
-        from jsonschema import Draft202012Validator
-
-        validator = Draft202012Validator(schema, registry=self.registry())
+        validator = self.validator(schema)
         out: list[str] = []
         for err in validator.iter_errors(instance):
             loc = "/".join(str(p) for p in err.absolute_path) or "(root)"

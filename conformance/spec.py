@@ -11,6 +11,7 @@ import re
 
 __all__ = [
     "ATTEMPT_ID_RE",
+    "BUILTIN_SCHEMA_FILES",
     "BUILTIN_SCHEMA_IDS",
     "CODES",
     "DTYPES",
@@ -67,6 +68,15 @@ BUILTIN_SCHEMA_IDS = (
     "pck:data-position/1",
     "pck:json/1",
 )
+#: built-in schema id -> schema file below spec/schemas (spec §12.5).
+BUILTIN_SCHEMA_FILES = {
+    "pck:step/1": "entries/step.schema.json",
+    "pck:lr-scheduler/1": "entries/lr-scheduler.schema.json",
+    "pck:grad-scaler/1": "entries/grad-scaler.schema.json",
+    "pck:rng/1": "entries/rng.schema.json",
+    "pck:data-position/1": "entries/data-position.schema.json",
+    "pck:json/1": "entries/json.schema.json",
+}
 #: extensions this checker implements (for ``must_understand``): none in 1.0.
 KNOWN_EXTENSIONS: frozenset[str] = frozenset()
 

@@ -93,6 +93,7 @@ def parse_file_record(path: str, rec: Any) -> FileRecord:
 
     Raises:
         Problem: PCK-SCHEMA / PCK-CHECKSUM / PCK-LIMIT when the record is malformed.
+
     """
     if not isinstance(rec, dict):
         raise Problem("PCK-SCHEMA", f"files[{path!r}] is not an object")
@@ -135,6 +136,7 @@ class VersionFiles:
         Raises:
             Problem: PCK-PATH-UNSAFE for unsafe paths or symlinks leaving the attempt,
                 PCK-FILE-MISSING when ``must_exist`` and the file is absent.
+
         """
         why = path_problem(rel)
         if why is not None:
@@ -164,6 +166,7 @@ class VersionFiles:
 
         Raises:
             Problem: PCK-FILE-MISSING / PCK-FILE-SIZE / PCK-CHECKSUM / PCK-PATH-UNSAFE.
+
         """
         rec = self.records.get(rel)
         if rec is None:
@@ -230,6 +233,7 @@ def parse_safetensors_header(vf: VersionFiles, rel: str) -> StHeader:
 
     Raises:
         Problem: PCK-SHARD-HEADER on any header defect (or a checksum/size problem).
+
     """
     size = vf.records[rel].size
     if size < 8:
@@ -294,11 +298,14 @@ def zstd_frame_content_size(frame: bytes) -> int | None:
 
     Raises:
         Problem: PCK-CODEC when the bytes do not start with a zstd frame header.
+
     """
     if len(frame) < 5 or frame[:4] != b"\x28\xb5\x2f\xfd":
         raise Problem("PCK-CODEC", "data does not start with a zstd frame (magic 28 B5 2F FD)")
     fhd = frame[4]
     fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    if did_flag:
+        raise Problem("PCK-CODEC", "zstd frame references a dictionary (not allowed)")
     pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
     fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
     if fcs_len == 0:

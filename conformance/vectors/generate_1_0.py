@@ -11,7 +11,6 @@ Usage: python conformance/vectors/generate_1_0.py [--out DIR] [--force]
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import shutil
@@ -364,6 +363,26 @@ def _(root: Path) -> V:
     return v
 
 
+SPEC_EXAMPLES = Path(__file__).resolve().parents[2] / "spec" / "examples" / "entries"
+
+
+@case("valid-builtin-entries", "one value of every built-in schema (values from spec/examples)")
+def _(root: Path) -> V:
+    v = V(step=10)
+    v.tensor("w", "float32", [1], [1.0])
+    v.entry("progress", {"step": 10, "tokens_seen": 18446744073709551615},
+            schema={"id": "pck:step/1"})
+    for name, sid in (("lr-scheduler--sequential", "pck:lr-scheduler/1"),
+                      ("grad-scaler", "pck:grad-scaler/1"), ("rng--python-only", "pck:rng/1"),
+                      ("data-position--seed-64bit", "pck:data-position/1"),
+                      ("json--scalar", "pck:json/1")):
+        value = json.loads((SPEC_EXAMPLES / f"{name}.json").read_text())
+        v.entry(name.split("--")[0], value, schema={"id": sid})
+    v.entry("big_ints", [2**64 - 1, -(2**63), 2**53 + 1])
+    write_version(root, v)
+    return v
+
+
 @case("valid-per-rank", "per_rank entry with one value per rank of world size 3")
 def _(root: Path) -> V:
     v = V(world_size=3)
@@ -392,6 +411,20 @@ def _(root: Path) -> V:
     v.entry("meta", {"epoch": 4, "name": "newer"})
     write_version(root, v)
     return v
+
+
+@case("valid-latest-same-step", "two versions of step 10: the later committed_at wins, compared "
+      "as timestamps (01.5Z is later than 01Z)", target="root")
+def _(root: Path) -> V:
+    a = basic(10, 0)
+    a.extra = {"committed_at": "2026-01-01T00:00:01Z"}
+    write_version(root, a)
+    b = V(10, 1)
+    b.tensor("model.w", "float32", [4, 3], [float(100 + i) for i in range(12)])
+    b.entry("meta", {"epoch": 5, "name": "later"})
+    b.extra = {"committed_at": "2026-01-01T00:00:01.5Z"}
+    write_version(root, b)
+    return b
 
 
 @case("valid-incomplete-newer", "an uncommitted attempt at a higher step is invisible",
@@ -734,15 +767,86 @@ def _(root: Path) -> None:
     write_version(root, basic(), mutate_manifest=lambda m: m.update(step=11))
 
 
-@inv("invalid-limit-ndim", "a tensor with 65 dimensions", "PCK-LIMIT")
+@inv("invalid-limit-dim", "a (zero-size) tensor with a dimension of 2^53, above MAXINT",
+     "PCK-LIMIT")
 def _(root: Path) -> None:
     def mm(m: dict[str, Any]) -> None:
-        m["tensors"]["huge"] = {"dtype": "uint8", "shape": [1] * 64 + [0], "ranges": []}
+        m["tensors"]["huge"] = {"dtype": "uint8", "shape": [0, 2**53], "ranges": []}
     write_version(root, basic(), mutate_manifest=mm)
 
 
-@inv("invalid-file-not-listed", "a range refers to a file that files does not list",
-     "PCK-FILE-MISSING")
+@inv("invalid-mesh-world-size", "continuation.mesh [2, 2] for world_size 1", "PCK-SCHEMA")
+def _(root: Path) -> None:
+    def mm(m: dict[str, Any]) -> None:
+        m["continuation"]["mesh"] = {"shape": [2, 2], "dim_names": ["dp", "tp"]}
+    write_version(root, basic(), mutate_manifest=mm)
+
+
+@inv("invalid-json-surrogate", "manifest.json contains an escaped unpaired surrogate",
+     "PCK-JSON-INVALID")
+def _(root: Path) -> None:
+    def mm(m: dict[str, Any]) -> None:
+        m["producer"]["name"] = "SURROGATE"
+    write_version(root, basic(), mutate_manifest=mm,
+                  manifest_text=lambda t: t.replace("SURROGATE", "x\\ud800y"))
+
+
+@inv("invalid-json-bom", "manifest.json starts with a UTF-8 byte-order mark", "PCK-JSON-INVALID")
+def _(root: Path) -> None:
+    write_version(root, basic(), manifest_text=lambda t: "\ufeff" + t)
+
+
+@inv("invalid-entry-number-overflow", "an entry value holds 1e400 (overflows a double)",
+     "PCK-JSON-INVALID")
+def _(root: Path) -> None:
+    def mf(files: dict[str, bytes]) -> None:
+        files["entries/meta.g.json"] = b'{"epoch": 1e400}'
+    write_version(root, basic(), mutate_files=mf)
+
+
+@inv("invalid-entry-too-deep", "an entry value nested 65 levels deep", "PCK-JSON-INVALID")
+def _(root: Path) -> None:
+    def mf(files: dict[str, bytes]) -> None:
+        files["entries/meta.g.json"] = b"[" * 65 + b"]" * 65
+    write_version(root, basic(), mutate_files=mf)
+
+
+@inv("invalid-entry-not-utf8", "an entry value file is not UTF-8", "PCK-JSON-INVALID")
+def _(root: Path) -> None:
+    def mf(files: dict[str, bytes]) -> None:
+        files["entries/meta.g.json"] = b'{"name": "caf\xe9"}'
+    write_version(root, basic(), mutate_files=mf)
+
+
+@inv("invalid-step-mismatch", "a pck:step/1 value says step 9, the manifest step 10",
+     "PCK-STEP-MISMATCH")
+def _(root: Path) -> None:
+    v = basic()
+    v.entry("progress", {"step": 9}, schema={"id": "pck:step/1"})
+    write_version(root, v)
+
+
+@inv("invalid-builtin-schema-value", "a pck:step/1 value without 'step'", "PCK-ENTRY-SCHEMA")
+def _(root: Path) -> None:
+    v = basic()
+    v.entry("progress", {"tokens_seen": 5}, schema={"id": "pck:step/1"})
+    write_version(root, v)
+
+
+@inv("invalid-per-rank-duplicate", "a per_rank entry stores rank 0 twice", "PCK-SCHEMA")
+def _(root: Path) -> None:
+    v = V(world_size=1)
+    v.tensor("w", "float32", [2], [1.0, 2.0])
+    v.entry("rank_state", [{"r": 0}], scope="per_rank", policy="modulo")
+
+    def mm(m: dict[str, Any]) -> None:
+        m["entries"]["rank_state"]["values"].append({"rank": 0,
+                                                     "file": "entries/rank_state.r00000.json"})
+    write_version(root, v, mutate_manifest=mm)
+
+
+@inv("invalid-file-not-listed", "a range refers to a file that files does not list (R-FILES-2)",
+     "PCK-SCHEMA")
 def _(root: Path) -> None:
     def mm(m: dict[str, Any]) -> None:
         _tensor(m)["ranges"][0]["file"] = "data/w00007-0000.safetensors"

@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""A minimal portable-ckpt 1.0 writer and committer, written from spec/README.md alone.
+
+It imports only the Python standard library: no portable_ckpt, no numpy, no safetensors
+package, no crc32c or zstandard package. It exists to prove that the specification is enough to
+write compatible checkpoints; it passes ``python -m conformance writer -- python
+conformance/examples/minimal_writer.py``.
+
+* CRC-32C is computed in pure Python with a 256-entry table (spec §6.2: reflected polynomial
+  0x82F63B78, init and final XOR 0xFFFFFFFF; check value of b"123456789" is e3069283). Slow
+  (about 5 MB/s) but fine for conformance-sized data.
+* Safetensors files are written by hand (spec §11.1): u64 LE header length, JSON header padded
+  with spaces to a multiple of 8, tensors packed without gaps.
+* Codec ``zstd`` and encoding ``json+zstd`` use Zstandard frames made of *raw* (uncompressed)
+  blocks (RFC 8878 §3.1.1.2, Block_Type 0) with the Frame_Content_Size field set. Such frames are
+  valid Zstandard: any decoder reads them. They just do not compress.
+* Publishing follows §4.3: temp file, fsync, link(), unlink, fsync of the directory.
+
+Usage (adapter protocol of conformance/README.md): ``minimal_writer.py JOB.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# -- spec §7: dtype table --------------------------------------------------------------------
+DTYPES = {
+    "float64": ("F64", 8), "float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2),
+    "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1),
+    "uint8": ("U8", 1), "uint16": ("U16", 2), "uint32": ("U32", 4), "uint64": ("U64", 8),
+    "bool": ("BOOL", 1), "float8_e4m3fn": ("F8_E4M3", 1), "float8_e5m2": ("F8_E5M2", 1),
+}
+BLOCK_SIZE = 4096
+CRASH = 3
+
+
+class Fail(Exception):
+    """A committer check failed: (spec error code, message)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- spec §6.2: CRC-32C ----------------------------------------------------------------------
+def _table() -> list[int]:
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+TABLE = _table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C of ``data`` (pure Python)."""
+    crc = 0xFFFFFFFF
+    t = TABLE
+    for b in data:
+        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+
+def file_record(data: bytes, block_size: int) -> dict[str, Any]:
+    """§6: size plus one 8-hex-digit CRC-32C per block."""
+    blocks = "".join(f"{crc32c(data[i:i + block_size]):08x}"
+                     for i in range(0, len(data), block_size))
+    return {"size": len(data),
+            "checksum": {"algorithm": "crc32c", "block_size": block_size, "blocks": blocks}}
+
+
+# -- RFC 8878: a Zstandard frame of raw blocks -------------------------------------------------
+def zstd_raw_frame(data: bytes) -> bytes:
+    """One zstd frame holding ``data`` in raw blocks, with an 8-byte Frame_Content_Size."""
+    out = bytearray(b"\x28\xb5\x2f\xfd")
+    # Frame_Header_Descriptor: FCS flag 3 (8 bytes), Single_Segment 0, no checksum, no dict.
+    out.append(0b11000000)
+    # Window_Descriptor: window = 2^(10 + exponent); 128 KiB >= block size. Exponent 7.
+    out.append(7 << 3)
+    out += struct.pack("<Q", len(data))
+    max_block = 128 * 1024
+    pos = 0
+    while True:
+        chunk = data[pos:pos + max_block]
+        pos += len(chunk)
+        last = pos >= len(data)
+        header = (len(chunk) << 3) | (0 << 1) | (1 if last else 0)  # Block_Type 0 = raw
+        out += header.to_bytes(3, "little")
+        out += chunk
+        if last:
+            return bytes(out)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def dumps(value: Any) -> bytes:
+    """Strict JSON (§18.3): no NaN/Infinity, UTF-8."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Create ``path`` exclusively (R-LAYOUT-3), write, fsync (R-COMMIT-6)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Fsync a directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def safe_path(path: str) -> bool:
+    """§2.2: 1..8 components of 1..255 characters of [A-Za-z0-9._-], none '.' or '..'."""
+    parts = path.split("/")
+    return 1 <= len(parts) <= 8 and all(
+        1 <= len(p) <= 255 and p not in (".", "..")
+        and all(c.isascii() and (c.isalnum() or c in "._-") for c in p) for p in parts)
+
+
+def crash() -> None:
+    """Simulate a crash: exit at once, no cleanup."""
+    os._exit(CRASH)
+
+
+# -- write phase ---------------------------------------------------------------------------
+def safetensors_bytes(items: list[tuple[str, str, list[int], bytes]]) -> bytes:
+    """§11.1: header JSON padded with spaces to a multiple of 8, then the packed data."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "portable_ckpt": "1.0"}}
+    pos = 0
+    for name, st_dtype, shape, data in items:
+        header[name] = {"dtype": st_dtype, "shape": shape, "data_offsets": [pos, pos + len(data)]}
+        pos += len(data)
+    h = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(it[3] for it in items)
+
+
+def do_write(job: dict[str, Any], jobdir: Path) -> None:
+    """Write this writer's data file, entry values and index (§2, §8, §11, §12, §14.1)."""
+    fail_at = job.get("fail_at")
+    if fail_at == "before_data":
+        crash()
+    w = job["writer"]
+    adir = Path(job["root"]) / job["attempt_id"]
+    bs = BLOCK_SIZE
+    codec = job["codec"]
+    adir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Any] = {}
+    tensors: dict[str, Any] = {}
+    items: list[tuple[str, str, list[int], bytes]] = []
+    data_rel = f"data/w{w:05d}-0000.safetensors"
+    for t in job["tensors"]:
+        st_dtype, itemsize = DTYPES[t["dtype"]]
+        ranges = []
+        for ch in t["chunks"]:
+            raw = (jobdir / ch["data"]).read_bytes()
+            if len(raw) != math.prod(ch["lengths"]) * itemsize:
+                raise Fail("PCK-USAGE", f"chunk {ch['data']} has the wrong size")
+            name = f"c{len(items)}"  # any unique name: readers go through range records
+            if codec == "zstd":
+                frame = zstd_raw_frame(raw)
+                items.append((name, "U8", [len(frame)], frame))
+            else:
+                items.append((name, st_dtype, list(ch["lengths"]), raw))
+            ranges.append({"offsets": ch["offsets"], "lengths": ch["lengths"], "file": data_rel,
+                           "name": name, "codec": codec})
+        tensors[t["key"]] = {"dtype": t["dtype"], "shape": t["shape"], "ranges": ranges}
+    if items:
+        blob = safetensors_bytes(items)
+        if fail_at == "mid_data":
+            write_file(adir / data_rel, blob[: max(1, len(blob) // 2)])
+            crash()
+        write_file(adir / data_rel, blob)
+        files[data_rel] = file_record(blob, bs)
+    elif fail_at == "mid_data":
+        (adir / "data").mkdir(parents=True, exist_ok=True)
+        crash()
+    entries: dict[str, Any] = {}
+    for e in job["entries"]:
+        zst = e["encoding"] == "json+zstd"
+        payload = dumps(e["value"])
+        if zst:
+            payload = zstd_raw_frame(payload)
+        suffix = ".json.zst" if zst else ".json"
+        rel = (f"entries/{e['name']}.g{suffix}" if e["scope"] == "global"
+               else f"entries/{e['name']}.r{e['rank']:05d}{suffix}")
+        if not safe_path(rel):  # §12.1 names can be longer/deeper than §2.2 paths allow
+            tag = "g" if e["scope"] == "global" else f"r{e['rank']:05d}"
+            rel = f"entries/e{crc32c(e['name'].encode()):08x}-{len(entries):04d}.{tag}{suffix}"
+        write_file(adir / rel, payload)
+        files[rel] = file_record(payload, bs)
+        decl = entries.setdefault(e["name"], {"schema": e["schema"], "scope": e["scope"],
+                                              "encoding": e["encoding"], "values": []})
+        if e["scope"] == "per_rank":
+            decl["world_size_policy"] = e["world_size_policy"]
+            decl["values"].append({"rank": e["rank"], "file": rel})
+        else:
+            decl["values"].append({"file": rel})
+    for d in {p.parent for p in (adir / r for r in files)} | {adir}:
+        fsync_dir(d)
+    if fail_at == "after_data":
+        crash()
+    index = {"format": "portable-ckpt-writer-index", "format_version": "1.0",
+             "attempt_id": job["attempt_id"], "writer": w, "files": files, "tensors": tensors,
+             "entries": entries}
+    write_file(adir / f"index/w{w:05d}.json", dumps(index))
+    fsync_dir(adir / "index")
+
+
+# -- commit phase ------------------------------------------------------------------------------
+def _coverage(key: str, shape: list[int], ranges: list[dict[str, Any]]) -> None:
+    """§9: bounds, then overlap (pairwise), then gap (volume sum)."""
+    n = len(shape)
+    for r in ranges:
+        o, ln = r["offsets"], r["lengths"]
+        if len(o) != n or len(ln) != n or any(
+                o[i] < 0 or ln[i] < 1 or o[i] + ln[i] > shape[i] for i in range(n)):
+            raise Fail("PCK-RANGE-BOUNDS", f"{key}: box {o}+{ln} outside {shape}")
+    for i, a in enumerate(ranges):
+        for b in ranges[i + 1:]:
+            if all(a["offsets"][d] < b["offsets"][d] + b["lengths"][d]
+                   and b["offsets"][d] < a["offsets"][d] + a["lengths"][d] for d in range(n)):
+                raise Fail("PCK-COVERAGE-OVERLAP", f"{key}: boxes overlap")
+    if sum(math.prod(r["lengths"]) for r in ranges) < math.prod(shape):
+        raise Fail("PCK-COVERAGE-GAP", f"{key}: elements not covered")
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def do_commit(job: dict[str, Any]) -> None:
+    """§4.2 checks, then §4.3 publication."""
+    aid = job["attempt_id"]
+    adir = Path(job["root"]) / aid
+    files: dict[str, Any] = {}
+    tensors: dict[str, Any] = {}
+    entries: dict[str, Any] = {}
+    for w in job["writers"]:  # R-COMMIT-5: expected writers come from the job
+        ipath = adir / f"index/w{w:05d}.json"
+        if not ipath.is_file():
+            raise Fail("PCK-WRITER-MISSING", f"no index of writer {w}")
+        raw = ipath.read_bytes()
+        idx = json.loads(raw)
+        if idx.get("attempt_id") != aid:
+            raise Fail("PCK-ATTEMPT-ID", f"index of writer {w} names {idx.get('attempt_id')}")
+        if idx.get("writer") != w:
+            raise Fail("PCK-SCHEMA", f"index w{w:05d}.json says writer {idx.get('writer')}")
+        files[f"index/w{w:05d}.json"] = file_record(raw, BLOCK_SIZE)  # R-FILES-1
+        for rel, rec in idx["files"].items():
+            if rel in files:
+                raise Fail("PCK-METADATA-CONFLICT", f"{rel} claimed twice")
+            files[rel] = rec
+        for key, t in idx["tensors"].items():
+            m = tensors.setdefault(key, {"dtype": t["dtype"], "shape": t["shape"], "ranges": []})
+            if (m["dtype"], m["shape"]) != (t["dtype"], t["shape"]):
+                raise Fail("PCK-METADATA-CONFLICT", f"tensor {key} dtype/shape differ")
+            m["ranges"] += t["ranges"]
+        for name, e in idx["entries"].items():
+            decl = {k: e.get(k) for k in ("schema", "scope", "world_size_policy", "encoding")}
+            m = entries.setdefault(name, {**{k: v for k, v in decl.items() if v is not None},
+                                          "values": []})
+            if {k: m.get(k) for k in decl} != decl:
+                raise Fail("PCK-METADATA-CONFLICT", f"entry {name} declared differently")
+            for v in e["values"]:
+                if any(x.get("rank") == v.get("rank") for x in m["values"]):
+                    raise Fail("PCK-METADATA-CONFLICT", f"entry {name} value stored twice")
+                m["values"].append(v)
+    ws = job["continuation"]["world_size"]
+    for key, t in tensors.items():
+        _coverage(key, t["shape"], t["ranges"])
+    for name, e in entries.items():
+        if e["scope"] == "per_rank":
+            e["values"].sort(key=lambda v: v["rank"])
+            if [v["rank"] for v in e["values"]] != list(range(ws)):
+                raise Fail("PCK-ENTRY-MISSING", f"entry {name}: ranks missing")
+        elif len(e["values"]) != 1:
+            raise Fail("PCK-ENTRY-MISSING", f"entry {name}: no value")
+    for rel, rec in files.items():
+        p = adir / rel
+        if not p.is_file():
+            raise Fail("PCK-FILE-MISSING", f"{rel} does not exist")
+        if p.stat().st_size != rec["size"]:
+            raise Fail("PCK-FILE-SIZE", f"{rel} has the wrong size")
+    created = aid.split("-")[1]  # the attempt id's timestamp is the attempt's creation time
+    manifest = {
+        "format": "portable-ckpt", "format_version": "1.0", "attempt_id": aid,
+        "step": job["step"],
+        "created_at": f"{created[0:4]}-{created[4:6]}-{created[6:8]}T{created[9:11]}:"
+                      f"{created[11:13]}:{created[13:15]}.{created[15:21]}Z",
+        "committed_at": _now(),
+        "producer": {"name": "conformance-minimal-writer", "version": "1.0"},
+        "continuation": job["continuation"], "files": dict(sorted(files.items())),
+        "tensors": tensors, "entries": entries, "must_understand": [], "extensions": {},
+    }
+    data = dumps(manifest)
+    fail_at = job.get("fail_at")
+    if fail_at == "before_publish":
+        crash()
+    tmp = adir / f"manifest.json.{os.urandom(8).hex()}.tmp"
+    write_file(tmp, data)  # steps 1-2
+    if fail_at == "temp_written":
+        crash()
+    try:
+        os.link(tmp, adir / "manifest.json")  # step 3: fails if manifest.json exists
+    except FileExistsError:
+        os.unlink(tmp)
+        raise Fail("PCK-COMMIT-CONFLICT", f"{aid}/manifest.json already exists") from None
+    os.unlink(tmp)  # step 4
+    fsync_dir(adir)  # step 5
+
+
+def main(argv: list[str]) -> int:
+    """``minimal_writer.py JOB.json``: exit 0 on success, 1 with a JSON error line on failure."""
+    path = Path(argv[1])
+    job = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        if job["phase"] == "write":
+            do_write(job, path.parent)
+        elif job["phase"] == "commit":
+            do_commit(job)
+        else:
+            raise Fail("PCK-USAGE", f"unknown phase {job['phase']!r}")
+    except Fail as exc:
+        print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

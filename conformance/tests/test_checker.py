@@ -1,0 +1,172 @@
+"""``python -m conformance check`` on reference-written checkpoints and on bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance.checker import check
+from conformance.store import crc32c
+
+from .conftest import REPO
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+
+
+@pytest.fixture
+def ref_root(tmp_path: Path) -> Path:
+    pc = pytest.importorskip("portable_ckpt")
+    root = tmp_path / "root"
+    pc.save_arrays(str(root), {"w": np.arange(12, dtype=np.float32).reshape(4, 3),
+                               "b": np.arange(5, dtype=np.int64)},
+                   step=3, entries={"meta": {"epoch": 1}})
+    return root
+
+
+def test_crc32c_check_value() -> None:
+    assert crc32c(b"123456789") == 0xE3069283
+    d = bytes(i % 251 for i in range(10000))  # spec §6.3 worked example
+    assert [f"{crc32c(d[i:i + 4096]):08x}" for i in range(0, len(d), 4096)] == \
+        ["719077fc", "cf9bb204", "c59156a2"]
+
+
+def test_reference_checkpoint_conforms(ref_root: Path) -> None:
+    rep = check(ref_root, deep=True)
+    assert rep.ok, [e.to_json() for e in rep.errors]
+    (version,) = [p for p in ref_root.iterdir() if p.is_dir()]
+    assert check(version, deep=True).ok
+
+
+def test_cli_json_and_exit_codes(ref_root: Path, tmp_path: Path) -> None:
+    ok = _cli("check", str(ref_root), "--deep", "--json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["ok"] is True and doc["errors"] == []
+    (version,) = [p for p in ref_root.iterdir() if p.is_dir()]
+    data = next((version / "data").iterdir())
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    shallow = _cli("check", str(ref_root), "--json")
+    deep = _cli("check", str(ref_root), "--deep", "--json")
+    assert deep.returncode == 1
+    assert {e["code"] for e in json.loads(deep.stdout)["errors"]} == {"PCK-CHECKSUM"}
+    assert shallow.returncode in (0, 1)  # only header blocks are read without --deep
+    text = _cli("check", str(ref_root), "--deep")
+    assert text.returncode == 1 and "PCK-CHECKSUM" in text.stdout
+
+
+@pytest.mark.parametrize(("setup", "code"), [
+    ("missing", "PCK-NOT-FOUND"),
+    ("empty-root", "PCK-NOT-FOUND"),
+    ("file", "PCK-USAGE"),
+    ("garbage-manifest", "PCK-JSON-INVALID"),
+    ("manifest-array", "PCK-SCHEMA"),
+    ("manifest-symlink", "PCK-PATH-UNSAFE"),
+    ("huge-nesting", "PCK-JSON-INVALID"),
+])
+def test_bad_inputs(setup: str, code: str, tmp_path: Path) -> None:
+    aid = "s000000000001-20260101T000000000000Z-0123456789abcdef"
+    target = tmp_path / "x"
+    if setup == "empty-root":
+        target.mkdir()
+    elif setup == "file":
+        target.write_text("hello")
+    elif setup != "missing":
+        v = target / aid
+        v.mkdir(parents=True)
+        m = v / "manifest.json"
+        if setup == "garbage-manifest":
+            m.write_bytes(b"\x00\xff{")
+        elif setup == "manifest-array":
+            m.write_text("[]")
+        elif setup == "manifest-symlink":
+            (tmp_path / "elsewhere.json").write_text("{}")
+            m.symlink_to(tmp_path / "elsewhere.json")
+        elif setup == "huge-nesting":
+            m.write_text("[" * 100000 + "]" * 100000)
+        target = v
+    rep = check(target)
+    assert not rep.ok
+    assert rep.codes == {code}, [e.to_json() for e in rep.errors]
+
+
+def test_never_crashes_on_mutated_manifests(ref_root: Path) -> None:
+    """Random structural damage yields findings with spec codes, never an exception."""
+    import random
+
+    (version,) = [p for p in ref_root.iterdir() if p.is_dir()]
+    original = json.loads((version / "manifest.json").read_text())
+    rnd = random.Random(0)
+    junk = [None, 0, -1, 2**64, "x", "", [], {}, [1, 2], {"a": 1}, True, 1.5, "../x"]
+
+    def paths(node: object, prefix: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        out = [prefix]
+        if isinstance(node, dict):
+            for k, v in node.items():
+                out += paths(v, (*prefix, k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                out += paths(v, (*prefix, i))
+        return out
+
+    all_paths = [p for p in paths(original) if p]
+    for _ in range(150):
+        doc = json.loads(json.dumps(original))
+        path = rnd.choice(all_paths)
+        node = doc
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = rnd.choice(junk)
+        (version / "manifest.json").write_text(json.dumps(doc))
+        rep = check(version, deep=True)
+        for e in rep.errors:
+            assert e.code.startswith("PCK-"), e
+
+
+def test_coverage_is_box_arithmetic_and_fast(tmp_path: Path) -> None:
+    """2^34-element tensor with 4096 ranges: box arithmetic, fast, no per-element memory."""
+    from conformance.checker import _check_coverage
+    from conformance.store import Problem
+
+    n = 64
+    shape = [n * 1024, n * 256]  # 2^34 elements
+    boxes = [((i * 1024, j * 256), (1024, 256)) for i in range(n) for j in range(n)]
+    t0 = time.monotonic()
+    _check_coverage(shape, boxes)
+    assert time.monotonic() - t0 < 2.0
+    with pytest.raises(Problem) as ei:
+        _check_coverage(shape, boxes[:-1])
+    assert ei.value.code == "PCK-COVERAGE-GAP"
+    with pytest.raises(Problem) as ei:
+        _check_coverage(shape, [*boxes, ((5, 5), (1, 1))])
+    assert ei.value.code == "PCK-COVERAGE-OVERLAP"
+
+
+def test_checker_does_not_import_portable_ckpt() -> None:
+    code = ("import sys; import conformance.checker, conformance.reader, conformance.harness; "
+            "print(any(m == 'portable_ckpt' or m.startswith('portable_ckpt.') "
+            "for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_unlisted_and_temp_files_are_warnings(ref_root: Path) -> None:
+    (version,) = [p for p in ref_root.iterdir() if p.is_dir()]
+    (version / "manifest.json.0123456789abcdef.tmp").write_text("{")
+    (version / "stray.bin").write_bytes(b"x")
+    rep = check(version)
+    assert rep.ok
+    assert any("stray.bin" in w.message for w in rep.warnings)

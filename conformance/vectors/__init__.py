@@ -1,0 +1,46 @@
+"""Golden vectors of the format (``vectors/<format version>/``) and helpers to use them.
+
+``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
+relative to the case directory), for valid cases ``expected`` (expected.json with every tensor's
+dtype, shape, values and exact little-endian bytes as hex, and every entry value; per_rank
+entries as ``{"per_rank": {"<rank>": value}}``), for invalid ones ``code`` (the error a reader
+must report) and ``deep`` (the defect is only visible when data blocks are read), and optional
+``setup`` operations to apply to a copy before use (``{"op": "symlink", "path", "target"}``:
+create a symbolic link that git cannot be trusted to carry).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+__all__ = ["VECTOR_DIR", "load_cases", "materialize"]
+
+VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
+
+
+def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:
+    """Return the case records of ``cases.json``."""
+    doc = json.loads((vector_dir / "cases.json").read_text(encoding="utf-8"))
+    cases: list[dict[str, Any]] = doc["cases"]
+    return cases
+
+
+def materialize(case: dict[str, Any], dest: Path, vector_dir: Path = VECTOR_DIR) -> Path:
+    """Copy a case to ``dest/<name>``, apply its setup, and return the path to open."""
+    src = vector_dir / case["name"]
+    out = dest / case["name"]
+    shutil.copytree(src, out, symlinks=True)
+    for op in case.get("setup", []):
+        if op["op"] == "symlink":
+            p = out / op["path"]
+            if p.exists() or p.is_symlink():
+                p.unlink()
+            os.symlink(op["target"], p)
+        else:  # pragma: no cover - future setup kinds
+            raise ValueError(f"unknown setup op {op['op']!r}")
+    target: Path = out / str(case["target"])
+    return target
