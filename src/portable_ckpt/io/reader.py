@@ -43,7 +43,7 @@ from portable_ckpt.format.manifest import (
     TensorEntry,
 )
 from portable_ckpt.format.schemas import validate_entry_value
-from portable_ckpt.io.checksum import read_verified
+from portable_ckpt.io.checksum import read_verified, verify_file
 from portable_ckpt.io.codec import decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
@@ -547,13 +547,8 @@ class Checkpoint:
         self._read_verified(rec.file, st.start, st.end, None)
 
     def _verify_file(self, path: str) -> None:
-        rec = self._file(path)
-        # One scratch window at a time, pipelined inside read_verified (I/O overlaps the CRC).
-        step = 4 * WINDOW_BYTES // rec.checksum.block_size * rec.checksum.block_size
-        buf = bytearray(min(step, rec.size))
-        pos = 0
-        while pos < rec.size:
-            n = min(step, rec.size - pos)
-            self._read_verified(path, pos, pos + n, memoryview(buf)[:n])
-            pos += n
-        self._note_scratch(len(buf))
+        res = verify_file(self.storage, self._rel(path), self._file(path))
+        self._note_scratch(res.scratch)
+        with self._lock:
+            self.stats.bytes_read += res.bytes_read
+            self.stats.blocks_verified += res.blocks
