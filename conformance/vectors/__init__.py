@@ -39,6 +39,8 @@ def materialize(case: dict[str, Any], dest: Path, vector_dir: Path = VECTOR_DIR)
             p = out / op["path"]
             if p.exists() or p.is_symlink():
                 p.unlink()
+            # git stores no empty directories: the link's directory may not exist in a clone.
+            p.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(op["target"], p)
         else:  # pragma: no cover - future setup kinds
             raise ValueError(f"unknown setup op {op['op']!r}")

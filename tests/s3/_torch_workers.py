@@ -18,7 +18,12 @@ def save_sharded(rank: int, world: int, root: str, env: dict[str, str]) -> dict[
     full = torch.arange(10 * 6, dtype=torch.float32).reshape(10, 6)
     state = {"w": distribute_tensor(full, mesh, [Shard(0)]), "b": torch.ones(3, dtype=torch.bfloat16),
              "step_note": 7}
-    info = pckt.save(state, root, step=7, continuation="statistical")
+    pckt.save(state, root, step=6, continuation="statistical")
+    # async_save to the object store: staged first, then uploaded and committed in the background.
+    handle = pckt.async_save(state, root, step=7, continuation="statistical")
+    handle.staged.result(timeout=120)
+    state["w"].to_local().fill_(-1.0)  # training mutates the state: the checkpoint must not see it
+    info = handle.committed.result(timeout=120)
     return {"id": info.checkpoint_id}
 
 

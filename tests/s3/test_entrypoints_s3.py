@@ -1,4 +1,4 @@
-"""The torch adapter (save, load resharded), drill and convert with ``s3://`` roots."""
+"""The torch adapter (save, async_save, load resharded), drill and convert with ``s3://`` roots."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def test_torch_save_load_resharded_and_drill_on_s3(s3: S3Env) -> None:
     saved = run_group("tests.s3._torch_workers:save_sharded", 2, (root, env), timeout=180)
     ck = portable_ckpt.open(root)
     assert ck.id == saved.results[0]["id"] and ck.step == 7
+    assert [v.step for v in portable_ckpt.list_versions(root)] == [6, 7]
     assert len(ck.tensors["w"].ranges) == 2 and ck.verify(deep=True) == []
     loaded = run_group("tests.s3._torch_workers:load_resharded", 3, (root, env), timeout=180)
     assert all(r["ok"] and r["step"] == 7 for r in loaded.results)
