@@ -168,7 +168,9 @@ def _portable_source(src: str, step: int | None) -> SourcePlan:
             for n in lens:
                 nbytes *= n
 
-            def load(key: str = key, offs: tuple[int, ...] = offs, lens: tuple[int, ...] = lens) -> Any:
+            def load(
+                key: str = key, offs: tuple[int, ...] = offs, lens: tuple[int, ...] = lens
+            ) -> Any:
                 return ck.read(key, offs, lens)
 
             chunks.append(ChunkSpec(offs, lens, nbytes, f"{ck.path}/{r.file}", load))
@@ -178,10 +180,14 @@ def _portable_source(src: str, step: int | None) -> SourcePlan:
     for name in sorted(ck.entries):
         e = ck.entries[name]
         if e.scope != "global":
-            warnings.append(ConvertWarning(name, "per-rank entry: only global entries are converted; skipped"))
+            warnings.append(
+                ConvertWarning(name, "per-rank entry: only global entries are converted; skipped")
+            )
             continue
         schema = e.schema.get("id") if isinstance(e.schema, dict) else None
-        entries.append(EntrySpec(name, ck.entry(name), schema if isinstance(schema, str) else "pck:json/1"))
+        entries.append(
+            EntrySpec(name, ck.entry(name), schema if isinstance(schema, str) else "pck:json/1")
+        )
     plan = SourcePlan("portable", tensors, entries, warnings, world_size=ck.continuation.world_size)
     return plan
 
@@ -260,7 +266,15 @@ class _PortableSink:
         self.writer = self._new()
 
     def _new(self) -> Any:
-        w = self._writer_cls(self.storage, self.attempt, self.next_id, codec=self.codec, write_index=False)
+        # Durability is awaited once, by commit(): fsyncs of finished batches overlap later writes.
+        w = self._writer_cls(
+            self.storage,
+            self.attempt,
+            self.next_id,
+            codec=self.codec,
+            write_index=False,
+            sync_on_finish=False,
+        )
         self.next_id += 1
         return w
 
@@ -361,7 +375,9 @@ def _write_portable(
         for e in plan.entries:
             if not _ENTRY_NAME.match(e.name):
                 warnings.append(
-                    ConvertWarning(e.name, "not a valid entry name ([A-Za-z0-9._/-], 1..256); skipped")
+                    ConvertWarning(
+                        e.name, "not a valid entry name ([A-Za-z0-9._/-], 1..256); skipped"
+                    )
                 )
                 continue
             sink.writer.add_entry(e.name, e.value, e.schema)
@@ -427,7 +443,9 @@ def convert(
     t0 = time.perf_counter()
     s, d = os.fspath(src), os.fspath(dst)
     if dst_format not in TARGET_FORMATS:
-        raise UsageError(f"unknown target format {dst_format!r}; use one of {', '.join(TARGET_FORMATS)}")
+        raise UsageError(
+            f"unknown target format {dst_format!r}; use one of {', '.join(TARGET_FORMATS)}"
+        )
     fmt = src_format or detect_format(s)
     if fmt not in SOURCE_FORMATS:
         raise UsageError(f"unknown source format {fmt!r}; use one of {', '.join(SOURCE_FORMATS)}")
@@ -466,7 +484,9 @@ def _to_portable(
     batch_bytes: int,
     progress: Callable[[int, int], None] | None,
 ) -> ConvertReport:
-    plan = open_source(s, fmt, trust_pickle=trust_pickle, strict=strict, step=step if fmt == "portable" else None)
+    plan = open_source(
+        s, fmt, trust_pickle=trust_pickle, strict=strict, step=step if fmt == "portable" else None
+    )
     try:
         total = plan.total_bytes
         done = 0
@@ -514,7 +534,9 @@ def _from_portable(
     if dst_format == "hf":
         from portable_ckpt.convert.hf import parse_size, write_hf
 
-        n, nbytes, warnings = write_hf(ck, d, max_shard_size=parse_size(max_shard_size), progress=tick)
+        n, nbytes, warnings = write_hf(
+            ck, d, max_shard_size=parse_size(max_shard_size), progress=tick
+        )
     elif dst_format == "dcp":
         from portable_ckpt.convert.dcp import write_dcp
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +36,6 @@ from portable_ckpt.convert._model import (
     TensorSpec,
 )
 from portable_ckpt.convert._st import StTensor, build_header, read_header
-from portable_ckpt.convert._torchzip import pread_into
 from portable_ckpt.errors import (
     CoverageOverlapError,
     FileMissingError,
@@ -153,15 +153,27 @@ def _load_index(path: str) -> dict[str, str]:
 
 def _loader(path: str, t: StTensor) -> Callable[[], np.ndarray[Any, Any]]:
     def load() -> np.ndarray[Any, Any]:
-        buf = np.empty(t.nbytes, dtype=np.uint8)
+        # Map just this tensor's bytes (no copy, no page faults on fresh buffers: a read into a
+        # new buffer ran at ~0.8 GiB/s, the mapping at page-cache speed). The mapping lives as
+        # long as the array does, i.e. until the writer has written it.
+        if t.nbytes == 0:
+            return np.empty(t.shape, dtype=numpy_dtype(t.dtype))
+        page = mmap.ALLOCATIONGRANULARITY
+        start = t.start // page * page
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise StorageError(f"open {path}: {exc.strerror}", path=path) from None
         try:
-            pread_into(fd, buf, t.start, where=f"{path} tensor {t.name!r}")
+            if os.fstat(fd).st_size < t.start + t.nbytes:
+                raise StorageError(f"{path}: tensor {t.name!r} extends past the end of the file", path=path)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(fd, t.start + t.nbytes - start, flags=flags, prot=mmap.PROT_READ, offset=start)
+        except OSError as exc:
+            raise StorageError(f"map {path}: {exc.strerror}", path=path) from None
         finally:
             os.close(fd)
+        buf = np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=t.start - start)
         return buf.view(numpy_dtype(t.dtype)).reshape(t.shape)
 
     return load

@@ -196,6 +196,8 @@ def commit(
         )
     if parse_attempt_step(attempt_id) != step:
         raise UsageError(f"step {step} differs from the step in attempt id {attempt_id}")
+    # Files this process wrote with deferred durability become durable before anything is checked.
+    storage.sync()
     cont = continuation or Continuation(
         "exact", len(expected_writers) if expected_writers else max(1, len(indexes or [])), None
     )

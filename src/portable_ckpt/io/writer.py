@@ -114,6 +114,10 @@ class ShardWriter:
         zstd_level: Compression level for ``codec="zstd"``.
         write_index: Also store ``index/wNNNNN.json`` (needed when the committer reads indexes
             from storage rather than receiving them in memory).
+        sync_on_finish: Make the files durable in :meth:`finish` (``storage.sync()``). A caller
+            that finishes many writers in one process may pass ``False`` and let :func:`commit`
+            (which syncs the storage first) wait once for all of them. Requires
+            ``write_index=False``: an index must only list durable files.
 
     """
 
@@ -128,6 +132,7 @@ class ShardWriter:
         max_file_bytes: int = 4 << 30,
         zstd_level: int = 3,
         write_index: bool = True,
+        sync_on_finish: bool = True,
     ) -> None:
         check_attempt_id(attempt_id)
         if codec not in CODECS:
@@ -143,7 +148,10 @@ class ShardWriter:
         self.block_size = block_size
         self.max_file_bytes = max_file_bytes
         self.zstd_level = zstd_level
+        if write_index and not sync_on_finish:
+            raise UsageError("an index lists durable files only: write_index needs sync_on_finish")
         self.write_index = write_index
+        self.sync_on_finish = sync_on_finish
         self.stats = WriteStats()
         self._chunks: list[_Chunk] = []
         self._tensors: dict[str, TensorEntry] = {}
@@ -341,7 +349,8 @@ class ShardWriter:
         for rel, payload in self._entry_payloads:
             index.files[rel] = self._put(rel, payload)
         # Every listed file is durable, names included, before the index that lists them.
-        self.storage.sync()
+        if self.sync_on_finish:
+            self.storage.sync()
         index.entries = {
             n: Entry(e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy)
             for n, e in self._entries.items()
@@ -356,7 +365,8 @@ class ShardWriter:
         return f"{self.attempt_id}/{rel}"
 
     def _open(self, rel: str) -> StreamWriter:
-        w = self.storage.open_writer(self._rel(rel))
+        # Data and entry files are made durable together by storage.sync() before the index.
+        w = self.storage.open_writer(self._rel(rel), defer_sync=not rel.startswith("index/"))
         self._written.append(rel)
         return w
 

@@ -117,8 +117,12 @@ class Storage(abc.ABC):
         """Return whether ``path`` exists (as a regular object, not following links out)."""
 
     @abc.abstractmethod
-    def open_writer(self, path: str) -> StreamWriter:
-        """Start writing a new object at ``path`` (parents are created as needed)."""
+    def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
+        """Start writing a new object at ``path`` (parents are created as needed).
+
+        With ``defer_sync`` the file is durable only after the next :meth:`sync` (local
+        backends then fsync in the background while the caller writes its next file).
+        """
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Write a whole object durably, replacing nothing that a reader relies on."""
@@ -150,9 +154,9 @@ class Storage(abc.ABC):
             self.delete(info.path)
 
     def sync(self) -> None:  # noqa: B027 - optional hook
-        """Make the names of every file closed so far durable (POSIX: fsync their directories).
+        """Make every file closed so far durable, names included.
 
-        Writers call it once after their data files instead of once per file.
+        POSIX: wait for the deferred fsyncs, then fsync the directories. Writers call it once after their data files instead of once per file.
         """
 
     def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:

@@ -261,10 +261,18 @@ class FaultyStorage(Storage):
         self._before("exists", path, 0)
         return self.inner.exists(path)
 
-    def open_writer(self, path: str) -> StreamWriter:
+    def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
         """Start a file, after the faults for ``open``."""
         self._before("open", path, 0)
-        return _FaultyWriter(self, path, self.inner.open_writer(path))
+        return _FaultyWriter(self, path, self.inner.open_writer(path, defer_sync=defer_sync))
+
+    def sync(self) -> None:
+        """Pass through: make the inner storage's closed files durable."""
+        self.inner.sync()
+
+    def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
+        """Pass through to the inner storage."""
+        return self.inner.abort_uploads(prefix, older_than_s=older_than_s)
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         """Atomic create, after the faults for ``create``."""

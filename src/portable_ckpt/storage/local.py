@@ -9,6 +9,7 @@ import secrets
 import stat
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from portable_ckpt.errors import (
     FileMissingError,
@@ -33,9 +34,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _fsync_close(fd: int, rel: str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise StorageError(f"fsync {rel!r}: {exc.strerror} (errno {exc.errno})", path=rel) from exc
+    finally:
+        os.close(fd)
+
+
 class _LocalWriter(StreamWriter):
-    def __init__(self, storage: LocalStorage, rel: str, full: str) -> None:
+    def __init__(
+        self, storage: LocalStorage, rel: str, full: str, defer_sync: bool = False
+    ) -> None:
         self._storage = storage
+        self._defer = defer_sync
         self._rel = rel
         self._full = full
         try:
@@ -69,12 +82,11 @@ class _LocalWriter(StreamWriter):
         if fd is None:
             return
         self._fd = None
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            os.close(fd)
-            raise StorageError(f"fsync {self._rel!r}: {exc.strerror}", path=self._rel) from exc
-        os.close(fd)
+        if self._defer:
+            # fsync in the background while the caller writes its next file; sync() waits.
+            self._storage._defer_fsync(fd, self._rel)
+        else:
+            _fsync_close(fd, self._rel)
         self._storage._fsync_parent(self._full)
 
     def abort(self) -> None:
@@ -107,6 +119,8 @@ class LocalStorage(Storage):
         self._synced_dirs: set[str] = set()
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
+        self._pending: list[Future[None]] = []
+        self._fsync_pool: ThreadPoolExecutor | None = None
 
     # -- path handling -------------------------------------------------------------------------
     def _full(self, rel: str) -> str:
@@ -157,6 +171,16 @@ class LocalStorage(Storage):
                 self._dirty.add(d)
 
     def sync(self) -> None:
+        with self._dirty_lock:
+            pending, self._pending = self._pending, []
+        errors = []
+        for fut in pending:  # wait for every deferred fsync, even after a failure
+            try:
+                fut.result()
+            except StorageError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         with self._dirty_lock:
             dirty = sorted(self._dirty, key=len, reverse=True)
             self._dirty.clear()
@@ -258,8 +282,14 @@ class LocalStorage(Storage):
             return False
         return stat.S_ISREG(st.st_mode)
 
-    def open_writer(self, path: str) -> StreamWriter:
-        return _LocalWriter(self, path, self._full(path))
+    def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
+        return _LocalWriter(self, path, self._full(path), defer_sync)
+
+    def _defer_fsync(self, fd: int, rel: str) -> None:
+        with self._dirty_lock:
+            if self._fsync_pool is None:
+                self._fsync_pool = ThreadPoolExecutor(2, thread_name_prefix="pck-fsync")
+            self._pending.append(self._fsync_pool.submit(_fsync_close, fd, rel))
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         full = self._full(path)

@@ -138,7 +138,8 @@ class S3Options:
             read_timeout=_env_float("PCK_S3_READ_TIMEOUT", cls.read_timeout),
             checksum=os.environ.get("PCK_S3_CHECKSUM", cls.checksum).strip().lower() or "crc32c",
             conditional_put=_env_flag("PCK_S3_CONDITIONAL_PUT", cls.conditional_put),
-            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
             or None,
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
             allow_http=_env_flag("AWS_ALLOW_HTTP", False) or None,
@@ -293,7 +294,8 @@ class S3Storage(Storage):
             if not allowed:
                 raise StorageError(
                     f"endpoint {ep} uses plain HTTP; set AWS_ALLOW_HTTP=true to allow it or use "
-                    "https://", path=self.url
+                    "https://",
+                    path=self.url,
                 )
         return ep
 
@@ -315,7 +317,8 @@ class S3Storage(Storage):
         if creds is None:
             raise StorageError(
                 f"no AWS credentials found for {self.url}: set AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE / an instance role)", path=self.url
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE / an instance role)",
+                path=self.url,
             )
         return creds
 
@@ -362,9 +365,7 @@ class S3Storage(Storage):
 
         def provider() -> Any:
             frozen = creds_obj.get_frozen_credentials()
-            expires = (
-                _dt.datetime.now(_dt.UTC) + _dt.timedelta(minutes=5) if refreshable else None
-            )
+            expires = _dt.datetime.now(_dt.UTC) + _dt.timedelta(minutes=5) if refreshable else None
             return {
                 "access_key_id": frozen.access_key,
                 "secret_access_key": frozen.secret_key,
@@ -423,8 +424,9 @@ class S3Storage(Storage):
             or "\\" in path
             or any(p in ("", ".", "..") for p in path.split("/"))
         ):
-            raise PathUnsafeError(f"path {path!r} is not a relative path below {self.url}",
-                                  path=path)
+            raise PathUnsafeError(
+                f"path {path!r} is not a relative path below {self.url}", path=path
+            )
         return path
 
     def _key(self, path: str) -> str:
@@ -451,7 +453,8 @@ class S3Storage(Storage):
             raise StorageError(
                 f"{op} {where}: bucket {self.bucket!r} does not exist at "
                 f"{self.options.endpoint_url or 'AWS S3'}; create it (e.g. `aws s3 mb "
-                f"s3://{self.bucket}`) or fix the bucket name / AWS_ENDPOINT_URL", path=path
+                f"s3://{self.bucket}`) or fix the bucket name / AWS_ENDPOINT_URL",
+                path=path,
             ) from exc
         if code in ("NoSuchKey", "NotFound") or (status == 404 and code != "NoSuchUpload"):
             raise FileMissingError(f"{op} {where}: object does not exist", path=path) from exc
@@ -470,7 +473,8 @@ class S3Storage(Storage):
             raise StorageError(
                 f"{op} {where}: {code or status}: {hint} (access key {_mask_key(key)}, bucket "
                 f"{self.bucket!r}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
-                "AWS_SESSION_TOKEN (or AWS_PROFILE) and the bucket policy", path=path
+                "AWS_SESSION_TOKEN (or AWS_PROFILE) and the bucket policy",
+                path=path,
             ) from exc
         if status == 416 or code == "InvalidRange":
             raise FileSizeError(
@@ -508,8 +512,7 @@ class S3Storage(Storage):
             status = int(m.group(1))
         if code is None and isinstance(exc, FileNotFoundError):
             code = "NoSuchKey"
-        if code is None and type(exc).__name__ in ("PermissionDeniedError",
-                                                   "UnauthenticatedError"):
+        if code is None and type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
             status = status or 403
         return (code, status, text)
 
@@ -527,7 +530,8 @@ class S3Storage(Storage):
         if len(got) != n:
             raise FileSizeError(
                 f"read {self._where(path)}: the object ended at byte {offset + len(got)}, needed "
-                f"{offset + n}: it is truncated", path=path
+                f"{offset + n}: it is truncated",
+                path=path,
             )
         dest[:] = got
 
@@ -590,8 +594,9 @@ class S3Storage(Storage):
         if total <= chunk:
             fetch(0, total)
             return
-        futures = [self._executor().submit(fetch, s, min(s + chunk, total))
-                   for s in range(0, total, chunk)]
+        futures = [
+            self._executor().submit(fetch, s, min(s + chunk, total)) for s in range(0, total, chunk)
+        ]
         first: BaseException | None = None
         for fut in futures:
             try:
@@ -679,7 +684,8 @@ class S3Storage(Storage):
                     self.stats.add(other_requests=1)
                     for meta in page:
                         yield ObjectInfo(
-                            str(meta["path"]), int(meta["size"]),
+                            str(meta["path"]),
+                            int(meta["size"]),
                             meta["last_modified"].timestamp(),
                         )
             else:
@@ -775,8 +781,12 @@ class S3Storage(Storage):
         return count
 
     # -- writes (boto3) -------------------------------------------------------------------------
-    def open_writer(self, path: str) -> StreamWriter:
-        """Start a streaming upload; nothing is visible at ``path`` before ``close``."""
+    def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
+        """Start a streaming upload; nothing is visible at ``path`` before ``close``.
+
+        An object store makes an object durable when its upload completes: ``defer_sync`` changes
+        nothing.
+        """
         return _S3Writer(self, path, self._key(path))
 
     def put(self, path: str, data: bytes | memoryview) -> None:
@@ -784,8 +794,9 @@ class S3Storage(Storage):
         with self.open_writer(path) as w:
             w.write(data)
 
-    def _put_object(self, path: str, key: str, body: bytes | bytearray, crc: int,
-                    **extra: Any) -> dict[str, Any]:
+    def _put_object(
+        self, path: str, key: str, body: bytes | bytearray, crc: int, **extra: Any
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": body, **extra}
         if self.options.checksum == "crc32c":
             kwargs["ChecksumAlgorithm"] = "CRC32C"
@@ -818,7 +829,8 @@ class S3Storage(Storage):
             # HEAD-then-PUT is not atomic: two committers could both "win". Refuse instead.
             raise StorageError(
                 f"{self.url}: conditional PUT is off (PCK_S3_CONDITIONAL_PUT); {path} cannot be "
-                "created atomically, so nothing is committed", path=path,
+                "created atomically, so nothing is committed",
+                path=path,
             )
         for _ in range(self.options.max_attempts):
             try:
@@ -873,8 +885,9 @@ class _S3Writer(StreamWriter):
 
     def write(self, data: memoryview | bytes) -> None:
         if self._closed:
-            raise StorageError(f"write {self._s._where(self._path)}: writer is closed",
-                               path=self._path)
+            raise StorageError(
+                f"write {self._s._where(self._path)}: writer is closed", path=self._path
+            )
         mv = memoryview(data).cast("B")
         self._crc = _crc32c.crc32c(mv, self._crc)
         self._size += len(mv)
@@ -882,7 +895,7 @@ class _S3Writer(StreamWriter):
             room = self._part_size - len(self._buf)
             take = mv[:room]
             self._buf += take
-            mv = mv[len(take):]
+            mv = mv[len(take) :]
             if len(self._buf) >= self._part_size:
                 self._flush_part()
 
@@ -907,7 +920,8 @@ class _S3Writer(StreamWriter):
         if number > _MAX_PARTS:
             raise StorageError(
                 f"upload {self._s._where(self._path)}: more than {_MAX_PARTS} parts; raise "
-                "PCK_S3_PART_SIZE", path=self._path
+                "PCK_S3_PART_SIZE",
+                path=self._path,
             )
         # Keep the part count within S3's limit for very large objects: double the part size
         # every 1000 parts (2 TiB+ at the default size).
@@ -924,8 +938,11 @@ class _S3Writer(StreamWriter):
 
     def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
-            "Bucket": self._s.bucket, "Key": self._key, "UploadId": self._upload_id,
-            "PartNumber": number, "Body": body,
+            "Bucket": self._s.bucket,
+            "Key": self._key,
+            "UploadId": self._upload_id,
+            "PartNumber": number,
+            "Body": body,
         }
         part: dict[str, Any] = {"PartNumber": number}
         if self._opts.checksum == "crc32c":
@@ -939,7 +956,8 @@ class _S3Writer(StreamWriter):
         if "ChecksumCRC32C" in part and returned and returned != part["ChecksumCRC32C"]:
             raise StorageError(
                 f"upload part {number} of {self._s._where(self._path)}: server CRC32C "
-                f"{returned} differs from the data's {part['ChecksumCRC32C']}", path=self._path
+                f"{returned} differs from the data's {part['ChecksumCRC32C']}",
+                path=self._path,
             )
         return part
 
@@ -980,7 +998,9 @@ class _S3Writer(StreamWriter):
             except BaseException as exc:
                 self._fail("upload", exc)
         kwargs: dict[str, Any] = {
-            "Bucket": self._s.bucket, "Key": self._key, "UploadId": self._upload_id,
+            "Bucket": self._s.bucket,
+            "Key": self._key,
+            "UploadId": self._upload_id,
             "MultipartUpload": {"Parts": parts},
         }
         if self._opts.checksum == "crc32c":
