@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from portable_ckpt.errors import (
+    CheckpointError,
     DtypeUnsupportedError,
     FileMissingError,
     FileSizeError,
@@ -21,6 +22,7 @@ from portable_ckpt.errors import (
     ShardHeaderError,
     StorageError,
 )
+from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES, dtype_by_safetensors
 
 __all__ = ["MAX_HEADER", "StTensor", "build_header", "read_header"]
@@ -43,15 +45,6 @@ class StTensor:
     def nbytes(self) -> int:
         """Return the size of the tensor's bytes."""
         return self.end - self.start
-
-
-def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
 
 
 def read_header(path: str) -> tuple[list[StTensor], dict[str, str]]:
@@ -90,9 +83,9 @@ def read_header(path: str) -> tuple[list[StTensor], dict[str, str]]:
     finally:
         os.close(fd)
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dupes)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ShardHeaderError(f"{path}: header is not valid JSON: {exc}", path=path) from None
+        doc = jsonio.loads(raw, what=f"{path} (safetensors header)", max_bytes=MAX_HEADER)
+    except CheckpointError as exc:
+        raise ShardHeaderError(f"{path}: header is not valid JSON: {exc.message}", path=path) from None
     if not isinstance(doc, dict):
         raise ShardHeaderError(f"{path}: header is not a JSON object", path=path)
     data_start = 8 + n

@@ -45,6 +45,7 @@ from portable_ckpt.errors import (
     StorageError,
     UsageError,
 )
+from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import numpy_dtype
 
 __all__ = [
@@ -128,18 +129,7 @@ def _load_index(path: str) -> dict[str, str]:
     except OSError as exc:
         raise StorageError(f"read {path}: {exc.strerror}", path=path) from None
 
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in pairs:
-            if k in out:
-                raise ValueError(f"duplicate key {k!r}")
-            out[k] = v
-        return out
-
-    try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise JsonInvalidError(f"{path}: not valid JSON: {exc}", path=path) from None
+    doc = jsonio.loads(raw, what=path, max_bytes=_MAX_INDEX)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise JsonInvalidError(f"{path}: 'weight_map' must map tensor names to file names", path=path)
