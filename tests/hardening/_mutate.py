@@ -45,6 +45,12 @@ def json_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
+def _hostile(rng: random.Random) -> Any:
+    # Always a fresh copy: inserting the shared constant and mutating it later made the
+    # constants themselves cyclic (a harness bug, seen after ~89,000 inputs of a long run).
+    return json.loads(json.dumps(rng.choice(HOSTILE_VALUES)))
+
+
 def _get(doc: Any, path: tuple[Any, ...]) -> Any:
     for k in path:
         doc = doc[k]
@@ -60,21 +66,21 @@ def mutate_json(doc: Any, rng: random.Random, n: int | None = None) -> Any:
         kind = rng.randrange(7)
         if not path:
             if kind == 0:
-                doc = rng.choice(HOSTILE_VALUES)
+                doc = _hostile(rng)
             continue
         parent = _get(doc, path[:-1])
         key = path[-1]
         if not isinstance(parent, dict | list):
             continue
         if kind <= 2:  # replace with a hostile value
-            parent[key] = json.loads(json.dumps(rng.choice(HOSTILE_VALUES)))
+            parent[key] = _hostile(rng)
         elif kind == 3:  # delete
             del parent[key]
         elif kind == 4:  # add an unknown field or item
             if isinstance(parent, dict):
-                parent[rng.choice(["x", "extra", "../x", "__metadata__", "size"])] = rng.choice(HOSTILE_VALUES)
+                parent[rng.choice(["x", "extra", "../x", "__metadata__", "size"])] = _hostile(rng)
             else:
-                parent.append(rng.choice(HOSTILE_VALUES))
+                parent.append(_hostile(rng))
         elif kind == 5:  # integer nudges (off-by-one, sign, scale)
             v = parent[key]
             if isinstance(v, int) and not isinstance(v, bool):
