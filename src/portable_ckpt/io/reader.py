@@ -42,7 +42,6 @@ from portable_ckpt.format.manifest import (
     RangeRecord,
     TensorEntry,
 )
-from portable_ckpt.format.schemas import validate_entry_value
 from portable_ckpt.io.checksum import read_verified, verify_file
 from portable_ckpt.io.codec import decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
@@ -498,6 +497,9 @@ class Checkpoint:
                 what=f"{self._rel(path)}: entry {e.name!r}",
             )
         value = jsonio.loads(data, what=self._rel(path))
+        # jsonschema is imported only when an entry is validated (keeps open() fast).
+        from portable_ckpt.format.schemas import validate_entry_value
+
         validate_entry_value(value, e.schema, name=e.name, what=self._rel(path))
         return value
 

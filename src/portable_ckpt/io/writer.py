@@ -9,6 +9,7 @@ contiguous sources; bounded copies for strided ones).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,6 @@ from portable_ckpt.format.naming import (
     index_file_name,
     new_attempt_id,
 )
-from portable_ckpt.format.schemas import validate_entry_value
 from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher
 from portable_ckpt.io.safetensors_io import build_header
 from portable_ckpt.ranges.box import Box
@@ -99,6 +99,15 @@ def _pieces(arr: np.ndarray[Any, Any], stats: WriteStats) -> Iterator[memoryview
         slab = np.ascontiguousarray(arr[i : i + step])
         stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, slab.nbytes)
         yield slab.reshape(-1).view(np.uint8).data
+
+
+_WRITE_POOL: list[ThreadPoolExecutor] = []
+
+
+def _write_pool() -> ThreadPoolExecutor:
+    if not _WRITE_POOL:
+        _WRITE_POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="pck-write"))
+    return _WRITE_POOL[0]
 
 
 class ShardWriter:
@@ -261,6 +270,9 @@ class ShardWriter:
                 )
         elif rank is not None or world_size_policy is not None:
             raise UsageError(f"entry {name!r}: global entries take no rank or world_size_policy")
+        # jsonschema is imported only when an entry is validated (keeps open() fast).
+        from portable_ckpt.format.schemas import validate_entry_value
+
         validate_entry_value(value, schema_doc, name=name)
         payload = jsonio.dumps(value)
         if compress:
@@ -396,15 +408,24 @@ class ShardWriter:
         with self._open(rel) as w:
             h.update(header)
             w.write(header)
-            for ch in group:
-                src = (
-                    [memoryview(ch.payload)]
-                    if ch.payload is not None
-                    else _pieces(ch.array, self.stats)
-                )
-                for piece in src:
-                    h.update(piece)
-                    w.write(piece)
+            # One write in flight in the I/O thread while the next piece is checksummed here
+            # (both release the GIL); the piece stays referenced until its write returns.
+            pending: Future[None] | None = None
+            try:
+                for ch in group:
+                    src = (
+                        [memoryview(ch.payload)]
+                        if ch.payload is not None
+                        else _pieces(ch.array, self.stats)
+                    )
+                    for piece in src:
+                        h.update(piece)
+                        if pending is not None:
+                            pending.result()
+                        pending = _write_pool().submit(w.write, piece)
+            finally:
+                if pending is not None:
+                    pending.result()
         self.stats.bytes_written += h.size
         self.stats.files += 1
         return FileRecord(rel, h.size, Checksum("crc32c", self.block_size, h.blocks()))

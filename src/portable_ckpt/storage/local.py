@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import mmap
 import os
 import secrets
 import stat
@@ -246,6 +247,27 @@ class LocalStorage(Storage):
             raise StorageError(
                 f"read {path!r} at {offset + done}: {exc.strerror} (errno {exc.errno})", path=path
             ) from exc
+
+    def map_readonly(self, path: str, offset: int, length: int) -> memoryview | None:
+        fd = self._open_read(path)
+        try:
+            # Map only bytes that exist: a mapping past the end of a file faults (SIGBUS).
+            if os.fstat(fd).st_size < offset + length:
+                raise FileSizeError(
+                    f"{path!r} is shorter than {offset + length} bytes: the file is truncated",
+                    path=path,
+                )
+            page = mmap.ALLOCATIONGRANULARITY
+            start = offset // page * page
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(
+                fd, offset + length - start, flags=flags, prot=mmap.PROT_READ, offset=start
+            )
+        except OSError as exc:
+            raise StorageError(f"map {path!r}: {exc.strerror}", path=path) from exc
+        finally:
+            os.close(fd)
+        return memoryview(mm)[offset - start :]
 
     def read_all(self, path: str, *, max_size: int) -> bytes:
         fd = self._open_read(path)
