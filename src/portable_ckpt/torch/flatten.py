@@ -24,6 +24,7 @@ any other value is refused with PCK-UNSUPPORTED-VALUE.
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ __all__ = [
 VALUES_ENTRY = "torch.values"
 
 
-class StateEntry:
+class StateEntry(abc.ABC):
     """Base class of leaves stored as one non-tensor entry each (RNG, scheduler, ...).
 
     Subclasses set ``schema`` (a built-in id), ``scope`` (``"global"`` or ``"per_rank"``) and,
@@ -64,13 +65,13 @@ class StateEntry:
     world_size_policy: str | None = None
     restore_last: bool = False
 
+    @abc.abstractmethod
     def capture(self) -> Any:
         """Return this rank's JSON value now."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore(self, value: Any) -> None:
-        """Apply a stored JSON value (``None`` when the policy dropped it)."""
-        raise NotImplementedError
+        """Apply a stored JSON value (not called when a ``drop`` policy left no value)."""
 
 
 def escape_component(c: str) -> str:
