@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Any
 
+from portable_ckpt.torch._proc import rss as proc_rss
 from portable_ckpt.torch.launch import run_group
 
 N_TENSORS = 8
@@ -59,17 +60,6 @@ def _mesh_state(world: int, total_bytes: int, fill: bool) -> dict[str, Any]:
             stride=(1024, 1),
         )
     return state
-
-
-def _rss() -> tuple[int, int]:
-    cur = peak = 0
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                cur = int(line.split()[1]) * 1024
-            elif line.startswith("VmHWM:"):
-                peak = int(line.split()[1]) * 1024
-    return cur, peak
 
 
 def _reset_peak() -> None:
@@ -184,7 +174,7 @@ def load_rank(rank: int, world: int, work: str, total: int, reps: int) -> dict[s
         for name in ["ours", "dcp"] if rep % 2 == 0 else ["dcp", "ours"]:
             if name == "ours":
                 dist.barrier()
-                cur, _ = _rss()
+                cur, _ = proc_rss()
                 _reset_peak()
                 info: list[Any] = []
                 times["ours"].append(
@@ -199,7 +189,7 @@ def load_rank(rank: int, world: int, work: str, total: int, reps: int) -> dict[s
                         )
                     )
                 )
-                _, peak = _rss()
+                _, peak = proc_rss()
                 rss.append(max(0, peak - cur))
                 peak_temp.append(info[0].peak_temp_bytes)
             else:

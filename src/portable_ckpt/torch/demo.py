@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from portable_ckpt.torch._proc import reset_peak_rss, rss
+
 __all__ = ["DemoConfig", "run_demo"]
 
 
@@ -189,28 +191,6 @@ def _digests(state: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _rss() -> tuple[int, int]:
-    cur = peak = 0
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    cur = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return cur, peak
-
-
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
 def _sample_values(state: dict[str, Any]) -> dict[str, Any]:
     t = state["model"]
     key = sorted(t)[0]
@@ -265,8 +245,8 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any], phase: str) -> dict[s
         except ContractError as e:
             res["contract_refused"] = {"code": e.code, "message": e.message}
     torch.distributed.barrier()
-    cur0, _ = _rss()
-    _reset_peak_rss()
+    cur0, _ = rss()
+    reset_peak_rss()
     t0 = time.perf_counter()
     linfo = pckt.load(
         state, root, allow_statistical=phase == "resume-resized", timeout=120, record_ranges=True
@@ -275,7 +255,7 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any], phase: str) -> dict[s
         env["model"], env["opt"], model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
     res["load_seconds"] = time.perf_counter() - t0
-    _, peak = _rss()
+    _, peak = rss()
     res["rss_growth_bytes"] = max(0, peak - cur0)
     res["load"] = {
         "checkpoint_id": linfo.checkpoint_id,

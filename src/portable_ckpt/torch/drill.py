@@ -20,6 +20,8 @@ import datetime as _dt
 import time
 from typing import Any
 
+from portable_ckpt.torch._proc import reset_peak_rss, rss
+
 __all__ = ["build_state_from_metadata", "drill"]
 
 
@@ -97,22 +99,6 @@ def _default_step(state: dict[str, Any]) -> None:
                 t.mul_(1.0 - 1e-6)
 
 
-def _rss() -> tuple[int, int]:
-    cur = peak = 0
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    cur = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) * 1024
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        pass
-    return cur, peak
-
-
 def _drill_rank(
     rank: int, world: int, root: str, attempt_id: str, factory: str | None
 ) -> dict[str, Any]:
@@ -139,11 +125,11 @@ def _drill_rank(
         else:
             state = build_state_from_metadata(ck, rank, world)
         dist.barrier()
-        _rss()
+        reset_peak_rss()
         t0 = time.perf_counter()
         info = pckt.load(state, root, checkpoint_id=attempt_id, allow_statistical=True)
         t1 = time.perf_counter()
-        cur, peak = _rss()
+        cur, peak = rss()
         if step_fn is not None:
             step_fn()
         else:
