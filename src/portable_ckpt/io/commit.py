@@ -245,7 +245,7 @@ def commit(
             def read(lo: int, hi: int, full: str = full, rec: FileRecord = rec) -> bytes:
                 return read_verified_bytes(storage, full, rec, lo, hi)
 
-            hdr = load_header(read, file_size=rec.size, what=full)
+            hdr = load_header(read, file_size=rec.size, what=full, probe=rec.checksum.block_size)
             for t, r in items:
                 item = DTYPES[t.dtype]
                 check_range(

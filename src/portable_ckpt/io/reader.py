@@ -109,6 +109,7 @@ class Checkpoint:
         self._headers: dict[str, ShardHeader] = {}
         self._sizes_checked: set[str] = set()
         self._covered: set[str] = set()
+        self._ranges_checked: dict[tuple[str, str], ShardTensor] = {}
         self._indexes: dict[str, RangeIndex[RangeRecord]] = {}
         self._zcache: tuple[tuple[str, str], bytes] | None = None
         self._attempt = attempt_id
@@ -175,7 +176,9 @@ class Checkpoint:
                 return bytes(buf)
 
             # Header bytes are verified against their checksum blocks before they are parsed.
-            hdr = load_header(read, file_size=rec.size, what=self._rel(path))
+            hdr = load_header(
+                read, file_size=rec.size, what=self._rel(path), probe=rec.checksum.block_size
+            )
             self._headers[path] = hdr
         return hdr
 
@@ -192,6 +195,9 @@ class Checkpoint:
         return t
 
     def _shard_tensor(self, t: TensorEntry, rec: RangeRecord) -> ShardTensor:
+        done = self._ranges_checked.get((rec.file, rec.name))
+        if done is not None:
+            return done  # read() checks every piece before allocating, then reads it
         hdr = self._header(rec.file)
         item = DTYPES[t.dtype]
         st = check_range(
@@ -206,6 +212,7 @@ class Checkpoint:
         )
         if rec.codec == "zstd":
             self._check_frame(t, rec, st)
+        self._ranges_checked[(rec.file, rec.name)] = st
         return st
 
     def _check_frame(self, t: TensorEntry, rec: RangeRecord, st: ShardTensor) -> None:

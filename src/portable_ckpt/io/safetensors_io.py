@@ -139,27 +139,34 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
     return ShardHeader(data_start, tensors, dict(meta))
 
 
-def load_header(read: Callable[[int, int], bytes], *, file_size: int, what: str) -> ShardHeader:
+def load_header(
+    read: Callable[[int, int], bytes], *, file_size: int, what: str, probe: int = 8
+) -> ShardHeader:
     """Read and parse a safetensors header with bounded reads.
 
     ``read(lo, hi)`` returns bytes ``[lo, hi)`` of the file, already checksum-verified (a header is
     never interpreted before its blocks verify). ``file_size`` is the size recorded in the
-    manifest (already checked against the storage).
+    manifest (already checked against the storage). ``probe`` bytes are read first: pass the
+    checksum block size, since a verified read costs that whole block anyway.
     """
     if file_size < 8:
         raise ShardHeaderError(
             f"{what}: {file_size} bytes is too short for a safetensors file", path=what
         )
-    prefix = read(0, 8)
-    n = struct.unpack("<Q", prefix)[0]
+    # One read usually holds the length prefix and the whole header: verified reads cost whole
+    # checksum blocks, so asking for 8 bytes first and the header next would verify block 0 twice.
+    first = read(0, min(file_size, max(8, probe)))
+    n = struct.unpack("<Q", first[:8])[0]
     if n > MAX_HEADER_BYTES or n > file_size - 8:
         raise ShardHeaderError(
             f"{what}: header length {n} exceeds the limit ({MAX_HEADER_BYTES}) or the file size "
             f"({file_size}); the file is corrupt or not safetensors",
             path=what,
         )
-    header = read(8, 8 + n)
-    return parse_header(prefix, header, path=what, file_size=file_size)
+    header = first[8 : 8 + n]
+    if len(header) < n:
+        header += read(len(first), 8 + n)
+    return parse_header(first[:8], header, path=what, file_size=file_size)
 
 
 def check_range(
