@@ -43,6 +43,8 @@ __all__ = [
     "KNOWN_EXTENSIONS",
     "MAX_NDIM",
     "MAX_SIZE",
+    "TABLE_FORMAT_VERSION",
+    "TableRef",
     "Checksum",
     "Continuation",
     "Entry",
@@ -60,8 +62,10 @@ __all__ = [
 
 FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
-#: The format version this implementation writes.
+#: The format version of documents that use no 1.1 feature (R-VERSION-2: readers of 1.0 read them).
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+#: The format version of documents that reference a tensor table (spec §8.5).
+TABLE_FORMAT_VERSION = "1.1"
 #: Largest size or byte count the format allows (2^53 - 1: exact in every JSON implementation).
 MAX_SIZE = (1 << 53) - 1
 #: Largest tensor rank.
@@ -80,7 +84,7 @@ BUILTIN_SCHEMA_IDS = (
     "pck:json/1",
 )
 #: Extensions this implementation understands (for ``must_understand``).
-KNOWN_EXTENSIONS: frozenset[str] = frozenset()
+KNOWN_EXTENSIONS: frozenset[str] = frozenset({"tensor-table"})
 
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 _HEX = re.compile(r"^(?:[0-9a-f]{8})*$")
@@ -271,6 +275,18 @@ class Continuation:
         }
 
 
+@dataclass(frozen=True)
+class TableRef:
+    """The ``tensor_table`` member of a 1.1 document: where its tensor table is (spec §8.5)."""
+
+    file: str
+    codec: str = "zstd"
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"file": self.file, "codec": self.codec}
+
+
 @dataclass
 class WriterIndex:
     """What one writer wrote: its files, its range records and its entry values."""
@@ -282,6 +298,10 @@ class WriterIndex:
     entries: dict[str, Entry] = field(default_factory=dict)
     #: The record of ``index/wNNNNN.json`` itself, when the writer stored it (not part of the doc).
     index_file: FileRecord | None = None
+    #: Where the writer's tensor table is, when its tensors are in one (spec §8.5).
+    tensor_table: TableRef | None = None
+    #: The decoded table (an ``io.tensor_table.TensorTable``), once loaded or when built here.
+    table: Any = None
 
     def to_transport(self) -> dict[str, Any]:
         """The index plus the record of its own file, for sending to the committer in memory."""
@@ -310,15 +330,20 @@ class WriterIndex:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``index/wNNNNN.json``)."""
-        return {
+        doc: dict[str, Any] = {
             "format": "portable-ckpt-writer-index",
-            "format_version": FORMAT_VERSION,
+            "format_version": TABLE_FORMAT_VERSION if self.tensor_table else FORMAT_VERSION,
             "attempt_id": self.attempt_id,
             "writer": self.writer,
             "files": {p: f.to_json() for p, f in self.files.items()},
-            "tensors": {k: t.to_json() for k, t in self.tensors.items()},
+            "tensors": {}
+            if self.tensor_table
+            else {k: t.to_json() for k, t in self.tensors.items()},
             "entries": {n: e.to_json() for n, e in self.entries.items()},
         }
+        if self.tensor_table:
+            doc["tensor_table"] = self.tensor_table.to_json()
+        return doc
 
     @staticmethod
     def from_json(doc: Any, *, what: str = "writer index") -> WriterIndex:
@@ -342,10 +367,12 @@ class Manifest:
     format_version: str = FORMAT_VERSION
     must_understand: list[str] = field(default_factory=list)
     extensions: dict[str, Any] = field(default_factory=dict)
+    #: Where the tensor table is, when ``tensors`` are stored in one (spec §8.5).
+    tensor_table: TableRef | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``manifest.json``)."""
-        return {
+        doc = {
             "format": "portable-ckpt",
             "format_version": self.format_version,
             "attempt_id": self.attempt_id,
@@ -360,6 +387,10 @@ class Manifest:
             "must_understand": list(self.must_understand),
             "extensions": self.extensions,
         }
+        if self.tensor_table is not None:
+            doc["tensors"] = {}
+            doc["tensor_table"] = self.tensor_table.to_json()
+        return doc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -717,6 +748,12 @@ def parse_manifest(
         n: _entry(c, n, v, files, cont.world_size)
         for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()
     }
+    table = _table_ref(c, d, version, files, tensors)
+    if table is not None and "tensor-table" not in mu:
+        raise c.fail(
+            "must_understand",
+            "a manifest with a tensor_table must list 'tensor-table' (R-TABLE-2)",
+        )
     ext = d.get("extensions", {})
     if not isinstance(ext, dict):
         raise c.fail("extensions", "must be an object")
@@ -733,6 +770,7 @@ def parse_manifest(
         format_version=version,
         must_understand=mu,
         extensions=ext,
+        tensor_table=table,
     )
 
 
@@ -742,7 +780,7 @@ def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
     d = c.obj(doc, "top level")
     if d.get("format") != "portable-ckpt-writer-index":
         raise c.fail("format", f"expected 'portable-ckpt-writer-index', got {d.get('format')!r}")
-    check_format_version(c.req(d, "format_version", "top level"), what)
+    version = check_format_version(c.req(d, "format_version", "top level"), what)
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
     writer = c.int_(c.req(d, "writer", "top level"), "writer", 0, 1 << 24)
     files = _files(c, c.req(d, "files", "top level"))
@@ -754,4 +792,29 @@ def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
         n: _entry(c, n, v, files, None)
         for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()
     }
-    return WriterIndex(attempt_id, writer, files, tensors, entries)
+    table = _table_ref(c, d, version, files, tensors)
+    return WriterIndex(attempt_id, writer, files, tensors, entries, tensor_table=table)
+
+
+def _table_ref(
+    c: _Ctx, d: dict[str, Any], version: str, files: dict[str, FileRecord], tensors: dict[str, Any]
+) -> TableRef | None:
+    """The ``tensor_table`` member (spec §8.5, R-TABLE-1 / R-TABLE-2), or ``None``."""
+    v = d.get("tensor_table")
+    if v is None:
+        return None
+    o = c.obj(v, "tensor_table")
+    c.closed(o, "tensor_table", {"file", "codec"})
+    path = check_relative_path(c.req(o, "file", "tensor_table"), what="tensor_table.file")
+    codec = c.req(o, "codec", "tensor_table")
+    if codec not in CODECS:
+        raise CodecError(
+            f"{c.what}: tensor_table.codec {codec!r} is not 'none' or 'zstd'", path=c.what
+        )
+    if path not in files:
+        raise c.fail("tensor_table.file", f"{path!r} is not listed in files (R-TABLE-1)")
+    if tensors:
+        raise c.fail("tensors", "must be {} when the document has a tensor_table (R-TABLE-1)")
+    if version == FORMAT_VERSION:
+        raise c.fail("format_version", "a document with a tensor_table is format 1.1 or later")
+    return TableRef(path, codec)

@@ -9,9 +9,14 @@ makes a version exist.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from portable_ckpt import __version__
 from portable_ckpt.errors import (
@@ -29,10 +34,13 @@ from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import (
     FORMAT_VERSION,
+    TABLE_FORMAT_VERSION,
+    Checksum,
     Continuation,
     Entry,
     FileRecord,
     Manifest,
+    TableRef,
     TensorEntry,
     WriterIndex,
     parse_writer_index,
@@ -46,10 +54,25 @@ from portable_ckpt.format.naming import (
 )
 from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher, read_verified_bytes
 from portable_ckpt.io.safetensors_io import check_range, load_header
-from portable_ckpt.ranges.coverage import check_coverage
+from portable_ckpt.io.tensor_table import (
+    DTYPE_CODES,
+    EXTENSION,
+    TABLE_THRESHOLD,
+    TensorTable,
+    decode_table,
+    encode_table,
+)
+from portable_ckpt.ranges.coverage import check_coverage, check_coverage_arrays, layout_digest
 from portable_ckpt.storage.base import Storage
 
-__all__ = ["CommitReport", "commit", "merge_indexes", "read_writer_index"]
+__all__ = [
+    "CommitReport",
+    "commit",
+    "load_writer_table",
+    "merge_indexes",
+    "merge_tables",
+    "read_writer_index",
+]
 
 
 @dataclass
@@ -81,16 +104,133 @@ def read_writer_index(storage: Storage, attempt_id: str, writer: int) -> WriterI
         )
     h = BlockHasher(DEFAULT_BLOCK_SIZE)
     h.update(data)
-    from portable_ckpt.format.manifest import Checksum
-
     idx.index_file = FileRecord(rel, len(data), Checksum("crc32c", DEFAULT_BLOCK_SIZE, h.blocks()))
+    if idx.tensor_table is not None:
+        idx.table = load_writer_table(storage, attempt_id, idx)
     return idx
 
 
+def load_writer_table(storage: Storage, attempt_id: str, idx: WriterIndex) -> TensorTable:
+    """Read, verify and decode the tensor table a writer index references (spec §8.5)."""
+    ref = idx.tensor_table
+    if ref is None:
+        raise UsageError(f"writer {idx.writer} has no tensor table")
+    rec = idx.files[ref.file]
+    full = f"{attempt_id}/{ref.file}"
+    actual = storage.size(full)
+    if actual != rec.size:
+        raise FileSizeError(
+            f"{full}: {actual} bytes on storage, writer {idx.writer} reported {rec.size}", path=full
+        )
+    data = read_verified_bytes(storage, full, rec, 0, rec.size)
+    return decode_table(data, codec=ref.codec, what=full, files=idx.files)
+
+
+def _table_of(idx: WriterIndex) -> TensorTable:
+    if idx.tensor_table is not None:
+        if idx.table is None:
+            raise UsageError(f"writer {idx.writer}: its tensor table was not loaded")
+        table: TensorTable = idx.table
+        return table
+    return TensorTable.from_entries(idx.tensors.values())
+
+
+def merge_tables(indexes: Sequence[WriterIndex]) -> TensorTable:
+    """Merge the tensors of writer indexes (tables or JSON) into one table (no I/O).
+
+    Writers of one job usually declare the same tensors in the same order: their declaration
+    columns are compared by digest, so the per-key work is done once per distinct declaration
+    set, and every range record is moved with array operations only.
+
+    Raises:
+        MetadataConflictError: writers disagree on a tensor's dtype or shape.
+
+    """
+    kid: dict[str, int] = {}
+    gdtype: list[int] = []
+    gshape: list[tuple[int, ...]] = []
+    maps: dict[bytes, np.ndarray[Any, Any]] = {}
+    path_id: dict[str, int] = {}
+    groups: dict[int, list[tuple[np.ndarray[Any, Any], ...]]] = {}
+    for idx in indexes:
+        tab = _table_of(idx)
+        h = hashlib.blake2b(digest_size=20)
+        h.update("\0".join(tab.keys).encode("utf-8", "surrogatepass"))
+        for col in (tab.dtypes, tab.ndim, tab.shape):
+            h.update(b"|")
+            h.update(np.ascontiguousarray(col).tobytes())
+        sig = h.digest()
+        gmap = maps.get(sig)
+        if gmap is None:
+            gmap = np.empty(len(tab.keys), dtype=np.int64)
+            for j, key in enumerate(tab.keys):
+                dt, shp = int(tab.dtypes[j]), tab.shape_of(j)
+                g = kid.get(key)
+                if g is None:
+                    g = kid[key] = len(gdtype)
+                    gdtype.append(dt)
+                    gshape.append(shp)
+                elif gdtype[g] != dt or gshape[g] != shp:
+                    raise MetadataConflictError(
+                        f"tensor {key!r}: writer {idx.writer} says {tab.dtype_of(j)}{list(shp)}, "
+                        f"another writer says {DTYPE_CODES[gdtype[g]]}{list(gshape[g])}; every "
+                        "writer must agree"
+                    )
+                gmap[j] = g
+            maps[sig] = gmap
+        r = tab.records
+        if r == 0:
+            continue
+        pmap = np.array([path_id.setdefault(p, len(path_id)) for p in tab.paths], dtype=np.uint32)
+        tid = np.repeat(np.arange(len(tab.keys), dtype=np.int64), tab.counts)
+        nd = tab.ndim.astype(np.int64)[tid]
+        cstart = tab.coord_start[tid] + (np.arange(r, dtype=np.int64) - tab.row_start[tid]) * nd
+        for d in np.unique(nd).tolist():
+            sel = np.flatnonzero(nd == d) if len(np.unique(nd)) > 1 else np.arange(r)
+            at = cstart[sel][:, None] + np.arange(d, dtype=np.int64)[None, :]
+            groups.setdefault(d, []).append(
+                (gmap[tid[sel]], pmap[tab.file[sel]], tab.codec[sel], tab.offsets[at], tab.lengths[at])
+            )
+    ntensors = len(gdtype)
+    gnd = np.array([len(s) for s in gshape], dtype=np.int64)
+    order = np.lexsort((np.arange(ntensors), gnd))  # tensors by (ndim, first appearance)
+    counts = np.zeros(ntensors, dtype=np.int64)
+    cols: list[list[np.ndarray[Any, Any]]] = [[], [], [], []]
+    for d in sorted(groups):
+        gid = np.concatenate([p[0] for p in groups[d]])
+        srt = np.argsort(gid, kind="stable")
+        counts += np.bincount(gid, minlength=ntensors)
+        for c, k in zip(cols, range(1, 5), strict=True):
+            c.append(np.concatenate([p[k] for p in groups[d]])[srt].reshape(-1))
+    keys = list(kid)
+
+    def cat(parts: list[np.ndarray[Any, Any]], dt: Any) -> np.ndarray[Any, Any]:
+        return np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt)
+
+    return TensorTable(
+        [keys[g] for g in order.tolist()],
+        np.array(gdtype, dtype=np.uint8)[order],
+        gnd.astype(np.uint8)[order],
+        np.fromiter(itertools.chain.from_iterable(gshape[g] for g in order.tolist()), dtype=np.int64),
+        counts[order],
+        list(path_id),
+        cat(cols[0], np.uint32),
+        cat(cols[1], np.uint8),
+        cat(cols[2], np.int64),
+        cat(cols[3], np.int64),
+    )
+
+
 def merge_indexes(
-    attempt_id: str, indexes: Iterable[WriterIndex], expected_writers: Sequence[int] | None
+    attempt_id: str,
+    indexes: Iterable[WriterIndex],
+    expected_writers: Sequence[int] | None,
+    *,
+    merge_tensors: bool = True,
 ) -> tuple[dict[str, FileRecord], dict[str, TensorEntry], dict[str, Entry], int]:
     """Merge writer indexes into the manifest's files, tensors and entries (no I/O).
+
+    With ``merge_tensors=False`` tensors are left to :func:`merge_tables` (``{}`` is returned).
 
     Returns ``(files, tensors, entries, writer_count)``.
     """
@@ -111,7 +251,7 @@ def merge_indexes(
             if rec.path in files:
                 raise MetadataConflictError(f"file {rec.path!r} is reported by two writers")
             files[rec.path] = rec
-        for key, t in idx.tensors.items():
+        for key, t in (idx.tensors if merge_tensors else {}).items():
             cur = tensors.get(key)
             if cur is None:
                 tensors[key] = TensorEntry(key, t.dtype, t.shape, list(t.ranges))
@@ -166,7 +306,8 @@ def commit(
     expected_writers: Sequence[int] | None = None,
     continuation: Continuation | None = None,
     producer: dict[str, Any] | None = None,
-    check_headers: bool = True,
+    check_headers: bool | None = None,
+    tensor_table: bool | None = None,
 ) -> Manifest:
     """Verify an attempt and publish its commit record.
 
@@ -179,7 +320,11 @@ def commit(
         expected_writers: Writer numbers that must have reported (default: those in ``indexes``).
         continuation: The continuation contract (default ``exact`` on one rank).
         producer: ``{"name", "version"}`` of the writing software.
-        check_headers: Read every shard header and check it against the range records.
+        check_headers: Read every shard header and check it against the range records
+            (default: when the version has at most 65,536 range records; above that each
+            writer's own headers are trusted, as the spec allows).
+        tensor_table: Publish the tensors in a tensor table (spec §8.5, format 1.1). Default:
+            when a writer sent a table or the version has more than 65,536 range records.
 
     Returns:
         The published manifest.
@@ -205,11 +350,43 @@ def commit(
         if expected_writers is None:
             raise UsageError("commit needs indexes= or expected_writers=")
         indexes = [read_writer_index(storage, attempt_id, w) for w in expected_writers]
-    files, tensors, entries, nwriters = merge_indexes(attempt_id, indexes, expected_writers)
+    for idx in indexes:
+        if idx.tensor_table is not None and idx.table is None:
+            idx.table = load_writer_table(storage, attempt_id, idx)
+    records = sum(
+        idx.table.records if idx.table is not None else sum(len(t.ranges) for t in idx.tensors.values())
+        for idx in indexes
+    )
+    use_table = (
+        tensor_table
+        if isinstance(tensor_table, bool)
+        else any(idx.tensor_table is not None for idx in indexes) or records > TABLE_THRESHOLD
+    )
+    if not use_table:
+        for idx in indexes:
+            if idx.table is not None and not idx.tensors:
+                idx.tensors = dict(idx.table.entries())
+    files, tensors, entries, nwriters = merge_indexes(
+        attempt_id, indexes, expected_writers, merge_tensors=not use_table
+    )
     report = CommitReport(writers=nwriters, files=len(files), tensors=len(tensors))
-    for key, t in tensors.items():
-        check_coverage(t.shape, [r.box for r in t.ranges], key=key)
-        report.ranges += len(t.ranges)
+    table: TensorTable | None = None
+    if use_table:
+        table = merge_tables(indexes)
+        tensors = dict(table.entries())
+        report.tensors, report.ranges = len(table.keys), table.records
+        proven: set[bytes] = set()
+        for i, key in enumerate(table.keys):
+            offs, lens = table.boxes(i)
+            shape = table.shape_of(i)
+            digest = layout_digest(shape, offs, lens)
+            if digest not in proven:
+                check_coverage_arrays(shape, offs, lens, key=key)
+                proven.add(digest)
+    else:
+        for key, t in tensors.items():
+            check_coverage(t.shape, [r.box for r in t.ranges], key=key)
+            report.ranges += len(t.ranges)
     report.checks.append("coverage")
     for name, e in entries.items():
         if e.scope == "global" and len(e.values) != 1:
@@ -233,6 +410,8 @@ def commit(
             )
         report.bytes += rec.size
     report.checks.append("files")
+    if check_headers is None:
+        check_headers = report.ranges <= TABLE_THRESHOLD
     if check_headers:
         by_file: dict[str, list[tuple[TensorEntry, Any]]] = {}
         for t in tensors.values():
@@ -267,6 +446,21 @@ def commit(
         if created is not None
         else utc_now_iso()
     )
+    table_path: str | None = None
+    if table is not None:
+        # A unique name: a concurrent committer of the same attempt never overwrites the table
+        # that the winning manifest lists.
+        table_path = f"tensor-table-{secrets.token_hex(8)}.safetensors.zst"
+        blob = encode_table(table, codec="zstd")
+        storage.put(f"{attempt_id}/{table_path}", blob)
+        th = BlockHasher(DEFAULT_BLOCK_SIZE)
+        th.update(blob)
+        files[table_path] = FileRecord(
+            table_path, len(blob), Checksum("crc32c", DEFAULT_BLOCK_SIZE, th.blocks())
+        )
+        report.files += 1
+        report.bytes += len(blob)
+        report.checks.append("tensor-table")
     manifest = Manifest(
         attempt_id=attempt_id,
         step=step,
@@ -277,13 +471,17 @@ def commit(
         files=files,
         tensors=tensors,
         entries=entries,
-        format_version=FORMAT_VERSION,
+        format_version=FORMAT_VERSION if table_path is None else TABLE_FORMAT_VERSION,
+        must_understand=[] if table_path is None else [EXTENSION],
+        tensor_table=None if table_path is None else TableRef(table_path, "zstd"),
     )
     # Every part was validated on the way in (writer indexes are parsed or built by ShardWriter),
     # so the document is not parsed again here: at thousands of writers that re-parse was most
     # of the commit's time. Tests parse every committed manifest with the reader's parser.
     data = jsonio.dumps(manifest.to_json())
     if not storage.create_if_absent(f"{attempt_id}/manifest.json", data):
+        if table_path is not None:
+            storage.delete(f"{attempt_id}/{table_path}")
         raise CommitConflictError(
             f"{attempt_id}/manifest.json already exists; an attempt is committed once and never "
             "overwritten (start a new attempt)"

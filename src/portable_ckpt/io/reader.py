@@ -45,9 +45,10 @@ from portable_ckpt.format.manifest import (
 from portable_ckpt.io.checksum import read_verified, verify_file
 from portable_ckpt.io.codec import decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
+from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
-from portable_ckpt.ranges.coverage import check_coverage
-from portable_ckpt.ranges.planning import RangeIndex, ReadItem
+from portable_ckpt.ranges.coverage import check_coverage, check_coverage_arrays, layout_digest
+from portable_ckpt.ranges.planning import RangeIndex, ReadItem, intersect_arrays
 from portable_ckpt.storage.base import Storage
 
 __all__ = ["NO_VALUE", "WINDOW_BYTES", "Checkpoint", "ReadStats", "TensorInfo"]
@@ -113,6 +114,22 @@ class Checkpoint:
         self._indexes: dict[str, RangeIndex[RangeRecord]] = {}
         self._zcache: tuple[tuple[str, str], bytes] | None = None
         self._attempt = attempt_id
+        #: Layout digests already proven to cover their shape exactly once (table-backed tensors).
+        self._layouts: set[bytes] = set()
+        if manifest.tensor_table is not None and not manifest.tensors:
+            self._load_table()
+
+    def _load_table(self) -> None:
+        """Read, verify and decode the version's tensor table (spec §8.5, R-TABLE-8)."""
+        ref = self.manifest.tensor_table
+        assert ref is not None
+        rec = self._file(ref.file)
+        buf = bytearray(rec.size)
+        self._read_verified(ref.file, 0, rec.size, memoryview(buf))
+        table = decode_table(
+            buf, codec=ref.codec, what=self._rel(ref.file), files=self.manifest.files
+        )
+        self.manifest.tensors = dict(table.entries())
 
     # -- metadata ----------------------------------------------------------------------------------
     @property
@@ -190,7 +207,14 @@ class Checkpoint:
                 "see `portable-ckpt inspect`)"
             )
         if key not in self._covered:
-            check_coverage(t.shape, [r.box for r in t.ranges], key=key)
+            if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
+                offs, lens = t.boxes()
+                digest = layout_digest(t.shape, offs, lens)
+                if digest not in self._layouts:
+                    check_coverage_arrays(t.shape, offs, lens, key=key)
+                    self._layouts.add(digest)
+            else:
+                check_coverage(t.shape, [r.box for r in t.ranges], key=key)
             self._covered.add(key)
         return t
 
@@ -244,6 +268,8 @@ class Checkpoint:
         box = self._target_box(t, offsets, lengths)
         if box.volume == 0:
             return []
+        if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
+            return self._plan_table(t, box)
         index = self._indexes.get(key)
         if index is None:
             index = self._indexes[key] = RangeIndex([(r.box, r) for r in t.ranges])
@@ -254,6 +280,23 @@ class Checkpoint:
                 f"tensor {key!r}: the stored ranges provide {got} of the {box.volume} elements of "
                 f"box {box}; the version is incomplete"
             )
+        return items
+
+    def _plan_table(self, t: TableTensorEntry, box: Box) -> list[ReadItem[RangeRecord]]:
+        """Vectorised plan over a table-backed tensor: records are built only for the hits."""
+        offs, lens = t.boxes()
+        rows, lo, hi = intersect_arrays(offs, lens, box)
+        vols = np.prod(hi - lo, axis=1) if lo.shape[1] else np.ones(len(rows), np.int64)
+        got = int(vols.sum())
+        if got != box.volume:
+            raise CoverageGapError(
+                f"tensor {t.key!r}: the stored ranges provide {got} of the {box.volume} elements "
+                f"of box {box}; the version is incomplete"
+            )
+        items: list[ReadItem[RangeRecord]] = []
+        for j, a, b in zip(rows.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            rec = t.record(j)
+            items.append(ReadItem(rec, rec.box, Box(tuple(a), tuple(x - y for x, y in zip(b, a, strict=True)))))
         return items
 
     @staticmethod

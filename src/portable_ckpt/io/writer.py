@@ -36,6 +36,7 @@ from portable_ckpt.format.manifest import (
     EntryValue,
     FileRecord,
     RangeRecord,
+    TableRef,
     TensorEntry,
     WriterIndex,
 )
@@ -48,6 +49,7 @@ from portable_ckpt.format.naming import (
 )
 from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher
 from portable_ckpt.io.safetensors_io import build_header
+from portable_ckpt.io.tensor_table import TensorTable, encode_table
 from portable_ckpt.ranges.box import Box
 from portable_ckpt.storage.base import Storage, StreamWriter
 
@@ -127,6 +129,10 @@ class ShardWriter:
             that finishes many writers in one process may pass ``False`` and let :func:`commit`
             (which syncs the storage first) wait once for all of them. Requires
             ``write_index=False``: an index must only list durable files.
+        tensor_table: Describe this writer's tensors in a tensor table
+            (``index/wNNNNN.tensors.safetensors``, spec §8.5, format 1.1) instead of JSON —
+            for jobs whose writers together hold many range records, where parsing thousands of
+            JSON indexes would dominate the commit.
 
     """
 
@@ -142,6 +148,7 @@ class ShardWriter:
         zstd_level: int = 3,
         write_index: bool = True,
         sync_on_finish: bool = True,
+        tensor_table: bool = False,
     ) -> None:
         check_attempt_id(attempt_id)
         if codec not in CODECS:
@@ -161,6 +168,7 @@ class ShardWriter:
             raise UsageError("an index lists durable files only: write_index needs sync_on_finish")
         self.write_index = write_index
         self.sync_on_finish = sync_on_finish
+        self.tensor_table = tensor_table
         self.stats = WriteStats()
         self._chunks: list[_Chunk] = []
         self._tensors: dict[str, TensorEntry] = {}
@@ -360,6 +368,13 @@ class ShardWriter:
             index.tensors[key] = TensorEntry(key, t.dtype, t.shape, ranges)
         for rel, payload in self._entry_payloads:
             index.files[rel] = self._put(rel, payload)
+        if self.tensor_table:
+            table = TensorTable.from_entries(index.tensors.values())
+            rel = index_file_name(self.writer).removesuffix(".json") + ".tensors.safetensors"
+            # Under index/: written durably at once (not deferred), before the index lists it.
+            index.files[rel] = self._put(rel, encode_table(table, codec="none"))
+            index.tensor_table = TableRef(rel, "none")
+            index.table = table
         # Every listed file is durable, names included, before the index that lists them.
         if self.sync_on_finish:
             self.storage.sync()

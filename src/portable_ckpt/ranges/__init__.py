@@ -1,17 +1,25 @@
 """Range arithmetic and planning: boxes, exactly-once coverage, read plans (no I/O)."""
 
 from portable_ckpt.ranges.box import Box, contiguous_prefix, intersect, strides_of
-from portable_ckpt.ranges.coverage import check_coverage, find_overlap
-from portable_ckpt.ranges.planning import RangeIndex, ReadItem, plan_reads
+from portable_ckpt.ranges.coverage import (
+    check_coverage,
+    check_coverage_arrays,
+    find_overlap,
+    layout_digest,
+)
+from portable_ckpt.ranges.planning import RangeIndex, ReadItem, intersect_arrays, plan_reads
 
 __all__ = [
     "Box",
     "RangeIndex",
     "ReadItem",
     "check_coverage",
+    "check_coverage_arrays",
     "contiguous_prefix",
     "find_overlap",
     "intersect",
+    "intersect_arrays",
+    "layout_digest",
     "plan_reads",
     "strides_of",
 ]

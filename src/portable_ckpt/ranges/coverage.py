@@ -9,15 +9,23 @@ with the most distinct starts finds overlaps instead, and a volume count proves 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from portable_ckpt.errors import CoverageGapError, CoverageOverlapError, RangeBoundsError
 from portable_ckpt.ranges.box import Box
 
-__all__ = ["MAX_GRID_CELLS", "check_coverage", "find_overlap"]
+__all__ = [
+    "MAX_GRID_CELLS",
+    "check_coverage",
+    "check_coverage_arrays",
+    "find_overlap",
+    "layout_digest",
+]
 
 #: Largest compressed grid counted with the difference array before falling back to a sweep.
 MAX_GRID_CELLS = 1 << 24
@@ -227,3 +235,85 @@ def find_overlap(boxes: Sequence[Box]) -> tuple[int, int] | None:
                 return (j, i)
         active.append(i)
     return None
+
+
+def layout_digest(
+    shape: Sequence[int], offs: np.ndarray[Any, Any], lens: np.ndarray[Any, Any]
+) -> bytes:
+    """A digest of a tensor's layout: tensors with equal digests share one coverage proof."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(np.asarray([len(shape), *shape], dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(offs, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(lens, dtype="<i8").tobytes())
+    return h.digest()
+
+
+def check_coverage_arrays(
+    shape: Sequence[int],
+    offs: np.ndarray[Any, Any],
+    lens: np.ndarray[Any, Any],
+    *,
+    key: str = "?",
+    max_grid_cells: int = MAX_GRID_CELLS,
+) -> None:
+    """:func:`check_coverage` for boxes given as ``[n, ndim]`` int64 arrays (vectorised).
+
+    The common case (valid layouts) runs in a few numpy passes without per-box objects; any
+    failure, and layouts the fast paths do not handle, go through :func:`check_coverage`, so
+    codes and messages are the same for both forms.
+    """
+    shape = [int(s) for s in shape]
+    nd = len(shape)
+    n = int(offs.shape[0])
+
+    def exact() -> None:
+        boxes = [
+            Box(tuple(o), tuple(ln))
+            for o, ln in zip(offs.tolist(), lens.tolist(), strict=True)
+        ]
+        check_coverage(shape, boxes, key=key, max_grid_cells=max_grid_cells)
+
+    if nd == 0 or n == 0 or math.prod(shape) == 0:
+        exact()
+        return
+    shp = np.asarray(shape, dtype=np.int64)
+    ends = offs + lens
+    if (lens < 1).any() or (offs < 0).any() or (ends > shp).any():
+        exact()
+        return
+    keep = [d for d in range(nd) if (offs[:, d] != 0).any() or (lens[:, d] != shape[d]).any()]
+    if not keep:
+        if n != 1:
+            exact()
+        return
+    if len(keep) == 1:
+        d = keep[0]
+        order = np.argsort(offs[:, d], kind="stable")
+        so, se = offs[order, d], ends[order, d]
+        if so[0] != 0 or se[-1] != shape[d] or (so[1:] != se[:-1]).any():
+            exact()
+        return
+    cuts = [np.unique(np.concatenate(([0, shape[d]], offs[:, d], ends[:, d]))) for d in keep]
+    gshape = tuple(len(c) for c in cuts)
+    size = math.prod(gshape)
+    k = len(keep)
+    if k > 16 or size > max_grid_cells or (1 << k) * n > max_grid_cells:
+        exact()
+        return
+    lo = np.stack([np.searchsorted(cuts[i], offs[:, d]) for i, d in enumerate(keep)], 1)
+    hi = np.stack([np.searchsorted(cuts[i], ends[:, d]) for i, d in enumerate(keep)], 1)
+    strides = np.array([math.prod(gshape[i + 1 :]) for i in range(k)], dtype=np.int64)
+    pos: list[np.ndarray[Any, Any]] = []
+    neg: list[np.ndarray[Any, Any]] = []
+    for corner in range(1 << k):
+        sel = np.array([(corner >> i) & 1 for i in range(k)], dtype=bool)
+        (neg if bin(corner).count("1") % 2 else pos).append(np.where(sel, hi, lo) @ strides)
+    # Inclusion–exclusion over the 2^k corners; bincount is much faster than np.add.at.
+    counts = (
+        np.bincount(np.concatenate(pos), minlength=size).astype(np.int64)
+        - np.bincount(np.concatenate(neg), minlength=size)
+    ).reshape(gshape)
+    for i in range(k):
+        counts = np.cumsum(counts, axis=i)
+    if not (counts[tuple(slice(0, g - 1) for g in gshape)] == 1).all():
+        exact()

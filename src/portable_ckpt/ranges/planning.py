@@ -10,11 +10,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 from portable_ckpt.ranges.box import Box, intersect
 
-__all__ = ["RangeIndex", "ReadItem", "plan_reads"]
+__all__ = ["RangeIndex", "ReadItem", "intersect_arrays", "plan_reads"]
 
 T = TypeVar("T")
 
@@ -60,3 +62,21 @@ class RangeIndex(Generic[T]):
 def plan_reads(index: RangeIndex[T], target: Box) -> list[ReadItem[T]]:
     """Plan the pieces that fill ``target`` (see :meth:`RangeIndex.query`)."""
     return index.query(target)
+
+
+def intersect_arrays(
+    offs: np.ndarray[Any, Any], lens: np.ndarray[Any, Any], target: Box
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Stored boxes (``[n, ndim]`` arrays) that intersect ``target``, in one vectorised pass.
+
+    Returns:
+        ``(rows, lo, hi)``: indices of the intersecting boxes and, per hit, the intersection as
+        global start and end coordinates (``[k, ndim]``).
+
+    """
+    t_lo = np.asarray(target.offsets, dtype=np.int64)
+    t_hi = t_lo + np.asarray(target.lengths, dtype=np.int64)
+    lo = np.maximum(offs, t_lo)
+    hi = np.minimum(offs + lens, t_hi)
+    rows = np.flatnonzero((hi > lo).all(axis=1)) if offs.shape[1] else np.arange(offs.shape[0])
+    return rows, lo[rows], hi[rows]
