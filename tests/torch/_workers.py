@@ -166,6 +166,14 @@ def save_layout(rank: int, world: int, root: str, layout: str, step: int) -> dic
     return out
 
 
+def save_layout_table(rank: int, world: int, root: str, layout: str, step: int) -> dict[str, Any]:
+    """save_layout with tensor tables forced on (format 1.1, spec §8.5)."""
+    torch.manual_seed(100 + rank)
+    state = make_state(world, layout, zeros=False)
+    info = pckt.save(state, root, step=step, timeout=30, tensor_table=True)
+    return {"id": info.checkpoint_id, "next_rand": torch.rand(1).item()}
+
+
 def load_layout(rank: int, world: int, root: str, layout: str, step: int) -> dict[str, Any]:
     torch.manual_seed(999)
     state = make_state(world, layout, zeros=True)

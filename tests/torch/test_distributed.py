@@ -109,6 +109,26 @@ def test_reshard_2x2_mesh_to_3(saved22: tuple[str, list[Any]]) -> None:
         assert r["contract"] == "statistical" and r["bad"] == []
 
 
+def test_tensor_table_save_4_then_reshard_to_3(tmp_path: Any) -> None:
+    """Format 1.1 from torch: writers send tensor tables, the manifest references one (R-TABLE-1,
+    R-TABLE-2), and a resharded load onto 3 ranks reads back every value exactly."""
+    root = str(tmp_path / "t")
+    saved = ok(run("save_layout_table", 4, root, "save22", 3))
+    ck = portable_ckpt.open(root)
+    assert ck.id == saved[0]["id"]
+    assert ck.manifest.format_version == "1.1" and ck.manifest.must_understand == ["tensor-table"]
+    assert ck.manifest.tensor_table is not None
+    assert ck.manifest.tensor_table.file in ck.manifest.files
+    assert sorted(p for p in ck.manifest.files if p.endswith(".tensors.safetensors")) == [
+        f"index/w{w:05d}.tensors.safetensors" for w in range(4)
+    ]
+    assert sum(r.lengths[0] * r.lengths[1] for r in ck.tensors["list/1/m"].ranges) == 48
+    assert ck.verify(deep=True) == []
+    res = ok(run("load_layout", 3, root, "load3", 3))
+    for r in res:
+        assert r["contract"] == "statistical" and r["bad"] == []
+
+
 def test_same_world_size_contract_exact(saved4: tuple[str, list[Any]]) -> None:
     root, saved = saved4
     res = ok(run("load_layout", 4, root, "load4", 1))

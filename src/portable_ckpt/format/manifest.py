@@ -87,7 +87,7 @@ BUILTIN_SCHEMA_IDS = (
 KNOWN_EXTENSIONS: frozenset[str] = frozenset({"tensor-table"})
 
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
-_HEX = re.compile(r"^(?:[0-9a-f]{8})*$")
+_HEX_DIGITS = b"0123456789abcdef"
 _CTRL = re.compile(r"[\x00-\x1f\x7f]")
 _VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
 _TS = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$")
@@ -382,13 +382,14 @@ class Manifest:
             "producer": self.producer,
             "continuation": self.continuation.to_json(),
             "files": {p: f.to_json() for p, f in self.files.items()},
-            "tensors": {k: t.to_json() for k, t in self.tensors.items()},
+            "tensors": {}
+            if self.tensor_table is not None
+            else {k: t.to_json() for k, t in self.tensors.items()},
             "entries": {n: e.to_json() for n, e in self.entries.items()},
             "must_understand": list(self.must_understand),
             "extensions": self.extensions,
         }
         if self.tensor_table is not None:
-            doc["tensors"] = {}
             doc["tensor_table"] = self.tensor_table.to_json()
         return doc
 
@@ -487,7 +488,9 @@ def _checksum(c: _Ctx, v: Any, where: str, size: int) -> Checksum:
     if bs & (bs - 1):
         raise c.fail(where + ".block_size", f"{bs} is not a power of two")
     blocks = c.str_(c.req(d, "blocks", where), where + ".blocks", max_len=MAX_SIZE)
-    if not _HEX.match(blocks):
+    # bytes.translate deletes the hex digits in one C pass (~20x faster than a regex on the
+    # megabytes of block checksums a large version has); anything left over is invalid.
+    if len(blocks) % 8 or not blocks.isascii() or blocks.encode().translate(None, _HEX_DIGITS):
         raise c.fail(where + ".blocks", "must be 8 lowercase hex digits per block")
     want = -(-size // bs)
     if len(blocks) != 8 * want:

@@ -9,7 +9,6 @@ makes a version exist.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import secrets
 from collections.abc import Iterable, Sequence
@@ -58,11 +57,12 @@ from portable_ckpt.io.tensor_table import (
     DTYPE_CODES,
     EXTENSION,
     TABLE_THRESHOLD,
+    TableCache,
     TensorTable,
     decode_table,
     encode_table,
 )
-from portable_ckpt.ranges.coverage import check_coverage, check_coverage_arrays, layout_digest
+from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.storage.base import Storage
 
 __all__ = [
@@ -87,8 +87,13 @@ class CommitReport:
     checks: list[str] = field(default_factory=list)
 
 
-def read_writer_index(storage: Storage, attempt_id: str, writer: int) -> WriterIndex:
-    """Read and validate ``index/wNNNNN.json`` of ``writer`` from storage."""
+def read_writer_index(
+    storage: Storage,
+    attempt_id: str,
+    writer: int,
+    cache: TableCache | None = None,
+) -> WriterIndex:
+    """Read and validate ``index/wNNNNN.json`` of ``writer`` (and its tensor table, if any)."""
     rel = index_file_name(writer)
     full = f"{attempt_id}/{rel}"
     if not storage.exists(full):
@@ -106,11 +111,16 @@ def read_writer_index(storage: Storage, attempt_id: str, writer: int) -> WriterI
     h.update(data)
     idx.index_file = FileRecord(rel, len(data), Checksum("crc32c", DEFAULT_BLOCK_SIZE, h.blocks()))
     if idx.tensor_table is not None:
-        idx.table = load_writer_table(storage, attempt_id, idx)
+        idx.table = load_writer_table(storage, attempt_id, idx, cache)
     return idx
 
 
-def load_writer_table(storage: Storage, attempt_id: str, idx: WriterIndex) -> TensorTable:
+def load_writer_table(
+    storage: Storage,
+    attempt_id: str,
+    idx: WriterIndex,
+    cache: TableCache | None = None,
+) -> TensorTable:
     """Read, verify and decode the tensor table a writer index references (spec §8.5)."""
     ref = idx.tensor_table
     if ref is None:
@@ -123,7 +133,7 @@ def load_writer_table(storage: Storage, attempt_id: str, idx: WriterIndex) -> Te
             f"{full}: {actual} bytes on storage, writer {idx.writer} reported {rec.size}", path=full
         )
     data = read_verified_bytes(storage, full, rec, 0, rec.size)
-    return decode_table(data, codec=ref.codec, what=full, files=idx.files)
+    return decode_table(data, codec=ref.codec, what=full, files=idx.files, cache=cache)
 
 
 def _table_of(idx: WriterIndex) -> TensorTable:
@@ -149,19 +159,20 @@ def merge_tables(indexes: Sequence[WriterIndex]) -> TensorTable:
     kid: dict[str, int] = {}
     gdtype: list[int] = []
     gshape: list[tuple[int, ...]] = []
-    maps: dict[bytes, np.ndarray[Any, Any]] = {}
     path_id: dict[str, int] = {}
-    groups: dict[int, list[tuple[np.ndarray[Any, Any], ...]]] = {}
+    prev: TensorTable | None = None
+    gmap = np.zeros(0, dtype=np.int64)
+    parts: list[tuple[np.ndarray[Any, Any], ...]] = []
     for idx in indexes:
         tab = _table_of(idx)
-        h = hashlib.blake2b(digest_size=20)
-        h.update("\0".join(tab.keys).encode("utf-8", "surrogatepass"))
-        for col in (tab.dtypes, tab.ndim, tab.shape):
-            h.update(b"|")
-            h.update(np.ascontiguousarray(col).tobytes())
-        sig = h.digest()
-        gmap = maps.get(sig)
-        if gmap is None:
+        same = (
+            prev is not None
+            and (tab.keys is prev.keys or tab.keys == prev.keys)
+            and np.array_equal(tab.dtypes, prev.dtypes)
+            and np.array_equal(tab.ndim, prev.ndim)
+            and np.array_equal(tab.shape, prev.shape)
+        )
+        if not same:
             gmap = np.empty(len(tab.keys), dtype=np.int64)
             for j, key in enumerate(tab.keys):
                 dt, shp = int(tab.dtypes[j]), tab.shape_of(j)
@@ -177,31 +188,37 @@ def merge_tables(indexes: Sequence[WriterIndex]) -> TensorTable:
                         "writer must agree"
                     )
                 gmap[j] = g
-            maps[sig] = gmap
-        r = tab.records
-        if r == 0:
+            prev = tab
+        if tab.records == 0:
             continue
         pmap = np.array([path_id.setdefault(p, len(path_id)) for p in tab.paths], dtype=np.uint32)
-        tid = np.repeat(np.arange(len(tab.keys), dtype=np.int64), tab.counts)
-        nd = tab.ndim.astype(np.int64)[tid]
-        cstart = tab.coord_start[tid] + (np.arange(r, dtype=np.int64) - tab.row_start[tid]) * nd
-        for d in np.unique(nd).tolist():
-            sel = np.flatnonzero(nd == d) if len(np.unique(nd)) > 1 else np.arange(r)
-            at = cstart[sel][:, None] + np.arange(d, dtype=np.int64)[None, :]
-            groups.setdefault(d, []).append(
-                (gmap[tid[sel]], pmap[tab.file[sel]], tab.codec[sel], tab.offsets[at], tab.lengths[at])
-            )
+        tid = np.repeat(gmap, tab.counts)
+        parts.append((tid, pmap[tab.file], tab.codec, tab.offsets, tab.lengths))
     ntensors = len(gdtype)
     gnd = np.array([len(s) for s in gshape], dtype=np.int64)
     order = np.lexsort((np.arange(ntensors), gnd))  # tensors by (ndim, first appearance)
     counts = np.zeros(ntensors, dtype=np.int64)
     cols: list[list[np.ndarray[Any, Any]]] = [[], [], [], []]
-    for d in sorted(groups):
-        gid = np.concatenate([p[0] for p in groups[d]])
-        srt = np.argsort(gid, kind="stable")
-        counts += np.bincount(gid, minlength=ntensors)
-        for c, k in zip(cols, range(1, 5), strict=True):
-            c.append(np.concatenate([p[k] for p in groups[d]])[srt].reshape(-1))
+    if parts:
+        # Each writer's coordinates are row-ordered, so the concatenation is too: a row's
+        # coordinates start at the running sum of the dimensions of the rows before it.
+        gid = np.concatenate([p[0] for p in parts])
+        fid = np.concatenate([p[1] for p in parts])
+        cid = np.concatenate([p[2] for p in parts])
+        offs = np.concatenate([p[3] for p in parts])
+        lens = np.concatenate([p[4] for p in parts])
+        nd = gnd[gid]
+        cstart = np.zeros(len(gid), dtype=np.int64)
+        np.cumsum(nd[:-1], out=cstart[1:])
+        counts = np.bincount(gid, minlength=ntensors).astype(np.int64)
+        for d in np.unique(nd).tolist():
+            sel = np.flatnonzero(nd == d)
+            sel = sel[np.argsort(gid[sel], kind="stable")]
+            at = cstart[sel][:, None] + np.arange(d, dtype=np.int64)[None, :]
+            cols[0].append(fid[sel])
+            cols[1].append(cid[sel])
+            cols[2].append(offs[at].reshape(-1))
+            cols[3].append(lens[at].reshape(-1))
     keys = list(kid)
 
     def cat(parts: list[np.ndarray[Any, Any]], dt: Any) -> np.ndarray[Any, Any]:
@@ -346,13 +363,14 @@ def commit(
     cont = continuation or Continuation(
         "exact", len(expected_writers) if expected_writers else max(1, len(indexes or [])), None
     )
+    cache = TableCache()
     if indexes is None:
         if expected_writers is None:
             raise UsageError("commit needs indexes= or expected_writers=")
-        indexes = [read_writer_index(storage, attempt_id, w) for w in expected_writers]
+        indexes = [read_writer_index(storage, attempt_id, w, cache) for w in expected_writers]
     for idx in indexes:
         if idx.tensor_table is not None and idx.table is None:
-            idx.table = load_writer_table(storage, attempt_id, idx)
+            idx.table = load_writer_table(storage, attempt_id, idx, cache)
     records = sum(
         idx.table.records if idx.table is not None else sum(len(t.ranges) for t in idx.tensors.values())
         for idx in indexes
@@ -375,14 +393,10 @@ def commit(
         table = merge_tables(indexes)
         tensors = dict(table.entries())
         report.tensors, report.ranges = len(table.keys), table.records
-        proven: set[bytes] = set()
+        proven = LayoutCache()
         for i, key in enumerate(table.keys):
             offs, lens = table.boxes(i)
-            shape = table.shape_of(i)
-            digest = layout_digest(shape, offs, lens)
-            if digest not in proven:
-                check_coverage_arrays(shape, offs, lens, key=key)
-                proven.add(digest)
+            proven.check(table.shape_of(i), offs, lens, key=key)
     else:
         for key, t in tensors.items():
             check_coverage(t.shape, [r.box for r in t.ranges], key=key)

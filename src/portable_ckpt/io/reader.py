@@ -47,7 +47,7 @@ from portable_ckpt.io.codec import decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
-from portable_ckpt.ranges.coverage import check_coverage, check_coverage_arrays, layout_digest
+from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.ranges.planning import RangeIndex, ReadItem, intersect_arrays
 from portable_ckpt.storage.base import Storage
 
@@ -114,8 +114,8 @@ class Checkpoint:
         self._indexes: dict[str, RangeIndex[RangeRecord]] = {}
         self._zcache: tuple[tuple[str, str], bytes] | None = None
         self._attempt = attempt_id
-        #: Layout digests already proven to cover their shape exactly once (table-backed tensors).
-        self._layouts: set[bytes] = set()
+        #: Layouts already proven to cover their shape exactly once (table-backed tensors).
+        self._layouts = LayoutCache()
         if manifest.tensor_table is not None and not manifest.tensors:
             self._load_table()
 
@@ -209,10 +209,7 @@ class Checkpoint:
         if key not in self._covered:
             if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
                 offs, lens = t.boxes()
-                digest = layout_digest(t.shape, offs, lens)
-                if digest not in self._layouts:
-                    check_coverage_arrays(t.shape, offs, lens, key=key)
-                    self._layouts.add(digest)
+                self._layouts.check(t.shape, offs, lens, key=key)
             else:
                 check_coverage(t.shape, [r.box for r in t.ranges], key=key)
             self._covered.add(key)

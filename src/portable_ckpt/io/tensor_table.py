@@ -8,6 +8,7 @@ millions of records opens, plans and proves coverage in vectorised passes.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ __all__ = [
     "EXTENSION",
     "MAX_TABLE_BYTES",
     "TABLE_THRESHOLD",
+    "TableCache",
     "TableTensorEntry",
     "TensorTable",
     "decode_table",
@@ -86,6 +88,8 @@ class TensorTable:
     codec: np.ndarray[Any, Any]  # uint8 [R]
     offsets: np.ndarray[Any, Any]  # int64 [C]
     lengths: np.ndarray[Any, Any]  # int64 [C]
+    #: The ``tensor.key`` column's bytes when decoded from a file (a cheap identity for merging).
+    key_blob: bytes | None = None
     row_start: np.ndarray[Any, Any] = field(init=False)
     coord_start: np.ndarray[Any, Any] = field(init=False)
     shape_start: np.ndarray[Any, Any] = field(init=False)
@@ -132,6 +136,15 @@ class TensorTable:
             range_name(self.keys[i], o),
             _CODECS[int(self.codec[row])],
         )
+
+    def declaration_digest(self) -> bytes:
+        """Digest of keys, dtypes and shapes: equal digests mean identical declarations."""
+        h = hashlib.blake2b(digest_size=20)
+        h.update(self.key_blob if self.key_blob is not None else bytes(_heap(self.keys)))
+        for col in (self.dtypes, self.ndim, self.shape):
+            h.update(b"|")
+            h.update(np.ascontiguousarray(col).tobytes())
+        return h.digest()
 
     def entries(self) -> dict[str, TableTensorEntry]:
         """Key → tensor entry backed by this table (records are built on first use)."""
@@ -288,32 +301,64 @@ def encode_table(table: TensorTable, *, codec: str = "zstd", level: int = 3) -> 
 # ---------------------------------------------------------------------------------------------
 
 
+class TableCache:
+    """Declarations already validated, shared by the decoding of many writer tables.
+
+    Writers of one job declare the same tensors: a table whose key, dtype, ndim and shape columns
+    are byte-identical to an already validated table skips their checks (a byte comparison).
+    """
+
+    def __init__(self) -> None:
+        self.last: tuple[bytes, bytes, bytes, bytes] | None = None
+        self.keys: list[str] = []
+
+
 def _split_heap(col: np.ndarray[Any, Any], *, what: str, column: str) -> list[str]:
     data = col.tobytes()
     if not data:
         return []
     if data[-1:] != b"\0":
         raise SchemaError(f"{what}: column {column!r} does not end with a 0x00 terminator", path=what)
-    out = []
-    for i, raw in enumerate(data[:-1].split(b"\0")):
-        try:
-            out.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise SchemaError(f"{what}: {column} #{i} is not valid UTF-8", path=what) from None
-    return out
+    try:
+        # 0x00 never occurs inside a UTF-8 multi-byte sequence: one decode checks every string.
+        return data[:-1].decode("utf-8").split("\0")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"{what}: column {column!r} is not valid UTF-8 ({exc})", path=what) from None
 
 
-def _check_key(key: str, i: int, what: str) -> None:
-    if not 1 <= len(key) <= 1024 or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+def _check_keys(col: np.ndarray[Any, Any], keys: list[str], what: str) -> None:
+    """§8.1 for every key: 1 to 1024 characters, no control character, unique."""
+    # UTF-8 continuation and lead bytes are >= 0x80, so a byte below 0x20 or equal to 0x7F is a
+    # control character (0x00 is the terminator).
+    bad = (col < 0x20) & (col != 0) | (col == 0x7F)
+    for i, key in enumerate(keys):
+        if not 1 <= len(key) <= 1024:
+            raise SchemaError(
+                f"{what}: tensor key #{i} {key[:80]!r} must have 1 to 1024 characters (spec §8.1)",
+                path=what,
+            )
+    if bad.any():
+        pos = int(np.argmax(bad))
+        i = int(np.count_nonzero(col[:pos] == 0))
         raise SchemaError(
-            f"{what}: tensor key #{i} {key[:80]!r} must have 1 to 1024 characters and no control "
-            "character (spec §8.1)",
+            f"{what}: tensor key #{i} {keys[i][:80]!r} contains a control character (spec §8.1)",
             path=what,
         )
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        for key in keys:
+            if key in seen:
+                raise SchemaError(f"{what}: tensor key {key[:80]!r} appears twice", path=what)
+            seen.add(key)
 
 
 def decode_table(
-    data: bytes | bytearray | memoryview, *, codec: str, what: str, files: Mapping[str, Any]
+    data: bytes | bytearray | memoryview,
+    *,
+    codec: str,
+    what: str,
+    files: Mapping[str, Any],
+    cache: TableCache | None = None,
 ) -> TensorTable:
     """Decode and validate a table file's bytes (spec §8.5, R-TABLE-3 … R-TABLE-6).
 
@@ -322,6 +367,8 @@ def decode_table(
         codec: ``tensor_table.codec`` of the referencing document.
         what: Names the file in messages.
         files: The referencing document's ``files`` (every path must be one of its keys).
+        cache: Declarations already validated; a committer reading thousands of writer tables
+            with the same tensors passes one :class:`TableCache` to all calls.
 
     Raises:
         CheckpointError: with the code of the rule broken; nothing is returned half-validated.
@@ -381,43 +428,21 @@ def decode_table(
                 path=what,
             )
         cols[name] = np.frombuffer(raw, dtype=np_dt, count=t.shape[0], offset=t.start)
-    keys = _split_heap(cols["tensor.key"], what=what, column="tensor.key")
-    t_count = len(keys)
-    for name in ("tensor.dtype", "tensor.ndim", "tensor.ranges"):
-        if cols[name].shape[0] != t_count:
-            raise SchemaError(
-                f"{what}: column {name!r} has {cols[name].shape[0]} values for {t_count} keys",
-                path=what,
-            )
-    seen: set[str] = set()
-    for i, k in enumerate(keys):
-        _check_key(k, i, what)
-        if k in seen:
-            raise SchemaError(f"{what}: tensor key {k[:80]!r} appears twice", path=what)
-        seen.add(k)
-    dtypes, ndim = cols["tensor.dtype"], cols["tensor.ndim"]
-    if t_count and int(dtypes.max()) >= len(DTYPE_CODES):
-        i = int(np.argmax(dtypes >= len(DTYPE_CODES)))
-        raise DtypeUnsupportedError(
-            f"{what}: tensor {keys[i][:80]!r} has dtype code {int(dtypes[i])}; codes 0-14 exist "
-            "(spec §7)",
-            path=what,
-        )
-    if t_count and int(ndim.max()) > MAX_NDIM:
-        i = int(np.argmax(ndim > MAX_NDIM))
-        raise LimitError(
-            f"{what}: tensor {keys[i][:80]!r} has {int(ndim[i])} dimensions (limit {MAX_NDIM})",
-            path=what,
-        )
-    shape = cols["tensor.shape"]
-    if shape.shape[0] != int(ndim.astype(np.int64).sum()):
+    key_blob = cols["tensor.key"].tobytes()
+    dtypes, ndim, shape = cols["tensor.dtype"], cols["tensor.ndim"], cols["tensor.shape"]
+    decl = (key_blob, dtypes.tobytes(), ndim.tobytes(), shape.tobytes())
+    if cache is not None and cache.last == decl:
+        keys = cache.keys
+    else:
+        keys = _decode_declarations(cols, what)
+        if cache is not None:
+            cache.last, cache.keys = decl, keys
+    if cols["tensor.ranges"].shape[0] != len(keys):
         raise SchemaError(
-            f"{what}: column 'tensor.shape' has {shape.shape[0]} values, the ndims add up to "
-            f"{int(ndim.astype(np.int64).sum())}",
+            f"{what}: column 'tensor.ranges' has {cols['tensor.ranges'].shape[0]} values for "
+            f"{len(keys)} keys",
             path=what,
         )
-    if shape.size and (int(shape.min()) < 0 or int(shape.max()) > MAX_SIZE):
-        raise LimitError(f"{what}: a shape value is negative or above 2^53-1", path=what)
     counts = cols["tensor.ranges"]
     r_count = cols["range.file"].shape[0]
     if counts.size and (int(counts.min()) < 0 or int(counts.max()) > r_count):
@@ -462,11 +487,48 @@ def decode_table(
             f"{len(paths)} paths",
             path=what,
         )
-    _check_sizes(keys, dtypes, ndim, shape, what)
     return TensorTable(
         keys, dtypes, ndim, shape, counts, paths, cols["range.file"], codec_col,
-        cols["range.offsets"], cols["range.lengths"],
+        cols["range.offsets"], cols["range.lengths"], key_blob,
     )  # fmt: skip
+
+
+def _decode_declarations(cols: dict[str, np.ndarray[Any, Any]], what: str) -> list[str]:
+    """Keys, dtype codes, ndims and shapes of a table (R-TABLE-6 for the tensor columns)."""
+    keys = _split_heap(cols["tensor.key"], what=what, column="tensor.key")
+    _check_keys(cols["tensor.key"], keys, what)
+    t_count = len(keys)
+    for name in ("tensor.dtype", "tensor.ndim", "tensor.ranges"):
+        if cols[name].shape[0] != t_count:
+            raise SchemaError(
+                f"{what}: column {name!r} has {cols[name].shape[0]} values for {t_count} keys",
+                path=what,
+            )
+    dtypes, ndim = cols["tensor.dtype"], cols["tensor.ndim"]
+    if t_count and int(dtypes.max()) >= len(DTYPE_CODES):
+        i = int(np.argmax(dtypes >= len(DTYPE_CODES)))
+        raise DtypeUnsupportedError(
+            f"{what}: tensor {keys[i][:80]!r} has dtype code {int(dtypes[i])}; codes 0-14 exist "
+            "(spec §7)",
+            path=what,
+        )
+    if t_count and int(ndim.max()) > MAX_NDIM:
+        i = int(np.argmax(ndim > MAX_NDIM))
+        raise LimitError(
+            f"{what}: tensor {keys[i][:80]!r} has {int(ndim[i])} dimensions (limit {MAX_NDIM})",
+            path=what,
+        )
+    shape = cols["tensor.shape"]
+    if shape.shape[0] != int(ndim.astype(np.int64).sum()):
+        raise SchemaError(
+            f"{what}: column 'tensor.shape' has {shape.shape[0]} values, the ndims add up to "
+            f"{int(ndim.astype(np.int64).sum())}",
+            path=what,
+        )
+    if shape.size and (int(shape.min()) < 0 or int(shape.max()) > MAX_SIZE):
+        raise LimitError(f"{what}: a shape value is negative or above 2^53-1", path=what)
+    _check_sizes(keys, dtypes, ndim, shape, what)
+    return keys
 
 
 def _check_sizes(

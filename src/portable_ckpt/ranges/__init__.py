@@ -2,6 +2,7 @@
 
 from portable_ckpt.ranges.box import Box, contiguous_prefix, intersect, strides_of
 from portable_ckpt.ranges.coverage import (
+    LayoutCache,
     check_coverage,
     check_coverage_arrays,
     find_overlap,
@@ -11,6 +12,7 @@ from portable_ckpt.ranges.planning import RangeIndex, ReadItem, intersect_arrays
 
 __all__ = [
     "Box",
+    "LayoutCache",
     "RangeIndex",
     "ReadItem",
     "check_coverage",

@@ -46,6 +46,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.manifest import Continuation, Mesh, WriterIndex
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint
+from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.versions import latest, load_manifest
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import Storage, open_storage
@@ -360,6 +361,7 @@ def _run_save(
     max_file_bytes: int,
     t_start: float,
     blocking: float,
+    tensor_table: bool | None = None,
 ) -> CheckpointInfo:
     rank, world = comm.rank, comm.world_size
     attempt = new_attempt_id(step) if rank == 0 and prep_error is None else None
@@ -379,7 +381,15 @@ def _run_save(
     own: BaseException | None = None
     doc: dict[str, Any]
     try:
-        kwargs: dict[str, Any] = {"codec": codec, "max_file_bytes": max_file_bytes}
+        if tensor_table is None:
+            # Writers of a large job describe their ranges in a tensor table (spec §8.5): the
+            # committer then merges arrays instead of parsing thousands of JSON indexes.
+            tensor_table = len(plan.pieces) * world > TABLE_THRESHOLD
+        kwargs: dict[str, Any] = {
+            "codec": codec,
+            "max_file_bytes": max_file_bytes,
+            "tensor_table": tensor_table,
+        }
         if block_size is not None:
             kwargs["block_size"] = block_size
         writer = ShardWriter(storage, attempt_id, rank, **kwargs)
@@ -524,6 +534,7 @@ def save(
     block_size: int | None = None,
     max_file_bytes: int = 4 << 30,
     if_busy: str = "wait",
+    tensor_table: bool | None = None,
 ) -> CheckpointInfo:
     """Save ``state_dict`` as one new version under ``root`` (a collective over the group).
 
@@ -544,6 +555,8 @@ def save(
         block_size: Checksum block size (default: the writer's).
         max_file_bytes: Start a new shard file beyond this size.
         if_busy: ``"wait"`` for an in-flight async save of this process, or ``"raise"``.
+        tensor_table: Describe the ranges in tensor tables (format 1.1, spec §8.5). Default:
+            when the job's writers together hold more than 65,536 range records.
 
     Returns:
         :class:`CheckpointInfo` on every rank once the version is committed.
@@ -570,6 +583,7 @@ def save(
         max_file_bytes=max_file_bytes,
         t_start=t0,
         blocking=0.0,
+        tensor_table=tensor_table,
     )
 
 
@@ -614,6 +628,7 @@ def async_save(
     block_size: int | None = None,
     max_file_bytes: int = 4 << 30,
     if_busy: str = "wait",
+    tensor_table: bool | None = None,
 ) -> AsyncSaveHandle:
     """Like :func:`save`, but returns once the state is staged; I/O and commit run in the background.
 
@@ -660,6 +675,7 @@ def async_save(
                     max_file_bytes=max_file_bytes,
                     t_start=t0,
                     blocking=handle.blocking_seconds,
+                    tensor_table=tensor_table,
                 )
                 handle.committed.set_result(info)
             except BaseException as e:
