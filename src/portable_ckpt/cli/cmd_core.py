@@ -57,6 +57,14 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _codecs(t: Any) -> str:
+    table = getattr(t, "table", None)
+    if table is not None and t.table_ranges_untouched:
+        a, b = int(table.row_start[t.index]), int(table.row_start[t.index + 1])
+        return ",".join(("none", "zstd")[c] for c in sorted(set(table.codec[a:b].tolist()))) or "-"
+    return ",".join(sorted({r.codec for r in t.ranges})) or "-"
+
+
 def _inspect(args: argparse.Namespace) -> int:
     import portable_ckpt
     from portable_ckpt.io.versions import read_annotations
@@ -68,7 +76,14 @@ def _inspect(args: argparse.Namespace) -> int:
         doc: dict[str, Any] = m.to_json()
         doc["drills"] = drills
         doc["copies"] = read_annotations(ck.storage, ck.id, "copies")
-        if not args.ranges:
+        if m.tensor_table is not None:
+            # Format 1.1: show the tensors the table holds, like a 1.0 manifest would.
+            doc["tensors"] = {
+                k: t.to_json() if args.ranges else {"dtype": t.dtype, "shape": list(t.shape),
+                                                    "ranges": t.range_count}
+                for k, t in m.tensors.items()
+            }
+        elif not args.ranges:
             for t in doc["tensors"].values():
                 t["ranges"] = len(t["ranges"])
             for f in doc["files"].values():
@@ -97,9 +112,9 @@ def _inspect(args: argparse.Namespace) -> int:
             k,
             t.dtype,
             str(list(t.shape)),
-            str(len(t.ranges)),
+            str(t.range_count),
             _size(t.nbytes),
-            ",".join(sorted({r.codec for r in t.ranges})) or "-",
+            _codecs(t),
         ]
         for k, t in m.tensors.items()
     ]

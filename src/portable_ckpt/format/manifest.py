@@ -168,6 +168,11 @@ class TensorEntry:
     ranges: list[RangeRecord] = field(default_factory=list)
 
     @property
+    def range_count(self) -> int:
+        """Number of range records (cheap for table-backed entries, which override it)."""
+        return len(self.ranges)
+
+    @property
     def numel(self) -> int:
         """Number of elements."""
         return math.prod(self.shape)
