@@ -61,6 +61,7 @@ from portable_ckpt.io.tensor_table import (
     TensorTable,
     decode_table,
     encode_table,
+    range_name,
 )
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.storage.base import Storage
@@ -380,6 +381,28 @@ def commit(
         if isinstance(tensor_table, bool)
         else any(idx.tensor_table is not None for idx in indexes) or records > TABLE_THRESHOLD
     )
+    if use_table:
+        # A table implies every record's safetensors name (R-TABLE-7); records of JSON indexes
+        # named otherwise (another writer's convention) cannot be described by one.
+        odd = next(
+            (
+                (idx.writer, t.key, r.name)
+                for idx in indexes
+                if idx.tensor_table is None
+                for t in idx.tensors.values()
+                for r in t.ranges
+                if r.name != range_name(t.key, r.offsets)
+            ),
+            None,
+        )
+        if odd is not None:
+            if tensor_table is True or any(idx.tensor_table is not None for idx in indexes):
+                raise MetadataConflictError(
+                    f"writer {odd[0]}: tensor {odd[1]!r} has a range named {odd[2]!r}, not "
+                    f"'{odd[1]}@<offsets>'; a tensor table implies that "
+                    "name (spec §8.5, R-TABLE-7) — rename the chunks or commit without a table"
+                )
+            use_table = False
     if not use_table:
         for idx in indexes:
             if idx.table is not None and not idx.tensors:
