@@ -1,4 +1,4 @@
-"""Conformance suite of the portable-ckpt format (spec/README.md).
+"""Conformance suite of the portable-ckpt format (spec/README.md), versions 1.0 and 1.1.
 
 Run as ``python -m conformance``: ``check`` validates a checkpoint statically, ``writer`` drives a
 third-party writer through the adapter protocol described in ``conformance/README.md``.
@@ -12,4 +12,4 @@ from __future__ import annotations
 
 __all__ = ["__version__"]
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"

@@ -11,12 +11,18 @@ The checks are written from the spec, independently of :mod:`portable_ckpt`:
 * every tensor: dtype known, shape within limits, every range in bounds, exactly-once coverage
   (sweep over boxes plus a volume count), range records agree with the safetensors headers;
   zstd ranges decompress to the right size (``deep``);
+* format 1.1 tensor tables (§8.5): the ``tensor_table`` reference (R-TABLE-1, R-TABLE-2), the
+  table file read whole with every block verified and decoded (R-TABLE-3 … R-TABLE-6, see
+  :mod:`conformance.table`), then every tensor it defines through the same per-tensor rules,
+  with the implied range names of R-TABLE-7; a writer index's table is decoded and validated too;
 * every entry: declaration, the values per scope, each value strictly decoded and valid against
   its declared schema (builtin ids resolve to ``spec/schemas/entries``).
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import re
 from collections.abc import Sequence
@@ -33,6 +39,7 @@ from conformance.spec import (
     KNOWN_EXTENSIONS,
     MAX_NDIM,
     MAX_SIZE,
+    TABLE_EXTENSION,
     has_control_chars,
     path_problem,
 )
@@ -43,9 +50,10 @@ from conformance.store import (
     VersionFiles,
     parse_file_record,
     parse_safetensors_header,
-    zstd_frame_content_size,
+    zstd_decode,
 )
 from conformance.strictjson import StrictJsonError, loads_strict
+from conformance.table import TensorTable, load_table
 
 __all__ = ["Finding", "Report", "check", "check_version", "find_versions"]
 
@@ -114,6 +122,11 @@ def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str
     n = len(path)
     if top == "attempt_id":
         return "PCK-ATTEMPT-ID"
+    if top == "tensor_table" and n == 2:
+        if path[1] == "codec" and keyword in ("enum", "const"):
+            return "PCK-CODEC"
+        if path[1] == "file" and keyword in ("pattern", "maxLength"):
+            return "PCK-PATH-UNSAFE"
     if top == "files":
         if n == 1 and keyword in ("pattern", "maxLength"):
             return "PCK-PATH-UNSAFE"
@@ -156,23 +169,49 @@ def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str
     return "PCK-SCHEMA"
 
 
+def _schema_version(doc: Any) -> str:
+    """Which schema set a format document is validated against: ``"1.0"`` or ``"1.1"``.
+
+    1.0 documents use the 1.0 schemas; every later 1.x document, and any document that has a
+    ``tensor_table`` member (which R-TABLE-2 forbids in 1.0 and the 1.1 schema rejects there),
+    uses the 1.1 schemas, which extend the 1.0 ones.
+    """
+    if not isinstance(doc, dict):
+        return "1.0"
+    fv = doc.get("format_version")
+    if "tensor_table" in doc or (isinstance(fv, str) and fv.startswith("1.") and fv != "1.0"):
+        return "1.1"
+    return "1.0"
+
+
 def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
                   report: Report) -> bool:
     """Validate ``doc`` against ``<name>.schema.json``; return False on a generic violation."""
-    schema = schemas.document(name)
+    version = _schema_version(doc)
+    schema = schemas.document(name, version)
+    label = f"{name}.schema.json" if version == "1.0" else f"{version}/{name}.schema.json"
+    if schema is None and version != "1.0":
+        report.warn(f"{label} not found in {schemas.root}; validating against the 1.0 schema "
+                    "(the table rules of R-TABLE-1/-2 are still checked in code)")
+        version, label = "1.0", f"{name}.schema.json"
+        schema = schemas.document(name, version)
     if schema is None:
-        report.warn(f"{name}.schema.json not found in {schemas.root}; schema validation skipped")
+        report.warn(f"{label} not found in {schemas.root}; schema validation skipped")
         return True
     validator = schemas.validator(schema)
     generic = False
     n = 0
     for err in validator.iter_errors(doc):
         path = list(err.absolute_path)
-        code = _classify_schema_error(path, str(err.validator), doc) if name == "manifest" \
-            else "PCK-SCHEMA"
+        if name == "manifest":
+            code = _classify_schema_error(path, str(err.validator), doc)
+        elif path and path[0] == "tensor_table":
+            code = _classify_schema_error(path, str(err.validator), doc)
+        else:
+            code = "PCK-SCHEMA"
         generic |= code == "PCK-SCHEMA"
         loc = "/".join(str(p) for p in path) or "(root)"
-        report.error(code, f"{where}: schema {name}.schema.json violated at {loc}: "
+        report.error(code, f"{where}: schema {label} violated at {loc}: "
                      f"{err.message[:300]}")
         n += 1
         if n >= 20:
@@ -211,6 +250,9 @@ class _VersionChecker:
         self.vf = VersionFiles(vdir)
         self.headers: dict[str, StHeader | None] = {}
         self.bad_files: set[str] = set()
+        # coverage verdicts by (shape, boxes): every layer of a model with the same layout shares
+        # one proof (most useful for tensor tables with thousands of tensors).
+        self.coverage_cache: dict[tuple[Any, ...], Problem | None] = {}
 
     def err(self, code: str, msg: str) -> None:
         self.r.error(code, f"{self.name}: {msg}")
@@ -289,6 +331,15 @@ class _VersionChecker:
                     self.check_tensor(key, t)
                 except Problem as exc:
                     self.err(exc.code, f"tensor {key!r}: {exc.message}")
+        self.check_version_use(m)
+        if "tensor_table" in m and self.check_table_member(m):
+            table = self.read_table(m, "manifest.json")
+            if table is not None:
+                for t, key in enumerate(table.keys):
+                    try:
+                        self.check_tensor(key, table.tensor(t))
+                    except Problem as exc:
+                        self.err(exc.code, f"tensor {key!r} (tensor table): {exc.message}")
         entries = m.get("entries", {})
         if not isinstance(entries, dict):
             self.err("PCK-SCHEMA", "entries must be an object")
@@ -334,6 +385,75 @@ class _VersionChecker:
                 continue
             self.r.warn(f"{self.name}: {rel!r} is not listed in files")
 
+    # -- tensor tables (format 1.1) --------------------------------------------------------------
+    def check_version_use(self, m: dict[str, Any]) -> None:
+        """R-VERSION-2 is a writer rule; a reader accepts any 1.x, so these are warnings."""
+        fv, mu = m.get("format_version"), m.get("must_understand")
+        if fv == "1.1" and "tensor_table" not in m:
+            self.r.warn(f"{self.name}: format_version 1.1 without a tensor table: writers record "
+                        "'1.0' in documents that use no 1.1 feature (R-VERSION-2)")
+        if isinstance(mu, list) and TABLE_EXTENSION in mu and "tensor_table" not in m:
+            self.r.warn(f"{self.name}: must_understand lists {TABLE_EXTENSION!r} but the "
+                        "manifest has no tensor_table")
+
+    def check_table_member(self, m: dict[str, Any]) -> bool:
+        """R-TABLE-1/-2 in code as well (the 1.1 schema encodes them; it may be absent)."""
+        problems = []
+        if m.get("tensors") != {}:
+            problems.append("a manifest with a tensor_table must have tensors {} (R-TABLE-1)")
+        mu = m.get("must_understand")
+        if not isinstance(mu, list) or TABLE_EXTENSION not in mu:
+            problems.append(f"a manifest with a tensor_table must list {TABLE_EXTENSION!r} in "
+                            "must_understand (R-TABLE-2)")
+        if m.get("format_version") == "1.0":
+            problems.append("a manifest with a tensor_table must have format_version 1.1 or a "
+                            "later 1.x (R-TABLE-2)")
+        for msg in problems:
+            self.err("PCK-SCHEMA", msg)
+        return not problems
+
+    def read_table(self, doc: dict[str, Any], what: str) -> TensorTable | None:
+        """Load and validate the table of a manifest or writer index (R-TABLE-1, -3 … -6, -8).
+
+        Problems already reported elsewhere (an unsafe path or unknown codec found by the schema,
+        a table file with a bad record or size) are not reported twice.
+        """
+        ref = doc.get("tensor_table")
+        files = doc.get("files")
+        if not isinstance(ref, dict) or not isinstance(files, dict):
+            return None  # the schema check has reported it
+        rel, codec = ref.get("file"), ref.get("codec")
+        if path_problem(rel) is not None or codec not in ("none", "zstd"):
+            return None  # reported by the schema check with its specific code
+        if rel in self.bad_files:
+            return None
+        try:
+            return load_table(self.vf, ref, files, what)
+        except Problem as exc:
+            self.err(exc.code, exc.message)
+        except OSError as exc:
+            self.err("PCK-STORAGE", f"{what}: table {rel!r}: {exc}")
+        return None
+
+    def check_index_table(self, doc: dict[str, Any], rel: str) -> None:
+        """A writer index's table: decoded and validated, every record's box in bounds."""
+        table = self.read_table(doc, rel)
+        if table is None:
+            return
+        for t, key in enumerate(table.keys):
+            shape = table.shapes[t]
+            isz = DTYPES[table.dtypes[t]][1]
+            if math.prod(d for d in shape if d) * isz > MAX_SIZE:
+                self.err("PCK-LIMIT", f"{rel}: tensor {key!r} of shape {list(shape)} exceeds the "
+                         "format's limits (R-TENSOR-1)")
+                continue
+            offs, lens = table.boxes(t)
+            for o, ln in zip(offs, lens, strict=True):
+                if any(o[d] < 0 or ln[d] < 1 or o[d] + ln[d] > shape[d] for d in range(len(o))):
+                    self.err("PCK-RANGE-BOUNDS", f"{rel}: tensor {key!r}: box offsets={o} "
+                             f"lengths={ln} is empty or outside shape {list(shape)}")
+                    break
+
     def header(self, rel: str) -> StHeader | None:
         if rel not in self.headers:
             try:
@@ -355,8 +475,9 @@ class _VersionChecker:
         st_dtype, itemsize = DTYPES[dtype]
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise Problem("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0")
+        # R-TENSOR-1: also the product of the non-zero dimensions (zero-size tensors included).
         if len(shape) > MAX_NDIM or any(d > MAX_SIZE for d in shape) or \
-                math.prod(shape) * itemsize > MAX_SIZE:
+                math.prod(d for d in shape if d) * itemsize > MAX_SIZE:
             raise Problem("PCK-LIMIT", f"shape {shape} exceeds the format's limits")
         if not isinstance(ranges, list):
             raise Problem("PCK-SCHEMA", "ranges must be a list")
@@ -379,7 +500,18 @@ class _VersionChecker:
                                   f"is empty or outside shape {shape} (dim {d})")
             boxes.append((tuple(offs), tuple(lens)))
             self.check_range_data(key, where, rr, st_dtype, itemsize, lens)
-        _check_coverage(shape, boxes)
+        sig = (tuple(shape), tuple(boxes))
+        if sig in self.coverage_cache:
+            hit = self.coverage_cache[sig]
+            if hit is not None:
+                raise Problem(hit.code, hit.message)
+            return
+        try:
+            _check_coverage(shape, boxes)
+        except Problem as exc:
+            self.coverage_cache[sig] = exc
+            raise
+        self.coverage_cache[sig] = None
 
     def check_range_data(self, key: str, where: str, rr: dict[str, Any], st_dtype: str,
                          itemsize: int, lens: list[int]) -> None:
@@ -412,11 +544,7 @@ class _VersionChecker:
                           f"1-D U8 tensor, is {st.dtype}{st.shape}")
         if self.deep:
             frame = self.vf.read(rel, st.begin, st.end - st.begin)
-            fcs = zstd_frame_content_size(frame)
-            if fcs is not None and fcs != nbytes:
-                raise Problem("PCK-CODEC", f"{where}: zstd frame declares {fcs} bytes, the box "
-                              f"needs {nbytes}")
-            _zstd_decompress_exact(frame, nbytes, where)
+            zstd_decode(frame, where=f"{where}: {rel!r}:{name}", limit=nbytes, exact=nbytes)
 
     # -- entries -------------------------------------------------------------------------------
     def check_entry(self, name: str, e: Any, ws: int | None, step: Any) -> None:
@@ -470,7 +598,7 @@ class _VersionChecker:
                               "(R-FILES-2)")
             raw = self.vf.read(rel)
             if enc == "json+zstd":
-                raw = _zstd_decompress_bounded(raw, ENTRY_MAX_BYTES, rel)
+                raw = zstd_decode(raw, where=f"value file {rel!r}", limit=ENTRY_MAX_BYTES)
             try:
                 value = loads_strict(raw, max_bytes=ENTRY_MAX_BYTES)
             except StrictJsonError as exc:
@@ -543,6 +671,8 @@ class _VersionChecker:
                     if not _is_int(w) or p.name != f"w{w:05d}.json":
                         self.r.error("PCK-SCHEMA", f"{where}: writer {w!r} does not match the "
                                      "file name")
+                    if "tensor_table" in doc:
+                        self.check_index_table(doc, rel)
 
 
 def _step_of(value: Any) -> Any:
@@ -565,45 +695,25 @@ def _has_remote_ref(js: Any) -> bool:
     return False
 
 
-def _zstd_decompress_exact(frame: bytes, nbytes: int, where: str) -> bytes:
-    import zstandard
-
-    dobj = zstandard.ZstdDecompressor().decompressobj()
-    try:
-        out = dobj.decompress(frame)
-    except zstandard.ZstdError as exc:
-        raise Problem("PCK-CODEC", f"{where}: corrupt zstd frame: {exc}") from None
-    if not dobj.eof:
-        raise Problem("PCK-CODEC", f"{where}: zstd frame is truncated")
-    if dobj.unused_data:
-        raise Problem("PCK-CODEC", f"{where}: {len(dobj.unused_data)} bytes after the zstd frame")
-    if len(out) != nbytes:
-        raise Problem("PCK-CODEC", f"{where}: zstd frame decompresses to {len(out)} bytes, the "
-                      f"box needs {nbytes}")
-    return bytes(out)
+_Box = tuple[Sequence[int], Sequence[int]]
 
 
-def _zstd_decompress_bounded(frame: bytes, limit: int, rel: str) -> bytes:
-    import zstandard
-
-    dobj = zstandard.ZstdDecompressor().decompressobj()
-    try:
-        out = dobj.decompress(frame)
-    except zstandard.ZstdError as exc:
-        raise Problem("PCK-CODEC", f"{rel!r}: corrupt zstd frame: {exc}") from None
-    if not dobj.eof or dobj.unused_data:
-        raise Problem("PCK-CODEC", f"{rel!r}: not exactly one complete zstd frame")
-    if len(out) > limit:
-        raise Problem("PCK-CODEC", f"{rel!r}: decompressed value exceeds {limit} bytes")
-    return bytes(out)
+def _overlap(a: _Box, b: _Box) -> Problem:
+    lo = [max(x, y) for x, y in zip(a[0], b[0], strict=True)]
+    return Problem("PCK-COVERAGE-OVERLAP", f"boxes offsets={list(a[0])} lengths={list(a[1])} and "
+                   f"offsets={list(b[0])} lengths={list(b[1])} both cover element {lo}")
 
 
-def _check_coverage(shape: Sequence[int],
-                    boxes: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
-    """Exactly-once coverage by a sweep (pairwise overlap test) plus a volume count.
+def _check_coverage(shape: Sequence[int], boxes: Sequence[_Box]) -> None:
+    """Exactly-once coverage (§9) by box arithmetic: a sweep for overlaps plus a volume count.
 
     Boxes are already known to be in bounds and non-empty. Without overlaps, the boxes cover
-    the tensor iff their volumes add up to the tensor's element count.
+    the tensor iff their volumes add up to the tensor's element count (R-COVER-3). Dimensions
+    that every box spans whole cannot separate two boxes and are left out of the sweep. With one
+    dimension left the sweep compares neighbours after a sort; with two it keeps the boxes that
+    contain the sweep coordinate in a sorted list of (pairwise disjoint) intervals of the other
+    dimension and finds the only candidate by bisection: O(n log n) either way. With three or
+    more it compares each box with the boxes that contain the sweep coordinate.
     """
     total = math.prod(shape)
     if total == 0:
@@ -611,29 +721,73 @@ def _check_coverage(shape: Sequence[int],
             raise Problem("PCK-RANGE-BOUNDS", "a zero-size tensor must have no ranges")
         return
     ndim = len(shape)
-    if ndim == 0:
+    if ndim == 0 or len(boxes) <= 1:
         if len(boxes) > 1:
             raise Problem("PCK-COVERAGE-OVERLAP", f"0-d tensor has {len(boxes)} ranges")
     else:
-        # Sweep along the dimension with the most distinct offsets.
-        sd = max(range(ndim), key=lambda d: len({b[0][d] for b in boxes}))
-        order = sorted(boxes, key=lambda b: b[0][sd])
-        active: list[tuple[Sequence[int], Sequence[int]]] = []
-        for b in order:
-            start = b[0][sd]
-            active = [a for a in active if a[0][sd] + a[1][sd] > start]
-            for a in active:
-                if all(a[0][d] < b[0][d] + b[1][d] and b[0][d] < a[0][d] + a[1][d]
-                       for d in range(ndim)):
-                    lo = [max(a[0][d], b[0][d]) for d in range(ndim)]
-                    raise Problem("PCK-COVERAGE-OVERLAP", f"boxes offsets={list(a[0])} "
-                                  f"lengths={list(a[1])} and offsets={list(b[0])} "
-                                  f"lengths={list(b[1])} both cover element {lo}")
-            active.append(b)
+        keep = [d for d in range(ndim)
+                if any(b[0][d] != 0 or b[1][d] != shape[d] for b in boxes)]
+        if not keep:  # every box is the whole tensor
+            raise _overlap(boxes[0], boxes[1])
+        if len(keep) == 1:
+            _sweep_1d(keep[0], boxes)
+        elif len(keep) == 2:
+            a, b = keep
+            if len({x[0][b] for x in boxes}) > len({x[0][a] for x in boxes}):
+                a, b = b, a
+            _sweep_2d(a, b, boxes)
+        else:
+            _sweep_nd(keep, boxes)
     covered = sum(math.prod(b[1]) for b in boxes)
     if covered < total:
         raise Problem("PCK-COVERAGE-GAP", f"ranges cover {covered} of {total} elements of shape "
-                      f"{shape}")
+                      f"{list(shape)}")
+
+
+def _sweep_1d(d: int, boxes: Sequence[_Box]) -> None:
+    order = sorted(boxes, key=lambda b: b[0][d])
+    reach = order[0]
+    for b in order[1:]:
+        if b[0][d] < reach[0][d] + reach[1][d]:
+            raise _overlap(reach, b)
+        reach = b
+
+
+def _sweep_2d(sd: int, d2: int, boxes: Sequence[_Box]) -> None:
+    """Sweep along ``sd``; the active boxes' ``d2`` intervals are pairwise disjoint."""
+    order = sorted(range(len(boxes)), key=lambda i: boxes[i][0][sd])
+    expiry: list[tuple[int, int]] = []  # heap of (end in sd, start in d2)
+    starts: list[int] = []  # sorted d2 starts of the active boxes
+    at: dict[int, _Box] = {}
+    for i in order:
+        b = boxes[i]
+        pos = b[0][sd]
+        while expiry and expiry[0][0] <= pos:
+            _, s2 = heapq.heappop(expiry)
+            del starts[bisect.bisect_left(starts, s2)]
+            del at[s2]
+        lo, hi = b[0][d2], b[0][d2] + b[1][d2]
+        k = bisect.bisect_left(starts, hi) - 1
+        if k >= 0:
+            a = at[starts[k]]
+            if a[0][d2] + a[1][d2] > lo:
+                raise _overlap(a, b)
+        bisect.insort(starts, lo)
+        at[lo] = b
+        heapq.heappush(expiry, (pos + b[1][sd], lo))
+
+
+def _sweep_nd(dims: Sequence[int], boxes: Sequence[_Box]) -> None:
+    sd = max(dims, key=lambda d: len({b[0][d] for b in boxes}))
+    order = sorted(boxes, key=lambda b: b[0][sd])
+    active: list[_Box] = []
+    for b in order:
+        start = b[0][sd]
+        active = [a for a in active if a[0][sd] + a[1][sd] > start]
+        for a in active:
+            if all(a[0][d] < b[0][d] + b[1][d] and b[0][d] < a[0][d] + a[1][d] for d in dims):
+                raise _overlap(a, b)
+        active.append(b)
 
 
 def find_versions(root: Path) -> tuple[list[Path], list[Path]]:

@@ -45,13 +45,15 @@ def _cmd_writer(args: argparse.Namespace) -> int:
     return run_writer_suite(cmd, examples=args.examples, crash_examples=args.crash_examples,
                             codecs=args.codec.split(","), seed=args.seed, workdir=args.workdir,
                             max_writers=args.max_writers, timeout=args.timeout,
-                            verbose=args.verbose, shrink=not args.no_shrink)
+                            verbose=args.verbose, shrink=not args.no_shrink,
+                            tables=args.tensor_table)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     ap = argparse.ArgumentParser(prog="python -m conformance",
-                                 description="portable-ckpt format 1.0 conformance suite")
+                                 description="portable-ckpt format 1.x conformance suite "
+                                             "(1.0 and 1.1)")
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="statically check a checkpoint root or version directory")
     c.add_argument("path")
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process")
     w.add_argument("--no-shrink", action="store_true",
                    help="report the first failing example without minimising it")
+    w.add_argument("--tensor-table", choices=["never", "sometimes", "always"],
+                   default="sometimes", help="how often jobs ask for a tensor table (format 1.1; "
+                   "writers may honour it); default sometimes")
     w.add_argument("-v", "--verbose", action="store_true")
     w.add_argument("cmd", nargs=argparse.REMAINDER)
     w.set_defaults(func=_cmd_writer)

@@ -5,6 +5,10 @@ For every generated logical state the harness writes one *write job* per writer 
 It then checks the result with :func:`conformance.checker.check_version` (deep) and compares every
 tensor byte for byte and every entry value with its own reader (:mod:`conformance.reader`).
 
+Format 1.1: jobs carry ``tensor_table`` (and ``table_codec``), a request the writer MAY honour by
+holding tensor entries in a tensor table (spec §8.5) in its writer index or the manifest; every
+check accepts both forms.
+
 Atomic-publish scenarios save a first state A, then attempt a second state B with a fault:
 a writer asked to fail (``fail_at``), a writer or the committer killed with SIGKILL at a random
 moment, or the committer asked to fail before publishing. Afterwards no partial attempt may be
@@ -57,6 +61,8 @@ __all__ = [
 PROTOCOL = "portable-ckpt-writer-job/1"
 _CONTROL = "".join(chr(i) for i in range(32)) + "\x7f"
 WRITE_FAULTS = ("before_data", "mid_data", "after_data")
+#: how often save cases ask for a tensor table: never, sometimes (hypothesis draws), always.
+TABLE_MODES = ("never", "sometimes", "always")
 COMMIT_FAULTS = ("before_publish", "temp_written")
 
 
@@ -108,13 +114,16 @@ class SaveCase:
     codec: str
     tensors: list[TensorSpec]
     entries: list[EntrySpec]
+    tensor_table: bool = False  # ask the writer for a tensor table (format 1.1, §8.5)
+    table_codec: str = "none"  # codec of that table
 
     def summary(self) -> str:
         """Short description for failure messages."""
         ts = ", ".join(f"{t.key!r}:{t.dtype}{t.shape}/{len(t.boxes)}box" for t in self.tensors)
         es = ", ".join(f"{e.name}:{e.scope}/{e.encoding}" for e in self.entries)
-        return (f"step={self.step} writers={self.num_writers} codec={self.codec} tensors=[{ts}] "
-                f"entries=[{es}]")
+        tt = f" tensor_table={self.table_codec}" if self.tensor_table else ""
+        return (f"step={self.step} writers={self.num_writers} codec={self.codec}{tt} "
+                f"tensors=[{ts}] entries=[{es}]")
 
 
 @dataclass
@@ -167,8 +176,14 @@ def _json_values() -> Any:
 
 
 def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
-               max_tensors: int = 4, max_entries: int = 3, min_step: int = 0) -> Any:
-    """Hypothesis strategy of :class:`SaveCase`: uneven 0–4-D shardings of every dtype."""
+               max_tensors: int = 4, max_entries: int = 3, min_step: int = 0,
+               tables: str = "sometimes") -> Any:
+    """Hypothesis strategy of :class:`SaveCase`: uneven 0–4-D shardings of every dtype.
+
+    ``tables`` (one of :data:`TABLE_MODES`) says whether cases ask for a tensor table.
+    """
+    if tables not in TABLE_MODES:
+        raise ValueError(f"tables must be one of {TABLE_MODES}, got {tables!r}")
 
     @st.composite
     def build(draw: Any) -> SaveCase:
@@ -209,19 +224,22 @@ def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
                     name, schema, "per_rank", enc, values=[draw(vals) for _ in range(nw)],
                     policy=draw(st.sampled_from(["require_same", "modulo", "rank0", "drop"]))))
         step = draw(st.integers(min_step, min_step + 10**6))
-        return SaveCase(step, nw, codec, tensors, entries)
+        want_table = tables == "always" or (tables == "sometimes" and draw(st.booleans()))
+        table_codec = draw(st.sampled_from(["none", "zstd"])) if want_table else "none"
+        return SaveCase(step, nw, codec, tensors, entries, want_table, table_codec)
 
     return build()
 
 
-def crash_cases(max_writers: int = 3, codecs: tuple[str, ...] = ("none", "zstd")) -> Any:
+def crash_cases(max_writers: int = 3, codecs: tuple[str, ...] = ("none", "zstd"),
+                tables: str = "sometimes") -> Any:
     """Hypothesis strategy of :class:`CrashCase`."""
 
     @st.composite
     def build(draw: Any) -> CrashCase:
-        a = draw(save_cases(max_writers, codecs, max_tensors=2, max_entries=1))
+        a = draw(save_cases(max_writers, codecs, max_tensors=2, max_entries=1, tables=tables))
         b = draw(save_cases(max_writers, codecs, max_tensors=2, max_entries=1,
-                            min_step=a.step + 1))
+                            min_step=a.step + 1, tables=tables))
         if not any(t.boxes for t in b.tensors):  # give the writers something to write
             b.tensors.append(TensorSpec("crash.filler", "float32", [64, 8], 1,
                                         [([0, 0], [64, 8], 0)]))
@@ -267,6 +285,7 @@ def write_jobs(case: SaveCase, jobdir: Path, root: Path, attempt_id: str,
         job = {"protocol": PROTOCOL, "phase": "write", "root": str(root), "attempt_id": attempt_id,
                "step": case.step, "writer": w, "num_writers": case.num_writers,
                "world_size": case.num_writers, "codec": case.codec, "block_size": 4096,
+               "tensor_table": case.tensor_table, "table_codec": case.table_codec,
                **per[w], "fail_at": (fail_at or {}).get(w)}
         p = jobdir / f"write-w{w}.json"
         p.write_text(json.dumps(job, indent=1))
@@ -280,6 +299,7 @@ def commit_job(case: SaveCase, jobdir: Path, root: Path, attempt_id: str,
     job = {"protocol": PROTOCOL, "phase": "commit", "root": str(root), "attempt_id": attempt_id,
            "step": case.step, "writers": list(range(case.num_writers)),
            "continuation": {"contract": "exact", "world_size": case.num_writers, "mesh": None},
+           "tensor_table": case.tensor_table, "table_codec": case.table_codec,
            "fail_at": fail_at}
     p = jobdir / "commit.json"
     p.write_text(json.dumps(job, indent=1))
@@ -453,10 +473,11 @@ def run_crash_case(cmd: list[str], cc: CrashCase, workdir: Path, timeout: float 
 def check_writer(cmd: list[str], *, examples: int = 10, crash_examples: int = 4,
                  codecs: tuple[str, ...] = ("none", "zstd"), seed: int | None = None,
                  workdir: str | None = None, max_writers: int = 4, timeout: float = 60.0,
-                 shrink: bool = True) -> None:
+                 shrink: bool = True, tables: str = "sometimes") -> None:
     """Run the save and crash properties against ``cmd``; raise on the first failure.
 
     With ``shrink=False`` the first failing example is reported as generated (faster).
+    ``tables`` says whether jobs ask for tensor tables (:data:`TABLE_MODES`).
     """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
@@ -476,12 +497,12 @@ def check_writer(cmd: list[str], *, examples: int = 10, crash_examples: int = 4,
                       suppress_health_check=list(HealthCheck), phases=phases)
 
     @settings(common, max_examples=max(1, examples))
-    @given(case=save_cases(max_writers, codecs))
+    @given(case=save_cases(max_writers, codecs, tables=tables))
     def save_property(case: SaveCase) -> None:
         run_save_case(cmd, case, fresh(), timeout)
 
     @settings(common, max_examples=max(1, crash_examples))
-    @given(cc=crash_cases(min(max_writers, 3), codecs))
+    @given(cc=crash_cases(min(max_writers, 3), codecs, tables))
     def crash_property(cc: CrashCase) -> None:
         run_crash_case(cmd, cc, fresh(), timeout)
 
@@ -494,13 +515,14 @@ def check_writer(cmd: list[str], *, examples: int = 10, crash_examples: int = 4,
 def run_writer_suite(cmd: list[str], *, examples: int = 10, crash_examples: int = 4,
                      codecs: list[str] | None = None, seed: int | None = None,
                      workdir: str | None = None, max_writers: int = 4, timeout: float = 60.0,
-                     verbose: bool = False, shrink: bool = True) -> int:
+                     verbose: bool = False, shrink: bool = True,
+                     tables: str = "sometimes") -> int:
     """CLI driver: returns 0 when the writer passes, 1 otherwise (with the failure printed)."""
     t0 = time.monotonic()
     try:
         check_writer(cmd, examples=examples, crash_examples=crash_examples,
                      codecs=tuple(codecs or ("none", "zstd")), seed=seed, workdir=workdir,
-                     max_writers=max_writers, timeout=timeout, shrink=shrink)
+                     max_writers=max_writers, timeout=timeout, shrink=shrink, tables=tables)
     except Exception as exc:  # report any failure, including the shrunk example
         if verbose:
             traceback.print_exc()

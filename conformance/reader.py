@@ -20,8 +20,10 @@ from conformance.store import (
     VersionFiles,
     parse_file_record,
     parse_safetensors_header,
+    zstd_decode,
 )
 from conformance.strictjson import StrictJsonError, loads_strict
+from conformance.table import load_table
 
 __all__ = ["LoadedVersion", "committed_versions", "latest_committed", "load_version",
            "timestamp_key"]
@@ -47,15 +49,16 @@ def _json(raw: bytes, what: str) -> Any:
 
 def load_version(vdir: Path) -> LoadedVersion:
     """Read every tensor and entry of a committed version directory."""
-    import zstandard
-
     vf = VersionFiles(vdir)
     m = _json((vdir / "manifest.json").read_bytes(), f"{vdir}/manifest.json")
     for rel, rec in m["files"].items():
         vf.records[rel] = parse_file_record(rel, rec)
     headers: dict[str, Any] = {}
     tensors: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
-    for key, t in m["tensors"].items():
+    # Format 1.1: the tensor entries may live in a tensor table (§8.5) instead of `tensors`.
+    items = load_table(vf, m["tensor_table"], m["files"], "manifest.json").items() \
+        if "tensor_table" in m else m["tensors"].items()
+    for key, t in items:
         dtype, shape = t["dtype"], tuple(t["shape"])
         isz = DTYPES[dtype][1]
         out = np.zeros((*shape, isz), dtype=np.uint8)
@@ -68,8 +71,8 @@ def load_version(vdir: Path) -> LoadedVersion:
             raw = vf.read(rel, st.begin, st.end - st.begin)
             lens = tuple(rr["lengths"])
             if rr["codec"] == "zstd":
-                d = zstandard.ZstdDecompressor().decompressobj()
-                raw = d.decompress(raw)
+                raw = zstd_decode(raw, where=f"{key}: {rr['name']}",
+                                  limit=math.prod(lens) * isz)
             if len(raw) != math.prod(lens) * isz:
                 raise Problem("PCK-CODEC", f"{key}: range holds {len(raw)} bytes")
             sl = tuple(slice(o, o + n) for o, n in zip(rr["offsets"], lens, strict=True))
@@ -85,7 +88,7 @@ def load_version(vdir: Path) -> LoadedVersion:
         for v in e["values"]:
             raw = vf.read(v["file"])
             if e["encoding"] == "json+zstd":
-                raw = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+                raw = zstd_decode(raw, where=v["file"], limit=64 << 20)
             vals[v.get("rank")] = _json(raw, v["file"])
         entries[name] = vals[None] if e["scope"] == "global" else vals
     return LoadedVersion(m["attempt_id"], m["step"], m, tensors, entries)

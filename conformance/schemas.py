@@ -71,9 +71,15 @@ class SchemaSet:
             self._registry = reg
         return self._registry
 
-    def document(self, name: str) -> dict[str, Any] | None:
-        """Return the schema of a format document, e.g. ``"manifest"`` -> manifest.schema.json."""
-        return self.by_file.get(f"{name}.schema.json")
+    def document(self, name: str, version: str = "1.0") -> dict[str, Any] | None:
+        """Return the schema of a format document of a format version.
+
+        ``("manifest", "1.0")`` is ``manifest.schema.json``; the 1.1 schemas live in ``1.1/``
+        (``("manifest", "1.1")`` is ``1.1/manifest.schema.json``) and extend the 1.0 ones.
+        """
+        if version == "1.0":
+            return self.by_file.get(f"{name}.schema.json")
+        return self.by_file.get(f"{version}/{name}.schema.json")
 
     def entry_schema(self, schema_id: str) -> dict[str, Any] | None:
         """Return the builtin entry schema with ``schema_id`` (e.g. ``pck:rng/1``), or None."""

@@ -1,4 +1,4 @@
-"""Constants of format 1.0 as the conformance suite reads them from the spec (own copy).
+"""Constants of format 1.x (1.0 and 1.1) as the conformance suite reads them from the spec (own copy).
 
 Nothing here is imported from :mod:`portable_ckpt`; the values are transcribed from
 ``spec/README.md`` / ``spec/DESIGN-NOTES.md`` so that a mistake in the reference implementation's
@@ -15,13 +15,18 @@ __all__ = [
     "BUILTIN_SCHEMA_IDS",
     "CODES",
     "DTYPES",
+    "DTYPE_CODES",
     "KNOWN_EXTENSIONS",
     "MAX_BLOCK_SIZE",
     "MAX_COMPONENTS",
     "MAX_HEADER_BYTES",
     "MAX_NDIM",
     "MAX_SIZE",
+    "MAX_TABLE_BYTES",
     "MIN_BLOCK_SIZE",
+    "RANGE_CODECS",
+    "TABLE_COLUMNS",
+    "TABLE_EXTENSION",
     "PATH_COMPONENT_RE",
     "ST_ITEMSIZE",
     "has_control_chars",
@@ -77,8 +82,26 @@ BUILTIN_SCHEMA_FILES = {
     "pck:data-position/1": "entries/data-position.schema.json",
     "pck:json/1": "entries/json.schema.json",
 }
-#: extensions this checker implements (for ``must_understand``): none in 1.0.
-KNOWN_EXTENSIONS: frozenset[str] = frozenset()
+#: the extension name a manifest with a tensor table lists in ``must_understand`` (§8.5, 1.1).
+TABLE_EXTENSION = "tensor-table"
+#: extensions this checker implements (for ``must_understand``): 1.0 defines none, 1.1 one.
+KNOWN_EXTENSIONS: frozenset[str] = frozenset({TABLE_EXTENSION})
+#: dtype code of a tensor table (§8.5): the row of the dtype in §7's table, counted from 0.
+#: Transcribed row by row, independently of the order of :data:`DTYPES`.
+DTYPE_CODES: tuple[str, ...] = (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+    "uint16", "uint32", "uint64", "bool", "float8_e4m3fn", "float8_e5m2",
+)
+#: range codec names; in a tensor table their index is the codec code (0 = none, 1 = zstd).
+RANGE_CODECS: tuple[str, ...] = ("none", "zstd")
+#: the ten columns of a tensor table and their safetensors dtypes (§8.5, R-TABLE-4).
+TABLE_COLUMNS: dict[str, str] = {
+    "tensor.key": "U8", "tensor.dtype": "U8", "tensor.ndim": "U8", "tensor.shape": "I64",
+    "tensor.ranges": "I64", "range.file": "U32", "range.codec": "U8", "range.offsets": "I64",
+    "range.lengths": "I64", "file.path": "U8",
+}
+#: the largest decoded tensor table (R-TABLE-3): 2^32 bytes.
+MAX_TABLE_BYTES = 2**32
 
 CODES = (
     "PCK-NOT-FOUND", "PCK-MANIFEST-MISSING", "PCK-JSON-INVALID", "PCK-SCHEMA",

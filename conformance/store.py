@@ -30,6 +30,9 @@ __all__ = [
     "VersionFiles",
     "crc32c",
     "parse_file_record",
+    "parse_safetensors_bytes",
+    "parse_safetensors_header",
+    "zstd_decode",
     "zstd_frame_content_size",
 ]
 
@@ -242,8 +245,32 @@ def parse_safetensors_header(vf: VersionFiles, rel: str) -> StHeader:
     if n > MAX_HEADER_BYTES or n > size - 8:
         raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header length {n} is absurd (file size {size}, "
                       f"limit {MAX_HEADER_BYTES})")
+    return _validate_header(vf.read(rel, 8, n), n, size, rel)
+
+
+def parse_safetensors_bytes(data: bytes, what: str) -> StHeader:
+    """Parse and validate a whole safetensors file held in memory (e.g. a decoded tensor table).
+
+    The same rules as :func:`parse_safetensors_header` (spec §11.2); the returned offsets are
+    positions in ``data``.
+
+    Raises:
+        Problem: PCK-SHARD-HEADER on any defect.
+
+    """
+    size = len(data)
+    if size < 8:
+        raise Problem("PCK-SHARD-HEADER", f"{what}: {size} bytes, too small for a safetensors file")
+    n = int.from_bytes(data[:8], "little")
+    if n > MAX_HEADER_BYTES or n > size - 8:
+        raise Problem("PCK-SHARD-HEADER", f"{what}: header length {n} is absurd (size {size}, "
+                      f"limit {MAX_HEADER_BYTES})")
+    return _validate_header(data[8:8 + n], n, size, what)
+
+
+def _validate_header(raw: bytes, n: int, size: int, rel: str) -> StHeader:
     try:
-        hdr = loads_strict(vf.read(rel, 8, n))
+        hdr = loads_strict(raw)
     except StrictJsonError as exc:
         raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header is not valid JSON: {exc}") from None
     if not isinstance(hdr, dict):
@@ -304,6 +331,8 @@ def zstd_frame_content_size(frame: bytes) -> int | None:
         raise Problem("PCK-CODEC", "data does not start with a zstd frame (magic 28 B5 2F FD)")
     fhd = frame[4]
     fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    if fhd & 0x08:
+        raise Problem("PCK-CODEC", "zstd frame header has the reserved bit set")
     if did_flag:
         raise Problem("PCK-CODEC", "zstd frame references a dictionary (not allowed)")
     pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
@@ -314,3 +343,58 @@ def zstd_frame_content_size(frame: bytes) -> int | None:
         raise Problem("PCK-CODEC", "truncated zstd frame header")
     v = int.from_bytes(frame[pos:pos + fcs_len], "little")
     return v + 256 if fcs_len == 2 else v
+
+
+def zstd_decode(frame: bytes, *, where: str, limit: int, exact: int | None = None,
+                need_content_size: bool = False, limit_code: str = "PCK-CODEC") -> bytes:
+    """Decode exactly one Zstandard frame with the spec's rules (§8.3, R-SEC-5, R-TABLE-3).
+
+    The frame must start with the zstd magic (no skippable frame), reference no dictionary and be
+    followed by no other bytes. A declared content size above ``limit`` is rejected with
+    ``limit_code`` before anything is decoded; the output is produced in small steps and decoding
+    stops as soon as it would exceed the declared size (or ``limit`` when none is declared), so
+    no allocation is sized by the frame's own header. ``exact`` is the size the output must have.
+
+    Raises:
+        Problem: ``PCK-CODEC`` for every frame defect, ``limit_code`` for a declared size above
+            ``limit``.
+
+    """
+    import zstandard
+
+    fcs = zstd_frame_content_size(frame)
+    if fcs is None and need_content_size:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame header declares no content size")
+    if fcs is not None and fcs > limit:
+        raise Problem(limit_code, f"{where}: zstd frame declares {fcs} decoded bytes, above the "
+                      f"limit of {limit}")
+    if fcs is not None and exact is not None and fcs != exact:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame declares {fcs} bytes, {exact} expected")
+    cap = fcs if fcs is not None else (exact if exact is not None else limit)
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    out: list[bytes] = []
+    total = 0
+    step = 1 << 12  # a few KiB of input can only expand to a bounded amount of output
+    pos = 0
+    trailing = 0
+    try:
+        while pos < len(frame):
+            piece = dobj.decompress(frame[pos:pos + step])
+            pos += step
+            total += len(piece)
+            if total > cap:
+                raise Problem("PCK-CODEC", f"{where}: zstd frame decodes to more than {cap} bytes")
+            out.append(piece)
+            if dobj.eof:
+                trailing = len(dobj.unused_data) + max(0, len(frame) - pos)
+                break
+    except zstandard.ZstdError as exc:
+        raise Problem("PCK-CODEC", f"{where}: corrupt zstd frame: {exc}") from None
+    if not dobj.eof:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame is truncated")
+    if trailing:
+        raise Problem("PCK-CODEC", f"{where}: {trailing} bytes after the zstd frame")
+    if total != cap and (fcs is not None or exact is not None):
+        raise Problem("PCK-CODEC", f"{where}: zstd frame decodes to {total} bytes, {cap} "
+                      "expected")
+    return b"".join(out)

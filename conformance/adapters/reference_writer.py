@@ -4,7 +4,8 @@
 Usage: ``python conformance/adapters/reference_writer.py JOB.json`` (protocol in
 conformance/README.md). Fault points (``fail_at``) are injected by wrapping the storage object:
 the process ends with ``os._exit(3)`` at the requested point, without any cleanup, exactly as a
-crash would leave things.
+crash would leave things. A job's ``tensor_table`` request (format 1.1) is passed on: the writer
+then describes its records in a writer-index table and the committer publishes a manifest table.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def write(job: dict[str, Any], jobdir: Path) -> None:
     storage = open_storage(job["root"], create=True)
     _inject(storage, job.get("fail_at"))
     w = ShardWriter(storage, job["attempt_id"], writer=job["writer"], codec=job["codec"],
-                    block_size=job.get("block_size", 4096))
+                    block_size=job.get("block_size", 4096),
+                    tensor_table=bool(job.get("tensor_table")))
     for t in job["tensors"]:
         dt = numpy_dtype(t["dtype"])
         if not t["chunks"]:
@@ -126,7 +128,8 @@ def do_commit(job: dict[str, Any]) -> None:
     commit(storage, job["attempt_id"], step=job["step"], indexes=None,
            expected_writers=job["writers"],
            continuation=Continuation(contract=c["contract"], world_size=c["world_size"],
-                                     mesh=mesh))
+                                     mesh=mesh),
+           tensor_table=True if job.get("tensor_table") else None)
 
 
 def main(argv: list[str]) -> int:

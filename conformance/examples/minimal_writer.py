@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A minimal portable-ckpt 1.0 writer and committer, written from spec/README.md alone.
+"""A minimal portable-ckpt 1.0/1.1 writer and committer, written from spec/README.md alone.
 
 It imports only the Python standard library: no portable_ckpt, no numpy, no safetensors
 package, no crc32c or zstandard package. It exists to prove that the specification is enough to
@@ -15,6 +15,14 @@ conformance/examples/minimal_writer.py``.
   blocks (RFC 8878 §3.1.1.2, Block_Type 0) with the Frame_Content_Size field set. Such frames are
   valid Zstandard: any decoder reads them. They just do not compress.
 * Publishing follows §4.3: temp file, fsync, link(), unlink, fsync of the directory.
+* Tensor tables (format 1.1, §8.5): the committer writes the manifest's tensor entries as a
+  tensor table (ten columns packed with ``struct``, codec ``none`` or a raw-block zstd frame)
+  when the commit job asks for one (``"tensor_table": true``, codec ``"table_codec"``) or when
+  the checkpoint has more than ``TABLE_THRESHOLD`` range records (R-TABLE-9 asks for a table only
+  above the size limits of R-SEC-11; this writer switches far earlier); the manifest is then
+  ``format_version`` 1.1 with ``must_understand: ["tensor-table"]`` (R-TABLE-2), otherwise 1.0
+  (R-VERSION-2). Writer indexes stay JSON. Every range is stored under its implied name
+  ``key@offsets`` (R-TABLE-7), so the committer can choose either form after the data is written.
 
 Usage (adapter protocol of conformance/README.md): ``minimal_writer.py JOB.json``.
 """
@@ -39,6 +47,8 @@ DTYPES = {
 }
 BLOCK_SIZE = 4096
 CRASH = 3
+#: more range records than this and the manifest holds them in a tensor table (§8.5).
+TABLE_THRESHOLD = 32
 
 
 class Fail(Exception):
@@ -149,6 +159,10 @@ def crash() -> None:
 # -- write phase ---------------------------------------------------------------------------
 def safetensors_bytes(items: list[tuple[str, str, list[int], bytes]]) -> bytes:
     """§11.1: header JSON padded with spaces to a multiple of 8, then the packed data."""
+    return _st_bytes(items)
+
+
+def _st_bytes(items: list[tuple[str, str, list[int], bytes]]) -> bytes:
     header: dict[str, Any] = {"__metadata__": {"format": "pt", "portable_ckpt": "1.0"}}
     pos = 0
     for name, st_dtype, shape, data in items:
@@ -180,7 +194,7 @@ def do_write(job: dict[str, Any], jobdir: Path) -> None:
             raw = (jobdir / ch["data"]).read_bytes()
             if len(raw) != math.prod(ch["lengths"]) * itemsize:
                 raise Fail("PCK-USAGE", f"chunk {ch['data']} has the wrong size")
-            name = f"c{len(items)}"  # any unique name: readers go through range records
+            name = implied_name(t["key"], ch["offsets"])  # R-TABLE-7, unique per file
             if codec == "zstd":
                 frame = zstd_raw_frame(raw)
                 items.append((name, "U8", [len(frame)], frame))
@@ -229,6 +243,52 @@ def do_write(job: dict[str, Any], jobdir: Path) -> None:
              "entries": entries}
     write_file(adir / f"index/w{w:05d}.json", dumps(index))
     fsync_dir(adir / "index")
+
+
+# -- spec §8.5: tensor tables (format 1.1) ------------------------------------------------------
+def implied_name(key: str, offsets: list[int]) -> str:
+    """R-TABLE-7: ``key@o0,o1``; ``key@`` for a 0-d tensor."""
+    return key + "@" + ",".join(str(o) for o in offsets)
+
+
+def tensor_table(tensors: dict[str, Any]) -> bytes:
+    """The ten columns of §8.5 as a safetensors file (little-endian, 1-d each)."""
+    order = list(DTYPES)  # §7's rows in order: the dtype code is the row number
+    paths: dict[str, int] = {}
+    keys, dtypes, ndims = bytearray(), bytearray(), bytearray()
+    shapes: list[int] = []
+    counts: list[int] = []
+    files: list[int] = []
+    codecs = bytearray()
+    offs: list[int] = []
+    lens: list[int] = []
+    for key, t in tensors.items():
+        keys += key.encode("utf-8") + b"\x00"
+        dtypes.append(order.index(t["dtype"]))
+        ndims.append(len(t["shape"]))
+        shapes += t["shape"]
+        counts.append(len(t["ranges"]))
+        for r in t["ranges"]:
+            files.append(paths.setdefault(r["file"], len(paths)))
+            codecs.append({"none": 0, "zstd": 1}[r["codec"]])
+            offs += r["offsets"]
+            lens += r["lengths"]
+
+    def col(name: str, dt: str, data: bytes) -> tuple[str, str, list[int], bytes]:
+        return (name, dt, [len(data) // {"U8": 1, "U32": 4, "I64": 8}[dt]], data)
+
+    return _st_bytes([
+        col("tensor.key", "U8", bytes(keys)),
+        col("tensor.dtype", "U8", bytes(dtypes)),
+        col("tensor.ndim", "U8", bytes(ndims)),
+        col("tensor.shape", "I64", struct.pack(f"<{len(shapes)}q", *shapes)),
+        col("tensor.ranges", "I64", struct.pack(f"<{len(counts)}q", *counts)),
+        col("range.file", "U32", struct.pack(f"<{len(files)}I", *files)),
+        col("range.codec", "U8", bytes(codecs)),
+        col("range.offsets", "I64", struct.pack(f"<{len(offs)}q", *offs)),
+        col("range.lengths", "I64", struct.pack(f"<{len(lens)}q", *lens)),
+        col("file.path", "U8", b"".join(p.encode() + b"\x00" for p in paths)),
+    ])
 
 
 # -- commit phase ------------------------------------------------------------------------------
@@ -307,21 +367,36 @@ def do_commit(job: dict[str, Any]) -> None:
             raise Fail("PCK-FILE-MISSING", f"{rel} does not exist")
         if p.stat().st_size != rec["size"]:
             raise Fail("PCK-FILE-SIZE", f"{rel} has the wrong size")
-    created = aid.split("-")[1]  # the attempt id's timestamp is the attempt's creation time
-    manifest = {
-        "format": "portable-ckpt", "format_version": "1.0", "attempt_id": aid,
-        "step": job["step"],
-        "created_at": f"{created[0:4]}-{created[4:6]}-{created[6:8]}T{created[9:11]}:"
-                      f"{created[11:13]}:{created[13:15]}.{created[15:21]}Z",
-        "committed_at": _now(),
-        "producer": {"name": "conformance-minimal-writer", "version": "1.0"},
-        "continuation": job["continuation"], "files": dict(sorted(files.items())),
-        "tensors": tensors, "entries": entries, "must_understand": [], "extensions": {},
-    }
-    data = dumps(manifest)
     fail_at = job.get("fail_at")
     if fail_at == "before_publish":
         crash()
+    n_records = sum(len(t["ranges"]) for t in tensors.values())
+    table: dict[str, str] | None = None
+    if job.get("tensor_table") or n_records > TABLE_THRESHOLD:
+        codec = job.get("table_codec") or "none"
+        blob = tensor_table(tensors)
+        if codec == "zstd":
+            blob = zstd_raw_frame(blob)  # one frame with its content size (R-TABLE-3)
+        rel = "tensor-table.safetensors" + (".zst" if codec == "zstd" else "")
+        write_file(adir / rel, blob)
+        fsync_dir(adir)  # durable before the commit record names it (R-COMMIT-6)
+        files[rel] = file_record(blob, BLOCK_SIZE)
+        table = {"file": rel, "codec": codec}
+    created = aid.split("-")[1]  # the attempt id's timestamp is the attempt's creation time
+    manifest = {
+        "format": "portable-ckpt", "format_version": "1.1" if table else "1.0",  # R-VERSION-2
+        "attempt_id": aid, "step": job["step"],
+        "created_at": f"{created[0:4]}-{created[4:6]}-{created[6:8]}T{created[9:11]}:"
+                      f"{created[11:13]}:{created[13:15]}.{created[15:21]}Z",
+        "committed_at": _now(),
+        "producer": {"name": "conformance-minimal-writer", "version": "1.1"},
+        "continuation": job["continuation"], "files": dict(sorted(files.items())),
+        "tensors": {} if table else tensors, "entries": entries,
+        "must_understand": ["tensor-table"] if table else [], "extensions": {},
+    }
+    if table:
+        manifest["tensor_table"] = table  # R-TABLE-1, R-TABLE-2
+    data = dumps(manifest)
     tmp = adir / f"manifest.json.{os.urandom(8).hex()}.tmp"
     write_file(tmp, data)  # steps 1-2
     if fail_at == "temp_written":

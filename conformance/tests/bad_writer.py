@@ -3,7 +3,8 @@
 Modes: ``flip`` (a data byte changed after checksumming), ``swap`` (chunk data of a 2+-element
 box reversed, checksums consistent), ``no-writer-check`` (commit ignores missing writer indexes),
 ``ignore-fail`` (``fail_at`` ignored), ``overwrite`` (publishes with a plain write of
-manifest.json before the indexes are checked).
+manifest.json before the indexes are checked), ``table-names`` (ranges stored under names other
+than the implied names of R-TABLE-7 while the manifest holds a tensor table).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ elif MODE == "no-writer-check":
             (adir / "manifest.json").write_text(json.dumps({"broken": True}))
 
     mw.do_commit = do_commit
+elif MODE == "table-names":
+    mw.implied_name = lambda key, offsets: f"{key}#{','.join(str(o) for o in offsets)}"
 elif MODE == "ignore-fail":
     orig_main = mw.main
 

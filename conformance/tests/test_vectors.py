@@ -1,4 +1,4 @@
-"""Every golden vector, through ``check`` and through the reference reader."""
+"""Every golden vector (1.0 and 1.1), through ``check`` and through the reference reader."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 
 from conformance.checker import check
-from conformance.vectors import VECTOR_DIR, load_cases, materialize
+from conformance.vectors import VECTOR_DIR, VECTOR_DIRS, all_cases, load_cases, materialize
 
 CASES = load_cases()
 IDS = [c["name"] for c in CASES]
+#: every case of every format version: (version, vector dir, case)
+ALL = all_cases()
+ALL_IDS = [f"{v}/{c['name']}" for v, _, c in ALL]
+CASES_1_1 = load_cases(VECTOR_DIRS["1.1"])
 
 #: Cases the reference reader currently gets wrong (reported to the lead; remove when fixed).
 #: strict xfail: a fix makes the test XPASS and fail, so this list cannot go stale.
@@ -22,22 +26,32 @@ REFERENCE_KNOWN_BUGS: dict[str, str] = {
 }
 
 
-def test_cases_index_is_well_formed() -> None:
-    names = [c["name"] for c in CASES]
+@pytest.mark.parametrize(("version", "n_valid", "n_invalid"), [("1.0", 20, 30),
+                                                               ("1.1", 10, 35)])
+def test_cases_index_is_well_formed(version: str, n_valid: int, n_invalid: int) -> None:
+    vdir = VECTOR_DIRS[version]
+    cases = load_cases(vdir)
+    assert json.loads((vdir / "cases.json").read_text())["format_version"] == version
+    names = [c["name"] for c in cases]
     assert len(names) == len(set(names))
-    for c in CASES:
-        assert (VECTOR_DIR / c["name"]).is_dir()
+    for c in cases:
+        assert (vdir / c["name"]).is_dir()
         if c["valid"]:
-            assert (VECTOR_DIR / c["expected"]).is_file()
+            assert (vdir / c["expected"]).is_file()
         else:
             assert c["code"].startswith("PCK-")
-    assert sum(c["valid"] for c in CASES) >= 20
-    assert sum(not c["valid"] for c in CASES) >= 30
+    assert sum(c["valid"] for c in cases) >= n_valid
+    assert sum(not c["valid"] for c in cases) >= n_invalid
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_check(case: dict[str, Any], tmp_path: Path) -> None:
-    target = materialize(case, tmp_path)
+def test_case_names_are_unique_across_versions() -> None:
+    names = [c["name"] for _, _, c in ALL]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize(("vdir", "case"), [(d, c) for _, d, c in ALL], ids=ALL_IDS)
+def test_check(vdir: Path, case: dict[str, Any], tmp_path: Path) -> None:
+    target = materialize(case, tmp_path, vdir)
     for deep in (False, True):
         rep = check(target, deep=deep)
         if case["valid"]:
@@ -90,16 +104,80 @@ def test_reference_reader(case: dict[str, Any], tmp_path: Path) -> None:
         assert ei.value.code == case["code"], str(ei.value)
 
 
+def _reference_reads_tables() -> str | None:
+    """None when the reference reader implements tensor tables, else why it does not."""
+    pytest.importorskip("portable_ckpt")
+    import tempfile
+
+    from portable_ckpt.errors import CheckpointError
+
+    case = next(c for c in CASES_1_1 if c["name"] == "valid-table-none")
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            _read_everything(materialize(case, Path(d), VECTOR_DIRS["1.1"]))
+        except CheckpointError as exc:
+            if exc.code == "PCK-FEATURE-UNSUPPORTED":
+                return f"the reference reader does not implement tensor tables yet: {exc}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def reference_tables() -> None:
+    why = _reference_reads_tables()
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("case", CASES_1_1, ids=[c["name"] for c in CASES_1_1])
+def test_reference_reader_1_1(case: dict[str, Any], tmp_path: Path,
+                              reference_tables: None) -> None:
+    """The 1.1 vectors through portable_ckpt (skipped until it implements tensor tables)."""
+    from portable_ckpt.errors import CheckpointError
+
+    vdir = VECTOR_DIRS["1.1"]
+    target = materialize(case, tmp_path, vdir)
+    if case["valid"]:
+        got = _read_everything(target)
+        want = json.loads((vdir / case["expected"]).read_text())
+        assert (got["attempt_id"], got["step"]) == (want["attempt_id"], want["step"])
+        assert got["tensors"] == {k: {"dtype": v["dtype"], "shape": v["shape"], "hex": v["hex"]}
+                                  for k, v in want["tensors"].items()}
+        assert json.dumps(got["entries"], sort_keys=True) == json.dumps(want["entries"],
+                                                                        sort_keys=True)
+    else:
+        with pytest.raises(CheckpointError) as ei:
+            _read_everything(target)
+        assert ei.value.code == case["code"], str(ei.value)
+
+
 def test_expected_values_match_hex() -> None:
     """expected.json's readable values and its exact bytes agree (for numpy-native dtypes)."""
     native = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8",
               "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1", "uint16": "<u2",
               "uint32": "<u4", "uint64": "<u8", "bool": "?"}
-    for c in CASES:
+    for _, vdir, c in ALL:
         if not c["valid"]:
             continue
-        exp = json.loads((VECTOR_DIR / c["expected"]).read_text())
+        exp = json.loads((vdir / c["expected"]).read_text())
         for key, t in exp["tensors"].items():
             if t["dtype"] in native and t["values"] != []:
                 arr = np.frombuffer(bytes.fromhex(t["hex"]), native[t["dtype"]])
                 assert arr.reshape(t["shape"]).tolist() == t["values"], (c["name"], key)
+
+
+@pytest.mark.parametrize(("vdir", "case"), [(d, c) for _, d, c in ALL if c["valid"]],
+                         ids=[i for i, (_, _, c) in zip(ALL_IDS, ALL, strict=True) if c["valid"]])
+def test_own_reader(vdir: Path, case: dict[str, Any], tmp_path: Path) -> None:
+    """The suite's own reader (used by the writer harness) reads every valid vector exactly."""
+    from conformance.reader import latest_committed, load_version
+
+    target = materialize(case, tmp_path, vdir)
+    if case["target"] == "root":
+        latest = latest_committed(target)
+        assert latest is not None
+        target = latest
+    got = load_version(target)
+    want = json.loads((vdir / case["expected"]).read_text())
+    assert (got.attempt_id, got.step) == (want["attempt_id"], want["step"])
+    assert {k: (d, list(s), b.hex()) for k, (d, s, b) in got.tensors.items()} == \
+        {k: (v["dtype"], v["shape"], v["hex"]) for k, v in want["tensors"].items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,51 @@ def test_reference_adapter(fast_tmp: Path) -> None:
 
 def test_minimal_writer(fast_tmp: Path) -> None:
     check_writer(MINIMAL_WRITER, examples=12, crash_examples=8, seed=12, workdir=str(fast_tmp))
+
+
+@pytest.mark.parametrize("tables", ["always", "never"])
+def test_minimal_writer_table_modes(tables: str, fast_tmp: Path) -> None:
+    """Jobs that always / never ask for a tensor table (format 1.1, §8.5) both pass."""
+    check_writer(MINIMAL_WRITER, examples=5, crash_examples=2, seed=13, workdir=str(fast_tmp),
+                 tables=tables)
+    manifests = [json.loads(m.read_text()) for m in fast_tmp.rglob("manifest.json")]
+    assert manifests
+    with_table = [m for m in manifests if "tensor_table" in m]
+    assert len(with_table) == (len(manifests) if tables == "always" else 0)
+    for m in with_table:  # R-TABLE-2, R-VERSION-2
+        assert m["format_version"] == "1.1" and "tensor-table" in m["must_understand"]
+    for m in manifests:
+        if "tensor_table" not in m:
+            assert m["format_version"] == "1.0"
+
+
+@pytest.mark.parametrize("table_codec", ["none", "zstd"])
+def test_minimal_writer_explicit_tables(table_codec: str, fast_tmp: Path) -> None:
+    case = _explicit_case()
+    case.tensor_table, case.table_codec = True, table_codec
+    run_save_case(MINIMAL_WRITER, case, fast_tmp)
+    (m,) = [json.loads(p.read_text()) for p in fast_tmp.rglob("manifest.json")]
+    assert m["tensor_table"]["codec"] == table_codec and m["tensors"] == {}
+
+
+def test_minimal_writer_uses_a_table_above_its_threshold(fast_tmp: Path) -> None:
+    """Not asked for a table, the minimal writer still uses one for many range records."""
+    boxes = [([i], [1], i % 2) for i in range(40)]
+    case = SaveCase(step=3, num_writers=2, codec="zstd",
+                    tensors=[TensorSpec("many", "int16", [40], 5, boxes)], entries=[])
+    run_save_case(MINIMAL_WRITER, case, fast_tmp)
+    (m,) = [json.loads(p.read_text()) for p in fast_tmp.rglob("manifest.json")]
+    assert "tensor_table" in m
+
+
+def test_broken_table_names_are_caught(fast_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-TABLE-7: ranges not stored under their implied names fail the harness."""
+    monkeypatch.setenv("PCK_BAD_MODE", "table-names")
+    case = _explicit_case()
+    case.tensor_table = True
+    with pytest.raises(HarnessFailure) as ei:
+        run_save_case(BAD_WRITER, case, fast_tmp)
+    assert "PCK-SHARD-MISMATCH" in str(ei.value)
 
 
 def test_minimal_writer_imports_only_stdlib_numpy_safetensors() -> None:

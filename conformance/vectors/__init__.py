@@ -1,5 +1,9 @@
 """Golden vectors of the format (``vectors/<format version>/``) and helpers to use them.
 
+``vectors/1.0/`` holds the vectors of format 1.0, ``vectors/1.1/`` those added by format 1.1
+(tensor tables, spec §8.5). Both are frozen (R-VERSION-9); a reader of 1.1 passes both
+(:data:`VECTOR_DIRS`, :func:`all_cases`).
+
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
 relative to the case directory), for valid cases ``expected`` (expected.json with every tensor's
 dtype, shape, values and exact little-endian bytes as hex, and every entry value; per_rank
@@ -17,9 +21,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VECTOR_DIR", "load_cases", "materialize"]
+__all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "all_cases", "load_cases",
+           "materialize"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
+VECTOR_DIR_1_1 = Path(__file__).resolve().parent / "1.1"
+#: every vector directory by format version, oldest first.
+VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1}
 
 
 def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:
@@ -27,6 +35,11 @@ def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:
     doc = json.loads((vector_dir / "cases.json").read_text(encoding="utf-8"))
     cases: list[dict[str, Any]] = doc["cases"]
     return cases
+
+
+def all_cases() -> list[tuple[str, Path, dict[str, Any]]]:
+    """``(format version, vector directory, case)`` for every case of every version."""
+    return [(version, d, c) for version, d in VECTOR_DIRS.items() for c in load_cases(d)]
 
 
 def materialize(case: dict[str, Any], dest: Path, vector_dir: Path = VECTOR_DIR) -> Path:
