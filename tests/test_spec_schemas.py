@@ -8,6 +8,11 @@ File-name convention (spec/README.md, section "Schemas and examples"):
   ``spec/schemas/entries/<stem>.schema.json``;
 * ``spec/examples/invalid/[entries/]<stem>--<rule>.json`` breaks exactly the rule ``<rule>`` and
   fails validation against the same schema.
+* Format 1.1 (unreleased): ``spec/schemas/1.1/<stem>.schema.json`` have the ``$id`` base
+  ``https://portable-ckpt.dev/schemas/1.1/``; their examples are ``spec/examples/1.1/`` and
+  ``spec/examples/invalid/1.1/`` under the same naming rules. A 1.1 schema extends the 1.0 schema
+  of its kind, so every valid 1.0 example of that kind also validates against it (a 1.1 reader reads
+  every 1.0 document) and every invalid 1.0 example stays invalid.
 """
 
 from __future__ import annotations
@@ -32,11 +37,16 @@ SCHEMAS = SPEC / "schemas"
 EXAMPLES = SPEC / "examples"
 INVALID = EXAMPLES / "invalid"
 BASE_URI = "https://portable-ckpt.dev/schemas/1.0/"
+BASE_URI_1_1 = "https://portable-ckpt.dev/schemas/1.1/"
+#: Sub-directories of spec/schemas and spec/examples holding a later minor version, with their base.
+MINOR_DIRS = {"1.1": BASE_URI_1_1}
 
 SCHEMA_FILES = sorted(SCHEMAS.rglob("*.schema.json"))
 VALID_EXAMPLES = sorted(p for p in EXAMPLES.rglob("*.json") if INVALID not in p.parents)
 INVALID_EXAMPLES = sorted(INVALID.rglob("*.json"))
 DOCUMENT_SCHEMAS = ["manifest", "writer-index", "drill", "copy"]
+#: The 1.1 schemas: the two documents that may reference a tensor table, and the reference itself.
+SCHEMAS_1_1 = ["manifest", "writer-index", "table-ref"]
 ENTRY_SCHEMAS = {
     "pck:step/1": "step",
     "pck:lr-scheduler/1": "lr-scheduler",
@@ -73,12 +83,31 @@ def build_registry() -> Registry[Any]:
 REGISTRY = build_registry()
 
 
+def _base_and_rest(rel: Path) -> tuple[str, Path]:
+    """The ``$id`` base for a path relative to spec/schemas or spec/examples[/invalid]."""
+    if len(rel.parts) > 1 and rel.parts[0] in MINOR_DIRS:
+        return MINOR_DIRS[rel.parts[0]], Path(*rel.parts[1:])
+    return BASE_URI, rel
+
+
+def expected_schema_id(path: Path) -> str:
+    """The ``$id`` a schema file must carry: its path below spec/schemas, on its version's base."""
+    base, rest = _base_and_rest(path.relative_to(SCHEMAS))
+    return base + rest.as_posix()
+
+
 def schema_id_for(path: Path) -> str:
     """Map an example (valid or invalid) to the ``$id`` of the schema it is checked against."""
-    rel = path.relative_to(INVALID if INVALID in path.parents else EXAMPLES)
+    base, rel = _base_and_rest(path.relative_to(INVALID if INVALID in path.parents else EXAMPLES))
     stem = rel.name.removesuffix(".json").split("--", 1)[0]
     sub = "entries/" if rel.parts[0] == "entries" else ""
-    return f"{BASE_URI}{sub}{stem}.schema.json"
+    return f"{base}{sub}{stem}.schema.json"
+
+
+def is_1_0_example(path: Path) -> bool:
+    """True for the released 1.0 examples (everything outside the minor-version folders)."""
+    rel = path.relative_to(INVALID if INVALID in path.parents else EXAMPLES)
+    return not (len(rel.parts) > 1 and rel.parts[0] in MINOR_DIRS)
 
 
 def validator_for(schema_id: str) -> Draft202012Validator:
@@ -107,14 +136,15 @@ def test_schema_files_present() -> None:
         assert f"spec/schemas/{stem}.schema.json" in names
     for stem in ENTRY_SCHEMAS.values():
         assert f"spec/schemas/entries/{stem}.schema.json" in names
+    for stem in SCHEMAS_1_1:
+        assert f"spec/schemas/1.1/{stem}.schema.json" in names
 
 
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=_rel)
 def test_schema_is_valid_draft_2020_12(path: Path) -> None:
     schema = _load(path)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    expected_id = BASE_URI + path.relative_to(SCHEMAS).as_posix()
-    assert schema["$id"] == expected_id
+    assert schema["$id"] == expected_schema_id(path)
     Draft202012Validator.check_schema(schema)
 
 
@@ -123,8 +153,12 @@ def test_schema_refs_resolve_offline(path: Path) -> None:
     schema = _load(path)
     resolver = REGISTRY.resolver(base_uri=schema["$id"])
     refs = list(_walk_refs(schema))
+    minor = path.relative_to(SCHEMAS).parts[0] in MINOR_DIRS
     for ref in refs:
-        assert not re.match(r"^[a-z]+://", ref), f"{path.name}: absolute $ref {ref!r}"
+        if re.match(r"^[a-z]+://", ref):
+            # 1.0 schemas refer to each other relatively; a later minor's schemas may name the
+            # released 1.0 schema they extend by its absolute $id (never anything else).
+            assert minor and ref.startswith(BASE_URI), f"{_rel(path)}: absolute $ref {ref!r}"
         resolved = resolver.lookup(ref)
         assert resolved.contents is not None
 
@@ -174,12 +208,68 @@ def test_invalid_examples_have_unique_rules() -> None:
     assert len(names) == len(set(names))
 
 
+# ------------------------------------------------------------- format 1.1 (tensor tables)
+
+#: Valid and invalid 1.0 examples of the kinds a 1.1 schema extends.
+_EXTENDED_1_0 = [
+    p for p in VALID_EXAMPLES + INVALID_EXAMPLES
+    if is_1_0_example(p) and schema_id_for(p).removeprefix(BASE_URI).removesuffix(".schema.json")
+    in SCHEMAS_1_1
+]
+
+
+def test_1_1_examples_exist() -> None:
+    names = {_rel(p) for p in VALID_EXAMPLES + INVALID_EXAMPLES if not is_1_0_example(p)}
+    for name in ("manifest--tensor-table", "writer-index--tensor-table",
+                 "manifest--1-1-without-table"):
+        assert f"spec/examples/1.1/{name}.json" in names
+    assert any(n.startswith("spec/examples/invalid/1.1/") for n in names)
+    assert len(_EXTENDED_1_0) > 20
+
+
+@pytest.mark.parametrize("path", _EXTENDED_1_0, ids=_rel)
+def test_1_0_examples_keep_their_verdict_under_1_1(path: Path) -> None:
+    """Backward compatibility (R-VERSION-4, R-VERSION-9): the 1.1 schema of a kind accepts every
+    valid 1.0 example of that kind and rejects every invalid one."""
+    schema_id = schema_id_for(path).replace(BASE_URI, BASE_URI_1_1)
+    doc = _load(path)
+    valid = INVALID not in path.parents
+    errors = [e.message for e in validator_for(schema_id).iter_errors(doc)]
+    if valid:
+        assert not errors, f"{_rel(path)} fails the 1.1 schema: {errors[:3]}"
+    else:
+        assert errors, f"{_rel(path)} validates against the 1.1 schema"
+
+
+def test_1_1_table_examples_follow_section_8_5() -> None:
+    """R-TABLE-1, R-TABLE-2 in the examples: with a table, tensors is {}, the table file is listed
+    in files (a rule the schema cannot express), a manifest is 1.1 and says tensor-table."""
+    man = _load(EXAMPLES / "1.1" / "manifest--tensor-table.json")
+    idx = _load(EXAMPLES / "1.1" / "writer-index--tensor-table.json")
+    plain = _load(EXAMPLES / "1.1" / "manifest--1-1-without-table.json")
+    for doc in (man, idx):
+        assert doc["tensors"] == {}
+        assert doc["format_version"] == "1.1"
+        assert doc["tensor_table"]["file"] in doc["files"]
+    assert man["must_understand"] == ["tensor-table"]
+    assert {man["tensor_table"]["codec"], idx["tensor_table"]["codec"]} == {"none", "zstd"}
+    # a writer's table is a file of the version, listed in the manifest too (R-FILES-1)
+    assert idx["tensor_table"]["file"] in man["files"]
+    assert "tensor_table" not in plain and plain["tensors"] and plain["format_version"] == "1.1"
+    assert man["attempt_id"] == idx["attempt_id"] == _load(EXAMPLES / "manifest.json")["attempt_id"]
+    # 1.0 documents with a tensor_table member fail the 1.1 schema (R-TABLE-2): shown by the
+    # invalid examples; a 1.0 schema alone does not know the member (R-VERSION-6) and accepts it.
+    v10 = validator_for(BASE_URI + "manifest.schema.json")
+    assert v10.is_valid(_load(INVALID / "1.1" / "manifest--table-format-version-1-0.json"))
+
+
 # ------------------------------------------------------- rules beyond the schemas (examples)
 
 
 def _manifest_like_examples() -> list[Path]:
-    return [p for p in VALID_EXAMPLES if p.parent == EXAMPLES and p.name.split("--")[0] in (
-        "manifest.json", "manifest", "writer-index.json", "writer-index")]
+    return [p for p in VALID_EXAMPLES if p.parent in (EXAMPLES, EXAMPLES / "1.1")
+            and p.name.split("--")[0] in (
+                "manifest.json", "manifest", "writer-index.json", "writer-index")]
 
 
 def _boxes_cover_exactly_once(shape: list[int], boxes: list[tuple[list[int], list[int]]]) -> bool:
@@ -201,6 +291,9 @@ def test_example_obeys_semantic_rules(path: Path) -> None:
     for name, record in doc["files"].items():
         cks = record["checksum"]
         assert len(cks["blocks"]) == 8 * math.ceil(record["size"] / cks["block_size"]), name
+    if "tensor_table" in doc:  # R-TABLE-1
+        assert doc["tensor_table"]["file"] in doc["files"]
+        assert doc["tensors"] == {}
     for key, tensor in doc["tensors"].items():
         ndim = len(tensor["shape"])
         for r in tensor["ranges"]:

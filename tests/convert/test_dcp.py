@@ -75,6 +75,29 @@ def test_dcp_to_portable_values(dcp_ckpt: tuple[Path, Path], converted: tuple[Pa
     assert report.largest_chunk > 0 and report.bytes == sum(i.nbytes for i in ck.tensors.values())
 
 
+def test_scanner_reads_dtensor_fsdp_adamw_metadata(dcp_ckpt: tuple[Path, Path]) -> None:
+    from _dcp_pickles import from_torch
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    from portable_ckpt.convert._dcp_meta import DcpBytes, DcpTensor, read_dcp_metadata
+
+    ckpt, _ = dcp_ckpt
+    got = read_dcp_metadata(str(ckpt / ".metadata"))
+    assert got == from_torch(FileSystemReader(str(ckpt)).read_metadata())
+    sdm = got.state_dict_metadata
+    a, b = sdm["dt.a"], sdm["dt.b"]
+    assert isinstance(a, DcpTensor) and isinstance(b, DcpTensor)
+    assert [c.offsets for c in a.chunks] == [(0, 0), (4, 0)]  # uneven Shard(0) of 7 rows
+    assert b.dtype == "bfloat16" and [c.sizes for c in b.chunks] == [(6, 5), (6, 4)]
+    assert {got.storage_for("dt.a", c.offsets).relative_path for c in a.chunks} == {  # type: ignore[union-attr]
+        "__0_0.distcp",
+        "__1_0.distcp",
+    }
+    moments = [k for k, v in sdm.items() if k.startswith("optim.state.") and isinstance(v, DcpTensor)]
+    assert any(k.endswith(".exp_avg") for k in moments) and any(k.endswith(".exp_avg_sq") for k in moments)
+    assert isinstance(sdm["optim.param_groups.0.lr"], DcpBytes) and isinstance(sdm["step"], DcpBytes)
+
+
 def test_resharded_reads_on_three_ranks(dcp_ckpt: tuple[Path, Path], converted: tuple[Path, Any], ranks: Any) -> None:
     _, ref = dcp_ckpt
     root, _ = converted

@@ -57,13 +57,26 @@ def save_sharded(
     entries: dict[str, Any] | None = None,
     continuation: Continuation | None = None,
     max_file_bytes: int = 4 << 30,
+    writer_tables: bool | Sequence[int] = False,
+    tensor_table: bool | None = None,
 ) -> Manifest:
-    """Save each tensor split on a grid (``parts`` per dim), chunks dealt round-robin to writers."""
+    """Save each tensor split on a grid (``parts`` per dim), chunks dealt round-robin to writers.
+
+    ``writer_tables`` makes all (``True``) or the listed writers describe their records in a
+    tensor table (spec §8.5); ``tensor_table`` is passed to :func:`commit`.
+    """
     storage = open_storage(root, create=True)
     attempt = new_attempt_id(step)
+    tabled = set(range(writers)) if writer_tables is True else set(writer_tables or ())
     ws = [
         ShardWriter(
-            storage, attempt, w, codec=codec, block_size=block_size, max_file_bytes=max_file_bytes
+            storage,
+            attempt,
+            w,
+            codec=codec,
+            block_size=block_size,
+            max_file_bytes=max_file_bytes,
+            tensor_table=w in tabled,
         )
         for w in range(writers)
     ]
@@ -86,6 +99,7 @@ def save_sharded(
         indexes=idx,
         expected_writers=list(range(writers)),
         continuation=continuation,
+        tensor_table=tensor_table,
     )
 
 

@@ -7,6 +7,7 @@ a conversion holds at most one batch of chunks in memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,15 @@ import numpy as np
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.ranges import Box, check_coverage
 
-__all__ = ["ChunkSpec", "ConvertWarning", "EntrySpec", "SourcePlan", "TensorSpec", "check_plan"]
+__all__ = [
+    "ChunkSpec",
+    "ConvertWarning",
+    "EntrySpec",
+    "SourcePlan",
+    "TensorSpec",
+    "check_plan",
+    "to_json_value",
+]
 
 
 @dataclass
@@ -109,3 +118,34 @@ def check_plan(plan: SourcePlan) -> None:
             exc.message = f"{exc.message} (chunks stored in {', '.join(files[:4])})"
             exc.args = (exc.message,)
             raise
+
+
+def to_json_value(value: Any, depth: int = 0) -> Any:
+    """Return the Python value ``value`` as plain JSON data, or raise ``ValueError``.
+
+    Recognised: ``None``, bools, ints, finite floats, strings, and lists/tuples/dicts (string or
+    int keys; int keys become strings) of these. Tuples become lists.
+    """
+    if depth > 64:
+        raise ValueError("nested too deeply")
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite float {value!r}")
+        return float(value)
+    if isinstance(value, list | tuple):
+        return [to_json_value(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                if isinstance(k, int) and not isinstance(k, bool):
+                    k = str(k)
+                else:
+                    raise ValueError(f"dict key {k!r} is not a string")
+            out[k] = to_json_value(v, depth + 1)
+        return out
+    raise ValueError(f"value of type {type(value).__name__} is not JSON data")

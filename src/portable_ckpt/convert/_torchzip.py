@@ -3,13 +3,15 @@
 The zip is located by ``(path, offset, length)`` — DCP concatenates one such zip per chunk in its
 ``.distcp`` files. The tensor's metadata comes from ``data.pkl`` interpreted by
 :mod:`portable_ckpt.convert._pickle_scan` (no code runs); its bytes are the ``data/<key>`` member,
-which ``torch.save`` stores uncompressed, so they are read straight from the file with ``pread``.
+which ``torch.save`` stores uncompressed, so they are mapped straight from the file
+(:func:`map_torch_tensor`, no copy) or ``pread`` into a new array (:func:`read_torch_tensor`).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import mmap
 import os
 import struct
 import zipfile
@@ -30,6 +32,7 @@ from portable_ckpt.errors import (
     DtypeUnsupportedError,
     FileSizeError,
     ShardHeaderError,
+    StorageError,
 )
 from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
@@ -37,6 +40,7 @@ __all__ = [
     "TORCH_DTYPE_NAMES",
     "TorchTensorLayout",
     "is_tensor_node",
+    "map_torch_tensor",
     "open_torch_archive",
     "parse_torch_zip",
     "pread_into",
@@ -204,7 +208,7 @@ def open_torch_archive(
         if order is not None and zf.read(order).strip() not in (b"little", b""):
             raise ShardHeaderError(f"{where}: big-endian torch.save data is not supported")
         try:
-            root = scan_pickle(zf.read(info))
+            root = scan_pickle(zf.read(info), max_ops=None)  # bounded by _MAX_PKL
         except PickleScanError as exc:
             raise ShardHeaderError(f"{where}: cannot interpret data.pkl: {exc}") from None
         except (zipfile.BadZipFile, OSError, ValueError) as exc:
@@ -336,6 +340,54 @@ def read_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.n
     buf = np.empty((hi - lo) * item, dtype=np.uint8)
     pread_into(fd, buf, layout.data_offset + lo * item, where=where)
     flat = buf.view(dt)
+    return np.lib.stride_tricks.as_strided(
+        flat, shape=layout.shape, strides=tuple(s * item for s in layout.stride), writeable=False
+    )
+
+
+def map_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.ndarray:
+    """Return the tensor described by ``layout`` as a read-only array over a mapping of ``fd``.
+
+    Only the bytes the view spans are mapped (``MAP_POPULATE``: faulted in at once, from the page
+    cache when they are there); nothing is copied. A strided view maps its storage span and is
+    returned as a strided array (the format writer accepts any strides). The mapping lives as
+    long as the array does, so a consumer that drops the array after writing it keeps memory at
+    the chunks in flight.
+
+    Raises:
+        FileSizeError: the file is shorter than the tensor's bytes (truncated).
+        StorageError: the mapping fails.
+
+    """
+    dt = numpy_dtype(layout.dtype)
+    item = dt.itemsize
+    n = math.prod(layout.shape)
+    if n == 0:
+        return np.empty(layout.shape, dtype=dt)
+    contiguous = layout.is_contiguous
+    lo = layout.storage_offset
+    if contiguous:
+        count = n
+    else:
+        count = sum((d - 1) * s for d, s in zip(layout.shape, layout.stride, strict=True)) + 1
+    start = layout.data_offset + lo * item
+    nbytes = count * item
+    size = os.fstat(fd).st_size
+    if start + nbytes > size:
+        raise FileSizeError(
+            f"{where}: tensor bytes [{start}, {start + nbytes}) extend past the end of the file "
+            f"({size} bytes): truncated; re-copy the checkpoint"
+        )
+    page = mmap.ALLOCATIONGRANULARITY
+    base = start // page * page
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    try:
+        mm = mmap.mmap(fd, start + nbytes - base, flags=flags, prot=mmap.PROT_READ, offset=base)
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"{where}: cannot map the tensor bytes: {exc}") from None
+    flat = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start - base).view(dt)
+    if contiguous:
+        return flat.reshape(layout.shape)
     return np.lib.stride_tricks.as_strided(
         flat, shape=layout.shape, strides=tuple(s * item for s in layout.stride), writeable=False
     )

@@ -2,8 +2,8 @@
 
 The file is a zip; its ``data.pkl`` is interpreted symbolically by
 :mod:`portable_ckpt.convert._pickle_scan` (nothing is imported or called — strictly safer than
-``torch.load(weights_only=True)``, and it needs no torch), and each tensor's bytes are ``pread``
-from its storage member one tensor at a time, so memory stays at one tensor. Recognised
+``torch.load(weights_only=True)``, and it needs no torch), and each tensor's bytes are mapped
+(``mmap``, no copy) from its storage member one tensor at a time, so memory stays at one tensor. Recognised
 structure: dicts/OrderedDicts (string or int keys), lists/tuples, tensors (``_rebuild_tensor_v2``
 /``v3``, ``nn.Parameter``), ``torch.Size`` and plain JSON scalars. Nested containers are
 flattened to dotted keys (``"state.0.exp_avg"``); a list or dict without tensors below it becomes
@@ -36,8 +36,8 @@ from portable_ckpt.convert._torchzip import (
     TORCH_DTYPE_NAMES,
     TorchTensorLayout,
     is_tensor_node,
+    map_torch_tensor,
     open_torch_archive,
-    read_torch_tensor,
     tensor_layout,
 )
 from portable_ckpt.errors import (
@@ -159,7 +159,7 @@ def read_torch_source(path: str, *, strict: bool = False) -> SourcePlan:
         warnings: list[ConvertWarning] = []
 
         def loader(layout: TorchTensorLayout, where: str) -> Callable[[], np.ndarray[Any, Any]]:
-            return lambda: read_torch_tensor(fd, layout, where=where)
+            return lambda: map_torch_tensor(fd, layout, where=where)
 
         def walk(prefix: str, node: Any, depth: int) -> None:
             node = _unwrap_param(node)
@@ -245,7 +245,7 @@ def _fallback(path: str, *, strict: bool, reason: str) -> SourcePlan:
             for i, v in enumerate(node):
                 walk(f"{prefix}.{i}" if prefix else str(i), v)
         else:
-            from portable_ckpt.convert._dcp_child import to_json_value
+            from portable_ckpt.convert._model import to_json_value
 
             try:
                 entries.append(EntrySpec(name, to_json_value(node)))

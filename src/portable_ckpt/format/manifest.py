@@ -808,10 +808,10 @@ def _table_ref(
     c: _Ctx, d: dict[str, Any], version: str, files: dict[str, FileRecord], tensors: dict[str, Any]
 ) -> TableRef | None:
     """The ``tensor_table`` member (spec §8.5, R-TABLE-1 / R-TABLE-2), or ``None``."""
-    v = d.get("tensor_table")
-    if v is None:
+    if "tensor_table" not in d:
         return None
-    o = c.obj(v, "tensor_table")
+    # A present member must be a reference: ``null`` is not "absent" (the schema rejects it).
+    o = c.obj(d["tensor_table"], "tensor_table")
     c.closed(o, "tensor_table", {"file", "codec"})
     path = check_relative_path(c.req(o, "file", "tensor_table"), what="tensor_table.file")
     codec = c.req(o, "codec", "tensor_table")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,12 @@ from portable_ckpt.format.naming import (
     parse_attempt_step,
     utc_now_iso,
 )
-from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher, read_verified_bytes
+from portable_ckpt.io.checksum import (
+    DEFAULT_BLOCK_SIZE,
+    BlockHasher,
+    read_verified,
+    read_verified_bytes,
+)
 from portable_ckpt.io.safetensors_io import check_range, load_header
 from portable_ckpt.io.tensor_table import (
     DTYPE_CODES,
@@ -73,6 +79,7 @@ __all__ = [
     "merge_indexes",
     "merge_tables",
     "read_writer_index",
+    "read_writer_indexes",
 ]
 
 
@@ -95,14 +102,48 @@ def read_writer_index(
     cache: TableCache | None = None,
 ) -> WriterIndex:
     """Read and validate ``index/wNNNNN.json`` of ``writer`` (and its tensor table, if any)."""
-    rel = index_file_name(writer)
-    full = f"{attempt_id}/{rel}"
+    idx = _parse_index(attempt_id, writer, _read_index_bytes(storage, attempt_id, writer))
+    if idx.tensor_table is not None:
+        idx.table = load_writer_table(storage, attempt_id, idx, cache)
+    return idx
+
+
+def read_writer_indexes(
+    storage: Storage,
+    attempt_id: str,
+    writers: Sequence[int],
+    cache: TableCache | None = None,
+    *,
+    threads: int = 16,
+) -> list[WriterIndex]:
+    """Read the indexes (and tensor tables) of many writers with overlapped I/O.
+
+    Reads run on a thread pool (on an object store each is a round trip); parsing and
+    validation stay on the calling thread, in writer order, so errors are deterministic.
+    """
+    if len(writers) <= 1:
+        return [read_writer_index(storage, attempt_id, w, cache) for w in writers]
+    with ThreadPoolExecutor(max_workers=min(threads, len(writers))) as pool:
+        raw = list(pool.map(lambda w: _read_index_bytes(storage, attempt_id, w), writers))
+        out = [_parse_index(attempt_id, w, data) for w, data in zip(writers, raw, strict=True)]
+        del raw
+        _load_tables(storage, attempt_id, out, cache, pool)
+    return out
+
+
+def _read_index_bytes(storage: Storage, attempt_id: str, writer: int) -> bytes:
+    full = f"{attempt_id}/{index_file_name(writer)}"
     if not storage.exists(full):
         raise WriterMissingError(
             f"writer {writer} of attempt {attempt_id} left no index ({full}); it did not finish — "
             "the attempt cannot be committed"
         )
-    data = storage.read_all(full, max_size=jsonio.MAX_DOCUMENT_BYTES)
+    return storage.read_all(full, max_size=jsonio.MAX_DOCUMENT_BYTES)
+
+
+def _parse_index(attempt_id: str, writer: int, data: bytes) -> WriterIndex:
+    rel = index_file_name(writer)
+    full = f"{attempt_id}/{rel}"
     idx = parse_writer_index(jsonio.loads(data, what=full), what=full)
     if idx.writer != writer:
         raise SchemaError(
@@ -111,9 +152,30 @@ def read_writer_index(
     h = BlockHasher(DEFAULT_BLOCK_SIZE)
     h.update(data)
     idx.index_file = FileRecord(rel, len(data), Checksum("crc32c", DEFAULT_BLOCK_SIZE, h.blocks()))
-    if idx.tensor_table is not None:
-        idx.table = load_writer_table(storage, attempt_id, idx, cache)
     return idx
+
+
+def _load_tables(
+    storage: Storage,
+    attempt_id: str,
+    indexes: Sequence[WriterIndex],
+    cache: TableCache | None,
+    pool: ThreadPoolExecutor,
+    window: int = 64,
+) -> None:
+    """Load every missing writer table: reads on ``pool`` (a bounded window ahead), decoding here."""
+    todo = [idx for idx in indexes if idx.tensor_table is not None and idx.table is None]
+    pending: dict[int, Future[bytearray]] = {}
+    for i, idx in enumerate(todo):
+        for j in range(i, min(len(todo), i + window)):
+            if j not in pending:
+                pending[j] = pool.submit(_read_table_bytes, storage, attempt_id, todo[j])
+        buf = pending.pop(i).result()
+        ref = idx.tensor_table
+        assert ref is not None
+        idx.table = decode_table(
+            buf, codec=ref.codec, what=f"{attempt_id}/{ref.file}", files=idx.files, cache=cache
+        )
 
 
 def load_writer_table(
@@ -126,6 +188,16 @@ def load_writer_table(
     ref = idx.tensor_table
     if ref is None:
         raise UsageError(f"writer {idx.writer} has no tensor table")
+    buf = _read_table_bytes(storage, attempt_id, idx)
+    return decode_table(
+        buf, codec=ref.codec, what=f"{attempt_id}/{ref.file}", files=idx.files, cache=cache
+    )
+
+
+def _read_table_bytes(storage: Storage, attempt_id: str, idx: WriterIndex) -> bytearray:
+    ref = idx.tensor_table
+    if ref is None:
+        raise UsageError(f"writer {idx.writer} has no tensor table")
     rec = idx.files[ref.file]
     full = f"{attempt_id}/{ref.file}"
     actual = storage.size(full)
@@ -133,8 +205,9 @@ def load_writer_table(
         raise FileSizeError(
             f"{full}: {actual} bytes on storage, writer {idx.writer} reported {rec.size}", path=full
         )
-    data = read_verified_bytes(storage, full, rec, 0, rec.size)
-    return decode_table(data, codec=ref.codec, what=full, files=idx.files, cache=cache)
+    buf = bytearray(rec.size)
+    read_verified(storage, full, rec, 0, rec.size, memoryview(buf))
+    return buf
 
 
 def _table_of(idx: WriterIndex) -> TensorTable:
@@ -212,9 +285,12 @@ def merge_tables(indexes: Sequence[WriterIndex]) -> TensorTable:
         cstart = np.zeros(len(gid), dtype=np.int64)
         np.cumsum(nd[:-1], out=cstart[1:])
         counts = np.bincount(gid, minlength=ntensors).astype(np.int64)
-        for d in np.unique(nd).tolist():
-            sel = np.flatnonzero(nd == d)
-            sel = sel[np.argsort(gid[sel], kind="stable")]
+        # Tensor ids fit 16 bits in practice: numpy's stable sort is then a linear radix sort.
+        sort_key = gid.astype(np.uint16) if ntensors <= 1 << 16 else gid
+        dims = np.flatnonzero(np.bincount(nd)).tolist()
+        for d in dims:
+            sel = np.flatnonzero(nd == d) if len(dims) > 1 else np.arange(len(gid))
+            sel = sel[np.argsort(sort_key[sel], kind="stable")]
             at = cstart[sel][:, None] + np.arange(d, dtype=np.int64)[None, :]
             cols[0].append(fid[sel])
             cols[1].append(cid[sel])
@@ -255,6 +331,9 @@ def merge_indexes(
     files: dict[str, FileRecord] = {}
     tensors: dict[str, TensorEntry] = {}
     entries: dict[str, Entry] = {}
+    # Ranks that hold a value, per entry: kept across writers (rebuilding it per writer made
+    # per-rank entries quadratic in the number of writers).
+    ranks: dict[str, set[int | None]] = {}
     seen: set[int] = set()
     for idx in indexes:
         if idx.attempt_id != attempt_id:
@@ -286,13 +365,14 @@ def merge_indexes(
                 entries[name] = Entry(
                     e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy
                 )
+                ranks[name] = {v.rank for v in e.values}
             elif cur_e.declaration() != e.declaration():
                 raise MetadataConflictError(
                     f"entry {name!r}: writer {idx.writer} declares a different schema, scope, "
                     "encoding or policy than another writer"
                 )
             else:
-                have = {v.rank for v in cur_e.values}
+                have = ranks[name]
                 for v in e.values:
                     if v.rank in have:
                         what = (
@@ -368,10 +448,10 @@ def commit(
     if indexes is None:
         if expected_writers is None:
             raise UsageError("commit needs indexes= or expected_writers=")
-        indexes = [read_writer_index(storage, attempt_id, w, cache) for w in expected_writers]
-    for idx in indexes:
-        if idx.tensor_table is not None and idx.table is None:
-            idx.table = load_writer_table(storage, attempt_id, idx, cache)
+        indexes = read_writer_indexes(storage, attempt_id, list(expected_writers), cache)
+    if any(idx.tensor_table is not None and idx.table is None for idx in indexes):
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            _load_tables(storage, attempt_id, indexes, cache, pool)
     records = sum(
         idx.table.records if idx.table is not None else sum(len(t.ranges) for t in idx.tensors.values())
         for idx in indexes

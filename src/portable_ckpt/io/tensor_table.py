@@ -8,10 +8,11 @@ millions of records opens, plans and proves coverage in vectorised passes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -90,19 +91,29 @@ class TensorTable:
     lengths: np.ndarray[Any, Any]  # int64 [C]
     #: The ``tensor.key`` column's bytes when decoded from a file (a cheap identity for merging).
     key_blob: bytes | None = None
-    row_start: np.ndarray[Any, Any] = field(init=False)
-    coord_start: np.ndarray[Any, Any] = field(init=False)
-    shape_start: np.ndarray[Any, Any] = field(init=False)
 
-    def __post_init__(self) -> None:
-        t = len(self.keys)
-        nd = self.ndim.astype(np.int64)
-        self.row_start = np.zeros(t + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=self.row_start[1:])
-        self.coord_start = np.zeros(t + 1, dtype=np.int64)
-        np.cumsum(self.counts * nd, out=self.coord_start[1:])
-        self.shape_start = np.zeros(t + 1, dtype=np.int64)
-        np.cumsum(nd, out=self.shape_start[1:])
+    # Positions are prefix sums, computed on first use: a committer merging thousands of writer
+    # tables never needs them.
+    @functools.cached_property
+    def row_start(self) -> np.ndarray[Any, Any]:
+        """First row of each tensor (length T + 1)."""
+        out = np.zeros(len(self.keys) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=out[1:])
+        return out
+
+    @functools.cached_property
+    def coord_start(self) -> np.ndarray[Any, Any]:
+        """First coordinate of each tensor in ``offsets``/``lengths`` (length T + 1)."""
+        out = np.zeros(len(self.keys) + 1, dtype=np.int64)
+        np.cumsum(self.counts * self.ndim.astype(np.int64), out=out[1:])
+        return out
+
+    @functools.cached_property
+    def shape_start(self) -> np.ndarray[Any, Any]:
+        """First value of each tensor's shape in ``shape`` (length T + 1)."""
+        out = np.zeros(len(self.keys) + 1, dtype=np.int64)
+        np.cumsum(self.ndim.astype(np.int64), out=out[1:])
+        return out
 
     # -- access --------------------------------------------------------------------------------
     @property
@@ -309,8 +320,9 @@ class TableCache:
     """
 
     def __init__(self) -> None:
-        self.last: tuple[bytes, bytes, bytes, bytes] | None = None
+        self.last: tuple[bytes, ...] | None = None
         self.keys: list[str] = []
+        self.header: tuple[bytes, int, Any] | None = None
 
 
 def _split_heap(col: np.ndarray[Any, Any], *, what: str, column: str) -> list[str]:
@@ -374,6 +386,7 @@ def decode_table(
         CheckpointError: with the code of the rule broken; nothing is returned half-validated.
 
     """
+    raw: bytes | bytearray
     if codec == "zstd":
         try:
             declared = zstandard.get_frame_parameters(bytes(data[:18])).content_size
@@ -394,7 +407,7 @@ def decode_table(
     elif codec == "none":
         if len(data) > MAX_TABLE_BYTES:
             raise LimitError(f"{what}: tensor table of {len(data)} bytes is above 2^32", path=what)
-        raw = bytes(data)
+        raw = data if isinstance(data, bytes | bytearray) else bytes(data)
     else:
         raise CodecError(f"{what}: tensor_table codec {codec!r} is not 'none' or 'zstd'", path=what)
     if len(raw) < 8:
@@ -408,7 +421,13 @@ def decode_table(
         raise ShardHeaderError(
             f"{what}: header length {n} exceeds the limit or the table size ({len(raw)})", path=what
         )
-    hdr = parse_header(raw[:8], raw[8 : 8 + n], path=what, file_size=len(raw))
+    head = bytes(raw[8 : 8 + n])
+    if cache is not None and cache.header is not None and cache.header[:2] == (head, len(raw)):
+        hdr = cache.header[2]  # same header and size as the previous table: same parse
+    else:
+        hdr = parse_header(bytes(raw[:8]), head, path=what, file_size=len(raw))
+        if cache is not None:
+            cache.header = (head, len(raw), hdr)
     names = set(hdr.tensors)
     if names != set(COLUMNS):
         missing = sorted(set(COLUMNS) - names)
@@ -428,15 +447,22 @@ def decode_table(
                 path=what,
             )
         cols[name] = np.frombuffer(raw, dtype=np_dt, count=t.shape[0], offset=t.start)
-    key_blob = cols["tensor.key"].tobytes()
     dtypes, ndim, shape = cols["tensor.dtype"], cols["tensor.ndim"], cols["tensor.shape"]
-    decl = (key_blob, dtypes.tobytes(), ndim.tobytes(), shape.tobytes())
-    if cache is not None and cache.last == decl:
-        keys = cache.keys
+    mv = memoryview(raw)
+    spans = [hdr.tensors[c] for c in ("tensor.key", "tensor.dtype", "tensor.ndim", "tensor.shape")]
+    last = cache.last if cache is not None else None
+    # Declarations byte-identical to the previous table's were validated already (memcmp only).
+    if last is not None and all(
+        mv[t.start : t.end] == prev for t, prev in zip(spans, last, strict=True)
+    ):
+        keys = cache.keys if cache is not None else []
+        key_blob = last[0]
     else:
         keys = _decode_declarations(cols, what)
+        key_blob = bytes(mv[spans[0].start : spans[0].end])
         if cache is not None:
-            cache.last, cache.keys = decl, keys
+            cache.last = tuple(bytes(mv[t.start : t.end]) for t in spans)
+            cache.keys = keys
     if cols["tensor.ranges"].shape[0] != len(keys):
         raise SchemaError(
             f"{what}: column 'tensor.ranges' has {cols['tensor.ranges'].shape[0]} values for "

@@ -132,7 +132,8 @@ class ShardWriter:
         tensor_table: Describe this writer's tensors in a tensor table
             (``index/wNNNNN.tensors.safetensors``, spec §8.5, format 1.1) instead of JSON —
             for jobs whose writers together hold many range records, where parsing thousands of
-            JSON indexes would dominate the commit.
+            JSON indexes would dominate the commit. An index whose JSON form would exceed the
+            64 MiB document limit gets a table regardless (R-TABLE-9).
 
     """
 
@@ -369,12 +370,7 @@ class ShardWriter:
         for rel, payload in self._entry_payloads:
             index.files[rel] = self._put(rel, payload)
         if self.tensor_table:
-            table = TensorTable.from_entries(index.tensors.values())
-            rel = index_file_name(self.writer).removesuffix(".json") + ".tensors.safetensors"
-            # Under index/: written durably at once (not deferred), before the index lists it.
-            index.files[rel] = self._put(rel, encode_table(table, codec="none"))
-            index.tensor_table = TableRef(rel, "none")
-            index.table = table
+            self._attach_table(index)
         # Every listed file is durable, names included, before the index that lists them.
         if self.sync_on_finish:
             self.storage.sync()
@@ -384,9 +380,25 @@ class ShardWriter:
         }
         if self.write_index:
             rel = index_file_name(self.writer)
-            index.index_file = self._put(rel, jsonio.dumps(index.to_json()))
+            data = jsonio.dumps(index.to_json())
+            if index.tensor_table is None and len(data) > jsonio.MAX_DOCUMENT_BYTES:
+                # R-TABLE-9: a JSON index above the document limit could never be read back;
+                # the records go into a table instead (durable before the index lists it).
+                self._attach_table(index)
+                self.storage.sync()
+                data = jsonio.dumps(index.to_json())
+            index.index_file = self._put(rel, data)
             self.storage.sync()
         return index
+
+    def _attach_table(self, index: WriterIndex) -> None:
+        """Store the index's records as ``index/wNNNNN.tensors.safetensors`` (spec §8.5)."""
+        table = TensorTable.from_entries(index.tensors.values())
+        rel = index_file_name(self.writer).removesuffix(".json") + ".tensors.safetensors"
+        # Under index/: written durably at once (not deferred), before the index lists it.
+        index.files[rel] = self._put(rel, encode_table(table, codec="none"))
+        index.tensor_table = TableRef(rel, "none")
+        index.table = table
 
     def _rel(self, rel: str) -> str:
         return f"{self.attempt_id}/{rel}"

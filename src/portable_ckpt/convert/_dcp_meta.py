@@ -1,0 +1,481 @@
+"""Read DCP's ``.metadata`` and byte items without torch and without running pickle code.
+
+``torch.distributed.checkpoint`` (``FileSystemWriter``) pickles a
+``torch.distributed.checkpoint.metadata.Metadata`` into ``.metadata``. This module interprets that
+pickle with the symbolic scanner of :mod:`portable_ckpt.convert._pickle_scan` (nothing is imported
+or called) and maps the inert records onto plain data (:class:`DcpMetadata`):
+
+* ``state_dict_metadata``: fqn → :class:`DcpTensor` (torch dtype name, global size, chunks as
+  offsets/sizes) or :class:`DcpBytes`;
+* ``storage_data``: ``(fqn, chunk offsets or None)`` — the identity of a ``MetadataIndex``, whose
+  ``index`` hint takes no part in equality — → :class:`DcpStorage` (relative path, offset,
+  length, stream transform descriptors).
+
+Only the globals of :data:`METADATA_GLOBALS` may appear (DCP's metadata classes across torch
+versions — including ``TensorProperties`` from ``torch.distributed._shard.sharded_tensor.metadata``
+of torch ≤ 2.0 — ``_StorageInfo``, ``torch.Size``, torch dtypes, ``torch.serialization._get_layout``,
+``collections.OrderedDict``, ``pathlib`` paths of ``StorageMeta.checkpoint_id`` and the protocol 0/1
+object constructor ``copyreg._reconstructor``). Any other global is refused with
+``PCK-UNSUPPORTED-VALUE`` naming the file and the global, before anything is written; a malformed,
+truncated or unexpectedly shaped pickle gives ``PCK-SHARD-HEADER``.
+
+Byte items (``BytesStorageMetadata``) are ``torch.save`` zips; :func:`decode_byte_item` interprets
+their ``data.pkl`` the same way and returns JSON data (``None``, bools, ints, finite floats,
+strings, and lists/tuples/dicts — string or int keys, ``OrderedDict`` — of these; ``torch.Size``
+becomes a list), or raises :class:`NotJsonError` with the reason (e.g. a set, a tensor, a bytes
+value, or any other class).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from portable_ckpt.convert._pickle_scan import (
+    Call,
+    Global,
+    PickleGlobalError,
+    PickleScanError,
+    scan_pickle,
+)
+from portable_ckpt.errors import (
+    CheckpointError,
+    FileMissingError,
+    FileSizeError,
+    LimitError,
+    ShardHeaderError,
+    StorageError,
+    UnsupportedValueError,
+)
+
+__all__ = [
+    "METADATA_GLOBALS",
+    "DcpBytes",
+    "DcpChunk",
+    "DcpMetadata",
+    "DcpStorage",
+    "DcpTensor",
+    "NotJsonError",
+    "decode_byte_item",
+    "parse_dcp_metadata",
+    "read_dcp_metadata",
+    "symbolic_to_json",
+]
+
+#: Largest ``.metadata`` read (a 1M-chunk checkpoint's metadata is ~150 MB).
+MAX_METADATA_BYTES = 1 << 30
+
+_MD = "torch.distributed.checkpoint.metadata"
+_SHARD_MD = "torch.distributed._shard.sharded_tensor.metadata"
+_FS = "torch.distributed.checkpoint.filesystem"
+
+#: torch dtype attribute names (torch 1.13 … 2.13); the format's own table is narrower
+#: (:data:`portable_ckpt.convert._torchzip.TORCH_DTYPE_NAMES`): others give PCK-DTYPE-UNSUPPORTED.
+TORCH_DTYPE_ATTRS = frozenset(
+    """bfloat16 bit bits16 bits1x8 bits2x4 bits4x2 bits8 bool cdouble cfloat chalf complex128
+    complex32 complex64 double float float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn
+    float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu half int int1 int16 int2 int3 int32
+    int4 int5 int6 int64 int7 int8 long qint32 qint8 quint2x4 quint4x2 quint8 short uint1 uint16
+    uint2 uint3 uint32 uint4 uint5 uint6 uint64 uint7 uint8""".split()
+)
+
+_PATH_CLASSES = ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path")
+
+#: Every global a DCP ``.metadata`` pickle may reference.
+METADATA_GLOBALS = frozenset(
+    {
+        f"{_MD}.Metadata",
+        f"{_MD}.TensorStorageMetadata",
+        f"{_MD}.ChunkStorageMetadata",
+        f"{_MD}.BytesStorageMetadata",
+        f"{_MD}.TensorProperties",
+        f"{_MD}.MetadataIndex",
+        f"{_MD}.StorageMeta",
+        f"{_MD}._MEM_FORMAT_ENCODING",
+        f"{_SHARD_MD}.TensorProperties",
+        f"{_SHARD_MD}.MEM_FORMAT_ENCODING",
+        f"{_FS}._StorageInfo",
+        "torch.Size",
+        "torch.serialization._get_layout",
+        "collections.OrderedDict",
+        "copyreg._reconstructor",
+        "builtins.object",
+        *(f"torch.{d}" for d in TORCH_DTYPE_ATTRS),
+        *(f"pathlib.{c}" for c in _PATH_CLASSES),
+        *(f"pathlib._local.{c}" for c in _PATH_CLASSES),
+    }
+)
+
+_DICT_CTORS = ("collections.OrderedDict", "builtins.dict")
+_MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class DcpChunk:
+    """One stored chunk of a DCP tensor: its box in the global tensor."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DcpTensor:
+    """A tensor of the DCP state dict.
+
+    Attributes:
+        dtype: the torch dtype's attribute name (``"float32"``, ``"bfloat16"``, ...).
+        size: the global shape.
+        chunks: the stored chunks, in ``.metadata`` order (their position is the
+            ``MetadataIndex.index`` hint).
+
+    """
+
+    dtype: str
+    size: tuple[int, ...]
+    chunks: tuple[DcpChunk, ...]
+
+
+@dataclass(frozen=True)
+class DcpBytes:
+    """A non-tensor item of the DCP state dict (stored as a ``torch.save`` zip)."""
+
+
+@dataclass(frozen=True)
+class DcpStorage:
+    """Where one item is stored: ``[offset, offset + length)`` of ``relative_path``."""
+
+    relative_path: str
+    offset: int
+    length: int
+    transforms: tuple[str, ...] = ()
+
+
+@dataclass
+class DcpMetadata:
+    """The plain content of a DCP ``.metadata`` (see the module docstring)."""
+
+    state_dict_metadata: dict[str, DcpTensor | DcpBytes]
+    storage_data: dict[tuple[str, tuple[int, ...] | None], DcpStorage]
+    version: str | None = None
+
+    def storage_for(self, fqn: str, offsets: tuple[int, ...] | None = None) -> DcpStorage | None:
+        """Return where item ``fqn`` (the tensor chunk at ``offsets``) is stored, if recorded."""
+        return self.storage_data.get((fqn, offsets))
+
+
+class NotJsonError(ValueError):
+    """A byte item's value is not JSON data (the message says what it is)."""
+
+
+class _Bad(ValueError):
+    """The pickle is well formed but not shaped like DCP metadata."""
+
+
+# -- .metadata --------------------------------------------------------------------------------
+
+
+def read_dcp_metadata(path: str) -> DcpMetadata:
+    """Read and interpret the DCP ``.metadata`` file at ``path`` (see :func:`parse_dcp_metadata`).
+
+    Raises:
+        FileMissingError: ``path`` does not exist.
+        LimitError: the file is larger than :data:`MAX_METADATA_BYTES`.
+        StorageError: it cannot be read.
+        UnsupportedValueError, ShardHeaderError: see :func:`parse_dcp_metadata`.
+
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_METADATA_BYTES:
+                raise LimitError(
+                    f"{path} is {size} bytes; DCP metadata larger than {MAX_METADATA_BYTES} bytes "
+                    "is not read",
+                    path=path,
+                )
+            data = f.read(MAX_METADATA_BYTES + 1)
+    except FileNotFoundError:
+        raise FileMissingError(f"{path} does not exist", path=path) from None
+    except OSError as exc:
+        raise StorageError(f"read {path}: {exc.strerror}", path=path) from None
+    return parse_dcp_metadata(data, path=path)
+
+
+def parse_dcp_metadata(data: bytes, *, path: str) -> DcpMetadata:
+    """Interpret the bytes of a DCP ``.metadata`` pickle without executing it.
+
+    Args:
+        data: the file's content.
+        path: the file, for messages.
+
+    Returns:
+        The plain metadata.
+
+    Raises:
+        UnsupportedValueError: the pickle references a global outside :data:`METADATA_GLOBALS`
+            (``PCK-UNSUPPORTED-VALUE``; the message names the file and the global).
+        ShardHeaderError: the pickle is malformed or truncated, or is not a DCP ``Metadata``
+            written by ``FileSystemWriter`` (``PCK-SHARD-HEADER``).
+
+    """
+    try:
+        root = scan_pickle(data, allowed_globals=METADATA_GLOBALS, max_ops=None)
+    except PickleGlobalError as exc:
+        raise UnsupportedValueError(
+            f"{path} references the Python global {exc.qualname}, which is not one a DCP "
+            "FileSystemWriter .metadata contains (DCP's metadata classes, _StorageInfo, "
+            "torch.Size, torch dtypes, OrderedDict, pathlib paths); refusing to read it",
+            path=path,
+        ) from None
+    except PickleScanError as exc:
+        raise ShardHeaderError(
+            f"{path} is not a readable DCP metadata pickle ({exc}); the file is damaged or "
+            "truncated, re-copy the checkpoint",
+            path=path,
+        ) from None
+    try:
+        return _metadata(root)
+    except _Bad as exc:
+        raise ShardHeaderError(f"{path}: unexpected DCP metadata structure: {exc}", path=path) from None
+    except RecursionError:
+        raise ShardHeaderError(f"{path}: DCP metadata nested too deeply", path=path) from None
+
+
+def _describe(node: Any) -> str:
+    if isinstance(node, Call):
+        return f"object {node.func.qualname}" if isinstance(node.func, Global) else "an object"
+    if isinstance(node, Global):
+        return f"reference to {node.qualname}"
+    return f"value of type {type(node).__name__}"
+
+
+def _instance(node: Any, *classes: str) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
+    """Return ``(qualname, state dict, constructor args)`` of an object record of ``classes``."""
+    if not isinstance(node, Call) or not isinstance(node.func, Global):
+        raise _Bad(f"expected {' or '.join(classes)}, found {_describe(node)}")
+    qual = node.func.qualname
+    args = node.args
+    if qual == "copyreg._reconstructor":  # protocols 0/1: _reconstructor(cls, object, None)
+        if not args or not isinstance(args[0], Global):
+            raise _Bad("malformed copyreg._reconstructor call")
+        qual, args = args[0].qualname, ()
+    if qual not in classes:
+        raise _Bad(f"expected {' or '.join(classes)}, found {_describe(node)}")
+    state = node.state
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+        merged = dict(state[0]) if isinstance(state[0], dict) else {}  # (dict state, slot state)
+        merged.update(state[1])
+        return qual, merged, args
+    if state is None:
+        return qual, {}, args
+    if isinstance(state, dict):
+        return qual, state, args
+    return qual, {"__state__": state}, args
+
+
+def _mapping(node: Any, what: str) -> list[tuple[Any, Any]]:
+    if isinstance(node, dict):
+        return list(node.items())
+    if (
+        isinstance(node, Call)
+        and isinstance(node.func, Global)
+        and node.func.qualname in _DICT_CTORS
+        and not node.args
+    ):
+        return list(node.setitems)
+    raise _Bad(f"{what} is {_describe(node)}, not a dict")
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Bad(f"{what} is {_describe(value)}, not an integer")
+    return value
+
+
+_TORCH_SIZE = Global("torch", "Size")
+
+
+def _size(node: Any, what: str) -> tuple[int, ...]:
+    """``torch.Size((...))`` (or a plain tuple/list) of non-negative ints."""
+    if type(node) is Call and node.func == _TORCH_SIZE:
+        if len(node.args) != 1:
+            raise _Bad(f"{what}: torch.Size with {len(node.args)} arguments")
+        node = node.args[0]
+    if type(node) is not tuple:
+        if not isinstance(node, tuple | list):
+            raise _Bad(f"{what} is {_describe(node)}, not a torch.Size")
+        node = tuple(node)
+    for v in node:
+        if type(v) is not int:
+            _int(v, what)
+    out: tuple[int, ...] = node
+    if out and min(out) < 0:
+        raise _Bad(f"{what} has a negative entry {list(out)}")
+    return out
+
+
+def _dtype(props: Any, fqn: str) -> str:
+    _, state, _ = _instance(props, f"{_MD}.TensorProperties", f"{_SHARD_MD}.TensorProperties")
+    if "__state__" in state:  # __getstate__: (dtype, layout, requires_grad, memory_format, pin)
+        st = state["__state__"]
+        if not isinstance(st, tuple) or not st:
+            raise _Bad(f"tensor {fqn!r}: malformed TensorProperties state")
+        dtype = st[0]
+    elif "dtype" in state:
+        dtype = state["dtype"]
+    else:
+        raise _Bad(f"tensor {fqn!r}: TensorProperties without a dtype")
+    if not isinstance(dtype, Global) or dtype.module != "torch":
+        raise _Bad(f"tensor {fqn!r}: dtype is {_describe(dtype)}")
+    return dtype.name
+
+
+def _tensor(node: Any, fqn: str) -> DcpTensor:
+    _, state, _ = _instance(node, f"{_MD}.TensorStorageMetadata")
+    for key in ("properties", "size", "chunks"):
+        if key not in state:
+            raise _Bad(f"tensor {fqn!r}: TensorStorageMetadata without {key!r}")
+    size = _size(state["size"], f"tensor {fqn!r} size")
+    chunks_node = state["chunks"]
+    if not isinstance(chunks_node, list | tuple):
+        raise _Bad(f"tensor {fqn!r}: chunks is {_describe(chunks_node)}, not a list")
+    chunks = []
+    for ch in chunks_node:
+        _, cst, _ = _instance(ch, f"{_MD}.ChunkStorageMetadata")
+        if "offsets" not in cst or "sizes" not in cst:
+            raise _Bad(f"tensor {fqn!r}: ChunkStorageMetadata without offsets/sizes")
+        offsets = _size(cst["offsets"], f"tensor {fqn!r} chunk offsets")
+        sizes = _size(cst["sizes"], f"tensor {fqn!r} chunk sizes")
+        if len(offsets) != len(size) or len(sizes) != len(size):
+            raise _Bad(
+                f"tensor {fqn!r}: chunk {list(offsets)}+{list(sizes)} has the wrong rank for "
+                f"size {list(size)}"
+            )
+        chunks.append(DcpChunk(offsets, sizes))
+    return DcpTensor(_dtype(state["properties"], fqn), size, tuple(chunks))
+
+
+def _index(node: Any) -> tuple[str, tuple[int, ...] | None]:
+    _, state, args = _instance(node, f"{_MD}.MetadataIndex")
+    fqn = state.get("fqn", args[0] if args else None)
+    if not isinstance(fqn, str):
+        raise _Bad(f"MetadataIndex fqn is {_describe(fqn)}")
+    offset = state.get("offset", args[1] if len(args) > 1 else None)
+    return fqn, None if offset is None else _size(offset, f"MetadataIndex {fqn!r} offset")
+
+
+def _storage(node: Any, fqn: str) -> DcpStorage:
+    _, state, _ = _instance(node, f"{_FS}._StorageInfo")
+    rel = state.get("relative_path")
+    if not isinstance(rel, str):
+        raise _Bad(f"item {fqn!r}: _StorageInfo relative_path is {_describe(rel)}")
+    offset = _int(state.get("offset"), f"item {fqn!r} storage offset")
+    length = _int(state.get("length"), f"item {fqn!r} storage length")
+    if offset < 0 or length < 0:
+        raise _Bad(f"item {fqn!r}: negative storage offset/length {offset}/{length}")
+    tds = state.get("transform_descriptors") or ()
+    if not isinstance(tds, list | tuple) or not all(isinstance(t, str) for t in tds):
+        raise _Bad(f"item {fqn!r}: transform_descriptors is {_describe(tds)}")
+    return DcpStorage(rel, offset, length, tuple(tds))
+
+
+def _metadata(root: Any) -> DcpMetadata:
+    _, state, _ = _instance(root, f"{_MD}.Metadata")
+    if "state_dict_metadata" not in state:
+        raise _Bad("Metadata without state_dict_metadata")
+    items: dict[str, DcpTensor | DcpBytes] = {}
+    for fqn, md in _mapping(state["state_dict_metadata"], "state_dict_metadata"):
+        if not isinstance(fqn, str):
+            raise _Bad(f"state_dict_metadata key is {_describe(fqn)}, not a string")
+        qual, _, _ = _instance(md, f"{_MD}.TensorStorageMetadata", f"{_MD}.BytesStorageMetadata")
+        items[fqn] = DcpBytes() if qual.endswith(".BytesStorageMetadata") else _tensor(md, fqn)
+    storage_node = state.get("storage_data")
+    if storage_node is None:
+        raise _Bad(
+            "Metadata has no storage_data (written by a storage writer other than "
+            "FileSystemWriter?)"
+        )
+    storage: dict[tuple[str, tuple[int, ...] | None], DcpStorage] = {}
+    for idx, info in _mapping(storage_node, "storage_data"):
+        key = _index(idx)
+        storage[key] = _storage(info, key[0])
+    version = state.get("version")
+    return DcpMetadata(items, storage, version if isinstance(version, str) else None)
+
+
+# -- byte items -------------------------------------------------------------------------------
+
+
+def symbolic_to_json(node: Any, depth: int = 0) -> Any:
+    """Return a scanned pickle value as JSON data, or raise :class:`NotJsonError`.
+
+    Recognised: ``None``, bools, ints, finite floats, strings, lists/tuples (tuples become
+    lists), dicts and ``OrderedDict`` with string or int keys (int keys become strings), and
+    ``torch.Size`` (a list).
+    """
+    if depth > _MAX_DEPTH:
+        raise NotJsonError("nested too deeply")
+    if node is None or isinstance(node, bool | str):
+        return node
+    if isinstance(node, int):
+        return node
+    if isinstance(node, float):
+        if not math.isfinite(node):
+            raise NotJsonError(f"non-finite float {node!r}")
+        return node
+    if isinstance(node, list | tuple):
+        return [symbolic_to_json(v, depth + 1) for v in node]
+    if isinstance(node, dict) or (
+        isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in _DICT_CTORS
+    ):
+        try:
+            pairs = _mapping(node, "value")
+        except _Bad as exc:
+            raise NotJsonError(str(exc)) from None
+        return {_json_key(k): symbolic_to_json(v, depth + 1) for k, v in pairs}
+    if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname == "torch.Size":
+        if len(node.args) == 1 and isinstance(node.args[0], tuple):
+            return symbolic_to_json(node.args[0], depth + 1)
+    if isinstance(node, Call) and isinstance(node.func, Global):
+        if node.func.qualname.startswith("torch._utils._rebuild_"):
+            raise NotJsonError("a tensor value")
+        raise NotJsonError(f"an object of type {node.func.qualname}")
+    if isinstance(node, Global):
+        raise NotJsonError(f"a reference to {node.qualname}")
+    raise NotJsonError(f"a value of type {type(node).__name__}")
+
+
+def _json_key(k: Any) -> str:
+    if isinstance(k, str):
+        return k
+    if isinstance(k, int) and not isinstance(k, bool):
+        return str(k)
+    raise NotJsonError(f"a dict key of type {type(k).__name__}")
+
+
+def decode_byte_item(fd: int, offset: int, length: int, *, where: str) -> Any:
+    """Decode the DCP byte item ``[offset, offset + length)`` of ``fd`` into JSON data.
+
+    The item is a ``torch.save`` zip; its ``data.pkl`` is interpreted symbolically.
+
+    Raises:
+        FileSizeError: the file is shorter than the item (truncated).
+        NotJsonError: the value is not JSON data, or the item is not a ``torch.save`` zip (e.g. a
+            raw ``io.BytesIO`` item); the message says why.
+
+    """
+    from portable_ckpt.convert._torchzip import open_torch_archive
+
+    size = os.fstat(fd).st_size
+    if offset + length > size:
+        raise FileSizeError(
+            f"{where}: item needs bytes [{offset}, {offset + length}) but the file has {size} "
+            "bytes (truncated); re-copy the checkpoint",
+        )
+    try:
+        root, _storages = open_torch_archive(fd, offset, length, where=where)
+    except CheckpointError as exc:  # not a torch.save zip: a raw BytesIO item, or damaged
+        raise NotJsonError(exc.message.removeprefix(f"{where}: ")) from None
+    return symbolic_to_json(root)

@@ -1,0 +1,462 @@
+"""DCP ``.metadata`` read by the symbolic scanner: torch-version shapes, hostile and damaged input.
+
+The first half needs no torch (stand-in pickles from ``_dcp_pickles``); the second compares the
+scanner with torch's own unpickling of files written by ``torch.distributed.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import mmap
+import os
+import pickle
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import _dcp_pickles as dp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import portable_ckpt
+from portable_ckpt.convert import convert, open_source
+from portable_ckpt.convert._dcp_meta import (
+    METADATA_GLOBALS,
+    DcpBytes,
+    DcpChunk,
+    DcpMetadata,
+    DcpStorage,
+    DcpTensor,
+    parse_dcp_metadata,
+    read_dcp_metadata,
+)
+from portable_ckpt.convert._pickle_scan import (
+    Call,
+    Global,
+    PickleGlobalError,
+    PickleScanError,
+    scan_pickle,
+)
+from portable_ckpt.errors import CheckpointError
+
+TENSORS: dict[str, Any] = {
+    "dt.a": ("bfloat16", (7, 5), [((0, 0), (4, 5), "__0_0.distcp", 0, 100), ((4, 0), (3, 5), "__1_0.distcp", 0, 90)]),
+    "scalar": ("float32", (), [((), (), "__0_0.distcp", 100, 50)]),
+    "empty": ("int64", (0,), [((0,), (0,), "__0_0.distcp", 150, 40)]),
+}
+BYTE_ITEMS = {"step": ("__0_0.distcp", 190, 30), "optim.param_groups.0.lr": ("__1_0.distcp", 90, 33)}
+
+
+def _expected(transforms: tuple[str, ...] = (), version: str | None = "1.0.0") -> DcpMetadata:
+    items: dict[str, DcpTensor | DcpBytes] = {}
+    storage: dict[tuple[str, tuple[int, ...] | None], DcpStorage] = {}
+    for fqn, (dtype, size, chunks) in TENSORS.items():
+        items[fqn] = DcpTensor(dtype, size, tuple(DcpChunk(o, s) for o, s, *_ in chunks))
+        for o, _s, rel, off, ln in chunks:
+            storage[(fqn, o)] = DcpStorage(rel, off, ln, transforms)
+    for fqn, (rel, off, ln) in BYTE_ITEMS.items():
+        items[fqn] = DcpBytes()
+        storage[(fqn, None)] = DcpStorage(rel, off, ln)
+    return DcpMetadata(items, storage, version)
+
+
+# -- stand-in pickles (no torch) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", range(6))
+@pytest.mark.parametrize("variant", ["modern", "legacy", "dict_state"])
+def test_metadata_shapes_of_torch_versions(variant: str, protocol: int) -> None:
+    data = dp.dumps(dp.metadata(TENSORS, BYTE_ITEMS, variant=variant), protocol)
+    got = parse_dcp_metadata(data, path="x/.metadata")
+    assert got == _expected(version=None if variant == "legacy" else "1.0.0")
+    assert got.storage_for("dt.a", (4, 0)) == DcpStorage("__1_0.distcp", 0, 90)
+    assert got.storage_for("step") == DcpStorage("__0_0.distcp", 190, 30)
+
+
+def test_transform_descriptors_are_kept() -> None:
+    data = dp.dumps(dp.metadata(TENSORS, BYTE_ITEMS, transforms=["zstd"]))
+    got = parse_dcp_metadata(data, path=".metadata")
+    assert got.storage_for("dt.a", (0, 0)) == DcpStorage("__0_0.distcp", 0, 100, ("zstd",))
+
+
+class _Evil:
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> Any:
+        return (self.fn, self.args)
+
+
+class _Unknown:
+    def __init__(self) -> None:
+        self.x = 1
+
+
+def _dcp_dir(tmp_path: Path, meta: bytes) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".metadata").write_bytes(meta)
+    (src / "__0_0.distcp").write_bytes(b"\0" * 256)
+    (src / "__1_0.distcp").write_bytes(b"\0" * 256)
+    return src
+
+
+@pytest.mark.parametrize(
+    ("where", "payload", "qualname"),
+    [
+        ("top", lambda m: _Evil(os.system, f"touch {m}"), "posix.system"),
+        ("planner_data", lambda m: _Evil(eval, f"open({m!r}, 'w')"), "builtins.eval"),
+        ("planner_data", lambda m: _Evil(subprocess.Popen, ["touch", m]), "subprocess.Popen"),
+        ("planner_data", lambda m: _Unknown(), f"{__name__}._Unknown"),
+        ("state_dict_metadata", lambda m: _Unknown(), "torch.distributed.checkpoint.metadata.Sneaky"),
+    ],
+)
+def test_disallowed_global_is_refused(
+    tmp_path: Path, where: str, payload: Any, qualname: str
+) -> None:
+    marker = tmp_path / "pwned"
+    evil = payload(str(marker))
+    md = dp.metadata(TENSORS, BYTE_ITEMS)
+    extra: dict[Any, tuple[str, str]] = {}
+    if where == "top":
+        obj: Any = evil
+    elif where == "planner_data":
+        md.planner_data = {"x": [1, {"y": evil}]}
+        obj = md
+    else:
+        md.state_dict_metadata["odd"] = evil
+        extra = {_Unknown: ("torch.distributed.checkpoint.metadata", "Sneaky")}
+        obj = md
+    data = dp.dumps(obj, 4, extra)
+    src = _dcp_dir(tmp_path, data)
+    dst = tmp_path / "dst"
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, dst, trust_pickle=True, src_format="dcp")
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE"
+    assert str(src / ".metadata") in str(ei.value) and qualname in str(ei.value)
+    assert not dst.exists() and not marker.exists()
+    # the trust flag is still required before anything is read
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, dst, src_format="dcp")
+    assert ei.value.code == "PCK-USAGE"
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4])
+def test_refusal_happens_at_the_global(protocol: int, tmp_path: Path) -> None:
+    marker = tmp_path / "m"
+    data = pickle.dumps(_Evil(os.system, f"touch {marker}"), protocol=protocol)
+    with pytest.raises(PickleGlobalError) as ei:
+        scan_pickle(data, allowed_globals=METADATA_GLOBALS)
+    assert ei.value.qualname == "posix.system"
+    # without an allow-list the call is only recorded, never made
+    out = scan_pickle(data)
+    assert isinstance(out, Call) and out.func == Global("posix", "system")
+    assert not marker.exists()
+
+
+def test_extension_registry_and_out_of_band_buffers_refused() -> None:
+    for data in (b"\x80\x02\x82\x01)R.", b"\x80\x05\x97.", b"\x80\x05\x97\x98."):
+        with pytest.raises(PickleScanError):
+            scan_pickle(data)
+
+
+def test_deep_keys_and_op_limit() -> None:
+    deep_key = b"\x80\x04}K\x00" + b"\x85" * 10_000 + b"K\x01s."
+    with pytest.raises(PickleScanError, match="nested too deeply"):
+        scan_pickle(deep_key)
+    with pytest.raises(PickleScanError, match="too long"):
+        scan_pickle(pickle.dumps(list(range(100))), max_ops=10)
+    with pytest.raises(PickleScanError, match="memo"):
+        scan_pickle(b"\x80\x04h\x07.")
+    # very deep values are fine (no recursion in the scanner) and are refused by consumers
+    deep = b"\x80\x04" + b"]" * 100_000 + b"a" * 99_999 + b"."
+    assert isinstance(scan_pickle(deep), list)
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**80), 2**80)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+)
+
+
+def _values(protocol: int) -> st.SearchStrategy[Any]:
+    leaves = _SCALARS | st.binary(max_size=8) if protocol >= 3 else _SCALARS
+    hashable = st.recursive(leaves, lambda inner: st.tuples(inner, inner), max_leaves=6)
+    extra: list[st.SearchStrategy[Any]] = []
+    if protocol >= 4:  # sets/frozensets have opcodes of their own from protocol 4
+        extra = [st.frozensets(hashable, max_size=4), st.sets(hashable, max_size=4)]
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.tuples(inner, inner, inner),
+            st.dictionaries(hashable, inner, max_size=4),
+            *extra,
+        ),
+        max_leaves=25,
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), protocol=st.integers(0, 5))
+def test_scanner_matches_pickle_on_data(data: Any, protocol: int) -> None:
+    value = data.draw(_values(protocol))
+    assert scan_pickle(pickle.dumps(value, protocol=protocol)) == value
+
+
+def test_scanner_keeps_shared_references() -> None:
+    a = [1, 2]
+    out = scan_pickle(pickle.dumps({"x": a, "y": (a, a)}, protocol=2))
+    assert out["x"] is out["y"][0] is out["y"][1]
+
+
+_VALID = dp.dumps(dp.metadata(TENSORS, BYTE_ITEMS), 4)
+_VALID_P2 = dp.dumps(dp.metadata(TENSORS, BYTE_ITEMS, variant="legacy"), 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cut=st.integers(0, len(_VALID) - 1), which=st.booleans())
+def test_truncated_metadata_is_a_checkpoint_error(cut: int, which: bool) -> None:
+    data = (_VALID if which else _VALID_P2)
+    with pytest.raises(CheckpointError) as ei:
+        parse_dcp_metadata(data[: min(cut, len(data) - 1)], path="t/.metadata")
+    assert ei.value.code in ("PCK-SHARD-HEADER", "PCK-UNSUPPORTED-VALUE")
+    assert "t/.metadata" in str(ei.value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255), st.sampled_from("rid")), min_size=1, max_size=6),
+    which=st.booleans(),
+)
+def test_garbled_metadata_never_raises_anything_else(edits: list[tuple[int, int, str]], which: bool) -> None:
+    data = bytearray(_VALID if which else _VALID_P2)
+    for pos, byte, how in edits:
+        pos %= len(data) + 1
+        if how == "r" and pos < len(data):
+            data[pos] = byte
+        elif how == "i":
+            data[pos:pos] = bytes([byte])
+        elif pos < len(data):
+            del data[pos]
+    try:
+        got = parse_dcp_metadata(bytes(data), path="g/.metadata")
+    except CheckpointError as exc:
+        assert exc.code in ("PCK-SHARD-HEADER", "PCK-UNSUPPORTED-VALUE"), exc
+        assert "g/.metadata" in str(exc)
+    else:
+        assert isinstance(got, DcpMetadata)
+
+
+@settings(max_examples=200, deadline=None)
+@given(blob=st.binary(max_size=300))
+def test_random_bytes_never_raise_anything_else(blob: bytes) -> None:
+    for data in (blob, b"\x80\x04" + blob, b"\x80\x02" + blob + b"."):
+        try:
+            parse_dcp_metadata(data, path="r/.metadata")
+        except CheckpointError as exc:
+            assert exc.code in ("PCK-SHARD-HEADER", "PCK-UNSUPPORTED-VALUE"), exc
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, len(_VALID) - 1))
+def test_convert_of_truncated_metadata_publishes_nothing(tmp_path_factory: Any, cut: int) -> None:
+    base = tmp_path_factory.mktemp("trunc")
+    src = _dcp_dir(base, _VALID[:cut])
+    with pytest.raises(CheckpointError):
+        convert(src, base / "dst", trust_pickle=True, src_format="dcp")
+    assert not (base / "dst").exists()
+
+
+def test_byte_items_without_torch(tmp_path: Path) -> None:
+    import zipfile
+
+    zbuf = io.BytesIO()
+    with zipfile.ZipFile(zbuf, "w") as zf:  # the layout torch.save writes (protocol 2 data.pkl)
+        zf.writestr("archive/data.pkl", pickle.dumps({"lr": 0.1, "betas": (0.9, 0.99)}, protocol=2))
+        zf.writestr("archive/byteorder", "little")
+    good = zbuf.getvalue()
+    raw = b"plain bytes, not a zip"
+    blob = good + raw
+    items = {"opt": ("__0_0.distcp", 0, len(good)), "raw": ("__0_0.distcp", len(good), len(raw))}
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".metadata").write_bytes(dp.dumps(dp.metadata({}, items)))
+    (src / "__0_0.distcp").write_bytes(blob)
+    report = convert(src, tmp_path / "out", trust_pickle=True)
+    assert portable_ckpt.open(tmp_path / "out").entry("opt") == {"lr": 0.1, "betas": [0.9, 0.99]}
+    assert [w.item for w in report.warnings] == ["raw"]
+    assert "not a torch.save zip" in report.warnings[0].message
+    # a byte item past the end of its file is damage, not an unconvertible value
+    (src / "__0_0.distcp").write_bytes(blob[:-5])
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out2", trust_pickle=True)
+    assert ei.value.code == "PCK-FILE-SIZE" and "__0_0.distcp" in str(ei.value)
+    assert not (tmp_path / "out2").exists()
+
+
+def test_metadata_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as ei:
+        read_dcp_metadata(str(tmp_path / "nope"))
+    assert ei.value.code == "PCK-FILE-MISSING"
+    p = tmp_path / ".metadata"
+    p.write_bytes(pickle.dumps({"not": "metadata"}))
+    with pytest.raises(CheckpointError) as ei:
+        read_dcp_metadata(str(p))
+    assert ei.value.code == "PCK-SHARD-HEADER" and "unexpected DCP metadata structure" in str(ei.value)
+
+
+# -- files written by torch.distributed.checkpoint ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def torch_ckpt(tmp_path_factory: Any) -> tuple[Path, dict[str, Any]]:
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    g = torch.Generator().manual_seed(3)
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    sd: dict[str, Any] = {
+        "w.bf16": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+        "w.f16": torch.randn(4, generator=g).to(torch.float16),
+        "w.i8": torch.randint(-100, 100, (3, 3), generator=g).to(torch.int8),
+        "w.bool": torch.tensor([True, False, True]),
+        "w.u8": torch.arange(7, dtype=torch.uint8),
+        "w.scalar": torch.tensor(2.5, dtype=torch.float64),
+        "w.empty": torch.zeros(0, 3),
+        "w.transposed": base.T,  # a strided view: torch.save keeps the storage and the strides
+        "w.slice": base[1:3, 2:5],  # a view at a storage offset
+        "b.int": 7,
+        "b.float": 0.25,
+        "b.str": "run1",
+        "b.list": [1, "a", None, True],
+        "b.tuple": (0.9, 0.999),
+        # (DCP flattens dicts and lists of dicts into one item per key; tuples stay whole)
+        "b.intkeys": ({0: "x", 1: "y"},),
+        "b.ordered": (OrderedDict(a=1, b=[2, 3]),),
+        "b.size": torch.Size([2, 3]),
+        "b.set": {1.5, 2.5},
+        "b.nan": float("nan"),
+        "b.raw": io.BytesIO(b"raw bytes, no pickle"),
+    }
+    d = tmp_path_factory.mktemp("torchdcp") / "ckpt"
+    dcp.save(sd, checkpoint_id=str(d), no_dist=True)
+    return d, sd
+
+
+def test_scanner_equals_torch_on_real_metadata(torch_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    d, _ = torch_ckpt
+    ref = dp.from_torch(FileSystemReader(str(d)).read_metadata())
+    got = read_dcp_metadata(str(d / ".metadata"))
+    assert got == ref
+    assert isinstance(got.state_dict_metadata["b.raw"], DcpBytes)
+    # the same Metadata object pickled with every protocol reads the same
+    real = FileSystemReader(str(d)).read_metadata()
+    for protocol in range(6):
+        assert parse_dcp_metadata(pickle.dumps(real, protocol=protocol), path="p") == ref, protocol
+
+
+def test_real_dcp_values_and_byte_items(torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    import torch
+
+    d, sd = torch_ckpt
+    report = convert(d, tmp_path / "out", trust_pickle=True)
+    ck = portable_ckpt.open(tmp_path / "out")
+    for k, v in sd.items():
+        if isinstance(v, torch.Tensor):
+            got = ck.read(k)
+            assert ck.tensors[k].dtype == str(v.dtype).removeprefix("torch.")
+            assert got.shape == tuple(v.shape), k
+            want = v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            assert np.ascontiguousarray(got).reshape(-1).view(np.uint8).tobytes() == want, k
+    assert ck.entry("b.int") == 7 and ck.entry("b.float") == 0.25 and ck.entry("b.str") == "run1"
+    assert ck.entry("b.list") == [1, "a", None, True]
+    assert ck.entry("b.tuple") == [0.9, 0.999]
+    assert ck.entry("b.intkeys") == [{"0": "x", "1": "y"}]
+    assert ck.entry("b.ordered") == [{"a": 1, "b": [2, 3]}]
+    assert ck.entry("b.size") == [2, 3]
+    skipped = {w.item: w.message for w in report.warnings}
+    assert set(skipped) == {"b.set", "b.nan", "b.raw"}, skipped
+    assert "builtins.set" in skipped["b.set"] and "non-finite" in skipped["b.nan"]
+    assert "BytesIO" in skipped["b.raw"]
+
+
+def test_chunks_are_mapped_not_copied(torch_ckpt: tuple[Path, dict[str, Any]]) -> None:
+    import torch
+
+    d, sd = torch_ckpt
+    plan = open_source(d, "dcp", trust_pickle=True)
+    try:
+        by_key = {t.key: t for t in plan.tensors}
+        for key in ("w.bf16", "w.transposed", "w.slice"):
+            arr = by_key[key].chunks[0].load()
+            base: Any = arr
+            while True:  # ndarray.base / as_strided's DummyArray.base / memoryview.obj
+                nxt = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+                if nxt is None:
+                    break
+                base = nxt
+            assert isinstance(base, mmap.mmap), (key, type(base))
+            assert not arr.flags.writeable
+            want = sd[key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            assert np.ascontiguousarray(arr).reshape(-1).view(np.uint8).tobytes() == want, key
+        assert not by_key["w.transposed"].chunks[0].load().flags.c_contiguous
+    finally:
+        plan.close()
+
+
+def test_hostile_byte_item_is_skipped_and_never_run(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    marker = tmp_path / "pwned"
+    src = tmp_path / "src"
+    dcp.save({"w": torch.ones(2), "evil": _Evil(os.system, f"touch {marker}")}, checkpoint_id=str(src), no_dist=True)
+    report = convert(src, tmp_path / "out", trust_pickle=True)
+    assert [w.item for w in report.warnings] == ["evil"]
+    assert "posix.system" in report.warnings[0].message
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out2", trust_pickle=True, strict=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and "posix.system" in str(ei.value)
+    assert not (tmp_path / "out2").exists() and not marker.exists()
+
+
+def test_hostile_global_in_real_metadata_is_refused(torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    import shutil
+
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    d, _ = torch_ckpt
+    src = tmp_path / "src"
+    shutil.copytree(d, src)
+    marker = tmp_path / "pwned"
+    md = FileSystemReader(str(d)).read_metadata()
+    md.planner_data = {"w.bf16": ("w.bf16",), "x": _Evil(eval, f"open({str(marker)!r}, 'w')")}
+    (src / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "dst", trust_pickle=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE"
+    assert "builtins.eval" in str(ei.value) and str(src / ".metadata") in str(ei.value)
+    assert not (tmp_path / "dst").exists() and not marker.exists()
+
+
+def test_converting_process_never_imports_torch(torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    d, _ = torch_ckpt
+    code = (
+        "import sys, json; from portable_ckpt.convert import convert; "
+        f"r = convert({str(d)!r}, {str(tmp_path / 'o')!r}, trust_pickle=True); "
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'tensors': r.tensors}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc == {"torch": False, "tensors": 9}
