@@ -118,10 +118,13 @@ def read_writer_indexes(
 ) -> list[WriterIndex]:
     """Read the indexes (and tensor tables) of many writers with overlapped I/O.
 
-    Reads run on a thread pool (on an object store each is a round trip); parsing and
-    validation stay on the calling thread, in writer order, so errors are deterministic.
+    On an object store (where each read is a round trip) reads run on a thread pool; parsing
+    and validation stay on the calling thread, in writer order, so errors are deterministic.
+    Local roots are read sequentially.
     """
-    if len(writers) <= 1:
+    if len(writers) <= 1 or storage.local_root() is not None:
+        # Local files come from the page cache: threads would only contend for the GIL with
+        # the parsing done here.
         return [read_writer_index(storage, attempt_id, w, cache) for w in writers]
     with ThreadPoolExecutor(max_workers=min(threads, len(writers))) as pool:
         raw = list(pool.map(lambda w: _read_index_bytes(storage, attempt_id, w), writers))
@@ -450,7 +453,7 @@ def commit(
             raise UsageError("commit needs indexes= or expected_writers=")
         indexes = read_writer_indexes(storage, attempt_id, list(expected_writers), cache)
     if any(idx.tensor_table is not None and idx.table is None for idx in indexes):
-        with ThreadPoolExecutor(max_workers=16) as pool:
+        with ThreadPoolExecutor(max_workers=1 if storage.local_root() else 16) as pool:
             _load_tables(storage, attempt_id, indexes, cache, pool)
     records = sum(
         idx.table.records if idx.table is not None else sum(len(t.ranges) for t in idx.tensors.values())

@@ -453,7 +453,8 @@ def decode_table(
     last = cache.last if cache is not None else None
     # Declarations byte-identical to the previous table's were validated already (memcmp only).
     if last is not None and all(
-        mv[t.start : t.end] == prev for t, prev in zip(spans, last, strict=True)
+        len(prev) == t.end - t.start and raw[t.start : t.end] == prev
+        for t, prev in zip(spans, last, strict=True)
     ):
         keys = cache.keys if cache is not None else []
         key_blob = last[0]
