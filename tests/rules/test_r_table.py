@@ -974,6 +974,42 @@ def test_writer_uses_a_table_when_its_index_would_exceed_the_limit(
     assert (ck.read("v") == vals).all() and (ck.read("u") == 1).all()
 
 
+def test_committer_uses_a_table_when_the_manifest_would_exceed_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R-TABLE-9 for committers: a JSON manifest above the 1 GiB limit of R-SEC-11 (lowered here
+    to just below this version's JSON size) is published with a table instead; a committer told
+    not to use a table refuses with PCK-LIMIT and publishes nothing."""
+    from portable_ckpt.errors import LimitError
+
+    vals = np.arange(40, dtype=np.float32)
+
+    def write(root: Path) -> tuple[Any, str]:
+        storage = open_storage(root, create=True)
+        attempt = new_attempt_id(3)
+        for w in range(2):
+            sw = ShardWriter(storage, attempt, w)
+            for i in range(w * 20, (w + 1) * 20):
+                sw.add_tensor("v", vals[i:i + 1], offsets=(i,), global_shape=(40,))
+            sw.finish()
+        return storage, attempt
+
+    storage, attempt = write(tmp_path / "json")
+    assert commit(storage, attempt, step=3, expected_writers=[0, 1]).tensor_table is None
+    real = (tmp_path / "json" / attempt / "manifest.json").stat().st_size
+    monkeypatch.setattr(jsonio, "MAX_MANIFEST_BYTES", real - 1)
+    storage, attempt = write(tmp_path / "forced")
+    with pytest.raises(LimitError):
+        commit(storage, attempt, step=3, expected_writers=[0, 1], tensor_table=False)
+    assert not (tmp_path / "forced" / attempt / "manifest.json").exists()
+    storage, attempt = write(tmp_path / "auto")
+    m = commit(storage, attempt, step=3, expected_writers=[0, 1])
+    assert m.tensor_table is not None and m.format_version == "1.1"
+    doc = (tmp_path / "auto" / attempt / "manifest.json").read_bytes()
+    assert len(doc) < real - 1
+    assert (portable_ckpt.open(tmp_path / "auto" / attempt).read("v") == vals).all()
+
+
 # ------------------------------------------------------------------------------ R-VERSION-2
 
 

@@ -24,6 +24,7 @@ from portable_ckpt.errors import (
     CommitConflictError,
     EntryMissingError,
     FileSizeError,
+    LimitError,
     MetadataConflictError,
     SchemaError,
     StorageError,
@@ -599,6 +600,25 @@ def commit(
     # so the document is not parsed again here: at thousands of writers that re-parse was most
     # of the commit's time. Tests parse every committed manifest with the reader's parser.
     data = jsonio.dumps(manifest.to_json())
+    if len(data) > jsonio.MAX_MANIFEST_BYTES:
+        if table_path is not None or tensor_table is False:
+            raise LimitError(
+                f"{attempt_id}: the manifest would be {len(data)} bytes, above the 1 GiB limit "
+                "readers enforce (R-SEC-11)"
+                + ("" if table_path is not None else "; commit with tensor_table=True (R-TABLE-9)")
+            )
+        # R-TABLE-9: a manifest that readers would refuse is published with a table instead.
+        return commit(
+            storage,
+            attempt_id,
+            step=step,
+            indexes=indexes,
+            expected_writers=expected_writers,
+            continuation=cont,
+            producer=producer,
+            check_headers=False,
+            tensor_table=True,
+        )
     if not storage.create_if_absent(f"{attempt_id}/manifest.json", data):
         if table_path is not None:
             storage.delete(f"{attempt_id}/{table_path}")
