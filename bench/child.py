@@ -14,6 +14,7 @@ import os
 import resource
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -346,145 +347,213 @@ def zstd(a: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Scale by simulation
+# Scale by simulation (the attempt is written by bench/scale_sim.py; see section_scale)
 # --------------------------------------------------------------------------------------------
+
+
+class _Phases:
+    """Accumulated inclusive wall time of wrapped functions (cheap: one perf_counter pair a call)."""
+
+    def __init__(self) -> None:
+        self.t: dict[str, float] = {}
+        self.n: dict[str, int] = {}
+
+        self.active: dict[str, int] = {}
+
+    def wrap(self, owner: Any, attr: str, name: str, inside: tuple[str, str] | None = None) -> None:
+        """Time ``owner.attr`` as ``name``; with ``inside=(outer, alt)``, calls made while the
+        phase ``outer`` runs are counted as ``alt`` instead (so phases do not overlap). A name
+        the core no longer has is skipped (its phase reads 0; the total stays right)."""
+        fn = getattr(owner, attr, None)
+        if fn is None:
+            return
+
+        def timed(*args: Any, **kw: Any) -> Any:
+            label = inside[1] if inside and self.active.get(inside[0]) else name
+            self.active[label] = self.active.get(label, 0) + 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.t[label] = self.t.get(label, 0.0) + time.perf_counter() - t0
+                self.n[label] = self.n.get(label, 0) + 1
+                self.active[label] -= 1
+
+        setattr(owner, attr, timed)
+
+    def get(self, name: str) -> float:
+        return self.t.get(name, 0.0)
+
+
+@op
+def scale_setup(a: dict[str, Any]) -> dict[str, Any]:
+    """Write the simulated attempt (untimed setup of the scale section; ``seconds`` = its time)."""
+    from bench.scale_sim import write_attempt
+
+    t0 = time.perf_counter()
+    info = write_attempt(a["root"], a["writers"], a["tensors"], a.get("form", "table"))
+    os.sync()  # nothing dirty left for the timed operations to wait on
+    return _result(time.perf_counter() - t0, maxrss(), **info)
+
+
+def _cpu() -> float:
+    """User + system CPU seconds of this process (all threads): less sensitive than wall time to
+    other work on a shared machine."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _profile_start(a: dict[str, Any]) -> Any:
+    if not a.get("profile"):
+        return None
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    return prof
+
+
+def _profile_end(prof: Any) -> dict[str, Any]:
+    if prof is None:
+        return {}
+    prof.disable()
+    return {"profile": _top(prof), "profile_cumulative": _top(prof, key="cumtime")}
 
 
 @op
 def scale_commit(a: dict[str, Any]) -> dict[str, Any]:
-    """Commit-side work on synthetic writer indexes: merge, coverage, serialise, round trip, write."""
-    from bench.scale_sim import ATTEMPT, Layout, build_indexes, model_tensors
+    """The real ``commit()`` of the simulated attempt: reads every writer index (and table) from
+    disk, merges, proves coverage, checks file sizes, writes the table and ``manifest.json``."""
+    import glob
+
+    from bench.scale_sim import ATTEMPT, STEP, Layout
     from portable_ckpt.format import jsonio
-    from portable_ckpt.format.manifest import Continuation, Manifest, Mesh, parse_manifest
-    from portable_ckpt.io.commit import merge_indexes
-    from portable_ckpt.ranges import check_coverage
-
-    lay = Layout.for_world(a["world"])
-    specs = model_tensors(a["tensors"])
-    t0 = time.perf_counter()
-    indexes = list(build_indexes(specs, lay))
-    build_s = time.perf_counter() - t0
-    gc.collect()
-    rss = maxrss()
-    if a.get("gc") == "off":  # diagnostic: how much of the time is the cyclic garbage collector
-        gc.disable()
-    phases: dict[str, float] = {}
-    prof = None
-    if a.get("profile"):
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-    tstart = time.perf_counter()
-    t = time.perf_counter()
-    files, tensors, entries, nw = merge_indexes(ATTEMPT, indexes, list(range(lay.world)))
-    phases["merge"] = time.perf_counter() - t
-    t = time.perf_counter()
-    nrec = 0
-    for key, te in tensors.items():
-        check_coverage(te.shape, [r.box for r in te.ranges], key=key)
-        nrec += len(te.ranges)
-    phases["coverage"] = time.perf_counter() - t
-    t = time.perf_counter()
-    m = Manifest(ATTEMPT, 1000, "2026-01-01T00:00:00.000000Z", "2026-01-01T00:00:01.000000Z",
-                 {"name": "portable_ckpt", "version": "bench"},
-                 Continuation("exact", lay.world, Mesh((lay.fsdp, lay.tp), ("fsdp", "tp"))),
-                 files, tensors, entries)
-    doc = m.to_json()
-    phases["to_json"] = time.perf_counter() - t
-    t = time.perf_counter()
-    parse_manifest(doc, directory_name=ATTEMPT)
-    phases["roundtrip_parse"] = time.perf_counter() - t
-    t = time.perf_counter()
-    data = jsonio.dumps(doc)
-    phases["dumps"] = time.perf_counter() - t
-    t = time.perf_counter()
-    with open(a["out"], "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    phases["write"] = time.perf_counter() - t
-    total = time.perf_counter() - tstart
-    extra: dict[str, Any] = {}
-    if prof is not None:
-        prof.disable()
-        extra["profile"] = _top(prof)
-    return _result(total, rss, records=nrec, writers=nw, tensors=len(tensors), files=len(files),
-                   manifest_bytes=len(data), build_seconds=build_s, phases=phases, **extra)
-
-
-@op
-def scale_plan(a: dict[str, Any]) -> dict[str, Any]:
-    """One rank's load planning for every tensor under a different layout (real reader path)."""
-    from bench.scale_sim import ATTEMPT, Layout, model_tensors, target_box
-    from portable_ckpt.format import jsonio
-    from portable_ckpt.format.manifest import parse_manifest
-    from portable_ckpt.io.reader import Checkpoint
+    from portable_ckpt.format.manifest import Continuation, Manifest, Mesh
+    from portable_ckpt.io import commit as cm
     from portable_ckpt.storage.local import LocalStorage
 
-    specs = model_tensors(a["tensors"])
-    lay = Layout(a["tp"], a["fsdp"])
-    rank = a["rank"]
+    preimport()
+    root, w = a["root"], a["writers"]
+    lay = Layout.for_world(w)
+    vdir = os.path.join(root, ATTEMPT)
+    for p in [os.path.join(vdir, "manifest.json"), *glob.glob(os.path.join(vdir, "tensor-table-*"))]:
+        if os.path.exists(p):
+            os.unlink(p)  # an earlier repetition's commit
+    ph = _Phases()
+    # Reading: all writer indexes and tables (newer cores read them on a thread pool, so only the
+    # stage's wall time and the decoding done on the calling thread are attributed).
+    ph.wrap(cm, "read_writer_indexes" if hasattr(cm, "read_writer_indexes") else "read_writer_index", "read")
+    ph.wrap(cm, "decode_table", "decode_tables")
+    ph.wrap(cm, "merge_indexes", "merge_indexes")
+    ph.wrap(cm, "merge_tables", "merge_tables")
+    ph.wrap(cm.LayoutCache, "check", "coverage")
+    ph.wrap(cm, "check_coverage", "coverage")
+    ph.wrap(cm, "encode_table", "encode_table")
+    ph.wrap(Manifest, "to_json", "to_json")
+    ph.wrap(jsonio, "dumps", "dumps")
+    storage = LocalStorage(root)
+    ph.wrap(storage, "size", "size_checks", inside=("read", "size_of_tables"))
+    ph.wrap(storage, "put", "write_table")
+    ph.wrap(storage, "create_if_absent", "write_manifest")
+    cont = Continuation("exact", w, Mesh((lay.fsdp, lay.tp), ("fsdp", "tp")))
+    table = a.get("tensor_table")
     gc.collect()
     rss = maxrss()
-    if a.get("gc") == "off":  # diagnostic: how much of the time is the cyclic garbage collector
-        gc.disable()
-    phases: dict[str, float] = {}
-    prof = None
-    if a.get("profile"):
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-    tstart = time.perf_counter()
-    t = time.perf_counter()
-    with open(a["manifest"], "rb") as f:
-        data = f.read()
-    phases["read"] = time.perf_counter() - t
-    t = time.perf_counter()
-    doc = jsonio.loads(data, what="manifest.json", max_bytes=jsonio.MAX_MANIFEST_BYTES)
-    phases["json_loads"] = time.perf_counter() - t
-    del data
-    t = time.perf_counter()
-    manifest = parse_manifest(doc, directory_name=ATTEMPT)
-    phases["parse_manifest"] = time.perf_counter() - t
-    del doc
-    ck = Checkpoint(LocalStorage(os.path.dirname(a["manifest"])), ATTEMPT, manifest)
-    t = time.perf_counter()
-    pieces = 0
-    need = 0
-    for s in specs:
-        b = target_box(s, lay, rank)
-        if b is None:
-            continue
-        items = ck.plan_read(s.key, b[0], b[1])
-        pieces += len(items)
-        need += math.prod(b[1])
-    phases["plan"] = time.perf_counter() - t
-    total = time.perf_counter() - tstart
-    extra: dict[str, Any] = {}
-    if prof is not None:
-        prof.disable()
-        extra["profile"] = _top(prof)
-    # Raw json.loads (no duplicate-key hook) for comparison: what a cheaper parser would save.
-    if a.get("compare_plain_json"):
-        with open(a["manifest"], "rb") as f:
-            raw = f.read()
-        t = time.perf_counter()
-        json.loads(raw)
-        extra["plain_json_loads_seconds"] = time.perf_counter() - t
-    return _result(total, rss, pieces=pieces, elements=need, phases=phases, **extra)
+    prof = _profile_start(a)
+    cpu0 = _cpu()
+    t0 = time.perf_counter()
+    m = cm.commit(storage, ATTEMPT, step=STEP, expected_writers=list(range(w)), continuation=cont,
+                  check_headers=False, tensor_table=table)
+    total = time.perf_counter() - t0
+    cpu_s = _cpu() - cpu0
+    extra = _profile_end(prof)
+    rep: Any = getattr(m, "report")  # noqa: B009 (set by commit(), not a declared field)
+    phases = {
+        "read_indexes_tables": ph.get("read") - ph.get("decode_tables"),
+        "decode_tables": ph.get("decode_tables"),
+        "merge": ph.get("merge_indexes") + ph.get("merge_tables"),
+        "coverage": ph.get("coverage"),
+        # storage.size of every file: the sizes checked in commit() and of each writer table
+        "size_checks": ph.get("size_checks"),
+        "encode_table": ph.get("encode_table"),
+        "to_json": ph.get("to_json"),
+        "dumps": ph.get("dumps"),
+        "write": ph.get("write_table") + ph.get("write_manifest"),
+    }
+    phases["other"] = total - sum(phases.values())
+    tref = m.tensor_table
+    table_bytes = m.files[tref.file].size if tref is not None else 0
+    return _result(total, rss, cpu_s=cpu_s, records=rep.ranges, writers=rep.writers, tensors=rep.tensors, files=rep.files,
+                   checks=rep.checks, phases=phases, calls=ph.n, table_bytes=table_bytes,
+                   manifest_bytes=os.path.getsize(os.path.join(vdir, "manifest.json")),
+                   format_version=m.format_version, **extra)
 
 
 @op
-def scale_proto(a: dict[str, Any]) -> dict[str, Any]:
-    """Prototype: columnar range table (bench/proto_columnar.py), commit and one rank's plan."""
-    from bench import proto_columnar
+def scale_open_plan(a: dict[str, Any]) -> dict[str, Any]:
+    """``portable_ckpt.open`` of the committed version, then ``plan_read`` of every tensor for one
+    rank of another layout (``seconds`` = open + plan; both reported separately)."""
+    import portable_ckpt as pc
+    from bench.scale_sim import ATTEMPT, Layout, model_tensors, target_box
+    from portable_ckpt.format import jsonio
+    from portable_ckpt.io import reader, versions
 
-    return proto_columnar.run(a)
+    preimport()
+    specs = model_tensors(a["tensors"])
+    lay = Layout(a["tp"], a["writers"] // a["tp"])
+    rank = a["rank"]
+    boxes = [(s.key, target_box(s, lay, rank)) for s in specs]
+    ph = _Phases()
+    ph.wrap(versions, "load_manifest", "manifest")
+    # Time jsonio.loads as load_manifest calls it (not the table's header parse): a timed copy
+    # of the module, seen only by versions.
+    jproxy = types.ModuleType(jsonio.__name__)
+    jproxy.__dict__.update(jsonio.__dict__)
+    versions.jsonio = jproxy  # type: ignore[attr-defined]
+    ph.wrap(jproxy, "loads", "json_loads")
+    ph.wrap(versions, "parse_manifest", "parse_manifest")
+    ph.wrap(reader.Checkpoint, "_load_table", "table")
+    ph.wrap(reader, "decode_table", "decode_table")
+    ph.wrap(reader, "check_coverage", "coverage")
+    vdir = os.path.join(a["root"], ATTEMPT)
+    gc.collect()
+    rss = maxrss()
+    prof = _profile_start(a)
+    cpu0 = _cpu()
+    t0 = time.perf_counter()
+    ck = pc.open(vdir)
+    t1 = time.perf_counter()
+    cpu1 = _cpu()
+    rss_open = maxrss()
+    ph.wrap(ck._layouts, "check", "coverage")  # the reader's per-instance proof cache (tables)
+    pieces = need = 0
+    for key, b in boxes:
+        if b is None:
+            continue
+        items = ck.plan_read(key, b[0], b[1])
+        pieces += len(items)
+        need += math.prod(b[1])
+    t2 = time.perf_counter()
+    cpu2 = _cpu()
+    extra = _profile_end(prof)
+    open_s, plan_s = t1 - t0, t2 - t1
+    phases = {
+        "open.manifest_json": ph.get("json_loads"),
+        "open.parse_manifest": ph.get("parse_manifest"),
+        "open.manifest_other": ph.get("manifest") - ph.get("json_loads") - ph.get("parse_manifest"),
+        "open.table_read_verify": ph.get("table") - ph.get("decode_table"),
+        "open.table_decode": ph.get("decode_table"),
+        "plan.coverage": ph.get("coverage"),
+        "plan.intersect_items": plan_s - ph.get("coverage"),
+    }
+    phases["open.other"] = open_s - ph.get("manifest") - ph.get("table")
+    return _result(open_s + plan_s, rss, open_s=open_s, plan_s=plan_s, open_cpu_s=cpu1 - cpu0,
+                   plan_cpu_s=cpu2 - cpu1, open_maxrss_bytes=rss_open,
+                   pieces=pieces, elements=need, phases=phases, calls=ph.n,
+                   planned_tensors=sum(b is not None for _, b in boxes), **extra)
 
 
-def _top(prof: Any, n: int = 25) -> list[dict[str, Any]]:
+def _top(prof: Any, n: int = 25, key: str = "tottime") -> list[dict[str, Any]]:
     import pstats
 
     st = pstats.Stats(prof)
@@ -492,7 +561,7 @@ def _top(prof: Any, n: int = 25) -> list[dict[str, Any]]:
     for (fname, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
         rows.append({"function": f"{os.path.basename(fname)}:{line}:{func}", "calls": nc,
                      "tottime": round(tt, 4), "cumtime": round(ct, 4)})
-    rows.sort(key=lambda r: r["tottime"], reverse=True)
+    rows.sort(key=lambda r: r[key], reverse=True)
     return rows[:n]
 
 

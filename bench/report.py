@@ -110,43 +110,49 @@ def _plots(results: dict[str, Any], out: str, stem: str) -> list[str]:
         plt.close(fig)
         made.append(p)
     sc = results.get("scale", {}).get("plots")
-    pr = results.get("scale-proto", {}).get("plots")
     if sc and sc["points"]:
-        pts = sc["points"]
-        xs = [p["records"] for p in pts]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
-        for k, lab in (("commit_s", "commit total"), ("commit.coverage", "  coverage"),
-                       ("commit.roundtrip_parse", "  round-trip parse"), ("commit.to_json", "  to_json"),
-                       ("commit.dumps", "  dumps"), ("plan_s", "rank plan total"),
-                       ("plan.json_loads", "  json loads"), ("plan.parse_manifest", "  parse_manifest"),
-                       ("plan.plan", "  plan_read ×2000")):
-            ys = [p.get(k) or float("nan") for p in pts]
-            a1.plot(xs, ys, marker="o", label=lab, lw=2 if not lab.startswith(" ") else 1,
-                    ls="-" if k.startswith("commit") else "--")
-        if pr and pr["points"]:
-            q = pr["points"]
-            a1.plot([p["records"] for p in q], [p["commit_s"] for p in q], marker="^", color="k", label="prototype commit")
-            a1.plot([p["records"] for p in q], [p["plan_s"] for p in q], marker="v", color="gray", label="prototype rank plan")
+        allp = sc["points"]
+        fitted = sorted((p for p in allp if p.get("fitted")), key=lambda p: p["records"])
+        others = [p for p in allp if not p.get("fitted")]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
+        xs = [p["records"] for p in fitted]
+        for k, lab, style in (("commit_s", "commit", "-o"), ("open_s", "open (manifest + table)", "--s"),
+                              ("plan_s", "plan (plan_read × all tensors)", "--^"),
+                              ("open_plan_s", "open + plan", ":v")):
+            a1.plot(xs, [p.get(k) or float("nan") for p in fitted], style, label=f"1.1 table: {lab}")
+        for p in others:
+            mk = "x" if p["form"] == "json" else "+"
+            lab = "1.0 JSON" if p["form"] == "json" else "1.1 table"
+            a1.scatter([p["records"]], [p["commit_s"]], marker=mk, color="k", s=60)
+            a1.scatter([p["records"]], [p["open_plan_s"]], marker=mk, color="gray", s=60)
+            a1.annotate(f"{lab} {p['writers']}×{p['tensors']}", (p["records"], p["commit_s"]), fontsize=6,
+                        xytext=(4, 2), textcoords="offset points")
+        if others:
+            a1.scatter([], [], marker="x", color="k", label="commit, comparison points (× 1.0 JSON, + 1.1)")
+            a1.scatter([], [], marker="x", color="gray", label="open + plan, comparison points")
         a1.axhline(10, color="r", ls=":", lw=1)
         a1.axhline(1, color="r", ls=":", lw=1)
         a1.set_xscale("log")
         a1.set_yscale("log")
-        a1.set_xlabel("range records (W = 64, 512, 4096)")
-        a1.set_ylabel("seconds")
-        a1.set_title("Metadata cost vs records (targets dotted)")
+        a1.set_xlabel("range records (" + ", ".join(f"W={p['writers']}" for p in fitted) + ")")
+        a1.set_ylabel("seconds (median)")
+        a1.set_title("Commit and one rank's load plan (targets dotted: 10 s, 1 s)")
         a1.legend(fontsize=7)
-        a2.plot(xs, [p["commit_rss_mib"] for p in pts], marker="o", label="commit peak RSS")
-        a2.plot(xs, [p.get("plan_rss_mib") or float("nan") for p in pts], marker="o", label="rank plan peak RSS")
-        a2.plot(xs, [p["manifest_mib"] for p in pts], marker="s", label="manifest.json MiB")
-        if pr and pr["points"]:
-            a2.plot([p["records"] for p in pr["points"]], [p["rss_mib"] for p in pr["points"]], marker="^",
-                    color="k", label="prototype peak RSS")
+        for k, lab, style in (("commit_rss_mib", "commit peak RSS", "-o"), ("plan_rss_mib", "open+plan peak RSS", "--^"),
+                              ("table_mib", "tensor table (zstd) MiB", "-s"), ("manifest_mib", "manifest.json MiB", ":s")):
+            a2.plot(xs, [p.get(k) or float("nan") for p in fitted], style, label=lab)
+        for p in (q for q in others if q["form"] == "json"):
+            a2.scatter([p["records"]], [p["commit_rss_mib"]], marker="x", color="k", s=60)
+            a2.scatter([p["records"]], [p["plan_rss_mib"]], marker="x", color="gray", s=60)
+        if any(q["form"] == "json" for q in others):
+            a2.scatter([], [], marker="x", color="k", label="1.0 JSON commit peak RSS")
+            a2.scatter([], [], marker="x", color="gray", label="1.0 JSON open+plan peak RSS")
         a2.set_xscale("log")
         a2.set_yscale("log")
         a2.set_xlabel("range records")
         a2.set_ylabel("MiB")
-        a2.set_title("Memory and manifest size")
-        a2.legend(fontsize=8)
+        a2.set_title("Memory and metadata size")
+        a2.legend(fontsize=7)
         fig.tight_layout()
         p = f"{stem}-scale.png"
         fig.savefig(os.path.join(out, p), dpi=110)

@@ -43,7 +43,7 @@ def test_quick_core_sections_write_a_report(tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads((out / "smoke.json").read_text())
-    assert set(doc["sections"]) == {"save", "read", "verify", "checksum", "zstd", "scale", "scale-proto"}
+    assert set(doc["sections"]) == {"save", "read", "verify", "checksum", "zstd", "scale"}
     assert not any(s.get("failed") for s in doc["sections"].values())
     rows = doc["sections"]["checksum"]["rows"]
     assert all(r["MiB/s"] and r["MiB/s"] > 0 for r in rows)
