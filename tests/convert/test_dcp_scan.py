@@ -352,6 +352,7 @@ def torch_ckpt(tmp_path_factory: Any) -> tuple[Path, dict[str, Any]]:
     return d, sd
 
 
+@pytest.mark.torch
 def test_scanner_equals_torch_on_real_metadata(torch_ckpt: tuple[Path, dict[str, Any]]) -> None:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
@@ -366,6 +367,7 @@ def test_scanner_equals_torch_on_real_metadata(torch_ckpt: tuple[Path, dict[str,
         assert parse_dcp_metadata(pickle.dumps(real, protocol=protocol), path="p") == ref, protocol
 
 
+@pytest.mark.torch
 def test_real_dcp_values_and_byte_items(torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     import torch
 
@@ -391,6 +393,7 @@ def test_real_dcp_values_and_byte_items(torch_ckpt: tuple[Path, dict[str, Any]],
     assert "BytesIO" in skipped["b.raw"]
 
 
+@pytest.mark.torch
 def test_chunks_are_mapped_not_copied(torch_ckpt: tuple[Path, dict[str, Any]]) -> None:
     import torch
 
@@ -415,6 +418,7 @@ def test_chunks_are_mapped_not_copied(torch_ckpt: tuple[Path, dict[str, Any]]) -
         plan.close()
 
 
+@pytest.mark.torch
 def test_hostile_byte_item_is_skipped_and_never_run(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
@@ -431,6 +435,7 @@ def test_hostile_byte_item_is_skipped_and_never_run(tmp_path: Path) -> None:
     assert not (tmp_path / "out2").exists() and not marker.exists()
 
 
+@pytest.mark.torch
 def test_hostile_global_in_real_metadata_is_refused(torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     import shutil
 
@@ -450,6 +455,7 @@ def test_hostile_global_in_real_metadata_is_refused(torch_ckpt: tuple[Path, dict
     assert not (tmp_path / "dst").exists() and not marker.exists()
 
 
+@pytest.mark.torch
 def test_converting_process_never_imports_torch(torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     d, _ = torch_ckpt
     code = (

@@ -19,8 +19,11 @@ Targets: portable (default; DST is a checkpoint root, a new version is committed
 (DST must be new or empty; it appears only when the conversion succeeded).
 
 DCP's .metadata and non-tensor items are Python pickles. Unpickling runs code chosen by whoever
-wrote the file, so DCP sources are refused unless you pass --trust-pickle. (torch.save files are
-read without running pickle code.)
+wrote the file, so DCP sources are refused unless you pass --trust-pickle. Even then nothing is
+unpickled: the pickle opcodes are decoded symbolically (no import, no call) and only DCP's own
+metadata classes are accepted; any other class or function is refused (PCK-UNSUPPORTED-VALUE).
+The flag stays required because a pickle remains a format to accept only from people you trust.
+(torch.save files are read the same way, with weights_only semantics.)
 """
 
 
@@ -113,8 +116,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--trust-pickle", action="store_true",
-        help="allow unpickling DCP .metadata and byte items; unpickling can run arbitrary code, "
-        "so only use it for checkpoints you trust",
+        help="accept DCP sources, whose .metadata and byte items are pickles (which can run "
+        "arbitrary code when unpickled); they are decoded without running any, allowing only "
+        "DCP's metadata classes — still, only use it for checkpoints you trust",
     )
     p.add_argument(
         "--strict", action="store_true",
