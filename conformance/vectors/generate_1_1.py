@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import crc32c
 import numpy as np
 import zstandard
 
@@ -49,6 +48,20 @@ COLUMNS = {
 }
 _PACK = {"U8": "B", "U32": "I", "I64": "q"}
 _SIZE = {"U8": 1, "U32": 4, "I64": 8}
+def _load_1_0() -> Any:
+    """The 1.0 generator (same directory): its value encoders and file records are reused."""
+    import importlib.util
+
+    path = Path(__file__).resolve().with_name("generate_1_0.py")
+    spec = importlib.util.spec_from_file_location("pck_generate_1_0_shared", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_V10 = _load_1_0()
+encode, nested, file_record = _V10.encode, _V10.nested, _V10.file_record
 TABLE_NONE = "tensor-table.safetensors"
 TABLE_ZSTD = "tensor-table.safetensors.zst"
 
@@ -56,54 +69,6 @@ TABLE_ZSTD = "tensor-table.safetensors.zst"
 def aid(step: int, n: int = 0) -> str:
     """Deterministic attempt id for ``step``."""
     return f"s{step:012d}-20260201T0000{n:02d}000000Z-{0x0123456789abcdef + n:016x}"
-
-
-def _minifloat(v: float, ebits: int, mbits: int) -> int:
-    """Encode an exactly representable normal/zero value as a minifloat bit pattern."""
-    sign = 1 if (v < 0 or (v == 0 and math.copysign(1, v) < 0)) else 0
-    a = abs(v)
-    if a == 0:
-        return sign << (ebits + mbits)
-    bias = (1 << (ebits - 1)) - 1
-    m, e = math.frexp(a)
-    exp = e - 1 + bias
-    if exp <= 0:
-        mant = a / 2 ** (1 - bias) * (1 << mbits)
-        exp = 0
-    else:
-        mant = (m * 2 - 1) * (1 << mbits)
-    if mant != int(mant):
-        raise ValueError(f"{v} not exactly representable")
-    return (sign << (ebits + mbits)) | (exp << mbits) | int(mant)
-
-
-def encode(dtype: str, values: list[Any]) -> bytes:
-    """Little-endian bytes of exact ``values`` (flat list) in ``dtype``."""
-    if dtype == "bfloat16":
-        bits = np.array(values, dtype="<f4").view("<u4")
-        if np.any(bits & 0xFFFF):
-            raise ValueError("bfloat16 values must be exact")
-        return (bits >> 16).astype("<u2").tobytes()
-    if dtype == "float8_e4m3fn":
-        return bytes(_minifloat(v, 4, 3) for v in values)
-    if dtype == "float8_e5m2":
-        return bytes(_minifloat(v, 5, 2) for v in values)
-    if dtype == "bool":
-        return bytes(1 if v else 0 for v in values)
-    arr = np.array(values, dtype=DT[dtype][2])
-    if arr.tolist() != list(values):
-        raise ValueError(f"values not exact in {dtype}")
-    return arr.tobytes()
-
-
-def nested(flat: list[Any], shape: list[int]) -> Any:
-    """Reshape a flat list into nested lists (C order)."""
-    if not shape:
-        return flat[0]
-    if len(shape) == 1:
-        return list(flat)
-    step = math.prod(shape[1:])
-    return [nested(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
 
 def st_file(tensors: list[tuple[str, str, list[int], bytes]],
@@ -120,13 +85,6 @@ def st_file(tensors: list[tuple[str, str, list[int], bytes]],
 
 
 SHARD_META = {"format": "pt", "portable_ckpt": "1.0"}
-
-
-def file_record(data: bytes, block: int = BLOCK) -> dict[str, Any]:
-    """The ``files`` record of ``data``."""
-    blocks = "".join(f"{crc32c.crc32c(data[i:i + block]):08x}" for i in range(0, len(data), block))
-    return {"size": len(data), "checksum": {"algorithm": "crc32c", "block_size": block,
-                                            "blocks": blocks}}
 
 
 def zstd_frame(data: bytes) -> bytes:
