@@ -9,6 +9,9 @@ from portable_ckpt.errors import PathUnsafeError
 __all__ = ["MAX_COMPONENTS", "check_relative_path", "join"]
 
 _COMPONENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+# The whole rule as one expression (fast path for the thousands of paths of a large manifest);
+# anything it rejects goes through the step-by-step checks below, which explain the failure.
+_SAFE_PATH = re.compile(r"(?:(?!\.\.?/)[A-Za-z0-9._-]{1,255}/){0,7}(?!\.\.?$)[A-Za-z0-9._-]{1,255}")
 #: Maximum number of components of a path inside an attempt.
 MAX_COMPONENTS = 8
 
@@ -23,6 +26,8 @@ def check_relative_path(path: object, *, what: str = "path") -> str:
         PathUnsafeError: when any rule is broken.
 
     """
+    if isinstance(path, str) and len(path) <= 4096 and _SAFE_PATH.fullmatch(path):
+        return path
     if not isinstance(path, str) or not path:
         raise PathUnsafeError(f"{what} must be a non-empty string, got {path!r}")
     if len(path) > 4096:
