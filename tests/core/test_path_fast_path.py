@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portable_ckpt.errors import PathUnsafeError
-from portable_ckpt.format.paths import MAX_COMPONENTS, _SAFE_PATH, check_relative_path
+from portable_ckpt.format.paths import _SAFE_PATH, MAX_COMPONENTS, check_relative_path
 
 _COMPONENT = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
