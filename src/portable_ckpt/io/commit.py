@@ -168,15 +168,17 @@ def _load_tables(
     window: int = 64,
 ) -> None:
     """Load every missing writer table: reads on ``pool`` (a bounded window ahead), decoding here."""
-    todo = [idx for idx in indexes if idx.tensor_table is not None and idx.table is None]
+    todo = [
+        (idx, idx.tensor_table)
+        for idx in indexes
+        if idx.tensor_table is not None and idx.table is None
+    ]
     pending: dict[int, Future[bytearray]] = {}
-    for i, idx in enumerate(todo):
+    for i, (idx, ref) in enumerate(todo):
         for j in range(i, min(len(todo), i + window)):
             if j not in pending:
-                pending[j] = pool.submit(_read_table_bytes, storage, attempt_id, todo[j])
+                pending[j] = pool.submit(_read_table_bytes, storage, attempt_id, todo[j][0])
         buf = pending.pop(i).result()
-        ref = idx.tensor_table
-        assert ref is not None
         idx.table = decode_table(
             buf, codec=ref.codec, what=f"{attempt_id}/{ref.file}", files=idx.files, cache=cache
         )

@@ -40,6 +40,7 @@ from portable_ckpt.format.manifest import (
     FileRecord,
     Manifest,
     RangeRecord,
+    TableRef,
     TensorEntry,
 )
 from portable_ckpt.io.checksum import read_verified, verify_file
@@ -117,12 +118,10 @@ class Checkpoint:
         #: Layouts already proven to cover their shape exactly once (table-backed tensors).
         self._layouts = LayoutCache()
         if manifest.tensor_table is not None and not manifest.tensors:
-            self._load_table()
+            self._load_table(manifest.tensor_table)
 
-    def _load_table(self) -> None:
+    def _load_table(self, ref: TableRef) -> None:
         """Read, verify and decode the version's tensor table (spec §8.5, R-TABLE-8)."""
-        ref = self.manifest.tensor_table
-        assert ref is not None
         rec = self._file(ref.file)
         buf = bytearray(rec.size)
         self._read_verified(ref.file, 0, rec.size, memoryview(buf))
