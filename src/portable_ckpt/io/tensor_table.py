@@ -89,8 +89,6 @@ class TensorTable:
     codec: np.ndarray[Any, Any]  # uint8 [R]
     offsets: np.ndarray[Any, Any]  # int64 [C]
     lengths: np.ndarray[Any, Any]  # int64 [C]
-    #: The ``tensor.key`` column's bytes when decoded from a file (a cheap identity for merging).
-    key_blob: bytes | None = None
 
     # Positions are prefix sums, computed on first use: a committer merging thousands of writer
     # tables never needs them.
@@ -151,7 +149,7 @@ class TensorTable:
     def declaration_digest(self) -> bytes:
         """Digest of keys, dtypes and shapes: equal digests mean identical declarations."""
         h = hashlib.blake2b(digest_size=20)
-        h.update(self.key_blob if self.key_blob is not None else bytes(_heap(self.keys)))
+        h.update(bytes(_heap(self.keys)))
         for col in (self.dtypes, self.ndim, self.shape):
             h.update(b"|")
             h.update(np.ascontiguousarray(col).tobytes())
@@ -457,10 +455,8 @@ def decode_table(
         for t, prev in zip(spans, last, strict=True)
     ):
         keys = cache.keys if cache is not None else []
-        key_blob = last[0]
     else:
         keys = _decode_declarations(cols, what)
-        key_blob = bytes(mv[spans[0].start : spans[0].end])
         if cache is not None:
             cache.last = tuple(bytes(mv[t.start : t.end]) for t in spans)
             cache.keys = keys
@@ -516,7 +512,7 @@ def decode_table(
         )
     return TensorTable(
         keys, dtypes, ndim, shape, counts, paths, cols["range.file"], codec_col,
-        cols["range.offsets"], cols["range.lengths"], key_blob,
+        cols["range.offsets"], cols["range.lengths"],
     )  # fmt: skip
 
 

@@ -6,7 +6,6 @@ from portable_ckpt.ranges.coverage import (
     check_coverage,
     check_coverage_arrays,
     find_overlap,
-    layout_digest,
 )
 from portable_ckpt.ranges.planning import RangeIndex, ReadItem, intersect_arrays, plan_reads
 
@@ -21,7 +20,6 @@ __all__ = [
     "find_overlap",
     "intersect",
     "intersect_arrays",
-    "layout_digest",
     "plan_reads",
     "strides_of",
 ]

@@ -9,7 +9,6 @@ with the most distinct starts finds overlaps instead, and a volume count proves 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +24,6 @@ __all__ = [
     "check_coverage_arrays",
     "LayoutCache",
     "find_overlap",
-    "layout_digest",
 ]
 
 #: Largest compressed grid counted with the difference array before falling back to a sweep.
@@ -236,17 +234,6 @@ def find_overlap(boxes: Sequence[Box]) -> tuple[int, int] | None:
                 return (j, i)
         active.append(i)
     return None
-
-
-def layout_digest(
-    shape: Sequence[int], offs: np.ndarray[Any, Any], lens: np.ndarray[Any, Any]
-) -> bytes:
-    """A digest of a tensor's layout: tensors with equal digests share one coverage proof."""
-    h = hashlib.blake2b(digest_size=20)
-    h.update(np.asarray([len(shape), *shape], dtype="<i8").tobytes())
-    h.update(np.ascontiguousarray(offs, dtype="<i8").tobytes())
-    h.update(np.ascontiguousarray(lens, dtype="<i8").tobytes())
-    return h.digest()
 
 
 def check_coverage_arrays(
