@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import portable_ckpt
-from portable_ckpt.convert import convert, open_source
+from portable_ckpt.convert import _dcp_meta, convert, open_source
 from portable_ckpt.convert._dcp_meta import (
     METADATA_GLOBALS,
     DcpBytes,
@@ -36,10 +36,12 @@ from portable_ckpt.convert._dcp_meta import (
     read_dcp_metadata,
 )
 from portable_ckpt.convert._pickle_scan import (
+    CONSUMED,
     Call,
     Global,
     PickleGlobalError,
     PickleScanError,
+    Resolved,
     scan_pickle,
 )
 from portable_ckpt.errors import CheckpointError
@@ -218,6 +220,76 @@ def test_scanner_keeps_shared_references() -> None:
     assert out["x"] is out["y"][0] is out["y"][1]
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x02(K\x01q\x05K\x02q\x00h\x05h\x00t.",  # BINPUT keys out of order
+        b"\x80\x04(K\x01q\x02K\x07\x94h\x01h\x02t.",  # MEMOIZE after a sparse BINPUT
+        b"\x80\x04(K\nq\x01K\x0bq\x00K\x0c\x94h\x00h\x01h\x02t.",  # sparse key joins the prefix
+        b"\x80\x04(K\x01\x94K\x02q\x00h\x00t.",  # BINPUT overwrites a MEMOIZE entry
+        b"(I5\np3\ng3\nI6\np7\ng7\nt.",  # text PUT/GET, sparse keys
+        b"(K\x01(0K\x02t.",  # POP removes a MARK
+        b"(K\x01(K\x021K\x03t.",  # POP_MARK
+        b"(K\x01(K\x02(K\x03t(K\x04ltl.",  # nested marks
+        b"\x80\x04}(K\x01K\x02u](K\x05K\x06e\x86.",  # SETITEMS/APPENDS
+    ],
+)
+def test_memo_and_mark_edge_cases_match_pickle(data: bytes) -> None:
+    assert scan_pickle(data) == pickle.loads(data)
+
+
+def test_memo_key_missing_after_sparse_puts() -> None:
+    for data in (b"\x80\x04K\x01q\x03h\x02.", b"\x80\x04K\x01q\x03j\x04\x00\x00\x00.", b"K\x01p-2\ng-1\n."):
+        with pytest.raises(PickleScanError, match="memo"):
+            scan_pickle(data)
+
+
+def test_unwrapped_calls() -> None:
+    data = dp.dumps([dp.Size((2, 3)), dp.Size(())], 4)
+    assert scan_pickle(data, unwrap_calls=("torch.Size",)) == [(2, 3), ()]
+    out = scan_pickle(data)
+    assert all(isinstance(c, Call) and c.func == Global("torch", "Size") for c in out)
+
+
+@pytest.mark.parametrize("protocol", range(6))
+@pytest.mark.parametrize("variant", ["modern", "legacy", "dict_state"])
+def test_build_hooks_equal_the_record_path(variant: str, protocol: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = dp.dumps(dp.metadata(TENSORS, BYTE_ITEMS, variant=variant), protocol)
+    hooked = parse_dcp_metadata(data, path="x/.metadata")
+    monkeypatch.setattr(_dcp_meta, "_BUILD_HOOKS", {})
+    assert parse_dcp_metadata(data, path="x/.metadata") == hooked
+    assert all(type(k) is tuple for k in hooked.storage_data)
+
+
+def test_build_hooks_resolve_records_and_consume_their_state() -> None:
+    mi = dp.MetadataIndex("w", (4, 0), 1)
+    chunk = dp.ChunkStorageMetadata((0, 0), (4, 5))
+    data = dp.dumps([mi, mi.__dict__, chunk, chunk, chunk.__dict__], 4)
+    out = scan_pickle(data, unwrap_calls=("torch.Size",), build_hooks=_dcp_meta._BUILD_HOOKS)
+    assert out[0] == ("w", (4, 0)) and isinstance(out[0], Resolved)
+    assert out[1] is CONSUMED and out[4] is CONSUMED  # an object's __dict__ met again
+    assert out[2] == DcpChunk((0, 0), (4, 5)) and out[3] is out[2]  # shared references stay shared
+    plain = scan_pickle(data)
+    assert isinstance(plain[0], Call) and plain[1] == {"fqn": "w", "index": 1, "offset": plain[0].state["offset"]}
+    # a state the hooks do not expect keeps the record (and is judged by the record path)
+    odd = dp.ChunkStorageMetadata((0, 0), (4, 5))
+    odd.extra = 1  # type: ignore[attr-defined]
+    rec = scan_pickle(dp.dumps(odd, 4), unwrap_calls=("torch.Size",), build_hooks=_dcp_meta._BUILD_HOOKS)
+    assert isinstance(rec, Call) and rec.state == {"offsets": (0, 0), "sizes": (4, 5), "extra": 1}
+
+
+def test_consumed_state_in_metadata_is_refused() -> None:
+    md = dp.metadata(TENSORS, BYTE_ITEMS)
+    sdm = md.state_dict_metadata  # type: ignore[attr-defined]
+    chunk = sdm["dt.a"].chunks[0]
+    md.planner_data = {"x": chunk.__dict__}  # type: ignore[attr-defined]  # harmless: not read
+    assert parse_dcp_metadata(dp.dumps(md, 4), path="c/.metadata") == _expected()
+    sdm["dt.a"].chunks.append(chunk.__dict__)  # a chunk that is another chunk's consumed state
+    with pytest.raises(CheckpointError, match="consumed") as ei:
+        parse_dcp_metadata(dp.dumps(md, 4), path="c/.metadata")
+    assert ei.value.code == "PCK-SHARD-HEADER"
+
+
 _VALID = dp.dumps(dp.metadata(TENSORS, BYTE_ITEMS), 4)
 _VALID_P2 = dp.dumps(dp.metadata(TENSORS, BYTE_ITEMS, variant="legacy"), 2)
 
@@ -394,9 +466,16 @@ def test_real_dcp_values_and_byte_items(torch_ckpt: tuple[Path, dict[str, Any]],
 
 
 @pytest.mark.torch
-def test_chunks_are_mapped_not_copied(torch_ckpt: tuple[Path, dict[str, Any]]) -> None:
+@pytest.mark.parametrize("mapped", [True, False])
+def test_chunks_are_mapped_not_copied(
+    torch_ckpt: tuple[Path, dict[str, Any]], mapped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
+    from portable_ckpt.convert import dcp
+
+    if mapped:  # chunks of 1 MiB and more are mapped; these small ones are read into buffers
+        monkeypatch.setattr(dcp, "_MAP_MIN_BYTES", 0)
     d, sd = torch_ckpt
     plan = open_source(d, "dcp", trust_pickle=True)
     try:
@@ -409,8 +488,9 @@ def test_chunks_are_mapped_not_copied(torch_ckpt: tuple[Path, dict[str, Any]]) -
                 if nxt is None:
                     break
                 base = nxt
-            assert isinstance(base, mmap.mmap), (key, type(base))
-            assert not arr.flags.writeable
+            assert isinstance(base, mmap.mmap) == mapped, (key, type(base))
+            if mapped:
+                assert not arr.flags.writeable
             want = sd[key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
             assert np.ascontiguousarray(arr).reshape(-1).view(np.uint8).tobytes() == want, key
         assert not by_key["w.transposed"].chunks[0].load().flags.c_contiguous

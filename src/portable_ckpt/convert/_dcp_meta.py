@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from portable_ckpt.convert._pickle_scan import (
+    CONSUMED,
     Call,
     Global,
     PickleGlobalError,
     PickleScanError,
+    Resolved,
     scan_pickle,
 )
 from portable_ckpt.errors import (
@@ -112,7 +114,7 @@ _DICT_CTORS = ("collections.OrderedDict", "builtins.dict")
 _MAX_DEPTH = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DcpChunk:
     """One stored chunk of a DCP tensor: its box in the global tensor."""
 
@@ -142,7 +144,7 @@ class DcpBytes:
     """A non-tensor item of the DCP state dict (stored as a ``torch.save`` zip)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DcpStorage:
     """Where one item is stored: ``[offset, offset + length)`` of ``relative_path``."""
 
@@ -221,7 +223,13 @@ def parse_dcp_metadata(data: bytes, *, path: str) -> DcpMetadata:
 
     """
     try:
-        root = scan_pickle(data, allowed_globals=METADATA_GLOBALS, max_ops=None)
+        root = scan_pickle(
+            data,
+            allowed_globals=METADATA_GLOBALS,
+            max_ops=None,
+            unwrap_calls=("torch.Size",),
+            build_hooks=_BUILD_HOOKS,
+        )
     except PickleGlobalError as exc:
         raise UnsupportedValueError(
             f"{path} references the Python global {exc.qualname}, which is not one a DCP "
@@ -244,6 +252,8 @@ def parse_dcp_metadata(data: bytes, *, path: str) -> DcpMetadata:
 
 
 def _describe(node: Any) -> str:
+    if node is CONSUMED:
+        return "a consumed object state (an object's __dict__ referenced again)"
     if isinstance(node, Call):
         return f"object {node.func.qualname}" if isinstance(node.func, Global) else "an object"
     if isinstance(node, Global):
@@ -342,7 +352,16 @@ def _tensor(node: Any, fqn: str) -> DcpTensor:
     if not isinstance(chunks_node, list | tuple):
         raise _Bad(f"tensor {fqn!r}: chunks is {_describe(chunks_node)}, not a list")
     chunks = []
+    rank = len(size)
     for ch in chunks_node:
+        if type(ch) is DcpChunk:  # resolved by _hook_chunk
+            if len(ch.offsets) != rank:
+                raise _Bad(
+                    f"tensor {fqn!r}: chunk {list(ch.offsets)}+{list(ch.sizes)} has the wrong "
+                    f"rank for size {list(size)}"
+                )
+            chunks.append(ch)
+            continue
         _, cst, _ = _instance(ch, f"{_MD}.ChunkStorageMetadata")
         if "offsets" not in cst or "sizes" not in cst:
             raise _Bad(f"tensor {fqn!r}: ChunkStorageMetadata without offsets/sizes")
@@ -381,6 +400,85 @@ def _storage(node: Any, fqn: str) -> DcpStorage:
     return DcpStorage(rel, offset, length, tuple(tds))
 
 
+# -- early resolution ---------------------------------------------------------------------------
+# A 128k-chunk .metadata holds ~400k DCP objects. Their records and state dicts are turned into
+# the final plain values as soon as the scanner's BUILD gives them their state (build hooks), so
+# the symbolic graph is never held in full. A hook only resolves a state of exactly the expected
+# shape and returns None otherwise: the record then stays, and the checks below report the problem
+# with the item's name.
+
+
+class _Index(tuple[str, tuple[int, ...] | None], Resolved):
+    """A resolved ``MetadataIndex``: ``(fqn, offsets or None)``."""
+
+    __slots__ = ()
+
+
+def _size_or_none(node: Any) -> tuple[int, ...] | None:
+    if type(node) is not tuple:
+        return None
+    for v in node:
+        if type(v) is not int or v < 0:
+            return None
+    return node
+
+
+def _hook_chunk(args: tuple[Any, ...], state: dict[Any, Any]) -> DcpChunk | None:
+    if args or len(state) != 2:
+        return None
+    offsets = _size_or_none(state.get("offsets"))
+    sizes = _size_or_none(state.get("sizes"))
+    if offsets is None or sizes is None or len(offsets) != len(sizes):
+        return None
+    return DcpChunk(offsets, sizes)
+
+
+def _hook_index(args: tuple[Any, ...], state: dict[Any, Any]) -> _Index | None:
+    if args or not 2 <= len(state) <= 3:
+        return None
+    fqn = state.get("fqn")
+    if type(fqn) is not str or "offset" not in state:
+        return None
+    if len(state) == 3 and "index" not in state:
+        return None
+    offset = state["offset"]
+    if offset is None:
+        return _Index((fqn, None))
+    offsets = _size_or_none(offset)
+    return None if offsets is None else _Index((fqn, offsets))
+
+
+def _hook_storage(args: tuple[Any, ...], state: dict[Any, Any]) -> DcpStorage | None:
+    if args:
+        return None
+    rel = state.get("relative_path")
+    offset = state.get("offset")
+    length = state.get("length")
+    tds = state.get("transform_descriptors")
+    n = 3 if "transform_descriptors" not in state else 4
+    if (
+        len(state) != n
+        or type(rel) is not str
+        or type(offset) is not int
+        or type(length) is not int
+        or offset < 0
+        or length < 0
+    ):
+        return None
+    if tds is None or tds == []:
+        return DcpStorage(rel, offset, length)
+    if type(tds) is not list or not all(type(t) is str for t in tds):
+        return None
+    return DcpStorage(rel, offset, length, tuple(tds))
+
+
+_BUILD_HOOKS = {
+    f"{_MD}.ChunkStorageMetadata": _hook_chunk,
+    f"{_MD}.MetadataIndex": _hook_index,
+    f"{_FS}._StorageInfo": _hook_storage,
+}
+
+
 def _metadata(root: Any) -> DcpMetadata:
     _, state, _ = _instance(root, f"{_MD}.Metadata")
     if "state_dict_metadata" not in state:
@@ -399,8 +497,8 @@ def _metadata(root: Any) -> DcpMetadata:
         )
     storage: dict[tuple[str, tuple[int, ...] | None], DcpStorage] = {}
     for idx, info in _mapping(storage_node, "storage_data"):
-        key = _index(idx)
-        storage[key] = _storage(info, key[0])
+        key = (idx[0], idx[1]) if type(idx) is _Index else _index(idx)
+        storage[key] = info if type(info) is DcpStorage else _storage(info, key[0])
     version = state.get("version")
     return DcpMetadata(items, storage, version if isinstance(version, str) else None)
 

@@ -13,10 +13,17 @@ loop here because ``pickletools.genops`` alone is slower than ``pickle.loads`` o
 * ``REDUCE``/``NEWOBJ``/``NEWOBJ_EX``/``OBJ``/``INST`` become a :class:`Call` record, and
   ``BUILD`` attaches its state to that record (``APPEND``/``SETITEMS`` on a record are kept too);
 * ``PERSID``/``BINPERSID`` become a :class:`PersistentId`;
+* on request (``unwrap_calls``, ``build_hooks``), chosen calls stand for their argument and
+  chosen classes are turned into the caller's plain values as soon as ``BUILD`` gives them their
+  state, so that a large pickle is never held as a graph of records (DCP ``.metadata``);
 * lists, tuples, dicts, sets, frozensets, strings, bytes, numbers, ``None`` and bools are built
   as the plain Python values they denote, with the memo (``PUT``/``GET``/``MEMOIZE``) shared as in
   the real unpickler; protocol 0-2 module names of Python 2 (``__builtin__``, ``copy_reg``) are
   mapped to their Python 3 names as the real unpickler does.
+
+The memo is a list of the dense prefix of keys that pickle writers produce (plus a dict of any
+other keys, with the real unpickler's semantics), and the cyclic garbage collector is paused
+while a large pickle is scanned.
 
 No module is imported and no callable is ever invoked, so a hostile pickle can at worst be
 rejected. An optional allow-list (``allowed_globals``) makes the scan fail with
@@ -28,17 +35,20 @@ raises :class:`PickleScanError` (a ``ValueError``), never another exception.
 from __future__ import annotations
 
 import codecs
+import gc
 import struct
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "CONSUMED",
     "Call",
     "Global",
     "PersistentId",
     "PickleGlobalError",
     "PickleScanError",
+    "Resolved",
     "scan_pickle",
 ]
 
@@ -83,7 +93,7 @@ class Call:
     large ``.metadata`` holds millions of these.
     """
 
-    __slots__ = ("_items", "_kwargs", "_setitems", "args", "func", "state")
+    __slots__ = ("_items", "_kwargs", "_setitems", "_slot", "args", "func", "state")
 
     def __init__(
         self,
@@ -99,6 +109,7 @@ class Call:
         self._items: list[Any] | None = None
         self._setitems: list[tuple[Any, Any]] | None = None
         self._kwargs = kwargs
+        self._slot = -1  # memo slot, recorded when scan_pickle has build hooks
 
     @property
     def items(self) -> list[Any]:
@@ -127,6 +138,27 @@ class PersistentId:
     value: Any
 
 
+class Resolved:
+    """Base of values a ``build_hooks`` callable may return that can be dict keys.
+
+    :func:`scan_pickle` treats instances as opaque, hashable leaves (like :class:`Call`).
+    """
+
+    __slots__ = ()
+
+
+class _Consumed:
+    """Stands in the memo for a state dict that a build hook consumed (see :func:`scan_pickle`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<consumed object state>"
+
+
+CONSUMED = _Consumed()
+
+
 class _Mark:
     pass
 
@@ -135,17 +167,11 @@ _MARK = _Mark()
 _MAX_OPS = 1_000_000
 #: Deepest tuple/frozenset nesting accepted inside a dict key or set element (hashing recurses).
 _MAX_KEY_DEPTH = 64
+#: Inputs above this size are scanned with the cyclic garbage collector paused.
+_GC_PAUSE_BYTES = 1 << 20
 
 GlobalFilter = Callable[[str], bool] | Collection[str]
-
-
-def _pop_mark(stack: list[Any]) -> list[Any]:
-    for i in range(len(stack) - 1, -1, -1):
-        if stack[i] is _MARK:
-            items = stack[i + 1 :]
-            del stack[i:]
-            return items
-    raise PickleScanError("MARK missing")
+BuildHook = Callable[[tuple[Any, ...], dict[Any, Any]], Any]
 
 
 def _pop(stack: list[Any]) -> Any:
@@ -165,7 +191,7 @@ def _top(stack: list[Any]) -> Any:
 
 def _check_key(key: Any) -> None:
     """Refuse unhashable or deeply nested keys before hashing them (C hashing recurses)."""
-    if type(key) is str or type(key) is int or type(key) is Call:
+    if type(key) is str or type(key) is int or type(key) is Call or isinstance(key, Resolved):
         return
     todo = [(key, 0)]
     while todo:
@@ -176,7 +202,9 @@ def _check_key(key: Any) -> None:
             todo.extend((v, depth + 1) for v in k)
         elif isinstance(k, PersistentId):
             todo.append((k.value, depth + 1))
-        elif not isinstance(k, str | bytes | int | float | complex | type(None) | Global | Call):
+        elif not isinstance(
+            k, str | bytes | int | float | complex | type(None) | Global | Call | Resolved
+        ):
             raise PickleScanError(f"unhashable dict key or set element of type {type(k).__name__}")
 
 
@@ -210,6 +238,8 @@ def scan_pickle(
     *,
     allowed_globals: GlobalFilter | None = None,
     max_ops: int | None = _MAX_OPS,
+    unwrap_calls: Collection[str] = (),
+    build_hooks: Mapping[str, BuildHook] | None = None,
 ) -> Any:
     """Interpret ``data`` symbolically and return the top-level value.
 
@@ -219,6 +249,16 @@ def scan_pickle(
             ``None`` accepts every global (they are never resolved either way).
         max_ops: most opcodes to interpret; ``None`` for no limit beyond the input size (every
             opcode consumes at least one byte).
+        unwrap_calls: ``"module.name"`` of callables whose ``REDUCE`` with one argument stands
+            for that argument itself (``torch.Size((2, 3))`` → ``(2, 3)``): no :class:`Call`
+            record is built (a large DCP ``.metadata`` holds hundreds of thousands of sizes).
+        build_hooks: ``"module.name"`` → ``hook(args, state)``, called when ``BUILD`` gives a
+            dict ``state`` to a fresh object record of that class (``NEWOBJ``/``REDUCE``).
+            If the hook returns something other than ``None``, that value replaces the record
+            on the stack and in the memo, and the memo entry of ``state`` becomes
+            :data:`CONSUMED` (pickle writers never refer to an object's ``__dict__`` again; a
+            pickle that does finds an inert placeholder). Hooks must not raise. A large DCP
+            ``.metadata`` is thus never held as a graph of records and state dicts.
 
     Returns:
         The symbolic value: plain containers and scalars, :class:`Global`, :class:`Call` and
@@ -231,8 +271,20 @@ def scan_pickle(
 
     """
     allowed = _as_filter(allowed_globals)
+    # The scan allocates one container per few opcodes and frees nothing until it ends: the cyclic
+    # collector would traverse the growing graph again and again (~15 % of the time on a
+    # 128k-chunk .metadata) and finds nothing to free, so it is paused for large inputs.
+    pause_gc = len(data) > _GC_PAUSE_BYTES and gc.isenabled()
+    if pause_gc:
+        gc.disable()
     try:
-        return _scan(bytes(data) if not isinstance(data, bytes) else data, allowed, max_ops)
+        return _scan(
+            bytes(data) if not isinstance(data, bytes) else data,
+            allowed,
+            max_ops,
+            frozenset(unwrap_calls),
+            build_hooks or {},
+        )
     except PickleScanError:
         raise
     except KeyError as exc:  # only memo lookups index a dict
@@ -241,6 +293,9 @@ def scan_pickle(
         raise PickleScanError("malformed pickle: nested too deeply") from None
     except Exception as exc:  # e.g. UnicodeDecodeError, ValueError from int()/float() of text args
         raise PickleScanError(f"malformed pickle: {type(exc).__name__}: {exc}"[:300]) from None
+    finally:
+        if pause_gc:
+            gc.enable()
 
 
 def _line(data: bytes, i: int) -> tuple[bytes, int]:
@@ -272,16 +327,111 @@ def _unquote(raw: bytes) -> str:
     raise PickleScanError("STRING argument without quotes")
 
 
-def _scan(data: bytes, allowed: Callable[[str], bool] | None, max_ops: int | None) -> Any:
+def _memo_put(memo: list[Any], memo_x: dict[int, Any], key: int, value: Any) -> None:
+    """Store ``memo[key] = value`` with the semantics of a dict memo (see :func:`_scan`)."""
+    n = len(memo)
+    if 0 <= key < n:
+        memo[key] = value
+    elif key == n:
+        memo.append(value)
+        n += 1
+        while n in memo_x:  # entries put ahead of the dense prefix now join it
+            memo.append(memo_x.pop(n))
+            n += 1
+    else:
+        memo_x[key] = value
+
+
+def _memo_get(memo: list[Any], memo_x: dict[int, Any], key: int) -> Any:
+    if 0 <= key < len(memo):
+        return memo[key]
+    if key not in memo_x:
+        raise PickleScanError(f"memo key {key} missing")
+    return memo_x[key]
+
+
+def _note_global(
+    g: Global,
+    unwrap: frozenset[str],
+    hooks: Mapping[str, BuildHook] | None,
+    unwrap_ids: set[int],
+    hook_ids: dict[int, BuildHook],
+) -> bool:
+    qual = g.qualname
+    hook = hooks.get(qual) if hooks else None
+    if hook is not None:
+        hook_ids[id(g)] = hook
+    if qual in unwrap:
+        unwrap_ids.add(id(g))
+    return hook is not None or qual in unwrap
+
+
+def _build_hook(
+    target: Call,
+    state: dict[Any, Any],
+    hook_ids: dict[int, BuildHook],
+    stack: list[Any],
+    memo: list[Any],
+) -> None:
+    """Let the hook of ``target``'s class replace it (see ``build_hooks`` of :func:`scan_pickle`)."""
+    hook = hook_ids.get(id(target.func))
+    if hook is None or target._kwargs is not None or target._items or target._setitems:
+        return
+    value = hook(target.args, state)
+    if value is None:
+        return
+    stack[-1] = value
+    k = target._slot  # checked with ``is``: a memo slot can have been overwritten since
+    if 0 <= k < len(memo) and memo[k] is target:
+        memo[k] = value
+        if k + 1 < len(memo) and memo[k + 1] is state:
+            memo[k + 1] = CONSUMED
+
+
+def _pop_mark(stack: list[Any], marks: list[int]) -> list[Any]:
+    if not marks:
+        raise PickleScanError("MARK missing")
+    p = marks.pop()
+    items = stack[p + 1 :]
+    del stack[p:]
+    return items
+
+
+def _scan(
+    data: bytes,
+    allowed: Callable[[str], bool] | None,
+    max_ops: int | None,
+    unwrap: frozenset[str] = frozenset(),
+    hooks: Mapping[str, BuildHook] | None = None,
+) -> Any:
     # One flat dispatch on the opcode byte, most frequent opcodes first. The opcodes are decoded
     # here rather than with pickletools.genops (whose argument formats this follows): genops
     # alone took 4.6 s for the 18 MB .metadata of a 128k-chunk checkpoint, more than
     # pickle.loads with torch imported (2.9 s).
+    #
+    # The memo has the semantics of the real unpickler's (a dict: MEMOIZE stores at the number of
+    # distinct keys) but is held as a list of the dense prefix 0..len-1, which pickle writers
+    # produce, plus a dict of any other keys: a 128k-chunk .metadata memoizes 2M objects, and a
+    # dict with int keys costs ~70 bytes per entry against 8 for a list slot.
+    #
+    # ``marks`` holds the stack positions of the MARK sentinels (which stay on the stack so that
+    # consuming one by mistake is detected): only POP can remove a MARK without raising.
     stack: list[Any] = []
+    marks: list[int] = []
     push = stack.append
+    pop = stack.pop
     mark = _MARK
     call = Call
-    memo: dict[int, Any] = {}
+    memo: list[Any] = []
+    memo_x: dict[int, Any] = {}
+    memo_append = memo.append
+    unwrap_ids: set[int] = set()
+    hook_ids: dict[int, BuildHook] = {}
+    globals_seen: list[Global] = []  # keeps the ids in unwrap_ids and hook_ids valid
+    # With build hooks, MEMOIZE records each record's memo slot in it, so that BUILD can replace
+    # the record there (and its state dict, memoized right after it by pickle writers).
+    track = bool(hooks)
+    from_bytes = int.from_bytes
     n = len(data)
     # Every opcode consumes at least one byte: without a smaller max_ops nothing needs counting.
     counting = max_ops is not None and max_ops < n
@@ -302,72 +452,122 @@ def _scan(data: bytes, allowed: Callable[[str], bool] | None, max_ops: int | Non
             top = stack[-1]
             if top is mark:
                 raise PickleScanError("MEMOIZE of a MARK")
-            memo[len(memo)] = top
-        elif op == 0x6A:  # LONG_BINGET (a missing key raises KeyError: reported as such)
+            if memo_x:
+                _memo_put(memo, memo_x, len(memo) + len(memo_x), top)
+            else:
+                if track and type(top) is call:
+                    top._slot = len(memo)
+                memo_append(top)
+        elif op == 0x6A:  # LONG_BINGET
             if i + 4 > n:
                 raise PickleScanError("truncated argument")
-            push(memo[int.from_bytes(data[i : i + 4], "little")])
+            key = from_bytes(data[i : i + 4], "little")
+            push(memo[key] if key < len(memo) else _memo_get(memo, memo_x, key))
             i += 4
-        elif op == 0x68:  # BINGET
-            push(memo[data[i]])
-            i += 1
         elif op == 0x4B:  # BININT1
             push(data[i])
             i += 1
-        elif op == 0x4D:  # BININT2
-            push(data[i] | data[i + 1] << 8)
-            i += 2
+        elif op == 0x68:  # BINGET
+            key = data[i]
+            push(memo[key] if key < len(memo) else _memo_get(memo, memo_x, key))
+            i += 1
         elif op == 0x28:  # MARK
+            marks.append(len(stack))
             push(mark)
+        elif op == 0x29:  # EMPTY_TUPLE
+            push(())
+        elif op == 0x81 or op == 0x52:  # NEWOBJ, REDUCE
+            args = pop()
+            func = pop()
+            if type(args) is not tuple or func is mark:
+                raise PickleScanError("REDUCE/NEWOBJ arguments are not a tuple")
+            if unwrap_ids and id(func) in unwrap_ids and len(args) == 1 and op == 0x52:
+                push(args[0])
+            else:
+                push(call(func, args))
+        elif op == 0x62:  # BUILD
+            state = pop()
+            target = stack[-1]
+            if state is mark:
+                raise PickleScanError("unexpected MARK on the stack")
+            if type(target) is not call:
+                raise PickleScanError("BUILD on a non-object")
+            old = target.state
+            if old is not None and isinstance(old, dict) and isinstance(state, dict):
+                old.update(state)
+            else:
+                target.state = state
+                if track and old is None and type(state) is dict:
+                    _build_hook(target, state, hook_ids, stack, memo)
+        elif op == 0x75:  # SETITEMS
+            if not marks:
+                raise PickleScanError("MARK missing")
+            p = marks.pop()
+            target = stack[p - 1] if p else None
+            if type(target) is dict and not (len(stack) - p - 1) % 2:
+                for j in range(p + 1, len(stack), 2):
+                    key = stack[j]
+                    if type(key) is not str:
+                        _check_key(key)
+                    target[key] = stack[j + 1]
+                del stack[p:]
+            else:
+                items = stack[p + 1 :]
+                del stack[p:]
+                _setitems(_top(stack), items)
+        elif op == 0x7D:  # EMPTY_DICT
+            push({})
         elif op == 0x85:  # TUPLE1
-            top = stack.pop()
+            top = pop()
             if top is mark:
                 raise PickleScanError("TUPLE1 of a MARK")
             push((top,))
+        elif op == 0x86:  # TUPLE2
+            b = pop()
+            a = pop()
+            if a is mark or b is mark:
+                raise PickleScanError("unexpected MARK on the stack")
+            push((a, b))
+        elif op == 0x4D:  # BININT2
+            push(data[i] | data[i + 1] << 8)
+            i += 2
         elif op == 0x8C:  # SHORT_BINUNICODE
             j = i + 1 + data[i]
             if j > n:
                 raise PickleScanError("truncated string")
             push(str(data[i + 1 : j], "utf-8", "surrogatepass"))
             i = j
-        elif op == 0x52 or op == 0x81:  # REDUCE, NEWOBJ
-            args = stack.pop()
-            func = stack.pop()
-            if type(args) is not tuple or func is mark:
-                raise PickleScanError("REDUCE/NEWOBJ arguments are not a tuple")
-            push(call(func, args))
-        elif op == 0x29:  # EMPTY_TUPLE
-            push(())
-        elif op == 0x7D:  # EMPTY_DICT
-            push({})
-        elif op == 0x75:  # SETITEMS
-            items = _pop_mark(stack)
-            _setitems(_top(stack), items)
-        elif op == 0x62:  # BUILD
-            state = _pop(stack)
-            target = _top(stack)
-            if not isinstance(target, Call):
-                raise PickleScanError("BUILD on a non-object")
-            if isinstance(target.state, dict) and isinstance(state, dict):
-                target.state.update(state)
-            else:
-                target.state = state
-        elif op == 0x86 or op == 0x87:  # TUPLE2, TUPLE3
-            items = [_pop(stack) for _ in range(op - 0x84)]
-            items.reverse()
-            push(tuple(items))
         elif op == 0x4A:  # BININT
-            raw, i = _take(data, i, 4)
-            push(int.from_bytes(raw, "little", signed=True))
+            if i + 4 > n:
+                raise PickleScanError("truncated argument")
+            push(from_bytes(data[i : i + 4], "little", signed=True))
+            i += 4
+        elif op == 0x87:  # TUPLE3
+            c = pop()
+            b = pop()
+            a = pop()
+            if a is mark or b is mark or c is mark:
+                raise PickleScanError("unexpected MARK on the stack")
+            push((a, b, c))
         elif op == 0x71:  # BINPUT
-            memo[data[i]] = _top(stack)
+            key = data[i]
+            top = _top(stack)
+            if key < len(memo):
+                memo[key] = top
+            elif key == len(memo) and not memo_x:
+                memo_append(top)
+            else:
+                _memo_put(memo, memo_x, key, top)
             i += 1
         elif op == 0x72:  # LONG_BINPUT
             key, i = _uint(data, i, 4)
-            memo[key] = _top(stack)
+            _memo_put(memo, memo_x, key, _top(stack))
         elif op == 0x61:  # APPEND
             value = _pop(stack)
             _append(_top(stack), [value])
+        elif op == 0x65:  # APPENDS
+            items = _pop_mark(stack, marks)
+            _append(_top(stack), items)
         elif op == 0x5D:  # EMPTY_LIST
             push([])
         elif op == 0x4E:  # NONE
@@ -377,14 +577,14 @@ def _scan(data: bytes, allowed: Callable[[str], bool] | None, max_ops: int | Non
         elif op == 0x88:  # NEWTRUE
             push(True)
         elif op == 0x74:  # TUPLE
-            push(tuple(_pop_mark(stack)))
+            push(tuple(_pop_mark(stack, marks)))
         elif op == 0x93:  # STACK_GLOBAL
             attr = _pop(stack)
             module = _pop(stack)
-            push(_make_global(module, attr, allowed, proto))
-        elif op == 0x65:  # APPENDS
-            items = _pop_mark(stack)
-            _append(_top(stack), items)
+            g = _make_global(module, attr, allowed, proto)
+            if (unwrap or hooks) and _note_global(g, unwrap, hooks, unwrap_ids, hook_ids):
+                globals_seen.append(g)
+            push(g)
         elif op == 0x73:  # SETITEM
             value = _pop(stack)
             key = _pop(stack)
@@ -436,7 +636,7 @@ def _scan(data: bytes, allowed: Callable[[str], bool] | None, max_ops: int | Non
         elif op == 0x8F:  # EMPTY_SET
             push(set())
         elif op == 0x90:  # ADDITEMS
-            items = _pop_mark(stack)
+            items = _pop_mark(stack, marks)
             target = _top(stack)
             if not isinstance(target, set):
                 raise PickleScanError("ADDITEMS on a non-set")
@@ -444,7 +644,7 @@ def _scan(data: bytes, allowed: Callable[[str], bool] | None, max_ops: int | Non
                 _check_key(item)
             target.update(items)
         elif op == 0x91:  # FROZENSET
-            items = _pop_mark(stack)
+            items = _pop_mark(stack, marks)
             for item in items:
                 _check_key(item)
             push(frozenset(items))
@@ -468,21 +668,24 @@ def _scan(data: bytes, allowed: Callable[[str], bool] | None, max_ops: int | Non
         elif op == 0x63:  # GLOBAL
             module_b, i = _line(data, i)
             name_b, i = _line(data, i)
-            push(_make_global(str(module_b, "utf-8"), str(name_b, "utf-8"), allowed, proto))
+            g = _make_global(str(module_b, "utf-8"), str(name_b, "utf-8"), allowed, proto)
+            if (unwrap or hooks) and _note_global(g, unwrap, hooks, unwrap_ids, hook_ids):
+                globals_seen.append(g)
+            push(g)
         elif op == 0x69:  # INST
             module_b, i = _line(data, i)
             name_b, i = _line(data, i)
             cls = _make_global(str(module_b, "utf-8"), str(name_b, "utf-8"), allowed, proto)
-            push(Call(cls, tuple(_pop_mark(stack))))
+            push(Call(cls, tuple(_pop_mark(stack, marks))))
         elif op == 0x6F:  # OBJ
-            items = _pop_mark(stack)
+            items = _pop_mark(stack, marks)
             if not items or items[0] is mark:
                 raise PickleScanError("OBJ without a class")
             push(Call(items[0], tuple(items[1:])))
         elif op == 0x6C:  # LIST
-            push(_pop_mark(stack))
+            push(_pop_mark(stack, marks))
         elif op == 0x64:  # DICT
-            push(_pairs_to_dict(_pop_mark(stack)))
+            push(_pairs_to_dict(_pop_mark(stack, marks)))
         elif op == 0x49:  # INT (I00/I01 are False/True)
             raw, i = _line(data, i)
             push(False if raw == b"00" else True if raw == b"01" else int(raw))
@@ -500,22 +703,20 @@ def _scan(data: bytes, allowed: Callable[[str], bool] | None, max_ops: int | Non
             push(str(raw, "raw-unicode-escape"))
         elif op == 0x70:  # PUT
             raw, i = _line(data, i)
-            memo[int(raw)] = _top(stack)
+            _memo_put(memo, memo_x, int(raw), _top(stack))
         elif op == 0x67:  # GET
             raw, i = _line(data, i)
-            key = int(raw)
-            if key not in memo:
-                raise PickleScanError(f"memo key {key} missing")
-            push(memo[key])
+            push(_memo_get(memo, memo_x, int(raw)))
         elif op == 0x50:  # PERSID
             raw, i = _line(data, i)
             push(PersistentId(str(raw, "ascii")))
         elif op == 0x30:  # POP
             if not stack:
                 raise PickleScanError("stack underflow")
-            stack.pop()
+            if stack.pop() is mark:
+                marks.pop()
         elif op == 0x31:  # POP_MARK
-            _pop_mark(stack)
+            _pop_mark(stack, marks)
         elif op == 0x32:  # DUP
             push(_top(stack))
         elif op in (0x82, 0x83, 0x84):  # EXT1/2/4: resolved through the copyreg registry

@@ -70,6 +70,7 @@ from portable_ckpt.convert._torchzip import (
     TorchTensorLayout,
     map_torch_tensor,
     parse_torch_zip,
+    read_torch_tensor,
 )
 from portable_ckpt.errors import (
     CodecError,
@@ -152,8 +153,18 @@ class _Files:
         self._fds.clear()
 
 
+#: Chunks whose storage is smaller than this are read into fresh buffers instead of mapped. Every
+#: mapping holds a duplicate of the file descriptor (Python's ``mmap`` dups it) until the writer
+#: drops the array, and the writer holds up to two batches (2 × 64 MiB) of chunks: mapping tiny
+#: chunks (a 128k-chunk checkpoint stores 256-byte chunks) ran out of descriptors (EMFILE). With
+#: this floor at most ~128 mappings are alive, and copying chunks this small costs nothing.
+_MAP_MIN_BYTES = 1 << 20
+
+
 def _loader(files: _Files, layout: TorchTensorLayout, rel: str, where: str) -> Callable[[], np.ndarray[Any, Any]]:
     def load() -> np.ndarray[Any, Any]:
+        if layout.storage_nbytes < _MAP_MIN_BYTES:
+            return read_torch_tensor(files.fd(rel), layout, where=where)
         # Map just the chunk's bytes: no fresh buffer, no copy (the page cache pages are CRC'd
         # and written as they are); the mapping is released when the writer drops the array.
         return map_torch_tensor(files.fd(rel), layout, where=where)
