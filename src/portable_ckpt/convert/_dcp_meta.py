@@ -53,6 +53,7 @@ from portable_ckpt.errors import (
 )
 
 __all__ = [
+    "DICT_CTORS",
     "METADATA_GLOBALS",
     "DcpBytes",
     "DcpChunk",
@@ -61,6 +62,7 @@ __all__ = [
     "DcpTensor",
     "NotJsonError",
     "decode_byte_item",
+    "json_key",
     "parse_dcp_metadata",
     "read_dcp_metadata",
     "symbolic_to_json",
@@ -110,7 +112,7 @@ METADATA_GLOBALS = frozenset(
     }
 )
 
-_DICT_CTORS = ("collections.OrderedDict", "builtins.dict")
+DICT_CTORS = ("collections.OrderedDict", "builtins.dict")
 _MAX_DEPTH = 64
 
 
@@ -291,7 +293,7 @@ def _mapping(node: Any, what: str) -> list[tuple[Any, Any]]:
     if (
         isinstance(node, Call)
         and isinstance(node.func, Global)
-        and node.func.qualname in _DICT_CTORS
+        and node.func.qualname in DICT_CTORS
         and not node.args
     ):
         return list(node.setitems)
@@ -526,13 +528,13 @@ def symbolic_to_json(node: Any, depth: int = 0) -> Any:
     if isinstance(node, list | tuple):
         return [symbolic_to_json(v, depth + 1) for v in node]
     if isinstance(node, dict) or (
-        isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in _DICT_CTORS
+        isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in DICT_CTORS
     ):
         try:
             pairs = _mapping(node, "value")
         except _Bad as exc:
             raise NotJsonError(str(exc)) from None
-        return {_json_key(k): symbolic_to_json(v, depth + 1) for k, v in pairs}
+        return {json_key(k): symbolic_to_json(v, depth + 1) for k, v in pairs}
     if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname == "torch.Size":
         if len(node.args) == 1 and isinstance(node.args[0], tuple):
             return symbolic_to_json(node.args[0], depth + 1)
@@ -545,7 +547,8 @@ def symbolic_to_json(node: Any, depth: int = 0) -> Any:
     raise NotJsonError(f"a value of type {type(node).__name__}")
 
 
-def _json_key(k: Any) -> str:
+def json_key(k: Any) -> str:
+    """A pickled dict key as a JSON object key: strings as they are, ints in decimal."""
     if isinstance(k, str):
         return k
     if isinstance(k, int) and not isinstance(k, bool):
@@ -566,14 +569,10 @@ def decode_byte_item(fd: int, offset: int, length: int, *, where: str) -> Any:
     """
     from portable_ckpt.convert._torchzip import open_torch_archive
 
-    size = os.fstat(fd).st_size
-    if offset + length > size:
-        raise FileSizeError(
-            f"{where}: item needs bytes [{offset}, {offset + length}) but the file has {size} "
-            "bytes (truncated); re-copy the checkpoint",
-        )
     try:
         root, _storages = open_torch_archive(fd, offset, length, where=where)
+    except FileSizeError:
+        raise  # a truncated file is damage, not a value that merely isn't JSON
     except CheckpointError as exc:  # not a torch.save zip: a raw BytesIO item, or damaged
         raise NotJsonError(exc.message.removeprefix(f"{where}: ")) from None
     return symbolic_to_json(root)

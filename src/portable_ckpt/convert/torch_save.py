@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from portable_ckpt.convert._dcp_meta import DICT_CTORS, NotJsonError, json_key, symbolic_to_json
 from portable_ckpt.convert._model import (
     ChunkSpec,
     ConvertWarning,
@@ -53,50 +54,12 @@ from portable_ckpt.format.dtypes import DTYPES
 __all__ = ["read_torch_source"]
 
 
-class _Unrecognised(Exception):
-    pass
-
-
-_DICT_CTORS = ("collections.OrderedDict", "builtins.dict")
-
-
-def _plain(node: Any) -> Any:
-    """Turn a scanned node without tensors into JSON data (``_Unrecognised`` otherwise)."""
-    if node is None or isinstance(node, bool | int | str):
-        return node
-    if isinstance(node, float):
-        if not math.isfinite(node):
-            raise _Unrecognised(f"non-finite float {node!r}")
-        return node
-    if isinstance(node, list | tuple):
-        return [_plain(v) for v in node]
-    if isinstance(node, dict):
-        return {_key(k): _plain(v) for k, v in node.items()}
-    if isinstance(node, Call) and isinstance(node.func, Global):
-        if node.func.qualname in _DICT_CTORS:
-            return {_key(k): _plain(v) for k, v in node.setitems}
-        if node.func.qualname == "torch.Size" and node.args:
-            return _plain(node.args[0])
-        raise _Unrecognised(f"object of type {node.func.qualname}")
-    if isinstance(node, Global):
-        raise _Unrecognised(f"reference to {node.qualname}")
-    raise _Unrecognised(f"value of type {type(node).__name__}")
-
-
-def _key(k: Any) -> str:
-    if isinstance(k, str):
-        return k
-    if isinstance(k, int) and not isinstance(k, bool):
-        return str(k)
-    raise _Unrecognised(f"non-string key {k!r}")
-
-
 def _children(node: Any) -> list[tuple[str, Any]] | None:
     """Return (name, child) pairs of a container node, or None for a leaf."""
     if isinstance(node, dict):
-        return [(_key(k), v) for k, v in node.items()]
-    if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in _DICT_CTORS:
-        return [(_key(k), v) for k, v in node.setitems]
+        return [(json_key(k), v) for k, v in node.items()]
+    if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in DICT_CTORS:
+        return [(json_key(k), v) for k, v in node.setitems]
     if isinstance(node, list | tuple):
         return [(str(i), v) for i, v in enumerate(node)]
     return None
@@ -122,7 +85,7 @@ def _has_tensor(node: Any, depth: int = 0) -> bool:
     kids = None
     try:
         kids = _children(node)
-    except _Unrecognised:
+    except NotJsonError:
         return False
     return any(_has_tensor(v, depth + 1) for _, v in kids or [])
 
@@ -182,7 +145,7 @@ def read_torch_source(path: str, *, strict: bool = False) -> SourcePlan:
             if depth < 64 and _has_tensor(node):
                 try:
                     kids = _children(node)
-                except _Unrecognised as exc:
+                except NotJsonError as exc:
                     warnings.append(ConvertWarning(name, f"{exc}; skipped"))
                     return
             if kids is not None:
@@ -190,8 +153,8 @@ def read_torch_source(path: str, *, strict: bool = False) -> SourcePlan:
                     walk(f"{prefix}.{k}" if prefix else k, v, depth + 1)
                 return
             try:
-                value = _plain(node)
-            except _Unrecognised as exc:
+                value = symbolic_to_json(node)
+            except NotJsonError as exc:
                 if strict:
                     raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
                 warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
