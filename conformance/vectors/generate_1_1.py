@@ -356,25 +356,8 @@ def _(root: Path) -> V:
     return v
 
 
-DTYPE_VALUES: dict[str, list[Any]] = {
-    "float64": [0.0, -1.5, 1e300, 2.5e-310], "float32": [0.0, -1.5, 3.25, 1e30],
-    "float16": [0.0, -1.5, 65504.0, 0.000061035156], "bfloat16": [0.0, -1.5, 3.0, 1.0e30],
-    "int64": [0, -1, 2**62, -(2**63)], "int32": [0, -1, 2**31 - 1, -(2**31)],
-    "int16": [0, -1, 32767, -32768], "int8": [0, -1, 127, -128],
-    "uint8": [0, 1, 128, 255], "uint16": [0, 1, 32768, 65535],
-    "uint32": [0, 1, 2**31, 2**32 - 1], "uint64": [0, 1, 2**63, 2**64 - 1],
-    "bool": [True, False, False, True], "float8_e4m3fn": [0.0, -1.5, 448.0, 0.015625],
-    "float8_e5m2": [0.0, -1.5, 57344.0, 0.0078125],
-}
-
-
-def _fix_exact(dtype: str, vals: list[Any]) -> list[Any]:
-    if dtype == "bfloat16":
-        u = np.array(vals, "<f4").view("<u4") & 0xFFFF0000
-        return [float(x) for x in u.astype("<u4").view("<f4")]
-    if dtype in ("float16", "float32"):
-        return [float(x) for x in np.array(vals, DT[dtype][2])]
-    return vals
+DTYPE_VALUES: dict[str, list[Any]] = _V10.DTYPE_VALUES
+_fix_exact = _V10._fix_exact
 
 
 @case("valid-table-dtypes", "one tensor of every dtype of §7 in one table: dtype codes 0 … 14")
