@@ -40,10 +40,11 @@ def decompress_frame(frame: bytes, *, expect: int | None, limit: int, what: str)
         # The one-shot decoder allocates the declared size once (about twice as fast as the
         # streaming object on large frames) but ignores bytes after the frame, so the frame's
         # extent is established first from its block headers.
-        if _frame_extent(frame, what) != len(frame):
+        extent = _frame_extent(frame, what)
+        if extent != len(frame):
             raise CodecError(
                 f"{what}: the stored bytes are not exactly one zstd frame "
-                f"({len(frame) - _frame_extent(frame, what)} bytes after it)",
+                f"({len(frame) - extent} bytes after it)",
                 path=what,
             )
         try:

@@ -179,17 +179,6 @@ class TensorTable:
             dts.append(_CODE_OF[t.dtype])
             nds.append(len(t.shape))
             shp.extend(t.shape)
-            if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
-                tab, i = t.table, t.index
-                o, n = tab.boxes(i)
-                a, b = int(tab.row_start[i]), int(tab.row_start[i + 1])
-                remap = np.array([paths.setdefault(p, len(paths)) for p in tab.paths], np.uint32)
-                fl.append(remap[tab.file[a:b]] if b > a else np.zeros(0, np.uint32))
-                cd.append(tab.codec[a:b])
-                of.append(o.reshape(-1))
-                ln.append(n.reshape(-1))
-                cnt.append(b - a)
-                continue
             rs = t.ranges
             cnt.append(len(rs))
             fl.append(np.array([paths.setdefault(r.file, len(paths)) for r in rs], np.uint32))
