@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,15 @@ __all__ = [
     "load_manifest",
     "read_annotations",
     "write_drill_record",
+    "write_verification_record",
 ]
+
+#: Post-commit record kinds: directory -> (id member, schema file, time member).
+ANNOTATION_KINDS = {
+    "drills": ("drill_id", "drill.schema.json", "finished_at"),
+    "copies": ("copy_id", "copy.schema.json", "verified_at"),
+    "verifications": ("verification_id", "verification.schema.json", "verified_at"),
+}
 
 
 @dataclass
@@ -48,6 +56,7 @@ class VersionInfo:
     committed_at: str | None = None
     drills: list[dict[str, Any]] = field(default_factory=list)
     copies: list[dict[str, Any]] = field(default_factory=list)
+    verifications: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     bytes: int = 0
     last_modified: float | None = None
@@ -56,6 +65,11 @@ class VersionInfo:
     def drilled(self) -> bool:
         """Whether a restore drill of this version passed."""
         return any(d.get("ok") is True for d in self.drills)
+
+    @property
+    def verification_failed(self) -> bool:
+        """Whether a sampled verification of this version failed (it is never restored)."""
+        return any(v.get("ok") is False for v in self.verifications)
 
     @property
     def copied(self) -> bool:
@@ -122,7 +136,11 @@ def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
 
 
 def read_annotations(storage: Storage, attempt_id: str, kind: str) -> list[dict[str, Any]]:
-    """Read the post-commit records of an attempt: ``kind`` is ``drills`` or ``copies``."""
+    """Read the post-commit records of an attempt: ``drills``, ``copies`` or ``verifications``.
+
+    Only records that validate, name this attempt and are stored under their own id count.
+    """
+    id_member, schema_file, time_member = ANNOTATION_KINDS[kind]
     out: list[dict[str, Any]] = []
     for info in storage.list(f"{attempt_id}/{kind}/", recursive=False):
         if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
@@ -135,19 +153,17 @@ def read_annotations(storage: Storage, attempt_id: str, kind: str) -> list[dict[
             continue
         if not isinstance(doc, dict) or doc.get("attempt_id") != attempt_id:
             continue
-        ident = doc.get("drill_id" if kind == "drills" else "copy_id")
+        ident = doc.get(id_member)
         if f"{ident}.json" != info.path.rsplit("/", 1)[-1]:
             continue  # a record counts only under its own name
         try:
             from portable_ckpt.format.schemas import validate_document
 
-            validate_document(
-                doc, "drill.schema.json" if kind == "drills" else "copy.schema.json", what=info.path
-            )
+            validate_document(doc, schema_file, what=info.path)
         except CheckpointError:
             continue
         out.append(doc)
-    out.sort(key=lambda d: str(d.get("finished_at") or d.get("verified_at") or ""))
+    out.sort(key=lambda d: timestamp_key(str(d.get(time_member) or "")))
     return out
 
 
@@ -178,6 +194,52 @@ def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]
     }
     validate_document(rec, "drill.schema.json", what=f"{attempt_id}/drills/{rec['drill_id']}.json")
     return _write_annotation(storage, attempt_id, "drills", str(rec["drill_id"]), rec)
+
+
+def write_verification_record(
+    storage: Storage,
+    attempt_id: str,
+    *,
+    ok: bool,
+    mode: str,
+    fraction: float | None,
+    chunks: int,
+    seed: int | None = None,
+    errors: list[dict[str, str]] | None = None,
+    verifier: str | None = None,
+) -> str:
+    """Record a verification of a committed version in ``verifications/<id>.json`` (spec §14.5).
+
+    ``mode`` is ``"sample"`` (``fraction`` of the stored chunks, chosen with ``seed``) or
+    ``"deep"``; ``errors`` are the problems found (``{"code", "message"}``), required when
+    ``ok`` is false. A version with a failed verification is never restored by a manager.
+    Returns the record's path.
+    """
+    from portable_ckpt.format.naming import utc_now_iso
+    from portable_ckpt.format.schemas import validate_document
+
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    ident = f"v{stamp}{int(now * 1e6) % 1_000_000:06d}Z-{secrets.token_hex(4)}"
+    rec: dict[str, Any] = {
+        "format": "portable-ckpt-verification",
+        "format_version": FORMAT_VERSION,
+        "attempt_id": attempt_id,
+        "verification_id": ident,
+        "verified_at": utc_now_iso(),
+        "ok": ok,
+        "mode": mode,
+        "fraction": fraction,
+        "chunks": chunks,
+        "seed": seed,
+        "errors": list(errors or []),
+    }
+    if verifier is not None:
+        rec["verifier"] = verifier
+    validate_document(
+        rec, "verification.schema.json", what=f"{attempt_id}/verifications/{ident}.json"
+    )
+    return _write_annotation(storage, attempt_id, "verifications", ident, rec)
 
 
 def list_versions(
@@ -214,6 +276,7 @@ def list_versions(
         if annotations:
             info.drills = read_annotations(storage, name, "drills")
             info.copies = read_annotations(storage, name, "copies")
+            info.verifications = read_annotations(storage, name, "verifications")
         out.append(info)
     out.sort(key=lambda v: (v.step, timestamp_key(v.committed_at), v.id))
     return out
@@ -290,6 +353,7 @@ def gc(
     dry_run: bool = False,
     require_copy: bool | str = False,
     now: Callable[[], float] = time.time,
+    keep_ids: Collection[str] = (),
 ) -> GcReport:
     """Apply retention to a root.
 
@@ -297,6 +361,7 @@ def gc(
     a restore drill (or, when none ever did, the newest committed version). With
     ``require_copy``, older committed versions are only deleted once a kept version has a
     verified copy on another root (any root when ``True``; the given root URL when a string).
+    ``keep_ids`` are kept as well (a retention policy's choice, e.g. the manager's keep_best).
     Attempts without a commit record are removed once nothing was
     written to them for ``grace_seconds`` (a save in progress is never touched). A deleted
     version's commit record is removed first, so it stops existing before any data goes.
@@ -307,7 +372,7 @@ def gc(
     versions = list_versions(storage)
     committed = [v for v in versions if v.status == "committed"]
     newest_first = list(reversed(committed))
-    kept = newest_first[:keep]
+    kept = newest_first[:keep] + [v for v in newest_first[keep:] if v.id in keep_ids]
     drilled = next((v for v in newest_first if v.drilled), None)
     protected = drilled or (newest_first[0] if newest_first else None)
     if protected is not None and protected not in kept:

@@ -29,6 +29,7 @@ from portable_ckpt.torch.checkpoint import (
     staging_bytes,
     wait_for_pending_save,
 )
+from portable_ckpt.torch.manager import CheckpointManager, ModelOptimizerState
 from portable_ckpt.torch.flatten import StateEntry, flatten_state, split_key, unflatten_keys
 from portable_ckpt.torch.state import (
     DataPosition,
@@ -42,10 +43,12 @@ from portable_ckpt.torch.state import (
 __all__ = [
     "AsyncSaveHandle",
     "CheckpointInfo",
+    "CheckpointManager",
     "DataPosition",
     "GradScalerState",
     "LRSchedulerState",
     "LoadInfo",
+    "ModelOptimizerState",
     "RNGState",
     "StateEntry",
     "async_save",

@@ -1,0 +1,98 @@
+"""What a manager stores in a version (the ``pck.manager`` entry) and reads back (no torch).
+
+The entry is a global entry with an embedded JSON Schema (spec §14.6; the schema is
+``spec/schemas/entries/manager-metrics.schema.json``): the step, why it was saved and the
+metrics passed to ``maybe_save``. Retention's ``keep_best`` reads the metrics from there, so
+the choice survives restarts and is visible to every tool.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from portable_ckpt.errors import CheckpointError, UsageError
+
+__all__ = [
+    "MANAGER_ENTRY",
+    "candidates_of",
+    "manager_entry_schema",
+    "manager_entry_value",
+    "read_manager_entry",
+]
+
+#: Name of the manager's global entry.
+MANAGER_ENTRY = "pck.manager"
+
+
+@functools.cache
+def _schema_text() -> str:
+    from portable_ckpt.format.schemas import schema_dir
+
+    doc = json.loads((schema_dir() / "entries" / "manager-metrics.schema.json").read_text("utf-8"))
+    doc.pop("$id", None)  # embedded: no base URI of its own
+    doc.pop("title", None)
+    return json.dumps(doc, sort_keys=True)
+
+
+def manager_entry_schema() -> dict[str, Any]:
+    """The embedded-schema declaration ``{"json_schema": ...}`` of the entry."""
+    return {"json_schema": json.loads(_schema_text())}
+
+
+def manager_entry_value(
+    step: int, reason: str, metrics: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Build the entry's value; refuses metrics that are not finite JSON scalars (PCK-USAGE)."""
+    clean: dict[str, Any] = {}
+    for k, v in (metrics or {}).items():
+        if not isinstance(k, str) or not 1 <= len(k) <= 256:
+            raise UsageError(f"metric name {k!r:.60} must be a str of 1-256 characters")
+        if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+            v = v.item()  # torch / numpy scalars
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None  # a diverged loss is stored as "no value", never as NaN
+        if v is not None and not isinstance(v, bool | int | float | str):
+            raise UsageError(f"metric {k!r}: {type(v).__name__} is not a number, str or bool")
+        clean[k] = v
+    return {"step": int(step), "reason": reason or "requested", "metrics": clean}
+
+
+def read_manager_entry(ck: Any) -> dict[str, Any] | None:
+    """The ``pck.manager`` value of an open version, or ``None`` when it has none."""
+    if MANAGER_ENTRY not in ck.entries:
+        return None
+    value = ck.entry(MANAGER_ENTRY)
+    return value if isinstance(value, dict) else None
+
+
+def candidates_of(storage: Any, *, in_flight: set[str] | None = None) -> list[Any]:
+    """Retention candidates of a root: every attempt, with metrics, drills and verifications."""
+    from portable_ckpt.io.reader import Checkpoint
+    from portable_ckpt.io.versions import list_versions, load_manifest
+    from portable_ckpt.manager.retention import Candidate
+
+    out = []
+    for v in list_versions(storage):
+        if v.status != "committed":
+            out.append(Candidate(v.id, v.step, committed=False))
+            continue
+        try:
+            value = read_manager_entry(Checkpoint(storage, v.id, load_manifest(storage, v.id)))
+        except CheckpointError:
+            out.append(Candidate(v.id, v.step, classified=False))
+            continue
+        out.append(
+            Candidate(
+                v.id,
+                v.step,
+                metrics=None if value is None else value.get("metrics"),
+                drilled=v.drilled,
+                verification_failed=v.verification_failed,
+                in_flight=v.id in (in_flight or set()),
+            )
+        )
+    return out

@@ -1,0 +1,136 @@
+"""Structured checkpoint events: the ``portable_ckpt`` logger, JSON lines, a Prometheus textfile.
+
+Every event is one flat JSON object ``{"event": ..., "ts": ..., "rank": ..., ...}``. It is always
+logged through the ``logging`` logger ``portable_ckpt`` (INFO; the object is attached to the
+record as ``record.pck_event``). With ``events=PATH``:
+
+* ``PATH`` ending in ``.prom``: a Prometheus textfile (node-exporter textfile collector format),
+  rewritten atomically after each event with the latest value of every gauge;
+* any other ``PATH``: one JSON line appended per event.
+
+``{rank}`` in ``PATH`` is replaced by the rank, so every rank writes its own file; without it only
+rank 0 writes (the other ranks still log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["EVENTS", "LOGGER_NAME", "Telemetry", "prometheus_text"]
+
+LOGGER_NAME = "portable_ckpt"
+
+#: Event names and what they report.
+EVENTS = {
+    "save": "pause (blocking s), seconds, bytes, MiB/s of one rank's save, per tier",
+    "commit": "commit completeness: expected vs reported writers; failure code when refused",
+    "restore": "restore success, tier, bytes, seconds, slowest rank, fallbacks",
+    "resume": "time from the end of restore to the caller's first completed step",
+    "retention": "what retention deleted and kept, and why",
+    "verify": "sampled verification of a committed version",
+    "replicate": "background copy of a version from the fast tier to the durable root",
+    "preempted": "a preemption signal was received",
+    "abandoned": "a pending async save could not be finished at exit",
+}
+
+# Gauges of the textfile: metric name -> (event, field, help).
+_GAUGES: tuple[tuple[str, str, str, str], ...] = (
+    ("pck_save_pause_seconds", "save", "pause_s", "Seconds the training loop was blocked"),
+    ("pck_save_seconds", "save", "seconds", "Seconds from the start of a save to its commit"),
+    ("pck_save_bytes", "save", "bytes", "Bytes this rank wrote in its last save"),
+    ("pck_save_mib_per_s", "save", "mib_per_s", "Write throughput of the last save"),
+    ("pck_save_step", "save", "step", "Step of the last committed save"),
+    ("pck_commit_expected_writers", "commit", "expected_writers", "Writers the commit expected"),
+    ("pck_commit_reported_writers", "commit", "reported_writers", "Writers that reported"),
+    ("pck_commit_ok", "commit", "ok", "1 when the last commit was published"),
+    ("pck_restore_seconds", "restore", "seconds", "Seconds of the last restore"),
+    ("pck_restore_bytes", "restore", "bytes", "Bytes read by all ranks in the last restore"),
+    ("pck_restore_ok", "restore", "ok", "1 when the last restore succeeded"),
+    ("pck_restore_slowest_rank_seconds", "restore", "slowest_rank_seconds", "Slowest rank"),
+    ("pck_time_to_resume_seconds", "resume", "seconds", "Restore end to first completed step"),
+    ("pck_retention_deleted", "retention", "deleted_count", "Versions deleted by retention"),
+    ("pck_verify_ok", "verify", "ok", "1 when the last sampled verification passed"),
+    ("pck_replicate_mib_per_s", "replicate", "mib_per_s", "Throughput of the last replication"),
+)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text(latest: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
+    """Render the textfile from the latest event per ``(event, tier)``."""
+    lines: list[str] = []
+    for name, event, fld, help_text in _GAUGES:
+        samples = []
+        for (ev, tier), doc in sorted(latest.items()):
+            value = _number(doc.get(fld)) if ev == event else None
+            if value is not None:
+                samples.append(f'{name}{{tier="{_label(tier)}"}} {value!r}')
+        if samples:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+    return "\n".join(lines) + "\n"
+
+
+class Telemetry:
+    """Emit events for one rank (see the module docstring)."""
+
+    def __init__(self, events: str | os.PathLike[str] | None, rank: int) -> None:
+        self.rank = rank
+        self.log = logging.getLogger(LOGGER_NAME)
+        self._lock = threading.Lock()
+        self._latest: dict[tuple[str, str], dict[str, Any]] = {}
+        self.path: str | None = None
+        self.history: list[dict[str, Any]] = []
+        if events is not None:
+            text = os.fspath(events)
+            if "{rank}" in text:
+                self.path = text.replace("{rank}", str(rank))
+            elif rank == 0:
+                self.path = text
+            if self.path is not None:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+
+    @property
+    def prometheus(self) -> bool:
+        """Whether the file is a Prometheus textfile."""
+        return self.path is not None and self.path.endswith(".prom")
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Record one event; return it. Never raises for an I/O problem of the sink."""
+        doc = {"event": event, "ts": round(time.time(), 6), "rank": self.rank, **fields}
+        self.log.info(
+            "checkpoint %s %s", event, json.dumps(fields, default=str), extra={"pck_event": doc}
+        )
+        with self._lock:
+            self.history.append(doc)
+            if self.path is None:
+                return doc
+            try:
+                if self.prometheus:
+                    self._latest[(event, str(fields.get("tier", "")))] = doc
+                    tmp = f"{self.path}.{os.getpid()}.tmp"
+                    with open(tmp, "w", encoding="utf-8") as f:
+                        f.write(prometheus_text(self._latest))
+                    os.replace(tmp, self.path)
+                else:
+                    with open(self.path, "a", encoding="utf-8") as f:
+                        f.write(json.dumps(doc, default=str, allow_nan=False) + "\n")
+            except (OSError, ValueError) as e:
+                self.log.warning("checkpoint telemetry: cannot write %s: %s", self.path, e)
+        return doc

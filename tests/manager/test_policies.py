@@ -1,0 +1,241 @@
+"""The manager's torch-free policy code: save decisions, retention, telemetry, records."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import portable_ckpt
+from portable_ckpt.errors import UsageError
+from portable_ckpt.io.versions import list_versions, write_verification_record
+from portable_ckpt.manager import (
+    Candidate,
+    Decision,
+    KeepBest,
+    RetentionPolicy,
+    SavePolicy,
+    Telemetry,
+    decide,
+    plan_retention,
+)
+from portable_ckpt.manager.records import candidates_of, manager_entry_schema, manager_entry_value
+from portable_ckpt.storage import open_storage
+
+# -- decisions --------------------------------------------------------------------------------
+
+
+def _d(policy: SavePolicy, step: int, **kw: object) -> Decision:
+    args: dict[str, object] = {"now": 0.0, "last_save_time": 0.0, "last_save_step": None,
+                               "has_fast": False}
+    args.update(kw)
+    return decide(policy, step, **args)  # type: ignore[arg-type]
+
+
+def test_decisions_by_interval_listed_steps_seconds_and_fast() -> None:
+    p = SavePolicy.build(save_every=10, save_steps=[3], save_every_seconds=60, fast_every=2)
+    assert _d(p, 10) == Decision("durable", "save_every")
+    assert _d(p, 3) == Decision("durable", "save_steps")
+    assert _d(p, 4) == Decision("none")
+    assert _d(p, 4, has_fast=True) == Decision("fast", "fast_every")
+    assert _d(p, 5, now=61.0) == Decision("durable", "save_every_seconds")
+    assert _d(p, 5, now=59.0) == Decision("none")
+    assert _d(p, 10, last_save_step=10) == Decision("none")  # never the same step twice
+    assert _d(p, 5, preempted=True) == Decision("durable", "preemption", sync=True)
+    assert _d(p, 5, preempted=True, last_save_step=5) == Decision("none")
+
+
+@given(st.sampled_from(["none", "fast", "durable"]), st.sampled_from(
+    ["", "fast_every", "save_every", "save_every_seconds", "save_steps", "requested",
+     "preemption"]), st.booleans())
+def test_decision_encoding_round_trips(tier: str, reason: str, sync: bool) -> None:
+    d = Decision(tier, reason, sync)  # type: ignore[arg-type]
+    assert Decision.decode(d.encode()) == d
+    assert d.encode() >= 0
+
+
+def test_decision_max_prefers_durable_over_fast_over_none() -> None:
+    codes = [Decision("none").encode(), Decision("fast", "fast_every").encode(),
+             Decision("durable", "save_every").encode()]
+    assert Decision.decode(max(codes)).tier == "durable"
+
+
+@pytest.mark.parametrize("kw", [{"save_every": 0}, {"save_every": 2.5}, {"fast_every": -1},
+                                {"save_every_seconds": 0}, {"save_steps": [-1]}])
+def test_bad_policy_arguments_are_usage_errors(kw: dict[str, object]) -> None:
+    with pytest.raises(UsageError):
+        SavePolicy.build(**kw)  # type: ignore[arg-type]
+
+
+# -- retention --------------------------------------------------------------------------------
+
+
+def _cands(steps: list[int], **extra: dict[str, object]) -> list[Candidate]:
+    out = []
+    for s in steps:
+        kw = dict(extra.get(str(s), {}))
+        out.append(Candidate(f"v{s:04d}", s, **kw))  # type: ignore[arg-type]
+    return out
+
+
+def _deleted(decisions: list) -> list[int]:  # type: ignore[type-arg]
+    return [d.step for d in decisions if d.delete]
+
+
+def test_keep_last() -> None:
+    ds = plan_retention(_cands([1, 2, 3, 4, 5]), RetentionPolicy.build(keep_last=2))
+    assert _deleted(ds) == [1, 2, 3]
+    assert "outside keep_last=2" in ds[0].reasons[0]
+
+
+def test_keep_every_keeps_multiples_forever() -> None:
+    ds = plan_retention(_cands(list(range(1, 11))), RetentionPolicy.build(keep_last=1,
+                                                                         keep_every=4))
+    assert _deleted(ds) == [1, 2, 3, 5, 6, 7, 9]
+
+
+def test_keep_best_min_and_max_and_missing_metric() -> None:
+    losses = {1: 5.0, 2: 1.0, 3: 3.0, 4: 2.0, 5: 4.0}
+    cands = [Candidate(f"v{s}", s, metrics={"loss": v}) for s, v in losses.items()]
+    ds = plan_retention(cands, RetentionPolicy.build(keep_best=("loss", 2, "min")))
+    assert _deleted(ds) == [1, 3]  # 5 is the newest committed: never deleted
+    ds = plan_retention(cands, RetentionPolicy.build(keep_best=("loss", 2, "max")))
+    assert _deleted(ds) == [2, 3, 4]
+    cands.insert(0, Candidate("v0", 0, metrics={"acc": 1.0}))
+    ds = plan_retention(cands, RetentionPolicy.build(keep_best=("loss", 1, "min")))
+    assert 0 not in _deleted(ds)  # no loss stored: unclassified for keep_best, kept
+
+
+def test_protections_newest_drilled_in_flight_incomplete_unclassified_failed() -> None:
+    cands = [
+        Candidate("a", 1, drilled=True),
+        Candidate("b", 2, committed=False),
+        Candidate("c", 3, classified=False),
+        Candidate("d", 4, in_flight=True),
+        Candidate("e", 5, verification_failed=True),
+        Candidate("f", 6),
+        Candidate("g", 7),
+    ]
+    ds = {d.id: d for d in plan_retention(cands, RetentionPolicy.build(keep_last=1))}
+    assert not ds["a"].delete and "newest drilled" in ds["a"].reasons
+    assert not ds["b"].delete and not ds["c"].delete and not ds["d"].delete
+    assert ds["e"].delete and ds["e"].reasons == ["failed sampled verification"]
+    assert ds["f"].delete and not ds["g"].delete
+
+
+def test_no_policy_keeps_everything() -> None:
+    assert _deleted(plan_retention(_cands([1, 2, 3]), RetentionPolicy())) == []
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.booleans(), st.booleans(), st.booleans()),
+             min_size=1, max_size=30, unique_by=lambda t: t[0]),
+    st.one_of(st.none(), st.integers(1, 5)),
+    st.one_of(st.none(), st.integers(1, 7)),
+    st.one_of(st.none(), st.integers(1, 4)),
+)
+def test_retention_invariants(
+    rows: list[tuple[int, bool, bool, bool]], last: int | None, every: int | None,
+    best: int | None,
+) -> None:
+    cands = [Candidate(f"v{s:03d}", s, committed=c, drilled=d, metrics={"loss": float(s % 7)},
+                       verification_failed=f) for s, c, d, f in rows]
+    policy = RetentionPolicy.build(keep_last=last, keep_every=every,
+                                   keep_best=None if best is None else ("loss", best, "min"))
+    ds = {d.id: d for d in plan_retention(cands, policy)}
+    committed = sorted((c for c in cands if c.committed), key=lambda c: c.step)
+    for c in cands:
+        if not c.committed:
+            assert not ds[c.id].delete
+    if committed:
+        assert not ds[committed[-1].id].delete  # newest committed
+        drilled = [c for c in committed if c.drilled]
+        if drilled:
+            assert not ds[drilled[-1].id].delete  # newest drilled
+    good = [c for c in committed if not c.verification_failed]
+    if last:
+        assert all(not ds[c.id].delete for c in good[-last:])
+    if not policy.active:
+        assert not any(d.delete for d in ds.values())
+    for d in ds.values():
+        assert d.reasons  # every decision says why
+
+
+def test_keep_best_parse_errors() -> None:
+    for bad in ["loss", ("loss", 0, "min"), ("loss", 2, "median"), ("", 2, "min")]:
+        with pytest.raises(UsageError):
+            KeepBest.parse(bad)
+
+
+# -- telemetry --------------------------------------------------------------------------------
+
+
+def test_telemetry_json_lines_and_logger(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "ev" / "events-{rank}.jsonl"
+    t = Telemetry(path, rank=3)
+    with caplog.at_level(logging.INFO, logger="portable_ckpt"):
+        t.emit("save", tier="fast", pause_s=0.5, bytes=10)
+    lines = (tmp_path / "ev" / "events-3.jsonl").read_text().splitlines()
+    doc = json.loads(lines[0])
+    assert doc["event"] == "save" and doc["rank"] == 3 and doc["pause_s"] == 0.5
+    assert any(getattr(r, "pck_event", {}).get("event") == "save" for r in caplog.records)
+    assert Telemetry(tmp_path / "only0.jsonl", rank=1).path is None  # only rank 0 without {rank}
+
+
+def test_telemetry_prometheus_textfile(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.prom"
+    t = Telemetry(path, rank=0)
+    t.emit("save", tier="fast", pause_s=0.25, seconds=2.0, bytes=1 << 20, mib_per_s=0.5, step=7)
+    t.emit("save", tier="durable", pause_s=0.75, seconds=4.0, bytes=2 << 20, mib_per_s=0.5,
+           step=8)
+    t.emit("commit", tier="durable", ok=False, expected_writers=4, reported_writers=3)
+    text = path.read_text()
+    assert 'pck_save_pause_seconds{tier="fast"} 0.25' in text
+    assert 'pck_save_pause_seconds{tier="durable"} 0.75' in text
+    assert 'pck_commit_ok{tier="durable"} 0.0' in text
+    assert 'pck_commit_reported_writers{tier="durable"} 3.0' in text
+    assert "# TYPE pck_save_bytes gauge" in text
+
+
+# -- records ----------------------------------------------------------------------------------
+
+
+def test_verification_record_marks_a_version(tmp_path: Path) -> None:
+    """Spec §14.5 (R-DRILL-7, R-DRILL-8): a failed verification record marks the version."""
+    root = str(tmp_path / "r")
+    m = portable_ckpt.save_arrays(root, {"w": np.arange(6.0)}, step=1)
+    storage = open_storage(root)
+    write_verification_record(storage, m.attempt_id, ok=True, mode="sample", fraction=0.5,
+                              chunks=1, seed=3)
+    [v] = list_versions(root)
+    assert len(v.verifications) == 1 and not v.verification_failed
+    rel = write_verification_record(
+        storage, m.attempt_id, ok=False, mode="deep", fraction=None, chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])
+    assert rel.startswith(f"{m.attempt_id}/verifications/v")
+    [v] = list_versions(root)
+    assert v.verification_failed
+    assert [c.verification_failed for c in candidates_of(storage)] == [True]
+    with pytest.raises(portable_ckpt.CheckpointError):  # errors are required when not ok
+        write_verification_record(storage, m.attempt_id, ok=False, mode="deep", fraction=None,
+                                  chunks=1)
+    # A record under another name, or naming another attempt, does not count.
+    (tmp_path / "r" / m.attempt_id / "verifications" / "vbogus.json").write_text(
+        json.dumps({"format": "portable-ckpt-verification", "ok": False}))
+    assert len(list_versions(root)[0].verifications) == 2
+
+
+def test_manager_entry_schema_and_value() -> None:
+    from portable_ckpt.format.schemas import validate_entry_value
+
+    value = manager_entry_value(5, "save_every", {"loss": 1.5, "nan": float("nan"), "n": 3})
+    assert value == {"step": 5, "reason": "save_every", "metrics": {"loss": 1.5, "nan": None,
+                                                                    "n": 3}}
+    validate_entry_value(value, manager_entry_schema(), name="pck.manager")
+    with pytest.raises(UsageError):
+        manager_entry_value(5, "save_every", {"loss": [1.0]})
