@@ -29,8 +29,8 @@ from portable_ckpt.torch.checkpoint import (
     staging_bytes,
     wait_for_pending_save,
 )
-from portable_ckpt.torch.manager import CheckpointManager, ModelOptimizerState
 from portable_ckpt.torch.flatten import StateEntry, flatten_state, split_key, unflatten_keys
+from portable_ckpt.torch.manager import CheckpointManager, ModelOptimizerState
 from portable_ckpt.torch.state import (
     DataPosition,
     GradScalerState,
