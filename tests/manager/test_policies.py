@@ -31,8 +31,12 @@ from portable_ckpt.storage import open_storage
 
 
 def _d(policy: SavePolicy, step: int, **kw: object) -> Decision:
-    args: dict[str, object] = {"now": 0.0, "last_save_time": 0.0, "last_save_step": None,
-                               "has_fast": False}
+    args: dict[str, object] = {
+        "now": 0.0,
+        "last_save_time": 0.0,
+        "last_save_step": None,
+        "has_fast": False,
+    }
     args.update(kw)
     return decide(policy, step, **args)  # type: ignore[arg-type]
 
@@ -50,9 +54,21 @@ def test_decisions_by_interval_listed_steps_seconds_and_fast() -> None:
     assert _d(p, 5, preempted=True, last_save_step=5) == Decision("none")
 
 
-@given(st.sampled_from(["none", "fast", "durable"]), st.sampled_from(
-    ["", "fast_every", "save_every", "save_every_seconds", "save_steps", "requested",
-     "preemption"]), st.booleans())
+@given(
+    st.sampled_from(["none", "fast", "durable"]),
+    st.sampled_from(
+        [
+            "",
+            "fast_every",
+            "save_every",
+            "save_every_seconds",
+            "save_steps",
+            "requested",
+            "preemption",
+        ]
+    ),
+    st.booleans(),
+)
 def test_decision_encoding_round_trips(tier: str, reason: str, sync: bool) -> None:
     d = Decision(tier, reason, sync)  # type: ignore[arg-type]
     assert Decision.decode(d.encode()) == d
@@ -60,13 +76,24 @@ def test_decision_encoding_round_trips(tier: str, reason: str, sync: bool) -> No
 
 
 def test_decision_max_prefers_durable_over_fast_over_none() -> None:
-    codes = [Decision("none").encode(), Decision("fast", "fast_every").encode(),
-             Decision("durable", "save_every").encode()]
+    codes = [
+        Decision("none").encode(),
+        Decision("fast", "fast_every").encode(),
+        Decision("durable", "save_every").encode(),
+    ]
     assert Decision.decode(max(codes)).tier == "durable"
 
 
-@pytest.mark.parametrize("kw", [{"save_every": 0}, {"save_every": 2.5}, {"fast_every": -1},
-                                {"save_every_seconds": 0}, {"save_steps": [-1]}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"save_every": 0},
+        {"save_every": 2.5},
+        {"fast_every": -1},
+        {"save_every_seconds": 0},
+        {"save_steps": [-1]},
+    ],
+)
 def test_bad_policy_arguments_are_usage_errors(kw: dict[str, object]) -> None:
     with pytest.raises(UsageError):
         SavePolicy.build(**kw)  # type: ignore[arg-type]
@@ -94,8 +121,9 @@ def test_keep_last() -> None:
 
 
 def test_keep_every_keeps_multiples_forever() -> None:
-    ds = plan_retention(_cands(list(range(1, 11))), RetentionPolicy.build(keep_last=1,
-                                                                         keep_every=4))
+    ds = plan_retention(
+        _cands(list(range(1, 11))), RetentionPolicy.build(keep_last=1, keep_every=4)
+    )
     assert _deleted(ds) == [1, 2, 3, 5, 6, 7, 9]
 
 
@@ -133,20 +161,36 @@ def test_no_policy_keeps_everything() -> None:
 
 
 @given(
-    st.lists(st.tuples(st.integers(0, 60), st.booleans(), st.booleans(), st.booleans()),
-             min_size=1, max_size=30, unique_by=lambda t: t[0]),
+    st.lists(
+        st.tuples(st.integers(0, 60), st.booleans(), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=30,
+        unique_by=lambda t: t[0],
+    ),
     st.one_of(st.none(), st.integers(1, 5)),
     st.one_of(st.none(), st.integers(1, 7)),
     st.one_of(st.none(), st.integers(1, 4)),
 )
 def test_retention_invariants(
-    rows: list[tuple[int, bool, bool, bool]], last: int | None, every: int | None,
+    rows: list[tuple[int, bool, bool, bool]],
+    last: int | None,
+    every: int | None,
     best: int | None,
 ) -> None:
-    cands = [Candidate(f"v{s:03d}", s, committed=c, drilled=d, metrics={"loss": float(s % 7)},
-                       verification_failed=f) for s, c, d, f in rows]
-    policy = RetentionPolicy.build(keep_last=last, keep_every=every,
-                                   keep_best=None if best is None else ("loss", best, "min"))
+    cands = [
+        Candidate(
+            f"v{s:03d}",
+            s,
+            committed=c,
+            drilled=d,
+            metrics={"loss": float(s % 7)},
+            verification_failed=f,
+        )
+        for s, c, d, f in rows
+    ]
+    policy = RetentionPolicy.build(
+        keep_last=last, keep_every=every, keep_best=None if best is None else ("loss", best, "min")
+    )
     ds = {d.id: d for d in plan_retention(cands, policy)}
     committed = sorted((c for c in cands if c.committed), key=lambda c: c.step)
     for c in cands:
@@ -191,8 +235,7 @@ def test_telemetry_prometheus_textfile(tmp_path: Path) -> None:
     path = tmp_path / "metrics.prom"
     t = Telemetry(path, rank=0)
     t.emit("save", tier="fast", pause_s=0.25, seconds=2.0, bytes=1 << 20, mib_per_s=0.5, step=7)
-    t.emit("save", tier="durable", pause_s=0.75, seconds=4.0, bytes=2 << 20, mib_per_s=0.5,
-           step=8)
+    t.emit("save", tier="durable", pause_s=0.75, seconds=4.0, bytes=2 << 20, mib_per_s=0.5, step=8)
     t.emit("commit", tier="durable", ok=False, expected_writers=4, reported_writers=3)
     text = path.read_text()
     assert 'pck_save_pause_seconds{tier="fast"} 0.25' in text
@@ -210,23 +253,32 @@ def test_verification_record_marks_a_version(tmp_path: Path) -> None:
     root = str(tmp_path / "r")
     m = portable_ckpt.save_arrays(root, {"w": np.arange(6.0)}, step=1)
     storage = open_storage(root)
-    write_verification_record(storage, m.attempt_id, ok=True, mode="sample", fraction=0.5,
-                              chunks=1, seed=3)
+    write_verification_record(
+        storage, m.attempt_id, ok=True, mode="sample", fraction=0.5, chunks=1, seed=3
+    )
     [v] = list_versions(root)
     assert len(v.verifications) == 1 and not v.verification_failed
     rel = write_verification_record(
-        storage, m.attempt_id, ok=False, mode="deep", fraction=None, chunks=1,
-        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])
+        storage,
+        m.attempt_id,
+        ok=False,
+        mode="deep",
+        fraction=None,
+        chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}],
+    )
     assert rel.startswith(f"{m.attempt_id}/verifications/v")
     [v] = list_versions(root)
     assert v.verification_failed
     assert [c.verification_failed for c in candidates_of(storage)] == [True]
     with pytest.raises(portable_ckpt.CheckpointError):  # errors are required when not ok
-        write_verification_record(storage, m.attempt_id, ok=False, mode="deep", fraction=None,
-                                  chunks=1)
+        write_verification_record(
+            storage, m.attempt_id, ok=False, mode="deep", fraction=None, chunks=1
+        )
     # A record under another name, or naming another attempt, does not count.
     (tmp_path / "r" / m.attempt_id / "verifications" / "vbogus.json").write_text(
-        json.dumps({"format": "portable-ckpt-verification", "ok": False}))
+        json.dumps({"format": "portable-ckpt-verification", "ok": False})
+    )
     assert len(list_versions(root)[0].verifications) == 2
 
 
@@ -234,8 +286,11 @@ def test_manager_entry_schema_and_value() -> None:
     from portable_ckpt.format.schemas import validate_entry_value
 
     value = manager_entry_value(5, "save_every", {"loss": 1.5, "nan": float("nan"), "n": 3})
-    assert value == {"step": 5, "reason": "save_every", "metrics": {"loss": 1.5, "nan": None,
-                                                                    "n": 3}}
+    assert value == {
+        "step": 5,
+        "reason": "save_every",
+        "metrics": {"loss": 1.5, "nan": None, "n": 3},
+    }
     validate_entry_value(value, manager_entry_schema(), name="pck.manager")
     with pytest.raises(UsageError):
         manager_entry_value(5, "save_every", {"loss": [1.0]})

@@ -394,8 +394,10 @@ class CheckpointManager:
         }
         self._last_save_step = step
         self._last_save_time = time.time()
-        t0 = time.perf_counter()
         sync = decision.sync or not self.async_save
+        if sync:
+            self._settle_pending()
+        t0 = time.perf_counter()
         kwargs: dict[str, Any] = {
             "step": step,
             "process_group": self.process_group,
@@ -403,7 +405,6 @@ class CheckpointManager:
             "timeout": self.timeout,
         }
         if sync:
-            self._settle_pending()
             try:
                 info = save(full, tier.storage, **kwargs)
             except CheckpointError as e:
@@ -464,7 +465,7 @@ class CheckpointManager:
             seconds=round(info.seconds, 6),
             bytes=info.bytes_written,
             total_bytes=info.total_bytes,
-            mib_per_s=round(mib_s, 3),
+            mib_per_s=round(mib_s, 6),
         )
         if self.rank != 0:
             return

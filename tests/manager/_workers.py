@@ -1,0 +1,180 @@
+"""Per-rank programs of the manager tests (run through portable_ckpt.torch.launch.run_group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+import portable_ckpt
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import CheckpointError
+
+
+class Trainer:
+    """A tiny stateful 'model': a sharded weight, a step counter and an lr schedule."""
+
+    def __init__(self, world: int, salt: float = 0.0) -> None:
+        self.mesh = init_device_mesh("cpu", (world,))
+        self.w = distribute_tensor(torch.arange(24.0).reshape(12, 2) + salt, self.mesh, [Shard(0)])
+        self.lr = 0.1
+
+    def step(self, step: int) -> float:
+        with torch.no_grad():
+            self.w += 1.0
+        self.lr = 0.1 * (0.5 ** (step // 3))
+        return float(100.0 / step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": self.w, "lr": self.lr}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.lr = float(sd["lr"])  # w was filled in place
+
+
+def _events(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def loop(rank: int, world: int, root: str, fast: str, events: str, kill_at: int) -> dict[str, Any]:
+    """Decisions by steps, seconds, listed steps and fast_every; SIGTERM to the last rank only."""
+    tr = Trainer(world)
+    state = {"model": tr}
+    mgr = pckt.CheckpointManager(
+        root,
+        save_every=4,
+        save_steps=[5],
+        keep_last=3,
+        keep_best=("loss", 1, "min"),
+        fast_root=fast,
+        fast_every=1,
+        fast_keep=2,
+        verify_sample=1.0,
+        events=events,
+        timeout=30,
+    )
+    first = mgr.restore(state)
+    saved: list[tuple[int, bool]] = []
+    rng = random.Random(rank * 7 + 1)
+    last = 0
+    for step in range(1, 40):
+        loss = tr.step(step)
+        time.sleep(rng.random() * 0.05)  # every rank's clock reads differently
+        if step == kill_at and rank == world - 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # only this rank is told
+        saved.append((step, mgr.maybe_save(step, state, metrics={"loss": loss})))
+        last = step
+        if mgr.preempted:
+            break
+    mgr.close()
+    # Wall-clock decisions: every rank's clock and pace differ; rank 0 decides for all.
+    clock = pckt.CheckpointManager(
+        root + "-seconds", save_every_seconds=0.1, timeout=30, async_save=False
+    )
+    by_time = []
+    for step in range(1, 9):
+        time.sleep(rng.random() * 0.06)
+        by_time.append(clock.maybe_save(step, {"model": tr}))
+    clock.close()
+    return {
+        "by_time": by_time,
+        "first": None if first is None else first.step,
+        "saved": saved,
+        "last": last,
+        "preempted": mgr.preempted,
+        "events": [e for e in mgr.telemetry.history],
+    }
+
+
+def resume(rank: int, world: int, root: str, fast: str, allow: bool) -> dict[str, Any]:
+    tr = Trainer(world, salt=1000.0)
+    state = {"model": tr}
+    mgr = pckt.CheckpointManager(root, save_every=4, fast_root=fast, fast_every=1, timeout=30)
+    info = mgr.restore(state, allow_statistical=allow)
+    tr.step((info.step if info else 0) + 1)
+    mgr.mark_resumed()
+    full = tr.w.full_tensor()
+    mgr.close()
+    return {
+        "step": None if info is None else info.step,
+        "id": None if info is None else info.checkpoint_id,
+        "w0": float(full[0, 0]),
+        "lr": tr.lr,
+        "events": mgr.telemetry.history,
+    }
+
+
+def failing_and_inflight(rank: int, world: int, root: str) -> dict[str, Any]:
+    """A failing save keeps the older versions; an in-flight attempt survives retention."""
+    tr = Trainer(world)
+    mgr = pckt.CheckpointManager(root, save_every=1, keep_last=1, timeout=30)
+    mgr.maybe_save(1, {"model": tr})
+    mgr.wait()
+    error = None
+    try:
+        mgr.maybe_save(2, {"model": tr, "bad": object()})  # PCK-UNSUPPORTED-VALUE on every rank
+        mgr.wait()
+    except CheckpointError as e:
+        error = e.code
+    after_fail = [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"]
+    if rank == 0:  # another writer's attempt in progress: files, no manifest yet
+        from portable_ckpt.io.writer import new_attempt_id
+
+        busy = new_attempt_id(3)
+        os.makedirs(os.path.join(root, busy, "data"))
+        with open(os.path.join(root, busy, "data", "w00000-0000.safetensors"), "wb") as f:
+            f.write(b"x" * 64)
+    torch.distributed.barrier()
+    mgr.maybe_save(4, {"model": tr})
+    mgr.close()
+    versions = [(v.step, v.status) for v in portable_ckpt.list_versions(root)]
+    return {
+        "error": error,
+        "after_fail": after_fail,
+        "versions": versions,
+        "events": mgr.telemetry.history,
+    }
+
+
+def kill_mid_async(rank: int, world: int, root: str) -> dict[str, Any]:
+    """SIGKILL of the last rank while an async save of step 2 is being written."""
+    tr = Trainer(world)
+    mgr = pckt.CheckpointManager(root, save_every=1, timeout=6)
+    mgr.maybe_save(1, {"model": tr})
+    mgr.wait()
+    if rank == world - 1:
+        from portable_ckpt.io.writer import ShardWriter
+
+        orig = ShardWriter._write_shard
+
+        def dying(self: Any, rel: str, group: Any) -> Any:
+            orig(self, rel, group)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        ShardWriter._write_shard = dying  # type: ignore[method-assign]
+    tr.step(2)
+    mgr.maybe_save(2, {"model": tr})
+    try:
+        mgr.wait()
+        return {"error": None}
+    except CheckpointError as e:
+        return {"error": e.code}
+
+
+def exit_pending(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Return with an async save in flight and without close(): interpreter exit finishes it."""
+    tr = Trainer(world)
+    big = distribute_tensor(torch.randn(256, 1024), tr.mesh, [Shard(0)])
+    mgr = pckt.CheckpointManager(root, save_every=1, timeout=30)
+    mgr.maybe_save(1, {"model": tr, "big": big})
+    return {"pending": mgr._pending is not None and not mgr._pending.done()}

@@ -1,0 +1,169 @@
+"""CheckpointManager with real gloo groups on loopback, real files (spec §14.5, R-DRILL-8)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import portable_ckpt
+from portable_ckpt.torch.launch import GroupResult, run_group
+
+pytestmark = pytest.mark.torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+W = "tests.manager._workers"
+
+
+def run(fn: str, world: int, *args: Any, timeout: float = 120) -> GroupResult:
+    return run_group(f"{W}:{fn}", world, args, timeout=timeout, pg_timeout=45, sys_path=[ROOT])
+
+
+def ok(res: GroupResult) -> list[Any]:
+    res.raise_for_errors()
+    return res.results
+
+
+def _committed(root: str) -> list[int]:
+    return [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("mgr")
+    root, fast = str(base / "durable"), str(base / "fast")
+    res = ok(run("loop", 2, root, fast, str(base / "events.jsonl"), 9))
+    return {"root": root, "fast": fast, "base": base, "res": res}
+
+
+def test_decisions_agree_across_ranks_and_sigterm_saves(trained: dict[str, Any]) -> None:
+    r0, r1 = trained["res"]
+    assert r0["first"] is None and r1["first"] is None  # first run: nothing to restore
+    assert r0["saved"] == r1["saved"]  # every decision identical, despite different clocks
+    saved = [s for s, did in r0["saved"] if did]
+    assert saved == list(range(1, r0["last"] + 1))  # fast_every=1: every step is saved
+    # SIGTERM reached only rank 1 at step 9: both ranks stop after the same synchronous save.
+    assert r0["preempted"] and r1["preempted"] and r0["last"] == r1["last"] == 9
+    reasons = {e["step"]: e["reason"] for e in r0["events"] if e["event"] == "save"}
+    assert reasons[4] == reasons[8] == "save_every" and reasons[5] == "save_steps"
+    assert reasons[9] == "preemption" and reasons[1] == "fast_every"
+    tiers = {e["step"]: e["tier"] for e in r0["events"] if e["event"] == "save"}
+    assert tiers[9] == "durable" and tiers[1] == "fast"
+    assert r0["by_time"] == r1["by_time"] and 0 < sum(r0["by_time"]) < 8
+
+
+def test_retention_keeps_last_best_and_newest(trained: dict[str, Any]) -> None:
+    durable = _committed(trained["root"])
+    # Durable saves at 4, 5 (listed), 8 and 9 (preemption); keep_last=3 keeps 5, 8, 9 and
+    # keep_best=('loss', 1, 'min') the lowest loss (100/step: step 9). Fast: 1-3, 6, 7, keep 2.
+    assert durable == [5, 8, 9]
+    assert _committed(trained["fast"]) == [6, 7]
+    ev = [e for e in trained["res"][0]["events"] if e["event"] == "retention"]
+    deleted = [d for e in ev for d in e["deleted"]]
+    assert deleted and all(d["reasons"] for d in deleted)
+
+
+def test_telemetry_figures(trained: dict[str, Any]) -> None:
+    r0, r1 = trained["res"]
+    lines = (trained["base"] / "events.jsonl").read_text().splitlines()
+    assert len(lines) == len(r0["events"])  # rank 0 writes the file; rank 1 only logs
+    for r in (r0, r1):
+        for e in (e for e in r["events"] if e["event"] == "save"):
+            assert 0 < e["pause_s"] <= e["seconds"] + 1e-3
+            assert e["bytes"] > 0 and e["total_bytes"] >= e["bytes"]
+            assert e["mib_per_s"] == pytest.approx(e["bytes"] / 2**20 / e["seconds"], rel=1e-2)
+    commits = [e for e in r0["events"] if e["event"] == "commit"]
+    assert commits and all(c["expected_writers"] == c["reported_writers"] == 2 for c in commits)
+    verify = [e for e in r0["events"] if e["event"] == "verify"]
+    assert verify and all(v["ok"] and v["chunks"] >= 1 for v in verify)
+    # total_bytes is what the manifest lists
+    last = next(e for e in reversed(r0["events"]) if e["event"] == "save")
+    ck = portable_ckpt.open(f"{trained['root']}/{last['checkpoint_id']}")
+    assert last["total_bytes"] == sum(f.size for f in ck.manifest.files.values())
+    assert ck.entry("pck.manager")["metrics"]["loss"] == pytest.approx(100 / 9)
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_restore_prefers_fast_then_falls_back_to_durable(trained: dict[str, Any]) -> None:
+    """Damaged, failed-verification or missing fast versions fall back to durable (R-DRILL-8)."""
+    root, fast = trained["root"], trained["fast"]
+    # The preemption save (step 9) is durable and the newest: it wins over fast step 8.
+    res = ok(run("resume", 2, root, fast, False))
+    assert [r["step"] for r in res] == [9, 9]
+    restore = next(e for e in res[0]["events"] if e["event"] == "restore")
+    assert restore["tier"] == "durable" and restore["bytes"] > 0 and restore["fallbacks"] == []
+    assert 0 <= restore["slowest_rank"] < 2
+    assert any(e["event"] == "resume" for e in res[0]["events"])
+    # Move away the durable versions newer than the newest fast one: fast is preferred.
+    import shutil
+
+    fast_steps = _committed(fast)
+    assert len(fast_steps) == 2
+    for v in portable_ckpt.list_versions(root):
+        if v.step > fast_steps[-1]:
+            shutil.move(v.path, str(trained["base"] / f"moved-{v.id}"))
+    durable_best = _committed(root)[-1]
+    res = ok(run("resume", 2, root, fast, False))
+    assert [r["step"] for r in res] == [fast_steps[-1]] * 2
+    ev = next(e for e in res[0]["events"] if e["event"] == "restore")
+    assert ev["tier"] == "fast" and ev["fallbacks"] == []
+    # The newest fast version failed verification (skipped unread, R-DRILL-8); the older one is
+    # corrupt (falls back after PCK-CHECKSUM): the durable tier's newest is restored.
+    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.storage import open_storage
+
+    fv = [v for v in portable_ckpt.list_versions(fast) if v.status == "committed"]
+    write_verification_record(
+        open_storage(fast),
+        fv[-1].id,
+        ok=False,
+        mode="deep",
+        fraction=None,
+        chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "flipped"}],
+    )
+    for data in Path(fv[-2].path, "data").iterdir():
+        _flip(data)
+    res = ok(run("resume", 2, root, fast, False))
+    ev = next(e for e in res[0]["events"] if e["event"] == "restore")
+    assert ev["tier"] == "durable" and ev["step"] == durable_best == 5
+    assert [f["checkpoint_id"] for f in ev["fallbacks"]] == [fv[-2].id]
+    assert ev["fallbacks"][0]["code"] in ("PCK-CHECKSUM", "PCK-DISTRIBUTED")
+    assert [r["step"] for r in res] == [5, 5]
+    # Fast tier deleted entirely: durable.
+    shutil.rmtree(fast)
+    res = ok(run("resume", 2, root, fast, False))
+    assert [r["step"] for r in res] == [durable_best] * 2
+
+
+def test_failed_save_keeps_older_versions_and_inflight_attempt_survives(tmp_path: Path) -> None:
+    root = str(tmp_path / "r")
+    r0, r1 = ok(run("failing_and_inflight", 2, root))
+    assert r0["error"] == r1["error"] == "PCK-UNSUPPORTED-VALUE"
+    assert r0["after_fail"] == [1]  # the failed save deleted nothing
+    failed = [e for e in r0["events"] if e["event"] == "commit" and not e["ok"]]
+    assert failed and failed[0]["code"] == "PCK-UNSUPPORTED-VALUE"
+    assert failed[0]["expected_writers"] == 2
+    # keep_last=1 after step 4: step 1 deleted, the in-progress attempt of step 3 kept.
+    assert [4, "committed"] in r0["versions"] and [1, "committed"] not in r0["versions"]
+    assert [3, "incomplete"] in r0["versions"]
+
+
+def test_sigkill_mid_async_save_keeps_previous_version_restorable(tmp_path: Path) -> None:
+    root = str(tmp_path / "r")
+    res = run("kill_mid_async", 2, root, timeout=90)
+    assert res.exitcodes[1] == -9
+    assert res.results[0] == {"error": "PCK-DISTRIBUTED"}
+    assert _committed(root) == [1]
+    back = ok(run("resume", 2, root, str(tmp_path / "nofast"), False))
+    assert [r["step"] for r in back] == [1, 1]
+    assert back[0]["w0"] == 1.0  # step 1 saved the initial weight (0); one step after restore
