@@ -1,19 +1,31 @@
-"""Where a rank's piece of a tensor sits in the global tensor, and which rank writes it.
+"""Where a rank's data sits in the global tensor, and which rank writes it.
 
 The arithmetic here is plain Python over ``(mesh shape, coordinate, placements)`` so that it can
-be checked exhaustively without a process group.
+be checked exhaustively without a process group. Placements are applied left to right over the
+mesh dimensions, as DTensor does:
 
 * ``Shard(d)`` on mesh dimension ``i`` splits the current extent of tensor dimension ``d`` the way
   ``torch.chunk`` does (chunk size ``ceil(L / n)``; trailing shards may be short or empty).
   Several mesh dimensions sharding the same tensor dimension nest in mesh-dimension order.
+* ``_StridedShard(d, split_factor=f)`` (FSDP2 on top of tensor parallelism) first cuts the current
+  extent into ``f`` chunks, cuts each of those into ``n`` chunks, and gives coordinate ``c`` the
+  concatenation of chunk ``c`` of every one of them, so the local rows need not be contiguous
+  in the global tensor.
 * ``Replicate()`` leaves the extent alone; of the replicas, the one whose coordinate is 0 on every
   replicate mesh dimension writes (the lowest coordinate), so exactly one rank writes each region
   and no communication is needed to decide it.
 * ``Partial`` holds unreduced values and cannot be stored (PCK-UNSUPPORTED-VALUE).
+
+Along each tensor dimension a rank's local indices are tracked as *runs* (global start, length)
+in local order; the local data is then the cartesian product of the runs of every dimension:
+a set of boxes (:class:`Piece`), each with its place in the global tensor and in the local
+tensor. Plain ``Shard``/``Replicate`` layouts always give one box; ``_StridedShard`` gives one
+box in the usual FSDP2 + TP case (split factor equal to the TP degree) and several otherwise.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +34,25 @@ from portable_ckpt.errors import UnsupportedValueError
 
 __all__ = [
     "LocalBox",
+    "LocalLayout",
+    "Piece",
     "PlacementSpec",
     "chunk_extent",
+    "dtensor_layout",
     "dtensor_local_box",
+    "local_pieces",
+    "local_runs",
     "mesh_description",
     "placement_specs",
     "shard_box",
     "writes_region",
 ]
+
+#: Placement kinds that split a tensor dimension.
+_SHARD_KINDS = ("shard", "strided")
+
+#: ``(global start, length)`` segments of one tensor dimension, in local order.
+Runs = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -37,18 +60,64 @@ class PlacementSpec:
     """A placement reduced to what box arithmetic needs.
 
     Attributes:
-        kind: ``"shard"``, ``"replicate"`` or ``"partial"``.
-        dim: The tensor dimension for ``"shard"``, else ``None``.
+        kind: ``"shard"``, ``"strided"`` (``_StridedShard``), ``"replicate"`` or ``"partial"``.
+        dim: The tensor dimension for ``"shard"`` and ``"strided"``, else ``None``.
+        split_factor: For ``"strided"``: the number of chunks the extent is cut into before
+            this mesh dimension splits each of them.
 
     """
 
     kind: str
     dim: int | None = None
+    split_factor: int = 1
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One box of a rank's local data.
+
+    Attributes:
+        offsets: Where the box starts in the global tensor.
+        lengths: Its shape (no zeros).
+        local_offsets: Where it starts in the rank's local tensor.
+
+    """
+
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    local_offsets: tuple[int, ...]
+
+    def local_slices(self) -> tuple[slice, ...]:
+        """Index of the box in the local tensor (``local[piece.local_slices()]``)."""
+        return tuple(slice(o, o + n) for o, n in zip(self.local_offsets, self.lengths, strict=True))
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """A rank's data of one tensor: its local shape and the boxes it holds.
+
+    Attributes:
+        global_shape: The logical tensor's shape.
+        local_shape: The shape of the rank's local tensor.
+        pieces: The boxes of the local data (none when it holds no element).
+        writer: Whether this rank is the one that stores them.
+
+    """
+
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+    writer: bool
+
+    @property
+    def empty(self) -> bool:
+        """True when the rank holds no element."""
+        return not self.pieces
 
 
 @dataclass(frozen=True)
 class LocalBox:
-    """A rank's piece of a tensor.
+    """A rank's piece of a tensor when it is a single box.
 
     Attributes:
         offsets: Global offsets of the piece.
@@ -78,46 +147,157 @@ def chunk_extent(length: int, parts: int, index: int) -> tuple[int, int]:
     return start, max(0, min(size, length - start))
 
 
+def _runs_length(runs: Runs) -> int:
+    return sum(n for _, n in runs)
+
+
+def _take(runs: Runs, start: int, size: int) -> Runs:
+    """The runs of local positions ``[start, start + size)`` of ``runs``.
+
+    An empty selection keeps one zero-length run at the global index where it would begin, so
+    an empty shard still has an offset (as ``torch.chunk`` arithmetic gives it).
+    """
+    out: list[tuple[int, int]] = []
+    pos = 0
+    anchor = runs[-1][0] + runs[-1][1] if runs else 0
+    for g, n in runs:
+        lo, hi = max(start, pos), min(start + size, pos + n)
+        if size == 0 and pos <= start < pos + n:
+            anchor = g + start - pos
+        if lo < hi:
+            out.append((g + lo - pos, hi - lo))
+        pos += n
+    return tuple(out) if out else ((anchor, 0),)
+
+
+def _split(runs: Runs, parts: int, index: int, spec: PlacementSpec) -> Runs:
+    """Apply one sharding placement of ``parts`` mesh positions to one dimension's runs."""
+    total = _runs_length(runs)
+    if spec.kind == "shard":
+        return _take(runs, *chunk_extent(total, parts, index))
+    out: list[tuple[int, int]] = []
+    for j in range(spec.split_factor):
+        first = _take(runs, *chunk_extent(total, spec.split_factor, j))
+        out.extend(
+            r for r in _take(first, *chunk_extent(_runs_length(first), parts, index)) if r[1]
+        )
+    return tuple(out) if out else _take(runs, total, 0)
+
+
+def _merge(runs: Runs) -> Runs:
+    """Join runs that continue each other in the global tensor; drop empty ones."""
+    out: list[tuple[int, int]] = []
+    for g, n in runs:
+        if n == 0:
+            continue
+        if out and out[-1][0] + out[-1][1] == g:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((g, n))
+    return tuple(out) if out else (runs[0] if runs else (0, 0),)
+
+
+def _check_specs(
+    global_shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[PlacementSpec]
+) -> None:
+    if len(mesh_shape) != len(placements):
+        raise ValueError("mesh_shape, coordinate and placements must have the same length")
+    for p in placements:
+        if p.kind == "partial":
+            raise UnsupportedValueError(
+                "a DTensor with a Partial placement holds unreduced values and cannot be "
+                "stored; call .redistribute(placements=[Replicate() or Shard(d)]) or "
+                ".full_tensor() first"
+            )
+        if p.kind in _SHARD_KINDS:
+            d = p.dim if p.dim is not None else -1
+            if not 0 <= d < len(global_shape):
+                raise UnsupportedValueError(f"Shard({p.dim}) on a {len(global_shape)}-d tensor")
+            if p.kind == "strided" and p.split_factor < 1:
+                raise UnsupportedValueError(f"_StridedShard split factor {p.split_factor} < 1")
+
+
+def local_runs(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Sequence[PlacementSpec],
+) -> list[Runs]:
+    """Per tensor dimension, the global runs of the local data held at ``coordinate``.
+
+    Raises:
+        UnsupportedValueError: a ``partial`` placement, or a shard dimension out of range.
+
+    """
+    _check_specs(global_shape, mesh_shape, placements)
+    if len(coordinate) != len(placements):
+        raise ValueError("mesh_shape, coordinate and placements must have the same length")
+    runs: list[Runs] = [((0, int(s)),) for s in global_shape]
+    for n, c, p in zip(mesh_shape, coordinate, placements, strict=True):
+        if p.kind in _SHARD_KINDS and p.dim is not None:
+            runs[p.dim] = _split(runs[p.dim], int(n), int(c), p)
+    return [_merge(r) for r in runs]
+
+
+def local_pieces(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Sequence[PlacementSpec],
+) -> tuple[tuple[int, ...], tuple[Piece, ...]]:
+    """Return the local shape and the boxes of the data held at ``coordinate``."""
+    runs = local_runs(global_shape, mesh_shape, coordinate, placements)
+    local_shape = tuple(_runs_length(r) for r in runs)
+    if any(n == 0 for n in local_shape):
+        return local_shape, ()
+    per_dim = []
+    for r in runs:
+        starts = list(itertools.accumulate((n for _, n in r), initial=0))
+        per_dim.append([(g, n, lo) for (g, n), lo in zip(r, starts, strict=False)])
+    pieces = tuple(
+        Piece(
+            tuple(g for g, _, _ in combo),
+            tuple(n for _, n, _ in combo),
+            tuple(lo for _, _, lo in combo),
+        )
+        for combo in itertools.product(*per_dim)
+    )
+    return local_shape, pieces
+
+
 def shard_box(
     global_shape: Sequence[int],
     mesh_shape: Sequence[int],
     coordinate: Sequence[int],
     placements: Sequence[PlacementSpec],
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Return ``(offsets, lengths)`` of the piece held at ``coordinate``.
+    """Return ``(offsets, lengths)`` of the piece held at ``coordinate`` when it is one box.
 
     Raises:
-        UnsupportedValueError: a ``partial`` placement, or a shard dimension out of range.
+        UnsupportedValueError: a ``partial`` placement, a shard dimension out of range, or a
+            strided layout whose local data is several boxes (use :func:`local_pieces`).
 
     """
-    if not (len(mesh_shape) == len(coordinate) == len(placements)):
-        raise ValueError("mesh_shape, coordinate and placements must have the same length")
-    offsets = [0] * len(global_shape)
-    lengths = [int(s) for s in global_shape]
-    for n, c, p in zip(mesh_shape, coordinate, placements, strict=True):
-        if p.kind == "partial":
-            raise UnsupportedValueError(
-                "a DTensor with a Partial placement holds unreduced values and cannot be stored; "
-                "call .redistribute(placements=[Replicate() or Shard(d)]) or .full_tensor() first"
-            )
-        if p.kind == "shard":
-            d = p.dim if p.dim is not None else -1
-            if not 0 <= d < len(global_shape):
-                raise UnsupportedValueError(f"Shard({p.dim}) on a {len(global_shape)}-d tensor")
-            start, size = chunk_extent(lengths[d], int(n), int(c))
-            offsets[d] += start
-            lengths[d] = size
-    return tuple(offsets), tuple(lengths)
+    runs = local_runs(global_shape, mesh_shape, coordinate, placements)
+    if any(len(r) > 1 for r in runs):
+        raise UnsupportedValueError(
+            f"placements {list(placements)} give coordinate {list(coordinate)} several boxes; "
+            f"use local_pieces()"
+        )
+    return tuple(r[0][0] for r in runs), tuple(r[0][1] for r in runs)
 
 
 def writes_region(coordinate: Sequence[int], placements: Sequence[PlacementSpec]) -> bool:
     """Whether the rank at ``coordinate`` writes its piece: coordinate 0 on every replicate dim."""
-    return all(c == 0 for c, p in zip(coordinate, placements, strict=True) if p.kind != "shard")
+    return all(
+        c == 0 for c, p in zip(coordinate, placements, strict=True) if p.kind not in _SHARD_KINDS
+    )
 
 
 def placement_specs(placements: Sequence[Any], *, key: str = "?") -> list[PlacementSpec]:
     """Convert torch placements to :class:`PlacementSpec` (refusing unsupported kinds)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     out: list[PlacementSpec] = []
     for p in placements:
@@ -127,14 +307,16 @@ def placement_specs(placements: Sequence[Any], *, key: str = "?") -> list[Placem
                 f"tensor {key!r}: DTensor placement {p} (Partial) holds unreduced values and "
                 f"cannot be stored; redistribute it to Replicate() or Shard(d) before saving"
             )
-        if type(p) is Shard:
+        if isinstance(p, _StridedShard):
+            out.append(PlacementSpec("strided", int(p.dim), int(p.split_factor)))
+        elif type(p) is Shard:
             out.append(PlacementSpec("shard", int(p.dim)))
         elif isinstance(p, Replicate):
             out.append(PlacementSpec("replicate"))
         else:
             raise UnsupportedValueError(
                 f"tensor {key!r}: DTensor placement {p} ({cls}) is not supported (only Shard(d), "
-                f"Replicate()); redistribute the tensor before saving"
+                f"_StridedShard(d), Replicate()); redistribute the tensor before saving"
             )
     return out
 
@@ -162,11 +344,11 @@ def _outside_coordinate_ok(mesh: Any) -> bool:
     return True
 
 
-def dtensor_local_box(dt: Any, *, key: str = "?") -> LocalBox:
-    """Return the global box of a DTensor's local shard and whether this rank writes it.
+def dtensor_layout(dt: Any, *, key: str = "?") -> LocalLayout:
+    """Return the boxes of a DTensor's local data and whether this rank writes them.
 
     Raises:
-        UnsupportedValueError: unsupported placement, or the local shard disagrees with the
+        UnsupportedValueError: unsupported placement, or the local tensor disagrees with the
             arithmetic (an unknown sharding scheme).
 
     """
@@ -175,18 +357,38 @@ def dtensor_local_box(dt: Any, *, key: str = "?") -> LocalBox:
     gshape = tuple(int(s) for s in dt.shape)
     specs = placement_specs(dt.placements, key=key)
     if coord is None:  # this rank is not part of the mesh: it holds nothing
-        return LocalBox((0,) * len(gshape), (0,) * len(gshape), gshape, False)
+        return LocalLayout(gshape, (0,) * len(gshape), (), False)
     mshape = tuple(int(s) for s in mesh.mesh.shape)
-    offsets, lengths = shard_box(gshape, mshape, coord, specs)
-    local_shape = tuple(int(s) for s in dt.to_local().shape)
-    if local_shape != lengths:
+    local_shape, pieces = local_pieces(gshape, mshape, coord, specs)
+    actual = tuple(int(s) for s in dt.to_local().shape)
+    if actual != local_shape:
         raise UnsupportedValueError(
-            f"tensor {key!r}: local shard shape {list(local_shape)} differs from the expected "
-            f"{list(lengths)} for placements {list(dt.placements)} on mesh {list(mshape)}; "
+            f"tensor {key!r}: local shard shape {list(actual)} differs from the expected "
+            f"{list(local_shape)} for placements {list(dt.placements)} on mesh {list(mshape)}; "
             f"uneven sharding other than torch.chunk's is not supported"
         )
     writer = writes_region(coord, specs) and _outside_coordinate_ok(mesh)
-    return LocalBox(offsets, lengths, gshape, writer)
+    return LocalLayout(gshape, local_shape, pieces, writer)
+
+
+def dtensor_local_box(dt: Any, *, key: str = "?") -> LocalBox:
+    """Return the global box of a DTensor's local shard and whether this rank writes it.
+
+    Raises:
+        UnsupportedValueError: as :func:`dtensor_layout`, and when the local data is several
+            boxes (a strided layout; use :func:`dtensor_layout`).
+
+    """
+    lay = dtensor_layout(dt, key=key)
+    if len(lay.pieces) > 1:
+        raise UnsupportedValueError(
+            f"tensor {key!r}: placements {list(dt.placements)} give this rank "
+            f"{len(lay.pieces)} boxes of the global tensor; use dtensor_layout()"
+        )
+    if not lay.pieces:
+        return LocalBox((0,) * len(lay.global_shape), lay.local_shape, lay.global_shape, False)
+    piece = lay.pieces[0]
+    return LocalBox(piece.offsets, piece.lengths, lay.global_shape, lay.writer)
 
 
 def mesh_description(mesh: Any) -> tuple[list[int], list[str]]:
