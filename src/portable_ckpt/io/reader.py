@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import zstandard
 
 from portable_ckpt.errors import (
     CheckpointError,
-    CodecError,
     ContractError,
     CoverageGapError,
     EntryMissingError,
@@ -43,8 +41,9 @@ from portable_ckpt.format.manifest import (
     TableRef,
     TensorEntry,
 )
+from portable_ckpt.io._zstd_box import stream_box
 from portable_ckpt.io.checksum import read_verified, verify_file
-from portable_ckpt.io.codec import decompress_frame
+from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
@@ -77,6 +76,12 @@ NO_VALUE = _NoValue()
 
 #: Largest scratch window for reads that cannot go straight into the destination.
 WINDOW_BYTES = 16 << 20
+
+#: zstd ranges up to this size are decoded whole (and kept for the next read of the same range);
+#: larger ones are streamed, holding ``ZSTD_WINDOW_BYTES`` decoded and ``ZSTD_INPUT_BYTES`` stored.
+ZSTD_WHOLE_BYTES = 16 << 20
+ZSTD_WINDOW_BYTES = 4 << 20
+ZSTD_INPUT_BYTES = 1 << 20
 
 #: Public name of a tensor's metadata record.
 TensorInfo = TensorEntry
@@ -111,9 +116,9 @@ class Checkpoint:
         self._headers: dict[str, ShardHeader] = {}
         self._sizes_checked: set[str] = set()
         self._covered: set[str] = set()
-        self._ranges_checked: dict[tuple[str, str], ShardTensor] = {}
+        self._ranges_checked: dict[tuple[Any, ...], ShardTensor] = {}
         self._indexes: dict[str, RangeIndex[RangeRecord]] = {}
-        self._zcache: tuple[tuple[str, str], bytes] | None = None
+        self._zcache: tuple[tuple[Any, ...], bytes] | None = None
         self._attempt = attempt_id
         #: Layouts already proven to cover their shape exactly once (table-backed tensors).
         self._layouts = LayoutCache()
@@ -215,7 +220,10 @@ class Checkpoint:
         return t
 
     def _shard_tensor(self, t: TensorEntry, rec: RangeRecord) -> ShardTensor:
-        done = self._ranges_checked.get((rec.file, rec.name))
+        # Keyed by everything the check compares (never by the range name alone: two records
+        # naming one stored tensor are each checked against it).
+        ck = (rec.file, rec.name, rec.codec, t.dtype, rec.lengths)
+        done = self._ranges_checked.get(ck)
         if done is not None:
             return done  # read() checks every piece before allocating, then reads it
         hdr = self._header(rec.file)
@@ -232,28 +240,21 @@ class Checkpoint:
         )
         if rec.codec == "zstd":
             self._check_frame(t, rec, st)
-        self._ranges_checked[(rec.file, rec.name)] = st
+        self._ranges_checked[ck] = st
         return st
 
     def _check_frame(self, t: TensorEntry, rec: RangeRecord, st: ShardTensor) -> None:
-        """Check a zstd frame's declared size before anything is allocated for its range."""
+        """Check a zstd frame's header and length before anything is allocated for its range."""
         head = bytearray(min(18, st.end - st.start))
         self._read_verified(rec.file, st.start, st.start + len(head), memoryview(head))
         expect = math.prod(rec.lengths) * t.itemsize
-        try:
-            size = zstandard.get_frame_parameters(bytes(head)).content_size
-        except zstandard.ZstdError as exc:
-            raise CodecError(
-                f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r}: not a zstd frame "
-                f"({exc})",
-                path=rec.file,
-            ) from None
-        if size not in (expect, zstandard.CONTENTSIZE_UNKNOWN):
-            raise CodecError(
-                f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r} declares {size} "
-                f"decompressed bytes, the range needs {expect}",
-                path=rec.file,
-            )
+        check_frame_header(
+            bytes(head),
+            stored=st.end - st.start,
+            expect=expect,
+            limit=expect,
+            what=f"{self._rel(rec.file)}: tensor {t.key!r} range {rec.name!r}",
+        )
 
     # -- planning -----------------------------------------------------------------------------------
     def plan_read(
@@ -368,34 +369,62 @@ class Checkpoint:
         st = self._shard_tensor(t, rec)
         rel = inter.relative_to(rec.box)
         if rec.codec == "zstd":
-            chunk = self._decompressed(t, rec, st)
-            src = chunk.reshape(rec.lengths)
-            dst[...] = src[rel.slices()] if src.ndim else src
+            self._decompressed(t, rec, st, rel, dst)
             with self._lock:
                 self.stats.bytes_delivered += dst.nbytes
             return
         self._copy_box(rec.file, st.start, rec.lengths, t.numpy_dtype, rel, dst)
 
     def _decompressed(
-        self, t: TensorEntry, rec: RangeRecord, st: ShardTensor
-    ) -> np.ndarray[Any, Any]:
-        ck = (rec.file, rec.name)
+        self, t: TensorEntry, rec: RangeRecord, st: ShardTensor, rel: Box, dst: np.ndarray[Any, Any]
+    ) -> None:
+        """Copy box ``rel`` of a zstd range into ``dst`` (spec §8.3, R-TENSOR-10).
+
+        Ranges up to ``ZSTD_WHOLE_BYTES`` are decoded whole and kept (the next read of the same
+        record reuses them); larger ones are streamed through bounded windows, so memory does
+        not grow with the range's declared size.
+        """
+        expect = math.prod(rec.lengths) * t.itemsize
+        what = f"{self._rel(rec.file)}: tensor {t.key!r} range {rec.name!r}"
+        if expect > ZSTD_WHOLE_BYTES:
+            self._stream_range(t, rec, st, rel, dst, what)
+            return
+        ck = (rec.file, rec.name, rec.codec, t.dtype, rec.lengths)
         cached = self._zcache
         if cached is not None and cached[0] == ck:
             raw = cached[1]
         else:
             frame = bytearray(st.end - st.start)
             self._read_verified(rec.file, st.start, st.end, memoryview(frame))
-            expect = math.prod(rec.lengths) * t.itemsize
-            raw = decompress_frame(
-                bytes(frame),
-                expect=expect,
-                limit=expect,
-                what=f"{self._rel(rec.file)}: tensor {t.key!r} range {rec.name!r}",
-            )
+            raw = decompress_frame(frame, expect=expect, limit=expect, what=what)
             self._zcache = (ck, raw)
             self._note_scratch(len(frame) + len(raw))
-        return np.frombuffer(raw, dtype=t.numpy_dtype)
+        src = np.frombuffer(raw, dtype=t.numpy_dtype).reshape(rec.lengths)
+        dst[...] = src[rel.slices()] if src.ndim else src
+
+    def _stream_range(
+        self,
+        t: TensorEntry,
+        rec: RangeRecord,
+        st: ShardTensor,
+        rel: Box,
+        dst: np.ndarray[Any, Any],
+        what: str,
+    ) -> None:
+        """Decode a large zstd range through bounded windows, delivering box ``rel``."""
+        bs = self.manifest.files[rec.file].checksum.block_size
+        step = max(bs, ZSTD_INPUT_BYTES // bs * bs)  # input windows end on checksum blocks
+
+        def read(lo: int, hi: int, dest: memoryview) -> None:
+            self._read_verified(rec.file, st.start + lo, st.start + hi, dest)
+
+        expect = math.prod(rec.lengths) * t.itemsize
+        stream = FrameStream(
+            read, st.end - st.start, expect=expect, what=what, first=step - st.start % step,
+            step=step,
+        )
+        used = stream_box(stream, rec.lengths, t.itemsize, rel, dst, ZSTD_WINDOW_BYTES)
+        self._note_scratch(used + step)
 
     def _copy_box(
         self,

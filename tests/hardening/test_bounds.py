@@ -1,0 +1,296 @@
+"""Issue 12, wrong results and costs bounded by the bytes present (items 5, 7-16).
+
+Each test failed on the main branch before its fix: it names the item of the issue it pins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import portable_ckpt
+import portable_ckpt.format.dtypes
+from portable_ckpt.errors import CheckpointError
+from portable_ckpt.io.checksum import BlockHasher
+from tests.hardening._hand import HandTensor, Piece, edit_manifest, rle_frame, write_version
+from tests.hardening._util import memory_bound, time_bound
+
+#: Memory a small read may cost: the 16 MiB scratch window of the reader plus slack.
+SMALL_READ_BYTES = 40 << 20
+
+
+def _expect(code: str, fn: Any, *args: Any, **kwargs: Any) -> CheckpointError:
+    with pytest.raises(CheckpointError) as info:
+        fn(*args, **kwargs)
+    assert info.value.code == code, f"expected {code}, got {info.value.code}: {info.value}"
+    return info.value
+
+
+# -- item 5: a range check is keyed by the whole record, never by (file, name) ------------------
+def _aliased(root: Path, codec: str) -> str:
+    """Tensor ``b`` (float32[20]) whose record names the 12-element range of tensor ``a``."""
+    import zstandard
+
+    def piece(arr: np.ndarray[Any, Any]) -> Piece:
+        raw = arr.tobytes()
+        if codec == "zstd":
+            raw = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+        return Piece((0,), arr.shape, raw, codec)
+
+    a = np.arange(12, dtype=np.float32)
+    b = np.arange(20, dtype=np.float32) + 100
+    c = np.arange(40, dtype=np.float32) + 1000
+    attempt = write_version(
+        str(root),
+        [
+            HandTensor("a", "float32", (12,), [piece(a)]),
+            HandTensor("b", "float32", (20,), [piece(b)]),
+            HandTensor("c", "float32", (40,), [piece(c)]),
+        ],
+    )
+    edit_manifest(str(root / attempt), lambda d: d["tensors"]["b"]["ranges"][0].update(name="a@0"))
+    return str(root / attempt)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_aliased_range_after_its_owner_is_refused(tmp_path: Path, codec: str) -> None:
+    """Item 5, R-SHARD-8: b's record names a's range; reading a first must not let b skip its check."""
+    vdir = _aliased(tmp_path, codec)
+    code = "PCK-SHARD-MISMATCH" if codec == "none" else "PCK-CODEC"
+    ck = portable_ckpt.open(vdir)
+    assert np.array_equal(ck.read("a"), np.arange(12, dtype=np.float32))
+    _expect(code, ck.read, "b")
+    assert np.array_equal(ck.read("c"), np.arange(40, dtype=np.float32) + 1000)
+    # A fresh reader: verify (deep) reports b whatever the order in which ranges are checked.
+    errors = portable_ckpt.open(vdir).verify(deep=True)
+    assert [e.code for e in errors] == [code], errors
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_aliased_range_partial_reads(tmp_path: Path, codec: str) -> None:
+    """Item 5: a partial read of a (caching its frame) then of b: b is still checked."""
+    vdir = _aliased(tmp_path, codec)
+    ck = portable_ckpt.open(vdir)
+    assert np.array_equal(ck.read("a", [2], [3]), np.arange(2, 5, dtype=np.float32))
+    _expect("PCK-SHARD-MISMATCH" if codec == "none" else "PCK-CODEC", ck.read, "b", [0], [1])
+
+
+# -- item 12: a zstd frame longer than its range can need is refused before it is read ----------
+def _long_frame_version(root: Path, frame_bytes: int) -> str:
+    """A float32[1] zstd tensor whose stored frame is ``frame_bytes`` long (a sparse file).
+
+    Only the first checksum block (header + frame start) carries a correct CRC: a reader that
+    checks the frame length first never reads the rest.
+    """
+    import zstandard
+
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"\x00\x00\x80\x3f")
+    attempt = write_version(
+        str(root), [HandTensor("w", "float32", (1,), [Piece((0,), (1,), frame, "zstd")])]
+    )
+    vdir = root / attempt
+    rel = "data/w00000-0000.safetensors"
+    from portable_ckpt.io.safetensors_io import build_header
+
+    head = build_header([("w@0", "U8", [frame_bytes], frame_bytes)], {"format": "pt"})
+    with open(vdir / rel, "wb") as f:
+        f.write(head + frame)
+        f.truncate(len(head) + frame_bytes)
+    bs = 4096
+    h = BlockHasher(bs)
+    h.update((head + frame + bytes(bs))[:bs])
+    nblocks = -(-(len(head) + frame_bytes) // bs)
+
+    def fix(d: dict[str, Any]) -> None:
+        d["files"][rel] = {
+            "size": len(head) + frame_bytes,
+            "checksum": {
+                "algorithm": "crc32c",
+                "block_size": bs,
+                "blocks": h.blocks() + "0" * 8 * (nblocks - 1),
+            },
+        }
+
+    edit_manifest(str(vdir), fix)
+    return str(vdir)
+
+
+def test_zstd_frame_longer_than_bound_is_refused_before_reading(tmp_path: Path) -> None:
+    """Item 12, R-TENSOR-10: a 4-byte zstd tensor whose header gives its frame 1 GiB."""
+    vdir = _long_frame_version(tmp_path, 1 << 30)
+    with time_bound(5), memory_bound(SMALL_READ_BYTES):
+        ck = portable_ckpt.open(vdir)
+        err = _expect("PCK-CODEC", ck.read, "w")
+        assert "ZSTD_COMPRESSBOUND" in err.message or "bound" in err.message
+        assert [e.code for e in ck.verify()] == ["PCK-CODEC"]
+
+
+def test_zstd_frame_at_bound_is_accepted(tmp_path: Path) -> None:
+    """Item 12: the bound is exactly ZSTD_COMPRESSBOUND: incompressible data stored raw passes."""
+    from portable_ckpt.io.codec import zstd_bound
+
+    assert [zstd_bound(n) for n in (0, 1, 4, 1 << 17, 1 << 20)] == [64, 64, 67, 131584, 1052672]
+    rng = np.random.default_rng(0)
+    for n in (1, 100, 4096, 200_000):
+        arr = rng.integers(0, 256, n, dtype=np.uint8)
+        root = tmp_path / str(n)
+        portable_ckpt.save_arrays(str(root), {"x": arr}, step=1, codec="zstd")
+        ck = portable_ckpt.open(str(root))
+        st = ck._header(ck.tensors["x"].ranges[0].file).tensors["x@0"]
+        assert st.end - st.start <= zstd_bound(n)
+        assert np.array_equal(ck.read("x"), arr)
+
+
+# -- item 13: reading part of a zstd range costs memory bounded by a window, not its size --------
+def _rle_version(root: Path, total: int, **frame: Any) -> str:
+    payload = rle_frame(total, byte=7, **frame)
+    return str(
+        root
+        / write_version(
+            str(root),
+            [HandTensor("z", "uint8", (total,), [Piece((0,), (total,), payload, "zstd")])],
+        )
+    )
+
+
+def test_small_read_of_huge_honest_frame_is_bounded(tmp_path: Path) -> None:
+    """Item 13, R-TENSOR-11: a 32 KiB frame that honestly decodes to 1 GiB; one element costs a
+    window, not the range."""
+    vdir = _rle_version(tmp_path, 1 << 30)
+    ck = portable_ckpt.open(vdir)
+    with time_bound(20), memory_bound(SMALL_READ_BYTES):
+        got = ck.read("z", [12345], [3])
+    assert got.tolist() == [7, 7, 7]
+    assert ck.stats.peak_scratch_bytes <= 16 << 20
+
+
+def test_frame_with_huge_window_is_refused(tmp_path: Path) -> None:
+    """Item 13, R-TENSOR-10: a single-segment frame declaring 16 GiB needs a 16 GiB window."""
+    vdir = _rle_version(tmp_path, 1 << 34, single_segment=True)
+    ck = portable_ckpt.open(vdir)
+    with time_bound(5), memory_bound(SMALL_READ_BYTES):
+        err = _expect("PCK-CODEC", ck.read, "z", [0], [1])
+    assert "window" in err.message
+
+
+def test_streamed_frame_that_lies_about_its_size(tmp_path: Path) -> None:
+    """Item 13: a large frame without a declared size that decodes to more than the range."""
+    total = 40 << 20
+    payload = rle_frame(total + 1, byte=1, content_size=None)
+    vdir = str(
+        tmp_path
+        / write_version(
+            str(tmp_path),
+            [HandTensor("z", "uint8", (total,), [Piece((0,), (total,), payload, "zstd")])],
+        )
+    )
+    with time_bound(10), memory_bound(SMALL_READ_BYTES):
+        _expect("PCK-CODEC", portable_ckpt.open(vdir).read, "z", [5], [1])
+    short = rle_frame(total - 1, byte=1, content_size=None)
+    vdir2 = str(
+        tmp_path
+        / "b"
+        / write_version(
+            str(tmp_path / "b"),
+            [HandTensor("z", "uint8", (total,), [Piece((0,), (total,), short, "zstd")])],
+        )
+    )
+    _expect("PCK-CODEC", portable_ckpt.open(vdir2).read, "z", [5], [1])
+
+
+def test_streamed_frame_with_trailing_bytes(tmp_path: Path) -> None:
+    """Item 13: the streaming path still refuses bytes after the frame (R-TENSOR-7)."""
+    total = 40 << 20
+    payload = rle_frame(total, byte=1) + b"\x00" * 5
+    vdir = str(
+        tmp_path
+        / write_version(
+            str(tmp_path),
+            [HandTensor("z", "uint8", (total,), [Piece((0,), (total,), payload, "zstd")])],
+        )
+    )
+    err = _expect("PCK-CODEC", portable_ckpt.open(vdir).read, "z", [5], [1])
+    assert "after" in err.message
+
+
+# -- item 13: the streaming path agrees with numpy on every box --------------------------------
+_DTYPES = ["uint8", "float32", "int64", "bfloat16"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_streamed_box_equals_numpy(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    """Any box of a zstd range read through tiny windows equals the same box of the array."""
+    import zstandard
+
+    from portable_ckpt.io import reader
+
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=4), label="shape"))
+    dtype = data.draw(st.sampled_from(_DTYPES), label="dtype")
+    offs = tuple(data.draw(st.integers(0, n - 1)) for n in shape)
+    lens = tuple(data.draw(st.integers(1, n - o)) for n, o in zip(shape, offs, strict=True))
+    window = data.draw(st.integers(1, 300), label="window")
+    rng = np.random.default_rng(len(shape) * 1000 + window)
+    npdt = portable_ckpt.format.dtypes.DTYPES[dtype].numpy
+    arr = rng.integers(0, 4, size=shape).astype(npdt)  # few values: compressible, with matches
+    frame = zstandard.ZstdCompressor(write_content_size=data.draw(st.booleans())).compress(
+        arr.tobytes()
+    )
+    root = tmp_path_factory.mktemp("box")
+    vdir = str(
+        root
+        / write_version(
+            str(root),
+            [HandTensor("t", dtype, shape, [Piece((0,) * len(shape), shape, frame, "zstd")])],
+        )
+    )
+    isz = arr.dtype.itemsize
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reader, "ZSTD_WHOLE_BYTES", 0)
+        mp.setattr(reader, "ZSTD_WINDOW_BYTES", max(isz, window))
+        mp.setattr(reader, "ZSTD_INPUT_BYTES", 1)
+        ck = portable_ckpt.open(vdir)
+        got = ck.read("t", offs, lens)
+        whole = ck.read("t")
+    want = arr[tuple(slice(o, o + n) for o, n in zip(offs, lens, strict=True))]
+    assert got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes()
+    assert whole.view(np.uint8).tobytes() == arr.view(np.uint8).tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payload=st.binary(max_size=3000),
+    level=st.integers(-5, 19),
+    checksum=st.booleans(),
+    size=st.booleans(),
+    cut=st.integers(-8, 8),
+)
+def test_frame_walker_finds_the_frame_end(
+    payload: bytes, level: int, checksum: bool, size: bool, cut: int
+) -> None:
+    """FrameWalker ends exactly where zstd's frame ends, fed in any pieces; cut or extended
+    frames are PCK-CODEC in both decoders."""
+    import zstandard
+
+    from portable_ckpt.errors import CodecError
+    from portable_ckpt.io.codec import FrameWalker, decompress_frame
+
+    frame = zstandard.ZstdCompressor(
+        level=level, write_checksum=checksum, write_content_size=size
+    ).compress(payload * 3)
+    w = FrameWalker("f")
+    for i in range(0, len(frame) + 5, 7):
+        w.feed((frame + b"trail")[i : i + 7])
+    assert w.done and w.extent == len(frame)
+    assert decompress_frame(frame, expect=len(payload) * 3, limit=1 << 20, what="f") == payload * 3
+    bad = frame[:cut] if cut < 0 else frame + bytes(cut)
+    if cut:
+        with pytest.raises(CodecError):
+            decompress_frame(bad, expect=len(payload) * 3, limit=1 << 20, what="f")
