@@ -1,0 +1,36 @@
+"""Launched with torchrun: start async saves and let the interpreter exit without waiting.
+
+``ROOT/manager``: through a CheckpointManager that is never closed; ``ROOT/plain``: with
+``async_save`` alone (started after the manager's save, which it waits for).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+import portable_ckpt.torch as pckt
+
+
+def main() -> None:
+    root, modes = sys.argv[1], sys.argv[2:]
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    state = {"w": distribute_tensor(torch.randn(512, 1024), mesh, [Shard(0)])}
+    pending = []
+    if "manager" in modes:
+        mgr = pckt.CheckpointManager(f"{root}/manager", save_every=1, timeout=60)
+        mgr.maybe_save(1, state)
+        pending.append(mgr._pending is not None and not mgr._pending.done())
+    if "plain" in modes:
+        h = pckt.async_save(state, f"{root}/plain", step=1, timeout=60)
+        pending.append(not h.done())
+    print(f"rank {dist.get_rank()}: exiting with saves in flight: {pending}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The stale-state trap of issue 14, reproduced with the old pattern and impossible via the manager."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import portable_ckpt
+import portable_ckpt.torch as pckt
+
+pytestmark = pytest.mark.torch
+
+
+def _job() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.002)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=4)
+    return model, opt, warm
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: object, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+        sched.step()  # type: ignore[attr-defined]
+
+
+def _stored_lr(root: str, key: str) -> float:
+    ck = portable_ckpt.open(root)
+    values = ck.entry("torch.values")
+    return float(values[key])
+
+
+def test_old_pattern_stores_a_stale_lr(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt, sched = _job()
+    _train(model, opt, sched, 1)
+    msd, osd = get_state_dict(model, opt)  # documented once, saved later: a snapshot
+    state = {"model": msd, "optim": osd, "sched": sched}
+    _train(model, opt, sched, 3)
+    pckt.save(state, str(tmp_path / "old"), step=4)
+    live = opt.param_groups[0]["lr"]
+    stored = _stored_lr(str(tmp_path / "old"), "optim/param_groups/0/lr")
+    assert stored != pytest.approx(live)  # the trap: the stored lr is the lr of step 1
+
+
+def test_manager_saves_the_live_lr(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt, sched = _job()
+    state = {"train": pckt.ModelOptimizerState(model, opt), "sched": sched}
+    with pckt.CheckpointManager(str(tmp_path / "mgr"), save_every=2, async_save=True) as mgr:
+        for step in range(1, 5):
+            _train(model, opt, sched, 1)
+            mgr.maybe_save(step, state)
+            mgr.wait()
+            live = opt.param_groups[0]["lr"]
+            if step % 2 == 0:
+                stored = _stored_lr(str(tmp_path / "mgr"), "train/optim/param_groups/0/lr")
+                assert stored == pytest.approx(live)
+        # The old pattern through the manager is flagged loudly (once).
+        _, osd = get_state_dict(model, opt)
+        with caplog.at_level(logging.WARNING, logger="portable_ckpt"):
+            mgr.save(5, {"model": model.state_dict(), "optim": osd})
+            mgr.save(6, {"model": model.state_dict(), "optim": osd})
+        warned = [r for r in caplog.records if "optimizer state dict" in r.getMessage()]
+        assert len(warned) == 1
+    # Resume: the restored optimizer continues at the live lr of step 4, not a stale one.
+    model2, opt2, sched2 = _job()
+    mgr2 = pckt.CheckpointManager(str(tmp_path / "mgr"), save_every=2)
+    info = mgr2.restore({"train": pckt.ModelOptimizerState(model2, opt2), "sched": sched2},
+                        step=4)
+    mgr2.close()
+    assert info is not None and info.step == 4
+    assert opt2.param_groups[0]["lr"] == pytest.approx(stored)
+    assert sched2.last_epoch == 4
