@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+
+import torch
 
 import portable_ckpt
 import portable_ckpt.torch as pckt
@@ -75,8 +77,7 @@ def test_manager_saves_the_live_lr(tmp_path: Path, caplog: pytest.LogCaptureFixt
     # Resume: the restored optimizer continues at the live lr of step 4, not a stale one.
     model2, opt2, sched2 = _job()
     mgr2 = pckt.CheckpointManager(str(tmp_path / "mgr"), save_every=2)
-    info = mgr2.restore({"train": pckt.ModelOptimizerState(model2, opt2), "sched": sched2},
-                        step=4)
+    info = mgr2.restore({"train": pckt.ModelOptimizerState(model2, opt2), "sched": sched2}, step=4)
     mgr2.close()
     assert info is not None and info.step == 4
     assert opt2.param_groups[0]["lr"] == pytest.approx(stored)
