@@ -1,17 +1,22 @@
 """torch.distributed adapter: collective save, async save and resharding load.
 
-Example (every rank of the group runs this)::
+Start with :class:`CheckpointManager` (every rank of the group runs this)::
 
     import portable_ckpt.torch as pckt
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    msd, osd = get_state_dict(model, optim)
-    state = {"model": msd, "optim": osd, "sched": scheduler, "scaler": scaler,
-             "rng": pckt.RNGState(), "data": data_position}
-    pckt.save(state, "/ckpts/run1", step=step)
+    state = {"train": pckt.ModelOptimizerState(model, optim), "sched": scheduler,
+             "scaler": scaler, "rng": pckt.RNGState(), "data": data_position}
+    with pckt.CheckpointManager("/ckpts/run1", save_every=500, keep_last=3) as mgr:
+        info = mgr.restore(state)                       # None on the first run
+        for step in range((info.step + 1) if info else 1, total + 1):
+            ...
+            mgr.maybe_save(step, state, metrics={"loss": loss})
+            if mgr.preempted:
+                break
 
-    info = pckt.load(state, "/ckpts/run1", allow_statistical=True)   # fills `state` in place
-    set_state_dict(model, optim, model_state_dict=msd, optim_state_dict=osd)
+Underneath: ``pckt.save(state, root, step=...)``, ``async_save`` and ``load(state, root)``
+(fills ``state`` in place). Values with ``state_dict()``/``load_state_dict()`` are asked for
+their state at each save; a dict taken from ``get_state_dict`` earlier is a stale snapshot.
 
 See :mod:`portable_ckpt.torch.flatten` for the key rule and :mod:`portable_ckpt.torch.state` for
 the continuation-state helpers.
