@@ -23,8 +23,16 @@ SCRIPT = REPO / "examples" / "train_fsdp2.py"
 
 
 def _cmd(nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-            str(nproc), str(SCRIPT), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        str(SCRIPT),
+        *args,
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -41,11 +49,30 @@ def _lines(text: str) -> list[dict[str, object]]:
 
 def test_example_sigterm_then_resume_on_another_world_size(tmp_path: Path) -> None:
     ckpt, fast, events = tmp_path / "d", tmp_path / "f", tmp_path / "ev.jsonl"
-    common = ["--ckpt", str(ckpt), "--fast", str(fast), "--save-every", "4", "--fast-every",
-              "2", "--events", str(events), "--dim", "32", "--layers", "1"]
-    proc = subprocess.Popen(_cmd(2, *common, "--steps", "500", "--step-sleep", "0.2"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env(), start_new_session=True)
+    common = [
+        "--ckpt",
+        str(ckpt),
+        "--fast",
+        str(fast),
+        "--save-every",
+        "4",
+        "--fast-every",
+        "2",
+        "--events",
+        str(events),
+        "--dim",
+        "32",
+        "--layers",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        _cmd(2, *common, "--steps", "500", "--step-sleep", "0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     seen: list[str] = []
     deadline = time.monotonic() + 240
@@ -67,12 +94,16 @@ def test_example_sigterm_then_resume_on_another_world_size(tmp_path: Path) -> No
     assert saves[-1]["tier"] == "durable"
     assert portable_ckpt.open(ckpt).step == stopped
     # Resume on one rank (statistical continuation) and run two more steps.
-    res = subprocess.run(_cmd(1, *common, "--steps", str(stopped + 2), "--resize"),
-                         capture_output=True, text=True, timeout=240, env=_env())
+    res = subprocess.run(
+        _cmd(1, *common, "--steps", str(stopped + 2), "--resize"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=_env(),
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out2 = _lines(res.stdout)
     assert out2[0] == {"world": 1, "restored_step": stopped}
     assert out2[-1] == {"done": stopped + 2, "preempted": False}
-    restore = [json.loads(x) for x in events.read_text().splitlines()
-               if '"restore"' in x][-1]
+    restore = [json.loads(x) for x in events.read_text().splitlines() if '"restore"' in x][-1]
     assert restore["ok"] and restore["step"] == stopped and restore["contract"] == "statistical"

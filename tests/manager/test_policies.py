@@ -294,3 +294,27 @@ def test_manager_entry_schema_and_value() -> None:
     validate_entry_value(value, manager_entry_schema(), name="pck.manager")
     with pytest.raises(UsageError):
         manager_entry_value(5, "save_every", {"loss": [1.0]})
+
+
+# -- node-local tiers -------------------------------------------------------------------------
+
+
+def test_node_layout_holders_replicas_and_placement_schema() -> None:
+    from portable_ckpt.format.schemas import validate_entry_value
+    from portable_ckpt.manager.records import placement_entry_schema
+    from portable_ckpt.manager.tiers import NodeLayout, providers
+
+    lay = NodeLayout.contiguous(6, 2, replicas=1)  # nodes {0,1} {2,3} {4,5}
+    assert lay.nodes == 3 and lay.node_of_rank == (0, 0, 1, 1, 2, 2)
+    assert lay.leader(2) == 4 and lay.ranks_of(1) == [2, 3]
+    assert lay.holders(3) == [1, 2] and lay.holders(5) == [2, 0]
+    assert lay.holders(0) == [0, 1, 2]  # rank 0's files (global entries) are everywhere
+    assert [lay.replica_target(r) for r in range(6)] == [2, 3, 4, 5, 0, 1]
+    # Node 1 lost: its writers' files are fetched from node 2, which keeps their replica.
+    assert providers(lay, [2, 3, 0], 1) == {2: None, 3: None, 0: None}
+    assert providers(NodeLayout.contiguous(4, 2), [2], 0) == {2: 1}
+    validate_entry_value(lay.to_json(), placement_entry_schema(), name="pck.placement")
+    assert NodeLayout.from_json(lay.to_json()) == lay
+    for bad in [(6, 4, 0), (4, 2, 2), (2, 2, 1)]:
+        with pytest.raises(UsageError):
+            NodeLayout.contiguous(*bad)

@@ -21,6 +21,7 @@ __all__ = [
     "candidates_of",
     "manager_entry_schema",
     "manager_entry_value",
+    "placement_entry_schema",
     "read_manager_entry",
 ]
 
@@ -29,18 +30,23 @@ MANAGER_ENTRY = "pck.manager"
 
 
 @functools.cache
-def _schema_text() -> str:
+def _schema_text(name: str) -> str:
     from portable_ckpt.format.schemas import schema_dir
 
-    doc = json.loads((schema_dir() / "entries" / "manager-metrics.schema.json").read_text("utf-8"))
+    doc = json.loads((schema_dir() / "entries" / name).read_text("utf-8"))
     doc.pop("$id", None)  # embedded: no base URI of its own
     doc.pop("title", None)
     return json.dumps(doc, sort_keys=True)
 
 
 def manager_entry_schema() -> dict[str, Any]:
-    """The embedded-schema declaration ``{"json_schema": ...}`` of the entry."""
-    return {"json_schema": json.loads(_schema_text())}
+    """The embedded-schema declaration ``{"json_schema": ...}`` of ``pck.manager``."""
+    return {"json_schema": json.loads(_schema_text("manager-metrics.schema.json"))}
+
+
+def placement_entry_schema() -> dict[str, Any]:
+    """The embedded-schema declaration of ``pck.placement`` (node-local tiers, spec §14.7)."""
+    return {"json_schema": json.loads(_schema_text("manager-placement.schema.json"))}
 
 
 def manager_entry_value(

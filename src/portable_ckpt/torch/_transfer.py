@@ -1,0 +1,127 @@
+"""Copy files of an attempt from one rank's storage to another rank's, over a gloo group.
+
+Node-local tiers cannot read each other's disks: a replica on a peer node, or a file a restoring
+rank lacks, travels over the network. Transfers are executed in one global order that every
+rank computes identically; each rank performs, in that order, the sends and receives it takes
+part in, with blocking point-to-point calls — with a shared order the earliest unfinished
+transfer always has both of its ranks waiting on it, so there is no deadlock. Bytes move in
+chunks of at most ``chunk`` bytes (bounded memory); the receiver writes through
+``Storage.open_writer`` (durable on close) and checks the size it was announced.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from portable_ckpt.errors import DistributedError, FileSizeError
+from portable_ckpt.storage import Storage
+
+__all__ = ["Transfer", "run_transfers"]
+
+_CHUNK = 16 << 20
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Files (paths relative to the attempt) that ``src`` sends to ``dst`` (group ranks)."""
+
+    src: int
+    dst: int
+    paths: tuple[str, ...]
+
+
+def _wait(work: Any, timeout: float, what: str) -> None:
+    try:
+        work.wait(_dt.timedelta(seconds=timeout))
+    except Exception as e:
+        raise DistributedError(f"file transfer ({what}) failed: {e}") from e
+
+
+def _send_json(obj: Any, dst: int, group: Any, timeout: float) -> None:
+    data = json.dumps(obj).encode("utf-8")
+    _wait(
+        dist.isend(torch.tensor([len(data)], dtype=torch.int64), dst, group=group),
+        timeout,
+        "header",
+    )
+    if data:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        _wait(dist.isend(buf, dst, group=group), timeout, "header")
+
+
+def _recv_json(src: int, group: Any, timeout: float) -> Any:
+    n = torch.zeros(1, dtype=torch.int64)
+    _wait(dist.irecv(n, src, group=group), timeout, "header")
+    buf = torch.empty(int(n.item()), dtype=torch.uint8)
+    if buf.numel():
+        _wait(dist.irecv(buf, src, group=group), timeout, "header")
+    return json.loads(bytes(buf.numpy()))
+
+
+def _send(
+    t: Transfer, storage: Storage, attempt: str, dst: int, group: Any, timeout: float, chunk: int
+) -> int:
+    sizes = [storage.size(f"{attempt}/{p}") for p in t.paths]
+    _send_json(sizes, dst, group, timeout)
+    buf = torch.empty(chunk, dtype=torch.uint8)
+    view = memoryview(buf.numpy().data)
+    for path, size in zip(t.paths, sizes, strict=True):
+        for off in range(0, size, chunk):
+            n = min(chunk, size - off)
+            storage.read_into(f"{attempt}/{path}", off, view[:n])
+            _wait(dist.isend(buf[:n], dst, group=group), timeout, path)
+    return sum(sizes)
+
+
+def _recv(
+    t: Transfer, storage: Storage, attempt: str, src: int, group: Any, timeout: float, chunk: int
+) -> int:
+    sizes = _recv_json(src, group, timeout)
+    buf = torch.empty(chunk, dtype=torch.uint8)
+    for path, size in zip(t.paths, sizes, strict=True):
+        rel = f"{attempt}/{path}"
+        writer = storage.open_writer(rel)
+        try:
+            for off in range(0, size, chunk):
+                n = min(chunk, size - off)
+                _wait(dist.irecv(buf[:n], src, group=group), timeout, path)
+                writer.write(buf.numpy().data[:n])
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        if storage.size(rel) != size:
+            raise FileSizeError(
+                f"{storage.url}/{rel}: received {storage.size(rel)} of {size} bytes", path=rel
+            )
+    return int(sum(sizes))
+
+
+def run_transfers(
+    transfers: Sequence[Transfer],
+    *,
+    rank: int,
+    group: Any,
+    global_ranks: Sequence[int],
+    storage: Storage,
+    attempt: str,
+    timeout: float,
+    chunk: int = _CHUNK,
+) -> int:
+    """Perform this rank's part of ``transfers`` (identical list on every rank); return bytes."""
+    moved = 0
+    for t in sorted(transfers, key=lambda t: (t.src, t.dst, t.paths)):
+        if not t.paths or t.src == t.dst:
+            continue
+        if rank == t.src:
+            moved += _send(t, storage, attempt, global_ranks[t.dst], group, timeout, chunk)
+        elif rank == t.dst:
+            moved += _recv(t, storage, attempt, global_ranks[t.src], group, timeout, chunk)
+    return moved
