@@ -5,6 +5,9 @@ Each test failed on the main branch before its fix: it names the item of the iss
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +297,84 @@ def test_frame_walker_finds_the_frame_end(
     if cut:
         with pytest.raises(CodecError):
             decompress_frame(bad, expect=len(payload) * 3, limit=1 << 20, what="f")
+
+
+# -- item 11: a tensor table's size is checked before it is read --------------------------------
+def _table_version(root: Path) -> str:
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(str(root), create=True)
+    attempt = new_attempt_id(1)
+    w = ShardWriter(storage, attempt, 0, write_index=False)
+    w.add_tensor("w", np.arange(6, dtype=np.float32))
+    commit(
+        storage,
+        attempt,
+        step=1,
+        indexes=[w.finish()],
+        expected_writers=[0],
+        continuation=portable_ckpt.Continuation("exact", 1, None),
+        tensor_table=True,
+    )
+    return str(root / attempt)
+
+
+def _table_file(vdir: str) -> str:
+    doc = json.loads((Path(vdir) / "manifest.json").read_bytes())
+    return next(k for k in doc["files"] if k.startswith("tensor-table"))
+
+
+def _huge_table(vdir: str, codec: str, size: int = 5 << 30) -> None:
+    """Make the table file ``size`` bytes (sparse); its checksums are wrong past the header."""
+    rel = _table_file(vdir)
+    with open(Path(vdir) / rel, "r+b") as f:
+        f.truncate(size)
+
+    def fix(d: dict[str, Any]) -> None:
+        d["tensor_table"]["codec"] = codec
+        d["files"][rel]["size"] = size
+        d["files"][rel]["checksum"] = {
+            "algorithm": "crc32c",
+            "block_size": 1 << 30,
+            "blocks": "0" * 8 * -(-size >> 30),
+        }
+
+    edit_manifest(vdir, fix)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_huge_table_is_refused_before_it_is_read(tmp_path: Path, codec: str) -> None:
+    """Item 11, R-TABLE-3: a 5 GiB (sparse) table file: PCK-LIMIT before any of it is read."""
+    vdir = _table_version(tmp_path)
+    _huge_table(vdir, codec)
+    with time_bound(5), memory_bound(SMALL_READ_BYTES):
+        _expect("PCK-LIMIT", portable_ckpt.open, vdir)
+
+
+def test_table_frame_longer_than_bound_is_refused(tmp_path: Path) -> None:
+    """Item 11, R-TABLE-3/R-TENSOR-10: a zstd table whose frame is padded far past its bound."""
+    from tests.hardening._util import rechecksum
+
+    vdir = _table_version(tmp_path)
+    rel = _table_file(vdir)
+    with open(Path(vdir) / rel, "ab") as f:
+        f.write(bytes(1 << 20))
+    rechecksum(vdir, rel)
+    err = _expect("PCK-CODEC", portable_ckpt.open, vdir)
+    assert "ZSTD_COMPRESSBOUND" in err.message
+
+
+def test_inspect_of_huge_table_prints_no_traceback(tmp_path: Path) -> None:
+    """Item 11: `inspect` on such a version exits 1 with the code, no traceback."""
+    vdir = _table_version(tmp_path)
+    _huge_table(vdir, "none")
+    res = subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "inspect", vdir],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1, res
+    assert "PCK-LIMIT" in res.stdout + res.stderr and "Traceback" not in res.stderr

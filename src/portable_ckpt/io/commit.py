@@ -69,6 +69,7 @@ from portable_ckpt.io.tensor_table import (
     decode_table,
     encode_table,
     range_name,
+    read_table_file,
 )
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.storage.base import Storage
@@ -211,9 +212,17 @@ def _read_table_bytes(storage: Storage, attempt_id: str, idx: WriterIndex) -> by
         raise FileSizeError(
             f"{full}: {actual} bytes on storage, writer {idx.writer} reported {rec.size}", path=full
         )
-    buf = bytearray(rec.size)
-    read_verified(storage, full, rec, 0, rec.size, memoryview(buf))
-    return buf
+
+    def read(lo: int, hi: int, dest: memoryview) -> None:
+        read_verified(storage, full, rec, lo, hi, dest)
+
+    return read_table_file(
+        read,
+        size=rec.size,
+        codec=ref.codec,
+        block_size=rec.checksum.block_size,
+        what=full,
+    )
 
 
 def _table_of(idx: WriterIndex) -> TensorTable:

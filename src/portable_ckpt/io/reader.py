@@ -45,7 +45,7 @@ from portable_ckpt.io._zstd_box import stream_box
 from portable_ckpt.io.checksum import read_verified, verify_file
 from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
-from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table
+from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table, read_table_file
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.ranges.planning import RangeIndex, ReadItem, intersect_arrays
@@ -128,8 +128,13 @@ class Checkpoint:
     def _load_table(self, ref: TableRef) -> None:
         """Read, verify and decode the version's tensor table (spec §8.5, R-TABLE-8)."""
         rec = self._file(ref.file)
-        buf = bytearray(rec.size)
-        self._read_verified(ref.file, 0, rec.size, memoryview(buf))
+        buf = read_table_file(
+            lambda lo, hi, dest: self._read_verified(ref.file, lo, hi, dest),
+            size=rec.size,
+            codec=ref.codec,
+            block_size=rec.checksum.block_size,
+            what=self._rel(ref.file),
+        )
         table = decode_table(
             buf, codec=ref.codec, what=self._rel(ref.file), files=self.manifest.files
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import MAX_NDIM, MAX_SIZE, RangeRecord, TensorEntry
 from portable_ckpt.format.paths import check_relative_path
-from portable_ckpt.io.codec import decompress_frame
+from portable_ckpt.io.codec import check_frame_header, decompress_frame, zstd_bound
 from portable_ckpt.io.safetensors_io import build_header, parse_header
 
 __all__ = [
@@ -39,9 +39,11 @@ __all__ = [
     "TableCache",
     "TableTensorEntry",
     "TensorTable",
+    "check_table_head",
     "decode_table",
     "encode_table",
     "range_name",
+    "read_table_file",
 ]
 
 #: The ``must_understand`` name of the feature.
@@ -351,6 +353,88 @@ def _check_keys(col: np.ndarray[Any, Any], keys: list[str], what: str) -> None:
             seen.add(key)
 
 
+def check_table_size(size: int, *, codec: str, what: str) -> None:
+    """The checks of :func:`check_table_head` that need only the file's size and codec."""
+    if codec == "none":
+        if size > MAX_TABLE_BYTES:
+            raise LimitError(f"{what}: tensor table of {size} bytes is above 2^32", path=what)
+        return
+    if codec != "zstd":
+        raise CodecError(f"{what}: tensor_table codec {codec!r} is not 'none' or 'zstd'", path=what)
+    if size > zstd_bound(MAX_TABLE_BYTES):
+        raise LimitError(
+            f"{what}: a {size}-byte zstd tensor table would decode to more than 2^32 bytes",
+            path=what,
+        )
+
+
+def check_table_head(
+    head: bytes | bytearray | memoryview, *, size: int, codec: str, what: str
+) -> int:
+    """Check a table file from its size and first bytes, before it is read (R-TABLE-3).
+
+    Args:
+        head: The file's first ``min(18, size)`` bytes (only looked at for codec ``zstd``).
+        size: The file's recorded size.
+        codec: ``tensor_table.codec`` of the referencing document.
+        what: Names the file in messages.
+
+    Returns:
+        The decoded size the table declares (the file size for codec ``none``).
+
+    Raises:
+        CheckpointError: ``PCK-CODEC`` (unknown codec, not a frame, no declared size, a frame
+            longer than its bound), ``PCK-LIMIT`` (decoded size above 2^32).
+
+    """
+    check_table_size(size, codec=codec, what=what)
+    if codec == "none":
+        return size
+    try:
+        declared = zstandard.get_frame_parameters(bytes(head)).content_size
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"{what}: tensor table is not a zstd frame ({exc})", path=what) from None
+    if declared == zstandard.CONTENTSIZE_UNKNOWN:
+        raise CodecError(
+            f"{what}: the tensor table's zstd frame does not declare its content size "
+            "(spec §8.5 requires it)",
+            path=what,
+        )
+    if declared > MAX_TABLE_BYTES:
+        raise LimitError(
+            f"{what}: tensor table declares {declared} decoded bytes, above the 2^32 limit",
+            path=what,
+        )
+    check_frame_header(head, stored=size, expect=declared, limit=MAX_TABLE_BYTES, what=what)
+    return int(declared)
+
+
+def read_table_file(
+    read: Callable[[int, int, memoryview], None],
+    *,
+    size: int,
+    codec: str,
+    block_size: int,
+    what: str,
+) -> bytearray:
+    """Read a table file whole, checking its size and frame header first (R-TABLE-3).
+
+    ``read(lo, hi, dest)`` fills ``dest`` with verified bytes ``[lo, hi)``. The first checksum
+    block (when at most 1 MiB) is read once: it holds the header checked here and the start of
+    the file returned.
+    """
+    check_table_size(size, codec=codec, what=what)
+    first = bytearray(min(size, block_size if block_size <= 1 << 20 else 18))
+    if codec == "zstd" and first:
+        read(0, len(first), memoryview(first))
+    check_table_head(first[:18], size=size, codec=codec, what=what)
+    buf = bytearray(size)
+    done = len(first) if codec == "zstd" else 0
+    buf[:done] = first[:done]
+    read(done, size, memoryview(buf)[done:])
+    return buf
+
+
 def decode_table(
     data: bytes | bytearray | memoryview,
     *,
@@ -374,29 +458,11 @@ def decode_table(
 
     """
     raw: bytes | bytearray
+    declared = check_table_head(data[:18], size=len(data), codec=codec, what=what)
     if codec == "zstd":
-        try:
-            declared = zstandard.get_frame_parameters(bytes(data[:18])).content_size
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"{what}: tensor table is not a zstd frame ({exc})", path=what) from None
-        if declared == zstandard.CONTENTSIZE_UNKNOWN:
-            raise CodecError(
-                f"{what}: the tensor table's zstd frame does not declare its content size "
-                "(spec §8.5 requires it)",
-                path=what,
-            )
-        if declared > MAX_TABLE_BYTES:
-            raise LimitError(
-                f"{what}: tensor table declares {declared} decoded bytes, above the 2^32 limit",
-                path=what,
-            )
-        raw = decompress_frame(bytes(data), expect=declared, limit=MAX_TABLE_BYTES, what=what)
-    elif codec == "none":
-        if len(data) > MAX_TABLE_BYTES:
-            raise LimitError(f"{what}: tensor table of {len(data)} bytes is above 2^32", path=what)
-        raw = data if isinstance(data, bytes | bytearray) else bytes(data)
+        raw = decompress_frame(data, expect=declared, limit=MAX_TABLE_BYTES, what=what)
     else:
-        raise CodecError(f"{what}: tensor_table codec {codec!r} is not 'none' or 'zstd'", path=what)
+        raw = data if isinstance(data, bytes | bytearray) else bytes(data)
     if len(raw) < 8:
         from portable_ckpt.errors import ShardHeaderError
 
