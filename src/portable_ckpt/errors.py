@@ -7,6 +7,9 @@ implementations report the same codes, and the conformance suite compares them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 __all__ = [
     "AttemptIdError",
     "ChecksumError",
@@ -30,6 +33,7 @@ __all__ = [
     "NotFoundError",
     "PathUnsafeError",
     "RangeBoundsError",
+    "RankFailure",
     "SchemaError",
     "ShardHeaderError",
     "ShardMismatchError",
@@ -237,10 +241,46 @@ class StorageError(CheckpointError):
     code = "PCK-STORAGE"
 
 
+@dataclass(frozen=True)
+class RankFailure:
+    """Why one rank failed a step of a collective save or load.
+
+    Attributes:
+        rank: The rank (in the process group) that failed.
+        code: The stable code of its error (``PCK-DISTRIBUTED`` for a non-checkpoint exception).
+        message: ``"<ExceptionType>: <message>"`` as that rank saw it.
+        coordinator: Whether it failed in the coordinator's own work (e.g. the commit on rank 0)
+            rather than in its local part of the step.
+
+    """
+
+    rank: int
+    code: str
+    message: str
+    coordinator: bool = False
+
+
 class DistributedError(CheckpointError):
-    """A peer rank failed or timed out during a collective save or load."""
+    """A peer rank failed or timed out during a collective save or load.
+
+    Attributes:
+        failures: The failures every rank learnt from the status exchange, in rank order (empty
+            when the exchange itself failed: a rank died, hung or raised outside the protocol).
+
+    """
 
     code = "PCK-DISTRIBUTED"
+
+    def __init__(
+        self, message: str, *, path: str | None = None, failures: Sequence[RankFailure] = ()
+    ) -> None:
+        super().__init__(message, path=path)
+        self.failures: tuple[RankFailure, ...] = tuple(failures)
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        """The ranks named by :attr:`failures`."""
+        return [f.rank for f in self.failures]
 
 
 class UnsupportedValueError(CheckpointError):

@@ -297,3 +297,71 @@ def hung_peer(rank: int, world: int, root: str) -> dict[str, Any]:
         return {"error": None}
     except CheckpointError as e:
         return {"error": e.code, "seconds": time.monotonic() - t0}
+
+
+# -- failures inside the protocol ---------------------------------------------------------------------
+
+
+class _BrokenState:
+    """A stateful object whose state_dict() raises something that is not a CheckpointError."""
+
+    def state_dict(self) -> dict[str, Any]:
+        raise RuntimeError("state_dict exploded")
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        pass
+
+
+def _outcome(fn: Any) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        fn()
+    except CheckpointError as e:
+        return {
+            "code": e.code,
+            "failed": getattr(e, "failed_ranks", None),
+            "cause": type(e.__cause__).__name__ if e.__cause__ is not None else None,
+            "seconds": time.monotonic() - t0,
+            "message": e.message,
+        }
+    return {"code": None}
+
+
+def protocol_failures(rank: int, world: int, root: str, scratch: str) -> dict[str, Any]:
+    """One failure per protocol step, each on one rank: who raises what, and how fast."""
+    last = world - 1
+
+    def state(epoch: int = 1, policy: str = "rank0", n: int = 6) -> dict[str, Any]:
+        return {
+            "w": torch.arange(float(n)),
+            "data": pckt.DataPosition(epoch, 2, world_size_policy=policy),
+        }
+
+    pckt.save(state(), root, step=1, timeout=30)
+    out: dict[str, Any] = {}
+    # The last rank's entry value breaks its schema: its write fails, nothing is committed.
+    out["write"] = _outcome(
+        lambda: pckt.save(state(-1 if rank == last else 1), root, step=2, timeout=30)
+    )
+    # Writers disagree on an entry's policy: rank 0's commit refuses (PCK-METADATA-CONFLICT).
+    out["commit"] = _outcome(
+        lambda: pckt.save(
+            state(policy="modulo" if rank == 1 else "rank0"), root, step=3, timeout=30
+        )
+    )
+    # A non-checkpoint exception while preparing on rank 1.
+    broken = {**state(), "obj": _BrokenState()} if rank == 1 else state()
+    out["prepare"] = _outcome(lambda: pckt.save(broken, root, step=4, timeout=30))
+    # Rank 1 cannot open its root (a path under a regular file): every rank hears of it at once.
+    blocker = os.path.join(scratch, f"file-{rank}")
+    with open(blocker, "w") as f:
+        f.write("x")
+    where = os.path.join(blocker, "ckpt") if rank == 1 else root
+    out["storage"] = _outcome(lambda: pckt.save(state(), where, step=5, timeout=30))
+    # The last rank's target has another shape: its load fails, the others learn which rank.
+    target = state(n=5 if rank == last else 6)
+    out["load"] = _outcome(lambda: pckt.load(target, root, timeout=30))
+    out["committed"] = [
+        v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"
+    ]
+    return out

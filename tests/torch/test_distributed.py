@@ -253,3 +253,36 @@ def test_stuck_peer_times_out_instead_of_hanging(tmp_path: Any) -> None:
     assert [
         v.step for v in portable_ckpt.list_versions(str(tmp_path)) if v.status == "committed"
     ] == [1]
+
+
+def test_protocol_failures_raise_everywhere_naming_the_rank(tmp_path: Any) -> None:
+    """A failure in any step, on one rank: that rank raises its own error, the others one
+    PCK-DISTRIBUTED naming it (a failed commit: rank 0's code everywhere); nothing published;
+    files of a known-failed attempt are removed."""
+    root, scratch = tmp_path / "root", tmp_path / "scratch"
+    scratch.mkdir()
+    res = ok(run("protocol_failures", 3, str(root), str(scratch), timeout=120))
+    write, commit, prep, storage, load = (
+        [r[k] for r in res] for k in ("write", "commit", "prepare", "storage", "load")
+    )
+    assert write[2]["code"] == "PCK-ENTRY-SCHEMA"
+    for r in write[:2]:
+        assert r["code"] == "PCK-DISTRIBUTED" and r["failed"] == [2], r
+        assert "rank 2: EntrySchemaError" in r["message"]
+    assert [r["code"] for r in commit] == ["PCK-METADATA-CONFLICT"] * 3
+    assert prep[1]["code"] == "PCK-DISTRIBUTED" and prep[1]["cause"] == "RuntimeError"
+    assert all(r["failed"] == [1] and "state_dict exploded" in r["message"] for r in prep)
+    assert storage[1]["code"] == "PCK-STORAGE"
+    for r in (storage[0], storage[2]):
+        assert r["code"] == "PCK-DISTRIBUTED" and r["failed"] == [1]
+        assert r["seconds"] < 15  # told at once, not after the 30 s timeout
+    assert load[2]["code"] == "PCK-USAGE"
+    assert [r["failed"] for r in load[:2]] == [[2], [2]]
+    assert all(r["committed"] == [1] for r in res)
+    committed = portable_ckpt.open(str(root)).id
+    leftovers = [
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and p.relative_to(root).parts[0] != committed
+    ]
+    assert leftovers == []

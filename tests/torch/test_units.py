@@ -305,3 +305,94 @@ def test_dtype_conversion_on_load(tmp_path: Any) -> None:
     target = {"w": torch.zeros(2, dtype=torch.bfloat16)}
     pckt.load(target, str(tmp_path))
     assert target["w"].tolist() == [1.5, 2.5]
+
+
+# -- protocol steps (one process: the same code path as a group, with local collectives) -----------
+
+
+def test_save_keywords_are_the_save_options() -> None:
+    import dataclasses
+
+    from portable_ckpt.torch.saving import SaveKeywords, SaveOptions
+
+    keys = SaveKeywords.__required_keys__ | SaveKeywords.__optional_keys__
+    assert keys == {f.name for f in dataclasses.fields(SaveOptions)}
+    assert SaveKeywords.__required_keys__ == frozenset({"step"})
+    with pytest.raises(UsageError):
+        SaveOptions(step=True)
+    with pytest.raises(UsageError):
+        SaveOptions(step=1, continuation="bitwise")
+    with pytest.raises(TypeError):
+        pckt.save({"w": torch.zeros(1)}, "unused", step=1, codecs="zstd")
+
+
+def test_comm_steps_return_or_raise_in_one_place() -> None:
+    from portable_ckpt.errors import DistributedError, MetadataConflictError
+    from portable_ckpt.torch._collectives import make_comm
+
+    comm = make_comm()
+    assert comm.all_gather_step("t", lambda: ("mine", {"n": 1}), what="x", outcome="y") == (
+        "mine",
+        [{"n": 1}],
+    )
+    aborted: list[bool] = []
+    local, result = comm.coordinator_step(
+        "t",
+        lambda: (1, 2),
+        lambda shared: sum(shared) * 10,
+        what="x",
+        outcome="y",
+        on_failure=lambda: aborted.append(True),
+    )
+    assert (local, result, aborted) == (1, 20, [])
+
+    def conflict(_: list[Any]) -> Any:
+        raise MetadataConflictError("writers disagree")
+
+    with pytest.raises(MetadataConflictError):  # the coordinator's own error, as it was raised
+        comm.coordinator_step(
+            "t",
+            lambda: (1, 2),
+            conflict,
+            what="x",
+            outcome="y",
+            on_failure=lambda: aborted.append(True),
+        )
+    assert aborted == [True]
+
+    def boom() -> tuple[Any, Any]:
+        raise RuntimeError("boom")
+
+    with pytest.raises(DistributedError) as e:  # a foreign exception: wrapped, cause kept
+        comm.all_gather_step("t", boom, what="save of step 1 (prepare)", outcome="nothing")
+    assert isinstance(e.value.__cause__, RuntimeError)
+    assert e.value.failed_ranks == [0] and e.value.failures[0].message == "RuntimeError: boom"
+    assert "rank 0: save of step 1 (prepare) failed" in e.value.message
+
+
+failures_st = st.lists(
+    st.builds(
+        portable_ckpt.errors.RankFailure,
+        st.integers(0, 1 << 20),
+        st.sampled_from(["PCK-DISTRIBUTED", "PCK-USAGE"]),
+        st.text(max_size=40),
+        st.booleans(),
+    ),
+    max_size=4,
+)
+
+
+@given(
+    st.recursive(
+        st.none() | st.integers() | st.text(max_size=8), lambda c: st.lists(c, max_size=3)
+    ),
+    failures_st,
+)
+def test_step_status_round_trips_through_json(value: Any, failures: list[Any]) -> None:
+    import json
+
+    from portable_ckpt.torch._collectives import StepStatus
+
+    s = StepStatus(value, tuple(failures))
+    back = StepStatus.from_json(json.loads(json.dumps(s.to_json())))
+    assert back == s and back.ok == (not failures)

@@ -114,7 +114,14 @@ class LocalStorage(Storage):
     def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
         root = os.path.abspath(os.fspath(root))
         if create:
-            os.makedirs(root, exist_ok=True)
+            try:
+                os.makedirs(root, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot create the checkpoint root {root!r}: {exc.strerror}; pass a "
+                    f"directory path (or a path whose parents are directories)",
+                    path=root,
+                ) from exc
         self.root = root
         self.url = root
         self._synced_dirs: set[str] = set()

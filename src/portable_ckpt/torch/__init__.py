@@ -18,24 +18,24 @@ Underneath: ``pckt.save(state, root, step=...)``, ``async_save`` and ``load(stat
 (fills ``state`` in place). Values with ``state_dict()``/``load_state_dict()`` are asked for
 their state at each save; a dict taken from ``get_state_dict`` earlier is a stale snapshot.
 
-See :mod:`portable_ckpt.torch.flatten` for the key rule and :mod:`portable_ckpt.torch.state` for
-the continuation-state helpers.
+Modules, by verb: :mod:`~portable_ckpt.torch.saving` (options and the collective save protocol),
+:mod:`~portable_ckpt.torch.async_saving` (the background save), :mod:`~portable_ckpt.torch.plan`
+(which rank writes what), :mod:`~portable_ckpt.torch.staging` (reused host buffers),
+:mod:`~portable_ckpt.torch.loading` (the resharding load), :mod:`~portable_ckpt.torch.info`
+(their results). See :mod:`portable_ckpt.torch.flatten` for the key rule and
+:mod:`portable_ckpt.torch.state` for the continuation-state helpers.
 """
 
 from __future__ import annotations
 
-from portable_ckpt.torch.checkpoint import (
-    AsyncSaveHandle,
-    CheckpointInfo,
-    LoadInfo,
-    async_save,
-    load,
-    save,
-    staging_bytes,
-    wait_for_pending_save,
-)
+from portable_ckpt.torch._inflight import wait_for_pending_save
+from portable_ckpt.torch.async_saving import AsyncSaveHandle, async_save
 from portable_ckpt.torch.flatten import StateEntry, flatten_state, split_key, unflatten_keys
+from portable_ckpt.torch.info import CheckpointInfo, LoadInfo
+from portable_ckpt.torch.loading import load
 from portable_ckpt.torch.manager import CheckpointManager, ModelOptimizerState
+from portable_ckpt.torch.saving import save
+from portable_ckpt.torch.staging import staging_bytes
 from portable_ckpt.torch.state import (
     DataPosition,
     GradScalerState,

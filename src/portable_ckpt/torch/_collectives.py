@@ -1,10 +1,16 @@
-"""Small JSON collectives over a dedicated gloo group (metadata only; never tensor data).
+"""Small JSON collectives over a dedicated gloo group, and the protocol steps built on them.
 
 Every save/load exchanges a few small JSON documents (attempt id, status, writer indexes). They
 travel over a side gloo group with its own timeout, created once per (ranks, timeout) and
 cached, so that an async save's background thread never interleaves with the training
 collectives of the main group, and so a dead or stuck peer yields a PCK-DISTRIBUTED error after
 ``timeout`` seconds instead of a hang. JSON travels as UTF-8 bytes in uint8 tensors (no pickle).
+
+Failure handling lives here, once: a protocol step runs a function on every rank, exchanges each
+rank's :class:`StepStatus`, and either returns on every rank or raises on every rank
+(:meth:`Comm.all_gather_step`, :meth:`Comm.coordinator_step`). The rank that failed raises its
+own error; the others raise one :class:`~portable_ckpt.errors.DistributedError` carrying every
+rank's :class:`~portable_ckpt.errors.RankFailure`.
 """
 
 from __future__ import annotations
@@ -12,14 +18,16 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import threading
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from portable_ckpt.errors import DistributedError
+from portable_ckpt.errors import CheckpointError, DistributedError, RankFailure, error_for_code
 
-__all__ = ["Comm", "DEFAULT_TIMEOUT_S", "make_comm"]
+__all__ = ["Comm", "DEFAULT_TIMEOUT_S", "StepStatus", "make_comm"]
 
 #: Default timeout of metadata collectives (seconds), the process group default.
 DEFAULT_TIMEOUT_S = (
@@ -30,6 +38,53 @@ DEFAULT_TIMEOUT_S = (
 
 _GROUPS: dict[tuple[tuple[int, ...], float], Any] = {}
 _LOCK = threading.Lock()
+
+T = TypeVar("T")
+
+
+def _failure(rank: int, e: BaseException, *, coordinator: bool = False) -> RankFailure:
+    code = e.code if isinstance(e, CheckpointError) else "PCK-DISTRIBUTED"
+    return RankFailure(rank, code, f"{type(e).__name__}: {e}", coordinator)
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """One rank's outcome of a protocol step (or the coordinator's verdict), as exchanged.
+
+    Attributes:
+        value: The JSON value the rank shares when it succeeded.
+        failures: Empty on success; else why the step failed (one entry from a rank, every
+            failed rank's entry in a coordinator's verdict).
+
+    """
+
+    value: Any = None
+    failures: tuple[RankFailure, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether the step succeeded."""
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON document sent to the other ranks."""
+        return {
+            "ok": self.ok,
+            "value": self.value,
+            "failures": [
+                {"rank": f.rank, "code": f.code, "message": f.message, "coordinator": f.coordinator}
+                for f in self.failures
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StepStatus:
+        """Parse a document made by :meth:`to_json` (on any rank)."""
+        failures = tuple(
+            RankFailure(int(f["rank"]), str(f["code"]), str(f["message"]), bool(f["coordinator"]))
+            for f in doc["failures"]
+        )
+        return cls(doc["value"], failures)
 
 
 class Comm:
@@ -51,6 +106,123 @@ class Comm:
         self.global_ranks = global_ranks
         self.timeout = timeout
 
+    # -- protocol steps ----------------------------------------------------------------------------
+
+    def all_gather_step(
+        self, name: str, fn: Callable[[], tuple[T, Any]], *, what: str, outcome: str
+    ) -> tuple[T, list[Any]]:
+        """Run ``fn`` on every rank, then exchange the outcomes; every rank returns or raises.
+
+        Args:
+            name: The step (names the collective in a timeout message).
+            fn: Returns ``(local, shared)``: ``local`` stays on this rank, ``shared`` (JSON) is
+                sent to every rank.
+            what: The operation, for messages (``"save of step 3 (prepare)"``).
+            outcome: What a failure leaves behind, for messages.
+
+        Returns:
+            This rank's ``local`` and every rank's ``shared``, in rank order.
+
+        Raises:
+            CheckpointError: this rank's own error when ``fn`` raised one here, else
+                :class:`DistributedError` naming the failed ranks.
+
+        """
+        local, own, status = self._run_local(fn)
+        statuses = [StepStatus.from_json(d) for d in self.allgather_json(status.to_json(), name)]
+        failures = [f for s in statuses for f in s.failures]
+        if failures:
+            self._raise(failures, own, what=what, outcome=outcome)
+        return local, [s.value for s in statuses]
+
+    def coordinator_step(
+        self,
+        name: str,
+        local_fn: Callable[[], tuple[T, Any]],
+        rank0_fn: Callable[[list[Any]], Any],
+        *,
+        what: str,
+        outcome: str,
+        on_failure: Callable[[], None] | None = None,
+    ) -> tuple[T, Any]:
+        """Run ``local_fn`` on every rank, ``rank0_fn`` on rank 0 over all shared values, agree.
+
+        Rank 0 gathers every rank's status; when all succeeded it runs ``rank0_fn`` on their
+        shared values and broadcasts its JSON result (or its failure). A failure of a peer's
+        ``local_fn`` raises :class:`DistributedError` on the others; a failure of ``rank0_fn``
+        is raised on every rank with its own code (it is the shared outcome, e.g.
+        PCK-COMMIT-CONFLICT).
+
+        Args:
+            name: The step (names the collectives in a timeout message).
+            local_fn: Returns ``(local, shared)`` like :meth:`all_gather_step`'s ``fn``.
+            rank0_fn: Rank 0's work over every rank's ``shared``; returns JSON.
+            what: The operation, for messages.
+            outcome: What a failure leaves behind, for messages.
+            on_failure: Called on every rank before raising when the step is known to have
+                failed; never when the exchange itself failed (then rank 0 may have succeeded,
+                so nothing may be undone).
+
+        Returns:
+            This rank's ``local`` and ``rank0_fn``'s result.
+
+        """
+        local, own, status = self._run_local(local_fn)
+        docs = self.gather_json(status.to_json(), f"{name} (gather)")
+        verdict = StepStatus()
+        if docs is not None:
+            verdict, rank0_error = self._coordinate(docs, rank0_fn)
+            own = own or rank0_error
+        verdict = StepStatus.from_json(self.broadcast_json(verdict.to_json(), f"{name} (outcome)"))
+        if not verdict.ok:
+            if on_failure is not None:
+                on_failure()
+            self._raise(list(verdict.failures), own, what=what, outcome=outcome)
+        return local, verdict.value
+
+    def _run_local(
+        self, fn: Callable[[], tuple[T, Any]]
+    ) -> tuple[Any, BaseException | None, StepStatus]:
+        try:
+            local, shared = fn()
+        except BaseException as e:  # every failure, even KeyboardInterrupt, is reported to peers
+            return None, e, StepStatus(failures=(_failure(self.rank, e),))
+        return local, None, StepStatus(shared)
+
+    def _coordinate(
+        self, docs: list[Any], rank0_fn: Callable[[list[Any]], Any]
+    ) -> tuple[StepStatus, BaseException | None]:
+        statuses = [StepStatus.from_json(d) for d in docs]
+        failures = tuple(f for s in statuses for f in s.failures)
+        if failures:
+            return StepStatus(failures=failures), None
+        try:
+            return StepStatus(rank0_fn([s.value for s in statuses])), None
+        except BaseException as e:
+            return StepStatus(failures=(_failure(self.rank, e, coordinator=True),)), e
+
+    def _raise(
+        self, failures: Sequence[RankFailure], own: BaseException | None, *, what: str, outcome: str
+    ) -> NoReturn:
+        if own is not None:
+            if isinstance(own, CheckpointError):
+                raise own
+            raise DistributedError(
+                f"rank {self.rank}: {what} failed: {type(own).__name__}: {own}", failures=failures
+            ) from own
+        if len(failures) == 1 and failures[0].coordinator:
+            f = failures[0]
+            raise error_for_code(f.code)(
+                f"{what} failed on the coordinator (rank {f.rank}): {f.message}; {outcome}"
+            )
+        ranks = [f.rank for f in failures]
+        detail = "; ".join(f"rank {f.rank}: {f.message}" for f in failures[:4])
+        raise DistributedError(
+            f"{what} failed on rank(s) {ranks} ({detail}); {outcome}", failures=failures
+        )
+
+    # -- JSON collectives --------------------------------------------------------------------------
+
     def _fail(self, what: str, e: BaseException) -> DistributedError:
         return DistributedError(
             f"rank {self.rank}/{self.world_size}: collective '{what}' failed: {e}. A peer rank "
@@ -65,83 +237,80 @@ class Comm:
         except Exception as e:
             raise self._fail(what, e) from e
 
-    def allgather_json(self, obj: Any, what: str) -> list[Any]:
-        """Every rank's ``obj``, in rank order."""
-        data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        if self.group is None:
-            return [json.loads(data)]
+    def _padded(self, data: bytes, what: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Exchange sizes; return ``data`` in a buffer of the largest size, and every size."""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(sizes, size, group=self.group, async_op=True), what)
+        buf = torch.zeros(max(int(s.item()) for s in sizes), dtype=torch.uint8)
+        if data:
+            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return buf, sizes
+
+    def _collective(self, what: str, run: Callable[[], T]) -> T:
         try:
-            size = torch.tensor([len(data)], dtype=torch.int64)
-            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-            self._wait(dist.all_gather(sizes, size, group=self.group, async_op=True), what)
-            n = max(int(s.item()) for s in sizes)
-            buf = torch.zeros(n, dtype=torch.uint8)
-            buf[: len(data)] = (
-                torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else buf[:0]
-            )
-            outs = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world_size)]
-            self._wait(dist.all_gather(outs, buf, group=self.group, async_op=True), what)
+            return run()
         except DistributedError:
             raise
         except Exception as e:
             raise self._fail(what, e) from e
-        return [
-            json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)
-        ]
+
+    def allgather_json(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        data = _encode(obj)
+        if self.group is None:
+            return [json.loads(data)]
+
+        def run() -> list[Any]:
+            buf, sizes = self._padded(data, what)
+            outs = [torch.empty_like(buf) for _ in range(self.world_size)]
+            self._wait(dist.all_gather(outs, buf, group=self.group, async_op=True), what)
+            return _decode_all(outs, sizes)
+
+        return self._collective(what, run)
 
     def gather_json(self, obj: Any, what: str) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (``None`` elsewhere)."""
-        data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        data = _encode(obj)
         if self.group is None:
             return [json.loads(data)]
-        dst = self.global_ranks[0]
-        try:
-            size = torch.tensor([len(data)], dtype=torch.int64)
-            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-            self._wait(dist.all_gather(sizes, size, group=self.group, async_op=True), what)
-            n = max(int(s.item()) for s in sizes)
-            buf = torch.zeros(n, dtype=torch.uint8)
-            if data:
-                buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+        def run() -> list[Any] | None:
+            buf, sizes = self._padded(data, what)
             outs = (
-                [torch.empty(n, dtype=torch.uint8) for _ in range(self.world_size)]
-                if self.rank == 0
-                else None
+                [torch.empty_like(buf) for _ in range(self.world_size)] if self.rank == 0 else None
             )
+            dst = self.global_ranks[0]
             self._wait(dist.gather(buf, outs, dst=dst, group=self.group, async_op=True), what)
-        except DistributedError:
-            raise
-        except Exception as e:
-            raise self._fail(what, e) from e
-        if outs is None:
-            return None
-        return [
-            json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)
-        ]
+            return None if outs is None else _decode_all(outs, sizes)
+
+        return self._collective(what, run)
 
     def broadcast_json(self, obj: Any, what: str) -> Any:
         """Rank 0's ``obj`` on every rank."""
         if self.group is None:
             return obj
         src = self.global_ranks[0]
-        try:
-            data = (
-                json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
-                if self.rank == 0
-                else b""
-            )
+
+        def run() -> Any:
+            data = _encode(obj) if self.rank == 0 else b""
             size = torch.tensor([len(data)], dtype=torch.int64)
             self._wait(dist.broadcast(size, src=src, group=self.group, async_op=True), what)
-            n = int(size.item())
-            buf = torch.zeros(n, dtype=torch.uint8)
+            buf = torch.zeros(int(size.item()), dtype=torch.uint8)
             if self.rank == 0 and data:
                 buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             self._wait(dist.broadcast(buf, src=src, group=self.group, async_op=True), what)
-        except DistributedError:
-            raise
-        except Exception as e:
-            raise self._fail(what, e) from e
-        return json.loads(bytes(buf.numpy()))
+            return json.loads(bytes(buf.numpy()))
+
+        return self._collective(what, run)
+
+
+def _encode(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _decode_all(outs: list[torch.Tensor], sizes: list[torch.Tensor]) -> list[Any]:
+    return [json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)]
 
 
 def make_comm(process_group: Any = None, timeout: float | None = None) -> Comm:
@@ -159,23 +328,29 @@ def make_comm(process_group: Any = None, timeout: float | None = None) -> Comm:
     rank = dist.get_rank(pg)
     if world == 1:
         return Comm(0, 1, None, ranks, t)
-    cache_key = (tuple(ranks), t)
     with _LOCK:
-        side = _GROUPS.get(cache_key)
-        if side is not None:
-            try:  # the group dies with destroy_process_group(); then make a new one
-                dist.get_process_group_ranks(side)
-            except Exception:
-                side = None
-        if side is None:
-            try:
-                side = dist.new_group(
-                    ranks=ranks,
-                    timeout=_dt.timedelta(seconds=t),
-                    backend="gloo",
-                    use_local_synchronization=True,
-                )
-            except Exception as e:
-                raise DistributedError(f"rank {rank}: cannot create the metadata group: {e}") from e
-            _GROUPS[cache_key] = side
+        side = _GROUPS.get((tuple(ranks), t))
+        if side is None or not _alive(side):
+            side = _new_side_group(ranks, rank, t)
+            _GROUPS[(tuple(ranks), t)] = side
     return Comm(rank, world, side, ranks, t)
+
+
+def _alive(group: Any) -> bool:
+    try:  # the group dies with destroy_process_group(); then make a new one
+        dist.get_process_group_ranks(group)
+    except Exception:
+        return False
+    return True
+
+
+def _new_side_group(ranks: list[int], rank: int, timeout: float) -> Any:
+    try:
+        return dist.new_group(
+            ranks=ranks,
+            timeout=_dt.timedelta(seconds=timeout),
+            backend="gloo",
+            use_local_synchronization=True,
+        )
+    except Exception as e:
+        raise DistributedError(f"rank {rank}: cannot create the metadata group: {e}") from e

@@ -26,11 +26,12 @@ box in the usual FSDP2 + TP case (split factor equal to the TP degree) and sever
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.format.manifest import Mesh
 
 __all__ = [
     "LocalBox",
@@ -40,6 +41,8 @@ __all__ = [
     "chunk_extent",
     "dtensor_layout",
     "dtensor_local_box",
+    "group_mesh",
+    "local_box",
     "local_pieces",
     "local_runs",
     "mesh_description",
@@ -396,3 +399,30 @@ def mesh_description(mesh: Any) -> tuple[list[int], list[str]]:
     shape = [int(s) for s in mesh.mesh.shape]
     names = list(mesh.mesh_dim_names or [f"dim{i}" for i in range(len(shape))])
     return shape, [str(n) for n in names]
+
+
+def _is_dtensor(t: Any) -> bool:
+    return hasattr(t, "device_mesh") and hasattr(t, "placements") and hasattr(t, "to_local")
+
+
+def local_box(key: str, t: Any, rank: int) -> tuple[LocalBox, Any]:
+    """Return the box of tensor ``t`` on ``rank`` and its local tensor (plain tensors: rank 0 writes)."""
+    if _is_dtensor(t):
+        return dtensor_local_box(t, key=key), t.to_local()
+    shape = tuple(int(s) for s in t.shape)
+    return LocalBox((0,) * len(shape), shape, shape, rank == 0), t
+
+
+def group_mesh(tensors: Iterable[Any]) -> Mesh | None:
+    """The largest device mesh among ``tensors`` (the job's mesh), or ``None`` without DTensors."""
+    best: Any = None
+    for t in tensors:
+        mesh = getattr(t, "device_mesh", None)
+        if mesh is not None and (
+            best is None or mesh.ndim > best.ndim or mesh.size() > best.size()
+        ):
+            best = mesh
+    if best is None:
+        return None
+    shape, names = mesh_description(best)
+    return Mesh(shape=tuple(shape), dim_names=tuple(names))

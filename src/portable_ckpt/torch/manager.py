@@ -60,15 +60,11 @@ from portable_ckpt.manager.records import (
 from portable_ckpt.manager.retention import RetentionPolicy, plan_retention
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.storage import Storage, open_storage
-from portable_ckpt.torch.checkpoint import (
-    AsyncSaveHandle,
-    CheckpointInfo,
-    LoadInfo,
-    async_save,
-    load,
-    save,
-)
+from portable_ckpt.torch.async_saving import AsyncSaveHandle, async_save
 from portable_ckpt.torch.flatten import StateEntry
+from portable_ckpt.torch.info import CheckpointInfo, LoadInfo
+from portable_ckpt.torch.loading import load
+from portable_ckpt.torch.saving import save
 
 __all__ = ["CheckpointManager", "ModelOptimizerState"]
 

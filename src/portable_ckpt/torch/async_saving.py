@@ -1,0 +1,110 @@
+"""The async save: stage on the caller's thread, write and commit on a background thread.
+
+The caller is blocked only while its state is copied into reused host staging buffers
+(:mod:`portable_ckpt.torch.staging`); the collective protocol of :mod:`portable_ckpt.torch.saving`
+then runs on one background thread per process. Its metadata collectives use a dedicated gloo
+group (:mod:`portable_ckpt.torch._collectives`), so they never interleave with training
+collectives. At most one async save per process is in flight (:mod:`portable_ckpt.torch._inflight`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Unpack
+
+from portable_ckpt.torch._collectives import Comm, make_comm
+from portable_ckpt.torch._inflight import LOCK, track, wait_idle
+from portable_ckpt.torch.info import CheckpointInfo
+from portable_ckpt.torch.saving import Prepared, Root, SaveKeywords, SaveOptions, prepare, run_save
+from portable_ckpt.torch.staging import POOL
+
+__all__ = ["AsyncSaveHandle", "async_save"]
+
+
+class AsyncSaveHandle:
+    """An async save in progress.
+
+    Attributes:
+        step: The step being saved.
+        staged: Future resolving (to a dict with ``seconds`` and ``staging_bytes``) once the state
+            was copied; from then on the caller may mutate every tensor and object it passed.
+        committed: Future resolving to the :class:`CheckpointInfo` after the commit record is
+            published, or raising the save's :class:`CheckpointError`.
+        staging_bytes: Size of this process's reusable staging buffers.
+
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.staged: cf.Future[dict[str, Any]] = cf.Future()
+        self.committed: cf.Future[CheckpointInfo] = cf.Future()
+        self.staging_bytes = 0
+        self.blocking_seconds = 0.0
+
+    def result(self, timeout: float | None = None) -> CheckpointInfo:
+        """Wait for the commit and return its :class:`CheckpointInfo` (or raise)."""
+        return self.committed.result(timeout)
+
+    def done(self) -> bool:
+        """Whether the save finished (committed or failed)."""
+        return self.committed.done()
+
+
+class _Background:
+    """The one thread per process that writes and commits async saves (created on first use)."""
+
+    executor: cf.ThreadPoolExecutor | None = None
+
+    @classmethod
+    def submit(cls, job: Callable[[], None]) -> None:
+        if cls.executor is None:
+            cls.executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pck-async-save")
+        cls.executor.submit(job)
+
+
+def async_save(
+    state_dict: Mapping[str, Any], root: Root, **options: Unpack[SaveKeywords]
+) -> AsyncSaveHandle:
+    """Like :func:`save`, but returns once the state is staged; I/O and commit run in the background.
+
+    The state (tensors into reused host staging buffers, non-tensor values as JSON) is copied
+    before this returns, so ``handle.staged`` is already resolved and training may continue and
+    mutate everything. ``handle.committed`` resolves after the version is published. A second
+    save while one is in flight waits for it (``if_busy="wait"``) or raises (``"raise"``).
+    Metadata collectives use a dedicated gloo group, so they never interleave with training
+    collectives. Takes the keyword arguments of :func:`save` (see :class:`SaveOptions`).
+    """
+    opts = SaveOptions(**options)
+    t0 = time.perf_counter()
+    with LOCK:
+        wait_idle(opts.if_busy)
+        handle = AsyncSaveHandle(opts.step)
+        comm = make_comm(opts.process_group, opts.timeout)  # collective on first use: main thread
+        prepared = prepare(state_dict, root, comm.rank, copy=True)
+        _mark_staged(handle, prepared, t0)
+        track(opts.step, handle.committed)
+        _Background.submit(lambda: _finish(handle, prepared, comm, opts, t0))
+    return handle
+
+
+def _mark_staged(handle: AsyncSaveHandle, prepared: Prepared, t0: float) -> None:
+    handle.staging_bytes = POOL.nbytes
+    handle.blocking_seconds = time.perf_counter() - t0
+    error = None if prepared.error is None else str(prepared.error)
+    handle.staged.set_result(
+        {"seconds": prepared.seconds, "staging_bytes": handle.staging_bytes, "error": error}
+    )
+
+
+def _finish(
+    handle: AsyncSaveHandle, prepared: Prepared, comm: Comm, opts: SaveOptions, t0: float
+) -> None:
+    """Background thread: run the collective save; resolve ``handle.committed`` either way."""
+    try:
+        info = run_save(prepared, comm, opts, t_start=t0, blocking=handle.blocking_seconds)
+    except BaseException as e:
+        handle.committed.set_exception(e)
+    else:
+        handle.committed.set_result(info)

@@ -1,0 +1,104 @@
+"""What a save or load reports: :class:`CheckpointInfo` and :class:`LoadInfo` (on every rank)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CheckpointInfo", "LoadInfo"]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """The outcome of a committed save, on every rank.
+
+    Attributes:
+        checkpoint_id: The attempt id of the published version.
+        step: Its step.
+        path: The version directory (``<root>/<attempt id>``).
+        world_size: Ranks that wrote.
+        contract: The continuation contract recorded.
+        rank: This rank.
+        bytes_written: Bytes this rank wrote (data, entries, index).
+        total_bytes: Bytes of the whole version (all files).
+        seconds: Wall time of the save on this rank (for async: staging to commit).
+        blocking_seconds: Time the caller was blocked (for async: until ``staged``).
+        staging_bytes: Size of this rank's reusable staging buffers (0 when none were needed).
+
+    """
+
+    checkpoint_id: str
+    step: int
+    path: str
+    world_size: int
+    contract: str
+    rank: int
+    bytes_written: int
+    total_bytes: int
+    seconds: float
+    blocking_seconds: float
+    staging_bytes: int
+
+
+@dataclass
+class LoadInfo:
+    """The outcome of a load, on every rank.
+
+    Attributes:
+        step: The manifest's step.
+        checkpoint_id: The attempt id loaded.
+        contract: ``"exact"`` when the saved contract was exact and the world size and mesh are
+            unchanged; ``"statistical"`` otherwise (only with ``allow_statistical=True``).
+        saved_world_size: World size at save time.
+        world_size: World size now.
+        path: The version directory.
+        rank: This rank.
+        seconds: Wall time of the load on this rank.
+        tensors_loaded: Tensor keys filled on this rank.
+        target_bytes: Bytes of the local targets filled on this rank.
+        bytes_read: Bytes this rank fetched from storage.
+        blocks_verified: Checksum blocks verified by this rank.
+        peak_temp_bytes: Largest temporary buffer this rank needed.
+        elements_covered: Elements proven covered exactly once on this rank.
+        entries_loaded: Non-tensor entries applied.
+        missing_keys: Target keys absent from the checkpoint (only with ``strict=False``).
+        unexpected_keys: Stored tensor keys the target did not ask for.
+        per_rank: Every rank's counters (from the final status exchange).
+        range_map: With ``record_ranges=True``: for each key, the stored boxes (file, writer
+            box) and the target box they fill on this rank.
+
+    """
+
+    step: int
+    checkpoint_id: str
+    contract: str
+    saved_world_size: int
+    world_size: int
+    path: str
+    rank: int
+    seconds: float = 0.0
+    tensors_loaded: int = 0
+    target_bytes: int = 0
+    bytes_read: int = 0
+    blocks_verified: int = 0
+    peak_temp_bytes: int = 0
+    elements_covered: int = 0
+    entries_loaded: int = 0
+    missing_keys: list[str] = field(default_factory=list)
+    unexpected_keys: list[str] = field(default_factory=list)
+    per_rank: list[dict[str, Any]] = field(default_factory=list)
+    range_map: list[dict[str, Any]] | None = None
+
+    def counters(self) -> dict[str, Any]:
+        """Return this rank's counters as a JSON object."""
+        return {
+            "rank": self.rank,
+            "seconds": self.seconds,
+            "tensors_loaded": self.tensors_loaded,
+            "target_bytes": self.target_bytes,
+            "bytes_read": self.bytes_read,
+            "blocks_verified": self.blocks_verified,
+            "peak_temp_bytes": self.peak_temp_bytes,
+            "elements_covered": self.elements_covered,
+            "entries_loaded": self.entries_loaded,
+        }

@@ -1,0 +1,316 @@
+"""The collective resharding load: resolve, check the contract, fill the local targets, agree.
+
+Phases (every rank of the group calls :func:`load` with its own target state):
+
+1. ``resolve`` (all-gather): each rank takes its target apart; rank 0 resolves the version to
+   load (the newest, the newest of a step, or a given attempt id), so every rank opens the same.
+2. ``load`` (all-gather of each rank's counters): each rank opens that version, checks the
+   continuation contract, intersects the stored ranges with each local target box and reads only
+   those bytes straight into the destination tensor's memory, proving coverage and verifying the
+   checksums of everything it reads; then the entries, with RNG restored last. A failure on any
+   rank makes every rank raise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissingError, UsageError
+from portable_ckpt.format.manifest import Mesh
+from portable_ckpt.io.reader import NO_VALUE, Checkpoint
+from portable_ckpt.io.versions import latest, load_manifest
+from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.torch._collectives import Comm, make_comm
+from portable_ckpt.torch._tensors import format_dtype, numpy_view
+from portable_ckpt.torch.flatten import (
+    VALUES_ENTRY,
+    FlatState,
+    StateEntry,
+    decode_json,
+    fill_state,
+    flatten_state,
+)
+from portable_ckpt.torch.info import LoadInfo
+from portable_ckpt.torch.layout import LocalBox, group_mesh, local_box
+from portable_ckpt.torch.saving import Root
+
+__all__ = ["load"]
+
+_RESOLVE_FAILED = "the target state was not touched"
+_LOAD_FAILED = "the ranks that succeeded hold a partly restored state; load again"
+
+
+def load(
+    state_dict: Mapping[str, Any],
+    root: Root,
+    *,
+    step: int | None = None,
+    checkpoint_id: str | None = None,
+    process_group: Any = None,
+    allow_statistical: bool = False,
+    strict: bool = True,
+    timeout: float | None = None,
+    record_ranges: bool = False,
+) -> LoadInfo:
+    """Fill ``state_dict`` in place from a committed version (a collective over the group).
+
+    The caller's tensors define the target layout: for each plain tensor every rank reads the
+    whole tensor; for each DTensor each rank reads only the box of its local shard, whatever the
+    saved world size, mesh or placements were. Objects with ``load_state_dict`` get their filled
+    state; RNG is restored last. For FSDP2, pass the dicts from
+    ``get_state_dict(model, optim)`` and hand them to ``set_state_dict`` afterwards.
+
+    Args:
+        state_dict: The target state (same structure as saved).
+        root: Checkpoint root (or a :class:`Storage`).
+        step: Load the newest version of this step (default: the newest version).
+        checkpoint_id: Load this attempt id.
+        process_group: The group (default: the default group when initialised).
+        allow_statistical: Accept restoring an ``exact`` checkpoint onto another world size or
+            mesh (the contract becomes ``statistical``).
+        strict: Raise when the target has keys the checkpoint lacks.
+        timeout: Seconds a metadata collective may wait for peers.
+        record_ranges: Record the stored-to-target range map in ``LoadInfo.range_map``.
+
+    Raises:
+        ContractError: exact checkpoint onto another world size/mesh without
+            ``allow_statistical``.
+        CheckpointError: on every rank when any rank fails.
+
+    """
+    t0 = time.perf_counter()
+    comm = make_comm(process_group, timeout)
+
+    def resolve() -> tuple[tuple[Storage, FlatState], str | None]:
+        storage = open_storage(root, create=False)
+        flat = flatten_state(state_dict, for_load=True)
+        return (storage, flat), _resolve(storage, step, checkpoint_id) if comm.rank == 0 else None
+
+    (storage, flat), ids = comm.all_gather_step(
+        "load/resolve", resolve, what="load (resolve)", outcome=_RESOLVE_FAILED
+    )
+    attempt_id = str(ids[0])
+
+    def fill() -> tuple[LoadInfo, dict[str, Any]]:
+        ck = Checkpoint(storage, attempt_id, load_manifest(storage, attempt_id))
+        info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
+        _load_local(ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges)
+        info.seconds = time.perf_counter() - t0
+        return info, info.counters()
+
+    info, counters = comm.all_gather_step(
+        "load/status", fill, what=f"load of {attempt_id}", outcome=_LOAD_FAILED
+    )
+    info.per_rank = counters
+    return info
+
+
+def _resolve(storage: Storage, step: int | None, checkpoint_id: str | None) -> str:
+    """Rank 0: the attempt id to load (a given id must have a readable manifest)."""
+    if checkpoint_id is not None:
+        load_manifest(storage, checkpoint_id)
+        return checkpoint_id
+    return latest(storage, step)[0]
+
+
+def _new_info(ck: Checkpoint, comm: Comm, mesh: Mesh | None, allow_statistical: bool) -> LoadInfo:
+    return LoadInfo(
+        step=ck.step,
+        checkpoint_id=ck.id,
+        contract=_contract(ck, comm.world_size, mesh, allow_statistical),
+        saved_world_size=ck.continuation.world_size,
+        world_size=comm.world_size,
+        path=ck.path,
+        rank=comm.rank,
+    )
+
+
+def _contract(ck: Checkpoint, world: int, mesh: Mesh | None, allow_statistical: bool) -> str:
+    saved = ck.continuation
+    same = saved.world_size == world
+    if same and saved.mesh is not None and mesh is not None:
+        same = list(saved.mesh.shape) == list(mesh.shape) and list(saved.mesh.dim_names) == list(
+            mesh.dim_names
+        )
+    if saved.contract != "exact":
+        return str(saved.contract)
+    if same:
+        return "exact"
+    if allow_statistical:
+        return "statistical"
+    smesh = (
+        f"mesh {list(saved.mesh.shape)} {list(saved.mesh.dim_names)}" if saved.mesh else "no mesh"
+    )
+    nmesh = f"mesh {list(mesh.shape)} {list(mesh.dim_names)}" if mesh else "no mesh"
+    raise ContractError(
+        f"checkpoint {ck.path} was saved with continuation contract 'exact' on world size "
+        f"{saved.world_size} ({smesh}); this group has world size {world} ({nmesh}). Bit-exact "
+        f"continuation is impossible; pass allow_statistical=True to accept statistical "
+        f"continuation (values restored exactly, RNG/data position per the entries' policies)"
+    )
+
+
+# -- this rank's part of the load ------------------------------------------------------------------
+
+
+def _load_local(
+    ck: Checkpoint,
+    flat: FlatState,
+    template: Mapping[str, Any],
+    info: LoadInfo,
+    *,
+    strict: bool,
+    record_ranges: bool,
+) -> None:
+    """Fill this rank's targets from ``ck``: tensors, plain values, entries (RNG last)."""
+    extra_peak = _load_tensors(ck, flat, info, strict=strict, record_ranges=record_ranges)
+    info.unexpected_keys = sorted(k for k in ck.tensors if k not in flat.tensors)
+    values = _load_values(ck, flat, info, strict=strict)
+    last = _load_entries(ck, flat, info, strict=strict)
+    fill_state(template, flat, values)
+    for e, value in last:  # RNG last: loading has no RNG side effect
+        e.restore(value)
+    info.bytes_read = ck.stats.bytes_read
+    info.blocks_verified = ck.stats.blocks_verified
+    info.peak_temp_bytes = max(ck.stats.peak_scratch_bytes, extra_peak)
+
+
+def _load_tensors(
+    ck: Checkpoint, flat: FlatState, info: LoadInfo, *, strict: bool, record_ranges: bool
+) -> int:
+    """Read every target tensor's local box; return the largest temporary buffer needed."""
+    extra_peak = 0
+    ranges: list[dict[str, Any]] = []
+    for key, t in flat.tensors.items():
+        if not _stored_like(ck, key, t, info, strict=strict):
+            continue
+        box, local = local_box(key, t, info.rank)
+        if box.empty:
+            continue
+        if record_ranges:
+            ranges += _range_map(ck, key, box)
+        extra_peak = max(extra_peak, _read_box(ck, key, box, local))
+        n = int(np.prod(box.lengths)) if box.lengths else 1
+        info.elements_covered += n
+        info.target_bytes += n * local.element_size()
+        info.tensors_loaded += 1
+    if record_ranges:
+        info.range_map = ranges
+    return extra_peak
+
+
+def _stored_like(
+    ck: Checkpoint, key: str, t: torch.Tensor, info: LoadInfo, *, strict: bool
+) -> bool:
+    """Whether ``ck`` holds ``key`` with ``t``'s global shape (absent and not strict: no)."""
+    stored = ck.tensors.get(key)
+    if stored is None:
+        if strict:
+            raise TensorMissingError(
+                f"tensor {key!r} is in the target state but not in checkpoint {ck.path}; pass "
+                f"strict=False to leave it untouched"
+            )
+        info.missing_keys.append(key)
+        return False
+    gshape = tuple(int(s) for s in t.shape)
+    if tuple(stored.shape) != gshape:
+        raise UsageError(
+            f"tensor {key!r}: the checkpoint holds shape {list(stored.shape)}, the target has "
+            f"{list(gshape)}; build the target with the saved global shape"
+        )
+    return True
+
+
+def _read_box(ck: Checkpoint, key: str, box: LocalBox, local: torch.Tensor) -> int:
+    """Fill ``local`` with ``box`` of ``key``; return the temporary bytes a conversion needed."""
+    if local.device.type == "cpu" and format_dtype(local.dtype, key=key) == ck.tensors[key].dtype:
+        ck.read(key, box.offsets, box.lengths, out=numpy_view(local, key=key))  # in place
+        return 0
+    tmp = ck.read(key, box.offsets, box.lengths)
+    with torch.no_grad():
+        local.copy_(_to_torch(tmp).to(local.dtype))
+    return int(tmp.nbytes)
+
+
+def _range_map(ck: Checkpoint, key: str, box: LocalBox) -> list[dict[str, Any]]:
+    def span(offsets: Any, lengths: Any) -> dict[str, list[int]]:
+        return {"offsets": list(offsets), "lengths": list(lengths)}
+
+    return [
+        {
+            "key": key,
+            "file": item.record.file,
+            "stored": span(item.record.offsets, item.record.lengths),
+            "target": span(item.box.offsets, item.box.lengths),
+            "local_target": span(box.offsets, box.lengths),
+        }
+        for item in ck.plan_read(key, box.offsets, box.lengths)
+    ]
+
+
+def _to_torch(arr: np.ndarray[Any, Any]) -> torch.Tensor:
+    name = arr.dtype.name
+    if name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    if name in ("float8_e4m3fn", "float8_e5m2"):
+        return torch.from_numpy(arr.view(np.uint8)).view(getattr(torch, name))
+    return torch.from_numpy(arr)
+
+
+def _load_values(
+    ck: Checkpoint, flat: FlatState, info: LoadInfo, *, strict: bool
+) -> dict[str, Any]:
+    """The target's plain (JSON) leaves from the ``VALUES_ENTRY`` entry."""
+    if not flat.values:
+        return {}
+    stored: Any = {}
+    if VALUES_ENTRY in ck.entries:
+        stored = ck.entry(VALUES_ENTRY)
+        if not isinstance(stored, dict):
+            raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
+        info.entries_loaded += 1
+    loaded: dict[str, Any] = {}
+    for k in flat.values:
+        if k in stored:
+            loaded[k] = decode_json(stored[k])
+        elif strict:
+            raise EntryMissingError(
+                f"value {k!r} is in the target state but not in entry {VALUES_ENTRY!r} of "
+                f"{ck.path}; pass strict=False to keep the current value"
+            )
+        else:
+            info.missing_keys.append(k)
+    return loaded
+
+
+def _load_entries(
+    ck: Checkpoint, flat: FlatState, info: LoadInfo, *, strict: bool
+) -> list[tuple[StateEntry, Any]]:
+    """Restore every entry now, except the ``restore_last`` ones: returned with their values."""
+    last: list[tuple[StateEntry, Any]] = []
+    for key, e in flat.entries.items():
+        if key not in ck.entries:
+            if strict:
+                raise EntryMissingError(
+                    f"entry {key!r} ({e.schema}) is in the target state but not in {ck.path}; "
+                    f"pass strict=False to keep the current state"
+                )
+            info.missing_keys.append(key)
+            continue
+        if ck.entries[key].scope == "per_rank":
+            value = ck.entry(key, rank=info.rank, world_size=info.world_size)
+            if value is NO_VALUE:  # policy "drop": the application keeps its fresh state
+                continue
+        else:
+            value = ck.entry(key)
+        if e.restore_last:
+            last.append((e, value))
+        else:
+            e.restore(value)
+        info.entries_loaded += 1
+    return last

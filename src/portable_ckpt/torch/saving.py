@@ -1,0 +1,311 @@
+"""The collective save: options, phases and :func:`save`.
+
+Protocol of a save (every rank of the group calls it with its own state):
+
+1. ``prepare``: each rank takes its state apart (:mod:`portable_ckpt.torch.flatten`), decides
+   from the placements alone which pieces it owns (:mod:`portable_ckpt.torch.plan`) and stages
+   them (:mod:`portable_ckpt.torch.staging`).
+2. ``agree on the attempt`` (all-gather of a few bytes): rank 0 contributes a fresh attempt id;
+   any rank that failed preparing (e.g. a ``Partial`` placement) makes every rank raise.
+3. ``write``: each rank writes only its pieces and its entries with its own
+   ``ShardWriter(writer=rank)``.
+4. ``commit``: rank 0 gathers the writer indexes (range records, sizes, checksums — never tensor
+   bytes), commits when every rank succeeded, and broadcasts the outcome. A failure anywhere
+   publishes nothing; every rank raises (PCK-DISTRIBUTED for a peer's failure). A dead or stuck
+   peer makes the metadata collectives fail after ``timeout`` seconds instead of hanging.
+
+Steps 2 and 4 are :meth:`~portable_ckpt.torch._collectives.Comm.all_gather_step` and
+:meth:`~portable_ckpt.torch._collectives.Comm.coordinator_step`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
+
+from portable_ckpt.errors import DistributedError, UsageError
+from portable_ckpt.format.manifest import Continuation, WriterIndex
+from portable_ckpt.io.commit import commit
+from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.torch._collectives import Comm, make_comm
+from portable_ckpt.torch._inflight import wait_idle
+from portable_ckpt.torch.flatten import flatten_state
+from portable_ckpt.torch.info import CheckpointInfo
+from portable_ckpt.torch.plan import SavePlan, plan_save
+from portable_ckpt.torch.staging import POOL, stage
+from portable_ckpt.torch.state import capture_rng
+
+__all__ = ["CONTRACTS", "Prepared", "SaveKeywords", "SaveOptions", "prepare", "run_save", "save"]
+
+#: The continuation contracts a save may record.
+CONTRACTS = ("exact", "statistical")
+
+#: What a failed save leaves behind (the end of every failure message).
+NOTHING_PUBLISHED = "nothing was published and the previous version stays the latest"
+
+Root = str | os.PathLike[str] | Storage
+
+
+class _Step(TypedDict):
+    step: int
+
+
+class SaveKeywords(_Step, total=False):
+    """The keyword arguments of :func:`save` and ``async_save``: see :class:`SaveOptions`."""
+
+    process_group: Any
+    continuation: str
+    codec: str
+    timeout: float | None
+    block_size: int | None
+    max_file_bytes: int
+    if_busy: str
+    tensor_table: bool | None
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """The options of one save (built once from the keyword arguments; validated then).
+
+    Attributes:
+        step: The completed training step (stored once, in the manifest).
+        process_group: The group (default: the default group when initialised, else one process).
+        continuation: ``"exact"`` (bit-exact resume on the same world size and mesh) or
+            ``"statistical"``.
+        codec: ``"none"`` or ``"zstd"`` for tensor chunks.
+        timeout: Seconds a metadata collective may wait for peers (default: the process-group
+            default).
+        block_size: Checksum block size (default: the writer's).
+        max_file_bytes: Start a new shard file beyond this size.
+        if_busy: ``"wait"`` for an in-flight async save of this process, or ``"raise"``.
+        tensor_table: Describe the ranges in tensor tables (format 1.1, spec §8.5). Default:
+            when the job's writers together hold more than 65,536 range records.
+
+    """
+
+    step: int
+    process_group: Any = None
+    continuation: str = "exact"
+    codec: str = "none"
+    timeout: float | None = None
+    block_size: int | None = None
+    max_file_bytes: int = 4 << 30
+    if_busy: str = "wait"
+    tensor_table: bool | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a bad step or contract before anything is touched."""
+        step = self.step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise UsageError(f"step must be a non-negative int, got {step!r}")
+        if self.continuation not in CONTRACTS:
+            raise UsageError(f"continuation must be one of {CONTRACTS}, got {self.continuation!r}")
+
+    def writer_options(self, pieces: int, world: int) -> dict[str, Any]:
+        """The :class:`ShardWriter` keyword arguments for a rank writing ``pieces`` pieces."""
+        table = self.tensor_table
+        if table is None:
+            # Writers of a large job describe their ranges in a tensor table (spec §8.5): the
+            # committer then merges arrays instead of parsing thousands of JSON indexes.
+            table = pieces * world > TABLE_THRESHOLD
+        kwargs: dict[str, Any] = {
+            "codec": self.codec,
+            "max_file_bytes": self.max_file_bytes,
+            "tensor_table": table,
+        }
+        if self.block_size is not None:
+            kwargs["block_size"] = self.block_size
+        return kwargs
+
+
+# -- phase 1: prepare (local) ----------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """A rank's opened storage and staged plan, or why preparing failed (reported to peers).
+
+    Attributes:
+        storage: The checkpoint root (``None`` when preparing failed).
+        plan: The staged plan (``None`` when preparing failed).
+        error: The exception preparing raised.
+        seconds: Time spent preparing.
+
+    """
+
+    storage: Storage | None
+    plan: SavePlan | None
+    error: BaseException | None
+    seconds: float
+
+    def ready(self) -> tuple[Storage, SavePlan]:
+        """The storage and the plan, or re-raise the preparation's error."""
+        if self.error is not None:
+            raise self.error
+        if self.storage is None or self.plan is None:  # pragma: no cover - set when no error
+            raise UsageError("save: nothing was prepared")
+        return self.storage, self.plan
+
+
+def prepare(state: Mapping[str, Any], root: Root, rank: int, copy: bool) -> Prepared:
+    """Open ``root``; flatten, plan and stage ``state`` (``copy``: into staging buffers).
+
+    Failures are kept for the first status exchange, so that every rank learns of them at once.
+    """
+    t0 = time.perf_counter()
+    try:
+        storage = open_storage(root, create=True)
+        rng = capture_rng()  # before any state_dict() call: saving has no RNG side effect
+        plan = plan_save(flatten_state(state), rank, rng)
+        stage(plan, copy)
+        return Prepared(storage, plan, None, time.perf_counter() - t0)
+    except BaseException as e:
+        return Prepared(None, None, e, time.perf_counter() - t0)
+
+
+# -- phases 2-4: the collective protocol -----------------------------------------------------------
+
+
+def run_save(
+    prepared: Prepared, comm: Comm, opts: SaveOptions, *, t_start: float, blocking: float
+) -> CheckpointInfo:
+    """Agree on the attempt, write this rank's part, commit on rank 0; same outcome everywhere."""
+    storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
+    write = _RankWrite(storage, attempt_id, comm, plan, opts)
+    commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)
+    written, total_bytes = comm.coordinator_step(
+        "save/commit",
+        write,
+        commit_all,
+        what=f"save of step {opts.step} (write and commit)",
+        outcome=NOTHING_PUBLISHED,
+        on_failure=write.abort,
+    )
+    return CheckpointInfo(
+        checkpoint_id=attempt_id,
+        step=opts.step,
+        path=f"{storage.url.rstrip('/')}/{attempt_id}",
+        world_size=comm.world_size,
+        contract=opts.continuation,
+        rank=comm.rank,
+        bytes_written=int(written),
+        total_bytes=int(total_bytes),
+        seconds=time.perf_counter() - t_start,
+        blocking_seconds=blocking,
+        staging_bytes=POOL.nbytes,
+    )
+
+
+def _agree_on_attempt(prepared: Prepared, comm: Comm, step: int) -> tuple[Storage, SavePlan, str]:
+    def local() -> tuple[tuple[Storage, SavePlan], str | None]:
+        return prepared.ready(), new_attempt_id(step) if comm.rank == 0 else None
+
+    (storage, plan), ids = comm.all_gather_step(
+        "save/prepare", local, what=f"save of step {step} (prepare)", outcome=NOTHING_PUBLISHED
+    )
+    if not isinstance(ids[0], str):  # pragma: no cover - rank 0 always sends one
+        raise DistributedError(f"save of step {step}: no attempt id from rank 0")
+    return storage, plan, ids[0]
+
+
+class _RankWrite:
+    """A rank's write phase: its pieces and entries through its own ShardWriter."""
+
+    def __init__(
+        self, storage: Storage, attempt_id: str, comm: Comm, plan: SavePlan, opts: SaveOptions
+    ) -> None:
+        self.storage, self.attempt_id, self.plan, self.opts = storage, attempt_id, plan, opts
+        self.rank, self.world = comm.rank, comm.world_size
+        self.writer: ShardWriter | None = None
+
+    def __call__(self) -> tuple[int, Any]:
+        """Write; return the bytes written and the writer index (JSON) for the committer."""
+        try:
+            options = self.opts.writer_options(len(self.plan.pieces), self.world)
+            writer = self.writer = ShardWriter(self.storage, self.attempt_id, self.rank, **options)
+            self._write(writer)
+            index = writer.finish()
+        finally:
+            self.plan.release()  # staged views and live references
+        return writer.stats.bytes_written, index.to_transport()
+
+    def _write(self, writer: ShardWriter) -> None:
+        for p in self.plan.pieces:
+            if p.array is None:
+                writer.declare_tensor(p.key, p.dtype, p.global_shape)
+            else:
+                writer.add_tensor(p.key, p.array, offsets=p.offsets, global_shape=p.global_shape)
+        for e in self.plan.entries:
+            writer.add_entry(
+                e.name,
+                e.value,
+                e.schema,
+                scope=e.scope,
+                rank=self.rank if e.scope == "per_rank" else None,
+                world_size_policy=e.policy,
+            )
+
+    def abort(self) -> None:
+        """Remove what this rank wrote (the save is known to have failed everywhere)."""
+        if self.writer is not None:
+            self.writer.abort()
+
+
+def _commit(
+    storage: Storage,
+    attempt_id: str,
+    world: int,
+    plan: SavePlan,
+    opts: SaveOptions,
+    transports: list[Any],
+) -> int:
+    """Rank 0: publish the version from every writer's index; return its total size."""
+    manifest = commit(
+        storage,
+        attempt_id,
+        step=opts.step,
+        indexes=[WriterIndex.from_transport(d) for d in transports],
+        expected_writers=list(range(world)),
+        continuation=Continuation(contract=opts.continuation, world_size=world, mesh=plan.mesh),
+    )
+    return sum(f.size for f in manifest.files.values())
+
+
+# -- the public function ---------------------------------------------------------------------------
+
+
+def save(
+    state_dict: Mapping[str, Any], root: Root, **options: Unpack[SaveKeywords]
+) -> CheckpointInfo:
+    """Save ``state_dict`` as one new version under ``root`` (a collective over the group).
+
+    Every rank of the group calls this with its own state. Plain tensors must be identical on
+    every rank (rank 0 writes them); DTensors are written shard by shard by the owning ranks.
+
+    Args:
+        state_dict: Nested dict of tensors, DTensors, JSON scalars, lists, objects with
+            ``state_dict()``/``load_state_dict()`` and :mod:`portable_ckpt.torch.state` helpers.
+        root: Checkpoint root (local path, ``s3://...`` or a :class:`Storage`).
+        **options: ``step`` (required) and the other keyword arguments of
+            :class:`SaveOptions`: ``process_group``, ``continuation``, ``codec``, ``timeout``,
+            ``block_size``, ``max_file_bytes``, ``if_busy``, ``tensor_table``.
+
+    Returns:
+        :class:`CheckpointInfo` on every rank once the version is committed.
+
+    Raises:
+        CheckpointError: on every rank when any rank fails; nothing is published.
+
+    """
+    opts = SaveOptions(**options)
+    wait_idle(opts.if_busy)
+    t0 = time.perf_counter()
+    comm = make_comm(opts.process_group, opts.timeout)
+    prepared = prepare(state_dict, root, comm.rank, copy=False)
+    return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)
