@@ -158,6 +158,39 @@ def _plots(results: dict[str, Any], out: str, stem: str) -> list[str]:
         fig.savefig(os.path.join(out, p), dpi=110)
         plt.close(fig)
         made.append(p)
+    rl = results.get("realistic", {}).get("plots")
+    if rl and rl.get("models"):
+        made += _realistic_plots(plt, rl["models"], out, stem)
+    return made
+
+
+def _bars(ax: Any, groups: dict[str, dict[str, float]], ylabel: str, title: str) -> None:
+    names = sorted({c for g in groups.values() for c in g}, key=["portable_ckpt", "dcp", "dd"].index)
+    width = 0.8 / max(1, len(names))
+    colors = {"portable_ckpt": "#4477aa", "dcp": "#ee6677", "dd": "#bbbbbb"}
+    for i, n in enumerate(names):
+        xs = [j + i * width for j in range(len(groups))]
+        ax.bar(xs, [g.get(n, 0) for g in groups.values()], width, label=n, color=colors.get(n))
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(groups))], list(groups))
+    ax.tick_params(axis="x", rotation=20, labelsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def _realistic_plots(plt: Any, models: list[dict[str, Any]], out: str, stem: str) -> list[str]:
+    made = []
+    for m in models:
+        fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.2), gridspec_kw={"width_ratios": [1, 3, 1.5]})
+        _bars(a1, {"save": m["save"]}, "MiB/s (incl. fsync)", f"{m['name']}: save")
+        _bars(a2, m["load"], "MiB/s of target bytes", f"{m['name']}: load (layout, page cache)")
+        _bars(a3, m["bytes"], "bytes read per rank / target bytes", "rchar / target (worst rank)")
+        a3.axhline(1.0, color="k", lw=0.5)
+        fig.tight_layout()
+        p = f"{stem}-realistic-{m['name']}.png"
+        fig.savefig(os.path.join(out, p), dpi=110)
+        plt.close(fig)
+        made.append(p)
     return made
 
 

@@ -24,7 +24,7 @@ from bench.runner import can_drop_caches
 __all__ = ["main"]
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-DEFAULT_ORDER = ["save", "read", "verify", "checksum", "zstd", "scale", "torch", "s3"]
+DEFAULT_ORDER = ["save", "read", "verify", "checksum", "zstd", "scale", "torch", "s3", "realistic"]
 
 
 def _expand(only: str | None) -> list[str]:

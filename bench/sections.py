@@ -683,6 +683,12 @@ def section_torch(ctx: Ctx) -> dict[str, Any]:
     return torch_glue.run(ctx, _external)
 
 
+def section_realistic(ctx: Ctx) -> dict[str, Any]:
+    from bench import realistic
+
+    return realistic.section(ctx)
+
+
 def section_s3(ctx: Ctx) -> dict[str, Any]:
     size = "32" if ctx.quick else "256"
     rounds = "2" if ctx.quick else "3"
@@ -699,6 +705,7 @@ SECTIONS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "scale": section_scale,
     "torch": section_torch,
     "s3": section_s3,
+    "realistic": section_realistic,
 }
 #: What ``--only core`` means.
 GROUPS = {

@@ -50,3 +50,27 @@ def test_quick_core_sections_write_a_report(tmp_path: Path) -> None:
     md = (out / "smoke.md").read_text()
     assert "## Machine" in md and "## Targets" in md
     assert doc["machine"]["cores"] >= 1
+
+
+@pytest.mark.timeout(300)
+def test_realistic_section_runs_every_phase(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--only", "realistic", "--out", str(out),
+         "--name", "smoke", "--no-cold"],
+        cwd=REPO, env={**_env()}, capture_output=True, text=True, timeout=280,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    sec = json.loads((out / "smoke.json").read_text())["sections"]["realistic"]
+    assert not sec.get("failed")
+    raw = sec["raw"][0]
+    assert {r["owned_bytes"] > 0 for r in raw["save"]} == {True}
+    assert set(raw["loads"]) == {"2", "1"} and "async" in raw
+    # Both loaders delivered the same values on every rank (digests of the local tensors).
+    for ranks in raw["loads"].values():
+        for r in ranks:
+            assert r["digests"]["portable_ckpt"] == r["digests"]["dcp"]
+            assert all(x["rchar"] > 0 and x["seconds"] > 0 for x in r["rows"])
+    assert any(t["name"].endswith("speed vs dcp.save") for t in sec["targets"])
+    assert (out / "smoke-realistic-smoke.png").exists()
