@@ -435,3 +435,29 @@ def test_backend_without_conditional_create_refuses_to_commit(tmp_path: Path) ->
     expect_code("PCK-STORAGE", commit, storage, attempt, step=1, indexes=[idx],
                 expected_writers=[0])
     assert not (tmp_path / attempt / "manifest.json").exists()
+
+
+def test_committed_at_is_after_every_version_of_the_step(tmp_path: Path) -> None:
+    """R-COMMIT-16: committed_at > every readable committed_at of the step, whatever the clock."""
+    from portable_ckpt.io.versions import commit_time, timestamp_key
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    first = build_version(tmp_path, step=4)[0]
+    other_step = build_version(tmp_path, step=5)[0]
+    edit_manifest(first, lambda d: d.__setitem__("committed_at", "2999-01-01T00:00:00.999999Z"))
+    edit_manifest(other_step, lambda d: d.__setitem__("committed_at", "3999-01-01T00:00:00Z"))
+    storage = open_storage(tmp_path)
+    attempt = new_attempt_id(4)
+    assert commit_time(storage, attempt) == "2999-01-01T00:00:01.000000Z"  # step 5 plays no part
+    assert timestamp_key(commit_time(storage, new_attempt_id(6))) < timestamp_key("2999-01-01T00:00:00Z")
+    _, m = build_version(tmp_path, step=4)
+    assert m.committed_at == "2999-01-01T00:00:01.000000Z"
+    assert portable_ckpt.open(tmp_path, step=4).id == m.attempt_id
+    # A record of the step that cannot be read: the commit cannot be ordered, nothing is published.
+    faulty = FaultyStorage(storage, [Fault(op="read", path=f"{first.name}/manifest.json")])
+    storage2, attempt2, ws = _two_writers(tmp_path, step=4)
+    for w in ws:
+        w.add_tensor(f"t{w.writer}", np.ones(2, dtype=np.float32))
+        w.finish()
+    expect_code("PCK-STORAGE", commit, faulty, attempt2, step=4, expected_writers=[0, 1])
+    assert not (tmp_path / attempt2 / "manifest.json").exists()

@@ -448,3 +448,34 @@ def test_gc_touches_nothing_outside_removed_attempts(tmp_path: Path) -> None:
     assert (root / "README").exists()
     assert not (root / abandoned).exists()
     assert (root / ids[1] / "manifest.json").exists()
+
+
+def test_gc_leaves_attempts_it_could_not_classify(tmp_path: Path) -> None:
+    """R-GC-6: a storage error while classifying is never absence; the attempt is reported."""
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    ids = _versions(tmp_path, [1, 2])
+    bare = new_attempt_id(3)
+    (tmp_path / bare).mkdir()
+    (tmp_path / bare / "x").write_text("x")
+    faults = [Fault(op="read", path=f"{ids[1]}/manifest.json"),
+              Fault(op="exists", path=f"{bare}/manifest.json")]
+    st = FaultyStorage(open_storage(tmp_path), faults)
+    report = portable_ckpt.gc(st, keep=1, grace_seconds=0, now=lambda: time.time() + 10**6)
+    assert not report.complete
+    assert {u["id"] for u in report.unknown} == {ids[1], bare}
+    assert {u["code"] for u in report.unknown} == {"PCK-STORAGE"}
+    assert (tmp_path / ids[1] / "manifest.json").exists() and (tmp_path / bare / "x").exists()
+    assert report.deleted == [] and report.abandoned == []  # ids[0] is the newest readable one
+
+
+def test_gc_never_deletes_or_counts_foreign_versions(tmp_path: Path) -> None:
+    """R-GC-7: a foreign version is kept, not abandoned, and takes no place among `keep`."""
+    ids = _versions(tmp_path, [1, 2, 3, 4])
+    doc = json.loads((tmp_path / ids[3] / "manifest.json").read_text())
+    doc["format_version"] = "3.0"
+    (tmp_path / ids[3] / "manifest.json").write_text(json.dumps(doc))
+    report = portable_ckpt.gc(tmp_path, keep=2, grace_seconds=0, now=lambda: time.time() + 10**6)
+    assert report.foreign == [ids[3]] and report.abandoned == []
+    assert report.kept == [ids[2], ids[1]] and report.deleted == [ids[0]]
+    assert _alive(tmp_path) == {ids[1], ids[2], ids[3]}

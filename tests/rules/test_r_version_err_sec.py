@@ -95,6 +95,35 @@ def test_unknown_must_understand_is_rejected(tmp_path: Path, mu: list[str]) -> N
     open_and_read_all(vdir)
 
 
+@pytest.mark.parametrize(
+    ("change", "status"),
+    [
+        ({"format_version": "2.0"}, "foreign"),
+        ({"format_version": "1.1", "must_understand": ["zstd-dict"]}, "foreign"),
+        ({"format_version": "1.12", "tensors": {"a": {"layout": "future"}}}, "foreign"),
+        ({"format_version": "1.1", "tensors": {"a": {"layout": "future"}}}, "invalid"),
+        ({"format": "other", "format_version": "2.0"}, "invalid"),
+        ({"format_version": "2.x"}, "invalid"),
+        ({"format_version": "1.12"}, "committed"),
+    ],
+)
+def test_foreign_commit_records_are_recognised(
+    tmp_path: Path, change: dict[str, Any], status: str
+) -> None:
+    """R-VERSION-10: newer major, unknown must_understand, or a newer version failing the checks."""
+    from portable_ckpt.io.versions import classify_attempt
+    from portable_ckpt.storage import open_storage
+
+    vdir, m = build_version(tmp_path)
+    edit_manifest(vdir, lambda d: d.update(change))
+    c = classify_attempt(open_storage(tmp_path), m.attempt_id)
+    assert c.status == status, c.error
+    if status == "foreign":
+        assert c.committed_at == m.committed_at
+        assert c.error is not None
+        expect_code(c.error.code, portable_ckpt.open, vdir)
+
+
 def test_unknown_top_level_members_and_extensions_are_ignored(tmp_path: Path) -> None:
     """R-VERSION-6: unknown top-level members and `extensions` contents are ignored."""
     vdir, _ = build_version(tmp_path)

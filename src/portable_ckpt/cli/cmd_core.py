@@ -11,6 +11,9 @@ from portable_ckpt.errors import CheckpointError, UsageError
 
 __all__ = ["register"]
 
+#: ``ls --json`` lists at most this many foreign keys (their count is always given).
+_MAX_FOREIGN = 1000
+
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
@@ -29,12 +32,24 @@ def _size(n: int) -> str:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from portable_ckpt.io.versions import list_versions
+    from portable_ckpt.io.versions import foreign_keys, list_versions, root_must_exist
+    from portable_ckpt.storage import open_storage
 
-    versions = list_versions(args.root)
+    storage = open_storage(args.root)
+    root_must_exist(storage)
+    versions = list_versions(storage)
+    foreign = foreign_keys(storage)
     if args.json:
-        print(json.dumps({"versions": [v.to_json() for v in versions]}, indent=2))
+        doc = {
+            "versions": [v.to_json() for v in versions],
+            "foreign_keys": foreign[:_MAX_FOREIGN],
+            "foreign_key_count": len(foreign),
+        }
+        print(json.dumps(doc, indent=2))
         return 0
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        print(f"{len(foreign)} entries that are not this format's are ignored: {shown}")
     if not versions:
         print(f"no attempts under {args.root}")
         return 0
@@ -185,21 +200,33 @@ def _gc(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(json.dumps(rep.to_json(), indent=2))
-        return 0
-    verb = "would delete" if args.dry_run else "deleted"
-    for v in rep.deleted:
-        print(f"{verb}  {v}")
-    for v in rep.abandoned:
-        print(f"{verb}  {v}  (abandoned attempt)")
-    print(
-        f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}"
-    )
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        for v in rep.deleted:
+            print(f"{verb}  {v}")
+        for v in rep.abandoned:
+            print(f"{verb}  {v}  (abandoned attempt)")
+        for v in rep.foreign:
+            print(f"kept    {v}  (foreign: written by a newer format version)")
+        print(
+            f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}"
+        )
+    for u in rep.unknown:
+        what = u["id"] or "unfinished uploads"
+        print(f"portable-ckpt: skipped {what}: could not classify it: {u['message']}", file=sys.stderr)
+    if not rep.complete:
+        print(
+            f"portable-ckpt: gc skipped {len(rep.unknown)} attempt(s) it could not read "
+            "(nothing of theirs was deleted); run it again once the storage answers",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
 def register(sub: Any) -> None:
     """Add ``ls``, ``inspect``, ``verify`` and ``gc``."""
-    p = sub.add_parser("ls", help="list the attempts of a root (committed and incomplete)")
+    p = sub.add_parser("ls", help="list the attempts of a root: committed, incomplete, invalid, foreign or unreadable")
     p.add_argument("root")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_ls)

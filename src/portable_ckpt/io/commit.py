@@ -71,6 +71,7 @@ from portable_ckpt.io.tensor_table import (
     range_name,
     read_table_file,
 )
+from portable_ckpt.io.versions import commit_time
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.storage.base import Storage
 
@@ -597,7 +598,7 @@ def commit(
         attempt_id=attempt_id,
         step=step,
         created_at=created_iso,
-        committed_at=utc_now_iso(),
+        committed_at=commit_time(storage, attempt_id),  # after every version of the step
         producer=producer or {"name": "portable_ckpt", "version": __version__},
         continuation=cont,
         files=files,

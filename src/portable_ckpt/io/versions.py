@@ -1,8 +1,26 @@
-"""Versions of a root: discovery through commit records, ``latest``, annotations and retention."""
+"""Versions of a root: discovery through commit records, ``latest``, annotations and retention.
+
+Every attempt is classified by its commit record (spec §4.1, §15.1):
+
+* ``committed`` — a valid commit record: a version;
+* ``incomplete`` — the storage answered that ``manifest.json`` does not exist;
+* ``invalid`` — a commit record was read in full and is not a valid record of any format version;
+* ``foreign`` — a commit record of a format version this implementation does not implement;
+* ``unreadable`` — the storage failed while the record (or the version's drill and copy
+  records) was read: nothing is known about the attempt.
+
+Only ``incomplete`` and ``invalid`` attempts are garbage, after the grace period. A storage error
+is never evidence of absence: gc skips what it could not classify (and says so), and ``latest``
+fails rather than return an older version than one it could not read.
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
+import logging
+import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Collection
@@ -11,19 +29,39 @@ from typing import Any
 
 from portable_ckpt.errors import (
     CheckpointError,
+    FeatureUnsupportedError,
+    FileMissingError,
     JsonInvalidError,
+    LimitError,
     ManifestMissingError,
     NotFoundError,
+    StorageError,
     UsageError,
+    VersionUnsupportedError,
 )
 from portable_ckpt.format import jsonio
-from portable_ckpt.format.manifest import FORMAT_VERSION, Manifest, parse_manifest
-from portable_ckpt.format.naming import ATTEMPT_ID_RE, attempt_time, check_attempt_id
-from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.format.manifest import (
+    FORMAT_VERSION,
+    TABLE_FORMAT_VERSION,
+    Manifest,
+    parse_manifest,
+)
+from portable_ckpt.format.naming import (
+    ATTEMPT_ID_RE,
+    attempt_time,
+    check_attempt_id,
+)
+from portable_ckpt.storage import ObjectInfo, Storage, open_storage
 
 __all__ = [
+    "STATUSES",
+    "Classification",
     "GcReport",
     "VersionInfo",
+    "check_retention",
+    "classify_attempt",
+    "commit_time",
+    "foreign_keys",
     "gc",
     "latest",
     "list_versions",
@@ -33,20 +71,41 @@ __all__ = [
     "write_verification_record",
 ]
 
+COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE = (
+    "committed",
+    "incomplete",
+    "invalid",
+    "foreign",
+    "unreadable",
+)
+#: Every status an attempt can have (``ls``, ``gc``).
+STATUSES = (COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE)
 #: Post-commit record kinds: directory -> (id member, schema file, time member).
 ANNOTATION_KINDS = {
     "drills": ("drill_id", "drill.schema.json", "finished_at"),
     "copies": ("copy_id", "copy.schema.json", "verified_at"),
     "verifications": ("verification_id", "verification.schema.json", "verified_at"),
 }
+_log = logging.getLogger(__name__)
+_VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})$")
+
+
+def _version_tuple(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor)
+
+
+#: The newest format version this implementation reads.
+IMPLEMENTED = max(_version_tuple(FORMAT_VERSION), _version_tuple(TABLE_FORMAT_VERSION))
 
 
 @dataclass
 class VersionInfo:
     """One attempt of a root as ``ls`` shows it.
 
-    ``status`` is ``committed`` (a valid commit record exists) or ``incomplete`` (none, or one
-    that does not validate: ``error`` says why).
+    ``status`` is one of :data:`STATUSES`; ``error`` says why an attempt is not ``committed``
+    (or why its drill and copy records could not be read). ``committed_at`` of a ``foreign``
+    version is the time its record claims.
     """
 
     id: str
@@ -59,7 +118,8 @@ class VersionInfo:
     verifications: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     bytes: int = 0
-    last_modified: float | None = None
+    error_code: str | None = None
+    annotations_unreadable: bool = False
 
     @property
     def drilled(self) -> bool:
@@ -76,6 +136,11 @@ class VersionInfo:
         """Whether a verified copy on another root exists."""
         return any(c.get("ok") is True for c in self.copies)
 
+    @property
+    def known(self) -> bool:
+        """Whether everything gc needs about this attempt was read (no storage error)."""
+        return self.status != UNREADABLE and not self.annotations_unreadable
+
     def to_json(self) -> dict[str, Any]:
         """JSON form used by ``ls --json``."""
         return {
@@ -89,6 +154,7 @@ class VersionInfo:
             "drills": self.drills,
             "copies": [c.get("destination") for c in self.copies if c.get("ok") is True],
             "error": self.error,
+            "error_code": self.error_code,
         }
 
 
@@ -99,8 +165,6 @@ def timestamp_key(ts: str | None) -> tuple[int, int]:
     """
     if not ts:
         return (-1, 0)
-    import datetime as _dt
-
     base, _, frac = ts.rstrip("Z").partition(".")
     try:
         secs = int(
@@ -115,6 +179,23 @@ def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
     """Read, parse and validate ``<attempt_id>/manifest.json``."""
     check_attempt_id(attempt_id, what="version directory")
     rel = f"{attempt_id}/manifest.json"
+    return parse_manifest(
+        jsonio.loads(_read_record(storage, attempt_id), what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES),
+        what=rel,
+        directory_name=attempt_id,
+    )
+
+
+def _read_record(storage: Storage, attempt_id: str) -> bytes:
+    """The bytes of ``<attempt_id>/manifest.json``, refused above the 1 GiB limit (R-SEC-11).
+
+    Raises:
+        ManifestMissingError: the storage says there is none.
+        JsonInvalidError: it is larger than the limit (nothing is read).
+        CheckpointError: a storage error (never taken as absence).
+
+    """
+    rel = f"{attempt_id}/manifest.json"
     if not storage.exists(rel):
         raise ManifestMissingError(
             f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
@@ -127,44 +208,73 @@ def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
             f"{rel}: {size} bytes exceeds the manifest limit of {jsonio.MAX_MANIFEST_BYTES}",
             path=rel,
         )
-    data = storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
-    return parse_manifest(
-        jsonio.loads(data, what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES),
-        what=rel,
-        directory_name=attempt_id,
-    )
+    return storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
 
 
-def read_annotations(storage: Storage, attempt_id: str, kind: str) -> list[dict[str, Any]]:
+def read_annotations(
+    storage: Storage,
+    attempt_id: str,
+    kind: str,
+    *,
+    errors: list[CheckpointError] | None = None,
+) -> list[dict[str, Any]]:
     """Read the post-commit records of an attempt: ``drills``, ``copies`` or ``verifications``.
 
-    Only records that validate, name this attempt and are stored under their own id count.
+    Only records that validate, name this attempt and are stored under their own id count. A storage error
+    is not "no record": it is raised, or appended to ``errors`` when a list is given (the
+    records that could be read are returned).
     """
-    id_member, schema_file, time_member = ANNOTATION_KINDS[kind]
     out: list[dict[str, Any]] = []
-    for info in storage.list(f"{attempt_id}/{kind}/", recursive=False):
-        if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
-            continue
+    try:
+        listed = list(storage.list(f"{attempt_id}/{kind}/", recursive=False))
+    except StorageError as exc:
+        if errors is None:
+            raise
+        errors.append(exc)
+        return out
+    for info in listed:
         try:
-            doc = jsonio.loads(
-                storage.read_all(info.path, max_size=jsonio.MAX_DOCUMENT_BYTES), what=info.path
-            )
-        except CheckpointError:
+            doc = _annotation(storage, attempt_id, kind, info)
+        except StorageError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
             continue
-        if not isinstance(doc, dict) or doc.get("attempt_id") != attempt_id:
-            continue
-        ident = doc.get(id_member)
-        if f"{ident}.json" != info.path.rsplit("/", 1)[-1]:
-            continue  # a record counts only under its own name
-        try:
-            from portable_ckpt.format.schemas import validate_document
-
-            validate_document(doc, schema_file, what=info.path)
-        except CheckpointError:
-            continue
-        out.append(doc)
+        if doc is not None:
+            out.append(doc)
+    time_member = ANNOTATION_KINDS[kind][2]
     out.sort(key=lambda d: timestamp_key(str(d.get(time_member) or "")))
     return out
+
+
+def _annotation(
+    storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
+) -> dict[str, Any] | None:
+    """One drill or copy record, or ``None`` when it does not count (storage errors raise)."""
+    from portable_ckpt.format.schemas import validate_document
+
+    id_member, schema_file, _ = ANNOTATION_KINDS[kind]
+    if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        doc = jsonio.loads(
+            storage.read_all(info.path, max_size=jsonio.MAX_DOCUMENT_BYTES), what=info.path
+        )
+    except (FileMissingError, LimitError):
+        return None  # deleted or replaced since the listing: not a record of this version
+    except StorageError:
+        raise
+    except CheckpointError:
+        return None
+    if not isinstance(doc, dict) or doc.get("attempt_id") != attempt_id:
+        return None
+    if f"{doc.get(id_member)}.json" != info.path.rsplit("/", 1)[-1]:
+        return None  # a record counts only under its own name
+    try:
+        validate_document(doc, schema_file, what=info.path)
+    except CheckpointError:
+        return None
+    return doc
 
 
 def _write_annotation(
@@ -242,80 +352,245 @@ def write_verification_record(
     return _write_annotation(storage, attempt_id, "verifications", ident, rec)
 
 
+# -- classification ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Classification:
+    """What the commit record of one attempt says (see the module docstring).
+
+    ``committed_at`` is the record's own (for a ``foreign`` record: the one it claims, when it
+    has a well-formed one).
+    """
+
+    status: str
+    manifest: Manifest | None = None
+    error: CheckpointError | None = None
+    committed_at: str | None = None
+
+
+def classify_attempt(storage: Storage, attempt_id: str) -> Classification:
+    """Classify an attempt by its commit record; storage errors give ``unreadable``, never raise."""
+    try:
+        data = _read_record(storage, attempt_id)
+    except (ManifestMissingError, FileMissingError):
+        return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
+    except (JsonInvalidError, LimitError) as exc:
+        return Classification(INVALID, error=exc)  # larger than any version allows (R-SEC-11)
+    except CheckpointError as exc:
+        return Classification(UNREADABLE, error=exc)
+    return classify_record(attempt_id, data)
+
+
+def classify_record(attempt_id: str, data: bytes) -> Classification:
+    """Classify the bytes of ``<attempt_id>/manifest.json`` (committed, invalid or foreign)."""
+    what = f"{attempt_id}/manifest.json"
+    try:
+        doc = jsonio.loads(data, what=what, max_bytes=jsonio.MAX_MANIFEST_BYTES)
+    except CheckpointError as exc:
+        return Classification(INVALID, error=exc)
+    try:
+        man = parse_manifest(doc, what=what, directory_name=attempt_id)
+    except (VersionUnsupportedError, FeatureUnsupportedError) as exc:
+        return Classification(FOREIGN, error=exc, committed_at=_claimed_time(doc))
+    except CheckpointError as exc:
+        if _claims_newer_version(doc):
+            # A tool cannot tell a broken record of a newer version from one it does not
+            # understand: either way it is not garbage to this tool (spec §16.2).
+            return Classification(FOREIGN, error=exc, committed_at=_claimed_time(doc))
+        return Classification(INVALID, error=exc)
+    return Classification(COMMITTED, manifest=man, committed_at=man.committed_at)
+
+
+def _claims_newer_version(doc: Any) -> bool:
+    if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt":
+        return False
+    v = doc.get("format_version")
+    return isinstance(v, str) and bool(_VERSION_RE.match(v)) and _version_tuple(v) > IMPLEMENTED
+
+
+def _claimed_time(doc: Any) -> str | None:
+    ts = doc.get("committed_at") if isinstance(doc, dict) else None
+    return ts if isinstance(ts, str) and timestamp_key(ts) != (-1, 0) else None
+
+
+# -- listing ------------------------------------------------------------------------------------
+
+
+def _step_of(attempt_id: str) -> int:
+    """The step of a name that matches the attempt-id pattern (zero-padded digits 1-12)."""
+    return int(attempt_id[1:13])
+
+
+def _attempt_names(storage: Storage, step: int | None = None) -> list[str]:
+    """Names of the root's children that are attempt ids (of ``step``), oldest step first."""
+    names = [n for n in storage.list_dirs("") if ATTEMPT_ID_RE.match(n)]
+    if step is not None:
+        names = [n for n in names if _step_of(n) == step]
+    return sorted(names)
+
+
+def _info(storage: Storage, name: str, c: Classification, annotations: bool) -> VersionInfo:
+    path = f"{storage.url.rstrip('/')}/{name}"
+    step = _step_of(name)
+    info = VersionInfo(name, step, c.status, path, c.committed_at)
+    if c.error is not None:
+        info.error, info.error_code = str(c.error), c.error.code
+    if c.manifest is None:
+        return info
+    info.bytes = sum(f.size for f in c.manifest.files.values())
+    if annotations:
+        errors: list[CheckpointError] = []
+        info.drills = read_annotations(storage, name, "drills", errors=errors)
+        info.copies = read_annotations(storage, name, "copies", errors=errors)
+        info.verifications = read_annotations(storage, name, "verifications", errors=errors)
+        if errors:
+            info.annotations_unreadable = True
+            info.error, info.error_code = f"drill/copy records unreadable: {errors[0]}", errors[0].code
+    return info
+
+
+def _order_key(v: VersionInfo) -> tuple[int, tuple[int, int], str]:
+    return (v.step, timestamp_key(v.committed_at), v.id)
+
+
 def list_versions(
     root: str | os.PathLike[str] | Storage, *, annotations: bool = True
 ) -> list[VersionInfo]:
     """List every attempt of a root, oldest first (by step, then commit time).
 
-    Only a valid commit record makes an attempt ``committed``; the files present never do.
+    Only a valid commit record makes an attempt ``committed``; the files present never do. An
+    attempt whose record could not be read is ``unreadable``, never ``incomplete``.
     """
     storage = open_storage(root)
-    out: list[VersionInfo] = []
-    for name in storage.list_dirs(""):
-        m = ATTEMPT_ID_RE.match(name)
-        if not m:
-            continue
-        step = int(m.group(1))
-        path = f"{storage.url.rstrip('/')}/{name}"
-        try:
-            man = load_manifest(storage, name)
-        except ManifestMissingError:
-            out.append(VersionInfo(name, step, "incomplete", path))
-            continue
-        except CheckpointError as exc:
-            out.append(VersionInfo(name, step, "incomplete", path, error=str(exc)))
-            continue
-        info = VersionInfo(
-            name,
-            man.step,
-            "committed",
-            path,
-            man.committed_at,
-            bytes=sum(f.size for f in man.files.values()),
-        )
-        if annotations:
-            info.drills = read_annotations(storage, name, "drills")
-            info.copies = read_annotations(storage, name, "copies")
-            info.verifications = read_annotations(storage, name, "verifications")
-        out.append(info)
-    out.sort(key=lambda v: (v.step, timestamp_key(v.committed_at), v.id))
+    out = [
+        _info(storage, name, classify_attempt(storage, name), annotations)
+        for name in _attempt_names(storage)
+    ]
+    out.sort(key=_order_key)
     return out
+
+
+def root_must_exist(storage: Storage) -> None:
+    """Raise ``NotFoundError`` when the root does not exist (a mistyped root is not "empty")."""
+    if not storage.root_exists():
+        raise NotFoundError(
+            f"root {storage.url} does not exist (no directory, or no object under the prefix); "
+            "check the path",
+            path=storage.url,
+        )
+
+
+# -- latest ---------------------------------------------------------------------------------------
 
 
 def latest(storage: Storage, step: int | None = None) -> tuple[str, Manifest]:
     """Return ``(attempt_id, manifest)`` of the newest committed version (or of ``step``).
 
-    Newest means the highest step; among equal steps, the latest ``committed_at``.
+    Newest means the greatest ``(step, committed_at, attempt_id)`` (R-ID-4). Step levels are
+    inspected from the highest down; every attempt of a level is classified before the level
+    decides. When an attempt that could be greater than the answer is ``unreadable``, this
+    raises ``PCK-STORAGE`` instead of returning an older version (R-ID-5): a restore that picks
+    an older step because of a transient error silently loses training. A ``foreign`` attempt is
+    not a version for this reader (R-COMMIT-1); skipping a greater one is logged as a warning.
     """
-    best: tuple[int, tuple[int, int], str, Manifest] | None = None
-    candidates = []
-    for name in storage.list_dirs(""):
-        m = ATTEMPT_ID_RE.match(name)
-        if m and (step is None or int(m.group(1)) == step):
-            candidates.append((int(m.group(1)), name))
-    # Highest step first; stop once a step level yields a committed version.
-    candidates.sort(reverse=True)
-    level: int | None = None
-    for s, name in candidates:
-        if level is not None and s < level:
-            break
-        try:
-            man = load_manifest(storage, name)
-        except CheckpointError:
+    by_step: dict[int, list[str]] = {}
+    for name in _attempt_names(storage, step):
+        by_step.setdefault(_step_of(name), []).append(name)
+    skipped: list[str] = []
+    for s in sorted(by_step, reverse=True):
+        found = _latest_of_level(storage, by_step[s], skipped)
+        if found is not None:
+            return found
+    what = f"step {step}" if step is not None else "any step"
+    raise NotFoundError(f"no committed version for {what} under {storage.url}")
+
+
+def _latest_of_level(
+    storage: Storage, names: list[str], skipped: list[str]
+) -> tuple[str, Manifest] | None:
+    """The greatest version among attempts of one step, ``None`` when none is a version."""
+    level = [(name, classify_attempt(storage, name)) for name in names]
+    best: tuple[tuple[int, int], str, Manifest] | None = None
+    for name, c in level:
+        if c.manifest is not None:
+            key = (timestamp_key(c.committed_at), name, c.manifest)
+            if best is None or key[:2] > best[:2]:
+                best = key
+    for name, c in level:
+        claimed = (timestamp_key(c.committed_at), name) if c.committed_at else None
+        if best is not None and claimed is not None and claimed < best[:2]:
+            continue  # older than the answer: whatever it is, it does not change it
+        if c.status == UNREADABLE:
+            raise StorageError(
+                f"cannot tell whether {storage.url.rstrip('/')}/{name} is the latest version: "
+                f"reading its commit record failed ({c.error}); a storage error is not 'no "
+                "version' — retry, or open a version explicitly",
+                path=f"{name}/manifest.json",
+            )
+        if c.status == FOREIGN:
+            skipped.append(name)
+    if best is not None and skipped:
+        _log.warning(
+            "%s: the newer attempt(s) %s were written by a format version this reader does not "
+            "implement and are skipped; returning %s",
+            storage.url,
+            ", ".join(skipped),
+            best[1],
+        )
+    return None if best is None else (best[1], best[2])
+
+
+# -- commit ordering ------------------------------------------------------------------------------
+
+
+def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = None) -> str:
+    """``committed_at`` for a new commit of ``attempt_id`` (R-COMMIT-16).
+
+    The current UTC time, but at least one microsecond after the ``committed_at`` of every
+    version of the same step already under the root, so a new save of a step is never ordered
+    before an older one, even after the clock stepped back. Only versions of the same step are
+    read: the order of §3 compares ``committed_at`` only between them.
+
+    Raises:
+        StorageError: a commit record of that step could not be read (the commit cannot be
+            ordered; nothing is published).
+
+    """
+    floor_us = -1
+    for name in _attempt_names(storage, _step_of(attempt_id)):
+        if name == attempt_id:
             continue
-        level = s
-        key = (man.step, timestamp_key(man.committed_at), name, man)
-        if best is None or key[:3] > best[:3]:
-            best = key
-    if best is None:
-        what = f"step {step}" if step is not None else "any step"
-        raise NotFoundError(f"no committed version for {what} under {storage.url}")
-    return best[2], best[3]
+        c = classify_attempt(storage, name)
+        if c.status == UNREADABLE:
+            raise StorageError(
+                f"cannot order the commit of {attempt_id}: the commit record of {name} (same "
+                f"step) could not be read: {c.error}",
+                path=f"{name}/manifest.json",
+            )
+        if c.committed_at is not None:
+            secs, ns = timestamp_key(c.committed_at)
+            floor_us = max(floor_us, secs * 1_000_000 + ns // 1000)
+    epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+    tick = _dt.timedelta(microseconds=1)
+    now_us = ((now or _dt.datetime.now(_dt.UTC)) - epoch) // tick
+    chosen = epoch + max(now_us, floor_us + 1) * tick
+    return chosen.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# -- retention ------------------------------------------------------------------------------------
 
 
 @dataclass
 class GcReport:
-    """What gc removed or would remove (``dry_run``)."""
+    """What gc removed or would remove (``dry_run``), and what it left alone and why.
+
+    ``unknown`` lists the attempts gc could not classify (``{"id", "status", "code",
+    "message"}``): they were not touched, and ``complete`` is False. ``foreign`` lists versions
+    of a format this implementation does not implement: never garbage, never counted in
+    ``keep``. ``foreign_keys`` lists entries that are not the format's (e.g. ``<attempt>//x`` on
+    an object store, a FIFO in a local attempt) that gc found and left where they are.
+    """
 
     deleted: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
@@ -324,6 +599,14 @@ class GcReport:
     kept_for_copy: list[str] = field(default_factory=list)
     aborted_uploads: int = 0
     dry_run: bool = False
+    unknown: list[dict[str, Any]] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    foreign_keys: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every attempt was classified (nothing skipped for a storage error)."""
+        return not self.unknown
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -335,14 +618,34 @@ class GcReport:
             "kept_for_copy": self.kept_for_copy,
             "aborted_uploads": self.aborted_uploads,
             "dry_run": self.dry_run,
+            "foreign": self.foreign,
+            "foreign_keys": self.foreign_keys,
+            "unknown": self.unknown,
+            "complete": self.complete,
         }
 
+    def skip(self, attempt_id: str | None, status: str, exc: CheckpointError | str | None) -> None:
+        """Record an attempt gc leaves alone because it could not classify it.
 
-def _last_activity(storage: Storage, attempt_id: str) -> float:
-    t = attempt_time(attempt_id) or 0.0
-    for info in storage.list(f"{attempt_id}/"):
-        t = max(t, info.mtime)
-    return t
+        ``attempt_id`` is ``None`` when the unfinished uploads of the root could not be listed
+        (attempts known only by their uploads are then unknown).
+        """
+        code = exc.code if isinstance(exc, CheckpointError) else "PCK-STORAGE"
+        self.unknown.append(
+            {"id": attempt_id, "status": status, "code": code, "message": str(exc)}
+        )
+
+
+def check_retention(keep: int, grace_seconds: float) -> None:
+    """Refuse retention arguments that could delete a save in progress (``UsageError``)."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise UsageError(f"keep must be an integer >= 1, got {keep!r}")
+    if isinstance(grace_seconds, bool) or not isinstance(grace_seconds, (int, float)) or not (
+        math.isfinite(grace_seconds) and grace_seconds >= 0
+    ):
+        raise UsageError(
+            f"grace period must be a finite number of seconds >= 0, got {grace_seconds!r}"
+        )
 
 
 def gc(
@@ -362,35 +665,76 @@ def gc(
     ``require_copy``, older committed versions are only deleted once a kept version has a
     verified copy on another root (any root when ``True``; the given root URL when a string).
     ``keep_ids`` are kept as well (a retention policy's choice, e.g. the manager's keep_best).
-    Attempts without a commit record are removed once nothing was
+    Attempts without a commit record (or with an invalid one) are removed once nothing was
     written to them for ``grace_seconds`` (a save in progress is never touched). A deleted
-    version's commit record is removed first, so it stops existing before any data goes.
+    version's commit record is removed first, so it stops existing before any data goes; only
+    the unfinished uploads of attempts being deleted are aborted.
+
+    Nothing is deleted that was not positively classified: attempts whose records could not be
+    read are listed in ``report.unknown`` and left alone, versions of a newer format in
+    ``report.foreign`` (spec §15).
+
+    Raises:
+        UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
+        NotFoundError: the root does not exist.
+
     """
-    if keep < 1:
-        raise UsageError("keep must be at least 1")
+    check_retention(keep, grace_seconds)
     storage = open_storage(root)
-    versions = list_versions(storage)
-    committed = [v for v in versions if v.status == "committed"]
-    newest_first = list(reversed(committed))
+    root_must_exist(storage)
+    report = GcReport(dry_run=dry_run)
+    versions = _known_versions(storage, list_versions(storage), report)
+    doomed = _retention(versions, keep, require_copy, report, keep_ids)
+    doomed += _abandoned(storage, versions, grace_seconds, now(), report)
+    if not dry_run:
+        for attempt_id in doomed:
+            _delete_attempt(storage, attempt_id, report)
+    return report
+
+
+def _known_versions(
+    storage: Storage, versions: list[VersionInfo], report: GcReport
+) -> list[VersionInfo]:
+    """Drop what gc must not act on (unknown, foreign); add attempts seen only as uploads."""
+    out = []
+    for v in versions:
+        if not v.known:
+            report.skip(v.id, v.status, v.error)
+        elif v.status == FOREIGN:
+            report.foreign.append(v.id)
+        else:
+            out.append(v)
+    listed = {v.id for v in versions}
+    try:
+        uploads = storage.list_uploads("")
+    except StorageError as exc:
+        report.skip(None, UNREADABLE, exc)  # attempts seen only as uploads stay unknown
+        return out
+    for name in sorted({u.path.split("/", 1)[0] for u in uploads} - listed):
+        if ATTEMPT_ID_RE.match(name):
+            path = f"{storage.url.rstrip('/')}/{name}"
+            out.append(VersionInfo(name, _step_of(name), INCOMPLETE, path))
+    return out
+
+
+def _retention(
+    versions: list[VersionInfo],
+    keep: int,
+    require_copy: bool | str,
+    report: GcReport,
+    keep_ids: Collection[str] = (),
+) -> list[str]:
+    """Committed versions to delete: all but the ``keep`` newest, ``keep_ids`` and the protected one."""
+    newest_first = [v for v in reversed(versions) if v.status == COMMITTED]
     kept = newest_first[:keep] + [v for v in newest_first[keep:] if v.id in keep_ids]
     drilled = next((v for v in newest_first if v.drilled), None)
     protected = drilled or (newest_first[0] if newest_first else None)
     if protected is not None and protected not in kept:
         kept.append(protected)
-    report = GcReport(
-        kept=[v.id for v in kept], protected=protected.id if protected else None, dry_run=dry_run
-    )
-
-    def has_copy(v: VersionInfo) -> bool:
-        if isinstance(require_copy, str):
-            want = require_copy.rstrip("/")
-            return any(
-                c.get("ok") is True and str(c.get("destination", "")).rstrip("/") == want
-                for c in v.copies
-            )
-        return v.copied
-
-    may_delete = not require_copy or any(has_copy(v) for v in kept)
+    report.kept = [v.id for v in kept]
+    report.protected = protected.id if protected else None
+    may_delete = not require_copy or any(_has_copy(v, require_copy) for v in kept)
+    doomed = []
     for v in newest_first:
         if v in kept:
             continue
@@ -398,20 +742,73 @@ def gc(
             report.kept_for_copy.append(v.id)
             continue
         report.deleted.append(v.id)
-        if not dry_run:
-            storage.delete(f"{v.id}/manifest.json")
-            storage.delete_prefix(f"{v.id}/")
-    t_now = now()
+        doomed.append(v.id)
+    return doomed
+
+
+def _has_copy(v: VersionInfo, require_copy: bool | str) -> bool:
+    if isinstance(require_copy, str):
+        want = require_copy.rstrip("/")
+        return any(
+            c.get("ok") is True and str(c.get("destination", "")).rstrip("/") == want
+            for c in v.copies
+        )
+    return v.copied
+
+
+def _abandoned(
+    storage: Storage, versions: list[VersionInfo], grace: float, t_now: float, report: GcReport
+) -> list[str]:
+    """Attempts without a valid commit record and without activity for ``grace`` seconds."""
+    doomed = []
     for v in versions:
-        if v.status != "incomplete":
+        if v.status not in (INCOMPLETE, INVALID):
             continue
-        if t_now - _last_activity(storage, v.id) < grace_seconds:
+        try:
+            last, anything = _last_activity(storage, v.id)
+            foreign = [] if anything else storage.list_foreign(f"{v.id}/")
+        except StorageError as exc:
+            report.skip(v.id, v.status, exc)  # cannot date it: it may be a save in progress
+            continue
+        if foreign:  # only what the format never writes is left: not gc's to delete
+            report.foreign_keys.extend(foreign)
+            continue
+        if t_now - last < grace:
             continue
         report.abandoned.append(v.id)
-        if not dry_run:
-            storage.delete(f"{v.id}/manifest.json")
-            storage.delete_prefix(f"{v.id}/")
-    if not dry_run:
-        # Object stores: uploads of killed writers are invisible to listings but still stored.
-        report.aborted_uploads = storage.abort_uploads("", older_than_s=grace_seconds)
-    return report
+        doomed.append(v.id)
+    return doomed
+
+
+def _last_activity(storage: Storage, attempt_id: str) -> tuple[float, bool]:
+    """The latest of the attempt-id time, its file times and its unfinished uploads' activity.
+
+    Also returns whether the attempt has any file or upload at all.
+    """
+    t = attempt_time(attempt_id) or 0.0
+    anything = False
+    for info in storage.list(f"{attempt_id}/"):
+        t, anything = max(t, info.mtime), True
+    for up in storage.list_uploads(f"{attempt_id}/", activity=True):
+        t, anything = max(t, up.mtime), True
+    return t, anything
+
+
+def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport) -> None:
+    """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads."""
+    storage.delete(f"{attempt_id}/manifest.json")
+    report.aborted_uploads += storage.abort_uploads(f"{attempt_id}/")
+    storage.delete_prefix(f"{attempt_id}/")
+    report.foreign_keys.extend(storage.list_foreign(f"{attempt_id}/"))  # never deleted
+
+
+def foreign_keys(storage: Storage) -> list[str]:
+    """Entries at the top of a root that this format did not write (``ls --json``).
+
+    Children whose names are not attempt ids (directories end in ``/``), and keys that are not
+    well-formed paths. Readers ignore them (R-LAYOUT-4); gc never deletes them (R-GC-5).
+    """
+    names = [f"{n}/" for n in storage.list_dirs("") if not ATTEMPT_ID_RE.match(n)]
+    names += [info.path for info in storage.list("", recursive=False)]
+    names += storage.list_foreign("", recursive=False)
+    return sorted(names)

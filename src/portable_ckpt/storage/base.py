@@ -12,7 +12,23 @@ import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Capabilities", "ObjectInfo", "Storage", "StreamWriter"]
+__all__ = ["Capabilities", "ObjectInfo", "Storage", "StreamWriter", "well_formed"]
+
+
+def well_formed(path: str) -> bool:
+    """Whether ``path`` is a relative path that a backend addresses.
+
+    Its components are not empty, ``.`` or ``..``; it has no backslash and no NUL and is UTF-8.
+    Objects under a root whose keys are not well formed were not written by this format; they
+    are *foreign*: listings skip them, gc never deletes them, reads never name them (spec §2.1).
+    """
+    if not path or "\\" in path or "\x00" in path:
+        return False
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a non-UTF-8 file name (surrogate-escaped by the OS layer)
+        return False
+    return all(p not in ("", ".", "..") for p in path.split("/"))
 
 
 @dataclass(frozen=True)
@@ -140,6 +156,14 @@ class Storage(abc.ABC):
     def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
         """List objects under ``prefix`` (a directory-like prefix, ``""`` for the root)."""
 
+    def list_foreign(self, prefix: str = "", *, recursive: bool = True) -> builtins.list[str]:
+        """Entries under ``prefix`` that :meth:`list` skips as foreign (see :func:`well_formed`).
+
+        Object stores: keys that are not well-formed paths; local directories also FIFOs,
+        sockets, devices and symlinks. The default (a backend without such entries) is none.
+        """
+        return []
+
     @abc.abstractmethod
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the names of the immediate 'directories' under ``prefix``."""
@@ -166,6 +190,22 @@ class Storage(abc.ABC):
         caller releases the view (``release()``) before the next call.
         """
         return None
+
+    def list_uploads(
+        self, prefix: str = "", *, activity: bool = False
+    ) -> builtins.list[ObjectInfo]:
+        """Unfinished uploads under ``prefix``: their paths (``size`` 0) and times.
+
+        ``mtime`` is when the upload started; with ``activity``, the time of its newest part
+        (costs a request per upload on object stores). Listings never show these objects, so
+        gc reads them to date an attempt and to find attempts that have nothing else. Only
+        object stores have unfinished uploads; the default returns none.
+        """
+        return []
+
+    def root_exists(self) -> bool:
+        """Whether the root exists: a directory, or (object stores) a prefix with an object."""
+        return bool(self.list_dirs("")) or next(iter(self.list("", recursive=False)), None) is not None
 
     def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
         """Abort unfinished uploads under ``prefix`` older than ``older_than_s``; return how many.

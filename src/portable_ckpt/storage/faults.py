@@ -274,6 +274,18 @@ class FaultyStorage(Storage):
         """Pass through to the inner storage."""
         return self.inner.abort_uploads(prefix, older_than_s=older_than_s)
 
+    def list_uploads(
+        self, prefix: str = "", *, activity: bool = False
+    ) -> builtins.list[ObjectInfo]:
+        """List unfinished uploads, after the faults for ``list``."""
+        self._before("list", prefix, 0)
+        return self.inner.list_uploads(prefix, activity=activity)
+
+    def root_exists(self) -> bool:
+        """Whether the root exists, after the faults for ``list``."""
+        self._before("list", "", 0)
+        return self.inner.root_exists()
+
     def create_if_absent(self, path: str, data: bytes) -> bool:
         """Atomic create, after the faults for ``create``."""
         self._before("create", path, len(data))
@@ -283,6 +295,11 @@ class FaultyStorage(Storage):
         """List, after the faults for ``list``."""
         self._before("list", prefix, 0)
         return self.inner.list(prefix, recursive=recursive)
+
+    def list_foreign(self, prefix: str = "", *, recursive: bool = True) -> builtins.list[str]:
+        """List foreign entries, after the faults for ``list``."""
+        self._before("list", prefix, 0)
+        return self.inner.list_foreign(prefix, recursive=recursive)
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """List directories, after the faults for ``list``."""

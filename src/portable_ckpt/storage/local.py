@@ -19,7 +19,13 @@ from portable_ckpt.errors import (
     PathUnsafeError,
     StorageError,
 )
-from portable_ckpt.storage.base import Capabilities, ObjectInfo, Storage, StreamWriter
+from portable_ckpt.storage.base import (
+    Capabilities,
+    ObjectInfo,
+    Storage,
+    StreamWriter,
+    well_formed,
+)
 
 __all__ = ["LocalStorage"]
 
@@ -290,12 +296,23 @@ class LocalStorage(Storage):
         finally:
             os.close(fd)
 
-    def size(self, path: str) -> int:
+    def _lstat(self, path: str) -> os.stat_result | None:
+        """``lstat`` of ``path``; ``None`` when it does not exist, ``StorageError`` otherwise."""
         full = self._full(path)
         try:
-            st = os.lstat(full)
-        except FileNotFoundError as exc:
-            raise FileMissingError(f"{path!r} does not exist under {self.root}", path=path) from exc
+            return os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            # EACCES, EIO, ...: the file may well exist; never report it as absent.
+            raise StorageError(
+                f"stat {path!r}: {exc.strerror} (errno {exc.errno})", path=path
+            ) from exc
+
+    def size(self, path: str) -> int:
+        st = self._lstat(path)
+        if st is None:
+            raise FileMissingError(f"{path!r} does not exist under {self.root}", path=path)
         if stat.S_ISLNK(st.st_mode):
             raise PathUnsafeError(
                 f"{path!r} is a symlink; checkpoints never follow links", path=path
@@ -305,11 +322,11 @@ class LocalStorage(Storage):
         return st.st_size
 
     def exists(self, path: str) -> bool:
-        try:
-            st = os.lstat(self._full(path))
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode)
+        st = self._lstat(path)
+        return st is not None and stat.S_ISREG(st.st_mode)
+
+    def root_exists(self) -> bool:
+        return os.path.isdir(self.root)
 
     def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
         return _LocalWriter(self, path, self._full(path), defer_sync)
@@ -350,23 +367,25 @@ class LocalStorage(Storage):
                 f"create {path!r}: {exc.strerror} (errno {exc.errno})", path=path
             ) from exc
 
-    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
+    def _scan(
+        self, prefix: str, *, recursive: bool
+    ) -> Iterator[tuple[ObjectInfo | None, str | None]]:
+        """``(file, None)`` for regular files, ``(None, name)`` for foreign entries.
+
+        Foreign: symlinks, FIFOs, sockets, devices, and names that are not well-formed paths
+        (a backslash, not UTF-8). The format writes none of them; they are never listed.
+        """
         base = self._full(prefix.rstrip("/")) if prefix else self.root
         if not os.path.isdir(base) or os.path.islink(base):
             return
         stack = [base]
         while stack:
             d = stack.pop()
-            try:
-                with os.scandir(d) as it:
-                    entries = sorted(it, key=lambda e: e.name)
-            except FileNotFoundError:
-                continue
-            for e in entries:
-                if e.is_symlink():
-                    continue
+            for e in self._entries(d):
                 rel = os.path.relpath(e.path, self.root).replace(os.sep, "/")
-                if e.is_dir(follow_symlinks=False):
+                if not well_formed(rel) or e.is_symlink():
+                    yield None, rel
+                elif e.is_dir(follow_symlinks=False):
                     if recursive:
                         stack.append(e.path)
                 elif e.is_file(follow_symlinks=False):
@@ -374,7 +393,29 @@ class LocalStorage(Storage):
                         st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    yield ObjectInfo(rel, st.st_size, st.st_mtime)
+                    yield ObjectInfo(rel, st.st_size, st.st_mtime), None
+                else:
+                    yield None, rel
+
+    def _entries(self, d: str) -> builtins.list[os.DirEntry[str]]:
+        try:
+            with os.scandir(d) as it:
+                return sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:  # EACCES, EIO: an unlisted directory is not an empty one
+            rel_d = os.path.relpath(d, self.root)
+            raise StorageError(
+                f"list {rel_d!r}: {exc.strerror} (errno {exc.errno})", path=rel_d
+            ) from exc
+
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        for info, _ in self._scan(prefix, recursive=recursive):
+            if info is not None:
+                yield info
+
+    def list_foreign(self, prefix: str = "", *, recursive: bool = True) -> builtins.list[str]:
+        return [name for _, name in self._scan(prefix, recursive=recursive) if name is not None]
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         base = self._full(prefix.rstrip("/")) if prefix else self.root
@@ -383,6 +424,10 @@ class LocalStorage(Storage):
                 return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
         except (FileNotFoundError, NotADirectoryError):
             return []
+        except OSError as exc:
+            raise StorageError(
+                f"list {prefix or self.root!r}: {exc.strerror} (errno {exc.errno})", path=prefix
+            ) from exc
 
     def delete(self, path: str) -> None:
         full = self._full(path)

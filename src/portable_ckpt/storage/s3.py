@@ -10,9 +10,11 @@ allowed for loopback hosts, or anywhere when ``AWS_ALLOW_HTTP=true``) plus a few
 
 Two clients are used, each for what it does best:
 
-* **obstore** (Rust, ``object_store``) for every read, list, head and delete: ranged GETs run
+* **obstore** (Rust, ``object_store``) for every read, head and delete: ranged GETs run
   without the GIL and are several times faster than boto3 downloads.
-* **boto3** for every write. obstore 0.12 cannot send ``x-amz-checksum-crc32c`` (its
+* **boto3** for every write, and for listings: obstore fails a whole listing when one key under
+  the prefix is not a well-formed path (``run//x``), boto3 returns it and it is skipped as
+  foreign. obstore 0.12 cannot send ``x-amz-checksum-crc32c`` (its
   ``checksum_algorithm`` knows only SHA256 and CRC64NVME) and does not expose the parts of a
   multipart upload. The format's block checksums are CRC32C, so writes go through boto3 to let
   the server verify each part's CRC32C and the whole object's (``x-amz-checksum-type:
@@ -50,7 +52,13 @@ from portable_ckpt.errors import (
     StorageError,
     UsageError,
 )
-from portable_ckpt.storage.base import Capabilities, ObjectInfo, Storage, StreamWriter
+from portable_ckpt.storage.base import (
+    Capabilities,
+    ObjectInfo,
+    Storage,
+    StreamWriter,
+    well_formed,
+)
 
 __all__ = ["S3IoStats", "S3Options", "S3Storage"]
 
@@ -229,6 +237,18 @@ _AUTH_CODES = {
     "TokenRefreshRequired",
     "AllAccessDisabled",
 }
+
+
+class _OddKeyError(Exception):
+    """obstore met a key it cannot represent: the listing is redone with boto3."""
+
+
+#: A listing entry: ``(object, None)`` or, for a foreign key, ``(None, key)``.
+_Entry = tuple[ObjectInfo | None, str | None]
+
+
+def _entry(rel: str, size: int, mtime: float) -> _Entry:
+    return (ObjectInfo(rel, size, mtime), None) if well_formed(rel) else (None, rel)
 
 
 class S3Storage(Storage):
@@ -418,12 +438,7 @@ class S3Storage(Storage):
 
     # -- paths and errors -----------------------------------------------------------------------
     def _check(self, path: str) -> str:
-        if (
-            not path
-            or path.startswith("/")
-            or "\\" in path
-            or any(p in ("", ".", "..") for p in path.split("/"))
-        ):
+        if not well_formed(path):
             raise PathUnsafeError(
                 f"path {path!r} is not a relative path below {self.url}", path=path
             )
@@ -672,45 +687,164 @@ class S3Storage(Storage):
             return None
         return int.from_bytes(base64.b64decode(value), "big")
 
-    # -- listing (obstore) ----------------------------------------------------------------------
-    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
-        """List objects below ``prefix`` (sorted by path within each page)."""
+    # -- listing (obstore, boto3 when a key is odd) -----------------------------------------------
+    # obstore refuses a whole listing when one key under the prefix is not a well-formed path
+    # (``run/../x``, ``run//x``): one stray object would make a root unlistable. Such a listing
+    # is redone with boto3, which returns every key; keys that are not well-formed relative
+    # paths are foreign and skipped (reported by ``list_foreign``). Reads never need boto3.
+    def _key_prefix(self, prefix: str) -> str:
+        pfx = self._prefix_arg(prefix)
+        if pfx:
+            return self._key(pfx) + "/"
+        return self.prefix + "/" if self.prefix else ""
+
+    def _rel(self, key: str) -> str:
+        root = self.prefix + "/" if self.prefix else ""
+        return key[len(root) :] if key.startswith(root) else key
+
+    def _scan(self, prefix: str, *, recursive: bool) -> builtins.list[_Entry]:
+        """``(object, None)`` for well-formed keys, ``(None, key)`` for foreign ones."""
+        try:
+            return self._scan_obstore(prefix, recursive=recursive)
+        except _OddKeyError:
+            return self._scan_boto(prefix, recursive=recursive)
+
+    def _scan_obstore(self, prefix: str, *, recursive: bool) -> builtins.list[_Entry]:
         import obstore
 
         pfx = self._prefix_arg(prefix)
+        metas: builtins.list[Any] = []
+        dirs: builtins.list[str] = []
         try:
             if recursive:
                 for page in obstore.list(self._store(), pfx, chunk_size=1000):
                     self.stats.add(other_requests=1)
-                    for meta in page:
-                        yield ObjectInfo(
-                            str(meta["path"]),
-                            int(meta["size"]),
-                            meta["last_modified"].timestamp(),
-                        )
+                    metas.extend(page)
             else:
                 res = obstore.list_with_delimiter(self._store(), pfx)
                 self.stats.add(other_requests=1)
-                for meta in res["objects"]:
-                    yield ObjectInfo(
-                        str(meta["path"]), int(meta["size"]), meta["last_modified"].timestamp()
-                    )
+                metas, dirs = builtins.list(res["objects"]), builtins.list(res["common_prefixes"])
+        except Exception as exc:
+            self._list_failed(prefix, exc)
+        out: builtins.list[_Entry] = [_entry(str(m["path"]), int(m["size"]),
+                                             m["last_modified"].timestamp()) for m in metas]
+        return out + [(None, d + "/") for d in dirs if not well_formed(d)]
+
+    def _list_failed(self, prefix: str, exc: BaseException) -> NoReturn:
+        if type(exc).__name__ == "InvalidPathError":
+            raise _OddKeyError from exc
+        self._fail("list", prefix, exc)
+
+    def _pages(self, prefix: str, *, delimiter: bool) -> Iterator[dict[str, Any]]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key_prefix(prefix)}
+        if delimiter:
+            kwargs["Delimiter"] = "/"
+        try:
+            for page in self._client().get_paginator("list_objects_v2").paginate(**kwargs):
+                self.stats.add(other_requests=1)
+                yield page
         except CheckpointError:
             raise
         except Exception as exc:
             self._fail("list", prefix, exc)
 
+    def _scan_boto(self, prefix: str, *, recursive: bool) -> builtins.list[_Entry]:
+        out: builtins.list[_Entry] = []
+        for page in self._pages(prefix, delimiter=not recursive):
+            for obj in page.get("Contents", []):
+                rel = self._rel(str(obj["Key"]))
+                out.append(_entry(rel, int(obj["Size"]), obj["LastModified"].timestamp()))
+            for cp in page.get("CommonPrefixes", []):
+                rel = self._rel(str(cp["Prefix"]))
+                if not well_formed(rel[:-1]):
+                    out.append((None, rel))
+        return out
+
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        """List objects below ``prefix``, sorted by key; foreign keys are skipped."""
+        for info, _ in self._scan(prefix, recursive=recursive):
+            if info is not None:
+                yield info
+
+    def list_foreign(self, prefix: str = "", *, recursive: bool = True) -> builtins.list[str]:
+        """Keys below ``prefix`` that are not well-formed relative paths (never listed)."""
+        return [key for info, key in self._scan(prefix, recursive=recursive) if key is not None]
+
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the names of the immediate common prefixes below ``prefix``."""
         import obstore
 
-        pfx = self._prefix_arg(prefix)
         try:
-            res = obstore.list_with_delimiter(self._store(), pfx)
+            res = obstore.list_with_delimiter(self._store(), self._prefix_arg(prefix))
+            self.stats.add(other_requests=1)
+            found = [str(p) for p in res["common_prefixes"]]
         except Exception as exc:
-            self._fail("list", prefix, exc)
+            try:
+                self._list_failed(prefix, exc)
+            except _OddKeyError:
+                found = [
+                    self._rel(str(cp["Prefix"]))
+                    for page in self._pages(prefix, delimiter=True)
+                    for cp in page.get("CommonPrefixes", [])
+                ]
+        names = {p.rstrip("/").rsplit("/", 1)[-1] for p in found if well_formed(p.rstrip("/"))}
+        return sorted(names)
+
+    def root_exists(self) -> bool:
+        """Whether any object (or unfinished upload) exists under the root's prefix."""
+        import obstore
+
+        try:
+            res = obstore.list_with_delimiter(self._store(), None)
+        except Exception as exc:
+            if type(exc).__name__ == "InvalidPathError":
+                return True  # an object exists: one obstore cannot even name
+            self._fail("list", "", exc)
         self.stats.add(other_requests=1)
-        return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"]})
+        return bool(res["objects"] or res["common_prefixes"]) or bool(self._uploads(""))
+
+    def _uploads(self, prefix: str) -> builtins.list[dict[str, Any]]:
+        out: builtins.list[dict[str, Any]] = []
+        try:
+            paginator = self._client().get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key_prefix(prefix)):
+                self.stats.add(other_requests=1)
+                out.extend(page.get("Uploads", []))
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            self._fail("list uploads", prefix, exc)
+        return out
+
+    def _upload_activity(self, up: dict[str, Any]) -> float:
+        """The newest of an upload's start and its parts' times (one ListParts per page)."""
+        t = up["Initiated"].timestamp() if up.get("Initiated") is not None else 0.0
+        try:
+            pages = self._client().get_paginator("list_parts").paginate(
+                Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+            )
+            for page in pages:
+                self.stats.add(other_requests=1)
+                for part in page.get("Parts", []):
+                    t = max(t, part["LastModified"].timestamp())
+        except Exception as exc:
+            if self._classify(exc)[0] == "NoSuchUpload":
+                return t  # completed or aborted meanwhile
+            self._fail("list parts", self._rel(str(up["Key"])), exc)
+        return t
+
+    def list_uploads(
+        self, prefix: str = "", *, activity: bool = False
+    ) -> builtins.list[ObjectInfo]:
+        """Unfinished multipart uploads below ``prefix`` (foreign keys skipped)."""
+        out = []
+        for up in self._uploads(prefix):
+            rel = self._rel(str(up["Key"]))
+            if not well_formed(rel):
+                continue
+            started = up["Initiated"].timestamp() if up.get("Initiated") is not None else 0.0
+            out.append(ObjectInfo(rel, 0, self._upload_activity(up) if activity else started))
+        return out
 
     # -- deletes (obstore) ----------------------------------------------------------------------
     def delete(self, path: str) -> None:
@@ -749,35 +883,25 @@ class S3Storage(Storage):
         """Abort unfinished multipart uploads below ``prefix`` started ``older_than_s`` ago.
 
         Killed writers leave such uploads behind: invisible to listings but billed. Returns the
-        number aborted.
+        number aborted. gc calls it only for the prefix of an attempt it deletes (R-GC-8).
         """
-        pfx = self._prefix_arg(prefix)
-        key_prefix = self._key(pfx) + "/" if pfx else (self.prefix + "/" if self.prefix else "")
         client = self._client()
         now = _dt.datetime.now(_dt.UTC)
         count = 0
-        try:
-            paginator = client.get_paginator("list_multipart_uploads")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=key_prefix):
-                self.stats.add(other_requests=1)
-                for up in page.get("Uploads", []):
-                    started = up.get("Initiated")
-                    if older_than_s > 0 and started is not None:
-                        if (now - started).total_seconds() < older_than_s:
-                            continue
-                    try:
-                        client.abort_multipart_upload(
-                            Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
-                        )
-                        count += 1
-                    except Exception as exc:
-                        if self._classify(exc)[0] != "NoSuchUpload":
-                            raise
-                    self.stats.add(other_requests=1)
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            self._fail("abort uploads", prefix, exc)
+        for up in self._uploads(prefix):
+            started = up.get("Initiated")
+            if older_than_s > 0 and started is not None:
+                if (now - started).total_seconds() < older_than_s:
+                    continue
+            try:
+                client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                )
+                count += 1
+            except Exception as exc:
+                if self._classify(exc)[0] != "NoSuchUpload":
+                    self._fail("abort upload", self._rel(str(up["Key"])), exc)
+            self.stats.add(other_requests=1)
         return count
 
     # -- writes (boto3) -------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""gc, ``ls`` and ``latest`` never act on what they could not read (issue 12, items 1, 2 and 6).
+
+Classification of an attempt is at least three-way: committed, positively without a commit record
+(the storage said "absent"), and unknown (a storage error, or a record that exists but could not
+be read). Versions written by a newer format are foreign: never garbage. A newer save of a step
+always sorts after the older ones, even after the clock stepped back.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import StorageError
+from portable_ckpt.io.versions import gc, latest, list_versions, write_drill_record
+from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+from tests.hardening._util import check_restores, make_version
+
+
+def _alive(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir() if (p / "manifest.json").exists()}
+
+
+def _drill(ok: bool = True) -> dict[str, Any]:
+    return {"ok": ok, "started_at": "2030-01-01T00:00:00Z", "finished_at": "2030-01-01T00:00:01Z",
+            "world_size": 1, "saved_world_size": 2, "contract": "exact", "measurements": {},
+            "error": None}
+
+
+def _edit(root: Path, attempt: str, **changes: Any) -> None:
+    p = root / attempt / "manifest.json"
+    doc = json.loads(p.read_text())
+    doc.update(changes)
+    p.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("op", "err"), [("exists", "EIO"), ("size", "EIO"), ("read", "EIO"),
+                                         ("read", "EACCES"), ("exists", "EACCES")])
+def test_one_transient_error_on_the_newest_manifest_deletes_nothing_unclassified(
+    tmp_path: Path, op: str, err: str
+) -> None:
+    """Item 1: one EIO/EACCES while gc reads the newest manifest: that version survives."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    st = FaultyStorage(open_storage(tmp_path),
+                       [Fault(op=op, path=f"{ids[2]}/manifest.json", error=err, times=1)])
+    rep = gc(st, keep=1, grace_seconds=0.0)
+    assert ids[2] in _alive(tmp_path), "the newest committed version was deleted"
+    assert [u["id"] for u in rep.unknown] == [ids[2]] and rep.unknown[0]["code"] == "PCK-STORAGE"
+    assert ids[2] not in rep.abandoned and ids[2] not in rep.deleted
+    # Deleting the older one is still right: the newest readable version is kept.
+    assert rep.kept == [ids[1]] and rep.deleted == [ids[0]] and not rep.complete
+    check_restores(open_storage(tmp_path), ids[2])
+    # The next run, with the error gone, sees everything again.
+    rep2 = gc(str(tmp_path), keep=1, grace_seconds=0.0)
+    assert rep2.complete and rep2.kept == [ids[2]] and rep2.deleted == [ids[1]]
+
+
+def test_eacces_from_the_file_system_is_unknown_not_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 1: a real PermissionError from lstat is a storage error, never "no manifest.json"."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
+    real = os.lstat
+    target = str(tmp_path / ids[1] / "manifest.json")
+
+    def lstat(path: Any, *a: Any, **k: Any) -> os.stat_result:
+        if os.fspath(path) == target:
+            raise PermissionError(errno.EACCES, "Permission denied", target)
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    [v1, v2] = list_versions(str(tmp_path))
+    assert (v1.status, v2.status) == ("committed", "unreadable")
+    assert v2.error is not None and "Permission denied" in v2.error
+    rep = gc(str(tmp_path), keep=1, grace_seconds=0.0)
+    assert rep.unknown and rep.unknown[0]["id"] == ids[1]
+    monkeypatch.undo()
+    assert _alive(tmp_path) == set(ids)
+
+
+def test_ls_shows_an_unreadable_manifest_as_unreadable(tmp_path: Path) -> None:
+    """Item 1: ``ls`` says ``unreadable`` (with the error), not ``incomplete``."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
+    st = FaultyStorage(open_storage(tmp_path),
+                       [Fault(op="read", path=f"{ids[1]}/manifest.json", error="EIO")])
+    statuses = {v.id: (v.status, v.error) for v in list_versions(st)}
+    assert statuses[ids[0]] == ("committed", None)
+    assert statuses[ids[1]][0] == "unreadable" and "EIO" in str(statuses[ids[1]][1])
+
+
+@pytest.mark.parametrize("op", ["exists", "read"])
+def test_latest_never_falls_back_past_an_unreadable_newer_manifest(tmp_path: Path, op: str) -> None:
+    """Item 1: a transient error is not "no version": PCK-STORAGE, not the older step."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
+    st = FaultyStorage(open_storage(tmp_path),
+                       [Fault(op=op, path=f"{ids[1]}/manifest.json", error="EIO")])
+    with pytest.raises(StorageError, match=ids[1]):
+        latest(st)
+    # An explicit older step is unaffected, and the newest once the storage answers.
+    assert latest(st, step=1)[0] == ids[0]
+    assert latest(open_storage(tmp_path))[0] == ids[1]
+
+
+def test_unreadable_drill_record_does_not_move_the_drill_protection(tmp_path: Path) -> None:
+    """Item 1: a drill record that cannot be read makes the version unknown to gc, not undrilled."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    storage = open_storage(tmp_path)
+    write_drill_record(storage, ids[0], _drill())
+    rel = write_drill_record(storage, ids[1], _drill())
+    st = FaultyStorage(storage, [Fault(op="read", path=rel, error="EIO")])
+    rep = gc(st, keep=1, grace_seconds=0.0)
+    assert ids[1] in _alive(tmp_path), "the newest drilled version was deleted"
+    assert [u["id"] for u in rep.unknown] == [ids[1]]
+    rep2 = gc(str(tmp_path), keep=1, grace_seconds=0.0)
+    assert rep2.protected == ids[1] and _alive(tmp_path) == {ids[1], ids[2]}
+
+
+def test_listing_error_inside_an_attempt_skips_it(tmp_path: Path) -> None:
+    """Item 1: gc cannot date an incomplete attempt it cannot list: it keeps it and says so."""
+    make_version(str(tmp_path), 1)
+    aid = make_version(str(tmp_path), 2)
+    (tmp_path / aid / "manifest.json").unlink()  # an attempt without a commit record
+    st = FaultyStorage(open_storage(tmp_path), [Fault(op="list", path=f"{aid}/", error="EIO")])
+    rep = gc(st, keep=1, grace_seconds=0.0)
+    assert (tmp_path / aid).is_dir() and [u["id"] for u in rep.unknown] == [aid]
+
+
+_FOREIGN = {
+    "major": {"format_version": "2.0"},
+    "must-understand": {"format_version": "1.9", "must_understand": ["sparse-tensors"]},
+    "newer-minor-unvalidated": {"format_version": "1.9", "tensors": {"t": {"layout": "new"}}},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_FOREIGN))
+def test_foreign_versions_are_never_garbage(tmp_path: Path, kind: str) -> None:
+    """Item 2: a version of a newer format is foreign: kept, not counted as abandoned, not in keep."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    _edit(tmp_path, ids[2], **_FOREIGN[kind])
+    os.utime(tmp_path / ids[2] / "manifest.json", (0, 0))
+    [*_, newest] = list_versions(str(tmp_path))
+    assert newest.id == ids[2] and newest.status == "foreign" and newest.error
+    rep = gc(str(tmp_path), keep=1, grace_seconds=0.0)
+    assert ids[2] in _alive(tmp_path) and ids[2] not in rep.abandoned + rep.deleted
+    assert rep.foreign == [ids[2]] and rep.complete
+    # The foreign version does not take a keep slot: the newest understood one stays.
+    assert rep.kept == [ids[1]] and _alive(tmp_path) == {ids[1], ids[2]}
+
+
+def test_latest_skips_a_foreign_version_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 2: a foreign version is no version for this reader (R-COMMIT-1), but not silently."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
+    _edit(tmp_path, ids[1], format_version="1.9", must_understand=["sparse-tensors"])
+    with caplog.at_level("WARNING", logger="portable_ckpt"):
+        assert portable_ckpt.open(tmp_path).id == ids[0]
+    assert ids[1] in caplog.text and "does not implement" in caplog.text
+
+
+def test_invalid_manifest_is_still_collected_after_the_grace_period(tmp_path: Path) -> None:
+    """A record that was read in full and is invalid for every version is positively not a version."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
+    (tmp_path / ids[1] / "manifest.json").write_text("{not json")
+    [_, v] = list_versions(str(tmp_path))
+    assert v.status == "invalid" and "PCK-JSON-INVALID" in str(v.error)
+    now = time.time()
+    assert gc(str(tmp_path), keep=1, now=lambda: now).abandoned == []
+    rep = gc(str(tmp_path), keep=1, now=lambda: now + 7200)
+    assert rep.abandoned == [ids[1]] and _alive(tmp_path) == {ids[0]}
+
+
+def test_a_newer_save_of_a_step_wins_after_the_clock_stepped_back(tmp_path: Path) -> None:
+    """Item 6: committed_at of a new commit is above every existing version of its step."""
+    old = make_version(str(tmp_path), 5)
+    # The first save committed one hour "in the future": NTP has since stepped the clock back.
+    ahead = time.gmtime(time.time() + 3600)
+    _edit(tmp_path, old, committed_at=time.strftime("%Y-%m-%dT%H:%M:%S.123456Z", ahead))
+    new = make_version(str(tmp_path), 5)
+    ts = {v.id: v.committed_at for v in list_versions(str(tmp_path))}
+    assert str(ts[new]) > str(ts[old]), ts
+    assert portable_ckpt.open(tmp_path).id == new
+    gc(str(tmp_path), keep=1, grace_seconds=0.0)
+    assert _alive(tmp_path) == {new}

@@ -1,0 +1,127 @@
+"""gc and listings on S3 (moto on loopback): 5xx while classifying, unfinished uploads, odd keys.
+
+Issue 12 items 1, 3 and 4: a 5xx answer is not "no manifest"; gc aborts only the uploads of the
+attempts it deletes (R-GC-8); keys the format did not write are foreign (R-LAYOUT-7).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.cli.main import main as cli_main
+from portable_ckpt.errors import StorageError
+from portable_ckpt.io.versions import gc, list_versions
+from portable_ckpt.io.writer import new_attempt_id
+from portable_ckpt.storage import open_storage
+
+from .conftest import S3Env
+
+pytestmark = pytest.mark.s3
+
+
+def _save(root: str, step: int) -> str:
+    m = portable_ckpt.save_arrays(root, {"w": np.full(16, step, np.float32)}, step=step)
+    return m.attempt_id
+
+
+def _committed(root: str) -> list[str]:
+    return [v.id for v in list_versions(root) if v.status == "committed"]
+
+
+def test_5xx_on_the_newest_manifest_deletes_nothing(
+    s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 1 (R-GC-6, R-ID-5): an S3 500 on every try is unknown, not incomplete."""
+    monkeypatch.setenv("PCK_S3_MAX_ATTEMPTS", "2")
+    root = s3_proxied.root("run")
+    ids = [_save(root, s) for s in (1, 2, 3)]
+    proxy = s3_proxied.proxy
+    proxy.match_path = rf"{ids[2]}/manifest\.json"
+    proxy.fail_every = 1
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert [u["id"] for u in rep.unknown] == [ids[2]] and ids[2] not in rep.abandoned
+    with pytest.raises(StorageError, match=ids[2]):
+        portable_ckpt.open(root)
+    proxy.reset()
+    assert _committed(root) == ids[1:] and portable_ckpt.open(root).id == ids[2]
+
+
+def _start_upload(storage: object, attempt: str, name: str) -> object:
+    w = storage.open_writer(f"{attempt}/data/{name}")  # type: ignore[attr-defined]
+    w.write(b"\x01" * (5 << 20))  # one full part: a multipart upload with a part is under way
+    return w
+
+
+def test_gc_keeps_the_uploads_of_a_save_in_progress(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 3 (R-GC-8): the in-progress attempt's multipart upload survives gc; close() works."""
+    monkeypatch.setenv("PCK_S3_PART_SIZE", str(5 << 20))
+    root = s3.root("run")
+    old = [_save(root, s) for s in (1, 2)]
+    storage = open_storage(root)
+    attempt = new_attempt_id(3)
+    w = _start_upload(storage, attempt, "w00000-0000.safetensors")
+    storage.put(f"{attempt}/entries/x.g.json", b"{}")  # the save is active right now
+    rep = gc(root, keep=1, grace_seconds=600.0)
+    assert rep.deleted == [old[0]] and rep.abandoned == [] and rep.aborted_uploads == 0
+    w.write(b"tail")  # type: ignore[attr-defined]
+    w.close()  # type: ignore[attr-defined]
+    assert storage.size(f"{attempt}/data/w00000-0000.safetensors") == (5 << 20) + 4
+
+
+def test_gc_aborts_uploads_only_of_attempts_it_deletes(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 3 (R-GC-8, R-GC-5): a dead writer's upload goes with its attempt; others stay."""
+    monkeypatch.setenv("PCK_S3_PART_SIZE", str(5 << 20))
+    root = s3.root("run")
+    keep = _save(root, 1)
+    storage = open_storage(root)
+    dead = new_attempt_id(2)  # a killed writer: nothing but an unfinished upload
+    _start_upload(storage, dead, "w00000-0000.safetensors")
+    client = s3.boto()
+    client.create_multipart_upload(Bucket=s3.bucket, Key="run/notes/upload.bin")
+    assert [v.id for v in list_versions(root)] == [keep]  # invisible to listings
+    rep = gc(root, keep=1, grace_seconds=0.0, now=lambda: time.time() + 60)
+    assert rep.abandoned == [dead] and rep.aborted_uploads == 1
+    left = [u["Key"] for u in client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])]
+    assert left == ["run/notes/upload.bin"]
+    assert _committed(root) == [keep]
+
+
+_ODD = ["../x", "/x", "./x", "a//b", "{a}//x", "{a}/data/../../x", "{a}/./y", "x\\y"]
+
+
+def test_odd_keys_are_foreign_and_harmless(s3: S3Env, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 4 (R-LAYOUT-7): open/ls/inspect/verify/gc work; odd keys are reported, never deleted."""
+    root = s3.root("run")
+    ids = [_save(root, s) for s in (1, 2)]
+    client = s3.boto()
+    odd = [k.format(a=ids[0]) for k in _ODD]
+    for key in odd:
+        client.put_object(Bucket=s3.bucket, Key=f"run/{key}", Body=b"odd")
+    assert portable_ckpt.open(root).id == ids[1]
+    assert portable_ckpt.open(root).verify(deep=True) == []
+    assert cli_main(["ls", root, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [v["id"] for v in doc["versions"]] == ids
+    assert doc["foreign_key_count"] >= 3 and "../" in doc["foreign_keys"], doc["foreign_keys"]
+    for argv in (["inspect", root], ["verify", root, "--deep"], ["verify", f"{root}/{ids[0]}"]):
+        assert cli_main(argv) == 0, argv
+    capsys.readouterr()
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert rep.deleted == [ids[0]] and rep.complete
+    inside = {k for k in odd if k.startswith(ids[0])}
+    assert set(rep.foreign_keys) == inside
+    keys = {o["Key"][4:] for o in client.list_objects_v2(Bucket=s3.bucket)["Contents"]}
+    assert set(odd) <= keys, "gc deleted a foreign key"
+    assert not [k for k in keys if k.startswith(ids[0]) and k not in inside]
+    # The attempt left with only foreign keys is not reported as abandoned again and again.
+    rep2 = gc(root, keep=1, grace_seconds=0.0)
+    assert rep2.abandoned == [] and rep2.deleted == [] and set(rep2.foreign_keys) == inside
