@@ -3,6 +3,9 @@
 Paths are relative POSIX paths below the storage root (e.g. ``"<attempt>/data/w00000-0000.safetensors"``).
 Backends must refuse paths that leave the root; callers validate paths read from disk with
 :func:`portable_ckpt.format.paths.check_relative_path` before they ever reach a backend.
+
+The rules below are tested by :class:`portable_ckpt.testing.storage.StorageTests`, which every
+backend (and any third-party one, see ``docs/storage-backends.md``) subclasses.
 """
 
 from __future__ import annotations

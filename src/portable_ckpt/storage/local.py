@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from portable_ckpt.errors import (
+    CheckpointError,
     FileMissingError,
     FileSizeError,
     LimitError,
@@ -104,6 +105,12 @@ class _LocalWriter(StreamWriter):
             os.unlink(self._full)
         except OSError:
             pass
+
+
+def _read_error(path: str, offset: int, exc: OSError) -> CheckpointError:
+    if exc.errno == errno.EISDIR:  # opening a directory read-only succeeds; reading it fails
+        return FileMissingError(f"{path!r} is a directory, not a regular file", path=path)
+    return StorageError(f"read {path!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path)
 
 
 class LocalStorage(Storage):
@@ -220,14 +227,13 @@ class LocalStorage(Storage):
     def read_into_many(self, path: str, offset: int, bufs: list[memoryview]) -> None:
         fd = self._open_read(path)
         try:
-            bufs = [b for b in bufs if len(b)]
+            # Count in bytes: a tensor's view has items of several bytes (len() counts items).
+            bufs = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs if b.nbytes]
             total = sum(len(b) for b in bufs)
             try:
                 n = os.preadv(fd, bufs, offset) if bufs else 0
             except OSError as exc:
-                raise StorageError(
-                    f"read {path!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path
-                ) from exc
+                raise _read_error(path, offset, exc) from exc
             if n < total:
                 # Short read: finish buffer by buffer (raises FileSizeError at end of file).
                 pos = offset
@@ -257,9 +263,7 @@ class LocalStorage(Storage):
                     )
                 done += n
         except OSError as exc:
-            raise StorageError(
-                f"read {path!r} at {offset + done}: {exc.strerror} (errno {exc.errno})", path=path
-            ) from exc
+            raise _read_error(path, offset + done, exc) from exc
 
     def map_readonly(self, path: str, offset: int, length: int) -> memoryview | None:
         fd = self._open_read(path)
@@ -285,7 +289,10 @@ class LocalStorage(Storage):
     def read_all(self, path: str, *, max_size: int) -> bytes:
         fd = self._open_read(path)
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FileMissingError(f"{path!r} is not a regular file", path=path)
+            size = st.st_size
             if size > max_size:
                 raise LimitError(
                     f"{path!r} is {size} bytes, above the limit of {max_size}", path=path

@@ -1,0 +1,1 @@
+"""Test helpers for backends and integrations (need the ``dev`` extra: pytest, hypothesis)."""
