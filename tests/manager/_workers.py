@@ -78,8 +78,15 @@ def loop(rank: int, world: int, root: str, fast: str, events: str, kill_at: int)
             break
     mgr.close()
     # Wall-clock decisions: every rank's clock and pace differ; rank 0 decides for all.
+    # replicate=True: durable saves land on the fast tier, then are copied to the root.
     clock = pckt.CheckpointManager(
-        root + "-seconds", save_every_seconds=0.1, timeout=30, async_save=False
+        root + "-seconds",
+        save_every_seconds=0.1,
+        timeout=30,
+        async_save=False,
+        fast_root=root + "-seconds-fast",
+        replicate=True,
+        keep_last=2,
     )
     by_time = []
     for step in range(1, 9):
@@ -88,6 +95,7 @@ def loop(rank: int, world: int, root: str, fast: str, events: str, kill_at: int)
     clock.close()
     return {
         "by_time": by_time,
+        "replicated": [e for e in clock.telemetry.history if e["event"] == "replicate"],
         "first": None if first is None else first.step,
         "saved": saved,
         "last": last,
@@ -153,15 +161,9 @@ def kill_mid_async(rank: int, world: int, root: str) -> dict[str, Any]:
     mgr.maybe_save(1, {"model": tr})
     mgr.wait()
     if rank == world - 1:
-        from portable_ckpt.io.writer import ShardWriter
+        from tests.torch._workers import die_after_first_shard
 
-        orig = ShardWriter._write_shard
-
-        def dying(self: Any, rel: str, group: Any) -> Any:
-            orig(self, rel, group)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        ShardWriter._write_shard = dying  # type: ignore[method-assign]
+        die_after_first_shard()
     tr.step(2)
     mgr.maybe_save(2, {"model": tr})
     try:

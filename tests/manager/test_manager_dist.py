@@ -56,6 +56,19 @@ def test_decisions_agree_across_ranks_and_sigterm_saves(trained: dict[str, Any])
     assert r0["by_time"] == r1["by_time"] and 0 < sum(r0["by_time"]) < 8
 
 
+def test_replication_from_the_fast_tier(trained: dict[str, Any]) -> None:
+    r0 = trained["res"][0]
+    root = trained["root"] + "-seconds"
+    n = sum(r0["by_time"])
+    assert len(r0["replicated"]) == n and all(e["ok"] and e["bytes"] > 0 for e in r0["replicated"])
+    durable = portable_ckpt.list_versions(root)
+    assert [v.status for v in durable] == ["committed"] * min(2, n)  # keep_last=2
+    fast = [v for v in portable_ckpt.list_versions(root + "-fast") if v.status == "committed"]
+    assert fast and all(v.copied for v in fast)  # copy records beside the fast versions
+    for v in durable:
+        assert portable_ckpt.open(v.path).verify(deep=True) == []
+
+
 def test_retention_keeps_last_best_and_newest(trained: dict[str, Any]) -> None:
     durable = _committed(trained["root"])
     # Durable saves at 4, 5 (listed), 8 and 9 (preemption); keep_last=3 keeps 5, 8, 9 and

@@ -248,21 +248,26 @@ def async_snapshot(rank: int, world: int, root: str) -> dict[str, Any]:
 # -- kill a rank during a save ----------------------------------------------------------------------
 
 
+def die_after_first_shard() -> None:
+    """Make this process SIGKILL itself once its first shard file is written."""
+    from portable_ckpt.io.writer import ShardWriter
+
+    orig = ShardWriter._write_shard
+
+    def dying(self: Any, rel: str, group: Any) -> Any:
+        orig(self, rel, group)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    ShardWriter._write_shard = dying  # type: ignore[method-assign]
+
+
 def kill_during_save(rank: int, world: int, root: str) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (world,))
     state = {"w": distribute_tensor(g((12, 4), torch.float32), mesh, [Shard(0)])}
     first = pckt.save(state, root, step=1, timeout=20)
     state2 = {"w": distribute_tensor(g((12, 4), torch.float32, 1.0), mesh, [Shard(0)])}
     if rank == world - 1:
-        from portable_ckpt.io.writer import ShardWriter
-
-        orig = ShardWriter._write_shard
-
-        def dying(self: Any, rel: str, group: Any) -> Any:
-            orig(self, rel, group)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        ShardWriter._write_shard = dying  # type: ignore[method-assign]
+        die_after_first_shard()
     t0 = time.monotonic()
     try:
         pckt.save(state2, root, step=2, timeout=20)

@@ -15,7 +15,6 @@ and written, one prefetched) plus its destination writer's buffer (for S3:
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -64,12 +63,6 @@ def _storage_for(url: str, *, create: bool) -> Storage:
     if url.startswith("file://"):
         return open_storage(url[len("file://") :], create=create)
     return open_storage(url, create=create)
-
-
-def _copy_id() -> str:
-    now = time.time()
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    return f"c{stamp}{int(now * 1e6) % 1_000_000:06d}Z-{secrets.token_hex(4)}"
 
 
 @dataclass
@@ -267,8 +260,9 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
 def _write_record(src: Storage, attempt: str, destination: str, result: CopyResult) -> str:
     from portable_ckpt.format.naming import utc_now_iso
     from portable_ckpt.format.schemas import validate_document
+    from portable_ckpt.io.versions import annotation_id
 
-    copy_id = _copy_id()
+    copy_id = annotation_id("c")
     rel = f"{attempt}/copies/{copy_id}.json"
     rec: dict[str, Any] = {
         "format": "portable-ckpt-copy",

@@ -277,6 +277,13 @@ def _annotation(
     return doc
 
 
+def annotation_id(letter: str) -> str:
+    """A fresh post-commit record id: ``<letter><YYYYMMDD>T<HHMMSS><micro:06d>Z-<8 hex>`` (UTC)."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{letter}{stamp}{int(now * 1e6) % 1_000_000:06d}Z-{secrets.token_hex(4)}"
+
+
 def _write_annotation(
     storage: Storage, attempt_id: str, kind: str, ident: str, record: dict[str, Any]
 ) -> str:
@@ -299,7 +306,7 @@ def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]
         "format": "portable-ckpt-drill",
         "format_version": FORMAT_VERSION,
         "attempt_id": attempt_id,
-        "drill_id": f"d{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}{int(time.time() * 1e6) % 1000000:06d}Z-{secrets.token_hex(4)}",
+        "drill_id": annotation_id("d"),
         **record,
     }
     validate_document(rec, "drill.schema.json", what=f"{attempt_id}/drills/{rec['drill_id']}.json")
@@ -328,9 +335,7 @@ def write_verification_record(
     from portable_ckpt.format.naming import utc_now_iso
     from portable_ckpt.format.schemas import validate_document
 
-    now = time.time()
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    ident = f"v{stamp}{int(now * 1e6) % 1_000_000:06d}Z-{secrets.token_hex(4)}"
+    ident = annotation_id("v")
     rec: dict[str, Any] = {
         "format": "portable-ckpt-verification",
         "format_version": FORMAT_VERSION,

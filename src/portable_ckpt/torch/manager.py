@@ -574,6 +574,7 @@ class CheckpointManager:
                 mib_per_s=round(res.mib_per_s, 3),
             )
             self._bg.submit(self._retain, durable)
+            self._bg.submit(self._retain, tier)  # the fast tier, now that the copy is done
 
         fut.add_done_callback(done)
 
