@@ -37,7 +37,7 @@ def _torchrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-MODES = ["manager"]
+MODES = ["manager", "plain"]
 
 
 def test_exit_with_pending_async_save_finishes_it(tmp_path: Path) -> None:

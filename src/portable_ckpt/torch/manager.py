@@ -60,6 +60,7 @@ from portable_ckpt.manager.records import (
 from portable_ckpt.manager.retention import RetentionPolicy, plan_retention
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.torch._inflight import at_interpreter_exit
 from portable_ckpt.torch.async_saving import AsyncSaveHandle, async_save
 from portable_ckpt.torch.flatten import StateEntry
 from portable_ckpt.torch.info import CheckpointInfo, LoadInfo
@@ -862,8 +863,6 @@ class CheckpointManager:
 
 
 _MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
-_EXIT_HOOKED = False
-_EXIT_LOCK = threading.Lock()
 
 
 def _finish_all_at_exit() -> None:
@@ -872,23 +871,6 @@ def _finish_all_at_exit() -> None:
 
 
 def _register_exit(mgr: CheckpointManager) -> None:
-    """Finish pending saves at interpreter exit, before thread pools refuse new work.
-
-    ``atexit`` handlers run only after ``threading`` has shut down (``concurrent.futures``
-    then refuses new work, and the save fails with "cannot schedule new futures after
-    interpreter shutdown"); ``threading._register_atexit`` callbacks run first, in reverse
-    order of registration, so this one runs before the executors' own shutdown.
-    """
-    global _EXIT_HOOKED
+    """Finish the managers' pending work at interpreter exit (see ``_inflight``)."""
     _MANAGERS.add(mgr)
-    with _EXIT_LOCK:
-        if _EXIT_HOOKED:
-            return
-        _EXIT_HOOKED = True
-    hook = getattr(threading, "_register_atexit", None)
-    if hook is not None:
-        hook(_finish_all_at_exit)
-    else:  # pragma: no cover - other interpreters
-        import atexit
-
-        atexit.register(_finish_all_at_exit)
+    at_interpreter_exit("checkpoint-managers", _finish_all_at_exit)
