@@ -180,3 +180,67 @@ def exit_pending(rank: int, world: int, root: str) -> dict[str, Any]:
     mgr = pckt.CheckpointManager(root, save_every=1, timeout=30)
     mgr.maybe_save(1, {"model": tr, "big": big})
     return {"pending": mgr._pending is not None and not mgr._pending.done()}
+
+
+def load_options(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Mesh names do not count; a version directory loads; dtype casts warn once or refuse."""
+    import logging
+
+    named = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    unnamed = init_device_mesh("cpu", (world,))
+
+    def build(mesh: Any, fill: bool, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+        return {
+            "layers": [
+                {
+                    "w": distribute_tensor(
+                        torch.full((4, 2), float(i) if fill else 0.0, dtype=dtype), mesh, [Shard(0)]
+                    )
+                }
+                for i in range(3)
+            ]
+        }
+
+    def full(state: dict[str, Any], i: int) -> torch.Tensor:
+        return state["layers"][i]["w"].full_tensor()
+
+    layers = build(named, True)
+    info = pckt.save(layers, root, step=1, timeout=30)
+    target = build(unnamed, False)
+    exact = pckt.load(target, info.path, timeout=30)  # a version directory, mesh "dim0"
+    same = all(torch.equal(full(target, i), full(layers, i)) for i in range(3))
+    bf16 = build(unnamed, False, torch.bfloat16)
+    seen: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Grab(level=logging.WARNING)
+    logging.getLogger("portable_ckpt").addHandler(handler)
+    pckt.load(bf16, root, timeout=30)
+    logging.getLogger("portable_ckpt").removeHandler(handler)
+    cast_ok = float(full(bf16, 2)[0, 0]) == 2.0
+    refused = None
+    try:
+        pckt.load(bf16, root, strict_dtype=True, timeout=30)
+    except CheckpointError as e:
+        refused = e.code
+    mismatch = None
+    try:
+        pckt.load(
+            target,
+            info.path,
+            checkpoint_id="s000000000009-20260101T000000000000Z-0000000000000000",
+            timeout=30,
+        )
+    except CheckpointError as e:
+        mismatch = e.code
+    return {
+        "contract": exact.contract,
+        "same": same,
+        "casts": [m for m in seen if "cast" in m],
+        "cast_ok": cast_ok,
+        "refused": refused,
+        "mismatch": mismatch,
+    }

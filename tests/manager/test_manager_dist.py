@@ -180,3 +180,12 @@ def test_sigkill_mid_async_save_keeps_previous_version_restorable(tmp_path: Path
     back = ok(run("resume", 2, root, str(tmp_path / "nofast"), False))
     assert [r["step"] for r in back] == [1, 1]
     assert back[0]["w0"] == 1.0  # step 1 saved the initial weight (0); one step after restore
+
+
+def test_load_version_directory_mesh_names_and_dtype_casts(tmp_path: Path) -> None:
+    """R-CONTRACT-5: only the mesh shape counts for 'exact'; names are labels."""
+    r0, r1 = ok(run("load_options", 2, str(tmp_path / "r")))
+    for r in (r0, r1):
+        assert r["contract"] == "exact" and r["same"]  # saved as ("dp",), loaded as ("dim0",)
+        assert len(r["casts"]) == 1 and "every tensor like it" in r["casts"][0]  # once/family
+        assert r["cast_ok"] and r["refused"] == "PCK-USAGE" and r["mismatch"] == "PCK-USAGE"

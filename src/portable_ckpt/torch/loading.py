@@ -13,6 +13,8 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -41,6 +43,7 @@ from portable_ckpt.torch.saving import Root
 
 __all__ = ["load"]
 
+_log = logging.getLogger("portable_ckpt")
 _RESOLVE_FAILED = "the target state was not touched"
 _LOAD_FAILED = "the ranks that succeeded hold a partly restored state; load again"
 
@@ -56,6 +59,7 @@ def load(
     strict: bool = True,
     timeout: float | None = None,
     record_ranges: bool = False,
+    strict_dtype: bool = False,
 ) -> LoadInfo:
     """Fill ``state_dict`` in place from a committed version (a collective over the group).
 
@@ -67,7 +71,8 @@ def load(
 
     Args:
         state_dict: The target state (same structure as saved).
-        root: Checkpoint root (or a :class:`Storage`).
+        root: Checkpoint root (or a :class:`Storage`), or a version directory
+            (``<root>/<attempt id>``: that version).
         step: Load the newest version of this step (default: the newest version).
         checkpoint_id: Load this attempt id.
         process_group: The group (default: the default group when initialised).
@@ -76,6 +81,8 @@ def load(
         strict: Raise when the target has keys the checkpoint lacks.
         timeout: Seconds a metadata collective may wait for peers.
         record_ranges: Record the stored-to-target range map in ``LoadInfo.range_map``.
+        strict_dtype: Refuse (PCK-USAGE) a target whose dtype differs from the stored one
+            instead of casting; a cast is otherwise logged once per family of tensors.
 
     Raises:
         ContractError: exact checkpoint onto another world size/mesh without
@@ -85,6 +92,7 @@ def load(
     """
     t0 = time.perf_counter()
     comm = make_comm(process_group, timeout)
+    root, checkpoint_id = _split_version_dir(root, checkpoint_id)
 
     def resolve() -> tuple[tuple[Storage, FlatState], str | None]:
         storage = open_storage(root, create=False)
@@ -99,7 +107,10 @@ def load(
     def fill() -> tuple[LoadInfo, dict[str, Any]]:
         ck = Checkpoint(storage, attempt_id, load_manifest(storage, attempt_id))
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
-        _load_local(ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges)
+        _load_local(
+            ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges,
+            casts=_Casts(strict_dtype),
+        )
         info.seconds = time.perf_counter() - t0
         return info, info.counters()
 
@@ -110,10 +121,29 @@ def load(
     return info
 
 
+def _split_version_dir(root: Root, checkpoint_id: str | None) -> tuple[Root, str | None]:
+    """A version directory ``<root>/<attempt id>`` names its root and attempt."""
+    if isinstance(root, Storage):
+        return root, checkpoint_id
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    text = os.fspath(root).rstrip("/")
+    parent, _, base = text.rpartition("/")
+    if not parent or not ATTEMPT_ID_RE.match(base):
+        return root, checkpoint_id
+    if checkpoint_id is not None and checkpoint_id != base:
+        raise UsageError(
+            f"load: {text} is version {base}, but checkpoint_id={checkpoint_id!r} was also given"
+        )
+    return parent, base
+
+
 def _resolve(storage: Storage, step: int | None, checkpoint_id: str | None) -> str:
     """Rank 0: the attempt id to load (a given id must have a readable manifest)."""
     if checkpoint_id is not None:
-        load_manifest(storage, checkpoint_id)
+        manifest = load_manifest(storage, checkpoint_id)
+        if step is not None and manifest.step != step:
+            raise UsageError(f"load: version {checkpoint_id} holds step {manifest.step}, not {step}")
         return checkpoint_id
     return latest(storage, step)[0]
 
@@ -134,9 +164,9 @@ def _contract(ck: Checkpoint, world: int, mesh: Mesh | None, allow_statistical: 
     saved = ck.continuation
     same = saved.world_size == world
     if same and saved.mesh is not None and mesh is not None:
-        same = list(saved.mesh.shape) == list(mesh.shape) and list(saved.mesh.dim_names) == list(
-            mesh.dim_names
-        )
+        # Dimension names are labels ("dp" vs the default "dim0"): only the shape counts; the
+        # placements of each tensor are checked by the exactly-once coverage of what is read.
+        same = list(saved.mesh.shape) == list(mesh.shape)
     if saved.contract != "exact":
         return str(saved.contract)
     if same:
@@ -166,9 +196,12 @@ def _load_local(
     *,
     strict: bool,
     record_ranges: bool,
+    casts: _Casts,
 ) -> None:
     """Fill this rank's targets from ``ck``: tensors, plain values, entries (RNG last)."""
-    extra_peak = _load_tensors(ck, flat, info, strict=strict, record_ranges=record_ranges)
+    extra_peak = _load_tensors(
+        ck, flat, info, strict=strict, record_ranges=record_ranges, casts=casts
+    )
     info.unexpected_keys = sorted(k for k in ck.tensors if k not in flat.tensors)
     values = _load_values(ck, flat, info, strict=strict)
     last = _load_entries(ck, flat, info, strict=strict)
@@ -181,7 +214,13 @@ def _load_local(
 
 
 def _load_tensors(
-    ck: Checkpoint, flat: FlatState, info: LoadInfo, *, strict: bool, record_ranges: bool
+    ck: Checkpoint,
+    flat: FlatState,
+    info: LoadInfo,
+    *,
+    strict: bool,
+    record_ranges: bool,
+    casts: _Casts,
 ) -> int:
     """Read every target tensor's local box; return the largest temporary buffer needed."""
     extra_peak = 0
@@ -190,6 +229,7 @@ def _load_tensors(
         if not _stored_like(ck, key, t, info, strict=strict):
             continue
         box, local = local_box(key, t, info.rank)
+        casts.check(ck, key, local)
         if box.empty:
             continue
         if record_ranges:
@@ -202,6 +242,36 @@ def _load_tensors(
     if record_ranges:
         info.range_map = ranges
     return extra_peak
+
+
+class _Casts:
+    """dtype conversions of one load: refused (``strict_dtype``) or logged once per family.
+
+    A family is the key with its numbered components dropped (``model/layers/3/w`` and
+    ``model/layers/7/w`` are one family), per pair of dtypes.
+    """
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.seen: set[tuple[str, str, str]] = set()
+
+    def check(self, ck: Checkpoint, key: str, local: torch.Tensor) -> None:
+        stored, target = ck.tensors[key].dtype, format_dtype(local.dtype, key=key)
+        if stored == target:
+            return
+        if self.strict:
+            raise UsageError(
+                f"tensor {key!r}: {ck.path} stores {stored}, the target is {target}; "
+                f"strict_dtype=True refuses to cast (build the target with dtype {stored})"
+            )
+        family = "/".join("#" if p.isdigit() else p for p in key.split("/"))
+        if (family, stored, target) not in self.seen:
+            self.seen.add((family, stored, target))
+            _log.warning(
+                "load: casting %s (stored %s) to the target's %s%s; pass strict_dtype=True "
+                "to refuse", key, stored, target,
+                " and every tensor like it" if family != key else "",
+            )
 
 
 def _stored_like(
