@@ -68,10 +68,11 @@ class Finding:
 
     code: str
     message: str
+    version: str = ""  # the version directory it was found in ("" for the root)
 
     def to_json(self) -> dict[str, str]:
-        """``{"code", "message"}`` as printed by ``--json``."""
-        return {"code": self.code, "message": self.message}
+        """``{"code", "message", "version"}`` as printed by ``--json``."""
+        return {"code": self.code, "message": self.message, "version": self.version}
 
 
 @dataclass
@@ -808,8 +809,13 @@ def check_version(vdir: Path, *, deep: bool = False, schemas: SchemaSet | None =
                   report: Report | None = None) -> Report:
     """Check one version (attempt) directory."""
     report = report or Report()
+    schemas = schemas or load_schemas()
+    schemas.require_complete()  # never a pass with validation skipped
     report.versions.append(vdir.name)
-    _VersionChecker(vdir, report, schemas or load_schemas(), deep).run()
+    first_error, first_warning = len(report.errors), len(report.warnings)
+    _VersionChecker(vdir, report, schemas, deep).run()
+    for f in report.errors[first_error:] + report.warnings[first_warning:]:
+        f.version = vdir.name  # reports group findings by version
     return report
 
 
@@ -824,9 +830,13 @@ def check(path: str | Path, *, deep: bool = False, schema_dir: str | None = None
     Returns:
         A :class:`Report`; ``report.ok`` is True when the path conforms.
 
+    Raises:
+        SchemasUnavailable: the normative schemas are missing or incomplete.
+
     """
     p = Path(path)
     schemas = load_schemas(schema_dir)
+    schemas.require_complete()
     report = Report()
     if not p.exists():
         report.error("PCK-NOT-FOUND", f"{p} does not exist")

@@ -8,15 +8,40 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SchemaSet", "default_schema_dir", "load_schemas"]
+from conformance.spec import BUILTIN_SCHEMA_FILES
+
+__all__ = ["REQUIRED_SCHEMAS", "SchemaSet", "SchemasUnavailable", "default_schema_dir",
+           "load_schemas"]
+
+#: the schema files a check needs (relative to the schema directory): the format documents of
+#: 1.0 and 1.1 and the built-in entry schemas. Without any of them a check would have to skip
+#: validation, so their absence is a hard error (:class:`SchemasUnavailable`), never a warning.
+REQUIRED_SCHEMAS: tuple[str, ...] = (
+    "common.schema.json", "manifest.schema.json", "writer-index.schema.json",
+    "drill.schema.json", "copy.schema.json", "1.1/manifest.schema.json",
+    "1.1/writer-index.schema.json", *BUILTIN_SCHEMA_FILES.values(),
+)
+
+
+class SchemasUnavailable(Exception):
+    """The normative schemas are missing or incomplete: nothing can be checked."""
 
 
 def default_schema_dir() -> Path:
-    """Return ``$PCK_SPEC_SCHEMAS`` or ``<repo>/spec/schemas`` next to this package."""
+    """Where the normative schemas are, in this order.
+
+    ``$PCK_SPEC_SCHEMAS``; the copy an installed package carries (``conformance/_schemas``, put
+    there from ``spec/schemas`` when the wheel is built); ``<repo>/spec/schemas`` next to this
+    package in a checkout.
+    """
     env = os.environ.get("PCK_SPEC_SCHEMAS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "spec" / "schemas"
+    here = Path(__file__).resolve().parent
+    packaged = here / "_schemas"
+    if packaged.is_dir():
+        return packaged
+    return here.parent / "spec" / "schemas"
 
 
 class SchemaSet:
@@ -41,6 +66,21 @@ class SchemaSet:
                     self.by_id[sid] = doc
         self._registry: Any = None
         self._validators: dict[int, Any] = {}
+
+    def missing(self) -> list[str]:
+        """The :data:`REQUIRED_SCHEMAS` this set lacks."""
+        return [rel for rel in REQUIRED_SCHEMAS if rel not in self.by_file]
+
+    def require_complete(self) -> None:
+        """Raise :class:`SchemasUnavailable` unless every required schema is present."""
+        missing = self.missing()
+        if missing:
+            where = "does not exist" if not self.root.is_dir() else f"lacks {', '.join(missing)}"
+            raise SchemasUnavailable(
+                f"schema directory {self.root} {where}: the normative schemas of spec/schemas are "
+                "needed (install the portable-ckpt-conformance package, which ships them, run "
+                "from a checkout of the repository, or pass --schemas DIR / set "
+                "$PCK_SPEC_SCHEMAS)")
 
     def validator(self, schema: dict[str, Any] | bool) -> Any:
         """A (cached) Draft 2020-12 validator of ``schema`` resolving refs in this set only."""
