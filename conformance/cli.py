@@ -1,81 +1,219 @@
-"""Command line of the conformance suite: ``python -m conformance check|writer``."""
+"""Command line of the conformance suite: ``portable-ckpt-conformance check|writer``.
+
+Also run as ``python -m conformance``.
+
+Exit status (:data:`conformance.report.EXIT_CODES`): 0 conformant, 1 not conformant, 2 usage
+error, 3 nothing was checked (schemas missing or incomplete, zero cases), 4 infrastructure error
+(adapter not found, an adapter process past ``--timeout``, tracing required but unavailable).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any
+import time
+from pathlib import Path
 
-__all__ = ["main"]
+from conformance.report import EXIT_CODES, CaseResult, RunReport, shell_join
+
+__all__ = ["EXIT_INFRA", "EXIT_NONCONFORMANT", "EXIT_NOTHING", "EXIT_OK", "EXIT_USAGE", "main"]
+
+EXIT_OK, EXIT_NONCONFORMANT, EXIT_USAGE, EXIT_NOTHING, EXIT_INFRA = 0, 1, 2, 3, 4
+PROG = "portable-ckpt-conformance"
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    from conformance.checker import check
-
-    report = check(args.path, deep=args.deep, schema_dir=args.schemas)
+def _emit(report: RunReport, args: argparse.Namespace) -> None:
+    """Write ``--json`` / ``--junit-xml`` (each failure with its seed, case and replay line)."""
     try:
-        _print_report(report, args)
+        if args.junit_xml:
+            report.write_junit(args.junit_xml)
+        if args.json:
+            report.write_json(args.json)
     except BrokenPipeError:  # e.g. `... --json | head`: the exit status still tells
         sys.stderr.close()
-    return 0 if report.ok else 1
+    except OSError as exc:
+        print(f"error: cannot write the report: {exc}", file=sys.stderr)
+        report.exit_code = report.exit_code or EXIT_INFRA
 
 
-def _print_report(report: Any, args: argparse.Namespace) -> None:
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        for e in report.errors:
+# ---------------------------------------------------------------------------------- check
+def _cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
+    from conformance.checker import check
+    from conformance.schemas import SchemasUnavailable
+
+    report = RunReport("check", argv)
+    t0 = time.monotonic()
+    try:
+        found = check(args.path, deep=args.deep, schema_dir=args.schemas)
+    except SchemasUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        report.exit_code = EXIT_NOTHING
+        report.warnings.append(str(exc))
+        _emit(report, args)
+        return report.exit_code
+    report.seconds = time.monotonic() - t0
+    report.exit_code = EXIT_OK if found.ok else EXIT_NONCONFORMANT
+    _check_cases(report, found, args)
+    report.info.update(errors=[e.to_json() for e in found.errors], versions=found.versions)
+    report.warnings += [w.message for w in found.warnings]
+    if not args.json or args.json != "-":
+        for e in found.errors:
             print(f"{e.code}: {e.message}")
-        for w in report.warnings:
+        for w in found.warnings:
             print(f"warning: {w.message}", file=sys.stderr)
-        print(f"{'conformant' if report.ok else 'NOT conformant'}: {args.path} "
-              f"({len(report.versions)} version(s) checked, {len(report.errors)} error(s))")
+        print(f"{'conformant' if found.ok else 'NOT conformant'}: {args.path} "
+              f"({len(found.versions)} version(s) checked, {len(found.errors)} error(s))")
+    _emit(report, args)
+    return report.exit_code
 
 
-def _cmd_writer(args: argparse.Namespace) -> int:
-    from conformance.harness import run_writer_suite
+def _check_cases(report: RunReport, found: object, args: argparse.Namespace) -> None:
+    """One JUnit/JSON case per version checked (and one for the root's own errors)."""
+    errors = getattr(found, "errors", [])
+    base = Path(args.path)
+    names = list(getattr(found, "versions", []))
+    if any(not e.version for e in errors) or not names:
+        names.append("")
+    for v in names:
+        mine = [e for e in errors if e.version == v]
+        target = base / v if v and base.name != v else base
+        replay = shell_join([PROG, "check", *(["--deep"] if args.deep else []), str(target)])
+        report.cases.append(CaseResult(
+            "check", v or str(base), "failed" if mine else "passed",
+            "\n".join(f"{e.code}: {e.message}" for e in mine), case_dir=str(target),
+            replay=replay if mine else None, details={"codes": sorted({e.code for e in mine})}))
+
+
+# --------------------------------------------------------------------------------- writer
+def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
+    from conformance.harness import InfrastructureError, Options, replay, run_suite
+    from conformance.schemas import SchemasUnavailable
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
-    if not cmd:
-        print("usage: python -m conformance writer [options] -- CMD ...", file=sys.stderr)
-        return 2
-    return run_writer_suite(cmd, examples=args.examples, crash_examples=args.crash_examples,
-                            codecs=args.codec.split(","), seed=args.seed, workdir=args.workdir,
-                            max_writers=args.max_writers, timeout=args.timeout,
-                            verbose=args.verbose, shrink=not args.no_shrink,
-                            tables=args.tensor_table)
+    report = RunReport("writer", argv)
+    if not cmd and not args.replay:
+        print(f"usage: {PROG} writer [options] -- CMD ...  (or writer --replay CASE_DIR)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    opts = Options(args.examples, args.crash_examples, not args.no_committer,
+                   tuple(c for c in args.codec.split(",") if c), args.max_writers, args.seed,
+                   args.workdir, args.keep_work, args.timeout, not args.no_shrink,
+                   args.tensor_table, args.tracing, args.shrink_time)
+    if not args.replay and opts.examples == 0 and opts.crash_examples == 0 and not opts.committer:
+        print("error: zero cases requested (--examples 0 --crash-examples 0 --no-committer): "
+              "nothing would be checked", file=sys.stderr)
+        report.exit_code = EXIT_NOTHING
+        _emit(report, args)
+        return report.exit_code
+    t0 = time.monotonic()
+    try:
+        if args.replay:
+            replay(Path(args.replay).resolve(), report, cmd or None, args.tracing)
+        else:
+            run_suite(cmd, opts, report)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SchemasUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        report.exit_code = EXIT_NOTHING
+        report.warnings.append(str(exc))
+        _emit(report, args)
+        return report.exit_code
+    except InfrastructureError as exc:
+        print(f"error (infrastructure, not a conformance verdict): {exc}", file=sys.stderr)
+        report.exit_code = EXIT_INFRA
+        report.warnings.append(str(exc))
+        _emit(report, args)
+        return report.exit_code
+    report.seconds = time.monotonic() - t0
+    report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
+    _print_writer(report, args)
+    _emit(report, args)
+    return report.exit_code
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
-    ap = argparse.ArgumentParser(prog="python -m conformance",
-                                 description="portable-ckpt format 1.x conformance suite "
-                                             "(1.0 and 1.1)")
+def _print_writer(report: RunReport, args: argparse.Namespace) -> None:
+    out = sys.stderr if args.json == "-" else sys.stdout
+    for f in report.failures:
+        print(f"FAIL [{f.suite}] {f.name}\n  {f.message.strip()}\n  seed: {f.seed}\n"
+              f"  case directory: {f.case_dir}\n  replay: {f.replay}", file=out)
+    for w in report.warnings:
+        print(f"warning: {w}", file=out)
+    counts = ", ".join(f"{s} {n['passed']}/{n['passed'] + n['failed']}"
+                       + (f" ({n['skipped']} not checked)" if n["skipped"] else "")
+                       for s, n in report.counts().items())
+    tracing = report.info.get("tracing", {})
+    verdict = "writer passed" if not report.failures else "writer FAILED"
+    print(f"{verdict}: {counts} in {report.seconds:.1f}s (seed {report.info.get('seed')}; "
+          f"system-call checks: {'on, ' + tracing.get('detail', '') if tracing.get('used') else 'NOT CHECKED'})",
+          file=out)
+
+
+# ----------------------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ap = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Conformance suite of the portable-ckpt format 1.x (1.0 and 1.1).",
+        epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items()))
     sub = ap.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("check", help="statically check a checkpoint root or version directory")
+    c = sub.add_parser("check", formatter_class=fmt,
+                       help="statically check a checkpoint root or version directory")
     c.add_argument("path")
     c.add_argument("--deep", action="store_true", help="verify every checksum block and zstd frame")
-    c.add_argument("--json", action="store_true", help='print {"ok", "errors": [{code, message}]}')
-    c.add_argument("--schemas", default=None, help="directory of the spec's JSON Schemas")
+    c.add_argument("--schemas", default=None, help="directory of the spec's JSON Schemas "
+                   "(default: $PCK_SPEC_SCHEMAS, the package's copy, or spec/schemas)")
+    _report_args(c)
     c.set_defaults(func=_cmd_check)
-    w = sub.add_parser("writer", help="drive a writer through the adapter protocol")
-    w.add_argument("--examples", type=int, default=10, help="generated save cases (default 10)")
-    w.add_argument("--crash-examples", type=int, default=4, help="atomic-publish cases (default 4)")
+    w = sub.add_parser("writer", formatter_class=fmt,
+                       help="drive a writer and committer through the adapter protocol")
+    w.add_argument("--examples", type=int, default=10, help="generated save cases")
+    w.add_argument("--crash-examples", type=int, default=7,
+                   help="atomic-publish cases (0, or at least 7: one per fault point first)")
+    w.add_argument("--no-committer", action="store_true",
+                   help="skip the committer cases (crafted refusals of spec §4.2, conflicts)")
     w.add_argument("--codec", default="none,zstd", help="codecs to exercise (comma-separated)")
-    w.add_argument("--max-writers", type=int, default=4)
-    w.add_argument("--seed", type=int, default=None, help="derandomise hypothesis with this seed")
-    w.add_argument("--workdir", default=None, help="keep jobs and checkpoints here")
+    w.add_argument("--max-writers", type=int, default=4, help="writers per save, at most")
+    w.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random, "
+                   "printed and reported)")
+    w.add_argument("--workdir", default=None, help="directory for case directories (default: a "
+                   "new temporary directory)")
+    w.add_argument("--keep-work", action="store_true", help="keep every case directory (failed "
+                   "cases are always kept)")
     w.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process")
     w.add_argument("--no-shrink", action="store_true",
                    help="report the first failing example without minimising it")
+    w.add_argument("--shrink-time", type=float, default=120.0,
+                   help="seconds hypothesis may spend minimising one failure")
     w.add_argument("--tensor-table", choices=["never", "sometimes", "always"],
                    default="sometimes", help="how often jobs ask for a tensor table (format 1.1; "
-                   "writers may honour it); default sometimes")
-    w.add_argument("-v", "--verbose", action="store_true")
-    w.add_argument("cmd", nargs=argparse.REMAINDER)
+                   "writers may honour it)")
+    w.add_argument("--tracing", choices=["require", "auto", "off"], default="require",
+                   help="system-call tracing (strace) for the durability and atomic-publish "
+                   "checks: require it (exit 4 without), use it when available, or skip them")
+    w.add_argument("--replay", default=None, metavar="CASE_DIR",
+                   help="run one case again from its case directory (CMD optional)")
+    _report_args(w)
+    w.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the adapter command")
     w.set_defaults(func=_cmd_writer)
-    args = ap.parse_args(argv)
-    return int(args.func(args))
+    return ap
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="write the JSON report to FILE (standard output without FILE)")
+    p.add_argument("--junit-xml", default=None, metavar="FILE", help="write a JUnit XML report")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args, argv))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

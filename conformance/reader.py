@@ -8,7 +8,7 @@ module assumes a conformant version and raises :class:`~conformance.store.Proble
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class LoadedVersion:
     manifest: dict[str, Any]
     tensors: dict[str, tuple[str, tuple[int, ...], bytes]]  # key -> (dtype, shape, C-order bytes)
     entries: dict[str, Any]  # global -> value; per_rank -> {rank: value}
+    range_codecs: dict[str, list[str]] = field(default_factory=dict)  # key -> codec per range
 
 
 def _json(raw: bytes, what: str) -> Any:
@@ -55,6 +56,7 @@ def load_version(vdir: Path) -> LoadedVersion:
         vf.records[rel] = parse_file_record(rel, rec)
     headers: dict[str, Any] = {}
     tensors: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+    codecs: dict[str, list[str]] = {}
     # Format 1.1: the tensor entries may live in a tensor table (§8.5) instead of `tensors`.
     items = load_table(vf, m["tensor_table"], m["files"], "manifest.json").items() \
         if "tensor_table" in m else m["tensors"].items()
@@ -63,6 +65,7 @@ def load_version(vdir: Path) -> LoadedVersion:
         isz = DTYPES[dtype][1]
         out = np.zeros((*shape, isz), dtype=np.uint8)
         count = np.zeros(shape, dtype=np.int32)
+        codecs[key] = [rr["codec"] for rr in t["ranges"]]
         for rr in t["ranges"]:
             rel = rr["file"]
             if rel not in headers:
@@ -91,7 +94,7 @@ def load_version(vdir: Path) -> LoadedVersion:
                 raw = zstd_decode(raw, where=v["file"], limit=64 << 20)
             vals[v.get("rank")] = _json(raw, v["file"])
         entries[name] = vals[None] if e["scope"] == "global" else vals
-    return LoadedVersion(m["attempt_id"], m["step"], m, tensors, entries)
+    return LoadedVersion(m["attempt_id"], m["step"], m, tensors, entries, codecs)
 
 
 def committed_versions(root: Path) -> list[Path]:

@@ -173,20 +173,12 @@ def _st_bytes(items: list[tuple[str, str, list[int], bytes]]) -> bytes:
     return struct.pack("<Q", len(h)) + h + b"".join(it[3] for it in items)
 
 
-def do_write(job: dict[str, Any], jobdir: Path) -> None:
-    """Write this writer's data file, entry values and index (§2, §8, §11, §12, §14.1)."""
-    fail_at = job.get("fail_at")
-    if fail_at == "before_data":
-        crash()
-    w = job["writer"]
-    adir = Path(job["root"]) / job["attempt_id"]
-    bs = BLOCK_SIZE
+def shard_bytes(job: dict[str, Any], jobdir: Path) -> tuple[bytes | None, dict[str, Any]]:
+    """The safetensors shard of this writer (None without chunks) and its index ``tensors``."""
+    data_rel = f"data/w{job['writer']:05d}-0000.safetensors"
     codec = job["codec"]
-    adir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Any] = {}
     tensors: dict[str, Any] = {}
     items: list[tuple[str, str, list[int], bytes]] = []
-    data_rel = f"data/w{w:05d}-0000.safetensors"
     for t in job["tensors"]:
         st_dtype, itemsize = DTYPES[t["dtype"]]
         ranges = []
@@ -203,16 +195,12 @@ def do_write(job: dict[str, Any], jobdir: Path) -> None:
             ranges.append({"offsets": ch["offsets"], "lengths": ch["lengths"], "file": data_rel,
                            "name": name, "codec": codec})
         tensors[t["key"]] = {"dtype": t["dtype"], "shape": t["shape"], "ranges": ranges}
-    if items:
-        blob = safetensors_bytes(items)
-        if fail_at == "mid_data":
-            write_file(adir / data_rel, blob[: max(1, len(blob) // 2)])
-            crash()
-        write_file(adir / data_rel, blob)
-        files[data_rel] = file_record(blob, bs)
-    elif fail_at == "mid_data":
-        (adir / "data").mkdir(parents=True, exist_ok=True)
-        crash()
+    return (safetensors_bytes(items) if items else None), tensors
+
+
+def entry_files(job: dict[str, Any]) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+    """The entry value files of this writer and its index ``entries`` (§12)."""
+    files: list[tuple[str, bytes]] = []
     entries: dict[str, Any] = {}
     for e in job["entries"]:
         zst = e["encoding"] == "json+zstd"
@@ -220,13 +208,11 @@ def do_write(job: dict[str, Any], jobdir: Path) -> None:
         if zst:
             payload = zstd_raw_frame(payload)
         suffix = ".json.zst" if zst else ".json"
-        rel = (f"entries/{e['name']}.g{suffix}" if e["scope"] == "global"
-               else f"entries/{e['name']}.r{e['rank']:05d}{suffix}")
+        tag = "g" if e["scope"] == "global" else f"r{e['rank']:05d}"
+        rel = f"entries/{e['name']}.{tag}{suffix}"
         if not safe_path(rel):  # §12.1 names can be longer/deeper than §2.2 paths allow
-            tag = "g" if e["scope"] == "global" else f"r{e['rank']:05d}"
             rel = f"entries/e{crc32c(e['name'].encode()):08x}-{len(entries):04d}.{tag}{suffix}"
-        write_file(adir / rel, payload)
-        files[rel] = file_record(payload, bs)
+        files.append((rel, payload))
         decl = entries.setdefault(e["name"], {"schema": e["schema"], "scope": e["scope"],
                                               "encoding": e["encoding"], "values": []})
         if e["scope"] == "per_rank":
@@ -234,15 +220,54 @@ def do_write(job: dict[str, Any], jobdir: Path) -> None:
             decl["values"].append({"rank": e["rank"], "file": rel})
         else:
             decl["values"].append({"file": rel})
-    for d in {p.parent for p in (adir / r for r in files)} | {adir}:
-        fsync_dir(d)
+    return files, entries
+
+
+def write_data(adir: Path, files: list[tuple[str, bytes]], fail_at: str | None) -> None:
+    """Write (and make durable) every file of this writer except its index.
+
+    ``fail_at == "mid_data"``: write half of the first file, then crash.
+    """
+    adir.mkdir(parents=True, exist_ok=True)
+    if fail_at == "mid_data":
+        if files:
+            rel, data = files[0]
+            write_file(adir / rel, data[: max(1, len(data) // 2)])
+        crash()
+    for rel, data in files:
+        write_file(adir / rel, data)
+    # R-COMMIT-6: every new name durable too: the files' directories, each directory's parent,
+    # up to the root that holds the attempt directory.
+    for d in sorted({q for rel, _ in files for q in Path(rel).parents} | {Path(".")},
+                    key=lambda q: -len(q.parts)):
+        fsync_dir(adir / d)
+    fsync_dir(adir.parent)
+
+
+def write_index(adir: Path, writer: int, index: dict[str, Any]) -> None:
+    """Write the writer index, after the files it lists are durable (R-INDEX-1)."""
+    write_file(adir / f"index/w{writer:05d}.json", dumps(index))
+    fsync_dir(adir / "index")
+    fsync_dir(adir)
+
+
+def do_write(job: dict[str, Any], jobdir: Path) -> None:
+    """Write this writer's data file, entry values and index (§2, §8, §11, §12, §14.1)."""
+    fail_at = job.get("fail_at")
+    if fail_at == "before_data":
+        crash()
+    adir = Path(job["root"]) / job["attempt_id"]
+    blob, tensors = shard_bytes(job, jobdir)
+    values, entries = entry_files(job)
+    files = ([(f"data/w{job['writer']:05d}-0000.safetensors", blob)] if blob else []) + values
+    index = {"format": "portable-ckpt-writer-index", "format_version": "1.0",
+             "attempt_id": job["attempt_id"], "writer": job["writer"],
+             "files": {rel: file_record(data, BLOCK_SIZE) for rel, data in files},
+             "tensors": tensors, "entries": entries}
+    write_data(adir, files, fail_at)
     if fail_at == "after_data":
         crash()
-    index = {"format": "portable-ckpt-writer-index", "format_version": "1.0",
-             "attempt_id": job["attempt_id"], "writer": w, "files": files, "tensors": tensors,
-             "entries": entries}
-    write_file(adir / f"index/w{w:05d}.json", dumps(index))
-    fsync_dir(adir / "index")
+    write_index(adir, job["writer"], index)
 
 
 # -- spec §8.5: tensor tables (format 1.1) ------------------------------------------------------
@@ -314,10 +339,9 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
-def do_commit(job: dict[str, Any]) -> None:
-    """§4.2 checks, then §4.3 publication."""
+def merge_indexes(job: dict[str, Any], adir: Path) -> tuple[dict[str, Any], ...]:
+    """§14.2: the union of the expected writers' indexes (checks 1 and 2 of §4.2)."""
     aid = job["attempt_id"]
-    adir = Path(job["root"]) / aid
     files: dict[str, Any] = {}
     tensors: dict[str, Any] = {}
     entries: dict[str, Any] = {}
@@ -351,22 +375,70 @@ def do_commit(job: dict[str, Any]) -> None:
                 if any(x.get("rank") == v.get("rank") for x in m["values"]):
                     raise Fail("PCK-METADATA-CONFLICT", f"entry {name} value stored twice")
                 m["values"].append(v)
-    ws = job["continuation"]["world_size"]
+    return files, tensors, entries
+
+
+def check_coverage(tensors: dict[str, Any]) -> None:
+    """Check 3 of §4.2 for every tensor."""
     for key, t in tensors.items():
         _coverage(key, t["shape"], t["ranges"])
+
+
+def check_entries(entries: dict[str, Any], world_size: int) -> None:
+    """Check 4 of §4.2: one value per global entry, one per rank of each per-rank entry."""
     for name, e in entries.items():
         if e["scope"] == "per_rank":
             e["values"].sort(key=lambda v: v["rank"])
-            if [v["rank"] for v in e["values"]] != list(range(ws)):
+            if [v["rank"] for v in e["values"]] != list(range(world_size)):
                 raise Fail("PCK-ENTRY-MISSING", f"entry {name}: ranks missing")
         elif len(e["values"]) != 1:
             raise Fail("PCK-ENTRY-MISSING", f"entry {name}: no value")
+
+
+def check_files(adir: Path, files: dict[str, Any]) -> None:
+    """Check 5 of §4.2: every listed file exists with exactly its recorded size."""
     for rel, rec in files.items():
         p = adir / rel
         if not p.is_file():
             raise Fail("PCK-FILE-MISSING", f"{rel} does not exist")
         if p.stat().st_size != rec["size"]:
             raise Fail("PCK-FILE-SIZE", f"{rel} has the wrong size")
+
+
+def write_table(adir: Path, tensors: dict[str, Any], codec: str) -> tuple[str, bytes]:
+    """Write the manifest's tensor table (§8.5), durable before the manifest names it."""
+    blob = tensor_table(tensors)
+    if codec == "zstd":
+        blob = zstd_raw_frame(blob)  # one frame with its content size (R-TABLE-3)
+    rel = "tensor-table.safetensors" + (".zst" if codec == "zstd" else "")
+    write_file(adir / rel, blob)
+    fsync_dir(adir)
+    return rel, blob
+
+
+def publish(adir: Path, data: bytes, fail_at: str | None) -> None:
+    """§4.3: temp file, fsync, link(), unlink the temp name, fsync the directory."""
+    tmp = adir / f"manifest.json.{os.urandom(8).hex()}.tmp"
+    write_file(tmp, data)  # steps 1-2
+    if fail_at == "temp_written":
+        crash()
+    try:
+        os.link(tmp, adir / "manifest.json")  # step 3: fails if manifest.json exists
+    except FileExistsError:
+        os.unlink(tmp)
+        raise Fail("PCK-COMMIT-CONFLICT", f"{adir.name}/manifest.json already exists") from None
+    os.unlink(tmp)  # step 4
+    fsync_dir(adir)  # step 5
+
+
+def do_commit(job: dict[str, Any]) -> None:
+    """§4.2 checks, then §4.3 publication."""
+    aid = job["attempt_id"]
+    adir = Path(job["root"]) / aid
+    files, tensors, entries = merge_indexes(job, adir)
+    check_coverage(tensors)
+    check_entries(entries, job["continuation"]["world_size"])
+    check_files(adir, files)
     fail_at = job.get("fail_at")
     if fail_at == "before_publish":
         crash()
@@ -374,12 +446,7 @@ def do_commit(job: dict[str, Any]) -> None:
     table: dict[str, str] | None = None
     if job.get("tensor_table") or n_records > TABLE_THRESHOLD:
         codec = job.get("table_codec") or "none"
-        blob = tensor_table(tensors)
-        if codec == "zstd":
-            blob = zstd_raw_frame(blob)  # one frame with its content size (R-TABLE-3)
-        rel = "tensor-table.safetensors" + (".zst" if codec == "zstd" else "")
-        write_file(adir / rel, blob)
-        fsync_dir(adir)  # durable before the commit record names it (R-COMMIT-6)
+        rel, blob = write_table(adir, tensors, codec)
         files[rel] = file_record(blob, BLOCK_SIZE)
         table = {"file": rel, "codec": codec}
     created = aid.split("-")[1]  # the attempt id's timestamp is the attempt's creation time
@@ -396,18 +463,7 @@ def do_commit(job: dict[str, Any]) -> None:
     }
     if table:
         manifest["tensor_table"] = table  # R-TABLE-1, R-TABLE-2
-    data = dumps(manifest)
-    tmp = adir / f"manifest.json.{os.urandom(8).hex()}.tmp"
-    write_file(tmp, data)  # steps 1-2
-    if fail_at == "temp_written":
-        crash()
-    try:
-        os.link(tmp, adir / "manifest.json")  # step 3: fails if manifest.json exists
-    except FileExistsError:
-        os.unlink(tmp)
-        raise Fail("PCK-COMMIT-CONFLICT", f"{aid}/manifest.json already exists") from None
-    os.unlink(tmp)  # step 4
-    fsync_dir(adir)  # step 5
+    publish(adir, dumps(manifest), fail_at)
 
 
 def main(argv: list[str]) -> int:

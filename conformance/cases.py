@@ -1,0 +1,247 @@
+"""The logical states the writer harness saves, and the faults it injects (hypothesis strategies).
+
+A :class:`SaveCase` is one logical training state split among writers; a :class:`CrashCase` is
+a committed state A followed by an attempt at a state B broken by one fault point of
+:data:`FAULT_POINTS`. Both serialise to JSON (:func:`case_to_json`, :func:`case_from_json`): a
+case directory's ``case.json`` is what ``writer --replay`` runs again.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from conformance.spec import DTYPES
+
+__all__ = [
+    "COMMIT_FAULTS",
+    "FAULT_POINTS",
+    "TABLE_MODES",
+    "WRITE_FAULTS",
+    "CrashCase",
+    "EntrySpec",
+    "SaveCase",
+    "TensorSpec",
+    "case_from_json",
+    "case_to_json",
+    "crash_cases",
+    "new_attempt_id",
+    "save_cases",
+]
+
+_CONTROL = "".join(chr(i) for i in range(32)) + "\x7f"
+WRITE_FAULTS = ("before_data", "mid_data", "after_data")
+COMMIT_FAULTS = ("before_publish", "temp_written")
+#: every fault point of an atomic-publish case; each runs at least once per run (stratified).
+FAULT_POINTS: tuple[str, ...] = (*(f"write:{p}" for p in WRITE_FAULTS),
+                                 *(f"commit:{p}" for p in COMMIT_FAULTS),
+                                 "kill-writer", "kill-commit")
+#: how often save cases ask for a tensor table: never, sometimes (hypothesis draws), always.
+TABLE_MODES = ("never", "sometimes", "always")
+
+
+@dataclass
+class TensorSpec:
+    """A logical tensor, its full data and how it is split among writers."""
+
+    key: str
+    dtype: str
+    shape: list[int]
+    seed: int
+    boxes: list[tuple[list[int], list[int], int]]  # (offsets, lengths, writer)
+    declared_by: int = 0  # writer that declares a zero-size tensor
+
+    def data(self) -> np.ndarray:
+        """Full tensor as uint8 array of shape ``shape + [itemsize]`` (C order, little endian)."""
+        isz = DTYPES[self.dtype][1]
+        n = math.prod(self.shape) * isz
+        raw = np.random.default_rng(self.seed).integers(0, 256, size=n, dtype=np.uint8)
+        if self.dtype == "bool":
+            raw &= 1
+        return raw.reshape(*self.shape, isz)
+
+
+@dataclass
+class EntrySpec:
+    """A non-tensor entry: global (``value``) or per_rank (``values[rank]``)."""
+
+    name: str
+    schema: dict[str, Any]
+    scope: str
+    encoding: str
+    value: Any = None
+    values: list[Any] = field(default_factory=list)
+    policy: str | None = None
+    writer: int = 0  # writer that stores a global entry
+
+
+@dataclass
+class SaveCase:
+    """One logical state to save."""
+
+    step: int
+    num_writers: int
+    codec: str
+    tensors: list[TensorSpec]
+    entries: list[EntrySpec]
+    tensor_table: bool = False  # ask the writer for a tensor table (format 1.1, §8.5)
+    table_codec: str = "none"  # codec of that table
+
+    def summary(self) -> str:
+        """Short description for failure messages."""
+        ts = ", ".join(f"{t.key!r}:{t.dtype}{t.shape}/{len(t.boxes)}box" for t in self.tensors)
+        es = ", ".join(f"{e.name}:{e.scope}/{e.encoding}" for e in self.entries)
+        tt = f" tensor_table={self.table_codec}" if self.tensor_table else ""
+        return (f"step={self.step} writers={self.num_writers} codec={self.codec}{tt} "
+                f"tensors=[{ts}] entries=[{es}]")
+
+
+@dataclass
+class CrashCase:
+    """A committed state A, then an attempt at B broken by ``fault``."""
+
+    first: SaveCase
+    second: SaveCase
+    fault: str  # one of FAULT_POINTS
+    victim: int  # the writer that fails or is killed
+    at: float = 0.5  # kills: where in the victim's progress, 0 (first event) .. 1 (last)
+
+
+def new_attempt_id(step: int) -> str:
+    """A fresh attempt id per the spec's pattern (R-ID-1, R-ID-2)."""
+    t = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f"{int(t % 1 * 1e6):06d}Z"
+    return f"s{step:012d}-{stamp}-{secrets.token_hex(8)}"
+
+
+# --------------------------------------------------------------------------------- strategies
+def _partition(draw: Any, shape: list[int]) -> list[tuple[list[int], list[int]]]:
+    if 0 in shape:
+        return []
+    boxes = [([0] * len(shape), list(shape))]
+    for _ in range(draw(st.integers(0, 5))):
+        splittable = [i for i, b in enumerate(boxes) if any(n >= 2 for n in b[1])]
+        if not splittable:
+            break
+        i = draw(st.sampled_from(splittable))
+        offs, lens = boxes.pop(i)
+        d = draw(st.sampled_from([d for d, n in enumerate(lens) if n >= 2]))
+        cut = draw(st.integers(1, lens[d] - 1))
+        a_l, b_l, b_o = list(lens), list(lens), list(offs)
+        a_l[d], b_l[d], b_o[d] = cut, lens[d] - cut, offs[d] + cut
+        boxes += [(list(offs), a_l), (b_o, b_l)]
+    return boxes
+
+
+def _json_values() -> Any:
+    leaf = (st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
+    return st.recursive(leaf, lambda c: st.lists(c, max_size=3)
+                        | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=6)
+
+
+def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
+               max_tensors: int = 4, max_entries: int = 3, min_step: int = 0,
+               tables: str = "sometimes") -> Any:
+    """Hypothesis strategy of :class:`SaveCase`: uneven 0–4-D shardings of every dtype.
+
+    ``tables`` (one of :data:`TABLE_MODES`) says whether cases ask for a tensor table.
+    """
+    if tables not in TABLE_MODES:
+        raise ValueError(f"tables must be one of {TABLE_MODES}, got {tables!r}")
+
+    @st.composite
+    def build(draw: Any) -> SaveCase:
+        nw = draw(st.integers(1, max_writers))
+        codec = draw(st.sampled_from(list(codecs)))
+        keys = draw(st.lists(st.text(st.characters(exclude_categories=["Cs"], exclude_characters=_CONTROL),
+                                     min_size=1, max_size=12),
+                             max_size=max_tensors, unique=True))
+        tensors = []
+        for key in keys:
+            dtype = draw(st.sampled_from(list(DTYPES)))
+            ndim = draw(st.integers(0, 4))
+            shape = draw(st.lists(st.integers(0 if draw(st.booleans()) and ndim else 1,
+                                              max(1, 6 - ndim)),
+                                  min_size=ndim, max_size=ndim))
+            replicated = draw(st.booleans())  # every writer holds it, exactly one writes it
+            parts = [([0] * ndim, list(shape))] if replicated and 0 not in shape else \
+                _partition(draw, shape)
+            boxes = [(o, n, draw(st.integers(0, nw - 1))) for o, n in parts]
+            tensors.append(TensorSpec(key, dtype, shape, draw(st.integers(0, 2**32 - 1)),
+                                      boxes, draw(st.integers(0, nw - 1))))
+        names = draw(st.lists(st.from_regex(r"[a-z][a-z0-9_.-]{0,8}(/[a-z][a-z0-9_-]{0,4})?",
+                                            fullmatch=True)
+                              | st.sampled_from(["n" * 256, "a/b/c/d/e/f/g/h", "x." * 100]),
+                              max_size=max_entries, unique=True))
+        entries = []
+        for name in names:
+            schema = draw(st.sampled_from([{"id": "pck:json/1"}, {"json_schema": {}},
+                                           {"json_schema": {"not": {"type": "null"}}}]))
+            vals = _json_values().filter(lambda v: v is not None) \
+                if "not" in schema.get("json_schema", {}) else _json_values()
+            enc = draw(st.sampled_from(["json", "json+zstd"]))
+            if draw(st.booleans()):
+                entries.append(EntrySpec(name, schema, "global", enc, value=draw(vals),
+                                         writer=draw(st.integers(0, nw - 1))))
+            else:
+                entries.append(EntrySpec(
+                    name, schema, "per_rank", enc, values=[draw(vals) for _ in range(nw)],
+                    policy=draw(st.sampled_from(["require_same", "modulo", "rank0", "drop"]))))
+        step = draw(st.integers(min_step, min_step + 10**6))
+        want_table = tables == "always" or (tables == "sometimes" and draw(st.booleans()))
+        table_codec = draw(st.sampled_from(["none", "zstd"])) if want_table else "none"
+        return SaveCase(step, nw, codec, tensors, entries, want_table, table_codec)
+
+    return build()
+
+
+def crash_cases(max_writers: int = 3, codecs: tuple[str, ...] = ("none", "zstd"),
+                tables: str = "sometimes", fault: str | None = None) -> Any:
+    """Hypothesis strategy of :class:`CrashCase`; ``fault`` fixes the fault point."""
+    if fault is not None and fault not in FAULT_POINTS:
+        raise ValueError(f"fault must be one of {FAULT_POINTS}, got {fault!r}")
+
+    @st.composite
+    def build(draw: Any) -> CrashCase:
+        a = draw(save_cases(max_writers, codecs, max_tensors=2, max_entries=1, tables=tables))
+        b = draw(save_cases(max_writers, codecs, max_tensors=2, max_entries=1,
+                            min_step=a.step + 1, tables=tables))
+        if not any(t.boxes for t in b.tensors):  # give the writers something to write
+            b.tensors.append(TensorSpec("crash.filler", "float32", [64, 8], 1,
+                                        [([0, 0], [64, 8], 0)]))
+        point = fault if fault is not None else draw(st.sampled_from(FAULT_POINTS))
+        return CrashCase(a, b, point, draw(st.integers(0, b.num_writers - 1)),
+                         draw(st.floats(0.0, 1.0, exclude_max=True)))
+
+    return build()
+
+
+# ---------------------------------------------------------------------------------- JSON form
+def case_to_json(case: SaveCase | CrashCase) -> dict[str, Any]:
+    """A JSON-able description of ``case`` (``case.json`` of a case directory)."""
+    kind = "crash" if isinstance(case, CrashCase) else "save"
+    return {"kind": kind, **asdict(case)}
+
+
+def _save_from(d: dict[str, Any]) -> SaveCase:
+    tensors = [TensorSpec(t["key"], t["dtype"], list(t["shape"]), t["seed"],
+                          [(list(o), list(n), w) for o, n, w in t["boxes"]], t["declared_by"])
+               for t in d["tensors"]]
+    entries = [EntrySpec(**e) for e in d["entries"]]
+    return SaveCase(d["step"], d["num_writers"], d["codec"], tensors, entries,
+                    d.get("tensor_table", False), d.get("table_codec", "none"))
+
+
+def case_from_json(d: dict[str, Any]) -> SaveCase | CrashCase:
+    """Inverse of :func:`case_to_json`."""
+    if d.get("kind") == "crash":
+        return CrashCase(_save_from(d["first"]), _save_from(d["second"]), d["fault"],
+                         d["victim"], d.get("at", 0.5))
+    return _save_from(d)

@@ -1,0 +1,270 @@
+"""Running adapter processes: logs, reported error codes, timeouts, tracing, timed kills.
+
+Every adapter process runs in the harness's working directory (so relative paths in ``CMD`` work)
+with the absolute path of its job file as last argument, in a session of its own (a kill reaches
+the whole process tree, shell wrappers included). Standard output goes to ``<job>.out``,
+standard error to ``<job>.err``; the error an adapter reports is the last line of its standard
+output that is a JSON object ``{"error": {"code": "PCK-...", "message": "..."}}``.
+
+Kills are timed on progress, never on the clock from process start (most of a short adapter
+process's life is interpreter start-up): under tracing, after the victim's k-th mutating
+system call on a path below the root, counted live from the trace; without tracing, after the
+victim's process tree has written a given number of bytes (``/proc/<pid>/io``); only where neither
+exists, after a share of the time the same role took in the case's first save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.trace import count_progress, traced_argv
+
+__all__ = ["Adapter", "InfrastructureError", "KillPlan", "Outcome", "count_trace_progress",
+           "progress_mode"]
+
+
+class InfrastructureError(Exception):
+    """The harness could not run the adapter: not found, not executable, past ``--timeout``."""
+
+
+@dataclass
+class Outcome:
+    """How one adapter process ended."""
+
+    job: Path
+    rc: int  # exit status; -9 when killed by SIGKILL
+    error: dict[str, Any] | None  # the reported {"code", "message"}, if any
+    out: Path
+    err: Path
+    trace: Path | None
+    seconds: float
+    killed: bool = False  # the harness killed it (a kill case)
+    progress: int = 0  # progress units seen before the kill (events or bytes)
+
+    @property
+    def code(self) -> str | None:
+        """The reported error code."""
+        return None if self.error is None else str(self.error.get("code"))
+
+    def tail(self, n: int = 1200) -> str:
+        """The end of standard output and error, for failure messages."""
+        parts = []
+        for p in (self.out, self.err):
+            try:
+                text = p.read_text(errors="replace").strip()
+            except OSError:
+                text = ""
+            if text:
+                parts.append(f"[{p.name}] {text[-n:]}")
+        return " ".join(parts) or "(no output)"
+
+
+@dataclass
+class KillPlan:
+    """Kill job ``victim`` (an index into the jobs) once it reached ``after`` progress units."""
+
+    victim: int
+    after: int
+    mode: str  # "trace" (events below root), "proc" (bytes written), "time" (milliseconds)
+    root: str = "/"
+
+
+def progress_mode(tracing: bool) -> str:
+    """The kill-timing mechanism available: trace events, bytes written, or time."""
+    if tracing:
+        return "trace"
+    return "proc" if Path(f"/proc/{os.getpid()}/io").is_file() else "time"
+
+
+@dataclass
+class _Running:
+    popen: subprocess.Popen[bytes]
+    job: Path
+    out: Path
+    err: Path
+    trace: Path | None
+    t0: float
+    killed: bool = False
+    progress: int = 0
+    watcher: threading.Thread | None = field(default=None, repr=False)
+
+
+class Adapter:
+    """The command under test: ``CMD ... JOB.json`` for every job."""
+
+    def __init__(self, cmd: list[str], *, timeout: float = 60.0, trace: bool = False,
+                 cwd: Path | None = None) -> None:
+        self.cmd = list(cmd)
+        self.timeout = timeout
+        self.trace = trace
+        self.cwd = cwd or Path.cwd()
+
+    def preflight(self) -> None:
+        """Raise :class:`InfrastructureError` when the command (or its script) cannot exist."""
+        exe = self.cmd[0]
+        if os.sep in exe:
+            p = Path(exe) if Path(exe).is_absolute() else self.cwd / exe
+            if not p.is_file() or not os.access(p, os.X_OK):
+                raise InfrastructureError(f"adapter command {exe!r} is not an executable file "
+                                          f"(working directory {self.cwd})")
+        elif shutil.which(exe) is None:
+            raise InfrastructureError(f"adapter command {exe!r} is not on PATH")
+        for arg in self.cmd[1:]:
+            if arg.endswith((".py", ".sh")) and not arg.startswith("-"):
+                p = Path(arg) if Path(arg).is_absolute() else self.cwd / arg
+                if not p.is_file():
+                    raise InfrastructureError(f"adapter script {arg!r} does not exist (working "
+                                              f"directory {self.cwd})")
+
+    def start(self, job: Path) -> _Running:
+        """Start ``CMD job`` (traced when tracing is on)."""
+        out, err = job.with_suffix(".out"), job.with_suffix(".err")
+        trace = job.with_suffix(".strace") if self.trace else None
+        argv = [*self.cmd, str(job)]
+        if trace is not None:
+            argv = traced_argv(argv, trace)
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            try:
+                p = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                                     cwd=self.cwd, start_new_session=True)
+            except OSError as exc:
+                raise InfrastructureError(f"cannot start adapter {self.cmd!r}: {exc}") from None
+        return _Running(p, job, out, err, trace, time.monotonic())
+
+    def wait(self, r: _Running) -> Outcome:
+        """Wait for ``r`` (at most ``timeout`` seconds)."""
+        try:
+            rc = r.popen.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(r.popen)
+            r.popen.wait()
+            raise InfrastructureError(f"adapter ran past --timeout {self.timeout:g}s on {r.job} "
+                                      "and was killed (raise --timeout on a slow machine)") from None
+        if r.watcher is not None:
+            r.watcher.join()
+        return Outcome(r.job, rc, _reported_error(r.out), r.out, r.err, r.trace,
+                       time.monotonic() - r.t0, r.killed, r.progress)
+
+    def run(self, job: Path, kill: KillPlan | None = None) -> Outcome:
+        """Run one job to its end (or its kill)."""
+        r = self.start(job)
+        if kill is not None:
+            self._watch(r, kill)
+        return self.wait(r)
+
+    def run_all(self, jobs: list[Path], kill: KillPlan | None = None) -> list[Outcome]:
+        """Run ``jobs`` concurrently (the writers of one save); optionally kill one of them."""
+        running = [self.start(j) for j in jobs]
+        if kill is not None:
+            self._watch(running[kill.victim], kill)
+        outcomes: list[Outcome] = []
+        try:
+            for r in running:
+                outcomes.append(self.wait(r))
+        finally:
+            for r in running[len(outcomes):]:
+                _killpg(r.popen)
+                r.popen.wait()
+        return outcomes
+
+    def _watch(self, r: _Running, plan: KillPlan) -> None:
+        if plan.mode == "trace" and r.trace is not None:
+            measure = _TraceProgress(r.trace, plan.root).count
+        elif plan.mode == "time":
+            def measure() -> int:
+                return int((time.monotonic() - r.t0) * 1000)
+        else:
+            def measure() -> int:
+                return _bytes_written(r.popen.pid)
+
+        def watch() -> None:
+            while r.popen.poll() is None:
+                r.progress = measure()
+                if r.progress >= plan.after:
+                    _killpg(r.popen)
+                    r.killed = True
+                    return
+                time.sleep(0.0005)
+
+        r.watcher = threading.Thread(target=watch, daemon=True)
+        r.watcher.start()
+
+
+class _TraceProgress:
+    """Counts mutating calls below the root in a trace file as strace writes it."""
+
+    def __init__(self, path: Path, root: str) -> None:
+        self.path, self.root, self.pos, self.n, self.partial = path, root, 0, 0, b""
+
+    def count(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+        except OSError:
+            return self.n
+        self.pos += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        self.n += sum(count_progress(x.decode(errors="replace"), self.root) for x in lines)
+        return self.n
+
+
+def count_trace_progress(path: Path | None, root: str) -> int:
+    """Progress events of a finished trace (to size the kill point of a later attempt)."""
+    return _TraceProgress(path, root).count() if path is not None else 0
+
+
+def _bytes_written(pid: int) -> int:
+    """Bytes written by ``pid`` and its descendants (``wchar`` of /proc/<pid>/io)."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            for line in Path(f"/proc/{p}/io").read_text().splitlines():
+                if line.startswith("wchar:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _killpg(p: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reported_error(out: Path) -> dict[str, Any] | None:
+    """The last standard-output line that is ``{"error": {...}}``."""
+    try:
+        lines = out.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            error: dict[str, Any] = doc["error"]
+            return error
+    return None

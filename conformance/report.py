@@ -1,0 +1,140 @@
+"""Machine-readable reports of a conformance run: JSON and JUnit XML (``--json``, ``--junit-xml``).
+
+Both come from one :class:`RunReport`, a list of :class:`CaseResult` grouped into suites
+(``check``; ``writer.save``, ``writer.publish``, ``writer.committer``, ``writer.trace``). Every
+failed case carries what is needed to look at it again: the seed, the case directory and a
+one-line command that replays it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance import __version__
+
+__all__ = ["EXIT_CODES", "CaseResult", "RunReport", "shell_join"]
+
+#: exit status of ``portable-ckpt-conformance`` (and ``python -m conformance``).
+EXIT_CODES: dict[int, str] = {
+    0: "conformant / writer passed",
+    1: "not conformant: at least one rule is broken (the report lists each failure)",
+    2: "usage error: bad command line, nothing was run",
+    3: "nothing was checked: normative schemas missing or incomplete, or zero cases requested",
+    4: "infrastructure error: adapter command not found or not executable, an adapter process "
+       "ran past --timeout, tracing required but unavailable, work directory unusable",
+}
+
+
+def shell_join(argv: list[str]) -> str:
+    """One copy-pasteable shell line."""
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+@dataclass
+class CaseResult:
+    """The outcome of one case (a version checked, a save, a fault, a committer refusal)."""
+
+    suite: str
+    name: str
+    status: str  # "passed", "failed", "skipped"
+    message: str = ""
+    seconds: float = 0.0
+    seed: int | None = None
+    case_dir: str | None = None
+    replay: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        """True for a failed case."""
+        return self.status == "failed"
+
+
+@dataclass
+class RunReport:
+    """Everything one command found, for the terminal, ``--json`` and ``--junit-xml``."""
+
+    command: str
+    argv: list[str]
+    cases: list[CaseResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        """The failed cases."""
+        return [c for c in self.cases if c.failed]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document (see conformance/README.md, "Reports")."""
+        return {"tool": "portable-ckpt-conformance", "tool_version": __version__,
+                "command": self.command, "argv": self.argv, "ok": self.exit_code == 0,
+                "exit_code": self.exit_code, "exit_meaning": EXIT_CODES.get(self.exit_code, ""),
+                "seconds": round(self.seconds, 3), **self.info,
+                "counts": self.counts(), "warnings": self.warnings,
+                "failures": [_case_json(c) for c in self.failures],
+                "cases": [_case_json(c) for c in self.cases]}
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{suite: {"passed", "failed", "skipped"}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for c in self.cases:
+            out.setdefault(c.suite, {"passed": 0, "failed": 0, "skipped": 0})[c.status] += 1
+        return out
+
+    def write_json(self, dest: str) -> None:
+        """Write the JSON document to ``dest`` (``-`` is standard output)."""
+        text = json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n"
+        if dest == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            Path(dest).write_text(text, encoding="utf-8")
+
+    def write_junit(self, dest: str) -> None:
+        """Write a JUnit XML file: one ``<testsuite>`` per suite, one ``<testcase>`` per case."""
+        root = ET.Element("testsuites", name=f"portable-ckpt-conformance {self.command}",
+                          tests=str(len(self.cases)), failures=str(len(self.failures)),
+                          time=f"{self.seconds:.3f}")
+        suites: dict[str, ET.Element] = {}
+        for c in self.cases:
+            suite = suites.get(c.suite)
+            if suite is None:
+                n = self.counts()[c.suite]
+                suite = suites[c.suite] = ET.SubElement(
+                    root, "testsuite", name=c.suite, tests=str(sum(n.values())),
+                    failures=str(n["failed"]), skipped=str(n["skipped"]), errors="0")
+            tc = ET.SubElement(suite, "testcase", classname=c.suite, name=c.name,
+                               time=f"{c.seconds:.3f}")
+            if c.status == "failed":
+                el = ET.SubElement(tc, "failure", message=c.message.splitlines()[0][:500]
+                                   if c.message else "failed")
+                el.text = _failure_text(c)
+            elif c.status == "skipped":
+                ET.SubElement(tc, "skipped", message=c.message[:500])
+        ET.indent(root)
+        ET.ElementTree(root).write(dest, encoding="utf-8", xml_declaration=True)
+
+
+def _case_json(c: CaseResult) -> dict[str, Any]:
+    d = asdict(c)
+    return {k: v for k, v in d.items() if v not in (None, {}, "")}
+
+
+def _failure_text(c: CaseResult) -> str:
+    lines = [c.message]
+    if c.seed is not None:
+        lines.append(f"seed: {c.seed}")
+    if c.case_dir:
+        lines.append(f"case directory: {c.case_dir}")
+    if c.replay:
+        lines.append(f"replay: {c.replay}")
+    return "\n".join(lines)

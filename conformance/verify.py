@@ -1,0 +1,94 @@
+"""What a saved version must be: conformant, equal to its logical state, with the asked codec.
+
+The codec of a save is binding: a writer asked for ``codec: zstd`` stores every range as a zstd
+frame, one asked for ``none`` stores raw bytes (otherwise a writer that never compresses would
+pass every zstd case without its zstd path ever being tested). A tensor table request is not
+binding (R-TABLE-9 leaves the choice to the writer below the size limits).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conformance.cases import SaveCase
+from conformance.checker import check_version
+from conformance.reader import committed_versions, latest_committed, load_version
+from conformance.spec import DTYPES
+
+__all__ = ["HarnessFailure", "publish_invariants", "verify_saved"]
+
+
+class HarnessFailure(AssertionError):
+    """The writer or committer under test broke a rule; the message says which."""
+
+
+def _check_codecs(codecs: dict[str, list[str]], case: SaveCase) -> None:
+    for key, cs in codecs.items():
+        wrong = sorted({c for c in cs if c != case.codec})
+        if wrong:
+            raise HarnessFailure(f"tensor {key!r}: ranges stored with codec {wrong}, but the job "
+                                 f"asked for codec {case.codec!r} (the codec of a save is binding, "
+                                 "conformance/README.md)")
+
+
+def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> None:
+    """Check a committed version deeply and compare it element by element with ``case``."""
+    vdir = root / attempt_id
+    if not (vdir / "manifest.json").is_file():
+        raise HarnessFailure(f"{attempt_id} has no manifest.json after a successful commit")
+    rep = check_version(vdir, deep=True)
+    if not rep.ok:
+        errs = "; ".join(f"{e.code}: {e.message}" for e in rep.errors[:5])
+        raise HarnessFailure(f"saved checkpoint does not conform ({case.summary()}): {errs}")
+    got = load_version(vdir)
+    if got.step != case.step:
+        raise HarnessFailure(f"manifest step {got.step} != {case.step}")
+    ws = got.manifest["continuation"]["world_size"]
+    if ws != case.num_writers:
+        raise HarnessFailure(f"continuation.world_size {ws} != {case.num_writers}")
+    _check_codecs(got.range_codecs, case)
+    want_keys = {t.key for t in case.tensors}
+    if set(got.tensors) != want_keys:
+        raise HarnessFailure(f"tensor keys {sorted(got.tensors)!r} != {sorted(want_keys)!r}")
+    for t in case.tensors:
+        dtype, shape, data = got.tensors[t.key]
+        if dtype != t.dtype or list(shape) != t.shape:
+            raise HarnessFailure(f"tensor {t.key!r}: saved as {dtype}{list(shape)}, expected "
+                                 f"{t.dtype}{t.shape}")
+        want = t.data().tobytes()
+        if data != want:
+            isz = DTYPES[t.dtype][1]
+            first = next(i for i in range(len(want)) if want[i] != data[i]) // isz
+            idx = np.unravel_index(first, t.shape) if t.shape else ()
+            raise HarnessFailure(f"tensor {t.key!r} ({t.dtype}{t.shape}): element "
+                                 f"{[int(i) for i in idx]} differs ({case.summary()})")
+    if set(got.entries) != {e.name for e in case.entries}:
+        raise HarnessFailure(f"entries {sorted(got.entries)} != {[e.name for e in case.entries]}")
+    for e in case.entries:
+        want_v: Any = e.value if e.scope == "global" else dict(enumerate(e.values))
+        if got.entries[e.name] != want_v or json.dumps(got.entries[e.name], sort_keys=True) != \
+                json.dumps(want_v, sort_keys=True):
+            raise HarnessFailure(f"entry {e.name!r}: got {got.entries[e.name]!r}, expected "
+                                 f"{want_v!r}")
+        decl = got.manifest["entries"][e.name]
+        if decl["scope"] != e.scope or decl["encoding"] != e.encoding or \
+                decl["schema"] != e.schema or decl.get("world_size_policy") != e.policy:
+            raise HarnessFailure(f"entry {e.name!r}: declaration {decl} does not match the job")
+
+
+def publish_invariants(root: Path, allowed: dict[str, SaveCase], expect_latest: str) -> None:
+    """No partial attempt visible; every committed version conforms; latest is right."""
+    for v in committed_versions(root):
+        if v.name not in allowed:
+            raise HarnessFailure(f"unexpected committed version {v.name}")
+        verify_saved(root, v.name, allowed[v.name])
+    latest = latest_committed(root)
+    if latest is None or latest.name != expect_latest:
+        raise HarnessFailure(f"latest committed version is {latest and latest.name}, expected "
+                             f"{expect_latest}")
+
+
