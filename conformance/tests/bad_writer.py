@@ -1,16 +1,14 @@
 """The minimal writer with one deliberate defect (``PCK_BAD_MODE``), to prove the harness bites.
 
-Modes: ``flip`` (a data byte changed after checksumming), ``swap`` (chunk data of a 2+-element
-box reversed, checksums consistent), ``no-writer-check`` (commit ignores missing writer indexes),
-``ignore-fail`` (``fail_at`` ignored), ``overwrite`` (publishes with a plain write of
-manifest.json before the indexes are checked), ``table-names`` (ranges stored under names other
-than the implied names of R-TABLE-7 while the manifest holds a tensor table).
+Every mode is a fault a real writer or committer could have; ``test_faults.py`` checks that the
+harness catches each one, and where.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -25,30 +23,145 @@ spec.loader.exec_module(mw)
 
 MODE = os.environ.get("PCK_BAD_MODE", "")
 
-if MODE == "flip":
-    orig_write_file = mw.write_file
 
+class _Os:
+    """``os`` for the minimal writer, with some calls replaced."""
+
+    def __init__(self, **calls: Any) -> None:
+        self.calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        return self.calls.get(name, getattr(os, name))
+
+
+def _unlink_if_there(path: Any) -> None:
+    if os.path.lexists(path):
+        os.unlink(path)
+
+
+def _write_directly(src: Any, dst: Any) -> None:
+    """``link(tmp, manifest)`` replaced by opening manifest.json and writing it (R-COMMIT-8)."""
+    data = Path(src).read_bytes()
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _flip(orig: Any) -> Any:
     def write_file(path: Path, data: bytes) -> None:
         if path.suffix == ".safetensors" and len(data) > 8:
             data = data[:-1] + bytes([data[-1] ^ 0x40])
-        orig_write_file(path, data)
+        orig(path, data)
+    return write_file
 
-    mw.write_file = write_file
-elif MODE == "swap":
-    orig_sb = mw.safetensors_bytes
 
+def _swap(orig: Any) -> Any:
     def safetensors_bytes(items: list[Any]) -> bytes:
         out = []
         for name, dt, shape, data in items:
-            itemsize = len(data) // max(1, __import__("math").prod(shape)) if dt != "U8" else 1
+            itemsize = len(data) // max(1, math.prod(shape)) if dt != "U8" else 1
             if dt != "U8" and len(data) >= 2 * itemsize:
                 els = [data[i:i + itemsize] for i in range(0, len(data), itemsize)]
                 data = b"".join(reversed(els)) if els != els[::-1] else data
             out.append((name, dt, shape, data))
-        return bytes(orig_sb(out))
+        return bytes(orig(out))
+    return safetensors_bytes
 
-    mw.safetensors_bytes = safetensors_bytes
-elif MODE == "no-writer-check":
+
+def _job_edit(fn: Any) -> Any:
+    """Wrap main: rewrite the job file before the minimal writer reads it."""
+    orig_main = mw.main
+
+    def main(argv: list[str]) -> int:
+        path = Path(argv[1])
+        job = json.loads(path.read_text())
+        fn(job, path)
+        path.write_text(json.dumps(job))
+        return int(orig_main(argv))
+    return main
+
+
+def _ignore_fail(job: dict[str, Any], path: Path) -> None:
+    job["fail_at"] = None
+
+
+def _zstd_as_none(job: dict[str, Any], path: Path) -> None:
+    if job["phase"] == "write":
+        job["codec"] = "none"
+
+
+def _listing(job: dict[str, Any], path: Path) -> None:
+    if job["phase"] == "commit":
+        idx = Path(job["root"]) / job["attempt_id"] / "index"
+        job["writers"] = sorted(int(p.name[1:6]) for p in idx.glob("w*.json")) \
+            if idx.is_dir() else []
+
+
+def _drop_range(job: dict[str, Any], path: Path) -> None:
+    for t in job.get("tensors", []):
+        if len(t["chunks"]) > 0 and job["writer"] == 0:
+            t["chunks"] = t["chunks"][:-1]
+            return
+
+
+def _no_error_line() -> Any:
+    orig_main = mw.main
+
+    def main(argv: list[str]) -> int:
+        with open(os.devnull, "w") as null:
+            real, sys.stdout = sys.stdout, null
+            try:
+                return int(orig_main(argv))
+            finally:
+                sys.stdout = real
+    return main
+
+
+def _wrong_code() -> Any:
+    class Fail(mw.Fail):  # type: ignore[misc]
+        def __init__(self, code: str, message: str) -> None:
+            super().__init__("PCK-USAGE" if code == "PCK-WRITER-MISSING" else code, message)
+    return Fail
+
+
+def _index_first(job: dict[str, Any], jobdir: Path) -> None:
+    """The minimal writer's do_write with the index written before the data."""
+    if job.get("fail_at") == "before_data":
+        mw.crash()
+    adir = Path(job["root"]) / job["attempt_id"]
+    blob, tensors = mw.shard_bytes(job, jobdir)
+    values, entries = mw.entry_files(job)
+    files = ([(f"data/w{job['writer']:05d}-0000.safetensors", blob)] if blob else []) + values
+    index = {"format": "portable-ckpt-writer-index", "format_version": "1.0",
+             "attempt_id": job["attempt_id"], "writer": job["writer"],
+             "files": {rel: mw.file_record(d, mw.BLOCK_SIZE) for rel, d in files},
+             "tensors": tensors, "entries": entries}
+    adir.mkdir(parents=True, exist_ok=True)
+    mw.fsync_dir(adir.parent)
+    mw.write_index(adir, job["writer"], index)
+    mw.write_data(adir, files, job.get("fail_at"))
+    if job.get("fail_at") == "after_data":
+        mw.crash()
+
+
+def _no_tmp_fsync(adir: Path, data: bytes, fail_at: str | None) -> None:
+    tmp = adir / f"manifest.json.{os.urandom(8).hex()}.tmp"
+    tmp.write_bytes(data)
+    if fail_at == "temp_written":
+        mw.crash()
+    try:
+        os.link(tmp, adir / "manifest.json")
+    except FileExistsError:
+        os.unlink(tmp)
+        raise mw.Fail("PCK-COMMIT-CONFLICT", "manifest.json exists") from None
+    os.unlink(tmp)
+    mw.fsync_dir(adir)
+
+
+def _no_writer_check() -> Any:
     orig_commit = mw.do_commit
 
     def do_commit(job: dict[str, Any]) -> None:
@@ -62,22 +175,50 @@ elif MODE == "no-writer-check":
             pass
         if not (adir / "manifest.json").exists():
             (adir / "manifest.json").write_text(json.dumps({"broken": True}))
+    return do_commit
 
-    mw.do_commit = do_commit
-elif MODE == "table-names":
-    mw.implied_name = lambda key, offsets: f"{key}#{','.join(str(o) for o in offsets)}"
-elif MODE == "ignore-fail":
-    orig_main = mw.main
 
-    def main(argv: list[str]) -> int:
-        path = Path(argv[1])
-        job = json.loads(path.read_text())
-        if job.get("fail_at"):
-            job["fail_at"] = None
-            path.write_text(json.dumps(job))
-        return int(orig_main(argv))
+def _apply(mode: str) -> None:
+    if mode == "flip":  # a data byte changed after checksumming (wrong CRC)
+        mw.write_file = _flip(mw.write_file)
+    elif mode == "swap":  # a chunk's elements reversed, checksums consistent
+        mw.safetensors_bytes = _swap(mw.safetensors_bytes)
+    elif mode == "table-names":  # ranges not under their implied names (R-TABLE-7)
+        mw.implied_name = lambda key, offsets: f"{key}#{','.join(str(o) for o in offsets)}"
+    elif mode == "ignore-fail":  # fail_at ignored by writer and committer
+        mw.main = _job_edit(_ignore_fail)
+    elif mode == "no-writer-check":  # commits whatever indexes exist, even a broken manifest
+        mw.do_commit = _no_writer_check()
+    elif mode == "listing-writers":  # expected writers from a listing of index/ (R-COMMIT-5)
+        mw.main = _job_edit(_listing)
+    elif mode == "no-fsync":  # never calls fsync (R-COMMIT-6, R-COMMIT-7 step 2)
+        mw.os = _Os(fsync=lambda fd: None)
+    elif mode == "no-dir-fsync":  # fsyncs files, never directories (R-COMMIT-6)
+        mw.fsync_dir = lambda path: None
+    elif mode == "direct-manifest":  # opens and writes manifest.json (R-COMMIT-8)
+        mw.os = _Os(link=_write_directly, unlink=_unlink_if_there)
+    elif mode == "rename-publish":  # plain rename() over manifest.json (R-COMMIT-8, -9)
+        mw.os = _Os(link=os.rename, unlink=_unlink_if_there)
+    elif mode == "no-tmp-fsync":  # the temporary manifest is not synced (R-COMMIT-7 step 2)
+        mw.publish = _no_tmp_fsync
+    elif mode == "skip-checks":  # no coverage, entry or file checks (R-COMMIT-4)
+        mw.check_coverage = mw.check_entries = lambda *a: None
+        mw.check_files = lambda *a: None
+    elif mode == "wrong-code":  # PCK-USAGE instead of PCK-WRITER-MISSING (R-ERR-1)
+        mw.Fail = _wrong_code()
+    elif mode == "no-error-line":  # fails without the {"error": ...} line
+        mw.main = _no_error_line()
+    elif mode == "index-first":  # writes its index before its data (R-INDEX-1)
+        mw.do_write = _index_first
+    elif mode == "zstd-as-none":  # asked for zstd, stores none (the codec is binding)
+        mw.main = _job_edit(_zstd_as_none)
+    elif mode == "drop-range":  # writer 0 leaves out one of its chunks
+        mw.main = _job_edit(_drop_range)
+    elif mode:
+        raise SystemExit(f"unknown PCK_BAD_MODE {mode!r}")
 
-    mw.main = main
+
+_apply(MODE)
 
 if __name__ == "__main__":
     sys.exit(mw.main(sys.argv))

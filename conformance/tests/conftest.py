@@ -9,10 +9,32 @@ from pathlib import Path
 
 import pytest
 
+from conformance.cases import EntrySpec, SaveCase, TensorSpec
+from conformance.procs import Adapter
+from conformance.trace import tracing_status
+
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 REFERENCE_ADAPTER = [PY, str(REPO / "conformance" / "adapters" / "reference_writer.py")]
 MINIMAL_WRITER = [PY, str(REPO / "conformance" / "examples" / "minimal_writer.py")]
+BAD_WRITER = [PY, str(REPO / "conformance" / "tests" / "bad_writer.py")]
+#: system-call tracing here; CI installs strace, and test_faults.py insists on it under $CI.
+TRACING = tracing_status().available
+needs_tracing = pytest.mark.skipif(not TRACING, reason=f"no strace: {tracing_status().detail}")
+
+
+def adapter(cmd: list[str], *, trace: bool = TRACING, timeout: float = 120.0) -> Adapter:
+    """The adapter ``cmd``, traced when strace works here."""
+    return Adapter(cmd, timeout=timeout, trace=trace)
+
+
+def explicit_case(step: int = 7) -> SaveCase:
+    """Two writers: a row-split matrix, a 0-d tensor, one global entry."""
+    return SaveCase(
+        step=step, num_writers=2, codec="none",
+        tensors=[TensorSpec("w", "float32", [4, 3], 1, [([0, 0], [2, 3], 0), ([2, 0], [2, 3], 1)]),
+                 TensorSpec("s", "int64", [], 2, [([], [], 1)])],
+        entries=[EntrySpec("meta", {"id": "pck:json/1"}, "global", "json", value={"a": 1})])
 
 
 @pytest.fixture

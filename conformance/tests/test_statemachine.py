@@ -12,9 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import signal
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +27,18 @@ from conformance.harness import (
     EntrySpec,
     SaveCase,
     TensorSpec,
-    _start,
-    _wait,
     commit_job,
     new_attempt_id,
     write_jobs,
 )
+from conformance.procs import Adapter, KillPlan, progress_mode
 from conformance.reader import latest_committed
+from conformance.trace import tracing_status
 
 from .conftest import REFERENCE_ADAPTER
 
 portable_ckpt = pytest.importorskip("portable_ckpt")
+ADAPTER = Adapter(REFERENCE_ADAPTER, timeout=120, trace=tracing_status().available)
 from portable_ckpt.errors import CheckpointError, CommitConflictError  # noqa: E402
 from portable_ckpt.format.dtypes import numpy_dtype  # noqa: E402
 from portable_ckpt.io.commit import commit  # noqa: E402
@@ -129,15 +128,15 @@ class PublishMachine(RuleBasedStateMachine):
         "simulated:partial-data", "simulated:index-only", "simulated:temp-manifest",
         "simulated:empty-dir", "fail_at:before_data", "fail_at:mid_data", "fail_at:after_data",
         "fail_at:before_publish", "fail_at:temp_written", "sigkill:writer", "sigkill:commit"]),
-        delay=st.floats(0.0, 2.5))
-    def crash(self, how: str, delay: float) -> None:
+        progress=st.integers(1, 40))
+    def crash(self, how: str, progress: int) -> None:
         kind, _, point = how.partition(":")
         if kind == "simulated":
             self.simulated_crash(point)
         elif kind == "fail_at":
             self.crash_adapter(point)
         else:
-            self.sigkill(delay, point == "commit")
+            self.sigkill(progress, point == "commit")
 
     def crash_adapter(self, phase: str) -> None:
         """A real adapter process asked to die at ``phase`` (os._exit, no cleanup)."""
@@ -147,33 +146,25 @@ class PublishMachine(RuleBasedStateMachine):
         commit_phase = phase in ("before_publish", "temp_written")
         jobs = write_jobs(case, jobdir, self.root, aid,
                           None if commit_phase else {0: phase})
-        procs = [_start(REFERENCE_ADAPTER, j) for j in jobs]
-        rcs = [_wait(p, 60) for p in procs]
+        rcs = [o.rc for o in ADAPTER.run_all(jobs)]
         assert (rcs[0] != 0) == (not commit_phase), rcs
-        cp = _start(REFERENCE_ADAPTER, commit_job(case, jobdir, self.root, aid,
-                                                  phase if commit_phase else None))
-        assert _wait(cp, 60) != 0
+        c = ADAPTER.run(commit_job(case, jobdir, self.root, aid, phase if commit_phase else None))
+        assert c.rc != 0
         self.crashed.add(aid)
 
-    def sigkill(self, delay: float, target_commit: bool) -> None:
-        """SIGKILL a writer or the committer at a random moment."""
+    def sigkill(self, progress: int, target_commit: bool) -> None:
+        """SIGKILL a writer or the committer after ``progress`` units of its own progress
+        (file-system calls below the root under tracing, else 512-byte units written)."""
         case = self._next()
         aid = new_attempt_id(case.step)
         jobdir = self.dir / f"jobs-{aid}"
-        jobs = write_jobs(case, jobdir, self.root, aid)
-        procs = [_start(REFERENCE_ADAPTER, j) for j in jobs]
-        if not target_commit:
-            time.sleep(delay)
-            if procs[0].popen.poll() is None:
-                os.kill(procs[0].popen.pid, signal.SIGKILL)
-        for p in procs:
-            p.popen.wait(60)
-        cp = _start(REFERENCE_ADAPTER, commit_job(case, jobdir, self.root, aid))
-        if target_commit:
-            time.sleep(delay)
-            if cp.popen.poll() is None:
-                os.kill(cp.popen.pid, signal.SIGKILL)
-        crc = cp.popen.wait(60)
+        jobs = write_jobs(case, jobdir, self.root.resolve(), aid)
+        mode = progress_mode(ADAPTER.trace)
+        plan = KillPlan(0, progress if mode == "trace" else 512 * progress, mode,
+                        str(self.root.resolve()))
+        ADAPTER.run_all(jobs, None if target_commit else plan)
+        crc = ADAPTER.run(commit_job(case, jobdir, self.root.resolve(), aid),
+                          plan if target_commit else None).rc
         committed = (self.root / aid / "manifest.json").exists()
         if committed:
             # A writer killed after its index was durable (e.g. during interpreter exit) leaves

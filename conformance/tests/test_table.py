@@ -128,7 +128,7 @@ def boxes_in(draw: Any, shape: list[int], max_boxes: int = 6
     """In-bounds non-empty boxes of ``shape``: an exact partition, perhaps with one box dropped
     or one random box added, or random boxes (overlaps and gaps allowed)."""
     if draw(st.booleans()):
-        from conformance.harness import _partition
+        from conformance.cases import _partition
 
         part = _partition(draw, shape)
         how = draw(st.sampled_from(["exact", "drop", "add"]))

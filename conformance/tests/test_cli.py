@@ -1,0 +1,174 @@
+"""The command line as a CI job sees it: exit codes, --json / --junit-xml, replay, clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conformance.vectors import load_cases, materialize
+
+from .conftest import BAD_WRITER, MINIMAL_WRITER, REPO, TRACING, needs_tracing
+
+QUICK = ["--examples", "1", "--crash-examples", "0", "--no-committer", "--tracing", "auto"]
+
+
+def _run(args: list[str], cwd: Path, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp), **env)
+    if "PCK_SPEC_SCHEMAS" not in env:
+        e.pop("PCK_SPEC_SCHEMAS", None)
+    return subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, env=e,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def dirs(fast_tmp: Path) -> tuple[Path, Path]:
+    """An empty working directory and an empty TMPDIR: both must stay empty."""
+    cwd, tmp = fast_tmp / "cwd", fast_tmp / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    return cwd, tmp
+
+
+def test_check_exit_codes_and_reports(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    cwd, tmp = dirs
+    valid = next(c for c in load_cases() if c["valid"])
+    invalid = next(c for c in load_cases() if not c["valid"] and not c.get("setup"))
+    ok = _run(["check", str(materialize(valid, fast_tmp / "v")), "--junit-xml",
+               str(fast_tmp / "ok.xml")], cwd, tmp)
+    assert ok.returncode == 0 and "conformant" in ok.stdout, ok.stderr
+    suite = ET.parse(fast_tmp / "ok.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "0" and int(suite.get("tests", 0)) >= 1
+    target = materialize(invalid, fast_tmp / "i")
+    bad = _run(["check", "--deep", str(target), "--json"], cwd, tmp)
+    assert bad.returncode == 1
+    doc = json.loads(bad.stdout)
+    assert doc["exit_code"] == 1 and not doc["ok"]
+    assert invalid["code"] in {e["code"] for e in doc["errors"]}
+    (fail,) = doc["failures"]
+    assert fail["replay"].startswith("portable-ckpt-conformance check --deep ")
+    assert invalid["code"] in fail["details"]["codes"]
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_missing_schemas_are_a_hard_error(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """No schemas: exit 3, never "conformant" with validation skipped."""
+    cwd, tmp = dirs
+    valid = materialize(next(c for c in load_cases() if c["valid"]), fast_tmp / "v")
+    r = _run(["check", str(valid), "--schemas", str(fast_tmp / "none")], cwd, tmp)
+    assert r.returncode == 3 and "conformant" not in r.stdout, r.stdout
+    partial = fast_tmp / "partial"
+    partial.mkdir()
+    (partial / "manifest.schema.json").write_text("{}")
+    r = _run(["check", str(valid), "--json"], cwd, tmp, PCK_SPEC_SCHEMAS=str(partial))
+    assert r.returncode == 3 and "lacks" in r.stderr
+    w = _run(["writer", *QUICK, "--", *MINIMAL_WRITER], cwd, tmp,
+             PCK_SPEC_SCHEMAS=str(partial))
+    assert w.returncode == 3, w.stderr
+
+
+def test_zero_cases_usage_and_infrastructure_codes(dirs: tuple[Path, Path]) -> None:
+    cwd, tmp = dirs
+    zero = _run(["writer", "--examples", "0", "--crash-examples", "0", "--no-committer", "--",
+                 *MINIMAL_WRITER], cwd, tmp)
+    assert zero.returncode == 3 and "zero cases" in zero.stderr
+    few = _run(["writer", "--crash-examples", "3", "--", *MINIMAL_WRITER], cwd, tmp)
+    assert few.returncode == 2 and "every fault point" in few.stderr
+    assert _run(["writer", "--bogus"], cwd, tmp).returncode == 2
+    assert _run(["writer"], cwd, tmp).returncode == 2
+    for cmd in (["/nonexistent/adapter"], [sys.executable, "missing_adapter.py"],
+                ["no-such-adapter-command"]):
+        r = _run(["writer", *QUICK, "--", *cmd], cwd, tmp)
+        assert r.returncode == 4 and "infrastructure" in r.stderr, (cmd, r.stderr)
+    hang = _run(["writer", *QUICK, "--timeout", "2", "--", sys.executable, "-c",
+                 "import time; time.sleep(60)"], cwd, tmp)
+    assert hang.returncode == 4 and "--timeout" in hang.stderr
+    # tracing required (the default) but no strace on PATH
+    no_strace = _run(["writer", "--examples", "1", "--crash-examples", "0", "--no-committer",
+                      "--", *MINIMAL_WRITER], cwd, tmp, PATH=str(cwd))
+    assert no_strace.returncode == 4 and "--tracing auto" in no_strace.stderr
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_untraced_run_says_not_checked(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    cwd, tmp = dirs
+    r = _run(["writer", *QUICK[:-2], "--tracing", "off", "--junit-xml", str(fast_tmp / "r.xml"),
+              "--", *MINIMAL_WRITER], cwd, tmp)
+    assert r.returncode == 0 and "NOT CHECKED" in r.stdout, r.stdout + r.stderr
+    skipped = [tc for tc in ET.parse(fast_tmp / "r.xml").getroot().iter("testcase")
+               if tc.find("skipped") is not None]
+    assert skipped and "durability" in str(skipped[0].get("name"))
+
+
+def test_failure_reports_replay_and_cleanup(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """A failing run: JSON and JUnit name seed, case directory and a replay line that fails the
+    same way; passing cases leave nothing, the failing case directory stays."""
+    cwd, tmp = dirs
+    rep, xml = fast_tmp / "r.json", fast_tmp / "r.xml"
+    r = _run(["writer", "--examples", "3", "--crash-examples", "0", "--no-committer",
+              "--tracing", "auto", "--seed", "5", "--no-shrink", "--json", str(rep),
+              "--junit-xml", str(xml), "--", *BAD_WRITER], cwd, tmp, PCK_BAD_MODE="flip")
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(rep.read_text())
+    (fail,) = doc["failures"]
+    assert fail["seed"] == 5 and doc["seed"] == 5 and "PCK-CHECKSUM" in fail["message"]
+    case_dir = Path(fail["case_dir"])
+    assert (case_dir / "case.json").is_file() and case_dir.parent.parent == tmp
+    assert sorted(p.name for p in case_dir.parent.iterdir()) == [case_dir.name]
+    failure = next(tc for tc in ET.parse(xml).getroot().iter("testcase")
+                   if tc.find("failure") is not None).find("failure")
+    assert failure is not None and str(case_dir) in str(failure.text)
+    assert "replay: " in str(failure.text) and "seed: 5" in str(failure.text)
+    again = subprocess.run(fail["replay"], shell=True, capture_output=True, text=True,
+                           cwd=cwd, env=dict(os.environ, PCK_BAD_MODE="flip",
+                                             PYTHONPATH=str(REPO), TMPDIR=str(tmp)), timeout=600)
+    assert again.returncode == 1 and "PCK-CHECKSUM" in again.stdout, again.stdout + again.stderr
+    fixed = subprocess.run([*shlex.split(fail["replay"].split("&& ")[-1])], capture_output=True,
+                           text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                           timeout=600)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr  # PCK_BAD_MODE unset: it passes
+    assert list(cwd.iterdir()) == []
+
+
+def test_keep_work_and_workdir(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    cwd, tmp = dirs
+    work = fast_tmp / "work"
+    r = _run(["writer", *QUICK, "--workdir", str(work), "--keep-work", "--", *MINIMAL_WRITER],
+             cwd, tmp)
+    assert r.returncode == 0, r.stderr
+    (case,) = [p for p in work.iterdir() if p.name.startswith("save-")]
+    assert (case / "case.json").is_file() and list(case.rglob("manifest.json"))
+    r = _run(["writer", *QUICK, "--workdir", str(work / "again"), "--", *MINIMAL_WRITER],
+             cwd, tmp)
+    assert r.returncode == 0 and list((work / "again").iterdir()) == []
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+@needs_tracing
+def test_full_default_run_of_the_minimal_writer(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """The default suites (small) with tracing required: JSON counts per suite, every fault
+    point, the committer table; nothing left behind."""
+    assert TRACING
+    cwd, tmp = dirs
+    r = _run(["writer", "--examples", "2", "--json", "-", "--", *MINIMAL_WRITER], cwd, tmp)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tracing"]["used"] and doc["counts"]["writer.publish"]["passed"] == 7
+    assert set(doc["fault_points"].values()) == {1}
+    assert doc["counts"]["writer.committer"]["failed"] == 0
+    assert doc["counts"]["writer.committer"]["passed"] >= 20
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_help_shows_defaults_and_exit_codes(dirs: tuple[Path, Path]) -> None:
+    cwd, tmp = dirs
+    top = _run(["--help"], cwd, tmp)
+    assert "exit status" in top.stdout and "infrastructure" in top.stdout
+    w = _run(["writer", "--help"], cwd, tmp)
+    assert "(default: 10)" in w.stdout and "(default: require)" in w.stdout

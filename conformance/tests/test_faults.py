@@ -1,0 +1,141 @@
+"""Deliberately broken writers and committers (bad_writer.py): the harness catches every fault.
+
+Each mode is checked where it must be caught — a save case (deep check, byte comparison, the codec,
+the system-call trace), an atomic-publish case at a given fault point, or a committer case of the
+refusal table — with the message that names the broken rule.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conformance.cases import CrashCase
+from conformance.committer import REFUSALS, run_commit_twice, run_refusal
+from conformance.harness import run_crash_case, run_save_case
+from conformance.trace import tracing_status
+from conformance.verify import HarnessFailure
+
+from .conftest import BAD_WRITER, TRACING, adapter, explicit_case, needs_tracing
+
+REFUSAL = {r.name: r for r in REFUSALS}
+
+
+@pytest.fixture
+def bad(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.delenv("PCK_BAD_MODE", raising=False)
+    return monkeypatch
+
+
+def test_tracing_is_exercised_in_ci() -> None:
+    """CI installs strace (.ci/run): the trace checks below must run there, not skip."""
+    if os.environ.get("CI"):
+        assert TRACING, tracing_status().detail
+
+
+def _save(mode: str, bad: pytest.MonkeyPatch, tmp: Path, *, codec: str = "none",
+          tables: bool = False, trace: bool = TRACING) -> str:
+    bad.setenv("PCK_BAD_MODE", mode)
+    case = explicit_case()
+    case.codec, case.tensor_table = codec, tables
+    with pytest.raises(HarnessFailure) as ei:
+        run_save_case(adapter(BAD_WRITER, trace=trace), case, tmp)
+    return str(ei.value)
+
+
+@pytest.mark.parametrize(("mode", "kw", "message"), [
+    ("flip", {}, "PCK-CHECKSUM"),  # wrong CRC / flipped bit
+    ("swap", {}, "differs"),  # chunk bytes in the wrong order, checksums consistent
+    ("table-names", {"tables": True}, "PCK-SHARD-MISMATCH"),  # R-TABLE-7
+    ("zstd-as-none", {"codec": "zstd"}, "the codec of a save is binding"),
+    ("drop-range", {}, "PCK-COVERAGE-GAP"),  # the committer refuses the gap
+])
+def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest.MonkeyPatch,
+                     fast_tmp: Path) -> None:
+    assert message in _save(mode, bad, fast_tmp, **kw)  # type: ignore[arg-type]
+
+
+@needs_tracing
+@pytest.mark.parametrize(("mode", "message"), [
+    ("no-fsync", "its data was not fsync-ed before the writer index was created"),
+    ("no-dir-fsync", "name was not made durable by an fsync"),
+    ("index-first", "before the writer index was created"),
+    ("direct-manifest", "manifest.json was opened for writing"),
+    ("rename-publish", "plain rename()"),
+    ("no-tmp-fsync", "R-COMMIT-7 step 2"),
+])
+def test_trace_faults(mode: str, message: str, bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """Durability and atomic publish, seen in the system calls of the adapter processes."""
+    assert message in _save(mode, bad, fast_tmp)
+
+
+def test_trace_faults_pass_untraced(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """Without tracing the same save passes: what the trace adds is real (and the report says
+    "not checked", test_cli.py)."""
+    bad.setenv("PCK_BAD_MODE", "no-fsync")
+    run_save_case(adapter(BAD_WRITER, trace=False), explicit_case(), fast_tmp)
+
+
+def _crash(mode: str, fault: str, bad: pytest.MonkeyPatch, tmp: Path, victim: int = 1) -> str:
+    bad.setenv("PCK_BAD_MODE", mode)
+    a, b = explicit_case(), explicit_case(8)
+    with pytest.raises(HarnessFailure) as ei:
+        run_crash_case(adapter(BAD_WRITER, trace=False), CrashCase(a, b, fault, victim, 0.0), tmp)
+    return str(ei.value)
+
+
+@pytest.mark.parametrize(("mode", "fault", "message"), [
+    ("ignore-fail", "write:mid_data", "exited 0 although asked to fail"),
+    ("ignore-fail", "commit:before_publish", "commit exited 0"),
+    ("no-writer-check", "write:after_data", "commit exited 0"),
+    ("listing-writers", "write:after_data", "expected PCK-WRITER-MISSING"),
+    ("wrong-code", "write:after_data", "reported PCK-USAGE"),
+    # untraced, the stratified after_data point still catches an index written first
+    ("index-first", "write:after_data", "commit exited 0"),
+])
+def test_publish_faults(mode: str, fault: str, message: str, bad: pytest.MonkeyPatch,
+                        fast_tmp: Path) -> None:
+    assert message in _crash(mode, fault, bad, fast_tmp)
+
+
+def _refuse(mode: str, name: str, bad: pytest.MonkeyPatch, tmp: Path, trace: bool = False) -> str:
+    bad.setenv("PCK_BAD_MODE", mode)
+    with pytest.raises(HarnessFailure) as ei:
+        run_refusal(adapter(BAD_WRITER, trace=trace), REFUSAL[name], tmp)
+    return str(ei.value)
+
+
+@pytest.mark.parametrize("name", ["coverage-gap", "coverage-overlap", "range-out-of-bounds",
+                                  "entry-rank-missing", "entry-value-missing",
+                                  "data-file-missing", "file-wrong-size"])
+def test_committer_that_skips_checks(name: str, bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    assert "the committer exited 0" in _refuse("skip-checks", name, bad, fast_tmp)
+
+
+@pytest.mark.parametrize(("mode", "name", "message"), [
+    ("wrong-code", "writer-missing", "reported PCK-USAGE on writer-missing"),
+    ("no-error-line", "dtype-conflict", "reported no error code"),
+    ("listing-writers", "writer-missing", "expected PCK-WRITER-MISSING"),
+    ("rename-publish", "manifest-exists", "the committer exited 0"),
+])
+def test_committer_faults(mode: str, name: str, message: str, bad: pytest.MonkeyPatch,
+                          fast_tmp: Path) -> None:
+    assert message in _refuse(mode, name, bad, fast_tmp)
+
+
+def test_rename_over_own_manifest(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """A second commit of a committed attempt with rename(): the manifest is replaced."""
+    bad.setenv("PCK_BAD_MODE", "rename-publish")
+    with pytest.raises(HarnessFailure) as ei:
+        run_commit_twice(adapter(BAD_WRITER, trace=False), fast_tmp)
+    assert "exited 0 on a second commit" in str(ei.value)
+
+
+@needs_tracing
+def test_conflict_trace_sees_a_touched_manifest(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """Under tracing, even a committer that fails correctly is caught if it opened the existing
+    manifest for writing (direct-manifest opens it with O_EXCL, which fails: not a touch)."""
+    bad.setenv("PCK_BAD_MODE", "direct-manifest")
+    run_refusal(adapter(BAD_WRITER), REFUSAL["manifest-exists"], fast_tmp)

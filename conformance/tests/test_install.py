@@ -1,0 +1,174 @@
+"""The conformance suite as another team installs it: a wheel from ``./conformance`` and from a
+git URL with ``#subdirectory=conformance``, into a fresh virtualenv, run outside the repository.
+
+Offline: the wheels are built with the dev environment's hatchling (``--no-build-isolation``)
+and installed ``--no-deps``; the fresh environment sees the dev environment's third-party
+packages through a ``.pth`` file (not its ``portable_ckpt`` or the checkout), and ``pip check``
+proves the declared dependencies are what it needs.
+"""
+
+from __future__ import annotations
+
+import ast
+import filecmp
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from conformance.vectors import load_cases
+
+from .conftest import REPO
+
+CONF = REPO / "conformance"
+
+
+def _pip(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+                       capture_output=True, text=True, cwd=cwd, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def _wheel(source: str, out: Path) -> Path:
+    _pip("wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(out), source)
+    (whl,) = out.glob("portable_ckpt_conformance-*.whl")
+    return whl
+
+
+def _git_repo(dest: Path) -> Path:
+    """A git repository holding this checkout's spec/ and conformance/ (working tree)."""
+    dest.mkdir()
+    shutil.copytree(REPO / "spec", dest / "spec")
+    shutil.copytree(CONF, dest / "conformance", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "snapshot"]):
+        subprocess.run(["git", *cmd], cwd=dest, env=env, check=True, capture_output=True)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(fresh venv, a directory outside the repository) with the wheel installed."""
+    if shutil.which("git") is None:
+        pytest.skip("git is needed for the git-URL install")
+    tmp = tmp_path_factory.mktemp("install")
+    whl = _wheel(str(CONF), tmp / "dist")
+    repo = _git_repo(tmp / "repo")
+    from_git = _wheel(f"portable-ckpt-conformance @ git+file://{repo}#subdirectory=conformance",
+                      tmp / "dist-git")
+    assert sorted(_names(whl)) == sorted(_names(from_git))
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path("
+                              "'purelib'))"], capture_output=True, text=True, check=True)
+    Path(purelib.stdout.strip(), "dev-deps.pth").write_text("\n".join(site.getsitepackages()))
+    _pip("--python", str(py), "install", "--no-deps", "--no-index", str(whl))
+    _pip("--python", str(py), "check")  # the declared dependencies are all there
+    outside = tmp / "outside"
+    outside.mkdir()
+    return venv, outside
+
+
+def _names(whl: Path) -> list[str]:
+    import zipfile
+
+    with zipfile.ZipFile(whl) as z:
+        return [n for n in z.namelist() if ".dist-info/" not in n]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("PYTHONPATH", "PCK_SPEC_SCHEMAS", "PCK_BAD_MODE"):
+        env.pop(k, None)
+    return env
+
+
+def _tool(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(venv / "bin" / "portable-ckpt-conformance"), *args], cwd=cwd,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _package(venv: Path, outside: Path) -> Path:
+    r = subprocess.run([str(venv / "bin" / "python"), "-c",
+                        "import conformance; print(conformance.__file__)"],
+                       cwd=outside, env=_env(), capture_output=True, text=True, check=True)
+    return Path(r.stdout.strip()).parent
+
+
+def test_installed_package_is_self_contained(installed: tuple[Path, Path]) -> None:
+    venv, outside = installed
+    pkg = _package(venv, outside)
+    assert venv in pkg.parents  # not the checkout
+    schemas = pkg / "_schemas"
+    assert not schemas.is_symlink()
+    cmp = filecmp.dircmp(REPO / "spec" / "schemas", schemas)
+    files = [p.relative_to(REPO / "spec" / "schemas") for p in
+             (REPO / "spec" / "schemas").rglob("*.json")]
+    assert files and all((schemas / f).read_bytes() == (REPO / "spec" / "schemas" / f).read_bytes()
+                         for f in files), cmp.report()
+    assert not (pkg / "tests").exists()
+    assert (pkg / "examples" / "minimal_writer.py").is_file()
+    assert _tool(venv, "--help", cwd=outside).returncode == 0
+    m = subprocess.run([str(venv / "bin" / "python"), "-m", "conformance", "--help"], cwd=outside,
+                       env=_env(), capture_output=True, text=True)
+    assert m.returncode == 0 and "writer" in m.stdout
+
+
+def test_installed_check_and_writer_outside_the_repository(installed: tuple[Path, Path]) -> None:
+    venv, outside = installed
+    pkg = _package(venv, outside)
+    vectors = pkg / "vectors" / "1.0"
+    valid = next(c for c in load_cases(vectors) if c["valid"])
+    invalid = next(c for c in load_cases(vectors) if not c["valid"] and not c.get("setup"))
+    for case in (valid, invalid):
+        shutil.copytree(vectors / case["name"], outside / case["name"], symlinks=True)
+    ok = _tool(venv, "check", str(outside / valid["name"] / valid["target"]), cwd=outside)
+    assert ok.returncode == 0 and "conformant" in ok.stdout, ok.stdout + ok.stderr
+    bad = _tool(venv, "check", "--deep", str(outside / invalid["name"] / invalid["target"]),
+                cwd=outside)
+    assert bad.returncode == 1 and invalid["code"] in bad.stdout
+    before = sorted(p.name for p in outside.iterdir())
+    w = _tool(venv, "writer", "--examples", "1", "--crash-examples", "0", "--no-committer",
+              "--tracing", "auto", "--", str(venv / "bin" / "python"),
+              str(pkg / "examples" / "minimal_writer.py"), cwd=outside)
+    assert w.returncode == 0 and "writer passed" in w.stdout, w.stdout + w.stderr
+    assert sorted(p.name for p in outside.iterdir()) == before  # nothing in the working dir
+
+
+def _requirement_names(pyproject: Path) -> set[str]:
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    return {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
+
+
+def test_every_third_party_import_is_declared() -> None:
+    """Scan the shipped modules: each non-stdlib import belongs to a declared distribution."""
+    declared = _requirement_names(CONF / "pyproject.toml")
+    owners = metadata.packages_distributions()
+    shipped = [p for p in CONF.rglob("*.py") if "tests" not in p.relative_to(CONF).parts]
+    missing: dict[str, str] = {}
+    for path in shipped:
+        if path.name == "reference_writer.py":  # the adapter *of* portable_ckpt
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and \
+                not node.level else []
+            for mod in mods:
+                top = mod.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("conformance", "__future__"):
+                    continue
+                dists = {d.lower().replace("_", "-") for d in owners.get(top, [top])}
+                if not dists & declared:
+                    missing[top] = str(path.relative_to(REPO))
+    assert not missing, f"imports without a declared dependency: {missing}"
