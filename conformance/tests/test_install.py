@@ -10,7 +10,6 @@ proves the declared dependencies are what it needs.
 from __future__ import annotations
 
 import ast
-import filecmp
 import os
 import re
 import shutil
@@ -112,11 +111,11 @@ def test_installed_package_is_self_contained(installed: tuple[Path, Path]) -> No
     assert venv in pkg.parents  # not the checkout
     schemas = pkg / "_schemas"
     assert not schemas.is_symlink()
-    cmp = filecmp.dircmp(REPO / "spec" / "schemas", schemas)
-    files = [p.relative_to(REPO / "spec" / "schemas") for p in
-             (REPO / "spec" / "schemas").rglob("*.json")]
-    assert files and all((schemas / f).read_bytes() == (REPO / "spec" / "schemas" / f).read_bytes()
-                         for f in files), cmp.report()
+    spec = REPO / "spec" / "schemas"
+    files = sorted(p.relative_to(spec).as_posix() for p in spec.rglob("*.json"))
+    assert files == sorted(p.relative_to(schemas).as_posix() for p in schemas.rglob("*.json"))
+    differ = [f for f in files if (schemas / f).read_bytes() != (spec / f).read_bytes()]
+    assert not differ, differ
     assert not (pkg / "tests").exists()
     assert (pkg / "examples" / "minimal_writer.py").is_file()
     assert _tool(venv, "--help", cwd=outside).returncode == 0
