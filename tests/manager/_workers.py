@@ -244,3 +244,56 @@ def load_options(rank: int, world: int, root: str) -> dict[str, Any]:
         "refused": refused,
         "mismatch": mismatch,
     }
+
+
+def _node_mgr(root: str, replicas: int) -> Any:
+    return pckt.CheckpointManager(
+        root,
+        save_every=3,
+        fast_root=root + "-fast/node{node}",
+        fast_every=1,
+        fast_keep=2,
+        ranks_per_node=2,
+        fast_replicas=replicas,
+        timeout=30,
+    )
+
+
+def node_local_save(rank: int, world: int, base: str) -> dict[str, Any]:
+    """2 nodes x 2 ranks: fast saves to node-local roots (with and without replicas)."""
+    out: dict[str, Any] = {}
+    for replicas in (0, 1):
+        root = f"{base}/r{replicas}"
+        tr = Trainer(world)
+        with _node_mgr(root, replicas) as mgr:
+            for step in range(1, 5):
+                tr.step(step)
+                mgr.maybe_save(step, {"model": tr})
+        fresh = Trainer(world, salt=500.0)
+        with _node_mgr(root, replicas) as again:
+            info = again.restore({"model": fresh})
+        ev = next(e for e in again.telemetry.history if e["event"] == "restore")
+        out[str(replicas)] = {
+            "step": info.step if info else None,
+            "tier": ev["tier"],
+            "fetched": ev["fetched_from_peers"],
+            "w": fresh.w.full_tensor().tolist(),
+        }
+    return out
+
+
+def node_local_restore(rank: int, world: int, base: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for replicas in (0, 1):
+        fresh = Trainer(world, salt=500.0)
+        with _node_mgr(f"{base}/r{replicas}", replicas) as mgr:
+            info = mgr.restore({"model": fresh})
+        ev = next(e for e in mgr.telemetry.history if e["event"] == "restore")
+        out[str(replicas)] = {
+            "step": info.step if info else None,
+            "tier": ev["tier"],
+            "fetched": ev["fetched_from_peers"],
+            "fallbacks": ev["fallbacks"],
+            "w": fresh.w.full_tensor().tolist(),
+        }
+    return out

@@ -189,3 +189,53 @@ def test_load_version_directory_mesh_names_and_dtype_casts(tmp_path: Path) -> No
         assert r["contract"] == "exact" and r["same"]  # saved as ("dp",), loaded as ("dim0",)
         assert len(r["casts"]) == 1 and "every tensor like it" in r["casts"][0]  # once/family
         assert r["cast_ok"] and r["refused"] == "PCK-USAGE" and r["mismatch"] == "PCK-USAGE"
+
+
+def test_node_local_fast_tier_with_and_without_replicas(tmp_path: Path) -> None:
+    """Spec §14.7: 2 simulated nodes x 2 ranks, one fast root per node; node 1's root removed."""
+    import json
+    import shutil
+
+    base = str(tmp_path)
+    saved = ok(run("node_local_save", 4, base, timeout=180))
+    expected_w = (torch_arange_plus(4)).tolist()
+    for replicas in ("0", "1"):
+        for r in saved:  # intact: restored from the fast tier, nothing fetched
+            assert r[replicas]["step"] == 4 and r[replicas]["tier"] == "fast"
+            assert r[replicas]["fetched"]["fetched"] == 0 and r[replicas]["w"] == expected_w
+        node0 = Path(base, f"r{replicas}-fast", "node0")
+        node1 = Path(base, f"r{replicas}-fast", "node1")
+        v0 = sorted(p.name for p in node0.iterdir())
+        assert v0 == sorted(p.name for p in node1.iterdir()) and len(v0) == 2  # fast_keep=2
+        newest = v0[-1]
+        files0 = {p.name for p in (node0 / newest / "data").iterdir()}
+        files1 = {p.name for p in (node1 / newest / "data").iterdir()}
+        assert (node0 / newest / "manifest.json").read_bytes() == (
+            node1 / newest / "manifest.json"
+        ).read_bytes()
+        # node 1 holds its writers' files and rank 0's (global entries, plain tensors)
+        assert {f[:6] for f in files1} == (
+            {"w00000", "w00002", "w00003"}
+            if replicas == "0"
+            else {"w00000", "w00001", "w00002", "w00003"}
+        )
+        assert {f[:6] for f in files0} == (
+            {"w00000", "w00001"} if replicas == "0" else {"w00000", "w00001", "w00002", "w00003"}
+        )
+        man = json.loads((node0 / newest / "manifest.json").read_text())
+        assert "pck.placement" in man["entries"]
+        shutil.rmtree(node1)  # node 1 is lost (replaced by an empty node)
+    back = ok(run("node_local_restore", 4, base, timeout=180))
+    for r in back:
+        # Without replicas node 1's shards are nowhere in the fast tier: durable step 3.
+        assert r["0"]["tier"] == "durable" and r["0"]["step"] == 3
+        assert r["0"]["fallbacks"] and r["0"]["fallbacks"][0]["code"] == "PCK-FILE-MISSING"
+        # With fast_replicas=1 node 0 keeps node 1's files: fetched over the network.
+        assert r["1"]["tier"] == "fast" and r["1"]["step"] == 4 and r["1"]["w"] == expected_w
+        assert r["1"]["fetched"]["fetched"] > 0 and r["1"]["fallbacks"] == []
+
+
+def torch_arange_plus(steps: int) -> Any:
+    import torch
+
+    return torch.arange(24.0).reshape(12, 2) + steps

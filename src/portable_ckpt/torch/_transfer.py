@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from portable_ckpt.errors import DistributedError, FileSizeError
+from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.storage import Storage
 
 __all__ = ["Transfer", "run_transfers"]
@@ -30,11 +31,15 @@ _CHUNK = 16 << 20
 
 @dataclass(frozen=True)
 class Transfer:
-    """Files (paths relative to the attempt) that ``src`` sends to ``dst`` (group ranks)."""
+    """Files (paths relative to the attempt) that ``src`` sends to ``dst`` (group ranks).
+
+    Empty ``paths``: the sender's own list (the ``paths`` argument of :func:`run_transfers`);
+    the receiver learns the paths and sizes from the sender's header either way.
+    """
 
     src: int
     dst: int
-    paths: tuple[str, ...]
+    paths: tuple[str, ...] = ()
 
 
 def _wait(work: Any, timeout: float, what: str) -> None:
@@ -66,13 +71,19 @@ def _recv_json(src: int, group: Any, timeout: float) -> Any:
 
 
 def _send(
-    t: Transfer, storage: Storage, attempt: str, dst: int, group: Any, timeout: float, chunk: int
+    paths: Sequence[str],
+    storage: Storage,
+    attempt: str,
+    dst: int,
+    group: Any,
+    timeout: float,
+    chunk: int,
 ) -> int:
-    sizes = [storage.size(f"{attempt}/{p}") for p in t.paths]
-    _send_json(sizes, dst, group, timeout)
+    sizes = [storage.size(f"{attempt}/{p}") for p in paths]
+    _send_json([list(paths), sizes], dst, group, timeout)
     buf = torch.empty(chunk, dtype=torch.uint8)
     view = memoryview(buf.numpy().data)
-    for path, size in zip(t.paths, sizes, strict=True):
+    for path, size in zip(paths, sizes, strict=True):
         for off in range(0, size, chunk):
             n = min(chunk, size - off)
             storage.read_into(f"{attempt}/{path}", off, view[:n])
@@ -80,13 +91,11 @@ def _send(
     return sum(sizes)
 
 
-def _recv(
-    t: Transfer, storage: Storage, attempt: str, src: int, group: Any, timeout: float, chunk: int
-) -> int:
-    sizes = _recv_json(src, group, timeout)
+def _recv(storage: Storage, attempt: str, src: int, group: Any, timeout: float, chunk: int) -> int:
+    paths, sizes = _recv_json(src, group, timeout)
     buf = torch.empty(chunk, dtype=torch.uint8)
-    for path, size in zip(t.paths, sizes, strict=True):
-        rel = f"{attempt}/{path}"
+    for path, size in zip(paths, sizes, strict=True):
+        rel = f"{attempt}/{check_relative_path(path, what='transferred file')}"
         writer = storage.open_writer(rel)
         try:
             for off in range(0, size, chunk):
@@ -113,15 +122,17 @@ def run_transfers(
     storage: Storage,
     attempt: str,
     timeout: float,
+    paths: Sequence[str] = (),
     chunk: int = _CHUNK,
 ) -> int:
     """Perform this rank's part of ``transfers`` (identical list on every rank); return bytes."""
     moved = 0
     for t in sorted(transfers, key=lambda t: (t.src, t.dst, t.paths)):
-        if not t.paths or t.src == t.dst:
+        if t.src == t.dst:
             continue
         if rank == t.src:
-            moved += _send(t, storage, attempt, global_ranks[t.dst], group, timeout, chunk)
+            mine = t.paths or tuple(paths)
+            moved += _send(mine, storage, attempt, global_ranks[t.dst], group, timeout, chunk)
         elif rank == t.dst:
-            moved += _recv(t, storage, attempt, global_ranks[t.src], group, timeout, chunk)
+            moved += _recv(storage, attempt, global_ranks[t.src], group, timeout, chunk)
     return moved

@@ -46,21 +46,27 @@ from portable_ckpt.errors import (
     ContractError,
     DistributedError,
     EntryMissingError,
+    FileMissingError,
     TensorMissingError,
     UnsupportedValueError,
     UsageError,
 )
+from portable_ckpt.io.versions import list_versions, timestamp_key
 from portable_ckpt.manager.decisions import Decision, SavePolicy, decide
 from portable_ckpt.manager.records import (
     MANAGER_ENTRY,
     candidates_of,
     manager_entry_schema,
     manager_entry_value,
+    placement_entry_schema,
 )
 from portable_ckpt.manager.retention import RetentionPolicy, plan_retention
 from portable_ckpt.manager.telemetry import Telemetry
+from portable_ckpt.manager.tiers import PLACEMENT_ENTRY, NodeLayout
 from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import at_interpreter_exit
+from portable_ckpt.torch._nodelocal import NodeLocalPublisher, prepare_fast_restore
 from portable_ckpt.torch.async_saving import AsyncSaveHandle, async_save
 from portable_ckpt.torch.flatten import StateEntry
 from portable_ckpt.torch.info import CheckpointInfo, LoadInfo
@@ -125,8 +131,8 @@ class _ManagerEntry(StateEntry):
 
     scope = "global"
 
-    def __init__(self, value: dict[str, Any]) -> None:
-        self.schema = manager_entry_schema()  # type: ignore[assignment]
+    def __init__(self, value: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
+        self.schema = schema or manager_entry_schema()  # type: ignore[assignment]
         self.value = value
 
     def capture(self) -> Any:
@@ -142,6 +148,13 @@ class _Tier:
     root: str
     storage: Storage
     retention: RetentionPolicy
+    layout: NodeLayout | None = None  # node-local: this rank's node root, several nodes
+
+    def leads(self, rank: int) -> bool:
+        """Whether ``rank`` maintains this tier's root (rank 0, or its node's leader)."""
+        if self.layout is None:
+            return rank == 0
+        return rank == self.layout.leader(self.layout.node_of_rank[rank])
 
 
 def _storage_url(root: str | os.PathLike[str]) -> str:
@@ -183,6 +196,12 @@ class CheckpointManager:
         fast_root: A fast tier (local disk, tmpfs, fast shared file system).
         fast_every: Save to the fast tier every N steps.
         fast_keep: Versions kept on the fast tier.
+        fast_replicas: With a node-local fast tier, also keep each node's files on the next
+            node (0 or 1), so losing one node still restores from the fast tier.
+        ranks_per_node: Consecutive ranks per node (default: ``LOCAL_WORLD_SIZE`` as torchrun
+            sets it, else one node). With several nodes the fast tier is node-local: ``{node}``
+            in ``fast_root`` is replaced by the node index, every rank touches only its node's
+            root, and the version records which node holds what (``pck.placement``).
         replicate: Write durable saves to the fast tier and copy them to ``root`` in the
             background (verified, manifest last), instead of writing ``root`` directly.
         verify_sample: After each commit re-read this fraction of the chunks (rank 0); a version
@@ -211,6 +230,8 @@ class CheckpointManager:
         fast_root: str | os.PathLike[str] | None = None,
         fast_every: int | None = None,
         fast_keep: int = 2,
+        fast_replicas: int = 0,
+        ranks_per_node: int | None = None,
         replicate: bool = False,
         verify_sample: float = 0.0,
         events: str | os.PathLike[str] | None = None,
@@ -251,14 +272,8 @@ class CheckpointManager:
             )
         }
         if fast_root is not None:
-            fast = _storage_url(fast_root)
-            if fast == durable:
-                raise UsageError("fast_root must differ from root")
-            self.tiers["fast"] = _Tier(
-                "fast",
-                fast,
-                open_storage(fast, create=True),
-                RetentionPolicy.build(keep_last=fast_keep),
+            self.tiers["fast"] = self._fast_tier(
+                fast_root, durable, fast_keep, fast_replicas, ranks_per_node
             )
         self.telemetry = Telemetry(events, self.rank)
         self.preempted = False
@@ -271,6 +286,7 @@ class CheckpointManager:
         self._copies: list[cf.Future[Any]] = []
         self._bg = cf.ThreadPoolExecutor(1, thread_name_prefix="pck-manager")
         self._restored_at: float | None = None
+        self._fetched: dict[str, Any] | None = None
         self._warned: set[str] = set()
         self._closed = False
         self._prev_handler: Any = None
@@ -279,6 +295,26 @@ class CheckpointManager:
         _register_exit(self)
 
     # -- setup -------------------------------------------------------------------------------
+
+    def _fast_tier(
+        self,
+        fast_root: str | os.PathLike[str],
+        durable: str,
+        keep: int,
+        replicas: int,
+        ranks_per_node: int | None,
+    ) -> _Tier:
+        per_node = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        layout = NodeLayout.contiguous(self.world_size, per_node, replicas)
+        node = layout.node_of_rank[self.rank]
+        fast = _storage_url(os.fspath(fast_root).replace("{node}", str(node)))
+        if fast == durable:
+            raise UsageError("fast_root must differ from root")
+        if layout.nodes > 1 and self.replicate:
+            raise UsageError("replicate=True needs a fast tier every rank reaches (one node)")
+        retention = RetentionPolicy.build(keep_last=keep)
+        storage = open_storage(fast, create=True)
+        return _Tier("fast", fast, storage, retention, layout if layout.nodes > 1 else None)
 
     @staticmethod
     def _make_group(process_group: Any, timeout: float | None) -> tuple[Any, int, int]:
@@ -381,14 +417,17 @@ class CheckpointManager:
         metrics: Mapping[str, Any] | None,
         decision: Decision,
     ) -> None:
-        if MANAGER_ENTRY in state:
-            raise UsageError(f"the state key {MANAGER_ENTRY!r} is reserved for the manager")
+        for reserved in (MANAGER_ENTRY, PLACEMENT_ENTRY):
+            if reserved in state:
+                raise UsageError(f"the state key {reserved!r} is reserved for the manager")
         _warn_stale(state, self._warned)
         tier = self._target(decision)
         full = {
             **state,
             MANAGER_ENTRY: _ManagerEntry(manager_entry_value(step, decision.reason, metrics)),
         }
+        if tier.layout is not None:
+            full[PLACEMENT_ENTRY] = _ManagerEntry(tier.layout.to_json(), placement_entry_schema())
         self._last_save_step = step
         self._last_save_time = time.time()
         sync = decision.sync or not self.async_save
@@ -401,6 +440,8 @@ class CheckpointManager:
             "continuation": self.continuation,
             "timeout": self.timeout,
         }
+        if tier.layout is not None:
+            kwargs["publisher"] = NodeLocalPublisher(tier.layout)
         if sync:
             try:
                 info = save(full, tier.storage, **kwargs)
@@ -464,7 +505,12 @@ class CheckpointManager:
             total_bytes=info.total_bytes,
             mib_per_s=round(mib_s, 6),
         )
-        if self.rank != 0:
+        if tier.layout is not None:
+            if tier.leads(self.rank):
+                self._retain(tier)  # each node's leader keeps its own node root
+            if self.rank != 0:
+                return
+        elif self.rank != 0:
             return
         self.telemetry.emit(
             "commit",
@@ -476,6 +522,8 @@ class CheckpointManager:
             reported_writers=info.world_size,
             code=None,
         )
+        if tier.layout is not None:
+            return  # node-local: no single rank can read the whole version
         bad = self._verify(tier, info.checkpoint_id) is False
         if tier.name == "fast" and self.replicate and decision.tier == "durable" and not bad:
             self._replicate(tier, info.checkpoint_id)
@@ -486,7 +534,7 @@ class CheckpointManager:
     ) -> None:
         self.last_error = e
         _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
-        failed = getattr(e, "ranks", None)
+        failed = getattr(e, "failed_ranks", None) or None
         self.telemetry.emit(
             "commit",
             tier=tier.name,
@@ -611,28 +659,45 @@ class CheckpointManager:
 
     # -- restore -----------------------------------------------------------------------------
 
-    def _candidates(self, step: int | None) -> list[tuple[str, str]]:
-        """Rank 0: ``(tier, attempt id)`` newest first over both tiers; fast first on ties."""
-        from portable_ckpt.io.versions import list_versions, timestamp_key
+    def _listing(self, name: str, step: int | None) -> list[list[Any]]:
+        """``[step, committed_at, id]`` of this rank's view of a tier: restorable versions."""
+        tier = self.tiers[name]
+        try:
+            versions = list_versions(tier.storage)
+        except CheckpointError as e:
+            _log.warning("cannot list the %s tier %s: %s", name, tier.root, e)
+            return []
+        return [
+            [v.step, v.committed_at, v.id]
+            for v in versions
+            if v.status == "committed"
+            and not v.verification_failed
+            and (step is None or v.step == step)
+        ]
 
-        found: list[tuple[int, tuple[int, int], int, str, str]] = []
-        for rank_order, name in enumerate(("fast", "durable")):
-            tier = self.tiers.get(name)
-            if tier is None:
-                continue
-            try:
-                versions = list_versions(tier.storage)
-            except CheckpointError as e:
-                _log.warning("cannot list the %s tier %s: %s", name, tier.root, e)
-                continue
-            for v in versions:
-                if v.status != "committed" or v.verification_failed:
-                    continue
-                if step is not None and v.step != step:
-                    continue
-                found.append((v.step, timestamp_key(v.committed_at), -rank_order, name, v.id))
-        found.sort(reverse=True)
-        return [(name, ident) for *_, name, ident in found]
+    def _candidates(self, step: int | None) -> list[tuple[str, str]]:
+        """``(tier, attempt id)`` newest first over both tiers (fast first on ties), everywhere.
+
+        A node-local fast tier is listed by every rank (its own node root): a version any node
+        holds is a candidate; whether every rank can reach its bytes is settled when it is tried.
+        """
+        found: dict[tuple[str, str], tuple[int, tuple[int, int], int]] = {}
+        fast = self.tiers.get("fast")
+        views: list[tuple[int, str, list[list[Any]]]] = []
+        if fast is not None and fast.layout is not None:
+            comm = make_comm(self.process_group, self.timeout)
+            for seen in comm.allgather_json(self._listing("fast", step), "restore/fast-list"):
+                views.append((1, "fast", seen))
+        elif fast is not None and self.rank == 0:
+            views.append((1, "fast", self._listing("fast", step)))
+        if self.rank == 0:
+            views.append((0, "durable", self._listing("durable", step)))
+        for order, name, listing in views:
+            for v_step, committed_at, ident in listing:
+                found[(name, ident)] = (int(v_step), timestamp_key(committed_at), order)
+        ranked = sorted(found.items(), key=lambda kv: kv[1], reverse=True)
+        local = [(name, ident) for (name, ident), _ in ranked]
+        return [tuple(c) for c in self._broadcast(local if self.rank == 0 else None)]
 
     def _broadcast(self, obj: Any) -> Any:
         """Rank 0's JSON value on every rank (the manager's group)."""
@@ -678,10 +743,7 @@ class CheckpointManager:
         if checkpoint is not None:
             cands = [("explicit", os.fspath(checkpoint))]
         else:
-            cands = [
-                tuple(c)
-                for c in self._broadcast(self._candidates(step) if self.rank == 0 else None)
-            ]
+            cands = self._candidates(step)
         fallbacks: list[dict[str, Any]] = []
         for tier_name, ident in cands:
             try:
@@ -739,6 +801,8 @@ class CheckpointManager:
                 timeout=self.timeout,
             )
         tier = self.tiers[tier_name]
+        if tier.layout is not None:
+            self._reach_node_local(tier, state, ident)
         return load(
             state,
             tier.storage,
@@ -747,6 +811,30 @@ class CheckpointManager:
             allow_statistical=allow_statistical,
             timeout=self.timeout,
         )
+
+    def _reach_node_local(self, tier: _Tier, state: Mapping[str, Any], ident: str) -> None:
+        """Make the bytes every rank needs present in its node root, or raise (fallback)."""
+        from portable_ckpt.format import jsonio
+
+        if tier.layout is None:  # pragma: no cover - only called for node-local tiers
+            return
+        comm = make_comm(self.process_group, self.timeout)
+        rel = f"{ident}/manifest.json"
+        mine = None
+        if tier.storage.exists(rel):
+            raw = tier.storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
+            mine = raw.decode("utf-8")
+        text = next((t for t in comm.allgather_json(mine, "restore/fast-manifest") if t), None)
+        if text is None:
+            raise FileMissingError(f"no node root of the fast tier holds {rel}", path=rel)
+        usable, report = prepare_fast_restore(comm, tier.layout, tier.storage, ident, state, text)
+        self._fetched = report
+        if not usable:
+            raise FileMissingError(
+                f"fast tier version {ident}: {report['unreachable']} file(s) a rank needs are on "
+                f"no reachable node root ({report['missing']} missing before fetching)",
+                path=ident,
+            )
 
     def _after_restore(
         self, info: LoadInfo, tier_name: str, t0: float, fallbacks: list[dict[str, Any]]
@@ -771,7 +859,9 @@ class CheckpointManager:
             slowest_rank=slowest,
             slowest_rank_seconds=round(float(per[slowest].get("seconds", 0.0)), 6),
             fallbacks=fallbacks,
+            fetched_from_peers=self._fetched,
         )
+        self._fetched = None
 
     def mark_resumed(self) -> None:
         """Tell the manager the first step after a restore completed (time to resume)."""

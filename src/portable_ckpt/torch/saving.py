@@ -67,6 +67,7 @@ class SaveKeywords(_Step, total=False):
     max_file_bytes: int
     if_busy: str
     tensor_table: bool | None
+    publisher: Any
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class SaveOptions:
         if_busy: ``"wait"`` for an in-flight async save of this process, or ``"raise"``.
         tensor_table: Describe the ranges in tensor tables (format 1.1, spec §8.5). Default:
             when the job's writers together hold more than 65,536 range records.
+        publisher: How a version whose files are spread over node-local roots is committed
+            and published (``CheckpointManager``'s node-local fast tier, spec §14.7); ``None``:
+            one root every rank reaches.
 
     """
 
@@ -98,6 +102,7 @@ class SaveOptions:
     max_file_bytes: int = 4 << 30
     if_busy: str = "wait"
     tensor_table: bool | None = None
+    publisher: Any = None
 
     def __post_init__(self) -> None:
         """Refuse a bad step or contract before anything is touched."""
@@ -179,7 +184,7 @@ def run_save(
     storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
     write = _RankWrite(storage, attempt_id, comm, plan, opts)
     commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)
-    written, total_bytes = comm.coordinator_step(
+    written, committed = comm.coordinator_step(
         "save/commit",
         write,
         commit_all,
@@ -187,6 +192,10 @@ def run_save(
         outcome=NOTHING_PUBLISHED,
         on_failure=write.abort,
     )
+    total_bytes = committed
+    if opts.publisher is not None:  # node-local roots: publish the record on every node
+        total_bytes = committed["bytes"]
+        opts.publisher.after_commit(comm, storage, attempt_id, committed["manifest"])
     return CheckpointInfo(
         checkpoint_id=attempt_id,
         step=opts.step,
@@ -221,7 +230,7 @@ class _RankWrite:
         self, storage: Storage, attempt_id: str, comm: Comm, plan: SavePlan, opts: SaveOptions
     ) -> None:
         self.storage, self.attempt_id, self.plan, self.opts = storage, attempt_id, plan, opts
-        self.rank, self.world = comm.rank, comm.world_size
+        self.rank, self.world, self.comm = comm.rank, comm.world_size, comm
         self.writer: ShardWriter | None = None
 
     def __call__(self) -> tuple[int, Any]:
@@ -233,6 +242,9 @@ class _RankWrite:
             index = writer.finish()
         finally:
             self.plan.release()  # staged views and live references
+        if self.opts.publisher is not None:
+            placed = self.opts.publisher.after_write(self.comm, self.storage, self.attempt_id, index)
+            return writer.stats.bytes_written, {"index": index.to_transport(), "placed": placed}
         return writer.stats.bytes_written, index.to_transport()
 
     def _write(self, writer: ShardWriter) -> None:
@@ -264,16 +276,24 @@ def _commit(
     plan: SavePlan,
     opts: SaveOptions,
     transports: list[Any],
-) -> int:
-    """Rank 0: publish the version from every writer's index; return its total size."""
-    manifest = commit(
-        storage,
-        attempt_id,
-        step=opts.step,
-        indexes=[WriterIndex.from_transport(d) for d in transports],
-        expected_writers=list(range(world)),
-        continuation=Continuation(contract=opts.continuation, world_size=world, mesh=plan.mesh),
-    )
+) -> Any:
+    """Rank 0: publish the version from every writer's index; return its total size.
+
+    With a publisher: ``{"bytes", "manifest"}`` (the record every node root gets).
+    """
+    kwargs: dict[str, Any] = {
+        "step": opts.step,
+        "expected_writers": list(range(world)),
+        "continuation": Continuation(contract=opts.continuation, world_size=world, mesh=plan.mesh),
+    }
+    if opts.publisher is not None:
+        indexes = [WriterIndex.from_transport(d["index"]) for d in transports]
+        manifest, text = opts.publisher.commit(
+            storage, attempt_id, [d["placed"] for d in transports], indexes=indexes, **kwargs
+        )
+        return {"bytes": sum(f.size for f in manifest.files.values()), "manifest": text}
+    indexes = [WriterIndex.from_transport(d) for d in transports]
+    manifest = commit(storage, attempt_id, indexes=indexes, **kwargs)
     return sum(f.size for f in manifest.files.values())
 
 
