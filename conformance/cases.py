@@ -178,7 +178,10 @@ def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
                                       boxes, draw(st.integers(0, nw - 1))))
         names = draw(st.lists(st.from_regex(r"[a-z][a-z0-9_.-]{0,8}(/[a-z][a-z0-9_-]{0,4})?",
                                             fullmatch=True)
-                              | st.sampled_from(["n" * 256, "a/b/c/d/e/f/g/h", "x." * 100]),
+                              # §12.1: 248 fits ".g.json" only; per-rank ".r00000.json.zst" names
+                              # break §2.2 above 239 characters (writers must fall back)
+                              | st.sampled_from(["n" * 256, "a/b/c/d/e/f/g/h", "x." * 100, "b" * 240,
+                                                 "c" * 248]),
                               max_size=max_entries, unique=True))
         entries = []
         for name in names:

@@ -10,6 +10,7 @@ error, 3 nothing was checked (schemas missing or incomplete, zero cases), 4 infr
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,15 @@ def _emit(report: RunReport, args: argparse.Namespace) -> None:
         report.exit_code = report.exit_code or EXIT_INFRA
 
 
+def _abort(report: RunReport, args: argparse.Namespace, code: int, message: str) -> int:
+    """End a run that reached no verdict: the message on stderr and in the reports."""
+    print(message, file=sys.stderr)
+    report.exit_code = code
+    report.warnings.append(message)
+    _emit(report, args)
+    return code
+
+
 # ---------------------------------------------------------------------------------- check
 def _cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     from conformance.checker import check
@@ -46,11 +56,7 @@ def _cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         found = check(args.path, deep=args.deep, schema_dir=args.schemas)
     except SchemasUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        report.exit_code = EXIT_NOTHING
-        report.warnings.append(str(exc))
-        _emit(report, args)
-        return report.exit_code
+        return _abort(report, args, EXIT_NOTHING, f"error: {exc}")
     report.seconds = time.monotonic() - t0
     report.exit_code = EXIT_OK if found.ok else EXIT_NONCONFORMANT
     _check_cases(report, found, args)
@@ -102,11 +108,8 @@ def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
                    args.workdir, args.keep_work, args.timeout, not args.no_shrink,
                    args.tensor_table, args.tracing, args.shrink_time)
     if not args.replay and opts.examples == 0 and opts.crash_examples == 0 and not opts.committer:
-        print("error: zero cases requested (--examples 0 --crash-examples 0 --no-committer): "
-              "nothing would be checked", file=sys.stderr)
-        report.exit_code = EXIT_NOTHING
-        _emit(report, args)
-        return report.exit_code
+        return _abort(report, args, EXIT_NOTHING, "error: zero cases requested (--examples 0 "
+                      "--crash-examples 0 --no-committer): nothing would be checked")
     t0 = time.monotonic()
     try:
         if args.replay:
@@ -117,17 +120,10 @@ def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SchemasUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        report.exit_code = EXIT_NOTHING
-        report.warnings.append(str(exc))
-        _emit(report, args)
-        return report.exit_code
+        return _abort(report, args, EXIT_NOTHING, f"error: {exc}")
     except InfrastructureError as exc:
-        print(f"error (infrastructure, not a conformance verdict): {exc}", file=sys.stderr)
-        report.exit_code = EXIT_INFRA
-        report.warnings.append(str(exc))
-        _emit(report, args)
-        return report.exit_code
+        return _abort(report, args, EXIT_INFRA,
+                      f"error (infrastructure, not a conformance verdict): {exc}")
     report.seconds = time.monotonic() - t0
     report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
     _print_writer(report, args)
@@ -212,8 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)  # clean up as after Ctrl-C
     try:
         return int(args.func(args, argv))
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted: running adapters killed, work directory removed", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

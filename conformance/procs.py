@@ -156,10 +156,7 @@ class Adapter:
 
     def run(self, job: Path, kill: KillPlan | None = None) -> Outcome:
         """Run one job to its end (or its kill)."""
-        r = self.start(job)
-        if kill is not None:
-            self._watch(r, kill)
-        return self.wait(r)
+        return self.run_all([job], kill)[0]
 
     def run_all(self, jobs: list[Path], kill: KillPlan | None = None) -> list[Outcome]:
         """Run ``jobs`` concurrently (the writers of one save); optionally kill one of them."""
@@ -170,7 +167,7 @@ class Adapter:
         try:
             for r in running:
                 outcomes.append(self.wait(r))
-        finally:
+        finally:  # a timeout or an interrupt of the harness leaves no adapter running
             for r in running[len(outcomes):]:
                 _killpg(r.popen)
                 r.popen.wait()

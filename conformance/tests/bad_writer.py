@@ -161,6 +161,15 @@ def _no_tmp_fsync(adir: Path, data: bytes, fail_at: str | None) -> None:
     mw.fsync_dir(adir)
 
 
+def _touch_then_publish(orig: Any) -> Any:
+    def publish(adir: Path, data: bytes, fail_at: str | None) -> None:
+        m = adir / "manifest.json"
+        if m.exists():  # opened for writing, nothing written: only the trace can tell
+            os.close(os.open(m, os.O_WRONLY | os.O_APPEND))
+        orig(adir, data, fail_at)
+    return publish
+
+
 def _no_writer_check() -> Any:
     orig_commit = mw.do_commit
 
@@ -201,6 +210,8 @@ def _apply(mode: str) -> None:
         mw.os = _Os(link=os.rename, unlink=_unlink_if_there)
     elif mode == "no-tmp-fsync":  # the temporary manifest is not synced (R-COMMIT-7 step 2)
         mw.publish = _no_tmp_fsync
+    elif mode == "touch-manifest":  # opens an existing manifest.json for writing (R-COMMIT-9)
+        mw.publish = _touch_then_publish(mw.publish)
     elif mode == "skip-checks":  # no coverage, entry or file checks (R-COMMIT-4)
         mw.check_coverage = mw.check_entries = lambda *a: None
         mw.check_files = lambda *a: None
@@ -212,6 +223,8 @@ def _apply(mode: str) -> None:
         mw.do_write = _index_first
     elif mode == "zstd-as-none":  # asked for zstd, stores none (the codec is binding)
         mw.main = _job_edit(_zstd_as_none)
+    elif mode == "entry-248":  # §12.1's 248 taken literally: ".r00000.json.zst" names overflow
+        mw.safe_path = lambda rel: len(rel.split("/", 1)[1].split(".")[0]) <= 248
     elif mode == "drop-range":  # writer 0 leaves out one of its chunks
         mw.main = _job_edit(_drop_range)
     elif mode:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cases import CrashCase
+from conformance.cases import CrashCase, EntrySpec
 from conformance.committer import REFUSALS, run_commit_twice, run_refusal
 from conformance.harness import run_crash_case, run_save_case
 from conformance.trace import tracing_status
@@ -69,6 +69,20 @@ def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest
 def test_trace_faults(mode: str, message: str, bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
     """Durability and atomic publish, seen in the system calls of the adapter processes."""
     assert message in _save(mode, bad, fast_tmp)
+
+
+def test_entry_names_at_the_248_boundary(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """§12.1's 248 characters fit `.g.json`; a per-rank zstd value needs 16: a writer that
+    takes 248 literally fails on a 240-character name (the strategy draws such names)."""
+    bad.setenv("PCK_BAD_MODE", "entry-248")
+    case = explicit_case()
+    case.entries = [EntrySpec("b" * 240, {"id": "pck:json/1"}, "per_rank", "json+zstd",
+                              values=[1, 2], policy="modulo")]
+    with pytest.raises(HarnessFailure) as ei:
+        run_save_case(adapter(BAD_WRITER, trace=False), case, fast_tmp)
+    assert "writer 0 failed" in str(ei.value)
+    bad.delenv("PCK_BAD_MODE")
+    run_save_case(adapter(BAD_WRITER, trace=False), case, fast_tmp / "ok")
 
 
 def test_trace_faults_pass_untraced(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
@@ -135,7 +149,17 @@ def test_rename_over_own_manifest(bad: pytest.MonkeyPatch, fast_tmp: Path) -> No
 
 @needs_tracing
 def test_conflict_trace_sees_a_touched_manifest(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
-    """Under tracing, even a committer that fails correctly is caught if it opened the existing
-    manifest for writing (direct-manifest opens it with O_EXCL, which fails: not a touch)."""
+    """A committer that opens the existing manifest for writing, writes nothing and then
+    refuses correctly: bytes and mtime are unchanged, only the trace shows it."""
+    bad.setenv("PCK_BAD_MODE", "touch-manifest")
+    assert "the existing manifest.json was touched" in _refuse(
+        "touch-manifest", "manifest-exists", bad, fast_tmp, trace=True)
+    run_refusal(adapter(BAD_WRITER, trace=False), REFUSAL["manifest-exists"], fast_tmp / "u")
+
+
+@needs_tracing
+def test_failed_exclusive_open_is_not_a_touch(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """direct-manifest's O_EXCL open of an existing manifest fails: not a touch (no false
+    alarm), and the committer still reports PCK-COMMIT-CONFLICT."""
     bad.setenv("PCK_BAD_MODE", "direct-manifest")
     run_refusal(adapter(BAD_WRITER), REFUSAL["manifest-exists"], fast_tmp)
