@@ -2,14 +2,18 @@
 
 Phases, each in a fresh gloo process group on loopback (all processes exit in between):
 
-1. ``reference`` (W ranks): an uninterrupted run of ``steps`` steps. At ``save_step`` it saves
-   with :func:`portable_ckpt.torch.async_save` and keeps training while the save runs (the
-   checkpoint must still hold the values of ``save_step``). It records the loss of every step,
-   SHA-256 digests of every full tensor at ``save_step`` and at the end.
-2. ``resume-same`` (W ranks): fresh model with other initial values, load, continue to
-   ``steps``. Contract ``exact``: every later loss and every final parameter must be
-   bit-identical to the reference.
-3. ``resume-resized`` (M ranks): a load without ``allow_statistical`` must be refused
+1. ``reference`` (W ranks): ``steps`` steps under a
+   :class:`~portable_ckpt.torch.CheckpointManager` with a fast tier (every step) and the
+   durable root (``save_step``), all async: training keeps going while the saves run (the
+   checkpoint must still hold the values of ``save_step``). After ``save_step`` a SIGTERM reaches
+   one rank: every rank saves the next step synchronously and stops checkpointing (a real job
+   would exit; the demo trains on to record the uninterrupted reference). It records the loss
+   of every step, SHA-256 digests of every full tensor at ``save_step`` and at the end, and the
+   manager's telemetry (pause, throughput, commits, verification, retention).
+2. ``resume-same`` (W ranks): fresh model with other initial values, ``mgr.restore`` of
+   ``save_step``, continue to ``steps``. Contract ``exact``: every later loss and every final
+   parameter must be bit-identical to the reference.
+3. ``resume-resized`` (M ranks): a restore without ``allow_statistical`` must be refused
    (PCK-CONTRACT); with it, every restored tensor must equal the saved one exactly and step,
    scheduler, scaler and data position must continue; the losses are compared statistically.
 
@@ -25,6 +29,7 @@ import json
 import math
 import os
 import random
+import signal
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -210,45 +215,98 @@ def _rank_main(rank: int, world: int, cfg: dict[str, Any], phase: str) -> dict[s
     return res
 
 
-def _reference(res: dict[str, Any], cfg: dict[str, Any], rank: int, world: int) -> None:
-    """Train ``steps`` steps; async-save at ``save_step`` and keep training while it runs."""
+def _manager(cfg: dict[str, Any]) -> Any:
+    """The demo's CheckpointManager: durable root + fast tier, async saves, telemetry."""
     import portable_ckpt.torch as pckt
 
+    return pckt.CheckpointManager(
+        cfg["root"],
+        save_steps=[cfg["save_step"]],
+        keep_last=3,
+        fast_root=cfg.get("fast_root") or cfg["root"] + "-fast",
+        fast_every=1,
+        fast_keep=2,
+        verify_sample=0.5,
+        events=cfg.get("events"),
+        timeout=120,
+        codec=cfg["codec"],
+    )
+
+
+def _managed(env: dict[str, Any]) -> dict[str, Any]:
+    """The live state the manager asks at each save (no stale get_state_dict snapshot)."""
+    import portable_ckpt.torch as pckt
+
+    return {
+        "train": pckt.ModelOptimizerState(env["model"], env["opt"]),
+        "sched": env["sched"],
+        "scaler": env["scaler"],
+        "data": env["data"],
+        "rng": env["rng"],
+    }
+
+
+def _reference(res: dict[str, Any], cfg: dict[str, Any], rank: int, world: int) -> None:
+    """Train ``steps`` steps under the manager; a SIGTERM reaches one rank after ``save_step``.
+
+    The manager saves every step to the fast tier and ``save_step`` durably, all async
+    (training continues and mutates the state while the saves run); the SIGTERM makes the next
+    step's save synchronous and ``preempted`` true on every rank. A real job would exit there;
+    the demo stops checkpointing and trains on to record the uninterrupted reference.
+    """
     env = _build(cfg, rank, world, cfg["seed"])
-    handle = None
+    state, mgr = _managed(env), _manager(cfg)
     for step in range(1, cfg["steps"] + 1):
         res["losses"][step] = _step(env, cfg, rank, world)
         if step == cfg["save_step"]:
-            state = _state(env)
-            res["digests_at_save"] = _digests(state)
-            res["sample_at_save"] = _sample_values(state)
-            res["sched_at_save"] = env["sched"].state_dict()["last_epoch"]
-            res["scale_at_save"] = float(env["scaler"].get_scale())
-            res["data_at_save"] = env["data"].capture()
-            handle = pckt.async_save(state, cfg["root"], step=step, codec=cfg["codec"], timeout=120)
-            res["save_blocking_seconds"] = handle.blocking_seconds
-            res["staging_bytes"] = handle.staging_bytes
-            # Training continues at once and mutates the state the save is still writing.
-    if handle is None:
-        raise RuntimeError("save_step outside 1..steps")
-    info = handle.committed.result()
+            _record_at_save(res, env)
+        if step == cfg["save_step"] + 1 and rank == world - 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice reaches one rank only
+        if "preempted_at" not in res:
+            mgr.maybe_save(step, state, metrics={"loss": res["losses"][step]})
+            if step == cfg["save_step"]:
+                res["staging_bytes"] = _staging_bytes()  # reused host buffers of the async save
+            if mgr.preempted:
+                res["preempted_at"] = step
+    mgr.close()
+    saves = [e for e in mgr.telemetry.history if e["event"] == "save"]
+    at = next(e for e in saves if e["step"] == cfg["save_step"])
+    res["save_blocking_seconds"] = at["pause_s"]
     res["save"] = {
-        "checkpoint_id": info.checkpoint_id,
-        "seconds": info.seconds,
-        "bytes_written": info.bytes_written,
-        "total_bytes": info.total_bytes,
+        "checkpoint_id": at["checkpoint_id"],
+        "seconds": at["seconds"],
+        "bytes_written": at["bytes"],
+        "total_bytes": at["total_bytes"],
     }
+    res["telemetry"] = mgr.telemetry.history
     res["final_digests"] = _digests(_state(env))
+
+
+def _staging_bytes() -> int:
+    import portable_ckpt.torch as pckt
+
+    return int(pckt.staging_bytes())
+
+
+def _record_at_save(res: dict[str, Any], env: dict[str, Any]) -> None:
+    state = _state(env)
+    res["digests_at_save"] = _digests(state)
+    res["sample_at_save"] = _sample_values(state)
+    res["sched_at_save"] = env["sched"].state_dict()["last_epoch"]
+    res["scale_at_save"] = float(env["scaler"].get_scale())
+    res["data_at_save"] = env["data"].capture()
 
 
 def _resume(res: dict[str, Any], cfg: dict[str, Any], rank: int, world: int, phase: str) -> None:
     """Fresh model with other initial values (so the restore is visible), load, continue."""
     env = _build(cfg, rank, world, cfg["seed"] + 99)
-    state = _state(env)
-    res["sample_before_load"] = _sample_values(state)
+    res["sample_before_load"] = _sample_values(_state(env))
+    state, mgr = _managed(env), _manager(cfg)
     if phase == "resume-resized":
-        res["contract_refused"] = _refused_load(state, cfg["root"])
-    linfo = _measured_load(res, env, state, cfg["root"], phase == "resume-resized")
+        res["contract_refused"] = _refused_load(mgr, state, cfg["save_step"])
+    linfo = _measured_load(res, mgr, state, cfg["save_step"], phase == "resume-resized")
+    res["telemetry"] = mgr.telemetry.history
+    mgr.close()
     _record_restored(res, env)
     t1 = time.perf_counter()
     for step in range(linfo.step + 1, cfg["steps"] + 1):
@@ -258,35 +316,32 @@ def _resume(res: dict[str, Any], cfg: dict[str, Any], rank: int, world: int, pha
     res["final_digests"] = _digests(_state(env))
 
 
-def _refused_load(state: dict[str, Any], root: str) -> dict[str, str] | None:
-    """A load onto another world size without ``allow_statistical``: must raise PCK-CONTRACT."""
-    import portable_ckpt.torch as pckt
+def _refused_load(mgr: Any, state: dict[str, Any], step: int) -> dict[str, str] | None:
+    """A restore onto another world size without ``allow_statistical``: must raise PCK-CONTRACT."""
     from portable_ckpt.errors import ContractError
 
     try:
-        pckt.load(state, root, timeout=120)
+        mgr.restore(state, step=step)
     except ContractError as e:
         return {"code": e.code, "message": e.message}
     return None
 
 
 def _measured_load(
-    res: dict[str, Any], env: dict[str, Any], state: dict[str, Any], root: str, statistical: bool
+    res: dict[str, Any], mgr: Any, state: dict[str, Any], step: int, statistical: bool
 ) -> LoadInfo:
-    """Load (recording ranges, time and RSS growth) and hand the state to FSDP2."""
+    """Restore the save step through the manager (recording ranges, time and RSS growth)."""
     import torch
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    import portable_ckpt.torch as pckt
 
     torch.distributed.barrier()
     cur0, _ = rss()
     reset_peak_rss()
     t0 = time.perf_counter()
-    linfo = pckt.load(state, root, allow_statistical=statistical, timeout=120, record_ranges=True)
-    set_state_dict(
-        env["model"], env["opt"], model_state_dict=state["model"], optim_state_dict=state["optim"]
+    linfo: LoadInfo | None = mgr.restore(
+        state, step=step, allow_statistical=statistical, record_ranges=True
     )
+    if linfo is None:
+        raise RuntimeError(f"no committed version of step {step} in either tier")
     res["load_seconds"] = time.perf_counter() - t0
     _, peak = rss()
     res["rss_growth_bytes"] = max(0, peak - cur0)
@@ -297,7 +352,9 @@ def _measured_load(
         "saved_world_size": linfo.saved_world_size,
         **linfo.counters(),
     }
-    res["range_map"] = [r for r in (linfo.range_map or []) if r["key"].startswith("model/0.weight")]
+    res["range_map"] = [
+        r for r in (linfo.range_map or []) if r["key"].startswith("train/model/0.weight")
+    ]
     return linfo
 
 
@@ -370,7 +427,10 @@ def run_demo(config: DemoConfig | None = None, *, verbose: bool = True) -> dict[
     out = os.path.abspath(cfg.out)
     os.makedirs(out, exist_ok=True)
     root = os.path.abspath(cfg.root or os.path.join(out, "checkpoints"))
-    c = {**asdict(cfg), "root": root}
+    events = os.path.join(out, "checkpoint-events.jsonl")
+    if os.path.exists(events):
+        os.remove(events)
+    c = {**asdict(cfg), "root": root, "fast_root": root + "-fast", "events": events}
     t_start = time.perf_counter()
     print(
         f"portable-ckpt demo: FSDP2 MLP on CPU/gloo, {cfg.ranks} ranks -> save at step "
@@ -394,6 +454,7 @@ def run_demo(config: DemoConfig | None = None, *, verbose: bool = True) -> dict[
         f"{n_problems} problems after deep verification",
     )
     _check_async_snapshot(checks, runs)
+    _check_manager(checks, cfg, runs, root)
     if runs.same is not None:
         _check_same_size(checks, cfg, runs.ref[0], runs.same[0])
     _check_resized(checks, cfg, runs)
@@ -494,6 +555,44 @@ def _check_async_snapshot(checks: list[dict[str, Any]], runs: _Runs) -> None:
         f"mutated it while the save ran (blocking {ref0['save_blocking_seconds'] * 1e3:.1f} ms, staging "
         f"{_mib(ref0['staging_bytes'])} per rank)",
     )
+
+
+def _check_manager(checks: list[dict[str, Any]], cfg: DemoConfig, runs: _Runs, root: str) -> None:
+    """Preemption, tiers and the telemetry the manager recorded."""
+    import portable_ckpt
+
+    pre = [r.get("preempted_at") for r in runs.ref]
+    saves = [e for e in runs.ref[0]["telemetry"] if e["event"] == "save"]
+    last = saves[-1] if saves else {}
+    _check(
+        checks,
+        "preemption save",
+        pre == [cfg.save_step + 1] * len(pre) and last.get("reason") == "preemption"
+        and last.get("mode") == "sync" and portable_ckpt.open(root).step == cfg.save_step + 1,
+        f"SIGTERM to rank {cfg.ranks - 1} only; every rank saved step {pre[0]} synchronously "
+        "and stopped checkpointing",
+    )
+    fast = [v for v in portable_ckpt.list_versions(root + "-fast") if v.status == "committed"]
+    _check(
+        checks,
+        "fast and durable tiers",
+        bool(fast) and {e["tier"] for e in saves} == {"fast", "durable"},
+        f"fast tier keeps steps {[v.step for v in fast]}; durable "
+        f"{[v.step for v in portable_ckpt.list_versions(root) if v.status == 'committed']}",
+    )
+    print("\n== Telemetry (rank 0; every rank also logs to the 'portable_ckpt' logger)")
+    print(f"  {'step':>4}  {'tier':7}  {'reason':10}  {'mode':5}  {'pause s':>8}  {'save s':>7}"
+          f"  {'MiB':>6}  {'MiB/s':>7}")
+    for e in saves:
+        print(f"  {e['step']:>4}  {e['tier']:7}  {e['reason']:10}  {e['mode']:5}  "
+              f"{e['pause_s']:8.3f}  {e['seconds']:7.3f}  {e['bytes'] / 2**20:6.2f}  "
+              f"{e['mib_per_s']:7.1f}")
+    restores = [e for r in (runs.same or [])[:1] + runs.resized[:1] for e in r["telemetry"]
+                if e["event"] == "restore" and e.get("ok") and e.get("tier")]
+    for e in restores:
+        print(f"  restore step {e['step']} from {e['tier']}: {e['bytes'] / 2**20:.2f} MiB in "
+              f"{e['seconds']:.3f} s, slowest rank {e['slowest_rank']} "
+              f"({e['slowest_rank_seconds']:.3f} s), contract {e['contract']}")
 
 
 def _later(cfg: DemoConfig, ref0: dict[str, Any]) -> list[int]:
@@ -658,6 +757,11 @@ def _report(
             "resume-resized": _losses(runs.resized[0]),
         },
         "first_step_seconds": [r.get("first_step_seconds") for r in runs.resized],
+        "preempted_at": ref0.get("preempted_at"),
+        "telemetry": {
+            "reference": ref0["telemetry"],
+            "resume-resized": runs.resized[0]["telemetry"],
+        },
     }
 
 

@@ -212,6 +212,7 @@ class CheckpointManager:
         timeout: Seconds a collective may wait for peers.
         handle_sigterm: Install a SIGTERM handler (main thread only) that sets ``preempted``.
         grace_seconds: Age after which retention's gc removes abandoned attempts.
+        codec: Chunk codec of every save (``"none"`` or ``"zstd"``).
 
     """
 
@@ -239,6 +240,7 @@ class CheckpointManager:
         timeout: float | None = None,
         handle_sigterm: bool = True,
         grace_seconds: float = 3600.0,
+        codec: str = "none",
     ) -> None:
         self.policy = SavePolicy.build(
             save_every=save_every,
@@ -253,6 +255,7 @@ class CheckpointManager:
         if replicate and fast_root is None:
             raise UsageError("replicate=True needs fast_root= (the tier durable saves go to first)")
         self.async_save = bool(async_save)
+        self.codec = codec
         self.continuation = continuation
         self.verify_sample = float(verify_sample)
         self.replicate = bool(replicate)
@@ -439,6 +442,7 @@ class CheckpointManager:
             "process_group": self.process_group,
             "continuation": self.continuation,
             "timeout": self.timeout,
+            "codec": self.codec,
         }
         if tier.layout is not None:
             kwargs["publisher"] = NodeLocalPublisher(tier.layout)
@@ -728,6 +732,7 @@ class CheckpointManager:
         step: int | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
         allow_statistical: bool = False,
+        record_ranges: bool = False,
     ) -> LoadInfo | None:
         """Fill ``state`` from the newest committed, verified version over both tiers.
 
@@ -735,7 +740,8 @@ class CheckpointManager:
         of a job: start from scratch). A damaged, partial or missing fast-tier version falls back
         to the next candidate (the durable tier); errors of the target state itself (contract,
         shapes, missing keys) are raised at once. ``checkpoint`` restores one explicit version
-        directory (e.g. a seed from another run) instead.
+        directory (e.g. a seed from another run) instead. ``record_ranges`` is passed to
+        :func:`~portable_ckpt.torch.load`.
         """
         self._check_open()
         self._settle_pending()
@@ -747,7 +753,7 @@ class CheckpointManager:
         fallbacks: list[dict[str, Any]] = []
         for tier_name, ident in cands:
             try:
-                info = self._load_one(state, tier_name, ident, allow_statistical)
+                info = self._load_one(state, tier_name, ident, allow_statistical, record_ranges)
             except _CALLER_ERRORS:
                 raise
             except CheckpointError as e:
@@ -788,29 +794,25 @@ class CheckpointManager:
         return None
 
     def _load_one(
-        self, state: Mapping[str, Any], tier_name: str, ident: str, allow_statistical: bool
+        self,
+        state: Mapping[str, Any],
+        tier_name: str,
+        ident: str,
+        allow_statistical: bool,
+        record_ranges: bool = False,
     ) -> LoadInfo:
+        kwargs: dict[str, Any] = {
+            "process_group": self.process_group,
+            "allow_statistical": allow_statistical,
+            "timeout": self.timeout,
+            "record_ranges": record_ranges,
+        }
         if tier_name == "explicit":
-            root, _, attempt = ident.rstrip("/").rpartition("/")
-            return load(
-                state,
-                root,
-                checkpoint_id=attempt,
-                process_group=self.process_group,
-                allow_statistical=allow_statistical,
-                timeout=self.timeout,
-            )
+            return load(state, ident, **kwargs)  # a version directory
         tier = self.tiers[tier_name]
         if tier.layout is not None:
             self._reach_node_local(tier, state, ident)
-        return load(
-            state,
-            tier.storage,
-            checkpoint_id=ident,
-            process_group=self.process_group,
-            allow_statistical=allow_statistical,
-            timeout=self.timeout,
-        )
+        return load(state, tier.storage, checkpoint_id=ident, **kwargs)
 
     def _reach_node_local(self, tier: _Tier, state: Mapping[str, Any], ident: str) -> None:
         """Make the bytes every rank needs present in its node root, or raise (fallback)."""
