@@ -39,6 +39,8 @@ def run_mode(adapter: Path, mode: str, seed: int, extra: list[str]) -> dict[str,
                            cwd=HERE.parents[1])
         doc = json.loads(out.read_text()) if out.is_file() else {}
         doc["_rc"], doc["_seconds"] = r.returncode, time.monotonic() - t0
+        if r.returncode not in (0, 1):  # no verdict: show why
+            doc["failures"] = [{"message": r.stderr.strip()[-300:]}]
         return doc
 
 
@@ -71,7 +73,8 @@ def main() -> int:
                     help="run the suites one at a time and stop at the first that catches")
     ap.add_argument("modes", nargs="*")
     args = ap.parse_args()
-    extra = ["--examples", args.examples, "--crash-examples", "7", "--max-writers", "3"]
+    extra = ["--examples", args.examples, "--crash-examples", "7", "--max-writers", "3",
+             "--timeout", "600"]
     print("| mode | caught | exit | suites failing | first failure | seconds |")
     print("|---|---|---|---|---|---|", flush=True)
     for mode in args.modes or REFERENCE_MODES:
