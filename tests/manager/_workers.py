@@ -170,7 +170,8 @@ def kill_mid_async(rank: int, world: int, root: str) -> dict[str, Any]:
         mgr.wait()
         return {"error": None}
     except CheckpointError as e:
-        return {"error": e.code}
+        return {"error": e.code, "message": e.message,
+                "failed": list(getattr(e, "failed_ranks", []))}
 
 
 def exit_pending(rank: int, world: int, root: str) -> dict[str, Any]:

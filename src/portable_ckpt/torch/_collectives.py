@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ DEFAULT_TIMEOUT_S = (
 )
 
 _GROUPS: dict[tuple[tuple[int, ...], float], Any] = {}
+_PEERS: dict[tuple[tuple[int, ...], float], list[Any]] = {}
 _LOCK = threading.Lock()
 
 T = TypeVar("T")
@@ -98,13 +101,36 @@ class Comm:
     """
 
     def __init__(
-        self, rank: int, world_size: int, group: Any, global_ranks: list[int], timeout: float
+        self,
+        rank: int,
+        world_size: int,
+        group: Any,
+        global_ranks: list[int],
+        timeout: float,
+        peers: Sequence[Sequence[Any]] = (),
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.group = group
         self.global_ranks = global_ranks
         self.timeout = timeout
+        #: ``[host, pid]`` of every rank (exchanged when the side group was made).
+        self.peers = [list(p) for p in peers]
+
+    def dead_peers(self) -> list[int]:
+        """Ranks on this host whose process no longer exists (others cannot be checked)."""
+        host = socket.gethostname()
+        dead = []
+        for r, peer in enumerate(self.peers):
+            if r == self.rank or len(peer) != 2 or peer[0] != host:
+                continue
+            try:
+                os.kill(int(peer[1]), 0)
+            except ProcessLookupError:
+                dead.append(r)
+            except OSError:
+                pass  # exists, owned by someone else
+        return dead
 
     # -- protocol steps ----------------------------------------------------------------------------
 
@@ -224,10 +250,21 @@ class Comm:
     # -- JSON collectives --------------------------------------------------------------------------
 
     def _fail(self, what: str, e: BaseException) -> DistributedError:
+        dead = self.dead_peers()
+        if dead:
+            who = ", ".join(f"rank {r} (pid {self.peers[r][1]})" for r in dead)
+            cause = f"{who} died (its process is gone)"
+            failures = [RankFailure(r, "PCK-DISTRIBUTED", "process died") for r in dead]
+        else:
+            cause = (
+                f"a peer rank died, raised outside the protocol, or exceeded the "
+                f"{self.timeout:.0f}s timeout"
+            )
+            failures = []
         return DistributedError(
-            f"rank {self.rank}/{self.world_size}: collective '{what}' failed: {e}. A peer rank "
-            f"died, raised outside the protocol, or exceeded the {self.timeout:.0f}s timeout; "
-            f"nothing was published by this operation"
+            f"rank {self.rank}/{self.world_size}: collective '{what}' failed: {e}. {cause}; "
+            f"nothing was published by this operation",
+            failures=failures,
         )
 
     def _wait(self, work: Any, what: str) -> None:
@@ -333,7 +370,12 @@ def make_comm(process_group: Any = None, timeout: float | None = None) -> Comm:
         if side is None or not _alive(side):
             side = _new_side_group(ranks, rank, t)
             _GROUPS[(tuple(ranks), t)] = side
-    return Comm(rank, world, side, ranks, t)
+            # Who is who, so a failed collective can name a peer whose process is gone.
+            me = [socket.gethostname(), os.getpid()]
+            _PEERS[(tuple(ranks), t)] = Comm(rank, world, side, ranks, t).allgather_json(
+                me, "peers"
+            )
+    return Comm(rank, world, side, ranks, t, _PEERS.get((tuple(ranks), t), ()))
 
 
 def _alive(group: Any) -> bool:
