@@ -173,3 +173,64 @@ def test_declared_tensor_without_ranges_is_a_gap_not_a_silent_drop(tmp_path) -> 
     with pytest.raises(CoverageGapError, match="lost"):
         commit(storage, aid, step=1, expected_writers=[0])
     assert_nothing_published(tmp_path, aid)
+
+
+def test_per_rank_value_beyond_the_world_size_is_a_schema_error(tmp_path) -> None:
+    """The committer applies the parser's entry rule (R-ENTRY-9): rank >= world_size is PCK-SCHEMA."""
+    from portable_ckpt.errors import SchemaError
+
+    storage = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    w = ShardWriter(storage, aid, 0)
+    for r in (0, 1, 5):
+        w.add_entry("rng", {}, "pck:rng/1", scope="per_rank", rank=r, world_size_policy="modulo")
+    with pytest.raises(SchemaError, match=r"not below it: \[5\]"):
+        commit(storage, aid, step=1, indexes=[w.finish()], continuation=Continuation("exact", 2))
+    assert_nothing_published(tmp_path, aid)
+
+
+def test_commit_returns_its_report_and_switches_layout_without_rechecking(
+    tmp_path, monkeypatch
+) -> None:
+    """commit() returns a CommittedManifest with its report; a JSON manifest too large for
+    readers switches to a table in place (R-TABLE-9): every file's size is checked once and
+    the checks already made stay in the report."""
+    from portable_ckpt.format import jsonio
+    from portable_ckpt.io.commit import CommittedManifest
+    from portable_ckpt.storage.faults import FaultyStorage
+
+    storage, aid, w0, w1 = two_writers(tmp_path / "a")
+    m = commit(storage, aid, step=1, indexes=[w0.finish(), w1.finish()])
+    assert isinstance(m, CommittedManifest) and m.tensor_table is None
+    r = m.report
+    assert (r.writers, r.files, r.tensors, r.ranges) == (2, 4, 1, 2)
+    assert r.checks == ["coverage", "files", "headers"] and r.bytes == sum(
+        f.size for f in m.files.values()
+    )
+    real = (tmp_path / "a" / aid / "manifest.json").stat().st_size
+    monkeypatch.setattr(jsonio, "MAX_MANIFEST_BYTES", real - 1)
+    inner, aid2, w0, w1 = two_writers(tmp_path / "b")
+    counted = FaultyStorage(inner)
+    m2 = commit(counted, aid2, step=1, indexes=[w0.finish(), w1.finish()])
+    assert m2.tensor_table is not None and m2.format_version == "1.1"
+    assert m2.report.checks == ["coverage", "files", "headers", "tensor-table"]
+    assert len(counted.ops_for("size")) == 4  # the four writer files, once each
+    assert len(counted.ops_for("create", "*/manifest.json")) == 1
+    np.testing.assert_array_equal(
+        portable_ckpt.open(tmp_path / "b").read("x"), np.r_[np.arange(4), np.arange(4)]
+    )
+
+
+def test_oversized_table_manifest_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch
+) -> None:
+    """PCK-LIMIT when even the table manifest is too large; no orphan table file is left."""
+    from portable_ckpt.errors import LimitError
+    from portable_ckpt.format import jsonio
+
+    monkeypatch.setattr(jsonio, "MAX_MANIFEST_BYTES", 100)
+    storage, aid, w0, w1 = two_writers(tmp_path)
+    with pytest.raises(LimitError, match="1 GiB"):
+        commit(storage, aid, step=1, indexes=[w0.finish(), w1.finish()], tensor_table=True)
+    assert not list((tmp_path / aid).glob("tensor-table-*"))
+    assert_nothing_published(tmp_path, aid)

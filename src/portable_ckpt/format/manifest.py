@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from portable_ckpt.errors import (
     CoverageGapError,
     CoverageOverlapError,
     DtypeUnsupportedError,
+    EntryMissingError,
     EntrySchemaError,
     FeatureUnsupportedError,
     LimitError,
@@ -56,6 +57,7 @@ __all__ = [
     "TensorEntry",
     "WriterIndex",
     "check_format_version",
+    "entry_values_problem",
     "parse_manifest",
     "parse_writer_index",
 ]
@@ -682,22 +684,45 @@ def _entry(
             raise c.fail(vw, "global entries have no rank")
         values.append(EntryValue(fpath, rank))
     if world_size is not None:
-        from portable_ckpt.errors import EntryMissingError
-
-        if scope == "global" and len(values) != 1:
-            raise c.fail(
-                where + ".values",
-                f"a global entry has exactly one value, found {len(values)}",
-                EntryMissingError if not values else SchemaError,
-            )
-        if scope == "per_rank" and len(values) != world_size:
-            missing = sorted(set(range(world_size)) - seen_ranks)
-            raise c.fail(
-                where + ".values",
-                f"per_rank entry lacks the values of rank(s) {missing[:8]} (world size {world_size})",
-                EntryMissingError,
-            )
+        problem = entry_values_problem(scope, [v.rank for v in values], world_size)
+        if problem is not None:
+            raise c.fail(where + ".values", problem[1], problem[0])
     return Entry(name, schema, scope, encoding, values, policy)
+
+
+def entry_values_problem(
+    scope: str, ranks: Sequence[int | None], world_size: int
+) -> tuple[type[CheckpointError], str] | None:
+    """The rule on an entry's values (R-ENTRY-7..9), shared by the parser and the committer.
+
+    A ``global`` entry has exactly one value; a ``per_rank`` entry one value for each rank
+    ``0 … world_size-1``. ``ranks`` are the values' ranks (``None`` for a global value).
+
+    Returns:
+        ``None`` when the values obey the rule, else the error class (PCK-ENTRY-MISSING for a
+        missing value, PCK-SCHEMA for one too many) and the message.
+
+    """
+    n = len(ranks)
+    if scope == "global":
+        if n == 1:
+            return None
+        return EntryMissingError if n == 0 else SchemaError, (
+            f"a global entry has exactly one value, found {n}"
+        )
+    present = set(ranks)
+    missing = sorted(set(range(world_size)) - present)
+    if missing:
+        return EntryMissingError, (
+            f"per_rank entry lacks the values of rank(s) {missing[:8]} (world size {world_size})"
+        )
+    if n != world_size:
+        extra = sorted(r for r in present if r is not None and r >= world_size)
+        return SchemaError, (
+            f"per_rank entry has {n} values for world size {world_size} (duplicate ranks, or "
+            f"ranks not below it: {extra[:8]})"
+        )
+    return None
 
 
 def _continuation(c: _Ctx, v: Any) -> Continuation:

@@ -9,6 +9,7 @@ makes a version exist.
 
 from __future__ import annotations
 
+import datetime as _dt
 import itertools
 import secrets
 from collections.abc import Iterable, Sequence
@@ -22,7 +23,6 @@ from portable_ckpt import __version__
 from portable_ckpt.errors import (
     AttemptIdError,
     CommitConflictError,
-    EntryMissingError,
     FileSizeError,
     LimitError,
     MetadataConflictError,
@@ -34,7 +34,6 @@ from portable_ckpt.errors import (
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import (
-    FORMAT_VERSION,
     TABLE_FORMAT_VERSION,
     Checksum,
     Continuation,
@@ -44,6 +43,7 @@ from portable_ckpt.format.manifest import (
     TableRef,
     TensorEntry,
     WriterIndex,
+    entry_values_problem,
     parse_writer_index,
 )
 from portable_ckpt.format.naming import (
@@ -77,6 +77,7 @@ from portable_ckpt.storage.base import Storage
 
 __all__ = [
     "CommitReport",
+    "CommittedManifest",
     "commit",
     "load_writer_table",
     "merge_indexes",
@@ -246,82 +247,32 @@ def merge_tables(indexes: Sequence[WriterIndex]) -> TensorTable:
         MetadataConflictError: writers disagree on a tensor's dtype or shape.
 
     """
-    kid: dict[str, int] = {}
-    gdtype: list[int] = []
-    gshape: list[tuple[int, ...]] = []
+    ids = _TensorIds()
     path_id: dict[str, int] = {}
-    prev: TensorTable | None = None
-    gmap = np.zeros(0, dtype=np.int64)
     parts: list[tuple[np.ndarray[Any, Any], ...]] = []
     for idx in indexes:
         tab = _table_of(idx)
-        same = (
-            prev is not None
-            and (tab.keys is prev.keys or tab.keys == prev.keys)
-            and np.array_equal(tab.dtypes, prev.dtypes)
-            and np.array_equal(tab.ndim, prev.ndim)
-            and np.array_equal(tab.shape, prev.shape)
-        )
-        if not same:
-            gmap = np.empty(len(tab.keys), dtype=np.int64)
-            for j, key in enumerate(tab.keys):
-                dt, shp = int(tab.dtypes[j]), tab.shape_of(j)
-                g = kid.get(key)
-                if g is None:
-                    g = kid[key] = len(gdtype)
-                    gdtype.append(dt)
-                    gshape.append(shp)
-                elif gdtype[g] != dt or gshape[g] != shp:
-                    raise MetadataConflictError(
-                        f"tensor {key!r}: writer {idx.writer} says {tab.dtype_of(j)}{list(shp)}, "
-                        f"another writer says {DTYPE_CODES[gdtype[g]]}{list(gshape[g])}; every "
-                        "writer must agree"
-                    )
-                gmap[j] = g
-            prev = tab
+        gmap = ids.of(idx.writer, tab)
         if tab.records == 0:
             continue
         pmap = np.array([path_id.setdefault(p, len(path_id)) for p in tab.paths], dtype=np.uint32)
         tid = np.repeat(gmap, tab.counts)
         parts.append((tid, pmap[tab.file], tab.codec, tab.offsets, tab.lengths))
-    ntensors = len(gdtype)
-    gnd = np.array([len(s) for s in gshape], dtype=np.int64)
+    ntensors = len(ids.dtypes)
+    gnd = np.array([len(s) for s in ids.shapes], dtype=np.int64)
     order = np.lexsort((np.arange(ntensors), gnd))  # tensors by (ndim, first appearance)
-    counts = np.zeros(ntensors, dtype=np.int64)
-    cols: list[list[np.ndarray[Any, Any]]] = [[], [], [], []]
-    if parts:
-        # Each writer's coordinates are row-ordered, so the concatenation is too: a row's
-        # coordinates start at the running sum of the dimensions of the rows before it.
-        gid = np.concatenate([p[0] for p in parts])
-        fid = np.concatenate([p[1] for p in parts])
-        cid = np.concatenate([p[2] for p in parts])
-        offs = np.concatenate([p[3] for p in parts])
-        lens = np.concatenate([p[4] for p in parts])
-        nd = gnd[gid]
-        cstart = np.zeros(len(gid), dtype=np.int64)
-        np.cumsum(nd[:-1], out=cstart[1:])
-        counts = np.bincount(gid, minlength=ntensors).astype(np.int64)
-        # Tensor ids fit 16 bits in practice: numpy's stable sort is then a linear radix sort.
-        sort_key = gid.astype(np.uint16) if ntensors <= 1 << 16 else gid
-        dims = np.flatnonzero(np.bincount(nd)).tolist()
-        for d in dims:
-            sel = np.flatnonzero(nd == d) if len(dims) > 1 else np.arange(len(gid))
-            sel = sel[np.argsort(sort_key[sel], kind="stable")]
-            at = cstart[sel][:, None] + np.arange(d, dtype=np.int64)[None, :]
-            cols[0].append(fid[sel])
-            cols[1].append(cid[sel])
-            cols[2].append(offs[at].reshape(-1))
-            cols[3].append(lens[at].reshape(-1))
-    keys = list(kid)
+    counts, cols = _records_by_tensor(parts, gnd, ntensors)
+    keys = list(ids.keys)
 
     def cat(parts: list[np.ndarray[Any, Any]], dt: Any) -> np.ndarray[Any, Any]:
         return np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt)
 
+    shapes = itertools.chain.from_iterable(ids.shapes[g] for g in order.tolist())
     return TensorTable(
         [keys[g] for g in order.tolist()],
-        np.array(gdtype, dtype=np.uint8)[order],
+        np.array(ids.dtypes, dtype=np.uint8)[order],
         gnd.astype(np.uint8)[order],
-        np.fromiter(itertools.chain.from_iterable(gshape[g] for g in order.tolist()), dtype=np.int64),
+        np.fromiter(shapes, dtype=np.int64),
         counts[order],
         list(path_id),
         cat(cols[0], np.uint32),
@@ -329,6 +280,83 @@ def merge_tables(indexes: Sequence[WriterIndex]) -> TensorTable:
         cat(cols[2], np.int64),
         cat(cols[3], np.int64),
     )
+
+
+class _TensorIds:
+    """Global tensor ids in order of first appearance, and the declaration of each."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, int] = {}
+        self.dtypes: list[int] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self._prev: TensorTable | None = None
+        self._gmap = np.zeros(0, dtype=np.int64)
+
+    def of(self, writer: int, tab: TensorTable) -> np.ndarray[Any, Any]:
+        """The global id of each of ``tab``'s tensors (checked against earlier declarations)."""
+        prev = self._prev
+        if (
+            prev is not None
+            and (tab.keys is prev.keys or tab.keys == prev.keys)
+            and np.array_equal(tab.dtypes, prev.dtypes)
+            and np.array_equal(tab.ndim, prev.ndim)
+            and np.array_equal(tab.shape, prev.shape)
+        ):
+            return self._gmap  # the same declarations as the previous writer's
+        gmap = np.empty(len(tab.keys), dtype=np.int64)
+        for j, key in enumerate(tab.keys):
+            dt, shp = int(tab.dtypes[j]), tab.shape_of(j)
+            g = self.keys.get(key)
+            if g is None:
+                g = self.keys[key] = len(self.dtypes)
+                self.dtypes.append(dt)
+                self.shapes.append(shp)
+            elif self.dtypes[g] != dt or self.shapes[g] != shp:
+                raise MetadataConflictError(
+                    f"tensor {key!r}: writer {writer} says {tab.dtype_of(j)}{list(shp)}, "
+                    f"another writer says {DTYPE_CODES[self.dtypes[g]]}{list(self.shapes[g])}; "
+                    "every writer must agree"
+                )
+            gmap[j] = g
+        self._prev, self._gmap = tab, gmap
+        return gmap
+
+
+def _records_by_tensor(
+    parts: list[tuple[np.ndarray[Any, Any], ...]], gnd: np.ndarray[Any, Any], ntensors: int
+) -> tuple[np.ndarray[Any, Any], list[list[np.ndarray[Any, Any]]]]:
+    """Group every writer's records by tensor id (stably).
+
+    Returns the per-tensor counts and the file, codec, offsets and lengths columns in pieces
+    (one per number of dimensions).
+    """
+    counts = np.zeros(ntensors, dtype=np.int64)
+    cols: list[list[np.ndarray[Any, Any]]] = [[], [], [], []]
+    if not parts:
+        return counts, cols
+    # Each writer's coordinates are row-ordered, so the concatenation is too: a row's
+    # coordinates start at the running sum of the dimensions of the rows before it.
+    gid = np.concatenate([p[0] for p in parts])
+    fid = np.concatenate([p[1] for p in parts])
+    cid = np.concatenate([p[2] for p in parts])
+    offs = np.concatenate([p[3] for p in parts])
+    lens = np.concatenate([p[4] for p in parts])
+    nd = gnd[gid]
+    cstart = np.zeros(len(gid), dtype=np.int64)
+    np.cumsum(nd[:-1], out=cstart[1:])
+    counts = np.bincount(gid, minlength=ntensors).astype(np.int64)
+    # Tensor ids fit 16 bits in practice: numpy's stable sort is then a linear radix sort.
+    sort_key = gid.astype(np.uint16) if ntensors <= 1 << 16 else gid
+    dims = np.flatnonzero(np.bincount(nd)).tolist()
+    for d in dims:
+        sel = np.flatnonzero(nd == d) if len(dims) > 1 else np.arange(len(gid))
+        sel = sel[np.argsort(sort_key[sel], kind="stable")]
+        at = cstart[sel][:, None] + np.arange(d, dtype=np.int64)[None, :]
+        cols[0].append(fid[sel])
+        cols[1].append(cid[sel])
+        cols[2].append(offs[at].reshape(-1))
+        cols[3].append(lens[at].reshape(-1))
+    return counts, cols
 
 
 def merge_indexes(
@@ -346,10 +374,7 @@ def merge_indexes(
     """
     files: dict[str, FileRecord] = {}
     tensors: dict[str, TensorEntry] = {}
-    entries: dict[str, Entry] = {}
-    # Ranks that hold a value, per entry: kept across writers (rebuilding it per writer made
-    # per-rank entries quadratic in the number of writers).
-    ranks: dict[str, set[int | None]] = {}
+    entries = _EntryUnion()
     seen: set[int] = set()
     for idx in indexes:
         if idx.attempt_id != attempt_id:
@@ -359,56 +384,98 @@ def merge_indexes(
         if idx.writer in seen:
             raise MetadataConflictError(f"writer {idx.writer} reported twice")
         seen.add(idx.writer)
-        recs = list(idx.files.values()) + ([idx.index_file] if idx.index_file else [])
-        for rec in recs:
-            if rec.path in files:
-                raise MetadataConflictError(f"file {rec.path!r} is reported by two writers")
-            files[rec.path] = rec
-        for key, t in (idx.tensors if merge_tensors else {}).items():
-            cur = tensors.get(key)
-            if cur is None:
-                tensors[key] = TensorEntry(key, t.dtype, t.shape, list(t.ranges))
-            elif (cur.dtype, cur.shape) != (t.dtype, t.shape):
-                raise MetadataConflictError(
-                    f"tensor {key!r}: writer {idx.writer} says {t.dtype}{list(t.shape)}, another "
-                    f"writer says {cur.dtype}{list(cur.shape)}; every writer must agree"
-                )
-            else:
-                cur.ranges.extend(t.ranges)
+        _merge_files(files, idx)
+        if merge_tensors:
+            _merge_tensors(tensors, idx)
         for name, e in idx.entries.items():
-            cur_e = entries.get(name)
-            if cur_e is None:
-                entries[name] = Entry(
-                    e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy
-                )
-                ranks[name] = {v.rank for v in e.values}
-            elif cur_e.declaration() != e.declaration():
-                raise MetadataConflictError(
-                    f"entry {name!r}: writer {idx.writer} declares a different schema, scope, "
-                    "encoding or policy than another writer"
-                )
-            else:
-                have = ranks[name]
-                for v in e.values:
-                    if v.rank in have:
-                        what = (
-                            "the global value" if v.rank is None else f"the value of rank {v.rank}"
-                        )
-                        raise MetadataConflictError(
-                            f"entry {name!r}: writer {idx.writer} and another writer both stored {what}"
-                        )
-                    have.add(v.rank)
-                cur_e.values.extend(e.values)
+            entries.add(idx.writer, name, e)
     if expected_writers is not None:
-        missing = sorted(set(expected_writers) - seen)
-        if missing:
-            raise WriterMissingError(
-                f"attempt {attempt_id}: no report from writer(s) {missing[:16]}; nothing is published"
+        _check_writers(attempt_id, seen, expected_writers)
+    return files, tensors, entries.entries, len(seen)
+
+
+def _merge_files(files: dict[str, FileRecord], idx: WriterIndex) -> None:
+    for rec in [*idx.files.values(), *([idx.index_file] if idx.index_file else [])]:
+        if rec.path in files:
+            raise MetadataConflictError(f"file {rec.path!r} is reported by two writers")
+        files[rec.path] = rec
+
+
+def _merge_tensors(tensors: dict[str, TensorEntry], idx: WriterIndex) -> None:
+    for key, t in idx.tensors.items():
+        cur = tensors.get(key)
+        if cur is None:
+            tensors[key] = TensorEntry(key, t.dtype, t.shape, list(t.ranges))
+        elif (cur.dtype, cur.shape) != (t.dtype, t.shape):
+            raise MetadataConflictError(
+                f"tensor {key!r}: writer {idx.writer} says {t.dtype}{list(t.shape)}, another "
+                f"writer says {cur.dtype}{list(cur.shape)}; every writer must agree"
             )
-        extra = sorted(seen - set(expected_writers))
-        if extra:
-            raise MetadataConflictError(f"attempt {attempt_id}: unexpected writer(s) {extra[:16]}")
-    return files, tensors, entries, len(seen)
+        else:
+            cur.ranges.extend(t.ranges)
+
+
+class _EntryUnion:
+    """The entries of every writer: one declaration each, one value per (entry, rank)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        # Ranks that hold a value, per entry: kept across writers (rebuilding it per writer made
+        # per-rank entries quadratic in the number of writers).
+        self._ranks: dict[str, set[int | None]] = {}
+
+    def add(self, writer: int, name: str, e: Entry) -> None:
+        """Add writer ``writer``'s entry ``name``; raise on a conflicting declaration or value."""
+        cur = self.entries.get(name)
+        if cur is None:
+            self.entries[name] = Entry(
+                e.name, e.schema, e.scope, e.encoding, list(e.values), e.world_size_policy
+            )
+            self._ranks[name] = {v.rank for v in e.values}
+            return
+        if cur.declaration() != e.declaration():
+            raise MetadataConflictError(
+                f"entry {name!r}: writer {writer} declares a different schema, scope, "
+                "encoding or policy than another writer"
+            )
+        have = self._ranks[name]
+        for v in e.values:
+            if v.rank in have:
+                what = "the global value" if v.rank is None else f"the value of rank {v.rank}"
+                raise MetadataConflictError(
+                    f"entry {name!r}: writer {writer} and another writer both stored {what}"
+                )
+            have.add(v.rank)
+        cur.values.extend(e.values)
+
+
+def _check_writers(attempt_id: str, seen: set[int], expected_writers: Sequence[int]) -> None:
+    missing = sorted(set(expected_writers) - seen)
+    if missing:
+        raise WriterMissingError(
+            f"attempt {attempt_id}: no report from writer(s) {missing[:16]}; nothing is published"
+        )
+    extra = sorted(seen - set(expected_writers))
+    if extra:
+        raise MetadataConflictError(f"attempt {attempt_id}: unexpected writer(s) {extra[:16]}")
+
+
+@dataclass
+class CommittedManifest(Manifest):
+    """The manifest :func:`commit` published, with what the commit checked."""
+
+    report: CommitReport = field(default_factory=CommitReport)
+
+
+@dataclass
+class _Merged:
+    """The union of the writer indexes, in the layout chosen for the manifest."""
+
+    files: dict[str, FileRecord]
+    tensors: dict[str, TensorEntry]
+    entries: dict[str, Entry]
+    table: TensorTable | None
+    report: CommitReport
 
 
 def commit(
@@ -422,8 +489,12 @@ def commit(
     producer: dict[str, Any] | None = None,
     check_headers: bool | None = None,
     tensor_table: bool | None = None,
-) -> Manifest:
+) -> CommittedManifest:
     """Verify an attempt and publish its commit record.
+
+    Phases: read the writer indexes, choose the layout (JSON tensors or a tensor table), merge,
+    check coverage, entries, file sizes and shard headers, publish (switching to a table when
+    the JSON manifest would be too large for readers, R-TABLE-9).
 
     Args:
         storage: The checkpoint root.
@@ -441,12 +512,30 @@ def commit(
             when a writer sent a table or the version has more than 65,536 range records.
 
     Returns:
-        The published manifest.
+        The published manifest and its :class:`CommitReport`.
 
     Raises:
         CheckpointError: any failed check; nothing is published.
 
     """
+    _check_request(storage, attempt_id, step)
+    storage.sync()  # files this process wrote with deferred durability, before any check
+    cont = continuation or Continuation(
+        "exact", len(expected_writers) if expected_writers else max(1, len(indexes or [])), None
+    )
+    indexes = _writer_indexes(storage, attempt_id, indexes, expected_writers)
+    use_table = _choose_layout(indexes, tensor_table)
+    merged = _merge(attempt_id, indexes, expected_writers, use_table)
+    _check_coverage(merged)
+    _check_entries(merged.entries, cont.world_size)
+    _check_files(storage, attempt_id, merged)
+    if check_headers if check_headers is not None else merged.report.ranges <= TABLE_THRESHOLD:
+        _check_headers(storage, attempt_id, merged)
+    manifest = _manifest(attempt_id, step, cont, producer, merged)
+    return _publish(storage, manifest, merged, indexes, tensor_table)
+
+
+def _check_request(storage: Storage, attempt_id: str, step: int) -> None:
     check_attempt_id(attempt_id)
     if not storage.capabilities.atomic_create:
         raise StorageError(
@@ -455,50 +544,71 @@ def commit(
         )
     if parse_attempt_step(attempt_id) != step:
         raise UsageError(f"step {step} differs from the step in attempt id {attempt_id}")
-    # Files this process wrote with deferred durability become durable before anything is checked.
-    storage.sync()
-    cont = continuation or Continuation(
-        "exact", len(expected_writers) if expected_writers else max(1, len(indexes or [])), None
-    )
+
+
+def _writer_indexes(
+    storage: Storage,
+    attempt_id: str,
+    indexes: Sequence[WriterIndex] | None,
+    expected_writers: Sequence[int] | None,
+) -> Sequence[WriterIndex]:
+    """The given indexes with their tensor tables loaded, or every expected writer's, read."""
     cache = TableCache()
     if indexes is None:
         if expected_writers is None:
             raise UsageError("commit needs indexes= or expected_writers=")
-        indexes = read_writer_indexes(storage, attempt_id, list(expected_writers), cache)
+        return read_writer_indexes(storage, attempt_id, list(expected_writers), cache)
     if any(idx.tensor_table is not None and idx.table is None for idx in indexes):
         with ThreadPoolExecutor(max_workers=1 if storage.local_root() else 16) as pool:
             _load_tables(storage, attempt_id, indexes, cache, pool)
-    records = sum(
-        idx.table.records if idx.table is not None else sum(len(t.ranges) for t in idx.tensors.values())
-        for idx in indexes
-    )
-    use_table = (
-        tensor_table
-        if isinstance(tensor_table, bool)
-        else any(idx.tensor_table is not None for idx in indexes) or records > TABLE_THRESHOLD
-    )
-    if use_table:
-        # A table implies every record's safetensors name (R-TABLE-7); records of JSON indexes
-        # named otherwise (another writer's convention) cannot be described by one.
-        odd = next(
-            (
-                (idx.writer, t.key, r.name)
-                for idx in indexes
-                if idx.tensor_table is None
-                for t in idx.tensors.values()
-                for r in t.ranges
-                if r.name != range_name(t.key, r.offsets)
-            ),
-            None,
+    return indexes
+
+
+def _choose_layout(indexes: Sequence[WriterIndex], tensor_table: bool | None) -> bool:
+    """Whether the manifest describes its tensors in a tensor table (spec §8.5)."""
+    sent_table = any(idx.tensor_table is not None for idx in indexes)
+    if tensor_table is None:
+        records = sum(
+            idx.table.records
+            if idx.table is not None
+            else sum(len(t.ranges) for t in idx.tensors.values())
+            for idx in indexes
         )
-        if odd is not None:
-            if tensor_table is True or any(idx.tensor_table is not None for idx in indexes):
-                raise MetadataConflictError(
-                    f"writer {odd[0]}: tensor {odd[1]!r} has a range named {odd[2]!r}, not "
-                    f"'{odd[1]}@<offsets>'; a tensor table implies that "
-                    "name (spec §8.5, R-TABLE-7) — rename the chunks or commit without a table"
-                )
-            use_table = False
+        use_table = sent_table or records > TABLE_THRESHOLD
+    else:
+        use_table = tensor_table
+    if not use_table:
+        return False
+    # A table implies every record's safetensors name (R-TABLE-7); records of JSON indexes
+    # named otherwise (another writer's convention) cannot be described by one.
+    odd = next(
+        (
+            (idx.writer, t.key, r.name)
+            for idx in indexes
+            if idx.tensor_table is None
+            for t in idx.tensors.values()
+            for r in t.ranges
+            if r.name != range_name(t.key, r.offsets)
+        ),
+        None,
+    )
+    if odd is None:
+        return True
+    if tensor_table is True or sent_table:
+        raise MetadataConflictError(
+            f"writer {odd[0]}: tensor {odd[1]!r} has a range named {odd[2]!r}, not "
+            f"'{odd[1]}@<offsets>'; a tensor table implies that "
+            "name (spec §8.5, R-TABLE-7) — rename the chunks or commit without a table"
+        )
+    return False
+
+
+def _merge(
+    attempt_id: str,
+    indexes: Sequence[WriterIndex],
+    expected_writers: Sequence[int] | None,
+    use_table: bool,
+) -> _Merged:
     if not use_table:
         for idx in indexes:
             if idx.table is not None and not idx.tensors:
@@ -507,130 +617,143 @@ def commit(
         attempt_id, indexes, expected_writers, merge_tensors=not use_table
     )
     report = CommitReport(writers=nwriters, files=len(files), tensors=len(tensors))
-    table: TensorTable | None = None
+    merged = _Merged(files, tensors, entries, None, report)
     if use_table:
-        table = merge_tables(indexes)
-        tensors = dict(table.entries())
-        report.tensors, report.ranges = len(table.keys), table.records
+        _to_table(merged, indexes)
+    else:
+        report.ranges = sum(len(t.ranges) for t in tensors.values())
+    return merged
+
+
+def _to_table(merged: _Merged, indexes: Sequence[WriterIndex]) -> None:
+    """Describe the merged tensors by one tensor table (the same records)."""
+    table = merged.table = merge_tables(indexes)
+    merged.tensors = dict(table.entries())
+    merged.report.tensors, merged.report.ranges = len(table.keys), table.records
+
+
+def _check_coverage(merged: _Merged) -> None:
+    """Every tensor is covered exactly once by its range records."""
+    table = merged.table
+    if table is not None:
         proven = LayoutCache()
         for i, key in enumerate(table.keys):
             offs, lens = table.boxes(i)
             proven.check(table.shape_of(i), offs, lens, key=key)
     else:
-        for key, t in tensors.items():
+        for key, t in merged.tensors.items():
             check_coverage(t.shape, [r.box for r in t.ranges], key=key)
-            report.ranges += len(t.ranges)
-    report.checks.append("coverage")
+    merged.report.checks.append("coverage")
+
+
+def _check_entries(entries: dict[str, Entry], world_size: int) -> None:
+    """Each entry has its values: the manifest parser's rule (R-ENTRY-7..9)."""
     for name, e in entries.items():
-        if e.scope == "global" and len(e.values) != 1:
-            raise EntryMissingError(
-                f"global entry {name!r} has {len(e.values)} values; exactly one is required"
-            )
-        if e.scope == "per_rank":
-            ranks = {v.rank for v in e.values}
-            missing = sorted(set(range(cont.world_size)) - ranks)
-            if missing or len(e.values) != cont.world_size:
-                raise EntryMissingError(
-                    f"per_rank entry {name!r} lacks rank(s) {missing[:8]} of world size "
-                    f"{cont.world_size} (or has values beyond it)"
-                )
-    for path, rec in files.items():
+        problem = entry_values_problem(e.scope, [v.rank for v in e.values], world_size)
+        if problem is not None:
+            raise problem[0](f"entry {name!r}: {problem[1]}")
+
+
+def _check_files(storage: Storage, attempt_id: str, merged: _Merged) -> None:
+    """Every listed file exists with the size its writer reported."""
+    for path, rec in merged.files.items():
         actual = storage.size(f"{attempt_id}/{path}")
         if actual != rec.size:
             raise FileSizeError(
                 f"{attempt_id}/{path}: {actual} bytes on storage, the writer reported {rec.size}",
                 path=path,
             )
-        report.bytes += rec.size
-    report.checks.append("files")
-    if check_headers is None:
-        check_headers = report.ranges <= TABLE_THRESHOLD
-    if check_headers:
-        by_file: dict[str, list[tuple[TensorEntry, Any]]] = {}
-        for t in tensors.values():
-            for r in t.ranges:
-                by_file.setdefault(r.file, []).append((t, r))
-        for path, items in by_file.items():
-            full = f"{attempt_id}/{path}"
-            rec = files[path]
+        merged.report.bytes += rec.size
+    merged.report.checks.append("files")
 
-            def read(lo: int, hi: int, full: str = full, rec: FileRecord = rec) -> bytes:
-                return read_verified_bytes(storage, full, rec, lo, hi)
 
-            hdr = load_header(read, file_size=rec.size, what=full, probe=rec.checksum.block_size)
-            for t, r in items:
-                item = DTYPES[t.dtype]
-                check_range(
-                    hdr,
-                    what=full,
-                    key=t.key,
-                    rec_name=r.name,
-                    codec=r.codec,
-                    st_dtype=item.safetensors,
-                    lengths=r.lengths,
-                    nbytes=item.itemsize * _prod(r.lengths),
-                )
-        report.checks.append("headers")
+def _check_headers(storage: Storage, attempt_id: str, merged: _Merged) -> None:
+    """Every range record agrees with the safetensors header of its file."""
+    by_file: dict[str, list[tuple[TensorEntry, Any]]] = {}
+    for t in merged.tensors.values():
+        for r in t.ranges:
+            by_file.setdefault(r.file, []).append((t, r))
+    for path, items in by_file.items():
+        full = f"{attempt_id}/{path}"
+        rec = merged.files[path]
+
+        def read(lo: int, hi: int, full: str = full, rec: FileRecord = rec) -> bytes:
+            return read_verified_bytes(storage, full, rec, lo, hi)
+
+        hdr = load_header(read, file_size=rec.size, what=full, probe=rec.checksum.block_size)
+        for t, r in items:
+            item = DTYPES[t.dtype]
+            check_range(
+                hdr,
+                what=full,
+                key=t.key,
+                rec_name=r.name,
+                codec=r.codec,
+                st_dtype=item.safetensors,
+                lengths=r.lengths,
+                nbytes=item.itemsize * _prod(r.lengths),
+            )
+    merged.report.checks.append("headers")
+
+
+def _manifest(
+    attempt_id: str,
+    step: int,
+    cont: Continuation,
+    producer: dict[str, Any] | None,
+    merged: _Merged,
+) -> CommittedManifest:
     created = attempt_time(attempt_id)
-    import datetime as _dt
-
     created_iso = (
         _dt.datetime.fromtimestamp(created, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         if created is not None
         else utc_now_iso()
     )
-    table_path: str | None = None
-    if table is not None:
-        # A unique name: a concurrent committer of the same attempt never overwrites the table
-        # that the winning manifest lists.
-        table_path = f"tensor-table-{secrets.token_hex(8)}.safetensors.zst"
-        blob = encode_table(table, codec="zstd")
-        storage.put(f"{attempt_id}/{table_path}", blob)
-        th = BlockHasher(DEFAULT_BLOCK_SIZE)
-        th.update(blob)
-        files[table_path] = FileRecord(
-            table_path, len(blob), Checksum("crc32c", DEFAULT_BLOCK_SIZE, th.blocks())
-        )
-        report.files += 1
-        report.bytes += len(blob)
-        report.checks.append("tensor-table")
-    manifest = Manifest(
+    return CommittedManifest(
         attempt_id=attempt_id,
         step=step,
         created_at=created_iso,
-        committed_at=commit_time(storage, attempt_id),  # after every version of the step
+        committed_at="",  # set when published
         producer=producer or {"name": "portable_ckpt", "version": __version__},
         continuation=cont,
-        files=files,
-        tensors=tensors,
-        entries=entries,
-        format_version=FORMAT_VERSION if table_path is None else TABLE_FORMAT_VERSION,
-        must_understand=[] if table_path is None else [EXTENSION],
-        tensor_table=None if table_path is None else TableRef(table_path, "zstd"),
+        files=merged.files,
+        tensors=merged.tensors,
+        entries=merged.entries,
+        report=merged.report,
     )
-    # Every part was validated on the way in (writer indexes are parsed or built by ShardWriter),
-    # so the document is not parsed again here: at thousands of writers that re-parse was most
-    # of the commit's time. Tests parse every committed manifest with the reader's parser.
-    data = jsonio.dumps(manifest.to_json())
-    if len(data) > jsonio.MAX_MANIFEST_BYTES:
-        if table_path is not None or tensor_table is False:
+
+
+def _publish(
+    storage: Storage,
+    manifest: CommittedManifest,
+    merged: _Merged,
+    indexes: Sequence[WriterIndex],
+    tensor_table: bool | None,
+) -> CommittedManifest:
+    """Create ``manifest.json`` (and its tensor table first); the version exists from then on."""
+    attempt_id = manifest.attempt_id
+    while True:
+        blob = _describe_table(manifest, merged) if merged.table is not None else None
+        # Every part was validated on the way in (writer indexes are parsed or built by
+        # ShardWriter), so the document is not parsed again here: at thousands of writers that
+        # re-parse was most of the commit's time. Tests parse every committed manifest.
+        manifest.committed_at = commit_time(storage, attempt_id)  # after every version of the step
+        data = jsonio.dumps(manifest.to_json())
+        if len(data) <= jsonio.MAX_MANIFEST_BYTES:
+            break
+        if blob is not None or tensor_table is False:
             raise LimitError(
                 f"{attempt_id}: the manifest would be {len(data)} bytes, above the 1 GiB limit "
                 "readers enforce (R-SEC-11)"
-                + ("" if table_path is not None else "; commit with tensor_table=True (R-TABLE-9)")
+                + ("" if blob is not None else "; commit with tensor_table=True (R-TABLE-9)")
             )
         # R-TABLE-9: a manifest that readers would refuse is published with a table instead.
-        return commit(
-            storage,
-            attempt_id,
-            step=step,
-            indexes=indexes,
-            expected_writers=expected_writers,
-            continuation=cont,
-            producer=producer,
-            check_headers=False,
-            tensor_table=True,
-        )
+        _choose_layout(indexes, True)
+        _to_table(merged, indexes)
+        manifest.tensors = merged.tensors
+    table_path = manifest.tensor_table.file if manifest.tensor_table is not None else None
+    if blob is not None and table_path is not None:
+        storage.put(f"{attempt_id}/{table_path}", blob)
     if not storage.create_if_absent(f"{attempt_id}/manifest.json", data):
         if table_path is not None:
             storage.delete(f"{attempt_id}/{table_path}")
@@ -638,8 +761,30 @@ def commit(
             f"{attempt_id}/manifest.json already exists; an attempt is committed once and never "
             "overwritten (start a new attempt)"
         )
-    manifest.report = report  # type: ignore[attr-defined]
     return manifest
+
+
+def _describe_table(manifest: CommittedManifest, merged: _Merged) -> bytes:
+    """Encode the merged table and list it in ``manifest`` (format 1.1); return its bytes."""
+    if merged.table is None:  # pragma: no cover - called with a table
+        raise UsageError("no tensor table to describe")
+    # A unique name: a concurrent committer of the same attempt never overwrites the table
+    # that the winning manifest lists.
+    table_path = f"tensor-table-{secrets.token_hex(8)}.safetensors.zst"
+    blob = encode_table(merged.table, codec="zstd")
+    th = BlockHasher(DEFAULT_BLOCK_SIZE)
+    th.update(blob)
+    merged.files[table_path] = FileRecord(
+        table_path, len(blob), Checksum("crc32c", DEFAULT_BLOCK_SIZE, th.blocks())
+    )
+    report = merged.report
+    report.files += 1
+    report.bytes += len(blob)
+    report.checks.append("tensor-table")
+    manifest.format_version = TABLE_FORMAT_VERSION
+    manifest.must_understand = [EXTENSION]
+    manifest.tensor_table = TableRef(table_path, "zstd")
+    return blob
 
 
 def _prod(xs: Sequence[int]) -> int:

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.torch._proc import reset_peak_rss, rss
+
+if TYPE_CHECKING:
+    from portable_ckpt.torch.launch import GroupResult
 
 __all__ = ["build_state_from_metadata", "drill"]
 
@@ -102,11 +106,6 @@ def _default_step(state: dict[str, Any]) -> None:
 def _drill_rank(
     rank: int, world: int, root: str, attempt_id: str, factory: str | None
 ) -> dict[str, Any]:
-    import importlib
-
-    import torch.distributed as dist
-
-    import portable_ckpt.torch as pckt
     from portable_ckpt.errors import CheckpointError
     from portable_ckpt.io.reader import Checkpoint
     from portable_ckpt.io.versions import load_manifest
@@ -116,42 +115,58 @@ def _drill_rank(
     try:
         storage = open_storage(root)
         ck = Checkpoint(storage, attempt_id, load_manifest(storage, attempt_id))
-        step_fn = None
-        if factory:
-            module, _, name = factory.partition(":")
-            fn = getattr(importlib.import_module(module), name)
-            made = fn(rank, world, ck)
-            state, step_fn = made if isinstance(made, tuple) else (made, None)
-        else:
-            state = build_state_from_metadata(ck, rank, world)
-        dist.barrier()
-        reset_peak_rss()
-        t0 = time.perf_counter()
-        info = pckt.load(state, root, checkpoint_id=attempt_id, allow_statistical=True)
-        t1 = time.perf_counter()
-        cur, peak = rss()
-        if step_fn is not None:
-            step_fn()
-        else:
-            _default_step(state)
-        t2 = time.perf_counter()
-        out.update(
-            ok=True,
-            restore_seconds=t1 - t0,
-            first_step_seconds=t2 - t1,
-            total_seconds=t2 - t0,
-            bytes_read=info.bytes_read,
-            target_bytes=info.target_bytes,
-            peak_temp_bytes=info.peak_temp_bytes,
-            rss_growth_bytes=max(0, peak - cur),
-            contract=info.contract,
-            saved_world_size=info.saved_world_size,
-        )
+        state, step_fn = _target_state(ck, rank, world, factory)
+        out.update(ok=True, **_restore_and_step(state, step_fn, root, attempt_id))
     except CheckpointError as e:
         out["error"] = e.to_json()
     except Exception as e:
         out["error"] = {"code": "PCK-DISTRIBUTED", "message": f"{type(e).__name__}: {e}"}
     return out
+
+
+def _target_state(
+    ck: Any, rank: int, world: int, factory: str | None
+) -> tuple[dict[str, Any], Callable[[], Any] | None]:
+    """The fresh target state (and step function) from the factory, or from the metadata."""
+    if not factory:
+        return build_state_from_metadata(ck, rank, world), None
+    import importlib
+
+    module, _, name = factory.partition(":")
+    made = getattr(importlib.import_module(module), name)(rank, world, ck)
+    return made if isinstance(made, tuple) else (made, None)
+
+
+def _restore_and_step(
+    state: dict[str, Any], step_fn: Callable[[], Any] | None, root: str, attempt_id: str
+) -> dict[str, Any]:
+    """Load into ``state`` and run one step; return this rank's measurements."""
+    import torch.distributed as dist
+
+    import portable_ckpt.torch as pckt
+
+    dist.barrier()
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    info = pckt.load(state, root, checkpoint_id=attempt_id, allow_statistical=True)
+    t1 = time.perf_counter()
+    cur, peak = rss()
+    if step_fn is not None:
+        step_fn()
+    else:
+        _default_step(state)
+    t2 = time.perf_counter()
+    return {
+        "restore_seconds": t1 - t0,
+        "first_step_seconds": t2 - t1,
+        "total_seconds": t2 - t0,
+        "bytes_read": info.bytes_read,
+        "target_bytes": info.target_bytes,
+        "peak_temp_bytes": info.peak_temp_bytes,
+        "rss_growth_bytes": max(0, peak - cur),
+        "contract": info.contract,
+        "saved_world_size": info.saved_world_size,
+    }
 
 
 def drill(
@@ -191,51 +206,7 @@ def drill(
         timeout=timeout,
         pg_timeout=min(timeout, 300.0),
     )
-    finished = _now()
-    ranks: list[dict[str, Any]] = [
-        r if isinstance(r, dict) else {"ok": False, "error": None} for r in res.results
-    ]
-    errors: list[dict[str, Any]] = [r["error"] for r in ranks if r.get("error")]
-    ok = res.ok and all(r.get("ok") for r in ranks)
-    error = None
-    if not ok:
-        if errors:
-            error = {"code": str(errors[0]["code"]), "message": str(errors[0]["message"])[:65536]}
-        else:
-            detail = "; ".join(f"rank {i}: exit {c}" for i, c in enumerate(res.exitcodes) if c != 0)
-            error = {
-                "code": "PCK-DISTRIBUTED",
-                "message": f"drill group failed: {detail or 'no result'}",
-            }
-    measurements: dict[str, Any] = {}
-    if ok:
-        restore = max(r["restore_seconds"] for r in ranks)
-        nbytes = sum(int(r["bytes_read"]) for r in ranks)
-        measurements = {
-            "restore_seconds": restore,
-            "restore_bytes": nbytes,
-            "restore_mib_per_s": nbytes / 2**20 / restore if restore > 0 else 0.0,
-            "slowest_rank_seconds": max(r["total_seconds"] for r in ranks),
-            "peak_temp_bytes_per_rank": [int(r["peak_temp_bytes"]) for r in ranks],
-            "first_step_seconds": max(r["first_step_seconds"] for r in ranks),
-            "rss_growth_bytes_per_rank": [int(r["rss_growth_bytes"]) for r in ranks],
-            "target_bytes_per_rank": [int(r["target_bytes"]) for r in ranks],
-        }
-    contract = "exact"
-    if ok:
-        contract = str(ranks[0]["contract"])
-    elif ck.continuation.world_size != world_size or ck.continuation.contract != "exact":
-        contract = "statistical"
-    rec: dict[str, Any] = {
-        "ok": ok,
-        "started_at": started,
-        "finished_at": finished,
-        "world_size": world_size,
-        "saved_world_size": ck.continuation.world_size,
-        "contract": contract,
-        "measurements": measurements,
-        "error": error,
-    }
+    rec = _record(ck, res, world_size, started, _now())
     out: dict[str, Any] = dict(rec)
     if record:
         rel = write_drill_record(ck.storage, ck.id, rec)
@@ -243,6 +214,58 @@ def drill(
         out["drill_id"] = rel.rsplit("/", 1)[-1].removesuffix(".json")
     out["attempt_id"] = ck.id
     out["step"] = ck.step
-    out["per_rank"] = ranks
+    out["per_rank"] = _rank_results(res)
     out["seconds_total"] = res.seconds
     return out
+
+
+def _rank_results(res: GroupResult) -> list[dict[str, Any]]:
+    return [r if isinstance(r, dict) else {"ok": False, "error": None} for r in res.results]
+
+
+def _record(
+    ck: Any, res: GroupResult, world_size: int, started: str, finished: str
+) -> dict[str, Any]:
+    """The drill record (spec §14.3) from every rank's result."""
+    ranks = _rank_results(res)
+    ok = res.ok and all(r.get("ok") for r in ranks)
+    if ok:
+        contract = str(ranks[0]["contract"])
+    elif ck.continuation.world_size != world_size or ck.continuation.contract != "exact":
+        contract = "statistical"
+    else:
+        contract = "exact"
+    return {
+        "ok": ok,
+        "started_at": started,
+        "finished_at": finished,
+        "world_size": world_size,
+        "saved_world_size": ck.continuation.world_size,
+        "contract": contract,
+        "measurements": _measurements(ranks) if ok else {},
+        "error": None if ok else _group_error(res, ranks),
+    }
+
+
+def _group_error(res: GroupResult, ranks: list[dict[str, Any]]) -> dict[str, str]:
+    """The first rank's error, or which ranks exited abnormally."""
+    errors: list[dict[str, Any]] = [r["error"] for r in ranks if r.get("error")]
+    if errors:
+        return {"code": str(errors[0]["code"]), "message": str(errors[0]["message"])[:65536]}
+    detail = "; ".join(f"rank {i}: exit {c}" for i, c in enumerate(res.exitcodes) if c != 0)
+    return {"code": "PCK-DISTRIBUTED", "message": f"drill group failed: {detail or 'no result'}"}
+
+
+def _measurements(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    restore = max(r["restore_seconds"] for r in ranks)
+    nbytes = sum(int(r["bytes_read"]) for r in ranks)
+    return {
+        "restore_seconds": restore,
+        "restore_bytes": nbytes,
+        "restore_mib_per_s": nbytes / 2**20 / restore if restore > 0 else 0.0,
+        "slowest_rank_seconds": max(r["total_seconds"] for r in ranks),
+        "peak_temp_bytes_per_rank": [int(r["peak_temp_bytes"]) for r in ranks],
+        "first_step_seconds": max(r["first_step_seconds"] for r in ranks),
+        "rss_growth_bytes_per_rank": [int(r["rss_growth_bytes"]) for r in ranks],
+        "target_bytes_per_rank": [int(r["target_bytes"]) for r in ranks],
+    }
