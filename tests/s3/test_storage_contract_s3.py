@@ -16,3 +16,30 @@ class TestS3Storage(StorageTests):
     @pytest.fixture
     def store(self, s3: S3Env) -> S3Storage:
         return S3Storage.from_url(s3.root("contract"))
+
+
+def test_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every PCK_S3_* variable is parsed by one helper: unset/empty keeps the default, a bad
+    value is a usage error naming the variable."""
+    from portable_ckpt.errors import UsageError
+    from portable_ckpt.storage.s3 import S3Options
+
+    for k, v in {
+        "PCK_S3_PART_SIZE": str(8 << 20),
+        "PCK_S3_READ_TIMEOUT": "2.5",
+        "PCK_S3_CONDITIONAL_PUT": "Off",
+        "PCK_S3_CONNECT_TIMEOUT": "",
+        "AWS_ALLOW_HTTP": "true",
+    }.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PCK_S3_CONCURRENCY", raising=False)
+    o = S3Options.from_env()
+    assert (o.part_size, o.read_timeout, o.conditional_put) == (8 << 20, 2.5, False)
+    assert (o.connect_timeout, o.max_concurrency, o.allow_http) == (10.0, 4, True)
+    monkeypatch.setenv("PCK_S3_CONCURRENCY", "four")
+    with pytest.raises(UsageError, match=r"PCK_S3_CONCURRENCY='four' is not an integer"):
+        S3Options.from_env()
+    monkeypatch.setenv("PCK_S3_CONCURRENCY", "4")
+    monkeypatch.setenv("PCK_S3_READ_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match="is not a number"):
+        S3Options.from_env()

@@ -36,10 +36,10 @@ import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import crc32c as _crc32c
 
@@ -68,30 +68,21 @@ _MAX_PART = 5 << 30
 _MAX_PARTS = 10_000
 
 
-def _env_int(name: str, default: int) -> int:
+_T = TypeVar("_T")
+
+
+def _env(name: str, default: _T, parse: Callable[[str], _T], kind: str) -> _T:
+    """The environment variable ``name`` parsed, or ``default`` when unset or empty."""
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if not raw:
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError as exc:
-        raise UsageError(f"environment variable {name}={raw!r} is not an integer") from exc
+        raise UsageError(f"environment variable {name}={raw!r} is not {kind}") from exc
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise UsageError(f"environment variable {name}={raw!r} is not a number") from exc
-
-
-def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
+def _flag(raw: str) -> bool:
     return raw.strip().lower() not in ("0", "false", "no", "off", "none")
 
 
@@ -139,18 +130,18 @@ class S3Options:
     def from_env(cls, **overrides: Any) -> S3Options:
         """Return options from the environment, with keyword ``overrides`` taking precedence."""
         opts = cls(
-            part_size=_env_int("PCK_S3_PART_SIZE", cls.part_size),
-            max_concurrency=_env_int("PCK_S3_CONCURRENCY", cls.max_concurrency),
-            max_attempts=_env_int("PCK_S3_MAX_ATTEMPTS", cls.max_attempts),
-            connect_timeout=_env_float("PCK_S3_CONNECT_TIMEOUT", cls.connect_timeout),
-            read_timeout=_env_float("PCK_S3_READ_TIMEOUT", cls.read_timeout),
+            part_size=_env("PCK_S3_PART_SIZE", cls.part_size, int, "an integer"),
+            max_concurrency=_env("PCK_S3_CONCURRENCY", cls.max_concurrency, int, "an integer"),
+            max_attempts=_env("PCK_S3_MAX_ATTEMPTS", cls.max_attempts, int, "an integer"),
+            connect_timeout=_env("PCK_S3_CONNECT_TIMEOUT", cls.connect_timeout, float, "a number"),
+            read_timeout=_env("PCK_S3_READ_TIMEOUT", cls.read_timeout, float, "a number"),
             checksum=os.environ.get("PCK_S3_CHECKSUM", cls.checksum).strip().lower() or "crc32c",
-            conditional_put=_env_flag("PCK_S3_CONDITIONAL_PUT", cls.conditional_put),
+            conditional_put=_env("PCK_S3_CONDITIONAL_PUT", cls.conditional_put, _flag, "a flag"),
             endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
             or os.environ.get("AWS_ENDPOINT_URL")
             or None,
             region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
-            allow_http=_env_flag("AWS_ALLOW_HTTP", False) or None,
+            allow_http=_env("AWS_ALLOW_HTTP", False, _flag, "a flag") or None,
         )
         opts = replace(opts, **overrides)
         opts.validate()
