@@ -1,0 +1,795 @@
+"""PyTorch Distributed Checkpoint's own API on the portable format.
+
+Frameworks that call ``torch.distributed.checkpoint`` keep their checkpointer and swap the
+storage layer::
+
+    import torch.distributed.checkpoint as dcp
+    from portable_ckpt.torch.dcp import PortableStorageReader, PortableStorageWriter
+
+    dcp.save(state, storage_writer=PortableStorageWriter("/ckpts/run1", step=100))
+    dcp.async_save(state, storage_writer=PortableStorageWriter("/ckpts/run1", step=200))
+    dcp.load(state, storage_reader=PortableStorageReader("/ckpts/run1", allow_statistical=True))
+
+What DCP produces is an ordinary portable_ckpt version: a fresh attempt id, one
+``ShardWriter`` per rank writing safetensors shards with range records and CRC32C checksums,
+writer indexes, and ``manifest.json`` published last by the coordinator after the committer
+checked files, sizes and exactly-once coverage. It loads with ``portable_ckpt.torch.load``, the
+CLI and ``portable_ckpt.open``; versions written by ``portable_ckpt.torch.save`` load through
+``dcp.load``.
+
+Save protocol (the calls DCP makes, see ``torch.distributed.checkpoint.storage``):
+
+1. ``prepare_global_plan`` (coordinator): a fresh attempt id for the requested step travels to
+   every rank inside its plan.
+2. ``write_data`` (every rank): each write item goes into the rank's ``ShardWriter`` under its
+   portable key (:mod:`portable_ckpt.torch._dcp_keys`); non-tensor items become JSON leaves and
+   travel to the coordinator in the rank's result; every rank but the coordinator finishes its
+   writer (data, index) here.
+3. ``finish`` (coordinator): adds the JSON leaves as the global ``pck:json/1`` entry
+   ``torch.values``, finishes its own writer and commits. Nothing is published when any rank
+   failed; a failed commit deletes the files the writer indexes list.
+
+Load: every rank opens the version and shows it to DCP as DCP ``Metadata`` (each range record
+is a chunk); ``read_data`` reads each read item's box with :class:`portable_ckpt.io.reader.
+Checkpoint` — only the bytes of that box, every touched checksum block verified, the box proven
+covered — straight into the destination tensor's memory, and checks that the items fill every
+destination exactly. DCP's byte items are rebuilt from the JSON leaves in the shape of the load
+target's current value and put in place without ``torch.load``.
+
+No pickle is stored or read: DCP pickles plans and results between ranks in memory (its own
+collectives), never on storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+import portable_ckpt
+from portable_ckpt.errors import (
+    CheckpointError,
+    DistributedError,
+    UnsupportedValueError,
+    UsageError,
+)
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
+from portable_ckpt.io.commit import commit
+from portable_ckpt.io.reader import Checkpoint
+from portable_ckpt.io.tensor_table import TABLE_THRESHOLD, TableTensorEntry
+from portable_ckpt.io.versions import latest
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.torch._dcp_keys import (
+    JsonTree,
+    byte_item_fqns,
+    dcp_fqn,
+    json_leaves,
+    portable_key,
+)
+from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype
+from portable_ckpt.torch.checkpoint import _contract, _to_torch
+from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, split_key
+from portable_ckpt.torch.layout import Piece, dtensor_layout, mesh_description
+
+__all__ = [
+    "PortableLoadPlanner",
+    "PortableSavePlanner",
+    "PortableStorageReader",
+    "PortableStorageWriter",
+    "dcp_fqn",
+    "portable_key",
+]
+
+CONTRACTS = ("exact", "statistical")
+
+#: FQN of the one extra result each rank returns from ``write_data`` (its writer index).
+_RESULT_FQN = "portable_ckpt/writer"
+
+Root = str | os.PathLike[str] | Storage
+
+
+def _is_dtensor(obj: Any) -> bool:
+    return hasattr(obj, "device_mesh") and hasattr(obj, "placements") and hasattr(obj, "to_local")
+
+
+def _largest_mesh(objs: Iterable[Any]) -> Mesh | None:
+    """The mesh of the job: the largest DeviceMesh among the DTensors of a state."""
+    best: Any = None
+    for t in objs:
+        mesh = getattr(t, "device_mesh", None) if _is_dtensor(t) else None
+        if mesh is not None and (
+            best is None or (mesh.ndim, mesh.size()) > (best.ndim, best.size())
+        ):
+            best = mesh
+    if best is None:
+        return None
+    shape, names = mesh_description(best)
+    return Mesh(shape=tuple(shape), dim_names=tuple(names))
+
+
+def _strided_pieces(state: Mapping[str, Any]) -> dict[str, tuple[Piece, ...]]:
+    """DTensors of a flattened state whose local data is several boxes (strided layouts)."""
+    out: dict[str, tuple[Piece, ...]] = {}
+    for fqn, obj in state.items():
+        if _is_dtensor(obj) and obj.device_mesh.get_coordinate() is not None:
+            lay = dtensor_layout(obj, key=fqn)
+            if len(lay.pieces) > 1:
+                out[fqn] = lay.pieces
+    return out
+
+
+def _refuse_one_box_view(planner: Any, fqns: Iterable[str], what: str) -> None:
+    """DCP's default planners describe a DTensor's local data as one box: refuse where it is not."""
+    if isinstance(planner, PortableSavePlanner | PortableLoadPlanner):
+        return
+    state = getattr(planner, "state_dict", None)
+    if not isinstance(state, Mapping):
+        return
+    wanted = set(fqns)
+    bad = _strided_pieces({k: v for k, v in state.items() if k in wanted})
+    if bad:
+        fqn, pieces = next(iter(bad.items()))
+        raise UnsupportedValueError(
+            f"DCP item {fqn!r}: this rank holds {len(pieces)} separate boxes of the tensor "
+            f"(a strided layout) but {type(planner).__name__} describes them as one; pass "
+            f"planner={what}() to dcp.{'save' if 'Save' in what else 'load'}"
+        )
+
+
+# -- planners --------------------------------------------------------------------------------------
+
+
+class PortableSavePlanner(DefaultSavePlanner):
+    """``DefaultSavePlanner`` that describes strided DTensor layouts exactly and never pickles.
+
+    DCP's default planner writes each DTensor's local data as one box at its first offset,
+    which is wrong when the local rows of a ``_StridedShard`` layout are not contiguous in the
+    global tensor. This planner writes one item per box (:func:`~portable_ckpt.torch.layout.
+    dtensor_layout`), and serialises non-tensor items as JSON instead of ``torch.save``.
+    Needed only for such layouts; FSDP2 on tensor parallelism gives one box per rank.
+    """
+
+    def create_local_plan(self) -> SavePlan:
+        """The default plan, with the item of every multi-box DTensor split into its boxes."""
+        plan = super().create_local_plan()
+        self._pieces: dict[MetadataIndex, Piece] = {}
+        strided = _strided_pieces(self.state_dict)
+        if not strided:
+            return plan
+        items: list[WriteItem] = []
+        for item in plan.items:
+            pieces = strided.get(item.index.fqn)
+            if pieces is None or item.tensor_data is None:
+                items.append(item)
+                continue
+            for p in pieces:
+                index = MetadataIndex(item.index.fqn, p.offsets)
+                self._pieces[index] = p
+                items.append(
+                    WriteItem(
+                        index=index,
+                        type=WriteItemType.SHARD,
+                        tensor_data=TensorWriteData(
+                            chunk=ChunkStorageMetadata(
+                                torch.Size(p.offsets), torch.Size(p.lengths)
+                            ),
+                            properties=item.tensor_data.properties,
+                            size=item.tensor_data.size,
+                        ),
+                    )
+                )
+        self.plan = dataclasses.replace(plan, items=items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
+        """The box's view of the local tensor for split items; else the default."""
+        piece = getattr(self, "_pieces", {}).get(write_item.index)
+        if piece is not None:
+            local: torch.Tensor = self.state_dict[write_item.index.fqn].to_local()
+            return local[piece.local_slices()]
+        return super().resolve_data(write_item)
+
+    def transform_object(self, write_item: WriteItem, object: Any) -> Any:
+        """Non-tensor items as UTF-8 JSON bytes (never ``torch.save``)."""
+        if write_item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(jsonio.dumps(encode_json(object, key=write_item.index.fqn)))
+        return object
+
+
+class PortableLoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` that reads strided DTensor targets box by box and never unpickles.
+
+    Loading into a ``_StridedShard`` target whose local rows are several boxes needs it (DCP's
+    default planner would fill the local tensor as if it were one box). ``load_bytes`` accepts
+    UTF-8 JSON only.
+    """
+
+    def create_local_plan(self) -> LoadPlan:
+        """The default plan, with the reads of every multi-box DTensor target redone per box."""
+        plan = super().create_local_plan()
+        self._pieces: dict[tuple[str, tuple[int, ...]], Piece] = {}
+        strided = _strided_pieces(self.state_dict)
+        if not strided or self.metadata is None:
+            return plan
+        items = [it for it in plan.items if it.dest_index.fqn not in strided]
+        for fqn, pieces in strided.items():
+            md = self.metadata.state_dict_metadata.get(fqn)
+            if not isinstance(md, TensorStorageMetadata):
+                continue  # missing key: the default plan already raised or skipped it
+            chunks = [
+                ChunkStorageMetadata(torch.Size(p.offsets), torch.Size(p.lengths)) for p in pieces
+            ]
+            self._pieces.update(((fqn, p.offsets), p) for p in pieces)
+            items.extend(create_read_items_for_chunk_list(fqn, md, chunks))
+        return dataclasses.replace(plan, items=items)
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        """The box's view of the local tensor for split targets; else the default."""
+        offset = tuple(int(o) for o in index.offset) if index.offset is not None else ()
+        piece = getattr(self, "_pieces", {}).get((index.fqn, offset))
+        if piece is not None:
+            local: torch.Tensor = self.state_dict[index.fqn].to_local()
+            return local[piece.local_slices()]
+        return super().lookup_tensor(index)
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Put a UTF-8 JSON byte item in place (refusing anything else, pickles included)."""
+        doc = jsonio.loads(value.getvalue(), what=f"DCP item {read_item.dest_index.fqn!r}")
+        _place_value(self, read_item, decode_json(doc))
+
+
+def _place_value(planner: DefaultLoadPlanner, item: ReadItem, value: Any) -> None:
+    """What ``DefaultLoadPlanner.load_bytes`` does with an unpickled value, without unpickling."""
+    fqn = item.dest_index.fqn
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict, planner.mappings[fqn], value)
+    else:
+        planner.state_dict[fqn] = value
+
+
+def _places_directly(planner: LoadPlanner) -> bool:
+    """Whether byte items go in place here (stock or portable planners) or through load_bytes."""
+    return isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes in (
+        DefaultLoadPlanner.load_bytes,
+        PortableLoadPlanner.load_bytes,
+    )
+
+
+# -- writer ----------------------------------------------------------------------------------------
+
+
+def _check_root(root: Any) -> Root:
+    if isinstance(root, Storage | str | os.PathLike):
+        return root
+    raise UsageError(f"root must be a path, an s3:// URL or a Storage, got {type(root).__name__}")
+
+
+class PortableStorageWriter(StorageWriter):
+    """A DCP ``StorageWriter`` that saves one portable_ckpt version.
+
+    Args:
+        root: Checkpoint root (local path or ``s3://...``; a :class:`~portable_ckpt.storage.
+            Storage` works for threads, not for ``async_save`` in process mode, which pickles
+            the writer into the checkpoint process).
+        step: The completed training step (in the attempt id and the manifest).
+        continuation: ``"exact"`` or ``"statistical"`` (see ``docs/torch.md``).
+        codec: ``"none"`` or ``"zstd"`` for tensor chunks.
+        block_size: Checksum block size (default: the writer's).
+        max_file_bytes: Start a new shard file beyond this size.
+        tensor_table: Describe ranges in tensor tables (format 1.1); default when the job holds
+            more than 65,536 range records.
+
+    After ``dcp.save`` returns, :attr:`attempt_id` is the published version's id on every rank.
+    Every save through the writer publishes a new version of ``step``; DCP's ``checkpoint_id``
+    (``reset``) changes the root.
+
+    """
+
+    def __init__(
+        self,
+        root: Root,
+        *,
+        step: int,
+        continuation: str = "exact",
+        codec: str = "none",
+        block_size: int | None = None,
+        max_file_bytes: int = 4 << 30,
+        tensor_table: bool | None = None,
+    ) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise UsageError(f"step must be a non-negative int, got {step!r}")
+        if continuation not in CONTRACTS:
+            raise UsageError(f"continuation must be one of {CONTRACTS}, got {continuation!r}")
+        if codec not in CODECS:
+            raise UsageError(f"codec must be one of {CODECS}, got {codec!r}")
+        self.root = _check_root(root)
+        self.step = step
+        self.continuation = continuation
+        self.codec = codec
+        self.block_size = block_size
+        self.max_file_bytes = max_file_bytes
+        self.tensor_table = tensor_table
+        self.reset()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Process-mode async_save sends the writer to the checkpoint process before a save starts.
+        state = dict(self.__dict__)
+        state["_storage"] = state["_writer"] = None
+        return state
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a new save (``checkpoint_id``, when given, is the root)."""
+        if checkpoint_id is not None:
+            self.root = _check_root(checkpoint_id)
+        self.attempt_id: str | None = None
+        self.rank = 0
+        self.is_coordinator = True
+        self._storage: Storage | None = None
+        self._writer: ShardWriter | None = None
+        self._mesh: Mesh | None = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record this rank's role (DCP passes ``rank`` and ``use_collectives``)."""
+        if kwargs.get("use_collectives", True) is False:
+            raise UsageError(
+                "PortableStorageWriter needs DCP's collectives (one coordinator commits the "
+                "version); call dcp.save without use_collectives=False"
+            )
+        rank = kwargs.get("rank")
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.rank = int(rank)
+        self.is_coordinator = bool(is_coordinator)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Nothing to add locally."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Give every rank's plan the fresh attempt id and the world size (coordinator)."""
+        if any(not p.usable for p in plans):
+            raise UsageError(
+                "DCP plan caching reuses an earlier save's plans, attempt id included; every "
+                "portable_ckpt save needs a fresh attempt: drop enable_plan_caching=True"
+            )
+        data = {"attempt_id": new_attempt_id(self.step), "world_size": len(plans)}
+        return [dataclasses.replace(p, storage_data=dict(data)) for p in plans]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Write this rank's items with its own ``ShardWriter`` (see the module docstring)."""
+        data = plan.storage_data
+        if not isinstance(data, dict) or "attempt_id" not in data:
+            raise UsageError("write_data: the plan carries no attempt id (prepare_global_plan)")
+        if getattr(planner, "_enable_plan_caching", False):
+            raise UsageError(
+                "DCP plan caching reuses an earlier save's attempt id; drop enable_plan_caching"
+            )
+        self.attempt_id = str(data["attempt_id"])
+        world = int(data["world_size"])
+        state = getattr(planner, "state_dict", None)
+        if isinstance(state, Mapping):
+            self._mesh = _largest_mesh(state.values())
+            _refuse_one_box_view(planner, (i.index.fqn for i in plan.items), "PortableSavePlanner")
+        self._storage = open_storage(self.root, create=True)
+        writer = self._new_writer(self._storage, len(plan.items) * world)
+        try:
+            results, values = self._write_items(writer, plan, planner)
+            index = None if self.is_coordinator else writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        self._writer = writer if self.is_coordinator else None
+        doc = {
+            "writer": self.rank,
+            "index": index.to_transport() if index is not None else None,
+            "values": values,
+            "mesh": None if self._mesh is None else self._mesh.to_json(),
+        }
+        results.append(WriteResult(MetadataIndex(_RESULT_FQN), writer.stats.bytes_written, doc))
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _new_writer(self, storage: Storage, records: int) -> ShardWriter:
+        kwargs: dict[str, Any] = {
+            "codec": self.codec,
+            "max_file_bytes": self.max_file_bytes,
+            "tensor_table": (
+                self.tensor_table if self.tensor_table is not None else records > TABLE_THRESHOLD
+            ),
+        }
+        if self.block_size is not None:
+            kwargs["block_size"] = self.block_size
+        if self.attempt_id is None:  # pragma: no cover - set by write_data
+            raise UsageError("no attempt id")
+        return ShardWriter(storage, self.attempt_id, self.rank, **kwargs)
+
+    def _write_items(
+        self, writer: ShardWriter, plan: SavePlan, planner: SavePlanner
+    ) -> tuple[list[WriteResult], dict[str, Any]]:
+        keys = plan.planner_data if isinstance(plan.planner_data, Mapping) else {}
+        results: list[WriteResult] = []
+        values: dict[str, Any] = {}
+        for item in plan.items:
+            path = keys.get(item.index.fqn)
+            key = (
+                portable_key(path)
+                if isinstance(path, tuple | list)
+                else portable_key([item.index.fqn])
+            )
+            if item.type == WriteItemType.BYTE_IO:
+                leaves = json_leaves(key, _byte_value(planner, item), fqn=item.index.fqn)
+                values.update(leaves)
+                results.append(WriteResult(item.index, len(jsonio.dumps(leaves)), None))
+            else:
+                results.append(
+                    WriteResult(item.index, _add_tensor(writer, key, item, planner), None)
+                )
+        if self.is_coordinator:
+            writer.flush()  # its entries and index follow in finish(), once every rank reported
+        return results, values
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write the JSON entry, finish the coordinator's writer and commit (coordinator)."""
+        docs = [_writer_doc(r, rank) for rank, r in enumerate(results)]
+        storage, writer = self._storage, self._writer
+        if storage is None or writer is None or self.attempt_id is None:
+            raise UsageError("finish: write_data did not run on the coordinator")
+        indexes: list[WriterIndex] = []
+        try:
+            values: dict[str, Any] = {}
+            for d in docs:
+                values.update(d["values"])
+            if values:
+                writer.add_entry(VALUES_ENTRY, values, "pck:json/1")
+            indexes = [
+                writer.finish() if d["index"] is None else WriterIndex.from_transport(d["index"])
+                for d in docs
+            ]
+            mesh = next((_mesh_of(d["mesh"]) for d in docs if d["mesh"]), None)
+            commit(
+                storage,
+                self.attempt_id,
+                step=self.step,
+                indexes=indexes,
+                expected_writers=list(range(len(docs))),
+                continuation=Continuation(self.continuation, len(docs), mesh),
+            )
+        except BaseException:
+            writer.abort()
+            _discard(storage, self.attempt_id, indexes)
+            raise
+        finally:
+            self._writer = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Any path or URL names a root."""
+        return isinstance(checkpoint_id, str | os.PathLike)
+
+
+def _byte_value(planner: SavePlanner, item: WriteItem) -> Any:
+    """The live object of a non-tensor item (never the planner's ``torch.save`` bytes)."""
+    lookup = getattr(planner, "lookup_object", None)
+    if callable(lookup):
+        return lookup(item.index)
+    value = planner.resolve_data(item)
+    if isinstance(value, io.BytesIO):
+        raise UnsupportedValueError(
+            f"DCP item {item.index.fqn!r}: {type(planner).__name__} serialised it to opaque "
+            f"bytes; use DefaultSavePlanner or PortableSavePlanner (items are stored as JSON)"
+        )
+    return value
+
+
+def _add_tensor(writer: ShardWriter, key: str, item: WriteItem, planner: SavePlanner) -> int:
+    """Plan one tensor item into the writer; return its size in bytes."""
+    td = item.tensor_data
+    if td is None:
+        raise UsageError(f"DCP item {item.index.fqn!r}: a tensor item without tensor data")
+    tensor = planner.resolve_data(item)
+    if not isinstance(tensor, torch.Tensor):
+        raise UsageError(f"DCP item {item.index.fqn!r}: resolved to {type(tensor).__name__}")
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    offsets = tuple(int(o) for o in td.chunk.offsets)
+    writer.add_tensor(
+        key, numpy_view(tensor, key=key), offsets=offsets, global_shape=tuple(td.size)
+    )
+    return tensor.numel() * tensor.element_size()
+
+
+def _mesh_of(doc: Mapping[str, Any]) -> Mesh:
+    return Mesh(shape=tuple(int(n) for n in doc["shape"]), dim_names=tuple(doc["dim_names"]))
+
+
+def _writer_doc(results: list[WriteResult], rank: int) -> dict[str, Any]:
+    for r in results:
+        if r.index.fqn == _RESULT_FQN and isinstance(r.storage_data, dict):
+            return r.storage_data
+    raise DistributedError(f"rank {rank} returned no writer index from write_data")
+
+
+def _discard(storage: Storage, attempt_id: str, indexes: list[WriterIndex]) -> None:
+    """Best effort: delete the files the writer indexes of a failed attempt list."""
+    for idx in indexes:
+        paths = list(idx.files) + ([idx.index_file.path] if idx.index_file is not None else [])
+        for rel in paths:
+            try:
+                storage.delete(f"{attempt_id}/{rel}")
+            except CheckpointError:
+                pass
+
+
+# -- reader ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _DcpView:
+    """A version as DCP sees it: dotted FQNs, chunks, byte items."""
+
+    ck: Checkpoint
+    tensor_keys: dict[str, str]
+    byte_keys: dict[str, str]
+    ambiguous: dict[str, set[str]]
+    values: JsonTree
+    metadata: Metadata
+
+    def key(self, fqn: str, table: dict[str, str]) -> str:
+        clash = self.ambiguous.get(fqn)
+        if clash:
+            raise UnsupportedValueError(
+                f"DCP item {fqn!r} stands for several keys of {self.ck.path} "
+                f"({sorted(clash)}); load this version with portable_ckpt.torch.load"
+            )
+        return table[fqn]
+
+
+def _json_leaves_of(ck: Checkpoint) -> dict[str, Any]:
+    """The JSON leaves DCP byte items can come from: ``torch.values`` and other global entries."""
+    leaves: dict[str, Any] = {}
+    for name, e in ck.entries.items():
+        if e.scope != "global":
+            continue
+        value = ck.entry(name)
+        if name == VALUES_ENTRY and isinstance(value, dict):
+            leaves.update(value)
+        elif name != VALUES_ENTRY:
+            leaves.update(json_leaves(name, decode_json(value), fqn=dcp_fqn(name)))
+    return leaves
+
+
+def _tensor_metadata(t: Any) -> TensorStorageMetadata:
+    pairs: Iterable[tuple[Any, Any]]
+    if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
+        offs, lens = t.boxes()
+        pairs = zip(offs.tolist(), lens.tolist(), strict=True)
+    else:
+        pairs = ((r.offsets, r.lengths) for r in t.ranges)
+    return TensorStorageMetadata(
+        properties=TensorProperties(dtype=torch_dtype(t.dtype)),
+        size=torch.Size(t.shape),
+        chunks=[ChunkStorageMetadata(torch.Size(o), torch.Size(n)) for o, n in pairs],
+    )
+
+
+def _build_view(ck: Checkpoint) -> _DcpView:
+    md: dict[str, Any] = {}
+    tensor_keys: dict[str, str] = {}
+    byte_keys: dict[str, str] = {}
+    ambiguous: dict[str, set[str]] = defaultdict(set)
+
+    def claim(fqn: str, key: str, table: dict[str, str]) -> None:
+        prev = table.setdefault(fqn, key)
+        if prev != key:
+            ambiguous[fqn].update((prev, key))
+
+    for key, t in ck.tensors.items():
+        claim(dcp_fqn(key), key, tensor_keys)
+        md[dcp_fqn(key)] = _tensor_metadata(t)
+    leaves = _json_leaves_of(ck)
+    for leaf in leaves:
+        for fqn, key in byte_item_fqns(leaf):
+            if fqn not in tensor_keys:
+                claim(fqn, key, byte_keys)
+                md[fqn] = BytesStorageMetadata()
+    paths = {fqn: tuple(split_key(k)) for fqn, k in {**byte_keys, **tensor_keys}.items()}
+    metadata = Metadata(state_dict_metadata=md, planner_data=paths)
+    return _DcpView(ck, tensor_keys, byte_keys, dict(ambiguous), JsonTree(leaves), metadata)
+
+
+class PortableStorageReader(StorageReader):
+    """A DCP ``StorageReader`` that loads one committed portable_ckpt version.
+
+    Args:
+        root: Checkpoint root or version directory (local path or ``s3://...``), or a
+            :class:`~portable_ckpt.storage.Storage`.
+        step: Load the newest version of this step (default: the newest version).
+        allow_statistical: Accept loading an ``exact`` version onto another world size or mesh
+            (as ``portable_ckpt.torch.load(..., allow_statistical=True)``); without it such a
+            load raises PCK-CONTRACT.
+
+    Every rank opens the version itself; when ranks resolved different versions (a save
+    committed meanwhile) the load fails instead of mixing them: pass ``step`` for a fixed one.
+    :attr:`stats` counts the bytes read and checksum blocks verified on this rank.
+
+    """
+
+    def __init__(
+        self, root: Root, *, step: int | None = None, allow_statistical: bool = False
+    ) -> None:
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise UsageError(f"step must be a non-negative int or None, got {step!r}")
+        self.root = _check_root(root)
+        self.step = step
+        self.allow_statistical = allow_statistical
+        self.reset()
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a new load (``checkpoint_id``, when given, is the root or version directory)."""
+        if checkpoint_id is not None:
+            self.root = _check_root(checkpoint_id)
+        self._view: _DcpView | None = None
+        self.rank = 0
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The version opened by ``read_metadata``."""
+        return self._opened().ck
+
+    @property
+    def stats(self) -> Any:
+        """Read counters of this rank (:class:`~portable_ckpt.io.reader.ReadStats`)."""
+        return self._opened().ck.stats
+
+    def _opened(self) -> _DcpView:
+        if self._view is None:
+            raise UsageError("the version is not open yet: DCP calls read_metadata() first")
+        return self._view
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Open the version and describe it as DCP ``Metadata``.
+
+        DCP turns an exception raised here into a bare ``AssertionError``; a checkpoint error
+        is kept and raised from :meth:`set_up_storage_reader` instead, so the caller sees its
+        code (e.g. PCK-NOT-FOUND).
+        """
+        self._error: CheckpointError | None = None
+        try:
+            if isinstance(self.root, Storage):
+                attempt, manifest = latest(self.root, self.step)
+                ck = Checkpoint(self.root, attempt, manifest)
+            else:
+                ck = portable_ckpt.open(self.root, step=self.step)
+            self._view = _build_view(ck)
+        except CheckpointError as e:
+            self._error = e
+            return Metadata(state_dict_metadata={})
+        return self._view.metadata
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        """Record this rank (or raise what ``read_metadata`` kept)."""
+        if getattr(self, "_error", None) is not None:
+            raise self._error  # type: ignore[misc]
+        self.rank = int(kwargs.get("rank", 0) or 0)
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Tag the plan with the version this rank opened."""
+        return dataclasses.replace(plan, storage_data=self._opened().ck.id)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Check every rank opened the same version; tell each the world size (coordinator)."""
+        ids = sorted({str(p.storage_data) for p in plans})
+        if len(ids) != 1:
+            raise DistributedError(
+                f"ranks opened different versions of {self.root} ({ids}); a save committed "
+                f"during the load: pass step= to PortableStorageReader"
+            )
+        return [
+            dataclasses.replace(p, storage_data={"id": ids[0], "world_size": len(plans)})
+            for p in plans
+        ]
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read every item of this rank's plan (see the module docstring)."""
+        view = self._opened()
+        data = plan.storage_data if isinstance(plan.storage_data, dict) else {}
+        state = getattr(planner, "state_dict", None)
+        mesh = _largest_mesh(state.values()) if isinstance(state, Mapping) else None
+        _contract(view.ck, int(data.get("world_size", 1)), mesh, self.allow_statistical)
+        _refuse_one_box_view(planner, (i.dest_index.fqn for i in plan.items), "PortableLoadPlanner")
+        filled: dict[MetadataIndex, int] = defaultdict(int)
+        for item in plan.items:
+            if item.type == LoadItemType.BYTE_IO:
+                _read_bytes(view, item, planner)
+            else:
+                filled[item.dest_index] += _read_tensor(view, item, planner)
+        _check_filled(filled, planner)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Any path or URL may name a root or version."""
+        return isinstance(checkpoint_id, str | os.PathLike)
+
+
+def _read_tensor(view: _DcpView, item: ReadItem, planner: LoadPlanner) -> int:
+    """Read one item's box straight into its destination; return the elements filled."""
+    key = view.key(item.storage_index.fqn, view.tensor_keys)
+    base = item.storage_index.offset or ()
+    offsets = [int(a) + int(b) for a, b in zip(base, item.storage_offsets, strict=True)]
+    lengths = [int(n) for n in item.lengths]
+    dst = planner.resolve_tensor(item).detach()
+    stored = view.ck.tensors[key]
+    if dst.device.type == "cpu" and format_dtype(dst.dtype, key=key) == stored.dtype:
+        view.ck.read(key, offsets, lengths, out=numpy_view(dst, key=key))
+    else:
+        arr = view.ck.read(key, offsets, lengths)
+        with torch.no_grad():
+            dst.copy_(_to_torch(arr))
+    planner.commit_tensor(item, dst)
+    return int(dst.numel())
+
+
+def _check_filled(filled: Mapping[MetadataIndex, int], planner: LoadPlanner) -> None:
+    """Every destination got exactly its number of elements (the items are disjoint)."""
+    lookup = getattr(planner, "lookup_tensor", None)
+    if not callable(lookup):
+        return
+    for index, n in filled.items():
+        want = int(lookup(index).numel())
+        if n != want:
+            raise UnsupportedValueError(
+                f"DCP item {index.fqn!r} at {list(index.offset or ())}: the read items fill {n} "
+                f"of its {want} elements; the planner's view of the target is inconsistent"
+            )
+
+
+def _read_bytes(view: _DcpView, item: ReadItem, planner: LoadPlanner) -> None:
+    """Rebuild one byte item from the JSON leaves and put it in place (no unpickling)."""
+    fqn = item.dest_index.fqn
+    key = view.key(fqn, view.byte_keys)
+    state = getattr(planner, "state_dict", None)
+    template = state.get(fqn) if isinstance(state, Mapping) else None
+    value = view.values.value(key, template)
+    if _places_directly(planner) and isinstance(planner, DefaultLoadPlanner):
+        _place_value(planner, item, value)
+    else:
+        planner.load_bytes(item, io.BytesIO(jsonio.dumps(encode_json(value, key=fqn))))

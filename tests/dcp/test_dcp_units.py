@@ -1,0 +1,266 @@
+"""The DCP storage layer in one process: real ``dcp.save``/``dcp.load`` (no process group), keys,
+JSON items, refusals, checksums; and the key/JSON helpers as properties."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner  # noqa: E402
+
+import portable_ckpt  # noqa: E402
+import portable_ckpt.torch as pckt  # noqa: E402
+from portable_ckpt.errors import CheckpointError, DistributedError, UnsupportedValueError  # noqa: E402
+from portable_ckpt.torch._dcp_keys import (  # noqa: E402
+    JsonTree,
+    byte_item_fqns,
+    dcp_fqn,
+    json_leaves,
+    portable_key,
+)
+from portable_ckpt.torch.dcp import PortableStorageReader, PortableStorageWriter  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+def job() -> dict[str, Any]:
+    return {
+        "model": {
+            "fc.weight": torch.arange(12.0).reshape(3, 4),
+            "fc.bias": torch.ones(3).bfloat16(),
+        },
+        "optim": {
+            "state": {"fc.weight": {"step": torch.tensor(3.0), "exp_avg": torch.full((3, 4), 0.5)}},
+            "param_groups": [
+                {
+                    "lr": 0.1,
+                    "betas": (0.9, 0.999),
+                    "params": ["fc.weight", "fc.bias"],
+                    "foreach": None,
+                    "max": float("inf"),
+                }
+            ],
+        },
+        "counts": torch.arange(5, dtype=torch.int64),
+        "epoch": 4,
+        "empty": [],
+    }
+
+
+def zeroed(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return torch.zeros_like(state)
+    if isinstance(state, dict):
+        return {k: zeroed(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [zeroed(v) for v in state]
+    if isinstance(state, tuple):
+        return tuple(zeroed(v) for v in state)
+    return {int: 0, float: 0.0, str: "", bool: False}.get(type(state), state)
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_save_is_a_portable_version_and_loads_back(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    writer = PortableStorageWriter(root, step=5)
+    dcp.save(job(), storage_writer=writer)
+    ck = portable_ckpt.open(root)
+    assert ck.id == writer.attempt_id and ck.step == 5 and ck.continuation.contract == "exact"
+    assert sorted(ck.tensors) == [
+        "counts",
+        "model/fc.bias",
+        "model/fc.weight",
+        "optim/state/fc.weight/exp_avg",
+        "optim/state/fc.weight/step",
+    ]
+    assert ck.tensors["model/fc.bias"].dtype == "bfloat16"
+    assert all(f.checksum.blocks for f in ck.manifest.files.values() if f.size)
+    values = ck.entry("torch.values")
+    assert values["optim/param_groups/0/betas/1"] == 0.999 and values["empty"] == []
+    assert values["optim/param_groups/0/max"] == {"__float__": "inf"}
+    assert ck.verify(deep=True) == []
+    target = zeroed(job())
+    reader = PortableStorageReader(root)
+    dcp.load(target, storage_reader=reader)
+    assert same(target, job())  # tuples stay tuples, None and inf come back
+    assert reader.checkpoint.id == ck.id and reader.stats.blocks_verified > 0
+
+
+def test_cross_loading_with_portable_ckpt_torch(tmp_path: Any) -> None:
+    """dcp.save -> portable_ckpt.torch.load and portable_ckpt.torch.save -> dcp.load, nested."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    state = job()
+    del state["empty"]  # the key rule stores no leaf for an empty list (nothing to compare)
+    dcp.save(state, storage_writer=PortableStorageWriter(a, step=1))
+    target = zeroed(state)
+    pckt.load(target, a)
+    assert same(target, state)
+    pckt.save(state, b, step=2)
+    target = zeroed(state)
+    dcp.load(target, storage_reader=PortableStorageReader(b))
+    assert same(target, state)
+
+
+def test_reset_root_steps_and_version_directories(tmp_path: Any) -> None:
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    dcp.save(
+        {"w": torch.ones(2)},
+        checkpoint_id=second,
+        storage_writer=PortableStorageWriter(first, step=1),
+    )
+    dcp.save({"w": torch.full((2,), 2.0)}, storage_writer=PortableStorageWriter(second, step=2))
+    assert not os.path.exists(first) or not portable_ckpt.list_versions(first)
+    v1 = next(v for v in portable_ckpt.list_versions(second) if v.step == 1)
+    for reader, want in (
+        (PortableStorageReader(second), 2.0),
+        (PortableStorageReader(second, step=1), 1.0),
+        (PortableStorageReader(os.path.join(second, v1.id)), 1.0),
+    ):
+        target = {"w": torch.zeros(2)}
+        dcp.load(target, storage_reader=reader)
+        assert target["w"].tolist() == [want, want]
+
+
+def failure(e: BaseException) -> BaseException:
+    """The first rank's exception inside DCP's CheckpointException."""
+    failures = getattr(e, "failures", None)
+    return next(iter(failures.values()))[0] if failures else e
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [(object(), "object"), (b"\x80pickle", "bytes"), ((torch.ones(2),), "tensor")],
+)
+def test_values_json_cannot_hold_are_refused(tmp_path: Any, value: Any, why: str) -> None:
+    root = str(tmp_path)
+    with pytest.raises(BaseException) as info:
+        dcp.save(
+            {"app": {"odd": value}, "w": torch.ones(3)},
+            storage_writer=PortableStorageWriter(root, step=1),
+        )
+    err = failure(info.value)
+    assert isinstance(err, UnsupportedValueError) and err.code == "PCK-UNSUPPORTED-VALUE"
+    assert "'app.odd'" in str(err) and "'app/odd" in str(err) and why in str(err)
+    assert not [v for v in portable_ckpt.list_versions(root) if v.status == "committed"]
+
+
+def test_plan_caching_and_collective_free_saves_are_refused(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    for kwargs in (
+        {"planner": DefaultSavePlanner(enable_plan_caching=True)},
+        {"use_collectives": False},
+    ):
+        with pytest.raises(BaseException) as info:
+            dcp.save(
+                {"w": torch.ones(2)}, storage_writer=PortableStorageWriter(root, step=1), **kwargs
+            )
+        assert getattr(failure(info.value), "code", None) == "PCK-USAGE", kwargs
+    assert portable_ckpt.list_versions(root) == [] or all(
+        v.status != "committed" for v in portable_ckpt.list_versions(root)
+    )
+
+
+def test_load_verifies_checksums_and_finds_versions(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    with pytest.raises(BaseException) as info:
+        dcp.load({"w": torch.zeros(4)}, storage_reader=PortableStorageReader(root))
+    assert getattr(failure(info.value), "code", None) == "PCK-NOT-FOUND"
+    dcp.save({"w": torch.arange(4096.0)}, storage_writer=PortableStorageWriter(root, step=1))
+    ck = portable_ckpt.open(root)
+    data = os.path.join(root, ck.id, next(p for p in ck.manifest.files if p.startswith("data/")))
+    with open(data, "r+b") as f:
+        f.seek(os.path.getsize(data) - 100)
+        f.write(b"\xff")
+    with pytest.raises(BaseException) as info:
+        dcp.load({"w": torch.zeros(4096)}, storage_reader=PortableStorageReader(root))
+    assert getattr(failure(info.value), "code", None) == "PCK-CHECKSUM"
+
+
+def test_ranks_that_opened_different_versions_are_refused(tmp_path: Any) -> None:
+    from torch.distributed.checkpoint.planner import LoadPlan
+
+    reader = PortableStorageReader(str(tmp_path))
+    with pytest.raises(DistributedError):
+        reader.prepare_global_plan([LoadPlan([], storage_data="a"), LoadPlan([], storage_data="b")])
+    plans = reader.prepare_global_plan([LoadPlan([], storage_data="a")] * 2)
+    assert [p.storage_data for p in plans] == [{"id": "a", "world_size": 2}] * 2
+
+
+def test_writer_and_reader_arguments() -> None:
+    for bad in (
+        {"step": -1},
+        {"step": True},
+        {"step": 1, "continuation": "x"},
+        {"step": 1, "codec": "lz4"},
+    ):
+        with pytest.raises(CheckpointError):
+            PortableStorageWriter("/tmp/x", **bad)
+    with pytest.raises(CheckpointError):
+        PortableStorageReader(42)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError):
+        PortableStorageReader("/tmp/x").stats  # noqa: B018 - nothing opened yet
+
+
+# -- keys and JSON leaves --------------------------------------------------------------------------
+
+
+def test_key_mapping_examples() -> None:
+    assert portable_key(("model", "fc.weight")) == "model/fc.weight"
+    assert portable_key(("optim", "param_groups", 0, "a/b~c")) == "optim/param_groups/0/a~1b~0c"
+    assert dcp_fqn("optim/state/fc.weight/exp_avg") == "optim.state.fc.weight.exp_avg"
+    assert dcp_fqn("a~1b") == "a/b"
+    assert list(byte_item_fqns("o/pg/0/betas/1")) == [
+        ("o.pg.0.betas.1", "o/pg/0/betas/1"),
+        ("o.pg.0.betas", "o/pg/0/betas"),
+    ]
+    assert list(byte_item_fqns("o/pg/0/lr")) == [("o.pg.0.lr", "o/pg/0/lr")]
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.text(max_size=5)
+    | st.floats(allow_nan=False),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text("ab/~.", max_size=4) | st.integers(10, 19), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+def test_json_leaves_rebuild_in_the_shape_of_the_target(value: Any) -> None:
+    """Splitting a value into leaves and rebuilding it with the old value as template is exact."""
+    leaves = json_leaves("app/x", value, fqn="app.x")
+    assert all(k == "app/x" or k.startswith("app/x/") for k in leaves)
+    tree = JsonTree(leaves)
+    assert same_json(tree.value("app/x", value), value)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    if isinstance(b, dict):
+        return (
+            isinstance(a, dict) and a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in b)
+        )
+    if isinstance(b, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_json, a, b))
+    return type(a) is type(b) and a == b
