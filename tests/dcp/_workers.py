@@ -369,8 +369,21 @@ def _strided_boxes(rank: int, root: str) -> dict[str, Any]:
         torch.equal(strided["s"].full_tensor(), g),
         torch.equal(rows["s"].full_tensor(), g),
         torch.equal(plain["s"], g),
+        _strided_portable(root, mesh),
     ]
     return out
+
+
+def _strided_portable(root: str, mesh: Any) -> bool:
+    """The same through portable_ckpt.torch: async_save stages both boxes of a rank (8 rows:
+    rank 0 holds rows 0-1 and 4-5, two buffers of one shape), load fills a strided target."""
+    placement = [_StridedShard(0, split_factor=2)]
+    g = torch.arange(24.0).reshape(8, 3)
+    state = {"s": distribute_tensor(g, mesh, placement, src_data_rank=None)}
+    pckt.async_save(state, root, step=3).result()
+    target = {"s": distribute_tensor(torch.zeros(8, 3), mesh, placement, src_data_rank=None)}
+    pckt.load(target, root, step=3)
+    return torch.equal(target["s"].full_tensor(), g)
 
 
 def _async_process_save(rank: int, root: str) -> dict[str, Any]:

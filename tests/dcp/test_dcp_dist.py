@@ -105,17 +105,16 @@ def test_fsdp_tp_2x2_to_2x1_tp_only_strided_and_process_mode(
             for k in ("dcp_load_dcp", "dcp_load_pckt", "pckt_load_dcp", "pckt_load_pckt"):
                 assert r[layout][k] == [], (layout, k, r[layout][k])
         s = r["strided"]
-        assert s["boxes"] == 2 and s["values_ok"] == [True, True, True]
+        assert s["boxes"] == 2 and s["values_ok"] == [True, True, True, True]
         assert s["default_planner"] and s["default_load"] == ["PCK-UNSUPPORTED-VALUE"]
         assert r["process"] == {"ok": True, "n": 5}
-    assert [v.step for v in portable_ckpt.list_versions(roots["strided"])] == [2]
-    ck = portable_ckpt.open(roots["strided"])
-    assert sorted((r.offsets[0], r.lengths[0]) for r in ck.tensors["s"].ranges) == [
-        (0, 3),
-        (3, 2),
-        (5, 2),
-        (7, 2),
-    ]
+    # Step 1 (the default planner) was refused; 2 through DCP, 3 through portable_ckpt.torch.
+    assert [v.step for v in portable_ckpt.list_versions(roots["strided"])] == [2, 3]
+    rows = {}
+    for step in (2, 3):
+        ck = portable_ckpt.open(roots["strided"], step=step)
+        rows[step] = sorted((r.offsets[0], r.lengths[0]) for r in ck.tensors["s"].ranges)
+    assert rows == {2: [(0, 3), (3, 2), (5, 2), (7, 2)], 3: [(0, 2), (2, 2), (4, 2), (6, 2)]}
     assert portable_ckpt.open(roots["process"]).step == 4
 
 

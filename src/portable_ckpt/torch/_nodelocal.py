@@ -38,7 +38,7 @@ from portable_ckpt.storage import ObjectInfo, Storage, StreamWriter
 from portable_ckpt.torch._collectives import Comm
 from portable_ckpt.torch._transfer import Transfer, run_transfers
 from portable_ckpt.torch.flatten import flatten_state
-from portable_ckpt.torch.layout import local_box
+from portable_ckpt.torch.layout import local_layout
 
 __all__ = ["AttestedStorage", "NodeLocalPublisher", "needed_files", "prepare_fast_restore"]
 
@@ -183,8 +183,8 @@ def needed_files(ck: Checkpoint, state: Mapping[str, Any], rank: int, world: int
     for key, t in flat.tensors.items():
         if key not in ck.tensors:
             continue
-        box, _ = local_box(key, t, rank)
-        if not box.empty:
+        layout, _ = local_layout(key, t, rank)
+        for box in layout.pieces:
             out.update(item.record.file for item in ck.plan_read(key, box.offsets, box.lengths))
     saved = ck.continuation.world_size
     for e in ck.entries.values():

@@ -15,7 +15,7 @@ import torch
 
 from portable_ckpt.errors import UnsupportedValueError
 
-__all__ = ["format_dtype", "numpy_view", "torch_dtype"]
+__all__ = ["format_dtype", "numpy_view", "torch_dtype", "torch_from_numpy"]
 
 # torch dtype -> (format name, integer torch dtype to view through or None, numpy dtype)
 _MAP: dict[torch.dtype, tuple[str, torch.dtype | None, Any]] = {
@@ -88,3 +88,13 @@ def numpy_view(t: torch.Tensor, *, key: str = "?") -> np.ndarray[Any, Any]:
         return t.numpy()
     arr: np.ndarray[Any, Any] = t.view(via).numpy().view(np_dtype)
     return arr
+
+
+def torch_from_numpy(arr: np.ndarray[Any, Any]) -> torch.Tensor:
+    """Return a CPU tensor sharing memory with ``arr`` (bfloat16/float8 through integer views)."""
+    name = arr.dtype.name
+    if name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    if name in ("float8_e4m3fn", "float8_e5m2"):
+        return torch.from_numpy(arr.view(np.uint8)).view(getattr(torch, name))
+    return torch.from_numpy(arr)

@@ -98,10 +98,10 @@ from portable_ckpt.torch._dcp_keys import (
     json_leaves,
     portable_key,
 )
-from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype
-from portable_ckpt.torch.checkpoint import _contract, _to_torch
+from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype, torch_from_numpy
 from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, split_key
-from portable_ckpt.torch.layout import Piece, dtensor_layout, mesh_description
+from portable_ckpt.torch.layout import Piece, dtensor_layout, group_mesh, is_dtensor
+from portable_ckpt.torch.loading import _contract
 
 __all__ = [
     "PortableLoadPlanner",
@@ -120,30 +120,11 @@ _RESULT_FQN = "portable_ckpt/writer"
 Root = str | os.PathLike[str] | Storage
 
 
-def _is_dtensor(obj: Any) -> bool:
-    return hasattr(obj, "device_mesh") and hasattr(obj, "placements") and hasattr(obj, "to_local")
-
-
-def _largest_mesh(objs: Iterable[Any]) -> Mesh | None:
-    """The mesh of the job: the largest DeviceMesh among the DTensors of a state."""
-    best: Any = None
-    for t in objs:
-        mesh = getattr(t, "device_mesh", None) if _is_dtensor(t) else None
-        if mesh is not None and (
-            best is None or (mesh.ndim, mesh.size()) > (best.ndim, best.size())
-        ):
-            best = mesh
-    if best is None:
-        return None
-    shape, names = mesh_description(best)
-    return Mesh(shape=tuple(shape), dim_names=tuple(names))
-
-
 def _strided_pieces(state: Mapping[str, Any]) -> dict[str, tuple[Piece, ...]]:
     """DTensors of a flattened state whose local data is several boxes (strided layouts)."""
     out: dict[str, tuple[Piece, ...]] = {}
     for fqn, obj in state.items():
-        if _is_dtensor(obj) and obj.device_mesh.get_coordinate() is not None:
+        if is_dtensor(obj) and obj.device_mesh.get_coordinate() is not None:
             lay = dtensor_layout(obj, key=fqn)
             if len(lay.pieces) > 1:
                 out[fqn] = lay.pieces
@@ -400,7 +381,7 @@ class PortableStorageWriter(StorageWriter):
         world = int(data["world_size"])
         state = getattr(planner, "state_dict", None)
         if isinstance(state, Mapping):
-            self._mesh = _largest_mesh(state.values())
+            self._mesh = group_mesh(state.values())
             _refuse_one_box_view(planner, (i.index.fqn for i in plan.items), "PortableSavePlanner")
         self._storage = open_storage(self.root, create=True)
         writer = self._new_writer(self._storage, len(plan.items) * world)
@@ -730,7 +711,7 @@ class PortableStorageReader(StorageReader):
         view = self._opened()
         data = plan.storage_data if isinstance(plan.storage_data, dict) else {}
         state = getattr(planner, "state_dict", None)
-        mesh = _largest_mesh(state.values()) if isinstance(state, Mapping) else None
+        mesh = group_mesh(state.values()) if isinstance(state, Mapping) else None
         _contract(view.ck, int(data.get("world_size", 1)), mesh, self.allow_statistical)
         _refuse_one_box_view(planner, (i.dest_index.fqn for i in plan.items), "PortableLoadPlanner")
         filled: dict[MetadataIndex, int] = defaultdict(int)
@@ -763,7 +744,7 @@ def _read_tensor(view: _DcpView, item: ReadItem, planner: LoadPlanner) -> int:
     else:
         arr = view.ck.read(key, offsets, lengths)
         with torch.no_grad():
-            dst.copy_(_to_torch(arr))
+            dst.copy_(torch_from_numpy(arr))
     planner.commit_tensor(item, dst)
     return int(dst.numel())
 

@@ -34,15 +34,14 @@ from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.manifest import Mesh
 
 __all__ = [
-    "LocalBox",
     "LocalLayout",
     "Piece",
     "PlacementSpec",
     "chunk_extent",
     "dtensor_layout",
-    "dtensor_local_box",
     "group_mesh",
-    "local_box",
+    "is_dtensor",
+    "local_layout",
     "local_pieces",
     "local_runs",
     "mesh_description",
@@ -116,29 +115,6 @@ class LocalLayout:
     def empty(self) -> bool:
         """True when the rank holds no element."""
         return not self.pieces
-
-
-@dataclass(frozen=True)
-class LocalBox:
-    """A rank's piece of a tensor when it is a single box.
-
-    Attributes:
-        offsets: Global offsets of the piece.
-        lengths: Its shape (may contain zeros: an empty shard).
-        global_shape: The logical tensor's shape.
-        writer: Whether this rank is the one that stores the piece.
-
-    """
-
-    offsets: tuple[int, ...]
-    lengths: tuple[int, ...]
-    global_shape: tuple[int, ...]
-    writer: bool
-
-    @property
-    def empty(self) -> bool:
-        """True when the piece holds no element."""
-        return any(n == 0 for n in self.lengths)
 
 
 def chunk_extent(length: int, parts: int, index: int) -> tuple[int, int]:
@@ -374,26 +350,6 @@ def dtensor_layout(dt: Any, *, key: str = "?") -> LocalLayout:
     return LocalLayout(gshape, local_shape, pieces, writer)
 
 
-def dtensor_local_box(dt: Any, *, key: str = "?") -> LocalBox:
-    """Return the global box of a DTensor's local shard and whether this rank writes it.
-
-    Raises:
-        UnsupportedValueError: as :func:`dtensor_layout`, and when the local data is several
-            boxes (a strided layout; use :func:`dtensor_layout`).
-
-    """
-    lay = dtensor_layout(dt, key=key)
-    if len(lay.pieces) > 1:
-        raise UnsupportedValueError(
-            f"tensor {key!r}: placements {list(dt.placements)} give this rank "
-            f"{len(lay.pieces)} boxes of the global tensor; use dtensor_layout()"
-        )
-    if not lay.pieces:
-        return LocalBox((0,) * len(lay.global_shape), lay.local_shape, lay.global_shape, False)
-    piece = lay.pieces[0]
-    return LocalBox(piece.offsets, piece.lengths, lay.global_shape, lay.writer)
-
-
 def mesh_description(mesh: Any) -> tuple[list[int], list[str]]:
     """Return ``(shape, dim_names)`` of a DeviceMesh (names default to ``dim0``, ``dim1``...)."""
     shape = [int(s) for s in mesh.mesh.shape]
@@ -401,16 +357,22 @@ def mesh_description(mesh: Any) -> tuple[list[int], list[str]]:
     return shape, [str(n) for n in names]
 
 
-def _is_dtensor(t: Any) -> bool:
+def is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a DTensor (duck-typed: device mesh, placements, local tensor)."""
     return hasattr(t, "device_mesh") and hasattr(t, "placements") and hasattr(t, "to_local")
 
 
-def local_box(key: str, t: Any, rank: int) -> tuple[LocalBox, Any]:
-    """Return the box of tensor ``t`` on ``rank`` and its local tensor (plain tensors: rank 0 writes)."""
-    if _is_dtensor(t):
-        return dtensor_local_box(t, key=key), t.to_local()
+def local_layout(key: str, t: Any, rank: int) -> tuple[LocalLayout, Any]:
+    """Return the boxes of tensor ``t`` on ``rank`` and its local tensor.
+
+    A plain tensor is one box that rank 0 writes; a DTensor's boxes come from its placements.
+    """
+    if is_dtensor(t):
+        return dtensor_layout(t, key=key), t.to_local()
     shape = tuple(int(s) for s in t.shape)
-    return LocalBox((0,) * len(shape), shape, shape, rank == 0), t
+    zeros = (0,) * len(shape)
+    pieces = () if any(n == 0 for n in shape) else (Piece(zeros, shape, zeros),)
+    return LocalLayout(shape, shape, pieces, rank == 0), t
 
 
 def group_mesh(tensors: Iterable[Any]) -> Mesh | None:

@@ -14,12 +14,12 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissingError, UsageError
@@ -28,7 +28,7 @@ from portable_ckpt.io.reader import NO_VALUE, Checkpoint
 from portable_ckpt.io.versions import latest, load_manifest
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
-from portable_ckpt.torch._tensors import format_dtype, numpy_view
+from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
 from portable_ckpt.torch.flatten import (
     VALUES_ENTRY,
     FlatState,
@@ -38,7 +38,7 @@ from portable_ckpt.torch.flatten import (
     flatten_state,
 )
 from portable_ckpt.torch.info import LoadInfo
-from portable_ckpt.torch.layout import LocalBox, group_mesh, local_box
+from portable_ckpt.torch.layout import Piece, group_mesh, local_layout
 from portable_ckpt.torch.saving import Root
 
 __all__ = ["load"]
@@ -228,17 +228,16 @@ def _load_tensors(
     for key, t in flat.tensors.items():
         if not _stored_like(ck, key, t, info, strict=strict):
             continue
-        box, local = local_box(key, t, info.rank)
+        layout, local = local_layout(key, t, info.rank)
         casts.check(ck, key, local)
-        if box.empty:
-            continue
-        if record_ranges:
-            ranges += _range_map(ck, key, box)
-        extra_peak = max(extra_peak, _read_box(ck, key, box, local))
-        n = int(np.prod(box.lengths)) if box.lengths else 1
-        info.elements_covered += n
-        info.target_bytes += n * local.element_size()
-        info.tensors_loaded += 1
+        for piece in layout.pieces:  # one box, or several for strided layouts
+            if record_ranges:
+                ranges += _range_map(ck, key, piece)
+            extra_peak = max(extra_peak, _read_box(ck, key, piece, local[piece.local_slices()]))
+            n = math.prod(piece.lengths)
+            info.elements_covered += n
+            info.target_bytes += n * local.element_size()
+        info.tensors_loaded += 1 if layout.pieces else 0
     if record_ranges:
         info.range_map = ranges
     return extra_peak
@@ -296,18 +295,18 @@ def _stored_like(
     return True
 
 
-def _read_box(ck: Checkpoint, key: str, box: LocalBox, local: torch.Tensor) -> int:
+def _read_box(ck: Checkpoint, key: str, box: Piece, local: torch.Tensor) -> int:
     """Fill ``local`` with ``box`` of ``key``; return the temporary bytes a conversion needed."""
     if local.device.type == "cpu" and format_dtype(local.dtype, key=key) == ck.tensors[key].dtype:
         ck.read(key, box.offsets, box.lengths, out=numpy_view(local, key=key))  # in place
         return 0
     tmp = ck.read(key, box.offsets, box.lengths)
     with torch.no_grad():
-        local.copy_(_to_torch(tmp).to(local.dtype))
+        local.copy_(torch_from_numpy(tmp).to(local.dtype))
     return int(tmp.nbytes)
 
 
-def _range_map(ck: Checkpoint, key: str, box: LocalBox) -> list[dict[str, Any]]:
+def _range_map(ck: Checkpoint, key: str, box: Piece) -> list[dict[str, Any]]:
     def span(offsets: Any, lengths: Any) -> dict[str, list[int]]:
         return {"offsets": list(offsets), "lengths": list(lengths)}
 
@@ -321,15 +320,6 @@ def _range_map(ck: Checkpoint, key: str, box: LocalBox) -> list[dict[str, Any]]:
         }
         for item in ck.plan_read(key, box.offsets, box.lengths)
     ]
-
-
-def _to_torch(arr: np.ndarray[Any, Any]) -> torch.Tensor:
-    name = arr.dtype.name
-    if name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    if name in ("float8_e4m3fn", "float8_e5m2"):
-        return torch.from_numpy(arr.view(np.uint8)).view(getattr(torch, name))
-    return torch.from_numpy(arr)
 
 
 def _load_values(

@@ -19,7 +19,7 @@ from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.torch._tensors import format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
-from portable_ckpt.torch.layout import group_mesh, local_box
+from portable_ckpt.torch.layout import group_mesh, local_layout
 from portable_ckpt.torch.state import RNGState
 
 __all__ = ["PlannedPiece", "PlannedEntry", "SavePlan", "plan_save"]
@@ -45,6 +45,11 @@ class PlannedPiece:
     offsets: tuple[int, ...]
     source: torch.Tensor | None
     array: np.ndarray[Any, Any] | None = None
+
+    @property
+    def slot(self) -> str:
+        """Names the piece's staging buffer: a tensor of a strided layout has several pieces."""
+        return f"{self.key}@{','.join(str(o) for o in self.offsets)}"
 
 
 @dataclass(frozen=True)
@@ -102,17 +107,21 @@ def plan_save(flat: FlatState, rank: int, rng_snapshot: dict[str, Any]) -> SaveP
 def _plan_pieces(flat: FlatState, rank: int) -> list[PlannedPiece]:
     pieces: list[PlannedPiece] = []
     for key, t in flat.tensors.items():
-        box, local = local_box(key, t, rank)
+        layout, local = local_layout(key, t, rank)
         dtype = format_dtype(t.dtype, key=key)
         if local.is_sparse or local.layout != torch.strided:
             raise UnsupportedValueError(
                 f"tensor {key!r}: layout {local.layout} is not supported; densify it"
             )
-        if box.writer and not box.empty:
-            pieces.append(PlannedPiece(key, dtype, box.global_shape, box.offsets, local))
-        elif rank == 0 and math.prod(box.global_shape) == 0:
+        if layout.writer:  # one box, or several for strided layouts
+            pieces += [
+                PlannedPiece(key, dtype, layout.global_shape, p.offsets, local[p.local_slices()])
+                for p in layout.pieces
+            ]
+        if rank == 0 and math.prod(layout.global_shape) == 0:
             # A zero-size tensor has no ranges at all: rank 0 declares it.
-            pieces.append(PlannedPiece(key, dtype, box.global_shape, box.offsets, None))
+            zeros = (0,) * len(layout.global_shape)
+            pieces.append(PlannedPiece(key, dtype, layout.global_shape, zeros, None))
     return pieces
 
 

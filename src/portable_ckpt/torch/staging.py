@@ -18,7 +18,7 @@ __all__ = ["StagingPool", "POOL", "stage", "staging_bytes"]
 
 
 class StagingPool:
-    """Host buffers reused across saves, keyed by tensor key (reallocated when shape/dtype change)."""
+    """Host buffers reused across saves, one per piece slot (reallocated when shape/dtype change)."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
@@ -64,9 +64,9 @@ def stage(plan: SavePlan, copy: bool) -> float:
             continue
         src = p.source.detach()
         if copy or src.device.type != "cpu":
-            buf = POOL.get(p.key, src)
+            buf = POOL.get(p.slot, src)
             buf.copy_(src, non_blocking=src.device.type == "cuda")
-            keys.add(p.key)
+            keys.add(p.slot)
             p.array = numpy_view(buf, key=p.key)
         else:
             p.array = numpy_view(src, key=p.key)
