@@ -264,3 +264,28 @@ def same_json(a: Any, b: Any) -> bool:
     if isinstance(b, list | tuple):
         return type(a) is type(b) and len(a) == len(b) and all(map(same_json, a, b))
     return type(a) is type(b) and a == b
+
+
+def scheduler() -> Any:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.5)
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.25)
+
+
+def test_lr_scheduler_cross_loads_both_ways(tmp_path: Any) -> None:
+    """A scheduler saved by DCP (its state_dict as JSON leaves) restores through
+    portable_ckpt.torch.load, and one saved as a pck:lr-scheduler/1 entry through dcp.load."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    sched = scheduler()
+    for _ in range(3):
+        sched.optimizer.step()
+        sched.step()
+    want = sched.state_dict()
+    dcp.save({"sched": sched, "w": torch.ones(2)}, storage_writer=PortableStorageWriter(a, step=3))
+    pckt.save({"sched": sched, "w": torch.ones(2)}, b, step=3)
+    for load in (
+        lambda st: pckt.load(st, a),
+        lambda st: dcp.load(st, storage_reader=PortableStorageReader(b)),
+    ):
+        fresh = scheduler()
+        load({"sched": fresh, "w": torch.zeros(2)})
+        assert fresh.state_dict() == want

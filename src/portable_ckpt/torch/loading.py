@@ -28,12 +28,14 @@ from portable_ckpt.io.reader import NO_VALUE, Checkpoint
 from portable_ckpt.io.versions import latest, load_manifest
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
+from portable_ckpt.torch._dcp_keys import JsonTree
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
 from portable_ckpt.torch.flatten import (
     VALUES_ENTRY,
     FlatState,
     StateEntry,
     decode_json,
+    encode_json,
     fill_state,
     flatten_state,
 )
@@ -354,6 +356,10 @@ def _load_entries(
     """Restore every entry now, except the ``restore_last`` ones: returned with their values."""
     last: list[tuple[StateEntry, Any]] = []
     for key, e in flat.entries.items():
+        if key not in ck.entries and (value := _entry_from_values(ck, key, e)) is not None:
+            e.restore(value)  # a DCP save stored the object's state_dict() as JSON leaves
+            info.entries_loaded += 1
+            continue
         if key not in ck.entries:
             if strict:
                 raise EntryMissingError(
@@ -374,3 +380,18 @@ def _load_entries(
             e.restore(value)
         info.entries_loaded += 1
     return last
+
+
+def _entry_from_values(ck: Checkpoint, key: str, e: StateEntry) -> Any:
+    """A global entry's value rebuilt from ``torch.values`` leaves below ``key``, or ``None``.
+
+    ``dcp.save`` of ``{"sched": scheduler}`` stores ``scheduler.state_dict()`` as the leaves
+    ``sched/...`` (DCP flattens it); the entry's own capture shapes the rebuilt value.
+    """
+    if e.scope != "global" or e.restore_last or VALUES_ENTRY not in ck.entries:
+        return None
+    stored = ck.entry(VALUES_ENTRY)
+    tree = JsonTree(stored if isinstance(stored, dict) else {})
+    if key not in tree:
+        return None
+    return encode_json(tree.value(key, decode_json(e.capture())), key=key)
