@@ -34,12 +34,25 @@ def run(fn: str, world: int, *args: Any) -> list[Any]:
     return res.results
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], list[Any]]:
-    base = tmp_path_factory.mktemp("fsdp_tp")
-    roots = {name: str(base / name) for name in ("dcp", "pckt", "strided", "process")}
-    roots["expected"] = str(base / "expected.json")
-    return roots, run("save_fsdp_tp", 4, roots)
+@pytest.fixture(scope="session")
+def saved(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str
+) -> tuple[dict[str, str], list[Any]]:
+    """The 4-rank save group, run once per test session even when xdist workers split this
+    module (the first worker runs it under a file lock, the other reads its results)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent
+    top = shared / "dcp-fsdp-tp"
+    roots = {name: str(top / name) for name in ("dcp", "pckt", "strided", "process")}
+    roots["expected"] = str(top / "expected.json")
+    done = top / "results.json"
+    with FileLock(str(shared / "dcp-fsdp-tp.lock")):
+        if not done.is_file():
+            top.mkdir(exist_ok=True)
+            done.write_text(json.dumps(run("save_fsdp_tp", 4, roots)))
+    return roots, json.loads(done.read_text())
 
 
 def test_fsdp_tp_state_has_strided_placements(saved: tuple[dict[str, str], list[Any]]) -> None:

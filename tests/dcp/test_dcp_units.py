@@ -289,3 +289,18 @@ def test_lr_scheduler_cross_loads_both_ways(tmp_path: Any) -> None:
         fresh = scheduler()
         load({"sched": fresh, "w": torch.zeros(2)})
         assert fresh.state_dict() == want
+
+
+def test_zstd_and_tensor_table_versions_through_dcp(tmp_path: Any) -> None:
+    """Writer options reach the ShardWriter: zstd chunks, a format 1.1 tensor table; both load."""
+    root = str(tmp_path)
+    state = job()
+    dcp.save(
+        state, storage_writer=PortableStorageWriter(root, step=1, codec="zstd", tensor_table=True)
+    )
+    ck = portable_ckpt.open(root)
+    assert ck.manifest.format_version == "1.1" and ck.manifest.tensor_table is not None
+    assert {r.codec for t in ck.tensors.values() for r in t.ranges} == {"zstd"}
+    target = zeroed(job())
+    dcp.load(target, storage_reader=PortableStorageReader(root))
+    assert same(target, job())
