@@ -93,6 +93,22 @@ class AttestedStorage(Storage):
         return self.local.local_root()
 
 
+def _exchange(
+    comm: Comm, transfers: list[Transfer], storage: Storage, attempt: str, paths: Sequence[str] = ()
+) -> int:
+    """Perform this rank's part of ``transfers`` over ``comm``'s group."""
+    return run_transfers(
+        transfers,
+        rank=comm.rank,
+        group=comm.group,
+        global_ranks=comm.global_ranks,
+        storage=storage,
+        attempt=attempt,
+        timeout=comm.timeout,
+        paths=paths,
+    )
+
+
 def _own_files(storage: Storage, attempt: str, index: WriterIndex) -> dict[str, int]:
     """Return this writer's files (relative to the attempt) with their sizes, checked on its disk."""
     out: dict[str, int] = {}
@@ -135,16 +151,7 @@ class NodeLocalPublisher:
     ) -> dict[str, int]:
         """Every rank: attest own files, send replicas and rank 0's files; return attestation."""
         own = _own_files(storage, attempt, index)
-        run_transfers(
-            self._transfers(),
-            rank=comm.rank,
-            group=comm.group,
-            global_ranks=comm.global_ranks,
-            storage=storage,
-            attempt=attempt,
-            timeout=comm.timeout,
-            paths=sorted(own),
-        )
+        _exchange(comm, self._transfers(), storage, attempt, sorted(own))
         return own
 
     def commit(
@@ -240,15 +247,7 @@ def prepare_fast_restore(
     report = {"missing": sum(len(m) for m in wanted), "unreachable": unreachable}
     if unreachable:
         return False, report
-    run_transfers(
-        transfers,
-        rank=comm.rank,
-        group=comm.group,
-        global_ranks=comm.global_ranks,
-        storage=storage,
-        attempt=attempt,
-        timeout=comm.timeout,
-    )
+    _exchange(comm, transfers, storage, attempt)
     still = _missing(storage, attempt, manifest, need)
     ok = comm.allgather_json(not still, "restore/fast-ready")
     report["fetched"] = sum(len(t.paths) for t in transfers)

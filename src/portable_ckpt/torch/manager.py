@@ -166,6 +166,11 @@ def _storage_url(root: str | os.PathLike[str]) -> str:
     )
 
 
+def _fallback(tier: str, ident: str, e: CheckpointError) -> dict[str, Any]:
+    """A restore candidate that failed, as telemetry reports it."""
+    return {"tier": tier, "checkpoint_id": ident, "code": e.code, "message": e.message[:500]}
+
+
 def _warn_stale(state: Mapping[str, Any], warned: set[str]) -> None:
     """The stale-state trap: an optimizer state dict taken once is a snapshot (issue 14)."""
     for key, value in state.items():
@@ -754,25 +759,20 @@ class CheckpointManager:
         for tier_name, ident in cands:
             try:
                 info = self._load_one(state, tier_name, ident, allow_statistical, record_ranges)
-            except _CALLER_ERRORS:
-                raise
-            except CheckpointError as e:
-                fallbacks.append(
-                    {
-                        "tier": tier_name,
-                        "checkpoint_id": ident,
-                        "code": e.code,
-                        "message": e.message[:500],
-                    }
-                )
+            except Exception as e:
+                # Every rank takes part in this agreement, whatever it saw: one rank's damage
+                # is its peers' PCK-DISTRIBUTED, and an error of the target state (contract,
+                # shapes, keys) would repeat on every version, so it is raised everywhere.
+                caller = not isinstance(e, CheckpointError) or isinstance(e, _CALLER_ERRORS)
+                if self._any(caller) or not isinstance(e, CheckpointError):
+                    raise
+                fallbacks.append(_fallback(tier_name, ident, e))
                 _log.warning(
                     "restore of %s from the %s tier failed (%s); trying the next candidate",
                     ident,
                     tier_name,
                     e,
                 )
-                if self._any(isinstance(e, _CALLER_ERRORS)):
-                    raise
                 continue
             self._after_restore(info, tier_name, t0, fallbacks)
             return info
