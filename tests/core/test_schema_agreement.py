@@ -132,7 +132,15 @@ def test_tensor_table_member_of_the_wrong_type(kind: str, value: Any) -> None:
 )
 def test_builtin_entry_examples_validate(path: Path) -> None:
     stem = path.name.split("--")[0].removesuffix(".json")
-    validate_entry_value(json.loads(path.read_text()), {"id": f"pck:{stem}/1"}, name=stem)
+    validate_entry_value(json.loads(path.read_text()), _declaration(stem), name=stem)
+
+
+def _declaration(stem: str) -> dict[str, Any]:
+    """A built-in id, or the embedded schema a checkpoint manager declares (spec 14.6, 14.7)."""
+    from portable_ckpt.manager.records import manager_entry_schema, placement_entry_schema
+
+    embedded = {"manager-metrics": manager_entry_schema, "manager-placement": placement_entry_schema}
+    return embedded[stem]() if stem in embedded else {"id": f"pck:{stem}/1"}
 
 
 @pytest.mark.parametrize(
@@ -141,5 +149,5 @@ def test_builtin_entry_examples_validate(path: Path) -> None:
 def test_invalid_entry_examples_are_rejected(path: Path) -> None:
     stem = path.name.split("--")[0]
     with pytest.raises(CheckpointError) as ei:
-        validate_entry_value(json.loads(path.read_text()), {"id": f"pck:{stem}/1"}, name=stem)
+        validate_entry_value(json.loads(path.read_text()), _declaration(stem), name=stem)
     assert ei.value.code == "PCK-ENTRY-SCHEMA"
