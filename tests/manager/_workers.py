@@ -256,7 +256,7 @@ def _node_mgr(root: str, replicas: int) -> Any:
         fast_keep=2,
         ranks_per_node=2,
         fast_replicas=replicas,
-        timeout=30,
+        timeout=120,
     )
 
 
