@@ -304,3 +304,18 @@ def test_zstd_and_tensor_table_versions_through_dcp(tmp_path: Any) -> None:
     target = zeroed(job())
     dcp.load(target, storage_reader=PortableStorageReader(root))
     assert same(target, job())
+
+
+def test_failed_commit_publishes_nothing_and_removes_its_files(tmp_path: Any) -> None:
+    """The commit record cannot be created (ENOSPC): PCK-STORAGE, no version, no data left."""
+    from portable_ckpt.storage import open_storage
+    from portable_ckpt.storage.faults import FaultyStorage, parse_faults
+
+    root = str(tmp_path)
+    storage = FaultyStorage(open_storage(root, create=True), parse_faults("create:*:ENOSPC"))
+    with pytest.raises(BaseException) as info:
+        dcp.save(job(), storage_writer=PortableStorageWriter(storage, step=1))
+    assert getattr(failure(info.value), "code", None) == "PCK-STORAGE"
+    assert not [v for v in portable_ckpt.list_versions(root) if v.status == "committed"]
+    left = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+    assert not [p for p in left if "/data/" in p or "/entries/" in p or "/index/" in p], left

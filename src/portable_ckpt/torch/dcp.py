@@ -370,15 +370,7 @@ class PortableStorageWriter(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's items with its own ``ShardWriter`` (see the module docstring)."""
-        data = plan.storage_data
-        if not isinstance(data, dict) or "attempt_id" not in data:
-            raise UsageError("write_data: the plan carries no attempt id (prepare_global_plan)")
-        if getattr(planner, "_enable_plan_caching", False):
-            raise UsageError(
-                "DCP plan caching reuses an earlier save's attempt id; drop enable_plan_caching"
-            )
-        self.attempt_id = str(data["attempt_id"])
-        world = int(data["world_size"])
+        self.attempt_id, world = _attempt_of(plan, planner)
         state = getattr(planner, "state_dict", None)
         if isinstance(state, Mapping):
             self._mesh = group_mesh(state.values())
@@ -444,36 +436,34 @@ class PortableStorageWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write the JSON entry, finish the coordinator's writer and commit (coordinator)."""
-        docs = [_writer_doc(r, rank) for rank, r in enumerate(results)]
-        storage, writer = self._storage, self._writer
-        if storage is None or writer is None or self.attempt_id is None:
+        storage, writer, attempt = self._storage, self._writer, self.attempt_id
+        if storage is None or writer is None or attempt is None:
             raise UsageError("finish: write_data did not run on the coordinator")
-        indexes: list[WriterIndex] = []
+        self._writer = None
+        peers: dict[int, WriterIndex] = {}
         try:
-            values: dict[str, Any] = {}
-            for d in docs:
-                values.update(d["values"])
+            docs = [_writer_doc(r, rank) for rank, r in enumerate(results)]
+            peers = {
+                r: WriterIndex.from_transport(d["index"])
+                for r, d in enumerate(docs)
+                if d["index"] is not None
+            }
+            values = {k: v for d in docs for k, v in d["values"].items()}
             if values:
                 writer.add_entry(VALUES_ENTRY, values, "pck:json/1")
-            indexes = [
-                writer.finish() if d["index"] is None else WriterIndex.from_transport(d["index"])
-                for d in docs
-            ]
-            mesh = next((_mesh_of(d["mesh"]) for d in docs if d["mesh"]), None)
+            own = writer.finish()
             commit(
                 storage,
-                self.attempt_id,
+                attempt,
                 step=self.step,
-                indexes=indexes,
+                indexes=[peers.get(r, own) for r in range(len(docs))],
                 expected_writers=list(range(len(docs))),
-                continuation=Continuation(self.continuation, len(docs), mesh),
+                continuation=Continuation(self.continuation, len(docs), _mesh_of(docs)),
             )
         except BaseException:
             writer.abort()
-            _discard(storage, self.attempt_id, indexes)
+            _discard(storage, attempt, list(peers.values()))
             raise
-        finally:
-            self._writer = None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -513,8 +503,25 @@ def _add_tensor(writer: ShardWriter, key: str, item: WriteItem, planner: SavePla
     return tensor.numel() * tensor.element_size()
 
 
-def _mesh_of(doc: Mapping[str, Any]) -> Mesh:
-    return Mesh(shape=tuple(int(n) for n in doc["shape"]), dim_names=tuple(doc["dim_names"]))
+def _attempt_of(plan: SavePlan, planner: SavePlanner) -> tuple[str, int]:
+    """The attempt id and world size ``prepare_global_plan`` put in this rank's plan."""
+    data = plan.storage_data
+    if not isinstance(data, dict) or "attempt_id" not in data:
+        raise UsageError("write_data: the plan carries no attempt id (prepare_global_plan)")
+    if getattr(planner, "_enable_plan_caching", False):
+        raise UsageError(
+            "DCP plan caching reuses an earlier save's attempt id; drop enable_plan_caching"
+        )
+    return str(data["attempt_id"]), int(data["world_size"])
+
+
+def _mesh_of(docs: list[dict[str, Any]]) -> Mesh | None:
+    """The job's mesh as the first rank that saw DTensors reported it."""
+    for d in docs:
+        if d["mesh"]:
+            shape, names = d["mesh"]["shape"], d["mesh"]["dim_names"]
+            return Mesh(shape=tuple(int(n) for n in shape), dim_names=tuple(names))
+    return None
 
 
 def _writer_doc(results: list[WriteResult], rank: int) -> dict[str, Any]:
