@@ -153,12 +153,15 @@ def test_one_process_loads_the_2x2_versions(saved: tuple[dict[str, str], list[An
         assert w.differences(w.job_state(model, optim), expected) == []
 
 
-def test_cli_reads_a_dcp_written_version(
+def test_cli_and_conformance_checker_read_dcp_written_versions(
     saved: tuple[dict[str, str], list[Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from conformance.checker import check
     from portable_ckpt.cli.main import main
 
     roots, _ = saved
+    report = check(roots["dcp"], deep=True)  # the independent checker, every version
+    assert report.ok and len(report.versions) == 2, [e.message for e in report.errors]
     assert main(["verify", roots["dcp"], "--deep", "--json"]) == 0
     capsys.readouterr()
     assert main(["inspect", f"{roots['dcp']}", "--json"]) == 0
