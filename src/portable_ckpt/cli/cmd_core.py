@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from portable_ckpt.errors import CheckpointError, UsageError
+from portable_ckpt.format.vocab import CODECS
 
 __all__ = ["register"]
 
@@ -76,7 +77,7 @@ def _codecs(t: Any) -> str:
     table = getattr(t, "table", None)
     if table is not None and t.table_ranges_untouched:
         a, b = int(table.row_start[t.index]), int(table.row_start[t.index + 1])
-        return ",".join(("none", "zstd")[c] for c in sorted(set(table.codec[a:b].tolist()))) or "-"
+        return ",".join(CODECS[c] for c in sorted(set(table.codec[a:b].tolist()))) or "-"
     return ",".join(sorted({r.codec for r in t.ranges})) or "-"
 
 

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from portable_ckpt.format.vocab import CODECS
+
 __all__ = ["register"]
 
 
@@ -60,7 +62,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--layers", type=int, default=2, help="hidden layers (default 2)")
     p.add_argument("--batch", type=int, default=24, help="global batch size (default 24)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--codec", choices=("none", "zstd"), default="none")
+    p.add_argument("--codec", choices=CODECS, default="none")
     p.add_argument("--out", default="demo-output", help="output directory (default ./demo-output)")
     p.add_argument("--root", default=None, help="checkpoint root (default <out>/checkpoints)")
     p.add_argument("--no-same-size", action="store_true", help="skip the same-size (exact) resume")

@@ -25,7 +25,6 @@ Example::
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from portable_ckpt.convert._model import (
     check_plan,
 )
 from portable_ckpt.errors import CheckpointError, NotFoundError, UsageError
+from portable_ckpt.format.vocab import is_entry_name
 
 __all__ = [
     "FORMATS",
@@ -59,7 +59,6 @@ __all__ = [
 SOURCE_FORMATS = ("dcp", "hf", "torch", "portable")
 TARGET_FORMATS = ("portable", "dcp", "hf")
 FORMATS = SOURCE_FORMATS
-_ENTRY_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 #: Default bytes of chunks held before a writer is flushed to storage.
 DEFAULT_BATCH_BYTES = 64 << 20
 
@@ -373,7 +372,7 @@ def _write_portable(
                 if progress is not None:
                     progress(c.nbytes)
         for e in plan.entries:
-            if not _ENTRY_NAME.match(e.name):
+            if not is_entry_name(e.name):
                 warnings.append(
                     ConvertWarning(
                         e.name, "not a valid entry name ([A-Za-z0-9._/-], 1..256); skipped"

@@ -84,6 +84,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.vocab import is_entry_name
 
 __all__ = ["TRUST_HELP", "is_dcp_dir", "read_dcp_source", "write_dcp"]
 
@@ -92,7 +93,6 @@ TRUST_HELP = (
     "DCP's .metadata file and its non-tensor items are Python pickles; unpickling can run arbitrary "
     "code, so only pass --trust-pickle for checkpoints from a source you trust"
 )
-_ENTRY_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 _DISTCP = re.compile(r"^__(\d+)_\d+\.distcp$")
 #: Largest byte item decoded into an entry.
 _MAX_BYTE_ITEM = 64 << 20
@@ -309,7 +309,7 @@ def _plan(root: str, meta: DcpMetadata, files: _Files, strict: bool) -> SourcePl
             reason = f"stream transforms {list(info.transforms)} are not supported"
         elif info.length > _MAX_BYTE_ITEM:
             reason = f"byte item of {info.length} bytes is too large to convert"
-        elif not _ENTRY_NAME.match(fqn):
+        elif not is_entry_name(fqn):
             reason = "name is not a valid entry name ([A-Za-z0-9._/-], 1..256 chars)"
         else:
             where = f"{path} (item {fqn!r})"

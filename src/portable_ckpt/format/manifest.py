@@ -33,6 +33,14 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.naming import check_attempt_id
 from portable_ckpt.format.paths import check_relative_path
+from portable_ckpt.format.vocab import (
+    CODECS,
+    CONTRACTS,
+    ENCODINGS,
+    POLICIES,
+    SCOPES,
+    is_entry_name,
+)
 from portable_ckpt.ranges.box import Box
 
 __all__ = [
@@ -72,11 +80,6 @@ TABLE_FORMAT_VERSION = "1.1"
 MAX_SIZE = (1 << 53) - 1
 #: Largest tensor rank.
 MAX_NDIM = 64
-CODECS = ("none", "zstd")
-CONTRACTS = ("exact", "statistical")
-SCOPES = ("global", "per_rank")
-POLICIES = ("require_same", "modulo", "rank0", "drop")
-ENCODINGS = ("json", "json+zstd")
 BUILTIN_SCHEMA_IDS = (
     "pck:step/1",
     "pck:lr-scheduler/1",
@@ -88,7 +91,6 @@ BUILTIN_SCHEMA_IDS = (
 #: Extensions this implementation understands (for ``must_understand``).
 KNOWN_EXTENSIONS: frozenset[str] = frozenset({"tensor-table"})
 
-_ENTRY_NAME = re.compile(r"^[A-Za-z0-9._/-]{1,256}$")
 _HEX_DIGITS = b"0123456789abcdef"
 _CTRL = re.compile(r"[\x00-\x1f\x7f]")
 _VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
@@ -633,7 +635,7 @@ def _entry(
 ) -> Entry:
     where = f"entries[{name!r}]"
     c.name(name, where, 256)
-    if not _ENTRY_NAME.match(name) or any(p in ("", ".", "..") for p in name.split("/")):
+    if not is_entry_name(name):
         raise c.fail(where, "entry names use [A-Za-z0-9._/-] with no empty, '.' or '..' parts")
     d = c.obj(v, where)
     c.closed(d, where, {"schema", "scope", "world_size_policy", "encoding", "values"})

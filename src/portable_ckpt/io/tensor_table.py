@@ -27,6 +27,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import MAX_NDIM, MAX_SIZE, RangeRecord, TensorEntry
 from portable_ckpt.format.paths import check_relative_path
+from portable_ckpt.format.vocab import CODEC_CODES, CODECS
 from portable_ckpt.io.codec import check_frame_header, decompress_frame, zstd_bound
 from portable_ckpt.io.safetensors_io import build_header, parse_header
 
@@ -55,7 +56,6 @@ TABLE_THRESHOLD = 65536
 #: dtype code → format dtype name: the rows of spec §7 in order.
 DTYPE_CODES: tuple[str, ...] = tuple(DTYPES)
 _CODE_OF = {name: i for i, name in enumerate(DTYPE_CODES)}
-_CODECS = ("none", "zstd")
 #: Column name → (safetensors dtype, numpy dtype), in the order writers store them.
 COLUMNS: dict[str, tuple[str, str]] = {
     "tensor.key": ("U8", "u1"),
@@ -145,7 +145,7 @@ class TensorTable:
             tuple(int(x) for x in lens[j]),
             self.paths[int(self.file[row])],
             range_name(self.keys[i], o),
-            _CODECS[int(self.codec[row])],
+            CODECS[int(self.codec[row])],
         )
 
     def declaration_digest(self) -> bytes:
@@ -184,7 +184,7 @@ class TensorTable:
             rs = t.ranges
             cnt.append(len(rs))
             fl.append(np.array([paths.setdefault(r.file, len(paths)) for r in rs], np.uint32))
-            cd.append(np.array([_CODECS.index(r.codec) for r in rs], np.uint8))
+            cd.append(np.array([CODEC_CODES[r.codec] for r in rs], np.uint8))
             of.append(np.array([x for r in rs for x in r.offsets], _I64))
             ln.append(np.array([x for r in rs for x in r.lengths], _I64))
 
@@ -542,7 +542,7 @@ def decode_table(
         if c_count and int(cols[name].max()) > MAX_SIZE:
             raise LimitError(f"{what}: column {name!r} holds a value above 2^53-1", path=what)
     codec_col = cols["range.codec"]
-    if r_count and int(codec_col.max()) >= len(_CODECS):
+    if r_count and int(codec_col.max()) >= len(CODECS):
         raise CodecError(
             f"{what}: range codec code {int(codec_col.max())}; 0 (none) and 1 (zstd) exist",
             path=what,

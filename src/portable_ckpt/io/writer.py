@@ -26,11 +26,8 @@ from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES, dtype_name
 from portable_ckpt.format.manifest import (
     BUILTIN_SCHEMA_IDS,
-    CODECS,
     FORMAT_VERSION,
     MAX_NDIM,
-    POLICIES,
-    SCOPES,
     Checksum,
     Entry,
     EntryValue,
@@ -47,6 +44,7 @@ from portable_ckpt.format.naming import (
     index_file_name,
     new_attempt_id,
 )
+from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES
 from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher
 from portable_ckpt.io.safetensors_io import build_header
 from portable_ckpt.io.tensor_table import TensorTable, encode_table

@@ -51,6 +51,7 @@ from portable_ckpt.errors import (
     UnsupportedValueError,
     UsageError,
 )
+from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.io.versions import list_versions, timestamp_key
 from portable_ckpt.manager.decisions import Decision, SavePolicy, decide
 from portable_ckpt.manager.records import (
@@ -253,7 +254,7 @@ class CheckpointManager:
             save_steps=save_steps,
             fast_every=fast_every,
         )
-        if continuation not in ("exact", "statistical"):
+        if continuation not in CONTRACTS:
             raise UsageError(f"continuation must be 'exact' or 'statistical', got {continuation!r}")
         if not 0.0 <= float(verify_sample) <= 1.0:
             raise UsageError(f"verify_sample must be a fraction in [0, 1], got {verify_sample!r}")

@@ -17,6 +17,7 @@ import torch
 
 from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.manifest import Mesh
+from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
 from portable_ckpt.torch._tensors import format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
 from portable_ckpt.torch.layout import group_mesh, local_layout
@@ -68,8 +69,8 @@ class PlannedEntry:
     name: str
     value: Any
     schema: str
-    scope: str
-    policy: str | None
+    scope: Scope
+    policy: WorldSizePolicy | None
 
 
 @dataclass
@@ -133,12 +134,14 @@ def _plan_entries(flat: FlatState, rank: int, rng_snapshot: dict[str, Any]) -> l
         values = {k: encode_json(v, key=k) for k, v in flat.values.items()}
         entries.append(PlannedEntry(VALUES_ENTRY, values, "pck:json/1", "global", None))
     for key, e in flat.entries.items():
-        if e.scope not in ("global", "per_rank"):
-            raise UnsupportedValueError(f"entry {key!r}: scope {e.scope!r} is not global/per_rank")
-        if e.scope == "global" and rank != 0:
+        scope, policy = e.scope, e.world_size_policy
+        if not one_of(scope, SCOPES):
+            raise UnsupportedValueError(f"entry {key!r}: scope {scope!r} is not global/per_rank")
+        if scope == "global" and rank != 0:
             continue
-        policy = e.world_size_policy if e.scope == "per_rank" else None
-        entries.append(PlannedEntry(key, _entry_value(e, rng_snapshot), e.schema, e.scope, policy))
+        if scope == "global" or not one_of(policy, POLICIES):
+            policy = None  # global; or a per_rank entry without a valid policy: the writer refuses it
+        entries.append(PlannedEntry(key, _entry_value(e, rng_snapshot), e.schema, scope, policy))
     return entries
 
 

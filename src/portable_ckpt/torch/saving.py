@@ -29,6 +29,7 @@ from typing import Any, TypedDict, Unpack
 
 from portable_ckpt.errors import DistributedError, UsageError
 from portable_ckpt.format.manifest import Continuation, WriterIndex
+from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
@@ -41,10 +42,7 @@ from portable_ckpt.torch.plan import SavePlan, plan_save
 from portable_ckpt.torch.staging import POOL, stage
 from portable_ckpt.torch.state import capture_rng
 
-__all__ = ["CONTRACTS", "Prepared", "SaveKeywords", "SaveOptions", "prepare", "run_save", "save"]
-
-#: The continuation contracts a save may record.
-CONTRACTS = ("exact", "statistical")
+__all__ = ["Prepared", "SaveKeywords", "SaveOptions", "prepare", "run_save", "save"]
 
 #: What a failed save leaves behind (the end of every failure message).
 NOTHING_PUBLISHED = "nothing was published and the previous version stays the latest"
@@ -60,8 +58,8 @@ class SaveKeywords(_Step, total=False):
     """The keyword arguments of :func:`save` and ``async_save``: see :class:`SaveOptions`."""
 
     process_group: Any
-    continuation: str
-    codec: str
+    continuation: Contract
+    codec: Codec
     timeout: float | None
     block_size: int | None
     max_file_bytes: int
@@ -95,8 +93,8 @@ class SaveOptions:
 
     step: int
     process_group: Any = None
-    continuation: str = "exact"
-    codec: str = "none"
+    continuation: Contract = "exact"
+    codec: Codec = "none"
     timeout: float | None = None
     block_size: int | None = None
     max_file_bytes: int = 4 << 30

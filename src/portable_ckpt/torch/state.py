@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from portable_ckpt.errors import EntrySchemaError, UsageError
+from portable_ckpt.format.vocab import POLICIES
 from portable_ckpt.torch.flatten import StateEntry, decode_json, encode_json
 
 __all__ = [
@@ -45,12 +46,9 @@ __all__ = [
     "restore_rng",
 ]
 
-_POLICIES = ("require_same", "modulo", "rank0", "drop")
-
-
 def _check_policy(policy: str) -> str:
-    if policy not in _POLICIES:
-        raise UsageError(f"world_size_policy must be one of {_POLICIES}, got {policy!r}")
+    if policy not in POLICIES:
+        raise UsageError(f"world_size_policy must be one of {POLICIES}, got {policy!r}")
     return policy
 
 
