@@ -370,3 +370,21 @@ def protocol_failures(rank: int, world: int, root: str, scratch: str) -> dict[st
         v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"
     ]
     return out
+
+
+def die_after_gather(rank: int, world: int, root: str) -> dict[str, Any]:
+    """The last rank dies once rank 0 has its index: rank 0 commits, then cannot tell everyone."""
+    state = {"w": torch.arange(6.0)}
+    pckt.save(state, root, step=1, timeout=10)
+    if rank == world - 1:
+        from portable_ckpt.torch._collectives import Comm
+
+        orig = Comm.gather_json
+
+        def dying(self: Any, obj: Any, what: str) -> Any:
+            out = orig(self, obj, what)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return out
+
+        Comm.gather_json = dying  # type: ignore[method-assign]
+    return _outcome(lambda: pckt.save({"w": torch.arange(6.0) + 1}, root, step=2, timeout=10))

@@ -286,3 +286,18 @@ def test_protocol_failures_raise_everywhere_naming_the_rank(tmp_path: Any) -> No
         if p.is_file() and p.relative_to(root).parts[0] != committed
     ]
     assert leftovers == []
+
+
+def test_rank_lost_after_the_commit_is_not_reported_as_nothing_published(tmp_path: Any) -> None:
+    """A rank dies after rank 0 gathered every index: rank 0 commits; the outcome broadcast
+    fails. Rank 0 says the version was published, the surviving peer that it cannot know, and
+    nothing is removed: the version is committed and restores."""
+    res = run("die_after_gather", 3, str(tmp_path), timeout=90)
+    assert res.exitcodes[2] == -9
+    r0, r1 = res.results[0], res.results[1]
+    assert r0["code"] == r1["code"] == "PCK-DISTRIBUTED", (r0, r1)
+    assert "rank 0 did publish it" in r0["message"], r0
+    assert "outcome is unknown on this rank" in r1["message"], r1
+    ck = portable_ckpt.open(str(tmp_path))
+    assert ck.step == 2 and ck.verify(deep=True) == []
+    assert ck.read("w").tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]

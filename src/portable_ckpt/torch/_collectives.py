@@ -155,7 +155,8 @@ class Comm:
 
         """
         local, own, status = self._run_local(fn)
-        statuses = [StepStatus.from_json(d) for d in self.allgather_json(status.to_json(), name)]
+        docs = self._exchange(lambda: self.allgather_json(status.to_json(), name), outcome)
+        statuses = [StepStatus.from_json(d) for d in docs]
         failures = [f for s in statuses for f in s.failures]
         if failures:
             self._raise(failures, own, what=what, outcome=outcome)
@@ -194,17 +195,37 @@ class Comm:
 
         """
         local, own, status = self._run_local(local_fn)
-        docs = self.gather_json(status.to_json(), f"{name} (gather)")
+        docs = self._exchange(
+            lambda: self.gather_json(status.to_json(), f"{name} (gather)"), outcome
+        )
         verdict = StepStatus()
         if docs is not None:
             verdict, rank0_error = self._coordinate(docs, rank0_fn)
             own = own or rank0_error
-        verdict = StepStatus.from_json(self.broadcast_json(verdict.to_json(), f"{name} (outcome)"))
+        verdict = self._announce(verdict, f"{name} (outcome)", docs is not None, outcome)
         if not verdict.ok:
             if on_failure is not None:
                 on_failure()
             self._raise(list(verdict.failures), own, what=what, outcome=outcome)
         return local, verdict.value
+
+    def _announce(
+        self, verdict: StepStatus, name: str, coordinator: bool, outcome: str
+    ) -> StepStatus:
+        """Broadcast rank 0's verdict; a failure says what this rank knows of the outcome."""
+        if not coordinator:
+            unknown = (
+                "the outcome is unknown on this rank: rank 0 may have published it (see "
+                "`portable-ckpt ls`); nothing was removed"
+            )
+        elif verdict.ok:
+            unknown = "rank 0 did publish it, but not every rank could be told"
+        else:
+            unknown = outcome
+        sent = verdict.to_json()
+        return StepStatus.from_json(
+            self._exchange(lambda: self.broadcast_json(sent, name), unknown)
+        )
 
     def _run_local(
         self, fn: Callable[[], tuple[T, Any]]
@@ -247,6 +268,14 @@ class Comm:
             f"{what} failed on rank(s) {ranks} ({detail}); {outcome}", failures=failures
         )
 
+    @staticmethod
+    def _exchange(run: Callable[[], T], outcome: str) -> T:
+        """Run a collective of a step; a failure says what the step leaves behind."""
+        try:
+            return run()
+        except DistributedError as e:
+            raise DistributedError(f"{e.message}; {outcome}", failures=e.failures) from e
+
     # -- JSON collectives --------------------------------------------------------------------------
 
     def _fail(self, what: str, e: BaseException) -> DistributedError:
@@ -262,8 +291,7 @@ class Comm:
             )
             failures = []
         return DistributedError(
-            f"rank {self.rank}/{self.world_size}: collective '{what}' failed: {e}. {cause}; "
-            f"nothing was published by this operation",
+            f"rank {self.rank}/{self.world_size}: collective '{what}' failed: {e}. {cause}",
             failures=failures,
         )
 
