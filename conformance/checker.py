@@ -539,13 +539,18 @@ class _VersionChecker:
             if st.dtype != st_dtype or st.shape != lens:
                 raise Problem("PCK-SHARD-MISMATCH", f"{where}: {rel!r}:{name} is {st.dtype}"
                               f"{st.shape}, the range record needs {st_dtype}{lens}")
+            if self.deep and st_dtype == "BOOL":
+                _check_bool_bytes(self.vf.read(rel, st.begin, st.end - st.begin),
+                                  f"{where}: {rel!r}:{name}")
             return
         if st.dtype != "U8" or len(st.shape) != 1:
             raise Problem("PCK-SHARD-MISMATCH", f"{where}: zstd range {rel!r}:{name} must be a "
                           f"1-D U8 tensor, is {st.dtype}{st.shape}")
         if self.deep:
             frame = self.vf.read(rel, st.begin, st.end - st.begin)
-            zstd_decode(frame, where=f"{where}: {rel!r}:{name}", limit=nbytes, exact=nbytes)
+            raw = zstd_decode(frame, where=f"{where}: {rel!r}:{name}", limit=nbytes, exact=nbytes)
+            if st_dtype == "BOOL":
+                _check_bool_bytes(raw, f"{where}: {rel!r}:{name} (decoded)")
 
     # -- entries -------------------------------------------------------------------------------
     def check_entry(self, name: str, e: Any, ws: int | None, step: Any) -> None:
@@ -674,6 +679,15 @@ class _VersionChecker:
                                      "file name")
                     if "tensor_table" in doc:
                         self.check_index_table(doc, rel)
+
+
+def _check_bool_bytes(data: bytes, where: str) -> None:
+    """R-DTYPE-4: a bool element is the byte 0x00 or 0x01."""
+    bad = data.translate(None, b"\x00\x01")
+    if bad:
+        at = next(i for i, b in enumerate(data) if b > 1)
+        raise Problem("PCK-DTYPE-VALUE", f"{where}: bool element {at} is stored as byte "
+                      f"0x{data[at]:02x}, not 0x00 or 0x01 (R-DTYPE-2)")
 
 
 def _step_of(value: Any) -> Any:

@@ -24,7 +24,7 @@ SEARCH_DIRS = (ROOT / "tests", ROOT / "conformance")
 #: Section prefixes in the order the spec uses them.
 PREFIXES = (
     "R-LAYOUT", "R-ID", "R-COMMIT", "R-FILES", "R-CKSUM", "R-DTYPE", "R-TENSOR", "R-TABLE",
-    "R-COVER", "R-READ", "R-SHARD", "R-ENTRY", "R-CONTRACT", "R-INDEX", "R-DRILL", "R-GC",
+    "R-COVER", "R-READ", "R-VERIFY", "R-SHARD", "R-ENTRY", "R-CONTRACT", "R-INDEX", "R-DRILL", "R-GC",
     "R-VERSION", "R-ERR", "R-SEC",
 )
 _DEFINITION = re.compile(r"(?<!`)\[(R-[A-Z]+-[0-9]+)\]")

@@ -21,6 +21,7 @@ __all__ = [
     "CoverageOverlapError",
     "DistributedError",
     "DtypeUnsupportedError",
+    "DtypeValueError",
     "EntryMissingError",
     "EntrySchemaError",
     "FeatureUnsupportedError",
@@ -143,6 +144,12 @@ class DtypeUnsupportedError(CheckpointError):
     """A dtype outside the format's dtype table."""
 
     code = "PCK-DTYPE-UNSUPPORTED"
+
+
+class DtypeValueError(CheckpointError):
+    """A stored element is not a valid value of its dtype (a ``bool`` byte other than 0x00/0x01)."""
+
+    code = "PCK-DTYPE-VALUE"
 
 
 class RangeBoundsError(CheckpointError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from typing import Any
 
@@ -163,10 +164,14 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.sample is not None and not 0 < args.sample <= 1:
         raise UsageError("--sample must be a fraction in (0, 1]")
+    if args.seed is not None and args.sample is None:
+        raise UsageError("--seed needs --sample")
+    # A sample is reproducible: the seed used is always printed (drawn when not given).
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     errors: list[CheckpointError]
     try:
         ck = portable_ckpt.open(args.ckpt, step=args.step)
-        errors = ck.verify(deep=args.deep, sample=args.sample)
+        errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed)
         target = ck.path
     except UsageError:
         raise
@@ -175,17 +180,24 @@ def _verify(args: argparse.Namespace) -> int:
         target = args.ckpt
     ok = not errors
     if args.json:
-        print(
-            json.dumps(
-                {"ok": ok, "path": target, "errors": [e.to_json() for e in errors]}, indent=2
+        doc: dict[str, Any] = {"ok": ok, "path": target, "errors": [e.to_json() for e in errors]}
+        if args.sample is not None:
+            doc["sample"] = {"fraction": args.sample, "seed": seed}
+        print(json.dumps(doc, indent=2))
+    else:
+        mode = (
+            "deep verification"
+            if args.deep
+            else (
+                f"sampled verification: fraction {args.sample}, seed {seed}"
+                if args.sample
+                else "metadata verification"
             )
         )
-    else:
-        mode = "deep" if args.deep else (f"sample {args.sample}" if args.sample else "metadata")
-        if ok:
-            print(f"OK  {target} ({mode} verification)")
         for e in errors:
             print(f"{e.code}  {e.message}", file=sys.stdout)
+        verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
+        print(f"{verdict}  {target} ({mode})")
     return 0 if ok else 1
 
 
@@ -249,7 +261,13 @@ def register(sub: Any) -> None:
         type=float,
         default=None,
         metavar="FRACTION",
-        help="read and checksum a random fraction of the chunks",
+        help="read and check a random fraction of the range records (without replacement)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of --sample's draw (default: a fresh one, printed so the run can be repeated)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_verify)

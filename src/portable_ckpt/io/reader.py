@@ -22,6 +22,7 @@ from portable_ckpt.errors import (
     CheckpointError,
     ContractError,
     CoverageGapError,
+    DtypeValueError,
     EntryMissingError,
     FileSizeError,
     JsonInvalidError,
@@ -366,7 +367,52 @@ class Checkpoint:
         for item in items:
             dst = out[item.box.slices(box.offsets)] if out.ndim else out
             self._read_item(t, item.record, item.box, dst)
+        if t.dtype == "bool":
+            self._check_bool(t, out, [(it.record, it.box) for it in items], box.offsets)
         return out
+
+    def _check_bool(
+        self,
+        t: TensorEntry,
+        arr: np.ndarray[Any, Any],
+        pieces: Sequence[tuple[RangeRecord, Box]],
+        origin: Sequence[int],
+    ) -> None:
+        """R-DTYPE-4: every delivered ``bool`` byte is 0x00 or 0x01 (one pass, no temporary).
+
+        ``pieces`` are the (record, box) pairs that filled ``arr``, whose first element is at
+        ``origin``; they are searched only to name the offending range.
+        """
+        if arr.size == 0 or int(arr.view(np.uint8).max()) <= 1:
+            return
+        for rec, inter in pieces:
+            part = arr[inter.slices(origin)] if arr.ndim else arr
+            raw = part.view(np.uint8)
+            if int(raw.max()) > 1:
+                at = np.unravel_index(int(np.argmax(raw > 1)), raw.shape)
+                elem = [int(o + i) for o, i in zip(inter.offsets, at, strict=True)]
+                raise self._bool_error(t, rec, elem, int(raw[at]))
+
+    def _bool_error(
+        self, t: TensorEntry, rec: RangeRecord, elem: Sequence[int], byte: int
+    ) -> DtypeValueError:
+        return DtypeValueError(
+            f"{self._rel(rec.file)!r}: tensor {t.key!r} range {rec.name!r}: element "
+            f"{list(elem)} is stored as byte 0x{byte:02x}; a bool is 0x00 or 0x01 (the writer "
+            "broke R-DTYPE-2)",
+            path=rec.file,
+        )
+
+    def _check_bool_window(
+        self, t: TensorEntry, rec: RangeRecord, window: memoryview, first: int
+    ) -> None:
+        """R-DTYPE-4 on bytes ``first …`` of a range's elements (C order of the range)."""
+        raw = np.frombuffer(window, dtype=np.uint8)
+        if raw.size and int(raw.max()) > 1:
+            i = int(np.argmax(raw > 1))
+            at = np.unravel_index(first + i, rec.lengths) if rec.lengths else ()
+            elem = [int(o + j) for o, j in zip(rec.offsets, at, strict=True)]
+            raise self._bool_error(t, rec, elem, int(raw[i]))
 
     def _read_item(
         self, t: TensorEntry, rec: RangeRecord, inter: Box, dst: np.ndarray[Any, Any]
@@ -417,6 +463,14 @@ class Checkpoint:
         what: str,
     ) -> None:
         """Decode a large zstd range through bounded windows, delivering box ``rel``."""
+        stream, step = self._frame_stream(t, rec, st, what)
+        used = stream_box(stream, rec.lengths, t.itemsize, rel, dst, ZSTD_WINDOW_BYTES)
+        self._note_scratch(used + step)
+
+    def _frame_stream(
+        self, t: TensorEntry, rec: RangeRecord, st: ShardTensor, what: str
+    ) -> tuple[FrameStream, int]:
+        """A bounded decoder of a range's frame, and its input window (checksum-aligned)."""
         bs = self.manifest.files[rec.file].checksum.block_size
         step = max(bs, ZSTD_INPUT_BYTES // bs * bs)  # input windows end on checksum blocks
 
@@ -428,8 +482,7 @@ class Checkpoint:
             read, st.end - st.start, expect=expect, what=what, first=step - st.start % step,
             step=step,
         )
-        used = stream_box(stream, rec.lengths, t.itemsize, rel, dst, ZSTD_WINDOW_BYTES)
-        self._note_scratch(used + step)
+        return stream, step
 
     def _copy_box(
         self,
@@ -547,18 +600,20 @@ class Checkpoint:
             if not match:
                 raise EntryMissingError(f"entry {name!r} has no value for rank {target}")
             path = match[0].file
-        value = self._load_json_value(e, path)
-        if (
-            e.schema_id == "pck:step/1"
-            and isinstance(value, dict)
-            and value.get("step") != self.step
-        ):
+        return self._load_json_value(e, path)
+
+    def _load_json_value(self, e: Entry, path: str) -> Any:
+        """Read, decode and check one value file of entry ``e`` (R-ENTRY-2/-3/-6/-13)."""
+        value = self._decode_value(e, path)
+        if e.schema_id == "pck:step/1" and isinstance(value, dict) and value.get("step") != self.step:
             raise StepMismatchError(
-                f"entry {name!r} records step {value.get('step')!r}, the manifest's step is {self.step}"
+                f"{self._rel(path)!r}: entry {e.name!r} records step {value.get('step')!r}, the "
+                f"manifest's step is {self.step} (R-ENTRY-13)",
+                path=path,
             )
         return value
 
-    def _load_json_value(self, e: Entry, path: str) -> Any:
+    def _decode_value(self, e: Entry, path: str) -> Any:
         rec = self._file(path)
         if rec.size > jsonio.MAX_DOCUMENT_BYTES:
             raise JsonInvalidError(
@@ -589,44 +644,88 @@ class Checkpoint:
     ) -> list[CheckpointError]:
         """Check the version; return every problem found (empty when it verifies).
 
-        Always: files exist with their recorded sizes, shard headers agree with range records,
-        exactly-once coverage of every tensor, every entry value against its schema.
-        ``deep``: every block of every file is read and checksummed. ``sample``: a random fraction
-        of the stored chunks is read and checksummed (the cheap post-commit spot check).
+        The checks and their order are those of spec §10.1 (R-VERIFY-1 … R-VERIFY-5):
+
+        1. every listed file exists with its recorded size;
+        2. every tensor: exactly-once coverage; every range record against its shard header
+           (and a zstd frame's declared size);
+        3. every entry value: decoded, strict JSON, valid against its schema, and a
+           ``pck:step/1`` value equal to the manifest's step;
+        4. data: with ``deep``, every block of every file, every zstd range decoded and every
+           ``bool`` range's bytes; with ``sample`` (a fraction in (0, 1]), ``ceil(sample × n)``
+           of the n range records drawn without replacement by ``random.Random(seed)``, each
+           read whole with the same checks.
+
+        Each problem is reported once: a file that failed (missing, wrong size, bad header, bad
+        checksum block) is not used again.
         """
-        errors: list[CheckpointError] = []
-
-        def attempt(fn: Any, *args: Any) -> None:
-            try:
-                fn(*args)
-            except CheckpointError as exc:
-                errors.append(exc)
-
+        f = _Findings()
         for path in self.manifest.files:
-            attempt(self._file, path)
-        if errors:
-            return errors
+            f.run(path, self._file, path)
         for key, t in self.tensors.items():
-            attempt(self._tensor, key)
+            f.run(None, self._tensor, key)
             for rec in t.ranges:
-                attempt(self._shard_tensor, t, rec)
+                f.run(rec.file, self._shard_tensor, t, rec)
         for e in self.entries.values():
             for v in e.values:
-                attempt(self._load_json_value, e, v.file)
+                f.run(v.file, self._load_json_value, e, v.file)
+        chunks: list[tuple[TensorEntry, RangeRecord]] = []
         if deep:
             for path in self.manifest.files:
-                attempt(self._verify_file, path)
+                f.run(path, self._verify_file, path)
+            chunks = [
+                (t, r)
+                for t in self.tensors.values()
+                for r in t.ranges
+                if t.dtype == "bool" or r.codec == "zstd"
+            ]
         elif sample:
-            rng = random.Random(seed)
-            chunks = [(t, r) for t in self.tensors.values() for r in t.ranges]
-            k = min(len(chunks), max(1, math.ceil(len(chunks) * sample))) if chunks else 0
-            for t, r in rng.sample(chunks, k):
-                attempt(self._verify_chunk, t, r)
-        return errors
+            every = [(t, r) for t in self.tensors.values() for r in t.ranges]
+            k = min(len(every), math.ceil(len(every) * sample))
+            chunks = random.Random(seed).sample(every, k)
+        for t, r in chunks:
+            f.run(r.file, self._verify_chunk, t, r, deep)
+        return f.errors
 
-    def _verify_chunk(self, t: TensorEntry, rec: RangeRecord) -> None:
+    def _verify_chunk(self, t: TensorEntry, rec: RangeRecord, checksummed: bool) -> None:
+        """Read one stored range whole: its blocks, its zstd frame, its ``bool`` bytes.
+
+        ``checksummed``: the file's blocks were already verified (deep mode); only ranges whose
+        content has rules of its own (zstd, bool) are read again then. Memory stays bounded by
+        one window whatever the range's size.
+        """
         st = self._shard_tensor(t, rec)
-        self._read_verified(rec.file, st.start, st.end, None)
+        if rec.codec == "zstd":
+            self._verify_frame(t, rec, st)
+        elif t.dtype == "bool":
+            bs = self.manifest.files[rec.file].checksum.block_size
+            step = max(bs, WINDOW_BYTES // bs * bs)
+            buf = memoryview(bytearray(min(step, st.end - st.start)))
+            self._note_scratch(len(buf))
+            lo = st.start
+            while lo < st.end:
+                hi = min(st.end, (lo // step + 1) * step)  # windows end on checksum blocks
+                self._read_verified(rec.file, lo, hi, buf[: hi - lo])
+                self._check_bool_window(t, rec, buf[: hi - lo], lo - st.start)
+                lo = hi
+        elif not checksummed:
+            self._read_verified(rec.file, st.start, st.end, None)
+
+    def _verify_frame(self, t: TensorEntry, rec: RangeRecord, st: ShardTensor) -> None:
+        """Decode a zstd range to its end in bounded windows (R-TENSOR-7), checking bools."""
+        what = f"{self._rel(rec.file)}: tensor {t.key!r} range {rec.name!r}"
+        stream, step = self._frame_stream(t, rec, st, what)
+        expect = math.prod(rec.lengths) * t.itemsize
+        buf = memoryview(bytearray(min(expect, ZSTD_WINDOW_BYTES)))
+        self._note_scratch(len(buf) + step)
+        done = 0
+        while done < expect:
+            n = min(len(buf), expect - done)
+            stream.readinto(buf[:n])
+            if t.dtype == "bool":
+                self._check_bool_window(t, rec, buf[:n], done)
+            done += n
+        stream.finish()
 
     def _verify_file(self, path: str) -> None:
         res = verify_file(self.storage, self._rel(path), self._file(path))
@@ -634,3 +733,36 @@ class Checkpoint:
         with self._lock:
             self.stats.bytes_read += res.bytes_read
             self.stats.blocks_verified += res.blocks
+
+
+#: Codes that make a file unusable for the rest of a verification (reported once).
+_FILE_CODES = frozenset(
+    {"PCK-FILE-MISSING", "PCK-FILE-SIZE", "PCK-CHECKSUM", "PCK-SHARD-HEADER", "PCK-STORAGE",
+     "PCK-PATH-UNSAFE"}
+)
+
+
+class _Findings:
+    """The problems of one :meth:`Checkpoint.verify`, each reported once."""
+
+    def __init__(self) -> None:
+        self.errors: list[CheckpointError] = []
+        self.bad_files: set[str] = set()
+        self._seen: set[tuple[str, str]] = set()
+
+    def run(self, file: str | None, fn: Any, *args: Any) -> None:
+        """Run one check that needs ``file``; skip it when that file already failed.
+
+        A check repeated on the same object (a range record checked again when its data is
+        read) fails with the same code and message: that repeat is dropped.
+        """
+        if file is not None and file in self.bad_files:
+            return
+        try:
+            fn(*args)
+        except CheckpointError as exc:
+            if (exc.code, exc.message) not in self._seen:
+                self._seen.add((exc.code, exc.message))
+                self.errors.append(exc)
+            if file is not None and exc.code in _FILE_CODES:
+                self.bad_files.add(file)

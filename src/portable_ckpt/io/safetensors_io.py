@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,7 +136,33 @@ def parse_header(prefix: bytes, header: bytes, *, path: str, file_size: int) -> 
                 path=path,
             )
         tensors[name] = ShardTensor(name, dtype, tuple(shape), data_start + b, data_start + e)
+    _check_packed(tensors.values(), data_start, data_len, path)
     return ShardHeader(data_start, tensors, dict(meta))
+
+
+def _check_packed(tensors: Iterable[ShardTensor], data_start: int, data_len: int, path: str) -> None:
+    """R-SHARD-9: the tensors tile the data area from its first byte to its last, in some order.
+
+    A hole (bytes no tensor owns), an overlap or bytes after the last tensor are
+    ``PCK-SHARD-HEADER``, as the safetensors library reports them.
+    """
+    pos = data_start
+    for t in sorted(tensors, key=lambda t: (t.start, t.end)):
+        if t.start != pos:
+            kind = "a hole before" if t.start > pos else "an overlap with"
+            raise ShardHeaderError(
+                f"{path}: tensor {t.name!r} starts at data offset {t.start - data_start}, the "
+                f"previous tensor ends at {pos - data_start} ({kind} it); tensors must be packed "
+                "without holes or overlaps",
+                path=path,
+            )
+        pos = t.end
+    if pos != data_start + data_len:
+        raise ShardHeaderError(
+            f"{path}: the tensors end at data offset {pos - data_start}, the data area has "
+            f"{data_len} bytes ({data_start + data_len - pos} bytes no tensor owns)",
+            path=path,
+        )
 
 
 def load_header(
