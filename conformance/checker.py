@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.regex import BadPattern, compiled, patterns_of
 from conformance.schemas import SchemaSet, load_schemas
 from conformance.spec import (
     ATTEMPT_ID_RE,
@@ -59,7 +60,7 @@ __all__ = ["Finding", "Report", "check", "check_version", "find_versions"]
 
 MANIFEST_MAX_BYTES = 1 << 30
 ENTRY_MAX_BYTES = 64 << 20
-_VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)$")
+_VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
 
 
 @dataclass
@@ -111,11 +112,19 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str:
+def _bad_path(keyword: str, instance: Any) -> bool:
+    """A violation of the path definition: its pattern, length, or (errata 1) its ``not``."""
+    return keyword in ("pattern", "maxLength") or (keyword == "not"
+                                                   and path_problem(instance) is not None)
+
+
+def _classify_schema_error(path: list[str | int], keyword: str, doc: Any,
+                           instance: Any = None) -> str:
     """Map a schema violation to the most specific code the spec has for that location.
 
     The error table has specific codes for rules that the schemas also express (dtype enum,
     path patterns, box rank, lengths >= 1, ...); those take precedence over PCK-SCHEMA.
+    ``instance`` is the value that failed (for a ``files`` key: the key).
     """
     if not path:
         return "PCK-SCHEMA"
@@ -126,10 +135,10 @@ def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str
     if top == "tensor_table" and n == 2:
         if path[1] == "codec" and keyword in ("enum", "const"):
             return "PCK-CODEC"
-        if path[1] == "file" and keyword in ("pattern", "maxLength"):
+        if path[1] == "file" and _bad_path(keyword, instance):
             return "PCK-PATH-UNSAFE"
     if top == "files":
-        if n == 1 and keyword in ("pattern", "maxLength"):
+        if n == 1 and _bad_path(keyword, instance):
             return "PCK-PATH-UNSAFE"
         if n == 3 and path[2] == "size" and keyword == "maximum":
             return "PCK-LIMIT"
@@ -147,7 +156,7 @@ def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str
                 if isinstance(shape, list) and 0 in shape:
                     return "PCK-RANGE-BOUNDS"
                 return "PCK-COVERAGE-OVERLAP"
-            if n >= 5 and path[4] == "file" and keyword in ("pattern", "maxLength"):
+            if n >= 5 and path[4] == "file" and _bad_path(keyword, instance):
                 return "PCK-PATH-UNSAFE"
             if n >= 5 and path[4] == "codec" and keyword in ("enum", "const"):
                 return "PCK-CODEC"
@@ -159,8 +168,8 @@ def _classify_schema_error(path: list[str | int], keyword: str, doc: Any) -> str
     if top == "entries" and n >= 3:
         if path[2] == "values" and n == 3 and keyword == "minItems":
             return "PCK-ENTRY-MISSING"
-        if n >= 5 and path[2] == "values" and path[4] == "file" and keyword in (
-                "pattern", "maxLength"):
+        if n >= 5 and path[2] == "values" and path[4] == "file" and _bad_path(keyword,
+                                                                               instance):
             return "PCK-PATH-UNSAFE"
         if path[2] == "schema" and n == 3:
             e = doc.get("entries", {}).get(path[1], {}) if isinstance(doc, dict) else {}
@@ -204,10 +213,8 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
     n = 0
     for err in validator.iter_errors(doc):
         path = list(err.absolute_path)
-        if name == "manifest":
-            code = _classify_schema_error(path, str(err.validator), doc)
-        elif path and path[0] == "tensor_table":
-            code = _classify_schema_error(path, str(err.validator), doc)
+        if name == "manifest" or (path and path[0] == "tensor_table"):
+            code = _classify_schema_error(path, str(err.validator), doc, err.instance)
         else:
             code = "PCK-SCHEMA"
         generic |= code == "PCK-SCHEMA"
@@ -636,12 +643,20 @@ class _VersionChecker:
         from jsonschema.exceptions import SchemaError as JsSchemaError
 
         try:
-            Draft202012Validator.check_schema(js)
+            # "format": "regex" of the meta-schema would use Python's re: patterns are
+            # checked against the portable subset (§18.7) below instead.
+            Draft202012Validator.check_schema(js, format_checker=None)
         except JsSchemaError as exc:
             raise Problem("PCK-ENTRY-SCHEMA", f"json_schema is not a valid Draft 2020-12 "
                           f"schema: {exc.message[:200]}") from None
         if _has_remote_ref(js):
             raise Problem("PCK-ENTRY-SCHEMA", "json_schema uses a remote $ref")
+        for pattern in patterns_of(js):
+            try:
+                compiled(pattern)
+            except BadPattern as exc:
+                raise Problem("PCK-ENTRY-SCHEMA", f"json_schema pattern {pattern[:80]!r}: "
+                              f"{exc} (R-ENTRY-15)") from None
         return (js if isinstance(js, dict) else {"not": {}} if js is False else {}), None
 
     # -- writer indexes, drills ----------------------------------------------------------------

@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from conformance.regex import compiled
 from conformance.spec import BUILTIN_SCHEMA_FILES
 
 __all__ = ["REQUIRED_SCHEMAS", "SchemaSet", "SchemasUnavailable", "default_schema_dir",
@@ -45,21 +46,26 @@ def default_schema_dir() -> Path:
 
 
 class SchemaSet:
-    """Every schema below a directory, addressable by file name and by ``$id``."""
+    """Every schema below a directory, addressable by file name and by ``$id``.
+
+    A file ``errata/<rel>`` replaces ``<rel>`` (same ``$id``, spec §19.1): validators use the
+    errata schemas, whose regular expressions are in the portable subset of §18.7.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.by_file: dict[str, dict[str, Any]] = {}
         self.by_id: dict[str, dict[str, Any]] = {}
         if root.is_dir():
-            for p in sorted(root.rglob("*.json")):
+            found = sorted(root.rglob("*.json"), key=lambda p: p.parts[len(root.parts)] == "errata")
+            for p in found:
                 try:
                     doc = json.loads(p.read_text(encoding="utf-8"))
                 except (OSError, ValueError):
                     continue
                 if not isinstance(doc, dict):
                     continue
-                rel = p.relative_to(root).as_posix()
+                rel = p.relative_to(root).as_posix().removeprefix("errata/")
                 self.by_file[rel] = doc
                 sid = doc.get("$id")
                 if isinstance(sid, str):
@@ -83,13 +89,14 @@ class SchemaSet:
                 "$PCK_SPEC_SCHEMAS)")
 
     def validator(self, schema: dict[str, Any] | bool) -> Any:
-        """A (cached) Draft 2020-12 validator of ``schema`` resolving refs in this set only."""
-        from jsonschema import Draft202012Validator
+        """A (cached) Draft 2020-12 validator of ``schema`` resolving refs in this set only.
 
+        Regular expressions run on RE2 with their ECMA-262 meaning (:mod:`conformance.regex`).
+        """
         key = id(schema)
         hit = self._validators.get(key)
         if hit is None or hit[0] is not schema:
-            hit = (schema, Draft202012Validator(schema, registry=self.registry()))
+            hit = (schema, _re2_validator_class()(schema, registry=self.registry()))
             if len(self._validators) > 256:
                 self._validators.clear()
             self._validators[key] = hit
@@ -145,6 +152,48 @@ class SchemaSet:
             if len(out) >= limit:
                 break
         return out
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    from jsonschema import ValidationError
+
+    if validator.is_type(instance, "string") and not compiled(pattern).search(instance):
+        yield ValidationError(f"{instance[:80]!r} does not match {pattern[:80]!r}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
+                        schema: Any) -> Any:
+    if validator.is_type(instance, "object"):
+        for pattern, sub in patterns.items():
+            rx = compiled(pattern)
+            for k, v in instance.items():
+                if rx.search(k):
+                    yield from validator.descend(v, sub, path=k, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, extra: Any, instance: Any, schema: Any) -> Any:
+    from jsonschema import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    named = schema.get("properties", {})
+    rxs = [compiled(p) for p in schema.get("patternProperties", {})]
+    rest = [k for k in instance if k not in named and not any(r.search(k) for r in rxs)]
+    if validator.is_type(extra, "object"):
+        for k in rest:
+            yield from validator.descend(instance[k], extra, path=k)
+    elif extra is False and rest:
+        yield ValidationError(f"additional properties are not allowed: {rest[:5]!r}")
+
+
+@lru_cache(maxsize=1)
+def _re2_validator_class() -> Any:
+    """Draft 2020-12 with ``pattern``/``patternProperties`` evaluated on RE2 (R-ENTRY-15)."""
+    from jsonschema import Draft202012Validator, validators
+
+    return validators.extend(Draft202012Validator, {
+        "pattern": _pattern, "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties})
 
 
 @lru_cache(maxsize=4)

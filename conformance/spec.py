@@ -34,8 +34,8 @@ __all__ = [
 ]
 
 #: attempt id: ``s<step:012d>-<YYYYMMDD>T<HHMMSS><micro:06d>Z-<16 hex>``.
-ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-[0-9]{8}T[0-9]{12}Z-[0-9a-f]{16}$")
-PATH_COMPONENT_RE = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-[0-9]{8}T[0-9]{12}Z-[0-9a-f]{16}\Z")
+PATH_COMPONENT_RE = re.compile(r"^[A-Za-z0-9._-]{1,255}\Z")
 MAX_COMPONENTS = 8
 #: format dtype name -> (safetensors dtype, itemsize)
 DTYPES: dict[str, tuple[str, int]] = {

@@ -245,7 +245,19 @@ def parse_safetensors_header(vf: VersionFiles, rel: str) -> StHeader:
     if n > MAX_HEADER_BYTES or n > size - 8:
         raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header length {n} is absurd (file size {size}, "
                       f"limit {MAX_HEADER_BYTES})")
-    return _validate_header(vf.read(rel, 8, n), n, size, rel)
+    raw = vf.read(rel, 8, n)
+    header = _validate_header(raw, n, size, rel)
+    _check_padding(raw, rel)
+    return header
+
+
+def _check_padding(raw: bytes, rel: str) -> None:
+    """R-SHARD-2 (a writer rule, reported by checkers, R-SHARD-10): ``{…}`` then spaces, N % 8 = 0."""
+    text = raw.rstrip(b" ")
+    if len(raw) % 8 or not raw.startswith(b"{") or not text.endswith(b"}"):
+        raise Problem("PCK-SHARD-HEADER", f"{rel!r}: the header ({len(raw)} bytes) must be the "
+                      "JSON object, from its '{', padded with spaces (0x20) to a multiple of 8 "
+                      "bytes (R-SHARD-2; readers accept such a file, R-SHARD-10)")
 
 
 def parse_safetensors_bytes(data: bytes, what: str) -> StHeader:

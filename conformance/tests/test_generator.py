@@ -16,7 +16,7 @@ VERSIONS = list(VECTOR_DIRS)
 
 
 def _generator(version: str) -> ModuleType:
-    stem = f"generate_{version.replace('.', '_')}"
+    stem = f"generate_{version.replace('.', '_').replace('-', '_')}"
     path = VECTOR_DIRS[version].parent / f"{stem}.py"
     spec = importlib.util.spec_from_file_location(f"pck_{stem}", path)
     assert spec and spec.loader

@@ -1,14 +1,17 @@
 """Golden vectors of the format (``vectors/<format version>/``) and helpers to use them.
 
 ``vectors/1.0/`` holds the vectors of format 1.0, ``vectors/1.1/`` those added by format 1.1
-(tensor tables, spec §8.5). Both are frozen (R-VERSION-9); a reader of 1.1 passes both
-(:data:`VECTOR_DIRS`, :func:`all_cases`).
+(tensor tables, spec §8.5), ``vectors/errata-1/`` the file-level cases of errata 1 (spec §20:
+shard data areas and headers, zstd frames, bool bytes, schema patterns). All are frozen
+(R-VERSION-9); a reader of 1.1 passes all of them (:data:`VECTOR_DIRS`, :func:`all_cases`).
 
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
 relative to the case directory), for valid cases ``expected`` (expected.json with every tensor's
 dtype, shape, values and exact little-endian bytes as hex, and every entry value; per_rank
 entries as ``{"per_rank": {"<rank>": value}}``), for invalid ones ``code`` (the error a reader
-must report) and ``deep`` (the defect is only visible when data blocks are read), and optional
+must report) and ``deep`` (the defect is only visible when data blocks are read); an invalid
+case with ``"reader": "accept"`` breaks a rule that binds writers only: a conformance checker
+reports ``code`` and a reader reads ``expected``. Optional
 ``setup`` operations to apply to a copy before use (``{"op": "symlink", "path", "target"}``:
 create a symbolic link that git cannot be trusted to carry).
 """
@@ -21,13 +24,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "all_cases", "load_cases",
-           "materialize"]
+__all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1", "all_cases",
+           "load_cases", "materialize"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
 VECTOR_DIR_1_1 = Path(__file__).resolve().parent / "1.1"
-#: every vector directory by format version, oldest first.
-VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1}
+VECTOR_DIR_ERRATA_1 = Path(__file__).resolve().parent / "errata-1"
+#: every vector set (a format version, or an errata set of one) by name, oldest first.
+VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
+                                "errata-1": VECTOR_DIR_ERRATA_1}
 
 
 def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:

@@ -93,8 +93,11 @@ KNOWN_EXTENSIONS: frozenset[str] = frozenset({"tensor-table"})
 
 _HEX_DIGITS = b"0123456789abcdef"
 _CTRL = re.compile(r"[\x00-\x1f\x7f]")
-_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
-_TS = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$")
+_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
+_TS = re.compile(
+    r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"
+    r"(\.[0-9]{1,9})?Z\Z"
+)  # the schema's timestamp pattern (common.schema.json), anchored at the very end
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 #: Attempt ids: step, UTC time to the microsecond, 64 random bits.
-ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-([0-9]{8}T[0-9]{12})Z-([0-9a-f]{16})$")
+ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-([0-9]{8}T[0-9]{12})Z-([0-9a-f]{16})\Z")
 #: Largest step an attempt id can carry.
 MAX_STEP = 10**12 - 1
 

@@ -8,7 +8,7 @@ from portable_ckpt.errors import PathUnsafeError
 
 __all__ = ["MAX_COMPONENTS", "check_relative_path", "join"]
 
-_COMPONENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+_COMPONENT = re.compile(r"^[A-Za-z0-9._-]{1,255}\Z")
 # The whole rule as one expression (fast path for the thousands of paths of a large manifest);
 # anything it rejects goes through the step-by-step checks below, which explain the failure.
 _SAFE_PATH = re.compile(r"(?:(?!\.\.?/)[A-Za-z0-9._-]{1,255}/){0,7}(?!\.\.?$)[A-Za-z0-9._-]{1,255}")

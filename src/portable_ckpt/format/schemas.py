@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import re2
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
 from portable_ckpt.errors import EntrySchemaError, SchemaError
+from portable_ckpt.format.regex import PatternError, compile_pattern, schema_patterns
 
 __all__ = [
     "BUILTIN_ENTRY_SCHEMA_FILES",
@@ -33,6 +33,10 @@ BUILTIN_ENTRY_SCHEMA_FILES = {
 }
 
 
+#: Errata schemas (spec §19.1): ``errata/<rel>`` replaces ``<rel>``, with the same ``$id``.
+ERRATA_DIR = "errata"
+
+
 def schema_dir() -> Path:
     """Directory holding the JSON Schemas (the packaged copy of ``spec/schemas``)."""
     pkg = resources.files("portable_ckpt.format") / "schemas"
@@ -41,18 +45,27 @@ def schema_dir() -> Path:
 
 @functools.cache
 def _load(rel: str) -> dict[str, Any]:
-    with open(schema_dir() / rel, encoding="utf-8") as f:
+    # A released schema with an erratum is read from its errata file (R-VERSION-11).
+    errata = schema_dir() / ERRATA_DIR / rel
+    with open(errata if errata.is_file() else schema_dir() / rel, encoding="utf-8") as f:
         doc: dict[str, Any] = json.load(f)
     return doc
 
 
+@functools.cache
+def _by_id() -> dict[str, str]:
+    """``$id`` → schema file, for the released schemas (errata files share their ``$id``)."""
+    root = schema_dir()
+    rels = (p.relative_to(root).as_posix() for p in sorted(root.rglob("*.json")))
+    return {_load(rel)["$id"]: rel for rel in rels if not rel.startswith(f"{ERRATA_DIR}/")}
+
+
 def _no_remote(uri: str) -> Resource[Any]:
     # Schemas are resolved from the packaged files only; nothing is ever fetched.
-    for path in schema_dir().rglob("*.json"):
-        doc = _load(str(path.relative_to(schema_dir())))
-        if doc.get("$id") == uri:
-            return Resource.from_contents(doc)
-    raise NoSuchResource(uri)
+    rel = _by_id().get(uri)
+    if rel is None:
+        raise NoSuchResource(uri)
+    return Resource.from_contents(_load(rel))
 
 
 @functools.cache
@@ -62,9 +75,9 @@ def _registry() -> Registry[Any]:
 
 @functools.cache
 def _validator(rel: str) -> jsonschema.protocols.Validator:
-    schema = _load(rel)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, registry=_registry())
+    # The spec's own schemas run on the same RE2-based validator as embedded ones (§18.7).
+    v: jsonschema.protocols.Validator = _SafeValidator(_load(rel), registry=_registry())
+    return v
 
 
 def validate_document(doc: Any, schema_file: str, *, what: str) -> None:
@@ -79,17 +92,17 @@ def validate_document(doc: Any, schema_file: str, *, what: str) -> None:
 
 
 # -- Embedded schemas come from the checkpoint: hostile input. Regular expressions run on RE2
-# (linear time, no catastrophic backtracking) and uniqueItems is a hash-set check, not O(n^2).
+# (linear time, no catastrophic backtracking) with their ECMA-262 meaning (format/regex.py), and
+# uniqueItems is a hash-set check, not O(n^2).
 
 
-@functools.cache
 def _re2(pattern: str) -> Any:
     try:
-        return re2.compile(pattern)
-    except re2.error as exc:
+        return compile_pattern(pattern)
+    except PatternError as exc:
         raise EntrySchemaError(
-            f"embedded schema pattern {pattern[:80]!r} is not supported: patterns must be RE2 "
-            f"syntax (no backreferences or lookaround) ({exc})"
+            f"schema pattern {pattern[:80]!r} is outside the portable subset of ECMA-262 and "
+            f"RE2 (spec §18.7: no lookaround, backreferences or RE2-only syntax): {exc}"
         ) from None
 
 
@@ -187,8 +200,12 @@ def _embedded_validator(schema_json: str) -> jsonschema.protocols.Validator:
         raise EntrySchemaError(
             f"embedded schemas use JSON Schema Draft 2020-12, not {schema.get('$schema')!r}"
         )
-    jsonschema.Draft202012Validator.check_schema(schema)
+    # The meta-schema's "format": "regex" would compile patterns with Python's re; every
+    # pattern is compiled for the portable subset below instead (R-ENTRY-15).
+    jsonschema.Draft202012Validator.check_schema(schema, format_checker=None)
     _refuse_remote_refs(schema)
+    for pattern in schema_patterns(schema):
+        _re2(pattern)
     v: jsonschema.protocols.Validator = _SafeValidator(schema, registry=Registry())
     return v
 

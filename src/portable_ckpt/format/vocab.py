@@ -63,7 +63,7 @@ ENCODINGS: Final[tuple[Encoding, ...]] = get_args(Encoding)
 ENTRY_NAME_MAX: Final = 256
 #: The characters of an entry name, as stated in messages.
 ENTRY_NAME_CHARS: Final = "[A-Za-z0-9._/-]"
-_ENTRY_NAME: Final = re.compile(rf"^{ENTRY_NAME_CHARS}{{1,{ENTRY_NAME_MAX}}}$")
+_ENTRY_NAME: Final = re.compile(rf"^{ENTRY_NAME_CHARS}{{1,{ENTRY_NAME_MAX}}}\Z")  # \Z: no final "\n"
 
 
 def is_entry_name(name: object) -> TypeGuard[str]:
