@@ -23,7 +23,13 @@ from conformance.cases import EntrySpec, SaveCase, TensorSpec, new_attempt_id
 from conformance.craft import Crafted, craft_attempt
 from conformance.jobs import commit_job
 from conformance.procs import Adapter, Outcome
-from conformance.trace import committer_problems, conflict_problems, fs_events, parse_trace
+from conformance.trace import (
+    FsEvent,
+    committer_problems,
+    conflict_problems,
+    fs_events,
+    parse_trace,
+)
 from conformance.verify import HarnessFailure, verify_saved
 
 __all__ = ["REFUSALS", "Refusal", "base_case", "run_commit_twice", "run_refusal",
@@ -58,7 +64,7 @@ def _boxes(key: str, boxes: list[tuple[list[int], list[int], int]]) -> Callable[
     return mutate
 
 
-def _index(w: int, fn: Callable[[dict], None]) -> Callable[[Crafted], None]:  # type: ignore[type-arg]
+def _index(w: int, fn: Callable[[dict[str, Any]], None]) -> Callable[[Crafted], None]:
     def edit(c: Crafted) -> None:
         fn(c.writers[w].index)
     return edit
@@ -185,7 +191,7 @@ def _stat(p: Path) -> tuple[bytes, int, int] | None:
         return None
 
 
-def _events(o: Outcome, cwd: Path) -> list | None:  # type: ignore[type-arg]
+def _events(o: Outcome, cwd: Path) -> list[FsEvent] | None:
     if o.trace is None:
         return None
     calls, _ = parse_trace(o.trace)
