@@ -249,6 +249,8 @@ def run_crash_case(cmd: list[str] | Adapter, cc: CrashCase, workdir: Path,
         victim = outs[cc.victim] if kind == "kill-writer" else c
         details.update(kill_after=plan.after, kill_unit=plan.mode, killed=victim.killed)
     _publish_outcome(cc, root, first, aid_b, outs, c)
+    # Processes of attempt B that ran to their end (exit 0) are held to the trace rules too.
+    _trace_check(outs, c, adapter, root, aid_b, details)
 
 
 def _publish_outcome(cc: CrashCase, root: Path, first: _Saved, aid_b: str, outs: list[Outcome],

@@ -85,6 +85,18 @@ def test_entry_names_at_the_248_boundary(bad: pytest.MonkeyPatch, fast_tmp: Path
     run_save_case(adapter(BAD_WRITER, trace=False), case, fast_tmp / "ok")
 
 
+@needs_tracing
+def test_trace_faults_in_publish_cases(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """The writers of attempt B that exit 0 are traced too (B always has data to write)."""
+    bad.setenv("PCK_BAD_MODE", "index-first")
+    a, b = explicit_case(), explicit_case(8)
+    a.tensors, a.entries = [], []  # save A has nothing to reorder
+    with pytest.raises(HarnessFailure) as ei:
+        run_crash_case(adapter(BAD_WRITER), CrashCase(a, b, "commit:before_publish", 0, 0.0),
+                       fast_tmp)
+    assert "before the writer index was created" in str(ei.value)
+
+
 def test_trace_faults_pass_untraced(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
     """Without tracing the same save passes: what the trace adds is real (and the report says
     "not checked", test_cli.py)."""
