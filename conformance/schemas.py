@@ -186,14 +186,36 @@ def _additional_properties(validator: Any, extra: Any, instance: Any, schema: An
         yield ValidationError(f"additional properties are not allowed: {rest[:5]!r}")
 
 
+def _key(v: Any) -> Any:
+    """A hashable stand-in with JSON Schema equality (1 == 1.0, true != 1, key order free)."""
+    if isinstance(v, bool) or v is None:
+        return ("lit", v)
+    if isinstance(v, (int, float)):
+        return ("num", int(v) if isinstance(v, float) and v.is_integer() else v)
+    if isinstance(v, str):
+        return ("str", v)
+    if isinstance(v, list):
+        return ("arr", tuple(_key(x) for x in v))
+    return ("obj", frozenset((k, _key(x)) for k, x in v.items()))
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
+    from jsonschema import ValidationError
+
+    if unique and validator.is_type(instance, "array"):
+        keys = [_key(x) for x in instance]
+        if len(set(keys)) != len(keys):  # hashing: linear, where pairwise compares are n^2
+            yield ValidationError("array items are not unique")
+
+
 @lru_cache(maxsize=1)
 def _re2_validator_class() -> Any:
-    """Draft 2020-12 with ``pattern``/``patternProperties`` evaluated on RE2 (R-ENTRY-15)."""
+    """Draft 2020-12 with patterns on RE2 and ``uniqueItems`` by hashing (R-ENTRY-15)."""
     from jsonschema import Draft202012Validator, validators
 
     return validators.extend(Draft202012Validator, {
         "pattern": _pattern, "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties})
+        "additionalProperties": _additional_properties, "uniqueItems": _unique_items})
 
 
 @lru_cache(maxsize=4)

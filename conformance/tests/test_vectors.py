@@ -1,4 +1,4 @@
-"""Every golden vector (1.0 and 1.1), through ``check`` and through the reference reader."""
+"""Every golden vector (1.0, 1.1, errata-1), through ``check`` and the reference reader (R-VERSION-13)."""
 
 from __future__ import annotations
 

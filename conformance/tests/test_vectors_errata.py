@@ -1,4 +1,4 @@
-"""The errata-1 vectors (spec §20) through the reference reader (the checker: test_vectors.py)."""
+"""The errata-1 vectors (spec §20, R-VERSION-12) through the reference reader (checker: test_vectors.py)."""
 
 from __future__ import annotations
 

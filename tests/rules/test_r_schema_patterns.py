@@ -88,3 +88,14 @@ def test_embedded_patterns_have_their_ecma262_meaning(tmp_path: Path, pattern: s
             assert ck.entry("cfg") == value
         else:
             expect_code("PCK-ENTRY-SCHEMA", ck.entry, "cfg")
+
+
+@pytest.mark.timeout(60)
+def test_unique_items_is_checked_without_quadratic_cost(tmp_path: Path) -> None:
+    """R-ENTRY-15: 50,000 distinct objects under uniqueItems (pairwise: 1.25e9 comparisons)."""
+    value = [{"i": i} for i in range(50_000)] + [{"i": 7.0}]
+    vdir = _with_embedded_schema(tmp_path, {"type": "array", "uniqueItems": True}, value)
+    t0 = time.perf_counter()
+    assert check(vdir).codes == {"PCK-ENTRY-SCHEMA"}  # {"i": 7.0} equals {"i": 7}
+    expect_code("PCK-ENTRY-SCHEMA", portable_ckpt.open(vdir).entry, "cfg")
+    assert time.perf_counter() - t0 < 20
