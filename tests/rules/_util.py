@@ -162,6 +162,11 @@ class RecordingStorage(LocalStorage):
         self.ops.append(("read", path, offset, sum(len(b) for b in bufs)))
         LocalStorage.read_into_many(self, path, offset, bufs)
 
+    def read_extents(self, path: str, extents: Any) -> None:
+        for offset, bufs in extents:  # one recorded read per extent (one preadv each)
+            self.ops.append(("read", path, offset, sum(len(b) for b in bufs)))
+        LocalStorage.read_extents(self, path, extents)
+
     def read_all(self, path: str, *, max_size: int) -> bytes:
         data = super().read_all(path, max_size=max_size)
         self.ops.append(("read", path, 0, len(data)))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import crc32c as _crc
 
 from portable_ckpt.errors import ChecksumError, FileSizeError
 from portable_ckpt.format.manifest import FileRecord
+from portable_ckpt.ranges.planning import Extent, Segment, Slice, cut_windows, plan_file
 from portable_ckpt.storage.base import Storage
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "BlockVerifier",
     "VerifiedRead",
     "crc32c",
+    "read_planned",
     "read_verified",
     "read_verified_bytes",
     "verify_file",
@@ -137,43 +140,21 @@ def read_verified(
         )
     if hi == lo:
         return VerifiedRead(0, 0, 0)
-    ck = rec.checksum
-    bs = ck.block_size
-    a = lo // bs * bs
-    b = min(-(-hi // bs) * bs, rec.size)
-    head = bytearray(lo - a)
-    tail = bytearray(b - hi)
-    scratch = len(head) + len(tail)
-    if dest is None:
-        dest = memoryview(bytearray(hi - lo))
-        scratch += hi - lo
-    bufs = [memoryview(head), dest.cast("B") if dest.format != "B" else dest, memoryview(tail)]
-    verifier = BlockVerifier(full_path, ck.blocks, bs, rec.size)
-    if b - a <= 2 * PIPELINE_WINDOW:
-        storage.read_into_many(full_path, a, bufs)
-        verifier.verify_span(a, bufs)
-    else:
-        # Large spans: read window k+1 in the I/O thread while window k is checksummed here.
-        windows = _split(bufs, PIPELINE_WINDOW // bs * bs or bs)
-        starts = [a]
-        for w in windows[:-1]:
-            starts.append(starts[-1] + sum(len(p) for p in w))
-        pool = _io_pool()
-        fut = pool.submit(storage.read_into_many, full_path, starts[0], windows[0])
-        for k, win in enumerate(windows):
-            fut.result()
-            if k + 1 < len(windows):
-                fut = pool.submit(storage.read_into_many, full_path, starts[k + 1], windows[k + 1])
-            try:
-                verifier.verify_span(starts[k], win)
-            except BaseException:
-                if k + 1 < len(windows):
-                    fut.result()  # never leave a read writing into memory the caller owns
-                raise
-    return VerifiedRead(b - a, verifier.verified, scratch)
+    views = {} if dest is None else {0: dest.cast("B") if dest.format != "B" else dest}
+    seg = Segment(lo, hi, 0, direct=dest is not None)
+    passes = plan_file(
+        [seg], block_size=rec.checksum.block_size, file_size=rec.size, max_shared=hi - lo
+    )
+    return read_planned(
+        storage, full_path, rec, passes, direct=lambda s: views[s.sink], deliver=_discard
+    )
 
 
-#: Reads larger than two windows are pipelined: I/O of one window overlaps the CRC of the last.
+def _discard(_: Segment, __: memoryview) -> None:
+    """Deliver nothing: the bytes were only to be verified."""
+
+
+#: Pipeline window: the I/O thread reads window k+1 while window k is checksummed and delivered.
 PIPELINE_WINDOW = 8 << 20
 _POOL: list[ThreadPoolExecutor] = []
 
@@ -184,23 +165,133 @@ def _io_pool() -> ThreadPoolExecutor:
     return _POOL[0]
 
 
-def _split(bufs: list[memoryview], window: int) -> list[list[memoryview]]:
-    """Cut the concatenation of ``bufs`` into consecutive windows of ``window`` bytes."""
-    out: list[list[memoryview]] = [[]]
-    fill = 0
-    for buf in bufs:
-        mv = buf
-        while len(mv):
-            take = min(window - fill, len(mv))
-            out[-1].append(mv[:take])
-            fill += take
-            mv = mv[take:]
-            if fill == window:
-                out.append([])
-                fill = 0
-    if not out[-1]:
-        out.pop()
-    return out
+@dataclass
+class _Window:
+    """The buffers of one pipeline window and the parts it completes."""
+
+    reads: list[tuple[int, list[memoryview]]]
+    done: list[tuple[int, int]]
+    scratch: int
+
+
+class _Buffers:
+    """Builds each window's buffer lists over the plan's parts (scratch allocated on first use)."""
+
+    def __init__(self, extents: Sequence[Extent], direct: Callable[[Segment], memoryview]) -> None:
+        self._extents = extents
+        self._direct = direct
+        self._scratch: dict[tuple[int, int], memoryview] = {}
+        self._next = [0] * len(extents)
+
+    def window(self, slices: Sequence[Slice]) -> _Window:
+        reads: list[tuple[int, list[memoryview]]] = []
+        done: list[tuple[int, int]] = []
+        fresh = 0
+        for sl in slices:
+            parts = self._extents[sl.extent].parts
+            bufs: list[memoryview] = []
+            pos = sl.lo
+            p = self._next[sl.extent]
+            while p < len(parts) and parts[p].lo < sl.hi:
+                part = parts[p]
+                a, b = max(part.lo, pos), min(part.hi, sl.hi)
+                if a > pos:
+                    bufs.append(memoryview(bytearray(a - pos)))
+                    fresh += a - pos
+                if part.in_place:
+                    view = self._direct(part.segments[0])
+                else:
+                    key = (sl.extent, p)
+                    view = self._scratch.get(key)  # type: ignore[assignment]
+                    if view is None:
+                        view = self._scratch[key] = memoryview(bytearray(part.hi - part.lo))
+                        fresh += part.hi - part.lo
+                bufs.append(view[a - part.lo : b - part.lo])
+                pos = b
+                if part.hi > sl.hi:
+                    break  # the part continues in the next slice
+                done.append((sl.extent, p))
+                p += 1
+            self._next[sl.extent] = p
+            if pos < sl.hi:
+                bufs.append(memoryview(bytearray(sl.hi - pos)))
+                fresh += sl.hi - pos
+            reads.append((sl.lo, bufs))
+        return _Window(reads, done, fresh)
+
+    def deliver(self, win: _Window, deliver: Callable[[Segment, memoryview], None]) -> None:
+        """Hand the verified bytes of every part this window completed to its segments."""
+        for i, p in win.done:
+            part = self._extents[i].parts[p]
+            if part.in_place:
+                continue
+            buf = self._scratch.pop((i, p))
+            for seg in part.segments:
+                deliver(seg, buf[seg.lo - part.lo : seg.hi - part.lo])
+
+
+def read_planned(
+    storage: Storage,
+    full_path: str,
+    rec: FileRecord,
+    passes: Sequence[Sequence[Extent]],
+    *,
+    direct: Callable[[Segment], memoryview],
+    deliver: Callable[[Segment, memoryview], None],
+    window: int | None = None,
+) -> VerifiedRead:
+    """Execute a :func:`~portable_ckpt.ranges.planning.plan_file` plan of one file.
+
+    Direct segments are read straight into ``direct(segment)`` (a buffer of the segment's
+    size); every other segment is handed its bytes with ``deliver(segment, view)``. Every block
+    an extent covers is verified before any byte of it is delivered; windows are pipelined (the
+    I/O thread reads window k+1 while window k is checksummed and delivered), and a failure
+    waits for the read in flight, so no read keeps writing into the caller's memory.
+    """
+    bs = rec.checksum.block_size
+    win = max(bs, (window or PIPELINE_WINDOW) // bs * bs)
+    verifier = BlockVerifier(full_path, rec.checksum.blocks, bs, rec.size)
+    nbytes = peak = 0
+    for extents in passes:
+        windows = cut_windows(extents, win)
+        if not windows:
+            continue
+        bufs = _Buffers(extents, direct)
+        cur = bufs.window(windows[0])
+        if len(windows) == 1:
+            storage.read_extents(full_path, cur.reads)
+            fut = None
+        else:
+            fut = _io_pool().submit(storage.read_extents, full_path, cur.reads)
+        for k in range(len(windows)):
+            nxt = None
+            if fut is not None:
+                fut.result()
+                fut = None
+                if k + 1 < len(windows):
+                    nxt = bufs.window(windows[k + 1])
+                    fut = _io_pool().submit(storage.read_extents, full_path, nxt.reads)
+            peak = max(peak, cur.scratch + (nxt.scratch if nxt is not None else 0))
+            try:
+                for off, pieces in cur.reads:
+                    verifier.verify_span(off, pieces)
+                    nbytes += sum(len(x) for x in pieces)
+                bufs.deliver(cur, deliver)
+            except BaseException:
+                _settle(fut)  # never leave a read writing into memory the caller owns
+                raise
+            if nxt is not None:
+                cur = nxt
+    return VerifiedRead(nbytes, verifier.verified, peak)
+
+
+def _settle(fut: Future[None] | None) -> None:
+    """Wait for a read in flight, ignoring its outcome (an earlier error is being raised)."""
+    if fut is not None:
+        try:
+            fut.result()
+        except BaseException:  # the first error is the one reported
+            pass
 
 
 def verify_file(

@@ -1,9 +1,22 @@
 """The reader: open a committed version, read any box of any tensor, verify what was read.
 
-Reads are planned per stored range (``ranges.planning``) and executed per range: a box that is one
-contiguous run of a stored chunk and of the destination is read straight into the destination
-(only the partial checksum blocks at its edges go through a small buffer); other boxes are read
-in bounded windows and copied with numpy. Every checksum block a read touches is verified.
+A read (:meth:`Checkpoint.read`, or :meth:`Checkpoint.read_many` for many boxes at once) runs in
+three phases:
+
+1. **Plan pieces** (no I/O but shard headers): per request, the stored ranges that feed its box
+   (``ranges.planning``), every piece checked against its shard header, destinations allocated.
+2. **Plan bytes per file**: every piece becomes byte segments of its file — one segment when the
+   piece is one contiguous run of the stored chunk and of the destination (read straight into
+   the destination), else bounded windows or rows copied out with numpy. All segments of one
+   file are planned together (:func:`~portable_ckpt.ranges.planning.plan_file`): sorted,
+   coalesced into extents of whole checksum blocks, each byte read once and each block
+   verified once however many tensors share it.
+3. **Execute** each file's plan (:func:`~portable_ckpt.io.checksum.read_planned`), pipelined:
+   reads of the next window overlap the checksums and copies of the current one.
+
+Bytes after a shard header that share its checksum blocks were verified with the header; they
+are kept (within :data:`PREFIX_BUDGET`) and served without reading them again — small tensors
+that writers store right after the header cost no extra read.
 """
 
 from __future__ import annotations
@@ -14,7 +27,7 @@ import random
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -43,16 +56,30 @@ from portable_ckpt.format.manifest import (
     TensorEntry,
 )
 from portable_ckpt.io._zstd_box import stream_box
-from portable_ckpt.io.checksum import read_verified, verify_file
+from portable_ckpt.io.checksum import read_planned, read_verified, verify_file
 from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table, read_table_file
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
-from portable_ckpt.ranges.planning import RangeIndex, ReadItem, intersect_arrays
+from portable_ckpt.ranges.planning import (
+    RangeIndex,
+    ReadItem,
+    Segment,
+    intersect_arrays,
+    plan_file,
+)
 from portable_ckpt.storage.base import Storage
 
-__all__ = ["NO_VALUE", "WINDOW_BYTES", "Checkpoint", "ReadStats", "TensorInfo"]
+__all__ = [
+    "NO_VALUE",
+    "PREFIX_BUDGET",
+    "WINDOW_BYTES",
+    "Checkpoint",
+    "ReadRequest",
+    "ReadStats",
+    "TensorInfo",
+]
 
 
 class _NoValue:
@@ -84,8 +111,72 @@ ZSTD_WHOLE_BYTES = 16 << 20
 ZSTD_WINDOW_BYTES = 4 << 20
 ZSTD_INPUT_BYTES = 1 << 20
 
+#: Most bytes after shard headers kept verified for later reads (per opened version).
+PREFIX_BUDGET = 16 << 20
+
 #: Public name of a tensor's metadata record.
 TensorInfo = TensorEntry
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One box of one tensor for :meth:`Checkpoint.read_many` (arguments as :meth:`~Checkpoint.read`)."""
+
+    key: str
+    offsets: Sequence[int] | None = None
+    lengths: Sequence[int] | None = None
+    out: np.ndarray[Any, Any] | None = None
+
+
+class _Direct:
+    """A destination read in place: ``view`` is exactly the segment's bytes."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+    def deliver(self, data: memoryview) -> None:
+        self.view[:] = data
+
+
+class _Strided:
+    """A destination filled from a byte span of a stored chunk with a strided numpy copy."""
+
+    __slots__ = ("dst", "raw", "shape", "strides")
+
+    def __init__(
+        self, dst: np.ndarray[Any, Any], isz: int, shape: tuple[int, ...], strides: tuple[int, ...]
+    ) -> None:
+        self.dst = dst
+        # Same-size unsigned ints: as_strided does not accept ml_dtypes' dtypes.
+        self.raw = np.dtype(f"u{isz}")
+        self.shape = shape
+        self.strides = tuple(x * isz for x in strides)
+
+    def deliver(self, data: memoryview) -> None:
+        full = np.frombuffer(data, dtype=self.raw)
+        view = np.lib.stride_tricks.as_strided(
+            full, shape=self.shape, strides=self.strides, writeable=False
+        )
+        self.dst.view(self.raw)[...] = view
+
+
+_Sink = _Direct | _Strided
+
+
+class _FilePlan:
+    """The byte segments one read needs from one file, with the sink of each."""
+
+    __slots__ = ("segments", "sinks")
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self.sinks: list[_Sink] = []
+
+    def add(self, lo: int, hi: int, sink: _Sink) -> None:
+        self.segments.append(Segment(lo, hi, len(self.sinks), isinstance(sink, _Direct)))
+        self.sinks.append(sink)
 
 
 @dataclass
@@ -120,6 +211,9 @@ class Checkpoint:
         self._ranges_checked: dict[tuple[Any, ...], ShardTensor] = {}
         self._indexes: dict[str, RangeIndex[RangeRecord]] = {}
         self._zcache: tuple[tuple[Any, ...], bytes] | None = None
+        #: path -> (offset, verified bytes after the header in the header's last blocks).
+        self._prefix: dict[str, tuple[int, bytes]] = {}
+        self._prefix_bytes = 0
         self._attempt = attempt_id
         #: Layouts already proven to cover their shape exactly once (table-backed tensors).
         self._layouts = LayoutCache()
@@ -196,18 +290,32 @@ class Checkpoint:
         hdr = self._headers.get(path)
         if hdr is None:
             rec = self._file(path)
+            bs = rec.checksum.block_size
+            blocks: list[tuple[int, bytearray]] = []
 
             def read(lo: int, hi: int) -> bytes:
-                buf = bytearray(hi - lo)
-                self._read_verified(path, lo, hi, memoryview(buf))
-                return bytes(buf)
+                # Whole blocks (a verified read costs them anyway); they are kept below.
+                a, b = lo // bs * bs, min(-(-hi // bs) * bs, rec.size)
+                buf = bytearray(b - a)
+                self._read_verified(path, a, b, memoryview(buf))
+                blocks.append((a, buf))
+                return bytes(buf[lo - a : hi - a])
 
             # Header bytes are verified against their checksum blocks before they are parsed.
-            hdr = load_header(
-                read, file_size=rec.size, what=self._rel(path), probe=rec.checksum.block_size
-            )
+            hdr = load_header(read, file_size=rec.size, what=self._rel(path), probe=bs)
             self._headers[path] = hdr
+            self._keep_prefix(path, hdr.data_start, blocks)
         return hdr
+
+    def _keep_prefix(self, path: str, start: int, blocks: list[tuple[int, bytearray]]) -> None:
+        """Keep the verified data bytes that share the header's blocks (within the budget)."""
+        a, buf = blocks[-1]
+        if a + len(buf) <= start:
+            return
+        tail = bytes(buf[max(0, start - a) :])
+        if self._prefix_bytes + len(tail) <= PREFIX_BUDGET:
+            self._prefix[path] = (max(start, a), tail)
+            self._prefix_bytes += len(tail)
 
     def _tensor(self, key: str) -> TensorEntry:
         t = self.manifest.tensors.get(key)
@@ -299,7 +407,11 @@ class Checkpoint:
         items: list[ReadItem[RangeRecord]] = []
         for j, a, b in zip(rows.tolist(), lo.tolist(), hi.tolist(), strict=True):
             rec = t.record(j)
-            items.append(ReadItem(rec, rec.box, Box(tuple(a), tuple(x - y for x, y in zip(b, a, strict=True)))))
+            items.append(
+                ReadItem(
+                    rec, rec.box, Box(tuple(a), tuple(x - y for x, y in zip(b, a, strict=True)))
+                )
+            )
         return items
 
     @staticmethod
@@ -342,33 +454,68 @@ class Checkpoint:
                 filled in place and returned.
 
         """
-        t = self._tensor(key)
-        box = self._target_box(t, offsets, lengths)
-        items = self.plan_read(key, box.offsets, box.lengths)
+        return self.read_many([ReadRequest(key, offsets, lengths, out)])[0]
+
+    def read_many(self, requests: Sequence[ReadRequest]) -> list[np.ndarray[Any, Any]]:
+        """Read many boxes (of one or many tensors) at once; return one array per request.
+
+        All pieces the requests need from one file are planned together: each byte is read
+        once and each checksum block verified once, however many requests share it, and
+        contiguous pieces go straight into their destinations. Every piece is checked against
+        its shard header before anything sized by the requests is allocated. Boxes of two
+        requests may overlap; their bytes are then shared (or, for large overlaps, read again).
+        """
+        planned = [self._plan_request(r) for r in requests]
+        outs = [
+            self._destination(t, box, r.out)
+            for (t, box, _), r in zip(planned, requests, strict=True)
+        ]
+        files: dict[str, _FilePlan] = {}
+        for (t, box, items), out in zip(planned, outs, strict=True):
+            for item in items:
+                dst = out[item.box.slices(box.offsets)] if out.ndim else out
+                if item.record.codec == "zstd":
+                    self._read_item(t, item.record, item.box, dst)
+                    continue
+                st = self._shard_tensor(t, item.record)
+                plan = files.setdefault(item.record.file, _FilePlan())
+                rel = item.box.relative_to(item.record.box)
+                bs = self.manifest.files[item.record.file].checksum.block_size
+                self._box_segments(plan, bs, st.start, item.record.lengths, t.itemsize, rel, dst)
+        for path in sorted(files):
+            self._run_plan(path, files[path])
+        for (t, box, items), out in zip(planned, outs, strict=True):
+            if t.dtype == "bool":
+                self._check_bool(t, out, [(it.record, it.box) for it in items], box.offsets)
+        return outs
+
+    def _plan_request(self, r: ReadRequest) -> tuple[TensorEntry, Box, list[ReadItem[RangeRecord]]]:
+        t = self._tensor(r.key)
+        box = self._target_box(t, r.offsets, r.lengths)
+        items = self.plan_read(r.key, box.offsets, box.lengths)
         # Check every stored piece against its file before allocating anything sized by the box.
         for item in items:
             self._shard_tensor(t, item.record)
+        return t, box, items
+
+    def _destination(
+        self, t: TensorEntry, box: Box, out: np.ndarray[Any, Any] | None
+    ) -> np.ndarray[Any, Any]:
         if out is None:
             try:
-                out = np.empty(box.lengths, dtype=t.numpy_dtype)
+                return np.empty(box.lengths, dtype=t.numpy_dtype)
             except (MemoryError, ValueError):
                 raise LimitError(
-                    f"tensor {key!r}: box {box} needs {box.volume * t.itemsize} bytes, more than "
-                    "this process can allocate; read smaller boxes or pass out="
+                    f"tensor {t.key!r}: box {box} needs {box.volume * t.itemsize} bytes, more "
+                    "than this process can allocate; read smaller boxes or pass out="
                 ) from None
-        else:
-            if tuple(out.shape) != box.lengths or out.dtype != t.numpy_dtype:
-                raise UsageError(
-                    f"tensor {key!r}: out has {out.dtype}{list(out.shape)}, the box needs "
-                    f"{t.numpy_dtype}{list(box.lengths)}"
-                )
-            if not out.flags.writeable:
-                raise UsageError(f"tensor {key!r}: out is not writeable")
-        for item in items:
-            dst = out[item.box.slices(box.offsets)] if out.ndim else out
-            self._read_item(t, item.record, item.box, dst)
-        if t.dtype == "bool":
-            self._check_bool(t, out, [(it.record, it.box) for it in items], box.offsets)
+        if tuple(out.shape) != box.lengths or out.dtype != t.numpy_dtype:
+            raise UsageError(
+                f"tensor {t.key!r}: out has {out.dtype}{list(out.shape)}, the box needs "
+                f"{t.numpy_dtype}{list(box.lengths)}"
+            )
+        if not out.flags.writeable:
+            raise UsageError(f"tensor {t.key!r}: out is not writeable")
         return out
 
     def _check_bool(
@@ -417,14 +564,12 @@ class Checkpoint:
     def _read_item(
         self, t: TensorEntry, rec: RangeRecord, inter: Box, dst: np.ndarray[Any, Any]
     ) -> None:
+        """Serve one piece of a zstd range (decoded whole and cached, or streamed)."""
         st = self._shard_tensor(t, rec)
         rel = inter.relative_to(rec.box)
-        if rec.codec == "zstd":
-            self._decompressed(t, rec, st, rel, dst)
-            with self._lock:
-                self.stats.bytes_delivered += dst.nbytes
-            return
-        self._copy_box(rec.file, st.start, rec.lengths, t.numpy_dtype, rel, dst)
+        self._decompressed(t, rec, st, rel, dst)
+        with self._lock:
+            self.stats.bytes_delivered += dst.nbytes
 
     def _decompressed(
         self, t: TensorEntry, rec: RangeRecord, st: ShardTensor, rel: Box, dst: np.ndarray[Any, Any]
@@ -484,17 +629,17 @@ class Checkpoint:
         )
         return stream, step
 
-    def _copy_box(
+    def _box_segments(
         self,
-        path: str,
+        plan: _FilePlan,
+        bs: int,
         base: int,
         chunk_shape: Sequence[int],
-        dtype: Any,
+        isz: int,
         rel: Box,
         dst: np.ndarray[Any, Any],
     ) -> None:
-        """Copy box ``rel`` of the stored chunk at file offset ``base`` into ``dst``."""
-        isz = int(np.dtype(dtype).itemsize)
+        """Add the byte segments that fill ``dst`` with box ``rel`` of the chunk at ``base``."""
         strides = strides_of(chunk_shape)
         first = sum(o * s for o, s in zip(rel.offsets, strides, strict=True))
         last = sum(
@@ -503,30 +648,14 @@ class Checkpoint:
         lo = base + first * isz
         hi = base + (last + 1) * isz
         needed = rel.volume * isz
-        contiguous = contiguous_prefix(rel, chunk_shape) == 0
-        if contiguous and dst.flags.c_contiguous:
-            self._read_verified(path, lo, hi, dst.reshape(-1).view(np.uint8).data)
-            with self._lock:
-                self.stats.bytes_delivered += needed
+        if contiguous_prefix(rel, chunk_shape) == 0 and dst.flags.c_contiguous:
+            plan.add(lo, hi, _Direct(dst.reshape(-1).view(np.uint8).data))
             return
         span = hi - lo
-        bs = self.manifest.files[path].checksum.block_size
         d = next((i for i, n in enumerate(rel.lengths) if n > 1), None)
-        sparse = d is not None and strides[d] * isz >= 2 * bs + (needed // max(rel.lengths[d], 1))
+        sparse = d is not None and strides[d] * isz >= 2 * bs + needed // max(rel.lengths[d], 1)
         if d is None or (span <= WINDOW_BYTES and not sparse):
-            buf = bytearray(span)
-            self._note_scratch(span)
-            self._read_verified(path, lo, hi, memoryview(buf))
-            # View the span as the chunk region it covers, then pick the box out of it.
-            # Work on same-size unsigned ints: as_strided does not accept ml_dtypes' dtypes.
-            raw = np.dtype(f"u{isz}")
-            full = np.frombuffer(buf, dtype=raw)
-            view = np.lib.stride_tricks.as_strided(
-                full, shape=rel.lengths, strides=tuple(s * isz for s in strides), writeable=False
-            )
-            dst.view(raw)[...] = view
-            with self._lock:
-                self.stats.bytes_delivered += needed
+            plan.add(lo, hi, _Strided(dst, isz, rel.lengths, strides))
             return
         # Split along the first non-unit dimension: into single indices when rows are far apart
         # (skips the gaps), else into pieces whose span fits the window.
@@ -541,7 +670,60 @@ class Checkpoint:
                 rel.lengths[:d] + (b - a,) + rel.lengths[d + 1 :],
             )
             idx = tuple(slice(None) for _ in range(d)) + (slice(a, b),)
-            self._copy_box(path, base, chunk_shape, dtype, sub, dst[idx])
+            self._box_segments(plan, bs, base, chunk_shape, isz, sub, dst[idx])
+
+    def _run_plan(self, path: str, plan: _FilePlan) -> None:
+        """Read one file's segments: from the kept header blocks, else by a planned read."""
+        rec = self._file(path)
+        segs = self._from_prefix(path, plan)
+        if segs:
+            passes = plan_file(
+                segs,
+                block_size=rec.checksum.block_size,
+                file_size=rec.size,
+                max_shared=WINDOW_BYTES,
+            )
+            sinks = plan.sinks
+            res = read_planned(
+                self.storage,
+                self._rel(path),
+                rec,
+                passes,
+                direct=lambda seg: cast(_Direct, sinks[seg.sink]).view,
+                deliver=lambda seg, data: sinks[seg.sink].deliver(data),
+            )
+            self._note_scratch(res.scratch)
+            with self._lock:
+                self.stats.bytes_read += res.bytes_read
+                self.stats.blocks_verified += res.blocks
+        with self._lock:
+            self.stats.bytes_delivered += sum(
+                s.dst.nbytes if isinstance(s, _Strided) else len(s.view) for s in plan.sinks
+            )
+
+    def _from_prefix(self, path: str, plan: _FilePlan) -> list[Segment]:
+        """Serve segments inside the kept header blocks; return the segments still to read."""
+        kept = self._prefix.get(path)
+        if kept is None:
+            return plan.segments
+        start, data = kept
+        end = start + len(data)
+        rest: list[Segment] = []
+        for seg in plan.segments:
+            sink = plan.sinks[seg.sink]
+            if seg.lo < start or seg.lo >= end:
+                rest.append(seg)
+            elif seg.hi <= end:
+                sink.deliver(memoryview(data)[seg.lo - start : seg.hi - start])
+            elif isinstance(sink, _Direct):  # the head from the kept bytes, the rest read
+                cut = end - seg.lo
+                sink.view[:cut] = memoryview(data)[seg.lo - start :]
+                plan.sinks.append(_Direct(sink.view[cut:]))
+                rest.append(Segment(end, seg.hi, len(plan.sinks) - 1, True))
+                plan.sinks[seg.sink] = _Direct(sink.view[:cut])
+            else:
+                rest.append(seg)
+        return rest
 
     def _note_scratch(self, n: int) -> None:
         with self._lock:

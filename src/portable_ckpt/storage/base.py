@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Capabilities", "ObjectInfo", "Storage", "StreamWriter", "well_formed"]
@@ -116,6 +116,16 @@ class Storage(abc.ABC):
         for b in bufs:
             self.read_into(path, offset, b)
             offset += len(b)
+
+    def read_extents(self, path: str, extents: Sequence[tuple[int, list[memoryview]]]) -> None:
+        """Fill several extents of ``path``: each ``(offset, bufs)`` like :meth:`read_into_many`.
+
+        One call per pipeline window of a planned read. Backends override it to open the file
+        once (local) or to fetch the extents concurrently (object stores); the default reads
+        them one after another.
+        """
+        for offset, bufs in extents:
+            self.read_into_many(path, offset, bufs)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Return ``length`` bytes of ``path`` from ``offset`` (a ranged get)."""

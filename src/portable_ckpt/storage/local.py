@@ -9,7 +9,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from portable_ckpt.errors import (
@@ -31,6 +31,8 @@ from portable_ckpt.storage.base import (
 __all__ = ["LocalStorage"]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: Most buffers one preadv() accepts (Linux's UIO_MAXIOV).
+_IOV_MAX = 1024
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -227,25 +229,41 @@ class LocalStorage(Storage):
     def read_into_many(self, path: str, offset: int, bufs: list[memoryview]) -> None:
         fd = self._open_read(path)
         try:
-            # Count in bytes: a tensor's view has items of several bytes (len() counts items).
-            bufs = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs if b.nbytes]
-            total = sum(len(b) for b in bufs)
+            self._preadv_full(fd, path, offset, bufs)
+        finally:
+            os.close(fd)
+
+    def read_extents(self, path: str, extents: Sequence[tuple[int, list[memoryview]]]) -> None:
+        fd = self._open_read(path)  # one open (and one symlink check) for the whole window
+        try:
+            for offset, bufs in extents:
+                self._preadv_full(fd, path, offset, bufs)
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def _preadv_full(cls, fd: int, path: str, offset: int, bufs: list[memoryview]) -> None:
+        """Fill ``bufs`` from consecutive bytes at ``offset``: preadv in runs of IOV_MAX buffers."""
+        # Count in bytes: a tensor's view has items of several bytes (len() counts items).
+        bufs = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs if b.nbytes]
+        for i in range(0, len(bufs), _IOV_MAX):
+            run = bufs[i : i + _IOV_MAX]
+            total = sum(len(b) for b in run)
             try:
-                n = os.preadv(fd, bufs, offset) if bufs else 0
+                n = os.preadv(fd, run, offset)
             except OSError as exc:
                 raise _read_error(path, offset, exc) from exc
             if n < total:
                 # Short read: finish buffer by buffer (raises FileSizeError at end of file).
                 pos = offset
-                for b in bufs:
+                for b in run:
                     if n >= len(b):
                         n -= len(b)
                     else:
-                        self._pread_full(fd, path, pos + n, b[n:])
+                        cls._pread_full(fd, path, pos + n, b[n:])
                         n = 0
                     pos += len(b)
-        finally:
-            os.close(fd)
+            offset += total
 
     @staticmethod
     def _pread_full(fd: int, path: str, offset: int, buf: memoryview) -> None:

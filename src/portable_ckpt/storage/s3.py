@@ -36,7 +36,7 @@ import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn, TypeVar
@@ -575,34 +575,28 @@ class S3Storage(Storage):
         The base class would issue one GET per buffer (a reader's head/body/tail scratch around
         checksum blocks); here the whole span is fetched once and scattered.
         """
+        self.read_extents(path, [(offset, bufs)])
+
+    def read_extents(
+        self, path: str, extents: Sequence[tuple[int, builtins.list[memoryview]]]
+    ) -> None:
+        """Fetch every extent concurrently: one ranged GET per extent (or per chunk of a big one).
+
+        The reader hands one pipeline window at a time, so the bytes in flight stay bounded by
+        the window size however many small extents it holds.
+        """
         self._check(path)
-        views = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs]
-        views = [v for v in views if len(v)]
-        if len(views) <= 1:
-            if views:
-                self.read_into(path, offset, views[0])
-            return
-        total = sum(len(v) for v in views)
+        jobs: builtins.list[tuple[int, builtins.list[memoryview], int, int]] = []
         chunk = self.options.read_chunk
-
-        def fetch(start: int, end: int) -> None:
-            tmp = memoryview(bytearray(end - start))
-            self._get_range(path, path, offset + start, tmp)
-            pos = 0
-            for v in views:  # scatter the piece [start, end) into the buffers it overlaps
-                lo, hi = max(start, pos), min(end, pos + len(v))
-                if lo < hi:
-                    v[lo - pos : hi - pos] = tmp[lo - start : hi - start]
-                pos += len(v)
-                if pos >= end:
-                    break
-
-        if total <= chunk:
-            fetch(0, total)
+        for offset, bufs in extents:
+            views = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs]
+            views = [v for v in views if len(v)]
+            total = sum(len(v) for v in views)
+            jobs += [(offset, views, s, min(s + chunk, total)) for s in range(0, total, chunk)]
+        if len(jobs) == 1:
+            self._fetch_scatter(path, *jobs[0])
             return
-        futures = [
-            self._executor().submit(fetch, s, min(s + chunk, total)) for s in range(0, total, chunk)
-        ]
+        futures = [self._executor().submit(self._fetch_scatter, path, *job) for job in jobs]
         first: BaseException | None = None
         for fut in futures:
             try:
@@ -611,6 +605,29 @@ class S3Storage(Storage):
                 first = first or exc
         if first is not None:
             raise first
+
+    def _fetch_scatter(
+        self, path: str, offset: int, views: builtins.list[memoryview], start: int, end: int
+    ) -> None:
+        """GET bytes ``[offset + start, offset + end)`` and scatter them over ``views``."""
+        pos = 0
+        for v in views:  # the piece lies inside one buffer: fetch straight into it
+            if pos <= start and end <= pos + len(v):
+                self._get_range(path, path, offset + start, v[start - pos : end - pos])
+                return
+            if pos + len(v) > start:
+                break
+            pos += len(v)
+        tmp = memoryview(bytearray(end - start))
+        self._get_range(path, path, offset + start, tmp)
+        pos = 0
+        for v in views:  # scatter the piece [start, end) into the buffers it overlaps
+            lo, hi = max(start, pos), min(end, pos + len(v))
+            if lo < hi:
+                v[lo - pos : hi - pos] = tmp[lo - start : hi - start]
+            pos += len(v)
+            if pos >= end:
+                break
 
     def read_all(self, path: str, *, max_size: int) -> bytes:
         """Return the whole object; ``LimitError`` when it is larger than ``max_size``."""
