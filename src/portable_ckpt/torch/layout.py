@@ -26,6 +26,7 @@ box in the usual FSDP2 + TP case (split factor equal to the TP degree) and sever
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -323,6 +324,38 @@ def _outside_coordinate_ok(mesh: Any) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class _MeshFacts:
+    coord: tuple[int, ...] | None
+    shape: tuple[int, ...]
+    outside_ok: bool
+
+
+_MESH_FACTS: dict[int, tuple[weakref.ref[Any], _MeshFacts]] = {}
+
+
+def _mesh_facts(mesh: Any) -> _MeshFacts:
+    """Return the rank's coordinate, the mesh shape and :func:`_outside_coordinate_ok`, per mesh.
+
+    ``DeviceMesh.mesh`` rebuilds a tensor on every access (about a millisecond): with hundreds
+    of DTensors on one mesh that dominated planning a save or a load. Meshes are immutable, so
+    the facts are computed once per mesh object (held weakly).
+    """
+    hit = _MESH_FACTS.get(id(mesh))
+    if hit is not None and hit[0]() is mesh:
+        return hit[1]
+    coord = mesh.get_coordinate()
+    facts = _MeshFacts(
+        None if coord is None else tuple(int(c) for c in coord),
+        tuple(int(s) for s in mesh.mesh.shape),
+        coord is not None and _outside_coordinate_ok(mesh),
+    )
+    if len(_MESH_FACTS) > 256:
+        _MESH_FACTS.clear()
+    _MESH_FACTS[id(mesh)] = (weakref.ref(mesh), facts)
+    return facts
+
+
 def dtensor_layout(dt: Any, *, key: str = "?") -> LocalLayout:
     """Return the boxes of a DTensor's local data and whether this rank writes them.
 
@@ -331,13 +364,13 @@ def dtensor_layout(dt: Any, *, key: str = "?") -> LocalLayout:
             arithmetic (an unknown sharding scheme).
 
     """
-    mesh = dt.device_mesh
-    coord = mesh.get_coordinate()
+    facts = _mesh_facts(dt.device_mesh)
+    coord = facts.coord
     gshape = tuple(int(s) for s in dt.shape)
     specs = placement_specs(dt.placements, key=key)
     if coord is None:  # this rank is not part of the mesh: it holds nothing
         return LocalLayout(gshape, (0,) * len(gshape), (), False)
-    mshape = tuple(int(s) for s in mesh.mesh.shape)
+    mshape = facts.shape
     local_shape, pieces = local_pieces(gshape, mshape, coord, specs)
     actual = tuple(int(s) for s in dt.to_local().shape)
     if actual != local_shape:
@@ -346,7 +379,7 @@ def dtensor_layout(dt: Any, *, key: str = "?") -> LocalLayout:
             f"{list(local_shape)} for placements {list(dt.placements)} on mesh {list(mshape)}; "
             f"uneven sharding other than torch.chunk's is not supported"
         )
-    writer = writes_region(coord, specs) and _outside_coordinate_ok(mesh)
+    writer = writes_region(coord, specs) and facts.outside_ok
     return LocalLayout(gshape, local_shape, pieces, writer)
 
 
