@@ -569,6 +569,46 @@ def _ints(
     return tuple(c.int_(x, f"{where}[{i}]", lo, low_cls=low_cls) for i, x in enumerate(arr))
 
 
+_RANGE_KEYS = frozenset(("offsets", "lengths", "file", "name", "codec"))
+
+
+def _range_fast(
+    rv: Any, shape: tuple[int, ...], files: Mapping[str, FileRecord]
+) -> RangeRecord | None:
+    """A well-formed range record in a few tests, or ``None`` (then checked step by step).
+
+    Manifests hold thousands of range records; the general path builds a location string per
+    check. ``files`` keys are already checked paths, so membership proves the path safe.
+    """
+    if type(rv) is not dict or rv.keys() != _RANGE_KEYS:
+        return None
+    offs, lens, fpath, name, codec = (
+        rv["offsets"],
+        rv["lengths"],
+        rv["file"],
+        rv["name"],
+        rv["codec"],
+    )
+    if (
+        type(offs) is not list
+        or type(lens) is not list
+        or len(offs) != len(shape)
+        or len(lens) != len(shape)
+        or type(fpath) is not str
+        or fpath not in files
+        or type(name) is not str
+        or not 0 < len(name) <= 4096
+        or name == "__metadata__"
+        or codec not in CODECS
+        or _CTRL.search(name)
+    ):
+        return None
+    for o, n, d in zip(offs, lens, shape, strict=True):
+        if type(o) is not int or type(n) is not int or o < 0 or n < 1 or o + n > d:
+            return None
+    return RangeRecord(tuple(offs), tuple(lens), fpath, name, codec)
+
+
 def _tensor(
     c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None, *, complete: bool = True
 ) -> TensorEntry:
@@ -592,6 +632,10 @@ def _tensor(
         )
     ranges = []
     for i, rv in enumerate(c.arr(c.req(d, "ranges", where), where + ".ranges")):
+        fast = _range_fast(rv, shape, files) if files is not None else None
+        if fast is not None:
+            ranges.append(fast)
+            continue
         rw = f"{where}.ranges[{i}]"
         r = c.obj(rv, rw)
         c.closed(r, rw, {"offsets", "lengths", "file", "name", "codec"})
