@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,20 +15,58 @@ from portable_ckpt.ranges.planning import Extent, Segment, Slice, cut_windows, p
 from portable_ckpt.storage.base import Storage
 
 __all__ = [
+    "AUTO_FILE_BLOCKS",
     "DEFAULT_BLOCK_SIZE",
+    "JOB_BLOCK_BUDGET",
+    "MIN_BLOCK_SIZE",
     "BlockHasher",
     "BlockVerifier",
     "VerifiedRead",
+    "auto_block_size",
     "crc32c",
+    "file_blocks_for",
     "read_planned",
     "read_verified",
     "read_verified_bytes",
     "verify_file",
 ]
 
-#: Default checksum block: small enough that a partial read over-reads little, large enough that
-#: the manifest stays small (8 hex digits per 256 KiB: ~33 KB per GiB).
+#: Largest block the writers choose by themselves: the manifest stays small (8 hex digits per
+#: 256 KiB: ~33 KB per GiB) for large files.
 DEFAULT_BLOCK_SIZE = 256 * 1024
+
+#: Smallest block the format allows (spec §6.2).
+MIN_BLOCK_SIZE = 4096
+
+#: Blocks per file that :func:`auto_block_size` aims at (32 KiB of hex digits per file).
+AUTO_FILE_BLOCKS = 4096
+
+#: Checksum blocks a whole job's data files aim at (32 MiB of hex digits in the manifest).
+JOB_BLOCK_BUDGET = 1 << 22
+
+
+def file_blocks_for(writers: int) -> int:
+    """Blocks per file for a job of ``writers`` (:data:`JOB_BLOCK_BUDGET` shared, 64 … 4,096).
+
+    Small jobs get :data:`AUTO_FILE_BLOCKS` per file; at 4,096 writers 1,024 blocks per file
+    keep the manifest's checksum list at its 256 KiB-block size.
+    """
+    return max(64, min(AUTO_FILE_BLOCKS, JOB_BLOCK_BUDGET // max(1, writers)))
+
+
+def auto_block_size(nbytes: int, max_blocks: int = AUTO_FILE_BLOCKS) -> int:
+    """The block size a writer picks for a file of ``nbytes``: about ``max_blocks`` blocks.
+
+    The smallest power of two that cuts the file into at most ``max_blocks`` blocks, within
+    [4 KiB, 256 KiB]. A reader over-reads at most the partial blocks at the edges of what it
+    needs, so small blocks make partial reads of files with many small ranges exact; the cap
+    keeps the manifest's checksum list at about 8 bytes per 256 KiB for large files
+    (measured in bench/results/*-checksum-layout.md).
+    """
+    bs = MIN_BLOCK_SIZE
+    while bs < DEFAULT_BLOCK_SIZE and bs * max(1, max_blocks) < nbytes:
+        bs *= 2
+    return bs
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -35,12 +74,42 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     return int(_crc.crc32c(data, value))
 
 
+def _feed(
+    mv: memoryview, bs: int, crc: int, fill: int, out: list[int]
+) -> tuple[int, int]:
+    """Append the CRC of every block completed by ``mv`` to ``out``; return the open block's state.
+
+    ``crc``/``fill`` describe the block in progress. Whole blocks inside ``mv`` are hashed in
+    one comprehension: with 4 KiB blocks the per-block Python work of a loop cost more than
+    the CRC itself.
+    """
+    crc32c = _crc.crc32c
+    n = len(mv)
+    pos = 0
+    if fill:
+        pos = min(bs - fill, n)
+        crc = crc32c(mv[:pos], crc)
+        fill += pos
+        if fill < bs:
+            return crc, fill
+        out.append(crc)
+    whole = pos + (n - pos) // bs * bs
+    out += [crc32c(mv[i : i + bs]) for i in range(pos, whole, bs)]
+    if whole < n:
+        return crc32c(mv[whole:]), n - whole
+    return 0, 0
+
+
+def _hex(crcs: list[int]) -> str:
+    return struct.pack(f">{len(crcs)}I", *crcs).hex()
+
+
 class BlockHasher:
     """Feed a file's bytes in order; collects one CRC per ``block_size`` bytes."""
 
     def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         self.block_size = block_size
-        self._parts: list[str] = []
+        self._crcs: list[int] = []
         self._crc = 0
         self._fill = 0
         self.size = 0
@@ -48,25 +117,16 @@ class BlockHasher:
     def update(self, data: bytes | bytearray | memoryview) -> None:
         """Hash the next bytes of the file."""
         mv = memoryview(data).cast("B")
-        bs = self.block_size
         self.size += len(mv)
-        while len(mv):
-            take = min(bs - self._fill, len(mv))
-            self._crc = _crc.crc32c(mv[:take], self._crc)
-            self._fill += take
-            mv = mv[take:]
-            if self._fill == bs:
-                self._parts.append(f"{self._crc:08x}")
-                self._crc = 0
-                self._fill = 0
+        self._crc, self._fill = _feed(mv, self.block_size, self._crc, self._fill, self._crcs)
 
     def blocks(self) -> str:
         """The ``blocks`` string of the checksum record (call once, after the last update)."""
         if self._fill:
-            self._parts.append(f"{self._crc:08x}")
+            self._crcs.append(self._crc)
             self._crc = 0
             self._fill = 0
-        return "".join(self._parts)
+        return _hex(self._crcs)
 
 
 class BlockVerifier:
@@ -85,23 +145,18 @@ class BlockVerifier:
         ``pieces`` concatenated must be whole blocks (the last may end at end of file).
         """
         bs = self.block_size
-        idx = start // bs
-        crc = 0
-        fill = 0
+        crcs: list[int] = []
+        crc = fill = 0
         for piece in pieces:
             mv = piece.cast("B") if piece.format != "B" else piece
-            while len(mv):
-                take = min(bs - fill, len(mv))
-                crc = _crc.crc32c(mv[:take], crc)
-                fill += take
-                mv = mv[take:]
-                if fill == bs:
-                    self._check(idx, crc)
-                    idx += 1
-                    crc = 0
-                    fill = 0
+            crc, fill = _feed(mv, bs, crc, fill, crcs)
         if fill:
-            self._check(idx, crc)
+            crcs.append(crc)
+        idx = start // bs
+        if _hex(crcs) != self._blocks[8 * idx : 8 * (idx + len(crcs))]:
+            for i, got in enumerate(crcs):
+                self._check(idx + i, got)
+        self.verified += len(crcs)
 
     def _check(self, idx: int, crc: int) -> None:
         want = self._blocks[8 * idx : 8 * idx + 8]
@@ -114,7 +169,6 @@ class BlockVerifier:
                 "copy or use an older version",
                 path=self.path,
             )
-        self.verified += 1
 
 
 @dataclass

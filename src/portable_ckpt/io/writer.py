@@ -4,6 +4,12 @@ Planning happens in :meth:`ShardWriter.add_tensor` (validation, naming, file ass
 :meth:`ShardWriter.finish` moves the bytes: header first, then every chunk straight from the
 caller's memory, hashing each piece just before it is written (one pass, no staging copy for
 contiguous sources; bounded copies for strided ones).
+
+Layout choices that make reads cheap (the format leaves both to the writer): chunks are stored
+smallest first, so the small tensors of a file (biases, norms, optimizer step counters) share
+the header's checksum blocks, which every reader of the file reads anyway; and each file gets
+its own block size (:func:`~portable_ckpt.io.checksum.auto_block_size`, about 4,096 blocks per
+file), so a partial read over-reads little even when the ranges are small.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from portable_ckpt.format.naming import (
     new_attempt_id,
 )
 from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES
-from portable_ckpt.io.checksum import DEFAULT_BLOCK_SIZE, BlockHasher
+from portable_ckpt.io.checksum import AUTO_FILE_BLOCKS, BlockHasher, auto_block_size
 from portable_ckpt.io.safetensors_io import build_header
 from portable_ckpt.io.tensor_table import TensorTable, encode_table
 from portable_ckpt.ranges.box import Box
@@ -118,7 +124,10 @@ class ShardWriter:
         attempt_id: The attempt (from :func:`new_attempt_id`, agreed by every writer).
         writer: This writer's number (usually the rank); names its files.
         codec: ``"none"`` or ``"zstd"`` for every chunk of this writer.
-        block_size: Checksum block size (power of two, 4 KiB–1 GiB).
+        block_size: Checksum block size (power of two, 4 KiB–1 GiB) of every file; ``None``
+            (default): chosen per file by :func:`~portable_ckpt.io.checksum.auto_block_size`.
+        max_file_blocks: For ``block_size=None``: about this many blocks per file (jobs with
+            thousands of writers pass fewer, to bound the manifest's checksum list).
         max_file_bytes: Start a new shard file when one would exceed this.
         zstd_level: Compression level for ``codec="zstd"``.
         write_index: Also store ``index/wNNNNN.json`` (needed when the committer reads indexes
@@ -142,7 +151,8 @@ class ShardWriter:
         writer: int = 0,
         *,
         codec: str = "none",
-        block_size: int = DEFAULT_BLOCK_SIZE,
+        block_size: int | None = None,
+        max_file_blocks: int = AUTO_FILE_BLOCKS,
         max_file_bytes: int = 4 << 30,
         zstd_level: int = 3,
         write_index: bool = True,
@@ -152,8 +162,12 @@ class ShardWriter:
         check_attempt_id(attempt_id)
         if codec not in CODECS:
             raise UsageError(f"codec must be one of {CODECS}, got {codec!r}")
-        if block_size < 4096 or block_size > 1 << 30 or block_size & (block_size - 1):
+        if block_size is not None and (
+            block_size < 4096 or block_size > 1 << 30 or block_size & (block_size - 1)
+        ):
             raise UsageError(f"block_size must be a power of two in [4096, 2^30], got {block_size}")
+        if max_file_blocks < 1:
+            raise UsageError(f"max_file_blocks must be at least 1, got {max_file_blocks}")
         if not isinstance(writer, int) or writer < 0:
             raise UsageError(f"writer must be a non-negative int, got {writer!r}")
         self.storage = storage
@@ -161,6 +175,7 @@ class ShardWriter:
         self.writer = writer
         self.codec = codec
         self.block_size = block_size
+        self.max_file_blocks = max_file_blocks
         self.max_file_bytes = max_file_bytes
         self.zstd_level = zstd_level
         if write_index and not sync_on_finish:
@@ -348,6 +363,9 @@ class ShardWriter:
         for group in groups:
             if not group:
                 continue
+            # Smallest first (stable): small chunks share the header's checksum blocks, which
+            # every reader of the file reads anyway.
+            group.sort(key=lambda c: c.nbytes)
             rel = data_file_name(self.writer, self._seq)
             self._seq += 1
             self._files[rel] = self._write_shard(rel, group)
@@ -407,14 +425,20 @@ class ShardWriter:
         self._written.append(rel)
         return w
 
+    def _block_size(self, nbytes: int) -> int:
+        if self.block_size is not None:
+            return self.block_size
+        return auto_block_size(nbytes, self.max_file_blocks)
+
     def _put(self, rel: str, payload: bytes) -> FileRecord:
-        h = BlockHasher(self.block_size)
+        bs = self._block_size(len(payload))
+        h = BlockHasher(bs)
         h.update(payload)
         with self._open(rel) as w:
             w.write(payload)
         self.stats.bytes_written += len(payload)
         self.stats.files += 1
-        return FileRecord(rel, len(payload), Checksum("crc32c", self.block_size, h.blocks()))
+        return FileRecord(rel, len(payload), Checksum("crc32c", bs, h.blocks()))
 
     def _write_shard(self, rel: str, group: list[_Chunk]) -> FileRecord:
         header = build_header(
@@ -429,7 +453,8 @@ class ShardWriter:
             ],
             {"format": "pt", "portable_ckpt": FORMAT_VERSION, "attempt_id": self.attempt_id},
         )
-        h = BlockHasher(self.block_size)
+        bs = self._block_size(len(header) + sum(ch.nbytes for ch in group))
+        h = BlockHasher(bs)
         with self._open(rel) as w:
             h.update(header)
             w.write(header)
@@ -453,7 +478,7 @@ class ShardWriter:
                     pending.result()
         self.stats.bytes_written += h.size
         self.stats.files += 1
-        return FileRecord(rel, h.size, Checksum("crc32c", self.block_size, h.blocks()))
+        return FileRecord(rel, h.size, Checksum("crc32c", bs, h.blocks()))
 
     def abort(self) -> None:
         """Remove every file this writer wrote (best effort); the attempt never commits."""

@@ -30,6 +30,7 @@ from typing import Any, TypedDict, Unpack
 from portable_ckpt.errors import DistributedError, UsageError
 from portable_ckpt.format.manifest import Continuation, WriterIndex
 from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
+from portable_ckpt.io.checksum import file_blocks_for
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
@@ -80,7 +81,8 @@ class SaveOptions:
         codec: ``"none"`` or ``"zstd"`` for tensor chunks.
         timeout: Seconds a metadata collective may wait for peers (default: the process-group
             default).
-        block_size: Checksum block size (default: the writer's).
+        block_size: Checksum block size (default: chosen per file, about 4,096 blocks per file
+            and at most 2^22 blocks per job; see io/checksum.auto_block_size).
         max_file_bytes: Start a new shard file beyond this size.
         if_busy: ``"wait"`` for an in-flight async save of this process, or ``"raise"``.
         tensor_table: Describe the ranges in tensor tables (format 1.1, spec §8.5). Default:
@@ -121,6 +123,8 @@ class SaveOptions:
             "codec": self.codec,
             "max_file_bytes": self.max_file_bytes,
             "tensor_table": table,
+            # Per-file checksum blocks, fewer per file in large jobs (bounded manifest).
+            "max_file_blocks": file_blocks_for(world),
         }
         if self.block_size is not None:
             kwargs["block_size"] = self.block_size

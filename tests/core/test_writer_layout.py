@@ -1,0 +1,88 @@
+"""Writer layout choices for cheap reads: per-file checksum block size, smallest chunks first."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import portable_ckpt
+from portable_ckpt.io.checksum import (
+    AUTO_FILE_BLOCKS,
+    DEFAULT_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
+    auto_block_size,
+    file_blocks_for,
+)
+from portable_ckpt.io.commit import commit
+from portable_ckpt.io.reader import ReadRequest
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import open_storage
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 1 << 40), st.integers(1, 1 << 20))
+def test_auto_block_size_is_the_smallest_fitting_power_of_two(nbytes: int, blocks: int) -> None:
+    bs = auto_block_size(nbytes, blocks)
+    assert MIN_BLOCK_SIZE <= bs <= DEFAULT_BLOCK_SIZE and bs & (bs - 1) == 0
+    # At most `blocks` blocks unless capped at 256 KiB; one size smaller would need more.
+    assert -(-nbytes // bs) <= blocks or bs == DEFAULT_BLOCK_SIZE
+    assert bs == MIN_BLOCK_SIZE or -(-nbytes // (bs // 2)) > blocks
+
+
+def test_job_budget_shares_blocks_between_writers() -> None:
+    assert file_blocks_for(1) == file_blocks_for(4) == AUTO_FILE_BLOCKS
+    assert file_blocks_for(4096) == 1024 and file_blocks_for(10**6) == 64
+    # A 200 MB shard of a 4,096-writer job keeps 256 KiB blocks (the manifest does not grow).
+    assert auto_block_size(200 << 20, file_blocks_for(4096)) == DEFAULT_BLOCK_SIZE
+    # The realistic state's 235 MiB shards on 4 ranks get 64 KiB blocks, 6 MB ones 4 KiB.
+    assert auto_block_size(235 << 20, file_blocks_for(4)) == 64 << 10
+    assert auto_block_size(6 << 20, file_blocks_for(4)) == 4 << 10
+
+
+def _header(path) -> list[tuple[str, int]]:
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    doc = json.loads(raw[8 : 8 + n])
+    doc.pop("__metadata__")
+    return sorted(((k, v["data_offsets"][0]) for k, v in doc.items()), key=lambda kv: kv[1])
+
+
+def test_shards_store_small_chunks_first_with_a_per_file_block_size(tmp_path) -> None:
+    storage = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    w = ShardWriter(storage, aid, 0)
+    big = np.arange(300_000, dtype=np.float32)
+    w.add_tensor("a.big", big)
+    steps = {f"s{i}.step": np.array(float(i), np.float32) for i in range(50)}
+    for k, v in steps.items():
+        w.add_tensor(k, v)
+    w.add_tensor("a.bias", np.arange(700, dtype=np.float32))
+    idx = w.finish()
+    commit(storage, aid, step=1, indexes=[idx])
+    ck = portable_ckpt.open(tmp_path)
+    (rel, rec), = [(p, r) for p, r in ck.manifest.files.items() if p.startswith("data/")]
+    assert rec.checksum.block_size == auto_block_size(rec.size) == 4096
+    order = [k.split("@")[0] for k, _ in _header(tmp_path / aid / rel)]
+    assert order[:50] == list(steps) and order[50:] == ["a.bias", "a.big"]  # stable, by size
+    # Entry and index files get their own (small) blocks too.
+    assert all(r.checksum.block_size == MIN_BLOCK_SIZE for p, r in ck.manifest.files.items()
+               if not p.startswith("data/"))
+    # Every step scalar lies in the header's blocks: reading them costs no read past those.
+    got = ck.read_many([ReadRequest(k) for k in steps])
+    assert [float(g) for g in got] == [float(v) for v in steps.values()]
+    header_blocks = -(-(ck._headers[rel].data_start + 50 * 4) // 4096) * 4096
+    assert ck.stats.bytes_read <= header_blocks
+    np.testing.assert_array_equal(ck.read("a.big"), big)
+
+
+def test_explicit_block_size_is_kept(tmp_path) -> None:
+    storage = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    w = ShardWriter(storage, aid, 0, block_size=1 << 16)
+    w.add_tensor("w", np.zeros(10, np.float32))
+    idx = w.finish()
+    assert {r.checksum.block_size for r in idx.files.values()} == {1 << 16}
