@@ -557,3 +557,179 @@ def test_coverage_budget_outcomes(layout: tuple[tuple[int, ...], list[Any]], lim
     if want in ("ok", "PCK-COVERAGE-OVERLAP") and total == math.prod(shape):
         allowed.add("PCK-LIMIT")
     assert got in allowed, (got, want)
+
+
+# -- items 9 and 10: entry values and their schemas cost work bounded by the value ------------
+def _entry_version(root: Path, schema: Any, payload: bytes, encoding: str = "json") -> Any:
+    """A version whose entry ``e`` has the given embedded schema and stored bytes."""
+    portable_ckpt.save_arrays(str(root), {"w": np.zeros(2, np.float32)}, step=1,
+                              entries={"e": 0})
+    vdir = next(p for p in root.iterdir() if p.name.startswith("s"))
+    rel = "entries/hostile.g.json" + (".zst" if encoding == "json+zstd" else "")
+    (vdir / rel).write_bytes(payload)
+    h = BlockHasher(4096)
+    h.update(payload)
+
+    def edit(d: dict[str, Any]) -> None:
+        d["files"][rel] = {"size": len(payload), "checksum": {
+            "algorithm": "crc32c", "block_size": 4096, "blocks": h.blocks()}}
+        d["entries"]["e"].update(schema={"json_schema": schema}, encoding=encoding,
+                                 values=[{"file": rel}])
+
+    edit_manifest(str(vdir), edit)
+    return portable_ckpt.open(str(vdir))
+
+
+def _fan_out(depth: int, leaf: Any) -> dict[str, Any]:
+    """Definitions each referring to the next twice: 2^depth evaluations without a budget."""
+    defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(depth)}
+    defs[f"d{depth}"] = leaf
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def test_schema_ref_fan_out_is_bounded(tmp_path: Path) -> None:
+    """Item 9, R-ENTRY-16: a 1.6 KB schema of 25 definitions each referring twice to the next
+    never finished; now PCK-ENTRY-SCHEMA after the budget, the same verdict every time."""
+    schema = _fan_out(25, {"type": "integer"})
+    assert len(json.dumps(schema, separators=(",", ":"))) < 1700
+    ck = _entry_version(tmp_path, schema, b"1")
+    for _ in range(2):
+        with time_bound(20):
+            err = _expect("PCK-ENTRY-SCHEMA", ck.entry, "e")
+        assert "R-ENTRY-16" in err.message
+
+
+@pytest.mark.parametrize("keyword", ["unevaluatedProperties", "unevaluatedItems"])
+def test_schema_unevaluated_fan_out_is_bounded(tmp_path: Path, keyword: str) -> None:
+    """Item 9: jsonschema's unevaluated* helpers follow $ref chains outside any keyword count."""
+    leaf = {"properties": {"a": {}}} if keyword == "unevaluatedProperties" else {"prefixItems": [{}]}
+    schema = {**_fan_out(40, leaf), keyword: False}
+    ck = _entry_version(tmp_path, schema, b'{"a": 1}' if "Prop" in keyword else b"[1]")
+    with time_bound(20):
+        _expect("PCK-ENTRY-SCHEMA", ck.entry, "e")
+
+
+def test_schema_enum_against_many_items_is_linear(tmp_path: Path) -> None:
+    """Item 9: items: {enum: [6000 values]} against 6000 items (killed at 8 s before)."""
+    schema = {"type": "array", "items": {"enum": list(range(6000))}}
+    ck = _entry_version(tmp_path, schema, json.dumps(list(range(6000))).encode())
+    with time_bound(10):
+        assert ck.entry("e") == list(range(6000))
+    bad = _entry_version(tmp_path / "b", schema, json.dumps([*range(5999), 6000]).encode())
+    _expect("PCK-ENTRY-SCHEMA", bad.entry, "e")
+
+
+def test_unevaluated_properties_patterns_use_linear_engine(tmp_path: Path) -> None:
+    """Item 9, R-ENTRY-15: jsonschema's unevaluatedProperties matched patternProperties with the
+    backtracking `re` module: ^(a+)+$ against 'aaa…a!' stalled validation."""
+    schema = {"patternProperties": {"^(a+)+$": {}}, "unevaluatedProperties": False}
+    ck = _entry_version(tmp_path, schema, json.dumps({"a" * 40 + "!": 1}).encode())
+    with time_bound(5):
+        _expect("PCK-ENTRY-SCHEMA", ck.entry, "e")
+
+
+_SCHEMA_PARTS = st.deferred(lambda: st.one_of(
+    st.just({}), st.just(True), st.just(False),
+    st.sampled_from([{"type": t} for t in ("integer", "number", "string", "array", "object")]),
+    st.lists(st.one_of(st.integers(-2, 2), st.text("ab", max_size=2), st.lists(
+        st.integers(0, 2), max_size=2)), max_size=4).map(lambda v: {"enum": v}),
+    st.one_of(st.integers(0, 2), st.lists(st.integers(0, 2), max_size=2)).map(
+        lambda v: {"const": v}),
+    st.dictionaries(st.sampled_from("abc"), _SCHEMA_PARTS, max_size=2).map(
+        lambda p: {"properties": p}),
+    st.tuples(st.dictionaries(st.sampled_from(["^a", "b$", "^(a|b)+$"]), _SCHEMA_PARTS,
+                              max_size=2), st.booleans()).map(
+        lambda t: {"patternProperties": t[0], "unevaluatedProperties": t[1]}),
+    st.tuples(st.lists(_SCHEMA_PARTS, max_size=2), st.booleans()).map(
+        lambda t: {"prefixItems": t[0], "unevaluatedItems": t[1]}),
+    st.tuples(st.sampled_from(["allOf", "anyOf", "oneOf"]),
+              st.lists(_SCHEMA_PARTS, min_size=1, max_size=2)).map(lambda t: {t[0]: t[1]}),
+    st.just({"uniqueItems": True}), st.just({"contains": {"type": "integer"}}),
+    st.tuples(_SCHEMA_PARTS, st.booleans()).map(
+        lambda t: {"properties": {"x": t[0]}, "additionalProperties": t[1]}),
+))
+_VALUES = st.recursive(st.one_of(st.integers(-2, 2), st.sampled_from([1.0, "a", "ab", "b", True,
+                                                                     None])),
+                       lambda c: st.one_of(st.lists(c, max_size=3),
+                                           st.dictionaries(st.sampled_from(["a", "b", "x", "ab"]),
+                                                           c, max_size=3)), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_SCHEMA_PARTS, _VALUES)
+def test_metered_validator_agrees_with_jsonschema(schema: Any, value: Any) -> None:
+    """Item 9: the metered keywords (hashed enum/const, set-based unevaluated*) give
+    jsonschema's verdicts."""
+    import jsonschema
+
+    from portable_ckpt.errors import EntrySchemaError
+    from portable_ckpt.format.schemas import validate_entry_value
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError:
+        return  # an invalid schema is PCK-ENTRY-SCHEMA for every value (R-ENTRY-3)
+    want = jsonschema.Draft202012Validator(schema).is_valid(value)
+    try:
+        validate_entry_value(value, {"json_schema": schema}, name="e")
+        got = True
+    except EntrySchemaError:
+        got = False
+    assert got == want, (schema, value)
+
+
+def _bomb(n_bytes: int) -> bytes:
+    return b"[" + b"{}," * (n_bytes // 3 - 1) + b"{}]"
+
+
+@pytest.mark.parametrize(("size", "level"), [(64 << 20, 19), (8 << 20, 19)])
+def test_json_zstd_bomb_is_refused_before_it_is_built(tmp_path: Path, size: int, level: int) -> None:
+    """Item 10, R-SEC-15: 64 MiB (from 5.6 KB) or 8 MiB (from 718 bytes) of `[{},{},…]`: 1.9 GB
+    RSS / 2 s and 450 MiB before; now PCK-JSON-INVALID from a count of the text."""
+    import zstandard
+
+    text = _bomb(size - 1)
+    frame = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(text)
+    assert len(frame) < 8000
+    ck = _entry_version(tmp_path, {}, frame, "json+zstd")
+    with time_bound(20), memory_bound(3 * size + (16 << 20)):
+        err = _expect("PCK-JSON-INVALID", ck.entry, "e")
+    assert "JSON values" in err.message
+
+
+def test_value_at_the_node_limit_is_read(tmp_path: Path) -> None:
+    """R-SEC-15: exactly 2^21 values pass, one more is refused (reader and writer agree)."""
+    from portable_ckpt.format import jsonio
+    from portable_ckpt.format.schemas import validate_entry_value
+
+    n = jsonio.MAX_VALUE_NODES
+    ok = b"[" + b"0," * (n - 2) + b"0]"
+    assert jsonio.count_values(ok) == n
+    assert len(jsonio.loads(ok, what="v", max_nodes=n)) == n - 1
+    over = b"[" + b"0," * (n - 1) + b"0]"
+    _expect("PCK-JSON-INVALID", jsonio.loads, over, what="v", max_nodes=n)
+    _expect("PCK-JSON-INVALID", validate_entry_value, [0] * n, {"id": "pck:json/1"}, name="e")
+
+
+_JSON_TEXT = st.recursive(
+    st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
+              st.none(), st.text(alphabet='ab,[]{}:"\\ \n\u00e9', max_size=6)),
+    lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(
+        st.text(alphabet='k,[]{}"\\', max_size=3), c, max_size=4)), max_leaves=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_JSON_TEXT, st.sampled_from([None, 1, 2]), st.sampled_from([1, 3, 7, 64, 1 << 20]))
+def test_count_values_equals_the_parse(value: Any, indent: int | None, chunk: int) -> None:
+    """R-SEC-15: the count on the text equals the values json.loads builds, in any windows."""
+    from portable_ckpt.format import jsonio
+
+    def count(v: Any) -> int:
+        if isinstance(v, dict):
+            return 1 + sum(count(x) for x in v.values())
+        if isinstance(v, list):
+            return 1 + sum(count(x) for x in v)
+        return 1
+
+    text = json.dumps(value, indent=indent, ensure_ascii=False).encode()
+    assert jsonio.count_values(text, chunk=chunk) == count(value)

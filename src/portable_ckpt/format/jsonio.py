@@ -11,9 +11,19 @@ import math
 import re
 from typing import Any
 
+import numpy as np
+
 from portable_ckpt.errors import JsonInvalidError, UsageError
 
-__all__ = ["MAX_DEPTH", "MAX_DOCUMENT_BYTES", "MAX_MANIFEST_BYTES", "dumps", "loads"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_DOCUMENT_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_VALUE_NODES",
+    "count_values",
+    "dumps",
+    "loads",
+]
 
 #: Maximum nesting depth of any format document.
 MAX_DEPTH = 64
@@ -21,6 +31,9 @@ MAX_DEPTH = 64
 MAX_MANIFEST_BYTES = 1 << 30
 #: Maximum size of any other JSON document of the format.
 MAX_DOCUMENT_BYTES = 64 << 20
+#: Maximum number of JSON values (objects, arrays, strings, numbers, literals) of one entry value
+#: (R-SEC-15): a 64 MiB ``[{},{},...]`` would otherwise cost about 2 GB of Python objects.
+MAX_VALUE_NODES = 1 << 21
 
 
 def _reject_constant(name: str) -> Any:
@@ -75,23 +88,39 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def loads(data: bytes | str, *, what: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+def loads(
+    data: bytes | str,
+    *,
+    what: str,
+    max_bytes: int = MAX_DOCUMENT_BYTES,
+    max_nodes: int | None = None,
+) -> Any:
     """Parse one JSON document strictly.
 
     Args:
         data: The raw document.
         what: A name for messages (usually the path of the document).
-        max_bytes: Refuse larger documents with ``LimitError``.
+        max_bytes: Refuse larger documents.
+        max_nodes: Refuse documents of more JSON values (counted on the text, before anything
+            is built: memory stays proportional to the budget, not to the document).
 
     Raises:
-        JsonInvalidError: malformed, non-UTF-8, duplicate keys, NaN/Infinity or too deep.
-        LimitError: larger than ``max_bytes``.
+        JsonInvalidError: malformed, non-UTF-8, duplicate keys, NaN/Infinity, too deep, larger
+            than ``max_bytes`` or of more than ``max_nodes`` values.
 
     """
     if len(data) > max_bytes:
         raise JsonInvalidError(
             f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", path=what
         )
+    if max_nodes is not None and len(data) > 2 * max_nodes:  # smaller texts cannot hold more
+        nodes = count_values(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+        if nodes > max_nodes:
+            raise JsonInvalidError(
+                f"{what}: holds {nodes} JSON values, more than the limit of {max_nodes} "
+                "(spec §18.3, R-SEC-15)",
+                path=what,
+            )
     if isinstance(data, bytes | bytearray | memoryview):
         try:
             text = bytes(data).decode("utf-8")
@@ -152,3 +181,55 @@ def dumps(doc: Any, *, indent: int | None = None) -> bytes:
         ).encode("utf-8")
     except (ValueError, TypeError) as exc:
         raise UsageError(f"value cannot be stored as JSON: {exc}") from None
+
+
+def count_values(data: bytes, *, chunk: int = 1 << 20) -> int:
+    """Number of JSON values in a JSON text, without parsing it (exact for valid JSON).
+
+    Every object, array, string, number and literal is one value; member names are not. Outside
+    strings, a text of ``c`` commas and ``k`` containers of which ``e`` are empty holds
+    ``1 + c + k - e`` values. The text is scanned in ``chunk``-byte numpy windows (strings are
+    delimited by unescaped quotes), so memory is a few times ``chunk``.
+    """
+    total = 1
+    inside = 0  # 1 while the scan is in a string
+    run = 0  # backslashes ending the previous window
+    pending = False  # the last non-blank byte so far opened a container
+    for lo in range(0, len(data), chunk):
+        a = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - lo), offset=lo)
+        quotes = _unescaped_quotes(a, run)
+        if len(quotes):
+            toggle = np.zeros(len(a), dtype=np.uint8)
+            toggle[quotes] = 1
+            state = np.bitwise_xor.accumulate(toggle)  # parity of the quotes up to each byte
+            out = (state ^ toggle ^ inside) == 0  # outside strings (a quote is never counted)
+            out[quotes] = False
+            inside ^= int(state[-1])
+        else:
+            out = np.full(len(a), not inside)
+        # Only bytes above the space can be structural (JSON whitespace is 09, 0A, 0D, 20).
+        solid = a > 0x20
+        sa, so = a[solid], out[solid]
+        total += int(np.count_nonzero(so & (sa == 0x2C)))
+        opens = so & ((sa == 0x5B) | (sa == 0x7B))
+        closes = (sa == 0x5D) | (sa == 0x7D)
+        total += int(np.count_nonzero(opens))
+        if len(sa):
+            total -= int(np.count_nonzero(opens[:-1] & closes[1:])) + int(pending and closes[0])
+            pending = bool(opens[-1])
+        back = np.flatnonzero(a != 0x5C)
+        run = len(a) - 1 - int(back[-1]) if len(back) else run + len(a)
+    return total
+
+
+def _unescaped_quotes(a: np.ndarray[Any, Any], run: int) -> np.ndarray[Any, Any]:
+    """Positions of the quotes of ``a`` not escaped (``run``: backslashes just before ``a``)."""
+    quotes = np.flatnonzero(a == 0x22)
+    if not len(quotes) or (not run and not (a == 0x5C).any()):
+        return quotes
+    nonbs = np.flatnonzero(a != 0x5C)
+    k = np.searchsorted(nonbs, quotes) - 1  # the last byte before each quote that is no backslash
+    prev = np.where(k >= 0, nonbs[np.maximum(k, 0)], -1)
+    backslashes = quotes - 1 - prev + np.where(k >= 0, 0, run)
+    kept: np.ndarray[Any, Any] = quotes[backslashes % 2 == 0]
+    return kept

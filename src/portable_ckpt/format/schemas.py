@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import jsonschema
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
-from portable_ckpt.errors import EntrySchemaError, SchemaError
+from portable_ckpt.errors import EntrySchemaError, JsonInvalidError, SchemaError
+from portable_ckpt.format import jsonio
 from portable_ckpt.format.regex import PatternError, compile_pattern, schema_patterns
 
 __all__ = [
@@ -140,6 +142,7 @@ def _additional_properties(validator: Any, aP: Any, instance: Any, schema: Any) 
 
 def _canonical(value: Any) -> Any:
     # JSON Schema equality: 1 == 1.0, but true != 1; object member order does not matter.
+    _spend(1)
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return (type(value).__name__, value)
     if isinstance(value, int | float):
@@ -161,14 +164,224 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> An
         seen.add(key)
 
 
+# -- The validation budget (R-ENTRY-16): every keyword applied to a value costs one unit plus
+# the members it walks, so no schema makes validation super-linear ($ref chains that fan out,
+# an enum of n values against n items, ...). The count is deterministic, not a clock.
+
+#: Units one validation may spend: ``SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * values``.
+SCHEMA_BASE_UNITS = 1 << 18
+SCHEMA_UNITS_PER_VALUE = 8
+#: Units of following one ``$ref`` (resolving it costs tens of plain keywords).
+REF_UNITS = 32
+
+
+class _OverBudget(Exception):
+    """The validation spent its budget (reported as PCK-ENTRY-SCHEMA)."""
+
+
+class _Meter(threading.local):
+    left: int | None = None
+
+
+_METER = _Meter()
+
+
+def _spend(units: int) -> None:
+    left = _METER.left
+    if left is not None:
+        _METER.left = left - units
+        if left < units:
+            raise _OverBudget
+
+
+#: Keywords that walk the members of the instance they are applied to.
+_WALKS_INSTANCE = frozenset({
+    "items", "prefixItems", "contains", "additionalProperties", "patternProperties",
+    "propertyNames", "unevaluatedItems", "unevaluatedProperties", "uniqueItems",
+})
+
+
+def _metered(keyword: str, fn: Any) -> Any:
+    """``fn`` (a keyword of the validator) charging its units before it runs."""
+
+    def run(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        units = 1 + (len(value) if isinstance(value, list | dict) else 0)
+        if keyword in ("$ref", "$dynamicRef"):
+            units = REF_UNITS
+        elif keyword in ("enum", "const"):
+            units = 1  # hashed: _canonical charges the instance's values
+        if keyword in _WALKS_INSTANCE and isinstance(instance, list | dict):
+            per = 1 + len(value) if keyword == "patternProperties" else 1
+            units += len(instance) * per
+        _spend(units)
+        errors = fn(validator, value, instance, schema)
+        if errors is not None:
+            yield from errors
+
+    return run
+
+
+def _enum(validator: Any, enums: Any, instance: Any, schema: Any) -> Any:
+    # A set of canonical forms: one lookup per value, not one comparison per enum member.
+    if not isinstance(enums, list) or _canonical(instance) not in _canonical_set(enums):
+        yield jsonschema.ValidationError(
+            f"{json.dumps(instance)[:80]} is not one of the allowed values"
+        )
+
+
+#: id(enum list) -> (the list, its canonical set); the cached validators keep the lists alive.
+_ENUM_SETS: dict[int, tuple[list[Any], frozenset[Any]]] = {}
+
+
+def _canonical_set(enums: list[Any]) -> frozenset[Any]:
+    hit = _ENUM_SETS.get(id(enums))
+    if hit is None or hit[0] is not enums:
+        if len(_ENUM_SETS) > 4096:
+            _ENUM_SETS.clear()
+        hit = _ENUM_SETS[id(enums)] = (enums, frozenset(_canonical(v) for v in enums))
+    return hit[1]
+
+
+def _const(validator: Any, const: Any, instance: Any, schema: Any) -> Any:
+    if _canonical(instance) != _canonical(const):
+        yield jsonschema.ValidationError(f"{json.dumps(instance)[:80]} is not the constant value")
+
+
+def _unevaluated_properties(validator: Any, uP: Any, instance: Any, schema: Any) -> Any:
+    """The ``unevaluatedProperties`` keyword, names found by :func:`_evaluated_keys`."""
+    if not validator.is_type(instance, "object"):
+        return
+    seen = _evaluated_keys(validator, instance, schema)
+    extra = [
+        k for k in instance
+        if k not in seen and any(True for _ in validator.descend(instance[k], uP, path=k))
+    ]
+    if extra:
+        yield jsonschema.ValidationError(
+            f"unevaluated properties are not allowed ({', '.join(map(repr, sorted(extra)[:5]))})"
+        )
+
+
+def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any) -> set[str]:
+    """Member names that ``schema`` evaluates (jsonschema's rule, RE2 patterns, metered).
+
+    jsonschema's own helper matches ``patternProperties`` with the backtracking ``re`` module,
+    which R-ENTRY-15 forbids for embedded schemas.
+    """
+    _spend(1 + len(instance))
+    if not isinstance(schema, dict):
+        return set()
+    keys: set[str] = set()
+    for sub, target in _followed_refs(validator, schema):
+        keys |= _evaluated_keys(sub, instance, target)
+    if isinstance(schema.get("properties"), dict):
+        keys |= schema["properties"].keys() & instance.keys()
+    for kw in ("additionalProperties", "unevaluatedProperties"):
+        if kw in schema:
+            keys |= {k for k, v in instance.items() if _valid(validator, v, schema[kw])}
+    patterns = schema.get("patternProperties")
+    for pattern in patterns if isinstance(patterns, dict) else ():
+        keys |= {k for k in instance if _re2(pattern).search(k)}
+    deps = schema.get("dependentSchemas")
+    for prop, sub in deps.items() if isinstance(deps, dict) else ():
+        if prop in instance:
+            keys |= _evaluated_keys(validator, instance, sub)
+    for kw in ("allOf", "oneOf", "anyOf"):
+        for sub in schema.get(kw, []):
+            if _valid(validator, instance, sub):
+                keys |= _evaluated_keys(validator, instance, sub)
+    if "if" in schema:
+        branch = "then" if _valid(validator, instance, schema["if"]) else "else"
+        if branch == "then":
+            keys |= _evaluated_keys(validator, instance, schema["if"])
+        keys |= _evaluated_keys(validator, instance, schema.get(branch, True))
+    return keys
+
+
+def _followed_refs(validator: Any, schema: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """(validator, schema) of the ``$ref`` and ``$dynamicRef`` targets of ``schema``."""
+    out = []
+    for kw in ("$ref", "$dynamicRef"):
+        if isinstance(schema.get(kw), str):
+            _spend(REF_UNITS)
+            resolved = validator._resolver.lookup(schema[kw])
+            sub = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)
+            out.append((sub, resolved.contents))
+    return out
+
+
+def _unevaluated_items(validator: Any, uI: Any, instance: Any, schema: Any) -> Any:
+    """The ``unevaluatedItems`` keyword, indexes found by :func:`_evaluated_items`."""
+    if not validator.is_type(instance, "array"):
+        return
+    seen = _evaluated_items(validator, instance, schema)
+    if any(i not in seen for i in range(len(instance))):
+        yield jsonschema.ValidationError("unevaluated items are not allowed")
+
+
+def _evaluated_items(validator: Any, instance: list[Any], schema: Any) -> set[int]:
+    """Item indexes that ``schema`` evaluates (jsonschema's rule, as a set, metered)."""
+    _spend(1 + len(instance))
+    if not isinstance(schema, dict):
+        return set()
+    if "items" in schema:
+        return set(range(len(instance)))
+    seen: set[int] = set()
+    for sub, target in _followed_refs(validator, schema):
+        seen |= _evaluated_items(sub, instance, target)
+    if isinstance(schema.get("prefixItems"), list):
+        seen |= set(range(min(len(instance), len(schema["prefixItems"]))))
+    if "if" in schema:
+        branch = "then" if _valid(validator, instance, schema["if"]) else "else"
+        if branch == "then":
+            seen |= _evaluated_items(validator, instance, schema["if"])
+        seen |= _evaluated_items(validator, instance, schema.get(branch, True))
+    for kw in ("contains", "unevaluatedItems"):
+        if kw in schema:
+            seen |= {i for i, v in enumerate(instance) if _valid(validator, v, schema[kw])}
+    for kw in ("allOf", "oneOf", "anyOf"):
+        for sub in schema.get(kw, []):
+            if _valid(validator, instance, sub):
+                seen |= _evaluated_items(validator, instance, sub)
+    return seen
+
+
+def _valid(validator: Any, instance: Any, schema: Any) -> bool:
+    return next(iter(validator.descend(instance, schema)), None) is None
+
+
+def _metered_types() -> Any:
+    """The Draft 2020-12 type checks, each metered (jsonschema's helpers recurse through them)."""
+    base = jsonschema.Draft202012Validator.TYPE_CHECKER
+    names = ("array", "boolean", "integer", "null", "number", "object", "string")
+
+    def check(name: str) -> Any:
+        def is_type(checker: Any, instance: Any) -> bool:
+            _spend(1)
+            return bool(base.is_type(instance, name))
+
+        return is_type
+
+    return base.redefine_many({n: check(n) for n in names})
+
+
 _SafeValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
     {
-        "pattern": _pattern,
-        "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties,
-        "uniqueItems": _unique_items,
+        k: _metered(k, fn)
+        for k, fn in {
+            **jsonschema.Draft202012Validator.VALIDATORS,
+            "pattern": _pattern,
+            "patternProperties": _pattern_properties,
+            "additionalProperties": _additional_properties,
+            "uniqueItems": _unique_items,
+            "enum": _enum,
+            "const": _const,
+            "unevaluatedProperties": _unevaluated_properties,
+            "unevaluatedItems": _unevaluated_items,
+        }.items()
     },
+    type_checker=_metered_types(),
 )
 
 
@@ -213,35 +426,70 @@ def _embedded_validator(schema_json: str) -> jsonschema.protocols.Validator:
 def validate_entry_value(value: Any, schema: dict[str, Any], *, name: str, what: str = "") -> None:
     """Validate a non-tensor entry's value against its declared schema.
 
+    An embedded schema's validation spends at most ``SCHEMA_BASE_UNITS +
+    SCHEMA_UNITS_PER_VALUE × n`` units for a value of ``n`` JSON values (R-ENTRY-16).
+
     Raises:
-        EntrySchemaError: unknown built-in id, invalid embedded schema, or a value that fails it.
+        EntrySchemaError: unknown built-in id, invalid embedded schema, a value that fails it,
+            or a validation that would exceed its budget.
+        JsonInvalidError: a value of more than ``jsonio.MAX_VALUE_NODES`` JSON values.
 
     """
     where = f"{what}: " if what else ""
+    nodes = _count_nodes(value, limit=jsonio.MAX_VALUE_NODES, what=f"{where}entry {name!r}")
+    v = _entry_validator(schema, name=name, where=where)
+    _METER.left = SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * nodes
+    try:
+        if v.is_valid(value):
+            return
+        err = jsonschema.exceptions.best_match(v.iter_errors(value))
+    except _OverBudget:
+        raise EntrySchemaError(
+            f"{where}entry {name!r}: validating its {nodes} JSON values against the declared "
+            f"schema would take more than {SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * nodes} "
+            "keyword evaluations (spec R-ENTRY-16); simplify the schema"
+        ) from None
+    except Exception as exc:  # unresolvable $ref and similar schema faults
+        raise EntrySchemaError(
+            f"{where}entry {name!r}: its schema cannot be applied: {exc}"[:400]
+        ) from None
+    finally:
+        _METER.left = None
+    if err is not None:
+        loc = "/".join(str(p) for p in err.absolute_path) or "value"
+        raise EntrySchemaError(
+            f"{where}entry {name!r}: {loc}: {err.message[:300]} (declared schema "
+            f"{schema.get('id') or 'embedded'})"
+        )
+
+
+def _entry_validator(schema: dict[str, Any], *, name: str, where: str) -> Any:
     sid = schema.get("id")
     try:
         if sid is not None:
             rel = BUILTIN_ENTRY_SCHEMA_FILES.get(sid) if isinstance(sid, str) else None
             if rel is None:
                 raise EntrySchemaError(f"{where}entry {name!r}: unknown built-in schema id {sid!r}")
-            v = _validator(f"entries/{rel}")
-        else:
-            v = _embedded_validator(json.dumps(schema.get("json_schema"), sort_keys=True))
+            return _validator(f"entries/{rel}")
+        return _embedded_validator(json.dumps(schema.get("json_schema"), sort_keys=True))
     except jsonschema.exceptions.SchemaError as exc:
         raise EntrySchemaError(
             f"{where}entry {name!r}: its embedded JSON Schema is invalid: {exc.message[:200]}"
         ) from None
-    try:
-        if v.is_valid(value):
-            return
-        err = jsonschema.exceptions.best_match(v.iter_errors(value))
-    except Exception as exc:  # unresolvable $ref and similar schema faults
-        raise EntrySchemaError(
-            f"{where}entry {name!r}: its schema cannot be applied: {exc}"[:400]
-        ) from None
-    if err is not None:
-        loc = "/".join(str(p) for p in err.absolute_path) or "value"
-        raise EntrySchemaError(
-            f"{where}entry {name!r}: {loc}: {err.message[:300]} (declared schema "
-            f"{sid or 'embedded'})"
-        )
+
+
+def _count_nodes(value: Any, *, limit: int, what: str) -> int:
+    """JSON values in ``value`` (containers and scalars; member names not), at most ``limit``."""
+    count, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > limit:
+            raise JsonInvalidError(
+                f"{what}: the value holds more than {limit} JSON values (spec §18.3, R-SEC-15)"
+            )
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count

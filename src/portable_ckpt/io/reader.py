@@ -813,7 +813,7 @@ class Checkpoint:
                 limit=jsonio.MAX_DOCUMENT_BYTES,
                 what=f"{self._rel(path)}: entry {e.name!r}",
             )
-        value = jsonio.loads(data, what=self._rel(path))
+        value = jsonio.loads(data, what=self._rel(path), max_nodes=jsonio.MAX_VALUE_NODES)
         # jsonschema is imported only when an entry is validated (keeps open() fast).
         from portable_ckpt.format.schemas import validate_entry_value
 
