@@ -651,6 +651,7 @@ class PortableStorageReader(StorageReader):
         if checkpoint_id is not None:
             self.root = _check_root(checkpoint_id)
         self._view: _DcpView | None = None
+        self._error: CheckpointError | None = None
         self.rank = 0
 
     @property
@@ -675,7 +676,7 @@ class PortableStorageReader(StorageReader):
         is kept and raised from :meth:`set_up_storage_reader` instead, so the caller sees its
         code (e.g. PCK-NOT-FOUND).
         """
-        self._error: CheckpointError | None = None
+        self._error = None
         try:
             if isinstance(self.root, Storage):
                 attempt, manifest = latest(self.root, self.step)
@@ -692,8 +693,8 @@ class PortableStorageReader(StorageReader):
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
         """Record this rank (or raise what ``read_metadata`` kept)."""
-        if getattr(self, "_error", None) is not None:
-            raise self._error  # type: ignore[misc]
+        if self._error is not None:
+            raise self._error
         self.rank = int(kwargs.get("rank", 0) or 0)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
