@@ -68,6 +68,7 @@ __all__ = [
     "entry_values_problem",
     "parse_manifest",
     "parse_writer_index",
+    "has_control_chars",
 ]
 
 FORMAT_MAJOR = 1
@@ -93,6 +94,11 @@ KNOWN_EXTENSIONS: frozenset[str] = frozenset({"tensor-table"})
 
 _HEX_DIGITS = b"0123456789abcdef"
 _CTRL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def has_control_chars(text: str) -> bool:
+    """Whether ``text`` holds a control character (U+0000–U+001F, U+007F; §8.1 keys)."""
+    return _CTRL.search(text) is not None
 _VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
 _TS = re.compile(
     r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"

@@ -42,6 +42,7 @@ from portable_ckpt.format.manifest import (
     TableRef,
     TensorEntry,
     WriterIndex,
+    has_control_chars,
 )
 from portable_ckpt.format.naming import (
     check_attempt_id,
@@ -201,7 +202,7 @@ class ShardWriter:
             not isinstance(key, str)
             or not key
             or len(key) > 1024
-            or any(ord(c) < 32 or ord(c) == 127 for c in key)
+            or has_control_chars(key)
         ):
             raise UsageError(
                 f"tensor key {key!r} must be 1–1024 characters without control characters"

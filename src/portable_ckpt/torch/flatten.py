@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.format.manifest import has_control_chars
 
 __all__ = [
     "VALUES_ENTRY",
@@ -236,7 +237,7 @@ def flatten_state(state: Any, *, for_load: bool = False) -> FlatState:
 
 
 def _check_key(key: str) -> None:
-    if not key or len(key) > 1024 or any(ord(c) < 32 or ord(c) == 127 for c in key):
+    if not key or len(key) > 1024 or has_control_chars(key):
         raise UnsupportedValueError(
             f"flat key {key!r} must be 1–1024 characters without control characters; shorten or "
             f"rename the dict keys on its path"

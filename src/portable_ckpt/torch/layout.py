@@ -25,6 +25,7 @@ box in the usual FSDP2 + TP case (split factor equal to the TP degree) and sever
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from collections.abc import Iterable, Sequence
@@ -225,7 +226,26 @@ def local_pieces(
     coordinate: Sequence[int],
     placements: Sequence[PlacementSpec],
 ) -> tuple[tuple[int, ...], tuple[Piece, ...]]:
-    """Return the local shape and the boxes of the data held at ``coordinate``."""
+    """Return the local shape and the boxes of the data held at ``coordinate``.
+
+    Memoised: a model repeats a few shapes and placements hundreds of times (every layer),
+    and the arithmetic cost ~0.1 ms per tensor on a save or load of the realistic state.
+    """
+    return _local_pieces(
+        tuple(int(s) for s in global_shape),
+        tuple(int(s) for s in mesh_shape),
+        tuple(int(c) for c in coordinate),
+        tuple(placements),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_pieces(
+    global_shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+    coordinate: tuple[int, ...],
+    placements: tuple[PlacementSpec, ...],
+) -> tuple[tuple[int, ...], tuple[Piece, ...]]:
     runs = local_runs(global_shape, mesh_shape, coordinate, placements)
     local_shape = tuple(_runs_length(r) for r in runs)
     if any(n == 0 for n in local_shape):
@@ -275,7 +295,23 @@ def writes_region(coordinate: Sequence[int], placements: Sequence[PlacementSpec]
 
 
 def placement_specs(placements: Sequence[Any], *, key: str = "?") -> list[PlacementSpec]:
-    """Convert torch placements to :class:`PlacementSpec` (refusing unsupported kinds)."""
+    """Convert torch placements to :class:`PlacementSpec` (refusing unsupported kinds).
+
+    Supported placements are memoised by value (torch's placements are frozen dataclasses);
+    anything else is converted here, so its error names ``key``.
+    """
+    try:
+        return list(_cached_specs(tuple(placements)))
+    except (TypeError, UnsupportedValueError):  # unhashable or refused: convert with the key
+        return _placement_specs(placements, key=key)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_specs(placements: tuple[Any, ...]) -> tuple[PlacementSpec, ...]:
+    return tuple(_placement_specs(placements, key="?"))
+
+
+def _placement_specs(placements: Sequence[Any], *, key: str) -> list[PlacementSpec]:
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -356,8 +392,10 @@ def _mesh_facts(mesh: Any) -> _MeshFacts:
     return facts
 
 
-def dtensor_layout(dt: Any, *, key: str = "?") -> LocalLayout:
+def dtensor_layout(dt: Any, *, key: str = "?", local: Any = None) -> LocalLayout:
     """Return the boxes of a DTensor's local data and whether this rank writes them.
+
+    ``local`` is ``dt``'s local tensor when the caller has it already.
 
     Raises:
         UnsupportedValueError: unsupported placement, or the local tensor disagrees with the
@@ -372,7 +410,7 @@ def dtensor_layout(dt: Any, *, key: str = "?") -> LocalLayout:
         return LocalLayout(gshape, (0,) * len(gshape), (), False)
     mshape = facts.shape
     local_shape, pieces = local_pieces(gshape, mshape, coord, specs)
-    actual = tuple(int(s) for s in dt.to_local().shape)
+    actual = tuple(int(s) for s in (dt.to_local() if local is None else local).shape)
     if actual != local_shape:
         raise UnsupportedValueError(
             f"tensor {key!r}: local shard shape {list(actual)} differs from the expected "
@@ -395,13 +433,22 @@ def is_dtensor(t: Any) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "placements") and hasattr(t, "to_local")
 
 
+def _no_grad() -> Any:
+    import torch
+
+    return torch.no_grad()
+
+
 def local_layout(key: str, t: Any, rank: int) -> tuple[LocalLayout, Any]:
     """Return the boxes of tensor ``t`` on ``rank`` and its local tensor.
 
     A plain tensor is one box that rank 0 writes; a DTensor's boxes come from its placements.
     """
     if is_dtensor(t):
-        return dtensor_layout(t, key=key), t.to_local()
+        # Without grad mode to_local() is an attribute read, not an autograd op (~1 ms each).
+        with _no_grad():
+            local = t.to_local()
+        return dtensor_layout(t, key=key, local=local), local
     shape = tuple(int(s) for s in t.shape)
     zeros = (0,) * len(shape)
     pieces = () if any(n == 0 for n in shape) else (Piece(zeros, shape, zeros),)
