@@ -145,28 +145,11 @@ def loads(
         raise JsonInvalidError(f"{what}: nesting deeper than {MAX_DEPTH}", path=what) from None
     except ValueError as exc:
         raise JsonInvalidError(f"{what}: invalid JSON: {exc}", path=what) from None
-    if _depth(doc) > MAX_DEPTH:
+    # On the text (numpy, ~100x faster than walking the parsed document; equal for valid JSON).
+    raw = text.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if text_depth(raw) > MAX_DEPTH:
         raise JsonInvalidError(f"{what}: nesting deeper than {MAX_DEPTH}", path=what)
     return doc
-
-
-def _depth(doc: Any) -> int:
-    """Nesting depth of containers, computed iteratively (no recursion on hostile input)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        node, d = stack.pop()
-        if d > deepest:
-            deepest = d
-            if deepest > MAX_DEPTH:
-                return deepest
-        children = (
-            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        )
-        for child in children:
-            if isinstance(child, dict | list):
-                stack.append((child, d + 1))
-    return deepest if isinstance(doc, dict | list) else 0
 
 
 def dumps(doc: Any, *, indent: int | None = None) -> bytes:
@@ -220,6 +203,38 @@ def count_values(data: bytes, *, chunk: int = 1 << 20) -> int:
         back = np.flatnonzero(a != 0x5C)
         run = len(a) - 1 - int(back[-1]) if len(back) else run + len(a)
     return total
+
+
+def text_depth(data: bytes, *, chunk: int = 1 << 20) -> int:
+    """Deepest nesting of containers in a JSON text, without parsing it (exact for valid JSON).
+
+    The depth the parsed document would have (the top-level container counts 1; a scalar
+    document has depth 0): brackets outside strings, scanned in ``chunk``-byte numpy windows
+    like :func:`count_values`.
+    """
+    deepest = depth = 0
+    inside = 0  # 1 while the scan is in a string
+    run = 0  # backslashes ending the previous window
+    for lo in range(0, len(data), chunk):
+        a = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - lo), offset=lo)
+        quotes = _unescaped_quotes(a, run)
+        brackets = np.flatnonzero((a == 0x5B) | (a == 0x7B) | (a == 0x5D) | (a == 0x7D))
+        if len(quotes):
+            # A bracket is outside strings when an even number of quotes (plus the parity
+            # carried in) precede it.
+            before = np.searchsorted(quotes, brackets)
+            brackets = brackets[(before + inside) % 2 == 0]
+            inside ^= len(quotes) % 2
+        elif inside:
+            brackets = brackets[:0]
+        if len(brackets):
+            b = a[brackets]
+            level = np.cumsum(np.where((b == 0x5B) | (b == 0x7B), 1, -1)) + depth
+            deepest = max(deepest, int(level.max()))
+            depth = int(level[-1])
+        back = np.flatnonzero(a != 0x5C)
+        run = len(a) - 1 - int(back[-1]) if len(back) else run + len(a)
+    return deepest
 
 
 def _unescaped_quotes(a: np.ndarray[Any, Any], run: int) -> np.ndarray[Any, Any]:
