@@ -692,7 +692,22 @@ def _entry(
         raise c.fail(where, "entry names use [A-Za-z0-9._/-] with no empty, '.' or '..' parts")
     d = c.obj(v, where)
     c.closed(d, where, {"schema", "scope", "world_size_policy", "encoding", "values"})
-    schema = c.obj(c.req(d, "schema", where), where + ".schema")
+    schema = _entry_schema(c, c.obj(c.req(d, "schema", where), where + ".schema"), where)
+    scope = c.enum(c.req(d, "scope", where), where + ".scope", SCOPES)
+    policy = d.get("world_size_policy")
+    if scope == "per_rank":
+        policy = c.enum(
+            c.req(d, "world_size_policy", where), where + ".world_size_policy", POLICIES
+        )
+    elif policy is not None:
+        raise c.fail(where + ".world_size_policy", "only per_rank entries have a world_size_policy")
+    encoding = c.enum(c.req(d, "encoding", where), where + ".encoding", ENCODINGS)
+    values = _entry_values(c, c.req(d, "values", where), where, scope, files, world_size)
+    return Entry(name, schema, scope, encoding, values, policy)
+
+
+def _entry_schema(c: _Ctx, schema: dict[str, Any], where: str) -> dict[str, Any]:
+    """An entry's ``schema``: a built-in id or an embedded JSON Schema."""
     if "id" in schema:
         c.closed(schema, where + ".schema", {"id"})
         if schema["id"] not in BUILTIN_SCHEMA_IDS:
@@ -707,18 +722,21 @@ def _entry(
             raise c.fail(where + ".schema.json_schema", "must be a JSON Schema (object or boolean)")
     else:
         raise c.fail(where + ".schema", "needs 'id' (a built-in schema) or 'json_schema'")
-    scope = c.enum(c.req(d, "scope", where), where + ".scope", SCOPES)
-    policy = d.get("world_size_policy")
-    if scope == "per_rank":
-        policy = c.enum(
-            c.req(d, "world_size_policy", where), where + ".world_size_policy", POLICIES
-        )
-    elif policy is not None:
-        raise c.fail(where + ".world_size_policy", "only per_rank entries have a world_size_policy")
-    encoding = c.enum(c.req(d, "encoding", where), where + ".encoding", ENCODINGS)
+    return schema
+
+
+def _entry_values(
+    c: _Ctx,
+    v: Any,
+    where: str,
+    scope: str,
+    files: Mapping[str, FileRecord] | None,
+    world_size: int | None,
+) -> list[EntryValue]:
+    """An entry's ``values``: files listed in ``files``, ranks per the scope (R-ENTRY-7..9)."""
     values = []
     seen_ranks: set[int] = set()
-    for i, vv in enumerate(c.arr(c.req(d, "values", where), where + ".values")):
+    for i, vv in enumerate(c.arr(v, where + ".values")):
         vw = f"{where}.values[{i}]"
         o = c.obj(vv, vw)
         c.closed(o, vw, {"file", "rank"})
@@ -742,7 +760,7 @@ def _entry(
         problem = entry_values_problem(scope, [v.rank for v in values], world_size)
         if problem is not None:
             raise c.fail(where + ".values", problem[1], problem[0])
-    return Entry(name, schema, scope, encoding, values, policy)
+    return values
 
 
 def entry_values_problem(
