@@ -396,3 +396,25 @@ def test_step_status_round_trips_through_json(value: Any, failures: list[Any]) -
     s = StepStatus(value, tuple(failures))
     back = StepStatus.from_json(json.loads(json.dumps(s.to_json())))
     assert back == s and back.ok == (not failures)
+
+
+def test_a_killed_unreaped_peer_counts_as_gone() -> None:
+    """A SIGKILLed rank is a zombie until its launcher reaps it: still gone for PCK-DISTRIBUTED."""
+    import os
+    import signal
+    import subprocess
+
+    from portable_ckpt.torch._collectives import _process_gone
+
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not _process_gone(p.pid)
+        os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while not _process_gone(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _process_gone(p.pid)  # a zombie: not reaped yet
+        assert p.poll() is not None
+    finally:
+        p.kill()
+        p.wait()

@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
@@ -117,20 +118,24 @@ class Comm:
         #: ``[host, pid]`` of every rank (exchanged when the side group was made).
         self.peers = [list(p) for p in peers]
 
-    def dead_peers(self) -> list[int]:
-        """Ranks on this host whose process no longer exists (others cannot be checked)."""
+    def dead_peers(self, grace: float = 0.5) -> list[int]:
+        """Ranks on this host whose process is gone (others cannot be checked).
+
+        A killed peer's sockets close while its process is still exiting, so a collective can
+        fail a moment before the process is gone: look again for up to ``grace`` seconds.
+        """
         host = socket.gethostname()
-        dead = []
-        for r, peer in enumerate(self.peers):
-            if r == self.rank or len(peer) != 2 or peer[0] != host:
-                continue
-            try:
-                os.kill(int(peer[1]), 0)
-            except ProcessLookupError:
-                dead.append(r)
-            except OSError:
-                pass  # exists, owned by someone else
-        return dead
+        local = [
+            (r, int(p[1]))
+            for r, p in enumerate(self.peers)
+            if r != self.rank and len(p) == 2 and p[0] == host
+        ]
+        deadline = time.monotonic() + grace
+        while True:
+            dead = [r for r, pid in local if _process_gone(pid)]
+            if dead or not local or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
 
     # -- protocol steps ----------------------------------------------------------------------------
 
@@ -376,6 +381,22 @@ def _encode(obj: Any) -> bytes:
 
 def _decode_all(outs: list[torch.Tensor], sizes: list[torch.Tensor]) -> list[Any]:
     return [json.loads(bytes(o[: int(s.item())].numpy())) for o, s in zip(outs, sizes, strict=True)]
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer runs: absent, or a zombie its parent has not reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False  # no /proc here: it exists
+    return state in (b"Z", b"X")
 
 
 def make_comm(process_group: Any = None, timeout: float | None = None) -> Comm:
