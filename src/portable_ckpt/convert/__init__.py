@@ -44,6 +44,7 @@ from portable_ckpt.convert._model import (
 )
 from portable_ckpt.errors import CheckpointError, NotFoundError, UsageError
 from portable_ckpt.format.vocab import is_entry_name
+from portable_ckpt.storage._posix import file_kind, open_regular
 
 __all__ = [
     "FORMATS",
@@ -121,15 +122,17 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     p = os.fspath(path)
     if p.startswith("s3://"):
         return "portable"
-    if not os.path.exists(p):
+    if not os.path.lexists(p):
         raise NotFoundError(f"source {p} does not exist", path=p)
-    if os.path.isfile(p):
+    if file_kind(p, what=f"source {p}") == "file":  # a FIFO or socket is refused, never opened
         if p.endswith(".safetensors") or p.endswith(".safetensors.index.json"):
             return "hf"
-        if p.endswith((".pt", ".pth", ".bin", ".ckpt")) or zipfile.is_zipfile(p):
+        if p.endswith((".pt", ".pth", ".bin", ".ckpt")):
             return "torch"
-        with open(p, "rb") as f:
+        with os.fdopen(open_regular(p), "rb") as f:
             head = f.read(16)
+            if zipfile.is_zipfile(f):
+                return "torch"
         if len(head) >= 9 and head[8:9] == b"{":
             return "hf"
         if head[:2] == b"\x80\x02":  # legacy torch.save pickle

@@ -44,13 +44,11 @@ from portable_ckpt.convert._pickle_scan import (
 )
 from portable_ckpt.errors import (
     CheckpointError,
-    FileMissingError,
     FileSizeError,
-    LimitError,
     ShardHeaderError,
-    StorageError,
     UnsupportedValueError,
 )
+from portable_ckpt.storage._posix import read_regular
 
 __all__ = [
     "DICT_CTORS",
@@ -190,20 +188,11 @@ def read_dcp_metadata(path: str) -> DcpMetadata:
         UnsupportedValueError, ShardHeaderError: see :func:`parse_dcp_metadata`.
 
     """
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_METADATA_BYTES:
-                raise LimitError(
-                    f"{path} is {size} bytes; DCP metadata larger than {MAX_METADATA_BYTES} bytes "
-                    "is not read",
-                    path=path,
-                )
-            data = f.read(MAX_METADATA_BYTES + 1)
-    except FileNotFoundError:
-        raise FileMissingError(f"{path} does not exist", path=path) from None
-    except OSError as exc:
-        raise StorageError(f"read {path}: {exc.strerror}", path=path) from None
+    # Below its directory, O_NONBLOCK + fstat: a FIFO named .metadata is refused, not waited on.
+    data = read_regular(
+        os.path.basename(path), below=os.path.dirname(path) or ".", max_size=MAX_METADATA_BYTES,
+        what=path,
+    )
     return parse_dcp_metadata(data, path=path)
 
 

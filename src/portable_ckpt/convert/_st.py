@@ -16,14 +16,13 @@ from typing import Any
 from portable_ckpt.errors import (
     CheckpointError,
     DtypeUnsupportedError,
-    FileMissingError,
     FileSizeError,
     JsonInvalidError,
     ShardHeaderError,
-    StorageError,
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES, dtype_by_safetensors
+from portable_ckpt.storage._posix import open_regular
 
 __all__ = ["MAX_HEADER", "StTensor", "build_header", "read_header"]
 
@@ -60,12 +59,7 @@ def read_header(path: str) -> tuple[list[StTensor], dict[str, str]]:
         DtypeUnsupportedError: a tensor's dtype is outside the format's table.
 
     """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise FileMissingError(f"safetensors file {path} does not exist", path=path) from None
-    except OSError as exc:
-        raise StorageError(f"open {path}: {exc.strerror}", path=path) from None
+    fd = open_regular(path, what=f"safetensors file {path}")  # a FIFO is refused, never waited on
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, 8, 0)

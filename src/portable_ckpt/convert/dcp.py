@@ -79,12 +79,12 @@ from portable_ckpt.errors import (
     FileSizeError,
     PathUnsafeError,
     ShardMismatchError,
-    StorageError,
     UnsupportedValueError,
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.vocab import is_entry_name
+from portable_ckpt.storage._posix import open_regular
 
 __all__ = ["TRUST_HELP", "is_dcp_dir", "read_dcp_source", "write_dcp"]
 
@@ -135,15 +135,15 @@ class _Files:
         if fd is None:
             path = self.path(rel)
             try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            except FileNotFoundError:
+                # Component by component with O_NOFOLLOW: neither the file nor a directory on
+                # the way (``sub`` of ``sub/__0_0.distcp``) may be a symlink out of the source.
+                fd = open_regular(rel, below=self.root, what=path)
+            except FileMissingError as exc:
                 raise FileMissingError(
-                    f"{os.path.join(self.root, '.metadata')} references {path}, which does not "
-                    "exist; the checkpoint is incomplete",
+                    f"{os.path.join(self.root, '.metadata')} references {path}: {exc.message}; "
+                    "the checkpoint is incomplete",
                     path=path,
                 ) from None
-            except OSError as exc:
-                raise StorageError(f"open {path}: {exc.strerror}", path=path) from None
             self._fds[rel] = fd
         return fd
 
@@ -198,7 +198,7 @@ def read_dcp_source(root: str, *, trust_pickle: bool, strict: bool = False) -> S
     if not os.path.isdir(root):
         raise FileMissingError(f"DCP directory {root} does not exist", path=root)
     meta_path = os.path.join(root, ".metadata")
-    if not os.path.isfile(meta_path):
+    if not os.path.lexists(meta_path):
         extra = ""
         if any(n.endswith(".metadata") for n in os.listdir(root)):
             extra = " (only per-rank __<rank>.metadata files: saved without coordination; unsupported)"

@@ -40,13 +40,13 @@ from portable_ckpt.errors import (
     CoverageOverlapError,
     FileMissingError,
     JsonInvalidError,
-    LimitError,
     ShardMismatchError,
     StorageError,
     UsageError,
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import numpy_dtype
+from portable_ckpt.storage._posix import file_kind, open_regular, read_regular
 
 __all__ = [
     "HF_METADATA_ENTRY",
@@ -91,12 +91,10 @@ def parse_size(text: str | int) -> int:
 
 def find_hf_files(src: str) -> tuple[str | None, list[str]]:
     """Return ``(index path or None, shard paths)`` for a file, index or directory ``src``."""
-    if os.path.isfile(src):
+    if file_kind(src, what=f"source {src}") == "file":
         if src.endswith(".index.json"):
             return src, []
         return None, [src]
-    if not os.path.isdir(src):
-        raise FileMissingError(f"source {src} does not exist", path=src)
     names = sorted(os.listdir(src))
     indexes = [n for n in names if n.endswith(".safetensors.index.json")]
     if "model.safetensors.index.json" in indexes:
@@ -119,16 +117,7 @@ def find_hf_files(src: str) -> tuple[str | None, list[str]]:
 
 
 def _load_index(path: str) -> dict[str, str]:
-    try:
-        if os.path.getsize(path) > _MAX_INDEX:
-            raise LimitError(f"{path}: index larger than {_MAX_INDEX} bytes", path=path)
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise FileMissingError(f"index {path} does not exist", path=path) from None
-    except OSError as exc:
-        raise StorageError(f"read {path}: {exc.strerror}", path=path) from None
-
+    raw = read_regular(path, max_size=_MAX_INDEX, what=f"index {path}")
     doc = jsonio.loads(raw, what=path, max_bytes=_MAX_INDEX)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
@@ -150,10 +139,7 @@ def _loader(path: str, t: StTensor) -> Callable[[], np.ndarray[Any, Any]]:
             return np.empty(t.shape, dtype=numpy_dtype(t.dtype))
         page = mmap.ALLOCATIONGRANULARITY
         start = t.start // page * page
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise StorageError(f"open {path}: {exc.strerror}", path=path) from None
+        fd = open_regular(path)  # every open checks the type: a FIFO swapped in never blocks
         try:
             if os.fstat(fd).st_size < t.start + t.nbytes:
                 raise StorageError(f"{path}: tensor {t.name!r} extends past the end of the file", path=path)
@@ -185,7 +171,7 @@ def read_hf_source(src: str) -> SourcePlan:
         files = sorted(set(weight_map.values()))
         shards = [os.path.join(base, f) for f in files]
         for f, p in zip(files, shards, strict=True):
-            if not os.path.isfile(p):
+            if not os.path.lexists(p):
                 raise FileMissingError(
                     f"{index_path} names shard {f!r}, but {p} does not exist; the download is "
                     "incomplete",

@@ -44,12 +44,11 @@ from portable_ckpt.convert._torchzip import (
 from portable_ckpt.errors import (
     CheckpointError,
     DtypeUnsupportedError,
-    FileMissingError,
     ShardHeaderError,
-    StorageError,
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.storage._posix import open_regular
 
 __all__ = ["read_torch_source"]
 
@@ -99,14 +98,12 @@ def read_torch_source(path: str, *, strict: bool = False) -> SourcePlan:
         ShardHeaderError: the archive is damaged.
 
     """
-    if not os.path.isfile(path):
-        raise FileMissingError(f"torch.save file {path} does not exist", path=path)
-    if not zipfile.is_zipfile(path):
+    fd = open_regular(path, what=f"torch.save file {path}")  # a FIFO is refused, never waited on
+    with os.fdopen(os.dup(fd), "rb") as f:
+        is_zip = zipfile.is_zipfile(f)
+    if not is_zip:
+        os.close(fd)
         return _fallback(path, strict=strict, reason="legacy (non-zip) torch.save format")
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise StorageError(f"open {path}: {exc.strerror}", path=path) from None
     closed = False
 
     def close() -> None:
@@ -177,7 +174,10 @@ def _fallback(path: str, *, strict: bool, reason: str) -> SourcePlan:
     except ImportError:
         raise UsageError(f"{path}: {reason} needs torch to read: pip install 'portable-ckpt[torch]'") from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with os.fdopen(open_regular(path), "rb") as f:  # the checked descriptor, not the name
+            obj = torch.load(f, map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise ShardHeaderError(f"{path}: torch.load(weights_only=True) failed: {exc}", path=path) from None
     tensors: list[TensorSpec] = []

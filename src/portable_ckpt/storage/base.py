@@ -196,14 +196,6 @@ class Storage(abc.ABC):
         POSIX: wait for the deferred fsyncs, then fsync the directories. Writers call it once after their data files instead of once per file.
         """
 
-    def map_readonly(self, path: str, offset: int, length: int) -> memoryview | None:
-        """Map ``length`` bytes of ``path`` read-only, or return ``None`` if the backend cannot.
-
-        Lets verification checksum page-cache pages in place instead of copying them. The
-        caller releases the view (``release()``) before the next call.
-        """
-        return None
-
     def list_uploads(
         self, prefix: str = "", *, activity: bool = False
     ) -> builtins.list[ObjectInfo]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 import errno
-import mmap
 import os
 import secrets
 import stat
@@ -20,6 +19,7 @@ from portable_ckpt.errors import (
     PathUnsafeError,
     StorageError,
 )
+from portable_ckpt.storage._posix import open_regular
 from portable_ckpt.storage.base import (
     Capabilities,
     ObjectInfo,
@@ -170,17 +170,12 @@ class LocalStorage(Storage):
         return full
 
     def _open_read(self, rel: str) -> int:
-        full = self._full(rel)
-        try:
-            return os.open(full, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
-        except FileNotFoundError as exc:
-            raise FileMissingError(f"{rel!r} does not exist under {self.root}", path=rel) from exc
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise PathUnsafeError(
-                    f"{rel!r} is a symlink; checkpoints never follow links", path=rel
-                ) from exc
-            raise StorageError(f"open {rel!r}: {exc.strerror}", path=rel) from exc
+        # Every open checks the type of the descriptor it got (a FIFO swapped in after an
+        # earlier read must not block this one) and walks the path below the root with
+        # O_NOFOLLOW, so neither the file nor a directory above it can be a symlink.
+        if not well_formed(rel):
+            raise PathUnsafeError(f"path {rel!r} leaves the storage root {self.root}", path=rel)
+        return open_regular(rel, below=self.root, what=f"{rel!r} under {self.root}")
 
     def _fsync_parent(self, full: str) -> None:
         # Directory fsyncs are batched: sync() makes all names durable at once.
@@ -283,34 +278,10 @@ class LocalStorage(Storage):
         except OSError as exc:
             raise _read_error(path, offset + done, exc) from exc
 
-    def map_readonly(self, path: str, offset: int, length: int) -> memoryview | None:
-        fd = self._open_read(path)
-        try:
-            # Map only bytes that exist: a mapping past the end of a file faults (SIGBUS).
-            if os.fstat(fd).st_size < offset + length:
-                raise FileSizeError(
-                    f"{path!r} is shorter than {offset + length} bytes: the file is truncated",
-                    path=path,
-                )
-            page = mmap.ALLOCATIONGRANULARITY
-            start = offset // page * page
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mm = mmap.mmap(
-                fd, offset + length - start, flags=flags, prot=mmap.PROT_READ, offset=start
-            )
-        except OSError as exc:
-            raise StorageError(f"map {path!r}: {exc.strerror}", path=path) from exc
-        finally:
-            os.close(fd)
-        return memoryview(mm)[offset - start :]
-
     def read_all(self, path: str, *, max_size: int) -> bytes:
         fd = self._open_read(path)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise FileMissingError(f"{path!r} is not a regular file", path=path)
-            size = st.st_size
+            size = os.fstat(fd).st_size  # a regular file: _open_read checked
             if size > max_size:
                 raise LimitError(
                     f"{path!r} is {size} bytes, above the limit of {max_size}", path=path

@@ -205,17 +205,6 @@ class StorageTests:
             with pytest.raises(FileMissingError):
                 read()
 
-    def test_map_readonly_is_none_or_the_bytes(self, store: Storage) -> None:
-        """``map_readonly`` returns ``None`` (cannot map) or a view of exactly those bytes."""
-        data = payload(self.object_size)
-        store.put("v/obj", data)
-        view = store.map_readonly("v/obj", 123, 456)
-        if view is not None:
-            try:
-                assert bytes(view) == data[123:579]
-            finally:
-                view.release()
-
     # -- writers ---------------------------------------------------------------------------------
 
     def test_writer_streams_pieces_and_creates_parents(self, store: Storage) -> None:
