@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from portable_ckpt.cli import _args as A
+
 __all__ = ["register"]
 
 _HELP = """\
@@ -104,8 +106,13 @@ def register(subparsers: Any) -> None:
         description=_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("src", metavar="SRC", help="source checkpoint (file or directory)")
-    p.add_argument("dst", metavar="DST", help="destination (portable root, or new directory for dcp/hf)")
+    p.add_argument(
+        "src", metavar="SRC", type=A.root_url, help="source checkpoint (file or directory)"
+    )
+    p.add_argument(
+        "dst", metavar="DST", type=A.new_root,
+        help="destination (portable root, or new directory for dcp/hf)",
+    )
     p.add_argument(
         "--from", dest="src_format", choices=["dcp", "hf", "torch", "portable"], default=None,
         help="source format (default: detected)",
@@ -125,10 +132,10 @@ def register(subparsers: Any) -> None:
         help="fail on non-tensor items that cannot be converted instead of skipping them",
     )
     p.add_argument(
-        "--max-shard-size", default="5GB",
+        "--max-shard-size", type=A.shard_size, default="5GB",
         help="hf target: largest shard, e.g. 5GB (10^9 bytes, as transformers), 2GiB (default 5GB)",
     )
-    p.add_argument("--step", type=int, default=None, help="step of the new portable version / portable version to read")
+    p.add_argument("--step", type=A.step, default=None, help="step of the new portable version / portable version to read")
     p.add_argument("--codec", choices=["none", "zstd"], default="none", help="portable target codec")
     p.add_argument("--json", action="store_true", help="print a JSON summary (tensors, bytes, seconds)")
     p.set_defaults(func=_run)

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from portable_ckpt.cli import _args as A
 from portable_ckpt.errors import CheckpointError
 
 __all__ = ["register"]
@@ -49,11 +50,21 @@ def register(sub: Any) -> None:
         help="copy a committed version to another root (local or s3://), verified and "
         "published atomically; records the copy in the source",
     )
-    p.add_argument("ckpt", help="a version directory, or a root (its latest committed version)")
-    p.add_argument("dst_root", help="destination root: a directory or s3://bucket/prefix")
-    p.add_argument("--step", type=int, default=None, help="with a root: copy this step")
-    p.add_argument("--jobs", type=int, default=2, help="files copied concurrently (default 2)")
-    p.add_argument("--chunk-mib", type=int, default=8, help="MiB per ranged read (default 8)")
+    p.add_argument(
+        "ckpt", type=A.root_url, help="a version directory, or a root (its latest committed version)"
+    )
+    p.add_argument(
+        "dst_root", type=A.new_root, help="destination root: a directory or s3://bucket/prefix"
+    )
+    p.add_argument("--step", type=A.step, default=None, help="with a root: copy this step")
+    p.add_argument(
+        "--jobs", type=A.int_range(1, 256, "jobs"), default=2,
+        help="files copied concurrently (1-256, default 2)",
+    )
+    p.add_argument(
+        "--chunk-mib", type=A.int_range(1, 4096, "chunk-mib"), default=8,
+        help="MiB per ranged read (1-4096, default 8)",
+    )
     p.add_argument("--no-record", action="store_true",
                    help="do not write copies/<copy-id>.json into the source version")
     p.add_argument("--force", action="store_true",

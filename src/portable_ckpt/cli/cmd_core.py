@@ -8,6 +8,7 @@ import random
 import sys
 from typing import Any
 
+from portable_ckpt.cli import _args as A
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.vocab import CODECS
 
@@ -162,8 +163,6 @@ def _inspect(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     import portable_ckpt
 
-    if args.sample is not None and not 0 < args.sample <= 1:
-        raise UsageError("--sample must be a fraction in (0, 1]")
     if args.seed is not None and args.sample is None:
         raise UsageError("--seed needs --sample")
     # A sample is reproducible: the seed used is always printed (drawn when not given).
@@ -240,32 +239,34 @@ def _gc(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``ls``, ``inspect``, ``verify`` and ``gc``."""
     p = sub.add_parser("ls", help="list the attempts of a root: committed, incomplete, invalid, foreign or unreadable")
-    p.add_argument("root")
+    p.add_argument("root", type=A.root_url)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_ls)
 
     p = sub.add_parser("inspect", help="show a version's tensors, entries and contract")
-    p.add_argument("ckpt", help="a root (its latest committed version) or a version directory")
-    p.add_argument("--step", type=int, default=None)
+    p.add_argument(
+        "ckpt", type=A.root_url, help="a root (its latest committed version) or a version directory"
+    )
+    p.add_argument("--step", type=A.step, default=None)
     p.add_argument("--ranges", action="store_true", help="list every range record")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser("verify", help="verify a version (exit 0 ok, 1 problems, 2 usage)")
-    p.add_argument("ckpt")
-    p.add_argument("--step", type=int, default=None)
+    p.add_argument("ckpt", type=A.root_url)
+    p.add_argument("--step", type=A.step, default=None)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--deep", action="store_true", help="read and checksum every byte")
     g.add_argument(
         "--sample",
-        type=float,
+        type=A.fraction,
         default=None,
         metavar="FRACTION",
         help="read and check a random fraction of the range records (without replacement)",
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=A.int_range(0, 2**64 - 1, "seed"),
         default=None,
         help="seed of --sample's draw (default: a fresh one, printed so the run can be repeated)",
     )
@@ -273,16 +274,21 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("gc", help="apply retention: keep N newest and the newest drilled version")
-    p.add_argument("root")
-    p.add_argument("--keep", type=int, required=True)
+    p.add_argument("root", type=A.root_url)
+    p.add_argument("--keep", type=A.int_range(1, 10**9, "keep"), required=True)
     p.add_argument(
-        "--grace", type=float, default=3600.0, help="seconds before an abandoned attempt is removed"
+        "--grace",
+        type=A.grace_seconds,
+        default=3600.0,
+        help="seconds without activity before an attempt without a commit record is removed "
+        "(finite, >= 0; default 3600)",
     )
     p.add_argument(
         "--require-copy",
         nargs="?",
         const=True,
         default=False,
+        type=A.root_url,
         metavar="ROOT_URL",
         help="delete older versions only once a kept one has a verified copy on "
         "another root (on ROOT_URL when given)",

@@ -6,9 +6,17 @@ import argparse
 import json
 from typing import Any
 
+from portable_ckpt.cli import _args as A
 from portable_ckpt.format.vocab import CODECS
 
 __all__ = ["register"]
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    """Checks between arguments (before anything runs)."""
+    if not args.save_step < args.steps:
+        return f"--save-step ({args.save_step}) must be below --steps ({args.steps})"
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -50,21 +58,33 @@ def register(subparsers: Any) -> None:
             "demo-report.json and loss.png into --out."
         ),
     )
-    p.add_argument("--ranks", type=int, default=4, help="world size of the first run (default 4)")
+    ranks = A.int_range(1, A.MAX_LOCAL_RANKS, "ranks")
+    p.add_argument("--ranks", type=ranks, default=4, help="world size of the first run (default 4)")
     p.add_argument(
-        "--resume-ranks", type=int, default=3, help="world size of the resized resume (default 3)"
+        "--resume-ranks", type=ranks, default=3, help="world size of the resized resume (default 3)"
     )
-    p.add_argument("--steps", type=int, default=12, help="total optimizer steps (default 12)")
-    p.add_argument("--save-step", type=int, default=6, help="save after this step (default 6)")
+    steps = A.int_range(1, 10**6, "steps")
+    p.add_argument("--steps", type=steps, default=12, help="total optimizer steps (default 12)")
     p.add_argument(
-        "--hidden", type=int, default=50, help="hidden width (default 50: uneven shards)"
+        "--save-step", type=steps, default=6, help="save after this step, < --steps (default 6)"
     )
-    p.add_argument("--layers", type=int, default=2, help="hidden layers (default 2)")
-    p.add_argument("--batch", type=int, default=24, help="global batch size (default 24)")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--hidden", type=A.int_range(1, 1 << 16, "hidden"), default=50,
+        help="hidden width (default 50: uneven shards)",
+    )
+    p.add_argument(
+        "--layers", type=A.int_range(1, 64, "layers"), default=2, help="hidden layers (default 2)"
+    )
+    p.add_argument(
+        "--batch", type=A.int_range(1, 1 << 20, "batch"), default=24,
+        help="global batch size (default 24)",
+    )
+    p.add_argument("--seed", type=A.int_range(0, 2**63 - 1, "seed"), default=1234)
     p.add_argument("--codec", choices=CODECS, default="none")
     p.add_argument("--out", default="demo-output", help="output directory (default ./demo-output)")
-    p.add_argument("--root", default=None, help="checkpoint root (default <out>/checkpoints)")
+    p.add_argument(
+        "--root", type=A.new_root, default=None, help="checkpoint root (default <out>/checkpoints)"
+    )
     p.add_argument("--no-same-size", action="store_true", help="skip the same-size (exact) resume")
     p.add_argument("--json", action="store_true", help="also print the summary as JSON")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, check=_check)

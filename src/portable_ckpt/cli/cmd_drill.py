@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from portable_ckpt.cli import _args as A
+
 __all__ = ["register"]
 
 
@@ -58,16 +60,29 @@ def register(subparsers: Any) -> None:
             "bandwidth, slowest rank, peak temporary memory per rank and time to the first step."
         ),
     )
-    p.add_argument("ckpt", help="checkpoint root (latest version) or version directory")
-    p.add_argument("--world-size", type=int, required=True, help="ranks of the drill group")
     p.add_argument(
-        "--step", type=int, default=None, help="with a root: drill this step's newest version"
+        "ckpt", type=A.root_url, help="checkpoint root (latest version) or version directory"
     )
     p.add_argument(
-        "--factory", default=None, help="module:function building (state[, step_fn]) per rank"
+        "--world-size",
+        type=A.int_range(1, A.MAX_LOCAL_RANKS, "world-size"),
+        required=True,
+        help=f"ranks of the drill group (processes on this machine, 1-{A.MAX_LOCAL_RANKS})",
     )
     p.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds before the group is killed"
+        "--step", type=A.step, default=None, help="with a root: drill this step's newest version"
+    )
+    p.add_argument(
+        "--factory",
+        type=A.factory_spec,
+        default=None,
+        help="module:function building (state[, step_fn]) per rank",
+    )
+    p.add_argument(
+        "--timeout",
+        type=A.positive_seconds,
+        default=600.0,
+        help="seconds before the group is killed",
     )
     p.add_argument("--no-record", action="store_true", help="do not store the drill record")
     p.add_argument("--json", action="store_true", help="print the record as JSON")

@@ -1,13 +1,17 @@
 """Entry point of ``portable-ckpt``: finds every ``cmd_*`` module and lets it add subcommands.
 
-Exit codes: 0 success, 1 a checkpoint problem (the error's code is printed), 2 usage errors.
+Exit codes: 0 success, 1 a checkpoint problem (the error's code is printed, e.g. PCK-NOT-FOUND for
+a root that does not exist, PCK-STORAGE when gc skipped attempts it could not read), 2 usage
+errors (before anything is touched), 130 interrupted, 141 output into a closed pipe.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -35,12 +39,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
+    """Run the CLI; returns the exit code.
+
+    Every argument is checked while parsing (``cli/_args.py``) and by the subcommand's
+    ``check`` before anything is touched: a bad value exits 2. Output into a closed pipe
+    (``inspect ... | head``) exits 141 (128 + SIGPIPE) without a traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    check = getattr(args, "check", None)
+    problem = check(args) if check is not None else None
+    if problem:
+        parser.error(f"{args.command}: {problem}")
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader of our output went away: point stdout at /dev/null so that the flush at
+        # exit cannot raise again, and end like a process killed by SIGPIPE (cat, grep).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except UsageError as exc:
@@ -51,6 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise
+    except Exception as exc:  # no traceback ever reaches a user; PCK_DEBUG=1 shows it
+        if os.environ.get("PCK_DEBUG"):
+            raise
+        print(
+            f"portable-ckpt: internal error ({type(exc).__name__}: {exc}); this is a bug of "
+            "portable-ckpt: please report it (PCK_DEBUG=1 prints the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

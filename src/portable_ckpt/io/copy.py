@@ -33,7 +33,7 @@ from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.io.checksum import crc32c, read_verified
-from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.storage import Storage, check_root_url, open_storage
 
 __all__ = [
     "CopyResult",
@@ -52,6 +52,7 @@ def normalize_root_url(root: str | os.PathLike[str] | Storage) -> str:
         url = root.url
         return url.rstrip("/") if "://" in url else "file://" + os.path.abspath(url)
     text = os.fspath(root)
+    check_root_url(text)  # "s3://" has no bucket: never the local folder "s3:"
     if text.startswith("s3://"):
         return text.rstrip("/")
     if text.startswith("file://"):

@@ -7,7 +7,38 @@ import os
 from portable_ckpt.storage.base import Capabilities, ObjectInfo, Storage, StreamWriter
 from portable_ckpt.storage.local import LocalStorage
 
-__all__ = ["Capabilities", "LocalStorage", "ObjectInfo", "Storage", "StreamWriter", "open_storage"]
+__all__ = [
+    "Capabilities",
+    "LocalStorage",
+    "ObjectInfo",
+    "Storage",
+    "StreamWriter",
+    "check_root_url",
+    "open_storage",
+]
+
+
+def check_root_url(url: str) -> None:
+    """Raise ``UsageError`` unless ``url`` names a root: a path, ``file://PATH`` or ``s3://BUCKET[/PREFIX]``.
+
+    ``s3://`` without a bucket must never fall through to a local folder named ``s3:``.
+    """
+    import urllib.parse
+
+    from portable_ckpt.errors import UsageError
+
+    if not url:
+        raise UsageError("a root must not be empty")
+    if url.startswith("s3://"):
+        parts = urllib.parse.urlsplit(url)
+        if not parts.netloc or "/" in parts.netloc or parts.query or parts.fragment:
+            raise UsageError(f"{url!r} is not an S3 root; expected s3://BUCKET[/PREFIX]")
+        return
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme and scheme != "file":
+        raise UsageError(f"{url!r}: unsupported scheme {scheme!r}; use a path, file:// or s3://")
+    if scheme == "file" and not url[len("file://") :]:
+        raise UsageError(f"{url!r} names no directory")
 
 
 def open_storage(url: str | os.PathLike[str] | Storage, *, create: bool = False) -> Storage:
@@ -18,6 +49,7 @@ def open_storage(url: str | os.PathLike[str] | Storage, *, create: bool = False)
     if isinstance(url, Storage):
         return url
     text = os.fspath(url)
+    check_root_url(text)
     if text.startswith("s3://"):
         from portable_ckpt.storage.s3 import S3Storage
 

@@ -1,0 +1,176 @@
+"""Every CLI argument is checked before anything is touched (issue 12, items 21 and 22).
+
+Usage errors exit 2 with one ``portable-ckpt: ...`` line and no traceback, before any file is
+read or written; a root that does not exist is ``PCK-NOT-FOUND`` (exit 1), not "no attempts";
+``inspect ... | head`` ends quietly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.cli.main import main as cli_main
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import open_storage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _version(root: Path) -> str:
+    m = portable_ckpt.save_arrays(root, {"w": np.arange(64, dtype=np.float32)}, step=1,
+                                  entries={"cfg": {"a": 1}})
+    return m.attempt_id
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in files + dirs:
+            st = os.lstat(os.path.join(d, n))
+            out[os.path.relpath(os.path.join(d, n), root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as ei:
+        cli_main(argv)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2, (argv, err)
+    assert "Traceback" not in err and "error:" in err, err
+    return err
+
+
+def test_copy_onto_an_existing_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 21: ``copy CKPT <file>`` printed a traceback; now exit 2, nothing written anywhere."""
+    _version(tmp_path / "src")
+    target = tmp_path / "a-file"
+    target.write_bytes(b"keep me")
+    before = _snapshot(tmp_path)
+    assert "not a directory" in _usage(["copy", str(tmp_path / "src"), str(target)], capsys)
+    assert _snapshot(tmp_path) == before and target.read_bytes() == b"keep me"
+
+
+def test_copy_to_s3_without_a_bucket_never_writes_a_local_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 21: ``copy CKPT s3://`` exited 0 after copying into ./s3: — now a usage error."""
+    _version(tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(tmp_path)
+    for dst in ("s3://", "s3:///prefix", "s3://?x=1", "gs://bucket/x"):
+        _usage(["copy", str(tmp_path / "src"), dst], capsys)
+    assert not (tmp_path / "s3:").exists() and _snapshot(tmp_path) == before
+    from portable_ckpt.io.copy import copy_version
+
+    with pytest.raises(portable_ckpt.UsageError):
+        copy_version(str(tmp_path / "src"), "s3://")
+
+
+@pytest.mark.parametrize("grace", ["nan", "-1", "inf", "-inf", "1e999", "x"])
+def test_gc_grace_must_be_finite_and_non_negative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grace: str
+) -> None:
+    """Item 21: ``gc --grace nan`` / ``-1`` deleted a save started a second ago."""
+    _version(tmp_path)
+    storage = open_storage(tmp_path)
+    w = ShardWriter(storage, new_attempt_id(2), 0)
+    w.add_tensor("w", np.ones(4, np.float32))
+    w.finish()  # a save in progress: data and index written, not committed yet
+    before = _snapshot(tmp_path)
+    _usage(["gc", str(tmp_path), "--keep", "1", f"--grace={grace}"], capsys)
+    assert _snapshot(tmp_path) == before
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(portable_ckpt.UsageError):
+            portable_ckpt.gc(tmp_path, keep=1, grace_seconds=bad)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("n", ["0", "-3", "100000000", "two"])
+def test_drill_world_size_is_checked_before_any_process_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], n: str
+) -> None:
+    """Item 21: ``drill --world-size 0`` was a traceback, 100000000 started processes."""
+    _version(tmp_path)
+    before = _snapshot(tmp_path)
+    _usage(["drill", str(tmp_path), "--world-size", n], capsys)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ls", "s3://"],
+        ["inspect", "{root}", "--step", "-1"],
+        ["inspect", "{root}", "--step", "1000000000000"],
+        ["verify", "{root}", "--sample", "0"],
+        ["verify", "{root}", "--sample", "nan"],
+        ["verify", "{root}", "--sample", "1.5"],
+        ["verify", "{root}", "--step", "x"],
+        ["gc", "{root}", "--keep", "0"],
+        ["gc", "{root}", "--keep", "-1"],
+        ["gc", "{root}", "--keep", "1", "--require-copy", "s3://"],
+        ["copy", "{root}", "{root}-dst", "--jobs", "0"],
+        ["copy", "{root}", "{root}-dst", "--chunk-mib", "0"],
+        ["copy", "{root}", "{root}-dst", "--step", "-2"],
+        ["drill", "{root}", "--world-size", "1", "--timeout", "0"],
+        ["drill", "{root}", "--world-size", "1", "--timeout", "nan"],
+        ["drill", "{root}", "--world-size", "1", "--factory", "no-colon"],
+        ["demo", "--ranks", "0"],
+        ["demo", "--resume-ranks", "100000"],
+        ["demo", "--steps", "0"],
+        ["demo", "--save-step", "12", "--steps", "12"],
+        ["demo", "--hidden", "0"],
+        ["convert", "{root}", "{root}-dst", "--step", "-1"],
+        ["convert", "{root}", "{root}-dst", "--max-shard-size", "lots"],
+        ["convert", "{root}", "{root}-dst", "--max-shard-size", "0"],
+        ["convert", "{root}", "s3://"],
+    ],
+    ids=lambda a: " ".join(a)[:60],
+)
+def test_every_subcommand_checks_its_arguments_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """Item 21 audit: every bad value is exit 2 before anything is read or written."""
+    root = tmp_path / "root"
+    _version(root)
+    argv = [a.format(root=root) for a in argv]
+    before = _snapshot(tmp_path)
+    _usage(argv, capsys)
+    assert _snapshot(tmp_path) == before
+
+
+def test_ls_and_gc_of_a_missing_root_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 22: a mistyped root was "no attempts" / "kept 0" with exit 0; now PCK-NOT-FOUND."""
+    missing = tmp_path / "no-such-root"
+    for argv in (["ls", str(missing)], ["ls", str(missing), "--json"],
+                 ["gc", str(missing), "--keep", "1"]):
+        assert cli_main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert "PCK-NOT-FOUND" in err and "does not exist" in err and "Traceback" not in err
+    assert not missing.exists()
+    (tmp_path / "empty").mkdir()
+    assert cli_main(["ls", str(tmp_path / "empty")]) == 0  # an empty root exists
+    assert "no attempts" in capsys.readouterr().out
+
+
+def test_inspect_into_a_closed_pipe_prints_no_traceback(tmp_path: Path) -> None:
+    """Item 22: ``inspect ... | head`` died with a BrokenPipeError traceback."""
+    root = tmp_path / "root"
+    arrays = {f"t{i:04d}": np.zeros(2, np.float32) for i in range(3000)}  # > a pipe buffer
+    portable_ckpt.save_arrays(root, arrays, step=1)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    cmd = (f"{sys.executable} -m portable_ckpt.cli.main inspect {root} --ranges | head -n 2; "
+           "exit ${PIPESTATUS[0]}")
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, timeout=120)
+    assert len(p.stdout.splitlines()) == 2
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+    assert p.returncode == 141, (p.returncode, p.stderr)  # 128 + SIGPIPE, as cat or grep
