@@ -116,13 +116,14 @@ def latest_committed(root: Path) -> Path | None:
     """The latest committed version by the spec's order (step, committed_at, attempt_id).
 
     Only versions whose manifest parses and whose attempt_id equals the directory are
-    considered (a version exists iff ...).
+    considered (a version exists iff ...). A manifest that cannot be read (``OSError``) is not
+    skipped: the error propagates, since it could be the latest version (R-ID-5).
     """
     best: tuple[int, tuple[str, str], str, Path] | None = None
     for p in committed_versions(root):
         try:
             m = loads_strict((p / "manifest.json").read_bytes())
-        except (StrictJsonError, OSError):
+        except StrictJsonError:
             continue
         if not isinstance(m, dict) or m.get("attempt_id") != p.name:
             continue

@@ -59,6 +59,10 @@ def main() -> int:
             faults.append(Fault(op=phase["op"], path=phase["path"], error=None,
                                 after_ops=phase.get("after_ops", 0), after_bytes=phase.get("after_bytes"),
                                 times=1, callback=lambda op, p: pause(name)))
+    if role == "gc" and phase is not None and phase.get("gc_fault"):
+        from tests.hardening._killmatrix import gc_faults
+
+        faults += gc_faults(phase["gc_fault"])  # a transient read error as well as the kill
     storage = FaultyStorage(open_storage(root, create=True), faults)
     try:
         if role.startswith("writer"):
