@@ -89,15 +89,20 @@ def fraction(text: str) -> float:
     return value
 
 
+def _checked(check: Callable[[str], object], text: str) -> str:
+    """``text`` once ``check`` accepted it; its ``UsageError`` becomes a usage message."""
+    try:
+        check(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
 def root_url(text: str) -> str:
     """A root or version: a local path, ``file://`` path, or ``s3://BUCKET[/PREFIX]``."""
     from portable_ckpt.storage import check_root_url
 
-    try:
-        check_root_url(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-    return text
+    return _checked(check_root_url, text)
 
 
 def new_root(text: str) -> str:
@@ -126,8 +131,4 @@ def shard_size(text: str) -> str:
     """A size such as ``5GB``, ``2GiB`` or ``1048576`` (parsed again by the converter)."""
     from portable_ckpt.convert.hf import parse_size
 
-    try:
-        parse_size(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-    return text
+    return _checked(parse_size, text)
