@@ -43,7 +43,7 @@ def _code(fn: Any, *args: Any, seconds: float = 10.0, **kwargs: Any) -> str:
 
 
 def test_shard_swapped_for_a_fifo_after_the_first_read(tmp_path: Path) -> None:
-    """Item 18 (R-SEC-15): the file type is checked on every open, not once: no read blocks."""
+    """Item 18 (R-SEC-16): the file type is checked on every open, not once: no read blocks."""
     m = portable_ckpt.save_arrays(tmp_path, {"w": np.arange(1024, dtype=np.float32)}, step=1)
     ck = portable_ckpt.open(tmp_path)
     np.testing.assert_array_equal(ck.read("w"), np.arange(1024, dtype=np.float32))
@@ -102,7 +102,7 @@ _TRUNCATE_CHILD = textwrap.dedent(
 
 
 def test_truncation_during_deep_verify_is_an_error_not_sigbus(tmp_path: Path) -> None:
-    """Item 19 (R-SEC-16): a shard truncated during ``verify --deep``: PCK-FILE-SIZE, no SIGBUS."""
+    """Item 19 (R-SEC-17): a shard truncated during ``verify --deep``: PCK-FILE-SIZE, no SIGBUS."""
     arr = np.arange(1 << 18, dtype=np.float32)  # a 1 MiB shard
     m = portable_ckpt.save_arrays(tmp_path, {"w": arr}, step=1)
     [shard] = [f for f in m.files if f.startswith("data/")]
