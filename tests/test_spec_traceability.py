@@ -100,7 +100,8 @@ def missing_requirement_ids() -> list[str]:
 
 def test_requirement_ids_are_unique_and_well_formed() -> None:
     ids = requirement_ids()
-    assert 60 <= len(ids) <= 160, f"{len(ids)} requirement ids"
+    # A sanity range (the regex found the tags), widened as the spec grows: 161 ids in issue 12.
+    assert 60 <= len(ids) <= 400, f"{len(ids)} requirement ids"
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     assert not duplicates, f"duplicate requirement ids: {duplicates}"
     for rid in ids:
