@@ -733,3 +733,122 @@ def test_count_values_equals_the_parse(value: Any, indent: int | None, chunk: in
 
     text = json.dumps(value, indent=indent, ensure_ascii=False).encode()
     assert jsonio.count_values(text, chunk=chunk) == count(value)
+
+
+# -- items 14-16: conversion sources cost work and output bounded by their bytes -------------
+def _torch_zip(path: Path, pkl: bytes, *, method: int | None = None, declared: int | None = None,
+               members: dict[str, bytes] | None = None) -> None:
+    """A torch.save-shaped zip: ``archive/data.pkl`` (optionally compressed, with a lying
+    declared size in the central directory), ``archive/byteorder`` and extra members."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(zipfile.ZipInfo("archive/data.pkl"), pkl,
+                    compress_type=method if method is not None else zipfile.ZIP_STORED)
+        zf.writestr("archive/byteorder", b"little")
+        for name, data in (members or {}).items():
+            zf.writestr(name, data)
+    if declared is not None:  # patch the uncompressed size of data.pkl in the central directory
+        raw = bytearray(path.read_bytes())
+        cd = raw.rfind(b"PK\x01\x02", 0, raw.rfind(b"archive/byteorder"))
+        raw[cd + 24 : cd + 28] = declared.to_bytes(4, "little")
+        path.write_bytes(bytes(raw))
+
+
+def _shared_pickle(depth: int) -> bytes:
+    """``x = [x, x]`` ``depth`` times, pickled with its memo: 2^depth leaves in a few bytes."""
+    import pickle
+
+    x: Any = []
+    for _ in range(depth):
+        x = [x, x]
+    return pickle.dumps({"optim": x, "step": 3}, protocol=2)
+
+
+def test_torch_pickle_memo_sharing_is_bounded(tmp_path: Path) -> None:
+    """Item 14: a 317-byte data.pkl of x = [x, x] forty times never returned (walks were
+    depth-bounded, not size-bounded): PCK-LIMIT now, before anything is written."""
+    from portable_ckpt.convert import convert
+
+    pkl = _shared_pickle(40)
+    assert len(pkl) < 400
+    src = tmp_path / "bomb.pt"
+    _torch_zip(src, pkl)
+    with time_bound(10), memory_bound(SMALL_READ_BYTES):
+        err = _expect("PCK-LIMIT", convert, str(src), str(tmp_path / "out"), src_format="torch")
+    assert "shared references" in err.message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_torch_pickle_legit_sharing_converts(tmp_path: Path) -> None:
+    """Item 14: a moderately shared value (2^10 leaves from 12 levels) still converts."""
+    from portable_ckpt.convert import convert
+
+    src = tmp_path / "ok.pt"
+    _torch_zip(src, _shared_pickle(10))
+    convert(str(src), str(tmp_path / "out"), src_format="torch")
+    value = portable_ckpt.open(str(tmp_path / "out")).entry("value")  # no tensors: one entry
+    assert value["step"] == 3 and len(json.dumps(value["optim"])) > 1000
+
+
+def test_dcp_metadata_shared_chunk_lists_are_bounded() -> None:
+    """Item 14: a .metadata whose 20,000 tensors share one 2,000-chunk list (memo) walked
+    4 * 10^7 chunks; its budget (4 values per byte) ends it with PCK-LIMIT."""
+    from portable_ckpt.convert._dcp_meta import parse_dcp_metadata
+    from tests.convert import _dcp_pickles as dp
+
+    md = dp.metadata({"t": ("float32", (2000,), [((i,), (1,), "__0_0.distcp", i * 4, 4)
+                                                  for i in range(2000)])})
+    shared = md.state_dict_metadata["t"]  # type: ignore[attr-defined]
+    md.state_dict_metadata = {f"t{i}": shared for i in range(20000)}  # type: ignore[attr-defined]
+    data = dp.dumps(md, 4)
+    assert len(data) < 1 << 20
+    with time_bound(20):
+        _expect("PCK-LIMIT", parse_dcp_metadata, data, path="x/.metadata")
+
+
+@pytest.mark.parametrize("method", ["deflate", "bzip2"])
+def test_torch_zip_compressed_pickle_is_refused(tmp_path: Path, method: str) -> None:
+    """Item 15: a data.pkl compressed to ~1 KB that declares 25 bytes and inflates to 64 MiB
+    (1 GiB in the issue) was inflated in one call; torch.save writes no compressed member."""
+    import zipfile
+
+    from portable_ckpt.convert import convert
+
+    # bzip2 compresses slowly: a smaller bomb shows the same refusal.
+    bomb = b"\x80\x02}q\x00." + bytes((64 if method == "deflate" else 8) << 20)
+    src = tmp_path / "bomb.pt"
+    kind = zipfile.ZIP_DEFLATED if method == "deflate" else zipfile.ZIP_BZIP2
+    _torch_zip(src, bomb, method=kind, declared=25)
+    assert src.stat().st_size < 100_000
+    with time_bound(10), memory_bound(SMALL_READ_BYTES):
+        err = _expect("PCK-CODEC", convert, str(src), str(tmp_path / "out"), src_format="torch")
+    assert "compressed" in err.message
+
+
+def test_torch_expanded_view_needs_allow_expand(tmp_path: Path) -> None:
+    """Item 16: zeros(1).expand(2^20, 2^20) (1.5 KB) converted as a 4 TiB tensor and wrote
+    256 MiB before it was stopped. Views repeating stored elements are refused unless allowed,
+    and the output is bounded relative to the source before anything is written."""
+    torch = pytest.importorskip("torch")
+    from portable_ckpt.convert import convert
+
+    src = tmp_path / "expand.pt"
+    torch.save({"w": torch.zeros(1).expand(2**20, 2**20)}, src)
+    assert src.stat().st_size < 4096
+    out = tmp_path / "out"
+    with time_bound(10), memory_bound(SMALL_READ_BYTES):
+        err = _expect("PCK-UNSUPPORTED-VALUE", convert, str(src), str(out), src_format="torch")
+        assert "allow_expand" in err.message
+        _expect("PCK-LIMIT", convert, str(src), str(out), src_format="torch", allow_expand=True)
+    assert not out.exists() or not any(p.suffix == ".safetensors" for p in out.rglob("*"))
+    small = tmp_path / "small.pt"
+    torch.save({"w": torch.arange(3.0).expand(4, 3)}, small)
+    _expect("PCK-UNSUPPORTED-VALUE", convert, str(small), str(tmp_path / "o2"), src_format="torch")
+    convert(str(small), str(tmp_path / "o3"), src_format="torch", allow_expand=True)
+    got = portable_ckpt.open(str(tmp_path / "o3")).read("w")
+    assert got.tolist() == [[0.0, 1.0, 2.0]] * 4
+    with pytest.raises(CheckpointError) as info:  # an explicit bound below the output
+        convert(str(small), str(tmp_path / "o4"), src_format="torch", allow_expand=True,
+                max_output_bytes=16)
+    assert info.value.code == "PCK-LIMIT"

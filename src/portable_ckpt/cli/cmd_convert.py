@@ -58,6 +58,7 @@ class _Progress:
 
 def _run(args: argparse.Namespace) -> int:
     from portable_ckpt.convert import convert
+    from portable_ckpt.convert.hf import parse_size
     from portable_ckpt.errors import CheckpointError
 
     progress: Any = None
@@ -75,6 +76,8 @@ def _run(args: argparse.Namespace) -> int:
             step=args.step,
             codec=args.codec,
             progress=progress,
+            allow_expand=args.allow_expand,
+            max_output_bytes=None if args.max_output is None else parse_size(args.max_output),
         )
     except CheckpointError as exc:
         if progress is not None:
@@ -137,5 +140,15 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--step", type=A.step, default=None, help="step of the new portable version / portable version to read")
     p.add_argument("--codec", choices=["none", "zstd"], default="none", help="portable target codec")
+    p.add_argument(
+        "--allow-expand", action="store_true",
+        help="torch source: materialise tensor views that repeat stored elements (expand, zero "
+        "or overlapping strides) instead of refusing them",
+    )
+    p.add_argument(
+        "--max-output", metavar="SIZE", default=None,
+        help="most tensor bytes to write, e.g. 100GB (default: 4x the source's bytes + 1 GiB); "
+        "checked before anything is written",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary (tensors, bytes, seconds)")
     p.set_defaults(func=_run)

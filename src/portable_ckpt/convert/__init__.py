@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -42,7 +43,7 @@ from portable_ckpt.convert._model import (
     TensorSpec,
     check_plan,
 )
-from portable_ckpt.errors import CheckpointError, NotFoundError, UsageError
+from portable_ckpt.errors import CheckpointError, LimitError, NotFoundError, UsageError
 from portable_ckpt.format.vocab import is_entry_name
 from portable_ckpt.storage._posix import file_kind, open_regular
 
@@ -194,6 +195,13 @@ def _portable_source(src: str, step: int | None) -> SourcePlan:
     return plan
 
 
+#: Without ``max_output_bytes``, a conversion may write at most this many times the source's
+#: bytes on disk, plus :data:`OUTPUT_SLACK`: records that alias one another's bytes and views that
+#: repeat elements (``allow_expand``) could otherwise make a 1.5 KB file write 4 TiB.
+OUTPUT_RATIO = 4
+OUTPUT_SLACK = 1 << 30
+
+
 def open_source(
     src: str | os.PathLike[str],
     fmt: str | None = None,
@@ -201,11 +209,19 @@ def open_source(
     trust_pickle: bool = False,
     strict: bool = False,
     step: int | None = None,
+    allow_expand: bool = False,
+    max_output_bytes: int | None = None,
 ) -> SourcePlan:
     """Describe ``src`` as a :class:`SourcePlan` (tensors, chunks, entries) without reading data.
 
+    ``allow_expand`` accepts ``torch.save`` views that repeat stored elements. The plan's bytes
+    are checked against ``max_output_bytes`` (default: :data:`OUTPUT_RATIO` times the source's
+    bytes on disk plus :data:`OUTPUT_SLACK`; no default bound for an object-store source)
+    before anything is written.
+
     Raises:
-        CheckpointError: the source is missing, malformed, or (DCP) not trusted.
+        CheckpointError: the source is missing, malformed, or (DCP) not trusted; ``LimitError``
+            for a plan above the output bound.
 
     """
     p = os.fspath(src)
@@ -221,17 +237,48 @@ def open_source(
     elif fmt == "torch":
         from portable_ckpt.convert.torch_save import read_torch_source
 
-        plan = read_torch_source(p, strict=strict)
+        plan = read_torch_source(p, strict=strict, allow_expand=allow_expand)
     elif fmt == "portable":
         plan = _portable_source(p, step)
     else:
         raise UsageError(f"unknown source format {fmt!r}; use one of {', '.join(SOURCE_FORMATS)}")
     try:
         check_plan(plan)
+        _check_output(plan, p, max_output_bytes)
     except BaseException:
         plan.close()
         raise
     return plan
+
+
+def _check_output(plan: SourcePlan, src: str, max_output_bytes: int | None) -> None:
+    """Refuse a plan that would write more than its bound, before anything is written."""
+    limit = max_output_bytes
+    if limit is None:
+        if "://" in src:
+            return  # an object-store source: its files' sizes are the version's own records
+        limit = OUTPUT_RATIO * _bytes_on_disk(src) + OUTPUT_SLACK
+    if plan.total_bytes > limit:
+        raise LimitError(
+            f"{src}: converting it would write {plan.total_bytes:,} bytes, more than the bound of "
+            f"{limit:,} ({OUTPUT_RATIO}x its bytes on disk + {OUTPUT_SLACK >> 30} GiB unless "
+            "max_output_bytes / --max-output is given): records that alias one another's bytes "
+            "or views that repeat elements",
+            path=src,
+        )
+
+
+def _bytes_on_disk(path: str) -> int:
+    """Bytes of the regular files at or below ``path`` (links are not followed)."""
+    if not os.path.isdir(path):
+        return os.stat(path).st_size if os.path.isfile(path) else 0
+    total = 0
+    for top, _dirs, files in os.walk(path):
+        for name in files:
+            st = os.lstat(os.path.join(top, name))
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 class _PortableSink:
@@ -416,6 +463,8 @@ def convert(
     codec: str = "none",
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     progress: Callable[[int, int], None] | None = None,
+    allow_expand: bool = False,
+    max_output_bytes: int | None = None,
 ) -> ConvertReport:
     """Convert checkpoint ``src`` into ``dst``.
 
@@ -434,6 +483,11 @@ def convert(
         codec: portable target: ``"none"`` or ``"zstd"``.
         batch_bytes: bytes of chunks held in memory before they are written.
         progress: called as ``progress(done_bytes, total_bytes)``.
+        allow_expand: ``torch.save`` sources: materialise views that repeat stored elements
+            (``expand``, zero or overlapping strides) instead of refusing them.
+        max_output_bytes: the most bytes of tensor data the conversion may write (default:
+            :data:`OUTPUT_RATIO` times the source's bytes on disk plus :data:`OUTPUT_SLACK`),
+            checked before anything is written.
 
     Returns:
         A :class:`ConvertReport`.
@@ -451,12 +505,15 @@ def convert(
     fmt = src_format or detect_format(s)
     if fmt not in SOURCE_FORMATS:
         raise UsageError(f"unknown source format {fmt!r}; use one of {', '.join(SOURCE_FORMATS)}")
+    limits = {"allow_expand": allow_expand, "max_output_bytes": max_output_bytes}
     if dst_format != "portable":
         from portable_ckpt.convert._publish import check_dst_free
 
         check_dst_free(d)
     if dst_format == "portable":
-        report = _to_portable(s, d, fmt, trust_pickle, strict, step, codec, batch_bytes, progress)
+        report = _to_portable(
+            s, d, fmt, trust_pickle, strict, step, codec, batch_bytes, progress, limits
+        )
     elif fmt == "portable":
         report = _from_portable(s, d, dst_format, step, max_shard_size, progress)
     else:
@@ -464,7 +521,9 @@ def convert(
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".pck-convert-", dir=parent)
         try:
-            first = _to_portable(s, tmp, fmt, trust_pickle, strict, 0, "none", batch_bytes, None)
+            first = _to_portable(
+                s, tmp, fmt, trust_pickle, strict, 0, "none", batch_bytes, None, limits
+            )
             report = _from_portable(tmp, d, dst_format, None, max_shard_size, progress)
             report.warnings = first.warnings + report.warnings
         finally:
@@ -485,9 +544,11 @@ def _to_portable(
     codec: str,
     batch_bytes: int,
     progress: Callable[[int, int], None] | None,
+    limits: dict[str, Any],
 ) -> ConvertReport:
     plan = open_source(
-        s, fmt, trust_pickle=trust_pickle, strict=strict, step=step if fmt == "portable" else None
+        s, fmt, trust_pickle=trust_pickle, strict=strict,
+        step=step if fmt == "portable" else None, **limits,
     )
     try:
         total = plan.total_bytes

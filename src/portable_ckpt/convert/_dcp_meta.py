@@ -36,15 +36,18 @@ from typing import Any
 from portable_ckpt.convert._pickle_scan import (
     CONSUMED,
     Call,
+    ExpansionError,
     Global,
     PickleGlobalError,
     PickleScanError,
     Resolved,
+    WalkBudget,
     scan_pickle,
 )
 from portable_ckpt.errors import (
     CheckpointError,
     FileSizeError,
+    LimitError,
     ShardHeaderError,
     UnsupportedValueError,
 )
@@ -235,7 +238,11 @@ def parse_dcp_metadata(data: bytes, *, path: str) -> DcpMetadata:
             path=path,
         ) from None
     try:
-        return _metadata(root)
+        # Each chunk, item and storage record appears about once per ~40 bytes of a real file.
+        budget = WalkBudget(len(data), what=f"{path} ({len(data)} bytes)", per_byte=4)
+        return _metadata(root, budget)
+    except ExpansionError as exc:
+        raise LimitError(str(exc), path=path) from None
     except _Bad as exc:
         raise ShardHeaderError(f"{path}: unexpected DCP metadata structure: {exc}", path=path) from None
     except RecursionError:
@@ -333,7 +340,7 @@ def _dtype(props: Any, fqn: str) -> str:
     return dtype.name
 
 
-def _tensor(node: Any, fqn: str) -> DcpTensor:
+def _tensor(node: Any, fqn: str, budget: WalkBudget) -> DcpTensor:
     _, state, _ = _instance(node, f"{_MD}.TensorStorageMetadata")
     for key in ("properties", "size", "chunks"):
         if key not in state:
@@ -342,6 +349,7 @@ def _tensor(node: Any, fqn: str) -> DcpTensor:
     chunks_node = state["chunks"]
     if not isinstance(chunks_node, list | tuple):
         raise _Bad(f"tensor {fqn!r}: chunks is {_describe(chunks_node)}, not a list")
+    budget.spend(len(chunks_node))  # a chunk list shared by many tensors is charged each time
     chunks = []
     rank = len(size)
     for ch in chunks_node:
@@ -470,16 +478,17 @@ _BUILD_HOOKS = {
 }
 
 
-def _metadata(root: Any) -> DcpMetadata:
+def _metadata(root: Any, budget: WalkBudget) -> DcpMetadata:
     _, state, _ = _instance(root, f"{_MD}.Metadata")
     if "state_dict_metadata" not in state:
         raise _Bad("Metadata without state_dict_metadata")
     items: dict[str, DcpTensor | DcpBytes] = {}
     for fqn, md in _mapping(state["state_dict_metadata"], "state_dict_metadata"):
+        budget.spend()
         if not isinstance(fqn, str):
             raise _Bad(f"state_dict_metadata key is {_describe(fqn)}, not a string")
         qual, _, _ = _instance(md, f"{_MD}.TensorStorageMetadata", f"{_MD}.BytesStorageMetadata")
-        items[fqn] = DcpBytes() if qual.endswith(".BytesStorageMetadata") else _tensor(md, fqn)
+        items[fqn] = DcpBytes() if qual.endswith(".BytesStorageMetadata") else _tensor(md, fqn, budget)
     storage_node = state.get("storage_data")
     if storage_node is None:
         raise _Bad(
@@ -488,6 +497,7 @@ def _metadata(root: Any) -> DcpMetadata:
         )
     storage: dict[tuple[str, tuple[int, ...] | None], DcpStorage] = {}
     for idx, info in _mapping(storage_node, "storage_data"):
+        budget.spend()
         key = (idx[0], idx[1]) if type(idx) is _Index else _index(idx)
         storage[key] = info if type(info) is DcpStorage else _storage(info, key[0])
     version = state.get("version")
@@ -497,13 +507,16 @@ def _metadata(root: Any) -> DcpMetadata:
 # -- byte items -------------------------------------------------------------------------------
 
 
-def symbolic_to_json(node: Any, depth: int = 0) -> Any:
+def symbolic_to_json(node: Any, depth: int = 0, *, budget: WalkBudget | None = None) -> Any:
     """Return a scanned pickle value as JSON data, or raise :class:`NotJsonError`.
 
     Recognised: ``None``, bools, ints, finite floats, strings, lists/tuples (tuples become
     lists), dicts and ``OrderedDict`` with string or int keys (int keys become strings), and
-    ``torch.Size`` (a list).
+    ``torch.Size`` (a list). Every value visited is charged to ``budget`` (shared references are
+    expanded: :class:`ExpansionError` past it).
     """
+    if budget is not None:
+        budget.spend()
     if depth > _MAX_DEPTH:
         raise NotJsonError("nested too deeply")
     if node is None or isinstance(node, bool | str):
@@ -515,7 +528,7 @@ def symbolic_to_json(node: Any, depth: int = 0) -> Any:
             raise NotJsonError(f"non-finite float {node!r}")
         return node
     if isinstance(node, list | tuple):
-        return [symbolic_to_json(v, depth + 1) for v in node]
+        return [symbolic_to_json(v, depth + 1, budget=budget) for v in node]
     if isinstance(node, dict) or (
         isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in DICT_CTORS
     ):
@@ -523,10 +536,10 @@ def symbolic_to_json(node: Any, depth: int = 0) -> Any:
             pairs = _mapping(node, "value")
         except _Bad as exc:
             raise NotJsonError(str(exc)) from None
-        return {json_key(k): symbolic_to_json(v, depth + 1) for k, v in pairs}
+        return {json_key(k): symbolic_to_json(v, depth + 1, budget=budget) for k, v in pairs}
     if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname == "torch.Size":
         if len(node.args) == 1 and isinstance(node.args[0], tuple):
-            return symbolic_to_json(node.args[0], depth + 1)
+            return symbolic_to_json(node.args[0], depth + 1, budget=budget)
     if isinstance(node, Call) and isinstance(node.func, Global):
         if node.func.qualname.startswith("torch._utils._rebuild_"):
             raise NotJsonError("a tensor value")
@@ -559,9 +572,12 @@ def decode_byte_item(fd: int, offset: int, length: int, *, where: str) -> Any:
     from portable_ckpt.convert._torchzip import open_torch_archive
 
     try:
-        root, _storages = open_torch_archive(fd, offset, length, where=where)
+        archive = open_torch_archive(fd, offset, length, where=where)
     except FileSizeError:
         raise  # a truncated file is damage, not a value that merely isn't JSON
     except CheckpointError as exc:  # not a torch.save zip: a raw BytesIO item, or damaged
         raise NotJsonError(exc.message.removeprefix(f"{where}: ")) from None
-    return symbolic_to_json(root)
+    try:
+        return symbolic_to_json(archive.root, budget=archive.budget(where))
+    except ExpansionError as exc:
+        raise LimitError(str(exc), path=where) from None

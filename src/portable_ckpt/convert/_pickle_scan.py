@@ -44,11 +44,13 @@ from typing import Any
 __all__ = [
     "CONSUMED",
     "Call",
+    "ExpansionError",
     "Global",
     "PersistentId",
     "PickleGlobalError",
     "PickleScanError",
     "Resolved",
+    "WalkBudget",
     "scan_pickle",
 ]
 
@@ -68,6 +70,39 @@ class PickleGlobalError(PickleScanError):
     def __init__(self, qualname: str) -> None:
         super().__init__(f"global {qualname} is not allowed")
         self.qualname = qualname
+
+
+class ExpansionError(PickleScanError):
+    """A walk over a scanned pickle would visit more values than its bytes justify."""
+
+
+class WalkBudget:
+    """How many values walks over one scanned pickle may visit in all.
+
+    The memo lets a pickle refer to one value many times, so a 317-byte pickle (``x = [x, x]``
+    forty times) describes a value of 2^40 leaves: every walk that expands references (to JSON,
+    to dotted keys) charges each value it visits here. Legitimate pickles hold each value about
+    once and their walks visit a few values per byte; the budget is ``per_byte`` visits per byte
+    of the pickle, plus ``base``.
+    """
+
+    __slots__ = ("left", "limit", "what")
+
+    def __init__(
+        self, pickle_bytes: int, *, what: str, per_byte: int = 16, base: int = 1 << 16
+    ) -> None:
+        self.limit = base + per_byte * max(0, pickle_bytes)
+        self.left = self.limit
+        self.what = what
+
+    def spend(self, n: int = 1) -> None:
+        """Charge ``n`` visits; raise :class:`ExpansionError` past the budget."""
+        self.left -= n
+        if self.left < 0:
+            raise ExpansionError(
+                f"{self.what}: its shared references expand to more than {self.limit} values "
+                "(each reference to a memoized value is walked again); refusing to expand it"
+            )
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import os
 import struct
 import zipfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from portable_ckpt.convert._pickle_scan import (
     Global,
     PersistentId,
     PickleScanError,
+    WalkBudget,
     scan_pickle,
 )
 from portable_ckpt.errors import (
@@ -38,6 +39,7 @@ from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
 __all__ = [
     "TORCH_DTYPE_NAMES",
+    "TorchArchive",
     "TorchTensorLayout",
     "is_tensor_node",
     "map_torch_tensor",
@@ -112,6 +114,19 @@ class TorchTensorLayout:
     stride: tuple[int, ...]
 
     @property
+    def repeats_elements(self) -> bool:
+        """Whether the view has more elements than the storage span it addresses.
+
+        Then some stored element appears more than once (a zero stride: ``expand``, or
+        overlapping strides), and converting it writes more bytes than the source holds.
+        """
+        n = math.prod(self.shape)
+        if n == 0:
+            return False
+        span = 1 + sum((d - 1) * s for d, s in zip(self.shape, self.stride, strict=True))
+        return n > span
+
+    @property
     def is_contiguous(self) -> bool:
         """Return whether the elements are in C order without gaps."""
         expected = 1
@@ -167,19 +182,50 @@ def _as_int_tuple(value: object, what: str, where: str) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def open_torch_archive(
-    fd: int, offset: int, length: int, *, where: str
-) -> tuple[Any, dict[str, tuple[int, int]]]:
+class TorchArchive(NamedTuple):
+    """An opened ``torch.save`` zip: the scanned ``data.pkl`` and where the storages are."""
+
+    root: Any
+    storages: dict[str, tuple[int, int]]
+    #: Size of ``data.pkl``: walks over ``root`` are budgeted by it (:class:`WalkBudget`).
+    pickle_bytes: int
+
+    def budget(self, where: str) -> WalkBudget:
+        """A fresh :class:`WalkBudget` for walks over :attr:`root`."""
+        return WalkBudget(self.pickle_bytes, what=f"{where}: data.pkl ({self.pickle_bytes} bytes)")
+
+
+def _read_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, where: str) -> bytes:
+    """Read a member torch.save wrote uncompressed, never more than ``limit`` bytes.
+
+    A compressed member (torch.save writes none) could declare a few bytes and inflate to
+    gigabytes in one call: it is refused before it is read.
+    """
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise CodecError(
+            f"{where}: zip member {info.filename} is compressed (method {info.compress_type}); "
+            "torch.save stores every member uncompressed"
+        )
+    if max(info.file_size, info.compress_size) > limit:
+        raise ShardHeaderError(f"{where}: {info.filename} is {info.file_size} bytes; too large")
+    with zf.open(info) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ShardHeaderError(f"{where}: {info.filename} is longer than {limit} bytes")
+    return data
+
+
+def open_torch_archive(fd: int, offset: int, length: int, *, where: str) -> TorchArchive:
     """Open the ``torch.save`` zip at ``[offset, offset+length)`` of ``fd``.
 
     Returns:
-        The symbolic tree of ``data.pkl`` (see :mod:`._pickle_scan`) and, per storage key,
-        ``(absolute data offset, size in bytes)``.
+        The symbolic tree of ``data.pkl`` (see :mod:`._pickle_scan`), per storage key
+        ``(absolute data offset, size in bytes)``, and the pickle's size.
 
     Raises:
         FileSizeError: the file is shorter than ``offset + length`` (truncated).
         ShardHeaderError: not a torch zip, or its pickle cannot be interpreted.
-        CodecError: a storage member is compressed.
+        CodecError: a member is compressed.
 
     """
     size = os.fstat(fd).st_size
@@ -202,13 +248,12 @@ def open_torch_archive(
             raise ShardHeaderError(f"{where}: torch zip without a single data.pkl")
         prefix = pkl[0][: -len("data.pkl")]
         info = members[pkl[0]]
-        if info.file_size > _MAX_PKL:
-            raise ShardHeaderError(f"{where}: data.pkl is {info.file_size} bytes; too large")
         order = members.get(prefix + "byteorder")
-        if order is not None and zf.read(order).strip() not in (b"little", b""):
+        if order is not None and _read_stored(zf, order, 64, where).strip() not in (b"little", b""):
             raise ShardHeaderError(f"{where}: big-endian torch.save data is not supported")
         try:
-            root = scan_pickle(zf.read(info), max_ops=None)  # bounded by _MAX_PKL
+            raw = _read_stored(zf, info, _MAX_PKL, where)
+            root = scan_pickle(raw, max_ops=None)  # bounded by _MAX_PKL
         except PickleScanError as exc:
             raise ShardHeaderError(f"{where}: cannot interpret data.pkl: {exc}") from None
         except (zipfile.BadZipFile, OSError, ValueError) as exc:
@@ -228,7 +273,7 @@ def open_torch_archive(
             if data_offset - offset + member.file_size > length:
                 raise FileSizeError(f"{where}: storage member {name} extends past the file (truncated)")
             storages[key] = (data_offset, member.file_size)
-    return root, storages
+    return TorchArchive(root, storages, len(raw))
 
 
 def tensor_layout(
@@ -276,8 +321,8 @@ def parse_torch_zip(fd: int, offset: int, length: int, *, where: str) -> TorchTe
             :func:`open_torch_archive` and :func:`tensor_layout`.
 
     """
-    root, storages = open_torch_archive(fd, offset, length, where=where)
-    return tensor_layout(root, storages, where=where)
+    archive = open_torch_archive(fd, offset, length, where=where)
+    return tensor_layout(archive.root, archive.storages, where=where)
 
 
 def _tensor_from_pickle(

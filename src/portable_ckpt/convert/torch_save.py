@@ -32,9 +32,10 @@ from portable_ckpt.convert._model import (
     SourcePlan,
     TensorSpec,
 )
-from portable_ckpt.convert._pickle_scan import Call, Global
+from portable_ckpt.convert._pickle_scan import Call, ExpansionError, Global, WalkBudget
 from portable_ckpt.convert._torchzip import (
     TORCH_DTYPE_NAMES,
+    TorchArchive,
     TorchTensorLayout,
     is_tensor_node,
     map_torch_tensor,
@@ -44,7 +45,9 @@ from portable_ckpt.convert._torchzip import (
 from portable_ckpt.errors import (
     CheckpointError,
     DtypeUnsupportedError,
+    LimitError,
     ShardHeaderError,
+    UnsupportedValueError,
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
@@ -75,27 +78,49 @@ def _unwrap_param(node: Any) -> Any:
     return node
 
 
-def _has_tensor(node: Any, depth: int = 0) -> bool:
-    node = _unwrap_param(node)
-    if depth > 200:
-        return False
-    if is_tensor_node(node):
-        return True
-    kids = None
-    try:
-        kids = _children(node)
-    except NotJsonError:
-        return False
-    return any(_has_tensor(v, depth + 1) for _, v in kids or [])
+class _Walk:
+    """The walks over one scanned ``data.pkl``, sharing one :class:`WalkBudget`."""
+
+    def __init__(self, budget: WalkBudget) -> None:
+        self.budget = budget
+        self._tensor_below: dict[int, bool] = {}  # id(node) -> has a tensor below (memoised)
+        self._keep: list[Any] = []  # the nodes of those ids stay alive during the walk
+
+    def has_tensor(self, node: Any, depth: int = 0) -> bool:
+        node = _unwrap_param(node)
+        hit = self._tensor_below.get(id(node))
+        if hit is not None:
+            return hit
+        self.budget.spend()
+        found = is_tensor_node(node)
+        if not found and depth <= 200:
+            try:
+                kids = _children(node)
+            except NotJsonError:
+                kids = None
+            found = any(self.has_tensor(v, depth + 1) for _, v in kids or [])
+        if isinstance(node, list | dict | Call):
+            self._tensor_below[id(node)] = found
+            self._keep.append(node)
+        return found
 
 
-def read_torch_source(path: str, *, strict: bool = False) -> SourcePlan:
+def read_torch_source(path: str, *, strict: bool = False, allow_expand: bool = False) -> SourcePlan:
     """Describe the ``torch.save`` file ``path`` (see the module docstring).
+
+    Args:
+        path: The file.
+        strict: Fail on items that cannot be converted instead of skipping them.
+        allow_expand: Accept tensor views that repeat stored elements (``expand``, zero or
+            overlapping strides); they are materialised, so the output can be far larger than
+            the file (the conversion's output bound still applies).
 
     Raises:
         FileMissingError: the file does not exist.
         DtypeUnsupportedError: a tensor's dtype is outside the format's table.
         ShardHeaderError: the archive is damaged.
+        UnsupportedValueError: a view repeats stored elements and ``allow_expand`` is false.
+        LimitError: ``data.pkl``'s shared references expand beyond its walk budget.
 
     """
     fd = open_regular(path, what=f"torch.save file {path}")  # a FIFO is refused, never waited on
@@ -104,68 +129,82 @@ def read_torch_source(path: str, *, strict: bool = False) -> SourcePlan:
     if not is_zip:
         os.close(fd)
         return _fallback(path, strict=strict, reason="legacy (non-zip) torch.save format")
-    closed = False
+    try:
+        archive = open_torch_archive(fd, 0, os.fstat(fd).st_size, where=path)
+        plan = _plan(path, fd, archive, strict=strict, allow_expand=allow_expand)
+    except BaseException:
+        os.close(fd)
+        raise
+    return plan
 
-    def close() -> None:
-        nonlocal closed
-        if not closed:
-            os.close(fd)
-            closed = True
+
+def _plan(
+    path: str, fd: int, archive: TorchArchive, *, strict: bool, allow_expand: bool
+) -> SourcePlan:
+    storages = archive.storages
+    tensors: list[TensorSpec] = []
+    entries: list[EntrySpec] = []
+    warnings: list[ConvertWarning] = []
+    walker = _Walk(archive.budget(path))
+
+    def loader(layout: TorchTensorLayout, where: str) -> Callable[[], np.ndarray[Any, Any]]:
+        return lambda: map_torch_tensor(fd, layout, where=where)
+
+    def add_tensor(name: str, node: Any) -> None:
+        where = f"{path} (tensor {name!r})"
+        try:
+            layout = tensor_layout(node, storages, where=where)
+        except DtypeUnsupportedError as exc:
+            raise DtypeUnsupportedError(exc.message, path=path) from None
+        if layout.repeats_elements and not allow_expand:
+            raise UnsupportedValueError(
+                f"{where}: a view of shape {list(layout.shape)} with strides "
+                f"{list(layout.stride)} repeats stored elements (expand or overlapping strides): "
+                f"converting it writes {math.prod(layout.shape)} elements from "
+                f"{layout.storage_nbytes} stored bytes; pass allow_expand=True (--allow-expand) "
+                "to materialise it",
+                path=path,
+            )
+        nbytes = math.prod(layout.shape) * DTYPES[layout.dtype].itemsize
+        chunks = []
+        if nbytes:
+            chunks.append(ChunkSpec((0,) * len(layout.shape), layout.shape, nbytes, path, loader(layout, where)))
+        tensors.append(TensorSpec(name, layout.dtype, layout.shape, chunks))
+
+    def walk(prefix: str, node: Any, depth: int) -> None:
+        walker.budget.spend()
+        node = _unwrap_param(node)
+        name = prefix or "value"
+        if is_tensor_node(node):
+            add_tensor(name, node)
+            return
+        kids = None
+        if depth < 64 and walker.has_tensor(node):
+            try:
+                kids = _children(node)
+            except NotJsonError as exc:
+                warnings.append(ConvertWarning(name, f"{exc}; skipped"))
+                return
+        if kids is not None:
+            for k, v in kids:
+                walk(f"{prefix}.{k}" if prefix else k, v, depth + 1)
+            return
+        try:
+            value = symbolic_to_json(node, budget=walker.budget)
+        except NotJsonError as exc:
+            if strict:
+                raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
+            warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
+            return
+        entries.append(EntrySpec(name, value))
 
     try:
-        root, storages = open_torch_archive(fd, 0, os.fstat(fd).st_size, where=path)
-        tensors: list[TensorSpec] = []
-        entries: list[EntrySpec] = []
-        warnings: list[ConvertWarning] = []
-
-        def loader(layout: TorchTensorLayout, where: str) -> Callable[[], np.ndarray[Any, Any]]:
-            return lambda: map_torch_tensor(fd, layout, where=where)
-
-        def walk(prefix: str, node: Any, depth: int) -> None:
-            node = _unwrap_param(node)
-            name = prefix or "value"
-            if is_tensor_node(node):
-                where = f"{path} (tensor {name!r})"
-                try:
-                    layout = tensor_layout(node, storages, where=where)
-                except DtypeUnsupportedError as exc:
-                    raise DtypeUnsupportedError(exc.message, path=path) from None
-                nbytes = math.prod(layout.shape) * DTYPES[layout.dtype].itemsize
-                chunks = []
-                if nbytes:
-                    chunks.append(
-                        ChunkSpec((0,) * len(layout.shape), layout.shape, nbytes, path, loader(layout, where))
-                    )
-                tensors.append(TensorSpec(name, layout.dtype, layout.shape, chunks))
-                return
-            kids = None
-            if depth < 64 and _has_tensor(node):
-                try:
-                    kids = _children(node)
-                except NotJsonError as exc:
-                    warnings.append(ConvertWarning(name, f"{exc}; skipped"))
-                    return
-            if kids is not None:
-                for k, v in kids:
-                    walk(f"{prefix}.{k}" if prefix else k, v, depth + 1)
-                return
-            try:
-                value = symbolic_to_json(node)
-            except NotJsonError as exc:
-                if strict:
-                    raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
-                warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
-                return
-            entries.append(EntrySpec(name, value))
-
-        walk("", root, 0)
-    except CheckpointError:
-        close()
-        raise
+        walk("", archive.root, 0)
+    except ExpansionError as exc:
+        raise LimitError(str(exc), path=path) from None
     except RecursionError:
-        close()
         raise ShardHeaderError(f"{path}: data.pkl is nested too deeply", path=path) from None
-    return SourcePlan("torch", tensors, entries, warnings, close=close)
+    return SourcePlan("torch", tensors, entries, warnings, close=lambda: os.close(fd))
 
 
 def _fallback(path: str, *, strict: bool, reason: str) -> SourcePlan:
