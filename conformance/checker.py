@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from conformance.regex import BadPattern, compiled, patterns_of
-from conformance.schemas import SchemaSet, load_schemas
+from conformance.schemas import (
+    SCHEMA_BASE_UNITS,
+    SCHEMA_UNITS_PER_VALUE,
+    BudgetExceeded,
+    SchemaSet,
+    load_schemas,
+)
 from conformance.spec import (
     ATTEMPT_ID_RE,
     BUILTIN_SCHEMA_FILES,
@@ -53,7 +59,7 @@ from conformance.store import (
     parse_safetensors_header,
     zstd_decode,
 )
-from conformance.strictjson import StrictJsonError, loads_strict
+from conformance.strictjson import MAX_VALUES, StrictJsonError, loads_strict
 from conformance.table import TensorTable, load_table
 
 __all__ = ["Finding", "Report", "check", "check_version", "find_versions"]
@@ -613,11 +619,17 @@ class _VersionChecker:
             if enc == "json+zstd":
                 raw = zstd_decode(raw, where=f"value file {rel!r}", limit=ENTRY_MAX_BYTES)
             try:
-                value = loads_strict(raw, max_bytes=ENTRY_MAX_BYTES)
+                value = loads_strict(raw, max_bytes=ENTRY_MAX_BYTES, max_values=MAX_VALUES)
             except StrictJsonError as exc:
                 raise Problem("PCK-JSON-INVALID", f"value file {rel!r}: {exc}") from None
             if schema_doc is not None:
-                errs = self.schemas.validate(schema_doc, value, limit=3)
+                units = SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * _values_of(value)
+                try:
+                    errs = self.schemas.validate(schema_doc, value, limit=3, budget=units)
+                except BudgetExceeded:
+                    raise Problem("PCK-ENTRY-SCHEMA", f"value {rel!r}: validating it against "
+                                  f"its schema takes more than {units} units (R-ENTRY-16)"
+                                  ) from None
                 if errs:
                     raise Problem("PCK-ENTRY-SCHEMA", f"value {rel!r} violates its schema "
                                   f"{schema_id or 'json_schema'}: {'; '.join(errs)}")
@@ -703,6 +715,16 @@ def _check_bool_bytes(data: bytes, where: str) -> None:
         at = next(i for i, b in enumerate(data) if b > 1)
         raise Problem("PCK-DTYPE-VALUE", f"{where}: bool element {at} is stored as byte "
                       f"0x{data[at]:02x}, not 0x00 or 0x01 (R-DTYPE-2)")
+
+
+def _values_of(value: Any) -> int:
+    """JSON values of a decoded value (containers and scalars; R-SEC-15)."""
+    n, todo = 0, [value]
+    while todo:
+        v = todo.pop()
+        n += 1
+        todo.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
+    return n
 
 
 def _step_of(value: Any) -> Any:

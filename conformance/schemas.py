@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,8 @@ from typing import Any
 from conformance.regex import compiled
 from conformance.spec import BUILTIN_SCHEMA_FILES
 
-__all__ = ["REQUIRED_SCHEMAS", "SchemaSet", "SchemasUnavailable", "default_schema_dir",
-           "load_schemas"]
+__all__ = ["REQUIRED_SCHEMAS", "SCHEMA_BASE_UNITS", "SCHEMA_UNITS_PER_VALUE", "BudgetExceeded",
+           "SchemaSet", "SchemasUnavailable", "default_schema_dir", "load_schemas"]
 
 #: the schema files a check needs (relative to the schema directory): the format documents of
 #: 1.0 and 1.1 and the built-in entry schemas. Without any of them a check would have to skip
@@ -71,7 +72,7 @@ class SchemaSet:
                 if isinstance(sid, str):
                     self.by_id[sid] = doc
         self._registry: Any = None
-        self._validators: dict[int, Any] = {}
+        self._validators: dict[tuple[int, bool], Any] = {}
 
     def missing(self) -> list[str]:
         """The :data:`REQUIRED_SCHEMAS` this set lacks."""
@@ -88,15 +89,17 @@ class SchemaSet:
                 "from a checkout of the repository, or pass --schemas DIR / set "
                 "$PCK_SPEC_SCHEMAS)")
 
-    def validator(self, schema: dict[str, Any] | bool) -> Any:
+    def validator(self, schema: dict[str, Any] | bool, *, metered: bool = False) -> Any:
         """A (cached) Draft 2020-12 validator of ``schema`` resolving refs in this set only.
 
         Regular expressions run on RE2 with their ECMA-262 meaning (:mod:`conformance.regex`).
+        ``metered``: every keyword charges the budget of :meth:`validate` (R-ENTRY-16).
         """
-        key = id(schema)
+        key = (id(schema), metered)
         hit = self._validators.get(key)
         if hit is None or hit[0] is not schema:
-            hit = (schema, _re2_validator_class()(schema, registry=self.registry()))
+            cls = _metered_validator_class() if metered else _re2_validator_class()
+            hit = (schema, cls(schema, registry=self.registry()))
             if len(self._validators) > 256:
                 self._validators.clear()
             self._validators[key] = hit
@@ -142,15 +145,24 @@ class SchemaSet:
                     return self.by_file[cand]
         return None
 
-    def validate(self, schema: dict[str, Any], instance: Any, *, limit: int = 20) -> list[str]:
-        """Validate ``instance`` and return up to ``limit`` error messages (empty when valid)."""
-        validator = self.validator(schema)
+    def validate(self, schema: dict[str, Any], instance: Any, *, limit: int = 20,
+                 budget: int | None = None) -> list[str]:
+        """Validate ``instance`` and return up to ``limit`` error messages (empty when valid).
+
+        With ``budget``, validation stops with :class:`BudgetExceeded` after that many units
+        (keywords applied, members walked, type checks; R-ENTRY-16).
+        """
+        validator = self.validator(schema, metered=budget is not None)
         out: list[str] = []
-        for err in validator.iter_errors(instance):
-            loc = "/".join(str(p) for p in err.absolute_path) or "(root)"
-            out.append(f"at {loc}: {err.message[:300]}")
-            if len(out) >= limit:
-                break
+        _UNITS.left = budget
+        try:
+            for err in validator.iter_errors(instance):
+                loc = "/".join(str(p) for p in err.absolute_path) or "(root)"
+                out.append(f"at {loc}: {err.message[:300]}")
+                if len(out) >= limit:
+                    break
+        finally:
+            _UNITS.left = None
         return out
 
 
@@ -216,6 +228,202 @@ def _re2_validator_class() -> Any:
     return validators.extend(Draft202012Validator, {
         "pattern": _pattern, "patternProperties": _pattern_properties,
         "additionalProperties": _additional_properties, "uniqueItems": _unique_items})
+
+
+# -- the validation budget of entry values (R-ENTRY-16) -------------------------------------
+#: Units one entry value's validation may spend: BASE + PER_VALUE x its JSON values.
+SCHEMA_BASE_UNITS = 2**18
+SCHEMA_UNITS_PER_VALUE = 8
+_REF_UNITS = 32
+
+
+class BudgetExceeded(Exception):
+    """Validating the value would spend more than its budget of keyword evaluations."""
+
+
+class _Units(threading.local):
+    left: int | None = None
+
+
+_UNITS = _Units()
+
+
+def _charge(n: int) -> None:
+    if _UNITS.left is not None:
+        _UNITS.left -= n
+        if _UNITS.left < 0:
+            raise BudgetExceeded
+
+
+def _metered(keyword: str, fn: Any) -> Any:
+    def run(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        if keyword in ("$ref", "$dynamicRef"):
+            cost = _REF_UNITS
+        else:
+            cost = 1 + (len(value) if isinstance(value, (list, dict)) and keyword not in
+                        ("enum", "const") else 0)
+            if isinstance(instance, (list, dict)):
+                cost += len(instance)
+        _charge(cost)
+        yield from fn(validator, value, instance, schema) or ()
+    return run
+
+
+def _size(v: Any) -> int:
+    n, todo = 0, [v]
+    while todo:
+        x = todo.pop()
+        n += 1
+        todo.extend(x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
+    return n
+
+
+def _enum(validator: Any, enums: Any, instance: Any, schema: Any) -> Any:
+    from jsonschema import ValidationError
+
+    _charge(_size(instance))
+    if not isinstance(enums, list) or _key(instance) not in _enum_keys(enums):
+        yield ValidationError(f"{instance!r:.80} is not one of the enumerated values")
+
+
+_ENUMS: dict[int, tuple[list[Any], frozenset[Any]]] = {}
+
+
+def _enum_keys(enums: list[Any]) -> frozenset[Any]:
+    hit = _ENUMS.get(id(enums))
+    if hit is None or hit[0] is not enums:  # the list is kept alive with its set
+        if len(_ENUMS) > 1024:
+            _ENUMS.clear()
+        _charge(_size(enums))
+        hit = _ENUMS[id(enums)] = (enums, frozenset(_key(v) for v in enums))
+    return hit[1]
+
+
+def _const(validator: Any, const: Any, instance: Any, schema: Any) -> Any:
+    from jsonschema import ValidationError
+
+    _charge(_size(instance) + _size(const))
+    if _key(instance) != _key(const):
+        yield ValidationError(f"{instance!r:.80} is not the constant")
+
+
+def _ok(validator: Any, instance: Any, schema: Any) -> bool:
+    return next(iter(validator.descend(instance, schema)), None) is None
+
+
+def _refs(validator: Any, schema: dict[str, Any]) -> list[tuple[Any, Any]]:
+    out = []
+    for kw in ("$ref", "$dynamicRef"):
+        if isinstance(schema.get(kw), str):
+            _charge(_REF_UNITS)
+            res = validator._resolver.lookup(schema[kw])
+            out.append((validator.evolve(schema=res.contents, _resolver=res.resolver),
+                        res.contents))
+    return out
+
+
+def _seen_names(validator: Any, instance: dict[str, Any], schema: Any) -> set[str]:
+    """Names ``schema`` evaluates (for ``unevaluatedProperties``): RE2 patterns, charged."""
+    _charge(1 + len(instance))
+    if not isinstance(schema, dict):
+        return set()
+    out: set[str] = set()
+    for sub, target in _refs(validator, schema):
+        out |= _seen_names(sub, instance, target)
+    if isinstance(schema.get("properties"), dict):
+        out |= schema["properties"].keys() & instance.keys()
+    for kw in ("additionalProperties", "unevaluatedProperties"):
+        if kw in schema:
+            out |= {k for k, v in instance.items() if _ok(validator, v, schema[kw])}
+    pats = schema.get("patternProperties")
+    for p in pats if isinstance(pats, dict) else ():
+        out |= {k for k in instance if compiled(p).search(k)}
+    deps = schema.get("dependentSchemas")
+    for name, sub in deps.items() if isinstance(deps, dict) else ():
+        if name in instance:
+            out |= _seen_names(validator, instance, sub)
+    for kw in ("allOf", "oneOf", "anyOf"):
+        for sub in schema.get(kw, []):
+            if _ok(validator, instance, sub):
+                out |= _seen_names(validator, instance, sub)
+    if "if" in schema:
+        taken = _ok(validator, instance, schema["if"])
+        if taken:
+            out |= _seen_names(validator, instance, schema["if"])
+        out |= _seen_names(validator, instance, schema.get("then" if taken else "else", True))
+    return out
+
+
+def _seen_items(validator: Any, instance: list[Any], schema: Any) -> set[int]:
+    """Indexes ``schema`` evaluates (for ``unevaluatedItems``), as a set, charged."""
+    _charge(1 + len(instance))
+    if not isinstance(schema, dict):
+        return set()
+    if "items" in schema:
+        return set(range(len(instance)))
+    out: set[int] = set()
+    for sub, target in _refs(validator, schema):
+        out |= _seen_items(sub, instance, target)
+    if isinstance(schema.get("prefixItems"), list):
+        out |= set(range(min(len(instance), len(schema["prefixItems"]))))
+    if "if" in schema:
+        taken = _ok(validator, instance, schema["if"])
+        if taken:
+            out |= _seen_items(validator, instance, schema["if"])
+        out |= _seen_items(validator, instance, schema.get("then" if taken else "else", True))
+    for kw in ("contains", "unevaluatedItems"):
+        if kw in schema:
+            out |= {i for i, v in enumerate(instance) if _ok(validator, v, schema[kw])}
+    for kw in ("allOf", "oneOf", "anyOf"):
+        for sub in schema.get(kw, []):
+            if _ok(validator, instance, sub):
+                out |= _seen_items(validator, instance, sub)
+    return out
+
+
+def _unevaluated_properties(validator: Any, rest: Any, instance: Any, schema: Any) -> Any:
+    from jsonschema import ValidationError
+
+    if validator.is_type(instance, "object"):
+        seen = _seen_names(validator, instance, schema)
+        bad = [k for k in instance if k not in seen and not _ok(validator, instance[k], rest)]
+        if bad:
+            yield ValidationError(f"unevaluated properties are not allowed: {sorted(bad)[:5]!r}")
+
+
+def _unevaluated_items(validator: Any, rest: Any, instance: Any, schema: Any) -> Any:
+    from jsonschema import ValidationError
+
+    if validator.is_type(instance, "array"):
+        seen = _seen_items(validator, instance, schema)
+        if any(i not in seen and not _ok(validator, v, rest) for i, v in enumerate(instance)):
+            yield ValidationError("unevaluated items are not allowed")
+
+
+@lru_cache(maxsize=1)
+def _metered_validator_class() -> Any:
+    """:func:`_re2_validator_class`, every keyword and type check charged (R-ENTRY-16).
+
+    ``enum`` and ``const`` compare hashed forms; ``unevaluated*`` collect what was evaluated
+    as sets, with RE2 patterns (jsonschema's helpers use ``re`` and list lookups).
+    """
+    from jsonschema import validators
+
+    base = _re2_validator_class()
+    kws = {**base.VALIDATORS, "enum": _enum, "const": _const,
+           "unevaluatedProperties": _unevaluated_properties,
+           "unevaluatedItems": _unevaluated_items}
+    types = base.TYPE_CHECKER
+
+    def typed(name: str) -> Any:
+        def check(_checker: Any, instance: Any) -> bool:
+            _charge(1)
+            return bool(types.is_type(instance, name))
+        return check
+
+    names = ("array", "boolean", "integer", "null", "number", "object", "string")
+    return validators.extend(base, {k: _metered(k, f) for k, f in kws.items()},
+                             type_checker=types.redefine_many({n: typed(n) for n in names}))
 
 
 @lru_cache(maxsize=4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "StrictJsonError", "loads_strict"]
+__all__ = ["MAX_DEPTH", "MAX_VALUES", "StrictJsonError", "count_values", "loads_strict"]
 
 #: Maximum nesting depth of a document (arrays and objects).
 MAX_DEPTH = 64
@@ -78,8 +78,57 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def loads_strict(data: bytes, *, max_bytes: int | None = None) -> Any:
+#: JSON values an entry value may hold (R-SEC-15).
+MAX_VALUES = 2**21
+
+
+def count_values(data: bytes, window: int = 1 << 22) -> int:
+    """Number of JSON values of a JSON text, counted without building it (R-SEC-15).
+
+    Outside strings (from each unescaped quote to the next), a valid text of ``c`` commas and
+    ``k`` brackets/braces of which ``e`` open an empty container holds ``1 + c + k - e``
+    values. Scanned in numpy windows carrying the string state and the backslash run across
+    their edges, so memory stays a few times ``window``.
+    """
+    import numpy as np
+
+    total, in_string, backslashes, last_open = 1, 0, 0, False
+    for start in range(0, len(data), window):
+        a = np.frombuffer(data, dtype=np.uint8, count=min(window, len(data) - start),
+                          offset=start)
+        pos = np.flatnonzero(a == 0x22)
+        bs = a == 0x5C
+        if len(pos) and (backslashes or bs.any()):
+            # the length of the backslash run just before each quote (odd: escaped)
+            plain = np.flatnonzero(~bs)
+            k = np.searchsorted(plain, pos) - 1
+            run = pos - 1 - np.where(k >= 0, plain[np.maximum(k, 0)], -1 - backslashes)
+            pos = pos[run % 2 == 0]
+        flip = np.zeros(len(a), dtype=np.uint8)
+        flip[pos] = 1
+        parity = np.bitwise_xor.accumulate(flip) ^ in_string  # 1 from an opening quote on
+        keep = (parity == 0) & (flip == 0)
+        solid = (a > 0x20) & (keep | (flip == 1) | (parity == 1))  # quotes/strings stay solid
+        b, k_out = a[solid], keep[solid]
+        total += int(np.count_nonzero(k_out & (b == 0x2C)))
+        opens = k_out & ((b == 0x5B) | (b == 0x7B))
+        closes = (b == 0x5D) | (b == 0x7D)
+        total += int(np.count_nonzero(opens))
+        if len(b):
+            total -= int(np.count_nonzero(opens[:-1] & closes[1:]))
+            total -= int(last_open and closes[0])
+            last_open = bool(opens[-1])
+        in_string = int(parity[-1])
+        tail = np.flatnonzero(~bs)
+        backslashes = len(a) - 1 - int(tail[-1]) if len(tail) else backslashes + len(a)
+    return total
+
+
+def loads_strict(data: bytes, *, max_bytes: int | None = None,
+                 max_values: int | None = None) -> Any:
     """Decode ``data`` as one strict JSON document.
+
+    ``max_values`` bounds the JSON values of the document (counted before it is decoded).
 
     Raises:
         StrictJsonError: on any violation (message says which).
@@ -87,6 +136,11 @@ def loads_strict(data: bytes, *, max_bytes: int | None = None) -> Any:
     """
     if max_bytes is not None and len(data) > max_bytes:
         raise StrictJsonError(f"document of {len(data)} bytes exceeds the limit of {max_bytes}")
+    if max_values is not None and len(data) > 2 * max_values:
+        n = count_values(data)
+        if n > max_values:
+            raise StrictJsonError(f"document holds {n} JSON values, more than {max_values} "
+                                  "(R-SEC-15)")
     if data.startswith(b"\xef\xbb\xbf"):
         raise StrictJsonError("document starts with a UTF-8 byte-order mark")
     try:
