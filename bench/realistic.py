@@ -305,6 +305,81 @@ def _async_summary(raw: dict[str, Any], name: str, tables: dict[str, Any],
     tables[f"{name}: step time while a save is in flight (mean over ranks and steps)"] = loop_rows
 
 
+# -- the issue's table: before / after ---------------------------------------------------------------
+
+
+def _load_rate(raw: dict[str, Any], m: str, cache: str, c: str) -> tuple[float, float]:
+    """(MiB/s of target bytes, worst rank's rchar / target) of one contender's load."""
+    ranks = raw["loads"].get(m)
+    if not ranks:
+        return float("nan"), float("nan")
+    t = [x["seconds"] for x in ranks[0]["rows"] if x["cache"] == cache and x["contender"] == c]
+    if not t:
+        return float("nan"), float("nan")
+    nbytes = sum(r["dd_bytes"] for r in ranks) if c == "dd" else sum(r["target_bytes"] for r in ranks)
+    worst = max(_rank_bytes(r, c, cache)["rchar"] / r["target_bytes"] for r in ranks)
+    return nbytes / MIB / _med(t), worst
+
+
+def _pair(raw: dict[str, Any], m: str, cache: str) -> str:
+    if not raw["loads"].get(m):
+        return "–"
+    ranks = raw["loads"][m]
+    t = {c: [x["seconds"] for x in ranks[0]["rows"] if x["cache"] == cache and x["contender"] == c]
+         for c in ("portable_ckpt", "dcp")}
+    if not t["dcp"] or not t["portable_ckpt"]:
+        return "–"
+    (a, _), (b, _) = _load_rate(raw, m, cache, "dcp"), _load_rate(raw, m, cache, "portable_ckpt")
+    return f"{a:.0f} / {b:.0f} MiB/s, {_med(_ratios(t['dcp'], t['portable_ckpt'])):.2f}×"
+
+
+def issue_table(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of issue 13's table, before and after, from two runs of one model."""
+    rows: list[dict[str, Any]] = []
+    saved = str(len(after["save"]))
+
+    def save_cell(raw: dict[str, Any]) -> str:
+        ts = raw["save"][0]["times"]
+        total = sum(r["owned_bytes"] for r in raw["save"])
+        return (f"{total / MIB / _med(ts['dcp']):.0f} / {total / MIB / _med(ts['portable_ckpt']):.0f} "
+                f"MiB/s, {_med(_ratios(ts['dcp'], ts['portable_ckpt'])):.2f}× "
+                f"(dd {total / MIB / _med(ts['dd']):.0f} MiB/s, "
+                f"{_med(_ratios(ts['dd'], ts['portable_ckpt'])):.2f}×)")
+
+    rows.append({"": f"save, {saved} ranks (DCP / ours, ratio; parallel dd conv=fsync)",
+                 "before": save_cell(before), "after": save_cell(after)})
+    for m in sorted(set(before["loads"]) | set(after["loads"]), key=int, reverse=True):
+        for cache in ("warm", "cold"):
+            rows.append({"": f"load {saved}→{m}, page cache {'warm' if cache == 'warm' else 'dropped'} "
+                         "(DCP / ours, ratio)", "before": _pair(before, m, cache),
+                         "after": _pair(after, m, cache)})
+        cell = {}
+        for name, raw in (("before", before), ("after", after)):
+            _, ours = _load_rate(raw, m, "cold", "portable_ckpt")
+            _, peer = _load_rate(raw, m, "cold", "dcp")
+            ours_rate, _ = _load_rate(raw, m, "cold", "portable_ckpt")
+            dd_rate, _ = _load_rate(raw, m, "cold", "dd")
+            cell[name] = (f"{peer:.3f} / {ours:.3f}; cold load {ours_rate / dd_rate:.2f}× of "
+                          f"parallel cold dd ({dd_rate:.0f} MiB/s)")
+        rows.append({"": f"bytes read per rank / target bytes {saved}→{m} (DCP / ours, rchar, "
+                     "worst rank)", **cell})
+    if "async" in before and "async" in after:
+        rows.append({"": "async_save blocking / memcpy of the state (ours; DCP thread, process)",
+                     "before": _async_cell(before), "after": _async_cell(after)})
+    return rows
+
+
+def _async_cell(raw: dict[str, Any]) -> str:
+    ranks = raw["async"]
+    n = len(ranks[0]["memcpy_s"])
+    memcpy = _med([max(r["memcpy_s"][i] for r in ranks) for i in range(n)])
+    parts = []
+    for c in ranks[0]["block_s"]:
+        k = len(ranks[0]["block_s"][c])
+        parts.append(f"{_med([max(r['block_s'][c][i] for r in ranks) for i in range(k)]) / memcpy:.2f}")
+    return f"{parts[0]}× ({', '.join(parts[1:])}); memcpy {memcpy:.2f} s"
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 
@@ -370,6 +445,9 @@ def _parse(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
     ap.add_argument("--from-json", nargs="+", default=None, metavar="JSON",
                     help="re-render the report of earlier runs (their .json) instead of running")
     ap.add_argument("--note", default="", help="a line for the report (with --from-json)")
+    ap.add_argument("--before", nargs="+", default=None, metavar="JSON",
+                    help="with --from-json: earlier runs; the report gets issue 13's table "
+                         "before/after per model")
     a = ap.parse_args(argv)
     over = {f: getattr(a, f) for f in ("vocab", "d_model", "layers", "context", "batch", "seq")
             if getattr(a, f) is not None}
@@ -388,12 +466,26 @@ def _can_drop() -> bool:
     return can_drop_caches()
 
 
+def _read_raws(paths: list[str]) -> list[dict[str, Any]]:
+    raws: list[dict[str, Any]] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            raws += json.load(f)["sections"]["realistic"]["raw"]
+    return raws
+
+
 def _write_report(raws: list[dict[str, Any]], argv: list[str] | None, out: str, stem: str,
-                  seconds: float, note: str, scratch: str | None) -> dict[str, Any]:
+                  seconds: float, note: str, scratch: str | None,
+                  before: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     from bench.machine import describe
     from bench.report import write_all
 
     res = section_result(raws, note)
+    for b in before or []:
+        a = next((r for r in raws if r["options"]["name"] == b["options"]["name"]), None)
+        if a is not None:
+            res["tables"] = {f"{a['options']['name']}: issue 13's table, before → after":
+                             issue_table(b, a), **res["tables"]}
     res["seconds"] = seconds
     cold = any("cold" in r["options"]["caches"] for r in raws)
     meta = {"mode": "realistic " + "+".join(r["options"]["name"] for r in raws),
@@ -412,13 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     """Standalone run of one model (or a re-render); writes ``<out>/<name>.md/.json/.png``."""
     opts, a = _parse(argv)
     if a.from_json:
-        raws = []
-        for path in a.from_json:
-            with open(path, encoding="utf-8") as f:
-                raws += json.load(f)["sections"]["realistic"]["raw"]
+        raws = _read_raws(a.from_json)
         stem = a.name or f"{dt.date.today().isoformat()}-realistic"
+        before = _read_raws(a.before) if a.before else []
         _write_report(raws, argv, a.out, stem, 0.0, "Re-rendered from " + ", ".join(
-            os.path.basename(p) for p in a.from_json) + ". " + a.note, None)
+            os.path.basename(p) for p in a.from_json) + ". " + a.note, None, before)
         return 0
     scratch = tempfile.mkdtemp(prefix="pck-bench-", dir=a.scratch)
     t0 = time.time()

@@ -25,7 +25,7 @@ OUT = Path(__file__).resolve().with_name("README.md")
 #: (module, names, members of classes to document). The order is the order of the page.
 SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Opening and reading", "portable_ckpt", ["open", "save_arrays"]),
-    ("", "portable_ckpt.io.reader", ["Checkpoint", "NO_VALUE", "ReadStats"]),
+    ("", "portable_ckpt.io.reader", ["Checkpoint", "ReadRequest", "NO_VALUE", "ReadStats"]),
     ("Writing shards (one writer)", "portable_ckpt.io.writer", ["new_attempt_id", "ShardWriter"]),
     ("Committing a version", "portable_ckpt.io.commit", ["commit", "read_writer_index"]),
     ("Format records", "portable_ckpt.format.manifest",
