@@ -257,10 +257,24 @@ def _init_optimizer(node: Any) -> None:
             ) from e
 
 
+#: Exact types that are plain containers or JSON scalars, never a scheduler, scaler or Stateful
+#: object: they skip those checks (a training state has hundreds of them).
+_PLAIN_CONTAINERS = (dict, list, tuple)
+_PLAIN_SCALARS = (type(None), bool, int, float, str)
+
+
 def _flatten(node: Any, key: str, flat: FlatState, for_load: bool) -> None:
     if isinstance(node, torch.Tensor):
         _check_key(key)
         flat.tensors[key] = node
+        return
+    if type(node) in _PLAIN_CONTAINERS:
+        for k, comp in _child_components(node, key):
+            _flatten(node[k], _sub(key, comp), flat, for_load)
+        return
+    if type(node) in _PLAIN_SCALARS:
+        _check_key(key)
+        flat.values[key] = node
         return
     if isinstance(node, StateEntry):
         _check_key(key)

@@ -457,12 +457,14 @@ def local_layout(key: str, t: Any, rank: int) -> tuple[LocalLayout, Any]:
 
 def group_mesh(tensors: Iterable[Any]) -> Mesh | None:
     """The largest device mesh among ``tensors`` (the job's mesh), or ``None`` without DTensors."""
-    best: Any = None
+    meshes: dict[int, Any] = {}
     for t in tensors:
         mesh = getattr(t, "device_mesh", None)
-        if mesh is not None and (
-            best is None or mesh.ndim > best.ndim or mesh.size() > best.size()
-        ):
+        if mesh is not None:
+            meshes.setdefault(id(mesh), mesh)  # ndim and size() cost µs each: once per mesh
+    best: Any = None
+    for mesh in meshes.values():
+        if best is None or mesh.ndim > best.ndim or mesh.size() > best.size():
             best = mesh
     if best is None:
         return None

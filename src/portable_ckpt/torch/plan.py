@@ -20,7 +20,7 @@ from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
 from portable_ckpt.torch._tensors import format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
-from portable_ckpt.torch.layout import group_mesh, local_layout
+from portable_ckpt.torch.layout import LocalLayout, Piece, group_mesh, local_layout
 from portable_ckpt.torch.state import RNGState
 
 __all__ = ["PlannedPiece", "PlannedEntry", "SavePlan", "plan_save"]
@@ -116,7 +116,7 @@ def _plan_pieces(flat: FlatState, rank: int) -> list[PlannedPiece]:
             )
         if layout.writer:  # one box, or several for strided layouts
             pieces += [
-                PlannedPiece(key, dtype, layout.global_shape, p.offsets, local[p.local_slices()])
+                PlannedPiece(key, dtype, layout.global_shape, p.offsets, _box(local, p, layout))
                 for p in layout.pieces
             ]
         if rank == 0 and math.prod(layout.global_shape) == 0:
@@ -124,6 +124,13 @@ def _plan_pieces(flat: FlatState, rank: int) -> list[PlannedPiece]:
             zeros = (0,) * len(layout.global_shape)
             pieces.append(PlannedPiece(key, dtype, layout.global_shape, zeros, None))
     return pieces
+
+
+def _box(local: torch.Tensor, piece: Piece, layout: LocalLayout) -> torch.Tensor:
+    """The part of the local tensor that ``piece`` covers (the tensor itself when it is all)."""
+    if len(layout.pieces) == 1 and piece.lengths == layout.local_shape:
+        return local
+    return local[piece.local_slices()]
 
 
 def _plan_entries(flat: FlatState, rank: int, rng_snapshot: dict[str, Any]) -> list[PlannedEntry]:
