@@ -21,6 +21,7 @@ from conformance.spec import DTYPES
 
 __all__ = [
     "COMMIT_FAULTS",
+    "EXERCISE_NAME",
     "FAULT_POINTS",
     "TABLE_MODES",
     "WRITE_FAULTS",
@@ -31,6 +32,7 @@ __all__ = [
     "case_from_json",
     "case_to_json",
     "crash_cases",
+    "exercising",
     "new_attempt_id",
     "save_cases",
 ]
@@ -146,12 +148,35 @@ def _json_values() -> Any:
                         | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=6)
 
 
+#: key and name of what :func:`exercising` adds; longer than any generated key or entry name
+EXERCISE_NAME = "conformance.codec"
+
+
+def exercising(case: SaveCase) -> SaveCase:
+    """``case`` made to exercise its codec: at least one range and one entry in that codec.
+
+    A stratum's case must reach the writer's code for its codec even where hypothesis draws its
+    simplest state (no tensors, no entries): ranges of ``case.codec``, and an entry encoded
+    ``json+zstd`` for ``zstd`` (``json`` for ``none``).
+    """
+    if not any(t.boxes for t in case.tensors):
+        case.tensors.append(TensorSpec(EXERCISE_NAME, "float32", [16, 4], case.step,
+                                       [([0, 0], [9, 4], 0),
+                                        ([9, 0], [7, 4], case.num_writers - 1)]))
+    encoding = "json+zstd" if case.codec == "zstd" else "json"
+    if not any(e.encoding == encoding for e in case.entries):
+        case.entries.append(EntrySpec(EXERCISE_NAME, {"id": "pck:json/1"}, "global", encoding,
+                                      value={"codec": case.codec}, writer=0))
+    return case
+
+
 def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
                max_tensors: int = 4, max_entries: int = 3, min_step: int = 0,
-               tables: str = "sometimes") -> Any:
+               tables: str = "sometimes", exercise: bool = False) -> Any:
     """Hypothesis strategy of :class:`SaveCase`: uneven 0–4-D shardings of every dtype.
 
-    ``tables`` (one of :data:`TABLE_MODES`) says whether cases ask for a tensor table.
+    ``tables`` (one of :data:`TABLE_MODES`) says whether cases ask for a tensor table;
+    ``exercise`` passes every case through :func:`exercising`.
     """
     if tables not in TABLE_MODES:
         raise ValueError(f"tables must be one of {TABLE_MODES}, got {tables!r}")
@@ -200,7 +225,8 @@ def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
         step = draw(st.integers(min_step, min_step + 10**6))
         want_table = tables == "always" or (tables == "sometimes" and draw(st.booleans()))
         table_codec = draw(st.sampled_from(["none", "zstd"])) if want_table else "none"
-        return SaveCase(step, nw, codec, tensors, entries, want_table, table_codec)
+        case = SaveCase(step, nw, codec, tensors, entries, want_table, table_codec)
+        return exercising(case) if exercise else case
 
     return build()
 

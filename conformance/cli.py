@@ -104,7 +104,8 @@ def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     opts = Options(args.examples, args.crash_examples, not args.no_committer,
-                   tuple(c for c in args.codec.split(",") if c), args.max_writers, args.seed,
+                   tuple(dict.fromkeys(c for c in args.codec.split(",") if c)),
+                   args.max_writers, args.seed,
                    args.workdir, args.keep_work, args.timeout, not args.no_shrink,
                    args.tensor_table, args.tracing, args.shrink_time)
     if not args.replay and opts.examples == 0 and opts.crash_examples == 0 and not opts.committer:
@@ -166,7 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_check)
     w = sub.add_parser("writer", formatter_class=fmt,
                        help="drive a writer and committer through the adapter protocol")
-    w.add_argument("--examples", type=int, default=10, help="generated save cases")
+    w.add_argument("--examples", type=int, default=10, help="generated save cases (0, or at least one per "
+                   "codec: one case exercising each codec first, the rest drawn at random)")
     w.add_argument("--crash-examples", type=int, default=7,
                    help="atomic-publish cases (0, or at least 7: one per fault point first)")
     w.add_argument("--no-committer", action="store_true",

@@ -4,7 +4,8 @@ The protocol is described in conformance/README.md; the harness checks what they
 
 A run has three suites:
 
-* ``writer.save`` — hypothesis-generated logical states, saved by concurrent writer processes
+* ``writer.save`` — hypothesis-generated logical states (one case exercising each codec first,
+  then random ones), saved by concurrent writer processes
   and one committer, then checked deeply and compared byte for byte; under tracing, every
   writer's and the committer's system calls are checked for durability and atomic publication
   (:mod:`conformance.trace`);
@@ -134,6 +135,10 @@ class Options:
                              f"that every fault point runs at least once ({', '.join(FAULT_POINTS)})")
         if not set(self.codecs) <= {"none", "zstd"} or not self.codecs:
             raise ValueError("--codec takes a comma-separated subset of none,zstd")
+        if 0 < self.examples < len(self.codecs):
+            raise ValueError(f"--examples must be 0 or at least {len(self.codecs)}, so that "
+                             f"every codec of --codec {','.join(self.codecs)} is saved at least "
+                             "once (or narrow --codec)")
 
 
 # ------------------------------------------------------------------------------------ one save
@@ -429,12 +434,23 @@ def _collect(run: _Run, results: list[CaseResult], log: list[str]) -> None:
 
 
 def _save_suite(run: _Run) -> None:
+    """One case per codec first (each exercising that codec), then the rest drawn at random.
+
+    The suite stops at its first failure (minimised), as one hypothesis run would.
+    """
     o = run.opts
     if o.examples <= 0:
         return
-    _hypothesis(run, "writer.save", save_cases(o.max_writers, o.codecs, tables=o.tables),
-                o.examples, lambda c, d, det: run_save_case(run.adapter, c, d), _save_label,
-                run.seed)
+    run.report.info["codec_strata"] = list(o.codecs)
+    strata = [(save_cases(o.max_writers, (c,), tables=o.tables, exercise=True), 1,
+               run.seed + 1000 + i) for i, c in enumerate(o.codecs)]
+    strata.append((save_cases(o.max_writers, o.codecs, tables=o.tables),
+                   o.examples - len(o.codecs), run.seed))
+    for strategy, n, seed in strata:
+        if n <= 0 or any(c.failed for c in run.report.cases if c.suite == "writer.save"):
+            return
+        _hypothesis(run, "writer.save", strategy, n,
+                    lambda c, d, det: run_save_case(run.adapter, c, d), _save_label, seed)
 
 
 def _save_label(c: SaveCase) -> str:

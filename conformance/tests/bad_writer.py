@@ -93,6 +93,11 @@ def _zstd_as_none(job: dict[str, Any], path: Path) -> None:
         job["codec"] = "none"
 
 
+def _json_zstd_as_json(job: dict[str, Any], path: Path) -> None:
+    for e in job.get("entries", []):
+        e["encoding"] = "json"
+
+
 def _listing(job: dict[str, Any], path: Path) -> None:
     if job["phase"] == "commit":
         idx = Path(job["root"]) / job["attempt_id"] / "index"
@@ -223,6 +228,8 @@ def _apply(mode: str) -> None:
         mw.do_write = _index_first
     elif mode == "zstd-as-none":  # asked for zstd, stores none (the codec is binding)
         mw.main = _job_edit(_zstd_as_none)
+    elif mode == "json-zstd-as-json":  # asked for json+zstd entries, stores and records json
+        mw.main = _job_edit(_json_zstd_as_json)
     elif mode == "entry-248":  # §12.1's 248 taken literally: ".r00000.json.zst" names overflow
         mw.safe_path = lambda rel: len(rel.split("/", 1)[1].split(".")[0]) <= 248
     elif mode == "drop-range":  # writer 0 leaves out one of its chunks

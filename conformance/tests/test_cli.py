@@ -16,7 +16,8 @@ from conformance.vectors import load_cases, materialize
 
 from .conftest import BAD_WRITER, MINIMAL_WRITER, REPO, TRACING, needs_tracing
 
-QUICK = ["--examples", "1", "--crash-examples", "0", "--no-committer", "--tracing", "auto"]
+QUICK = ["--examples", "1", "--codec", "zstd", "--crash-examples", "0", "--no-committer",
+         "--tracing", "auto"]
 
 
 def _run(args: list[str], cwd: Path, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -80,6 +81,8 @@ def test_zero_cases_usage_and_infrastructure_codes(dirs: tuple[Path, Path]) -> N
     assert zero.returncode == 3 and "zero cases" in zero.stderr
     few = _run(["writer", "--crash-examples", "3", "--", *MINIMAL_WRITER], cwd, tmp)
     assert few.returncode == 2 and "every fault point" in few.stderr
+    one = _run(["writer", "--examples", "1", "--", *MINIMAL_WRITER], cwd, tmp)  # two codecs
+    assert one.returncode == 2 and "every codec" in one.stderr
     assert _run(["writer", "--bogus"], cwd, tmp).returncode == 2
     assert _run(["writer"], cwd, tmp).returncode == 2
     for cmd in (["/nonexistent/adapter"], [sys.executable, "missing_adapter.py"],
@@ -90,8 +93,7 @@ def test_zero_cases_usage_and_infrastructure_codes(dirs: tuple[Path, Path]) -> N
                  "import time; time.sleep(60)"], cwd, tmp)
     assert hang.returncode == 4 and "--timeout" in hang.stderr
     # tracing required (the default) but no strace on PATH
-    no_strace = _run(["writer", "--examples", "1", "--crash-examples", "0", "--no-committer",
-                      "--", *MINIMAL_WRITER], cwd, tmp, PATH=str(cwd))
+    no_strace = _run(["writer", *QUICK[:-2], "--", *MINIMAL_WRITER], cwd, tmp, PATH=str(cwd))
     assert no_strace.returncode == 4 and "--tracing auto" in no_strace.stderr
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
 
@@ -162,6 +164,7 @@ def test_full_default_run_of_the_minimal_writer(dirs: tuple[Path, Path], fast_tm
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["tracing"]["used"] and doc["counts"]["writer.publish"]["passed"] == 7
+    assert doc["codec_strata"] == ["none", "zstd"] and doc["counts"]["writer.save"]["passed"] == 2
     assert set(doc["fault_points"].values()) == {1}
     assert doc["counts"]["writer.committer"]["failed"] == 0
     assert doc["counts"]["writer.committer"]["passed"] >= 20

@@ -11,10 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from conformance.cases import CrashCase, EntrySpec
+from conformance.cases import CrashCase, EntrySpec, SaveCase, save_cases
 from conformance.committer import REFUSALS, run_commit_twice, run_refusal
-from conformance.harness import run_crash_case, run_save_case
+from conformance.harness import check_writer, run_crash_case, run_save_case
 from conformance.trace import tracing_status
 from conformance.verify import HarnessFailure
 
@@ -55,6 +57,34 @@ def _save(mode: str, bad: pytest.MonkeyPatch, tmp: Path, *, codec: str = "none",
 def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest.MonkeyPatch,
                      fast_tmp: Path) -> None:
     assert message in _save(mode, bad, fast_tmp, **kw)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(codec=st.sampled_from(["none", "zstd"]), data=st.data())
+def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObject) -> None:
+    """Whatever hypothesis draws (its first draw is the empty state), a stratum's case has
+    ranges in its codec and an entry in the matching encoding."""
+    case: SaveCase = data.draw(save_cases(3, (codec,), exercise=True))
+    assert case.codec == codec and any(t.boxes for t in case.tensors)
+    assert any(e.encoding == ("json+zstd" if codec == "zstd" else "json") for e in case.entries)
+    assert len({t.key for t in case.tensors}) == len(case.tensors)
+    assert len({e.name for e in case.entries}) == len(case.entries)
+
+
+@pytest.mark.parametrize(("mode", "message", "seed"), [
+    ("zstd-as-none", "the codec of a save is binding", 1),
+    ("json-zstd-as-json", "does not match the job", 2),
+])
+def test_every_run_saves_each_codec(mode: str, message: str, seed: int, bad: pytest.MonkeyPatch,
+                                    fast_tmp: Path) -> None:
+    """The smallest run (`--examples 2`, one case per codec) catches a broken zstd path for any
+    seed (the property above): the zstd stratum always stores zstd ranges and a json+zstd
+    entry."""
+    bad.setenv("PCK_BAD_MODE", mode)
+    with pytest.raises(HarnessFailure) as ei:
+        check_writer(BAD_WRITER, examples=2, crash_examples=0, seed=seed, tracing="off",
+                     shrink=False, workdir=str(fast_tmp))
+    assert message in str(ei.value)
 
 
 @needs_tracing

@@ -138,8 +138,8 @@ def test_installed_check_and_writer_outside_the_repository(installed: tuple[Path
                 cwd=outside)
     assert bad.returncode == 1 and invalid["code"] in bad.stdout
     before = sorted(p.name for p in outside.iterdir())
-    w = _tool(venv, "writer", "--examples", "1", "--crash-examples", "0", "--no-committer",
-              "--tracing", "auto", "--", str(venv / "bin" / "python"),
+    w = _tool(venv, "writer", "--examples", "1", "--codec", "zstd", "--crash-examples", "0",
+              "--no-committer", "--tracing", "auto", "--", str(venv / "bin" / "python"),
               str(pkg / "examples" / "minimal_writer.py"), cwd=outside)
     assert w.returncode == 0 and "writer passed" in w.stdout, w.stdout + w.stderr
     assert sorted(p.name for p in outside.iterdir()) == before  # nothing in the working dir
