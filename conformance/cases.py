@@ -176,14 +176,15 @@ def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
     """Hypothesis strategy of :class:`SaveCase`: uneven 0–4-D shardings of every dtype.
 
     ``tables`` (one of :data:`TABLE_MODES`) says whether cases ask for a tensor table;
-    ``exercise`` passes every case through :func:`exercising`.
+    ``exercise`` gives every case two writers at least (where ``max_writers`` allows: concurrent
+    writers even in hypothesis' simplest state) and passes it through :func:`exercising`.
     """
     if tables not in TABLE_MODES:
         raise ValueError(f"tables must be one of {TABLE_MODES}, got {tables!r}")
 
     @st.composite
     def build(draw: Any) -> SaveCase:
-        nw = draw(st.integers(1, max_writers))
+        nw = draw(st.integers(min(2, max_writers) if exercise else 1, max_writers))
         codec = draw(st.sampled_from(list(codecs)))
         keys = draw(st.lists(st.text(st.characters(exclude_categories=["Cs"], exclude_characters=_CONTROL),
                                      min_size=1, max_size=12),

@@ -15,8 +15,10 @@ from typing import Any, ClassVar
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "adapters"))
+sys.path.insert(0, str(HERE))
 
 import reference_writer as rw  # noqa: E402
+from job_edits import JOB_EDITS, with_job_edit  # noqa: E402
 
 import portable_ckpt.io.commit as commit_mod  # noqa: E402
 import portable_ckpt.storage.local as local  # noqa: E402
@@ -135,47 +137,6 @@ def _wrong_code() -> None:
     CheckpointError.to_json = to_json  # type: ignore[method-assign]
 
 
-def _edit_job(fn: Any) -> None:
-    real_main = rw.main
-
-    def main(argv: list[str]) -> int:
-        path = Path(argv[1])
-        job = json.loads(path.read_text())
-        fn(job)
-        path.write_text(json.dumps(job))
-        return int(real_main(argv))
-
-    rw.main = main
-
-
-def _zstd_as_none(job: dict[str, Any]) -> None:
-    if job["phase"] == "write":
-        job["codec"] = "none"
-
-
-def _json_zstd_as_json(job: dict[str, Any]) -> None:
-    for e in job.get("entries", []):
-        e["encoding"] = "json"
-
-
-def _drop_range(job: dict[str, Any]) -> None:
-    if job["phase"] == "write" and job["writer"] == 0:
-        for t in job["tensors"]:
-            if t["chunks"]:
-                t["chunks"].pop()
-                return
-
-
-def _listing(job: dict[str, Any]) -> None:
-    if job["phase"] == "commit":
-        idx = Path(job["root"]) / job["attempt_id"] / "index"
-        job["writers"] = sorted(int(p.name[1:6]) for p in idx.glob("w?????.json"))
-
-
-def _ignore_fail(job: dict[str, Any]) -> None:
-    job["fail_at"] = None
-
-
 def _flip() -> None:
     """The last byte of every data shard changed after its checksum was computed."""
     real_write = local._LocalWriter.write
@@ -198,15 +159,12 @@ MODES = {
     "index-first": _index_first,
     "skip-checks": _skip_checks,
     "wrong-code": _wrong_code,
-    "zstd-as-none": lambda: _edit_job(_zstd_as_none),
-    "json-zstd-as-json": lambda: _edit_job(_json_zstd_as_json),
-    "drop-range": lambda: _edit_job(_drop_range),
-    "listing-writers": lambda: _edit_job(_listing),
-    "ignore-fail": lambda: _edit_job(_ignore_fail),
     "flip": _flip,
 }
 
-if MODE:
+if MODE in JOB_EDITS:  # zstd-as-none, drop-range, write-twice, ... (job_edits.py)
+    rw.main = with_job_edit(rw.main, JOB_EDITS[MODE])
+elif MODE:
     MODES[MODE]()
 
 if __name__ == "__main__":

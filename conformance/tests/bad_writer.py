@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ spec = importlib.util.spec_from_file_location(
 assert spec and spec.loader
 mw: Any = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mw)
+
+sys.path.insert(0, str(HERE))
+from job_edits import JOB_EDITS, with_job_edit  # noqa: E402
 
 MODE = os.environ.get("PCK_BAD_MODE", "")
 
@@ -69,47 +73,6 @@ def _swap(orig: Any) -> Any:
             out.append((name, dt, shape, data))
         return bytes(orig(out))
     return safetensors_bytes
-
-
-def _job_edit(fn: Any) -> Any:
-    """Wrap main: rewrite the job file before the minimal writer reads it."""
-    orig_main = mw.main
-
-    def main(argv: list[str]) -> int:
-        path = Path(argv[1])
-        job = json.loads(path.read_text())
-        fn(job, path)
-        path.write_text(json.dumps(job))
-        return int(orig_main(argv))
-    return main
-
-
-def _ignore_fail(job: dict[str, Any], path: Path) -> None:
-    job["fail_at"] = None
-
-
-def _zstd_as_none(job: dict[str, Any], path: Path) -> None:
-    if job["phase"] == "write":
-        job["codec"] = "none"
-
-
-def _json_zstd_as_json(job: dict[str, Any], path: Path) -> None:
-    for e in job.get("entries", []):
-        e["encoding"] = "json"
-
-
-def _listing(job: dict[str, Any], path: Path) -> None:
-    if job["phase"] == "commit":
-        idx = Path(job["root"]) / job["attempt_id"] / "index"
-        job["writers"] = sorted(int(p.name[1:6]) for p in idx.glob("w*.json")) \
-            if idx.is_dir() else []
-
-
-def _drop_range(job: dict[str, Any], path: Path) -> None:
-    for t in job.get("tensors", []):
-        if len(t["chunks"]) > 0 and job["writer"] == 0:
-            t["chunks"] = t["chunks"][:-1]
-            return
 
 
 def _no_error_line() -> Any:
@@ -193,18 +156,16 @@ def _no_writer_check() -> Any:
 
 
 def _apply(mode: str) -> None:
-    if mode == "flip":  # a data byte changed after checksumming (wrong CRC)
+    if mode in JOB_EDITS:  # ignore-fail, zstd-as-none, write-twice, listing-writers, ... (job_edits)
+        mw.main = with_job_edit(mw.main, JOB_EDITS[mode])
+    elif mode == "flip":  # a data byte changed after checksumming (wrong CRC)
         mw.write_file = _flip(mw.write_file)
     elif mode == "swap":  # a chunk's elements reversed, checksums consistent
         mw.safetensors_bytes = _swap(mw.safetensors_bytes)
     elif mode == "table-names":  # ranges not under their implied names (R-TABLE-7)
         mw.implied_name = lambda key, offsets: f"{key}#{','.join(str(o) for o in offsets)}"
-    elif mode == "ignore-fail":  # fail_at ignored by writer and committer
-        mw.main = _job_edit(_ignore_fail)
     elif mode == "no-writer-check":  # commits whatever indexes exist, even a broken manifest
         mw.do_commit = _no_writer_check()
-    elif mode == "listing-writers":  # expected writers from a listing of index/ (R-COMMIT-5)
-        mw.main = _job_edit(_listing)
     elif mode == "no-fsync":  # never calls fsync (R-COMMIT-6, R-COMMIT-7 step 2)
         mw.os = _Os(fsync=lambda fd: None)
     elif mode == "no-dir-fsync":  # fsyncs files, never directories (R-COMMIT-6)
@@ -226,14 +187,10 @@ def _apply(mode: str) -> None:
         mw.main = _no_error_line()
     elif mode == "index-first":  # writes its index before its data (R-INDEX-1)
         mw.do_write = _index_first
-    elif mode == "zstd-as-none":  # asked for zstd, stores none (the codec is binding)
-        mw.main = _job_edit(_zstd_as_none)
-    elif mode == "json-zstd-as-json":  # asked for json+zstd entries, stores and records json
-        mw.main = _job_edit(_json_zstd_as_json)
+    elif mode == "wrong-crc":  # CRC-32 (zlib) where §6 says CRC-32C
+        mw.crc32c = zlib.crc32
     elif mode == "entry-248":  # §12.1's 248 taken literally: ".r00000.json.zst" names overflow
         mw.safe_path = lambda rel: len(rel.split("/", 1)[1].split(".")[0]) <= 248
-    elif mode == "drop-range":  # writer 0 leaves out one of its chunks
-        mw.main = _job_edit(_drop_range)
     elif mode:
         raise SystemExit(f"unknown PCK_BAD_MODE {mode!r}")
 

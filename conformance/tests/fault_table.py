@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 ADAPTERS = {"reference": HERE / "bad_reference.py", "minimal": HERE / "bad_writer.py"}
 REFERENCE_MODES = ["none", "no-fsync", "no-dir-fsync", "direct-manifest", "rename-publish",
                    "index-first", "skip-checks", "wrong-code", "zstd-as-none",
-                   "json-zstd-as-json", "drop-range", "listing-writers", "ignore-fail", "flip"]
+                   "json-zstd-as-json", "drop-range", "write-twice", "listing-writers", "ignore-fail",
+                   "flip"]
 
 
 def run_mode(adapter: Path, mode: str, seed: int, extra: list[str]) -> dict[str, object]:

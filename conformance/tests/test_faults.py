@@ -53,6 +53,8 @@ def _save(mode: str, bad: pytest.MonkeyPatch, tmp: Path, *, codec: str = "none",
     ("table-names", {"tables": True}, "PCK-SHARD-MISMATCH"),  # R-TABLE-7
     ("zstd-as-none", {"codec": "zstd"}, "the codec of a save is binding"),
     ("drop-range", {}, "PCK-COVERAGE-GAP"),  # the committer refuses the gap
+    ("write-twice", {}, "PCK-COVERAGE-OVERLAP"),  # writer 1 stores writer 0's rows too
+    ("wrong-crc", {}, "PCK-CHECKSUM"),  # CRC-32 where §6 says CRC-32C
 ])
 def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest.MonkeyPatch,
                      fast_tmp: Path) -> None:
@@ -63,9 +65,9 @@ def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest
 @given(codec=st.sampled_from(["none", "zstd"]), data=st.data())
 def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObject) -> None:
     """Whatever hypothesis draws (its first draw is the empty state), a stratum's case has
-    ranges in its codec and an entry in the matching encoding."""
+    ranges in its codec, an entry in the matching encoding and at least two writers."""
     case: SaveCase = data.draw(save_cases(3, (codec,), exercise=True))
-    assert case.codec == codec and any(t.boxes for t in case.tensors)
+    assert case.codec == codec and any(t.boxes for t in case.tensors) and case.num_writers >= 2
     assert any(e.encoding == ("json+zstd" if codec == "zstd" else "json") for e in case.entries)
     assert len({t.key for t in case.tensors}) == len(case.tensors)
     assert len({e.name for e in case.entries}) == len(case.entries)
