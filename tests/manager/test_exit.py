@@ -1,10 +1,14 @@
-"""Exit safety: a process that exits with an async save in flight finishes it (torchrun, 2 ranks)."""
+"""Exit safety: a process that exits with an async save in flight finishes it, within a bound.
+
+Every child is started through :mod:`tests.manager._reap` (killed on every path, no orphan).
+"""
 
 from __future__ import annotations
 
-import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,38 +16,26 @@ import pytest
 pytest.importorskip("torch")
 
 import portable_ckpt
+from tests.manager._reap import Children, children
 
 pytestmark = pytest.mark.torch
 
 HERE = Path(__file__).resolve().parent
-
-
-def _torchrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(HERE.parents[1]),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-
-
+REPO = str(HERE.parents[1])
 MODES = ["manager", "plain"]
 
 
+def _torchrun(kids: Children, *args: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    return kids.start([*cmd, *args], env={"PYTHONPATH": REPO})  # type: ignore[no-any-return]
+
+
 def test_exit_with_pending_async_save_finishes_it(tmp_path: Path) -> None:
-    proc = _torchrun(str(HERE / "_exit_script.py"), str(tmp_path), *MODES)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    with children() as kids:
+        proc = _torchrun(kids, str(HERE / "_exit_script.py"), str(tmp_path), *MODES)
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out[-3000:]
+        assert kids.left() == []  # the launcher reaped its workers
     assert "terminate called" not in out and "ABANDONED" not in out
     assert "exiting with saves in flight" in out
     for mode in MODES:
@@ -51,3 +43,70 @@ def test_exit_with_pending_async_save_finishes_it(tmp_path: Path) -> None:
         versions = portable_ckpt.list_versions(root)
         assert [(v.step, v.status) for v in versions] == [(1, "committed")], (mode, out[-3000:])
         assert portable_ckpt.open(root).verify(deep=True) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _read_until(proc: subprocess.Popen[str], text: str, seen: list[str], limit: float) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"{text!r} not seen: {''.join(seen)[-3000:]}")
+
+
+def test_exit_is_bounded_and_sigterm_still_stops_it(tmp_path: Path) -> None:
+    """Rank 0's save waits on a stuck peer: ABANDONED at exit_timeout; rank 1 dies by SIGTERM."""
+    root, port = str(tmp_path / "r"), str(_free_port())
+    base = {"PYTHONPATH": REPO, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    script = [sys.executable, str(HERE / "_stall_script.py"), root]
+    with children() as kids:
+        procs = [
+            kids.start(script, env={**base, "RANK": str(r), "WORLD_SIZE": "2"}) for r in (0, 1)
+        ]
+        out0: list[str] = []
+        out1: list[str] = []
+        _read_until(procs[1], "finishing the pending checkpoint of step 1", out1, 180)
+        _read_until(procs[0], "ABANDONED (not finished after 2 s)", out0, 60)
+        assert procs[0].wait(30) == 1  # os._exit at the bound, not a join of the stuck thread
+        time.sleep(0.5)
+        assert procs[1].poll() is None  # still waiting (its bound is 300 s)
+        t0 = time.monotonic()
+        procs[1].terminate()
+        assert procs[1].wait(30) == -15 and time.monotonic() - t0 < 10
+        assert kids.left() == []
+    text = "".join(out0 + out1)
+    assert "terminate called" not in text
+    assert [v for v in portable_ckpt.list_versions(root) if v.status == "committed"] == []
+
+
+CHAIN = """
+import os, signal, sys, time
+import torch
+import portable_ckpt.torch as pckt
+mgr = pckt.CheckpointManager(sys.argv[1], save_every=100, async_save=False)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print("after one:", mgr.maybe_save(1, {"x": torch.zeros(2)}), mgr.preempted, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(10)
+print("survived two", flush=True)
+"""
+
+
+def test_first_sigterm_preempts_a_second_one_terminates(tmp_path: Path) -> None:
+    with children() as kids:
+        proc = kids.start([sys.executable, "-c", CHAIN, str(tmp_path)], env={"PYTHONPATH": REPO})
+        out, _ = proc.communicate(timeout=120)
+    assert "after one: True True" in out and "survived" not in out, out[-3000:]
+    assert proc.returncode == -15
+    assert [v.step for v in portable_ckpt.list_versions(str(tmp_path))] == [1]

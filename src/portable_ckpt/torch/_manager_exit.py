@@ -1,0 +1,100 @@
+"""Interpreter exit with a manager still open: finish its pending work, within a bound.
+
+At exit every open manager gives SIGTERM back to its previous disposition (nothing will call
+``maybe_save`` again, so a SIGTERM now means "stop"), says on stderr that it is finishing the
+pending checkpoint, and waits for it at most ``exit_timeout`` seconds. A save that failed is
+reported ABANDONED and the exit goes on. A save still running after the bound is reported
+ABANDONED and the process ends at once with status 1 (``os._exit``): the thread running it is
+blocked in I/O or in a collective whose peer is gone or stuck, and the interpreter would
+otherwise join it until that collective's own timeout (30 minutes by default), and before this
+bound existed such a process also ignored SIGTERM (the manager's handler only set a flag).
+
+The hook must run before ``portable_ckpt.torch._inflight``'s (which waits without a bound for
+the same async save): it is registered again after each async save, and hooks registered later
+run first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from typing import TYPE_CHECKING
+
+from portable_ckpt.torch._inflight import at_interpreter_exit
+
+if TYPE_CHECKING:
+    from portable_ckpt.torch.manager import CheckpointManager
+
+__all__ = [
+    "EXIT_STATUS_ABANDONED",
+    "finish_at_exit",
+    "register_after_async_save",
+    "register_exit",
+]
+
+#: Exit status of a process whose pending checkpoint did not finish within ``exit_timeout``.
+EXIT_STATUS_ABANDONED = 1
+
+_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def _say(text: str) -> None:
+    print(f"portable_ckpt: {text}", file=sys.stderr, flush=True)
+
+
+def _abandoned(mgr: CheckpointManager, step: int | None, e: BaseException, stuck: bool) -> None:
+    why = f"not finished after {mgr.exit_timeout:g} s" if stuck else str(e)
+    mgr.telemetry.emit(
+        "abandoned",
+        step=step,
+        code=getattr(e, "code", None),
+        message=why[:2000],
+        stuck=stuck,
+    )
+    _say(
+        f"rank {mgr.rank}: the checkpoint of step {step} could not be finished at exit and was "
+        f"ABANDONED ({why}). Its attempt stays incomplete (never restored); the previous "
+        f"version remains the latest. Call mgr.close() before destroy_process_group() and "
+        f"before the process exits."
+    )
+
+
+def finish_at_exit(mgr: CheckpointManager) -> bool:
+    """Finish ``mgr``'s pending work at exit; return False when it is still running (stuck)."""
+    if mgr._closed:
+        return True
+    mgr._preemption.restore()
+    step = mgr._pending.step if mgr._pending is not None else mgr._last_save_step
+    if mgr._busy():
+        _say(
+            f"rank {mgr.rank}: finishing the pending checkpoint of step {step} before exit "
+            f"(at most {mgr.exit_timeout:g} s; SIGTERM stops the process)"
+        )
+    try:
+        mgr.close(timeout=mgr.exit_timeout)
+    except TimeoutError as e:
+        _abandoned(mgr, step, e, stuck=True)
+        return False
+    except BaseException as e:
+        _abandoned(mgr, step, e, stuck=False)
+    return True
+
+
+def _finish_all() -> None:
+    finished = [finish_at_exit(m) for m in list(_MANAGERS)]
+    if not all(finished):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STATUS_ABANDONED)
+
+
+def register_exit(mgr: CheckpointManager) -> None:
+    """Finish ``mgr`` at interpreter exit; call again after each async save (hook order)."""
+    _MANAGERS.add(mgr)
+    at_interpreter_exit("checkpoint-managers", _finish_all)
+
+
+def register_after_async_save() -> None:
+    """Run the managers' hook before the in-flight async save's own (unbounded) one."""
+    at_interpreter_exit("checkpoint-managers-before-inflight", _finish_all)

@@ -1,0 +1,224 @@
+"""After a commit, on the manager's background thread: telemetry, verification, replication, retention.
+
+Each rank reports its save (pause, throughput); rank 0 reports the commit (expected and reported
+writers, or the failure code), runs the sampled verification (a record beside the version),
+starts the background copy to the durable root and applies retention through the core gc
+(never the newest committed or drilled version, a save in flight, or anything unclassified).
+A node-local tier's node leaders each keep their own node root.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from portable_ckpt.errors import CheckpointError, DistributedError
+from portable_ckpt.manager.decisions import Decision
+from portable_ckpt.manager.records import candidates_of
+from portable_ckpt.manager.retention import plan_retention
+from portable_ckpt.torch._manager_tiers import Tier
+from portable_ckpt.torch.async_saving import AsyncSaveHandle
+from portable_ckpt.torch.info import CheckpointInfo
+
+if TYPE_CHECKING:
+    from portable_ckpt.torch.manager import CheckpointManager
+
+__all__ = ["after_failure", "after_save", "replicate", "retain", "verify"]
+
+_log = logging.getLogger("portable_ckpt")
+_MIB = float(1 << 20)
+
+
+def after_save(
+    mgr: CheckpointManager,
+    step: int,
+    tier: Tier,
+    decision: Decision,
+    handle: AsyncSaveHandle | None,
+    info: CheckpointInfo | None,
+    pause: float,
+) -> None:
+    """Report a save (every rank), then rank 0's commit, verification, copy and retention."""
+    if handle is not None:
+        try:
+            info = handle.committed.result()
+        except CheckpointError as e:
+            after_failure(mgr, step, tier, decision, e)
+            return
+        except BaseException as e:  # pragma: no cover - non-checkpoint failure
+            after_failure(mgr, step, tier, decision, DistributedError(str(e)))
+            return
+    if info is None:  # pragma: no cover - guarded by the callers
+        return
+    mib_s = info.bytes_written / _MIB / info.seconds if info.seconds > 0 else 0.0
+    mgr.telemetry.emit(
+        "save",
+        tier=tier.name,
+        step=step,
+        checkpoint_id=info.checkpoint_id,
+        reason=decision.reason,
+        mode="sync" if handle is None else "async",
+        pause_s=round(pause, 6),
+        seconds=round(info.seconds, 6),
+        bytes=info.bytes_written,
+        total_bytes=info.total_bytes,
+        mib_per_s=round(mib_s, 6),
+    )
+    if tier.layout is not None:
+        if tier.leads(mgr.rank):
+            retain(mgr, tier)  # each node's leader keeps its own node root
+        if mgr.rank != 0:
+            return
+    elif mgr.rank != 0:
+        return
+    mgr.telemetry.emit(
+        "commit",
+        tier=tier.name,
+        step=step,
+        checkpoint_id=info.checkpoint_id,
+        ok=True,
+        expected_writers=info.world_size,
+        reported_writers=info.world_size,
+        code=None,
+    )
+    if tier.layout is not None:
+        return  # node-local: no single rank can read the whole version
+    bad = verify(mgr, tier, info.checkpoint_id) is False
+    if tier.name == "fast" and mgr.replicate and decision.tier == "durable" and not bad:
+        replicate(mgr, tier, info.checkpoint_id)
+    retain(mgr, tier)
+
+
+def after_failure(
+    mgr: CheckpointManager, step: int, tier: Tier, decision: Decision, e: CheckpointError
+) -> None:
+    """Report a refused commit; keep the error for ``wait()`` (older versions are all kept)."""
+    mgr.last_error = e
+    _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
+    failed = getattr(e, "failed_ranks", None) or None
+    mgr.telemetry.emit(
+        "commit",
+        tier=tier.name,
+        step=step,
+        ok=False,
+        expected_writers=mgr.world_size,
+        reported_writers=None if failed is None else mgr.world_size - len(failed),
+        failed_ranks=failed,
+        code=e.code,
+        message=e.message[:2000],
+        reason=decision.reason,
+    )
+    # A failed save keeps every older version: retention does not run.
+
+
+def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
+    """Sampled verification of a fresh version on rank 0; records the result beside it."""
+    if mgr.verify_sample <= 0:
+        return None
+    import portable_ckpt
+    from portable_ckpt.io.versions import write_verification_record
+
+    seed = int.from_bytes(os.urandom(4), "big")
+    try:
+        ck = portable_ckpt.open(f"{tier.root.rstrip('/')}/{attempt}")
+        chunks = sum(len(t.ranges) for t in ck.tensors.values())
+        errors = ck.verify(sample=mgr.verify_sample, seed=seed)
+    except CheckpointError as e:
+        chunks, errors = 0, [e]
+    ok = not errors
+    n = min(chunks, max(1, -(-int(chunks * mgr.verify_sample * 1e6) // 1_000_000)))
+    try:
+        write_verification_record(
+            tier.storage,
+            attempt,
+            ok=ok,
+            mode="sample",
+            fraction=mgr.verify_sample,
+            chunks=n if chunks else 0,
+            seed=seed,
+            errors=[x.to_json() for x in errors[:64]],
+            verifier="portable_ckpt CheckpointManager",
+        )
+    except CheckpointError as e:
+        _log.error("cannot record the verification of %s: %s", attempt, e)
+    mgr.telemetry.emit(
+        "verify",
+        tier=tier.name,
+        checkpoint_id=attempt,
+        fraction=mgr.verify_sample,
+        chunks=n if chunks else 0,
+        ok=ok,
+        errors=[x.to_json() for x in errors[:8]],
+    )
+    if not ok:
+        _log.error("version %s failed sampled verification: %s", attempt, errors[0])
+    return ok
+
+
+def replicate(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
+    from portable_ckpt.io.copy import copy_version_async
+
+    durable = mgr.tiers["durable"]
+    fut = copy_version_async(f"{tier.root.rstrip('/')}/{attempt}", durable.root)
+    mgr._copies.append(fut)
+
+    def done(f: cf.Future[Any]) -> None:
+        try:
+            res = f.result()
+        except BaseException as e:
+            mgr.last_error = e
+            mgr.telemetry.emit(
+                "replicate",
+                tier="durable",
+                checkpoint_id=attempt,
+                ok=False,
+                code=getattr(e, "code", "PCK-STORAGE"),
+                message=str(e)[:2000],
+            )
+            return
+        mgr.telemetry.emit(
+            "replicate",
+            tier="durable",
+            checkpoint_id=attempt,
+            ok=True,
+            bytes=res.bytes,
+            seconds=round(res.seconds, 6),
+            mib_per_s=round(res.mib_per_s, 3),
+        )
+        mgr._bg.submit(retain, mgr, durable)
+        mgr._bg.submit(retain, mgr, tier)  # the fast tier, now that the copy is done
+
+    fut.add_done_callback(done)
+
+
+def retain(mgr: CheckpointManager, tier: Tier) -> None:
+    """Apply the tier's retention policy with the core gc (rank 0, background thread)."""
+    from portable_ckpt.io.versions import gc
+
+    if not tier.retention.active:
+        return
+    if tier.name == "fast" and any(not c.done() for c in mgr._copies):
+        return  # a version being replicated is never deleted under the copy
+    try:
+        decisions = plan_retention(candidates_of(tier.storage), tier.retention)
+        keep = [d.id for d in decisions if not d.delete]
+        report = gc(tier.storage, keep=1, keep_ids=keep, grace_seconds=mgr.grace_seconds)
+    except CheckpointError as e:
+        _log.error("retention on the %s tier failed: %s", tier.name, e)
+        mgr.telemetry.emit(
+            "retention", tier=tier.name, ok=False, code=e.code, message=e.message[:2000]
+        )
+        return
+    why = {d.id: d.reasons for d in decisions}
+    mgr.telemetry.emit(
+        "retention",
+        tier=tier.name,
+        ok=True,
+        policy=tier.retention.describe(),
+        deleted=[{"id": i, "reasons": why.get(i, ["gc"])} for i in report.deleted],
+        deleted_count=len(report.deleted),
+        abandoned=report.abandoned,
+        kept=[{"id": d.id, "reasons": d.reasons} for d in decisions if not d.delete],
+    )

@@ -1,0 +1,89 @@
+"""What the manager saves besides the caller's state, and the Stateful model+optimizer view.
+
+:class:`ModelOptimizerState` is read at call time (the cure for the stale-state trap of issue 14,
+docs/torch.md); :class:`ManagerEntry` carries the ``pck.manager`` and ``pck.placement`` entries
+of a save; :func:`warn_stale` names a snapshot optimizer dict passed by mistake.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from portable_ckpt.manager.records import manager_entry_schema
+from portable_ckpt.torch.flatten import StateEntry
+
+__all__ = ["ManagerEntry", "ModelOptimizerState", "warn_stale"]
+
+_log = logging.getLogger("portable_ckpt")
+
+
+class ModelOptimizerState:
+    """A Stateful view of an FSDP2 (or plain) model and its optimizer, read at call time.
+
+    ``state_dict()`` calls ``get_state_dict(model, optimizer)`` every time it is asked, so a
+    manager always saves the live values (learning rates included); ``load_state_dict()`` hands
+    the loaded dicts to ``set_state_dict``. Put it in the manager's state instead of dicts
+    obtained from ``get_state_dict`` once (which go stale: see docs/torch.md).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any = None, *, options: Any = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.options = options
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"model": ..., "optim": ...}`` from ``get_state_dict`` (now)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model, options=self.options)}
+        msd, osd = get_state_dict(self.model, self.optimizer, options=self.options)
+        return {"model": msd, "optim": osd}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Apply loaded dicts with ``set_state_dict``."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state["model"], options=self.options)
+            return
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=self.options,
+        )
+
+
+class ManagerEntry(StateEntry):
+    """The ``pck.manager`` entry (step, reason, metrics) of one save."""
+
+    scope = "global"
+
+    def __init__(self, value: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
+        self.schema = schema or manager_entry_schema()  # type: ignore[assignment]
+        self.value = value
+
+    def capture(self) -> Any:
+        return self.value
+
+    def restore(self, value: Any) -> None:  # pragma: no cover - never loaded into a state
+        self.value = value
+
+
+def warn_stale(state: Mapping[str, Any], warned: set[str]) -> None:
+    """The stale-state trap: an optimizer state dict taken once is a snapshot (issue 14)."""
+    for key, value in state.items():
+        if isinstance(value, Mapping) and "param_groups" in value and key not in warned:
+            warned.add(key)
+            _log.warning(
+                "state[%r] is an optimizer state dict: a snapshot whose learning rates and "
+                "hyper-parameters go stale as training continues. Pass the live objects instead, "
+                "e.g. state = {'train': ModelOptimizerState(model, optimizer)}",
+                key,
+            )
