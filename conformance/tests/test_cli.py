@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -72,6 +73,35 @@ def test_missing_schemas_are_a_hard_error(dirs: tuple[Path, Path], fast_tmp: Pat
     w = _run(["writer", *QUICK, "--", *MINIMAL_WRITER], cwd, tmp,
              PCK_SPEC_SCHEMAS=str(partial))
     assert w.returncode == 3, w.stderr
+
+
+def test_vendored_without_spec_is_not_a_pass(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """Issue 17: `conformance/` copied into another tree without `spec/` warned "schema
+    validation skipped" and reported conformant. Its schema link now dangles: exit 3."""
+    cwd, tmp = dirs
+    vendor = fast_tmp / "vendor"
+    shutil.copytree(REPO / "conformance", vendor / "conformance", symlinks=True,
+                    ignore=shutil.ignore_patterns("vectors", "tests", "__pycache__"))
+    valid = materialize(next(c for c in load_cases() if c["valid"]), fast_tmp / "v")
+    env = dict(os.environ, PYTHONPATH=str(vendor), TMPDIR=str(tmp))
+    env.pop("PCK_SPEC_SCHEMAS", None)
+    for args in (["check", str(valid)], ["writer", *QUICK, "--", *MINIMAL_WRITER]):
+        r = subprocess.run([sys.executable, "-m", "conformance", *args], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 3, (args, r.stdout, r.stderr)
+        assert "conformant" not in r.stdout and "passed" not in r.stdout
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_a_committer_that_does_nothing_fails(dirs: tuple[Path, Path]) -> None:
+    """Issue 17's `writer --examples 0 --crash-examples 0 -- true` passed; the committer cases
+    run by default, and a committer that publishes nothing and refuses nothing fails them."""
+    cwd, tmp = dirs
+    r = _run(["writer", "--examples", "0", "--crash-examples", "0", "--tracing", "auto",
+              "--json", "-", "--", "true"], cwd, tmp)
+    assert r.returncode == 1, r.stdout + r.stderr
+    counts = json.loads(r.stdout)["counts"]["writer.committer"]
+    assert counts["passed"] == 0 and counts["failed"] >= 20, counts
 
 
 def test_zero_cases_usage_and_infrastructure_codes(dirs: tuple[Path, Path]) -> None:
