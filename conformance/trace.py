@@ -9,7 +9,7 @@ threads included) and checks the trace:
   the attempt directory's name in the root included) is made durable by an ``fsync`` of the
   directory holding it; a writer does both for its data and entry files *before* it creates its
   index, and for the index before it exits; a committer does both for the files it adds (a tensor
-  table) before it publishes;
+  table) before it publishes (R-COMMIT-17);
 * **atomic publish** (R-COMMIT-7, R-COMMIT-8): ``manifest.json`` appears only through ``link()``
   (or ``renameat2(RENAME_NOREPLACE)``) of ``manifest.json.<16 hex>.tmp``, whose data was synced
   first; the temporary name is removed afterwards and the attempt directory synced; the manifest
@@ -422,9 +422,10 @@ def committer_problems(events: list[FsEvent], root: str, attempt: str,
                        exit_time: float) -> tuple[list[str], list[str]]:
     """Publish-protocol faults of a committer that exited 0 (R-COMMIT-7, R-COMMIT-8).
 
-    Returns ``(errors, warnings)``. Warnings are durability holes no MUST of the spec names: a
-    file the committer itself adds (a tensor table) whose data or name is not yet durable when
-    the manifest that lists it is published.
+    Returns ``(errors, warnings)``. A file the committer itself adds (a tensor table), or a
+    directory it creates, whose data or name is not yet durable when the manifest is published
+    is an error (R-COMMIT-17; a warning before that rule existed). No warning is left today; the
+    pair stays for callers that report both.
     """
     adir = os.path.join(root, attempt)
     manifest = os.path.join(adir, "manifest.json")
@@ -443,12 +444,12 @@ def committer_problems(events: list[FsEvent], root: str, attempt: str,
             not tmp.inode.durable(pub.start, pre.global_syncs):
         out.append("the temporary manifest was not fsync-ed before it was linked "
                    "(R-COMMIT-7 step 2)")
-    added = [p for p in pre.names if p != pub.src and pre.names[p].inode is not None]
-    warnings = pre.problems(added, pub.start, "before manifest.json, which lists it, was "
-                            "published", "no MUST covers files a committer adds; a crash before "
-                            "step 5 can leave a visible version that lacks this file")
+    added = [p for p in pre.names if p != pub.src]
+    out += pre.problems(added, pub.start, "before manifest.json, which lists it, was published",
+                        "R-COMMIT-17: a crash before step 5 of R-COMMIT-7 can leave a visible "
+                        "version that lacks this file")
     out += _after_publish_problems(events, pub, manifest, adir, exit_time, root)
-    return out, warnings
+    return out, []
 
 
 def _direct_writes(events: list[FsEvent], manifest: str, fix: str) -> list[str]:

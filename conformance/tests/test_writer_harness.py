@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from conformance.committer import run_valid_commit
 from conformance.harness import (
     CrashCase,
     SaveCase,
@@ -19,7 +20,15 @@ from conformance.harness import (
 )
 from conformance.procs import count_trace_progress
 
-from .conftest import MINIMAL_WRITER, REFERENCE_ADAPTER, REPO, TRACING, adapter, explicit_case
+from .conftest import (
+    MINIMAL_WRITER,
+    REFERENCE_ADAPTER,
+    REPO,
+    TRACING,
+    adapter,
+    explicit_case,
+    needs_tracing,
+)
 
 BAD_WRITER = [sys.executable, str(Path(__file__).with_name("bad_writer.py"))]
 
@@ -44,6 +53,18 @@ def test_reference_adapter(fast_tmp: Path) -> None:
         trace = fast_tmp / str(i) / "jobs-b" / f"{job}.strace"
         done = count_trace_progress(trace, str((fast_tmp / str(i) / "root").resolve()))
         assert done >= det["kill_after"], (fault, done, det)
+
+
+@needs_tracing
+def test_reference_committer_makes_its_table_durable_first(fast_tmp: Path) -> None:
+    """R-COMMIT-17, seen in the reference committer's system calls (strace): the tensor table it
+    writes, data and name, is durable before manifest.json is linked. The trace check found the
+    reference committer publishing before the table's directory entry was synced."""
+    pytest.importorskip("portable_ckpt")
+    details: dict[str, Any] = {}
+    _case, root, aid = run_valid_commit(adapter(REFERENCE_ADAPTER), fast_tmp, True, details)
+    manifest = json.loads((root / aid / "manifest.json").read_text())
+    assert "tensor_table" in manifest and not details.get("warnings")
 
 
 def test_minimal_writer(fast_tmp: Path) -> None:

@@ -306,6 +306,27 @@ def test_never_publishes_by_rename_or_direct_write(tmp_path: Path,
     assert [p for c, p, _ in log.events if c == "link" and p.endswith(" -> " + man)]
 
 
+def test_committer_files_are_durable_before_the_commit_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-COMMIT-17: a file the committer writes (a tensor table) is fsynced, and so is the
+    directory that holds its name, before manifest.json is linked."""
+    storage, attempt, ws = _two_writers(tmp_path)
+    ws[0].add_tensor("x", np.ones(4, dtype=np.float32))
+    idx = [w.finish() for w in ws]
+    log = trace_posix(monkeypatch)
+    m = commit(storage, attempt, step=1, indexes=idx, expected_writers=[0, 1], tensor_table=True)
+    monkeypatch.undo()
+    assert m.tensor_table is not None
+    vdir = str(tmp_path / attempt)
+    table = f"{vdir}/{m.tensor_table.file}"
+    i_link = log.index("link", lambda p: p.endswith(" -> " + f"{vdir}/manifest.json"))
+    i_create = log.index("open", lambda p: p == table)
+    assert log.events[i_create][2] & os.O_CREAT
+    before = [p for c, p, _ in log.events[i_create:i_link] if c == "fsync"]
+    assert table in before, "the tensor table's data was not fsynced before the commit record"
+    assert vdir in before, "the tensor table's name was not made durable before the commit record"
+
+
 def test_existing_manifest_is_a_conflict_and_left_untouched(tmp_path: Path) -> None:
     """R-COMMIT-9: a second commit fails with PCK-COMMIT-CONFLICT; the record is unchanged."""
     storage, attempt, ws = _two_writers(tmp_path)

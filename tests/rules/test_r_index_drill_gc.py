@@ -300,6 +300,26 @@ def test_copy_keeps_id_copies_files_first_and_publishes_atomically(tmp_path: Pat
         vdir / "manifest.json").read_bytes()
 
 
+def test_copy_makes_its_files_durable_before_the_destination_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-COMMIT-17 for a copy (R-DRILL-5): every copied file and every directory holding a new
+    name is fsynced before the destination's manifest.json is linked."""
+    from portable_ckpt.io.copy import copy_version
+
+    vdir, m = build_version(tmp_path / "src")
+    log = trace_posix(monkeypatch)
+    copy_version(vdir, tmp_path / "dst")
+    monkeypatch.undo()
+    ddir = tmp_path / "dst" / m.attempt_id
+    i_link = log.index("link", lambda p: p.endswith(f" -> {ddir}/manifest.json"))
+    synced = {p for c, p, _ in log.events[:i_link] if c == "fsync"}
+    for rel in read_manifest(vdir)["files"]:
+        f = ddir / rel
+        assert str(f) in synced, f"{rel}: copied data not fsynced before the record"
+        assert str(f.parent) in synced, f"{rel}: its name not made durable before the record"
+    assert str(ddir) in synced and str(tmp_path / "dst") in synced
+
+
 def test_copy_record_only_after_verified_copy(tmp_path: Path) -> None:
     """R-DRILL-6: copies/<copy_id>.json, create-if-absent; no ok record for a failed copy."""
     from portable_ckpt.io.copy import copy_version

@@ -754,6 +754,9 @@ def _publish(
     table_path = manifest.tensor_table.file if manifest.tensor_table is not None else None
     if blob is not None and table_path is not None:
         storage.put(f"{attempt_id}/{table_path}", blob)
+        # R-COMMIT-17: the table's data and its name are durable before the record that lists
+        # it exists (put() fsyncs the file; its directory's fsync is batched until sync()).
+        storage.sync()
     if not storage.create_if_absent(f"{attempt_id}/manifest.json", data):
         if table_path is not None:
             storage.delete(f"{attempt_id}/{table_path}")

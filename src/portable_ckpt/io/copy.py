@@ -419,6 +419,7 @@ def copy_version(
                 raise first
         result.files = len(files)
         result.bytes = total
+        dst.sync()  # R-COMMIT-17: every copied file and its name durable before the record
         if not dst.create_if_absent(mrel, raw):
             existing = dst.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
             if existing != raw:
