@@ -198,3 +198,48 @@ def test_the_validator_feature_list_names_every_keyword_the_schemas_use() -> Non
     annotations = {"$schema", "$id", "$defs", "title", "description"}
     missing = sorted(k for k in used - annotations if f"`{k}`" not in section)
     assert not missing, f"keywords used by the schemas but not listed in §19.2: {missing}"
+
+
+def _manifest_with(edit: Any) -> Any:
+    doc = json.loads((SCHEMAS.parent / "examples" / "manifest.json").read_text())
+    edit(doc)
+    return doc
+
+
+_TEXT_RULES = [  # (§19.2 table row, a document at the limit, one just past it)
+    ("producer.name: 1 to 256 characters",
+     lambda d: d["producer"].update(name="p" * 256), lambda d: d["producer"].update(name="p" * 257)),
+    ("world_size 1 … 16,777,216",
+     lambda d: d["continuation"].update(world_size=16777216, mesh=None),
+     lambda d: d["continuation"].update(world_size=16777217, mesh=None)),
+    ("mesh.dim_names pattern",
+     lambda d: d["continuation"].update(world_size=2, mesh={"shape": [2],
+                                                              "dim_names": ["_" + "a" * 63]}),
+     lambda d: d["continuation"].update(world_size=2, mesh={"shape": [2],
+                                                              "dim_names": ["a" * 65]})),
+    ("mesh.dim_names: no leading digit",
+     lambda d: d["continuation"].update(world_size=2, mesh={"shape": [2], "dim_names": ["d0"]}),
+     lambda d: d["continuation"].update(world_size=2, mesh={"shape": [2], "dim_names": ["0d"]})),
+    ("extension names",
+     lambda d: d["extensions"].update({"a" + "b" * 127: {}}),
+     lambda d: d["extensions"].update({"a" + "b" * 128: {}})),
+    ("must_understand items",
+     lambda d: d.update(must_understand=["x.y:z/w-1"]),
+     lambda d: d.update(must_understand=["-x"])),
+]
+
+
+@pytest.mark.parametrize(("row", "at_limit", "past"), _TEXT_RULES, ids=[r[0] for r in _TEXT_RULES])
+def test_the_rules_only_schemas_had_are_the_schemas_rules(row: str, at_limit: Any,
+                                                          past: Any) -> None:
+    """§19.2's table (issue 16 guess 6) restates the schemas: at each stated limit the schema
+    accepts, one step past it rejects, for the reader's and the checker's validators."""
+    del row
+    ok, bad = _manifest_with(at_limit), _manifest_with(past)
+    validate_document(ok, "manifest.schema.json", what="at the limit")
+    with pytest.raises(SchemaError):
+        validate_document(bad, "manifest.schema.json", what="past the limit")
+    schema = CHECKER.document("manifest")
+    assert schema is not None
+    assert not CHECKER.validate(schema, ok)
+    assert CHECKER.validate(schema, bad)

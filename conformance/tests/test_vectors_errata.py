@@ -1,4 +1,4 @@
-"""The errata-1 vectors (spec §20, R-VERSION-12) through the reference reader (checker: test_vectors.py)."""
+"""The errata vectors (spec §20, R-VERSION-12) through the reference reader (checker: test_vectors.py)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,20 @@ from conformance.vectors import VECTOR_DIRS, load_cases, materialize
 
 from .test_vectors import _read_everything
 
-ERRATA = VECTOR_DIRS["errata-1"]
-CASES = load_cases(ERRATA)
+CASES = [(VECTOR_DIRS[s], c) for s in VECTOR_DIRS if s.startswith("errata-")
+         for c in load_cases(VECTOR_DIRS[s])]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_reference_reader_errata_1(case: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize(("errata", "case"), CASES, ids=[c["name"] for _, c in CASES])
+def test_reference_reader_errata(errata: Path, case: dict[str, Any], tmp_path: Path) -> None:
     """Valid cases and writer-only violations ("reader": "accept") read exactly; others fail."""
     pytest.importorskip("portable_ckpt")
     from portable_ckpt.errors import CheckpointError
 
-    target = materialize(case, tmp_path, ERRATA)
+    target = materialize(case, tmp_path, errata)
     if case["valid"] or case.get("reader") == "accept":
         got = _read_everything(target)
-        want = json.loads((ERRATA / case["expected"]).read_text())
+        want = json.loads((errata / case["expected"]).read_text())
         assert (got["attempt_id"], got["step"]) == (want["attempt_id"], want["step"])
         assert got["tensors"] == {k: {"dtype": v["dtype"], "shape": v["shape"], "hex": v["hex"]}
                                   for k, v in want["tensors"].items()}

@@ -363,10 +363,22 @@ def _(root: Path) -> Any:
     return v
 
 
+DESCRIPTION = ("Golden vectors of errata 1 (spec §20): file-level cases for rules of formats 1.0 "
+               "and 1.1 that the text now states. 'target' is relative to the case directory. "
+               "'reader': 'accept' marks a writer-only rule: a conformance checker reports "
+               "'code', a reader reads 'expected'.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write every case below ``--out`` (default: ``errata-1`` next to this script)."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "errata-1"))
+    return write_set(argv, CASES, "errata-1", DESCRIPTION, __doc__)
+
+
+def write_set(argv: list[str] | None, cases: list[dict[str, Any]], set_name: str,
+              description: str, doc: str | None) -> int:
+    """The command line of an errata set's generator: write ``cases`` as set ``set_name``."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / set_name))
     ap.add_argument("--force", action="store_true", help="overwrite existing vectors")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -377,33 +389,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.force and out.is_dir():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    index = []
-    for c in CASES:
-        cdir = out / c["name"]
-        root = cdir / "root"
-        root.mkdir(parents=True)
-        v = c["fn"](root)
-        target = f"root/{sorted(p.name for p in root.iterdir() if p.is_dir())[0]}"
-        rec: dict[str, Any] = {"name": c["name"], "feature": c["feature"],
-                               "valid": c["code"] is None, "target": target}
-        if c["code"]:
-            rec["code"] = c["code"]
-            rec["deep"] = c["deep"]
-        if c["reader"]:
-            rec["reader"] = c["reader"]
-        if v is not None:
-            (cdir / "expected.json").write_text(json.dumps(v.expected(), indent=1) + "\n")
-            rec["expected"] = f"{c['name']}/expected.json"
-        index.append(rec)
-    doc = {"format_version": "1.1", "set": "errata-1",
-           "description": "Golden vectors of errata 1 (spec §20): file-level cases for rules of "
-                          "formats 1.0 and 1.1 that the text now states. 'target' is relative to "
-                          "the case directory. 'reader': 'accept' marks a writer-only rule: a "
-                          "conformance checker reports 'code', a reader reads 'expected'.",
-           "cases": index}
-    (out / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")
+    index = [_write_case(out, c) for c in cases]
+    doc_out = {"format_version": "1.1", "set": set_name, "description": description,
+               "cases": index}
+    (out / "cases.json").write_text(json.dumps(doc_out, indent=1) + "\n")
     print(f"wrote {len(index)} cases to {out}")
     return 0
+
+
+def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
+    cdir = out / c["name"]
+    root = cdir / "root"
+    root.mkdir(parents=True)
+    v = c["fn"](root)
+    target = f"root/{sorted(p.name for p in root.iterdir() if p.is_dir())[0]}"
+    rec: dict[str, Any] = {"name": c["name"], "feature": c["feature"],
+                           "valid": c["code"] is None, "target": target}
+    if c["code"]:
+        rec["code"] = c["code"]
+        rec["deep"] = c["deep"]
+    if c["reader"]:
+        rec["reader"] = c["reader"]
+    if v is not None:
+        (cdir / "expected.json").write_text(json.dumps(v.expected(), indent=1) + "\n")
+        rec["expected"] = f"{c['name']}/expected.json"
+    return rec
 
 
 if __name__ == "__main__":

@@ -129,6 +129,53 @@ def test_writer_records_only_safe_paths(tmp_path: Path, entry_name: str) -> None
         assert all(re.fullmatch(r"[A-Za-z0-9._-]{1,255}", c) and c not in (".", "..") for c in parts)
 
 
+#: §12.1's table (errata 2): suffix of the recommended entry file name -> longest last part.
+ENTRY_NAME_LIMITS = {".g.json": 248, ".g.json.zst": 244, ".r00000.json": 243,
+                     ".r00000.json.zst": 239}
+
+
+def test_entry_file_name_limits_are_the_path_rule() -> None:
+    """§12.1 (errata 2): the recommended entry file name is a path (§2.2, R-LAYOUT-5) exactly
+    while the name's last part fits the spec table's limit and the name has at most 7 parts."""
+    text = (Path(__file__).resolve().parents[2] / "spec" / "README.md").read_text()
+    rows = {sfx: (int(n), int(limit)) for sfx, n, limit in
+            re.findall(r"\| `(\.[gr][^`]*)` \((\d+)[^|]*\| (\d+) \|", text)}
+    for suffix, limit in ENTRY_NAME_LIMITS.items():
+        assert limit == 255 - len(suffix)
+        spelled = suffix.replace("00000", "<rank:05d>")
+        assert rows.get(spelled) == (len(suffix), limit), (spelled, rows)
+        ok = f"entries/{'n' * limit}{suffix}"
+        assert check_relative_path(ok) == ok
+        expect_code("PCK-PATH-UNSAFE", check_relative_path, f"entries/{'n' * (limit + 1)}{suffix}")
+    assert check_relative_path("entries/a/b/c/d/e/f/g.g.json")
+    expect_code("PCK-PATH-UNSAFE", check_relative_path, "entries/a/b/c/d/e/f/g/h.g.json")
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("scope", ["global", "per_rank"])
+def test_writer_names_every_entry_value_safely_at_the_limits(tmp_path: Path, scope: str,
+                                                              compress: bool) -> None:
+    """§12.1, R-LAYOUT-5: names of 239 … 256 characters and 8 parts, in every scope and
+    encoding, are stored under safe paths and read back."""
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(4)
+    w = ShardWriter(storage, attempt, 0)
+    w.add_tensor("t", np.ones(2, dtype=np.float32))
+    names = ["e" * n for n in (239, 240, 243, 244, 248, 249, 256)] + ["a/b/c/d/e/f/g/h"]
+    kw = {"scope": "per_rank", "rank": 0, "world_size_policy": "modulo"} \
+        if scope == "per_rank" else {}
+    for i, name in enumerate(names):
+        w.add_entry(name, {"i": i}, compress=compress, **kw)  # type: ignore[arg-type]
+    commit(storage, attempt, step=4, indexes=[w.finish()], expected_writers=[0])
+    doc = read_manifest(tmp_path / attempt)
+    for e in doc["entries"].values():
+        assert all(check_relative_path(v["file"]) == v["file"] for v in e["values"])
+    ck = portable_ckpt.open(tmp_path / attempt)
+    for i, name in enumerate(names):
+        got = ck.entry(name, rank=0, world_size=1) if scope == "per_rank" else ck.entry(name)
+        assert got == {"i": i}
+
+
 BAD_PATHS = [
     "../escape.bin",
     "data/../../x",

@@ -193,6 +193,38 @@ def test_header_is_space_padded_to_a_multiple_of_8(tmp_path: Path) -> None:
             assert json.loads(body) is not None and set(text[len(body):]) <= {0x20}
 
 
+def _shard_metadata(data: bytes) -> Any:
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8 : 8 + n])["__metadata__"]
+
+
+def test_shards_and_tables_of_a_1_1_version_say_shard_rules_1_0(tmp_path: Path) -> None:
+    """R-SHARD-3 (issue 16 guess 11): "portable_ckpt": "1.0" names the shard rules of §11, which
+    1.1 did not change; the data shards of a 1.1 version keep it. A tensor table is no data
+    shard: its __metadata__ is ignored (R-TABLE-4), and the reference committer writes "1.1"."""
+    import zstandard
+
+    from portable_ckpt.format.naming import new_attempt_id
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(2)
+    w = ShardWriter(storage, attempt, 0)
+    w.add_tensor("x", np.arange(6, dtype=np.float32))
+    m = commit(storage, attempt, step=2, indexes=[w.finish()], expected_writers=[0],
+               tensor_table=True)
+    vdir = tmp_path / attempt
+    assert read_manifest(vdir)["format_version"] == "1.1" and m.tensor_table is not None
+    shards = [p for p in read_manifest(vdir)["files"] if p.startswith("data/")]
+    assert shards
+    for rel in shards:
+        assert _shard_metadata((vdir / rel).read_bytes())["portable_ckpt"] == "1.0"
+    table = zstandard.ZstdDecompressor().decompress((vdir / m.tensor_table.file).read_bytes())
+    assert _shard_metadata(table)["portable_ckpt"] == "1.1"
+
+
 @pytest.mark.parametrize("meta", [None, {"format": "tf"}, {}, {"x": "y", "portable_ckpt": "9.9"}])
 def test_reader_does_not_depend_on_metadata(tmp_path: Path, meta: Any) -> None:
     """R-SHARD-3: removing or changing __metadata__ does not change what is read."""
