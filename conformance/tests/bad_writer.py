@@ -129,6 +129,18 @@ def _no_tmp_fsync(adir: Path, data: bytes, fail_at: str | None) -> None:
     mw.fsync_dir(adir)
 
 
+def _table_name_unsynced(orig: Any) -> Any:
+    """``write_table`` without the directory fsync: the table's name is not durable when the
+    manifest that lists it is linked (R-COMMIT-17)."""
+    def write_table(adir: Path, tensors: dict[str, Any], codec: str) -> tuple[str, bytes]:
+        real, mw.fsync_dir = mw.fsync_dir, lambda path: None
+        try:
+            return orig(adir, tensors, codec)  # type: ignore[no-any-return]
+        finally:
+            mw.fsync_dir = real
+    return write_table
+
+
 def _touch_then_publish(orig: Any) -> Any:
     def publish(adir: Path, data: bytes, fail_at: str | None) -> None:
         m = adir / "manifest.json"
@@ -176,6 +188,8 @@ def _apply(mode: str) -> None:
         mw.os = _Os(link=os.rename, unlink=_unlink_if_there)
     elif mode == "no-tmp-fsync":  # the temporary manifest is not synced (R-COMMIT-7 step 2)
         mw.publish = _no_tmp_fsync
+    elif mode == "table-name-unsynced":  # the table's name not durable first (R-COMMIT-17)
+        mw.write_table = _table_name_unsynced(mw.write_table)
     elif mode == "touch-manifest":  # opens an existing manifest.json for writing (R-COMMIT-9)
         mw.publish = _touch_then_publish(mw.publish)
     elif mode == "skip-checks":  # no coverage, entry or file checks (R-COMMIT-4)

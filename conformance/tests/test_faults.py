@@ -103,6 +103,15 @@ def test_trace_faults(mode: str, message: str, bad: pytest.MonkeyPatch, fast_tmp
     assert message in _save(mode, bad, fast_tmp)
 
 
+@needs_tracing
+def test_a_committer_table_whose_name_is_not_durable(bad: pytest.MonkeyPatch,
+                                                     fast_tmp: Path) -> None:
+    """R-COMMIT-17: the committer's tensor table is fsynced but its directory is not before
+    manifest.json is linked — an error of the trace check (it was a warning before the rule)."""
+    message = _save("table-name-unsynced", bad, fast_tmp, tables=True)
+    assert "R-COMMIT-17" in message and "tensor-table" in message, message
+
+
 def test_entry_names_at_the_248_boundary(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
     """§12.1's 248 characters fit `.g.json`; a per-rank zstd value needs 16: a writer that
     takes 248 literally fails on a 240-character name (the strategy draws such names)."""
