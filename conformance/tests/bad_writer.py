@@ -75,6 +75,25 @@ def _swap(orig: Any) -> Any:
     return safetensors_bytes
 
 
+def _trusting_merge(job: dict[str, Any], adir: Path) -> tuple[dict[str, Any], ...]:
+    """§14.2's union without its checks: conflicts and foreign indexes merged (R-INDEX-3/4)."""
+    files: dict[str, Any] = {}
+    tensors: dict[str, Any] = {}
+    entries: dict[str, Any] = {}
+    for w in job["writers"]:
+        ipath = adir / f"index/w{w:05d}.json"
+        if not ipath.is_file():
+            raise mw.Fail("PCK-WRITER-MISSING", f"no index of writer {w}")
+        idx = json.loads(ipath.read_bytes())
+        files.update({f"index/w{w:05d}.json": mw.file_record(ipath.read_bytes(), mw.BLOCK_SIZE)},
+                     **idx["files"])
+        for key, t in idx["tensors"].items():
+            tensors.setdefault(key, {**t, "ranges": []})["ranges"] += t["ranges"]
+        for name, e in idx["entries"].items():
+            entries.setdefault(name, {**e, "values": []})["values"] += e["values"]
+    return files, tensors, entries
+
+
 def _no_error_line() -> Any:
     orig_main = mw.main
 
@@ -201,6 +220,8 @@ def _apply(mode: str) -> None:
         mw.main = _no_error_line()
     elif mode == "index-first":  # writes its index before its data (R-INDEX-1)
         mw.do_write = _index_first
+    elif mode == "trusting-merge":  # merges indexes without the R-INDEX-3/4 checks
+        mw.merge_indexes = _trusting_merge
     elif mode == "wrong-crc":  # CRC-32 (zlib) where §6 says CRC-32C
         mw.crc32c = zlib.crc32
     elif mode == "entry-248":  # §12.1's 248 taken literally: ".r00000.json.zst" names overflow

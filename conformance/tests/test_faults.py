@@ -192,6 +192,19 @@ def test_committer_faults(mode: str, name: str, message: str, bad: pytest.Monkey
     assert message in _refuse(mode, name, bad, fast_tmp)
 
 
+@pytest.mark.parametrize(("name", "code"), [
+    ("dtype-conflict", "PCK-METADATA-CONFLICT"),
+    ("file-claimed-twice", "PCK-METADATA-CONFLICT"),
+    ("duplicate-writer-number", "PCK-SCHEMA"),
+])
+def test_committer_that_trusts_the_indexes(name: str, code: str, bad: pytest.MonkeyPatch,
+                                           fast_tmp: Path) -> None:
+    """A committer that merges writer indexes without comparing them (dtype conflict, a file
+    claimed twice, two indexes of writer 0) does not report the code of the rule it skipped."""
+    message = _refuse("trusting-merge", name, bad, fast_tmp)
+    assert f"expected {code}" in message and "no error code" not in message, message
+
+
 def test_rename_over_own_manifest(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
     """A second commit of a committed attempt with rename(): the manifest is replaced."""
     bad.setenv("PCK_BAD_MODE", "rename-publish")
