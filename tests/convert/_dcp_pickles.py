@@ -270,4 +270,9 @@ def from_torch(md: Any) -> DcpMetadata:
         )
         for k, v in md.storage_data.items()
     }
-    return DcpMetadata(items, storage, getattr(md, "version", None))
+    paths = {
+        fqn: tuple(path)
+        for fqn, path in (getattr(md, "planner_data", None) or {}).items()
+        if fqn in items and isinstance(path, tuple | list) and ".".join(map(str, path)) == fqn
+    }
+    return DcpMetadata(items, storage, getattr(md, "version", None), paths)

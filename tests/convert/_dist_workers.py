@@ -78,8 +78,22 @@ def save_dtensor_and_fsdp(rank: int, world: int, ckpt: str, ref: str) -> None:
             full[k] = v.full_tensor().detach().clone()
         elif isinstance(v, torch.Tensor):
             full[k] = v.detach().clone()
+    nested = _full_nested(state)  # full_tensor() is collective: every rank takes part
     if rank == 0:
         torch.save(full, ref)
+        torch.save(nested, ref + ".nested")  # the job's nested state, tensors whole
+
+
+def _full_nested(node: Any) -> Any:
+    if hasattr(node, "full_tensor"):
+        return node.full_tensor().detach().clone()
+    if hasattr(node, "detach"):
+        return node.detach().clone()
+    if isinstance(node, dict):
+        return {k: _full_nested(v) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+        return type(node)(_full_nested(v) for v in node)
+    return node
 
 
 def load_dcp_into_dtensors(rank: int, world: int, ckpt: str, ref: str) -> None:

@@ -40,7 +40,7 @@ def dcp_ckpt(tmp_path_factory: Any) -> tuple[Path, Path]:
 def converted(dcp_ckpt: tuple[Path, Path], tmp_path_factory: Any) -> tuple[Path, Any]:
     ckpt, _ = dcp_ckpt
     root = tmp_path_factory.mktemp("portable") / "root"
-    report = convert(ckpt, root, trust_pickle=True, step=3)
+    report = convert(ckpt, root, trust_pickle=True, step=3, keys="verbatim")
     return root, report
 
 
@@ -237,3 +237,105 @@ def test_cli_json(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["error"]["code"] == "PCK-USAGE"
+
+
+# -- mapped keys (the default): conversions that round-trip into the job's own state ------------
+
+
+def _zeros_like_nested(node: Any) -> Any:
+    """The load target a job builds: the same structure, tensors zeroed, scalars reset."""
+    if isinstance(node, torch.Tensor):
+        return torch.zeros_like(node)
+    if isinstance(node, dict):
+        return {k: _zeros_like_nested(v) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+        return type(node)(_zeros_like_nested(v) for v in node)
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int | float):
+        return type(node)(0)
+    return "" if isinstance(node, str) else node
+
+
+def _assert_same_nested(got: Any, want: Any, where: str = "") -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype, where
+        assert _bytes(got) == _bytes(want), where
+    elif isinstance(want, dict):
+        assert set(got) == set(want), (where, set(got) ^ set(want))
+        for k in want:
+            _assert_same_nested(got[k], want[k], f"{where}/{k}")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), where  # a tuple may come back as a list (JSON has none)
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same_nested(g, w, f"{where}/{i}")
+    else:
+        assert got == want and type(got) is type(want), (where, got, want)
+
+
+@pytest.fixture(scope="module")
+def mapped(dcp_ckpt: tuple[Path, Path], tmp_path_factory: Any) -> tuple[Path, Any, Any]:
+    ckpt, ref = dcp_ckpt
+    root = tmp_path_factory.mktemp("mapped") / "root"
+    report = convert(ckpt, root, trust_pickle=True)  # no --step: the source's 'step' value
+    return root, report, torch.load(str(ref) + ".nested", weights_only=True)
+
+
+def test_dcp_mapped_keys_and_inferred_step(mapped: tuple[Path, Any, Any]) -> None:
+    root, report, nested = mapped
+    ck = portable_ckpt.open(root)
+    assert ck.step == 7 and report.step == 7 and "'step'" in report.step_source
+    # DCP's path of each item, with the key rule of portable_ckpt.torch (not the dotted FQN)
+    assert {"dt/a", "dt/b", "dt/r", "model/0.weight", "model/2.bias"} <= set(ck.tensors)
+    assert "optim/state/0.weight/exp_avg" in ck.tensors
+    assert not any("." in k.split("/")[0] for k in ck.tensors)
+    values = ck.entry("torch.values")
+    assert values["step"] == 7 and values["meta/name"] == "run1" and values["meta/lrs/1"] == 0.01
+    assert values["optim/param_groups/0/lr"] == 1e-3
+    assert list(ck.entries) == ["torch.values"]
+
+
+def test_dcp_mapped_loads_with_portable_torch_load(mapped: tuple[Path, Any, Any]) -> None:
+    import portable_ckpt.torch as pckt
+
+    root, _, nested = mapped
+    target = _zeros_like_nested(nested)  # the nested state the same job uses
+    pckt.load(target, root, allow_statistical=True)  # saved on 2 ranks, loaded on 1
+    _assert_same_nested(target, nested)
+
+
+def test_dcp_mapped_back_to_dcp_loads_nested_state(
+    mapped: tuple[Path, Any, Any], tmp_path: Path
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    root, _, nested = mapped
+    out = tmp_path / "dcp"
+    convert(root, out, dst_format="dcp")
+    target = _zeros_like_nested(nested)
+    dcp.load(target, checkpoint_id=str(out), no_dist=True)  # stock DCP, nested state
+    _assert_same_nested(target, nested)
+    # and DCP -> portable again: the same keys, the paths recorded in planner_data
+    again = tmp_path / "again"
+    convert(out, again, trust_pickle=True)
+    assert set(portable_ckpt.open(again).tensors) == set(portable_ckpt.open(root).tensors)
+
+
+def test_dcp_mapped_to_torch_save(mapped: tuple[Path, Any, Any], tmp_path: Path) -> None:
+    root, _, nested = mapped
+    out = tmp_path / "state.pt"
+    report = convert(root, out, dst_format="torch")
+    assert report.target_format == "torch" and out.is_file()
+    back = torch.load(out, weights_only=True)
+    _assert_same_nested(back, nested)
+    assert not [p for p in tmp_path.iterdir() if p.name != "state.pt"]  # no scratch left
+
+
+def test_dcp_step_flag_wins_and_verbatim_keeps_fqns(
+    dcp_ckpt: tuple[Path, Path], tmp_path: Path
+) -> None:
+    ckpt, _ = dcp_ckpt
+    report = convert(ckpt, tmp_path / "r", trust_pickle=True, step=11, keys="verbatim")
+    assert report.step == 11 and report.step_source == "--step"
+    ck = portable_ckpt.open(tmp_path / "r")
+    assert "dt.a" in ck.tensors and ck.entry("step") == 7

@@ -6,6 +6,7 @@ scanner with torch's own unpickling of files written by ``torch.distributed.chec
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import mmap
@@ -64,7 +65,8 @@ def _expected(transforms: tuple[str, ...] = (), version: str | None = "1.0.0") -
     for fqn, (rel, off, ln) in BYTE_ITEMS.items():
         items[fqn] = DcpBytes()
         storage[(fqn, None)] = DcpStorage(rel, off, ln)
-    return DcpMetadata(items, storage, version)
+    # the stand-in records planner_data {fqn: (fqn,)}, as DCP's default planner does
+    return DcpMetadata(items, storage, version, {k: (k,) for k in items})
 
 
 # -- stand-in pickles (no torch) ----------------------------------------------------------------
@@ -283,7 +285,8 @@ def test_consumed_state_in_metadata_is_refused() -> None:
     sdm = md.state_dict_metadata  # type: ignore[attr-defined]
     chunk = sdm["dt.a"].chunks[0]
     md.planner_data = {"x": chunk.__dict__}  # type: ignore[attr-defined]  # harmless: not read
-    assert parse_dcp_metadata(dp.dumps(md, 4), path="c/.metadata") == _expected()
+    want = dataclasses.replace(_expected(), paths={})  # "x" names no item: no path is taken
+    assert parse_dcp_metadata(dp.dumps(md, 4), path="c/.metadata") == want
     sdm["dt.a"].chunks.append(chunk.__dict__)  # a chunk that is another chunk's consumed state
     with pytest.raises(CheckpointError, match="consumed") as ei:
         parse_dcp_metadata(dp.dumps(md, 4), path="c/.metadata")
@@ -363,10 +366,15 @@ def test_byte_items_without_torch(tmp_path: Path) -> None:
     src.mkdir()
     (src / ".metadata").write_bytes(dp.dumps(dp.metadata({}, items)))
     (src / "__0_0.distcp").write_bytes(blob)
-    report = convert(src, tmp_path / "out", trust_pickle=True)
+    report = convert(src, tmp_path / "out", trust_pickle=True, keys="verbatim")
     assert portable_ckpt.open(tmp_path / "out").entry("opt") == {"lr": 0.1, "betas": [0.9, 0.99]}
     assert [w.item for w in report.warnings] == ["raw"]
     assert "not a torch.save zip" in report.warnings[0].message
+    # mapped keys (the default): the leaves portable_ckpt.torch.save writes for {"opt": {...}}
+    report = convert(src, tmp_path / "mapped", trust_pickle=True)
+    values = portable_ckpt.open(tmp_path / "mapped").entry("torch.values")
+    assert values == {"opt/lr": 0.1, "opt/betas/0": 0.9, "opt/betas/1": 0.99}
+    assert [w.item for w in report.warnings] == ["raw"]
     # a byte item past the end of its file is damage, not an unconvertible value
     (src / "__0_0.distcp").write_bytes(blob[:-5])
     with pytest.raises(CheckpointError) as ei:
@@ -440,11 +448,14 @@ def test_scanner_equals_torch_on_real_metadata(torch_ckpt: tuple[Path, dict[str,
 
 
 @pytest.mark.torch
-def test_real_dcp_values_and_byte_items(torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+@pytest.mark.parametrize("keys", ["verbatim", "mapped"])
+def test_real_dcp_values_and_byte_items(
+    torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path, keys: Any
+) -> None:
     import torch
 
     d, sd = torch_ckpt
-    report = convert(d, tmp_path / "out", trust_pickle=True)
+    report = convert(d, tmp_path / "out", trust_pickle=True, keys=keys)
     ck = portable_ckpt.open(tmp_path / "out")
     for k, v in sd.items():
         if isinstance(v, torch.Tensor):
@@ -453,12 +464,22 @@ def test_real_dcp_values_and_byte_items(torch_ckpt: tuple[Path, dict[str, Any]],
             assert got.shape == tuple(v.shape), k
             want = v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
             assert np.ascontiguousarray(got).reshape(-1).view(np.uint8).tobytes() == want, k
-    assert ck.entry("b.int") == 7 and ck.entry("b.float") == 0.25 and ck.entry("b.str") == "run1"
-    assert ck.entry("b.list") == [1, "a", None, True]
-    assert ck.entry("b.tuple") == [0.9, 0.999]
-    assert ck.entry("b.intkeys") == [{"0": "x", "1": "y"}]
-    assert ck.entry("b.ordered") == [{"a": 1, "b": [2, 3]}]
-    assert ck.entry("b.size") == [2, 3]
+    if keys == "verbatim":
+        assert ck.entry("b.int") == 7 and ck.entry("b.float") == 0.25 and ck.entry("b.str") == "run1"
+        assert ck.entry("b.list") == [1, "a", None, True]
+        assert ck.entry("b.tuple") == [0.9, 0.999]
+        assert ck.entry("b.intkeys") == [{"0": "x", "1": "y"}]
+        assert ck.entry("b.ordered") == [{"a": 1, "b": [2, 3]}]
+        assert ck.entry("b.size") == [2, 3]
+    else:  # one leaf per scalar in torch.values, keyed by the item's path ("b.int" is one key)
+        assert list(ck.entries) == ["torch.values"]
+        v = ck.entry("torch.values")
+        assert v["b.int"] == 7 and v["b.float"] == 0.25 and v["b.str"] == "run1"
+        assert [v[f"b.list/{i}"] for i in range(4)] == [1, "a", None, True]
+        assert (v["b.tuple/0"], v["b.tuple/1"]) == (0.9, 0.999)
+        assert v["b.intkeys/0/0"] == "x" and v["b.intkeys/0/1"] == "y"
+        assert v["b.ordered/0/a"] == 1 and v["b.ordered/0/b/1"] == 3
+        assert (v["b.size/0"], v["b.size/1"]) == (2, 3)
     skipped = {w.item: w.message for w in report.warnings}
     assert set(skipped) == {"b.set", "b.nan", "b.raw"}, skipped
     assert "builtins.set" in skipped["b.set"] and "non-finite" in skipped["b.nan"]

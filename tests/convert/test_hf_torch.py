@@ -226,7 +226,7 @@ def test_parse_size() -> None:
 
 
 @pytest.mark.torch
-def test_torch_save_round_trip(tmp_path: Path) -> None:
+def test_torch_save_verbatim_keys(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
@@ -242,7 +242,7 @@ def test_torch_save_round_trip(tmp_path: Path) -> None:
     }
     torch.save(sd, tmp_path / "ckpt.pt")
     assert detect_format(tmp_path / "ckpt.pt") == "torch"
-    rep = convert(tmp_path / "ckpt.pt", tmp_path / "root")
+    rep = convert(tmp_path / "ckpt.pt", tmp_path / "root", keys="verbatim")
     ck = portable_ckpt.open(tmp_path / "root")
     expected = {f"model.{k}": v for k, v in model.state_dict().items()}
     for pid, state in opt.state_dict()["state"].items():

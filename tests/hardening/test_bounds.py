@@ -786,9 +786,13 @@ def test_torch_pickle_legit_sharing_converts(tmp_path: Path) -> None:
 
     src = tmp_path / "ok.pt"
     _torch_zip(src, _shared_pickle(10))
-    convert(str(src), str(tmp_path / "out"), src_format="torch")
+    convert(str(src), str(tmp_path / "out"), src_format="torch", keys="verbatim")
     value = portable_ckpt.open(str(tmp_path / "out")).entry("value")  # no tensors: one entry
     assert value["step"] == 3 and len(json.dumps(value["optim"])) > 1000
+    # mapped keys (the default): one leaf per path, as portable_ckpt.torch.save writes them
+    convert(str(src), str(tmp_path / "mapped"), src_format="torch")
+    leaves = portable_ckpt.open(str(tmp_path / "mapped")).entry("torch.values")
+    assert leaves["step"] == 3 and len(leaves) == 1 + 2**10
 
 
 def test_dcp_metadata_shared_chunk_lists_are_bounded() -> None:

@@ -15,10 +15,18 @@ __all__ = ["register"]
 _HELP = """\
 Convert a checkpoint between formats in bounded memory (one batch of chunks at a time).
 
-Sources: dcp (torch.distributed.checkpoint directory), hf (model.safetensors or a sharded set
-with model.safetensors.index.json), torch (torch.save .pt/.bin state dict), portable.
-Targets: portable (default; DST is a checkpoint root, a new version is committed), dcp, hf
-(DST must be new or empty; it appears only when the conversion succeeded).
+Formats (--from / --to):
+{formats}
+DST is a checkpoint root for portable (a new version is committed there); for the other targets
+it must be new (or an empty directory) and appears only when the conversion succeeded.
+
+Keys are mapped by default: DCP's dotted FQNs and nested torch.save dicts become the keys
+portable_ckpt.torch.save writes for the same nested state (app/model/tok.weight), so
+portable_ckpt.torch.load of the job's state finds them; the way back gives what stock dcp.load /
+torch.load of that state looks up. --keys verbatim keeps the source's names.
+
+The step of a new portable version is --step, else the one the source records (a step or
+global_step value, a step-N / checkpoint-N name), else 0; the summary says which.
 
 DCP's .metadata and non-tensor items are Python pickles. Unpickling runs code chosen by whoever
 wrote the file, so DCP sources are refused unless you pass --trust-pickle. Even then nothing is
@@ -27,6 +35,28 @@ metadata classes are accepted; any other class or function is refused (PCK-UNSUP
 The flag stays required because a pickle remains a format to accept only from people you trust.
 (torch.save files are read the same way, with weights_only semantics.)
 """
+
+
+def _formats_help() -> str:
+    from portable_ckpt.convert import FORMATS, source_formats, target_formats
+
+    src, dst = set(source_formats()), set(target_formats())
+    lines = []
+    for name, fmt in FORMATS.items():
+        roles = "/".join(r for r, ok in (("source", name in src), ("target", name in dst)) if ok)
+        lines.append(f"  {name:<9} ({roles}) {fmt.help}")
+    return "\n".join(lines)
+
+
+def _dtype(text: str) -> str:
+    """``--dtype``: a floating-point dtype an export casts to (checked while parsing)."""
+    from portable_ckpt.convert._view import parse_dtype
+    from portable_ckpt.errors import UsageError
+
+    try:
+        return parse_dtype(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 class _Progress:
@@ -75,6 +105,10 @@ def _run(args: argparse.Namespace) -> int:
             max_shard_size=args.max_shard_size,
             step=args.step,
             codec=args.codec,
+            keys=args.keys,
+            select=args.select or (),
+            strip_prefix=args.strip_prefix,
+            dtype=args.dtype,
             progress=progress,
             allow_expand=args.allow_expand,
             max_output_bytes=None if args.max_output is None else parse_size(args.max_output),
@@ -98,15 +132,19 @@ def _run(args: argparse.Namespace) -> int:
         f"{report.chunks} chunks, {report.entries} entries, {report.bytes:,} bytes in "
         f"{report.seconds:.2f} s ({rate:,.0f} MiB/s) -> {report.destination}"
     )
+    if report.step is not None:
+        print(f"step {report.step} (from {report.step_source})")
     return 0
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``convert`` subcommand."""
+    """Add the ``convert`` subcommand (format choices from the conversion registry)."""
+    from portable_ckpt.convert import source_formats, target_formats
+
     p = subparsers.add_parser(
         "convert",
         help="convert DCP / HF safetensors / torch.save checkpoints to and from the portable format",
-        description=_HELP,
+        description=_HELP.format(formats=_formats_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -114,14 +152,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "dst", metavar="DST", type=A.new_root,
-        help="destination (portable root, or new directory for dcp/hf)",
+        help="destination (portable root, or a new directory or file)",
     )
     p.add_argument(
-        "--from", dest="src_format", choices=["dcp", "hf", "torch", "portable"], default=None,
+        "--from", dest="src_format", choices=source_formats(), default=None,
         help="source format (default: detected)",
     )
     p.add_argument(
-        "--to", dest="dst_format", choices=["portable", "dcp", "hf"], default="portable",
+        "--to", dest="dst_format", choices=target_formats(), default="portable",
         help="target format (default: portable)",
     )
     p.add_argument(
@@ -132,7 +170,25 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--strict", action="store_true",
-        help="fail on non-tensor items that cannot be converted instead of skipping them",
+        help="fail (exit 1, nothing written) when anything would be skipped or changed",
+    )
+    p.add_argument(
+        "--keys", choices=["mapped", "verbatim"], default="mapped",
+        help="mapped (default): DCP FQNs / nested torch.save dicts <-> portable_ckpt.torch keys; "
+        "verbatim: keep the source's names",
+    )
+    p.add_argument(
+        "--select", action="append", metavar="PATTERN",
+        help="exports from portable: only tensors and entries whose key matches this glob "
+        "(repeatable), e.g. 'model/*'",
+    )
+    p.add_argument(
+        "--strip-prefix", default=None, metavar="PREFIX",
+        help="exports from portable: remove PREFIX from exported names, e.g. model/",
+    )
+    p.add_argument(
+        "--dtype", type=_dtype, default=None,
+        help="exports from portable: cast floating-point tensors (bf16, fp16, fp32, fp64)",
     )
     p.add_argument(
         "--max-shard-size", type=A.shard_size, default="5GB",
@@ -146,7 +202,7 @@ def register(subparsers: Any) -> None:
         "or overlapping strides) instead of refusing them",
     )
     p.add_argument(
-        "--max-output", metavar="SIZE", default=None,
+        "--max-output", metavar="SIZE", type=A.shard_size, default=None,
         help="most tensor bytes to write, e.g. 100GB (default: 4x the source's bytes + 1 GiB); "
         "checked before anything is written",
     )

@@ -1,19 +1,24 @@
 """Conversion between the portable format and today's checkpoint formats, in bounded memory.
 
-Directions (``src`` format → ``dst`` format):
+Formats come from one table (:mod:`portable_ckpt.convert._registry`; the CLI's ``--from`` and
+``--to`` choices too): ``portable`` (the hub), ``dcp`` (PyTorch DCP directories, see
+:mod:`portable_ckpt.convert.dcp`; reading needs ``trust_pickle=True``), ``hf`` (safetensors,
+:mod:`portable_ckpt.convert.hf`) and ``torch`` (``torch.save`` files,
+:mod:`portable_ckpt.convert.torch_save`). Every source is read into a plan the portable sink
+writes; every target is written from a portable version; any other pair goes through a temporary
+portable version next to ``dst``.
 
-* ``dcp`` → ``portable``: PyTorch DCP directories (see :mod:`portable_ckpt.convert.dcp`); needs
-  ``trust_pickle=True`` because DCP metadata is a pickle. Chunk layout and keys are kept.
-* ``hf`` → ``portable``: ``model.safetensors`` or a sharded set with an index
-  (:mod:`portable_ckpt.convert.hf`); tensor bytes are copied unchanged.
-* ``torch`` → ``portable``: ``torch.save`` state dicts (:mod:`portable_ckpt.convert.torch_save`).
-* ``portable`` → ``portable`` | ``hf`` | ``dcp``.
-* any other pair goes through a temporary portable checkpoint next to ``dst``.
+Keys are mapped by default (``keys="mapped"``): DCP's dotted FQNs and nested ``torch.save`` dicts
+become the key rule of :mod:`portable_ckpt.format.keys` (``app/model/tok.weight``, JSON scalars
+in the ``torch.values`` entry), so ``portable_ckpt.torch.load`` of the job's own nested state
+finds them, and the way back gives what stock ``dcp.load`` / ``torch.load`` of that state wants.
+``keys="verbatim"`` keeps the source's names.
 
 Every conversion streams: one batch of chunks (≤ ``batch_bytes``, or one chunk if it is larger)
-is in memory at a time. Nothing appears at ``dst`` unless the conversion succeeds: portable
-targets publish with the core commit (``manifest.json`` created last), directory targets are
-built beside ``dst`` and renamed into place.
+is in memory at a time. Nothing appears at ``dst`` unless the conversion succeeds (and, with
+``strict``, converted everything as it was): portable targets publish with the core commit
+(``manifest.json`` created last), directory and file targets are built beside ``dst`` and
+renamed into place.
 
 Example::
 
@@ -24,45 +29,58 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
-import sys
 import tempfile
 import time
-import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.convert._model import (
-    ChunkSpec,
+    ConvertOptions,
     ConvertWarning,
-    EntrySpec,
+    KeyMode,
     SourcePlan,
-    TensorSpec,
+    WriteResult,
     check_plan,
+    fail_if_strict,
+    infer_step,
 )
-from portable_ckpt.errors import CheckpointError, LimitError, NotFoundError, UsageError
+from portable_ckpt.convert._registry import (
+    FORMATS,
+    Format,
+    detect_format,
+    get_format,
+    register_format,
+    source_formats,
+    target_formats,
+)
+from portable_ckpt.errors import CheckpointError, LimitError, UsageError
+from portable_ckpt.format.keys import VALUES_ENTRY
 from portable_ckpt.format.vocab import is_entry_name
-from portable_ckpt.storage._posix import file_kind, open_regular
 
 __all__ = [
     "FORMATS",
-    "SOURCE_FORMATS",
-    "TARGET_FORMATS",
+    "ConvertOptions",
     "ConvertReport",
     "ConvertWarning",
+    "Format",
+    "KeyMode",
+    "WriteResult",
     "convert",
     "detect_format",
     "open_source",
+    "register_format",
+    "source_formats",
+    "target_formats",
 ]
 
-SOURCE_FORMATS = ("dcp", "hf", "torch", "portable")
-TARGET_FORMATS = ("portable", "dcp", "hf")
-FORMATS = SOURCE_FORMATS
 #: Default bytes of chunks held before a writer is flushed to storage.
 DEFAULT_BATCH_BYTES = 64 << 20
+_log = logging.getLogger("portable_ckpt.convert")
 
 
 @dataclass
@@ -80,6 +98,8 @@ class ConvertReport:
         entries: number of non-tensor entries written.
         largest_chunk: size in bytes of the largest chunk.
         warnings: items skipped or changed.
+        step: the step of the new portable version (``None`` for other targets).
+        step_source: where that step came from (``--step``, the source's ``step`` value, ...).
 
     """
 
@@ -93,6 +113,8 @@ class ConvertReport:
     entries: int = 0
     largest_chunk: int = 0
     warnings: list[ConvertWarning] = field(default_factory=list)
+    step: int | None = None
+    step_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Return the report as JSON data (the CLI's ``--json`` output)."""
@@ -101,6 +123,8 @@ class ConvertReport:
             "source_format": self.source_format,
             "target_format": self.target_format,
             "destination": self.destination,
+            "step": self.step,
+            "step_source": self.step_source,
             "tensors": self.tensors,
             "chunks": self.chunks,
             "entries": self.entries,
@@ -110,89 +134,6 @@ class ConvertReport:
             "mib_per_s": round(self.bytes / max(self.seconds, 1e-9) / (1 << 20), 3),
             "warnings": [w.to_json() for w in self.warnings],
         }
-
-
-def detect_format(path: str | os.PathLike[str]) -> str:
-    """Guess the format of ``path``: ``"portable"``, ``"dcp"``, ``"hf"`` or ``"torch"``.
-
-    Raises:
-        NotFoundError: nothing at ``path``.
-        UsageError: the format cannot be recognised (pass it explicitly).
-
-    """
-    p = os.fspath(path)
-    if p.startswith("s3://"):
-        return "portable"
-    if not os.path.lexists(p):
-        raise NotFoundError(f"source {p} does not exist", path=p)
-    if file_kind(p, what=f"source {p}") == "file":  # a FIFO or socket is refused, never opened
-        if p.endswith(".safetensors") or p.endswith(".safetensors.index.json"):
-            return "hf"
-        if p.endswith((".pt", ".pth", ".bin", ".ckpt")):
-            return "torch"
-        with os.fdopen(open_regular(p), "rb") as f:
-            head = f.read(16)
-            if zipfile.is_zipfile(f):
-                return "torch"
-        if len(head) >= 9 and head[8:9] == b"{":
-            return "hf"
-        if head[:2] == b"\x80\x02":  # legacy torch.save pickle
-            return "torch"
-        raise UsageError(f"cannot tell the format of file {p}; pass --from hf|torch")
-    names = os.listdir(p)
-    if "manifest.json" in names or any(
-        os.path.isfile(os.path.join(p, n, "manifest.json")) for n in names if n.startswith("s")
-    ):
-        return "portable"
-    from portable_ckpt.convert.dcp import is_dcp_dir
-
-    if is_dcp_dir(p):
-        return "dcp"
-    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
-        return "hf"
-    torch_files = [n for n in names if n.endswith((".pt", ".pth", ".bin"))]
-    if len(torch_files) == 1:
-        return "torch"
-    raise UsageError(f"cannot tell the format of directory {p}; pass --from dcp|hf|torch|portable")
-
-
-def _portable_source(src: str, step: int | None) -> SourcePlan:
-    import portable_ckpt
-
-    ck = portable_ckpt.open(src, step=step)
-    tensors: list[TensorSpec] = []
-    for key in sorted(ck.tensors):
-        info = ck.tensors[key]
-        item = info.numpy_dtype.itemsize
-        chunks = []
-        for r in info.ranges:
-            offs, lens = tuple(r.offsets), tuple(r.lengths)
-            nbytes = item
-            for n in lens:
-                nbytes *= n
-
-            def load(
-                key: str = key, offs: tuple[int, ...] = offs, lens: tuple[int, ...] = lens
-            ) -> Any:
-                return ck.read(key, offs, lens)
-
-            chunks.append(ChunkSpec(offs, lens, nbytes, f"{ck.path}/{r.file}", load))
-        tensors.append(TensorSpec(key, info.dtype, tuple(info.shape), chunks))
-    entries: list[EntrySpec] = []
-    warnings: list[ConvertWarning] = []
-    for name in sorted(ck.entries):
-        e = ck.entries[name]
-        if e.scope != "global":
-            warnings.append(
-                ConvertWarning(name, "per-rank entry: only global entries are converted; skipped")
-            )
-            continue
-        schema = e.schema.get("id") if isinstance(e.schema, dict) else None
-        entries.append(
-            EntrySpec(name, ck.entry(name), schema if isinstance(schema, str) else "pck:json/1")
-        )
-    plan = SourcePlan("portable", tensors, entries, warnings, world_size=ck.continuation.world_size)
-    return plan
 
 
 #: Without ``max_output_bytes``, a conversion may write at most this many times the source's
@@ -211,6 +152,7 @@ def open_source(
     step: int | None = None,
     allow_expand: bool = False,
     max_output_bytes: int | None = None,
+    keys: KeyMode = "mapped",
 ) -> SourcePlan:
     """Describe ``src`` as a :class:`SourcePlan` (tensors, chunks, entries) without reading data.
 
@@ -224,27 +166,19 @@ def open_source(
             for a plan above the output bound.
 
     """
-    p = os.fspath(src)
-    fmt = fmt or detect_format(p)
-    if fmt == "hf":
-        from portable_ckpt.convert.hf import read_hf_source
+    options = ConvertOptions(
+        trust_pickle=trust_pickle, strict=strict, step=step, keys=keys,
+        allow_expand=allow_expand, max_output_bytes=max_output_bytes,
+    )
+    return _open_source(os.fspath(src), fmt, options)
 
-        plan = read_hf_source(p)
-    elif fmt == "dcp":
-        from portable_ckpt.convert.dcp import read_dcp_source
 
-        plan = read_dcp_source(p, trust_pickle=trust_pickle, strict=strict)
-    elif fmt == "torch":
-        from portable_ckpt.convert.torch_save import read_torch_source
-
-        plan = read_torch_source(p, strict=strict, allow_expand=allow_expand)
-    elif fmt == "portable":
-        plan = _portable_source(p, step)
-    else:
-        raise UsageError(f"unknown source format {fmt!r}; use one of {', '.join(SOURCE_FORMATS)}")
+def _open_source(p: str, fmt: str | None, options: ConvertOptions) -> SourcePlan:
+    source = get_format(fmt or detect_format(p), role="source")
+    plan: SourcePlan = source.load("reader")(p, options)
     try:
         check_plan(plan)
-        _check_output(plan, p, max_output_bytes)
+        _check_output(plan, p, options.max_output_bytes)
     except BaseException:
         plan.close()
         raise
@@ -349,7 +283,7 @@ class _PortableSink:
             self._wait()
         self.pending += nbytes
 
-    def commit(self, world_size: int) -> Any:
+    def commit(self, world_size: int, continuation: Any = None) -> Any:
         from portable_ckpt.format.manifest import Continuation
         from portable_ckpt.io.commit import commit
 
@@ -363,7 +297,8 @@ class _PortableSink:
             step=self.step,
             indexes=self.indexes,
             expected_writers=list(range(len(self.indexes))),
-            continuation=Continuation(contract="exact", world_size=max(1, world_size)),
+            continuation=continuation
+            or Continuation(contract="exact", world_size=max(1, world_size)),
         )
 
     def abort(self) -> None:
@@ -394,58 +329,75 @@ class _PortableSink:
                     pass
 
 
+def _write_chunks(plan: SourcePlan, sink: _PortableSink, tick: Callable[[int], None]) -> int:
+    """Write every tensor chunk of ``plan``; return the number of chunks."""
+    chunks = 0
+    for t in plan.tensors:
+        if not t.chunks:
+            sink.writer.declare_tensor(t.key, t.dtype, t.shape)
+        for c in t.chunks:
+            sink.reserve(c.nbytes)
+            arr = c.load()
+            sink.writer.add_tensor(t.key, arr, offsets=c.offsets, global_shape=t.shape)
+            del arr
+            chunks += 1
+            tick(c.nbytes)
+    return chunks
+
+
+def _write_entries(plan: SourcePlan, sink: _PortableSink, warnings: list[ConvertWarning]) -> int:
+    """Add every entry value of ``plan``; return the number of entries written."""
+    names: set[str] = set()
+    for e in plan.entries:
+        if not is_entry_name(e.name):
+            warnings.append(
+                ConvertWarning(e.name, "not a valid entry name ([A-Za-z0-9._/-], 1..256); skipped")
+            )
+            continue
+        sink.writer.add_entry(
+            e.name,
+            e.value,
+            e.schema,
+            scope=e.scope,
+            rank=e.rank,
+            world_size_policy=e.world_size_policy,
+            compress=e.compress,
+        )
+        names.add(e.name)
+    return len(names)
+
+
 def _write_portable(
     plan: SourcePlan,
     dst: str,
     *,
     step: int,
-    codec: str,
-    batch_bytes: int,
-    progress: Callable[[int], None] | None,
+    options: ConvertOptions,
+    progress: Callable[[int], None],
 ) -> tuple[ConvertReport, str]:
-    limit = max(plan.largest_chunk, batch_bytes) + batch_bytes
-    sink = _PortableSink(dst, step, codec, batch_bytes, limit)
-    written = chunks = 0
-    entries = 0
+    batch = options.batch_bytes
+    limit = max(plan.largest_chunk, batch) + batch
+    sink = _PortableSink(dst, step, options.codec, batch, limit)
     warnings = list(plan.warnings)
     try:
-        for t in plan.tensors:
-            if not t.chunks:
-                sink.writer.declare_tensor(t.key, t.dtype, t.shape)
-            for c in t.chunks:
-                sink.reserve(c.nbytes)
-                arr = c.load()
-                sink.writer.add_tensor(t.key, arr, offsets=c.offsets, global_shape=t.shape)
-                del arr
-                written += c.nbytes
-                chunks += 1
-                if progress is not None:
-                    progress(c.nbytes)
-        for e in plan.entries:
-            if not is_entry_name(e.name):
-                warnings.append(
-                    ConvertWarning(
-                        e.name, "not a valid entry name ([A-Za-z0-9._/-], 1..256); skipped"
-                    )
-                )
-                continue
-            sink.writer.add_entry(e.name, e.value, e.schema)
-            entries += 1
-        manifest = sink.commit(plan.world_size)
+        chunks = _write_chunks(plan, sink, progress)
+        entries = _write_entries(plan, sink, warnings)
+        fail_if_strict(warnings, options, dst)
+        sink.commit(plan.world_size, plan.continuation)
     except BaseException:
         sink.abort()
         raise
     local = sink.storage.local_root()
     dest = os.path.join(local, sink.attempt) if local else f"{sink.storage.url}/{sink.attempt}"
-    del manifest
     report = ConvertReport(
         tensors=len(plan.tensors),
-        bytes=written,
+        bytes=plan.total_bytes,
         seconds=0.0,
         chunks=chunks,
         entries=entries,
         largest_chunk=plan.largest_chunk,
         warnings=warnings,
+        step=step,
     )
     return report, dest
 
@@ -461,6 +413,10 @@ def convert(
     max_shard_size: int | str = "5GB",
     step: int | None = None,
     codec: str = "none",
+    keys: KeyMode = "mapped",
+    select: Sequence[str] = (),
+    strip_prefix: str | None = None,
+    dtype: str | None = None,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     progress: Callable[[int, int], None] | None = None,
     allow_expand: bool = False,
@@ -470,17 +426,22 @@ def convert(
 
     Args:
         src: source path (file or directory; portable roots may be ``s3://``).
-        dst: destination: a portable checkpoint root (a new version is committed there), or a
-            new/empty directory for ``hf`` and ``dcp``.
-        src_format: ``dcp``, ``hf``, ``torch`` or ``portable``; detected when ``None``.
-        dst_format: ``portable`` (default), ``dcp`` or ``hf``.
+        dst: destination: a portable checkpoint root (a new version is committed there), a
+            new/empty directory for ``hf`` and ``dcp``, a new file for ``torch``.
+        src_format: a name of :func:`source_formats`; detected when ``None``.
+        dst_format: a name of :func:`target_formats` (default ``portable``).
         trust_pickle: allow reading DCP pickles (they can run code; see
             :data:`portable_ckpt.convert.dcp.TRUST_HELP`).
-        strict: fail instead of skipping items that cannot be converted.
+        strict: fail, publishing nothing, when anything would be skipped or changed.
         max_shard_size: HF target: largest shard (``"5GB"`` = 5·10^9 bytes, ``"2GiB"``, or int).
-        step: portable target: the step of the new version (default 0); portable source: which
-            version to read (default latest).
+        step: portable target: the step of the new version (default: the step the source
+            records, else 0); portable source: which version to read (default latest).
         codec: portable target: ``"none"`` or ``"zstd"``.
+        keys: ``"mapped"`` (default) or ``"verbatim"`` (see the module docstring).
+        select: exports from a portable version: only tensors and entries whose key matches
+            one of these globs (``"model/*"``).
+        strip_prefix: exports: remove this prefix from the exported names (``"model/"``).
+        dtype: exports: cast floating-point tensors (``"bf16"``, ``"fp16"``, ``"fp32"``).
         batch_bytes: bytes of chunks held in memory before they are written.
         progress: called as ``progress(done_bytes, total_bytes)``.
         allow_expand: ``torch.save`` sources: materialise views that repeat stored elements
@@ -498,137 +459,171 @@ def convert(
     """
     t0 = time.perf_counter()
     s, d = os.fspath(src), os.fspath(dst)
-    if dst_format not in TARGET_FORMATS:
-        raise UsageError(
-            f"unknown target format {dst_format!r}; use one of {', '.join(TARGET_FORMATS)}"
-        )
-    fmt = src_format or detect_format(s)
-    if fmt not in SOURCE_FORMATS:
-        raise UsageError(f"unknown source format {fmt!r}; use one of {', '.join(SOURCE_FORMATS)}")
-    limits = {"allow_expand": allow_expand, "max_output_bytes": max_output_bytes}
-    if dst_format != "portable":
+    target = get_format(dst_format, role="target")
+    source = get_format(src_format or detect_format(s), role="source")
+    options = _options(
+        trust_pickle=trust_pickle, strict=strict, step=step, keys=keys, codec=codec,
+        max_shard_size=max_shard_size, select=select, strip_prefix=strip_prefix, dtype=dtype,
+        batch_bytes=batch_bytes, allow_expand=allow_expand, max_output_bytes=max_output_bytes,
+        target=target.name,
+    )
+    tick = _Ticker(progress)
+    if target.name != "portable":
         from portable_ckpt.convert._publish import check_dst_free
 
-        check_dst_free(d)
-    if dst_format == "portable":
-        report = _to_portable(
-            s, d, fmt, trust_pickle, strict, step, codec, batch_bytes, progress, limits
-        )
-    elif fmt == "portable":
-        report = _from_portable(s, d, dst_format, step, max_shard_size, progress)
-    else:
-        parent = os.path.dirname(os.path.abspath(d)) or "."
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".pck-convert-", dir=parent)
-        try:
-            first = _to_portable(
-                s, tmp, fmt, trust_pickle, strict, 0, "none", batch_bytes, None, limits
-            )
-            report = _from_portable(tmp, d, dst_format, None, max_shard_size, progress)
-            report.warnings = first.warnings + report.warnings
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    report.source_format = fmt
-    report.target_format = dst_format
+        check_dst_free(d, directory=target.destination == "directory")
+        target.load("writer")  # a missing dependency is reported before anything is read
+    _log.info("convert %s %s -> %s %s started", source.name, s, target.name, d)
+    try:
+        report = _dispatch(s, d, source, target, options, tick)
+    except CheckpointError as exc:
+        _log.warning("convert %s -> %s refused: %s", s, d, exc)
+        raise
+    report.source_format, report.target_format = source.name, target.name
     report.seconds = time.perf_counter() - t0
+    _log.info(
+        "convert %s -> %s finished: %d tensors, %d bytes in %.3f s (%.1f MiB/s)",
+        s, report.destination, report.tensors, report.bytes, report.seconds,
+        report.bytes / max(report.seconds, 1e-9) / (1 << 20),
+    )
     return report
+
+
+def _options(*, target: str, max_shard_size: int | str, select: Sequence[str],
+             dtype: str | None, **kw: Any) -> ConvertOptions:
+    """Check the arguments of :func:`convert` (usage errors before anything is touched)."""
+    from portable_ckpt.convert._view import parse_dtype
+    from portable_ckpt.convert.hf import parse_size
+
+    if kw["keys"] not in ("mapped", "verbatim"):
+        raise UsageError(f"keys must be 'mapped' or 'verbatim', not {kw['keys']!r}")
+    if kw["codec"] not in ("none", "zstd"):
+        raise UsageError(f"codec must be 'none' or 'zstd', not {kw['codec']!r}")
+    exporting = select or kw["strip_prefix"] or dtype
+    if exporting and target == "portable":
+        raise UsageError(
+            "--select, --strip-prefix and --dtype shape an export from a portable version: use "
+            "them with --to hf, dcp or torch"
+        )
+    return ConvertOptions(
+        max_shard_size=parse_size(max_shard_size),
+        select=tuple(select),
+        dtype=parse_dtype(dtype) if dtype else None,
+        **kw,
+    )
+
+
+class _Ticker:
+    """Counts converted bytes for a ``progress(done, total)`` callback."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None) -> None:
+        self.progress = progress
+        self.total = 0
+        self.done = 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def _dispatch(
+    s: str, d: str, source: Format, target: Format, options: ConvertOptions, tick: _Ticker
+) -> ConvertReport:
+    if target.name == "portable":
+        return _to_portable(s, d, source, options, tick)
+    if source.name == "portable":
+        return _from_portable(s, d, target, options, tick)
+    parent = os.path.dirname(os.path.abspath(d)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".pck-convert-", dir=parent)
+    try:
+        first = _to_portable(s, tmp, source, _hub_options(options), _Ticker(None))
+        second = _from_portable(tmp, d, target, options, tick)
+        second.warnings = first.warnings + second.warnings
+        return second
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _hub_options(options: ConvertOptions) -> ConvertOptions:
+    """Options of the first half of an X → Y conversion (into the temporary portable version)."""
+    from dataclasses import replace
+
+    return replace(options, step=0, codec="none", select=(), strip_prefix=None, dtype=None)
 
 
 def _to_portable(
-    s: str,
-    d: str,
-    fmt: str,
-    trust_pickle: bool,
-    strict: bool,
-    step: int | None,
-    codec: str,
-    batch_bytes: int,
-    progress: Callable[[int, int], None] | None,
-    limits: dict[str, Any],
+    s: str, d: str, source: Format, options: ConvertOptions, tick: _Ticker
 ) -> ConvertReport:
-    plan = open_source(
-        s, fmt, trust_pickle=trust_pickle, strict=strict,
-        step=step if fmt == "portable" else None, **limits,
-    )
+    from dataclasses import replace
+
+    read_opts = options if source.name == "portable" else replace(options, step=None)
+    plan = _open_source(s, source.name, read_opts)
     try:
-        total = plan.total_bytes
-        done = 0
-
-        def tick(n: int) -> None:
-            nonlocal done
-            done += n
-            if progress is not None:
-                progress(done, total)
-
-        out_step = step if step is not None and fmt != "portable" else 0
-        if fmt == "portable" and step is None:
-            import portable_ckpt
-
-            out_step = portable_ckpt.open(s).step
-        report, dest = _write_portable(
-            plan, d, step=out_step, codec=codec, batch_bytes=batch_bytes, progress=tick
-        )
+        tick.total = plan.total_bytes
+        out_step, why = _target_step(plan, s, options, source.name)
+        report, dest = _write_portable(plan, d, step=out_step, options=options, progress=tick)
     finally:
         plan.close()
     report.destination = dest
+    report.step_source = why
     return report
 
 
+def _target_step(
+    plan: SourcePlan, src: str, options: ConvertOptions, source: str
+) -> tuple[int, str]:
+    """The step of the new version, and where it came from."""
+    if options.step is not None and source != "portable":
+        return options.step, "--step"
+    if plan.step is not None:
+        return plan.step, plan.step_source
+    leaves: list[tuple[str, Any]] = []
+    for e in plan.entries:
+        if e.name == VALUES_ENTRY and isinstance(e.value, dict):
+            leaves.extend(e.value.items())
+        elif e.scope == "global":
+            leaves.append((e.name, e.value))
+    step, why = infer_step(leaves, src)
+    if step is None:
+        return 0, "default (the source records no step; pass --step)"
+    return step, why
+
+
 def _from_portable(
-    s: str,
-    d: str,
-    dst_format: str,
-    step: int | None,
-    max_shard_size: int | str,
-    progress: Callable[[int, int], None] | None,
+    s: str, d: str, target: Format, options: ConvertOptions, tick: _Ticker
 ) -> ConvertReport:
     import portable_ckpt
+    from portable_ckpt.convert._view import ExportView
 
-    ck = portable_ckpt.open(s, step=step)
-    total = sum(int(i.nbytes) for i in ck.tensors.values())
-    done = 0
-
-    def tick(n: int) -> None:
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(done, total)
-
-    if dst_format == "hf":
-        from portable_ckpt.convert.hf import parse_size, write_hf
-
-        n, nbytes, warnings = write_hf(
-            ck, d, max_shard_size=parse_size(max_shard_size), progress=tick
-        )
-    elif dst_format == "dcp":
-        from portable_ckpt.convert.dcp import write_dcp
-
-        n, nbytes, warnings = write_dcp(ck, d, progress=tick)
-    else:  # pragma: no cover - guarded by the caller
-        raise UsageError(f"unknown target format {dst_format!r}")
-    largest = 0
-    chunks = 0
-    for info in ck.tensors.values():
-        for r in info.ranges:
-            size = info.numpy_dtype.itemsize
-            for x in r.lengths:
-                size *= x
-            largest = max(largest, size)
-            chunks += 1
+    ck = portable_ckpt.open(s, step=options.step)
+    view = ExportView(ck, options, dotted=target.dotted_names and options.keys == "mapped")
+    tick.total = sum(t.nbytes for t in view.tensors.values())
+    res: WriteResult = target.load("writer")(view, d, options, tick)
+    chunks = sum(len(t.ranges) for t in view.tensors.values())
+    largest = max(
+        (
+            t.numpy_dtype.itemsize * _volume(r.lengths)
+            for t in view.tensors.values()
+            for r in t.ranges
+        ),
+        default=0,
+    )
     return ConvertReport(
-        tensors=n,
-        bytes=nbytes,
+        tensors=res.tensors,
+        bytes=res.bytes,
         seconds=0.0,
         destination=os.path.abspath(d),
         chunks=chunks,
-        entries=len(ck.entries),
+        entries=res.entries,
         largest_chunk=largest,
-        warnings=warnings,
+        warnings=res.warnings,
     )
 
 
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
+def _volume(lengths: Sequence[int]) -> int:
+    n = 1
+    for x in lengths:
+        n *= x
+    return n

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import io
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from portable_ckpt.convert._model import ConvertWarning
+from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_strict
 
 __all__ = ["save_portable_as_dcp", "to_torch"]
 
@@ -39,13 +41,28 @@ def to_torch(arr: np.ndarray[Any, Any], dtype: str) -> torch.Tensor:
 
 
 class _PortablePlanner(SavePlanner):
-    """Plans one DCP write item per portable range record; resolves items lazily."""
+    """Plans one DCP write item per portable range record; resolves items lazily.
 
-    def __init__(self, ck: Any, progress: Callable[[int], None] | None) -> None:
+    ``tensors`` maps each DCP FQN to the portable key it shows, ``values`` each byte item's
+    FQN to a function giving its value, and ``paths`` (recorded as ``planner_data``) each FQN
+    to its object path.
+    """
+
+    def __init__(
+        self,
+        ck: Any,
+        progress: Callable[[int], None] | None,
+        *,
+        tensors: dict[str, str],
+        values: dict[str, Callable[[], Any]],
+        paths: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
         self.ck = ck
         self.progress = progress
         self.bytes = 0
-        self.warnings: list[ConvertWarning] = []
+        self.tensors = tensors
+        self.values = values
+        self.paths = paths
         self.plan: SavePlan | None = None
         self.metadata: Metadata | None = None
         self._boxes: dict[MetadataIndex, tuple[str, tuple[int, ...], tuple[int, ...]]] = {}
@@ -55,36 +72,38 @@ class _PortablePlanner(SavePlanner):
 
     def create_local_plan(self) -> SavePlan:
         items: list[WriteItem] = []
-        for key in sorted(self.ck.tensors):
-            info = self.ck.tensors[key]
-            props = TensorProperties(dtype=getattr(torch, info.dtype))
-            size = torch.Size(info.shape)
-            boxes = [(tuple(r.offsets), tuple(r.lengths)) for r in info.ranges]
-            if not boxes:  # zero-size tensor: one empty chunk so DCP knows its shape
-                boxes = [((0,) * len(info.shape), tuple(info.shape))]
-            for offsets, lengths in boxes:
-                index = MetadataIndex(key, torch.Size(offsets))
-                self._boxes[index] = (key, offsets, lengths)
-                items.append(
-                    WriteItem(
-                        index=index,
-                        type=WriteItemType.SHARD,
-                        tensor_data=TensorWriteData(
-                            chunk=ChunkStorageMetadata(
-                                offsets=torch.Size(offsets), sizes=torch.Size(lengths)
-                            ),
-                            properties=props,
-                            size=size,
-                        ),
-                    )
-                )
-        for name in sorted(self.ck.entries):
+        for fqn, key in sorted(self.tensors.items()):
+            items.extend(self._tensor_items(fqn, key))
+        for name in sorted(self.values):
             items.append(WriteItem(index=MetadataIndex(name), type=WriteItemType.BYTE_IO))
         self.plan = SavePlan(items)
         return self.plan
 
+    def _tensor_items(self, fqn: str, key: str) -> list[WriteItem]:
+        info = self.ck.tensors[key]
+        props = TensorProperties(dtype=getattr(torch, info.dtype))
+        size = torch.Size(info.shape)
+        boxes = [(tuple(r.offsets), tuple(r.lengths)) for r in info.ranges]
+        if not boxes:  # zero-size tensor: one empty chunk so DCP knows its shape
+            boxes = [((0,) * len(info.shape), tuple(info.shape))]
+        items = []
+        for offsets, lengths in boxes:
+            index = MetadataIndex(fqn, torch.Size(offsets))
+            self._boxes[index] = (key, offsets, lengths)
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(lengths))
+            items.append(
+                WriteItem(
+                    index=index,
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(chunk=chunk, properties=props, size=size),
+                )
+            )
+        return items
+
     def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
         plans, metadata = create_default_global_save_plan(all_plans)
+        if self.paths is not None:
+            metadata = dataclasses.replace(metadata, planner_data=dict(self.paths))
         self.metadata = metadata
         return plans, metadata
 
@@ -94,15 +113,8 @@ class _PortablePlanner(SavePlanner):
 
     def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
         if write_item.type == WriteItemType.BYTE_IO:
-            name = write_item.index.fqn
-            info = self.ck.entries[name]
-            value = self.ck.entry(name, rank=0, world_size=1) if info.scope == "per_rank" else self.ck.entry(name)
-            if info.scope == "per_rank":
-                self.warnings.append(
-                    ConvertWarning(name, "per-rank entry: DCP has no per-rank values; rank 0's value was written")
-                )
             buf = io.BytesIO()
-            torch.save(value, buf)
+            torch.save(self.values[write_item.index.fqn](), buf)
             buf.seek(0)
             return buf
         key, offsets, lengths = self._boxes[MetadataIndex(write_item.index.fqn, write_item.index.offset)]
@@ -116,11 +128,78 @@ class _PortablePlanner(SavePlanner):
         return to_torch(arr, dtype)
 
 
+def _verbatim(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
+    """Keys as they are: FQN = portable key, one byte item per entry (rank 0's when per-rank)."""
+    warnings: list[ConvertWarning] = []
+    values: dict[str, Callable[[], Any]] = {}
+    for name in sorted(ck.entries):
+        if ck.entries[name].scope == "per_rank":
+            warnings.append(
+                ConvertWarning(
+                    name,
+                    "per-rank entry: DCP has no per-rank values; rank 0's value was written",
+                    kind="changed",
+                )
+            )
+            values[name] = functools.partial(ck.entry, name, rank=0, world_size=1)
+        else:
+            values[name] = functools.partial(ck.entry, name)
+    return _Items({k: k for k in ck.tensors}, values, None), warnings
+
+
+def _mapped(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
+    """Keys through the key rule, shown as the DCP storage layer shows a version to dcp.load."""
+    from portable_ckpt.torch.dcp import _build_view
+
+    view = _build_view(cast(Any, ck))
+    warnings = [
+        ConvertWarning(
+            name,
+            "per-rank entry: DCP has no per-rank values (load it with portable_ckpt.torch.load); "
+            "skipped",
+        )
+        for name in sorted(ck.entries)
+        if ck.entries[name].scope != "global"
+    ]
+    for fqn, keys in sorted(view.ambiguous.items()):
+        warnings.append(
+            ConvertWarning(fqn, f"keys {sorted(keys)} have the same DCP FQN; skipped")
+        )
+    tensors = {f: k for f, k in view.tensor_keys.items() if f not in view.ambiguous}
+    values: dict[str, Callable[[], Any]] = {
+        f: functools.partial(view.values.value, k)
+        for f, k in view.byte_keys.items()
+        if f not in view.ambiguous
+    }
+    paths = {f: tuple(p) for f, p in (view.metadata.planner_data or {}).items()}
+    return _Items(tensors, values, paths), warnings
+
+
+@dataclasses.dataclass
+class _Items:
+    tensors: dict[str, str]
+    values: dict[str, Callable[[], Any]]
+    paths: dict[str, tuple[str, ...]] | None
+
+
 def save_portable_as_dcp(
-    ck: Any, directory: str, *, progress: Callable[[int], None] | None = None
+    ck: Any,
+    directory: str,
+    *,
+    progress: Callable[[int], None] | None = None,
+    options: ConvertOptions | None = None,
+    dst: str | None = None,
 ) -> tuple[int, int, list[ConvertWarning]]:
-    """Write opened portable checkpoint ``ck`` into the (empty) directory as DCP."""
-    planner = _PortablePlanner(ck, progress)
+    """Write opened portable checkpoint ``ck`` into the (empty) directory as DCP.
+
+    ``dst`` is where the directory will be published (for messages).
+    """
+    opts = options or ConvertOptions()
+    items, warnings = _mapped(ck) if opts.keys == "mapped" else _verbatim(ck)
+    fail_if_strict(warnings, opts, dst or directory)
+    planner = _PortablePlanner(
+        ck, progress, tensors=items.tensors, values=items.values, paths=items.paths
+    )
     writer = FileSystemWriter(directory, single_file_per_rank=False, thread_count=1)
     dcp_save({}, storage_writer=writer, planner=planner, no_dist=True)
-    return len(ck.tensors), planner.bytes, planner.warnings
+    return len(items.tensors), planner.bytes, warnings

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.convert._pickle_scan import (
@@ -164,6 +164,9 @@ class DcpMetadata:
     state_dict_metadata: dict[str, DcpTensor | DcpBytes]
     storage_data: dict[tuple[str, tuple[int, ...] | None], DcpStorage]
     version: str | None = None
+    #: fqn → the item's object path in the saved state (``planner_data`` of DCP's default
+    #: planner, which flattened the state); empty when the planner recorded none.
+    paths: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
 
     def storage_for(self, fqn: str, offsets: tuple[int, ...] | None = None) -> DcpStorage | None:
         """Return where item ``fqn`` (the tensor chunk at ``offsets``) is stored, if recorded."""
@@ -501,7 +504,32 @@ def _metadata(root: Any, budget: WalkBudget) -> DcpMetadata:
         key = (idx[0], idx[1]) if type(idx) is _Index else _index(idx)
         storage[key] = info if type(info) is DcpStorage else _storage(info, key[0])
     version = state.get("version")
-    return DcpMetadata(items, storage, version if isinstance(version, str) else None)
+    paths = _paths(state.get("planner_data"), items)
+    return DcpMetadata(items, storage, version if isinstance(version, str) else None, paths)
+
+
+def _paths(node: Any, items: dict[str, Any]) -> dict[str, tuple[str | int, ...]]:
+    """The object paths DCP's default planner records, for the items it lists.
+
+    ``planner_data`` belongs to the planner: anything other than a mapping of item FQNs to
+    tuples of str/int components (e.g. a custom planner's data) is ignored, not refused.
+    """
+    try:
+        pairs = _mapping(node, "planner_data")
+    except _Bad:
+        return {}
+    out: dict[str, tuple[str | int, ...]] = {}
+    for fqn, path in pairs:
+        if (
+            isinstance(fqn, str)
+            and fqn in items
+            and isinstance(path, tuple | list)
+            and path
+            and all(isinstance(c, str | int) and not isinstance(c, bool) for c in path)
+            and ".".join(str(c) for c in path) == fqn  # DCP's own rule; else not its path
+        ):
+            out[fqn] = tuple(path)
+    return out
 
 
 # -- byte items -------------------------------------------------------------------------------

@@ -8,24 +8,70 @@ a conversion holds at most one batch of chunks in memory.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from portable_ckpt.errors import CheckpointError
+from portable_ckpt.errors import CheckpointError, UnsupportedValueError
 from portable_ckpt.ranges import Box, check_coverage
 
 __all__ = [
     "ChunkSpec",
+    "ConvertOptions",
     "ConvertWarning",
     "EntrySpec",
+    "KeyMode",
     "SourcePlan",
     "TensorSpec",
+    "WriteResult",
     "check_plan",
+    "fail_if_strict",
+    "infer_step",
     "to_json_value",
 ]
+
+#: How keys cross formats: ``mapped`` (the key rule of ``portable_ckpt.torch`` ↔ DCP's FQNs and
+#: nested ``torch.save`` dicts) or ``verbatim`` (names as the source spells them).
+KeyMode = Literal["mapped", "verbatim"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertOptions:
+    """What a conversion was asked for (every reader and writer gets the same object).
+
+    Attributes:
+        trust_pickle: DCP sources: allow reading their pickles (decoded symbolically).
+        strict: fail, before anything is published, on anything not converted as it is.
+        step: portable source: the version to read; portable target: the new version's step.
+        keys: key mapping between formats (:data:`KeyMode`).
+        codec: portable target: ``"none"`` or ``"zstd"``.
+        max_shard_size: HF target: largest shard in bytes.
+        select: export only tensors and entries whose key matches one of these globs.
+        strip_prefix: remove this prefix from exported keys (keys without it are kept).
+        dtype: cast floating-point tensors to this format dtype name on export.
+        batch_bytes: bytes of chunks held in memory before they are written.
+        allow_expand: ``torch.save`` sources: materialise views that repeat stored elements.
+        max_output_bytes: the most tensor bytes a source may plan (``None``: the default bound
+            of :func:`portable_ckpt.convert.open_source`).
+
+    """
+
+    trust_pickle: bool = False
+    strict: bool = False
+    step: int | None = None
+    keys: KeyMode = "mapped"
+    codec: str = "none"
+    max_shard_size: int = 5 * 10**9
+    select: tuple[str, ...] = ()
+    strip_prefix: str | None = None
+    dtype: str | None = None
+    batch_bytes: int = 64 << 20
+    allow_expand: bool = False
+    max_output_bytes: int | None = None
 
 
 @dataclass
@@ -60,23 +106,53 @@ class TensorSpec:
 
 @dataclass
 class EntrySpec:
-    """A non-tensor value of the source, stored as an entry with ``schema`` (default any JSON)."""
+    """A non-tensor value of the source, stored as an entry with ``schema`` (default any JSON).
+
+    ``schema`` is a built-in id or a schema document (``{"id": ...}`` or
+    ``{"json_schema": ...}``). A ``per_rank`` entry is one spec per rank (``rank`` set, the same
+    ``world_size_policy`` on each); ``compress`` stores the value as ``json+zstd``.
+    """
 
     name: str
     value: Any
-    schema: str = "pck:json/1"
+    schema: str | dict[str, Any] = "pck:json/1"
+    scope: Literal["global", "per_rank"] = "global"
+    rank: int | None = None
+    world_size_policy: str | None = None
+    compress: bool = False
 
 
 @dataclass
 class ConvertWarning:
-    """Something the conversion skipped or changed, reported in the summary."""
+    """Something the conversion skipped or changed, reported in the summary.
+
+    ``kind`` is ``"skipped"`` (not converted), ``"changed"`` (converted with a loss, e.g. one
+    rank's value of a per-rank entry) or ``"note"`` (how it was converted; nothing lost).
+    ``strict`` conversions fail on the first two.
+    """
 
     item: str
     message: str
+    kind: Literal["skipped", "changed", "note"] = "skipped"
 
     def to_json(self) -> dict[str, str]:
-        """Return ``{"item": ..., "message": ...}``."""
-        return {"item": self.item, "message": self.message}
+        """Return ``{"item": ..., "message": ..., "kind": ...}``."""
+        return {"item": self.item, "message": self.message, "kind": self.kind}
+
+    @property
+    def loses(self) -> bool:
+        """Whether something of the source is not in the result as it was."""
+        return self.kind != "note"
+
+
+@dataclass
+class WriteResult:
+    """What a target writer wrote: tensors, bytes of elements, entries, warnings."""
+
+    tensors: int
+    bytes: int
+    entries: int = 0
+    warnings: list[ConvertWarning] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +165,11 @@ class SourcePlan:
     warnings: list[ConvertWarning] = field(default_factory=list)
     world_size: int = 1
     close: Callable[[], None] = lambda: None
+    #: The training step the source records (``None``: it says none), and where it says it.
+    step: int | None = None
+    step_source: str = ""
+    #: A portable source's continuation record (kept by a portable target).
+    continuation: Any = None
 
     @property
     def total_bytes(self) -> int:
@@ -120,6 +201,27 @@ def check_plan(plan: SourcePlan) -> None:
             raise
 
 
+def fail_if_strict(warnings: Iterable[ConvertWarning], options: ConvertOptions, where: str) -> None:
+    """Raise before publishing when ``options.strict`` and something was not converted as is.
+
+    Raises:
+        UnsupportedValueError: naming every item skipped or changed (``PCK-UNSUPPORTED-VALUE``).
+
+    """
+    if not options.strict:
+        return
+    lost = [w for w in warnings if w.loses]
+    if lost:
+        shown = "; ".join(f"{w.item}: {w.message}" for w in lost[:8])
+        more = f" (and {len(lost) - 8} more)" if len(lost) > 8 else ""
+        raise UnsupportedValueError(
+            f"--strict: {len(lost)} item(s) would not be converted as they are, so nothing was "
+            f"written to {where}: {shown}{more}. Drop --strict to convert the rest, or --select "
+            "what to export",
+            path=where,
+        )
+
+
 def to_json_value(value: Any, depth: int = 0) -> Any:
     """Return the Python value ``value`` as plain JSON data, or raise ``ValueError``.
 
@@ -149,3 +251,42 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
             out[k] = to_json_value(v, depth + 1)
         return out
     raise ValueError(f"value of type {type(value).__name__} is not JSON data")
+
+
+#: Names of leaves that record the training step, most specific first.
+_STEP_NAMES = ("step", "global_step")
+#: Directory or file names that carry a step: ``step-100``, ``global_step100``, ``checkpoint-500``
+#: (Hugging Face Trainer), ``iter_0000100`` (Megatron), ``step_100.pt``.
+_STEP_DIR = re.compile(
+    r"(?:^|[-_.])(?:step|global_step|checkpoint|iter|ckpt)[-_]?(\d{1,18})(?:\.[A-Za-z]+)?$"
+)
+
+
+def infer_step(leaves: Iterable[tuple[str, Any]], path: str) -> tuple[int | None, str]:
+    """Return ``(step, where it came from)`` as a source records it, or ``(None, "")``.
+
+    ``leaves`` are ``(name, value)`` pairs of the source's non-tensor values (names split on
+    ``/`` or ``.``). The shallowest leaf named ``step`` (then ``global_step``) with a
+    non-negative int value wins; several at that depth with different values say nothing.
+    Otherwise the last component of ``path`` is matched against ``step-N``-style names.
+    """
+    best: dict[str, tuple[int, set[int]]] = {}
+    for name, value in leaves:
+        parts = re.split(r"[/.]", name)
+        if parts[-1] not in _STEP_NAMES or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if value < 0:
+            continue
+        depth, values = best.get(parts[-1], (len(parts), set()))
+        if len(parts) < depth:
+            best[parts[-1]] = (len(parts), {value})
+        elif len(parts) == depth:
+            best[parts[-1]] = (depth, values | {value})
+    for leaf in _STEP_NAMES:
+        if leaf in best and len(best[leaf][1]) == 1:
+            return next(iter(best[leaf][1])), f"the source's {leaf!r} value"
+    base = os.path.basename(os.path.normpath(path))
+    m = _STEP_DIR.search(base)
+    if m:
+        return int(m.group(1)), f"the source's name {base!r}"
+    return None, ""

@@ -1,4 +1,7 @@
-"""Publish a directory target (HF, DCP) atomically: build it beside DST, then one ``rename``."""
+"""Publish a directory (HF, DCP) or file (torch.save) target atomically.
+
+The target is built beside DST, then renamed into place with one ``rename``.
+"""
 
 from __future__ import annotations
 
@@ -10,38 +13,60 @@ from collections.abc import Iterator
 
 from portable_ckpt.errors import StorageError, UsageError
 
-__all__ = ["check_dst_free", "staged_dir"]
+__all__ = ["check_dst_free", "fsync_dir", "staged", "staged_dir"]
 
 
-def check_dst_free(dst: str) -> None:
-    """Raise ``UsageError`` unless ``dst`` does not exist or is an empty directory."""
-    if os.path.lexists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)):
-        raise UsageError(f"destination {dst} already exists and is not empty; choose a new path")
+def check_dst_free(dst: str, *, directory: bool = True) -> None:
+    """Raise ``UsageError`` unless ``dst`` is free: absent, or (``directory``) an empty directory."""
+    if not os.path.lexists(dst):
+        return
+    if directory and os.path.isdir(dst) and not os.listdir(dst):
+        return
+    what = "is not empty" if directory else "exists (a file target is never overwritten)"
+    raise UsageError(f"destination {dst} already {what}; choose a new path")
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename inside directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
-def staged_dir(dst: str) -> Iterator[str]:
-    """Yield a private directory next to ``dst``; rename it to ``dst`` when the block succeeds.
+def staged(dst: str, *, directory: bool = True) -> Iterator[str]:
+    """Yield a private directory (or file path) next to ``dst``; rename it to ``dst`` on success.
 
-    On any exception the staging directory is removed and nothing appears at ``dst``.
+    A staged file is fsynced before the rename, and the parent directory after it. On any
+    exception the staging directory or file is removed and nothing appears at ``dst``.
     """
-    check_dst_free(dst)
+    check_dst_free(dst, directory=directory)
     parent = os.path.dirname(os.path.abspath(dst)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(dst))}.tmp-{secrets.token_hex(6)}")
-    os.mkdir(tmp)
+    if directory:
+        os.mkdir(tmp)
     try:
         yield tmp
-        check_dst_free(dst)
+        if not directory:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        check_dst_free(dst, directory=directory)
         try:
             os.rename(tmp, dst)
         except OSError as exc:
             raise StorageError(f"rename {tmp} -> {dst}: {exc.strerror}", path=dst) from None
-        fd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if directory:
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif os.path.lexists(tmp):
+            os.unlink(tmp)
         raise
+
+
+def staged_dir(dst: str) -> contextlib.AbstractContextManager[str]:
+    """:func:`staged` for a directory target (HF, DCP)."""
+    return staged(dst, directory=True)

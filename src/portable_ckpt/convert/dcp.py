@@ -15,12 +15,16 @@ Reading (:func:`read_dcp_source`)
     through the CRC to the destination write).
 
     Layout is kept: each DCP chunk becomes one range record (offsets/sizes unchanged); no tensor
-    is ever gathered. Keys are kept exactly as DCP flattened them (``"model.layer.weight"``,
-    ``"optim.state.layer.weight.exp_avg"``, ``"optim.param_groups"``), so a portable checkpoint
-    converted back to DCP loads into the same state dict. Byte items whose value is JSON data
-    (numbers, strings, bools, None, lists/tuples/dicts of them) become ``pck:json/1`` entries
-    (tuples become lists); other byte items are skipped with a warning, or raise
-    ``PCK-UNSUPPORTED-VALUE`` when ``strict=True``.
+    is ever gathered. Keys (``keys="mapped"``, the default) follow
+    :mod:`portable_ckpt.format.keys`: the portable key of an item is built from the object path
+    DCP's planner recorded (``planner_data``: ``app.model.tok.weight`` saved from
+    ``{"app": {"model": {"tok.weight": ...}}}`` becomes ``app/model/tok.weight``), and byte
+    items whose value is JSON data are split into leaves of the global ``torch.values`` entry —
+    exactly what ``portable_ckpt.torch.save`` (or the DCP storage layer) writes for the same
+    state, so ``portable_ckpt.torch.load`` of the job's state finds everything. With
+    ``keys="verbatim"`` keys stay as DCP flattened them (``"model.layer.weight"``) and each byte
+    item becomes one ``pck:json/1`` entry of its FQN (tuples become lists). Other byte items are
+    skipped with a warning, or raise ``PCK-UNSUPPORTED-VALUE`` when ``strict=True``.
 
     Earlier versions unpickled ``.metadata`` with torch in a child process (~4 s of a 6 s
     conversion of 1 GiB, and ~270 MiB RSS). The scanner covers everything ``FileSystemWriter``
@@ -28,7 +32,10 @@ Reading (:func:`read_dcp_source`)
     ``.metadata`` it cannot express is not a ``FileSystemWriter`` checkpoint.
 
 Writing (:func:`write_dcp`)
-    Uses DCP's own writer from a single process: ``torch.distributed.checkpoint.save`` with a
+    With mapped keys every tensor key becomes DCP's FQN of its path (``dcp_fqn``), the JSON
+    leaves become the byte items stock ``dcp.load`` of the nested state looks up (the DCP storage
+    layer's view: :func:`portable_ckpt.torch.dcp` shows a version the same way), and
+    ``planner_data`` records every item's path. Uses DCP's own writer from a single process: ``torch.distributed.checkpoint.save`` with a
     custom :class:`~torch.distributed.checkpoint.SavePlanner` that emits one write item per range
     record (the chunk layout is kept) and resolves each item lazily by reading just that range
     from the portable checkpoint; ``FileSystemWriter(single_file_per_rank=False)`` writes one
@@ -60,10 +67,13 @@ from portable_ckpt.convert._dcp_meta import (
 )
 from portable_ckpt.convert._model import (
     ChunkSpec,
+    ConvertOptions,
     ConvertWarning,
     EntrySpec,
+    KeyMode,
     SourcePlan,
     TensorSpec,
+    WriteResult,
 )
 from portable_ckpt.convert._torchzip import (
     TORCH_DTYPE_NAMES,
@@ -83,10 +93,18 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.keys import VALUES_ENTRY, json_leaves, portable_key
 from portable_ckpt.format.vocab import is_entry_name
 from portable_ckpt.storage._posix import open_regular
 
-__all__ = ["TRUST_HELP", "is_dcp_dir", "read_dcp_source", "write_dcp"]
+__all__ = [
+    "TRUST_HELP",
+    "is_dcp_dir",
+    "read_dcp_source",
+    "read_source",
+    "write_dcp",
+    "write_target",
+]
 
 #: Why a trust flag is required (used by the CLI's --help and error messages).
 TRUST_HELP = (
@@ -172,13 +190,23 @@ def _loader(files: _Files, layout: TorchTensorLayout, rel: str, where: str) -> C
     return load
 
 
-def read_dcp_source(root: str, *, trust_pickle: bool, strict: bool = False) -> SourcePlan:
+def read_source(src: str, options: ConvertOptions) -> SourcePlan:
+    """The registry's reader: :func:`read_dcp_source` with the conversion's options."""
+    return read_dcp_source(
+        src, trust_pickle=options.trust_pickle, strict=options.strict, keys=options.keys
+    )
+
+
+def read_dcp_source(
+    root: str, *, trust_pickle: bool, strict: bool = False, keys: KeyMode = "mapped"
+) -> SourcePlan:
     """Describe the DCP checkpoint directory ``root``.
 
     Args:
         root: directory written by ``torch.distributed.checkpoint`` (FileSystemWriter).
         trust_pickle: allow reading ``.metadata`` and byte items (see :data:`TRUST_HELP`).
         strict: raise instead of warning on items that cannot be converted.
+        keys: ``"mapped"`` or ``"verbatim"`` (see the module docstring).
 
     Returns:
         The source plan: one tensor per DCP tensor (its chunks as stored), one entry per byte
@@ -216,14 +244,48 @@ def read_dcp_source(root: str, *, trust_pickle: bool, strict: bool = False) -> S
     meta = read_dcp_metadata(meta_path)
     files = _Files(root)
     try:
-        return _plan(root, meta, files, strict)
+        return _plan(root, meta, files, strict, keys)
     except BaseException:
         files.close()
         raise
 
 
-def _plan(root: str, meta: DcpMetadata, files: _Files, strict: bool) -> SourcePlan:
+class _Keys:
+    """The portable key of each DCP item (see the module docstring)."""
+
+    def __init__(self, meta: DcpMetadata, keys: KeyMode) -> None:
+        self.meta = meta
+        self.mapped = keys == "mapped"
+        self.pathless: list[str] = []
+
+    def __call__(self, fqn: str) -> str:
+        if not self.mapped:
+            return fqn
+        path = self.meta.paths.get(fqn)
+        if path is None:
+            self.pathless.append(fqn)
+            path = (fqn,)
+        return portable_key(path)
+
+    def warnings(self) -> list[ConvertWarning]:
+        if not self.pathless:
+            return []
+        return [
+            ConvertWarning(
+                self.pathless[0],
+                f"{len(self.pathless)} item(s) have no object path in .metadata (saved without "
+                "DCP's default planner?): each FQN is kept as one key component",
+                kind="note",
+            )
+        ]
+
+
+def _plan(
+    root: str, meta: DcpMetadata, files: _Files, strict: bool, keys: KeyMode
+) -> SourcePlan:
     meta_path = os.path.join(root, ".metadata")
+    key_of = _Keys(meta, keys)
+    leaves: dict[str, Any] = {}
     warnings: list[ConvertWarning] = []
     tensors: list[TensorSpec] = []
     entries: list[EntrySpec] = []
@@ -293,7 +355,7 @@ def _plan(root: str, meta: DcpMetadata, files: _Files, strict: bool) -> SourcePl
                 )
             nbytes = math.prod(ch.sizes) * DTYPES[tdtype].itemsize
             chunks.append(ChunkSpec(ch.offsets, ch.sizes, nbytes, path, _loader(files, layout, rel, where)))
-        tensors.append(TensorSpec(fqn, tdtype, md.size, chunks))
+        tensors.append(TensorSpec(key_of(fqn), tdtype, md.size, chunks))
     for fqn, md in sorted(meta.state_dict_metadata.items()):
         if not isinstance(md, DcpBytes):
             continue
@@ -309,7 +371,7 @@ def _plan(root: str, meta: DcpMetadata, files: _Files, strict: bool) -> SourcePl
             reason = f"stream transforms {list(info.transforms)} are not supported"
         elif info.length > _MAX_BYTE_ITEM:
             reason = f"byte item of {info.length} bytes is too large to convert"
-        elif not is_entry_name(fqn):
+        elif not key_of.mapped and not is_entry_name(fqn):
             reason = "name is not a valid entry name ([A-Za-z0-9._/-], 1..256 chars)"
         else:
             where = f"{path} (item {fqn!r})"
@@ -319,12 +381,25 @@ def _plan(root: str, meta: DcpMetadata, files: _Files, strict: bool) -> SourcePl
                 raise FileSizeError(exc.message, path=path) from None
             except NotJsonError as exc:
                 reason = f"not convertible ({exc})"
-        if reason is None:
+        if reason is None and key_of.mapped:
+            leaves.update(json_leaves(key_of(fqn), value, fqn=fqn))
+        elif reason is None:
             entries.append(EntrySpec(fqn, value))
-            continue
-        skip(fqn, f"non-tensor item {fqn!r} in {path}: {reason}", path)
+        else:
+            skip(fqn, f"non-tensor item {fqn!r} in {path}: {reason}", path)
+    if leaves:
+        entries.append(EntrySpec(VALUES_ENTRY, dict(sorted(leaves.items()))))
     world = max(ranks) + 1 if ranks else 1
+    warnings.extend(key_of.warnings())
     return SourcePlan("dcp", tensors, entries, warnings, world_size=world, close=files.close)
+
+
+def write_target(
+    src: Any, dst: str, options: ConvertOptions, progress: Callable[[int], None]
+) -> WriteResult:
+    """The registry's writer: :func:`write_dcp` with the conversion's options."""
+    n, nbytes, warnings = write_dcp(src, dst, progress=progress, options=options)
+    return WriteResult(n, nbytes, 0, warnings)
 
 
 def write_dcp(
@@ -332,11 +407,13 @@ def write_dcp(
     dst: str,
     *,
     progress: Callable[[int], None] | None = None,
+    options: ConvertOptions | None = None,
 ) -> tuple[int, int, list[ConvertWarning]]:
     """Write portable checkpoint ``src`` (an opened checkpoint) as a DCP directory ``dst``.
 
     See the module docstring for the approach. ``dst`` must not exist or be empty; the directory
-    appears with one ``rename`` once ``.metadata`` is written.
+    appears with one ``rename`` once ``.metadata`` is written (and, with ``options.strict``,
+    only when nothing was skipped or changed).
 
     Returns:
         ``(tensors, bytes, warnings)``.
@@ -345,5 +422,6 @@ def write_dcp(
     from portable_ckpt.convert._dcp_export import save_portable_as_dcp
     from portable_ckpt.convert._publish import staged_dir
 
+    opts = options or ConvertOptions()
     with staged_dir(dst) as tmp:
-        return save_portable_as_dcp(src, tmp, progress=progress)
+        return save_portable_as_dcp(src, tmp, progress=progress, options=opts, dst=dst)

@@ -30,10 +30,13 @@ import numpy as np
 
 from portable_ckpt.convert._model import (
     ChunkSpec,
+    ConvertOptions,
     ConvertWarning,
     EntrySpec,
     SourcePlan,
     TensorSpec,
+    WriteResult,
+    fail_if_strict,
 )
 from portable_ckpt.convert._st import StTensor, build_header, read_header
 from portable_ckpt.errors import (
@@ -53,7 +56,10 @@ __all__ = [
     "find_hf_files",
     "parse_size",
     "read_hf_source",
+    "read_source",
+    "slabs",
     "write_hf",
+    "write_target",
 ]
 
 #: Entry name under which a shard's ``__metadata__`` is kept (restored on export).
@@ -226,6 +232,21 @@ def read_hf_source(src: str) -> SourcePlan:
     return SourcePlan("hf", tensors, entries, warnings)
 
 
+def read_source(src: str, options: ConvertOptions) -> SourcePlan:
+    """The registry's reader (:func:`read_hf_source`; no option applies)."""
+    return read_hf_source(src)
+
+
+def write_target(
+    src: Any, dst: str, options: ConvertOptions, progress: Callable[[int], None]
+) -> WriteResult:
+    """The registry's writer: :func:`write_hf` with ``options.max_shard_size``."""
+    n, nbytes, warnings = write_hf(
+        src, dst, max_shard_size=options.max_shard_size, progress=progress, options=options
+    )
+    return WriteResult(n, nbytes, 0, warnings)
+
+
 def write_hf(
     src: Any,
     dst: str,
@@ -233,15 +254,17 @@ def write_hf(
     max_shard_size: int,
     progress: Callable[[int], None] | None = None,
     slab_bytes: int = 64 << 20,
+    options: ConvertOptions | None = None,
 ) -> tuple[int, int, list[ConvertWarning]]:
     """Write portable checkpoint ``src`` (an opened checkpoint) as HF safetensors into ``dst``.
 
     Args:
-        src: a checkpoint returned by :func:`portable_ckpt.open`.
+        src: a checkpoint returned by :func:`portable_ckpt.open` (or an export view of one).
         dst: destination directory (must not exist; created by one final ``rename``).
         max_shard_size: largest shard in bytes of tensor data.
         progress: called with the number of bytes written after each slab.
         slab_bytes: most bytes assembled in memory at once.
+        options: with ``strict``, entries that safetensors cannot hold fail the export.
 
     Returns:
         ``(tensors, bytes, warnings)``.
@@ -258,7 +281,13 @@ def write_hf(
             if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
                 meta = {str(k): v for k, v in value.items()}
                 continue
-        warnings.append(ConvertWarning(name, "non-tensor entry has no place in safetensors; skipped"))
+        warnings.append(
+            ConvertWarning(
+                name, "non-tensor entry has no place in safetensors; skipped (--select the tensors)"
+            )
+        )
+    if options is not None:
+        fail_if_strict(warnings, options, dst)
     shards: list[list[Any]] = [[]]
     size = 0
     for info in infos:
@@ -288,7 +317,7 @@ def write_hf(
                 f.write(header)
                 for key, _start, _end in layout:
                     weight_map[key] = fname
-                    for arr in _slabs(src, by_key[key], slab_bytes):
+                    for arr in slabs(src, by_key[key], slab_bytes):
                         f.write(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
                         written += arr.nbytes
                         if progress is not None:
@@ -305,7 +334,7 @@ def write_hf(
     return len(infos), written, warnings
 
 
-def _slabs(src: Any, info: Any, slab_bytes: int) -> Any:
+def slabs(src: Any, info: Any, slab_bytes: int) -> Any:
     """Yield the tensor's elements in C order as arrays of at most ~``slab_bytes``."""
     shape = tuple(info.shape)
     if math.prod(shape) == 0:
@@ -327,11 +356,11 @@ def _slabs(src: Any, info: Any, slab_bytes: int) -> Any:
     # A single row is larger than a slab: recurse into the row (C order is preserved).
     for r in range(shape[0]):
         sub = _RowView(src, info, r)
-        yield from _slabs(sub, sub, slab_bytes)
+        yield from slabs(sub, sub, slab_bytes)
 
 
 class _RowView:
-    """Presents row ``r`` of a tensor as a tensor of shape ``shape[1:]`` for :func:`_slabs`."""
+    """Presents row ``r`` of a tensor as a tensor of shape ``shape[1:]`` for :func:`slabs`."""
 
     def __init__(self, src: Any, info: Any, r: int) -> None:
         self._src = src

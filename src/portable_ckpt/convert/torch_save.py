@@ -1,4 +1,4 @@
-"""``torch.save`` files (``.pt``/``.bin`` state dicts) → the portable format.
+"""``torch.save`` files (``.pt``/``.bin`` state dicts) ↔ the portable format.
 
 The file is a zip; its ``data.pkl`` is interpreted symbolically by
 :mod:`portable_ckpt.convert._pickle_scan` (nothing is imported or called — strictly safer than
@@ -12,6 +12,10 @@ one ``pck:json/1`` entry. Anything else is reported and skipped.
 Files in the legacy (pre-1.6, non-zip) format, or whose pickle uses constructs the scanner does not
 interpret, fall back to ``torch.load(path, weights_only=True, mmap=True)`` (needs torch; tensors are
 copied out one at a time).
+
+Writing (:func:`write_target`, :mod:`portable_ckpt.convert._torch_export`): one ``torch.save``
+file of the nested state (mapped keys) or of a flat ``{key: tensor}`` dict (verbatim), readable
+with ``torch.load(path, weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -27,10 +31,13 @@ import numpy as np
 from portable_ckpt.convert._dcp_meta import DICT_CTORS, NotJsonError, json_key, symbolic_to_json
 from portable_ckpt.convert._model import (
     ChunkSpec,
+    ConvertOptions,
     ConvertWarning,
     EntrySpec,
+    KeyMode,
     SourcePlan,
     TensorSpec,
+    WriteResult,
 )
 from portable_ckpt.convert._pickle_scan import Call, ExpansionError, Global, WalkBudget
 from portable_ckpt.convert._torchzip import (
@@ -51,9 +58,51 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.keys import VALUES_ENTRY, escape_component, json_leaves
 from portable_ckpt.storage._posix import open_regular
 
-__all__ = ["read_torch_source"]
+__all__ = ["read_source", "read_torch_source", "write_target"]
+
+
+def read_source(src: str, options: ConvertOptions) -> SourcePlan:
+    """The registry's reader: :func:`read_torch_source` with the conversion's options."""
+    return read_torch_source(
+        src, strict=options.strict, allow_expand=options.allow_expand, keys=options.keys
+    )
+
+
+def write_target(
+    src: Any, dst: str, options: ConvertOptions, progress: Callable[[int], None]
+) -> WriteResult:
+    """The registry's writer: one ``torch.save`` file at ``dst`` (imports torch)."""
+    from portable_ckpt.convert._torch_export import save_portable_as_torch
+
+    return save_portable_as_torch(src, dst, options=options, progress=progress)
+
+
+class _Values:
+    """Non-tensor values of a source under the key mode: leaves of one entry, or entries."""
+
+    def __init__(self, keys: KeyMode) -> None:
+        self.mapped = keys == "mapped"
+        self.entries: list[EntrySpec] = []
+        self.leaves: dict[str, Any] = {}
+
+    def join(self, prefix: str, comp: str) -> str:
+        if self.mapped:
+            return f"{prefix}/{escape_component(comp)}" if prefix else escape_component(comp)
+        return f"{prefix}.{comp}" if prefix else comp
+
+    def add(self, name: str, value: Any) -> None:
+        if self.mapped:
+            self.leaves.update(json_leaves(name, value, fqn=name))
+        else:
+            self.entries.append(EntrySpec(name, value))
+
+    def all(self) -> list[EntrySpec]:
+        if self.leaves:
+            return [*self.entries, EntrySpec(VALUES_ENTRY, dict(sorted(self.leaves.items())))]
+        return self.entries
 
 
 def _children(node: Any) -> list[tuple[str, Any]] | None:
@@ -105,7 +154,9 @@ class _Walk:
         return found
 
 
-def read_torch_source(path: str, *, strict: bool = False, allow_expand: bool = False) -> SourcePlan:
+def read_torch_source(
+    path: str, *, strict: bool = False, allow_expand: bool = False, keys: KeyMode = "mapped"
+) -> SourcePlan:
     """Describe the ``torch.save`` file ``path`` (see the module docstring).
 
     Args:
@@ -114,6 +165,8 @@ def read_torch_source(path: str, *, strict: bool = False, allow_expand: bool = F
         allow_expand: Accept tensor views that repeat stored elements (``expand``, zero or
             overlapping strides); they are materialised, so the output can be far larger than
             the file (the conversion's output bound still applies).
+        keys: ``"mapped"``: nested dicts become the key rule of ``portable_ckpt.torch`` (JSON
+            scalars in the ``torch.values`` entry); ``"verbatim"``: dotted names as stored.
 
     Raises:
         FileMissingError: the file does not exist.
@@ -128,10 +181,10 @@ def read_torch_source(path: str, *, strict: bool = False, allow_expand: bool = F
         is_zip = zipfile.is_zipfile(f)
     if not is_zip:
         os.close(fd)
-        return _fallback(path, strict=strict, reason="legacy (non-zip) torch.save format")
+        return _fallback(path, strict=strict, keys=keys, reason="legacy (non-zip) torch.save format")
     try:
         archive = open_torch_archive(fd, 0, os.fstat(fd).st_size, where=path)
-        plan = _plan(path, fd, archive, strict=strict, allow_expand=allow_expand)
+        plan = _plan(path, fd, archive, strict=strict, allow_expand=allow_expand, keys=keys)
     except BaseException:
         os.close(fd)
         raise
@@ -139,11 +192,11 @@ def read_torch_source(path: str, *, strict: bool = False, allow_expand: bool = F
 
 
 def _plan(
-    path: str, fd: int, archive: TorchArchive, *, strict: bool, allow_expand: bool
+    path: str, fd: int, archive: TorchArchive, *, strict: bool, allow_expand: bool, keys: KeyMode
 ) -> SourcePlan:
     storages = archive.storages
     tensors: list[TensorSpec] = []
-    entries: list[EntrySpec] = []
+    values = _Values(keys)
     warnings: list[ConvertWarning] = []
     walker = _Walk(archive.budget(path))
 
@@ -179,7 +232,7 @@ def _plan(
             add_tensor(name, node)
             return
         kids = None
-        if depth < 64 and walker.has_tensor(node):
+        if depth < 64 and (walker.has_tensor(node) or (values.mapped and not prefix)):
             try:
                 kids = _children(node)
             except NotJsonError as exc:
@@ -187,7 +240,7 @@ def _plan(
                 return
         if kids is not None:
             for k, v in kids:
-                walk(f"{prefix}.{k}" if prefix else k, v, depth + 1)
+                walk(values.join(prefix, k), v, depth + 1)
             return
         try:
             value = symbolic_to_json(node, budget=walker.budget)
@@ -196,7 +249,7 @@ def _plan(
                 raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
             warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
             return
-        entries.append(EntrySpec(name, value))
+        values.add(name, value)
 
     try:
         walk("", archive.root, 0)
@@ -204,10 +257,10 @@ def _plan(
         raise LimitError(str(exc), path=path) from None
     except RecursionError:
         raise ShardHeaderError(f"{path}: data.pkl is nested too deeply", path=path) from None
-    return SourcePlan("torch", tensors, entries, warnings, close=lambda: os.close(fd))
+    return SourcePlan("torch", tensors, values.all(), warnings, close=lambda: os.close(fd))
 
 
-def _fallback(path: str, *, strict: bool, reason: str) -> SourcePlan:
+def _fallback(path: str, *, strict: bool, keys: KeyMode, reason: str) -> SourcePlan:
     try:
         import torch
     except ImportError:
@@ -220,8 +273,8 @@ def _fallback(path: str, *, strict: bool, reason: str) -> SourcePlan:
     except Exception as exc:
         raise ShardHeaderError(f"{path}: torch.load(weights_only=True) failed: {exc}", path=path) from None
     tensors: list[TensorSpec] = []
-    entries: list[EntrySpec] = []
-    warnings: list[ConvertWarning] = [ConvertWarning(path, f"{reason}: loaded whole with torch.load")]
+    values = _Values(keys)
+    warnings = [ConvertWarning(path, f"{reason}: loaded whole with torch.load", kind="note")]
 
     def walk(prefix: str, node: Any) -> None:
         name = prefix or "value"
@@ -240,21 +293,24 @@ def _fallback(path: str, *, strict: bool, reason: str) -> SourcePlan:
 
             chunks = [ChunkSpec((0,) * len(shape), shape, nbytes, path, load)] if nbytes else []
             tensors.append(TensorSpec(name, dtype, shape, chunks))
-        elif isinstance(node, dict) and any(isinstance(v, torch.Tensor | dict | list | tuple) for v in node.values()):
+        elif isinstance(node, dict) and (
+            (values.mapped and not prefix)
+            or any(isinstance(v, torch.Tensor | dict | list | tuple) for v in node.values())
+        ):
             for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
+                walk(values.join(prefix, str(k)), v)
         elif isinstance(node, list | tuple) and any(isinstance(v, torch.Tensor) for v in node):
             for i, v in enumerate(node):
-                walk(f"{prefix}.{i}" if prefix else str(i), v)
+                walk(values.join(prefix, str(i)), v)
         else:
             from portable_ckpt.convert._model import to_json_value
 
             try:
-                entries.append(EntrySpec(name, to_json_value(node)))
+                values.add(name, to_json_value(node))
             except ValueError as exc:
                 if strict:
                     raise ShardHeaderError(f"{path}: item {name!r}: {exc}", path=path) from None
                 warnings.append(ConvertWarning(name, f"{exc}; skipped"))
 
     walk("", obj)
-    return SourcePlan("torch", tensors, entries, warnings)
+    return SourcePlan("torch", tensors, values.all(), warnings)

@@ -1,6 +1,6 @@
 """Flattening a nested state dict into logical tensor keys and schema'd non-tensor values.
 
-Key rule (stable and collision-free):
+Key rule (stable and collision-free; defined in :mod:`portable_ckpt.format.keys`, re-exported here):
 
 * A leaf's key is the path of container keys from the top of the state dict to the leaf, joined
   with ``/``.
@@ -25,7 +25,6 @@ any other value is refused with PCK-UNSUPPORTED-VALUE.
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,15 @@ from typing import Any
 import torch
 
 from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.format.keys import (
+    VALUES_ENTRY,
+    decode_json,
+    encode_json,
+    escape_component,
+    join_key,
+    split_key,
+    unflatten_keys,
+)
 from portable_ckpt.format.manifest import has_control_chars
 
 __all__ = [
@@ -47,9 +55,6 @@ __all__ = [
     "split_key",
     "unflatten_keys",
 ]
-
-#: Name of the global entry holding every JSON-scalar leaf.
-VALUES_ENTRY = "torch.values"
 
 
 class StateEntry(abc.ABC):
@@ -73,80 +78,6 @@ class StateEntry(abc.ABC):
     @abc.abstractmethod
     def restore(self, value: Any) -> None:
         """Apply a stored JSON value (not called when a ``drop`` policy left no value)."""
-
-
-def escape_component(c: str) -> str:
-    """Escape one path component (``~`` → ``~0``, ``/`` → ``~1``)."""
-    return c.replace("~", "~0").replace("/", "~1")
-
-
-def join_key(parts: list[str]) -> str:
-    """Join already-escaped components into a key."""
-    return "/".join(parts)
-
-
-def split_key(key: str) -> list[str]:
-    """Split a key into its unescaped components (inverse of the key rule)."""
-    return [p.replace("~1", "/").replace("~0", "~") for p in key.split("/")]
-
-
-def unflatten_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """Build nested dicts from flat keys; ``flatten_state`` of the result gives the same keys."""
-    root: dict[str, Any] = {}
-    for key, value in flat.items():
-        parts = split_key(key)
-        node = root
-        for p in parts[:-1]:
-            nxt = node.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise UnsupportedValueError(f"key {key!r} nests below the leaf {p!r}")
-            node = nxt
-        node[parts[-1]] = value
-    return root
-
-
-_FLOAT_TAG = "__float__"
-
-
-def encode_json(value: Any, *, key: str = "?") -> Any:
-    """Return a JSON-safe copy of ``value`` (tuples become lists, non-finite floats are tagged)."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return float(value)
-        return {_FLOAT_TAG: "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if not isinstance(k, str | int) or isinstance(k, bool):
-                raise UnsupportedValueError(f"value at {key!r}: dict key {k!r} is not a str or int")
-            sk = str(k)
-            if sk in out:
-                raise UnsupportedValueError(f"value at {key!r}: dict keys collide on {sk!r}")
-            out[sk] = encode_json(v, key=f"{key}/{sk}")
-        return out
-    if isinstance(value, list | tuple):
-        return [encode_json(v, key=f"{key}/{i}") for i, v in enumerate(value)]
-    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0:
-        return encode_json(value.item(), key=key)  # numpy / torch scalars
-    raise UnsupportedValueError(
-        f"value at {key!r} of type {type(value).__name__} cannot be stored without pickle; "
-        f"store a tensor, a JSON scalar, or an object with state_dict()/load_state_dict()"
-    )
-
-
-def decode_json(value: Any) -> Any:
-    """Inverse of :func:`encode_json` for tagged floats (containers stay dicts/lists)."""
-    if isinstance(value, dict):
-        if len(value) == 1 and _FLOAT_TAG in value and isinstance(value[_FLOAT_TAG], str):
-            return float(value[_FLOAT_TAG])
-        return {k: decode_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [decode_json(v) for v in value]
-    return value
 
 
 @dataclass

@@ -1,0 +1,171 @@
+"""portable → one ``torch.save`` file that ``torch.load(path, weights_only=True)`` reads.
+
+With mapped keys the file holds the nested state the keys describe (the inverse of
+:mod:`portable_ckpt.convert.torch_save`'s reading and of ``portable_ckpt.torch.save``): a key's
+components are nested dicts; a container whose components are ``0..n-1`` and which holds no
+tensor is a list (``param_groups``, ``betas`` — tuples come back as lists); other decimal
+components are int dict keys (an optimizer's ``state``), every other component a str key.
+JSON leaves come from the ``torch.values`` entry and the other global entries. With verbatim keys
+the file is a flat ``{key: tensor}`` dict plus one item per global entry.
+
+Memory: each tensor is assembled in bounded C-order slabs into a scratch file beside the target
+and mapped (``torch.from_file``), so ``torch.save`` copies page-cache pages, not a second copy of
+the state in anonymous memory. The file appears with one ``rename`` after an ``fsync``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from portable_ckpt.convert._model import (
+    ConvertOptions,
+    ConvertWarning,
+    WriteResult,
+    fail_if_strict,
+)
+from portable_ckpt.convert._publish import staged
+from portable_ckpt.convert.hf import slabs
+from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.format.keys import VALUES_ENTRY, decode_json, json_leaves, split_key
+
+__all__ = ["nest", "save_portable_as_torch"]
+
+_SLAB = 64 << 20
+
+
+def save_portable_as_torch(
+    ck: Any, dst: str, *, options: ConvertOptions, progress: Callable[[int], None]
+) -> WriteResult:
+    """Write (an export view of) a portable version as the ``torch.save`` file ``dst``.
+
+    Raises:
+        UnsupportedValueError: keys that cannot nest (a key below another key's leaf), or with
+            ``options.strict`` per-rank entries (a file has no ranks).
+
+    """
+    warnings = [
+        ConvertWarning(name, "per-rank entry: a torch.save file has no ranks; skipped")
+        for name in sorted(ck.entries)
+        if ck.entries[name].scope != "global"
+    ]
+    fail_if_strict(warnings, options, dst)
+    written = 0
+    with staged(dst, directory=False) as tmp:
+        scratch = tmp + ".tensors"
+        os.mkdir(scratch)
+        try:
+            tensors: dict[str, torch.Tensor] = {}
+            for i, key in enumerate(sorted(ck.tensors)):
+                tensors[key] = _mapped_tensor(ck, ck.tensors[key], os.path.join(scratch, str(i)))
+                written += ck.tensors[key].nbytes
+                progress(ck.tensors[key].nbytes)
+            values = _values(ck)
+            state = nest(tensors, values) if options.keys == "mapped" else {**tensors, **values}
+            torch.save(state, tmp)
+            del state, tensors
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    entries = sum(1 for n in ck.entries if ck.entries[n].scope == "global")
+    return WriteResult(len(ck.tensors), written, entries, warnings)
+
+
+def _mapped_tensor(ck: Any, info: Any, path: str) -> torch.Tensor:
+    """Assemble a tensor into ``path`` in slabs and map it (no copy in anonymous memory)."""
+    tdtype = getattr(torch, info.dtype)
+    numel = math.prod(info.shape)
+    if numel == 0:
+        return torch.empty(tuple(info.shape), dtype=tdtype)
+    with open(path, "wb") as f:
+        for arr in slabs(ck, info, _SLAB):
+            f.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
+    return torch.from_file(path, shared=False, size=numel, dtype=tdtype).reshape(tuple(info.shape))
+
+
+def _values(ck: Any) -> dict[str, Any]:
+    """The JSON leaves of the global entries (``torch.values`` leaves by their own keys)."""
+    out: dict[str, Any] = {}
+    for name in sorted(ck.entries):
+        if ck.entries[name].scope != "global":
+            continue
+        value = ck.entry(name)
+        if name == VALUES_ENTRY and isinstance(value, dict):
+            out.update({k: decode_json(v) for k, v in value.items()})
+        else:
+            out[name] = decode_json(value)
+    return out
+
+
+def nest(tensors: dict[str, Any], values: dict[str, Any]) -> dict[Any, Any]:
+    """Build the nested state that mapped keys describe (see the module docstring).
+
+    Raises:
+        UnsupportedValueError: a key lies below another key's leaf (``a`` and ``a/b``).
+
+    """
+    tree: dict[str, Any] = {}
+    leaves = {**{k: v for key, val in values.items() for k, v in _split(key, val)}, **tensors}
+    for key, leaf in leaves.items():
+        node = tree
+        parts = split_key(key)
+        for i, p in enumerate(parts[:-1]):
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict) or _is_leaf(nxt):
+                raise UnsupportedValueError(
+                    f"key {key!r} lies below the value {'/'.join(parts[: i + 1])!r}; export with "
+                    "keys='verbatim'"
+                )
+            node = nxt
+        if parts[-1] in node:
+            raise UnsupportedValueError(f"key {key!r} is both a value and a container; export "
+                                        "with keys='verbatim'")
+        node[parts[-1]] = _Leaf(leaf)
+    out = _finish(tree)
+    return out if isinstance(out, dict) else dict(enumerate(out))
+
+
+def _split(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """A stored JSON leaf, or an entry's container value split into leaves."""
+    if isinstance(value, dict | list) and value:
+        yield from json_leaves(key, value, fqn=key).items()
+    else:
+        yield key, value
+
+
+class _Leaf:
+    """A finished value in the tree (a tensor or a JSON value), never descended into."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _is_leaf(node: Any) -> bool:
+    return isinstance(node, _Leaf)
+
+
+def _finish(node: Any) -> Any:
+    if isinstance(node, _Leaf):
+        return node.value
+    kids = {c: _finish(v) for c, v in node.items()}
+    if list(kids) == [str(i) for i in range(len(kids))] and not _holds_tensor(kids.values()):
+        return list(kids.values())
+    return {(int(c) if c.isdecimal() and str(int(c)) == c else c): v for c, v in kids.items()}
+
+
+def _holds_tensor(values: Any) -> bool:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return True
+        if isinstance(v, dict) and _holds_tensor(v.values()):
+            return True
+        if isinstance(v, list) and _holds_tensor(v):
+            return True
+    return False

@@ -1,0 +1,263 @@
+"""The key rule of nested state and its mapping to DCP's dotted FQNs (no torch needed).
+
+Key rule (:mod:`portable_ckpt.torch.flatten` applies it to a state dict): a leaf's key is the path
+of container keys from the top, joined with ``/``; dict keys are strings or ints (decimal), list
+positions are decimal; inside a component ``~`` is written ``~0`` and ``/`` is written ``~1``, so
+splitting a key on ``/`` gives the components back. JSON-scalar leaves are stored, each under its
+own key, in the global ``pck:json/1`` entry :data:`VALUES_ENTRY`.
+
+DCP flattens a nested state dict into *dotted FQNs*: the same path joined with ``.``
+(``{"model": {"fc.weight": w}}`` → ``model.fc.weight``). The dots inside module names make that
+lossy, so the portable key of a DCP item is built from the item's *path* (DCP's planner records
+it per FQN in ``planner_data``): :func:`portable_key`. The other way, a portable key shows to
+DCP as its components joined with ``.``: :func:`dcp_fqn`. One implementation serves the DCP
+storage layer (:mod:`portable_ckpt.torch.dcp`) and the converter (:mod:`portable_ckpt.convert`).
+
+DCP's non-tensor items are JSON here, split into the leaves ``portable_ckpt.torch.save``
+produces for the same state (:func:`json_leaves`); :class:`JsonTree` rebuilds item values from
+stored leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from portable_ckpt.errors import UnsupportedValueError
+
+__all__ = [
+    "VALUES_ENTRY",
+    "JsonTree",
+    "byte_item_fqns",
+    "dcp_fqn",
+    "decode_json",
+    "encode_json",
+    "escape_component",
+    "join_key",
+    "json_leaves",
+    "portable_key",
+    "split_key",
+    "unflatten_keys",
+]
+
+#: Name of the global entry holding every JSON-scalar leaf.
+VALUES_ENTRY = "torch.values"
+
+
+def escape_component(c: str) -> str:
+    """Escape one path component (``~`` → ``~0``, ``/`` → ``~1``)."""
+    return c.replace("~", "~0").replace("/", "~1")
+
+
+def join_key(parts: list[str]) -> str:
+    """Join already-escaped components into a key."""
+    return "/".join(parts)
+
+
+def split_key(key: str) -> list[str]:
+    """Split a key into its unescaped components (inverse of the key rule)."""
+    return [p.replace("~1", "/").replace("~0", "~") for p in key.split("/")]
+
+
+def unflatten_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Build nested dicts from flat keys; flattening the result gives the same keys."""
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = split_key(key)
+        node = root
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise UnsupportedValueError(f"key {key!r} nests below the leaf {p!r}")
+            node = nxt
+        node[parts[-1]] = value
+    return root
+
+
+_FLOAT_TAG = "__float__"
+
+
+def encode_json(value: Any, *, key: str = "?") -> Any:
+    """Return a JSON-safe copy of ``value`` (tuples become lists, non-finite floats are tagged)."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float(value)
+        return {_FLOAT_TAG: "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str | int) or isinstance(k, bool):
+                raise UnsupportedValueError(f"value at {key!r}: dict key {k!r} is not a str or int")
+            sk = str(k)
+            if sk in out:
+                raise UnsupportedValueError(f"value at {key!r}: dict keys collide on {sk!r}")
+            out[sk] = encode_json(v, key=f"{key}/{sk}")
+        return out
+    if isinstance(value, list | tuple):
+        return [encode_json(v, key=f"{key}/{i}") for i, v in enumerate(value)]
+    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0:
+        return encode_json(value.item(), key=key)  # numpy / torch scalars
+    raise UnsupportedValueError(
+        f"value at {key!r} of type {type(value).__name__} cannot be stored without pickle; "
+        f"store a tensor, a JSON scalar, or an object with state_dict()/load_state_dict()"
+    )
+
+
+def decode_json(value: Any) -> Any:
+    """Inverse of :func:`encode_json` for tagged floats (containers stay dicts/lists)."""
+    if isinstance(value, dict):
+        if len(value) == 1 and _FLOAT_TAG in value and isinstance(value[_FLOAT_TAG], str):
+            return float(value[_FLOAT_TAG])
+        return {k: decode_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_json(v) for v in value]
+    return value
+
+
+def portable_key(path: Sequence[str | int]) -> str:
+    """The portable key of a DCP object path (``("model", "fc.weight")`` → ``model/fc.weight``)."""
+    return "/".join(escape_component(str(p)) for p in path)
+
+
+def dcp_fqn(key: str) -> str:
+    """DCP's dotted FQN of a portable key (``optim/state/fc.weight/exp_avg`` → ``optim.state.fc.weight.exp_avg``)."""
+    return ".".join(split_key(key))
+
+
+def byte_item_fqns(key: str) -> Iterator[tuple[str, str]]:
+    """``(fqn, key)`` of every DCP item a stored JSON leaf can belong to.
+
+    DCP keeps a list or tuple of plain values as one item, so a leaf ``a/betas/1`` may be the
+    item ``a.betas.1`` itself or part of the item ``a.betas``: each trailing run of decimal
+    components can be the positions inside one item.
+    """
+    parts = key.split("/")
+    yield dcp_fqn(key), key
+    while len(parts) > 1 and parts[-1].isdecimal():
+        parts.pop()
+        prefix = "/".join(parts)
+        yield dcp_fqn(prefix), prefix
+
+
+def _unsupported(fqn: str, key: str, value: Any, why: str) -> UnsupportedValueError:
+    return UnsupportedValueError(
+        f"DCP item {fqn!r} (key {key!r}): {why} ({type(value).__name__}) cannot be stored without "
+        f"pickle; non-tensor items are stored as JSON (None, bool, int, float, str, and lists, "
+        f"tuples and dicts of them). Convert it (bytes to a base64 str or a uint8 tensor, an "
+        f"object to its state_dict(); DCP calls state_dict() only on top-level values)"
+    )
+
+
+def json_leaves(
+    key: str, value: Any, *, fqn: str, is_tensor: Callable[[Any], bool] | None = None
+) -> dict[str, Any]:
+    """Split a non-tensor value into ``{portable key: JSON scalar}`` (empty containers as is).
+
+    ``is_tensor`` recognises tensors nested in the value (refused: they belong in tensors).
+
+    Raises:
+        UnsupportedValueError: a value JSON cannot hold (naming the DCP item and the key).
+
+    """
+    out: dict[str, Any] = {}
+    _leaves(key, value, out, fqn, 0, is_tensor)
+    return out
+
+
+def _leaves(
+    key: str,
+    value: Any,
+    out: dict[str, Any],
+    fqn: str,
+    depth: int,
+    is_tensor: Callable[[Any], bool] | None,
+) -> None:
+    if depth > 64:
+        raise _unsupported(fqn, key, value, "a value nested more than 64 levels deep")
+    if is_tensor is not None and is_tensor(value):
+        raise _unsupported(fqn, key, value, "a tensor inside a tuple or a plain list")
+    if isinstance(value, Mapping):
+        if not value:
+            out[key] = {}
+        seen: set[str] = set()
+        for k, v in value.items():
+            if isinstance(k, bool) or not isinstance(k, str | int):
+                raise _unsupported(fqn, key, k, f"the dict key {k!r}")
+            comp = escape_component(str(k))
+            if comp in seen:
+                raise _unsupported(fqn, key, value, f"a dict whose keys collide on {str(k)!r}")
+            seen.add(comp)
+            _leaves(f"{key}/{comp}", v, out, fqn, depth + 1, is_tensor)
+        return
+    if isinstance(value, list | tuple):
+        if not value:
+            out[key] = []
+        for i, v in enumerate(value):
+            _leaves(f"{key}/{i}", v, out, fqn, depth + 1, is_tensor)
+        return
+    try:
+        out[key] = encode_json(value, key=key)
+    except UnsupportedValueError:
+        raise _unsupported(fqn, key, value, "the value") from None
+
+
+class JsonTree:
+    """Stored JSON leaves, rebuilt into the values DCP items stand for.
+
+    ``value(key, template)`` gives the value below ``key``: the stored leaf itself, or the
+    container of the leaves below it, shaped like ``template`` (the load target's current
+    value: a tuple stays a tuple, int dict keys stay ints); without a template, children
+    ``0..n-1`` make a list and any other children a dict.
+    """
+
+    def __init__(self, leaves: Mapping[str, Any]) -> None:
+        self._leaves = dict(leaves)
+        self._children: dict[str, list[str]] = {}
+        seen: set[str] = set()
+        for k in self._leaves:
+            parts = k.split("/")
+            for i in range(1, len(parts)):
+                parent, child = "/".join(parts[:i]), "/".join(parts[: i + 1])
+                if child not in seen:
+                    seen.add(child)
+                    self._children.setdefault(parent, []).append(parts[i])
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._leaves or key in self._children
+
+    def value(self, key: str, template: Any = None) -> Any:
+        """The value stored below ``key``, shaped like ``template``."""
+        if key in self._leaves:
+            return _like(decode_json(self._leaves[key]), template)
+        comps = self._children.get(key, [])
+        if isinstance(template, list | tuple) or (
+            template is None and comps == [str(i) for i in range(len(comps))]
+        ):
+            items = [
+                self.value(f"{key}/{i}", template[i] if template and i < len(template) else None)
+                for i in range(len(comps))
+            ]
+            return tuple(items) if isinstance(template, tuple) else items
+        by_comp = (
+            {escape_component(str(k)): k for k in template} if isinstance(template, Mapping) else {}
+        )
+        return {
+            by_comp.get(c, split_key(c)[0]): self.value(
+                f"{key}/{c}", template.get(by_comp[c]) if c in by_comp else None
+            )
+            for c in comps
+        }
+
+
+def _like(value: Any, template: Any) -> Any:
+    """A stored scalar in the target's type where JSON lost it (an int where a float was)."""
+    if isinstance(template, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(template, tuple) and isinstance(value, list):
+        return tuple(value)
+    return value

@@ -1,0 +1,287 @@
+"""Conversions that round-trip into real jobs: torch.save ↔ portable, HF exports that
+``transformers`` loads, recompression that keeps every entry, ``--strict``, the format registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.convert import FORMATS, ConvertOptions, Format, SourcePlan, WriteResult, convert
+from portable_ckpt.convert._model import ChunkSpec, TensorSpec
+from portable_ckpt.errors import CheckpointError
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", *args], capture_output=True, text=True
+    )
+
+
+# -- a version with per-rank entries, written without torch ----------------------------------
+
+
+def _two_writer_version(root: Path) -> np.ndarray:
+    from portable_ckpt.format.manifest import Continuation
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    w_full = np.arange(12, dtype=np.float32).reshape(4, 3)
+    st = open_storage(str(root), create=True)
+    aid = new_attempt_id(9)
+    idx = []
+    for r in range(2):
+        w = ShardWriter(st, aid, r)
+        w.add_tensor("model/w", w_full[2 * r : 2 * r + 2], offsets=(2 * r, 0), global_shape=(4, 3))
+        w.add_entry("rng", {"seed": 100 + r}, scope="per_rank", rank=r, world_size_policy="require_same")
+        w.add_entry("data", {"pos": 10 + r}, scope="per_rank", rank=r, world_size_policy="rank0", compress=True)
+        if r == 0:
+            w.add_tensor("optim/m", np.ones(3, dtype=np.float32))
+            w.add_entry("sched", {"lr": 0.1}, {"json_schema": {"type": "object", "required": ["lr"]}})
+        idx.append(w.finish())
+    commit(st, aid, step=9, indexes=idx, continuation=Continuation("statistical", 2))
+    return w_full
+
+
+def _decl(ck: Any) -> dict[str, Any]:
+    return {n: (e.schema, e.scope, e.world_size_policy, e.encoding) for n, e in ck.entries.items()}
+
+
+def test_recompress_keeps_per_rank_entries_and_contract(tmp_path: Path) -> None:
+    w_full = _two_writer_version(tmp_path / "a")
+    rep = convert(tmp_path / "a", tmp_path / "b", codec="zstd")
+    src, out = portable_ckpt.open(tmp_path / "a"), portable_ckpt.open(tmp_path / "b")
+    assert rep.step == out.step == 9 and rep.entries == 3 and not rep.warnings
+    assert _decl(out) == _decl(src)  # schema documents, scope, policy, encoding
+    for r in range(2):
+        assert out.entry("rng", rank=r) == {"seed": 100 + r}
+        assert out.entry("data", rank=r) == {"pos": 10 + r}
+    assert out.entry("sched") == {"lr": 0.1}
+    assert (out.continuation.contract, out.continuation.world_size) == ("statistical", 2)
+    assert {r.codec for t in out.tensors.values() for r in t.ranges} == {"zstd"}
+    assert np.array_equal(out.read("model/w"), w_full)
+    assert out.verify(deep=True) == []
+
+
+def test_strict_fails_on_anything_not_converted(tmp_path: Path) -> None:
+    _two_writer_version(tmp_path / "a")
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "a", tmp_path / "hf", dst_format="hf", strict=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE"
+    assert "'rng'" not in str(ei.value) and "rng:" in str(ei.value) and "--select" in str(ei.value)
+    assert not (tmp_path / "hf").exists()
+    # the CLI: exit 1 under --strict, 0 with the warnings otherwise; --select what HF can hold
+    proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "hf"), "--to", "hf", "--strict")
+    assert proc.returncode == 1 and "PCK-UNSUPPORTED-VALUE" in proc.stderr and not (tmp_path / "hf").exists()
+    proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "hf"), "--to", "hf")
+    assert proc.returncode == 0 and proc.stderr.count("warning:") == 3, proc.stderr
+    proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "hf2"), "--to", "hf", "--strict",
+                "--select", "model/*", "--strip-prefix", "model/")
+    assert proc.returncode == 0, proc.stderr
+    from safetensors.numpy import load_file
+
+    assert list(load_file(tmp_path / "hf2" / "model.safetensors")) == ["w"]
+
+
+def test_export_options_are_refused_for_portable_targets(tmp_path: Path) -> None:
+    _two_writer_version(tmp_path / "a")
+    proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "b"), "--dtype", "bf16")
+    assert proc.returncode == 2 and "--to hf" in proc.stderr and not (tmp_path / "b").exists()
+    proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "h"), "--to", "hf", "--dtype", "int8")
+    assert proc.returncode == 2 and "bf16" in proc.stderr
+    proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "h"), "--to", "hf", "--select", "nope/*")
+    assert proc.returncode == 2 and "matches no tensor" in proc.stderr and not (tmp_path / "h").exists()
+
+
+# -- the registry: a new format is one entry ---------------------------------------------------
+
+
+def _read_npz(src: str, options: ConvertOptions) -> SourcePlan:
+    data = np.load(src)
+    tensors = []
+    for k in sorted(data.files):
+        a = data[k]
+        tensors.append(
+            TensorSpec(k, str(a.dtype), a.shape, [ChunkSpec((0,) * a.ndim, a.shape, a.nbytes, src, lambda a=a: a)])
+        )
+    return SourcePlan("npz", tensors)
+
+
+def _write_npz(ck: Any, dst: str, options: ConvertOptions, progress: Any) -> WriteResult:
+    arrays = {k: ck.read(k) for k in ck.tensors}
+    with open(dst, "wb") as f:
+        np.savez(f, **arrays)
+    return WriteResult(len(arrays), sum(a.nbytes for a in arrays.values()))
+
+
+def test_a_new_format_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fmt = Format(
+        name="npz",
+        help="numpy .npz archives",
+        reader=f"{__name__}:_read_npz",
+        writer=f"{__name__}:_write_npz",
+        detect=lambda p: p.endswith(".npz"),
+        destination="file",
+    )
+    monkeypatch.setitem(FORMATS, "npz", fmt)
+    np.savez(tmp_path / "a.npz", w=np.arange(6.0).reshape(2, 3), b=np.array([1, 2], dtype=np.int32))
+    rep = convert(tmp_path / "a.npz", tmp_path / "root")  # detected through the entry
+    assert rep.source_format == "npz" and portable_ckpt.open(tmp_path / "root").tensors["w"].shape == (2, 3)
+    convert(tmp_path / "root", tmp_path / "b.npz", dst_format="npz")
+    back = np.load(tmp_path / "b.npz")
+    assert np.array_equal(back["w"], np.arange(6.0).reshape(2, 3)) and back["b"].dtype == np.int32
+    # the CLI's choices and help come from the same table
+    from portable_ckpt.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["convert"]  # type: ignore[union-attr]
+    choices = {a.dest: a.choices for a in sub._actions if a.dest in ("src_format", "dst_format")}
+    assert "npz" in choices["src_format"] and "npz" in choices["dst_format"]
+    assert "numpy .npz archives" in sub.format_help()
+
+
+def test_missing_dependency_names_the_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(
+        FORMATS,
+        "needy",
+        Format(name="needy", help="x", reader=f"{__name__}:_read_npz",
+               read_requires=("pck_no_such_module",), install="pip install needy"),
+    )
+    np.savez(tmp_path / "a.npz", w=np.zeros(2))
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "a.npz", tmp_path / "root", src_format="needy")
+    assert ei.value.code == "PCK-USAGE" and "pip install needy" in str(ei.value)
+    assert "pck_no_such_module" in str(ei.value) and not (tmp_path / "root").exists()
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "a.npz", tmp_path / "root", src_format="nope")
+    assert ei.value.code == "PCK-USAGE" and "dcp" in str(ei.value)
+
+
+# -- torch.save <-> portable, into the job's own objects ----------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+def _same(got: Any, want: Any, where: str = "") -> None:
+    if isinstance(want, torch.Tensor):
+        assert torch.equal(got, want) and got.dtype == want.dtype, where
+    elif isinstance(want, dict):
+        assert set(got) == set(want), (where, set(got) ^ set(want))
+        for k in want:
+            _same(got[k], want[k], f"{where}/{k}")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{where}/{i}")
+    else:
+        assert got == want, (where, got, want)
+
+
+def _job(seed: int) -> tuple[Any, Any]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(2):
+        model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+    return model, opt
+
+
+@pytest.mark.torch
+def test_torch_save_round_trips_into_the_job(tmp_path: Path) -> None:
+    import portable_ckpt.torch as pckt
+
+    model, opt = _job(0)
+    src = tmp_path / "step-40.pt"
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3}, src)
+    rep = convert(src, tmp_path / "root")
+    assert rep.step == 40 and "step-40.pt" in rep.step_source and not rep.warnings
+    ck = portable_ckpt.open(tmp_path / "root")
+    assert {"model/0.weight", "optim/state/0/exp_avg", "optim/state/3/step"} <= set(ck.tensors)
+    # the job's own objects load the converted version (the keys portable_ckpt.torch.save writes)
+    model2, opt2 = _job(1)
+    state = {"model": model2, "optim": opt2, "epoch": 0}
+    pckt.load(state, tmp_path / "root")
+    assert state["epoch"] == 3
+    _same(model2.state_dict(), model.state_dict())
+    _same(opt2.state_dict(), opt.state_dict())
+    # and back: one torch.save file that torch.load(weights_only=True) reads, into fresh objects
+    out = tmp_path / "back.pt"
+    convert(tmp_path / "root", out, dst_format="torch")
+    back = torch.load(out, weights_only=True)
+    model3, opt3 = _job(2)
+    model3.load_state_dict(back["model"])
+    opt3.load_state_dict(back["optim"])
+    assert back["epoch"] == 3 and isinstance(back["optim"]["state"], dict)
+    _same(model3.state_dict(), model.state_dict())
+    _same(opt3.state_dict(), opt.state_dict())
+    with pytest.raises(CheckpointError) as ei:  # the target exists: nothing is overwritten
+        convert(tmp_path / "root", out, dst_format="torch")
+    assert ei.value.code == "PCK-USAGE"
+
+
+@pytest.mark.torch
+def test_torch_target_verbatim_is_flat(tmp_path: Path) -> None:
+    model, _ = _job(0)
+    torch.save({"model": model.state_dict()}, tmp_path / "a.pt")
+    convert(tmp_path / "a.pt", tmp_path / "root", keys="verbatim")
+    convert(tmp_path / "root", tmp_path / "flat.pt", dst_format="torch", keys="verbatim")
+    flat = torch.load(tmp_path / "flat.pt", weights_only=True)
+    _same(flat, {f"model.{k}": v for k, v in model.state_dict().items()})
+
+
+# -- HF export that transformers loads as is ---------------------------------------------------
+
+
+@pytest.mark.torch
+def test_hf_export_loads_in_transformers(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    import portable_ckpt.torch as pckt
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 64, (1, 8)), labels=torch.randint(0, 64, (1, 8))).loss.backward()
+    opt.step()
+    pckt.save({"model": model, "optim": opt, "epoch": 1}, tmp_path / "root", step=5)
+
+    out = tmp_path / "hf"
+    rep = convert(tmp_path / "root", out, dst_format="hf", select=["model/*"],
+                  strip_prefix="model/", dtype="bf16", max_shard_size="4KB", strict=True)
+    want = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(idx["weight_map"]) == set(want)  # no optimizer moments, no "model/" prefix
+    assert idx["metadata"]["total_size"] == sum(v.numel() * 2 for v in want.values())
+    shards = sorted(p.name for p in out.iterdir() if p.suffix == ".safetensors")
+    assert len(shards) > 2 and set(idx["weight_map"].values()) == set(shards)
+    got: dict[str, Any] = {}
+    for name in shards:  # safetensors' own loader, then transformers' own
+        got.update(load_file(out / name))
+        from transformers.modeling_utils import load_state_dict
+
+        assert set(load_state_dict(str(out / name))) == set(load_file(out / name))
+    _same(got, want)
+    assert rep.tensors == len(want) and not rep.warnings
+    cfg.save_pretrained(out)
+    loaded, info = transformers.LlamaForCausalLM.from_pretrained(
+        out, dtype=torch.bfloat16, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    _same(loaded.state_dict(), want)
+    assert os.listdir(tmp_path) == ["root", "hf"] or set(os.listdir(tmp_path)) == {"root", "hf"}
