@@ -170,8 +170,11 @@ def kill_mid_async(rank: int, world: int, root: str) -> dict[str, Any]:
         mgr.wait()
         return {"error": None}
     except CheckpointError as e:
-        return {"error": e.code, "message": e.message,
-                "failed": list(getattr(e, "failed_ranks", []))}
+        return {
+            "error": e.code,
+            "message": e.message,
+            "failed": list(getattr(e, "failed_ranks", [])),
+        }
 
 
 def exit_pending(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -247,7 +250,15 @@ def load_options(rank: int, world: int, root: str) -> dict[str, Any]:
     }
 
 
-def _node_mgr(root: str, replicas: int) -> Any:
+#: Node-local configurations: fast replicas, and replication with sampled verification.
+NODE_CONFIGS: dict[str, dict[str, Any]] = {
+    "0": {"fast_replicas": 0},
+    "1": {"fast_replicas": 1},
+    "rep": {"fast_replicas": 0, "replicate": True, "verify_sample": 1.0},
+}
+
+
+def _node_mgr(root: str, config: str) -> Any:
     return pckt.CheckpointManager(
         root,
         save_every=3,
@@ -255,46 +266,46 @@ def _node_mgr(root: str, replicas: int) -> Any:
         fast_every=1,
         fast_keep=2,
         ranks_per_node=2,
-        fast_replicas=replicas,
         timeout=120,
+        **NODE_CONFIGS[config],
     )
 
 
+def _restored(mgr: Any, info: Any, fresh: Trainer) -> dict[str, Any]:
+    ev = next(e for e in mgr.telemetry.history if e["event"] == "restore")
+    return {
+        "step": info.step if info else None,
+        "tier": ev["tier"],
+        "fetched": ev["fetched_from_peers"],
+        "fallbacks": ev["fallbacks"],
+        "w": fresh.w.full_tensor().tolist(),
+    }
+
+
 def node_local_save(rank: int, world: int, base: str) -> dict[str, Any]:
-    """2 nodes x 2 ranks: fast saves to node-local roots (with and without replicas)."""
+    """2 nodes x 2 ranks: fast saves to node-local roots (each configuration), then restore."""
     out: dict[str, Any] = {}
-    for replicas in (0, 1):
-        root = f"{base}/r{replicas}"
+    for config in NODE_CONFIGS:
+        root = f"{base}/r{config}"
         tr = Trainer(world)
-        with _node_mgr(root, replicas) as mgr:
+        with _node_mgr(root, config) as mgr:
             for step in range(1, 5):
                 tr.step(step)
                 mgr.maybe_save(step, {"model": tr})
         fresh = Trainer(world, salt=500.0)
-        with _node_mgr(root, replicas) as again:
+        with _node_mgr(root, config) as again:
             info = again.restore({"model": fresh})
-        ev = next(e for e in again.telemetry.history if e["event"] == "restore")
-        out[str(replicas)] = {
-            "step": info.step if info else None,
-            "tier": ev["tier"],
-            "fetched": ev["fetched_from_peers"],
-            "w": fresh.w.full_tensor().tolist(),
-        }
+        out[config] = _restored(again, info, fresh)
+        kinds = ("replicate", "verify")
+        out[config]["events"] = [e for e in mgr.telemetry.history if e["event"] in kinds]
     return out
 
 
 def node_local_restore(rank: int, world: int, base: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for replicas in (0, 1):
+    for config in NODE_CONFIGS:
         fresh = Trainer(world, salt=500.0)
-        with _node_mgr(f"{base}/r{replicas}", replicas) as mgr:
+        with _node_mgr(f"{base}/r{config}", config) as mgr:
             info = mgr.restore({"model": fresh})
-        ev = next(e for e in mgr.telemetry.history if e["event"] == "restore")
-        out[str(replicas)] = {
-            "step": info.step if info else None,
-            "tier": ev["tier"],
-            "fetched": ev["fetched_from_peers"],
-            "fallbacks": ev["fallbacks"],
-            "w": fresh.w.full_tensor().tolist(),
-        }
+        out[config] = _restored(mgr, info, fresh)
     return out

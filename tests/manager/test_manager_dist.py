@@ -227,7 +227,9 @@ def test_node_local_fast_tier_with_and_without_replicas(tmp_path: Path) -> None:
         )
         man = json.loads((node0 / newest / "manifest.json").read_text())
         assert "pck.placement" in man["entries"]
-        shutil.rmtree(node1)  # node 1 is lost (replaced by an empty node)
+    _check_node_replication(base, saved)
+    for config in ("0", "1", "rep"):
+        shutil.rmtree(Path(base, f"r{config}-fast", "node1"))  # node 1 lost (an empty node)
     back = ok(run("node_local_restore", 4, base, timeout=180))
     for r in back:
         # Without replicas node 1's shards are nowhere in the fast tier: durable step 3.
@@ -236,6 +238,31 @@ def test_node_local_fast_tier_with_and_without_replicas(tmp_path: Path) -> None:
         # With fast_replicas=1 node 0 keeps node 1's files: fetched over the network.
         assert r["1"]["tier"] == "fast" and r["1"]["step"] == 4 and r["1"]["w"] == expected_w
         assert r["1"]["fetched"]["fetched"] > 0 and r["1"]["fallbacks"] == []
+        # Replicated by both nodes: the durable copy of step 3 restores.
+        assert r["rep"]["tier"] == "durable" and r["rep"]["step"] == 3
+        assert r["rep"]["w"] == torch_arange_plus(3).tolist()
+
+
+def _check_node_replication(base: str, saved: list[Any]) -> None:
+    """replicate=True, verify_sample=1 on node-local roots: every node copies, every rank checks."""
+    durable = portable_ckpt.list_versions(f"{base}/rrep")
+    assert [(v.step, v.status) for v in durable] == [(3, "committed")]  # only save_every steps
+    assert portable_ckpt.open(durable[0].path).verify(deep=True) == []
+    ck = portable_ckpt.open(durable[0].path)
+    events = saved[0]["rep"]["events"]
+    rep = [e for e in events if e["event"] == "replicate"]
+    assert len(rep) == 1 and rep[0]["ok"] and rep[0]["checkpoint_id"] == durable[0].id
+    assert rep[0]["bytes"] == sum(f.size for f in ck.manifest.files.values())
+    by_rank = rep[0]["bytes_by_rank"]
+    assert by_rank[0] + by_rank[1] > 0 and by_rank[2] + by_rank[3] > 0  # both nodes copied
+    verify = [e for e in events if e["event"] == "verify"]
+    assert len(verify) == 4 and all(v["ok"] for v in verify)  # every save, all agreed
+    assert all(all(c > 0 for c in v["chunks_by_rank"]) for v in verify)  # each rank its share
+    for node in ("node0", "node1"):
+        fast = {v.step: v for v in portable_ckpt.list_versions(f"{base}/rrep-fast/{node}")}
+        assert sorted(fast) == [3, 4] and fast[3].copied  # the copy record on every node
+        assert not any(v.verification_failed for v in fast.values())
+        assert all(list(Path(v.path, "verifications").iterdir()) for v in fast.values())
 
 
 def torch_arange_plus(steps: int) -> Any:

@@ -25,7 +25,15 @@ from portable_ckpt.torch.info import CheckpointInfo
 if TYPE_CHECKING:
     from portable_ckpt.torch.manager import CheckpointManager
 
-__all__ = ["after_failure", "after_save", "replicate", "retain", "verify"]
+__all__ = [
+    "after_failure",
+    "after_save",
+    "replicate",
+    "replicate_nodes",
+    "retain",
+    "verify",
+    "verify_nodes",
+]
 
 _log = logging.getLogger("portable_ckpt")
 _MIB = float(1 << 20)
@@ -67,12 +75,18 @@ def after_save(
         mib_per_s=round(mib_s, 6),
     )
     if tier.layout is not None:
-        if tier.leads(mgr.rank):
-            retain(mgr, tier)  # each node's leader keeps its own node root
-        if mgr.rank != 0:
-            return
-    elif mgr.rank != 0:
+        _after_node_local(mgr, step, tier, decision, info)
         return
+    if mgr.rank != 0:
+        return
+    _emit_commit(mgr, tier, step, info)
+    bad = verify(mgr, tier, info.checkpoint_id) is False
+    if tier.name == "fast" and mgr.replicate and decision.tier == "durable" and not bad:
+        replicate(mgr, tier, info.checkpoint_id)
+    retain(mgr, tier)
+
+
+def _emit_commit(mgr: CheckpointManager, tier: Tier, step: int, info: CheckpointInfo) -> None:
     mgr.telemetry.emit(
         "commit",
         tier=tier.name,
@@ -83,12 +97,74 @@ def after_save(
         reported_writers=info.world_size,
         code=None,
     )
-    if tier.layout is not None:
-        return  # node-local: no single rank can read the whole version
-    bad = verify(mgr, tier, info.checkpoint_id) is False
-    if tier.name == "fast" and mgr.replicate and decision.tier == "durable" and not bad:
-        replicate(mgr, tier, info.checkpoint_id)
-    retain(mgr, tier)
+
+
+def _after_node_local(
+    mgr: CheckpointManager, step: int, tier: Tier, decision: Decision, info: CheckpointInfo
+) -> None:
+    """Node-local version: every rank takes part; no single rank can read all of it."""
+    if mgr.rank == 0:
+        _emit_commit(mgr, tier, step, info)
+    bad = verify_nodes(mgr, tier, info.checkpoint_id) is False
+    if mgr.replicate and mgr._bg_comm is not None and decision.tier == "durable" and not bad:
+        replicate_nodes(mgr, tier, info.checkpoint_id)
+    if tier.leads(mgr.rank):
+        retain(mgr, tier)  # each node's leader keeps its own node root
+
+
+def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
+    """Sampled verification of a node-local version: each rank its share, results agreed."""
+    from portable_ckpt.torch._manager_nodelocal import verify_node_local
+
+    if mgr.verify_sample <= 0 or mgr._bg_comm is None or tier.layout is None:
+        return None
+    out = verify_node_local(mgr._bg_comm, tier.layout, tier.storage, attempt, mgr.verify_sample)
+    if mgr.rank == 0:
+        mgr.telemetry.emit(
+            "verify",
+            tier=tier.name,
+            checkpoint_id=attempt,
+            fraction=mgr.verify_sample,
+            chunks=out.chunks,
+            chunks_by_rank=out.chunks_by_rank,
+            ok=out.ok,
+            errors=out.errors[:8],
+        )
+        if not out.ok:
+            _log.error("version %s failed sampled verification: %s", attempt, out.errors[:1])
+    return out.ok
+
+
+def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
+    """Replicate a node-local version (every rank, background thread); rank 0 reports it."""
+    from portable_ckpt.torch._manager_nodelocal import replicate_node_local
+
+    if mgr._bg_comm is None or tier.layout is None:  # pragma: no cover - guarded by caller
+        return
+    durable = mgr.tiers["durable"]
+    out = replicate_node_local(mgr._bg_comm, tier.layout, tier.storage, durable.storage, attempt)
+    if mgr.rank != 0:
+        return
+    fields: dict[str, Any] = {"tier": "durable", "checkpoint_id": attempt, "ok": out.ok}
+    if not out.ok:
+        mgr.last_error = DistributedError(
+            f"replication of {attempt} to {durable.root} failed on rank {out.failed_rank}: "
+            f"[{out.code}] {out.message}"
+        )
+        _log.error("%s", mgr.last_error)
+        mgr.telemetry.emit("replicate", **fields, code=out.code, message=out.message)
+        return
+    mib_s = out.bytes / _MIB / out.seconds if out.seconds > 0 else 0.0
+    mgr.telemetry.emit(
+        "replicate",
+        **fields,
+        bytes=out.bytes,
+        seconds=round(out.seconds, 6),
+        mib_per_s=round(mib_s, 3),
+        bytes_by_rank=out.bytes_by_rank,
+        nodes=tier.layout.nodes,
+    )
+    retain(mgr, durable)
 
 
 def after_failure(

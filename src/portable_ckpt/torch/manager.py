@@ -47,8 +47,10 @@ from portable_ckpt.manager.records import (
 )
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
+from portable_ckpt.torch._collectives import Comm
 from portable_ckpt.torch._manager_decisions import Preemption, agree, make_group
 from portable_ckpt.torch._manager_exit import register_after_async_save, register_exit
+from portable_ckpt.torch._manager_nodelocal import background_comm
 from portable_ckpt.torch._manager_post import after_failure, after_save
 from portable_ckpt.torch._manager_restore import restore as _restore
 from portable_ckpt.torch._manager_state import ManagerEntry, ModelOptimizerState, warn_stale
@@ -85,7 +87,9 @@ class CheckpointManager:
             in ``fast_root`` is replaced by the node index, every rank touches only its node's
             root, and the version records which node holds what (``pck.placement``).
         replicate: Write durable saves to the fast tier and copy them to ``root`` in the
-            background (verified, manifest last), instead of writing ``root`` directly.
+            background (verified, manifest last), instead of writing ``root`` directly. With a
+            node-local fast tier every node copies what its root holds and rank 0 publishes the
+            manifest once every node reported (``root`` must be reachable from every rank).
         verify_sample: After each commit re-read this fraction of the chunks (rank 0); a version
             that fails is marked (a verification record) and never restored.
         events: Telemetry sink: JSON lines, or a Prometheus textfile when it ends in ``.prom``;
@@ -151,6 +155,7 @@ class CheckpointManager:
         self.exit_timeout = float(exit_timeout)
         self.process_group = process_group
         self._group, self.rank, self.world_size = make_group(process_group, timeout)
+        self._bg_comm: Comm | None = None
         durable = durable_tier(
             root, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best
         )
@@ -165,8 +170,8 @@ class CheckpointManager:
                 rank=self.rank,
                 world=self.world_size,
             )
-            if fast.layout is not None and self.replicate:
-                raise UsageError("replicate=True needs a fast tier every rank reaches (one node)")
+            if fast.layout is not None and (self.replicate or self.verify_sample > 0):
+                self._bg_comm = background_comm(process_group, timeout)
             self.tiers["fast"] = fast
         self._init_runtime(events, handle_sigterm)
 
