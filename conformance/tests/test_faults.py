@@ -61,7 +61,7 @@ def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest
     assert message in _save(mode, bad, fast_tmp, **kw)  # type: ignore[arg-type]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(codec=st.sampled_from(["none", "zstd"]), data=st.data())
 def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObject) -> None:
     """Whatever hypothesis draws (its first draw is the empty state), a stratum's case has
