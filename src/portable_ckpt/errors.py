@@ -45,6 +45,7 @@ __all__ = [
     "UsageError",
     "VersionUnsupportedError",
     "WriterMissingError",
+    "WriterProcessError",
     "ERROR_CODES",
     "error_for_code",
 ]
@@ -300,6 +301,15 @@ class UsageError(CheckpointError):
     """Invalid arguments from the caller (e.g. a read box outside the tensor)."""
 
     code = "PCK-USAGE"
+
+
+class WriterProcessError(CheckpointError):
+    """The separate writer process of an async save died or broke its protocol.
+
+    The save fails on every rank and publishes nothing; the next save starts a new writer.
+    """
+
+    code = "PCK-WRITER-PROCESS"
 
 
 def _collect() -> dict[str, type[CheckpointError]]:

@@ -1,7 +1,9 @@
 """Launched with torchrun: start async saves and let the interpreter exit without waiting.
 
 ``ROOT/manager``: through a CheckpointManager that is never closed; ``ROOT/plain``: with
-``async_save`` alone (started after the manager's save, which it waits for).
+``async_save`` alone (started after the manager's save, which it waits for); ``ROOT/process``:
+``async_save(mode="process")``, whose writer process must outlive the interpreter's shutdown
+until the save is committed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ def main() -> None:
         pending.append(mgr._pending is not None and not mgr._pending.done())
     if "plain" in modes:
         h = pckt.async_save(state, f"{root}/plain", step=1, timeout=60)
+        pending.append(not h.done())
+    if "process" in modes:
+        h = pckt.async_save(state, f"{root}/process", step=1, timeout=60, mode="process")
         pending.append(not h.done())
     print(f"rank {dist.get_rank()}: exiting with saves in flight: {pending}", flush=True)
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.torch
 
 HERE = Path(__file__).resolve().parent
 REPO = str(HERE.parents[1])
-MODES = ["manager", "plain"]
+MODES = ["manager", "plain", "process"]
 
 
 def _torchrun(kids: Children, *args: str) -> subprocess.Popen[str]:

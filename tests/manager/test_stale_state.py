@@ -82,3 +82,30 @@ def test_manager_saves_the_live_lr(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert info is not None and info.step == 4
     assert opt2.param_groups[0]["lr"] == pytest.approx(stored)
     assert sched2.last_epoch == 4
+
+
+def test_manager_async_mode_process_saves_through_the_writer_process(tmp_path: Path) -> None:
+    """``async_mode="process"``: the saves are written by the writer process, values and all."""
+    from portable_ckpt.errors import UsageError
+    from portable_ckpt.torch import _process_write
+
+    with pytest.raises(UsageError, match="async_mode must be one of"):
+        pckt.CheckpointManager(str(tmp_path / "x"), save_every=1, async_mode="fork")
+    assert not (tmp_path / "x").exists()  # refused before anything was touched
+    model, opt, sched = _job()
+    state = {"train": pckt.ModelOptimizerState(model, opt), "sched": sched}
+    with pckt.CheckpointManager(str(tmp_path / "mgr"), save_every=2, async_mode="process") as mgr:
+        for step in range(1, 5):
+            _train(model, opt, sched, 1)
+            mgr.maybe_save(step, state)
+        mgr.wait()
+        assert mgr.last_error is None
+        assert _process_write.writer_process().alive()
+        expect = {k: v.clone() for k, v in model.state_dict().items()}
+    assert [v.step for v in portable_ckpt.list_versions(str(tmp_path / "mgr"))] == [2, 4]
+    model2, opt2, sched2 = _job()
+    mgr2 = pckt.CheckpointManager(str(tmp_path / "mgr"), save_every=2)
+    info = mgr2.restore({"train": pckt.ModelOptimizerState(model2, opt2), "sched": sched2})
+    mgr2.close()
+    assert info is not None and info.step == 4 and sched2.last_epoch == 4
+    assert all(torch.equal(v, expect[k]) for k, v in model2.state_dict().items())

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
+from portable_ckpt.errors import UsageError
 from portable_ckpt.storage.base import Capabilities, ObjectInfo, Storage, StreamWriter
 from portable_ckpt.storage.local import LocalStorage
 
@@ -14,6 +17,7 @@ __all__ = [
     "Storage",
     "StreamWriter",
     "check_root_url",
+    "open_process_spec",
     "open_storage",
 ]
 
@@ -57,3 +61,21 @@ def open_storage(url: str | os.PathLike[str] | Storage, *, create: bool = False)
     if text.startswith("file://"):
         text = text[len("file://") :]
     return LocalStorage(text, create=create)
+
+
+def open_process_spec(spec: Mapping[str, Any]) -> Storage:
+    """Open the root that :meth:`Storage.process_spec` described (in another process).
+
+    Raises:
+        UsageError: the document names no known backend.
+
+    """
+    kind = spec.get("kind")
+    if kind == "local":
+        return LocalStorage(str(spec["root"]))
+    if kind == "s3":
+        from portable_ckpt.storage.s3 import S3Options, S3Storage
+
+        options = S3Options(**dict(spec["options"]))
+        return S3Storage(str(spec["bucket"]), str(spec["prefix"]), options=options)
+    raise UsageError(f"storage description names no known backend: {kind!r}")

@@ -14,6 +14,7 @@ import abc
 import builtins
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Capabilities", "ObjectInfo", "Storage", "StreamWriter", "well_formed"]
 
@@ -221,6 +222,16 @@ class Storage(abc.ABC):
 
     def local_root(self) -> str | None:
         """Return the local directory of the root, when ``capabilities.local_path``."""
+        return None
+
+    def process_spec(self) -> dict[str, Any] | None:
+        """A JSON document from which another process opens this same root, or ``None``.
+
+        :func:`~portable_ckpt.storage.open_process_spec` turns it back into a storage (the
+        writer process of an async save in ``mode="process"`` opens the root this way). The
+        default is ``None``: a backend object that cannot travel (in memory, wrapped, holding
+        live connections or credentials) is used only by the process that made it.
+        """
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -10,6 +10,7 @@ import stat
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from portable_ckpt.errors import (
     CheckpointError,
@@ -213,6 +214,10 @@ class LocalStorage(Storage):
     # -- interface -------------------------------------------------------------------------------
     def local_root(self) -> str | None:
         return self.root
+
+    def process_spec(self) -> dict[str, Any] | None:
+        """``{"kind": "local", "root": ...}``; ``None`` for a subclass (it may change behaviour)."""
+        return {"kind": "local", "root": self.root} if type(self) is LocalStorage else None
 
     def read_into(self, path: str, offset: int, buf: memoryview) -> None:
         fd = self._open_read(path)

@@ -38,7 +38,7 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NoReturn, TypeVar
 
 import crc32c as _crc32c
@@ -982,6 +982,20 @@ class S3Storage(Storage):
         except (FileMissingError, LimitError):
             return False
         return existing == bytes(data)
+
+    def process_spec(self) -> dict[str, Any] | None:
+        """Bucket, prefix and options (never credentials: the other process finds its own).
+
+        ``None`` for a subclass, which may change behaviour.
+        """
+        if type(self) is not S3Storage:
+            return None
+        return {
+            "kind": "s3",
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "options": asdict(self.options),
+        }
 
     def close(self) -> None:
         """Shut down the thread pool (clients are released with the object)."""

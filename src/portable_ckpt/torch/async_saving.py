@@ -1,10 +1,19 @@
-"""The async save: stage on the caller's thread, write and commit on a background thread.
+"""The async save: stage on the caller's thread, write and commit in the background.
 
 The caller is blocked only while its state is copied into reused host staging buffers
 (:mod:`portable_ckpt.torch.staging`); the collective protocol of :mod:`portable_ckpt.torch.saving`
 then runs on one background thread per process. Its metadata collectives use a dedicated gloo
 group (:mod:`portable_ckpt.torch._collectives`), so they never interleave with training
 collectives. At most one async save per process is in flight (:mod:`portable_ckpt.torch._inflight`).
+
+Two places for the writing (checksums, writes, fsync):
+
+* ``mode="thread"``: the background thread itself, in the training process (staging buffers are
+  private tensors);
+* ``mode="process"``: a separate writer process (:mod:`portable_ckpt.io.writer_process`) that
+  maps the staged bytes from one anonymous shared-memory segment and runs at a lower CPU
+  priority; the training interpreter then runs none of the writer's code (no GIL contention),
+  and the background thread only waits and exchanges the small metadata documents.
 """
 
 from __future__ import annotations
@@ -14,13 +23,26 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Unpack
 
+from portable_ckpt.errors import UsageError
+from portable_ckpt.storage import open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import LOCK, track, wait_idle
 from portable_ckpt.torch.info import CheckpointInfo
-from portable_ckpt.torch.saving import Prepared, Root, SaveKeywords, SaveOptions, prepare, run_save
-from portable_ckpt.torch.staging import POOL
+from portable_ckpt.torch.saving import (
+    Prepared,
+    RankWrite,
+    Root,
+    SaveKeywords,
+    SaveOptions,
+    prepare,
+    run_save,
+)
+from portable_ckpt.torch.staging import Staging, staging_bytes
 
-__all__ = ["AsyncSaveHandle", "async_save"]
+__all__ = ["ASYNC_MODES", "AsyncSaveHandle", "async_save"]
+
+#: Where an async save writes: ``"thread"`` (in this process) or ``"process"`` (a writer process).
+ASYNC_MODES = ("thread", "process")
 
 
 class AsyncSaveHandle:
@@ -65,7 +87,11 @@ class _Background:
 
 
 def async_save(
-    state_dict: Mapping[str, Any], root: Root, **options: Unpack[SaveKeywords]
+    state_dict: Mapping[str, Any],
+    root: Root,
+    *,
+    mode: str = "thread",
+    **options: Unpack[SaveKeywords],
 ) -> AsyncSaveHandle:
     """Like :func:`save`, but returns once the state is staged; I/O and commit run in the background.
 
@@ -75,22 +101,50 @@ def async_save(
     save while one is in flight waits for it (``if_busy="wait"``) or raises (``"raise"``).
     Metadata collectives use a dedicated gloo group, so they never interleave with training
     collectives. Takes the keyword arguments of :func:`save` (see :class:`SaveOptions`).
+
+    Args:
+        state_dict: As for :func:`save`.
+        root: As for :func:`save`; with ``mode="process"`` a local path, an ``s3://`` URL, or
+            a :class:`~portable_ckpt.storage.Storage` whose ``process_spec()`` is not ``None``.
+        mode: ``"thread"``: write on a background thread of this process. ``"process"``:
+            stage into shared memory and write in a separate, lower-priority writer process
+            (started on first use, reused; a new one replaces one that died, whose save then
+            fails with PCK-WRITER-PROCESS and publishes nothing).
+        **options: ``step`` (required) and the other keyword arguments of :func:`save`.
+
+    Raises:
+        UsageError: an unknown ``mode``, or a root that cannot travel to a writer process.
+
     """
+    if mode not in ASYNC_MODES:
+        raise UsageError(f"mode must be one of {ASYNC_MODES}, got {mode!r}")
     opts = SaveOptions(**options)
+    into, write_with = _mode(mode, root)
     t0 = time.perf_counter()
     with LOCK:
         wait_idle(opts.if_busy)
         handle = AsyncSaveHandle(opts.step)
         comm = make_comm(opts.process_group, opts.timeout)  # collective on first use: main thread
-        prepared = prepare(state_dict, root, comm.rank, copy=True)
+        prepared = prepare(state_dict, root, comm.rank, copy=True, into=into)
         _mark_staged(handle, prepared, t0)
         track(opts.step, handle.committed)
-        _Background.submit(lambda: _finish(handle, prepared, comm, opts, t0))
+        _Background.submit(lambda: _finish(handle, prepared, comm, opts, t0, write_with))
     return handle
 
 
+def _mode(mode: str, root: Root) -> tuple[Staging | None, type[RankWrite] | None]:
+    """The staging and the write phase of ``mode`` (checks that the root can travel)."""
+    if mode == "thread":
+        return None, None
+    from portable_ckpt.torch._process_write import ProcessWrite, check_can_travel
+    from portable_ckpt.torch._shm import SHARED
+
+    check_can_travel(open_storage(root, create=True))
+    return SHARED, ProcessWrite
+
+
 def _mark_staged(handle: AsyncSaveHandle, prepared: Prepared, t0: float) -> None:
-    handle.staging_bytes = POOL.nbytes
+    handle.staging_bytes = staging_bytes()
     handle.blocking_seconds = time.perf_counter() - t0
     error = None if prepared.error is None else str(prepared.error)
     handle.staged.set_result(
@@ -99,11 +153,19 @@ def _mark_staged(handle: AsyncSaveHandle, prepared: Prepared, t0: float) -> None
 
 
 def _finish(
-    handle: AsyncSaveHandle, prepared: Prepared, comm: Comm, opts: SaveOptions, t0: float
+    handle: AsyncSaveHandle,
+    prepared: Prepared,
+    comm: Comm,
+    opts: SaveOptions,
+    t0: float,
+    write_with: type[RankWrite] | None,
 ) -> None:
     """Background thread: run the collective save; resolve ``handle.committed`` either way."""
     try:
-        info = run_save(prepared, comm, opts, t_start=t0, blocking=handle.blocking_seconds)
+        info = run_save(
+            prepared, comm, opts, t_start=t0, blocking=handle.blocking_seconds,
+            write_with=write_with,
+        )
     except BaseException as e:
         handle.committed.set_exception(e)
     else:

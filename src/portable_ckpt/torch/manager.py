@@ -56,7 +56,7 @@ from portable_ckpt.torch._manager_restore import restore as _restore
 from portable_ckpt.torch._manager_state import ManagerEntry, ModelOptimizerState, warn_stale
 from portable_ckpt.torch._manager_tiers import Tier, durable_tier, fast_tier
 from portable_ckpt.torch._nodelocal import NodeLocalPublisher
-from portable_ckpt.torch.async_saving import AsyncSaveHandle, async_save
+from portable_ckpt.torch.async_saving import ASYNC_MODES, AsyncSaveHandle, async_save
 from portable_ckpt.torch.info import CheckpointInfo, LoadInfo
 from portable_ckpt.torch.saving import save
 
@@ -76,6 +76,10 @@ class CheckpointManager:
         keep_every: Keep durable versions whose step is a multiple of M forever.
         keep_best: ``(metric, n, "min"|"max")``: keep the n best by a metric of ``maybe_save``.
         async_save: Save in the background (the loop blocks only while the state is staged).
+        async_mode: Where async saves write: ``"thread"`` (a background thread) or
+            ``"process"`` (a separate writer process, staged through shared memory; the
+            manager's roots are paths or URLs, which it can always open). See
+            :func:`async_save`.
         continuation: ``"exact"`` or ``"statistical"`` (recorded in every version).
         fast_root: A fast tier (local disk, tmpfs, fast shared file system).
         fast_every: Save to the fast tier every N steps.
@@ -117,6 +121,7 @@ class CheckpointManager:
         keep_every: int | None = None,
         keep_best: Any = None,
         async_save: bool = True,
+        async_mode: str = "thread",
         continuation: str = "exact",
         fast_root: str | os.PathLike[str] | None = None,
         fast_every: int | None = None,
@@ -145,7 +150,10 @@ class CheckpointManager:
             raise UsageError(f"verify_sample must be a fraction in [0, 1], got {verify_sample!r}")
         if replicate and fast_root is None:
             raise UsageError("replicate=True needs fast_root= (the tier durable saves go to first)")
+        if async_mode not in ASYNC_MODES:
+            raise UsageError(f"async_mode must be one of {ASYNC_MODES}, got {async_mode!r}")
         self.async_save = bool(async_save)
+        self.async_mode = async_mode
         self.codec = codec
         self.continuation = continuation
         self.verify_sample = float(verify_sample)
@@ -277,7 +285,7 @@ class CheckpointManager:
                 after_failure(self, step, tier, decision, e)
                 raise
         else:
-            handle = self._pending = async_save(full, tier.storage, **kwargs)
+            handle = self._pending = async_save(full, tier.storage, mode=self.async_mode, **kwargs)
             register_after_async_save()
         pause = time.perf_counter() - t0
         fut = self._bg.submit(after_save, self, step, tier, decision, handle, info, pause)

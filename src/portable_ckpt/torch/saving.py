@@ -40,10 +40,10 @@ from portable_ckpt.torch._inflight import wait_idle
 from portable_ckpt.torch.flatten import flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
 from portable_ckpt.torch.plan import SavePlan, plan_save
-from portable_ckpt.torch.staging import POOL, stage
+from portable_ckpt.torch.staging import Staging, stage, staging_bytes
 from portable_ckpt.torch.state import capture_rng
 
-__all__ = ["Prepared", "SaveKeywords", "SaveOptions", "prepare", "run_save", "save"]
+__all__ = ["Prepared", "RankWrite", "SaveKeywords", "SaveOptions", "prepare", "run_save", "save"]
 
 #: What a failed save leaves behind (the end of every failure message).
 NOTHING_PUBLISHED = "nothing was published and the previous version stays the latest"
@@ -160,17 +160,20 @@ class Prepared:
         return self.storage, self.plan
 
 
-def prepare(state: Mapping[str, Any], root: Root, rank: int, copy: bool) -> Prepared:
+def prepare(
+    state: Mapping[str, Any], root: Root, rank: int, copy: bool, into: Staging | None = None
+) -> Prepared:
     """Open ``root``; flatten, plan and stage ``state`` (``copy``: into staging buffers).
 
     Failures are kept for the first status exchange, so that every rank learns of them at once.
+    ``into`` is where the copies go (default: this process's private buffers).
     """
     t0 = time.perf_counter()
     try:
         storage = open_storage(root, create=True)
         rng = capture_rng()  # before any state_dict() call: saving has no RNG side effect
         plan = plan_save(flatten_state(state), rank, rng)
-        stage(plan, copy)
+        stage(plan, copy, into)
         return Prepared(storage, plan, None, time.perf_counter() - t0)
     except BaseException as e:
         return Prepared(None, None, e, time.perf_counter() - t0)
@@ -180,11 +183,20 @@ def prepare(state: Mapping[str, Any], root: Root, rank: int, copy: bool) -> Prep
 
 
 def run_save(
-    prepared: Prepared, comm: Comm, opts: SaveOptions, *, t_start: float, blocking: float
+    prepared: Prepared,
+    comm: Comm,
+    opts: SaveOptions,
+    *,
+    t_start: float,
+    blocking: float,
+    write_with: type[RankWrite] | None = None,
 ) -> CheckpointInfo:
-    """Agree on the attempt, write this rank's part, commit on rank 0; same outcome everywhere."""
+    """Agree on the attempt, write this rank's part, commit on rank 0; same outcome everywhere.
+
+    ``write_with`` runs the write phase (default :class:`RankWrite`: in this process).
+    """
     storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
-    write = _RankWrite(storage, attempt_id, comm, plan, opts)
+    write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
     commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)
     written, committed = comm.coordinator_step(
         "save/commit",
@@ -209,7 +221,7 @@ def run_save(
         total_bytes=int(total_bytes),
         seconds=time.perf_counter() - t_start,
         blocking_seconds=blocking,
-        staging_bytes=POOL.nbytes,
+        staging_bytes=staging_bytes(),
     )
 
 
@@ -225,8 +237,11 @@ def _agree_on_attempt(prepared: Prepared, comm: Comm, step: int) -> tuple[Storag
     return storage, plan, ids[0]
 
 
-class _RankWrite:
-    """A rank's write phase: its pieces and entries through its own ShardWriter."""
+class RankWrite:
+    """A rank's write phase: its pieces and entries through its own ShardWriter (this process).
+
+    Subclasses write elsewhere by overriding :meth:`write_index` and :meth:`abort`.
+    """
 
     def __init__(
         self, storage: Storage, attempt_id: str, comm: Comm, plan: SavePlan, opts: SaveOptions
@@ -238,16 +253,21 @@ class _RankWrite:
     def __call__(self) -> tuple[int, Any]:
         """Write; return the bytes written and the writer index (JSON) for the committer."""
         try:
-            options = self.opts.writer_options(len(self.plan.pieces), self.world)
-            writer = self.writer = ShardWriter(self.storage, self.attempt_id, self.rank, **options)
-            self._write(writer)
-            index = writer.finish()
+            written, index = self.write_index()
         finally:
             self.plan.release()  # staged views and live references
         if self.opts.publisher is not None:
             placed = self.opts.publisher.after_write(self.comm, self.storage, self.attempt_id, index)
-            return writer.stats.bytes_written, {"index": index.to_transport(), "placed": placed}
-        return writer.stats.bytes_written, index.to_transport()
+            return written, {"index": index.to_transport(), "placed": placed}
+        return written, index.to_transport()
+
+    def write_index(self) -> tuple[int, WriterIndex]:
+        """Write the plan; return the bytes written and this writer's index."""
+        options = self.opts.writer_options(len(self.plan.pieces), self.world)
+        writer = self.writer = ShardWriter(self.storage, self.attempt_id, self.rank, **options)
+        self._write(writer)
+        index = writer.finish()  # before reading the count: finish() writes the last bytes
+        return writer.stats.bytes_written, index
 
     def _write(self, writer: ShardWriter) -> None:
         for p in self.plan.pieces:

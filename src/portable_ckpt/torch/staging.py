@@ -2,19 +2,37 @@
 
 A synchronous save of CPU tensors writes straight from the live tensors (no copy). An async save,
 and any save of device tensors, copies each piece into a host buffer kept across saves (pinned
-for CUDA), so the caller may mutate its state as soon as staging returns.
+for CUDA), so the caller may mutate its state as soon as staging returns. Where the buffers live
+is a :class:`Staging`: private tensors of this process (:data:`POOL`, the thread-mode writer
+reads them) or one shared-memory segment that a writer process maps
+(:class:`~portable_ckpt.torch._shm.SharedStaging`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from portable_ckpt.torch._tensors import numpy_view
 from portable_ckpt.torch.plan import SavePlan
 
-__all__ = ["StagingPool", "POOL", "stage", "staging_bytes"]
+__all__ = ["POOL", "Staging", "StagingPool", "stage", "staging_bytes"]
+
+
+class Staging(Protocol):
+    """Where staged copies live: one host buffer per piece slot, reused across saves."""
+
+    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[torch.Tensor]:
+        """Host buffers of each ``(slot, like)``'s shape and dtype (``prune``: free the rest)."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the buffers."""
+        ...
 
 
 class StagingPool:
@@ -32,6 +50,13 @@ class StagingPool:
             self._buffers[key] = buf
         return buf
 
+    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[torch.Tensor]:
+        """A buffer per ``(slot, like)``; with ``prune``, free the buffers of other slots."""
+        out = [self.get(slot, like) for slot, like in wanted]
+        if prune:
+            self.retain_only({slot for slot, _ in wanted})
+        return out
+
     def retain_only(self, keys: set[str]) -> None:
         """Free the buffers of every key not in ``keys``."""
         for k in [k for k in self._buffers if k not in keys]:
@@ -43,36 +68,48 @@ class StagingPool:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
 
-#: This process's staging buffers.
+#: This process's private staging buffers (sync saves of device tensors, thread-mode async).
 POOL = StagingPool()
+
+#: Every staging of this process, for :func:`staging_bytes` (the shared one registers itself).
+_ALL: list[Staging] = [POOL]
 
 
 def staging_bytes() -> int:
-    """Bytes held by this process's reusable staging buffers."""
-    return POOL.nbytes
+    """Bytes held by this process's reusable staging buffers (private and shared)."""
+    return sum(s.nbytes for s in _ALL)
 
 
-def stage(plan: SavePlan, copy: bool) -> float:
+def register(staging: Staging) -> None:
+    """Count ``staging`` in :func:`staging_bytes`."""
+    if all(s is not staging for s in _ALL):
+        _ALL.append(staging)
+
+
+def stage(plan: SavePlan, copy: bool, into: Staging | None = None) -> float:
     """Give every owned piece a numpy array: a view of the live tensor, or a staged copy.
 
-    Returns the seconds it took (device copies included).
+    Args:
+        plan: The rank's plan (each owned piece's ``source`` is the live tensor).
+        copy: Copy every piece (async saves); else only pieces that are not on the CPU.
+        into: Where the copies go (default :data:`POOL`).
+
+    Returns:
+        The seconds it took (device copies included).
+
     """
     t0 = time.perf_counter()
-    keys: set[str] = set()
-    for p in plan.pieces:
-        if p.source is None:
-            continue
-        src = p.source.detach()
-        if copy or src.device.type != "cpu":
-            buf = POOL.get(p.slot, src)
-            buf.copy_(src, non_blocking=src.device.type == "cuda")
-            keys.add(p.slot)
-            p.array = numpy_view(buf, key=p.key)
-        else:
+    into = POOL if into is None else into
+    live = [(p, p.source.detach()) for p in plan.pieces if p.source is not None]
+    copied = [(p, src) for p, src in live if copy or src.device.type != "cpu"]
+    bufs = into.buffers([(p.slot, src) for p, src in copied], prune=copy)
+    for (p, src), buf in zip(copied, bufs, strict=True):
+        buf.copy_(src, non_blocking=src.device.type == "cuda")
+        p.array = numpy_view(buf, key=p.key)
+    for p, src in live:
+        if p.array is None:
             p.array = numpy_view(src, key=p.key)
         p.source = None  # drop the reference to live state
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
-    if copy:
-        POOL.retain_only(keys)
     return time.perf_counter() - t0

@@ -1,0 +1,337 @@
+"""A writer in a separate process: it writes one rank's share of a save from shared memory.
+
+An async save in ``mode="process"`` copies the rank's tensors into one anonymous shared-memory
+segment (``memfd``: it has no name in ``/dev/shm``, so nothing can leak there, and the kernel
+frees it once neither process maps it) and hands the segment's file descriptor and a JSON job to
+this process, which runs the :class:`~portable_ckpt.io.writer.ShardWriter` (checksums, writes,
+fsync) and answers with the writer index. The training process keeps only the small metadata
+collectives; its interpreter never runs the writer's Python code, and the writer runs at a
+lower CPU priority (``nice``), so the training loop keeps the cores it needs.
+
+The protocol is JSON frames over a Unix socket pair, file descriptors passed with
+``SCM_RIGHTS``; nothing is pickled. The writer imports neither torch nor the training code. It
+exits when its socket closes or its parent process is gone, and ignores SIGINT/SIGTERM (the
+training process decides when a save ends).
+
+Run as ``python -m portable_ckpt.io.writer_process SOCKET_FD NICE`` by :class:`WriterProcess`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from portable_ckpt.errors import CheckpointError, WriterProcessError, error_for_code
+
+__all__ = ["WriterProcess", "anonymous_fd", "main", "recv_msg", "send_msg"]
+
+_HEADER = struct.Struct("<Q")
+#: Largest frame either side accepts (a writer index of millions of ranges stays far below).
+MAX_FRAME = 1 << 30
+#: CPU niceness of the writer process: the training loop wins every contended core.
+WRITER_NICE = 10
+_MAX_FDS = 4
+
+
+# -- framing ----------------------------------------------------------------------------------------
+
+
+def send_msg(sock: socket.socket, obj: Any, fds: Sequence[int] = ()) -> None:
+    """Send one JSON frame (the file descriptors travel with its header)."""
+    body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    header = _HEADER.pack(len(body))
+    if fds:
+        socket.send_fds(sock, [header], list(fds))
+    else:
+        sock.sendall(header)
+    sock.sendall(body)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError("the other side closed the connection")
+        got += k
+    return bytes(buf)
+
+
+def recv_msg(sock: socket.socket) -> tuple[Any, list[int]]:
+    """Receive one JSON frame and the file descriptors sent with it.
+
+    Raises:
+        EOFError: the other side closed the socket (before or inside a frame).
+
+    """
+    data, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    if not data:
+        raise EOFError("the other side closed the connection")
+    head = data + _recv_exact(sock, _HEADER.size - len(data)) if len(data) < _HEADER.size else data
+    (size,) = _HEADER.unpack(head)
+    if size > MAX_FRAME:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+    return json.loads(_recv_exact(sock, size)), list(fds)
+
+
+# -- shared memory --------------------------------------------------------------------------------
+
+
+def anonymous_fd(size: int, name: str = "pck-staging") -> int:
+    """A file descriptor of ``size`` bytes of shared memory that has no name anywhere.
+
+    ``memfd_create`` on Linux; elsewhere a temporary file that is unlinked before this returns.
+    """
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is not None:
+        fd = int(memfd(name, getattr(os, "MFD_CLOEXEC", 1)))
+    else:  # pragma: no cover - non-Linux
+        import tempfile
+
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix=f"{name}-", dir=base)
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# -- the client (training process side) -------------------------------------------------------------
+
+
+class WriterProcess:
+    """One writer process and the socket to it (started on construction).
+
+    Args:
+        nice: CPU niceness added in the writer (``0``: the training process's priority).
+
+    """
+
+    def __init__(self, nice: int = WRITER_NICE) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "portable_ckpt.io.writer_process", str(child.fileno()),
+                 str(int(nice))],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=_child_env(),
+                start_new_session=True,  # a terminal's Ctrl-C or a group kill goes to training
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.sock = parent
+        self.lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        """The writer's process id."""
+        return int(self.proc.pid)
+
+    def alive(self) -> bool:
+        """Whether the writer process still runs."""
+        return self.proc.poll() is None
+
+    def request(self, msg: dict[str, Any], fds: Sequence[int] = (), *, what: str) -> Any:
+        """Send ``msg`` and wait for the answer's ``value`` (re-raise the writer's error).
+
+        Waits as long as the writer lives (a write to slow storage may take long); its death
+        is noticed within a second.
+
+        Raises:
+            WriterProcessError: the writer died or broke the protocol.
+            CheckpointError: the writer's own error (same class and code).
+
+        """
+        with self.lock:
+            try:
+                send_msg(self.sock, msg, fds)
+                while not select.select([self.sock], [], [], 1.0)[0]:
+                    if not self.alive():
+                        break
+                reply, extra = recv_msg(self.sock)
+            except (OSError, EOFError, ValueError) as e:
+                raise self._died(what, e) from e
+        for fd in extra:
+            os.close(fd)
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise WriterProcessError(f"{what}: the writer process (pid {self.pid}) sent {reply!r}")
+        if not reply["ok"]:
+            cls = error_for_code(str(reply.get("code")))
+            raise cls(f"{what}: {reply.get('type')}: {reply.get('message')}")
+        return reply.get("value")
+
+    def _died(self, what: str, e: BaseException) -> WriterProcessError:
+        deadline = time.monotonic() + 2.0
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        code = self.proc.poll()
+        if code is None:
+            how = f"stopped answering ({type(e).__name__}: {e})"
+        elif code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with status {code}"
+        return WriterProcessError(
+            f"{what}: the writer process (pid {self.pid}) {how}; the next save starts a new one"
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the socket (the writer exits on its own) and reap the process."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _child_env() -> dict[str, str]:
+    """The writer imports this same copy of portable_ckpt, and uses one thread per library."""
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (pkg_parent, env.get("PYTHONPATH", "")) if p
+    )
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, "1")
+    return env
+
+
+# -- the writer process ------------------------------------------------------------------------------
+
+
+class _Service:
+    """The writer's jobs: ``write`` a rank's share, ``abort`` or ``forget`` an attempt."""
+
+    def __init__(self) -> None:
+        self.writers: dict[str, Any] = {}
+
+    def handle(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        try:
+            op = msg.get("op")
+            if op == "write":
+                return {"ok": True, "value": self.write(msg, fds)}
+            for fd in fds:
+                os.close(fd)
+            if op == "abort":
+                w = self.writers.pop(str(msg["attempt"]), None)
+                if w is not None:
+                    w.abort()
+                return {"ok": True, "value": None}
+            if op == "forget":
+                self.writers.pop(str(msg["attempt"]), None)
+                return {"ok": True, "value": None}
+            if op == "ping":
+                return {"ok": True, "value": os.getpid()}
+            return {"ok": False, "code": "PCK-USAGE", "type": "UsageError",
+                    "message": f"unknown operation {op!r}"}
+        except BaseException as e:  # every failure goes back to the training process
+            code = e.code if isinstance(e, CheckpointError) else "PCK-WRITER-PROCESS"
+            return {"ok": False, "code": code, "type": type(e).__name__, "message": str(e)}
+
+    def write(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """Map the segment, write the pieces and entries, return the bytes and the index."""
+        from portable_ckpt.io.writer import ShardWriter
+        from portable_ckpt.storage import open_process_spec
+
+        seg = _map_segment(fds, int(msg["segment_bytes"]))
+        storage = open_process_spec(msg["storage"])
+        attempt, rank = str(msg["attempt"]), int(msg["writer"])
+        writer = ShardWriter(storage, attempt, rank, **msg["options"])
+        self.writers = {attempt: writer}  # only the newest attempt can still be aborted
+        _add_job(writer, msg, seg)
+        # The arrays over the mapping live in the writer until finish() wrote them; then the
+        # mapping goes with the last of them (nothing maps a replaced segment between saves).
+        del seg
+        index = writer.finish()
+        return {"bytes_written": writer.stats.bytes_written, "index": index.to_transport()}
+
+
+def _map_segment(fds: list[int], size: int) -> mmap.mmap:
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise WriterProcessError(f"a write job needs one segment descriptor, got {len(fds)}")
+    try:
+        return mmap.mmap(fds[0], size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fds[0])  # the mapping keeps the memory; no descriptor stays open here
+
+
+def _add_job(writer: Any, msg: dict[str, Any], seg: mmap.mmap) -> None:
+    """Plan the job's pieces (views of the segment, no copy) and entries in ``writer``."""
+    from portable_ckpt.format.dtypes import numpy_dtype
+
+    for p in msg["pieces"]:
+        if p.get("at") is None:
+            writer.declare_tensor(p["key"], p["dtype"], p["global_shape"])
+            continue
+        count = int(np.prod(p["shape"], dtype=np.int64))
+        arr = np.frombuffer(seg, dtype=numpy_dtype(p["dtype"]), count=count, offset=int(p["at"]))
+        writer.add_tensor(
+            p["key"], arr.reshape(p["shape"]), offsets=p["offsets"], global_shape=p["global_shape"]
+        )
+    for e in msg["entries"]:
+        writer.add_entry(
+            e["name"], e["value"], e["schema"], scope=e["scope"], rank=e["rank"],
+            world_size_policy=e["policy"],
+        )
+
+
+def _watch_parent(ppid: int) -> None:
+    """Exit at once when the training process is gone (its socket may live on in its forks)."""
+    while os.getppid() == ppid:
+        time.sleep(0.2)
+    os._exit(3)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The writer process: serve jobs until the socket closes."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    sock = socket.socket(fileno=int(args[0]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(int(args[1]) if len(args) > 1 else WRITER_NICE)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    service = _Service()
+    while True:
+        try:
+            msg, fds = recv_msg(sock)
+        except EOFError:
+            return 0
+        reply = service.handle(msg, fds)
+        try:
+            send_msg(sock, reply)
+        except OSError:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The write phase of a ``mode="process"`` async save: the rank's writer process does the I/O.
+
+The pieces were staged into :data:`~portable_ckpt.torch._shm.SHARED`; the job sent to the writer
+process (:mod:`portable_ckpt.io.writer_process`) names each piece's offset in that segment, its
+key, dtype and box, and carries the rank's entries (already JSON). The collectives of the save
+protocol stay on this process's background thread, on the dedicated gloo group.
+
+One writer process per training process, started on the first process-mode save and reused; if
+it died, the next save starts a new one. A failed write is undone by the writer (``abort``); if
+the writer itself is gone, this rank's files of the failed attempt are removed here: the
+attempt id is fresh and the file names carry this writer's number, so nothing else can match.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Any
+
+from portable_ckpt.errors import CheckpointError, UsageError, WriterProcessError
+from portable_ckpt.format.manifest import WriterIndex
+from portable_ckpt.io.writer_process import WriterProcess
+from portable_ckpt.storage import Storage
+from portable_ckpt.torch._shm import SHARED
+from portable_ckpt.torch.saving import RankWrite
+
+__all__ = ["ProcessWrite", "check_can_travel", "is_own_file", "writer_process"]
+
+
+class _Current:
+    proc: WriterProcess | None = None
+
+
+_CURRENT = _Current()
+_LOCK = threading.Lock()
+
+
+def writer_process() -> WriterProcess:
+    """Return the writer process of this process (a new one when there is none or it died)."""
+    with _LOCK:
+        proc = _CURRENT.proc
+        if proc is None or not proc.alive():
+            if proc is not None:
+                proc.close(timeout=1.0)
+            proc = _CURRENT.proc = WriterProcess()
+            if not _HOOKED:
+                _HOOKED.append(True)
+                atexit.register(_close_at_exit)  # atexit: after pending saves were finished
+        return proc
+
+
+_HOOKED: list[bool] = []
+
+
+def _close_at_exit() -> None:
+    proc, _CURRENT.proc = _CURRENT.proc, None
+    if proc is not None:
+        proc.close(timeout=5.0)
+
+
+def _forget_after_fork() -> None:
+    # A forked child (e.g. a DataLoader worker) does not own its parent's writer.
+    _CURRENT.proc = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def check_can_travel(storage: Storage) -> dict[str, Any]:
+    """The storage's :meth:`~Storage.process_spec`, or a usage error naming the fix."""
+    spec = storage.process_spec()
+    if spec is None:
+        raise UsageError(
+            f"async_save(mode='process'): the root {storage.url or type(storage).__name__!r} "
+            f"({type(storage).__name__}) cannot be opened by another process; pass a local path "
+            f"or an s3:// URL, or use mode='thread'"
+        )
+    return spec
+
+
+class ProcessWrite(RankWrite):
+    """:class:`RankWrite` whose files are written by this process's writer process."""
+
+    proc: WriterProcess | None = None
+
+    def write_index(self) -> tuple[int, WriterIndex]:
+        """Send the job (the segment by descriptor), wait; return bytes and the index."""
+        segment = SHARED.segment
+        if segment is None:  # pragma: no cover - staging always allocates one
+            raise WriterProcessError("process-mode save: nothing was staged")
+        job = {
+            "op": "write",
+            "segment_bytes": segment.size,
+            "storage": check_can_travel(self.storage),
+            "attempt": self.attempt_id,
+            "writer": self.rank,
+            "options": self.opts.writer_options(len(self.plan.pieces), self.world),
+            "pieces": self._pieces(),
+            "entries": self._entries(),
+        }
+        self.proc = writer_process()
+        what = f"save of step {self.opts.step}: rank {self.rank}'s writer process"
+        value = self.proc.request(job, [segment.fd], what=what)
+        return int(value["bytes_written"]), WriterIndex.from_transport(value["index"])
+
+    def _pieces(self) -> list[dict[str, Any]]:
+        out = []
+        for p in self.plan.pieces:
+            staged = p.array is not None
+            out.append({
+                "key": p.key,
+                "dtype": p.dtype,
+                "global_shape": list(p.global_shape),
+                "offsets": list(p.offsets),
+                "shape": list(p.array.shape) if p.array is not None else None,
+                "at": SHARED.offsets[p.slot] if staged else None,
+            })
+        return out
+
+    def _entries(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": e.name,
+                "value": e.value,
+                "schema": e.schema,
+                "scope": e.scope,
+                "rank": self.rank if e.scope == "per_rank" else None,
+                "policy": e.policy,
+            }
+            for e in self.plan.entries
+        ]
+
+    def abort(self) -> None:
+        """Remove what this rank wrote: through the writer, or here when it is gone."""
+        proc = self.proc
+        if proc is not None and proc.alive():
+            try:
+                proc.request({"op": "abort", "attempt": self.attempt_id}, what="abort")
+                return
+            except CheckpointError:
+                pass
+        _remove_own_files(self.storage, self.attempt_id, self.rank)
+
+
+def _remove_own_files(storage: Storage, attempt_id: str, rank: int) -> None:
+    """Delete this writer's data, entry and index files of a failed attempt (best effort)."""
+    try:
+        for info in list(storage.list(f"{attempt_id}/")):
+            if is_own_file(info.path.removeprefix(f"{attempt_id}/"), rank):
+                storage.delete(info.path)
+    except CheckpointError:
+        pass  # gc classifies what stays: the attempt never commits
+
+
+def is_own_file(rel: str, rank: int) -> bool:
+    """Whether writer ``rank`` names an attempt file ``rel`` so (``format.naming``'s rules).
+
+    Data and index files carry ``wNNNNN``; entry values ``.rNNNNN`` (per rank) or ``.g``
+    (global, written by rank 0 only).
+    """
+    top, _, name = rel.partition("/")
+    mine = f"w{rank:05d}"
+    if top in ("data", "index"):
+        return "/" not in name and name.startswith((f"{mine}-", f"{mine}."))
+    if top == "entries":
+        scopes = [f"r{rank:05d}"] + (["g"] if rank == 0 else [])
+        return "/" not in name and any(
+            name.endswith((f".{s}.json", f".{s}.json.zst")) for s in scopes
+        )
+    return False

@@ -1,0 +1,285 @@
+"""Async save with the writer in a separate process (``mode="process"``): real processes, files.
+
+Single-process saves here (no process group); the multi-rank protocol with a writer killed on
+one rank is in ``test_distributed.py``'s neighbour ``test_async_process_dist``. What is shown:
+the staged copy is what gets written (mutations after staging never leak), every dtype and
+layout travels through the shared segment, the writer dies → the save fails with
+PCK-WRITER-PROCESS, publishes nothing, leaves none of its files, and the next save works with a
+new writer; shared memory never appears in ``/dev/shm`` and is freed on every path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import portable_ckpt  # noqa: E402
+import portable_ckpt.torch as pckt  # noqa: E402
+from portable_ckpt.errors import UsageError, WriterProcessError  # noqa: E402
+from portable_ckpt.format.naming import data_file_name, entry_file_name, index_file_name  # noqa: E402
+from portable_ckpt.storage import open_process_spec  # noqa: E402
+from portable_ckpt.storage.local import LocalStorage  # noqa: E402
+from portable_ckpt.storage.s3 import S3Options, S3Storage  # noqa: E402
+from portable_ckpt.torch import _process_write  # noqa: E402
+from portable_ckpt.torch._shm import SHARED  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SEGMENT = "memfd:pck-staging"
+
+
+def _state(salt: float = 0.0) -> dict[str, Any]:
+    base = torch.arange(24, dtype=torch.float64).reshape(4, 6) + salt
+    return {
+        "f32": base.float(),
+        "bf16": (base * 0.5).to(torch.bfloat16),
+        "i64": (base * 7).long(),
+        "flags": base.long() % 3 == 0,
+        "scalar": torch.tensor(3.5 + salt),
+        "empty": torch.zeros(0, 5),
+        "transposed": base.float().t(),  # not contiguous: staged contiguous, box unchanged
+        "nested": {"f16": base[1].half(), "n": 7, "name": "run", "xs": [1.5, None]},
+    }
+
+
+def _zeros_like(v: Any) -> Any:
+    """The same structure with every tensor zeroed and every scalar at its type's zero."""
+    if isinstance(v, dict):
+        return {k: _zeros_like(w) for k, w in v.items()}
+    if isinstance(v, list):
+        return [_zeros_like(w) for w in v]
+    if isinstance(v, torch.Tensor):
+        return torch.zeros_like(v.contiguous())
+    return type(v)() if v is not None else None
+
+
+def _equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, dict):
+            if not _equal(v, w):
+                return False
+        elif isinstance(v, torch.Tensor):
+            if v.dtype != w.dtype or not torch.equal(v, w):
+                return False
+        elif v != w:
+            return False
+    return True
+
+
+def _maps_segment(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8") as f:
+            return any(SEGMENT in line for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def _shm_names() -> set[str]:
+    """Names in /dev/shm that this code could create (its non-Linux fallback names them so)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {n for n in os.listdir("/dev/shm") if n.startswith("pck-staging")}
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if _zombie(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def _wait_for_new_data_file(root: Path, old_attempt: str, timeout: float = 60.0) -> None:
+    """Poll (1 ms) until a data file of an attempt other than ``old_attempt`` exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.parent.parent.name != old_attempt for p in root.glob("*/data/*")):
+            return
+        time.sleep(0.001)
+    raise AssertionError("the writer process created no data file")
+
+
+def test_process_mode_writes_the_staged_copy(tmp_path: Path) -> None:
+    """Every dtype and layout round-trips; mutating the state after staging changes nothing."""
+    shm_before = _shm_names()
+    state = _state()
+    expect = _state()
+    h = pckt.async_save(state, str(tmp_path), step=1, mode="process")
+    assert h.staged.done() and h.staging_bytes >= SHARED.nbytes > 0
+    for v in (state["f32"], state["bf16"], state["i64"], state["scalar"], state["transposed"]):
+        v.add_(100)
+    state["flags"].logical_not_()
+    state["nested"]["f16"].mul_(0)
+    state["nested"]["n"] = 8
+    info = h.result(timeout=120)
+    assert info.step == 1 and info.bytes_written > 0 and info.staging_bytes == pckt.staging_bytes()
+    pid = _process_write.writer_process().pid
+    segment = SHARED.segment
+    # A second save reuses the writer process and the segment.
+    h2 = pckt.async_save(state, str(tmp_path), step=2, mode="process")
+    h2.result(timeout=120)
+    assert _process_write.writer_process().pid == pid and SHARED.segment is segment
+    loaded = _zeros_like(expect)
+    assert pckt.load(loaded, str(tmp_path), step=1).step == 1
+    assert _equal(expect, loaded), loaded
+    assert portable_ckpt.open(str(tmp_path), step=1).verify(deep=True) == []
+    # The writer maps the segment only while it writes; nothing is ever named in /dev/shm.
+    assert not _maps_segment(pid) and _shm_names() <= shm_before
+
+
+def test_writer_death_fails_the_save_and_the_next_one_works(tmp_path: Path) -> None:
+    """SIGKILL of the writer mid-save: PCK-WRITER-PROCESS, nothing published or left behind."""
+    state = {"big": torch.ones(16 << 20, dtype=torch.float32), "n": 1}
+    first = pckt.async_save(state, str(tmp_path), step=1, mode="process").result(timeout=120)
+    proc = _process_write.writer_process()
+    os.kill(proc.pid, signal.SIGSTOP)  # held until the job is queued, then let go ...
+    h = pckt.async_save(state, str(tmp_path), step=2, mode="process")
+    os.kill(proc.pid, signal.SIGCONT)
+    _wait_for_new_data_file(tmp_path, first.checkpoint_id)
+    os.kill(proc.pid, signal.SIGSTOP)  # ... and frozen inside its first data file, killed there
+    assert not h.done()
+    os.kill(proc.pid, signal.SIGKILL)
+    with pytest.raises(WriterProcessError) as e:
+        h.result(timeout=120)
+    assert e.value.code == "PCK-WRITER-PROCESS" and "SIGKILL" in str(e.value)
+    assert f"pid {proc.pid}" in str(e.value) and "the next save starts a new one" in str(e.value)
+    versions = portable_ckpt.list_versions(str(tmp_path))
+    assert [v.step for v in versions if v.status == "committed"] == [1]
+    # The failed attempt holds none of the writer's files (the data file it was inside is gone).
+    left = [p for p in tmp_path.rglob("*") if p.is_file() and first.checkpoint_id not in p.parts]
+    assert left == []
+    state["big"].fill_(2.0)
+    info = pckt.async_save(state, str(tmp_path), step=3, mode="process").result(timeout=120)
+    assert _process_write.writer_process().pid != proc.pid
+    assert portable_ckpt.open(str(tmp_path)).id == info.checkpoint_id
+    assert float(portable_ckpt.open(str(tmp_path)).read("big")[-1]) == 2.0
+
+
+_KILLED = """
+import os, signal, sys, torch
+import portable_ckpt.torch as pckt
+from portable_ckpt.torch import _process_write
+state = {"big": torch.ones(8 << 20, dtype=torch.float32)}
+pckt.async_save(state, sys.argv[1], step=1, mode="process").result()
+h = pckt.async_save(state, sys.argv[1], step=2, mode="process")
+print(_process_write.writer_process().pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_training_process_killed_mid_save_takes_its_writer_along(tmp_path: Path) -> None:
+    """SIGKILL of the training process: its writer exits at once; no segment survives them."""
+    shm_before = _shm_names()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED, str(tmp_path)], capture_output=True, text=True,
+        timeout=120, env=env,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    writer = int(proc.stdout.split()[0])
+    assert _gone(writer, timeout=10.0), f"writer {writer} outlived its training process"
+    assert _shm_names() <= shm_before
+    versions = portable_ckpt.list_versions(str(tmp_path))
+    assert [v.step for v in versions if v.status == "committed"] == [1]
+
+
+def test_released_segment_is_unmapped(tmp_path: Path) -> None:
+    """After ``release()`` this process maps no staging segment (the memory went back)."""
+    pckt.async_save({"w": torch.ones(1000)}, str(tmp_path), step=1, mode="process").result(60)
+    assert SHARED.nbytes > 0 and _maps_segment(os.getpid())
+    SHARED.release()
+    assert SHARED.nbytes == 0 and not _maps_segment(os.getpid())
+
+
+def test_roots_travel_by_description(tmp_path: Path) -> None:
+    """Local and S3 roots reopen in another process from their JSON description alone."""
+    local = LocalStorage(str(tmp_path), create=True)
+    spec = local.process_spec()
+    assert spec is not None
+    again = open_process_spec(json.loads(json.dumps(spec)))
+    assert type(again) is LocalStorage and again.root == local.root
+    options = S3Options(part_size=6 << 20, endpoint_url="http://127.0.0.1:9", region="eu-west-1")
+    s3 = S3Storage("bucket", "runs/a", options=options)
+    spec = s3.process_spec()
+    assert spec is not None and "credentials" not in json.dumps(spec).lower()
+    again = open_process_spec(json.loads(json.dumps(spec)))
+    assert type(again) is S3Storage and again.url == s3.url and again.options == options
+    with pytest.raises(UsageError, match="no known backend"):
+        open_process_spec({"kind": "ftp"})
+
+
+class _Wrapped(LocalStorage):
+    """A subclass may change behaviour: it never travels to a writer process."""
+
+
+def test_process_mode_refuses_a_root_that_cannot_travel(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot be opened by another process"):
+        pckt.async_save({"w": torch.ones(3)}, _Wrapped(str(tmp_path), create=True), step=1,
+                        mode="process")
+    with pytest.raises(UsageError, match="mode must be one of"):
+        pckt.async_save({"w": torch.ones(3)}, str(tmp_path), step=1, mode="fork")
+    assert os.listdir(tmp_path) == []  # refused before anything was touched
+
+
+@given(st.integers(0, 99999), st.integers(0, 99999), st.integers(0, 9999), st.booleans())
+def test_own_files_are_exactly_the_writers(writer: int, other: int, seq: int, per_rank: bool) -> None:
+    """The cleanup after a dead writer matches its own names and never another writer's."""
+    own = _process_write.is_own_file
+    assert own(data_file_name(writer, seq), writer)
+    assert own(index_file_name(writer), writer)
+    assert own(index_file_name(writer).removesuffix(".json") + ".tensors.safetensors", writer)
+    entry = entry_file_name("cfg/x", writer if per_rank else None, compressed=seq % 2 == 0)
+    assert own(entry, writer) == (per_rank or writer == 0)
+    if other != writer:
+        assert not own(data_file_name(other, seq), writer)
+        assert not own(index_file_name(other), writer)
+        assert not own(entry_file_name("cfg/x", other, compressed=False), writer)
+    assert not own("manifest.json", writer) and not own(f"data/sub/w{writer:05d}-0", writer)
+
+
+def test_two_ranks_process_mode_and_a_writer_killed_on_one(tmp_path: Path) -> None:
+    """Two gloo ranks: Shard, _StridedShard (same mesh and shape), Replicate and plain tensors
+    round-trip while training collectives run on the default group; then rank 1's writer is
+    killed mid-save: rank 1 fails with PCK-WRITER-PROCESS, rank 0 with PCK-DISTRIBUTED naming
+    rank 1, nothing is published, and the next save works on both with new writers."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group("tests.torch._async_workers:process_save_and_writer_death", 2,
+                    (str(tmp_path),), timeout=240, pg_timeout=90, sys_path=[str(ROOT)])
+    res.raise_for_errors()
+    r0, r1 = res.results
+    for r in (r0, r1):
+        assert r["staged"] and r["busy_ok"] and r["values_ok"] and r["epoch"] == 3, r
+        assert r["committed_after_death"] == [1] and r["after"] == 3
+    assert r0["id"] == r1["id"]
+    assert r1["death_code"] == "PCK-WRITER-PROCESS" and "SIGKILL" in r1["death_message"]
+    assert r0["death_code"] == "PCK-DISTRIBUTED" and "rank 1" in r0["death_message"], r0
+    assert r1["new_writer"] and not r0["new_writer"]
