@@ -107,6 +107,7 @@ def _entry(
     threads: int,
     timeout: float,
     sys_path: Sequence[str] = (),
+    backend: str = "gloo",
 ) -> None:
     import datetime as dt
 
@@ -117,8 +118,10 @@ def _entry(
     torch.set_num_threads(threads)
     out = os.path.join(outdir, f"rank{rank:05d}.json")
     try:
+        if backend == "nccl":  # one GPU per rank, before NCCL sees the device
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=init,
             rank=rank,
             world_size=world_size,
@@ -150,8 +153,9 @@ def run_group(
     pg_timeout: float = 60.0,
     start_method: str = "forkserver",
     sys_path: Sequence[str] = (),
+    backend: str = "gloo",
 ) -> GroupResult:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes in one gloo group.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes in one group.
 
     ``fn`` is a module-level function or a ``"module:function"`` string (imported in each rank,
     after prepending ``sys_path``); it returns a JSON-serialisable value.
@@ -167,6 +171,8 @@ def run_group(
         pg_timeout: The process group's collective timeout (seconds).
         start_method: ``forkserver`` (default) or ``spawn``.
         sys_path: Directories prepended to ``sys.path`` in each rank (for string ``fn``).
+        backend: The default group's backend: ``"gloo"``, or ``"nccl"`` (rank r uses GPU
+            r mod the device count).
 
     """
     ctx: Any = tmp.get_context(start_method)
@@ -192,6 +198,7 @@ def run_group(
                     threads,
                     pg_timeout,
                     tuple(sys_path),
+                    backend,
                 ),
                 daemon=False,
             )
