@@ -30,9 +30,10 @@ Save protocol (the calls DCP makes, see ``torch.distributed.checkpoint.storage``
    failed; a failed commit deletes the files the writer indexes list.
 
 Load: every rank opens the version and shows it to DCP as DCP ``Metadata`` (each range record
-is a chunk); ``read_data`` reads each read item's box with :class:`portable_ckpt.io.reader.
-Checkpoint` — only the bytes of that box, every touched checksum block verified, the box proven
-covered — straight into the destination tensor's memory, and checks that the items fill every
+is a chunk); ``read_data`` reads the boxes of all its read items together with
+:meth:`portable_ckpt.io.reader.Checkpoint.read_many` — only the bytes of those boxes, planned
+per file (each byte read once, each touched checksum block verified once), every box proven
+covered — straight into the destination tensors' memory, and checks that the items fill every
 destination exactly. DCP's byte items are rebuilt from the JSON leaves in the shape of the load
 target's current value and put in place without ``torch.load``.
 
@@ -86,7 +87,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
 from portable_ckpt.io.commit import commit
-from portable_ckpt.io.reader import Checkpoint
+from portable_ckpt.io.reader import Checkpoint, ReadRequest
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD, TableTensorEntry
 from portable_ckpt.io.versions import latest
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
@@ -98,10 +99,10 @@ from portable_ckpt.torch._dcp_keys import (
     json_leaves,
     portable_key,
 )
-from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype, torch_from_numpy
+from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, split_key
 from portable_ckpt.torch.layout import Piece, dtensor_layout, group_mesh, is_dtensor
-from portable_ckpt.torch.loading import _contract
+from portable_ckpt.torch.loading import _contract, _read_converted
 
 __all__ = [
     "PortableLoadPlanner",
@@ -723,11 +724,13 @@ class PortableStorageReader(StorageReader):
         _contract(view.ck, int(data.get("world_size", 1)), mesh, self.allow_statistical)
         _refuse_one_box_view(planner, (i.dest_index.fqn for i in plan.items), "PortableLoadPlanner")
         filled: dict[MetadataIndex, int] = defaultdict(int)
+        reads = _TensorReads(view, planner)
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
                 _read_bytes(view, item, planner)
             else:
-                filled[item.dest_index] += _read_tensor(view, item, planner)
+                filled[item.dest_index] += reads.add(item)
+        reads.flush()
         _check_filled(filled, planner)
         fut: Future[None] = Future()
         fut.set_result(None)
@@ -739,22 +742,65 @@ class PortableStorageReader(StorageReader):
         return isinstance(checkpoint_id, str | os.PathLike)
 
 
-def _read_tensor(view: _DcpView, item: ReadItem, planner: LoadPlanner) -> int:
-    """Read one item's box straight into its destination; return the elements filled."""
-    key = view.key(item.storage_index.fqn, view.tensor_keys)
-    base = item.storage_index.offset or ()
-    offsets = [int(a) + int(b) for a, b in zip(base, item.storage_offsets, strict=True)]
-    lengths = [int(n) for n in item.lengths]
-    dst = planner.resolve_tensor(item).detach()
-    stored = view.ck.tensors[key]
-    if dst.device.type == "cpu" and format_dtype(dst.dtype, key=key) == stored.dtype:
-        view.ck.read(key, offsets, lengths, out=numpy_view(dst, key=key))
-    else:
-        arr = view.ck.read(key, offsets, lengths)
-        with torch.no_grad():
-            dst.copy_(torch_from_numpy(arr))
-    planner.commit_tensor(item, dst)
-    return int(dst.numel())
+#: Destination bytes a batch of tensor items may resolve before it is read, for planners whose
+#: ``resolve_tensor`` may allocate; the stock planners resolve views of the state (one batch).
+ITEM_BATCH_BYTES = 64 << 20
+
+
+def _resolves_views(planner: LoadPlanner) -> bool:
+    """Whether ``resolve_tensor`` returns views of the target state (stock or portable planner)."""
+    return isinstance(planner, DefaultLoadPlanner) and (
+        type(planner).resolve_tensor is DefaultLoadPlanner.resolve_tensor
+    )
+
+
+class _TensorReads:
+    """The tensor items of one plan, read together (planned per file) and then committed.
+
+    One :meth:`~portable_ckpt.io.reader.Checkpoint.read_many` per batch reads each byte once
+    and verifies each checksum block once, however many items share a block (an item per
+    stored chunk and target box: hundreds per rank for an FSDP2 state); items whose target is
+    a CPU tensor of the stored dtype are read straight into its memory, the others converted
+    in bounded batches. ``commit_tensor`` follows the read of its item's batch.
+    """
+
+    def __init__(self, view: _DcpView, planner: LoadPlanner) -> None:
+        self._view = view
+        self._planner = planner
+        self._bound = None if _resolves_views(planner) else ITEM_BATCH_BYTES
+        self._items: list[tuple[ReadItem, torch.Tensor]] = []
+        self._direct: list[ReadRequest] = []
+        self._converted: list[tuple[ReadRequest, torch.Tensor]] = []
+        self._bytes = 0
+
+    def add(self, item: ReadItem) -> int:
+        """Plan one item's box (read at the next flush); return the elements it fills."""
+        view = self._view
+        key = view.key(item.storage_index.fqn, view.tensor_keys)
+        base = item.storage_index.offset or ()
+        offsets = [int(a) + int(b) for a, b in zip(base, item.storage_offsets, strict=True)]
+        req = ReadRequest(key, offsets, [int(n) for n in item.lengths])
+        dst = self._planner.resolve_tensor(item).detach()
+        stored = view.ck.tensors[key].dtype
+        if dst.device.type == "cpu" and format_dtype(dst.dtype, key=key) == stored:
+            self._direct.append(dataclasses.replace(req, out=numpy_view(dst, key=key)))
+        else:
+            self._converted.append((req, dst))
+        self._items.append((item, dst))
+        self._bytes += dst.numel() * dst.element_size()
+        if self._bound is not None and self._bytes >= self._bound:
+            self.flush()
+        return int(dst.numel())
+
+    def flush(self) -> None:
+        """Read the planned items, then commit each to the planner."""
+        ck = self._view.ck
+        if self._direct:
+            ck.read_many(self._direct)
+        _read_converted(ck, self._converted)
+        for item, dst in self._items:
+            self._planner.commit_tensor(item, dst)
+        self._items, self._direct, self._converted, self._bytes = [], [], [], 0
 
 
 def _check_filled(filled: Mapping[MetadataIndex, int], planner: LoadPlanner) -> None:
