@@ -174,6 +174,12 @@ def save_layout_table(rank: int, world: int, root: str, layout: str, step: int) 
     return {"id": info.checkpoint_id, "next_rand": torch.rand(1).item()}
 
 
+def _rchar() -> int:
+    """Bytes this process got from read()/pread() so far (``/proc/self/io``)."""
+    with open("/proc/self/io", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
+
+
 def load_layout(rank: int, world: int, root: str, layout: str, step: int) -> dict[str, Any]:
     torch.manual_seed(999)
     state = make_state(world, layout, zeros=True)
@@ -184,7 +190,12 @@ def load_layout(rank: int, world: int, root: str, layout: str, step: int) -> dic
     except ContractError as e:
         out["refused"] = e.code
     info = pckt.load(state, root, step=step, allow_statistical=True, timeout=30)
+    rchar = _rchar()  # again, first-use imports done: what one load reads
+    again = pckt.load(state, root, step=step, allow_statistical=True, timeout=30)
     out.update(
+        rchar=_rchar() - rchar,
+        bytes_read=again.bytes_read,
+        manifest_bytes=os.path.getsize(os.path.join(info.path, "manifest.json")),
         contract=info.contract,
         bad=check_state(state),
         next_rand=torch.rand(1).item(),

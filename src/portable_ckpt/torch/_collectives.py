@@ -273,6 +273,10 @@ class Comm:
             f"{what} failed on rank(s) {ranks} ({detail}); {outcome}", failures=failures
         )
 
+    def exchange(self, run: Callable[[], T], outcome: str) -> T:
+        """Run a collective after a step (e.g. a broadcast); a failure says ``outcome``."""
+        return self._exchange(run, outcome)
+
     @staticmethod
     def _exchange(run: Callable[[], T], outcome: str) -> T:
         """Run a collective of a step; a failure says what the step leaves behind."""

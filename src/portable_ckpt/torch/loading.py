@@ -3,7 +3,9 @@
 Phases (every rank of the group calls :func:`load` with its own target state):
 
 1. ``resolve`` (all-gather): each rank takes its target apart; rank 0 resolves the version to
-   load (the newest, the newest of a step, or a given attempt id), so every rank opens the same.
+   load (the newest, the newest of a step, or a given attempt id), so every rank opens the same,
+   and broadcasts its manifest (one read of ``manifest.json`` per load; the others validate
+   the document they receive as one read from storage).
 2. ``load`` (all-gather of each rank's counters): each rank opens that version, checks the
    continuation contract, intersects the stored ranges with each local target box and reads only
    those bytes straight into the destination tensor's memory, proving coverage and verifying the
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 
 from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissingError, UsageError
-from portable_ckpt.format.manifest import Manifest, Mesh
+from portable_ckpt.format.manifest import Manifest, Mesh, parse_manifest
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.io.versions import latest, load_manifest
 from portable_ckpt.storage import Storage, open_storage
@@ -99,6 +101,7 @@ def load(
     root, checkpoint_id = _split_version_dir(root, checkpoint_id)
 
     resolved: list[Manifest] = []  # rank 0 parsed the manifest already: it is not read twice
+    sent: list[Any] = []  # rank 0: the manifest's document, for the other ranks
 
     def resolve() -> tuple[tuple[Storage, FlatState], str | None]:
         storage = open_storage(root, create=False)
@@ -107,15 +110,18 @@ def load(
             return (storage, flat), None
         attempt, manifest = _resolve(storage, step, checkpoint_id)
         resolved.append(manifest)
+        if comm.world_size > 1:
+            sent.append(manifest.to_json())
         return (storage, flat), attempt
 
     (storage, flat), ids = comm.all_gather_step(
         "load/resolve", resolve, what="load (resolve)", outcome=_RESOLVE_FAILED
     )
     attempt_id = str(ids[0])
+    doc = _share_manifest(comm, sent[0] if sent else None)
 
     def fill() -> tuple[LoadInfo, dict[str, Any]]:
-        manifest = resolved[0] if resolved else load_manifest(storage, attempt_id)
+        manifest = resolved[0] if resolved else _received(doc, attempt_id)
         ck = Checkpoint(storage, attempt_id, manifest)
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
         _load_local(
@@ -130,6 +136,27 @@ def load(
     )
     info.per_rank = counters
     return info
+
+
+def _share_manifest(comm: Comm, doc: Any) -> Any:
+    """Rank 0's manifest document on every rank: one read of ``manifest.json`` per load.
+
+    Every rank reading it cost a manifest per rank (260 KB against 6.2 MB of targets per rank
+    for the 2 M-parameter model: 4 % of its bytes read; one GET per rank on S3). The others
+    validate what they receive exactly as a document read from storage (:func:`_received`).
+    """
+    if comm.world_size == 1:
+        return None
+    return comm.exchange(
+        lambda: comm.broadcast_json(doc, "load/manifest"), _RESOLVE_FAILED
+    )
+
+
+def _received(doc: Any, attempt_id: str) -> Manifest:
+    """Parse and validate the manifest rank 0 sent (the checks of a manifest read from storage)."""
+    return parse_manifest(
+        doc, what=f"{attempt_id}/manifest.json (from rank 0)", directory_name=attempt_id
+    )
 
 
 def _split_version_dir(root: Root, checkpoint_id: str | None) -> tuple[Root, str | None]:
