@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -17,8 +18,9 @@ Convert a checkpoint between formats in bounded memory (one batch of chunks at a
 
 Formats (--from / --to):
 {formats}
+
 DST is a checkpoint root for portable (a new version is committed there); for the other targets
-it must be new (or an empty directory) and appears only when the conversion succeeded.
+it must be new (an empty directory for dcp/hf) and appears only when the conversion succeeded.
 
 Keys are mapped by default: DCP's dotted FQNs and nested torch.save dicts become the keys
 portable_ckpt.torch.save writes for the same nested state (app/model/tok.weight), so
@@ -44,7 +46,12 @@ def _formats_help() -> str:
     lines = []
     for name, fmt in FORMATS.items():
         roles = "/".join(r for r, ok in (("source", name in src), ("target", name in dst)) if ok)
-        lines.append(f"  {name:<9} ({roles}) {fmt.help}")
+        lines.append(
+            textwrap.fill(
+                f"{name:<9} ({roles}) {fmt.help}", width=96, initial_indent="  ",
+                subsequent_indent=" " * 12,
+            )
+        )
     return "\n".join(lines)
 
 
@@ -162,6 +169,14 @@ def register(subparsers: Any) -> None:
         "--to", dest="dst_format", choices=target_formats(), default="portable",
         help="target format (default: portable)",
     )
+    _add_reading_options(p)
+    _add_writing_options(p)
+    p.add_argument("--json", action="store_true", help="print a JSON summary (tensors, bytes, seconds)")
+    p.set_defaults(func=_run)
+
+
+def _add_reading_options(p: argparse.ArgumentParser) -> None:
+    """How the source is read: trust, strictness, keys, expansion and output bounds."""
     p.add_argument(
         "--trust-pickle", action="store_true",
         help="accept DCP sources, whose .metadata and byte items are pickles (which can run "
@@ -177,6 +192,20 @@ def register(subparsers: Any) -> None:
         help="mapped (default): DCP FQNs / nested torch.save dicts <-> portable_ckpt.torch keys; "
         "verbatim: keep the source's names",
     )
+    p.add_argument(
+        "--allow-expand", action="store_true",
+        help="torch source: materialise tensor views that repeat stored elements (expand, zero "
+        "or overlapping strides) instead of refusing them",
+    )
+    p.add_argument(
+        "--max-output", metavar="SIZE", type=A.shard_size, default=None,
+        help="most tensor bytes to write, e.g. 100GB (default: 4x the source's bytes + 1 GiB); "
+        "checked before anything is written",
+    )
+
+
+def _add_writing_options(p: argparse.ArgumentParser) -> None:
+    """What the target gets: the export's selection, names, dtype, shards, step and codec."""
     p.add_argument(
         "--select", action="append", metavar="PATTERN",
         help="exports from portable: only tensors and entries whose key matches this glob "
@@ -196,15 +225,3 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--step", type=A.step, default=None, help="step of the new portable version / portable version to read")
     p.add_argument("--codec", choices=["none", "zstd"], default="none", help="portable target codec")
-    p.add_argument(
-        "--allow-expand", action="store_true",
-        help="torch source: materialise tensor views that repeat stored elements (expand, zero "
-        "or overlapping strides) instead of refusing them",
-    )
-    p.add_argument(
-        "--max-output", metavar="SIZE", type=A.shard_size, default=None,
-        help="most tensor bytes to write, e.g. 100GB (default: 4x the source's bytes + 1 GiB); "
-        "checked before anything is written",
-    )
-    p.add_argument("--json", action="store_true", help="print a JSON summary (tensors, bytes, seconds)")
-    p.set_defaults(func=_run)

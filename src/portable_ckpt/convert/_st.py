@@ -59,6 +59,21 @@ def read_header(path: str) -> tuple[list[StTensor], dict[str, str]]:
         DtypeUnsupportedError: a tensor's dtype is outside the format's table.
 
     """
+    raw, size = _raw_header(path)
+    doc = _header_doc(path, raw)
+    data_start = 8 + len(raw)
+    meta_raw = doc.pop("__metadata__", None) or {}
+    if not isinstance(meta_raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta_raw.items()
+    ):
+        raise ShardHeaderError(f"{path}: __metadata__ must map strings to strings", path=path)
+    tensors = [_tensor(path, name, info, data_start, size) for name, info in doc.items()]
+    tensors.sort(key=lambda t: t.start)
+    return tensors, dict(meta_raw)
+
+
+def _raw_header(path: str) -> tuple[bytes, int]:
+    """The header's JSON bytes (its length checked against the file) and the file's size."""
     fd = open_regular(path, what=f"safetensors file {path}")  # a FIFO is refused, never waited on
     try:
         size = os.fstat(fd).st_size
@@ -73,63 +88,65 @@ def read_header(path: str) -> tuple[list[StTensor], dict[str, str]]:
                     path=path,
                 )
             raise ShardHeaderError(f"{path}: header length {n} is absurd (max {MAX_HEADER})", path=path)
-        raw = os.pread(fd, n, 8)
+        return os.pread(fd, n, 8), size
     finally:
         os.close(fd)
+
+
+def _header_doc(path: str, raw: bytes) -> dict[str, Any]:
     try:
         doc = jsonio.loads(raw, what=f"{path} (safetensors header)", max_bytes=MAX_HEADER)
     except CheckpointError as exc:
         raise ShardHeaderError(f"{path}: header is not valid JSON: {exc.message}", path=path) from None
     if not isinstance(doc, dict):
         raise ShardHeaderError(f"{path}: header is not a JSON object", path=path)
-    data_start = 8 + n
-    data_len = size - data_start
-    meta_raw = doc.pop("__metadata__", None) or {}
-    if not isinstance(meta_raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in meta_raw.items()
+    return doc
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _tensor(path: str, name: str, info: Any, data_start: int, size: int) -> StTensor:
+    """One header record, checked: dtype, shape, offsets within the data section."""
+    if not isinstance(info, dict):
+        raise ShardHeaderError(f"{path}: entry {name!r} is not an object", path=path)
+    code = info.get("dtype")
+    try:
+        dt = dtype_by_safetensors(code)  # type: ignore[arg-type]
+    except DtypeUnsupportedError:
+        raise DtypeUnsupportedError(
+            f"{path}: tensor {name!r} has dtype {code!r}, which the portable format does not "
+            f"support (supported: {', '.join(r.safetensors for r in DTYPES.values())}); cast it "
+            "before converting",
+            path=path,
+        ) from None
+    shape = info.get("shape")
+    offs = info.get("data_offsets")
+    if (
+        not isinstance(shape, list)
+        or not all(_is_count(d) for d in shape)
+        or not isinstance(offs, list)
+        or len(offs) != 2
+        or not all(_is_count(o) for o in offs)
+        or offs[0] > offs[1]
     ):
-        raise ShardHeaderError(f"{path}: __metadata__ must map strings to strings", path=path)
-    tensors: list[StTensor] = []
-    for name, info in doc.items():
-        if not isinstance(info, dict):
-            raise ShardHeaderError(f"{path}: entry {name!r} is not an object", path=path)
-        code = info.get("dtype")
-        try:
-            dt = dtype_by_safetensors(code)  # type: ignore[arg-type]
-        except DtypeUnsupportedError:
-            raise DtypeUnsupportedError(
-                f"{path}: tensor {name!r} has dtype {code!r}, which the portable format does not "
-                f"support (supported: {', '.join(r.safetensors for r in DTYPES.values())}); cast it "
-                "before converting",
-                path=path,
-            ) from None
-        shape = info.get("shape")
-        offs = info.get("data_offsets")
-        if (
-            not isinstance(shape, list)
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-            or not isinstance(offs, list)
-            or len(offs) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
-            or offs[0] > offs[1]
-        ):
-            raise ShardHeaderError(f"{path}: tensor {name!r} has a malformed shape/data_offsets", path=path)
-        want = math.prod(shape) * dt.itemsize
-        if offs[1] - offs[0] != want:
-            raise ShardHeaderError(
-                f"{path}: tensor {name!r} has {offs[1] - offs[0]} bytes but shape {shape} x "
-                f"{dt.safetensors} needs {want}",
-                path=path,
-            )
-        if offs[1] > data_len:
-            raise FileSizeError(
-                f"{path}: tensor {name!r} needs data bytes up to {offs[1]} but the file holds "
-                f"{data_len} after the header: the file is truncated; re-download it",
-                path=path,
-            )
-        tensors.append(StTensor(name, dt.name, tuple(shape), data_start + offs[0], data_start + offs[1]))
-    tensors.sort(key=lambda t: t.start)
-    return tensors, dict(meta_raw)
+        raise ShardHeaderError(f"{path}: tensor {name!r} has a malformed shape/data_offsets", path=path)
+    want = math.prod(shape) * dt.itemsize
+    if offs[1] - offs[0] != want:
+        raise ShardHeaderError(
+            f"{path}: tensor {name!r} has {offs[1] - offs[0]} bytes but shape {shape} x "
+            f"{dt.safetensors} needs {want}",
+            path=path,
+        )
+    data_len = size - data_start
+    if offs[1] > data_len:
+        raise FileSizeError(
+            f"{path}: tensor {name!r} needs data bytes up to {offs[1]} but the file holds "
+            f"{data_len} after the header: the file is truncated; re-download it",
+            path=path,
+        )
+    return StTensor(name, dt.name, tuple(shape), data_start + offs[0], data_start + offs[1])
 
 
 def _sort_key(item: tuple[str, str, tuple[int, ...]]) -> tuple[int, str]:

@@ -283,115 +283,139 @@ class _Keys:
 def _plan(
     root: str, meta: DcpMetadata, files: _Files, strict: bool, keys: KeyMode
 ) -> SourcePlan:
-    meta_path = os.path.join(root, ".metadata")
-    key_of = _Keys(meta, keys)
-    leaves: dict[str, Any] = {}
-    warnings: list[ConvertWarning] = []
-    tensors: list[TensorSpec] = []
-    entries: list[EntrySpec] = []
-    ranks: set[int] = set()
+    planner = _Planner(root, meta, files, strict, _Keys(meta, keys))
+    items = sorted(meta.state_dict_metadata.items())
+    for fqn, md in items:  # tensors first, then byte items (the order warnings are reported in)
+        if not isinstance(md, DcpBytes):
+            planner.tensor(fqn, md)
+    for fqn, md in items:
+        if isinstance(md, DcpBytes):
+            planner.byte_item(fqn)
+    return planner.result()
 
-    def note_rank(rel: str) -> None:
+
+class _Planner:
+    """The phases of :func:`_plan`.
+
+    Each tensor's chunks are checked and mapped, each byte item is decoded into an entry (or
+    leaves), and the writer ranks are noted from the file names.
+    """
+
+    def __init__(
+        self, root: str, meta: DcpMetadata, files: _Files, strict: bool, key_of: _Keys
+    ) -> None:
+        self.root, self.meta, self.files, self.strict, self.key_of = root, meta, files, strict, key_of
+        self.meta_path = os.path.join(root, ".metadata")
+        self.leaves: dict[str, Any] = {}
+        self.warnings: list[ConvertWarning] = []
+        self.tensors: list[TensorSpec] = []
+        self.entries: list[EntrySpec] = []
+        self.ranks: set[int] = set()
+
+    def note_rank(self, rel: str) -> None:
         m = _DISTCP.match(os.path.basename(rel))
         if m:
-            ranks.add(int(m.group(1)))
+            self.ranks.add(int(m.group(1)))
 
-    def skip(fqn: str, msg: str, path: str) -> None:
-        if strict:
+    def skip(self, fqn: str, msg: str, path: str) -> None:
+        if self.strict:
             raise UnsupportedValueError(msg, path=path)
-        warnings.append(ConvertWarning(fqn, msg + "; skipped"))
+        self.warnings.append(ConvertWarning(fqn, msg + "; skipped"))
 
-    for fqn, md in sorted(meta.state_dict_metadata.items()):
-        if isinstance(md, DcpBytes):
-            continue
+    def tensor(self, fqn: str, md: Any) -> None:
         stored: list[tuple[DcpChunk, DcpStorage]] = []
         for ch in md.chunks:
-            info = meta.storage_for(fqn, ch.offsets)
+            info = self.meta.storage_for(fqn, ch.offsets)
             if info is None:
-                break
+                lost = list(ch.offsets)
+                msg = f"{self.meta_path}: item {fqn!r}: chunk at {lost} has no storage record"
+                self.skip(fqn, msg, self.meta_path)
+                return
             stored.append((ch, info))
-        if len(stored) != len(md.chunks):
-            lost = list(md.chunks[len(stored)].offsets)
-            skip(fqn, f"{meta_path}: item {fqn!r}: chunk at {lost} has no storage record", meta_path)
-            continue
         tdtype = TORCH_DTYPE_NAMES.get(md.dtype)
-        first = stored[0][1].relative_path if stored else ".metadata"
         if tdtype is None:
+            first = os.path.join(self.root, stored[0][1].relative_path if stored else ".metadata")
             raise DtypeUnsupportedError(
-                f"{os.path.join(root, first)}: tensor {fqn!r} has dtype torch.{md.dtype}, "
-                f"which the portable format does not support ({', '.join(DTYPES)}); cast it "
-                "before saving",
-                path=os.path.join(root, first),
+                f"{first}: tensor {fqn!r} has dtype torch.{md.dtype}, which the portable format "
+                f"does not support ({', '.join(DTYPES)}); cast it before saving",
+                path=first,
             )
-        chunks: list[ChunkSpec] = []
-        for ch, info in stored:
-            rel = info.relative_path
-            path = files.path(rel)
-            note_rank(rel)
-            if info.transforms:
-                raise CodecError(
-                    f"{path}: chunk of {fqn!r} at {list(ch.offsets)} uses stream transforms "
-                    f"{list(info.transforms)}, which convert does not support",
-                    path=path,
-                )
-            if math.prod(ch.sizes) == 0:
-                continue
-            where = f"{path} (tensor {fqn!r}, chunk at {list(ch.offsets)})"
-            fd = files.fd(rel)
-            end = info.offset + info.length
-            fsize = os.fstat(fd).st_size
-            if end > fsize:
-                raise FileSizeError(
-                    f"{where}: item needs bytes up to {end} but the file has {fsize} bytes: "
-                    "truncated; re-copy the checkpoint",
-                    path=path,
-                )
-            layout = parse_torch_zip(fd, info.offset, info.length, where=where)
-            if layout.dtype != tdtype or layout.shape != ch.sizes:
-                raise ShardMismatchError(
-                    f"{where}: stored tensor is {layout.dtype}{list(layout.shape)} but "
-                    f".metadata says {tdtype}{list(ch.sizes)}",
-                    path=path,
-                )
-            nbytes = math.prod(ch.sizes) * DTYPES[tdtype].itemsize
-            chunks.append(ChunkSpec(ch.offsets, ch.sizes, nbytes, path, _loader(files, layout, rel, where)))
-        tensors.append(TensorSpec(key_of(fqn), tdtype, md.size, chunks))
-    for fqn, md in sorted(meta.state_dict_metadata.items()):
-        if not isinstance(md, DcpBytes):
-            continue
-        info = meta.storage_for(fqn)
-        if info is None:
-            skip(fqn, f"{meta_path}: item {fqn!r}: byte item has no storage record", meta_path)
-            continue
-        note_rank(info.relative_path)
-        path = files.path(info.relative_path)
-        reason = None
-        value: Any = None
+        chunks = [c for ch, info in stored if (c := self.chunk(fqn, ch, info, tdtype)) is not None]
+        self.tensors.append(TensorSpec(self.key_of(fqn), tdtype, md.size, chunks))
+
+    def chunk(self, fqn: str, ch: DcpChunk, info: DcpStorage, tdtype: str) -> ChunkSpec | None:
+        """The stored chunk ``ch`` of ``fqn`` (``None``: it is empty), checked against its zip."""
+        rel = info.relative_path
+        path = self.files.path(rel)
+        self.note_rank(rel)
         if info.transforms:
-            reason = f"stream transforms {list(info.transforms)} are not supported"
-        elif info.length > _MAX_BYTE_ITEM:
-            reason = f"byte item of {info.length} bytes is too large to convert"
-        elif not key_of.mapped and not is_entry_name(fqn):
-            reason = "name is not a valid entry name ([A-Za-z0-9._/-], 1..256 chars)"
+            raise CodecError(
+                f"{path}: chunk of {fqn!r} at {list(ch.offsets)} uses stream transforms "
+                f"{list(info.transforms)}, which convert does not support",
+                path=path,
+            )
+        if math.prod(ch.sizes) == 0:
+            return None
+        where = f"{path} (tensor {fqn!r}, chunk at {list(ch.offsets)})"
+        fd = self.files.fd(rel)
+        end = info.offset + info.length
+        fsize = os.fstat(fd).st_size
+        if end > fsize:
+            raise FileSizeError(
+                f"{where}: item needs bytes up to {end} but the file has {fsize} bytes: "
+                "truncated; re-copy the checkpoint",
+                path=path,
+            )
+        layout = parse_torch_zip(fd, info.offset, info.length, where=where)
+        if layout.dtype != tdtype or layout.shape != ch.sizes:
+            raise ShardMismatchError(
+                f"{where}: stored tensor is {layout.dtype}{list(layout.shape)} but "
+                f".metadata says {tdtype}{list(ch.sizes)}",
+                path=path,
+            )
+        nbytes = math.prod(ch.sizes) * DTYPES[tdtype].itemsize
+        return ChunkSpec(ch.offsets, ch.sizes, nbytes, path, _loader(self.files, layout, rel, where))
+
+    def byte_item(self, fqn: str) -> None:
+        info = self.meta.storage_for(fqn)
+        if info is None:
+            self.skip(fqn, f"{self.meta_path}: item {fqn!r}: byte item has no storage record", self.meta_path)
+            return
+        self.note_rank(info.relative_path)
+        path = self.files.path(info.relative_path)
+        reason, value = self.decode(fqn, info, path)
+        if reason is not None:
+            self.skip(fqn, f"non-tensor item {fqn!r} in {path}: {reason}", path)
+        elif self.key_of.mapped:
+            self.leaves.update(json_leaves(self.key_of(fqn), value, fqn=fqn))
         else:
-            where = f"{path} (item {fqn!r})"
-            try:
-                value = decode_byte_item(files.fd(info.relative_path), info.offset, info.length, where=where)
-            except FileSizeError as exc:
-                raise FileSizeError(exc.message, path=path) from None
-            except NotJsonError as exc:
-                reason = f"not convertible ({exc})"
-        if reason is None and key_of.mapped:
-            leaves.update(json_leaves(key_of(fqn), value, fqn=fqn))
-        elif reason is None:
-            entries.append(EntrySpec(fqn, value))
-        else:
-            skip(fqn, f"non-tensor item {fqn!r} in {path}: {reason}", path)
-    if leaves:
-        entries.append(EntrySpec(VALUES_ENTRY, dict(sorted(leaves.items()))))
-    world = max(ranks) + 1 if ranks else 1
-    warnings.extend(key_of.warnings())
-    return SourcePlan("dcp", tensors, entries, warnings, world_size=world, close=files.close)
+            self.entries.append(EntrySpec(fqn, value))
+
+    def decode(self, fqn: str, info: DcpStorage, path: str) -> tuple[str | None, Any]:
+        """``(None, value)`` of a byte item, or ``(why it is not converted, None)``."""
+        if info.transforms:
+            return f"stream transforms {list(info.transforms)} are not supported", None
+        if info.length > _MAX_BYTE_ITEM:
+            return f"byte item of {info.length} bytes is too large to convert", None
+        if not self.key_of.mapped and not is_entry_name(fqn):
+            return "name is not a valid entry name ([A-Za-z0-9._/-], 1..256 chars)", None
+        where = f"{path} (item {fqn!r})"
+        try:
+            fd = self.files.fd(info.relative_path)
+            return None, decode_byte_item(fd, info.offset, info.length, where=where)
+        except FileSizeError as exc:
+            raise FileSizeError(exc.message, path=path) from None
+        except NotJsonError as exc:
+            return f"not convertible ({exc})", None
+
+    def result(self) -> SourcePlan:
+        if self.leaves:
+            self.entries.append(EntrySpec(VALUES_ENTRY, dict(sorted(self.leaves.items()))))
+        world = max(self.ranks) + 1 if self.ranks else 1
+        self.warnings.extend(self.key_of.warnings())
+        return SourcePlan(
+            "dcp", self.tensors, self.entries, self.warnings, world_size=world, close=self.files.close
+        )
 
 
 def write_target(

@@ -169,22 +169,46 @@ def read_hf_source(src: str) -> SourcePlan:
 
     """
     index_path, shards = find_hf_files(src)
-    warnings: list[ConvertWarning] = []
     weight_map: dict[str, str] | None = None
     if index_path is not None:
         weight_map = _load_index(index_path)
-        base = os.path.dirname(index_path)
-        files = sorted(set(weight_map.values()))
-        shards = [os.path.join(base, f) for f in files]
-        for f, p in zip(files, shards, strict=True):
-            if not os.path.lexists(p):
-                raise FileMissingError(
-                    f"{index_path} names shard {f!r}, but {p} does not exist; the download is "
-                    "incomplete",
-                    path=p,
-                )
-    where: dict[str, str] = {}
+        shards = _indexed_shards(index_path, weight_map)
+    headers, metadata = _headers(shards)
     tensors: list[TensorSpec] = []
+    for path, sts in headers:
+        for t in sts:
+            if weight_map is not None:
+                _check_placed(t.name, path, index_path or "", weight_map)
+            chunks = []
+            if math.prod(t.shape) > 0:
+                chunks.append(
+                    ChunkSpec((0,) * len(t.shape), t.shape, t.nbytes, path, _loader(path, t))
+                )
+            tensors.append(TensorSpec(t.name, t.dtype, t.shape, chunks))
+    if weight_map is not None:
+        _check_all_stored(index_path or "", weight_map, {t.key for t in tensors})
+    entries = [EntrySpec(HF_METADATA_ENTRY, metadata)] if metadata else []
+    return SourcePlan("hf", tensors, entries, [])
+
+
+def _indexed_shards(index_path: str, weight_map: dict[str, str]) -> list[str]:
+    """The shard files an index names (each must exist)."""
+    base = os.path.dirname(index_path)
+    files = sorted(set(weight_map.values()))
+    shards = [os.path.join(base, f) for f in files]
+    for f, p in zip(files, shards, strict=True):
+        if not os.path.lexists(p):
+            raise FileMissingError(
+                f"{index_path} names shard {f!r}, but {p} does not exist; the download is "
+                "incomplete",
+                path=p,
+            )
+    return shards
+
+
+def _headers(shards: list[str]) -> tuple[list[tuple[str, list[StTensor]]], dict[str, str]]:
+    """Each shard's tensors (each tensor in exactly one shard) and the merged ``__metadata__``."""
+    where: dict[str, str] = {}
     metadata: dict[str, str] = {}
     headers = []
     for path in shards:
@@ -200,36 +224,27 @@ def read_hf_source(src: str) -> SourcePlan:
                     path=path,
                 )
             where[t.name] = path
-    for path, sts in headers:
-        for t in sts:
-            if weight_map is not None:
-                named = weight_map.get(t.name)
-                if named is None:
-                    raise ShardMismatchError(
-                        f"{path} holds tensor {t.name!r}, which {index_path} does not list",
-                        path=path,
-                    )
-                if os.path.basename(path) != named:
-                    raise ShardMismatchError(
-                        f"{index_path} places tensor {t.name!r} in {named!r} but it is in {path}",
-                        path=path,
-                    )
-            chunks = []
-            if math.prod(t.shape) > 0:
-                chunks.append(
-                    ChunkSpec((0,) * len(t.shape), t.shape, t.nbytes, path, _loader(path, t))
-                )
-            tensors.append(TensorSpec(t.name, t.dtype, t.shape, chunks))
-    if weight_map is not None:
-        missing = sorted(set(weight_map) - set(where))
-        if missing:
-            raise ShardMismatchError(
-                f"{index_path} lists tensor {missing[0]!r} in {weight_map[missing[0]]!r}, but "
-                f"that shard does not hold it ({len(missing)} tensor(s) missing)",
-                path=index_path,
-            )
-    entries = [EntrySpec(HF_METADATA_ENTRY, metadata)] if metadata else []
-    return SourcePlan("hf", tensors, entries, warnings)
+    return headers, metadata
+
+
+def _check_placed(name: str, path: str, index_path: str, weight_map: dict[str, str]) -> None:
+    named = weight_map.get(name)
+    if named is None:
+        raise ShardMismatchError(f"{path} holds tensor {name!r}, which {index_path} does not list", path=path)
+    if os.path.basename(path) != named:
+        raise ShardMismatchError(
+            f"{index_path} places tensor {name!r} in {named!r} but it is in {path}", path=path
+        )
+
+
+def _check_all_stored(index_path: str, weight_map: dict[str, str], stored: set[str]) -> None:
+    missing = sorted(set(weight_map) - stored)
+    if missing:
+        raise ShardMismatchError(
+            f"{index_path} lists tensor {missing[0]!r} in {weight_map[missing[0]]!r}, but "
+            f"that shard does not hold it ({len(missing)} tensor(s) missing)",
+            path=index_path,
+        )
 
 
 def read_source(src: str, options: ConvertOptions) -> SourcePlan:
@@ -272,8 +287,40 @@ def write_hf(
     """
     from portable_ckpt.convert._publish import staged_dir
 
-    warnings: list[ConvertWarning] = []
+    meta, warnings = _shard_metadata(src)
+    if options is not None:
+        fail_if_strict(warnings, options, dst)
     infos = [src.tensors[k] for k in sorted(src.tensors)]
+    shards = _group_shards(infos, max_shard_size)
+    count = len(shards)
+    names = (
+        ["model.safetensors"]
+        if count == 1
+        else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+    )
+    written = 0
+    with staged_dir(dst) as tmp:
+        weight_map: dict[str, str] = {}
+        for fname, group in zip(names, shards, strict=True):
+            written += _write_shard(src, os.path.join(tmp, fname), group, meta, slab_bytes, progress)
+            weight_map.update((i.key, fname) for i in group)
+        if count > 1:
+            total = sum(int(i.nbytes) for i in infos)
+            doc = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+    return len(infos), written, warnings
+
+
+def _shard_metadata(src: Any) -> tuple[dict[str, str], list[ConvertWarning]]:
+    """The shards' ``__metadata__`` and a warning per entry that safetensors cannot hold.
+
+    The metadata is a converted HF source's own (its ``hf.metadata`` entry), else ``format: pt``.
+    """
+    warnings: list[ConvertWarning] = []
     meta: dict[str, str] = {"format": "pt"}
     for name in sorted(src.entries):
         if name == HF_METADATA_ENTRY:
@@ -286,8 +333,14 @@ def write_hf(
                 name, "non-tensor entry has no place in safetensors; skipped (--select the tensors)"
             )
         )
-    if options is not None:
-        fail_if_strict(warnings, options, dst)
+    return meta, warnings
+
+
+def _group_shards(infos: list[Any], max_shard_size: int) -> list[list[Any]]:
+    """Tensors in key order, cut into shards of at most ``max_shard_size`` bytes.
+
+    A larger tensor is a shard of its own, as ``transformers``' ``save_pretrained`` does.
+    """
     shards: list[list[Any]] = [[]]
     size = 0
     for info in infos:
@@ -297,41 +350,32 @@ def write_hf(
             size = 0
         shards[-1].append(info)
         size += n
-    total = sum(int(i.nbytes) for i in infos)
-    count = len(shards)
-    names = (
-        ["model.safetensors"]
-        if count == 1
-        else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
-    )
+    return shards
+
+
+def _write_shard(
+    src: Any,
+    path: str,
+    group: list[Any],
+    meta: dict[str, str],
+    slab_bytes: int,
+    progress: Callable[[int], None] | None,
+) -> int:
+    """Write one safetensors file (header, then each tensor in slabs, fsynced); return bytes."""
+    header, layout = build_header([(i.key, i.dtype, tuple(i.shape)) for i in group], meta)
+    by_key = {i.key: i for i in group}
     written = 0
-    with staged_dir(dst) as tmp:
-        weight_map: dict[str, str] = {}
-        for fname, group in zip(names, shards, strict=True):
-            header, layout = build_header(
-                [(i.key, i.dtype, tuple(i.shape)) for i in group], meta
-            )
-            by_key = {i.key: i for i in group}
-            path = os.path.join(tmp, fname)
-            with open(path, "wb") as f:
-                f.write(header)
-                for key, _start, _end in layout:
-                    weight_map[key] = fname
-                    for arr in slabs(src, by_key[key], slab_bytes):
-                        f.write(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
-                        written += arr.nbytes
-                        if progress is not None:
-                            progress(arr.nbytes)
-                f.flush()
-                os.fsync(f.fileno())
-        if count > 1:
-            doc = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=2)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-    return len(infos), written, warnings
+    with open(path, "wb") as f:
+        f.write(header)
+        for key, _start, _end in layout:
+            for arr in slabs(src, by_key[key], slab_bytes):
+                f.write(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
+                written += arr.nbytes
+                if progress is not None:
+                    progress(arr.nbytes)
+        f.flush()
+        os.fsync(f.fileno())
+    return written
 
 
 def slabs(src: Any, info: Any, slab_bytes: int) -> Any:
