@@ -283,8 +283,18 @@ def _restored(mgr: Any, info: Any, fresh: Trainer) -> dict[str, Any]:
 
 
 def node_local_save(rank: int, world: int, base: str) -> dict[str, Any]:
-    """2 nodes x 2 ranks: fast saves to node-local roots (each configuration), then restore."""
-    out: dict[str, Any] = {}
+    """2 nodes x 2 ranks: save to node-local roots (each configuration), restore; lose node 1.
+
+    One process group for the whole scenario (a launch of 4 ranks costs more than the saves):
+    after the intact restores, rank 0 moves every ``node1`` root away (the test inspects it
+    there) — node 1 is lost and replaced by an empty node — and every configuration restores
+    again.
+    """
+    import shutil
+
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {"intact": {}, "lost": {}}
     for config in NODE_CONFIGS:
         root = f"{base}/r{config}"
         tr = Trainer(world)
@@ -295,17 +305,18 @@ def node_local_save(rank: int, world: int, base: str) -> dict[str, Any]:
         fresh = Trainer(world, salt=500.0)
         with _node_mgr(root, config) as again:
             info = again.restore({"model": fresh})
-        out[config] = _restored(again, info, fresh)
+        out["intact"][config] = _restored(again, info, fresh)
         kinds = ("replicate", "verify")
-        out[config]["events"] = [e for e in mgr.telemetry.history if e["event"] in kinds]
-    return out
-
-
-def node_local_restore(rank: int, world: int, base: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+        out["intact"][config]["events"] = [e for e in mgr.telemetry.history if e["event"] in kinds]
+    dist.barrier()
+    if rank == 0:
+        for config in NODE_CONFIGS:
+            fast = f"{base}/r{config}-fast"
+            shutil.move(f"{fast}/node1", f"{fast}/node1-lost")
+    dist.barrier()
     for config in NODE_CONFIGS:
         fresh = Trainer(world, salt=500.0)
-        with _node_mgr(f"{base}/r{config}", config) as mgr:
-            info = mgr.restore({"model": fresh})
-        out[config] = _restored(mgr, info, fresh)
+        with _node_mgr(f"{base}/r{config}", config) as lost:
+            info = lost.restore({"model": fresh})
+        out["lost"][config] = _restored(lost, info, fresh)
     return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 import portable_ckpt
+from tests.manager._reap import Children, children
 
 pytestmark = pytest.mark.torch
 
@@ -35,16 +35,37 @@ def _cmd(nproc: int, *args: str) -> list[str]:
     ]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-
-
 def _lines(text: str) -> list[dict[str, object]]:
     out = []
     for line in text.splitlines():
         if line.startswith("{"):
             out.append(json.loads(line))
     return out
+
+
+def _run_and_preempt(kids: Children, common: list[str], events: Path) -> int:
+    """Train on 2 ranks, SIGTERM the launcher at step 5; return the step the job stopped at."""
+    proc = kids.start(_cmd(2, *common, "--steps", "500", "--step-sleep", "0.2"))
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith('{"step": 5,'):
+            os.kill(proc.pid, signal.SIGTERM)  # the launcher forwards it to every worker
+            break
+        assert time.monotonic() < deadline, "".join(seen[-20:])
+    rest, _ = proc.communicate(timeout=180)
+    out = _lines("".join(seen) + rest)
+    done = [d for d in out if "done" in d]
+    assert done and done[0]["preempted"] is True, "".join(seen) + rest
+    stopped = int(done[0]["done"])  # type: ignore[call-overload]
+    assert 5 <= stopped < 500
+    pre = [json.loads(x) for x in events.read_text().splitlines()]
+    saves = [e for e in pre if e["event"] == "save"]
+    assert saves[-1]["reason"] == "preemption" and saves[-1]["step"] == stopped
+    assert saves[-1]["tier"] == "durable"
+    return stopped
 
 
 def test_example_sigterm_then_resume_on_another_world_size(tmp_path: Path) -> None:
@@ -65,44 +86,15 @@ def test_example_sigterm_then_resume_on_another_world_size(tmp_path: Path) -> No
         "--layers",
         "1",
     ]
-    proc = subprocess.Popen(
-        _cmd(2, *common, "--steps", "500", "--step-sleep", "0.2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_env(),
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 240
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith('{"step": 5,'):
-            os.kill(proc.pid, signal.SIGTERM)  # the launcher forwards it to every worker
-            break
-        assert time.monotonic() < deadline, "".join(seen[-20:])
-    rest, _ = proc.communicate(timeout=180)
-    out = _lines("".join(seen) + rest)
-    done = [d for d in out if "done" in d]
-    assert done and done[0]["preempted"] is True, "".join(seen) + rest
-    stopped = int(done[0]["done"])  # type: ignore[call-overload]
-    assert 5 <= stopped < 500
-    pre = [json.loads(x) for x in events.read_text().splitlines()]
-    saves = [e for e in pre if e["event"] == "save"]
-    assert saves[-1]["reason"] == "preemption" and saves[-1]["step"] == stopped
-    assert saves[-1]["tier"] == "durable"
-    assert portable_ckpt.open(ckpt).step == stopped
-    # Resume on one rank (statistical continuation) and run two more steps.
-    res = subprocess.run(
-        _cmd(1, *common, "--steps", str(stopped + 2), "--resize"),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=_env(),
-    )
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    out2 = _lines(res.stdout)
+    with children() as kids:
+        stopped = _run_and_preempt(kids, common, events)
+        assert portable_ckpt.open(ckpt).step == stopped
+        # Resume on one rank (statistical continuation) and run two more steps.
+        res = kids.start(_cmd(1, *common, "--steps", str(stopped + 2), "--resize"))
+        text, _ = res.communicate(timeout=240)
+        assert res.returncode == 0, text[-3000:]
+        assert kids.left() == []
+    out2 = _lines(text)
     assert out2[0] == {"world": 1, "restored_step": stopped}
     assert out2[-1] == {"done": stopped + 2, "preempted": False}
     restore = [json.loads(x) for x in events.read_text().splitlines() if '"restore"' in x][-1]
