@@ -282,6 +282,41 @@ def _restored(mgr: Any, info: Any, fresh: Trainer) -> dict[str, Any]:
     }
 
 
+def _failed_node_verification(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Damage rank 2's file (node 1) of the newest fast version; verify it again on every rank.
+
+    The failure is found by the rank that owns the file, agreed by all, recorded in both node
+    roots, and the manager's restore skips the version (the older fast one is restored).
+    """
+    import torch.distributed as dist
+
+    from portable_ckpt.torch._manager_nodelocal import verify_node_local
+
+    mgr = _node_mgr(root, "rep")
+    tier = mgr.tiers["fast"]
+    newest = [v for v in portable_ckpt.list_versions(tier.storage) if v.status == "committed"][-1]
+    if rank == 2:
+        path = os.path.join(newest.path, "data", "w00002-0000.safetensors")
+        with open(path, "r+b") as f:
+            f.seek(-5, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-5, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    dist.barrier()
+    got = verify_node_local(mgr._bg_comm, tier.layout, tier.storage, newest.id, 1.0)
+    fresh = Trainer(world, salt=500.0)
+    info = mgr.restore({"model": fresh})
+    mgr.close()
+    return {
+        "ok": got.ok,
+        "codes": sorted({e["code"] for e in got.errors}),
+        "chunks_by_rank": got.chunks_by_rank,
+        "failed_id": newest.id,
+        "restored": info.step if info else None,
+        "tier": _restored(mgr, info, fresh)["tier"],
+    }
+
+
 def node_local_save(rank: int, world: int, base: str) -> dict[str, Any]:
     """2 nodes x 2 ranks: save to node-local roots (each configuration), restore; lose node 1.
 
@@ -308,6 +343,7 @@ def node_local_save(rank: int, world: int, base: str) -> dict[str, Any]:
         out["intact"][config] = _restored(again, info, fresh)
         kinds = ("replicate", "verify")
         out["intact"][config]["events"] = [e for e in mgr.telemetry.history if e["event"] in kinds]
+    out["bad"] = _failed_node_verification(rank, world, f"{base}/rrep")
     dist.barrier()
     if rank == 0:
         for config in NODE_CONFIGS:

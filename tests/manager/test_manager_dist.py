@@ -227,7 +227,7 @@ def test_node_local_fast_tier_with_and_without_replicas(tmp_path: Path) -> None:
         )
         man = json.loads((node0 / newest / "manifest.json").read_text())
         assert "pck.placement" in man["entries"]
-    _check_node_replication(base, saved)
+    _check_node_replication(base, saved, [r["bad"] for r in res])
     for r in (r["lost"] for r in res):
         # Without replicas node 1's shards are nowhere in the fast tier: durable step 3.
         assert r["0"]["tier"] == "durable" and r["0"]["step"] == 3
@@ -240,7 +240,7 @@ def test_node_local_fast_tier_with_and_without_replicas(tmp_path: Path) -> None:
         assert r["rep"]["w"] == torch_arange_plus(3).tolist()
 
 
-def _check_node_replication(base: str, saved: list[Any]) -> None:
+def _check_node_replication(base: str, saved: list[Any], bad: list[Any]) -> None:
     """replicate=True, verify_sample=1 on node-local roots: every node copies, every rank checks."""
     durable = portable_ckpt.list_versions(f"{base}/rrep")
     assert [(v.step, v.status) for v in durable] == [(3, "committed")]  # only save_every steps
@@ -258,8 +258,14 @@ def _check_node_replication(base: str, saved: list[Any]) -> None:
     for node in ("node0", "node1-lost"):
         fast = {v.step: v for v in portable_ckpt.list_versions(f"{base}/rrep-fast/{node}")}
         assert sorted(fast) == [3, 4] and fast[3].copied  # the copy record on every node
-        assert not any(v.verification_failed for v in fast.values())
+        assert not fast[3].verification_failed and fast[4].verification_failed  # see below
         assert all(list(Path(v.path, "verifications").iterdir()) for v in fast.values())
+    # Rank 2's file of step 4 damaged on node 1, verified again: every rank agrees it failed,
+    # both node roots record it, and restore skips it (the older fast version, step 3).
+    for r in bad:
+        assert r["ok"] is False and r["codes"] == ["PCK-CHECKSUM"]
+        assert all(c > 0 for c in r["chunks_by_rank"])
+        assert r["restored"] == 3 and r["tier"] == "fast"
 
 
 def torch_arange_plus(steps: int) -> Any:
