@@ -102,6 +102,23 @@ def test_export_options_are_refused_for_portable_targets(tmp_path: Path) -> None
     assert proc.returncode == 2 and "matches no tensor" in proc.stderr and not (tmp_path / "h").exists()
 
 
+def test_step_inference_says_where_it_came_from() -> None:
+    from portable_ckpt.convert._model import infer_step
+
+    # a value beats the name; the shallowest 'step' wins; 'step' beats 'global_step'
+    assert infer_step([("optim/state/0/step", 5), ("step", 12)], "/c/step-3") == (12, "the source's 'step' value")
+    assert infer_step([("trainer.global_step", 9), ("a.step", 4)], "x") == (4, "the source's 'step' value")
+    assert infer_step([("global_step", 9)], "x")[0] == 9
+    # several different values at the same depth say nothing: the name decides
+    assert infer_step([("a/step", 1), ("b/step", 2)], "/runs/step-30/") == (30, "the source's name 'step-30'")
+    assert infer_step([("step", True), ("step2", 4), ("step", -1)], "x") == (None, "")  # not counts
+    for name, step in [("checkpoint-500", 500), ("global_step100", 100), ("iter_0000100", 100),
+                       ("step_100.pt", 100), ("model.ckpt-7", 7)]:
+        assert infer_step([], f"/ckpts/{name}")[0] == step, name
+    for name in ["model.safetensors", "run2", "stepper", "epoch-3"]:
+        assert infer_step([], f"/ckpts/{name}") == (None, ""), name
+
+
 # -- the registry: a new format is one entry ---------------------------------------------------
 
 
