@@ -313,8 +313,9 @@ class _Saver:
 
         self.n += 1
         t0 = time.perf_counter()
-        if self.name == "portable_ckpt":
-            h = pckt.async_save(state, self.path, step=self.n, timeout=900)
+        if self.name.startswith("portable_ckpt"):
+            mode = "process" if self.name == "portable_ckpt-process" else "thread"
+            h = pckt.async_save(state, self.path, step=self.n, timeout=900, mode=mode)
             self._fut = h.committed
         else:
             kind = (AsyncCheckpointerType.PROCESS if self.name == "dcp-process"

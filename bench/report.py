@@ -181,6 +181,8 @@ def _bars(ax: Any, groups: dict[str, dict[str, float]], ylabel: str, title: str)
 def _realistic_plots(plt: Any, models: list[dict[str, Any]], out: str, stem: str) -> list[str]:
     made = []
     for m in models:
+        if "save" not in m:  # an --only-async run: no save or load phase to plot
+            continue
         fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.2), gridspec_kw={"width_ratios": [1, 3, 1.5]})
         _bars(a1, {"save": m["save"]}, "MiB/s (incl. fsync)", f"{m['name']}: save")
         _bars(a2, m["load"], "MiB/s of target bytes", f"{m['name']}: load (layout, page cache)")
