@@ -11,12 +11,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import logging
 import os
 from typing import Any
 
 from portable_ckpt import errors
 from portable_ckpt.errors import CheckpointError, ManifestMissingError
 from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
+
+# Quiet by default: the job log shows portable_ckpt's records once the application configures
+# logging (see portable_ckpt.logs).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [  # Checkpoint, gc and list_versions are imported lazily (see __getattr__)
     "FORMAT_VERSION",

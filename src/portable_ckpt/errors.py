@@ -136,9 +136,20 @@ class FileSizeError(CheckpointError):
 
 
 class ChecksumError(CheckpointError):
-    """A block's checksum differs from the recorded one."""
+    """A block's checksum differs from the recorded one.
+
+    Attributes:
+        span: The block's bytes ``(start, end)`` in the file, when one block is named.
+
+    """
 
     code = "PCK-CHECKSUM"
+
+    def __init__(
+        self, message: str, *, path: str | None = None, span: tuple[int, int] | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.span = span
 
 
 class DtypeUnsupportedError(CheckpointError):

@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 import textwrap
-import time
 from typing import Any
 
 from portable_ckpt.cli import _args as A
+from portable_ckpt.cli._output import progress_bar
 
 __all__ = ["register"]
 
@@ -66,68 +66,35 @@ def _dtype(text: str) -> str:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
-class _Progress:
-    """A one-line progress bar on stderr (only used when stderr is a terminal)."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if now - self.last < 0.1 and done < total:
-            return
-        self.last = now
-        frac = done / total if total else 1.0
-        width = 30
-        bar = "#" * int(frac * width)
-        rate = done / max(now - self.t0, 1e-9) / (1 << 20)
-        sys.stderr.write(
-            f"\r[{bar:<{width}}] {frac * 100:5.1f}%  {done / (1 << 20):,.0f}/{total / (1 << 20):,.0f} MiB"
-            f"  {rate:,.0f} MiB/s"
-        )
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
 def _run(args: argparse.Namespace) -> int:
     from portable_ckpt.convert import convert
     from portable_ckpt.convert.hf import parse_size
     from portable_ckpt.errors import CheckpointError
 
-    progress: Any = None
-    if not args.json and sys.stderr.isatty():
-        progress = _Progress()
     try:
-        report = convert(
-            args.src,
-            args.dst,
-            src_format=args.src_format,
-            dst_format=args.dst_format,
-            trust_pickle=args.trust_pickle,
-            strict=args.strict,
-            max_shard_size=args.max_shard_size,
-            step=args.step,
-            codec=args.codec,
-            keys=args.keys,
-            select=args.select or (),
-            strip_prefix=args.strip_prefix,
-            dtype=args.dtype,
-            progress=progress,
-            allow_expand=args.allow_expand,
-            max_output_bytes=None if args.max_output is None else parse_size(args.max_output),
-        )
+        with progress_bar(args, "convert") as progress:
+            report = convert(
+                args.src,
+                args.dst,
+                src_format=args.src_format,
+                dst_format=args.dst_format,
+                trust_pickle=args.trust_pickle,
+                strict=args.strict,
+                max_shard_size=args.max_shard_size,
+                step=args.step,
+                codec=args.codec,
+                keys=args.keys,
+                select=args.select or (),
+                strip_prefix=args.strip_prefix,
+                dtype=args.dtype,
+                progress=progress,
+                allow_expand=args.allow_expand,
+                max_output_bytes=None if args.max_output is None else parse_size(args.max_output),
+            )
     except CheckpointError as exc:
-        if progress is not None:
-            progress.close()
         if args.json:
             print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
         raise
-    if progress is not None:
-        progress.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0

@@ -6,9 +6,11 @@ import argparse
 import json
 import random
 import sys
+from contextlib import nullcontext
 from typing import Any
 
 from portable_ckpt.cli import _args as A
+from portable_ckpt.cli._output import progress_bar
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.vocab import CODECS
 
@@ -170,7 +172,8 @@ def _verify(args: argparse.Namespace) -> int:
     errors: list[CheckpointError]
     try:
         ck = portable_ckpt.open(args.ckpt, step=args.step)
-        errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed)
+        with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
+            errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
         target = ck.path
     except UsageError:
         raise
@@ -203,13 +206,15 @@ def _verify(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     from portable_ckpt.io.versions import gc
 
-    rep = gc(
-        args.root,
-        keep=args.keep,
-        grace_seconds=args.grace,
-        dry_run=args.dry_run,
-        require_copy=args.require_copy,
-    )
+    with progress_bar(args, "gc: deleting", unit="attempt") as bar:
+        rep = gc(
+            args.root,
+            keep=args.keep,
+            grace_seconds=args.grace,
+            dry_run=args.dry_run,
+            require_copy=args.require_copy,
+            progress=bar,
+        )
     if args.json:
         print(json.dumps(rep.to_json(), indent=2))
     else:

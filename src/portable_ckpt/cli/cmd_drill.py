@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from portable_ckpt.cli import _args as A
+from portable_ckpt.cli._output import progress_bar
 
 __all__ = ["register"]
 
@@ -17,14 +18,16 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError as e:  # torch is an optional dependency
         print(f"portable-ckpt drill needs torch: pip install 'portable-ckpt[torch]' ({e})")
         return 2
-    rec: dict[str, Any] = drill(
-        args.ckpt,
-        args.world_size,
-        step=args.step,
-        factory=args.factory,
-        record=not args.no_record,
-        timeout=args.timeout,
-    )
+    with progress_bar(args, f"drill on {args.world_size} ranks", unit="rank") as bar:
+        rec: dict[str, Any] = drill(
+            args.ckpt,
+            args.world_size,
+            step=args.step,
+            factory=args.factory,
+            record=not args.no_record,
+            timeout=args.timeout,
+            progress=bar,
+        )
     if args.json:
         print(json.dumps(rec, indent=2))
         return 0 if rec["ok"] else 1

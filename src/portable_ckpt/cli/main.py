@@ -3,6 +3,10 @@
 Exit codes: 0 success, 1 a checkpoint problem (the error's code is printed, e.g. PCK-NOT-FOUND for
 a root that does not exist, PCK-STORAGE when gc skipped attempts it could not read), 2 usage
 errors (before anything is touched), 130 interrupted, 141 output into a closed pipe.
+
+Every subcommand takes ``-v``/``-vv`` (the library's log at INFO/DEBUG on stderr) and ``-q``
+(no progress bars, errors only); long work draws progress bars on stderr when it is a terminal
+and ``--json`` is not given (``cli/_output.py``).
 """
 
 from __future__ import annotations
@@ -16,18 +20,31 @@ import sys
 from collections.abc import Sequence
 
 from portable_ckpt import __version__
+from portable_ckpt.cli._output import add_output_options, log_to_stderr
 from portable_ckpt.errors import CheckpointError, UsageError
+from portable_ckpt.format.manifest import FORMAT_VERSIONS, TABLE_FORMAT_VERSION
 
 __all__ = ["build_parser", "main"]
+
+
+def formats_line() -> str:
+    """The format versions this build reads and writes (``--help``, ``--version``)."""
+    return (
+        f"reads and writes format versions {', '.join(FORMAT_VERSIONS)} "
+        f"({TABLE_FORMAT_VERSION} when a version's ranges are described in a tensor table)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the parser with every subcommand module found in this package."""
     parser = argparse.ArgumentParser(
         prog="portable-ckpt",
-        description="Versioned, sharded, portable training checkpoints (format 1.0).",
+        description=f"Versioned, sharded, portable training checkpoints; {formats_line()}.",
     )
-    parser.add_argument("--version", action="version", version=f"portable-ckpt {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"portable-ckpt {__version__}; {formats_line()}"
+    )
+    add_output_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     import portable_ckpt.cli as pkg
 
@@ -35,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         if mod.name.startswith("cmd_"):
             module = importlib.import_module(f"portable_ckpt.cli.{mod.name}")
             module.register(sub)
+    for command in sub.choices.values():
+        add_output_options(command, top=False)
     return parser
 
 
@@ -55,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         parser.error(f"{args.command}: {problem}")
     try:
-        return _run(args)
+        with log_to_stderr(args):
+            return _run(args)
     except BrokenPipeError:
         # The reader of our output went away: point stdout at /dev/null so that the flush at
         # exit cannot raise again, and end like a process killed by SIGPIPE (cat, grep).

@@ -49,6 +49,7 @@ __all__ = [
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
     "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
     "KNOWN_EXTENSIONS",
     "MAX_NDIM",
     "MAX_SIZE",
@@ -77,6 +78,8 @@ FORMAT_MINOR = 0
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 #: The format version of documents that reference a tensor table (spec §8.5).
 TABLE_FORMAT_VERSION = "1.1"
+#: Every format version this implementation reads and writes (oldest first; the CLI names them).
+FORMAT_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION)
 #: Largest size or byte count the format allows (2^53 - 1: exact in every JSON implementation).
 MAX_SIZE = (1 << 53) - 1
 #: Largest tensor rank.

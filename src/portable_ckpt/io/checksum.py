@@ -168,6 +168,7 @@ class BlockVerifier:
                 f"manifest records {want or 'nothing'}; the file is corrupt — restore it from a "
                 "copy or use an older version",
                 path=self.path,
+                span=(lo, hi),
             )
 
 
@@ -352,9 +353,13 @@ def _settle(fut: Future[None] | None) -> None:
 
 
 def verify_file(
-    storage: Storage, full_path: str, rec: FileRecord, window: int = 8 << 20
+    storage: Storage,
+    full_path: str,
+    rec: FileRecord,
+    window: int = 8 << 20,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> VerifiedRead:
-    """Checksum a whole file without keeping it.
+    """Checksum a whole file without keeping it (``on_bytes(n)`` after each verified window).
 
     Local files are read with ``pread`` into one cache-sized window, in this thread: a mapping
     would save the copy, but a file truncated while it is mapped kills the process with SIGBUS
@@ -371,6 +376,8 @@ def verify_file(
             piece = buf[: min(len(buf), rec.size - pos)]
             storage.read_into(full_path, pos, piece)
             verifier.verify_span(pos, [piece])
+            if on_bytes is not None:
+                on_bytes(len(piece))
         return VerifiedRead(rec.size, verifier.verified, len(buf))
     win = max(bs, window // bs * bs)
     bufs = [memoryview(bytearray(min(win, rec.size))), memoryview(bytearray(min(win, rec.size)))]
@@ -394,6 +401,8 @@ def verify_file(
             if nxt < rec.size:
                 fut.result()
             raise
+        if on_bytes is not None:
+            on_bytes(n)
         pos, k = nxt, 1 - k
     return VerifiedRead(rec.size, verifier.verified, 2 * len(bufs[0]))
 

@@ -72,8 +72,11 @@ from portable_ckpt.io.tensor_table import (
     read_table_file,
 )
 from portable_ckpt.io.versions import commit_time
+from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.storage.base import Storage
+
+_log = get_logger("io")
 
 __all__ = [
     "CommitReport",
@@ -494,7 +497,9 @@ def commit(
 
     Phases: read the writer indexes, choose the layout (JSON tensors or a tensor table), merge,
     check coverage, entries, file sizes and shard headers, publish (switching to a table when
-    the JSON manifest would be too large for readers, R-TABLE-9).
+    the JSON manifest would be too large for readers, R-TABLE-9). Logged as ``commit.started``
+    / ``commit.finished`` (the version's bytes) or ``commit.refused`` (the error's code) on the
+    ``portable_ckpt.io`` logger.
 
     Args:
         storage: The checkpoint root.
@@ -518,6 +523,32 @@ def commit(
         CheckpointError: any failed check; nothing is published.
 
     """
+    what = f"commit of step {step} ({attempt_id})"
+    with logged(_log, "commit", what, step=step, attempt_id=attempt_id) as out:
+        manifest = _commit(
+            storage, attempt_id, step, indexes, expected_writers, continuation, producer,
+            check_headers, tensor_table,
+        )
+        nbytes = sum(f.size for f in manifest.files.values())
+        out.update(
+            bytes=nbytes, files=len(manifest.files),
+            detail=f"{len(manifest.files)} files, version {storage.url.rstrip('/')}/{attempt_id}",
+        )
+    return manifest
+
+
+def _commit(
+    storage: Storage,
+    attempt_id: str,
+    step: int,
+    indexes: Sequence[WriterIndex] | None,
+    expected_writers: Sequence[int] | None,
+    continuation: Continuation | None,
+    producer: dict[str, Any] | None,
+    check_headers: bool | None,
+    tensor_table: bool | None,
+) -> CommittedManifest:
+    """The phases of :func:`commit`."""
     _check_request(storage, attempt_id, step)
     storage.sync()  # files this process wrote with deferred durability, before any check
     cont = continuation or Continuation(

@@ -25,7 +25,7 @@ import itertools
 import math
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from portable_ckpt.errors import (
     CheckpointError,
+    ChecksumError,
     ContractError,
     CoverageGapError,
     DtypeValueError,
@@ -55,11 +56,13 @@ from portable_ckpt.format.manifest import (
     TableRef,
     TensorEntry,
 )
+from portable_ckpt.io._blame import name_block
 from portable_ckpt.io._zstd_box import stream_box
 from portable_ckpt.io.checksum import read_planned, read_verified, verify_file
 from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table, read_table_file
+from portable_ckpt.logs import Progress
 from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.ranges.planning import (
@@ -699,14 +702,17 @@ class Checkpoint:
                 max_shared=WINDOW_BYTES,
             )
             sinks = plan.sinks
-            res = read_planned(
-                self.storage,
-                self._rel(path),
-                rec,
-                passes,
-                direct=lambda seg: cast(_Direct, sinks[seg.sink]).view,
-                deliver=lambda seg, data: sinks[seg.sink].deliver(data),
-            )
+            try:
+                res = read_planned(
+                    self.storage,
+                    self._rel(path),
+                    rec,
+                    passes,
+                    direct=lambda seg: cast(_Direct, sinks[seg.sink]).view,
+                    deliver=lambda seg, data: sinks[seg.sink].deliver(data),
+                )
+            except ChecksumError as exc:
+                raise self._named(exc, path) from None
             self._note_scratch(res.scratch)
             with self._lock:
                 self.stats.bytes_read += res.bytes_read
@@ -750,11 +756,18 @@ class Checkpoint:
 
         With ``dest=None`` the bytes are only verified.
         """
-        res = read_verified(self.storage, self._rel(path), self._file(path), lo, hi, dest)
+        try:
+            res = read_verified(self.storage, self._rel(path), self._file(path), lo, hi, dest)
+        except ChecksumError as exc:
+            raise self._named(exc, path) from None
         self._note_scratch(res.scratch)
         with self._lock:
             self.stats.bytes_read += res.bytes_read
             self.stats.blocks_verified += res.blocks
+
+    def _named(self, exc: ChecksumError, path: str) -> ChecksumError:
+        """``exc`` naming the tensor ranges (or entry, header) whose bytes are in its block."""
+        return name_block(exc, self.manifest, path, self._headers.get(path))
 
     # -- entries ------------------------------------------------------------------------------------
     def entry(self, name: str, rank: int | None = None, world_size: int | None = None) -> Any:
@@ -837,7 +850,12 @@ class Checkpoint:
 
     # -- verification -------------------------------------------------------------------------------
     def verify(
-        self, *, deep: bool = False, sample: float | None = None, seed: int | None = None
+        self,
+        *,
+        deep: bool = False,
+        sample: float | None = None,
+        seed: int | None = None,
+        progress: Progress | None = None,
     ) -> list[CheckpointError]:
         """Check the version; return every problem found (empty when it verifies).
 
@@ -854,7 +872,8 @@ class Checkpoint:
            read whole with the same checks.
 
         Each problem is reported once: a file that failed (missing, wrong size, bad header, bad
-        checksum block) is not used again.
+        checksum block) is not used again. ``progress(done, total)`` follows the bytes of the
+        deep pass.
         """
         f = _Findings()
         for path in self.manifest.files:
@@ -868,8 +887,9 @@ class Checkpoint:
                 f.run(v.file, self._load_json_value, e, v.file)
         chunks: list[tuple[TensorEntry, RangeRecord]] = []
         if deep:
+            on_bytes = _meter(progress, sum(r.size for r in self.manifest.files.values()))
             for path in self.manifest.files:
-                f.run(path, self._verify_file, path)
+                f.run(path, self._verify_file, path, on_bytes)
             chunks = [
                 (t, r)
                 for t in self.tensors.values()
@@ -924,12 +944,29 @@ class Checkpoint:
             done += n
         stream.finish()
 
-    def _verify_file(self, path: str) -> None:
-        res = verify_file(self.storage, self._rel(path), self._file(path))
+    def _verify_file(self, path: str, on_bytes: Callable[[int], None] | None = None) -> None:
+        try:
+            res = verify_file(self.storage, self._rel(path), self._file(path), on_bytes=on_bytes)
+        except ChecksumError as exc:
+            raise self._named(exc, path) from None
         self._note_scratch(res.scratch)
         with self._lock:
             self.stats.bytes_read += res.bytes_read
             self.stats.blocks_verified += res.blocks
+
+
+def _meter(progress: Progress | None, total: int) -> Callable[[int], None] | None:
+    """``on_bytes(n)`` calls adding up to ``progress(done, total)`` (``None`` without one)."""
+    if progress is None:
+        return None
+    done = [0]
+    progress(0, total)
+
+    def on_bytes(n: int) -> None:
+        done[0] += n
+        progress(done[0], total)
+
+    return on_bytes
 
 
 #: Codes that make a file unusable for the rest of a verification (reported once).

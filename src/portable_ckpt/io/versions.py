@@ -42,7 +42,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import (
     FORMAT_VERSION,
-    TABLE_FORMAT_VERSION,
+    FORMAT_VERSIONS,
     Manifest,
     parse_manifest,
 )
@@ -51,6 +51,7 @@ from portable_ckpt.format.naming import (
     attempt_time,
     check_attempt_id,
 )
+from portable_ckpt.logs import Progress, log_event
 from portable_ckpt.storage import ObjectInfo, Storage, open_storage
 
 __all__ = [
@@ -96,7 +97,7 @@ def _version_tuple(text: str) -> tuple[int, int]:
 
 
 #: The newest format version this implementation reads.
-IMPLEMENTED = max(_version_tuple(FORMAT_VERSION), _version_tuple(TABLE_FORMAT_VERSION))
+IMPLEMENTED = max(_version_tuple(v) for v in FORMAT_VERSIONS)
 
 
 @dataclass
@@ -662,6 +663,7 @@ def gc(
     require_copy: bool | str = False,
     now: Callable[[], float] = time.time,
     keep_ids: Collection[str] = (),
+    progress: Progress | None = None,
 ) -> GcReport:
     """Apply retention to a root.
 
@@ -677,7 +679,7 @@ def gc(
 
     Nothing is deleted that was not positively classified: attempts whose records could not be
     read are listed in ``report.unknown`` and left alone, versions of a newer format in
-    ``report.foreign`` (spec §15).
+    ``report.foreign`` (spec §15). ``progress(done, total)`` follows the attempts deleted.
 
     Raises:
         UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
@@ -692,9 +694,23 @@ def gc(
     doomed = _retention(versions, keep, require_copy, report, keep_ids)
     doomed += _abandoned(storage, versions, grace_seconds, now(), report)
     if not dry_run:
-        for attempt_id in doomed:
+        for i, attempt_id in enumerate(doomed):
             _delete_attempt(storage, attempt_id, report)
+            if progress is not None:
+                progress(i + 1, len(doomed))
+    _log_gc(storage, report)
     return report
+
+
+def _log_gc(storage: Storage, report: GcReport) -> None:
+    """One ``gc.finished`` line (INFO) for the job log (skipped attempts are in the report)."""
+    verb = "would delete" if report.dry_run else "deleted"
+    fields = {k: report.to_json()[k] for k in ("deleted", "abandoned", "kept", "dry_run")}
+    log_event(
+        _log, "gc.finished", {"root": storage.url, **fields},
+        "gc of %s: %s %d version(s) and %d abandoned attempt(s); kept %d",
+        storage.url, verb, len(report.deleted), len(report.abandoned), len(report.kept),
+    )
 
 
 def _known_versions(

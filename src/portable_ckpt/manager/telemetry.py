@@ -19,13 +19,12 @@ import logging
 import math
 import os
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["EVENTS", "LOGGER_NAME", "Telemetry", "prometheus_text"]
+from portable_ckpt.logs import LOGGER_NAME, log_event
 
-LOGGER_NAME = "portable_ckpt"
+__all__ = ["EVENTS", "LOGGER_NAME", "Telemetry", "prometheus_text"]
 
 #: Event names and what they report.
 EVENTS = {
@@ -113,9 +112,9 @@ class Telemetry:
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Record one event; return it. Never raises for an I/O problem of the sink."""
-        doc = {"event": event, "ts": round(time.time(), 6), "rank": self.rank, **fields}
-        self.log.info(
-            "checkpoint %s %s", event, json.dumps(fields, default=str), extra={"pck_event": doc}
+        doc = log_event(
+            self.log, event, fields, "checkpoint %s %s", event, json.dumps(fields, default=str),
+            rank=self.rank,
         )
         with self._lock:
             self.history.append(doc)

@@ -32,6 +32,7 @@ import base64
 import builtins
 import datetime as _dt
 import ipaddress
+import logging
 import os
 import re
 import threading
@@ -52,6 +53,7 @@ from portable_ckpt.errors import (
     StorageError,
     UsageError,
 )
+from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage.base import (
     Capabilities,
     ObjectInfo,
@@ -69,6 +71,7 @@ _MAX_PARTS = 10_000
 
 
 _T = TypeVar("_T")
+_log = get_logger("storage.s3")
 
 
 def _env(name: str, default: _T, parse: Callable[[str], _T], kind: str) -> _T:
@@ -238,6 +241,47 @@ class _OddKeyError(Exception):
 _Entry = tuple[ObjectInfo | None, str | None]
 
 
+def _retry_cause(response: Any, exc: BaseException | None) -> str:
+    """What made botocore consider a retry: ``HTTP 503 SlowDown``, or the exception."""
+    if exc is not None:
+        return f"{type(exc).__name__}: {exc}"
+    http, parsed = response if isinstance(response, tuple) else (None, {})
+    code = parsed.get("Error", {}).get("Code") if isinstance(parsed, dict) else None
+    return f"HTTP {getattr(http, 'status_code', '?')}" + (f" {code}" if code else "")
+
+
+def _log_retries(events: Any, max_attempts: int) -> None:
+    """Log every retry of a boto3 request as ``storage.retry`` (WARNING).
+
+    botocore asks ``needs-retry`` after each attempt (even ones that will not be retried) and
+    builds a fresh request (``request-created``) for each retry: the first hook notes the
+    cause in the request's context, the second logs it when the attempt number is above 1.
+    Reads go through obstore, which retries inside its Rust client, out of sight.
+    """
+
+    def note(request_dict: dict[str, Any], **kw: Any) -> None:
+        ctx = request_dict.get("context")
+        if isinstance(ctx, dict):
+            ctx["pck_retry_cause"] = _retry_cause(kw.get("response"), kw.get("caught_exception"))
+
+    def created(request: Any, **_: Any) -> None:
+        ctx = getattr(request, "context", None)
+        if not isinstance(ctx, dict) or not _log.isEnabledFor(logging.WARNING):
+            return
+        attempt = int(ctx.get("retries", {}).get("attempt", 1))
+        if attempt <= 1:
+            return
+        url = str(getattr(request, "url", "")).split("?", 1)[0]
+        cause = ctx.get("pck_retry_cause", "a failed attempt")
+        fields = {"method": request.method, "url": url, "attempt": attempt,
+                  "max_attempts": max_attempts, "cause": cause}
+        log_event(_log, "storage.retry", fields, "retrying %s %s after %s (attempt %d of %d)",
+                  request.method, url, cause, attempt, max_attempts, level=logging.WARNING)
+
+    events.register("needs-retry.s3", note)
+    events.register("request-created.s3", created)
+
+
 def _entry(rel: str, size: int, mtime: float) -> _Entry:
     return (ObjectInfo(rel, size, mtime), None) if well_formed(rel) else (None, rel)
 
@@ -359,6 +403,7 @@ class S3Storage(Storage):
             aws_session_token=creds.token,
             config=cfg,
         )
+        _log_retries(client.meta.events, self.options.max_attempts)
         with self._lock:
             if self._boto is None:
                 self._boto = client

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from portable_ckpt.logs import Progress
 from portable_ckpt.torch._proc import reset_peak_rss, rss
 
 if TYPE_CHECKING:
@@ -177,6 +178,7 @@ def drill(
     factory: str | None = None,
     record: bool = True,
     timeout: float = 600.0,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run a restore drill of a committed version on ``world_size`` fresh processes.
 
@@ -187,6 +189,7 @@ def drill(
         factory: ``"module:function"`` building the target state (see the module docstring).
         record: Store the record as ``drills/<drill-id>.json`` beside the manifest.
         timeout: Seconds before the drill group is killed.
+        progress: Called as ``progress(ranks_finished, world_size)`` as the ranks exit.
 
     Returns:
         The drill record (with ``drill_id`` and ``path`` when stored) plus ``per_rank`` details.
@@ -205,6 +208,7 @@ def drill(
         (root, ck.id, factory),
         timeout=timeout,
         pg_timeout=min(timeout, 300.0),
+        progress=progress,
     )
     rec = _record(ck, res, world_size, started, _now())
     out: dict[str, Any] = dict(rec)

@@ -9,6 +9,7 @@ JSON files, never pickles.
 from __future__ import annotations
 
 import json
+import multiprocessing.connection as mp_connection
 import os
 import socket
 import tempfile
@@ -16,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch.multiprocessing as tmp
 
@@ -154,6 +155,7 @@ def run_group(
     start_method: str = "forkserver",
     sys_path: Sequence[str] = (),
     backend: str = "gloo",
+    progress: Callable[[int, int], None] | None = None,
 ) -> GroupResult:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes in one group.
 
@@ -173,6 +175,7 @@ def run_group(
         sys_path: Directories prepended to ``sys.path`` in each rank (for string ``fn``).
         backend: The default group's backend: ``"gloo"``, or ``"nccl"`` (rank r uses GPU
             r mod the device count).
+        progress: Called as ``progress(ranks_exited, world_size)`` each time ranks exit.
 
     """
     ctx: Any = tmp.get_context(start_method)
@@ -204,9 +207,7 @@ def run_group(
             )
             p.start()
             procs.append(p)
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        _wait_all(procs, time.monotonic() + timeout, progress)
         for p in procs:
             if p.is_alive():
                 p.kill()
@@ -224,3 +225,13 @@ def run_group(
                 results.append(None)
                 errors.append(f"no result (exit code {p.exitcode})")
         return GroupResult(results, [p.exitcode for p in procs], errors, time.perf_counter() - t0)
+
+
+def _wait_all(procs: list[Any], deadline: float, progress: Callable[[int, int], None] | None) -> None:
+    """Wait until every process exited or the deadline passed, reporting exits as they happen."""
+    pending = {p.sentinel: p for p in procs}
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for sentinel in mp_connection.wait(list(pending), timeout=left):
+            pending.pop(cast(int, sentinel)).join()
+        if progress is not None:
+            progress(len(procs) - len(pending), len(procs))

@@ -16,7 +16,6 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -30,6 +29,7 @@ from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissing
 from portable_ckpt.format.manifest import Manifest, Mesh, parse_manifest
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.io.versions import latest, load_manifest
+from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._dcp_keys import JsonTree
@@ -49,7 +49,7 @@ from portable_ckpt.torch.saving import Root
 
 __all__ = ["load"]
 
-_log = logging.getLogger("portable_ckpt")
+_log = get_logger("torch")
 _RESOLVE_FAILED = "the target state was not touched"
 _LOAD_FAILED = "the ranks that succeeded hold a partly restored state; load again"
 
@@ -98,6 +98,37 @@ def load(
     """
     t0 = time.perf_counter()
     comm = make_comm(process_group, timeout)
+    what = f"load from {_where(root)}"
+    with logged(_log, "load", what, rank=comm.rank, t0=t0) as out:
+        info = _load(state_dict, root, comm, t0, step=step, checkpoint_id=checkpoint_id,
+                     allow_statistical=allow_statistical, strict=strict,
+                     record_ranges=record_ranges, strict_dtype=strict_dtype)
+        out.update(
+            bytes=info.bytes_read, step=info.step, version=info.path, contract=info.contract,
+            detail=f"step {info.step} from {info.path}, {info.tensors_loaded} tensors, "
+            f"contract {info.contract}",
+        )
+    return info
+
+
+def _where(root: Root) -> str:
+    return root.url if isinstance(root, Storage) else os.fspath(root)
+
+
+def _load(
+    state_dict: Mapping[str, Any],
+    root: Root,
+    comm: Comm,
+    t0: float,
+    *,
+    step: int | None,
+    checkpoint_id: str | None,
+    allow_statistical: bool,
+    strict: bool,
+    record_ranges: bool,
+    strict_dtype: bool,
+) -> LoadInfo:
+    """The two phases of :func:`load` (resolve, then fill and agree)."""
     root, checkpoint_id = _split_version_dir(root, checkpoint_id)
 
     resolved: list[Manifest] = []  # rank 0 parsed the manifest already: it is not read twice

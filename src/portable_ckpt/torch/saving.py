@@ -34,6 +34,7 @@ from portable_ckpt.io.checksum import file_blocks_for
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.logs import get_logger, human_bytes, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import wait_idle
@@ -44,6 +45,8 @@ from portable_ckpt.torch.staging import Staging, stage, staging_bytes
 from portable_ckpt.torch.state import capture_rng
 
 __all__ = ["Prepared", "RankWrite", "SaveKeywords", "SaveOptions", "prepare", "run_save", "save"]
+
+_log = get_logger("torch")
 
 #: What a failed save leaves behind (the end of every failure message).
 NOTHING_PUBLISHED = "nothing was published and the previous version stays the latest"
@@ -193,8 +196,31 @@ def run_save(
 ) -> CheckpointInfo:
     """Agree on the attempt, write this rank's part, commit on rank 0; same outcome everywhere.
 
-    ``write_with`` runs the write phase (default :class:`RankWrite`: in this process).
+    ``write_with`` runs the write phase (default :class:`RankWrite`: in this process). Logged
+    as ``save.started`` / ``save.finished`` (this rank's bytes, seconds since ``t_start``,
+    MiB/s) or ``save.refused`` on the ``portable_ckpt.torch`` logger.
     """
+    what = f"save of step {opts.step}"
+    with logged(_log, "save", what, rank=comm.rank, t0=t_start, step=opts.step) as out:
+        info = _run_save(
+            prepared, comm, opts, t_start=t_start, blocking=blocking, write_with=write_with
+        )
+        out.update(
+            bytes=info.bytes_written, total_bytes=info.total_bytes, version=info.path,
+            detail=f"version {info.path} ({human_bytes(info.total_bytes)} from all ranks)",
+        )
+    return info
+
+
+def _run_save(
+    prepared: Prepared,
+    comm: Comm,
+    opts: SaveOptions,
+    *,
+    t_start: float,
+    blocking: float,
+    write_with: type[RankWrite] | None,
+) -> CheckpointInfo:
     storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
     write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
     commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)

@@ -1,0 +1,116 @@
+"""What the CLI writes to stderr besides errors: progress bars (tqdm) and the library's log.
+
+* Progress bars only when stderr is a terminal, never with ``--json`` or ``--quiet``: a pipe,
+  a CI log or a JSON consumer sees none of their control characters.
+* The library's log (the ``portable_ckpt`` loggers, :mod:`portable_ckpt.logs`): warnings by
+  default, ``-v`` INFO (save/load/commit/copy events with bytes and MiB/s, storage retries),
+  ``-vv`` DEBUG, ``--quiet`` errors only. Lines go through ``tqdm.write`` so that they do not
+  tear a bar that is being drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from portable_ckpt.logs import LOGGER_NAME, Progress
+
+__all__ = ["add_output_options", "log_to_stderr", "progress_bar"]
+
+
+def add_output_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """Add ``-v/--verbose`` and ``-q/--quiet`` (before or after the subcommand).
+
+    On a subcommand the defaults are suppressed, so that ``portable-ckpt -v ls ROOT`` keeps the
+    top-level value.
+    """
+    default: Any = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument(
+        "-v", "--verbose", action="count", help="show the library's log: -v INFO, -vv DEBUG",
+        **({"default": 0} if top else default),
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bars; only errors on stderr",
+        **({"default": False} if top else default),
+    )
+
+
+def _wants_bars(args: argparse.Namespace) -> bool:
+    return not (args.quiet or getattr(args, "json", False)) and sys.stderr.isatty()
+
+
+class _TqdmHandler(logging.Handler):
+    """Write records to stderr above any progress bar being drawn."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def log_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """Show the ``portable_ckpt`` log on stderr at the level the options ask, while it runs."""
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    if getattr(args, "quiet", False):
+        level = logging.ERROR
+    else:
+        level = (logging.WARNING, logging.INFO)[verbose] if verbose < 2 else logging.DEBUG
+    log = logging.getLogger(LOGGER_NAME)
+    handler = _TqdmHandler(level)
+    handler.setFormatter(logging.Formatter("portable-ckpt: %(levelname)s %(name)s: %(message)s"))
+    saved = log.level
+    log.addHandler(handler)
+    log.setLevel(min(level, saved) if saved else level)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved)
+
+
+class _Bar:
+    """A tqdm bar fed with ``progress(done, total)`` from any thread."""
+
+    def __init__(self, desc: str, unit: str) -> None:
+        from tqdm import tqdm
+
+        is_bytes = unit == "B"
+        self._bar = tqdm(
+            desc=desc, unit=unit, unit_scale=is_bytes, unit_divisor=1024 if is_bytes else 1000,
+            file=sys.stderr, leave=False, dynamic_ncols=True, total=None,
+        )
+        self._lock = threading.Lock()
+
+    def __call__(self, done: int, total: int) -> None:
+        with self._lock:
+            if self._bar.total != total:
+                self._bar.total = total
+                self._bar.refresh()
+            if done > self._bar.n:
+                self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        with self._lock:
+            self._bar.close()
+
+
+@contextmanager
+def progress_bar(args: argparse.Namespace, desc: str, unit: str = "B") -> Iterator[Progress | None]:
+    """A progress callback drawing a bar on the terminal, or ``None`` where no bar belongs."""
+    if not _wants_bars(args):
+        yield None
+        return
+    bar = _Bar(desc, unit)
+    try:
+        yield bar
+    finally:
+        bar.close()
