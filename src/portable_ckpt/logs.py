@@ -70,7 +70,7 @@ def human_bytes(n: float) -> str:
 
 def mib_per_s(nbytes: int, seconds: float) -> float:
     """Throughput in MiB/s (0 for an empty or instantaneous operation)."""
-    return round(nbytes / (1 << 20) / seconds, 1) if nbytes and seconds > 0 else 0.0
+    return round(nbytes / (1 << 20) / seconds, 3) if nbytes and seconds > 0 else 0.0
 
 
 def event_doc(event: str, rank: int | None, fields: Mapping[str, Any]) -> dict[str, Any]:

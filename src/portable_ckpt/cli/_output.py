@@ -96,7 +96,9 @@ class _Bar:
                 self._bar.total = total
                 self._bar.refresh()
             if done > self._bar.n:
-                self._bar.update(done - self._bar.n)
+                self._bar.update(done - self._bar.n)  # redraws at most every 0.1 s
+            if done >= total:
+                self._bar.refresh()  # the finished bar is drawn even when it was quick
 
     def close(self) -> None:
         with self._lock:
