@@ -34,6 +34,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Storage", "portable_ckpt.storage", ["open_storage", "Storage", "StreamWriter",
                                           "Capabilities", "ObjectInfo", "LocalStorage"]),
     ("Listing and retention", "portable_ckpt.io.versions", ["list_versions", "gc"]),
+    ("Job log", "portable_ckpt.logs", ["get_logger", "log_event", "logged"]),
 ]
 
 HEADER = """# API reference (generated)
