@@ -22,38 +22,15 @@ from portable_ckpt.errors import ChecksumError, WriterMissingError
 from portable_ckpt.format.manifest import FORMAT_VERSIONS
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
-from portable_ckpt.logs import EVENT_ATTR, LOGGER_NAME, mib_per_s
+from portable_ckpt.logs import LOGGER_NAME, mib_per_s
 from portable_ckpt.storage import open_storage
+from portable_ckpt.testing.logs import EventLog, job_log
 
 
-class Collect(logging.Handler):
-    """Keep every record (what an application's handler would receive)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def events(self, name: str) -> list[dict]:
-        return [
-            getattr(r, EVENT_ATTR) for r in self.records
-            if getattr(r, EVENT_ATTR, {}).get("event") == name
-        ]
-
-
-@pytest.fixture
-def job_log() -> Iterator[Collect]:
-    log = logging.getLogger(LOGGER_NAME)
-    handler, level = Collect(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        yield handler
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
+@pytest.fixture(name="job_log")
+def _job_log() -> Iterator[EventLog]:
+    with job_log() as log:
+        yield log
 
 
 def _arrays() -> dict[str, np.ndarray]:
@@ -63,19 +40,19 @@ def _arrays() -> dict[str, np.ndarray]:
     }
 
 
-def test_commit_finished_reports_bytes_seconds_throughput(tmp_path, job_log: Collect) -> None:
+def test_commit_finished_reports_bytes_seconds_throughput(tmp_path, job_log: EventLog) -> None:
     m = portable_ckpt.save_arrays(tmp_path / "ck", _arrays(), step=3)
     (started,) = job_log.events("commit.started")
     (done,) = job_log.events("commit.finished")
     assert started["step"] == done["step"] == 3 and done["attempt_id"] == m.attempt_id
     assert done["bytes"] == sum(f.size for f in m.files.values()) > 24_000
     assert done["seconds"] > 0 and done["mib_per_s"] == mib_per_s(done["bytes"], done["seconds"])
-    rec = next(r for r in job_log.records if getattr(r, EVENT_ATTR)["event"] == "commit.finished")
+    rec = job_log.record("commit.finished")
     assert rec.name == "portable_ckpt.io" and rec.levelno == logging.INFO
     assert "commit of step 3" in rec.getMessage() and "MiB/s" in rec.getMessage()
 
 
-def test_commit_refusal_is_a_warning_with_its_code(tmp_path, job_log: Collect) -> None:
+def test_commit_refusal_is_a_warning_with_its_code(tmp_path, job_log: EventLog) -> None:
     storage = open_storage(tmp_path / "ck", create=True)
     attempt = new_attempt_id(5)
     w = ShardWriter(storage, attempt, 0)
@@ -85,12 +62,12 @@ def test_commit_refusal_is_a_warning_with_its_code(tmp_path, job_log: Collect) -
         commit(storage, attempt, step=5, indexes=[idx], expected_writers=[0, 1])
     (refused,) = job_log.events("commit.refused")
     assert refused["code"] == "PCK-WRITER-MISSING" and refused["attempt_id"] == attempt
-    rec = next(r for r in job_log.records if getattr(r, EVENT_ATTR)["event"] == "commit.refused")
+    rec = job_log.record("commit.refused")
     assert rec.levelno == logging.WARNING and "refused: [PCK-WRITER-MISSING]" in rec.getMessage()
     assert not job_log.events("commit.finished")
 
 
-def test_gc_logs_what_it_deleted(tmp_path, job_log: Collect) -> None:
+def test_gc_logs_what_it_deleted(tmp_path, job_log: EventLog) -> None:
     for step in (1, 2, 3):
         portable_ckpt.save_arrays(tmp_path / "ck", {"w": np.zeros(4, np.float32)}, step=step)
     rep = portable_ckpt.gc(tmp_path / "ck", keep=1)

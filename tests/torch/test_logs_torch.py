@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 
@@ -16,11 +15,11 @@ import torch
 import portable_ckpt
 import portable_ckpt.torch as pckt
 from portable_ckpt.errors import TensorMissingError
-from portable_ckpt.logs import LOGGER_NAME, mib_per_s
+from portable_ckpt.logs import mib_per_s
+from portable_ckpt.testing.logs import EventLog, job_log
 from portable_ckpt.torch.launch import run_group
 
 from ..core.test_cli_progress import BAR, run_cli
-from ._log_workers import Events
 
 pytestmark = pytest.mark.torch
 
@@ -28,48 +27,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture
-def events() -> Iterator[Events]:
-    log = logging.getLogger(LOGGER_NAME)
-    handler, level = Events(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        yield handler
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
+def events() -> Iterator[EventLog]:
+    with job_log() as log:
+        yield log
 
 
 def _named(docs: list[dict], name: str) -> list[dict]:
     return [d for d in docs if d["event"] == name]
 
 
-def test_save_and_load_log_bytes_seconds_throughput(tmp_path, events: Events) -> None:
+def test_save_and_load_log_bytes_seconds_throughput(tmp_path, events: EventLog) -> None:
     state = {"w": torch.randn(256, 64), "step": 3}
     info = pckt.save(state, tmp_path, step=3)
-    (started,) = _named(events.docs, "save.started")
-    (saved,) = _named(events.docs, "save.finished")
+    (started,) = _named(events.events(), "save.started")
+    (saved,) = _named(events.events(), "save.finished")
     assert started["step"] == saved["step"] == 3 and saved["rank"] == 0
     assert saved["bytes"] == info.bytes_written > 256 * 64 * 4
     assert saved["total_bytes"] == info.total_bytes and saved["version"] == info.path
     assert saved["seconds"] > 0 and saved["mib_per_s"] == mib_per_s(saved["bytes"], saved["seconds"])
     target = {"w": torch.zeros(256, 64), "step": 0}
     loaded = pckt.load(target, tmp_path)
-    (done,) = _named(events.docs, "load.finished")
+    (done,) = _named(events.events(), "load.finished")
     assert done["bytes"] == loaded.bytes_read >= 256 * 64 * 4 and done["step"] == 3
     assert done["version"] == info.path and done["contract"] == "exact"
-    names = dict(zip((d["event"] for d in events.docs), events.names, strict=True))
-    assert names["save.finished"] == names["load.finished"] == "portable_ckpt.torch"
-    assert names["commit.finished"] == "portable_ckpt.io"
+    assert events.record("save.finished").name == "portable_ckpt.torch"
+    assert events.record("load.finished").name == "portable_ckpt.torch"
+    assert events.record("commit.finished").name == "portable_ckpt.io"
 
 
-def test_a_refused_load_is_logged_with_its_code(tmp_path, events: Events) -> None:
+def test_a_refused_load_is_logged_with_its_code(tmp_path, events: EventLog) -> None:
     pckt.save({"w": torch.ones(4)}, tmp_path, step=1)
     with pytest.raises(TensorMissingError):
         pckt.load({"w": torch.ones(4), "extra": torch.ones(2)}, tmp_path)
-    (refused,) = _named(events.docs, "load.refused")
+    (refused,) = _named(events.events(), "load.refused")
     assert refused["code"] == "PCK-TENSOR-MISSING" and "'extra'" in refused["message"]
-    assert not _named(events.docs, "load.finished")
+    assert not _named(events.events(), "load.finished")
 
 
 def test_two_rank_gloo_run_logs_every_rank(tmp_path) -> None:
