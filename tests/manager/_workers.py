@@ -356,3 +356,16 @@ def node_local_save(rank: int, world: int, base: str) -> dict[str, Any]:
             info = lost.restore({"model": fresh})
         out["lost"][config] = _restored(lost, info, fresh)
     return out
+
+
+def sigterm_chain(rank: int, world: int, root: str) -> str:
+    """The first SIGTERM preempts (the next maybe_save saves); a second one terminates."""
+    mgr = pckt.CheckpointManager(root, save_every=100, async_save=False)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # the handler runs between bytecodes
+    saved = mgr.maybe_save(1, {"x": torch.zeros(2)})
+    with open(os.path.join(root, "after-one.json"), "w", encoding="utf-8") as f:
+        json.dump([saved, mgr.preempted], f)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    return "survived the second SIGTERM"

@@ -5,6 +5,7 @@ Every child is started through :mod:`tests.manager._reap` (killed on every path,
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -89,24 +90,10 @@ def test_exit_is_bounded_and_sigterm_still_stops_it(tmp_path: Path) -> None:
     assert [v for v in portable_ckpt.list_versions(root) if v.status == "committed"] == []
 
 
-CHAIN = """
-import os, signal, sys, time
-import torch
-import portable_ckpt.torch as pckt
-mgr = pckt.CheckpointManager(sys.argv[1], save_every=100, async_save=False)
-os.kill(os.getpid(), signal.SIGTERM)
-time.sleep(0.2)
-print("after one:", mgr.maybe_save(1, {"x": torch.zeros(2)}), mgr.preempted, flush=True)
-os.kill(os.getpid(), signal.SIGTERM)
-time.sleep(10)
-print("survived two", flush=True)
-"""
-
-
 def test_first_sigterm_preempts_a_second_one_terminates(tmp_path: Path) -> None:
-    with children() as kids:
-        proc = kids.start([sys.executable, "-c", CHAIN, str(tmp_path)], env={"PYTHONPATH": REPO})
-        out, _ = proc.communicate(timeout=120)
-    assert "after one: True True" in out and "survived" not in out, out[-3000:]
-    assert proc.returncode == -15
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group("tests.manager._workers:sigterm_chain", 1, (str(tmp_path),), sys_path=[REPO])
+    assert res.exitcodes == [-15] and res.results == [None], res.errors
+    assert json.loads((tmp_path / "after-one.json").read_text()) == [True, True]
     assert [v.step for v in portable_ckpt.list_versions(str(tmp_path))] == [1]
