@@ -486,35 +486,43 @@ class Checkpoint:
         planned = [self._plan_request(r) for r in requests]
         outs = [
             self._destination(t, box, r.out)
-            for (t, box, _), r in zip(planned, requests, strict=True)
+            for (t, box, _, _), r in zip(planned, requests, strict=True)
         ]
         files: dict[str, _FilePlan] = {}
-        for (t, box, items), out in zip(planned, outs, strict=True):
-            for item in items:
-                dst = out[item.box.slices(box.offsets)] if out.ndim else out
-                if item.record.codec == "zstd":
-                    self._read_item(t, item.record, item.box, dst)
+        for (t, box, items, shards), out in zip(planned, outs, strict=True):
+            for item, st in zip(items, shards, strict=True):
+                rec = item.record
+                whole = item.box == item.stored
+                dst = out if whole and out.shape == rec.lengths else (
+                    out[item.box.slices(box.offsets)] if out.ndim else out
+                )
+                if rec.codec == "zstd":
+                    self._read_item(t, rec, item.box, dst)
                     continue
-                st = self._shard_tensor(t, item.record)
-                plan = files.setdefault(item.record.file, _FilePlan())
-                rel = item.box.relative_to(item.record.box)
-                bs = self.manifest.files[item.record.file].checksum.block_size
-                self._box_segments(plan, bs, st.start, item.record.lengths, t.itemsize, rel, dst)
+                plan = files.get(rec.file)
+                if plan is None:
+                    plan = files[rec.file] = _FilePlan()
+                rel = Box((0,) * len(rec.lengths), rec.lengths) if whole else (
+                    item.box.relative_to(item.stored)
+                )
+                bs = self.manifest.files[rec.file].checksum.block_size
+                self._box_segments(plan, bs, st.start, rec.lengths, t.itemsize, rel, dst)
         for path in sorted(files):
             self._run_plan(path, files[path])
-        for (t, box, items), out in zip(planned, outs, strict=True):
+        for (t, box, items, _), out in zip(planned, outs, strict=True):
             if t.dtype == "bool":
                 self._check_bool(t, out, [(it.record, it.box) for it in items], box.offsets)
         return outs
 
-    def _plan_request(self, r: ReadRequest) -> tuple[TensorEntry, Box, list[ReadItem[RangeRecord]]]:
+    def _plan_request(
+        self, r: ReadRequest
+    ) -> tuple[TensorEntry, Box, list[ReadItem[RangeRecord]], list[ShardTensor]]:
         t = self._tensor(r.key)
         box = self._target_box(t, r.offsets, r.lengths)
         items = self.plan_read(r.key, box.offsets, box.lengths)
         # Check every stored piece against its file before allocating anything sized by the box.
-        for item in items:
-            self._shard_tensor(t, item.record)
-        return t, box, items
+        shards = [self._shard_tensor(t, item.record) for item in items]
+        return t, box, items, shards
 
     def _destination(
         self, t: TensorEntry, box: Box, out: np.ndarray[Any, Any] | None

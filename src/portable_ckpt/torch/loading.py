@@ -20,7 +20,6 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -311,15 +310,18 @@ def _load_tensors(
         in_cpu = local.device.type == "cpu" and (
             format_dtype(local.dtype, key=key) == ck.tensors[key].dtype
         )
+        # In place: one numpy view of the local tensor, sliced per box (a torch slice and a
+        # view per box cost more than the planning of the read).
+        whole = numpy_view(local, key=key) if in_cpu else None
         for piece in layout.pieces:  # one box, or several for strided layouts
             if record_ranges:
                 ranges += _range_map(ck, key, piece)
-            dst = local[piece.local_slices()]
-            req = ReadRequest(key, piece.offsets, piece.lengths)
-            if in_cpu:
-                in_place.append(replace(req, out=numpy_view(dst, key=key)))
+            if whole is not None:
+                out = whole if piece.lengths == whole.shape else whole[piece.local_slices()]
+                in_place.append(ReadRequest(key, piece.offsets, piece.lengths, out))
             else:
-                converted.append((req, dst))
+                req = ReadRequest(key, piece.offsets, piece.lengths)
+                converted.append((req, local[piece.local_slices()]))
             n = math.prod(piece.lengths)
             info.elements_covered += n
             info.target_bytes += n * local.element_size()
