@@ -5,7 +5,7 @@ ranks. Save: ``dcp.save`` with ``FileSystemWriter`` vs ``PortableStorageWriter``
 ``portable_ckpt.torch.save``, in rotating order. Load resharded onto ``--load-ranks``:
 ``dcp.load`` with ``FileSystemReader`` vs ``PortableStorageReader`` vs ``portable_ckpt.torch.load``,
 alternated. A repetition's time is the slowest rank's; the table gives medians and the median
-(min-max) of per-repetition ratios against DCP's own storage layer.
+(min-max) of per-repetition time ratios against DCP's own storage layer (below 1: faster).
 
     python -m bench.bench_dcp_layer --mib 256 --reps 5 --out /tmp/dcp-layer.json
 """
@@ -158,8 +158,8 @@ def main() -> None:
         )
         for name, row in report[what].items():
             print(
-                f"  {name:28s} median {row['median_s']:7.3f} s   x{row['ratio_median']:.2f} "
-                f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f}) of DCP's own"
+                f"  {name:28s} median {row['median_s']:7.3f} s   time x{row['ratio_median']:.2f} "
+                f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f}) of DCP's own (< 1: faster)"
             )
     print(f"load average {load0[0]:.1f} -> {report['loadavg_end'][0]:.1f}")
     if a.out:
