@@ -20,11 +20,11 @@ from portable_ckpt.errors import (
     PathUnsafeError,
     StorageError,
 )
+from portable_ckpt.storage._listing import ListingEntry, ScannedStorage
 from portable_ckpt.storage._posix import open_regular
 from portable_ckpt.storage.base import (
     Capabilities,
     ObjectInfo,
-    Storage,
     StreamWriter,
     well_formed,
 )
@@ -45,11 +45,16 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _os_error(op: str, path: str, exc: OSError) -> StorageError:
+    """The error for ``op`` on ``path`` failing in the OS (``EACCES``, ``EIO``, ``ENOSPC``, ...)."""
+    return StorageError(f"{op} {path!r}: {exc.strerror} (errno {exc.errno})", path=path)
+
+
 def _fsync_close(fd: int, rel: str) -> None:
     try:
         os.fsync(fd)
     except OSError as exc:
-        raise StorageError(f"fsync {rel!r}: {exc.strerror} (errno {exc.errno})", path=rel) from exc
+        raise _os_error("fsync", rel, exc) from exc
     finally:
         os.close(fd)
 
@@ -84,9 +89,7 @@ class _LocalWriter(StreamWriter):
                 n = os.write(fd, mv[: 1 << 30])
                 mv = mv[n:]
         except OSError as exc:
-            raise StorageError(
-                f"write {self._rel!r}: {exc.strerror} (errno {exc.errno})", path=self._rel
-            ) from exc
+            raise _os_error("write", self._rel, exc) from exc
 
     def close(self) -> None:
         fd = self._fd
@@ -116,7 +119,7 @@ def _read_error(path: str, offset: int, exc: OSError) -> CheckpointError:
     return StorageError(f"read {path!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path)
 
 
-class LocalStorage(Storage):
+class LocalStorage(ScannedStorage):
     """A directory on a POSIX filesystem.
 
     Symlinks are never followed: a path whose final component or any parent below the root is a
@@ -306,9 +309,7 @@ class LocalStorage(Storage):
             return None
         except OSError as exc:
             # EACCES, EIO, ...: the file may well exist; never report it as absent.
-            raise StorageError(
-                f"stat {path!r}: {exc.strerror} (errno {exc.errno})", path=path
-            ) from exc
+            raise _os_error("stat", path, exc) from exc
 
     def size(self, path: str) -> int:
         st = self._lstat(path)
@@ -364,13 +365,9 @@ class LocalStorage(Storage):
             _fsync_dir(os.path.dirname(full))
             return True
         except OSError as exc:
-            raise StorageError(
-                f"create {path!r}: {exc.strerror} (errno {exc.errno})", path=path
-            ) from exc
+            raise _os_error("create", path, exc) from exc
 
-    def _scan(
-        self, prefix: str, *, recursive: bool
-    ) -> Iterator[tuple[ObjectInfo | None, str | None]]:
+    def _scan(self, prefix: str, *, recursive: bool) -> Iterator[ListingEntry]:
         """``(file, None)`` for regular files, ``(None, name)`` for foreign entries.
 
         Foreign: symlinks, FIFOs, sockets, devices, and names that are not well-formed paths
@@ -405,18 +402,7 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             return []
         except OSError as exc:  # EACCES, EIO: an unlisted directory is not an empty one
-            rel_d = os.path.relpath(d, self.root)
-            raise StorageError(
-                f"list {rel_d!r}: {exc.strerror} (errno {exc.errno})", path=rel_d
-            ) from exc
-
-    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
-        for info, _ in self._scan(prefix, recursive=recursive):
-            if info is not None:
-                yield info
-
-    def list_foreign(self, prefix: str = "", *, recursive: bool = True) -> builtins.list[str]:
-        return [name for _, name in self._scan(prefix, recursive=recursive) if name is not None]
+            raise _os_error("list", os.path.relpath(d, self.root), exc) from exc
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         base = self._full(prefix.rstrip("/")) if prefix else self.root

@@ -54,10 +54,10 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.logs import get_logger, log_event
+from portable_ckpt.storage._listing import ListingEntry, ScannedStorage
 from portable_ckpt.storage.base import (
     Capabilities,
     ObjectInfo,
-    Storage,
     StreamWriter,
     well_formed,
 )
@@ -237,8 +237,16 @@ class _OddKeyError(Exception):
     """obstore met a key it cannot represent: the listing is redone with boto3."""
 
 
-#: A listing entry: ``(object, None)`` or, for a foreign key, ``(None, key)``.
-_Entry = tuple[ObjectInfo | None, str | None]
+def _wait_all(futures: Sequence[Future[Any]]) -> None:
+    """Wait for every future (none is left running), then raise the first failure."""
+    first: BaseException | None = None
+    for fut in futures:
+        try:
+            fut.result()
+        except BaseException as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def _retry_cause(response: Any, exc: BaseException | None) -> str:
@@ -282,11 +290,11 @@ def _log_retries(events: Any, max_attempts: int) -> None:
     events.register("request-created.s3", created)
 
 
-def _entry(rel: str, size: int, mtime: float) -> _Entry:
+def _entry(rel: str, size: int, mtime: float) -> ListingEntry:
     return (ObjectInfo(rel, size, mtime), None) if well_formed(rel) else (None, rel)
 
 
-class S3Storage(Storage):
+class S3Storage(ScannedStorage):
     """A bucket and key prefix on S3 or any S3-compatible store.
 
     ``read_into`` issues ranged GETs for exactly the requested bytes; ``open_writer`` streams a
@@ -404,10 +412,7 @@ class S3Storage(Storage):
             config=cfg,
         )
         _log_retries(client.meta.events, self.options.max_attempts)
-        with self._lock:
-            if self._boto is None:
-                self._boto = client
-        return self._boto
+        return self._keep_first("_boto", client)
 
     def _store(self) -> Any:
         """Return the obstore ``S3Store`` (reads, lists, heads, deletes)."""
@@ -458,10 +463,18 @@ class S3Storage(Storage):
             retry_config=retry,  # type: ignore[arg-type]
             credential_provider=provider,
         )
+        return self._keep_first("_obstore", store)
+
+    def _keep_first(self, attr: str, made: Any) -> Any:
+        """Keep ``made`` as ``attr`` unless another thread kept one first; return the kept one.
+
+        Clients are built outside the lock (building one may wait on the network); the first
+        one kept is shared by every thread.
+        """
         with self._lock:
-            if self._obstore is None:
-                self._obstore = store
-        return self._obstore
+            if getattr(self, attr) is None:
+                setattr(self, attr, made)
+            return getattr(self, attr)
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -605,14 +618,7 @@ class S3Storage(Storage):
             )
             for start in range(0, n, chunk)
         ]
-        first: BaseException | None = None
-        for fut in futures:
-            try:
-                fut.result()
-            except BaseException as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+        _wait_all(futures)
 
     def read_into_many(self, path: str, offset: int, bufs: builtins.list[memoryview]) -> None:
         """Fill ``bufs`` from consecutive bytes at ``offset`` with ONE ranged GET per chunk.
@@ -642,14 +648,7 @@ class S3Storage(Storage):
             self._fetch_scatter(path, *jobs[0])
             return
         futures = [self._executor().submit(self._fetch_scatter, path, *job) for job in jobs]
-        first: BaseException | None = None
-        for fut in futures:
-            try:
-                fut.result()
-            except BaseException as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+        _wait_all(futures)
 
     def _fetch_scatter(
         self, path: str, offset: int, views: builtins.list[memoryview], start: int, end: int
@@ -755,14 +754,14 @@ class S3Storage(Storage):
         root = self.prefix + "/" if self.prefix else ""
         return key[len(root) :] if key.startswith(root) else key
 
-    def _scan(self, prefix: str, *, recursive: bool) -> builtins.list[_Entry]:
+    def _scan(self, prefix: str, *, recursive: bool) -> builtins.list[ListingEntry]:
         """``(object, None)`` for well-formed keys, ``(None, key)`` for foreign ones."""
         try:
             return self._scan_obstore(prefix, recursive=recursive)
         except _OddKeyError:
             return self._scan_boto(prefix, recursive=recursive)
 
-    def _scan_obstore(self, prefix: str, *, recursive: bool) -> builtins.list[_Entry]:
+    def _scan_obstore(self, prefix: str, *, recursive: bool) -> builtins.list[ListingEntry]:
         import obstore
 
         pfx = self._prefix_arg(prefix)
@@ -779,7 +778,7 @@ class S3Storage(Storage):
                 metas, dirs = builtins.list(res["objects"]), builtins.list(res["common_prefixes"])
         except Exception as exc:
             self._list_failed(prefix, exc)
-        out: builtins.list[_Entry] = [_entry(str(m["path"]), int(m["size"]),
+        out: builtins.list[ListingEntry] = [_entry(str(m["path"]), int(m["size"]),
                                              m["last_modified"].timestamp()) for m in metas]
         return out + [(None, d + "/") for d in dirs if not well_formed(d)]
 
@@ -801,8 +800,8 @@ class S3Storage(Storage):
         except Exception as exc:
             self._fail("list", prefix, exc)
 
-    def _scan_boto(self, prefix: str, *, recursive: bool) -> builtins.list[_Entry]:
-        out: builtins.list[_Entry] = []
+    def _scan_boto(self, prefix: str, *, recursive: bool) -> builtins.list[ListingEntry]:
+        out: builtins.list[ListingEntry] = []
         for page in self._pages(prefix, delimiter=not recursive):
             for obj in page.get("Contents", []):
                 rel = self._rel(str(obj["Key"]))
@@ -812,16 +811,6 @@ class S3Storage(Storage):
                 if not well_formed(rel[:-1]):
                     out.append((None, rel))
         return out
-
-    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
-        """List objects below ``prefix``, sorted by key; foreign keys are skipped."""
-        for info, _ in self._scan(prefix, recursive=recursive):
-            if info is not None:
-                yield info
-
-    def list_foreign(self, prefix: str = "", *, recursive: bool = True) -> builtins.list[str]:
-        """Keys below ``prefix`` that are not well-formed relative paths (never listed)."""
-        return [key for info, key in self._scan(prefix, recursive=recursive) if key is not None]
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the names of the immediate common prefixes below ``prefix``."""
