@@ -6,7 +6,8 @@ rank computes identically; each rank performs, in that order, the sends and rece
 part in, with blocking point-to-point calls — with a shared order the earliest unfinished
 transfer always has both of its ranks waiting on it, so there is no deadlock. Bytes move in
 chunks of at most ``chunk`` bytes (bounded memory); the receiver writes through
-``Storage.open_writer`` (durable on close) and checks the size it was announced.
+``Storage.open_writer`` (durable on close), checks the size it was announced, and syncs the
+storage (names durable) before it returns.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def run_transfers(
 ) -> int:
     """Perform this rank's part of ``transfers`` (identical list on every rank); return bytes."""
     moved = 0
+    received = False
     for t in sorted(transfers, key=lambda t: (t.src, t.dst, t.paths)):
         if t.src == t.dst:
             continue
@@ -135,4 +137,9 @@ def run_transfers(
             moved += _send(mine, storage, attempt, global_ranks[t.dst], group, timeout, chunk)
         elif rank == t.dst:
             moved += _recv(storage, attempt, global_ranks[t.src], group, timeout, chunk)
+            received = True
+    if received:
+        # The received names must be durable before this rank reports them (the commit record
+        # that follows counts on them): R-COMMIT-17 for the files a node-local tier copies.
+        storage.sync()
     return moved

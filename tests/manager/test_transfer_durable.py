@@ -1,0 +1,34 @@
+"""A file a node-local tier copies to a peer node is durable, name included, before the copy is
+reported (R-COMMIT-17: the commit record that follows counts on it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from portable_ckpt.torch.launch import run_group
+
+
+def test_received_files_and_their_directory_are_fsynced_before_run_transfers_returns(
+    tmp_path: Path,
+) -> None:
+    """R-COMMIT-17: the receiving rank fsyncs the file and its directory before it returns."""
+    roots = [str(tmp_path / "node0"), str(tmp_path / "node1")]
+    for r in roots:
+        os.makedirs(r)
+    res = run_group(
+        "_transfer_workers:send_and_trace",
+        2,
+        [roots],
+        timeout=120.0,
+        sys_path=[os.path.dirname(__file__)],
+    )
+    res.raise_for_errors()
+    recv = res.results[1]
+    assert recv["moved"] == 1000
+    data_dir = os.path.join(roots[1], "attempt-x", "data")
+    target = os.path.join(data_dir, "w00000.safetensors")
+    assert (Path(target).read_bytes()) == b"\x01" * 1000
+    fsynced = [os.path.realpath(p) for p in recv["fsynced"]]
+    assert os.path.realpath(target) in fsynced, "the received file's data was not fsynced"
+    assert os.path.realpath(data_dir) in fsynced, "the received file's name was not made durable"
