@@ -54,6 +54,29 @@ def time_bound(seconds: float = PER_INPUT_SECONDS) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def cpu_bound(seconds: float = PER_INPUT_SECONDS) -> Iterator[None]:
+    """Raise :class:`Hang` once the body has used ``seconds`` of CPU time (user + system).
+
+    SIGPROF on the process's CPU clock: a machine shared by many jobs stretches wall time, not
+    CPU time. Pair it with a generous :func:`time_bound` to catch blocking hangs too.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _prof(signum: int, frame: Any) -> None:
+        raise Hang(f"input used more than {seconds} s of CPU")
+
+    old = signal.signal(signal.SIGPROF, _prof)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
+
+
+@contextlib.contextmanager
 def memory_bound(limit: int = PEAK_BYTES) -> Iterator[list[int]]:
     """Measure the tracemalloc peak of the body; the list it yields receives the peak."""
     out: list[int] = []

@@ -856,3 +856,30 @@ def test_torch_expanded_view_needs_allow_expand(tmp_path: Path) -> None:
         convert(str(small), str(tmp_path / "o4"), src_format="torch", allow_expand=True,
                 max_output_bytes=16)
     assert info.value.code == "PCK-LIMIT"
+
+
+@pytest.mark.parametrize("damage", ["byteorder-header", "pickle-header", "encrypted", "crc"])
+def test_torch_zip_damaged_member_is_a_checkpoint_error(tmp_path: Path, damage: str) -> None:
+    """Found by the fuzz target of torch.save sources (issue 12 "Done means"): a damaged local
+    header of ``archive/byteorder`` raised a bare ``zipfile.BadZipFile`` from ``open_source``, an
+    "encrypted" flag on ``data.pkl`` a bare ``RuntimeError``; both now PCK-SHARD-HEADER, like a
+    damaged header or CRC of ``data.pkl`` already were (every member read maps zipfile's errors)."""
+    import pickle
+
+    from portable_ckpt.convert import open_source
+
+    src = tmp_path / "m.pt"
+    _torch_zip(src, pickle.dumps({"lr": 0.1}, protocol=2))
+    raw = bytearray(src.read_bytes())
+    member = "archive/byteorder" if damage == "byteorder-header" else "archive/data.pkl"
+    local = raw.find(member.encode()) - 30  # the first occurrence: the local header
+    central = raw.rfind(b"PK\x01\x02", 0, raw.rfind(member.encode()))
+    if damage.endswith("header"):
+        raw[local : local + 4] = b"PK\x07\x07"
+    elif damage == "encrypted":
+        raw[central + 8] |= 1  # general purpose flag bit 0 in the central directory
+    else:
+        raw[central + 16] ^= 0xFF  # the recorded CRC-32 of data.pkl
+    src.write_bytes(bytes(raw))
+    with time_bound(10):
+        _expect("PCK-SHARD-HEADER", open_source, str(src), "torch")

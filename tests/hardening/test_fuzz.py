@@ -1,7 +1,9 @@
 """Fuzzing of every parser of untrusted bytes (short CI run; bench/fuzz_long.py is the long run).
 
 Invariant for every input: only ``CheckpointError`` subclasses escape, each input finishes within
-``PER_INPUT_SECONDS``, and the traced heap peak stays under ``PEAK_BYTES``.
+``PER_INPUT_SECONDS``, and the traced heap peak stays under ``PEAK_BYTES`` (or the target's bound
+in ``_fuzz_targets.PEAK_BYTES_OF``); readers of zstd ranges return what a reference decoder makes
+of the frame, or refuse it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from portable_ckpt.errors import CheckpointError
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import parse_manifest, parse_writer_index
 from tests.hardening import _mutate
+from tests.hardening._fuzz_targets import PEAK_BYTES_OF, TARGETS, Corpus, reference_decode
 from tests.hardening._util import (
+    PEAK_BYTES,
+    cpu_bound,
     exercise_version,
     load_header_file,
     make_version,
@@ -138,3 +143,52 @@ def test_header_length_field_values(tmp_path) -> None:  # type: ignore[no-untype
             assert err is not None and err.code == "PCK-SHARD-HEADER"
         else:
             assert err is not None and err.code == "PCK-SHARD-HEADER" and str(n) in err.message
+
+
+# -- the surfaces of issue 12 (targets shared with bench/fuzz_long.py) ---------------------------
+NEW_SURFACES = settings(FUZZ, max_examples=max(1, FUZZ.max_examples // 6))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    return Corpus(str(tmp_path_factory.mktemp("corpus")))
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+@NEW_SURFACES
+@given(rnd=st.randoms(use_true_random=False))
+def test_fuzz_issue12_surfaces(corpus: Corpus, name: str, rnd: random.Random) -> None:
+    """Commit of fuzzed indexes and tables, tables, zstd entries and ranges (reader against a
+    reference decoder: never other bytes), embedded schemas, conversion sources: only
+    CheckpointError, <= 5 s of CPU (60 s wall), heap within the target's bound (64 MiB; zstd
+    entries 2^27 + 16 MiB)."""
+    with time_bound(60), cpu_bound(), memory_bound(PEAK_BYTES_OF.get(name, PEAK_BYTES)):
+        only_checkpoint_errors(TARGETS[name], rnd, corpus)
+
+
+@pytest.mark.parametrize(
+    ("frame", "ok"),
+    [
+        (b"good", True),
+        (b"two", False),
+        (b"skip", False),
+        (b"trail", False),
+        (b"short", False),
+        (b"size", False),
+    ],
+)
+def test_reference_decoder_follows_r_tensor_7(frame: bytes, ok: bool) -> None:
+    """The fuzz oracle itself: one frame, no skippable frame, no trailing bytes, exact size."""
+    import zstandard
+
+    raw = bytes(range(200)) * 3
+    c = zstandard.ZstdCompressor(write_content_size=True)
+    data = {
+        b"good": c.compress(raw),
+        b"two": c.compress(raw[:100]) + c.compress(raw[100:]),
+        b"skip": struct.pack("<II", 0x184D2A50, 3) + b"abc" + c.compress(raw),
+        b"trail": c.compress(raw) + b"\0",
+        b"short": zstandard.ZstdCompressor(write_content_size=False).compress(raw[:-1]),
+        b"size": c.compress(raw + b"x"),
+    }[frame]
+    assert (reference_decode(data, len(raw)) == raw) is ok

@@ -208,8 +208,12 @@ def _read_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, where: 
         )
     if max(info.file_size, info.compress_size) > limit:
         raise ShardHeaderError(f"{where}: {info.filename} is {info.file_size} bytes; too large")
-    with zf.open(info) as f:
-        data = f.read(limit + 1)
+    try:
+        with zf.open(info) as f:
+            data = f.read(limit + 1)
+    except (zipfile.BadZipFile, OSError, ValueError, RuntimeError, EOFError) as exc:
+        # A damaged local header, a bad CRC, an "encrypted" flag: not a torch.save member.
+        raise ShardHeaderError(f"{where}: cannot read {info.filename}: {exc}") from None
     if len(data) > limit:
         raise ShardHeaderError(f"{where}: {info.filename} is longer than {limit} bytes")
     return data
@@ -256,8 +260,6 @@ def open_torch_archive(fd: int, offset: int, length: int, *, where: str) -> Torc
             root = scan_pickle(raw, max_ops=None)  # bounded by _MAX_PKL
         except PickleScanError as exc:
             raise ShardHeaderError(f"{where}: cannot interpret data.pkl: {exc}") from None
-        except (zipfile.BadZipFile, OSError, ValueError) as exc:
-            raise ShardHeaderError(f"{where}: cannot read data.pkl: {exc}") from None
         dprefix = prefix + "data/"
         for name, member in members.items():
             if not name.startswith(dprefix) or "/" in name[len(dprefix) :]:
