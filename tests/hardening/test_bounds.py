@@ -21,7 +21,7 @@ import portable_ckpt.format.dtypes
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.io.checksum import BlockHasher
 from tests.hardening._hand import HandTensor, Piece, edit_manifest, rle_frame, write_version
-from tests.hardening._util import memory_bound, time_bound
+from tests.hardening._util import cpu_bound, memory_bound, time_bound
 
 #: Memory a small read may cost: the 16 MiB scratch window of the reader plus slack.
 SMALL_READ_BYTES = 40 << 20
@@ -883,3 +883,55 @@ def test_torch_zip_damaged_member_is_a_checkpoint_error(tmp_path: Path, damage: 
     src.write_bytes(bytes(raw))
     with time_bound(10):
         _expect("PCK-SHARD-HEADER", open_source, str(src), "torch")
+
+
+@pytest.mark.parametrize("fmt", ["torch", None])
+def test_zip_end_record_spanning_disks_is_a_checkpoint_error(tmp_path: Path, fmt: str | None) -> None:
+    """Found by the long fuzz run (seed 12, input 3117): ``zipfile.is_zipfile`` raises
+    ``BadZipFile`` for a zip64 end locator naming two disks instead of answering; the torch
+    reader and format detection let it escape. Such a file is a damaged zip (PCK-SHARD-HEADER)."""
+    import struct
+
+    from portable_ckpt.convert import open_source
+
+    src = tmp_path / "m.pt"
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, 0, 2)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0, 0, 0, 0, 0)
+    src.write_bytes(b"PK\x03\x04" + bytes(40) + locator + end)
+    with time_bound(10):
+        _expect("PCK-SHARD-HEADER", open_source, str(src), fmt)
+
+
+@pytest.mark.parametrize("fmt", ["torch", None])
+def test_zip_needing_a_newer_version_is_a_checkpoint_error(tmp_path: Path, fmt: str | None) -> None:
+    """Found by the long fuzz run (seed 12, input 12465): a central directory entry whose
+    "version needed to extract" is 6.7 makes ``zipfile.ZipFile`` raise ``NotImplementedError``."""
+    import pickle
+
+    from portable_ckpt.convert import open_source
+
+    src = tmp_path / "m.pt"
+    _torch_zip(src, pickle.dumps({"lr": 0.1}, protocol=2))
+    raw = bytearray(src.read_bytes())
+    central = raw.rfind(b"PK\x01\x02", 0, raw.rfind(b"archive/data.pkl"))
+    raw[central + 6] = 67  # version needed to extract: 6.7
+    src.write_bytes(bytes(raw))
+    with time_bound(10):
+        _expect("PCK-SHARD-HEADER", open_source, str(src), fmt)
+
+
+def test_schema_error_messages_are_metered(tmp_path: Path) -> None:
+    """Found by the long fuzz run (seed 12, input 4532), R-ENTRY-16: jsonschema writes the
+    instance's repr into every error, and ``anyOf`` keeps its branches' errors; a ``$ref``
+    fan-out ending in ``{"type": "string"}`` against a 5,000-item array stayed within its unit
+    budget while formatting ~100 MB of messages (6.6 s CPU, 231 MiB). Messages are charged too."""
+    from portable_ckpt.format.schemas import validate_entry_value
+
+    depth = 20
+    defs: dict[str, Any] = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2}
+                            for i in range(depth)}
+    defs[f"d{depth}"] = {"type": "string"}
+    schema = {"json_schema": {"$defs": defs, "$ref": "#/$defs/d0"}}
+    with time_bound(120), cpu_bound(5), memory_bound(24 << 20):
+        err = _expect("PCK-ENTRY-SCHEMA", validate_entry_value, list(range(5000)), schema, name="e")
+    assert "keyword evaluations" in err.message

@@ -120,19 +120,23 @@ def _head(p: str, n: int) -> bytes:
 
 
 def _is_zip(p: str) -> bool:
+    from portable_ckpt.convert._torchzip import is_zip
+
     with os.fdopen(open_regular(p), "rb") as f:
-        return zipfile.is_zipfile(f)
+        return is_zip(f)
 
 
 def _is_torch_zip(p: str) -> bool:
     """A zip with a ``data.pkl`` member (``torch.save``'s layout; an ``.npz`` has none)."""
+    from portable_ckpt.convert._torchzip import ZIP_ERRORS, is_zip
+
     with os.fdopen(open_regular(p), "rb") as f:
-        if not zipfile.is_zipfile(f):
+        if not is_zip(f):
             return False
         try:
             with zipfile.ZipFile(f) as z:
                 return any(n == "data.pkl" or n.endswith("/data.pkl") for n in z.namelist())
-        except (zipfile.BadZipFile, OSError, ValueError):
+        except ZIP_ERRORS:
             return True  # damaged: the torch reader says what is wrong with it
 
 

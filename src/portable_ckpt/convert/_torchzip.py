@@ -39,9 +39,11 @@ from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
 __all__ = [
     "TORCH_DTYPE_NAMES",
+    "ZIP_ERRORS",
     "TorchArchive",
     "TorchTensorLayout",
     "is_tensor_node",
+    "is_zip",
     "map_torch_tensor",
     "open_torch_archive",
     "parse_torch_zip",
@@ -89,6 +91,9 @@ _STORAGE_DTYPES = {
 }
 
 _MAX_PKL = 64 << 20
+#: What :mod:`zipfile` raises for a damaged or unsupported archive (``NotImplementedError``, a
+#: ``RuntimeError``, for a newer "version needed"; ``RuntimeError`` for an encrypted member).
+ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError)
 _REBUILD = ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3")
 
 
@@ -211,12 +216,24 @@ def _read_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, where: 
     try:
         with zf.open(info) as f:
             data = f.read(limit + 1)
-    except (zipfile.BadZipFile, OSError, ValueError, RuntimeError, EOFError) as exc:
+    except ZIP_ERRORS as exc:
         # A damaged local header, a bad CRC, an "encrypted" flag: not a torch.save member.
         raise ShardHeaderError(f"{where}: cannot read {info.filename}: {exc}") from None
     if len(data) > limit:
         raise ShardHeaderError(f"{where}: {info.filename} is longer than {limit} bytes")
     return data
+
+
+def is_zip(f: Any) -> bool:
+    """:func:`zipfile.is_zipfile` on an open file, where a damaged end record means a damaged zip.
+
+    ``is_zipfile`` raises ``BadZipFile`` for some end records (a zip64 locator naming several
+    disks) instead of answering: such a file is a zip, and its reader reports the damage.
+    """
+    try:
+        return zipfile.is_zipfile(f)
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        return True
 
 
 def open_torch_archive(fd: int, offset: int, length: int, *, where: str) -> TorchArchive:
@@ -240,7 +257,7 @@ def open_torch_archive(fd: int, offset: int, length: int, *, where: str) -> Torc
         )
     try:
         zf = zipfile.ZipFile(_Window(fd, offset, length))
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+    except ZIP_ERRORS as exc:
         raise ShardHeaderError(
             f"{where}: not a torch.save zip ({exc}); only torch's zip serialization is supported"
         ) from None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +44,7 @@ from portable_ckpt.convert._torchzip import (
     TorchArchive,
     TorchTensorLayout,
     is_tensor_node,
+    is_zip,
     map_torch_tensor,
     open_torch_archive,
     tensor_layout,
@@ -178,8 +178,8 @@ def read_torch_source(
     """
     fd = open_regular(path, what=f"torch.save file {path}")  # a FIFO is refused, never waited on
     with os.fdopen(os.dup(fd), "rb") as f:
-        is_zip = zipfile.is_zipfile(f)
-    if not is_zip:
+        zipped = is_zip(f)
+    if not zipped:
         os.close(fd)
         return _fallback(path, strict=strict, keys=keys, reason="legacy (non-zip) torch.save format")
     try:
