@@ -1,7 +1,7 @@
 """Long fuzzing run of every parser of untrusted bytes (documented in tests/hardening/README.md).
 
     nice -n 10 .venv/bin/python bench/fuzz_long.py --inputs 100000 --seed 1 [--json out.json]
-    nice -n 10 .venv/bin/python bench/fuzz_long.py --inputs 100000 --seed 1 --part 0/2  # half
+    nice -n 10 .venv/bin/python bench/fuzz_long.py --inputs 100000 --seed 1 --part 0/2  # a half
 
 Targets (round-robin, seeded, each input reproducible from ``(seed, index)``): strict JSON
 loading, ``parse_manifest``, ``parse_writer_index``, safetensors headers from a real file,
@@ -218,7 +218,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--inputs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--part", default="0/1", help="K/N: run the inputs i with i %% N == K")
+    ap.add_argument("--part", default="0/1",
+                    help="K/N: run the K-th of N interleaved shares (every target in each)")
     ap.add_argument("--open-share", type=float, default=0.02)
     ap.add_argument("--cpu-seconds", type=float, default=5.0)
     ap.add_argument("--wall-seconds", type=float, default=300.0)
@@ -241,7 +242,8 @@ def main() -> int:
     if args.trace_heap:
         tracemalloc.start()
     t_start = time.perf_counter()
-    for i in range(k, args.inputs, n):
+    width = len(targets)  # a share takes whole rounds of the round-robin: all targets in each
+    for i in (j for j in range(args.inputs) if (j // width) % n == k):
         pick = random.Random(args.seed * 1_000_003 + i)
         name, fn = (("open+read+verify", t_open) if pick.random() < args.open_share
                     else targets[i % len(targets)])

@@ -235,6 +235,10 @@ def _re2_validator_class() -> Any:
 SCHEMA_BASE_UNITS = 2**18
 SCHEMA_UNITS_PER_VALUE = 8
 _REF_UNITS = 32
+#: Characters of error message one unit pays for: jsonschema writes the instance's repr into
+#: every error, and anyOf/oneOf keep their branches' errors (unmetered, a $ref fan-out against
+#: a 5,000-item array formatted ~100 MB of messages within its unit budget).
+_ERROR_CHARS_PER_UNIT = 16
 
 
 class BudgetExceeded(Exception):
@@ -265,7 +269,11 @@ def _metered(keyword: str, fn: Any) -> Any:
             if isinstance(instance, (list, dict)):
                 cost += len(instance)
         _charge(cost)
-        yield from fn(validator, value, instance, schema) or ()
+        for err in fn(validator, value, instance, schema) or ():
+            if not getattr(err, "_pck_charged", False):  # charged once, where it is made
+                err._pck_charged = True
+                _charge(1 + len(err.message) // _ERROR_CHARS_PER_UNIT)
+            yield err
     return run
 
 

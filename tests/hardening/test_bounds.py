@@ -920,6 +920,13 @@ def test_zip_needing_a_newer_version_is_a_checkpoint_error(tmp_path: Path, fmt: 
         _expect("PCK-SHARD-HEADER", open_source, str(src), fmt)
 
 
+def _fan_out_to_a_type_error(depth: int) -> dict[str, Any]:
+    defs: dict[str, Any] = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2}
+                            for i in range(depth)}
+    defs[f"d{depth}"] = {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
 def test_schema_error_messages_are_metered(tmp_path: Path) -> None:
     """Found by the long fuzz run (seed 12, input 4532), R-ENTRY-16: jsonschema writes the
     instance's repr into every error, and ``anyOf`` keeps its branches' errors; a ``$ref``
@@ -927,11 +934,26 @@ def test_schema_error_messages_are_metered(tmp_path: Path) -> None:
     budget while formatting ~100 MB of messages (6.6 s CPU, 231 MiB). Messages are charged too."""
     from portable_ckpt.format.schemas import validate_entry_value
 
-    depth = 20
-    defs: dict[str, Any] = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2}
-                            for i in range(depth)}
-    defs[f"d{depth}"] = {"type": "string"}
-    schema = {"json_schema": {"$defs": defs, "$ref": "#/$defs/d0"}}
+    schema = {"json_schema": _fan_out_to_a_type_error(20)}
     with time_bound(120), cpu_bound(5), memory_bound(24 << 20):
         err = _expect("PCK-ENTRY-SCHEMA", validate_entry_value, list(range(5000)), schema, name="e")
     assert "keyword evaluations" in err.message
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_checker_schema_error_messages_are_metered(nested: bool) -> None:
+    """The conformance checker's metered validator had the same unmetered error messages (it
+    charges the instance's length per keyword: a flat array is caught, ``[[0, …, 4999]]`` not)."""
+    from conformance.schemas import (
+        SCHEMA_BASE_UNITS,
+        SCHEMA_UNITS_PER_VALUE,
+        BudgetExceeded,
+        SchemaSet,
+        default_schema_dir,
+    )
+
+    schemas = SchemaSet(default_schema_dir())
+    budget = SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * 5001
+    with time_bound(120), cpu_bound(5), memory_bound(24 << 20), pytest.raises(BudgetExceeded):
+        value: Any = [list(range(5000))] if nested else list(range(5000))
+        schemas.validate(_fan_out_to_a_type_error(20), value, limit=3, budget=budget)
