@@ -251,9 +251,28 @@ def main() -> int:
         run_one(run, name, fn, i, args.seed, args, status)
         dog.current = None
         done = sum(run.counts.values())
-        if done % 2000 == 0:
+        if done % 1000 == 0:
             print(f"{done} inputs, {time.perf_counter() - t_start:.0f} s, {len(run.violations)} violations", flush=True)
-    report = {
+            if args.json:  # a partial report, so that an interrupted run still has figures
+                _write(args.json, _report(run, args, t_start, status, finished=False))
+    report = _report(run, args, t_start, status, finished=True)
+    print(json.dumps(report, indent=1))
+    if args.json:
+        _write(args.json, report)
+    shutil.rmtree(work, ignore_errors=True)
+    return 1 if run.violations else 0
+
+
+def _write(path: str, report: dict[str, Any]) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def _report(run: Run, args: argparse.Namespace, t_start: float, status: _Status, *,
+            finished: bool) -> dict[str, Any]:
+    return {
+        "finished": finished,
         "inputs": sum(run.counts.values()), "seed": args.seed, "part": args.part,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
         "cpu_seconds": round(time.process_time(), 1),
@@ -268,12 +287,6 @@ def main() -> int:
         "max_rss_growth_bytes": dict(run.rss) if status.ok else "unavailable (no /proc/self/clear_refs)",
         "violation_count": len(run.violations), "violations": run.violations[:50],
     }
-    print(json.dumps(report, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    shutil.rmtree(work, ignore_errors=True)
-    return 1 if run.violations else 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -598,10 +599,11 @@ class _VersionChecker:
                 extra = sorted(r for r in ranks if r >= ws)
                 if extra:
                     raise Problem("PCK-SCHEMA", f"ranks {extra} >= world_size {ws}")
-                missing = sorted(set(range(ws)) - set(ranks))
-                if missing:
+                if len(ranks) < ws:  # distinct and below ws: O(values), never range(ws)
+                    have = set(ranks)
+                    missing = list(itertools.islice((r for r in range(ws) if r not in have), 10))
                     raise Problem("PCK-ENTRY-MISSING", f"per_rank values missing for ranks "
-                                  f"{missing[:10]} (world_size {ws})")
+                                  f"{missing} (world_size {ws})")
         else:
             raise Problem("PCK-SCHEMA", f"scope {scope!r} is not 'global' or 'per_rank'")
         for v in values:

@@ -957,3 +957,27 @@ def test_checker_schema_error_messages_are_metered(nested: bool) -> None:
     with time_bound(120), cpu_bound(5), memory_bound(24 << 20), pytest.raises(BudgetExceeded):
         value: Any = [list(range(5000))] if nested else list(range(5000))
         schemas.validate(_fan_out_to_a_type_error(20), value, limit=3, budget=budget)
+
+
+def test_missing_ranks_of_a_huge_world_size_cost_the_values_present(tmp_path: Path) -> None:
+    """Found by the long fuzz run (seed 13, input 9949): a per_rank entry of a manifest whose
+    world size says 2^21 built ``set(range(world_size))`` to name the missing ranks (256 MiB in
+    the parser; the conformance checker the same). The first missing ranks are found by
+    scanning, in O(values present)."""
+    from conformance.checker import check
+    from portable_ckpt.format.manifest import parse_manifest
+    from tests.hardening._util import make_version
+
+    attempt = make_version(str(tmp_path), 1)
+    vdir = tmp_path / attempt
+
+    def grow(doc: dict[str, Any]) -> None:
+        doc["continuation"]["world_size"] = 1 << 22
+
+    edit_manifest(str(vdir), grow)
+    doc = json.loads((vdir / "manifest.json").read_bytes())
+    with time_bound(60), cpu_bound(2), memory_bound(16 << 20):
+        err = _expect("PCK-ENTRY-MISSING", parse_manifest, doc, directory_name=attempt)
+        report = check(str(vdir))
+    assert "[2, 3, 4, 5, 6, 7, 8, 9]" in err.message
+    assert "PCK-ENTRY-MISSING" in report.codes

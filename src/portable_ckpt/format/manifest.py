@@ -9,6 +9,7 @@ suite checks that both accept and reject the same documents.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -787,8 +788,11 @@ def entry_values_problem(
             f"a global entry has exactly one value, found {n}"
         )
     present = set(ranks)
-    missing = sorted(set(range(world_size)) - present)
-    if missing:
+    # The world size is declared, the values are present: find the first missing ranks in
+    # O(values), never by building range(world_size) (2^21 ranks took 256 MiB).
+    covered = sum(1 for r in present if isinstance(r, int) and 0 <= r < world_size)
+    if covered < world_size:
+        missing = list(itertools.islice((r for r in range(world_size) if r not in present), 8))
         return EntryMissingError, (
             f"per_rank entry lacks the values of rank(s) {missing[:8]} (world size {world_size})"
         )
