@@ -129,10 +129,12 @@ def logged(
         log_event(log, f"{op}.failed", doc, "%s failed: %s: %s%s", what, type(exc).__name__, exc,
                   suffix, rank=rank, level=logging.ERROR)
         raise
-    seconds = time.perf_counter() - t0
+    # The throughput is computed from the recorded (rounded) seconds, so a record agrees with
+    # itself: mib_per_s == mib_per_s(bytes, seconds) for whoever reads it.
+    seconds = round(time.perf_counter() - t0, 6)
     nbytes = int(out.get("bytes", 0))
     detail = out.pop("detail", "")
-    done = {**fields, **out, "bytes": nbytes, "seconds": round(seconds, 6),
+    done = {**fields, **out, "bytes": nbytes, "seconds": seconds,
             "mib_per_s": mib_per_s(nbytes, seconds)}
     log_event(log, f"{op}.finished", done, "%s finished: %s in %.2f s (%.1f MiB/s)%s%s", what,
               human_bytes(nbytes), seconds, done["mib_per_s"], f"; {detail}" if detail else "",

@@ -721,10 +721,7 @@ class Checkpoint:
                 )
             except ChecksumError as exc:
                 raise self._named(exc, path) from None
-            self._note_scratch(res.scratch)
-            with self._lock:
-                self.stats.bytes_read += res.bytes_read
-                self.stats.blocks_verified += res.blocks
+            self._account(res)
         with self._lock:
             self.stats.bytes_delivered += sum(
                 s.dst.nbytes if isinstance(s, _Strided) else len(s.view) for s in plan.sinks
@@ -754,6 +751,13 @@ class Checkpoint:
                 rest.append(seg)
         return rest
 
+    def _account(self, res: Any) -> None:
+        """Count a verified read's bytes, blocks and scratch in :attr:`stats`."""
+        with self._lock:
+            self.stats.bytes_read += res.bytes_read
+            self.stats.blocks_verified += res.blocks
+        self._note_scratch(res.scratch)
+
     def _note_scratch(self, n: int) -> None:
         with self._lock:
             if n > self.stats.peak_scratch_bytes:
@@ -768,10 +772,7 @@ class Checkpoint:
             res = read_verified(self.storage, self._rel(path), self._file(path), lo, hi, dest)
         except ChecksumError as exc:
             raise self._named(exc, path) from None
-        self._note_scratch(res.scratch)
-        with self._lock:
-            self.stats.bytes_read += res.bytes_read
-            self.stats.blocks_verified += res.blocks
+        self._account(res)
 
     def _named(self, exc: ChecksumError, path: str) -> ChecksumError:
         """``exc`` naming the tensor ranges (or entry, header) whose bytes are in its block."""
@@ -957,10 +958,7 @@ class Checkpoint:
             res = verify_file(self.storage, self._rel(path), self._file(path), on_bytes=on_bytes)
         except ChecksumError as exc:
             raise self._named(exc, path) from None
-        self._note_scratch(res.scratch)
-        with self._lock:
-            self.stats.bytes_read += res.bytes_read
-            self.stats.blocks_verified += res.blocks
+        self._account(res)
 
 
 def _meter(progress: Progress | None, total: int) -> Callable[[int], None] | None:

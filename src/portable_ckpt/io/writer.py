@@ -51,6 +51,7 @@ from portable_ckpt.format.naming import (
     index_file_name,
     new_attempt_id,
 )
+from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES
 from portable_ckpt.io.checksum import AUTO_FILE_BLOCKS, BlockHasher, auto_block_size
 from portable_ckpt.io.safetensors_io import build_header
@@ -161,16 +162,14 @@ class ShardWriter:
         tensor_table: bool = False,
     ) -> None:
         check_attempt_id(attempt_id)
-        if codec not in CODECS:
-            raise UsageError(f"codec must be one of {CODECS}, got {codec!r}")
+        require_one_of(codec, CODECS, "codec")
         if block_size is not None and (
             block_size < 4096 or block_size > 1 << 30 or block_size & (block_size - 1)
         ):
             raise UsageError(f"block_size must be a power of two in [4096, 2^30], got {block_size}")
         if max_file_blocks < 1:
             raise UsageError(f"max_file_blocks must be at least 1, got {max_file_blocks}")
-        if not isinstance(writer, int) or writer < 0:
-            raise UsageError(f"writer must be a non-negative int, got {writer!r}")
+        require_non_negative_int(writer, "writer")
         self.storage = storage
         self.attempt_id = attempt_id
         self.writer = writer

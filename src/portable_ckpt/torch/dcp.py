@@ -86,6 +86,8 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
+from portable_ckpt.format.usage import require_non_negative_int, require_one_of
+from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.reader import Checkpoint, ReadRequest
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD, TableTensorEntry
@@ -112,8 +114,6 @@ __all__ = [
     "dcp_fqn",
     "portable_key",
 ]
-
-CONTRACTS = ("exact", "statistical")
 
 #: FQN of the one extra result each rank returns from ``write_data`` (its writer index).
 _RESULT_FQN = "portable_ckpt/writer"
@@ -310,12 +310,9 @@ class PortableStorageWriter(StorageWriter):
         max_file_bytes: int = 4 << 30,
         tensor_table: bool | None = None,
     ) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise UsageError(f"step must be a non-negative int, got {step!r}")
-        if continuation not in CONTRACTS:
-            raise UsageError(f"continuation must be one of {CONTRACTS}, got {continuation!r}")
-        if codec not in CODECS:
-            raise UsageError(f"codec must be one of {CODECS}, got {codec!r}")
+        require_non_negative_int(step, "step")
+        require_one_of(continuation, CONTRACTS, "continuation")
+        require_one_of(codec, CODECS, "codec")
         self.root = _check_root(root)
         self.step = step
         self.continuation = continuation
@@ -640,8 +637,7 @@ class PortableStorageReader(StorageReader):
     def __init__(
         self, root: Root, *, step: int | None = None, allow_statistical: bool = False
     ) -> None:
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise UsageError(f"step must be a non-negative int or None, got {step!r}")
+        require_non_negative_int(step, "step", allow_none=True)
         self.root = _check_root(root)
         self.step = step
         self.allow_statistical = allow_statistical

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portable_ckpt.errors import CheckpointError, UsageError
+from portable_ckpt.format.usage import require_one_of
 from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.manager.decisions import Decision, SavePolicy
 from portable_ckpt.manager.records import (
@@ -144,8 +145,7 @@ class CheckpointManager:
             save_steps=save_steps,
             fast_every=fast_every,
         )
-        if continuation not in CONTRACTS:
-            raise UsageError(f"continuation must be 'exact' or 'statistical', got {continuation!r}")
+        require_one_of(continuation, CONTRACTS, "continuation")
         if not 0.0 <= float(verify_sample) <= 1.0:
             raise UsageError(f"verify_sample must be a fraction in [0, 1], got {verify_sample!r}")
         if replicate and fast_root is None:

@@ -29,6 +29,7 @@ from typing import Any, TypedDict, Unpack
 
 from portable_ckpt.errors import DistributedError, UsageError
 from portable_ckpt.format.manifest import Continuation, WriterIndex
+from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
 from portable_ckpt.io.checksum import file_blocks_for
 from portable_ckpt.io.commit import commit
@@ -109,11 +110,8 @@ class SaveOptions:
 
     def __post_init__(self) -> None:
         """Refuse a bad step or contract before anything is touched."""
-        step = self.step
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise UsageError(f"step must be a non-negative int, got {step!r}")
-        if self.continuation not in CONTRACTS:
-            raise UsageError(f"continuation must be one of {CONTRACTS}, got {self.continuation!r}")
+        require_non_negative_int(self.step, "step")
+        require_one_of(self.continuation, CONTRACTS, "continuation")
 
     def writer_options(self, pieces: int, world: int) -> dict[str, Any]:
         """The :class:`ShardWriter` keyword arguments for a rank writing ``pieces`` pieces."""
