@@ -38,7 +38,7 @@ def _create_direct(self: Any, path: str, data: bytes) -> bool:
     os.write(fd, data)
     _real_fsync(fd)
     os.close(fd)
-    local._fsync_dir(os.path.dirname(full))
+    local.fsync_dir(os.path.dirname(full))
     return True
 
 
@@ -51,7 +51,7 @@ def _create_rename(self: Any, path: str, data: bytes) -> bool:
     _real_fsync(fd)
     os.close(fd)
     os.rename(tmp, full)
-    local._fsync_dir(os.path.dirname(full))
+    local.fsync_dir(os.path.dirname(full))
     return True
 
 
@@ -153,7 +153,7 @@ def _flip() -> None:
 
 MODES = {
     "no-fsync": lambda: setattr(os, "fsync", lambda fd: None),
-    "no-dir-fsync": lambda: setattr(local, "_fsync_dir", lambda path: None),
+    "no-dir-fsync": lambda: setattr(local, "fsync_dir", lambda path: None),
     "direct-manifest": lambda: setattr(local.LocalStorage, "create_if_absent", _create_direct),
     "rename-publish": lambda: setattr(local.LocalStorage, "create_if_absent", _create_rename),
     "index-first": _index_first,

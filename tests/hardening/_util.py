@@ -37,20 +37,8 @@ def time_bound(seconds: float = PER_INPUT_SECONDS) -> Iterator[None]:
     Uses SIGALRM (checked between bytecodes: a hang inside one long C call is caught when it
     returns; the long-run fuzzer also runs inputs in a child with a hard watchdog).
     """
-    if threading.current_thread() is not threading.main_thread():
+    with _timer(signal.SIGALRM, signal.ITIMER_REAL, seconds, f"input exceeded {seconds} s"):
         yield
-        return
-
-    def _alarm(signum: int, frame: Any) -> None:
-        raise Hang(f"input exceeded {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @contextlib.contextmanager
@@ -60,20 +48,31 @@ def cpu_bound(seconds: float = PER_INPUT_SECONDS) -> Iterator[None]:
     SIGPROF on the process's CPU clock: a machine shared by many jobs stretches wall time, not
     CPU time. Pair it with a generous :func:`time_bound` to catch blocking hangs too.
     """
+    with _timer(signal.SIGPROF, signal.ITIMER_PROF, seconds,
+                f"input used more than {seconds} s of CPU"):
+        yield
+
+
+@contextlib.contextmanager
+def _timer(sig: int, which: int, seconds: float, message: str) -> Iterator[None]:
+    """Raise :class:`Hang` (``message``) when interval timer ``which`` fires ``sig`` in the body.
+
+    Signals reach the main thread only: elsewhere the body runs unbounded.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def _prof(signum: int, frame: Any) -> None:
-        raise Hang(f"input used more than {seconds} s of CPU")
+    def _fire(signum: int, frame: Any) -> None:
+        raise Hang(message)
 
-    old = signal.signal(signal.SIGPROF, _prof)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    old = signal.signal(sig, _fire)
+    signal.setitimer(which, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, old)
+        signal.setitimer(which, 0)
+        signal.signal(sig, old)
 
 
 @contextlib.contextmanager

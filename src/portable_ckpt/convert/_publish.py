@@ -12,8 +12,9 @@ import shutil
 from collections.abc import Iterator
 
 from portable_ckpt.errors import StorageError, UsageError
+from portable_ckpt.storage.local import fsync_dir
 
-__all__ = ["check_dst_free", "fsync_dir", "staged", "staged_dir"]
+__all__ = ["check_dst_free", "staged", "staged_dir"]
 
 
 def check_dst_free(dst: str, *, directory: bool = True) -> None:
@@ -24,15 +25,6 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
         return
     what = "is not empty" if directory else "exists (a file target is never overwritten)"
     raise UsageError(f"destination {dst} already {what}; choose a new path")
-
-
-def fsync_dir(path: str) -> None:
-    """Make a rename inside directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager

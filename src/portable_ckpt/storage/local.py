@@ -29,7 +29,7 @@ from portable_ckpt.storage.base import (
     well_formed,
 )
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "fsync_dir"]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: Most buffers one preadv() accepts (Linux's UIO_MAXIOV).
@@ -37,7 +37,8 @@ _IOV_MAX = 1024
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make the names inside directory ``path`` durable (a created or renamed entry)."""
     fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -208,7 +209,7 @@ class LocalStorage(ScannedStorage):
             self._dirty.clear()
         for d in dirty:
             try:
-                _fsync_dir(d)
+                fsync_dir(d)
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -362,7 +363,7 @@ class LocalStorage(ScannedStorage):
                 return False
             finally:
                 os.unlink(tmp)
-            _fsync_dir(os.path.dirname(full))
+            fsync_dir(os.path.dirname(full))
             return True
         except OSError as exc:
             raise _os_error("create", path, exc) from exc
