@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from portable_ckpt.io.writer_process import anonymous_fd
-from portable_ckpt.torch.staging import register
+from portable_ckpt.torch._tensors import numpy_view
+from portable_ckpt.torch.staging import Buffer, register
 
 __all__ = ["SHARED", "Segment", "SharedStaging"]
 
@@ -76,18 +77,30 @@ class SharedStaging:
     def __init__(self) -> None:
         self.segment: Segment | None = None
         self.offsets: dict[str, int] = {}
+        # The last layout handed out (slot, shape, dtype, device per piece), its segment and views.
+        self._last: tuple[tuple[Any, ...], Segment, list[Buffer]] | None = None
 
-    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[torch.Tensor]:
-        """Views of the segment, one per ``(slot, like)`` (the segment grows or shrinks first)."""
+    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[Buffer]:
+        """Views of the segment, one per ``(slot, like)`` (the segment grows or shrinks first).
+
+        The same layout as last time, in the same segment, gets the same views back: a save
+        runs only after the previous one finished, so no writer still reads them.
+        """
+        layout = tuple((slot, like.shape, like.dtype, like.device.type) for slot, like in wanted)
+        last = self._last
+        if last is not None and last[1] is self.segment and last[0] == layout:
+            return last[2]
         offsets, total = _layout(wanted)
         seg = self._segment(max(total, _MIN_BYTES))
         if any(like.device.type == "cuda" for _, like in wanted):
             seg.pin()
         self.offsets = {slot: off for (slot, _), off in zip(wanted, offsets, strict=True)}
         out = []
-        for (_, like), off in zip(wanted, offsets, strict=True):
+        for (slot, like), off in zip(wanted, offsets, strict=True):
             n = like.numel() * like.element_size()
-            out.append(seg.base[off : off + n].view(like.dtype).view(like.shape))
+            view = seg.base[off : off + n].view(like.dtype).view(like.shape)
+            out.append((view, numpy_view(view, key=slot)))
+        self._last = (layout, seg, out)
         return out
 
     def _segment(self, need: int) -> Segment:
@@ -105,6 +118,7 @@ class SharedStaging:
             self.segment.close()
             self.segment = None
         self.offsets = {}
+        self._last = None
 
     @property
     def nbytes(self) -> int:

@@ -125,7 +125,7 @@ def async_save(
         wait_idle(opts.if_busy)
         handle = AsyncSaveHandle(opts.step)
         comm = make_comm(opts.process_group, opts.timeout)  # collective on first use: main thread
-        prepared = prepare(state_dict, root, comm.rank, copy=True, into=into)
+        prepared = prepare(state_dict, root, comm, copy=True, into=into)
         _mark_staged(handle, prepared, t0)
         track(opts.step, handle.committed)
         _Background.submit(lambda: _finish(handle, prepared, comm, opts, t0, write_with))

@@ -4,11 +4,17 @@ A DTensor's local shard is written by the rank whose coordinate is 0 on every re
 dimension; a plain tensor by rank 0 only; a zero-size tensor is declared by rank 0. Non-tensor
 leaves travel in the ``VALUES_ENTRY`` entry (rank 0); ``global`` entries are written by rank 0,
 ``per_rank`` entries by every rank.
+
+The tensor part of a plan (which pieces, where in the global tensor, staging slot names) depends
+only on the layout of the state, which a training job keeps from save to save: it is kept per
+exact layout (:func:`plan_stats`) and bound to the tensors of each call, so only the first save
+of a layout pays for the box arithmetic. Entries and JSON values are captured at every save.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +26,10 @@ from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
 from portable_ckpt.torch._tensors import format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
-from portable_ckpt.torch.layout import LocalLayout, Piece, group_mesh, local_layout
+from portable_ckpt.torch.layout import group_mesh, is_dtensor, local_layout
 from portable_ckpt.torch.state import RNGState
 
-__all__ = ["PlannedPiece", "PlannedEntry", "SavePlan", "plan_save"]
+__all__ = ["PlannedPiece", "PlannedEntry", "SavePlan", "plan_save", "plan_stats"]
 
 
 @dataclass
@@ -37,6 +43,8 @@ class PlannedPiece:
         offsets: Where the box starts in it.
         source: The live local tensor until staging (``None``: declare only, or staged).
         array: The bytes to write once staged: a view of ``source`` or of a staging buffer.
+        slot: Names the piece's staging buffer (a tensor of a strided layout has several
+            pieces): ``key@offsets``.
 
     """
 
@@ -46,11 +54,12 @@ class PlannedPiece:
     offsets: tuple[int, ...]
     source: torch.Tensor | None
     array: np.ndarray[Any, Any] | None = None
+    slot: str = ""
 
-    @property
-    def slot(self) -> str:
-        """Names the piece's staging buffer: a tensor of a strided layout has several pieces."""
-        return f"{self.key}@{','.join(str(o) for o in self.offsets)}"
+    def __post_init__(self) -> None:
+        """Name the staging buffer unless the plan did (made once per layout, not per save)."""
+        if not self.slot:
+            self.slot = _slot(self.key, self.offsets)
 
 
 @dataclass(frozen=True)
@@ -97,17 +106,128 @@ class SavePlan:
             p.array = None
 
 
-def plan_save(flat: FlatState, rank: int, rng_snapshot: dict[str, Any]) -> SavePlan:
-    """Return what ``rank`` writes of ``flat`` (``rng_snapshot`` is the RNG state to store)."""
-    pieces = _plan_pieces(flat, rank)
-    nbytes = sum(p.source.numel() * p.source.element_size() for p in pieces if p.source is not None)
+def plan_save(
+    flat: FlatState, rank: int, rng_snapshot: dict[str, Any], *, world: int = 1
+) -> SavePlan:
+    """Return what ``rank`` of ``world`` writes of ``flat`` (``rng_snapshot``: the RNG to store).
+
+    The tensor part of the plan is reused from an earlier save when the state's layout is
+    exactly the same (see :func:`plan_stats`); entries and values are captured every time.
+    """
+    template, locals_ = _template_for(flat, rank, world)
+    pieces = [
+        PlannedPiece(
+            t.key, t.dtype, t.global_shape, t.offsets, _bind(locals_, t), slot=t.slot
+        )
+        for t in template.pieces
+    ]
     entries = _plan_entries(flat, rank, rng_snapshot)
-    return SavePlan(pieces, entries, group_mesh(flat.tensors.values()), nbytes)
+    return SavePlan(pieces, entries, template.mesh, template.tensor_bytes)
 
 
-def _plan_pieces(flat: FlatState, rank: int) -> list[PlannedPiece]:
-    pieces: list[PlannedPiece] = []
-    for key, t in flat.tensors.items():
+# -- the tensor part of a plan, reused across saves of the same layout -----------------------------
+
+
+@dataclass(frozen=True)
+class _PieceTemplate:
+    """A planned piece without its source: ``index`` names the local tensor, ``slices`` the box.
+
+    ``index`` is ``None`` for a zero-size tensor that is only declared; ``slices`` is ``None``
+    when the box is the whole local tensor.
+    """
+
+    key: str
+    dtype: str
+    global_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    index: int | None
+    slices: tuple[slice, ...] | None
+    slot: str
+
+
+@dataclass(frozen=True)
+class _Template:
+    signature: tuple[Any, ...]
+    pieces: tuple[_PieceTemplate, ...]
+    mesh: Mesh | None
+    tensor_bytes: int
+
+
+class _PlanCache:
+    """The last few tensor plans of this process, found by comparing signatures exactly."""
+
+    size = 4
+
+    def __init__(self) -> None:
+        self.templates: list[_Template] = []
+        self.planned = 0
+        self.reused = 0
+        self.lock = threading.Lock()
+
+    def find(self, signature: tuple[Any, ...]) -> _Template | None:
+        with self.lock:
+            for i, t in enumerate(self.templates):
+                if t.signature == signature:  # element by element, never by a hash alone
+                    self.templates.insert(0, self.templates.pop(i))
+                    self.reused += 1
+                    return t
+            return None
+
+    def add(self, template: _Template) -> None:
+        with self.lock:
+            self.planned += 1
+            self.templates.insert(0, template)
+            del self.templates[self.size :]
+
+
+_CACHE = _PlanCache()
+
+
+def plan_stats() -> dict[str, int]:
+    """How often this process planned a save's tensors afresh and how often it reused a plan.
+
+    A plan is reused when every input of the tensor planning is equal to an earlier save's
+    (one of the last four): the rank and world size, and per tensor in order its key, dtype,
+    global shape, device mesh (the same object, not an equal one) and placements, and its local tensor's shape,
+    strides, storage offset, device and layout. Anything else re-plans.
+    """
+    return {"planned": _CACHE.planned, "reused": _CACHE.reused}
+
+
+def _signature(flat: FlatState, rank: int, world: int) -> tuple[tuple[Any, ...], list[Any]]:
+    """The exact inputs of the tensor planning, and the local tensors (in key order)."""
+    sig: list[Any] = [rank, world]
+    locals_: list[Any] = []
+    with torch.no_grad():  # once: to_local() is then an attribute read, not an autograd op
+        for key, t in flat.tensors.items():
+            d: Any = t
+            if is_dtensor(d):
+                local, mesh, placements = d.to_local(), d.device_mesh, tuple(d.placements)
+            else:
+                local, mesh, placements = t, None, None
+            locals_.append(local)
+            # The mesh by identity: id() first (a cached signature keeps its mesh alive, so an
+            # equal id is the same object), then the object (compared by `is` in a tuple).
+            sig.append((
+                key, t.dtype, t.shape, id(mesh), mesh, placements, local.shape, local.stride(),
+                local.storage_offset(), local.device, local.layout, local.is_sparse,
+            ))
+    return tuple(sig), locals_
+
+
+def _template_for(flat: FlatState, rank: int, world: int) -> tuple[_Template, list[Any]]:
+    signature, locals_ = _signature(flat, rank, world)
+    template = _CACHE.find(signature)
+    if template is None:
+        template = _plan_template(flat, rank, signature)
+        _CACHE.add(template)
+    return template, locals_
+
+
+def _plan_template(flat: FlatState, rank: int, signature: tuple[Any, ...]) -> _Template:
+    pieces: list[_PieceTemplate] = []
+    nbytes = 0
+    for index, (key, t) in enumerate(flat.tensors.items()):
         layout, local = local_layout(key, t, rank)
         dtype = format_dtype(t.dtype, key=key)
         if local.is_sparse or local.layout != torch.strided:
@@ -115,22 +235,32 @@ def _plan_pieces(flat: FlatState, rank: int) -> list[PlannedPiece]:
                 f"tensor {key!r}: layout {local.layout} is not supported; densify it"
             )
         if layout.writer:  # one box, or several for strided layouts
-            pieces += [
-                PlannedPiece(key, dtype, layout.global_shape, p.offsets, _box(local, p, layout))
-                for p in layout.pieces
-            ]
+            for p in layout.pieces:
+                whole = len(layout.pieces) == 1 and p.lengths == layout.local_shape
+                slices = None if whole else p.local_slices()
+                pieces.append(_PieceTemplate(
+                    key, dtype, layout.global_shape, p.offsets, index, slices, _slot(key, p.offsets)
+                ))
+                nbytes += math.prod(p.lengths) * local.element_size()
         if rank == 0 and math.prod(layout.global_shape) == 0:
             # A zero-size tensor has no ranges at all: rank 0 declares it.
             zeros = (0,) * len(layout.global_shape)
-            pieces.append(PlannedPiece(key, dtype, layout.global_shape, zeros, None))
-    return pieces
+            pieces.append(_PieceTemplate(
+                key, dtype, layout.global_shape, zeros, None, None, _slot(key, zeros)
+            ))
+    return _Template(signature, tuple(pieces), group_mesh(flat.tensors.values()), nbytes)
 
 
-def _box(local: torch.Tensor, piece: Piece, layout: LocalLayout) -> torch.Tensor:
-    """The part of the local tensor that ``piece`` covers (the tensor itself when it is all)."""
-    if len(layout.pieces) == 1 and piece.lengths == layout.local_shape:
-        return local
-    return local[piece.local_slices()]
+def _slot(key: str, offsets: tuple[int, ...]) -> str:
+    return f"{key}@{','.join(str(o) for o in offsets)}"
+
+
+def _bind(locals_: list[Any], t: _PieceTemplate) -> torch.Tensor | None:
+    """The piece's source: its local tensor, or the box of it (``None``: declared only)."""
+    if t.index is None:
+        return None
+    local: torch.Tensor = locals_[t.index]
+    return local if t.slices is None else local[t.slices]
 
 
 def _plan_entries(flat: FlatState, rank: int, rng_snapshot: dict[str, Any]) -> list[PlannedEntry]:

@@ -162,18 +162,19 @@ class Prepared:
 
 
 def prepare(
-    state: Mapping[str, Any], root: Root, rank: int, copy: bool, into: Staging | None = None
+    state: Mapping[str, Any], root: Root, comm: Comm, copy: bool, into: Staging | None = None
 ) -> Prepared:
     """Open ``root``; flatten, plan and stage ``state`` (``copy``: into staging buffers).
 
     Failures are kept for the first status exchange, so that every rank learns of them at once.
-    ``into`` is where the copies go (default: this process's private buffers).
+    ``into`` is where the copies go (default: this process's private buffers). The tensor plan
+    is reused from an earlier save of the same layout (:func:`~portable_ckpt.torch.plan.plan_stats`).
     """
     t0 = time.perf_counter()
     try:
         storage = open_storage(root, create=True)
         rng = capture_rng()  # before any state_dict() call: saving has no RNG side effect
-        plan = plan_save(flatten_state(state), rank, rng)
+        plan = plan_save(flatten_state(state), comm.rank, rng, world=comm.world_size)
         stage(plan, copy, into)
         return Prepared(storage, plan, None, time.perf_counter() - t0)
     except BaseException as e:
@@ -373,5 +374,5 @@ def save(
     wait_idle(opts.if_busy)
     t0 = time.perf_counter()
     comm = make_comm(opts.process_group, opts.timeout)
-    prepared = prepare(state_dict, root, comm.rank, copy=False)
+    prepared = prepare(state_dict, root, comm, copy=False)
     return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)

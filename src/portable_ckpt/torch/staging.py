@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from portable_ckpt.torch._tensors import numpy_view
 from portable_ckpt.torch.plan import SavePlan
 
-__all__ = ["POOL", "Staging", "StagingPool", "stage", "staging_bytes"]
+__all__ = ["POOL", "Buffer", "Staging", "StagingPool", "stage", "staging_bytes"]
+
+#: A staging buffer and its numpy view (made once per buffer: a view costs tens of µs).
+Buffer = tuple[torch.Tensor, np.ndarray[Any, Any]]
 
 
 class Staging(Protocol):
     """Where staged copies live: one host buffer per piece slot, reused across saves."""
 
-    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[torch.Tensor]:
+    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[Buffer]:
         """Host buffers of each ``(slot, like)``'s shape and dtype (``prune``: free the rest)."""
         ...
 
@@ -39,21 +43,22 @@ class StagingPool:
     """Host buffers reused across saves, one per piece slot (reallocated when shape/dtype change)."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, Buffer] = {}
 
-    def get(self, key: str, like: torch.Tensor) -> torch.Tensor:
-        """A host buffer of ``like``'s shape and dtype for ``key``."""
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
-            pin = like.device.type == "cuda"
-            buf = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=pin)
-            self._buffers[key] = buf
-        return buf
+    def get(self, key: str, like: torch.Tensor) -> Buffer:
+        """A host buffer of ``like``'s shape and dtype for ``key``, and its numpy view."""
+        hit = self._buffers.get(key)
+        if hit is not None and hit[0].shape == like.shape and hit[0].dtype == like.dtype:
+            return hit
+        pin = like.device.type == "cuda"
+        buf = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=pin)
+        self._buffers[key] = new = (buf, numpy_view(buf, key=key))
+        return new
 
-    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[torch.Tensor]:
+    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[Buffer]:
         """A buffer per ``(slot, like)``; with ``prune``, free the buffers of other slots."""
         out = [self.get(slot, like) for slot, like in wanted]
-        if prune:
+        if prune and len(self._buffers) != len(wanted):  # else: exactly the wanted slots
             self.retain_only({slot for slot, _ in wanted})
         return out
 
@@ -65,7 +70,7 @@ class StagingPool:
     @property
     def nbytes(self) -> int:
         """Bytes held by the buffers."""
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+        return sum(b.numel() * b.element_size() for b, _ in self._buffers.values())
 
 
 #: This process's private staging buffers (sync saves of device tensors, thread-mode async).
@@ -100,12 +105,13 @@ def stage(plan: SavePlan, copy: bool, into: Staging | None = None) -> float:
     """
     t0 = time.perf_counter()
     into = POOL if into is None else into
-    live = [(p, p.source.detach()) for p in plan.pieces if p.source is not None]
+    live = [(p, p.source) for p in plan.pieces if p.source is not None]
     copied = [(p, src) for p, src in live if copy or src.device.type != "cpu"]
     bufs = into.buffers([(p.slot, src) for p, src in copied], prune=copy)
-    for (p, src), buf in zip(copied, bufs, strict=True):
-        buf.copy_(src, non_blocking=src.device.type == "cuda")
-        p.array = numpy_view(buf, key=p.key)
+    with torch.no_grad():  # a copy is never part of an autograd graph
+        for (p, src), (buf, view) in zip(copied, bufs, strict=True):
+            buf.copy_(src, non_blocking=src.device.type == "cuda")
+            p.array = view
     for p, src in live:
         if p.array is None:
             p.array = numpy_view(src, key=p.key)
