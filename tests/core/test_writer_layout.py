@@ -19,8 +19,16 @@ from portable_ckpt.io.checksum import (
 )
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.reader import ReadRequest
-from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.io.writer import (
+    SMALL_PIECE_BYTES,
+    ShardWriter,
+    WriteStats,
+    _joined,
+    new_attempt_id,
+)
 from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.base import StreamWriter
+from portable_ckpt.storage.local import LocalStorage
 
 
 @settings(max_examples=300, deadline=None)
@@ -86,3 +94,67 @@ def test_explicit_block_size_is_kept(tmp_path) -> None:
     w.add_tensor("w", np.zeros(10, np.float32))
     idx = w.finish()
     assert {r.checksum.block_size for r in idx.files.values()} == {1 << 16}
+
+
+class _CountingStorage(LocalStorage):
+    """A local root that counts the ``write`` calls each file receives (the real files)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root, create=True)
+        self.writes: dict[str, list[int]] = {}
+
+    def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
+        inner = super().open_writer(path, defer_sync=defer_sync)
+        sizes = self.writes.setdefault(path, [])
+
+        class Counting(StreamWriter):
+            def write(self, data: memoryview | bytes) -> None:
+                sizes.append(len(data))
+                inner.write(data)
+
+            def close(self) -> None:
+                inner.close()
+
+            def abort(self) -> None:
+                inner.abort()
+
+        return Counting()
+
+
+def test_small_chunks_are_joined_into_few_writes(tmp_path) -> None:
+    """300 tiny chunks (mixed dtypes, one strided) reach the file in one write, not 300."""
+    storage = _CountingStorage(str(tmp_path))
+    aid = new_attempt_id(1)
+    w = ShardWriter(storage, aid, 0)
+    dtypes = (np.float32, np.int64, bool)
+    tiny = {f"t{i}": (np.arange(i % 7 + 1) % 2).astype(dtypes[i % 3]) for i in range(300)}
+    tiny["strided"] = np.arange(64, dtype=np.float64).reshape(8, 8)[:, ::2]
+    mid = np.arange(300 << 8, dtype=np.float32)  # 300 KiB: written on its own
+    big = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    for k, v in tiny.items():
+        w.add_tensor(k, v)
+    w.add_tensor("mid", mid)
+    w.add_tensor("big", big)
+    commit(storage, aid, step=1, indexes=[w.finish()])
+    (data, sizes), = [(p, s) for p, s in storage.writes.items() if "/data/" in p]
+    assert len(sizes) == 4, sizes  # header, the joined tiny chunks, mid, big
+    assert sum(sizes) == (tmp_path / data).stat().st_size
+    ck = portable_ckpt.open(tmp_path)
+    assert ck.verify(deep=True) == []
+    for k, v in {**tiny, "mid": mid, "big": big}.items():
+        np.testing.assert_array_equal(ck.read(k), v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 100, SMALL_PIECE_BYTES - 1, SMALL_PIECE_BYTES,
+                                 300 << 10, 700 << 10]), max_size=12))
+def test_joining_keeps_the_bytes_and_their_order(sizes: list[int]) -> None:
+    pieces = [memoryview(bytes([i % 251]) * n) for i, n in enumerate(sizes)]
+    out = list(_joined(iter(pieces), WriteStats()))
+    assert b"".join(out) == b"".join(pieces)
+    # Large pieces pass through as they are (no copy), in order; the rest are joined runs.
+    big = [p for p in pieces if len(p) >= SMALL_PIECE_BYTES]
+    passed = [p for p in out if any(p is q for q in big)]
+    assert len(passed) == len(big) and all(a is b for a, b in zip(passed, big, strict=True))
+    joined = [p for p in out if not any(p is q for q in big)]
+    assert all(0 < len(p) < (1 << 20) + SMALL_PIECE_BYTES for p in joined)  # bounded buffers

@@ -14,7 +14,7 @@ file), so a partial read over-reads little even when the ranges are small.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +59,7 @@ from portable_ckpt.io.tensor_table import TensorTable, encode_table
 from portable_ckpt.ranges.box import Box
 from portable_ckpt.storage.base import Storage, StreamWriter
 
-__all__ = ["PIECE_BYTES", "ShardWriter", "WriteStats", "new_attempt_id"]
+__all__ = ["PIECE_BYTES", "SMALL_PIECE_BYTES", "ShardWriter", "WriteStats", "new_attempt_id"]
 
 #: Largest piece handed to the storage in one write (and the bound on strided-copy scratch).
 PIECE_BYTES = 16 << 20
@@ -107,6 +107,46 @@ def _pieces(arr: np.ndarray[Any, Any], stats: WriteStats) -> Iterator[memoryview
         slab = np.ascontiguousarray(arr[i : i + step])
         stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, slab.nbytes)
         yield slab.reshape(-1).view(np.uint8).data
+
+
+#: Pieces below this size are joined into one write (a write is a hand-off to the I/O thread:
+#: tens of µs each, and a training state has hundreds of tiny biases and norms).
+SMALL_PIECE_BYTES = 256 << 10
+
+#: Size at which a run of joined small pieces is handed to the I/O thread.
+_JOINED_BYTES = 1 << 20
+
+
+def _joined(pieces: Iterable[memoryview], stats: WriteStats) -> Iterator[memoryview]:
+    """Yield ``pieces`` in order, with each run of small ones joined into buffers of ~1 MiB.
+
+    A joined buffer is never touched again once yielded (the next run gets a new one).
+    """
+    buf = bytearray()
+    for piece in pieces:
+        if len(piece) >= SMALL_PIECE_BYTES:
+            if buf:
+                yield memoryview(buf)
+                buf = bytearray()
+            yield piece
+            continue
+        buf += piece
+        if len(buf) >= _JOINED_BYTES:
+            stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, len(buf))
+            yield memoryview(buf)
+            buf = bytearray()
+    if buf:
+        stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, len(buf))
+        yield memoryview(buf)
+
+
+def _chunk_pieces(group: list[_Chunk], stats: WriteStats) -> Iterator[memoryview]:
+    """The bytes of ``group``'s chunks, in order (compressed payloads as they are)."""
+    for ch in group:
+        if ch.payload is not None:
+            yield memoryview(ch.payload)
+        else:
+            yield from _pieces(ch.array, stats)
 
 
 _WRITE_POOL: list[ThreadPoolExecutor] = []
@@ -462,17 +502,11 @@ class ShardWriter:
             # (both release the GIL); the piece stays referenced until its write returns.
             pending: Future[None] | None = None
             try:
-                for ch in group:
-                    src = (
-                        [memoryview(ch.payload)]
-                        if ch.payload is not None
-                        else _pieces(ch.array, self.stats)
-                    )
-                    for piece in src:
-                        h.update(piece)
-                        if pending is not None:
-                            pending.result()
-                        pending = _write_pool().submit(w.write, piece)
+                for piece in _joined(_chunk_pieces(group, self.stats), self.stats):
+                    h.update(piece)
+                    if pending is not None:
+                        pending.result()
+                    pending = _write_pool().submit(w.write, piece)
             finally:
                 if pending is not None:
                     pending.result()
