@@ -234,3 +234,21 @@ def test_oversized_table_manifest_is_refused_before_anything_is_written(
         commit(storage, aid, step=1, indexes=[w0.finish(), w1.finish()], tensor_table=True)
     assert not list((tmp_path / aid).glob("tensor-table-*"))
     assert_nothing_published(tmp_path, aid)
+
+
+@pytest.mark.parametrize("bad", ["gap", "overlap"])
+def test_a_shared_coverage_proof_never_hides_a_bad_layout(tmp_path, bad: str) -> None:
+    """Tensors of one layout share a proof; one of the same shape with other boxes is checked."""
+    storage = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    writers = [ShardWriter(storage, aid, r) for r in range(2)]
+    for i in range(20):  # twenty tensors laid out alike, split between two writers
+        for r, w in enumerate(writers):
+            w.add_tensor(f"layer{i}", np.ones(4, np.float32), offsets=(4 * r,), global_shape=(8,))
+    start, length = {"overlap": (3, 4), "gap": (5, 3)}[bad]  # [0,4) + [3,7) or [0,4) + [5,8)
+    writers[0].add_tensor("odd", np.ones(4, np.float32), offsets=(0,), global_shape=(8,))
+    writers[1].add_tensor("odd", np.ones(length, np.float32), offsets=(start,), global_shape=(8,))
+    error = CoverageOverlapError if bad == "overlap" else CoverageGapError
+    with pytest.raises(error, match="odd"):
+        commit(storage, aid, step=1, indexes=[w.finish() for w in writers])
+    assert_nothing_published(str(tmp_path), aid)

@@ -672,8 +672,14 @@ def _check_coverage(merged: _Merged) -> None:
             offs, lens = table.boxes(i)
             proven.check(table.shape_of(i), offs, lens, key=key)
     else:
+        # Tensors of the same shape and boxes (every layer, each parameter's moments) share
+        # one proof; a set finds candidates by hash and confirms them by equality (exact).
+        seen: set[tuple[Any, ...]] = set()
         for key, t in merged.tensors.items():
-            check_coverage(t.shape, [r.box for r in t.ranges], key=key)
+            layout = (tuple(t.shape), tuple((tuple(r.offsets), tuple(r.lengths)) for r in t.ranges))
+            if layout not in seen:
+                check_coverage(t.shape, [r.box for r in t.ranges], key=key)
+                seen.add(layout)
     merged.report.checks.append("coverage")
 
 
