@@ -1,10 +1,16 @@
-"""The dtype table of format 1.0: format name ↔ safetensors dtype ↔ numpy dtype."""
+"""The dtype table of format 1.0: format name ↔ safetensors dtype ↔ numpy dtype.
+
+numpy has no bfloat16 or float8; their numpy dtypes come from ``ml_dtypes``, imported on first
+use: its import costs ~1.4 s of CPU here, paid by every process (each CLI call, each rank) that
+never touches such a tensor.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import sys
+from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from portable_ckpt.errors import DtypeUnsupportedError
@@ -19,38 +25,67 @@ class DType:
     name: str
     safetensors: str
     itemsize: int
-    numpy: np.dtype[np.generic]
+    #: ``"<f4"``-style numpy code, or ``"ml_dtypes:<name>"`` (resolved on first use).
+    spec: str = field(repr=False)
+
+    @property
+    def numpy(self) -> np.dtype[np.generic]:
+        """The numpy dtype (``ml_dtypes`` for bfloat16 and float8)."""
+        dt = _RESOLVED.get(self.name)
+        return dt if dt is not None else _resolve(self)
 
 
-def _row(name: str, st: str, np_dtype: object) -> DType:
-    dt = np.dtype(np_dtype)  # type: ignore[call-overload]
-    return DType(name, st, dt.itemsize, dt)
+_RESOLVED: dict[str, np.dtype[np.generic]] = {}
+
+
+def _resolve(row: DType) -> np.dtype[np.generic]:
+    module, _, attr = row.spec.rpartition(":")
+    dt: np.dtype[np.generic] = np.dtype(
+        getattr(importlib.import_module(module), attr) if module else attr
+    )
+    _RESOLVED[row.name] = dt
+    return dt
+
+
+def _row(name: str, st: str, itemsize: int, spec: str) -> DType:
+    return DType(name, st, itemsize, spec)
 
 
 #: Format dtype name → :class:`DType`. Byte order on disk is always little-endian.
 DTYPES: dict[str, DType] = {
     r.name: r
     for r in (
-        _row("float64", "F64", "<f8"),
-        _row("float32", "F32", "<f4"),
-        _row("float16", "F16", "<f2"),
-        _row("bfloat16", "BF16", ml_dtypes.bfloat16),
-        _row("int64", "I64", "<i8"),
-        _row("int32", "I32", "<i4"),
-        _row("int16", "I16", "<i2"),
-        _row("int8", "I8", "i1"),
-        _row("uint8", "U8", "u1"),
-        _row("uint16", "U16", "<u2"),
-        _row("uint32", "U32", "<u4"),
-        _row("uint64", "U64", "<u8"),
-        _row("bool", "BOOL", "?"),
-        _row("float8_e4m3fn", "F8_E4M3", ml_dtypes.float8_e4m3fn),
-        _row("float8_e5m2", "F8_E5M2", ml_dtypes.float8_e5m2),
+        _row("float64", "F64", 8, "<f8"),
+        _row("float32", "F32", 4, "<f4"),
+        _row("float16", "F16", 2, "<f2"),
+        _row("bfloat16", "BF16", 2, "ml_dtypes:bfloat16"),
+        _row("int64", "I64", 8, "<i8"),
+        _row("int32", "I32", 4, "<i4"),
+        _row("int16", "I16", 2, "<i2"),
+        _row("int8", "I8", 1, "i1"),
+        _row("uint8", "U8", 1, "u1"),
+        _row("uint16", "U16", 2, "<u2"),
+        _row("uint32", "U32", 4, "<u4"),
+        _row("uint64", "U64", 8, "<u8"),
+        _row("bool", "BOOL", 1, "?"),
+        _row("float8_e4m3fn", "F8_E4M3", 1, "ml_dtypes:float8_e4m3fn"),
+        _row("float8_e5m2", "F8_E5M2", 1, "ml_dtypes:float8_e5m2"),
     )
 }
+_PLAIN = [r for r in DTYPES.values() if ":" not in r.spec]
+_LAZY = [r for r in DTYPES.values() if ":" in r.spec]
 
 _BY_ST = {r.safetensors: r for r in DTYPES.values()}
-_BY_NUMPY = {r.numpy: r.name for r in DTYPES.values()}
+_BY_NUMPY = {r.numpy: r.name for r in _PLAIN}
+
+
+def _by_numpy(dt: np.dtype[np.generic]) -> str | None:
+    name = _BY_NUMPY.get(dt)
+    # A caller holding an ml_dtypes dtype has imported ml_dtypes: only then resolve its rows.
+    if name is None and "ml_dtypes" in sys.modules:
+        _BY_NUMPY.update({r.numpy: r.name for r in _LAZY})
+        name = _BY_NUMPY.get(dt)
+    return name
 
 
 def _lookup(name: str) -> DType:
@@ -90,9 +125,9 @@ def dtype_name(dtype: object) -> str:
             f"big-endian dtype {dt} is not supported; convert to little-endian"
         )
     dt = dt.newbyteorder("<") if dt.byteorder == "=" and dt.itemsize > 1 else dt
-    try:
-        return _BY_NUMPY[dt]
-    except KeyError:
+    name = _by_numpy(dt)
+    if name is None:
         raise DtypeUnsupportedError(
             f"numpy dtype {dt} has no format dtype (supported: {', '.join(DTYPES)})"
-        ) from None
+        )
+    return name

@@ -1,7 +1,8 @@
 """Zero-copy views between torch tensors and numpy arrays, and the dtype mapping.
 
 bfloat16 and float8 tensors have no numpy dtype in numpy itself; they are viewed through an
-integer dtype of the same width and re-typed with ``ml_dtypes``, so no bytes are copied:
+integer dtype of the same width and re-typed with ``ml_dtypes`` (imported on first use, see
+:mod:`portable_ckpt.format.dtypes`), so no bytes are copied:
 ``t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)``.
 """
 
@@ -9,28 +10,29 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
 
 from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.format.dtypes import numpy_dtype
 
 __all__ = ["format_dtype", "numpy_view", "torch_dtype", "torch_from_numpy"]
 
-# torch dtype -> (format name, integer torch dtype to view through or None, numpy dtype)
+# torch dtype -> (format name, integer torch dtype to view through or None, numpy dtype;
+# None: the format table's, resolved on first use)
 _MAP: dict[torch.dtype, tuple[str, torch.dtype | None, Any]] = {
     torch.float64: ("float64", None, np.float64),
     torch.float32: ("float32", None, np.float32),
     torch.float16: ("float16", None, np.float16),
-    torch.bfloat16: ("bfloat16", torch.int16, ml_dtypes.bfloat16),
+    torch.bfloat16: ("bfloat16", torch.int16, None),
     torch.int64: ("int64", None, np.int64),
     torch.int32: ("int32", None, np.int32),
     torch.int16: ("int16", None, np.int16),
     torch.int8: ("int8", None, np.int8),
     torch.uint8: ("uint8", None, np.uint8),
     torch.bool: ("bool", None, np.bool_),
-    torch.float8_e4m3fn: ("float8_e4m3fn", torch.uint8, ml_dtypes.float8_e4m3fn),
-    torch.float8_e5m2: ("float8_e5m2", torch.uint8, ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fn: ("float8_e4m3fn", torch.uint8, None),
+    torch.float8_e5m2: ("float8_e5m2", torch.uint8, None),
 }
 for _name in ("uint16", "uint32", "uint64"):
     _td = getattr(torch, _name, None)
@@ -77,7 +79,7 @@ def numpy_view(t: torch.Tensor, *, key: str = "?") -> np.ndarray[Any, Any]:
             f"tensor {key!r}: numpy_view needs a CPU tensor, got {t.device}"
         )
     try:
-        _, via, np_dtype = _MAP[t.dtype]
+        name, via, np_dtype = _MAP[t.dtype]
     except KeyError:
         format_dtype(t.dtype, key=key)
         raise
@@ -86,7 +88,7 @@ def numpy_view(t: torch.Tensor, *, key: str = "?") -> np.ndarray[Any, Any]:
         t = t.resolve_conj().resolve_neg()
     if via is None:
         return t.numpy()
-    arr: np.ndarray[Any, Any] = t.view(via).numpy().view(np_dtype)
+    arr: np.ndarray[Any, Any] = t.view(via).numpy().view(np_dtype or numpy_dtype(name))
     return arr
 
 
