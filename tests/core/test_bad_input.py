@@ -12,6 +12,7 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError
+from tests._corrupt import flip_byte
 
 from .helpers import save_sharded
 
@@ -165,11 +166,7 @@ def test_missing_truncated_and_extended_files(ck_dir) -> None:
 
 def test_flipped_byte_fails_checksum(ck_dir) -> None:
     f = _data_file(ck_dir[1])
-    with open(f, "r+b") as fh:
-        fh.seek(os.path.getsize(f) - 2)
-        b = fh.read(1)
-        fh.seek(-1, 1)
-        fh.write(bytes([b[0] ^ 0x40]))
+    flip_byte(f, -2, 0x40)
     err = expect("PCK-CHECKSUM", ck_dir[1])
     assert "w0000" in str(err)
 

@@ -25,6 +25,7 @@ from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.logs import LOGGER_NAME, mib_per_s
 from portable_ckpt.storage import open_storage
 from portable_ckpt.testing.logs import EventLog, job_log
+from tests._corrupt import flip_byte
 
 
 @pytest.fixture(name="job_log")
@@ -137,14 +138,6 @@ def test_help_and_version_name_the_format_versions(capsys) -> None:
 # -- checksum failures name what the bad block holds ----------------------------------------------
 
 
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x40]))
-
-
 def _saved(root: str) -> tuple[portable_ckpt.Checkpoint, str]:
     portable_ckpt.save_arrays(root, _arrays(), step=3, entries={"cfg": {"lr": 0.1}})
     ck = portable_ckpt.open(root)
@@ -158,7 +151,7 @@ def test_reader_checksum_error_names_the_tensors_in_the_block(tmp_path) -> None:
     hdr = ck._header(next(p for p in ck.manifest.files if p.endswith(".safetensors")))
     a, b = hdr.tensors["model/a@0,0"], hdr.tensors["model/b@0"]
     assert a.end == b.start and a.start < 8192 < a.end < 12288  # block 2 holds both
-    _flip(shard, 12000)
+    flip_byte(shard, 12000, 0x40)
     with pytest.raises(ChecksumError) as ei:
         portable_ckpt.open(str(tmp_path / "ck")).read("model/b")
     msg = ei.value.message
@@ -177,7 +170,7 @@ def test_reader_checksum_error_names_the_tensors_in_the_block(tmp_path) -> None:
 def test_verify_deep_names_the_tensor(tmp_path, capsys) -> None:
     root = str(tmp_path / "ck")
     ck, shard = _saved(root)
-    _flip(shard, os.path.getsize(shard) - 10)  # the last block: only model/b's tail
+    flip_byte(shard, -10, 0x40)  # the last block: only model/b's tail
     rc, out, _ = _main(capsys, "verify", "--deep", root)
     assert rc == 1
     assert "PCK-CHECKSUM" in out and "tensor 'model/b' range offsets [0]" in out
@@ -190,7 +183,7 @@ def test_verify_deep_names_the_tensor(tmp_path, capsys) -> None:
 def test_a_damaged_header_block_says_so_and_lists_the_files_tensors(tmp_path) -> None:
     root = str(tmp_path / "ck")
     _, shard = _saved(root)
-    _flip(shard, 20)  # inside the JSON header
+    flip_byte(shard, 20, 0x40)  # inside the JSON header
     errors = portable_ckpt.open(root).verify(deep=True)
     (err,) = [e for e in errors if e.code == "PCK-CHECKSUM"]
     assert "(block 0)" in err.message and "shard header" in err.message
@@ -201,6 +194,6 @@ def test_a_damaged_entry_value_names_the_entry(tmp_path) -> None:
     root = str(tmp_path / "ck")
     ck, _ = _saved(root)
     (value,) = ck.manifest.entries["cfg"].values
-    _flip(os.path.join(ck.path, value.file), 2)
+    flip_byte(os.path.join(ck.path, value.file), 2, 0x40)
     with pytest.raises(ChecksumError, match=r"the block holds the value of entry 'cfg'"):
         portable_ckpt.open(root).entry("cfg")

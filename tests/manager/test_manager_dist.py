@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 
 import portable_ckpt
 from portable_ckpt.torch.launch import GroupResult, run_group
+from tests._corrupt import flip_byte
 
 pytestmark = pytest.mark.torch
 
@@ -100,12 +101,6 @@ def test_telemetry_figures(trained: dict[str, Any]) -> None:
     assert ck.entry("pck.manager")["metrics"]["loss"] == pytest.approx(100 / 9)
 
 
-def _flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[-5] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
 def test_restore_prefers_fast_then_falls_back_to_durable(trained: dict[str, Any]) -> None:
     """Damaged, failed-verification or missing fast versions fall back to durable (R-DRILL-8)."""
     root, fast = trained["root"], trained["fast"]
@@ -145,7 +140,7 @@ def test_restore_prefers_fast_then_falls_back_to_durable(trained: dict[str, Any]
         errors=[{"code": "PCK-CHECKSUM", "message": "flipped"}],
     )
     for data in Path(fv[-2].path, "data").iterdir():
-        _flip(data)
+        flip_byte(data, -5)
     res = ok(run("resume", 2, root, fast, False))
     ev = next(e for e in res[0]["events"] if e["event"] == "restore")
     assert ev["tier"] == "durable" and ev["step"] == durable_best == 5

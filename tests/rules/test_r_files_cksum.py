@@ -14,6 +14,7 @@ import pytest
 import portable_ckpt
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import Continuation
+from tests._corrupt import flip_byte
 
 from ._util import (
     build_version,
@@ -141,19 +142,11 @@ def _one_tensor_version(tmp_path: Path, n: int = 4 * 4096) -> tuple[Path, str, i
     return vdir, rel, 8 + n_hdr
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x5A]))
-
-
 def test_whole_touched_block_is_verified_before_delivery(tmp_path: Path) -> None:
     """R-CKSUM-3: a corrupt byte in a touched block fails the read even if not requested."""
     vdir, rel, data_start = _one_tensor_version(tmp_path)
     # Corrupt the last byte of block 2; request one element at the start of block 2.
-    _flip(vdir / rel, 3 * 4096 - 1)
+    flip_byte(vdir / rel, 3 * 4096 - 1, 0x5A)
     ck = portable_ckpt.open(vdir)
     first_in_block2 = 2 * 4096 - data_start
     expect_code("PCK-CHECKSUM", ck.read, "t", [first_in_block2], [1])
@@ -165,7 +158,7 @@ def test_whole_touched_block_is_verified_before_delivery(tmp_path: Path) -> None
 def test_header_blocks_are_verified_before_the_header_is_interpreted(tmp_path: Path) -> None:
     """R-CKSUM-3: a corrupted safetensors header is a checksum error, not a parse of bad bytes."""
     vdir, rel, _ = _one_tensor_version(tmp_path)
-    _flip(vdir / rel, 20)  # inside the JSON header
+    flip_byte(vdir / rel, 20, 0x5A)  # inside the JSON header
     ck = portable_ckpt.open(vdir)
     expect_code("PCK-CHECKSUM", ck.read, "t", [16000], [1])
 
@@ -181,7 +174,7 @@ def test_entry_value_blocks_are_verified(tmp_path: Path) -> None:
 def test_checksum_error_names_file_and_block(tmp_path: Path) -> None:
     """R-CKSUM-4: a mismatch is PCK-CHECKSUM naming the file and the block index."""
     vdir, rel, data_start = _one_tensor_version(tmp_path)
-    _flip(vdir / rel, 3 * 4096 + 5)
+    flip_byte(vdir / rel, 3 * 4096 + 5, 0x5A)
     err = expect_code("PCK-CHECKSUM", portable_ckpt.open(vdir).read, "t")
     assert rel in str(err) and "block 3" in str(err)
     errs = portable_ckpt.open(vdir).verify(deep=True)
