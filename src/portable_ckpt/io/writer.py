@@ -124,17 +124,15 @@ def _joined(pieces: Iterable[memoryview], stats: WriteStats) -> Iterator[memoryv
     """
     buf = bytearray()
     for piece in pieces:
-        if len(piece) >= SMALL_PIECE_BYTES:
-            if buf:
-                yield memoryview(buf)
-                buf = bytearray()
-            yield piece
-            continue
-        buf += piece
-        if len(buf) >= _JOINED_BYTES:
+        large = len(piece) >= SMALL_PIECE_BYTES
+        if not large:
+            buf += piece
+        if buf and (large or len(buf) >= _JOINED_BYTES):
             stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, len(buf))
             yield memoryview(buf)
             buf = bytearray()
+        if large:
+            yield piece
     if buf:
         stats.peak_scratch_bytes = max(stats.peak_scratch_bytes, len(buf))
         yield memoryview(buf)

@@ -126,15 +126,12 @@ def _child_components(node: Any, key: str) -> list[tuple[Any, str]]:
         seen: dict[str, Any] = {}
         out = []
         for k in node:
-            if type(k) is str:  # the usual case: escape only what needs it
-                comp = k if "~" not in k and "/" not in k else escape_component(k)
-            elif isinstance(k, bool) or not isinstance(k, str | int):
+            if type(k) is not str and (isinstance(k, bool) or not isinstance(k, str | int)):
                 raise UnsupportedValueError(
                     f"state at {key or '<top>'!r}: dict key {k!r} of type {type(k).__name__} is "
                     f"not a str or int"
                 )
-            else:
-                comp = escape_component(str(k))
+            comp = escape_component(str(k))
             if comp in seen:
                 raise UnsupportedValueError(
                     f"state at {key or '<top>'!r}: keys {seen[comp]!r} and {k!r} map to the same "
@@ -170,21 +167,12 @@ def flatten_state(state: Any, *, for_load: bool = False) -> FlatState:
     return flat
 
 
-#: Flat keys already found valid (a training state saves the same few hundred keys each time).
-_VALID_KEYS: set[str] = set()
-
-
 def _check_key(key: str) -> None:
-    if key in _VALID_KEYS:
-        return
     if not key or len(key) > 1024 or has_control_chars(key):
         raise UnsupportedValueError(
             f"flat key {key!r} must be 1–1024 characters without control characters; shorten or "
             f"rename the dict keys on its path"
         )
-    if len(_VALID_KEYS) >= 1 << 16:
-        _VALID_KEYS.clear()
-    _VALID_KEYS.add(key)
 
 
 def _init_optimizer(node: Any) -> None:
