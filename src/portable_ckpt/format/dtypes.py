@@ -47,29 +47,25 @@ def _resolve(row: DType) -> np.dtype[np.generic]:
     return dt
 
 
-def _row(name: str, st: str, itemsize: int, spec: str) -> DType:
-    return DType(name, st, itemsize, spec)
-
-
 #: Format dtype name → :class:`DType`. Byte order on disk is always little-endian.
 DTYPES: dict[str, DType] = {
     r.name: r
     for r in (
-        _row("float64", "F64", 8, "<f8"),
-        _row("float32", "F32", 4, "<f4"),
-        _row("float16", "F16", 2, "<f2"),
-        _row("bfloat16", "BF16", 2, "ml_dtypes:bfloat16"),
-        _row("int64", "I64", 8, "<i8"),
-        _row("int32", "I32", 4, "<i4"),
-        _row("int16", "I16", 2, "<i2"),
-        _row("int8", "I8", 1, "i1"),
-        _row("uint8", "U8", 1, "u1"),
-        _row("uint16", "U16", 2, "<u2"),
-        _row("uint32", "U32", 4, "<u4"),
-        _row("uint64", "U64", 8, "<u8"),
-        _row("bool", "BOOL", 1, "?"),
-        _row("float8_e4m3fn", "F8_E4M3", 1, "ml_dtypes:float8_e4m3fn"),
-        _row("float8_e5m2", "F8_E5M2", 1, "ml_dtypes:float8_e5m2"),
+        DType("float64", "F64", 8, "<f8"),
+        DType("float32", "F32", 4, "<f4"),
+        DType("float16", "F16", 2, "<f2"),
+        DType("bfloat16", "BF16", 2, "ml_dtypes:bfloat16"),
+        DType("int64", "I64", 8, "<i8"),
+        DType("int32", "I32", 4, "<i4"),
+        DType("int16", "I16", 2, "<i2"),
+        DType("int8", "I8", 1, "i1"),
+        DType("uint8", "U8", 1, "u1"),
+        DType("uint16", "U16", 2, "<u2"),
+        DType("uint32", "U32", 4, "<u4"),
+        DType("uint64", "U64", 8, "<u8"),
+        DType("bool", "BOOL", 1, "?"),
+        DType("float8_e4m3fn", "F8_E4M3", 1, "ml_dtypes:float8_e4m3fn"),
+        DType("float8_e5m2", "F8_E5M2", 1, "ml_dtypes:float8_e5m2"),
     )
 }
 _PLAIN = [r for r in DTYPES.values() if ":" not in r.spec]
