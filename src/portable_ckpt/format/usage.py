@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from portable_ckpt.errors import UsageError
 
-__all__ = ["require_non_negative_int", "require_one_of"]
+__all__ = ["require_non_negative_int", "require_one_of", "require_seconds"]
 
 _T = TypeVar("_T")
 
@@ -31,3 +31,10 @@ def require_non_negative_int(value: object, what: str, *, allow_none: bool = Fal
         extra = " or None" if allow_none else ""
         raise UsageError(f"{what} must be a non-negative int{extra}, got {value!r}")
     return value
+
+
+def require_seconds(value: object, what: str) -> float:
+    """Return ``value`` as a float when it is a number of seconds ≥ 0 (``math.inf``: no bound)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise UsageError(f"{what} must be a number of seconds >= 0, got {value!r}")
+    return float(value)

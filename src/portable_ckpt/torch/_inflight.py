@@ -5,11 +5,20 @@ that it was abandoned. ``atexit`` is too late for that: Python runs it only afte
 shut down, when ``concurrent.futures`` pools refuse new work and the save would fail with
 "cannot schedule new futures after interpreter shutdown" (the version then stayed incomplete);
 :func:`at_interpreter_exit` hooks in before that.
+
+The exit wait is bounded by the save's ``exit_timeout`` (``async_save(exit_timeout=...)``, the
+same setting and default as ``CheckpointManager(exit_timeout=...)``). A save still running after
+it (storage that hangs: an NFS stall, a dead S3 endpoint, a peer stuck in a collective) is
+reported ABANDONED, naming its step and attempt, and the process ends at once with
+:data:`EXIT_STATUS_ABANDONED` (``os._exit``): the interpreter would otherwise join the blocked
+save thread for ever.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -18,17 +27,40 @@ from dataclasses import dataclass
 from portable_ckpt.errors import UsageError
 from portable_ckpt.torch.info import CheckpointInfo
 
-__all__ = ["LOCK", "at_interpreter_exit", "track", "wait_for_pending_save", "wait_idle"]
+__all__ = [
+    "DEFAULT_EXIT_TIMEOUT",
+    "EXIT_STATUS_ABANDONED",
+    "LOCK",
+    "InFlight",
+    "at_interpreter_exit",
+    "say",
+    "track",
+    "wait_for_pending_save",
+    "wait_idle",
+]
+
+#: Seconds interpreter exit waits for a pending save (``async_save`` and ``CheckpointManager``).
+DEFAULT_EXIT_TIMEOUT = 300.0
+#: Exit status of a process whose pending save did not finish within its exit bound.
+EXIT_STATUS_ABANDONED = 1
 
 
-@dataclass(frozen=True)
-class _InFlight:
+@dataclass
+class InFlight:
+    """The in-flight async save: its step, future, exit bound and (once agreed) attempt id."""
+
     step: int
     committed: cf.Future[CheckpointInfo]
+    exit_timeout: float = DEFAULT_EXIT_TIMEOUT
+    attempt_id: str | None = None
+
+    def agreed(self, attempt_id: str) -> None:
+        """Record the attempt id the ranks agreed on (named if the save is abandoned)."""
+        self.attempt_id = attempt_id
 
 
 class _Slot:
-    current: _InFlight | None = None
+    current: InFlight | None = None
 
 
 #: Held while an async save stages and registers itself.
@@ -60,27 +92,44 @@ def at_interpreter_exit(name: str, fn: Callable[[], None]) -> None:
         atexit.register(fn)
 
 
+def say(text: str) -> None:
+    """One line on stderr, flushed (exit hooks: stdout may be a closed pipe)."""
+    print(f"portable_ckpt: {text}", file=sys.stderr, flush=True)
+
+
+def _abandoned(h: InFlight, why: str) -> None:
+    attempt = f"Attempt {h.attempt_id}" if h.attempt_id else "Its attempt (no id agreed yet)"
+    say(
+        f"the async save of step {h.step} could not be finished at exit and was ABANDONED "
+        f"({why}). {attempt} stays incomplete (never restored); the "
+        "previous version remains the latest. Wait for handle.committed (or call "
+        "wait_for_pending_save()) before destroy_process_group() and exit."
+    )
+
+
 def _finish_at_exit() -> None:
     h = _SLOT.current
     if h is None or h.committed.done():
         return
-    try:
-        h.committed.result()
-    except BaseException as e:
-        print(
-            f"portable_ckpt: the async save of step {h.step} could not be finished at exit and "
-            f"was ABANDONED: {e}. Its attempt stays incomplete (never restored); the previous "
-            "version remains the latest. Wait for handle.committed (or call "
-            "wait_for_pending_save()) before destroy_process_group() and exit.",
-            file=sys.stderr,
-            flush=True,
-        )
+    say(f"finishing the async save of step {h.step} before exit (at most {h.exit_timeout:g} s)")
+    cf.wait([h.committed], timeout=h.exit_timeout)
+    if not h.committed.done():  # stuck in I/O or a collective: the exit would join it for ever
+        _abandoned(h, f"not finished after {h.exit_timeout:g} s")
+        with contextlib.suppress(OSError, ValueError):  # a closed stdout must not stop the exit
+            sys.stdout.flush()
+        os._exit(EXIT_STATUS_ABANDONED)
+    e = h.committed.exception()
+    if e is not None:
+        _abandoned(h, str(e))
 
 
-def track(step: int, committed: cf.Future[CheckpointInfo]) -> None:
+def track(
+    step: int, committed: cf.Future[CheckpointInfo], exit_timeout: float = DEFAULT_EXIT_TIMEOUT
+) -> InFlight:
     """Record the async save of ``step`` as this process's in-flight save (finished at exit)."""
-    _SLOT.current = _InFlight(step, committed)
+    h = _SLOT.current = InFlight(step, committed, exit_timeout)
     at_interpreter_exit("pending-async-save", _finish_at_exit)
+    return h
 
 
 def wait_for_pending_save(timeout: float | None = None) -> CheckpointInfo | None:

@@ -9,9 +9,10 @@ blocked in I/O or in a collective whose peer is gone or stuck, and the interpret
 otherwise join it until that collective's own timeout (30 minutes by default), and before this
 bound existed such a process also ignored SIGTERM (the manager's handler only set a flag).
 
-The hook must run before ``portable_ckpt.torch._inflight``'s (which waits without a bound for
-the same async save): it is registered again after each async save, and hooks registered later
-run first.
+The hook must run before ``portable_ckpt.torch._inflight``'s (which waits for the same async
+save, bounded by the same ``exit_timeout``, but knows nothing of the manager's SIGTERM handler
+and telemetry): it is registered again after each async save, and hooks registered later run
+first. The exit status and the stderr line are :mod:`~portable_ckpt.torch._inflight`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import weakref
 from typing import TYPE_CHECKING
 
-from portable_ckpt.torch._inflight import at_interpreter_exit
+from portable_ckpt.torch._inflight import EXIT_STATUS_ABANDONED, at_interpreter_exit, say
 
 if TYPE_CHECKING:
     from portable_ckpt.torch.manager import CheckpointManager
@@ -33,14 +34,7 @@ __all__ = [
     "register_exit",
 ]
 
-#: Exit status of a process whose pending checkpoint did not finish within ``exit_timeout``.
-EXIT_STATUS_ABANDONED = 1
-
 _MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
-
-
-def _say(text: str) -> None:
-    print(f"portable_ckpt: {text}", file=sys.stderr, flush=True)
 
 
 def _abandoned(mgr: CheckpointManager, step: int | None, e: BaseException, stuck: bool) -> None:
@@ -52,7 +46,7 @@ def _abandoned(mgr: CheckpointManager, step: int | None, e: BaseException, stuck
         message=why[:2000],
         stuck=stuck,
     )
-    _say(
+    say(
         f"rank {mgr.rank}: the checkpoint of step {step} could not be finished at exit and was "
         f"ABANDONED ({why}). Its attempt stays incomplete (never restored); the previous "
         f"version remains the latest. Call mgr.close() before destroy_process_group() and "
@@ -67,7 +61,7 @@ def finish_at_exit(mgr: CheckpointManager) -> bool:
     mgr._preemption.restore()
     step = mgr._pending.step if mgr._pending is not None else mgr._last_save_step
     if mgr._busy():
-        _say(
+        say(
             f"rank {mgr.rank}: finishing the pending checkpoint of step {step} before exit "
             f"(at most {mgr.exit_timeout:g} s; SIGTERM stops the process)"
         )

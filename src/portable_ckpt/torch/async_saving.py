@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Unpack
 
 from portable_ckpt.errors import UsageError
+from portable_ckpt.format.usage import require_seconds
 from portable_ckpt.storage import open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
-from portable_ckpt.torch._inflight import LOCK, track, wait_idle
+from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT, LOCK, InFlight, track, wait_idle
 from portable_ckpt.torch.info import CheckpointInfo
 from portable_ckpt.torch.saving import (
     Prepared,
@@ -91,6 +92,7 @@ def async_save(
     root: Root,
     *,
     mode: str = "thread",
+    exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
     **options: Unpack[SaveKeywords],
 ) -> AsyncSaveHandle:
     """Like :func:`save`, but returns once the state is staged; I/O and commit run in the background.
@@ -110,14 +112,20 @@ def async_save(
             stage into shared memory and write in a separate, lower-priority writer process
             (started on first use, reused; a new one replaces one that died, whose save then
             fails with PCK-WRITER-PROCESS and publishes nothing).
+        exit_timeout: Seconds interpreter exit waits for this save while it is in flight (the
+            setting of ``CheckpointManager``). Past it the process says on stderr that the
+            save was ABANDONED (naming the step and the attempt, which stays incomplete; the
+            previous version remains the latest) and exits with status 1 at once.
         **options: ``step`` (required) and the other keyword arguments of :func:`save`.
 
     Raises:
-        UsageError: an unknown ``mode``, or a root that cannot travel to a writer process.
+        UsageError: an unknown ``mode``, a negative ``exit_timeout``, or a root that cannot
+            travel to a writer process.
 
     """
     if mode not in ASYNC_MODES:
         raise UsageError(f"mode must be one of {ASYNC_MODES}, got {mode!r}")
+    bound = require_seconds(exit_timeout, "exit_timeout")
     opts = SaveOptions(**options)
     into, write_with = _mode(mode, root)
     t0 = time.perf_counter()
@@ -127,8 +135,8 @@ def async_save(
         comm = make_comm(opts.process_group, opts.timeout)  # collective on first use: main thread
         prepared = prepare(state_dict, root, comm, copy=True, into=into)
         _mark_staged(handle, prepared, t0)
-        track(opts.step, handle.committed)
-        _Background.submit(lambda: _finish(handle, prepared, comm, opts, t0, write_with))
+        slot = track(opts.step, handle.committed, bound)
+        _Background.submit(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))
     return handle
 
 
@@ -154,6 +162,7 @@ def _mark_staged(handle: AsyncSaveHandle, prepared: Prepared, t0: float) -> None
 
 def _finish(
     handle: AsyncSaveHandle,
+    slot: InFlight,
     prepared: Prepared,
     comm: Comm,
     opts: SaveOptions,
@@ -164,7 +173,7 @@ def _finish(
     try:
         info = run_save(
             prepared, comm, opts, t_start=t0, blocking=handle.blocking_seconds,
-            write_with=write_with,
+            write_with=write_with, on_attempt=slot.agreed,
         )
     except BaseException as e:
         handle.committed.set_exception(e)

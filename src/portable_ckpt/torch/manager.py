@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portable_ckpt.errors import CheckpointError, UsageError
-from portable_ckpt.format.usage import require_one_of
+from portable_ckpt.format.usage import require_one_of, require_seconds
 from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.manager.decisions import Decision, SavePolicy
 from portable_ckpt.manager.records import (
@@ -49,6 +49,7 @@ from portable_ckpt.manager.records import (
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
 from portable_ckpt.torch._collectives import Comm
+from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT
 from portable_ckpt.torch._manager_decisions import Preemption, agree, make_group
 from portable_ckpt.torch._manager_exit import register_after_async_save, register_exit
 from portable_ckpt.torch._manager_nodelocal import background_comm
@@ -137,7 +138,7 @@ class CheckpointManager:
         handle_sigterm: bool = True,
         grace_seconds: float = 3600.0,
         codec: str = "none",
-        exit_timeout: float = 300.0,
+        exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
     ) -> None:
         self.policy = SavePolicy.build(
             save_every=save_every,
@@ -160,7 +161,7 @@ class CheckpointManager:
         self.replicate = bool(replicate)
         self.timeout = timeout
         self.grace_seconds = float(grace_seconds)
-        self.exit_timeout = float(exit_timeout)
+        self.exit_timeout = require_seconds(exit_timeout, "exit_timeout")
         self.process_group = process_group
         self._group, self.rank, self.world_size = make_group(process_group, timeout)
         self._bg_comm: Comm | None = None
@@ -285,7 +286,9 @@ class CheckpointManager:
                 after_failure(self, step, tier, decision, e)
                 raise
         else:
-            handle = self._pending = async_save(full, tier.storage, mode=self.async_mode, **kwargs)
+            handle = self._pending = async_save(
+                full, tier.storage, mode=self.async_mode, exit_timeout=self.exit_timeout, **kwargs
+            )
             register_after_async_save()
         pause = time.perf_counter() - t0
         fut = self._bg.submit(after_save, self, step, tier, decision, handle, info, pause)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
@@ -192,17 +192,20 @@ def run_save(
     t_start: float,
     blocking: float,
     write_with: type[RankWrite] | None = None,
+    on_attempt: Callable[[str], None] | None = None,
 ) -> CheckpointInfo:
     """Agree on the attempt, write this rank's part, commit on rank 0; same outcome everywhere.
 
-    ``write_with`` runs the write phase (default :class:`RankWrite`: in this process). Logged
+    ``write_with`` runs the write phase (default :class:`RankWrite`: in this process);
+    ``on_attempt`` is told the agreed attempt id before anything is written. Logged
     as ``save.started`` / ``save.finished`` (this rank's bytes, seconds since ``t_start``,
     MiB/s) or ``save.refused`` on the ``portable_ckpt.torch`` logger.
     """
     what = f"save of step {opts.step}"
     with logged(_log, "save", what, rank=comm.rank, t0=t_start, step=opts.step) as out:
         info = _run_save(
-            prepared, comm, opts, t_start=t_start, blocking=blocking, write_with=write_with
+            prepared, comm, opts, t_start=t_start, blocking=blocking, write_with=write_with,
+            on_attempt=on_attempt,
         )
         out.update(
             bytes=info.bytes_written, total_bytes=info.total_bytes, version=info.path,
@@ -219,8 +222,11 @@ def _run_save(
     t_start: float,
     blocking: float,
     write_with: type[RankWrite] | None,
+    on_attempt: Callable[[str], None] | None,
 ) -> CheckpointInfo:
     storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
+    if on_attempt is not None:
+        on_attempt(attempt_id)
     write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
     commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)
     written, committed = comm.coordinator_step(

@@ -1,0 +1,93 @@
+"""Interpreter exit with a plain ``async_save`` in flight: finished within ``exit_timeout``, or
+ABANDONED at the bound (the process exits; the previous version stays the latest).
+
+Each case is a real spawned interpreter whose storage really stalls (every shard write sleeps:
+:class:`~portable_ckpt.storage.faults.FaultyStorage`'s ``delay``), reaped on every path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+import portable_ckpt
+from portable_ckpt.errors import UsageError
+from tests.manager._reap import children
+
+pytestmark = pytest.mark.torch
+
+HERE = Path(__file__).resolve().parent
+REPO = str(HERE.parents[1])
+SCRIPT = str(HERE / "_exit_stall_script.py")
+
+
+def _exit_with_save_in_flight(root: Path, delay: float, bound: float) -> tuple[int, str, float]:
+    """Run the script; return its exit status, its stderr, and the seconds it took to exit."""
+    with children() as kids:
+        t0 = time.monotonic()
+        proc = kids.start(
+            [sys.executable, SCRIPT, str(root), str(delay), str(bound)],
+            env={"PYTHONPATH": REPO},
+            stderr=subprocess.PIPE,
+        )
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert kids.left() == []
+    assert "exiting with step 2 in flight: True" in out, out + err
+    return proc.returncode, err, took
+
+
+def _cli_versions(root: Path) -> list[tuple[int, str, str]]:
+    res = subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "ls", "--json", str(root)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return [(v["step"], v["status"], v["id"]) for v in json.loads(res.stdout)["versions"]]
+
+
+def test_stalled_save_is_abandoned_at_the_bound(tmp_path: Path) -> None:
+    code, err, took = _exit_with_save_in_flight(tmp_path, delay=3600, bound=1.0)
+    assert code == 1, err[-3000:]
+    # Interpreter start-up, torch import and step 1 take a few seconds; the stall is an hour.
+    assert took < 30, took
+    assert "finishing the async save of step 2 before exit (at most 1 s)" in err
+    found = re.search(r"step 2 could not be finished at exit and was ABANDONED "
+                      r"\(not finished after 1 s\)\. Attempt (\S+) stays incomplete", err)
+    assert found, err[-3000:]
+    assert "the previous version remains the latest" in err
+    versions = sorted(_cli_versions(tmp_path))
+    assert [(s, st) for s, st, _ in versions] == [(1, "committed"), (2, "incomplete")]
+    assert versions[1][2] == found.group(1)  # the message names the attempt left behind
+    assert portable_ckpt.open(str(tmp_path)).step == 1
+
+
+def test_slow_save_within_the_bound_is_finished_and_committed(tmp_path: Path) -> None:
+    code, err, _ = _exit_with_save_in_flight(tmp_path, delay=0.5, bound=60.0)
+    assert code == 0, err[-3000:]
+    assert "finishing the async save of step 2 before exit (at most 60 s)" in err
+    assert "ABANDONED" not in err
+    assert [(s, st) for s, st, _ in sorted(_cli_versions(tmp_path))] == [
+        (1, "committed"), (2, "committed")
+    ]
+    ck = portable_ckpt.open(str(tmp_path))
+    assert ck.step == 2 and ck.read("w")[0] == 1.0
+    assert ck.verify(deep=True) == []
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "5", True])
+def test_exit_timeout_must_be_seconds(tmp_path: Path, bad: object) -> None:
+    import torch
+
+    import portable_ckpt.torch as pckt
+
+    with pytest.raises(UsageError, match="exit_timeout"):
+        pckt.async_save({"w": torch.zeros(2)}, str(tmp_path), step=1, exit_timeout=bad)  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir())  # refused before anything was touched
