@@ -1,7 +1,8 @@
 """A real HTTP proxy on 127.0.0.1 in front of the moto server, used to inject S3 faults.
 
 It forwards every request to the upstream server unchanged and can, per request:
-* answer ``500 InternalError`` (without forwarding) every ``fail_every``-th request,
+* answer ``500 InternalError`` (or ``fail_status``, e.g. ``(503, "SlowDown")``) without
+  forwarding every ``fail_every``-th request,
 * forward, then answer ``500`` anyway every ``fail_after_every``-th request (the server did the
   work, the client believes it failed: the hardest case for a retried conditional PUT),
 * sleep ``delay_s`` before answering every ``delay_every``-th request (slow responses / timeouts),
@@ -31,6 +32,7 @@ class ProxyLog:
     response_bytes: dict[str, int] = field(default_factory=dict)
     get_log: list[tuple[str, str | None, int]] = field(default_factory=list)  # path, Range, bytes
     injected_500: int = 0
+    injected_by_status: dict[int, int] = field(default_factory=dict)  # fail_every's answers
     injected_delays: int = 0
     denied: int = 0
 
@@ -39,6 +41,7 @@ class FaultProxy:
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.fail_every = 0
+        self.fail_status = (500, "InternalError")  # what fail_every answers
         self.fail_after_every = 0
         self.delay_every = 0
         self.delay_s = 0.0
@@ -118,9 +121,12 @@ class FaultProxy:
                         proxy.log.injected_delays += 1
                     time.sleep(proxy.delay_s)
                 if fail:
+                    status, code = proxy.fail_status
                     with proxy._lock:
-                        proxy.log.injected_500 += 1
-                    self._error(500, "InternalError", "Internal error (injected).")
+                        proxy.log.injected_500 += status == 500
+                        by = proxy.log.injected_by_status
+                        by[status] = by.get(status, 0) + 1
+                    self._error(status, code, "Injected error.")
                     return
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=120)
                 try:
@@ -160,6 +166,7 @@ class FaultProxy:
     def reset(self) -> None:
         with self._lock:
             self.fail_every = self.fail_after_every = self.delay_every = 0
+            self.fail_status = (500, "InternalError")
             self.delay_s = 0.0
             self.match_method = self.match_path = None
             self.deny_keys = set()

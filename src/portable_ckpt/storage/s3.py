@@ -23,7 +23,11 @@ Two clients are used, each for what it does best:
 
 Both clients share one credential chain (boto3's: environment, profiles, SSO, IMDS) and the same
 retry budget (:attr:`S3Options.max_attempts`, exponential backoff with jitter on 5xx, throttling,
-timeouts and connection resets).
+timeouts and connection resets), and every retry is logged as ``storage.retry``. botocore
+retries writes and reports each retry through its event hooks. obstore 0.12 retries inside its
+Rust client and reports nothing to Python (no callback, no logging bridge), so its own retries
+are off (``max_retries=0``) and :meth:`S3Storage._retrying` retries its requests instead, with
+the backoff of :class:`S3Options`.
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ from __future__ import annotations
 import base64
 import builtins
 import datetime as _dt
+import functools
 import ipaddress
 import logging
 import os
+import random
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -169,7 +176,8 @@ class S3IoStats:
     """Counters of the requests this storage object made (all threads together).
 
     Attributes:
-        get_requests: ranged/whole GETs issued (retries inside the client not counted).
+        get_requests: ranged/whole GETs that succeeded (retried attempts are logged as
+            ``storage.retry``, not counted).
         get_bytes: payload bytes received by GETs.
         put_requests: PUTs and UploadParts issued.
         put_bytes: payload bytes sent.
@@ -258,13 +266,20 @@ def _retry_cause(response: Any, exc: BaseException | None) -> str:
     return f"HTTP {getattr(http, 'status_code', '?')}" + (f" {code}" if code else "")
 
 
+def _log_retry(method: str, url: str, cause: str, attempt: int, max_attempts: int) -> None:
+    """One ``storage.retry`` record (WARNING): ``attempt`` is the try about to be made."""
+    fields = {"method": method, "url": url, "attempt": attempt, "max_attempts": max_attempts,
+              "cause": cause}
+    log_event(_log, "storage.retry", fields, "retrying %s %s after %s (attempt %d of %d)",
+              method, url, cause, attempt, max_attempts, level=logging.WARNING)
+
+
 def _log_retries(events: Any, max_attempts: int) -> None:
     """Log every retry of a boto3 request as ``storage.retry`` (WARNING).
 
     botocore asks ``needs-retry`` after each attempt (even ones that will not be retried) and
     builds a fresh request (``request-created``) for each retry: the first hook notes the
     cause in the request's context, the second logs it when the attempt number is above 1.
-    Reads go through obstore, which retries inside its Rust client, out of sight.
     """
 
     def note(request_dict: dict[str, Any], **kw: Any) -> None:
@@ -281,13 +296,39 @@ def _log_retries(events: Any, max_attempts: int) -> None:
             return
         url = str(getattr(request, "url", "")).split("?", 1)[0]
         cause = ctx.get("pck_retry_cause", "a failed attempt")
-        fields = {"method": request.method, "url": url, "attempt": attempt,
-                  "max_attempts": max_attempts, "cause": cause}
-        log_event(_log, "storage.retry", fields, "retrying %s %s after %s (attempt %d of %d)",
-                  request.method, url, cause, attempt, max_attempts, level=logging.WARNING)
+        _log_retry(request.method, url, cause, attempt, max_attempts)
 
     events.register("needs-retry.s3", note)
     events.register("request-created.s3", created)
+
+
+#: Transport failures of obstore's HTTP client (``HttpError { kind: ... }``) worth another try.
+_TRANSIENT_KINDS = frozenset({"Connect", "Request", "Timeout", "Interrupted", "Decode"})
+_PERFORMING = re.compile(r"Error performing ([A-Z]+) (\S+)")
+_HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
+
+
+def _obstore_transient(exc: BaseException) -> tuple[str, str, str] | None:
+    """``(method, url, cause)`` when an obstore failure is worth a retry, else ``None``.
+
+    Retried as botocore's standard mode and object_store's own policy do: 5xx answers, 429
+    (throttling) and transport failures (connect, timeout, reset or truncated body). Any other
+    answer (404, 403, 412, 416) and anything not raised by obstore is final.
+    """
+    if not type(exc).__module__.startswith("obstore") or isinstance(exc, FileNotFoundError):
+        return None
+    code, status, text = S3Storage._classify(exc)
+    m = _PERFORMING.search(text)
+    method, url = (m.group(1), m.group(2).split("?", 1)[0]) if m else ("request", "?")
+    if status is not None:
+        if status < 500 and status != 429:
+            return None
+        return method, url, f"HTTP {status}" + (f" {code}" if code else "")
+    kind = _HTTP_KIND.search(text)
+    if kind is None or kind.group(1) not in _TRANSIENT_KINDS:
+        return None
+    detail = text.split(" - ", 1)[-1].split("\n", 1)[0].strip()
+    return method, url, f"{kind.group(1)} error: {detail}"
 
 
 def _entry(rel: str, size: int, mtime: float) -> ListingEntry:
@@ -446,15 +487,7 @@ class S3Storage(ScannedStorage):
         }
         if endpoint and endpoint.startswith("http://"):
             client_options["allow_http"] = True
-        retry = {
-            "max_retries": self.options.max_attempts - 1,
-            "backoff": {
-                "init_backoff": _dt.timedelta(seconds=self.options.backoff_initial),
-                "max_backoff": _dt.timedelta(seconds=self.options.backoff_max),
-                "base": 2,
-            },
-            "retry_timeout": _dt.timedelta(minutes=3),
-        }
+        retry = {"max_retries": 0}  # retried (and logged) by _retrying
         store = S3Store(
             self.bucket,
             prefix=self.prefix or None,
@@ -464,6 +497,28 @@ class S3Storage(ScannedStorage):
             credential_provider=provider,
         )
         return self._keep_first("_obstore", store)
+
+    def _retrying(self, call: Callable[[], _T]) -> _T:
+        """Run one obstore request (``call``) with the retry budget of :class:`S3Options`.
+
+        Up to ``max_attempts`` tries; before each retry a ``storage.retry`` record (the same
+        fields as boto3's) and a sleep drawn uniformly from ``[0, min(backoff_max,
+        backoff_initial * 2**(retry - 1))]`` ("full jitter"). Every obstore request here is
+        idempotent (GET, HEAD, LIST, DELETE), so a retry after a lost answer is safe.
+        """
+        opts = self.options
+        attempt = 1
+        while True:
+            try:
+                return call()
+            except Exception as exc:
+                why = _obstore_transient(exc) if attempt < opts.max_attempts else None
+                if why is None:
+                    raise
+                attempt += 1
+                _log_retry(why[0], why[1], why[2], attempt, opts.max_attempts)
+                cap = min(opts.backoff_max, opts.backoff_initial * 2 ** (attempt - 2))
+                time.sleep(random.uniform(0.0, cap))
 
     def _keep_first(self, attr: str, made: Any) -> Any:
         """Keep ``made`` as ``attr`` unless another thread kept one first; return the kept one.
@@ -586,7 +641,9 @@ class S3Storage(ScannedStorage):
 
         n = len(dest)
         try:
-            data = obstore.get_range(self._store(), key_path, start=offset, length=n)
+            data = self._retrying(
+                lambda: obstore.get_range(self._store(), key_path, start=offset, length=n)
+            )
         except Exception as exc:
             self._fail("read", path, exc)
         got = memoryview(data)
@@ -678,15 +735,19 @@ class S3Storage(ScannedStorage):
         import obstore
 
         self._check(path)
-        try:
+
+        def fetch() -> tuple[int, bytes]:  # a retry after a broken body starts over
             result = obstore.get(self._store(), path)
             size = int(result.meta["size"])
-            if size > max_size:
+            if size > max_size:  # before the body is read
                 raise LimitError(
                     f"{self._where(path)} is {size} bytes, above the limit of {max_size}",
                     path=path,
                 )
-            data = bytes(result.bytes())
+            return size, bytes(result.bytes())
+
+        try:
+            size, data = self._retrying(fetch)
         except CheckpointError:
             raise
         except Exception as exc:
@@ -703,7 +764,7 @@ class S3Storage(ScannedStorage):
 
         self._check(path)
         try:
-            meta = obstore.head(self._store(), path)
+            meta = self._retrying(lambda: obstore.head(self._store(), path))
         except Exception as exc:
             self._fail("stat", path, exc)
         self.stats.add(other_requests=1)
@@ -765,17 +826,20 @@ class S3Storage(ScannedStorage):
         import obstore
 
         pfx = self._prefix_arg(prefix)
-        metas: builtins.list[Any] = []
-        dirs: builtins.list[str] = []
-        try:
-            if recursive:
-                for page in obstore.list(self._store(), pfx, chunk_size=1000):
-                    self.stats.add(other_requests=1)
-                    metas.extend(page)
-            else:
+
+        def listing() -> tuple[builtins.list[Any], builtins.list[str]]:  # a retry starts over
+            if not recursive:
                 res = obstore.list_with_delimiter(self._store(), pfx)
                 self.stats.add(other_requests=1)
-                metas, dirs = builtins.list(res["objects"]), builtins.list(res["common_prefixes"])
+                return builtins.list(res["objects"]), builtins.list(res["common_prefixes"])
+            metas: builtins.list[Any] = []
+            for page in obstore.list(self._store(), pfx, chunk_size=1000):
+                self.stats.add(other_requests=1)
+                metas.extend(page)
+            return metas, []
+
+        try:
+            metas, dirs = self._retrying(listing)
         except Exception as exc:
             self._list_failed(prefix, exc)
         out: builtins.list[ListingEntry] = [_entry(str(m["path"]), int(m["size"]),
@@ -817,7 +881,8 @@ class S3Storage(ScannedStorage):
         import obstore
 
         try:
-            res = obstore.list_with_delimiter(self._store(), self._prefix_arg(prefix))
+            pfx = self._prefix_arg(prefix)
+            res = self._retrying(lambda: obstore.list_with_delimiter(self._store(), pfx))
             self.stats.add(other_requests=1)
             found = [str(p) for p in res["common_prefixes"]]
         except Exception as exc:
@@ -837,7 +902,7 @@ class S3Storage(ScannedStorage):
         import obstore
 
         try:
-            res = obstore.list_with_delimiter(self._store(), None)
+            res = self._retrying(lambda: obstore.list_with_delimiter(self._store(), None))
         except Exception as exc:
             if type(exc).__name__ == "InvalidPathError":
                 return True  # an object exists: one obstore cannot even name
@@ -895,7 +960,7 @@ class S3Storage(ScannedStorage):
 
         self._check(path)
         try:
-            obstore.delete(self._store(), path)
+            self._retrying(lambda: obstore.delete(self._store(), path))
         except FileNotFoundError:
             return
         except Exception as exc:
@@ -914,8 +979,9 @@ class S3Storage(ScannedStorage):
             raise UsageError(f"refusing to delete everything below {self.url}")
         paths = [info.path for info in self.list(pfx)]
         for i in range(0, len(paths), 1000):
+            batch = paths[i : i + 1000]
             try:
-                obstore.delete(self._store(), paths[i : i + 1000])
+                self._retrying(functools.partial(obstore.delete, self._store(), batch))
             except Exception as exc:
                 self._fail("delete", pfx, exc)
             self.stats.add(other_requests=1)
