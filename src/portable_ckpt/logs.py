@@ -1,7 +1,8 @@
 """The job log of portable_ckpt: the ``portable_ckpt`` loggers, their events, progress callbacks.
 
 Loggers (standard :mod:`logging`): ``portable_ckpt`` and one child per layer —
-``portable_ckpt.io`` (commits), ``portable_ckpt.torch`` (collective save and load),
+``portable_ckpt.io`` (commits; ``gc`` and ``copy_version`` on ``portable_ckpt.io.versions`` and
+``portable_ckpt.io.copy``), ``portable_ckpt.torch`` (collective save and load),
 ``portable_ckpt.storage.s3`` (retries). The package logger has a :class:`logging.NullHandler`, so
 nothing is printed unless the application configures logging, e.g.
 ``logging.basicConfig(level=logging.INFO)``; a job log then reads::

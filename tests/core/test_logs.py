@@ -21,6 +21,7 @@ from portable_ckpt.cli.main import main
 from portable_ckpt.errors import ChecksumError, WriterMissingError
 from portable_ckpt.format.manifest import FORMAT_VERSIONS
 from portable_ckpt.io.commit import commit
+from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.logs import LOGGER_NAME, mib_per_s
 from portable_ckpt.storage import open_storage
@@ -74,6 +75,74 @@ def test_gc_logs_what_it_deleted(tmp_path, job_log: EventLog) -> None:
     rep = portable_ckpt.gc(tmp_path / "ck", keep=1)
     (done,) = job_log.events("gc.finished")
     assert done["deleted"] == rep.deleted and len(rep.deleted) == 2 and done["kept"] == rep.kept
+
+
+def test_copy_logs_started_and_finished_with_files_bytes_seconds(tmp_path, job_log) -> None:
+    m = portable_ckpt.save_arrays(tmp_path / "src", _arrays(), step=3)
+    res = copy_version(str(tmp_path / "src"), tmp_path / "dst")
+    (started,) = job_log.events("copy.started")
+    (done,) = job_log.events("copy.finished")
+    where = {"attempt_id": m.attempt_id, "step": 3, "source": res.source,
+             "destination": res.destination}
+    assert res.destination == (tmp_path / "dst").as_uri()
+    assert {k: started[k] for k in where} == where and {k: done[k] for k in where} == where
+    assert done["files"] == len(m.files) == res.files >= 1
+    assert done["warnings"] == res.warnings and "same local device" in res.warnings[0]
+    assert done["bytes"] == sum(f.size for f in m.files.values()) == res.bytes > 24_000
+    assert done["seconds"] > 0 and done["mib_per_s"] == mib_per_s(done["bytes"], done["seconds"])
+    assert done["already_present"] is False and done["record"] == res.record is not None
+    assert done["destination_version"] == f"{res.destination}/{m.attempt_id}"
+    rec = job_log.record("copy.finished")
+    assert rec.name == "portable_ckpt.io.copy" and rec.levelno == logging.INFO
+    msg = rec.getMessage()
+    assert msg.startswith(f"copy of {res.source} to {res.destination} finished: ")
+    assert f"MiB/s); {res.files} files, version {done['destination_version']}" in msg
+
+    again = copy_version(str(tmp_path / "src"), tmp_path / "dst")  # already there: verified
+    assert again.already_present
+    done2 = job_log.events("copy.finished")[1]
+    assert done2["already_present"] is True and done2["bytes"] == 0
+    assert done2["files"] == len(m.files)
+    assert "files verified there" in [r for r in job_log.records
+                                      if r.getMessage().startswith("copy of")][-1].getMessage()
+
+
+def test_copy_of_a_corrupt_source_is_refused_with_its_code(tmp_path, job_log) -> None:
+    ck, shard = _saved(str(tmp_path / "src"))
+    flip_byte(shard, 100, 0x40)
+    with pytest.raises(ChecksumError):
+        copy_version(str(tmp_path / "src"), tmp_path / "dst")
+    (started,) = job_log.events("copy.started")
+    (refused,) = job_log.events("copy.refused")
+    assert refused["code"] == "PCK-CHECKSUM" and refused["attempt_id"] == ck.id
+    assert refused["source"] == started["source"] == ck.path
+    rec = job_log.record("copy.refused")
+    assert rec.levelno == logging.WARNING and "refused: [PCK-CHECKSUM]" in rec.getMessage()
+    assert not job_log.events("copy.finished") and not job_log.events("copy.failed")
+    dst = portable_ckpt.list_versions(str(tmp_path / "dst"))
+    assert [v.status for v in dst] == ["incomplete"]  # nothing published
+
+
+def test_copy_failing_otherwise_logs_copy_failed(tmp_path, job_log) -> None:
+    portable_ckpt.save_arrays(tmp_path / "src", _arrays(), step=3)
+
+    def broken(done: int, total: int) -> None:
+        raise RuntimeError("progress display went away")
+
+    with pytest.raises(RuntimeError):
+        copy_version(str(tmp_path / "src"), tmp_path / "dst", progress=broken)
+    (failed,) = job_log.events("copy.failed")
+    assert failed["error"] == "RuntimeError: progress display went away"
+    assert failed["step"] == 3 and job_log.record("copy.failed").levelno == logging.ERROR
+    assert not job_log.events("copy.finished")
+
+
+def test_cli_copy_verbose_shows_the_copy_events(tmp_path, capsys) -> None:
+    portable_ckpt.save_arrays(tmp_path / "src", _arrays(), step=3)
+    rc, _, err = _main(capsys, "-v", "copy", str(tmp_path / "src"), str(tmp_path / "dst"))
+    assert rc == 0
+    assert "INFO portable_ckpt.io.copy: copy of " in err and " started" in err
+    assert "finished: " in err
 
 
 _SAVE = """

@@ -7,6 +7,9 @@ publishes the destination's ``manifest.json`` last with ``create_if_absent`` —
 protocol as a save, so a partial copy is never listed. It then records the verified copy in the
 SOURCE version as ``copies/<copy-id>.json`` (which ``ls`` and ``gc --require-copy`` read).
 
+Phases: resolve the source version and the destination, then (logged as ``copy.*``) check an
+existing copy block by block, or stream the files and publish the record; write the copy record.
+
 Memory: at most ``jobs`` files are in flight, each holding two read chunks (one being verified
 and written, one prefetched) plus its destination writer's buffer (for S3:
 ``(max_concurrency + 1) * part_size``).
@@ -33,6 +36,7 @@ from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.io.checksum import crc32c, read_verified
+from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, check_root_url, open_storage
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
 ]
 
 _MIB = 1 << 20
+_log = get_logger("io.copy")
 
 
 def normalize_root_url(root: str | os.PathLike[str] | Storage) -> str:
@@ -281,6 +286,156 @@ def _write_record(src: Storage, attempt: str, destination: str, result: CopyResu
     return rel
 
 
+@dataclass
+class _CopyJob:
+    """One resolved copy: both roots, the version, its files (largest first), the result."""
+
+    src: Storage
+    dst: Storage
+    attempt: str
+    files: list[FileRecord]
+    result: CopyResult
+
+    @property
+    def manifest_path(self) -> str:
+        return f"{self.attempt}/manifest.json"
+
+
+def _resolve(
+    src: str | os.PathLike[str], dst_root: str | os.PathLike[str] | Storage, step: int | None
+) -> _CopyJob:
+    """Open the source version and the destination root (no byte is copied yet)."""
+    import portable_ckpt
+
+    ck = portable_ckpt.open(src, step=step)
+    src_storage: Storage = ck.storage
+    dst_url = normalize_root_url(dst_root)
+    if normalize_root_url(src_storage) == dst_url:
+        raise UsageError(
+            f"source and destination are the same root ({dst_url}); a copy must go to another "
+            "root, ideally on independent storage"
+        )
+    dst = dst_root if isinstance(dst_root, Storage) else _storage_for(dst_url, create=True)
+    result = CopyResult(
+        attempt_id=ck.id,
+        step=ck.manifest.step,
+        source=ck.path,
+        destination=dst_url,
+        destination_version=f"{dst_url}/{ck.id}",
+    )
+    if _same_local_device(src_storage, dst):
+        result.warnings.append(
+            "source and destination are on the same local device: this copy does not survive "
+            "the loss of that device"
+        )
+    files = sorted(ck.manifest.files.values(), key=lambda r: -r.size)
+    return _CopyJob(src_storage, dst, ck.id, files, result)
+
+
+def _check_same_record(job: _CopyJob, raw: bytes, conflict: str) -> None:
+    """Raise ``CommitConflictError`` unless the destination's commit record is ``raw``."""
+    mrel = job.manifest_path
+    if job.dst.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES) != raw:
+        raise CommitConflictError(f"{job.result.destination}/{mrel} {conflict}", path=mrel)
+
+
+def _verify_existing(job: _CopyJob, raw: bytes) -> None:
+    """The destination already holds the version: check its record and every block there."""
+    dst, dst_url = job.dst, job.result.destination
+    _check_same_record(
+        job, raw, f"exists with a different commit record than {job.result.source}; refusing "
+        "to overwrite a committed version",
+    )
+    # Before vouching for an existing copy, verify every block of every file there.
+    window = bytearray(8 << 20)
+    for rec in job.files:
+        rel = f"{job.attempt}/{rec.path}"
+        if dst.size(rel) != rec.size:
+            raise FileSizeError(
+                f"{dst_url}/{rel}: {dst.size(rel)} bytes, manifest records {rec.size}; the "
+                "destination copy is damaged (delete that version there and copy again)",
+                path=rel,
+            )
+        bs = rec.checksum.block_size
+        step = len(window) // bs * bs or bs
+        if len(window) < step:
+            window = bytearray(step)
+        for pos in range(0, rec.size, step):
+            n = min(step, rec.size - pos)
+            read_verified(dst, rel, rec, pos, pos + n, memoryview(window)[:n])
+    job.result.already_present = True
+    job.result.files = len(job.files)
+
+
+def _copy_files(
+    job: _CopyJob, jobs: int, chunk_size: int, progress: Callable[[int, int], None] | None
+) -> None:
+    """Stream every file (``jobs`` at a time); the first failure cancels the rest and raises."""
+    total = sum(r.size for r in job.files)
+    done = [0]
+    lock = threading.Lock()
+
+    def on_bytes(n: int) -> None:
+        with lock:
+            done[0] += n
+            now_done = done[0]
+        if progress is not None:
+            progress(now_done, total)
+
+    with (
+        ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-read") as reads,
+        ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-file") as pool,
+    ):
+        futures = [
+            pool.submit(_FileCopier(job.src, job.dst, job.attempt, rec, chunk_size, reads,
+                                    on_bytes).run)
+            for rec in job.files
+        ]
+        first: BaseException | None = None
+        for fut in futures:
+            try:
+                if fut.result():
+                    job.result.server_checksums += 1
+            except BaseException as exc:
+                if first is None:
+                    first = exc
+                    for other in futures:
+                        other.cancel()
+        if first is not None:
+            raise first
+    job.result.files = len(job.files)
+    job.result.bytes = total
+
+
+def _publish(job: _CopyJob, raw: bytes) -> None:
+    """Make the copied files durable, then create the destination's commit record."""
+    from portable_ckpt.io.versions import load_manifest
+
+    dst = job.dst
+    dst.sync()  # R-COMMIT-17: every copied file and its name durable before the record
+    if not dst.create_if_absent(job.manifest_path, raw):
+        _check_same_record(job, raw, "was committed concurrently with a different record")
+    load_manifest(dst, job.attempt)  # the published version parses and validates
+
+
+def _finished_fields(result: CopyResult) -> dict[str, Any]:
+    """The ``copy.finished`` fields beyond bytes and seconds (and the message's detail)."""
+    where = result.destination_version
+    detail = (f"already present at {where}, {result.files} files verified there"
+              if result.already_present else f"{result.files} files, version {where}")
+    return {
+        "files": result.files,
+        "bytes": result.bytes,
+        "destination_version": where,
+        "already_present": result.already_present,
+        "server_checksums": result.server_checksums,
+        "record": result.record,
+        "record_error": result.record_error,
+        "warnings": result.warnings,
+        "detail": detail,
+    }
+
+
 def copy_version(
     src: str | os.PathLike[str],
     dst_root: str | os.PathLike[str] | Storage,
@@ -294,6 +449,12 @@ def copy_version(
     progress: Callable[[int, int], None] | None = None,
 ) -> CopyResult:
     """Copy one committed version to another root, verified, published atomically.
+
+    Logged on ``portable_ckpt.io.copy`` as ``copy.started`` (``attempt_id``, ``step``,
+    ``source``, ``destination``) and ``copy.finished`` (also ``files``, ``bytes``,
+    ``seconds``, ``mib_per_s``, ``destination_version``, ``already_present``, ...), or
+    ``copy.refused`` / ``copy.failed``; a source that cannot be opened raises before
+    ``copy.started``.
 
     Args:
         src: A version directory (``<root>/<attempt-id>``) or a root (its latest committed
@@ -318,122 +479,30 @@ def copy_version(
         StorageError: an I/O failure (nothing published unless the manifest PUT succeeded).
 
     """
-    import portable_ckpt
-    from portable_ckpt.io.versions import load_manifest
-
     t0 = time.perf_counter()
     if jobs < 1 or chunk_size < 1:
         raise UsageError("jobs and chunk_size must be >= 1")
-    ck = portable_ckpt.open(src, step=step)
-    src_storage: Storage = ck.storage
-    attempt: str = ck.id
-    manifest = ck.manifest
-    src_url = normalize_root_url(src_storage)
-    dst_url = normalize_root_url(dst_root)
-    if src_url == dst_url:
-        raise UsageError(
-            f"source and destination are the same root ({dst_url}); a copy must go to another "
-            "root, ideally on independent storage"
-        )
-    dst = dst_root if isinstance(dst_root, Storage) else _storage_for(dst_url, create=True)
-    mrel = f"{attempt}/manifest.json"
-    raw = src_storage.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
-    result = CopyResult(
-        attempt_id=attempt,
-        step=manifest.step,
-        source=ck.path,
-        destination=dst_url,
-        destination_version=f"{dst_url}/{attempt}",
-    )
-    if _same_local_device(src_storage, dst):
-        result.warnings.append(
-            "source and destination are on the same local device: this copy does not survive "
-            "the loss of that device"
-        )
-    files = sorted(manifest.files.values(), key=lambda r: -r.size)
-    total = sum(r.size for r in files)
-
-    if dst.exists(mrel):
-        existing = dst.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
-        if existing != raw:
-            raise CommitConflictError(
-                f"{dst_url}/{mrel} exists with a different commit record than {ck.path}; "
-                "refusing to overwrite a committed version",
-                path=mrel,
-            )
-        # Before vouching for an existing copy, verify every block of every file there.
-        window = bytearray(8 << 20)
-        for rec in files:
-            rel = f"{attempt}/{rec.path}"
-            if dst.size(rel) != rec.size:
-                raise FileSizeError(
-                    f"{dst_url}/{rel}: {dst.size(rel)} bytes, manifest records {rec.size}; the "
-                    "destination copy is damaged (delete that version there and copy again)",
-                    path=rel,
-                )
-            step = (
-                len(window) // rec.checksum.block_size * rec.checksum.block_size
-                or rec.checksum.block_size
-            )
-            if len(window) < step:
-                window = bytearray(step)
-            for pos in range(0, rec.size, step):
-                n = min(step, rec.size - pos)
-                read_verified(dst, rel, rec, pos, pos + n, memoryview(window)[:n])
-        result.already_present = True
-        result.files = len(files)
-    else:
-        if dst.capabilities.local_path:
-            _clear_partial(dst, attempt, force=force, grace_s=partial_grace_s)
-        done = [0]
-        lock = threading.Lock()
-
-        def on_bytes(n: int) -> None:
-            with lock:
-                done[0] += n
-                now_done = done[0]
-            if progress is not None:
-                progress(now_done, total)
-
-        with (
-            ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-read") as reads,
-            ThreadPoolExecutor(jobs, thread_name_prefix="pck-copy-file") as pool,
-        ):
-            futures = [
-                pool.submit(
-                    _FileCopier(src_storage, dst, attempt, rec, chunk_size, reads, on_bytes).run
-                )
-                for rec in files
-            ]
-            first: BaseException | None = None
-            for fut in futures:
-                try:
-                    if fut.result():
-                        result.server_checksums += 1
-                except BaseException as exc:
-                    if first is None:
-                        first = exc
-                        for other in futures:
-                            other.cancel()
-            if first is not None:
-                raise first
-        result.files = len(files)
-        result.bytes = total
-        dst.sync()  # R-COMMIT-17: every copied file and its name durable before the record
-        if not dst.create_if_absent(mrel, raw):
-            existing = dst.read_all(mrel, max_size=jsonio.MAX_MANIFEST_BYTES)
-            if existing != raw:
-                raise CommitConflictError(
-                    f"{dst_url}/{mrel} was committed concurrently with a different record",
-                    path=mrel,
-                )
-        load_manifest(dst, attempt)  # the published version parses and validates
-    if record:
-        try:
-            result.record = _write_record(src_storage, attempt, dst_url, result)
-        except (CheckpointError, OSError) as exc:
-            result.record_error = str(exc)
-    result.seconds = time.perf_counter() - t0
+    job = _resolve(src, dst_root, step)
+    result = job.result
+    fields: dict[str, Any] = {"attempt_id": result.attempt_id, "step": result.step,
+                              "source": result.source, "destination": result.destination}
+    what = f"copy of {result.source} to {result.destination}"
+    with logged(_log, "copy", what, t0=t0, **fields) as out:
+        raw = job.src.read_all(job.manifest_path, max_size=jsonio.MAX_MANIFEST_BYTES)
+        if job.dst.exists(job.manifest_path):
+            _verify_existing(job, raw)
+        else:
+            if job.dst.capabilities.local_path:
+                _clear_partial(job.dst, job.attempt, force=force, grace_s=partial_grace_s)
+            _copy_files(job, jobs, chunk_size, progress)
+            _publish(job, raw)
+        if record:
+            try:
+                result.record = _write_record(job.src, job.attempt, result.destination, result)
+            except (CheckpointError, OSError) as exc:
+                result.record_error = str(exc)
+        result.seconds = time.perf_counter() - t0
+        out.update(_finished_fields(result))
     return result
 
 
