@@ -35,11 +35,13 @@ raises :class:`PickleScanError` (a ``ValueError``), never another exception.
 from __future__ import annotations
 
 import codecs
-import gc
+import contextlib
 import struct
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from portable_ckpt._gc import paused_gc
 
 __all__ = [
     "CONSUMED",
@@ -309,28 +311,23 @@ def scan_pickle(
     # The scan allocates one container per few opcodes and frees nothing until it ends: the cyclic
     # collector would traverse the growing graph again and again (~15 % of the time on a
     # 128k-chunk .metadata) and finds nothing to free, so it is paused for large inputs.
-    pause_gc = len(data) > _GC_PAUSE_BYTES and gc.isenabled()
-    if pause_gc:
-        gc.disable()
-    try:
-        return _scan(
-            bytes(data) if not isinstance(data, bytes) else data,
-            allowed,
-            max_ops,
-            frozenset(unwrap_calls),
-            build_hooks or {},
-        )
-    except PickleScanError:
-        raise
-    except KeyError as exc:  # only memo lookups index a dict
-        raise PickleScanError(f"malformed pickle: memo key {exc} missing") from None
-    except RecursionError:
-        raise PickleScanError("malformed pickle: nested too deeply") from None
-    except Exception as exc:  # e.g. UnicodeDecodeError, ValueError from int()/float() of text args
-        raise PickleScanError(f"malformed pickle: {type(exc).__name__}: {exc}"[:300]) from None
-    finally:
-        if pause_gc:
-            gc.enable()
+    with paused_gc() if len(data) > _GC_PAUSE_BYTES else contextlib.nullcontext():
+        try:
+            return _scan(
+                bytes(data) if not isinstance(data, bytes) else data,
+                allowed,
+                max_ops,
+                frozenset(unwrap_calls),
+                build_hooks or {},
+            )
+        except PickleScanError:
+            raise
+        except KeyError as exc:  # only memo lookups index a dict
+            raise PickleScanError(f"malformed pickle: memo key {exc} missing") from None
+        except RecursionError:
+            raise PickleScanError("malformed pickle: nested too deeply") from None
+        except Exception as exc:  # e.g. UnicodeDecodeError, ValueError from int()/float() args
+            raise PickleScanError(f"malformed pickle: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 def _line(data: bytes, i: int) -> tuple[bytes, int]:

@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from portable_ckpt._gc import paused_gc
 from portable_ckpt.errors import (
     CheckpointError,
     ChecksumError,
@@ -474,6 +475,7 @@ class Checkpoint:
         """
         return self.read_many([ReadRequest(key, offsets, lengths, out)])[0]
 
+    @paused_gc()  # planning hundreds of requests must not trigger full collections
     def read_many(self, requests: Sequence[ReadRequest]) -> list[np.ndarray[Any, Any]]:
         """Read many boxes (of one or many tensors) at once; return one array per request.
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Unpack
 
+from portable_ckpt._gc import paused_gc
 from portable_ckpt.errors import UsageError
 from portable_ckpt.format.usage import require_seconds
 from portable_ckpt.storage import open_storage
@@ -133,7 +134,10 @@ def async_save(
         wait_idle(opts.if_busy)
         handle = AsyncSaveHandle(opts.step)
         comm = make_comm(opts.process_group, opts.timeout)  # collective on first use: main thread
-        prepared = prepare(state_dict, root, comm, copy=True, into=into)
+        # The blocking part: no full collection of the training heap while staging
+        # (portable_ckpt._gc); the background write runs with the caller's collector settings.
+        with paused_gc():
+            prepared = prepare(state_dict, root, comm, copy=True, into=into)
         _mark_staged(handle, prepared, t0)
         slot = track(opts.step, handle.committed, bound)
         _Background.submit(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from portable_ckpt._gc import paused_gc
 from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissingError, UsageError
 from portable_ckpt.format.manifest import Manifest, Mesh, parse_manifest
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
@@ -98,7 +99,9 @@ def load(
     t0 = time.perf_counter()
     comm = make_comm(process_group, timeout)
     what = f"load from {_where(root)}"
-    with logged(_log, "load", what, rank=comm.rank, t0=t0) as out:
+    # Full collections of a training process's heap in the middle of a load cost more than the
+    # load's own work (see portable_ckpt._gc); the load creates no long-lived cycles.
+    with logged(_log, "load", what, rank=comm.rank, t0=t0) as out, paused_gc():
         info = _load(state_dict, root, comm, t0, step=step, checkpoint_id=checkpoint_id,
                      allow_statistical=allow_statistical, strict=strict,
                      record_ranges=record_ranges, strict_dtype=strict_dtype)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
+from portable_ckpt._gc import paused_gc
 from portable_ckpt.errors import DistributedError, UsageError
 from portable_ckpt.format.manifest import Continuation, WriterIndex
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
@@ -380,5 +381,6 @@ def save(
     wait_idle(opts.if_busy)
     t0 = time.perf_counter()
     comm = make_comm(opts.process_group, opts.timeout)
-    prepared = prepare(state_dict, root, comm, copy=False)
-    return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)
+    with paused_gc():  # no full collection of the training heap mid-save (portable_ckpt._gc)
+        prepared = prepare(state_dict, root, comm, copy=False)
+        return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)
