@@ -203,7 +203,7 @@ def make_ckpt(a: dict[str, Any]) -> dict[str, Any]:
 
         storage = open_storage(a["root"], create=True)
         attempt = new_attempt_id(1)
-        w = ShardWriter(storage, attempt, 0, write_index=False)
+        w = ShardWriter(storage, attempt, 0, write_index=False, block_size=a.get("block_size"))
         tr, tc = a["tiles"]
         for r0 in range(0, rows, tr):
             for c0 in range(0, cols, tc):
