@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -35,6 +36,7 @@ __all__ = [
     "at_interpreter_exit",
     "say",
     "track",
+    "wait_bound",
     "wait_for_pending_save",
     "wait_idle",
 ]
@@ -92,6 +94,11 @@ def at_interpreter_exit(name: str, fn: Callable[[], None]) -> None:
         atexit.register(fn)
 
 
+def wait_bound(seconds: float) -> float | None:
+    """A wait's ``timeout=`` for an exit bound: ``None`` for ``math.inf`` (threading refuses it)."""
+    return None if math.isinf(seconds) else seconds
+
+
 def say(text: str) -> None:
     """One line on stderr, flushed (exit hooks: stdout may be a closed pipe)."""
     print(f"portable_ckpt: {text}", file=sys.stderr, flush=True)
@@ -112,7 +119,7 @@ def _finish_at_exit() -> None:
     if h is None or h.committed.done():
         return
     say(f"finishing the async save of step {h.step} before exit (at most {h.exit_timeout:g} s)")
-    cf.wait([h.committed], timeout=h.exit_timeout)
+    cf.wait([h.committed], timeout=wait_bound(h.exit_timeout))
     if not h.committed.done():  # stuck in I/O or a collective: the exit would join it for ever
         _abandoned(h, f"not finished after {h.exit_timeout:g} s")
         with contextlib.suppress(OSError, ValueError):  # a closed stdout must not stop the exit

@@ -22,7 +22,12 @@ import sys
 import weakref
 from typing import TYPE_CHECKING
 
-from portable_ckpt.torch._inflight import EXIT_STATUS_ABANDONED, at_interpreter_exit, say
+from portable_ckpt.torch._inflight import (
+    EXIT_STATUS_ABANDONED,
+    at_interpreter_exit,
+    say,
+    wait_bound,
+)
 
 if TYPE_CHECKING:
     from portable_ckpt.torch.manager import CheckpointManager
@@ -66,7 +71,7 @@ def finish_at_exit(mgr: CheckpointManager) -> bool:
             f"(at most {mgr.exit_timeout:g} s; SIGTERM stops the process)"
         )
     try:
-        mgr.close(timeout=mgr.exit_timeout)
+        mgr.close(timeout=wait_bound(mgr.exit_timeout))
     except TimeoutError as e:
         _abandoned(mgr, step, e, stuck=True)
         return False
