@@ -30,24 +30,33 @@ REPO = str(HERE.parents[1])
 SCRIPT = str(HERE / "_exit_stall_script.py")
 
 
-def _exit_with_save_in_flight(root: Path, delay: float, bound: float) -> tuple[int, str, float]:
-    """Run the script; return its exit status, its stderr, and the seconds it took to exit."""
+def exit_with_save_in_flight(
+    root: Path | str, delay: float, bound: float, mode: str = "thread"
+) -> tuple[int, str, float]:
+    """Run the script; return its exit status, its stderr, and the seconds it took to exit.
+
+    Every process it started (the writer process of ``mode="process"`` too) is gone then.
+    """
     with children() as kids:
         t0 = time.monotonic()
         proc = kids.start(
-            [sys.executable, SCRIPT, str(root), str(delay), str(bound)],
+            [sys.executable, SCRIPT, str(root), str(delay), str(bound), mode],
             env={"PYTHONPATH": REPO},
             stderr=subprocess.PIPE,
         )
         out, err = proc.communicate(timeout=60)
         took = time.monotonic() - t0
+        deadline = time.monotonic() + 10  # a writer process ends once it sees its parent gone
+        while kids.left() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert kids.left() == []
     assert "exiting with step 2 in flight: True" in out, out + err
     assert "Traceback" not in err, err[-3000:]  # the exit hook itself never fails
     return proc.returncode, err, took
 
 
-def _cli_versions(root: Path) -> list[tuple[int, str, str]]:
+def cli_versions(root: Path | str) -> list[tuple[int, str, str]]:
+    """``(step, status, id)`` of every attempt, as ``portable-ckpt ls --json`` lists them."""
     res = subprocess.run(
         [sys.executable, "-m", "portable_ckpt.cli.main", "ls", "--json", str(root)],
         capture_output=True, text=True, timeout=60, check=True,
@@ -55,29 +64,37 @@ def _cli_versions(root: Path) -> list[tuple[int, str, str]]:
     return [(v["step"], v["status"], v["id"]) for v in json.loads(res.stdout)["versions"]]
 
 
-def test_stalled_save_is_abandoned_at_the_bound(tmp_path: Path) -> None:
-    code, err, took = _exit_with_save_in_flight(tmp_path, delay=3600, bound=1.0)
+def assert_abandoned_at_the_bound(
+    code: int, err: str, took: float, root: Path | str, *, files_left: bool = True
+) -> None:
+    """Exit status 1 within the bound; stderr names step 2 and the attempt ``ls`` shows as
+    incomplete (when any of its files got written: ``files_left``); step 1 stays the latest."""
     assert code == 1, err[-3000:]
-    # Interpreter start-up, torch import and step 1 take a few seconds; the stall is an hour.
+    # Interpreter start-up, torch import and step 1 take a few seconds; the stall is far longer.
     assert took < 30, took
     assert "finishing the async save of step 2 before exit (at most 1 s)" in err
     found = re.search(r"step 2 could not be finished at exit and was ABANDONED "
                       r"\(not finished after 1 s\)\. Attempt (\S+) stays incomplete", err)
     assert found, err[-3000:]
     assert "the previous version remains the latest" in err
-    versions = sorted(_cli_versions(tmp_path))
-    assert [(s, st) for s, st, _ in versions] == [(1, "committed"), (2, "incomplete")]
-    assert versions[1][2] == found.group(1)  # the message names the attempt left behind
-    assert portable_ckpt.open(str(tmp_path)).step == 1
+    versions = sorted(cli_versions(root))
+    left = [(2, "incomplete", found.group(1))] if files_left else []  # the attempt it names
+    assert [v[:2] for v in versions[:1]] == [(1, "committed")] and versions[1:] == left
+    assert portable_ckpt.open(str(root)).step == 1
+
+
+def test_stalled_save_is_abandoned_at_the_bound(tmp_path: Path) -> None:
+    assert_abandoned_at_the_bound(*exit_with_save_in_flight(tmp_path, delay=3600, bound=1.0),
+                                  tmp_path)
 
 
 @pytest.mark.parametrize("bound", [60.0, math.inf])
 def test_slow_save_within_the_bound_is_finished_and_committed(tmp_path: Path, bound: float) -> None:
-    code, err, _ = _exit_with_save_in_flight(tmp_path, delay=0.5, bound=bound)
+    code, err, _ = exit_with_save_in_flight(tmp_path, delay=0.5, bound=bound)
     assert code == 0, err[-3000:]
     assert f"finishing the async save of step 2 before exit (at most {bound:g} s)" in err
     assert "ABANDONED" not in err
-    assert [(s, st) for s, st, _ in sorted(_cli_versions(tmp_path))] == [
+    assert [(s, st) for s, st, _ in sorted(cli_versions(tmp_path))] == [
         (1, "committed"), (2, "committed")
     ]
     ck = portable_ckpt.open(str(tmp_path))
