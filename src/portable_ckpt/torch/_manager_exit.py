@@ -95,5 +95,5 @@ def register_exit(mgr: CheckpointManager) -> None:
 
 
 def register_after_async_save() -> None:
-    """Run the managers' hook before the in-flight async save's own (unbounded) one."""
+    """Run the managers' hook before the in-flight async save's own (which knows no manager)."""
     at_interpreter_exit("checkpoint-managers-before-inflight", _finish_all)
