@@ -64,7 +64,7 @@ from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_f
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table, read_table_file
 from portable_ckpt.logs import Progress
-from portable_ckpt.ranges.box import Box, contiguous_prefix, strides_of
+from portable_ckpt.ranges.box import Box, contiguous_prefix, intersect, strides_of
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.ranges.planning import (
     RangeIndex,
@@ -117,6 +117,9 @@ ZSTD_INPUT_BYTES = 1 << 20
 
 #: Most bytes after shard headers kept verified for later reads (per opened version).
 PREFIX_BUDGET = 16 << 20
+
+#: Tensors with at most this many ranges are planned by intersecting each (no index).
+_SCAN_RANGES = 16
 
 #: Public name of a tensor's metadata record.
 TensorInfo = TensorEntry
@@ -395,20 +398,33 @@ class Checkpoint:
     ) -> list[ReadItem[RangeRecord]]:
         """Return the stored pieces that fill the box, proving exactly-once coverage of it."""
         t = self._tensor(key)
-        box = self._target_box(t, offsets, lengths)
+        return self._plan_box(t, self._target_box(t, offsets, lengths))
+
+    def _plan_box(self, t: TensorEntry, box: Box) -> list[ReadItem[RangeRecord]]:
+        """:meth:`plan_read` of an already validated ``box`` of ``t``."""
         if box.volume == 0:
             return []
         if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
             return self._plan_table(t, box)
-        index = self._indexes.get(key)
-        if index is None:
-            index = self._indexes[key] = RangeIndex([(r.box, r) for r in t.ranges])
-        items = index.query(box)
+        if len(t.ranges) <= _SCAN_RANGES:
+            # A handful of ranges (a model's tensors have one per writer): intersecting each is
+            # cheaper than building and querying an index used once per load.
+            items = []
+            for r in t.ranges:
+                stored = r.box
+                inter = intersect(stored, box)
+                if inter is not None:
+                    items.append(ReadItem(r, stored, inter))
+        else:
+            index = self._indexes.get(t.key)
+            if index is None:
+                index = self._indexes[t.key] = RangeIndex([(r.box, r) for r in t.ranges])
+            items = index.query(box)
         got = sum(it.box.volume for it in items)
         if got != box.volume:
             raise CoverageGapError(
-                f"tensor {key!r}: the stored ranges provide {got} of the {box.volume} elements of "
-                f"box {box}; the version is incomplete"
+                f"tensor {t.key!r}: the stored ranges provide {got} of the {box.volume} elements "
+                f"of box {box}; the version is incomplete"
             )
         return items
 
@@ -521,7 +537,7 @@ class Checkpoint:
     ) -> tuple[TensorEntry, Box, list[ReadItem[RangeRecord]], list[ShardTensor]]:
         t = self._tensor(r.key)
         box = self._target_box(t, r.offsets, r.lengths)
-        items = self.plan_read(r.key, box.offsets, box.lengths)
+        items = self._plan_box(t, box)
         # Check every stored piece against its file before allocating anything sized by the box.
         shards = [self._shard_tensor(t, item.record) for item in items]
         return t, box, items, shards
