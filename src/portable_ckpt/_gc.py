@@ -9,10 +9,13 @@ whole heap and finds nothing to free. Measured on the realistic benchmark's rank
 collector paused, warm loads took 0.65–0.75 s instead of 0.85–1.78 s in the same run.
 
 :func:`paused_gc` disables automatic collection for the duration of a block and restores the
-previous state afterwards. Reference counting still frees everything that is not in a cycle;
-the work done inside creates no long-lived cycles. The pause is process-wide (the collector has
-one switch): blocks may nest and may run in several threads at once; automatic collection
-resumes when the last one ends, unless it was already disabled when the first one began.
+previous state afterwards; a young-generation collection that fell due during the pause runs at
+its end, so its cost is counted in the call that caused it. Reference counting still frees
+everything that is not in a cycle; the work done inside creates no long-lived cycles. The
+collector has one switch for the whole process, so only the main thread pauses it: a pause held
+by a background thread (a verification, a copy, a save stuck on a hung file system) would turn
+collection off for the training loop for as long as that thread runs. Blocks may nest; automatic
+collection resumes when the outermost one ends, unless it was already disabled when it began.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ _resume = False  # whether the outermost pause found automatic collection enable
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
-    """Disable automatic cyclic collection inside the block (nestable, thread-safe)."""
+    """Disable automatic cyclic collection inside the block (main thread only; nestable)."""
     global _depth, _resume
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     with _LOCK:
         if _depth == 0:
             _resume = gc.isenabled()
@@ -43,5 +49,8 @@ def paused_gc() -> Iterator[None]:
     finally:
         with _LOCK:
             _depth -= 1
-            if _depth == 0 and _resume:
+            resume = _depth == 0 and _resume
+            if resume:
                 gc.enable()
+        if resume and gc.get_count()[0] >= gc.get_threshold()[0]:
+            gc.collect(0)

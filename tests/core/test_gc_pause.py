@@ -101,26 +101,40 @@ def test_pause_is_restored_when_the_block_raises() -> None:
         assert gc.isenabled()
 
 
-def test_overlapping_pauses_in_two_threads_resume_after_the_last() -> None:
+def test_only_the_main_thread_pauses_the_collector() -> None:
+    """A background thread's pause (a verification, a copy, a save stuck on a hung file system)
+    must not turn collection off for the training loop; the main thread's pause is its own."""
+    seen: list[bool] = []
     inside = threading.Event()
     leave = threading.Event()
-    states: list[bool] = []
 
     def other() -> None:
         with paused_gc():
+            seen.append(gc.isenabled())
             inside.set()
             leave.wait(10)
+        seen.append(gc.isenabled())
 
     with _enabled():
         t = threading.Thread(target=other)
-        with paused_gc():
-            t.start()
-            assert inside.wait(10)
-        states.append(gc.isenabled())  # the other thread's pause still runs
+        t.start()
+        assert inside.wait(10)
+        with paused_gc():  # the main thread pauses while the other thread is still inside
+            seen.append(gc.isenabled())
+        seen.append(gc.isenabled())
         leave.set()
         t.join(10)
-        states.append(gc.isenabled())
-    assert states == [False, True]
+    assert seen == [True, False, True, True]
+
+
+def test_a_due_young_collection_runs_when_the_pause_ends() -> None:
+    with _enabled(), _collections((700, 10, 10)) as seen:
+        with paused_gc():
+            start = len(seen)
+            kept = _allocate()  # 5,000 live containers: past the young generation threshold
+            during = len(seen) - start
+        after = seen[start + during :]
+    assert during == 0 and after[:1] == [0] and len(kept) == 5000
 
 
 def _many_tensor_checkpoint(root: Path) -> None:

@@ -65,16 +65,17 @@ def cli_versions(root: Path | str) -> list[tuple[int, str, str]]:
 
 
 def assert_abandoned_at_the_bound(
-    code: int, err: str, took: float, root: Path | str, *, files_left: bool = True
+    code: int, err: str, took: float, root: Path | str, *, files_left: bool = True,
+    bound: int = 1,
 ) -> None:
     """Exit status 1 within the bound; stderr names step 2 and the attempt ``ls`` shows as
     incomplete (when any of its files got written: ``files_left``); step 1 stays the latest."""
     assert code == 1, err[-3000:]
     # Interpreter start-up, torch import and step 1 take a few seconds; the stall is far longer.
     assert took < 30, took
-    assert "finishing the async save of step 2 before exit (at most 1 s)" in err
+    assert f"finishing the async save of step 2 before exit (at most {bound} s)" in err
     found = re.search(r"step 2 could not be finished at exit and was ABANDONED "
-                      r"\(not finished after 1 s\)\. Attempt (\S+) stays incomplete", err)
+                      rf"\(not finished after {bound} s\)\. Attempt (\S+) stays incomplete", err)
     assert found, err[-3000:]
     assert "the previous version remains the latest" in err
     versions = sorted(cli_versions(root))

@@ -225,23 +225,26 @@ def _run_save(
     write_with: type[RankWrite] | None,
     on_attempt: Callable[[str], None] | None,
 ) -> CheckpointInfo:
-    storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
-    if on_attempt is not None:
-        on_attempt(attempt_id)
-    write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
-    commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)
-    written, committed = comm.coordinator_step(
-        "save/commit",
-        write,
-        commit_all,
-        what=f"save of step {opts.step} (write and commit)",
-        outcome=NOTHING_PUBLISHED,
-        on_failure=write.abort,
-    )
-    total_bytes = committed
-    if opts.publisher is not None:  # node-local roots: publish the record on every node
-        total_bytes = committed["bytes"]
-        opts.publisher.after_commit(comm, storage, attempt_id, committed["manifest"])
+    # Paused on the main thread (a synchronous save); the background thread of an async save
+    # leaves the training loop's collector alone. The pause ends before `seconds` is taken.
+    with paused_gc():
+        storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
+        if on_attempt is not None:
+            on_attempt(attempt_id)
+        write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
+        commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)
+        written, committed = comm.coordinator_step(
+            "save/commit",
+            write,
+            commit_all,
+            what=f"save of step {opts.step} (write and commit)",
+            outcome=NOTHING_PUBLISHED,
+            on_failure=write.abort,
+        )
+        total_bytes = committed
+        if opts.publisher is not None:  # node-local roots: publish the record on every node
+            total_bytes = committed["bytes"]
+            opts.publisher.after_commit(comm, storage, attempt_id, committed["manifest"])
     return CheckpointInfo(
         checkpoint_id=attempt_id,
         step=opts.step,
@@ -383,4 +386,4 @@ def save(
     comm = make_comm(opts.process_group, opts.timeout)
     with paused_gc():  # no full collection of the training heap mid-save (portable_ckpt._gc)
         prepared = prepare(state_dict, root, comm, copy=False)
-        return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)
+    return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)
