@@ -196,21 +196,8 @@ def make_ckpt(a: dict[str, Any]) -> dict[str, Any]:
         arr[i : i + step] = np.arange(i, min(i + step, rows), dtype=np.float32)[:, None] * 1e-3
     t0 = time.perf_counter()
     arrays = {"big": arr}
-    if a.get("tiles"):
-        from portable_ckpt.io.commit import commit
-        from portable_ckpt.io.writer import ShardWriter, new_attempt_id
-        from portable_ckpt.storage import open_storage
-
-        storage = open_storage(a["root"], create=True)
-        attempt = new_attempt_id(1)
-        w = ShardWriter(storage, attempt, 0, write_index=False, block_size=a.get("block_size"))
-        tr, tc = a["tiles"]
-        for r0 in range(0, rows, tr):
-            for c0 in range(0, cols, tc):
-                w.add_tensor("big", arr[r0 : r0 + tr, c0 : c0 + tc], offsets=(r0, c0), global_shape=(rows, cols))
-        commit(storage, attempt, step=1, indexes=[w.finish()], expected_writers=[0])
-    else:
-        portable_ckpt.save_arrays(a["root"], arrays, step=1)
+    tiles = {"big": a["tiles"]} if a.get("tiles") else None
+    portable_ckpt.save_arrays(a["root"], arrays, step=1, tiles=tiles, block_size=a.get("block_size"))
     return _result(time.perf_counter() - t0, 0)
 
 

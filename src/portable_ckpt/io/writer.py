@@ -14,6 +14,8 @@ file), so a partial read over-reads little even when the ranges are small.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +61,10 @@ from portable_ckpt.io.tensor_table import TensorTable, encode_table
 from portable_ckpt.ranges.box import Box
 from portable_ckpt.storage.base import Storage, StreamWriter
 
-__all__ = ["PIECE_BYTES", "SMALL_PIECE_BYTES", "ShardWriter", "WriteStats", "new_attempt_id"]
+__all__ = [
+    "MAX_TILES", "PIECE_BYTES", "SMALL_PIECE_BYTES", "ShardWriter", "WriteStats", "new_attempt_id",
+    "tile_lengths",
+]
 
 #: Largest piece handed to the storage in one write (and the bound on strided-copy scratch).
 PIECE_BYTES = 16 << 20
@@ -154,6 +159,35 @@ def _write_pool() -> ThreadPoolExecutor:
     if not _WRITE_POOL:
         _WRITE_POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="pck-write"))
     return _WRITE_POOL[0]
+
+
+#: Most ranges :meth:`ShardWriter.add_tiled` cuts one tensor into (each is a manifest record).
+MAX_TILES = 1 << 20
+
+
+def tile_lengths(key: str, tile: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
+    """``tile`` checked against ``shape``: one positive int per dimension, few enough tiles.
+
+    Raises:
+        UsageError: naming the tensor, the tile and the shape.
+
+    """
+    ok = len(tile) == len(shape) and all(
+        isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in tile
+    )
+    if not ok:
+        raise UsageError(
+            f"tensor {key!r}: tile {list(tile)} must give one positive int per dimension of its "
+            f"shape {list(shape)}"
+        )
+    lengths = tuple(int(n) for n in tile)
+    count = math.prod(-(-s // n) for s, n in zip(shape, lengths, strict=True))
+    if count > MAX_TILES:
+        raise UsageError(
+            f"tensor {key!r}: tile {list(lengths)} cuts shape {list(shape)} into {count} ranges "
+            f"(at most {MAX_TILES}); use larger tiles"
+        )
+    return lengths
 
 
 class ShardWriter:
@@ -293,6 +327,27 @@ class ShardWriter:
         rec = RangeRecord(offs, box.lengths, "", chunk_name, self.codec)
         entry.ranges.append(rec)
         self._chunks.append(_Chunk(key, array, box, chunk_name, DTYPES[name].safetensors))
+
+    def add_tiled(self, key: str, array: np.ndarray[Any, Any], tile: Sequence[int]) -> None:
+        """Plan to store ``array`` (the whole of tensor ``key``) as one range per tile.
+
+        ``tile`` gives one length per dimension; tiles at the far edges are smaller. A read of a
+        small region then fetches only the tiles it touches (and their checksum blocks): a
+        square of a large matrix stored row-major touches one block per row instead. Tiles
+        are views of ``array``, which must not change until :meth:`finish` returns.
+
+        Raises:
+            UsageError: ``tile`` is not one positive int per dimension, or cuts the array
+                into more than ``MAX_TILES`` ranges.
+
+        """
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        lengths = tile_lengths(key, tile, array.shape)
+        grid = [range(0, s, n) for s, n in zip(array.shape, lengths, strict=True)]
+        for offs in itertools.product(*grid):
+            part = array[tuple(slice(o, o + n) for o, n in zip(offs, lengths, strict=True))]
+            self.add_tensor(key, part, offsets=offs, global_shape=array.shape)
 
     def add_entry(
         self,
