@@ -14,8 +14,9 @@ its end, so its cost is counted in the call that caused it. Reference counting s
 everything that is not in a cycle; the work done inside creates no long-lived cycles. The
 collector has one switch for the whole process, so only the main thread pauses it: a pause held
 by a background thread (a verification, a copy, a save stuck on a hung file system) would turn
-collection off for the training loop for as long as that thread runs. Blocks may nest; automatic
-collection resumes when the outermost one ends, unless it was already disabled when it began.
+collection off for the training loop for as long as that thread runs. Blocks may nest (also
+from a signal handler); automatic collection resumes when the outermost one ends, unless it was
+already disabled when it began.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from contextlib import contextmanager
 
 __all__ = ["paused_gc"]
 
-_LOCK = threading.Lock()
-_depth = 0
+_depth = 0  # main-thread state only: no lock (a signal handler nesting a pause must not block)
 _resume = False  # whether the outermost pause found automatic collection enabled
 
 
@@ -39,18 +39,15 @@ def paused_gc() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    with _LOCK:
-        if _depth == 0:
-            _resume = gc.isenabled()
-            gc.disable()
-        _depth += 1
+    if _depth == 0:
+        _resume = gc.isenabled()
+        gc.disable()
+    _depth += 1
     try:
         yield
     finally:
-        with _LOCK:
-            _depth -= 1
-            resume = _depth == 0 and _resume
-            if resume:
-                gc.enable()
-        if resume and gc.get_count()[0] >= gc.get_threshold()[0]:
-            gc.collect(0)
+        _depth -= 1
+        if _depth == 0 and _resume:
+            gc.enable()
+            if gc.get_count()[0] >= gc.get_threshold()[0]:
+                gc.collect(0)  # the young collection that fell due during the pause
