@@ -97,19 +97,21 @@ def load(
 
     """
     t0 = time.perf_counter()
-    comm = make_comm(process_group, timeout)
-    what = f"load from {_where(root)}"
     # Full collections of a training process's heap in the middle of a load cost more than the
     # load's own work (see portable_ckpt._gc); the load creates no long-lived cycles.
-    with logged(_log, "load", what, rank=comm.rank, t0=t0) as out, paused_gc():
-        info = _load(state_dict, root, comm, t0, step=step, checkpoint_id=checkpoint_id,
-                     allow_statistical=allow_statistical, strict=strict,
-                     record_ranges=record_ranges, strict_dtype=strict_dtype)
-        out.update(
-            bytes=info.bytes_read, step=info.step, version=info.path, contract=info.contract,
-            detail=f"step {info.step} from {info.path}, {info.tensors_loaded} tensors, "
-            f"contract {info.contract}",
-        )
+    with paused_gc():
+        comm = make_comm(process_group, timeout)
+        what = f"load from {_where(root)}"
+        with logged(_log, "load", what, rank=comm.rank, t0=t0) as out:
+            info = _load(state_dict, root, comm, t0, step=step, checkpoint_id=checkpoint_id,
+                         allow_statistical=allow_statistical, strict=strict,
+                         record_ranges=record_ranges, strict_dtype=strict_dtype)
+            out.update(
+                bytes=info.bytes_read, step=info.step, version=info.path,
+                contract=info.contract,
+                detail=f"step {info.step} from {info.path}, {info.tensors_loaded} tensors, "
+                f"contract {info.contract}",
+            )
     return info
 
 

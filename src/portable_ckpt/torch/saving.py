@@ -380,10 +380,12 @@ def save(
         CheckpointError: on every rank when any rank fails; nothing is published.
 
     """
-    opts = SaveOptions(**options)
-    wait_idle(opts.if_busy)
-    t0 = time.perf_counter()
-    comm = make_comm(opts.process_group, opts.timeout)
-    with paused_gc():  # no full collection of the training heap mid-save (portable_ckpt._gc)
+    # No full collection of the training heap mid-save (portable_ckpt._gc); run_save pauses
+    # again, ending before it takes the save's seconds.
+    with paused_gc():
+        opts = SaveOptions(**options)
+        wait_idle(opts.if_busy)
+        t0 = time.perf_counter()
+        comm = make_comm(opts.process_group, opts.timeout)
         prepared = prepare(state_dict, root, comm, copy=False)
     return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)
