@@ -391,6 +391,9 @@ class Manifest:
     extensions: dict[str, Any] = field(default_factory=dict)
     #: Where the tensor table is, when ``tensors`` are stored in one (spec §8.5).
     tensor_table: TableRef | None = None
+    #: The bytes of ``manifest.json`` this record was parsed from, when it was read from storage
+    #: (not part of the record: a load hands them to its other ranks as they are).
+    source: bytes | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``manifest.json``)."""

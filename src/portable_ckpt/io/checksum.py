@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import crc32c as _crc
 
+from portable_ckpt._threads import worker
 from portable_ckpt.errors import ChecksumError, FileSizeError
 from portable_ckpt.format.manifest import FileRecord
 from portable_ckpt.ranges.planning import Extent, Segment, Slice, cut_windows, plan_file
@@ -214,13 +215,10 @@ def _discard(_: Segment, __: memoryview) -> None:
 LOCAL_WINDOW = 1 << 20
 #: Pipeline window: the I/O thread reads window k+1 while window k is checksummed and delivered.
 PIPELINE_WINDOW = 8 << 20
-_POOL: list[ThreadPoolExecutor] = []
 
 
 def _io_pool() -> ThreadPoolExecutor:
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="pck-io"))
-    return _POOL[0]
+    return worker("pck-io")
 
 
 @dataclass

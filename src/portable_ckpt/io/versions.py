@@ -180,11 +180,14 @@ def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
     """Read, parse and validate ``<attempt_id>/manifest.json``."""
     check_attempt_id(attempt_id, what="version directory")
     rel = f"{attempt_id}/manifest.json"
-    return parse_manifest(
-        jsonio.loads(_read_record(storage, attempt_id), what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES),
+    data = _read_record(storage, attempt_id)
+    man = parse_manifest(
+        jsonio.loads(data, what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES),
         what=rel,
         directory_name=attempt_id,
     )
+    man.source = data
+    return man
 
 
 def _read_record(storage: Storage, attempt_id: str) -> bytes:
@@ -405,6 +408,7 @@ def classify_record(attempt_id: str, data: bytes) -> Classification:
             # understand: either way it is not garbage to this tool (spec §16.2).
             return Classification(FOREIGN, error=exc, committed_at=_claimed_time(doc))
         return Classification(INVALID, error=exc)
+    man.source = data
     return Classification(COMMITTED, manifest=man, committed_at=man.committed_at)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from portable_ckpt._threads import worker
 from portable_ckpt.errors import (
     CheckpointError,
     MetadataConflictError,
@@ -152,13 +153,8 @@ def _chunk_pieces(group: list[_Chunk], stats: WriteStats) -> Iterator[memoryview
             yield from _pieces(ch.array, stats)
 
 
-_WRITE_POOL: list[ThreadPoolExecutor] = []
-
-
 def _write_pool() -> ThreadPoolExecutor:
-    if not _WRITE_POOL:
-        _WRITE_POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="pck-write"))
-    return _WRITE_POOL[0]
+    return worker("pck-write")
 
 
 #: Most ranges :meth:`ShardWriter.add_tiled` cuts one tensor into (each is a manifest record).

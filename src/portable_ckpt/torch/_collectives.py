@@ -364,17 +364,25 @@ class Comm:
         """Rank 0's ``obj`` on every rank."""
         if self.group is None:
             return obj
+        return json.loads(self.broadcast_bytes(_encode(obj) if self.rank == 0 else b"", what))
+
+    def broadcast_bytes(self, data: bytes, what: str) -> bytes:
+        """Rank 0's ``data`` on every rank (the others pass anything, e.g. ``b""``)."""
+        if self.group is None:
+            return data
         src = self.global_ranks[0]
 
-        def run() -> Any:
-            data = _encode(obj) if self.rank == 0 else b""
-            size = torch.tensor([len(data)], dtype=torch.int64)
+        def run() -> bytes:
+            size = torch.tensor([len(data) if self.rank == 0 else 0], dtype=torch.int64)
             self._wait(dist.broadcast(size, src=src, group=self.group, async_op=True), what)
-            buf = torch.zeros(int(size.item()), dtype=torch.uint8)
-            if self.rank == 0 and data:
-                buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if self.rank == 0:
+                buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else (
+                    torch.zeros(0, dtype=torch.uint8)
+                )
+            else:
+                buf = torch.empty(int(size.item()), dtype=torch.uint8)
             self._wait(dist.broadcast(buf, src=src, group=self.group, async_op=True), what)
-            return json.loads(bytes(buf.numpy()))
+            return data if self.rank == 0 else bytes(buf.numpy())
 
         return self._collective(what, run)
 
