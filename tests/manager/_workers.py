@@ -369,3 +369,64 @@ def sigterm_chain(rank: int, world: int, root: str) -> str:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(10)
     return "survived the second SIGTERM"
+
+
+class _SlowWrites:
+    """A storage whose writers wait ``seconds`` before each write (a loaded node's slow disk).
+
+    A local file is written in place: meanwhile it exists, empty, under its name.
+    """
+
+    def __init__(self, storage: Any, seconds: float) -> None:
+        self._storage, self._seconds = storage, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def open_writer(self, path: str, **kwargs: Any) -> Any:
+        writer, seconds = self._storage.open_writer(path, **kwargs), self._seconds
+
+        class Slow:
+            close, abort = writer.close, writer.abort
+
+            def write(self, data: Any) -> None:
+                time.sleep(seconds)
+                writer.write(data)
+
+        return Slow()
+
+
+def node_lost_slow_fetch(rank: int, world: int, base: str) -> dict[str, Any]:
+    """fast_replicas=1, node 1 lost and replaced; there rank 2's fetched files land slowly.
+
+    Both ranks of the new node 1 need rank 0's files (global entries): each is fetched once
+    per node, by rank 2, while rank 3 fetches only its own shard (quickly). Rank 3 must not
+    judge the version before rank 2 has written them: the restore comes from the fast tier.
+    """
+    import shutil
+
+    import torch.distributed as dist
+
+    from portable_ckpt.torch import _transfer
+
+    root = f"{base}/r1"
+    tr = Trainer(world)
+    with _node_mgr(root, "1") as mgr:
+        for step in range(1, 5):
+            tr.step(step)
+            mgr.maybe_save(step, {"model": tr})
+    dist.barrier()
+    if rank == 0:
+        shutil.move(f"{root}-fast/node1", f"{root}-fast/node1-lost")
+    dist.barrier()
+    if rank == 2:
+        recv = _transfer._recv
+
+        def slow_recv(storage: Any, *args: Any) -> int:
+            return recv(_SlowWrites(storage, 1.0), *args)
+
+        _transfer._recv = slow_recv
+    fresh = Trainer(world, salt=500.0)
+    with _node_mgr(root, "1") as lost:
+        info = lost.restore({"model": fresh})
+    return _restored(lost, info, fresh)
