@@ -430,3 +430,41 @@ def node_lost_slow_fetch(rank: int, world: int, base: str) -> dict[str, Any]:
     with _node_mgr(root, "1") as lost:
         info = lost.restore({"model": fresh})
     return _restored(lost, info, fresh)
+
+
+def node_slow_publish(rank: int, world: int, base: str) -> dict[str, Any]:
+    """replicate=True on node-local roots, no verification; node 1's leader publishes slowly.
+
+    Rank 3 returns from the save before rank 2 published the commit record in node 1's root;
+    the replication it starts must not look for the record there before it is published.
+    """
+    root = f"{base}/slow"
+    mgr = pckt.CheckpointManager(
+        root,
+        save_every=2,
+        fast_root=root + "-fast/node{node}",
+        fast_every=1,
+        ranks_per_node=2,
+        replicate=True,
+        timeout=120,
+    )
+    if rank == 2:
+        storage = mgr.tiers["fast"].storage
+        create = storage.create_if_absent
+
+        def slow_create(path: str, data: bytes) -> bool:
+            time.sleep(1.0)
+            return bool(create(path, data))
+
+        storage.create_if_absent = slow_create
+    tr = Trainer(world)
+    error = None
+    try:
+        for step in range(1, 3):
+            tr.step(step)
+            mgr.maybe_save(step, {"model": tr})
+        mgr.close()
+    except CheckpointError as e:
+        error = e.message
+    events = [e for e in mgr.telemetry.history if e["event"] == "replicate"]
+    return {"error": error, "replicated": [(e["ok"], e.get("message")) for e in events]}

@@ -246,6 +246,14 @@ def test_node_local_fetch_waits_for_the_peer_that_fetches_for_the_node(tmp_path:
         assert r["fetched"]["fetched"] > 0 and r["w"] == torch_arange_plus(4).tolist()
 
 
+def test_node_local_replication_waits_for_every_node_record(tmp_path: Path) -> None:
+    """Node 1's leader publishes the commit record slowly; rank 3's copy waits for it."""
+    res = ok(run("node_slow_publish", 4, str(tmp_path), timeout=180))
+    assert [r["error"] for r in res] == [None] * 4
+    assert res[0]["replicated"] == [[True, None]]
+    assert _committed(str(tmp_path / "slow")) == [2]
+
+
 def _check_node_replication(base: str, saved: list[Any], bad: list[Any]) -> None:
     """replicate=True, verify_sample=1 on node-local roots: every node copies, every rank checks."""
     durable = portable_ckpt.list_versions(f"{base}/rrep")
