@@ -369,3 +369,102 @@ def sigterm_chain(rank: int, world: int, root: str) -> str:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(10)
     return "survived the second SIGTERM"
+
+
+class _SlowWrites:
+    """A storage whose writers wait ``seconds`` before each write (a loaded node's slow disk).
+
+    A local file is written in place: meanwhile it exists, empty, under its name.
+    """
+
+    def __init__(self, storage: Any, seconds: float) -> None:
+        self._storage, self._seconds = storage, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def open_writer(self, path: str, **kwargs: Any) -> Any:
+        writer, seconds = self._storage.open_writer(path, **kwargs), self._seconds
+
+        class Slow:
+            close, abort = writer.close, writer.abort
+
+            def write(self, data: Any) -> None:
+                time.sleep(seconds)
+                writer.write(data)
+
+        return Slow()
+
+
+def node_lost_slow_fetch(rank: int, world: int, base: str) -> dict[str, Any]:
+    """fast_replicas=1, node 1 lost and replaced; there rank 2's fetched files land slowly.
+
+    Both ranks of the new node 1 need rank 0's files (global entries): each is fetched once
+    per node, by rank 2, while rank 3 fetches only its own shard (quickly). Rank 3 must not
+    judge the version before rank 2 has written them: the restore comes from the fast tier.
+    """
+    import shutil
+
+    import torch.distributed as dist
+
+    from portable_ckpt.torch import _transfer
+
+    root = f"{base}/r1"
+    tr = Trainer(world)
+    with _node_mgr(root, "1") as mgr:
+        for step in range(1, 5):
+            tr.step(step)
+            mgr.maybe_save(step, {"model": tr})
+    dist.barrier()
+    if rank == 0:
+        shutil.move(f"{root}-fast/node1", f"{root}-fast/node1-lost")
+    dist.barrier()
+    if rank == 2:
+        recv = _transfer._recv
+
+        def slow_recv(storage: Any, *args: Any) -> int:
+            return recv(_SlowWrites(storage, 1.0), *args)
+
+        _transfer._recv = slow_recv
+    fresh = Trainer(world, salt=500.0)
+    with _node_mgr(root, "1") as lost:
+        info = lost.restore({"model": fresh})
+    return _restored(lost, info, fresh)
+
+
+def node_slow_publish(rank: int, world: int, base: str) -> dict[str, Any]:
+    """replicate=True on node-local roots, no verification; node 1's leader publishes slowly.
+
+    Rank 3 returns from the save before rank 2 published the commit record in node 1's root;
+    the replication it starts must not look for the record there before it is published.
+    """
+    root = f"{base}/slow"
+    mgr = pckt.CheckpointManager(
+        root,
+        save_every=2,
+        fast_root=root + "-fast/node{node}",
+        fast_every=1,
+        ranks_per_node=2,
+        replicate=True,
+        timeout=120,
+    )
+    if rank == 2:
+        storage = mgr.tiers["fast"].storage
+        create = storage.create_if_absent
+
+        def slow_create(path: str, data: bytes) -> bool:
+            time.sleep(1.0)
+            return bool(create(path, data))
+
+        storage.create_if_absent = slow_create
+    tr = Trainer(world)
+    error = None
+    try:
+        for step in range(1, 3):
+            tr.step(step)
+            mgr.maybe_save(step, {"model": tr})
+        mgr.close()
+    except CheckpointError as e:
+        error = e.message
+    events = [e for e in mgr.telemetry.history if e["event"] == "replicate"]
+    return {"error": error, "replicated": [(e["ok"], e.get("message")) for e in events]}

@@ -235,6 +235,25 @@ def test_node_local_fast_tier_with_and_without_replicas(tmp_path: Path) -> None:
         assert r["rep"]["w"] == torch_arange_plus(3).tolist()
 
 
+def test_node_local_fetch_waits_for_the_peer_that_fetches_for_the_node(tmp_path: Path) -> None:
+    """A file fetched once per node is judged by the node's other ranks only once written.
+
+    Rank 2 writes what it fetches slowly; without waiting for it, rank 3 saw a shared file
+    still empty and the restore fell back to the durable tier (step 3).
+    """
+    for r in ok(run("node_lost_slow_fetch", 4, str(tmp_path), timeout=180)):
+        assert r["tier"] == "fast" and r["step"] == 4 and r["fallbacks"] == []
+        assert r["fetched"]["fetched"] > 0 and r["w"] == torch_arange_plus(4).tolist()
+
+
+def test_node_local_replication_waits_for_every_node_record(tmp_path: Path) -> None:
+    """Node 1's leader publishes the commit record slowly; rank 3's copy waits for it."""
+    res = ok(run("node_slow_publish", 4, str(tmp_path), timeout=180))
+    assert [r["error"] for r in res] == [None] * 4
+    assert res[0]["replicated"] == [[True, None]]
+    assert _committed(str(tmp_path / "slow")) == [2]
+
+
 def _check_node_replication(base: str, saved: list[Any], bad: list[Any]) -> None:
     """replicate=True, verify_sample=1 on node-local roots: every node copies, every rank checks."""
     durable = portable_ckpt.list_versions(f"{base}/rrep")

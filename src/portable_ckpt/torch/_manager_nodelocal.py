@@ -20,6 +20,9 @@ of the stored ranges of the files assigned to it (``ceil(fraction x n)`` of its 
 by ``random.Random(seed + rank)`` with rank 0's seed), each read whole with every checksum block
 verified; the results are gathered and every node's leader writes the same verification record
 beside its node's version, so no node restores a version that failed.
+
+Both start with an allgather: a node's leader publishes the commit record in its node root after
+the commit, and the node's other ranks may return from the save before it did.
 """
 
 from __future__ import annotations
@@ -82,6 +85,16 @@ def background_comm(process_group: Any, timeout: float | None) -> Comm:
     t = float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S
     group = dist.new_group(ranks=ranks, backend="gloo", timeout=_dt.timedelta(seconds=t))
     return Comm(dist.get_rank(pg), len(ranks), group, ranks, t)
+
+
+def _all_saves_returned(comm: Comm, what: str) -> None:
+    """Return once every rank is here, i.e. once every rank's save returned.
+
+    A node's commit record is published by its leader after the commit; the node's other
+    ranks can return from the save (and start this work) first. An allgather waits for every
+    rank (a broadcast need not), so every node root holds the record after it.
+    """
+    comm.allgather_json(None, f"{what}: every node root published")
 
 
 def _held(storage: Storage, attempt: str, manifest: Manifest) -> list[str]:
@@ -190,6 +203,7 @@ def replicate_node_local(
 ) -> NodeCopy:
     """Copy ``attempt`` from the node roots to ``dst`` (collective over ``comm``; see above)."""
     t0 = time.perf_counter()
+    _all_saves_returned(comm, f"replicate {attempt}")
     raw, manifest = _read_commit(src, attempt)
     err, by_rank = _copy_share(comm, src, dst, attempt, manifest)
     errors = comm.allgather_json(err, f"replicate {attempt}: copied")
@@ -268,7 +282,8 @@ def verify_node_local(
     """Verify a sample of ``attempt`` over every node root (collective over ``comm``)."""
     from portable_ckpt.io.versions import write_verification_record
 
-    seed = int(comm.broadcast_json(int.from_bytes(os.urandom(4), "big"), f"verify {attempt}"))
+    # Rank 0's seed, by an allgather: like _all_saves_returned, every node root has the record.
+    seed = int(comm.allgather_json(int.from_bytes(os.urandom(4), "big"), f"verify {attempt}")[0])
     n, errs = _check_share(comm, storage, attempt, fraction, seed)
     gathered = comm.allgather_json([n, errs[:64]], f"verify {attempt}: results")
     errors = [e for _, es in gathered for e in es]

@@ -248,6 +248,9 @@ def prepare_fast_restore(
     if unreachable:
         return False, report
     _exchange(comm, transfers, storage, attempt)
+    # A file is fetched once per node, by one of its ranks: the others may check it only once
+    # that rank has written it (run_transfers returns then), so every rank's fetch ends first.
+    comm.allgather_json(None, "restore/fast-fetched")
     still = _missing(storage, attempt, manifest, need)
     ok = comm.allgather_json(not still, "restore/fast-ready")
     report["fetched"] = sum(len(t.paths) for t in transfers)
