@@ -56,3 +56,31 @@ def test_forked_child_gets_a_fresh_worker_and_can_read(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert msg == b"ok" and os.waitstatus_to_exitcode(status) == 0
     assert worker("pck-io") is parent
+
+
+def _nice_of(tid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is Linux's")
+def test_lowered_worker_and_the_workers_it_asks_for_run_lowered() -> None:
+    import threading
+
+    base = _nice_of(threading.get_native_id())
+    plain = worker("pck-test-plain")
+
+    def inside() -> tuple[int, str, int, str]:
+        # A worker asked for from a lowered thread is a lowered one too (the save's writes).
+        inner = worker("pck-test-inner")
+        got = inner.submit(lambda: (_nice_of(threading.get_native_id()),
+                                    threading.current_thread().name)).result(timeout=10)
+        return _nice_of(threading.get_native_id()), threading.current_thread().name, *got
+
+    low = worker("pck-test-bg", nice=5)
+    nice, name, inner_nice, inner_name = low.submit(inside).result(timeout=10)
+    assert nice == min(19, base + 5) and name.startswith("pck-test-bg-low")
+    assert inner_nice == min(19, base + 5) and inner_name.startswith("pck-test-inner-low")
+    # The caller's own thread and the workers it asks for keep their priority.
+    assert _nice_of(threading.get_native_id()) == base
+    assert plain.submit(lambda: _nice_of(threading.get_native_id())).result(timeout=10) == base
+    assert worker("pck-test-inner") is not worker("pck-test-inner", nice=5)

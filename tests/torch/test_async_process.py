@@ -283,3 +283,33 @@ def test_two_ranks_process_mode_and_a_writer_killed_on_one(tmp_path: Path) -> No
     assert r1["death_code"] == "PCK-WRITER-PROCESS" and "SIGKILL" in r1["death_message"]
     assert r0["death_code"] == "PCK-DISTRIBUTED" and "rank 1" in r0["death_message"], r0
     assert r1["new_writer"] and not r0["new_writer"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread niceness is Linux's")
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_save_writes_below_the_training_threads_priority(tmp_path: Path, mode: str) -> None:
+    """The threads (and the writer process) of an async save run BACKGROUND_NICE lower than
+    the training thread; the training thread itself keeps its priority."""
+    import threading
+
+    from portable_ckpt._threads import BACKGROUND_NICE
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    want = min(19, base + BACKGROUND_NICE)
+    h = pckt.async_save(_state(), str(tmp_path), step=1, mode=mode)
+    h.result(timeout=120)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    saving = [t for t in threading.enumerate() if t.name.startswith("pck-async-save")]
+    assert saving and all(t.name.startswith("pck-async-save-low") for t in saving)
+    for t in saving:
+        assert t.native_id is not None and os.getpriority(os.PRIO_PROCESS, t.native_id) == want
+    if mode == "thread":  # the checksummed chunks were written by a lowered write worker
+        writes = [t for t in threading.enumerate() if t.name.startswith("pck-write-low")]
+        assert writes and all(
+            t.native_id is not None and os.getpriority(os.PRIO_PROCESS, t.native_id) == want
+            for t in writes
+        )
+    else:  # the writer process: relative to this process's main thread, not to its starter
+        proc = _process_write._CURRENT.proc
+        assert proc is not None
+        assert os.getpriority(os.PRIO_PROCESS, proc.proc.pid) == want

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from portable_ckpt._threads import BACKGROUND_NICE
 from portable_ckpt.errors import CheckpointError, WriterProcessError, error_for_code
 
 __all__ = ["WriterProcess", "anonymous_fd", "main", "recv_msg", "send_msg"]
@@ -43,7 +44,7 @@ _HEADER = struct.Struct("<Q")
 #: Largest frame either side accepts (a writer index of millions of ranges stays far below).
 MAX_FRAME = 1 << 30
 #: CPU niceness of the writer process: the training loop wins every contended core.
-WRITER_NICE = 10
+WRITER_NICE = BACKGROUND_NICE
 _MAX_FDS = 4
 
 
@@ -311,14 +312,24 @@ def _watch_parent(ppid: int) -> None:
     os._exit(3)
 
 
+def _lower_priority(nice: int) -> None:
+    """Run ``nice`` below the training process's main thread.
+
+    Relative to that thread, not to the thread that started this process: an async save starts
+    it from its own, already lowered thread, whose niceness a child inherits.
+    """
+    with contextlib.suppress(OSError):
+        base = os.getpriority(os.PRIO_PROCESS, os.getppid())  # the parent's main thread
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, max(base + nice, os.nice(0))))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The writer process: serve jobs until the socket closes."""
     args = list(sys.argv[1:] if argv is None else argv)
     sock = socket.socket(fileno=int(args[0]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(int(args[1]) if len(args) > 1 else WRITER_NICE)
+    _lower_priority(int(args[1]) if len(args) > 1 else WRITER_NICE)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     service = _Service()
     while True:

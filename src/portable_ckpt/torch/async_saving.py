@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Unpack
 
 from portable_ckpt._gc import paused_gc
+from portable_ckpt._threads import BACKGROUND_NICE, worker
 from portable_ckpt.errors import UsageError
 from portable_ckpt.format.usage import require_seconds
 from portable_ckpt.storage import open_storage
@@ -76,16 +77,14 @@ class AsyncSaveHandle:
         return self.committed.done()
 
 
-class _Background:
-    """The one thread per process that writes and commits async saves (created on first use)."""
+def _background(job: Callable[[], None]) -> None:
+    """Run ``job`` on the one thread per process that writes and commits async saves.
 
-    executor: cf.ThreadPoolExecutor | None = None
-
-    @classmethod
-    def submit(cls, job: Callable[[], None]) -> None:
-        if cls.executor is None:
-            cls.executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pck-async-save")
-        cls.executor.submit(job)
+    The thread, and the workers it writes with, run at a lower CPU priority
+    (:data:`~portable_ckpt._threads.BACKGROUND_NICE`, as the writer process of ``"process"``
+    mode): on a contended CPU the training loop wins every core.
+    """
+    worker("pck-async-save", nice=BACKGROUND_NICE).submit(job)
 
 
 def async_save(
@@ -140,7 +139,7 @@ def async_save(
             prepared = prepare(state_dict, root, comm, copy=True, into=into)
         _mark_staged(handle, prepared, t0)
         slot = track(opts.step, handle.committed, bound)
-        _Background.submit(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))
+        _background(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))
     return handle
 
 
