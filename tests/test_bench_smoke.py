@@ -74,3 +74,18 @@ def test_realistic_section_runs_every_phase(tmp_path: Path) -> None:
             assert all(x["rchar"] > 0 and x["seconds"] > 0 for x in r["rows"])
     assert any(t["name"].endswith("speed vs dcp.save") for t in sec["targets"])
     assert (out / "smoke-realistic-smoke.png").exists()
+
+
+@pytest.mark.timeout(120)
+def test_read_floor_times_every_pattern(tmp_path: Path) -> None:
+    for i in range(2):
+        (tmp_path / f"f{i}").write_bytes(os.urandom((3 << 20) + 4096 * i))
+    p = subprocess.run(
+        [sys.executable, "-m", "bench.read_floor", str(tmp_path), "--reps", "1", "--files", "2"],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("2 parallel readers, 6 MiB, 1 repetitions")
+    assert [ln.split()[0] for ln in lines[1:]] == ["dd16", "plain8", "plain16", "pipe"]
+    assert all(float(ln.split()[1]) > 0 for ln in lines[1:])
