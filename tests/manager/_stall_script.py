@@ -22,7 +22,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if rank == 1:
-        async_saving._Background.submit(threading.Event().wait)  # the save thread never frees
+        async_saving._background(threading.Event().wait)  # the save thread never frees
     mgr = pckt.CheckpointManager(
         root, save_every=1, timeout=60, exit_timeout=2.0 if rank == 0 else 300.0
     )
