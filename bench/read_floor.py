@@ -31,22 +31,13 @@ from typing import Any
 
 import crc32c
 
+from bench.realistic_ranks import drop_caches
+
 __all__ = ["main"]
 
 WINDOW = 8 << 20
 BLOCK = 64 << 10
 PATTERNS = ("dd16", "plain8", "plain16", "pipe")
-
-
-def _drop_caches() -> bool:
-    """Drop the page cache (root only); return whether it was dropped."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
-            f.write("1\n")
-        return True
-    except OSError:
-        return False
 
 
 def _read(fd: int, mv: memoryview, size: int, pattern: str, small: memoryview,
@@ -111,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     cold = True
     for _ in range(args.reps * len(PATTERNS)):
         bar.wait()
-        cold = _drop_caches() and cold
+        cold = drop_caches() and cold
         bar.wait()
         bar.wait()
         got = [out.get() for _ in files]
