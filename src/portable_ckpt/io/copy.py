@@ -295,6 +295,8 @@ class _CopyJob:
     attempt: str
     files: list[FileRecord]
     result: CopyResult
+    #: The bytes of the source's ``manifest.json`` as opening it read them (republished as is).
+    record: bytes
 
     @property
     def manifest_path(self) -> str:
@@ -329,7 +331,10 @@ def _resolve(
             "the loss of that device"
         )
     files = sorted(ck.manifest.files.values(), key=lambda r: -r.size)
-    return _CopyJob(src_storage, dst, ck.id, files, result)
+    record = ck.manifest.source
+    if record is None:  # pragma: no cover - open() reads the record from storage
+        record = src_storage.read_all(f"{ck.id}/manifest.json", max_size=jsonio.MAX_MANIFEST_BYTES)
+    return _CopyJob(src_storage, dst, ck.id, files, result, record)
 
 
 def _check_same_record(job: _CopyJob, raw: bytes, conflict: str) -> None:
@@ -488,7 +493,7 @@ def copy_version(
                               "source": result.source, "destination": result.destination}
     what = f"copy of {result.source} to {result.destination}"
     with logged(_log, "copy", what, t0=t0, **fields) as out:
-        raw = job.src.read_all(job.manifest_path, max_size=jsonio.MAX_MANIFEST_BYTES)
+        raw = job.record
         if job.dst.exists(job.manifest_path):
             _verify_existing(job, raw)
         else:

@@ -188,8 +188,8 @@ def _copy_share(
 
 def _read_commit(src: Storage, attempt: str) -> tuple[bytes, Manifest | None]:
     try:
-        raw = src.read_all(f"{attempt}/manifest.json", max_size=jsonio.MAX_MANIFEST_BYTES)
-        return raw, load_manifest(src, attempt)
+        manifest = load_manifest(src, attempt)  # one read: the record keeps its bytes
+        return manifest.source or b"", manifest
     except CheckpointError:
         return b"", None  # this rank still takes part in every collective, and reports it
 

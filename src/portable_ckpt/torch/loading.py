@@ -16,7 +16,6 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -196,7 +195,7 @@ def _record_bytes(manifest: Manifest) -> bytes:
     """The bytes of ``manifest.json`` as read (or the record encoded, when it was not read)."""
     if manifest.source is not None:
         return manifest.source
-    return json.dumps(manifest.to_json(), separators=(",", ":"), allow_nan=False).encode()
+    return jsonio.dumps(manifest.to_json())
 
 
 def _received(record: bytes, attempt_id: str) -> Manifest:
