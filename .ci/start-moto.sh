@@ -9,7 +9,8 @@ PY="${PYTHON:-$(dirname "$0")/../.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 LOG="${TMPDIR:-/tmp}/pck-moto-$PORT.log"
-"$PY" -m moto.server -H 127.0.0.1 -p "$PORT" >"$LOG" 2>&1 &
+# run_moto.py imports crc32c before the first request and checks moto's CRC32C (see there).
+"$PY" "$(dirname "$0")/../tests/s3/run_moto.py" -H 127.0.0.1 -p "$PORT" >"$LOG" 2>&1 &
 PID=$!
 for _ in $(seq 1 300); do
   if "$PY" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/moto-api/', timeout=1)" 2>/dev/null; then

@@ -83,8 +83,9 @@ class RecordingProxy:
 @pytest.fixture(scope="module")
 def moto_port() -> Iterator[int]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_moto = os.path.join(os.path.dirname(__file__), "..", "s3", "run_moto.py")
+    proc = subprocess.Popen([sys.executable, run_moto, "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.s3
 
 ACCESS_KEY = "AKIDPORTABLECKPT0001"
 SECRET_KEY = "portable-ckpt-test-secret"
+#: The server launcher (imports and checks moto's CRC32C before serving; see its docstring).
+RUN_MOTO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_moto.py")
 
 
 def _free_port() -> int:
@@ -57,7 +59,7 @@ def moto_endpoint() -> Iterator[str]:
         return
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, RUN_MOTO, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"

@@ -10,7 +10,8 @@ Phases (every rank of the group calls :func:`load` with its own target state):
    continuation contract, intersects the stored ranges with each local target box and reads only
    those bytes straight into the destination tensor's memory, proving coverage and verifying the
    checksums of everything it reads — all tensors of the rank in one read planned per file (each
-   byte read once, each checksum block verified once); then the entries, with RNG restored last.
+   byte read once, each checksum block verified once). The entry values it restores are read
+   on a worker meanwhile; they are applied after the tensors, RNG last.
    A failure on any rank makes every rank raise.
 """
 
@@ -20,11 +21,13 @@ import math
 import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from portable_ckpt._gc import paused_gc
+from portable_ckpt._threads import worker
 from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissingError, UsageError
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import Manifest, Mesh, parse_manifest
@@ -285,12 +288,13 @@ def _load_local(
     casts: _Casts,
 ) -> None:
     """Fill this rank's targets from ``ck``: tensors, plain values, entries (RNG last)."""
-    extra_peak = _load_tensors(
-        ck, flat, info, strict=strict, record_ranges=record_ranges, casts=casts
-    )
-    info.unexpected_keys = sorted(k for k in ck.tensors if k not in flat.tensors)
-    values = _load_values(ck, flat, info, strict=strict)
-    last = _load_entries(ck, flat, info, strict=strict)
+    with _EntryReads(ck, flat, info) as entries:
+        extra_peak = _load_tensors(
+            ck, flat, info, strict=strict, record_ranges=record_ranges, casts=casts
+        )
+        info.unexpected_keys = sorted(k for k in ck.tensors if k not in flat.tensors)
+        values = _load_values(entries, flat, info, strict=strict)
+        last = _load_entries(entries, flat, info, strict=strict)
     fill_state(template, flat, values)
     for e, value in last:  # RNG last: loading has no RNG side effect
         e.restore(value)
@@ -439,15 +443,64 @@ def _range_map(ck: Checkpoint, key: str, box: Piece) -> list[dict[str, Any]]:
     ]
 
 
+class _EntryReads:
+    """The entry values this rank's load restores, read on a worker while its tensors are read.
+
+    Read after the tensors, a version's small entry files queued behind the other ranks' large
+    reads of the same disk: 15-70 ms of a 0.55 s cold 4-rank load of the realistic state. Read
+    while the tensors are planned and read, they cost nothing the load waits for. Each value is
+    read once (``torch.values`` was read again for every entry rebuilt from its leaves).
+    Failures are raised where the value is used, in the order the load always had.
+    """
+
+    def __init__(self, ck: Checkpoint, flat: FlatState, info: LoadInfo) -> None:
+        self.ck = ck
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self._reads: dict[tuple[str, int | None, int | None], Future[Any]] = {}
+        wanted: list[tuple[str, int | None, int | None]] = []
+        if VALUES_ENTRY in ck.entries and (flat.values or flat.entries):
+            wanted.append((VALUES_ENTRY, None, None))
+        for key in flat.entries:
+            stored = ck.entries.get(key)
+            if stored is not None:
+                per_rank = stored.scope == "per_rank"
+                wanted.append((key, self.rank, self.world_size) if per_rank else (key, None, None))
+        pool = worker("pck-entries")
+        for w in wanted:
+            self._reads[w] = pool.submit(ck.entry, *w)
+
+    def __enter__(self) -> _EntryReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Nothing reads the version after the load returns: drop what was not started, wait
+        # for what was.
+        for fut in self._reads.values():
+            fut.cancel()
+        for fut in self._reads.values():
+            if not fut.cancelled():
+                fut.exception()
+
+    def get(self, name: str, *, per_rank: bool = False) -> Any:
+        """The value of entry ``name`` (this rank's for a ``per_rank`` one)."""
+        key = (name, self.rank, self.world_size) if per_rank else (name, None, None)
+        fut = self._reads.get(key)
+        if fut is None:
+            return self.ck.entry(*key)
+        return fut.result()
+
+
 def _load_values(
-    ck: Checkpoint, flat: FlatState, info: LoadInfo, *, strict: bool
+    entries: _EntryReads, flat: FlatState, info: LoadInfo, *, strict: bool
 ) -> dict[str, Any]:
     """The target's plain (JSON) leaves from the ``VALUES_ENTRY`` entry."""
     if not flat.values:
         return {}
+    ck = entries.ck
     stored: Any = {}
     if VALUES_ENTRY in ck.entries:
-        stored = ck.entry(VALUES_ENTRY)
+        stored = entries.get(VALUES_ENTRY)
         if not isinstance(stored, dict):
             raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
         info.entries_loaded += 1
@@ -466,12 +519,13 @@ def _load_values(
 
 
 def _load_entries(
-    ck: Checkpoint, flat: FlatState, info: LoadInfo, *, strict: bool
+    entries: _EntryReads, flat: FlatState, info: LoadInfo, *, strict: bool
 ) -> list[tuple[StateEntry, Any]]:
     """Restore every entry now, except the ``restore_last`` ones: returned with their values."""
+    ck = entries.ck
     last: list[tuple[StateEntry, Any]] = []
     for key, e in flat.entries.items():
-        if key not in ck.entries and (value := _entry_from_values(ck, key, e)) is not None:
+        if key not in ck.entries and (value := _entry_from_values(entries, key, e)) is not None:
             e.restore(value)  # a DCP save stored the object's state_dict() as JSON leaves
             info.entries_loaded += 1
             continue
@@ -483,12 +537,9 @@ def _load_entries(
                 )
             info.missing_keys.append(key)
             continue
-        if ck.entries[key].scope == "per_rank":
-            value = ck.entry(key, rank=info.rank, world_size=info.world_size)
-            if value is NO_VALUE:  # policy "drop": the application keeps its fresh state
-                continue
-        else:
-            value = ck.entry(key)
+        value = entries.get(key, per_rank=ck.entries[key].scope == "per_rank")
+        if value is NO_VALUE:  # policy "drop": the application keeps its fresh state
+            continue
         if e.restore_last:
             last.append((e, value))
         else:
@@ -497,15 +548,15 @@ def _load_entries(
     return last
 
 
-def _entry_from_values(ck: Checkpoint, key: str, e: StateEntry) -> Any:
+def _entry_from_values(entries: _EntryReads, key: str, e: StateEntry) -> Any:
     """A global entry's value rebuilt from ``torch.values`` leaves below ``key``, or ``None``.
 
     ``dcp.save`` of ``{"sched": scheduler}`` stores ``scheduler.state_dict()`` as the leaves
     ``sched/...`` (DCP flattens it); the entry's own capture shapes the rebuilt value.
     """
-    if e.scope != "global" or e.restore_last or VALUES_ENTRY not in ck.entries:
+    if e.scope != "global" or e.restore_last or VALUES_ENTRY not in entries.ck.entries:
         return None
-    stored = ck.entry(VALUES_ENTRY)
+    stored = entries.get(VALUES_ENTRY)
     tree = JsonTree(stored if isinstance(stored, dict) else {})
     if key not in tree:
         return None
