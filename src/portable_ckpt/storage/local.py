@@ -21,7 +21,7 @@ from portable_ckpt.errors import (
     StorageError,
 )
 from portable_ckpt.storage._listing import ListingEntry, ScannedStorage
-from portable_ckpt.storage._posix import open_regular
+from portable_ckpt.storage._posix import open_regular, start_writeback
 from portable_ckpt.storage.base import (
     Capabilities,
     ObjectInfo,
@@ -35,6 +35,8 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: Most buffers one preadv() accepts (Linux's UIO_MAXIOV).
 _IOV_MAX = 1024
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: A writer starts the writeback of what it wrote every this many bytes (see start_writeback).
+WRITEBACK_BYTES = 8 << 20
 
 
 def fsync_dir(path: str) -> None:
@@ -68,6 +70,8 @@ class _LocalWriter(StreamWriter):
         self._defer = defer_sync
         self._rel = rel
         self._full = full
+        self._written = 0  # bytes written (the file is written front to back)
+        self._flushed = 0  # bytes whose writeback was started
         try:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             self._fd: int | None = os.open(
@@ -89,8 +93,12 @@ class _LocalWriter(StreamWriter):
             while len(mv):
                 n = os.write(fd, mv[: 1 << 30])
                 mv = mv[n:]
+                self._written += n
         except OSError as exc:
             raise _os_error("write", self._rel, exc) from exc
+        if self._written - self._flushed >= WRITEBACK_BYTES:
+            start_writeback(fd, self._flushed, self._written - self._flushed)
+            self._flushed = self._written
 
     def close(self) -> None:
         fd = self._fd
