@@ -295,6 +295,7 @@ def read_planned(
     direct: Callable[[Segment], memoryview],
     deliver: Callable[[Segment, memoryview], None],
     window: int | None = None,
+    io: ThreadPoolExecutor | None = None,
 ) -> VerifiedRead:
     """Execute a :func:`~portable_ckpt.ranges.planning.plan_file` plan of one file.
 
@@ -302,8 +303,11 @@ def read_planned(
     size); every other segment is handed its bytes with ``deliver(segment, view)``. Every block
     an extent covers is verified before any byte of it is delivered; windows are pipelined (the
     I/O thread reads window k+1 while window k is checksummed and delivered), and a failure
-    waits for the read in flight, so no read keeps writing into the caller's memory.
+    waits for the read in flight, so no read keeps writing into the caller's memory. ``io`` is
+    the I/O thread (default: the process's ``pck-io`` worker); files read at the same time
+    need one each.
     """
+    pool = io if io is not None else _io_pool()
     bs = rec.checksum.block_size
     win = max(bs, (window or PIPELINE_WINDOW) // bs * bs)
     verifier = BlockVerifier(full_path, rec.checksum.blocks, bs, rec.size)
@@ -318,7 +322,7 @@ def read_planned(
             storage.read_extents(full_path, cur.reads)
             fut = None
         else:
-            fut = _io_pool().submit(storage.read_extents, full_path, cur.reads)
+            fut = pool.submit(storage.read_extents, full_path, cur.reads)
         for k in range(len(windows)):
             nxt = None
             if fut is not None:
@@ -326,7 +330,7 @@ def read_planned(
                 fut = None
                 if k + 1 < len(windows):
                     nxt = bufs.window(windows[k + 1])
-                    fut = _io_pool().submit(storage.read_extents, full_path, nxt.reads)
+                    fut = pool.submit(storage.read_extents, full_path, nxt.reads)
             peak = max(peak, cur.scratch + (nxt.scratch if nxt is not None else 0))
             try:
                 for off, pieces in cur.reads:

@@ -26,12 +26,14 @@ import math
 import random
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
 from portable_ckpt._gc import paused_gc
+from portable_ckpt._threads import worker
 from portable_ckpt.errors import (
     CheckpointError,
     ChecksumError,
@@ -106,6 +108,8 @@ class _NoValue:
 #: Returned by :meth:`Checkpoint.entry` when a ``drop`` policy leaves a rank without a value.
 NO_VALUE = _NoValue()
 
+#: Files a read reads at the same time (see ``Checkpoint._run_plans``).
+FILE_LANES = 2
 #: Largest scratch window for reads that cannot go straight into the destination.
 WINDOW_BYTES = 16 << 20
 
@@ -525,8 +529,7 @@ class Checkpoint:
                 )
                 bs = self.manifest.files[rec.file].checksum.block_size
                 self._box_segments(plan, bs, st.start, rec.lengths, t.itemsize, rel, dst)
-        for path in sorted(files):
-            self._run_plan(path, files[path])
+        self._run_plans(files)
         for (t, box, items, _), out in zip(planned, outs, strict=True):
             if t.dtype == "bool":
                 self._check_bool(t, out, [(it.record, it.box) for it in items], box.offsets)
@@ -716,10 +719,49 @@ class Checkpoint:
             idx = tuple(slice(None) for _ in range(d)) + (slice(a, b),)
             self._box_segments(plan, bs, base, chunk_shape, isz, sub, dst[idx])
 
-    def _run_plan(self, path: str, plan: _FilePlan) -> None:
-        """Read one file's segments: from the kept header blocks, else by a planned read."""
+    def _run_plans(self, files: dict[str, _FilePlan]) -> None:
+        """Read every file's plan, ``FILE_LANES`` files at a time.
+
+        One reader of one file at a time left the disk half idle when a rank reads two files
+        or more (a resharded load: 4 -> 2 ranks): two cold 235 MiB files per process, two
+        processes, took 0.565 s one after the other and 0.469 s side by side (medians of 6).
+        Lane 0 runs on the calling thread; every lane has its own I/O thread. A failure waits
+        for every lane (no read keeps writing into the caller's memory), then the failure of
+        the lowest lane is raised.
+        """
+        paths = sorted(files)
+        lanes = min(FILE_LANES, len(paths))
+        if lanes <= 1:
+            for path in paths:
+                self._run_plan(path, files[path])
+            return
+
+        def lane(i: int) -> int:
+            io = worker("pck-io" if i == 0 else f"pck-io{i}")
+            return max((self._run_plan(p, files[p], io) for p in paths[i::lanes]), default=0)
+
+        futs = [worker(f"pck-lane{i}").submit(lane, i) for i in range(1, lanes)]
+        first: BaseException | None = None
+        peak = 0
+        try:
+            peak = lane(0)
+        except BaseException as exc:
+            first = exc
+        errors = [first] + [f.exception() for f in futs]  # waits for every lane
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
+        # The lanes' scratch buffers may be alive at the same time: count their sum.
+        self._note_scratch(peak + sum(f.result() for f in futs))
+
+    def _run_plan(self, path: str, plan: _FilePlan, io: ThreadPoolExecutor | None = None) -> int:
+        """Read one file's segments: from the kept header blocks, else by a planned read.
+
+        Returns the read's peak scratch bytes.
+        """
         rec = self._file(path)
         segs = self._from_prefix(path, plan)
+        scratch = 0
         if segs:
             passes = plan_file(
                 segs,
@@ -736,14 +778,17 @@ class Checkpoint:
                     passes,
                     direct=lambda seg: cast(_Direct, sinks[seg.sink]).view,
                     deliver=lambda seg, data: sinks[seg.sink].deliver(data),
+                    io=io,
                 )
             except ChecksumError as exc:
                 raise self._named(exc, path) from None
             self._account(res)
+            scratch = res.scratch
         with self._lock:
             self.stats.bytes_delivered += sum(
                 s.dst.nbytes if isinstance(s, _Strided) else len(s.view) for s in plan.sinks
             )
+        return scratch
 
     def _from_prefix(self, path: str, plan: _FilePlan) -> list[Segment]:
         """Serve segments inside the kept header blocks; return the segments still to read."""

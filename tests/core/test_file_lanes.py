@@ -1,0 +1,131 @@
+"""read_many reads FILE_LANES files at a time, each lane with its own I/O thread.
+
+Invariants: the values are those of a one-file-at-a-time read for any layout, every block is
+verified once, a corrupt block anywhere fails the read with its own error after every lane has
+stopped, and the scratch of lanes alive together is counted together.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import portable_ckpt
+from portable_ckpt._threads import worker
+from portable_ckpt.errors import ChecksumError
+from portable_ckpt.io import reader
+from portable_ckpt.io.reader import ReadRequest
+from portable_ckpt.storage.local import LocalStorage
+
+from .helpers import sample_array, save_sharded
+
+
+def _save(root: Path, writers: int, parts: int, seed: int = 0) -> dict[str, np.ndarray]:
+    arrays = {
+        "a": sample_array("float32", (96, 40), seed=seed),
+        "b": sample_array("int16", (513,), seed=seed + 1),
+        "c": sample_array("bfloat16", (7, 9, 5), seed=seed + 2),
+    }
+    save_sharded(root, {k: (v, (parts,) + (1,) * (v.ndim - 1)) for k, v in arrays.items()},
+                 writers=writers, block_size=4096)
+    return arrays
+
+
+class _Threads:
+    """Names of the threads that read data files (wrapping the real method)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.names: set[str] = set()
+        real = LocalStorage.read_extents
+
+        def seen(storage: LocalStorage, path: str, *args: Any, **kwargs: Any) -> Any:
+            if "/data/" in path:
+                self.names.add(threading.current_thread().name)
+            return real(storage, path, *args, **kwargs)
+
+        monkeypatch.setattr(LocalStorage, "read_extents", seen)
+
+
+def test_files_are_read_on_two_lanes_with_their_own_io_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arrays = _save(tmp_path, writers=4, parts=4)
+    ck = portable_ckpt.open(tmp_path)
+    assert len(ck.manifest.files) >= 4
+    threads = _Threads(monkeypatch)
+    got = ck.read_many([ReadRequest(k) for k in arrays])
+    for k, a in arrays.items():
+        np.testing.assert_array_equal(got[list(arrays).index(k)], a)
+    lanes = {n.rsplit("_", 1)[0] for n in threads.names}
+    # Files of one window are read by the lane itself: the calling thread and lane 1.
+    assert lanes == {"MainThread", "pck-lane1"}
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(writers=st.integers(1, 5), parts=st.integers(1, 6), seed=st.integers(0, 3),
+       lo=st.integers(0, 95), n=st.integers(1, 96))
+def test_lanes_read_what_one_file_at_a_time_reads(
+    tmp_path_factory: pytest.TempPathFactory, writers: int, parts: int, seed: int, lo: int, n: int
+) -> None:
+    root = tmp_path_factory.mktemp("lanes")
+    arrays = _save(root, writers=writers, parts=parts, seed=seed)
+    n = min(n, 96 - lo)
+    reqs = [ReadRequest("a", (lo, 3), (n, 30)), ReadRequest("b"), ReadRequest("c", (1, 0, 2),
+                                                                               (5, 9, 3))]
+    outs = {}
+    for lanes in (1, reader.FILE_LANES):
+        ck = portable_ckpt.open(root)
+        saved, reader.FILE_LANES = reader.FILE_LANES, lanes
+        try:
+            outs[lanes] = (ck.read_many(reqs), ck.stats.blocks_verified, ck.stats.bytes_read)
+        finally:
+            reader.FILE_LANES = saved
+    (one, blocks1, bytes1), (two, blocks2, bytes2) = outs.values()
+    for x, y in zip(one, two, strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(two[0], arrays["a"][lo : lo + n, 3:33])
+    assert (blocks1, bytes1) == (blocks2, bytes2)
+
+
+@pytest.mark.parametrize("victim", [0, 1, 2, 3])
+def test_a_corrupt_block_in_any_lane_fails_after_every_lane_stopped(
+    tmp_path: Path, victim: int
+) -> None:
+    arrays = _save(tmp_path, writers=4, parts=4)
+    ck = portable_ckpt.open(tmp_path)
+    files = sorted(p for p in ck.manifest.files if p.startswith("data/"))
+    path = tmp_path / ck.id / files[victim]
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # in the last tensor bytes of the file
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError) as exc:
+        portable_ckpt.open(tmp_path).read_many([ReadRequest(k) for k in arrays])
+    assert files[victim] in str(exc.value)
+    # Nothing still runs on the lanes: each answers a new job at once.
+    for name in ("pck-lane1", "pck-io", "pck-io1"):
+        assert worker(name).submit(lambda: 7).result(timeout=5) == 7
+
+
+def test_scratch_of_lanes_alive_together_is_summed(tmp_path: Path) -> None:
+    """Strided targets need scratch windows; two lanes may hold theirs at once."""
+    a = sample_array("float32", (256, 64), seed=5)
+    save_sharded(tmp_path, {"a": (a, (2, 1))}, writers=2, block_size=4096)
+    outs = {}
+    for lanes in (1, 2):
+        ck = portable_ckpt.open(tmp_path)
+        saved, reader.FILE_LANES = reader.FILE_LANES, lanes
+        try:
+            got = ck.read_many([ReadRequest("a", (0, 1), (256, 63))])  # rows not contiguous
+        finally:
+            reader.FILE_LANES = saved
+        np.testing.assert_array_equal(got[0], a[:, 1:])
+        outs[lanes] = ck.stats.peak_scratch_bytes
+    assert outs[1] > 0
+    assert outs[2] > outs[1]  # both files need scratch: their sum, not the larger
