@@ -12,7 +12,8 @@ three phases:
    coalesced into extents of whole checksum blocks, each byte read once and each block
    verified once however many tensors share it.
 3. **Execute** each file's plan (:func:`~portable_ckpt.io.checksum.read_planned`), pipelined:
-   reads of the next window overlap the checksums and copies of the current one.
+   reads of the next window overlap the checksums and copies of the current one;
+   :data:`FILE_LANES` files at a time, each with its own I/O thread.
 
 Bytes after a shard header that share its checksum blocks were verified with the header; they
 are kept (within :data:`PREFIX_BUDGET`) and served without reading them again — small tensors
