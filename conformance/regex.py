@@ -5,8 +5,8 @@ Written from the spec, independently of :mod:`portable_ckpt`. A pattern has the 
 parses, with no lookaround, backreference, inline flag or RE2-only construct (``\A``, ``\z``,
 ``\p``, ``\Q…\E``, ``[[:alpha:]]``, ``(?P<n>…)``), and no empty class. The pattern is
 tokenised; each token maps to RE2 text with the same meaning (``.``, ``\s``, ``\S`` and the
-``\u``/``\x``/``\0`` escapes are the only ones whose text changes), and the result runs on RE2
-in time linear in the input. Anything else is ``PCK-ENTRY-SCHEMA`` for the caller.
+``\u``/``\x``/``\0`` escapes are the only ones whose text changes; a pattern with ``\B`` only
+starts matching at whole characters), and the result runs on RE2 in time linear in the input. Anything else is ``PCK-ENTRY-SCHEMA`` for the caller.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def translate(pattern: str) -> str:
     parts: list[str] = []
     seen_names: list[str] = []
     in_class = False
+    non_boundary = False
     for m in _TOKEN.finditer(pattern):
         text = m.group(0)
         cp = _code_point(m)
@@ -90,6 +91,7 @@ def translate(pattern: str) -> str:
                 raise BadPattern(f"malformed escape {text}")
             nxt = pattern[m.end():m.end() + 1]
             parts.append(_esc(m.group("esc"), nxt, in_class))
+            non_boundary |= m.group("esc") == "B" and not in_class
         elif in_class:
             if text.startswith("[") and pattern.startswith("[:", m.start()):
                 raise BadPattern("POSIX character classes are RE2-only")
@@ -112,6 +114,10 @@ def translate(pattern: str) -> str:
             parts.append(r"[^\x{a}\x{d}\x{2028}\x{2029}]" if text == "." else text)
     if in_class:
         raise BadPattern("unterminated character class")
+    if non_boundary:
+        # RE2 matches UTF-8 bytes and tests \B between the bytes of one multi-byte character
+        # too (both non-word): start every match at a whole character instead.
+        return "^(?s:.)*?(?:" + "".join(parts) + ")"
     return "".join(parts)
 
 

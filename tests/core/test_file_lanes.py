@@ -1,12 +1,16 @@
-"""read_many reads FILE_LANES files at a time, each lane with its own I/O thread.
+"""read_many reads FILE_LANES files at a time, each lane with its own I/O thread, when cold.
 
 Invariants: the values are those of a one-file-at-a-time read for any layout, every block is
 verified once, a corrupt block anywhere fails the read with its own error after every lane has
-stopped, and the scratch of lanes alive together is counted together.
+stopped, and the scratch of lanes alive together is counted together. Files the storage says are
+in memory are read one at a time. The tests write their files, so the page cache holds them:
+``cold`` makes the storage answer "not in memory" (what it answers after the cache is dropped,
+which needs root; ``test_local_storage_tells_cached_from_cold`` does that where it can).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,11 @@ def _save(root: Path, writers: int, parts: int, seed: int = 0) -> dict[str, np.n
     return arrays
 
 
+@pytest.fixture
+def cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(LocalStorage, "cached", lambda self, path, offset, length: False)
+
+
 class _Threads:
     """Names of the threads that read data files (wrapping the real method)."""
 
@@ -53,7 +62,7 @@ class _Threads:
 
 
 def test_files_are_read_on_two_lanes_with_their_own_io_threads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: None
 ) -> None:
     arrays = _save(tmp_path, writers=4, parts=4)
     ck = portable_ckpt.open(tmp_path)
@@ -72,6 +81,17 @@ def test_files_are_read_on_two_lanes_with_their_own_io_threads(
 @given(writers=st.integers(1, 5), parts=st.integers(1, 6), seed=st.integers(0, 3),
        lo=st.integers(0, 95), n=st.integers(1, 96))
 def test_lanes_read_what_one_file_at_a_time_reads(
+    tmp_path_factory: pytest.TempPathFactory, writers: int, parts: int, seed: int, lo: int, n: int
+) -> None:
+    mp = pytest.MonkeyPatch()
+    mp.setattr(LocalStorage, "cached", lambda self, path, offset, length: False)
+    try:
+        _compare_lanes(tmp_path_factory, writers, parts, seed, lo, n)
+    finally:
+        mp.undo()
+
+
+def _compare_lanes(
     tmp_path_factory: pytest.TempPathFactory, writers: int, parts: int, seed: int, lo: int, n: int
 ) -> None:
     root = tmp_path_factory.mktemp("lanes")
@@ -96,7 +116,7 @@ def test_lanes_read_what_one_file_at_a_time_reads(
 
 @pytest.mark.parametrize("victim", [0, 1, 2, 3])
 def test_a_corrupt_block_in_any_lane_fails_after_every_lane_stopped(
-    tmp_path: Path, victim: int
+    tmp_path: Path, victim: int, cold: None
 ) -> None:
     arrays = _save(tmp_path, writers=4, parts=4)
     ck = portable_ckpt.open(tmp_path)
@@ -113,7 +133,7 @@ def test_a_corrupt_block_in_any_lane_fails_after_every_lane_stopped(
         assert worker(name).submit(lambda: 7).result(timeout=5) == 7
 
 
-def test_scratch_of_lanes_alive_together_is_summed(tmp_path: Path) -> None:
+def test_scratch_of_lanes_alive_together_is_summed(tmp_path: Path, cold: None) -> None:
     """Strided targets need scratch windows; two lanes may hold theirs at once."""
     a = sample_array("float32", (256, 64), seed=5)
     save_sharded(tmp_path, {"a": (a, (2, 1))}, writers=2, block_size=4096)
@@ -129,3 +149,44 @@ def test_scratch_of_lanes_alive_together_is_summed(tmp_path: Path) -> None:
         outs[lanes] = ck.stats.peak_scratch_bytes
     assert outs[1] > 0
     assert outs[2] > outs[1]  # both files need scratch: their sum, not the larger
+
+
+def test_files_in_memory_are_read_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arrays = _save(tmp_path, writers=4, parts=4)
+    ck = portable_ckpt.open(tmp_path)
+    threads = _Threads(monkeypatch)
+    probes: list[bool | None] = []
+    real = LocalStorage.cached
+
+    def seen(self: LocalStorage, path: str, offset: int, length: int) -> bool | None:
+        probes.append(real(self, path, offset, length))
+        return probes[-1]
+
+    monkeypatch.setattr(LocalStorage, "cached", seen)
+    got = ck.read_many([ReadRequest(k) for k in arrays])
+    np.testing.assert_array_equal(got[0], arrays["a"])
+    if not probes or not all(probes):
+        pytest.skip(f"this file system does not tell what is cached (probes: {probes})")
+    assert {n.rsplit("_", 1)[0] for n in threads.names} == {"MainThread"}
+
+
+def test_local_storage_tells_cached_from_cold(tmp_path: Path) -> None:
+    st = LocalStorage(tmp_path, create=True)
+    st.put("f", os.urandom(1 << 20))
+    st.read_all("f", max_size=1 << 21)
+    if st.cached("f", 0, 4096) is None:
+        pytest.skip("no RWF_NOWAIT here: the storage cannot tell")
+    assert st.cached("f", (1 << 20) - 4096, 4096) is True
+    assert st.cached("missing", 0, 4096) is None
+    assert st.cached("f", 0, 0) is None
+    if os.geteuid() != 0:
+        return  # dropping the page cache needs root
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+    except OSError:
+        return
+    assert st.cached("f", (1 << 20) - 4096, 4096) is False

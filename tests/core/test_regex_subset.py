@@ -143,6 +143,8 @@ def test_patterns_outside_the_subset_are_refused_by_both(pattern: str) -> None:
     ("^\\u00e9$", "é", "e"),
     ("^(?<year>[0-9]{4})$", "2026", "26"),
     ("a{,3}", "a{,3}", "aaa"),               # not a quantifier: literal text, as in both
+    ("\\B", "é", "9\u00a09"),                # \B never inside a character (RE2: UTF-8 bytes)
+    ("x|\\B", "ab", "9\u00e99"),
 ])
 def test_meanings_where_the_engines_differ(pattern: str, yes: str, no: str) -> None:
     for rx in (reader_regex.compile_pattern(pattern), checker_regex.compiled(pattern)):

@@ -10,7 +10,10 @@ meaning:
 * ``\s``/``\S`` are ECMA-262 white space and line terminators (RE2's ``\s`` is ASCII without
   ``\v``);
 * ``\uHHHH``, ``\u{H…}`` and ``\xHH`` become ``\x{H…}``; ``\0`` becomes ``\x{0}``; ``[\b]``
-  (backspace) becomes ``\x{8}``.
+  (backspace) becomes ``\x{8}``;
+* a pattern with ``\B`` only starts matching at a character: ``^(?s:.)*?(?:…)``. RE2 runs on
+  UTF-8 and also tests ``\B`` between the bytes of one multi-byte character, where both sides
+  are non-word bytes (``\B`` alone matched ``"9\xa09"``, in which ECMA-262 finds no position).
 
 Everything else keeps its text: RE2 and ECMA-262 agree on it (``$`` is the end of the input;
 ``\d``, ``\w``, ``\b`` are ASCII). Matching then runs on RE2, linear in the input.
@@ -144,7 +147,10 @@ def to_re2(pattern: str) -> str:
         i += 1
     if in_class:
         raise PatternError("unterminated character class")
-    return "".join(out)
+    text = "".join(out)
+    if "\\B" in text:
+        text = f"^(?s:.)*?(?:{text})"  # (?s:.) takes whole characters: no match starts inside one
+    return text
 
 
 @functools.lru_cache(maxsize=1024)

@@ -220,6 +220,15 @@ class Storage(abc.ABC):
         """
         return 0
 
+    def cached(self, path: str, offset: int, length: int) -> bool | None:
+        """Whether bytes ``[offset, offset + length)`` of ``path`` are in memory already.
+
+        A hint for planning reads (a cold read gains from reading files side by side, a read
+        from memory only pays for the extra threads); ``None`` when the backend cannot tell
+        (the default). Never raises for a missing file: the read reports that.
+        """
+        return None
+
     def local_root(self) -> str | None:
         """Return the local directory of the root, when ``capabilities.local_path``."""
         return None

@@ -35,6 +35,8 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: Most buffers one preadv() accepts (Linux's UIO_MAXIOV).
 _IOV_MAX = 1024
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: Bytes :meth:`LocalStorage.cached` reads to tell a cached range from a cold one.
+_CACHE_PROBE = 4096
 #: A writer starts the writeback of what it wrote every this many bytes (see start_writeback).
 WRITEBACK_BYTES = 8 << 20
 
@@ -244,6 +246,25 @@ class LocalStorage(ScannedStorage):
             self._preadv_full(fd, path, offset, bufs)
         finally:
             os.close(fd)
+
+    def cached(self, path: str, offset: int, length: int) -> bool | None:
+        # preadv2(RWF_NOWAIT) reads only what the page cache holds (EAGAIN for the rest).
+        flag = getattr(os, "RWF_NOWAIT", None)
+        if flag is None or length <= 0:
+            return None
+        try:
+            fd = self._open_read(path)
+        except CheckpointError:
+            return None
+        try:
+            n = os.preadv(fd, [bytearray(min(length, _CACHE_PROBE))], offset, flag)
+        except BlockingIOError:
+            return False
+        except OSError:  # EOPNOTSUPP and the like: this file system cannot tell
+            return None
+        finally:
+            os.close(fd)
+        return n > 0
 
     def read_extents(self, path: str, extents: Sequence[tuple[int, list[memoryview]]]) -> None:
         fd = self._open_read(path)  # one open (and one symlink check) for the whole window
