@@ -81,18 +81,8 @@ def test_files_are_read_on_two_lanes_with_their_own_io_threads(
 @given(writers=st.integers(1, 5), parts=st.integers(1, 6), seed=st.integers(0, 3),
        lo=st.integers(0, 95), n=st.integers(1, 96))
 def test_lanes_read_what_one_file_at_a_time_reads(
-    tmp_path_factory: pytest.TempPathFactory, writers: int, parts: int, seed: int, lo: int, n: int
-) -> None:
-    mp = pytest.MonkeyPatch()
-    mp.setattr(LocalStorage, "cached", lambda self, path, offset, length: False)
-    try:
-        _compare_lanes(tmp_path_factory, writers, parts, seed, lo, n)
-    finally:
-        mp.undo()
-
-
-def _compare_lanes(
-    tmp_path_factory: pytest.TempPathFactory, writers: int, parts: int, seed: int, lo: int, n: int
+    tmp_path_factory: pytest.TempPathFactory, cold: None, writers: int, parts: int, seed: int,
+    lo: int, n: int
 ) -> None:
     root = tmp_path_factory.mktemp("lanes")
     arrays = _save(root, writers=writers, parts=parts, seed=seed)
