@@ -399,3 +399,103 @@ def die_after_gather(rank: int, world: int, root: str) -> dict[str, Any]:
 
         Comm.gather_json = dying  # type: ignore[method-assign]
     return _outcome(lambda: pckt.save({"w": torch.arange(6.0) + 1}, root, step=2, timeout=10))
+
+
+# -- the shared commit record of a load ---------------------------------------------------------------
+
+
+def _watch_record(rank: int) -> dict[str, Any]:
+    """Count this rank's collectives of a load's commit record and log its reads of records."""
+    from portable_ckpt.storage.local import LocalStorage
+    from portable_ckpt.torch._collectives import Comm
+
+    seen: dict[str, Any] = {"broadcast": 0, "allgather": 0, "reads": []}
+    bcast, gather = Comm.broadcast_bytes, Comm.allgather_bytes
+    read_range, read_all = LocalStorage.read_range, LocalStorage.read_all
+
+    def broadcasting(self: Any, data: bytes, what: str) -> bytes:
+        seen["broadcast"] += what == "load/manifest"
+        return bcast(self, data, what)
+
+    def gathering(self: Any, data: bytes, what: str) -> list[bytes]:
+        seen["allgather"] += what == "load/manifest"
+        return gather(self, data, what)
+
+    def ranged(self: Any, path: str, offset: int, length: int) -> bytes:
+        if path.endswith("/manifest.json"):
+            seen["reads"].append((path.split("/")[-2], offset, length))
+            if seen.get("fail") == rank:
+                raise portable_ckpt.errors.StorageError(f"{path}: injected read failure")
+        return read_range(self, path, offset, length)
+
+    def whole(self: Any, path: str, *, max_size: int) -> bytes:
+        data = read_all(self, path, max_size=max_size)
+        if path.endswith("/manifest.json"):
+            seen["reads"].append((path.split("/")[-2], 0, len(data)))
+        return data
+
+    Comm.broadcast_bytes = broadcasting  # type: ignore[method-assign]
+    Comm.allgather_bytes = gathering  # type: ignore[method-assign]
+    LocalStorage.read_range = ranged  # type: ignore[method-assign]
+    LocalStorage.read_all = whole  # type: ignore[method-assign]
+    return seen
+
+
+def record_share(rank: int, world: int, root: str, scratch: str) -> dict[str, Any]:
+    """Loads whose likely attempt is, or is not, the one rank 0 picks; failures on the way."""
+    import torch.distributed as dist
+
+    from portable_ckpt.format.naming import new_attempt_id
+
+    seen = _watch_record(rank)
+    out: dict[str, Any] = {}
+
+    def load(name: str, where: str = root, n: int = 6, **kw: Any) -> None:
+        seen.update(broadcast=0, allgather=0, reads=[])
+        target = {"w": torch.zeros(n), "epoch": 0}
+        try:
+            info = pckt.load(target, where, timeout=30, **kw)
+            res: dict[str, Any] = {"step": info.step, "id": info.checkpoint_id}
+            res["epoch"], res["w"] = target["epoch"], target["w"].tolist()
+        except CheckpointError as e:
+            res = {"code": e.code, "failed": getattr(e, "failed_ranks", None)}
+        out[name] = {**res, "broadcast": seen["broadcast"], "allgather": seen["allgather"]}
+        out[name]["reads"] = list(seen["reads"])  # a copy: the next save's reads are not its
+
+    pckt.save({"w": torch.arange(6.0), "epoch": 1}, root, step=1, timeout=30)
+    load("first")
+    pckt.save({"w": torch.arange(6.0) + 1, "epoch": 2}, root, step=1, timeout=30)
+    load("newest_of_the_step")
+    if rank == 0:  # a record of a newer step that does not validate: read, then skipped
+        torn = os.path.join(root, new_attempt_id(5))
+        os.makedirs(torn)
+        with open(os.path.join(torn, "manifest.json"), "wb") as f:
+            f.write(b'{"format": "portable-ckpt", "format_ver')
+    dist.barrier()
+    load("torn_newer_step")
+    save_many_tensors(rank, world, os.path.join(scratch, "big"))
+    seen["fail"] = 2  # the last rank cannot read its slice: rank 0 reads the record alone
+    load("slice_unreadable", where=os.path.join(scratch, "big"), n=6)
+    seen.pop("fail")
+    load("missing_id", checkpoint_id=new_attempt_id(1) if rank == 0 else None)
+    blocker = os.path.join(scratch, "file")
+    if rank == 0:
+        with open(blocker, "w") as f:
+            f.write("x")
+    dist.barrier()
+    load("rank0_cannot_open", where=os.path.join(blocker, "ckpt") if rank == 0 else root)
+    return out
+
+
+def save_many_tensors(rank: int, world: int, root: str) -> None:
+    """A version whose record is over 3 x 64 KiB (1,500 tensors): three ranks read a slice each."""
+    state = {"w": torch.arange(6.0), "epoch": 3, **{f"t{i:04d}": torch.zeros(1) for i in range(1500)}}
+    pckt.save(state, root, step=3, timeout=30)
+
+
+def load_sliced(rank: int, world: int, root: str) -> dict[str, Any]:
+    seen = _watch_record(rank)
+    state = {"w": torch.zeros(6), "epoch": 0, **{f"t{i:04d}": torch.ones(1) for i in range(1500)}}
+    info = pckt.load(state, root, timeout=30)
+    ok = state["epoch"] == 3 and all(float(state[f"t{i:04d}"]) == 0.0 for i in range(1500))
+    return {"step": info.step, "ok": ok, **{k: seen[k] for k in ("broadcast", "allgather", "reads")}}

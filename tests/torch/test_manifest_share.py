@@ -11,7 +11,8 @@ import portable_ckpt
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.io.versions import classify_attempt, latest, load_manifest
 from portable_ckpt.storage import open_storage
-from portable_ckpt.torch.loading import _received, _record_bytes
+from portable_ckpt.torch._load_resolve import received as _received
+from portable_ckpt.torch._load_resolve import record_bytes as _record_bytes
 
 
 def _saved(tmp_path: Path) -> tuple[str, bytes]:

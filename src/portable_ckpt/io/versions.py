@@ -23,7 +23,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,11 +176,17 @@ def timestamp_key(ts: str | None) -> tuple[int, int]:
     return (secs, int((frac + "000000000")[:9]) if frac.isdigit() else 0)
 
 
-def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
-    """Read, parse and validate ``<attempt_id>/manifest.json``."""
+def load_manifest(
+    storage: Storage, attempt_id: str, *, known: Mapping[str, bytes] | None = None
+) -> Manifest:
+    """Read, parse and validate ``<attempt_id>/manifest.json``.
+
+    ``known`` maps attempt ids to the bytes of their record, read already (they are not read
+    again, and are checked exactly as bytes read here).
+    """
     check_attempt_id(attempt_id, what="version directory")
     rel = f"{attempt_id}/manifest.json"
-    data = _read_record(storage, attempt_id)
+    data = _read_record(storage, attempt_id, known)
     man = parse_manifest(
         jsonio.loads(data, what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES),
         what=rel,
@@ -190,7 +196,9 @@ def load_manifest(storage: Storage, attempt_id: str) -> Manifest:
     return man
 
 
-def _read_record(storage: Storage, attempt_id: str) -> bytes:
+def _read_record(
+    storage: Storage, attempt_id: str, known: Mapping[str, bytes] | None = None
+) -> bytes:
     """The bytes of ``<attempt_id>/manifest.json``, refused above the 1 GiB limit (R-SEC-11).
 
     Raises:
@@ -199,6 +207,10 @@ def _read_record(storage: Storage, attempt_id: str) -> bytes:
         CheckpointError: a storage error (never taken as absence).
 
     """
+    if known is not None and attempt_id in known:
+        data = known[attempt_id]
+        if len(data) <= jsonio.MAX_MANIFEST_BYTES:
+            return data
     rel = f"{attempt_id}/manifest.json"
     if not storage.exists(rel):
         raise ManifestMissingError(
@@ -378,10 +390,15 @@ class Classification:
     committed_at: str | None = None
 
 
-def classify_attempt(storage: Storage, attempt_id: str) -> Classification:
-    """Classify an attempt by its commit record; storage errors give ``unreadable``, never raise."""
+def classify_attempt(
+    storage: Storage, attempt_id: str, *, known: Mapping[str, bytes] | None = None
+) -> Classification:
+    """Classify an attempt by its commit record; storage errors give ``unreadable``, never raise.
+
+    ``known``: records read already, by attempt id (as for :func:`load_manifest`).
+    """
     try:
-        data = _read_record(storage, attempt_id)
+        data = _read_record(storage, attempt_id, known)
     except (ManifestMissingError, FileMissingError):
         return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
     except (JsonInvalidError, LimitError) as exc:
@@ -494,7 +511,32 @@ def root_must_exist(storage: Storage) -> None:
 # -- latest ---------------------------------------------------------------------------------------
 
 
-def latest(storage: Storage, step: int | None = None) -> tuple[str, Manifest]:
+def likely_record(
+    storage: Storage, step: int | None = None, *, tries: int = 8
+) -> tuple[str, int] | None:
+    """The attempt :func:`latest` most likely returns, and the size of its commit record.
+
+    That is the greatest attempt id (of ``step``) that has a ``manifest.json`` of an allowed
+    size, among the ``tries`` greatest; ``None`` when none has, or the storage fails. Nothing is
+    decided by it: :func:`latest` classifies every attempt that could be greater.
+    """
+    try:
+        for name in _attempt_names(storage, step)[::-1][:tries]:  # ids sort by step, then time
+            rel = f"{name}/manifest.json"
+            if storage.exists(rel):
+                size = storage.size(rel)
+                return (name, size) if 0 < size <= jsonio.MAX_MANIFEST_BYTES else None
+    except CheckpointError:
+        return None
+    return None
+
+
+def latest(
+    storage: Storage,
+    step: int | None = None,
+    *,
+    known: Mapping[str, bytes] | None = None,
+) -> tuple[str, Manifest]:
     """Return ``(attempt_id, manifest)`` of the newest committed version (or of ``step``).
 
     Newest means the greatest ``(step, committed_at, attempt_id)`` (R-ID-4). Step levels are
@@ -503,13 +545,15 @@ def latest(storage: Storage, step: int | None = None) -> tuple[str, Manifest]:
     raises ``PCK-STORAGE`` instead of returning an older version (R-ID-5): a restore that picks
     an older step because of a transient error silently loses training. A ``foreign`` attempt is
     not a version for this reader (R-COMMIT-1); skipping a greater one is logged as a warning.
+    ``known``: records read already, by attempt id (a distributed load reads the likely
+    answer's record collectively first, :func:`likely_record`).
     """
     by_step: dict[int, list[str]] = {}
     for name in _attempt_names(storage, step):
         by_step.setdefault(_step_of(name), []).append(name)
     skipped: list[str] = []
     for s in sorted(by_step, reverse=True):
-        found = _latest_of_level(storage, by_step[s], skipped)
+        found = _latest_of_level(storage, by_step[s], skipped, known)
         if found is not None:
             return found
     what = f"step {step}" if step is not None else "any step"
@@ -517,10 +561,13 @@ def latest(storage: Storage, step: int | None = None) -> tuple[str, Manifest]:
 
 
 def _latest_of_level(
-    storage: Storage, names: list[str], skipped: list[str]
+    storage: Storage,
+    names: list[str],
+    skipped: list[str],
+    known: Mapping[str, bytes] | None,
 ) -> tuple[str, Manifest] | None:
     """The greatest version among attempts of one step, ``None`` when none is a version."""
-    level = [(name, classify_attempt(storage, name)) for name in names]
+    level = [(name, classify_attempt(storage, name, known=known)) for name in names]
     best: tuple[tuple[int, int], str, Manifest] | None = None
     for name, c in level:
         if c.manifest is not None:

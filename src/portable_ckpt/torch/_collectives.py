@@ -331,17 +331,7 @@ class Comm:
 
     def allgather_json(self, obj: Any, what: str) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
-        data = _encode(obj)
-        if self.group is None:
-            return [json.loads(data)]
-
-        def run() -> list[Any]:
-            buf, sizes = self._padded(data, what)
-            outs = [torch.empty_like(buf) for _ in range(self.world_size)]
-            self._wait(dist.all_gather(outs, buf, group=self.group, async_op=True), what)
-            return _decode_all(outs, sizes)
-
-        return self._collective(what, run)
+        return [json.loads(b) for b in self.allgather_bytes(_encode(obj), what)]
 
     def gather_json(self, obj: Any, what: str) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (``None`` elsewhere)."""
@@ -383,6 +373,19 @@ class Comm:
                 buf = torch.empty(int(size.item()), dtype=torch.uint8)
             self._wait(dist.broadcast(buf, src=src, group=self.group, async_op=True), what)
             return data if self.rank == 0 else bytes(buf.numpy())
+
+        return self._collective(what, run)
+
+    def allgather_bytes(self, data: bytes, what: str) -> list[bytes]:
+        """Every rank's ``data``, in rank order."""
+        if self.group is None:
+            return [data]
+
+        def run() -> list[bytes]:
+            buf, sizes = self._padded(data, what)
+            outs = [torch.empty_like(buf) for _ in range(self.world_size)]
+            self._wait(dist.all_gather(outs, buf, group=self.group, async_op=True), what)
+            return [bytes(o[: int(s.item())].numpy()) for o, s in zip(outs, sizes, strict=True)]
 
         return self._collective(what, run)
 

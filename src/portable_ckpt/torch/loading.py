@@ -3,9 +3,9 @@
 Phases (every rank of the group calls :func:`load` with its own target state):
 
 1. ``resolve`` (all-gather): each rank takes its target apart; rank 0 resolves the version to
-   load (the newest, the newest of a step, or a given attempt id), so every rank opens the same,
-   and broadcasts its manifest (one read of ``manifest.json`` per load; the others validate
-   the document they receive as one read from storage).
+   load (the newest, the newest of a step, or a given attempt id), so every rank opens the same.
+   Its ``manifest.json`` is read once per load, each rank reading a slice; every rank validates
+   the whole document as one read from storage, all at the same time (:mod:`._load_resolve`).
 2. ``load`` (all-gather of each rank's counters): each rank opens that version, checks the
    continuation contract, intersects the stored ranges with each local target box and reads only
    those bytes straight into the destination tensor's memory, proving coverage and verifying the
@@ -29,14 +29,14 @@ import torch
 from portable_ckpt._gc import paused_gc
 from portable_ckpt._threads import worker
 from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissingError, UsageError
-from portable_ckpt.format import jsonio
-from portable_ckpt.format.manifest import Manifest, Mesh, parse_manifest
+from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
-from portable_ckpt.io.versions import latest, load_manifest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._dcp_keys import JsonTree
+from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
+from portable_ckpt.torch._load_resolve import resolve as resolve_version
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
 from portable_ckpt.torch.flatten import (
     VALUES_ENTRY,
@@ -54,7 +54,6 @@ from portable_ckpt.torch.saving import Root
 __all__ = ["load"]
 
 _log = get_logger("torch")
-_RESOLVE_FAILED = "the target state was not touched"
 _LOAD_FAILED = "the ranks that succeeded hold a partly restored state; load again"
 
 
@@ -140,28 +139,41 @@ def _load(
     root, checkpoint_id = _split_version_dir(root, checkpoint_id)
 
     resolved: list[Manifest] = []  # rank 0 parsed the manifest already: it is not read twice
-    sent: list[bytes] = []  # rank 0: the bytes of manifest.json, for the other ranks
+    share = RecordShare(comm)
+    opened: list[Storage] = []
+
+    def storage_once() -> Storage:
+        if not opened:
+            opened.append(open_storage(root, create=False))
+        return opened[0]
 
     def resolve() -> tuple[tuple[Storage, FlatState], str | None]:
-        storage = open_storage(root, create=False)
-        flat = flatten_state(state_dict, for_load=True)
         if comm.rank != 0:
-            return (storage, flat), None
-        attempt, manifest = _resolve(storage, step, checkpoint_id)
-        resolved.append(manifest)
-        if comm.world_size > 1:
-            sent.append(_record_bytes(manifest))
-        manifest.source = None  # sent: the parsed record is what this rank keeps
-        return (storage, flat), attempt
+            return (storage_once(), flatten_state(state_dict, for_load=True)), None
+        try:
+            storage = storage_once()
+            flat = flatten_state(state_dict, for_load=True)
+            if comm.world_size > 1:
+                share.announce(storage, step, checkpoint_id)
+            attempt, manifest = resolve_version(storage, step, checkpoint_id, share.known())
+            resolved.append(manifest)
+            return (storage, flat), attempt
+        finally:
+            if comm.world_size > 1:
+                share.close()
 
+    if comm.rank != 0:
+        share.receive(storage_once)  # and parse it while rank 0 parses its own copy
     (storage, flat), ids = comm.all_gather_step(
-        "load/resolve", resolve, what="load (resolve)", outcome=_RESOLVE_FAILED
+        "load/resolve", resolve, what="load (resolve)", outcome=RESOLVE_FAILED
     )
     attempt_id = str(ids[0])
-    record = _share_manifest(comm, sent[0] if sent else b"")
+    record = share.share(attempt_id, resolved[0] if resolved else None)
+    if resolved:
+        resolved[0].source = None  # sent: the parsed record is what this rank keeps
 
     def fill() -> tuple[LoadInfo, dict[str, Any]]:
-        manifest = resolved[0] if resolved else _received(record, attempt_id)
+        manifest = resolved[0] if resolved else share.manifest(attempt_id, record)
         ck = Checkpoint(storage, attempt_id, manifest)
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
         _load_local(
@@ -176,36 +188,6 @@ def _load(
     )
     info.per_rank = counters
     return info
-
-
-def _share_manifest(comm: Comm, record: bytes) -> bytes:
-    """Rank 0's ``manifest.json`` bytes on every rank: one read of the record per load.
-
-    Every rank reading it cost a manifest per rank (260 KB against 6.2 MB of targets per rank
-    for the 2 M-parameter model: 4 % of its bytes read; one GET per rank on S3). Rank 0 sends
-    the bytes it read, as they are (re-encoding the parsed record cost it 10-20 ms of a 0.6 s
-    load while every other rank waited); the others validate them exactly as a record read
-    from storage (:func:`_received`).
-    """
-    if comm.world_size == 1:
-        return b""
-    return comm.exchange(
-        lambda: comm.broadcast_bytes(record, "load/manifest"), _RESOLVE_FAILED
-    )
-
-
-def _record_bytes(manifest: Manifest) -> bytes:
-    """The bytes of ``manifest.json`` as read (or the record encoded, when it was not read)."""
-    if manifest.source is not None:
-        return manifest.source
-    return jsonio.dumps(manifest.to_json())
-
-
-def _received(record: bytes, attempt_id: str) -> Manifest:
-    """Parse and validate the manifest rank 0 sent (the checks of a manifest read from storage)."""
-    what = f"{attempt_id}/manifest.json (from rank 0)"
-    doc = jsonio.loads(record, what=what, max_bytes=jsonio.MAX_MANIFEST_BYTES)
-    return parse_manifest(doc, what=what, directory_name=attempt_id)
 
 
 def _split_version_dir(root: Root, checkpoint_id: str | None) -> tuple[Root, str | None]:
@@ -223,18 +205,6 @@ def _split_version_dir(root: Root, checkpoint_id: str | None) -> tuple[Root, str
             f"load: {text} is version {base}, but checkpoint_id={checkpoint_id!r} was also given"
         )
     return parent, base
-
-
-def _resolve(
-    storage: Storage, step: int | None, checkpoint_id: str | None
-) -> tuple[str, Manifest]:
-    """Rank 0: the attempt id to load and its manifest (a given id must have a readable one)."""
-    if checkpoint_id is not None:
-        manifest = load_manifest(storage, checkpoint_id)
-        if step is not None and manifest.step != step:
-            raise UsageError(f"load: version {checkpoint_id} holds step {manifest.step}, not {step}")
-        return checkpoint_id, manifest
-    return latest(storage, step)
 
 
 def _new_info(ck: Checkpoint, comm: Comm, mesh: Mesh | None, allow_statistical: bool) -> LoadInfo:
