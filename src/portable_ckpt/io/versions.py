@@ -65,6 +65,7 @@ __all__ = [
     "foreign_keys",
     "gc",
     "latest",
+    "likely_record",
     "list_versions",
     "load_manifest",
     "read_annotations",
