@@ -484,6 +484,8 @@ def record_share(rank: int, world: int, root: str, scratch: str) -> dict[str, An
             f.write("x")
     dist.barrier()
     load("rank0_cannot_open", where=os.path.join(blocker, "ckpt") if rank == 0 else root)
+    big = os.path.join(scratch, "big")  # a record of three slices: rank 1 has one to read
+    load("rank1_cannot_open", where=os.path.join(blocker, "ckpt") if rank == 1 else big)
     return out
 
 

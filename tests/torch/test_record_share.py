@@ -106,6 +106,16 @@ def test_rank0_failing_before_it_names_an_attempt_fails_every_rank(
     assert _collectives(got) == [(1, 0)] * 3
 
 
+def test_a_rank_that_cannot_open_the_root_fails_every_rank(
+    cases: list[dict[str, Any]],
+) -> None:
+    got = [r["rank1_cannot_open"] for r in cases]
+    assert got[1]["code"] not in (None, "PCK-DISTRIBUTED")
+    assert [(got[i]["code"], got[i]["failed"]) for i in (0, 2)] == [("PCK-DISTRIBUTED", [1])] * 2
+    # Its slice counted as unread: rank 0 read the whole record alone and sent it.
+    assert _collectives(got) == [(2, 1)] * 3
+
+
 def test_a_large_record_is_read_in_disjoint_slices(tmp_path: Path) -> None:
     _run("save_many_tensors", 3, str(tmp_path))
     ck = next(p for p in tmp_path.iterdir() if p.is_dir())

@@ -180,7 +180,9 @@ def _slice(
     """A rank's slice of ``<name>/manifest.json``, marked read or failed.
 
     On a failure anywhere, rank 0 reads the record alone, as if it had not been read together,
-    and reports what it finds.
+    and reports what it finds; a storage this rank cannot open is opened again, and its error
+    raised, in the resolve step. Any exception counts: one raised here, outside a step, would
+    leave the other ranks waiting in the exchange of the slices.
     """
     part = max(MIN_SLICE, -(-size // world))
     lo, hi = rank * part, min(size, (rank + 1) * part)
@@ -191,7 +193,7 @@ def _slice(
         if st is None:
             return _FAILED
         data = st.read_range(f"{name}/manifest.json", lo, hi - lo)
-    except (CheckpointError, OSError):
+    except Exception:
         return _FAILED
     return _READ + data if len(data) == hi - lo else _FAILED
 
@@ -201,6 +203,6 @@ def _sized(storage: Storage, attempt_id: str) -> tuple[str, int] | None:
     rel = f"{attempt_id}/manifest.json"
     try:
         size = storage.size(rel) if storage.exists(rel) else 0
-    except (CheckpointError, OSError):  # rank 0 reads it alone, and reports what it finds
+    except CheckpointError:  # rank 0 reads it alone, and reports what it finds
         return None
     return (attempt_id, size) if 0 < size <= jsonio.MAX_MANIFEST_BYTES else None
