@@ -426,6 +426,8 @@ def _watch_record(rank: int) -> dict[str, Any]:
             seen["reads"].append((path.split("/")[-2], offset, length))
             if seen.get("fail") == rank:
                 raise portable_ckpt.errors.StorageError(f"{path}: injected read failure")
+            if seen.get("differs") == rank:  # this rank's copy is not rank 0's (a node root)
+                return b"#" * length
         return read_range(self, path, offset, length)
 
     def whole(self: Any, path: str, *, max_size: int) -> bytes:
@@ -486,6 +488,17 @@ def record_share(rank: int, world: int, root: str, scratch: str) -> dict[str, An
     load("rank0_cannot_open", where=os.path.join(blocker, "ckpt") if rank == 0 else root)
     big = os.path.join(scratch, "big")  # a record of three slices: rank 1 has one to read
     load("rank1_cannot_open", where=os.path.join(blocker, "ckpt") if rank == 1 else big)
+    # The last rank reads a copy that is not rank 0's: rank 0's own copy decides.
+    big2 = os.path.join(scratch, "big2")
+    save_many_tensors(rank, world, big2)
+    save_many_tensors(rank, world, big2)  # two attempts of step 3: the newer is likely
+    seen["differs"] = 2
+    load("copy_differs_only_version", where=big)
+    load("copy_differs_newer_attempt", where=big2)
+    newest = max(n for n in os.listdir(big2) if n.startswith("s"))
+    load("copy_differs_given_id", where=big2, checkpoint_id=newest)
+    seen.pop("differs")
+    out["big2_newest"] = newest
     return out
 
 

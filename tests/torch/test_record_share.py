@@ -116,6 +116,28 @@ def test_a_rank_that_cannot_open_the_root_fails_every_rank(
     assert _collectives(got) == [(2, 1)] * 3
 
 
+@pytest.mark.parametrize(
+    "case", ["copy_differs_only_version", "copy_differs_newer_attempt", "copy_differs_given_id"]
+)
+def test_rank0s_own_copy_decides_when_the_slices_do_not_validate(
+    cases: list[dict[str, Any]], case: str
+) -> None:
+    """Each node root of a node-local tier holds its own copy of the record: when the slices
+    of another rank's copy make the record invalid, rank 0 resolves from its own copy, as
+    when it read the record alone, and sends it."""
+    got = [r[case] for r in cases]
+    assert [(r.get("code"), r["step"], r["epoch"]) for r in got] == [(None, 3, 3)] * 3
+    if case != "copy_differs_only_version":
+        assert [r["id"] for r in got] == [cases[0]["big2_newest"]] * 3  # the newest, not older
+    assert _collectives(got) == [(2, 1)] * 3
+    # Each rank read its slice; then rank 0 read whole records alone (its own copy).
+    reads = got[0]["reads"]
+    size = reads[-1][2]
+    part = max(MIN_SLICE, -(-size // 3))
+    assert reads[0][1:] == [0, part] and all(r[1:] == [0, size] for r in reads[1:])
+    assert [len(r["reads"]) for r in got[1:]] == [1, 1]
+
+
 def test_a_large_record_is_read_in_disjoint_slices(tmp_path: Path) -> None:
     _run("save_many_tensors", 3, str(tmp_path))
     ck = next(p for p in tmp_path.iterdir() if p.is_dir())

@@ -15,6 +15,11 @@ again). Before, rank 0 read all of it and sent it, and the other ranks parsed it
 The likely attempt is nearly always the one rank 0 picks. When it is not (several attempts of
 one step, a newer record that does not validate), rank 0 sends the one it picked in a second
 broadcast; every rank knows to expect it because the pick is exchanged in the resolve step.
+
+Rank 0's own copy of the record has the last word, as when it read the record alone. The ranks
+may read different copies (each node's root of a node-local tier holds one): when the record
+assembled from slices of other ranks does not validate but rank 0's own copy does, rank 0
+resolves again from its own reads and sends the record it picked.
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import Manifest, parse_manifest
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
-from portable_ckpt.io.versions import latest, likely_record, load_manifest
+from portable_ckpt.io.versions import (
+    COMMITTED,
+    classify_attempt,
+    classify_record,
+    latest,
+    likely_record,
+    load_manifest,
+)
 from portable_ckpt.storage import Storage
 from portable_ckpt.torch._collectives import Comm
 
@@ -82,7 +94,8 @@ class RecordShare:
     def __init__(self, comm: Comm) -> None:
         self.comm = comm
         self.likely: str | None = None  # the attempt whose record was read together
-        self.record: bytes | None = None  # its bytes, when every slice was read
+        self.record: bytes | None = None  # its bytes, when every slice was read (and trusted)
+        self.mixed = False  # ranks other than 0 read some of them
         self._parsed: Manifest | Exception | None = None  # ranks > 0: the record, parsed
         self._announced = False
 
@@ -135,6 +148,38 @@ class RecordShare:
         if all(p[:1] == _READ for p in parts):
             record = b"".join(p[1:] for p in parts)
             self.record = record if len(record) == size else None
+            self.mixed = any(len(p) > 1 for p in parts[1:])
+
+    # -- rank 0's pick ---------------------------------------------------------------------------
+
+    def pick(
+        self, storage: Storage, step: int | None, checkpoint_id: str | None
+    ) -> tuple[str, Manifest]:
+        """Rank 0: resolve from the record read together; its own copy decides on a doubt.
+
+        A doubt is the likely record failing to validate while other ranks read some of it:
+        then rank 0 classifies its own copy, and when that one validates, it resolves again
+        without the slices (and the record goes to the others in a second broadcast).
+        """
+        known = self.known()
+        if not known or not self.mixed:
+            return resolve(storage, step, checkpoint_id, known)
+        likely = next(iter(known))
+        try:
+            found = resolve(storage, step, checkpoint_id, known)
+        except CheckpointError:
+            self.record = None  # the given id's record: re-read alone (its own error if any)
+            return resolve(storage, step, checkpoint_id)
+        if found[0] != likely and classify_record(likely, known[likely]).status != COMMITTED:
+            if classify_attempt(storage, likely).status == COMMITTED:
+                self.record = None  # the slices did not match this rank's copy
+                return resolve(storage, step, checkpoint_id)
+        return found
+
+    def trust(self, together: bool) -> None:
+        """Ranks > 0, after the resolve step: whether rank 0 kept the record read together."""
+        if not together:
+            self.record = None
 
     # -- steps 3 and 4 --------------------------------------------------------------------------
 
@@ -168,6 +213,11 @@ class RecordShare:
         if self.likely is None or self.record is None:
             return {}
         return {self.likely: self.record}
+
+    @property
+    def together(self) -> bool:
+        """Whether the record read together is still trusted (rank 0's word, after :meth:`pick`)."""
+        return self.likely is not None and self.record is not None
 
 
 _READ, _FAILED = b"\x01", b"\x00"

@@ -36,7 +36,6 @@ from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._dcp_keys import JsonTree
 from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
-from portable_ckpt.torch._load_resolve import resolve as resolve_version
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
 from portable_ckpt.torch.flatten import (
     VALUES_ENTRY,
@@ -147,7 +146,7 @@ def _load(
             opened.append(open_storage(root, create=False))
         return opened[0]
 
-    def resolve() -> tuple[tuple[Storage, FlatState], str | None]:
+    def resolve() -> tuple[tuple[Storage, FlatState], list[Any] | None]:
         if comm.rank != 0:
             return (storage_once(), flatten_state(state_dict, for_load=True)), None
         try:
@@ -155,19 +154,20 @@ def _load(
             flat = flatten_state(state_dict, for_load=True)
             if comm.world_size > 1:
                 share.announce(storage, step, checkpoint_id)
-            attempt, manifest = resolve_version(storage, step, checkpoint_id, share.known())
+            attempt, manifest = share.pick(storage, step, checkpoint_id)
             resolved.append(manifest)
-            return (storage, flat), attempt
+            return (storage, flat), [attempt, share.together]
         finally:
             if comm.world_size > 1:
                 share.close()
 
     if comm.rank != 0:
         share.receive(storage_once)  # and parse it while rank 0 parses its own copy
-    (storage, flat), ids = comm.all_gather_step(
+    (storage, flat), picks = comm.all_gather_step(
         "load/resolve", resolve, what="load (resolve)", outcome=RESOLVE_FAILED
     )
-    attempt_id = str(ids[0])
+    attempt_id, together = str(picks[0][0]), bool(picks[0][1])
+    share.trust(together)
     record = share.share(attempt_id, resolved[0] if resolved else None)
     if resolved:
         resolved[0].source = None  # sent: the parsed record is what this rank keeps
