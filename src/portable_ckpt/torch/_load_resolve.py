@@ -87,8 +87,10 @@ class RecordShare:
     1. a broadcast of the likely attempt id and the size of its record (empty when rank 0
        has none, or failed before it looked);
     2. when there is one: an all-gather of the slices, each marked read or failed;
-    3. the resolve step's all-gather, which carries the attempt id rank 0 picked;
-    4. only when that is not the likely one: a broadcast of the picked record (:meth:`share`).
+    3. the resolve step's all-gather, which carries the attempt id rank 0 picked and whether
+       it kept the record read together (:meth:`pick`, :meth:`trust`);
+    4. only when it picked another attempt, or did not keep that record: a broadcast of the
+       picked record (:meth:`share`).
     """
 
     def __init__(self, comm: Comm) -> None:
