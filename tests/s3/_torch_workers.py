@@ -44,3 +44,43 @@ def load_resharded(rank: int, world: int, root: str, env: dict[str, str]) -> dic
             "ok": bool(torch.equal(full, torch.arange(60, dtype=torch.float32).reshape(10, 6)))
             and bool(torch.equal(state["b"], torch.ones(3, dtype=torch.bfloat16)))
             and state["step_note"] == 7}
+
+
+def save_many(rank: int, world: int, root: str, env: dict[str, str]) -> None:
+    """A version whose commit record is over 3 x 64 KiB (1,500 tensors)."""
+    os.environ.update(env)
+    import torch
+
+    import portable_ckpt.torch as pckt
+
+    state = {"epoch": 3, **{f"t{i:04d}": torch.full((1,), float(i)) for i in range(1500)}}
+    pckt.save(state, root, step=3)
+
+
+def load_many(rank: int, world: int, root: str, env: dict[str, str]) -> dict[str, Any]:
+    """Load it; return this rank's reads of the commit record (ranged GETs and whole GETs)."""
+    os.environ.update(env)
+    import torch
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.storage.s3 import S3Storage
+
+    reads: list[list[Any]] = []
+    ranged, whole = S3Storage.read_into, S3Storage.read_all
+
+    def read_into(self: Any, path: str, offset: int, buf: memoryview) -> None:
+        if path.endswith("/manifest.json"):
+            reads.append(["range", offset, len(buf)])
+        ranged(self, path, offset, buf)
+
+    def read_all(self: Any, path: str, *, max_size: int) -> bytes:
+        if path.endswith("/manifest.json"):
+            reads.append(["all", 0, 0])
+        return whole(self, path, max_size=max_size)
+
+    S3Storage.read_into = read_into  # type: ignore[method-assign]
+    S3Storage.read_all = read_all  # type: ignore[method-assign]
+    state = {"epoch": 0, **{f"t{i:04d}": torch.zeros(1) for i in range(1500)}}
+    info = pckt.load(state, root)
+    ok = state["epoch"] == 3 and all(float(state[f"t{i:04d}"]) == i for i in range(1500))
+    return {"step": info.step, "ok": ok, "reads": reads}

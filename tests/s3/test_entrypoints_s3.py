@@ -44,6 +44,28 @@ def test_torch_save_load_resharded_and_drill_on_s3(s3: S3Env) -> None:
     assert portable_ckpt.list_versions(root)[-1].drilled
 
 
+def test_a_large_commit_record_is_read_in_ranged_gets_one_per_rank(s3: S3Env) -> None:
+    """A 3-rank load from S3 reads the record as three disjoint ranged GETs, one per rank, and
+    never the whole object (the ranks exchange the slices)."""
+    pytest.importorskip("torch")
+    from portable_ckpt.torch._load_resolve import MIN_SLICE
+    from portable_ckpt.torch.launch import run_group
+
+    root = s3.root("sliced")
+    env = _aws_env()
+    run_group("tests.s3._torch_workers:save_many", 3, (root, env), timeout=180).raise_for_errors()
+    ck = portable_ckpt.open(root)
+    size = len(ck.storage.read_all(f"{ck.id}/manifest.json", max_size=1 << 30))
+    assert size > 2 * MIN_SLICE
+    loaded = run_group("tests.s3._torch_workers:load_many", 3, (root, env), timeout=180)
+    loaded.raise_for_errors()
+    assert all(r["ok"] and r["step"] == 3 for r in loaded.results)
+    part = max(MIN_SLICE, -(-size // 3))
+    assert [r["reads"] for r in loaded.results] == [
+        [["range", 0, part]], [["range", part, part]], [["range", 2 * part, size - 2 * part]]
+    ]
+
+
 def test_convert_hf_to_s3_and_back(s3: S3Env, tmp_path) -> None:
     from safetensors.numpy import load_file, save_file
 
