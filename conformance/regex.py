@@ -6,7 +6,8 @@ parses, with no lookaround, backreference, inline flag or RE2-only construct (``
 ``\p``, ``\Q…\E``, ``[[:alpha:]]``, ``(?P<n>…)``), and no empty class. The pattern is
 tokenised; each token maps to RE2 text with the same meaning (``.``, ``\s``, ``\S`` and the
 ``\u``/``\x``/``\0`` escapes are the only ones whose text changes; a pattern with ``\B`` only
-starts matching at whole characters), and the result runs on RE2 in time linear in the input. Anything else is ``PCK-ENTRY-SCHEMA`` for the caller.
+starts matching at whole characters), and the result runs on RE2 in time linear in the input.
+Anything else is ``PCK-ENTRY-SCHEMA`` for the caller.
 """
 
 from __future__ import annotations

@@ -173,3 +173,11 @@ def test_only_schema_positions_are_patterns() -> None:
     want = ["^p$", "^k", "^i$", "^d$", "^n$"]
     assert sorted(reader_regex.schema_patterns(schema)) == sorted(want)
     assert sorted(checker_regex.patterns_of(schema)) == sorted(want)
+
+
+def test_an_escaped_backslash_before_b_is_no_non_boundary() -> None:
+    """Only a \\B token starts matches at whole characters; ``\\\\B`` is a backslash and a B."""
+    assert reader_regex.to_re2(r"\\B") == r"\\B"
+    assert checker_regex.translate(r"\\B") == r"\\B"
+    for rx in (reader_regex.compile_pattern(r"^\\B$"), checker_regex.compiled(r"^\\B$")):
+        assert rx.search("\\B") is not None and rx.search("B") is None

@@ -409,9 +409,14 @@ def _watch_record(rank: int) -> dict[str, Any]:
     from portable_ckpt.storage.local import LocalStorage
     from portable_ckpt.torch._collectives import Comm
 
-    seen: dict[str, Any] = {"broadcast": 0, "allgather": 0, "reads": []}
+    seen: dict[str, Any] = {"broadcast": 0, "allgather": 0, "reads": [], "listings": 0}
     bcast, gather = Comm.broadcast_bytes, Comm.allgather_bytes
     read_range, read_all = LocalStorage.read_range, LocalStorage.read_all
+    list_dirs = LocalStorage.list_dirs
+
+    def listing(self: Any, prefix: str = "") -> list[str]:
+        seen["listings"] += prefix == ""
+        return list_dirs(self, prefix)
 
     def broadcasting(self: Any, data: bytes, what: str) -> bytes:
         seen["broadcast"] += what == "load/manifest"
@@ -440,6 +445,7 @@ def _watch_record(rank: int) -> dict[str, Any]:
     Comm.allgather_bytes = gathering  # type: ignore[method-assign]
     LocalStorage.read_range = ranged  # type: ignore[method-assign]
     LocalStorage.read_all = whole  # type: ignore[method-assign]
+    LocalStorage.list_dirs = listing  # type: ignore[method-assign]
     return seen
 
 
@@ -453,7 +459,7 @@ def record_share(rank: int, world: int, root: str, scratch: str) -> dict[str, An
     out: dict[str, Any] = {}
 
     def load(name: str, where: str = root, n: int = 6, **kw: Any) -> None:
-        seen.update(broadcast=0, allgather=0, reads=[])
+        seen.update(broadcast=0, allgather=0, reads=[], listings=0)
         target = {"w": torch.zeros(n), "epoch": 0}
         try:
             info = pckt.load(target, where, timeout=30, **kw)
@@ -463,6 +469,7 @@ def record_share(rank: int, world: int, root: str, scratch: str) -> dict[str, An
             res = {"code": e.code, "failed": getattr(e, "failed_ranks", None)}
         out[name] = {**res, "broadcast": seen["broadcast"], "allgather": seen["allgather"]}
         out[name]["reads"] = list(seen["reads"])  # a copy: the next save's reads are not its
+        out[name]["listings"] = seen["listings"]
 
     pckt.save({"w": torch.arange(6.0), "epoch": 1}, root, step=1, timeout=30)
     load("first")

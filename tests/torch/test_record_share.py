@@ -62,6 +62,7 @@ def test_the_likely_record_is_read_once_and_used_everywhere(
     expected = [[old, 0, size]] if case == "first" else [[new, 0, size], [old, 0, size]]
     assert got[0]["reads"] == expected
     assert [r["reads"] for r in got[1:]] == [[], []]
+    assert [r["listings"] for r in got] == [1, 0, 0]  # rank 0 lists the root once
 
 
 def test_a_record_picked_after_the_likely_one_is_sent_in_a_second_broadcast(
@@ -75,6 +76,7 @@ def test_a_record_picked_after_the_likely_one_is_sent_in_a_second_broadcast(
     assert [r["reads"] for r in got[1:]] == [[], []]
     reads = [name for name, _, _ in got[0]["reads"]]
     assert reads[0].startswith("s000000000005-") and sorted(reads[1:]) == sorted(_ids(cases))
+    assert [r["listings"] for r in got] == [1, 0, 0]
 
 
 def test_a_slice_that_cannot_be_read_leaves_the_record_to_rank0(

@@ -109,10 +109,12 @@ def to_re2(pattern: str) -> str:
     out: list[str] = []
     names: set[str] = set()
     i, n, in_class = 0, len(pattern), False
+    non_boundary = False  # a \B token outside a class (not an escaped backslash before a B)
     while i < n:
         c = pattern[i]
         if c == "\\":
             text, i = _escape(pattern, i, in_class)
+            non_boundary |= text == "\\B" and not in_class
             out.append(text)
             continue
         if in_class:
@@ -148,7 +150,7 @@ def to_re2(pattern: str) -> str:
     if in_class:
         raise PatternError("unterminated character class")
     text = "".join(out)
-    if "\\B" in text:
+    if non_boundary:
         text = f"^(?s:.)*?(?:{text})"  # (?s:.) takes whole characters: no match starts inside one
     return text
 

@@ -23,7 +23,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ __all__ = [
     "Classification",
     "GcReport",
     "VersionInfo",
+    "attempt_names",
     "check_retention",
     "classify_attempt",
     "commit_time",
@@ -450,7 +451,7 @@ def _step_of(attempt_id: str) -> int:
     return int(attempt_id[1:13])
 
 
-def _attempt_names(storage: Storage, step: int | None = None) -> list[str]:
+def attempt_names(storage: Storage, step: int | None = None) -> list[str]:
     """Names of the root's children that are attempt ids (of ``step``), oldest step first."""
     names = [n for n in storage.list_dirs("") if ATTEMPT_ID_RE.match(n)]
     if step is not None:
@@ -493,7 +494,7 @@ def list_versions(
     storage = open_storage(root)
     out = [
         _info(storage, name, classify_attempt(storage, name), annotations)
-        for name in _attempt_names(storage)
+        for name in attempt_names(storage)
     ]
     out.sort(key=_order_key)
     return out
@@ -513,16 +514,22 @@ def root_must_exist(storage: Storage) -> None:
 
 
 def likely_record(
-    storage: Storage, step: int | None = None, *, tries: int = 8
+    storage: Storage,
+    step: int | None = None,
+    *,
+    names: Sequence[str] | None = None,
+    tries: int = 8,
 ) -> tuple[str, int] | None:
     """The attempt :func:`latest` most likely returns, and the size of its commit record.
 
     That is the greatest attempt id (of ``step``) that has a ``manifest.json`` of an allowed
     size, among the ``tries`` greatest; ``None`` when none has, or the storage fails. Nothing is
-    decided by it: :func:`latest` classifies every attempt that could be greater.
+    decided by it: :func:`latest` classifies every attempt that could be greater. ``names``:
+    :func:`attempt_names` of the root, listed already (for ``latest`` too: one listing).
     """
     try:
-        for name in _attempt_names(storage, step)[::-1][:tries]:  # ids sort by step, then time
+        listed = attempt_names(storage, step) if names is None else names
+        for name in listed[::-1][:tries]:  # ids sort by step, then time
             rel = f"{name}/manifest.json"
             if storage.exists(rel):
                 size = storage.size(rel)
@@ -537,6 +544,7 @@ def latest(
     step: int | None = None,
     *,
     known: Mapping[str, bytes] | None = None,
+    names: Sequence[str] | None = None,
 ) -> tuple[str, Manifest]:
     """Return ``(attempt_id, manifest)`` of the newest committed version (or of ``step``).
 
@@ -547,10 +555,11 @@ def latest(
     an older step because of a transient error silently loses training. A ``foreign`` attempt is
     not a version for this reader (R-COMMIT-1); skipping a greater one is logged as a warning.
     ``known``: records read already, by attempt id (a distributed load reads the likely
-    answer's record collectively first, :func:`likely_record`).
+    answer's record collectively first, :func:`likely_record`); ``names``: the
+    :func:`attempt_names` of ``step`` listed already.
     """
     by_step: dict[int, list[str]] = {}
-    for name in _attempt_names(storage, step):
+    for name in attempt_names(storage, step) if names is None else names:
         by_step.setdefault(_step_of(name), []).append(name)
     skipped: list[str] = []
     for s in sorted(by_step, reverse=True):
@@ -616,7 +625,7 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
 
     """
     floor_us = -1
-    for name in _attempt_names(storage, _step_of(attempt_id)):
+    for name in attempt_names(storage, _step_of(attempt_id)):
         if name == attempt_id:
             continue
         c = classify_attempt(storage, name)

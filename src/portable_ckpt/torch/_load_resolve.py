@@ -32,6 +32,7 @@ from portable_ckpt.format.manifest import Manifest, parse_manifest
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
 from portable_ckpt.io.versions import (
     COMMITTED,
+    attempt_names,
     classify_attempt,
     classify_record,
     latest,
@@ -52,17 +53,19 @@ def resolve(
     step: int | None,
     checkpoint_id: str | None,
     known: dict[str, bytes] | None = None,
+    names: list[str] | None = None,
 ) -> tuple[str, Manifest]:
     """Rank 0: the attempt id to load and its manifest (a given id must have a readable one).
 
-    ``known``: records read already, by attempt id (not read again).
+    ``known``: records read already, by attempt id (not read again); ``names``: the attempts
+    of ``step`` listed already (not listed again).
     """
     if checkpoint_id is not None:
         manifest = load_manifest(storage, checkpoint_id, known=known)
         if step is not None and manifest.step != step:
             raise UsageError(f"load: version {checkpoint_id} holds step {manifest.step}, not {step}")
         return checkpoint_id, manifest
-    return latest(storage, step, known=known)
+    return latest(storage, step, known=known, names=names)
 
 
 def record_bytes(manifest: Manifest) -> bytes:
@@ -98,6 +101,7 @@ class RecordShare:
         self.likely: str | None = None  # the attempt whose record was read together
         self.record: bytes | None = None  # its bytes, when every slice was read (and trusted)
         self.mixed = False  # ranks other than 0 read some of them
+        self.names: list[str] | None = None  # rank 0: the root's attempts, listed once
         self._parsed: Manifest | Exception | None = None  # ranks > 0: the record, parsed
         self._announced = False
 
@@ -107,7 +111,12 @@ class RecordShare:
         """Rank 0: name the likely attempt, then read its record with the others."""
         likely = None
         if checkpoint_id is None:
-            likely = likely_record(storage, step)
+            try:
+                self.names = attempt_names(storage, step)
+            except CheckpointError:
+                self.names = None  # listed again by the resolve, which reports the error
+            else:
+                likely = likely_record(storage, step, names=self.names)
         elif ATTEMPT_ID_RE.match(checkpoint_id):
             likely = _sized(storage, checkpoint_id)
         self._exchange(storage, likely)
@@ -163,19 +172,19 @@ class RecordShare:
         then rank 0 classifies its own copy, and when that one validates, it resolves again
         without the slices (and the record goes to the others in a second broadcast).
         """
-        known = self.known()
+        known, names = self.known(), self.names
         if not known or not self.mixed:
-            return resolve(storage, step, checkpoint_id, known)
+            return resolve(storage, step, checkpoint_id, known, names)
         likely = next(iter(known))
         try:
-            found = resolve(storage, step, checkpoint_id, known)
+            found = resolve(storage, step, checkpoint_id, known, names)
         except CheckpointError:
             self.record = None  # the given id's record: re-read alone (its own error if any)
-            return resolve(storage, step, checkpoint_id)
+            return resolve(storage, step, checkpoint_id, None, names)
         if found[0] != likely and classify_record(likely, known[likely]).status != COMMITTED:
             if classify_attempt(storage, likely).status == COMMITTED:
                 self.record = None  # the slices did not match this rank's copy
-                return resolve(storage, step, checkpoint_id)
+                return resolve(storage, step, checkpoint_id, None, names)
         return found
 
     def trust(self, together: bool) -> None:
