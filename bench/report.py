@@ -165,9 +165,11 @@ def _plots(results: dict[str, Any], out: str, stem: str) -> list[str]:
 
 
 def _bars(ax: Any, groups: dict[str, dict[str, float]], ylabel: str, title: str) -> None:
-    names = sorted({c for g in groups.values() for c in g}, key=["portable_ckpt", "dcp", "dd"].index)
+    order = ["portable_ckpt", "dcp", "dd", "streams"]
+    names = sorted({c for g in groups.values() for c in g},
+                   key=lambda c: (order.index(c) if c in order else len(order), c))
     width = 0.8 / max(1, len(names))
-    colors = {"portable_ckpt": "#4477aa", "dcp": "#ee6677", "dd": "#bbbbbb"}
+    colors = {"portable_ckpt": "#4477aa", "dcp": "#ee6677", "dd": "#bbbbbb", "streams": "#777777"}
     for i, n in enumerate(names):
         xs = [j + i * width for j in range(len(groups))]
         ax.bar(xs, [g.get(n, 0) for g in groups.values()], width, label=n, color=colors.get(n))
@@ -199,16 +201,18 @@ def _realistic_plots(plt: Any, models: list[dict[str, Any]], out: str, stem: str
 def write_all(results: dict[str, Any], machine: dict[str, Any], meta: dict[str, Any], out: str, stem: str) -> str:
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>-*.png`` into ``out``; return the md path."""
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{stem}.json"), "w") as f:
-        json.dump({"meta": meta, "machine": machine, "sections": results}, f, indent=1, default=str)
     try:
         plots = _plots(results, out, stem)
-    except Exception as exc:
+    except Exception as exc:  # the figures are kept either way; the report says why no plot
         plots = []
         meta["plot_error"] = repr(exc)
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
+        json.dump({"meta": meta, "machine": machine, "sections": results}, f, indent=1, default=str)
     md = [f"# portable_ckpt benchmark — {meta['mode']} mode, {meta['date']}", ""]
     md.append(f"Command: `{meta['command']}` · wall time {meta['wall_s']:.0f} s · sections: {', '.join(results)}")
     md.append("")
+    if meta.get("plot_error"):
+        md += [f"No plots: {meta['plot_error']}", ""]
     md.append("## Machine")
     md.append("")
     v = machine["versions"]

@@ -89,3 +89,20 @@ def test_read_floor_times_every_pattern(tmp_path: Path) -> None:
     assert lines[0].startswith("2 parallel readers, 6 MiB, 1 repetitions")
     assert [ln.split()[0] for ln in lines[1:]] == ["dd16", "plain8", "plain16", "pipe"]
     assert all(float(ln.split()[1]) > 0 for ln in lines[1:])
+
+
+def test_the_streams_ceiling_reads_each_byte_of_the_share_once(tmp_path: Path) -> None:
+    """The realistic benchmark's "streams" reference reads exactly the rank's share, once."""
+    from bench.realistic_ranks import _io, _share, _streams_read
+
+    files = []
+    for i in range(3):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom((5 << 20) + 4099 * i))
+        files.append((str(p), p.stat().st_size))
+    for rank in range(2):
+        parts = _share(files, rank, 2)
+        before = _io()["rchar"]
+        _streams_read(parts, 3)
+        extra = _io()["rchar"] - before - sum(c for _, _, c in parts)
+        assert 0 <= extra < 512  # reading /proc/self/io counts itself (about 120 bytes)
