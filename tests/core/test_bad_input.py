@@ -204,7 +204,10 @@ def test_header_offsets_outside_file(ck_dir) -> None:
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8 : 8 + n])
     name = next(k for k in header if k != "__metadata__")
-    header[name]["data_offsets"][1] += 10**6
+    end = header[name]["data_offsets"][1]
+    # The largest end with as many digits (the header keeps its length), past the file's end.
+    header[name]["data_offsets"][1] = 10 ** len(str(end)) - 1
+    assert header[name]["data_offsets"][1] > len(raw)
     body = json.dumps(header, separators=(",", ":")).encode()
     body += b" " * (n - len(body))
     assert len(body) == n

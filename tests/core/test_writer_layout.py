@@ -1,4 +1,5 @@
-"""Writer layout choices for cheap reads: per-file checksum block size, smallest chunks first."""
+"""Writer layout choices for cheap reads: per-file checksum block size, smallest chunks first,
+whole tensors apart from pieces."""
 
 from __future__ import annotations
 
@@ -85,6 +86,43 @@ def test_shards_store_small_chunks_first_with_a_per_file_block_size(tmp_path) ->
     header_blocks = -(-(ck._headers[rel].data_start + 50 * 4) // 4096) * 4096
     assert ck.stats.bytes_read <= header_blocks
     np.testing.assert_array_equal(ck.read("a.big"), big)
+
+
+def test_whole_tensors_get_a_file_of_their_own_beside_pieces(tmp_path) -> None:
+    """Replicated values beside a sharded state: the other ranks read a small header for them."""
+    storage = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    idxs = []
+    steps = {f"p{i}.step": np.array(float(i), np.float32) for i in range(40)}
+    for rank in range(2):
+        w = ShardWriter(storage, aid, rank)
+        for i in range(40):  # 40 weights sharded over 2 writers, rows [rank*8, rank*8+8)
+            w.add_tensor(f"p{i}.w", np.full((8, 64), rank * 100 + i, np.float32),
+                         offsets=(rank * 8, 0), global_shape=(16, 64))
+        if rank == 0:  # only writer 0 holds the replicated step counters
+            for k, v in steps.items():
+                w.add_tensor(k, v)
+        idxs.append(w.finish())
+    commit(storage, aid, step=1, indexes=idxs)
+    ck = portable_ckpt.open(tmp_path)
+    files = {k: {r.file for r in t.ranges} for k, t in ck.tensors.items()}
+    pieces0 = files["p0.w"] - {f for f in files["p0.w"] if "w00001" in f}
+    whole = set().union(*(files[k] for k in steps))
+    assert len(whole) == 1 and whole.isdisjoint(pieces0)  # rank 0: two files
+    assert sorted(p for p in ck.manifest.files if p.startswith("data/w00001")) == [
+        "data/w00001-0000.safetensors"]  # pieces only: one file, as before
+    # A rank-1 reader of its rows and every step counter touches none of rank 0's pieces file.
+    got = ck.read_many([ReadRequest(f"p{i}.w", (8, 0), (8, 64)) for i in range(40)]
+                       + [ReadRequest(k) for k in steps])
+    assert [float(g) for g in got[40:]] == [float(v) for v in steps.values()]
+    assert all((g == 100 + i).all() for i, g in enumerate(got[:40]))
+    (pieces_file,) = pieces0
+    assert pieces_file not in ck._headers
+    # A writer of whole tensors only keeps one file.
+    w = ShardWriter(storage, new_attempt_id(2), 0)
+    w.add_tensor("a", np.zeros(3, np.float32))
+    w.add_tensor("b", np.zeros(5, np.float32))
+    assert len([p for p in w.finish().files if p.startswith("data/")]) == 1
 
 
 def test_explicit_block_size_is_kept(tmp_path) -> None:
