@@ -77,7 +77,7 @@ def state_tensors(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def write_layout(cfg: ModelConfig, world: int, order: str) -> list[list[Chunk]]:
-    """Per writer, its chunks at their file offsets (header included), as ShardWriter writes."""
+    """Per file, its chunks at their file offsets (header included), as ShardWriter writes."""
     files = []
     for r in range(world):
         items: list[tuple[str, tuple[int, ...], tuple[int, int], int]] = []
@@ -89,18 +89,29 @@ def write_layout(cfg: ModelConfig, world: int, order: str) -> list[list[Chunk]]:
             a, b = _chunk(shape[0], world, r)
             if b > a:
                 items.append((key, shape, (a, b), (b - a) * math.prod(shape[1:]) * 4))
-        if order == "smallest-first":
-            items.sort(key=lambda it: it[3])
-        header = build_header([(f"{k}@{a}", "F32", [b - a, *s[1:]] if s else [], n)
-                               for k, s, (a, b), n in items],
-                              {"format": "pt", "portable_ckpt": "1.0", "attempt_id": "x" * 52})
-        pos = len(header)
-        chunks = []
-        for key, shape, rows, n in items:
-            chunks.append(Chunk(key, shape, rows, pos, n))
-            pos += n
-        files.append(chunks)
+        # As the writer does: whole tensors (here the step scalars) in a file of their own when
+        # the writer also holds pieces of larger ones.
+        whole = [it for it in items if not it[1] or it[2] == (0, it[1][0])]
+        groups = [items] if len(whole) in (0, len(items)) else [
+            [it for it in items if it not in whole], whole]
+        for group in groups:
+            files.append(_file_layout(group, order))
     return files
+
+
+def _file_layout(items: list[tuple[str, tuple[int, ...], tuple[int, int], int]],
+                 order: str) -> list[Chunk]:
+    if order == "smallest-first":
+        items = sorted(items, key=lambda it: it[3])
+    header = build_header([(f"{k}@{a}", "F32", [b - a, *s[1:]] if s else [], n)
+                           for k, s, (a, b), n in items],
+                          {"format": "pt", "portable_ckpt": "1.0", "attempt_id": "x" * 52})
+    pos = len(header)
+    chunks = []
+    for key, shape, rows, n in items:
+        chunks.append(Chunk(key, shape, rows, pos, n))
+        pos += n
+    return chunks
 
 
 def _header_end(chunks: list[Chunk]) -> int:
