@@ -157,7 +157,15 @@ def _streams_read(parts: list[tuple[str, int, int]], threads: int) -> None:
     shares = [_share([(p, c) for p, _, c in parts], k, threads) for k in range(threads)]
     base = {p: skip for p, skip, _ in parts}
 
+    errors: list[BaseException] = []
+
     def work(share: list[tuple[str, int, int]]) -> None:
+        try:
+            read(share)
+        except BaseException as exc:  # raised below, in the rank: a failed read is no timing
+            errors.append(exc)
+
+    def read(share: list[tuple[str, int, int]]) -> None:
         buf = memoryview(bytearray(8 << 20))
         for path, skip, count in share:
             fd = os.open(path, os.O_RDONLY)
@@ -176,6 +184,8 @@ def _streams_read(parts: list[tuple[str, int, int]], threads: int) -> None:
         t.start()
     for t in ts:
         t.join()
+    if errors:
+        raise errors[0]
 
 
 def _share(files: list[tuple[str, int]], rank: int, world: int) -> list[tuple[str, int, int]]:
