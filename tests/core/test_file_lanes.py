@@ -1,5 +1,7 @@
 """read_many reads FILE_LANES files at a time, each lane with its own I/O thread, when cold.
 
+Files are dealt to the lanes by size (largest first, to the lane with the fewest bytes).
+
 Invariants: the values are those of a one-file-at-a-time read for any layout, every block is
 verified once, a corrupt block anywhere fails the read with its own error after every lane has
 stopped, and the scratch of lanes alive together is counted together. Files the storage says are
@@ -24,7 +26,10 @@ import portable_ckpt
 from portable_ckpt._threads import worker
 from portable_ckpt.errors import ChecksumError
 from portable_ckpt.io import reader
+from portable_ckpt.io.commit import commit
 from portable_ckpt.io.reader import ReadRequest
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.local import LocalStorage
 
 from .helpers import sample_array, save_sharded
@@ -74,6 +79,59 @@ def test_files_are_read_on_two_lanes_with_their_own_io_threads(
     lanes = {n.rsplit("_", 1)[0] for n in threads.names}
     # Files of one window are read by the lane itself: the calling thread and lane 1.
     assert lanes == {"MainThread", "pck-lane1"}
+
+
+def test_a_small_file_between_two_large_ones_leaves_them_on_two_lanes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: None
+) -> None:
+    """A 4 -> 2 load's rank 0: writer 0's pieces, its whole tensors, writer 1's pieces."""
+    st_ = open_storage(tmp_path, create=True)
+    aid = new_attempt_id(1)
+    big = sample_array("float32", (64, 1024), seed=1)
+    idxs = []
+    for w in range(2):
+        sw = ShardWriter(st_, aid, w, block_size=4096)
+        sw.add_tensor("w", big[w * 32 : (w + 1) * 32], offsets=(w * 32, 0), global_shape=(64, 1024))
+        if w == 0:
+            sw.add_tensor("step", np.array(3.0, np.float32))
+        idxs.append(sw.finish())
+    commit(st_, aid, step=1, indexes=idxs)
+    ck = portable_ckpt.open(tmp_path)
+    data = sorted(p for p in ck.manifest.files if p.startswith("data/"))
+    assert len(data) == 3  # w00000-0000 (pieces) < w00000-0001 (whole) < w00001-0000 (pieces)
+    readers: dict[str, set[str]] = {p: set() for p in data}
+    real = LocalStorage.read_extents
+
+    def seen(storage: LocalStorage, path: str, *args: Any, **kwargs: Any) -> Any:
+        if "/data/" in path:  # the shard headers are read on the calling thread, while planning
+            readers[path.split("/", 1)[1]].add(threading.current_thread().name.split("_")[0])
+        return real(storage, path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStorage, "read_extents", seen)
+    got = ck.read_many([ReadRequest("w"), ReadRequest("step")])
+    np.testing.assert_array_equal(got[0], big)
+    assert float(got[1]) == 3.0
+    # The two large files are read side by side: one on the second lane. Dealt by name, both
+    # went to the first lane, and the second read only the small file.
+    second = {"pck-lane1", "pck-io1"}
+    assert [bool(readers[p] & second) for p in (data[0], data[2])].count(True) == 1, readers
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 1 << 30), min_size=1, max_size=12), lanes=st.integers(1, 4))
+def test_balanced_lanes_hold_every_file_once_within_the_largest_file_of_even(
+    sizes: list[int], lanes: int
+) -> None:
+    paths = [f"data/f{i:02d}" for i in range(len(sizes))]
+    nbytes = dict(zip(paths, sizes, strict=True))
+    share = reader._balanced(paths, nbytes, lanes)
+    assert len(share) == lanes
+    assert sorted(p for s in share for p in s) == paths
+    assert all(s == sorted(s) for s in share)
+    loads = [sum(nbytes[p] for p in s) for s in share]
+    # Greedy, largest first: no lane exceeds the even share by more than the largest file.
+    assert max(loads) <= sum(sizes) / lanes + max(sizes)
+    assert max(loads) - min(loads) <= max(sizes)
 
 
 @settings(max_examples=25, deadline=None,

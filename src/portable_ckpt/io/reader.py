@@ -190,6 +190,27 @@ class _FilePlan:
         self.segments.append(Segment(lo, hi, len(self.sinks), isinstance(sink, _Direct)))
         self.sinks.append(sink)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the segments ask for (overlaps counted twice)."""
+        return sum(s.hi - s.lo for s in self.segments)
+
+
+def _balanced(paths: Sequence[str], nbytes: dict[str, int], lanes: int) -> list[list[str]]:
+    """Files per lane: the largest first, each to the lane with the fewest bytes so far.
+
+    Dealing files round-robin by name put a rank's two large files on one lane when a small
+    file sorted between them (the whole-tensor file beside rank 0's pieces, read by a 4 -> 2
+    load), and the second lane idled. Each lane reads its files in name order.
+    """
+    share: list[list[str]] = [[] for _ in range(lanes)]
+    load = [0] * lanes
+    for p in sorted(paths, key=lambda p: (-nbytes[p], p)):
+        i = min(range(lanes), key=lambda k: (load[k], k))
+        share[i].append(p)
+        load[i] += nbytes[p]
+    return [sorted(s) for s in share]
+
 
 @dataclass
 class ReadStats:
@@ -728,9 +749,10 @@ class Checkpoint:
         processes, took 0.565 s one after the other and 0.469 s side by side (medians of 6).
         Files the storage says are in memory already (:meth:`Storage.cached`) are read one at
         a time: there the second lane only adds threads competing for the CPU.
-        Lane 0 runs on the calling thread; every lane has its own I/O thread. A failure waits
-        for every lane (no read keeps writing into the caller's memory), then the failure of
-        the lowest lane is raised.
+        Files are dealt to the lanes by size (:func:`_balanced`), so two large files do not
+        queue on one lane. Lane 0 runs on the calling thread; every lane has its own I/O
+        thread. A failure waits for every lane (no read keeps writing into the caller's
+        memory), then the failure of the lowest lane is raised.
         """
         paths = sorted(files)
         lanes = min(FILE_LANES, len(paths))
@@ -740,10 +762,11 @@ class Checkpoint:
             for path in paths:
                 self._run_plan(path, files[path])
             return
+        share = _balanced(paths, {p: files[p].nbytes for p in paths}, lanes)
 
         def lane(i: int) -> int:
             io = worker("pck-io" if i == 0 else f"pck-io{i}")
-            return max((self._run_plan(p, files[p], io) for p in paths[i::lanes]), default=0)
+            return max((self._run_plan(p, files[p], io) for p in share[i]), default=0)
 
         futs = [worker(f"pck-lane{i}").submit(lane, i) for i in range(1, lanes)]
         first: BaseException | None = None
