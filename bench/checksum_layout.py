@@ -92,9 +92,8 @@ def write_layout(cfg: ModelConfig, world: int, order: str) -> list[list[Chunk]]:
         # As the writer does: whole tensors (here the step scalars) in a file of their own when
         # the writer also holds pieces of larger ones.
         whole = [it for it in items if not it[1] or it[2] == (0, it[1][0])]
-        groups = [items] if len(whole) in (0, len(items)) else [
-            [it for it in items if it not in whole], whole]
-        for group in groups:
+        pieces = [it for it in items if it[1] and it[2] != (0, it[1][0])]
+        for group in ([pieces, whole] if pieces and whole else [items]):
             files.append(_file_layout(group, order))
     return files
 

@@ -152,18 +152,10 @@ NODE_STREAMS = 8
 def _streams_read(parts: list[tuple[str, int, int]], threads: int) -> None:
     """Read ``parts`` with ``threads`` threads, each an 8 MiB ``preadv`` loop over a 1/threads
     contiguous share: the disk's multi-stream ceiling for these bytes (nothing else done)."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    shares = [_share([(p, c) for p, _, c in parts], k, threads) for k in range(threads)]
     base = {p: skip for p, skip, _ in parts}
-
-    errors: list[BaseException] = []
-
-    def work(share: list[tuple[str, int, int]]) -> None:
-        try:
-            read(share)
-        except BaseException as exc:  # raised below, in the rank: a failed read is no timing
-            errors.append(exc)
+    shares = [_share([(p, c) for p, _, c in parts], k, threads) for k in range(threads)]
 
     def read(share: list[tuple[str, int, int]]) -> None:
         buf = memoryview(bytearray(8 << 20))
@@ -179,13 +171,8 @@ def _streams_read(parts: list[tuple[str, int, int]], threads: int) -> None:
             finally:
                 os.close(fd)
 
-    ts = [threading.Thread(target=work, args=(sh,)) for sh in shares if sh]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(read, shares))  # a failed read raises here, in the rank
 
 
 def _share(files: list[tuple[str, int]], rank: int, world: int) -> list[tuple[str, int, int]]:

@@ -477,11 +477,11 @@ class ShardWriter:
         in a 4-rank load of the 2 M-parameter FSDP2 + AdamW state, each of ranks 1-3 read 86
         KB of rank 0's one file for its 100 step counters.
         """
-        whole = [ch for ch in self._chunks if ch.box.lengths == self._tensors[ch.key].shape]
-        if not whole or len(whole) == len(self._chunks):
-            return [self._chunks]
-        pieces = [ch for ch in self._chunks if ch.box.lengths != self._tensors[ch.key].shape]
-        return [pieces, whole]
+        pieces: list[_Chunk] = []
+        whole: list[_Chunk] = []
+        for ch in self._chunks:
+            (whole if ch.box.lengths == self._tensors[ch.key].shape else pieces).append(ch)
+        return [pieces, whole] if pieces and whole else [self._chunks]
 
     def _finish(self) -> WriterIndex:
         self._flush_chunks()
