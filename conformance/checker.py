@@ -3,14 +3,17 @@
 The checks are written from the spec, independently of :mod:`portable_ckpt`:
 
 * every JSON document is decoded strictly (duplicate keys, NaN, depth) and validated against its
-  JSON Schema from ``spec/schemas``;
+  JSON Schema from ``spec/schemas`` (an integer member must be an integer token: 42.0 is not);
+  a defect the schema pass reports with a specific code is not reported again by the code;
 * commit-record rules: ``format``/``format_version`` (major 1), ``must_understand``, ``attempt_id``
   equal to the directory name and consistent with ``step``;
 * every path is safe and stays inside the attempt (no symlinks out); every file in ``files`` exists
   with its recorded size; checksums of the blocks read (all blocks with ``deep``);
 * every tensor: dtype known, shape within limits, every range in bounds, exactly-once coverage
   (sweep over boxes plus a volume count), range records agree with the safetensors headers;
-  zstd ranges decompress to the right size (``deep``);
+  every zstd range's frame header (its first 18 bytes: magic, no dictionary, declared size,
+  window, stored length against ``ZSTD_COMPRESSBOUND``; R-TENSOR-10, R-VERIFY-2), and with
+  ``deep`` its decoding to the right size;
 * format 1.1 tensor tables (§8.5): the ``tensor_table`` reference (R-TABLE-1, R-TABLE-2), the
   table file read whole with every block verified and decoded (R-TABLE-3 … R-TABLE-6, see
   :mod:`conformance.table`), then every tensor it defines through the same per-tensor rules,
@@ -24,10 +27,12 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +57,14 @@ from conformance.spec import (
     path_problem,
 )
 from conformance.store import (
+    ZSTD_HEADER_MAX,
     FileRecord,
     Problem,
     StHeader,
     VersionFiles,
     parse_file_record,
     parse_safetensors_header,
+    zstd_check_header,
     zstd_decode,
 )
 from conformance.strictjson import MAX_VALUES, StrictJsonError, loads_strict
@@ -117,6 +124,36 @@ class Report:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+_Path = tuple[str | int, ...]
+
+
+class _Located(Problem):
+    """A problem at a JSON location of the manifest (``at``), for de-duplication.
+
+    The schema pass reports some defects with their specific codes (an unknown dtype or codec,
+    an unsafe path, ...) and the checks in code meet the same defects again; a problem whose
+    location the schema pass already reported is not reported twice (R-VERSION-13).
+    """
+
+    def __init__(self, code: str, message: str, at: _Path) -> None:
+        super().__init__(code, message)
+        self.at = at
+
+
+@lru_cache(maxsize=4)
+def _strict_integer_class(base: Any) -> Any:
+    """``base`` with JSON Schema's ``integer`` restricted to integer tokens.
+
+    Draft 2020-12 calls 42.0 an integer; a format document's integer members are integer
+    tokens (the reader rejects ``"step": 42.0`` with PCK-SCHEMA), so for the format documents
+    a float is not an integer whatever its value.
+    """
+    from jsonschema import validators
+
+    checker = base.TYPE_CHECKER.redefine("integer", lambda _checker, v: _is_int(v))
+    return validators.extend(base, type_checker=checker)
 
 
 def _bad_path(keyword: str, instance: Any) -> bool:
@@ -202,8 +239,13 @@ def _schema_version(doc: Any) -> str:
 
 
 def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
-                  report: Report) -> bool:
-    """Validate ``doc`` against ``<name>.schema.json``; return False on a generic violation."""
+                  report: Report, found: set[_Path] | None = None) -> bool:
+    """Validate ``doc`` against ``<name>.schema.json``; return False on a generic violation.
+
+    Integer members must be integer tokens (:func:`_strict_integer_class`). ``found`` collects
+    the locations reported with a specific code (a ``files`` key as ``("files", key)``), which
+    the checks in code then do not report again.
+    """
     version = _schema_version(doc)
     schema = schemas.document(name, version)
     label = f"{name}.schema.json" if version == "1.0" else f"{version}/{name}.schema.json"
@@ -215,7 +257,8 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
     if schema is None:
         report.warn(f"{label} not found in {schemas.root}; schema validation skipped")
         return True
-    validator = schemas.validator(schema)
+    base: Any = type(schemas.validator(schema))
+    validator = _strict_integer_class(base)(schema, registry=schemas.registry())
     generic = False
     n = 0
     for err in validator.iter_errors(doc):
@@ -225,6 +268,11 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
         else:
             code = "PCK-SCHEMA"
         generic |= code == "PCK-SCHEMA"
+        if found is not None and code != "PCK-SCHEMA" and path:
+            at: _Path = tuple(path)
+            if at == ("files",) and isinstance(err.instance, str):
+                at = ("files", err.instance)  # a key of files (its property name)
+            found.add(at)
         loc = "/".join(str(p) for p in path) or "(root)"
         report.error(code, f"{where}: schema {label} violated at {loc}: "
                      f"{err.message[:300]}")
@@ -268,9 +316,21 @@ class _VersionChecker:
         # coverage verdicts by (shape, boxes): every layer of a model with the same layout shares
         # one proof (most useful for tensor tables with thousands of tensors).
         self.coverage_cache: dict[tuple[Any, ...], Problem | None] = {}
+        # locations of the manifest the schema pass reported with a specific code
+        self.schema_at: set[_Path] = set()
 
     def err(self, code: str, msg: str) -> None:
         self.r.error(code, f"{self.name}: {msg}")
+
+    def reported(self, at: _Path) -> bool:
+        """Whether the schema pass reported a defect at ``at``, inside it or around it."""
+        return any(p[:len(at)] == at or at[:len(p)] == p for p in self.schema_at)
+
+    def problem(self, exc: Problem, prefix: str) -> None:
+        """Report ``exc`` unless the schema pass already reported its location."""
+        if isinstance(exc, _Located) and self.reported(exc.at):
+            return
+        self.err(exc.code, f"{prefix}{exc.message}")
 
     # -- commit record -------------------------------------------------------------------------
     def run(self) -> None:
@@ -307,7 +367,8 @@ class _VersionChecker:
                 self.err("PCK-FEATURE-UNSUPPORTED", f"must_understand names extensions this "
                          f"checker does not implement: {unknown!r}")
                 return
-        if not _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r):
+        if not _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
+                             self.schema_at):
             return
         self.check_manifest(m)
 
@@ -315,10 +376,13 @@ class _VersionChecker:
         aid, step = m.get("attempt_id"), m.get("step")
         am = ATTEMPT_ID_RE.match(aid) if isinstance(aid, str) else None
         if am is None:
-            self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} is malformed")
+            if not self.reported(("attempt_id",)):
+                self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} is malformed")
         elif aid != self.name:
             self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} differs from its directory name")
-        elif not _is_int(step) or int(am.group(1)) != step:
+        elif not _is_int(step):  # 42.0: not an integer token, before the attempt id (A4)
+            self.err("PCK-SCHEMA", f"step {step!r} is not an integer")
+        elif int(am.group(1)) != step:
             self.err("PCK-ATTEMPT-ID", f"attempt_id {aid!r} does not encode step {step!r}")
         cont = m.get("continuation")
         ws: Any = cont.get("world_size") if isinstance(cont, dict) else None
@@ -345,7 +409,7 @@ class _VersionChecker:
                 try:
                     self.check_tensor(key, t)
                 except Problem as exc:
-                    self.err(exc.code, f"tensor {key!r}: {exc.message}")
+                    self.problem(exc, f"tensor {key!r}: ")
         self.check_version_use(m)
         if "tensor_table" in m and self.check_table_member(m):
             table = self.read_table(m, "manifest.json")
@@ -363,20 +427,24 @@ class _VersionChecker:
                 try:
                     self.check_entry(name, e, ws, step)
                 except Problem as exc:
-                    self.err(exc.code, f"entry {name!r}: {exc.message}")
-        self.check_side_documents(aid)
+                    self.problem(exc, f"entry {name!r}: ")
+        self.check_side_documents(aid, m)
 
     def check_files(self, files: dict[str, Any]) -> None:
         for rel, rec in files.items():
             why = path_problem(rel)
             if why is not None:
-                self.err("PCK-PATH-UNSAFE", f"files: {why}")
+                if not self.reported(("files", rel)):
+                    self.err("PCK-PATH-UNSAFE", f"files: {why}")
                 self.bad_files.add(rel)
                 continue
             if rel.startswith(("manifest.json", "drills/", "copies/")):
                 self.err("PCK-SCHEMA", f"files must not list {rel!r}")
             try:
-                fr: FileRecord = parse_file_record(rel, rec)
+                try:
+                    fr: FileRecord = parse_file_record(rel, rec)
+                except Problem as exc:
+                    raise _Located(exc.code, exc.message, ("files", rel)) from None
                 size = self.vf.stat_size(rel)
                 if size != fr.size:
                     raise Problem("PCK-FILE-SIZE", f"{rel!r} has {size} bytes, recorded "
@@ -385,7 +453,7 @@ class _VersionChecker:
                 if self.deep:
                     self.vf.verify_all(rel)
             except Problem as exc:
-                self.err(exc.code, exc.message)
+                self.problem(exc, "")
                 self.bad_files.add(rel)
             except OSError as exc:
                 self.err("PCK-STORAGE", f"{rel!r}: {exc}")
@@ -396,7 +464,14 @@ class _VersionChecker:
             rel = p.relative_to(self.vdir).as_posix()
             if p.is_dir() and not p.is_symlink():
                 continue
-            if rel == "manifest.json" or rel.startswith(("drills/", "copies/")) or rel in listed:
+            if rel == "manifest.json" or rel in listed:
+                continue
+            if rel.startswith(("drills/", "copies/", "verifications/")):
+                continue  # records added after the commit (R-FILES-1)
+            if re.fullmatch(r"index/w[0-9]{5}\.json", rel):
+                # A stored writer index is a file of the version (R-FILES-1, R-INDEX-1).
+                self.err("PCK-SCHEMA", f"writer index {rel!r} is not listed in files "
+                         "(R-FILES-1)")
                 continue
             self.r.warn(f"{self.name}: {rel!r} is not listed in files")
 
@@ -485,57 +560,64 @@ class _VersionChecker:
         if not isinstance(t, dict):
             raise Problem("PCK-SCHEMA", "tensor record is not an object")
         dtype, shape, ranges = t.get("dtype"), t.get("shape"), t.get("ranges")
+        at: _Path = ("tensors", key)
         if dtype not in DTYPES:
-            raise Problem("PCK-DTYPE-UNSUPPORTED", f"dtype {dtype!r} is not in the format's table")
+            raise _Located("PCK-DTYPE-UNSUPPORTED", f"dtype {dtype!r} is not in the format's "
+                           "table", (*at, "dtype"))
         st_dtype, itemsize = DTYPES[dtype]
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise Problem("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0")
+            raise _Located("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0",
+                           (*at, "shape"))
         # R-TENSOR-1: also the product of the non-zero dimensions (zero-size tensors included).
         if len(shape) > MAX_NDIM or any(d > MAX_SIZE for d in shape) or \
                 math.prod(d for d in shape if d) * itemsize > MAX_SIZE:
-            raise Problem("PCK-LIMIT", f"shape {shape} exceeds the format's limits")
+            raise _Located("PCK-LIMIT", f"shape {shape} exceeds the format's limits",
+                           (*at, "shape"))
         if not isinstance(ranges, list):
-            raise Problem("PCK-SCHEMA", "ranges must be a list")
+            raise _Located("PCK-SCHEMA", "ranges must be a list", (*at, "ranges"))
         ndim = len(shape)
         boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
         for i, rr in enumerate(ranges):
             where = f"range {i}"
+            rat: _Path = (*at, "ranges", i)
             if not isinstance(rr, dict):
-                raise Problem("PCK-SCHEMA", f"{where} is not an object")
+                raise _Located("PCK-SCHEMA", f"{where} is not an object", rat)
             offs, lens = rr.get("offsets"), rr.get("lengths")
             if (not isinstance(offs, list) or not isinstance(lens, list)
                     or not all(_is_int(x) for x in offs + lens)):
-                raise Problem("PCK-SCHEMA", f"{where}: offsets/lengths must be integer lists")
+                raise _Located("PCK-SCHEMA", f"{where}: offsets/lengths must be integer lists",
+                               rat)
             if len(offs) != ndim or len(lens) != ndim:
-                raise Problem("PCK-RANGE-BOUNDS", f"{where}: box of rank {len(offs)}/{len(lens)} "
-                              f"for a tensor of rank {ndim}")
+                raise _Located("PCK-RANGE-BOUNDS", f"{where}: box of rank "
+                               f"{len(offs)}/{len(lens)} for a tensor of rank {ndim}", rat)
             for d in range(ndim):
                 if offs[d] < 0 or lens[d] < 1 or offs[d] + lens[d] > shape[d]:
-                    raise Problem("PCK-RANGE-BOUNDS", f"{where}: box offsets={offs} lengths={lens} "
-                                  f"is empty or outside shape {shape} (dim {d})")
+                    raise _Located("PCK-RANGE-BOUNDS", f"{where}: box offsets={offs} "
+                                   f"lengths={lens} is empty or outside shape {shape} (dim {d})",
+                                   rat)
             boxes.append((tuple(offs), tuple(lens)))
-            self.check_range_data(key, where, rr, st_dtype, itemsize, lens)
+            self.check_range_data(key, where, rr, st_dtype, itemsize, lens, rat)
         sig = (tuple(shape), tuple(boxes))
         if sig in self.coverage_cache:
             hit = self.coverage_cache[sig]
             if hit is not None:
-                raise Problem(hit.code, hit.message)
+                raise _Located(hit.code, hit.message, (*at, "ranges"))
             return
         try:
             _check_coverage(shape, boxes)
         except Problem as exc:
             self.coverage_cache[sig] = exc
-            raise
+            raise _Located(exc.code, exc.message, (*at, "ranges")) from None
         self.coverage_cache[sig] = None
 
     def check_range_data(self, key: str, where: str, rr: dict[str, Any], st_dtype: str,
-                         itemsize: int, lens: list[int]) -> None:
+                         itemsize: int, lens: list[int], at: _Path = ()) -> None:
         rel, name, codec = rr.get("file"), rr.get("name"), rr.get("codec")
         if codec not in ("none", "zstd"):
-            raise Problem("PCK-CODEC", f"{where}: unknown codec {codec!r}")
+            raise _Located("PCK-CODEC", f"{where}: unknown codec {codec!r}", (*at, "codec"))
         why = path_problem(rel)
         if why is not None:
-            raise Problem("PCK-PATH-UNSAFE", f"{where}: {why}")
+            raise _Located("PCK-PATH-UNSAFE", f"{where}: {why}", (*at, "file"))
         assert isinstance(rel, str)
         if rel in self.bad_files:
             return  # already reported for the file itself
@@ -557,14 +639,21 @@ class _VersionChecker:
                 _check_bool_bytes(self.vf.read(rel, st.begin, st.end - st.begin),
                                   f"{where}: {rel!r}:{name}")
             return
-        if st.dtype != "U8" or len(st.shape) != 1:
+        if st.dtype != "U8" or len(st.shape) != 1 or st.shape[0] < 1:
             raise Problem("PCK-SHARD-MISMATCH", f"{where}: zstd range {rel!r}:{name} must be a "
-                          f"1-D U8 tensor, is {st.dtype}{st.shape}")
+                          f"1-D U8 tensor of at least one byte, is {st.dtype}{st.shape}")
+        stored = st.end - st.begin
         if self.deep:
-            frame = self.vf.read(rel, st.begin, st.end - st.begin)
+            frame = self.vf.read(rel, st.begin, stored)
             raw = zstd_decode(frame, where=f"{where}: {rel!r}:{name}", limit=nbytes, exact=nbytes)
             if st_dtype == "BOOL":
                 _check_bool_bytes(raw, f"{where}: {rel!r}:{name} (decoded)")
+        else:
+            # R-VERIFY-2: the frame header's declared size and bounds are metadata (R-TENSOR-7,
+            # R-TENSOR-10), decided from the first 18 bytes; decoding is left to --deep.
+            head = self.vf.read(rel, st.begin, min(ZSTD_HEADER_MAX, stored))
+            zstd_check_header(head, stored=stored, where=f"{where}: {rel!r}:{name}",
+                              limit=nbytes, exact=nbytes)
 
     # -- entries -------------------------------------------------------------------------------
     def check_entry(self, name: str, e: Any, ws: int | None, step: Any) -> None:
@@ -574,7 +663,10 @@ class _VersionChecker:
             raise Problem("PCK-SCHEMA", "entry record is not an object")
         sch, scope, enc, values = e.get("schema"), e.get("scope"), e.get("encoding"), \
             e.get("values")
-        schema_doc, schema_id = self.entry_schema(sch)
+        try:
+            schema_doc, schema_id = self.entry_schema(sch)
+        except Problem as exc:
+            raise _Located(exc.code, exc.message, ("entries", name, "schema")) from None
         if enc not in ("json", "json+zstd"):
             raise Problem("PCK-SCHEMA", f"encoding {enc!r} is not 'json' or 'json+zstd'")
         if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
@@ -583,7 +675,8 @@ class _VersionChecker:
             if "world_size_policy" in e:
                 raise Problem("PCK-SCHEMA", "world_size_policy is only allowed for per_rank")
             if not values:
-                raise Problem("PCK-ENTRY-MISSING", "global entry has no value")
+                raise _Located("PCK-ENTRY-MISSING", "global entry has no value",
+                               ("entries", name, "values"))
             if len(values) != 1 or "rank" in values[0]:
                 raise Problem("PCK-SCHEMA", "global entry must have exactly one value, no rank")
         elif scope == "per_rank":
@@ -606,11 +699,11 @@ class _VersionChecker:
                                   f"{missing} (world_size {ws})")
         else:
             raise Problem("PCK-SCHEMA", f"scope {scope!r} is not 'global' or 'per_rank'")
-        for v in values:
+        for j, v in enumerate(values):
             rel = v.get("file")
             why = path_problem(rel)
             if why is not None:
-                raise Problem("PCK-PATH-UNSAFE", why)
+                raise _Located("PCK-PATH-UNSAFE", why, ("entries", name, "values", j, "file"))
             assert isinstance(rel, str)
             if rel in self.bad_files:
                 continue
@@ -674,10 +767,12 @@ class _VersionChecker:
         return (js if isinstance(js, dict) else {"not": {}} if js is False else {}), None
 
     # -- writer indexes, drills ----------------------------------------------------------------
-    def check_side_documents(self, aid: Any) -> None:
+    def check_side_documents(self, aid: Any, manifest: dict[str, Any]) -> None:
         for sub, schema_name, fmt in (("index", "writer-index", "portable-ckpt-writer-index"),
                                       ("drills", "drill", "portable-ckpt-drill"),
-                                      ("copies", "copy", "portable-ckpt-copy")):
+                                      ("copies", "copy", "portable-ckpt-copy"),
+                                      ("verifications", "verification",
+                                       "portable-ckpt-verification")):
             d = self.vdir / sub
             if not d.is_dir():
                 continue
@@ -708,6 +803,53 @@ class _VersionChecker:
                                      "file name")
                     if "tensor_table" in doc:
                         self.check_index_table(doc, rel)
+                    elif "tensor_table" not in manifest:
+                        self.check_index_agrees(doc, manifest, where)
+
+    def check_index_agrees(self, idx: dict[str, Any], m: dict[str, Any], where: str) -> None:
+        """§14.2: the manifest is the union of the indexes, so an index is part of it.
+
+        Each file, tensor (dtype, shape, every range) and entry (declaration, every value) an
+        index lists is the manifest's (PCK-METADATA-CONFLICT otherwise). Not every
+        writer stores its index (R-INDEX-1), so the union is not required to be whole.
+        """
+        files, tensors, entries = (m.get(k) or {} for k in ("files", "tensors", "entries"))
+        # File records are compared by path only: a record that differs is the checksums'
+        # business (the file itself is checked against the manifest's record).
+        for rel in (idx.get("files") or {}):
+            if rel not in files:
+                self.r.error("PCK-METADATA-CONFLICT", f"{where}: file {rel!r} is not in the "
+                             "manifest's files")
+        for key, t in (idx.get("tensors") or {}).items():
+            mt = tensors.get(key)
+            if not isinstance(mt, dict) or not isinstance(t, dict):
+                self.r.error("PCK-METADATA-CONFLICT", f"{where}: tensor {key!r} is not in the "
+                             "manifest")
+                continue
+            if (t.get("dtype"), t.get("shape")) != (mt.get("dtype"), mt.get("shape")):
+                self.r.error("PCK-METADATA-CONFLICT", f"{where}: tensor {key!r} is "
+                             f"{t.get('dtype')}{t.get('shape')} in the index, "
+                             f"{mt.get('dtype')}{mt.get('shape')} in the manifest")
+                continue
+            stored = {json.dumps(r, sort_keys=True) for r in mt.get("ranges") or []}
+            extra = [r for r in t.get("ranges") or []
+                     if json.dumps(r, sort_keys=True) not in stored]
+            if extra:
+                self.r.error("PCK-METADATA-CONFLICT", f"{where}: tensor {key!r}: "
+                             f"{len(extra)} range(s) of the index are not in the manifest")
+        for name, e in (idx.get("entries") or {}).items():
+            me = entries.get(name)
+            same = isinstance(me, dict) and isinstance(e, dict) and all(
+                e.get(k) == me.get(k)
+                for k in ("schema", "scope", "encoding", "world_size_policy"))
+            if not same or not isinstance(me, dict) or not isinstance(e, dict):
+                self.r.error("PCK-METADATA-CONFLICT", f"{where}: entry {name!r} is not the "
+                             "manifest's (declaration or presence)")
+                continue
+            values = [json.dumps(v, sort_keys=True) for v in me.get("values") or []]
+            if any(json.dumps(v, sort_keys=True) not in values for v in e.get("values") or []):
+                self.r.error("PCK-METADATA-CONFLICT", f"{where}: entry {name!r}: a value of "
+                             "the index is not in the manifest")
 
 
 def _check_bool_bytes(data: bytes, where: str) -> None:

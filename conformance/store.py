@@ -28,12 +28,18 @@ __all__ = [
     "StHeader",
     "StTensor",
     "VersionFiles",
+    "ZSTD_HEADER_MAX",
+    "ZSTD_MAX_WINDOW",
+    "ZstdFrameHeader",
     "crc32c",
     "parse_file_record",
     "parse_safetensors_bytes",
     "parse_safetensors_header",
+    "zstd_bound",
+    "zstd_check_header",
     "zstd_decode",
     "zstd_frame_content_size",
+    "zstd_frame_header",
 ]
 
 
@@ -184,6 +190,16 @@ class VersionFiles:
         p = self.resolve(rel)
         bs = rec.block_size
         b0, b1 = start // bs, (start + length - 1) // bs
+        if all(b in rec.verified for b in range(b0, b1 + 1)):
+            # every block already verified (a frame header in a block read before): read just
+            # the bytes asked for, not whole blocks of up to 2^30 bytes again
+            with open(p, "rb") as f:
+                f.seek(start)
+                raw = f.read(length)
+            if len(raw) != length:
+                raise Problem("PCK-FILE-SIZE", f"{rel!r} is shorter than its recorded size "
+                              f"{rec.size}")
+            return raw
         with open(p, "rb") as f:
             f.seek(b0 * bs)
             raw = f.read((b1 - b0 + 1) * bs)
@@ -332,6 +348,89 @@ def _validate_header(raw: bytes, n: int, size: int, rel: str) -> StHeader:
     return StHeader(tensors, meta)
 
 
+#: The zstd frame magic (RFC 8878 §3.1.1), little-endian 0xFD2FB528.
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: The longest frame header: magic, descriptor, window descriptor, 4-byte dictionary id and
+#: 8-byte content size (RFC 8878 §3.1.1.1). R-TENSOR-10 is decided from these bytes.
+ZSTD_HEADER_MAX = 18
+#: The largest window a stored frame may need (spec §8.3, R-TENSOR-10: 2^27 bytes, libzstd's
+#: ``ZSTD_WINDOWLOG_LIMIT_DEFAULT``).
+ZSTD_MAX_WINDOW = 1 << 27
+
+
+def zstd_bound(n: int) -> int:
+    """``ZSTD_COMPRESSBOUND(n)`` as spec §8.3 states it (the bound of ``zstd.h``).
+
+    ``n + floor(n / 256) + (n < 131072 ? floor((131072 - n) / 2048) : 0)``: no frame that
+    libzstd's one-shot or streaming compressor writes for ``n`` bytes (without flushing
+    mid-frame) is longer (R-TENSOR-10).
+    """
+    small = ((128 << 10) - n) >> 11 if n < (128 << 10) else 0
+    return n + (n >> 8) + small
+
+
+@dataclass(frozen=True)
+class ZstdFrameHeader:
+    """The fields of a zstd frame header that the spec's rules need (RFC 8878 §3.1.1.1)."""
+
+    content_size: int | None  # Frame_Content_Size, None when the header has none
+    window_size: int  # Window_Size: from the Window_Descriptor, or the content size
+    single_segment: bool
+    header_size: int  # bytes of magic and frame header
+
+
+def zstd_frame_header(head: bytes) -> ZstdFrameHeader:
+    """Parse the header at the start of a stored zstd frame, from its first ≤ 18 bytes.
+
+    ``Window_Size`` follows RFC 8878 §3.1.1.1.2: with a ``Window_Descriptor`` (frames that are
+    not single-segment) it is ``2^(10 + Exponent) + 2^(10 + Exponent) / 8 × Mantissa``; a
+    single-segment frame has no descriptor and its window is its content size.
+
+    Raises:
+        Problem: PCK-CODEC when the bytes do not start with a zstd frame (a skippable frame
+            first included), the reserved bit is set, the frame refers to a dictionary, or
+            the header is cut short.
+
+    """
+    if len(head) >= 4 and head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50:
+        raise Problem("PCK-CODEC", "data starts with a skippable frame (magic "
+                      f"{head[:4].hex(' ')}), not a zstd frame; a range is exactly one zstd "
+                      "frame (R-TENSOR-6)")
+    if len(head) < 5 or head[:4] != ZSTD_MAGIC:
+        raise Problem("PCK-CODEC", "data does not start with a zstd frame (magic 28 B5 2F FD)")
+    fhd = head[4]
+    fcs_flag, single, did_flag = fhd >> 6, bool(fhd & 0x20), fhd & 3
+    if fhd & 0x08:
+        raise Problem("PCK-CODEC", "zstd frame header has the reserved bit set")
+    pos = 5
+    window = 0
+    if not single:
+        if len(head) < 6:
+            raise Problem("PCK-CODEC", "truncated zstd frame header")
+        exponent, mantissa = head[5] >> 3, head[5] & 7
+        base = 1 << (10 + exponent)
+        window = base + (base >> 3) * mantissa
+        pos = 6
+    did_len = (0, 1, 2, 4)[did_flag]
+    if len(head) < pos + did_len:
+        raise Problem("PCK-CODEC", "truncated zstd frame header")
+    # A Dictionary_ID field holding 0 names no dictionary (RFC 8878 §3.1.1.1.3): libzstd and
+    # the reference reader accept it.
+    if did_len and int.from_bytes(head[pos:pos + did_len], "little"):
+        raise Problem("PCK-CODEC", "zstd frame references a dictionary (not allowed)")
+    pos += did_len
+    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if len(head) < pos + fcs_len:
+        raise Problem("PCK-CODEC", "truncated zstd frame header")
+    fcs: int | None = None
+    if fcs_len:
+        fcs = int.from_bytes(head[pos:pos + fcs_len], "little") + (256 if fcs_len == 2 else 0)
+    if single:
+        assert fcs is not None
+        window = fcs
+    return ZstdFrameHeader(fcs, window, single, pos + fcs_len)
+
+
 def zstd_frame_content_size(frame: bytes) -> int | None:
     """Return the Frame_Content_Size of a zstd frame header, or None when absent.
 
@@ -339,30 +438,66 @@ def zstd_frame_content_size(frame: bytes) -> int | None:
         Problem: PCK-CODEC when the bytes do not start with a zstd frame header.
 
     """
-    if len(frame) < 5 or frame[:4] != b"\x28\xb5\x2f\xfd":
-        raise Problem("PCK-CODEC", "data does not start with a zstd frame (magic 28 B5 2F FD)")
-    fhd = frame[4]
-    fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
-    if fhd & 0x08:
-        raise Problem("PCK-CODEC", "zstd frame header has the reserved bit set")
-    if did_flag:
-        raise Problem("PCK-CODEC", "zstd frame references a dictionary (not allowed)")
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
-    fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
-    if fcs_len == 0:
-        return None
-    if len(frame) < pos + fcs_len:
-        raise Problem("PCK-CODEC", "truncated zstd frame header")
-    v = int.from_bytes(frame[pos:pos + fcs_len], "little")
-    return v + 256 if fcs_len == 2 else v
+    return zstd_frame_header(frame[:ZSTD_HEADER_MAX]).content_size
+
+
+def zstd_check_header(head: bytes, *, stored: int, where: str, limit: int,
+                      exact: int | None = None, need_content_size: bool = False,
+                      limit_code: str = "PCK-CODEC") -> int | None:
+    """Apply every rule that a zstd frame's first bytes decide; return its declared size.
+
+    These are the checks a reader makes before it reads or allocates anything for the rest of
+    the frame (R-TENSOR-7, R-TENSOR-10), so a metadata-level check makes them too (R-VERIFY-2):
+    the magic (no skippable frame first), the reserved bit, no dictionary, a declared content
+    size (when ``need_content_size``) not above ``limit`` and equal to ``exact``, a window of at
+    most 2^27 bytes, and a stored length ``stored`` of at most ``ZSTD_COMPRESSBOUND(m)``, ``m``
+    the declared size (or ``exact``, or ``limit``, when the header declares none).
+
+    Args:
+        head: The frame's first ``min(18, stored)`` bytes (more are ignored).
+        stored: The stored frame's length.
+        where: Names the frame in messages.
+        limit: Upper bound of the decoded size.
+        exact: The decoded size required, when one is.
+        need_content_size: The header must declare its content size (tensor tables).
+        limit_code: The code of a declared size above ``limit``.
+
+    Raises:
+        Problem: ``PCK-CODEC`` for every frame defect, ``limit_code`` for a declared size above
+            ``limit``.
+
+    """
+    try:
+        fh = zstd_frame_header(head[:ZSTD_HEADER_MAX])
+    except Problem as exc:
+        raise Problem(exc.code, f"{where}: {exc.message}") from None
+    fcs = fh.content_size
+    if fcs is None and need_content_size:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame header declares no content size")
+    if fcs is not None and fcs > limit:
+        raise Problem(limit_code, f"{where}: zstd frame declares {fcs} decoded bytes, above the "
+                      f"limit of {limit}")
+    if fcs is not None and exact is not None and fcs != exact:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame declares {fcs} bytes, {exact} expected "
+                      "(R-TENSOR-7)")
+    if fh.window_size > ZSTD_MAX_WINDOW:
+        raise Problem("PCK-CODEC", f"{where}: zstd frame needs a {fh.window_size}-byte window, "
+                      f"above the {ZSTD_MAX_WINDOW}-byte limit (R-TENSOR-10)")
+    m = fcs if fcs is not None else exact if exact is not None else limit
+    most = zstd_bound(m)
+    if stored > most:
+        raise Problem("PCK-CODEC", f"{where}: the stored zstd frame is {stored} bytes, more than "
+                      f"ZSTD_COMPRESSBOUND({m}) = {most} (R-TENSOR-10)")
+    return fcs
 
 
 def zstd_decode(frame: bytes, *, where: str, limit: int, exact: int | None = None,
                 need_content_size: bool = False, limit_code: str = "PCK-CODEC") -> bytes:
     """Decode exactly one Zstandard frame with the spec's rules (§8.3, R-SEC-5, R-TABLE-3).
 
-    The frame must start with the zstd magic (no skippable frame), reference no dictionary and be
-    followed by no other bytes. A declared content size above ``limit`` is rejected with
+    The frame must pass :func:`zstd_check_header` (the zstd magic, no skippable frame, no
+    dictionary, a window of at most 2^27, no longer than ``ZSTD_COMPRESSBOUND``, R-TENSOR-10)
+    and be followed by no other bytes. A declared content size above ``limit`` is rejected with
     ``limit_code`` before anything is decoded; the output is produced in small steps and decoding
     stops as soon as it would exceed the declared size (or ``limit`` when none is declared), so
     no allocation is sized by the frame's own header. ``exact`` is the size the output must have.
@@ -374,14 +509,9 @@ def zstd_decode(frame: bytes, *, where: str, limit: int, exact: int | None = Non
     """
     import zstandard
 
-    fcs = zstd_frame_content_size(frame)
-    if fcs is None and need_content_size:
-        raise Problem("PCK-CODEC", f"{where}: zstd frame header declares no content size")
-    if fcs is not None and fcs > limit:
-        raise Problem(limit_code, f"{where}: zstd frame declares {fcs} decoded bytes, above the "
-                      f"limit of {limit}")
-    if fcs is not None and exact is not None and fcs != exact:
-        raise Problem("PCK-CODEC", f"{where}: zstd frame declares {fcs} bytes, {exact} expected")
+    fcs = zstd_check_header(frame[:ZSTD_HEADER_MAX], stored=len(frame), where=where,
+                            limit=limit, exact=exact, need_content_size=need_content_size,
+                            limit_code=limit_code)
     cap = fcs if fcs is not None else (exact if exact is not None else limit)
     dobj = zstandard.ZstdDecompressor().decompressobj()
     out: list[bytes] = []

@@ -40,6 +40,25 @@ def _float(s: str) -> float:
     return v
 
 
+def _int(s: str) -> int:
+    """An integer token, refused when its value overflows a double (R-SEC-9, errata 3).
+
+    Decided by the value, before Python's own digit-string limit could decide instead: a
+    double holds no integer of more than 309 digits, and float() of one of 309 digits raises
+    OverflowError exactly when it would round to infinity.
+    """
+    digits = len(s) - s.startswith("-")
+    if digits > 309:
+        raise StrictJsonError(f"integer of {digits} digits overflows an IEEE 754 double")
+    v = int(s)
+    if digits == 309:
+        try:
+            float(v)
+        except OverflowError:
+            raise StrictJsonError(f"integer {s[:40]}... overflows an IEEE 754 double") from None
+    return v
+
+
 def _has_surrogate(s: str) -> bool:
     return any(0xD800 <= ord(c) <= 0xDFFF for c in s)
 
@@ -149,7 +168,7 @@ def loads_strict(data: bytes, *, max_bytes: int | None = None,
         raise StrictJsonError(f"not UTF-8: {exc}") from None
     try:
         value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant,
-                           parse_float=_float)
+                           parse_float=_float, parse_int=_int)
     except StrictJsonError:
         raise
     except RecursionError:

@@ -31,7 +31,13 @@ from conformance.spec import (
     has_control_chars,
     path_problem,
 )
-from conformance.store import Problem, VersionFiles, parse_safetensors_bytes, zstd_decode
+from conformance.store import (
+    Problem,
+    VersionFiles,
+    parse_safetensors_bytes,
+    zstd_bound,
+    zstd_decode,
+)
 
 __all__ = ["TensorTable", "decode_table", "encode_table", "implied_name", "load_table"]
 
@@ -260,6 +266,9 @@ def load_table(vf: VersionFiles, ref: Any, files: Container[str], where: str) ->
     if codec == "none" and rec.size > MAX_TABLE_BYTES:
         raise Problem("PCK-LIMIT", f"{where}: table {rel!r} has {rec.size} bytes, above 2^32 "
                       "(R-TABLE-3)")
+    if codec == "zstd" and rec.size > zstd_bound(MAX_TABLE_BYTES):
+        raise Problem("PCK-LIMIT", f"{where}: zstd table {rel!r} has {rec.size} bytes, more than "
+                      "ZSTD_COMPRESSBOUND(2^32): it would decode to more than 2^32 (R-TABLE-3)")
     raw = vf.read(rel)  # whole file, every block verified (R-TABLE-3, R-CKSUM-3)
     if codec == "zstd":
         raw = zstd_decode(raw, where=f"{where}: table {rel!r}", limit=MAX_TABLE_BYTES,

@@ -3,13 +3,15 @@
 Run it with torchrun (CPU/gloo here; NCCL works the same)::
 
     torchrun --nproc_per_node 4 examples/train_fsdp2.py --ckpt /tmp/run1 --steps 200
-    # stop it any time (Ctrl-C / SIGTERM to torchrun: the step is saved before exiting), then
-    torchrun --nproc_per_node 2 examples/train_fsdp2.py --ckpt /tmp/run1 --steps 200 --resize
+    # stop it any time (Ctrl-C or SIGTERM to torchrun: the step is saved before exiting), then
+    torchrun --nproc_per_node 3 examples/train_fsdp2.py --ckpt /tmp/run1 --steps 200 --resize
 
 It uses only the public API of ``portable_ckpt.torch``: the manager decides when to save (every
 ``--save-every`` steps durably, every ``--fast-every`` steps to the fast tier), keeps the last
-three durable versions and the best by loss, saves synchronously on SIGTERM, resumes from the
-newest verified version over both tiers, and records telemetry in ``--events``.
+three durable versions and the best by loss, saves synchronously on SIGTERM or Ctrl-C (SIGINT,
+which torchrun forwards to its workers), resumes from the newest verified version over both
+tiers, and records telemetry in ``--events``. The loss is the global batch's on any world size,
+so the losses after a resume on another world size continue the interrupted run's.
 """
 
 from __future__ import annotations
@@ -68,10 +70,13 @@ class TinyGPT(torch.nn.Module):
 
 
 def batch(data: pckt.DataPosition, args: argparse.Namespace, rank: int, world: int) -> torch.Tensor:
-    """Return this rank's share of the global batch at the data cursor (deterministic, any world size)."""
+    """Return this rank's share of the global batch at the data cursor (deterministic).
+
+    Shares differ by at most one sample (8 on 3 ranks: 3, 3, 2); ranks beyond the batch get none.
+    """
     g = torch.Generator().manual_seed(args.seed * 100_003 + data.global_sample_index)
     tokens = torch.randint(0, args.vocab, (args.batch, args.ctx + 1), generator=g)
-    return tokens.chunk(world)[rank] if rank < args.batch else tokens[:0]
+    return tokens.tensor_split(world)[rank]
 
 
 def main() -> None:
@@ -124,31 +129,35 @@ def main() -> None:
         fast_every=args.fast_every if args.fast else None,
         verify_sample=0.25,
         events=args.events,
+        handle_sigint=True,  # Ctrl-C saves the step and stops, like SIGTERM
     ) as mgr:
         info = mgr.restore(state, allow_statistical=args.resize)  # None on the first run
         start = info.step + 1 if info is not None else 1
         if rank == 0:
             print(json.dumps({"world": world, "restored_step": info and info.step}), flush=True)
         last = start - 1
+        n_global = args.batch * args.ctx  # predicted tokens in the global batch
         for step in range(start, args.steps + 1):
             tokens = batch(data, args, rank, world)
             logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1)
+            loss_sum = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1), reduction="sum"
             )
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            # FSDP averages gradients over ranks: this gives the global batch's mean-loss
+            # gradient whatever each rank's share (an empty share contributes zero).
+            (loss_sum * world / n_global).backward()
             opt.step()
             sched.step()
             data.global_sample_index += args.batch
-            total = loss.detach().reshape(1)
-            dist.all_reduce(total)
-            mean = float(total.item()) / world
+            total = loss_sum.detach().double().reshape(1)
+            dist.all_reduce(total)  # the sum over the global batch
+            mean = float(total.item()) / n_global
             last = step
             mgr.maybe_save(step, state, metrics={"loss": mean})
             if rank == 0:
                 print(json.dumps({"step": step, "loss": round(mean, 4)}), flush=True)
-            if mgr.preempted:  # SIGTERM: this step was just saved synchronously
+            if mgr.preempted:  # SIGTERM or Ctrl-C: this step was just saved synchronously
                 break
             time.sleep(args.step_sleep)
     if rank == 0:

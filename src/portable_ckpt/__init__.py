@@ -84,9 +84,9 @@ def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
     """
     from portable_ckpt.io.reader import Checkpoint
     from portable_ckpt.io.versions import latest, load_manifest
-    from portable_ckpt.storage import open_storage
+    from portable_ckpt.storage import open_storage, root_text
 
-    text = os.fspath(path)
+    text = root_text(path)
     if text.startswith("file://"):
         text = text[len("file://") :]
     split = _split_version(text if text.startswith("s3://") else os.path.abspath(text))
@@ -133,12 +133,14 @@ def save_arrays(
         The published manifest.
 
     Raises:
-        UsageError: a ``tiles`` key that is not in ``arrays`` or a bad tile (before anything
-            is written), a bad block size (before any file is written).
+        UsageError: a ``tiles`` key that is not in ``arrays``, a bad tile or an invalid
+            ``continuation`` (before anything is written), a bad block size or entry name
+            (before any file is written).
 
     """
     import numpy as np
 
+    from portable_ckpt.format.manifest import check_continuation
     from portable_ckpt.io.commit import commit
     from portable_ckpt.io.writer import ShardWriter, new_attempt_id, tile_lengths
     from portable_ckpt.storage import open_storage
@@ -148,6 +150,8 @@ def save_arrays(
         raise errors.UsageError(f"save_arrays: tiles names keys that are not arrays: {unknown}")
     for key, tile in (tiles or {}).items():
         tile_lengths(key, tile, np.shape(arrays[key]))
+    if continuation is not None:
+        check_continuation(continuation, "save_arrays: continuation")
     storage = open_storage(root, create=True)
     attempt = new_attempt_id(step)
     w = ShardWriter(storage, attempt, 0, codec=codec, write_index=False, block_size=block_size)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError
@@ -191,6 +192,14 @@ def check_root(root: str | Storage) -> list[str]:
         best, _ = latest(storage)
         assert best in ids
     return ids
+
+
+def expect_code(code: str, fn: Any, *args: Any, **kwargs: Any) -> CheckpointError:
+    """Call ``fn`` and check that it raises the :class:`CheckpointError` of ``code``."""
+    with pytest.raises(CheckpointError) as info:
+        fn(*args, **kwargs)
+    assert info.value.code == code, f"expected {code}, got {info.value.code}: {info.value}"
+    return info.value
 
 
 def only_checkpoint_errors(fn: Any, *args: Any, **kwargs: Any) -> CheckpointError | None:

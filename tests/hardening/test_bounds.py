@@ -21,17 +21,11 @@ import portable_ckpt.format.dtypes
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.io.checksum import BlockHasher
 from tests.hardening._hand import HandTensor, Piece, edit_manifest, rle_frame, write_version
-from tests.hardening._util import cpu_bound, memory_bound, time_bound
+from tests.hardening._util import cpu_bound, expect_code, memory_bound, time_bound
 
 #: Memory a small read may cost: the 16 MiB scratch window of the reader plus slack.
 SMALL_READ_BYTES = 40 << 20
 
-
-def _expect(code: str, fn: Any, *args: Any, **kwargs: Any) -> CheckpointError:
-    with pytest.raises(CheckpointError) as info:
-        fn(*args, **kwargs)
-    assert info.value.code == code, f"expected {code}, got {info.value.code}: {info.value}"
-    return info.value
 
 
 # -- item 5: a range check is keyed by the whole record, never by (file, name) ------------------
@@ -67,7 +61,7 @@ def test_aliased_range_after_its_owner_is_refused(tmp_path: Path, codec: str) ->
     code = "PCK-SHARD-MISMATCH" if codec == "none" else "PCK-CODEC"
     ck = portable_ckpt.open(vdir)
     assert np.array_equal(ck.read("a"), np.arange(12, dtype=np.float32))
-    _expect(code, ck.read, "b")
+    expect_code(code, ck.read, "b")
     assert np.array_equal(ck.read("c"), np.arange(40, dtype=np.float32) + 1000)
     # A fresh reader: verify (deep) reports b whatever the order in which ranges are checked.
     errors = portable_ckpt.open(vdir).verify(deep=True)
@@ -80,7 +74,7 @@ def test_aliased_range_partial_reads(tmp_path: Path, codec: str) -> None:
     vdir = _aliased(tmp_path, codec)
     ck = portable_ckpt.open(vdir)
     assert np.array_equal(ck.read("a", [2], [3]), np.arange(2, 5, dtype=np.float32))
-    _expect("PCK-SHARD-MISMATCH" if codec == "none" else "PCK-CODEC", ck.read, "b", [0], [1])
+    expect_code("PCK-SHARD-MISMATCH" if codec == "none" else "PCK-CODEC", ck.read, "b", [0], [1])
 
 
 # -- item 12: a zstd frame longer than its range can need is refused before it is read ----------
@@ -128,7 +122,7 @@ def test_zstd_frame_longer_than_bound_is_refused_before_reading(tmp_path: Path) 
     vdir = _long_frame_version(tmp_path, 1 << 30)
     with time_bound(5), memory_bound(SMALL_READ_BYTES):
         ck = portable_ckpt.open(vdir)
-        err = _expect("PCK-CODEC", ck.read, "w")
+        err = expect_code("PCK-CODEC", ck.read, "w")
         assert "ZSTD_COMPRESSBOUND" in err.message or "bound" in err.message
         assert [e.code for e in ck.verify()] == ["PCK-CODEC"]
 
@@ -177,7 +171,7 @@ def test_frame_with_huge_window_is_refused(tmp_path: Path) -> None:
     vdir = _rle_version(tmp_path, 1 << 34, single_segment=True)
     ck = portable_ckpt.open(vdir)
     with time_bound(5), memory_bound(SMALL_READ_BYTES):
-        err = _expect("PCK-CODEC", ck.read, "z", [0], [1])
+        err = expect_code("PCK-CODEC", ck.read, "z", [0], [1])
     assert "window" in err.message
 
 
@@ -193,7 +187,7 @@ def test_streamed_frame_that_lies_about_its_size(tmp_path: Path) -> None:
         )
     )
     with time_bound(10), memory_bound(SMALL_READ_BYTES):
-        _expect("PCK-CODEC", portable_ckpt.open(vdir).read, "z", [5], [1])
+        expect_code("PCK-CODEC", portable_ckpt.open(vdir).read, "z", [5], [1])
     short = rle_frame(total - 1, byte=1, content_size=None)
     vdir2 = str(
         tmp_path
@@ -203,7 +197,7 @@ def test_streamed_frame_that_lies_about_its_size(tmp_path: Path) -> None:
             [HandTensor("z", "uint8", (total,), [Piece((0,), (total,), short, "zstd")])],
         )
     )
-    _expect("PCK-CODEC", portable_ckpt.open(vdir2).read, "z", [5], [1])
+    expect_code("PCK-CODEC", portable_ckpt.open(vdir2).read, "z", [5], [1])
 
 
 def test_streamed_frame_with_trailing_bytes(tmp_path: Path) -> None:
@@ -217,7 +211,7 @@ def test_streamed_frame_with_trailing_bytes(tmp_path: Path) -> None:
             [HandTensor("z", "uint8", (total,), [Piece((0,), (total,), payload, "zstd")])],
         )
     )
-    err = _expect("PCK-CODEC", portable_ckpt.open(vdir).read, "z", [5], [1])
+    err = expect_code("PCK-CODEC", portable_ckpt.open(vdir).read, "z", [5], [1])
     assert "after" in err.message
 
 
@@ -350,7 +344,7 @@ def test_huge_table_is_refused_before_it_is_read(tmp_path: Path, codec: str) -> 
     vdir = _table_version(tmp_path)
     _huge_table(vdir, codec)
     with time_bound(5), memory_bound(SMALL_READ_BYTES):
-        _expect("PCK-LIMIT", portable_ckpt.open, vdir)
+        expect_code("PCK-LIMIT", portable_ckpt.open, vdir)
 
 
 def test_table_frame_longer_than_bound_is_refused(tmp_path: Path) -> None:
@@ -362,7 +356,7 @@ def test_table_frame_longer_than_bound_is_refused(tmp_path: Path) -> None:
     with open(Path(vdir) / rel, "ab") as f:
         f.write(bytes(1 << 20))
     rechecksum(vdir, rel)
-    err = _expect("PCK-CODEC", portable_ckpt.open, vdir)
+    err = expect_code("PCK-CODEC", portable_ckpt.open, vdir)
     assert "ZSTD_COMPRESSBOUND" in err.message
 
 
@@ -595,7 +589,7 @@ def test_schema_ref_fan_out_is_bounded(tmp_path: Path) -> None:
     ck = _entry_version(tmp_path, schema, b"1")
     for _ in range(2):
         with time_bound(20):
-            err = _expect("PCK-ENTRY-SCHEMA", ck.entry, "e")
+            err = expect_code("PCK-ENTRY-SCHEMA", ck.entry, "e")
         assert "R-ENTRY-16" in err.message
 
 
@@ -606,7 +600,7 @@ def test_schema_unevaluated_fan_out_is_bounded(tmp_path: Path, keyword: str) -> 
     schema = {**_fan_out(40, leaf), keyword: False}
     ck = _entry_version(tmp_path, schema, b'{"a": 1}' if "Prop" in keyword else b"[1]")
     with time_bound(20):
-        _expect("PCK-ENTRY-SCHEMA", ck.entry, "e")
+        expect_code("PCK-ENTRY-SCHEMA", ck.entry, "e")
 
 
 def test_schema_enum_against_many_items_is_linear(tmp_path: Path) -> None:
@@ -616,7 +610,7 @@ def test_schema_enum_against_many_items_is_linear(tmp_path: Path) -> None:
     with time_bound(10):
         assert ck.entry("e") == list(range(6000))
     bad = _entry_version(tmp_path / "b", schema, json.dumps([*range(5999), 6000]).encode())
-    _expect("PCK-ENTRY-SCHEMA", bad.entry, "e")
+    expect_code("PCK-ENTRY-SCHEMA", bad.entry, "e")
 
 
 def test_unevaluated_properties_patterns_use_linear_engine(tmp_path: Path) -> None:
@@ -625,7 +619,7 @@ def test_unevaluated_properties_patterns_use_linear_engine(tmp_path: Path) -> No
     schema = {"patternProperties": {"^(a+)+$": {}}, "unevaluatedProperties": False}
     ck = _entry_version(tmp_path, schema, json.dumps({"a" * 40 + "!": 1}).encode())
     with time_bound(5):
-        _expect("PCK-ENTRY-SCHEMA", ck.entry, "e")
+        expect_code("PCK-ENTRY-SCHEMA", ck.entry, "e")
 
 
 _SCHEMA_PARTS = st.deferred(lambda: st.one_of(
@@ -693,7 +687,7 @@ def test_json_zstd_bomb_is_refused_before_it_is_built(tmp_path: Path, size: int,
     assert len(frame) < 8000
     ck = _entry_version(tmp_path, {}, frame, "json+zstd")
     with time_bound(20), memory_bound(3 * size + (16 << 20)):
-        err = _expect("PCK-JSON-INVALID", ck.entry, "e")
+        err = expect_code("PCK-JSON-INVALID", ck.entry, "e")
     assert "JSON values" in err.message
 
 
@@ -707,8 +701,8 @@ def test_value_at_the_node_limit_is_read(tmp_path: Path) -> None:
     assert jsonio.count_values(ok) == n
     assert len(jsonio.loads(ok, what="v", max_nodes=n)) == n - 1
     over = b"[" + b"0," * (n - 1) + b"0]"
-    _expect("PCK-JSON-INVALID", jsonio.loads, over, what="v", max_nodes=n)
-    _expect("PCK-JSON-INVALID", validate_entry_value, [0] * n, {"id": "pck:json/1"}, name="e")
+    expect_code("PCK-JSON-INVALID", jsonio.loads, over, what="v", max_nodes=n)
+    expect_code("PCK-JSON-INVALID", validate_entry_value, [0] * n, {"id": "pck:json/1"}, name="e")
 
 
 _JSON_TEXT = st.recursive(
@@ -775,7 +769,7 @@ def test_torch_pickle_memo_sharing_is_bounded(tmp_path: Path) -> None:
     src = tmp_path / "bomb.pt"
     _torch_zip(src, pkl)
     with time_bound(30):  # about 2^16 visits: well under a second on an idle machine
-        err = _expect("PCK-LIMIT", convert, str(src), str(tmp_path / "out"), src_format="torch")
+        err = expect_code("PCK-LIMIT", convert, str(src), str(tmp_path / "out"), src_format="torch")
     assert "shared references" in err.message
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
@@ -808,7 +802,7 @@ def test_dcp_metadata_shared_chunk_lists_are_bounded() -> None:
     data = dp.dumps(md, 4)
     assert len(data) < 1 << 20
     with time_bound(20):
-        _expect("PCK-LIMIT", parse_dcp_metadata, data, path="x/.metadata")
+        expect_code("PCK-LIMIT", parse_dcp_metadata, data, path="x/.metadata")
 
 
 @pytest.mark.parametrize("method", ["deflate", "bzip2"])
@@ -826,7 +820,7 @@ def test_torch_zip_compressed_pickle_is_refused(tmp_path: Path, method: str) -> 
     _torch_zip(src, bomb, method=kind, declared=25)
     assert src.stat().st_size < 100_000
     with time_bound(10), memory_bound(SMALL_READ_BYTES):
-        err = _expect("PCK-CODEC", convert, str(src), str(tmp_path / "out"), src_format="torch")
+        err = expect_code("PCK-CODEC", convert, str(src), str(tmp_path / "out"), src_format="torch")
     assert "compressed" in err.message
 
 
@@ -842,13 +836,13 @@ def test_torch_expanded_view_needs_allow_expand(tmp_path: Path) -> None:
     assert src.stat().st_size < 4096
     out = tmp_path / "out"
     with time_bound(10), memory_bound(SMALL_READ_BYTES):
-        err = _expect("PCK-UNSUPPORTED-VALUE", convert, str(src), str(out), src_format="torch")
+        err = expect_code("PCK-UNSUPPORTED-VALUE", convert, str(src), str(out), src_format="torch")
         assert "allow_expand" in err.message
-        _expect("PCK-LIMIT", convert, str(src), str(out), src_format="torch", allow_expand=True)
+        expect_code("PCK-LIMIT", convert, str(src), str(out), src_format="torch", allow_expand=True)
     assert not out.exists() or not any(p.suffix == ".safetensors" for p in out.rglob("*"))
     small = tmp_path / "small.pt"
     torch.save({"w": torch.arange(3.0).expand(4, 3)}, small)
-    _expect("PCK-UNSUPPORTED-VALUE", convert, str(small), str(tmp_path / "o2"), src_format="torch")
+    expect_code("PCK-UNSUPPORTED-VALUE", convert, str(small), str(tmp_path / "o2"), src_format="torch")
     convert(str(small), str(tmp_path / "o3"), src_format="torch", allow_expand=True)
     got = portable_ckpt.open(str(tmp_path / "o3")).read("w")
     assert got.tolist() == [[0.0, 1.0, 2.0]] * 4
@@ -882,7 +876,7 @@ def test_torch_zip_damaged_member_is_a_checkpoint_error(tmp_path: Path, damage: 
         raw[central + 16] ^= 0xFF  # the recorded CRC-32 of data.pkl
     src.write_bytes(bytes(raw))
     with time_bound(10):
-        _expect("PCK-SHARD-HEADER", open_source, str(src), "torch")
+        expect_code("PCK-SHARD-HEADER", open_source, str(src), "torch")
 
 
 @pytest.mark.parametrize("fmt", ["torch", None])
@@ -899,7 +893,7 @@ def test_zip_end_record_spanning_disks_is_a_checkpoint_error(tmp_path: Path, fmt
     end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0, 0, 0, 0, 0)
     src.write_bytes(b"PK\x03\x04" + bytes(40) + locator + end)
     with time_bound(10):
-        _expect("PCK-SHARD-HEADER", open_source, str(src), fmt)
+        expect_code("PCK-SHARD-HEADER", open_source, str(src), fmt)
 
 
 @pytest.mark.parametrize("fmt", ["torch", None])
@@ -917,7 +911,7 @@ def test_zip_needing_a_newer_version_is_a_checkpoint_error(tmp_path: Path, fmt: 
     raw[central + 6] = 67  # version needed to extract: 6.7
     src.write_bytes(bytes(raw))
     with time_bound(10):
-        _expect("PCK-SHARD-HEADER", open_source, str(src), fmt)
+        expect_code("PCK-SHARD-HEADER", open_source, str(src), fmt)
 
 
 def _fan_out_to_a_type_error(depth: int) -> dict[str, Any]:
@@ -939,9 +933,9 @@ def test_schema_error_messages_are_metered(tmp_path: Path) -> None:
     # allocation (this validation's 0.29 s of CPU becomes 3.5 s under it), so a CPU bound on a
     # combined pass measured the instrument, and failed on slower CI machines.
     with time_bound(120), cpu_bound(5):
-        err = _expect("PCK-ENTRY-SCHEMA", validate_entry_value, list(range(5000)), schema, name="e")
+        err = expect_code("PCK-ENTRY-SCHEMA", validate_entry_value, list(range(5000)), schema, name="e")
     with time_bound(120), memory_bound(24 << 20):
-        again = _expect("PCK-ENTRY-SCHEMA", validate_entry_value, list(range(5000)), schema,
+        again = expect_code("PCK-ENTRY-SCHEMA", validate_entry_value, list(range(5000)), schema,
                         name="e")
     assert "keyword evaluations" in err.message and again.message == err.message
 
@@ -987,7 +981,7 @@ def test_missing_ranks_of_a_huge_world_size_cost_the_values_present(tmp_path: Pa
     edit_manifest(str(vdir), grow)
     doc = json.loads((vdir / "manifest.json").read_bytes())
     with time_bound(60), cpu_bound(2), memory_bound(16 << 20):
-        err = _expect("PCK-ENTRY-MISSING", parse_manifest, doc, directory_name=attempt)
+        err = expect_code("PCK-ENTRY-MISSING", parse_manifest, doc, directory_name=attempt)
         report = check(str(vdir))
     assert "[2, 3, 4, 5, 6, 7, 8, 9]" in err.message
     assert "PCK-ENTRY-MISSING" in report.codes

@@ -468,3 +468,72 @@ def node_slow_publish(rank: int, world: int, base: str) -> dict[str, Any]:
         error = e.message
     events = [e for e in mgr.telemetry.history if e["event"] == "replicate"]
     return {"error": error, "replicated": [(e["ok"], e.get("message")) for e in events]}
+
+
+def failing_saves(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Rank 1's disk is full from step 2: each failure is said on stderr, the 3rd in a row stops.
+
+    Each step waits for the save's background work, so the raise comes at a known step.
+    """
+    import contextlib
+    import dataclasses
+    import io
+
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    tr = Trainer(world)
+    err = io.StringIO()
+    out: dict[str, Any] = {"raised": None}
+    with contextlib.redirect_stderr(err):
+        mgr = pckt.CheckpointManager(root, save_every=1, timeout=30)  # max_failed_saves=3
+        tier = mgr.tiers["durable"]
+        full = FaultyStorage(tier.storage, [Fault(op="write", path="*/data/*", error="ENOSPC")])
+        for step in range(1, 7):
+            if step == 2 and rank == 1:
+                mgr.tiers["durable"] = dataclasses.replace(tier, storage=full)
+            try:
+                mgr.maybe_save(step, {"model": tr}, metrics={"loss": 1.0})
+            except CheckpointError as e:
+                out["raised"] = [step, e.code, e.message, repr(e.__cause__)]
+                break
+            for fut in list(mgr._post):
+                fut.result()  # the failure of this step is known before the next call
+        out["last_error_after_raise"] = repr(mgr.last_error)
+        mgr.tiers["durable"] = tier  # the disk has room again: training goes on, saves work
+        mgr.maybe_save(7, {"model": tr}, metrics={"loss": 1.0})
+        mgr.close()  # nothing left to raise: the failures were surfaced by the raise
+    out["stderr"] = err.getvalue()
+    out["commits"] = [
+        [e["step"], e["ok"], e.get("failed_in_a_row")]
+        for e in mgr.telemetry.history
+        if e["event"] == "commit"
+    ]
+    return out
+
+
+def sigint_preempts(rank: int, world: int, root: str) -> dict[str, Any]:
+    """handle_sigint=True: a first SIGINT preempts, a second is KeyboardInterrupt; off: as ever."""
+    out: dict[str, Any] = {}
+    mgr = pckt.CheckpointManager(root, save_every=100, async_save=False, handle_sigint=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # the handler runs between bytecodes
+    out["saved"] = mgr.maybe_save(1, {"x": torch.zeros(2)})
+    out["preempted"] = mgr.preempted
+    out["events"] = [e for e in mgr.telemetry.history if e["event"] in ("preempted", "save")]
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        out["second"] = "survived"
+    except KeyboardInterrupt:
+        out["second"] = "KeyboardInterrupt"
+    mgr.close()
+    plain = pckt.CheckpointManager(root, save_every=100)  # handle_sigint=False by default
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        out["default"] = "survived"
+    except KeyboardInterrupt:
+        out["default"] = "KeyboardInterrupt"
+    out["default_preempted"] = plain._preemption.seen.is_set()
+    plain.close()
+    return out

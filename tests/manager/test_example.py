@@ -1,4 +1,4 @@
-"""examples/train_fsdp2.py under torchrun: SIGTERM mid-run saves and stops; resume on 1 rank."""
+"""examples/train_fsdp2.py under torchrun: SIGTERM or Ctrl-C mid-run saves and stops; resume."""
 
 from __future__ import annotations
 
@@ -43,16 +43,21 @@ def _lines(text: str) -> list[dict[str, object]]:
     return out
 
 
-def _run_and_preempt(kids: Children, common: list[str], events: Path) -> int:
-    """Train on 2 ranks, SIGTERM the launcher at step 5; return the step the job stopped at."""
-    proc = kids.start(_cmd(2, *common, "--steps", "500", "--step-sleep", "0.2"))
+def _run_and_preempt(
+    kids: Children, common: list[str], events: Path, nproc: int = 2, ctrl_c: bool = False
+) -> int:
+    """Train, SIGTERM the launcher (or Ctrl-C) at step 5; return the step the job stopped at."""
+    proc = kids.start(_cmd(nproc, *common, "--steps", "500", "--step-sleep", "0.2"))
     assert proc.stdout is not None
     seen: list[str] = []
     deadline = time.monotonic() + 240
     for line in proc.stdout:
         seen.append(line)
         if line.startswith('{"step": 5,'):
-            os.kill(proc.pid, signal.SIGTERM)  # the launcher forwards it to every worker
+            if ctrl_c:  # what a terminal does: SIGINT to the foreground process group
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                os.kill(proc.pid, signal.SIGTERM)  # the launcher forwards it to every worker
             break
         assert time.monotonic() < deadline, "".join(seen[-20:])
     rest, _ = proc.communicate(timeout=180)
@@ -99,3 +104,36 @@ def test_example_sigterm_then_resume_on_another_world_size(tmp_path: Path) -> No
     assert out2[-1] == {"done": stopped + 2, "preempted": False}
     restore = [json.loads(x) for x in events.read_text().splitlines() if '"restore"' in x][-1]
     assert restore["ok"] and restore["step"] == stopped and restore["contract"] == "statistical"
+
+
+def test_example_ctrl_c_saves_the_step(tmp_path: Path) -> None:
+    """Finding 5 of the user review: Ctrl-C killed the workers and nothing was saved."""
+    ckpt, events = tmp_path / "d", tmp_path / "ev.jsonl"
+    common = ["--ckpt", str(ckpt), "--save-every", "100", "--events", str(events)]
+    with children() as kids:
+        stopped = _run_and_preempt(kids, [*common, "--dim", "16", "--layers", "1"], events, 1, True)
+        assert kids.left() == []
+    assert portable_ckpt.open(ckpt).step == stopped
+    pre = [json.loads(x) for x in events.read_text().splitlines() if '"preempted"' in x]
+    assert [e["signal"] for e in pre] == ["SIGINT"]
+
+
+def test_example_batch_shares_cover_the_global_batch_on_any_world_size() -> None:
+    """Finding 9: shares are a partition of the global batch (empty beyond it), for any world."""
+    import argparse
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("train_fsdp2", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    args = argparse.Namespace(seed=0, vocab=256, batch=8, ctx=4)
+    data = ex.pckt.DataPosition(0, 16)
+    whole = ex.batch(data, args, 0, 1)
+    assert whole.shape == (8, 5)
+    for world in range(1, 11):
+        shares = [ex.batch(data, args, r, world) for r in range(world)]
+        assert torch.equal(torch.cat(shares), whole), world
+        assert max(len(s) for s in shares) - min(len(s) for s in shares) <= 1

@@ -286,3 +286,49 @@ def torch_arange_plus(steps: int) -> Any:
     import torch
 
     return torch.arange(24.0).reshape(12, 2) + steps
+
+
+def test_failed_background_saves_are_said_and_stop_the_job_after_three(tmp_path: Path) -> None:
+    """Finding 2 of the user review: failures were only in last_error until close()."""
+    root = str(tmp_path / "r")
+    r0, r1 = ok(run("failing_saves", 2, root))
+    # Steps 2, 3 and 4 failed; the maybe_save of step 5 raised on both ranks (agreed count).
+    for r in (r0, r1):
+        step, code, message, cause = r["raised"]
+        assert step == 5, r
+        assert "3 checkpoints in a row failed (steps 2, 3, 4" in message
+        assert "max_failed_saves=3" in message and "ENOSPC" in message
+        assert "ENOSPC" in cause or "PCK-DISTRIBUTED" in cause
+        assert r["last_error_after_raise"] == "None"
+    assert r1["raised"][1] == "PCK-STORAGE" and r0["raised"][1] == "PCK-DISTRIBUTED"
+    # Rank 0 said each failure once on stderr, naming step, code and that training goes on.
+    said = [line for line in r0["stderr"].splitlines() if "FAILED" in line]
+    assert len(said) == 3, r0["stderr"]
+    for step, line in zip((2, 3, 4), said, strict=True):
+        assert line.startswith("portable_ckpt: rank 0: the checkpoint of step ")
+        assert f"step {step} to the durable tier FAILED ([PCK-DISTRIBUTED]" in line
+        assert "Training continues without it" in line and "ENOSPC" in line
+    assert "3 failed save(s) in a row; the next maybe_save/save raises" in said[-1]
+    assert "FAILED" not in r1["stderr"]
+    assert r0["commits"] == [
+        [1, True, None],
+        [2, False, 1],
+        [3, False, 2],
+        [4, False, 3],
+        [7, True, None],
+    ]
+    assert _committed(root) == [1, 7]
+
+
+def test_sigint_preempts_only_when_asked(tmp_path: Path) -> None:
+    """Finding 5: handle_sigint=True makes Ctrl-C save the step; a second one still stops."""
+    res = run("sigint_preempts", 1, str(tmp_path))
+    (r,) = ok(res)
+    assert r["saved"] is True and r["preempted"] is True
+    assert [(e["event"], e.get("signal"), e.get("reason")) for e in r["events"]] == [
+        ("preempted", "SIGINT", None),
+        ("save", None, "preemption"),
+    ]
+    assert r["second"] == "KeyboardInterrupt"
+    assert r["default"] == "KeyboardInterrupt" and r["default_preempted"] is False
+    assert _committed(str(tmp_path)) == [1]

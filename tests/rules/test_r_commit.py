@@ -27,6 +27,7 @@ from ._util import (
     edit_manifest,
     expect_code,
     open_and_read_all,
+    read_manifest,
 )
 
 
@@ -482,3 +483,21 @@ def test_committed_at_is_after_every_version_of_the_step(tmp_path: Path) -> None
         w.finish()
     expect_code("PCK-STORAGE", commit, faulty, attempt2, step=4, expected_writers=[0, 1])
     assert not (tmp_path / attempt2 / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        {"committed_at": "2026-02-31T00:00:00.000001Z"},
+        {"created_at": "2026-02-30T23:59:60Z"},
+        {"created_at": "2030-01-01T00:00:00Z", "committed_at": "2020-01-01T00:00:00Z"},
+    ],
+    ids=["feb-31", "feb-30-leap-second", "committed-before-created"],
+)
+def test_timestamps_are_patterns_not_calendar_dates(tmp_path: Path, times: dict[str, str]) -> None:
+    """R-COMMIT-18: every timestamp the pattern accepts is accepted, in any order."""
+    vdir, _ = build_version(tmp_path)
+    edit_manifest(vdir, lambda d: d.update(times))
+    ck = open_and_read_all(vdir)
+    assert ck.manifest.committed_at == read_manifest(vdir)["committed_at"]
+    assert [v.status for v in portable_ckpt.list_versions(tmp_path)] == ["committed"]

@@ -189,6 +189,16 @@ def test_trailing_bytes_after_the_frame_are_codec_errors(tmp_path: Path, tail: s
     expect_code("PCK-CODEC", portable_ckpt.open(vdir).read, "t")
 
 
+def test_an_empty_zstd_range_is_a_shard_mismatch(tmp_path: Path) -> None:
+    """R-TENSOR-6: a zstd range is a U8 tensor of n >= 1 bytes, else PCK-SHARD-MISMATCH."""
+    from conformance.checker import check
+
+    vdir, r, _ = _zstd_version(tmp_path)
+    rebuild_shard(vdir, r["file"], [(r["name"], "U8", [0], b"")])
+    expect_code("PCK-SHARD-MISMATCH", portable_ckpt.open(vdir).read, "t")
+    assert [p.code for p in check(vdir).errors] == ["PCK-SHARD-MISMATCH"]
+
+
 def test_skippable_frame_is_a_codec_error(tmp_path: Path) -> None:
     """R-TENSOR-7: a skippable frame in front of the data frame is PCK-CODEC."""
     vdir, r, arr = _zstd_version(tmp_path)
@@ -219,6 +229,19 @@ def test_zero_d_tensor_has_one_empty_box_range(tmp_path: Path) -> None:
     expect_code("PCK-COVERAGE-OVERLAP", open_and_read_all, vdir)
     edit_manifest(vdir, lambda d: d["tensors"]["s"].__setitem__("ranges", []))
     expect_code("PCK-COVERAGE-GAP", open_and_read_all, vdir)
+
+
+def test_zero_d_tensor_with_codec_zstd_is_a_u8_frame(tmp_path: Path) -> None:
+    """R-TENSOR-8: with codec zstd, a 0-d tensor's range is the U8 frame of its itemsize bytes."""
+    m = portable_ckpt.save_arrays(tmp_path, {"s": np.array(3.5, np.float32)}, step=1,
+                                  codec="zstd")
+    vdir = tmp_path / m.attempt_id
+    r = read_manifest(vdir)["tensors"]["s"]["ranges"][0]
+    assert r["codec"] == "zstd" and r["offsets"] == [] and r["lengths"] == []
+    h = shard_header(vdir / r["file"])[1][r["name"]]
+    assert h["dtype"] == "U8" and len(h["shape"]) == 1
+    ck = portable_ckpt.open(vdir)
+    assert float(ck.read("s")) == 3.5 and ck.verify(deep=True) == []
 
 
 def test_zero_size_tensor_has_no_ranges(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ import json
 import os
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -566,10 +568,19 @@ def test_duplicate_names_rejected_everywhere(tmp_path: Path) -> None:
     expect_code("PCK-SHARD-HEADER", portable_ckpt.open(vdir3).read, "b")
 
 
+#: The smallest integer that rounds to infinity as a double (2^1024 - 2^970).
+_INT_OVERFLOW = 2**1024 - 2**970
+
+
 @pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400",
-                                   b"1E+309"])
+                                   b"1E+309", b"1" + b"0" * 400, str(_INT_OVERFLOW).encode(),
+                                   b"-" + str(_INT_OVERFLOW).encode(), b"7" * 5001])
 def test_non_finite_numbers_rejected(tmp_path: Path, token: bytes) -> None:
-    """R-SEC-9: NaN, Infinity and numbers overflowing a double are PCK-JSON-INVALID."""
+    """R-SEC-9: NaN, Infinity and numbers overflowing a double are PCK-JSON-INVALID.
+
+    Integer tokens too: ``1`` followed by 400 zeros overflows as ``1e400`` does, whatever
+    Python's own limit on digit strings says (5,001 digits was refused by that limit only).
+    """
     _json_targets(tmp_path, b'{"v": [1, ' + token + b"]}", 1)
     vdir, _ = build_version(tmp_path, step=2)
     text = (vdir / "manifest.json").read_bytes()
@@ -670,3 +681,51 @@ def test_no_pickle_anywhere() -> None:
             if fn.endswith(("pickletools.dis",)) is False and "Unpickler" in fn:
                 problems.append(f"{path.name}:{call.lineno}: {fn}")
     assert not problems, problems
+
+
+@pytest.mark.parametrize("token", [str(_INT_OVERFLOW - 1), "-" + str(_INT_OVERFLOW - 1),
+                                   str(2**64), str(-(2**63))])
+def test_integers_inside_the_double_range_are_exact(tmp_path: Path, token: str) -> None:
+    """R-SEC-9, R-ENTRY-5: an integer token a double holds is read exactly (no rounding)."""
+    vdir, _ = build_version(tmp_path, step=2)
+    rel = read_manifest(vdir)["entries"]["cfg"]["values"][0]["file"]
+    rewrite_file(vdir, rel, ('{"v": ' + token + "}").encode())
+    assert portable_ckpt.open(vdir).entry("cfg") == {"v": int(token)}
+
+
+def test_integer_verdict_does_not_depend_on_python_settings(tmp_path: Path) -> None:
+    """R-SEC-9: with Python's digit limit off, a 5,001-digit integer is still refused."""
+    vdir, _ = build_version(tmp_path, step=2)
+    text = (vdir / "manifest.json").read_bytes().replace(b'"extensions": {}', b'"extensions":{}')
+    (vdir / "manifest.json").write_bytes(
+        text.replace(b'"extensions":{}', b'"extensions":{"n":' + b"7" * 5001 + b"}")
+    )
+    code = (
+        "import sys, portable_ckpt\n"
+        "sys.set_int_max_str_digits(0)\n"
+        "try:\n    portable_ckpt.open(sys.argv[1])\n"
+        "except portable_ckpt.CheckpointError as e:\n    print(e.code)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(vdir)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONINTMAXSTRDIGITS": "0"})
+    assert out.stdout.strip() == "PCK-JSON-INVALID"
+
+
+@pytest.mark.parametrize(
+    ("edit", "code"),
+    [
+        (lambda m: m.__setitem__("step", float(m["step"])), "PCK-SCHEMA"),
+        (lambda m: m["continuation"].__setitem__("world_size", 1.0), "PCK-SCHEMA"),
+        (lambda m: next(iter(m["files"].values())).__setitem__(
+            "size", float(next(iter(m["files"].values()))["size"])), "PCK-SCHEMA"),
+        (lambda m: next(iter(m["tensors"].values()))["ranges"][0].__setitem__(
+            "offsets", [0.0] * len(next(iter(m["tensors"].values()))["shape"])), "PCK-SCHEMA"),
+    ],
+    ids=["step", "world_size", "size", "offsets"],
+)
+def test_integer_members_are_integer_tokens(tmp_path: Path, edit: Any, code: str) -> None:
+    """R-SEC-18: ``42.0`` is not an integer in a format document (draft 2020-12 would say it is)."""
+    vdir, _ = build_version(tmp_path, step=2)
+    edit_manifest(vdir, edit)
+    assert b".0" in (vdir / "manifest.json").read_bytes()
+    expect_code(code, portable_ckpt.open, vdir)

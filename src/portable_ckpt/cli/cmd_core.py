@@ -225,16 +225,23 @@ def _gc(args: argparse.Namespace) -> int:
             print(f"{verb}  {v}  (abandoned attempt)")
         for v in rep.foreign:
             print(f"kept    {v}  (foreign: written by a newer format version)")
+        for g in rep.in_grace:
+            print(
+                f"kept    {g['id']}  ({g['status']}, written to {g['age_seconds']:.0f} s ago: "
+                f"within the grace period of {args.grace:g} s, a save may be in progress)"
+            )
         print(
             f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}"
         )
     for u in rep.unknown:
         what = u["id"] or "unfinished uploads"
-        print(f"portable-ckpt: skipped {what}: could not classify it: {u['message']}", file=sys.stderr)
+        why = "could not delete it" if u["status"] == "delete failed" else "could not classify it"
+        print(f"portable-ckpt: skipped {what}: {why}: {u['message']}", file=sys.stderr)
     if not rep.complete:
         print(
-            f"portable-ckpt: gc skipped {len(rep.unknown)} attempt(s) it could not read "
-            "(nothing of theirs was deleted); run it again once the storage answers",
+            f"portable-ckpt: gc skipped {len(rep.unknown)} attempt(s) it could not read or "
+            "delete (named above; what it deleted is listed); run it again once the storage "
+            "answers",
             file=sys.stderr,
         )
         return 1

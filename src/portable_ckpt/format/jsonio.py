@@ -72,6 +72,29 @@ def _lone_surrogate(text: str) -> bool:
     return False
 
 
+#: Digits of the longest integer token a double holds (DBL_MAX is about 1.8e308).
+_DOUBLE_DIGITS = 309
+
+
+def _int_token(token: str) -> int:
+    """An integer token, refused when it overflows a double (R-SEC-9) like ``1e400`` is.
+
+    The length is checked before ``int()`` runs, so the verdict never depends on Python's own
+    limit on digit strings (``sys.set_int_max_str_digits``); integers within the range are
+    exact (never converted through a double).
+    """
+    digits = len(token) - (token[0] == "-")
+    if digits > _DOUBLE_DIGITS:
+        raise ValueError(f"integer of {digits} digits overflows a double")
+    value = int(token)
+    if digits == _DOUBLE_DIGITS:
+        try:
+            float(value)  # rounds to nearest: OverflowError exactly when it would be infinite
+        except OverflowError:
+            raise ValueError(f"integer {token[:40]}... overflows a double") from None
+    return value
+
+
 def _finite_float(token: str) -> float:
     value = float(token)
     if math.isinf(value):
@@ -140,6 +163,7 @@ def loads(
             object_pairs_hook=_no_duplicates,
             parse_constant=_reject_constant,
             parse_float=_finite_float,
+            parse_int=_int_token,
         )
     except RecursionError:
         raise JsonInvalidError(f"{what}: nesting deeper than {MAX_DEPTH}", path=what) from None

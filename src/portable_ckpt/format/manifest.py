@@ -29,6 +29,7 @@ from portable_ckpt.errors import (
     LimitError,
     RangeBoundsError,
     SchemaError,
+    UsageError,
     VersionUnsupportedError,
 )
 from portable_ckpt.format.dtypes import DTYPES
@@ -47,6 +48,7 @@ from portable_ckpt.ranges.box import Box
 __all__ = [
     "BUILTIN_SCHEMA_IDS",
     "CODECS",
+    "DIM_NAME_RE",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
     "FORMAT_VERSION",
@@ -66,6 +68,7 @@ __all__ = [
     "RangeRecord",
     "TensorEntry",
     "WriterIndex",
+    "check_continuation",
     "check_format_version",
     "entry_values_problem",
     "parse_manifest",
@@ -835,6 +838,35 @@ def _continuation(c: _Ctx, v: Any) -> Continuation:
             )
         mesh = Mesh(shape, names)
     return Continuation(contract, ws, mesh)
+
+
+#: What writers name a mesh dimension (the schema's pattern, spec §13 and §19.2).
+DIM_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+
+
+def check_continuation(cont: Continuation, what: str = "continuation") -> None:
+    """Refuse a continuation contract that readers would refuse in a manifest (spec §13).
+
+    Writers call it before they write anything: a contract the reader's parser rejects would
+    make the whole version invalid after its data was written.
+
+    Raises:
+        UsageError: an unknown contract, a world size outside 1 … 2^24, or a mesh whose names
+            are empty, repeated or not names, or whose shape does not hold the world size.
+
+    """
+    try:
+        _continuation(_Ctx(what), cont.to_json())
+    except CheckpointError as exc:
+        raise UsageError(f"{exc.message}; pass a valid Continuation") from None
+    if cont.mesh is not None:
+        bad = [n for n in cont.mesh.dim_names if not DIM_NAME_RE.match(n)]
+        if bad:
+            # Readers accept such labels (R-CONTRACT-8); writers never write them.
+            raise UsageError(
+                f"{what}: mesh dimension names {bad} do not match {DIM_NAME_RE.pattern} "
+                "(spec §13); name the dimensions like Python identifiers"
+            )
 
 
 def parse_manifest(

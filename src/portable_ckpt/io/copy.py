@@ -497,6 +497,10 @@ def copy_version(
         if job.dst.exists(job.manifest_path):
             _verify_existing(job, raw)
         else:
+            from portable_ckpt.io.versions import check_record_absent
+
+            # Something that is not a file under the record's name is no leftover to clear.
+            check_record_absent(job.dst, job.attempt)
             if job.dst.capabilities.local_path:
                 _clear_partial(job.dst, job.attempt, force=force, grace_s=partial_grace_s)
             _copy_files(job, jobs, chunk_size, progress)

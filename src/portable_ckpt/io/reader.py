@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import random
 import threading
 from collections.abc import Callable, Sequence
@@ -194,6 +195,20 @@ class _FilePlan:
     def nbytes(self) -> int:
         """Bytes the segments ask for (overlaps counted twice)."""
         return sum(s.hi - s.lo for s in self.segments)
+
+
+def _indices(xs: Sequence[int], what: str, key: str) -> tuple[int, ...]:
+    """``xs`` as ints: Python or numpy integers only.
+
+    ``int()`` would truncate 0.5 to 0, and read another box than the caller meant.
+    """
+    try:
+        out = tuple(operator.index(x) for x in xs)
+    except TypeError:
+        out = None
+    if out is None or any(isinstance(x, bool) for x in xs):
+        raise UsageError(f"tensor {key!r}: {what} must be a sequence of integers, got {xs!r:.80}")
+    return out
 
 
 def _balanced(paths: Sequence[str], nbytes: dict[str, int], lanes: int) -> list[list[str]]:
@@ -479,9 +494,9 @@ class Checkpoint:
     def _target_box(
         t: TensorEntry, offsets: Sequence[int] | None, lengths: Sequence[int] | None
     ) -> Box:
-        offs = tuple(int(o) for o in offsets) if offsets is not None else (0,) * len(t.shape)
+        offs = _indices(offsets, "offsets", t.key) if offsets is not None else (0,) * len(t.shape)
         lens = (
-            tuple(int(n) for n in lengths)
+            _indices(lengths, "lengths", t.key)
             if lengths is not None
             else tuple(s - o for s, o in zip(t.shape, offs, strict=False))
         )

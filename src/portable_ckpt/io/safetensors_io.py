@@ -222,10 +222,10 @@ def check_range(
                 f"({nbytes} bytes)",
                 path=what,
             )
-    elif t.dtype != "U8" or len(t.shape) != 1 or t.shape[0] != t.end - t.start:
+    elif t.dtype != "U8" or len(t.shape) != 1 or not 1 <= t.shape[0] == t.end - t.start:
         raise ShardMismatchError(
-            f"{what}: tensor {key!r} range {rec_name!r} is zstd-coded and must be a 1-D U8 tensor, "
-            f"the header says {t.dtype}{list(t.shape)}",
+            f"{what}: tensor {key!r} range {rec_name!r} is zstd-coded and must be a 1-D U8 tensor "
+            f"of at least one byte (R-TENSOR-6), the header says {t.dtype}{list(t.shape)}",
             path=what,
         )
     return t

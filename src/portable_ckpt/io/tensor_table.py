@@ -19,17 +19,31 @@ import numpy as np
 import zstandard
 
 from portable_ckpt.errors import (
+    CheckpointError,
     CodecError,
     DtypeUnsupportedError,
     LimitError,
     SchemaError,
+    ShardHeaderError,
 )
+from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import MAX_NDIM, MAX_SIZE, RangeRecord, TensorEntry
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.format.vocab import CODEC_CODES, CODECS
-from portable_ckpt.io.codec import check_frame_header, decompress_frame, zstd_bound
-from portable_ckpt.io.safetensors_io import build_header, parse_header
+from portable_ckpt.io.codec import (
+    FrameStream,
+    FrameWalker,
+    check_frame_header,
+    decompress_frame,
+    zstd_bound,
+)
+from portable_ckpt.io.safetensors_io import (
+    MAX_HEADER_BYTES,
+    ShardHeader,
+    build_header,
+    parse_header,
+)
 
 __all__ = [
     "COLUMNS",
@@ -435,6 +449,174 @@ def read_table_file(
     return buf
 
 
+#: Decoded bytes per step of a streamed zstd table (spec §8.5): what a column grows by before the
+#: checks that can already run on it have seen those bytes.
+_OUT_STEP = 4 << 20
+#: Stored bytes handed to the zstd decoder per step.
+_IN_STEP = 1 << 20
+
+
+class _TableBytes:
+    """The decoded bytes of a table file, delivered in order (spec §8.5, R-TABLE-3).
+
+    Codec ``none``: views of the stored bytes. Codec ``zstd``: a frame declaring at most one step
+    is decoded at once; a larger one in windows (:class:`FrameStream`) into buffers that grow as
+    bytes actually decode, so memory follows what the frame produced, never the content size its
+    header declares.
+    """
+
+    def __init__(
+        self, data: bytes | bytearray | memoryview, *, codec: str, declared: int, what: str
+    ) -> None:
+        self.data, self.declared, self.what, self.pos = data, declared, what, 0
+        self.stream: FrameStream | None = None
+        if codec != "zstd":
+            return
+        if declared <= _OUT_STEP:  # one step anyway: decoded at once (committers read thousands)
+            self.data = decompress_frame(data, expect=declared, limit=declared, what=what)
+            return
+        # The frame's structure first: trailing bytes, truncation and reserved blocks are
+        # PCK-CODEC before any of the table is looked at (the walk reads block headers only).
+        walker = FrameWalker(what)
+        walker.feed(data)
+        walker.check_end(len(data))
+        src = memoryview(data).cast("B")
+
+        def read(lo: int, hi: int, dest: memoryview) -> None:
+            dest[:] = src[lo:hi]
+
+        self.stream = FrameStream(
+            read, len(data), expect=declared, what=what, first=_IN_STEP, step=_IN_STEP
+        )
+        self.scratch = memoryview(bytearray(min(_OUT_STEP, declared)))
+
+    def take(
+        self, n: int, check: Callable[[memoryview], None] | None = None
+    ) -> bytes | bytearray | memoryview:
+        """The next ``n`` decoded bytes; ``check`` sees each decoded piece before it is kept."""
+        lo, self.pos = self.pos, self.pos + n
+        if self.stream is None:
+            return memoryview(self.data)[lo : lo + n]
+        out = bytearray()
+        while len(out) < n:
+            piece = self.scratch[: min(n - len(out), len(self.scratch))]
+            self.stream.readinto(piece)
+            if check is not None:
+                check(piece)
+            out += piece
+        return out
+
+    def finish(self) -> None:
+        """Check that the frame decodes to exactly the declared size (R-TENSOR-7)."""
+        if self.stream is not None:
+            self.stream.finish()
+
+    def more(self) -> None:
+        """Decode one byte past the columns: PCK-CODEC if the frame ends there (R-TENSOR-7)."""
+        if self.stream is not None:
+            self.stream.readinto(self.scratch[:1])
+
+
+class _KeyScan:
+    """Checks of ``tensor.key`` that need no whole column (§8.1), run on each decoded piece.
+
+    An empty key, a control character or a run of more than 4096 bytes without a terminator
+    (more than 1024 characters) fails in the piece that holds it: a column of zeros, or of any
+    one byte, costs one step, not its declared length. The full checks run on the whole column.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what, self.keys, self.run = what, 0, 0
+
+    def __call__(self, piece: memoryview) -> None:
+        for i in range(0, len(piece), 1 << 18):  # bounded temporaries (8 B per byte scanned)
+            self._scan(np.frombuffer(piece[i : i + (1 << 18)], np.uint8))
+
+    def _scan(self, a: np.ndarray[Any, Any]) -> None:
+        nul = np.flatnonzero(a == 0)
+        bad = (a < 0x20) & (a != 0) | (a == 0x7F)
+        gaps = np.diff(nul, prepend=-1 - self.run)  # key length + 1 at each terminator
+        first = None
+        if gaps.size and int(gaps.min()) == 1:
+            first = ("empty", int(nul[int(np.argmin(gaps))]))
+        if bad.any():
+            pos = int(np.argmax(bad))
+            if first is None or pos < first[1]:
+                first = ("control", pos)
+        long = np.flatnonzero(gaps > 4097)
+        tail = a.size - 1 - int(nul[-1]) if nul.size else self.run + a.size
+        if long.size or tail > 4096:
+            pos = int(nul[long[0]]) if long.size else a.size - 1
+            if first is None or pos < first[1]:
+                first = ("long", pos)
+        if first is not None:
+            i = self.keys + int(np.searchsorted(nul, first[1]))
+            why = {
+                "empty": "is empty; keys must have 1 to 1024 characters",
+                "control": "contains a control character",
+                "long": "is longer than 4096 bytes; keys must have 1 to 1024 characters",
+            }[first[0]]
+            raise SchemaError(f"{self.what}: tensor key #{i} {why} (spec §8.1)", path=self.what)
+        self.keys += nul.size
+        self.run = tail
+
+
+def _header_bytes(what: str) -> Callable[[memoryview], None]:
+    """A check of each decoded piece of a table's safetensors header: no byte JSON cannot hold."""
+
+    def check(piece: memoryview) -> None:
+        for i in range(0, len(piece), 1 << 18):
+            a = np.frombuffer(piece[i : i + (1 << 18)], np.uint8)
+            bad = (a < 0x20) & (a != 0x09) & (a != 0x0A) & (a != 0x0D)
+            if bad.any():
+                byte = int(a[int(np.argmax(bad))])
+                raise ShardHeaderError(
+                    f"{what}: the table's safetensors header holds byte 0x{byte:02x}, which JSON "
+                    "text cannot contain",
+                    path=what,
+                )
+
+    return check
+
+
+def _parse_table_header(
+    prefix: bytes, head: bytes, *, declared: int, codec: str, what: str
+) -> tuple[ShardHeader, ShardHeaderError | None]:
+    """Parse the table's header against the declared size (§11.2 checks, PCK-SHARD-HEADER).
+
+    Returns the header and, when its columns end before the declared size of a zstd table, the
+    error to raise unless the frame ends with the columns (then it is PCK-CODEC: the frame
+    decodes to fewer bytes than it declares, R-TENSOR-7).
+    """
+    try:
+        return parse_header(prefix, head, path=what, file_size=declared), None
+    except ShardHeaderError as exc:
+        end = _columns_end(head, 8 + len(head)) if codec == "zstd" else None
+        if end is None or end >= declared:
+            raise
+        try:
+            return parse_header(prefix, head, path=what, file_size=end), exc
+        except ShardHeaderError:
+            raise exc from None
+
+
+def _columns_end(head: bytes, data_start: int) -> int | None:
+    """Where the columns of a header end (None if it lists no well-formed data_offsets)."""
+    try:
+        doc = jsonio.loads(head, what="table header", max_bytes=MAX_HEADER_BYTES)
+    except CheckpointError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    ends = [0]
+    for name, t in doc.items():
+        offs = t.get("data_offsets") if isinstance(t, dict) and name != "__metadata__" else None
+        if not (isinstance(offs, list) and len(offs) == 2 and isinstance(offs[1], int)):
+            return None
+        ends.append(offs[1])
+    return data_start + max(ends)
+
+
 def decode_table(
     data: bytes | bytearray | memoryview,
     *,
@@ -444,6 +626,19 @@ def decode_table(
     cache: TableCache | None = None,
 ) -> TensorTable:
     """Decode and validate a table file's bytes (spec §8.5, R-TABLE-3 … R-TABLE-6).
+
+    A zstd table is decoded in steps, header first: the length prefix and JSON header are checked
+    before anything sized by the frame's declared content size exists, the column lengths the
+    header gives are checked against each other and the declared size, and then each column is
+    decoded into a buffer that grows only as its bytes decode, its checks (and those of the
+    columns before it) running as soon as it is complete: a frame of zeros fails in its first
+    bytes. Remaining bound: a table whose header and columns are consistent costs its declared
+    size (at most 2^32 bytes, R-TABLE-3; a ~128 KiB frame can declare that much), which is what
+    its columns legitimately occupy for the counts they declare; columns stored before the one
+    that fails (the order of the columns is the writer's) are held until it fails. Measured: a
+    129 KiB frame of zeros under a header storing 858M records' range.file and range.codec
+    before tensor.key reaches 4.1 GiB peak RSS and 2.8 s, then PCK-SCHEMA (before: the same).
+    The header itself may take MAX_HEADER_BYTES (§11.2).
 
     Args:
         data: The table file's stored bytes (already checksum-verified).
@@ -457,30 +652,48 @@ def decode_table(
         CheckpointError: with the code of the rule broken; nothing is returned half-validated.
 
     """
-    raw: bytes | bytearray
     declared = check_table_head(data[:18], size=len(data), codec=codec, what=what)
-    if codec == "zstd":
-        raw = decompress_frame(data, expect=declared, limit=MAX_TABLE_BYTES, what=what)
-    else:
-        raw = data if isinstance(data, bytes | bytearray) else bytes(data)
-    if len(raw) < 8:
-        from portable_ckpt.errors import ShardHeaderError
-
-        raise ShardHeaderError(f"{what}: {len(raw)} bytes is too short for a safetensors file", path=what)
-    n = int.from_bytes(raw[:8], "little")
-    if n > len(raw) - 8 or n > 100_000_000:
-        from portable_ckpt.errors import ShardHeaderError
-
+    src = _TableBytes(data, codec=codec, declared=declared, what=what)
+    if declared < 8:
+        src.take(declared)
+        src.finish()
         raise ShardHeaderError(
-            f"{what}: header length {n} exceeds the limit or the table size ({len(raw)})", path=what
+            f"{what}: {declared} bytes is too short for a safetensors file", path=what
         )
-    head = bytes(raw[8 : 8 + n])
-    if cache is not None and cache.header is not None and cache.header[:2] == (head, len(raw)):
+    prefix = bytes(src.take(8))
+    n = int.from_bytes(prefix, "little")
+    if n > declared - 8 or n > MAX_HEADER_BYTES:
+        raise ShardHeaderError(
+            f"{what}: header length {n} exceeds the limit or the table size ({declared})", path=what
+        )
+    # At most MAX_HEADER_BYTES (the §11.2 limit of every safetensors header), and bytes JSON
+    # cannot hold stop it in the piece that holds them.
+    head = bytes(src.take(n, _header_bytes(what)))
+    pending: ShardHeaderError | None = None
+    if cache is not None and cache.header is not None and cache.header[:2] == (head, declared):
         hdr = cache.header[2]  # same header and size as the previous table: same parse
     else:
-        hdr = parse_header(bytes(raw[:8]), head, path=what, file_size=len(raw))
-        if cache is not None:
-            cache.header = (head, len(raw), hdr)
+        hdr, pending = _parse_table_header(prefix, head, declared=declared, codec=codec, what=what)
+        if cache is not None and pending is None:
+            cache.header = (head, declared, hdr)
+    _check_columns(hdr, what)
+    steps = _Steps(hdr, what=what, files=files, cache=cache)
+    for name in sorted(COLUMNS, key=lambda c: (hdr.tensors[c].start, hdr.tensors[c].end)):
+        t = hdr.tensors[name]
+        if t.start != src.pos:  # parse_header packs the columns; a caller bug otherwise
+            raise AssertionError(f"column {name} at {t.start}, decoded up to {src.pos}")
+        check = _KeyScan(what) if name == "tensor.key" and src.stream is not None else None
+        buf = src.take(t.end - t.start, check)
+        steps.add(name, np.frombuffer(buf, dtype=COLUMNS[name][1], count=t.shape[0]))
+    if pending is not None:
+        src.more()
+        raise pending
+    src.finish()
+    return steps.table()
+
+
+def _check_columns(hdr: ShardHeader, what: str) -> None:
+    """R-TABLE-4, and the column lengths of R-TABLE-5 that the header alone gives."""
     names = set(hdr.tensors)
     if names != set(COLUMNS):
         missing = sorted(set(COLUMNS) - names)
@@ -490,8 +703,7 @@ def decode_table(
             f"{extra[:8]})",
             path=what,
         )
-    cols: dict[str, np.ndarray[Any, Any]] = {}
-    for name, (st, np_dt) in COLUMNS.items():
+    for name, (st, _) in COLUMNS.items():
         t = hdr.tensors[name]
         if t.dtype != st or len(t.shape) != 1:
             raise SchemaError(
@@ -499,89 +711,171 @@ def decode_table(
                 f"{st} column",
                 path=what,
             )
-        cols[name] = np.frombuffer(raw, dtype=np_dt, count=t.shape[0], offset=t.start)
-    dtypes, ndim, shape = cols["tensor.dtype"], cols["tensor.ndim"], cols["tensor.shape"]
-    mv = memoryview(raw)
-    spans = [hdr.tensors[c] for c in ("tensor.key", "tensor.dtype", "tensor.ndim", "tensor.shape")]
-    last = cache.last if cache is not None else None
-    # Declarations byte-identical to the previous table's were validated already (memcmp only).
-    if last is not None and all(
-        len(prev) == t.end - t.start and raw[t.start : t.end] == prev
-        for t, prev in zip(spans, last, strict=True)
+    size = {name: t.shape[0] for name, t in hdr.tensors.items()}
+    for a, b in (
+        ("tensor.dtype", "tensor.ndim"),
+        ("tensor.dtype", "tensor.ranges"),
+        ("range.file", "range.codec"),
+        ("range.offsets", "range.lengths"),
     ):
-        keys = cache.keys if cache is not None else []
-    else:
-        keys = _decode_declarations(cols, what)
-        if cache is not None:
-            cache.last = tuple(bytes(mv[t.start : t.end]) for t in spans)
-            cache.keys = keys
-    if cols["tensor.ranges"].shape[0] != len(keys):
-        raise SchemaError(
-            f"{what}: column 'tensor.ranges' has {cols['tensor.ranges'].shape[0]} values for "
-            f"{len(keys)} keys",
-            path=what,
-        )
-    counts = cols["tensor.ranges"]
-    r_count = cols["range.file"].shape[0]
-    if counts.size and (int(counts.min()) < 0 or int(counts.max()) > r_count):
-        raise SchemaError(f"{what}: 'tensor.ranges' holds a count outside 0..{r_count}", path=what)
-    if int(counts.sum()) != r_count or cols["range.codec"].shape[0] != r_count:
-        raise SchemaError(
-            f"{what}: 'tensor.ranges' adds up to {int(counts.sum())}, but 'range.file' has "
-            f"{r_count} and 'range.codec' {cols['range.codec'].shape[0]} records",
-            path=what,
-        )
-    c_count = int((counts * ndim.astype(np.int64)).sum())
-    for name in ("range.offsets", "range.lengths"):
-        if cols[name].shape[0] != c_count:
+        if size[a] != size[b]:
             raise SchemaError(
-                f"{what}: column {name!r} has {cols[name].shape[0]} values; the records need "
+                f"{what}: column {b!r} has {size[b]} values, column {a!r} {size[a]}; spec §8.5 "
+                "requires as many",
+                path=what,
+            )
+    t_count, k = size["tensor.dtype"], size["tensor.key"]
+    if not 2 * t_count <= k <= 4097 * t_count:
+        raise SchemaError(
+            f"{what}: column 'tensor.key' has {k} bytes for {t_count} tensors; a key and its "
+            "0x00 byte take 2 to 4097 (1 to 1024 characters, spec §8.1)",
+            path=what,
+        )
+
+
+class _Steps:
+    """The checks of R-TABLE-5 and R-TABLE-6, each run once the columns it reads are decoded.
+
+    They run in a fixed order (the code of a table that breaks several rules does not depend on
+    the order of its columns); a table stored in the writers' order is checked column by column.
+    """
+
+    ORDER: tuple[tuple[frozenset[str], str], ...] = tuple(
+        (frozenset(deps.split()), method)
+        for deps, method in (
+            ("tensor.key", "_keys"),
+            ("tensor.dtype tensor.ndim tensor.shape", "_declarations"),
+            ("tensor.ranges", "_counts"),
+            ("range.offsets range.lengths", "_coordinates"),
+            ("range.codec", "_codecs"),
+            ("file.path", "_paths"),
+            ("range.file", "_files"),
+        )
+    )
+
+    def __init__(
+        self, hdr: ShardHeader, *, what: str, files: Mapping[str, Any], cache: TableCache | None
+    ) -> None:
+        self.what, self.files, self.cache = what, files, cache
+        self.cols: dict[str, np.ndarray[Any, Any]] = {}
+        self.t_count = hdr.tensors["tensor.dtype"].shape[0]
+        self.r_count = hdr.tensors["range.file"].shape[0]
+        self.c_len = hdr.tensors["range.offsets"].shape[0]
+        self.keys: list[str] = []
+        self.cached_keys = False
+        self.paths: list[str] = []
+        self.next = 0
+
+    def add(self, name: str, col: np.ndarray[Any, Any]) -> None:
+        self.cols[name] = col
+        order = self.ORDER
+        while self.next < len(order) and order[self.next][0] <= self.cols.keys():
+            self.next += 1
+            getattr(self, order[self.next - 1][1])()
+
+    def _keys(self) -> None:
+        col, cache = self.cols["tensor.key"], self.cache
+        # Declarations byte-identical to the previous table's were validated already.
+        if cache is not None and cache.last is not None and col.tobytes() == cache.last[0]:
+            self.keys, self.cached_keys = cache.keys, True
+        else:
+            self.keys = _split_heap(col, what=self.what, column="tensor.key")
+            _check_keys(col, self.keys, self.what)
+        if len(self.keys) != self.t_count:
+            raise SchemaError(
+                f"{self.what}: column 'tensor.dtype' has {self.t_count} values for "
+                f"{len(self.keys)} keys",
+                path=self.what,
+            )
+
+    def _declarations(self) -> None:
+        cols, cache = self.cols, self.cache
+        spans = ("tensor.key", "tensor.dtype", "tensor.ndim", "tensor.shape")
+        last = cache.last if cache is not None else None
+        if (
+            self.cached_keys
+            and last is not None
+            and all(cols[c].tobytes() == prev for c, prev in zip(spans[1:], last[1:], strict=True))
+        ):
+            return
+        _check_declarations(cols, self.keys, self.what)
+        if cache is not None:
+            cache.last = tuple(cols[c].tobytes() for c in spans)
+            cache.keys = self.keys
+
+    def _counts(self) -> None:
+        counts, r_count, what = self.cols["tensor.ranges"], self.r_count, self.what
+        if counts.size and (int(counts.min()) < 0 or int(counts.max()) > r_count):
+            raise SchemaError(
+                f"{what}: 'tensor.ranges' holds a count outside 0..{r_count}", path=what
+            )
+        if int(counts.sum()) != r_count:
+            raise SchemaError(
+                f"{what}: 'tensor.ranges' adds up to {int(counts.sum())}, but 'range.file' and "
+                f"'range.codec' have {r_count} records",
+                path=what,
+            )
+        # Before the coordinate columns are decoded: their length is in the header.
+        c_count = int((counts * self.cols["tensor.ndim"].astype(np.int64)).sum())
+        if self.c_len != c_count:
+            raise SchemaError(
+                f"{what}: column 'range.offsets' has {self.c_len} values; the records need "
                 f"{c_count}",
                 path=what,
             )
-        if c_count and int(cols[name].max()) > MAX_SIZE:
-            raise LimitError(f"{what}: column {name!r} holds a value above 2^53-1", path=what)
-    codec_col = cols["range.codec"]
-    if r_count and int(codec_col.max()) >= len(CODECS):
-        raise CodecError(
-            f"{what}: range codec code {int(codec_col.max())}; 0 (none) and 1 (zstd) exist",
-            path=what,
-        )
-    paths = _split_heap(cols["file.path"], what=what, column="file.path")
-    pseen: set[str] = set()
-    for i, p in enumerate(paths):
-        check_relative_path(p, what=f"{what}: file.path #{i}")
-        if p in pseen:
-            raise SchemaError(f"{what}: file.path {p!r} appears twice", path=what)
-        pseen.add(p)
-        if p not in files:
-            raise SchemaError(
-                f"{what}: file.path {p!r} is not listed in the document's files (R-FILES-2)",
-                path=what,
+
+    def _coordinates(self) -> None:
+        what = self.what
+        for name in ("range.offsets", "range.lengths"):
+            col = self.cols[name]
+            if col.size and int(col.max()) > MAX_SIZE:
+                raise LimitError(f"{what}: column {name!r} holds a value above 2^53-1", path=what)
+
+    def _codecs(self) -> None:
+        col = self.cols["range.codec"]
+        if col.size and int(col.max()) >= len(CODECS):
+            raise CodecError(
+                f"{self.what}: range codec code {int(col.max())}; 0 (none) and 1 (zstd) exist",
+                path=self.what,
             )
-    if r_count and int(cols["range.file"].max()) >= len(paths):
-        raise SchemaError(
-            f"{what}: range.file index {int(cols['range.file'].max())} is out of range for "
-            f"{len(paths)} paths",
-            path=what,
-        )
-    return TensorTable(
-        keys, dtypes, ndim, shape, counts, paths, cols["range.file"], codec_col,
-        cols["range.offsets"], cols["range.lengths"],
-    )  # fmt: skip
+
+    def _paths(self) -> None:
+        what = self.what
+        self.paths = _split_heap(self.cols["file.path"], what=what, column="file.path")
+        seen: set[str] = set()
+        for i, p in enumerate(self.paths):
+            check_relative_path(p, what=f"{what}: file.path #{i}")
+            if p in seen:
+                raise SchemaError(f"{what}: file.path {p!r} appears twice", path=what)
+            seen.add(p)
+            if p not in self.files:
+                raise SchemaError(
+                    f"{what}: file.path {p!r} is not listed in the document's files (R-FILES-2)",
+                    path=what,
+                )
+
+    def _files(self) -> None:
+        col = self.cols["range.file"]
+        if col.size and int(col.max()) >= len(self.paths):
+            raise SchemaError(
+                f"{self.what}: range.file index {int(col.max())} is out of range for "
+                f"{len(self.paths)} paths",
+                path=self.what,
+            )
+
+    def table(self) -> TensorTable:
+        if self.next < len(self.ORDER):  # every column was added: a caller bug otherwise
+            raise AssertionError("tensor table checks left undone")
+        c = self.cols
+        return TensorTable(
+            self.keys, c["tensor.dtype"], c["tensor.ndim"], c["tensor.shape"], c["tensor.ranges"],
+            self.paths, c["range.file"], c["range.codec"], c["range.offsets"], c["range.lengths"],
+        )  # fmt: skip
 
 
-def _decode_declarations(cols: dict[str, np.ndarray[Any, Any]], what: str) -> list[str]:
-    """Keys, dtype codes, ndims and shapes of a table (R-TABLE-6 for the tensor columns)."""
-    keys = _split_heap(cols["tensor.key"], what=what, column="tensor.key")
-    _check_keys(cols["tensor.key"], keys, what)
+def _check_declarations(cols: dict[str, np.ndarray[Any, Any]], keys: list[str], what: str) -> None:
+    """Dtype codes, ndims and shapes of a table (R-TABLE-6 for the tensor columns)."""
     t_count = len(keys)
-    for name in ("tensor.dtype", "tensor.ndim", "tensor.ranges"):
-        if cols[name].shape[0] != t_count:
-            raise SchemaError(
-                f"{what}: column {name!r} has {cols[name].shape[0]} values for {t_count} keys",
-                path=what,
-            )
     dtypes, ndim = cols["tensor.dtype"], cols["tensor.ndim"]
     if t_count and int(dtypes.max()) >= len(DTYPE_CODES):
         i = int(np.argmax(dtypes >= len(DTYPE_CODES)))
@@ -606,7 +900,6 @@ def _decode_declarations(cols: dict[str, np.ndarray[Any, Any]], what: str) -> li
     if shape.size and (int(shape.min()) < 0 or int(shape.max()) > MAX_SIZE):
         raise LimitError(f"{what}: a shape value is negative or above 2^53-1", path=what)
     _check_sizes(keys, dtypes, ndim, shape, what)
-    return keys
 
 
 def _check_sizes(

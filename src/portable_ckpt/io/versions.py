@@ -35,6 +35,7 @@ from portable_ckpt.errors import (
     LimitError,
     ManifestMissingError,
     NotFoundError,
+    PathUnsafeError,
     StorageError,
     UsageError,
     VersionUnsupportedError,
@@ -60,6 +61,7 @@ __all__ = [
     "GcReport",
     "VersionInfo",
     "attempt_names",
+    "check_record_absent",
     "check_retention",
     "classify_attempt",
     "commit_time",
@@ -161,21 +163,37 @@ class VersionInfo:
         }
 
 
-def timestamp_key(ts: str | None) -> tuple[int, int]:
-    """Sort key of an RFC 3339 UTC timestamp: (epoch seconds, nanoseconds).
+_TIMESTAMP = re.compile(
+    r"^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?Z\Z"
+)
 
-    Text order is wrong: ``"...00Z"`` must sort before ``"...00.5Z"``.
+
+def timestamp_key(ts: str | None) -> tuple[int, ...]:
+    """Sort key of a format timestamp: its fields, the fraction as nanoseconds (spec §5).
+
+    Fields, not a calendar conversion (R-COMMIT-18): ``2026-02-31`` is a timestamp the pattern
+    accepts, and sorts between ``02-30`` and ``03-01``. Text order would be wrong too:
+    ``"...00Z"`` sorts before ``"...00.5Z"``. ``(-1,)`` (before every timestamp) for none.
     """
-    if not ts:
-        return (-1, 0)
-    base, _, frac = ts.rstrip("Z").partition(".")
-    try:
-        secs = int(
-            _dt.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=_dt.UTC).timestamp()
-        )
-    except ValueError:
-        return (-1, 0)
-    return (secs, int((frac + "000000000")[:9]) if frac.isdigit() else 0)
+    m = _TIMESTAMP.match(ts) if ts else None
+    if m is None:
+        return (-1,)
+    frac = m.group(7) or ""
+    return (*(int(g) for g in m.groups()[:6]), int((frac + "000000000")[:9]))
+
+
+def _epoch_us(key: tuple[int, ...]) -> int:
+    """Microseconds since 1970 of a :func:`timestamp_key` (proleptic Gregorian, any year).
+
+    Days past a month's end roll over into the next month; no calendar library is involved,
+    so no record can make it fail.
+    """
+    year, month, day, hour, minute, sec, ns = key
+    y = year - (month <= 2)
+    era, yoe = divmod(y, 400)
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    return ((days * 24 + hour) * 60 + minute) * 60_000_000 + sec * 1_000_000 + ns // 1000
 
 
 def load_manifest(
@@ -215,6 +233,7 @@ def _read_record(
             return data
     rel = f"{attempt_id}/manifest.json"
     if not storage.exists(rel):
+        check_record_absent(storage, attempt_id)
         raise ManifestMissingError(
             f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
             "(or was interrupted) and does not exist for readers",
@@ -227,6 +246,30 @@ def _read_record(
             path=rel,
         )
     return storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
+
+
+def check_record_absent(storage: Storage, attempt_id: str) -> None:
+    """Raise unless nothing at all is at ``<attempt_id>/manifest.json`` (it is no file).
+
+    :meth:`Storage.exists` answers for regular files only. A symlink, FIFO, device or directory
+    under the commit record's name is not evidence that the attempt was never committed: an
+    attempt classified so would be deleted by gc (its foreign entry with it, R-LAYOUT-7) or
+    cleared by a copy. Called only when ``exists`` said no (two listings of one directory).
+
+    Raises:
+        PathUnsafeError: something that is not a regular file has the record's name.
+        CheckpointError: a storage error (never taken as absence).
+
+    """
+    rel = f"{attempt_id}/manifest.json"
+    odd = rel in storage.list_foreign(f"{attempt_id}/", recursive=False)
+    if odd or "manifest.json" in storage.list_dirs(f"{attempt_id}/"):
+        raise PathUnsafeError(
+            f"{storage.url}/{rel} is not a regular file (a symlink, FIFO, device or directory): "
+            "the attempt cannot be classified, and no tool of this format deletes or replaces it; "
+            "inspect it and remove it by hand if it is garbage",
+            path=rel,
+        )
 
 
 def read_annotations(
@@ -440,7 +483,7 @@ def _claims_newer_version(doc: Any) -> bool:
 
 def _claimed_time(doc: Any) -> str | None:
     ts = doc.get("committed_at") if isinstance(doc, dict) else None
-    return ts if isinstance(ts, str) and timestamp_key(ts) != (-1, 0) else None
+    return ts if isinstance(ts, str) and timestamp_key(ts) != (-1,) else None
 
 
 # -- listing ------------------------------------------------------------------------------------
@@ -479,7 +522,7 @@ def _info(storage: Storage, name: str, c: Classification, annotations: bool) -> 
     return info
 
 
-def _order_key(v: VersionInfo) -> tuple[int, tuple[int, int], str]:
+def _order_key(v: VersionInfo) -> tuple[int, tuple[int, ...], str]:
     return (v.step, timestamp_key(v.committed_at), v.id)
 
 
@@ -503,6 +546,13 @@ def list_versions(
 def root_must_exist(storage: Storage) -> None:
     """Raise ``NotFoundError`` when the root does not exist (a mistyped root is not "empty")."""
     if not storage.root_exists():
+        local = storage.local_root()
+        if local is not None and os.path.lexists(local):
+            raise NotFoundError(
+                f"root {storage.url} is not a directory; a root is the directory that holds the "
+                "versions",
+                path=storage.url,
+            )
         raise NotFoundError(
             f"root {storage.url} does not exist (no directory, or no object under the prefix); "
             "check the path",
@@ -566,6 +616,8 @@ def latest(
         found = _latest_of_level(storage, by_step[s], skipped, known)
         if found is not None:
             return found
+    if not by_step:
+        root_must_exist(storage)  # a mistyped root is not a root without versions
     what = f"step {step}" if step is not None else "any step"
     raise NotFoundError(f"no committed version for {what} under {storage.url}")
 
@@ -578,7 +630,7 @@ def _latest_of_level(
 ) -> tuple[str, Manifest] | None:
     """The greatest version among attempts of one step, ``None`` when none is a version."""
     level = [(name, classify_attempt(storage, name, known=known)) for name in names]
-    best: tuple[tuple[int, int], str, Manifest] | None = None
+    best: tuple[tuple[int, ...], str, Manifest] | None = None
     for name, c in level:
         if c.manifest is not None:
             key = (timestamp_key(c.committed_at), name, c.manifest)
@@ -635,9 +687,9 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
                 f"step) could not be read: {c.error}",
                 path=f"{name}/manifest.json",
             )
-        if c.committed_at is not None:
-            secs, ns = timestamp_key(c.committed_at)
-            floor_us = max(floor_us, secs * 1_000_000 + ns // 1000)
+        key = timestamp_key(c.committed_at)
+        if len(key) > 1:
+            floor_us = max(floor_us, _epoch_us(key))
     epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
     tick = _dt.timedelta(microseconds=1)
     now_us = ((now or _dt.datetime.now(_dt.UTC)) - epoch) // tick
@@ -669,6 +721,9 @@ class GcReport:
     unknown: list[dict[str, Any]] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
     foreign_keys: list[str] = field(default_factory=list)
+    #: Attempts without a commit record left alone because something was written to them
+    #: within the grace period (a save may be in progress): ``{"id", "status", "age_seconds"}``.
+    in_grace: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -687,20 +742,35 @@ class GcReport:
             "dry_run": self.dry_run,
             "foreign": self.foreign,
             "foreign_keys": self.foreign_keys,
+            "in_grace": self.in_grace,
             "unknown": self.unknown,
             "complete": self.complete,
         }
 
-    def skip(self, attempt_id: str | None, status: str, exc: CheckpointError | str | None) -> None:
+    def skip(
+        self,
+        attempt_id: str | None,
+        status: str,
+        exc: CheckpointError | str | None,
+        code: str | None = None,
+    ) -> None:
         """Record an attempt gc leaves alone because it could not classify it.
 
         ``attempt_id`` is ``None`` when the unfinished uploads of the root could not be listed
-        (attempts known only by their uploads are then unknown).
+        (attempts known only by their uploads are then unknown). ``code``: the error's code
+        when ``exc`` is its message only.
         """
-        code = exc.code if isinstance(exc, CheckpointError) else "PCK-STORAGE"
+        code = exc.code if isinstance(exc, CheckpointError) else (code or "PCK-STORAGE")
         self.unknown.append(
             {"id": attempt_id, "status": status, "code": code, "message": str(exc)}
         )
+
+    def failed(self, attempt_id: str, exc: CheckpointError) -> None:
+        """Record an attempt whose deletion failed part way: not deleted, and named."""
+        for done in (self.deleted, self.abandoned):
+            if attempt_id in done:
+                done.remove(attempt_id)
+        self.skip(attempt_id, "delete failed", exc)
 
 
 def check_retention(keep: int, grace_seconds: float) -> None:
@@ -756,7 +826,11 @@ def gc(
     doomed += _abandoned(storage, versions, grace_seconds, now(), report)
     if not dry_run:
         for i, attempt_id in enumerate(doomed):
-            _delete_attempt(storage, attempt_id, report)
+            try:
+                _delete_attempt(storage, attempt_id, report)
+            except CheckpointError as exc:
+                # Go on with the others; the report says what was deleted and what was not.
+                report.failed(attempt_id, exc)
             if progress is not None:
                 progress(i + 1, len(doomed))
     _log_gc(storage, report)
@@ -781,7 +855,7 @@ def _known_versions(
     out = []
     for v in versions:
         if not v.known:
-            report.skip(v.id, v.status, v.error)
+            report.skip(v.id, v.status, v.error, v.error_code)
         elif v.status == FOREIGN:
             report.foreign.append(v.id)
         else:
@@ -856,6 +930,9 @@ def _abandoned(
             report.foreign_keys.extend(foreign)
             continue
         if t_now - last < grace:
+            report.in_grace.append(
+                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - last), 1)}
+            )
             continue
         report.abandoned.append(v.id)
         doomed.append(v.id)

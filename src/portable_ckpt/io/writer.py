@@ -58,7 +58,7 @@ from portable_ckpt.format.naming import (
     new_attempt_id,
 )
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
-from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES
+from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES, is_entry_name
 from portable_ckpt.io.checksum import AUTO_FILE_BLOCKS, BlockHasher, auto_block_size
 from portable_ckpt.io.safetensors_io import build_header
 from portable_ckpt.io.tensor_table import TensorTable, encode_table
@@ -361,8 +361,12 @@ class ShardWriter:
     ) -> None:
         """Plan to store a non-tensor entry value (validated against its schema now)."""
         self._check_open()
-        if not isinstance(name, str) or not 1 <= len(name) <= 256:
-            raise UsageError(f"entry name {name!r:.80} must be 1-256 characters")
+        if not is_entry_name(name):
+            # The reader refuses a manifest with such a name: the whole version would be lost.
+            raise UsageError(
+                f"entry name {name!r:.80} is invalid: entry names are 1-256 characters of "
+                "[A-Za-z0-9._/-] with no empty, '.' or '..' part between slashes (spec §12.1)"
+            )
         if isinstance(schema, str):
             if schema not in BUILTIN_SCHEMA_IDS:
                 raise UsageError(
@@ -389,6 +393,10 @@ class ShardWriter:
 
         validate_entry_value(value, schema_doc, name=name)
         payload = jsonio.dumps(value)
+        try:  # parsed as readers will (depth, integer range, ...): refused now, not after commit
+            jsonio.loads(payload, what=f"entry {name!r}", max_nodes=jsonio.MAX_VALUE_NODES)
+        except CheckpointError as exc:
+            raise UsageError(f"{exc.message}; readers would refuse this entry value") from None
         if compress:
             payload = zstandard.ZstdCompressor(
                 level=self.zstd_level, write_content_size=True

@@ -48,6 +48,17 @@ class KeepBest:
             raise UsageError(f"keep_best mode must be 'min' or 'max', got {mode!r}")
         return cls(metric, n, mode)
 
+    def score(self, metrics: Mapping[str, Any] | None) -> float | None:
+        """The finite value of :attr:`metric` in ``metrics``; ``None``: the version is unranked.
+
+        An unranked version is never deleted (it may be among the best): a manager warns once
+        when a durable save carries no such value.
+        """
+        value = (metrics or {}).get(self.metric)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if math.isfinite(value) else None
+
 
 @dataclass(frozen=True)
 class RetentionPolicy:
@@ -123,17 +134,10 @@ class RetentionDecision:
         return {"id": self.id, "step": self.step, "delete": self.delete, "reasons": self.reasons}
 
 
-def _metric(c: Candidate, name: str) -> float | None:
-    value = (c.metrics or {}).get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def _best(good: Sequence[Candidate], best: KeepBest) -> tuple[set[str], set[str]]:
     """Ids among the best ``n`` and ids without a usable metric value."""
-    scored = [(v, c) for c in good if (v := _metric(c, best.metric)) is not None]
-    unscored = {c.id for c in good if _metric(c, best.metric) is None}
+    scored = [(v, c) for c in good if (v := best.score(c.metrics)) is not None]
+    unscored = {c.id for c in good if best.score(c.metrics) is None}
     # Ties: the newer version wins (it continues furthest).
     scored.sort(key=lambda vc: (vc[0] if best.mode == "min" else -vc[0], -vc[1].step))
     return {c.id for _, c in scored[: best.n]}, unscored

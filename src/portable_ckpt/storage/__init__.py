@@ -19,6 +19,7 @@ __all__ = [
     "check_root_url",
     "open_process_spec",
     "open_storage",
+    "root_text",
 ]
 
 
@@ -45,14 +46,41 @@ def check_root_url(url: str) -> None:
         raise UsageError(f"{url!r} names no directory")
 
 
+def root_text(url: object) -> str:
+    """The text of a root a caller gave (``str`` or ``os.PathLike``).
+
+    Raises:
+        UsageError: anything else (bytes, a number), or a NUL character, which no file system
+            path holds.
+
+    """
+    from portable_ckpt.errors import UsageError
+
+    try:
+        text = os.fspath(url)  # type: ignore[call-overload]
+    except TypeError:
+        raise UsageError(
+            f"a root is a path or URL string, got {type(url).__name__} {url!r:.80}"
+        ) from None
+    if not isinstance(text, str):
+        raise UsageError(f"a root is a path or URL string, got bytes {text!r:.80}")
+    if "\x00" in text:
+        raise UsageError(f"root {text!r:.120} contains a NUL character; no path does")
+    return text
+
+
 def open_storage(url: str | os.PathLike[str] | Storage, *, create: bool = False) -> Storage:
     """Return the backend for ``url``: a local path, or ``s3://bucket/prefix``.
 
     A :class:`Storage` instance is returned unchanged.
+
+    Raises:
+        UsageError: ``url`` is not a root (see :func:`root_text`, :func:`check_root_url`).
+
     """
     if isinstance(url, Storage):
         return url
-    text = os.fspath(url)
+    text = root_text(url)
     check_root_url(text)
     if text.startswith("s3://"):
         from portable_ckpt.storage.s3 import S3Storage

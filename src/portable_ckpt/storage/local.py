@@ -55,6 +55,20 @@ def _os_error(op: str, path: str, exc: OSError) -> StorageError:
     return StorageError(f"{op} {path!r}: {exc.strerror} (errno {exc.errno})", path=path)
 
 
+def _makedirs(full_dir: str, path: str) -> None:
+    """``os.makedirs(exist_ok=True)``, saying so when a parent of ``path`` is not a directory.
+
+    The bare error, "File exists", reads as if ``path`` itself existed.
+    """
+    try:
+        os.makedirs(full_dir, exist_ok=True)
+    except FileExistsError:
+        raise StorageError(
+            f"create {path!r}: {os.path.dirname(path)!r} exists and is not a directory",
+            path=path,
+        ) from None
+
+
 def _fsync_close(fd: int, rel: str) -> None:
     try:
         os.fsync(fd)
@@ -373,7 +387,7 @@ class LocalStorage(ScannedStorage):
         full = self._full(path)
         tmp = f"{full}.{secrets.token_hex(8)}.tmp"
         try:
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            _makedirs(os.path.dirname(full), path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
             try:
                 mv = memoryview(data)
@@ -448,6 +462,16 @@ class LocalStorage(ScannedStorage):
 
     def delete(self, path: str) -> None:
         full = self._full(path)
+        st = self._lstat(path)
+        if st is None:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            # A symlink, FIFO, device or directory is never this format's file (R-LAYOUT-7).
+            raise PathUnsafeError(
+                f"delete {path!r}: not a regular file; checkpoint tools delete only the files "
+                "they write",
+                path=path,
+            )
         try:
             os.unlink(full)
         except FileNotFoundError:

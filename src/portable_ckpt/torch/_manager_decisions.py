@@ -1,13 +1,17 @@
-"""Save decisions agreed by every rank, and preemption by SIGTERM.
+"""Save decisions agreed by every rank, and preemption by SIGTERM (and, on request, SIGINT).
 
 The manager has its own gloo group, so a decision never interleaves with a save's collectives.
-One max-reduction of two integers per ``maybe_save`` carries rank 0's policy decision and every
-rank's preemption flag: no rank decides alone, and a SIGTERM seen by one rank preempts all.
+One max-reduction of three integers per ``maybe_save`` carries rank 0's policy decision, every
+rank's preemption flag and every rank's count of consecutive failed saves: no rank decides
+alone, a SIGTERM seen by one rank preempts all, and every rank raises at the same call once
+``max_failed_saves`` saves in a row failed.
 
-SIGTERM: the first one only sets a flag (the next ``maybe_save`` saves synchronously and
-``preempted`` lets the loop stop); a second one, or one arriving once the manager is closing or
-the interpreter exiting, gets the process's previous disposition (by default: terminate), so a
-process that will never call ``maybe_save`` again can always be stopped.
+SIGTERM (and SIGINT with ``handle_sigint=True``: Ctrl-C, which torchrun forwards to its workers):
+the first one only sets a flag (the next ``maybe_save`` saves synchronously and ``preempted``
+lets the loop stop); a second one, or one arriving once the manager is closing or the
+interpreter exiting, gets the process's previous disposition (SIGTERM by default terminates,
+SIGINT raises ``KeyboardInterrupt``), so a process that will never call ``maybe_save`` again can
+always be stopped.
 """
 
 from __future__ import annotations
@@ -47,38 +51,40 @@ def make_group(process_group: Any, timeout: float | None) -> tuple[Any, int, int
 
 
 class Preemption:
-    """The SIGTERM handler of one manager (installed from the main thread only)."""
+    """The preemption signal handlers of one manager (installed from the main thread only)."""
 
-    def __init__(self, install: bool) -> None:
+    def __init__(self, sigterm: bool, sigint: bool = False) -> None:
         self.seen = threading.Event()
-        self._prev: Any = None
-        self._installed = False
-        if install and threading.current_thread() is threading.main_thread():
-            self._prev = signal.signal(signal.SIGTERM, self._on_signal)
-            self._installed = True
+        self.signal_name = "SIGTERM"  # the first signal received (telemetry)
+        self._prev: dict[int, Any] = {}
+        wanted = [s for s, on in ((signal.SIGTERM, sigterm), (signal.SIGINT, sigint)) if on]
+        if wanted and threading.current_thread() is threading.main_thread():
+            for sig in wanted:
+                if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # a process started with SIGINT ignored (``cmd &``) keeps ignoring it
+                self._prev[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if not self.seen.is_set():
             # Only set a flag: logging or collectives inside a signal handler can deadlock.
+            self.signal_name = signal.Signals(signum).name
             self.seen.set()
             return
-        prev = self._prev
+        prev = self._prev.get(signum)
         self.restore()
         if callable(prev):
-            prev(signum, frame)
+            prev(signum, frame)  # e.g. SIGINT's default_int_handler: KeyboardInterrupt
         elif prev is None or prev == signal.SIG_DFL:
             signal.raise_signal(signum)  # the default action: terminate
 
     def restore(self) -> None:
-        """Give SIGTERM back its previous disposition (no-op outside the main thread)."""
-        if not self._installed:
-            return
-        prev = self._prev if self._prev is not None else signal.SIG_DFL
-        try:
-            signal.signal(signal.SIGTERM, prev)
-        except (ValueError, TypeError):  # pragma: no cover - not the main thread
-            return
-        self._installed = False
+        """Give the signals back their previous dispositions (no-op outside the main thread)."""
+        for sig, prev in list(self._prev.items()):
+            try:
+                signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+            except (ValueError, TypeError):  # pragma: no cover - not the main thread
+                return
+            del self._prev[sig]
 
 
 def _reduce_max(mgr: CheckpointManager, flags: torch.Tensor, step: int) -> None:
@@ -95,7 +101,7 @@ def _reduce_max(mgr: CheckpointManager, flags: torch.Tensor, step: int) -> None:
 
 
 def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> Decision:
-    """Rank 0's decision and every rank's preemption flag, combined by one max-reduction."""
+    """Rank 0's decision, every rank's preemption flag and failure count: one max-reduction."""
     mine = Decision("none")
     if mgr.rank == 0:
         mine = forced or decide(
@@ -106,12 +112,15 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
             last_save_step=mgr._last_save_step,
             has_fast="fast" in mgr.tiers,
         )
-    flags = torch.tensor([mine.encode(), int(mgr._preemption.seen.is_set())], dtype=torch.int64)
+    seen = int(mgr._preemption.seen.is_set())
+    flags = torch.tensor([mine.encode(), seen, mgr._failed_saves], dtype=torch.int64)
     _reduce_max(mgr, flags, step)
     decision = Decision.decode(int(flags[0]))
+    mgr._agreed_failed_saves = int(flags[2])  # the most any rank has seen so far
     if int(flags[1]) and not mgr.preempted:
         mgr.preempted = True
-        mgr.telemetry.emit("preempted", step=step, signal="SIGTERM")
+        name = mgr._preemption.signal_name if seen else None  # None: a peer rank's signal
+        mgr.telemetry.emit("preempted", step=step, signal=name)
     if mgr.preempted and forced is None:
         pre = decide(
             mgr.policy,

@@ -14,10 +14,11 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from portable_ckpt.errors import CheckpointError, DistributedError
+from portable_ckpt.errors import CheckpointError, DistributedError, error_for_code
 from portable_ckpt.manager.decisions import Decision
 from portable_ckpt.manager.records import candidates_of
 from portable_ckpt.manager.retention import plan_retention
+from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_tiers import Tier
 from portable_ckpt.torch.async_saving import AsyncSaveHandle
 from portable_ckpt.torch.info import CheckpointInfo
@@ -28,9 +29,11 @@ if TYPE_CHECKING:
 __all__ = [
     "after_failure",
     "after_save",
+    "failure_text",
     "replicate",
     "replicate_nodes",
     "retain",
+    "too_many_failures",
     "verify",
     "verify_nodes",
 ]
@@ -60,6 +63,7 @@ def after_save(
             return
     if info is None:  # pragma: no cover - guarded by the callers
         return
+    mgr._failed_saves, mgr._failed_steps = 0, []
     mib_s = info.bytes_written / _MIB / info.seconds if info.seconds > 0 else 0.0
     mgr.telemetry.emit(
         "save",
@@ -152,6 +156,7 @@ def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
             f"[{out.code}] {out.message}"
         )
         _log.error("%s", mgr.last_error)
+        say(f"rank 0: {mgr.last_error}. Training continues; the version stays on the fast tier.")
         mgr.telemetry.emit("replicate", **fields, code=out.code, message=out.message)
         return
     mib_s = out.bytes / _MIB / out.seconds if out.seconds > 0 else 0.0
@@ -168,11 +173,26 @@ def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
 
 
 def after_failure(
-    mgr: CheckpointManager, step: int, tier: Tier, decision: Decision, e: CheckpointError
+    mgr: CheckpointManager,
+    step: int,
+    tier: Tier,
+    decision: Decision,
+    e: CheckpointError,
+    *,
+    raised: bool = False,
 ) -> None:
-    """Report a refused commit; keep the error for ``wait()`` (older versions are all kept)."""
+    """Report a refused commit; keep the error for ``wait()`` (older versions are all kept).
+
+    Every rank counts it (the next ``maybe_save`` raises after ``max_failed_saves`` in a row);
+    rank 0 says so on stderr unless the error is ``raised`` to the caller right away (a
+    synchronous save): the logger is silent by default and training goes on.
+    """
     mgr.last_error = e
+    mgr._failed_saves += 1
+    mgr._failed_steps.append(step)
     _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
+    if mgr.rank == 0 and not raised:
+        say(failure_text(mgr, step, tier.name, e))
     failed = getattr(e, "failed_ranks", None) or None
     mgr.telemetry.emit(
         "commit",
@@ -185,8 +205,45 @@ def after_failure(
         code=e.code,
         message=e.message[:2000],
         reason=decision.reason,
+        failed_in_a_row=mgr._failed_saves,
     )
     # A failed save keeps every older version: retention does not run.
+
+
+def failure_text(mgr: CheckpointManager, step: int, tier: str, e: BaseException) -> str:
+    """The stderr line of a failed background checkpoint (one per failure, rank 0)."""
+    n, limit = mgr._failed_saves, mgr.max_failed_saves
+    code = getattr(e, "code", "PCK-DISTRIBUTED")
+    message = getattr(e, "message", str(e))
+    if limit is None:
+        then = "max_failed_saves=None: the job never stops for failed saves"
+    elif n >= limit:
+        then = f"the next maybe_save/save raises (max_failed_saves={limit})"
+    else:
+        then = f"the next maybe_save/save raises after {limit} in a row (max_failed_saves)"
+    return (
+        f"rank {mgr.rank}: the checkpoint of step {step} to the {tier} tier FAILED "
+        f"([{code}] {message[:1000]}). Training continues without it (the previous version "
+        f"remains the latest); {n} failed save(s) in a row; {then}."
+    )
+
+
+def too_many_failures(mgr: CheckpointManager) -> CheckpointError:
+    """The error every rank raises once ``max_failed_saves`` saves in a row failed."""
+    last = mgr.last_error
+    code = getattr(last, "code", "PCK-DISTRIBUTED")
+    steps = ", ".join(str(s) for s in mgr._failed_steps[-8:]) or "?"
+    message = (
+        f"{mgr._agreed_failed_saves} checkpoints in a row failed (steps {steps}; the last: "
+        f"{str(last)[:1000]}). No version was published since; stopping rather than training "
+        f"on without checkpoints (max_failed_saves={mgr.max_failed_saves}). Fix the cause and "
+        f"restart (restore resumes from the latest version), or pass a larger max_failed_saves "
+        f"(None: never stop for failed saves)."
+    )
+    cls = error_for_code(code)
+    if issubclass(cls, DistributedError):
+        return cls(message, failures=getattr(last, "failures", ()))
+    return cls(message)
 
 
 def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
@@ -245,6 +302,10 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
             res = f.result()
         except BaseException as e:
             mgr.last_error = e
+            say(
+                f"rank 0: the copy of {attempt} to the durable root {durable.root} FAILED "
+                f"({e}). Training continues; the version stays on the fast tier."
+            )
             mgr.telemetry.emit(
                 "replicate",
                 tier="durable",

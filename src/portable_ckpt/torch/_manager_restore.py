@@ -21,12 +21,15 @@ from portable_ckpt.errors import (
     DistributedError,
     EntryMissingError,
     FileMissingError,
+    NotFoundError,
+    StorageError,
     TensorMissingError,
     UnsupportedValueError,
     UsageError,
 )
 from portable_ckpt.io.versions import list_versions, timestamp_key
 from portable_ckpt.torch._collectives import make_comm
+from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
 from portable_ckpt.torch._manager_tiers import Tier
 from portable_ckpt.torch._nodelocal import prepare_fast_restore
@@ -55,32 +58,46 @@ def _fallback(tier: str, ident: str, e: CheckpointError) -> dict[str, Any]:
     return {"tier": tier, "checkpoint_id": ident, "code": e.code, "message": e.message[:500]}
 
 
-def listing(mgr: CheckpointManager, name: str, step: int | None) -> list[list[Any]]:
-    """``[step, committed_at, id]`` of this rank's view of a tier: restorable versions."""
+def listing(mgr: CheckpointManager, name: str, step: int | None) -> dict[str, Any]:
+    """The tier as this rank sees it: ``{"rows": [[step, committed_at, id, problem]]}``.
+
+    ``problem`` is ``None`` for a restorable version, else why its commit record could not be
+    read (an ``unreadable`` attempt: perhaps the newest version). A tier that could not be
+    listed gives ``{"error": message}`` (never "no versions", R-ID-5).
+    """
     tier = mgr.tiers[name]
     try:
         versions = list_versions(tier.storage)
     except CheckpointError as e:
-        _log.warning("cannot list the %s tier %s: %s", name, tier.root, e)
-        return []
-    return [
-        [v.step, v.committed_at, v.id]
-        for v in versions
-        if v.status == "committed"
-        and not v.verification_failed
-        and (step is None or v.step == step)
-    ]
+        return {"error": f"cannot list the {name} tier {tier.root}: {e}"}
+    return {
+        "rows": [
+            [v.step, v.committed_at, v.id, None if v.status == "committed" else str(v.error)]
+            for v in versions
+            if (step is None or v.step == step)
+            and (
+                (v.status == "committed" and not v.verification_failed)
+                or v.status == "unreadable"
+            )
+        ]
+    }
 
 
-def candidates(mgr: CheckpointManager, step: int | None) -> list[tuple[str, str]]:
-    """``(tier, attempt id)`` newest first over both tiers (fast first on ties), everywhere.
+def candidates(mgr: CheckpointManager, step: int | None) -> list[list[Any]]:
+    """``[tier, attempt id, problem]`` newest first over both tiers (fast first on ties).
 
-    A node-local fast tier is listed by every rank (its own node root): a version any node
-    holds is a candidate; whether every rank can reach its bytes is settled when it is tried.
+    The same list on every rank. A node-local fast tier is listed by every rank (its own node
+    root): a version any node holds is a candidate; whether every rank can reach its bytes is
+    settled when it is tried. A version whose record could not be read stays in the list
+    (with its problem): the restore stops there instead of silently taking an older one.
+
+    Raises:
+        StorageError: a tier could not be listed (on every rank).
+
     """
-    found: dict[tuple[str, str], tuple[int, tuple[int, int], int]] = {}
+    found: dict[tuple[str, str], tuple[tuple[int, tuple[int, ...], int], str | None]] = {}
     fast = mgr.tiers.get("fast")
-    views: list[tuple[int, str, list[list[Any]]]] = []
+    views: list[tuple[int, str, dict[str, Any]]] = []
     if fast is not None and fast.layout is not None:
         comm = make_comm(mgr.process_group, mgr.timeout)
         for seen in comm.allgather_json(listing(mgr, "fast", step), "restore/fast-list"):
@@ -89,14 +106,24 @@ def candidates(mgr: CheckpointManager, step: int | None) -> list[tuple[str, str]
         views.append((1, "fast", listing(mgr, "fast", step)))
     if mgr.rank == 0:
         views.append((0, "durable", listing(mgr, "durable", step)))
-    for order, name, rows in views:
-        for v_step, committed_at, ident in rows:
-            found[(name, ident)] = (int(v_step), timestamp_key(committed_at), order)
-    ranked = sorted(found.items(), key=lambda kv: kv[1], reverse=True)
-    local = [(name, ident) for (name, ident), _ in ranked]
-    return [
-        tuple(c) for c in broadcast_json(mgr._group, mgr.rank, local if mgr.rank == 0 else None)
-    ]
+    errors = [seen["error"] for _, _, seen in views if "error" in seen]
+    for order, name, seen in views:
+        for v_step, committed_at, ident, problem in seen.get("rows", []):
+            key = (int(v_step), timestamp_key(committed_at), order)
+            found[(name, ident)] = (key, problem)
+    ranked = sorted(found.items(), key=lambda kv: kv[1][0], reverse=True)
+    local: dict[str, Any] = (
+        {"error": errors[0]}
+        if errors
+        else {"cands": [[name, ident, problem] for (name, ident), (_, problem) in ranked]}
+    )
+    got = broadcast_json(mgr._group, mgr.rank, local if mgr.rank == 0 else None)
+    if "error" in got:
+        raise StorageError(
+            f"{got['error']}; a storage error is not 'no checkpoint' (spec R-ID-5): retry the "
+            "restore, or pass checkpoint= to restore one version explicitly"
+        )
+    return [list(c) for c in got["cands"]]
 
 
 def restore(
@@ -110,15 +137,26 @@ def restore(
     """The body of :meth:`CheckpointManager.restore` (see there)."""
     t0 = time.perf_counter()
     if checkpoint is not None:
-        cands = [("explicit", os.fspath(checkpoint))]
+        cands: list[list[Any]] = [["explicit", os.fspath(checkpoint), None]]
     else:
         cands = candidates(mgr, step)
     fallbacks: list[dict[str, Any]] = []
-    for tier_name, ident in cands:
+    for tier_name, ident, problem in cands:
+        if problem is not None:
+            # Same list on every rank: every rank stops here (R-ID-5).
+            raise StorageError(
+                f"cannot tell whether {ident} of the {tier_name} tier is the version to restore:"
+                f" its commit record could not be read ({problem}); a storage error is not "
+                "'no version' (spec R-ID-5): retry, or pass checkpoint= to restore one version "
+                "explicitly",
+                path=f"{ident}/manifest.json",
+            )
         try:
             info = load_one(mgr, state, tier_name, ident, allow_statistical, record_ranges)
         except Exception as e:
-            fallbacks.append(_fallback(tier_name, ident, _fall_back_or_raise(mgr, e)))
+            err = _fall_back_or_raise(mgr, e)
+            fallbacks.append(_fallback(tier_name, ident, err))
+            _record_damage(mgr, tier_name, ident, err)
             _log.warning(
                 "restore of %s from the %s tier failed (%s); trying the next candidate",
                 ident,
@@ -127,8 +165,10 @@ def restore(
             )
             continue
         after_restore(mgr, info, tier_name, t0, fallbacks)
+        if step is not None:
+            _warn_if_rolled_back(mgr, info.step)
         return info
-    _nothing_restored(mgr, t0, fallbacks, len(cands))
+    _nothing_restored(mgr, t0, fallbacks, len(cands), step)
     return None
 
 
@@ -145,10 +185,94 @@ def _fall_back_or_raise(mgr: CheckpointManager, e: Exception) -> CheckpointError
     return e
 
 
+def _warn_if_rolled_back(mgr: CheckpointManager, restored: int) -> None:
+    """Rank 0: warn when newer versions exist than the step a job asked to restore.
+
+    Versions are ordered by step (R-ID-4): the steps this job saves next sort before the newer
+    ones, so ``keep_last`` deletes them first and a later ``restore()`` resumes the newer step,
+    silently undoing the rollback.
+    """
+    if mgr.rank != 0:
+        return
+    newer = sorted(
+        {
+            v.step
+            for tier in mgr.tiers.values()
+            if tier.layout is None
+            for v in _versions_or_none(tier)
+            if v.status == "committed" and v.step > restored
+        }
+    )
+    if newer:
+        text = (
+            f"restored step {restored}, but this job also holds newer steps {newer[:8]}: "
+            f"versions are ordered by step, so the steps saved from here sort before step "
+            f"{newer[-1]}; keep_last deletes them first and the next restore() without step= "
+            f"resumes step {newer[-1]}. To train a new branch from step {restored}, move the "
+            "newer versions away or save to another root"
+        )
+        _log.warning(text)
+        say(text)
+
+
+def _versions_or_none(tier: Tier) -> list[Any]:
+    try:
+        return list_versions(tier.storage, annotations=False)
+    except CheckpointError:
+        return []
+
+
+#: Codes that prove a version's bytes are damaged (not a transient or a caller's error).
+_DAMAGE = frozenset((
+    "PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-SHARD-HEADER", "PCK-SHARD-MISMATCH", "PCK-CODEC",
+    "PCK-DTYPE-VALUE",
+))
+
+
+def _record_damage(mgr: CheckpointManager, tier_name: str, ident: str, e: CheckpointError) -> None:
+    """Rank 0: record a failed verification of a version whose bytes proved damaged.
+
+    Without it the version stays ``committed`` to ``ls``, counts in ``keep_last`` and is tried
+    first again by every restart; with it, it is never restored automatically (R-DRILL-8).
+    A node-local tier is left alone: its files may just be on a node that is gone.
+    """
+    if mgr.rank != 0 or tier_name == "explicit":
+        return
+    tier = mgr.tiers[tier_name]
+    if tier.layout is not None:
+        return
+    found = [(e.code, e.message)] + [
+        (f.code, f"rank {f.rank}: {f.message}") for f in getattr(e, "failures", ())
+    ]
+    damage = [{"code": c, "message": m[:4096]} for c, m in found if c in _DAMAGE]
+    if not damage:
+        return
+    from portable_ckpt.io.versions import load_manifest, write_verification_record
+
+    try:
+        chunks = sum(len(t.ranges) for t in load_manifest(tier.storage, ident).tensors.values())
+        write_verification_record(
+            tier.storage,
+            ident,
+            ok=False,
+            mode="sample",
+            fraction=1.0,  # a restore reads every chunk the state holds
+            chunks=chunks,
+            errors=damage[:64],
+            verifier="portable_ckpt CheckpointManager.restore",
+        )
+    except CheckpointError as exc:
+        _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
+
+
 def _nothing_restored(
-    mgr: CheckpointManager, t0: float, fallbacks: list[dict[str, Any]], n: int
+    mgr: CheckpointManager, t0: float, fallbacks: list[dict[str, Any]], n: int, step: int | None
 ) -> None:
-    """No version restored: ``None`` for an empty job (first run), an error if all failed."""
+    """No version restored: ``None`` for an empty job (first run), an error if all failed.
+
+    A step asked for and not found is an error too: "start from scratch" is not what a job
+    that names a step wants.
+    """
     mgr.telemetry.emit(
         "restore",
         ok=not fallbacks,
@@ -158,6 +282,13 @@ def _nothing_restored(
         fallbacks=fallbacks,
         candidates=n,
     )
+    if step is not None and not fallbacks:
+        raise NotFoundError(
+            f"no committed version of step {step} in any tier of this job "
+            f"({mgr.tiers['durable'].root}"
+            + (f", {mgr.tiers['fast'].root}" if "fast" in mgr.tiers else "")
+            + "); `portable-ckpt ls` lists the steps there are"
+        )
     if fallbacks:
         raise DistributedError(
             f"no version could be restored: {len(fallbacks)} candidate(s) failed, last "

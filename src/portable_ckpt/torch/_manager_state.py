@@ -76,14 +76,30 @@ class ManagerEntry(StateEntry):
         self.value = value
 
 
-def warn_stale(state: Mapping[str, Any], warned: set[str]) -> None:
-    """The stale-state trap: an optimizer state dict taken once is a snapshot (issue 14)."""
+#: How deep :func:`warn_stale` looks into nested dicts (``{"train": {"optim": osd}}`` is 2).
+STALE_DEPTH = 4
+
+
+def warn_stale(
+    state: Mapping[str, Any], warned: set[str], _path: str = "", _depth: int = 0
+) -> None:
+    """The stale-state trap: an optimizer state dict taken once is a snapshot (issue 14).
+
+    Looks at the values of ``state`` and of the dicts nested in it (up to :data:`STALE_DEPTH`
+    levels; Stateful objects are read at save time and never looked into); warns once per key.
+    """
     for key, value in state.items():
-        if isinstance(value, Mapping) and "param_groups" in value and key not in warned:
-            warned.add(key)
-            _log.warning(
-                "state[%r] is an optimizer state dict: a snapshot whose learning rates and "
-                "hyper-parameters go stale as training continues. Pass the live objects instead, "
-                "e.g. state = {'train': ModelOptimizerState(model, optimizer)}",
-                key,
-            )
+        if not isinstance(value, Mapping):
+            continue
+        path = f"{_path}[{key!r}]"
+        if "param_groups" in value:
+            if path not in warned:
+                warned.add(path)
+                _log.warning(
+                    "state%s is an optimizer state dict: a snapshot whose learning rates and "
+                    "hyper-parameters go stale as training continues. Pass the live objects "
+                    "instead, e.g. state = {'train': ModelOptimizerState(model, optimizer)}",
+                    path,
+                )
+        elif _depth + 1 < STALE_DEPTH:
+            warn_stale(value, warned, path, _depth + 1)

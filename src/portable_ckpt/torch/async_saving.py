@@ -126,7 +126,7 @@ def async_save(
     if mode not in ASYNC_MODES:
         raise UsageError(f"mode must be one of {ASYNC_MODES}, got {mode!r}")
     bound = require_seconds(exit_timeout, "exit_timeout")
-    opts = SaveOptions(**options)
+    opts = SaveOptions.of("async_save", options)
     into, write_with = _mode(mode, root)
     t0 = time.perf_counter()
     with LOCK:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "local_layout",
     "local_pieces",
     "local_runs",
+    "dim_labels",
     "mesh_description",
     "placement_specs",
     "shard_box",
@@ -422,10 +424,29 @@ def dtensor_layout(dt: Any, *, key: str = "?", local: Any = None) -> LocalLayout
 
 
 def mesh_description(mesh: Any) -> tuple[list[int], list[str]]:
-    """Return ``(shape, dim_names)`` of a DeviceMesh (names default to ``dim0``, ``dim1``...)."""
+    """Return ``(shape, dim_names)`` of a DeviceMesh (names default to ``dim0``, ``dim1``...).
+
+    The names are labels (only the shape decides a contract, spec §13), written in the format's
+    pattern: a torch name such as ``"dp-shard"`` is recorded as ``"dp_shard"``.
+    """
     shape = [int(s) for s in mesh.mesh.shape]
     names = list(mesh.mesh_dim_names or [f"dim{i}" for i in range(len(shape))])
-    return shape, [str(n) for n in names]
+    return shape, dim_labels([str(n) for n in names])
+
+
+def dim_labels(names: Sequence[str]) -> list[str]:
+    """``names`` as unique mesh dimension labels of the format (``[A-Za-z_][A-Za-z0-9_]{0,63}``)."""
+    out: list[str] = []
+    for i, name in enumerate(names):
+        label = re.sub(r"[^A-Za-z0-9_]", "_", name)[:64] or f"dim{i}"
+        if not (label[0].isascii() and (label[0].isalpha() or label[0] == "_")):
+            label = f"_{label}"[:64]
+        base, k = label, 1
+        while label in out:
+            label = f"{base[: 63 - len(str(k))]}_{k}"
+            k += 1
+        out.append(label)
+    return out
 
 
 def is_dtensor(t: Any) -> bool:

@@ -14,11 +14,17 @@ of the job creates one manager with the same arguments and calls it at the same 
             break
     mgr.close()                                # finishes a pending async save
 
-Phases of one ``maybe_save``: **agree** (one max-reduction of two integers on the manager's own
-gloo group: rank 0's policy decision and every rank's preemption flag), **save** (collective
-:func:`~portable_ckpt.torch.save` or :func:`~portable_ckpt.torch.async_save`, whose metadata
-travels on its own side group), then **after the commit**, on a background thread of each rank:
-telemetry, and on rank 0 sampled verification, retention and replication to the durable root.
+A failed background save does not stop training: rank 0 says so on stderr (``FAILED``), the
+error waits in ``last_error`` (raised by ``wait()``/``close()``), and after ``max_failed_saves``
+failed saves in a row (default 3) the next ``maybe_save``/``save`` raises on every rank, so a
+job never runs on for days without a checkpoint.
+
+Phases of one ``maybe_save``: **agree** (one max-reduction of three integers on the manager's
+own gloo group: rank 0's policy decision, every rank's preemption flag and failed-save count),
+**save** (collective :func:`~portable_ckpt.torch.save` or :func:`~portable_ckpt.torch.async_save`,
+whose metadata travels on its own side group), then **after the commit**, on a background
+thread of each rank: telemetry, and on rank 0 sampled verification, retention and replication
+to the durable root.
 Stateful values of ``state`` (anything with ``state_dict()``/``load_state_dict()``) are asked for
 their state at the moment of each save, so nothing stale is ever saved.
 
@@ -32,6 +38,7 @@ state (:mod:`._manager_state`).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -49,11 +56,11 @@ from portable_ckpt.manager.records import (
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
 from portable_ckpt.torch._collectives import Comm
-from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT
+from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT, say
 from portable_ckpt.torch._manager_decisions import Preemption, agree, make_group
 from portable_ckpt.torch._manager_exit import register_after_async_save, register_exit
 from portable_ckpt.torch._manager_nodelocal import background_comm
-from portable_ckpt.torch._manager_post import after_failure, after_save
+from portable_ckpt.torch._manager_post import after_failure, after_save, too_many_failures
 from portable_ckpt.torch._manager_restore import restore as _restore
 from portable_ckpt.torch._manager_state import ManagerEntry, ModelOptimizerState, warn_stale
 from portable_ckpt.torch._manager_tiers import Tier, durable_tier, fast_tier
@@ -63,6 +70,8 @@ from portable_ckpt.torch.info import CheckpointInfo, LoadInfo
 from portable_ckpt.torch.saving import save
 
 __all__ = ["CheckpointManager", "ModelOptimizerState"]
+
+_log = logging.getLogger("portable_ckpt")
 
 
 class CheckpointManager:
@@ -84,7 +93,7 @@ class CheckpointManager:
             :func:`async_save`.
         continuation: ``"exact"`` or ``"statistical"`` (recorded in every version).
         fast_root: A fast tier (local disk, tmpfs, fast shared file system).
-        fast_every: Save to the fast tier every N steps.
+        fast_every: Save to the fast tier every N steps (needs ``fast_root``).
         fast_keep: Versions kept on the fast tier.
         fast_replicas: With a node-local fast tier, also keep each node's files on the next
             node (0 or 1), so losing one node still restores from the fast tier.
@@ -104,6 +113,12 @@ class CheckpointManager:
         timeout: Seconds a collective may wait for peers.
         handle_sigterm: Install a SIGTERM handler (main thread only): the first SIGTERM sets
             ``preempted``; a second one, or one once closing, terminates as before.
+        handle_sigint: Treat SIGINT (Ctrl-C; torchrun forwards it to every worker) like SIGTERM:
+            the first one preempts (the step is saved, ``preempted`` is set), a second one, or
+            one once closing, raises ``KeyboardInterrupt`` as before (main thread only).
+        max_failed_saves: After this many failed saves in a row, the next ``maybe_save`` or
+            ``save`` raises on every rank (an error with the last failure's code, naming the
+            steps). ``None``: never; failures are then only reported (stderr, ``last_error``).
         grace_seconds: Age after which retention's gc removes abandoned attempts.
         codec: Chunk codec of every save (``"none"`` or ``"zstd"``).
         exit_timeout: Seconds the interpreter-exit hook waits for pending work; after that the
@@ -139,6 +154,8 @@ class CheckpointManager:
         grace_seconds: float = 3600.0,
         codec: str = "none",
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+        handle_sigint: bool = False,
+        max_failed_saves: int | None = 3,
     ) -> None:
         self.policy = SavePolicy.build(
             save_every=save_every,
@@ -151,6 +168,20 @@ class CheckpointManager:
             raise UsageError(f"verify_sample must be a fraction in [0, 1], got {verify_sample!r}")
         if replicate and fast_root is None:
             raise UsageError("replicate=True needs fast_root= (the tier durable saves go to first)")
+        if fast_every is not None and fast_root is None:
+            raise UsageError(
+                "fast_every= needs fast_root= (the fast tier's root); without it nothing would "
+                "ever be saved at those steps (use save_every= for the durable root)"
+            )
+        if max_failed_saves is not None and (
+            isinstance(max_failed_saves, bool)
+            or not isinstance(max_failed_saves, int)
+            or max_failed_saves < 1
+        ):
+            raise UsageError(
+                f"max_failed_saves must be an int >= 1 or None, got {max_failed_saves!r}"
+            )
+        self.max_failed_saves = max_failed_saves
         if async_mode not in ASYNC_MODES:
             raise UsageError(f"async_mode must be one of {ASYNC_MODES}, got {async_mode!r}")
         self.async_save = bool(async_save)
@@ -182,12 +213,17 @@ class CheckpointManager:
             if fast.layout is not None and (self.replicate or self.verify_sample > 0):
                 self._bg_comm = background_comm(process_group, timeout)
             self.tiers["fast"] = fast
-        self._init_runtime(events, handle_sigterm)
+        self._init_runtime(events, handle_sigterm, handle_sigint)
 
-    def _init_runtime(self, events: str | os.PathLike[str] | None, handle_sigterm: bool) -> None:
+    def _init_runtime(
+        self, events: str | os.PathLike[str] | None, handle_sigterm: bool, handle_sigint: bool
+    ) -> None:
         self.telemetry = Telemetry(events, self.rank)
         self.preempted = False
         self.last_error: BaseException | None = None
+        self._failed_saves = 0  # failed saves in a row seen by this rank (reset by a commit)
+        self._failed_steps: list[int] = []
+        self._agreed_failed_saves = 0  # the most any rank had seen at the last agreement
         self._last_save_step: int | None = None
         self._last_save_time = time.time()
         self._pending: AsyncSaveHandle | None = None
@@ -198,7 +234,7 @@ class CheckpointManager:
         self._fetched: dict[str, Any] | None = None
         self._warned: set[str] = set()
         self._closed = False
-        self._preemption = Preemption(handle_sigterm)
+        self._preemption = Preemption(handle_sigterm, handle_sigint)
         register_exit(self)
 
     # -- saving ------------------------------------------------------------------------------
@@ -210,11 +246,13 @@ class CheckpointManager:
 
         Every rank calls this at every step. Returns True when a save was started (finished,
         for a preemption save). After a SIGTERM, ``preempted`` is true on every rank and the
-        save is synchronous, so the loop can exit right after.
+        save is synchronous, so the loop can exit right after. Raises on every rank once
+        ``max_failed_saves`` saves in a row failed.
         """
         self._check_open()
         self.mark_resumed()
         decision = agree(self, step)
+        self._raise_if_failing(decision)
         if not decision.saves:
             return False
         self._save(step, state, metrics, decision)
@@ -226,7 +264,41 @@ class CheckpointManager:
         """Save ``state`` at ``step`` durably, whatever the policy says (a collective)."""
         self._check_open()
         self.mark_resumed()
-        self._save(step, state, metrics, agree(self, step, Decision("durable", "requested")))
+        decision = agree(self, step, Decision("durable", "requested"))
+        self._raise_if_failing(decision)
+        self._save(step, state, metrics, decision)
+
+    def _raise_if_failing(self, decision: Decision) -> None:
+        """Raise (every rank: the count was agreed) once ``max_failed_saves`` saves failed."""
+        limit = self.max_failed_saves
+        if limit is None or self._agreed_failed_saves < limit or decision.reason == "preemption":
+            return  # a preemption save is the last chance: it is tried (and raises if it fails)
+        err = too_many_failures(self)
+        self._failed_saves, self._failed_steps, self._agreed_failed_saves = 0, [], 0
+        last, self.last_error = self.last_error, None  # surfaced here, not again by wait()
+        raise err from last
+
+    def _warn_unranked(
+        self, step: int, metrics: Mapping[str, Any] | None, decision: Decision
+    ) -> None:
+        """keep_best never deletes a version without its metric: say so once (rank 0, stderr)."""
+        best = self.tiers["durable"].retention.keep_best
+        if best is None or decision.tier != "durable" or "keep_best" in self._warned:
+            return
+        if best.score(metrics) is not None:
+            return
+        self._warned.add("keep_best")
+        given = sorted(str(k) for k in metrics) if metrics else None
+        text = (
+            f"keep_best=({best.metric!r}, {best.n}, {best.mode!r}) ranks durable versions by "
+            f"{best.metric!r}, but the save of step {step} carries no finite {best.metric!r} "
+            f"value (metrics given: {given}): retention never deletes such a version, whatever "
+            f"keep_last and keep_every say. Pass metrics={{{best.metric!r}: value}} to every "
+            f"maybe_save and save (said once)."
+        )
+        _log.warning("%s", text)
+        if self.rank == 0:
+            say(text)
 
     def _target(self, decision: Decision) -> Tier:
         if decision.tier == "fast" or (self.replicate and decision.reason != "preemption"):
@@ -269,6 +341,7 @@ class CheckpointManager:
         decision: Decision,
     ) -> None:
         tier = self._target(decision)
+        self._warn_unranked(step, metrics, decision)
         full = self._full_state(step, state, metrics, decision, tier)
         self._last_save_step = step
         self._last_save_time = time.time()
@@ -283,7 +356,7 @@ class CheckpointManager:
             try:
                 info = save(full, tier.storage, **kwargs)
             except CheckpointError as e:
-                after_failure(self, step, tier, decision, e)
+                after_failure(self, step, tier, decision, e, raised=True)
                 raise
         else:
             handle = self._pending = async_save(
@@ -323,7 +396,17 @@ class CheckpointManager:
         to the next candidate (the durable tier); errors of the target state itself (contract,
         shapes, missing keys) are raised at once. ``checkpoint`` restores one explicit version
         directory (e.g. a seed from another run) instead. ``record_ranges`` is passed to
-        :func:`~portable_ckpt.torch.load`.
+        :func:`~portable_ckpt.torch.load`. A version found damaged gets a failed verification
+        record (never tried again); restoring an older ``step`` than the job's newest is said on
+        stderr (the newer steps would win the next restore).
+
+        Raises:
+            StorageError: a tier could not be listed, or a version that may be newer than the
+                one to restore has an unreadable commit record (never "nothing to resume",
+                spec R-ID-5): retry.
+            NotFoundError: ``step`` was given and no tier holds it.
+            DistributedError: every candidate failed.
+
         """
         self._check_open()
         self._settle_pending()
@@ -342,8 +425,9 @@ class CheckpointManager:
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the pending save, its post-commit work and replications; re-raise a failure.
 
-        Raises the last failure of a background save (once) so the loop's end surfaces it, and
-        ``TimeoutError`` when ``timeout`` seconds passed first (the work goes on).
+        Raises the last failure of a background save or copy (``last_error``, once) so the
+        loop's end surfaces it, and ``TimeoutError`` when ``timeout`` seconds passed first (the
+        work goes on).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 

@@ -109,6 +109,19 @@ class SaveOptions:
     tensor_table: bool | None = None
     publisher: Any = None
 
+    @classmethod
+    def of(cls, call: str, options: Mapping[str, Any]) -> SaveOptions:
+        """The options of ``call`` (``"save"``): PCK-USAGE naming it for a missing ``step``.
+
+        (Not a ``TypeError`` naming this class: ``step`` is ``call``'s required keyword.)
+        """
+        if "step" not in options:
+            raise UsageError(
+                f"{call}() needs the keyword argument step= (the completed training step, "
+                f"stored in the manifest), e.g. {call}(state, root, step=1000)"
+            )
+        return cls(**options)
+
     def __post_init__(self) -> None:
         """Refuse a bad step or contract before anything is touched."""
         require_non_negative_int(self.step, "step")
@@ -383,7 +396,7 @@ def save(
     # No full collection of the training heap mid-save (portable_ckpt._gc); run_save pauses
     # again, ending before it takes the save's seconds.
     with paused_gc():
-        opts = SaveOptions(**options)
+        opts = SaveOptions.of("save", options)
         wait_idle(opts.if_busy)
         t0 = time.perf_counter()
         comm = make_comm(opts.process_group, opts.timeout)

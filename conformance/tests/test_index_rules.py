@@ -1,0 +1,76 @@
+"""The checker holds stored writer indexes to R-FILES-1 and R-INDEX-6 (errata 3).
+
+Before, an index present but not listed in ``files`` was a warning, and an index that
+disagreed with the manifest (another dtype, a range the manifest does not have) passed.
+Verification records, added after the commit like drill and copy records, are not flagged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from conformance.checker import check
+from portable_ckpt.io.commit import commit
+from portable_ckpt.io.versions import write_verification_record
+from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.storage import open_storage
+
+
+def _two_writers(root: Path) -> Path:
+    storage = open_storage(root, create=True)
+    attempt = new_attempt_id(3)
+    for w in (0, 1):
+        sw = ShardWriter(storage, attempt, w, sync_on_finish=True)
+        sw.add_tensor("t", np.arange(4, dtype=np.int64) + 4 * w, offsets=(4 * w,),
+                      global_shape=(8,))
+        sw.finish()
+    commit(storage, attempt, step=3, expected_writers=[0, 1])
+    return root / attempt
+
+
+def _edit_json(path: Path, fn: object) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc)  # type: ignore[operator]
+    path.write_text(json.dumps(doc))
+
+
+def test_a_stored_index_version_is_conformant(tmp_path: Path) -> None:
+    vdir = _two_writers(tmp_path)
+    assert sorted(p.name for p in (vdir / "index").iterdir()) == ["w00000.json", "w00001.json"]
+    rep = check(vdir, deep=True)
+    assert rep.codes == set() and rep.warnings == []
+
+
+def test_an_index_not_listed_in_files_is_an_error(tmp_path: Path) -> None:
+    """R-FILES-1: a stored writer index is a file of the version."""
+    vdir = _two_writers(tmp_path)
+    _edit_json(vdir / "manifest.json", lambda m: m["files"].pop("index/w00001.json"))
+    assert check(vdir).codes == {"PCK-SCHEMA"}
+    assert any("index/w00001.json" in e.message for e in check(vdir).errors)
+
+
+def test_an_index_that_disagrees_with_the_manifest_is_a_conflict(tmp_path: Path) -> None:
+    """§14.2: an index is part of the manifest (dtype, shape, ranges, entries)."""
+    vdir = _two_writers(tmp_path)
+    _edit_json(vdir / "manifest.json",
+               lambda m: m["tensors"]["t"].update(dtype="int32"))
+    # The manifest's own checks see the shard's I64 against int32 too; the index is a conflict.
+    assert "PCK-METADATA-CONFLICT" in check(vdir).codes
+    vdir2 = _two_writers(tmp_path / "b")
+    _edit_json(vdir2 / "manifest.json",
+               lambda m: m["tensors"]["t"]["ranges"][1].update(name="t@renamed"))
+    codes = check(vdir2).codes
+    assert "PCK-METADATA-CONFLICT" in codes
+
+
+def test_verification_records_are_not_unlisted_files(tmp_path: Path) -> None:
+    vdir = _two_writers(tmp_path)
+    write_verification_record(open_storage(tmp_path), vdir.name, ok=True, mode="deep",
+                              fraction=None, chunks=2)
+    rep = check(vdir, deep=True)
+    assert rep.codes == set() and rep.warnings == []
+    (vdir / "verifications" / "v20260101T000000000000Z-00000000.json").write_text("{}")
+    assert check(vdir).codes == {"PCK-SCHEMA"}  # a record that is no verification record

@@ -1,0 +1,84 @@
+"""CheckpointManager arguments and one-time warnings found by the outside user review.
+
+Single-process managers (no process group): real saves on real files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+import portable_ckpt
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import UsageError
+
+pytestmark = pytest.mark.torch
+
+
+def test_fast_every_without_fast_root_is_refused(tmp_path: Path) -> None:
+    """Finding 8: it was accepted and never saved anything."""
+    with pytest.raises(UsageError, match=r"fast_every= needs fast_root="):
+        pckt.CheckpointManager(str(tmp_path / "r"), fast_every=2)
+    assert not (tmp_path / "r").exists()  # refused before anything was touched
+    mgr = pckt.CheckpointManager(str(tmp_path / "r"), fast_every=2, fast_root=str(tmp_path / "f"))
+    mgr.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3"])
+def test_max_failed_saves_must_be_a_positive_int_or_none(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(UsageError, match="max_failed_saves must be an int >= 1 or None"):
+        pckt.CheckpointManager(
+            str(tmp_path),
+            save_every=1,
+            max_failed_saves=bad,  # type: ignore[arg-type]
+        )
+    pckt.CheckpointManager(str(tmp_path), save_every=1, max_failed_saves=None).close()
+
+
+def test_keep_best_without_the_metric_warns_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finding 7: versions without the metric are never deleted; now the user is told (once)."""
+    root = str(tmp_path / "r")
+    state = {"w": torch.arange(4.0)}
+    with pckt.CheckpointManager(
+        root, save_every=1, keep_last=1, keep_best=("loss", 1, "min"), async_save=False
+    ) as mgr:
+        mgr.maybe_save(1, state, metrics={"loss": 2.0})
+        assert "keep_best" not in capsys.readouterr().err
+        mgr.maybe_save(2, state, metrics={"acc": 0.5})  # no 'loss'
+        mgr.save(3, state)  # no metrics at all
+        mgr.maybe_save(4, state, metrics={"loss": float("nan")})
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "keep_best" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("portable_ckpt: keep_best=('loss', 1, 'min')")
+    assert "the save of step 2 carries no finite 'loss' value (metrics given: ['acc'])" in lines[0]
+    assert "never deletes such a version" in lines[0]
+    # As documented: the unranked versions stay, keep_last=1 notwithstanding.
+    assert [v.step for v in portable_ckpt.list_versions(root)] == [1, 2, 3, 4]
+
+
+def test_stale_optimizer_dict_nested_in_a_dict_is_flagged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 12b: {"train": {"model": msd, "optim": osd}} was not flagged."""
+    import logging
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    msd, osd = get_state_dict(model, opt)
+    with caplog.at_level(logging.WARNING, logger="portable_ckpt"):
+        with pckt.CheckpointManager(str(tmp_path), save_every=1, async_save=False) as mgr:
+            mgr.save(1, {"train": {"model": msd, "optim": osd}})
+            mgr.save(2, {"train": {"model": msd, "optim": osd}})
+            mgr.save(3, {"a": {"b": {"c": {"d": {"optim": osd}}}}})  # deeper than 4: not looked at
+    warned = [r.getMessage() for r in caplog.records if "optimizer state dict" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("state['train']['optim'] is an optimizer")
