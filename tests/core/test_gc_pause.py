@@ -43,6 +43,9 @@ def _collections(threshold: tuple[int, int, int] = (50, 1, 1)) -> Iterator[list[
             seen.append(int(info["generation"]))
 
     old = gc.get_threshold()
+    # Counts left by earlier work (pytest's own, an import) would make the first allocation
+    # in the block collect an old generation that the block did not cause: start from zero.
+    gc.collect()
     gc.set_threshold(*threshold)
     gc.callbacks.append(cb)
     try:

@@ -68,6 +68,20 @@ def check_frame_header(
             :func:`zstd_bound` of the decoded size.
 
     """
+    magic = bytes(head[:4])
+    if len(magic) == 4 and 0x184D2A50 <= int.from_bytes(magic, "little") <= 0x184D2A5F:
+        # get_frame_parameters reads a skippable frame's length as a content size.
+        raise CodecError(
+            f"{what}: starts with a skippable frame (magic {magic.hex(' ')}), not a zstd frame; "
+            "a range or value is exactly one zstd frame (R-TENSOR-6)",
+            path=what,
+        )
+    if len(magic) < 4 or int.from_bytes(magic, "little") != _MAGIC:
+        raise CodecError(
+            f"{what}: does not start with a zstd frame (magic 28 b5 2f fd, found "
+            f"{magic.hex(' ') or 'nothing'})",
+            path=what,
+        )
     try:
         params = zstandard.get_frame_parameters(head)
     except zstandard.ZstdError as exc:
