@@ -146,3 +146,11 @@ def test_readers_accept_mesh_labels_older_writers_wrote(tmp_path: Path) -> None:
     path.write_bytes(raw.replace(b'"dim_names":["dp"]', b'"dim_names":["dp-shard"]'))
     ck = portable_ckpt.open(tmp_path)
     assert ck.continuation.mesh is not None and ck.continuation.mesh.dim_names == ("dp-shard",)
+
+
+def test_a_value_nested_past_the_recursion_limit_is_a_usage_error(tmp_path: Path) -> None:
+    """Not a bare RecursionError from the public API (outside review, round 2)."""
+    with pytest.raises(UsageError, match="nested deeper"):
+        portable_ckpt.save_arrays(tmp_path, {"w": np.ones(2)}, step=1,
+                                  entries={"e": _nested(5000)})
+    assert not any(tmp_path.iterdir())

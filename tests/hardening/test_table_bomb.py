@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 
 import portable_ckpt
 import portable_ckpt.io.tensor_table as tt
@@ -269,3 +270,40 @@ def test_bytes_after_the_columns(monkeypatch: pytest.MonkeyPatch) -> None:
             what="t", files=FILES)
     assert decode_table(_frame(raw, 0), codec="zstd", what="t", files=FILES).keys == ["a"]
 
+
+
+def _many_short_strings(column: str, n_bytes: int) -> bytes:
+    """A consistent header (2T <= key bytes <= 4097T) whose ``column`` is ``"ab\\0"`` repeated."""
+    t = -(-n_bytes // 4097)
+    keys = b"".join(b"k%d\0" % i for i in range(t))
+    sizes = {"tensor.key": n_bytes if column == "tensor.key" else len(keys),
+             "tensor.dtype": t, "tensor.ndim": t, "tensor.ranges": t}
+    if column == "file.path":
+        sizes["file.path"] = n_bytes
+    head = _header(sizes)
+    body = bytearray(head)
+    for name, n in ((c, sizes.get(c, 0)) for c in COLUMNS):
+        width = np.dtype(COLUMNS[name][1]).itemsize
+        if name == column:
+            body += b"ab\0" * (n // 3)
+        elif name == "tensor.key":
+            body += keys
+        else:
+            body += bytes(n * width)
+    return zstandard.ZstdCompressor(level=3, write_content_size=True).compress(bytes(body))
+
+
+@pytest.mark.parametrize("column", ["tensor.key", "file.path"])
+def test_a_column_of_many_short_strings_is_counted_before_it_is_split(
+    tmp_path: Path, column: str
+) -> None:
+    """Outside review, round 2: 6 KB of ``"ab\\0"`` repeated made ~22M Python strings (1.8 GB)
+    before the count refused them. The count comes first now: the cost is the column's bytes."""
+    vdir = _table_version(tmp_path)
+    n = (16 << 20) // 3 * 3
+    blob = _many_short_strings(column, n)
+    assert len(blob) < 64 << 10
+    _install(vdir, blob)
+    with time_bound(30), cpu_bound(10), memory_bound(2 * n + SMALL):
+        err = expect_code("PCK-SCHEMA", portable_ckpt.open, vdir)
+    assert ("keys" if column == "tensor.key" else "paths") in err.message

@@ -125,3 +125,27 @@ def test_odd_keys_are_foreign_and_harmless(s3: S3Env, capsys: pytest.CaptureFixt
     # The attempt left with only foreign keys is not reported as abandoned again and again.
     rep2 = gc(root, keep=1, grace_seconds=0.0)
     assert rep2.abandoned == [] and rep2.deleted == [] and set(rep2.foreign_keys) == inside
+
+
+def test_folder_markers_and_control_keys_are_foreign_and_kept(s3: S3Env) -> None:
+    """Outside review, round 2: obstore lists a folder marker ``<id>/`` as ``<id>``, another key
+    above the attempt; gc deleted that key (and never the marker). A key with a tab blocked
+    every gc run. Both are foreign now: reported, never deleted (R-LAYOUT-7)."""
+    root = s3.root("run")
+    ids = [_save(root, s) for s in (1, 2, 3)]
+    client = s3.boto()
+    beside = f"run/{ids[0]}"  # a user's object named like the attempt, beside it
+    odd = [f"run/{ids[0]}/", f"run/{ids[0]}/data/", f"run/{ids[1]}/data/x\ty"]
+    for key in [beside, *odd]:
+        client.put_object(Bucket=s3.bucket, Key=key, Body=b"")
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert sorted(rep.deleted) == ids[:2] and rep.complete, rep.to_json()
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket)["Contents"]}
+    assert beside in keys, "gc deleted an object outside the attempt"
+    assert set(odd) <= keys, "gc deleted a foreign key"
+    assert not [k for k in keys if k.startswith(f"run/{ids[0]}/") and k not in odd]
+    assert {f"{ids[0]}/", f"{ids[0]}/data/", f"{ids[1]}/data/x\ty"} <= set(rep.foreign_keys)
+    # Nothing but foreign keys left: not deleted again and again on every run.
+    rep2 = gc(root, keep=1, grace_seconds=0.0)
+    assert rep2.deleted == [] and rep2.abandoned == [], rep2.to_json()
+    assert portable_ckpt.open(root).id == ids[2]

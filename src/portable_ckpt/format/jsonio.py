@@ -188,6 +188,11 @@ def dumps(doc: Any, *, indent: int | None = None) -> bytes:
         ).encode("utf-8")
     except (ValueError, TypeError) as exc:
         raise UsageError(f"value cannot be stored as JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(
+            f"value cannot be stored as JSON: nested deeper than this interpreter's recursion "
+            f"limit (readers refuse more than {MAX_DEPTH} levels, spec §18.3)"
+        ) from None
 
 
 def count_values(data: bytes, *, chunk: int = 1 << 20) -> int:

@@ -638,7 +638,10 @@ def decode_table(
     that fails (the order of the columns is the writer's) are held until it fails. Measured: a
     129 KiB frame of zeros under a header storing 858M records' range.file and range.codec
     before tensor.key reaches 4.1 GiB peak RSS and 2.8 s, then PCK-SCHEMA (before: the same).
-    The header itself may take MAX_HEADER_BYTES (§11.2).
+    Keys and file paths become Python strings (~50 bytes each beyond their bytes) only once
+    their count matches the declared tensor count (file paths: at most the document's files),
+    so a key column of many short keys costs its count check, not 25x its size. The header
+    itself may take MAX_HEADER_BYTES (§11.2).
 
     Args:
         data: The table file's stored bytes (already checksum-verified).
@@ -779,6 +782,15 @@ class _Steps:
         if cache is not None and cache.last is not None and col.tobytes() == cache.last[0]:
             self.keys, self.cached_keys = cache.keys, True
         else:
+            # Counted before any string exists: one Python str per key costs ~50 bytes, so a
+            # column of many short keys would cost 25x its bytes before the count refused it.
+            n = int(np.count_nonzero(col == 0))
+            if n != self.t_count:
+                raise SchemaError(
+                    f"{self.what}: column 'tensor.dtype' has {self.t_count} values for "
+                    f"{n} keys",
+                    path=self.what,
+                )
             self.keys = _split_heap(col, what=self.what, column="tensor.key")
             _check_keys(col, self.keys, self.what)
         if len(self.keys) != self.t_count:
@@ -841,7 +853,15 @@ class _Steps:
 
     def _paths(self) -> None:
         what = self.what
-        self.paths = _split_heap(self.cols["file.path"], what=what, column="file.path")
+        col = self.cols["file.path"]
+        n = int(np.count_nonzero(col == 0))
+        if n > len(self.files):  # each path is one of the document's files (R-FILES-2)
+            raise SchemaError(
+                f"{what}: column 'file.path' holds {n} paths, the document lists "
+                f"{len(self.files)} files (R-FILES-2)",
+                path=what,
+            )
+        self.paths = _split_heap(col, what=what, column="file.path")
         seen: set[str] = set()
         for i, p in enumerate(self.paths):
             check_relative_path(p, what=f"{what}: file.path #{i}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import builtins
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,14 +20,18 @@ from typing import Any
 __all__ = ["Capabilities", "ObjectInfo", "Storage", "StreamWriter", "well_formed"]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def well_formed(path: str) -> bool:
     """Whether ``path`` is a relative path that a backend addresses.
 
-    Its components are not empty, ``.`` or ``..``; it has no backslash and no NUL and is UTF-8.
-    Objects under a root whose keys are not well formed were not written by this format; they
-    are *foreign*: listings skip them, gc never deletes them, reads never name them (spec §2.1).
+    Its components are not empty, ``.`` or ``..``; it has no backslash and no control character
+    (C0 or DEL; an S3 client cannot address some of them) and is UTF-8. Objects under a root
+    whose keys are not well formed were not written by this format; they are *foreign*:
+    listings skip them, gc never deletes them, reads never name them (spec §2.1).
     """
-    if not path or "\\" in path or "\x00" in path:
+    if not path or "\\" in path or _CONTROL.search(path):
         return False
     try:
         path.encode("utf-8")

@@ -818,9 +818,14 @@ class S3Storage(ScannedStorage):
     def _scan(self, prefix: str, *, recursive: bool) -> builtins.list[ListingEntry]:
         """``(object, None)`` for well-formed keys, ``(None, key)`` for foreign ones."""
         try:
-            return self._scan_obstore(prefix, recursive=recursive)
+            found = self._scan_obstore(prefix, recursive=recursive)
         except _OddKeyError:
             return self._scan_boto(prefix, recursive=recursive)
+        if any(e[0] is None or e[0].size == 0 for e in found):
+            # obstore drops a key's trailing slash: an empty object may be a folder marker
+            # ("<prefix>/data/" listed as "<prefix>/data"). The raw keys decide (boto3).
+            return self._scan_boto(prefix, recursive=recursive)
+        return found
 
     def _scan_obstore(self, prefix: str, *, recursive: bool) -> builtins.list[ListingEntry]:
         import obstore
@@ -842,8 +847,17 @@ class S3Storage(ScannedStorage):
             metas, dirs = self._retrying(listing)
         except Exception as exc:
             self._list_failed(prefix, exc)
-        out: builtins.list[ListingEntry] = [_entry(str(m["path"]), int(m["size"]),
-                                             m["last_modified"].timestamp()) for m in metas]
+        under = f"{pfx}/" if pfx else ""
+        out: builtins.list[ListingEntry] = []
+        for m in metas:
+            rel = str(m["path"])
+            if not rel.startswith(under):
+                # obstore drops a key's trailing slash: a folder marker "<prefix>/" comes back
+                # as "<prefix>", which names another key, above the prefix. Foreign, never an
+                # object of this listing (a delete would remove that other key).
+                out.append((None, f"{rel}/"))
+                continue
+            out.append(_entry(rel, int(m["size"]), m["last_modified"].timestamp()))
         return out + [(None, d + "/") for d in dirs if not well_formed(d)]
 
     def _list_failed(self, prefix: str, exc: BaseException) -> NoReturn:
@@ -977,7 +991,9 @@ class S3Storage(ScannedStorage):
         pfx = self._prefix_arg(prefix)
         if pfx is None:
             raise UsageError(f"refusing to delete everything below {self.url}")
-        paths = [info.path for info in self.list(pfx)]
+        # The raw keys (boto3): obstore's listing drops trailing slashes, so a folder marker
+        # deeper down ("<prefix>/data/") would be listed, and deleted, as the key without it.
+        paths = [e[0].path for e in self._scan_boto(pfx, recursive=True) if e[0] is not None]
         for i in range(0, len(paths), 1000):
             batch = paths[i : i + 1000]
             try:
