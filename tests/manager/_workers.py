@@ -511,6 +511,41 @@ def failing_saves(rank: int, world: int, root: str) -> dict[str, Any]:
     return out
 
 
+def tier_failures(rank: int, world: int, root: str, fast: str, failing: str) -> dict[str, Any]:
+    """Rank 1's ``failing`` tier cannot be written: durable at even steps, fast at odd ones."""
+    import contextlib
+    import dataclasses
+    import io
+
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    tr = Trainer(world)
+    err = io.StringIO()
+    out: dict[str, Any] = {"raised": None}
+    with contextlib.redirect_stderr(err):
+        mgr = pckt.CheckpointManager(root, save_every=2, fast_root=fast, fast_every=1, timeout=30)
+        tier = mgr.tiers[failing]
+        if rank == 1:
+            full = FaultyStorage(tier.storage, [Fault(op="write", path="*/data/*", error="ENOSPC")])
+            mgr.tiers[failing] = dataclasses.replace(tier, storage=full)
+        for step in range(1, 9):
+            try:
+                mgr.maybe_save(step, {"model": tr}, metrics={"loss": 1.0})
+            except CheckpointError as e:
+                out["raised"] = [step, e.code]
+                break
+            for fut in list(mgr._post):
+                fut.result()
+        mgr.tiers[failing] = tier
+        with contextlib.suppress(CheckpointError):
+            mgr.close()
+    out["stderr"] = err.getvalue()
+    commits = [e for e in mgr.telemetry.history if e["event"] == "commit" and e["ok"]]
+    out["fast_ok"] = [e["step"] for e in commits if e["tier"] == "fast"]
+    out["durable_ok"] = [e["step"] for e in commits if e["tier"] == "durable"]
+    return out
+
+
 def sigint_preempts(rank: int, world: int, root: str) -> dict[str, Any]:
     """handle_sigint=True: a first SIGINT preempts, a second is KeyboardInterrupt; off: as ever."""
     out: dict[str, Any] = {}

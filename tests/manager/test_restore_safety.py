@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import portable_ckpt
+from portable_ckpt.cli.main import main
 from portable_ckpt.torch.launch import GroupResult, run_group
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -72,7 +73,7 @@ def test_a_step_that_is_not_there_is_not_found(saved: Path, tmp_path: Path) -> N
 
 
 def test_a_version_found_damaged_is_recorded_and_skipped_next_time(
-    saved: Path, tmp_path: Path
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(saved, tmp_path)
     newest = portable_ckpt.list_versions(root)[-1]
@@ -87,3 +88,9 @@ def test_a_version_found_damaged_is_recorded_and_skipped_next_time(
     assert after.status == "committed" and after.verification_failed
     again = _run("restore", str(root), None, None)
     assert [o["step"] for o in again] == [2, 2] and again[0]["fallbacks"] == []
+    # Asked for by its step, it is named as failed, not as missing.
+    for out in _run("restore", str(root), None, 4):
+        assert out["code"] == "PCK-NOT-FOUND" and "failed verification" in out["message"]
+    assert main(["ls", str(root)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(newest.id))
+    assert " failed " in line

@@ -61,6 +61,7 @@ def _ls(args: argparse.Namespace) -> int:
     rows = []
     for v in versions:
         drill = "passed" if v.drilled else ("failed" if v.drills else "-")
+        checked = "failed" if v.verification_failed else ("passed" if v.verified else "-")
         copies = ", ".join(c.get("destination", "?") for c in v.copies if c.get("ok")) or "-"
         rows.append(
             [
@@ -69,11 +70,12 @@ def _ls(args: argparse.Namespace) -> int:
                 v.status,
                 _size(v.bytes) if v.bytes else "-",
                 v.committed_at or "-",
+                checked,
                 drill,
                 copies,
             ]
         )
-    print(_table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "DRILL", "COPIES"]))
+    print(_table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "VERIFIED", "DRILL", "COPIES"]))
     return 0
 
 

@@ -137,6 +137,12 @@ class VersionInfo:
         return any(v.get("ok") is False for v in self.verifications)
 
     @property
+    def verified(self) -> bool:
+        """Whether a verification of this version passed (and none failed)."""
+        ok = any(v.get("ok") is True for v in self.verifications)
+        return ok and not self.verification_failed
+
+    @property
     def copied(self) -> bool:
         """Whether a verified copy on another root exists."""
         return any(c.get("ok") is True for c in self.copies)
@@ -158,6 +164,8 @@ class VersionInfo:
             "drilled": self.drilled,
             "drills": self.drills,
             "copies": [c.get("destination") for c in self.copies if c.get("ok") is True],
+            "verified": self.verified,
+            "verification_failed": self.verification_failed,
             "error": self.error,
             "error_code": self.error_code,
         }

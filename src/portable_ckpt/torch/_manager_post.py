@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = [
     "after_failure",
     "after_save",
+    "durable_failed",
+    "durable_ok",
     "failure_text",
     "replicate",
     "replicate_nodes",
@@ -63,7 +65,8 @@ def after_save(
             return
     if info is None:  # pragma: no cover - guarded by the callers
         return
-    mgr._failed_saves, mgr._failed_steps = 0, []
+    if tier.name == "durable":
+        durable_ok(mgr)  # with replicate=True the durable version exists once it is copied
     mib_s = info.bytes_written / _MIB / info.seconds if info.seconds > 0 else 0.0
     mgr.telemetry.emit(
         "save",
@@ -86,7 +89,7 @@ def after_save(
     _emit_commit(mgr, tier, step, info)
     bad = verify(mgr, tier, info.checkpoint_id) is False
     if tier.name == "fast" and mgr.replicate and decision.tier == "durable" and not bad:
-        replicate(mgr, tier, info.checkpoint_id)
+        replicate(mgr, tier, info.checkpoint_id, step)
     retain(mgr, tier)
 
 
@@ -111,7 +114,7 @@ def _after_node_local(
         _emit_commit(mgr, tier, step, info)
     bad = verify_nodes(mgr, tier, info.checkpoint_id) is False
     if mgr.replicate and mgr._bg_comm is not None and decision.tier == "durable" and not bad:
-        replicate_nodes(mgr, tier, info.checkpoint_id)
+        replicate_nodes(mgr, tier, info.checkpoint_id, step)
     if tier.leads(mgr.rank):
         retain(mgr, tier)  # each node's leader keeps its own node root
 
@@ -139,7 +142,7 @@ def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | Non
     return out.ok
 
 
-def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
+def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> None:
     """Replicate a node-local version (every rank, background thread); rank 0 reports it."""
     from portable_ckpt.torch._manager_nodelocal import replicate_node_local
 
@@ -147,6 +150,10 @@ def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
         return
     durable = mgr.tiers["durable"]
     out = replicate_node_local(mgr._bg_comm, tier.layout, tier.storage, durable.storage, attempt)
+    if out.ok:  # the outcome is agreed: every rank counts it
+        durable_ok(mgr)
+    else:
+        durable_failed(mgr, step)
     if mgr.rank != 0:
         return
     fields: dict[str, Any] = {"tier": "durable", "checkpoint_id": attempt, "ok": out.ok}
@@ -187,9 +194,10 @@ def after_failure(
     rank 0 says so on stderr unless the error is ``raised`` to the caller right away (a
     synchronous save): the logger is silent by default and training goes on.
     """
-    mgr.last_error = e
-    mgr._failed_saves += 1
-    mgr._failed_steps.append(step)
+    if not raised:  # a synchronous save's error reached the caller already
+        mgr.last_error = e
+    if decision.tier == "durable":
+        durable_failed(mgr, step)
     _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
     if mgr.rank == 0 and not raised:
         say(failure_text(mgr, step, tier.name, e))
@@ -210,12 +218,30 @@ def after_failure(
     # A failed save keeps every older version: retention does not run.
 
 
+def durable_failed(mgr: CheckpointManager, step: int) -> None:
+    """Count a durable checkpoint that does not exist (its save or its copy failed).
+
+    Only these count towards ``max_failed_saves``: the durable tier is what protects the job.
+    A failing fast tier is said on stderr but never stops a job whose durable saves work,
+    and a working fast tier never hides a durable tier that fails.
+    """
+    mgr._failed_saves += 1
+    mgr._failed_steps.append(step)
+
+
+def durable_ok(mgr: CheckpointManager) -> None:
+    """A durable version was published (committed, or copied to the durable root)."""
+    mgr._failed_saves, mgr._failed_steps = 0, []
+
+
 def failure_text(mgr: CheckpointManager, step: int, tier: str, e: BaseException) -> str:
     """The stderr line of a failed background checkpoint (one per failure, rank 0)."""
     n, limit = mgr._failed_saves, mgr.max_failed_saves
     code = getattr(e, "code", "PCK-DISTRIBUTED")
     message = getattr(e, "message", str(e))
-    if limit is None:
+    if tier != "durable" and n == 0:
+        then = "the durable saves protect the job; fast-tier failures never stop it"
+    elif limit is None:
         then = "max_failed_saves=None: the job never stops for failed saves"
     elif n >= limit:
         then = f"the next maybe_save/save raises (max_failed_saves={limit})"
@@ -224,23 +250,29 @@ def failure_text(mgr: CheckpointManager, step: int, tier: str, e: BaseException)
     return (
         f"rank {mgr.rank}: the checkpoint of step {step} to the {tier} tier FAILED "
         f"([{code}] {message[:1000]}). Training continues without it (the previous version "
-        f"remains the latest); {n} failed save(s) in a row; {then}."
+        f"remains the latest); {n} durable checkpoint(s) failed in a row; {then}."
     )
 
 
 def too_many_failures(mgr: CheckpointManager) -> CheckpointError:
-    """The error every rank raises once ``max_failed_saves`` saves in a row failed."""
+    """The error every rank raises once ``max_failed_saves`` durable checkpoints failed.
+
+    Of one class on every rank (``DistributedError`` in a group: each rank saw its own
+    error, the rank whose disk is full a storage error, rank 0 the failed commit), so one
+    ``except`` catches it everywhere; this rank's last error is in the message and chained.
+    """
     last = mgr.last_error
-    code = getattr(last, "code", "PCK-DISTRIBUTED")
     steps = ", ".join(str(s) for s in mgr._failed_steps[-8:]) or "?"
     message = (
-        f"{mgr._agreed_failed_saves} checkpoints in a row failed (steps {steps}; the last: "
-        f"{str(last)[:1000]}). No version was published since; stopping rather than training "
-        f"on without checkpoints (max_failed_saves={mgr.max_failed_saves}). Fix the cause and "
-        f"restart (restore resumes from the latest version), or pass a larger max_failed_saves "
-        f"(None: never stop for failed saves)."
+        f"{mgr._agreed_failed_saves} durable checkpoints in a row failed (steps {steps}; this "
+        f"rank's last error: {str(last)[:1000]}). No durable version was published since; "
+        f"stopping rather than training on without checkpoints (max_failed_saves="
+        f"{mgr.max_failed_saves}). Fix the cause and restart (restore resumes from the latest "
+        f"version), or pass a larger max_failed_saves (None: never stop for failed saves)."
     )
-    cls = error_for_code(code)
+    if mgr.world_size > 1:
+        return DistributedError(message, failures=getattr(last, "failures", ()))
+    cls = error_for_code(getattr(last, "code", "PCK-DISTRIBUTED"))
     if issubclass(cls, DistributedError):
         return cls(message, failures=getattr(last, "failures", ()))
     return cls(message)
@@ -290,7 +322,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
     return ok
 
 
-def replicate(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
+def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> None:
     from portable_ckpt.io.copy import copy_version_async
 
     durable = mgr.tiers["durable"]
@@ -302,9 +334,11 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
             res = f.result()
         except BaseException as e:
             mgr.last_error = e
+            durable_failed(mgr, step)
             say(
                 f"rank 0: the copy of {attempt} to the durable root {durable.root} FAILED "
-                f"({e}). Training continues; the version stays on the fast tier."
+                f"({e}). Training continues; the version stays on the fast tier; "
+                f"{mgr._failed_saves} durable checkpoint(s) failed in a row."
             )
             mgr.telemetry.emit(
                 "replicate",
@@ -315,6 +349,7 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str) -> None:
                 message=str(e)[:2000],
             )
             return
+        durable_ok(mgr)
         mgr.telemetry.emit(
             "replicate",
             tier="durable",

@@ -58,6 +58,14 @@ def _fallback(tier: str, ident: str, e: CheckpointError) -> dict[str, Any]:
     return {"tier": tier, "checkpoint_id": ident, "code": e.code, "message": e.message[:500]}
 
 
+#: How a job goes on when a tier stays unreadable (a dead node-local disk, a lost bucket).
+_WAY_OUT = (
+    "if that tier is gone for good, restore without it: construct the manager without "
+    "fast_root= for this run (the durable tier's newest version is restored), or pass "
+    "checkpoint= to restore one version directory explicitly"
+)
+
+
 def listing(mgr: CheckpointManager, name: str, step: int | None) -> dict[str, Any]:
     """The tier as this rank sees it: ``{"rows": [[step, committed_at, id, problem]]}``.
 
@@ -121,7 +129,7 @@ def candidates(mgr: CheckpointManager, step: int | None) -> list[list[Any]]:
     if "error" in got:
         raise StorageError(
             f"{got['error']}; a storage error is not 'no checkpoint' (spec R-ID-5): retry the "
-            "restore, or pass checkpoint= to restore one version explicitly"
+            f"restore; {_WAY_OUT}"
         )
     return [list(c) for c in got["cands"]]
 
@@ -147,8 +155,7 @@ def restore(
             raise StorageError(
                 f"cannot tell whether {ident} of the {tier_name} tier is the version to restore:"
                 f" its commit record could not be read ({problem}); a storage error is not "
-                "'no version' (spec R-ID-5): retry, or pass checkpoint= to restore one version "
-                "explicitly",
+                f"'no version' (spec R-ID-5): retry; {_WAY_OUT}",
                 path=f"{ident}/manifest.json",
             )
         try:
@@ -215,9 +222,10 @@ def _warn_if_rolled_back(mgr: CheckpointManager, restored: int) -> None:
         say(text)
 
 
-def _versions_or_none(tier: Tier) -> list[Any]:
+def _versions_or_none(tier: Tier, *, annotations: bool = False) -> list[Any]:
+    """The tier's versions for a message (a listing error only leaves the message shorter)."""
     try:
-        return list_versions(tier.storage, annotations=False)
+        return list_versions(tier.storage, annotations=annotations)
     except CheckpointError:
         return []
 
@@ -283,6 +291,19 @@ def _nothing_restored(
         candidates=n,
     )
     if step is not None and not fallbacks:
+        failed = [
+            f"{tier.root.rstrip('/')}/{v.id}"
+            for tier in mgr.tiers.values()
+            for v in _versions_or_none(tier, annotations=True)
+            if v.step == step and v.status == "committed" and v.verification_failed
+        ]
+        if failed:
+            raise NotFoundError(
+                f"the versions of step {step} failed verification ({', '.join(failed[:4])}: "
+                "`portable-ckpt ls` shows them as failed in its VERIFIED column) and are never "
+                "restored automatically (spec R-DRILL-8); to read one anyway, pass "
+                "checkpoint=<that path>"
+            )
         raise NotFoundError(
             f"no committed version of step {step} in any tier of this job "
             f"({mgr.tiers['durable'].root}"

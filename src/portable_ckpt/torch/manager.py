@@ -116,9 +116,10 @@ class CheckpointManager:
         handle_sigint: Treat SIGINT (Ctrl-C; torchrun forwards it to every worker) like SIGTERM:
             the first one preempts (the step is saved, ``preempted`` is set), a second one, or
             one once closing, raises ``KeyboardInterrupt`` as before (main thread only).
-        max_failed_saves: After this many failed saves in a row, the next ``maybe_save`` or
-            ``save`` raises on every rank (an error with the last failure's code, naming the
-            steps). ``None``: never; failures are then only reported (stderr, ``last_error``).
+        max_failed_saves: After this many durable checkpoints failed in a row (saves, or their
+            copies with ``replicate``), the next ``maybe_save`` or ``save`` raises on every rank
+            (``DistributedError`` in a group, naming the steps). Fast-tier failures never
+            count. ``None``: never; failures are then only reported (stderr, ``last_error``).
         grace_seconds: Age after which retention's gc removes abandoned attempts.
         codec: Chunk codec of every save (``"none"`` or ``"zstd"``).
         exit_timeout: Seconds the interpreter-exit hook waits for pending work; after that the
