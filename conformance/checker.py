@@ -334,6 +334,7 @@ class _VersionChecker:
 
     # -- commit record -------------------------------------------------------------------------
     def run(self) -> None:
+        self.errors_before = len(self.r.errors)
         mpath = self.vdir / "manifest.json"
         if mpath.is_symlink():
             self.err("PCK-PATH-UNSAFE", "manifest.json is a symlink")
@@ -768,16 +769,22 @@ class _VersionChecker:
 
     # -- writer indexes, drills ----------------------------------------------------------------
     def check_side_documents(self, aid: Any, manifest: dict[str, Any]) -> None:
-        for sub, schema_name, fmt in (("index", "writer-index", "portable-ckpt-writer-index"),
-                                      ("drills", "drill", "portable-ckpt-drill"),
-                                      ("copies", "copy", "portable-ckpt-copy"),
-                                      ("verifications", "verification",
-                                       "portable-ckpt-verification")):
+        # R-INDEX-6 compares indexes with a manifest that has no error of its own (one code
+        # per defect, R-VERSION-13).
+        manifest_ok = len(self.r.errors) == self.errors_before
+        for sub, schema_name, fmt, named in (
+                ("index", "writer-index", "portable-ckpt-writer-index", _INDEX_NAME),
+                ("drills", "drill", "portable-ckpt-drill", None),
+                ("copies", "copy", "portable-ckpt-copy", None),
+                ("verifications", "verification", "portable-ckpt-verification",
+                 _VERIFICATION_NAME)):
             d = self.vdir / sub
             if not d.is_dir():
                 continue
             for p in sorted(d.glob("*.json")):
                 rel = f"{sub}/{p.name}"
+                if named is not None and not named.fullmatch(p.name):
+                    continue  # not named like a record of its kind: a file like any other
                 listed = rel in self.vf.records
                 doc = _load_json(self.vf, rel, self.r, max_bytes=MANIFEST_MAX_BYTES,
                                  verified=listed)
@@ -796,6 +803,9 @@ class _VersionChecker:
                 if doc.get("attempt_id") != aid:
                     self.r.error("PCK-ATTEMPT-ID", f"{where}: attempt_id {doc.get('attempt_id')!r}"
                                  f" differs from the manifest's {aid!r}")
+                if sub == "verifications" and p.name != f"{doc.get('verification_id')}.json":
+                    self.r.error("PCK-SCHEMA", f"{where}: verification_id "
+                                 f"{doc.get('verification_id')!r} is not its file name (§14.5)")
                 if sub == "index":
                     w = doc.get("writer")
                     if not _is_int(w) or p.name != f"w{w:05d}.json":
@@ -803,7 +813,7 @@ class _VersionChecker:
                                      "file name")
                     if "tensor_table" in doc:
                         self.check_index_table(doc, rel)
-                    elif "tensor_table" not in manifest:
+                    if manifest_ok:
                         self.check_index_agrees(doc, manifest, where)
 
     def check_index_agrees(self, idx: dict[str, Any], m: dict[str, Any], where: str) -> None:
@@ -814,6 +824,8 @@ class _VersionChecker:
         writer stores its index (R-INDEX-1), so the union is not required to be whole.
         """
         files, tensors, entries = (m.get(k) or {} for k in ("files", "tensors", "entries"))
+        if "tensor_table" in m or "tensor_table" in idx:
+            idx = {k: v for k, v in idx.items() if k != "tensors"}  # files and entries only
         # File records are compared by path only: a record that differs is the checksums'
         # business (the file itself is checked against the manifest's record).
         for rel in (idx.get("files") or {}):
@@ -850,6 +862,11 @@ class _VersionChecker:
             if any(json.dumps(v, sort_keys=True) not in values for v in e.get("values") or []):
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: entry {name!r}: a value of "
                              "the index is not in the manifest")
+
+
+#: File names of the records the checker reads as such (others are files like any other).
+_INDEX_NAME = re.compile(r"w[0-9]{5}\.json")
+_VERIFICATION_NAME = re.compile(r"v[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
 
 
 def _check_bool_bytes(data: bytes, where: str) -> None:

@@ -539,4 +539,8 @@ def zstd_decode(frame: bytes, *, where: str, limit: int, exact: int | None = Non
     if total != cap and (fcs is not None or exact is not None):
         raise Problem("PCK-CODEC", f"{where}: zstd frame decodes to {total} bytes, {cap} "
                       "expected")
+    if fcs is None and len(frame) > zstd_bound(total):
+        # No declared size: m is the decoded size (R-TENSOR-10 through R-ENTRY-6, errata 3).
+        raise Problem("PCK-CODEC", f"{where}: {len(frame)}-byte zstd frame for {total} decoded "
+                      f"bytes, more than ZSTD_COMPRESSBOUND({total}) = {zstd_bound(total)}")
     return b"".join(out)

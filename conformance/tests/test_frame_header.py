@@ -185,3 +185,20 @@ def test_float_integers_in_writer_index_and_rank(tmp_path: Path) -> None:
     rep = check(target)
     assert "PCK-SCHEMA" in rep.codes and "PCK-ATTEMPT-ID" not in rep.codes, \
         [e.to_json() for e in rep.errors]
+
+
+def test_an_undeclared_frame_is_bounded_by_what_it_decodes_to() -> None:
+    """R-ENTRY-6 (errata 3): without a declared content size, m is the decoded size."""
+    from portable_ckpt.errors import CodecError
+    from portable_ckpt.io.codec import decompress_frame
+
+    raw = b'{"n": 1}'
+    ok = MAGIC + bytes([0x00, 0x00]) + _block(raw, last=True)  # 8 bytes, no content size
+    bloated = MAGIC + bytes([0x00, 0x00]) + _block(b"", last=False) * 19 + _block(raw, last=True)
+    assert len(bloated) == 74 > zstd_bound(len(raw)) == 71
+    assert zstd_decode(ok, where="x", limit=1 << 26) == raw
+    assert decompress_frame(ok, expect=None, limit=1 << 26, what="x") == raw
+    with pytest.raises(Problem, match="ZSTD_COMPRESSBOUND"):
+        zstd_decode(bloated, where="x", limit=1 << 26)
+    with pytest.raises(CodecError, match="ZSTD_COMPRESSBOUND"):
+        decompress_frame(bloated, expect=None, limit=1 << 26, what="x")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.checker import check
+from conformance.craft import file_record
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.versions import write_verification_record
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
@@ -29,6 +30,12 @@ def _two_writers(root: Path) -> Path:
         sw.finish()
     commit(storage, attempt, step=3, expected_writers=[0, 1])
     return root / attempt
+
+
+def _rerecord(vdir: Path, rel: str) -> None:
+    """Record ``rel``'s new size and checksums in the manifest (the file is intact again)."""
+    data = (vdir / rel).read_bytes()
+    _edit_json(vdir / "manifest.json", lambda m: m["files"].update({rel: file_record(data)}))
 
 
 def _edit_json(path: Path, fn: object) -> None:
@@ -53,17 +60,23 @@ def test_an_index_not_listed_in_files_is_an_error(tmp_path: Path) -> None:
 
 
 def test_an_index_that_disagrees_with_the_manifest_is_a_conflict(tmp_path: Path) -> None:
-    """§14.2: an index is part of the manifest (dtype, shape, ranges, entries)."""
+    """R-INDEX-6: an index is part of the manifest (dtype, shape, ranges, entries)."""
+    for n, edit in enumerate((
+        lambda i: i["tensors"]["t"].update(dtype="int32"),
+        lambda i: i["tensors"]["t"]["ranges"][0].update(name="t@renamed"),
+        lambda i: i["files"].update({"data/w00009-0000.safetensors": next(iter(i["files"].values()))}),
+    )):
+        vdir = _two_writers(tmp_path / str(n))
+        _edit_json(vdir / "index" / "w00001.json", edit)
+        _rerecord(vdir, "index/w00001.json")  # the index file itself is intact
+        assert check(vdir, deep=True).codes == {"PCK-METADATA-CONFLICT"}, n
+
+
+def test_a_broken_manifest_is_one_report_not_one_per_index(tmp_path: Path) -> None:
+    """R-INDEX-6 is checked on a manifest without errors of its own (R-VERSION-13)."""
     vdir = _two_writers(tmp_path)
-    _edit_json(vdir / "manifest.json",
-               lambda m: m["tensors"]["t"].update(dtype="int32"))
-    # The manifest's own checks see the shard's I64 against int32 too; the index is a conflict.
-    assert "PCK-METADATA-CONFLICT" in check(vdir).codes
-    vdir2 = _two_writers(tmp_path / "b")
-    _edit_json(vdir2 / "manifest.json",
-               lambda m: m["tensors"]["t"]["ranges"][1].update(name="t@renamed"))
-    codes = check(vdir2).codes
-    assert "PCK-METADATA-CONFLICT" in codes
+    _edit_json(vdir / "manifest.json", lambda m: m["tensors"]["t"].update(dtype="int32"))
+    assert check(vdir).codes == {"PCK-SHARD-MISMATCH"}
 
 
 def test_verification_records_are_not_unlisted_files(tmp_path: Path) -> None:

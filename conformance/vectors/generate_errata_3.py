@@ -14,9 +14,8 @@ checker did not enforce:
   same defect);
 * an integer member written as a number with a fraction part, ``"step": 42.0``: not an integer
   (``PCK-SCHEMA``), before the attempt id is compared with the step;
-* R-SEC-9 for integer tokens (an integer that overflows a double), R-COMMIT-18 (timestamps are
-  patterns, not calendar dates) and R-CONTRACT-8 (mesh dimension names: writers use the
-  schema's pattern, readers may accept other labels, ``reader: "accept"``).
+* R-SEC-9 for integer tokens (an integer that overflows a double) and R-COMMIT-18 (timestamps
+  are patterns, not calendar dates).
 
 Every invalid case already broke R-TENSOR-6, R-TENSOR-7, R-TENSOR-10 or the manifest's integer
 types before the errata; the valid cases sit exactly at the limits (a frame of
@@ -202,18 +201,6 @@ def _(root: Path) -> None:
     v.entry("big", {"n": 1})
     v.files["entries/big.g.json"] = b'{"n": 1' + b"0" * 400 + b"}"
     write_version(root, v)
-
-
-@case("writer-mesh-dim-name", "R-CONTRACT-8: a mesh dimension named \"dp-shard\" (outside the "
-      "schema's pattern, as older writers recorded a DeviceMesh's names): a checker reports "
-      "it, a reader MAY read the version (the reference reader does)", code="PCK-SCHEMA",
-      reader="accept")
-def _(root: Path) -> Any:
-    v = V(world_size=2)
-    v.tensor("w", "int64", [4], VALUES)
-    write_version(root, v, mutate_manifest=lambda m: m["continuation"].update(
-        mesh={"shape": [2], "dim_names": ["dp-shard"]}))
-    return v
 
 
 DESCRIPTION = ("Golden vectors of errata 3 (spec §20): zstd frame headers (R-TENSOR-6, "

@@ -141,3 +141,24 @@ def test_gc_names_the_incomplete_attempts_it_keeps_for_the_grace_period(
     assert main(["gc", str(tmp_path), "--keep", "1", "--dry-run"]) == 0
     assert f"kept    {fresh.name}  (incomplete, written to" in capsys.readouterr().out
     assert gc(tmp_path, keep=1, grace_seconds=0).abandoned == [fresh.name]
+
+
+def test_a_record_with_a_float_integer_does_not_count(tmp_path: Path) -> None:
+    """R-SEC-18 for post-commit records: ``"chunks": 4.0`` does not validate, so a failed
+    verification record written so does not make the version 'failed' (round 2)."""
+    import json
+
+    v = _save(tmp_path, 20)
+    rec = {"format": "portable-ckpt-verification", "format_version": "1.0",
+           "attempt_id": v.name, "verification_id": "v20260101T000000000000Z-0badf00d",
+           "verified_at": "2026-01-01T00:00:00Z", "ok": False, "mode": "deep",
+           "fraction": None, "chunks": 4.0, "seed": None,
+           "errors": [{"code": "PCK-CHECKSUM", "message": "x"}]}
+    (v / "verifications").mkdir()
+    path = v / "verifications" / "v20260101T000000000000Z-0badf00d.json"
+    path.write_text(json.dumps(rec))
+    info = list_versions(tmp_path)[0]
+    assert not info.verification_failed
+    rec["chunks"] = 4
+    path.write_text(json.dumps(rec))
+    assert list_versions(tmp_path)[0].verification_failed

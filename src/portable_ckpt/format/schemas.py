@@ -77,9 +77,14 @@ def _registry() -> Registry[Any]:
 
 @functools.cache
 def _validator(rel: str) -> jsonschema.protocols.Validator:
-    # The spec's own schemas run on the same RE2-based validator as embedded ones (§18.7).
-    v: jsonschema.protocols.Validator = _SafeValidator(_load(rel), registry=_registry())
+    # The spec's own schemas run on the same RE2-based validator as embedded ones (§18.7), with
+    # integers as integer tokens (R-SEC-18: 4.0 is no integer in a format document).
+    v: jsonschema.protocols.Validator = _DocumentValidator(_load(rel), registry=_registry())
     return v
+
+
+def _integer_token(checker: Any, instance: Any) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
 
 
 def validate_document(doc: Any, schema_file: str, *, what: str) -> None:
@@ -395,6 +400,12 @@ _SafeValidator = jsonschema.validators.extend(
         }.items()
     },
     type_checker=_metered_types(),
+)
+
+#: The validator of the spec's own documents: ``type: integer`` means an integer token.
+_DocumentValidator = jsonschema.validators.extend(
+    _SafeValidator,
+    type_checker=_SafeValidator.TYPE_CHECKER.redefine("integer", _integer_token),
 )
 
 

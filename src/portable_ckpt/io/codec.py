@@ -242,6 +242,14 @@ def decompress_frame(
             + (f"{want} required" if want is not None else f"the limit is {limit}"),
             path=what,
         )
+    if declared is None and len(frame) > zstd_bound(len(out)):
+        # Without a declared size, m is what the frame decoded to (R-TENSOR-10, R-ENTRY-6).
+        raise CodecError(
+            f"{what}: the stored frame is {len(frame)} bytes, more than ZSTD_COMPRESSBOUND of "
+            f"the {len(out)} bytes it decodes to ({zstd_bound(len(out))}); the file is corrupt "
+            "or hostile",
+            path=what,
+        )
     return out
 
 
