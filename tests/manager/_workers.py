@@ -546,6 +546,16 @@ def tier_failures(rank: int, world: int, root: str, fast: str, failing: str) -> 
     return out
 
 
+def _sigint_outcome() -> str:
+    """Send this process a SIGINT: ``"KeyboardInterrupt"`` or ``"survived"`` (5 s later)."""
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        return "KeyboardInterrupt"
+    return "survived"
+
+
 def sigint_preempts(rank: int, world: int, root: str) -> dict[str, Any]:
     """handle_sigint=True: a first SIGINT preempts, a second is KeyboardInterrupt; off: as ever."""
     out: dict[str, Any] = {}
@@ -555,20 +565,10 @@ def sigint_preempts(rank: int, world: int, root: str) -> dict[str, Any]:
     out["saved"] = mgr.maybe_save(1, {"x": torch.zeros(2)})
     out["preempted"] = mgr.preempted
     out["events"] = [e for e in mgr.telemetry.history if e["event"] in ("preempted", "save")]
-    try:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(5)
-        out["second"] = "survived"
-    except KeyboardInterrupt:
-        out["second"] = "KeyboardInterrupt"
+    out["second"] = _sigint_outcome()
     mgr.close()
     plain = pckt.CheckpointManager(root, save_every=100)  # handle_sigint=False by default
-    try:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(5)
-        out["default"] = "survived"
-    except KeyboardInterrupt:
-        out["default"] = "KeyboardInterrupt"
+    out["default"] = _sigint_outcome()
     out["default_preempted"] = plain._preemption.seen.is_set()
     plain.close()
     return out
