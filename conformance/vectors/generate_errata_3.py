@@ -14,8 +14,9 @@ checker did not enforce:
   same defect);
 * an integer member written as a number with a fraction part, ``"step": 42.0``: not an integer
   (``PCK-SCHEMA``), before the attempt id is compared with the step;
-* R-SEC-9 for integer tokens (an integer that overflows a double) and R-COMMIT-18 (timestamps
-  are patterns, not calendar dates).
+* R-SEC-9 for integer tokens (an integer that overflows a double), R-COMMIT-18 (timestamps
+  are patterns, not calendar dates), R-TENSOR-6's n >= 1 for a zstd range, and R-INDEX-6 (a
+  stored writer index is part of its manifest; ``reader: "accept"``: readers never read it).
 
 Every invalid case already broke R-TENSOR-6, R-TENSOR-7, R-TENSOR-10 or the manifest's integer
 types before the errata; the valid cases sit exactly at the limits (a frame of
@@ -201,6 +202,34 @@ def _(root: Path) -> None:
     v.entry("big", {"n": 1})
     v.files["entries/big.g.json"] = b'{"n": 1' + b"0" * 400 + b"}"
     write_version(root, v)
+
+
+@case("invalid-zstd-empty-range", "R-TENSOR-6: a zstd range stored as a U8 tensor of 0 bytes "
+      "(n >= 1 is required): PCK-SHARD-MISMATCH, from the shard header alone",
+      code="PCK-SHARD-MISMATCH")
+def _(root: Path) -> None:
+    zstd_version(root, b"")
+
+
+@case("writer-index-disagrees", "R-INDEX-6: a stored writer index, listed in files, declares "
+      "tensor w as int32 where the manifest says int64: a checker reports "
+      "PCK-METADATA-CONFLICT; readers never read indexes (R-INDEX-5) and read the version",
+      code="PCK-METADATA-CONFLICT", reader="accept")
+def _(root: Path) -> Any:
+    v = V()
+    v.tensor("w", "int64", [4], VALUES)
+
+    def with_index(files: dict[str, bytes], m: dict[str, Any]) -> None:
+        tensors = json.loads(json.dumps(m["tensors"]))
+        tensors["w"]["dtype"] = "int32"
+        index = {"format": "portable-ckpt-writer-index", "format_version": "1.0",
+                 "attempt_id": m["attempt_id"], "writer": 0,
+                 "files": {SHARD: m["files"][SHARD]}, "tensors": tensors, "entries": {}}
+        files["index/w00000.json"] = (json.dumps(index, indent=1) + "\n").encode()
+        m["files"]["index/w00000.json"] = E1.G.file_record(files["index/w00000.json"])
+
+    write_version(root, v, after_records=with_index)
+    return v
 
 
 DESCRIPTION = ("Golden vectors of errata 3 (spec §20): zstd frame headers (R-TENSOR-6, "
