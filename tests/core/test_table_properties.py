@@ -42,10 +42,10 @@ from portable_ckpt.format.manifest import (
     WriterIndex,
 )
 from portable_ckpt.io.commit import commit, merge_indexes, merge_tables
+from portable_ckpt.io.table_decode import decode_table
 from portable_ckpt.io.tensor_table import (
     DTYPE_CODES,
     TensorTable,
-    decode_table,
     encode_table,
     range_name,
 )

@@ -81,7 +81,8 @@ def t_commit(rng: Any, c: Corpus) -> None:
 
 def t_table(rng: Any, c: Corpus) -> None:
     from portable_ckpt.format.manifest import parse_manifest
-    from portable_ckpt.io.tensor_table import TensorTable, decode_table, encode_table
+    from portable_ckpt.io.table_decode import decode_table
+    from portable_ckpt.io.tensor_table import TensorTable, encode_table
     from portable_ckpt.ranges.coverage import LayoutCache
 
     man = parse_manifest(c.manifest, directory_name=c.attempt)

@@ -21,10 +21,11 @@ import pytest
 import zstandard
 
 import portable_ckpt
-import portable_ckpt.io.tensor_table as tt
+import portable_ckpt.io.table_decode as td
 from portable_ckpt.io.checksum import BlockHasher
 from portable_ckpt.io.safetensors_io import build_header
-from portable_ckpt.io.tensor_table import COLUMNS, TensorTable, decode_table, encode_table
+from portable_ckpt.io.table_decode import decode_table
+from portable_ckpt.io.tensor_table import COLUMNS, TensorTable, encode_table
 from tests.hardening._hand import rle_frame
 from tests.hardening._util import cpu_bound, expect_code, memory_bound, rechecksum, time_bound
 
@@ -234,8 +235,8 @@ KEYS = ["a", "ü" * 1024, "model.layers.0.w", "x" * 1024, "\U0001f600" * 1024, "
 def test_decoding_in_small_steps_equals_one_step(step: int, monkeypatch: pytest.MonkeyPatch) -> None:
     blob = encode_table(_sample_table(KEYS), codec="zstd")
     whole = decode_table(blob, codec="zstd", what="t", files=FILES)
-    monkeypatch.setattr(tt, "_OUT_STEP", step)
-    monkeypatch.setattr(tt, "_IN_STEP", max(1, step // 2))
+    monkeypatch.setattr(td, "_OUT_STEP", step)
+    monkeypatch.setattr(td, "_IN_STEP", max(1, step // 2))
     part = decode_table(blob, codec="zstd", what="t", files=FILES)
     assert part.keys == whole.keys == KEYS
     for name in ("dtypes", "ndim", "shape", "counts", "file", "codec", "offsets", "lengths"):
@@ -251,7 +252,7 @@ def test_decoding_in_small_steps_equals_one_step(step: int, monkeypatch: pytest.
 )
 def test_bad_keys_are_schema_in_any_step(keys: list[str], step: int,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tt, "_OUT_STEP", step)
+    monkeypatch.setattr(td, "_OUT_STEP", step)
     blob = encode_table(_sample_table(keys), codec="zstd")
     for codec, data in (("zstd", blob), ("none", encode_table(_sample_table(keys), codec="none"))):
         expect_code("PCK-SCHEMA", decode_table, data, codec=codec, what="t", files=FILES)

@@ -30,14 +30,15 @@ from portable_ckpt.format.manifest import (
     TensorEntry,
     WriterIndex,
 )
+from portable_ckpt.io import table_decode as td
 from portable_ckpt.io import tensor_table as tt
 from portable_ckpt.io.checksum import BlockHasher
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.safetensors_io import build_header
+from portable_ckpt.io.table_decode import decode_table
 from portable_ckpt.io.tensor_table import (
     COLUMNS,
     TensorTable,
-    decode_table,
     encode_table,
     range_name,
 )
@@ -314,7 +315,7 @@ def test_table_above_the_limit_is_limit(vdir: Path, codec: str,
     raw = st_bytes(columns(load_table(vdir)))
     install(vdir, raw if codec == "none" else zstd(raw), codec)
     assert open_and_read_all(vdir)
-    monkeypatch.setattr(tt, "MAX_TABLE_BYTES", len(raw) - 1)
+    monkeypatch.setattr(td, "MAX_TABLE_BYTES", len(raw) - 1)
     expect_code("PCK-LIMIT", portable_ckpt.open, vdir)
 
 

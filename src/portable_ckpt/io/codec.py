@@ -6,7 +6,7 @@ Two decoders share one frame-structure check (:class:`FrameWalker`):
   tensor tables of at most one decoding step), never producing more than a given limit;
 * :class:`FrameStream` decodes a frame in bounded windows, so a large range costs a fixed
   amount of memory whatever its declared size (spec §8.3, R-TENSOR-10), and a tensor table
-  grows only as its bytes decode and are checked (spec §8.5, ``tensor_table.decode_table``).
+  grows only as its bytes decode and are checked (spec §8.5, ``table_decode.decode_table``).
 
 A stored frame may not be longer than :func:`zstd_bound` of what it decodes to (R-TENSOR-10):
 that is checked before any of it is read.

@@ -63,16 +63,14 @@ from portable_ckpt.io.checksum import (
     read_verified_bytes,
 )
 from portable_ckpt.io.safetensors_io import check_range, load_header
+from portable_ckpt.io.table_decode import TableCache, decode_table, read_table_file
 from portable_ckpt.io.tensor_table import (
     DTYPE_CODES,
     EXTENSION,
     TABLE_THRESHOLD,
-    TableCache,
     TensorTable,
-    decode_table,
     encode_table,
     range_name,
-    read_table_file,
 )
 from portable_ckpt.io.versions import commit_time
 from portable_ckpt.logs import get_logger, logged

@@ -66,7 +66,8 @@ from portable_ckpt.io._zstd_box import stream_box
 from portable_ckpt.io.checksum import read_planned, read_verified, verify_file
 from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
-from portable_ckpt.io.tensor_table import TableTensorEntry, decode_table, read_table_file
+from portable_ckpt.io.table_decode import decode_table, read_table_file
+from portable_ckpt.io.tensor_table import TableTensorEntry
 from portable_ckpt.logs import Progress
 from portable_ckpt.ranges.box import Box, contiguous_prefix, intersect, strides_of
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
