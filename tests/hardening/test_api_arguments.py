@@ -49,6 +49,11 @@ def test_numpy_integers_are_integers(tmp_path: Path) -> None:
         "w", offsets=[np.int64(1), np.int32(0)], lengths=np.array([1, 2])
     )
     assert got.tolist() == [[4.0, 5.0]]
+    # Any iterable, read once: a generator of ints is a box; one holding a bool is not.
+    ck = portable_ckpt.open(tmp_path)
+    assert ck.read("w", offsets=iter([1, 0]), lengths=(n for n in (1, 2))).tolist() == [[4.0, 5.0]]
+    with pytest.raises(UsageError, match="offsets must be a sequence of integers"):
+        ck.read("w", offsets=iter([True, 0]), lengths=[1, 2])
 
 
 def test_a_root_that_is_a_file_or_fifo_is_not_a_directory(

@@ -203,11 +203,13 @@ def _indices(xs: Sequence[int], what: str, key: str) -> tuple[int, ...]:
 
     ``int()`` would truncate 0.5 to 0, and read another box than the caller meant.
     """
+    items: tuple[Any, ...] = ()
     try:
-        out = tuple(operator.index(x) for x in xs)
+        items = tuple(xs)  # read once: it may be an iterator
+        out = tuple(operator.index(x) for x in items)
     except TypeError:
         out = None
-    if out is None or any(isinstance(x, bool) for x in xs):
+    if out is None or any(isinstance(x, bool) for x in items):
         raise UsageError(f"tensor {key!r}: {what} must be a sequence of integers, got {xs!r:.80}")
     return out
 
