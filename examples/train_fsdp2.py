@@ -101,6 +101,16 @@ def main() -> None:
     args = p.parse_args()
 
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+    try:
+        train(args)
+    finally:
+        # Also when train() raises: a process that exits with its groups alive can abort in
+        # torch's own teardown ("terminate called"), hiding the error that stopped it.
+        dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace) -> None:
+    """The training loop of one rank; the manager owns every checkpoint."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = TinyGPT(args.vocab, args.dim, args.layers, args.heads, args.ctx)
@@ -162,7 +172,6 @@ def main() -> None:
             time.sleep(args.step_sleep)
     if rank == 0:
         print(json.dumps({"done": last, "preempted": mgr.preempted}), flush=True)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
