@@ -21,6 +21,7 @@ from conformance.spec import DTYPES
 
 __all__ = [
     "COMMIT_FAULTS",
+    "CONTINUATIONS",
     "EXERCISE_NAME",
     "FAULT_POINTS",
     "TABLE_MODES",
@@ -31,6 +32,7 @@ __all__ = [
     "TensorSpec",
     "case_from_json",
     "case_to_json",
+    "continuation",
     "crash_cases",
     "exercising",
     "new_attempt_id",
@@ -94,14 +96,21 @@ class SaveCase:
     entries: list[EntrySpec]
     tensor_table: bool = False  # ask the writer for a tensor table (format 1.1, §8.5)
     table_codec: str = "none"  # codec of that table
+    contract: str = "exact"  # the commit job's continuation contract (§13)
+    mesh: dict[str, Any] | None = None  # the commit job's mesh: {"shape", "dim_names"} or None
+
+    def continuation(self) -> dict[str, Any]:
+        """The commit job's ``continuation``, which the committer records as given (§13)."""
+        return {"contract": self.contract, "world_size": self.num_writers, "mesh": self.mesh}
 
     def summary(self) -> str:
         """Short description for failure messages."""
         ts = ", ".join(f"{t.key!r}:{t.dtype}{t.shape}/{len(t.boxes)}box" for t in self.tensors)
         es = ", ".join(f"{e.name}:{e.scope}/{e.encoding}" for e in self.entries)
         tt = f" tensor_table={self.table_codec}" if self.tensor_table else ""
+        mesh = f" mesh={self.mesh['shape']}" if self.mesh else ""
         return (f"step={self.step} writers={self.num_writers} codec={self.codec}{tt} "
-                f"tensors=[{ts}] entries=[{es}]")
+                f"contract={self.contract}{mesh} tensors=[{ts}] entries=[{es}]")
 
 
 @dataclass
@@ -123,6 +132,24 @@ def new_attempt_id(step: int) -> str:
 
 
 # --------------------------------------------------------------------------------- strategies
+#: the continuations a codec stratum's case asks for, by stratum: (contract, with a mesh). The
+#: first stratum asks for what a committer that ignores the job would not write (a statistical
+#: contract and a mesh), the second for the plain default; random cases draw both.
+CONTINUATIONS: tuple[tuple[str, bool], ...] = (("statistical", True), ("exact", False))
+_DIM_NAMES = ("dp", "tp", "pp")
+
+
+def continuation(num_writers: int, split: int) -> dict[str, Any]:
+    """A mesh of ``num_writers`` ranks (R-CONTRACT-2): 1-d, or 2-d when ``split`` divides it.
+
+    ``split`` (>= 1) picks the first dimension: ``[split, num_writers // split]`` when ``split``
+    is a proper divisor, ``[num_writers]`` otherwise.
+    """
+    if 1 < split < num_writers and num_writers % split == 0:
+        return {"shape": [split, num_writers // split], "dim_names": list(_DIM_NAMES[:2])}
+    return {"shape": [num_writers], "dim_names": [_DIM_NAMES[0]]}
+
+
 def _partition(draw: Any, shape: list[int]) -> list[tuple[list[int], list[int]]]:
     if 0 in shape:
         return []
@@ -172,12 +199,16 @@ def exercising(case: SaveCase) -> SaveCase:
 
 def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
                max_tensors: int = 4, max_entries: int = 3, min_step: int = 0,
-               tables: str = "sometimes", exercise: bool = False) -> Any:
+               tables: str = "sometimes", exercise: bool = False,
+               continuation_kind: tuple[str, bool] | None = None) -> Any:
     """Hypothesis strategy of :class:`SaveCase`: uneven 0–4-D shardings of every dtype.
 
     ``tables`` (one of :data:`TABLE_MODES`) says whether cases ask for a tensor table;
     ``exercise`` gives every case two writers at least (where ``max_writers`` allows: concurrent
     writers even in hypothesis' simplest state) and passes it through :func:`exercising`.
+    The commit job's continuation (§13) is drawn — contract ``exact`` or ``statistical``, mesh
+    ``null`` or one of the writers' count — unless ``continuation_kind`` fixes the contract and
+    whether there is a mesh (:data:`CONTINUATIONS`).
     """
     if tables not in TABLE_MODES:
         raise ValueError(f"tables must be one of {TABLE_MODES}, got {tables!r}")
@@ -226,7 +257,11 @@ def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
         step = draw(st.integers(min_step, min_step + 10**6))
         want_table = tables == "always" or (tables == "sometimes" and draw(st.booleans()))
         table_codec = draw(st.sampled_from(["none", "zstd"])) if want_table else "none"
-        case = SaveCase(step, nw, codec, tensors, entries, want_table, table_codec)
+        contract, meshed = continuation_kind if continuation_kind is not None else (
+            draw(st.sampled_from(["exact", "statistical"])), draw(st.booleans()))
+        mesh = continuation(nw, draw(st.integers(1, nw))) if meshed else None
+        case = SaveCase(step, nw, codec, tensors, entries, want_table, table_codec,
+                        contract, mesh)
         return exercising(case) if exercise else case
 
     return build()
@@ -267,7 +302,8 @@ def _save_from(d: dict[str, Any]) -> SaveCase:
                for t in d["tensors"]]
     entries = [EntrySpec(**e) for e in d["entries"]]
     return SaveCase(d["step"], d["num_writers"], d["codec"], tensors, entries,
-                    d.get("tensor_table", False), d.get("table_codec", "none"))
+                    d.get("tensor_table", False), d.get("table_codec", "none"),
+                    d.get("contract", "exact"), d.get("mesh"))
 
 
 def case_from_json(d: dict[str, Any]) -> SaveCase | CrashCase:

@@ -29,8 +29,10 @@ import heapq
 import itertools
 import json
 import math
+import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -42,6 +44,7 @@ from conformance.schemas import (
     SCHEMA_UNITS_PER_VALUE,
     BudgetExceeded,
     SchemaSet,
+    SchemasUnavailable,
     load_schemas,
 )
 from conformance.spec import (
@@ -62,8 +65,10 @@ from conformance.store import (
     Problem,
     StHeader,
     VersionFiles,
+    mode_kind,
     parse_file_record,
     parse_safetensors_header,
+    read_regular,
     zstd_check_header,
     zstd_decode,
 )
@@ -74,6 +79,9 @@ __all__ = ["Finding", "Report", "check", "check_version", "find_versions"]
 
 MANIFEST_MAX_BYTES = 1 << 30
 ENTRY_MAX_BYTES = 64 << 20
+#: R-SEC-11: any JSON document other than a manifest (writer indexes, drill, copy and
+#: verification records) is rejected above 64 MiB, before it is read in full.
+DOC_MAX_BYTES = 64 << 20
 _VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
 
 
@@ -238,6 +246,10 @@ def _schema_version(doc: Any) -> str:
     return "1.0"
 
 
+#: the documents that have a schema of format 1.1 (spec/schemas/1.1/)
+_SCHEMAS_1_1 = ("manifest", "writer-index")
+
+
 def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
                   report: Report, found: set[_Path] | None = None) -> bool:
     """Validate ``doc`` against ``<name>.schema.json``; return False on a generic violation.
@@ -247,16 +259,12 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
     the checks in code then do not report again.
     """
     version = _schema_version(doc)
+    if name not in _SCHEMAS_1_1:
+        version = "1.0"  # drill, copy and verification records have no 1.1 schema of their own
     schema = schemas.document(name, version)
     label = f"{name}.schema.json" if version == "1.0" else f"{version}/{name}.schema.json"
-    if schema is None and version != "1.0":
-        report.warn(f"{label} not found in {schemas.root}; validating against the 1.0 schema "
-                    "(the table rules of R-TABLE-1/-2 are still checked in code)")
-        version, label = "1.0", f"{name}.schema.json"
-        schema = schemas.document(name, version)
-    if schema is None:
-        report.warn(f"{label} not found in {schemas.root}; schema validation skipped")
-        return True
+    if schema is None:  # never after require_complete(): a check never skips validation
+        raise SchemasUnavailable(f"{label} not found in {schemas.root}")
     base: Any = type(schemas.validator(schema))
     validator = _strict_integer_class(base)(schema, registry=schemas.registry())
     generic = False
@@ -282,17 +290,34 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
     return not generic
 
 
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same JSON value: same types, member order free.
+
+    ``true`` is not ``1`` and ``1`` is not ``1.0`` (Python's ``==`` says both are).
+    """
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def _load_json(vf: VersionFiles, rel: str, report: Report, *, max_bytes: int,
-               verified: bool) -> Any:
-    """Read and strictly decode a JSON file; record problems; return None on failure."""
+               verified: bool, path: Path | None = None) -> Any:
+    """Read and strictly decode a JSON file; record problems; return None on failure.
+
+    The size limit (R-SEC-11) is applied before the file is read: from its record when it is
+    listed (``verified``: every block checked), otherwise from ``fstat`` of the descriptor. An
+    unlisted file (``path``, or ``rel`` resolved) is opened without following a final
+    symbolic link and without waiting on a FIFO; anything but a regular file is
+    PCK-FILE-MISSING (R-SEC-16).
+    """
     try:
         if verified:
+            size = vf.records[rel].size
+            if size > max_bytes:
+                raise Problem("PCK-JSON-INVALID", f"{rel!r} is {size} bytes, larger than the "
+                              f"limit of {max_bytes} (R-SEC-11)")
             data = vf.read(rel)
         else:
-            p = vf.resolve(rel)
-            if p.stat().st_size > max_bytes:
-                raise Problem("PCK-JSON-INVALID", f"{rel!r} is larger than {max_bytes} bytes")
-            data = p.read_bytes()
+            data = read_regular(path if path is not None else vf.resolve(rel), repr(rel),
+                                max_bytes=max_bytes, follow=False)
         return loads_strict(data, max_bytes=max_bytes)
     except Problem as exc:
         report.error(exc.code, f"{vf.vdir.name}/{rel}: {exc.message}")
@@ -318,6 +343,12 @@ class _VersionChecker:
         self.coverage_cache: dict[tuple[Any, ...], Problem | None] = {}
         # locations of the manifest the schema pass reported with a specific code
         self.schema_at: set[_Path] = set()
+        # the manifest's tensor table, once read and validated (R-INDEX-6 compares with it)
+        self.table: TensorTable | None = None
+        self._table_keys: dict[str, int] | None = None
+        # errors about what the attempt holds besides the manifest's own record (an unlisted
+        # index, a symbolic link): they do not stop the comparison of R-INDEX-6
+        self.content_errors = 0
 
     def err(self, code: str, msg: str) -> None:
         self.r.error(code, f"{self.name}: {msg}")
@@ -413,7 +444,7 @@ class _VersionChecker:
                     self.problem(exc, f"tensor {key!r}: ")
         self.check_version_use(m)
         if "tensor_table" in m and self.check_table_member(m):
-            table = self.read_table(m, "manifest.json")
+            table = self.table = self.read_table(m, "manifest.json")
             if table is not None:
                 for t, key in enumerate(table.keys):
                     try:
@@ -439,8 +470,8 @@ class _VersionChecker:
                     self.err("PCK-PATH-UNSAFE", f"files: {why}")
                 self.bad_files.add(rel)
                 continue
-            if rel.startswith(("manifest.json", "drills/", "copies/")):
-                self.err("PCK-SCHEMA", f"files must not list {rel!r}")
+            if _FORBIDDEN_FILES.match(rel):  # not manifest.jsonl: only manifest.json[.<any>]
+                self.err("PCK-SCHEMA", f"files must not list {rel!r} (R-FILES-1)")
             try:
                 try:
                     fr: FileRecord = parse_file_record(rel, rec)
@@ -459,21 +490,38 @@ class _VersionChecker:
             except OSError as exc:
                 self.err("PCK-STORAGE", f"{rel!r}: {exc}")
                 self.bad_files.add(rel)
-        # Files present but not listed: allowed for readers (they ignore them), flagged.
+        # What the attempt holds, links never followed: a symbolic link anywhere in it breaks
+        # R-SEC-2; files present but not listed are allowed for readers (they ignore them,
+        # R-LAYOUT-4) and flagged.
         listed = set(files)
-        for p in sorted(self.vdir.rglob("*")):
-            rel = p.relative_to(self.vdir).as_posix()
-            if p.is_dir() and not p.is_symlink():
+        for rel, mode in _walk(self.vdir):
+            if stat.S_ISLNK(mode):
+                if rel not in self.bad_files and not any(b.startswith(rel + "/")
+                                                         for b in self.bad_files):
+                    # (a listed path through a link leaving the attempt is reported already)
+                    self.err("PCK-PATH-UNSAFE", f"{rel!r} is a symbolic link: writers never "
+                             "create symbolic links in an attempt (R-SEC-2)")
+                    self.content_errors += 1
                 continue
             if rel == "manifest.json" or rel in listed:
                 continue
-            if rel.startswith(("drills/", "copies/", "verifications/")):
-                continue  # records added after the commit (R-FILES-1)
-            if re.fullmatch(r"index/w[0-9]{5}\.json", rel):
+            record = _record_kind(rel)
+            if record is not None and record != "index":
+                continue  # records added after the commit (R-FILES-1), read below
+            if not stat.S_ISREG(mode):
+                if record is None:  # a record's name is read as one and reported there
+                    self.r.warn(f"{self.name}: {rel!r} is {mode_kind(mode)}, not a regular "
+                                "file: a foreign entry, never read (R-LAYOUT-7)")
+                continue
+            if record == "index":
                 # A stored writer index is a file of the version (R-FILES-1, R-INDEX-1).
                 self.err("PCK-SCHEMA", f"writer index {rel!r} is not listed in files "
                          "(R-FILES-1)")
+                self.content_errors += 1
                 continue
+            if _SIDE_DIRS.match(rel):
+                continue  # not named like a record: drills/, copies/ and verifications/ are
+                # not part of the version (§14.3)
             self.r.warn(f"{self.name}: {rel!r} is not listed in files")
 
     # -- tensor tables (format 1.1) --------------------------------------------------------------
@@ -526,11 +574,16 @@ class _VersionChecker:
             self.err("PCK-STORAGE", f"{what}: table {rel!r}: {exc}")
         return None
 
-    def check_index_table(self, doc: dict[str, Any], rel: str) -> None:
-        """A writer index's table: decoded and validated, every record's box in bounds."""
+    def check_index_table(self, doc: dict[str, Any], rel: str) -> TensorTable | None:
+        """A writer index's table: decoded and validated, every record's box in bounds.
+
+        Returns the table, or None when it could not be read or breaks a rule (reported: its
+        tensors are then not compared with the manifest's, one report per defect).
+        """
+        before = len(self.r.errors)
         table = self.read_table(doc, rel)
         if table is None:
-            return
+            return None
         for t, key in enumerate(table.keys):
             shape = table.shapes[t]
             isz = DTYPES[table.dtypes[t]][1]
@@ -544,6 +597,7 @@ class _VersionChecker:
                     self.err("PCK-RANGE-BOUNDS", f"{rel}: tensor {key!r}: box offsets={o} "
                              f"lengths={ln} is empty or outside shape {list(shape)}")
                     break
+        return table if len(self.r.errors) == before else None
 
     def header(self, rel: str) -> StHeader | None:
         if rel not in self.headers:
@@ -711,6 +765,10 @@ class _VersionChecker:
             if rel not in self.vf.records:
                 raise Problem("PCK-SCHEMA", f"value file {rel!r} is not listed in files "
                               "(R-FILES-2)")
+            if enc == "json" and self.vf.records[rel].size > ENTRY_MAX_BYTES:
+                raise Problem("PCK-JSON-INVALID", f"value file {rel!r} is "
+                              f"{self.vf.records[rel].size} bytes, larger than the limit of "
+                              f"{ENTRY_MAX_BYTES} (R-SEC-11)")
             raw = self.vf.read(rel)
             if enc == "json+zstd":
                 raw = zstd_decode(raw, where=f"value file {rel!r}", limit=ENTRY_MAX_BYTES)
@@ -771,23 +829,20 @@ class _VersionChecker:
     def check_side_documents(self, aid: Any, manifest: dict[str, Any]) -> None:
         # R-INDEX-6 compares indexes with a manifest that has no error of its own (one code
         # per defect, R-VERSION-13).
-        manifest_ok = len(self.r.errors) == self.errors_before
-        for sub, schema_name, fmt, named in (
-                ("index", "writer-index", "portable-ckpt-writer-index", _INDEX_NAME),
-                ("drills", "drill", "portable-ckpt-drill", None),
-                ("copies", "copy", "portable-ckpt-copy", None),
-                ("verifications", "verification", "portable-ckpt-verification",
-                 _VERIFICATION_NAME)):
+        manifest_ok = len(self.r.errors) - self.content_errors == self.errors_before
+        for sub, schema_name, fmt, id_key, rule in _SIDE_DOCUMENTS:
             d = self.vdir / sub
-            if not d.is_dir():
-                continue
+            if d.is_symlink() or not d.is_dir():
+                continue  # a link is reported by check_files (R-SEC-2) and never followed
             for p in sorted(d.glob("*.json")):
                 rel = f"{sub}/{p.name}"
-                if named is not None and not named.fullmatch(p.name):
+                if _record_kind(rel) != sub:
                     continue  # not named like a record of its kind: a file like any other
+                if p.is_symlink() or rel in self.bad_files:
+                    continue  # reported: a link (R-SEC-2), or the listed file itself
                 listed = rel in self.vf.records
-                doc = _load_json(self.vf, rel, self.r, max_bytes=MANIFEST_MAX_BYTES,
-                                 verified=listed)
+                doc = _load_json(self.vf, rel, self.r, max_bytes=DOC_MAX_BYTES,
+                                 verified=listed, path=p)
                 if doc is None:
                     continue
                 where = f"{self.name}/{rel}"
@@ -803,42 +858,62 @@ class _VersionChecker:
                 if doc.get("attempt_id") != aid:
                     self.r.error("PCK-ATTEMPT-ID", f"{where}: attempt_id {doc.get('attempt_id')!r}"
                                  f" differs from the manifest's {aid!r}")
-                if sub == "verifications" and p.name != f"{doc.get('verification_id')}.json":
-                    self.r.error("PCK-SCHEMA", f"{where}: verification_id "
-                                 f"{doc.get('verification_id')!r} is not its file name (§14.5)")
+                if id_key is not None and p.name != f"{doc.get(id_key)}.json":
+                    self.r.error("PCK-SCHEMA", f"{where}: {id_key} {doc.get(id_key)!r} is not "
+                                 f"its file name ({rule})")
                 if sub == "index":
                     w = doc.get("writer")
                     if not _is_int(w) or p.name != f"w{w:05d}.json":
                         self.r.error("PCK-SCHEMA", f"{where}: writer {w!r} does not match the "
-                                     "file name")
-                    if "tensor_table" in doc:
-                        self.check_index_table(doc, rel)
+                                     "file name (R-INDEX-3)")
+                    itable = self.check_index_table(doc, rel) if "tensor_table" in doc else None
                     if manifest_ok:
-                        self.check_index_agrees(doc, manifest, where)
+                        self.check_index_agrees(doc, itable, manifest, where)
 
-    def check_index_agrees(self, idx: dict[str, Any], m: dict[str, Any], where: str) -> None:
+    def manifest_tensor(self, m: dict[str, Any], key: str) -> Any:
+        """The manifest's tensor entry ``key`` (from its JSON ``tensors`` or its table)."""
+        if "tensor_table" not in m:
+            tensors = m.get("tensors")
+            return tensors.get(key) if isinstance(tensors, dict) else None
+        if self.table is None:
+            return None
+        if self._table_keys is None:
+            self._table_keys = {k: t for t, k in enumerate(self.table.keys)}
+        t = self._table_keys.get(key)
+        return None if t is None else self.table.tensor(t)
+
+    def check_index_agrees(self, idx: dict[str, Any], itable: TensorTable | None,
+                           m: dict[str, Any], where: str) -> None:
         """§14.2: the manifest is the union of the indexes, so an index is part of it.
 
         Each file, tensor (dtype, shape, every range) and entry (declaration, every value) an
-        index lists is the manifest's (PCK-METADATA-CONFLICT otherwise). Not every
-        writer stores its index (R-INDEX-1), so the union is not required to be whole.
+        index lists is the manifest's (PCK-METADATA-CONFLICT otherwise), compared as JSON
+        values of the same types. Tensors are compared whatever form either document holds
+        them in: JSON ``tensors`` or a tensor table (``itable``, the index's; the manifest's
+        table as read by :meth:`check_manifest`), a table record with its implied range names
+        (R-TABLE-7). Not every writer stores its index (R-INDEX-1), so the union is not
+        required to be whole.
         """
-        files, tensors, entries = (m.get(k) or {} for k in ("files", "tensors", "entries"))
-        if "tensor_table" in m or "tensor_table" in idx:
-            idx = {k: v for k, v in idx.items() if k != "tensors"}  # files and entries only
+        files, entries = (m.get(k) or {} for k in ("files", "entries"))
         # File records are compared by path only: a record that differs is the checksums'
         # business (the file itself is checked against the manifest's record).
         for rel in (idx.get("files") or {}):
             if rel not in files:
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: file {rel!r} is not in the "
                              "manifest's files")
-        for key, t in (idx.get("tensors") or {}).items():
-            mt = tensors.get(key)
+        its: Iterable[tuple[str, Any]]
+        if "tensor_table" in idx:  # a table that breaks a rule is reported: not compared
+            its = itable.items() if itable is not None else ()
+        else:
+            its = (idx.get("tensors") or {}).items()
+        for key, t in its:
+            mt = self.manifest_tensor(m, key)
             if not isinstance(mt, dict) or not isinstance(t, dict):
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: tensor {key!r} is not in the "
                              "manifest")
                 continue
-            if (t.get("dtype"), t.get("shape")) != (mt.get("dtype"), mt.get("shape")):
+            if not _same_json([t.get("dtype"), t.get("shape")], [mt.get("dtype"),
+                                                                  mt.get("shape")]):
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: tensor {key!r} is "
                              f"{t.get('dtype')}{t.get('shape')} in the index, "
                              f"{mt.get('dtype')}{mt.get('shape')} in the manifest")
@@ -851,22 +926,77 @@ class _VersionChecker:
                              f"{len(extra)} range(s) of the index are not in the manifest")
         for name, e in (idx.get("entries") or {}).items():
             me = entries.get(name)
-            same = isinstance(me, dict) and isinstance(e, dict) and all(
-                e.get(k) == me.get(k)
-                for k in ("schema", "scope", "encoding", "world_size_policy"))
-            if not same or not isinstance(me, dict) or not isinstance(e, dict):
+            if not isinstance(me, dict) or not isinstance(e, dict) or not all(
+                    _same_json(e.get(k), me.get(k))
+                    for k in ("schema", "scope", "encoding", "world_size_policy")):
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: entry {name!r} is not the "
                              "manifest's (declaration or presence)")
                 continue
-            values = [json.dumps(v, sort_keys=True) for v in me.get("values") or []]
+            values = {json.dumps(v, sort_keys=True) for v in me.get("values") or []}
             if any(json.dumps(v, sort_keys=True) not in values for v in e.get("values") or []):
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: entry {name!r}: a value of "
                              "the index is not in the manifest")
 
 
-#: File names of the records the checker reads as such (others are files like any other).
-_INDEX_NAME = re.compile(r"w[0-9]{5}\.json")
+#: File names of the records the checker reads as such (others are files like any other):
+#: ``index/w<writer:05d>.json`` has at least five digits (§2.1), the number equal to ``writer``.
+_INDEX_NAME = re.compile(r"w[0-9]{5,}\.json")
 _VERIFICATION_NAME = re.compile(r"v[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
+#: ``files`` keys the schema forbids (§19.2): ``manifest.json``, ``manifest.json.<anything>``,
+#: anything below ``drills/`` or ``copies/``; ``manifest.jsonl`` is a file like any other.
+_FORBIDDEN_FILES = re.compile(r"manifest\.json(?:\..*)?\Z|drills/|copies/", re.DOTALL)
+#: the directories of the records added after the commit (not part of the version, §14.3).
+_SIDE_DIRS = re.compile(r"(?:drills|copies|verifications)/")
+#: the documents below an attempt besides the manifest: (directory, schema, format, id member
+#: that names the file, rule of that name).
+_SIDE_DOCUMENTS: tuple[tuple[str, str, str, str | None, str], ...] = (
+    ("index", "writer-index", "portable-ckpt-writer-index", None, "R-INDEX-1"),
+    ("drills", "drill", "portable-ckpt-drill", "drill_id", "R-DRILL-1"),
+    ("copies", "copy", "portable-ckpt-copy", "copy_id", "R-DRILL-6"),
+    ("verifications", "verification", "portable-ckpt-verification", "verification_id",
+     "R-DRILL-7"),
+)
+
+
+def _record_kind(rel: str) -> str | None:
+    """The kind of record the checker reads ``rel`` as, or None.
+
+    ``"index"``, ``"drills"``, ``"copies"`` or ``"verifications"``
+    (:meth:`_VersionChecker.check_side_documents`).
+    """
+    sub, _, name = rel.partition("/")
+    if "/" in name or not name.endswith(".json"):
+        return None
+    if sub == "index":
+        return sub if _INDEX_NAME.fullmatch(name) else None
+    if sub == "verifications":
+        return sub if _VERIFICATION_NAME.fullmatch(name) else None
+    return sub if sub in ("drills", "copies") else None
+
+
+def _walk(top: Path) -> Iterator[tuple[str, int]]:
+    """``(relative path, lstat mode)`` of everything below ``top`` but directories, sorted.
+
+    Symbolic links are yielded, never followed (a link to a directory included); directories
+    are descended into. Entries that vanish or cannot be listed meanwhile are skipped.
+    """
+    todo = [top]
+    while todo:
+        d = todo.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name, reverse=True)
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                mode = e.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode):
+                todo.append(Path(e.path))
+            else:
+                yield Path(e.path).relative_to(top).as_posix(), mode
 
 
 def _check_bool_bytes(data: bytes, where: str) -> None:
@@ -1004,17 +1134,30 @@ def _sweep_nd(dims: Sequence[int], boxes: Sequence[_Box]) -> None:
 
 
 def find_versions(root: Path) -> tuple[list[Path], list[Path]]:
-    """Return (committed candidate dirs, uncommitted attempt dirs) below a root."""
+    """Return (committed candidate dirs, uncommitted attempt dirs) below a root.
+
+    Only children whose names match the attempt-id pattern are attempts: readers ignore the
+    others (R-LAYOUT-4), whatever they hold; symbolic links are foreign (R-LAYOUT-7).
+    """
     committed, pending = [], []
     if root.is_dir():
         for p in sorted(root.iterdir()):
-            if not p.is_dir() or p.is_symlink():
+            if not p.is_dir() or p.is_symlink() or not ATTEMPT_ID_RE.match(p.name):
                 continue
             if (p / "manifest.json").exists() or (p / "manifest.json").is_symlink():
                 committed.append(p)
-            elif ATTEMPT_ID_RE.match(p.name):
+            else:
                 pending.append(p)
     return committed, pending
+
+
+def _ignored_children(root: Path) -> list[str]:
+    """Directories of a root that are no attempts (names off the pattern, R-LAYOUT-4)."""
+    try:
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                      and not ATTEMPT_ID_RE.match(p.name))
+    except OSError:
+        return []
 
 
 def check_version(vdir: Path, *, deep: bool = False, schemas: SchemaSet | None = None,
@@ -1056,9 +1199,10 @@ def check(path: str | Path, *, deep: bool = False, schema_dir: str | None = None
     if not p.is_dir():
         report.error("PCK-USAGE", f"{p} is not a directory")
         return report
+    # A version: it holds a manifest, or is named like an attempt. A root's own data/ or index/
+    # child is no sign of a version: readers ignore what is not an attempt (R-LAYOUT-4).
     is_version = (p / "manifest.json").exists() or (p / "manifest.json").is_symlink() or \
-        ATTEMPT_ID_RE.match(p.name) is not None or (p / "data").is_dir() or \
-        (p / "index").is_dir()
+        ATTEMPT_ID_RE.match(p.name) is not None
     if is_version:
         return check_version(p, deep=deep, schemas=schemas, report=report)
     committed, pending = find_versions(p)
@@ -1067,6 +1211,10 @@ def check(path: str | Path, *, deep: bool = False, schema_dir: str | None = None
     if pending:
         report.warn(f"{len(pending)} uncommitted attempt(s) (invisible to readers): "
                     f"{[q.name for q in pending][:5]}")
+    ignored = _ignored_children(p)
+    if ignored:
+        report.warn(f"{len(ignored)} child director(y/ies) of the root ignored, their names "
+                    f"are not attempt ids (R-LAYOUT-4): {ignored[:5]}")
     if not committed:
         report.error("PCK-NOT-FOUND", f"no committed version under {p}")
     return report

@@ -3,8 +3,11 @@
 Also run as ``python -m conformance``.
 
 Exit status (:data:`conformance.report.EXIT_CODES`): 0 conformant, 1 not conformant, 2 usage
-error, 3 nothing was checked (schemas missing or incomplete, zero cases), 4 infrastructure error
-(adapter not found, an adapter process past ``--timeout``, tracing required but unavailable).
+error (``check`` of a path that is not a directory, ``--replay`` of no case directory
+included), 3 nothing was checked (schemas missing or incomplete, zero cases), 4 infrastructure
+error (adapter not found — a missing script or ``python -m`` module —, an adapter process past
+``--timeout``, tracing required but unavailable, a report that could not be written after a
+verdict of 0; a non-zero verdict is kept, the run has failed either way).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def _emit(report: RunReport, args: argparse.Namespace) -> None:
     except BrokenPipeError:  # e.g. `... --json | head`: the exit status still tells
         sys.stderr.close()
     except OSError as exc:
+        # Precedence: a non-zero status (1, 2, 3) is kept, so that a CI gate still reads the
+        # verdict; a run that passed but could not leave its report exits 4.
         print(f"error: cannot write the report: {exc}", file=sys.stderr)
         report.exit_code = report.exit_code or EXIT_INFRA
 
@@ -59,6 +64,8 @@ def _cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
         return _abort(report, args, EXIT_NOTHING, f"error: {exc}")
     report.seconds = time.monotonic() - t0
     report.exit_code = EXIT_OK if found.ok else EXIT_NONCONFORMANT
+    if found.codes == {"PCK-USAGE"}:  # a path that is not a directory: nothing was checked
+        return _abort(report, args, EXIT_USAGE, f"error: {found.errors[0].message}")
     _check_cases(report, found, args)
     report.info.update(errors=[e.to_json() for e in found.errors], versions=found.versions)
     report.warnings += [w.message for w in found.warnings]
@@ -214,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args, argv))
     except KeyboardInterrupt:
-        print("interrupted: running adapters killed, work directory removed", file=sys.stderr)
+        print("interrupted: running adapters killed, work directory removed"
+              if args.command == "writer" else "interrupted: nothing was reported",
+              file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -37,7 +37,11 @@ __all__ = ["REFUSALS", "Refusal", "base_case", "run_commit_twice", "run_refusal"
 
 
 def base_case(tables: bool = False) -> SaveCase:
-    """Two writers: a row-split matrix, a vector, a 0-d and a zero-size tensor, two entries."""
+    """Two writers: a row-split matrix, a vector, a 0-d and a zero-size tensor, two entries.
+
+    The commit job asks for ``exact`` without a mesh; with ``tables``, for ``statistical`` with
+    a 1-d mesh (the committer records either as given, R-CONTRACT-1).
+    """
     return SaveCase(
         step=1000, num_writers=2, codec="none",
         tensors=[
@@ -51,7 +55,9 @@ def base_case(tables: bool = False) -> SaveCase:
                            writer=0),
                  EntrySpec("rng", {"json_schema": {"type": "object"}}, "per_rank", "json+zstd",
                            values=[{"seed": 1}, {"seed": 2}], policy="modulo")],
-        tensor_table=tables, table_codec="none")
+        tensor_table=tables, table_codec="none",
+        contract="statistical" if tables else "exact",
+        mesh={"shape": [2], "dim_names": ["dp"]} if tables else None)
 
 
 def _tensor(case: SaveCase, key: str) -> TensorSpec:

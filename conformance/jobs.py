@@ -67,7 +67,7 @@ def commit_job(case: SaveCase, jobdir: Path, root: Path, attempt_id: str,
     jobdir.mkdir(parents=True, exist_ok=True)
     job = {"protocol": PROTOCOL, "phase": "commit", "root": str(root), "attempt_id": attempt_id,
            "step": case.step, "writers": list(range(case.num_writers)),
-           "continuation": {"contract": "exact", "world_size": case.num_writers, "mesh": None},
+           "continuation": case.continuation(),
            "tensor_table": case.tensor_table, "table_codec": case.table_codec,
            "fail_at": fail_at}
     p = jobdir / name

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,27 @@ class KillPlan:
     root: str = "/"
 
 
+#: options of the CPython command line that take a value (``-W default``, ``-X dev``)
+_PY_VALUE_OPTIONS = frozenset("WX")
+
+
+def _python_module(cmd: list[str]) -> str | None:
+    """The module of ``python [options] -m MODULE ...``, or None for any other command."""
+    if not re.fullmatch(r"python[0-9.]*", Path(cmd[0]).name):
+        return None
+    args = iter(cmd[1:])
+    for arg in args:
+        if arg == "-m":
+            return next(args, None)
+        if arg.startswith("-m"):
+            return arg[2:]
+        if not arg.startswith("-") or arg in ("-", "-c") or arg.startswith("-c"):
+            return None  # a script, standard input or -c: no module
+        if arg[1:] in _PY_VALUE_OPTIONS:
+            next(args, None)
+    return None
+
+
 def progress_mode(tracing: bool) -> str:
     """The kill-timing mechanism available: trace events, bytes written, or time."""
     if tracing:
@@ -124,6 +146,30 @@ class Adapter:
                 if not p.is_file():
                     raise InfrastructureError(f"adapter script {arg!r} does not exist (working "
                                               f"directory {self.cwd})")
+        module = _python_module(self.cmd)
+        if module is not None and not self._module_exists(module):
+            raise InfrastructureError(f"adapter module {module!r} cannot be found by "
+                                      f"{self.cmd[0]} -m (working directory {self.cwd})")
+
+    def _module_exists(self, module: str) -> bool:
+        """Whether ``CMD[0] -m module`` finds the module (the interpreter asked, as it runs).
+
+        Only a definite "not found" counts: a probe that cannot run, or a parent package that
+        fails to import for another reason, is left to the adapter's own run.
+        """
+        probe = ("import importlib.util, sys\n"
+                 "try:\n"
+                 "    found = importlib.util.find_spec(sys.argv[1]) is not None\n"
+                 "except ModuleNotFoundError:\n"
+                 "    found = False\n"
+                 "sys.exit(0 if found else 3)\n")
+        try:
+            r = subprocess.run([self.cmd[0], "-c", probe, module], cwd=self.cwd,
+                               stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=max(10.0, self.timeout))
+        except (OSError, subprocess.TimeoutExpired):
+            return True
+        return r.returncode != 3
 
     def start(self, job: Path) -> _Running:
         """Start ``CMD job`` (traced when tracing is on)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.spec import DTYPES
+from conformance.spec import ATTEMPT_ID_RE, DTYPES
 from conformance.store import (
     Problem,
     VersionFiles,
@@ -98,10 +98,14 @@ def load_version(vdir: Path) -> LoadedVersion:
 
 
 def committed_versions(root: Path) -> list[Path]:
-    """Directories below ``root`` holding a manifest.json (candidates; check them)."""
+    """Attempt directories below ``root`` holding a manifest.json (candidates; check them).
+
+    Children whose names do not match the attempt-id pattern are ignored (R-LAYOUT-4).
+    """
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "manifest.json").is_file())
+    return sorted(p for p in root.iterdir() if ATTEMPT_ID_RE.match(p.name) and p.is_dir()
+                  and not p.is_symlink() and (p / "manifest.json").is_file())
 
 
 def timestamp_key(ts: object) -> tuple[str, str]:

@@ -24,10 +24,13 @@ __all__ = ["EXIT_CODES", "CaseResult", "RunReport", "shell_join"]
 EXIT_CODES: dict[int, str] = {
     0: "conformant / writer passed",
     1: "not conformant: at least one rule is broken (the report lists each failure)",
-    2: "usage error: bad command line, nothing was run",
+    2: "usage error: bad command line (a path to check that is not a directory, a replay of "
+       "no case directory), nothing was run",
     3: "nothing was checked: normative schemas missing or incomplete, or zero cases requested",
-    4: "infrastructure error: adapter command not found or not executable, an adapter process "
-       "ran past --timeout, tracing required but unavailable, work directory unusable",
+    4: "infrastructure error: adapter command, script or python -m module not found or not "
+       "executable, an adapter process ran past --timeout, tracing required but unavailable, "
+       "work directory unusable, the report of a passing run not written (a failing status "
+       "is kept)",
 }
 
 

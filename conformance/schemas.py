@@ -9,19 +9,25 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from conformance.regex import compiled
+from conformance.regex import BadPattern, compiled, patterns_of
 from conformance.spec import BUILTIN_SCHEMA_FILES
 
 __all__ = ["REQUIRED_SCHEMAS", "SCHEMA_BASE_UNITS", "SCHEMA_UNITS_PER_VALUE", "BudgetExceeded",
            "SchemaSet", "SchemasUnavailable", "default_schema_dir", "load_schemas"]
 
-#: the schema files a check needs (relative to the schema directory): the format documents of
-#: 1.0 and 1.1 and the built-in entry schemas. Without any of them a check would have to skip
-#: validation, so their absence is a hard error (:class:`SchemasUnavailable`), never a warning.
+#: the errata schemas (spec §19.1) that replace released files: without them the released
+#: patterns (lookahead, ``\\uHHHH``) are outside the portable subset of §18.7.
+ERRATA_SCHEMAS: tuple[str, ...] = ("errata/common.schema.json", "errata/copy.schema.json")
+#: every schema file a check uses (relative to the schema directory): the documents of 1.0 and
+#: 1.1 (manifest, writer index, drill, copy and verification records), what they refer to
+#: (common definitions, the 1.1 table reference), the errata and the built-in entry schemas.
+#: Without any of them a check would have to skip validation or fail half-way, so their absence
+#: is a hard error (:class:`SchemasUnavailable`), never a warning or a traceback.
 REQUIRED_SCHEMAS: tuple[str, ...] = (
     "common.schema.json", "manifest.schema.json", "writer-index.schema.json",
-    "drill.schema.json", "copy.schema.json", "1.1/manifest.schema.json",
-    "1.1/writer-index.schema.json", *BUILTIN_SCHEMA_FILES.values(),
+    "drill.schema.json", "copy.schema.json", "verification.schema.json",
+    "1.1/manifest.schema.json", "1.1/writer-index.schema.json", "1.1/table-ref.schema.json",
+    *ERRATA_SCHEMAS, *BUILTIN_SCHEMA_FILES.values(),
 )
 
 
@@ -57,6 +63,8 @@ class SchemaSet:
         self.root = root
         self.by_file: dict[str, dict[str, Any]] = {}
         self.by_id: dict[str, dict[str, Any]] = {}
+        self.present: set[str] = set()  # files read, errata/ prefix kept
+        self._problems: list[str] | None = None
         if root.is_dir():
             found = sorted(root.rglob("*.json"), key=lambda p: p.parts[len(root.parts)] == "errata")
             for p in found:
@@ -66,6 +74,7 @@ class SchemaSet:
                     continue
                 if not isinstance(doc, dict):
                     continue
+                self.present.add(p.relative_to(root).as_posix())
                 rel = p.relative_to(root).as_posix().removeprefix("errata/")
                 self.by_file[rel] = doc
                 sid = doc.get("$id")
@@ -75,19 +84,64 @@ class SchemaSet:
         self._validators: dict[tuple[int, bool], Any] = {}
 
     def missing(self) -> list[str]:
-        """The :data:`REQUIRED_SCHEMAS` this set lacks."""
-        return [rel for rel in REQUIRED_SCHEMAS if rel not in self.by_file]
+        """The :data:`REQUIRED_SCHEMAS` this set lacks (or could not read as JSON objects)."""
+        return [rel for rel in REQUIRED_SCHEMAS if rel not in self.present]
+
+    def problems(self) -> list[str]:
+        """Why the required schemas cannot be used, beyond a missing file (cached).
+
+        Every pattern must be in the portable subset of §18.7 (a released pattern that an
+        erratum replaces is not) and every ``$ref`` must resolve within the set; otherwise
+        validation would stop half-way with an exception.
+        """
+        if self._problems is None:
+            out: list[str] = []
+            for rel in dict.fromkeys(r.removeprefix("errata/") for r in REQUIRED_SCHEMAS):
+                doc = self.by_file.get(rel)  # an erratum in place of its released file
+                if doc is None:
+                    continue
+                for pattern in patterns_of(doc):
+                    try:
+                        compiled(pattern)
+                    except BadPattern as exc:
+                        out.append(f"{rel}: pattern {pattern[:60]!r}: {exc}")
+                out += [f"{rel}: {why}" for why in self._unresolved(doc)]
+            self._problems = out
+        return self._problems
+
+    def _unresolved(self, doc: dict[str, Any]) -> list[str]:
+        """The ``$ref`` values of ``doc`` that do not resolve within this set."""
+        base = doc.get("$id") if isinstance(doc.get("$id"), str) else ""
+        resolver = self.registry().resolver(base_uri=base)
+        out, todo = [], [doc]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, dict):
+                ref = node.get("$ref")
+                if isinstance(ref, str):
+                    try:
+                        resolver.lookup(ref)
+                    except Exception as exc:  # referencing's errors have no common base
+                        out.append(f"$ref {ref!r} does not resolve ({type(exc).__name__})")
+                todo.extend(node.values())
+            elif isinstance(node, list):
+                todo.extend(node)
+        return out
 
     def require_complete(self) -> None:
-        """Raise :class:`SchemasUnavailable` unless every required schema is present."""
+        """Raise :class:`SchemasUnavailable` unless every required schema is present and usable."""
         missing = self.missing()
-        if missing:
+        if missing or not self.root.is_dir():
             where = "does not exist" if not self.root.is_dir() else f"lacks {', '.join(missing)}"
-            raise SchemasUnavailable(
-                f"schema directory {self.root} {where}: the normative schemas of spec/schemas are "
-                "needed (install the portable-ckpt-conformance package, which ships them, run "
-                "from a checkout of the repository, or pass --schemas DIR / set "
-                "$PCK_SPEC_SCHEMAS)")
+        elif self.problems():
+            where = f"is incomplete or not the spec's ({'; '.join(self.problems()[:3])})"
+        else:
+            return
+        raise SchemasUnavailable(
+            f"schema directory {self.root} {where}: the normative schemas of spec/schemas are "
+            "needed, errata/ and 1.1/ included (install the portable-ckpt-conformance package, "
+            "which ships them, run from a checkout of the repository, or pass --schemas DIR / "
+            "set $PCK_SPEC_SCHEMAS)")
 
     def validator(self, schema: dict[str, Any] | bool, *, metered: bool = False) -> Any:
         """A (cached) Draft 2020-12 validator of ``schema`` resolving refs in this set only.

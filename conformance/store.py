@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from conformance.spec import (
     MAX_BLOCK_SIZE,
     MAX_HEADER_BYTES,
+    MAX_SIZE,
     MIN_BLOCK_SIZE,
     ST_ITEMSIZE,
     path_problem,
@@ -32,9 +34,12 @@ __all__ = [
     "ZSTD_MAX_WINDOW",
     "ZstdFrameHeader",
     "crc32c",
+    "mode_kind",
+    "open_regular",
     "parse_file_record",
     "parse_safetensors_bytes",
     "parse_safetensors_header",
+    "read_regular",
     "zstd_bound",
     "zstd_check_header",
     "zstd_decode",
@@ -84,6 +89,81 @@ except ImportError:  # pragma: no cover
     def crc32c(data: bytes | memoryview) -> int:
         """CRC-32C (Castagnoli) of ``data``."""
         return _crc32c_py(bytes(data))
+
+
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO for reading must not wait
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def mode_kind(mode: int) -> str:
+    """What a file-type ``mode`` is, in words ("a FIFO", "a symbolic link", ...)."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path, what: str, *, follow: bool = True) -> int:
+    """Open ``path`` read-only and return the descriptor of a regular file (R-SEC-16).
+
+    ``O_NONBLOCK`` keeps the open of a FIFO from waiting for a writer; the type is checked with
+    ``fstat`` on the descriptor itself. ``follow=False`` adds ``O_NOFOLLOW``: a symbolic link
+    as the last component is not opened.
+
+    Raises:
+        Problem: PCK-FILE-MISSING when nothing is there or it is not a regular file (a FIFO,
+            socket, device, directory; with ``follow=False`` also a symbolic link).
+        OSError: any other failure of the open.
+
+    """
+    flags = os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | (0 if follow else _O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise Problem("PCK-FILE-MISSING", f"{what} does not exist") from None
+    except OSError:
+        if not follow and os.path.islink(path):
+            raise Problem("PCK-FILE-MISSING", f"{what} is a symbolic link, not a regular "
+                          "file (R-SEC-16)") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise Problem("PCK-FILE-MISSING", f"{what} is {mode_kind(mode)}, not a regular file "
+                      "(R-SEC-16)")
+    return fd
+
+
+def read_regular(path: Path, what: str, *, max_bytes: int, code: str = "PCK-JSON-INVALID",
+                 follow: bool = True) -> bytes:
+    """The whole regular file at ``path`` (:func:`open_regular`), refused above ``max_bytes``.
+
+    The size is taken from ``fstat`` of the open descriptor before anything is read, and the
+    read is bounded by ``max_bytes`` whatever the file does meanwhile (R-SEC-11).
+
+    Raises:
+        Problem: PCK-FILE-MISSING (see :func:`open_regular`); ``code`` above ``max_bytes``.
+        OSError: the open or a read failed otherwise.
+
+    """
+    fd = open_regular(path, what, follow=follow)
+    try:
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            raise Problem(code, f"{what} is {size} bytes, larger than the limit of {max_bytes} "
+                          "(R-SEC-11)")
+        out = bytearray()
+        while len(out) <= max_bytes:
+            piece = os.read(fd, 1 << 20)
+            if not piece:
+                return bytes(out)
+            out += piece
+        raise Problem(code, f"{what} grew above the limit of {max_bytes} bytes (R-SEC-11)")
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -164,11 +244,26 @@ class VersionFiles:
         return cur
 
     def stat_size(self, rel: str) -> int:
-        """Size of an existing regular file (after :meth:`resolve`)."""
-        p = self.resolve(rel)
-        if not p.is_file():
-            raise Problem("PCK-FILE-MISSING", f"{rel!r} is not a regular file")
-        return p.stat().st_size
+        """Size of an existing regular file (after :meth:`resolve`; opened, never waited on)."""
+        fd = open_regular(self.resolve(rel), repr(rel))
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def _pread(self, rel: str, start: int, length: int) -> bytes:
+        """``length`` bytes at ``start`` of a regular file (R-SEC-16: checked on every open)."""
+        fd = open_regular(self.resolve(rel), repr(rel))
+        try:
+            out = bytearray()
+            while len(out) < length:
+                piece = os.pread(fd, min(length - len(out), 1 << 24), start + len(out))
+                if not piece:
+                    break
+                out += piece
+            return bytes(out)
+        finally:
+            os.close(fd)
 
     def read(self, rel: str, start: int = 0, length: int | None = None) -> bytes:
         """Read bytes of a recorded file, verifying every block the read touches.
@@ -187,23 +282,18 @@ class VersionFiles:
                           f"the recorded size {rec.size} of {rel!r}")
         if length == 0:
             return b""
-        p = self.resolve(rel)
         bs = rec.block_size
         b0, b1 = start // bs, (start + length - 1) // bs
         if all(b in rec.verified for b in range(b0, b1 + 1)):
             # every block already verified (a frame header in a block read before): read just
             # the bytes asked for, not whole blocks of up to 2^30 bytes again
-            with open(p, "rb") as f:
-                f.seek(start)
-                raw = f.read(length)
+            raw = self._pread(rel, start, length)
             if len(raw) != length:
                 raise Problem("PCK-FILE-SIZE", f"{rel!r} is shorter than its recorded size "
                               f"{rec.size}")
             return raw
-        with open(p, "rb") as f:
-            f.seek(b0 * bs)
-            raw = f.read((b1 - b0 + 1) * bs)
         expected_len = min(rec.size, (b1 + 1) * bs) - b0 * bs
+        raw = self._pread(rel, b0 * bs, expected_len)
         if len(raw) != expected_len:
             raise Problem("PCK-FILE-SIZE", f"{rel!r} is shorter than its recorded size {rec.size}")
         for b in range(b0, b1 + 1):
@@ -320,8 +410,12 @@ def _validate_header(raw: bytes, n: int, size: int, rel: str) -> StHeader:
         if dt not in ST_ITEMSIZE:
             raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} has unknown dtype {dt!r}")
         if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                                   and d >= 0 for d in shape)):
-            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} has a bad shape {shape!r}")
+                                                   and 0 <= d <= MAX_SIZE for d in shape)):
+            # §11.1 rule 3: 0 <= d <= MAXINT, zero-size tensors included (their span is 0
+            # bytes whatever the other dimensions are, so the span check cannot see it).
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} has a bad shape "
+                          f"{str(shape)[:200]} (each dimension an integer 0 … MAXINT = "
+                          f"{MAX_SIZE}, R-SHARD-1)")
         if (not isinstance(offs, list) or len(offs) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
             raise Problem("PCK-SHARD-HEADER", f"{rel!r}: tensor {name!r} has bad data_offsets")

@@ -1,5 +1,11 @@
 """What a saved version must be: conformant, equal to its logical state, with the asked codec.
 
+The continuation the commit job gave (contract, world size, mesh) is recorded exactly as given
+(R-CONTRACT-1; the committer "records ``step`` and ``continuation`` as given"): a committer that
+writes another contract or drops or invents a mesh changes what restores are allowed
+(R-CONTRACT-5, R-CONTRACT-6). Declarations and values are compared as JSON values of the same
+types (``true`` is not ``1``).
+
 The codec of a save is binding: a writer asked for ``codec: zstd`` stores every range as a zstd
 frame, one asked for ``none`` stores raw bytes (otherwise a writer that never compresses would
 pass every zstd case without its zstd path ever being tested). A tensor table request is not
@@ -26,6 +32,11 @@ class HarnessFailure(AssertionError):
     """The writer or committer under test broke a rule; the message says which."""
 
 
+def _same_json(a: Any, b: Any) -> bool:
+    """The same JSON value, types included (``true`` != ``1``, ``1`` != ``1.0``)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def _check_codecs(codecs: dict[str, list[str]], case: SaveCase) -> None:
     for key, cs in codecs.items():
         wrong = sorted({c for c in cs if c != case.codec})
@@ -47,9 +58,14 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> None:
     got = load_version(vdir)
     if got.step != case.step:
         raise HarnessFailure(f"manifest step {got.step} != {case.step}")
-    ws = got.manifest["continuation"]["world_size"]
-    if ws != case.num_writers:
-        raise HarnessFailure(f"continuation.world_size {ws} != {case.num_writers}")
+    cont = got.manifest["continuation"]
+    if not _same_json(cont.get("world_size"), case.num_writers):
+        raise HarnessFailure(f"continuation.world_size {cont.get('world_size')!r} != "
+                             f"{case.num_writers}")
+    if not _same_json(cont, case.continuation()):
+        raise HarnessFailure(f"continuation {json.dumps(cont, sort_keys=True)} is not the commit "
+                             f"job's {json.dumps(case.continuation(), sort_keys=True)} (the "
+                             "committer records contract and mesh as given, R-CONTRACT-1)")
     _check_codecs(got.range_codecs, case)
     want_keys = {t.key for t in case.tensors}
     if set(got.tensors) != want_keys:
@@ -70,13 +86,13 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> None:
         raise HarnessFailure(f"entries {sorted(got.entries)} != {[e.name for e in case.entries]}")
     for e in case.entries:
         want_v: Any = e.value if e.scope == "global" else dict(enumerate(e.values))
-        if got.entries[e.name] != want_v or json.dumps(got.entries[e.name], sort_keys=True) != \
-                json.dumps(want_v, sort_keys=True):
+        if not _same_json(got.entries[e.name], want_v):
             raise HarnessFailure(f"entry {e.name!r}: got {got.entries[e.name]!r}, expected "
                                  f"{want_v!r}")
         decl = got.manifest["entries"][e.name]
-        if decl["scope"] != e.scope or decl["encoding"] != e.encoding or \
-                decl["schema"] != e.schema or decl.get("world_size_policy") != e.policy:
+        if not _same_json([decl.get("scope"), decl.get("encoding"), decl.get("schema"),
+                           decl.get("world_size_policy")],
+                          [e.scope, e.encoding, e.schema, e.policy]):
             raise HarnessFailure(f"entry {e.name!r}: declaration {decl} does not match the job")
 
 

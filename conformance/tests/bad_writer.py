@@ -169,6 +169,19 @@ def _touch_then_publish(orig: Any) -> Any:
     return publish
 
 
+def _symlink_values(orig: Any) -> Any:
+    """Entry values written as ``<name>.real`` and stored under their names as symbolic links
+    to it (R-SEC-2): every listed size and checksum is right through the link."""
+    def write_file(path: Path, data: bytes) -> None:
+        if path.parent.name == "entries":
+            real = path.with_name(path.name + ".real")
+            orig(real, data)
+            os.symlink(real.name, path)
+        else:
+            orig(path, data)
+    return write_file
+
+
 def _no_writer_check() -> Any:
     orig_commit = mw.do_commit
 
@@ -191,6 +204,8 @@ def _apply(mode: str) -> None:
         mw.main = with_job_edit(mw.main, JOB_EDITS[mode])
     elif mode == "flip":  # a data byte changed after checksumming (wrong CRC)
         mw.write_file = _flip(mw.write_file)
+    elif mode == "symlink-values":  # entry values stored as symbolic links (R-SEC-2)
+        mw.write_file = _symlink_values(mw.write_file)
     elif mode == "swap":  # a chunk's elements reversed, checksums consistent
         mw.safetensors_bytes = _swap(mw.safetensors_bytes)
     elif mode == "table-names":  # ranges not under their implied names (R-TABLE-7)

@@ -71,6 +71,39 @@ def _drop_range(job: dict[str, Any], path: Path) -> None:
             return
 
 
+def _always_statistical(job: dict[str, Any], path: Path) -> None:
+    if job["phase"] == "commit":
+        job["continuation"]["contract"] = "statistical"
+
+
+def _mesh_dropped(job: dict[str, Any], path: Path) -> None:
+    if job["phase"] == "commit":
+        job["continuation"]["mesh"] = None
+
+
+def _mesh_invented(job: dict[str, Any], path: Path) -> None:
+    c = job["continuation"] if job["phase"] == "commit" else None
+    if c is not None and c["mesh"] is None:
+        c["mesh"] = {"shape": [c["world_size"]], "dim_names": ["dp"]}
+
+
+def _true_as_1(value: Any) -> Any:
+    if value is True:
+        return 1
+    if isinstance(value, dict):
+        return {k: _true_as_1(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_true_as_1(v) for v in value]
+    return value
+
+
+def _schema_true_as_1(job: dict[str, Any], path: Path) -> None:
+    """Embedded schemas recorded with ``1`` for ``true`` (equal in Python, not in JSON)."""
+    for e in job.get("entries", []):
+        if "json_schema" in e["schema"]:
+            e["schema"] = _true_as_1(e["schema"])
+
+
 #: mode -> edit
 JOB_EDITS: dict[str, Edit] = {
     "ignore-fail": _ignore_fail,  # fail_at ignored by writer and committer
@@ -79,4 +112,9 @@ JOB_EDITS: dict[str, Edit] = {
     "write-twice": _write_twice,  # a region stored by two writers (R-COMMIT-4: overlap)
     "listing-writers": _listing,  # expected writers from a listing of index/ (R-COMMIT-5)
     "drop-range": _drop_range,  # writer 0 leaves out one of its chunks
+    # the committer records another continuation than the job's (R-CONTRACT-1)
+    "always-statistical": _always_statistical,  # contract "statistical" whatever was asked
+    "mesh-dropped": _mesh_dropped,  # the job's mesh is not recorded
+    "mesh-invented": _mesh_invented,  # a mesh where the job has none
+    "schema-true-as-1": _schema_true_as_1,  # an entry's declaration is not the job's (JSON)
 }

@@ -8,12 +8,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from conformance.vectors import load_cases, materialize
+from conformance.vectors import VECTOR_DIRS, load_cases, materialize
 
 from .conftest import BAD_WRITER, MINIMAL_WRITER, REPO, TRACING, needs_tracing
 
@@ -207,3 +208,90 @@ def test_help_shows_defaults_and_exit_codes(dirs: tuple[Path, Path]) -> None:
     assert "exit status" in top.stdout and "infrastructure" in top.stdout
     w = _run(["writer", "--help"], cwd, tmp)
     assert "(default: 10)" in w.stdout and "(default: require)" in w.stdout
+
+
+# -- errata 4: exit codes a CI gate reads -------------------------------------------------------
+def _schema_copy(base: Path, name: str, edit: str) -> Path:
+    d = base / name
+    shutil.copytree(REPO / "spec" / "schemas", d)
+    if edit == "no-verification":
+        (d / "verification.schema.json").unlink()
+    elif edit == "no-errata":
+        shutil.rmtree(d / "errata")
+    elif edit == "no-table-ref":
+        (d / "1.1" / "table-ref.schema.json").unlink()
+    elif edit == "released-errata":  # a pre-errata pattern (lookahead) in the errata's place
+        shutil.copy(d / "common.schema.json", d / "errata" / "common.schema.json")
+    elif edit == "broken-ref":
+        m = d / "1.1" / "manifest.schema.json"
+        m.write_text(m.read_text().replace("table-ref.schema.json", "table-reff.schema.json"))
+    return d
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ("no-verification", "lacks verification.schema.json"),
+    ("no-errata", "lacks errata/common.schema.json, errata/copy.schema.json"),
+    ("no-table-ref", "lacks 1.1/table-ref.schema.json"),
+    ("released-errata", "outside the portable subset"),
+    ("broken-ref", "does not resolve"),
+])
+def test_incomplete_schemas_are_exit_3(edit: str, message: str, dirs: tuple[Path, Path],
+                                       fast_tmp: Path) -> None:
+    """FP-6, CRASH-2: every schema the checker uses is required; a directory without one (or a
+    pre-errata copy) is exit 3 with a message, never a skipped validation or a traceback."""
+    cwd, tmp = dirs
+    schemas = _schema_copy(fast_tmp, edit, edit)
+    table = next(c for c in load_cases(VECTOR_DIRS["1.1"]) if c["name"] == "valid-table-none")
+    target = materialize(table, fast_tmp / "v", VECTOR_DIRS["1.1"])
+    r = _run(["check", str(target), "--schemas", str(schemas)], cwd, tmp)
+    assert r.returncode == 3 and message in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "conformant" not in r.stdout
+    if edit == "no-verification":
+        w = _run(["writer", *QUICK, "--", *MINIMAL_WRITER], cwd, tmp,
+                 PCK_SPEC_SCHEMAS=str(schemas))
+        assert w.returncode == 3 and message in w.stderr, w.stderr
+
+
+def test_replay_of_no_case_directory_is_a_usage_error(dirs: tuple[Path, Path],
+                                                      fast_tmp: Path) -> None:
+    """CRASH-3: a message and exit 2, no traceback (and nothing created at the path)."""
+    cwd, tmp = dirs
+    empty, broken = fast_tmp / "empty", fast_tmp / "broken"
+    empty.mkdir()
+    broken.mkdir()
+    (broken / "case.json").write_text('{"suite": "writer.save"}')
+    for path, says in ((fast_tmp / "nonexistent" / "case", "not a case directory"),
+                       (empty, "not a case directory"), (broken, "not a complete case")):
+        r = _run(["writer", "--replay", str(path)], cwd, tmp)
+        assert r.returncode == 2 and says in r.stderr, (path, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert not (fast_tmp / "nonexistent").exists()
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_exit_codes_a_ci_gate_reads(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """LOW-1: a file to check is a usage error (2); a report that cannot be written keeps a
+    failing verdict (1) and turns a passing one into 4; `python -m` of a missing module is an
+    infrastructure error (4) found before any case runs."""
+    cwd, tmp = dirs
+    afile = fast_tmp / "afile"
+    afile.write_text("x")
+    r = _run(["check", str(afile)], cwd, tmp)
+    assert r.returncode == 2 and "not a directory" in r.stderr, r.stdout + r.stderr
+    valid = materialize(next(c for c in load_cases() if c["valid"]), fast_tmp / "v")
+    invalid_case = next(c for c in load_cases() if not c["valid"] and not c.get("setup")
+                        and not c.get("deep"))
+    invalid = materialize(invalid_case, fast_tmp / "i")
+    nowhere = str(fast_tmp / "no-such-dir" / "r.json")
+    bad = _run(["check", str(invalid), "--json", nowhere], cwd, tmp)
+    assert bad.returncode == 1 and "cannot write the report" in bad.stderr, bad.stderr
+    good = _run(["check", str(valid), "--json", nowhere], cwd, tmp)
+    assert good.returncode == 4 and "cannot write the report" in good.stderr, good.stderr
+    t0 = time.monotonic()
+    m = _run(["writer", *QUICK, "--", sys.executable, "-m", "no_such_adapter_module"], cwd, tmp)
+    assert m.returncode == 4 and "no_such_adapter_module" in m.stderr, m.stdout + m.stderr
+    assert "infrastructure" in m.stderr and time.monotonic() - t0 < 60
+    ok = _run(["writer", *QUICK, "--", sys.executable, "-m", "conformance.examples.minimal_writer"],
+              cwd, tmp)
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # a module that exists runs as before
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []

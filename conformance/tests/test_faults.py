@@ -7,6 +7,7 @@ refusal table — with the message that names the broken rule.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -14,7 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.cases import CrashCase, EntrySpec, SaveCase, save_cases
+from conformance.cases import (
+    CONTINUATIONS,
+    CrashCase,
+    EntrySpec,
+    SaveCase,
+    case_from_json,
+    case_to_json,
+    save_cases,
+)
 from conformance.committer import REFUSALS, run_commit_twice, run_refusal
 from conformance.harness import check_writer, run_crash_case, run_save_case
 from conformance.trace import tracing_status
@@ -229,3 +238,87 @@ def test_failed_exclusive_open_is_not_a_touch(bad: pytest.MonkeyPatch, fast_tmp:
     alarm), and the committer still reports PCK-COMMIT-CONFLICT."""
     bad.setenv("PCK_BAD_MODE", "direct-manifest")
     run_refusal(adapter(BAD_WRITER), REFUSAL["manifest-exists"], fast_tmp)
+
+
+# -- errata 4: what an outside CI gate found the harness let through ------------------------------
+@pytest.mark.parametrize(("mode", "contract", "mesh"), [
+    ("always-statistical", "exact", None),
+    ("mesh-invented", "exact", None),
+    ("mesh-dropped", "statistical", {"shape": [2], "dim_names": ["dp"]}),
+    ("mesh-dropped", "exact", {"shape": [1, 2], "dim_names": ["dp", "tp"]}),
+])
+def test_the_continuation_is_recorded_as_given(mode: str, contract: str,
+                                               mesh: dict[str, object] | None,
+                                               bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """FP-1: a committer that records another contract, or drops or invents a mesh, fails the
+    save; the same case passes with the committer as it is (R-CONTRACT-1)."""
+    case = explicit_case()
+    case.contract, case.mesh = contract, mesh
+    bad.setenv("PCK_BAD_MODE", mode)
+    with pytest.raises(HarnessFailure) as ei:
+        run_save_case(adapter(BAD_WRITER, trace=False), case, fast_tmp)
+    assert "is not the commit job's" in str(ei.value) and "R-CONTRACT-1" in str(ei.value)
+    bad.delenv("PCK_BAD_MODE")
+    run_save_case(adapter(BAD_WRITER, trace=False), case, fast_tmp / "ok")
+
+
+@pytest.mark.parametrize("mode", ["always-statistical", "mesh-dropped", "mesh-invented"])
+def test_every_run_asks_for_both_contracts_and_meshes(mode: str, bad: pytest.MonkeyPatch,
+                                                      fast_tmp: Path) -> None:
+    """The smallest run (`--examples 2`, no committer cases) catches each for any seed: the
+    first codec's case asks for statistical with a mesh, the second's for exact without."""
+    bad.setenv("PCK_BAD_MODE", mode)
+    with pytest.raises(HarnessFailure) as ei:
+        check_writer(BAD_WRITER, examples=2, crash_examples=0, seed=11, tracing="off",
+                     shrink=False, workdir=str(fast_tmp))
+    assert "is not the commit job's" in str(ei.value)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_drawn_continuations_are_valid_and_varied(data: st.DataObject) -> None:
+    """Drawn meshes describe the world size (R-CONTRACT-2); a stratum's continuation is fixed."""
+    case: SaveCase = data.draw(save_cases(4))
+    assert case.contract in ("exact", "statistical")
+    if case.mesh is not None:
+        shape, names = case.mesh["shape"], case.mesh["dim_names"]
+        assert len(shape) == len(names) and math.prod(shape) == case.num_writers
+    for kind in CONTINUATIONS:
+        fixed: SaveCase = data.draw(save_cases(3, ("none",), exercise=True,
+                                               continuation_kind=kind))
+        assert (fixed.contract, fixed.mesh is not None) == kind
+    assert {k[0] for k in CONTINUATIONS} == {"exact", "statistical"}
+    assert {k[1] for k in CONTINUATIONS} == {True, False}
+
+
+def test_an_old_case_json_replays_with_the_old_continuation() -> None:
+    """case.json written before the continuation was drawn: exact, no mesh."""
+    old = case_to_json(explicit_case())
+    del old["contract"], old["mesh"]
+    case = case_from_json(old)
+    assert isinstance(case, SaveCase) and case.continuation() == {
+        "contract": "exact", "world_size": 2, "mesh": None}
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_symlinked_values_fail_the_save(trace: bool, bad: pytest.MonkeyPatch,
+                                        fast_tmp: Path) -> None:
+    """FP-5: entry values stored as symbolic links to files in the attempt (R-SEC-2) fail the
+    save with tracing off, and with tracing on the message names the link, not an fsync."""
+    if trace and not TRACING:
+        pytest.skip("no strace")
+    message = _save("symlink-values", bad, fast_tmp, trace=trace)
+    assert "PCK-PATH-UNSAFE" in message and "R-SEC-2" in message, message
+
+
+def test_declarations_are_compared_as_json(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """FP-7: an embedded schema recorded with `1` for `true` is not the job's declaration
+    (Python's `==` calls them equal)."""
+    assert {"not": {"const": 1}} == {"not": {"const": True}}
+    case = explicit_case()
+    case.entries = [EntrySpec("cfg", {"json_schema": {"not": {"const": True}}}, "global",
+                              "json", value={"a": 1})]
+    bad.setenv("PCK_BAD_MODE", "schema-true-as-1")
+    with pytest.raises(HarnessFailure) as ei:
+        run_save_case(adapter(BAD_WRITER, trace=False), case, fast_tmp)
+    assert "does not match the job" in str(ei.value)

@@ -171,3 +171,24 @@ def test_every_third_party_import_is_declared() -> None:
                 if not dists & declared:
                     missing[top] = str(path.relative_to(REPO))
     assert not missing, f"imports without a declared dependency: {missing}"
+
+
+def test_the_readme_names_every_dependency() -> None:
+    """DOC-2: the README's list of dependencies is the pyproject's (licences, platforms)."""
+    text = (CONF / "README.md").read_text()
+    m = re.search(r"Its dependencies are ([^;(]+?)(?: \(|;)", text.replace("\n", " "))
+    assert m, "the README no longer lists the dependencies"
+    named = {n.strip().lower() for n in re.split(r",| and ", m.group(1)) if n.strip()}
+    assert named == _requirement_names(CONF / "pyproject.toml")
+
+
+def test_the_ci_snippet_uploads_the_failed_cases() -> None:
+    """DOC-3: the GitHub Actions job keeps failed case directories in a --workdir that its
+    upload step takes along (a default work directory is a random temporary one)."""
+    text = (CONF / "README.md").read_text()
+    snippet = text.split("```yaml", 1)[1].split("```", 1)[0]
+    m = re.search(r"portable-ckpt-conformance writer .*?--workdir (\S+)", snippet, re.DOTALL)
+    assert m, "the writer step passes no --workdir"
+    path = snippet.split("path: |", 1)[1]
+    assert any(line.strip().rstrip("/") == m.group(1).rstrip("/")
+               for line in path.splitlines()), path
