@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portable_ckpt import errors
-from portable_ckpt.errors import CheckpointError, ManifestMissingError
+from portable_ckpt.errors import CheckpointError, CommitOutcomeUnknownError, ManifestMissingError
 from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
 
 # Quiet by default: the job log shows portable_ckpt's records once the application configures
@@ -172,6 +172,8 @@ def save_arrays(
             expected_writers=[0],
             continuation=continuation,
         )
+    except CommitOutcomeUnknownError:
+        raise  # the version may be committed: its files stay (R-COMMIT-19)
     except BaseException:
         w.abort()
         raise

@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointError",
     "CodecError",
     "CommitConflictError",
+    "CommitOutcomeUnknownError",
     "ContractError",
     "CoverageGapError",
     "CoverageOverlapError",
@@ -260,6 +261,16 @@ class StorageError(CheckpointError):
     code = "PCK-STORAGE"
 
 
+class CommitOutcomeUnknownError(StorageError):
+    """Publishing a record failed after the record may have become visible (R-COMMIT-19).
+
+    A storage error (``PCK-STORAGE``) whose operation may have taken effect: the link was made
+    but the directory could not be synced, or an object store's answer to the conditional
+    create was lost and the record could not be read back. The version may be committed, so
+    nothing of its attempt is removed; ``portable-ckpt ls`` and ``verify`` tell which it is.
+    """
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """Why one rank failed a step of a collective save or load.
@@ -270,6 +281,8 @@ class RankFailure:
         message: ``"<ExceptionType>: <message>"`` as that rank saw it.
         coordinator: Whether it failed in the coordinator's own work (e.g. the commit on rank 0)
             rather than in its local part of the step.
+        unknown: Whether the failed work may nevertheless have taken effect (a commit record
+            that may be published): nothing it depends on may be removed.
 
     """
 
@@ -277,6 +290,7 @@ class RankFailure:
     code: str
     message: str
     coordinator: bool = False
+    unknown: bool = False
 
 
 class DistributedError(CheckpointError):
@@ -331,6 +345,7 @@ def _collect() -> dict[str, type[CheckpointError]]:
             isinstance(obj, type)
             and issubclass(obj, CheckpointError)
             and obj is not CheckpointError
+            and "code" in vars(obj)  # a refinement that keeps its parent's code maps to the parent
         ):
             table[obj.code] = obj
     return table

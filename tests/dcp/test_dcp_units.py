@@ -208,6 +208,9 @@ def test_writer_and_reader_arguments() -> None:
         {"step": True},
         {"step": 1, "continuation": "x"},
         {"step": 1, "codec": "lz4"},
+        {"step": 1, "block_size": 64},  # review 3, L1: refused at construction, not mid-save
+        {"step": 1, "block_size": 3 << 12},
+        {"step": 1, "block_size": True},
     ):
         with pytest.raises(CheckpointError):
             PortableStorageWriter("/tmp/x", **bad)
@@ -382,3 +385,38 @@ def test_a_staging_planner_is_read_in_bounded_batches(
     dcp.load(target, storage_reader=PortableStorageReader(root), planner=planner)
     assert same(target, state) and planner.committed == 6 and not planner.staged
     assert max(peak) == 2  # never more than one batch of staged buffers alive
+
+
+class _Redact(DefaultSavePlanner):
+    """A planner hook that changes a value before it is stored (returns the object itself)."""
+
+    def transform_object(self, write_item: Any, object: Any) -> Any:
+        if write_item.index.fqn == "meta.token":
+            return "***"
+        return super().transform_object(write_item, object)
+
+
+class _RedactPickled(DefaultSavePlanner):
+    """The same hook, handing the changed value on to DefaultSavePlanner's torch.save."""
+
+    def transform_object(self, write_item: Any, object: Any) -> Any:
+        if write_item.index.fqn == "meta.token":
+            object = "***"
+        return super().transform_object(write_item, object)
+
+
+def test_a_planner_that_transforms_objects_is_honoured_or_refused(tmp_path: Any) -> None:
+    """Review 3, W1: the live object used to be stored, silently dropping the planner's change."""
+    state = {"w": torch.ones(2), "meta": {"token": "secret", "epoch": 3}}
+    root = str(tmp_path / "a")
+    dcp.save(state, storage_writer=PortableStorageWriter(root, step=1), planner=_Redact())
+    values = portable_ckpt.open(root).entry("torch.values")
+    assert "secret" not in str(values) and "***" in str(values)
+    # Pickled bytes from the hook cannot be stored as JSON: refused, with the way out.
+    other = str(tmp_path / "b")
+    with pytest.raises(BaseException) as info:
+        dcp.save(state, storage_writer=PortableStorageWriter(other, step=1), planner=_RedactPickled())
+    err = failure(info.value)
+    assert isinstance(err, UnsupportedValueError)
+    assert "'meta.token'" in str(err) and "transform_object" in str(err)
+    assert not [v for v in portable_ckpt.list_versions(other) if v.status == "committed"]

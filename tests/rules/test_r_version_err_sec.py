@@ -223,8 +223,13 @@ def test_every_code_is_exposed_as_its_exact_string() -> None:
     """R-ERR-1: every spec code is a CheckpointError subclass whose `code` is that exact string."""
     codes = _spec_codes()
     assert len(codes) == 33
-    classes = {c.code: c for c in vars(errors).values()
-               if isinstance(c, type) and issubclass(c, CheckpointError) and c is not CheckpointError}
+    every = [c for c in vars(errors).values()
+             if isinstance(c, type) and issubclass(c, CheckpointError) and c is not CheckpointError]
+    # One class per code; a refinement (CommitOutcomeUnknownError) keeps its parent's code.
+    classes = {c.code: c for c in every if "code" in vars(c)}
+    assert len(classes) == len([c for c in every if "code" in vars(c)])
+    for c in every:
+        assert c.code in classes and issubclass(c, classes[c.code])
     assert set(classes) == set(codes)
     for code, cls in classes.items():
         err = cls("message")

@@ -84,3 +84,22 @@ def load_many(rank: int, world: int, root: str, env: dict[str, str]) -> dict[str
     info = pckt.load(state, root)
     ok = state["epoch"] == 3 and all(float(state[f"t{i:04d}"]) == i for i in range(1500))
     return {"step": info.step, "ok": ok, "reads": reads}
+
+
+def save_outcome_unknown(rank: int, world: int, root: str, env: dict[str, str]) -> dict[str, Any]:
+    """A 2-rank save whose commit record's outcome cannot be learnt (see the proxy's setup)."""
+    os.environ.update(env)
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.errors import CommitOutcomeUnknownError
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(8 * 4, dtype=torch.float32).reshape(8, 4)
+    try:
+        pckt.save({"w": distribute_tensor(full, mesh, [Shard(0)])}, root, step=5)
+    except CommitOutcomeUnknownError as e:
+        return {"unknown": True, "code": e.code, "message": e.message}
+    return {"unknown": False}

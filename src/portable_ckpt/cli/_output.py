@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from portable_ckpt.cli._text import safe_lines
 from portable_ckpt.logs import LOGGER_NAME, Progress
 
 __all__ = ["add_output_options", "log_to_stderr", "progress_bar"]
@@ -51,7 +52,8 @@ class _TqdmHandler(logging.Handler):
         try:
             from tqdm import tqdm
 
-            tqdm.write(self.format(record), file=sys.stderr)
+            # A record may quote names from the root: escaped like every other CLI text.
+            tqdm.write(safe_lines(self.format(record)), file=sys.stderr)
         except Exception:
             self.handleError(record)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
+from portable_ckpt.cli._text import safe, safe_lines
 
 __all__ = ["register"]
 
@@ -99,15 +100,15 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2))
         return 0
     for w in report.warnings:
-        print(f"warning: {w.item}: {w.message}", file=sys.stderr)
+        print(f"warning: {safe(w.item)}: {safe_lines(w.message)}", file=sys.stderr)
     rate = report.bytes / max(report.seconds, 1e-9) / (1 << 20)
     print(
         f"converted {report.source_format} -> {report.target_format}: {report.tensors} tensors, "
         f"{report.chunks} chunks, {report.entries} entries, {report.bytes:,} bytes in "
-        f"{report.seconds:.2f} s ({rate:,.0f} MiB/s) -> {report.destination}"
+        f"{report.seconds:.2f} s ({rate:,.0f} MiB/s) -> {safe(report.destination)}"
     )
     if report.step is not None:
-        print(f"step {report.step} (from {report.step_source})")
+        print(f"step {report.step} (from {safe(report.step_source)})")
     return 0
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
+from portable_ckpt.cli._text import safe, safe_lines
 from portable_ckpt.errors import CheckpointError
 
 __all__ = ["register"]
@@ -32,17 +33,18 @@ def _copy(args: argparse.Namespace) -> int:
         print(json.dumps(res.to_json(), indent=2))
     else:
         what = "already present at" if res.already_present else "copied to"
-        print(f"{res.attempt_id} (step {res.step}) {what} {res.destination_version}")
+        print(f"{res.attempt_id} (step {res.step}) {what} {safe(res.destination_version)}")
         print(f"  {res.files} files, {res.bytes} bytes, {res.seconds:.2f} s "
               f"({res.mib_per_s:.1f} MiB/s); every block CRC32C verified"
               + (f"; {res.server_checksums} whole-object CRC32C verified by the store"
                  if res.server_checksums else ""))
         if res.record:
-            print(f"  copy record: {res.source.rsplit('/', 1)[0]}/{res.record}")
+            print(f"  copy record: {safe(res.source.rsplit('/', 1)[0])}/{res.record}")
         if res.record_error:
-            print(f"  warning: copy record not written: {res.record_error}", file=sys.stderr)
+            print(f"  warning: copy record not written: {safe_lines(res.record_error)}",
+                  file=sys.stderr)
         for w in res.warnings:
-            print(f"  warning: {w}", file=sys.stderr)
+            print(f"  warning: {safe_lines(w)}", file=sys.stderr)
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
+from portable_ckpt.cli._text import safe, safe_lines
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.vocab import CODECS
 
@@ -21,6 +22,8 @@ _MAX_FOREIGN = 1000
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
+    """Columns padded to their widest cell; every cell escaped (names come from the root)."""
+    rows = [[safe(c) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
@@ -53,10 +56,10 @@ def _ls(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        shown = ", ".join(safe(n) for n in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         print(f"{len(foreign)} entries that are not this format's are ignored: {shown}")
     if not versions:
-        print(f"no attempts under {args.root}")
+        print(f"no attempts under {safe(args.root)}")
         return 0
     rows = []
     for v in versions:
@@ -76,6 +79,13 @@ def _ls(args: argparse.Namespace) -> int:
             ]
         )
     print(_table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "VERIFIED", "DRILL", "COPIES"]))
+    for v in versions:
+        if v.status == "stray":
+            print(
+                f"{v.id}: its manifest.json is not a regular file (a symlink, FIFO, device or "
+                "directory): not a version, skipped by readers and never deleted by gc; inspect "
+                "it and remove it by hand"
+            )
     return 0
 
 
@@ -114,19 +124,18 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     c = m.continuation
     mesh = f" mesh {list(c.mesh.shape)} {list(c.mesh.dim_names)}" if c.mesh else ""
-    print(f"version     {ck.path}")
+    print(f"version     {safe(ck.path)}")
     print(f"step        {m.step}")
-    print(
-        f"format      {m.format_version} (producer {m.producer.get('name')} {m.producer.get('version')})"
-    )
-    print(f"committed   {m.committed_at}")
-    print(f"contract    {c.contract}, world size {c.world_size}{mesh}")
+    producer = f"{m.producer.get('name')} {m.producer.get('version')}"
+    print(f"format      {m.format_version} (producer {safe(producer)})")
+    print(f"committed   {safe(m.committed_at)}")
+    print(f"contract    {safe(c.contract)}, world size {c.world_size}{safe(mesh)}")
     total = sum(f.size for f in m.files.values())
     print(f"files       {len(m.files)} ({_size(total)})")
     last = drills[-1] if drills else None
     print(
         f"drill       {'none' if last is None else ('passed' if last.get('ok') else 'failed')}"
-        + (f" on {last.get('world_size')} ranks at {last.get('finished_at')}" if last else "")
+        + (safe(f" on {last.get('world_size')} ranks at {last.get('finished_at')}") if last else "")
     )
     print()
     rows = [
@@ -144,9 +153,9 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.ranges:
         for k, t in m.tensors.items():
             for r in t.ranges:
-                print(
+                print(safe(
                     f"  {k} offsets={list(r.offsets)} lengths={list(r.lengths)} -> {r.file}:{r.name} ({r.codec})"
-                )
+                ))
     if m.entries:
         print()
         erows = [
@@ -199,9 +208,9 @@ def _verify(args: argparse.Namespace) -> int:
             )
         )
         for e in errors:
-            print(f"{e.code}  {e.message}", file=sys.stdout)
+            print(f"{e.code}  {safe_lines(e.message)}", file=sys.stdout)
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
-        print(f"{verdict}  {target} ({mode})")
+        print(f"{verdict}  {safe(target)} ({mode})")
     return 0 if ok else 1
 
 
@@ -232,13 +241,21 @@ def _gc(args: argparse.Namespace) -> int:
                 f"kept    {g['id']}  ({g['status']}, written to {g['age_seconds']:.0f} s ago: "
                 f"within the grace period of {args.grace:g} s, a save may be in progress)"
             )
+        for v in rep.kept_for_copy:
+            where = "" if args.require_copy is True else f" on {safe(args.require_copy)}"
+            print(f"kept    {v}  (--require-copy: no kept version has a verified copy{where})")
+        if rep.foreign_keys:
+            keys = rep.foreign_keys
+            shown = ", ".join(safe(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+            print(f"left in place {len(keys)} entries that are not this format's: {shown}")
         print(
             f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}"
+            + (f"; kept for want of a copy: {len(rep.kept_for_copy)}" if rep.kept_for_copy else "")
         )
     for u in rep.unknown:
         what = u["id"] or "unfinished uploads"
         why = "could not delete it" if u["status"] == "delete failed" else "could not classify it"
-        print(f"portable-ckpt: skipped {what}: {why}: {u['message']}", file=sys.stderr)
+        print(f"portable-ckpt: skipped {what}: {why}: {safe_lines(u['message'])}", file=sys.stderr)
     if not rep.complete:
         print(
             f"portable-ckpt: gc skipped {len(rep.unknown)} attempt(s) it could not read or "
@@ -252,7 +269,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``ls``, ``inspect``, ``verify`` and ``gc``."""
-    p = sub.add_parser("ls", help="list the attempts of a root: committed, incomplete, invalid, foreign or unreadable")
+    p = sub.add_parser("ls", help="list the attempts of a root: committed, incomplete, invalid, foreign, unreadable or stray")
     p.add_argument("root", type=A.root_url)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_ls)

@@ -8,6 +8,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
+from portable_ckpt.cli._text import safe, safe_lines
 
 __all__ = ["register"]
 
@@ -34,7 +35,7 @@ def _run(args: argparse.Namespace) -> int:
     status = "PASSED" if rec["ok"] else "FAILED"
     print(
         f"drill {status}: {rec['attempt_id']} (step {rec['step']}) saved on {rec['saved_world_size']} "
-        f"ranks, restored on {rec['world_size']} (contract {rec['contract']})"
+        f"ranks, restored on {rec['world_size']} (contract {safe(rec['contract'])})"
     )
     m = rec["measurements"]
     if rec["ok"]:
@@ -45,9 +46,9 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(f"  peak temporary memory per rank: {m['peak_temp_bytes_per_rank']} bytes")
     else:
-        print(f"  error: [{rec['error']['code']}] {rec['error']['message']}")
+        print(f"  error: [{safe(rec['error']['code'])}] {safe_lines(rec['error']['message'])}")
     if rec.get("path"):
-        print(f"  record: {rec['path']}")
+        print(f"  record: {safe(rec['path'])}")
     return 0 if rec["ok"] else 1
 
 

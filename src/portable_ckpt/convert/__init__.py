@@ -58,7 +58,12 @@ from portable_ckpt.convert._registry import (
     source_formats,
     target_formats,
 )
-from portable_ckpt.errors import CheckpointError, LimitError, UsageError
+from portable_ckpt.errors import (
+    CheckpointError,
+    CommitOutcomeUnknownError,
+    LimitError,
+    UsageError,
+)
 from portable_ckpt.format.keys import VALUES_ENTRY
 from portable_ckpt.format.vocab import is_entry_name
 
@@ -301,7 +306,7 @@ class _PortableSink:
             or Continuation(contract="exact", world_size=max(1, world_size)),
         )
 
-    def abort(self) -> None:
+    def abort(self, *, remove: bool = True) -> None:
         if self.inflight is not None:
             try:
                 self.inflight.result()
@@ -309,6 +314,8 @@ class _PortableSink:
                 pass
             self.inflight = None
         self.pool.shutdown()
+        if not remove:
+            return
         for w in (self.writer, self.inflight_writer):
             if w is not None:
                 try:
@@ -384,8 +391,9 @@ def _write_portable(
         entries = _write_entries(plan, sink, warnings)
         fail_if_strict(warnings, options, dst)
         sink.commit(plan.world_size, plan.continuation)
-    except BaseException:
-        sink.abort()
+    except BaseException as e:
+        # A commit whose outcome is unknown may have published the version: its files stay.
+        sink.abort(remove=not isinstance(e, CommitOutcomeUnknownError))  # R-COMMIT-19
         raise
     local = sink.storage.local_root()
     dest = os.path.join(local, sink.attempt) if local else f"{sink.storage.url}/{sink.attempt}"

@@ -29,6 +29,7 @@ from portable_ckpt.errors import (
     CheckpointError,
     ChecksumError,
     CommitConflictError,
+    FileMissingError,
     FileSizeError,
     UsageError,
 )
@@ -234,6 +235,56 @@ class _FileCopier:
         return False
 
 
+def _check_not_inside(src: Storage, src_url: str, dst_root: str | os.PathLike[str] | Storage,
+                      dst_url: str) -> None:
+    """Refuse a destination that is the source root under another name, or lies inside it.
+
+    Checked before the destination is created or touched. URLs: the destination's prefix below
+    the source's. Local roots: the real paths (symlinks resolved), and the device and inode of
+    every existing directory from the destination up (a bind mount or a symlinked parent): a
+    copy there is no second copy (and one inside a version is deleted together with it).
+    """
+    same = f"source and destination are the same root ({dst_url} is {src_url})"
+    inside = f"the destination {dst_url} lies inside the source root {src_url}"
+    if dst_url == src_url:
+        raise UsageError(f"{same}; a copy must go to another root, ideally on independent storage")
+    if dst_url.startswith(src_url.rstrip("/") + "/"):
+        raise UsageError(f"{inside}; a copy must go to another root, outside the source")
+    a = src.local_root()
+    if isinstance(dst_root, Storage):
+        b = dst_root.local_root()
+    else:
+        b = dst_url[len("file://") :] if dst_url.startswith("file://") else None
+    if a is None or b is None:
+        return
+    real_a, real_b = os.path.realpath(a), os.path.realpath(b)
+    try:
+        st_a = os.stat(a)
+    except OSError:
+        return  # the source was opened from there: a failing stat changes nothing above
+    probe = b
+    while True:
+        try:
+            st = os.stat(probe)
+        except OSError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == (st_a.st_dev, st_a.st_ino):
+            break
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            probe = ""
+            break
+        probe = parent
+    if probe or real_b == real_a or real_b.startswith(real_a.rstrip("/") + "/"):
+        alias = probe == b or (not probe and real_b == real_a)
+        how = f"{probe} is the directory {a}" if probe else f"its real path is {real_b}"
+        raise UsageError(
+            (same if alias else inside)
+            + f": {how} (through a symbolic link or another mount); a copy must go to another "
+            "root, ideally on independent storage"
+        )
+
+
 def _same_local_device(src: Storage, dst: Storage) -> bool:
     a, b = src.local_root(), dst.local_root()
     if a is None or b is None:
@@ -312,11 +363,7 @@ def _resolve(
     ck = portable_ckpt.open(src, step=step)
     src_storage: Storage = ck.storage
     dst_url = normalize_root_url(dst_root)
-    if normalize_root_url(src_storage) == dst_url:
-        raise UsageError(
-            f"source and destination are the same root ({dst_url}); a copy must go to another "
-            "root, ideally on independent storage"
-        )
+    _check_not_inside(src_storage, normalize_root_url(src_storage), dst_root, dst_url)
     dst = dst_root if isinstance(dst_root, Storage) else _storage_for(dst_url, create=True)
     result = CopyResult(
         attempt_id=ck.id,
@@ -412,15 +459,52 @@ def _copy_files(
     job.result.bytes = total
 
 
+def _check_copied(job: _CopyJob, when: str, advice: str) -> None:
+    """Every file of the version is at the destination with its recorded size (R-COMMIT-4).
+
+    Sizes only (no data is read again). Something else writing the same attempt at the
+    destination (``copy --force`` clearing it as leftovers, a hand-made ``rm``) after this copy
+    wrote its files is caught here rather than published, or vouched for in a copy record.
+    """
+    dst, dst_url = job.dst, job.result.destination
+    for rec in job.files:
+        rel = f"{job.attempt}/{rec.path}"
+        try:
+            size = dst.size(rel)
+        except FileMissingError as exc:
+            raise FileMissingError(
+                f"{dst_url}/{rel} was copied and is gone {when} (another copy of this version to "
+                f"the same root, run with --force, or another program removed it): {advice}",
+                path=rel,
+            ) from exc
+        if size != rec.size:
+            raise FileSizeError(
+                f"{dst_url}/{rel} was copied and holds {size} bytes {when}, the manifest records "
+                f"{rec.size} (another copy of this version to the same root, or another program "
+                f"changed it): {advice}",
+                path=rel,
+            )
+
+
 def _publish(job: _CopyJob, raw: bytes) -> None:
-    """Make the copied files durable, then create the destination's commit record."""
+    """Make the copied files durable, check them, then create the destination's commit record.
+
+    After the record exists, the files are checked once more (sizes): the copy record that
+    vouches for the destination is written only when they are all still there.
+    """
     from portable_ckpt.io.versions import load_manifest
 
     dst = job.dst
     dst.sync()  # R-COMMIT-17: every copied file and its name durable before the record
+    _check_copied(job, "before the commit record was created", "nothing was published; copy again")
     if not dst.create_if_absent(job.manifest_path, raw):
         _check_same_record(job, raw, "was committed concurrently with a different record")
     load_manifest(dst, job.attempt)  # the published version parses and validates
+    _check_copied(
+        job, "just after the commit record was created", f"the version {job.attempt} at "
+        f"{job.result.destination} is damaged and no copy record was written; delete that "
+        "version there and copy again"
+    )
 
 
 def _finished_fields(result: CopyResult) -> dict[str, Any]:
@@ -478,15 +562,22 @@ def copy_version(
         A :class:`CopyResult`.
 
     Raises:
-        UsageError: source and destination are the same root.
+        UsageError: source and destination are the same root (also under another name: a
+            symbolic link, another mount), the destination lies inside the source root, or
+            ``partial_grace_s`` is not a finite number >= 0.
         ChecksumError: a source block does not match its manifest checksum (nothing published).
+        FileMissingError, FileSizeError: a copied file vanished or changed at the destination
+            before the record was published (nothing published), or just after (no copy record).
         CommitConflictError: the destination holds a different commit record for this id.
         StorageError: an I/O failure (nothing published unless the manifest PUT succeeded).
 
     """
+    from portable_ckpt.io.versions import check_grace
+
     t0 = time.perf_counter()
     if jobs < 1 or chunk_size < 1:
         raise UsageError("jobs and chunk_size must be >= 1")
+    check_grace(partial_grace_s, "partial_grace_s")
     job = _resolve(src, dst_root, step)
     result = job.result
     fields: dict[str, Any] = {"attempt_id": result.attempt_id, "step": result.step,

@@ -7,7 +7,11 @@ Every attempt is classified by its commit record (spec §4.1, §15.1):
 * ``invalid`` — a commit record was read in full and is not a valid record of any format version;
 * ``foreign`` — a commit record of a format version this implementation does not implement;
 * ``unreadable`` — the storage failed while the record (or the version's drill and copy
-  records) was read: nothing is known about the attempt.
+  records) was read: nothing is known about the attempt;
+* ``stray`` — something that is not a regular file (a symlink, FIFO, device or directory) has
+  the record's name: a foreign entry (R-LAYOUT-7) that no writer of the format creates. Readers
+  skip the attempt (with a warning naming it); gc neither deletes nor counts it, and reports the
+  entry in ``foreign_keys``.
 
 Only ``incomplete`` and ``invalid`` attempts are garbage, after the grace period. A storage error
 is never evidence of absence: gc skips what it could not classify (and says so), and ``latest``
@@ -29,6 +33,7 @@ from typing import Any
 
 from portable_ckpt.errors import (
     CheckpointError,
+    CommitConflictError,
     FeatureUnsupportedError,
     FileMissingError,
     JsonInvalidError,
@@ -61,6 +66,7 @@ __all__ = [
     "GcReport",
     "VersionInfo",
     "attempt_names",
+    "check_grace",
     "check_record_absent",
     "check_retention",
     "classify_attempt",
@@ -76,15 +82,16 @@ __all__ = [
     "write_verification_record",
 ]
 
-COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE = (
+COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY = (
     "committed",
     "incomplete",
     "invalid",
     "foreign",
     "unreadable",
+    "stray",
 )
 #: Every status an attempt can have (``ls``, ``gc``).
-STATUSES = (COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE)
+STATUSES = (COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY)
 #: Post-commit record kinds: directory -> (id member, schema file, time member).
 ANNOTATION_KINDS = {
     "drills": ("drill_id", "drill.schema.json", "finished_at"),
@@ -456,6 +463,10 @@ def classify_attempt(
         return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
     except (JsonInvalidError, LimitError) as exc:
         return Classification(INVALID, error=exc)  # larger than any version allows (R-SEC-11)
+    except PathUnsafeError as exc:
+        # A symlink, FIFO, device or directory under the record's name: read without a storage
+        # error, and not a commit record (no writer creates one): a foreign entry, R-LAYOUT-7.
+        return Classification(STRAY, error=exc)
     except CheckpointError as exc:
         return Classification(UNREADABLE, error=exc)
     return classify_record(attempt_id, data)
@@ -657,6 +668,11 @@ def _latest_of_level(
             )
         if c.status == FOREIGN:
             skipped.append(name)
+    for name, c in level:
+        if c.status == STRAY:
+            _log.warning(
+                "%s/%s is skipped: %s (R-LAYOUT-7)", storage.url.rstrip("/"), name, c.error
+            )
     if best is not None and skipped:
         _log.warning(
             "%s: the newer attempt(s) %s were written by a format version this reader does not "
@@ -682,9 +698,11 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
     Raises:
         StorageError: a commit record of that step could not be read (the commit cannot be
             ordered; nothing is published).
+        CommitConflictError: a version of that step claims a ``committed_at`` at the end of the
+            timestamps the format can write: nothing can be ordered after it.
 
     """
-    floor_us = -1
+    floor_us, floor_of = -1, ""
     for name in attempt_names(storage, _step_of(attempt_id)):
         if name == attempt_id:
             continue
@@ -696,13 +714,26 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
                 path=f"{name}/manifest.json",
             )
         key = timestamp_key(c.committed_at)
-        if len(key) > 1:
-            floor_us = max(floor_us, _epoch_us(key))
+        if len(key) > 1 and _epoch_us(key) > floor_us:
+            floor_us, floor_of = _epoch_us(key), name
     epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
     tick = _dt.timedelta(microseconds=1)
     now_us = ((now or _dt.datetime.now(_dt.UTC)) - epoch) // tick
-    chosen = epoch + max(now_us, floor_us + 1) * tick
-    return chosen.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    chosen_us = max(now_us, floor_us + 1)
+    if chosen_us > (_dt.datetime.max.replace(tzinfo=_dt.UTC) - epoch) // tick:
+        # No clamping: R-COMMIT-16 asks for a time after every version of the step, and no
+        # timestamp of the pattern (years up to 9999) is; an earlier one would order this save
+        # before that version, and gc --keep 1 would then delete it.
+        raise CommitConflictError(
+            f"cannot order the commit of {attempt_id} after version {floor_of} of the same step: "
+            f"its committed_at is at the end of the timestamps the format can write (year 9999), "
+            "so no commit of this step can be ordered after it (R-COMMIT-16); nothing is "
+            f"published. That record's clock was wrong: inspect {storage.url.rstrip('/')}/"
+            f"{floor_of} and delete it by hand if it is not a version you need, or save under "
+            "another step",
+            path=f"{floor_of}/manifest.json",
+        )
+    return (epoch + chosen_us * tick).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # -- retention ------------------------------------------------------------------------------------
@@ -785,12 +816,19 @@ def check_retention(keep: int, grace_seconds: float) -> None:
     """Refuse retention arguments that could delete a save in progress (``UsageError``)."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise UsageError(f"keep must be an integer >= 1, got {keep!r}")
-    if isinstance(grace_seconds, bool) or not isinstance(grace_seconds, (int, float)) or not (
-        math.isfinite(grace_seconds) and grace_seconds >= 0
+    check_grace(grace_seconds)
+
+
+def check_grace(seconds: float, what: str = "grace period") -> None:
+    """Refuse a grace period that is not a finite number of seconds >= 0 (``UsageError``).
+
+    NaN, a negative or an infinite value would make "younger than the grace period" false for
+    files being written: gc would delete a save in progress, a copy a copy in progress.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+        math.isfinite(seconds) and seconds >= 0
     ):
-        raise UsageError(
-            f"grace period must be a finite number of seconds >= 0, got {grace_seconds!r}"
-        )
+        raise UsageError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
 
 
 def gc(
@@ -826,6 +864,8 @@ def gc(
 
     """
     check_retention(keep, grace_seconds)
+    if isinstance(require_copy, str) and require_copy:
+        require_copy = _copy_destination(require_copy, strict=True)
     storage = open_storage(root)
     root_must_exist(storage)
     report = GcReport(dry_run=dry_run)
@@ -866,6 +906,9 @@ def _known_versions(
             report.skip(v.id, v.status, v.error, v.error_code)
         elif v.status == FOREIGN:
             report.foreign.append(v.id)
+        elif v.status == STRAY:
+            # A foreign entry has the record's name: neither a version nor garbage (R-LAYOUT-7).
+            report.foreign_keys.append(f"{v.id}/manifest.json")
         else:
             out.append(v)
     listed = {v.id for v in versions}
@@ -897,7 +940,8 @@ def _retention(
         kept.append(protected)
     report.kept = [v.id for v in kept]
     report.protected = protected.id if protected else None
-    may_delete = not require_copy or any(_has_copy(v, require_copy) for v in kept)
+    want = require_copy if isinstance(require_copy, str) else None
+    may_delete = not require_copy or any(_has_copy(v, want) for v in kept)
     doomed = []
     for v in newest_first:
         if v in kept:
@@ -910,14 +954,39 @@ def _retention(
     return doomed
 
 
-def _has_copy(v: VersionInfo, require_copy: bool | str) -> bool:
-    if isinstance(require_copy, str):
-        want = require_copy.rstrip("/")
-        return any(
-            c.get("ok") is True and str(c.get("destination", "")).rstrip("/") == want
-            for c in v.copies
-        )
-    return v.copied
+def _copy_destination(url: str, *, strict: bool = False) -> str:
+    """A root URL as copy records name it (``copy``'s normalisation), local paths resolved.
+
+    ``DEST``, ``./DEST``, ``/abs/DEST`` and ``file:///abs/DEST`` name one root; so do two local
+    paths whose real paths agree (a symlinked parent). ``strict``: a malformed URL raises
+    ``UsageError`` (else it is compared as written).
+    """
+    from portable_ckpt.io.copy import normalize_root_url
+
+    try:
+        text = normalize_root_url(url)
+    except CheckpointError:
+        if strict:
+            raise
+        return url.rstrip("/")
+    if text.startswith("file://"):
+        return "file://" + os.path.realpath(text[len("file://") :])
+    return text
+
+
+def _has_copy(v: VersionInfo, want: str | None) -> bool:
+    """A verified copy of ``v`` (on root ``want``, a :func:`_copy_destination`; any when None)."""
+    if want is None:
+        return v.copied
+    for c in v.copies:
+        dest = c.get("destination")
+        if c.get("ok") is not True or not isinstance(dest, str):
+            continue
+        # A record's destination is compared resolved as well; only a URL is (a bare path in a
+        # record would be resolved against this process's directory, not the copier's).
+        if (_copy_destination(dest) if "://" in dest else dest.rstrip("/")) == want:
+            return True
+    return False
 
 
 def _abandoned(

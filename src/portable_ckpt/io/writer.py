@@ -66,7 +66,8 @@ from portable_ckpt.ranges.box import Box
 from portable_ckpt.storage.base import Storage, StreamWriter
 
 __all__ = [
-    "MAX_TILES", "PIECE_BYTES", "SMALL_PIECE_BYTES", "ShardWriter", "WriteStats", "new_attempt_id",
+    "MAX_TILES", "PIECE_BYTES", "SMALL_PIECE_BYTES", "ShardWriter", "WriteStats", "check_block_size",
+    "new_attempt_id",
     "tile_lengths",
 ]
 
@@ -189,6 +190,18 @@ def tile_lengths(key: str, tile: Sequence[int], shape: Sequence[int]) -> tuple[i
     return lengths
 
 
+
+def check_block_size(block_size: int | None) -> None:
+    """A checksum block size: None (the writer chooses) or a power of two in [4096, 2^30]."""
+    if block_size is not None and (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, int)
+        or block_size < 4096
+        or block_size > 1 << 30
+        or block_size & (block_size - 1)
+    ):
+        raise UsageError(f"block_size must be a power of two in [4096, 2^30], got {block_size!r}")
+
 class ShardWriter:
     """Write one writer's share of a save attempt.
 
@@ -234,10 +247,7 @@ class ShardWriter:
     ) -> None:
         check_attempt_id(attempt_id)
         require_one_of(codec, CODECS, "codec")
-        if block_size is not None and (
-            block_size < 4096 or block_size > 1 << 30 or block_size & (block_size - 1)
-        ):
-            raise UsageError(f"block_size must be a power of two in [4096, 2^30], got {block_size}")
+        check_block_size(block_size)
         if max_file_blocks < 1:
             raise UsageError(f"max_file_blocks must be at least 1, got {max_file_blocks}")
         require_non_negative_int(writer, "writer")

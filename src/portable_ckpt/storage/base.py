@@ -168,7 +168,10 @@ class Storage(abc.ABC):
     def create_if_absent(self, path: str, data: bytes) -> bool:
         """Atomically create ``path`` with ``data`` unless it exists; return whether it did.
 
-        This is the commit primitive: readers see either nothing or the whole object.
+        This is the commit primitive: readers see either nothing or the whole object. A
+        failure after the object may have become visible (its directory not synced, an
+        object store's answer lost) raises :class:`CommitOutcomeUnknownError`, never a plain
+        error that would read as "not created" (R-COMMIT-19).
         """
 
     @abc.abstractmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import os
 import secrets
@@ -14,6 +15,7 @@ from typing import Any
 
 from portable_ckpt.errors import (
     CheckpointError,
+    CommitOutcomeUnknownError,
     FileMissingError,
     FileSizeError,
     LimitError,
@@ -403,13 +405,27 @@ class LocalStorage(ScannedStorage):
                 # link() fails when the target exists: an atomic create-if-absent, unlike rename().
                 os.link(tmp, full)
             except FileExistsError:
-                return False
-            finally:
                 os.unlink(tmp)
-            fsync_dir(os.path.dirname(full))
-            return True
+                return False
+            except BaseException:
+                os.unlink(tmp)
+                raise
         except OSError as exc:
             raise _os_error("create", path, exc) from exc
+        # The record is visible from here on: a failure now must not read as "not created",
+        # or the caller would remove the files of a committed version (R-COMMIT-19).
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a leftover temporary name is ignored by readers (R-COMMIT-10)
+        try:
+            fsync_dir(os.path.dirname(full))
+        except OSError as exc:
+            raise CommitOutcomeUnknownError(
+                f"create {path!r}: the record is visible but its directory could not be synced "
+                f"({os.strerror(exc.errno) if exc.errno else exc}); it may not survive a crash. "
+                "Nothing was removed: check it with `portable-ckpt verify`, or save again",
+                path=path,
+            ) from exc
+        return True
 
     def _scan(self, prefix: str, *, recursive: bool) -> Iterator[ListingEntry]:
         """``(file, None)`` for regular files, ``(None, name)`` for foreign entries.

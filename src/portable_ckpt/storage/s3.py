@@ -53,6 +53,7 @@ import crc32c as _crc32c
 
 from portable_ckpt.errors import (
     CheckpointError,
+    CommitOutcomeUnknownError,
     FileMissingError,
     FileSizeError,
     LimitError,
@@ -1069,7 +1070,10 @@ class S3Storage(ScannedStorage):
         """Create ``path`` with one ``PUT`` + ``If-None-Match: *``; False when it exists.
 
         A 412 after a retried request may mean our own first try succeeded: the existing object
-        is then read back and compared, and identical bytes count as created.
+        is then read back and compared, and identical bytes count as created. So is a request
+        whose answer was lost (a 5xx, or none): the server may have stored it. When that
+        read-back cannot tell, :class:`CommitOutcomeUnknownError` says the record may exist
+        (R-COMMIT-19), never that it was not created.
         """
         key = self._key(path)
         crc = _crc32c.crc32c(data)
@@ -1080,10 +1084,15 @@ class S3Storage(ScannedStorage):
                 "created atomically, so nothing is committed",
                 path=path,
             )
+        lost: BaseException | None = None  # a failure after which the PUT may have been applied
+        answered = True  # whether the server answered that failure (then it is done with it)
         for _ in range(self.options.max_attempts):
             try:
                 self._put_object(path, key, data, crc, IfNoneMatch="*")
                 return True
+            except StorageError as exc:  # stored, but not the bytes sent (a corrupted upload)
+                lost = exc
+                break
             except CheckpointError:
                 raise
             except Exception as exc:
@@ -1092,12 +1101,36 @@ class S3Storage(ScannedStorage):
                     break
                 if code == "ConditionalRequestConflict" or status == 409:
                     continue  # a concurrent conditional write is in progress; ask again
-                self._fail("create", path, exc)
+                if status is not None and 400 <= status < 500:
+                    self._fail("create", path, exc)  # refused: nothing was stored
+                lost, answered = exc, status is not None
+                break
         try:
             existing = self.read_all(path, max_size=max(len(data), 1) * 2 + 1024)
-        except (FileMissingError, LimitError):
-            return False
-        return existing == bytes(data)
+        except (FileMissingError, LimitError) as exc:
+            if lost is None or isinstance(exc, LimitError):
+                return False
+            if answered and not isinstance(lost, StorageError):
+                self._fail("create", path, lost)  # answered, and nothing is there: not created
+            raise self._unknown(path, lost) from exc
+        except CheckpointError as exc:
+            if lost is None:
+                raise
+            raise self._unknown(path, lost) from exc
+        if existing == bytes(data):
+            return True
+        if isinstance(lost, StorageError):
+            raise self._unknown(path, lost)
+        return False
+
+    def _unknown(self, path: str, cause: BaseException) -> CommitOutcomeUnknownError:
+        return CommitOutcomeUnknownError(
+            f"create {self._where(path)}: the conditional PUT failed ({cause}) and reading the "
+            "object back could not tell whether it was stored; the record may be published. "
+            "Nothing was removed: check with `portable-ckpt ls` and `verify`, then save again "
+            "if it is missing",
+            path=path,
+        )
 
     def process_spec(self) -> dict[str, Any] | None:
         """Bucket, prefix and options (never credentials: the other process finds its own).

@@ -28,9 +28,15 @@ from typing import Any, NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
-from portable_ckpt.errors import CheckpointError, DistributedError, RankFailure, error_for_code
+from portable_ckpt.errors import (
+    CheckpointError,
+    CommitOutcomeUnknownError,
+    DistributedError,
+    RankFailure,
+    error_for_code,
+)
 
-__all__ = ["Comm", "DEFAULT_TIMEOUT_S", "StepStatus", "make_comm"]
+__all__ = ["Comm", "DEFAULT_TIMEOUT_S", "StepStatus", "make_comm", "new_gloo_group"]
 
 #: Default timeout of metadata collectives (seconds), the process group default.
 DEFAULT_TIMEOUT_S = (
@@ -48,7 +54,8 @@ T = TypeVar("T")
 
 def _failure(rank: int, e: BaseException, *, coordinator: bool = False) -> RankFailure:
     code = e.code if isinstance(e, CheckpointError) else "PCK-DISTRIBUTED"
-    return RankFailure(rank, code, f"{type(e).__name__}: {e}", coordinator)
+    unknown = isinstance(e, CommitOutcomeUnknownError)
+    return RankFailure(rank, code, f"{type(e).__name__}: {e}", coordinator, unknown)
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,13 @@ class StepStatus:
             "ok": self.ok,
             "value": self.value,
             "failures": [
-                {"rank": f.rank, "code": f.code, "message": f.message, "coordinator": f.coordinator}
+                {
+                    "rank": f.rank,
+                    "code": f.code,
+                    "message": f.message,
+                    "coordinator": f.coordinator,
+                    "unknown": f.unknown,
+                }
                 for f in self.failures
             ],
         }
@@ -85,7 +98,13 @@ class StepStatus:
     def from_json(cls, doc: dict[str, Any]) -> StepStatus:
         """Parse a document made by :meth:`to_json` (on any rank)."""
         failures = tuple(
-            RankFailure(int(f["rank"]), str(f["code"]), str(f["message"]), bool(f["coordinator"]))
+            RankFailure(
+                int(f["rank"]),
+                str(f["code"]),
+                str(f["message"]),
+                bool(f["coordinator"]),
+                bool(f.get("unknown", False)),
+            )
             for f in doc["failures"]
         )
         return cls(doc["value"], failures)
@@ -192,8 +211,9 @@ class Comm:
             what: The operation, for messages.
             outcome: What a failure leaves behind, for messages.
             on_failure: Called on every rank before raising when the step is known to have
-                failed; never when the exchange itself failed (then rank 0 may have succeeded,
-                so nothing may be undone).
+                failed; never when the exchange itself failed or ``rank0_fn``'s outcome is
+                unknown (:class:`CommitOutcomeUnknownError`): then rank 0 may have succeeded,
+                so nothing may be undone.
 
         Returns:
             This rank's ``local`` and ``rank0_fn``'s result.
@@ -209,7 +229,7 @@ class Comm:
             own = own or rank0_error
         verdict = self._announce(verdict, f"{name} (outcome)", docs is not None, outcome)
         if not verdict.ok:
-            if on_failure is not None:
+            if on_failure is not None and not any(f.unknown for f in verdict.failures):
                 on_failure()
             self._raise(list(verdict.failures), own, what=what, outcome=outcome)
         return local, verdict.value
@@ -264,6 +284,11 @@ class Comm:
             ) from own
         if len(failures) == 1 and failures[0].coordinator:
             f = failures[0]
+            if f.unknown:
+                raise CommitOutcomeUnknownError(
+                    f"{what}: the outcome is unknown: {f.message} (rank {f.rank}); the "
+                    "version may be committed and nothing was removed"
+                )
             raise error_for_code(f.code)(
                 f"{what} failed on the coordinator (rank {f.rank}): {f.message}; {outcome}"
             )
@@ -450,13 +475,26 @@ def _alive(group: Any) -> bool:
     return True
 
 
+def new_gloo_group(ranks: list[int], timeout: float | None) -> Any:
+    """A gloo group of ``ranks`` (a collective of those ranks only) that every member names alike.
+
+    torch names a group made with local synchronization after the number of groups the calling
+    rank is a member of. Once a job has made a group that not every rank is in (pipeline stage
+    pairs, an evaluation group), that number differs between ranks, they compute different
+    names and never meet. A group of the whole world is therefore made without local
+    synchronization (every rank calls; the name is torch's shared counter). A group of some
+    ranks must use it (the others do not call): its members must be members of the same
+    earlier groups, which groups made by a DeviceMesh or by every member alike are.
+    """
+    kwargs: dict[str, Any] = {"backend": "gloo"}
+    if timeout is not None:
+        kwargs["timeout"] = _dt.timedelta(seconds=timeout)
+    whole = sorted(ranks) == list(range(dist.get_world_size()))
+    return dist.new_group(ranks=ranks, use_local_synchronization=not whole, **kwargs)
+
+
 def _new_side_group(ranks: list[int], rank: int, timeout: float) -> Any:
     try:
-        return dist.new_group(
-            ranks=ranks,
-            timeout=_dt.timedelta(seconds=timeout),
-            backend="gloo",
-            use_local_synchronization=True,
-        )
+        return new_gloo_group(ranks, timeout)
     except Exception as e:
         raise DistributedError(f"rank {rank}: cannot create the metadata group: {e}") from e

@@ -16,7 +16,6 @@ always be stopped.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import signal
 import threading
@@ -28,6 +27,7 @@ import torch.distributed as dist
 
 from portable_ckpt.errors import DistributedError
 from portable_ckpt.manager.decisions import Decision, decide
+from portable_ckpt.torch._collectives import new_gloo_group
 
 if TYPE_CHECKING:
     from portable_ckpt.torch.manager import CheckpointManager
@@ -44,9 +44,8 @@ def make_group(process_group: Any, timeout: float | None) -> tuple[Any, int, int
     rank = dist.get_rank(pg)
     if len(ranks) == 1:
         return None, 0, 1
-    t = _dt.timedelta(seconds=timeout) if timeout is not None else None
-    kwargs: dict[str, Any] = {"timeout": t} if t is not None else {}
-    group = dist.new_group(ranks=ranks, backend="gloo", **kwargs)
+    # Only this group's ranks call: disjoint groups may each have a manager of their own.
+    group = new_gloo_group(ranks, timeout)
     return group, rank, len(ranks)
 
 

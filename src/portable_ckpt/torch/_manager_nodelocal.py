@@ -74,16 +74,14 @@ class NodeCopy:
 
 def background_comm(process_group: Any, timeout: float | None) -> Comm:
     """A gloo group of the manager's ranks for its background thread (main thread, collective)."""
-    import datetime as _dt
-
     import torch.distributed as dist
 
-    from portable_ckpt.torch._collectives import DEFAULT_TIMEOUT_S
+    from portable_ckpt.torch._collectives import DEFAULT_TIMEOUT_S, new_gloo_group
 
     pg = process_group if process_group is not None else dist.group.WORLD
     ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
     t = float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S
-    group = dist.new_group(ranks=ranks, backend="gloo", timeout=_dt.timedelta(seconds=t))
+    group = new_gloo_group(ranks, t)
     return Comm(dist.get_rank(pg), len(ranks), group, ranks, t)
 
 

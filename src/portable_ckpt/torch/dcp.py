@@ -80,6 +80,7 @@ from torch.futures import Future
 import portable_ckpt
 from portable_ckpt.errors import (
     CheckpointError,
+    CommitOutcomeUnknownError,
     DistributedError,
     UnsupportedValueError,
     UsageError,
@@ -92,7 +93,7 @@ from portable_ckpt.io.commit import commit
 from portable_ckpt.io.reader import Checkpoint, ReadRequest
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD, TableTensorEntry
 from portable_ckpt.io.versions import latest
-from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._dcp_keys import (
     JsonTree,
@@ -313,6 +314,7 @@ class PortableStorageWriter(StorageWriter):
         require_non_negative_int(step, "step")
         require_one_of(continuation, CONTRACTS, "continuation")
         require_one_of(codec, CODECS, "codec")
+        check_block_size(block_size)  # at construction, not after DCP has planned the save
         self.root = _check_root(root)
         self.step = step
         self.continuation = continuation
@@ -458,6 +460,8 @@ class PortableStorageWriter(StorageWriter):
                 expected_writers=list(range(len(docs))),
                 continuation=Continuation(self.continuation, len(docs), _mesh_of(docs)),
             )
+        except CommitOutcomeUnknownError:
+            raise  # the version may be committed: its files stay (R-COMMIT-19)
         except BaseException:
             writer.abort()
             _discard(storage, attempt, list(peers.values()))
@@ -470,17 +474,41 @@ class PortableStorageWriter(StorageWriter):
 
 
 def _byte_value(planner: SavePlanner, item: WriteItem) -> Any:
-    """The live object of a non-tensor item (never the planner's ``torch.save`` bytes)."""
+    """The object of a non-tensor item (never the planner's ``torch.save`` bytes).
+
+    DefaultSavePlanner's own ``resolve_data`` pickles the live object, so that object is taken
+    as it is. A planner that may change the object (``transform_object`` or ``resolve_data``
+    overridden, e.g. to redact a secret) is asked: an object it returns is stored; pickled bytes
+    are accepted only when they are the live object's own (the hook left this item alone), and
+    refused otherwise, since storing the live object would drop its change silently.
+    """
     lookup = getattr(planner, "lookup_object", None)
-    if callable(lookup):
+    base = PortableSavePlanner if isinstance(planner, PortableSavePlanner) else DefaultSavePlanner
+    if callable(lookup) and not _transforms(planner, base):
         return lookup(item.index)
     value = planner.resolve_data(item)
-    if isinstance(value, io.BytesIO):
+    if isinstance(value, io.BytesIO) and callable(lookup):
+        live = lookup(item.index)
+        unchanged = base.transform_object(planner, item, live)  # its own bytes of the object
+        if isinstance(unchanged, io.BytesIO) and value.getvalue() == unchanged.getvalue():
+            return live
+    if isinstance(value, io.BytesIO | bytes | bytearray):
         raise UnsupportedValueError(
             f"DCP item {item.index.fqn!r}: {type(planner).__name__} serialised it to opaque "
-            f"bytes; use DefaultSavePlanner or PortableSavePlanner (items are stored as JSON)"
+            "bytes (torch.save). Items are stored as JSON: return the transformed object itself "
+            "from transform_object for BYTE_IO items instead of calling super(), or use "
+            "DefaultSavePlanner or PortableSavePlanner"
         )
     return value
+
+
+def _transforms(planner: SavePlanner, base: type[DefaultSavePlanner]) -> bool:
+    """Whether ``planner`` overrides how its base planner resolves an item's data."""
+    cls = type(planner)
+    return (
+        getattr(cls, "resolve_data", None) is not base.resolve_data
+        or getattr(cls, "transform_object", None) is not base.transform_object
+    )
 
 
 def _add_tensor(writer: ShardWriter, key: str, item: WriteItem, planner: SavePlanner) -> int:

@@ -146,12 +146,26 @@ def _load(
             opened.append(open_storage(root, create=False))
         return opened[0]
 
+    # Every rank asks the state for its tensors first, at the same point: a Stateful's
+    # state_dict() may run collectives of its own (get_state_dict with full_state_dict=True),
+    # which would deadlock against ranks already waiting in the record share below. A failure
+    # is raised inside the collective step, so every rank learns of it.
+    try:
+        flattened: FlatState | Exception = flatten_state(state_dict, for_load=True)
+    except Exception as e:  # re-raised in resolve(), where the peers learn of it
+        flattened = e
+
+    def flat_state() -> FlatState:
+        if isinstance(flattened, Exception):
+            raise flattened
+        return flattened
+
     def resolve() -> tuple[tuple[Storage, FlatState], list[Any] | None]:
         if comm.rank != 0:
-            return (storage_once(), flatten_state(state_dict, for_load=True)), None
+            return (storage_once(), flat_state()), None
         try:
             storage = storage_once()
-            flat = flatten_state(state_dict, for_load=True)
+            flat = flat_state()
             if comm.world_size > 1:
                 share.announce(storage, step, checkpoint_id)
             attempt, manifest = share.pick(storage, step, checkpoint_id)

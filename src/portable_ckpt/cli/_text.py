@@ -1,0 +1,41 @@
+"""Text from a checkpoint made safe for a terminal.
+
+Names and strings that come from a root (entry names found by a listing, manifest strings such as
+``producer.name``, error messages quoting them) are written by whoever wrote the root. Printed as
+they are, an escape sequence among them sets the terminal's title, clears the screen or recolours
+what follows. The text CLI prints them through :func:`safe` (names, one-line values) or
+:func:`safe_lines` (messages: newlines and tabs kept); ``--json`` output is escaped by JSON
+itself.
+"""
+
+from __future__ import annotations
+
+__all__ = ["safe", "safe_lines"]
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def safe(text: object) -> str:
+    r"""``str(text)`` with every non-printable character escaped as ``repr`` does (``\x1b``).
+
+    Control characters (C0, DEL, C1), line and paragraph separators, format characters (such as
+    the bidirectional overrides) and unassigned code points are escaped; everything printable,
+    non-ASCII letters included, is kept as is.
+    """
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in s)
+
+
+def safe_lines(text: object) -> str:
+    """Like :func:`safe`, but newlines and tabs are kept (multi-line messages stay readable)."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else _escape(ch) for ch in s)

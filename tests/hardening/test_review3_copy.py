@@ -1,0 +1,144 @@
+"""Review round 3, findings 2 and 10: what ``copy`` publishes, and where it refuses to copy.
+
+Finding 2: ``copy --force`` of a version cleared the files of a copy of the same version that was
+still running; that copy then published a commit record over missing files, reported success and
+recorded a verified copy in the source (which ``gc --require-copy`` trusts). A copy now checks
+every copied file's size right before creating the destination's record (R-COMMIT-4 item 5) and
+once more before writing its copy record; ``partial_grace_s`` is checked like gc's grace.
+
+Finding 10: a destination that is the source root under another name (a symlink) or lies inside
+the source root was accepted, and a copy record of the version "to itself" was written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import FileMissingError, UsageError
+from portable_ckpt.io.copy import copy_version
+from portable_ckpt.io.versions import gc, list_versions
+from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+
+def _save(root: Path, step: int) -> str:
+    m = portable_ckpt.save_arrays(root, {"w": np.arange(4096, dtype=np.float32) + step}, step=step)
+    return m.attempt_id
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd,
+    )
+
+
+class _HookedStorage(FaultyStorage):
+    """Runs ``hook()`` once, after the copy made its files durable (right before it publishes)."""
+
+    def __init__(self, inner: Storage, hook: object) -> None:
+        super().__init__(inner)
+        self.hook = hook
+
+    def sync(self) -> None:
+        super().sync()
+        hook, self.hook = self.hook, None
+        if callable(hook):
+            hook()
+
+
+def _forced_copy_that_fails(src: Path, dst: Path) -> None:
+    """Copy B of the same version with --force: clears A's files, then fails (a full disk)."""
+    b_dst = FaultyStorage(open_storage(dst), [Fault(op="open", path="*", error="ENOSPC")])
+    with pytest.raises(portable_ckpt.CheckpointError):
+        copy_version(str(src), b_dst, force=True)
+
+
+def test_a_copy_does_not_publish_files_a_forced_copy_removed(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _save(src, 1)
+    aid = _save(src, 2)
+    dst.mkdir()
+    a_dst = _HookedStorage(open_storage(dst), lambda: _forced_copy_that_fails(src, dst))
+    with pytest.raises(FileMissingError, match="before the commit record was created"):
+        copy_version(str(src), a_dst)
+    assert not (dst / aid / "manifest.json").exists()  # nothing published
+    assert list_versions(dst) == [] or all(v.status != "committed" for v in list_versions(dst))
+    assert [v.copies for v in list_versions(src)] == [[], []]  # no copy record vouches for it
+    # A copy run again (its leftovers cleared) publishes a version that verifies.
+    res = copy_version(str(src), str(dst), force=True)
+    assert res.record is not None
+    assert portable_ckpt.open(dst).verify(deep=True) == []
+
+
+def test_no_copy_record_when_the_files_vanish_as_the_record_is_created(tmp_path: Path) -> None:
+    """The reviewer's interleaving: B clears A's files while A creates ``manifest.json``."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    old = _save(src, 1)
+    aid = _save(src, 2)
+    dst.mkdir()
+    a_dst = FaultyStorage(open_storage(dst), [Fault(
+        op="create", path="*/manifest.json", error=None, times=1,
+        callback=lambda op, path: _forced_copy_that_fails(src, dst),
+    )])
+    with pytest.raises(FileMissingError, match="no copy record was written"):
+        copy_version(str(src), a_dst)
+    assert [v.copies for v in list_versions(src)] == [[], []]
+    # So gc --require-copy finds no copy and keeps the older source version.
+    report = gc(src, keep=1, grace_seconds=0, require_copy=True)
+    assert report.deleted == [] and report.kept_for_copy == [old]
+    assert (dst / aid / "manifest.json").exists()  # published, damaged: named in the error
+
+
+@pytest.mark.parametrize("grace", [float("nan"), -1.0, float("inf"), True, "300"])
+def test_partial_grace_must_be_finite_and_non_negative(tmp_path: Path, grace: object) -> None:
+    _save(tmp_path / "src", 1)
+    dst = tmp_path / "dst"
+    with pytest.raises(UsageError, match="partial_grace_s"):
+        copy_version(str(tmp_path / "src"), str(dst), partial_grace_s=grace)  # type: ignore[arg-type]
+    assert not dst.exists()
+
+
+def test_copy_to_a_symlink_of_the_source_root_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _save(src, 1)
+    os.symlink("src", tmp_path / "alias")
+    before = _tree(src)
+    p = _cli("copy", str(src), str(tmp_path / "alias"))
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "PCK-USAGE" in p.stderr and "same root" in p.stderr
+    assert _tree(src) == before  # no copy record "to itself"
+    # A symlinked parent, and a Storage given directly, are caught too.
+    os.symlink(".", tmp_path / "here")
+    with pytest.raises(UsageError, match="same root"):
+        copy_version(str(src), str(tmp_path / "here" / "src"))
+    with pytest.raises(UsageError, match="same root"):
+        copy_version(str(src), open_storage(tmp_path / "alias"))
+    assert _tree(src) == before
+
+
+def test_copy_into_the_source_root_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    aid = _save(src, 1)
+    before = _tree(src)
+    for dst in (src / aid, src / "backup", src / "backup" / "deeper"):
+        p = _cli("copy", str(src), str(dst))
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert "inside the source root" in p.stderr
+    os.symlink("src/backup", tmp_path / "into")  # dangling until created: resolved anyway
+    with pytest.raises(UsageError, match="inside the source root"):
+        copy_version(str(src), str(tmp_path / "into"))
+    assert _tree(src) == before  # nothing created, no copy record
+    # A sibling whose name merely starts like the source's is another root.
+    assert copy_version(str(src), str(tmp_path / "src-backup")).record is not None

@@ -1,0 +1,177 @@
+"""Review round 3, findings 5, 7, 9 and 11: ordering at the end of time, stray records,
+``gc --require-copy`` with a path, and terminal escapes in the text CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import CommitConflictError, StorageError
+from portable_ckpt.io.versions import commit_time, gc, latest, list_versions
+from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+ESC = "evil\x1b]0;PWNED\x07\x1b[31mRED\x9b2J"
+
+
+def _save(root: Path, step: int) -> str:
+    m = portable_ckpt.save_arrays(root, {"w": np.arange(16.0) + step}, step=step)
+    return m.attempt_id
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd,
+    )
+
+
+def _set_record(root: Path, aid: str, **members: object) -> None:
+    path = root / aid / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc.update(members)
+    path.write_text(json.dumps(doc))
+
+
+# -- finding 5: committed_at at the end of time -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "claimed", ["9999-12-31T23:59:59.999999Z", "9999-12-31T23:59:60.5Z", "9999-12-31T23:59:59.9999999Z"]
+)
+def test_a_step_whose_version_claims_the_end_of_time(tmp_path: Path, claimed: str) -> None:
+    aid = _save(tmp_path, 5)
+    _set_record(tmp_path, aid, committed_at=claimed)
+    assert portable_ckpt.open(tmp_path).verify(deep=True) == []
+    with pytest.raises(CommitConflictError, match="end of the timestamps") as ei:
+        portable_ckpt.save_arrays(tmp_path, {"w": np.ones(4)}, step=5)
+    assert aid in str(ei.value) and "nothing is published" in str(ei.value)
+    assert [v.id for v in list_versions(tmp_path) if v.status == "committed"] == [aid]
+    _save(tmp_path, 6)  # other steps are not affected
+
+
+def test_the_last_microsecond_is_still_given(tmp_path: Path) -> None:
+    aid = _save(tmp_path, 5)
+    _set_record(tmp_path, aid, committed_at="9999-12-31T23:59:59.999998Z")
+    nxt = f"s{5:012d}-20260101T000000000000Z-00000000000000aa"
+    assert commit_time(open_storage(tmp_path), nxt) == "9999-12-31T23:59:59.999999Z"
+
+
+# -- finding 7: a commit record that is a symlink, FIFO or directory ----------------------------
+
+
+def _stray(root: Path, kind: str) -> str:
+    aid = f"s{99:012d}-20261203T000000000000Z-00000000000000cc"
+    (root / aid).mkdir()
+    rec = root / aid / "manifest.json"
+    if kind == "symlink":
+        os.symlink("/etc/hostname", rec)
+    elif kind == "fifo":
+        os.mkfifo(rec)
+    else:
+        rec.mkdir()
+    return aid
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_a_stray_record_is_skipped_by_readers_and_kept_by_gc(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = _save(tmp_path, 1)
+    aid = _stray(tmp_path, kind)
+    with caplog.at_level(logging.WARNING):
+        assert portable_ckpt.open(tmp_path).id == old
+    assert any(aid in r.getMessage() and "R-LAYOUT-7" in r.getMessage() for r in caplog.records)
+    assert {v.id: v.status for v in list_versions(tmp_path)} == {old: "committed", aid: "stray"}
+    # A save of the stray attempt's step is not blocked either (R-COMMIT-16 reads that step).
+    new99 = portable_ckpt.save_arrays(tmp_path, {"w": np.zeros(2)}, step=99).attempt_id
+    assert portable_ckpt.open(tmp_path).id == new99
+    report = gc(tmp_path, keep=1, grace_seconds=0)
+    assert report.complete and report.deleted == [old]
+    assert report.foreign_keys == [f"{aid}/manifest.json"]
+    assert os.path.lexists(tmp_path / aid / "manifest.json")  # never deleted
+    p = _cli("ls", str(tmp_path))
+    assert p.returncode == 0 and f"{aid}  99    stray" in p.stdout
+    assert "not a regular file" in p.stdout
+    p = _cli("gc", str(tmp_path), "--keep", "1", "--grace", "0")
+    assert p.returncode == 0 and f"{aid}/manifest.json" in p.stdout
+    assert os.path.lexists(tmp_path / aid / "manifest.json")
+
+
+def test_a_record_that_cannot_be_read_is_still_no_answer(tmp_path: Path) -> None:
+    """R-ID-5 is unchanged: an I/O error on a greater attempt's record is PCK-STORAGE."""
+    _save(tmp_path, 1)
+    aid = _save(tmp_path, 2)
+    st = FaultyStorage(open_storage(tmp_path), [Fault(op="read", path=f"{aid}/manifest.json")])
+    with pytest.raises(StorageError, match="cannot tell whether"):
+        latest(st)
+    assert {v.id: v.status for v in list_versions(st)}[aid] == "unreadable"
+    assert not gc(st, keep=1, grace_seconds=0, dry_run=True).complete
+
+
+# -- finding 9: gc --require-copy DEST as a path -----------------------------------------------
+
+
+def test_require_copy_matches_however_the_destination_is_spelt(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    old = _save(src, 1)
+    _save(src, 2)
+    p = _cli("copy", "src", "backup", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    os.symlink(".", tmp_path / "here")
+    for dest in ("backup", "./backup/", str(tmp_path / "backup"),
+                 f"file://{tmp_path}/backup", str(tmp_path / "here" / "backup")):
+        p = _cli("gc", "src", "--keep", "1", "--dry-run", "--require-copy", dest, "--json",
+                 cwd=tmp_path)
+        doc = json.loads(p.stdout)
+        assert (doc["deleted"], doc["kept_for_copy"]) == ([old], []), dest
+    # Another root: nothing is deleted, and the text says which versions wait for a copy.
+    p = _cli("gc", "src", "--keep", "1", "--require-copy", "elsewhere", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert f"kept    {old}  (--require-copy" in p.stdout and "elsewhere" in p.stdout
+    assert "kept for want of a copy: 1" in p.stdout
+    assert (src / old / "manifest.json").exists()
+
+
+# -- finding 11: terminal escapes from a root ---------------------------------------------------
+
+
+def test_names_and_strings_from_a_root_are_escaped(tmp_path: Path) -> None:
+    aid = _save(tmp_path, 3)
+    (tmp_path / ESC).write_text("x")
+    _set_record(tmp_path, aid, producer={"name": "x" + ESC, "version": "1\x1b[2J"})
+    for argv in (["ls", str(tmp_path)], ["inspect", str(tmp_path)]):
+        p = _cli(*argv)
+        assert p.returncode == 0, p.stderr
+        assert "\x1b" not in p.stdout and "\x07" not in p.stdout and "\x9b" not in p.stdout
+        assert "evil\\x1b]0;PWNED\\x07\\x1b[31mRED\\x9b2J" in p.stdout
+    # JSON output carries the strings as they are (JSON escapes them itself).
+    doc = json.loads(_cli("ls", str(tmp_path), "--json").stdout)
+    assert ESC in doc["foreign_keys"]
+    doc = json.loads(_cli("inspect", str(tmp_path), "--json").stdout)
+    assert doc["producer"]["name"] == "x" + ESC
+
+
+def test_error_messages_are_escaped(tmp_path: Path) -> None:
+    """An error that quotes a hostile path reaches stderr escaped (cli/main.py)."""
+    p = _cli("ls", str(tmp_path / ("missing" + ESC)))
+    assert p.returncode == 1 and "PCK-NOT-FOUND" in p.stderr
+    assert "\x1b" not in p.stderr and "\x07" not in p.stderr and "\x9b" not in p.stderr
+    assert "missingevil\\x1b]0;PWNED\\x07\\x1b[31mRED\\x9b2J" in p.stderr
+
+
+def test_the_escaping_helpers() -> None:
+    from portable_ckpt.cli._text import safe, safe_lines
+
+    assert safe("ok ünïcode") == "ok ünïcode"
+    assert safe("a\nb\u202e\x7f") == "a\\x0ab\\u202e\\x7f"
+    assert safe_lines("a\nb\tc\x1b") == "a\nb\tc\\x1b"

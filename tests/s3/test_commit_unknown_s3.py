@@ -1,0 +1,92 @@
+"""S3: a conditional PUT whose answers are lost never reads as "not created" (R-COMMIT-19).
+
+The fault proxy forwards the ``PUT`` of a commit record to the server and answers ``500``, the
+retry's ``412`` too, so the client never hears that the record was stored. Before, the save
+raised PCK-STORAGE and deleted the data of the version that readers then took for the latest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import CommitOutcomeUnknownError
+from portable_ckpt.io.versions import list_versions
+
+from .conftest import S3Env
+
+pytestmark = pytest.mark.s3
+
+
+def test_lost_answers_are_resolved_by_reading_the_record_back(s3_proxied: S3Env) -> None:
+    proxy = s3_proxied.proxy
+    root = s3_proxied.root()
+    for step in (1, 2):
+        portable_ckpt.save_arrays(root, {"w": np.full(100, step, np.float32)}, step=step)
+    proxy.match_method, proxy.match_path = "PUT", r"s000000000003.*manifest\.json"
+    proxy.fail_after_every = 1
+    info = portable_ckpt.save_arrays(root, {"w": np.full(100, 3, np.float32)}, step=3)
+    assert proxy.log.injected_500 >= 1
+    proxy.reset()
+    # The bytes read back are the bytes sent: the save is reported as committed, and it is.
+    ck = portable_ckpt.open(root)
+    assert ck.id == info.attempt_id and ck.step == 3
+    assert ck.verify(deep=True) == []
+    np.testing.assert_array_equal(ck.read("w"), np.full(100, 3, np.float32))
+
+
+def test_an_unresolvable_outcome_raises_unknown_and_removes_nothing(s3_proxied: S3Env) -> None:
+    proxy = s3_proxied.proxy
+    root = s3_proxied.root()
+    portable_ckpt.save_arrays(root, {"w": np.full(100, 1, np.float32)}, step=1)
+    # Step 2's record: the PUT is stored but answered 500, and every GET of it answers 500
+    # too (after reaching the server): nothing can tell whether the version exists.
+    proxy.match_method, proxy.match_path = None, r"s000000000002[^/]*/manifest\.json$"
+    proxy.fail_after_every = 1
+    with pytest.raises(CommitOutcomeUnknownError, match="Nothing was removed") as exc:
+        portable_ckpt.save_arrays(root, {"w": np.full(100, 2, np.float32)}, step=2)
+    assert exc.value.code == "PCK-STORAGE"
+    proxy.reset()
+    # The version was published, and every file of it is still there.
+    ck = portable_ckpt.open(root)
+    assert ck.step == 2 and ck.verify(deep=True) == []
+    np.testing.assert_array_equal(ck.read("w"), np.full(100, 2, np.float32))
+    assert [v.status for v in list_versions(root)] == ["committed", "committed"]
+
+
+def test_a_refused_put_is_still_not_created(s3_proxied: S3Env) -> None:
+    """A 4xx answer (other than 409/412) means nothing was stored: a plain PCK-STORAGE."""
+    proxy = s3_proxied.proxy
+    root = s3_proxied.root()
+    proxy.match_method, proxy.match_path = "PUT", r"manifest\.json"
+    proxy.fail_every, proxy.fail_status = 1, (403, "AccessDenied")
+    with pytest.raises(portable_ckpt.CheckpointError) as exc:
+        portable_ckpt.save_arrays(root, {"w": np.zeros(4, np.float32)}, step=1)
+    assert not isinstance(exc.value, CommitOutcomeUnknownError)
+    proxy.reset()
+    assert [v.status for v in list_versions(root)] in ([], ["incomplete"])
+
+
+@pytest.mark.torch
+def test_torch_save_with_unknown_outcome_removes_nothing_on_any_rank(s3_proxied: S3Env) -> None:
+    """Rank 0's commit cannot tell; every rank says so and no rank deletes its shard."""
+    pytest.importorskip("torch")
+    import os
+
+    from portable_ckpt.torch.launch import run_group
+
+    proxy = s3_proxied.proxy
+    root = s3_proxied.root("torch-unknown")
+    proxy.match_method, proxy.match_path = None, r"s000000000005[^/]*/manifest\.json$"
+    proxy.fail_after_every = 1
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "PCK_S3_"))}
+    res = run_group("tests.s3._torch_workers:save_outcome_unknown", 2, (root, env), timeout=240)
+    res.raise_for_errors()
+    proxy.reset()
+    assert [r["unknown"] for r in res.results] == [True, True]
+    assert all(r["code"] == "PCK-STORAGE" for r in res.results)
+    assert "nothing was removed" in res.results[1]["message"]
+    ck = portable_ckpt.open(root)
+    assert ck.step == 5 and ck.verify(deep=True) == []  # both ranks' shards are there
+    assert len(ck.tensors["w"].ranges) == 2

@@ -1,0 +1,79 @@
+"""Rank functions of test_process_groups.py (importable by forkserver children)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def save_after_asymmetric_group(rank: int, world: int, root: str) -> dict[str, Any]:
+    """The job made a group of ranks 1 and 3 first (a pipeline pair); then saves and loads."""
+    import torch
+    import torch.distributed as dist
+
+    import portable_ckpt.torch as pckt
+
+    dist.new_group([1, 3])  # ranks 0 and 2 are not members
+    state = {"w": torch.arange(4, dtype=torch.float32)}  # replicated: the same on every rank
+    info = pckt.save(state, f"{root}/plain", step=1)
+    handle = pckt.async_save(state, f"{root}/plain", step=2)
+    handle.committed.result(timeout=60)
+    back = {"w": torch.zeros(4)}
+    loaded = pckt.load(back, f"{root}/plain")
+    return {"id": info.checkpoint_id, "step": loaded.step, "w": back["w"].tolist()}
+
+
+def managers_on_disjoint_groups(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Ranks 0-1 and 2-3 each run a CheckpointManager of their own, on their own group."""
+    import torch
+    import torch.distributed as dist
+
+    import portable_ckpt.torch as pckt
+
+    group_a, group_b = dist.new_group([0, 1]), dist.new_group([2, 3])
+    mine, tag = (group_a, "a") if rank < 2 else (group_b, "b")
+    value = 1.0 if tag == "a" else 2.0
+    with pckt.CheckpointManager(
+        f"{root}/{tag}", save_every=1, async_save=False, process_group=mine
+    ) as mgr:
+        mgr.maybe_save(1, {"w": torch.full((4,), value)})
+        back = {"w": torch.zeros(4)}
+        info = mgr.restore(back)
+    return {"tag": tag, "step": info.step if info else None, "w": back["w"].tolist()}
+
+
+def load_full_state_dict_stateful(rank: int, world: int, root: str) -> dict[str, Any]:
+    """FSDP2 + AdamW through ModelOptimizerState(options=full_state_dict): save, then load.
+
+    ``get_state_dict`` with ``full_state_dict=True`` all-gathers on the default group inside
+    ``state_dict()``: the load must ask every rank for it at the same point.
+    """
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import portable_ckpt.torch as pckt
+
+    mesh = init_device_mesh("cpu", (world,))
+    opts = StateDictOptions(full_state_dict=True)
+
+    def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.ones(2, 8)).sum().backward()
+        opt.step()
+        return model, opt
+
+    model, opt = build(0)
+    pckt.save({"train": pckt.ModelOptimizerState(model, opt, options=opts)}, root, step=1,
+              timeout=60)
+    model2, opt2 = build(9)
+    info = pckt.load({"train": pckt.ModelOptimizerState(model2, opt2, options=opts)}, root,
+                     timeout=60)
+    same = all(
+        torch.equal(a.full_tensor(), b.full_tensor())
+        for a, b in zip(model.parameters(), model2.parameters(), strict=True)
+    )
+    return {"step": info.step, "same": same}

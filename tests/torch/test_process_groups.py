@@ -1,0 +1,57 @@
+"""Saves, loads and managers whatever other process groups the job has made (review 3, C1/C2).
+
+torch names a group made with local synchronization after the number of groups the calling rank
+is a member of. The library's side group used it on the whole world, so after a job had made a
+group of some ranks only (``new_group([1, 3])``), ranks computed different names and the first
+save hung until the 30-minute group timeout. A manager's group was made on a subset of ranks
+without local synchronization, which torch requires every rank to call: two managers on disjoint
+groups collided.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.torch
+torch = pytest.importorskip("torch")
+
+
+def test_save_and_load_after_a_group_that_not_every_rank_is_in(tmp_path: Path) -> None:
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:save_after_asymmetric_group", 4, (str(tmp_path),),
+        timeout=180, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    assert len({r["id"] for r in res.results}) == 1
+    assert [r["step"] for r in res.results] == [2, 2, 2, 2]
+    assert [r["w"] for r in res.results] == [[0.0, 1.0, 2.0, 3.0]] * 4
+
+
+def test_managers_on_disjoint_groups_work_independently(tmp_path: Path) -> None:
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:managers_on_disjoint_groups", 4, (str(tmp_path),),
+        timeout=180, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    assert [(r["tag"], r["step"], r["w"]) for r in res.results] == [
+        ("a", 1, [1.0] * 4), ("a", 1, [1.0] * 4), ("b", 1, [2.0] * 4), ("b", 1, [2.0] * 4)
+    ]
+
+
+def test_load_of_a_stateful_whose_state_dict_runs_collectives(tmp_path: Path) -> None:
+    """Review 3, C3: rank 0 flattened the state (all-gathers of get_state_dict) inside the
+    record share while the other ranks waited for its broadcast: a deadlock until timeout."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:load_full_state_dict_stateful", 2, (str(tmp_path),),
+        timeout=180, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    assert res.results == [{"step": 1, "same": True}] * 2
