@@ -1,7 +1,9 @@
 """Strict, bounded JSON for format documents.
 
 Rejects what a hostile document might use to confuse two readers: duplicate keys, NaN/Infinity,
-non-UTF-8 bytes, deep nesting and oversized documents. Every failure is a ``JsonInvalidError``.
+non-UTF-8 bytes, deep nesting and oversized documents; and, before anything is built, format
+documents whose objects would cost more memory per byte than any writer's (:func:`tally`).
+Every failure is a ``JsonInvalidError``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,13 +19,17 @@ import numpy as np
 from portable_ckpt.errors import JsonInvalidError, UsageError
 
 __all__ = [
+    "COST_FLOOR",
+    "MAX_COST_PER_BYTE",
     "MAX_DEPTH",
     "MAX_DOCUMENT_BYTES",
     "MAX_MANIFEST_BYTES",
     "MAX_VALUE_NODES",
+    "Tally",
     "count_values",
     "dumps",
     "loads",
+    "tally",
 ]
 
 #: Maximum nesting depth of any format document.
@@ -34,6 +41,20 @@ MAX_DOCUMENT_BYTES = 64 << 20
 #: Maximum number of JSON values (objects, arrays, strings, numbers, literals) of one entry value
 #: (R-SEC-15): a 64 MiB ``[{},{},...]`` would otherwise cost about 2 GB of Python objects.
 MAX_VALUE_NODES = 1 << 21
+#: Most bytes of Python objects that parsing a format document (a manifest, writer index, record,
+#: shard header: anything but an entry value or other user value) may cost per byte of its text,
+#: as estimated by :meth:`Tally.cost` before anything is built, besides :data:`COST_FLOOR`.
+#: Documents written by this library measure 3-10 bytes per byte (the densest: shard headers of
+#: many scalar or 8-dimensional tensors), so the bound leaves them a margin of 2. Without it the
+#: objects of ``[[[...]]]`` take 44 bytes per byte of text and of ``{},{},...`` 24 (a process
+#: parsing a 64 MiB manifest: 51 and 28 times its size); with it about 21 at most (a document
+#: tuned to the bound: 26 times its size, the text and list growth included).
+MAX_COST_PER_BYTE = 20
+#: What any format document may cost besides ``MAX_COST_PER_BYTE`` per byte: documents below
+#: ``COST_FLOOR / 44`` bytes (about 380 KB) cannot exceed the budget and are not counted at all.
+COST_FLOOR = 16 << 20
+#: No text costs more than this per byte by :meth:`Tally.cost` (``[[[...]]]``: 48).
+_MOST_COST_PER_BYTE = 64
 
 
 def _reject_constant(name: str) -> Any:
@@ -117,6 +138,7 @@ def loads(
     what: str,
     max_bytes: int = MAX_DOCUMENT_BYTES,
     max_nodes: int | None = None,
+    max_cost_per_byte: int | None = MAX_COST_PER_BYTE,
 ) -> Any:
     """Parse one JSON document strictly.
 
@@ -126,16 +148,39 @@ def loads(
         max_bytes: Refuse larger documents.
         max_nodes: Refuse documents of more JSON values (counted on the text, before anything
             is built: memory stays proportional to the budget, not to the document).
+        max_cost_per_byte: Refuse documents whose objects would cost more than this many bytes
+            per byte of text (plus :data:`COST_FLOOR`), estimated on the text before anything is
+            built (:meth:`Tally.cost`). The default suits every format document; pass ``None``
+            for user values (entry values, whose bound is ``max_nodes``), which may be denser.
 
     Raises:
         JsonInvalidError: malformed, non-UTF-8, duplicate keys, NaN/Infinity, too deep, larger
-            than ``max_bytes`` or of more than ``max_nodes`` values.
+            than ``max_bytes``, of more than ``max_nodes`` values or costlier than
+            ``max_cost_per_byte``.
 
     """
     if len(data) > max_bytes:
         raise JsonInvalidError(
             f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", path=what
         )
+    depth: int | None = None  # measured on the text with the cost (not measured twice)
+    if max_cost_per_byte is not None and len(data) * (
+        _MOST_COST_PER_BYTE - max_cost_per_byte
+    ) > COST_FLOOR:  # smaller texts cannot cost more
+        counts = tally(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+        cost, budget = counts.cost(), max_cost_per_byte * len(data) + COST_FLOOR
+        if cost > budget:
+            raise JsonInvalidError(
+                f"{what}: its {len(data)} bytes would take about {cost >> 20} MiB of memory "
+                f"to parse, more than the {budget >> 20} MiB a format document may cost "
+                f"({max_cost_per_byte} bytes per byte, plus {COST_FLOOR >> 20} MiB; "
+                f"{counts.values} values, {counts.objects + counts.arrays} objects and arrays). "
+                "No writer of this format produces such a document: the file is damaged or was "
+                "not written by a portable_ckpt writer; delete it (or the version it belongs "
+                "to) or restore it from a copy",
+                path=what,
+            )
+        depth = counts.depth
     if max_nodes is not None and len(data) > 2 * max_nodes:  # smaller texts cannot hold more
         nodes = count_values(data.encode("utf-8") if isinstance(data, str) else bytes(data))
         if nodes > max_nodes:
@@ -170,8 +215,9 @@ def loads(
     except ValueError as exc:
         raise JsonInvalidError(f"{what}: invalid JSON: {exc}", path=what) from None
     # On the text (numpy, ~100x faster than walking the parsed document; equal for valid JSON).
-    raw = text.encode("utf-8") if isinstance(data, str) else bytes(data)
-    if text_depth(raw) > MAX_DEPTH:
+    if depth is None:
+        depth = text_depth(text.encode("utf-8") if isinstance(data, str) else bytes(data))
+    if depth > MAX_DEPTH:
         raise JsonInvalidError(f"{what}: nesting deeper than {MAX_DEPTH}", path=what)
     return doc
 
@@ -264,6 +310,161 @@ def text_depth(data: bytes, *, chunk: int = 1 << 20) -> int:
         back = np.flatnonzero(a != 0x5C)
         run = len(a) - 1 - int(back[-1]) if len(back) else run + len(a)
     return deepest
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a JSON text would build, counted on the text (:func:`tally`).
+
+    ``values``, ``objects``, ``arrays``, ``members`` and ``depth`` are exact for valid JSON
+    (``values`` equals :func:`count_values`, ``depth`` :func:`text_depth`); ``long_scalars``
+    (numbers and literals of three characters or more, padding included) is an upper bound.
+    """
+
+    values: int
+    objects: int
+    empty_objects: int
+    arrays: int
+    empty_arrays: int
+    members: int
+    strings: int  # string values and member names
+    long_scalars: int
+    depth: int
+
+    def cost(self) -> int:
+        """Bytes of Python objects ``json.loads`` builds from the text, estimated.
+
+        Within -15% / +50% of what CPython allocates for dense texts of containers, numbers and
+        short strings (more for real documents, whose member names repeat and are shared).
+
+        Sizes of CPython (3.11+, 64-bit): a slot of 8 bytes for each value in its list or
+        object; a dict of 64 bytes (184 holding one to five members, about 48 more for each
+        further member), plus 40 per member for its name (names that repeat are shared, so
+        real documents cost less); a list of 56 bytes (88 with items, as lists grow); a string
+        value of 52 bytes plus its characters; a number of three or more characters 32 (shorter
+        ones are cached integers). Characters of strings (at most 4 bytes per byte of text)
+        are not charged: the budget is per byte of text.
+        """
+        filled = self.objects - self.empty_objects
+        return (
+            8 * self.values
+            + 64 * self.objects
+            + 120 * filled
+            + 48 * max(0, self.members - 5 * filled)
+            + 40 * self.members
+            + 56 * self.arrays
+            + 32 * (self.arrays - self.empty_arrays)
+            + 52 * max(0, self.strings - self.members)
+            + 32 * self.long_scalars
+        )
+
+
+def tally(data: bytes, *, chunk: int = 1 << 16) -> Tally:
+    """Count what a JSON text would build (:class:`Tally`) without parsing it.
+
+    One pass of ``chunk``-byte numpy windows over the structural bytes (``,:[]{}`` and
+    quotes; strings delimited by unescaped quotes): memory stays under about 70 times
+    ``chunk`` (positions are 8 bytes) and the cost is a few milliseconds per MiB (about that
+    of :func:`text_depth`, which it replaces for the documents it counts).
+    """
+    commas = members = objects = arrays = empty_objects = empty_arrays = 0
+    quotes_total = long_scalars = 0
+    depth = deepest = 0
+    inside = 0  # 1 while the scan is in a string
+    run = 0  # backslashes ending the previous window
+    # The last structural byte or quote before this window: its absolute position, the byte
+    # (a quote is 0x22) and the number of non-blank bytes after it (in earlier windows).
+    last_pos, last_byte, last_solid = -1, 0, 0
+    for lo in range(0, len(data), chunk):
+        a = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - lo), offset=lo)
+        folded = a | 0x20  # [ ] fold onto { }
+        pos = np.flatnonzero(
+            (a == 0x2C) | (a == 0x3A) | (folded == 0x7B) | (folded == 0x7D) | (a == 0x22)
+        )
+        byte = a[pos]
+        escapes = bool(run) or bool((a == 0x5C).any())
+        if escapes:
+            isq = np.zeros(len(pos), dtype=np.uint8)
+            isq[np.searchsorted(pos, _unescaped_quotes(a, run))] = 1
+        else:
+            isq = (byte == 0x22).view(np.uint8)
+        # Events: bytes outside strings, and the quotes (parity of the quotes before each).
+        event = (np.bitwise_xor.accumulate(isq) ^ isq ^ inside) == 0
+        event |= isq.view(bool)
+        pos, byte = pos[event], byte[event]
+        isq = isq[event] if escapes else (byte == 0x22).view(np.uint8)
+        nq = int(np.count_nonzero(isq))
+        quotes_total += nq
+        inside ^= nq & 1
+        if not len(pos):
+            last_solid += int(np.count_nonzero(a > 0x20))
+        else:
+            struct = byte if not escapes else np.where(isq.view(bool), 0x22, byte)
+            commas += int(np.count_nonzero(struct == 0x2C))
+            members += int(np.count_nonzero(struct == 0x3A))
+            objects += int(np.count_nonzero(struct == 0x7B))
+            arrays += int(np.count_nonzero(struct == 0x5B))
+            brackets = struct[(struct | 0x20) >= 0x7B]  # [ ] { }
+            if len(brackets):  # bit 1 is set in [ and {, clear in ] and }
+                steps = ((brackets >> 1) & 1).astype(np.int8) * 2 - 1
+                level = np.cumsum(steps, dtype=np.int64) + depth
+                deepest = max(deepest, int(level.max()))
+                depth = int(level[-1])
+            # Pairs of consecutive events, the last one of an earlier window first.
+            left_pos = np.concatenate(([last_pos - lo], pos[:-1]))
+            gap = pos - left_pos - 1
+            # A number or literal of three characters or more (or padded) between , : [ and
+            # , ] }: counted on the few wide gaps only.
+            wide = np.flatnonzero(gap >= 3)
+            if len(wide):
+                right = struct[wide]
+                left = np.where(wide > 0, struct[np.maximum(wide - 1, 0)], last_byte)
+                long_scalars += int(
+                    np.count_nonzero(
+                        ((left == 0x2C) | (left == 0x3A) | (left == 0x5B))
+                        & ((right == 0x2C) | (right == 0x5D) | (right == 0x7D))
+                    )
+                )
+            # Empty containers: [] and {}, also with blanks between.
+            closing = np.flatnonzero((struct | 0x20) == 0x7D)
+            if len(closing):
+                right = struct[closing]
+                left = np.where(closing > 0, struct[np.maximum(closing - 1, 0)], last_byte)
+                opened = left == right - 2  # [ ] and { } are 2 apart
+                g = gap[closing]
+                blank = opened & (g == 0)
+                # Blanks between the brackets: the bytes between are counted (only when the
+                # byte before the closing bracket is blank).
+                end = pos[closing]
+                maybe = np.flatnonzero(
+                    opened & (g > 0) & ((end == 0) | (a[np.maximum(end - 1, 0)] <= 0x20))
+                )
+                if len(maybe):
+                    solid = np.concatenate(([0], np.cumsum(a > 0x20)))  # non-blank before
+                    begin = left_pos[closing[maybe]] + 1
+                    inner = solid[end[maybe]] - solid[np.maximum(begin, 0)]
+                    inner[begin <= 0] += last_solid  # the pair began in an earlier window
+                    blank[maybe] = inner == 0
+                empty_arrays += int(np.count_nonzero(blank & (right == 0x5D)))
+                empty_objects += int(np.count_nonzero(blank & (right == 0x7D)))
+            last_pos, last_byte = lo + int(pos[-1]), int(struct[-1])
+            last_solid = int(np.count_nonzero(a[int(pos[-1]) + 1 :] > 0x20))
+        if a[-1] != 0x5C:
+            run = 0
+        else:
+            back = np.flatnonzero(a != 0x5C)
+            run = len(a) - 1 - int(back[-1]) if len(back) else run + len(a)
+    return Tally(
+        values=1 + commas + objects + arrays - empty_objects - empty_arrays,
+        objects=objects,
+        empty_objects=empty_objects,
+        arrays=arrays,
+        empty_arrays=empty_arrays,
+        members=members,
+        strings=quotes_total // 2,
+        long_scalars=long_scalars,
+        depth=deepest,
+    )
 
 
 def _unescaped_quotes(a: np.ndarray[Any, Any], run: int) -> np.ndarray[Any, Any]:

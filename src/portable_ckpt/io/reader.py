@@ -51,6 +51,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format import jsonio
+from portable_ckpt.format.argcheck import fraction, strict_int
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import (
     Continuation,
@@ -544,7 +545,28 @@ class Checkpoint:
         contiguous pieces go straight into their destinations. Every piece is checked against
         its shard header before anything sized by the requests is allocated. Boxes of two
         requests may overlap; their bytes are then shared (or, for large overlaps, read again).
+
+        Raises:
+            UsageError: ``requests`` is not a sequence of :class:`ReadRequest` (a tuple
+                ``(key, offsets, lengths)`` included), or a request's box or ``out`` is wrong.
+
         """
+        if isinstance(requests, str | bytes | ReadRequest):
+            raise UsageError(
+                f"read_many takes a sequence of ReadRequest, got {type(requests).__name__}"
+            )
+        try:
+            requests = list(requests)  # read once: it may be an iterator
+        except TypeError:
+            raise UsageError(
+                f"read_many takes a sequence of ReadRequest, got {type(requests).__name__}"
+            ) from None
+        for r in requests:
+            if not isinstance(r, ReadRequest):
+                raise UsageError(
+                    f"read_many takes ReadRequest(key, offsets, lengths, out) items, got "
+                    f"{type(r).__name__} {r!r:.80}"
+                )
         planned = [self._plan_request(r) for r in requests]
         outs = [
             self._destination(t, box, r.out)
@@ -596,6 +618,11 @@ class Checkpoint:
                     f"tensor {t.key!r}: box {box} needs {box.volume * t.itemsize} bytes, more "
                     "than this process can allocate; read smaller boxes or pass out="
                 ) from None
+        if not isinstance(out, np.ndarray):
+            raise UsageError(
+                f"tensor {t.key!r}: out must be a numpy array (or None), got "
+                f"{type(out).__name__} {out!r:.80}"
+            )
         if tuple(out.shape) != box.lengths or out.dtype != t.numpy_dtype:
             raise UsageError(
                 f"tensor {t.key!r}: out has {out.dtype}{list(out.shape)}, the box needs "
@@ -906,7 +933,16 @@ class Checkpoint:
         For ``per_rank`` entries pass the reader's ``rank`` (and ``world_size`` when it differs
         from the saved one): the entry's ``world_size_policy`` decides which stored value it gets
         (``require_same`` raises ``ContractError``, ``drop`` returns :data:`NO_VALUE`).
+
+        Raises:
+            UsageError: ``rank`` is not an integer >= 0 or ``world_size`` not one >= 1 (a
+                bool, float or string included), or a per_rank entry without ``rank``.
+
         """
+        if rank is not None:
+            rank = strict_int(rank, f"entry {name!r}: rank", minimum=0)
+        if world_size is not None:
+            world_size = strict_int(world_size, f"entry {name!r}: world_size", minimum=1)
         e = self.manifest.entries.get(name)
         if e is None:
             raise EntryMissingError(f"entry {name!r} is not in checkpoint {self.path}")
@@ -971,7 +1007,11 @@ class Checkpoint:
                 limit=jsonio.MAX_DOCUMENT_BYTES,
                 what=f"{self._rel(path)}: entry {e.name!r}",
             )
-        value = jsonio.loads(data, what=self._rel(path), max_nodes=jsonio.MAX_VALUE_NODES)
+        # A user value: bounded by its count of values (R-SEC-15), not by the cost per byte
+        # of format documents (a list of small objects is denser than any of those).
+        value = jsonio.loads(
+            data, what=self._rel(path), max_nodes=jsonio.MAX_VALUE_NODES, max_cost_per_byte=None
+        )
         # jsonschema is imported only when an entry is validated (keeps open() fast).
         from portable_ckpt.format.schemas import validate_entry_value
 
@@ -1001,10 +1041,24 @@ class Checkpoint:
            of the n range records drawn without replacement by ``random.Random(seed)``, each
            read whole with the same checks.
 
+        Decoding a zstd range (here, or to read any of its elements) takes time proportional to
+        its declared elements, which its tensor's shape bounds, not to its stored bytes: zstd
+        legitimately decodes up to ~32,768 times its size (a zero tensor compresses ~30,000x), so
+        a hostile shard costs up to ~2 s of CPU per MiB present; memory stays one window.
+
         Each problem is reported once: a file that failed (missing, wrong size, bad header, bad
         checksum block) is not used again. ``progress(done, total)`` follows the bytes of the
         deep pass.
+
+        Raises:
+            UsageError: ``sample`` is not a fraction in (0, 1] (NaN, 0, 2, a string) or ``seed``
+                not an integer.
+
         """
+        if sample is not None:
+            sample = fraction(sample, "verify: sample")
+        if seed is not None:
+            seed = strict_int(seed, "verify: seed")
         f = _Findings()
         for path in self.manifest.files:
             f.run(path, self._file, path)

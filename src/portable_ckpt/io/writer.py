@@ -405,7 +405,7 @@ class ShardWriter:
         payload = jsonio.dumps(value)
         try:  # parsed as readers will (depth, integer range, ...): refused now, not after commit
             # (the value count was checked by validate_entry_value: not counted twice)
-            jsonio.loads(payload, what=f"entry {name!r}")
+            jsonio.loads(payload, what=f"entry {name!r}", max_cost_per_byte=None)
         except CheckpointError as exc:
             raise UsageError(f"{exc.message}; readers would refuse this entry value") from None
         if compress:

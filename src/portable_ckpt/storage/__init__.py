@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from portable_ckpt.errors import UsageError
-from portable_ckpt.storage.base import Capabilities, ObjectInfo, Storage, StreamWriter
+from portable_ckpt.storage.base import (
+    Capabilities,
+    ObjectInfo,
+    Storage,
+    StreamWriter,
+    well_formed,
+)
 from portable_ckpt.storage.local import LocalStorage
 
 __all__ = [
@@ -17,10 +24,16 @@ __all__ = [
     "Storage",
     "StreamWriter",
     "check_root_url",
+    "check_s3_bucket",
+    "check_s3_prefix",
     "open_process_spec",
     "open_storage",
     "root_text",
 ]
+
+
+#: C0 controls and DEL: in no S3 root (a URL parser drops some, S3 clients refuse others).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_root_url(url: str) -> None:
@@ -35,15 +48,67 @@ def check_root_url(url: str) -> None:
     if not url:
         raise UsageError("a root must not be empty")
     if url.startswith("s3://"):
-        parts = urllib.parse.urlsplit(url)
+        if _CONTROL.search(url):  # urlsplit drops tabs and newlines: it would name another root
+            raise UsageError(f"{url!r} contains a control character; no S3 root does")
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as exc:  # "s3://[b/x": an unclosed IPv6 bracket
+            raise UsageError(
+                f"{url!r} is not an S3 root ({exc}); expected s3://BUCKET[/PREFIX]"
+            ) from None
         if not parts.netloc or "/" in parts.netloc or parts.query or parts.fragment:
             raise UsageError(f"{url!r} is not an S3 root; expected s3://BUCKET[/PREFIX]")
+        check_s3_bucket(parts.netloc, url=url)
+        check_s3_prefix(parts.path, url=url)
         return
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme and scheme != "file":
         raise UsageError(f"{url!r}: unsupported scheme {scheme!r}; use a path, file:// or s3://")
     if scheme == "file" and not url[len("file://") :]:
         raise UsageError(f"{url!r} names no directory")
+
+
+#: A bucket name S3 accepts: 3 to 63 lowercase letters, digits, dots and hyphens, beginning and
+#: ending with a letter or digit; or, for buckets created under the legacy us-east-1 rules, up to
+#: 255 of those, uppercase letters and underscores. Nothing else can appear in a request URI
+#: (obstore panics on a space or ``<``), and ``..`` could walk a path-style URI.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
+
+
+def check_s3_bucket(bucket: str, *, url: str) -> None:
+    """Raise ``UsageError`` unless ``bucket`` is a name S3 accepts (checked before any request).
+
+    Lowercase letters, digits, ``.`` and ``-``, 3 to 63 characters, beginning and ending with a
+    letter or digit, no ``..`` (legacy names: also uppercase and ``_``, up to 255).
+    """
+    if _BUCKET.fullmatch(bucket) is None or ".." in bucket:
+        raise UsageError(
+            f"{url!r}: {bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
+            "'.' and '-', beginning and ending with a letter or digit); expected "
+            "s3://BUCKET[/PREFIX]"
+        )
+
+
+def check_s3_prefix(path: str, *, url: str) -> str:
+    """The key prefix of an S3 root (``path`` without its outer slashes), checked.
+
+    A prefix is a relative path (:func:`~portable_ckpt.storage.base.well_formed`): no empty,
+    ``.`` or ``..`` component, no backslash, no control character. S3 stores such keys but no
+    listing by this library can name them again, so a save would leave objects no tool
+    deletes: the root is refused before any request.
+
+    Raises:
+        UsageError: a malformed prefix.
+
+    """
+    prefix = path.strip("/")
+    if prefix and not well_formed(prefix):
+        raise UsageError(
+            f"{url!r}: the key prefix {prefix!r} is not a relative path (empty, '.' or '..' "
+            "components, a backslash or a control character); expected s3://BUCKET[/PREFIX] "
+            "with PREFIX like 'runs/job1'"
+        )
+    return prefix
 
 
 def root_text(url: object) -> str:

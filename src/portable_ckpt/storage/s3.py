@@ -351,10 +351,13 @@ class S3Storage(ScannedStorage):
     """
 
     def __init__(self, bucket: str, prefix: str = "", *, options: S3Options | None = None) -> None:
-        if not bucket or "/" in bucket:
-            raise UsageError(f"invalid S3 bucket name {bucket!r}; use s3://BUCKET/PREFIX")
+        from portable_ckpt.storage import check_s3_bucket, check_s3_prefix
+
+        # Before any request: obstore panics on a bucket it cannot put in a URI, and a key
+        # under a prefix that is not a relative path could never be listed again.
+        check_s3_bucket(bucket, url=f"s3://{bucket}/{prefix}")
         self.bucket = bucket
-        self.prefix = prefix.strip("/")
+        self.prefix = check_s3_prefix(prefix, url=f"s3://{bucket}/{prefix}")
         self.options = options if options is not None else S3Options.from_env()
         self.options.validate()
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -381,11 +384,12 @@ class S3Storage(ScannedStorage):
             UsageError: the URL is not ``s3://BUCKET[/PREFIX]`` or an option is invalid.
 
         """
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "s3" or not parts.netloc:
+        from portable_ckpt.storage import check_root_url
+
+        if not url.startswith("s3://"):
             raise UsageError(f"{url!r} is not an S3 URL; expected s3://BUCKET/PREFIX")
-        if parts.query or parts.fragment:
-            raise UsageError(f"S3 URL {url!r} must not have a query or fragment")
+        check_root_url(url)  # bucket name, prefix, query, control characters: before requests
+        parts = urllib.parse.urlsplit(url)
         return cls(parts.netloc, parts.path.strip("/"), options=S3Options.from_env(**overrides))
 
     def _endpoint(self) -> str | None:
@@ -520,6 +524,18 @@ class S3Storage(ScannedStorage):
                 _log_retry(why[0], why[1], why[2], attempt, opts.max_attempts)
                 cap = min(opts.backoff_max, opts.backoff_initial * 2 ** (attempt - 2))
                 time.sleep(random.uniform(0.0, cap))
+            except BaseException as exc:
+                # A Rust panic inside obstore arrives as pyo3's PanicException, a BaseException
+                # that no `except Exception` of the callers (or the CLI) would catch.
+                if type(exc).__name__ != "PanicException":
+                    raise  # KeyboardInterrupt, SystemExit
+                detail = (str(exc).strip().splitlines() or [""])[0][:300]
+                raise StorageError(
+                    f"the S3 client (obstore) failed internally on a request to {self.url}: "
+                    f"{detail}; check the bucket name and prefix of the root URL (otherwise "
+                    "this is a bug of obstore: report it with this message)",
+                    path=self.url,
+                ) from exc
 
     def _keep_first(self, attr: str, made: Any) -> Any:
         """Keep ``made`` as ``attr`` unless another thread kept one first; return the kept one.

@@ -48,7 +48,7 @@ import io
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -249,7 +249,9 @@ class PortableLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         """Put a UTF-8 JSON byte item in place (refusing anything else, pickles included)."""
-        doc = jsonio.loads(value.getvalue(), what=f"DCP item {read_item.dest_index.fqn!r}")
+        doc = jsonio.loads(
+            value.getvalue(), what=f"DCP item {read_item.dest_index.fqn!r}", max_cost_per_byte=None
+        )
         _place_value(self, read_item, decode_json(doc))
 
 
@@ -489,7 +491,7 @@ def _byte_value(planner: SavePlanner, item: WriteItem) -> Any:
     value = planner.resolve_data(item)
     if isinstance(value, io.BytesIO) and callable(lookup):
         live = lookup(item.index)
-        unchanged = base.transform_object(planner, item, live)  # its own bytes of the object
+        unchanged = base.transform_object(cast(DefaultSavePlanner, planner), item, live)
         if isinstance(unchanged, io.BytesIO) and value.getvalue() == unchanged.getvalue():
             return live
     if isinstance(value, io.BytesIO | bytes | bytearray):
