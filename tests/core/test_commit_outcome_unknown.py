@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 import portable_ckpt
 from portable_ckpt.errors import CommitOutcomeUnknownError, StorageError
 from portable_ckpt.io.versions import list_versions
+from tests._strace import strace_or_skip
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -41,14 +41,6 @@ except CommitOutcomeUnknownError as e:
 print("SAVED")
 """
 
-
-def _strace() -> str:
-    path = shutil.which("strace")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("strace is missing on CI (.ci/run installs it)")
-        pytest.skip("strace is not installed")
-    return path
 
 
 def _traced(strace: str, root: Path, trace: Path, inject: str | None) -> subprocess.CompletedProcess[str]:
@@ -69,7 +61,7 @@ def _traced(strace: str, root: Path, trace: Path, inject: str | None) -> subproc
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="strace fault injection")
 def test_local_dir_fsync_failing_after_link_keeps_the_version(tmp_path: Path) -> None:
-    strace = _strace()
+    strace = strace_or_skip()
     # A dry run counts the fsync calls: the last one is the attempt directory's, after link().
     dry = _traced(strace, tmp_path / "dry", tmp_path / "dry.trace", None)
     assert dry.returncode == 0 and "SAVED" in dry.stdout, dry.stderr

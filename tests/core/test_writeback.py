@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from portable_ckpt.storage import _posix
 from portable_ckpt.storage.local import WRITEBACK_BYTES
+from tests._strace import strace_or_skip
 
 MIB = 1 << 20
 
@@ -34,18 +34,9 @@ w.close()
 """
 
 
-def _strace() -> str:
-    path = shutil.which("strace")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("strace is missing on CI (.ci/run installs it)")
-        pytest.skip("strace is not installed")
-    return path
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
 def test_writer_starts_writeback_in_steps_and_fsyncs_after(tmp_path: Path) -> None:
-    strace = _strace()
+    strace = strace_or_skip()
     out = tmp_path / "trace"
     mib = 3 * WRITEBACK_BYTES // MIB + 2  # three whole steps and a remainder left to fsync
     src = str(Path(__file__).resolve().parents[2] / "src")
