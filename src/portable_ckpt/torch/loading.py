@@ -17,6 +17,7 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import time
@@ -28,7 +29,13 @@ import torch
 
 from portable_ckpt._gc import paused_gc
 from portable_ckpt._threads import worker
-from portable_ckpt.errors import ContractError, EntryMissingError, TensorMissingError, UsageError
+from portable_ckpt.errors import (
+    CheckpointError,
+    ContractError,
+    EntryMissingError,
+    TensorMissingError,
+    UsageError,
+)
 from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
@@ -389,6 +396,39 @@ class _Casts:
             )
 
 
+def _instead(ck: Checkpoint, key: str, *, wanted: str) -> str:
+    """What ``ck`` holds in place of a missing ``key``, for the error ("" when nothing is near).
+
+    The same key stored as the other kind (a tensor saved where the target now holds an int),
+    or keys that look alike (a renamed prefix): ``strict=False`` is then the wrong advice, as it
+    would load nothing for them and report success.
+    """
+    values: Any = {}
+    if VALUES_ENTRY in ck.entries:
+        try:
+            values = ck.entry(VALUES_ENTRY)
+        except CheckpointError:
+            values = {}
+    values = values if isinstance(values, dict) else {}
+    if wanted == "value" and key in ck.tensors:
+        return (
+            f"; the checkpoint holds {key!r} as a tensor, the target a plain value: make the "
+            "target a tensor of the saved shape and dtype"
+        )
+    if wanted == "tensor" and key in values:
+        return (
+            f"; the checkpoint holds {key!r} as a plain value, the target a tensor: make the "
+            "target that value's type"
+        )
+    close = difflib.get_close_matches(key, [*ck.tensors, *values], n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return (
+        f"; stored keys that look alike: {close} (a renamed prefix? map the target's keys; "
+        "strict=False would leave them unloaded and report success)"
+    )
+
+
 def _stored_like(
     ck: Checkpoint, key: str, t: torch.Tensor, info: LoadInfo, *, strict: bool
 ) -> bool:
@@ -397,8 +437,8 @@ def _stored_like(
     if stored is None:
         if strict:
             raise TensorMissingError(
-                f"tensor {key!r} is in the target state but not in checkpoint {ck.path}; pass "
-                f"strict=False to leave it untouched"
+                f"tensor {key!r} is in the target state but not in checkpoint {ck.path}"
+                + (_instead(ck, key, wanted="tensor") or "; pass strict=False to leave it untouched")
             )
         info.missing_keys.append(key)
         return False
@@ -495,7 +535,8 @@ def _load_values(
         elif strict:
             raise EntryMissingError(
                 f"value {k!r} is in the target state but not in entry {VALUES_ENTRY!r} of "
-                f"{ck.path}; pass strict=False to keep the current value"
+                f"{ck.path}"
+                + (_instead(ck, k, wanted="value") or "; pass strict=False to keep the current value")
             )
         else:
             info.missing_keys.append(k)
