@@ -77,3 +77,50 @@ def load_full_state_dict_stateful(rank: int, world: int, root: str) -> dict[str,
         for a, b in zip(model.parameters(), model2.parameters(), strict=True)
     )
     return {"step": info.step, "same": same}
+
+
+def partial_load_on_the_same_2d_mesh(rank: int, world: int, root: str) -> dict[str, Any]:
+    """dp2 x tp2: save the whole model, then load only the FSDP-only parameters (on mesh["dp"])."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    import portable_ckpt.torch as pckt
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(6, 8), torch.nn.Linear(8, 6)
+            self.norm = torch.nn.LayerNorm(6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.down(self.up(x)))
+
+    def build(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        model = Mlp()
+        parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        return model
+
+    saved = get_model_state_dict(build(0))
+    info = pckt.save({"model": saved}, root, step=1)
+    target = get_model_state_dict(build(3))
+    part = {"model": {k: v for k, v in target.items() if k.startswith("norm.")}}
+    loaded = pckt.load(part, root, strict=False)
+    same = all(
+        torch.equal(part["model"][k].full_tensor(), saved[k].full_tensor()) for k in part["model"]
+    )
+    import portable_ckpt
+
+    mesh_saved = portable_ckpt.open(info.path).manifest.continuation.mesh
+    return {"saved_mesh": list(mesh_saved.shape) if mesh_saved else None,
+            "contract": loaded.contract, "same": same}

@@ -55,3 +55,16 @@ def test_load_of_a_stateful_whose_state_dict_runs_collectives(tmp_path: Path) ->
     )
     res.raise_for_errors()
     assert res.results == [{"step": 1, "same": True}] * 2
+
+
+def test_a_partial_load_on_the_same_2d_mesh_is_exact(tmp_path: Path) -> None:
+    """Review 3, B1: a target of only the FSDP-only parameters (DTensors on mesh["dp"]) was
+    taken for a job on a 1-D mesh: a false PCK-CONTRACT on the very layout that saved it."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:partial_load_on_the_same_2d_mesh", 4, (str(tmp_path),),
+        timeout=240, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    assert res.results == [{"saved_mesh": [2, 2], "contract": "exact", "same": True}] * 4

@@ -477,12 +477,21 @@ def local_layout(key: str, t: Any, rank: int) -> tuple[LocalLayout, Any]:
 
 
 def group_mesh(tensors: Iterable[Any]) -> Mesh | None:
-    """The largest device mesh among ``tensors`` (the job's mesh), or ``None`` without DTensors."""
+    """The largest device mesh among ``tensors`` (the job's mesh), or ``None`` without DTensors.
+
+    A sub-mesh (``mesh["dp"]``, on which FSDP2 puts the parameters that tensor parallelism
+    leaves alone) stands for the mesh it was taken from: a state holding only such tensors (a
+    partial load) is still the same job, not a job on a smaller mesh.
+    """
     meshes: dict[int, Any] = {}
     for t in tensors:
         mesh = getattr(t, "device_mesh", None)
         if mesh is not None:
             meshes.setdefault(id(mesh), mesh)  # ndim and size() cost µs each: once per mesh
+    for key, mesh in list(meshes.items()):
+        root = getattr(mesh, "_get_root_mesh", None)  # torch's own record of the parent mesh
+        if callable(root):
+            meshes[key] = root()
     best: Any = None
     for mesh in meshes.values():
         if best is None or mesh.ndim > best.ndim or mesh.size() > best.size():
