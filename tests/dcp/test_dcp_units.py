@@ -13,7 +13,10 @@ torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner  # noqa: E402
+from torch.distributed.checkpoint.default_planner import (  # noqa: E402
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+)
 
 import portable_ckpt  # noqa: E402
 import portable_ckpt.torch as pckt  # noqa: E402
@@ -420,3 +423,27 @@ def test_a_planner_that_transforms_objects_is_honoured_or_refused(tmp_path: Any)
     assert isinstance(err, UnsupportedValueError)
     assert "'meta.token'" in str(err) and "transform_object" in str(err)
     assert not [v for v in portable_ckpt.list_versions(other) if v.status == "committed"]
+
+
+class _TorchLoadPlanner(DefaultLoadPlanner):
+    """torch's documented pattern: a custom load_bytes that unpickles with torch.load."""
+
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        obj = torch.load(value, weights_only=False)
+        self.original_state_dict[read_item.dest_index.fqn] = obj
+
+    def set_up_planner(self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False) -> None:
+        self.original_state_dict = state_dict
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+
+
+def test_a_load_bytes_that_expects_pickle_is_told_why(tmp_path: Any) -> None:
+    """Review 3, B2: it used to fail with a bare "UnpicklingError: invalid load key"."""
+    root = str(tmp_path)
+    dcp.save({"w": torch.ones(2), "epoch": 5}, storage_writer=PortableStorageWriter(root, step=1))
+    with pytest.raises(BaseException) as info:
+        dcp.load({"w": torch.zeros(2), "epoch": 0}, storage_reader=PortableStorageReader(root),
+                 planner=_TorchLoadPlanner())
+    err = failure(info.value)
+    assert isinstance(err, UnsupportedValueError)
+    assert "'epoch'" in str(err) and "JSON" in str(err) and "json.load" in str(err)

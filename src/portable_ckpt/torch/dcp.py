@@ -853,4 +853,14 @@ def _read_bytes(view: _DcpView, item: ReadItem, planner: LoadPlanner) -> None:
     if _places_directly(planner) and isinstance(planner, DefaultLoadPlanner):
         _place_value(planner, item, value)
     else:
-        planner.load_bytes(item, io.BytesIO(jsonio.dumps(encode_json(value, key=fqn))))
+        try:
+            planner.load_bytes(item, io.BytesIO(jsonio.dumps(encode_json(value, key=fqn))))
+        except CheckpointError:
+            raise
+        except Exception as e:  # a planner that expects torch.save's pickle (torch's examples)
+            raise UnsupportedValueError(
+                f"DCP item {fqn!r}: {type(planner).__name__}.load_bytes failed on the item's "
+                f"UTF-8 JSON ({type(e).__name__}: {str(e)[:200]}). The portable format never "
+                "stores pickle, so load_bytes gets JSON, not torch.save bytes: read it with "
+                "json.load (or PortableLoadPlanner's load_bytes) instead of torch.load"
+            ) from e
