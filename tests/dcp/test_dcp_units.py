@@ -447,3 +447,16 @@ def test_a_load_bytes_that_expects_pickle_is_told_why(tmp_path: Any) -> None:
     err = failure(info.value)
     assert isinstance(err, UnsupportedValueError)
     assert "'epoch'" in str(err) and "JSON" in str(err) and "json.load" in str(err)
+
+
+def test_a_tensor_in_an_unflattened_dict_names_the_planner_option(tmp_path: Any) -> None:
+    """Review 3, B3: the message said "inside a tuple or a plain list" for a dict item."""
+    with pytest.raises(BaseException) as info:
+        dcp.save(
+            {"model": {"w": torch.ones(2)}},
+            storage_writer=PortableStorageWriter(str(tmp_path), step=1),
+            planner=DefaultSavePlanner(flatten_state_dict=False),
+        )
+    err = failure(info.value)
+    assert isinstance(err, UnsupportedValueError)
+    assert "a tensor inside a dict" in str(err) and "flatten_state_dict=True" in str(err)

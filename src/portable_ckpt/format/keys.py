@@ -176,11 +176,12 @@ def _leaves(
     fqn: str,
     depth: int,
     is_tensor: Callable[[Any], bool] | None,
+    inside: str = "a tuple or a plain list",
 ) -> None:
     if depth > 64:
         raise _unsupported(fqn, key, value, "a value nested more than 64 levels deep")
     if is_tensor is not None and is_tensor(value):
-        raise _unsupported(fqn, key, value, "a tensor inside a tuple or a plain list")
+        raise _unsupported(fqn, key, value, f"a tensor inside {inside}")
     if isinstance(value, Mapping):
         if not value:
             out[key] = {}
@@ -192,7 +193,8 @@ def _leaves(
             if comp in seen:
                 raise _unsupported(fqn, key, value, f"a dict whose keys collide on {str(k)!r}")
             seen.add(comp)
-            _leaves(f"{key}/{comp}", v, out, fqn, depth + 1, is_tensor)
+            # A dict reaches here only when the planner did not flatten it into items.
+            _leaves(f"{key}/{comp}", v, out, fqn, depth + 1, is_tensor, _IN_DICT)
         return
     if isinstance(value, list | tuple):
         if not value:
@@ -204,6 +206,13 @@ def _leaves(
         out[key] = encode_json(value, key=key)
     except UnsupportedValueError:
         raise _unsupported(fqn, key, value, "the value") from None
+
+
+_IN_DICT = (
+    "a dict that the planner kept as one item (DefaultSavePlanner(flatten_state_dict=False)): "
+    "keep the default flatten_state_dict=True, or use PortableSavePlanner, so that each tensor "
+    "is an item of its own"
+)
 
 
 class JsonTree:
