@@ -402,14 +402,19 @@ def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
     root = cdir / "root"
     root.mkdir(parents=True)
     v = c["fn"](root)
-    target = f"root/{sorted(p.name for p in root.iterdir() if p.is_dir())[0]}"
+    version = f"root/{sorted(p.name for p in root.iterdir() if p.is_dir())[0]}"
+    # Later sets may target the root itself, and set a case up at test time (``setup`` paths
+    # start with ``VERSION/``, the version's path below the case directory).
+    target = "root" if c.get("target") == "root" else version
     rec: dict[str, Any] = {"name": c["name"], "feature": c["feature"],
                            "valid": c["code"] is None, "target": target}
     if c["code"]:
         rec["code"] = c["code"]
-        rec["deep"] = c["deep"]
+        rec["deep"] = c.get("deep", False)
     if c["reader"]:
         rec["reader"] = c["reader"]
+    if c.get("setup"):
+        rec["setup"] = [dict(s, path=s["path"].replace("VERSION", version)) for s in c["setup"]]
     if v is not None:
         (cdir / "expected.json").write_text(json.dumps(v.expected(), indent=1) + "\n")
         rec["expected"] = f"{c['name']}/expected.json"

@@ -30,10 +30,8 @@ Usage: python conformance/vectors/generate_errata_4.py [--out DIR] [--force]
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
-import shutil
 import struct
 import sys
 from collections.abc import Callable
@@ -52,6 +50,7 @@ def _load(stem: str) -> Any:
 
 
 G = _load("generate_1_0")
+E1 = _load("generate_errata_1")  # its command line writes this set too
 T = _load("generate_1_1")
 V, write_version, file_record = G.V, G.write_version, G.file_record
 SHARD = "data/w00000-0000.safetensors"
@@ -225,13 +224,8 @@ def _record(kind: str, m: dict[str, Any], rid: str) -> dict[str, Any]:
       "d20260101T000002000000Z-0123abcd: PCK-SCHEMA for a checker; a drill record is not part "
       "of the version (§14.3), readers read it as usual", code="PCK-SCHEMA", reader="accept")
 def _(root: Path) -> Any:
-    v = one_tensor()
-    vdir = write_version(root, v)
-    m = json.loads((vdir / "manifest.json").read_text())
-    (vdir / "drills").mkdir()
-    (vdir / "drills" / "d20260101T000009000000Z-00000000.json").write_text(json.dumps(
-        _record("drill", m, "d20260101T000002000000Z-0123abcd"), indent=1) + "\n")
-    return v
+    return _misnamed(root, "drill", "d20260101T000009000000Z-00000000",
+                     "d20260101T000002000000Z-0123abcd")
 
 
 @case("copy-record-misnamed", "R-DRILL-6: a valid copy record of the version stored as "
@@ -239,12 +233,19 @@ def _(root: Path) -> Any:
       "c20260101T000004000000Z-5e6f7a8b: PCK-SCHEMA for a checker; readers read the version",
       code="PCK-SCHEMA", reader="accept")
 def _(root: Path) -> Any:
+    return _misnamed(root, "copy", "c20260101T000009000000Z-00000000",
+                     "c20260101T000004000000Z-5e6f7a8b")
+
+
+def _misnamed(root: Path, kind: str, name: str, record_id: str) -> Any:
+    """One version, with a valid ``kind`` record of id ``record_id`` stored as ``name``."""
     v = one_tensor()
     vdir = write_version(root, v)
     m = json.loads((vdir / "manifest.json").read_text())
-    (vdir / "copies").mkdir()
-    (vdir / "copies" / "c20260101T000009000000Z-00000000.json").write_text(json.dumps(
-        _record("copy", m, "c20260101T000004000000Z-5e6f7a8b"), indent=1) + "\n")
+    sub = {"drill": "drills", "copy": "copies"}[kind]
+    (vdir / sub).mkdir()
+    (vdir / sub / f"{name}.json").write_text(
+        json.dumps(_record(kind, m, record_id), indent=1) + "\n")
     return v
 
 
@@ -288,46 +289,7 @@ DESCRIPTION = ("Golden vectors of errata 4 (spec §20): R-INDEX-6 for every stor
 
 def main(argv: list[str] | None = None) -> int:
     """Write every case below ``--out`` (default: ``errata-4`` next to this script)."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "errata-4"))
-    ap.add_argument("--force", action="store_true", help="overwrite existing vectors")
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        print(f"refusing to overwrite the vectors in {out}; published vectors are frozen",
-              file=sys.stderr)
-        return 1
-    if args.force and out.is_dir():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    index = [_write_case(out, c) for c in CASES]
-    doc = {"format_version": "1.1", "set": "errata-4", "description": DESCRIPTION,
-           "cases": index}
-    (out / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {len(index)} cases to {out}")
-    return 0
-
-
-def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
-    cdir = out / c["name"]
-    root = cdir / "root"
-    root.mkdir(parents=True)
-    v = c["fn"](root)
-    version = f"root/{v.id if v is not None else sorted(p.name for p in root.iterdir())[0]}"
-    rec: dict[str, Any] = {"name": c["name"], "feature": c["feature"],
-                           "valid": c["code"] is None,
-                           "target": "root" if c["target"] == "root" else version}
-    if c["code"]:
-        rec["code"] = c["code"]
-        rec["deep"] = False
-    if c["reader"]:
-        rec["reader"] = c["reader"]
-    if c["setup"]:
-        rec["setup"] = [dict(s, path=s["path"].replace("VERSION", version)) for s in c["setup"]]
-    if v is not None:
-        (cdir / "expected.json").write_text(json.dumps(v.expected(), indent=1) + "\n")
-        rec["expected"] = f"{c['name']}/expected.json"
-    return rec
+    return int(E1.write_set(argv, CASES, "errata-4", DESCRIPTION, __doc__))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any
 
 from portable_ckpt import errors
 from portable_ckpt.errors import CheckpointError, CommitOutcomeUnknownError, ManifestMissingError
-from portable_ckpt.format import argcheck
+from portable_ckpt.format import usage
 from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
 
 # Quiet by default: the job log shows portable_ckpt's records once the application configures
@@ -87,7 +87,7 @@ def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
     from portable_ckpt.io.versions import latest, load_manifest
     from portable_ckpt.storage import open_storage, root_text
 
-    step = None if step is None else argcheck.strict_int(step, "open: step", minimum=0)
+    step = None if step is None else usage.strict_int(step, "open: step", minimum=0)
     text = root_text(path)
     if text.startswith("file://"):
         text = text[len("file://") :]
@@ -152,9 +152,9 @@ def save_arrays(
         raise errors.UsageError(f"save_arrays: tiles names keys that are not arrays: {unknown}")
     for key, tile in (tiles or {}).items():
         tile_lengths(key, tile, np.shape(arrays[key]))
-    continuation = argcheck.continuation_or_none(continuation, "save_arrays: continuation")
+    continuation = usage.continuation_or_none(continuation, "save_arrays: continuation")
     for key, arr in arrays.items():
-        argcheck.plain_array(arr, f"save_arrays: array {key!r}")
+        usage.plain_array(arr, f"save_arrays: array {key!r}")
     if continuation is not None:
         check_continuation(continuation, "save_arrays: continuation")
     storage = open_storage(root, create=True)

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError, JsonInvalidError, StorageError, UsageError
-from portable_ckpt.format import argcheck, jsonio
+from portable_ckpt.format import jsonio, usage
 from portable_ckpt.io.reader import ReadRequest
 from portable_ckpt.io.versions import list_versions
 from portable_ckpt.storage import open_storage
@@ -384,25 +384,25 @@ def test_entry_with_integer_ranks(ck: Any) -> None:
 
 def test_argument_checks_for_other_entry_points() -> None:
     """The checks other modules use (gc keep_ids, save_arrays continuation and arrays)."""
-    assert argcheck.strict_int(np.int64(3), "n", minimum=1) == 3
+    assert usage.strict_int(np.int64(3), "n", minimum=1) == 3
     for bad in (True, 1.5, "3", None):
         with pytest.raises(UsageError, match="must be an integer"):
-            argcheck.strict_int(bad, "n")
+            usage.strict_int(bad, "n")
     with pytest.raises(UsageError, match=">= 1"):
-        argcheck.strict_int(0, "n", minimum=1)
-    assert argcheck.fraction(1, "f") == 1.0
-    assert math.isclose(argcheck.fraction(np.float64(0.3), "f"), 0.3)
-    assert argcheck.name_collection(["a", "b"], "keep_ids") == frozenset({"a", "b"})
-    assert argcheck.name_collection((), "keep_ids") == frozenset()
+        usage.strict_int(0, "n", minimum=1)
+    assert usage.fraction(1, "f") == 1.0
+    assert math.isclose(usage.fraction(np.float64(0.3), "f"), 0.3)
+    assert usage.name_collection(["a", "b"], "keep_ids") == frozenset({"a", "b"})
+    assert usage.name_collection((), "keep_ids") == frozenset()
     for bad in (5, "abc", b"ab", [1], None):
         with pytest.raises(UsageError, match="keep_ids"):
-            argcheck.name_collection(bad, "keep_ids")
-    assert argcheck.continuation_or_none(None, "c") is None
+            usage.name_collection(bad, "keep_ids")
+    assert usage.continuation_or_none(None, "c") is None
     cont = portable_ckpt.Continuation("exact", 1, None)
-    assert argcheck.continuation_or_none(cont, "c") is cont
+    assert usage.continuation_or_none(cont, "c") is cont
     for bad in (5, {"contract": "exact"}):
         with pytest.raises(UsageError, match="Continuation"):
-            argcheck.continuation_or_none(bad, "c")
-    argcheck.plain_array(np.zeros(2), "w")
+            usage.continuation_or_none(bad, "c")
+    usage.plain_array(np.zeros(2), "w")
     with pytest.raises(UsageError, match="masked array"):
-        argcheck.plain_array(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "save_arrays: 'w'")
+        usage.plain_array(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "save_arrays: 'w'")

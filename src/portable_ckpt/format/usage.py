@@ -3,15 +3,32 @@
 The writer, the torch adapter (``save``/``async_save`` options, the DCP storage layer) and the
 CheckpointManager refuse a bad step, contract or codec before anything is touched, with
 :class:`~portable_ckpt.errors.UsageError` (``PCK-USAGE``).
+
+Without them an odd argument surfaced as whatever the code below raised first (a
+``TypeError`` from a comparison, an ``AttributeError``, a ``ValueError`` from ``random``), or
+was silently taken for something else (``True`` as rank 1, ``2`` as a fraction). Each check
+returns the value in its canonical type.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+import numbers
+import operator
+from collections.abc import Collection
+from typing import Any, TypeVar
 
 from portable_ckpt.errors import UsageError
 
-__all__ = ["require_non_negative_int", "require_one_of", "require_seconds"]
+__all__ = [
+    "continuation_or_none",
+    "fraction",
+    "name_collection",
+    "plain_array",
+    "require_non_negative_int",
+    "require_one_of",
+    "require_seconds",
+    "strict_int",
+]
 
 _T = TypeVar("_T")
 
@@ -38,3 +55,97 @@ def require_seconds(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise UsageError(f"{what} must be a number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def strict_int(value: object, what: str, *, minimum: int | None = None) -> int:
+    """``value`` as an ``int``: Python or numpy integers only, never a bool, float or string.
+
+    ``int()`` would take ``1.5`` as 1 and ``"1"`` as 1, and a bool is an ``int`` to Python;
+    each would silently name another rank, step or count than the caller meant.
+
+    Raises:
+        UsageError: not an integer, or below ``minimum``.
+
+    """
+    if isinstance(value, bool):
+        raise UsageError(f"{what} must be an integer, got {value!r}")
+    try:
+        out = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise UsageError(
+            f"{what} must be an integer, got {type(value).__name__} {value!r:.80}"
+        ) from None
+    if minimum is not None and out < minimum:
+        raise UsageError(f"{what} must be >= {minimum}, got {out}")
+    return out
+
+
+def fraction(value: object, what: str) -> float:
+    """``value`` as a fraction in (0, 1] (the CLI's ``--sample``), as a ``float``.
+
+    Raises:
+        UsageError: not a real number (a bool or string included), NaN, or outside (0, 1].
+
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UsageError(
+            f"{what} must be a fraction in (0, 1], got {type(value).__name__} {value!r:.80}"
+        )
+    out = float(value)
+    if not 0.0 < out <= 1.0:  # NaN fails every comparison
+        raise UsageError(f"{what} must be a fraction in (0, 1], got {out!r}")
+    return out
+
+
+def name_collection(value: object, what: str) -> frozenset[str]:
+    """``value`` as a set of names: a collection of strings, never one string or a number.
+
+    A string is a collection of its characters: ``keep_ids="s00...1-..."`` would keep no
+    version (or one named by a single character) instead of refusing.
+
+    Raises:
+        UsageError: a string, bytes, a non-collection or a collection holding a non-string.
+
+    """
+    if isinstance(value, str | bytes) or not isinstance(value, Collection):
+        raise UsageError(
+            f"{what} must be a collection of names (a list or set of strings), got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
+    bad = [x for x in value if not isinstance(x, str)]
+    if bad:
+        raise UsageError(f"{what} must hold strings only, got {bad[0]!r:.80}")
+    return frozenset(value)
+
+
+def continuation_or_none(value: object, what: str) -> Any:
+    """``value`` when it is ``None`` or a :class:`~portable_ckpt.format.manifest.Continuation`.
+
+    Raises:
+        UsageError: anything else (an int, a dict).
+
+    """
+    from portable_ckpt.format.manifest import Continuation
+
+    if value is not None and not isinstance(value, Continuation):
+        raise UsageError(
+            f"{what} must be a portable_ckpt.Continuation or None, got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
+    return value
+
+
+def plain_array(value: object, what: str) -> None:
+    """Refuse a numpy masked array (``UsageError``); anything else is left to the writer.
+
+    A masked array's mask has no place in a tensor: storing its data would bring back the
+    masked elements' hidden values (and the writer's byte view of it fails anyway).
+    """
+    import numpy as np
+
+    if isinstance(value, np.ma.MaskedArray):
+        raise UsageError(
+            f"{what} is a numpy masked array; a tensor has no mask: save arr.filled(value) "
+            "(and the mask as an array of its own, np.ma.getmaskarray(arr), if it matters)"
+        )
+

@@ -33,7 +33,7 @@ from portable_ckpt.errors import (
     FileSizeError,
     UsageError,
 )
-from portable_ckpt.format import argcheck, jsonio
+from portable_ckpt.format import jsonio, usage
 from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.io.checksum import crc32c, read_verified
@@ -575,8 +575,8 @@ def copy_version(
     from portable_ckpt.io.versions import check_grace
 
     t0 = time.perf_counter()
-    jobs = argcheck.strict_int(jobs, "copy_version: jobs", minimum=1)
-    chunk_size = argcheck.strict_int(chunk_size, "copy_version: chunk_size", minimum=1)
+    jobs = usage.strict_int(jobs, "copy_version: jobs", minimum=1)
+    chunk_size = usage.strict_int(chunk_size, "copy_version: chunk_size", minimum=1)
     check_grace(partial_grace_s, "partial_grace_s")
     job = _resolve(src, dst_root, step)
     result = job.result

@@ -51,7 +51,6 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format import jsonio
-from portable_ckpt.format.argcheck import fraction, strict_int
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import (
     Continuation,
@@ -62,6 +61,7 @@ from portable_ckpt.format.manifest import (
     TableRef,
     TensorEntry,
 )
+from portable_ckpt.format.usage import fraction, strict_int
 from portable_ckpt.io._blame import name_block
 from portable_ckpt.io._zstd_box import stream_box
 from portable_ckpt.io.checksum import read_planned, read_verified, verify_file

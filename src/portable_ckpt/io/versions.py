@@ -45,7 +45,7 @@ from portable_ckpt.errors import (
     UsageError,
     VersionUnsupportedError,
 )
-from portable_ckpt.format import argcheck, jsonio
+from portable_ckpt.format import jsonio, usage
 from portable_ckpt.format.manifest import (
     FORMAT_VERSION,
     FORMAT_VERSIONS,
@@ -864,7 +864,7 @@ def gc(
 
     """
     check_retention(keep, grace_seconds)
-    keep_ids = argcheck.name_collection(keep_ids, "gc: keep_ids")
+    keep_ids = usage.name_collection(keep_ids, "gc: keep_ids")
     if isinstance(require_copy, str) and require_copy:
         require_copy = _copy_destination(require_copy, strict=True)
     storage = open_storage(root)
