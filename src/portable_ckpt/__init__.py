@@ -153,8 +153,6 @@ def save_arrays(
     for key, tile in (tiles or {}).items():
         tile_lengths(key, tile, np.shape(arrays[key]))
     continuation = usage.continuation_or_none(continuation, "save_arrays: continuation")
-    for key, arr in arrays.items():
-        usage.plain_array(arr, f"save_arrays: array {key!r}")
     if continuation is not None:
         check_continuation(continuation, "save_arrays: continuation")
     storage = open_storage(root, create=True)

@@ -406,3 +406,14 @@ def test_argument_checks_for_other_entry_points() -> None:
     usage.plain_array(np.zeros(2), "w")
     with pytest.raises(UsageError, match="masked array"):
         usage.plain_array(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "save_arrays: 'w'")
+
+
+def test_a_masked_array_is_refused_where_arrays_enter_the_writer(tmp_path: Path) -> None:
+    """save_arrays, a tiled save and the writer itself: PCK-USAGE naming the tensor, no version
+    (before, the writer's byte view failed with a bare ValueError)."""
+    masked = np.ma.masked_array(np.arange(16.0).reshape(4, 4), mask=np.eye(4))
+    with pytest.raises(UsageError, match=r"tensor 'w'.*masked array"):
+        portable_ckpt.save_arrays(tmp_path / "a", {"w": masked}, step=1)
+    with pytest.raises(UsageError, match=r"tensor 'w'.*masked array"):
+        portable_ckpt.save_arrays(tmp_path / "b", {"w": masked}, step=1, tiles={"w": [2, 2]})
+    assert not portable_ckpt.list_versions(tmp_path / "a")

@@ -57,7 +57,7 @@ from portable_ckpt.format.naming import (
     index_file_name,
     new_attempt_id,
 )
-from portable_ckpt.format.usage import require_non_negative_int, require_one_of
+from portable_ckpt.format.usage import plain_array, require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES, is_entry_name
 from portable_ckpt.io.checksum import AUTO_FILE_BLOCKS, BlockHasher, auto_block_size
 from portable_ckpt.io.safetensors_io import build_header
@@ -314,6 +314,7 @@ class ShardWriter:
         The array is not copied: it must not change until :meth:`finish` returns.
         """
         self._check_open()
+        plain_array(array, f"tensor {key!r}")  # every array enters here (tiles, convert too)
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
         name = dtype_name(array.dtype)
