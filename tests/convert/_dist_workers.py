@@ -29,6 +29,9 @@ def _run(fn: Any, rank: int, world: int, port: int, args: tuple[Any, ...], errq:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # Done and reported: leave without the interpreter's teardown, where torch's native threads
+    # can rarely abort a finished process ("terminate called without an active exception").
+    os._exit(0)
 
 
 def save_dtensor_and_fsdp(rank: int, world: int, ckpt: str, ref: str) -> None:

@@ -292,7 +292,10 @@ def test_dcp_mapped_keys_and_inferred_step(mapped: tuple[Path, Any, Any]) -> Non
     values = ck.entry("torch.values")
     assert values["step"] == 7 and values["meta/name"] == "run1" and values["meta/lrs/1"] == 0.01
     assert values["optim/param_groups/0/lr"] == 1e-3
-    assert list(ck.entries) == ["torch.values"]
+    assert list(ck.entries) == ["torch.values", "torch.dcp_items"]
+    # list positions stay ints in the recorded DCP paths; a list of plain values is one item
+    items = ck.entry("torch.dcp_items")
+    assert ["optim", "param_groups", 0, "lr"] in items and ["meta", "lrs"] in items, items
 
 
 def test_dcp_mapped_loads_with_portable_torch_load(mapped: tuple[Path, Any, Any]) -> None:
@@ -305,7 +308,7 @@ def test_dcp_mapped_loads_with_portable_torch_load(mapped: tuple[Path, Any, Any]
 
 
 def test_dcp_mapped_back_to_dcp_loads_nested_state(
-    mapped: tuple[Path, Any, Any], tmp_path: Path
+    mapped: tuple[Path, Any, Any], dcp_ckpt: tuple[Path, Path], tmp_path: Path
 ) -> None:
     import torch.distributed.checkpoint as dcp
 
@@ -315,6 +318,16 @@ def test_dcp_mapped_back_to_dcp_loads_nested_state(
     target = _zeros_like_nested(nested)
     dcp.load(target, checkpoint_id=str(out), no_dist=True)  # stock DCP, nested state
     _assert_same_nested(target, nested)
+    # DCP's items and object paths are the source's: its own template-free conversion works
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    src_md = FileSystemReader(str(dcp_ckpt[0])).read_metadata()
+    out_md = FileSystemReader(str(out)).read_metadata()
+    assert set(out_md.state_dict_metadata) == set(src_md.state_dict_metadata)
+    assert out_md.planner_data == src_md.planner_data
+    dcp_to_torch_save(str(out), str(tmp_path / "whole.pt"))
+    _assert_same_nested(torch.load(tmp_path / "whole.pt"), nested)
     # and DCP -> portable again: the same keys, the paths recorded in planner_data
     again = tmp_path / "again"
     convert(out, again, trust_pickle=True)

@@ -472,8 +472,12 @@ def test_real_dcp_values_and_byte_items(
         assert ck.entry("b.ordered") == [{"a": 1, "b": [2, 3]}]
         assert ck.entry("b.size") == [2, 3]
     else:  # one leaf per scalar in torch.values, keyed by the item's path ("b.int" is one key)
-        assert list(ck.entries) == ["torch.values"]
+        assert list(ck.entries) == ["torch.values", "torch.dcp_items"]
         v = ck.entry("torch.values")
+        # which leaves make one DCP item: the lists and the item that holds dicts
+        items = ck.entry("torch.dcp_items")
+        assert ["b.list"] in items and ["b.tuple"] in items and ["b.intkeys"] in items, items
+        assert ["b.int"] not in items  # a single value at a path of dict keys needs no record
         assert v["b.int"] == 7 and v["b.float"] == 0.25 and v["b.str"] == "run1"
         assert [v[f"b.list/{i}"] for i in range(4)] == [1, "a", None, True]
         assert (v["b.tuple/0"], v["b.tuple/1"]) == (0.9, 0.999)

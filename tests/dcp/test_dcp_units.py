@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,9 +22,9 @@ from torch.distributed.checkpoint.default_planner import (  # noqa: E402
 import portable_ckpt  # noqa: E402
 import portable_ckpt.torch as pckt  # noqa: E402
 from portable_ckpt.errors import CheckpointError, DistributedError, UnsupportedValueError  # noqa: E402
+from portable_ckpt.format.keys import list_item_key  # noqa: E402
 from portable_ckpt.torch._dcp_keys import (  # noqa: E402
     JsonTree,
-    byte_item_fqns,
     dcp_fqn,
     json_leaves,
     portable_key,
@@ -82,9 +83,17 @@ def same(a: Any, b: Any) -> bool:
 def test_save_is_a_portable_version_and_loads_back(tmp_path: Any) -> None:
     root = str(tmp_path)
     writer = PortableStorageWriter(root, step=5)
-    dcp.save(job(), storage_writer=writer)
+    md = dcp.save(job(), storage_writer=writer)
     ck = portable_ckpt.open(root)
     assert ck.id == writer.attempt_id and ck.step == 5 and ck.continuation.contract == "exact"
+    # what dcp.save returns names the version and where each item went, as FileSystemWriter's
+    assert md.storage_meta is not None and md.storage_meta.save_id == ck.id
+    assert portable_ckpt.open(md.storage_meta.checkpoint_id).id == ck.id
+    assert md.storage_data is not None
+    stored = {i.fqn: k for i, k in md.storage_data.items()}
+    assert stored["optim.state.fc.weight.exp_avg"] == "optim/state/fc.weight/exp_avg"
+    assert stored["optim.param_groups.0.betas"] == "optim/param_groups/0/betas"
+    assert set(stored) == set(md.state_dict_metadata)
     assert sorted(ck.tensors) == [
         "counts",
         "model/fc.bias",
@@ -231,11 +240,9 @@ def test_key_mapping_examples() -> None:
     assert portable_key(("optim", "param_groups", 0, "a/b~c")) == "optim/param_groups/0/a~1b~0c"
     assert dcp_fqn("optim/state/fc.weight/exp_avg") == "optim.state.fc.weight.exp_avg"
     assert dcp_fqn("a~1b") == "a/b"
-    assert list(byte_item_fqns("o/pg/0/betas/1")) == [
-        ("o.pg.0.betas.1", "o/pg/0/betas/1"),
-        ("o.pg.0.betas", "o/pg/0/betas"),
-    ]
-    assert list(byte_item_fqns("o/pg/0/lr")) == [("o.pg.0.lr", "o/pg/0/lr")]
+    assert list_item_key("o/pg/0/betas/1") == "o/pg/0/betas"
+    assert list_item_key("o/pg/0/lr") == "o/pg/0/lr"
+    assert list_item_key("0/1") == "0"
 
 
 json_values = st.recursive(
@@ -460,3 +467,185 @@ def test_a_tensor_in_an_unflattened_dict_names_the_planner_option(tmp_path: Any)
     err = failure(info.value)
     assert isinstance(err, UnsupportedValueError)
     assert "a tensor inside a dict" in str(err) and "flatten_state_dict=True" in str(err)
+
+
+# -- which leaves make one DCP item (torch.dcp_items) ----------------------------------------------
+
+
+def _both(tmp_path: Any, state: dict[str, Any]) -> tuple[str, str]:
+    """``state`` saved by DCP's FileSystemWriter and by PortableStorageWriter."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    fs, pc = str(tmp_path / "fs"), str(tmp_path / "pc")
+    dcp.save(state, storage_writer=FileSystemWriter(fs))
+    dcp.save(state, storage_writer=PortableStorageWriter(pc, step=1))
+    return fs, pc
+
+
+def _outcome(target: dict[str, Any], reader: Any) -> Any:
+    try:
+        dcp.load(target, storage_reader=reader)
+    except BaseException as e:  # DCP's CheckpointException wraps the planner's error
+        return "Missing key in checkpoint state_dict: loader.workers" in str(e)
+    return target["loader"]["workers"]
+
+
+@pytest.mark.parametrize(
+    "workers", [{"0": "w0", "1": "w1"}, {0: "w0", 1: "w1"}, ["w0", "w1"], ("w0", "w1")]
+)
+def test_a_dict_keyed_0_to_n_stays_a_dict(tmp_path: Any, workers: Any) -> None:
+    """A dict with keys 0..n-1 is n items, a list one item, exactly as DCP's own storage says:
+    a ``None`` target refuses the dict (it used to come back as a list) and takes the list."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    state = {"w": torch.ones(2), "loader": {"workers": workers}}
+    fs, pc = _both(tmp_path, state)
+    want = _outcome({"w": torch.zeros(2), "loader": {"workers": None}}, FileSystemReader(fs))
+    got = _outcome({"w": torch.zeros(2), "loader": {"workers": None}}, PortableStorageReader(pc))
+    assert want == (True if isinstance(workers, dict) else workers)
+    assert got == (True if isinstance(workers, dict) else list(workers))  # JSON: tuples are lists
+    # with the structure in the target, both give the same value back (int keys: DCP's own
+    # load puts the values under str keys beside the target's int keys)
+    want, got = zeroed(state), zeroed(state)
+    dcp.load(want, storage_reader=FileSystemReader(fs))
+    dcp.load(got, storage_reader=PortableStorageReader(pc))
+    assert _plain(got) == _plain(want)
+    assert same(got, state) == (not isinstance(next(iter(workers)), int))
+
+
+def _rich_state(*, empty_list: bool = True) -> dict[str, Any]:
+    state = job()
+    state.update(
+        {
+            "loader": {"workers": {"0": "w0", "1": "w1"}, "ids": {3: 1, 4: 2}},
+            "nested": [[1, 2], [3]],
+            "mixed": [torch.arange(3.0), 7, {"a": 1}],
+            "groups": [{"lr": 0.5, "params": [0, 1]}, {"lr": 0.25, "params": [] if empty_list else [2]}],
+        }
+    )
+    if not empty_list:
+        del state["empty"]  # portable_ckpt.torch.save stores no leaf for an empty list
+    return state
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, torch.Tensor):
+        return ("tensor", str(v.dtype), v.tolist())
+    return v
+
+
+def _template_free(reader: Any) -> dict[str, Any]:
+    """What ``dcp_to_torch_save`` loads: the whole state rebuilt from the metadata alone."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    assert sd, "the template-free load rebuilt nothing"
+    return sd
+
+
+def test_metadata_names_the_items_dcp_saved(tmp_path: Any) -> None:
+    """Every item DCP's own storage lists, with the same object paths (list positions as ints),
+    and no two that overlap; so DCP's template-free load rebuilds the same state."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    state = _rich_state()
+    fs, pc = _both(tmp_path, state)
+    want, got = FileSystemReader(fs).read_metadata(), PortableStorageReader(pc).read_metadata()
+    assert set(got.state_dict_metadata) == set(want.state_dict_metadata)
+    assert got.planner_data == want.planner_data
+    assert _plain(_template_free(PortableStorageReader(pc))) == _plain(
+        _template_free(FileSystemReader(fs))
+    )
+    # portable_ckpt.torch.save records the same items for the same state
+    state = _rich_state(empty_list=False)
+    fs, _ = _both(tmp_path / "2", state)
+    pckt.save(state, tmp_path / "pt", step=1)
+    want = FileSystemReader(fs).read_metadata()
+    got = PortableStorageReader(str(tmp_path / "pt")).read_metadata()
+    assert set(got.state_dict_metadata) == set(want.state_dict_metadata)
+    assert got.planner_data == want.planner_data
+
+
+def test_a_version_without_an_item_record_reads_lists_as_dcp_keeps_them(tmp_path: Any) -> None:
+    """A version written before torch.dcp_items (or by a writer that does not record it): each
+    trailing run of positions is one list item; no items overlap; template-free loads work."""
+    leaves = {"hist/0": 1.0, "hist/1": 2.0, "pg/0/lr": 0.5, "pg/0/betas/0": 0.9, "m/1/0": 3,
+              "mix/1": 7, "mix/2/0": 8}
+    arrays = {"w": np.ones(2, np.float32), "mix/0": np.ones(1, np.float32)}
+    portable_ckpt.save_arrays(tmp_path, arrays, step=1, entries={"torch.values": leaves})
+    md = PortableStorageReader(str(tmp_path)).read_metadata()
+    assert sorted(md.state_dict_metadata) == [  # a list holding a tensor: items by position
+        "hist", "m", "mix.0", "mix.1", "mix.2", "pg.0.betas", "pg.0.lr", "w"
+    ]
+    sd = _template_free(PortableStorageReader(str(tmp_path)))
+    assert sd["hist"] == [1.0, 2.0] and sd["pg"]["0"]["betas"] == [0.9] and sd["m"] == {"1": [3]}
+    assert sd["mix"]["1"] == 7 and sd["mix"]["2"] == [8]
+    target = {"hist": (0.0, 0.0), "w": torch.zeros(2)}
+    dcp.load(target, storage_reader=PortableStorageReader(str(tmp_path)))
+    assert target["hist"] == (1.0, 2.0)
+
+
+def test_a_hostile_item_record_names_no_overlapping_items(tmp_path: Any) -> None:
+    """A record that names an item inside another, a missing key or a malformed path is not
+    trusted beyond naming stored leaves: items stay disjoint, every leaf stays reachable."""
+    leaves = {"a/0": 1, "a/1": 2, "b": 3, "c/x": 4}
+    for record, want in [
+        ([["a"], ["a", 0], ["zzz"], ["c", "x"]], ["a", "b", "c.x", "w"]),
+        ([["a", 1], ["a", "0"]], ["a", "b", "c.x", "w"]),  # list and dict at once: the list rule
+        ([["a", 1]], ["a", "b", "c.x", "w"]),  # so is a leaf at a dict key of a list
+        ([["w", 0]], ["a.0", "a.1", "b", "c.x", "w"]),  # names nothing: each leaf an item
+        ([["b"], ["w"], ["a", 0, "q"]], ["a.0", "a.1", "b", "c.x", "w"]),
+        ([["a", -1]], ["a", "b", "c.x", "w"]),  # malformed: the list rule
+        ({"a": 1}, ["a", "b", "c.x", "w"]),
+    ]:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        portable_ckpt.save_arrays(root, {"w": np.ones(2, np.float32)}, step=1,
+                                  entries={"torch.values": leaves, "torch.dcp_items": record})
+        md = PortableStorageReader(str(root)).read_metadata()
+        assert sorted(md.state_dict_metadata) == want, record
+        _template_free(PortableStorageReader(str(root)))
+
+
+json_documents = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text("xy", max_size=2),
+    lambda inner: st.lists(inner, min_size=1, max_size=3)
+    | st.dictionaries(st.text("ab", min_size=1, max_size=2) | st.integers(0, 3), inner,
+                      min_size=1, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(json_documents)
+def test_json_item_paths_are_dcps_traversal(value: Any) -> None:
+    """The items of a JSON value are the ones torch's own traversal makes of it."""
+    from torch.distributed.checkpoint._traverse import traverse_state_dict
+
+    from portable_ckpt.format.keys import json_item_paths
+
+    seen: list[tuple[Any, ...]] = []
+    traverse_state_dict({"k": value}, lambda path, _: seen.append(tuple(path)))
+    assert sorted(map(repr, json_item_paths(value, ("k",)))) == sorted(map(repr, seen))
+
+
+@given(st.dictionaries(st.text("ab", min_size=1, max_size=2), json_documents, min_size=1,
+                       max_size=3))
+def test_torch_save_records_the_items_dcp_save_makes(state: dict[str, Any]) -> None:
+    """For any state of JSON values, portable_ckpt.torch.save's recorded items and paths are
+    what DCP's default planner makes of the same state."""
+    import tempfile
+
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    planner = DefaultSavePlanner()
+    planner.set_up_planner({"t": torch.ones(1), **state}, is_coordinator=True)
+    want = {fqn: tuple(p) for fqn, p in planner.mappings.items()}
+    with tempfile.TemporaryDirectory() as d:
+        pckt.save({"t": torch.ones(1), **state}, d, step=1)
+        got = PortableStorageReader(d).read_metadata().planner_data
+    assert {f: tuple(p) for f, p in got.items()} == want

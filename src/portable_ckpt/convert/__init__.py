@@ -64,7 +64,7 @@ from portable_ckpt.errors import (
     LimitError,
     UsageError,
 )
-from portable_ckpt.format.keys import VALUES_ENTRY
+from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
 from portable_ckpt.format.vocab import is_entry_name
 
 __all__ = [
@@ -591,7 +591,7 @@ def _target_step(
     for e in plan.entries:
         if e.name == VALUES_ENTRY and isinstance(e.value, dict):
             leaves.extend(e.value.items())
-        elif e.scope == "global":
+        elif e.scope == "global" and e.name != DCP_ITEMS_ENTRY:
             leaves.append((e.name, e.value))
     step, why = infer_step(leaves, src)
     if step is None:

@@ -33,7 +33,13 @@ from portable_ckpt.convert._model import (
 from portable_ckpt.convert._publish import staged
 from portable_ckpt.convert.hf import slabs
 from portable_ckpt.errors import UnsupportedValueError
-from portable_ckpt.format.keys import VALUES_ENTRY, decode_json, json_leaves, split_key
+from portable_ckpt.format.keys import (
+    DCP_ITEMS_ENTRY,
+    VALUES_ENTRY,
+    decode_json,
+    json_leaves,
+    split_key,
+)
 
 __all__ = ["nest", "save_portable_as_torch"]
 
@@ -92,8 +98,8 @@ def _values(ck: Any) -> dict[str, Any]:
     """The JSON leaves of the global entries (``torch.values`` leaves by their own keys)."""
     out: dict[str, Any] = {}
     for name in sorted(ck.entries):
-        if ck.entries[name].scope != "global":
-            continue
+        if ck.entries[name].scope != "global" or name == DCP_ITEMS_ENTRY:
+            continue  # torch.dcp_items describes DCP's items, it is no part of the state
         value = ck.entry(name)
         if name == VALUES_ENTRY and isinstance(value, dict):
             out.update({k: decode_json(v) for k, v in value.items()})

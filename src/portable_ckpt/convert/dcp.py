@@ -93,7 +93,14 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
-from portable_ckpt.format.keys import VALUES_ENTRY, json_leaves, portable_key
+from portable_ckpt.format.keys import (
+    DCP_ITEMS_ENTRY,
+    VALUES_ENTRY,
+    DcpPath,
+    dcp_items_value,
+    json_leaves,
+    portable_key,
+)
 from portable_ckpt.format.vocab import is_entry_name
 from portable_ckpt.storage._posix import open_regular
 
@@ -311,6 +318,7 @@ class _Planner:
         self.tensors: list[TensorSpec] = []
         self.entries: list[EntrySpec] = []
         self.ranks: set[int] = set()
+        self.items: list[DcpPath] = []  # torch.dcp_items: what a key alone does not say
 
     def note_rank(self, rel: str) -> None:
         m = _DISTCP.match(os.path.basename(rel))
@@ -342,6 +350,9 @@ class _Planner:
             )
         chunks = [c for ch, info in stored if (c := self.chunk(fqn, ch, info, tdtype)) is not None]
         self.tensors.append(TensorSpec(self.key_of(fqn), tdtype, md.size, chunks))
+        path = self.meta.paths.get(fqn)
+        if self.key_of.mapped and path is not None and any(type(c) is int for c in path):
+            self.items.append(path)
 
     def chunk(self, fqn: str, ch: DcpChunk, info: DcpStorage, tdtype: str) -> ChunkSpec | None:
         """The stored chunk ``ch`` of ``fqn`` (``None``: it is empty), checked against its zip."""
@@ -387,7 +398,12 @@ class _Planner:
         if reason is not None:
             self.skip(fqn, f"non-tensor item {fqn!r} in {path}: {reason}", path)
         elif self.key_of.mapped:
-            self.leaves.update(json_leaves(self.key_of(fqn), value, fqn=fqn))
+            key = self.key_of(fqn)
+            leaves = json_leaves(key, value, fqn=fqn)
+            self.leaves.update(leaves)
+            item = self.meta.paths.get(fqn) or (fqn,)
+            if list(leaves) != [key] or any(type(c) is int for c in item):
+                self.items.append(item)  # not an item of its own key alone
         else:
             self.entries.append(EntrySpec(fqn, value))
 
@@ -411,6 +427,8 @@ class _Planner:
     def result(self) -> SourcePlan:
         if self.leaves:
             self.entries.append(EntrySpec(VALUES_ENTRY, dict(sorted(self.leaves.items()))))
+        if self.leaves or self.items:
+            self.entries.append(EntrySpec(DCP_ITEMS_ENTRY, dcp_items_value(self.items)))
         world = max(self.ranks) + 1 if self.ranks else 1
         self.warnings.extend(self.key_of.warnings())
         return SourcePlan(

@@ -16,33 +16,52 @@ storage layer (:mod:`portable_ckpt.torch.dcp`) and the converter (:mod:`portable
 DCP's non-tensor items are JSON here, split into the leaves ``portable_ckpt.torch.save``
 produces for the same state (:func:`json_leaves`); :class:`JsonTree` rebuilds item values from
 stored leaves.
+
+Which leaves make up one DCP item is not in the key: ``a/betas/0`` may be a position inside the
+list item ``a.betas`` or the item ``a.betas.0`` of a dict keyed ``0``. Writers therefore record
+each item's DCP object path (list positions as ints) in the global entry
+:data:`DCP_ITEMS_ENTRY`; versions without it are read with DCP's own rule for lists
+(:func:`list_item_key`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from portable_ckpt.errors import UnsupportedValueError
 
 __all__ = [
+    "DCP_ITEMS_ENTRY",
     "VALUES_ENTRY",
+    "DcpPath",
     "JsonTree",
-    "byte_item_fqns",
     "dcp_fqn",
+    "dcp_items_value",
     "decode_json",
     "encode_json",
     "escape_component",
     "join_key",
+    "json_item_paths",
     "json_leaves",
+    "json_terminal",
+    "list_item_key",
     "portable_key",
+    "read_dcp_items",
     "split_key",
     "unflatten_keys",
 ]
 
 #: Name of the global entry holding every JSON-scalar leaf.
 VALUES_ENTRY = "torch.values"
+
+#: Name of the global entry recording the DCP object path of every non-tensor item, and of every
+#: tensor whose path holds a list position (:func:`dcp_items_value`).
+DCP_ITEMS_ENTRY = "torch.dcp_items"
+
+#: A DCP object path: dict keys as ``str``, list positions as ``int`` (``planner_data``'s form).
+DcpPath = tuple[str | int, ...]
 
 
 def escape_component(c: str) -> str:
@@ -129,19 +148,68 @@ def dcp_fqn(key: str) -> str:
     return ".".join(split_key(key))
 
 
-def byte_item_fqns(key: str) -> Iterator[tuple[str, str]]:
-    """``(fqn, key)`` of every DCP item a stored JSON leaf can belong to.
+def list_item_key(key: str) -> str:
+    """The key of the DCP item a stored JSON leaf belongs to, for versions without an item record.
 
-    DCP keeps a list or tuple of plain values as one item, so a leaf ``a/betas/1`` may be the
-    item ``a.betas.1`` itself or part of the item ``a.betas``: each trailing run of decimal
-    components can be the positions inside one item.
+    DCP keeps a list of plain values as one item, so the trailing run of decimal components of a
+    leaf (``a/betas/1``) are taken as positions inside that item (``a/betas``). A dict keyed
+    ``0..n-1`` is read as such a list: only :data:`DCP_ITEMS_ENTRY` tells the two apart.
     """
     parts = key.split("/")
-    yield dcp_fqn(key), key
     while len(parts) > 1 and parts[-1].isdecimal():
         parts.pop()
-        prefix = "/".join(parts)
-        yield dcp_fqn(prefix), prefix
+    return "/".join(parts)
+
+
+def json_terminal(value: Any, depth: int = 0) -> bool:
+    """Whether DCP keeps ``value`` as one item: a list or tuple with no dict below it, or a scalar.
+
+    DCP's default planner walks dicts, keeps a list holding only scalars and such lists as one
+    item, and walks any other list by position (``torch.distributed.checkpoint._traverse``).
+    """
+    if isinstance(value, Mapping):
+        return False
+    if isinstance(value, list | tuple):
+        return depth < 64 and all(json_terminal(v, depth + 1) for v in value)
+    return True
+
+
+def json_item_paths(value: Any, path: DcpPath) -> Iterator[DcpPath]:
+    """The DCP object paths DCP's default planner makes of a JSON ``value`` stored at ``path``."""
+    stack: list[tuple[DcpPath, Any]] = [(path, value)]
+    while stack:
+        here, node = stack.pop()
+        if isinstance(node, Mapping) and len(here) < 64:  # an empty dict is no item, as in DCP
+            stack.extend((here + (str(k),), v) for k, v in node.items())
+        elif isinstance(node, list | tuple) and not json_terminal(node) and len(here) < 64:
+            stack.extend((here + (i,), v) for i, v in enumerate(node))
+        else:
+            yield here
+
+
+def dcp_items_value(paths: Iterable[DcpPath]) -> list[list[str | int]]:
+    """The :data:`DCP_ITEMS_ENTRY` value of ``paths``: one JSON array per item, sorted by key."""
+    by_key = {portable_key(p): [c if type(c) is int else str(c) for c in p] for p in paths if p}
+    return [by_key[k] for k in sorted(by_key)]
+
+
+def read_dcp_items(value: Any) -> dict[str, DcpPath] | None:
+    """``{portable key: DCP object path}`` of a :data:`DCP_ITEMS_ENTRY` value, ``None`` if malformed.
+
+    A malformed record is ignored (readers fall back to :func:`list_item_key`): it only names
+    items, and a wrong name costs a DCP reader a missing key, never a wrong value.
+    """
+    if not isinstance(value, list):
+        return None
+    out: dict[str, DcpPath] = {}
+    for p in value:
+        if not isinstance(p, list) or not p:
+            return None
+        for c in p:
+            if not (type(c) is str or (type(c) is int and c >= 0)):
+                return None
+        out[portable_key(p)] = tuple(p)
+    return out
 
 
 def _unsupported(fqn: str, key: str, value: Any, why: str) -> UnsupportedValueError:

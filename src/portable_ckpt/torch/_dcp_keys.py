@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from portable_ckpt.format.keys import JsonTree, byte_item_fqns, dcp_fqn, portable_key
+from portable_ckpt.format.keys import JsonTree, dcp_fqn, portable_key
 from portable_ckpt.format.keys import json_leaves as _json_leaves
 
-__all__ = ["JsonTree", "byte_item_fqns", "dcp_fqn", "json_leaves", "portable_key"]
+__all__ = ["JsonTree", "dcp_fqn", "json_leaves", "portable_key"]
 
 
 def _is_tensor(value: Any) -> bool:

@@ -26,7 +26,9 @@ Save protocol (the calls DCP makes, see ``torch.distributed.checkpoint.storage``
    travel to the coordinator in the rank's result; every rank but the coordinator finishes its
    writer (data, index) here.
 3. ``finish`` (coordinator): adds the JSON leaves as the global ``pck:json/1`` entry
-   ``torch.values``, finishes its own writer and commits. Nothing is published when any rank
+   ``torch.values`` and every item's DCP object path as ``torch.dcp_items`` (which leaves make
+   one item, and which path components were list positions), finishes its own writer and
+   commits. Nothing is published when any rank
    failed; a failed commit deletes the files the writer indexes list.
 
 Load: every rank opens the version and shows it to DCP as DCP ``Metadata`` (each range record
@@ -59,6 +61,7 @@ from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
+    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -86,6 +89,14 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format import jsonio
+from portable_ckpt.format.keys import (
+    DCP_ITEMS_ENTRY,
+    DcpPath,
+    dcp_items_value,
+    json_item_paths,
+    list_item_key,
+    read_dcp_items,
+)
 from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CONTRACTS
@@ -95,13 +106,7 @@ from portable_ckpt.io.tensor_table import TABLE_THRESHOLD, TableTensorEntry
 from portable_ckpt.io.versions import latest
 from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
 from portable_ckpt.storage import Storage, open_storage
-from portable_ckpt.torch._dcp_keys import (
-    JsonTree,
-    byte_item_fqns,
-    dcp_fqn,
-    json_leaves,
-    portable_key,
-)
+from portable_ckpt.torch._dcp_keys import JsonTree, dcp_fqn, json_leaves, portable_key
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, split_key
 from portable_ckpt.torch.layout import Piece, dtensor_layout, group_mesh, is_dtensor
@@ -380,7 +385,7 @@ class PortableStorageWriter(StorageWriter):
         self._storage = open_storage(self.root, create=True)
         writer = self._new_writer(self._storage, len(plan.items) * world)
         try:
-            results, values = self._write_items(writer, plan, planner)
+            results, values, items = self._write_items(writer, plan, planner)
             index = None if self.is_coordinator else writer.finish()
         except BaseException:
             writer.abort()
@@ -390,6 +395,7 @@ class PortableStorageWriter(StorageWriter):
             "writer": self.rank,
             "index": index.to_transport() if index is not None else None,
             "values": values,
+            "items": items,
             "mesh": None if self._mesh is None else self._mesh.to_json(),
         }
         results.append(WriteResult(MetadataIndex(_RESULT_FQN), writer.stats.bytes_written, doc))
@@ -413,28 +419,30 @@ class PortableStorageWriter(StorageWriter):
 
     def _write_items(
         self, writer: ShardWriter, plan: SavePlan, planner: SavePlanner
-    ) -> tuple[list[WriteResult], dict[str, Any]]:
+    ) -> tuple[list[WriteResult], dict[str, Any], list[list[str | int]]]:
         keys = plan.planner_data if isinstance(plan.planner_data, Mapping) else {}
         results: list[WriteResult] = []
         values: dict[str, Any] = {}
+        paths: list[DcpPath] = []
         for item in plan.items:
             path = keys.get(item.index.fqn)
-            key = (
-                portable_key(path)
-                if isinstance(path, tuple | list)
-                else portable_key([item.index.fqn])
-            )
+            path = tuple(path) if isinstance(path, tuple | list) else (item.index.fqn,)
+            key = portable_key(path)
             if item.type == WriteItemType.BYTE_IO:
                 leaves = json_leaves(key, _byte_value(planner, item), fqn=item.index.fqn)
                 values.update(leaves)
-                results.append(WriteResult(item.index, len(jsonio.dumps(leaves)), None))
+                if list(leaves) != [key] or any(type(c) is int for c in path):
+                    paths.append(path)  # not an item of its own key alone
+                results.append(WriteResult(item.index, len(jsonio.dumps(leaves)), key))
             else:
+                if any(type(c) is int for c in path):
+                    paths.append(path)
                 results.append(
-                    WriteResult(item.index, _add_tensor(writer, key, item, planner), None)
+                    WriteResult(item.index, _add_tensor(writer, key, item, planner), key)
                 )
         if self.is_coordinator:
             writer.flush()  # its entries and index follow in finish(), once every rank reported
-        return results, values
+        return results, values, dcp_items_value(paths)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write the JSON entry, finish the coordinator's writer and commit (coordinator)."""
@@ -453,6 +461,9 @@ class PortableStorageWriter(StorageWriter):
             values = {k: v for d in docs for k, v in d["values"].items()}
             if values:
                 writer.add_entry(VALUES_ENTRY, values, "pck:json/1")
+            items = dcp_items_value(tuple(p) for d in docs for p in d.get("items", ()))
+            if values or items:
+                writer.add_entry(DCP_ITEMS_ENTRY, items, "pck:json/1")
             own = writer.finish()
             commit(
                 storage,
@@ -468,6 +479,15 @@ class PortableStorageWriter(StorageWriter):
             writer.abort()
             _discard(storage, attempt, list(peers.values()))
             raise
+        # What dcp.save returns, as FileSystemWriter fills it: where each item went (its
+        # portable key) and which version the save made.
+        metadata.storage_data = {
+            r.index: r.storage_data for rs in results for r in rs if r.index.fqn != _RESULT_FQN
+        }
+        root = os.fspath(self.root) if isinstance(self.root, str | os.PathLike) else None
+        metadata.storage_meta = StorageMeta(
+            checkpoint_id=f"{root.rstrip('/')}/{attempt}" if root else attempt, save_id=attempt
+        )
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -594,18 +614,73 @@ class _DcpView:
         return table[fqn]
 
 
-def _json_leaves_of(ck: Checkpoint) -> dict[str, Any]:
-    """The JSON leaves DCP byte items can come from: ``torch.values`` and other global entries."""
+def _json_items(
+    ck: Checkpoint, recorded: dict[str, DcpPath] | None
+) -> tuple[JsonTree, dict[str, DcpPath], dict[str, DcpPath]]:
+    """The JSON leaves, the DCP items they make and every tensor's DCP object path.
+
+    Leaves come from ``torch.values`` and the other global entries. An entry's own value is
+    JSON, so DCP's default rule gives its items. The items of ``torch.values`` are the ones
+    ``torch.dcp_items`` records, every other leaf an item of its own; for a version written
+    without the record, or with one that contradicts itself or the tensors, DCP's rule for
+    lists (:func:`~portable_ckpt.format.keys.list_item_key`). Either way no item lies inside
+    another or above a tensor, and no path uses one component both as a list position and as a
+    dict key, so DCP can rebuild the state from the metadata alone.
+    """
     leaves: dict[str, Any] = {}
+    items: dict[str, DcpPath] = {}
+    values: dict[str, Any] = {}
     for name, e in ck.entries.items():
-        if e.scope != "global":
+        if e.scope != "global" or name == DCP_ITEMS_ENTRY:
             continue
         value = ck.entry(name)
         if name == VALUES_ENTRY and isinstance(value, dict):
+            values = value
             leaves.update(value)
         elif name != VALUES_ENTRY:
-            leaves.update(json_leaves(name, decode_json(value), fqn=dcp_fqn(name)))
-    return leaves
+            value = decode_json(value)
+            leaves.update(json_leaves(name, value, fqn=dcp_fqn(name)))
+            items.update(
+                (portable_key(p), p) for p in json_item_paths(value, tuple(split_key(name)))
+            )
+    tree = JsonTree(leaves)
+    above = {"/".join(k.split("/")[:n]) for k in ck.tensors for n in range(1, k.count("/") + 1)}
+    if recorded is not None:
+        own: dict[str, DcpPath] = {}
+        for k, p in sorted(recorded.items()):
+            if k in tree and k not in ck.tensors and k not in above and not _covered(k, own):
+                own[k] = p
+        for leaf in values:
+            if not _covered(leaf, own) and leaf not in above:
+                own[leaf] = tuple(split_key(leaf))
+        tensors = {k: recorded.get(k) or tuple(split_key(k)) for k in ck.tensors}
+        if _consistent([*tensors.values(), *own.values(), *items.values()]):
+            return tree, {**items, **own}, tensors
+    for leaf in values:
+        parts = leaf.split("/")
+        k = list_item_key(leaf)
+        while k in above and k != leaf:  # a list that holds a tensor is DCP items by position
+            k = "/".join(parts[: k.count("/") + 2])
+        if k not in above:
+            items.setdefault(k, tuple(split_key(k)))
+    return tree, items, {k: tuple(split_key(k)) for k in ck.tensors}
+
+
+def _covered(key: str, items: Mapping[str, Any]) -> bool:
+    """Whether ``key`` or a key above it is in ``items``."""
+    parts = key.split("/")
+    return any("/".join(parts[:n]) in items for n in range(1, len(parts) + 1))
+
+
+def _consistent(paths: Iterable[DcpPath]) -> bool:
+    """No container is both a list (an int component below it) and a dict (a str one)."""
+    kinds: dict[str, bool] = {}
+    for path in paths:
+        for i in range(1, len(path)):
+            is_list = type(path[i]) is int
+            if kinds.setdefault(portable_key(path[:i]), is_list) != is_list:
+                return False
+    return True
 
 
 def _tensor_metadata(t: Any) -> TensorStorageMetadata:
@@ -627,24 +702,29 @@ def _build_view(ck: Checkpoint) -> _DcpView:
     tensor_keys: dict[str, str] = {}
     byte_keys: dict[str, str] = {}
     ambiguous: dict[str, set[str]] = defaultdict(set)
+    paths: dict[str, DcpPath] = {}
 
     def claim(fqn: str, key: str, table: dict[str, str]) -> None:
         prev = table.setdefault(fqn, key)
         if prev != key:
             ambiguous[fqn].update((prev, key))
 
+    e = ck.entries.get(DCP_ITEMS_ENTRY)
+    recorded = read_dcp_items(ck.entry(DCP_ITEMS_ENTRY)) if e and e.scope == "global" else None
+    tree, items, tensor_paths = _json_items(ck, recorded)
     for key, t in ck.tensors.items():
-        claim(dcp_fqn(key), key, tensor_keys)
-        md[dcp_fqn(key)] = _tensor_metadata(t)
-    leaves = _json_leaves_of(ck)
-    for leaf in leaves:
-        for fqn, key in byte_item_fqns(leaf):
-            if fqn not in tensor_keys:
-                claim(fqn, key, byte_keys)
-                md[fqn] = BytesStorageMetadata()
-    paths = {fqn: tuple(split_key(k)) for fqn, k in {**byte_keys, **tensor_keys}.items()}
+        fqn = dcp_fqn(key)
+        claim(fqn, key, tensor_keys)
+        md[fqn] = _tensor_metadata(t)
+        paths[fqn] = tensor_paths[key]
+    for key, path in items.items():
+        fqn = dcp_fqn(key)
+        if fqn not in tensor_keys:
+            claim(fqn, key, byte_keys)
+            md[fqn] = BytesStorageMetadata()
+            paths[fqn] = path
     metadata = Metadata(state_dict_metadata=md, planner_data=paths)
-    return _DcpView(ck, tensor_keys, byte_keys, dict(ambiguous), JsonTree(leaves), metadata)
+    return _DcpView(ck, tensor_keys, byte_keys, dict(ambiguous), tree, metadata)
 
 
 class PortableStorageReader(StorageReader):

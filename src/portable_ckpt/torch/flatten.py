@@ -34,6 +34,7 @@ import torch
 from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.keys import (
     VALUES_ENTRY,
+    DcpPath,
     decode_json,
     encode_json,
     escape_component,
@@ -89,6 +90,10 @@ class FlatState:
         values: Flat key → JSON scalar leaf.
         entries: Flat key → :class:`StateEntry`.
         objects: Flat key (of the object) → ``(object, its state_dict() template)``.
+        dcp_paths: Flat key → DCP object path of each item DCP's default planner would make
+            of the state that is not a single value at a path of dict keys: a list of plain
+            values (one item) and any item below a list position (saved as ``torch.dcp_items``,
+            so ``dcp.load`` sees the items ``dcp.save`` would have made).
 
     """
 
@@ -96,6 +101,7 @@ class FlatState:
     values: dict[str, Any] = field(default_factory=dict)
     entries: dict[str, StateEntry] = field(default_factory=dict)
     objects: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    dcp_paths: dict[str, DcpPath] = field(default_factory=dict)
 
 
 def _is_stateful(node: Any) -> bool:
@@ -163,7 +169,7 @@ def flatten_state(state: Any, *, for_load: bool = False) -> FlatState:
     if not isinstance(state, Mapping):
         raise UnsupportedValueError(f"the state must be a dict, got {type(state).__name__}")
     flat = FlatState()
-    _flatten(state, "", flat, for_load)
+    _flatten(state, "", flat, for_load, (), False)
     return flat
 
 
@@ -194,18 +200,37 @@ _PLAIN_CONTAINERS = (dict, list, tuple)
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
 
 
-def _flatten(node: Any, key: str, flat: FlatState, for_load: bool) -> None:
+def _plain_list(node: Any) -> bool:
+    """A list or tuple that DCP keeps as one item: only JSON scalars and such lists below it."""
+    return all(
+        type(v) in _PLAIN_SCALARS
+        or (type(v) in (list, tuple) and _plain_list(v))
+        or (
+            not isinstance(v, torch.Tensor)
+            and hasattr(v, "item")
+            and hasattr(v, "dtype")
+            and getattr(v, "ndim", 1) == 0
+        )
+        for v in node
+    )
+
+
+def _flatten(
+    node: Any, key: str, flat: FlatState, for_load: bool, path: DcpPath, in_item: bool
+) -> None:
+    # ``path`` is DCP's object path (list positions as ints); ``in_item``: below a list that
+    # DCP keeps as one item. Only items DCP could not name from the key alone are recorded.
     if isinstance(node, torch.Tensor):
         _check_key(key)
         flat.tensors[key] = node
+        if any(type(c) is int for c in path):
+            flat.dcp_paths[key] = path
         return
     if type(node) in _PLAIN_CONTAINERS:
-        for k, comp in _child_components(node, key):
-            _flatten(node[k], _sub(key, comp), flat, for_load)
+        _walk(node, key, flat, for_load, path, in_item)
         return
     if type(node) in _PLAIN_SCALARS:
-        _check_key(key)
-        flat.values[key] = node
+        _value(node, key, flat, path, in_item)
         return
     if isinstance(node, StateEntry):
         _check_key(key)
@@ -221,25 +246,42 @@ def _flatten(node: Any, key: str, flat: FlatState, for_load: bool) -> None:
             _init_optimizer(node)
         template = node.state_dict()
         flat.objects[key] = (node, template)
-        _flatten(template, key, flat, for_load)
+        _flatten(template, key, flat, for_load, path, in_item)
         return
     if isinstance(node, Mapping | list | tuple):
-        for k, comp in _child_components(node, key):
-            _flatten(node[k], _sub(key, comp), flat, for_load)
+        _walk(node, key, flat, for_load, path, in_item)
         return
     if node is None or isinstance(node, bool | int | float | str):
-        _check_key(key)
-        flat.values[key] = node
+        _value(node, key, flat, path, in_item)
         return
     if hasattr(node, "item") and hasattr(node, "dtype") and getattr(node, "ndim", 1) == 0:
-        _check_key(key)
-        flat.values[key] = node.item()
+        _value(node.item(), key, flat, path, in_item)
         return
     raise UnsupportedValueError(
         f"state at {key or '<top>'!r}: value of type {type(node).__name__} cannot be stored "
         f"without pickle; store tensors, JSON scalars, dicts/lists of them, or objects with "
         f"state_dict()/load_state_dict()"
     )
+
+
+def _walk(
+    node: Any, key: str, flat: FlatState, for_load: bool, path: DcpPath, in_item: bool
+) -> None:
+    """A dict, list or tuple: its children, under DCP's path components (list positions: ints)."""
+    is_map = isinstance(node, Mapping)
+    if not is_map and not in_item and key and node and _plain_list(node):
+        flat.dcp_paths[key] = path  # DCP keeps it as one item
+        in_item = True
+    for k, comp in _child_components(node, key):
+        sub = path + ((str(k),) if is_map else (k,))
+        _flatten(node[k], _sub(key, comp), flat, for_load, sub, in_item)
+
+
+def _value(value: Any, key: str, flat: FlatState, path: DcpPath, in_item: bool) -> None:
+    _check_key(key)
+    flat.values[key] = value
+    if not in_item and any(type(c) is int for c in path):
+        flat.dcp_paths[key] = path
 
 
 def fill_state(

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value
 from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
 from portable_ckpt.torch._tensors import format_dtype
@@ -265,11 +266,15 @@ def _bind(locals_: list[Any], t: _PieceTemplate) -> torch.Tensor | None:
 
 def _plan_entries(flat: FlatState, rank: int, rng_snapshot: dict[str, Any]) -> list[PlannedEntry]:
     entries: list[PlannedEntry] = []
-    if VALUES_ENTRY in flat.entries:
-        raise UnsupportedValueError(f"the state key {VALUES_ENTRY!r} is reserved; rename it")
+    for reserved in (VALUES_ENTRY, DCP_ITEMS_ENTRY):
+        if reserved in flat.entries:
+            raise UnsupportedValueError(f"the state key {reserved!r} is reserved; rename it")
     if flat.values and rank == 0:
         values = {k: encode_json(v, key=k) for k, v in flat.values.items()}
         entries.append(PlannedEntry(VALUES_ENTRY, values, "pck:json/1", "global", None))
+    if (flat.values or flat.dcp_paths) and rank == 0:
+        items = dcp_items_value(flat.dcp_paths.values())
+        entries.append(PlannedEntry(DCP_ITEMS_ENTRY, items, "pck:json/1", "global", None))
     for key, e in flat.entries.items():
         scope, policy = e.scope, e.world_size_policy
         if not one_of(scope, SCOPES):
