@@ -219,25 +219,14 @@ def test_demo_cli_small(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> No
     from portable_ckpt.cli.main import main
 
     out = tmp_path / "demo"
-    code = main(
-        [
-            "demo",
-            "--ranks",
-            "2",
-            "--resume-ranks",
-            "3",
-            "--steps",
-            "4",
-            "--save-step",
-            "2",
-            "--hidden",
-            "13",
-            "--out",
-            str(out),
-        ]
-    )
-    text = capsys.readouterr().out
-    assert code == 0, text
+    argv = ["demo", "--ranks", "2", "--resume-ranks", "3", "--steps", "4", "--save-step", "2"]
+    argv += ["--hidden", "13", "--out", str(out)]
+    # Run again and again into the same --out: each run starts from empty roots (the versions
+    # an earlier run left have newer steps and used to displace this run's save: PCK-NOT-FOUND).
+    for _ in range(3):
+        code = main(argv)
+        text = capsys.readouterr().out
+        assert code == 0, text
     assert "ALL CHECKS PASSED" in text and "range map" in text
     report = json.loads((out / "demo-report.json").read_text())
     assert report["ok"] and (out / "loss.png").stat().st_size > 1000
@@ -247,6 +236,12 @@ def test_demo_cli_small(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> No
         "contract enforced",
         "resized restored values exactly equal",
     } <= names
+    # a root the demo did not make is never emptied: refused before anything runs
+    mine = tmp_path / "mine"
+    (mine / "keep").mkdir(parents=True)
+    code = main([*argv[:-2], "--out", str(tmp_path / "o2"), "--root", str(mine)])
+    err = capsys.readouterr()
+    assert code == 2 and "PCK-USAGE" in err.err + err.out and (mine / "keep").is_dir()
 
 
 def test_stuck_peer_times_out_instead_of_hanging(tmp_path: Any) -> None:

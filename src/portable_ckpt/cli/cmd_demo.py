@@ -83,7 +83,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--codec", choices=CODECS, default="none")
     p.add_argument("--out", default="demo-output", help="output directory (default ./demo-output)")
     p.add_argument(
-        "--root", type=A.new_root, default=None, help="checkpoint root (default <out>/checkpoints)"
+        "--root", type=A.new_root, default=None,
+        help=(
+            "checkpoint root (default <out>/checkpoints); each run starts it empty: a root an "
+            "earlier demo run made is emptied, one holding anything else is refused"
+        ),
     )
     p.add_argument("--no-same-size", action="store_true", help="skip the same-size (exact) resume")
     p.add_argument("--json", action="store_true", help="also print the summary as JSON")

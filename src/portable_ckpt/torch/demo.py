@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass
@@ -427,6 +428,7 @@ def run_demo(config: DemoConfig | None = None, *, verbose: bool = True) -> dict[
     out = os.path.abspath(cfg.out)
     os.makedirs(out, exist_ok=True)
     root = os.path.abspath(cfg.root or os.path.join(out, "checkpoints"))
+    _fresh_roots(out, [root, root + "-fast"])
     events = os.path.join(out, "checkpoint-events.jsonl")
     if os.path.exists(events):
         os.remove(events)
@@ -462,6 +464,56 @@ def run_demo(config: DemoConfig | None = None, *, verbose: bool = True) -> dict[
     report = _report(cfg, c, time.perf_counter() - t_start, checks, ck, stored, runs)
     _write_report(report, out, cfg)
     return report
+
+
+_OWNED = ".demo-roots.json"
+
+
+def _fresh_roots(out: str, roots: list[str]) -> None:
+    """Start every run from empty checkpoint roots.
+
+    The job keeps its newest versions by step, so versions an earlier run left (steps past the
+    save step) would displace this run's save before it is restored. A root an earlier demo run
+    created (listed in ``<out>/.demo-roots.json``, or named by the ``demo-report.json`` an
+    earlier run wrote there) is emptied; any other root that holds files is refused, since
+    nothing the demo did not write is deleted.
+    """
+    from portable_ckpt.errors import UsageError
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    marker = os.path.join(out, _OWNED)
+    owned: set[str] = set()
+    for path, pick in (
+        (marker, lambda doc: doc),
+        (os.path.join(out, "demo-report.json"), lambda doc: [
+            doc["config"].get("root"), doc["config"].get("fast_root")
+        ]),
+    ):
+        try:
+            with open(path, encoding="utf-8") as f:
+                owned |= {r for r in pick(json.load(f)) if isinstance(r, str)}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            pass  # unreadable: owns nothing
+    for r in roots:
+        children = os.listdir(r) if os.path.isdir(r) else []
+        # emptied only when the demo made it and it holds nothing but attempt directories
+        mine = r in owned and all(
+            ATTEMPT_ID_RE.match(c) and not os.path.islink(os.path.join(r, c)) for c in children
+        )
+        if children and not mine:
+            raise UsageError(
+                f"{r} holds files that no earlier demo run in {out} wrote; the demo "
+                f"needs an empty root (the job keeps its newest steps, so an earlier job's "
+                f"versions would displace this run's): pass --root or --out naming a new "
+                f"directory, or remove {r}"
+            )
+    for r in roots:
+        for c in os.listdir(r) if os.path.isdir(r) else []:
+            shutil.rmtree(os.path.join(r, c))
+    tmp = marker + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(sorted(owned | set(roots)), f)
+    os.replace(tmp, marker)
 
 
 def _describe_version(ck: Any) -> _Stored:
@@ -509,6 +561,7 @@ def _tensor_schema(ck: Any) -> list[dict[str, Any]]:
 def _entry_schema(ck: Any) -> list[dict[str, Any]]:
     print("\n== Non-tensor schema (entry, schema, scope, world_size_policy, values)")
     schema = []
+    width = max((len(n) for n in ck.entries), default=0)
     for name, e in ck.entries.items():
         sid = e.schema.get("id", "json_schema")
         schema.append(
@@ -521,7 +574,7 @@ def _entry_schema(ck: Any) -> list[dict[str, Any]]:
             }
         )
         print(
-            f"  {name:<14} {sid:<22} {e.scope:<9} {e.world_size_policy or '-':<8} {len(e.values)} value(s)"
+            f"  {name:<{width}} {sid:<22} {e.scope:<9} {e.world_size_policy or '-':<8} {len(e.values)} value(s)"
         )
     return schema
 
