@@ -247,6 +247,33 @@ def test_torch_save_round_trips_into_the_job(tmp_path: Path) -> None:
 
 
 @pytest.mark.torch
+def test_torch_target_keeps_a_dict_keyed_0_to_n(tmp_path: Path) -> None:
+    """With the version's item record, a dict keyed 0..n-1 stays a dict and lists stay lists;
+    without it (an older version) the keys 0..n-1 of plain values make a list."""
+    import portable_ckpt.torch as pckt
+
+    state = {
+        "w": torch.ones(2),
+        "workers": {"0": "w0", "1": "w1"},
+        "hist": [1.5, 2.5],
+        "groups": [{"lr": 0.5, "params": [0, 1]}],
+        "mixed": [torch.zeros(1), 7],
+    }
+    pckt.save(state, tmp_path / "root", step=1)
+    convert(tmp_path / "root", tmp_path / "a.pt", dst_format="torch")
+    back = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert back["workers"] == {0: "w0", 1: "w1"}  # decimal keys come back as ints, as always
+    assert back["hist"] == [1.5, 2.5] and back["groups"] == [{"lr": 0.5, "params": [0, 1]}]
+    assert isinstance(back["mixed"], list) and back["mixed"][1] == 7
+    leaves = {"workers/0": "w0", "workers/1": "w1", "hist/0": 1.5}
+    portable_ckpt.save_arrays(tmp_path / "old", {"w": np.ones(2, np.float32)}, step=1,
+                              entries={"torch.values": leaves})
+    convert(tmp_path / "old", tmp_path / "b.pt", dst_format="torch")
+    back = torch.load(tmp_path / "b.pt", weights_only=True)
+    assert back["workers"] == ["w0", "w1"] and back["hist"] == [1.5]
+
+
+@pytest.mark.torch
 def test_torch_target_verbatim_is_flat(tmp_path: Path) -> None:
     model, _ = _job(0)
     torch.save({"model": model.state_dict()}, tmp_path / "a.pt")

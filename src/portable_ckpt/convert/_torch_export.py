@@ -2,8 +2,9 @@
 
 With mapped keys the file holds the nested state the keys describe (the inverse of
 :mod:`portable_ckpt.convert.torch_save`'s reading and of ``portable_ckpt.torch.save``): a key's
-components are nested dicts; a container whose components are ``0..n-1`` and which holds no
-tensor is a list (``param_groups``, ``betas`` — tuples come back as lists); other decimal
+components are nested dicts; a container whose components are ``0..n-1`` is a list when the
+version's ``torch.dcp_items`` record says so (``param_groups``, ``betas`` — tuples come back as
+lists), or, for a version without the record, when it holds no tensor; other decimal
 components are int dict keys (an optimizer's ``state``), every other component a str key.
 JSON leaves come from the ``torch.values`` entry and the other global entries. With verbatim keys
 the file is a flat ``{key: tensor}`` dict plus one item per global entry.
@@ -37,7 +38,10 @@ from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
     VALUES_ENTRY,
     decode_json,
+    escape_component,
     json_leaves,
+    portable_key,
+    read_dcp_items,
     split_key,
 )
 
@@ -73,7 +77,11 @@ def save_portable_as_torch(
                 written += ck.tensors[key].nbytes
                 progress(ck.tensors[key].nbytes)
             values = _values(ck)
-            state = nest(tensors, values) if options.keys == "mapped" else {**tensors, **values}
+            state = (
+                nest(tensors, values, kinds=_kinds(ck))
+                if options.keys == "mapped"
+                else {**tensors, **values}
+            )
             torch.save(state, tmp)
             del state, tensors
         finally:
@@ -108,8 +116,31 @@ def _values(ck: Any) -> dict[str, Any]:
     return out
 
 
-def nest(tensors: dict[str, Any], values: dict[str, Any]) -> dict[Any, Any]:
+def _kinds(ck: Any) -> tuple[set[str], set[str]] | None:
+    """From ``torch.dcp_items``: the keys of the lists above items, and of the items.
+
+    ``None`` for a version without the record (the shape is guessed from the keys).
+    """
+    e = ck.entries.get(DCP_ITEMS_ENTRY)
+    record = read_dcp_items(ck.entry(DCP_ITEMS_ENTRY)) if e and e.scope == "global" else None
+    if record is None:
+        return None
+    lists = {portable_key(p[:i]) for p in record.values() for i in range(1, len(p)) if type(p[i]) is int}
+    return lists, set(record) - set(ck.tensors)
+
+
+def nest(
+    tensors: dict[str, Any],
+    values: dict[str, Any],
+    *,
+    kinds: tuple[set[str], set[str]] | None = None,
+) -> dict[Any, Any]:
     """Build the nested state that mapped keys describe (see the module docstring).
+
+    ``kinds`` (the version's ``torch.dcp_items``: keys of the lists above items, keys of the
+    items) says which containers were lists: a container keyed ``0..n-1`` outside every item
+    and not such a list is a dict. Without it, and inside items (lists of plain values), the
+    keys ``0..n-1`` make a list.
 
     Raises:
         UnsupportedValueError: a key lies below another key's leaf (``a`` and ``a/b``).
@@ -132,7 +163,7 @@ def nest(tensors: dict[str, Any], values: dict[str, Any]) -> dict[Any, Any]:
             raise UnsupportedValueError(f"key {key!r} is both a value and a container; export "
                                         "with keys='verbatim'")
         node[parts[-1]] = _Leaf(leaf)
-    out = _finish(tree)
+    out = _finish(tree, (), kinds, False)
     return out if isinstance(out, dict) else dict(enumerate(out))
 
 
@@ -157,12 +188,19 @@ def _is_leaf(node: Any) -> bool:
     return isinstance(node, _Leaf)
 
 
-def _finish(node: Any) -> Any:
+def _finish(
+    node: Any, path: tuple[str, ...], kinds: tuple[set[str], set[str]] | None, in_item: bool
+) -> Any:
     if isinstance(node, _Leaf):
         return node.value
-    kids = {c: _finish(v) for c, v in node.items()}
-    if list(kids) == [str(i) for i in range(len(kids))] and not _holds_tensor(kids.values()):
-        return list(kids.values())
+    key = "/".join(escape_component(c) for c in path)
+    in_item = in_item or (kinds is not None and key in kinds[1])
+    kids = {c: _finish(v, (*path, c), kinds, in_item) for c, v in node.items()}
+    known = kinds is not None and not in_item
+    if set(kids) == {str(i) for i in range(len(kids))} and (
+        key in kinds[0] if known and kinds is not None else not _holds_tensor(kids.values())
+    ):
+        return [kids[str(i)] for i in range(len(kids))]
     return {(int(c) if c.isdecimal() and str(int(c)) == c else c): v for c, v in kids.items()}
 
 
