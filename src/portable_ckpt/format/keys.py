@@ -19,8 +19,8 @@ stored leaves.
 
 Which leaves make up one DCP item is not in the key: ``a/betas/0`` may be a position inside the
 list item ``a.betas`` or the item ``a.betas.0`` of a dict keyed ``0``. Writers therefore record
-each item's DCP object path (list positions as ints) in the global entry
-:data:`DCP_ITEMS_ENTRY`; versions without it are read with DCP's own rule for lists
+the DCP object path (list positions as ints) of each item the key alone does not name in the
+global entry :data:`DCP_ITEMS_ENTRY`; versions without it are read with DCP's own rule for lists
 (:func:`list_item_key`).
 """
 
@@ -56,8 +56,9 @@ __all__ = [
 #: Name of the global entry holding every JSON-scalar leaf.
 VALUES_ENTRY = "torch.values"
 
-#: Name of the global entry recording the DCP object path of every non-tensor item, and of every
-#: tensor whose path holds a list position (:func:`dcp_items_value`).
+#: Name of the global entry recording the DCP object path of every item that is not one stored
+#: leaf at a path of dict keys: lists kept as one item, and items (tensors too) below a list
+#: position (:func:`dcp_items_value`). Every other ``torch.values`` leaf is an item of its own.
 DCP_ITEMS_ENTRY = "torch.dcp_items"
 
 #: A DCP object path: dict keys as ``str``, list positions as ``int`` (``planner_data``'s form).
