@@ -274,6 +274,48 @@ def test_torch_target_keeps_a_dict_keyed_0_to_n(tmp_path: Path) -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize(
+    ("select", "strip", "want"),
+    [
+        (None, None, {"app": {"lst": [0, 1], "hist": [1, 2], "opt": [{"lr": 0.5}]}, "other": 1}),
+        (["app/*"], None, {"app": {"lst": [0, 1], "hist": [1, 2], "opt": [{"lr": 0.5}]}}),
+        (None, "app/", {"lst": [0, 1], "hist": [1, 2], "opt": [{"lr": 0.5}], "other": 1}),
+        (["app/hist*", "app/opt/*"], "app/", {"hist": [1, 2], "opt": [{"lr": 0.5}]}),
+    ],
+)
+def test_dcp_target_select_and_strip_keep_items_and_lists(
+    tmp_path: Path, select: Any, strip: Any, want: Any
+) -> None:
+    """--select and --strip-prefix apply to non-tensor values leaf by leaf, as to tensors, and
+    the exported DCP checkpoint keeps which containers were lists (its planner_data)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    import portable_ckpt.torch as pckt
+
+    state = {
+        "app": {"lst": [torch.zeros(1), torch.ones(1)], "hist": [1, 2], "opt": [{"lr": 0.5}]},
+        "other": 1,
+    }
+    pckt.save(state, tmp_path / "root", step=1)
+    out = tmp_path / "dcp"
+    convert(tmp_path / "root", out, dst_format="dcp", select=select, strip_prefix=strip)
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=FileSystemReader(str(out)),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [plain(x) for x in v]
+        return int(v.item()) if isinstance(v, torch.Tensor) else v
+
+    assert plain(sd) == want
+
+
+@pytest.mark.torch
 def test_torch_target_verbatim_is_flat(tmp_path: Path) -> None:
     model, _ = _job(0)
     torch.save({"model": model.state_dict()}, tmp_path / "a.pt")

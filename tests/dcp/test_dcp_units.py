@@ -584,7 +584,8 @@ def test_a_version_without_an_item_record_reads_lists_as_dcp_keeps_them(tmp_path
         "hist", "m", "mix.0", "mix.1", "mix.2", "pg.0.betas", "pg.0.lr", "w"
     ]
     sd = _template_free(PortableStorageReader(str(tmp_path)))
-    assert sd["hist"] == [1.0, 2.0] and sd["pg"]["0"]["betas"] == [0.9] and sd["m"] == {"1": [3]}
+    # positions guessed as convert --to torch guesses them: keys 0..n-1 without a tensor below
+    assert sd["hist"] == [1.0, 2.0] and sd["pg"][0]["betas"] == [0.9] and sd["m"] == {"1": [3]}
     assert sd["mix"]["1"] == 7 and sd["mix"]["2"] == [8]
     target = {"hist": (0.0, 0.0), "w": torch.zeros(2)}
     dcp.load(target, storage_reader=PortableStorageReader(str(tmp_path)))
@@ -596,6 +597,7 @@ def test_a_hostile_item_record_names_no_overlapping_items(tmp_path: Any) -> None
     trusted beyond naming stored leaves: items stay disjoint, every leaf stays reachable."""
     leaves = {"a/0": 1, "a/1": 2, "b": 3, "c/x": 4}
     for record, want in [
+        ([["a", 0], ["a", 1], ["a", 40]], ["a.0", "a.1", "b", "c.x", "w"]),  # a/40: no leaf
         ([["a"], ["a", 0], ["zzz"], ["c", "x"]], ["a", "b", "c.x", "w"]),
         ([["a", 1], ["a", "0"]], ["a", "b", "c.x", "w"]),  # list and dict at once: the list rule
         ([["a", 1]], ["a", "b", "c.x", "w"]),  # so is a leaf at a dict key of a list
@@ -609,7 +611,33 @@ def test_a_hostile_item_record_names_no_overlapping_items(tmp_path: Any) -> None
                                   entries={"torch.values": leaves, "torch.dcp_items": record})
         md = PortableStorageReader(str(root)).read_metadata()
         assert sorted(md.state_dict_metadata) == want, record
-        _template_free(PortableStorageReader(str(root)))
+        if record != [["a", 0], ["a", 1], ["a", 40]]:  # plain items at list positions: DCP
+            # wants the list whole and says "Missing key", as for its own list of an empty dict
+            _template_free(PortableStorageReader(str(root)))
+    # a list longer than what is stored in it: DCP would allocate every position
+    for record in ([["a", 10**12]], [["a", 0], ["a", 1], ["a", 40]]):
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        big = {"a/0": 1, "a/1": 2, "a/40": 3, "a/1000000000000": 4}
+        entries = {"torch.values": big, "torch.dcp_items": record}
+        portable_ckpt.save_arrays(root, {"w": np.ones(2, np.float32)}, step=1, entries=entries)
+        md = PortableStorageReader(str(root)).read_metadata()
+        assert sorted(md.state_dict_metadata) == ["a", "w"], record  # the list rule instead
+        assert md.planner_data["a"] == ("a",)
+    # a record naming a place inside another entry's item; keys past the key rule's length
+    deep = "/".join(["d"] * 8000)
+    for record, want in [
+        ([["cfg", "x", 0]], ["b", "cfg.x", "w"]),
+        ([["cfg", "x", "0"]], ["b", "cfg.x", "w"]),
+        ([["cfg"]], ["b", "cfg.x", "w"]),
+        ([["d"] * 8000], ["b", "cfg.x", "w"]),
+    ]:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        entries = {"torch.values": {"b": 1, deep: 2}, "cfg": {"x": [1, 2]}, "torch.dcp_items": record}
+        portable_ckpt.save_arrays(root, {"w": np.ones(2, np.float32)}, step=1, entries=entries)
+        md = PortableStorageReader(str(root)).read_metadata()
+        assert sorted(md.state_dict_metadata) == want, record
+        sd = _template_free(PortableStorageReader(str(root)))
+        assert sd["cfg"] == {"x": [1, 2]} and sd["b"] == 1
 
 
 json_documents = st.recursive(
@@ -633,11 +661,21 @@ def test_json_item_paths_are_dcps_traversal(value: Any) -> None:
     assert sorted(map(repr, json_item_paths(value, ("k",)))) == sorted(map(repr, seen))
 
 
-@given(st.dictionaries(st.text("ab", min_size=1, max_size=2), json_documents, min_size=1,
+json_states = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text("xy", max_size=2),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.lists(inner, max_size=3).map(tuple)
+    | st.dictionaries(st.text("ab", min_size=1, max_size=2) | st.integers(0, 3), inner,
+                      max_size=3),
+    max_leaves=10,
+)
+
+
+@given(st.dictionaries(st.text("ab", min_size=1, max_size=2), json_states, min_size=1,
                        max_size=3))
 def test_torch_save_records_the_items_dcp_save_makes(state: dict[str, Any]) -> None:
-    """For any state of JSON values, portable_ckpt.torch.save's recorded items and paths are
-    what DCP's default planner makes of the same state."""
+    """For any state of JSON values (tuples and empty containers too), portable_ckpt.torch.save's
+    items and paths are what DCP's default planner makes of the same state."""
     import tempfile
 
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
@@ -649,3 +687,42 @@ def test_torch_save_records_the_items_dcp_save_makes(state: dict[str, Any]) -> N
         pckt.save({"t": torch.ones(1), **state}, d, step=1)
         got = PortableStorageReader(d).read_metadata().planner_data
     assert {f: tuple(p) for f, p in got.items()} == want
+
+
+def test_empty_lists_and_tuples_are_the_items_dcp_makes(tmp_path: Any) -> None:
+    """portable_ckpt.torch.save stores an empty list (an optimizer's empty param group) and keeps a
+    tuple as one item, as DCP does: dcp.load and template-free loads see the saved state."""
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+    opt = torch.optim.AdamW([{"params": [torch.nn.Parameter(torch.ones(2))]}, {"params": []}])
+    for i, state in enumerate([
+        {"w": torch.ones(1), "a": [[], 5], "e": []},
+        {"w": torch.ones(1), "o": {"b": (1, {"x": 2}), "t": ()}},
+        {"w": torch.ones(1), "optim": opt.state_dict()},
+    ]):
+        fs, pc = str(tmp_path / f"fs{i}"), str(tmp_path / f"pc{i}")
+        dcp.save(state, storage_writer=FileSystemWriter(fs))
+        pckt.save(state, pc, step=1)
+        want = FileSystemReader(fs).read_metadata()
+        got = PortableStorageReader(pc).read_metadata()
+        assert set(got.state_dict_metadata) == set(want.state_dict_metadata)
+        assert got.planner_data == want.planner_data
+        assert _plain(_template_free(PortableStorageReader(pc))) == _plain(
+            _template_free(FileSystemReader(fs))
+        )
+        for load in (
+            lambda t: dcp.load(t, storage_reader=PortableStorageReader(pc)),  # noqa: B023
+            lambda t: pckt.load(t, pc),  # noqa: B023
+        ):
+            target = zeroed(state)
+            load(target)
+            assert same(target, state)
+
+
+def test_an_empty_list_a_version_did_not_store_keeps_the_target_value(tmp_path: Any) -> None:
+    """Versions written before empty lists were stored load into a target that has one."""
+    portable_ckpt.save_arrays(tmp_path, {"w": np.ones(2, np.float32)}, step=1,
+                              entries={"torch.values": {"lr": 0.5}})
+    target = {"w": torch.zeros(2), "lr": 0.0, "params": []}
+    info = pckt.load(target, tmp_path)
+    assert target["lr"] == 0.5 and target["params"] == [] and info.missing_keys == []

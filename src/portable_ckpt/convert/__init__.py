@@ -422,7 +422,7 @@ def convert(
     step: int | None = None,
     codec: str = "none",
     keys: KeyMode = "mapped",
-    select: Sequence[str] = (),
+    select: Sequence[str] | None = (),
     strip_prefix: str | None = None,
     dtype: str | None = None,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
@@ -446,8 +446,9 @@ def convert(
             records, else 0); portable source: which version to read (default latest).
         codec: portable target: ``"none"`` or ``"zstd"``.
         keys: ``"mapped"`` (default) or ``"verbatim"`` (see the module docstring).
-        select: exports from a portable version: only tensors and entries whose key matches
-            one of these globs (``"model/*"``).
+        select: exports from a portable version: only tensors, entries and non-tensor values
+            (``torch.values`` leaves) whose key matches one of these globs (a list:
+            ``["model/*"]``; ``None``: everything).
         strip_prefix: exports: remove this prefix from the exported names (``"model/"``).
         dtype: exports: cast floating-point tensors (``"bf16"``, ``"fp16"``, ``"fp32"``).
         batch_bytes: bytes of chunks held in memory before they are written.
@@ -497,14 +498,21 @@ def convert(
     return report
 
 
-def _options(*, target: str, max_shard_size: int | str, select: Sequence[str],
+def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | None,
              dtype: str | None, **kw: Any) -> ConvertOptions:
     """Check the arguments of :func:`convert` (usage errors before anything is touched)."""
     from portable_ckpt.convert._view import parse_dtype
     from portable_ckpt.convert.hf import parse_size
+    from portable_ckpt.format.usage import name_collection
 
     if kw["keys"] not in ("mapped", "verbatim"):
         raise UsageError(f"keys must be 'mapped' or 'verbatim', not {kw['keys']!r}")
+    if select is None:
+        select = ()
+    # a pattern string is a collection of one-character patterns: refused, as a wrong type is
+    name_collection(select, "select")
+    if kw["strip_prefix"] is not None and not isinstance(kw["strip_prefix"], str):
+        raise UsageError(f"strip_prefix must be a str, got {type(kw['strip_prefix']).__name__}")
     if kw["codec"] not in ("none", "zstd"):
         raise UsageError(f"codec must be 'none' or 'zstd', not {kw['codec']!r}")
     exporting = select or kw["strip_prefix"] or dtype

@@ -16,7 +16,15 @@ import numpy as np
 from portable_ckpt.convert._model import ConvertOptions
 from portable_ckpt.errors import UsageError
 from portable_ckpt.format.dtypes import DTYPES
-from portable_ckpt.format.keys import dcp_fqn
+from portable_ckpt.format.keys import (
+    DCP_ITEMS_ENTRY,
+    VALUES_ENTRY,
+    DcpPath,
+    dcp_fqn,
+    dcp_items_value,
+    read_dcp_items,
+    split_key,
+)
 
 __all__ = ["FLOAT_DTYPES", "ExportView", "parse_dtype"]
 
@@ -103,23 +111,89 @@ class ExportView:
                 dtype = self._dtype if self._dtype and info.dtype in FLOAT_DTYPES else info.dtype
                 self._claim(taken, name, key)
                 self.tensors[name] = _Tensor(name, key, dtype, tuple(info.shape), info.ranges)
+        self._values: dict[str, Any] = {}  # entry name -> value as exported (JSON leaves)
         for ename in sorted(ck.entries):
+            if ename == DCP_ITEMS_ENTRY:
+                continue  # follows what is exported (below)
+            if ename == VALUES_ENTRY and (self._patterns or self._strip) and self._leaves(ck):
+                if ename in self.entries:
+                    self._claim(taken, ename, ename)
+                continue
             name = self._name(ename, tensor=False)
             if name is not None:
                 self._claim(taken, name, ename)
                 self.entries[name] = ck.entries[ename]
                 self._entry_source[name] = ename
+        self._record(ck)
         if self._patterns and not taken:
             raise UsageError(
                 f"--select {' '.join(self._patterns)} matches no tensor or entry of {ck.path}; "
                 "see `portable-ckpt inspect` for the keys"
             )
 
+    def _leaves(self, ck: Any) -> bool:
+        """Export ``torch.values`` leaf by leaf (``False``: not a leaf table, taken whole).
+
+        Each leaf's key is a stored key that ``--select`` and ``--strip-prefix`` apply to, as to
+        a tensor's; ``--select torch.values`` takes every leaf.
+        """
+        e = ck.entries[VALUES_ENTRY]
+        stored = ck.entry(VALUES_ENTRY) if e.scope == "global" else None
+        if not isinstance(stored, dict):
+            return False
+        whole = any(fnmatch.fnmatchcase(VALUES_ENTRY, p) for p in self._patterns)
+        kept: dict[str, Any] = {}
+        for k, v in stored.items():
+            name = self._strip_key(k) if whole else self._name(k, tensor=False)
+            if name is not None:
+                kept[name] = v
+        if kept:
+            self.entries[VALUES_ENTRY] = e
+            self._entry_source[VALUES_ENTRY] = VALUES_ENTRY
+            self._values[VALUES_ENTRY] = kept
+        return True
+
+    def _record(self, ck: Any) -> None:
+        """``torch.dcp_items`` for what is exported: its paths renamed, those of nothing gone."""
+        e = ck.entries.get(DCP_ITEMS_ENTRY)
+        if e is None or e.scope != "global":
+            return
+        if not (self._patterns or self._strip):
+            self.entries[DCP_ITEMS_ENTRY] = e
+            self._entry_source[DCP_ITEMS_ENTRY] = DCP_ITEMS_ENTRY
+            return
+        record = read_dcp_items(ck.entry(DCP_ITEMS_ENTRY))
+        if record is None:
+            return
+        leaves = self._values.get(VALUES_ENTRY, {})
+        names = {t.source_key: n for n, t in self.tensors.items()}
+        paths: list[DcpPath] = []
+        for key, path in record.items():
+            new = names.get(key) if key in ck.tensors else self._strip_key(key)
+            if new is None or (key not in ck.tensors and not any(
+                k == new or k.startswith(new + "/") for k in leaves
+            )):
+                continue
+            comps = split_key(new) if key not in ck.tensors or not self._dotted else [new]
+            tail = path[len(path) - len(comps) :] if len(comps) <= len(path) else ()
+            paths.append(tuple(
+                old if type(old) is int and str(old) == c else c
+                for c, old in zip(comps, tail or comps, strict=True)
+            ))
+        if paths or VALUES_ENTRY in self.entries:
+            self.entries[DCP_ITEMS_ENTRY] = e
+            self._entry_source[DCP_ITEMS_ENTRY] = DCP_ITEMS_ENTRY
+            self._values[DCP_ITEMS_ENTRY] = dcp_items_value(paths)
+
+    def _strip_key(self, key: str) -> str:
+        if self._strip and key.startswith(self._strip) and len(key) > len(self._strip):
+            return key[len(self._strip) :]
+        return key
+
     def _name(self, key: str, *, tensor: bool = True) -> str | None:
         if self._patterns and not any(fnmatch.fnmatchcase(key, p) for p in self._patterns):
             return None
-        if self._strip and key.startswith(self._strip) and len(key) > len(self._strip):
-            key = key[len(self._strip) :]
+        key = self._strip_key(key)
         return dcp_fqn(key) if self._dotted and tensor else key
 
     @staticmethod
@@ -157,6 +231,8 @@ class ExportView:
 
     def entry(self, name: str, rank: int | None = None, world_size: int | None = None) -> Any:
         """The value of exported entry ``name`` (as :meth:`Checkpoint.entry`)."""
+        if name in self._values:
+            return self._values[name]
         return self._ck.entry(self._entry_source[name], rank=rank, world_size=world_size)
 
     def source_key(self, name: str) -> str:

@@ -49,6 +49,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import numpy_dtype
+from portable_ckpt.format.keys import DCP_ITEMS_ENTRY
 from portable_ckpt.storage._posix import file_kind, open_regular, read_regular
 
 __all__ = [
@@ -323,6 +324,8 @@ def _shard_metadata(src: Any) -> tuple[dict[str, str], list[ConvertWarning]]:
     warnings: list[ConvertWarning] = []
     meta: dict[str, str] = {"format": "pt"}
     for name in sorted(src.entries):
+        if name == DCP_ITEMS_ENTRY:
+            continue  # describes the values' DCP items: nothing of the state itself
         if name == HF_METADATA_ENTRY:
             value = src.entry(name)
             if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):

@@ -36,6 +36,7 @@ __all__ = [
     "DCP_ITEMS_ENTRY",
     "VALUES_ENTRY",
     "DcpPath",
+    "MAX_KEY",
     "JsonTree",
     "dcp_fqn",
     "dcp_items_value",
@@ -60,6 +61,10 @@ VALUES_ENTRY = "torch.values"
 #: leaf at a path of dict keys: lists kept as one item, and items (tensors too) below a list
 #: position (:func:`dcp_items_value`). Every other ``torch.values`` leaf is an item of its own.
 DCP_ITEMS_ENTRY = "torch.dcp_items"
+
+#: Longest key the key rule makes (the format's limit on tensor keys): a longer stored key is
+#: in no container (checks over a key's prefixes stay linear in the bytes present).
+MAX_KEY = 1024
 
 #: A DCP object path: dict keys as ``str``, list positions as ``int`` (``planner_data``'s form).
 DcpPath = tuple[str | int, ...]
@@ -298,6 +303,8 @@ class JsonTree:
         self._children: dict[str, list[str]] = {}
         seen: set[str] = set()
         for k in self._leaves:
+            if len(k) > MAX_KEY:
+                continue  # no key rule makes it: a leaf of its own, in no container
             parts = k.split("/")
             for i in range(1, len(parts)):
                 parent, child = "/".join(parts[:i]), "/".join(parts[: i + 1])

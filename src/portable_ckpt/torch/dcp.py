@@ -49,7 +49,7 @@ import dataclasses
 import io
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any, cast
 
 import torch
@@ -91,8 +91,10 @@ from portable_ckpt.errors import (
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
+    MAX_KEY,
     DcpPath,
     dcp_items_value,
+    escape_component,
     json_item_paths,
     list_item_key,
     read_dcp_items,
@@ -623,12 +625,13 @@ def _json_items(
     JSON, so DCP's default rule gives its items. The items of ``torch.values`` are the ones
     ``torch.dcp_items`` records, every other leaf an item of its own; for a version written
     without the record, or with one that contradicts itself or the tensors, DCP's rule for
-    lists (:func:`~portable_ckpt.format.keys.list_item_key`). Either way no item lies inside
-    another or above a tensor, and no path uses one component both as a list position and as a
-    dict key, so DCP can rebuild the state from the metadata alone.
+    lists (:func:`~portable_ckpt.format.keys.list_item_key`), with list positions guessed from
+    the keys. Either way no item lies inside another or above a tensor, no path uses one
+    component both as a list position and as a dict key, and no list is longer than what is
+    stored in it allows, so DCP can rebuild the state from the metadata alone.
     """
     leaves: dict[str, Any] = {}
-    items: dict[str, DcpPath] = {}
+    entry_items: dict[str, DcpPath] = {}
     values: dict[str, Any] = {}
     for name, e in ck.entries.items():
         if e.scope != "global" or name == DCP_ITEMS_ENTRY:
@@ -640,47 +643,126 @@ def _json_items(
         elif name != VALUES_ENTRY:
             value = decode_json(value)
             leaves.update(json_leaves(name, value, fqn=dcp_fqn(name)))
-            items.update(
+            entry_items.update(
                 (portable_key(p), p) for p in json_item_paths(value, tuple(split_key(name)))
             )
     tree = JsonTree(leaves)
-    above = {"/".join(k.split("/")[:n]) for k in ck.tensors for n in range(1, k.count("/") + 1)}
-    if recorded is not None:
+    tensors = set(ck.tensors)
+    vkeys = [k for k in values if len(k) <= MAX_KEY]  # longer: no DCP item
+    above = {"/".join(k.split("/")[:n]) for k in tensors for n in range(1, k.count("/") + 1)}
+    if recorded is not None and all(len(k) <= MAX_KEY for k in recorded):
         own: dict[str, DcpPath] = {}
         for k, p in sorted(recorded.items()):
-            if k in tree and k not in ck.tensors and k not in above and not _covered(k, own):
+            if k in tree and k not in tensors and k not in above and not _covered(k, own):
                 own[k] = p
-        for leaf in values:
+        for leaf in vkeys:
             if not _covered(leaf, own) and leaf not in above:
                 own[leaf] = tuple(split_key(leaf))
-        tensors = {k: recorded.get(k) or tuple(split_key(k)) for k in ck.tensors}
-        if _consistent([*tensors.values(), *own.values(), *items.values()]):
-            return tree, {**items, **own}, tensors
-    for leaf in values:
+        items = _disjoint({**entry_items, **own}, tensors, above)
+        tensor_paths = {k: recorded.get(k) or tuple(split_key(k)) for k in tensors}
+        if len(items) == len(entry_items.keys() | own.keys()) and _consistent(
+            items.values(), tensor_paths.values()
+        ):
+            return tree, items, tensor_paths
+    value_items: dict[str, DcpPath] = {}
+    for leaf in vkeys:
         parts = leaf.split("/")
         k = list_item_key(leaf)
         while k in above and k != leaf:  # a list that holds a tensor is DCP items by position
             k = "/".join(parts[: k.count("/") + 2])
         if k not in above:
-            items.setdefault(k, tuple(split_key(k)))
-    return tree, items, {k: tuple(split_key(k)) for k in ck.tensors}
+            value_items.setdefault(k, ())
+    items = _disjoint({**entry_items, **value_items}, tensors, above)
+    return tree, *_guessed_paths(items, tensors, entry_items)
 
 
-def _covered(key: str, items: Mapping[str, Any]) -> bool:
+def _covered(key: str, items: Container[str]) -> bool:
     """Whether ``key`` or a key above it is in ``items``."""
     parts = key.split("/")
     return any("/".join(parts[:n]) in items for n in range(1, len(parts) + 1))
 
 
-def _consistent(paths: Iterable[DcpPath]) -> bool:
-    """No container is both a list (an int component below it) and a dict (a str one)."""
+def _disjoint(
+    items: dict[str, DcpPath], tensors: set[str], above: set[str]
+) -> dict[str, DcpPath]:
+    """``items`` less those too long, at or above a tensor, or inside another item or tensor."""
+    kept: dict[str, DcpPath] = {}
+    for k in sorted(items, key=len):  # an item above another keeps the leaves below it
+        if (
+            len(k) <= MAX_KEY
+            and k not in tensors
+            and k not in above
+            and not _covered(k, kept)
+            and not _covered(k, tensors)
+        ):
+            kept[k] = items[k]
+    return kept
+
+
+def _guessed_paths(
+    items: dict[str, DcpPath], tensors: set[str], exact: dict[str, DcpPath]
+) -> tuple[dict[str, DcpPath], dict[str, DcpPath]]:
+    """Object paths for a version without a usable item record (``exact``: paths known).
+
+    A container whose children are ``0..n-1`` and that holds no tensor is taken for a list
+    (``param_groups``), as ``convert --to torch`` takes it; others (an optimizer's ``state``
+    keyed by parameter number) are dicts.
+    """
+    keys = [*tensors, *items]
+    children: dict[str, set[str]] = defaultdict(set)
+    holds_tensor: set[str] = set()
+    for k in keys:
+        parts = k.split("/")
+        for n in range(1, len(parts)):
+            parent = "/".join(parts[:n])
+            children[parent].add(parts[n])
+            if k in tensors:
+                holds_tensor.add(parent)
+    lists = {
+        c
+        for c, kids in children.items()
+        if c not in holds_tensor and kids == {str(i) for i in range(len(kids))}
+    }
+
+    def path(k: str) -> DcpPath:
+        if k in exact:
+            return exact[k]
+        parts = k.split("/")
+        return tuple(
+            int(c) if n and "/".join(parts[:n]) in lists else comp
+            for n, (c, comp) in enumerate(zip(parts, split_key(k), strict=True))
+        )
+
+    out = {k: path(k) for k in items}
+    tensor_paths = {k: path(k) for k in tensors}
+    if not _consistent(out.values(), tensor_paths.values()):
+        out = {k: tuple(split_key(k)) for k in items}
+        tensor_paths = {k: tuple(split_key(k)) for k in tensors}
+    return out, tensor_paths
+
+
+def _consistent(items: Iterable[DcpPath], tensors: Iterable[DcpPath]) -> bool:
+    """Whether DCP can build the containers of these items' and tensors' paths without harm.
+
+    No container is both a list (an int component below it) and a dict (a str one), and no list
+    has a position past twice the positions stored in it (plus 16): DCP's template-free load
+    allocates every position up to the largest. (A list of plain items that DCP would want as
+    one item gives DCP's own "Missing key" on a template-free load, as a list holding only an
+    empty dict does with DCP's own storage.)
+    """
     kinds: dict[str, bool] = {}
-    for path in paths:
+    positions: dict[str, set[int]] = defaultdict(set)
+    for path in (*items, *tensors):
+        prefix = ""
         for i in range(1, len(path)):
+            part = escape_component(str(path[i - 1]))
+            prefix = f"{prefix}/{part}" if i > 1 else part
             is_list = type(path[i]) is int
-            if kinds.setdefault(portable_key(path[:i]), is_list) != is_list:
+            if kinds.setdefault(prefix, is_list) != is_list:
                 return False
-    return True
+            if is_list:
+                positions[prefix].add(int(path[i]))
+    return all(max(p) < 2 * len(p) + 16 for p in positions.values())
 
 
 def _tensor_metadata(t: Any) -> TensorStorageMetadata:

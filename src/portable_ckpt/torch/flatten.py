@@ -200,17 +200,35 @@ _PLAIN_CONTAINERS = (dict, list, tuple)
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
 
 
+def _scalar(v: Any) -> bool:
+    return type(v) in _PLAIN_SCALARS or (
+        not isinstance(v, torch.Tensor)
+        and hasattr(v, "item")
+        and hasattr(v, "dtype")
+        and getattr(v, "ndim", 1) == 0
+    )
+
+
+def _json_like(v: Any, depth: int = 0) -> bool:
+    """Only dicts, lists, tuples and JSON scalars below ``v`` (no tensor, no object)."""
+    if depth > 64:
+        return False
+    if type(v) in (dict, list, tuple):
+        kids = v.values() if type(v) is dict else v
+        return all(_json_like(x, depth + 1) for x in kids)
+    return _scalar(v)
+
+
 def _plain_list(node: Any) -> bool:
-    """A list or tuple that DCP keeps as one item: only JSON scalars and such lists below it."""
+    """Whether DCP keeps the list as one item.
+
+    No dict lies below it through lists, and no tensor or object is in it (a tuple in it is one
+    value to DCP, so it may hold dicts).
+    """
     return all(
-        type(v) in _PLAIN_SCALARS
-        or (type(v) in (list, tuple) and _plain_list(v))
-        or (
-            not isinstance(v, torch.Tensor)
-            and hasattr(v, "item")
-            and hasattr(v, "dtype")
-            and getattr(v, "ndim", 1) == 0
-        )
+        _scalar(v)
+        or (type(v) is list and _plain_list(v))
+        or (type(v) is tuple and _json_like(v))
         for v in node
     )
 
@@ -267,10 +285,21 @@ def _flatten(
 def _walk(
     node: Any, key: str, flat: FlatState, for_load: bool, path: DcpPath, in_item: bool
 ) -> None:
-    """A dict, list or tuple: its children, under DCP's path components (list positions: ints)."""
+    """A dict, list or tuple: its children, under DCP's path components (list positions: ints).
+
+    An empty list or tuple is a value of its own (``[]``), as DCP keeps it: an item, or a place
+    in one; so is an empty dict inside an item. Any other empty dict is nothing, as in DCP.
+    """
     is_map = isinstance(node, Mapping)
-    if not is_map and not in_item and key and node and _plain_list(node):
-        flat.dcp_paths[key] = path  # DCP keeps it as one item
+    if not node and key and (in_item or not is_map):
+        _value({} if is_map else [], key, flat, path, in_item)
+        return
+    # DCP keeps a list of plain values, and any tuple, as one item (a tuple that holds a tensor
+    # cannot be one here: its tensors are stored as tensors, by position)
+    if not is_map and not in_item and key and (
+        _plain_list(node) if isinstance(node, list) else _json_like(tuple(node))
+    ):
+        flat.dcp_paths[key] = path
         in_item = True
     for k, comp in _child_components(node, key):
         sub = path + ((str(k),) if is_map else (k,))

@@ -529,9 +529,11 @@ def _load_values(
             raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
         info.entries_loaded += 1
     loaded: dict[str, Any] = {}
-    for k in flat.values:
+    for k, v in flat.values.items():
         if k in stored:
             loaded[k] = decode_json(stored[k])
+        elif isinstance(v, list | tuple | dict) and not v:
+            continue  # an empty container of the target: versions before 2026-12-03 lack it
         elif strict:
             raise EntryMissingError(
                 f"value {k!r} is in the target state but not in entry {VALUES_ENTRY!r} of "
