@@ -82,3 +82,37 @@ def test_stale_optimizer_dict_nested_in_a_dict_is_flagged(
             mgr.save(3, {"a": {"b": {"c": {"d": {"optim": osd}}}}})  # deeper than 4: not looked at
     warned = [r.getMessage() for r in caplog.records if "optimizer state dict" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("state['train']['optim'] is an optimizer")
+
+
+def test_a_job_saving_below_newer_steps_keeps_its_save_and_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator review: a job that did not restore, in a root holding an earlier run's newer
+    steps, had each save deleted by its own keep_last right after the commit, silently."""
+    root = str(tmp_path / "r")
+    state = {"w": torch.arange(4.0)}
+    with pckt.CheckpointManager(root, save_every=1, keep_last=2, async_save=False) as mgr:
+        for step in (10, 20, 30):
+            mgr.save(step, state)
+    capsys.readouterr()
+    with pckt.CheckpointManager(root, save_every=1, keep_last=2, async_save=False) as mgr:
+        for step in (1, 2, 3):  # a fresh run, no restore()
+            mgr.save(step, state)
+    steps = [v.step for v in portable_ckpt.list_versions(root)]
+    assert 3 in steps and 1 not in steps and {20, 30} <= set(steps)  # its newest save is kept
+    said = [line for line in capsys.readouterr().err.splitlines() if "already holds newer" in line]
+    assert len(said) == 1 and "step 1" in said[0] and "[20, 30]" in said[0], said
+
+
+def test_restore_strict_false_takes_a_seed_without_per_rank_entries(tmp_path: Path) -> None:
+    """Operator review: a converted checkpoint has no RNG or data position; the documented seed
+    path failed with advice (strict=False) that restore() did not take."""
+    seed = tmp_path / "seed"
+    portable_ckpt.save_arrays(seed, {"train/w": torch.full((4,), 7.0).numpy()}, step=5)
+    state = {"train": {"w": torch.zeros(4)}, "rng": pckt.RNGState()}
+    with pckt.CheckpointManager(str(tmp_path / "r"), save_every=1, async_save=False) as mgr:
+        with pytest.raises(portable_ckpt.CheckpointError, match="rng"):
+            mgr.restore(state, checkpoint=portable_ckpt.open(seed).path)
+        info = mgr.restore(state, checkpoint=portable_ckpt.open(seed).path, strict=False)
+    assert info is not None and info.missing_keys == ["rng"]
+    assert torch.equal(state["train"]["w"], torch.full((4,), 7.0))

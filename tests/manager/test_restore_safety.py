@@ -84,6 +84,8 @@ def test_a_version_found_damaged_is_recorded_and_skipped_next_time(
     first = _run("restore", str(root), None, None)
     assert [o["step"] for o in first] == [2, 2]
     assert [f["checkpoint_id"] for f in first[0]["fallbacks"]] == [newest.id]
+    # the skipped version is said on stderr by rank 0, without logging set up
+    assert [line for line in first[0]["said"] if newest.id in line and "next candidate" in line]
     after = {v.id: v for v in portable_ckpt.list_versions(root)}[newest.id]
     assert after.status == "committed" and after.verification_failed
     again = _run("restore", str(root), None, None)
@@ -94,3 +96,21 @@ def test_a_version_found_damaged_is_recorded_and_skipped_next_time(
     assert main(["ls", str(root)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(newest.id))
     assert " failed " in line
+
+
+def test_a_retry_after_every_version_failed_is_no_first_run(saved: Path, tmp_path: Path) -> None:
+    """Operator review: with every version damaged, the first restore failed (right) and marked
+    them failed; the same command again returned None, the job trained from step 1 and its
+    retention deleted the damaged versions. Now the retry fails too, naming them."""
+    root = _copy(saved, tmp_path)
+    for v in portable_ckpt.list_versions(root):
+        for data in sorted(Path(v.path, "data").iterdir()):
+            raw = bytearray(data.read_bytes())
+            raw[-5] ^= 0xFF
+            data.write_bytes(bytes(raw))
+    for out in _run("restore", str(root), None, None):
+        assert out["code"] == "PCK-DISTRIBUTED"
+    assert all(v.verification_failed for v in portable_ckpt.list_versions(root))
+    for out in _run("restore", str(root), None, None):
+        assert out["code"] == "PCK-NOT-FOUND" and "failed verification" in out["message"]
+        assert "checkpoint=" in out["message"]

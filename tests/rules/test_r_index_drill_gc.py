@@ -398,6 +398,24 @@ def test_gc_protects_the_newest_drilled_version(tmp_path: Path) -> None:
     assert _alive(root2) == {ids2[1]}
 
 
+def test_gc_keeps_versions_that_did_not_fail_verification(tmp_path: Path) -> None:
+    """R-GC-9: a version that failed verification takes no place of the `keep` newest and no
+    protection: `gc --keep 1` used to keep only it (never restorable) and delete the rest."""
+    from portable_ckpt.io.versions import write_verification_record
+
+    ids = _versions(tmp_path, [10, 20, 30])
+    bad = [{"code": "PCK-CHECKSUM", "message": "block 0"}]
+    write_verification_record(open_storage(tmp_path), ids[2], ok=False, mode="deep",
+                              fraction=None, chunks=1, errors=bad)
+    report = portable_ckpt.gc(tmp_path, keep=1)
+    # R-GC-1/R-GC-2 keep the failed newest; R-GC-9 keeps the newest that can be restored
+    assert _alive(tmp_path) == {ids[1], ids[2]} and report.deleted == [ids[0]]
+    write_verification_record(open_storage(tmp_path), ids[1], ok=False, mode="deep",
+                              fraction=None, chunks=1, errors=bad)
+    portable_ckpt.gc(tmp_path, keep=1)
+    assert _alive(tmp_path) == {ids[2]}  # nothing restorable is left to keep
+
+
 def test_gc_deletes_the_manifest_first(tmp_path: Path) -> None:
     """R-GC-3: a version's manifest.json is deleted before any of its other files."""
     ids = _versions(tmp_path, [1, 2, 3])

@@ -217,6 +217,13 @@ def _verify(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     from portable_ckpt.io.versions import gc
 
+    if args.grace < 600 and not args.dry_run:
+        print(
+            f"portable-ckpt gc: --grace {args.grace:g} s: an attempt without a commit record "
+            "that nothing wrote to for that long is deleted, also a save still running; use "
+            "it only when no job writes to this root",
+            file=sys.stderr,
+        )
     with progress_bar(args, "gc: deleting", unit="attempt") as bar:
         rep = gc(
             args.root,
@@ -312,7 +319,9 @@ def register(sub: Any) -> None:
         type=A.grace_seconds,
         default=3600.0,
         help="seconds without activity before an attempt without a commit record is removed "
-        "(finite, >= 0; default 3600)",
+        "(finite, >= 0; default 3600). A save in progress counts as activity only within this "
+        "period: a grace shorter than a save's quiet spells (0 above all) deletes saves that "
+        "are still running; use it only when no job writes to the root",
     )
     p.add_argument(
         "--require-copy",

@@ -850,7 +850,8 @@ def gc(
     verified copy on another root (any root when ``True``; the given root URL when a string).
     ``keep_ids`` are kept as well (a retention policy's choice, e.g. the manager's keep_best).
     Attempts without a commit record (or with an invalid one) are removed once nothing was
-    written to them for ``grace_seconds`` (a save in progress is never touched). A deleted
+    written to them for ``grace_seconds`` (a save in progress is never touched as long as it
+    writes more often than that: a grace of 0 deletes saves that are running). A deleted
     version's commit record is removed first, so it stops existing before any data goes; only
     the unfinished uploads of attempts being deleted are aborted.
 
@@ -932,13 +933,21 @@ def _retention(
     report: GcReport,
     keep_ids: Collection[str] = (),
 ) -> list[str]:
-    """Committed versions to delete: all but the ``keep`` newest, ``keep_ids`` and the protected one."""
+    """Committed versions to delete: all but the ``keep`` newest, ``keep_ids`` and the protected one.
+
+    A version whose verification failed is never restored (R-DRILL-8): it takes no place of the
+    ``keep`` newest and no protection from the ones that did not fail (R-GC-9), which are kept
+    as well; R-GC-1 and R-GC-2 still keep it where they keep it.
+    """
     newest_first = [v for v in reversed(versions) if v.status == COMMITTED]
+    good = [v for v in newest_first if not v.verification_failed]
     kept = newest_first[:keep] + [v for v in newest_first[keep:] if v.id in keep_ids]
+    kept += [v for v in good[:keep] if v not in kept]
     drilled = next((v for v in newest_first if v.drilled), None)
     protected = drilled or (newest_first[0] if newest_first else None)
-    if protected is not None and protected not in kept:
-        kept.append(protected)
+    for p in (protected, None if drilled else next(iter(good), None)):
+        if p is not None and p not in kept:
+            kept.append(p)
     report.kept = [v.id for v in kept]
     report.protected = protected.id if protected else None
     want = require_copy if isinstance(require_copy, str) else None

@@ -90,7 +90,24 @@ def after_save(
     bad = verify(mgr, tier, info.checkpoint_id) is False
     if tier.name == "fast" and mgr.replicate and decision.tier == "durable" and not bad:
         replicate(mgr, tier, info.checkpoint_id, step)
-    retain(mgr, tier)
+    retain(mgr, tier, info.checkpoint_id)
+
+
+def _warn_below_newer(
+    mgr: CheckpointManager, tier: Tier, step: int, decisions: list[Any]
+) -> None:
+    """Say once per tier that this job's saves sort below newer steps already there."""
+    if f"below-newer:{tier.name}" in mgr._warned:
+        return
+    mgr._warned.add(f"below-newer:{tier.name}")
+    newer = sorted({d.step for d in decisions if d.step > step})
+    say(
+        f"this job saved step {step} to {tier.root}, which already holds newer steps "
+        f"{newer[:8]} (an earlier run's, or a rolled-back branch): versions are ordered by "
+        f"step, so {tier.retention.describe()} would delete this job's saves as they commit "
+        f"and restore() resumes step {newer[-1]}. This job's newest save is kept. To continue "
+        "that run, call restore() first; to start afresh, use an empty root"
+    )
 
 
 def _emit_commit(mgr: CheckpointManager, tier: Tier, step: int, info: CheckpointInfo) -> None:
@@ -116,7 +133,7 @@ def _after_node_local(
     if mgr.replicate and mgr._bg_comm is not None and decision.tier == "durable" and not bad:
         replicate_nodes(mgr, tier, info.checkpoint_id, step)
     if tier.leads(mgr.rank):
-        retain(mgr, tier)  # each node's leader keeps its own node root
+        retain(mgr, tier, info.checkpoint_id)  # each node's leader keeps its own node root
 
 
 def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
@@ -176,7 +193,7 @@ def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str, step: int)
         bytes_by_rank=out.bytes_by_rank,
         nodes=tier.layout.nodes,
     )
-    retain(mgr, durable)
+    retain(mgr, durable, attempt)
 
 
 def after_failure(
@@ -359,14 +376,20 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
             seconds=round(res.seconds, 6),
             mib_per_s=round(res.mib_per_s, 3),
         )
-        mgr._bg.submit(retain, mgr, durable)
-        mgr._bg.submit(retain, mgr, tier)  # the fast tier, now that the copy is done
+        mgr._bg.submit(retain, mgr, durable, attempt)
+        mgr._bg.submit(retain, mgr, tier, attempt)  # the fast tier, now that the copy is done
 
     fut.add_done_callback(done)
 
 
-def retain(mgr: CheckpointManager, tier: Tier) -> None:
-    """Apply the tier's retention policy with the core gc (rank 0, background thread)."""
+def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
+    """Apply the tier's retention policy with the core gc (rank 0, background thread).
+
+    ``own`` is the version this job just committed: its own retention never deletes it for
+    being outside the policy, which happens only when newer steps are in the tier (an earlier
+    run's, or a rolled-back branch); the job then says so once. A version that failed its
+    sampled verification is deleted all the same.
+    """
     from portable_ckpt.io.versions import gc
 
     if not tier.retention.active:
@@ -375,6 +398,10 @@ def retain(mgr: CheckpointManager, tier: Tier) -> None:
         return  # a version being replicated is never deleted under the copy
     try:
         decisions = plan_retention(candidates_of(tier.storage), tier.retention)
+        for d in decisions:
+            if d.id == own and d.delete and d.reasons[0].startswith("outside"):
+                d.delete, d.reasons = False, ["this job's newest save"]
+                _warn_below_newer(mgr, tier, d.step, decisions)
         keep = [d.id for d in decisions if not d.delete]
         report = gc(tier.storage, keep=1, keep_ids=keep, grace_seconds=mgr.grace_seconds)
     except CheckpointError as e:

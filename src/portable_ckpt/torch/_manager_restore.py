@@ -141,6 +141,7 @@ def restore(
     checkpoint: str | os.PathLike[str] | None,
     allow_statistical: bool,
     record_ranges: bool,
+    strict: bool = True,
 ) -> LoadInfo | None:
     """The body of :meth:`CheckpointManager.restore` (see there)."""
     t0 = time.perf_counter()
@@ -159,17 +160,20 @@ def restore(
                 path=f"{ident}/manifest.json",
             )
         try:
-            info = load_one(mgr, state, tier_name, ident, allow_statistical, record_ranges)
+            info = load_one(
+                mgr, state, tier_name, ident, allow_statistical, record_ranges, strict=strict
+            )
         except Exception as e:
             err = _fall_back_or_raise(mgr, e)
             fallbacks.append(_fallback(tier_name, ident, err))
             _record_damage(mgr, tier_name, ident, err)
-            _log.warning(
-                "restore of %s from the %s tier failed (%s); trying the next candidate",
-                ident,
-                tier_name,
-                e,
+            text = (
+                f"restore of {ident} from the {tier_name} tier failed ({e}); trying the next "
+                "candidate"
             )
+            _log.warning(text)
+            if mgr.rank == 0:
+                say(text)  # an operator without logging or events= learns of the damage too
             continue
         after_restore(mgr, info, tier_name, t0, fallbacks)
         if step is not None:
@@ -290,20 +294,30 @@ def _nothing_restored(
         fallbacks=fallbacks,
         candidates=n,
     )
-    if step is not None and not fallbacks:
+    if not fallbacks:
+        # Versions marked failed are no candidates; a job whose only versions are such must not
+        # start again from scratch (a retry after a failed restore would, and its retention
+        # would then delete them).
         failed = [
             f"{tier.root.rstrip('/')}/{v.id}"
             for tier in mgr.tiers.values()
             for v in _versions_or_none(tier, annotations=True)
-            if v.step == step and v.status == "committed" and v.verification_failed
+            if (step is None or v.step == step)
+            and v.status == "committed"
+            and v.verification_failed
         ]
-        if failed:
-            raise NotFoundError(
-                f"the versions of step {step} failed verification ({', '.join(failed[:4])}: "
-                "`portable-ckpt ls` shows them as failed in its VERIFIED column) and are never "
-                "restored automatically (spec R-DRILL-8); to read one anyway, pass "
-                "checkpoint=<that path>"
+        if any_rank(mgr._group, bool(failed)):  # every rank decides alike (a listing may fail)
+            which = f"the versions of step {step}" if step is not None else (
+                "every committed version of this job"
             )
+            raise NotFoundError(
+                f"{which} failed verification ({', '.join(failed[:4]) or 'see rank 0'}: "
+                "`portable-ckpt ls` "
+                "shows them as failed in its VERIFIED column) and are never restored "
+                "automatically (spec R-DRILL-8); to read one anyway, pass "
+                "checkpoint=<that path>; to start this job afresh, move them away"
+            )
+    if step is not None and not fallbacks:
         raise NotFoundError(
             f"no committed version of step {step} in any tier of this job "
             f"({mgr.tiers['durable'].root}"
@@ -325,6 +339,8 @@ def load_one(
     ident: str,
     allow_statistical: bool,
     record_ranges: bool = False,
+    *,
+    strict: bool = True,
 ) -> LoadInfo:
     """Load one candidate (a version directory, or an attempt of a tier)."""
     kwargs: dict[str, Any] = {
@@ -332,6 +348,7 @@ def load_one(
         "allow_statistical": allow_statistical,
         "timeout": mgr.timeout,
         "record_ranges": record_ranges,
+        "strict": strict,
     }
     if tier_name == "explicit":
         return load(state, ident, **kwargs)  # a version directory

@@ -389,6 +389,7 @@ class CheckpointManager:
         checkpoint: str | os.PathLike[str] | None = None,
         allow_statistical: bool = False,
         record_ranges: bool = False,
+        strict: bool = True,
     ) -> LoadInfo | None:
         """Fill ``state`` from the newest committed, verified version over both tiers.
 
@@ -397,7 +398,10 @@ class CheckpointManager:
         to the next candidate (the durable tier); errors of the target state itself (contract,
         shapes, missing keys) are raised at once. ``checkpoint`` restores one explicit version
         directory (e.g. a seed from another run) instead. ``record_ranges`` is passed to
-        :func:`~portable_ckpt.torch.load`. A version found damaged gets a failed verification
+        :func:`~portable_ckpt.torch.load`, and so is ``strict``: ``False`` keeps the current
+        value of what the version lacks (listed in ``LoadInfo.missing_keys``), e.g. the RNG and
+        data position of a converted checkpoint restored as a seed, which has neither. A
+        version found damaged gets a failed verification
         record (never tried again); restoring an older ``step`` than the job's newest is said on
         stderr (the newer steps would win the next restore).
 
@@ -405,13 +409,14 @@ class CheckpointManager:
             StorageError: a tier could not be listed, or a version that may be newer than the
                 one to restore has an unreadable commit record (never "nothing to resume",
                 spec R-ID-5): retry.
-            NotFoundError: ``step`` was given and no tier holds it.
+            NotFoundError: ``step`` was given and no tier holds it, or every version the
+                tiers hold failed verification (never "start from scratch").
             DistributedError: every candidate failed.
 
         """
         self._check_open()
         self._settle_pending()
-        return _restore(self, state, step, checkpoint, allow_statistical, record_ranges)
+        return _restore(self, state, step, checkpoint, allow_statistical, record_ranges, strict)
 
     def mark_resumed(self) -> None:
         """Tell the manager the first step after a restore completed (time to resume)."""
