@@ -17,7 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portable_ckpt import errors
-from portable_ckpt.errors import CheckpointError, CommitOutcomeUnknownError, ManifestMissingError
+from portable_ckpt.errors import (
+    CheckpointError,
+    CommitOutcomeUnknownError,
+    NotFoundError,
+)
 from portable_ckpt.format import usage
 from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
 
@@ -79,7 +83,8 @@ def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
         A :class:`portable_ckpt.io.reader.Checkpoint`.
 
     Raises:
-        NotFoundError: no committed version at the root (for ``step``).
+        NotFoundError: no committed version at the root (for ``step``), or a version
+            directory of another step than ``step``.
         ManifestMissingError: a version directory that was never committed.
 
     """
@@ -97,7 +102,10 @@ def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
         storage = open_storage(root)
         manifest = load_manifest(storage, attempt)
         if step is not None and manifest.step != step:
-            raise ManifestMissingError(f"{text} holds step {manifest.step}, not {step}")
+            raise NotFoundError(  # the version exists: what is missing is the step asked for
+                f"{text} is the version of step {manifest.step}, not {step}: pass its root to "
+                f"find step {step}, or drop step"
+            )
         return Checkpoint(storage, attempt, manifest)
     storage = open_storage(text)
     attempt, manifest = latest(storage, step)

@@ -174,3 +174,40 @@ def test_inspect_into_a_closed_pipe_prints_no_traceback(tmp_path: Path) -> None:
     assert len(p.stdout.splitlines()) == 2
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
     assert p.returncode == 141, (p.returncode, p.stderr)  # 128 + SIGPIPE, as cat or grep
+
+
+def test_a_version_directory_is_no_root_for_ls_gc_or_a_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator review: `ls`/`gc` of a version directory said "no attempts" with exit 0 (a
+    script reads "no checkpoints"), and `copy` wrote a version inside another root's version."""
+    ident = _version(tmp_path / "root")
+    vdir = tmp_path / "root" / ident
+    other = tmp_path / "other"
+    dst_version = other / _version(other)
+    before = _snapshot(tmp_path)
+    for argv in (["ls", str(vdir)], ["gc", str(vdir), "--keep", "1"],
+                 ["copy", str(vdir), str(dst_version)]):
+        err = _usage(argv, capsys)
+        assert "is a version directory" in err, err
+    assert _snapshot(tmp_path) == before
+    assert cli_main(["inspect", str(vdir)]) == 0  # a version directory is what inspect takes
+
+
+def test_a_version_directory_of_another_step_is_not_found(tmp_path: Path) -> None:
+    """Operator review: it was PCK-MANIFEST-MISSING, the code of a version never committed."""
+    vdir = tmp_path / "root" / _version(tmp_path / "root")
+    with pytest.raises(portable_ckpt.CheckpointError) as ei:
+        portable_ckpt.open(vdir, step=5)
+    assert ei.value.code == "PCK-NOT-FOUND" and "step 1, not 5" in ei.value.message
+
+
+def test_convert_to_an_existing_torch_file_names_the_file_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator review: a rerun said "a destination root is a directory" for a torch target."""
+    _version(tmp_path / "root")
+    out = tmp_path / "out.pt"
+    out.write_bytes(b"keep me")
+    err = _usage(["convert", str(tmp_path / "root"), str(out), "--to", "torch"], capsys)
+    assert "a torch target is a new file" in err and out.read_bytes() == b"keep me"

@@ -22,6 +22,7 @@ __all__ = [
     "factory_spec",
     "fraction",
     "grace_seconds",
+    "root_only",
     "int_range",
     "new_root",
     "positive_seconds",
@@ -105,9 +106,44 @@ def root_url(text: str) -> str:
     return _checked(check_root_url, text)
 
 
+def _version_dir(text: str) -> str | None:
+    """The local path ``text`` names when it is a version directory (an attempt), else None."""
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    local = text[len("file://") :] if text.startswith("file://") else text
+    if "://" in local:
+        return None
+    path = os.path.normpath(local)
+    if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
+        return path
+    return None
+
+
+def root_only(text: str) -> str:
+    """A root (as :func:`root_url`), never a version directory.
+
+    ``ls`` or ``gc`` of a version directory found nothing and exited 0, which a script reads as
+    "no checkpoints".
+    """
+    root_url(text)
+    version = _version_dir(text)
+    if version is not None:
+        raise argparse.ArgumentTypeError(
+            f"{text} is a version directory, not a root: pass its root "
+            f"({os.path.dirname(version) or '.'}); `portable-ckpt inspect {text}` shows this "
+            "version"
+        )
+    return text
+
+
 def new_root(text: str) -> str:
     """A destination root: like :func:`root_url`, and not an existing non-directory file."""
     root_url(text)
+    if _version_dir(text) is not None:
+        raise argparse.ArgumentTypeError(
+            f"{text} is a version directory of another root; a destination root is a directory "
+            "that holds versions, or s3://BUCKET/PREFIX"
+        )
     local = text[len("file://") :] if text.startswith("file://") else text
     if "://" not in local and os.path.lexists(local) and not os.path.isdir(local):
         raise argparse.ArgumentTypeError(

@@ -67,6 +67,22 @@ def _dtype(text: str) -> str:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
+def _check(args: argparse.Namespace) -> str | None:
+    """DST as the target format takes it (before anything is read)."""
+    import os
+
+    if args.dst_format != "torch":
+        try:
+            A.new_root(args.dst)  # a root or a new directory
+        except argparse.ArgumentTypeError as e:
+            return f"argument DST: {e}"
+        return None
+    local = args.dst[len("file://") :] if args.dst.startswith("file://") else args.dst
+    if "://" not in local and os.path.lexists(local):
+        return f"argument DST: {args.dst} exists; a torch target is a new file (nothing is overwritten)"
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
     from portable_ckpt.convert import convert
     from portable_ckpt.convert.hf import parse_size
@@ -126,7 +142,7 @@ def register(subparsers: Any) -> None:
         "src", metavar="SRC", type=A.root_url, help="source checkpoint (file or directory)"
     )
     p.add_argument(
-        "dst", metavar="DST", type=A.new_root,
+        "dst", metavar="DST", type=A.root_url,
         help="destination (portable root, or a new directory or file)",
     )
     p.add_argument(
@@ -140,7 +156,7 @@ def register(subparsers: Any) -> None:
     _add_reading_options(p)
     _add_writing_options(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary (tensors, bytes, seconds)")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, check=_check)
 
 
 def _add_reading_options(p: argparse.ArgumentParser) -> None:

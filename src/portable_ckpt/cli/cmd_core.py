@@ -277,7 +277,7 @@ def _gc(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``ls``, ``inspect``, ``verify`` and ``gc``."""
     p = sub.add_parser("ls", help="list the attempts of a root: committed, incomplete, invalid, foreign, unreadable or stray")
-    p.add_argument("root", type=A.root_url)
+    p.add_argument("root", type=A.root_only)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_ls)
 
@@ -312,7 +312,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("gc", help="apply retention: keep N newest and the newest drilled version")
-    p.add_argument("root", type=A.root_url)
+    p.add_argument("root", type=A.root_only)
     p.add_argument("--keep", type=A.int_range(1, 10**9, "keep"), required=True)
     p.add_argument(
         "--grace",
@@ -331,7 +331,8 @@ def register(sub: Any) -> None:
         type=A.root_url,
         metavar="ROOT_URL",
         help="delete older versions only once a kept one has a verified copy on "
-        "another root (on ROOT_URL when given)",
+        "another root (on ROOT_URL when given); the copy record written by `copy` is trusted "
+        "as written: a copy deleted since is not noticed",
     )
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--json", action="store_true")
