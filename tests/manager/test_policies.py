@@ -243,6 +243,12 @@ def test_telemetry_prometheus_textfile(tmp_path: Path) -> None:
     assert 'pck_commit_ok{tier="durable"} 0.0' in text
     assert 'pck_commit_reported_writers{tier="durable"} 3.0' in text
     assert "# TYPE pck_save_bytes gauge" in text
+    # a first run's restore and its resume have no tier: one label for both, not "None" and ""
+    t.emit("restore", ok=True, tier=None, seconds=0.5)
+    t.emit("resume", seconds=1.5)
+    text = path.read_text()
+    assert 'pck_restore_seconds{tier="none"} 0.5' in text
+    assert 'pck_time_to_resume_seconds{tier="none"} 1.5' in text
 
 
 # -- records ----------------------------------------------------------------------------------

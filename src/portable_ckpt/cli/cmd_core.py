@@ -266,8 +266,8 @@ def _gc(args: argparse.Namespace) -> int:
     if not rep.complete:
         print(
             f"portable-ckpt: gc skipped {len(rep.unknown)} attempt(s) it could not read or "
-            "delete (named above; what it deleted is listed); run it again once the storage "
-            "answers",
+            "delete (named above; what it deleted is listed); run it again once the cause "
+            "named there is fixed (a storage that did not answer, or permissions)",
             file=sys.stderr,
         )
         return 1

@@ -638,7 +638,14 @@ def latest(
     if not by_step:
         root_must_exist(storage)  # a mistyped root is not a root without versions
     what = f"step {step}" if step is not None else "any step"
-    raise NotFoundError(f"no committed version for {what} under {storage.url}")
+    seen = sum(len(v) for v in by_step.values())
+    others = (
+        f" ({seen} attempt(s) there hold no commit record or a foreign one: "
+        "`portable-ckpt ls` shows each one's status)"
+        if seen
+        else ""
+    )
+    raise NotFoundError(f"no committed version for {what} under {storage.url}{others}")
 
 
 def _latest_of_level(

@@ -122,7 +122,8 @@ class Telemetry:
                 return doc
             try:
                 if self.prometheus:
-                    self._latest[(event, str(fields.get("tier", "")))] = doc
+                    tier = fields.get("tier")  # no tier (a first run's restore): "none"
+                    self._latest[(event, "none" if tier in (None, "") else str(tier))] = doc
                     tmp = f"{self.path}.{os.getpid()}.tmp"
                     with open(tmp, "w", encoding="utf-8") as f:
                         f.write(prometheus_text(self._latest))
