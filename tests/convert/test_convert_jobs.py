@@ -371,3 +371,13 @@ def test_hf_export_loads_in_transformers(tmp_path: Path) -> None:
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     _same(loaded.state_dict(), want)
     assert os.listdir(tmp_path) == ["root", "hf"] or set(os.listdir(tmp_path)) == {"root", "hf"}
+
+
+def test_hf_export_without_tensors_is_a_usage_error(tmp_path: Path) -> None:
+    """Re-check of the review: --select matching only values wrote an empty model.safetensors."""
+    portable_ckpt.save_arrays(tmp_path / "root", {"model/w": np.ones(2, np.float32)}, step=1,
+                              entries={"torch.values": {"app/lr": 0.5}})
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "root", tmp_path / "hf", dst_format="hf", select=["app/*"])
+    assert ei.value.code == "PCK-USAGE" and "no tensor" in ei.value.message
+    assert not (tmp_path / "hf").exists()

@@ -726,3 +726,14 @@ def test_an_empty_list_a_version_did_not_store_keeps_the_target_value(tmp_path: 
     target = {"w": torch.zeros(2), "lr": 0.0, "params": []}
     info = pckt.load(target, tmp_path)
     assert target["lr"] == 0.5 and target["params"] == [] and info.missing_keys == []
+
+
+def test_a_value_key_over_the_key_limit_is_refused_before_the_commit(tmp_path: Any) -> None:
+    """Re-check of the review: such a value was committed, then no reader took an item from it
+    (dcp.load: "Missing key"); it is refused as portable_ckpt.torch.save refuses it."""
+    name = "n/" * 520  # 1,040 characters once '/' is escaped inside the one component
+    with pytest.raises(BaseException) as ei:  # DCP wraps it in its CheckpointException
+        dcp.save({"w": torch.ones(2), name: 1}, storage_writer=PortableStorageWriter(
+            str(tmp_path), step=1))
+    assert "over the 1024 a key may have" in str(ei.value)
+    assert portable_ckpt.list_versions(tmp_path) == []  # nothing committed

@@ -187,7 +187,8 @@ def test_a_version_directory_is_no_root_for_ls_gc_or_a_copy(
     dst_version = other / _version(other)
     before = _snapshot(tmp_path)
     for argv in (["ls", str(vdir)], ["gc", str(vdir), "--keep", "1"],
-                 ["copy", str(vdir), str(dst_version)]):
+                 ["ls", str(vdir / "data")], ["gc", str(vdir / "data"), "--keep", "1"],
+                 ["copy", str(vdir), str(dst_version)], ["copy", str(vdir), str(dst_version / "data")]):
         err = _usage(argv, capsys)
         assert "is a version directory" in err, err
     assert _snapshot(tmp_path) == before

@@ -113,9 +113,12 @@ def _version_dir(text: str) -> str | None:
     local = text[len("file://") :] if text.startswith("file://") else text
     if "://" in local:
         return None
-    path = os.path.normpath(local)
-    if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
-        return path
+    path = os.path.normpath(os.path.abspath(local))
+    # the version itself, or a directory inside one (``<version>/data``)
+    for _ in range(3):
+        if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
+            return path
+        path = os.path.dirname(path)
     return None
 
 
@@ -129,8 +132,8 @@ def root_only(text: str) -> str:
     version = _version_dir(text)
     if version is not None:
         raise argparse.ArgumentTypeError(
-            f"{text} is a version directory, not a root: pass its root "
-            f"({os.path.dirname(version) or '.'}); `portable-ckpt inspect {text}` shows this "
+            f"{text} is a version directory or lies in one ({version}), not a root: pass its "
+            f"root ({os.path.dirname(version)}); `portable-ckpt inspect {version}` shows this "
             "version"
         )
     return text
@@ -141,8 +144,8 @@ def new_root(text: str) -> str:
     root_url(text)
     if _version_dir(text) is not None:
         raise argparse.ArgumentTypeError(
-            f"{text} is a version directory of another root; a destination root is a directory "
-            "that holds versions, or s3://BUCKET/PREFIX"
+            f"{text} is a version directory of another root or lies in one; a destination "
+            "root is a directory that holds versions, or s3://BUCKET/PREFIX"
         )
     local = text[len("file://") :] if text.startswith("file://") else text
     if "://" not in local and os.path.lexists(local) and not os.path.isdir(local):

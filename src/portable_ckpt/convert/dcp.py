@@ -95,6 +95,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
+    MAX_KEY,
     VALUES_ENTRY,
     DcpPath,
     dcp_items_value,
@@ -400,6 +401,10 @@ class _Planner:
         elif self.key_of.mapped:
             key = self.key_of(fqn)
             leaves = json_leaves(key, value, fqn=fqn)
+            if any(len(k) > MAX_KEY for k in leaves):
+                msg = f"non-tensor item {fqn!r}: a key over {MAX_KEY} characters"
+                self.skip(fqn, f"{msg} (the key rule's limit)", self.meta_path)
+                return
             self.leaves.update(leaves)
             item = self.meta.paths.get(fqn) or (fqn,)
             if list(leaves) != [key] or any(type(c) is int for c in item):

@@ -288,6 +288,12 @@ def write_hf(
     """
     from portable_ckpt.convert._publish import staged_dir
 
+    if not src.tensors:  # an HF model without weights is no export (nothing else fits there)
+        raise UsageError(
+            f"{src.path} has no tensor to export as HF safetensors"
+            + (" among the selected keys (--select)" if options and options.select else "")
+            + "; see `portable-ckpt inspect` for the tensor keys"
+        )
     meta, warnings = _shard_metadata(src)
     if options is not None:
         fail_if_strict(warnings, options, dst)

@@ -283,21 +283,12 @@ def _nothing_restored(
     """No version restored: ``None`` for an empty job (first run), an error if all failed.
 
     A step asked for and not found is an error too: "start from scratch" is not what a job
-    that names a step wants.
+    that names a step wants. So is a job whose only versions failed verification: they are no
+    candidates, and a retry after a failed restore would otherwise start from scratch (and its
+    retention would then delete them).
     """
-    mgr.telemetry.emit(
-        "restore",
-        ok=not fallbacks,
-        tier=None,
-        step=None,
-        seconds=round(time.perf_counter() - t0, 6),
-        fallbacks=fallbacks,
-        candidates=n,
-    )
+    failed: list[str] = []
     if not fallbacks:
-        # Versions marked failed are no candidates; a job whose only versions are such must not
-        # start again from scratch (a retry after a failed restore would, and its retention
-        # would then delete them).
         failed = [
             f"{tier.root.rstrip('/')}/{v.id}"
             for tier in mgr.tiers.values()
@@ -306,18 +297,29 @@ def _nothing_restored(
             and v.status == "committed"
             and v.verification_failed
         ]
-        if any_rank(mgr._group, bool(failed)):  # every rank decides alike (a listing may fail)
-            which = f"the versions of step {step}" if step is not None else (
-                "every committed version of this job"
-            )
-            raise NotFoundError(
-                f"{which} failed verification ({', '.join(failed[:4]) or 'see rank 0'}: "
-                "`portable-ckpt ls` "
-                "shows them as failed in its VERIFIED column) and are never restored "
-                "automatically (spec R-DRILL-8); to read one anyway, pass "
-                "checkpoint=<that path>; to start this job afresh, move them away"
-            )
-    if step is not None and not fallbacks:
+    all_failed = not fallbacks and any_rank(mgr._group, bool(failed))  # every rank alike
+    missing = not fallbacks and not all_failed and step is not None
+    mgr.telemetry.emit(
+        "restore",
+        ok=not (fallbacks or all_failed or missing),
+        tier=None,
+        step=None,
+        seconds=round(time.perf_counter() - t0, 6),
+        fallbacks=fallbacks,
+        candidates=n,
+        failed_verification=len(failed),
+    )
+    if all_failed:
+        which = f"the versions of step {step}" if step is not None else (
+            "every committed version of this job"
+        )
+        raise NotFoundError(
+            f"{which} failed verification ({', '.join(failed[:4]) or 'see rank 0'}: "
+            "`portable-ckpt ls` shows them as failed in its VERIFIED column) and are never "
+            "restored automatically (spec R-DRILL-8); to read one anyway, pass "
+            "checkpoint=<that path>; to start this job afresh, move them away"
+        )
+    if missing:
         raise NotFoundError(
             f"no committed version of step {step} in any tier of this job "
             f"({mgr.tiers['durable'].root}"

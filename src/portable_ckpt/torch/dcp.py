@@ -432,6 +432,7 @@ class PortableStorageWriter(StorageWriter):
             key = portable_key(path)
             if item.type == WriteItemType.BYTE_IO:
                 leaves = json_leaves(key, _byte_value(planner, item), fqn=item.index.fqn)
+                _check_leaf_keys(leaves, item.index.fqn)
                 values.update(leaves)
                 if list(leaves) != [key] or any(type(c) is int for c in path):
                     paths.append(path)  # not an item of its own key alone
@@ -495,6 +496,21 @@ class PortableStorageWriter(StorageWriter):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Any path or URL names a root."""
         return isinstance(checkpoint_id, str | os.PathLike)
+
+
+def _check_leaf_keys(leaves: Mapping[str, Any], fqn: str) -> None:
+    """Refuse a value whose stored key is longer than the key rule allows, before any commit.
+
+    Readers take no DCP item from such a key (:data:`~portable_ckpt.format.keys.MAX_KEY`), as
+    ``portable_ckpt.torch.save`` refuses it and the format refuses such tensor keys.
+    """
+    long = next((k for k in leaves if len(k) > MAX_KEY), None)
+    if long is not None:
+        raise UnsupportedValueError(
+            f"DCP item {fqn!r}: its value's key {long[:80]!r}... is {len(long)} characters, "
+            f"over the {MAX_KEY} a key may have (components are joined with '/', and '/' and "
+            f"'~' inside one are escaped); shorten the names on its path"
+        )
 
 
 def _byte_value(planner: SavePlanner, item: WriteItem) -> Any:
