@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 a checkpoint problem (the error's code is printed, e.g. PCK-NOT-FOUND for
 a root that does not exist, PCK-STORAGE when gc skipped attempts it could not read), 2 usage
-errors (before anything is touched), 130 interrupted, 141 output into a closed pipe.
+errors (a bad argument before anything is touched; a request the root's state refuses without
+``--force``, nothing written), 130 interrupted, 141 output into a closed pipe.
 
 Every subcommand takes ``-v``/``-vv`` (the library's log at INFO/DEBUG on stderr) and ``-q``
 (no progress bars, errors only); long work draws progress bars on stderr when it is a terminal
