@@ -47,15 +47,23 @@ def _usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return err
 
 
-def test_copy_onto_an_existing_file_is_a_usage_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["copy"], "not a directory"),
+        # operator review: a rerun said "a destination root is a directory" for a torch target
+        (["convert", "--to", "torch"], "a torch target is a new file"),
+    ],
+)
+def test_a_destination_that_is_an_existing_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], says: str
 ) -> None:
     """Item 21: ``copy CKPT <file>`` printed a traceback; now exit 2, nothing written anywhere."""
     _version(tmp_path / "src")
     target = tmp_path / "a-file"
     target.write_bytes(b"keep me")
     before = _snapshot(tmp_path)
-    assert "not a directory" in _usage(["copy", str(tmp_path / "src"), str(target)], capsys)
+    assert says in _usage([*command, str(tmp_path / "src"), str(target)], capsys)
     assert _snapshot(tmp_path) == before and target.read_bytes() == b"keep me"
 
 
@@ -202,13 +210,3 @@ def test_a_version_directory_of_another_step_is_not_found(tmp_path: Path) -> Non
         portable_ckpt.open(vdir, step=5)
     assert ei.value.code == "PCK-NOT-FOUND" and "step 1, not 5" in ei.value.message
 
-
-def test_convert_to_an_existing_torch_file_names_the_file_target(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Operator review: a rerun said "a destination root is a directory" for a torch target."""
-    _version(tmp_path / "root")
-    out = tmp_path / "out.pt"
-    out.write_bytes(b"keep me")
-    err = _usage(["convert", str(tmp_path / "root"), str(out), "--to", "torch"], capsys)
-    assert "a torch target is a new file" in err and out.read_bytes() == b"keep me"
