@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,12 @@ def test_require_copy_matches_however_the_destination_is_spelt(tmp_path: Path) -
     assert f"kept    {old}  (--require-copy" in p.stdout and "elsewhere" in p.stdout
     assert "kept for want of a copy: 1" in p.stdout
     assert (src / old / "manifest.json").exists()
+    # Operator review: a copy deleted since its record was written is no copy.
+    shutil.rmtree(tmp_path / "backup")
+    for argv in (["--require-copy", "backup"], ["--require-copy"]):
+        p = _cli("gc", "src", "--keep", "1", "--dry-run", *argv, "--json", cwd=tmp_path)
+        doc = json.loads(p.stdout)
+        assert (doc["deleted"], doc["kept_for_copy"]) == ([], [old]), argv
 
 
 # -- finding 11: terminal escapes from a root ---------------------------------------------------

@@ -331,8 +331,8 @@ def register(sub: Any) -> None:
         type=A.root_url,
         metavar="ROOT_URL",
         help="delete older versions only once a kept one has a verified copy on "
-        "another root (on ROOT_URL when given); the copy record written by `copy` is trusted "
-        "as written: a copy deleted since is not noticed",
+        "another root (on ROOT_URL when given) that is still committed there (a copy "
+        "deleted since its record was written counts for nothing)",
     )
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--json", action="store_true")

@@ -854,7 +854,8 @@ def gc(
     Keeps the ``keep`` newest committed versions and, in addition, the newest version that passed
     a restore drill (or, when none ever did, the newest committed version). With
     ``require_copy``, older committed versions are only deleted once a kept version has a
-    verified copy on another root (any root when ``True``; the given root URL when a string).
+    verified copy on another root (any root when ``True``; the given root URL when a string)
+    whose commit record is still there (the copy record alone is not trusted).
     ``keep_ids`` are kept as well (a retention policy's choice, e.g. the manager's keep_best).
     Attempts without a commit record (or with an invalid one) are removed once nothing was
     written to them for ``grace_seconds`` (a save in progress is never touched as long as it
@@ -992,18 +993,37 @@ def _copy_destination(url: str, *, strict: bool = False) -> str:
 
 
 def _has_copy(v: VersionInfo, want: str | None) -> bool:
-    """A verified copy of ``v`` (on root ``want``, a :func:`_copy_destination`; any when None)."""
-    if want is None:
-        return v.copied
+    """Whether a verified copy of ``v`` is still committed (on root ``want``; any when None).
+
+    ``want`` is a :func:`_copy_destination`. A copy record alone is not trusted: the copy may
+    have been deleted since.
+    """
     for c in v.copies:
         dest = c.get("destination")
         if c.get("ok") is not True or not isinstance(dest, str):
             continue
         # A record's destination is compared resolved as well; only a URL is (a bare path in a
         # record would be resolved against this process's directory, not the copier's).
-        if (_copy_destination(dest) if "://" in dest else dest.rstrip("/")) == want:
+        if want is not None and (
+            _copy_destination(dest) if "://" in dest else dest.rstrip("/")
+        ) != want:
+            continue
+        if _copy_committed(dest, v.id):
             return True
     return False
+
+
+def _copy_committed(dest: str, attempt_id: str) -> bool:
+    """Whether root ``dest`` holds the commit record of ``attempt_id``.
+
+    ``False`` when it cannot be asked: gc then keeps more, never less.
+    """
+    from portable_ckpt.storage import open_storage
+
+    try:
+        return open_storage(dest).exists(f"{attempt_id}/manifest.json")
+    except (CheckpointError, OSError, ValueError):
+        return False
 
 
 def _abandoned(
