@@ -210,3 +210,16 @@ def test_a_version_directory_of_another_step_is_not_found(tmp_path: Path) -> Non
         portable_ckpt.open(vdir, step=5)
     assert ei.value.code == "PCK-NOT-FOUND" and "step 1, not 5" in ei.value.message
 
+
+
+def test_ls_names_each_copy_destination_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator review: a copy run again adds a record each time; ls listed the root 2-4 times."""
+    ident = _version(tmp_path / "root")
+    for _ in range(3):
+        assert cli_main(["copy", str(tmp_path / "root"), str(tmp_path / "backup")]) == 0
+    capsys.readouterr()
+    assert cli_main(["ls", str(tmp_path / "root")]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(ident))
+    assert row.count("backup") == 1, row

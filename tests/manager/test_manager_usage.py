@@ -102,6 +102,13 @@ def test_a_job_saving_below_newer_steps_keeps_its_save_and_is_told(
     assert 3 in steps and 1 not in steps and {20, 30} <= set(steps)  # its newest save is kept
     said = [line for line in capsys.readouterr().err.splitlines() if "already holds newer" in line]
     assert len(said) == 1 and "step 1" in said[0] and "[20, 30]" in said[0], said
+    # a rollback (restore(step=)) says it at the restore; its saves are not told again
+    with pckt.CheckpointManager(root, save_every=1, keep_last=2, async_save=False) as mgr:
+        mgr.restore(state, step=20)
+        mgr.save(21, state)
+    err = capsys.readouterr().err
+    assert "restored step 20, but this job also holds newer steps [30]" in err
+    assert "already holds newer" not in err
 
 
 def test_restore_strict_false_takes_a_seed_without_per_rank_entries(tmp_path: Path) -> None:

@@ -65,7 +65,9 @@ def _ls(args: argparse.Namespace) -> int:
     for v in versions:
         drill = "passed" if v.drilled else ("failed" if v.drills else "-")
         checked = "failed" if v.verification_failed else ("passed" if v.verified else "-")
-        copies = ", ".join(c.get("destination", "?") for c in v.copies if c.get("ok")) or "-"
+        # one entry per destination (a copy run again writes a record each time)
+        dests = dict.fromkeys(str(c.get("destination", "?")) for c in v.copies if c.get("ok"))
+        copies = ", ".join(dests) or "-"
         rows.append(
             [
                 v.id,

@@ -224,6 +224,8 @@ def _warn_if_rolled_back(mgr: CheckpointManager, restored: int) -> None:
         )
         _log.warning(text)
         say(text)
+        # the saves from here sort below those steps: said now, not again at the first save
+        mgr._warned.update(f"below-newer:{name}" for name in mgr.tiers)
 
 
 def _versions_or_none(tier: Tier, *, annotations: bool = False) -> list[Any]:
