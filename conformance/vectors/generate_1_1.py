@@ -416,17 +416,20 @@ def _(root: Path) -> V:
 def _(root: Path) -> V:
     v = basic("none")
 
-    def mf(files: dict[str, bytes]) -> None:
-        itable = "index/w00000.tensors.safetensors"
-        files[itable] = v.encode_table(v.tensors, "none")
-        own = [k for k in sorted(files) if k.startswith(("data/", "entries/", "index/"))]
-        index = {"format": "portable-ckpt-writer-index", "format_version": "1.1",
-                 "attempt_id": v.id, "writer": 0,
-                 "files": {k: file_record(files[k]) for k in own}, "tensors": {},
-                 "entries": v.entries, "tensor_table": {"file": itable, "codec": "none"}}
-        files["index/w00000.json"] = (json.dumps(index, indent=1) + "\n").encode()
-    write_version(root, v, mutate_files=mf)
+    write_version(root, v, mutate_files=lambda files: table_index(v, files, v.tensors))
     return v
+
+
+def table_index(v: V, files: dict[str, bytes], tensors: dict[str, Any]) -> None:
+    """Add writer 0's index whose records (``tensors``) are in a table of its own."""
+    itable = "index/w00000.tensors.safetensors"
+    files[itable] = v.encode_table(tensors, "none")
+    own = [k for k in sorted(files) if k.startswith(("data/", "entries/", "index/"))]
+    index = {"format": "portable-ckpt-writer-index", "format_version": "1.1",
+             "attempt_id": v.id, "writer": 0,
+             "files": {k: file_record(files[k]) for k in own}, "tensors": {},
+             "entries": v.entries, "tensor_table": {"file": itable, "codec": "none"}}
+    files["index/w00000.json"] = (json.dumps(index, indent=1) + "\n").encode()
 
 
 @case("valid-table-latest", "a root with a 1.0 version at step 10 and a 1.1 table version at "

@@ -190,17 +190,10 @@ def _(root: Path) -> Any:
     v = T.basic("none")
 
     def mf(files: dict[str, bytes]) -> None:
-        itable = "index/w00000.tensors.safetensors"
         whole = json.loads(json.dumps(v.tensors))
         r0 = whole["model.w"]["ranges"][0]
         whole["model.w"]["ranges"] = [dict(r0, offsets=[0, 0], lengths=[4, 3])]
-        files[itable] = v.encode_table(whole, "none")
-        own = [k for k in sorted(files) if k.startswith(("data/", "entries/", "index/"))]
-        index = {"format": "portable-ckpt-writer-index", "format_version": "1.1",
-                 "attempt_id": v.id, "writer": 0,
-                 "files": {k: file_record(files[k]) for k in own}, "tensors": {},
-                 "entries": v.entries, "tensor_table": {"file": itable, "codec": "none"}}
-        files["index/w00000.json"] = (json.dumps(index, indent=1) + "\n").encode()
+        T.table_index(v, files, whole)
 
     T.write_version(root, v, mutate_files=mf)
     return v

@@ -41,7 +41,7 @@ from portable_ckpt.format.keys import (
     escape_component,
     json_leaves,
     portable_key,
-    read_dcp_items,
+    recorded_items,
     split_key,
 )
 
@@ -121,8 +121,7 @@ def _kinds(ck: Any) -> tuple[set[str], set[str]] | None:
 
     ``None`` for a version without the record (the shape is guessed from the keys).
     """
-    e = ck.entries.get(DCP_ITEMS_ENTRY)
-    record = read_dcp_items(ck.entry(DCP_ITEMS_ENTRY)) if e and e.scope == "global" else None
+    record = recorded_items(ck)
     if record is None:
         return None
     lists = {portable_key(p[:i]) for p in record.values() for i in range(1, len(p)) if type(p[i]) is int}

@@ -20,9 +20,10 @@ from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
     VALUES_ENTRY,
     DcpPath,
+    JsonTree,
     dcp_fqn,
     dcp_items_value,
-    read_dcp_items,
+    recorded_items,
     split_key,
 )
 
@@ -162,17 +163,15 @@ class ExportView:
             self.entries[DCP_ITEMS_ENTRY] = e
             self._entry_source[DCP_ITEMS_ENTRY] = DCP_ITEMS_ENTRY
             return
-        record = read_dcp_items(ck.entry(DCP_ITEMS_ENTRY))
+        record = recorded_items(ck)
         if record is None:
             return
-        leaves = self._values.get(VALUES_ENTRY, {})
+        leaves = JsonTree(self._values.get(VALUES_ENTRY, {}))  # what is exported, by container
         names = {t.source_key: n for n, t in self.tensors.items()}
         paths: list[DcpPath] = []
         for key, path in record.items():
             new = names.get(key) if key in ck.tensors else self._strip_key(key)
-            if new is None or (key not in ck.tensors and not any(
-                k == new or k.startswith(new + "/") for k in leaves
-            )):
+            if new is None or (key not in ck.tensors and new not in leaves):
                 continue
             comps = split_key(new) if key not in ck.tensors or not self._dotted else [new]
             tail = path[len(path) - len(comps) :] if len(comps) <= len(path) else ()

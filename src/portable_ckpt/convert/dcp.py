@@ -99,6 +99,7 @@ from portable_ckpt.format.keys import (
     VALUES_ENTRY,
     DcpPath,
     dcp_items_value,
+    has_position,
     json_leaves,
     portable_key,
 )
@@ -352,7 +353,7 @@ class _Planner:
         chunks = [c for ch, info in stored if (c := self.chunk(fqn, ch, info, tdtype)) is not None]
         self.tensors.append(TensorSpec(self.key_of(fqn), tdtype, md.size, chunks))
         path = self.meta.paths.get(fqn)
-        if self.key_of.mapped and path is not None and any(type(c) is int for c in path):
+        if self.key_of.mapped and path is not None and has_position(path):
             self.items.append(path)
 
     def chunk(self, fqn: str, ch: DcpChunk, info: DcpStorage, tdtype: str) -> ChunkSpec | None:
@@ -407,7 +408,7 @@ class _Planner:
                 return
             self.leaves.update(leaves)
             item = self.meta.paths.get(fqn) or (fqn,)
-            if list(leaves) != [key] or any(type(c) is int for c in item):
+            if list(leaves) != [key] or has_position(item):
                 self.items.append(item)  # not an item of its own key alone
         else:
             self.entries.append(EntrySpec(fqn, value))

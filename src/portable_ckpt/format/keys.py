@@ -40,6 +40,7 @@ __all__ = [
     "JsonTree",
     "dcp_fqn",
     "dcp_items_value",
+    "has_position",
     "decode_json",
     "encode_json",
     "escape_component",
@@ -50,6 +51,7 @@ __all__ = [
     "list_item_key",
     "portable_key",
     "read_dcp_items",
+    "recorded_items",
     "split_key",
     "unflatten_keys",
 ]
@@ -191,6 +193,19 @@ def json_item_paths(value: Any, path: DcpPath) -> Iterator[DcpPath]:
             stack.extend((here + (i,), v) for i, v in enumerate(node))
         else:
             yield here
+
+
+def has_position(path: DcpPath) -> bool:
+    """Whether a DCP object path goes through a list (an ``int`` component)."""
+    return any(type(c) is int for c in path)
+
+
+def recorded_items(ck: Any) -> dict[str, DcpPath] | None:
+    """The :data:`DCP_ITEMS_ENTRY` record of an opened version (``None``: none, or malformed)."""
+    e = ck.entries.get(DCP_ITEMS_ENTRY)
+    if e is None or e.scope != "global":
+        return None
+    return read_dcp_items(ck.entry(DCP_ITEMS_ENTRY))
 
 
 def dcp_items_value(paths: Iterable[DcpPath]) -> list[list[str | int]]:

@@ -26,9 +26,9 @@ Save protocol (the calls DCP makes, see ``torch.distributed.checkpoint.storage``
    travel to the coordinator in the rank's result; every rank but the coordinator finishes its
    writer (data, index) here.
 3. ``finish`` (coordinator): adds the JSON leaves as the global ``pck:json/1`` entry
-   ``torch.values`` and every item's DCP object path as ``torch.dcp_items`` (which leaves make
-   one item, and which path components were list positions), finishes its own writer and
-   commits. Nothing is published when any rank
+   ``torch.values`` and, as ``torch.dcp_items``, the DCP object paths the keys alone do not
+   tell (which leaves make one item, which components were list positions), finishes its own
+   writer and commits. Nothing is published when any rank
    failed; a failed commit deletes the files the writer indexes list.
 
 Load: every rank opens the version and shows it to DCP as DCP ``Metadata`` (each range record
@@ -95,9 +95,10 @@ from portable_ckpt.format.keys import (
     DcpPath,
     dcp_items_value,
     escape_component,
+    has_position,
     json_item_paths,
     list_item_key,
-    read_dcp_items,
+    recorded_items,
 )
 from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
@@ -434,11 +435,11 @@ class PortableStorageWriter(StorageWriter):
                 leaves = json_leaves(key, _byte_value(planner, item), fqn=item.index.fqn)
                 _check_leaf_keys(leaves, item.index.fqn)
                 values.update(leaves)
-                if list(leaves) != [key] or any(type(c) is int for c in path):
+                if list(leaves) != [key] or has_position(path):
                     paths.append(path)  # not an item of its own key alone
                 results.append(WriteResult(item.index, len(jsonio.dumps(leaves)), key))
             else:
-                if any(type(c) is int for c in path):
+                if has_position(path):
                     paths.append(path)
                 results.append(
                     WriteResult(item.index, _add_tensor(writer, key, item, planner), key)
@@ -807,9 +808,7 @@ def _build_view(ck: Checkpoint) -> _DcpView:
         if prev != key:
             ambiguous[fqn].update((prev, key))
 
-    e = ck.entries.get(DCP_ITEMS_ENTRY)
-    recorded = read_dcp_items(ck.entry(DCP_ITEMS_ENTRY)) if e and e.scope == "global" else None
-    tree, items, tensor_paths = _json_items(ck, recorded)
+    tree, items, tensor_paths = _json_items(ck, recorded_items(ck))
     for key, t in ck.tensors.items():
         fqn = dcp_fqn(key)
         claim(fqn, key, tensor_keys)

@@ -38,6 +38,7 @@ from portable_ckpt.format.keys import (
     decode_json,
     encode_json,
     escape_component,
+    has_position,
     join_key,
     split_key,
     unflatten_keys,
@@ -241,7 +242,7 @@ def _flatten(
     if isinstance(node, torch.Tensor):
         _check_key(key)
         flat.tensors[key] = node
-        if any(type(c) is int for c in path):
+        if has_position(path):
             flat.dcp_paths[key] = path
         return
     if type(node) in _PLAIN_CONTAINERS:
@@ -297,7 +298,7 @@ def _walk(
     # DCP keeps a list of plain values, and any tuple, as one item (a tuple that holds a tensor
     # cannot be one here: its tensors are stored as tensors, by position)
     if not is_map and not in_item and key and (
-        _plain_list(node) if isinstance(node, list) else _json_like(tuple(node))
+        _plain_list(node) if isinstance(node, list) else all(_json_like(v) for v in node)
     ):
         flat.dcp_paths[key] = path
         in_item = True
@@ -309,7 +310,7 @@ def _walk(
 def _value(value: Any, key: str, flat: FlatState, path: DcpPath, in_item: bool) -> None:
     _check_key(key)
     flat.values[key] = value
-    if not in_item and any(type(c) is int for c in path):
+    if not in_item and has_position(path):
         flat.dcp_paths[key] = path
 
 
