@@ -352,3 +352,26 @@ def test_dcp_step_flag_wins_and_verbatim_keeps_fqns(
     assert report.step == 11 and report.step_source == "--step"
     ck = portable_ckpt.open(tmp_path / "r")
     assert "dt.a" in ck.tensors and ck.entry("step") == 7
+
+
+def test_damaged_source_to_dcp_is_one_line_error(converted: tuple[Path, Any], tmp_path: Path) -> None:
+    """A checksum failure met while DCP's writer pulls the data is ours, not DCP's wrapper."""
+    root, _ = converted
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad)
+    victim = max(bad.glob("*/data/*.safetensors"), key=lambda p: p.stat().st_size)
+    with open(victim, "r+b") as f:
+        f.seek(victim.stat().st_size - 16)
+        old = f.read(4)
+        f.seek(-4, 1)
+        f.write(bytes(b ^ 0xFF for b in old))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "convert", str(bad), str(out), "--to", "dcp"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "[PCK-CHECKSUM]" in proc.stderr and victim.name in proc.stderr
+    assert "Traceback" not in proc.stderr and "bug" not in proc.stderr
+    assert "UserWarning" not in proc.stderr
+    assert not out.exists()

@@ -103,3 +103,20 @@ def test_copy_and_gc_draw_bars(root: str, tmp_path) -> None:
     r = run_cli("gc", dst, "--keep", "1", tty=True)
     assert r.rc == 0 and r.stdout.startswith("deleted")
     assert b"gc: deleting" in r.stderr and b"1/1" in r.stderr
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_python_warnings_are_one_line_and_quiet_hides_them(quiet: bool, capsys) -> None:
+    """A library's ``UserWarning`` reaches a CLI user as one line, without its source line."""
+    import argparse
+    import warnings
+
+    from portable_ckpt.cli._output import log_to_stderr
+
+    with log_to_stderr(argparse.Namespace(verbose=0, quiet=quiet)):
+        warnings.warn("Detected pickle protocol 4 in the checkpoint", UserWarning, stacklevel=1)
+    err = capsys.readouterr().err
+    if quiet:
+        assert err == ""
+    else:
+        assert err == "portable-ckpt: WARNING UserWarning: Detected pickle protocol 4 in the checkpoint\n"

@@ -138,3 +138,20 @@ def test_cli_ls_inspect_verify_gc(tmp_path) -> None:
     r = cli("gc", str(tmp_path), "--keep", "1", "--dry-run", "--json")
     assert json.loads(r.stdout)["deleted"] == [ids[0]]
     assert os.path.exists(tmp_path / ids[0] / "manifest.json")
+
+
+def test_newer_invalid_record_is_skipped_with_a_warning(tmp_path, caplog) -> None:
+    """R-READ-1: the reader skips a newer attempt whose record is not valid, and says so."""
+    save_step(tmp_path, 1, 1.0)
+    bad = save_step(tmp_path, 2, 2.0)
+    path = tmp_path / bad / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["step"] = 999  # valid JSON, not a valid record of attempt 2
+    path.write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="portable_ckpt"):
+        assert portable_ckpt.open(str(tmp_path)).step == 1
+    assert any(bad in r.getMessage() and "not valid" in r.getMessage() for r in caplog.records)
+    proc = cli("verify", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert bad in proc.stderr and "not valid and are skipped" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -6,6 +6,8 @@
   default, ``-v`` INFO (save/load/commit/copy events with bytes and MiB/s, storage retries),
   ``-vv`` DEBUG, ``--quiet`` errors only. Lines go through ``tqdm.write`` so that they do not
   tear a bar that is being drawn.
+* Python warnings (e.g. torch's, while a ``.pt`` is read) as one line each at the same
+  level, never the source line of a library's internals; ``--quiet`` hides them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,15 +48,20 @@ def _wants_bars(args: argparse.Namespace) -> bool:
     return not (args.quiet or getattr(args, "json", False)) and sys.stderr.isatty()
 
 
+def _write_line(text: str) -> None:
+    """Write to stderr above any progress bar being drawn."""
+    from tqdm import tqdm
+
+    # A line may quote names from the root: escaped like every other CLI text.
+    tqdm.write(safe_lines(text), file=sys.stderr)
+
+
 class _TqdmHandler(logging.Handler):
     """Write records to stderr above any progress bar being drawn."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            from tqdm import tqdm
-
-            # A record may quote names from the root: escaped like every other CLI text.
-            tqdm.write(safe_lines(self.format(record)), file=sys.stderr)
+            _write_line(self.format(record))
         except Exception:
             self.handleError(record)
 
@@ -72,8 +80,16 @@ def log_to_stderr(args: argparse.Namespace) -> Iterator[None]:
     saved = log.level
     log.addHandler(handler)
     log.setLevel(min(level, saved) if saved else level)
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        if level <= logging.WARNING:
+            text = f"portable-ckpt: WARNING {category.__name__}: {message}"
+            _write_line(text)
+
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            yield
     finally:
         log.removeHandler(handler)
         log.setLevel(saved)

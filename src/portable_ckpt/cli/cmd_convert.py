@@ -71,6 +71,11 @@ def _check(args: argparse.Namespace) -> str | None:
     """DST as the target format takes it (before anything is read)."""
     import os
 
+    from portable_ckpt.convert._registry import url_problem
+
+    problem = url_problem(args.dst, args.dst_format, "destination")
+    if problem:
+        return f"argument DST: {problem}"
     if args.dst_format != "torch":
         try:
             A.new_root(args.dst)  # a root or a new directory

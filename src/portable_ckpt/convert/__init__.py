@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -57,6 +58,7 @@ from portable_ckpt.convert._registry import (
     register_format,
     source_formats,
     target_formats,
+    url_problem,
 )
 from portable_ckpt.errors import (
     CheckpointError,
@@ -197,14 +199,20 @@ def _check_output(plan: SourcePlan, src: str, max_output_bytes: int | None) -> N
         if "://" in src:
             return  # an object-store source: its files' sizes are the version's own records
         limit = OUTPUT_RATIO * _bytes_on_disk(src) + OUTPUT_SLACK
-    if plan.total_bytes > limit:
-        raise LimitError(
-            f"{src}: converting it would write {plan.total_bytes:,} bytes, more than the bound of "
-            f"{limit:,} ({OUTPUT_RATIO}x its bytes on disk + {OUTPUT_SLACK >> 30} GiB unless "
-            "max_output_bytes / --max-output is given): records that alias one another's bytes "
-            "or views that repeat elements",
-            path=src,
+    if plan.total_bytes <= limit:
+        return
+    if max_output_bytes is not None:
+        bound = f"the --max-output / max_output_bytes bound of {limit:,}; pass a larger one"
+    else:
+        bound = (
+            f"the default bound of {limit:,} ({OUTPUT_RATIO}x its bytes on disk + "
+            f"{OUTPUT_SLACK >> 30} GiB): its records alias one another's bytes or its views "
+            "repeat elements; pass --max-output / max_output_bytes to convert it anyway"
         )
+    raise LimitError(
+        f"{src}: converting it would write {plan.total_bytes:,} bytes, more than {bound}",
+        path=src,
+    )
 
 
 def _bytes_on_disk(path: str) -> int:
@@ -476,6 +484,10 @@ def convert(
         batch_bytes=batch_bytes, allow_expand=allow_expand, max_output_bytes=max_output_bytes,
         target=target.name,
     )
+    for path, fmt, role in ((s, source.name, "source"), (d, target.name, "destination")):
+        problem = url_problem(path, fmt, role)
+        if problem:
+            raise UsageError(problem)
     tick = _Ticker(progress)
     if target.name != "portable":
         from portable_ckpt.convert._publish import check_dst_free
@@ -486,7 +498,7 @@ def convert(
     try:
         report = _dispatch(s, d, source, target, options, tick)
     except CheckpointError as exc:
-        _log.warning("convert %s -> %s refused: %s", s, d, exc)
+        _log.info("convert %s -> %s refused: %s", s, d, exc)  # the caller shows the error
         raise
     report.source_format, report.target_format = source.name, target.name
     report.seconds = time.perf_counter() - t0
@@ -558,8 +570,20 @@ def _dispatch(
         second = _from_portable(tmp, d, target, options, tick)
         second.warnings = first.warnings + second.warnings
         return second
+    except CheckpointError as exc:
+        _name_source(exc, tmp, s)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _name_source(exc: CheckpointError, tmp: str, src: str) -> None:
+    """Name the source in an error of the second half, not the temporary version (removed)."""
+    hub = re.compile(re.escape(tmp) + r"(/[^\s'\"]*)?")
+    exc.message = hub.sub(lambda _m: src, exc.message)
+    exc.args = (exc.message,)
+    if exc.path is not None:
+        exc.path = hub.sub(lambda _m: src, exc.path)
 
 
 def _hub_options(options: ConvertOptions) -> ConvertOptions:

@@ -6,11 +6,13 @@ import dataclasses
 import functools
 import io
 import math
+import warnings as pywarnings
 from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import (
@@ -182,6 +184,16 @@ class _Items:
     paths: dict[str, tuple[str, ...]] | None
 
 
+def _first_failure(e: CheckpointException) -> BaseException:
+    """The error DCP wrapped (a checksum or storage error of the source), or ``e`` itself.
+
+    DCP wraps what the planner raises while it resolves data; the caller expects ours.
+    """
+    for exc, _trace in e.failures.values():
+        return exc
+    return e
+
+
 def save_portable_as_dcp(
     ck: Any,
     directory: str,
@@ -201,5 +213,11 @@ def save_portable_as_dcp(
         ck, progress, tensors=items.tensors, values=items.values, paths=items.paths
     )
     writer = FileSystemWriter(directory, single_file_per_rank=False, thread_count=1)
-    dcp_save({}, storage_writer=writer, planner=planner, no_dist=True)
+    try:
+        with pywarnings.catch_warnings():
+            # One process by design: DCP's "assuming the intent is to save in a single process".
+            pywarnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp_save({}, storage_writer=writer, planner=planner, no_dist=True)
+    except CheckpointException as e:
+        raise _first_failure(e) from None
     return len(items.tensors), planner.bytes, warnings

@@ -17,6 +17,8 @@ from typing import Any, Literal
 import numpy as np
 
 from portable_ckpt.errors import CheckpointError, UnsupportedValueError
+from portable_ckpt.format.keys import MAX_KEY
+from portable_ckpt.format.manifest import has_control_chars
 from portable_ckpt.ranges import Box, check_coverage
 
 __all__ = [
@@ -191,6 +193,7 @@ def check_plan(plan: SourcePlan) -> None:
 
     """
     for t in plan.tensors:
+        _check_key(t.key)
         boxes = [Box.of(c.offsets, c.lengths) for c in t.chunks]
         try:
             check_coverage(t.shape, boxes, key=t.key)
@@ -199,6 +202,17 @@ def check_plan(plan: SourcePlan) -> None:
             exc.message = f"{exc.message} (chunks stored in {', '.join(files[:4])})"
             exc.args = (exc.message,)
             raise
+
+
+def _check_key(key: str) -> None:
+    """A source name the key rule turns into no portable key is the source's, not a usage error."""
+    if 0 < len(key) <= MAX_KEY and not has_control_chars(key):
+        return
+    shown = key if len(key) <= 80 else f"{key[:60]}… ({len(key):,} characters)"
+    raise UnsupportedValueError(
+        f"source tensor {shown!r} cannot be stored: a portable key is 1–{MAX_KEY} characters "
+        "without control characters; rename it in the source"
+    )
 
 
 def fail_if_strict(warnings: Iterable[ConvertWarning], options: ConvertOptions, where: str) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "register_format",
     "source_formats",
     "target_formats",
+    "url_problem",
 ]
 
 #: What a format's destination is: a checkpoint root, a new directory, or a new file.
@@ -241,6 +242,22 @@ def get_format(name: str, *, role: Literal["source", "target"]) -> Format:
     if name not in choices:
         raise UsageError(f"unknown {role} format {name!r}; use one of {', '.join(choices)}")
     return FORMATS[name]
+
+
+def url_problem(path: str, fmt: str, role: str) -> str | None:
+    """Why ``path`` cannot be the ``role`` ("source"/"destination") of format ``fmt``, or ``None``.
+
+    Only portable roots go through a storage backend; the other formats are local paths.
+    """
+    if fmt == "portable" or "://" not in path:
+        return None
+    scheme = path.partition("://")[0]
+    fix = (
+        "convert to a local path and upload the result, or convert into a portable root there"
+        if role == "destination"
+        else "download it first, or convert from a portable root there"
+    )
+    return f"{role} {path}: a {fmt} {role} is a local path ({scheme}:// is for portable roots); {fix}"
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:

@@ -32,7 +32,7 @@ from portable_ckpt.convert._model import (
     fail_if_strict,
 )
 from portable_ckpt.convert._publish import staged
-from portable_ckpt.convert.hf import slabs
+from portable_ckpt.convert.hf import HF_METADATA_ENTRY, slabs
 from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
@@ -76,7 +76,7 @@ def save_portable_as_torch(
                 tensors[key] = _mapped_tensor(ck, ck.tensors[key], os.path.join(scratch, str(i)))
                 written += ck.tensors[key].nbytes
                 progress(ck.tensors[key].nbytes)
-            values = _values(ck)
+            values = _values(ck, mapped=options.keys == "mapped")
             state = (
                 nest(tensors, values, kinds=_kinds(ck))
                 if options.keys == "mapped"
@@ -102,12 +102,18 @@ def _mapped_tensor(ck: Any, info: Any, path: str) -> torch.Tensor:
     return torch.from_file(path, shared=False, size=numel, dtype=tdtype).reshape(tuple(info.shape))
 
 
-def _values(ck: Any) -> dict[str, Any]:
-    """The JSON leaves of the global entries (``torch.values`` leaves by their own keys)."""
+def _values(ck: Any, *, mapped: bool) -> dict[str, Any]:
+    """The JSON leaves of the global entries (``torch.values`` leaves by their own keys).
+
+    Mapped, the safetensors ``__metadata__`` an HF source left is not written: it describes
+    the HF files, and ``load_state_dict`` of the result would refuse it as an unexpected key.
+    """
     out: dict[str, Any] = {}
     for name in sorted(ck.entries):
         if ck.entries[name].scope != "global" or name == DCP_ITEMS_ENTRY:
             continue  # torch.dcp_items describes DCP's items, it is no part of the state
+        if mapped and name == HF_METADATA_ENTRY:
+            continue
         value = ck.entry(name)
         if name == VALUES_ENTRY and isinstance(value, dict):
             out.update({k: decode_json(v) for k, v in value.items()})

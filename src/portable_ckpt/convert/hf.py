@@ -45,11 +45,12 @@ from portable_ckpt.errors import (
     JsonInvalidError,
     ShardMismatchError,
     StorageError,
+    TensorMissingError,
     UsageError,
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import numpy_dtype
-from portable_ckpt.format.keys import DCP_ITEMS_ENTRY
+from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, escape_component
 from portable_ckpt.storage._posix import file_kind, open_regular, read_regular
 
 __all__ = [
@@ -249,8 +250,17 @@ def _check_all_stored(index_path: str, weight_map: dict[str, str], stored: set[s
 
 
 def read_source(src: str, options: ConvertOptions) -> SourcePlan:
-    """The registry's reader (:func:`read_hf_source`; no option applies)."""
-    return read_hf_source(src)
+    """The registry's reader: :func:`read_hf_source`, names mapped by the key rule.
+
+    Mapped keys make each HF name one key component: a ``/`` inside a name is ``~1`` (and
+    ``~`` is ``~0``), so a name comes back unchanged from an HF or DCP export, and as one
+    key of a torch target.
+    """
+    plan = read_hf_source(src)
+    if options.keys == "mapped":
+        for t in plan.tensors:
+            t.key = escape_component(t.key)
+    return plan
 
 
 def write_target(
@@ -289,10 +299,15 @@ def write_hf(
     from portable_ckpt.convert._publish import staged_dir
 
     if not src.tensors:  # an HF model without weights is no export (nothing else fits there)
-        raise UsageError(
-            f"{src.path} has no tensor to export as HF safetensors"
-            + (" among the selected keys (--select)" if options and options.select else "")
-            + "; see `portable-ckpt inspect` for the tensor keys"
+        if options is not None and options.select:  # the request selected nothing: usage
+            raise UsageError(
+                f"{src.path} has no tensor to export as HF safetensors among the selected keys "
+                "(--select); see `portable-ckpt inspect` for the tensor keys"
+            )
+        raise TensorMissingError(
+            f"{src.path} has no tensor to export as HF safetensors (HF files hold tensors "
+            "only); convert it to a torch or portable target instead",
+            path=src.path,
         )
     meta, warnings = _shard_metadata(src)
     if options is not None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
+import warnings as pywarnings
 from collections.abc import Callable
 from typing import Any
 
@@ -260,18 +262,40 @@ def _plan(
     return SourcePlan("torch", tensors, values.all(), warnings, close=lambda: os.close(fd))
 
 
+def _unpickler_says(exc: BaseException) -> str:
+    """What torch's error says about the file, without its advice to unpickle with code."""
+    lines = (line.strip() for line in str(exc).splitlines())
+    said = [
+        line.rpartition("WeightsUnpickler error:")[2].strip()
+        for line in lines
+        if line and not line.startswith(("Weights only load failed", "Check the documentation"))
+    ]
+    return "; ".join(x for x in said if x) or type(exc).__name__
+
+
 def _fallback(path: str, *, strict: bool, keys: KeyMode, reason: str) -> SourcePlan:
     try:
         import torch
     except ImportError:
         raise UsageError(f"{path}: {reason} needs torch to read: pip install 'portable-ckpt[torch]'") from None
     try:
-        with os.fdopen(open_regular(path), "rb") as f:  # the checked descriptor, not the name
+        with os.fdopen(open_regular(path), "rb") as f, pywarnings.catch_warnings():
+            # "Detected pickle protocol 4": the unpickler below refuses what it cannot read
+            pywarnings.filterwarnings("ignore", message="Detected pickle protocol")
             obj = torch.load(f, map_location="cpu", weights_only=True)
     except CheckpointError:
         raise
+    except pickle.UnpicklingError as exc:
+        raise UnsupportedValueError(
+            f"{path}: {reason}: torch's weights-only unpickler refused it ({_unpickler_says(exc)}); "
+            "nothing in it was run. Only tensors, containers and plain values convert",
+            path=path,
+        ) from None
     except Exception as exc:
-        raise ShardHeaderError(f"{path}: torch.load(weights_only=True) failed: {exc}", path=path) from None
+        raise ShardHeaderError(
+            f"{path}: {reason}: torch.load(weights_only=True) failed: {_unpickler_says(exc)}",
+            path=path,
+        ) from None
     tensors: list[TensorSpec] = []
     values = _Values(keys)
     warnings = [ConvertWarning(path, f"{reason}: loaded whole with torch.load", kind="note")]

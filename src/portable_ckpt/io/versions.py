@@ -631,16 +631,25 @@ def latest(
     for name in attempt_names(storage, step) if names is None else names:
         by_step.setdefault(_step_of(name), []).append(name)
     skipped: list[str] = []
+    invalid: list[str] = []
     for s in sorted(by_step, reverse=True):
-        found = _latest_of_level(storage, by_step[s], skipped, known)
+        found = _latest_of_level(storage, by_step[s], skipped, known, invalid)
         if found is not None:
+            if invalid:  # R-READ-1: a damaged newest record must not pass unnoticed
+                _log.warning(
+                    "%s: the newer attempt(s) %s have a commit record that is not valid and are "
+                    "skipped; returning %s. `portable-ckpt ls` says why (gc removes them after "
+                    "its grace period)",
+                    storage.url, ", ".join(invalid), found[0],
+                )
             return found
     if not by_step:
         root_must_exist(storage)  # a mistyped root is not a root without versions
     what = f"step {step}" if step is not None else "any step"
     seen = sum(len(v) for v in by_step.values())
     others = (
-        f" ({seen} attempt(s) there hold no commit record or a foreign one: "
+        f" ({seen} attempt(s) there hold no commit record, one that is not valid, or a "
+        "foreign one: "
         "`portable-ckpt ls` shows each one's status)"
         if seen
         else ""
@@ -653,8 +662,13 @@ def _latest_of_level(
     names: list[str],
     skipped: list[str],
     known: Mapping[str, bytes] | None,
+    invalid: list[str],
 ) -> tuple[str, Manifest] | None:
-    """The greatest version among attempts of one step, ``None`` when none is a version."""
+    """The greatest version among attempts of one step, ``None`` when none is a version.
+
+    Adds the foreign attempts greater than the answer to ``skipped``, the invalid ones to
+    ``invalid``.
+    """
     level = [(name, classify_attempt(storage, name, known=known)) for name in names]
     best: tuple[tuple[int, ...], str, Manifest] | None = None
     for name, c in level:
@@ -675,6 +689,8 @@ def _latest_of_level(
             )
         if c.status == FOREIGN:
             skipped.append(name)
+        elif c.status == INVALID:
+            invalid.append(name)
     for name, c in level:
         if c.status == STRAY:
             _log.warning(

@@ -1,0 +1,175 @@
+"""What a conversion user sees at the edges: names kept, destinations refused, sources named.
+
+Each case is a finding of the conversion / S3 review (review 6): HF names with ``/``, the HF
+metadata in a torch target, URL destinations of local-only formats, errors naming a removed
+temporary version, and refusals that named a cause the source did not have.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import portable_ckpt
+from portable_ckpt.convert import convert
+from portable_ckpt.errors import CheckpointError
+
+pytestmark = pytest.mark.torch
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=120,
+    )
+
+
+@pytest.fixture
+def hf_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "hf"
+    d.mkdir()
+    save_file(
+        {"encoder/layer.w": torch.ones(2), "a~1b": torch.zeros(1), "b": torch.arange(3.0)},
+        str(d / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    return d
+
+
+def _names(path: Path) -> list[str]:
+    with safe_open(str(path), "pt") as f:
+        return sorted(f.keys())
+
+
+def test_hf_names_with_slash_and_tilde_survive_every_route(hf_dir: Path, tmp_path: Path) -> None:
+    """An HF name is one key component: ``/`` and ``~`` in it come back unchanged."""
+    names = ["a~1b", "b", "encoder/layer.w"]
+    report = convert(hf_dir, tmp_path / "direct", dst_format="hf", strict=True)
+    assert report.warnings == [] and _names(tmp_path / "direct" / "model.safetensors") == names
+    convert(hf_dir, tmp_path / "root", step=1)
+    assert sorted(portable_ckpt.open(str(tmp_path / "root")).tensors) == [
+        "a~01b", "b", "encoder~1layer.w"
+    ]
+    convert(tmp_path / "root", tmp_path / "back", dst_format="hf")
+    assert _names(tmp_path / "back" / "model.safetensors") == names
+    convert(tmp_path / "root", tmp_path / "d", dst_format="dcp")
+    convert(tmp_path / "d", tmp_path / "root2", trust_pickle=True, step=2)
+    assert sorted(portable_ckpt.open(str(tmp_path / "root2")).tensors) == [
+        "a~01b", "b", "encoder~1layer.w"
+    ]
+
+
+def test_hf_to_torch_is_a_state_dict_load_state_dict_takes(tmp_path: Path) -> None:
+    """The safetensors ``__metadata__`` of the source is no key of a torch target."""
+    model = torch.nn.Linear(3, 2)
+    (tmp_path / "hf").mkdir()
+    save_file(model.state_dict(), str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    convert(tmp_path / "hf", tmp_path / "m.pt", dst_format="torch")
+    sd = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert sorted(sd) == ["bias", "weight"]
+    other = torch.nn.Linear(3, 2)
+    other.load_state_dict(sd)  # strict: an extra key would raise
+    assert torch.equal(other.weight, model.weight)
+    # the metadata is still written back to an HF target
+    convert(tmp_path / "hf", tmp_path / "hf2", dst_format="hf")
+    with safe_open(str(tmp_path / "hf2" / "model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+
+
+@pytest.mark.parametrize(
+    ("dst", "fmt"), [("s3://bucket/x.pt", "torch"), ("s3://bucket/hf", "hf"), ("s3://bucket/d", "dcp")]
+)
+def test_url_destination_of_a_local_format_is_a_usage_error(
+    hf_dir: Path, tmp_path: Path, dst: str, fmt: str
+) -> None:
+    """It wrote a local directory named ``s3:`` and exited 0."""
+    proc = _cli("convert", str(hf_dir), dst, "--to", fmt, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"a {fmt} destination is a local path (s3:// is for portable roots)" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "s3:").exists()
+
+
+def test_url_source_of_a_local_format_is_a_usage_error(tmp_path: Path) -> None:
+    """An HF source on S3 was reported as "does not exist"."""
+    with pytest.raises(CheckpointError) as ei:
+        convert("s3://bucket/hfsrc", tmp_path / "root", src_format="hf")
+    assert ei.value.code == "PCK-USAGE" and "hf source is a local path" in ei.value.message
+    assert not (tmp_path / "root").exists()
+
+
+def test_two_step_error_names_the_source_not_the_removed_temporary(tmp_path: Path) -> None:
+    """A ``.pt`` with no tensor, to HF: the error named the ``.pck-convert-*`` version."""
+    src = tmp_path / "values.pt"
+    torch.save({"epoch": 3, "lr": [0.1, 0.2]}, src)
+    proc = _cli("convert", str(src), "out", "--to", "hf", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "[PCK-TENSOR-MISSING]" in proc.stderr and str(src) in proc.stderr
+    assert ".pck-convert-" not in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["values.pt"]
+
+
+def test_source_key_over_the_limit_is_the_sources_problem(tmp_path: Path) -> None:
+    """Exit 1 with a short message (it was exit 2, quoting all 5,000 characters)."""
+    src = tmp_path / "long.pt"
+    torch.save({"model": {"x" * 5000: torch.ones(1)}}, src)
+    proc = _cli("convert", str(src), "root", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "[PCK-UNSUPPORTED-VALUE]" in proc.stderr and "5,006 characters" in proc.stderr
+    assert len(proc.stderr) < 400
+    assert not (tmp_path / "root").exists() or not any((tmp_path / "root").iterdir())
+
+
+def test_max_output_refusal_names_the_bound_it_used(tmp_path: Path) -> None:
+    """An explicit ``--max-output`` is the cause; aliasing is named only for the default bound."""
+    src = tmp_path / "big.pt"
+    torch.save({"big": torch.zeros(1000, 1000)}, src)
+    proc = _cli("convert", str(src), "root", "--max-output", "1MB", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "[PCK-LIMIT]" in proc.stderr and "--max-output / max_output_bytes bound" in proc.stderr
+    assert "alias" not in proc.stderr
+
+
+def test_refused_convert_prints_its_error_once(hf_dir: Path, tmp_path: Path) -> None:
+    """The library's log line and the CLI's error said the same thing twice."""
+    proc = _cli("convert", str(hf_dir), "s3://bucket/hf", "--to", "hf", cwd=tmp_path)
+    assert proc.stderr.count("s3:// is for portable roots") == 1, proc.stderr
+    src = tmp_path / "values.pt"
+    torch.save({"epoch": 3}, src)
+    proc = _cli("convert", str(src), "out", "--to", "hf", cwd=tmp_path)
+    assert proc.stderr.count("has no tensor to export") == 1, proc.stderr
+
+
+class _Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (self.marker,))
+
+
+@pytest.mark.parametrize("kind", ["legacy", "plain"])
+def test_pickle_that_would_run_code_is_refused_as_a_value_not_a_header(kind: str, tmp_path: Path) -> None:
+    """The refusal said PCK-SHARD-HEADER and quoted torch's advice to unpickle with code."""
+    import pickle
+
+    marker = str(tmp_path / "ran")
+    src = tmp_path / f"{kind}.pt"
+    if kind == "legacy":
+        torch.save({"a": _Payload(marker)}, src, _use_new_zipfile_serialization=False)
+    else:
+        with open(src, "wb") as f:
+            pickle.dump({"a": _Payload(marker)}, f, protocol=4)
+    proc = _cli("convert", str(src), "root", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "[PCK-UNSUPPORTED-VALUE]" in proc.stderr and "nothing in it was run" in proc.stderr
+    assert "weights_only` set to `False`" not in proc.stderr and "Detected pickle" not in proc.stderr
+    assert not os.path.exists(marker)
