@@ -740,6 +740,20 @@ def test_coverage_inside_a_table(vdir: Path, key: str, edit: Callable[..., None]
     assert ck.read(other).tobytes() == TENSORS[other][0].tobytes()
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [_edit_record("a", 0, lengths=(0, 4)), _edit_record("a", 0, offsets=(-4, 0)),
+     _edit_record("a", 0, lengths=(9, 4))],
+    ids=["empty-box", "negative-offset", "beyond-shape"],
+)
+def test_verify_reports_a_table_record_out_of_bounds_once(vdir: Path, edit: Callable[..., None]) -> None:
+    """R-READ-2, R-VERIFY-1: a record outside its tensor names no stored range, so verify does
+    not go on to compare it with the shard header (it reported PCK-SHARD-MISMATCH as well)."""
+    install_entries(vdir, edit)
+    problems = portable_ckpt.open(vdir).verify(deep=True)
+    assert [p.code for p in problems] == ["PCK-RANGE-BOUNDS"], problems
+
+
 def test_committer_checks_coverage_of_writer_tables(tmp_path: Path) -> None:
     """§8.5 + R-COVER-2: a committer merging writer tables refuses a gap or an overlap."""
     storage = open_storage(tmp_path, create=True)

@@ -46,6 +46,7 @@ from portable_ckpt.errors import (
     FileSizeError,
     JsonInvalidError,
     LimitError,
+    RangeBoundsError,
     StepMismatchError,
     TensorMissingError,
     UsageError,
@@ -1063,7 +1064,8 @@ class Checkpoint:
         for path in self.manifest.files:
             f.run(path, self._file, path)
         for key, t in self.tensors.items():
-            f.run(None, self._tensor, key)
+            if isinstance(f.run(None, self._tensor, key), RangeBoundsError):
+                continue  # a table's record outside its tensor names no stored range (R-READ-2)
             for rec in t.ranges:
                 f.run(rec.file, self._shard_tensor, t, rec)
         for e in self.entries.values():
@@ -1165,14 +1167,15 @@ class _Findings:
         self.bad_files: set[str] = set()
         self._seen: set[tuple[str, str]] = set()
 
-    def run(self, file: str | None, fn: Any, *args: Any) -> None:
+    def run(self, file: str | None, fn: Any, *args: Any) -> CheckpointError | None:
         """Run one check that needs ``file``; skip it when that file already failed.
 
         A check repeated on the same object (a range record checked again when its data is
-        read) fails with the same code and message: that repeat is dropped.
+        read) fails with the same code and message: that repeat is dropped. Returns the
+        check's error, ``None`` when it passed or was skipped.
         """
         if file is not None and file in self.bad_files:
-            return
+            return None
         try:
             fn(*args)
         except CheckpointError as exc:
@@ -1181,3 +1184,5 @@ class _Findings:
                 self.errors.append(exc)
             if file is not None and exc.code in _FILE_CODES:
                 self.bad_files.add(file)
+            return exc
+        return None
