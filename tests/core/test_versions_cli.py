@@ -155,3 +155,17 @@ def test_newer_invalid_record_is_skipped_with_a_warning(tmp_path, caplog) -> Non
     assert proc.returncode == 0, proc.stderr
     assert bad in proc.stderr and "not valid and are skipped" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_refused_copy_prints_its_error_once(tmp_path) -> None:
+    """The library's ``copy.refused`` log line repeated the CLI's error; ``-v`` still shows it."""
+    attempt = save_step(tmp_path / "root", 1, 1.0)
+    shard = next((tmp_path / "root" / attempt / "data").glob("*.safetensors"))
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    proc = cli("copy", str(tmp_path / "root" / attempt), str(tmp_path / "dst"))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("the source is corrupt") == 1, proc.stderr
+    proc = cli("-v", "copy", str(tmp_path / "root" / attempt), str(tmp_path / "dst2"))
+    assert proc.stderr.count("the source is corrupt") == 2 and "copy.refused" not in proc.stdout

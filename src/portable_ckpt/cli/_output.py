@@ -6,6 +6,8 @@
   default, ``-v`` INFO (save/load/commit/copy events with bytes and MiB/s, storage retries),
   ``-vv`` DEBUG, ``--quiet`` errors only. Lines go through ``tqdm.write`` so that they do not
   tear a bar that is being drawn.
+* A refusal is printed once, as the command's error: the library's ``<op>.refused`` log events
+  show only with ``-v``.
 * Python warnings (e.g. torch's, while a ``.pt`` is read) as one line each at the same
   level, never the source line of a library's internals; ``--quiet`` hides them.
 """
@@ -22,7 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from portable_ckpt.cli._text import safe_lines
-from portable_ckpt.logs import LOGGER_NAME, Progress
+from portable_ckpt.logs import EVENT_ATTR, LOGGER_NAME, Progress
 
 __all__ = ["add_output_options", "log_to_stderr", "progress_bar"]
 
@@ -66,6 +68,12 @@ class _TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
+def _not_refusals(record: logging.LogRecord) -> bool:
+    """Drop ``<op>.refused`` events: the CLI prints the error itself (with ``-v`` both show)."""
+    doc = getattr(record, EVENT_ATTR, None)
+    return not (isinstance(doc, dict) and str(doc.get("event", "")).endswith(".refused"))
+
+
 @contextmanager
 def log_to_stderr(args: argparse.Namespace) -> Iterator[None]:
     """Show the ``portable_ckpt`` log on stderr at the level the options ask, while it runs."""
@@ -76,6 +84,8 @@ def log_to_stderr(args: argparse.Namespace) -> Iterator[None]:
         level = (logging.WARNING, logging.INFO)[verbose] if verbose < 2 else logging.DEBUG
     log = logging.getLogger(LOGGER_NAME)
     handler = _TqdmHandler(level)
+    if verbose == 0:
+        handler.addFilter(_not_refusals)
     handler.setFormatter(logging.Formatter("portable-ckpt: %(levelname)s %(name)s: %(message)s"))
     saved = log.level
     log.addHandler(handler)
