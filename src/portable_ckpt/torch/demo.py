@@ -436,10 +436,16 @@ def run_demo(config: DemoConfig | None = None, *, verbose: bool = True) -> dict[
     t_start = time.perf_counter()
     print(
         f"portable-ckpt demo: FSDP2 MLP on CPU/gloo, {cfg.ranks} ranks -> save at step "
-        f"{cfg.save_step} -> resume on {cfg.resume_ranks} ranks (and on {cfg.ranks}); root {root}"
+        f"{cfg.save_step} (and a preemption save at step {cfg.save_step + 1}) -> resume step "
+        f"{cfg.save_step} on {cfg.resume_ranks} ranks (and on {cfg.ranks}); root {root}"
+    )
+    ref = _run_phase(c, cfg.ranks, "reference")
+    print(
+        f"  (each resume restores step {cfg.save_step} on purpose, below the preemption save of "
+        f"step {cfg.save_step + 1}: the manager's rollback warning on stderr is expected)"
     )
     runs = _Runs(
-        ref=_run_phase(c, cfg.ranks, "reference"),
+        ref=ref,
         same=_run_phase(c, cfg.ranks, "resume-same") if cfg.same_size else None,
         resized=_run_phase(c, cfg.resume_ranks, "resume-resized"),
     )
