@@ -300,3 +300,34 @@ def test_rank_lost_after_the_commit_is_not_reported_as_nothing_published(tmp_pat
     ck = portable_ckpt.open(str(tmp_path))
     assert ck.step == 2 and ck.verify(deep=True) == []
     assert ck.read("w").tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+@pytest.mark.parametrize("after", [1.3, 2.5])
+def test_ctrl_c_during_the_demo_prints_no_traceback_and_leaves_no_rank(tmp_path: Any, after: float) -> None:
+    """Ctrl-C signals the terminal's whole process group: the CLI, its fork server and ranks.
+
+    Tracebacks came from the fork server (interrupted while importing torch) and from ranks
+    writing results into the group directory the CLI had removed; a rank forked after the
+    signal waited for its group forever.
+    """
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "demo", "--out", str(tmp_path / "o")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    time.sleep(after)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout
+        if not left.strip():
+            break
+        time.sleep(0.2)
+    assert not left.strip(), f"processes left in the demo's session: {left}"

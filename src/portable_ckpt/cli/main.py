@@ -78,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with log_to_stderr(args):
             return _run(args)
+    except KeyboardInterrupt:  # a second Ctrl-C, while the log handler is being removed
+        return 130
     except BrokenPipeError:
         # The reader of our output went away: point stdout at /dev/null so that the flush at
         # exit cannot raise again, and end like a process killed by SIGPIPE (cat, grep).

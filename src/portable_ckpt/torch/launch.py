@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import multiprocessing.connection as mp_connection
 import os
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -22,6 +24,9 @@ from typing import Any, cast
 import torch.multiprocessing as tmp
 
 __all__ = ["GroupResult", "free_port", "run_group"]
+
+#: The fork server of this process answered once (:func:`_start_fork_server`).
+_SERVER_READY = False
 
 _PRELOAD = [
     "torch",
@@ -115,6 +120,8 @@ def _entry(
     import torch
     import torch.distributed as dist
 
+    # The fork server ignores SIGINT (_start_fork_server); a rank takes Ctrl-C as Python does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(threads)
     out = os.path.join(outdir, f"rank{rank:05d}.json")
@@ -130,11 +137,16 @@ def _entry(
         )
         value = _resolve_fn(fn, sys_path)(rank, world_size, *args)
         doc: dict[str, Any] = {"result": value, "error": None}
+    except KeyboardInterrupt:
+        os._exit(130)  # Ctrl-C reached the whole terminal group: the parent reports it
     except BaseException:
         doc = {"result": None, "error": traceback.format_exc()}
-    with open(out + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(doc, f)
-    os.replace(out + ".tmp", out)
+    try:
+        with open(out + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(out + ".tmp", out)
+    except OSError:
+        os._exit(1)  # the parent is gone (its directory with it): nobody reads a result
     try:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -184,6 +196,7 @@ def run_group(
             ctx.set_forkserver_preload(_PRELOAD)
         except Exception:
             pass
+        _start_fork_server(ctx)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pck-group-") as outdir:
         init = "file://" + os.path.join(outdir, "store")
@@ -207,11 +220,13 @@ def run_group(
             )
             p.start()
             procs.append(p)
-        _wait_all(procs, time.monotonic() + timeout, progress)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        try:
+            _wait_all(procs, time.monotonic() + timeout, progress)
+        finally:  # also on Ctrl-C: no rank outlives the group's directory
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
         results: list[Any] = []
         errors: list[str | None] = []
         for rank, p in enumerate(procs):
@@ -225,6 +240,31 @@ def run_group(
                 results.append(None)
                 errors.append(f"no result (exit code {p.exitcode})")
         return GroupResult(results, [p.exitcode for p in procs], errors, time.perf_counter() - t0)
+
+
+def _start_fork_server(ctx: Any) -> None:
+    """Start the fork server (once per process) with SIGINT ignored, and wait until it serves.
+
+    It imports torch before it sets its own handlers: a Ctrl-C in those seconds printed its
+    traceback (the terminal signals the whole group), so it starts with SIGINT ignored (ranks
+    restore the handler in ``_entry``). The first process it forks waits for those imports; that
+    one is a no-op here, so a Ctrl-C meanwhile leaves no rank waiting for a group that is gone.
+    """
+    global _SERVER_READY
+    if _SERVER_READY:
+        return
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, old)
+    warm = ctx.Process(target=os.getpid, daemon=True)
+    warm.start()
+    warm.join()
+    _SERVER_READY = True
 
 
 def _wait_all(procs: list[Any], deadline: float, progress: Callable[[int, int], None] | None) -> None:
