@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import warnings as pywarnings
 from collections.abc import Callable
 from typing import Any
@@ -262,11 +261,15 @@ def _plan(
     return SourcePlan("torch", tensors, values.all(), warnings, close=lambda: os.close(fd))
 
 
+#: What precedes the reason in torch's weights-only refusal.
+_TORCH_PREFIX = "WeightsUnpickler error:"
+
+
 def _unpickler_says(exc: BaseException) -> str:
     """What torch's error says about the file, without its advice to unpickle with code."""
     lines = (line.strip() for line in str(exc).splitlines())
     said = [
-        line.rpartition("WeightsUnpickler error:")[2].strip()
+        line.rpartition(_TORCH_PREFIX)[2].strip()
         for line in lines
         if line and not line.startswith(("Weights only load failed", "Check the documentation"))
     ]
@@ -285,15 +288,15 @@ def _fallback(path: str, *, strict: bool, keys: KeyMode, reason: str) -> SourceP
             obj = torch.load(f, map_location="cpu", weights_only=True)
     except CheckpointError:
         raise
-    except pickle.UnpicklingError as exc:
+    except Exception as exc:
+        if type(exc).__name__ != "UnpicklingError":  # pickle's, from the weights-only unpickler
+            raise ShardHeaderError(
+                f"{path}: {reason}: torch.load(weights_only=True) failed: {_unpickler_says(exc)}",
+                path=path,
+            ) from None
         raise UnsupportedValueError(
             f"{path}: {reason}: torch's weights-only unpickler refused it ({_unpickler_says(exc)}); "
             "nothing in it was run. Only tensors, containers and plain values convert",
-            path=path,
-        ) from None
-    except Exception as exc:
-        raise ShardHeaderError(
-            f"{path}: {reason}: torch.load(weights_only=True) failed: {_unpickler_says(exc)}",
             path=path,
         ) from None
     tensors: list[TensorSpec] = []
