@@ -19,7 +19,8 @@ The checks are written from the spec, independently of :mod:`portable_ckpt`:
   :mod:`conformance.table`), then every tensor it defines through the same per-tensor rules,
   with the implied range names of R-TABLE-7; a writer index's table is decoded and validated too;
 * every entry: declaration, the values per scope, each value strictly decoded and valid against
-  its declared schema (builtin ids resolve to ``spec/schemas/entries``).
+  its declared schema (builtin ids resolve to ``spec/schemas/entries`` and take integer tokens;
+  an embedded schema's ``$schema`` must name Draft 2020-12, whose integers it keeps).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import re
 import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,11 @@ from conformance.schemas import (
     SCHEMA_BASE_UNITS,
     SCHEMA_UNITS_PER_VALUE,
     BudgetExceeded,
+    OtherDialect,
     SchemaSet,
     SchemasUnavailable,
     load_schemas,
+    without_dialect,
 )
 from conformance.spec import (
     ATTEMPT_ID_RE,
@@ -82,7 +84,8 @@ ENTRY_MAX_BYTES = 64 << 20
 #: R-SEC-11: any JSON document other than a manifest (writer indexes, drill, copy and
 #: verification records) is rejected above 64 MiB, before it is read in full.
 DOC_MAX_BYTES = 64 << 20
-_VERSION_RE = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
+#: A well-formed format_version: MAJOR.MINOR, decimal without leading zeros, any digits (§16.1).
+_VERSION_RE = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\Z")
 
 
 @dataclass
@@ -148,20 +151,6 @@ class _Located(Problem):
     def __init__(self, code: str, message: str, at: _Path) -> None:
         super().__init__(code, message)
         self.at = at
-
-
-@lru_cache(maxsize=4)
-def _strict_integer_class(base: Any) -> Any:
-    """``base`` with JSON Schema's ``integer`` restricted to integer tokens.
-
-    Draft 2020-12 calls 42.0 an integer; a format document's integer members are integer
-    tokens (the reader rejects ``"step": 42.0`` with PCK-SCHEMA), so for the format documents
-    a float is not an integer whatever its value.
-    """
-    from jsonschema import validators
-
-    checker = base.TYPE_CHECKER.redefine("integer", lambda _checker, v: _is_int(v))
-    return validators.extend(base, type_checker=checker)
 
 
 def _bad_path(keyword: str, instance: Any) -> bool:
@@ -254,7 +243,8 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
                   report: Report, found: set[_Path] | None = None) -> bool:
     """Validate ``doc`` against ``<name>.schema.json``; return False on a generic violation.
 
-    Integer members must be integer tokens (:func:`_strict_integer_class`). ``found`` collects
+    Integer members must be integer tokens (R-SEC-18: Draft 2020-12 calls 42.0 an integer, a
+    format document does not; ``SchemaSet.validator(integer_tokens=True)``). ``found`` collects
     the locations reported with a specific code (a ``files`` key as ``("files", key)``), which
     the checks in code then do not report again.
     """
@@ -265,8 +255,7 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
     label = f"{name}.schema.json" if version == "1.0" else f"{version}/{name}.schema.json"
     if schema is None:  # never after require_complete(): a check never skips validation
         raise SchemasUnavailable(f"{label} not found in {schemas.root}")
-    base: Any = type(schemas.validator(schema))
-    validator = _strict_integer_class(base)(schema, registry=schemas.registry())
+    validator = schemas.validator(schema, integer_tokens=True)
     generic = False
     n = 0
     for err in validator.iter_errors(doc):
@@ -386,11 +375,11 @@ class _VersionChecker:
         fv = m.get("format_version")
         mv = _VERSION_RE.match(fv) if isinstance(fv, str) else None
         if mv is None:
-            self.err("PCK-SCHEMA", f"format_version {fv!r} is not 'MAJOR.MINOR'")
+            self.err("PCK-SCHEMA", f"format_version {fv!r:.60} is not 'MAJOR.MINOR'")
             return
-        if int(mv.group(1)) != 1:
-            self.err("PCK-VERSION-UNSUPPORTED", f"format_version {fv} has major version "
-                     f"{mv.group(1)}; this checker implements 1.x")
+        if mv.group(1) != "1":  # as text: CPython converts at most 4,300 digits to an int
+            self.err("PCK-VERSION-UNSUPPORTED", f"format_version {fv:.60} has major version "
+                     f"{mv.group(1):.40}; this checker implements 1.x")
             return
         mu = m.get("must_understand")
         if isinstance(mu, list):
@@ -779,7 +768,10 @@ class _VersionChecker:
             if schema_doc is not None:
                 units = SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * _values_of(value)
                 try:
-                    errs = self.schemas.validate(schema_doc, value, limit=3, budget=units)
+                    # Built-in schemas take integer tokens (R-SEC-18, errata 6: {"step": 4.0}
+                    # is no step); embedded ones keep Draft 2020-12's 1.0 == 1.
+                    errs = self.schemas.validate(schema_doc, value, limit=3, budget=units,
+                                                 integer_tokens=schema_id is not None)
                 except BudgetExceeded:
                     raise Problem("PCK-ENTRY-SCHEMA", f"value {rel!r}: validating it against "
                                   f"its schema takes more than {units} units (R-ENTRY-16)"
@@ -823,6 +815,12 @@ class _VersionChecker:
             except BadPattern as exc:
                 raise Problem("PCK-ENTRY-SCHEMA", f"json_schema pattern {pattern[:80]!r}: "
                               f"{exc} (R-ENTRY-15)") from None
+        try:
+            # Another dialect is unusable (R-ENTRY-3, §12.1, errata 6); 2020-12's own $schema
+            # is dropped so that evaluation keeps this suite's validator class (§22).
+            js = without_dialect(js)
+        except OtherDialect as exc:
+            raise Problem("PCK-ENTRY-SCHEMA", f"json_schema: {exc} (§12.1)") from None
         return (js if isinstance(js, dict) else {"not": {}} if js is False else {}), None
 
     # -- writer indexes, drills ----------------------------------------------------------------

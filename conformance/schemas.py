@@ -12,8 +12,12 @@ from typing import Any
 from conformance.regex import BadPattern, compiled, patterns_of
 from conformance.spec import BUILTIN_SCHEMA_FILES
 
-__all__ = ["REQUIRED_SCHEMAS", "SCHEMA_BASE_UNITS", "SCHEMA_UNITS_PER_VALUE", "BudgetExceeded",
-           "SchemaSet", "SchemasUnavailable", "default_schema_dir", "load_schemas"]
+__all__ = ["DRAFT_2020_12", "REQUIRED_SCHEMAS", "SCHEMA_BASE_UNITS", "SCHEMA_UNITS_PER_VALUE",
+           "BudgetExceeded", "OtherDialect", "SchemaSet", "SchemasUnavailable", "default_schema_dir",
+           "load_schemas", "without_dialect"]
+
+#: The dialect of the spec's schemas and of every embedded schema (spec §12.1, §19.2).
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
 #: the errata schemas (spec §19.1) that replace released files: without them the released
 #: patterns (lookahead, ``\\uHHHH``) are outside the portable subset of §18.7.
@@ -33,6 +37,41 @@ REQUIRED_SCHEMAS: tuple[str, ...] = (
 
 class SchemasUnavailable(Exception):
     """The normative schemas are missing or incomplete: nothing can be checked."""
+
+
+class OtherDialect(ValueError):
+    """An embedded schema names a dialect other than Draft 2020-12 in a ``$schema``."""
+
+
+def without_dialect(schema: Any) -> Any:
+    """A copy of ``schema`` without its ``$schema`` keywords, each checked to be 2020-12.
+
+    jsonschema evaluates a subschema that declares ``$schema`` — reached through a ``$ref``
+    into a whole resource (``"#"``, ``../1.0/manifest.schema.json``) or any applicator — with
+    its *stock* validator class for that dialect, silently dropping the integer-token type
+    check and the RE2 ``pattern`` of this suite (spec §22). Only keyword positions count (the
+    subschemas ``referencing`` walks): ``{"const": {"$schema": 1}}`` is a value.
+
+    Raises:
+        OtherDialect: a ``$schema`` that is not :data:`DRAFT_2020_12` (errata 6: such an
+            embedded schema is unusable, R-ENTRY-3).
+
+    """
+    from referencing.jsonschema import DRAFT202012
+
+    if not isinstance(schema, dict):
+        return schema
+    out = json.loads(json.dumps(schema))
+    todo = [out]
+    while todo:
+        node = todo.pop()
+        if "$schema" in node:
+            if node["$schema"] != DRAFT_2020_12:
+                raise OtherDialect(f"$schema {node['$schema']!r:.100} is not Draft 2020-12 "
+                                   f"({DRAFT_2020_12!r})")
+            del node["$schema"]
+        todo.extend(sub for sub in DRAFT202012.subresources_of(node) if isinstance(sub, dict))
+    return out
 
 
 def default_schema_dir() -> Path:
@@ -65,6 +104,7 @@ class SchemaSet:
         self.by_id: dict[str, dict[str, Any]] = {}
         self.present: set[str] = set()  # files read, errata/ prefix kept
         self._problems: list[str] | None = None
+        self._dialects: dict[str, str] = {}  # files that declare another dialect
         if root.is_dir():
             found = sorted(root.rglob("*.json"), key=lambda p: p.parts[len(root.parts)] == "errata")
             for p in found:
@@ -76,12 +116,16 @@ class SchemaSet:
                     continue
                 self.present.add(p.relative_to(root).as_posix())
                 rel = p.relative_to(root).as_posix().removeprefix("errata/")
+                try:
+                    doc = without_dialect(doc)  # validators keep their class (spec §22)
+                except Exception as exc:  # another dialect, or no schema at all
+                    self._dialects[rel] = str(exc)[:200]
                 self.by_file[rel] = doc
                 sid = doc.get("$id")
                 if isinstance(sid, str):
                     self.by_id[sid] = doc
         self._registry: Any = None
-        self._validators: dict[tuple[int, bool], Any] = {}
+        self._validators: dict[tuple[int, bool, bool], Any] = {}
 
     def missing(self) -> list[str]:
         """The :data:`REQUIRED_SCHEMAS` this set lacks (or could not read as JSON objects)."""
@@ -100,6 +144,8 @@ class SchemaSet:
                 doc = self.by_file.get(rel)  # an erratum in place of its released file
                 if doc is None:
                     continue
+                if rel in self._dialects:
+                    out.append(f"{rel}: {self._dialects[rel]}")
                 for pattern in patterns_of(doc):
                     try:
                         compiled(pattern)
@@ -143,16 +189,21 @@ class SchemaSet:
             "which ships them, run from a checkout of the repository, or pass --schemas DIR / "
             "set $PCK_SPEC_SCHEMAS)")
 
-    def validator(self, schema: dict[str, Any] | bool, *, metered: bool = False) -> Any:
+    def validator(self, schema: dict[str, Any] | bool, *, metered: bool = False,
+                  integer_tokens: bool = False) -> Any:
         """A (cached) Draft 2020-12 validator of ``schema`` resolving refs in this set only.
 
         Regular expressions run on RE2 with their ECMA-262 meaning (:mod:`conformance.regex`).
         ``metered``: every keyword charges the budget of :meth:`validate` (R-ENTRY-16).
+        ``integer_tokens``: ``type: integer`` holds for integer tokens only, as in format
+        documents and built-in entry schemas (R-SEC-18); otherwise 2020-12's ``1.0`` is one.
+        ``schema`` must be free of ``$schema`` keywords (:func:`without_dialect`).
         """
-        key = (id(schema), metered)
+        key = (id(schema), metered, integer_tokens)
         hit = self._validators.get(key)
         if hit is None or hit[0] is not schema:
-            cls = _metered_validator_class() if metered else _re2_validator_class()
+            cls = _metered_validator_class(integer_tokens) if metered else \
+                _re2_validator_class(integer_tokens)
             hit = (schema, cls(schema, registry=self.registry()))
             if len(self._validators) > 256:
                 self._validators.clear()
@@ -162,12 +213,12 @@ class SchemaSet:
     def registry(self) -> Any:
         """A ``referencing.Registry`` holding every schema (no remote retrieval)."""
         if self._registry is None:
-            from referencing import Registry, Resource
+            from referencing import Registry
             from referencing.jsonschema import DRAFT202012
 
             reg: Any = Registry()
             for rel, doc in self.by_file.items():
-                res = Resource.from_contents(doc, default_specification=DRAFT202012)
+                res = DRAFT202012.create_resource(doc)  # its $schema was checked and dropped
                 uri = doc.get("$id") if isinstance(doc.get("$id"), str) else rel
                 reg = reg.with_resource(uri, res)
                 if uri != rel:
@@ -200,13 +251,15 @@ class SchemaSet:
         return None
 
     def validate(self, schema: dict[str, Any], instance: Any, *, limit: int = 20,
-                 budget: int | None = None) -> list[str]:
+                 budget: int | None = None, integer_tokens: bool = False) -> list[str]:
         """Validate ``instance`` and return up to ``limit`` error messages (empty when valid).
 
         With ``budget``, validation stops with :class:`BudgetExceeded` after that many units
-        (keywords applied, members walked, type checks; R-ENTRY-16).
+        (keywords applied, members walked, type checks; R-ENTRY-16). ``integer_tokens``: see
+        :meth:`validator`.
         """
-        validator = self.validator(schema, metered=budget is not None)
+        validator = self.validator(schema, metered=budget is not None,
+                                   integer_tokens=integer_tokens)
         out: list[str] = []
         _UNITS.left = budget
         try:
@@ -274,14 +327,25 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> An
             yield ValidationError("array items are not unique")
 
 
-@lru_cache(maxsize=1)
-def _re2_validator_class() -> Any:
-    """Draft 2020-12 with patterns on RE2 and ``uniqueItems`` by hashing (R-ENTRY-15)."""
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@lru_cache(maxsize=2)
+def _re2_validator_class(integer_tokens: bool = False) -> Any:
+    """Draft 2020-12 with patterns on RE2 and ``uniqueItems`` by hashing (R-ENTRY-15).
+
+    ``integer_tokens``: a float is no integer, whatever its value (R-SEC-18).
+    """
     from jsonschema import Draft202012Validator, validators
 
+    types = Draft202012Validator.TYPE_CHECKER
+    if integer_tokens:
+        types = types.redefine("integer", lambda _checker, v: _is_int(v))
     return validators.extend(Draft202012Validator, {
         "pattern": _pattern, "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties, "uniqueItems": _unique_items})
+        "additionalProperties": _additional_properties, "uniqueItems": _unique_items},
+        type_checker=types)
 
 
 # -- the validation budget of entry values (R-ENTRY-16) -------------------------------------
@@ -462,8 +526,8 @@ def _unevaluated_items(validator: Any, rest: Any, instance: Any, schema: Any) ->
             yield ValidationError("unevaluated items are not allowed")
 
 
-@lru_cache(maxsize=1)
-def _metered_validator_class() -> Any:
+@lru_cache(maxsize=2)
+def _metered_validator_class(integer_tokens: bool = False) -> Any:
     """:func:`_re2_validator_class`, every keyword and type check charged (R-ENTRY-16).
 
     ``enum`` and ``const`` compare hashed forms; ``unevaluated*`` collect what was evaluated
@@ -471,7 +535,7 @@ def _metered_validator_class() -> Any:
     """
     from jsonschema import validators
 
-    base = _re2_validator_class()
+    base = _re2_validator_class(integer_tokens)
     kws = {**base.VALIDATORS, "enum": _enum, "const": _const,
            "unevaluatedProperties": _unevaluated_properties,
            "unevaluatedItems": _unevaluated_items}

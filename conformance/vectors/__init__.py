@@ -7,8 +7,12 @@ those of errata 2 (entry value file names at the limits of §2.2, §12.1), ``vec
 those of errata 3 (zstd frame headers: R-TENSOR-6, R-TENSOR-7 and R-TENSOR-10 from the first 18
 bytes, R-VERIFY-2; an integer member written as ``42.0``), ``vectors/errata-4/`` those of errata 4
 (R-INDEX-6 for six-digit and table writer indexes, misnamed drill and copy records, a symbolic
-link in an attempt, a shard dimension above MAXINT, non-attempt children of a root). All are frozen
-(R-VERSION-9); a reader of 1.1 passes all of them (:data:`VECTOR_DIRS`, :func:`all_cases`).
+link in an attempt, a shard dimension above MAXINT, non-attempt children of a root),
+``vectors/errata-6/`` those of errata 6 (schema rules of the manifest a reader must apply, schema
+bounds that are PCK-SCHEMA and not PCK-LIMIT, integer tokens in built-in entry schemas, the
+dialect of embedded schemas, ``$ref`` into a resource that declares ``$schema``, a 9-digit
+MINOR). Errata 5 has no vectors. All are frozen (R-VERSION-9); a reader of 1.1 passes all of
+them (:data:`VECTOR_DIRS`, :func:`all_cases`).
 
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
 relative to the case directory), for valid cases ``expected`` (expected.json with every tensor's
@@ -30,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1",
-           "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4", "all_cases",
-           "load_cases", "materialize"]
+           "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4",
+           "VECTOR_DIR_ERRATA_6", "all_cases", "load_cases", "materialize"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
 VECTOR_DIR_1_1 = Path(__file__).resolve().parent / "1.1"
@@ -39,10 +43,12 @@ VECTOR_DIR_ERRATA_1 = Path(__file__).resolve().parent / "errata-1"
 VECTOR_DIR_ERRATA_2 = Path(__file__).resolve().parent / "errata-2"
 VECTOR_DIR_ERRATA_3 = Path(__file__).resolve().parent / "errata-3"
 VECTOR_DIR_ERRATA_4 = Path(__file__).resolve().parent / "errata-4"
+VECTOR_DIR_ERRATA_6 = Path(__file__).resolve().parent / "errata-6"
 #: every vector set (a format version, or an errata set of one) by name, oldest first.
 VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-1": VECTOR_DIR_ERRATA_1, "errata-2": VECTOR_DIR_ERRATA_2,
-                                "errata-3": VECTOR_DIR_ERRATA_3, "errata-4": VECTOR_DIR_ERRATA_4}
+                                "errata-3": VECTOR_DIR_ERRATA_3, "errata-4": VECTOR_DIR_ERRATA_4,
+                                "errata-6": VECTOR_DIR_ERRATA_6}
 
 
 def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:

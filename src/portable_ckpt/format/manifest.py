@@ -53,6 +53,7 @@ __all__ = [
     "FORMAT_MINOR",
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",
+    "FORMAT_VERSION_RE",
     "KNOWN_EXTENSIONS",
     "MAX_NDIM",
     "MAX_SIZE",
@@ -106,7 +107,15 @@ _CTRL = re.compile(r"[\x00-\x1f\x7f]")
 def has_control_chars(text: str) -> bool:
     """Whether ``text`` holds a control character (U+0000–U+001F, U+007F; §8.1 keys)."""
     return _CTRL.search(text) is not None
-_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
+#: A well-formed ``format_version``: ``MAJOR.MINOR``, decimal, no leading zeros, any number of
+#: digits (spec §16.1; R-VERSION-10 decides with it whether a record is foreign, errata 6).
+FORMAT_VERSION_RE = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\Z")
+#: The most digits of a MINOR that the 1.x schemas accept (``formatVersion``).
+_MINOR_DIGITS = 9
+#: Member names of ``extensions`` and items of ``must_understand`` (manifest.schema.json).
+_EXTENSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}\Z")
+#: A mesh's dimensions and their sizes (common.schema.json ``mesh``).
+_MESH_MAX = 1 << 24
 _TS = re.compile(
     r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"
     r"(\.[0-9]{1,9})?Z\Z"
@@ -466,7 +475,12 @@ class _Ctx:
         if not isinstance(v, int) or isinstance(v, bool):
             raise self.fail(where, f"expected an integer, got {v!r:.40}")
         if v < lo or v > hi:
-            cls: type[CheckpointError] = LimitError if v > hi else low_cls
+            # PCK-LIMIT is for the format's limit, MAXINT (§17.2's closed list: sizes, shapes,
+            # offsets, lengths); a schema's own bound (world size, rank, step, block size) is
+            # PCK-SCHEMA (R-COMMIT-15; errata 6).
+            cls: type[CheckpointError] = (
+                low_cls if v < lo else LimitError if hi == MAX_SIZE else SchemaError
+            )
             raise self.fail(where, f"{v} is outside [{lo}, {hi}]", cls)
         return v
 
@@ -495,17 +509,31 @@ class _Ctx:
 
 
 def check_format_version(v: Any, what: str) -> str:
-    """Validate ``format_version`` and refuse an unknown major version."""
-    if not isinstance(v, str) or not _VERSION.match(v):
-        raise SchemaError(f"{what}: format_version {v!r} is not MAJOR.MINOR", path=what)
-    major = int(v.split(".")[0])
-    if major != FORMAT_MAJOR:
+    """Validate ``format_version`` and refuse an unknown major version.
+
+    Well-formed is the text's ``MAJOR.MINOR`` with any number of digits (§16.1): a MAJOR other
+    than 1 is PCK-VERSION-UNSUPPORTED however long it is; a MINOR of more than 9 digits breaks
+    the 1.x schemas (PCK-SCHEMA), and the record is then foreign (newer than this reader and
+    failing its checks, R-VERSION-10). The digits are compared as text: CPython refuses to
+    convert more than 4,300 of them to an int.
+    """
+    m = FORMAT_VERSION_RE.match(v) if isinstance(v, str) else None
+    if m is None:
+        raise SchemaError(f"{what}: format_version {v!r:.60} is not MAJOR.MINOR", path=what)
+    major, minor = m.group(1), m.group(2)
+    if major != str(FORMAT_MAJOR):
         raise VersionUnsupportedError(
-            f"{what}: format_version {v} has major version {major}; this reader implements "
-            f"major {FORMAT_MAJOR} (upgrade portable_ckpt to read it)",
+            f"{what}: format_version {v:.60} has major version {major:.40}; this reader "
+            f"implements major {FORMAT_MAJOR} (upgrade portable_ckpt to read it)",
             path=what,
         )
-    return v
+    if len(minor) > _MINOR_DIGITS:
+        raise SchemaError(
+            f"{what}: format_version {v:.60} has a MINOR of {len(minor)} digits; the schema "
+            f"allows {_MINOR_DIGITS}",
+            path=what,
+        )
+    return m.group(0)
 
 
 def _checksum(c: _Ctx, v: Any, where: str, size: int) -> Checksum:
@@ -559,8 +587,14 @@ def _files(c: _Ctx, v: Any) -> dict[str, FileRecord]:
     out: dict[str, FileRecord] = {}
     for path, rec in d.items():
         check_relative_path(path, what=f"{c.what}: files key")
-        if path == "manifest.json" or path.startswith("drills/") or path.startswith("copies/"):
-            raise c.fail(f"files[{path!r}]", "the manifest and annotations are not listed in files")
+        if path.startswith(("manifest.json.", "drills/", "copies/")) or path == "manifest.json":
+            # The schema's files keys: not manifest.json, manifest.json.<anything>, nor below
+            # drills/ or copies/ (§19.2; manifest.json.<anything> since errata 6).
+            raise c.fail(
+                f"files[{path!r}]",
+                "manifest.json, manifest.json.<anything>, drills/ and copies/ are not listed "
+                "in files",
+            )
         fast = _file_record_fast(path, rec)
         if fast is not None:
             out[path] = fast
@@ -821,11 +855,16 @@ def _continuation(c: _Ctx, v: Any) -> Continuation:
     if mv is not None:
         m = c.obj(mv, "continuation.mesh")
         c.closed(m, "continuation.mesh", {"shape", "dim_names"})
-        shape = _ints(c, c.req(m, "shape", "continuation.mesh"), "continuation.mesh.shape", 1)
+        # 1 to 64 dimensions of 1 to 2^24 ranks (the schema's mesh): PCK-SCHEMA, not the
+        # PCK-LIMIT of a tensor's shape (§17.2 names tensor shapes only; errata 6).
+        ms = _mesh_list(c, c.req(m, "shape", "continuation.mesh"), "continuation.mesh.shape")
+        shape = tuple(
+            c.int_(x, f"continuation.mesh.shape[{i}]", 1, _MESH_MAX) for i, x in enumerate(ms)
+        )
         names = tuple(
             c.name(x, "continuation.mesh.dim_names", 64)
-            for x in c.arr(
-                c.req(m, "dim_names", "continuation.mesh"), "continuation.mesh.dim_names", MAX_NDIM
+            for x in _mesh_list(
+                c, c.req(m, "dim_names", "continuation.mesh"), "continuation.mesh.dim_names"
             )
         )
         if len(names) != len(shape):
@@ -838,6 +877,13 @@ def _continuation(c: _Ctx, v: Any) -> Continuation:
             )
         mesh = Mesh(shape, names)
     return Continuation(contract, ws, mesh)
+
+
+def _mesh_list(c: _Ctx, v: Any, where: str) -> list[Any]:
+    arr = c.arr(v, where)
+    if not 1 <= len(arr) <= MAX_NDIM:
+        raise c.fail(where, f"has {len(arr)} items; a mesh has 1 to {MAX_NDIM} dimensions")
+    return arr
 
 
 #: What writers name a mesh dimension (the schema's pattern, spec §13 and §19.2).
@@ -885,17 +931,7 @@ def parse_manifest(
     if d.get("format") != "portable-ckpt":
         raise c.fail("format", f"expected 'portable-ckpt', got {d.get('format')!r}")
     version = check_format_version(c.req(d, "format_version", "top level"), what)
-    mu = [
-        c.str_(x, "must_understand", 256)
-        for x in c.arr(d.get("must_understand", []), "must_understand", 1024)
-    ]
-    unknown = [x for x in mu if x not in KNOWN_EXTENSIONS]
-    if unknown:
-        raise FeatureUnsupportedError(
-            f"{what}: must_understand names extension(s) {unknown} that this reader does not "
-            "implement; use a reader that supports them",
-            path=what,
-        )
+    mu = _must_understand(c, d.get("must_understand", []))
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
     if directory_name is not None and directory_name != attempt_id:
         raise AttemptIdError(
@@ -914,8 +950,9 @@ def parse_manifest(
         if not _TS.match(val):
             raise c.fail(k, f"{val!r} is not an RFC 3339 UTC timestamp (YYYY-MM-DDTHH:MM:SS[.f]Z)")
     producer = c.obj(c.req(d, "producer", "top level"), "producer")
-    c.str_(c.req(producer, "name", "producer"), "producer.name", 256)
-    c.str_(c.req(producer, "version", "producer"), "producer.version", 256)
+    for k in ("name", "version"):
+        if not c.str_(c.req(producer, k, "producer"), f"producer.{k}", 256):
+            raise c.fail(f"producer.{k}", "must not be empty (1 to 256 characters)")
     cont = _continuation(c, c.req(d, "continuation", "top level"))
     files = _files(c, c.req(d, "files", "top level"))
     tensors = {
@@ -935,6 +972,11 @@ def parse_manifest(
     ext = d.get("extensions", {})
     if not isinstance(ext, dict):
         raise c.fail("extensions", "must be an object")
+    # R-VERSION-6 ignores what extensions hold, not their names (the schema's propertyNames).
+    for k in ext:
+        if not _EXTENSION_NAME.match(k):
+            raise c.fail("extensions", f"member name {k!r:.140} does not match "
+                         f"{_EXTENSION_NAME.pattern}")
     return Manifest(
         attempt_id=attempt_id,
         step=step,
@@ -952,6 +994,29 @@ def parse_manifest(
     )
 
 
+def _must_understand(c: _Ctx, v: Any) -> list[str]:
+    """``must_understand``: extensions the reader must implement (R-VERSION-5), checked first.
+
+    Any item that is not the name of an extension this reader implements — an unknown name, a
+    name outside the schema's pattern, a number — is PCK-FEATURE-UNSUPPORTED (§16.3 checks
+    ``must_understand`` before the schema, as the conformance checker does); then the schema's
+    ``uniqueItems``.
+    """
+    items = c.arr(v, "must_understand")
+    unknown = [x for x in items if not (isinstance(x, str) and x in KNOWN_EXTENSIONS)]
+    if unknown:
+        shown = ", ".join(repr(x)[:80] for x in unknown[:8])
+        raise FeatureUnsupportedError(
+            f"{c.what}: must_understand names extension(s) {shown}"
+            f"{' …' if len(unknown) > 8 else ''} that this reader does not implement; use a "
+            "reader that supports them",
+            path=c.what,
+        )
+    if len(set(items)) != len(items):
+        raise c.fail("must_understand", f"names an extension twice: {items}")
+    return list(items)
+
+
 def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
     """Validate an untrusted writer index document and return its record."""
     c = _Ctx(what)
@@ -960,7 +1025,7 @@ def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
         raise c.fail("format", f"expected 'portable-ckpt-writer-index', got {d.get('format')!r}")
     version = check_format_version(c.req(d, "format_version", "top level"), what)
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
-    writer = c.int_(c.req(d, "writer", "top level"), "writer", 0, 1 << 24)
+    writer = c.int_(c.req(d, "writer", "top level"), "writer", 0, (1 << 24) - 1)
     files = _files(c, c.req(d, "files", "top level"))
     tensors = {
         k: _tensor(c, k, v, files, complete=False)

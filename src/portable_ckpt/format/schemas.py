@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
+from referencing.jsonschema import DRAFT202012
 
 from portable_ckpt.errors import EntrySchemaError, JsonInvalidError, SchemaError
 from portable_ckpt.format import jsonio
@@ -37,6 +38,8 @@ BUILTIN_ENTRY_SCHEMA_FILES = {
 
 #: Errata schemas (spec §19.1): ``errata/<rel>`` replaces ``<rel>``, with the same ``$id``.
 ERRATA_DIR = "errata"
+#: The only dialect of the format's schemas and of embedded schemas (spec §12.1, §19.2).
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
 
 def schema_dir() -> Path:
@@ -51,6 +54,11 @@ def _load(rel: str) -> dict[str, Any]:
     errata = schema_dir() / ERRATA_DIR / rel
     with open(errata if errata.is_file() else schema_dir() / rel, encoding="utf-8") as f:
         doc: dict[str, Any] = json.load(f)
+    # Every schema of the spec is Draft 2020-12. Without its ``$schema`` a ``$ref`` into it
+    # (``../1.0/manifest.schema.json``, lr-scheduler's ``#``) keeps this module's validator
+    # class; with it, jsonschema switches to its stock class (spec §22, errata 6).
+    if doc.pop("$schema", DRAFT_2020_12) != DRAFT_2020_12:
+        raise RuntimeError(f"schema {rel} is not a Draft 2020-12 schema")
     return doc
 
 
@@ -67,7 +75,7 @@ def _no_remote(uri: str) -> Resource[Any]:
     rel = _by_id().get(uri)
     if rel is None:
         raise NoSuchResource(uri)
-    return Resource.from_contents(_load(rel))
+    return DRAFT202012.create_resource(_load(rel))
 
 
 @functools.cache
@@ -426,16 +434,41 @@ def _refuse_remote_refs(schema: Any) -> None:
             stack.extend(node)
 
 
+def _without_dialect(schema: Any) -> Any:
+    """``schema`` without its ``$schema`` keywords, each checked to name Draft 2020-12.
+
+    Every ``$schema`` of an embedded schema — of its root or of a subschema — must be
+    :data:`DRAFT_2020_12` (R-ENTRY-3, spec §12.1; errata 6): another dialect is
+    PCK-ENTRY-SCHEMA. They are then dropped, because jsonschema evaluates a subschema that
+    declares ``$schema`` (reached through ``$ref: "#"`` or any applicator) with its stock
+    validator class: Python's backtracking ``re`` for patterns, no budget (spec §22).
+    Only keyword positions count (``referencing`` walks the subschemas): ``{"const":
+    {"$schema": 1}}`` is a value.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = json.loads(json.dumps(schema))
+    stack = [out]
+    while stack:
+        node = stack.pop()
+        if "$schema" in node:
+            if node["$schema"] != DRAFT_2020_12:
+                raise EntrySchemaError(
+                    f"embedded schemas use JSON Schema Draft 2020-12 ({DRAFT_2020_12!r}), "
+                    f"not {node['$schema']!r:.100} (spec §12.1)"
+                )
+            del node["$schema"]
+        stack.extend(sub for sub in DRAFT202012.subresources_of(node) if isinstance(sub, dict))
+    return out
+
+
 @functools.cache
 def _embedded_validator(schema_json: str) -> jsonschema.protocols.Validator:
     schema = json.loads(schema_json)
-    if (
-        isinstance(schema, dict)
-        and schema.get("$schema", jsonschema.Draft202012Validator.META_SCHEMA["$id"])
-        != jsonschema.Draft202012Validator.META_SCHEMA["$id"]
-    ):
+    if isinstance(schema, dict) and schema.get("$schema", DRAFT_2020_12) != DRAFT_2020_12:
         raise EntrySchemaError(
-            f"embedded schemas use JSON Schema Draft 2020-12, not {schema.get('$schema')!r}"
+            f"embedded schemas use JSON Schema Draft 2020-12 ({DRAFT_2020_12!r}), not "
+            f"{schema.get('$schema')!r:.100} (spec §12.1)"
         )
     # The meta-schema's "format": "regex" would compile patterns with Python's re; every
     # pattern is compiled for the portable subset below instead (R-ENTRY-15).
@@ -443,7 +476,9 @@ def _embedded_validator(schema_json: str) -> jsonschema.protocols.Validator:
     _refuse_remote_refs(schema)
     for pattern in schema_patterns(schema):
         _re2(pattern)
-    v: jsonschema.protocols.Validator = _SafeValidator(schema, registry=Registry())
+    v: jsonschema.protocols.Validator = _SafeValidator(
+        _without_dialect(schema), registry=Registry()
+    )
     return v
 
 

@@ -48,6 +48,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format import jsonio, usage
 from portable_ckpt.format.manifest import (
     FORMAT_VERSION,
+    FORMAT_VERSION_RE,
     FORMAT_VERSIONS,
     Manifest,
     parse_manifest,
@@ -99,16 +100,21 @@ ANNOTATION_KINDS = {
     "verifications": ("verification_id", "verification.schema.json", "verified_at"),
 }
 _log = logging.getLogger(__name__)
-_VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})$")
 
 
-def _version_tuple(text: str) -> tuple[int, int]:
+def _version_key(text: str) -> tuple[tuple[int, str], tuple[int, str]]:
+    """An order of well-formed versions (``FORMAT_VERSION_RE``) that never converts to int.
+
+    Decimals without leading zeros order by length, then as text; a MINOR of any number of
+    digits is well-formed (spec §16.1, errata 6), and CPython refuses to convert more than
+    4,300 digits.
+    """
     major, _, minor = text.partition(".")
-    return int(major), int(minor)
+    return (len(major), major), (len(minor), minor)
 
 
 #: The newest format version this implementation reads.
-IMPLEMENTED = max(_version_tuple(v) for v in FORMAT_VERSIONS)
+IMPLEMENTED = max(_version_key(v) for v in FORMAT_VERSIONS)
 
 
 @dataclass
@@ -222,10 +228,8 @@ def load_manifest(
     check_attempt_id(attempt_id, what="version directory")
     rel = f"{attempt_id}/manifest.json"
     data = _read_record(storage, attempt_id, known)
-    man = parse_manifest(
-        jsonio.loads(data, what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES),
-        what=rel,
-        directory_name=attempt_id,
+    man = _parse_record(
+        jsonio.loads(data, what=rel, max_bytes=jsonio.MAX_MANIFEST_BYTES), rel, attempt_id
     )
     man.source = data
     return man
@@ -480,24 +484,58 @@ def classify_record(attempt_id: str, data: bytes) -> Classification:
     except CheckpointError as exc:
         return Classification(INVALID, error=exc)
     try:
-        man = parse_manifest(doc, what=what, directory_name=attempt_id)
+        man = _parse_record(doc, what, attempt_id)
     except (VersionUnsupportedError, FeatureUnsupportedError) as exc:
+        # A tool cannot tell a broken record of a newer version from one it does not
+        # understand: either way it is not garbage to this tool (spec §16.2).
         return Classification(FOREIGN, error=exc, committed_at=_claimed_time(doc))
     except CheckpointError as exc:
-        if _claims_newer_version(doc):
-            # A tool cannot tell a broken record of a newer version from one it does not
-            # understand: either way it is not garbage to this tool (spec §16.2).
-            return Classification(FOREIGN, error=exc, committed_at=_claimed_time(doc))
         return Classification(INVALID, error=exc)
     man.source = data
     return Classification(COMMITTED, manifest=man, committed_at=man.committed_at)
 
 
 def _claims_newer_version(doc: Any) -> bool:
+    """A record of this format whose well-formed ``format_version`` is newer than ours.
+
+    Well-formed is the text's ``MAJOR.MINOR`` (§16.1), any number of digits: ``1.1234567890``
+    breaks the schema's 9-digit MINOR and is newer than every version this tool implements,
+    so its record is foreign, not garbage (R-VERSION-10, errata 6).
+    """
     if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt":
         return False
     v = doc.get("format_version")
-    return isinstance(v, str) and bool(_VERSION_RE.match(v)) and _version_tuple(v) > IMPLEMENTED
+    return (
+        isinstance(v, str)
+        and FORMAT_VERSION_RE.match(v) is not None
+        and _version_key(v) > IMPLEMENTED
+    )
+
+
+def _parse_record(doc: Any, what: str, attempt_id: str) -> Manifest:
+    """Parse a commit record; a foreign one (R-VERSION-10) raises its version's code.
+
+    A record of a newer version than this tool implements that fails its checks is foreign:
+    opened explicitly it is PCK-VERSION-UNSUPPORTED (or PCK-FEATURE-UNSUPPORTED for an
+    unknown ``must_understand``), naming the failure, never the failure's own code.
+    """
+    try:
+        return parse_manifest(doc, what=what, directory_name=attempt_id)
+    except (VersionUnsupportedError, FeatureUnsupportedError):
+        raise
+    except CheckpointError as exc:
+        if not _claims_newer_version(doc):
+            raise
+        fv = doc["format_version"]
+        # The failure is named, not its code: the record's one code is this one (scripts that
+        # look for PCK-… codes in the output see only it).
+        why = exc.message.removeprefix(f"{what}: ")
+        raise VersionUnsupportedError(
+            f"{what}: format_version {fv:.60} is newer than the versions this reader implements "
+            f"({', '.join(FORMAT_VERSIONS)}), and the record fails their checks ({why}); a newer "
+            "portable_ckpt may read it (spec §16.2, R-VERSION-10)",
+            path=what,
+        ) from None
 
 
 def _claimed_time(doc: Any) -> str | None:
