@@ -173,3 +173,56 @@ def test_pickle_that_would_run_code_is_refused_as_a_value_not_a_header(kind: str
     assert "[PCK-UNSUPPORTED-VALUE]" in proc.stderr and "nothing in it was run" in proc.stderr
     assert "weights_only` set to `False`" not in proc.stderr and "Detected pickle" not in proc.stderr
     assert not os.path.exists(marker)
+
+
+def test_deep_key_to_torch_is_refused_not_a_recursion_error(tmp_path: Path) -> None:
+    """Attack review: a 512-level key (a valid key) crashed ``--to torch`` with RecursionError.
+
+    torch.save itself cannot pickle such nesting; verbatim keys give a flat dict.
+    """
+    import numpy as np
+
+    key = "/".join(["a"] * 512)
+    portable_ckpt.save_arrays(tmp_path / "root", {key: np.ones(2, np.float32)}, step=1)
+    proc = _cli("convert", "root", "deep.pt", "--to", "torch", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "[PCK-UNSUPPORTED-VALUE]" in proc.stderr and "nests 512 levels" in proc.stderr
+    assert not (tmp_path / "deep.pt").exists()
+    convert(tmp_path / "root", tmp_path / "flat.pt", dst_format="torch", keys="verbatim")
+    assert list(torch.load(tmp_path / "flat.pt", weights_only=True)) == [key]
+
+
+def test_strip_prefix_collisions_of_values_are_refused(tmp_path: Path) -> None:
+    """Attack review: a value stripped onto another value's (or a tensor's) name was dropped."""
+    import portable_ckpt.torch as pckt
+
+    pckt.save({"model": {"w": torch.ones(2), "lr": 0.5}, "lr": 0.001, "w": 7}, tmp_path / "src", step=1)
+    for to, dst in (("torch", "d.pt"), ("dcp", "d")):
+        proc = _cli("convert", "src", dst, "--to", to, "--strip-prefix", "model/", cwd=tmp_path)
+        assert proc.returncode == 2, (to, proc.stderr)
+        assert "are both exported as" in proc.stderr, proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_recorded_list_with_holes_comes_back_a_list(tmp_path: Path) -> None:
+    """Attack review: a recorded list whose first positions hold nothing became ``{40: ...}``.
+
+    Positions nothing was stored at are None, as DCP's own loader leaves them.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    from portable_ckpt.torch.dcp import PortableStorageWriter
+
+    for n in (9, 40):
+        state = {"l": [{} for _ in range(n)] + [{"a": 1}], "w": torch.ones(2)}
+        root = tmp_path / f"root{n}"
+        dcp.save(state, storage_writer=PortableStorageWriter(str(root), step=1), no_dist=True)
+        if n == 40:  # past the reader's bound for a record (2n + 16): refused, not a dict
+            with pytest.raises(CheckpointError) as ei:
+                convert(root, tmp_path / f"s{n}.pt", dst_format="torch")
+            assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and "position 40" in ei.value.message
+            continue
+        convert(root, tmp_path / f"s{n}.pt", dst_format="torch")
+        out = torch.load(tmp_path / f"s{n}.pt", weights_only=True)
+        assert out["l"] == [None] * n + [{"a": 1}]
+        assert torch.equal(out["w"], torch.ones(2))

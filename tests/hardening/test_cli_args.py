@@ -193,9 +193,12 @@ def test_a_version_directory_is_no_root_for_ls_gc_or_a_copy(
     vdir = tmp_path / "root" / ident
     other = tmp_path / "other"
     dst_version = other / _version(other)
+    link = tmp_path / "link"
+    link.symlink_to(vdir)  # attack review: an alias of a version directory was taken for a root
     before = _snapshot(tmp_path)
     for argv in (["ls", str(vdir)], ["gc", str(vdir), "--keep", "1"],
                  ["ls", str(vdir / "data")], ["gc", str(vdir / "data"), "--keep", "1"],
+                 ["ls", str(link)], ["gc", str(link), "--keep", "1"],
                  ["copy", str(vdir), str(dst_version)], ["copy", str(vdir), str(dst_version / "data")]):
         err = _usage(argv, capsys)
         assert "is a version directory" in err, err

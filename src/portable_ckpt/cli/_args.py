@@ -113,12 +113,13 @@ def _version_dir(text: str) -> str | None:
     local = text[len("file://") :] if text.startswith("file://") else text
     if "://" in local:
         return None
-    path = os.path.normpath(os.path.abspath(local))
-    # the version itself, or a directory inside one (``<version>/data``)
-    for _ in range(3):
-        if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
-            return path
-        path = os.path.dirname(path)
+    # as written and with links resolved (a link to a version is that version)
+    for path in dict.fromkeys((os.path.normpath(os.path.abspath(local)), os.path.realpath(local))):
+        # the version itself, or a directory inside one (``<version>/data``)
+        for _ in range(3):
+            if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
+                return path
+            path = os.path.dirname(path)
     return None
 
 

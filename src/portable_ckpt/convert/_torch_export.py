@@ -134,6 +134,11 @@ def _kinds(ck: Any) -> tuple[set[str], set[str]] | None:
     return lists, set(record) - set(ck.tensors)
 
 
+#: The deepest nesting a torch target is built with (the pickler and ``_finish`` recurse per
+#: level; state dicts nest a handful of levels, the key rule allows ~500).
+MAX_NESTING = 100
+
+
 def nest(
     tensors: dict[str, Any],
     values: dict[str, Any],
@@ -152,10 +157,22 @@ def nest(
 
     """
     tree: dict[str, Any] = {}
-    leaves = {**{k: v for key, val in values.items() for k, v in _split(key, val)}, **tensors}
+    leaves = {k: v for key, val in values.items() for k, v in _split(key, val)}
+    both = leaves.keys() & tensors.keys()
+    if both:
+        raise UnsupportedValueError(
+            f"key {min(both)!r} is both a tensor and a value; export with keys='verbatim'"
+        )
+    leaves.update(tensors)
     for key, leaf in leaves.items():
         node = tree
         parts = split_key(key)
+        if len(parts) > MAX_NESTING:
+            raise UnsupportedValueError(
+                f"key {key if len(key) <= 60 else key[:60] + '…'!r} nests {len(parts)} levels, more than the {MAX_NESTING} a "
+                "torch.save file holds here (torch.save recurses once per level); export with "
+                "keys='verbatim' for a flat dict"
+            )
         for i, p in enumerate(parts[:-1]):
             nxt = node.setdefault(p, {})
             if not isinstance(nxt, dict) or _is_leaf(nxt):
@@ -202,11 +219,26 @@ def _finish(
     in_item = in_item or (kinds is not None and key in kinds[1])
     kids = {c: _finish(v, (*path, c), kinds, in_item) for c, v in node.items()}
     known = kinds is not None and not in_item
+    ints = {c: int(c) for c in kids if c.isdecimal() and str(int(c)) == c}
+    if known and kinds is not None and key in kinds[0] and len(ints) == len(kids):
+        # A recorded list: positions nothing was stored at are None, as DCP's set_element
+        # leaves them, up to the bound the DCP reader applies to a record (2n + 16 slots).
+        top = max(ints.values())
+        if top >= 2 * len(ints) + 16:
+            raise UnsupportedValueError(
+                f"the version records {key!r} as a list with position {top}, but holds "
+                f"{len(ints)} of its positions: more holes than a list is built with here; "
+                "export with keys='verbatim'"
+            )
+        out: list[Any] = [None] * (top + 1)
+        for c, v in kids.items():
+            out[ints[c]] = v
+        return out
     if set(kids) == {str(i) for i in range(len(kids))} and (
-        key in kinds[0] if known and kinds is not None else not _holds_tensor(kids.values())
+        not known and not _holds_tensor(kids.values())
     ):
         return [kids[str(i)] for i in range(len(kids))]
-    return {(int(c) if c.isdecimal() and str(int(c)) == c else c): v for c, v in kids.items()}
+    return {ints.get(c, c): v for c, v in kids.items()}
 
 
 def _holds_tensor(values: Any) -> bool:

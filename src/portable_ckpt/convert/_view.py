@@ -116,7 +116,7 @@ class ExportView:
         for ename in sorted(ck.entries):
             if ename == DCP_ITEMS_ENTRY:
                 continue  # follows what is exported (below)
-            if ename == VALUES_ENTRY and (self._patterns or self._strip) and self._leaves(ck):
+            if ename == VALUES_ENTRY and (self._patterns or self._strip) and self._leaves(ck, taken):
                 if ename in self.entries:
                     self._claim(taken, ename, ename)
                 continue
@@ -132,11 +132,12 @@ class ExportView:
                 "see `portable-ckpt inspect` for the keys"
             )
 
-    def _leaves(self, ck: Any) -> bool:
+    def _leaves(self, ck: Any, taken: dict[str, str]) -> bool:
         """Export ``torch.values`` leaf by leaf (``False``: not a leaf table, taken whole).
 
         Each leaf's key is a stored key that ``--select`` and ``--strip-prefix`` apply to, as to
-        a tensor's; ``--select torch.values`` takes every leaf.
+        a tensor's; ``--select torch.values`` takes every leaf. Two leaves, or a leaf and a
+        tensor, exported under one name are refused as two tensors are.
         """
         e = ck.entries[VALUES_ENTRY]
         stored = ck.entry(VALUES_ENTRY) if e.scope == "global" else None
@@ -147,6 +148,7 @@ class ExportView:
         for k, v in stored.items():
             name = self._strip_key(k) if whole else self._name(k, tensor=False)
             if name is not None:
+                self._claim(taken, name, k)
                 kept[name] = v
         if kept:
             self.entries[VALUES_ENTRY] = e
