@@ -211,16 +211,17 @@ def test_recorded_list_with_holes_comes_back_a_list(tmp_path: Path) -> None:
     """
     import torch.distributed.checkpoint as dcp
 
+    from portable_ckpt.format.keys import LIST_ROOM
     from portable_ckpt.torch.dcp import PortableStorageWriter
 
-    for n in (9, 40):
+    for n in (9, 40, LIST_ROOM + 40):
         state = {"l": [{} for _ in range(n)] + [{"a": 1}], "w": torch.ones(2)}
         root = tmp_path / f"root{n}"
         dcp.save(state, storage_writer=PortableStorageWriter(str(root), step=1), no_dist=True)
-        if n == 40:  # past the reader's bound for a record (2n + 16): refused, not a dict
+        if n > LIST_ROOM:  # past the room the DCP reader gives a record's lists: refused
             with pytest.raises(CheckpointError) as ei:
                 convert(root, tmp_path / f"s{n}.pt", dst_format="torch")
-            assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and "position 40" in ei.value.message
+            assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and f"position {n}" in ei.value.message
             continue
         convert(root, tmp_path / f"s{n}.pt", dst_format="torch")
         out = torch.load(tmp_path / f"s{n}.pt", weights_only=True)

@@ -36,10 +36,12 @@ from portable_ckpt.convert.hf import HF_METADATA_ENTRY, slabs
 from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
+    LIST_ROOM,
     VALUES_ENTRY,
     decode_json,
     escape_component,
     json_leaves,
+    list_room,
     portable_key,
     recorded_items,
     split_key,
@@ -185,7 +187,7 @@ def nest(
             raise UnsupportedValueError(f"key {key!r} is both a value and a container; export "
                                         "with keys='verbatim'")
         node[parts[-1]] = _Leaf(leaf)
-    out = _finish(tree, (), kinds, False)
+    out = _finish(tree, (), kinds, False, [LIST_ROOM])
     return out if isinstance(out, dict) else dict(enumerate(out))
 
 
@@ -211,24 +213,30 @@ def _is_leaf(node: Any) -> bool:
 
 
 def _finish(
-    node: Any, path: tuple[str, ...], kinds: tuple[set[str], set[str]] | None, in_item: bool
+    node: Any,
+    path: tuple[str, ...],
+    kinds: tuple[set[str], set[str]] | None,
+    in_item: bool,
+    room: list[int],
 ) -> Any:
+    """The finished value of ``node``; ``room``: what recorded lists may still add in holes."""
     if isinstance(node, _Leaf):
         return node.value
     key = "/".join(escape_component(c) for c in path)
     in_item = in_item or (kinds is not None and key in kinds[1])
-    kids = {c: _finish(v, (*path, c), kinds, in_item) for c, v in node.items()}
+    kids = {c: _finish(v, (*path, c), kinds, in_item, room) for c, v in node.items()}
     known = kinds is not None and not in_item
     ints = {c: int(c) for c in kids if c.isdecimal() and str(int(c)) == c}
     if known and kinds is not None and key in kinds[0] and len(ints) == len(kids):
         # A recorded list: positions nothing was stored at are None, as DCP's set_element
-        # leaves them, up to the bound the DCP reader applies to a record (2n + 16 slots).
+        # leaves them, within the room the DCP reader gives a record's lists (LIST_ROOM).
         top = max(ints.values())
-        if top >= 2 * len(ints) + 16:
+        room[0] += list_room(len(ints), top)
+        if room[0] < 0:
             raise UnsupportedValueError(
                 f"the version records {key!r} as a list with position {top}, but holds "
-                f"{len(ints)} of its positions: more holes than a list is built with here; "
-                "export with keys='verbatim'"
+                f"{len(ints)} of its positions: with the version's other lists, more holes than "
+                f"the {LIST_ROOM:,} a load fills; export with keys='verbatim'"
             )
         out: list[Any] = [None] * (top + 1)
         for c, v in kids.items():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from portable_ckpt.errors import UnsupportedValueError
 
@@ -37,7 +37,11 @@ __all__ = [
     "VALUES_ENTRY",
     "DcpPath",
     "MAX_KEY",
+    "LIST_ROOM",
     "JsonTree",
+    "KeyTrie",
+    "TrieNode",
+    "TriePos",
     "dcp_fqn",
     "dcp_items_value",
     "has_position",
@@ -49,6 +53,8 @@ __all__ = [
     "json_leaves",
     "json_terminal",
     "list_item_key",
+    "list_room",
+    "lists_fit",
     "portable_key",
     "read_dcp_items",
     "recorded_items",
@@ -65,11 +71,29 @@ VALUES_ENTRY = "torch.values"
 DCP_ITEMS_ENTRY = "torch.dcp_items"
 
 #: Longest key the key rule makes (the format's limit on tensor keys): a longer stored key is
-#: in no container (checks over a key's prefixes stay linear in the bytes present).
+#: in no container. (Prefix checks do not rely on it: :class:`KeyTrie` is linear in the bytes.)
 MAX_KEY = 1024
 
 #: A DCP object path: dict keys as ``str``, list positions as ``int`` (``planner_data``'s form).
 DcpPath = tuple[str | int, ...]
+
+#: List positions a record may ask readers to allocate beyond those stored: each list may reach
+#: twice the positions stored in it plus 16, and all lists together ``LIST_ROOM`` more
+#: (DCP's template-free load fills every position up to the largest): :func:`lists_fit`.
+LIST_ROOM = 1 << 16
+
+
+def list_room(stored: int, last: int) -> int:
+    """What a list of ``stored`` positions, the largest ``last``, adds to :data:`LIST_ROOM`.
+
+    Negative where it takes room; lists fit while ``LIST_ROOM`` plus their sum is >= 0.
+    """
+    return stored + 16 - (last + 1 - stored)  # holes beyond stored + 16 use the room
+
+
+def lists_fit(lists: Iterable[tuple[int, int]]) -> bool:
+    """Whether lists given as ``(positions stored, largest position)`` fit :data:`LIST_ROOM`."""
+    return LIST_ROOM + sum(list_room(stored, last) for stored, last in lists) >= 0
 
 
 def escape_component(c: str) -> str:
@@ -84,6 +108,8 @@ def join_key(parts: list[str]) -> str:
 
 def split_key(key: str) -> list[str]:
     """Split a key into its unescaped components (inverse of the key rule)."""
+    if "~" not in key:
+        return key.split("/")
     return [p.replace("~1", "/").replace("~0", "~") for p in key.split("/")]
 
 
@@ -304,54 +330,310 @@ _IN_DICT = (
 )
 
 
+class TrieNode:
+    """A node of :class:`KeyTrie`: a stored key, or a prefix where stored keys part ways."""
+
+    __slots__ = ("below", "depth", "flags", "key", "kids", "label")
+
+    def __init__(self, key: str, label: str, depth: int, flags: int = 0) -> None:
+        #: The prefix this node stands for (its components joined with ``/``).
+        self.key = key
+        #: Its components after the parent's (the whole key below the root).
+        self.label = label
+        #: Its number of components (0: the root, which stands for no component at all).
+        self.depth = depth
+        #: The nodes below, by the first component of their label, in order of first insertion.
+        self.kids: dict[str, TrieNode] | None = None
+        #: The flags the keys added at exactly this prefix carry (0: no key ends here).
+        self.flags = flags
+        #: The flags of the keys strictly below it, ORed.
+        self.below = 0
+
+
+#: A place in a :class:`KeyTrie`: the prefix ``node.key[:end]`` (``end`` at a component
+#: boundary); ``node`` is the first node at or below it.
+TriePos = tuple[TrieNode, int]
+
+
+def _first_component(label: str) -> str:
+    end = label.find("/")
+    return label if end < 0 else label[:end]
+
+
+def _common_chars(a: str, start: int, b: str) -> int:
+    """Length of the common prefix of ``a[start:]`` and ``b`` (C-level comparisons, O(len))."""
+    lo, hi = 0, min(len(a) - start, len(b))
+    while lo < hi:  # each probe compares a slice half the size of the one before
+        mid = (lo + hi + 1) // 2
+        if a.startswith(b[lo:mid], start + lo):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class KeyTrie:
+    """Keys split at ``/`` as a compressed trie: a node per key and per prefix where keys part.
+
+    A run of components that only one branch goes through is one edge, not a node (nor a prefix
+    string) per component, so adding a key and every query cost time linear in that key's
+    characters, and the trie holds a bounded number of objects per key whatever its number of
+    components (a 1,024-character key of 1,000 empty components is one node, not 1,000
+    prefixes). Each key carries flags (small ints ORed, e.g. a key's role); a node records the
+    flags of the keys at it and below it.
+    """
+
+    def __init__(self, keys: Iterable[str] = (), flag: int = 1) -> None:
+        self.root = TrieNode("", "", 0)
+        for k in keys:
+            self.add(k, flag)
+
+    def add(self, key: str, flag: int = 1) -> None:
+        """Add ``key`` with ``flag`` (ORed onto the flags it already has)."""
+        node, pos = self.root, 0  # pos: where the component after ``node`` starts in ``key``
+        while True:
+            node.below |= flag
+            end = key.find("/", pos)
+            comp = key[pos:] if end < 0 else key[pos:end]
+            kids = node.kids
+            if kids is None:
+                kids = node.kids = {}
+            kid = kids.get(comp)
+            if kid is None:
+                depth = node.depth + 1 + key.count("/", pos)
+                kids[comp] = TrieNode(key, key[pos:] if pos else key, depth, flag)
+                return
+            label = kid.label
+            stop = pos + len(label)
+            if key.startswith(label, pos) and (stop == len(key) or key[stop] == "/"):
+                if stop == len(key):
+                    kid.flags |= flag
+                    return
+                node, pos = kid, stop + 1
+                continue
+            # ``key`` leaves the edge to ``kid`` after ``n`` characters of its label: a node there
+            n = _shared_components(key, pos, label)
+            mid = TrieNode(key[: pos + n], label[:n], node.depth + 1 + label.count("/", 0, n))
+            kid.label = label[n + 1 :]
+            mid.kids = {_first_component(kid.label): kid}
+            mid.below = kid.flags | kid.below
+            kids[comp] = mid  # the same place in the order of first insertion
+            if pos + n == len(key):
+                mid.flags = flag
+                return
+            node, pos = mid, pos + n + 1
+
+    def find(self, key: str) -> TriePos | None:
+        """The place of ``key`` if it is a key or a prefix (at ``/``) of one, else ``None``."""
+        node, pos = self.root, 0
+        while True:
+            end = key.find("/", pos)
+            comp = key[pos:] if end < 0 else key[pos:end]
+            kid = node.kids.get(comp) if node.kids else None
+            if kid is None:
+                return None
+            label = kid.label
+            rest = len(key) - pos
+            if rest <= len(label):
+                if (rest == len(label) or label[rest] == "/") and key.startswith(label[:rest], pos):
+                    return kid, len(kid.key) - len(label) + rest
+                return None
+            if not (key.startswith(label, pos) and key[pos + len(label)] == "/"):
+                return None
+            node, pos = kid, pos + len(label) + 1
+
+    def below(self, key: str) -> int:
+        """The flags of the keys strictly below ``key`` (``key`` a proper prefix of them), ORed."""
+        at = self.find(key)
+        if at is None:
+            return 0
+        node, end = at
+        return node.below if end == len(node.key) else node.flags | node.below
+
+    def on_path(self, key: str) -> int:
+        """The flags of the keys equal to ``key`` or above it (prefixes of it at ``/``), ORed."""
+        flags, node, pos = 0, self.root, 0
+        while True:
+            end = key.find("/", pos)
+            comp = key[pos:] if end < 0 else key[pos:end]
+            kid = node.kids.get(comp) if node.kids else None
+            if kid is None:
+                return flags
+            stop = pos + len(kid.label)
+            if not (key.startswith(kid.label, pos) and (stop == len(key) or key[stop] == "/")):
+                return flags
+            flags |= kid.flags
+            if stop == len(key):
+                return flags
+            node, pos = kid, stop + 1
+
+    def reach(self, key: str) -> tuple[int, bool]:
+        """How far ``key`` runs along the trie: ``(components, more)``.
+
+        ``components``: how many leading components of ``key`` are a place in the trie;
+        ``more``: whether some key lies strictly below that place.
+        """
+        node, pos = self.root, 0
+        while True:
+            end = key.find("/", pos)
+            comp = key[pos:] if end < 0 else key[pos:end]
+            kid = node.kids.get(comp) if node.kids else None
+            if kid is None:
+                return node.depth, node.depth > 0 and node.below != 0
+            label = kid.label
+            stop = pos + len(label)
+            if key.startswith(label, pos) and (stop == len(key) or key[stop] == "/"):
+                if stop == len(key):
+                    return kid.depth, kid.below != 0
+                node, pos = kid, stop + 1
+                continue
+            n = _shared_components(key, pos, label)  # inside the edge: ``kid`` lies below
+            return node.depth + 1 + label.count("/", 0, n), True
+
+    def path(self, key: str) -> list[TrieNode]:
+        """The nodes from the top down to ``key``'s own (``key`` must have been added)."""
+        out: list[TrieNode] = []
+        node, pos = self.root, 0
+        while True:
+            end = key.find("/", pos)
+            kid = cast(dict[str, TrieNode], node.kids)[key[pos:] if end < 0 else key[pos:end]]
+            out.append(kid)
+            pos += len(kid.label) + 1
+            if pos > len(key):
+                return out
+            node = kid
+
+    def nodes(self) -> Iterator[tuple[TrieNode, TrieNode]]:
+        """Every node but the root with its parent, each parent before its nodes."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for kid in (node.kids or {}).values():
+                yield kid, node
+                stack.append(kid)
+
+    def kids(self, at: TriePos | None) -> list[tuple[str, TriePos]]:
+        """The components right below a place, each with its place, in order of insertion."""
+        if at is None:
+            return []
+        node, end = at
+        key = node.key
+        if end < len(key) and node is not self.root:  # inside an edge: one component
+            nxt = key.find("/", end + 1)
+            stop = len(key) if nxt < 0 else nxt
+            return [(key[end + 1 : stop], (node, stop))]
+        out: list[tuple[str, TriePos]] = []
+        for comp, kid in (node.kids or {}).items():
+            start = len(kid.key) - len(kid.label)
+            out.append((comp, (kid, start + len(comp))))
+        return out
+
+
+def _shared_components(key: str, pos: int, label: str) -> int:
+    """Characters of ``label`` that ``key[pos:]`` shares with it, cut back to a component end.
+
+    ``key`` and ``label`` share their first component and ``key`` does not run along all of it.
+    """
+    n = _common_chars(key, pos, label)
+    if n < len(label) and label[n] == "/" and pos + n == len(key):
+        return n  # key ends where a component of the label ends
+    return label.rfind("/", 0, n)
+
+
 class JsonTree:
     """Stored JSON leaves, rebuilt into the values DCP items stand for.
 
     ``value(key, template)`` gives the value below ``key``: the stored leaf itself, or the
-    container of the leaves below it, shaped like ``template`` (the load target's current
-    value: a tuple stays a tuple, int dict keys stay ints); without a template, children
-    ``0..n-1`` make a list and any other children a dict.
+    container of the leaves below it. Without a template, children ``0..n-1`` make a list and
+    any other children a dict. A template (the load target's current value) gives the types
+    JSON lost where it fits what is stored: a tuple stays a tuple, int dict keys stay ints, an
+    int where a float was becomes a float; where it does not (a scalar or a list where a
+    container of other children is stored) the stored shape wins, as with DCP's own storage,
+    which puts the stored object in place of the target's.
     """
 
     def __init__(self, leaves: Mapping[str, Any]) -> None:
         self._leaves = dict(leaves)
-        self._children: dict[str, list[str]] = {}
-        seen: set[str] = set()
-        for k in self._leaves:
-            if len(k) > MAX_KEY:
-                continue  # no key rule makes it: a leaf of its own, in no container
-            parts = k.split("/")
-            for i in range(1, len(parts)):
-                parent, child = "/".join(parts[:i]), "/".join(parts[: i + 1])
-                if child not in seen:
-                    seen.add(child)
-                    self._children.setdefault(parent, []).append(parts[i])
+        self._keys: KeyTrie | None = None
+
+    @property
+    def _trie(self) -> KeyTrie:
+        if self._keys is None:  # built on first use
+            # Longer keys: no key rule makes them; each is a leaf of its own, in no container.
+            self._keys = KeyTrie(k for k in self._leaves if len(k) <= MAX_KEY)
+        return self._keys
 
     def __contains__(self, key: str) -> bool:
-        return key in self._leaves or key in self._children
+        return key in self._leaves or self._trie.find(key) is not None
 
-    def value(self, key: str, template: Any = None) -> Any:
-        """The value stored below ``key``, shaped like ``template``."""
+    def value(self, key: str, template: Any = None, *, item: bool = False) -> Any:
+        """The value stored below ``key``, shaped like ``template``.
+
+        ``item``: ``key`` is a DCP item of a flattening planner, whose stored value is a list or
+        a scalar, never a dict (DCP walks dicts into items): stored positions ``0..n-1`` below
+        it make a list even where the template holds a dict.
+        """
         if key in self._leaves:
             return _like(decode_json(self._leaves[key]), template)
-        comps = self._children.get(key, [])
-        if isinstance(template, list | tuple) or (
-            template is None and comps == [str(i) for i in range(len(comps))]
-        ):
-            items = [
-                self.value(f"{key}/{i}", template[i] if template and i < len(template) else None)
-                for i in range(len(comps))
-            ]
-            return tuple(items) if isinstance(template, tuple) else items
-        by_comp = (
-            {escape_component(str(k)): k for k in template} if isinstance(template, Mapping) else {}
-        )
-        return {
-            by_comp.get(c, split_key(c)[0]): self.value(
-                f"{key}/{c}", template.get(by_comp[c]) if c in by_comp else None
-            )
-            for c in comps
-        }
+        stack = [self._open(self._trie.find(key), template, item)]
+        while True:  # no recursion: a value nested as deep as a key allows rebuilds too
+            top = stack[-1]
+            if len(top.values) < len(top.kids):
+                at, sub = top.kids[len(top.values)], top.template_of(len(top.values))
+                node, end = at
+                if end == len(node.key) and node.flags:
+                    top.values.append(_like(decode_json(self._leaves[node.key]), sub))
+                else:
+                    stack.append(self._open(at, sub, False))
+                continue
+            done = stack.pop().build()
+            if not stack:
+                return done
+            stack[-1].values.append(done)
+
+    def _open(self, at: TriePos | None, template: Any, item: bool) -> _Rebuild:
+        kids = self._trie.kids(at)
+        comps = [c for c, _ in kids]
+        dense = comps == [str(i) for i in range(len(comps))]
+        if isinstance(template, list | tuple) and dense:
+            return _Rebuild(kids, tuple if isinstance(template, tuple) else list, None, template)
+        if isinstance(template, Mapping) and not (item and dense):
+            by_comp = {escape_component(str(k)): k for k in template}
+            names = [by_comp.get(c, split_key(c)[0]) for c in comps]
+            temps = [template.get(by_comp[c]) if c in by_comp else None for c in comps]
+            return _Rebuild(kids, dict, names, temps)
+        # no template, or one that does not explain the stored children: the stored shape
+        if dense:
+            return _Rebuild(kids, list, None, None)
+        return _Rebuild(kids, dict, [split_key(c)[0] for c in comps], None)
+
+
+class _Rebuild:
+    """One container of :meth:`JsonTree.value` being rebuilt: its places, then its values."""
+
+    __slots__ = ("kids", "kind", "names", "templates", "values")
+
+    def __init__(
+        self,
+        kids: list[tuple[str, TriePos]],
+        kind: type,
+        names: list[Any] | None,
+        templates: Sequence[Any] | None,
+    ) -> None:
+        self.kids = [at for _, at in kids]
+        self.kind = kind
+        self.names = names
+        self.templates = templates
+        self.values: list[Any] = []
+
+    def template_of(self, i: int) -> Any:
+        t = self.templates
+        return t[i] if t is not None and i < len(t) else None
+
+    def build(self) -> Any:
+        if self.kind is dict:
+            return dict(zip(cast(list[Any], self.names), self.values, strict=True))
+        return tuple(self.values) if self.kind is tuple else self.values
 
 
 def _like(value: Any, template: Any) -> Any:

@@ -49,7 +49,7 @@ import dataclasses
 import io
 import os
 from collections import defaultdict
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import torch
@@ -91,13 +91,16 @@ from portable_ckpt.errors import (
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
+    LIST_ROOM,
     MAX_KEY,
     DcpPath,
+    KeyTrie,
+    TrieNode,
     dcp_items_value,
-    escape_component,
     has_position,
     json_item_paths,
     list_item_key,
+    list_room,
     recorded_items,
 )
 from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
@@ -644,8 +647,15 @@ def _json_items(
     without the record, or with one that contradicts itself or the tensors, DCP's rule for
     lists (:func:`~portable_ckpt.format.keys.list_item_key`), with list positions guessed from
     the keys. Either way no item lies inside another or above a tensor, no path uses one
-    component both as a list position and as a dict key, and no list is longer than what is
-    stored in it allows, so DCP can rebuild the state from the metadata alone.
+    component both as a list position and as a dict key or starts with a position, and no list
+    is longer than what is stored in it allows, so DCP can rebuild the state from the metadata
+    alone. Prefixes are looked up in tries (:class:`~portable_ckpt.format.keys.KeyTrie`): the
+    cost is linear in the characters of the keys, however many components they have.
+
+    Raises:
+        UnsupportedValueError: a tensor's key lies below another's (no state dict holds both),
+            or the record's lists want more positions than what is stored in them allows.
+
     """
     leaves: dict[str, Any] = {}
     entry_items: dict[str, DcpPath] = {}
@@ -665,54 +675,80 @@ def _json_items(
             )
     tree = JsonTree(leaves)
     tensors = set(ck.tensors)
+    shape = KeyTrie(tensors)
+    _refuse_nested_tensors(shape)
     vkeys = [k for k in values if len(k) <= MAX_KEY]  # longer: no DCP item
-    above = {"/".join(k.split("/")[:n]) for k in tensors for n in range(1, k.count("/") + 1)}
     if recorded is not None and all(len(k) <= MAX_KEY for k in recorded):
         own: dict[str, DcpPath] = {}
-        for k, p in sorted(recorded.items()):
-            if k in tree and k not in tensors and k not in above and not _covered(k, own):
+        taken = KeyTrie()
+        for k, p in sorted(recorded.items()):  # a key before the keys below it
+            if k in tree and k not in tensors and not shape.below(k) and not taken.on_path(k):
                 own[k] = p
+                taken.add(k)
         for leaf in vkeys:
-            if not _covered(leaf, own) and leaf not in above:
+            if not taken.on_path(leaf) and not shape.below(leaf):
                 own[leaf] = tuple(split_key(leaf))
-        items = _disjoint({**entry_items, **own}, tensors, above)
+        items = {**entry_items, **own}
         tensor_paths = {k: recorded.get(k) or tuple(split_key(k)) for k in tensors}
-        if len(items) == len(entry_items.keys() | own.keys()) and _consistent(
-            items.values(), tensor_paths.values()
-        ):
+        check = _check_paths(items, tensor_paths)
+        if check.consistent and all(len(k) <= MAX_KEY for k in entry_items):
+            if check.long_list is not None:
+                raise UnsupportedValueError(
+                    f"{DCP_ITEMS_ENTRY} of {ck.path} asks for lists of {check.allocated:,} "
+                    f"positions in all, {check.stored:,} of them stored (e.g. "
+                    f"{check.long_list}): DCP's template-free load would allocate every "
+                    "position, and reading these items by their keys would turn the lists "
+                    "into dicts; load this version with portable_ckpt.torch.load"
+                )
             return tree, items, tensor_paths
     value_items: dict[str, DcpPath] = {}
     for leaf in vkeys:
-        parts = leaf.split("/")
-        k = list_item_key(leaf)
-        while k in above and k != leaf:  # a list that holds a tensor is DCP items by position
-            k = "/".join(parts[: k.count("/") + 2])
-        if k not in above:
-            value_items.setdefault(k, ())
-    items = _disjoint({**entry_items, **value_items}, tensors, above)
+        # the item: the list rule's, or below the deepest prefix that holds a tensor (a list
+        # that holds a tensor is DCP items by position), if that is not the leaf or below it
+        depth, more = shape.reach(leaf)
+        deepest_above = depth if more else depth - 1
+        size = max(list_item_key(leaf).count("/") + 1, deepest_above + 1)
+        if size <= leaf.count("/") + 1:
+            value_items.setdefault(_leading(leaf, size), ())
+    items = _disjoint({**entry_items, **value_items}, tensors, shape)
     return tree, *_guessed_paths(items, tensors, entry_items)
 
 
-def _covered(key: str, items: Container[str]) -> bool:
-    """Whether ``key`` or a key above it is in ``items``."""
-    parts = key.split("/")
-    return any("/".join(parts[:n]) in items for n in range(1, len(parts) + 1))
+def _leading(key: str, n: int) -> str:
+    """The first ``n`` components of ``key``, joined."""
+    return key if key.count("/") < n else "/".join(key.split("/", n)[:n])
+
+
+def _refuse_nested_tensors(shape: KeyTrie) -> None:
+    """Refuse a tensor whose key lies below another's: DCP places both in one state dict."""
+    for node, _ in shape.nodes():
+        if node.flags and node.below:
+            inner = node
+            while not (inner is not node and inner.flags):
+                inner = next(iter(cast(dict[str, TrieNode], inner.kids).values()))
+            raise UnsupportedValueError(
+                f"tensor {inner.key[:200]!r} lies below the tensor {node.key[:200]!r} (its key "
+                "continues the other's after a '/'): no state dict holds both, so DCP cannot "
+                "load this version; load it with portable_ckpt.torch.load"
+            )
 
 
 def _disjoint(
-    items: dict[str, DcpPath], tensors: set[str], above: set[str]
+    items: dict[str, DcpPath], tensors: set[str], shape: KeyTrie
 ) -> dict[str, DcpPath]:
     """``items`` less those too long, at or above a tensor, or inside another item or tensor."""
     kept: dict[str, DcpPath] = {}
+    taken = KeyTrie()
     for k in sorted(items, key=len):  # an item above another keeps the leaves below it
         if (
             len(k) <= MAX_KEY
             and k not in tensors
-            and k not in above
-            and not _covered(k, kept)
-            and not _covered(k, tensors)
+            and not shape.below(k)
+            and not taken.on_path(k)
+            and not shape.on_path(k)
         ):
             kept[k] = items[k]
+            taken.add(k)
     return kept
 
 
@@ -725,61 +761,122 @@ def _guessed_paths(
     (``param_groups``), as ``convert --to torch`` takes it; others (an optimizer's ``state``
     keyed by parameter number) are dicts.
     """
-    keys = [*tensors, *items]
-    children: dict[str, set[str]] = defaultdict(set)
-    holds_tensor: set[str] = set()
-    for k in keys:
-        parts = k.split("/")
-        for n in range(1, len(parts)):
-            parent = "/".join(parts[:n])
-            children[parent].add(parts[n])
-            if k in tensors:
-                holds_tensor.add(parent)
-    lists = {
-        c
-        for c, kids in children.items()
-        if c not in holds_tensor and kids == {str(i) for i in range(len(kids))}
-    }
+    trie = KeyTrie(tensors, _TENSOR)
+    for k in items:
+        trie.add(k, _ITEM)
+    lists: dict[int, bool] = {}
+
+    def is_list(node: TrieNode) -> bool:
+        known = lists.get(id(node))
+        if known is None:
+            kids = node.kids or {}
+            known = not node.below & _TENSOR and kids.keys() == {str(i) for i in range(len(kids))}
+            lists[id(node)] = known
+        return known
 
     def path(k: str) -> DcpPath:
         if k in exact:
             return exact[k]
-        parts = k.split("/")
-        return tuple(
-            int(c) if n and "/".join(parts[:n]) in lists else comp
-            for n, (c, comp) in enumerate(zip(parts, split_key(k), strict=True))
-        )
+        raw = k.split("/")
+        out: list[str | int] = list(split_key(k))
+        parent = trie.root
+        for node in trie.path(k):
+            if parent is not trie.root and is_list(parent):
+                out[parent.depth] = int(raw[parent.depth])
+            if not (node.flags | node.below) & _TENSOR:  # one child each inside the edge
+                for i in range(parent.depth + 1, node.depth):
+                    if raw[i] == "0":
+                        out[i] = 0
+            parent = node
+        return tuple(out)
 
     out = {k: path(k) for k in items}
     tensor_paths = {k: path(k) for k in tensors}
-    if not _consistent(out.values(), tensor_paths.values()):
+    if not _check_paths(out, tensor_paths, trie).consistent:
         out = {k: tuple(split_key(k)) for k in items}
         tensor_paths = {k: tuple(split_key(k)) for k in tensors}
     return out, tensor_paths
 
 
-def _consistent(items: Iterable[DcpPath], tensors: Iterable[DcpPath]) -> bool:
-    """Whether DCP can build the containers of these items' and tensors' paths without harm.
+#: Flags of keys in the tries of the reader.
+_TENSOR, _ITEM = 1, 2
 
-    No container is both a list (an int component below it) and a dict (a str one), and no list
-    has a position past twice the positions stored in it (plus 16): DCP's template-free load
-    allocates every position up to the largest. (A list of plain items that DCP would want as
-    one item gives DCP's own "Missing key" on a template-free load, as a list holding only an
-    empty dict does with DCP's own storage.)
+@dataclasses.dataclass
+class _PathCheck:
+    consistent: bool = True
+    allocated: int = 0
+    stored: int = 0
+    long_list: str | None = None
+
+
+def _check_paths(
+    items: Mapping[str, DcpPath], tensors: Mapping[str, DcpPath], trie: KeyTrie | None = None
+) -> _PathCheck:
+    """Whether DCP can build the containers of these object paths (keyed by portable key).
+
+    ``consistent``: no key is another's or lies below it (no item inside another, at or above a
+    tensor, or below one), every path starts with a dict key (the state is a dict), and no
+    container is both a list (an int component below it) and a dict (a str one).
+    ``long_list`` (if consistent): the lists want more positions than twice those stored in
+    them, plus 16 each, plus :data:`~portable_ckpt.format.keys.LIST_ROOM` in all
+    (:func:`~portable_ckpt.format.keys.lists_fit`); DCP's template-free load allocates every
+    position up to the largest. (A list of plain items that DCP would want as one item gives
+    DCP's own "Missing key" on a template-free load, as a list holding only an empty dict does
+    with DCP's own storage.) One trie of the keys (``trie``: the caller's, of ``items`` flagged
+    ``_ITEM`` and ``tensors`` ``_TENSOR``): the cost is linear in their characters.
     """
-    kinds: dict[str, bool] = {}
-    positions: dict[str, set[int]] = defaultdict(set)
-    for path in (*items, *tensors):
-        prefix = ""
-        for i in range(1, len(path)):
-            part = escape_component(str(path[i - 1]))
-            prefix = f"{prefix}/{part}" if i > 1 else part
-            is_list = type(path[i]) is int
-            if kinds.setdefault(prefix, is_list) != is_list:
-                return False
-            if is_list:
-                positions[prefix].add(int(path[i]))
-    return all(max(p) < 2 * len(p) + 16 for p in positions.values())
+    kinds: dict[str, str] = {}
+    for paths in (items, tensors):
+        for k, p in paths.items():
+            if int in set(map(type, p)):
+                kind = "".join(["i" if type(c) is int else "s" for c in p])
+                if kind[0] != "s":
+                    return _PathCheck(consistent=False)
+            else:
+                kind = "s" * len(p)
+            kinds[k] = kind
+    if trie is None:
+        trie = KeyTrie(tensors, _TENSOR)
+        for k in items:
+            trie.add(k, _ITEM)
+    order = list(trie.nodes())
+    rep: dict[int, str] = {}  # the kinds of the components of one path through each node
+    for node, _ in reversed(order):  # the nodes below a node before it
+        kid = next(iter(node.kids.values())) if node.kids else None
+        rep[id(node)] = kinds[node.key] if kid is None else rep[id(kid)]
+    for node, parent in order:
+        # every path through a node has the kinds of the components up to the one after it
+        here = rep[id(node)]
+        if parent is not trie.root and not here.startswith(rep[id(parent)][: parent.depth + 1]):
+            return _PathCheck(consistent=False)
+        if (node.flags and node.kids) or node.flags == _ITEM | _TENSOR:
+            return _PathCheck(consistent=False)
+    out = _PathCheck()
+    widest: tuple[int, str, int, int, int] = (-1, "", 0, 0, 0)  # holes, key, cut, last, stored
+    room = LIST_ROOM
+    for node, parent in order:
+        here = rep[id(node)]
+        lists: list[tuple[int, int, int]] = []  # the list's components, stored, largest
+        if node.kids and len(here) > node.depth and here[node.depth] == "i":
+            lists.append((node.depth, len(node.kids), max(int(c) for c in node.kids)))
+        if "i" in here[parent.depth + 1 : node.depth]:  # inside the edge: one position each
+            comps = node.key.split("/")
+            lists.extend(
+                (i, 1, int(comps[i]))
+                for i in range(parent.depth + 1, node.depth)
+                if here[i] == "i"
+            )
+        for cut, stored, last in lists:
+            out.stored += stored
+            out.allocated += last + 1
+            room += list_room(stored, last)
+            if last + 1 - stored > widest[0]:
+                widest = (last + 1 - stored, node.key, cut, last, stored)
+    if room < 0:
+        _, key, cut, last, stored = widest
+        where = "/".join(key.split("/")[:cut])
+        out.long_list = f"position {last:,} of the list {where[:100]!r}, {stored:,} stored"
+    return out
 
 
 def _tensor_metadata(t: Any) -> TensorStorageMetadata:
@@ -1026,7 +1123,10 @@ def _read_bytes(view: _DcpView, item: ReadItem, planner: LoadPlanner) -> None:
     key = view.key(fqn, view.byte_keys)
     state = getattr(planner, "state_dict", None)
     template = state.get(fqn) if isinstance(state, Mapping) else None
-    value = view.values.value(key, template)
+    # A flattening planner's item is a list or a scalar (DCP walks dicts): stored positions
+    # make a list whatever the target holds, as DCP's own storage puts the stored list there.
+    flat = bool(getattr(planner, "flatten_state_dict", False))
+    value = view.values.value(key, template, item=flat)
     if _places_directly(planner) and isinstance(planner, DefaultLoadPlanner):
         _place_value(planner, item, value)
     else:
