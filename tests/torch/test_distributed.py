@@ -333,3 +333,31 @@ def test_ctrl_c_during_the_demo_prints_no_traceback_and_leaves_no_rank(tmp_path:
             break
         time.sleep(0.2)
     assert not left.strip(), f"processes left in the demo's session: {left}"
+
+
+def test_a_demo_that_ignores_ctrl_c_keeps_running(tmp_path: Any) -> None:
+    """Re-check of the fix above: started with SIGINT ignored (nohup, ``&`` in a script), the
+    CLI and its ranks keep ignoring it; the ranks used to restore Python's handler and die."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "demo", "--out", str(tmp_path / "o"),
+         "--steps", "4", "--save-step", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("portable-ckpt demo:")
+    sent = 0
+    while proc.poll() is None and sent < 400:  # every 0.1 s, whichever phase is running
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            break
+        sent += 1
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=300)
+    assert sent > 10 and proc.returncode == 0, err
+    assert "ALL CHECKS PASSED" in out and "Traceback" not in err

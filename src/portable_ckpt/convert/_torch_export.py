@@ -88,7 +88,11 @@ def save_portable_as_torch(
             del state, tensors
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    entries = sum(1 for n in ck.entries if ck.entries[n].scope == "global")
+    entries = sum(
+        1
+        for n in ck.entries
+        if ck.entries[n].scope == "global" and not (options.keys == "mapped" and n == HF_METADATA_ENTRY)
+    )
     return WriteResult(len(ck.tensors), written, entries, warnings)
 
 
@@ -163,7 +167,7 @@ def nest(
     both = leaves.keys() & tensors.keys()
     if both:
         raise UnsupportedValueError(
-            f"key {min(both)!r} is both a tensor and a value; export with keys='verbatim'"
+            f"key {min(both)!r} is both a tensor and a value; export with --keys verbatim (keys='verbatim')"
         )
     leaves.update(tensors)
     for key, leaf in leaves.items():
@@ -173,19 +177,19 @@ def nest(
             raise UnsupportedValueError(
                 f"key {key if len(key) <= 60 else key[:60] + '…'!r} nests {len(parts)} levels, more than the {MAX_NESTING} a "
                 "torch.save file holds here (torch.save recurses once per level); export with "
-                "keys='verbatim' for a flat dict"
+                "--keys verbatim (keys='verbatim') for a flat dict"
             )
         for i, p in enumerate(parts[:-1]):
             nxt = node.setdefault(p, {})
             if not isinstance(nxt, dict) or _is_leaf(nxt):
                 raise UnsupportedValueError(
                     f"key {key!r} lies below the value {'/'.join(parts[: i + 1])!r}; export with "
-                    "keys='verbatim'"
+                    "--keys verbatim (keys='verbatim')"
                 )
             node = nxt
         if parts[-1] in node:
             raise UnsupportedValueError(f"key {key!r} is both a value and a container; export "
-                                        "with keys='verbatim'")
+                                        "with --keys verbatim (keys='verbatim')")
         node[parts[-1]] = _Leaf(leaf)
     out = _finish(tree, (), kinds, False, [LIST_ROOM])
     return out if isinstance(out, dict) else dict(enumerate(out))
@@ -236,7 +240,7 @@ def _finish(
             raise UnsupportedValueError(
                 f"the version records {key!r} as a list with position {top}, but holds "
                 f"{len(ints)} of its positions: with the version's other lists, more holes than "
-                f"the {LIST_ROOM:,} a load fills; export with keys='verbatim'"
+                f"the {LIST_ROOM:,} a load fills; export with --keys verbatim (keys='verbatim')"
             )
         out: list[Any] = [None] * (top + 1)
         for c, v in kids.items():

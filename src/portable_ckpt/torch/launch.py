@@ -114,14 +114,17 @@ def _entry(
     timeout: float,
     sys_path: Sequence[str] = (),
     backend: str = "gloo",
+    sigint: bool = True,
 ) -> None:
     import datetime as dt
 
     import torch
     import torch.distributed as dist
 
-    # The fork server ignores SIGINT (_start_fork_server); a rank takes Ctrl-C as Python does.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The fork server ignores SIGINT (_start_fork_server); a rank takes Ctrl-C as Python does,
+    # unless the caller ignores it too (started with nohup, or in the background of a script).
+    if sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(threads)
     out = os.path.join(outdir, f"rank{rank:05d}.json")
@@ -197,6 +200,7 @@ def run_group(
         except Exception:
             pass
         _start_fork_server(ctx)
+    sigint = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pck-group-") as outdir:
         init = "file://" + os.path.join(outdir, "store")
@@ -215,6 +219,7 @@ def run_group(
                     pg_timeout,
                     tuple(sys_path),
                     backend,
+                    sigint,
                 ),
                 daemon=False,
             )
