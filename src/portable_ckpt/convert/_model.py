@@ -17,8 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from portable_ckpt.errors import CheckpointError, UnsupportedValueError
-from portable_ckpt.format.keys import MAX_KEY
-from portable_ckpt.format.manifest import has_control_chars
+from portable_ckpt.format.keys import MAX_KEY, is_key
 from portable_ckpt.ranges import Box, check_coverage
 
 __all__ = [
@@ -206,7 +205,7 @@ def check_plan(plan: SourcePlan) -> None:
 
 def _check_key(key: str) -> None:
     """A source name the key rule turns into no portable key is the source's, not a usage error."""
-    if 0 < len(key) <= MAX_KEY and not has_control_chars(key):
+    if is_key(key):
         return
     shown = key if len(key) <= 80 else f"{key[:60]}… ({len(key):,} characters)"
     raise UnsupportedValueError(

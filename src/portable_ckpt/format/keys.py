@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.format.manifest import has_control_chars
 
 __all__ = [
     "DCP_ITEMS_ENTRY",
@@ -45,6 +46,7 @@ __all__ = [
     "dcp_fqn",
     "dcp_items_value",
     "has_position",
+    "is_key",
     "decode_json",
     "encode_json",
     "escape_component",
@@ -94,6 +96,11 @@ def list_room(stored: int, last: int) -> int:
 def lists_fit(lists: Iterable[tuple[int, int]]) -> bool:
     """Whether lists given as ``(positions stored, largest position)`` fit :data:`LIST_ROOM`."""
     return LIST_ROOM + sum(list_room(stored, last) for stored, last in lists) >= 0
+
+
+def is_key(key: object) -> bool:
+    """Whether ``key`` may name a tensor (spec §8.1): 1 to ``MAX_KEY`` characters, no control."""
+    return isinstance(key, str) and 0 < len(key) <= MAX_KEY and not has_control_chars(key)
 
 
 def escape_component(c: str) -> str:
@@ -355,6 +362,21 @@ class TrieNode:
 TriePos = tuple[TrieNode, int]
 
 
+def _step(node: TrieNode, key: str, pos: int) -> tuple[TrieNode | None, int, bool]:
+    """The edge below ``node`` that ``key``'s component at ``pos`` takes.
+
+    Returns ``(kid, stop, along)``: the node the edge leads to (``None``: no edge), where its
+    label would end in ``key``, and whether ``key`` runs along the whole label (ending there or
+    going on after a ``/``).
+    """
+    end = key.find("/", pos)
+    kid = node.kids.get(key[pos:] if end < 0 else key[pos:end]) if node.kids else None
+    if kid is None:
+        return None, pos, False
+    stop = pos + len(kid.label)
+    return kid, stop, key.startswith(kid.label, pos) and (stop == len(key) or key[stop] == "/")
+
+
 def _first_component(label: str) -> str:
     end = label.find("/")
     return label if end < 0 else label[:end]
@@ -393,31 +415,28 @@ class KeyTrie:
         node, pos = self.root, 0  # pos: where the component after ``node`` starts in ``key``
         while True:
             node.below |= flag
-            end = key.find("/", pos)
-            comp = key[pos:] if end < 0 else key[pos:end]
-            kids = node.kids
-            if kids is None:
-                kids = node.kids = {}
-            kid = kids.get(comp)
+            kid, stop, along = _step(node, key, pos)
             if kid is None:
                 depth = node.depth + 1 + key.count("/", pos)
-                kids[comp] = TrieNode(key, key[pos:] if pos else key, depth, flag)
+                rest = key[pos:] if pos else key
+                if node.kids is None:
+                    node.kids = {}
+                node.kids[_first_component(rest)] = TrieNode(key, rest, depth, flag)
                 return
-            label = kid.label
-            stop = pos + len(label)
-            if key.startswith(label, pos) and (stop == len(key) or key[stop] == "/"):
+            if along:
                 if stop == len(key):
                     kid.flags |= flag
                     return
                 node, pos = kid, stop + 1
                 continue
             # ``key`` leaves the edge to ``kid`` after ``n`` characters of its label: a node there
+            label = kid.label
             n = _shared_components(key, pos, label)
             mid = TrieNode(key[: pos + n], label[:n], node.depth + 1 + label.count("/", 0, n))
             kid.label = label[n + 1 :]
             mid.kids = {_first_component(kid.label): kid}
             mid.below = kid.flags | kid.below
-            kids[comp] = mid  # the same place in the order of first insertion
+            cast(dict[str, TrieNode], node.kids)[_first_component(label)] = mid  # same place
             if pos + n == len(key):
                 mid.flags = flag
                 return
@@ -454,13 +473,8 @@ class KeyTrie:
         """The flags of the keys equal to ``key`` or above it (prefixes of it at ``/``), ORed."""
         flags, node, pos = 0, self.root, 0
         while True:
-            end = key.find("/", pos)
-            comp = key[pos:] if end < 0 else key[pos:end]
-            kid = node.kids.get(comp) if node.kids else None
-            if kid is None:
-                return flags
-            stop = pos + len(kid.label)
-            if not (key.startswith(kid.label, pos) and (stop == len(key) or key[stop] == "/")):
+            kid, stop, along = _step(node, key, pos)
+            if kid is None or not along:
                 return flags
             flags |= kid.flags
             if stop == len(key):
@@ -475,20 +489,16 @@ class KeyTrie:
         """
         node, pos = self.root, 0
         while True:
-            end = key.find("/", pos)
-            comp = key[pos:] if end < 0 else key[pos:end]
-            kid = node.kids.get(comp) if node.kids else None
+            kid, stop, along = _step(node, key, pos)
             if kid is None:
                 return node.depth, node.depth > 0 and node.below != 0
-            label = kid.label
-            stop = pos + len(label)
-            if key.startswith(label, pos) and (stop == len(key) or key[stop] == "/"):
+            if along:
                 if stop == len(key):
                     return kid.depth, kid.below != 0
                 node, pos = kid, stop + 1
                 continue
-            n = _shared_components(key, pos, label)  # inside the edge: ``kid`` lies below
-            return node.depth + 1 + label.count("/", 0, n), True
+            n = _shared_components(key, pos, kid.label)  # inside the edge: ``kid`` lies below
+            return node.depth + 1 + kid.label.count("/", 0, n), True
 
     def path(self, key: str) -> list[TrieNode]:
         """The nodes from the top down to ``key``'s own (``key`` must have been added)."""

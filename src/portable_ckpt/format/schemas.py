@@ -434,8 +434,8 @@ def _refuse_remote_refs(schema: Any) -> None:
             stack.extend(node)
 
 
-def _without_dialect(schema: Any) -> Any:
-    """``schema`` without its ``$schema`` keywords, each checked to name Draft 2020-12.
+def _drop_dialect(schema: Any) -> None:
+    """Remove the ``$schema`` keywords of ``schema`` (a fresh parse), each checked first.
 
     Every ``$schema`` of an embedded schema — of its root or of a subschema — must be
     :data:`DRAFT_2020_12` (R-ENTRY-3, spec §12.1; errata 6): another dialect is
@@ -445,10 +445,7 @@ def _without_dialect(schema: Any) -> Any:
     Only keyword positions count (``referencing`` walks the subschemas): ``{"const":
     {"$schema": 1}}`` is a value.
     """
-    if not isinstance(schema, dict):
-        return schema
-    out = json.loads(json.dumps(schema))
-    stack = [out]
+    stack = [schema] if isinstance(schema, dict) else []
     while stack:
         node = stack.pop()
         if "$schema" in node:
@@ -459,26 +456,19 @@ def _without_dialect(schema: Any) -> Any:
                 )
             del node["$schema"]
         stack.extend(sub for sub in DRAFT202012.subresources_of(node) if isinstance(sub, dict))
-    return out
 
 
 @functools.cache
 def _embedded_validator(schema_json: str) -> jsonschema.protocols.Validator:
-    schema = json.loads(schema_json)
-    if isinstance(schema, dict) and schema.get("$schema", DRAFT_2020_12) != DRAFT_2020_12:
-        raise EntrySchemaError(
-            f"embedded schemas use JSON Schema Draft 2020-12 ({DRAFT_2020_12!r}), not "
-            f"{schema.get('$schema')!r:.100} (spec §12.1)"
-        )
+    schema = json.loads(schema_json)  # a fresh parse: _drop_dialect edits it below
     # The meta-schema's "format": "regex" would compile patterns with Python's re; every
     # pattern is compiled for the portable subset below instead (R-ENTRY-15).
     jsonschema.Draft202012Validator.check_schema(schema, format_checker=None)
     _refuse_remote_refs(schema)
     for pattern in schema_patterns(schema):
         _re2(pattern)
-    v: jsonschema.protocols.Validator = _SafeValidator(
-        _without_dialect(schema), registry=Registry()
-    )
+    _drop_dialect(schema)
+    v: jsonschema.protocols.Validator = _SafeValidator(schema, registry=Registry())
     return v
 
 

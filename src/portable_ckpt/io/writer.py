@@ -36,6 +36,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES, dtype_name
+from portable_ckpt.format.keys import is_key
 from portable_ckpt.format.manifest import (
     BUILTIN_SCHEMA_IDS,
     FORMAT_VERSION,
@@ -48,7 +49,6 @@ from portable_ckpt.format.manifest import (
     TableRef,
     TensorEntry,
     WriterIndex,
-    has_control_chars,
 )
 from portable_ckpt.format.naming import (
     check_attempt_id,
@@ -278,12 +278,7 @@ class ShardWriter:
     # -- planning ------------------------------------------------------------------------------
     def declare_tensor(self, key: str, dtype: str, global_shape: Sequence[int]) -> TensorEntry:
         """Declare a tensor without storing any of it (e.g. a rank holding no shard of it)."""
-        if (
-            not isinstance(key, str)
-            or not key
-            or len(key) > 1024
-            or has_control_chars(key)
-        ):
+        if not is_key(key):
             raise UsageError(
                 f"tensor key {key!r} must be 1–1024 characters without control characters"
             )

@@ -39,11 +39,11 @@ from portable_ckpt.format.keys import (
     encode_json,
     escape_component,
     has_position,
+    is_key,
     join_key,
     split_key,
     unflatten_keys,
 )
-from portable_ckpt.format.manifest import has_control_chars
 
 __all__ = [
     "VALUES_ENTRY",
@@ -175,7 +175,7 @@ def flatten_state(state: Any, *, for_load: bool = False) -> FlatState:
 
 
 def _check_key(key: str) -> None:
-    if not key or len(key) > 1024 or has_control_chars(key):
+    if not is_key(key):
         raise UnsupportedValueError(
             f"flat key {key!r} must be 1–1024 characters without control characters; shorten or "
             f"rename the dict keys on its path"
