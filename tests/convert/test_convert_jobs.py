@@ -274,6 +274,44 @@ def test_torch_target_keeps_a_dict_keyed_0_to_n(tmp_path: Path) -> None:
 
 
 @pytest.mark.torch
+def test_torch_save_lists_stay_lists_through_every_target(tmp_path: Path) -> None:
+    """A torch.save file's lists and tuples of tensors come back as lists from the torch and
+    DCP targets (they came back as dicts keyed 0..n-1): the conversion records the same
+    ``torch.dcp_items`` as ``portable_ckpt.torch.save`` of the same state."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.format.keys import recorded_items
+
+    state = {
+        "ws": [torch.arange(3.0), torch.ones(2, 2)],
+        "nested": {"l": [torch.zeros(1), {"x": torch.ones(1)}], "t": (torch.ones(1), 3)},
+        "groups": [{"lr": 0.5, "params": [0, 1]}],
+        "names": ["a", "b"],
+        "n": 5,
+    }
+    want = {**state, "nested": {"l": state["nested"]["l"], "t": [torch.ones(1), 3]}}
+    torch.save(state, tmp_path / "a.pt")
+    convert(tmp_path / "a.pt", tmp_path / "root")
+    pckt.save(state, tmp_path / "native", step=0)
+    record = recorded_items(portable_ckpt.open(tmp_path / "root"))
+    assert record is not None and record == recorded_items(portable_ckpt.open(tmp_path / "native"))
+    convert(tmp_path / "root", tmp_path / "b.pt", dst_format="torch")
+    _same(torch.load(tmp_path / "b.pt", weights_only=True), want)
+    convert(tmp_path / "root", tmp_path / "dcp", dst_format="dcp")
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=FileSystemReader(str(tmp_path / "dcp")),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _same(sd, want)
+    back = {"ws": [torch.zeros(3), torch.zeros(2, 2)], "nested": {"l": [torch.ones(1), {"x": torch.zeros(1)}],
+            "t": [torch.zeros(1), 0]}, "groups": [{"lr": 0.0, "params": [9, 9]}], "names": [], "n": 0}
+    pckt.load(back, tmp_path / "root")
+    _same(back, want)
+
+
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("select", "strip", "want"),
     [

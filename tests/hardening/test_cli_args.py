@@ -170,6 +170,20 @@ def test_ls_and_gc_of_a_missing_root_say_so(tmp_path: Path, capsys: pytest.Captu
     assert "no attempts" in capsys.readouterr().out
 
 
+def test_python_dash_m_runs_the_command(tmp_path: Path) -> None:
+    """``python -m portable_ckpt`` is the ``portable-ckpt`` command (it was "cannot be directly
+    executed"): same usage line, same exit codes."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    run = [sys.executable, "-m", "portable_ckpt"]
+    p = subprocess.run([*run, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("usage: portable-ckpt"), p.stderr
+    p = subprocess.run([*run, "ls", str(tmp_path / "none")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 1 and "PCK-NOT-FOUND" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([*run, "ls"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
 def test_inspect_into_a_closed_pipe_prints_no_traceback(tmp_path: Path) -> None:
     """Item 22: ``inspect ... | head`` died with a BrokenPipeError traceback."""
     root = tmp_path / "root"

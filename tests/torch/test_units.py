@@ -307,6 +307,36 @@ def test_dtype_conversion_on_load(tmp_path: Any) -> None:
     assert target["w"].tolist() == [1.5, 2.5]
 
 
+def _fresh_targets() -> list[dict[str, Any]]:
+    """Targets whose plain lists differ in length from the saved ones (a job made fresh)."""
+    return [
+        {"w": torch.zeros(2), "hist": [], "app": {"seen": ["x"], "grid": [[0]], "pair": (0, 0)}},
+        {"w": torch.zeros(2), "hist": [9.0] * 5, "app": {"seen": [], "grid": [], "pair": ()}},
+    ]
+
+
+def test_plain_lists_load_whole_as_with_dcp(tmp_path: Any) -> None:
+    """A list DCP keeps as one item (plain values) is replaced whole, whatever its length in the
+    target, as dcp.load with DCP's own storage does; it used to be loaded position by position,
+    so a target made fresh (``hist = []``) kept its empty list: the saved history was lost."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"w": torch.ones(2), "hist": [0.5, 0.25, 0.125],
+             "app": {"seen": ["a", "b"], "grid": [[1, 2], [3]], "pair": (4, 5)}}
+    pckt.save(state, str(tmp_path / "p"), step=1)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "d")), no_dist=True)
+    for ours, theirs in zip(_fresh_targets(), _fresh_targets()):
+        hist = ours["hist"]
+        pckt.load(ours, str(tmp_path / "p"))
+        dcp.load(theirs, storage_reader=dcp.FileSystemReader(str(tmp_path / "d")), no_dist=True)
+        assert ours["hist"] is hist  # the target's list object, updated in place
+        for got in (ours, theirs):
+            assert got["hist"] == [0.5, 0.25, 0.125] and got["app"]["seen"] == ["a", "b"]
+            assert got["app"]["grid"] == [[1, 2], [3]]
+        assert ours["app"]["pair"] == (4, 5) and list(theirs["app"]["pair"]) == [4, 5]
+        assert torch.equal(ours["w"], torch.ones(2))
+
+
 # -- protocol steps (one process: the same code path as a group, with local collectives) -----------
 
 

@@ -59,7 +59,17 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
-from portable_ckpt.format.keys import VALUES_ENTRY, escape_component, json_leaves
+from portable_ckpt.format.keys import (
+    DCP_ITEMS_ENTRY,
+    VALUES_ENTRY,
+    DcpPath,
+    dcp_items_value,
+    escape_component,
+    has_position,
+    json_items,
+    json_leaves,
+    needs_record,
+)
 from portable_ckpt.storage._posix import open_regular
 
 __all__ = ["read_source", "read_torch_source", "write_target"]
@@ -82,38 +92,55 @@ def write_target(
 
 
 class _Values:
-    """Non-tensor values of a source under the key mode: leaves of one entry, or entries."""
+    """Non-tensor values of a source under the key mode: leaves of one entry, or entries.
+
+    Mapped keys also record, as ``torch.dcp_items``, the items whose key alone does not say
+    where they lie (below a list position, or a list of plain values), as
+    ``portable_ckpt.torch.save`` does: a list stays a list through every target.
+    """
 
     def __init__(self, keys: KeyMode) -> None:
         self.mapped = keys == "mapped"
         self.entries: list[EntrySpec] = []
         self.leaves: dict[str, Any] = {}
+        self.items: list[DcpPath] = []
 
     def join(self, prefix: str, comp: str) -> str:
         if self.mapped:
             return f"{prefix}/{escape_component(comp)}" if prefix else escape_component(comp)
         return f"{prefix}.{comp}" if prefix else comp
 
-    def add(self, name: str, value: Any) -> None:
+    def add(self, name: str, value: Any, path: DcpPath) -> None:
         if self.mapped:
             self.leaves.update(json_leaves(name, value, fqn=name))
+            self.items.extend(p for p, item in json_items(value, path) if needs_record(p, item))
         else:
             self.entries.append(EntrySpec(name, value))
 
+    def tensor_at(self, path: DcpPath) -> None:
+        if self.mapped and has_position(path):
+            self.items.append(path)
+
     def all(self) -> list[EntrySpec]:
+        out = list(self.entries)
         if self.leaves:
-            return [*self.entries, EntrySpec(VALUES_ENTRY, dict(sorted(self.leaves.items())))]
-        return self.entries
+            out.append(EntrySpec(VALUES_ENTRY, dict(sorted(self.leaves.items()))))
+        if self.leaves or self.items:
+            out.append(EntrySpec(DCP_ITEMS_ENTRY, dcp_items_value(self.items)))
+        return out
 
 
-def _children(node: Any) -> list[tuple[str, Any]] | None:
-    """Return (name, child) pairs of a container node, or None for a leaf."""
+def _children(node: Any) -> list[tuple[str | int, Any]] | None:
+    """Return (DCP path component, child) pairs of a container node, or None for a leaf.
+
+    A dict key is a ``str``, a list or tuple position an ``int`` (DCP's object path).
+    """
     if isinstance(node, dict):
         return [(json_key(k), v) for k, v in node.items()]
     if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in DICT_CTORS:
         return [(json_key(k), v) for k, v in node.setitems]
     if isinstance(node, list | tuple):
-        return [(str(i), v) for i, v in enumerate(node)]
+        return list(enumerate(node))
     return None
 
 
@@ -225,12 +252,13 @@ def _plan(
             chunks.append(ChunkSpec((0,) * len(layout.shape), layout.shape, nbytes, path, loader(layout, where)))
         tensors.append(TensorSpec(name, layout.dtype, layout.shape, chunks))
 
-    def walk(prefix: str, node: Any, depth: int) -> None:
+    def walk(prefix: str, node: Any, depth: int, dcp_path: DcpPath) -> None:
         walker.budget.spend()
         node = _unwrap_param(node)
         name = prefix or "value"
         if is_tensor_node(node):
             add_tensor(name, node)
+            values.tensor_at(dcp_path)
             return
         kids = None
         if depth < 64 and (walker.has_tensor(node) or (values.mapped and not prefix)):
@@ -241,7 +269,7 @@ def _plan(
                 return
         if kids is not None:
             for k, v in kids:
-                walk(values.join(prefix, k), v, depth + 1)
+                walk(values.join(prefix, str(k)), v, depth + 1, (*dcp_path, k))
             return
         try:
             value = symbolic_to_json(node, budget=walker.budget)
@@ -250,10 +278,10 @@ def _plan(
                 raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
             warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
             return
-        values.add(name, value)
+        values.add(name, value, dcp_path)
 
     try:
-        walk("", archive.root, 0)
+        walk("", archive.root, 0, ())
     except ExpansionError as exc:
         raise LimitError(str(exc), path=path) from None
     except RecursionError:
@@ -303,9 +331,10 @@ def _fallback(path: str, *, strict: bool, keys: KeyMode, reason: str) -> SourceP
     values = _Values(keys)
     warnings = [ConvertWarning(path, f"{reason}: loaded whole with torch.load", kind="note")]
 
-    def walk(prefix: str, node: Any) -> None:
+    def walk(prefix: str, node: Any, dcp_path: DcpPath) -> None:
         name = prefix or "value"
         if isinstance(node, torch.Tensor):
+            values.tensor_at(dcp_path)
             t = node.detach()
             dtype = TORCH_DTYPE_NAMES.get(str(t.dtype).removeprefix("torch."))
             if dtype is None:
@@ -325,19 +354,19 @@ def _fallback(path: str, *, strict: bool, keys: KeyMode, reason: str) -> SourceP
             or any(isinstance(v, torch.Tensor | dict | list | tuple) for v in node.values())
         ):
             for k, v in node.items():
-                walk(values.join(prefix, str(k)), v)
+                walk(values.join(prefix, str(k)), v, (*dcp_path, str(k)))
         elif isinstance(node, list | tuple) and any(isinstance(v, torch.Tensor) for v in node):
             for i, v in enumerate(node):
-                walk(values.join(prefix, str(i)), v)
+                walk(values.join(prefix, str(i)), v, (*dcp_path, i))
         else:
             from portable_ckpt.convert._model import to_json_value
 
             try:
-                values.add(name, to_json_value(node))
+                values.add(name, to_json_value(node), dcp_path)
             except ValueError as exc:
                 if strict:
                     raise ShardHeaderError(f"{path}: item {name!r}: {exc}", path=path) from None
                 warnings.append(ConvertWarning(name, f"{exc}; skipped"))
 
-    walk("", obj)
+    walk("", obj, ())
     return SourcePlan("torch", tensors, values.all(), warnings)

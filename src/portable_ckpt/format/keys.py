@@ -52,10 +52,12 @@ __all__ = [
     "escape_component",
     "join_key",
     "json_item_paths",
+    "json_items",
     "json_leaves",
     "json_terminal",
     "list_item_key",
     "list_room",
+    "needs_record",
     "lists_fit",
     "portable_key",
     "read_dcp_items",
@@ -217,6 +219,11 @@ def json_terminal(value: Any, depth: int = 0) -> bool:
 
 def json_item_paths(value: Any, path: DcpPath) -> Iterator[DcpPath]:
     """The DCP object paths DCP's default planner makes of a JSON ``value`` stored at ``path``."""
+    return (here for here, _ in json_items(value, path))
+
+
+def json_items(value: Any, path: DcpPath) -> Iterator[tuple[DcpPath, Any]]:
+    """``(DCP object path, item value)`` of each item DCP's default planner makes of ``value``."""
     stack: list[tuple[DcpPath, Any]] = [(path, value)]
     while stack:
         here, node = stack.pop()
@@ -225,7 +232,16 @@ def json_item_paths(value: Any, path: DcpPath) -> Iterator[DcpPath]:
         elif isinstance(node, list | tuple) and not json_terminal(node) and len(here) < 64:
             stack.extend((here + (i,), v) for i, v in enumerate(node))
         else:
-            yield here
+            yield here, node
+
+
+def needs_record(path: DcpPath, item: Any) -> bool:
+    """Whether the item ``item`` at ``path`` must be in :data:`DCP_ITEMS_ENTRY`.
+
+    Its key alone does not say it: it lies below a list position, or it is a list (stored as
+    one leaf per position, which a reader would otherwise take for a dict keyed ``0..n-1``).
+    """
+    return has_position(path) or (isinstance(item, list | tuple) and bool(item))
 
 
 def has_position(path: DcpPath) -> bool:

@@ -95,6 +95,9 @@ class FlatState:
             of the state that is not a single value at a path of dict keys: a list of plain
             values (one item) and any item below a list position (saved as ``torch.dcp_items``,
             so ``dcp.load`` sees the items ``dcp.save`` would have made).
+        lists: Flat key → each list or tuple of plain values that DCP keeps as one item. A load
+            replaces it whole with the stored one, as ``dcp.load`` does, whatever its length
+            in the target (a history that grew since the target was made).
 
     """
 
@@ -103,6 +106,7 @@ class FlatState:
     entries: dict[str, StateEntry] = field(default_factory=dict)
     objects: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     dcp_paths: dict[str, DcpPath] = field(default_factory=dict)
+    lists: dict[str, Any] = field(default_factory=dict)
 
 
 def _is_stateful(node: Any) -> bool:
@@ -301,6 +305,7 @@ def _walk(
         _plain_list(node) if isinstance(node, list) else all(_json_like(v) for v in node)
     ):
         flat.dcp_paths[key] = path
+        flat.lists[key] = node
         in_item = True
     for k, comp in _child_components(node, key):
         sub = path + ((str(k),) if is_map else (k,))
@@ -314,6 +319,20 @@ def _value(value: Any, key: str, flat: FlatState, path: DcpPath, in_item: bool) 
         flat.dcp_paths[key] = path
 
 
+def _replace(node: Any, value: Any) -> Any:
+    """``value`` in place of the container ``node``: the same list or dict object where it fits."""
+    if type(node) is list and type(value) is list:
+        node[:] = value
+        return node
+    if type(node) is dict and type(value) is dict:
+        node.clear()
+        node.update(value)
+        return node
+    if type(node) is tuple and type(value) is list:
+        return tuple(value)  # an empty tuple of the target is stored as []
+    return value
+
+
 def fill_state(
     node: Any,
     flat: FlatState,
@@ -324,12 +343,16 @@ def fill_state(
 ) -> Any:
     """Write loaded JSON leaves back into the structure ``flatten_state`` walked; return the node.
 
-    Dicts and lists are updated in place; tuples are rebuilt. Tensors were filled in place by the
-    reader; entries are restored by the caller. For a stateful object, its template (from
-    ``flat.objects``) is filled and passed to ``load_state_dict`` (or to ``on_object``).
+    Dicts and lists are updated in place; tuples are rebuilt. A container loaded whole (a list
+    DCP keeps as one item, or an empty container of the target) takes the loaded value's place.
+    Tensors were filled in place by the reader; entries are restored by the caller. For a
+    stateful object, its template (from ``flat.objects``) is filled and passed to
+    ``load_state_dict`` (or to ``on_object``).
     """
     if isinstance(node, torch.Tensor | StateEntry):
         return node
+    if key in loaded_values and type(node) in _PLAIN_CONTAINERS:
+        return _replace(node, loaded_values[key])
     if key in flat.entries:
         return node
     if key in flat.objects and not isinstance(node, Mapping):

@@ -36,12 +36,12 @@ from portable_ckpt.errors import (
     TensorMissingError,
     UsageError,
 )
+from portable_ckpt.format.keys import JsonTree, KeyTrie
 from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
-from portable_ckpt.torch._dcp_keys import JsonTree
 from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
 from portable_ckpt.torch.flatten import (
@@ -528,8 +528,10 @@ def _load_values(
         if not isinstance(stored, dict):
             raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
         info.entries_loaded += 1
-    loaded: dict[str, Any] = {}
+    loaded, whole = _load_whole(stored, flat)
     for k, v in flat.values.items():
+        if whole.on_path(k):
+            continue  # in a list loaded whole
         if k in stored:
             loaded[k] = decode_json(stored[k])
         elif isinstance(v, list | tuple | dict) and not v:
@@ -543,6 +545,23 @@ def _load_values(
         else:
             info.missing_keys.append(k)
     return loaded
+
+
+def _load_whole(stored: dict[str, Any], flat: FlatState) -> tuple[dict[str, Any], KeyTrie]:
+    """The lists DCP keeps as one item, and the target's empty containers, loaded whole.
+
+    As ``dcp.load`` replaces such a list, the stored one takes the target's place whatever
+    their lengths: a target made fresh (``history = []``) gets the saved history, never the
+    target's positions only. Returns the values and a trie of their keys.
+    """
+    tree = JsonTree(stored)
+    empty = {k: v for k, v in flat.values.items() if isinstance(v, list | tuple | dict) and not v}
+    loaded = {
+        k: tree.value(k, node, item=not isinstance(node, dict))
+        for k, node in {**flat.lists, **empty}.items()
+        if k in tree  # stored: as a leaf, or as leaves below k
+    }
+    return loaded, KeyTrie(loaded)
 
 
 def _load_entries(

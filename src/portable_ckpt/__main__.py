@@ -1,0 +1,7 @@
+"""``python -m portable_ckpt``: the ``portable-ckpt`` command (:func:`portable_ckpt.cli.main.main`)."""
+
+import sys
+
+from portable_ckpt.cli.main import main
+
+sys.exit(main())
