@@ -109,3 +109,49 @@ def test_manager_async_mode_process_saves_through_the_writer_process(tmp_path: P
     mgr2.close()
     assert info is not None and info.step == 4 and sched2.last_epoch == 4
     assert all(torch.equal(v, expect[k]) for k, v in model2.state_dict().items())
+
+
+def _losses(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(torch.randn(4, 6, generator=g)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+    lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True),
+    lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+])
+def test_a_save_before_the_first_step_changes_nothing(tmp_path: Path, make: object) -> None:
+    """A save at step 0 (``maybe_save(0)`` with ``save_every``) made torch's ``get_state_dict``
+    take a zero-gradient step that AdamW counts: every later step's bias correction shifted.
+    The live optimizer keeps its empty state, and a job resumed from the version takes the
+    steps of a job that never saved."""
+
+    def job() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3)
+        return model, make(model.parameters())  # type: ignore[operator]
+
+    model, opt = job()
+    want = _losses(model, opt, 4)
+    model, opt = job()
+    with pckt.CheckpointManager(str(tmp_path / "mgr"), save_every=5) as mgr:
+        assert mgr.maybe_save(0, {"train": pckt.ModelOptimizerState(model, opt)})
+    assert not opt.state and all(p.grad is None for p in model.parameters())
+    assert _losses(model, opt, 4) == want
+    model2, opt2 = job()
+    with torch.no_grad():
+        for p in model2.parameters():
+            p.add_(1.0)  # the resumed job's own init: the version must replace it
+    mgr2 = pckt.CheckpointManager(str(tmp_path / "mgr"), save_every=5)
+    info = mgr2.restore({"train": pckt.ModelOptimizerState(model2, opt2)})
+    mgr2.close()
+    assert info is not None and info.step == 0
+    assert _losses(model2, opt2, 4) == want

@@ -36,12 +36,28 @@ class ModelOptimizerState:
         self.options = options
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"model": ..., "optim": ...}`` from ``get_state_dict`` (now)."""
+        """``{"model": ..., "optim": ...}`` from ``get_state_dict`` (now).
+
+        Before the optimizer's first step, ``get_state_dict`` makes its state with a step of
+        zero gradients at learning rate 0, which counts as a step (AdamW's ``step`` becomes 1,
+        shifting the bias correction of every later step). The live optimizer is given its empty
+        state back, and the state returned counts the steps taken: ``step`` 0, so a job resumed
+        from it takes the same steps as one that never saved (zero moments are Adam's own start).
+        """
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         if self.optimizer is None:
             return {"model": get_model_state_dict(self.model, options=self.options)}
+        fresh = not self.optimizer.state
         msd, osd = get_state_dict(self.model, self.optimizer, options=self.options)
+        if fresh and self.optimizer.state:
+            self.optimizer.state.clear()  # the state made above is no longer the optimizer's
+            for per_param in osd.get("state", {}).values():
+                step = per_param.get("step") if isinstance(per_param, dict) else None
+                if isinstance(step, torch.Tensor):
+                    step.zero_()
+                elif isinstance(step, int | float) and not isinstance(step, bool):
+                    per_param["step"] = type(step)(0)
         return {"model": msd, "optim": osd}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
