@@ -151,6 +151,20 @@ def test_one_process_loads_the_2x2_versions(saved: tuple[dict[str, str], list[An
         pckt.load(state, root, step=2, allow_statistical=True)
         w.apply(model, optim, state)
         assert w.differences(w.job_state(model, optim), expected) == []
+    # A template-free load is an export (dcp_to_torch_save): no contract flag on one process,
+    # while a load into a template still needs it.
+    from torch.distributed.checkpoint import CheckpointException
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=PortableStorageReader(roots["pckt"], step=2),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    assert w.differences(sd, expected) == []  # every tensor and value, bit for bit
+    _, _, state = w.fresh_state("single")
+    with pytest.raises(CheckpointException) as ei:
+        dcp.load(state, storage_reader=PortableStorageReader(roots["pckt"], step=2))
+    assert "PCK-CONTRACT" in str(ei.value)
 
 
 def test_cli_and_conformance_checker_read_dcp_written_versions(

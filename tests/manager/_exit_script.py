@@ -3,7 +3,9 @@
 ``ROOT/manager``: through a CheckpointManager that is never closed; ``ROOT/plain``: with
 ``async_save`` alone (started after the manager's save, which it waits for); ``ROOT/process``:
 ``async_save(mode="process")``, whose writer process must outlive the interpreter's shutdown
-until the save is committed.
+until the save is committed. ``destroy``: through a manager never closed, then
+``destroy_process_group()`` in a ``finally`` while its save still writes (data files are
+opened 1 s late): the save is lost, and the process must say why and exit 1.
 """
 
 from __future__ import annotations
@@ -18,9 +20,36 @@ from torch.distributed.tensor import Shard, distribute_tensor
 import portable_ckpt.torch as pckt
 
 
+def _slow_data_files() -> None:
+    """Open every data file 1 s late (the save is still writing when the group goes)."""
+    import time
+
+    from portable_ckpt.storage.local import LocalStorage
+
+    opener = LocalStorage.open_writer
+
+    def late(self: LocalStorage, path: str, **kw: object) -> object:
+        if "/data/" in path:
+            time.sleep(1.0)
+        return opener(self, path, **kw)  # type: ignore[arg-type]
+
+    LocalStorage.open_writer = late  # type: ignore[method-assign,assignment]
+
+
 def main() -> None:
     root, modes = sys.argv[1], sys.argv[2:]
     dist.init_process_group("gloo")
+    if "destroy" in modes:
+        _slow_data_files()
+        try:
+            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+            state = {"w": distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)])}
+            mgr = pckt.CheckpointManager(f"{root}/destroy", save_every=1, timeout=60)
+            mgr.maybe_save(1, state)
+            print(f"rank {dist.get_rank()}: pending {not mgr._pending.done()}", flush=True)  # type: ignore[union-attr]
+        finally:
+            dist.destroy_process_group()
+        return
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     state = {"w": distribute_tensor(torch.randn(512, 1024), mesh, [Shard(0)])}
     pending = []

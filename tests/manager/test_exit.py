@@ -46,6 +46,22 @@ def test_exit_with_pending_async_save_finishes_it(tmp_path: Path) -> None:
         assert portable_ckpt.open(root).verify(deep=True) == []
 
 
+def test_a_group_destroyed_under_a_pending_save_exits_1_and_says_why(tmp_path: Path) -> None:
+    """The example's ``finally: destroy_process_group()`` ran before the manager was closed:
+    the pending save was lost, the process exited 0 (a scheduler saw success), and the
+    message blamed a dead or hung peer. Now: ABANDONED, the destroyed group named, status 1."""
+    with children() as kids:
+        proc = _torchrun(kids, str(HERE / "_exit_script.py"), str(tmp_path), "destroy")
+        out, _ = proc.communicate(timeout=240)
+        assert kids.left() == []
+    assert proc.returncode != 0, out[-3000:]
+    assert out.count("pending True") == 2, out[-3000:]
+    assert out.count("ABANDONED") == 2 and "process group was destroyed" in out, out[-3000:]
+    assert "Training continues" not in out and "a peer rank died" not in out, out[-3000:]
+    versions = portable_ckpt.list_versions(str(tmp_path / "destroy"))
+    assert [(v.step, v.status) for v in versions] == [(1, "incomplete")]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

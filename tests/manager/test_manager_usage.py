@@ -123,3 +123,43 @@ def test_restore_strict_false_takes_a_seed_without_per_rank_entries(tmp_path: Pa
         info = mgr.restore(state, checkpoint=portable_ckpt.open(seed).path, strict=False)
     assert info is not None and info.missing_keys == ["rng"]
     assert torch.equal(state["train"]["w"], torch.full((4,), 7.0))
+
+
+def test_a_failed_save_never_replaces_the_exception_leaving_the_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The storage breaks under a pending save and the loop raises its own error: the caller
+    got the save's StorageError instead (its own only as ``__context__``)."""
+    import shutil
+
+    root = tmp_path / "root"
+    model = torch.nn.Linear(4, 4)
+    state = {"w": model.weight}
+    with pytest.raises(ValueError, match="the loop's own error"):
+        with pckt.CheckpointManager(str(root), save_every=1) as mgr:
+            mgr.save(1, state)
+            shutil.rmtree(root)
+            root.write_text("the disk went away")  # the next save cannot write
+            mgr.maybe_save(2, state)
+            raise ValueError("the loop's own error")
+    assert mgr.last_error is not None and mgr.last_error.code == "PCK-STORAGE"
+    err = capsys.readouterr().err
+    assert "while leaving the manager's block on ValueError" in err and "PCK-STORAGE" in err
+    # Without an exception in flight the save's error is still raised by close().
+    root.unlink()
+    mgr2 = pckt.CheckpointManager(str(root), save_every=1)
+    mgr2.save(1, state)
+    shutil.rmtree(root)
+    root.write_text("gone")
+    mgr2.maybe_save(2, state)
+    with pytest.raises(portable_ckpt.CheckpointError):
+        mgr2.close()
+
+
+@pytest.mark.parametrize("bad", ["3", 2.0, -1, True, None])
+def test_the_step_is_checked_before_any_collective(tmp_path: Path, bad: object) -> None:
+    """``maybe_save("3")`` was a bare TypeError from the policy code."""
+    with pckt.CheckpointManager(str(tmp_path / "r"), save_every=1) as mgr:
+        for call in (mgr.maybe_save, mgr.save):
+            with pytest.raises(UsageError, match="step must be a non-negative int"):
+                call(bad, {"w": torch.zeros(1)})  # type: ignore[arg-type]

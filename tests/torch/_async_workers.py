@@ -95,6 +95,11 @@ def _writer_dies_on_rank1(rank: int, state: dict[str, Any], root: str) -> dict[s
         os.kill(writer.pid, signal.SIGSTOP)
     h = pckt.async_save(big, root, step=2, mode="process", timeout=60)
     if rank == 1:
+        # Killed once the job was sent (its request holds the lock until the answer): a kill
+        # before that (a slow background thread under load) let a new writer do the job.
+        deadline = time.monotonic() + 60
+        while not writer.lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(0.2)
         os.kill(writer.pid, signal.SIGKILL)
     code, message = None, ""

@@ -313,3 +313,32 @@ def test_async_save_writes_below_the_training_threads_priority(tmp_path: Path, m
         proc = _process_write._CURRENT.proc
         assert proc is not None
         assert os.getpriority(os.PRIO_PROCESS, proc.proc.pid) == want
+
+
+def test_a_reset_connection_ends_the_writer_quietly() -> None:
+    """A training rank gone with a reply unread ends the writer with status 0 and no output.
+
+    Under torchrun a rank killed mid-save made the writer's receive fail with
+    ConnectionResetError, printed as a traceback before torchrun's summary (the first one an
+    on-call engineer reads); every ``OSError`` of the receive now ends it as end-of-file does.
+    A socketpair closed here gives end-of-file on this kernel, not the reset."""
+    import socket
+    import subprocess
+    import sys
+
+    from portable_ckpt.io.writer_process import recv_msg, send_msg
+
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "portable_ckpt.io.writer_process", str(theirs.fileno())],
+        pass_fds=[theirs.fileno()], stderr=subprocess.PIPE, text=True,
+    )
+    theirs.close()
+    send_msg(ours, {"op": "ping"})
+    recv_msg(ours)
+    send_msg(ours, {"op": "ping"})
+    ours.settimeout(60)
+    assert ours.recv(1, socket.MSG_PEEK)  # the reply is there, the writer waits for more
+    ours.close()  # with the reply unread: the writer's recv gets ECONNRESET
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err

@@ -335,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     while True:
         try:
             msg, fds = recv_msg(sock)
-        except EOFError:
+        except (EOFError, OSError):  # the training rank is gone (a reset socket: it was killed)
             return 0
         reply = service.handle(msg, fds)
         try:

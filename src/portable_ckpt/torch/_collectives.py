@@ -313,6 +313,13 @@ class Comm:
     # -- JSON collectives --------------------------------------------------------------------------
 
     def _fail(self, what: str, e: BaseException) -> DistributedError:
+        if not dist.is_initialized() or "is not registered" in str(e):
+            # torch's text ("create group with the new_group API") would mislead
+            return DistributedError(
+                f"rank {self.rank}/{self.world_size}: collective '{what}' failed: the process "
+                "group was destroyed while this step still needed it; call mgr.close() (or "
+                "wait for the pending save) before destroy_process_group()"
+            )
         dead = self.dead_peers()
         if dead:
             who = ", ".join(f"rank {r} (pid {self.peers[r][1]})" for r in dead)

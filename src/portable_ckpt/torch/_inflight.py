@@ -11,19 +11,23 @@ same setting and default as ``CheckpointManager(exit_timeout=...)``). A save sti
 it (storage that hangs: an NFS stall, a dead S3 endpoint, a peer stuck in a collective) is
 reported ABANDONED, naming its step and attempt, and the process ends at once with
 :data:`EXIT_STATUS_ABANDONED` (``os._exit``): the interpreter would otherwise join the blocked
-save thread for ever.
+save thread for ever. A save that failed at exit (a process group destroyed before it finished,
+a full disk) ends the process with the same status: the newest checkpoint is lost, and a job
+scheduler must not see success.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import logging
 import math
 import os
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from portable_ckpt.errors import UsageError
 from portable_ckpt.torch.info import CheckpointInfo
@@ -34,6 +38,7 @@ __all__ = [
     "LOCK",
     "InFlight",
     "at_interpreter_exit",
+    "end_abandoned",
     "say",
     "track",
     "wait_bound",
@@ -43,7 +48,7 @@ __all__ = [
 
 #: Seconds interpreter exit waits for a pending save (``async_save`` and ``CheckpointManager``).
 DEFAULT_EXIT_TIMEOUT = 300.0
-#: Exit status of a process whose pending save did not finish within its exit bound.
+#: Exit status of a process whose pending save failed at exit or did not finish within its bound.
 EXIT_STATUS_ABANDONED = 1
 
 
@@ -114,6 +119,21 @@ def _abandoned(h: InFlight, why: str) -> None:
     )
 
 
+def end_abandoned() -> NoReturn:
+    """End the process with :data:`EXIT_STATUS_ABANDONED`: a checkpoint was lost at exit.
+
+    A scheduler must not see success when the last checkpoint is gone, and a save still
+    running would be joined for ever. Output and log handlers are flushed first.
+    """
+    with contextlib.suppress(Exception):  # a closed stdout must not stop the exit
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    os._exit(EXIT_STATUS_ABANDONED)
+
+
 def _finish_at_exit() -> None:
     h = _SLOT.current
     if h is None or h.committed.done():
@@ -122,12 +142,11 @@ def _finish_at_exit() -> None:
     cf.wait([h.committed], timeout=wait_bound(h.exit_timeout))
     if not h.committed.done():  # stuck in I/O or a collective: the exit would join it for ever
         _abandoned(h, f"not finished after {h.exit_timeout:g} s")
-        with contextlib.suppress(OSError, ValueError):  # a closed stdout must not stop the exit
-            sys.stdout.flush()
-        os._exit(EXIT_STATUS_ABANDONED)
+        end_abandoned()
     e = h.committed.exception()
     if e is not None:
         _abandoned(h, str(e))
+        end_abandoned()
 
 
 def track(

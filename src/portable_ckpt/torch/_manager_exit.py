@@ -3,8 +3,9 @@
 At exit every open manager gives SIGTERM back to its previous disposition (nothing will call
 ``maybe_save`` again, so a SIGTERM now means "stop"), says on stderr that it is finishing the
 pending checkpoint, and waits for it at most ``exit_timeout`` seconds. A save that failed is
-reported ABANDONED and the exit goes on. A save still running after the bound is reported
-ABANDONED and the process ends at once with status 1 (``os._exit``): the thread running it is
+reported ABANDONED and the process ends with status 1 once every manager finished (the newest
+checkpoint is lost: a job scheduler must not see success). A save still running after the bound
+is reported ABANDONED and the process ends at once with status 1 (``os._exit``): the thread running it is
 blocked in I/O or in a collective whose peer is gone or stuck, and the interpreter would
 otherwise join it until that collective's own timeout (30 minutes by default), and before this
 bound existed such a process also ignored SIGTERM (the manager's handler only set a flag).
@@ -17,14 +18,13 @@ first. The exit status and the stderr line are :mod:`~portable_ckpt.torch._infli
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
 from typing import TYPE_CHECKING
 
 from portable_ckpt.torch._inflight import (
     EXIT_STATUS_ABANDONED,
     at_interpreter_exit,
+    end_abandoned,
     say,
     wait_bound,
 )
@@ -60,9 +60,13 @@ def _abandoned(mgr: CheckpointManager, step: int | None, e: BaseException, stuck
 
 
 def finish_at_exit(mgr: CheckpointManager) -> bool:
-    """Finish ``mgr``'s pending work at exit; return False when it is still running (stuck)."""
+    """Finish ``mgr``'s pending work at exit; return False when it was abandoned.
+
+    Abandoned: it failed, or it is still running after the bound (stuck).
+    """
     if mgr._closed:
         return True
+    mgr._exiting = True  # a failure now is reported ABANDONED, not "training continues"
     mgr._preemption.restore()
     step = mgr._pending.step if mgr._pending is not None else mgr._last_save_step
     if mgr._busy():
@@ -77,15 +81,14 @@ def finish_at_exit(mgr: CheckpointManager) -> bool:
         return False
     except BaseException as e:
         _abandoned(mgr, step, e, stuck=False)
+        return False
     return True
 
 
 def _finish_all() -> None:
     finished = [finish_at_exit(m) for m in list(_MANAGERS)]
     if not all(finished):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_STATUS_ABANDONED)
+        end_abandoned()
 
 
 def register_exit(mgr: CheckpointManager) -> None:

@@ -216,7 +216,7 @@ def after_failure(
     if decision.tier == "durable":
         durable_failed(mgr, step)
     _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
-    if mgr.rank == 0 and not raised:
+    if mgr.rank == 0 and not raised and not mgr._exiting:  # at exit: the ABANDONED line
         say(failure_text(mgr, step, tier.name, e))
     failed = getattr(e, "failed_ranks", None) or None
     mgr.telemetry.emit(

@@ -52,8 +52,11 @@ class ModelOptimizerState:
         msd, osd = get_state_dict(self.model, self.optimizer, options=self.options)
         if fresh and self.optimizer.state:
             self.optimizer.state.clear()  # the state made above is no longer the optimizer's
-            for per_param in osd.get("state", {}).values():
-                step = per_param.get("step") if isinstance(per_param, dict) else None
+            states: Any = osd.get("state", {})
+            for per_param in states.values() if isinstance(states, dict) else ():
+                if not isinstance(per_param, dict):
+                    continue
+                step = per_param.get("step")
                 if isinstance(step, torch.Tensor):
                     step.zero_()
                 elif isinstance(step, int | float) and not isinstance(step, bool):

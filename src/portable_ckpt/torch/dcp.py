@@ -1021,7 +1021,8 @@ class PortableStorageReader(StorageReader):
         data = plan.storage_data if isinstance(plan.storage_data, dict) else {}
         state = getattr(planner, "state_dict", None)
         mesh = group_mesh(state.values()) if isinstance(state, Mapping) else None
-        _contract(view.ck, int(data.get("world_size", 1)), mesh, self.allow_statistical)
+        if not _template_free(planner):  # an export or inspection continues no training
+            _contract(view.ck, int(data.get("world_size", 1)), mesh, self.allow_statistical)
         _refuse_one_box_view(planner, (i.dest_index.fqn for i in plan.items), "PortableLoadPlanner")
         filled: dict[MetadataIndex, int] = defaultdict(int)
         reads = _TensorReads(view, planner)
@@ -1040,6 +1041,13 @@ class PortableStorageReader(StorageReader):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Any path or URL may name a root or version."""
         return isinstance(checkpoint_id, str | os.PathLike)
+
+
+def _template_free(planner: LoadPlanner) -> bool:
+    """DCP's template-free load (``dcp_to_torch_save``): the planner makes the whole state."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+    return isinstance(planner, _EmptyStateDictLoadPlanner)
 
 
 #: Destination bytes a batch of tensor items may resolve before it is read, for planners whose

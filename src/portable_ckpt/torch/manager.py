@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portable_ckpt.errors import CheckpointError, UsageError
-from portable_ckpt.format.usage import require_one_of, require_seconds
+from portable_ckpt.format.usage import require_non_negative_int, require_one_of, require_seconds
 from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.manager.decisions import Decision, SavePolicy
 from portable_ckpt.manager.records import (
@@ -235,6 +235,7 @@ class CheckpointManager:
         self._fetched: dict[str, Any] | None = None
         self._warned: set[str] = set()
         self._closed = False
+        self._exiting = False  # closing from the interpreter-exit hook
         self._preemption = Preemption(handle_sigterm, handle_sigint)
         register_exit(self)
 
@@ -251,6 +252,7 @@ class CheckpointManager:
         ``max_failed_saves`` saves in a row failed.
         """
         self._check_open()
+        require_non_negative_int(step, "maybe_save: step")  # before any collective
         self.mark_resumed()
         decision = agree(self, step)
         self._raise_if_failing(decision)
@@ -264,6 +266,7 @@ class CheckpointManager:
     ) -> None:
         """Save ``state`` at ``step`` durably, whatever the policy says (a collective)."""
         self._check_open()
+        require_non_negative_int(step, "save: step")
         self.mark_resumed()
         decision = agree(self, step, Decision("durable", "requested"))
         self._raise_if_failing(decision)
@@ -491,5 +494,21 @@ class CheckpointManager:
     def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Close; while an exception leaves the block, a failed save never replaces it.
+
+        The save's error is then said on stderr and kept in ``last_error``, and the caller's
+        exception goes on (a framework classifying errors sees its own).
+        """
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as e:  # the caller's exception is the one that matters
+            self.last_error = e
+            say(
+                f"rank {self.rank}: while leaving the manager's block on "
+                f"{type(exc).__name__}, the pending checkpoint failed: "
+                f"[{getattr(e, 'code', type(e).__name__)}] {getattr(e, 'message', str(e))[:1000]}"
+            )
