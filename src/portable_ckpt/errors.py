@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "DAMAGE_CODES",
     "AttemptIdError",
     "ChecksumError",
     "CheckpointError",
@@ -358,3 +359,11 @@ ERROR_CODES: dict[str, type[CheckpointError]] = _collect()
 def error_for_code(code: str) -> type[CheckpointError]:
     """Return the error class for a stable ``code`` (``CheckpointError`` if unknown)."""
     return ERROR_CODES.get(code, CheckpointError)
+
+
+#: Codes that prove a version's stored bytes are damaged: not a transient storage error, not a
+#: caller's mistake. A verification that finds one of them records the version as failed.
+DAMAGE_CODES = frozenset((
+    "PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-SHARD-HEADER", "PCK-SHARD-MISMATCH", "PCK-CODEC",
+    "PCK-DTYPE-VALUE",
+))

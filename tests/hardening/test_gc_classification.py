@@ -166,16 +166,45 @@ def test_latest_skips_a_foreign_version_and_says_so(
     assert ids[1] in caplog.text and "does not implement" in caplog.text
 
 
-def test_invalid_manifest_is_still_collected_after_the_grace_period(tmp_path: Path) -> None:
-    """A record that was read in full and is invalid for every version is positively not a version."""
-    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
-    (tmp_path / ids[1] / "manifest.json").write_text("{not json")
-    [_, v] = list_versions(str(tmp_path))
-    assert v.status == "invalid" and "PCK-JSON-INVALID" in str(v.error)
+def test_invalid_manifest_is_kept_unless_deleting_it_is_asked_for(tmp_path: Path) -> None:
+    """R-GC-10: a record that was read in full and is invalid is no version, but a save never
+    publishes one: one flipped byte of a committed version's record made gc delete the whole
+    version after the grace period (shards and writer indexes too). It is kept and reported;
+    ``delete_invalid`` deletes it once the grace period has passed (R-GC-4)."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    record = tmp_path / ids[2] / "manifest.json"
+    raw = bytearray(record.read_bytes())
+    raw[len(raw) // 2] ^= 0x20  # a flipped bit in the middle of the record, as storage rot does
+    record.write_bytes(bytes(raw))
+    v = {x.id: x for x in list_versions(str(tmp_path))}[ids[2]]
+    assert v.status == "invalid"
+    later = time.time() + 2 * 86400
+    rep = gc(str(tmp_path), keep=3, now=lambda: later)
+    assert rep.abandoned == [] and _alive(tmp_path) == set(ids)
+    assert [d["id"] for d in rep.damaged] == [ids[2]] and rep.damaged[0]["code"].startswith("PCK-")
+    assert rep.to_json()["damaged"] == rep.damaged
+    rep = gc(str(tmp_path), keep=1, now=lambda: later)  # it takes no place of the keep newest
+    assert _alive(tmp_path) == {ids[1], ids[2]} and rep.deleted == [ids[0]]
     now = time.time()
-    assert gc(str(tmp_path), keep=1, now=lambda: now).abandoned == []
-    rep = gc(str(tmp_path), keep=1, now=lambda: now + 7200)
-    assert rep.abandoned == [ids[1]] and _alive(tmp_path) == {ids[0]}
+    assert gc(str(tmp_path), keep=1, delete_invalid=True, now=lambda: now).abandoned == []
+    rep = gc(str(tmp_path), keep=1, delete_invalid=True, now=lambda: now + 7200)
+    assert rep.abandoned == [ids[2]] and rep.damaged == [] and _alive(tmp_path) == {ids[1]}
+
+
+def test_gc_command_keeps_a_damaged_record_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-GC-10 on the command line: kept, named, exit 1 (it needs a person); --delete-invalid."""
+    from portable_ckpt.cli.main import main
+
+    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
+    (tmp_path / ids[1] / "manifest.json").write_text("")  # a lost block: the record is empty
+    assert main(["gc", str(tmp_path), "--keep", "1", "--grace", "0"]) == 1
+    out, err = capsys.readouterr()
+    assert f"kept    {ids[1]}  (damaged" in out and "--delete-invalid" in err
+    assert _alive(tmp_path) == set(ids)
+    assert main(["gc", str(tmp_path), "--keep", "1", "--grace", "0", "--delete-invalid"]) == 0
+    assert _alive(tmp_path) == {ids[0]}
 
 
 def test_a_newer_save_of_a_step_wins_after_the_clock_stepped_back(tmp_path: Path) -> None:
@@ -190,3 +219,51 @@ def test_a_newer_save_of_a_step_wins_after_the_clock_stepped_back(tmp_path: Path
     assert portable_ckpt.open(tmp_path).id == new
     gc(str(tmp_path), keep=1, grace_seconds=0.0)
     assert _alive(tmp_path) == {new}
+
+
+def test_verify_records_damage_so_gc_keeps_a_version_that_restores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-GC-9, R-DRILL-7: ``verify --deep`` found the newest version damaged and ``gc --keep 1``
+    then deleted every good version, keeping only the damaged one (nothing was left to restore).
+    verify now records what it found beside the version; gc keeps the newest that did not fail."""
+    from portable_ckpt.cli.main import main
+
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    shard = next((tmp_path / ids[2] / "data").iterdir())
+    raw = bytearray(shard.read_bytes())
+    raw[-7] ^= 0xFF  # a flipped byte in the data area
+    shard.write_bytes(bytes(raw))
+    assert main(["verify", str(tmp_path), "--deep"]) == 1
+    out = capsys.readouterr().out
+    assert "PCK-CHECKSUM" in out and f"{ids[2]}/verifications/v" in out and "never restored" in out
+    [v3] = [v for v in list_versions(str(tmp_path), annotations=True) if v.id == ids[2]]
+    assert v3.verification_failed
+    assert main(["gc", str(tmp_path), "--keep", "1"]) == 0
+    capsys.readouterr()
+    assert _alive(tmp_path) == {ids[1], ids[2]}  # the damaged newest (R-GC-1) and step 2
+    check_restores(open_storage(str(tmp_path)), ids[1])
+    # A version that verifies gets an ok record (json names it); --no-record writes none.
+    assert main(["verify", f"{tmp_path}/{ids[1]}", "--sample", "0.5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and doc["record"].startswith(f"{ids[1]}/verifications/v")
+    assert doc["record_error"] is None
+    before = sorted((tmp_path / ids[1]).rglob("verifications/*"))
+    assert main(["verify", f"{tmp_path}/{ids[1]}", "--deep", "--no-record"]) == 0
+    assert sorted((tmp_path / ids[1]).rglob("verifications/*")) == before and len(before) == 1
+
+
+def test_verify_records_nothing_for_an_error_that_proves_no_damage(tmp_path: Path) -> None:
+    """Could not read is not damaged: a storage error during a deep verify writes no record."""
+    from portable_ckpt.io.versions import record_verification
+
+    [attempt] = [make_version(str(tmp_path), 1)]
+    from portable_ckpt.io.reader import Checkpoint
+    from portable_ckpt.io.versions import load_manifest
+
+    st = FaultyStorage(open_storage(str(tmp_path)), [Fault(op="read", path="*/data/*", error="EIO")])
+    ck = Checkpoint(st, attempt, load_manifest(st, attempt))
+    errors = ck.verify(deep=True)
+    assert errors and {e.code for e in errors} == {"PCK-STORAGE"}
+    assert record_verification(ck, errors, mode="deep", fraction=1.0) is None
+    assert not (tmp_path / attempt / "verifications").exists()

@@ -426,7 +426,8 @@ def test_gc_deletes_the_manifest_first(tmp_path: Path) -> None:
     bad = build_version(tmp_path, step=9)[0]
     (bad / "manifest.json").write_text("{invalid")
     st = RecordingStorage(tmp_path)
-    portable_ckpt.gc(st, keep=1, grace_seconds=0, now=lambda: time.time() + 10**6)
+    portable_ckpt.gc(st, keep=1, grace_seconds=0, now=lambda: time.time() + 10**6,
+                     delete_invalid=True)
     for attempt in (ids[0], ids[1], bad.name):
         deletes = [p for op, p, *_ in st.ops if op == "delete" and p.startswith(attempt + "/")]
         assert deletes and deletes[0] == f"{attempt}/manifest.json", deletes[:3]
@@ -435,7 +436,8 @@ def test_gc_deletes_the_manifest_first(tmp_path: Path) -> None:
 
 
 def test_gc_grace_period_for_uncommitted_attempts(tmp_path: Path) -> None:
-    """R-GC-4: attempts without a valid commit record survive until the grace period passes."""
+    """R-GC-4: attempts without a commit record survive until the grace period passes, and so
+    do those with an invalid one that gc was asked to delete (R-GC-10)."""
     storage = open_storage(tmp_path, create=True)
     old_id = new_attempt_id(1)
     old_id = "s000000000001-20000101T000000000000Z-" + old_id[-16:]  # created long ago...
@@ -446,11 +448,11 @@ def test_gc_grace_period_for_uncommitted_attempts(tmp_path: Path) -> None:
     (invalid / "manifest.json").write_text("{}")
     keep_id = build_version(tmp_path, step=2)[1].attempt_id
     now = time.time()
-    portable_ckpt.gc(tmp_path, keep=1, grace_seconds=3600, now=lambda: now)
-    assert (tmp_path / old_id).exists() and invalid.exists()
-    portable_ckpt.gc(tmp_path, keep=1, grace_seconds=3600, now=lambda: now + 3000)
-    assert (tmp_path / old_id).exists() and invalid.exists()
-    report = portable_ckpt.gc(tmp_path, keep=1, grace_seconds=3600, now=lambda: now + 3700)
+    for t in (now, now + 3000):
+        portable_ckpt.gc(tmp_path, keep=1, grace_seconds=3600, now=lambda t=t: t, delete_invalid=True)
+        assert (tmp_path / old_id).exists() and invalid.exists()
+    report = portable_ckpt.gc(tmp_path, keep=1, grace_seconds=3600, now=lambda: now + 3700,
+                              delete_invalid=True)
     assert set(report.abandoned) == {old_id, invalid.name}
     assert not (tmp_path / old_id).exists() and not invalid.exists()
     assert (tmp_path / keep_id / "manifest.json").exists()

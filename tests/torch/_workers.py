@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import signal
@@ -521,3 +523,20 @@ def load_sliced(rank: int, world: int, root: str) -> dict[str, Any]:
     info = pckt.load(state, root, timeout=30)
     ok = state["epoch"] == 3 and all(float(state[f"t{i:04d}"]) == 0.0 for i in range(1500))
     return {"step": info.step, "ok": ok, **{k: seen[k] for k in ("broadcast", "allgather", "reads")}}
+
+
+def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
+    """A plain buffer that differs per rank (BatchNorm statistics under FSDP2) beside a DTensor."""
+    mesh = init_device_mesh("cpu", (world,))
+    w = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+    same = {"w": w, "count": torch.tensor([7])}
+    exact = pckt.save(same, f"{root}/same", step=1, timeout=30)
+    differ = {"w": w, "count": torch.tensor([7]), "bn": {"running_mean": torch.full((3,), float(rank))}}
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        info = pckt.save(differ, f"{root}/differ", step=1, timeout=30)
+    target = {"w": distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)]), "count": torch.zeros(1, dtype=torch.int64),
+              "bn": {"running_mean": torch.zeros(3)}}
+    loaded = pckt.load(target, f"{root}/differ", timeout=30)
+    return {"exact": exact.contract, "saved": info.contract, "loaded": loaded.contract,
+            "mean": target["bn"]["running_mean"].tolist(), "stderr": err.getvalue()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -361,3 +362,23 @@ def test_a_demo_that_ignores_ctrl_c_keeps_running(tmp_path: Any) -> None:
     out, err = proc.communicate(timeout=300)
     assert sent > 10 and proc.returncode == 0, err
     assert "ALL CHECKS PASSED" in out and "Traceback" not in err
+
+
+def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
+    tmp_path: Path,
+) -> None:
+    """A plain tensor is stored from rank 0 alone; one that differs between ranks (BatchNorm
+    statistics under FSDP2) was replaced on every other rank by rank 0's while the restore
+    claimed an exact continuation. Small plain tensors are compared at every save; a difference
+    makes the version's contract statistical, said on rank 0's stderr (R-CONTRACT-1)."""
+    res = run("save_divergent_plain", 2, str(tmp_path))
+    r0, r1 = ok(res)
+    assert r0["exact"] == r1["exact"] == "exact"
+    assert r0["saved"] == r1["saved"] == "statistical"
+    assert r0["loaded"] == r1["loaded"] == "statistical"
+    assert r0["mean"] == r1["mean"] == [0.0, 0.0, 0.0]  # rank 0's copy, now declared as such
+    ck = portable_ckpt.open(str(tmp_path / "differ"))
+    assert ck.manifest.continuation.contract == "statistical"
+    assert portable_ckpt.open(str(tmp_path / "same")).manifest.continuation.contract == "exact"
+    assert "plain tensors differ between ranks (1: 'bn/running_mean')" in r0["stderr"]
+    assert r1["stderr"] == ""

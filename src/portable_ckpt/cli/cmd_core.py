@@ -183,19 +183,27 @@ def _verify(args: argparse.Namespace) -> int:
     # A sample is reproducible: the seed used is always printed (drawn when not given).
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     errors: list[CheckpointError]
+    record: str | None = None
+    record_error: str | None = None
     try:
         ck = portable_ckpt.open(args.ckpt, step=args.step)
         with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
             errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
         target = ck.path
+        if (args.deep or args.sample is not None) and args.record:
+            record, record_error = _record(ck, errors, args, seed)
     except UsageError:
         raise
     except CheckpointError as exc:
         errors = [exc]
         target = args.ckpt
     ok = not errors
+    if record_error is not None:
+        print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
+              file=sys.stderr)
     if args.json:
-        doc: dict[str, Any] = {"ok": ok, "path": target, "errors": [e.to_json() for e in errors]}
+        doc: dict[str, Any] = {"ok": ok, "path": target, "errors": [e.to_json() for e in errors],
+                               "record": record, "record_error": record_error}
         if args.sample is not None:
             doc["sample"] = {"fraction": args.sample, "seed": seed}
         print(json.dumps(doc, indent=2))
@@ -213,7 +221,27 @@ def _verify(args: argparse.Namespace) -> int:
             print(f"{e.code}  {safe_lines(e.message)}", file=sys.stdout)
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(target)} ({mode})")
+        if record is not None:
+            print(f"recorded  {safe(record)}" + ("" if ok else "  (never restored by a "
+                  "manager; gc keeps the newest versions that did not fail)"))
     return 0 if ok else 1
+
+
+def _record(
+    ck: Any, errors: list[CheckpointError], args: argparse.Namespace, seed: int
+) -> tuple[str | None, str | None]:
+    """Record a deep or sampled verification beside the version: (its path, why it was not)."""
+    from portable_ckpt.io.versions import record_verification
+
+    try:
+        path = record_verification(
+            ck, errors, mode="deep" if args.deep else "sample",
+            fraction=1.0 if args.deep else args.sample,
+            seed=None if args.deep else seed, verifier="portable-ckpt verify",
+        )
+    except CheckpointError as e:
+        return None, f"[{e.code}] {e.message} (--no-record verifies without writing)"
+    return path, None
 
 
 def _gc(args: argparse.Namespace) -> int:
@@ -234,6 +262,7 @@ def _gc(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             require_copy=args.require_copy,
             progress=bar,
+            delete_invalid=args.delete_invalid,
         )
     if args.json:
         print(json.dumps(rep.to_json(), indent=2))
@@ -250,6 +279,11 @@ def _gc(args: argparse.Namespace) -> int:
                 f"kept    {g['id']}  ({g['status']}, written to {g['age_seconds']:.0f} s ago: "
                 f"within the grace period of {args.grace:g} s, a save may be in progress)"
             )
+        for d in rep.damaged:
+            print(
+                f"kept    {d['id']}  (damaged: its commit record is invalid: [{d['code']}] "
+                f"{safe_lines(d['message'])[:300]})"
+            )
         for v in rep.kept_for_copy:
             where = "" if args.require_copy is True else f" on {safe(args.require_copy)}"
             print(f"kept    {v}  (--require-copy: no kept version has a verified copy{where})")
@@ -265,6 +299,15 @@ def _gc(args: argparse.Namespace) -> int:
         what = u["id"] or "unfinished uploads"
         why = "could not delete it" if u["status"] == "delete failed" else "could not classify it"
         print(f"portable-ckpt: skipped {what}: {why}: {safe_lines(u['message'])}", file=sys.stderr)
+    if rep.damaged:
+        print(
+            f"portable-ckpt: gc kept {len(rep.damaged)} attempt(s) whose commit record is "
+            "invalid: committed versions damaged after their commit (a save never publishes "
+            "such a record), whose data may still be recovered. Check them with `portable-ckpt "
+            "verify ROOT/ID`, put the record back from a copy, or delete them with "
+            "--delete-invalid",
+            file=sys.stderr,
+        )
     if not rep.complete:
         print(
             f"portable-ckpt: gc skipped {len(rep.unknown)} attempt(s) it could not read or "
@@ -272,8 +315,7 @@ def _gc(args: argparse.Namespace) -> int:
             "named there is fixed (a storage that did not answer, or permissions)",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    return 1 if rep.damaged or not rep.complete else 0
 
 
 def register(sub: Any) -> None:
@@ -303,6 +345,14 @@ def register(sub: Any) -> None:
         default=None,
         metavar="FRACTION",
         help="read and check a random fraction of the range records (without replacement)",
+    )
+    p.add_argument(
+        "--no-record",
+        dest="record",
+        action="store_false",
+        help="do not write the verification record that --deep and --sample leave beside the "
+        "version (verifications/<id>.json, spec 14.5: a version found damaged is then never "
+        "restored by a manager, and gc keeps the newest versions that did not fail)",
     )
     p.add_argument(
         "--seed",
@@ -335,6 +385,13 @@ def register(sub: Any) -> None:
         help="delete older versions only once a kept one has a verified copy on "
         "another root (on ROOT_URL when given) that is still committed there (a copy "
         "deleted since its record was written counts for nothing)",
+    )
+    p.add_argument(
+        "--delete-invalid",
+        action="store_true",
+        help="also delete attempts whose commit record is invalid once the grace period has "
+        "passed (by default they are kept and reported, exit 1: a save never publishes such "
+        "a record, so it is a committed version damaged after its commit)",
     )
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--json", action="store_true")

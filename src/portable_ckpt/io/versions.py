@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.errors import (
+    DAMAGE_CODES,
     CheckpointError,
     CommitConflictError,
     FeatureUnsupportedError,
@@ -80,6 +81,7 @@ __all__ = [
     "load_manifest",
     "read_annotations",
     "write_drill_record",
+    "record_verification",
     "write_verification_record",
 ]
 
@@ -435,6 +437,36 @@ def write_verification_record(
         rec, "verification.schema.json", what=f"{attempt_id}/verifications/{ident}.json"
     )
     return _write_annotation(storage, attempt_id, "verifications", ident, rec)
+
+
+def record_verification(
+    ck: Any,
+    errors: list[CheckpointError],
+    *,
+    mode: str,
+    fraction: float | None = None,
+    seed: int | None = None,
+    verifier: str | None = None,
+) -> str | None:
+    """Record the verification of the opened version ``ck`` that found ``errors``.
+
+    ``ok: true`` when nothing was found; ``ok: false`` with the errors that prove damage
+    (:data:`~portable_ckpt.errors.DAMAGE_CODES`), so that no manager restores the version and gc
+    keeps the newest versions that did not fail (R-DRILL-8, R-GC-9). Nothing is recorded when
+    every error is of another kind (a storage that did not answer proves nothing about the
+    bytes): returns ``None`` then, else the record's path. ``mode`` ``"deep"`` counts every
+    range record, ``"sample"`` the share ``fraction`` of them.
+    """
+    damage = [e.to_json() for e in errors if e.code in DAMAGE_CODES]
+    if errors and not damage:
+        return None
+    chunks = sum(len(t.ranges) for t in ck.tensors.values())
+    if mode == "sample" and fraction is not None:
+        chunks = min(chunks, max(1, -(-int(chunks * fraction * 1e6) // 1_000_000))) if chunks else 0
+    return write_verification_record(
+        ck.storage, ck.id, ok=not errors, mode=mode, fraction=fraction, chunks=chunks,
+        seed=seed, errors=damage[:64], verifier=verifier,
+    )
 
 
 # -- classification ---------------------------------------------------------------------------
@@ -824,6 +856,9 @@ class GcReport:
     #: Attempts without a commit record left alone because something was written to them
     #: within the grace period (a save may be in progress): ``{"id", "status", "age_seconds"}``.
     in_grace: list[dict[str, Any]] = field(default_factory=list)
+    #: Attempts whose commit record is there but invalid, kept (R-GC-10): committed versions
+    #: damaged after their commit. ``{"id", "code", "message"}``; ``delete_invalid`` deletes them.
+    damaged: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -843,9 +878,15 @@ class GcReport:
             "foreign": self.foreign,
             "foreign_keys": self.foreign_keys,
             "in_grace": self.in_grace,
+            "damaged": self.damaged,
             "unknown": self.unknown,
             "complete": self.complete,
         }
+
+    def damage(self, v: VersionInfo) -> None:
+        """Record a kept attempt whose commit record is invalid (R-GC-10)."""
+        message = (v.error or "invalid commit record")[:2000]
+        self.damaged.append({"id": v.id, "code": v.error_code or "PCK-SCHEMA", "message": message})
 
     def skip(
         self,
@@ -902,6 +943,7 @@ def gc(
     now: Callable[[], float] = time.time,
     keep_ids: Collection[str] = (),
     progress: Progress | None = None,
+    delete_invalid: bool = False,
 ) -> GcReport:
     """Apply retention to a root.
 
@@ -919,7 +961,11 @@ def gc(
 
     Nothing is deleted that was not positively classified: attempts whose records could not be
     read are listed in ``report.unknown`` and left alone, versions of a newer format in
-    ``report.foreign`` (spec §15). ``progress(done, total)`` follows the attempts deleted.
+    ``report.foreign`` (spec §15). An attempt whose commit record is there but invalid is a
+    committed version damaged after its commit (the protocol publishes only checked records):
+    it is kept and listed in ``report.damaged`` unless ``delete_invalid`` asks for its deletion
+    (R-GC-10), its data and writer indexes may still restore it. ``progress(done, total)``
+    follows the attempts deleted.
 
     Raises:
         UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
@@ -935,7 +981,7 @@ def gc(
     report = GcReport(dry_run=dry_run)
     versions = _known_versions(storage, list_versions(storage), report)
     doomed = _retention(versions, keep, require_copy, report, keep_ids)
-    doomed += _abandoned(storage, versions, grace_seconds, now(), report)
+    doomed += _abandoned(storage, versions, grace_seconds, now(), report, delete_invalid)
     if not dry_run:
         for i, attempt_id in enumerate(doomed):
             try:
@@ -950,7 +996,18 @@ def gc(
 
 
 def _log_gc(storage: Storage, report: GcReport) -> None:
-    """One ``gc.finished`` line (INFO) for the job log (skipped attempts are in the report)."""
+    """One ``gc.finished`` line (INFO) for the job log; ``gc.damaged`` (WARNING) per kept damage.
+
+    Skipped attempts are in the report.
+    """
+    for d in report.damaged:
+        log_event(
+            _log, "gc.damaged", {"root": storage.url, **d},
+            "gc of %s kept %s: its commit record is invalid ([%s] %s): a committed version "
+            "damaged after its commit; verify it, restore the record from a copy, or delete it "
+            "with delete_invalid=True (--delete-invalid)",
+            storage.url, d["id"], d["code"], d["message"], level=logging.WARNING,
+        )
     verb = "would delete" if report.dry_run else "deleted"
     fields = {k: report.to_json()[k] for k in ("deleted", "abandoned", "kept", "dry_run")}
     log_event(
@@ -1081,11 +1138,19 @@ def _copy_committed(dest: str, attempt_id: str) -> bool:
 
 
 def _abandoned(
-    storage: Storage, versions: list[VersionInfo], grace: float, t_now: float, report: GcReport
+    storage: Storage,
+    versions: list[VersionInfo],
+    grace: float,
+    t_now: float,
+    report: GcReport,
+    delete_invalid: bool,
 ) -> list[str]:
-    """Attempts without a valid commit record and without activity for ``grace`` seconds."""
+    """Attempts without a commit record (or, if asked, an invalid one) quiet for ``grace`` s."""
     doomed = []
     for v in versions:
+        if v.status == INVALID and not delete_invalid:
+            report.damage(v)  # R-GC-10: a damaged version, not an abandoned save
+            continue
         if v.status not in (INCOMPLETE, INVALID):
             continue
         try:

@@ -420,4 +420,14 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         deleted_count=len(report.deleted),
         abandoned=report.abandoned,
         kept=[{"id": d.id, "reasons": d.reasons} for d in decisions if not d.delete],
+        damaged=report.damaged,
     )
+    for bad in report.damaged:  # R-GC-10: kept; said once per attempt, the job goes on
+        if f"damaged:{bad['id']}" not in mgr._warned:
+            mgr._warned.add(f"damaged:{bad['id']}")
+            say(
+                f"rank {mgr.rank}: {tier.name} tier: attempt {bad['id']} has an invalid commit "
+                f"record ([{bad['code']}] {bad['message'][:300]}): a committed version damaged "
+                "after its commit; retention keeps it (portable-ckpt gc --delete-invalid "
+                "deletes it)"
+            )

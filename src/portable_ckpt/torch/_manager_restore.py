@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.errors import (
+    DAMAGE_CODES,
     CheckpointError,
     ContractError,
     DistributedError,
@@ -236,11 +237,6 @@ def _versions_or_none(tier: Tier, *, annotations: bool = False) -> list[Any]:
         return []
 
 
-#: Codes that prove a version's bytes are damaged (not a transient or a caller's error).
-_DAMAGE = frozenset((
-    "PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-SHARD-HEADER", "PCK-SHARD-MISMATCH", "PCK-CODEC",
-    "PCK-DTYPE-VALUE",
-))
 
 
 def _record_damage(mgr: CheckpointManager, tier_name: str, ident: str, e: CheckpointError) -> None:
@@ -258,7 +254,7 @@ def _record_damage(mgr: CheckpointManager, tier_name: str, ident: str, e: Checkp
     found = [(e.code, e.message)] + [
         (f.code, f"rank {f.rank}: {f.message}") for f in getattr(e, "failures", ())
     ]
-    damage = [{"code": c, "message": m[:4096]} for c, m in found if c in _DAMAGE]
+    damage = [{"code": c, "message": m[:4096]} for c, m in found if c in DAMAGE_CODES]
     if not damage:
         return
     from portable_ckpt.io.versions import load_manifest, write_verification_record

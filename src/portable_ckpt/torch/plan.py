@@ -1,7 +1,8 @@
 """What one rank writes in a save, decided from the placements alone (no I/O, no collectives).
 
 A DTensor's local shard is written by the rank whose coordinate is 0 on every replicate mesh
-dimension; a plain tensor by rank 0 only; a zero-size tensor is declared by rank 0. Non-tensor
+dimension; a plain tensor by rank 0 only (small ones are compared between ranks first:
+:func:`replica_digests`); a zero-size tensor is declared by rank 0. Non-tensor
 leaves travel in the ``VALUES_ENTRY`` entry (rank 0); ``global`` entries are written by rank 0,
 ``per_rank`` entries by every rank.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,22 @@ from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value
 from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
+from portable_ckpt.io.checksum import crc32c
 from portable_ckpt.torch._tensors import format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
 from portable_ckpt.torch.layout import group_mesh, is_dtensor, local_layout
 from portable_ckpt.torch.state import RNGState
 
-__all__ = ["PlannedPiece", "PlannedEntry", "SavePlan", "plan_save", "plan_stats"]
+__all__ = [
+    "REPLICA_CHECK_BYTES",
+    "PlannedEntry",
+    "PlannedPiece",
+    "SavePlan",
+    "diverged",
+    "plan_save",
+    "plan_stats",
+    "replica_digests",
+]
 
 
 @dataclass
@@ -99,6 +110,7 @@ class SavePlan:
     entries: list[PlannedEntry]
     mesh: Mesh | None
     tensor_bytes: int
+    replicas: dict[str, int] = field(default_factory=dict)
 
     def release(self) -> None:
         """Drop every staged view and live reference (once the pieces are written)."""
@@ -123,7 +135,43 @@ def plan_save(
         for t in template.pieces
     ]
     entries = _plan_entries(flat, rank, rng_snapshot)
-    return SavePlan(pieces, entries, template.mesh, template.tensor_bytes)
+    replicas = replica_digests(flat) if world > 1 else {}
+    return SavePlan(pieces, entries, template.mesh, template.tensor_bytes, replicas)
+
+
+#: Plain tensors up to this size are compared between ranks at every save (their CRC32C):
+#: rank 0 alone stores a plain tensor, which every rank must hold alike. Buffers that are not
+#: synchronised (BatchNorm statistics under FSDP2, per-rank counters) are small; larger plain
+#: tensors (a DDP model's parameters, which DDP keeps equal) are not read again.
+REPLICA_CHECK_BYTES = 1 << 20
+#: At most this many bytes are checked in all per save.
+REPLICA_CHECK_TOTAL = 64 << 20
+
+
+def replica_digests(flat: FlatState) -> dict[str, int]:
+    """CRC32C of each small plain (non-DTensor) tensor of ``flat``, now (see above)."""
+    out: dict[str, int] = {}
+    budget = REPLICA_CHECK_TOTAL
+    with torch.no_grad():
+        for key, t in flat.tensors.items():
+            if is_dtensor(t):
+                continue
+            nbytes = t.numel() * t.element_size()
+            if nbytes > REPLICA_CHECK_BYTES or nbytes > budget or nbytes == 0:
+                continue
+            budget -= nbytes
+            host = t.detach().to("cpu", copy=False).contiguous().reshape(-1).view(torch.uint8)
+            out[key] = crc32c(host.numpy().data)
+    return out
+
+
+def diverged(digests: list[dict[str, int]]) -> list[str]:
+    """The keys whose digests differ between ranks (each rank's :attr:`SavePlan.replicas`)."""
+    seen: dict[str, set[int]] = {}
+    for d in digests:
+        for k, v in d.items():
+            seen.setdefault(k, set()).add(v)
+    return sorted(k for k, v in seen.items() if len(v) > 1)
 
 
 # -- the tensor part of a plan, reused across saves of the same layout -----------------------------

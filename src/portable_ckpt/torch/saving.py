@@ -20,6 +20,7 @@ Steps 2 and 4 are :meth:`~portable_ckpt.torch._collectives.Comm.all_gather_step`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -39,10 +40,10 @@ from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.logs import get_logger, human_bytes, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
-from portable_ckpt.torch._inflight import wait_idle
+from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch.flatten import flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
-from portable_ckpt.torch.plan import SavePlan, plan_save
+from portable_ckpt.torch.plan import SavePlan, diverged, plan_save
 from portable_ckpt.torch.staging import Staging, stage, staging_bytes
 from portable_ckpt.torch.state import capture_rng
 
@@ -241,7 +242,8 @@ def _run_save(
     # Paused on the main thread (a synchronous save); the background thread of an async save
     # leaves the training loop's collector alone. The pause ends before `seconds` is taken.
     with paused_gc():
-        storage, plan, attempt_id = _agree_on_attempt(prepared, comm, opts.step)
+        storage, plan, attempt_id, differ = _agree_on_attempt(prepared, comm, opts.step)
+        opts = _contract_of(opts, comm.rank, differ)
         if on_attempt is not None:
             on_attempt(attempt_id)
         write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
@@ -273,16 +275,43 @@ def _run_save(
     )
 
 
-def _agree_on_attempt(prepared: Prepared, comm: Comm, step: int) -> tuple[Storage, SavePlan, str]:
-    def local() -> tuple[tuple[Storage, SavePlan], str | None]:
-        return prepared.ready(), new_attempt_id(step) if comm.rank == 0 else None
+def _agree_on_attempt(
+    prepared: Prepared, comm: Comm, step: int
+) -> tuple[Storage, SavePlan, str, list[str]]:
+    """The attempt id (rank 0's), and the plain tensors that differ between ranks."""
 
-    (storage, plan), ids = comm.all_gather_step(
+    def local() -> tuple[tuple[Storage, SavePlan], dict[str, Any]]:
+        storage, plan = prepared.ready()
+        attempt = new_attempt_id(step) if comm.rank == 0 else None
+        return (storage, plan), {"id": attempt, "replicas": plan.replicas}
+
+    (storage, plan), sent = comm.all_gather_step(
         "save/prepare", local, what=f"save of step {step} (prepare)", outcome=NOTHING_PUBLISHED
     )
-    if not isinstance(ids[0], str):  # pragma: no cover - rank 0 always sends one
+    if not isinstance(sent[0].get("id"), str):  # pragma: no cover - rank 0 always sends one
         raise DistributedError(f"save of step {step}: no attempt id from rank 0")
-    return storage, plan, ids[0]
+    return storage, plan, sent[0]["id"], diverged([d.get("replicas", {}) for d in sent])
+
+
+def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions:
+    """``opts`` with contract ``statistical`` when plain tensors differ between ranks.
+
+    Rank 0's copy of a plain tensor is stored: an exact continuation would be a false claim
+    (BatchNorm statistics under FSDP2, which does not synchronise buffers). Said by rank 0.
+    """
+    if not differ or opts.continuation != "exact":
+        return opts
+    if rank == 0:
+        shown = ", ".join(repr(k) for k in differ[:5]) + (", ..." if len(differ) > 5 else "")
+        msg = (
+            f"save of step {opts.step}: plain tensors differ between ranks ({len(differ)}: "
+            f"{shown}); rank 0's copy is stored and the version's contract is 'statistical' "
+            "(an exact continuation is impossible). Keep them equal (SyncBatchNorm, an "
+            "all-reduce) or make them DTensors"
+        )
+        _log.warning("%s", msg)
+        say(msg)
+    return dataclasses.replace(opts, continuation="statistical")
 
 
 class RankWrite:
