@@ -22,6 +22,7 @@ from conformance.spec import DTYPES
 __all__ = [
     "COMMIT_FAULTS",
     "CONTINUATIONS",
+    "EXERCISE_BLOCKS",
     "EXERCISE_NAME",
     "FAULT_POINTS",
     "TABLE_MODES",
@@ -177,19 +178,29 @@ def _json_values() -> Any:
 
 #: key and name of what :func:`exercising` adds; longer than any generated key or entry name
 EXERCISE_NAME = "conformance.codec"
+#: key of the tensor :func:`exercising` adds so that a data file spans several checksum blocks
+#: (every other tensor a case draws is smaller than one 4 KiB block)
+EXERCISE_BLOCKS = "conformance.blocks"
 
 
 def exercising(case: SaveCase) -> SaveCase:
-    """``case`` made to exercise its codec: at least one range and one entry in that codec.
+    """``case`` made to exercise its codec and multi-block checksums.
 
     A stratum's case must reach the writer's code for its codec even where hypothesis draws its
     simplest state (no tensors, no entries): ranges of ``case.codec``, and an entry encoded
-    ``json+zstd`` for ``zstd`` (``json`` for ``none``).
+    ``json+zstd`` for ``zstd`` (``json`` for ``none``). It also holds a 10,400-byte tensor whose
+    first 8,000 bytes one writer stores, so its data file spans three 4 KiB checksum blocks
+    with a partial last one (the checksum of block 1 onward, and the block size itself, were
+    never tested: every drawn tensor fits one block).
     """
     if not any(t.boxes for t in case.tensors):
         case.tensors.append(TensorSpec(EXERCISE_NAME, "float32", [16, 4], case.step,
                                        [([0, 0], [9, 4], 0),
                                         ([9, 0], [7, 4], case.num_writers - 1)]))
+    if not any(t.key == EXERCISE_BLOCKS for t in case.tensors):
+        case.tensors.append(TensorSpec(EXERCISE_BLOCKS, "float32", [2600], case.step + 1,
+                                       [([0], [2000], 0),
+                                        ([2000], [600], case.num_writers - 1)]))
     encoding = "json+zstd" if case.codec == "zstd" else "json"
     if not any(e.encoding == encoding for e in case.entries):
         case.entries.append(EntrySpec(EXERCISE_NAME, {"id": "pck:json/1"}, "global", encoding,

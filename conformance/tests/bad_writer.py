@@ -199,6 +199,19 @@ def _no_writer_check() -> Any:
     return do_commit
 
 
+def _chained_crcs(data: bytes, block_size: int) -> dict[str, Any]:
+    """Block CRCs that continue from the previous block's: right for a one-block file only."""
+    crcs = [f"{mw.crc32c(data[:i + block_size]):08x}" for i in range(0, len(data), block_size)]
+    return {"size": len(data),
+            "checksum": {"algorithm": "crc32c", "block_size": block_size, "blocks": "".join(crcs)}}
+
+
+def _one_block(data: bytes, block_size: int) -> dict[str, Any]:
+    """One CRC of the whole file under the declared block size (right below one block)."""
+    return {"size": len(data), "checksum": {"algorithm": "crc32c", "block_size": block_size,
+                                            "blocks": f"{mw.crc32c(data):08x}" if data else ""}}
+
+
 def _apply(mode: str) -> None:
     if mode in JOB_EDITS:  # ignore-fail, zstd-as-none, write-twice, listing-writers, ... (job_edits)
         mw.main = with_job_edit(mw.main, JOB_EDITS[mode])
@@ -239,6 +252,10 @@ def _apply(mode: str) -> None:
         mw.merge_indexes = _trusting_merge
     elif mode == "wrong-crc":  # CRC-32 (zlib) where §6 says CRC-32C
         mw.crc32c = zlib.crc32
+    elif mode == "crc-block-chain":  # each block's CRC continues the previous one (§6)
+        mw.file_record = _chained_crcs
+    elif mode == "one-block":  # one CRC over the whole file, whatever its block size (§6)
+        mw.file_record = _one_block
     elif mode == "entry-248":  # §12.1's 248 taken literally: ".r00000.json.zst" names overflow
         mw.safe_path = lambda rel: len(rel.split("/", 1)[1].split(".")[0]) <= 248
     elif mode:

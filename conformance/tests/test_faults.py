@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import (
     CONTINUATIONS,
+    EXERCISE_BLOCKS,
     CrashCase,
     EntrySpec,
     SaveCase,
@@ -78,6 +79,8 @@ def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObjec
     case: SaveCase = data.draw(save_cases(3, (codec,), exercise=True))
     assert case.codec == codec and any(t.boxes for t in case.tensors) and case.num_writers >= 2
     assert any(e.encoding == ("json+zstd" if codec == "zstd" else "json") for e in case.entries)
+    [blocks] = [t for t in case.tensors if t.key == EXERCISE_BLOCKS]  # > 2 blocks on writer 0
+    assert [(o, n, w) for o, n, w in blocks.boxes][0] == ([0], [2000], 0)
     assert len({t.key for t in case.tensors}) == len(case.tensors)
     assert len({e.name for e in case.entries}) == len(case.entries)
 
@@ -85,12 +88,15 @@ def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObjec
 @pytest.mark.parametrize(("mode", "message", "seed"), [
     ("zstd-as-none", "the codec of a save is binding", 1),
     ("json-zstd-as-json", "does not match the job", 2),
+    ("crc-block-chain", "PCK-CHECKSUM", 3),  # every drawn file fitted one 4 KiB block
+    ("one-block", "PCK-SCHEMA", 4),
 ])
 def test_every_run_saves_each_codec(mode: str, message: str, seed: int, bad: pytest.MonkeyPatch,
                                     fast_tmp: Path) -> None:
     """The smallest run (`--examples 2`, one case per codec) catches a broken zstd path for any
     seed (the property above): the zstd stratum always stores zstd ranges and a json+zstd
-    entry."""
+    entry. Each stratum also writes a data file of three checksum blocks, so a writer whose
+    checksums are right for one block only fails too."""
     bad.setenv("PCK_BAD_MODE", mode)
     with pytest.raises(HarnessFailure) as ei:
         check_writer(BAD_WRITER, examples=2, crash_examples=0, seed=seed, tracing="off",

@@ -135,8 +135,12 @@ def test_cli_ls_inspect_verify_gc(tmp_path) -> None:
     assert r.returncode == 2
     r = cli("verify", str(tmp_path / "nope"), "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["errors"][0]["code"] == "PCK-NOT-FOUND"
+    # verify --deep recorded the newest as failed: gc keeps step 1 too, the newest version
+    # that can be restored (R-GC-9); it deleted it before, leaving only the damaged one.
     r = cli("gc", str(tmp_path), "--keep", "1", "--dry-run", "--json")
-    assert json.loads(r.stdout)["deleted"] == [ids[0]]
+    assert json.loads(r.stdout)["deleted"] == [] and set(json.loads(r.stdout)["kept"]) >= {ids[0]}
+    r = cli("verify", str(tmp_path / ids[0]), "--deep", "--no-record")
+    assert r.returncode == 0
     assert os.path.exists(tmp_path / ids[0] / "manifest.json")
 
 

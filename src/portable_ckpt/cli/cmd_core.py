@@ -219,11 +219,11 @@ def _verify(args: argparse.Namespace) -> int:
         )
         for e in errors:
             print(f"{e.code}  {safe_lines(e.message)}", file=sys.stdout)
-        verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
-        print(f"{verdict}  {safe(target)} ({mode})")
-        if record is not None:
+        if record is not None:  # before the verdict, which stays the last line
             print(f"recorded  {safe(record)}" + ("" if ok else "  (never restored by a "
                   "manager; gc keeps the newest versions that did not fail)"))
+        verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
+        print(f"{verdict}  {safe(target)} ({mode})")
     return 0 if ok else 1
 
 
