@@ -163,3 +163,15 @@ def test_the_step_is_checked_before_any_collective(tmp_path: Path, bad: object) 
         for call in (mgr.maybe_save, mgr.save):
             with pytest.raises(UsageError, match="step must be a non-negative int"):
                 call(bad, {"w": torch.zeros(1)})  # type: ignore[arg-type]
+
+
+def test_broadcast_from_rank0_is_refused_before_it_can_hang(tmp_path: Path) -> None:
+    """``set_state_dict`` broadcasting from rank 0 while the other ranks were in the load's next
+    collective hung until the 30-minute timeout (framework review F9): refused up front."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    model = torch.nn.Linear(2, 2)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True)
+    with pytest.raises(UsageError, match="broadcast_from_rank0"):
+        pckt.ModelOptimizerState(model, torch.optim.SGD(model.parameters()), options=opts)
+    pckt.ModelOptimizerState(model, options=StateDictOptions(full_state_dict=True))

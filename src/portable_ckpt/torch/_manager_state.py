@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from portable_ckpt.errors import UsageError
 from portable_ckpt.manager.records import manager_entry_schema
 from portable_ckpt.torch.flatten import StateEntry
 
@@ -31,6 +32,14 @@ class ModelOptimizerState:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, *, options: Any = None):
+        if getattr(options, "broadcast_from_rank0", False):
+            # set_state_dict then broadcasts from rank 0 while the other ranks, which hold no
+            # full state, are already in the load's next collective: a hang until the timeout
+            raise UsageError(
+                "ModelOptimizerState: StateDictOptions(broadcast_from_rank0=True) is not "
+                "supported: every rank reads its own part of a version, no broadcast is needed; "
+                "pass the options without it"
+            )
         self.model = model
         self.optimizer = optimizer
         self.options = options
