@@ -80,7 +80,7 @@ def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObjec
     assert case.codec == codec and any(t.boxes for t in case.tensors) and case.num_writers >= 2
     assert any(e.encoding == ("json+zstd" if codec == "zstd" else "json") for e in case.entries)
     [blocks] = [t for t in case.tensors if t.key == EXERCISE_BLOCKS]  # > 2 blocks on writer 0
-    assert [(o, n, w) for o, n, w in blocks.boxes][0] == ([0], [2000], 0)
+    assert blocks.boxes[0] == ([0], [2000], 0)
     assert len({t.key for t in case.tensors}) == len(case.tensors)
     assert len({e.name for e in case.entries}) == len(case.entries)
 
