@@ -235,8 +235,8 @@ def test_verify_records_damage_so_gc_keeps_a_version_that_restores(
     raw[-7] ^= 0xFF  # a flipped byte in the data area
     shard.write_bytes(bytes(raw))
     assert main(["verify", str(tmp_path), "--deep"]) == 1
-    out = capsys.readouterr().out
-    assert "PCK-CHECKSUM" in out and f"{ids[2]}/verifications/v" in out and "never restored" in out
+    out, err = capsys.readouterr()
+    assert "PCK-CHECKSUM" in out and f"{ids[2]}/verifications/v" in err and "never restored" in err
     [v3] = [v for v in list_versions(str(tmp_path), annotations=True) if v.id == ids[2]]
     assert v3.verification_failed
     assert main(["gc", str(tmp_path), "--keep", "1"]) == 0

@@ -138,6 +138,7 @@ def test_a_failed_save_never_replaces_the_exception_leaving_the_block(
     with pytest.raises(ValueError, match="the loop's own error"):
         with pckt.CheckpointManager(str(root), save_every=1) as mgr:
             mgr.save(1, state)
+            mgr.wait()  # nothing of the manager's runs in the root now
             shutil.rmtree(root)
             root.write_text("the disk went away")  # the next save cannot write
             mgr.maybe_save(2, state)
@@ -149,6 +150,7 @@ def test_a_failed_save_never_replaces_the_exception_leaving_the_block(
     root.unlink()
     mgr2 = pckt.CheckpointManager(str(root), save_every=1)
     mgr2.save(1, state)
+    mgr2.wait()
     shutil.rmtree(root)
     root.write_text("gone")
     mgr2.maybe_save(2, state)

@@ -219,9 +219,10 @@ def _verify(args: argparse.Namespace) -> int:
         )
         for e in errors:
             print(f"{e.code}  {safe_lines(e.message)}", file=sys.stdout)
-        if record is not None:  # before the verdict, which stays the last line
-            print(f"recorded  {safe(record)}" + ("" if ok else "  (never restored by a "
-                  "manager; gc keeps the newest versions that did not fail)"))
+        if record is not None and not args.quiet:  # stderr: stdout is problems + verdict
+            print(f"portable-ckpt: recorded {safe(record)}" + ("" if ok else " (never restored "
+                  "by a manager; gc keeps the newest versions that did not fail)"),
+                  file=sys.stderr)
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(target)} ({mode})")
     return 0 if ok else 1
