@@ -177,3 +177,20 @@ def test_broadcast_from_rank0_is_refused_before_it_can_hang(tmp_path: Path) -> N
     with pytest.raises(UsageError, match="broadcast_from_rank0"):
         pckt.ModelOptimizerState(model, torch.optim.SGD(model.parameters()), options=opts)
     pckt.ModelOptimizerState(model, options=StateDictOptions(full_state_dict=True))
+
+
+def test_restore_names_stored_tensors_the_state_no_longer_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A layer removed since the save: ``strict`` covers the state's keys only (as dcp.load),
+    so the restore succeeded without a word (framework review F3); rank 0 now names them."""
+    root = str(tmp_path / "r")
+    with pckt.CheckpointManager(root, save_every=1) as mgr:
+        mgr.save(3, {"model": {"w": torch.ones(2), "gone.weight": torch.ones(3)}})
+    state = {"model": {"w": torch.zeros(2)}}
+    with pckt.CheckpointManager(root, save_every=1) as mgr:
+        info = mgr.restore(state)
+    assert info is not None and info.unexpected_keys == ["model/gone.weight"]
+    assert torch.equal(state["model"]["w"], torch.ones(2))
+    err = capsys.readouterr().err
+    assert "1 stored tensor(s) are not in the state" in err and "'model/gone.weight'" in err

@@ -179,9 +179,27 @@ def restore(
         after_restore(mgr, info, tier_name, t0, fallbacks)
         if step is not None:
             _warn_if_rolled_back(mgr, info.step)
+        _say_unread(mgr, info)
         return info
     _nothing_restored(mgr, t0, fallbacks, len(cands), step)
     return None
+
+
+def _say_unread(mgr: CheckpointManager, info: LoadInfo) -> None:
+    """Rank 0: stored tensors the state does not hold were not restored (a removed layer?).
+
+    As with ``dcp.load``, ``strict`` covers the state's keys only; a job that resumes with
+    fewer parameters than it saved should not learn it from a loss curve.
+    """
+    unread = info.unexpected_keys
+    if mgr.rank != 0 or not unread:
+        return
+    shown = ", ".join(repr(k) for k in unread[:4]) + (", ..." if len(unread) > 4 else "")
+    say(
+        f"rank 0: restored step {info.step}, but {len(unread)} stored tensor(s) are not in the "
+        f"state and were not read ({shown}): a layer removed since the save? "
+        "(LoadInfo.unexpected_keys lists them)"
+    )
 
 
 def _fall_back_or_raise(mgr: CheckpointManager, e: Exception) -> CheckpointError:
