@@ -215,7 +215,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _json_before_path(list(sys.argv[1:] if argv is None else argv))
     args = _parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _terminate)  # clean up as after Ctrl-C
     try:
@@ -227,6 +227,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _json_before_path(argv: list[str]) -> list[str]:
+    """``check --json ROOT``: an existing directory after ``--json`` is the path, not the file.
+
+    ``--json`` takes an optional FILE, so argparse gave it the path and then asked for the
+    path (exit 2). No report can be written over a directory, so the reading is unambiguous.
+    """
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a == "--json" and not out[i + 1].startswith("-") and Path(out[i + 1]).is_dir():
+            out[i] = "--json=-"
+    return out
 
 
 def _terminate(signum: int, frame: object) -> None:

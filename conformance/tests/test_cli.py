@@ -52,6 +52,9 @@ def test_check_exit_codes_and_reports(dirs: tuple[Path, Path], fast_tmp: Path) -
     bad = _run(["check", "--deep", str(target), "--json"], cwd, tmp)
     assert bad.returncode == 1
     doc = json.loads(bad.stdout)
+    # --json before the path: the path is not taken for the report file (it was exit 2)
+    same = _run(["check", "--deep", "--json", str(target)], cwd, tmp)
+    assert same.returncode == 1 and json.loads(same.stdout)["errors"] == doc["errors"]
     assert doc["exit_code"] == 1 and not doc["ok"]
     assert invalid["code"] in {e["code"] for e in doc["errors"]}
     (fail,) = doc["failures"]
