@@ -146,6 +146,11 @@ def _print_writer(report: RunReport, args: argparse.Namespace) -> None:
               f"  case directory: {f.case_dir}\n  replay: {f.replay}", file=out)
     for w in report.warnings:
         print(f"warning: {w}", file=out)
+    shrink = report.info.get("shrink_seconds") or {}
+    if sum(shrink.values()) >= 1:
+        spent = ", ".join(f"{s} {t:.0f} s" for s, t in shrink.items())
+        print(f"minimising the failures took {spent} (bound it with --shrink-time SECONDS, or "
+              "--no-shrink in CI)", file=out)
     counts = ", ".join(f"{s} {n['passed']}/{n['passed'] + n['failed']}"
                        + (f" ({n['skipped']} not checked)" if n["skipped"] else "")
                        for s, n in report.counts().items())

@@ -421,6 +421,10 @@ def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
     except Exception:  # the failure (or hypothesis' Flaky) is in `results` with its case
         if not any(r.failed for r in results) and not infra:
             raise
+    finally:
+        if failed_at:  # the time spent minimising a failure, which no case's seconds show
+            shrink = run.report.info.setdefault("shrink_seconds", {})
+            shrink[suite] = round(shrink.get(suite, 0.0) + time.monotonic() - failed_at[0], 1)
     if infra:
         raise infra[0]
     _collect(run, results, log)
