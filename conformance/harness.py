@@ -361,7 +361,15 @@ class _Run:
         t0 = time.monotonic()
         try:
             fn(d, details)
-        except (InfrastructureError, SchemasUnavailable):
+        except InfrastructureError as exc:
+            if "past --timeout" in str(exc):  # a hang may be the writer's: keep the evidence
+                self.keep.add(d)
+                raise InfrastructureError(
+                    f"{exc}; case directory {d} (kept), seed {self.seed}; replay: "
+                    f"{self.replay_line(d)}"
+                ) from None
+            raise
+        except SchemasUnavailable:
             raise
         except Exception as exc:  # any failure of the adapter's output is the case's failure
             msg = str(exc) if isinstance(exc, HarnessFailure) else \

@@ -126,6 +126,11 @@ def test_zero_cases_usage_and_infrastructure_codes(dirs: tuple[Path, Path]) -> N
     hang = _run(["writer", *QUICK, "--timeout", "2", "--", sys.executable, "-c",
                  "import time; time.sleep(60)"], cwd, tmp)
     assert hang.returncode == 4 and "--timeout" in hang.stderr
+    # a hang may be the writer's own: its case is kept and named, with the seed and a replay
+    kept = hang.stderr.split("case directory ", 1)[1].split(" (kept)", 1)[0]
+    assert Path(kept).is_dir() and "seed " in hang.stderr and "--replay" in hang.stderr
+    for left in tmp.iterdir():  # the kept case, which the fixture would call a leftover
+        shutil.rmtree(left)
     # tracing required (the default) but no strace on PATH
     no_strace = _run(["writer", *QUICK[:-2], "--", *MINIMAL_WRITER], cwd, tmp, PATH=str(cwd))
     assert no_strace.returncode == 4 and "--tracing auto" in no_strace.stderr
