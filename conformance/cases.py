@@ -188,10 +188,11 @@ def exercising(case: SaveCase) -> SaveCase:
 
     A stratum's case must reach the writer's code for its codec even where hypothesis draws its
     simplest state (no tensors, no entries): ranges of ``case.codec``, and an entry encoded
-    ``json+zstd`` for ``zstd`` (``json`` for ``none``). It also holds a 10,400-byte tensor whose
-    first 8,000 bytes one writer stores, so its data file spans three 4 KiB checksum blocks
-    with a partial last one (the checksum of block 1 onward, and the block size itself, were
-    never tested: every drawn tensor fits one block).
+    ``json+zstd`` for ``zstd`` (``json`` for ``none``). It holds a tensor of every dtype (a
+    writer that mislabels one dtype failed only when a random draw happened to use it), and a
+    10,400-byte tensor whose first 8,000 bytes one writer stores, so its data file spans three
+    4 KiB checksum blocks with a partial last one (the checksum of block 1 onward, and the
+    block size itself, were never tested: every drawn tensor fits one block).
     """
     if not any(t.boxes for t in case.tensors):
         case.tensors.append(TensorSpec(EXERCISE_NAME, "float32", [16, 4], case.step,
@@ -201,6 +202,10 @@ def exercising(case: SaveCase) -> SaveCase:
         case.tensors.append(TensorSpec(EXERCISE_BLOCKS, "float32", [2600], case.step + 1,
                                        [([0], [2000], 0),
                                         ([2000], [600], case.num_writers - 1)]))
+    have = {t.dtype for t in case.tensors if t.boxes}
+    for i, dtype in enumerate(d for d in DTYPES if d not in have):  # every dtype, every run
+        case.tensors.append(TensorSpec(f"{EXERCISE_NAME}.{dtype}", dtype, [3], case.step + 2 + i,
+                                       [([0], [3], i % case.num_writers)]))
     encoding = "json+zstd" if case.codec == "zstd" else "json"
     if not any(e.encoding == encoding for e in case.entries):
         case.entries.append(EntrySpec(EXERCISE_NAME, {"id": "pck:json/1"}, "global", encoding,

@@ -200,7 +200,9 @@ def _save(adapter: Adapter, case: SaveCase, root: Path, jobdir: Path,
     if c.rc != 0:
         raise HarnessFailure(f"commit failed (exit {c.rc}, {c.code}) on {case.summary()}: "
                              f"{c.tail()}")
-    verify_saved(root, aid, case)
+    warned = verify_saved(root, aid, case)
+    if details is not None and warned:  # the checker's warnings reach the writer's report
+        details.setdefault("warnings", []).extend(f"checker: {w}" for w in warned)
     _trace_check(outs, c, adapter, root, aid, details)
     return _Saved(aid, outs, c)
 

@@ -46,8 +46,13 @@ def _check_codecs(codecs: dict[str, list[str]], case: SaveCase) -> None:
                                  "conformance/README.md)")
 
 
-def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> None:
-    """Check a committed version deeply and compare it element by element with ``case``."""
+def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> list[str]:
+    """Check a committed version deeply and compare it element by element with ``case``.
+
+    Returns the checker's warnings (allowed, but suspicious for a writer: a ``format_version``
+    1.1 without a 1.1 feature, a file of the attempt that ``files`` does not list), with the
+    attempt id written ``<attempt>`` so that one defect is one warning of the run.
+    """
     vdir = root / attempt_id
     if not (vdir / "manifest.json").is_file():
         raise HarnessFailure(f"{attempt_id} has no manifest.json after a successful commit")
@@ -94,6 +99,7 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> None:
                            decl.get("world_size_policy")],
                           [e.scope, e.encoding, e.schema, e.policy]):
             raise HarnessFailure(f"entry {e.name!r}: declaration {decl} does not match the job")
+    return [w.message.replace(attempt_id, "<attempt>") for w in rep.warnings]
 
 
 def publish_invariants(root: Path, allowed: dict[str, SaveCase], expect_latest: str) -> None:

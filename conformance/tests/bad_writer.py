@@ -199,6 +199,14 @@ def _no_writer_check() -> Any:
     return do_commit
 
 
+def _stray_lock(orig: Any) -> Any:
+    def write_file(path: Path, data: bytes) -> None:
+        orig(path, data)
+        if path.suffix == ".safetensors":
+            orig(path.with_name(f".{path.stem}.lock"), b"locked")
+    return write_file
+
+
 def _chained_crcs(data: bytes, block_size: int) -> dict[str, Any]:
     """Block CRCs that continue from the previous block's: right for a one-block file only."""
     crcs = [f"{mw.crc32c(data[:i + block_size]):08x}" for i in range(0, len(data), block_size)]
@@ -252,6 +260,8 @@ def _apply(mode: str) -> None:
         mw.merge_indexes = _trusting_merge
     elif mode == "wrong-crc":  # CRC-32 (zlib) where §6 says CRC-32C
         mw.crc32c = zlib.crc32
+    elif mode == "stray-file":  # a lock file left in the attempt, in no document (R-FILES-1)
+        mw.write_file = _stray_lock(mw.write_file)
     elif mode == "crc-block-chain":  # each block's CRC continues the previous one (§6)
         mw.file_record = _chained_crcs
     elif mode == "one-block":  # one CRC over the whole file, whatever its block size (§6)

@@ -27,6 +27,7 @@ from conformance.cases import (
 )
 from conformance.committer import REFUSALS, run_commit_twice, run_refusal
 from conformance.harness import check_writer, run_crash_case, run_save_case
+from conformance.spec import DTYPES
 from conformance.trace import tracing_status
 from conformance.verify import HarnessFailure
 
@@ -79,6 +80,7 @@ def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObjec
     case: SaveCase = data.draw(save_cases(3, (codec,), exercise=True))
     assert case.codec == codec and any(t.boxes for t in case.tensors) and case.num_writers >= 2
     assert any(e.encoding == ("json+zstd" if codec == "zstd" else "json") for e in case.entries)
+    assert {t.dtype for t in case.tensors if t.boxes} == set(DTYPES)  # every dtype, every run
     [blocks] = [t for t in case.tensors if t.key == EXERCISE_BLOCKS]  # > 2 blocks on writer 0
     assert blocks.boxes[0] == ([0], [2000], 0)
     assert len({t.key for t in case.tensors}) == len(case.tensors)
@@ -344,3 +346,16 @@ def test_the_report_says_how_long_minimising_took(bad: pytest.MonkeyPatch, fast_
     spent = report.info["shrink_seconds"]["writer.save"]
     assert 0 <= spent <= 2.0 + 60  # the bound, plus the one case running when it passed
     assert report.to_json()["shrink_seconds"] == report.info["shrink_seconds"]
+
+
+def test_the_checkers_warnings_reach_the_writers_report(bad: pytest.MonkeyPatch,
+                                                        fast_tmp: Path) -> None:
+    """A durable file of the attempt that ``files`` does not list (R-FILES-1) passed with no
+    word: ``check`` warned, the writer suite dropped its warnings (adopter review F3)."""
+    bad.setenv("PCK_BAD_MODE", "stray-file")
+    details: dict[str, object] = {}
+    run_save_case(adapter(BAD_WRITER, trace=False), explicit_case(), fast_tmp, details=details)
+    warned = details.get("warnings")
+    assert isinstance(warned, list) and any("is not listed in files" in w for w in warned), warned
+    assert all(w.startswith("checker: ") and "<attempt>" in w for w in warned), warned
+
