@@ -13,6 +13,7 @@ stores none of it, spec §14.1; a zero-size tensor declared by two writers).
 from __future__ import annotations
 
 import copy
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from conformance.cases import EntrySpec, SaveCase, TensorSpec, new_attempt_id
 from conformance.craft import Crafted, craft_attempt
 from conformance.jobs import commit_job
 from conformance.procs import Adapter, Outcome
+from conformance.reader import timestamp_key
 from conformance.trace import (
     FsEvent,
     committer_problems,
@@ -281,6 +283,40 @@ def run_valid_commit(adapter: Adapter, workdir: Path, tables: bool = False,
         if details is not None and advice:
             details.setdefault("warnings", []).extend(f"committer: {a}" for a in advice)
     return case, root, aid
+
+
+#: ``committed_at`` planted in the first version of a step for :func:`run_commit_same_step`:
+#: later than any clock, as after an NTP step back.
+FUTURE_COMMIT = "2099-01-01T00:00:00.000000Z"
+
+
+def run_commit_same_step(adapter: Adapter, workdir: Path, tables: bool = False,
+                         details: dict[str, Any] | None = None) -> None:
+    """R-COMMIT-16: a second version of a step commits after the first, whatever the clock.
+
+    The first version (committed by the adapter) is made to claim a ``committed_at`` in 2099;
+    the second attempt of the same step must claim a later one, or the older save would stay
+    the step's newest (§3) and ``gc --keep 1`` would delete the new one.
+    """
+    case, root, first = run_valid_commit(adapter, workdir, tables, details)
+    manifest = root / first / "manifest.json"
+    doc = json.loads(manifest.read_bytes())
+    doc["committed_at"] = FUTURE_COMMIT
+    manifest.write_text(json.dumps(doc, separators=(",", ":")))
+    aid = new_attempt_id(case.step)
+    craft_attempt(case, aid).write(root)
+    o = adapter.run(commit_job(case, workdir / "jobs", root, aid, name="commit-same-step.json"))
+    if o.rc != 0:
+        raise HarnessFailure(f"the committer refused a second attempt of step {case.step} "
+                             f"(exit {o.rc}, {o.code}): {o.tail()}")
+    verify_saved(root, aid, case)
+    got = json.loads((root / aid / "manifest.json").read_bytes()).get("committed_at")
+    if not isinstance(got, str) or timestamp_key(got) <= timestamp_key(FUTURE_COMMIT):
+        raise HarnessFailure(
+            f"the second version of step {case.step} has committed_at {got!r}, not after the "
+            f"{FUTURE_COMMIT!r} of the step's first version {first} (R-COMMIT-16: one "
+            "microsecond after every version of the step that the committer can read, "
+            "whatever its clock says)")
 
 
 def run_commit_twice(adapter: Adapter, workdir: Path, tables: bool = False,

@@ -55,6 +55,7 @@ from conformance.checker import check
 from conformance.committer import (
     REFUSALS,
     Refusal,
+    run_commit_same_step,
     run_commit_twice,
     run_refusal,
     run_valid_commit,
@@ -510,6 +511,10 @@ def _committer_suite(run: _Run) -> None:
         "writer.committer", "PCK-COMMIT-CONFLICT: second commit of a committed attempt",
         {"kind": "committer", "name": "commit-twice", "tables": False},
         lambda d, det: run_commit_twice(run.adapter, d, details=det)))
+    run.report.cases.append(run.run_case(
+        "writer.committer", "R-COMMIT-16: a second version of a step commits after the first",
+        {"kind": "committer", "name": "same-step", "tables": False},
+        lambda d, det: run_commit_same_step(run.adapter, d, details=det)))
     for r in REFUSALS:
         def refuse(d: Path, det: dict[str, Any], r: Refusal = r) -> None:
             run_refusal(run.adapter, r, d)
@@ -602,6 +607,9 @@ def _replay_setup(case_dir: Path, meta: dict[str, Any], cmd: list[str] | None, t
         elif name == "commit-twice":
             def fn(d: Path, det: dict[str, Any]) -> None:
                 run_commit_twice(run.adapter, d, tables, det)
+        elif name == "same-step":
+            def fn(d: Path, det: dict[str, Any]) -> None:
+                run_commit_same_step(run.adapter, d, tables, det)
         else:
             refusal = next(r for r in REFUSALS if r.name == name)
 

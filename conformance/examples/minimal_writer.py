@@ -29,6 +29,7 @@ Usage (adapter protocol of conformance/README.md): ``minimal_writer.py JOB.json`
 
 from __future__ import annotations
 
+import calendar
 import json
 import math
 import os
@@ -334,9 +335,42 @@ def _coverage(key: str, shape: list[int], ranges: list[dict[str, Any]]) -> None:
         raise Fail("PCK-COVERAGE-GAP", f"{key}: elements not covered")
 
 
-def _now() -> str:
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+def _epoch_us(stamp: object) -> int | None:
+    """Microseconds since 1970 of a §5 timestamp (a finer fraction is cut), ``None`` if none."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        base = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, TypeError):
+        return None
+    frac = stamp[20:-1] if len(stamp) > 20 and stamp[19] == "." else ""
+    return base * 1_000_000 + int((frac + "000000")[:6] or 0)
+
+
+def committed_at(root: Path, aid: str) -> str:
+    """R-COMMIT-16: now, but one microsecond after every version of this step under the root.
+
+    An attempt without a record, or with one that is not JSON, is no version; a record that
+    cannot be read (a storage error) stops the commit.
+    """
+    us = int(time.time() * 1_000_000)
+    prefix = aid.split("-", 1)[0] + "-"
+    for d in root.iterdir():
+        if d.name == aid or not d.name.startswith(prefix):
+            continue
+        try:
+            rec = json.loads((d / "manifest.json").read_bytes())
+        except FileNotFoundError:
+            continue
+        except ValueError:
+            continue  # invalid: no version
+        except OSError as exc:
+            raise Fail("PCK-STORAGE", f"cannot order the commit after {d.name}: {exc}") from None
+        claimed = _epoch_us(rec.get("committed_at")) if isinstance(rec, dict) else None
+        if claimed is not None:
+            us = max(us, claimed + 1)
+    t, frac = divmod(us, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{frac:06d}Z"
 
 
 def merge_indexes(job: dict[str, Any], adir: Path) -> tuple[dict[str, Any], ...]:
@@ -455,7 +489,7 @@ def do_commit(job: dict[str, Any]) -> None:
         "attempt_id": aid, "step": job["step"],
         "created_at": f"{created[0:4]}-{created[4:6]}-{created[6:8]}T{created[9:11]}:"
                       f"{created[11:13]}:{created[13:15]}.{created[15:21]}Z",
-        "committed_at": _now(),
+        "committed_at": committed_at(Path(job["root"]), aid),
         "producer": {"name": "conformance-minimal-writer", "version": "1.1"},
         "continuation": job["continuation"], "files": dict(sorted(files.items())),
         "tensors": {} if table else tensors, "entries": entries,

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,11 @@ def _no_writer_check() -> Any:
     return do_commit
 
 
+def _clock_only(root: Path, aid: str) -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
 def _stray_lock(orig: Any) -> Any:
     def write_file(path: Path, data: bytes) -> None:
         orig(path, data)
@@ -260,6 +266,8 @@ def _apply(mode: str) -> None:
         mw.merge_indexes = _trusting_merge
     elif mode == "wrong-crc":  # CRC-32 (zlib) where §6 says CRC-32C
         mw.crc32c = zlib.crc32
+    elif mode == "ignore-same-step":  # committed_at from the clock alone (R-COMMIT-16)
+        mw.committed_at = _clock_only
     elif mode == "stray-file":  # a lock file left in the attempt, in no document (R-FILES-1)
         mw.write_file = _stray_lock(mw.write_file)
     elif mode == "crc-block-chain":  # each block's CRC continues the previous one (§6)

@@ -359,3 +359,20 @@ def test_the_checkers_warnings_reach_the_writers_report(bad: pytest.MonkeyPatch,
     assert isinstance(warned, list) and any("is not listed in files" in w for w in warned), warned
     assert all(w.startswith("checker: ") and "<attempt>" in w for w in warned), warned
 
+
+@pytest.mark.parametrize(("mode", "passes"), [("", True), ("ignore-same-step", False)])
+def test_a_second_version_of_a_step_commits_after_the_first(
+    mode: str, passes: bool, bad: pytest.MonkeyPatch, fast_tmp: Path
+) -> None:
+    """R-COMMIT-16 was never tested (adopter review F2): a committer that takes committed_at
+    from its clock alone passed, though after an NTP step back its new save sorts before the
+    step's older one."""
+    from conformance.committer import run_commit_same_step
+
+    bad.setenv("PCK_BAD_MODE", mode)
+    if passes:
+        run_commit_same_step(adapter(BAD_WRITER, trace=False), fast_tmp)
+        return
+    with pytest.raises(HarnessFailure, match="R-COMMIT-16"):
+        run_commit_same_step(adapter(BAD_WRITER, trace=False), fast_tmp)
+

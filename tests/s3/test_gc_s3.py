@@ -149,3 +149,22 @@ def test_folder_markers_and_control_keys_are_foreign_and_kept(s3: S3Env) -> None
     rep2 = gc(root, keep=1, grace_seconds=0.0)
     assert rep2.deleted == [] and rep2.abandoned == [], rep2.to_json()
     assert portable_ckpt.open(root).id == ids[2]
+
+
+def test_ls_shows_an_attempt_that_is_only_unfinished_uploads(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A save killed while its only object was uploading: its parts are stored (and billed),
+    but ``ls`` said the root held one version (SRE review F4); gc already found it."""
+    from portable_ckpt.cli.main import main
+
+    monkeypatch.setenv("PCK_S3_PART_SIZE", str(5 << 20))
+    root = s3.root("run")
+    keep = _save(root, 1)
+    dead = new_attempt_id(2)
+    _start_upload(open_storage(root), dead, "w00000-0000.safetensors")
+    assert main(["ls", root, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(v["id"], v["status"]) for v in doc["versions"]] == [(keep, "committed"),
+                                                                 (dead, "incomplete")]
+    assert [v.id for v in list_versions(root)] == [keep]  # readers still list versions only

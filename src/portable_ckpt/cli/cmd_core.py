@@ -40,12 +40,23 @@ def _size(n: int) -> str:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from portable_ckpt.io.versions import foreign_keys, list_versions, root_must_exist
+    from portable_ckpt.io.versions import (
+        foreign_keys,
+        list_versions,
+        root_must_exist,
+        upload_only_attempts,
+    )
     from portable_ckpt.storage import open_storage
 
     storage = open_storage(args.root)
     root_must_exist(storage)
     versions = list_versions(storage)
+    try:  # a save killed while all its objects were uploading: only its parts are stored
+        extra = upload_only_attempts(storage, {v.id for v in versions})
+        if extra:  # by step, as the listing (never between versions of one step)
+            versions = sorted(versions + extra, key=lambda v: v.step)
+    except CheckpointError as exc:
+        print(f"portable-ckpt: WARNING: unfinished uploads not listed: {exc}", file=sys.stderr)
     foreign = foreign_keys(storage)
     if args.json:
         doc = {

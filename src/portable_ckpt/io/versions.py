@@ -82,6 +82,7 @@ __all__ = [
     "read_annotations",
     "write_drill_record",
     "record_verification",
+    "upload_only_attempts",
     "write_verification_record",
 ]
 
@@ -1032,17 +1033,30 @@ def _known_versions(
             report.foreign_keys.append(f"{v.id}/manifest.json")
         else:
             out.append(v)
-    listed = {v.id for v in versions}
     try:
-        uploads = storage.list_uploads("")
+        out += upload_only_attempts(storage, {v.id for v in versions})
     except StorageError as exc:
         report.skip(None, UNREADABLE, exc)  # attempts seen only as uploads stay unknown
-        return out
-    for name in sorted({u.path.split("/", 1)[0] for u in uploads} - listed):
-        if ATTEMPT_ID_RE.match(name):
-            path = f"{storage.url.rstrip('/')}/{name}"
-            out.append(VersionInfo(name, _step_of(name), INCOMPLETE, path))
     return out
+
+
+def upload_only_attempts(storage: Storage, listed: Collection[str]) -> list[VersionInfo]:
+    """Attempts not in ``listed`` that exist only as unfinished uploads (status incomplete).
+
+    On an object store a save whose objects are all still being uploaded is invisible to
+    listings: a killed writer's parts stay stored (and billed) until gc aborts them.
+
+    Raises:
+        StorageError: the unfinished uploads could not be listed.
+
+    """
+    names = {u.path.split("/", 1)[0] for u in storage.list_uploads("")} - set(listed)
+    base = storage.url.rstrip("/")
+    return [
+        VersionInfo(n, _step_of(n), INCOMPLETE, f"{base}/{n}")
+        for n in sorted(names)
+        if ATTEMPT_ID_RE.match(n)
+    ]
 
 
 def _retention(
