@@ -144,3 +144,22 @@ def test_copy_into_the_source_root_is_refused(tmp_path: Path) -> None:
     assert _tree(src) == before  # nothing created, no copy record
     # A sibling whose name merely starts like the source's is another root.
     assert copy_version(str(src), str(tmp_path / "src-backup")).record is not None
+
+
+def test_a_copy_that_may_be_in_progress_is_a_conflict_not_a_usage_error(tmp_path: Path) -> None:
+    """After a killed copy, retries were refused for the grace period as PCK-USAGE (exit 2,
+    "wrong arguments"), which automation cannot tell from a real usage error (SRE review F3).
+    It is PCK-COMMIT-CONFLICT (exit 1), naming when to retry; a quiet leftover is replaced."""
+    from portable_ckpt.cli.main import main
+    from portable_ckpt.errors import CommitConflictError
+
+    m = portable_ckpt.save_arrays(tmp_path / "src", {"w": np.arange(8.0)}, step=1)
+    left = tmp_path / "dst" / m.attempt_id / "data"
+    left.mkdir(parents=True)
+    (left / "w00000-0000.safetensors").write_bytes(b"half a copy")  # a copy killed just now
+    src = str(tmp_path / "src" / m.attempt_id)
+    with pytest.raises(CommitConflictError, match=r"retry in \d+s"):
+        copy_version(src, str(tmp_path / "dst"))
+    assert main(["copy", src, str(tmp_path / "dst")]) == 1
+    copy_version(src, str(tmp_path / "dst"), partial_grace_s=0)  # no copy runs: replaced
+    assert portable_ckpt.open(tmp_path / "dst").verify(deep=True) == []

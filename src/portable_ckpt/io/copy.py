@@ -306,10 +306,14 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
     newest = max(i.mtime for i in leftovers)
     age = time.time() - newest
     if not force and age < grace_s:
-        raise UsageError(
+        # A state of the destination, not a wrong argument: automation retrying a copy after
+        # a crash tells "busy" (PCK-COMMIT-CONFLICT) from a usage error (PCK-USAGE).
+        raise CommitConflictError(
             f"{dst.url}/{attempt} holds {len(leftovers)} files of an uncommitted copy written "
-            f"{age:.0f}s ago: another copy may be in progress; wait, or pass force=True "
-            "(--force) to replace them"
+            f"{age:.0f}s ago: another copy may be in progress; retry in "
+            f"{max(1.0, grace_s - age):.0f}s, or pass force=True (--force) to replace them "
+            "if no other copy runs",
+            path=f"{dst.url}/{attempt}",
         )
     dst.delete_prefix(f"{attempt}/")
 
