@@ -115,7 +115,7 @@ def test_minimal_writer_imports_only_stdlib_numpy_safetensors() -> None:
     src = (REPO / "conformance" / "examples" / "minimal_writer.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in src.splitlines()
                if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "json", "math", "os", "struct", "sys", "time", "pathlib",
+    assert imports <= {"__future__", "calendar", "json", "math", "os", "struct", "sys", "time", "pathlib",
                        "typing", "numpy", "safetensors"}, imports
 
 
