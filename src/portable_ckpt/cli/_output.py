@@ -68,10 +68,18 @@ class _TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
+#: Events the CLI says in its own words: shown only with ``-v``.
+_SAID_BY_THE_CLI = ("gc.damaged",)
+
+
 def _not_refusals(record: logging.LogRecord) -> bool:
-    """Drop ``<op>.refused`` events: the CLI prints the error itself (with ``-v`` both show)."""
+    """Drop events the CLI says in its own words; with ``-v`` both show.
+
+    ``<op>.refused`` (the CLI prints the error) and :data:`_SAID_BY_THE_CLI`.
+    """
     doc = getattr(record, EVENT_ATTR, None)
-    return not (isinstance(doc, dict) and str(doc.get("event", "")).endswith(".refused"))
+    event = str(doc.get("event", "")) if isinstance(doc, dict) else ""
+    return not (event.endswith(".refused") or event in _SAID_BY_THE_CLI)
 
 
 @contextmanager

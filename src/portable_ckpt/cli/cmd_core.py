@@ -282,8 +282,9 @@ def _gc(args: argparse.Namespace) -> int:
         verb = "would delete" if args.dry_run else "deleted"
         for v in rep.deleted:
             print(f"{verb}  {v}")
+        what = "no valid commit record" if args.delete_invalid else "abandoned attempt"
         for v in rep.abandoned:
-            print(f"{verb}  {v}  (abandoned attempt)")
+            print(f"{verb}  {v}  ({what})")
         for v in rep.foreign:
             print(f"kept    {v}  (foreign: written by a newer format version)")
         for g in rep.in_grace:

@@ -886,8 +886,9 @@ class GcReport:
 
     def damage(self, v: VersionInfo) -> None:
         """Record a kept attempt whose commit record is invalid (R-GC-10)."""
-        message = (v.error or "invalid commit record")[:2000]
-        self.damaged.append({"id": v.id, "code": v.error_code or "PCK-SCHEMA", "message": message})
+        code = v.error_code or "PCK-SCHEMA"
+        message = (v.error or "invalid commit record").removeprefix(f"[{code}] ")[:2000]
+        self.damaged.append({"id": v.id, "code": code, "message": message})
 
     def skip(
         self,
