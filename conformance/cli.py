@@ -161,6 +161,60 @@ def _print_writer(report: RunReport, args: argparse.Namespace) -> None:
           file=out)
 
 
+# -------------------------------------------------------------------------------- vectors
+def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
+    """Check every golden vector (or one set): the installed suite proves itself first.
+
+    A valid vector must be conformant, shallow and deep; an invalid one must be refused with
+    exactly its code (by the deep check where only that finds it), as R-VERSION-13 asks.
+    """
+    import tempfile
+
+    from conformance.checker import check
+    from conformance.schemas import SchemasUnavailable
+    from conformance.vectors import VECTOR_DIRS, all_cases, materialize
+
+    if args.set is not None and args.set not in VECTOR_DIRS:
+        print(f"error: --set must be one of {', '.join(VECTOR_DIRS)}", file=sys.stderr)
+        return EXIT_USAGE
+    report = RunReport("vectors", argv)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pck-vectors-") as tmp:
+        for version, vdir, case in all_cases():
+            if args.set not in (None, version):
+                continue
+            t1 = time.monotonic()
+            target = materialize(case, Path(tmp) / version, vdir)
+            problems: list[str] = []
+            try:
+                for deep in (False, True):
+                    rep = check(target, deep=deep, schema_dir=args.schemas)
+                    how = "check --deep" if deep else "check"
+                    if case["valid"] and not rep.ok:
+                        problems.append(f"{how} refused a valid vector: "
+                                        + "; ".join(f"{e.code}: {e.message}" for e in rep.errors[:3]))
+                    elif not case["valid"] and (deep or not case.get("deep")) \
+                            and rep.codes != {case["code"]}:
+                        problems.append(f"{how}: expected exactly {case['code']}, got "
+                                        f"{sorted(rep.codes) or 'conformant'}")
+            except SchemasUnavailable as exc:
+                return _abort(report, args, EXIT_NOTHING, f"error: {exc}")
+            report.cases.append(CaseResult(
+                "vectors", f"{version}/{case['name']}", "failed" if problems else "passed",
+                "\n".join(problems), time.monotonic() - t1,
+                details={"valid": case["valid"], "code": case.get("code")}))
+    report.seconds = time.monotonic() - t0
+    failed = [c for c in report.cases if c.failed]
+    report.exit_code = EXIT_NONCONFORMANT if failed else EXIT_OK
+    out = sys.stderr if args.json == "-" else sys.stdout
+    for c in failed:
+        print(f"FAIL {c.name}\n  {c.message}", file=out)
+    verdict = "the checker agrees with" if not failed else f"the checker DISAGREES on {len(failed)} of"
+    print(f"{verdict} {len(report.cases)} golden vectors in {report.seconds:.1f}s", file=out)
+    _emit(report, args)
+    return report.exit_code
+
+
 # ----------------------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -177,6 +231,13 @@ def _parser() -> argparse.ArgumentParser:
                    "(default: $PCK_SPEC_SCHEMAS, the package's copy, or spec/schemas)")
     _report_args(c)
     c.set_defaults(func=_cmd_check)
+    v = sub.add_parser("vectors", formatter_class=fmt,
+                       help="check every golden vector: proves an installed suite before CI "
+                       "trusts its verdicts (exit 0: all agree)")
+    v.add_argument("--set", default=None, help="one vector set (1.0, 1.1, errata-1, ...)")
+    v.add_argument("--schemas", default=None, help="directory of the spec's JSON Schemas")
+    _report_args(v)
+    v.set_defaults(func=_cmd_vectors)
     w = sub.add_parser("writer", formatter_class=fmt,
                        help="drive a writer and committer through the adapter protocol")
     w.add_argument("--examples", type=int, default=10, help="generated save cases (0, or at least one per "

@@ -137,6 +137,10 @@ def test_installed_check_and_writer_outside_the_repository(installed: tuple[Path
     bad = _tool(venv, "check", "--deep", str(outside / invalid["name"] / invalid["target"]),
                 cwd=outside)
     assert bad.returncode == 1 and invalid["code"] in bad.stdout
+    # the installed suite proves itself on every golden vector it ships (adopter review F13)
+    vec = _tool(venv, "vectors", cwd=outside)
+    assert vec.returncode == 0 and "the checker agrees with" in vec.stdout, vec.stdout + vec.stderr
+    assert int(vec.stdout.split("agrees with ")[1].split()[0]) >= 198
     before = sorted(p.name for p in outside.iterdir())
     w = _tool(venv, "writer", "--examples", "1", "--codec", "zstd", "--crash-examples", "0",
               "--no-committer", "--tracing", "auto", "--", str(venv / "bin" / "python"),
