@@ -15,7 +15,7 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.cli.main import main as cli_main
-from portable_ckpt.errors import ChecksumError, NotFoundError, UsageError
+from portable_ckpt.errors import ChecksumError, CommitConflictError, NotFoundError, UsageError
 from portable_ckpt.io.copy import copy_version, copy_version_async, shutdown_background_copies
 from portable_ckpt.storage import open_storage
 
@@ -158,7 +158,7 @@ def test_killed_copy_to_local_then_rerun(s3: S3Env, tmp_path: Path) -> None:
     (dst / attempt / "data").mkdir(parents=True)
     (dst / attempt / "data" / "w00000-0000.safetensors").write_bytes(b"partial")
     assert portable_ckpt.list_versions(str(dst))[0].status == "incomplete"
-    with pytest.raises(UsageError, match="in progress"):
+    with pytest.raises(CommitConflictError, match="in progress"):  # busy, not a usage error
         copy_version(remote, str(dst))
     res = copy_version(remote, str(dst), force=True)
     assert _files(remote, attempt) == _files(str(dst), attempt)
