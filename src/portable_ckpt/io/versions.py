@@ -82,6 +82,7 @@ __all__ = [
     "read_annotations",
     "write_drill_record",
     "record_verification",
+    "sampled_chunks",
     "upload_only_attempts",
     "write_verification_record",
 ]
@@ -440,6 +441,11 @@ def write_verification_record(
     return _write_annotation(storage, attempt_id, "verifications", ident, rec)
 
 
+def sampled_chunks(chunks: int, fraction: float) -> int:
+    """How many of ``chunks`` range records a sample of ``fraction`` reads (at least one)."""
+    return min(chunks, max(1, -(-int(chunks * fraction * 1e6) // 1_000_000))) if chunks else 0
+
+
 def record_verification(
     ck: Any,
     errors: list[CheckpointError],
@@ -463,7 +469,7 @@ def record_verification(
         return None
     chunks = sum(len(t.ranges) for t in ck.tensors.values())
     if mode == "sample" and fraction is not None:
-        chunks = min(chunks, max(1, -(-int(chunks * fraction * 1e6) // 1_000_000))) if chunks else 0
+        chunks = sampled_chunks(chunks, fraction)
     return write_verification_record(
         ck.storage, ck.id, ok=not errors, mode=mode, fraction=fraction, chunks=chunks,
         seed=seed, errors=damage[:64], verifier=verifier,

@@ -300,7 +300,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
     if mgr.verify_sample <= 0:
         return None
     import portable_ckpt
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.versions import sampled_chunks, write_verification_record
 
     seed = int.from_bytes(os.urandom(4), "big")
     try:
@@ -310,7 +310,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
     except CheckpointError as e:
         chunks, errors = 0, [e]
     ok = not errors
-    n = min(chunks, max(1, -(-int(chunks * mgr.verify_sample * 1e6) // 1_000_000)))
+    n = sampled_chunks(chunks, mgr.verify_sample)
     try:
         write_verification_record(
             tier.storage,
@@ -318,7 +318,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
             ok=ok,
             mode="sample",
             fraction=mgr.verify_sample,
-            chunks=n if chunks else 0,
+            chunks=n,
             seed=seed,
             errors=[x.to_json() for x in errors[:64]],
             verifier="portable_ckpt CheckpointManager",
@@ -330,7 +330,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
         tier=tier.name,
         checkpoint_id=attempt,
         fraction=mgr.verify_sample,
-        chunks=n if chunks else 0,
+        chunks=n,
         ok=ok,
         errors=[x.to_json() for x in errors[:8]],
     )

@@ -554,8 +554,10 @@ def _load_whole(stored: dict[str, Any], flat: FlatState) -> tuple[dict[str, Any]
     their lengths: a target made fresh (``history = []``) gets the saved history, never the
     target's positions only. Returns the values and a trie of their keys.
     """
-    tree = JsonTree(stored)
     empty = {k: v for k, v in flat.values.items() if isinstance(v, list | tuple | dict) and not v}
+    if not flat.lists and not empty:
+        return {}, KeyTrie()  # nothing to load whole: no copy of the stored leaves
+    tree = JsonTree(stored)
     loaded = {
         k: tree.value(k, node, item=not isinstance(node, dict))
         for k, node in {**flat.lists, **empty}.items()
