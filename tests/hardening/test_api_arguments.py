@@ -16,7 +16,7 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.cli.main import main
-from portable_ckpt.errors import NotFoundError, StorageError, UsageError
+from portable_ckpt.errors import CheckpointError, NotFoundError, StorageError, UsageError
 from portable_ckpt.io.versions import gc
 from portable_ckpt.storage import open_storage
 
@@ -74,8 +74,24 @@ def test_a_root_that_is_a_file_or_fifo_is_not_a_directory(
 def test_a_parent_that_is_a_file_is_named(tmp_path: Path) -> None:
     store = open_storage(tmp_path, create=True)
     (tmp_path / "copies").write_text("x")
-    with pytest.raises(StorageError, match="'copies' exists and is not a directory"):
+    with pytest.raises(StorageError, match="/copies' exists and is not a directory"):
         store.create_if_absent("copies/c.json", b"{}")
+    with pytest.raises(StorageError, match="/copies' exists and is not a directory") as info:
+        store.open_writer("copies/a/b.bin")  # was "file already exists; ... never overwrite"
+    assert str(tmp_path / "copies" / "a" / "b.bin") in str(info.value)
+
+
+def test_local_storage_errors_name_the_full_path(tmp_path: Path) -> None:
+    """With two roots at work (a copy), a relative path alone would not say which one failed."""
+    store = open_storage(tmp_path, create=True)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(CheckpointError) as info:
+        store.read_into("d", 0, memoryview(bytearray(4)))
+    assert str(tmp_path) in str(info.value)
+    (tmp_path / "short").write_bytes(b"ab")
+    with pytest.raises(CheckpointError) as info:
+        store.read_into("short", 0, memoryview(bytearray(4)))
+    assert repr(str(tmp_path / "short")) in str(info.value) and info.value.path == "short"
 
 
 def test_a_mistyped_root_is_named_as_such(tmp_path: Path) -> None:

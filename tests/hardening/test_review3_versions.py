@@ -177,8 +177,19 @@ def test_error_messages_are_escaped(tmp_path: Path) -> None:
 
 
 def test_the_escaping_helpers() -> None:
-    from portable_ckpt.cli._text import safe, safe_lines
+    from portable_ckpt.cli._text import safe
 
     assert safe("ok ünïcode") == "ok ünïcode"
     assert safe("a\nb\u202e\x7f") == "a\\x0ab\\u202e\\x7f"
-    assert safe_lines("a\nb\tc\x1b") == "a\nb\tc\\x1b"
+    assert safe("a\tb") == "a\\x09b"
+
+
+def test_a_path_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
+    """A newline in a path cannot forge a line of the CLI's output (an "OK" after the error)."""
+    forged = tmp_path / "missing\nOK  all versions verified"
+    for argv in (("ls", str(forged)), ("verify", str(forged)), ("gc", str(forged), "--keep", "1")):
+        p = _cli(*argv)
+        assert p.returncode == 1 and "PCK-NOT-FOUND" in p.stdout + p.stderr, argv
+        for line in (p.stdout + p.stderr).splitlines():
+            assert not line.startswith("OK"), (argv, line)
+        assert "missing\\x0aOK" in p.stdout + p.stderr, argv

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from portable_ckpt.cli._text import safe_lines
+from portable_ckpt.cli._text import safe
 from portable_ckpt.logs import EVENT_ATTR, LOGGER_NAME, Progress
 
 __all__ = ["add_output_options", "log_to_stderr", "progress_bar"]
@@ -55,7 +55,7 @@ def _write_line(text: str) -> None:
     from tqdm import tqdm
 
     # A line may quote names from the root: escaped like every other CLI text.
-    tqdm.write(safe_lines(text), file=sys.stderr)
+    tqdm.write(safe(text), file=sys.stderr)
 
 
 class _TqdmHandler(logging.Handler):

@@ -3,14 +3,14 @@
 Names and strings that come from a root (entry names found by a listing, manifest strings such as
 ``producer.name``, error messages quoting them) are written by whoever wrote the root. Printed as
 they are, an escape sequence among them sets the terminal's title, clears the screen or recolours
-what follows. The text CLI prints them through :func:`safe` (names, one-line values) or
-:func:`safe_lines` (messages: newlines and tabs kept); ``--json`` output is escaped by JSON
-itself.
+what follows. The text CLI prints them through :func:`safe`, messages included: a newline is escaped too, so
+a name holding one (a path given on the command line, a key in a hostile root) cannot start a line
+that looks like the CLI's own. ``--json`` output is escaped by JSON itself.
 """
 
 from __future__ import annotations
 
-__all__ = ["safe", "safe_lines"]
+__all__ = ["safe"]
 
 
 def _escape(ch: str) -> str:
@@ -32,10 +32,3 @@ def safe(text: object) -> str:
         return s
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in s)
 
-
-def safe_lines(text: object) -> str:
-    """Like :func:`safe`, but newlines and tabs are kept (multi-line messages stay readable)."""
-    s = str(text)
-    if s.isprintable():
-        return s
-    return "".join(ch if ch.isprintable() or ch in "\n\t" else _escape(ch) for ch in s)

@@ -10,7 +10,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
-from portable_ckpt.cli._text import safe, safe_lines
+from portable_ckpt.cli._text import safe
 
 __all__ = ["register"]
 
@@ -121,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2))
         return 0
     for w in report.warnings:
-        print(f"warning: {safe(w.item)}: {safe_lines(w.message)}", file=sys.stderr)
+        print(f"warning: {safe(w.item)}: {safe(w.message)}", file=sys.stderr)
     rate = report.bytes / max(report.seconds, 1e-9) / (1 << 20)
     print(
         f"converted {report.source_format} -> {report.target_format}: {report.tensors} tensors, "

@@ -9,7 +9,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
-from portable_ckpt.cli._text import safe, safe_lines
+from portable_ckpt.cli._text import safe
 from portable_ckpt.errors import CheckpointError
 
 __all__ = ["register"]
@@ -41,10 +41,10 @@ def _copy(args: argparse.Namespace) -> int:
         if res.record:
             print(f"  copy record: {safe(res.source.rsplit('/', 1)[0])}/{res.record}")
         if res.record_error:
-            print(f"  warning: copy record not written: {safe_lines(res.record_error)}",
+            print(f"  warning: copy record not written: {safe(res.record_error)}",
                   file=sys.stderr)
         for w in res.warnings:
-            print(f"  warning: {safe_lines(w)}", file=sys.stderr)
+            print(f"  warning: {safe(w)}", file=sys.stderr)
     return 0
 
 

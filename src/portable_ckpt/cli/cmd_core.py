@@ -11,7 +11,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
-from portable_ckpt.cli._text import safe, safe_lines
+from portable_ckpt.cli._text import safe
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.vocab import CODECS
 
@@ -229,7 +229,7 @@ def _verify(args: argparse.Namespace) -> int:
             )
         )
         for e in errors:
-            print(f"{e.code}  {safe_lines(e.message)}", file=sys.stdout)
+            print(f"{e.code}  {safe(e.message)}", file=sys.stdout)
         if record is not None and not args.quiet:  # stderr: stdout is problems + verdict
             print(f"portable-ckpt: recorded {safe(record)}" + ("" if ok else " (never restored "
                   "by a manager; gc keeps the newest versions that did not fail)"),
@@ -295,7 +295,7 @@ def _gc(args: argparse.Namespace) -> int:
         for d in rep.damaged:
             print(
                 f"kept    {d['id']}  (damaged: its commit record is invalid: [{d['code']}] "
-                f"{safe_lines(d['message'])[:300]})"
+                f"{safe(d['message'])[:300]})"
             )
         for v in rep.kept_for_copy:
             where = "" if args.require_copy is True else f" on {safe(args.require_copy)}"
@@ -311,7 +311,7 @@ def _gc(args: argparse.Namespace) -> int:
     for u in rep.unknown:
         what = u["id"] or "unfinished uploads"
         why = "could not delete it" if u["status"] == "delete failed" else "could not classify it"
-        print(f"portable-ckpt: skipped {what}: {why}: {safe_lines(u['message'])}", file=sys.stderr)
+        print(f"portable-ckpt: skipped {what}: {why}: {safe(u['message'])}", file=sys.stderr)
     if rep.damaged:
         print(
             f"portable-ckpt: gc kept {len(rep.damaged)} attempt(s) whose commit record is "

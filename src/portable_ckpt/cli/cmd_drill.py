@@ -8,7 +8,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
-from portable_ckpt.cli._text import safe, safe_lines
+from portable_ckpt.cli._text import safe
 
 __all__ = ["register"]
 
@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(f"  peak temporary memory per rank: {m['peak_temp_bytes_per_rank']} bytes")
     else:
-        print(f"  error: [{safe(rec['error']['code'])}] {safe_lines(rec['error']['message'])}")
+        print(f"  error: [{safe(rec['error']['code'])}] {safe(rec['error']['message'])}")
     if rec.get("path"):
         print(f"  record: {safe(rec['path'])}")
     return 0 if rec["ok"] else 1

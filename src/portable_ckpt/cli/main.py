@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from portable_ckpt import __version__
 from portable_ckpt.cli._output import add_output_options, log_to_stderr
-from portable_ckpt.cli._text import safe_lines
+from portable_ckpt.cli._text import safe
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.manifest import FORMAT_VERSIONS, TABLE_FORMAT_VERSION
 
@@ -94,10 +94,10 @@ def _run(args: argparse.Namespace) -> int:
         return int(args.func(args))
     # Messages may quote names and strings from the root: escaped for the terminal.
     except UsageError as exc:
-        print(f"portable-ckpt: {safe_lines(exc)}", file=sys.stderr)
+        print(f"portable-ckpt: {safe(exc)}", file=sys.stderr)
         return 2
     except CheckpointError as exc:
-        print(f"portable-ckpt: {safe_lines(exc)}", file=sys.stderr)
+        print(f"portable-ckpt: {safe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         if os.environ.get("PCK_DEBUG"):
             raise
         print(
-            f"portable-ckpt: internal error ({type(exc).__name__}: {safe_lines(exc)}); this is a "
+            f"portable-ckpt: internal error ({type(exc).__name__}: {safe(exc)}); this is a "
             "bug of portable-ckpt: please report it (PCK_DEBUG=1 prints the traceback)",
             file=sys.stderr,
         )

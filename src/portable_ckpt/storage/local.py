@@ -52,30 +52,38 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _os_error(op: str, path: str, exc: OSError) -> StorageError:
-    """The error for ``op`` on ``path`` failing in the OS (``EACCES``, ``EIO``, ``ENOSPC``, ...)."""
-    return StorageError(f"{op} {path!r}: {exc.strerror} (errno {exc.errno})", path=path)
+def _os_error(op: str, path: str, exc: OSError, full: str) -> StorageError:
+    """The error for ``op`` on ``path`` (at ``full``) failing in the OS (``EACCES``, ``ENOSPC``).
+
+    The message names the full path: with two roots at work (a copy), the relative path alone
+    does not say which one failed.
+    """
+    return StorageError(f"{op} {full!r}: {exc.strerror} (errno {exc.errno})", path=path)
 
 
-def _makedirs(full_dir: str, path: str) -> None:
+def _makedirs(full_dir: str, full: str, path: str) -> None:
     """``os.makedirs(exist_ok=True)``, saying so when a parent of ``path`` is not a directory.
 
     The bare error, "File exists", reads as if ``path`` itself existed.
     """
     try:
         os.makedirs(full_dir, exist_ok=True)
-    except FileExistsError:
+    except (FileExistsError, NotADirectoryError):
+        parent = full_dir
+        while os.path.dirname(parent) != parent and not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
         raise StorageError(
-            f"create {path!r}: {os.path.dirname(path)!r} exists and is not a directory",
-            path=path,
+            f"create {full!r}: {parent!r} exists and is not a directory", path=path
         ) from None
+    except OSError as exc:
+        raise _os_error("create", path, exc, full) from exc
 
 
-def _fsync_close(fd: int, rel: str) -> None:
+def _fsync_close(fd: int, rel: str, full: str) -> None:
     try:
         os.fsync(fd)
     except OSError as exc:
-        raise _os_error("fsync", rel, exc) from exc
+        raise _os_error("fsync", rel, exc, full) from exc
     finally:
         os.close(fd)
 
@@ -90,22 +98,22 @@ class _LocalWriter(StreamWriter):
         self._full = full
         self._written = 0  # bytes written (the file is written front to back)
         self._flushed = 0  # bytes whose writeback was started
+        _makedirs(os.path.dirname(full), full, rel)
         try:
-            os.makedirs(os.path.dirname(full), exist_ok=True)
             self._fd: int | None = os.open(
                 full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644
             )
         except FileExistsError as exc:
             raise StorageError(
-                f"create {rel!r}: file already exists; attempts never overwrite files", path=rel
+                f"create {full!r}: file already exists; attempts never overwrite files", path=rel
             ) from exc
         except OSError as exc:
-            raise StorageError(f"create {rel!r}: {exc.strerror}", path=rel) from exc
+            raise _os_error("create", rel, exc, full) from exc
 
     def write(self, data: memoryview | bytes) -> None:
         fd = self._fd
         if fd is None:
-            raise StorageError(f"write {self._rel!r}: writer is closed", path=self._rel)
+            raise StorageError(f"write {self._full!r}: writer is closed", path=self._rel)
         mv = memoryview(data).cast("B")
         try:
             while len(mv):
@@ -113,7 +121,7 @@ class _LocalWriter(StreamWriter):
                 mv = mv[n:]
                 self._written += n
         except OSError as exc:
-            raise _os_error("write", self._rel, exc) from exc
+            raise _os_error("write", self._rel, exc, self._full) from exc
         if self._written - self._flushed >= WRITEBACK_BYTES:
             start_writeback(fd, self._flushed, self._written - self._flushed)
             self._flushed = self._written
@@ -125,9 +133,9 @@ class _LocalWriter(StreamWriter):
         self._fd = None
         if self._defer:
             # fsync in the background while the caller writes its next file; sync() waits.
-            self._storage._defer_fsync(fd, self._rel)
+            self._storage._defer_fsync(fd, self._rel, self._full)
         else:
-            _fsync_close(fd, self._rel)
+            _fsync_close(fd, self._rel, self._full)
         self._storage._fsync_parent(self._full)
 
     def abort(self) -> None:
@@ -140,10 +148,11 @@ class _LocalWriter(StreamWriter):
             pass
 
 
-def _read_error(path: str, offset: int, exc: OSError) -> CheckpointError:
+def _read_error(path: str, offset: int, exc: OSError, root: str) -> CheckpointError:
+    full = os.path.join(root, path)
     if exc.errno == errno.EISDIR:  # opening a directory read-only succeeds; reading it fails
-        return FileMissingError(f"{path!r} is a directory, not a regular file", path=path)
-    return StorageError(f"read {path!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path)
+        return FileMissingError(f"{full!r} is a directory, not a regular file", path=path)
+    return StorageError(f"read {full!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path)
 
 
 class LocalStorage(ScannedStorage):
@@ -186,7 +195,7 @@ class LocalStorage(ScannedStorage):
         while len(parent) > len(self.root):
             try:
                 st = os.lstat(parent)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):  # a create names a file parent
                 pass
             except OSError as exc:
                 raise StorageError(f"stat {parent!r}: {exc.strerror}", path=rel) from exc
@@ -252,14 +261,14 @@ class LocalStorage(ScannedStorage):
     def read_into(self, path: str, offset: int, buf: memoryview) -> None:
         fd = self._open_read(path)
         try:
-            self._pread_full(fd, path, offset, buf)
+            self._pread_full(fd, path, offset, buf, self.root)
         finally:
             os.close(fd)
 
     def read_into_many(self, path: str, offset: int, bufs: list[memoryview]) -> None:
         fd = self._open_read(path)
         try:
-            self._preadv_full(fd, path, offset, bufs)
+            self._preadv_full(fd, path, offset, bufs, self.root)
         finally:
             os.close(fd)
 
@@ -286,12 +295,14 @@ class LocalStorage(ScannedStorage):
         fd = self._open_read(path)  # one open (and one symlink check) for the whole window
         try:
             for offset, bufs in extents:
-                self._preadv_full(fd, path, offset, bufs)
+                self._preadv_full(fd, path, offset, bufs, self.root)
         finally:
             os.close(fd)
 
     @classmethod
-    def _preadv_full(cls, fd: int, path: str, offset: int, bufs: list[memoryview]) -> None:
+    def _preadv_full(
+        cls, fd: int, path: str, offset: int, bufs: list[memoryview], root: str
+    ) -> None:
         """Fill ``bufs`` from consecutive bytes at ``offset``: preadv in runs of IOV_MAX buffers."""
         # Count in bytes: a tensor's view has items of several bytes (len() counts items).
         bufs = [b.cast("B") if b.format != "B" or b.ndim != 1 else b for b in bufs if b.nbytes]
@@ -301,7 +312,7 @@ class LocalStorage(ScannedStorage):
             try:
                 n = os.preadv(fd, run, offset)
             except OSError as exc:
-                raise _read_error(path, offset, exc) from exc
+                raise _read_error(path, offset, exc, root) from exc
             if n < total:
                 # Short read: finish buffer by buffer (raises FileSizeError at end of file).
                 pos = offset
@@ -309,13 +320,13 @@ class LocalStorage(ScannedStorage):
                     if n >= len(b):
                         n -= len(b)
                     else:
-                        cls._pread_full(fd, path, pos + n, b[n:])
+                        cls._pread_full(fd, path, pos + n, b[n:], root)
                         n = 0
                     pos += len(b)
             offset += total
 
     @staticmethod
-    def _pread_full(fd: int, path: str, offset: int, buf: memoryview) -> None:
+    def _pread_full(fd: int, path: str, offset: int, buf: memoryview, root: str) -> None:
         mv = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
         want = len(mv)
         done = 0
@@ -324,13 +335,14 @@ class LocalStorage(ScannedStorage):
                 n = os.preadv(fd, [mv[done:]], offset + done)
                 if n == 0:
                     raise FileSizeError(
-                        f"{path!r} ended at byte {offset + done}, needed {offset + want}: the file "
+                        f"{os.path.join(root, path)!r} ended at byte {offset + done}, needed "
+                        f"{offset + want}: the file "
                         "is truncated",
                         path=path,
                     )
                 done += n
         except OSError as exc:
-            raise _read_error(path, offset + done, exc) from exc
+            raise _read_error(path, offset + done, exc, root) from exc
 
     def read_all(self, path: str, *, max_size: int) -> bytes:
         fd = self._open_read(path)
@@ -341,7 +353,7 @@ class LocalStorage(ScannedStorage):
                     f"{path!r} is {size} bytes, above the limit of {max_size}", path=path
                 )
             buf = bytearray(size)
-            self._pread_full(fd, path, 0, memoryview(buf))
+            self._pread_full(fd, path, 0, memoryview(buf), self.root)
             return bytes(buf)
         finally:
             os.close(fd)
@@ -355,7 +367,7 @@ class LocalStorage(ScannedStorage):
             return None
         except OSError as exc:
             # EACCES, EIO, ...: the file may well exist; never report it as absent.
-            raise _os_error("stat", path, exc) from exc
+            raise _os_error("stat", path, exc, full) from exc
 
     def size(self, path: str) -> int:
         st = self._lstat(path)
@@ -379,17 +391,17 @@ class LocalStorage(ScannedStorage):
     def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
         return _LocalWriter(self, path, self._full(path), defer_sync)
 
-    def _defer_fsync(self, fd: int, rel: str) -> None:
+    def _defer_fsync(self, fd: int, rel: str, full: str) -> None:
         with self._dirty_lock:
             if self._fsync_pool is None:
                 self._fsync_pool = ThreadPoolExecutor(2, thread_name_prefix="pck-fsync")
-            self._pending.append(self._fsync_pool.submit(_fsync_close, fd, rel))
+            self._pending.append(self._fsync_pool.submit(_fsync_close, fd, rel, full))
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         full = self._full(path)
         tmp = f"{full}.{secrets.token_hex(8)}.tmp"
         try:
-            _makedirs(os.path.dirname(full), path)
+            _makedirs(os.path.dirname(full), full, path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
             try:
                 mv = memoryview(data)
@@ -411,7 +423,7 @@ class LocalStorage(ScannedStorage):
                 os.unlink(tmp)
                 raise
         except OSError as exc:
-            raise _os_error("create", path, exc) from exc
+            raise _os_error("create", path, exc, full) from exc
         # The record is visible from here on: a failure now must not read as "not created",
         # or the caller would remove the files of a committed version (R-COMMIT-19).
         with contextlib.suppress(OSError):
@@ -462,7 +474,7 @@ class LocalStorage(ScannedStorage):
         except FileNotFoundError:
             return []
         except OSError as exc:  # EACCES, EIO: an unlisted directory is not an empty one
-            raise _os_error("list", os.path.relpath(d, self.root), exc) from exc
+            raise _os_error("list", os.path.relpath(d, self.root), exc, d) from exc
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         base = self._full(prefix.rstrip("/")) if prefix else self.root
@@ -473,7 +485,7 @@ class LocalStorage(ScannedStorage):
             return []
         except OSError as exc:
             raise StorageError(
-                f"list {prefix or self.root!r}: {exc.strerror} (errno {exc.errno})", path=prefix
+                f"list {base!r}: {exc.strerror} (errno {exc.errno})", path=prefix
             ) from exc
 
     def delete(self, path: str) -> None:
@@ -493,7 +505,7 @@ class LocalStorage(ScannedStorage):
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise StorageError(f"delete {path!r}: {exc.strerror}", path=path) from exc
+            raise _os_error("delete", path, exc, full) from exc
 
     def delete_prefix(self, prefix: str) -> None:
         super().delete_prefix(prefix)
