@@ -72,8 +72,10 @@ from conformance.procs import (
 from conformance.report import CaseResult, RunReport, shell_join
 from conformance.schemas import SchemasUnavailable, load_schemas
 from conformance.trace import (
+    FsEvent,
     committer_problems,
     fs_events,
+    outside_writes,
     parse_trace,
     tracing_status,
     writer_problems,
@@ -164,6 +166,15 @@ class _Saved:
     commit: Outcome
 
 
+def _outside(who: str, events: list[FsEvent], root: Path) -> list[str]:
+    paths = outside_writes(events, str(root))
+    if not paths:
+        return []
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return [f"{who}: wrote outside root: {shown}; an adapter writes only below root (the "
+            "working directory is the user's: the protocol of the README)"]
+
+
 def _trace_check(outcomes: list[Outcome], commit: Outcome | None, adapter: Adapter, root: Path,
                  aid: str, details: dict[str, Any] | None) -> None:
     problems: list[str] = []
@@ -171,13 +182,16 @@ def _trace_check(outcomes: list[Outcome], commit: Outcome | None, adapter: Adapt
     for w, o in enumerate(outcomes):
         if o.trace is not None and o.rc == 0:
             calls, end = parse_trace(o.trace)
-            problems += [f"writer {w}: {p}" for p in writer_problems(
-                fs_events(calls, str(adapter.cwd)), str(root), aid, w, end)]
+            events = fs_events(calls, str(adapter.cwd))
+            problems += [f"writer {w}: {p}" for p in writer_problems(events, str(root), aid, w,
+                                                                      end)]
+            advice += _outside(f"writer {w}", events, root)
     if commit is not None and commit.trace is not None and commit.rc == 0:
         calls, end = parse_trace(commit.trace)
-        errs, warns = committer_problems(fs_events(calls, str(adapter.cwd)), str(root), aid, end)
+        events = fs_events(calls, str(adapter.cwd))
+        errs, warns = committer_problems(events, str(root), aid, end)
         problems += [f"committer: {p}" for p in errs]
-        advice += [f"committer: {p}" for p in warns]
+        advice += [f"committer: {p}" for p in warns] + _outside("committer", events, root)
     if details is not None and advice:
         details.setdefault("warnings", []).extend(advice)
     if problems:

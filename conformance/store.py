@@ -390,6 +390,11 @@ def _validate_header(raw: bytes, n: int, size: int, rel: str) -> StHeader:
     try:
         hdr = loads_strict(raw)
     except StrictJsonError as exc:
+        tail = raw[raw.rfind(b"}") + 1:]
+        if tail and not tail.strip(b" \x00") and b"\x00" in tail:  # C-style padding
+            raise Problem("PCK-SHARD-HEADER", f"{rel!r}: the header is padded with NUL bytes "
+                          "(0x00); safetensors headers are padded with spaces (0x20), which "
+                          "JSON allows after the object (§11.1, R-SHARD-2)") from None
         raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header is not valid JSON: {exc}") from None
     if not isinstance(hdr, dict):
         raise Problem("PCK-SHARD-HEADER", f"{rel!r}: header is not a JSON object")

@@ -26,6 +26,7 @@ strace reports for ``AT_FDCWD``, or the adapter's working directory followed thr
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "outside_writes",
     "Call",
     "FsEvent",
     "TraceStatus",
@@ -301,6 +303,29 @@ def _event(c: Call, cwd: str) -> FsEvent | None:
     return None
 
 
+#: Paths whose writes are no one's files: devices, kernel interfaces, Python's bytecode caches.
+_NOT_FILES = ("/dev/", "/proc/", "/sys/")
+
+
+def outside_writes(events: list[FsEvent], root: str) -> list[str]:
+    """Paths outside ``root`` that a traced process created, wrote, renamed, linked or removed.
+
+    The protocol lets an adapter write only below ``root``: the working directory is the user's.
+    Devices (``/dev/null``; ``/dev/shm`` holds files and counts), ``/proc`` and ``__pycache__``
+    directories (an interpreter's own caches) are not counted.
+    """
+    out: set[str] = set()
+    for e in events:
+        if e.kind in ("sync", "syncall"):
+            continue
+        for p in (e.path, e.src):
+            if not p or p == root or p.startswith(root + "/") or "/__pycache__" in p or (
+                    p.startswith(_NOT_FILES) and not p.startswith("/dev/shm/")):
+                continue
+            out.add(p)
+    return sorted(out)
+
+
 def count_progress(line: str, root: str) -> bool:
     """True when a trace line is a mutating call on a path below ``root`` (kill timing)."""
     m = _LINE.match(line)
@@ -400,6 +425,16 @@ class _Model:
         return out
 
 
+def _listed_files(index: str, adir: str) -> set[str] | None:
+    """Absolute paths of the files a writer index lists; ``None`` when it cannot be read."""
+    try:
+        with open(index, "rb") as f:
+            doc = json.loads(f.read(64 << 20))
+        return {os.path.normpath(os.path.join(adir, k)) for k in doc["files"]}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
 def writer_problems(events: list[FsEvent], root: str, attempt: str, writer: int,
                     exit_time: float) -> list[str]:
     """Durability and ordering faults of a writer that exited 0 (R-COMMIT-6, R-INDEX-1)."""
@@ -410,7 +445,12 @@ def writer_problems(events: list[FsEvent], root: str, attempt: str, writer: int,
                 "that the trace shows"]
     t_index = model.names[index].created_start
     ancestors = {os.path.dirname(index), os.path.join(root, attempt)}
-    before = [p for p in model.names if p != index and p not in ancestors]
+    # A file made after the index began and not listed in it is a stray file (the checker's
+    # R-FILES-1 warning), not a file the index needed durable first.
+    listed = _listed_files(index, os.path.join(root, attempt))
+    before = [p for p, n in model.names.items() if p != index and p not in ancestors
+              and (n.created_start < t_index or listed is None or p in listed
+                   or any(f.startswith(p + "/") for f in listed))]
     out = model.problems(before, t_index, "before the writer index was created", "R-COMMIT-6, "
                          "R-INDEX-1: the index is written after the files it lists are durable")
     out += model.problems([index, *sorted(a for a in ancestors if a in model.names)], exit_time,

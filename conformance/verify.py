@@ -37,6 +37,30 @@ def _same_json(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+def _json_type(v: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null",
+            dict: "object", list: "array"}.get(type(v), type(v).__name__)
+
+
+def _first_difference(got: Any, want: Any, at: str = "") -> str:
+    """Where two JSON values first differ: the path from the entry's value, both sides typed."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for k in sorted(set(got) | set(want), key=str):
+            if k not in got or k not in want:
+                side = "missing" if k not in got else "not expected"
+                return f"at {at}[{k!r}]: key {side}"
+            if not _same_json(got[k], want[k]):
+                return _first_difference(got[k], want[k], f"{at}[{k!r}]")
+    if isinstance(got, list) and isinstance(want, list):
+        if len(got) != len(want):
+            return f"at {at or 'the value'}: {len(got)} items, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            if not _same_json(g, w):
+                return _first_difference(g, w, f"{at}[{i}]")
+    shown = [f"{_json_type(v)} {json.dumps(v)[:80]}" for v in (got, want)]
+    return f"at {at or 'the value'}: got {shown[0]}, expected {shown[1]}"
+
+
 def _check_codecs(codecs: dict[str, list[str]], case: SaveCase) -> None:
     for key, cs in codecs.items():
         wrong = sorted({c for c in cs if c != case.codec})
@@ -92,8 +116,9 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> list[str]:
     for e in case.entries:
         want_v: Any = e.value if e.scope == "global" else dict(enumerate(e.values))
         if not _same_json(got.entries[e.name], want_v):
-            raise HarnessFailure(f"entry {e.name!r}: got {got.entries[e.name]!r}, expected "
-                                 f"{want_v!r}")
+            diff = _first_difference(got.entries[e.name], want_v)
+            raise HarnessFailure(f"entry {e.name!r}: the stored value differs {diff} (values "
+                                 "compare as JSON, types included: 1 is not 1.0 nor true)")
         decl = got.manifest["entries"][e.name]
         if not _same_json([decl.get("scope"), decl.get("encoding"), decl.get("schema"),
                            decl.get("world_size_policy")],

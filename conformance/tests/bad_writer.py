@@ -213,6 +213,25 @@ def _stray_lock(orig: Any) -> Any:
     return write_file
 
 
+def _scratch_outside(orig: Any) -> Any:
+    def write_file(path: Path, data: bytes) -> None:
+        orig(path, data)
+        if path.suffix == ".safetensors":  # root is <case>/root: its parent is outside
+            root = next(p for p in path.parents if p.name == "root")
+            with open(root.parent / "mywriter-scratch.log", "a") as f:
+                f.write(f"wrote {path.name}\n")
+    return write_file
+
+
+def _partial_after(orig: Any) -> Any:
+    def write_file(path: Path, data: bytes) -> None:
+        orig(path, data)
+        if path.parent.name == "index":  # made after the index, durable, listed nowhere
+            orig(path.with_name(path.name + ".partial"), b"")
+            mw.fsync_dir(path.parent)
+    return write_file
+
+
 def _chained_crcs(data: bytes, block_size: int) -> dict[str, Any]:
     """Block CRCs that continue from the previous block's: right for a one-block file only."""
     crcs = [f"{mw.crc32c(data[:i + block_size]):08x}" for i in range(0, len(data), block_size)]
@@ -270,6 +289,10 @@ def _apply(mode: str) -> None:
         mw.committed_at = _clock_only
     elif mode == "stray-file":  # a lock file left in the attempt, in no document (R-FILES-1)
         mw.write_file = _stray_lock(mw.write_file)
+    elif mode == "write-outside":  # a scratch log beside root, in the user's directory
+        mw.write_file = _scratch_outside(mw.write_file)
+    elif mode == "partial-after-index":  # a durable stray file made after the index
+        mw.write_file = _partial_after(mw.write_file)
     elif mode == "crc-block-chain":  # each block's CRC continues the previous one (§6)
         mw.file_record = _chained_crcs
     elif mode == "one-block":  # one CRC over the whole file, whatever its block size (§6)

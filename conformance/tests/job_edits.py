@@ -104,6 +104,21 @@ def _schema_true_as_1(job: dict[str, Any], path: Path) -> None:
             e["schema"] = _true_as_1(e["schema"])
 
 
+def _as_float(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _as_float(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_as_float(x) for x in v]
+    return float(v) if type(v) is int and abs(v) < 2**53 else v
+
+
+def _int_as_float(job: dict[str, Any], path: Path) -> None:
+    """Entry integers stored as floats (``3.0`` for ``3``: equal in Python, not in JSON)."""
+    for e in job.get("entries", []):
+        if "value" in e:
+            e["value"] = _as_float(e["value"])
+
+
 #: mode -> edit
 JOB_EDITS: dict[str, Edit] = {
     "ignore-fail": _ignore_fail,  # fail_at ignored by writer and committer
@@ -116,5 +131,6 @@ JOB_EDITS: dict[str, Edit] = {
     "always-statistical": _always_statistical,  # contract "statistical" whatever was asked
     "mesh-dropped": _mesh_dropped,  # the job's mesh is not recorded
     "mesh-invented": _mesh_invented,  # a mesh where the job has none
+    "int-as-float": _int_as_float,  # entry integers stored as floats
     "schema-true-as-1": _schema_true_as_1,  # an entry's declaration is not the job's (JSON)
 }

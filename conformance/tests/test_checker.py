@@ -170,3 +170,19 @@ def test_unlisted_and_temp_files_are_warnings(ref_root: Path) -> None:
     rep = check(version)
     assert rep.ok
     assert any("stray.bin" in w.message for w in rep.warnings)
+
+
+def test_a_nul_padded_header_is_named_as_such() -> None:
+    """A C writer padding with NUL bytes got "not valid JSON: Extra data" (adopter review F11)."""
+    from conformance.store import Problem, parse_safetensors_bytes
+
+    body = b'{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    for pad in (b"\x00", b" "):
+        header = body + pad * (-len(body) % 8 or 8)
+        data = len(header).to_bytes(8, "little") + header + b"\x00" * 4
+        if pad == b" ":
+            assert parse_safetensors_bytes(data, "t")  # the spec's padding parses
+            continue
+        with pytest.raises(Problem, match="padded with NUL bytes") as ei:
+            parse_safetensors_bytes(data, "t")
+        assert ei.value.code == "PCK-SHARD-HEADER"

@@ -360,6 +360,53 @@ def test_the_checkers_warnings_reach_the_writers_report(bad: pytest.MonkeyPatch,
     assert all(w.startswith("checker: ") and "<attempt>" in w for w in warned), warned
 
 
+def test_an_entry_value_difference_is_pointed_at(bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
+    """Integers stored as floats gave a 900-character dump of both values (adopter review F10):
+    the message names the JSON path and both types."""
+    case = explicit_case()
+    case.entries = [EntrySpec("cfg", {"id": "pck:json/1"}, "global", "json",
+                              value={"a": [1, {"b": 7}], "c": "x"})]
+    bad.setenv("PCK_BAD_MODE", "int-as-float")
+    with pytest.raises(HarnessFailure) as ei:
+        run_save_case(adapter(BAD_WRITER, trace=False), case, fast_tmp)
+    msg = str(ei.value)
+    assert "entry 'cfg': the stored value differs at ['a'][0]: got number 1.0, expected " \
+           "integer 1" in msg, msg
+
+
+@needs_tracing
+def test_a_stray_file_after_the_index_is_a_stray_file(bad: pytest.MonkeyPatch,
+                                                      fast_tmp: Path) -> None:
+    """A durable file left beside the index after it was written failed for "not made durable
+    before the writer index was created" (adopter review F9): it is a file the index does not
+    list, the checker's R-FILES-1 warning. A listed file made after the index still fails
+    (``index-first``, above)."""
+    bad.setenv("PCK_BAD_MODE", "partial-after-index")
+    details: dict[str, object] = {}
+    run_save_case(adapter(BAD_WRITER, trace=True), explicit_case(), fast_tmp, details=details)
+    warned = details.get("warnings")
+    assert isinstance(warned, list) and any(
+        "index/w00000.json.partial" in w and "is not listed in files" in w for w in warned), warned
+
+
+@needs_tracing
+@pytest.mark.parametrize("mode", ["", "write-outside"])
+def test_writes_outside_root_are_named(mode: str, bad: pytest.MonkeyPatch,
+                                       fast_tmp: Path) -> None:
+    """A writer that appends to a file beside root passed with no word, though the trace shows
+    the write (adopter review F5): the report warns and names the file. The reference
+    adapter's own run (mode "") writes nothing outside root, its bytecode caches aside."""
+    bad.setenv("PCK_BAD_MODE", mode)
+    details: dict[str, object] = {}
+    run_save_case(adapter(BAD_WRITER, trace=True), explicit_case(), fast_tmp, details=details)
+    warned = [w for w in details.get("warnings", []) if "outside root" in w]  # type: ignore[attr-defined]
+    if not mode:
+        assert warned == [], warned
+        return
+    assert warned and all(w.startswith("writer ") for w in warned), warned
+    assert all(str(fast_tmp / "mywriter-scratch.log") in w for w in warned), warned
+
+
 @pytest.mark.parametrize(("mode", "passes"), [("", True), ("ignore-same-step", False)])
 def test_a_second_version_of_a_step_commits_after_the_first(
     mode: str, passes: bool, bad: pytest.MonkeyPatch, fast_tmp: Path

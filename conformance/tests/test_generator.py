@@ -59,3 +59,15 @@ def test_reproduces_committed_vectors(version: str, tmp_path: Path) -> None:
         assert made == have
         for rel in made:
             assert (out / rel).read_bytes() == (committed / rel).read_bytes(), rel
+
+
+def test_the_simplest_kill_case_kills_mid_way() -> None:
+    """With the default 7 crash examples, each kill point runs once, as hypothesis' simplest
+    example: it killed after the victim's first call, never mid-file (adopter review F8)."""
+    from hypothesis import find
+
+    from conformance.cases import crash_cases
+
+    for fault in ("kill-writer", "kill-commit"):
+        simplest = find(crash_cases(fault=fault), lambda c: True)
+        assert simplest.at == 0.5, (fault, simplest.at)
