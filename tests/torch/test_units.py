@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -448,3 +449,32 @@ def test_a_killed_unreaped_peer_counts_as_gone() -> None:
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.parametrize("shape", ["deep", "self-dict", "self-list"])
+def test_runaway_nesting_is_refused_by_name(shape: str, tmp_path: Path) -> None:
+    """A state nested 700 levels deep, or a container holding itself, failed with a bare
+    RecursionError wrapped as PCK-DISTRIBUTED; 256 levels save and load."""
+    from portable_ckpt.torch.flatten import MAX_DEPTH
+
+    def nest(levels: int) -> dict[str, Any]:
+        d: dict[str, Any] = {"x": torch.ones(2)}
+        for _ in range(levels):
+            d = {"k": d}
+        return d
+
+    ok = nest(MAX_DEPTH - 1)
+    portable_ckpt.torch.save(ok, tmp_path / "ok", step=1)
+    target = nest(MAX_DEPTH - 1)
+    portable_ckpt.torch.load(target, tmp_path / "ok")
+    if shape == "deep":
+        bad: Any = nest(700)
+    elif shape == "self-dict":
+        bad = {"x": torch.ones(2)}
+        bad["me"] = bad
+    else:
+        loop: list[Any] = [1]
+        loop.append(loop)
+        bad = {"l": loop}
+    with pytest.raises(portable_ckpt.errors.UnsupportedValueError, match="nested more than"):
+        portable_ckpt.torch.save(bad, tmp_path / "bad", step=1)

@@ -46,6 +46,7 @@ from portable_ckpt.format.keys import (
 )
 
 __all__ = [
+    "MAX_DEPTH",
     "VALUES_ENTRY",
     "FlatState",
     "StateEntry",
@@ -199,6 +200,10 @@ def _init_optimizer(node: Any) -> None:
             ) from e
 
 
+#: Deepest nesting of dicts, lists and tuples a state may have: far beyond any real state, and
+#: within Python's recursion limit (a deeper one failed with a bare RecursionError).
+MAX_DEPTH = 256
+
 #: Exact types that are plain containers or JSON scalars, never a scheduler, scaler or Stateful
 #: object: they skip those checks (a training state has hundreds of them).
 _PLAIN_CONTAINERS = (dict, list, tuple)
@@ -224,15 +229,15 @@ def _json_like(v: Any, depth: int = 0) -> bool:
     return _scalar(v)
 
 
-def _plain_list(node: Any) -> bool:
+def _plain_list(node: Any, depth: int = 0) -> bool:
     """Whether DCP keeps the list as one item.
 
     No dict lies below it through lists, and no tensor or object is in it (a tuple in it is one
-    value to DCP, so it may hold dicts).
+    value to DCP, so it may hold dicts). Past MAX_DEPTH it is not (the walk then says why).
     """
-    return all(
+    return depth < MAX_DEPTH and all(
         _scalar(v)
-        or (type(v) is list and _plain_list(v))
+        or (type(v) is list and _plain_list(v, depth + 1))
         or (type(v) is tuple and _json_like(v))
         for v in node
     )
@@ -295,6 +300,11 @@ def _walk(
     An empty list or tuple is a value of its own (``[]``), as DCP keeps it: an item, or a place
     in one; so is an empty dict inside an item. Any other empty dict is nothing, as in DCP.
     """
+    if len(path) >= MAX_DEPTH:  # a container that holds itself, or a runaway nesting
+        raise UnsupportedValueError(
+            f"state at {key[:120]!r}...: containers nested more than {MAX_DEPTH} levels deep "
+            "(a dict or list that contains itself?); flatten the state"
+        )
     is_map = isinstance(node, Mapping)
     if not node and key and (in_item or not is_map):
         _value({} if is_map else [], key, flat, path, in_item)
@@ -302,7 +312,7 @@ def _walk(
     # DCP keeps a list of plain values, and any tuple, as one item (a tuple that holds a tensor
     # cannot be one here: its tensors are stored as tensors, by position)
     if not is_map and not in_item and key and (
-        _plain_list(node) if isinstance(node, list) else all(_json_like(v) for v in node)
+        _plain_list(node, len(path)) if isinstance(node, list) else all(_json_like(v) for v in node)
     ):
         flat.dcp_paths[key] = path
         flat.lists[key] = node
