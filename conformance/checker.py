@@ -388,8 +388,17 @@ class _VersionChecker:
                 self.err("PCK-FEATURE-UNSUPPORTED", f"must_understand names extensions this "
                          f"checker does not implement: {unknown!r}")
                 return
+        before = len(self.r.errors)
         if not _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
                              self.schema_at):
+            minor = mv.group(2)
+            if len(minor) > 1 or minor > "1":  # newer than 1.1: a foreign record (R-VERSION-10)
+                first = self.r.errors[before]
+                del self.r.errors[before:]
+                self.err("PCK-VERSION-UNSUPPORTED", f"format_version {fv:.60} is newer than the "
+                         "versions this checker implements (1.0, 1.1), and the record fails "
+                         f"their schema ({first.message}); a checker of that version can judge "
+                         "it (spec §16.2, R-VERSION-10)")
             return
         self.check_manifest(m)
 
