@@ -101,6 +101,28 @@ def test_box_outside_the_tensor_is_a_usage_error(grid_version: tuple[Path, np.nd
     assert ck.stats.bytes_read == 0
 
 
+@pytest.mark.parametrize("defect", ["gap", "overlap"])
+def test_the_box_is_checked_before_coverage(tmp_path: Path, defect: str) -> None:
+    """R-READ-3 ("first"): a box outside the shape is the caller's PCK-USAGE even when the
+    tensor's coverage is broken; the lazy coverage check said PCK-COVERAGE-* (reader review F6).
+    A box inside the shape then gets the coverage code."""
+    vdir, _ = build_version(tmp_path)
+
+    def edit(d: dict[str, Any]) -> None:
+        ranges = d["tensors"]["a"]["ranges"]
+        if defect == "gap":
+            ranges.pop()
+        else:
+            ranges.append(dict(ranges[0]))
+
+    edit_manifest(vdir, edit)
+    ck = portable_ckpt.open(vdir)
+    shape = ck.tensors["a"].shape
+    expect_code("PCK-USAGE", ck.read, "a", [0] * len(shape), [s + 1 for s in shape])
+    expect_code("PCK-USAGE", ck.plan_read, "a", [-1] + [0] * (len(shape) - 1), [1] * len(shape))
+    expect_code(f"PCK-COVERAGE-{defect.upper()}", ck.read, "a")
+
+
 def test_each_element_comes_from_the_range_that_covers_it(tmp_path: Path) -> None:
     """R-READ-3: with distinct per-range contents, every element comes from its own range."""
     from portable_ckpt.format.naming import new_attempt_id

@@ -372,13 +372,21 @@ class Checkpoint:
             self._prefix[path] = (max(start, a), tail)
             self._prefix_bytes += len(tail)
 
-    def _tensor(self, key: str) -> TensorEntry:
+    def _tensor(
+        self, key: str, offsets: Sequence[int] | None = None, lengths: Sequence[int] | None = None
+    ) -> tuple[TensorEntry, Box]:
+        """The tensor and the requested box: the box checked first (R-READ-3), then coverage."""
         t = self.manifest.tensors.get(key)
         if t is None:
             raise TensorMissingError(
                 f"tensor {key!r} is not in checkpoint {self.path} ({len(self.tensors)} tensors; "
                 "see `portable-ckpt inspect`)"
             )
+        box = self._target_box(t, offsets, lengths)
+        self._prove_coverage(key, t)
+        return t, box
+
+    def _prove_coverage(self, key: str, t: TensorEntry) -> None:
         if key not in self._covered:
             if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
                 offs, lens = t.boxes()
@@ -386,7 +394,6 @@ class Checkpoint:
             else:
                 self._check_layout(t)
             self._covered.add(key)
-        return t
 
     def _check_layout(self, t: TensorEntry) -> None:
         """Prove a JSON tensor's coverage once per distinct layout (shape and boxes).
@@ -443,8 +450,8 @@ class Checkpoint:
         self, key: str, offsets: Sequence[int] | None = None, lengths: Sequence[int] | None = None
     ) -> list[ReadItem[RangeRecord]]:
         """Return the stored pieces that fill the box, proving exactly-once coverage of it."""
-        t = self._tensor(key)
-        return self._plan_box(t, self._target_box(t, offsets, lengths))
+        t, box = self._tensor(key, offsets, lengths)
+        return self._plan_box(t, box)
 
     def _plan_box(self, t: TensorEntry, box: Box) -> list[ReadItem[RangeRecord]]:
         """:meth:`plan_read` of an already validated ``box`` of ``t``."""
@@ -601,8 +608,7 @@ class Checkpoint:
     def _plan_request(
         self, r: ReadRequest
     ) -> tuple[TensorEntry, Box, list[ReadItem[RangeRecord]], list[ShardTensor]]:
-        t = self._tensor(r.key)
-        box = self._target_box(t, r.offsets, r.lengths)
+        t, box = self._tensor(r.key, r.offsets, r.lengths)
         items = self._plan_box(t, box)
         # Check every stored piece against its file before allocating anything sized by the box.
         shards = [self._shard_tensor(t, item.record) for item in items]
