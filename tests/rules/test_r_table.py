@@ -414,6 +414,14 @@ def test_columns_must_be_exactly_the_ten(vdir: Path, case: str) -> None:
     expect_code("PCK-SCHEMA", portable_ckpt.open, vdir)
 
 
+@pytest.mark.parametrize("metadata", [{"portable_ckpt": 1.1}, {"x": None}, {"x": ["y"]}])
+def test_metadata_is_still_an_object_of_strings(vdir: Path, metadata: dict[str, Any]) -> None:
+    """R-TABLE-4 (errata 8): no rule reads ``__metadata__``, but a table's header is a
+    safetensors header (§11.2): its ``__metadata__`` is an object of strings."""
+    install_columns(vdir, columns(load_table(vdir)), metadata=metadata)
+    expect_code("PCK-SHARD-HEADER", portable_ckpt.open, vdir)
+
+
 def test_metadata_is_ignored(vdir: Path) -> None:
     """R-TABLE-4: ``__metadata__`` is ignored, whatever it holds; column order does not matter."""
     cols = columns(load_table(vdir))
