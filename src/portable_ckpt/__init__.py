@@ -89,6 +89,16 @@ def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
 
     """
     from portable_ckpt.io.reader import Checkpoint
+
+    return Checkpoint(*_resolve(path, step))
+
+
+def _resolve(path: str | os.PathLike[str], step: int | None) -> tuple[Any, str, Any]:
+    """``(storage, attempt id, manifest)`` of the version :func:`open` opens (nothing else read).
+
+    A verifier that finds damage while the version is opened (a tensor table) knows from this
+    which version to record as damaged.
+    """
     from portable_ckpt.io.versions import latest, load_manifest
     from portable_ckpt.storage import open_storage, root_text
 
@@ -106,10 +116,10 @@ def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
                 f"{text} is the version of step {manifest.step}, not {step}: pass its root to "
                 f"find step {step}, or drop step"
             )
-        return Checkpoint(storage, attempt, manifest)
+        return storage, attempt, manifest
     storage = open_storage(text)
     attempt, manifest = latest(storage, step)
-    return Checkpoint(storage, attempt, manifest)
+    return storage, attempt, manifest
 
 
 def save_arrays(

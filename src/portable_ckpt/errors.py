@@ -362,8 +362,9 @@ def error_for_code(code: str) -> type[CheckpointError]:
 
 
 #: Codes that prove a version's stored bytes are damaged: not a transient storage error, not a
-#: caller's mistake. A verification that finds one of them records the version as failed.
+#: caller's mistake. A verification that finds one of them records the version as failed. A
+#: listed file that is gone (or is no regular file) is damage too: the storage answered.
 DAMAGE_CODES = frozenset((
-    "PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-SHARD-HEADER", "PCK-SHARD-MISMATCH", "PCK-CODEC",
-    "PCK-DTYPE-VALUE",
+    "PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-FILE-MISSING", "PCK-SHARD-HEADER", "PCK-SHARD-MISMATCH",
+    "PCK-CODEC", "PCK-DTYPE-VALUE",
 ))

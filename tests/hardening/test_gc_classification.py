@@ -265,5 +265,56 @@ def test_verify_records_nothing_for_an_error_that_proves_no_damage(tmp_path: Pat
     ck = Checkpoint(st, attempt, load_manifest(st, attempt))
     errors = ck.verify(deep=True)
     assert errors and {e.code for e in errors} == {"PCK-STORAGE"}
-    assert record_verification(ck, errors, mode="deep", fraction=1.0) is None
+    assert record_verification(st, attempt, errors, mode="deep", fraction=1.0, chunks=2) is None
     assert not (tmp_path / attempt / "verifications").exists()
+
+
+@pytest.mark.parametrize("damage", ["file-gone", "table-flipped"])
+def test_verify_records_damage_found_by_listing_or_while_opening(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A data file gone (PCK-FILE-MISSING) or a tensor table's flipped byte (found while the
+    version is opened) failed verify but wrote no record, and ``gc --keep 1`` then kept only
+    that version, deleting every restorable one (attack review F10, F13)."""
+    import numpy as np
+
+    from portable_ckpt.cli.main import main
+    from tests.core.helpers import save_sharded
+
+    ids = []
+    for step in (1, 2):
+        if damage == "table-flipped":  # the committer describes the tensors in a tensor table
+            arrays = {f"t{i}": (np.full(4, i, np.float32), (2,)) for i in range(4)}
+            ids.append(save_sharded(tmp_path, arrays, step=step, tensor_table=True).attempt_id)
+        else:
+            ids.append(make_version(str(tmp_path), step))
+    newest = tmp_path / ids[1]
+    if damage == "file-gone":
+        next((newest / "data").iterdir()).unlink()
+    else:
+        [table] = [p for p in newest.iterdir() if p.name.startswith("tensor-table-")]
+        raw = bytearray(table.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        table.write_bytes(bytes(raw))
+    assert main(["verify", str(tmp_path), "--deep"]) == 1
+    out, err = capsys.readouterr()
+    code = "PCK-FILE-MISSING" if damage == "file-gone" else "PCK-CHECKSUM"
+    assert code in out and f"{ids[1]}/verifications/v" in err, (out, err)
+    assert main(["gc", str(tmp_path), "--keep", "1"]) == 0
+    assert _alive(tmp_path) == {ids[0], ids[1]}  # the failed newest is kept (R-GC-1), step 1 too
+
+
+def test_a_verification_record_keeps_long_messages_short(tmp_path: Path) -> None:
+    """A message quoting long keys broke the record's schema (65,536 characters), so the damaged
+    version went unmarked (attack review F6): messages are cut to MESSAGE_CHARS."""
+    from portable_ckpt.io.versions import MESSAGE_CHARS, record_verification
+
+    attempt = make_version(str(tmp_path), 1)
+    long = {"code": "PCK-CHECKSUM", "message": "\U000e0041" * 10_000}
+    path = record_verification(open_storage(str(tmp_path)), attempt, [long], mode="deep",
+                               fraction=1.0, chunks=2)
+    assert path is not None
+    doc = json.loads((tmp_path / path).read_text())
+    assert not doc["ok"] and len(doc["errors"][0]["message"]) == MESSAGE_CHARS
+    [v] = list_versions(str(tmp_path), annotations=True)
+    assert v.verification_failed

@@ -196,18 +196,27 @@ def _verify(args: argparse.Namespace) -> int:
     errors: list[CheckpointError]
     record: str | None = None
     record_error: str | None = None
+    from portable_ckpt.io.reader import Checkpoint
+
+    target = args.ckpt
     try:
-        ck = portable_ckpt.open(args.ckpt, step=args.step)
-        with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
-            errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
-        target = ck.path
+        storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
+        chunks = sum(len(t.ranges) for t in manifest.tensors.values())
+        try:
+            ck = Checkpoint(storage, attempt, manifest)
+            with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
+                errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
+            target = ck.path
+        except UsageError:
+            raise
+        except CheckpointError as exc:  # damage found while opening (a tensor table's bytes)
+            errors = [exc]
         if (args.deep or args.sample is not None) and args.record:
-            record, record_error = _record(ck, errors, args, seed)
+            record, record_error = _record(storage, attempt, chunks, errors, args, seed)
     except UsageError:
         raise
     except CheckpointError as exc:
         errors = [exc]
-        target = args.ckpt
     ok = not errors
     if record_error is not None:
         print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
@@ -240,14 +249,16 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _record(
-    ck: Any, errors: list[CheckpointError], args: argparse.Namespace, seed: int
+    storage: Any, attempt: str, chunks: int, errors: list[CheckpointError],
+    args: argparse.Namespace, seed: int,
 ) -> tuple[str | None, str | None]:
     """Record a deep or sampled verification beside the version: (its path, why it was not)."""
-    from portable_ckpt.io.versions import record_verification
+    from portable_ckpt.io.versions import record_verification, sampled_chunks
 
     try:
         path = record_verification(
-            ck, errors, mode="deep" if args.deep else "sample",
+            storage, attempt, errors, mode="deep" if args.deep else "sample",
+            chunks=chunks if args.deep else sampled_chunks(chunks, args.sample),
             fraction=1.0 if args.deep else args.sample,
             seed=None if args.deep else seed, verifier="portable-ckpt verify",
         )

@@ -82,6 +82,7 @@ __all__ = [
     "read_annotations",
     "write_drill_record",
     "record_verification",
+    "verification_verdict",
     "sampled_chunks",
     "upload_only_attempts",
     "write_verification_record",
@@ -431,7 +432,10 @@ def write_verification_record(
         "fraction": fraction,
         "chunks": chunks,
         "seed": seed,
-        "errors": list(errors or []),
+        # A message quoting long keys (1,024 characters, each escaped) can pass the schema's
+        # 65,536: cut, or the record that marks a damaged version would not validate.
+        "errors": [{**e, "message": str(e.get("message", ""))[:MESSAGE_CHARS]}
+                   for e in (errors or [])[:64]],
     }
     if verifier is not None:
         rec["verifier"] = verifier
@@ -441,38 +445,58 @@ def write_verification_record(
     return _write_annotation(storage, attempt_id, "verifications", ident, rec)
 
 
+#: Longest error message a verification record keeps (characters).
+MESSAGE_CHARS = 4096
+
+
 def sampled_chunks(chunks: int, fraction: float) -> int:
     """How many of ``chunks`` range records a sample of ``fraction`` reads (at least one)."""
     return min(chunks, max(1, -(-int(chunks * fraction * 1e6) // 1_000_000))) if chunks else 0
 
 
+def verification_verdict(
+    errors: Sequence[CheckpointError | dict[str, str]],
+) -> tuple[bool | None, list[dict[str, str]]]:
+    """What a verification that found ``errors`` may record: ``(ok, damage)``.
+
+    ``(True, [])`` when nothing was found; ``(False, damage)`` with the errors that prove damage
+    (:data:`~portable_ckpt.errors.DAMAGE_CODES`); ``(None, [])`` when every error is of another
+    kind: a storage that did not answer proves nothing about the bytes, and a version recorded
+    as failed is never restored and loses its place among gc's ``keep`` (R-DRILL-8, R-GC-9).
+    Every verifier (the CLI, the manager after a save, a node-local tier, a restore) decides
+    through this one function.
+    """
+    found = [e.to_json() if isinstance(e, CheckpointError) else dict(e) for e in errors]
+    damage = [e for e in found if e.get("code") in DAMAGE_CODES]
+    if not found:
+        return True, []
+    return (False, damage) if damage else (None, [])
+
+
 def record_verification(
-    ck: Any,
-    errors: list[CheckpointError],
+    storage: Storage,
+    attempt_id: str,
+    errors: Sequence[CheckpointError | dict[str, str]],
     *,
+    chunks: int,
     mode: str,
     fraction: float | None = None,
     seed: int | None = None,
     verifier: str | None = None,
 ) -> str | None:
-    """Record the verification of the opened version ``ck`` that found ``errors``.
+    """Record a verification of ``attempt_id`` that found ``errors``, as far as they prove anything.
 
-    ``ok: true`` when nothing was found; ``ok: false`` with the errors that prove damage
-    (:data:`~portable_ckpt.errors.DAMAGE_CODES`), so that no manager restores the version and gc
-    keeps the newest versions that did not fail (R-DRILL-8, R-GC-9). Nothing is recorded when
-    every error is of another kind (a storage that did not answer proves nothing about the
-    bytes): returns ``None`` then, else the record's path. ``mode`` ``"deep"`` counts every
-    range record, ``"sample"`` the share ``fraction`` of them.
+    See :func:`verification_verdict`: ``ok: true`` when nothing was found, ``ok: false`` with
+    the damage, and nothing at all (``None`` is returned) when no error proves damage. Else
+    returns the record's path. ``chunks`` is the number of range records the verification read
+    (:func:`sampled_chunks` of the total for a sample).
     """
-    damage = [e.to_json() for e in errors if e.code in DAMAGE_CODES]
-    if errors and not damage:
+    ok, damage = verification_verdict(errors)
+    if ok is None:
         return None
-    chunks = sum(len(t.ranges) for t in ck.tensors.values())
-    if mode == "sample" and fraction is not None:
-        chunks = sampled_chunks(chunks, fraction)
     return write_verification_record(
-        ck.storage, ck.id, ok=not errors, mode=mode, fraction=fraction, chunks=chunks,
-        seed=seed, errors=damage[:64], verifier=verifier,
+        storage, attempt_id, ok=ok, mode=mode, fraction=fraction, chunks=chunks,
+        seed=seed, errors=damage, verifier=verifier,
     )
 
 

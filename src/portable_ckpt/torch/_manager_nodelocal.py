@@ -254,11 +254,14 @@ def _check_share(
     comm: Comm, storage: Storage, attempt: str, fraction: float, seed: int
 ) -> tuple[int, list[dict[str, Any]]]:
     """Read this rank's sample whole (checksums verified); return (chunks, errors)."""
-    _, manifest = _read_commit(storage, attempt)
+    try:
+        manifest: Manifest | None = load_manifest(storage, attempt)
+    except CheckpointError as e:  # its own code: a storage error is not damage
+        manifest, unread = None, e
     held = [] if manifest is None else _held(storage, attempt, manifest)
     held_all = comm.allgather_json(held, f"verify {attempt}: held")
     if manifest is None:
-        return 0, [FileMissingError(f"no readable commit record of {attempt}").to_json()]
+        return 0, [unread.to_json()]
     share, missing = assign_files(manifest.files, held_all)
     errors = [  # every rank found the same: rank 0 reports them
         FileMissingError(f"{attempt}/{p}: on no node root", path=p).to_json()
@@ -278,27 +281,28 @@ def verify_node_local(
     comm: Comm, layout: NodeLayout, storage: Storage, attempt: str, fraction: float
 ) -> NodeVerify:
     """Verify a sample of ``attempt`` over every node root (collective over ``comm``)."""
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.versions import record_verification, verification_verdict
 
     # Rank 0's seed, by an allgather: like _all_saves_returned, every node root has the record.
     seed = int(comm.allgather_json(int.from_bytes(os.urandom(4), "big"), f"verify {attempt}")[0])
     n, errs = _check_share(comm, storage, attempt, fraction, seed)
     gathered = comm.allgather_json([n, errs[:64]], f"verify {attempt}: results")
     errors = [e for _, es in gathered for e in es]
+    # Only damage fails the version (a storage error proves nothing about the bytes).
     out = NodeVerify(
-        not errors, sum(g[0] for g in gathered), [g[0] for g in gathered], errors, seed
+        verification_verdict(errors)[0] is not False, sum(g[0] for g in gathered),
+        [g[0] for g in gathered], errors, seed,
     )
     if comm.rank == layout.leader(layout.node_of_rank[comm.rank]):
         try:
-            write_verification_record(
+            record_verification(
                 storage,
                 attempt,
-                ok=out.ok,
+                errors,
                 mode="sample",
                 fraction=fraction,
                 chunks=out.chunks,
                 seed=seed,
-                errors=errors[:64],
                 verifier="portable_ckpt CheckpointManager (node-local: each rank its share, "
                 "seed + rank)",
             )

@@ -1,0 +1,70 @@
+"""A storage error during the manager's after-save verification proves nothing about the bytes.
+
+Found by an attack review (F1): one transient EIO while the manager sampled a fresh version
+recorded it as failed; no manager would restore it, and ``keep_last`` retention deleted the
+intact version after the next save. Only damage (``DAMAGE_CODES``) fails a version now.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import portable_ckpt  # noqa: E402
+from portable_ckpt.errors import StorageError  # noqa: E402
+from portable_ckpt.io.versions import list_versions  # noqa: E402
+from portable_ckpt.storage.local import LocalStorage  # noqa: E402
+from portable_ckpt.torch import CheckpointManager  # noqa: E402
+
+
+def _fail_first_shard_read_of(monkeypatch: pytest.MonkeyPatch, step: int) -> dict[str, bool]:
+    """One EIO on the first data read of ``step``'s version after its commit record exists."""
+    state = {"armed": False, "fired": False}
+    reads = {n: getattr(LocalStorage, n) for n in ("read_into", "read_into_many", "read_extents")}
+    create = LocalStorage.create_if_absent
+
+    def wrap(name: str) -> Any:
+        def read(self: LocalStorage, path: str, *a: Any, **k: Any) -> Any:
+            if state["armed"] and not state["fired"] and path.endswith(".safetensors"):
+                state["fired"] = True
+                raise StorageError(f"read {path!r}: Input/output error (errno 5)", path=path)
+            return reads[name](self, path, *a, **k)
+        return read
+
+    def arm(self: LocalStorage, path: str, data: bytes) -> bool:
+        done = create(self, path, data)
+        if path.endswith("/manifest.json") and path.startswith(f"s{step:012d}-"):
+            state["armed"] = True
+        return done
+
+    for name in reads:
+        monkeypatch.setattr(LocalStorage, name, wrap(name))
+    monkeypatch.setattr(LocalStorage, "create_if_absent", arm)
+    return state
+
+
+def test_a_transient_read_error_after_a_save_fails_no_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(tmp_path / "r")
+    fault = _fail_first_shard_read_of(monkeypatch, 2)
+    mgr = CheckpointManager(root, save_every=1, keep_last=3, async_save=False, verify_sample=1.0,
+                            handle_sigterm=False)
+    try:
+        for step in (1, 2, 3):
+            mgr.save(step, {"model": {"w": torch.arange(1000.0) * step}})
+            mgr.wait()
+    finally:
+        mgr.close()
+    assert fault["fired"]
+    versions = {v.step: v for v in list_versions(root, annotations=True)}
+    assert sorted(versions) == [1, 2, 3]  # keep_last=3 kept the intact step 2
+    assert not versions[2].verification_failed and versions[2].verifications == []
+    assert portable_ckpt.open(f"{root}/{versions[2].id}").verify(deep=True) == []
+    target = {"model": {"w": torch.zeros(1000)}}
+    info = CheckpointManager(root, handle_sigterm=False).restore(target, step=2)
+    assert info is not None and torch.equal(target["model"]["w"], torch.arange(1000.0) * 2)
