@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from portable_ckpt import errors
 from portable_ckpt.errors import (
@@ -24,6 +24,9 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import usage
 from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
+
+if TYPE_CHECKING:
+    from portable_ckpt.storage.base import Storage
 
 # Quiet by default: the job log shows portable_ckpt's records once the application configures
 # logging (see portable_ckpt.logs).
@@ -71,12 +74,13 @@ def _split_version(path: str) -> tuple[str, str] | None:
     return None
 
 
-def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
+def open(path: str | os.PathLike[str] | Storage, step: int | None = None) -> Any:
     """Open a committed version for reading.
 
     Args:
         path: A checkpoint root (resolves to its latest committed version, or to ``step``), or a
-            version directory (an attempt id as last component). Local path or ``s3://...``.
+            version directory (an attempt id as last component). Local path or ``s3://...``,
+            or a storage backend instance (a root).
         step: With a root, open the newest committed version of this step.
 
     Returns:
@@ -93,16 +97,18 @@ def open(path: str | os.PathLike[str], step: int | None = None) -> Any:
     return Checkpoint(*_resolve(path, step))
 
 
-def _resolve(path: str | os.PathLike[str], step: int | None) -> tuple[Any, str, Any]:
+def _resolve(path: str | os.PathLike[str] | Storage, step: int | None) -> tuple[Any, str, Any]:
     """``(storage, attempt id, manifest)`` of the version :func:`open` opens (nothing else read).
 
     A verifier that finds damage while the version is opened (a tensor table) knows from this
     which version to record as damaged.
     """
     from portable_ckpt.io.versions import latest, load_manifest
-    from portable_ckpt.storage import open_storage, root_text
+    from portable_ckpt.storage import Storage, open_storage, root_text
 
     step = None if step is None else usage.strict_int(step, "open: step", minimum=0)
+    if isinstance(path, Storage):  # a backend instance is a root (docs/storage-backends.md)
+        return (path, *latest(path, step))
     text = root_text(path)
     if text.startswith("file://"):
         text = text[len("file://") :]

@@ -195,3 +195,35 @@ def test_real_enospc_during_commit_record(tmpfs: Path) -> None:
 def test_real_enospc_commit_record_leaves_no_temp(tmpfs: Path) -> None:
     root = _enospc_commit_record(tmpfs)
     assert not any(p.endswith(".tmp") for p in _snapshot(root)), "temporary commit record left behind"
+
+
+@pytest.mark.parametrize("probe", ["readable", "unreadable"])
+def test_a_lost_answer_to_the_commit_record_create_loses_nothing(tmp_path: Path, probe: str) -> None:
+    """R-COMMIT-19: a backend that reports a create whose answer was lost as a plain storage
+    error (as "any other failure" reads in the backend guide) made the save fail and its data
+    files go, while the record was there: a committed version without data, and gc then
+    deleted the one before (extension review F1). The committer looks the record up: our bytes
+    there are a success; a record it cannot look up leaves the outcome unknown, files kept."""
+    from portable_ckpt.errors import CommitOutcomeUnknownError
+
+    root = tmp_path / "root"
+    make_version(str(root), 1)
+    faults = [Fault(op="create", path="*/manifest.json", error="ETIMEDOUT", lost_answer=True)]
+    if probe == "unreadable":
+        faults.append(Fault(op=("exists", "read"), path="*/manifest.json", error="EIO"))
+    storage = FaultyStorage(open_storage(str(root)), faults)
+    if probe == "readable":
+        _save(storage, 2)  # the answer was lost, the create took effect: committed
+    else:
+        with pytest.raises(CommitOutcomeUnknownError, match="may be committed"):
+            _save(storage, 2)
+    assert faults[0].fired == 1
+    newest = max(list_versions(str(root)), key=lambda v: v.step)
+    assert newest.step == 2 and newest.status == "committed"
+    ck = portable_ckpt.open(root)
+    assert ck.verify(deep=True) == []  # every data file is still there
+
+
+def test_lost_answer_is_for_creates_only() -> None:
+    with pytest.raises(portable_ckpt.errors.UsageError, match="create"):
+        Fault(op="write", lost_answer=True)

@@ -24,6 +24,7 @@ from portable_ckpt.errors import (
     AttemptIdError,
     CheckpointError,
     CommitConflictError,
+    CommitOutcomeUnknownError,
     FileSizeError,
     LimitError,
     MetadataConflictError,
@@ -794,7 +795,7 @@ def _publish(
         # R-COMMIT-17: the table's data and its name are durable before the record that lists
         # it exists (put() fsyncs the file; its directory's fsync is batched until sync()).
         storage.sync()
-    if not storage.create_if_absent(f"{attempt_id}/manifest.json", data):
+    if not _create_record(storage, attempt_id, data):
         if table_path is not None:
             storage.delete(f"{attempt_id}/{table_path}")
         raise CommitConflictError(
@@ -802,6 +803,41 @@ def _publish(
             "overwritten (start a new attempt)"
         )
     return manifest
+
+
+def _create_record(storage: Storage, attempt_id: str, data: bytes) -> bool:
+    """``create_if_absent`` of the commit record, never mistaking a lost answer for "not created".
+
+    A backend may report a create whose answer was lost (a timeout after the request was sent)
+    as a plain storage error, as the backend guide's "any other failure" reads. The record may
+    then exist, and the caller would remove the files of a committed version (R-COMMIT-19). So
+    the record is looked for: our bytes there mean success, nothing there means nothing was
+    published, and a record that cannot be looked for leaves the outcome unknown.
+    """
+    record = f"{attempt_id}/manifest.json"
+    try:
+        return storage.create_if_absent(record, data)
+    except CommitOutcomeUnknownError:
+        raise
+    except StorageError as exc:
+        try:
+            if not storage.exists(record):
+                raise  # positively absent: nothing was published
+            found = storage.read_all(record, max_size=len(data))
+        except LimitError:
+            return False  # a longer record is there: another attempt's, a conflict
+        except CheckpointError as probe:
+            if probe is exc:
+                raise
+            raise CommitOutcomeUnknownError(
+                f"{record}: publishing failed ({exc.message}) and whether the record exists could "
+                f"not be read back ({probe.message}); the version may be committed, so nothing of "
+                "its attempt is removed: `portable-ckpt ls` / `verify` tell which it is",
+                path=record,
+            ) from exc
+        if found == data:
+            return True  # the create took effect; only its answer was lost
+        return False  # another record is there: a conflict
 
 
 def _readable(attempt_id: str, data: bytes) -> None:

@@ -121,7 +121,7 @@ class Storage(abc.ABC):
         """Fill ``bufs`` in order from consecutive bytes of ``path`` starting at ``offset``."""
         for b in bufs:
             self.read_into(path, offset, b)
-            offset += len(b)
+            offset += memoryview(b).nbytes  # bytes: len() counts a typed view's items
 
     def read_extents(self, path: str, extents: Sequence[tuple[int, list[memoryview]]]) -> None:
         """Fill several extents of ``path``: each ``(offset, bufs)`` like :meth:`read_into_many`.

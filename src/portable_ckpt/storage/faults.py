@@ -80,6 +80,8 @@ class Fault:
             the fault has fired.
         bandwidth: Bytes per second for matching reads and writes (slow I/O by volume).
         callback: ``callback(op, path)`` when the fault fires (phase hooks in tests).
+        lost_answer: For ``create`` only: the create takes effect, then the error is raised (an
+            object store's answer lost after the request was sent, R-COMMIT-19).
 
     """
 
@@ -92,6 +94,7 @@ class Fault:
     delay: float = 0.0
     bandwidth: float | None = None
     callback: Callable[[str, str], None] | None = None
+    lost_answer: bool = False
     fired: int = field(default=0, init=False)
     _ops_seen: int = field(default=0, init=False, repr=False)
     _bytes_seen: int = field(default=0, init=False, repr=False)
@@ -101,6 +104,8 @@ class Fault:
         for o in ops:
             if o != "*" and o not in OPS:
                 raise UsageError(f"unknown storage operation {o!r} (one of {', '.join(OPS)} or *)")
+        if self.lost_answer and ops != ("create",):
+            raise UsageError(f"lost_answer applies to op 'create' only, not {self.op!r}")
         self._errno = _errno_of(self.error)
 
     def matches(self, op: str, path: str) -> bool:
@@ -222,7 +227,7 @@ class FaultyStorage(Storage):
             fire.callback(op, path)
         if fire._errno is None:
             return None
-        if op != "write":
+        if op != "write" and not fire.lost_answer:
             _raise(op, path, fire._errno)
         return (allowed or 0), fire._errno
 
@@ -288,8 +293,11 @@ class FaultyStorage(Storage):
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         """Atomic create, after the faults for ``create``."""
-        self._before("create", path, len(data))
-        return self.inner.create_if_absent(path, data)
+        lost = self._before("create", path, len(data))
+        done = self.inner.create_if_absent(path, data)
+        if lost is not None:  # lost_answer: it took effect, and the caller hears an error
+            _raise("create", path, lost[1])
+        return done
 
     def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
         """List, after the faults for ``list``."""
