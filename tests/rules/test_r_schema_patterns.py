@@ -95,7 +95,7 @@ def test_unique_items_is_checked_without_quadratic_cost(tmp_path: Path) -> None:
     """R-ENTRY-15: 50,000 distinct objects under uniqueItems (pairwise: 1.25e9 comparisons)."""
     value = [{"i": i} for i in range(50_000)] + [{"i": 7.0}]
     vdir = _with_embedded_schema(tmp_path, {"type": "array", "uniqueItems": True}, value)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU: a loaded machine does not inflate it
     assert check(vdir).codes == {"PCK-ENTRY-SCHEMA"}  # {"i": 7.0} equals {"i": 7}
     expect_code("PCK-ENTRY-SCHEMA", portable_ckpt.open(vdir).entry, "cfg")
-    assert time.perf_counter() - t0 < 20
+    assert time.process_time() - t0 < 20  # pairwise would take many minutes
