@@ -538,5 +538,20 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
     target = {"w": distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)]), "count": torch.zeros(1, dtype=torch.int64),
               "bn": {"running_mean": torch.zeros(3)}}
     loaded = pckt.load(target, f"{root}/differ", timeout=30)
+    conflicts = {}
+    for name, extra in {
+        "shape": torch.arange(6.0).reshape((2, 3) if rank == 0 else (3, 2)),
+        "dtype": torch.ones(4) if rank == 0 else torch.ones(4).view(torch.int32),
+        "only-rank-1": None if rank == 0 else torch.ones(2),
+    }.items():
+        state = {"w": w} if extra is None else {"w": w, "buf": extra}
+        try:
+            pckt.save(state, f"{root}/conflict-{name}", step=1, timeout=30)
+            conflicts[name] = "saved"
+        except portable_ckpt.CheckpointError as e:
+            conflicts[name] = f"{e.code}: {e.message}"
+    neg = torch.tensor([1 + 2j]).conj().imag  # a view with the negative bit: values equal
+    negative = pckt.save({"w": w, "neg": neg}, f"{root}/negative", step=1, timeout=30).contract
     return {"exact": exact.contract, "saved": info.contract, "loaded": loaded.contract,
-            "mean": target["bn"]["running_mean"].tolist(), "stderr": err.getvalue()}
+            "mean": target["bn"]["running_mean"].tolist(), "stderr": err.getvalue(),
+            "conflicts": conflicts, "negative": negative}

@@ -382,3 +382,13 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
     assert portable_ckpt.open(str(tmp_path / "same")).manifest.continuation.contract == "exact"
     assert "plain tensors differ between ranks (1: 'bn/running_mean')" in r0["stderr"]
     assert r1["stderr"] == ""
+    # Attack review F9: a plain tensor that some rank lacks, or holds with another shape or
+    # dtype, was stored as rank 0's copy under an exact contract (lost, or not loadable back on
+    # rank 1): the save is refused on every rank, naming it. F8: a negative-bit view is compared.
+    for r in (r0, r1):
+        c = r["conflicts"]
+        assert c["shape"].startswith("PCK-METADATA-CONFLICT") and "float32[2, 3]" in c["shape"]
+        assert "'buf'" in c["dtype"] and "int32[4]" in c["dtype"]
+        assert "'buf' is held by rank(s) [1] only" in c["only-rank-1"]
+        assert r["negative"] == "exact"
+    assert not list(tmp_path.glob("conflict-*/s*/manifest.json"))  # nothing was saved

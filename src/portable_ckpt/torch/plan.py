@@ -40,6 +40,7 @@ __all__ = [
     "diverged",
     "plan_save",
     "plan_stats",
+    "replica_conflicts",
     "replica_digests",
 ]
 
@@ -110,7 +111,7 @@ class SavePlan:
     entries: list[PlannedEntry]
     mesh: Mesh | None
     tensor_bytes: int
-    replicas: dict[str, int] = field(default_factory=dict)
+    replicas: dict[str, str] = field(default_factory=dict)
 
     def release(self) -> None:
         """Drop every staged view and live reference (once the pieces are written)."""
@@ -148,30 +149,62 @@ REPLICA_CHECK_BYTES = 1 << 20
 REPLICA_CHECK_TOTAL = 64 << 20
 
 
-def replica_digests(flat: FlatState) -> dict[str, int]:
-    """CRC32C of each small plain (non-DTensor) tensor of ``flat``, now (see above)."""
-    out: dict[str, int] = {}
+def replica_digests(flat: FlatState) -> dict[str, str]:
+    """``dtype[shape]`` of each plain (non-DTensor) tensor of ``flat``, now (see above).
+
+    The small ones get ``:`` and the CRC32C of their bytes after it.
+    """
+    out: dict[str, str] = {}
     budget = REPLICA_CHECK_TOTAL
     with torch.no_grad():
         for key, t in flat.tensors.items():
             if is_dtensor(t):
                 continue
+            out[key] = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
             nbytes = t.numel() * t.element_size()
             if nbytes > REPLICA_CHECK_BYTES or nbytes > budget or nbytes == 0:
                 continue
             budget -= nbytes
-            host = t.detach().to("cpu", copy=False).contiguous().reshape(-1).view(torch.uint8)
-            out[key] = crc32c(host.numpy().data)
+            # resolve_*: a conjugate or negative view has no bytes of its own to view as uint8;
+            # a one-element view (a complex tensor's .imag) is "contiguous" with a stride of 2
+            host = t.detach().to("cpu", copy=False).resolve_conj().resolve_neg().reshape(-1)
+            if host.stride(0) != 1:
+                host = host.clone(memory_format=torch.contiguous_format)
+            data = host.view(torch.uint8)
+            out[key] += f":{crc32c(data.numpy().data):08x}"
     return out
 
 
-def diverged(digests: list[dict[str, int]]) -> list[str]:
-    """The keys whose digests differ between ranks (each rank's :attr:`SavePlan.replicas`)."""
-    seen: dict[str, set[int]] = {}
-    for d in digests:
-        for k, v in d.items():
-            seen.setdefault(k, set()).add(v)
-    return sorted(k for k, v in seen.items() if len(v) > 1)
+def diverged(digests: list[dict[str, str]]) -> list[str]:
+    """The plain tensors whose values differ between ranks (each rank's :attr:`SavePlan.replicas`).
+
+    Only keys every rank holds with one dtype and shape: the others are :func:`replica_conflicts`.
+    """
+    out = []
+    for key in sorted(set().union(*digests)):
+        seen = [d.get(key) for d in digests]
+        if None not in seen and len({v.split(":")[0] for v in seen if v}) == 1 and len(set(seen)) > 1:
+            out.append(key)
+    return out
+
+
+def replica_conflicts(digests: list[dict[str, str]]) -> list[str]:
+    """Why plain tensors cannot be stored as rank 0's copy.
+
+    Held by some ranks only (the others' would be lost), or with another dtype or shape on some
+    rank (which could not even load the version back).
+    """
+    out = []
+    for key in sorted(set().union(*digests)):
+        seen = [d.get(key) for d in digests]
+        holders = [r for r, v in enumerate(seen) if v is not None]
+        if len(holders) < len(seen):
+            out.append(f"{key!r} is held by rank(s) {holders[:8]} only")
+            continue
+        metas = sorted({v.split(":")[0] for v in seen if v})
+        if len(metas) > 1:
+            out.append(f"{key!r} is {' on some ranks, '.join(metas)} on others")
+    return out
 
 
 # -- the tensor part of a plan, reused across saves of the same layout -----------------------------

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 from portable_ckpt._gc import paused_gc
-from portable_ckpt.errors import DistributedError, UsageError
+from portable_ckpt.errors import DistributedError, MetadataConflictError, UsageError
 from portable_ckpt.format.manifest import Continuation, WriterIndex
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
@@ -43,7 +43,7 @@ from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch.flatten import flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
-from portable_ckpt.torch.plan import SavePlan, diverged, plan_save
+from portable_ckpt.torch.plan import SavePlan, diverged, plan_save, replica_conflicts
 from portable_ckpt.torch.staging import Staging, stage, staging_bytes
 from portable_ckpt.torch.state import capture_rng
 
@@ -290,7 +290,16 @@ def _agree_on_attempt(
     )
     if not isinstance(sent[0].get("id"), str):  # pragma: no cover - rank 0 always sends one
         raise DistributedError(f"save of step {step}: no attempt id from rank 0")
-    return storage, plan, sent[0]["id"], diverged([d.get("replicas", {}) for d in sent])
+    replicas = [d.get("replicas", {}) for d in sent]
+    conflicts = replica_conflicts(replicas)
+    if conflicts:  # every rank holds the same list: every rank refuses alike
+        raise MetadataConflictError(
+            f"save of step {step}: plain (non-DTensor) tensors are stored once, as rank 0's "
+            f"copy, so every rank must hold them with one dtype and shape; "
+            f"{'; '.join(conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}. Nothing was "
+            "saved. Hold them alike on every rank, or make state that differs by rank a DTensor"
+        )
+    return storage, plan, sent[0]["id"], diverged(replicas)
 
 
 def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions:
