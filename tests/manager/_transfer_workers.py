@@ -6,8 +6,13 @@ import os
 from typing import Any
 
 
-def send_and_trace(rank: int, world: int, roots: list[str]) -> dict[str, Any]:
-    """Rank 0 sends one file to rank 1; rank 1 records its fsyncs until run_transfers returns."""
+def send_and_trace(
+    rank: int, world: int, roots: list[str], partial: bool = False
+) -> dict[str, Any]:
+    """Rank 0 sends one file to rank 1; rank 1 records its fsyncs until run_transfers returns.
+
+    ``partial``: rank 1 already holds the first 300 bytes, what a receiver killed mid-file left.
+    """
     import torch.distributed as dist
 
     from portable_ckpt.storage import open_storage
@@ -17,6 +22,9 @@ def send_and_trace(rank: int, world: int, roots: list[str]) -> dict[str, Any]:
     attempt = "attempt-x"
     if rank == 0:
         storage.put(f"{attempt}/data/w00000.safetensors", b"\x01" * 1000)
+        storage.sync()
+    elif partial:
+        storage.put(f"{attempt}/data/w00000.safetensors", b"\x01" * 300)
         storage.sync()
     fsynced: list[str] = []
     real = os.fsync

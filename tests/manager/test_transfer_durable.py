@@ -6,20 +6,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from portable_ckpt.torch.launch import run_group
 
 
+@pytest.mark.parametrize("partial", [False, True])
 def test_received_files_and_their_directory_are_fsynced_before_run_transfers_returns(
-    tmp_path: Path,
+    tmp_path: Path, partial: bool
 ) -> None:
-    """R-COMMIT-17: the receiving rank fsyncs the file and its directory before it returns."""
+    """R-COMMIT-17: the receiving rank fsyncs the file and its directory before it returns.
+
+    ``partial``: a receiver killed mid-file left a short file under the final name, which
+    refused every later fetch ("attempts never overwrite files"; attack review F14): it is
+    replaced by the peer's copy.
+    """
     roots = [str(tmp_path / "node0"), str(tmp_path / "node1")]
     for r in roots:
         os.makedirs(r)
     res = run_group(
         "_transfer_workers:send_and_trace",
         2,
-        [roots],
+        [roots, partial],
         timeout=120.0,
         sys_path=[os.path.dirname(__file__)],
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portable_ckpt.errors import DistributedError, FileSizeError
+from portable_ckpt.errors import DistributedError, FileMissingError, FileSizeError
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.storage import Storage
 
 __all__ = ["Transfer", "run_transfers"]
 
+_log = logging.getLogger("portable_ckpt")
 _CHUNK = 16 << 20
 
 
@@ -92,11 +94,29 @@ def _send(
     return sum(sizes)
 
 
+def _clear_partial(storage: Storage, rel: str, size: int) -> None:
+    """Remove what an interrupted earlier fetch of ``rel`` left (a process killed mid-file).
+
+    Files are written under their final name; a killed receiver leaves a short file there that
+    would refuse every later fetch ("attempts never overwrite files"). Only a file positively of
+    another size than the peer's copy goes: one that cannot be sized fails the fetch as before.
+    """
+    try:
+        have = storage.size(rel)
+    except FileMissingError:
+        return
+    if have != size:
+        _log.warning("%s: %d bytes of %d, left by an interrupted fetch; fetching it again",
+                     rel, have, size)
+        storage.delete(rel)
+
+
 def _recv(storage: Storage, attempt: str, src: int, group: Any, timeout: float, chunk: int) -> int:
     paths, sizes = _recv_json(src, group, timeout)
     buf = torch.empty(chunk, dtype=torch.uint8)
     for path, size in zip(paths, sizes, strict=True):
         rel = f"{attempt}/{check_relative_path(path, what='transferred file')}"
+        _clear_partial(storage, rel, size)
         writer = storage.open_writer(rel)
         try:
             for off in range(0, size, chunk):
