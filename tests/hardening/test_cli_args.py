@@ -240,3 +240,22 @@ def test_ls_names_each_copy_destination_once(
     assert cli_main(["ls", str(tmp_path / "root")]) == 0
     row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(ident))
     assert row.count("backup") == 1, row
+
+
+def test_output_that_cannot_be_written_is_said_as_such(tmp_path: Path) -> None:
+    """stdout on a full disk was "internal error ... a bug", exit 1, which reads as "problems
+    found" for verify (attack review F12): it is exit 74, and says the command ran."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    import portable_ckpt
+
+    portable_ckpt.save_arrays(tmp_path / "r", {"w": np.arange(3.0)}, step=1)
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "portable_ckpt", "ls", str(tmp_path / "r")],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 74, p.stderr
+    assert "cannot write the output" in p.stderr and "internal error" not in p.stderr
+    assert "Traceback" not in p.stderr

@@ -19,6 +19,7 @@ import pkgutil
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from portable_ckpt import __version__
 from portable_ckpt.cli._output import add_output_options, log_to_stderr
@@ -64,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Every argument is checked while parsing (``cli/_args.py``) and by the subcommand's
     ``check`` before anything is touched: a bad value exits 2. Output into a closed pipe
-    (``inspect ... | head``) exits 141 (128 + SIGPIPE) without a traceback.
+    (``inspect ... | head``) exits 141 (128 + SIGPIPE) without a traceback; output that cannot
+    be written (a full disk, ``> /dev/full``) exits 74 (``EX_IOERR``) and says so.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -75,18 +77,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = check(args) if check is not None else None
     if problem:
         parser.error(f"{args.command}: {problem}")
+    real = sys.stdout
+    sys.stdout = _Output(real)
     try:
         with log_to_stderr(args):
-            return _run(args)
+            code = _run(args)
+            sys.stdout.flush()  # now, not at exit: a failing write is reported here
+            return code
+    except _OutputError as exc:
+        print(f"portable-ckpt: cannot write the output: {exc.__cause__}; the command itself "
+              f"ran (its result is not shown)", file=sys.stderr)
+        _silence(real)
+        return EXIT_OUTPUT
     except KeyboardInterrupt:  # a second Ctrl-C, while the log handler is being removed
         return 130
     except BrokenPipeError:
         # The reader of our output went away: point stdout at /dev/null so that the flush at
         # exit cannot raise again, and end like a process killed by SIGPIPE (cat, grep).
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        _silence(real)
         return 128 + signal.SIGPIPE
+    finally:
+        sys.stdout = real
+
+
+#: Exit status when the command's own output cannot be written (sysexits' EX_IOERR).
+EXIT_OUTPUT = 74
+
+
+class _OutputError(Exception):
+    """Standard output refused a write (its cause: the OSError)."""
+
+
+class _Output:
+    """Standard output whose write errors are the output's, not a bug of a command."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputError from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputError from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _silence(stream: Any) -> None:
+    """Point ``stream`` at /dev/null so that the flush at exit cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -101,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except (BrokenPipeError, SystemExit, GeneratorExit):
+    except (BrokenPipeError, SystemExit, GeneratorExit, _OutputError):
         raise
     except BaseException as exc:  # no traceback ever reaches a user; PCK_DEBUG=1 shows it
         # BaseException: a native library's panic (pyo3's PanicException) is not an Exception.
