@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,5 +162,12 @@ def test_a_copy_that_may_be_in_progress_is_a_conflict_not_a_usage_error(tmp_path
     with pytest.raises(CommitConflictError, match=r"retry in \d+s"):
         copy_version(src, str(tmp_path / "dst"))
     assert main(["copy", src, str(tmp_path / "dst")]) == 1
+    # A destination whose clock runs ahead said "written -97132927s ago ... retry in 97133227s"
+    # (attack review F3): a time in the future is named as such.
+    future = time.time() + 3600
+    os.utime(left / "w00000-0000.safetensors", (future, future))
+    with pytest.raises(CommitConflictError, match=r"36\d\ds ahead of this machine's clock") as ei:
+        copy_version(src, str(tmp_path / "dst"))
+    assert "retry in" not in str(ei.value) and "-" not in str(ei.value).split("ahead")[0][-12:]
     copy_version(src, str(tmp_path / "dst"), partial_grace_s=0)  # no copy runs: replaced
     assert portable_ckpt.open(tmp_path / "dst").verify(deep=True) == []

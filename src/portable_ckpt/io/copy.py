@@ -305,14 +305,19 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
         return
     newest = max(i.mtime for i in leftovers)
     age = time.time() - newest
-    if not force and age < grace_s:
+    if not force and grace_s > 0 and age < grace_s:
         # A state of the destination, not a wrong argument: automation retrying a copy after
         # a crash tells "busy" (PCK-COMMIT-CONFLICT) from a usage error (PCK-USAGE).
+        when = (
+            f"written {age:.0f}s ago: another copy may be in progress; retry in "
+            f"{max(1.0, grace_s - age):.0f}s"
+            if age >= 0
+            else f"whose times are {-age:.0f}s ahead of this machine's clock (the destination's "
+            "clock runs ahead, or a copy is in progress): waiting does not tell"
+        )
         raise CommitConflictError(
-            f"{dst.url}/{attempt} holds {len(leftovers)} files of an uncommitted copy written "
-            f"{age:.0f}s ago: another copy may be in progress; retry in "
-            f"{max(1.0, grace_s - age):.0f}s, or pass force=True (--force) to replace them "
-            "if no other copy runs",
+            f"{dst.url}/{attempt} holds {len(leftovers)} files of an uncommitted copy {when}, or "
+            "pass force=True (--force) to replace them if no other copy runs",
             path=f"{dst.url}/{attempt}",
         )
     dst.delete_prefix(f"{attempt}/")
