@@ -302,7 +302,11 @@ def _json_before_path(argv: list[str]) -> list[str]:
     path (exit 2). No report can be written over a directory, so the reading is unambiguous.
     """
     out = list(argv)
+    if not out or out[0] != "check":  # only check's own options: never an adapter's after --
+        return out
     for i, a in enumerate(out[:-1]):
+        if a == "--":
+            break
         if a == "--json" and not out[i + 1].startswith("-") and Path(out[i + 1]).is_dir():
             out[i] = "--json=-"
     return out

@@ -303,3 +303,16 @@ def test_exit_codes_a_ci_gate_reads(dirs: tuple[Path, Path], fast_tmp: Path) -> 
               cwd, tmp)
     assert ok.returncode == 0, ok.stdout + ok.stderr  # a module that exists runs as before
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_the_json_path_rewrite_leaves_an_adapters_arguments_alone(tmp_path: Path) -> None:
+    """``check --json ROOT`` reads ROOT as the path; the rewrite also changed an adapter's own
+    ``--json DIR`` after ``--`` in a writer run (attack review F5)."""
+    from conformance.cli import _json_before_path
+
+    d = str(tmp_path)
+    assert _json_before_path(["check", "--json", d]) == ["check", "--json=-", d]
+    writer = ["writer", "--json", "r.json", "--", "python", "a.py", "--json", d]
+    assert _json_before_path(writer) == writer
+    check = ["check", d, "--", "--json", d]
+    assert _json_before_path(check) == check

@@ -327,9 +327,10 @@ def _gc(args: argparse.Namespace) -> int:
         print(
             f"portable-ckpt: gc kept {len(rep.damaged)} attempt(s) whose commit record is "
             "invalid: committed versions damaged after their commit (a save never publishes "
-            "such a record), whose data may still be recovered. Check them with `portable-ckpt "
-            "verify ROOT/ID`, put the record back from a copy, or delete them with "
-            "--delete-invalid",
+            "such a record), whose data may still be recovered. `portable-ckpt verify ROOT/ID` "
+            "names the record's defect. Where a copy of the version exists (`portable-ckpt ls "
+            "COPY_ROOT`), replace ROOT/ID/manifest.json by hand with the copy's, then run "
+            "`portable-ckpt verify ROOT/ID --deep`; or delete them with --delete-invalid",
             file=sys.stderr,
         )
     if not rep.complete:
