@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -170,4 +171,46 @@ def test_a_copy_that_may_be_in_progress_is_a_conflict_not_a_usage_error(tmp_path
         copy_version(src, str(tmp_path / "dst"))
     assert "retry in" not in str(ei.value) and "-" not in str(ei.value).split("ahead")[0][-12:]
     copy_version(src, str(tmp_path / "dst"), partial_grace_s=0)  # no copy runs: replaced
+    assert portable_ckpt.open(tmp_path / "dst").verify(deep=True) == []
+
+
+def test_two_copies_started_together_are_conflicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two copies into one root that both passed the leftovers check failed with PCK-STORAGE
+    "file already exists" (attack review F7): a file that appears while a copy runs is
+    PCK-COMMIT-CONFLICT, and --force copies again."""
+    import threading
+
+    import portable_ckpt.io.copy as copy_module
+    from portable_ckpt.errors import CheckpointError
+
+    portable_ckpt.save_arrays(tmp_path / "src", {"a": np.arange(1 << 16, dtype=np.float64)},
+                              step=1, entries={f"e{i}": {"v": i} for i in range(4)})
+    barrier = threading.Barrier(2)
+    clear = copy_module._clear_partial
+
+    def both_checked(*a: Any, **k: Any) -> None:
+        clear(*a, **k)
+        barrier.wait(30)  # both copies have seen no leftovers before either writes
+
+    monkeypatch.setattr(copy_module, "_clear_partial", both_checked)
+    codes: list[str] = []
+
+    def run() -> None:
+        try:
+            copy_version(str(tmp_path / "src"), str(tmp_path / "dst"))
+            codes.append("ok")
+        except CheckpointError as e:
+            codes.append(e.code)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert "PCK-COMMIT-CONFLICT" in codes and set(codes) <= {"ok", "PCK-COMMIT-CONFLICT"}, codes
+    monkeypatch.setattr(copy_module, "_clear_partial", clear)
+    if "ok" not in codes:
+        copy_version(str(tmp_path / "src"), str(tmp_path / "dst"), force=True)
     assert portable_ckpt.open(tmp_path / "dst").verify(deep=True) == []

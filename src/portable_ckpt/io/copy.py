@@ -31,6 +31,7 @@ from portable_ckpt.errors import (
     CommitConflictError,
     FileMissingError,
     FileSizeError,
+    StorageError,
     UsageError,
 )
 from portable_ckpt.format import jsonio, usage
@@ -191,7 +192,17 @@ class _FileCopier:
                 path=self.rel,
             )
         whole = 0
-        writer = self.dst.open_writer(self.rel)
+        try:
+            writer = self.dst.open_writer(self.rel)
+        except StorageError as exc:
+            if self.dst.exists(self.rel):  # made since this copy looked: another copy runs
+                raise CommitConflictError(
+                    f"{self.dst.url}/{self.rel} appeared while this copy ran: another copy of "
+                    "the version writes the same destination now; let it finish, then check it "
+                    "with `portable-ckpt ls` (where both failed: copy again with --force)",
+                    path=self.rel,
+                ) from exc
+            raise
         try:
             offset = 0
             pending: Future[memoryview] | None = (
