@@ -168,3 +168,12 @@ def test_ls_shows_an_attempt_that_is_only_unfinished_uploads(
     assert [(v["id"], v["status"]) for v in doc["versions"]] == [(keep, "committed"),
                                                                  (dead, "incomplete")]
     assert [v.id for v in list_versions(root)] == [keep]  # readers still list versions only
+    # An upload keyed <root>/<attempt id> (no directory) is no attempt's: gc reported it deleted
+    # on every run and never aborted it (attack review F2).
+    phantom = new_attempt_id(3)
+    w = open_storage(root).open_writer(phantom)
+    w.write(b"\x01" * (5 << 20))
+    assert main(["ls", root, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert phantom not in [v["id"] for v in doc["versions"]]
+    w.abort()

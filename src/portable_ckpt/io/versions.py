@@ -1081,7 +1081,11 @@ def upload_only_attempts(storage: Storage, listed: Collection[str]) -> list[Vers
         StorageError: the unfinished uploads could not be listed.
 
     """
-    names = {u.path.split("/", 1)[0] for u in storage.list_uploads("")} - set(listed)
+    # Only uploads inside an attempt directory: a root-level key named like an attempt is no
+    # attempt's (gc would report a deletion its abort of "<id>/" never makes).
+    names = {
+        u.path.split("/", 1)[0] for u in storage.list_uploads("") if "/" in u.path
+    } - set(listed)
     base = storage.url.rstrip("/")
     return [
         VersionInfo(n, _step_of(n), INCOMPLETE, f"{base}/{n}")
