@@ -112,7 +112,7 @@ def _resolve(path: str | os.PathLike[str] | Storage, step: int | None) -> tuple[
     text = root_text(path)
     if text.startswith("file://"):
         text = text[len("file://") :]
-    split = _split_version(text if text.startswith("s3://") else os.path.abspath(text))
+    split = _split_version(text if "://" in text else os.path.abspath(text))
     if split is not None:
         root, attempt = split
         storage = open_storage(root)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -164,3 +165,47 @@ def test_a_backend_instance_is_a_root_for_save_and_open() -> None:
     assert ck.manifest.step == 2 and ck.read("w").tolist() == [0.0, 2.0, 4.0, 6.0]
     assert portable_ckpt.open(store, step=1).read("w").tolist() == [0.0, 1.0, 2.0, 3.0]
     assert ck.verify(deep=True) == []
+
+
+def test_an_installed_backend_names_its_roots_by_url_everywhere(tmp_path: Path) -> None:
+    """A third-party backend could not be reached from the CLI, be a copy's source or count for
+    ``gc --require-copy`` (extension review F6): an installed package registers its scheme
+    through the entry-point group ``portable_ckpt.storage``; the CLI then takes its URLs."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    (site / "dirstore_pkg-0.1.dist-info").mkdir(parents=True)
+    (site / "dirstore_pkg-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: dirstore-pkg\nVersion: 0.1\n")
+    (site / "dirstore_pkg-0.1.dist-info" / "entry_points.txt").write_text(
+        "[portable_ckpt.storage]\ndirstore = dirstore_pkg:open_url\n")
+    (site / "dirstore_pkg.py").write_text(
+        "from portable_ckpt.storage.local import LocalStorage\n\n"
+        "class DirStore(LocalStorage):\n"
+        "    def __init__(self, url):\n"
+        "        super().__init__(url[len('dirstore://'):], create=True)\n"
+        "        self.url = url\n\n"
+        "    def process_spec(self):\n"
+        "        return {'kind': 'url', 'url': self.url}\n\n"
+        "def open_url(url):\n"
+        "    return DirStore(url)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    root = f"dirstore://{tmp_path / 'r'}"
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    saved = run("-c", "import numpy as np, portable_ckpt; print(portable_ckpt.save_arrays("
+                f"{root!r}, {{'w': np.arange(5.0)}}, step=3).attempt_id)")
+    assert saved.returncode == 0, saved.stderr
+    attempt = saved.stdout.strip()
+    ls = run("-m", "portable_ckpt", "ls", root)
+    assert ls.returncode == 0 and attempt in ls.stdout, ls.stderr
+    assert run("-m", "portable_ckpt", "verify", root, "--deep").returncode == 0
+    copied = run("-m", "portable_ckpt", "copy", f"{root}/{attempt}", str(tmp_path / "dst"))
+    assert copied.returncode == 0, copied.stderr
+    assert (tmp_path / "dst" / attempt / "manifest.json").is_file()
+    unknown = run("-m", "portable_ckpt", "ls", "nostore://x")
+    assert unknown.returncode == 2 and "entry point group portable_ckpt.storage" in unknown.stderr

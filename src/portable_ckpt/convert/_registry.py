@@ -269,7 +269,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 
     """
     p = os.fspath(path)
-    if p.startswith("s3://"):
+    if "://" in p and not p.startswith("file://"):  # an object store: only this format there
         return "portable"
     if not os.path.lexists(p):
         raise NotFoundError(f"source {p} does not exist", path=p)

@@ -60,10 +60,10 @@ def normalize_root_url(root: str | os.PathLike[str] | Storage) -> str:
         return url.rstrip("/") if "://" in url else "file://" + os.path.abspath(url)
     text = os.fspath(root)
     check_root_url(text)  # "s3://" has no bucket: never the local folder "s3:"
-    if text.startswith("s3://"):
-        return text.rstrip("/")
     if text.startswith("file://"):
         text = text[len("file://") :]
+    elif "://" in text:  # s3://, or a registered scheme (storage.register_scheme)
+        return text.rstrip("/")
     return "file://" + os.path.abspath(text)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from portable_ckpt.errors import UsageError
@@ -28,8 +28,41 @@ __all__ = [
     "check_s3_prefix",
     "open_process_spec",
     "open_storage",
+    "register_scheme",
     "root_text",
 ]
+
+#: Entry-point group through which an installed package names its backends' URL schemes.
+ENTRY_POINT_GROUP = "portable_ckpt.storage"
+_SCHEMES: dict[str, Callable[[str], Storage]] = {}
+
+
+def register_scheme(scheme: str, opener: Callable[[str], Storage]) -> None:
+    """Let URLs ``scheme://...`` name roots of a third-party backend.
+
+    ``opener(url)`` returns the backend for the whole URL (and refuses a malformed one with
+    ``UsageError``). Then everything that takes a root as text works with it: the CLI, a copy's
+    source and destination, ``gc --require-copy``, and the process-mode writer when the
+    backend's :meth:`~portable_ckpt.storage.base.Storage.process_spec` returns
+    ``{"kind": "url", "url": url}``. A package registers without being imported by the user
+    through an entry point of the group ``portable_ckpt.storage`` named after the scheme (its
+    value: the opener), as fsspec's implementations do.
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) or scheme in ("s3", "file"):
+        raise UsageError(f"scheme {scheme!r}: lowercase letters, digits, '+', '.', '-', not "
+                         "one of the built-in s3 or file")
+    _SCHEMES[scheme] = opener
+
+
+def _opener(scheme: str) -> Callable[[str], Storage] | None:
+    """The registered opener of ``scheme``, loading an installed package's entry point once."""
+    if scheme not in _SCHEMES:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP, name=scheme):
+            _SCHEMES[scheme] = ep.load()
+            break
+    return _SCHEMES.get(scheme)
 
 
 #: C0 controls and DEL: in no S3 root (a URL parser drops some, S3 clients refuse others).
@@ -62,8 +95,11 @@ def check_root_url(url: str) -> None:
         check_s3_prefix(parts.path, url=url)
         return
     scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme and scheme != "file":
-        raise UsageError(f"{url!r}: unsupported scheme {scheme!r}; use a path, file:// or s3://")
+    if scheme and scheme != "file" and _opener(scheme) is None:
+        raise UsageError(
+            f"{url!r}: unsupported scheme {scheme!r}; use a path, file:// or s3://, or install "
+            f"the package of a backend that registers it (entry point group {ENTRY_POINT_GROUP})"
+        )
     if scheme == "file" and not url[len("file://") :]:
         raise UsageError(f"{url!r} names no directory")
 
@@ -153,6 +189,10 @@ def open_storage(url: str | os.PathLike[str] | Storage, *, create: bool = False)
         return S3Storage.from_url(text)
     if text.startswith("file://"):
         text = text[len("file://") :]
+    elif "://" in text:
+        opener = _opener(text.split("://", 1)[0])
+        if opener is not None:  # check_root_url found it
+            return opener(text)
     return LocalStorage(text, create=create)
 
 
@@ -164,6 +204,8 @@ def open_process_spec(spec: Mapping[str, Any]) -> Storage:
 
     """
     kind = spec.get("kind")
+    if kind == "url":  # a registered scheme's backend, opened again from its URL
+        return open_storage(str(spec["url"]))
     if kind == "local":
         return LocalStorage(str(spec["root"]))
     if kind == "s3":
