@@ -68,3 +68,31 @@ def test_a_transient_read_error_after_a_save_fails_no_version(
     target = {"model": {"w": torch.zeros(1000)}}
     info = CheckpointManager(root, handle_sigterm=False).restore(target, step=2)
     assert info is not None and torch.equal(target["model"]["w"], torch.arange(1000.0) * 2)
+
+
+def test_a_durable_save_whose_fast_copy_is_damaged_is_a_failed_durable_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``replicate=True``: a durable step's fast-tier version that failed its verification was
+    never copied, never counted, never said; the job ran with an empty durable root and exited
+    0 (tier review F1). It is a failed durable save now: counted, kept for wait(), on stderr."""
+    from portable_ckpt.errors import ChecksumError
+    from portable_ckpt.io.reader import Checkpoint
+
+    def damaged(self: Checkpoint, *a: Any, **k: Any) -> list[Any]:
+        return [ChecksumError(f"{self.id}: block 0 differs [injected]")]
+
+    monkeypatch.setattr(Checkpoint, "verify", damaged)
+    durable, fast = str(tmp_path / "durable"), str(tmp_path / "fast")
+    mgr = CheckpointManager(durable, fast_root=fast, replicate=True, save_every=1,
+                            async_save=False, verify_sample=1.0, max_failed_saves=None,
+                            handle_sigterm=False)
+    for step in (1, 2):
+        mgr.save(step, {"model": {"w": torch.arange(100.0) * step}})
+    with pytest.raises(ChecksumError, match="not copied to the durable root"):
+        mgr.wait()
+    mgr.close()
+    assert list_versions(durable) == []
+    assert mgr._failed_saves == 2 and mgr._failed_steps == [1, 2]
+    err = capfd.readouterr().err
+    assert "not copied to the durable root" in err and "FAILED" in err, err

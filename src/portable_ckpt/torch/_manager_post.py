@@ -14,7 +14,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from portable_ckpt.errors import CheckpointError, DistributedError, error_for_code
+from portable_ckpt.errors import DAMAGE_CODES, CheckpointError, DistributedError, error_for_code
 from portable_ckpt.manager.decisions import Decision
 from portable_ckpt.manager.records import candidates_of
 from portable_ckpt.manager.retention import plan_retention
@@ -87,9 +87,12 @@ def after_save(
     if mgr.rank != 0:
         return
     _emit_commit(mgr, tier, step, info)
-    bad = verify(mgr, tier, info.checkpoint_id) is False
-    if tier.name == "fast" and mgr.replicate and decision.tier == "durable" and not bad:
-        replicate(mgr, tier, info.checkpoint_id, step)
+    damage = verify(mgr, tier, info.checkpoint_id)
+    if tier.name == "fast" and mgr.replicate and decision.tier == "durable":
+        if damage is None:
+            replicate(mgr, tier, info.checkpoint_id, step)
+        else:
+            not_copied(mgr, info.checkpoint_id, step, damage)
     retain(mgr, tier, info.checkpoint_id)
 
 
@@ -129,15 +132,47 @@ def _after_node_local(
     """Node-local version: every rank takes part; no single rank can read all of it."""
     if mgr.rank == 0:
         _emit_commit(mgr, tier, step, info)
-    bad = verify_nodes(mgr, tier, info.checkpoint_id) is False
-    if mgr.replicate and mgr._bg_comm is not None and decision.tier == "durable" and not bad:
-        replicate_nodes(mgr, tier, info.checkpoint_id, step)
+    damage = verify_nodes(mgr, tier, info.checkpoint_id)  # agreed by every rank
+    if mgr.replicate and mgr._bg_comm is not None and decision.tier == "durable":
+        if damage is None:
+            replicate_nodes(mgr, tier, info.checkpoint_id, step)
+        else:
+            not_copied(mgr, info.checkpoint_id, step, damage)
     if tier.leads(mgr.rank):
         retain(mgr, tier, info.checkpoint_id)  # each node's leader keeps its own node root
 
 
-def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
-    """Sampled verification of a node-local version: each rank its share, results agreed."""
+def not_copied(mgr: CheckpointManager, attempt: str, step: int, damage: CheckpointError) -> None:
+    """A durable save (``replicate=True``) whose fast-tier version failed its verification.
+
+    It is not copied (a copy would carry the damage, or fail on it), so the durable checkpoint
+    of ``step`` does not exist: counted towards ``max_failed_saves``, kept for ``wait()`` and
+    said on stderr, like any durable save that failed. It was dropped without a word: a job
+    on a failing SSD ran with an empty durable root and exited 0.
+    """
+    durable = mgr.tiers["durable"]
+    e = type(damage)(
+        f"{attempt} failed its sampled verification on the fast tier ({damage.message}); it "
+        f"is not copied to the durable root {durable.root}: the durable checkpoint of step "
+        f"{step} does not exist",
+        path=damage.path,
+    )
+    mgr.last_error = e
+    durable_failed(mgr, step)
+    if mgr.rank == 0:
+        if not mgr._exiting:
+            say(failure_text(mgr, step, "durable", e))
+        mgr.telemetry.emit(
+            "replicate", tier="durable", checkpoint_id=attempt, ok=False, code=e.code,
+            message=e.message[:2000],
+        )
+
+
+def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError | None:
+    """Sampled verification of a node-local version: each rank its share, results agreed.
+
+    Returns the first damage found (the version failed), else ``None``.
+    """
     from portable_ckpt.torch._manager_nodelocal import verify_node_local
 
     if mgr.verify_sample <= 0 or mgr._bg_comm is None or tier.layout is None:
@@ -156,7 +191,10 @@ def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | Non
         )
         if not out.ok:
             _log.error("version %s failed sampled verification: %s", attempt, out.errors[:1])
-    return out.ok
+    if out.ok:
+        return None
+    first = next(e for e in out.errors if e.get("code") in DAMAGE_CODES)
+    return error_for_code(str(first["code"]))(str(first.get("message", "")))
 
 
 def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> None:
@@ -295,8 +333,12 @@ def too_many_failures(mgr: CheckpointManager) -> CheckpointError:
     return cls(message)
 
 
-def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
-    """Sampled verification of a fresh version on rank 0; records the result beside it."""
+def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError | None:
+    """Sampled verification of a fresh version on rank 0; records the result beside it.
+
+    Returns the first damage found (the version failed), else ``None`` (also when it was not
+    verified, or could not be read: that proves nothing).
+    """
     if mgr.verify_sample <= 0:
         return None
     import portable_ckpt
@@ -349,7 +391,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> bool | None:
     elif errors:
         _log.warning("the sampled verification of %s could not read it (%s); nothing recorded",
                      attempt, errors[0])
-    return ok
+    return None if ok else next(e for e in errors if e.code in DAMAGE_CODES)
 
 
 def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> None:
