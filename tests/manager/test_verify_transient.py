@@ -7,6 +7,7 @@ intact version after the next save. Only damage (``DAMAGE_CODES``) fails a versi
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +97,22 @@ def test_a_durable_save_whose_fast_copy_is_damaged_is_a_failed_durable_save(
     assert mgr._failed_saves == 2 and mgr._failed_steps == [1, 2]
     err = capfd.readouterr().err
     assert "not copied to the durable root" in err and "FAILED" in err, err
+
+
+def test_a_fast_tier_failure_does_not_fail_a_run_whose_durable_saves_work(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """close() raised a fast-tier failure of step 3 at the end of a run whose durable step 4 had
+    committed, and the job exited 1 (tier review F10). A durable save that works clears it; the
+    failure was said on stderr."""
+    durable, fast = str(tmp_path / "durable"), tmp_path / "fast"
+    mgr = CheckpointManager(durable, fast_root=str(fast), fast_every=1, save_every=2,
+                            handle_sigterm=False)
+    shutil.rmtree(fast, ignore_errors=True)
+    fast.write_text("the fast tier's disk is gone")  # every fast save fails from now on
+    for step in (1, 2, 3, 4, 5, 6):
+        mgr.maybe_save(step, {"model": {"w": torch.arange(10.0) * step}})
+    mgr.close()  # no raise: the newest checkpoint, durable step 6, exists
+    assert [v.step for v in list_versions(durable)][-1] == 6
+    err = capfd.readouterr().err
+    assert "step 5" in err and "FAILED" in err, err

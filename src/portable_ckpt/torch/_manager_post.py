@@ -157,7 +157,7 @@ def not_copied(mgr: CheckpointManager, attempt: str, step: int, damage: Checkpoi
         f"{step} does not exist",
         path=damage.path,
     )
-    mgr.last_error = e
+    mgr.last_error, mgr._last_error_fast = e, False
     durable_failed(mgr, step)
     if mgr.rank == 0:
         if not mgr._exiting:
@@ -217,6 +217,7 @@ def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str, step: int)
             f"replication of {attempt} to {durable.root} failed on rank {out.failed_rank}: "
             f"[{out.code}] {out.message}"
         )
+        mgr._last_error_fast = False
         _log.error("%s", mgr.last_error)
         say(f"rank 0: {mgr.last_error}. Training continues; the version stays on the fast tier.")
         mgr.telemetry.emit("replicate", **fields, code=out.code, message=out.message)
@@ -251,6 +252,7 @@ def after_failure(
     """
     if not raised:  # a synchronous save's error reached the caller already
         mgr.last_error = e
+        mgr._last_error_fast = decision.tier != "durable"
     if decision.tier == "durable":
         durable_failed(mgr, step)
     _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
@@ -285,8 +287,15 @@ def durable_failed(mgr: CheckpointManager, step: int) -> None:
 
 
 def durable_ok(mgr: CheckpointManager) -> None:
-    """A durable version was published (committed, or copied to the durable root)."""
+    """A durable version was published (committed, or copied to the durable root).
+
+    A fast-tier failure still waiting in ``last_error`` goes: it was said on stderr, and a job
+    whose durable saves work is not failed by its fast tier (close() raised it at the end of a
+    run whose last durable save had committed, and the job exited 1).
+    """
     mgr._failed_saves, mgr._failed_steps = 0, []
+    if mgr._last_error_fast:
+        mgr.last_error, mgr._last_error_fast = None, False
 
 
 def failure_text(mgr: CheckpointManager, step: int, tier: str, e: BaseException) -> str:
@@ -405,7 +414,7 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
         try:
             res = f.result()
         except BaseException as e:
-            mgr.last_error = e
+            mgr.last_error, mgr._last_error_fast = e, False
             durable_failed(mgr, step)
             say(
                 f"rank 0: the copy of {attempt} to the durable root {durable.root} FAILED "
