@@ -116,3 +116,29 @@ def test_a_fast_tier_failure_does_not_fail_a_run_whose_durable_saves_work(
     assert [v.step for v in list_versions(durable)][-1] == 6
     err = capfd.readouterr().err
     assert "step 5" in err and "FAILED" in err, err
+
+
+def test_a_slow_replication_is_no_earlier_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``replicate=True``: this job's own fast saves committed while step 3 was copied were
+    called "newer steps (an earlier run's, or a rolled-back branch)" (tier review F6)."""
+    import time
+
+    import portable_ckpt.io.copy as copy_module
+
+    copy = copy_module.copy_version
+
+    def slow(*a: Any, **k: Any) -> Any:
+        time.sleep(1.5)  # later fast saves commit meanwhile
+        return copy(*a, **k)
+
+    monkeypatch.setattr(copy_module, "copy_version", slow)
+    mgr = CheckpointManager(str(tmp_path / "durable"), fast_root=str(tmp_path / "fast"),
+                            replicate=True, save_every=3, fast_every=1, keep_last=2, fast_keep=2,
+                            async_save=False, handle_sigterm=False)
+    for step in range(1, 6):  # 4 and 5 commit on the fast tier while 3 is being copied
+        mgr.maybe_save(step, {"model": {"w": torch.arange(10.0) * step}})
+    mgr.close()
+    assert "already holds newer steps" not in capfd.readouterr().err
+    assert [v.step for v in list_versions(str(tmp_path / "durable"))] == [3]

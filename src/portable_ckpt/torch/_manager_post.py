@@ -441,7 +441,10 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
             mib_per_s=round(res.mib_per_s, 3),
         )
         mgr._bg.submit(retain, mgr, durable, attempt)
-        mgr._bg.submit(retain, mgr, tier, attempt)  # the fast tier, now that the copy is done
+        # The fast tier, now that the copy is done. Not as "this job's newest save": later fast
+        # saves may have committed meanwhile (they are this job's, not an earlier run's), and
+        # the version is safe on the durable root.
+        mgr._bg.submit(retain, mgr, tier)
 
     fut.add_done_callback(done)
 
