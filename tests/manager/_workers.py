@@ -572,3 +572,73 @@ def sigint_preempts(rank: int, world: int, root: str) -> dict[str, Any]:
     out["default_preempted"] = plain._preemption.seen.is_set()
     plain.close()
     return out
+
+
+class _FullDisk(_SlowWrites):
+    """A storage whose writers fail with ENOSPC at their first write (a replacement node's
+    full NVMe)."""
+
+    def __init__(self, storage: Any) -> None:
+        super().__init__(storage, 0.0)
+
+    def open_writer(self, path: str, **kwargs: Any) -> Any:
+        from portable_ckpt.errors import StorageError
+
+        writer = self._storage.open_writer(path, **kwargs)
+
+        class Full:
+            close, abort = writer.close, writer.abort
+
+            def write(self, data: Any) -> None:
+                raise StorageError(f"write {path!r}: No space left on device (errno 28)")
+
+        return Full()
+
+
+def node_damage_falls_back(rank: int, world: int, base: str) -> dict[str, Any]:
+    """A node whose copy of the newest record is torn, then a replacement node whose disk is
+    full: each made two ranks fail outside any agreement while the others waited for the
+    collective timeout (tier review F8, F9). Both fall back, agreed and promptly."""
+    import shutil
+
+    import torch.distributed as dist
+
+    from portable_ckpt.torch import _transfer
+
+    root = f"{base}/r1"
+    tr = Trainer(world)
+    with _node_mgr(root, "1") as mgr:
+        for step in range(1, 5):
+            tr.step(step)
+            mgr.maybe_save(step, {"model": tr})
+    out: dict[str, Any] = {}
+    dist.barrier()
+    if rank == 0:  # node 1's copy of step 4's record: torn on its disk
+        [newest] = [p for p in os.listdir(f"{root}-fast/node1") if p.startswith("s000000000004-")]
+        record = f"{root}-fast/node1/{newest}/manifest.json"
+        shutil.copy(record, f"{base}/record.bak")
+        with open(record, "r+b") as f:
+            f.truncate(200)
+    dist.barrier()
+    t0 = time.monotonic()
+    fresh = Trainer(world, salt=500.0)
+    with _node_mgr(root, "1") as torn:
+        info = torn.restore({"model": fresh})
+    out["torn"] = {**_restored(torn, info, fresh), "seconds": time.monotonic() - t0}
+    dist.barrier()
+    if rank == 0:  # node 1 lost and replaced by a node whose disk is full
+        shutil.move(f"{root}-fast/node1", f"{root}-fast/node1-lost")
+    dist.barrier()
+    if rank in (2, 3):
+        recv = _transfer._recv
+
+        def full_recv(storage: Any, *args: Any) -> int:
+            return recv(_FullDisk(storage), *args)
+
+        _transfer._recv = full_recv
+    t0 = time.monotonic()
+    fresh = Trainer(world, salt=500.0)
+    with _node_mgr(root, "1") as full:
+        info = full.restore({"model": fresh})
+    out["full"] = {**_restored(full, info, fresh), "seconds": time.monotonic() - t0}
+    return out

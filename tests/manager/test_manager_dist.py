@@ -350,3 +350,19 @@ def test_only_durable_failures_stop_the_job(tmp_path: Path, failing: str) -> Non
         assert r0["durable_ok"] == [2, 4, 6, 8] and r0["fast_ok"] == []
         said = [line for line in r0["stderr"].splitlines() if "FAILED" in line]
         assert len(said) == 4 and all("fast-tier failures never stop it" in x for x in said)
+
+
+def test_a_damaged_or_full_node_falls_back_by_agreement(tmp_path: Path) -> None:
+    """Node 1's torn copy of the newest record, then a replacement node 1 with a full disk: two
+    ranks failed outside any agreement and the others waited for the collective timeout (30
+    minutes by default), then a raw gloo error (tier review F8, F9). Every rank now agrees on
+    the failure at once and the restore falls back to the next version."""
+    for r in ok(run("node_damage_falls_back", 4, str(tmp_path), timeout=300)):
+        torn, full = r["torn"], r["full"]
+        assert torn["step"] == 3 and torn["fallbacks"], torn  # the older version, agreed
+        assert torn["fallbacks"][0]["code"] == "PCK-FILE-SIZE", torn["fallbacks"]
+        assert "differs from the one the other nodes hold" in torn["fallbacks"][0]["message"]
+        assert full["fallbacks"] and full["fallbacks"][0]["code"] == "PCK-STORAGE", full
+        assert "No space left on device" in full["fallbacks"][0]["message"]
+        assert full["step"] == 3 and full["tier"] == "durable"
+        assert torn["seconds"] < 60 and full["seconds"] < 60  # the manager's timeout is 120 s

@@ -27,6 +27,7 @@ from portable_ckpt.errors import (
     TensorMissingError,
     UnsupportedValueError,
     UsageError,
+    error_for_code,
 )
 from portable_ckpt.io.versions import list_versions, timestamp_key
 from portable_ckpt.torch._collectives import make_comm
@@ -387,14 +388,23 @@ def reach_node_local(
     comm = make_comm(mgr.process_group, mgr.timeout)
     rel = f"{ident}/manifest.json"
     mine = None
-    if tier.storage.exists(rel):
-        raw = tier.storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
-        mine = raw.decode("utf-8")
+    try:  # a node that cannot read its copy offers none; every rank reaches the exchange
+        if tier.storage.exists(rel):
+            raw = tier.storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
+            mine = raw.decode("utf-8", "replace")
+    except CheckpointError as e:
+        _log.warning("rank %d: cannot read %s of its node root: %s", mgr.rank, rel, e)
     text = next((t for t in comm.allgather_json(mine, "restore/fast-manifest") if t), None)
     if text is None:
         raise FileMissingError(f"no node root of the fast tier holds {rel}", path=rel)
     usable, report = prepare_fast_restore(comm, tier.layout, tier.storage, ident, state, text)
     mgr._fetched = report
+    failed = report.get("error")
+    if failed is not None:  # agreed by every rank: the restore falls back to the next version
+        raise error_for_code(str(failed["code"]))(
+            f"fast tier version {ident} cannot be made whole on every node: {failed['message']}",
+            path=ident,
+        )
     if not usable:
         raise FileMissingError(
             f"fast tier version {ident}: {report['unreachable']} file(s) a rank needs are on "

@@ -233,27 +233,57 @@ def prepare_fast_restore(
     needed files are in its node root with their recorded sizes.
     """
     rel = f"{attempt}/manifest.json"
-    if not storage.exists(rel):
-        storage.create_if_absent(rel, manifest_text.encode("utf-8"))
-    manifest = load_manifest(storage, attempt)
-    ck = Checkpoint(storage, attempt, manifest)
-    need = needed_files(ck, state, comm.rank, comm.world_size)
-    missing = _missing(storage, attempt, manifest, need)
-    wanted = comm.allgather_json(missing, "restore/fast-needs")
+    agreed = manifest_text.encode("utf-8")
+    need: set[str] = set()
+    missing: list[str] = []
+    manifest: Manifest | None = None
+    try:  # every local step reports its failure in the next exchange: no rank is left waiting
+        # The record every rank agreed on (rank 0's) is parsed, never this node's own copy: a
+        # torn copy made two ranks fail here while the others waited for the collective timeout.
+        manifest = load_manifest(storage, attempt, known={attempt: agreed})
+        if not storage.exists(rel):
+            storage.create_if_absent(rel, agreed)
+        elif storage.read_all(rel, max_size=len(agreed)) != agreed:
+            raise FileSizeError(
+                f"{storage.url}/{rel}: this node root's copy of the commit record differs from "
+                "the one the other nodes hold (damaged on this node's disk)",
+                path=rel,
+            )
+        ck = Checkpoint(storage, attempt, manifest)
+        need = needed_files(ck, state, comm.rank, comm.world_size)
+        missing = _missing(storage, attempt, manifest, need)
+        failed = None
+    except CheckpointError as e:
+        failed = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
+    wanted_or_failed = comm.allgather_json([missing, failed], "restore/fast-needs")
+    report: dict[str, Any] = {"missing": sum(len(m) for m, _ in wanted_or_failed),
+                              "unreachable": 0}
+    errors = [f for _, f in wanted_or_failed if f is not None]
+    if errors or manifest is None:
+        report["error"] = errors[0]
+        return False, report
+    wanted = [m for m, _ in wanted_or_failed]
     union = sorted({p for m in wanted for p in m})
     have = [p for p in union if p not in _missing(storage, attempt, manifest, {p})]
     holders = comm.allgather_json(have, "restore/fast-haves")
     transfers, unreachable = _fetch_plan(layout, wanted, holders)
-    report = {"missing": sum(len(m) for m in wanted), "unreachable": unreachable}
+    report["unreachable"] = unreachable
     if unreachable:
         return False, report
-    _exchange(comm, transfers, storage, attempt)
+    try:
+        _exchange(comm, transfers, storage, attempt)
+        failed = None
+    except CheckpointError as e:  # a full or read-only disk: the transfer itself ran to its end
+        failed = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
     # A file is fetched once per node, by one of its ranks: the others may check it only once
     # that rank has written it (run_transfers returns then), so every rank's fetch ends first.
-    comm.allgather_json(None, "restore/fast-fetched")
+    errors = [f for f in comm.allgather_json(failed, "restore/fast-fetched") if f is not None]
+    report["fetched"] = sum(len(t.paths) for t in transfers)
+    if errors:
+        report["error"] = errors[0]
+        return False, report
     still = _missing(storage, attempt, manifest, need)
     ok = comm.allgather_json(not still, "restore/fast-ready")
-    report["fetched"] = sum(len(t.paths) for t in transfers)
     return all(ok), report
 
 

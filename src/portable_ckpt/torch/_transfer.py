@@ -22,7 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portable_ckpt.errors import DistributedError, FileMissingError, FileSizeError
+from portable_ckpt.errors import (
+    CheckpointError,
+    DistributedError,
+    FileMissingError,
+    FileSizeError,
+)
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.storage import Storage
 
@@ -114,23 +119,44 @@ def _clear_partial(storage: Storage, rel: str, size: int) -> None:
 def _recv(storage: Storage, attempt: str, src: int, group: Any, timeout: float, chunk: int) -> int:
     paths, sizes = _recv_json(src, group, timeout)
     buf = torch.empty(chunk, dtype=torch.uint8)
+    failed: CheckpointError | None = None
     for path, size in zip(paths, sizes, strict=True):
         rel = f"{attempt}/{check_relative_path(path, what='transferred file')}"
-        _clear_partial(storage, rel, size)
-        writer = storage.open_writer(rel)
+        writer = None
+        if failed is None:
+            try:
+                _clear_partial(storage, rel, size)
+                writer = storage.open_writer(rel)
+            except CheckpointError as e:
+                failed = e
         try:
             for off in range(0, size, chunk):
                 n = min(chunk, size - off)
                 _wait(dist.irecv(buf[:n], src, group=group), timeout, path)
-                writer.write(buf.numpy().data[:n])
-            writer.close()
+                if writer is not None:
+                    try:
+                        writer.write(buf.numpy().data[:n])
+                    except CheckpointError as e:
+                        # A full or read-only disk: keep receiving (and dropping) the rest, so
+                        # the sender finishes and the failure is agreed, not a peer's timeout.
+                        writer.abort()
+                        writer, failed = None, e
+            if writer is not None:
+                try:
+                    writer.close()
+                except CheckpointError as e:  # fsync on a full disk: the next files drain too
+                    writer.abort()
+                    writer, failed = None, e
         except BaseException:
-            writer.abort()
+            if writer is not None:
+                writer.abort()
             raise
-        if storage.size(rel) != size:
+        if failed is None and storage.size(rel) != size:
             raise FileSizeError(
                 f"{storage.url}/{rel}: received {storage.size(rel)} of {size} bytes", path=rel
             )
+    if failed is not None:
+        raise failed
     return int(sum(sizes))
 
 
@@ -149,6 +175,7 @@ def run_transfers(
     """Perform this rank's part of ``transfers`` (identical list on every rank); return bytes."""
     moved = 0
     received = False
+    failed: CheckpointError | None = None
     for t in sorted(transfers, key=lambda t: (t.src, t.dst, t.paths)):
         if t.src == t.dst:
             continue
@@ -156,8 +183,15 @@ def run_transfers(
             mine = t.paths or tuple(paths)
             moved += _send(mine, storage, attempt, global_ranks[t.dst], group, timeout, chunk)
         elif rank == t.dst:
-            moved += _recv(storage, attempt, global_ranks[t.src], group, timeout, chunk)
+            try:
+                moved += _recv(storage, attempt, global_ranks[t.src], group, timeout, chunk)
+            except DistributedError:
+                raise  # the peer is gone: nothing to agree with over this group
+            except CheckpointError as e:  # this disk refused (drained): the others go on
+                failed = failed or e
             received = True
+    if failed is not None:
+        raise failed
     if received:
         # The received names must be durable before this rank reports them (the commit record
         # that follows counts on them): R-COMMIT-17 for the files a node-local tier copies.
