@@ -642,3 +642,35 @@ def node_damage_falls_back(rank: int, world: int, base: str) -> dict[str, Any]:
         info = full.restore({"model": fresh})
     out["full"] = {**_restored(full, info, fresh), "seconds": time.monotonic() - t0}
     return out
+
+
+def node_disk_full_save(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Node 1's fast root refuses every write (full): its node-local saves fail on every rank,
+    at once, and the durable saves go on (tier review F2: the group timed out for good)."""
+    from portable_ckpt.errors import CheckpointError, StorageError
+
+    root = f"{base}/r0"
+    tr = Trainer(world)
+    t0 = time.monotonic()
+    closed = None
+    mgr = _node_mgr(root, "0")
+    if rank == 2:  # node 1's leader: shards, fetched copies and the record all refused
+        st = mgr.tiers["fast"].storage
+
+        def full(path: str, *a: Any, **k: Any) -> Any:
+            raise StorageError(f"create {path!r}: No space left on device (errno 28)")
+
+        st.create_if_absent = full
+        st.open_writer = full
+    for step in range(1, 7):
+        tr.step(step)
+        mgr.maybe_save(step, {"model": tr})
+    try:
+        mgr.close()
+    except CheckpointError as e:
+        closed = e.code
+    return {
+        "seconds": time.monotonic() - t0,
+        "durable": [v.step for v in portable_ckpt.list_versions(root)],
+        "closed": closed,
+    }

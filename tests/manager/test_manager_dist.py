@@ -366,3 +366,15 @@ def test_a_damaged_or_full_node_falls_back_by_agreement(tmp_path: Path) -> None:
         assert "No space left on device" in full["fallbacks"][0]["message"]
         assert full["step"] == 3 and full["tier"] == "durable"
         assert torn["seconds"] < 60 and full["seconds"] < 60  # the manager's timeout is 120 s
+
+
+def test_a_full_node_disk_fails_fast_saves_at_once_and_durable_saves_go_on(
+    tmp_path: Path,
+) -> None:
+    """Tier review F2: one node's full fast root failed one rank outside any agreement; the
+    save group timed out, and so did every later save, durable ones included (the durable root
+    stayed empty). The failure is agreed at once; the durable saves of steps 3 and 6 commit."""
+    for r in ok(run("node_disk_full_save", 4, str(tmp_path), timeout=300)):
+        assert r["durable"] == [3, 6], r
+        assert r["closed"] is None, r  # the durable saves worked: the job succeeds
+        assert r["seconds"] < 100, r  # no collective timeout (120 s) was waited for

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 from portable_ckpt._gc import paused_gc
-from portable_ckpt.errors import DistributedError, MetadataConflictError, UsageError
+from portable_ckpt.errors import (
+    CheckpointError,
+    DistributedError,
+    MetadataConflictError,
+    UsageError,
+    error_for_code,
+)
 from portable_ckpt.format.manifest import Continuation, WriterIndex
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
@@ -259,7 +265,7 @@ def _run_save(
         total_bytes = committed
         if opts.publisher is not None:  # node-local roots: publish the record on every node
             total_bytes = committed["bytes"]
-            opts.publisher.after_commit(comm, storage, attempt_id, committed["manifest"])
+            _publish_everywhere(opts.publisher, comm, storage, attempt_id, committed["manifest"])
     return CheckpointInfo(
         checkpoint_id=attempt_id,
         step=opts.step,
@@ -302,6 +308,26 @@ def _agree_on_attempt(
     return storage, plan, sent[0]["id"], diverged(replicas)
 
 
+def _publish_everywhere(
+    publisher: Any, comm: Comm, storage: Storage, attempt_id: str, text: str
+) -> None:
+    """Every node root gets the record; a node that cannot take it fails the save on every rank.
+
+    A full or read-only node disk failed one rank alone while the others went on to their next
+    collective, and every later save of the group timed out.
+    """
+    try:
+        publisher.after_commit(comm, storage, attempt_id, text)
+        failed = None
+    except CheckpointError as e:
+        failed = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
+    errors = [f for f in comm.allgather_json(failed, "save/publish") if f is not None]
+    if errors:
+        raise error_for_code(str(errors[0]["code"]))(
+            f"{attempt_id} is committed on some node roots only: {errors[0]['message']}"
+        )
+
+
 def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions:
     """``opts`` with contract ``statistical`` when plain tensors differ between ranks.
 
@@ -338,14 +364,37 @@ class RankWrite:
 
     def __call__(self) -> tuple[int, Any]:
         """Write; return the bytes written and the writer index (JSON) for the committer."""
+        if self.opts.publisher is not None:
+            return self._write_node_local(self.opts.publisher)
         try:
             written, index = self.write_index()
         finally:
             self.plan.release()  # staged views and live references
-        if self.opts.publisher is not None:
-            placed = self.opts.publisher.after_write(self.comm, self.storage, self.attempt_id, index)
-            return written, {"index": index.to_transport(), "placed": placed}
         return written, index.to_transport()
+
+    def _write_node_local(self, publisher: Any) -> tuple[int, Any]:
+        """Write, agree that every rank wrote, then exchange files between the nodes.
+
+        The exchange is point to point: a rank whose own write failed (a full node disk) and
+        left it would leave its peers blocked until the collective timeout, and the group
+        broken for every later save, durable ones included.
+        """
+        index: WriterIndex | None = None
+        failed: dict[str, str] | None = None
+        try:
+            written, index = self.write_index()
+        except CheckpointError as e:
+            failed = {"code": e.code, "message": f"rank {self.rank}: {e.message}"}
+        finally:
+            self.plan.release()  # staged views and live references
+        errors = [f for f in self.comm.allgather_json(failed, "save/written") if f is not None]
+        if errors or index is None:
+            first = errors[0] if errors else {"code": "PCK-DISTRIBUTED", "message": "?"}
+            raise error_for_code(str(first["code"]))(
+                f"save of step {self.opts.step}: {first['message']}"
+            )
+        placed = publisher.after_write(self.comm, self.storage, self.attempt_id, index)
+        return written, {"index": index.to_transport(), "placed": placed}
 
     def write_index(self) -> tuple[int, WriterIndex]:
         """Write the plan; return the bytes written and this writer's index."""
