@@ -209,15 +209,17 @@ def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str, step: int)
         durable_ok(mgr)
     else:
         durable_failed(mgr, step)
-    if mgr.rank != 0:
-        return
-    fields: dict[str, Any] = {"tier": "durable", "checkpoint_id": attempt, "ok": out.ok}
-    if not out.ok:
+        # Every rank keeps the agreed error: a stop after max_failed_saves names it on each
+        # rank (the others said "last error: None").
         mgr.last_error = DistributedError(
             f"replication of {attempt} to {durable.root} failed on rank {out.failed_rank}: "
             f"[{out.code}] {out.message}"
         )
         mgr._last_error_fast = False
+    if mgr.rank != 0:
+        return
+    fields: dict[str, Any] = {"tier": "durable", "checkpoint_id": attempt, "ok": out.ok}
+    if not out.ok:
         _log.error("%s", mgr.last_error)
         say(f"rank 0: {mgr.last_error}. Training continues; the version stays on the fast tier.")
         mgr.telemetry.emit("replicate", **fields, code=out.code, message=out.message)

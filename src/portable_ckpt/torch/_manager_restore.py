@@ -398,7 +398,6 @@ def reach_node_local(
     if text is None:
         raise FileMissingError(f"no node root of the fast tier holds {rel}", path=rel)
     usable, report = prepare_fast_restore(comm, tier.layout, tier.storage, ident, state, text)
-    mgr._fetched = report
     failed = report.get("error")
     if failed is not None:  # agreed by every rank: the restore falls back to the next version
         raise error_for_code(str(failed["code"]))(
@@ -411,6 +410,7 @@ def reach_node_local(
             f"no reachable node root ({report['missing']} missing before fetching)",
             path=ident,
         )
+    mgr._fetched = report  # this restore's: a failed candidate's report is not the restore's
 
 
 def after_restore(

@@ -241,9 +241,7 @@ def prepare_fast_restore(
         # The record every rank agreed on (rank 0's) is parsed, never this node's own copy: a
         # torn copy made two ranks fail here while the others waited for the collective timeout.
         manifest = load_manifest(storage, attempt, known={attempt: agreed})
-        if not storage.exists(rel):
-            storage.create_if_absent(rel, agreed)
-        elif storage.read_all(rel, max_size=len(agreed)) != agreed:
+        if storage.exists(rel) and storage.read_all(rel, max_size=len(agreed)) != agreed:
             raise FileSizeError(
                 f"{storage.url}/{rel}: this node root's copy of the commit record differs from "
                 "the one the other nodes hold (damaged on this node's disk)",
@@ -283,8 +281,22 @@ def prepare_fast_restore(
         report["error"] = errors[0]
         return False, report
     still = _missing(storage, attempt, manifest, need)
-    ok = comm.allgather_json(not still, "restore/fast-ready")
-    return all(ok), report
+    ready: Any = not still
+    if ready:
+        # The record goes into this node root only now that its ranks' files are all there:
+        # written before, a replacement node's empty root kept records of versions it never
+        # held (listed as committed, kept by retention, tried by every restore).
+        try:
+            if not storage.exists(rel):
+                storage.create_if_absent(rel, agreed)
+        except CheckpointError as e:
+            ready = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
+    answers = comm.allgather_json(ready, "restore/fast-ready")
+    errors = [a for a in answers if isinstance(a, dict)]
+    if errors:
+        report["error"] = errors[0]
+        return False, report
+    return all(answers), report
 
 
 def _fetch_plan(
