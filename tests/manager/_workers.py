@@ -641,6 +641,12 @@ def node_damage_falls_back(rank: int, world: int, base: str) -> dict[str, Any]:
     with _node_mgr(root, "1") as full:
         info = full.restore({"model": fresh})
     out["full"] = {**_restored(full, info, fresh), "seconds": time.monotonic() - t0}
+    dist.barrier()
+    node1 = f"{root}-fast/node1"  # the replacement node's root: no record of what it lacks
+    out["node1_records"] = sorted(
+        d for d in (os.listdir(node1) if os.path.isdir(node1) else [])
+        if os.path.exists(f"{node1}/{d}/manifest.json")
+    )
     return out
 
 

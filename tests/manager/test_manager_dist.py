@@ -366,6 +366,11 @@ def test_a_damaged_or_full_node_falls_back_by_agreement(tmp_path: Path) -> None:
         assert "No space left on device" in full["fallbacks"][0]["message"]
         assert full["step"] == 3 and full["tier"] == "durable"
         assert torn["seconds"] < 60 and full["seconds"] < 60  # the manager's timeout is 120 s
+        # Tier review F5: the durable restore reported the failed fast attempt's fetches.
+        assert full["fetched"] is None, full
+        # Tier review F4: the replacement node's empty root got records of versions whose
+        # files it never received (listed as committed, kept by retention, retried).
+        assert r["node1_records"] == [], r["node1_records"]
 
 
 def test_a_full_node_disk_fails_fast_saves_at_once_and_durable_saves_go_on(
