@@ -396,6 +396,16 @@ class _SlowWrites:
         return Slow()
 
 
+def _four_node_local_saves(world: int, root: str) -> str:
+    """Steps 1 to 4 saved with fast_replicas=1 (fast: every step; durable: step 3); ``root``."""
+    tr = Trainer(world)
+    with _node_mgr(root, "1") as mgr:
+        for step in range(1, 5):
+            tr.step(step)
+            mgr.maybe_save(step, {"model": tr})
+    return root
+
+
 def node_lost_slow_fetch(rank: int, world: int, base: str) -> dict[str, Any]:
     """fast_replicas=1, node 1 lost and replaced; there rank 2's fetched files land slowly.
 
@@ -409,12 +419,7 @@ def node_lost_slow_fetch(rank: int, world: int, base: str) -> dict[str, Any]:
 
     from portable_ckpt.torch import _transfer
 
-    root = f"{base}/r1"
-    tr = Trainer(world)
-    with _node_mgr(root, "1") as mgr:
-        for step in range(1, 5):
-            tr.step(step)
-            mgr.maybe_save(step, {"model": tr})
+    root = _four_node_local_saves(world, f"{base}/r1")
     dist.barrier()
     if rank == 0:
         shutil.move(f"{root}-fast/node1", f"{root}-fast/node1-lost")
@@ -605,12 +610,7 @@ def node_damage_falls_back(rank: int, world: int, base: str) -> dict[str, Any]:
 
     from portable_ckpt.torch import _transfer
 
-    root = f"{base}/r1"
-    tr = Trainer(world)
-    with _node_mgr(root, "1") as mgr:
-        for step in range(1, 5):
-            tr.step(step)
-            mgr.maybe_save(step, {"model": tr})
+    root = _four_node_local_saves(world, f"{base}/r1")
     out: dict[str, Any] = {}
     dist.barrier()
     if rank == 0:  # node 1's copy of step 4's record: torn on its disk
@@ -620,11 +620,15 @@ def node_damage_falls_back(rank: int, world: int, base: str) -> dict[str, Any]:
         with open(record, "r+b") as f:
             f.truncate(200)
     dist.barrier()
-    t0 = time.monotonic()
-    fresh = Trainer(world, salt=500.0)
-    with _node_mgr(root, "1") as torn:
-        info = torn.restore({"model": fresh})
-    out["torn"] = {**_restored(torn, info, fresh), "seconds": time.monotonic() - t0}
+
+    def timed_restore() -> dict[str, Any]:
+        t0 = time.monotonic()
+        fresh = Trainer(world, salt=500.0)
+        with _node_mgr(root, "1") as mgr:
+            info = mgr.restore({"model": fresh})
+        return {**_restored(mgr, info, fresh), "seconds": time.monotonic() - t0}
+
+    out["torn"] = timed_restore()
     dist.barrier()
     if rank == 0:  # node 1 lost and replaced by a node whose disk is full
         shutil.move(f"{root}-fast/node1", f"{root}-fast/node1-lost")
@@ -636,11 +640,7 @@ def node_damage_falls_back(rank: int, world: int, base: str) -> dict[str, Any]:
             return recv(_FullDisk(storage), *args)
 
         _transfer._recv = full_recv
-    t0 = time.monotonic()
-    fresh = Trainer(world, salt=500.0)
-    with _node_mgr(root, "1") as full:
-        info = full.restore({"model": fresh})
-    out["full"] = {**_restored(full, info, fresh), "seconds": time.monotonic() - t0}
+    out["full"] = timed_restore()
     dist.barrier()
     node1 = f"{root}-fast/node1"  # the replacement node's root: no record of what it lacks
     out["node1_records"] = sorted(
