@@ -40,3 +40,22 @@ def test_received_files_and_their_directory_are_fsynced_before_run_transfers_ret
     fsynced = [os.path.realpath(p) for p in recv["fsynced"]]
     assert os.path.realpath(target) in fsynced, "the received file's data was not fsynced"
     assert os.path.realpath(data_dir) in fsynced, "the received file's name was not made durable"
+
+
+def test_a_sender_that_cannot_read_voids_the_file_and_both_ranks_go_on(tmp_path: Path) -> None:
+    """The node exchange could not report a sender's read error mid-file: the receiver waited
+    for the collective timeout. The sender sends the declared bytes and a trailer voiding the
+    file; the receiver keeps nothing of it, and the next file still arrives."""
+    roots = [str(tmp_path / "node0"), str(tmp_path / "node1")]
+    for r in roots:
+        os.makedirs(r)
+    res = run_group("_transfer_workers:sender_cannot_read", 2, [roots], timeout=120.0,
+                    sys_path=[os.path.dirname(__file__)])
+    res.raise_for_errors()
+    sender, receiver = res.results
+    assert sender["code"].startswith("PCK-STORAGE") and "Input/output error" in sender["code"]
+    assert receiver["code"].startswith("PCK-STORAGE") and "could not read" in receiver["code"]
+    assert sender["seconds"] < 30 and receiver["seconds"] < 30
+    data = Path(roots[1], "attempt-x", "data")
+    assert not (data / "w00000.safetensors").exists()
+    assert (data / "w00001.safetensors").read_bytes() == b"\x02" * 500

@@ -27,6 +27,7 @@ from portable_ckpt.errors import (
     DistributedError,
     FileMissingError,
     FileSizeError,
+    StorageError,
 )
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.storage import Storage
@@ -87,15 +88,32 @@ def _send(
     timeout: float,
     chunk: int,
 ) -> int:
-    sizes = [storage.size(f"{attempt}/{p}") for p in paths]
+    failed: CheckpointError | None = None
+    try:
+        sizes = [storage.size(f"{attempt}/{p}") for p in paths]
+    except CheckpointError as e:  # nothing to send: the receiver learns of no file
+        paths, sizes, failed = [], [], e
     _send_json([list(paths), sizes], dst, group, timeout)
     buf = torch.empty(chunk, dtype=torch.uint8)
     view = memoryview(buf.numpy().data)
     for path, size in zip(paths, sizes, strict=True):
+        ok = True
         for off in range(0, size, chunk):
             n = min(chunk, size - off)
-            storage.read_into(f"{attempt}/{path}", off, view[:n])
+            if ok:
+                try:
+                    storage.read_into(f"{attempt}/{path}", off, view[:n])
+                except CheckpointError as e:
+                    # The declared bytes are still sent (zeros), and the trailer says the file
+                    # is void: the receiver drops it instead of waiting for the timeout.
+                    ok, failed = False, failed or e
+            if not ok:
+                buf[:n].zero_()
             _wait(dist.isend(buf[:n], dst, group=group), timeout, path)
+        _wait(dist.isend(torch.tensor([0 if ok else 1], dtype=torch.uint8), dst, group=group),
+              timeout, path)
+    if failed is not None:
+        raise failed
     return sum(sizes)
 
 
@@ -120,15 +138,17 @@ def _recv(storage: Storage, attempt: str, src: int, group: Any, timeout: float, 
     paths, sizes = _recv_json(src, group, timeout)
     buf = torch.empty(chunk, dtype=torch.uint8)
     failed: CheckpointError | None = None
+    refused = False  # this disk refused a write: the rest is received and dropped
     for path, size in zip(paths, sizes, strict=True):
         rel = f"{attempt}/{check_relative_path(path, what='transferred file')}"
         writer = None
-        if failed is None:
+        voided = False
+        if not refused:
             try:
                 _clear_partial(storage, rel, size)
                 writer = storage.open_writer(rel)
             except CheckpointError as e:
-                failed = e
+                refused, failed = True, failed or e
         try:
             for off in range(0, size, chunk):
                 n = min(chunk, size - off)
@@ -140,18 +160,30 @@ def _recv(storage: Storage, attempt: str, src: int, group: Any, timeout: float, 
                         # A full or read-only disk: keep receiving (and dropping) the rest, so
                         # the sender finishes and the failure is agreed, not a peer's timeout.
                         writer.abort()
-                        writer, failed = None, e
+                        writer, refused, failed = None, True, failed or e
+            trailer = torch.zeros(1, dtype=torch.uint8)
+            _wait(dist.irecv(trailer, src, group=group), timeout, path)
+            if int(trailer.item()) != 0:  # the sender could not read it: void
+                voided = True
+                if writer is not None:
+                    writer.abort()
+                    writer = None
+                failed = failed or StorageError(
+                    f"{storage.url}/{rel}: the sending rank could not read its copy (it names "
+                    "the error); nothing was kept",
+                    path=rel,
+                )
             if writer is not None:
                 try:
                     writer.close()
                 except CheckpointError as e:  # fsync on a full disk: the next files drain too
                     writer.abort()
-                    writer, failed = None, e
+                    writer, refused, failed = None, True, failed or e
         except BaseException:
             if writer is not None:
                 writer.abort()
             raise
-        if failed is None and storage.size(rel) != size:
+        if not refused and not voided and storage.size(rel) != size:
             raise FileSizeError(
                 f"{storage.url}/{rel}: received {storage.size(rel)} of {size} bytes", path=rel
             )
@@ -179,17 +211,17 @@ def run_transfers(
     for t in sorted(transfers, key=lambda t: (t.src, t.dst, t.paths)):
         if t.src == t.dst:
             continue
-        if rank == t.src:
-            mine = t.paths or tuple(paths)
-            moved += _send(mine, storage, attempt, global_ranks[t.dst], group, timeout, chunk)
-        elif rank == t.dst:
-            try:
+        try:
+            if rank == t.src:
+                mine = t.paths or tuple(paths)
+                moved += _send(mine, storage, attempt, global_ranks[t.dst], group, timeout, chunk)
+            elif rank == t.dst:
+                received = True
                 moved += _recv(storage, attempt, global_ranks[t.src], group, timeout, chunk)
-            except DistributedError:
-                raise  # the peer is gone: nothing to agree with over this group
-            except CheckpointError as e:  # this disk refused (drained): the others go on
-                failed = failed or e
-            received = True
+        except DistributedError:
+            raise  # the peer is gone: nothing to agree with over this group
+        except CheckpointError as e:  # this disk refused (the transfer ran to its end): go on
+            failed = failed or e
     if failed is not None:
         raise failed
     if received:
