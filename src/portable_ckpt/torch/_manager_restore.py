@@ -27,7 +27,6 @@ from portable_ckpt.errors import (
     TensorMissingError,
     UnsupportedValueError,
     UsageError,
-    error_for_code,
 )
 from portable_ckpt.io.versions import list_versions, timestamp_key
 from portable_ckpt.torch._collectives import make_comm
@@ -398,12 +397,6 @@ def reach_node_local(
     if text is None:
         raise FileMissingError(f"no node root of the fast tier holds {rel}", path=rel)
     usable, report = prepare_fast_restore(comm, tier.layout, tier.storage, ident, state, text)
-    failed = report.get("error")
-    if failed is not None:  # agreed by every rank: the restore falls back to the next version
-        raise error_for_code(str(failed["code"]))(
-            f"fast tier version {ident} cannot be made whole on every node: {failed['message']}",
-            path=ident,
-        )
     if not usable:
         raise FileMissingError(
             f"fast tier version {ident}: {report['unreachable']} file(s) a rank needs are on "

@@ -234,12 +234,12 @@ def prepare_fast_restore(
     """
     rel = f"{attempt}/manifest.json"
     agreed = manifest_text.encode("utf-8")
-    need: set[str] = set()
-    missing: list[str] = []
-    manifest: Manifest | None = None
-    try:  # every local step reports its failure in the next exchange: no rank is left waiting
-        # The record every rank agreed on (rank 0's) is parsed, never this node's own copy: a
-        # torn copy made two ranks fail here while the others waited for the collective timeout.
+    what, outcome = f"fast restore of {attempt}", "the restore tries the next version"
+
+    # Every local step is agreed (all_gather_step): a rank that failed alone (a node's torn copy
+    # of the record, a full or read-only disk) left its peers waiting for the collective timeout.
+    def needs() -> tuple[tuple[Manifest, set[str]], list[str]]:
+        # The record every rank agreed on (rank 0's) is parsed, never this node's own copy.
         manifest = load_manifest(storage, attempt, known={attempt: agreed})
         if storage.exists(rel) and storage.read_all(rel, max_size=len(agreed)) != agreed:
             raise FileSizeError(
@@ -247,56 +247,42 @@ def prepare_fast_restore(
                 "the one the other nodes hold (damaged on this node's disk)",
                 path=rel,
             )
-        ck = Checkpoint(storage, attempt, manifest)
-        need = needed_files(ck, state, comm.rank, comm.world_size)
-        missing = _missing(storage, attempt, manifest, need)
-        failed = None
-    except CheckpointError as e:
-        failed = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
-    wanted_or_failed = comm.allgather_json([missing, failed], "restore/fast-needs")
-    report: dict[str, Any] = {"missing": sum(len(m) for m, _ in wanted_or_failed),
-                              "unreachable": 0}
-    errors = [f for _, f in wanted_or_failed if f is not None]
-    if errors or manifest is None:
-        report["error"] = errors[0]
-        return False, report
-    wanted = [m for m, _ in wanted_or_failed]
+        need = needed_files(Checkpoint(storage, attempt, manifest), state, comm.rank,
+                            comm.world_size)
+        return (manifest, need), _missing(storage, attempt, manifest, need)
+
+    (manifest, need), wanted = comm.all_gather_step(
+        "restore/fast-needs", needs, what=what, outcome=outcome
+    )
     union = sorted({p for m in wanted for p in m})
     have = [p for p in union if p not in _missing(storage, attempt, manifest, {p})]
     holders = comm.allgather_json(have, "restore/fast-haves")
     transfers, unreachable = _fetch_plan(layout, wanted, holders)
-    report["unreachable"] = unreachable
+    report = {"missing": sum(len(m) for m in wanted), "unreachable": unreachable}
     if unreachable:
         return False, report
-    try:
-        _exchange(comm, transfers, storage, attempt)
-        failed = None
-    except CheckpointError as e:  # a full or read-only disk: the transfer itself ran to its end
-        failed = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
     # A file is fetched once per node, by one of its ranks: the others may check it only once
     # that rank has written it (run_transfers returns then), so every rank's fetch ends first.
-    errors = [f for f in comm.allgather_json(failed, "restore/fast-fetched") if f is not None]
+    comm.all_gather_step(
+        "restore/fast-fetched",
+        lambda: (_exchange(comm, transfers, storage, attempt), None),
+        what=what,
+        outcome=outcome,
+    )
     report["fetched"] = sum(len(t.paths) for t in transfers)
-    if errors:
-        report["error"] = errors[0]
-        return False, report
-    still = _missing(storage, attempt, manifest, need)
-    ready: Any = not still
-    if ready:
-        # The record goes into this node root only now that its ranks' files are all there:
+
+    def ready() -> tuple[None, bool]:
+        # The record goes into this node root only once its ranks' files are all there:
         # written before, a replacement node's empty root kept records of versions it never
         # held (listed as committed, kept by retention, tried by every restore).
-        try:
-            if not storage.exists(rel):
-                storage.create_if_absent(rel, agreed)
-        except CheckpointError as e:
-            ready = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
-    answers = comm.allgather_json(ready, "restore/fast-ready")
-    errors = [a for a in answers if isinstance(a, dict)]
-    if errors:
-        report["error"] = errors[0]
-        return False, report
-    return all(answers), report
+        if _missing(storage, attempt, manifest, need):
+            return None, False
+        if not storage.exists(rel):
+            storage.create_if_absent(rel, agreed)
+        return None, True
+
+    _, ok = comm.all_gather_step("restore/fast-ready", ready, what=what, outcome=outcome)
+    return all(ok), report
 
 
 def _fetch_plan(

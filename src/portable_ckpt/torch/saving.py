@@ -30,11 +30,9 @@ from typing import Any, TypedDict, Unpack
 
 from portable_ckpt._gc import paused_gc
 from portable_ckpt.errors import (
-    CheckpointError,
     DistributedError,
     MetadataConflictError,
     UsageError,
-    error_for_code,
 )
 from portable_ckpt.format.manifest import Continuation, WriterIndex
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
@@ -265,7 +263,9 @@ def _run_save(
         total_bytes = committed
         if opts.publisher is not None:  # node-local roots: publish the record on every node
             total_bytes = committed["bytes"]
-            _publish_everywhere(opts.publisher, comm, storage, attempt_id, committed["manifest"])
+            _publish_everywhere(
+                opts.publisher, comm, storage, attempt_id, committed["manifest"], opts.step
+            )
     return CheckpointInfo(
         checkpoint_id=attempt_id,
         step=opts.step,
@@ -309,23 +309,19 @@ def _agree_on_attempt(
 
 
 def _publish_everywhere(
-    publisher: Any, comm: Comm, storage: Storage, attempt_id: str, text: str
+    publisher: Any, comm: Comm, storage: Storage, attempt_id: str, text: str, step: int
 ) -> None:
     """Every node root gets the record; a node that cannot take it fails the save on every rank.
 
     A full or read-only node disk failed one rank alone while the others went on to their next
     collective, and every later save of the group timed out.
     """
-    try:
-        publisher.after_commit(comm, storage, attempt_id, text)
-        failed = None
-    except CheckpointError as e:
-        failed = {"code": e.code, "message": f"rank {comm.rank}: {e.message}"}
-    errors = [f for f in comm.allgather_json(failed, "save/publish") if f is not None]
-    if errors:
-        raise error_for_code(str(errors[0]["code"]))(
-            f"{attempt_id} is committed on some node roots only: {errors[0]['message']}"
-        )
+    comm.all_gather_step(
+        "save/publish",
+        lambda: (publisher.after_commit(comm, storage, attempt_id, text), None),
+        what=f"save of step {step} (the commit record on every node root)",
+        outcome=f"{attempt_id} is committed on some node roots only",
+    )
 
 
 def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions:
@@ -379,20 +375,17 @@ class RankWrite:
         left it would leave its peers blocked until the collective timeout, and the group
         broken for every later save, durable ones included.
         """
-        index: WriterIndex | None = None
-        failed: dict[str, str] | None = None
-        try:
-            written, index = self.write_index()
-        except CheckpointError as e:
-            failed = {"code": e.code, "message": f"rank {self.rank}: {e.message}"}
-        finally:
-            self.plan.release()  # staged views and live references
-        errors = [f for f in self.comm.allgather_json(failed, "save/written") if f is not None]
-        if errors or index is None:
-            first = errors[0] if errors else {"code": "PCK-DISTRIBUTED", "message": "?"}
-            raise error_for_code(str(first["code"]))(
-                f"save of step {self.opts.step}: {first['message']}"
-            )
+
+        def write() -> tuple[tuple[int, WriterIndex], None]:
+            try:
+                return self.write_index(), None
+            finally:
+                self.plan.release()  # staged views and live references
+
+        (written, index), _ = self.comm.all_gather_step(
+            "save/written", write, what=f"save of step {self.opts.step} (write)",
+            outcome=NOTHING_PUBLISHED,
+        )
         placed = publisher.after_write(self.comm, self.storage, self.attempt_id, index)
         return written, {"index": index.to_transport(), "placed": placed}
 
