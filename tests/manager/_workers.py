@@ -680,3 +680,48 @@ def node_disk_full_save(rank: int, world: int, base: str) -> dict[str, Any]:
         "durable": [v.step for v in portable_ckpt.list_versions(root)],
         "closed": closed,
     }
+
+
+def node_replication_fails(rank: int, world: int, base: str) -> dict[str, Any]:
+    """replicate=True on node-local roots; rank 2 cannot write to the durable root (full).
+
+    Each failed copy is agreed, so the stop after ``max_failed_saves`` names the replication
+    error on every rank (tier review F7: ranks other than 0 said "last error: None").
+    """
+    import dataclasses
+
+    from portable_ckpt.errors import CheckpointError
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    root = f"{base}/r"
+    tr = Trainer(world)
+    out: dict[str, Any] = {"raised": None}
+    mgr = pckt.CheckpointManager(
+        root,
+        save_every=1,
+        fast_root=root + "-fast/node{node}",
+        fast_every=1,
+        ranks_per_node=2,
+        replicate=True,
+        max_failed_saves=2,
+        timeout=60,
+    )
+    if rank == 2:
+        tier = mgr.tiers["durable"]
+        full = FaultyStorage(tier.storage, [Fault(op="write", path="*/data/*", error="ENOSPC")])
+        mgr.tiers["durable"] = dataclasses.replace(tier, storage=full)
+    for step in range(1, 5):
+        tr.step(step)
+        try:
+            mgr.maybe_save(step, {"model": tr})
+        except CheckpointError as e:
+            out["raised"] = [step, e.code, e.message]
+            break
+        for fut in list(mgr._post):
+            fut.result()  # the copy's outcome is known before the next call
+    out["durable"] = [
+        [v.step, v.status] for v in portable_ckpt.list_versions(root)
+    ]
+    out["fast"] = [v.step for v in portable_ckpt.list_versions(f"{root}-fast/node0")]
+    mgr.close()
+    return out

@@ -386,3 +386,16 @@ def test_a_full_node_disk_fails_fast_saves_at_once_and_durable_saves_go_on(
         assert r["durable"] == [3, 6], r
         assert r["closed"] is None, r  # the durable saves worked: the job succeeds
         assert r["seconds"] < 100, r  # no collective timeout (120 s) was waited for
+
+
+def test_failed_replications_stop_the_job_naming_the_error_on_every_rank(tmp_path: Path) -> None:
+    """Tier review F7: the agreed replication error is every rank's last error."""
+    for rank, r in enumerate(ok(run("node_replication_fails", 4, str(tmp_path), timeout=240))):
+        step, code, message = r["raised"]
+        assert step == 3 and code == "PCK-DISTRIBUTED", (rank, r)
+        assert "2 durable checkpoints in a row failed (steps 1, 2" in message, (rank, message)
+        assert "replication of s000000000002-" in message, (rank, message)
+        assert "failed on rank 2" in message and "ENOSPC" in message, (rank, message)
+        # Nothing published on the durable root; both versions stay on the fast tier.
+        assert r["durable"] == [[1, "incomplete"], [2, "incomplete"]], (rank, r)
+        assert r["fast"] == [1, 2], (rank, r)
