@@ -318,8 +318,11 @@ def _load_json(vf: VersionFiles, rel: str, report: Report, *, max_bytes: int,
 
 
 class _VersionChecker:
-    def __init__(self, vdir: Path, report: Report, schemas: SchemaSet, deep: bool) -> None:
+    def __init__(self, vdir: Path, report: Report, schemas: SchemaSet, deep: bool,
+                 record_only: bool = False) -> None:
         self.vdir = vdir
+        # only the checks of the commit record alone (§4.1, errata 8): no other file is read
+        self.record_only = record_only
         self.name = vdir.name
         self.r = report
         self.schemas = schemas
@@ -388,16 +391,26 @@ class _VersionChecker:
                 self.err("PCK-FEATURE-UNSUPPORTED", f"must_understand names extensions this "
                          f"checker does not implement: {unknown!r}")
                 return
+        minor = mv.group(2)
+        newer = len(minor) > 1 or minor > "1"  # newer than 1.1: maybe a foreign record
         before = len(self.r.errors)
-        if not _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
-                             self.schema_at):
-            minor = mv.group(2)
-            if len(minor) > 1 or minor > "1":  # newer than 1.1: a foreign record (R-VERSION-10)
+        valid = _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
+                              self.schema_at)
+        if valid and newer and not self.record_only:
+            # The rules of this text on the record alone (§16.3, errata 8), in a pass of their
+            # own: a newer record failing one is foreign, whatever its other files hold.
+            alone = _VersionChecker(self.vdir, Report(), self.schemas, False, record_only=True)
+            alone.schema_at = self.schema_at
+            alone.check_manifest(m)
+            self.r.errors.extend(alone.r.errors)
+            valid = not alone.r.errors
+        if not valid:
+            if newer:  # a foreign record (R-VERSION-10): its one code is this one
                 first = self.r.errors[before]
                 del self.r.errors[before:]
                 self.err("PCK-VERSION-UNSUPPORTED", f"format_version {fv:.60} is newer than the "
                          "versions this checker implements (1.0, 1.1), and the record fails "
-                         f"their schema ({first.message}); a checker of that version can judge "
+                         f"their checks ({first.message}); a checker of that version can judge "
                          "it (spec §16.2, R-VERSION-10)")
             return
         self.check_manifest(m)
@@ -441,7 +454,7 @@ class _VersionChecker:
                 except Problem as exc:
                     self.problem(exc, f"tensor {key!r}: ")
         self.check_version_use(m)
-        if "tensor_table" in m and self.check_table_member(m):
+        if "tensor_table" in m and self.check_table_member(m) and not self.record_only:
             table = self.table = self.read_table(m, "manifest.json")
             if table is not None:
                 for t, key in enumerate(table.keys):
@@ -458,7 +471,8 @@ class _VersionChecker:
                     self.check_entry(name, e, ws, step)
                 except Problem as exc:
                     self.problem(exc, f"entry {name!r}: ")
-        self.check_side_documents(aid, m)
+        if not self.record_only:
+            self.check_side_documents(aid, m)
 
     def check_files(self, files: dict[str, Any]) -> None:
         for rel, rec in files.items():
@@ -475,6 +489,9 @@ class _VersionChecker:
                     fr: FileRecord = parse_file_record(rel, rec)
                 except Problem as exc:
                     raise _Located(exc.code, exc.message, ("files", rel)) from None
+                if self.record_only:
+                    self.vf.records[rel] = fr
+                    continue
                 size = self.vf.stat_size(rel)
                 if size != fr.size:
                     raise Problem("PCK-FILE-SIZE", f"{rel!r} has {size} bytes, recorded "
@@ -488,6 +505,8 @@ class _VersionChecker:
             except OSError as exc:
                 self.err("PCK-STORAGE", f"{rel!r}: {exc}")
                 self.bad_files.add(rel)
+        if self.record_only:
+            return
         # What the attempt holds, links never followed: a symbolic link anywhere in it breaks
         # R-SEC-2; files present but not listed are allowed for readers (they ignore them,
         # R-LAYOUT-4) and flagged.
@@ -650,6 +669,8 @@ class _VersionChecker:
                                    rat)
             boxes.append((tuple(offs), tuple(lens)))
             self.check_range_data(key, where, rr, st_dtype, itemsize, lens, rat)
+        if self.record_only:
+            return  # coverage is decided when the tensor is first read (§4.1, R-COVER-3)
         sig = (tuple(shape), tuple(boxes))
         if sig in self.coverage_cache:
             hit = self.coverage_cache[sig]
@@ -677,6 +698,8 @@ class _VersionChecker:
         if rel not in self.vf.records:
             raise Problem("PCK-SCHEMA", f"{where}: file {rel!r} is not listed in files "
                           "(R-FILES-2)")
+        if self.record_only:
+            return
         hdr = self.header(rel)
         if hdr is None:
             return
@@ -763,6 +786,8 @@ class _VersionChecker:
             if rel not in self.vf.records:
                 raise Problem("PCK-SCHEMA", f"value file {rel!r} is not listed in files "
                               "(R-FILES-2)")
+            if self.record_only:
+                continue
             if enc == "json" and self.vf.records[rel].size > ENTRY_MAX_BYTES:
                 raise Problem("PCK-JSON-INVALID", f"value file {rel!r} is "
                               f"{self.vf.records[rel].size} bytes, larger than the limit of "

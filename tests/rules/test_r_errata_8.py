@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import portable_ckpt
+from conformance.checker import check
 from portable_ckpt.io.versions import classify_attempt
 from portable_ckpt.ranges import Box, check_coverage
 from portable_ckpt.storage import open_storage
@@ -67,6 +68,10 @@ def test_a_record_defect_makes_the_newest_record_invalid(tmp_path: Path, defect:
     c = classify_attempt(open_storage(tmp_path), new.name)
     assert c.status == "foreign", (defect, c.error)
     expect_code("PCK-VERSION-UNSUPPORTED", portable_ckpt.open, new)
+    # The conformance checker agrees: one code, naming the failed check.
+    errors = check(new).errors
+    assert [e.code for e in errors] == ["PCK-VERSION-UNSUPPORTED"], (defect, errors)
+    assert "fails their checks" in errors[0].message, errors
 
 
 @pytest.mark.parametrize("defect", sorted(DATA_DEFECTS))
@@ -90,6 +95,9 @@ def test_a_data_defect_never_steps_back_to_an_older_version(tmp_path: Path, defe
                 ck.read(key)
 
         expect_code(code, open_and_read)
+        # The checker agrees: the version's own defect, never a foreign record.
+        assert code in check(new).codes, (defect, fv, check(new).errors)
+        assert "PCK-VERSION-UNSUPPORTED" not in check(new).codes, (defect, fv)
 
 
 def test_an_explicit_open_of_a_foreign_commit_record_is_path_unsafe(tmp_path: Path) -> None:
