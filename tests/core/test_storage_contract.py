@@ -124,8 +124,13 @@ class _MemStorage(Storage):
             self.objects[path] = (bytes(data), time.time())
             return True
 
+    def _base(self, prefix: str) -> str:
+        if prefix and not well_formed(prefix.rstrip("/")):
+            raise PathUnsafeError(f"prefix {prefix!r} leaves the root", path=prefix)
+        return prefix.rstrip("/") + "/" if prefix else ""
+
     def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
-        base = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        base = self._base(prefix)
         for path in sorted(self.objects):
             rest = path[len(base):]
             if path.startswith(base) and (recursive or "/" not in rest):
@@ -133,7 +138,7 @@ class _MemStorage(Storage):
                 yield ObjectInfo(path, len(data), mtime)
 
     def list_dirs(self, prefix: str = "") -> list[str]:
-        base = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        base = self._base(prefix)
         return sorted({p[len(base):].split("/", 1)[0] for p in self.objects
                        if p.startswith(base) and "/" in p[len(base):]})
 

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from portable_ckpt.errors import PathUnsafeError
+
 __all__ = ["Capabilities", "ObjectInfo", "Storage", "StreamWriter", "well_formed"]
 
 
@@ -195,7 +197,16 @@ class Storage(abc.ABC):
         """Delete one object; deleting a missing object is not an error."""
 
     def delete_prefix(self, prefix: str) -> None:
-        """Delete every object under ``prefix`` (used by gc after the manifest is gone)."""
+        """Delete every object under ``prefix`` (used by gc after the manifest is gone).
+
+        ``prefix`` names a directory below the root (a trailing ``/`` allowed): never the root
+        itself, never a path that leaves it, whatever the backend's listing accepts.
+        """
+        if not well_formed(prefix.rstrip("/")):
+            raise PathUnsafeError(
+                f"delete_prefix {prefix!r}: not a directory below the root {self.url}",
+                path=prefix,
+            )
         for info in list(self.list(prefix)):
             self.delete(info.path)
 

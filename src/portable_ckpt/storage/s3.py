@@ -570,11 +570,11 @@ class S3Storage(ScannedStorage):
         return f"{self.prefix}/{path}" if self.prefix else path
 
     def _prefix_arg(self, prefix: str) -> str | None:
-        prefix = prefix.strip("/")
         if not prefix:
             return None
-        self._check(prefix)
-        return prefix
+        # A trailing "/" names the same directory; a leading one is no path below the root
+        # (local roots refuse it too, the contract's path tests).
+        return self._check(prefix.rstrip("/"))
 
     def _where(self, path: str) -> str:
         return f"{self.url}/{path}" if path else self.url

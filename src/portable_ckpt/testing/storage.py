@@ -182,6 +182,25 @@ class StorageTests:
         store.read_into_many("v/obj", 50, [memoryview(b) for b in bufs])
         assert b"".join(bufs) == data[50:394]
 
+    def test_read_extents_fills_each_extent_from_its_own_offset(self, store: Storage) -> None:
+        """``read_extents`` fills every ``(offset, bufs)`` pair from its offset, in any order.
+
+        Extents may be out of order, adjacent, overlapping or empty; a backend that fetches
+        them concurrently must still pair each result with its own extent.
+        """
+        data = payload(self.object_size)
+        store.put("v/obj", data)
+        n = len(data)
+        plan = [(n - 7, (7,)), (0, (5, 0, 11)), (16, (3,)), (2, (4,)), (n // 2, ()), (19, (1, 1))]
+        extents = [(off, [memoryview(bytearray(k)) for k in sizes]) for off, sizes in plan]
+        store.read_extents("v/obj", extents)
+        for off, bufs in extents:
+            got = b"".join(b.tobytes() for b in bufs)
+            assert got == data[off : off + len(got)], off
+        with pytest.raises(FileSizeError):  # the last extent runs past the end
+            store.read_extents("v/obj", [(0, [memoryview(bytearray(3))]),
+                                         (n - 2, [memoryview(bytearray(3))])])
+
     def test_reads_fill_buffers_of_any_format_by_bytes(self, store: Storage) -> None:
         """Buffers count in bytes whatever their format or shape (tensor views are such buffers)."""
         data = payload(self.object_size)
@@ -347,6 +366,13 @@ class StorageTests:
         store.delete("never/was")
         assert not store.exists("v/a") and _paths(store) == []
 
+    def test_delete_removes_only_the_named_object(self, store: Storage) -> None:
+        """``delete`` of a path leaves objects whose names merely start with it."""
+        for name in ("v/ab", "v/abc", "v/ab.tmp", "v/ab2/x", "v/a"):
+            store.put(name, b"1")
+        store.delete("v/ab")
+        assert _paths(store) == ["v/a", "v/ab.tmp", "v/ab2/x", "v/abc"]
+
     def test_delete_prefix_removes_only_below_it(self, store: Storage) -> None:
         """``delete_prefix`` removes every object below the prefix and nothing beside it."""
         self._fill(store)
@@ -367,6 +393,13 @@ class StorageTests:
             lambda: store.open_writer(path),
             lambda: store.create_if_absent(path, b"x"),
             lambda: store.delete(path),
+            lambda: store.delete_prefix(path),
+            lambda: store.exists(path),
+            lambda: store.read_into(path, 0, memoryview(bytearray(1))),
+            lambda: store.read_into_many(path, 0, [memoryview(bytearray(1))]),
+            lambda: store.read_extents(path, [(0, [memoryview(bytearray(1))])]),
+            lambda: [*store.list(path)],
+            lambda: store.list_dirs(path),
         ]
         for op in operations:
             with pytest.raises(PathUnsafeError):
