@@ -15,8 +15,16 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.convert import FORMATS, ConvertOptions, Format, SourcePlan, WriteResult, convert
-from portable_ckpt.convert._model import ChunkSpec, TensorSpec
+from portable_ckpt.convert import (
+    FORMATS,
+    ChunkSpec,
+    ConvertOptions,
+    Format,
+    SourcePlan,
+    TensorSpec,
+    WriteResult,
+    convert,
+)
 from portable_ckpt.errors import CheckpointError
 
 
@@ -164,6 +172,61 @@ def test_a_new_format_is_one_registry_entry(tmp_path: Path, monkeypatch: pytest.
     choices = {a.dest: a.choices for a in sub._actions if a.dest in ("src_format", "dst_format")}
     assert "npz" in choices["src_format"] and "npz" in choices["dst_format"]
     assert "numpy .npz archives" in sub.format_help()
+
+
+_NPZ_PKG = """\
+import numpy as np
+from portable_ckpt.convert import ChunkSpec, Format, SourcePlan, TensorSpec, WriteResult
+
+def read_source(src, options):
+    data = np.load(src)
+    return SourcePlan("npz", [
+        TensorSpec(k, str(data[k].dtype), data[k].shape,
+                   [ChunkSpec((0,) * data[k].ndim, data[k].shape, data[k].nbytes, src,
+                              lambda a=data[k]: a)])
+        for k in sorted(data.files)])
+
+def write_target(ck, dst, options, progress):
+    arrays = {k: ck.read(k) for k in ck.tensors}
+    with open(dst, "wb") as f:
+        np.savez(f, **arrays)
+    return WriteResult(len(arrays), sum(a.nbytes for a in arrays.values()))
+
+FORMAT = Format(name="npz", help="numpy .npz archives (an installed package)",
+                reader="npz_pkg:read_source", writer="npz_pkg:write_target",
+                detect=lambda p: p.endswith(".npz"), destination="file")
+"""
+
+
+def test_an_installed_package_adds_a_format_to_the_cli(tmp_path: Path) -> None:
+    """Extension review F9: a format reached the CLI only through a wrapper script; an installed
+    package now adds it through the entry-point group ``portable_ckpt.convert``, built from
+    public names only. A broken entry point is skipped with a warning, never fatal."""
+    import os
+
+    site = tmp_path / "site"
+    info = site / "npz_pkg-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: npz-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[portable_ckpt.convert]\nnpz = npz_pkg:FORMAT\nbroken = npz_pkg:NO_SUCH_NAME\n")
+    (site / "npz_pkg.py").write_text(_NPZ_PKG)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    np.savez(tmp_path / "a.npz", w=np.arange(6.0).reshape(2, 3), b=np.array([1, 2], dtype=np.int32))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "portable_ckpt", *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    got = cli("convert", str(tmp_path / "a.npz"), str(tmp_path / "root"))  # detected
+    assert got.returncode == 0, got.stderr
+    assert "format 'broken' of entry point npz_pkg:NO_SUCH_NAME is skipped" in got.stderr, got.stderr
+    assert portable_ckpt.open(tmp_path / "root").tensors["w"].shape == (2, 3)
+    got = cli("convert", str(tmp_path / "root"), str(tmp_path / "b.npz"), "--to", "npz")
+    assert got.returncode == 0, got.stderr
+    back = np.load(tmp_path / "b.npz")
+    assert np.array_equal(back["w"], np.arange(6.0).reshape(2, 3)) and back["b"].dtype == np.int32
+    assert "(an installed package)" in cli("convert", "--help").stdout
 
 
 def test_missing_dependency_names_the_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

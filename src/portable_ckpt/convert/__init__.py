@@ -41,21 +41,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.convert._model import (
+    ChunkSpec,
     ConvertOptions,
     ConvertWarning,
+    EntrySpec,
     KeyMode,
     SourcePlan,
+    TensorSpec,
     WriteResult,
     check_plan,
     fail_if_strict,
     infer_step,
 )
 from portable_ckpt.convert._registry import (
+    ENTRY_POINT_GROUP,
     FORMATS,
     Format,
     detect_format,
     get_format,
     register_format,
+    say_skipped,
     source_formats,
     target_formats,
     url_problem,
@@ -70,12 +75,17 @@ from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
 from portable_ckpt.format.vocab import is_entry_name
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "FORMATS",
+    "ChunkSpec",
     "ConvertOptions",
     "ConvertReport",
     "ConvertWarning",
+    "EntrySpec",
     "Format",
     "KeyMode",
+    "SourcePlan",
+    "TensorSpec",
     "WriteResult",
     "convert",
     "detect_format",
@@ -476,6 +486,7 @@ def convert(
     """
     t0 = time.perf_counter()
     s, d = os.fspath(src), os.fspath(dst)
+    say_skipped()
     target = get_format(dst_format, role="target")
     source = get_format(src_format or detect_format(s), role="source")
     options = _options(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import zipfile
 from collections.abc import Callable
@@ -26,15 +27,19 @@ from portable_ckpt.errors import NotFoundError, UsageError
 from portable_ckpt.storage._posix import file_kind, open_regular
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "FORMATS",
     "Format",
     "detect_format",
     "get_format",
     "register_format",
+    "say_skipped",
     "source_formats",
     "target_formats",
     "url_problem",
 ]
+
+_log = logging.getLogger("portable_ckpt.convert")
 
 #: What a format's destination is: a checkpoint root, a new directory, or a new file.
 Destination = Literal["root", "directory", "file"]
@@ -221,13 +226,57 @@ def register_format(fmt: Format, *, replace: bool = False) -> None:
     FORMATS[fmt.name] = fmt
 
 
+#: Installed packages add formats through entry points of this group: the value is a
+#: :class:`Format` (or a callable returning one); the CLI's choices then include them.
+ENTRY_POINT_GROUP = "portable_ckpt.convert"
+_installed_loaded = False
+#: Why installed formats were skipped, said once by :func:`say_skipped` (the CLI builds its
+#: choices before its log handler exists, so nothing is logged while loading).
+_skipped: list[str] = []
+
+
+def _load_installed() -> None:
+    """Register the formats of installed packages once (after the built-ins, in name order).
+
+    A broken or conflicting entry point is logged and skipped: one bad package must not take
+    the conversion of every other format down with it.
+    """
+    global _installed_loaded
+    if _installed_loaded:
+        return
+    _installed_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            fmt = ep.load()
+            fmt = fmt() if callable(fmt) and not isinstance(fmt, Format) else fmt
+            if not isinstance(fmt, Format):
+                raise TypeError(f"it is a {type(fmt).__name__}, not a Format")
+            if fmt.name in FORMATS:
+                raise UsageError(f"a format named {fmt.name!r} exists")
+            FORMATS[fmt.name] = fmt
+        except Exception as exc:  # any failure of a third-party package: skipped, said
+            _skipped.append(f"conversion format {ep.name!r} of entry point {ep.value} is "
+                            f"skipped: {exc}")
+
+
+def say_skipped() -> None:
+    """Log, once, the installed formats that could not be registered (at a conversion's start)."""
+    _load_installed()
+    while _skipped:
+        _log.warning("%s", _skipped.pop(0))
+
+
 def source_formats() -> tuple[str, ...]:
-    """Names of the formats that can be read."""
+    """Names of the formats that can be read (installed packages' included)."""
+    _load_installed()
     return tuple(n for n, f in FORMATS.items() if f.reader is not None)
 
 
 def target_formats() -> tuple[str, ...]:
     """Names of the formats that can be written (the portable hub first)."""
+    _load_installed()
     return ("portable", *(n for n, f in FORMATS.items() if f.writer is not None))
 
 
@@ -274,6 +323,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if not os.path.lexists(p):
         raise NotFoundError(f"source {p} does not exist", path=p)
     file_kind(p, what=f"source {p}")  # a FIFO or socket is refused before any format looks
+    _load_installed()
     for fmt in FORMATS.values():
         if fmt.reader is not None and fmt.detect is not None and fmt.detect(p):
             return fmt.name
