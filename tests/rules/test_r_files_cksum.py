@@ -242,16 +242,55 @@ def test_dtype_outside_table_rejected(tmp_path: Path, dtype: str) -> None:
     expect_code("PCK-DTYPE-UNSUPPORTED", portable_ckpt.open, vdir)
 
 
+def _spec_dtype_table() -> list[tuple[str, str, int]]:
+    """The rows of spec §7's table, in order: (format dtype, safetensors dtype, itemsize)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "spec" / "README.md").read_text()
+    section = text[text.index("## 7. Dtypes"):text.index("## 8.")]
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| (\d+) \|", section, re.M)
+    return [(name, st, int(size)) for name, st, size in rows]
+
+
 def test_itemsizes_match_the_table() -> None:
-    """R-DTYPE-1: every table dtype has the itemsize and safetensors name of the spec."""
-    table = {"float64": ("F64", 8), "float32": ("F32", 4), "float16": ("F16", 2),
-             "bfloat16": ("BF16", 2), "int64": ("I64", 8), "int32": ("I32", 4),
-             "int16": ("I16", 2), "int8": ("I8", 1), "uint8": ("U8", 1), "uint16": ("U16", 2),
-             "uint32": ("U32", 4), "uint64": ("U64", 8), "bool": ("BOOL", 1),
-             "float8_e4m3fn": ("F8_E4M3", 1), "float8_e5m2": ("F8_E5M2", 1)}
-    assert set(DTYPES) == set(table)
-    for name, (st, size) in table.items():
-        assert (DTYPES[name].safetensors, DTYPES[name].itemsize) == (st, size)
-        assert np.dtype(DTYPES[name].numpy).itemsize == size
+    """R-DTYPE-1: every transcription of the dtype table is the spec's §7 table, row for row.
+
+    The table is restated on purpose where independence matters (the schemas, the conformance
+    checker, the minimal writer); this test is what keeps them one table (maintainer review: a
+    row added in one place wrote documents every other reader refuses, and nothing failed).
+    """
+    import json
+
+    import torch
+
+    from conformance import spec as cspec
+    from conformance.examples import minimal_writer
+    from portable_ckpt.io.tensor_table import DTYPE_CODES
+    from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype, torch_from_numpy
+
+    rows = _spec_dtype_table()
+    assert len(rows) >= 15 and rows[0] == ("float64", "F64", 8)  # the parse found the table
+    names = [r[0] for r in rows]
+    assert list(DTYPES) == names == list(DTYPE_CODES)  # order: a tensor table's codes (§8.5)
+    assert list(cspec.DTYPE_CODES) == names
+    for name, st, size in rows:
+        assert (DTYPES[name].safetensors, DTYPES[name].itemsize) == (st, size), name
+        assert np.dtype(DTYPES[name].numpy).itemsize == size, name
+        assert cspec.DTYPES[name] == minimal_writer.DTYPES[name] == (st, size), name
+        assert cspec.ST_ITEMSIZE[st] == size, name
+    assert set(cspec.DTYPES) == set(minimal_writer.DTYPES) == set(names)
+    root = Path(__file__).resolve().parents[2] / "spec" / "schemas"
+    for schema in (root / "common.schema.json", root / "errata" / "common.schema.json"):
+        assert json.loads(schema.read_text())["$defs"]["dtype"]["enum"] == names, schema
+    # torch: every format dtype this torch has crosses both ways with its bytes unchanged
+    for name in names:
+        td = torch_dtype(name)
+        assert format_dtype(td) == name
+        raw = torch.arange(3 * DTYPES[name].itemsize, dtype=torch.uint8)
+        if name == "bool":
+            raw = raw % 2
+        t = raw.view(td)
+        back = torch_from_numpy(numpy_view(t))
+        assert back.dtype == td and torch.equal(back.view(torch.uint8), raw), name
     assert math.prod([]) == 1
     assert Continuation().world_size == 1

@@ -456,13 +456,24 @@ def test_gc_grace_period_for_uncommitted_attempts(tmp_path: Path) -> None:
     assert set(report.abandoned) == {old_id, invalid.name}
     assert not (tmp_path / old_id).exists() and not invalid.exists()
     assert (tmp_path / keep_id / "manifest.json").exists()
-    assert inspect_default_grace() == 3600.0
+    assert inspect_default_grace() == [3600.0] * 3
 
 
-def inspect_default_grace() -> float:
+def inspect_default_grace() -> list[float]:
+    """The default of the library's gc, the manager and the CLI: the spec's one value (a change
+    made in one of them left the others deleting sooner, every test green; maintainer review)."""
     import inspect
 
-    return float(inspect.signature(portable_ckpt.gc).parameters["grace_seconds"].default)
+    from portable_ckpt.cli.main import build_parser
+    from portable_ckpt.torch.manager import CheckpointManager
+
+    parser = build_parser()
+    gc_cmd = next(a for a in parser._actions if a.dest == "command").choices["gc"]  # type: ignore[union-attr]
+    return [
+        float(inspect.signature(portable_ckpt.gc).parameters["grace_seconds"].default),
+        float(inspect.signature(CheckpointManager).parameters["grace_seconds"].default),
+        float(gc_cmd.get_default("grace")),
+    ]
 
 
 def test_gc_touches_nothing_outside_removed_attempts(tmp_path: Path) -> None:

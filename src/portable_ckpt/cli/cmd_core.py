@@ -13,7 +13,7 @@ from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
 from portable_ckpt.cli._text import safe
 from portable_ckpt.errors import CheckpointError, UsageError
-from portable_ckpt.format.vocab import CODECS
+from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
 
 __all__ = ["register"]
 
@@ -270,7 +270,7 @@ def _record(
 def _gc(args: argparse.Namespace) -> int:
     from portable_ckpt.io.versions import gc
 
-    if args.grace < 600 and not args.dry_run:
+    if args.grace < SHORT_GRACE_SECONDS and not args.dry_run:
         print(
             f"portable-ckpt gc: --grace {args.grace:g} s: an attempt without a commit record "
             "that nothing wrote to for that long is deleted, also a save still running; use "
@@ -394,9 +394,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--grace",
         type=A.grace_seconds,
-        default=3600.0,
+        default=DEFAULT_GRACE_SECONDS,
         help="seconds without activity before an attempt without a commit record is removed "
-        "(finite, >= 0; default 3600). A save in progress counts as activity only within this "
+        f"(finite, >= 0; default {DEFAULT_GRACE_SECONDS:g}). A save in progress counts as activity only within this "
         "period: a grace shorter than a save's quiet spells (0 above all) deletes saves that "
         "are still running; use it only when no job writes to the root",
     )

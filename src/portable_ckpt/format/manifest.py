@@ -41,6 +41,7 @@ from portable_ckpt.format.vocab import (
     ENCODINGS,
     POLICIES,
     SCOPES,
+    TABLE_EXTENSION,
     is_entry_name,
 )
 from portable_ckpt.ranges.box import Box
@@ -98,7 +99,7 @@ BUILTIN_SCHEMA_IDS = (
     "pck:json/1",
 )
 #: Extensions this implementation understands (for ``must_understand``).
-KNOWN_EXTENSIONS: frozenset[str] = frozenset({"tensor-table"})
+KNOWN_EXTENSIONS: frozenset[str] = frozenset({TABLE_EXTENSION})
 
 _HEX_DIGITS = b"0123456789abcdef"
 _CTRL = re.compile(r"[\x00-\x1f\x7f]")
@@ -964,7 +965,7 @@ def parse_manifest(
         for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()
     }
     table = _table_ref(c, d, version, files, tensors)
-    if table is not None and "tensor-table" not in mu:
+    if table is not None and TABLE_EXTENSION not in mu:
         raise c.fail(
             "must_understand",
             "a manifest with a tensor_table must list 'tensor-table' (R-TABLE-2)",

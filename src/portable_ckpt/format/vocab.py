@@ -8,7 +8,8 @@ conformance checker keeps its own copy on purpose.
   (spec §8.5), so the order is part of the format;
 * continuation contracts (spec §13), entry scopes and world-size policies (spec §12), entry
   encodings;
-* the entry-name rule (spec §12.1).
+* the entry-name rule (spec §12.1);
+* extension names (spec §8.5, §16.1) and gc's default grace period (spec §15.2).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ _T = TypeVar("_T")
 
 __all__ = [
     "CODECS",
+    "DEFAULT_GRACE_SECONDS",
+    "SHORT_GRACE_SECONDS",
+    "TABLE_EXTENSION",
     "CODEC_CODES",
     "CONTRACTS",
     "ENCODINGS",
@@ -58,6 +62,14 @@ POLICIES: Final[tuple[WorldSizePolicy, ...]] = get_args(WorldSizePolicy)
 #: How an entry value is stored.
 Encoding = Literal["json", "json+zstd"]
 ENCODINGS: Final[tuple[Encoding, ...]] = get_args(Encoding)
+
+#: The extension a manifest with a tensor table lists in ``must_understand`` (spec §8.5, 1.1).
+TABLE_EXTENSION: Final = "tensor-table"
+
+#: gc's default grace period (spec §15.2, R-GC-4): the library, the manager and the CLI.
+DEFAULT_GRACE_SECONDS: Final = 3600.0
+#: A grace period below this may delete a save still running: the CLI warns.
+SHORT_GRACE_SECONDS: Final = 600.0
 
 #: Longest entry name (characters).
 ENTRY_NAME_MAX: Final = 256

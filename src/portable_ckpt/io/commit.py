@@ -884,9 +884,13 @@ def _describe_table(manifest: CommittedManifest, merged: _Merged) -> bytes:
     report = merged.report
     report.files += 1
     report.bytes += len(blob)
-    report.checks.append("tensor-table")
-    manifest.format_version = TABLE_FORMAT_VERSION
-    manifest.must_understand = [EXTENSION]
+    report.checks.append(EXTENSION)
+    # Added to what the manifest declares, never in place of it: a later feature's version and
+    # extension names stay (maintainer review).
+    manifest.format_version = max(
+        manifest.format_version, TABLE_FORMAT_VERSION, key=lambda v: tuple(map(int, v.split(".")))
+    )
+    manifest.must_understand = sorted({*manifest.must_understand, EXTENSION})
     manifest.tensor_table = TableRef(table_path, "zstd")
     return blob
 

@@ -634,8 +634,8 @@ def _check_declarations(cols: dict[str, np.ndarray[Any, Any]], keys: list[str], 
     if t_count and int(dtypes.max()) >= len(DTYPE_CODES):
         i = int(np.argmax(dtypes >= len(DTYPE_CODES)))
         raise DtypeUnsupportedError(
-            f"{what}: tensor {keys[i][:80]!r} has dtype code {int(dtypes[i])}; codes 0-14 exist "
-            "(spec §7)",
+            f"{what}: tensor {keys[i][:80]!r} has dtype code {int(dtypes[i])}; codes "
+            f"0-{len(DTYPE_CODES) - 1} exist (spec §7)",
             path=what,
         )
     if t_count and int(ndim.max()) > MAX_NDIM:

@@ -23,7 +23,7 @@ import zstandard
 from portable_ckpt.errors import CodecError
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import RangeRecord, TensorEntry
-from portable_ckpt.format.vocab import CODEC_CODES, CODECS
+from portable_ckpt.format.vocab import CODEC_CODES, CODECS, TABLE_EXTENSION
 from portable_ckpt.io.safetensors_io import build_header
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: The ``must_understand`` name of the feature.
-EXTENSION = "tensor-table"
+EXTENSION = TABLE_EXTENSION
 #: Largest decoded table (R-TABLE-3).
 MAX_TABLE_BYTES = 1 << 32
 #: The reference implementation writes a table above this many range records (spec §8.5).

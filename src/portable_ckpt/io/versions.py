@@ -59,6 +59,7 @@ from portable_ckpt.format.naming import (
     attempt_time,
     check_attempt_id,
 )
+from portable_ckpt.format.vocab import DEFAULT_GRACE_SECONDS
 from portable_ckpt.logs import Progress, log_event
 from portable_ckpt.storage import ObjectInfo, Storage, open_storage
 
@@ -969,7 +970,7 @@ def gc(
     root: str | os.PathLike[str] | Storage,
     *,
     keep: int,
-    grace_seconds: float = 3600.0,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
     dry_run: bool = False,
     require_copy: bool | str = False,
     now: Callable[[], float] = time.time,

@@ -14,31 +14,23 @@ import numpy as np
 import torch
 
 from portable_ckpt.errors import UnsupportedValueError
-from portable_ckpt.format.dtypes import numpy_dtype
+from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
 __all__ = ["format_dtype", "numpy_view", "torch_dtype", "torch_from_numpy"]
 
 # torch dtype -> (format name, integer torch dtype to view through or None, numpy dtype;
-# None: the format table's, resolved on first use)
-_MAP: dict[torch.dtype, tuple[str, torch.dtype | None, Any]] = {
-    torch.float64: ("float64", None, np.float64),
-    torch.float32: ("float32", None, np.float32),
-    torch.float16: ("float16", None, np.float16),
-    torch.bfloat16: ("bfloat16", torch.int16, None),
-    torch.int64: ("int64", None, np.int64),
-    torch.int32: ("int32", None, np.int32),
-    torch.int16: ("int16", None, np.int16),
-    torch.int8: ("int8", None, np.int8),
-    torch.uint8: ("uint8", None, np.uint8),
-    torch.bool: ("bool", None, np.bool_),
-    torch.float8_e4m3fn: ("float8_e4m3fn", torch.uint8, None),
-    torch.float8_e5m2: ("float8_e5m2", torch.uint8, None),
-}
-for _name in ("uint16", "uint32", "uint64"):
-    _td = getattr(torch, _name, None)
-    if isinstance(_td, torch.dtype):
-        _signed = {"uint16": torch.int16, "uint32": torch.int32, "uint64": torch.int64}[_name]
-        _MAP[_td] = (_name, _signed, np.dtype(_name))
+# None: the format table's, resolved on first use). Built from the format's one dtype table:
+# a row whose numpy type comes from ml_dtypes (bfloat16, float8) crosses to torch through an
+# integer view of its size, as do the unsigned types wider than a byte (torch's own are young).
+_VIA = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MAP: dict[torch.dtype, tuple[str, torch.dtype | None, Any]] = {}
+for _row in DTYPES.values():
+    _td = getattr(torch, _row.name, None)
+    if not isinstance(_td, torch.dtype):
+        continue  # a format dtype this torch lacks: loads of it say so (torch_dtype)
+    _lazy = ":" in _row.spec
+    _via = _VIA[_row.itemsize] if _lazy or _row.name in ("uint16", "uint32", "uint64") else None
+    _MAP[_td] = (_row.name, _via, None if _lazy else np.dtype(_row.spec))
 
 _BY_NAME: dict[str, torch.dtype] = {v[0]: k for k, v in _MAP.items()}
 
@@ -54,7 +46,7 @@ def format_dtype(dtype: torch.dtype, *, key: str = "?") -> str:
         return _MAP[dtype][0]
     except KeyError:
         raise UnsupportedValueError(
-            f"tensor {key!r}: dtype {dtype} has no format-1.0 dtype; convert it (e.g. complex → "
+            f"tensor {key!r}: dtype {dtype} has no dtype in the format's table; convert it (e.g. complex → "
             f"view_as_real) before saving"
         ) from None
 
@@ -94,9 +86,12 @@ def numpy_view(t: torch.Tensor, *, key: str = "?") -> np.ndarray[Any, Any]:
 
 def torch_from_numpy(arr: np.ndarray[Any, Any]) -> torch.Tensor:
     """Return a CPU tensor sharing memory with ``arr`` (bfloat16/float8 through integer views)."""
-    name = arr.dtype.name
-    if name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    if name in ("float8_e4m3fn", "float8_e5m2"):
-        return torch.from_numpy(arr.view(np.uint8)).view(getattr(torch, name))
+    row = DTYPES.get(arr.dtype.name)
+    if row is not None and ":" in row.spec:  # an ml_dtypes type: torch.from_numpy refuses it
+        via = _VIA[row.itemsize]
+        return torch.from_numpy(arr.view(_NP_INT[via])).view(torch_dtype(row.name))
     return torch.from_numpy(arr)
+
+
+_NP_INT = {torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32,
+           torch.int64: np.int64}

@@ -46,7 +46,7 @@ from typing import Any
 
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of, require_seconds
-from portable_ckpt.format.vocab import CONTRACTS
+from portable_ckpt.format.vocab import CONTRACTS, DEFAULT_GRACE_SECONDS
 from portable_ckpt.manager.decisions import Decision, SavePolicy
 from portable_ckpt.manager.records import (
     MANAGER_ENTRY,
@@ -152,7 +152,7 @@ class CheckpointManager:
         process_group: Any = None,
         timeout: float | None = None,
         handle_sigterm: bool = True,
-        grace_seconds: float = 3600.0,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
         codec: str = "none",
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
         handle_sigint: bool = False,
