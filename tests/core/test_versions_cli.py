@@ -173,3 +173,30 @@ def test_refused_copy_prints_its_error_once(tmp_path) -> None:
     assert proc.stderr.count("the source is corrupt") == 1, proc.stderr
     proc = cli("-v", "copy", str(tmp_path / "root" / attempt), str(tmp_path / "dst2"))
     assert proc.stderr.count("the source is corrupt") == 2 and "copy.refused" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("ls", "{m}"), ("inspect", "{m}"), ("gc", "{m}", "--keep", "1"), ("copy", "{m}", "{d}"),
+     ("convert", "{m}", "{d}"), ("verify", "{m}"), ("copy", "{r}", "{d}")],
+)
+def test_json_output_is_one_document_whatever_happens(tmp_path, argv) -> None:
+    """``--json`` gave a failure as JSON for copy and convert only; ls, inspect and gc printed
+    nothing on stdout (maintainer review 14): one document, ``ok: false`` and the error."""
+    root = tmp_path / "r"
+    save_step(root, 1)
+    data = next((root / os.listdir(root)[0] / "data").iterdir())
+    with open(data, "r+b") as f:  # a damaged version: copy fails on its checksum
+        f.seek(150)
+        byte = f.read(1)
+        f.seek(150)
+        f.write(bytes([byte[0] ^ 1]))
+    names = {"m": str(tmp_path / "missing"), "d": str(tmp_path / "dst"), "r": str(root)}
+    res = cli(*[a.format(**names) for a in argv], "--json")
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout)  # exactly one document
+    assert doc["ok"] is False, doc
+    code = doc["error"]["code"] if "error" in doc else doc["errors"][0]["code"]
+    assert code == ("PCK-CHECKSUM" if argv[1] == "{r}" else "PCK-NOT-FOUND"), doc
+    if argv[0] != "verify":  # verify's result is its report, not an error
+        assert code in res.stderr  # and said on stderr, as without --json

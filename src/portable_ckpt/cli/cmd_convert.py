@@ -91,32 +91,26 @@ def _check(args: argparse.Namespace) -> str | None:
 def _run(args: argparse.Namespace) -> int:
     from portable_ckpt.convert import convert
     from portable_ckpt.convert.hf import parse_size
-    from portable_ckpt.errors import CheckpointError
 
-    try:
-        with progress_bar(args, "convert") as progress:
-            report = convert(
-                args.src,
-                args.dst,
-                src_format=args.src_format,
-                dst_format=args.dst_format,
-                trust_pickle=args.trust_pickle,
-                strict=args.strict,
-                max_shard_size=args.max_shard_size,
-                step=args.step,
-                codec=args.codec,
-                keys=args.keys,
-                select=args.select or (),
-                strip_prefix=args.strip_prefix,
-                dtype=args.dtype,
-                progress=progress,
-                allow_expand=args.allow_expand,
-                max_output_bytes=None if args.max_output is None else parse_size(args.max_output),
-            )
-    except CheckpointError as exc:
-        if args.json:
-            print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
-        raise
+    with progress_bar(args, "convert") as progress:
+        report = convert(
+            args.src,
+            args.dst,
+            src_format=args.src_format,
+            dst_format=args.dst_format,
+            trust_pickle=args.trust_pickle,
+            strict=args.strict,
+            max_shard_size=args.max_shard_size,
+            step=args.step,
+            codec=args.codec,
+            keys=args.keys,
+            select=args.select or (),
+            strip_prefix=args.strip_prefix,
+            dtype=args.dtype,
+            progress=progress,
+            allow_expand=args.allow_expand,
+            max_output_bytes=None if args.max_output is None else parse_size(args.max_output),
+        )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0

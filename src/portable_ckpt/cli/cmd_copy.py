@@ -10,7 +10,6 @@ from typing import Any
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
 from portable_ckpt.cli._text import safe
-from portable_ckpt.errors import CheckpointError
 
 __all__ = ["register"]
 
@@ -18,17 +17,12 @@ __all__ = ["register"]
 def _copy(args: argparse.Namespace) -> int:
     from portable_ckpt.io.copy import copy_version
 
-    try:
-        with progress_bar(args, "copy") as bar:
-            res = copy_version(
-                args.ckpt, args.dst_root, step=args.step, jobs=args.jobs,
-                chunk_size=args.chunk_mib << 20, record=not args.no_record, force=args.force,
-                progress=bar,
-            )
-    except CheckpointError as exc:
-        if args.json:
-            print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
-        raise
+    with progress_bar(args, "copy") as bar:
+        res = copy_version(
+            args.ckpt, args.dst_root, step=args.step, jobs=args.jobs,
+            chunk_size=args.chunk_mib << 20, record=not args.no_record, force=args.force,
+            progress=bar,
+        )
     if args.json:
         print(json.dumps(res.to_json(), indent=2))
     else:

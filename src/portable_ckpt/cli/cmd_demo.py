@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from portable_ckpt.cli import _args as A
+from portable_ckpt.errors import UsageError
 from portable_ckpt.format.vocab import CODECS
 
 __all__ = ["register"]
@@ -22,9 +23,8 @@ def _check(args: argparse.Namespace) -> str | None:
 def _run(args: argparse.Namespace) -> int:
     try:
         from portable_ckpt.torch.demo import DemoConfig, run_demo
-    except ImportError as e:  # torch is an optional dependency
-        print(f"portable-ckpt demo needs torch: pip install 'portable-ckpt[torch]' ({e})")
-        return 2
+    except ImportError as e:  # torch is an optional dependency: said on stderr, exit 2
+        raise UsageError(f"demo needs torch: pip install 'portable-ckpt[torch]' ({e})") from None
     cfg = DemoConfig(
         ranks=args.ranks,
         resume_ranks=args.resume_ranks,

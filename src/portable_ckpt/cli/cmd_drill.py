@@ -9,6 +9,7 @@ from typing import Any
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
 from portable_ckpt.cli._text import safe
+from portable_ckpt.errors import UsageError
 
 __all__ = ["register"]
 
@@ -16,9 +17,8 @@ __all__ = ["register"]
 def _run(args: argparse.Namespace) -> int:
     try:
         from portable_ckpt.torch.drill import drill
-    except ImportError as e:  # torch is an optional dependency
-        print(f"portable-ckpt drill needs torch: pip install 'portable-ckpt[torch]' ({e})")
-        return 2
+    except ImportError as e:  # torch is an optional dependency: said on stderr, exit 2
+        raise UsageError(f"drill needs torch: pip install 'portable-ckpt[torch]' ({e})") from None
     with progress_bar(args, f"drill on {args.world_size} ranks", unit="rank") as bar:
         rec: dict[str, Any] = drill(
             args.ckpt,

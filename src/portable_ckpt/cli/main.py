@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import pkgutil
 import signal
@@ -144,13 +145,13 @@ def _silence(stream: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
-    # Messages may quote names and strings from the root: escaped for the terminal.
-    except UsageError as exc:
-        print(f"portable-ckpt: {safe(exc)}", file=sys.stderr)
-        return 2
+    # Messages may quote names and strings from the root: escaped for the terminal. With
+    # --json, stdout gets one document whatever happens: a failure is {"ok": false, "error"}.
     except CheckpointError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
         print(f"portable-ckpt: {safe(exc)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         return 130
     except (BrokenPipeError, SystemExit, GeneratorExit, _OutputError):
