@@ -57,7 +57,10 @@ def _cases(valid: bool):
 def test_valid_examples_parse(path: Path, stem: str, schema: str) -> None:
     doc = json.loads(path.read_text())
     validate_document(doc, schema, what=path.name)
-    PARSERS[stem](doc)
+    parsed = PARSERS[stem](doc)
+    # Parsed and written back, the document is the same: a member added to the dataclass but
+    # forgotten in the parser or in to_json is lost here (maintainer review 31).
+    assert json.loads(json.dumps(parsed.to_json())) == doc
 
 
 @pytest.mark.parametrize("path, stem, schema", list(_cases(False)))

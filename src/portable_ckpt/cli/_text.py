@@ -1,4 +1,4 @@
-"""Text from a checkpoint made safe for a terminal.
+"""Text for the terminal: strings from a checkpoint made safe, tables and sizes.
 
 Names and strings that come from a root (entry names found by a listing, manifest strings such as
 ``producer.name``, error messages quoting them) are written by whoever wrote the root. Printed as
@@ -10,7 +10,7 @@ that looks like the CLI's own. ``--json`` output is escaped by JSON itself.
 
 from __future__ import annotations
 
-__all__ = ["safe"]
+__all__ = ["safe", "size_text", "table"]
 
 
 def _escape(ch: str) -> str:
@@ -32,3 +32,23 @@ def safe(text: object) -> str:
         return s
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in s)
 
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Columns padded to their widest cell; every cell escaped (names come from the root)."""
+    rows = [[safe(c) for c in r] for r in rows]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes in binary units: ``512 B``, ``1.5 KiB`` … ``TiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -11,6 +11,7 @@ from typing import Any
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
 from portable_ckpt.cli._text import safe
+from portable_ckpt.format.vocab import CODECS
 
 __all__ = ["register"]
 
@@ -207,4 +208,4 @@ def _add_writing_options(p: argparse.ArgumentParser) -> None:
         help="hf target: largest shard, e.g. 5GB (10^9 bytes, as transformers), 2GiB (default 5GB)",
     )
     p.add_argument("--step", type=A.step, default=None, help="step of the new portable version / portable version to read")
-    p.add_argument("--codec", choices=["none", "zstd"], default="none", help="portable target codec")
+    p.add_argument("--codec", choices=CODECS, default="none", help="portable target codec")

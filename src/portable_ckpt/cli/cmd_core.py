@@ -11,7 +11,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
-from portable_ckpt.cli._text import safe
+from portable_ckpt.cli._text import safe, size_text, table
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
 
@@ -19,24 +19,6 @@ __all__ = ["register"]
 
 #: ``ls --json`` lists at most this many foreign keys (their count is always given).
 _MAX_FOREIGN = 1000
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    """Columns padded to their widest cell; every cell escaped (names come from the root)."""
-    rows = [[safe(c) for c in r] for r in rows]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -84,14 +66,14 @@ def _ls(args: argparse.Namespace) -> int:
                 v.id,
                 str(v.step),
                 v.status,
-                _size(v.bytes) if v.bytes else "-",
+                size_text(v.bytes) if v.bytes else "-",
                 v.committed_at or "-",
                 checked,
                 drill,
                 copies,
             ]
         )
-    print(_table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "VERIFIED", "DRILL", "COPIES"]))
+    print(table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "VERIFIED", "DRILL", "COPIES"]))
     for v in versions:
         if v.status == "stray":
             print(
@@ -144,7 +126,7 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"committed   {safe(m.committed_at)}")
     print(f"contract    {safe(c.contract)}, world size {c.world_size}{safe(mesh)}")
     total = sum(f.size for f in m.files.values())
-    print(f"files       {len(m.files)} ({_size(total)})")
+    print(f"files       {len(m.files)} ({size_text(total)})")
     last = drills[-1] if drills else None
     print(
         f"drill       {'none' if last is None else ('passed' if last.get('ok') else 'failed')}"
@@ -157,12 +139,12 @@ def _inspect(args: argparse.Namespace) -> int:
             t.dtype,
             str(list(t.shape)),
             str(t.range_count),
-            _size(t.nbytes),
+            size_text(t.nbytes),
             _codecs(t),
         ]
         for k, t in m.tensors.items()
     ]
-    print(_table(rows, ["TENSOR", "DTYPE", "SHAPE", "RANGES", "SIZE", "CODEC"]))
+    print(table(rows, ["TENSOR", "DTYPE", "SHAPE", "RANGES", "SIZE", "CODEC"]))
     if args.ranges:
         for k, t in m.tensors.items():
             for r in t.ranges:
@@ -182,7 +164,7 @@ def _inspect(args: argparse.Namespace) -> int:
             ]
             for n, e in m.entries.items()
         ]
-        print(_table(erows, ["ENTRY", "SCHEMA", "SCOPE", "POLICY", "ENCODING", "VALUES"]))
+        print(table(erows, ["ENTRY", "SCHEMA", "SCOPE", "POLICY", "ENCODING", "VALUES"]))
     return 0
 
 
