@@ -330,16 +330,23 @@ def _value(value: Any, key: str, flat: FlatState, path: DcpPath, in_item: bool) 
 
 
 def _replace(node: Any, value: Any) -> Any:
-    """``value`` in place of the container ``node``: the same list or dict object where it fits."""
-    if type(node) is list and type(value) is list:
+    """``value`` in place of the container ``node``: the same list or dict object where it fits.
+
+    The target's container type is kept: a ``torch.Size``, a namedtuple or an ``OrderedDict``
+    loaded whole comes back as one (a tuple is stored as a JSON list; subclasses were left
+    with the target's values, fidelity review F5).
+    """
+    if isinstance(node, list) and isinstance(value, list):
         node[:] = value
         return node
-    if type(node) is dict and type(value) is dict:
+    if isinstance(node, dict) and isinstance(value, dict):
         node.clear()
         node.update(value)
         return node
-    if type(node) is tuple and type(value) is list:
-        return tuple(value)  # an empty tuple of the target is stored as []
+    if isinstance(node, tuple) and isinstance(value, list | tuple):
+        if type(node) is tuple:
+            return tuple(value)
+        return node._make(value) if hasattr(node, "_make") else type(node)(value)
     return value
 
 
@@ -361,7 +368,7 @@ def fill_state(
     """
     if isinstance(node, torch.Tensor | StateEntry):
         return node
-    if key in loaded_values and type(node) in _PLAIN_CONTAINERS:
+    if key in loaded_values and isinstance(node, _PLAIN_CONTAINERS) and key not in flat.objects:
         return _replace(node, loaded_values[key])
     if key in flat.entries:
         return node

@@ -317,9 +317,14 @@ def _load_tensors(
         if not _stored_like(ck, key, t, info, strict=strict):
             continue
         layout, local = local_layout(key, t, info.rank)
+        _check_target(key, local)
         casts.check(ck, key, local)
-        in_cpu = local.device.type == "cpu" and (
-            format_dtype(local.dtype, key=key) == ck.tensors[key].dtype
+        # A negative or conjugate view's memory holds other values than it shows: copy_
+        # writes through the view correctly, a numpy view would fill a temporary.
+        in_cpu = (
+            local.device.type == "cpu"
+            and not (local.is_neg() or local.is_conj())
+            and format_dtype(local.dtype, key=key) == ck.tensors[key].dtype
         )
         # In place: one numpy view of the local tensor, sliced per box (a torch slice and a
         # view per box cost more than the planning of the read).
@@ -341,6 +346,26 @@ def _load_tensors(
     if record_ranges:
         info.range_map = ranges
     return _read_converted(ck, converted)
+
+
+def _check_target(key: str, local: torch.Tensor) -> None:
+    """Refuse a target that cannot hold what is loaded (fidelity review F1, F4).
+
+    A meta tensor has no memory (``copy_`` into it does nothing, and the load looked like a
+    success); an expanded one (a stride of 0 over more than one element) keeps only the last
+    value written to each shared element.
+    """
+    if local.device.type == "meta":
+        raise UsageError(
+            f"tensor {key!r}: the target is on the meta device and holds no memory to load "
+            "into; materialise the model first (model.to_empty(device=...)), then load"
+        )
+    if any(st == 0 and n > 1 for st, n in zip(local.stride(), local.shape, strict=True)):
+        raise UsageError(
+            f"tensor {key!r}: the target's elements share memory (an expanded view, stride "
+            f"{tuple(local.stride())} for shape {tuple(local.shape)}): it cannot hold the "
+            "stored values; load into a tensor with memory of its own (.clone())"
+        )
 
 
 #: Temporary bytes one batch of converted targets may hold (a larger target goes alone).

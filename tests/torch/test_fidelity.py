@@ -1,0 +1,86 @@
+"""What a load gives back, and what a save refuses: the fidelity review's findings.
+
+Each test saves and loads in one process (no group), as a user checking a state would, and
+compares bytes, types and values exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import portable_ckpt.torch as pckt  # noqa: E402
+from portable_ckpt.errors import UnsupportedValueError, UsageError  # noqa: E402
+
+Point = collections.namedtuple("Point", "a b")
+
+
+def test_a_meta_target_is_refused_not_counted_as_loaded(tmp_path: Path) -> None:
+    """F1: copy_ into a meta tensor does nothing; the load reported it as loaded."""
+    pckt.save({"w": torch.arange(4.0)}, tmp_path, step=1)
+    with pytest.raises(UsageError, match=r"'w': the target is on the meta device.*to_empty"):
+        pckt.load({"w": torch.empty(4, device="meta")}, tmp_path)
+
+
+def test_a_negative_view_target_gets_the_values(tmp_path: Path) -> None:
+    """F2: a target with torch's negative bit was filled through a temporary copy."""
+    pckt.save({"w": torch.tensor([1.0, 2.0, 3.0])}, tmp_path, step=1)
+    base = torch.full((3,), -9.0)
+    target = base._neg_view()
+    pckt.load({"w": target}, tmp_path)
+    assert target.tolist() == [1.0, 2.0, 3.0] and base.tolist() == [-1.0, -2.0, -3.0]
+
+
+def test_an_expanded_target_is_refused(tmp_path: Path) -> None:
+    """F4: elements sharing memory keep only the last value written to them."""
+    pckt.save({"w": torch.arange(12.0).reshape(3, 4)}, tmp_path, step=1)
+    with pytest.raises(UsageError, match=r"'w': the target's elements share memory"):
+        pckt.load({"w": torch.zeros(3, 1).expand(3, 4)}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda: torch.empty(3, device="meta"), "a meta tensor holds no data"),
+        (lambda: torch.eye(3).to_sparse_csr(), "layout torch.sparse_csr is not supported"),
+        (lambda: torch.eye(3).to_sparse(), "layout torch.sparse_coo is not supported"),
+        (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "a nested tensor"),
+    ],
+)
+def test_tensors_without_a_dense_box_are_refused_naming_the_key(tmp_path: Path, make, what) -> None:
+    """F3: these failed deep in torch, as PCK-DISTRIBUTED, naming neither key nor cause."""
+    with warnings.catch_warnings():  # torch: "sparse CSR / nested tensors are in beta"
+        warnings.simplefilter("ignore")
+        t = make()
+    with pytest.raises(UnsupportedValueError, match=rf"tensor 'model/t': {what}"):
+        pckt.save({"model": {"t": t, "ok": torch.ones(2)}}, tmp_path, step=1)
+    assert not list(tmp_path.iterdir()) or all(not (p / "manifest.json").exists()
+                                               for p in tmp_path.iterdir())
+
+
+def test_tuple_subclasses_and_dict_subclasses_come_back_as_themselves(tmp_path: Path) -> None:
+    """F5: a torch.Size or namedtuple of plain values kept the target's values, silently."""
+    saved = {
+        "shape": torch.Size([2, 3]),
+        "pt": Point(1, 2),
+        "plain": (1, 2),
+        "od": collections.OrderedDict(b=1, a=2),
+    }
+    pckt.save(saved, tmp_path, step=1)
+    target = {
+        "shape": torch.Size([0, 0]),
+        "pt": Point(0, 0),
+        "plain": (0, 0),
+        "od": collections.OrderedDict(b=0, a=0),
+    }
+    info = pckt.load(target, tmp_path)
+    assert target["shape"] == torch.Size([2, 3]) and type(target["shape"]) is torch.Size
+    assert target["pt"] == Point(1, 2) and type(target["pt"]) is Point
+    assert target["plain"] == (1, 2) and type(target["plain"]) is tuple
+    assert target["od"] == {"b": 1, "a": 2} and type(target["od"]) is collections.OrderedDict
+    assert info.missing_keys == [] and info.unexpected_keys == []
