@@ -124,3 +124,30 @@ def partial_load_on_the_same_2d_mesh(rank: int, world: int, root: str) -> dict[s
     mesh_saved = portable_ckpt.open(info.path).manifest.continuation.mesh
     return {"saved_mesh": list(mesh_saved.shape) if mesh_saved else None,
             "contract": loaded.contract, "same": same}
+
+
+def stall_then_save(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Rank 1 stalls past the timeout once; later saves work (async review F8: the side group
+    a timeout closed was kept, and every later save and load of the job failed at once)."""
+    import time
+
+    import torch
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.errors import CheckpointError
+
+    state = {"w": torch.arange(64.0), "k": 1}
+    out: dict[str, Any] = {"steps": []}
+    for step in (1, 2, 3):
+        if step == 2 and rank == 1:
+            time.sleep(6)  # a slow rank (a GC pause, a stuck file system) beyond the 3 s timeout
+        try:
+            out["steps"].append([step, pckt.save(state, root, step=step, timeout=3).step])
+        except CheckpointError as e:
+            out["steps"].append([step, e.code])
+    # A load issued while an async save is in flight waits for it (F9: both timed out).
+    handle = pckt.async_save(state, root, step=4, timeout=20)
+    target = {"w": torch.zeros(64), "k": 0}
+    info = pckt.load(target, root, timeout=20)
+    out["load"] = [info.step, handle.committed.done(), target["w"].tolist() == state["w"].tolist()]
+    return out

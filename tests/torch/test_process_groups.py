@@ -68,3 +68,16 @@ def test_a_partial_load_on_the_same_2d_mesh_is_exact(tmp_path: Path) -> None:
     )
     res.raise_for_errors()
     assert res.results == [{"saved_mesh": [2, 2], "contract": "exact", "same": True}] * 4
+
+
+def test_a_stall_past_the_timeout_fails_one_save_not_the_next(tmp_path: Path) -> None:
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:stall_then_save", 2, (str(tmp_path),), timeout=180,
+        pg_timeout=60,
+    )
+    res.raise_for_errors()
+    for r in res.results:
+        assert r["steps"] == [[1, 1], [2, "PCK-DISTRIBUTED"], [3, 3]], r
+        assert r["load"] == [4, True, True], r

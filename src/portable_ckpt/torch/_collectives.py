@@ -48,6 +48,8 @@ DEFAULT_TIMEOUT_S = (
 _GROUPS: dict[tuple[tuple[int, ...], float], Any] = {}
 _PEERS: dict[tuple[tuple[int, ...], float], list[Any]] = {}
 _LOCK = threading.Lock()
+#: Keys of cached side groups a collective failed on: made anew at their next use.
+_BROKEN: set[tuple[tuple[int, ...], float]] = set()
 
 T = TypeVar("T")
 
@@ -313,6 +315,13 @@ class Comm:
     # -- JSON collectives --------------------------------------------------------------------------
 
     def _fail(self, what: str, e: BaseException) -> DistributedError:
+        # A gloo group whose collective failed (a timeout closes its pairs) never works again:
+        # the next save or load of this process makes a new one (async review F8: one stall
+        # ended checkpointing for the rest of the job). Every rank of a failed collective sees
+        # it fail, so all of them rebuild at their next call, in the same order.
+        if self.group is not None:
+            with _LOCK:
+                _BROKEN.update(k for k, g in _GROUPS.items() if g is self.group)
         if not dist.is_initialized() or "is not registered" in str(e):
             # torch's text ("create group with the new_group API") would mislead
             return DistributedError(
@@ -463,7 +472,8 @@ def make_comm(process_group: Any = None, timeout: float | None = None) -> Comm:
         return Comm(0, 1, None, ranks, t)
     with _LOCK:
         side = _GROUPS.get((tuple(ranks), t))
-        if side is None or not _alive(side):
+        if side is None or (tuple(ranks), t) in _BROKEN or not _alive(side):
+            _BROKEN.discard((tuple(ranks), t))
             side = _new_side_group(ranks, rank, t)
             _GROUPS[(tuple(ranks), t)] = side
             # Who is who, so a failed collective can name a peer whose process is gone.

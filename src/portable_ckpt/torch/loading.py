@@ -42,6 +42,7 @@ from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
+from portable_ckpt.torch._inflight import wait_idle
 from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
 from portable_ckpt.torch.flatten import (
@@ -82,7 +83,8 @@ def load(
     whole tensor; for each DTensor each rank reads only the box of its local shard, whatever the
     saved world size, mesh or placements were. Objects with ``load_state_dict`` get their filled
     state; RNG is restored last. For FSDP2, pass the dicts from
-    ``get_state_dict(model, optim)`` and hand them to ``set_state_dict`` afterwards.
+    ``get_state_dict(model, optim)`` and hand them to ``set_state_dict`` afterwards. An async
+    save of this process still in flight is waited for first (their collectives share a group).
 
     Args:
         state_dict: The target state (same structure as saved).
@@ -106,6 +108,10 @@ def load(
 
     """
     t0 = time.perf_counter()
+    # An async save of this process still in flight runs collectives on the same side group:
+    # interleaved with the load's, both waited for the timeout (async review F9). Its outcome
+    # is its own handle's.
+    wait_idle("wait")
     # Full collections of a training process's heap in the middle of a load cost more than the
     # load's own work (see portable_ckpt._gc); the load creates no long-lived cycles.
     with paused_gc():
