@@ -342,3 +342,39 @@ def test_a_reset_connection_ends_the_writer_quietly() -> None:
     ours.close()  # with the reply unread: the writer's recv gets ECONNRESET
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+_FORK_SCRIPT = """
+import os, signal, sys, time
+import torch
+import portable_ckpt.torch as pckt
+from portable_ckpt.torch._process_write import _CURRENT
+root = sys.argv[1]
+state = {"w": torch.arange(1 << 16, dtype=torch.float32)}
+pckt.async_save(state, root, step=1, mode="process").committed.result(120)
+writer = _CURRENT.proc.pid
+os.kill(writer, signal.SIGSTOP)  # step 2 stays in flight
+h = pckt.async_save(state, root, step=2, mode="process", exit_timeout=60)
+t0 = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # an ordinary exit of a forked child
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), round(time.monotonic() - t0, 1), flush=True)
+os.kill(writer, signal.SIGCONT)
+print("parent", h.committed.result(120).step, flush=True)
+"""
+
+
+def test_a_forked_child_does_not_own_the_parents_save(tmp_path: Path) -> None:
+    """Async review F10: a plain fork child's exit waited ``exit_timeout`` for its parent's
+    save, said it was ABANDONED and exited 1; the parent's save then committed."""
+    script = tmp_path / "fork.py"
+    script.write_text(_FORK_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "r")], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.split("\n")
+    _, code, seconds = lines[0].split()
+    assert code == "0" and float(seconds) < 30, res.stdout  # not the 60 s exit_timeout
+    assert lines[1] == "parent 2" and "ABANDONED" not in res.stderr, (res.stdout, res.stderr)

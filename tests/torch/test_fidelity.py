@@ -84,3 +84,18 @@ def test_tuple_subclasses_and_dict_subclasses_come_back_as_themselves(tmp_path: 
     assert target["plain"] == (1, 2) and type(target["plain"]) is tuple
     assert target["od"] == {"b": 1, "a": 2} and type(target["od"]) is collections.OrderedDict
     assert info.missing_keys == [] and info.unexpected_keys == []
+
+
+def test_staged_raises_when_nothing_was_staged(tmp_path: Path) -> None:
+    """Async review F11: ``staged`` resolved with an "error" key that a caller waiting on it
+    alone never read; now it raises this rank's error, and ``committed`` the save's."""
+    from portable_ckpt.errors import CheckpointError
+
+    handle = pckt.async_save({"c": torch.zeros(2, dtype=torch.complex64)}, tmp_path, step=1)
+    with pytest.raises(UnsupportedValueError, match="'c'"):
+        handle.staged.result(timeout=60)
+    with pytest.raises(CheckpointError):
+        handle.committed.result(timeout=60)
+    ok = pckt.async_save({"w": torch.ones(2)}, tmp_path, step=2)
+    assert set(ok.staged.result(timeout=60)) == {"seconds", "staging_bytes"}
+    assert ok.committed.result(timeout=60).step == 2

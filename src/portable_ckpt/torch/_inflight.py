@@ -75,6 +75,15 @@ LOCK = threading.Lock()
 _SLOT = _Slot()
 
 
+def _forget_after_fork() -> None:
+    # A forked child does not own its parent's save: at its exit it must neither wait for it
+    # nor call it ABANDONED (async review F10: a plain fork child waited exit_timeout, exit 1).
+    _SLOT.current = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 _HOOKED: set[str] = set()
 _HOOK_LOCK = threading.Lock()  # not LOCK: track() runs while an async save holds LOCK
 

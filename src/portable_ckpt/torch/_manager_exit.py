@@ -18,6 +18,7 @@ first. The exit status and the stderr line are :mod:`~portable_ckpt.torch._infli
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 _MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+# A forked child owns none of its parent's managers: its exit finishes none of them.
+os.register_at_fork(after_in_child=_MANAGERS.clear)
 
 
 def _abandoned(mgr: CheckpointManager, step: int | None, e: BaseException, stuck: bool) -> None:

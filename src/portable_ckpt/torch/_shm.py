@@ -129,3 +129,12 @@ class SharedStaging:
 #: This process's shared staging (created empty; the first process-mode save allocates it).
 SHARED = SharedStaging()
 register(SHARED)
+
+
+def _forget_after_fork() -> None:
+    # The segment is MAP_SHARED with the parent, whose writer may be reading it: a forked
+    # child's own process-mode save must stage into a segment of its own (async review F10).
+    SHARED.segment, SHARED.offsets, SHARED._last = None, {}, None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -55,6 +55,8 @@ class AsyncSaveHandle:
         step: The step being saved.
         staged: Future resolving (to a dict with ``seconds`` and ``staging_bytes``) once the state
             was copied; from then on the caller may mutate every tensor and object it passed.
+            It raises this rank's error when the copy failed (nothing of the state will be
+            written; the caller may mutate it too).
         committed: Future resolving to the :class:`CheckpointInfo` after the commit record is
             published, or raising the save's :class:`CheckpointError`.
         staging_bytes: Size of this process's reusable staging buffers.
@@ -157,10 +159,13 @@ def _mode(mode: str, root: Root) -> tuple[Staging | None, type[RankWrite] | None
 def _mark_staged(handle: AsyncSaveHandle, prepared: Prepared, t0: float) -> None:
     handle.staging_bytes = staging_bytes()
     handle.blocking_seconds = time.perf_counter() - t0
-    error = None if prepared.error is None else str(prepared.error)
-    handle.staged.set_result(
-        {"seconds": prepared.seconds, "staging_bytes": handle.staging_bytes, "error": error}
-    )
+    if prepared.error is not None:
+        # Nothing was copied: a caller that waits on ``staged`` alone must hear of it (it
+        # resolved with an "error" key nobody read, async review F11). The state may still be
+        # mutated: no copy of it will be written. ``committed`` raises the agreed failure.
+        handle.staged.set_exception(prepared.error)
+        return
+    handle.staged.set_result({"seconds": prepared.seconds, "staging_bytes": handle.staging_bytes})
 
 
 def _finish(
