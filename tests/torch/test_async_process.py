@@ -378,3 +378,38 @@ def test_a_forked_child_does_not_own_the_parents_save(tmp_path: Path) -> None:
     _, code, seconds = lines[0].split()
     assert code == "0" and float(seconds) < 30, res.stdout  # not the 60 s exit_timeout
     assert lines[1] == "parent 2" and "ABANDONED" not in res.stderr, (res.stdout, res.stderr)
+
+
+_STOP_SCRIPT = """
+import os, signal, sys, time
+import torch
+import portable_ckpt.torch as pckt
+from portable_ckpt.torch._process_write import _CURRENT
+from portable_ckpt.errors import CheckpointError
+root = sys.argv[1]
+state = {"w": torch.arange(1 << 16, dtype=torch.float32)}
+pckt.async_save(state, root, step=1, mode="process").committed.result(120)
+os.kill(_CURRENT.proc.pid, signal.SIGSTOP)
+t0 = time.monotonic()
+h = pckt.async_save(state, root, step=2, mode="process", timeout=3)
+try:
+    h.committed.result(120)
+except CheckpointError as e:
+    print(e.code, round(time.monotonic() - t0, 1), flush=True)
+print(pckt.async_save(state, root, step=3, mode="process").committed.result(120).step)
+"""
+
+
+def test_a_stopped_writer_fails_its_save_and_the_next_save_works(tmp_path: Path) -> None:
+    """Async review F1: a writer stopped (SIGSTOP, a debugger) hung the save for ever, and the
+    next save waited on it; now one stopped past the save's timeout is killed, the save fails
+    with PCK-WRITER-PROCESS, and the next one starts a new writer."""
+    script = tmp_path / "stop.py"
+    script.write_text(_STOP_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "r")], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    failed, committed = res.stdout.split("\n")[:2]
+    code, seconds = failed.split()
+    assert code == "PCK-WRITER-PROCESS" and 3 <= float(seconds) < 30, res.stdout
+    assert committed == "3", res.stdout

@@ -157,23 +157,46 @@ class WriterProcess:
         """Whether the writer process still runs."""
         return self.proc.poll() is None
 
-    def request(self, msg: dict[str, Any], fds: Sequence[int] = (), *, what: str) -> Any:
+    def request(
+        self,
+        msg: dict[str, Any],
+        fds: Sequence[int] = (),
+        *,
+        what: str,
+        stopped_limit: float | None = None,
+    ) -> Any:
         """Send ``msg`` and wait for the answer's ``value`` (re-raise the writer's error).
 
-        Waits as long as the writer lives (a write to slow storage may take long); its death
-        is noticed within a second.
+        Waits as long as the writer lives and runs (a write to slow storage may take long); its
+        death is noticed within a second. A writer *stopped* (SIGSTOP, a debugger) for more
+        than ``stopped_limit`` seconds is killed: the save failed, and without the bound it
+        would wait for ever, and the next save with it (async review F1).
 
         Raises:
-            WriterProcessError: the writer died or broke the protocol.
+            WriterProcessError: the writer died, stayed stopped, or broke the protocol.
             CheckpointError: the writer's own error (same class and code).
 
         """
         with self.lock:
             try:
                 send_msg(self.sock, msg, fds)
+                stopped_since: float | None = None
                 while not select.select([self.sock], [], [], 1.0)[0]:
                     if not self.alive():
                         break
+                    if not _stopped(self.pid):
+                        stopped_since = None
+                        continue
+                    now = time.monotonic()
+                    stopped_since = now if stopped_since is None else stopped_since
+                    if stopped_limit is not None and now - stopped_since > stopped_limit:
+                        self.proc.kill()
+                        self.proc.wait()
+                        raise WriterProcessError(
+                            f"{what}: the writer process (pid {self.pid}) was stopped (SIGSTOP "
+                            f"or a debugger) for more than {stopped_limit:.0f} s; it was killed "
+                            "and the next save starts a new one"
+                        )
                 reply, extra = recv_msg(self.sock)
             except (OSError, EOFError, ValueError) as e:
                 raise self._died(what, e) from e
@@ -210,6 +233,15 @@ class WriterProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state ``T``, or ``t`` under a tracer); Linux only."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def _child_env() -> dict[str, str]:

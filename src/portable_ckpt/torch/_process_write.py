@@ -22,6 +22,7 @@ from portable_ckpt.errors import CheckpointError, UsageError, WriterProcessError
 from portable_ckpt.format.manifest import WriterIndex
 from portable_ckpt.io.writer_process import WriterProcess
 from portable_ckpt.storage import Storage
+from portable_ckpt.torch._collectives import DEFAULT_TIMEOUT_S
 from portable_ckpt.torch._shm import SHARED
 from portable_ckpt.torch.saving import RankWrite
 
@@ -101,7 +102,10 @@ class ProcessWrite(RankWrite):
         }
         self.proc = writer_process()
         what = f"save of step {self.opts.step}: rank {self.rank}'s writer process"
-        value = self.proc.request(job, [segment.fd], what=what)
+        # A writer stopped longer than the save may wait for its peers fails the save; a
+        # running one may take as long as its storage needs.
+        limit = self.opts.timeout if self.opts.timeout is not None else DEFAULT_TIMEOUT_S
+        value = self.proc.request(job, [segment.fd], what=what, stopped_limit=limit)
         return int(value["bytes_written"]), WriterIndex.from_transport(value["index"])
 
     def _pieces(self) -> list[dict[str, Any]]:
