@@ -725,3 +725,22 @@ def node_replication_fails(rank: int, world: int, base: str) -> dict[str, Any]:
     out["fast"] = [v.step for v in portable_ckpt.list_versions(f"{root}-fast/node0")]
     mgr.close()
     return out
+
+
+def late_rank_once(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Rank 1 is late past the timeout once; the caught failure is the only one (async review
+    F8: the decision group a timeout closed was kept, and every later maybe_save failed)."""
+    from portable_ckpt.errors import CheckpointError
+
+    tr = Trainer(world)
+    out: list[Any] = []
+    mgr = pckt.CheckpointManager(root, save_every=1, timeout=3, async_save=False)
+    for step in range(1, 5):
+        if step == 2 and rank == 1:
+            time.sleep(5)
+        try:
+            out.append([step, mgr.maybe_save(step, {"model": tr})])
+        except CheckpointError as e:
+            out.append([step, e.code])
+    mgr.close()
+    return {"steps": out, "committed": [v.step for v in portable_ckpt.list_versions(root)]}

@@ -399,3 +399,9 @@ def test_failed_replications_stop_the_job_naming_the_error_on_every_rank(tmp_pat
         # Nothing published on the durable root; both versions stay on the fast tier.
         assert r["durable"] == [[1, "incomplete"], [2, "incomplete"]], (rank, r)
         assert r["fast"] == [1, 2], (rank, r)
+
+
+def test_a_rank_late_past_the_timeout_once_fails_one_decision(tmp_path: Path) -> None:
+    for r in ok(run("late_rank_once", 2, str(tmp_path / "r"), timeout=120)):
+        assert r["steps"] == [[1, True], [2, "PCK-DISTRIBUTED"], [3, True], [4, True]], r
+        assert r["committed"] == [1, 3, 4], r

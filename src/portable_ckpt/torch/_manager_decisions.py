@@ -89,10 +89,17 @@ class Preemption:
 def _reduce_max(mgr: CheckpointManager, flags: torch.Tensor, step: int) -> None:
     if mgr._group is None:
         return
+    if mgr._group_broken:
+        # A gloo group whose collective failed never works again (a timeout closes its pairs);
+        # every rank saw it fail, so every rank makes the new one here, at the same call
+        # (async review F8: a caught failure was followed by failures for the rest of the job).
+        mgr._group, _, _ = make_group(mgr.process_group, mgr.timeout)
+        mgr._group_broken = False
     try:
         work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=mgr._group, async_op=True)
         work.wait()
     except Exception as e:
+        mgr._group_broken = True
         raise DistributedError(
             f"rank {mgr.rank}: the save decision for step {step} could not be agreed "
             f"({e}); a peer rank died or stopped calling maybe_save"

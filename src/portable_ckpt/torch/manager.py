@@ -196,6 +196,7 @@ class CheckpointManager:
         self.exit_timeout = require_seconds(exit_timeout, "exit_timeout")
         self.process_group = process_group
         self._group, self.rank, self.world_size = make_group(process_group, timeout)
+        self._group_broken = False  # a decision failed on it: made anew at the next one
         self._bg_comm: Comm | None = None
         durable = durable_tier(
             root, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best
