@@ -194,3 +194,45 @@ def test_restore_names_stored_tensors_the_state_no_longer_holds(
     assert torch.equal(state["model"]["w"], torch.ones(2))
     err = capsys.readouterr().err
     assert "1 stored tensor(s) are not in the state" in err and "'model/gone.weight'" in err
+
+
+_TWO_MANAGERS = """
+import os, signal, sys, time
+import torch
+import portable_ckpt.torch as pckt
+a, b = sys.argv[1], sys.argv[2]
+state = {"w": torch.ones(4)}
+ma = pckt.CheckpointManager(a, save_every=100, async_save=False)
+mb = pckt.CheckpointManager(b, save_every=100, async_save=False)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print(ma.maybe_save(1, state), ma.preempted, mb.maybe_save(1, state), mb.preempted, flush=True)
+ma.close()
+mb.close()
+print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(2)
+print("still alive", flush=True)
+"""
+
+
+def test_every_open_manager_sees_a_preemption_and_closed_ones_leave_no_handler(
+    tmp_path: Path,
+) -> None:
+    """Async review F12: with two managers only the newest saw a SIGTERM (the first one's
+    preemption save was lost); closed in creation order, a closed manager's handler stayed
+    installed, swallowed the next SIGTERM and recursed on the one after."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "two.py"
+    script.write_text(_TWO_MANAGERS)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "a"), str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=300)
+    lines = res.stdout.split("\n")
+    assert lines[0] == "True True True True", (res.stdout, res.stderr)  # both saved
+    assert lines[1] == "True", res.stdout  # the process's own disposition is back
+    assert res.returncode == -signal.SIGTERM and "still alive" not in res.stdout, res.stderr
+    for root in ("a", "b"):
+        assert [v.step for v in portable_ckpt.list_versions(tmp_path / root)] == [1]

@@ -50,40 +50,76 @@ def make_group(process_group: Any, timeout: float | None) -> tuple[Any, int, int
 
 
 class Preemption:
-    """The preemption signal handlers of one manager (installed from the main thread only)."""
+    """The preemption signal handling of one manager (installed from the main thread only).
+
+    One handler per signal serves every open manager of the process: the first signal sets
+    the flag of each of them (each saves at its next ``maybe_save``), the second gets the
+    disposition the process had before the first manager. Each manager installing its own
+    handler lost the preemption save of all but the newest, and closing them in creation
+    order left a closed manager's handler installed: the next SIGTERM was swallowed, the one
+    after recursed (async review F12).
+    """
 
     def __init__(self, sigterm: bool, sigint: bool = False) -> None:
         self.seen = threading.Event()
         self.signal_name = "SIGTERM"  # the first signal received (telemetry)
-        self._prev: dict[int, Any] = {}
+        self.signals: list[int] = []
         wanted = [s for s, on in ((signal.SIGTERM, sigterm), (signal.SIGINT, sigint)) if on]
-        if wanted and threading.current_thread() is threading.main_thread():
-            for sig in wanted:
-                if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
-                    continue  # a process started with SIGINT ignored (``cmd &``) keeps ignoring it
-                self._prev[sig] = signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if not self.seen.is_set():
-            # Only set a flag: logging or collectives inside a signal handler can deadlock.
-            self.signal_name = signal.Signals(signum).name
-            self.seen.set()
+        if not wanted or threading.current_thread() is not threading.main_thread():
             return
-        prev = self._prev.get(signum)
-        self.restore()
-        if callable(prev):
-            prev(signum, frame)  # e.g. SIGINT's default_int_handler: KeyboardInterrupt
-        elif prev is None or prev == signal.SIG_DFL:
-            signal.raise_signal(signum)  # the default action: terminate
+        for sig in wanted:
+            if sig in _PREVIOUS:
+                self.signals.append(sig)  # installed by an open manager: shared
+            elif not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN):
+                # (a process started with SIGINT ignored, ``cmd &``, keeps ignoring it)
+                _PREVIOUS[sig] = signal.signal(sig, _on_signal)
+                self.signals.append(sig)
+        _OPEN.append(self)
 
     def restore(self) -> None:
-        """Give the signals back their previous dispositions (no-op outside the main thread)."""
-        for sig, prev in list(self._prev.items()):
+        """Stop handling signals for this manager.
+
+        The last one out puts back the dispositions the process had before (no-op outside the
+        main thread).
+        """
+        if self in _OPEN:
+            _OPEN.remove(self)
+        for sig in self.signals:
+            if any(sig in p.signals for p in _OPEN) or sig not in _PREVIOUS:
+                continue
             try:
-                signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+                if signal.getsignal(sig) is _on_signal:  # not if someone installed one since
+                    prev = _PREVIOUS[sig]
+                    signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
             except (ValueError, TypeError):  # pragma: no cover - not the main thread
                 return
-            del self._prev[sig]
+            del _PREVIOUS[sig]
+        self.signals = []
+
+
+#: Dispositions before the first open manager installed its handler, by signal.
+_PREVIOUS: dict[int, Any] = {}
+#: Open managers' preemption states, oldest first.
+_OPEN: list[Preemption] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    targets = [p for p in _OPEN if signum in p.signals]
+    fresh = [p for p in targets if not p.seen.is_set()]
+    if fresh:
+        # Only set flags: logging or collectives inside a signal handler can deadlock.
+        for p in fresh:
+            p.signal_name = signal.Signals(signum).name
+            p.seen.set()
+        return
+    prev = _PREVIOUS.pop(signum, None)
+    for p in targets:
+        p.signals = [s for s in p.signals if s != signum]
+    signal.signal(signum, prev if prev is not None else signal.SIG_DFL)
+    if callable(prev):
+        prev(signum, frame)  # e.g. SIGINT's default_int_handler: KeyboardInterrupt
+    elif prev is None or prev == signal.SIG_DFL:
+        signal.raise_signal(signum)  # the default action: terminate
 
 
 def _reduce_max(mgr: CheckpointManager, flags: torch.Tensor, step: int) -> None:
