@@ -236,3 +236,30 @@ def test_every_open_manager_sees_a_preemption_and_closed_ones_leave_no_handler(
     assert res.returncode == -signal.SIGTERM and "still alive" not in res.stdout, res.stderr
     for root in ("a", "b"):
         assert [v.step for v in portable_ckpt.list_versions(tmp_path / root)] == [1]
+
+
+def test_a_durable_failure_superseded_by_a_commit_does_not_fail_close(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Async review F16: a job whose newest durable save committed exited 1 at close() for an
+    earlier failed save (said on stderr when it happened); the fast tier already worked so."""
+    import dataclasses
+
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    state = {"w": torch.ones(4)}
+    mgr = pckt.CheckpointManager(str(tmp_path / "r"), save_every=1)
+    tier = mgr.tiers["durable"]
+    mgr.tiers["durable"] = dataclasses.replace(
+        tier, storage=FaultyStorage(tier.storage, [Fault(op="write", path="*/data/*", error="EIO")])
+    )
+    mgr.maybe_save(1, state)
+    for fut in list(mgr._post):
+        fut.result()
+    assert mgr.last_error is not None and "FAILED" in capsys.readouterr().err
+    mgr.tiers["durable"] = tier
+    mgr.maybe_save(2, state)
+    mgr.close()  # step 2 committed: nothing to raise
+    assert mgr.last_error is None
+    versions = portable_ckpt.list_versions(tmp_path / "r")
+    assert [(v.step, v.status) for v in versions] == [(1, "incomplete"), (2, "committed")]

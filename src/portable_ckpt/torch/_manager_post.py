@@ -291,13 +291,13 @@ def durable_failed(mgr: CheckpointManager, step: int) -> None:
 def durable_ok(mgr: CheckpointManager) -> None:
     """A durable version was published (committed, or copied to the durable root).
 
-    A fast-tier failure still waiting in ``last_error`` goes: it was said on stderr, and a job
-    whose durable saves work is not failed by its fast tier (close() raised it at the end of a
-    run whose last durable save had committed, and the job exited 1).
+    A failure still waiting in ``last_error`` goes, of either tier: it was said on stderr when
+    it happened, and a newer durable checkpoint supersedes it. close() raised it at the end of
+    a run whose last durable save had committed, and the job exited 1 (tier review F10 for
+    the fast tier, async review F16 for an earlier durable failure).
     """
     mgr._failed_saves, mgr._failed_steps = 0, []
-    if mgr._last_error_fast:
-        mgr.last_error, mgr._last_error_fast = None, False
+    mgr.last_error, mgr._last_error_fast = None, False
 
 
 def failure_text(mgr: CheckpointManager, step: int, tier: str, e: BaseException) -> str:
