@@ -543,6 +543,7 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
         "shape": torch.arange(6.0).reshape((2, 3) if rank == 0 else (3, 2)),
         "dtype": torch.ones(4) if rank == 0 else torch.ones(4).view(torch.int32),
         "only-rank-1": None if rank == 0 else torch.ones(2),
+        "value-only-rank-1": None if rank == 0 else 5,
     }.items():
         state = {"w": w} if extra is None else {"w": w, "buf": extra}
         try:
@@ -552,6 +553,14 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
             conflicts[name] = f"{e.code}: {e.message}"
     neg = torch.tensor([1 + 2j]).conj().imag  # a view with the negative bit: values equal
     negative = pckt.save({"w": w, "neg": neg}, f"{root}/negative", step=1, timeout=30).contract
+    # Fidelity review F16: plain values are rank 0's too; they were never compared.
+    err2 = io.StringIO()
+    with contextlib.redirect_stderr(err2):
+        values = pckt.save({"w": w, "offset": 1000 * rank, "name": f"r{rank}", "same": [1, 2]},
+                           f"{root}/values", step=1, timeout=30).contract
+    equal = pckt.save({"w": w, "same": [1, 2], "x": float("nan")}, f"{root}/values-equal", step=1,
+                      timeout=30).contract
     return {"exact": exact.contract, "saved": info.contract, "loaded": loaded.contract,
             "mean": target["bn"]["running_mean"].tolist(), "stderr": err.getvalue(),
-            "conflicts": conflicts, "negative": negative}
+            "conflicts": conflicts, "negative": negative, "values": values,
+            "values_stderr": err2.getvalue(), "values_equal": equal}

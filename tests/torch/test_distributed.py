@@ -380,7 +380,7 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
     ck = portable_ckpt.open(str(tmp_path / "differ"))
     assert ck.manifest.continuation.contract == "statistical"
     assert portable_ckpt.open(str(tmp_path / "same")).manifest.continuation.contract == "exact"
-    assert "plain tensors differ between ranks (1: 'bn/running_mean')" in r0["stderr"]
+    assert "plain tensors or values differ between ranks (1: 'bn/running_mean')" in r0["stderr"]
     assert r1["stderr"] == ""
     # Attack review F9: a plain tensor that some rank lacks, or holds with another shape or
     # dtype, was stored as rank 0's copy under an exact contract (lost, or not loadable back on
@@ -390,5 +390,10 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
         assert c["shape"].startswith("PCK-METADATA-CONFLICT") and "float32[2, 3]" in c["shape"]
         assert "'buf'" in c["dtype"] and "int32[4]" in c["dtype"]
         assert "'buf' is held by rank(s) [1] only" in c["only-rank-1"]
+        assert "'buf' is held by rank(s) [1] only" in c["value-only-rank-1"]
         assert r["negative"] == "exact"
+        # Plain values that differ make the contract statistical, said by rank 0 (F16).
+        assert r["values"] == "statistical" and r["values_equal"] == "exact"
+    assert "differ between ranks (2: 'name', 'offset')" in r0["values_stderr"]
+    assert r1["values_stderr"] == ""
     assert not list(tmp_path.glob("conflict-*/s*/manifest.json"))  # nothing was saved

@@ -14,6 +14,7 @@ of a layout pays for the box arithmetic. Entries and JSON values are captured at
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from dataclasses import dataclass, field
@@ -152,9 +153,14 @@ REPLICA_CHECK_TOTAL = 64 << 20
 def replica_digests(flat: FlatState) -> dict[str, str]:
     """``dtype[shape]`` of each plain (non-DTensor) tensor of ``flat``, now (see above).
 
-    The small ones get ``:`` and the CRC32C of their bytes after it.
+    The small ones get ``:`` and the CRC32C of their bytes after it. Plain values are stored
+    as rank 0's too: each gets ``value:`` and the CRC32C of its JSON (values that differed
+    between ranks became rank 0's under an ``exact`` contract, fidelity review F16).
     """
     out: dict[str, str] = {}
+    for key, v in flat.values.items():
+        text = json.dumps(encode_json(v, key=key), sort_keys=True, separators=(",", ":"))
+        out[key] = f"value:{crc32c(text.encode()):08x}"
     budget = REPLICA_CHECK_TOTAL
     with torch.no_grad():
         for key, t in flat.tensors.items():

@@ -300,8 +300,8 @@ def _agree_on_attempt(
     conflicts = replica_conflicts(replicas)
     if conflicts:  # every rank holds the same list: every rank refuses alike
         raise MetadataConflictError(
-            f"save of step {step}: plain (non-DTensor) tensors are stored once, as rank 0's "
-            f"copy, so every rank must hold them with one dtype and shape; "
+            f"save of step {step}: plain (non-DTensor) tensors and values are stored once, as "
+            f"rank 0's copy, so every rank must hold them (tensors with one dtype and shape); "
             f"{'; '.join(conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}. Nothing was "
             "saved. Hold them alike on every rank, or make state that differs by rank a DTensor"
         )
@@ -335,10 +335,11 @@ def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions
     if rank == 0:
         shown = ", ".join(repr(k) for k in differ[:5]) + (", ..." if len(differ) > 5 else "")
         msg = (
-            f"save of step {opts.step}: plain tensors differ between ranks ({len(differ)}: "
-            f"{shown}); rank 0's copy is stored and the version's contract is 'statistical' "
-            "(an exact continuation is impossible). Keep them equal (SyncBatchNorm, an "
-            "all-reduce) or make them DTensors"
+            f"save of step {opts.step}: plain tensors or values differ between ranks "
+            f"({len(differ)}: {shown}); rank 0's copy is stored and the version's contract is "
+            "'statistical' (an exact continuation is impossible). Keep them equal "
+            "(SyncBatchNorm, an all-reduce), make tensors DTensors, and keep what is each "
+            "rank's own in a per-rank entry (DataPosition, or a StateEntry of your own)"
         )
         _log.warning("%s", msg)
         say(msg)
