@@ -156,7 +156,7 @@ def test_newer_invalid_record_is_skipped_with_a_warning(tmp_path, caplog) -> Non
         assert portable_ckpt.open(str(tmp_path)).step == 1
     assert any(bad in r.getMessage() and "not valid" in r.getMessage() for r in caplog.records)
     proc = cli("verify", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a problem of the root (ops review F17)
     assert bad in proc.stderr and "not valid and are skipped" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -200,3 +200,29 @@ def test_json_output_is_one_document_whatever_happens(tmp_path, argv) -> None:
     assert code == ("PCK-CHECKSUM" if argv[1] == "{r}" else "PCK-NOT-FOUND"), doc
     if argv[0] != "verify":  # verify's result is its report, not an error
         assert code in res.stderr  # and said on stderr, as without --json
+
+
+def test_verify_root_names_a_newer_damaged_record_it_skipped(tmp_path) -> None:
+    """Ops review F17: ``verify ROOT`` verified the version before a damaged newest record and
+    said OK (a restore resumes a save earlier); the skipped record is now a problem, exit 1.
+    F18: a metadata verification that finds damage says that it records nothing."""
+    root = tmp_path / "r"
+    save_step(root, 1)
+    good = save_step(root, 2)
+    bad = save_step(root, 3)
+    record = root / bad / "manifest.json"
+    doc = json.loads(record.read_text())
+    doc["step"] = 4
+    record.write_text(json.dumps(doc))
+    res = cli("verify", str(root), "--json")
+    assert res.returncode == 1, res.stderr
+    out = json.loads(res.stdout)
+    assert out["path"].endswith(good) and [e["code"] for e in out["errors"]] == ["PCK-ATTEMPT-ID"]
+    assert bad in out["errors"][0]["message"] and "--delete-invalid" in out["errors"][0]["message"]
+    assert "gc keeps them" in res.stderr  # the resolution's warning no longer says gc removes it
+    assert cli("verify", str(root / good)).returncode == 0  # the version itself is fine
+    for f in (root / good / "data").iterdir():
+        f.unlink()
+    res = cli("verify", str(root / good))
+    assert res.returncode == 1 and "PCK-FILE-MISSING" in res.stdout
+    assert "a metadata verification records nothing" in res.stderr

@@ -170,6 +170,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     import portable_ckpt
+    from portable_ckpt.errors import DAMAGE_CODES
 
     if args.seed is not None and args.sample is None:
         raise UsageError("--seed needs --sample")
@@ -195,11 +196,19 @@ def _verify(args: argparse.Namespace) -> int:
             errors = [exc]
         if (args.deep or args.sample is not None) and args.record:
             record, record_error = _record(storage, attempt, chunks, errors, args, seed)
+        if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root
+            errors = errors + _newer_invalid(storage, attempt)
     except UsageError:
         raise
     except CheckpointError as exc:
         errors = [exc]
     ok = not errors
+    damaged = any(e.code in DAMAGE_CODES for e in errors)
+    if damaged and not (args.deep or args.sample is not None) and not args.quiet:
+        # ops review F18: gc and managers count a version as good until a record says not
+        print("portable-ckpt: a metadata verification records nothing: gc and managers still "
+              "count this version; `verify --sample F` or `--deep` records the damage",
+              file=sys.stderr)
     if record_error is not None:
         print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
               file=sys.stderr)
@@ -228,6 +237,35 @@ def _verify(args: argparse.Namespace) -> int:
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(target)} ({mode})")
     return 0 if ok else 1
+
+
+def _is_root(ckpt: str, attempt: str) -> bool:
+    """Whether ``ckpt`` named a root (the latest was resolved), not the version itself."""
+    return ckpt.rstrip("/").rsplit("/", 1)[-1] != attempt
+
+
+def _newer_invalid(storage: Any, attempt: str) -> list[CheckpointError]:
+    """Attempts a reader skipped to return ``attempt`` as the latest: their records are damaged.
+
+    ``verify ROOT`` verified the older version and said OK while the job's newest save was
+    unusable (a restore resumes a save earlier): each is a problem of the root (ops review F17).
+    """
+    from portable_ckpt.io.versions import INVALID, attempt_names, classify_attempt
+
+    step = int(attempt[1:13])
+    out: list[CheckpointError] = []
+    for name in attempt_names(storage):
+        if int(name[1:13]) < step or name == attempt:
+            continue
+        c = classify_attempt(storage, name)
+        if c.status == INVALID and c.error is not None:
+            out.append(type(c.error)(
+                f"{name}: a newer attempt whose commit record is not valid ({c.error.message}); "
+                f"readers skip it and restore {attempt}, a save earlier. gc keeps it; "
+                "`portable-ckpt gc --delete-invalid` removes it",
+                path=name,
+            ))
+    return out
 
 
 def _record(

@@ -740,8 +740,8 @@ def latest(
             if invalid:  # R-READ-1: a damaged newest record must not pass unnoticed
                 _log.warning(
                     "%s: the newer attempt(s) %s have a commit record that is not valid and are "
-                    "skipped; returning %s. `portable-ckpt ls` says why (gc removes them after "
-                    "its grace period)",
+                    "skipped; returning %s. `portable-ckpt ls` says why (gc keeps them and names "
+                    "them; `portable-ckpt gc --delete-invalid` removes them)",
                     storage.url, ", ".join(invalid), found[0],
                 )
             return found
