@@ -485,8 +485,9 @@ def test_real_dcp_values_and_byte_items(
         assert v["b.ordered/0/a"] == 1 and v["b.ordered/0/b/1"] == 3
         assert (v["b.size/0"], v["b.size/1"]) == (2, 3)
     skipped = {w.item: w.message for w in report.warnings}
-    assert set(skipped) == {"b.set", "b.nan", "b.raw"}, skipped
-    assert "builtins.set" in skipped["b.set"] and "non-finite" in skipped["b.nan"]
+    # nan is stored as the torch adapter stores it (it was skipped: fidelity review F10)
+    assert set(skipped) == {"b.set", "b.raw"}, skipped
+    assert "builtins.set" in skipped["b.set"]
     assert "BytesIO" in skipped["b.raw"]
 
 

@@ -281,3 +281,35 @@ def test_pickle_scan_never_calls() -> None:
 
     out = scan_pickle(pickle.dumps(Boom(), protocol=4))
     assert isinstance(out, Call) and out.func.name == "print" and isinstance(out.func, Global)
+
+
+def test_non_finite_values_survive_torch_save_and_dcp_sources(tmp_path: Path) -> None:
+    """Fidelity review F10, F11: a torch.save file whose optimizer or scheduler state held one
+    inf (ReduceLROnPlateau's ``best`` before its first improvement) lost the whole container
+    (every param group's lr and betas); DCP sources skipped each such value. The format stores
+    them ({"__float__": "inf"}) as the torch adapter does."""
+    import math
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.convert import convert
+
+    state = {
+        "w": torch.arange(4.0),
+        "sched": {"best": float("inf"), "mode": "min", "last": float("-inf")},
+        "meta": {"epoch": 2, "loss": float("nan"), "lr": 0.1},
+        "step": 7,
+    }
+    torch.save(state, tmp_path / "model.pt")
+    dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
+    for name, src in (("torch", tmp_path / "model.pt"), ("dcp", tmp_path / "dcp")):
+        rep = convert(src, tmp_path / f"root-{name}", trust_pickle=True)
+        assert rep.warnings == [] and rep.step == 7, (name, rep.warnings)
+        target = {"w": torch.zeros(4), "sched": {"best": 0.0, "mode": "", "last": 0.0},
+                  "meta": {"epoch": 0, "loss": 0.0, "lr": 0.0}, "step": 0}
+        pckt.load(target, tmp_path / f"root-{name}")
+        assert target["sched"] == {"best": math.inf, "mode": "min", "last": -math.inf}, name
+        assert math.isnan(target["meta"]["loss"]) and target["meta"]["lr"] == 0.1, name
+        assert target["meta"]["epoch"] == 2 and target["step"] == 7, name

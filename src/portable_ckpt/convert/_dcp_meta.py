@@ -28,7 +28,6 @@ value, or any other class).
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -538,7 +537,7 @@ def _paths(node: Any, items: dict[str, Any]) -> dict[str, tuple[str | int, ...]]
 def symbolic_to_json(node: Any, depth: int = 0, *, budget: WalkBudget | None = None) -> Any:
     """Return a scanned pickle value as JSON data, or raise :class:`NotJsonError`.
 
-    Recognised: ``None``, bools, ints, finite floats, strings, lists/tuples (tuples become
+    Recognised: ``None``, bools, ints, floats (inf and nan too), strings, lists/tuples (tuples become
     lists), dicts and ``OrderedDict`` with string or int keys (int keys become strings), and
     ``torch.Size`` (a list). Every value visited is charged to ``budget`` (shared references are
     expanded: :class:`ExpansionError` past it).
@@ -552,8 +551,9 @@ def symbolic_to_json(node: Any, depth: int = 0, *, budget: WalkBudget | None = N
     if isinstance(node, int):
         return node
     if isinstance(node, float):
-        if not math.isfinite(node):
-            raise NotJsonError(f"non-finite float {node!r}")
+        # inf and nan too: stored as the torch adapter stores them ({"__float__": "inf"}, by
+        # json_leaves or encode_json). They were skipped, and with them the whole container
+        # above (fidelity review F10, F11).
         return node
     if isinstance(node, list | tuple):
         return [symbolic_to_json(v, depth + 1, budget=budget) for v in node]

@@ -7,7 +7,6 @@ a conversion holds at most one batch of chunks in memory.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -238,7 +237,7 @@ def fail_if_strict(warnings: Iterable[ConvertWarning], options: ConvertOptions, 
 def to_json_value(value: Any, depth: int = 0) -> Any:
     """Return the Python value ``value`` as plain JSON data, or raise ``ValueError``.
 
-    Recognised: ``None``, bools, ints, finite floats, strings, and lists/tuples/dicts (string or
+    Recognised: ``None``, bools, ints, floats (inf and nan too), strings, and lists/tuples/dicts (string or
     int keys; int keys become strings) of these. Tuples become lists.
     """
     if depth > 64:
@@ -248,9 +247,7 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"non-finite float {value!r}")
-        return float(value)
+        return float(value)  # inf and nan too: encode_json tags them where they are stored
     if isinstance(value, list | tuple):
         return [to_json_value(v, depth + 1) for v in value]
     if isinstance(value, dict):

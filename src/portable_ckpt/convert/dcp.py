@@ -99,6 +99,7 @@ from portable_ckpt.format.keys import (
     VALUES_ENTRY,
     DcpPath,
     dcp_items_value,
+    encode_json,
     has_position,
     json_leaves,
     portable_key,
@@ -411,7 +412,7 @@ class _Planner:
             if list(leaves) != [key] or has_position(item):
                 self.items.append(item)  # not an item of its own key alone
         else:
-            self.entries.append(EntrySpec(fqn, value))
+            self.entries.append(EntrySpec(fqn, encode_json(value, key=fqn)))
 
     def decode(self, fqn: str, info: DcpStorage, path: str) -> tuple[str | None, Any]:
         """``(None, value)`` of a byte item, or ``(why it is not converted, None)``."""

@@ -64,6 +64,7 @@ from portable_ckpt.format.keys import (
     VALUES_ENTRY,
     DcpPath,
     dcp_items_value,
+    encode_json,
     escape_component,
     has_position,
     json_items,
@@ -115,7 +116,7 @@ class _Values:
             self.leaves.update(json_leaves(name, value, fqn=name))
             self.items.extend(p for p, item in json_items(value, path) if needs_record(p, item))
         else:
-            self.entries.append(EntrySpec(name, value))
+            self.entries.append(EntrySpec(name, encode_json(value, key=name)))
 
     def tensor_at(self, path: DcpPath) -> None:
         if self.mapped and has_position(path):
