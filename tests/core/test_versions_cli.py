@@ -226,3 +226,25 @@ def test_verify_root_names_a_newer_damaged_record_it_skipped(tmp_path) -> None:
     res = cli("verify", str(root / good))
     assert res.returncode == 1 and "PCK-FILE-MISSING" in res.stdout
     assert "a metadata verification records nothing" in res.stderr
+
+
+def test_gc_after_a_rollback_keeps_the_new_branch_and_retires_the_abandoned_one(tmp_path) -> None:
+    """Ops review F21: a job resumed from step 4 saved 5, 6, 7 again; gc --keep 3 kept the first
+    run's 9, 8, 7 and deleted the new 5 and 6, and nothing could retire the abandoned steps."""
+    root = tmp_path / "r"
+    first = {s: save_step(root, s, float(s)) for s in range(10)}
+    second = {s: save_step(root, s, -1.0) for s in (5, 6, 7)}
+    rep = gc(root, keep=3, dry_run=True)
+    assert set(second.values()) <= set(rep.kept) and set(rep.newer_branch) == set(second.values())
+    assert not set(second.values()) & set(rep.deleted)
+    res = cli("gc", str(root), "--keep", "3", "--retire-abandoned")
+    assert res.returncode == 0, res.stderr
+    assert portable_ckpt.open(str(root)).manifest.attempt_id == second[7]  # the new latest
+    left = {v.id for v in list_versions(root)}
+    assert left == set(second.values()), left
+    assert not {first[s] for s in range(5, 10)} & left
+    # A run that never went back abandons nothing.
+    plain = tmp_path / "p"
+    for s in range(4):
+        save_step(plain, s)
+    assert gc(plain, keep=1, retire_abandoned=True, dry_run=True).retired == []

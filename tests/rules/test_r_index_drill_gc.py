@@ -374,9 +374,11 @@ def test_gc_keeps_the_keep_greatest_versions(tmp_path: Path) -> None:
     ids = _versions(tmp_path, [5, 1, 9, 3, 9, 7])
     order = [v.id for v in portable_ckpt.list_versions(tmp_path)]
     for keep in (3, 2):
-        portable_ckpt.gc(tmp_path, keep=keep, grace_seconds=0)
+        rep = portable_ckpt.gc(tmp_path, keep=keep, grace_seconds=0)
         assert set(order[-keep:]) <= _alive(tmp_path)
-        assert _alive(tmp_path) == set(order[-keep:])
+        # Step 7 was committed after the latest (the second 9): a rollback's branch, kept too.
+        assert rep.newer_branch == [ids[5]]
+        assert _alive(tmp_path) == set(order[-keep:]) | {ids[5]}
     assert set(ids) >= _alive(tmp_path)
 
 

@@ -306,13 +306,17 @@ def _gc(args: argparse.Namespace) -> int:
             require_copy=args.require_copy,
             progress=bar,
             delete_invalid=args.delete_invalid,
+            retire_abandoned=args.retire_abandoned,
         )
     if args.json:
         print(json.dumps(rep.to_json(), indent=2))
     else:
         verb = "would delete" if args.dry_run else "deleted"
         for v in rep.deleted:
-            print(f"{verb}  {v}")
+            print(f"{verb}  {v}" + ("  (--retire-abandoned)" if v in rep.retired else ""))
+        for v in rep.newer_branch:
+            print(f"kept    {v}  (committed after the latest version, at a lower step: a "
+                  "rollback's new branch; --retire-abandoned makes it the latest)")
         what = "no valid commit record" if args.delete_invalid else "abandoned attempt"
         for v in rep.abandoned:
             print(f"{verb}  {v}  ({what})")
@@ -437,6 +441,13 @@ def register(sub: Any) -> None:
         help="also delete attempts whose commit record is invalid once the grace period has "
         "passed (by default they are kept and reported, exit 1: a save never publishes such "
         "a record, so it is a committed version damaged after its commit)",
+    )
+    p.add_argument(
+        "--retire-abandoned",
+        action="store_true",
+        help="first delete (commit record first) every committed version that a later commit "
+        "at the same or a lower step abandoned: after a job resumed from an older step, the "
+        "first run's later steps stop being the latest (see them first with --dry-run)",
     )
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--json", action="store_true")

@@ -891,6 +891,12 @@ class GcReport:
     #: Attempts whose commit record is there but invalid, kept (R-GC-10): committed versions
     #: damaged after their commit. ``{"id", "code", "message"}``; ``delete_invalid`` deletes them.
     damaged: list[dict[str, Any]] = field(default_factory=list)
+    #: Committed versions of lower steps than the latest but committed after it (a job resumed
+    #: from an older step: a rollback's new branch), kept: readers restore the latest, not them.
+    newer_branch: list[str] = field(default_factory=list)
+    #: Committed versions a later commit at the same or a lower step abandoned, deleted by
+    #: ``retire_abandoned`` (or to be deleted).
+    retired: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -911,6 +917,8 @@ class GcReport:
             "foreign_keys": self.foreign_keys,
             "in_grace": self.in_grace,
             "damaged": self.damaged,
+            "newer_branch": self.newer_branch,
+            "retired": self.retired,
             "unknown": self.unknown,
             "complete": self.complete,
         }
@@ -977,6 +985,7 @@ def gc(
     keep_ids: Collection[str] = (),
     progress: Progress | None = None,
     delete_invalid: bool = False,
+    retire_abandoned: bool = False,
 ) -> GcReport:
     """Apply retention to a root.
 
@@ -1000,6 +1009,14 @@ def gc(
     (R-GC-10), its data and writer indexes may still restore it. ``progress(done, total)``
     follows the attempts deleted.
 
+    A committed version of a lower step than the latest but committed after it (a job resumed
+    from an older step, a rollback: its new saves sort below the abandoned steps) is kept and
+    listed in ``report.newer_branch``, the ``keep`` newest of them by commit time: the ``keep``
+    greatest by step are the abandoned branch's. ``retire_abandoned`` deletes first (commit record first) every
+    committed version that a later commit at the same or a lower step abandoned, so that the
+    rollback's branch becomes the latest; retention then applies to the rest
+    (``report.retired``).
+
     Raises:
         UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
         NotFoundError: the root does not exist.
@@ -1013,7 +1030,13 @@ def gc(
     root_must_exist(storage)
     report = GcReport(dry_run=dry_run)
     versions = _known_versions(storage, list_versions(storage), report)
-    doomed = _retention(versions, keep, require_copy, report, keep_ids)
+    if retire_abandoned:
+        retired = _abandoned_branch(versions)
+        report.retired = [v.id for v in retired]
+        report.deleted += report.retired
+        versions = [v for v in versions if v not in retired]
+    doomed = list(report.retired)
+    doomed += _retention(versions, keep, require_copy, report, keep_ids)
     doomed += _abandoned(storage, versions, grace_seconds, now(), report, delete_invalid)
     if not dry_run:
         for i, attempt_id in enumerate(doomed):
@@ -1040,6 +1063,14 @@ def _log_gc(storage: Storage, report: GcReport) -> None:
             "damaged after its commit; verify it, restore the record from a copy, or delete it "
             "with delete_invalid=True (--delete-invalid)",
             storage.url, d["id"], d["code"], d["message"], level=logging.WARNING,
+        )
+    if report.newer_branch:
+        log_event(
+            _log, "gc.branch", {"root": storage.url, "newer_branch": report.newer_branch},
+            "gc of %s kept %s: committed after the latest version at lower steps (a job resumed "
+            "from an older step?); readers restore the latest, not them. To make them the "
+            "latest, delete the steps they abandoned: gc --retire-abandoned",
+            storage.url, ", ".join(report.newer_branch[:8]), level=logging.WARNING,
         )
     verb = "would delete" if report.dry_run else "deleted"
     fields = {k: report.to_json()[k] for k in ("deleted", "abandoned", "kept", "dry_run")}
@@ -1095,6 +1126,27 @@ def upload_only_attempts(storage: Storage, listed: Collection[str]) -> list[Vers
     ]
 
 
+def _abandoned_branch(versions: list[VersionInfo]) -> list[VersionInfo]:
+    """Committed versions that a later commit at the same or a lower step abandoned.
+
+    A job resumed from step S and saved S+1, S+2 ... again: the first run's versions above S
+    were committed before a version at their step or below, and readers (by step first) still
+    return them. In a run that never went back no version is abandoned.
+    """
+    committed = sorted((v for v in versions if v.status == COMMITTED), key=lambda v: v.step)
+    out: list[VersionInfo] = []
+    later: tuple[int, ...] = ()  # the latest commit time at a step below the current one
+    i = 0
+    while i < len(committed):
+        group = [v for v in committed[i:] if v.step == committed[i].step]
+        i += len(group)
+        times = [timestamp_key(v.committed_at) for v in group]
+        bound = max([later, *times])
+        out += [v for v, t in zip(group, times, strict=True) if t < bound]
+        later = bound
+    return out
+
+
 def _retention(
     versions: list[VersionInfo],
     keep: int,
@@ -1112,6 +1164,13 @@ def _retention(
     good = [v for v in newest_first if not v.verification_failed]
     kept = newest_first[:keep] + [v for v in newest_first[keep:] if v.id in keep_ids]
     kept += [v for v in good[:keep] if v not in kept]
+    if newest_first:  # a rollback's new branch: committed after the latest, at lower steps
+        latest = timestamp_key(newest_first[0].committed_at)
+        branch = [v for v in newest_first[1:] if timestamp_key(v.committed_at) > latest]
+        # its own `keep` newest, by commit time: bounded, as the branch grows with every save
+        branch.sort(key=lambda v: timestamp_key(v.committed_at), reverse=True)
+        report.newer_branch = [v.id for v in branch[:keep]]
+        kept += [v for v in branch[:keep] if v not in kept]
     drilled = next((v for v in newest_first if v.drilled), None)
     protected = drilled or (newest_first[0] if newest_first else None)
     for p in (protected, None if drilled else next(iter(good), None)):
