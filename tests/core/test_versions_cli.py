@@ -248,3 +248,31 @@ def test_gc_after_a_rollback_keeps_the_new_branch_and_retires_the_abandoned_one(
     for s in range(4):
         save_step(plain, s)
     assert gc(plain, keep=1, retire_abandoned=True, dry_run=True).retired == []
+
+
+def test_ls_exits_1_naming_an_attempt_it_could_not_read_and_verify_json_dates_the_version(
+    tmp_path,
+) -> None:
+    """Ops review F7: ``ls`` exited 0 with an ``unreadable`` row and no reason while the newest
+    version could not be read (restores fail). F6: ``verify --json`` names the version and the
+    age of its commit, what an alerting probe needs."""
+    import shutil
+
+    root = tmp_path / "r"
+    save_step(root, 1)
+    good = save_step(root, 2)
+    doc = json.loads(cli("verify", str(root), "--json").stdout)
+    assert (doc["attempt_id"], doc["step"]) == (good, 2) and 0 <= doc["age_seconds"] < 300
+    assert doc["committed_at"].endswith("Z")
+    newest = save_step(root, 3)
+    os.chmod(root / newest / "manifest.json", 0)
+    argv = [sys.executable, "-m", "portable_ckpt.cli.main", "ls", str(root)]
+    if os.geteuid() == 0:  # root reads any file: run without the capabilities that allow it
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to drop CAP_DAC_OVERRIDE as root")
+        drop = "-dac_override,-dac_read_search"
+        argv = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *argv]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert f"{newest} could not be read" in res.stderr and "ermission denied" in res.stderr
+    assert "unreadable" in res.stdout

@@ -40,6 +40,13 @@ def _ls(args: argparse.Namespace) -> int:
     except CheckpointError as exc:
         print(f"portable-ckpt: WARNING: unfinished uploads not listed: {exc}", file=sys.stderr)
     foreign = foreign_keys(storage)
+    # An attempt that could not be read may be the newest version: a restore fails until it
+    # can be read (R-ID-5). Said on stderr with its reason, exit 1 (ops review F7: a cron
+    # `ls` reported success).
+    unreadable = [v for v in versions if v.status == "unreadable"]
+    for v in unreadable:
+        print(f"portable-ckpt: {v.id} could not be read: {safe(v.error or '?')}", file=sys.stderr)
+    code = 1 if unreadable else 0
     if args.json:
         doc = {
             "versions": [v.to_json() for v in versions],
@@ -47,7 +54,7 @@ def _ls(args: argparse.Namespace) -> int:
             "foreign_key_count": len(foreign),
         }
         print(json.dumps(doc, indent=2))
-        return 0
+        return code
     if foreign:
         shown = ", ".join(safe(n) for n in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         print(f"{len(foreign)} entries that are not this format's are ignored: {shown}")
@@ -81,7 +88,7 @@ def _ls(args: argparse.Namespace) -> int:
                 "directory): not a version, skipped by readers and never deleted by gc; inspect "
                 "it and remove it by hand"
             )
-    return 0
+    return code
 
 
 def _codecs(t: Any) -> str:
@@ -182,8 +189,14 @@ def _verify(args: argparse.Namespace) -> int:
     from portable_ckpt.io.reader import Checkpoint
 
     target = args.ckpt
+    version: dict[str, Any] = {}
     try:
         storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
+        # What an alerting probe needs beside the verdict (ops review F6): which version, and
+        # how old its commit is.
+        version = {"attempt_id": attempt, "step": manifest.step,
+                   "committed_at": manifest.committed_at,
+                   "age_seconds": _age(manifest.committed_at)}
         chunks = sum(len(t.ranges) for t in manifest.tensors.values())
         try:
             ck = Checkpoint(storage, attempt, manifest)
@@ -213,7 +226,8 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
               file=sys.stderr)
     if args.json:
-        doc: dict[str, Any] = {"ok": ok, "path": target, "errors": [e.to_json() for e in errors],
+        doc: dict[str, Any] = {"ok": ok, "path": target, **version,
+                               "errors": [e.to_json() for e in errors],
                                "record": record, "record_error": record_error}
         if args.sample is not None:
             doc["sample"] = {"fraction": args.sample, "seed": seed}
@@ -237,6 +251,17 @@ def _verify(args: argparse.Namespace) -> int:
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(target)} ({mode})")
     return 0 if ok else 1
+
+
+def _age(committed_at: str | None) -> float | None:
+    """Seconds since ``committed_at`` (an RFC 3339 UTC time), ``None`` when it has none."""
+    import datetime as dt
+
+    try:
+        when = dt.datetime.fromisoformat(str(committed_at).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return round((dt.datetime.now(dt.UTC) - when).total_seconds(), 3)
 
 
 def _is_root(ckpt: str, attempt: str) -> bool:
