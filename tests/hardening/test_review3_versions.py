@@ -193,3 +193,24 @@ def test_a_path_with_a_newline_stays_on_one_line(tmp_path: Path) -> None:
         for line in (p.stdout + p.stderr).splitlines():
             assert not line.startswith("OK"), (argv, line)
         assert "missing\\x0aOK" in p.stdout + p.stderr, argv
+
+
+def test_require_copy_counts_a_copy_whose_record_the_source_could_not_take(
+    tmp_path: Path,
+) -> None:
+    """Ops review F13: a copier with read-only access to the source root could not write its
+    copy record there (exit 0, a warning), and `gc --require-copy DEST` then kept everything
+    for ever; a named destination is now asked directly."""
+    src = tmp_path / "src"
+    old = _save(src, 1)
+    new = _save(src, 2)
+    p = _cli("copy", "src", "backup", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    shutil.rmtree(src / new / "copies")  # as if the source had refused the record
+    p = _cli("gc", "src", "--keep", "1", "--dry-run", "--require-copy", "backup", "--json",
+             cwd=tmp_path)
+    doc = json.loads(p.stdout)
+    assert (doc["deleted"], doc["kept_for_copy"]) == ([old], []), doc
+    # Without a named destination there is nothing to ask: the record is what counts.
+    p = _cli("gc", "src", "--keep", "1", "--dry-run", "--require-copy", "--json", cwd=tmp_path)
+    assert json.loads(p.stdout)["kept_for_copy"] == [old]

@@ -1230,7 +1230,9 @@ def _has_copy(v: VersionInfo, want: str | None) -> bool:
             continue
         if _copy_committed(dest, v.id):
             return True
-    return False
+    # A copier that could not write its record into this root (read-only credentials on the
+    # training root: ops review F13) still left a committed copy there: asked directly.
+    return want is not None and _copy_committed(want, v.id)
 
 
 def _copy_committed(dest: str, attempt_id: str) -> bool:
