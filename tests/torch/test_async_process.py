@@ -413,3 +413,36 @@ def test_a_stopped_writer_fails_its_save_and_the_next_save_works(tmp_path: Path)
     code, seconds = failed.split()
     assert code == "PCK-WRITER-PROCESS" and 3 <= float(seconds) < 30, res.stdout
     assert committed == "3", res.stdout
+
+
+_UNASKED_SCRIPT = """
+import sys, time
+import torch
+import portable_ckpt.torch as pckt
+root, ask = sys.argv[1], sys.argv[2] == "ask"
+open(root, "w").write("a file where the root should be")  # the save fails at once
+h = pckt.async_save({"w": torch.ones(4)}, root, step=1)
+while not h.done():
+    time.sleep(0.05)
+if ask:
+    try:
+        h.committed.result()
+    except Exception as e:
+        print("seen", e.code, flush=True)
+"""
+
+
+@pytest.mark.parametrize("ask", [False, True])
+def test_a_failed_save_nobody_asked_about_fails_the_exit(tmp_path: Path, ask: bool) -> None:
+    """Async review F7: a raw async_save that failed before exit, its handle never asked,
+    ended the process with status 0 and nothing said: the only checkpoint was lost."""
+    script = tmp_path / "unasked.py"
+    script.write_text(_UNASKED_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "r"), "ask" if ask else "-"],
+                         capture_output=True, text=True, timeout=300)
+    if ask:  # the caller saw the failure: its exit is its own
+        assert res.returncode == 0 and res.stdout.startswith("seen PCK-"), (res.stdout, res.stderr)
+        assert "ABANDONED" not in res.stderr
+    else:
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        assert "ABANDONED" in res.stderr and "its handle was never asked" in res.stderr

@@ -27,7 +27,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from portable_ckpt.errors import UsageError
 from portable_ckpt.torch.info import CheckpointInfo
@@ -44,6 +44,7 @@ __all__ = [
     "wait_bound",
     "wait_for_pending_save",
     "wait_idle",
+    "WatchedFuture",
 ]
 
 #: Seconds interpreter exit waits for a pending save (``async_save`` and ``CheckpointManager``).
@@ -143,9 +144,36 @@ def end_abandoned() -> NoReturn:
     os._exit(EXIT_STATUS_ABANDONED)
 
 
+T = TypeVar("T")
+
+
+class WatchedFuture(cf.Future[T]):
+    """A future that knows whether its outcome was asked for (``result``/``exception``)."""
+
+    asked = False
+
+    def result(self, timeout: float | None = None) -> T:
+        """As :meth:`concurrent.futures.Future.result`; marks the outcome as seen."""
+        self.asked = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """As :meth:`concurrent.futures.Future.exception`; marks the outcome as seen."""
+        self.asked = True
+        return super().exception(timeout)
+
+
 def _finish_at_exit() -> None:
     h = _SLOT.current
-    if h is None or h.committed.done():
+    if h is None:
+        return
+    if h.committed.done():
+        # A save that failed before exit, its handle never asked: the process would exit 0
+        # with its newest checkpoint lost and nothing said (async review F7).
+        e = cf.Future.exception(h.committed)  # not through the handle: not "asked"
+        if e is not None and not getattr(h.committed, "asked", True):
+            _abandoned(h, f"it failed and its handle was never asked: {e}")
+            end_abandoned()
         return
     say(f"finishing the async save of step {h.step} before exit (at most {h.exit_timeout:g} s)")
     cf.wait([h.committed], timeout=wait_bound(h.exit_timeout))
@@ -184,7 +212,4 @@ def wait_idle(if_busy: str) -> None:
             f"handle.committed (or call wait_for_pending_save()) before saving again, or pass "
             f"if_busy='wait'"
         )
-    try:
-        h.committed.result()
-    except BaseException:
-        pass  # that save's failure was reported through its own handle
+    cf.wait([h.committed])  # its outcome is its handle's to tell (not asked here)

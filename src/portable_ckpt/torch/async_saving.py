@@ -29,7 +29,14 @@ from portable_ckpt.errors import UsageError
 from portable_ckpt.format.usage import require_seconds
 from portable_ckpt.storage import open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
-from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT, LOCK, InFlight, track, wait_idle
+from portable_ckpt.torch._inflight import (
+    DEFAULT_EXIT_TIMEOUT,
+    LOCK,
+    InFlight,
+    WatchedFuture,
+    track,
+    wait_idle,
+)
 from portable_ckpt.torch.info import CheckpointInfo
 from portable_ckpt.torch.saving import (
     Prepared,
@@ -66,7 +73,7 @@ class AsyncSaveHandle:
     def __init__(self, step: int) -> None:
         self.step = step
         self.staged: cf.Future[dict[str, Any]] = cf.Future()
-        self.committed: cf.Future[CheckpointInfo] = cf.Future()
+        self.committed: cf.Future[CheckpointInfo] = WatchedFuture()
         self.staging_bytes = 0
         self.blocking_seconds = 0.0
 
