@@ -446,3 +446,46 @@ def test_a_failed_save_nobody_asked_about_fails_the_exit(tmp_path: Path, ask: bo
     else:
         assert res.returncode == 1, (res.stdout, res.stderr)
         assert "ABANDONED" in res.stderr and "its handle was never asked" in res.stderr
+
+
+_KILLED_TRAINER = """
+import sys
+import torch
+import portable_ckpt.torch as pckt
+state = {f"t{i}": torch.full((1 << 24,), float(i)) for i in range(4)}  # 256 MiB
+for step in range(1, 100):
+    pckt.async_save(state, sys.argv[1], step=step, mode="process").committed.result()
+    print("committed", step, flush=True)
+"""
+
+
+def test_a_killed_trainers_writer_removes_the_files_of_its_unfinished_write(
+    tmp_path: Path,
+) -> None:
+    """Async review F14: after kill -9 of the training process its writer finished the whole
+    shard, and the files stayed until gc's grace period; the writer now removes the files of
+    a write whose index it never sent (no commit can name them) when its trainer is gone."""
+    root = tmp_path / "r"
+    script = tmp_path / "trainer.py"
+    script.write_text(_KILLED_TRAINER)
+    p = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().startswith("committed 1")
+        writer = int(subprocess.run(["pgrep", "-P", str(p.pid), "-f", "writer_process"],
+                                    capture_output=True, text=True).stdout.split()[0])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(root.glob("s000000000002-*/data/*")):
+            time.sleep(0.005)
+        os.kill(writer, signal.SIGSTOP)  # mid-write: its index is not sent yet
+        assert list(root.glob("s000000000002-*/data/*"))
+    finally:
+        p.kill()
+        p.wait()
+    os.kill(writer, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{writer}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{writer}")
+    assert not [str(f) for f in root.glob("s000000000002-*/**/*") if f.is_file()]
+    assert [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"] == [1]

@@ -264,6 +264,8 @@ class _Service:
 
     def __init__(self) -> None:
         self.writers: dict[str, Any] = {}
+        # The writer of a write whose index was not sent yet: no commit can list its files.
+        self.in_progress: Any = None
 
     def handle(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         try:
@@ -298,11 +300,14 @@ class _Service:
         attempt, rank = str(msg["attempt"]), int(msg["writer"])
         writer = ShardWriter(storage, attempt, rank, **msg["options"])
         self.writers = {attempt: writer}  # only the newest attempt can still be aborted
+        self.in_progress = writer
         _add_job(writer, msg, seg)
         # The arrays over the mapping live in the writer until finish() wrote them; then the
         # mapping goes with the last of them (nothing maps a replaced segment between saves).
         del seg
         index = writer.finish()
+        # Only now can the index reach the training process, and the attempt be committed.
+        self.in_progress = None
         return {"bytes_written": writer.stats.bytes_written, "index": index.to_transport()}
 
 
@@ -337,10 +342,18 @@ def _add_job(writer: Any, msg: dict[str, Any], seg: mmap.mmap) -> None:
         )
 
 
-def _watch_parent(ppid: int) -> None:
-    """Exit at once when the training process is gone (its socket may live on in its forks)."""
+def _watch_parent(ppid: int, service: _Service) -> None:
+    """Exit at once when the training process is gone (its socket may live on in its forks).
+
+    The files of the write in progress go first: nobody will commit or abort that attempt, and
+    they stayed on disk until gc's grace period, a whole shard per rank (async review F14).
+    """
     while os.getppid() == ppid:
-        time.sleep(0.2)
+        time.sleep(0.05)
+    writer = service.in_progress  # never a finished one: its attempt may be committed
+    if writer is not None:
+        with contextlib.suppress(BaseException):
+            writer.abort()
     os._exit(3)
 
 
@@ -362,8 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _lower_priority(int(args[1]) if len(args) > 1 else WRITER_NICE)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     service = _Service()
+    threading.Thread(target=_watch_parent, args=(os.getppid(), service), daemon=True).start()
     while True:
         try:
             msg, fds = recv_msg(sock)
