@@ -489,3 +489,36 @@ def test_a_killed_trainers_writer_removes_the_files_of_its_unfinished_write(
     assert not os.path.exists(f"/proc/{writer}")
     assert not [str(f) for f in root.glob("s000000000002-*/**/*") if f.is_file()]
     assert [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"] == [1]
+
+
+_FORK_HOLDS = """
+import os, sys, time
+import torch
+import portable_ckpt.torch as pckt
+pckt.async_save({"w": torch.ones(1 << 22)}, sys.argv[1], step=1, mode="process").committed.result(120)
+r, w = os.pipe()
+ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a DataLoader-like worker that outlives the next saves
+    os.write(ready_w, b"r")  # the at-fork hooks have run
+    os.read(r, 1)
+    os._exit(0)
+os.read(ready_r, 1)
+maps = open(f"/proc/{pid}/maps").read()
+fds = [os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")]
+print(sum("pck-staging" in line for line in maps.splitlines()),
+      sum("pck-staging" in f for f in fds), flush=True)
+os.write(w, b"x")
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_holds_none_of_the_staging_memory(tmp_path: Path) -> None:
+    """Async review F18: a forked worker kept the staging segment mapped (and its descriptor
+    open), so a replaced segment's memory stayed in use while the worker lived."""
+    script = tmp_path / "holds.py"
+    script.write_text(_FORK_HOLDS)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "r")], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["0", "0"], res.stdout  # no mapping, no descriptor

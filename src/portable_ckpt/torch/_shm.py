@@ -10,6 +10,7 @@ is page-locked with ``cudaHostRegister``, so device-to-host copies run at full s
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Sequence
@@ -132,8 +133,15 @@ register(SHARED)
 
 
 def _forget_after_fork() -> None:
-    # The segment is MAP_SHARED with the parent, whose writer may be reading it: a forked
-    # child's own process-mode save must stage into a segment of its own (async review F10).
+    # The segment belongs to the parent, whose writer may be reading it: a forked child's own
+    # process-mode save stages into a segment of its own (async review F10), and the child
+    # holds none of the parent's memory (F18: a DataLoader worker kept a replaced segment
+    # alive while it lived). Dropping the child's views unmaps its copy of the mapping (and
+    # closes the mapping's own descriptor); the segment's descriptor is closed here.
+    seg = SHARED.segment
+    if seg is not None:
+        with contextlib.suppress(OSError):
+            os.close(seg.fd)
     SHARED.segment, SHARED.offsets, SHARED._last = None, {}, None
 
 
