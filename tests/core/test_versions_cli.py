@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -276,3 +277,31 @@ def test_ls_exits_1_naming_an_attempt_it_could_not_read_and_verify_json_dates_th
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert f"{newest} could not be read" in res.stderr and "ermission denied" in res.stderr
     assert "unreadable" in res.stdout
+
+
+def test_listings_parse_each_commit_record_once_and_see_a_changed_one(tmp_path, monkeypatch) -> None:
+    """Ops review F11, F20: ls, gc and a manager's retention after every save parsed every
+    version's commit record again (a tenth of a second for thousands of tensors). A record is
+    now parsed once per process by its bytes; a record that changed is parsed again."""
+    import portable_ckpt.io.versions as versions
+
+    root = tmp_path / "r"
+    ids = [save_step(root, s) for s in (1, 2, 3)]
+    parsed: list[str] = []
+    real = versions.classify_record
+
+    def counting(attempt_id: str, data: bytes) -> Any:
+        parsed.append(attempt_id)
+        return real(attempt_id, data)
+
+    monkeypatch.setattr(versions, "classify_record", counting)
+    for _ in range(3):
+        assert [v.status for v in list_versions(root)] == ["committed"] * 3
+        gc(root, keep=3, dry_run=True)
+    assert sorted(parsed) == sorted(ids)  # once each, over six listings
+    record = root / ids[1] / "manifest.json"
+    doc = json.loads(record.read_text())
+    doc["step"] = 7
+    record.write_text(json.dumps(doc))
+    assert [v.status for v in list_versions(root)] == ["committed", "invalid", "committed"]
+    assert parsed.count(ids[1]) == 2

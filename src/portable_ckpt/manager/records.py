@@ -75,6 +75,12 @@ def read_manager_entry(ck: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+#: Each committed version's manager entry, read once per process: a manager's retention after
+#: every save parsed every kept version's record and read its entry again (ops review F20).
+_ENTRIES: dict[tuple[str, str, str | None], dict[str, Any] | None] = {}
+_ENTRIES_MAX = 4096
+
+
 def candidates_of(storage: Any, *, in_flight: set[str] | None = None) -> list[Any]:
     """Retention candidates of a root: every attempt, with metrics, drills and verifications."""
     from portable_ckpt.io.reader import Checkpoint
@@ -86,11 +92,18 @@ def candidates_of(storage: Any, *, in_flight: set[str] | None = None) -> list[An
         if v.status != "committed":
             out.append(Candidate(v.id, v.step, committed=False))
             continue
-        try:
-            value = read_manager_entry(Checkpoint(storage, v.id, load_manifest(storage, v.id)))
-        except CheckpointError:
-            out.append(Candidate(v.id, v.step, classified=False))
-            continue
+        key = (storage.url, v.id, v.committed_at)
+        if key in _ENTRIES:  # a committed version's entry never changes
+            value = _ENTRIES[key]
+        else:
+            try:
+                value = read_manager_entry(Checkpoint(storage, v.id, load_manifest(storage, v.id)))
+            except CheckpointError:
+                out.append(Candidate(v.id, v.step, classified=False))
+                continue
+            _ENTRIES[key] = value
+            while len(_ENTRIES) > _ENTRIES_MAX:
+                _ENTRIES.pop(next(iter(_ENTRIES)))
         out.append(
             Candidate(
                 v.id,
