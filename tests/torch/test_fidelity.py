@@ -99,3 +99,28 @@ def test_staged_raises_when_nothing_was_staged(tmp_path: Path) -> None:
     ok = pckt.async_save({"w": torch.ones(2)}, tmp_path, step=2)
     assert set(ok.staged.result(timeout=60)) == {"seconds", "staging_bytes"}
     assert ok.committed.result(timeout=60).step == 2
+
+
+class _Tracker:
+    """A Stateful whose dict grows during training (per-shard counters)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def state_dict(self) -> dict[str, object]:
+        return {"seen": dict(self.seen)}
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        self.seen = dict(sd["seen"])  # type: ignore[call-overload]
+
+
+def test_an_empty_dict_of_the_target_gets_what_is_stored_below_it(tmp_path: Path) -> None:
+    """F7: a fresh Stateful's empty dict came back empty (the version held the counters), and
+    stored values the target lacks were dropped without a word; they are unexpected keys now."""
+    a = _Tracker()
+    a.seen.update({"shard-00": 3, "shard-01": 1})
+    pckt.save({"tracker": a, "cfg": {"x": 1, "y": 2}}, tmp_path, step=1)
+    b = _Tracker()
+    info = pckt.load({"tracker": b, "cfg": {"x": 0}}, tmp_path)
+    assert b.seen == {"shard-00": 3, "shard-01": 1}
+    assert info.unexpected_keys == ["cfg/y"] and info.missing_keys == []

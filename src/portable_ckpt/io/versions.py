@@ -529,8 +529,16 @@ def classify_attempt(
 
     ``known``: records read already, by attempt id (as for :func:`load_manifest`).
     """
+    data = _record_or_status(storage, attempt_id, known)
+    return data if isinstance(data, Classification) else classify_record(attempt_id, data)
+
+
+def _record_or_status(
+    storage: Storage, attempt_id: str, known: Mapping[str, bytes] | None
+) -> bytes | Classification:
+    """The bytes of the attempt's commit record, or what their absence or refusal makes it."""
     try:
-        data = _read_record(storage, attempt_id, known)
+        return _read_record(storage, attempt_id, known)
     except (ManifestMissingError, FileMissingError):
         return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
     except (JsonInvalidError, LimitError) as exc:
@@ -541,7 +549,6 @@ def classify_attempt(
         return Classification(STRAY, error=exc)
     except CheckpointError as exc:
         return Classification(UNREADABLE, error=exc)
-    return classify_record(attempt_id, data)
 
 
 def classify_record(attempt_id: str, data: bytes) -> Classification:
@@ -684,11 +691,9 @@ _SUMMARIES_LOCK = threading.Lock()
 
 def _summary(storage: Storage, name: str) -> tuple[Classification, int | None]:
     """:func:`classify_attempt` for a listing (no manifest kept), cached by the record's bytes."""
-    try:
-        data = _read_record(storage, name, None)
-    except CheckpointError:  # absent, unreadable, too large, not a file: as classify_attempt says
-        c = classify_attempt(storage, name)
-        return c, None if c.manifest is None else _files_bytes(c.manifest)
+    data = _record_or_status(storage, name, None)
+    if isinstance(data, Classification):  # absent, unreadable, too large, not a file
+        return data, None
     key = (name, len(data), hashlib.blake2b(data, digest_size=16).digest())
     with _SUMMARIES_LOCK:
         hit = _SUMMARIES.get(key)

@@ -298,7 +298,9 @@ def _walk(
     """A dict, list or tuple: its children, under DCP's path components (list positions: ints).
 
     An empty list or tuple is a value of its own (``[]``), as DCP keeps it: an item, or a place
-    in one; so is an empty dict inside an item. Any other empty dict is nothing, as in DCP.
+    in one; so is an empty dict inside an item. Any other empty dict is nothing to save, as in
+    DCP; in a load target it is a place for what is stored below it (a Stateful's dict that
+    grows during training came back empty: fidelity review F7).
     """
     if len(path) >= MAX_DEPTH:  # a container that holds itself, or a runaway nesting
         raise UnsupportedValueError(
@@ -306,7 +308,7 @@ def _walk(
             "(a dict or list that contains itself?); flatten the state"
         )
     is_map = isinstance(node, Mapping)
-    if not node and key and (in_item or not is_map):
+    if not node and key and (in_item or not is_map or for_load):
         _value({} if is_map else [], key, flat, path, in_item)
         return
     # DCP keeps a list of plain values, and any tuple, as one item (a tuple that holds a tensor

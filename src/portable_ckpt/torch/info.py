@@ -62,7 +62,7 @@ class LoadInfo:
         elements_covered: Elements proven covered exactly once on this rank.
         entries_loaded: Non-tensor entries applied.
         missing_keys: Target keys absent from the checkpoint (only with ``strict=False``).
-        unexpected_keys: Stored tensor keys the target did not ask for.
+        unexpected_keys: Stored tensor and plain-value keys the target did not ask for.
         per_rank: Every rank's counters (from the final status exchange).
         range_map: With ``record_ranges=True``: for each key, the stored boxes (file, writer
             box) and the target box they fill on this rank.

@@ -575,6 +575,11 @@ def _load_values(
             )
         else:
             info.missing_keys.append(k)
+    # Stored values the target does not ask for are reported, as stored tensors are (a config
+    # key added between save and load went unnoticed: fidelity review F7).
+    info.unexpected_keys += sorted(
+        k for k in stored if k not in flat.values and not whole.on_path(k)
+    )
     return loaded
 
 
