@@ -263,3 +263,27 @@ def test_a_durable_failure_superseded_by_a_commit_does_not_fail_close(
     assert mgr.last_error is None
     versions = portable_ckpt.list_versions(tmp_path / "r")
     assert [(v.step, v.status) for v in versions] == [(1, "incomplete"), (2, "committed")]
+
+
+def test_a_second_sigterm_says_the_process_stops_before_it_does(tmp_path: Path) -> None:
+    """Async review F13: a second SIGTERM (a scheduler and torchrun both signal) stopped the
+    process without a word while a save could be in flight."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "import portable_ckpt.torch as pckt\n"
+        "mgr = pckt.CheckpointManager(sys.argv[1], save_every=100)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(0.2)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(5)\n"
+        "print('still alive')\n"
+    )
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "r")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == -signal.SIGTERM and "still alive" not in res.stdout
+    assert "a second SIGTERM: the process stops now" in res.stderr, res.stderr

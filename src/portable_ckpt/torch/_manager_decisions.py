@@ -16,7 +16,9 @@ always be stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -115,6 +117,9 @@ def _on_signal(signum: int, frame: Any) -> None:
     prev = _PREVIOUS.pop(signum, None)
     for p in targets:
         p.signals = [s for s in p.signals if s != signum]
+    with contextlib.suppress(OSError):  # one line before the default action (async review F13)
+        os.write(2, f"portable_ckpt: a second {signal.Signals(signum).name}: the process stops "
+                    "now, and a checkpoint still being written is lost\n".encode())
     signal.signal(signum, prev if prev is not None else signal.SIG_DFL)
     if callable(prev):
         prev(signum, frame)  # e.g. SIGINT's default_int_handler: KeyboardInterrupt

@@ -110,7 +110,10 @@ class CheckpointManager:
         events: Telemetry sink: JSON lines, or a Prometheus textfile when it ends in ``.prom``;
             ``{rank}`` in it gives every rank its own file (otherwise rank 0 writes).
         process_group: The group (default: the default group).
-        timeout: Seconds a collective may wait for peers.
+        timeout: Seconds a collective may wait for peers. It also bounds how much later than
+            the others a rank may reach ``maybe_save`` (its decision is a collective at every
+            step): a rank that late fails that call with ``PCK-DISTRIBUTED`` on every rank, and
+            the next call works. Keep it above the longest pause between steps (evaluation).
         handle_sigterm: Install a SIGTERM handler (main thread only): the first SIGTERM sets
             ``preempted``; a second one, or one once closing, terminates as before.
         handle_sigint: Treat SIGINT (Ctrl-C; torchrun forwards it to every worker) like SIGTERM:
