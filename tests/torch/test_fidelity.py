@@ -124,3 +124,25 @@ def test_an_empty_dict_of_the_target_gets_what_is_stored_below_it(tmp_path: Path
     info = pckt.load({"tracker": b, "cfg": {"x": 0}}, tmp_path)
     assert b.seen == {"shard-00": 3, "shard-01": 1}
     assert info.unexpected_keys == ["cfg/y"] and info.missing_keys == []
+
+
+def test_numpy_scalars_and_int_enums_come_back_in_the_targets_type(tmp_path: Path) -> None:
+    """F8: they were stored by value and came back as Python int/float."""
+    import enum
+
+    import numpy as np
+
+    class Phase(enum.IntEnum):
+        WARMUP = 1
+        MAIN = 2
+
+    saved = {"f": np.float32(1.1), "u": np.uint64(2**64 - 1), "a": np.array(2.5, np.float16),
+             "p": Phase.MAIN, "b": np.bool_(True)}
+    pckt.save(saved, tmp_path, step=1)
+    target = {"f": np.float32(0), "u": np.uint64(0), "a": np.array(0, np.float16),
+              "p": Phase.WARMUP, "b": np.bool_(False)}
+    pckt.load(target, tmp_path)
+    for k, v in saved.items():
+        assert type(target[k]) is type(v) and target[k] == v, (k, target[k])
+    assert target["f"].tobytes() == saved["f"].tobytes()
+    assert target["a"].dtype == np.float16

@@ -25,10 +25,12 @@ any other value is refused with PCK-UNSUPPORTED-VALUE.
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from portable_ckpt.errors import UnsupportedValueError
@@ -408,5 +410,26 @@ def fill_state(
             return tuple(value)
         if isinstance(node, float) and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
-        return value
+        return _like(node, value)
     return node
+
+
+def _like(node: Any, value: Any) -> Any:
+    """``value`` in the target's own scalar type where its value was stored.
+
+    An IntEnum member, a numpy scalar or a 0-d array is stored as its value; it came back as a
+    plain int or float (float32 arithmetic became float64, ``isinstance`` checks failed:
+    fidelity review F8). A value the type refuses stays as loaded.
+    """
+    if value is None or isinstance(value, str | dict | list):
+        return value
+    try:
+        if isinstance(node, enum.Enum):
+            return type(node)(value)
+        if isinstance(node, np.generic):
+            return node.dtype.type(value)
+        if isinstance(node, np.ndarray) and node.ndim == 0:
+            return np.asarray(value, dtype=node.dtype)
+    except (ValueError, TypeError, OverflowError):
+        pass
+    return value
