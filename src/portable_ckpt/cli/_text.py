@@ -1,4 +1,4 @@
-"""Text for the terminal: strings from a checkpoint made safe, tables and sizes.
+"""Text for the terminal: strings from a checkpoint made safe, and tables.
 
 Names and strings that come from a root (entry names found by a listing, manifest strings such as
 ``producer.name``, error messages quoting them) are written by whoever wrote the root. Printed as
@@ -10,7 +10,7 @@ that looks like the CLI's own. ``--json`` output is escaped by JSON itself.
 
 from __future__ import annotations
 
-__all__ = ["safe", "size_text", "table"]
+__all__ = ["safe", "table"]
 
 
 def _escape(ch: str) -> str:
@@ -44,11 +44,3 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
-
-def size_text(n: float) -> str:
-    """``n`` bytes in binary units: ``512 B``, ``1.5 KiB`` … ``TiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

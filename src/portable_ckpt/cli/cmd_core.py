@@ -11,9 +11,10 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
-from portable_ckpt.cli._text import safe, size_text, table
+from portable_ckpt.cli._text import safe, table
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
+from portable_ckpt.logs import human_bytes
 
 __all__ = ["register"]
 
@@ -73,7 +74,7 @@ def _ls(args: argparse.Namespace) -> int:
                 v.id,
                 str(v.step),
                 v.status,
-                size_text(v.bytes) if v.bytes else "-",
+                human_bytes(v.bytes) if v.bytes else "-",
                 v.committed_at or "-",
                 checked,
                 drill,
@@ -133,7 +134,7 @@ def _inspect(args: argparse.Namespace) -> int:
     print(f"committed   {safe(m.committed_at)}")
     print(f"contract    {safe(c.contract)}, world size {c.world_size}{safe(mesh)}")
     total = sum(f.size for f in m.files.values())
-    print(f"files       {len(m.files)} ({size_text(total)})")
+    print(f"files       {len(m.files)} ({human_bytes(total)})")
     last = drills[-1] if drills else None
     print(
         f"drill       {'none' if last is None else ('passed' if last.get('ok') else 'failed')}"
@@ -146,7 +147,7 @@ def _inspect(args: argparse.Namespace) -> int:
             t.dtype,
             str(list(t.shape)),
             str(t.range_count),
-            size_text(t.nbytes),
+            human_bytes(t.nbytes),
             _codecs(t),
         ]
         for k, t in m.tensors.items()
