@@ -734,10 +734,11 @@ def late_rank_once(rank: int, world: int, root: str) -> dict[str, Any]:
 
     tr = Trainer(world)
     out: list[Any] = []
-    mgr = pckt.CheckpointManager(root, save_every=1, timeout=3, async_save=False)
+    # 10 s: a loaded CI machine's ranks may reach the first decision seconds apart
+    mgr = pckt.CheckpointManager(root, save_every=1, timeout=10, async_save=False)
     for step in range(1, 5):
         if step == 2 and rank == 1:
-            time.sleep(5)
+            time.sleep(14)
         try:
             out.append([step, mgr.maybe_save(step, {"model": tr})])
         except CheckpointError as e:
