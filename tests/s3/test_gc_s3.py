@@ -177,3 +177,24 @@ def test_ls_shows_an_attempt_that_is_only_unfinished_uploads(
     doc = json.loads(capsys.readouterr().out)
     assert phantom not in [v["id"] for v in doc["versions"]]
     w.abort()
+
+
+def test_a_listing_of_many_versions_asks_for_them_at_once_in_order(s3: S3Env) -> None:
+    """Ops review F4: each version of an S3 root costs several round trips, and they were
+    made one version after another; several versions are now classified at once. The listing
+    is the same: every status, in the order of §3."""
+    from portable_ckpt.io.versions import LISTING_CONCURRENCY
+
+    root = s3.root()
+    ids = [portable_ckpt.save_arrays(root, {"w": np.arange(4.0)}, step=s).attempt_id
+           for s in range(LISTING_CONCURRENCY + 4)]
+    storage = open_storage(root)
+    broken = ids[5]
+    storage.put(f"{broken}/manifest.json", b"{}")  # an invalid record among them
+    pending = new_attempt_id(7)
+    storage.put(f"{pending}/data/x", b"x")  # an attempt without a record
+    got = list_versions(root)
+    assert [v.id for v in got if v.id != pending] == ids
+    status = {v.id: v.status for v in got}
+    assert status[broken] == "invalid" and status[pending] == "incomplete"
+    assert sum(s == "committed" for s in status.values()) == len(ids) - 1
