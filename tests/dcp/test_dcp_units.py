@@ -737,3 +737,19 @@ def test_a_value_key_over_the_key_limit_is_refused_before_the_commit(tmp_path: A
             str(tmp_path), step=1))
     assert "over the 1024 a key may have" in str(ei.value)
     assert portable_ckpt.list_versions(tmp_path) == []  # nothing committed
+
+
+def test_a_tuple_subclass_template_is_rebuilt_as_itself() -> None:
+    """Fidelity review F13: a namedtuple (or torch.Size) template gave a plain tuple back."""
+    import collections
+
+    from portable_ckpt.format.keys import JsonTree
+
+    Point = collections.namedtuple("Point", "a b")
+    tree = JsonTree({"p/0": 1, "p/1": 2.5, "q/0/0": 3, "q/0/1": 4, "s": [5, 6]})
+    assert tree.value("p", Point(0, 0.0), item=True) == Point(1, 2.5)
+    assert type(tree.value("p", Point(0, 0.0), item=True)) is Point
+    got = tree.value("q", (Point(0, 0), ), item=True)
+    assert got == (Point(3, 4),) and type(got[0]) is Point
+    assert type(tree.value("s", Point(0, 0))) is Point  # a stored list in a leaf, too
+    assert tree.value("p", (0, 0), item=True) == (1, 2.5)  # a plain tuple stays plain

@@ -622,7 +622,9 @@ class JsonTree:
         comps = [c for c, _ in kids]
         dense = comps == [str(i) for i in range(len(comps))]
         if isinstance(template, list | tuple) and dense:
-            return _Rebuild(kids, tuple if isinstance(template, tuple) else list, None, template)
+            # a tuple subclass (torch.Size, a namedtuple) stays itself (fidelity review F13)
+            kind = type(template) if isinstance(template, tuple) else list
+            return _Rebuild(kids, kind, None, template)
         if isinstance(template, Mapping) and not (item and dense):
             by_comp = {escape_component(str(k)): k for k in template}
             names = [by_comp.get(c, split_key(c)[0]) for c in comps]
@@ -659,7 +661,9 @@ class _Rebuild:
     def build(self) -> Any:
         if self.kind is dict:
             return dict(zip(cast(list[Any], self.names), self.values, strict=True))
-        return tuple(self.values) if self.kind is tuple else self.values
+        if self.kind is list:
+            return self.values
+        return _as_tuple(self.kind, self.values)
 
 
 def _like(value: Any, template: Any) -> Any:
@@ -667,5 +671,16 @@ def _like(value: Any, template: Any) -> Any:
     if isinstance(template, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(template, tuple) and isinstance(value, list):
-        return tuple(value)
+        return _as_tuple(type(template), value)
     return value
+
+
+def _as_tuple(kind: type, values: list[Any]) -> Any:
+    """``values`` as a ``kind`` (a tuple or a subclass: a namedtuple, ``torch.Size``)."""
+    if kind is tuple:
+        return tuple(values)
+    make = getattr(kind, "_make", None)
+    try:
+        return make(values) if make is not None else kind(values)
+    except (TypeError, ValueError):  # a subclass that takes other arguments: a plain tuple
+        return tuple(values)
