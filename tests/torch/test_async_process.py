@@ -482,6 +482,15 @@ def test_a_killed_trainers_writer_removes_the_files_of_its_unfinished_write(
     finally:
         p.kill()
         p.wait()
+    # The stopped writer does not hold the trainer's stdout: a pipeline reading it ends (F2).
+    import select
+
+    assert p.stdout is not None
+    fd, deadline, eof = p.stdout.fileno(), time.monotonic() + 10, False
+    while not eof and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            eof = os.read(fd, 65536) == b""
+    assert eof, "the trainer's stdout stays open while its stopped writer lives"
     os.kill(writer, signal.SIGCONT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and os.path.exists(f"/proc/{writer}"):

@@ -137,6 +137,9 @@ class WriterProcess:
                  str(int(nice))],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
+                # It writes nothing there; holding the job's stdout kept a pipeline reading it
+                # open while a stopped writer outlived its trainer (async review F2).
+                stdout=subprocess.DEVNULL,
                 env=_child_env(),
                 start_new_session=True,  # a terminal's Ctrl-C or a group kill goes to training
             )
