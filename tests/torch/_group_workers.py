@@ -152,3 +152,19 @@ def stall_then_save(rank: int, world: int, root: str) -> dict[str, Any]:
     info = pckt.load(target, root, timeout=20)
     out["load"] = [info.step, handle.committed.done(), target["w"].tolist() == state["w"].tolist()]
     return out
+
+
+def load_rng_upscaled(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Load a one-rank version's RNG on ``world`` ranks (policy modulo), stderr captured."""
+    import contextlib
+    import io
+
+    import torch
+
+    import portable_ckpt.torch as pckt
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        pckt.load({"w": torch.zeros(2), "rng": pckt.RNGState()}, root, allow_statistical=True,
+                  timeout=60)
+    return {"stderr": err.getvalue(), "draw": torch.rand(1).item()}

@@ -81,3 +81,21 @@ def test_a_stall_past_the_timeout_fails_one_save_not_the_next(tmp_path: Path) ->
     for r in res.results:
         assert r["steps"] == [[1, 1], [2, "PCK-DISTRIBUTED"], [3, 3]], r
         assert r["load"] == [4, True, True], r
+
+
+def test_more_ranks_than_saved_are_told_their_rng_streams_repeat(tmp_path: Path) -> None:
+    """Async review F21: on more ranks, rank r continues stored rank r mod W's RNG (documented),
+    so ranks draw alike; rank 0 now says so once."""
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.torch.launch import run_group
+
+    pckt.save({"w": torch.ones(2), "rng": pckt.RNGState()}, str(tmp_path), step=1)
+    res = run_group(
+        "tests.torch._group_workers:load_rng_upscaled", 2, (str(tmp_path),), timeout=180,
+        pg_timeout=60,
+    )
+    res.raise_for_errors()
+    r0, r1 = res.results
+    assert "ranks 1..1 continue the RNG streams of ranks r mod 1" in r0["stderr"], r0["stderr"]
+    assert r1["stderr"] == ""
+    assert r0["draw"] == r1["draw"]  # what the message warns about

@@ -42,7 +42,7 @@ from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
-from portable_ckpt.torch._inflight import wait_idle
+from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
 from portable_ckpt.torch.flatten import (
@@ -621,9 +621,18 @@ def _load_entries(
                 )
             info.missing_keys.append(key)
             continue
-        value = entries.get(key, per_rank=ck.entries[key].scope == "per_rank")
+        stored = ck.entries[key]
+        value = entries.get(key, per_rank=stored.scope == "per_rank")
         if value is NO_VALUE:  # policy "drop": the application keeps its fresh state
             continue
+        if (stored.schema_id == "pck:rng/1" and stored.world_size_policy == "modulo"
+                and info.world_size > info.saved_world_size and info.rank == 0):
+            # Documented, yet silent: a new rank r draws what stored rank r mod W drew (async
+            # review F21: dropout masks and augmentations correlated across ranks).
+            say(f"load of {key!r}: ranks {info.saved_world_size}..{info.world_size - 1} continue "
+                f"the RNG streams of ranks r mod {info.saved_world_size} (policy modulo), so "
+                "their random draws repeat those ranks'; reseed them (torch.manual_seed(seed + "
+                "rank)) where that matters")
         if e.restore_last:
             last.append((e, value))
         else:
