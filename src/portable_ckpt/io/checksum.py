@@ -19,6 +19,7 @@ __all__ = [
     "AUTO_FILE_BLOCKS",
     "DEFAULT_BLOCK_SIZE",
     "JOB_BLOCK_BUDGET",
+    "METADATA_BLOCK_SIZE",
     "MIN_BLOCK_SIZE",
     "BlockHasher",
     "BlockVerifier",
@@ -35,6 +36,11 @@ __all__ = [
 #: Largest block the writers choose by themselves: the manifest stays small (8 hex digits per
 #: 256 KiB: ~33 KB per GiB) for large files.
 DEFAULT_BLOCK_SIZE = 256 * 1024
+
+#: The block size of the files the committer writes itself (writer indexes, tensor tables).
+#: The same value as the cap above, but another decision: changing one need not change the
+#: other (maintainer review 22).
+METADATA_BLOCK_SIZE = 256 * 1024
 
 #: Smallest block the format allows (spec §6.2).
 MIN_BLOCK_SIZE = 4096

@@ -58,7 +58,7 @@ from portable_ckpt.format.naming import (
     utc_now_iso,
 )
 from portable_ckpt.io.checksum import (
-    DEFAULT_BLOCK_SIZE,
+    METADATA_BLOCK_SIZE,
     BlockHasher,
     read_verified,
     read_verified_bytes,
@@ -161,9 +161,9 @@ def _parse_index(attempt_id: str, writer: int, data: bytes) -> WriterIndex:
         raise SchemaError(
             f"{full}: names writer {idx.writer}, its file name says {writer}", path=full
         )
-    h = BlockHasher(DEFAULT_BLOCK_SIZE)
+    h = BlockHasher(METADATA_BLOCK_SIZE)
     h.update(data)
-    idx.index_file = FileRecord(rel, len(data), Checksum("crc32c", DEFAULT_BLOCK_SIZE, h.blocks()))
+    idx.index_file = FileRecord(rel, len(data), Checksum("crc32c", METADATA_BLOCK_SIZE, h.blocks()))
     return idx
 
 
@@ -876,10 +876,10 @@ def _describe_table(manifest: CommittedManifest, merged: _Merged) -> bytes:
     # that the winning manifest lists.
     table_path = f"tensor-table-{secrets.token_hex(8)}.safetensors.zst"
     blob = encode_table(merged.table, codec="zstd")
-    th = BlockHasher(DEFAULT_BLOCK_SIZE)
+    th = BlockHasher(METADATA_BLOCK_SIZE)
     th.update(blob)
     merged.files[table_path] = FileRecord(
-        table_path, len(blob), Checksum("crc32c", DEFAULT_BLOCK_SIZE, th.blocks())
+        table_path, len(blob), Checksum("crc32c", METADATA_BLOCK_SIZE, th.blocks())
     )
     report = merged.report
     report.files += 1
