@@ -87,7 +87,13 @@ def test_telemetry_figures(trained: dict[str, Any]) -> None:
     assert len(lines) == len(r0["events"])  # rank 0 writes the file; rank 1 only logs
     for r in (r0, r1):
         for e in (e for e in r["events"] if e["event"] == "save"):
-            assert 0 < e["pause_s"] <= e["seconds"] + 1e-3
+            if e["mode"] == "sync":
+                # The loop waited for the whole save: its window holds the save's. (It said
+                # pause <= seconds + 1 ms, which the manager's own work around a sync save,
+                # timed by both, broke on a loaded machine now and then.)
+                assert e["pause_s"] >= e["seconds"] > 0
+            else:  # the loop waited for the staging only, a part of the save
+                assert 0 < e["pause_s"] <= e["seconds"] + 1e-3
             assert e["bytes"] > 0 and e["total_bytes"] >= e["bytes"]
             assert e["mib_per_s"] == pytest.approx(e["bytes"] / 2**20 / e["seconds"], rel=1e-2)
     commits = [e for e in r0["events"] if e["event"] == "commit"]
