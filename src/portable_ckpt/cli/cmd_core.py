@@ -276,12 +276,13 @@ def _newer_invalid(storage: Any, attempt: str) -> list[CheckpointError]:
     ``verify ROOT`` verified the older version and said OK while the job's newest save was
     unusable (a restore resumes a save earlier): each is a problem of the root (ops review F17).
     """
+    from portable_ckpt.format.naming import parse_attempt_step
     from portable_ckpt.io.versions import INVALID, attempt_names, classify_attempt
 
-    step = int(attempt[1:13])
+    step = parse_attempt_step(attempt) or 0
     out: list[CheckpointError] = []
     for name in attempt_names(storage):
-        if int(name[1:13]) < step or name == attempt:
+        if (parse_attempt_step(name) or 0) < step or name == attempt:
             continue
         c = classify_attempt(storage, name)
         if c.status == INVALID and c.error is not None:
