@@ -78,3 +78,39 @@ def test_bfloat16_round_trip_in_a_fresh_process(tmp_path: object) -> None:
         print("ok")
     """)
     assert got.strip() == "ok"
+
+
+def test_the_cli_module_and_the_package_top_import_no_numpy() -> None:
+    """Ops review F15: a Ctrl-C in the CLI's start-up printed a traceback.
+
+    ``main`` catches the interruption once it runs; what comes before it (the package's top and
+    ``portable_ckpt.cli.main``) stays light, so the window is Python's own start-up.
+    """
+    got = _run("""
+        import sys
+        import portable_ckpt, portable_ckpt.cli.main
+        print(sorted(m for m in ("numpy", "jsonschema", "portable_ckpt.format.manifest")
+                     if m in sys.modules))
+        print(portable_ckpt.FORMAT_VERSION, portable_ckpt.Manifest.__name__)  # still exported
+    """)
+    assert got.splitlines() == ["[]", "1.0 Manifest"]
+
+
+def test_a_ctrl_c_while_the_cli_starts_exits_130_without_a_traceback(tmp_path: object) -> None:
+    """A real SIGINT, delivered while the commands' modules are being imported."""
+    code = textwrap.dedent(f"""
+        import importlib, os, signal, sys
+        import portable_ckpt.cli.main as cli
+        real = importlib.import_module
+        def interrupted(name, *args):
+            if name.endswith(".cmd_core"):
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs on the next bytecode
+            return real(name, *args)
+        importlib.import_module = interrupted
+        sys.exit(cli.main(["ls", {str(tmp_path)!r}]))
+    """)
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120, check=False)
+    assert p.returncode == 130, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and p.stdout == "", p.stderr

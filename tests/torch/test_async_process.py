@@ -464,7 +464,8 @@ def test_a_killed_trainers_writer_removes_the_files_of_its_unfinished_write(
 ) -> None:
     """Async review F14: after kill -9 of the training process its writer finished the whole
     shard, and the files stayed until gc's grace period; the writer now removes the files of
-    a write whose index it never sent (no commit can name them) when its trainer is gone."""
+    a write whose index it never sent (no commit can name them) when its trainer is gone.
+    F2: a writer stopped when its trainer died stayed stopped; now it goes too."""
     root = tmp_path / "r"
     script = tmp_path / "trainer.py"
     script.write_text(_KILLED_TRAINER)
@@ -491,7 +492,8 @@ def test_a_killed_trainers_writer_removes_the_files_of_its_unfinished_write(
         if select.select([fd], [], [], 0.5)[0]:
             eof = os.read(fd, 65536) == b""
     assert eof, "the trainer's stdout stays open while its stopped writer lives"
-    os.kill(writer, signal.SIGCONT)
+    # Nobody continues it: the kernel's SIGCONT at its parent's death does (Linux), and the
+    # writer cleans up and exits; it stayed stopped for ever before (F2).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and os.path.exists(f"/proc/{writer}"):
         time.sleep(0.05)

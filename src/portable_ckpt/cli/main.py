@@ -26,13 +26,14 @@ from portable_ckpt import __version__
 from portable_ckpt.cli._output import add_output_options, log_to_stderr
 from portable_ckpt.cli._text import safe
 from portable_ckpt.errors import CheckpointError, UsageError
-from portable_ckpt.format.manifest import FORMAT_VERSIONS, TABLE_FORMAT_VERSION
 
 __all__ = ["build_parser", "main"]
 
 
 def formats_line() -> str:
     """The format versions this build reads and writes (``--help``, ``--version``)."""
+    from portable_ckpt.format.manifest import FORMAT_VERSIONS, TABLE_FORMAT_VERSION
+
     return (
         f"reads and writes format versions {', '.join(FORMAT_VERSIONS)} "
         f"({TABLE_FORMAT_VERSION} when a version's ranges are described in a tensor table)"
@@ -69,7 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     (``inspect ... | head``) exits 141 (128 + SIGPIPE) without a traceback; output that cannot
     be written (a full disk, ``> /dev/full``) exits 74 (``EX_IOERR``) and says so.
     """
-    parser = build_parser()
+    try:
+        # Start-up imports numpy and every command (a few tenths of a second): a Ctrl-C there
+        # is an interruption like any other, not a traceback (ops review F15). Only this
+        # module and the package's light top are imported before this point.
+        parser = build_parser()
+    except KeyboardInterrupt:
+        return 130
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -11,9 +11,12 @@ lower CPU priority (``nice``), so the training loop keeps the cores it needs.
 The protocol is JSON frames over a Unix socket pair, file descriptors passed with
 ``SCM_RIGHTS``; nothing is pickled. The writer imports neither torch nor the training code. It
 exits when its socket closes or its parent process is gone, and ignores SIGINT/SIGTERM (the
-training process decides when a save ends).
+training process decides when a save ends). On Linux the kernel sends it SIGCONT when its parent
+dies, so a writer stopped (SIGSTOP) when its trainer was killed resumes, removes its unsent
+files and exits too.
 
-Run as ``python -m portable_ckpt.io.writer_process SOCKET_FD NICE`` by :class:`WriterProcess`.
+Run as ``python -m portable_ckpt.io.writer_process SOCKET_FD NICE PARENT_PID`` by
+:class:`WriterProcess`.
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ class WriterProcess:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "portable_ckpt.io.writer_process", str(child.fileno()),
-                 str(int(nice))],
+                 str(int(nice)), str(os.getpid())],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
                 # It writes nothing there; holding the job's stdout kept a pipeline reading it
@@ -360,6 +363,28 @@ def _watch_parent(ppid: int, service: _Service) -> None:
     os._exit(3)
 
 
+#: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _continue_when_orphaned() -> None:
+    """Ask the kernel for SIGCONT when the parent dies (Linux; elsewhere nothing).
+
+    A writer stopped (SIGSTOP, job control) when its trainer was killed never ran its parent
+    watch: it stayed stopped, holding the job's stderr, for as long as nobody continued it
+    (async review F2). SIGCONT, not SIGKILL: continued, the writer removes the files of its
+    unsent write first. The kernel sends it when the *thread* that started the writer ends too
+    (an async save's thread); a running process ignores SIGCONT, so that costs nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
+
+
 def _lower_priority(nice: int) -> None:
     """Run ``nice`` below the training process's main thread.
 
@@ -378,8 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _lower_priority(int(args[1]) if len(args) > 1 else WRITER_NICE)
+    _continue_when_orphaned()
+    # The parent's pid as it passed it: one that died before this line leaves getppid() at
+    # the reaper's, which the watch would take for the parent.
+    ppid = int(args[2]) if len(args) > 2 else os.getppid()
     service = _Service()
-    threading.Thread(target=_watch_parent, args=(os.getppid(), service), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(ppid, service), daemon=True).start()
     while True:
         try:
             msg, fds = recv_msg(sock)
