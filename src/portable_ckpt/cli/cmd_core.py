@@ -366,6 +366,10 @@ def _gc(args: argparse.Namespace) -> int:
             keys = rep.foreign_keys
             shown = ", ".join(safe(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
             print(f"left in place {len(keys)} entries that are not this format's: {shown}")
+        if rep.pruned_records:
+            pruned = "would remove" if args.dry_run else "removed"
+            print(f"{pruned} {rep.pruned_records} superseded verify/copy/drill record(s) of "
+                  "kept versions (the newest of each kind and every failed verification stay)")
         print(
             f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}"
             + (f"; kept for want of a copy: {len(rep.kept_for_copy)}" if rep.kept_for_copy else "")

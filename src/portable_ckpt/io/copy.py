@@ -337,7 +337,7 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
 def _write_record(src: Storage, attempt: str, destination: str, result: CopyResult) -> str:
     from portable_ckpt.format.naming import utc_now_iso
     from portable_ckpt.format.schemas import validate_document
-    from portable_ckpt.io.versions import annotation_id
+    from portable_ckpt.io.versions import annotation_id, prune_quietly
 
     copy_id = annotation_id("c")
     rel = f"{attempt}/copies/{copy_id}.json"
@@ -354,6 +354,7 @@ def _write_record(src: Storage, attempt: str, destination: str, result: CopyResu
     validate_document(rec, "copy.schema.json", what=rel)
     if not src.create_if_absent(rel, jsonio.dumps(rec, indent=2)):
         raise CommitConflictError(f"{src.url}/{rel} already exists", path=rel)
+    prune_quietly(src, attempt, "copies")  # a copy run again each night: one record stays
     return rel
 
 

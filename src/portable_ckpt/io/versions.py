@@ -69,6 +69,7 @@ from portable_ckpt.logs import Progress, log_event
 from portable_ckpt.storage import ObjectInfo, Storage, open_storage
 
 __all__ = [
+    "RECORDS_KEPT",
     "STATUSES",
     "Classification",
     "GcReport",
@@ -92,6 +93,9 @@ __all__ = [
     "sampled_chunks",
     "upload_only_attempts",
     "write_verification_record",
+    "prune_annotations",
+    "prune_quietly",
+    "superseded",
 ]
 
 COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY = (
@@ -382,7 +386,93 @@ def _write_annotation(
     rel = f"{attempt_id}/{kind}/{ident}.json"
     if not storage.create_if_absent(rel, jsonio.dumps(record, indent=2)):
         raise UsageError(f"{rel} already exists")
+    prune_quietly(storage, attempt_id, kind)
     return rel
+
+
+#: Records of one kind a version keeps beyond those that decide its status (R-DRILL-9): the
+#: newest few, as history for ``inspect``.
+RECORDS_KEPT = 4
+
+
+def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``kind`` whose removal changes nothing a tool reads from them (R-DRILL-9).
+
+    ``records`` are the ones that count (:func:`read_annotations`: valid, under their own id,
+    naming the attempt), oldest first. Kept: the :data:`RECORDS_KEPT` newest; every failed
+    verification (it keeps the version from being restored, R-DRILL-8); the newest passed
+    verification of each mode; the newest passed drill; for each destination its newest
+    record and its newest passed one. So ``drilled``, ``verified``, ``verification_failed`` and
+    the destinations with a verified copy stay what they were, whoever prunes when: a record
+    is only ever removed for a newer one of its kind that stays.
+    """
+    keep: set[int] = {id(r) for r in records[-RECORDS_KEPT:]}
+
+    def newest(pred: Callable[[dict[str, Any]], bool], by: str | None = None) -> None:
+        seen: set[str] = set()
+        for r in reversed(records):
+            group = str(r.get(by)) if by is not None else ""
+            if group not in seen and pred(r):
+                seen.add(group)
+                keep.add(id(r))
+
+    def passed(r: dict[str, Any]) -> bool:
+        return r.get("ok") is True
+
+    if kind == "verifications":
+        keep |= {id(r) for r in records if not passed(r)}
+        newest(passed, "mode")
+    elif kind == "copies":
+        newest(lambda r: True, "destination")
+        newest(passed, "destination")
+    else:
+        newest(passed)
+    return [r for r in records if id(r) not in keep]
+
+
+def prune_annotations(
+    storage: Storage,
+    attempt_id: str,
+    kind: str,
+    records: Sequence[dict[str, Any]] | None = None,
+) -> list[str]:
+    """Delete the :func:`superseded` records of ``kind`` of a version; return their paths.
+
+    Every verify, copy or drill adds a record, and a cron job adds one an hour for as long as a
+    milestone is kept: listings read every one (ops review F12). Only records that count are
+    removed, each for a newer one that stays; other files of the directory are never touched.
+
+    ``records``: the ones :func:`read_annotations` returned, when the caller has them.
+
+    Raises:
+        CheckpointError: a storage error (what was deleted before it stays deleted).
+
+    """
+    if records is None:
+        records = read_annotations(storage, attempt_id, kind)
+    doomed = superseded(kind, records)
+    id_member = ANNOTATION_KINDS[kind][0]
+    out = []
+    for r in doomed:
+        rel = f"{attempt_id}/{kind}/{r[id_member]}.json"
+        storage.delete(rel)
+        out.append(rel)
+    return out
+
+
+def prune_quietly(storage: Storage, attempt_id: str, kind: str) -> None:
+    """:func:`prune_annotations` after a record was written: a failure is logged, not raised.
+
+    The record that was written stands; the next writer or gc prunes again.
+    """
+    try:
+        prune_annotations(storage, attempt_id, kind)
+    except CheckpointError as exc:
+        log_event(
+            _log, "records.prune_failed", {"attempt_id": attempt_id, "kind": kind},
+            "older %s records of %s not pruned: %s", kind, attempt_id, exc,
+            level=logging.WARNING,
+        )
 
 
 def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]) -> str:
@@ -962,6 +1052,8 @@ class GcReport:
     #: Committed versions a later commit at the same or a lower step abandoned, deleted by
     #: ``retire_abandoned`` (or to be deleted).
     retired: list[str] = field(default_factory=list)
+    #: Superseded drill, copy and verification records removed from kept versions (R-DRILL-9).
+    pruned_records: int = 0
 
     @property
     def complete(self) -> bool:
@@ -984,6 +1076,7 @@ class GcReport:
             "damaged": self.damaged,
             "newer_branch": self.newer_branch,
             "retired": self.retired,
+            "pruned_records": self.pruned_records,
             "unknown": self.unknown,
             "complete": self.complete,
         }
@@ -1112,8 +1205,33 @@ def gc(
                 report.failed(attempt_id, exc)
             if progress is not None:
                 progress(i + 1, len(doomed))
+    _prune_kept(storage, [v for v in versions if v.id not in doomed], report)
     _log_gc(storage, report)
     return report
+
+
+def _prune_kept(storage: Storage, versions: list[VersionInfo], report: GcReport) -> None:
+    """Remove the superseded drill, copy and verification records of kept versions (R-DRILL-9).
+
+    A version's records piled up before writers pruned them (and a writer's prune can fail):
+    gc, which read them all, counts them in ``report.pruned_records`` (a dry run deletes none).
+    """
+    for v in versions:
+        if v.status != COMMITTED or v.annotations_unreadable:
+            continue
+        for kind in ANNOTATION_KINDS:
+            records: list[dict[str, Any]] = getattr(v, kind)
+            if report.dry_run:
+                report.pruned_records += len(superseded(kind, records))
+                continue
+            try:
+                report.pruned_records += len(prune_annotations(storage, v.id, kind, records))
+            except CheckpointError as exc:  # the records stay; nothing else depends on them
+                log_event(
+                    _log, "records.prune_failed", {"attempt_id": v.id, "kind": kind},
+                    "gc: older %s records of %s not pruned: %s", kind, v.id, exc,
+                    level=logging.WARNING,
+                )
 
 
 def _log_gc(storage: Storage, report: GcReport) -> None:

@@ -1,0 +1,173 @@
+"""Superseded drill, copy and verification records (spec §14.5, R-DRILL-9; ops review F12).
+
+Every scheduled ``verify`` and every ``copy`` run again added a record to the version for as long
+as it was kept, and every listing read them all (2,000 records: ``ls`` 0.5 → 3.7 s). Writers
+now prune their kind after writing, and gc prunes the versions it keeps, removing only records
+whose removal changes nothing a tool reads from them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from portable_ckpt.cli.main import main as cli_main
+from portable_ckpt.io import versions
+from portable_ckpt.io.copy import copy_version
+from portable_ckpt.io.versions import (
+    RECORDS_KEPT,
+    gc,
+    list_versions,
+    read_annotations,
+    superseded,
+    write_drill_record,
+    write_verification_record,
+)
+from portable_ckpt.storage import open_storage
+
+from ._util import build_version
+
+_MODES = ("sample", "deep")
+_DESTS = ("s3://a/x", "/mnt/b", "file:///c")
+
+
+def _status(kind: str, records: list[dict[str, Any]]) -> Any:
+    """What tools read from a kind's records (§14.3–14.5)."""
+    ok = [r for r in records if r.get("ok") is True]
+    if kind == "verifications":
+        return (
+            any(r.get("ok") is False for r in records),
+            sorted({r["mode"] for r in ok}),
+            sorted(r["n"] for r in records if r.get("ok") is False),
+        )
+    if kind == "copies":
+        return sorted({r["destination"] for r in records}), sorted({r["destination"] for r in ok})
+    return bool(ok)
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]]]:
+    kind = draw(st.sampled_from(sorted(versions.ANNOTATION_KINDS)))
+    n = draw(st.integers(0, 30))
+    out = []
+    for i in range(n):  # oldest first, as read_annotations returns them
+        rec: dict[str, Any] = {"n": i, "ok": draw(st.booleans())}
+        if kind == "verifications":
+            rec["mode"] = draw(st.sampled_from(_MODES))
+        elif kind == "copies":
+            rec["destination"] = draw(st.sampled_from(_DESTS))
+        out.append(rec)
+    return kind, out
+
+
+@settings(max_examples=400, deadline=None)
+@given(_records())
+def test_removing_superseded_records_changes_nothing_tools_read(
+    case: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """R-DRILL-9: drilled, failed, the modes verified and the destinations copied stay; each
+    removed record is older than a kept one that serves it; what stays is bounded."""
+    kind, records = case
+    gone = superseded(kind, records)
+    kept = [r for r in records if r not in gone]
+    assert _status(kind, kept) == _status(kind, records)
+    assert kept[-RECORDS_KEPT:] == records[-RECORDS_KEPT:]  # the newest always stay
+    for r in gone:
+        servers = [k for k in kept if k["n"] > r["n"]]
+        if kind == "verifications":
+            assert r["ok"] is True  # a failed verification is never removed
+            servers = [k for k in servers if k["ok"] is True and k["mode"] == r["mode"]]
+        elif kind == "copies":
+            servers = [k for k in servers if k["destination"] == r["destination"]
+                       and (k["ok"] is True or r["ok"] is not True)]
+        elif r["ok"] is True:
+            servers = [k for k in servers if k["ok"] is True]
+        assert servers, (kind, r, kept)
+    failed = sum(r["ok"] is False for r in records)
+    bound = {"verifications": RECORDS_KEPT + len(_MODES) + failed,
+             "copies": RECORDS_KEPT + 2 * len(_DESTS), "drills": RECORDS_KEPT + 1}[kind]
+    assert len(kept) <= bound
+
+
+def _drill(ok: bool, day: int) -> dict[str, Any]:
+    return {"ok": ok, "started_at": f"2030-01-0{day}T00:00:00Z",
+            "finished_at": f"2030-01-0{day}T00:00:01Z", "world_size": 1, "saved_world_size": 1,
+            "contract": "exact", "measurements": {},
+            "error": None if ok else {"code": "PCK-STORAGE", "message": "x"}}
+
+
+def _files(vdir: Path, kind: str) -> list[str]:
+    return sorted(p.name for p in (vdir / kind).iterdir()) if (vdir / kind).exists() else []
+
+
+def test_repeated_verify_copy_and_drill_keep_a_bounded_number_of_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DRILL-9: a writer prunes its kind after writing; a failed verification stays."""
+    vdir, m = build_version(tmp_path / "src")
+    storage = open_storage(tmp_path / "src")
+    failed = write_verification_record(
+        storage, m.attempt_id, ok=False, mode="sample", fraction=0.5, chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}],
+    )
+    for _ in range(9):
+        assert cli_main(["verify", "--deep", str(vdir)]) == 0
+    assert cli_main(["verify", "--sample", "0.5", str(vdir)]) in (0, 1)
+    capsys.readouterr()
+    names = _files(vdir, "verifications")
+    assert len(names) <= RECORDS_KEPT + 2 and Path(failed).name in names, names
+    recs = read_annotations(storage, m.attempt_id, "verifications")
+    assert {r["mode"] for r in recs if r["ok"]} == {"deep", "sample"}
+    for _ in range(6):
+        copy_version(vdir, tmp_path / "dst")
+    copy_version(vdir, tmp_path / "dst2")
+    copies = read_annotations(storage, m.attempt_id, "copies")
+    assert len(copies) <= RECORDS_KEPT and len(_files(vdir, "copies")) == len(copies)
+    assert {Path(c["destination"]).name for c in copies} == {"dst", "dst2"}
+    ok_drill = write_drill_record(storage, m.attempt_id, _drill(True, 1))
+    for day in range(2, 8):
+        write_drill_record(storage, m.attempt_id, _drill(False, day))
+    drills = _files(vdir, "drills")
+    assert len(drills) == RECORDS_KEPT + 1 and Path(ok_drill).name in drills
+    (v,) = list_versions(tmp_path / "src")
+    assert v.drilled and v.verification_failed and v.copied
+
+
+def test_gc_prunes_the_piles_of_kept_versions_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DRILL-9: records written before writers pruned (or by another tool) are pruned by gc;
+    a dry run counts them; files that do not count are never touched."""
+    vdir, m = build_version(tmp_path / "r")
+    storage = open_storage(tmp_path / "r")
+    with monkeypatch.context() as mp:  # a pile as an older release left it
+        mp.setattr(versions, "prune_quietly", lambda *a: None)
+        for i in range(20):
+            write_verification_record(storage, m.attempt_id, ok=True, mode="deep",
+                                      fraction=None, chunks=3)
+        for _ in range(5):
+            copy_version(vdir, tmp_path / "dst")
+    assert len(_files(vdir, "verifications")) == 20 and len(_files(vdir, "copies")) == 5
+    (vdir / "verifications" / "notes.txt").write_text("an operator's file")
+    misfiled = json.loads(next((vdir / "verifications").glob("v*.json")).read_text())
+    (vdir / "verifications" / "v20000101T000000000000Z-00000000.json").write_text(
+        json.dumps(misfiled))  # valid, but not under its own id: does not count
+    before = sorted(p.name for p in vdir.rglob("*"))
+    assert cli_main(["gc", str(tmp_path / "r"), "--keep", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would remove 17 superseded" in out, out  # 16 verifications + 1 copy
+    assert sorted(p.name for p in vdir.rglob("*")) == before
+    rep = gc(tmp_path / "r", keep=1)
+    assert rep.pruned_records == 17 and rep.to_json()["pruned_records"] == 17
+    assert len(_files(vdir, "verifications")) == RECORDS_KEPT + 2  # + the two that do not count
+    assert (vdir / "verifications" / "notes.txt").exists()
+    assert (vdir / "verifications" / "v20000101T000000000000Z-00000000.json").exists()
+    assert len(_files(vdir, "copies")) == RECORDS_KEPT
+    (v,) = list_versions(tmp_path / "r")
+    assert v.verified and v.copied
+    assert gc(tmp_path / "r", keep=1).pruned_records == 0
