@@ -147,7 +147,7 @@ def test_gc_prunes_the_piles_of_kept_versions_and_nothing_else(
     storage = open_storage(tmp_path / "r")
     with monkeypatch.context() as mp:  # a pile as an older release left it
         mp.setattr(versions, "prune_quietly", lambda *a: None)
-        for i in range(20):
+        for _ in range(20):
             write_verification_record(storage, m.attempt_id, ok=True, mode="deep",
                                       fraction=None, chunks=3)
         for _ in range(5):
