@@ -198,3 +198,34 @@ def test_a_listing_of_many_versions_asks_for_them_at_once_in_order(s3: S3Env) ->
     status = {v.id: v.status for v in got}
     assert status[broken] == "invalid" and status[pending] == "incomplete"
     assert sum(s == "committed" for s in status.values()) == len(ids) - 1
+
+
+def test_gc_aborts_orphan_uploads_of_listed_files_in_kept_versions(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ops review F9 (R-GC-8): a retried CreateMultipartUpload left uploads under a committed
+    version, billed for as long as it was kept. gc aborts those of files the commit record lists,
+    once older than the grace period, by exact key; other uploads of the version stay."""
+    monkeypatch.setenv("PCK_S3_PART_SIZE", str(5 << 20))
+    root = s3.root("run")
+    keep = _save(root, 1)
+    storage = open_storage(root)
+    (listed,) = portable_ckpt.open(root).manifest.files
+    client = s3.boto()
+    orphan = _start_upload(storage, keep, listed.rsplit("/", 1)[1])  # one part: dated now
+    assert orphan is not None
+    client.create_multipart_upload(Bucket=s3.bucket, Key=f"run/{keep}/notes.bin")  # not listed
+
+    def left() -> list[str]:
+        ups = client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+        return sorted(u["Key"].removeprefix("run/") for u in ups)
+
+    rep = gc(root, keep=1, grace_seconds=600.0)  # within the grace period: kept
+    assert rep.aborted_uploads == 0 and len(left()) == 2 and rep.complete
+    later = lambda: time.time() + 3600  # noqa: E731
+    rep = gc(root, keep=1, grace_seconds=600.0, now=later, dry_run=True)
+    assert rep.aborted_uploads == 1 and len(left()) == 2
+    rep = gc(root, keep=1, grace_seconds=600.0, now=later)
+    assert rep.aborted_uploads == 1 and rep.deleted == [] and rep.complete
+    assert left() == [f"{keep}/notes.bin"]
+    assert portable_ckpt.open(root).id == keep and portable_ckpt.open(root).verify(deep=True) == []

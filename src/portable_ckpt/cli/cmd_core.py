@@ -23,22 +23,15 @@ _MAX_FOREIGN = 1000
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from portable_ckpt.io.versions import (
-        foreign_keys,
-        list_versions,
-        root_must_exist,
-        upload_only_attempts,
-    )
+    from portable_ckpt.io.versions import foreign_keys, list_versions, root_must_exist
     from portable_ckpt.storage import open_storage
 
     storage = open_storage(args.root)
     root_must_exist(storage)
-    versions = list_versions(storage)
-    try:  # a save killed while all its objects were uploading: only its parts are stored
-        extra = upload_only_attempts(storage, {v.id for v in versions})
-        if extra:  # by step, as the listing (never between versions of one step)
-            versions = sorted(versions + extra, key=lambda v: v.step)
-    except CheckpointError as exc:
+    # with the saves killed while all their objects were uploading: only their parts are stored
+    problems: list[CheckpointError] = []
+    versions = list_versions(storage, uploads=True, errors=problems)
+    for exc in problems:
         print(f"portable-ckpt: WARNING: unfinished uploads not listed: {exc}", file=sys.stderr)
     foreign = foreign_keys(storage)
     # An attempt that could not be read may be the newest version: a restore fails until it

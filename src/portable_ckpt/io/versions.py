@@ -752,12 +752,20 @@ def _order_key(v: VersionInfo) -> tuple[int, tuple[int, ...], str]:
 
 
 def list_versions(
-    root: str | os.PathLike[str] | Storage, *, annotations: bool = True
+    root: str | os.PathLike[str] | Storage,
+    *,
+    annotations: bool = True,
+    uploads: bool = False,
+    errors: list[CheckpointError] | None = None,
 ) -> list[VersionInfo]:
     """List every attempt of a root, oldest first (by step, then commit time).
 
     Only a valid commit record makes an attempt ``committed``; the files present never do. An
-    attempt whose record could not be read is ``unreadable``, never ``incomplete``.
+    attempt whose record could not be read is ``unreadable``, never ``incomplete``. With
+    ``uploads``, attempts that exist only as unfinished uploads on an object store (a save
+    killed while every object was uploading) are listed too, ``incomplete``: what ``ls`` and gc
+    show. If the uploads cannot be listed, the error is raised, or appended to ``errors`` when a
+    list is given (the attempts that could be listed are returned).
     """
     storage = open_storage(root)
     names = attempt_names(storage)
@@ -774,6 +782,13 @@ def list_versions(
         # root of 1,000 versions took a minute (ops review F4). Several are asked at once.
         with ThreadPoolExecutor(max_workers=LISTING_CONCURRENCY) as pool:
             out = list(pool.map(one, names))
+    if uploads:
+        try:
+            out += _upload_only(storage, storage.list_uploads(""), names)
+        except StorageError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
     out.sort(key=_order_key)
     return out
 
@@ -1187,7 +1202,14 @@ def gc(
     storage = open_storage(root)
     root_must_exist(storage)
     report = GcReport(dry_run=dry_run)
-    versions = _known_versions(storage, list_versions(storage), report)
+    try:
+        uploads: list[ObjectInfo] = storage.list_uploads("")
+    except StorageError as exc:
+        uploads = []
+        report.skip(None, UNREADABLE, exc)  # attempts seen only as uploads stay unknown
+    listed = list_versions(storage)
+    extra = _upload_only(storage, uploads, [v.id for v in listed])
+    versions = _known_versions(storage, sorted(listed + extra, key=_order_key), report)
     if retire_abandoned:
         retired = _abandoned_branch(versions)
         report.retired = [v.id for v in retired]
@@ -1205,7 +1227,9 @@ def gc(
                 report.failed(attempt_id, exc)
             if progress is not None:
                 progress(i + 1, len(doomed))
-    _prune_kept(storage, [v for v in versions if v.id not in doomed], report)
+    kept = [v for v in versions if v.id not in doomed]
+    _abort_orphan_uploads(storage, kept, uploads, grace_seconds, now(), report)
+    _prune_kept(storage, kept, report)
     _log_gc(storage, report)
     return report
 
@@ -1267,7 +1291,7 @@ def _log_gc(storage: Storage, report: GcReport) -> None:
 def _known_versions(
     storage: Storage, versions: list[VersionInfo], report: GcReport
 ) -> list[VersionInfo]:
-    """Drop what gc must not act on (unknown, foreign); add attempts seen only as uploads."""
+    """Drop what gc must not act on (unknown, foreign)."""
     out = []
     for v in versions:
         if not v.known:
@@ -1279,10 +1303,6 @@ def _known_versions(
             report.foreign_keys.append(f"{v.id}/manifest.json")
         else:
             out.append(v)
-    try:
-        out += upload_only_attempts(storage, {v.id for v in versions})
-    except StorageError as exc:
-        report.skip(None, UNREADABLE, exc)  # attempts seen only as uploads stay unknown
     return out
 
 
@@ -1291,22 +1311,68 @@ def upload_only_attempts(storage: Storage, listed: Collection[str]) -> list[Vers
 
     On an object store a save whose objects are all still being uploaded is invisible to
     listings: a killed writer's parts stay stored (and billed) until gc aborts them.
+    :func:`list_versions` with ``uploads=True`` lists them with the others.
 
     Raises:
         StorageError: the unfinished uploads could not be listed.
 
     """
+    return _upload_only(storage, storage.list_uploads(""), listed)
+
+
+def _upload_only(
+    storage: Storage, uploads: Sequence[ObjectInfo], listed: Collection[str]
+) -> list[VersionInfo]:
     # Only uploads inside an attempt directory: a root-level key named like an attempt is no
     # attempt's (gc would report a deletion its abort of "<id>/" never makes).
-    names = {
-        u.path.split("/", 1)[0] for u in storage.list_uploads("") if "/" in u.path
-    } - set(listed)
+    names = {u.path.split("/", 1)[0] for u in uploads if "/" in u.path} - set(listed)
     base = storage.url.rstrip("/")
     return [
         VersionInfo(n, _step_of(n), INCOMPLETE, f"{base}/{n}")
         for n in sorted(names)
         if ATTEMPT_ID_RE.match(n)
     ]
+
+
+def _abort_orphan_uploads(
+    storage: Storage,
+    versions: list[VersionInfo],
+    uploads: Sequence[ObjectInfo],
+    grace: float,
+    t_now: float,
+    report: GcReport,
+) -> None:
+    """Abort unfinished uploads of files that kept committed versions list (R-GC-8).
+
+    A writer whose CreateMultipartUpload answer was lost retried it; the server had started
+    both, and the first stayed under the version for as long as it was kept, billed (ops review
+    F9). Such an upload belongs to nobody: every listed file was complete before the commit,
+    and completed it would replace a committed file. Only those whose newest activity is older
+    than the grace period are aborted, each by its exact key.
+    """
+    attempts = {u.path.split("/", 1)[0] for u in uploads if "/" in u.path}
+    for v in versions:
+        if v.status != COMMITTED or v.id not in attempts:
+            continue
+        try:
+            files = load_manifest(storage, v.id).files
+            dated = storage.list_uploads(f"{v.id}/", activity=True)
+        except CheckpointError as exc:  # left for the next run; the version is kept either way
+            report.skip(v.id, "uploads not checked", exc)
+            continue
+        orphans = {
+            u.path for u in dated
+            if u.path.split("/", 1)[1] in files and t_now - u.mtime >= grace
+        }
+        if not orphans:
+            continue
+        if report.dry_run:
+            report.aborted_uploads += len(orphans)
+            continue
+        try:
+            report.aborted_uploads += storage.abort_uploads(f"{v.id}/", only=orphans)
+        except CheckpointError as exc:
+            report.skip(v.id, "uploads not checked", exc)
 
 
 def _abandoned_branch(versions: list[VersionInfo]) -> list[VersionInfo]:

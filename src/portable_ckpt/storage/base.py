@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import builtins
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,10 +232,18 @@ class Storage(abc.ABC):
         """Whether the root exists: a directory, or (object stores) a prefix with an object."""
         return bool(self.list_dirs("")) or next(iter(self.list("", recursive=False)), None) is not None
 
-    def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
+    def abort_uploads(
+        self,
+        prefix: str = "",
+        *,
+        older_than_s: float = 0.0,
+        only: Collection[str] | None = None,
+    ) -> int:
         """Abort unfinished uploads under ``prefix`` older than ``older_than_s``; return how many.
 
-        Only object stores have such uploads; the default does nothing.
+        ``only``: abort just the uploads of these paths (relative to the root, as
+        :meth:`list_uploads` gives them). Only object stores have such uploads; the default
+        does nothing.
         """
         return 0
 

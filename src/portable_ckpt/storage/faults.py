@@ -39,7 +39,7 @@ import fnmatch
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 from portable_ckpt.errors import StorageError, UsageError
@@ -275,9 +275,15 @@ class FaultyStorage(Storage):
         """Pass through: make the inner storage's closed files durable."""
         self.inner.sync()
 
-    def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
+    def abort_uploads(
+        self,
+        prefix: str = "",
+        *,
+        older_than_s: float = 0.0,
+        only: Collection[str] | None = None,
+    ) -> int:
         """Pass through to the inner storage."""
-        return self.inner.abort_uploads(prefix, older_than_s=older_than_s)
+        return self.inner.abort_uploads(prefix, older_than_s=older_than_s, only=only)
 
     def list_uploads(
         self, prefix: str = "", *, activity: bool = False

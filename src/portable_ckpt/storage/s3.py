@@ -44,7 +44,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NoReturn, TypeVar
@@ -1020,16 +1020,25 @@ class S3Storage(ScannedStorage):
             self.stats.add(other_requests=1)
         self.abort_uploads(pfx)
 
-    def abort_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
+    def abort_uploads(
+        self,
+        prefix: str = "",
+        *,
+        older_than_s: float = 0.0,
+        only: Collection[str] | None = None,
+    ) -> int:
         """Abort unfinished multipart uploads below ``prefix`` started ``older_than_s`` ago.
 
         Killed writers leave such uploads behind: invisible to listings but billed. Returns the
-        number aborted. gc calls it only for the prefix of an attempt it deletes (R-GC-8).
+        number aborted. gc calls it for the prefix of an attempt it deletes, and with ``only``
+        for the orphan uploads of listed files in a version it keeps (R-GC-8).
         """
         client = self._client()
         now = _dt.datetime.now(_dt.UTC)
         count = 0
         for up in self._uploads(prefix):
+            if only is not None and self._rel(str(up["Key"])) not in only:
+                continue
             started = up.get("Initiated")
             if older_than_s > 0 and started is not None:
                 if (now - started).total_seconds() < older_than_s:
