@@ -42,6 +42,7 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.fail_every = 0
         self.fail_status = (500, "InternalError")  # what fail_every answers
+        self.fail_limit: int | None = None  # at most this many injected failures, when set
         self.fail_after_every = 0
         self.delay_every = 0
         self.delay_s = 0.0
@@ -113,6 +114,9 @@ class FaultProxy:
                         proxy._counter += 1
                         n = proxy._counter
                         fail = bool(proxy.fail_every) and n % proxy.fail_every == 0
+                        if fail and proxy.fail_limit is not None:
+                            fail = proxy.fail_limit > 0
+                            proxy.fail_limit -= fail
                         fail_after = (not fail and bool(proxy.fail_after_every)
                                       and n % proxy.fail_after_every == 0)
                         delay = bool(proxy.delay_every) and n % proxy.delay_every == 0
@@ -167,6 +171,7 @@ class FaultProxy:
         with self._lock:
             self.fail_every = self.fail_after_every = self.delay_every = 0
             self.fail_status = (500, "InternalError")
+            self.fail_limit = None
             self.delay_s = 0.0
             self.match_method = self.match_path = None
             self.deny_keys = set()

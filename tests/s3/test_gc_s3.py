@@ -229,3 +229,39 @@ def test_gc_aborts_orphan_uploads_of_listed_files_in_kept_versions(
     assert rep.aborted_uploads == 1 and rep.deleted == [] and rep.complete
     assert left() == [f"{keep}/notes.bin"]
     assert portable_ckpt.open(root).id == keep and portable_ckpt.open(root).verify(deep=True) == []
+
+
+def test_one_spurious_404_on_a_commit_record_deletes_nothing_and_skips_nothing(
+    s3_proxied: S3Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """S3 latency review F1, F2: one 404 on the HEAD of the newest commit record (a store's
+    replication lag, a caching gateway) made gc delete that committed version, and readers
+    restore the one before without a word. The record is listed: it is asked again."""
+    root = s3_proxied.root("run")
+    ids = [_save(root, s) for s in (1, 2, 3)]
+    proxy = s3_proxied.proxy
+
+    def one_404(method: str | None = "HEAD", limit: int | None = 1) -> None:
+        proxy.reset()
+        proxy.match_method, proxy.match_path = method, rf"{ids[2]}/manifest\.json"
+        proxy.fail_status, proxy.fail_every, proxy.fail_limit = (404, "NoSuchKey"), 1, limit
+
+    one_404()
+    rep = gc(root, keep=10, grace_seconds=0.0)
+    assert proxy.log.injected_by_status == {404: 1}
+    assert rep.deleted == rep.abandoned == [] and rep.complete and ids[2] in rep.kept
+    one_404()
+    assert portable_ckpt.open(root).id == ids[2]
+    one_404()
+    assert _committed(root) == ids
+    # A store that keeps answering "absent" for a record it lists: nothing is decided.
+    one_404(method=None, limit=None)
+    with pytest.raises(StorageError, match="yet lists it"):
+        portable_ckpt.open(root)
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert [u["id"] for u in rep.unknown] == [ids[2]] and not rep.abandoned
+    assert cli_main(["ls", root]) == 1
+    assert "yet lists it" in capsys.readouterr().err
+    proxy.reset()
+    assert _committed(root) == ids[1:]  # the unknown newest stays; keep=1 kept the one before
+    assert portable_ckpt.open(root).id == ids[2]

@@ -267,6 +267,8 @@ def _read_record(
             return data
     rel = f"{attempt_id}/manifest.json"
     if not storage.exists(rel):
+        if _listed(storage, rel):
+            return _reread(storage, rel)
         check_record_absent(storage, attempt_id)
         raise ManifestMissingError(
             f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
@@ -280,6 +282,36 @@ def _read_record(
             path=rel,
         )
     return storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
+
+
+def _listed(storage: Storage, rel: str) -> bool:
+    """Whether a listing of ``rel``'s directory shows it as a regular file."""
+    parent = rel.rsplit("/", 1)[0] + "/"
+    return any(info.path == rel for info in storage.list(parent, recursive=False))
+
+
+def _reread(storage: Storage, rel: str) -> bytes:
+    """The record a store answered "absent" for but lists: asked once more, never taken as absent.
+
+    One spurious 404 (an S3-compatible store's replication lag, a caching gateway, a misrouted
+    request) made the attempt ``incomplete``: gc deleted the committed version, and readers
+    restored the one before without a word (S3 latency review F1, F2). A record that commits
+    between the two answers is read here too.
+
+    Raises:
+        StorageError: it is absent again: the store contradicts itself; nothing is decided.
+
+    """
+    try:
+        return storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
+    except FileMissingError as exc:
+        raise StorageError(
+            f"{storage.url}/{rel}: the storage answers that it does not exist, yet lists it (an "
+            "inconsistent store: replication lag, a caching gateway, a misrouted request); the "
+            "attempt is left unclassified: nothing deletes it and no reader skips it. Retry "
+            "once the store answers consistently",
+            path=rel,
+        ) from exc
 
 
 def check_record_absent(storage: Storage, attempt_id: str) -> None:
@@ -1514,7 +1546,7 @@ def _abandoned(
         if v.status not in (INCOMPLETE, INVALID):
             continue
         try:
-            last, anything = _last_activity(storage, v.id)
+            last, anything = _last_activity(storage, v.id, record_absent=v.status == INCOMPLETE)
             foreign = [] if anything else storage.list_foreign(f"{v.id}/")
         except StorageError as exc:
             report.skip(v.id, v.status, exc)  # cannot date it: it may be a save in progress
@@ -1532,14 +1564,30 @@ def _abandoned(
     return doomed
 
 
-def _last_activity(storage: Storage, attempt_id: str) -> tuple[float, bool]:
+def _last_activity(
+    storage: Storage, attempt_id: str, *, record_absent: bool = False
+) -> tuple[float, bool]:
     """The latest of the attempt-id time, its file times and its unfinished uploads' activity.
 
     Also returns whether the attempt has any file or upload at all.
+
+    Raises:
+        StorageError: ``record_absent`` (the attempt was classified without a commit record),
+            yet the listing shows one (a store that contradicts itself, or a save that
+            committed since): not abandoned.
+
     """
     t = attempt_time(attempt_id) or 0.0
     anything = False
+    record = f"{attempt_id}/manifest.json"
     for info in storage.list(f"{attempt_id}/"):
+        if record_absent and info.path == record:
+            raise StorageError(
+                f"{storage.url}/{record} is listed, though the attempt was classified without "
+                "it (committed since, or a store that answered \"absent\" for it): left for "
+                "the next gc",
+                path=record,
+            )
         t, anything = max(t, info.mtime), True
     for up in storage.list_uploads(f"{attempt_id}/", activity=True):
         t, anything = max(t, up.mtime), True
