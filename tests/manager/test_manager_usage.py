@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import numpy as np
 import torch
 
 import portable_ckpt
@@ -287,3 +288,41 @@ def test_a_second_sigterm_says_the_process_stops_before_it_does(tmp_path: Path) 
                          text=True, timeout=120)
     assert res.returncode == -signal.SIGTERM and "still alive" not in res.stdout
     assert "a second SIGTERM: the process stops now" in res.stderr, res.stderr
+
+
+def test_retention_never_deletes_this_jobs_attempts_but_removes_older_runs_ones(
+    tmp_path: Path,
+) -> None:
+    """Chaos review F1: with a short grace, the retention after one async save deleted the next
+    save's files while its writers wrote them (21 of 60 saves failed, PCK-FILE-MISSING). An
+    attempt this job created is never its own retention's; an older run's goes after the grace."""
+    from portable_ckpt.io.versions import gc, list_versions
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    root = tmp_path / "r"
+    portable_ckpt.save_arrays(root, {"w": np.zeros(2)}, step=1)
+    storage = open_storage(root)
+
+    def unfinished(attempt: str) -> None:  # a writer that wrote its file and no index yet
+        w = ShardWriter(storage, attempt, 0, write_index=False)
+        w.add_tensor("w", np.ones(4))
+        w.finish()
+
+    stale = "s000000000099-20200101T000000000000Z-00000000000000aa"  # an earlier run's crash
+    unfinished(stale)
+    state = {"w": torch.arange(4.0)}
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=False,
+                                grace_seconds=0.0) as mgr:
+        in_flight = new_attempt_id(7)  # as this job's next save, still being written
+        unfinished(in_flight)
+        for step in (2, 3):
+            mgr.maybe_save(step, state)
+    left = {v.id: v.status for v in list_versions(root)}
+    assert in_flight in left and left[in_flight] == "incomplete"
+    assert stale not in left  # an earlier run's leftover is still cleaned up
+    assert sorted(v.step for v in list_versions(root) if v.status == "committed") == [3]
+    # The core gc: spare_since leaves it alone too; without it a grace of 0 deletes it.
+    rep = gc(root, keep=1, grace_seconds=0.0, spare_since=mgr._started)
+    assert in_flight in [g["id"] for g in rep.in_grace] and not rep.abandoned
+    assert gc(root, keep=1, grace_seconds=0.0).abandoned == [in_flight]

@@ -113,7 +113,7 @@ def s3_root(moto_port: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[s
     env = {"AWS_ENDPOINT_URL": proxy.url, "AWS_REGION": "us-east-1",
            "AWS_ACCESS_KEY_ID": "AKIDRULES", "AWS_SECRET_ACCESS_KEY": "secret",
            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-           "PCK_S3_MAX_ATTEMPTS": "2"}
+           "PCK_S3_MAX_ATTEMPTS": "2", "PCK_S3_RETRY_SECONDS": "0"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     bucket = f"rules-{uuid.uuid4().hex[:10]}"

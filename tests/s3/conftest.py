@@ -108,6 +108,9 @@ def base_env(endpoint: str) -> dict[str, str]:
         "AWS_ACCESS_KEY_ID": ACCESS_KEY,
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "PCK_S3_MAX_ATTEMPTS": "5",
+        # Tries only: the tests of persistent failures fail fast; the time budget (30 s by
+        # default) has its own tests (test_retry_budget_s3.py).
+        "PCK_S3_RETRY_SECONDS": "0",
     }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class FaultProxy:
         self.fail_every = 0
         self.fail_status = (500, "InternalError")  # what fail_every answers
         self.fail_limit: int | None = None  # at most this many injected failures, when set
+        self.fail_until = 0.0  # time.monotonic() before which every matching request fails
+        self.fail_window = 0.0  # seconds of failures from the next matching request on
         self.fail_after_every = 0
         self.delay_every = 0
         self.delay_s = 0.0
@@ -114,6 +117,10 @@ class FaultProxy:
                         proxy._counter += 1
                         n = proxy._counter
                         fail = bool(proxy.fail_every) and n % proxy.fail_every == 0
+                        if proxy.fail_window > 0:  # the window opens now
+                            proxy.fail_until = time.monotonic() + proxy.fail_window
+                            proxy.fail_window = 0.0
+                        fail = fail or time.monotonic() < proxy.fail_until
                         if fail and proxy.fail_limit is not None:
                             fail = proxy.fail_limit > 0
                             proxy.fail_limit -= fail
@@ -124,6 +131,13 @@ class FaultProxy:
                     with proxy._lock:
                         proxy.log.injected_delays += 1
                     time.sleep(proxy.delay_s)
+                if fail and proxy.fail_status[0] == 0:  # a reset: the connection closes unanswered
+                    with proxy._lock:
+                        by = proxy.log.injected_by_status
+                        by[0] = by.get(0, 0) + 1
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if fail:
                     status, code = proxy.fail_status
                     with proxy._lock:
@@ -172,6 +186,8 @@ class FaultProxy:
             self.fail_every = self.fail_after_every = self.delay_every = 0
             self.fail_status = (500, "InternalError")
             self.fail_limit = None
+            self.fail_until = 0.0
+            self.fail_window = 0.0
             self.delay_s = 0.0
             self.match_method = self.match_path = None
             self.deny_keys = set()

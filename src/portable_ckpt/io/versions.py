@@ -1191,6 +1191,7 @@ def gc(
     progress: Progress | None = None,
     delete_invalid: bool = False,
     retire_abandoned: bool = False,
+    spare_since: float | None = None,
 ) -> GcReport:
     """Apply retention to a root.
 
@@ -1222,6 +1223,13 @@ def gc(
     rollback's branch becomes the latest; retention then applies to the rest
     (``report.retired``).
 
+    ``spare_since`` (epoch seconds): attempts without a commit record created at or after this
+    time are left alone, whatever the grace period (listed in ``report.in_grace``): a job's own
+    retention passes its start, so that it never deletes its next save while that is being
+    written (chaos review F1: with a short grace, retention after one async save deleted the
+    next one's files under its writers). An attempt whose commit record appears while gc runs
+    is never deleted as abandoned.
+
     Raises:
         UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
         NotFoundError: the root does not exist.
@@ -1249,10 +1257,16 @@ def gc(
         versions = [v for v in versions if v not in retired]
     doomed = list(report.retired)
     doomed += _retention(versions, keep, require_copy, report, keep_ids)
-    doomed += _abandoned(storage, versions, grace_seconds, now(), report, delete_invalid)
+    abandoned = _abandoned(
+        storage, versions, grace_seconds, now(), report, delete_invalid, spare_since
+    )
+    doomed += abandoned
+    unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
     if not dry_run:
         for i, attempt_id in enumerate(doomed):
             try:
+                if attempt_id in abandoned and attempt_id in unrecorded:
+                    _still_unrecorded(storage, attempt_id)
                 _delete_attempt(storage, attempt_id, report)
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
@@ -1536,6 +1550,7 @@ def _abandoned(
     t_now: float,
     report: GcReport,
     delete_invalid: bool,
+    spare_since: float | None = None,
 ) -> list[str]:
     """Attempts without a commit record (or, if asked, an invalid one) quiet for ``grace`` s."""
     doomed = []
@@ -1544,6 +1559,14 @@ def _abandoned(
             report.damage(v)  # R-GC-10: a damaged version, not an abandoned save
             continue
         if v.status not in (INCOMPLETE, INVALID):
+            continue
+        born = attempt_time(v.id)
+        if v.status == INCOMPLETE and spare_since is not None and born is not None and (
+            born >= spare_since
+        ):  # the caller's own save, perhaps still being written
+            report.in_grace.append(
+                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - born), 1)}
+            )
             continue
         try:
             last, anything = _last_activity(storage, v.id, record_absent=v.status == INCOMPLETE)
@@ -1592,6 +1615,21 @@ def _last_activity(
     for up in storage.list_uploads(f"{attempt_id}/", activity=True):
         t, anything = max(t, up.mtime), True
     return t, anything
+
+
+def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
+    """Raise if the commit record of an attempt classified ``incomplete`` exists by now.
+
+    A save that committed between gc's listing and its deletion (a short grace period) would
+    lose a version its committer reported as published.
+    """
+    rel = f"{attempt_id}/manifest.json"
+    if storage.exists(rel):
+        raise StorageError(
+            f"{storage.url}/{rel} exists now: the attempt was committed while gc ran; not "
+            "deleted",
+            path=rel,
+        )
 
 
 def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport) -> None:

@@ -4,7 +4,8 @@ Configuration comes from the standard AWS environment (``AWS_ENDPOINT_URL`` /
 ``AWS_ENDPOINT_URL_S3``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``; plain ``http://`` endpoints are
 allowed for loopback hosts, or anywhere when ``AWS_ALLOW_HTTP=true``) plus a few tuning variables
-(``PCK_S3_PART_SIZE``, ``PCK_S3_CONCURRENCY``, ``PCK_S3_MAX_ATTEMPTS``, ``PCK_S3_READ_TIMEOUT``,
+(``PCK_S3_PART_SIZE``, ``PCK_S3_CONCURRENCY``, ``PCK_S3_MAX_ATTEMPTS``, ``PCK_S3_RETRY_SECONDS``,
+``PCK_S3_READ_TIMEOUT``,
 ``PCK_S3_CONNECT_TIMEOUT``, ``PCK_S3_CHECKSUM`` = ``crc32c``/``off``,
 ``PCK_S3_CONDITIONAL_PUT`` = ``on``/``off``); see :class:`S3Options`.
 
@@ -21,13 +22,13 @@ Two clients are used, each for what it does best:
   FULL_OBJECT``), and to send ``If-None-Match: *`` together with the checksum in the single
   commit ``PUT``.
 
-Both clients share one credential chain (boto3's: environment, profiles, SSO, IMDS) and the same
-retry budget (:attr:`S3Options.max_attempts`, exponential backoff with jitter on 5xx, throttling,
-timeouts and connection resets), and every retry is logged as ``storage.retry``. botocore
-retries writes and reports each retry through its event hooks. obstore 0.12 retries inside its
-Rust client and reports nothing to Python (no callback, no logging bridge), so its own retries
-are off (``max_retries=0``) and :meth:`S3Storage._retrying` retries its requests instead, with
-the backoff of :class:`S3Options`.
+Both clients share one credential chain (boto3's: environment, profiles, SSO, IMDS) and one
+retry loop (:meth:`S3Storage._with_budget`): neither client retries on its own (obstore 0.12
+reports nothing of its retries to Python; botocore's jitter draws from the module-global
+``random`` a training job's RNG state includes). Transient failures (5xx, throttling, timeouts,
+connection resets) are retried for :attr:`S3Options.max_attempts` tries and
+:attr:`S3Options.retry_seconds`, with exponential backoff and jitter from a private generator,
+and every retry is logged as ``storage.retry``.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ import datetime as _dt
 import functools
 import ipaddress
 import logging
+import math
 import os
 import random
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NoReturn, TypeVar
@@ -108,10 +110,17 @@ class S3Options:
             A writer holds at most ``(max_concurrency + 1) * part_size`` bytes.
         read_chunk: Reads larger than this are split into concurrent ranged GETs of this size.
         max_attempts: Tries per request, first included (``PCK_S3_MAX_ATTEMPTS``, default 5).
+        retry_seconds: A transient failure (5xx, throttling, a reset, a timeout) is retried
+            until ``max_attempts`` tries were made *and* this many seconds have passed since
+            the first (``PCK_S3_RETRY_SECONDS``, default 30): S3 answers 503 SlowDown for
+            seconds while it scales a prefix that many ranks read at once, and five quick tries
+            gave up after 1.5 s of sleep (S3 latency review F5). ``0``: tries only.
         backoff_initial: First retry delay in seconds (doubles each retry, with jitter).
         backoff_max: Largest retry delay in seconds.
         connect_timeout: Seconds to establish a connection (``PCK_S3_CONNECT_TIMEOUT``).
-        read_timeout: Seconds without progress on a response (``PCK_S3_READ_TIMEOUT``).
+        read_timeout: Seconds without progress on a response (``PCK_S3_READ_TIMEOUT``, default
+            20: S3 answers in well under a second; a black-holed endpoint took five times 60 s
+            to fail, review F7).
         checksum: ``"crc32c"`` sends S3 native CRC32C checksums with every upload and compares
             the server's; ``"off"`` for stores without flexible checksums (``PCK_S3_CHECKSUM``).
         conditional_put: Commit with ``If-None-Match: *`` (``PCK_S3_CONDITIONAL_PUT``). Turn off
@@ -127,10 +136,11 @@ class S3Options:
     max_concurrency: int = 4
     read_chunk: int = 32 * _MIB
     max_attempts: int = 5
+    retry_seconds: float = 30.0
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
     connect_timeout: float = 10.0
-    read_timeout: float = 60.0
+    read_timeout: float = 20.0
     checksum: str = "crc32c"
     conditional_put: bool = True
     endpoint_url: str | None = None
@@ -144,6 +154,7 @@ class S3Options:
             part_size=_env("PCK_S3_PART_SIZE", cls.part_size, int, "an integer"),
             max_concurrency=_env("PCK_S3_CONCURRENCY", cls.max_concurrency, int, "an integer"),
             max_attempts=_env("PCK_S3_MAX_ATTEMPTS", cls.max_attempts, int, "an integer"),
+            retry_seconds=_env("PCK_S3_RETRY_SECONDS", cls.retry_seconds, float, "a number"),
             connect_timeout=_env("PCK_S3_CONNECT_TIMEOUT", cls.connect_timeout, float, "a number"),
             read_timeout=_env("PCK_S3_READ_TIMEOUT", cls.read_timeout, float, "a number"),
             checksum=os.environ.get("PCK_S3_CHECKSUM", cls.checksum).strip().lower() or "crc32c",
@@ -170,6 +181,19 @@ class S3Options:
             )
         if self.checksum not in ("crc32c", "off"):
             raise UsageError(f"PCK_S3_CHECKSUM must be 'crc32c' or 'off', got {self.checksum!r}")
+        if not (math.isfinite(self.retry_seconds) and 0 <= self.retry_seconds <= 3600):
+            raise UsageError(
+                f"S3 retry_seconds must be between 0 and 3600, got {self.retry_seconds!r} "
+                "(PCK_S3_RETRY_SECONDS)"
+            )
+
+    def may_retry(self, tries: int, elapsed: float, *, min_tries: int | None = None) -> bool:
+        """Whether a transient failure after ``tries`` tries and ``elapsed`` seconds is retried.
+
+        ``min_tries``: the tries owed regardless of time (default ``max_attempts``).
+        """
+        owed = self.max_attempts if min_tries is None else min_tries
+        return tries < owed or elapsed < self.retry_seconds
 
 
 @dataclass
@@ -258,49 +282,22 @@ def _wait_all(futures: Sequence[Future[Any]]) -> None:
         raise first
 
 
-def _retry_cause(response: Any, exc: BaseException | None) -> str:
-    """What made botocore consider a retry: ``HTTP 503 SlowDown``, or the exception."""
-    if exc is not None:
-        return f"{type(exc).__name__}: {exc}"
-    http, parsed = response if isinstance(response, tuple) else (None, {})
-    code = parsed.get("Error", {}).get("Code") if isinstance(parsed, dict) else None
-    return f"HTTP {getattr(http, 'status_code', '?')}" + (f" {code}" if code else "")
+def _log_retry(
+    method: str, url: str, cause: str, attempt: int, max_attempts: int, budget: float = 0.0
+) -> None:
+    """One ``storage.retry`` record (WARNING): ``attempt`` is the try about to be made.
 
-
-def _log_retry(method: str, url: str, cause: str, attempt: int, max_attempts: int) -> None:
-    """One ``storage.retry`` record (WARNING): ``attempt`` is the try about to be made."""
+    Past ``max_attempts`` the tries go on within ``budget`` seconds (:attr:`S3Options.retry_seconds`).
+    """
     fields = {"method": method, "url": url, "attempt": attempt, "max_attempts": max_attempts,
               "cause": cause}
-    log_event(_log, "storage.retry", fields, "retrying %s %s after %s (attempt %d of %d)",
-              method, url, cause, attempt, max_attempts, level=logging.WARNING)
-
-
-def _log_retries(events: Any, max_attempts: int) -> None:
-    """Log every retry of a boto3 request as ``storage.retry`` (WARNING).
-
-    botocore asks ``needs-retry`` after each attempt (even ones that will not be retried) and
-    builds a fresh request (``request-created``) for each retry: the first hook notes the
-    cause in the request's context, the second logs it when the attempt number is above 1.
-    """
-
-    def note(request_dict: dict[str, Any], **kw: Any) -> None:
-        ctx = request_dict.get("context")
-        if isinstance(ctx, dict):
-            ctx["pck_retry_cause"] = _retry_cause(kw.get("response"), kw.get("caught_exception"))
-
-    def created(request: Any, **_: Any) -> None:
-        ctx = getattr(request, "context", None)
-        if not isinstance(ctx, dict) or not _log.isEnabledFor(logging.WARNING):
-            return
-        attempt = int(ctx.get("retries", {}).get("attempt", 1))
-        if attempt <= 1:
-            return
-        url = str(getattr(request, "url", "")).split("?", 1)[0]
-        cause = ctx.get("pck_retry_cause", "a failed attempt")
-        _log_retry(request.method, url, cause, attempt, max_attempts)
-
-    events.register("needs-retry.s3", note)
-    events.register("request-created.s3", created)
+    if attempt <= max_attempts:
+        log_event(_log, "storage.retry", fields, "retrying %s %s after %s (attempt %d of %d)",
+                  method, url, cause, attempt, max_attempts, level=logging.WARNING)
+    else:
+        log_event(_log, "storage.retry", fields,
+                  "retrying %s %s after %s (attempt %d; retried for up to %gs)",
+                  method, url, cause, attempt, budget, level=logging.WARNING)
 
 
 #: Transport failures of obstore's HTTP client (``HttpError { kind: ... }``) worth another try.
@@ -330,6 +327,41 @@ def _obstore_transient(exc: BaseException) -> tuple[str, str, str] | None:
         return None
     detail = text.split(" - ", 1)[-1].split("\n", 1)[0].strip()
     return method, url, f"{kind.group(1)} error: {detail}"
+
+
+#: The retries' jitter: never the module-global ``random``, which the training loop draws from
+#: and :class:`~portable_ckpt.torch.RNGState` saves; a retried request during a save advanced it,
+#: and the resumed job's stream differed from the one that lived through the retries
+#: (continuation review F6).
+_JITTER = random.SystemRandom()
+
+#: Error codes of S3 answers below 500 that are worth another try (botocore's standard mode).
+_RETRY_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+    "TooManyRequestsException", "RequestThrottled", "RequestTimeout", "RequestTimeoutException",
+    "PriorRequestNotComplete", "BandwidthLimitExceeded", "ProvisionedThroughputExceededException",
+})
+
+
+def _boto_transient(exc: BaseException, method: str, url: str) -> tuple[str, str, str] | None:
+    """``(method, url, cause)`` when a boto3 failure is worth another try.
+
+    5xx answers, 429 and throttling codes, and transport failures (a reset, a timeout, a
+    connection that could not be made); any other answer is final.
+    """
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = str(err.get("Code") or "")
+        if (isinstance(status, int) and (status >= 500 or status == 429)) or code in _RETRY_CODES:
+            return method, url, f"HTTP {status}" + (f" {code}" if code else "")
+        return None
+    if isinstance(exc, (HTTPClientError, BotoConnectionError)):
+        return method, url, f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _entry(rel: str, size: int, mtime: float) -> ListingEntry:
@@ -443,7 +475,9 @@ class S3Storage(ScannedStorage):
             region_name=self._region(),
             connect_timeout=self.options.connect_timeout,
             read_timeout=self.options.read_timeout,
-            retries={"total_max_attempts": self.options.max_attempts, "mode": "standard"},
+            # One try: _boto_call retries, with the reads' budget and jitter (botocore's draws
+            # from the module-global random, which the training loop's RNG state includes).
+            retries={"total_max_attempts": 1, "mode": "standard"},
             max_pool_connections=max(10, 2 * self.options.max_concurrency + 4),
             s3={"addressing_style": "path" if endpoint else "auto"},
             request_checksum_calculation="when_required",
@@ -457,7 +491,6 @@ class S3Storage(ScannedStorage):
             aws_session_token=creds.token,
             config=cfg,
         )
-        _log_retries(client.meta.events, self.options.max_attempts)
         return self._keep_first("_boto", client)
 
     def _store(self) -> Any:
@@ -506,24 +539,51 @@ class S3Storage(ScannedStorage):
     def _retrying(self, call: Callable[[], _T]) -> _T:
         """Run one obstore request (``call``) with the retry budget of :class:`S3Options`.
 
-        Up to ``max_attempts`` tries; before each retry a ``storage.retry`` record (the same
-        fields as boto3's) and a sleep drawn uniformly from ``[0, min(backoff_max,
-        backoff_initial * 2**(retry - 1))]`` ("full jitter"). Every obstore request here is
-        idempotent (GET, HEAD, LIST, DELETE), so a retry after a lost answer is safe.
+        Transient failures are retried until ``max_attempts`` tries were made and
+        ``retry_seconds`` have passed (:meth:`S3Options.may_retry`); before each retry a
+        ``storage.retry`` record (the same fields as boto3's) and a sleep drawn uniformly from
+        ``[0, min(backoff_max, backoff_initial * 2**(retry - 1))]`` ("full jitter"). Every
+        obstore request here is idempotent (GET, HEAD, LIST, DELETE), so a retry after a lost
+        answer is safe.
         """
+        return self._with_budget(call, _obstore_transient, min_tries=None)
+
+    def _boto_call(self, call: Callable[[], _T], method: str, key: str) -> _T:
+        """Run one boto3 request (``method`` on ``key``) with the same budget as the reads.
+
+        botocore makes one try; transient failures are retried here, logged and jittered like
+        obstore's (:meth:`_retrying`). Writes retried are the ones botocore's standard mode
+        retried itself: a part, a PUT, a conditional PUT (whose 412 after a lost answer is read
+        back by :meth:`create_if_absent`), the start and completion of an upload.
+        """
+        url = f"{self._endpoint() or 'https://s3.amazonaws.com'}/{self.bucket}/{key}"
+        return self._with_budget(
+            call, lambda exc: _boto_transient(exc, method, url), min_tries=None
+        )
+
+    def _with_budget(
+        self,
+        call: Callable[[], _T],
+        transient: Callable[[BaseException], tuple[str, str, str] | None],
+        *,
+        min_tries: int | None,
+    ) -> _T:
         opts = self.options
+        start = time.monotonic()
         attempt = 1
         while True:
             try:
                 return call()
             except Exception as exc:
-                why = _obstore_transient(exc) if attempt < opts.max_attempts else None
-                if why is None:
+                why = transient(exc)
+                if why is None or not opts.may_retry(
+                    attempt, time.monotonic() - start, min_tries=min_tries
+                ):
                     raise
                 attempt += 1
-                _log_retry(why[0], why[1], why[2], attempt, opts.max_attempts)
+                _log_retry(why[0], why[1], why[2], attempt, opts.max_attempts, opts.retry_seconds)
                 cap = min(opts.backoff_max, opts.backoff_initial * 2 ** (attempt - 2))
-                time.sleep(random.uniform(0.0, cap))
+                time.sleep(_JITTER.uniform(0.0, cap))
             except BaseException as exc:
                 # A Rust panic inside obstore arrives as pyo3's PanicException, a BaseException
                 # that no `except Exception` of the callers (or the CLI) would catch.
@@ -620,9 +680,14 @@ class S3Storage(ScannedStorage):
         detail = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
         raise StorageError(
             f"{op} {where}: {code or status or type(exc).__name__}: {detail} (after up to "
-            f"{self.options.max_attempts} tries; endpoint {self.options.endpoint_url or 'AWS'})",
+            f"{self.options.max_attempts} tries{self._budget_text()}; endpoint "
+            f"{self.options.endpoint_url or 'AWS'})",
             path=path,
         ) from exc
+
+    def _budget_text(self) -> str:
+        seconds = self.options.retry_seconds
+        return f" or {seconds:g}s of retries" if seconds > 0 else ""
 
     @staticmethod
     def _classify(exc: BaseException) -> tuple[str | None, int | None, str]:
@@ -808,7 +873,8 @@ class S3Storage(ScannedStorage):
         """
         key = self._key(path)
         try:
-            resp = self._client().head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            resp = self._boto_call(lambda: self._client().head_object(
+                Bucket=self.bucket, Key=key, ChecksumMode="ENABLED"), "HEAD", key)
         except Exception as exc:
             self._fail("stat", path, exc)
         self.stats.add(other_requests=1)
@@ -882,18 +948,28 @@ class S3Storage(ScannedStorage):
             raise _OddKeyError from exc
         self._fail("list", prefix, exc)
 
-    def _pages(self, prefix: str, *, delimiter: bool) -> Iterator[dict[str, Any]]:
+    def _pages(self, prefix: str, *, delimiter: bool) -> builtins.list[dict[str, Any]]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key_prefix(prefix)}
         if delimiter:
             kwargs["Delimiter"] = "/"
+        pages = self._paginated("list_objects_v2", "list", prefix, kwargs)
+        self.stats.add(other_requests=len(pages))
+        return pages
+
+    def _paginated(
+        self, operation: str, what: str, prefix: str, kwargs: dict[str, Any]
+    ) -> builtins.list[dict[str, Any]]:
+        """Every page of a boto3 listing; a transient failure lists again from the start."""
+
+        def fetch() -> builtins.list[dict[str, Any]]:
+            return builtins.list(self._client().get_paginator(operation).paginate(**kwargs))
+
         try:
-            for page in self._client().get_paginator("list_objects_v2").paginate(**kwargs):
-                self.stats.add(other_requests=1)
-                yield page
+            return self._boto_call(fetch, "GET", str(kwargs.get("Prefix", "")))
         except CheckpointError:
             raise
         except Exception as exc:
-            self._fail("list", prefix, exc)
+            self._fail(what, prefix, exc)
 
     def _scan_boto(self, prefix: str, *, recursive: bool) -> builtins.list[ListingEntry]:
         out: builtins.list[ListingEntry] = []
@@ -942,25 +1018,18 @@ class S3Storage(ScannedStorage):
         return bool(res["objects"] or res["common_prefixes"]) or bool(self._uploads(""))
 
     def _uploads(self, prefix: str) -> builtins.list[dict[str, Any]]:
-        out: builtins.list[dict[str, Any]] = []
-        try:
-            paginator = self._client().get_paginator("list_multipart_uploads")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key_prefix(prefix)):
-                self.stats.add(other_requests=1)
-                out.extend(page.get("Uploads", []))
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            self._fail("list uploads", prefix, exc)
-        return out
+        kwargs = {"Bucket": self.bucket, "Prefix": self._key_prefix(prefix)}
+        pages = self._paginated("list_multipart_uploads", "list uploads", prefix, kwargs)
+        self.stats.add(other_requests=len(pages))
+        return [up for page in pages for up in page.get("Uploads", [])]
 
     def _upload_activity(self, up: dict[str, Any]) -> float:
         """The newest of an upload's start and its parts' times (one ListParts per page)."""
         t = up["Initiated"].timestamp() if up.get("Initiated") is not None else 0.0
         try:
-            pages = self._client().get_paginator("list_parts").paginate(
-                Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
-            )
+            pages = self._boto_call(lambda: builtins.list(self._client().get_paginator(
+                "list_parts").paginate(Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"])),
+                "GET", str(up["Key"]))
             for page in pages:
                 self.stats.add(other_requests=1)
                 for part in page.get("Parts", []):
@@ -1044,9 +1113,10 @@ class S3Storage(ScannedStorage):
                 if (now - started).total_seconds() < older_than_s:
                     continue
             try:
-                client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
-                )
+                self._boto_call(functools.partial(
+                    client.abort_multipart_upload,
+                    Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"],
+                ), "DELETE", str(up["Key"]))
                 count += 1
             except Exception as exc:
                 if self._classify(exc)[0] != "NoSuchUpload":
@@ -1075,7 +1145,8 @@ class S3Storage(ScannedStorage):
         if self.options.checksum == "crc32c":
             kwargs["ChecksumAlgorithm"] = "CRC32C"
             kwargs["ChecksumCRC32C"] = _b64_crc(crc)
-        resp: dict[str, Any] = self._client().put_object(**kwargs)
+        resp: dict[str, Any] = self._boto_call(
+            lambda: self._client().put_object(**kwargs), "PUT", key)
         self.stats.add(put_requests=1, put_bytes=len(body))
         self._check_returned_crc(path, resp, crc)
         return resp
@@ -1225,7 +1296,8 @@ class _S3Writer(StreamWriter):
             kwargs["ChecksumAlgorithm"] = "CRC32C"
             kwargs["ChecksumType"] = "FULL_OBJECT"
         try:
-            resp = self._s._client().create_multipart_upload(**kwargs)
+            resp = self._s._boto_call(
+                lambda: self._s._client().create_multipart_upload(**kwargs), "POST", self._key)
         except Exception as exc:
             self._fail("upload", exc)
         self._s.stats.add(other_requests=1)
@@ -1269,7 +1341,8 @@ class _S3Writer(StreamWriter):
             value = _b64_crc(_crc32c.crc32c(body))
             kwargs["ChecksumCRC32C"] = value
             part["ChecksumCRC32C"] = value
-        resp = self._s._client().upload_part(**kwargs)
+        resp = self._s._boto_call(
+            lambda: self._s._client().upload_part(**kwargs), "PUT", self._key)
         self._s.stats.add(put_requests=1, put_bytes=len(body))
         part["ETag"] = resp["ETag"]
         returned = resp.get("ChecksumCRC32C")
@@ -1327,7 +1400,8 @@ class _S3Writer(StreamWriter):
             kwargs["ChecksumCRC32C"] = _b64_crc(self._crc)
             kwargs["ChecksumType"] = "FULL_OBJECT"
         try:
-            resp = self._s._client().complete_multipart_upload(**kwargs)
+            resp = self._s._boto_call(
+                lambda: self._s._client().complete_multipart_upload(**kwargs), "POST", self._key)
         except Exception as exc:
             self._fail("complete upload", exc)
         self._s.stats.add(other_requests=1)

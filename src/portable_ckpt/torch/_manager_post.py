@@ -472,7 +472,10 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
                 d.delete, d.reasons = False, ["this job's newest save"]
                 _warn_below_newer(mgr, tier, d.step, decisions)
         keep = [d.id for d in decisions if not d.delete]
-        report = gc(tier.storage, keep=1, keep_ids=keep, grace_seconds=mgr.grace_seconds)
+        # spare_since: the next async save may be writing already; with a short grace its
+        # files went under its writers (chaos review F1). Failed saves remove their own files.
+        report = gc(tier.storage, keep=1, keep_ids=keep, grace_seconds=mgr.grace_seconds,
+                    spare_since=mgr._started)
     except CheckpointError as e:
         _log.error("retention on the %s tier failed: %s", tier.name, e)
         mgr.telemetry.emit(

@@ -123,7 +123,9 @@ class CheckpointManager:
             copies with ``replicate``), the next ``maybe_save`` or ``save`` raises on every rank
             (``DistributedError`` in a group, naming the steps). Fast-tier failures never
             count. ``None``: never; failures are then only reported (stderr, ``last_error``).
-        grace_seconds: Age after which retention's gc removes abandoned attempts.
+        grace_seconds: Age after which retention's gc removes abandoned attempts (of earlier
+            runs: attempts this job created are never its retention's to delete, its next save
+            may be writing already).
         codec: Chunk codec of every save (``"none"`` or ``"zstd"``).
         exit_timeout: Seconds the interpreter-exit hook waits for pending work; after that the
             save is reported ABANDONED on stderr and the process exits with status 1 at once
@@ -232,6 +234,8 @@ class CheckpointManager:
         self._agreed_failed_saves = 0  # the most any rank had seen at the last agreement
         self._last_save_step: int | None = None
         self._last_save_time = time.time()
+        #: Attempts created since are this job's: its retention never deletes them as abandoned.
+        self._started = time.time()
         self._pending: AsyncSaveHandle | None = None
         self._post: list[cf.Future[None]] = []
         self._copies: list[cf.Future[Any]] = []
