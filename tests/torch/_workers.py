@@ -560,7 +560,30 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
                            f"{root}/values", step=1, timeout=30).contract
     equal = pckt.save({"w": w, "same": [1, 2], "x": float("nan")}, f"{root}/values-equal", step=1,
                       timeout=30).contract
+    # Continuation review F2: a global StateEntry holding a rank's own cursor was stored as
+    # rank 0's under "exact", silently (the warning's own advice led there).
+    from portable_ckpt.torch.flatten import StateEntry
+
+    class Cursor(StateEntry):
+        def __init__(self, value: int, compare: bool = True) -> None:
+            self.value, self.compare_ranks = value, compare
+
+        def capture(self) -> int:
+            return self.value
+
+        def restore(self, value: object) -> None:
+            self.value = int(value)  # type: ignore[call-overload]
+
+    err3 = io.StringIO()
+    entries = {}
+    with contextlib.redirect_stderr(err3):
+        for name, entry in {"own": Cursor(100 + rank), "equal": Cursor(7),
+                            "unchecked": Cursor(100 + rank, compare=False),
+                            "rank0-only": Cursor(7) if rank == 0 else None}.items():
+            state = {"w": w} if entry is None else {"w": w, "cursor": entry}
+            entries[name] = pckt.save(state, f"{root}/entry-{name}", step=1, timeout=30).contract
     return {"exact": exact.contract, "saved": info.contract, "loaded": loaded.contract,
             "mean": target["bn"]["running_mean"].tolist(), "stderr": err.getvalue(),
             "conflicts": conflicts, "negative": negative, "values": values,
-            "values_stderr": err2.getvalue(), "values_equal": equal}
+            "values_stderr": err2.getvalue(), "values_equal": equal, "entries": entries,
+            "entries_stderr": err3.getvalue()}

@@ -380,7 +380,7 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
     ck = portable_ckpt.open(str(tmp_path / "differ"))
     assert ck.manifest.continuation.contract == "statistical"
     assert portable_ckpt.open(str(tmp_path / "same")).manifest.continuation.contract == "exact"
-    assert "plain tensors or values differ between ranks (1: 'bn/running_mean')" in r0["stderr"]
+    assert "differ between ranks (1: 'bn/running_mean')" in r0["stderr"]
     assert r1["stderr"] == ""
     # Attack review F9: a plain tensor that some rank lacks, or holds with another shape or
     # dtype, was stored as rank 0's copy under an exact contract (lost, or not loadable back on
@@ -396,4 +396,11 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
         assert r["values"] == "statistical" and r["values_equal"] == "exact"
     assert "differ between ranks (2: 'name', 'offset')" in r0["values_stderr"]
     assert r1["values_stderr"] == ""
+    # Continuation review F2: global entries are compared too (not the manager's bookkeeping,
+    # and one only rank 0 holds is stored as before).
+    for r in (r0, r1):
+        assert r["entries"] == {"own": "statistical", "equal": "exact", "unchecked": "exact",
+                                "rank0-only": "exact"}
+    assert "differ between ranks (1: 'cursor')" in r0["entries_stderr"]
+    assert "scope = 'per_rank'" in r0["entries_stderr"] and r1["entries_stderr"] == ""
     assert not list(tmp_path.glob("conflict-*/s*/manifest.json"))  # nothing was saved

@@ -92,6 +92,7 @@ class ManagerEntry(StateEntry):
     """The ``pck.manager`` entry (step, reason, metrics) of one save."""
 
     scope = "global"
+    compare_ranks = False  # bookkeeping: a rank's metrics may be its own (its loss)
 
     def __init__(self, value: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
         self.schema = schema or manager_entry_schema()  # type: ignore[assignment]

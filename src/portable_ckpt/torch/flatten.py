@@ -69,12 +69,19 @@ class StateEntry(abc.ABC):
     for per-rank entries, ``world_size_policy``; and implement :meth:`capture` and
     :meth:`restore`. ``restore_last`` entries (RNG) are restored after everything else so a
     load has no RNG side effect.
+
+    A ``global`` entry is stored once, as rank 0 captured it; every rank captures it at each
+    save and a value that differs between ranks makes an ``exact`` contract ``statistical``
+    (said on stderr), as for plain values. State that is each rank's own belongs in a
+    ``per_rank`` entry. ``compare_ranks = False`` leaves out of that check an entry that is
+    no training state (the manager's bookkeeping, whose metrics may be a rank's own).
     """
 
     schema: str = "pck:json/1"
     scope: str = "global"
     world_size_policy: str | None = None
     restore_last: bool = False
+    compare_ranks: bool = True
 
     @abc.abstractmethod
     def capture(self) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,7 +138,7 @@ def plan_save(
         for t in template.pieces
     ]
     entries = _plan_entries(flat, rank, rng_snapshot)
-    replicas = replica_digests(flat) if world > 1 else {}
+    replicas = replica_digests(flat, captured={e.name: e.value for e in entries}) if world > 1 else {}
     return SavePlan(pieces, entries, template.mesh, template.tensor_bytes, replicas)
 
 
@@ -150,17 +151,22 @@ REPLICA_CHECK_BYTES = 1 << 20
 REPLICA_CHECK_TOTAL = 64 << 20
 
 
-def replica_digests(flat: FlatState) -> dict[str, str]:
+def replica_digests(flat: FlatState, captured: Mapping[str, Any] | None = None) -> dict[str, str]:
     """``dtype[shape]`` of each plain (non-DTensor) tensor of ``flat``, now (see above).
 
     The small ones get ``:`` and the CRC32C of their bytes after it. Plain values are stored
     as rank 0's too: each gets ``value:`` and the CRC32C of its JSON (values that differed
-    between ranks became rank 0's under an ``exact`` contract, fidelity review F16).
+    between ranks became rank 0's under an ``exact`` contract, fidelity review F16). So do
+    ``global`` entries (``entry:``; a rank's own cursor in one was restored on every rank as
+    rank 0's, continuation review F2), from ``captured`` where this rank planned them already.
     """
     out: dict[str, str] = {}
     for key, v in flat.values.items():
-        text = json.dumps(encode_json(v, key=key), sort_keys=True, separators=(",", ":"))
-        out[key] = f"value:{crc32c(text.encode()):08x}"
+        out[key] = f"value:{_json_crc(encode_json(v, key=key)):08x}"
+    for key, e in flat.entries.items():
+        if e.scope == "global" and e.compare_ranks:
+            value = captured[key] if captured is not None and key in captured else e.capture()
+            out[key] = f"entry:{_json_crc(value):08x}"
     budget = REPLICA_CHECK_TOTAL
     with torch.no_grad():
         for key, t in flat.tensors.items():
@@ -179,6 +185,10 @@ def replica_digests(flat: FlatState) -> dict[str, str]:
             data = host.view(torch.uint8)
             out[key] += f":{crc32c(data.numpy().data):08x}"
     return out
+
+
+def _json_crc(value: Any) -> int:
+    return crc32c(json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
 
 
 def diverged(digests: list[dict[str, str]]) -> list[str]:
@@ -204,7 +214,9 @@ def replica_conflicts(digests: list[dict[str, str]]) -> list[str]:
     for key in sorted(set().union(*digests)):
         seen = [d.get(key) for d in digests]
         holders = [r for r, v in enumerate(seen) if v is not None]
-        if len(holders) < len(seen):
+        if len(holders) < len(seen) and not all(
+            v.startswith("entry:") for v in seen if v is not None
+        ):  # a global entry only rank 0 holds is stored as before
             out.append(f"{key!r} is held by rank(s) {holders[:8]} only")
             continue
         metas = sorted({v.split(":")[0] for v in seen if v})

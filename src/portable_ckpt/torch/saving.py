@@ -335,11 +335,12 @@ def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions
     if rank == 0:
         shown = ", ".join(repr(k) for k in differ[:5]) + (", ..." if len(differ) > 5 else "")
         msg = (
-            f"save of step {opts.step}: plain tensors or values differ between ranks "
-            f"({len(differ)}: {shown}); rank 0's copy is stored and the version's contract is "
-            "'statistical' (an exact continuation is impossible). Keep them equal "
+            f"save of step {opts.step}: plain tensors, values or global entries differ between "
+            f"ranks ({len(differ)}: {shown}); rank 0's copy is stored and the version's contract "
+            "is 'statistical' (an exact continuation is impossible). Keep them equal "
             "(SyncBatchNorm, an all-reduce), make tensors DTensors, and keep what is each "
-            "rank's own in a per-rank entry (DataPosition, or a StateEntry of your own)"
+            "rank's own in a per-rank entry (DataPosition, or a StateEntry of your own with "
+            "scope = 'per_rank')"
         )
         _log.warning("%s", msg)
         say(msg)
