@@ -326,3 +326,35 @@ def test_retention_never_deletes_this_jobs_attempts_but_removes_older_runs_ones(
     rep = gc(root, keep=1, grace_seconds=0.0, spare_since=mgr._started)
     assert in_flight in [g["id"] for g in rep.in_grace] and not rep.abandoned
     assert gc(root, keep=1, grace_seconds=0.0).abandoned == [in_flight]
+
+
+def test_a_restore_checks_the_files_it_did_not_need_and_records_their_damage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Chaos review F2: a damaged writer index (or an entry the load does not read) left the
+    restored version "passed" while a deep verify failed it. The restore goes on from the bytes
+    it proved; the rest is checked in the background, said and recorded."""
+    from portable_ckpt.io.versions import list_versions
+
+    root = tmp_path / "r"
+    state = {"w": torch.arange(4.0), "rng": pckt.RNGState()}
+    with pckt.CheckpointManager(root, save_every=1, async_save=False) as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, state)
+    newest = max(list_versions(root), key=lambda v: v.step)
+    index = next((root / newest.id / "index").iterdir())
+    data = bytearray(index.read_bytes())
+    data[10] ^= 0xFF  # one flipped byte, the file's size unchanged
+    index.write_bytes(bytes(data))
+    capsys.readouterr()
+    target = {"w": torch.zeros(4), "rng": pckt.RNGState()}
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        info = mgr.restore(target)
+        assert info is not None and info.step == 2 and target["w"].tolist() == [0, 1, 2, 3]
+    err = capsys.readouterr().err
+    assert "files the restore did not need are damaged" in err and "PCK-CHECKSUM" in err
+    by_step = {v.step: v for v in list_versions(root)}
+    assert by_step[2].verification_failed and not by_step[1].verification_failed
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        again = mgr.restore({"w": torch.zeros(4), "rng": pckt.RNGState()})
+        assert again is not None and again.step == 1  # never chosen again (R-DRILL-8)

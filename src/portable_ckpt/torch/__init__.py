@@ -38,6 +38,7 @@ from portable_ckpt.torch.saving import save
 from portable_ckpt.torch.staging import staging_bytes
 from portable_ckpt.torch.state import (
     DataPosition,
+    GeneratorState,
     GradScalerState,
     LRSchedulerState,
     RNGState,
@@ -50,6 +51,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointManager",
     "DataPosition",
+    "GeneratorState",
     "GradScalerState",
     "LRSchedulerState",
     "LoadInfo",

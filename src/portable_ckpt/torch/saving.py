@@ -248,6 +248,7 @@ def _run_save(
     with paused_gc():
         storage, plan, attempt_id, differ = _agree_on_attempt(prepared, comm, opts.step)
         opts = _contract_of(opts, comm.rank, differ)
+        _warn_exact_without_rng(opts, comm.rank, plan)
         if on_attempt is not None:
             on_attempt(attempt_id)
         write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
@@ -345,6 +346,32 @@ def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions
         _log.warning("%s", msg)
         say(msg)
     return dataclasses.replace(opts, continuation="statistical")
+
+
+_WARNED_NO_RNG: list[bool] = []
+
+
+def _warn_exact_without_rng(opts: SaveOptions, rank: int, plan: SavePlan) -> None:
+    """Say once per process (rank 0) that an ``exact`` version holds no RNG state.
+
+    ``exact`` is the default; dropout, shuffling and augmentation draw from generators the
+    version would not hold, and the resumed job diverged without a word (continuation review
+    F3). A job that draws no random numbers may ignore it.
+    """
+    if rank != 0 or opts.continuation != "exact" or _WARNED_NO_RNG:
+        return
+    if any(e.schema == "pck:rng/1" for e in plan.entries):
+        return
+    _WARNED_NO_RNG.append(True)
+    msg = (
+        f"save of step {opts.step}: the version's contract is 'exact' but the state holds no "
+        "RNGState(): if training draws random numbers (dropout, shuffling, augmentation), the "
+        "resumed job draws others. Add \"rng\": RNGState() to the state (and a GeneratorState "
+        "for each torch or NumPy generator of your own), or pass continuation='statistical'. "
+        "Said once per process"
+    )
+    _log.warning("%s", msg)
+    say(msg)
 
 
 class RankWrite:

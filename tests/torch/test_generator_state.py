@@ -1,0 +1,74 @@
+"""``GeneratorState``: a job's own torch and NumPy generators, per rank (continuation review F3).
+
+A generator the job made itself could not be stored (never pickle), and wrapped as a plain
+value it became rank 0's for every rank; the version still said ``exact``. An ``exact`` save
+without any RNG state now says so once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import UsageError
+from portable_ckpt.torch import saving
+
+pytestmark = pytest.mark.torch
+
+_BIT_GENERATORS = ["PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"]
+
+
+@pytest.mark.parametrize("bits", _BIT_GENERATORS)
+def test_torch_and_numpy_generators_continue_where_they_were_saved(
+    tmp_path: Path, bits: str
+) -> None:
+    g = torch.Generator().manual_seed(11)
+    n = np.random.Generator(getattr(np.random, bits)(12))
+    torch.rand(5, generator=g), n.random(7)  # somewhere in their streams
+    state = {"w": torch.ones(2), "g": pckt.GeneratorState(g), "n": pckt.GeneratorState(n),
+             "rng": pckt.RNGState()}
+    pckt.save(state, str(tmp_path / "r"), step=3)
+    want_t, want_n = torch.rand(9, generator=g), n.random(9)
+    g2 = torch.Generator().manual_seed(99)
+    n2 = np.random.Generator(getattr(np.random, bits)(98))
+    target = {"w": torch.zeros(2), "g": pckt.GeneratorState(g2), "n": pckt.GeneratorState(n2),
+              "rng": pckt.RNGState()}
+    info = pckt.load(target, str(tmp_path / "r"))
+    assert info.contract == "exact" and target["g"].restored and target["n"].restored
+    assert torch.equal(torch.rand(9, generator=g2), want_t)
+    assert np.array_equal(n2.random(9), want_n)
+
+
+def test_a_generator_of_another_kind_or_no_generator_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"torch\.Generator or a numpy\.random\.Generator"):
+        pckt.GeneratorState(np.random.RandomState(1))
+    pckt.save({"g": pckt.GeneratorState(torch.Generator())}, str(tmp_path / "r"), step=1)
+    target = {"g": pckt.GeneratorState(np.random.default_rng(1))}
+    with pytest.raises(Exception, match="torch generator's, this is numpy"):
+        pckt.load(target, str(tmp_path / "r"))
+
+
+def test_an_exact_save_without_rng_state_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(saving, "_WARNED_NO_RNG", [])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        pckt.save({"w": torch.ones(2)}, str(tmp_path / "a"), step=1)
+        pckt.save({"w": torch.ones(2)}, str(tmp_path / "a"), step=2)
+    assert err.getvalue().count("holds no RNGState()") == 1, err.getvalue()
+    monkeypatch.setattr(saving, "_WARNED_NO_RNG", [])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        pckt.save({"w": torch.ones(2), "rng": pckt.RNGState()}, str(tmp_path / "b"), step=1)
+        pckt.save({"w": torch.ones(2)}, str(tmp_path / "c"), step=1, continuation="statistical")
+    assert "RNGState" not in err.getvalue()
