@@ -46,6 +46,7 @@ class FaultProxy:
         self.fail_limit: int | None = None  # at most this many injected failures, when set
         self.fail_until = 0.0  # time.monotonic() before which every matching request fails
         self.fail_window = 0.0  # seconds of failures from the next matching request on
+        self.flip_bodies = 0  # flip one bit in the body of this many matching requests
         self.fail_after_every = 0
         self.delay_every = 0
         self.delay_s = 0.0
@@ -127,6 +128,9 @@ class FaultProxy:
                         fail_after = (not fail and bool(proxy.fail_after_every)
                                       and n % proxy.fail_after_every == 0)
                         delay = bool(proxy.delay_every) and n % proxy.delay_every == 0
+                        if proxy.flip_bodies > 0 and body and not fail:
+                            proxy.flip_bodies -= 1
+                            body = body[:-1] + bytes([body[-1] ^ 1])  # corrupted in transit
                 if delay:
                     with proxy._lock:
                         proxy.log.injected_delays += 1
@@ -188,6 +192,7 @@ class FaultProxy:
             self.fail_limit = None
             self.fail_until = 0.0
             self.fail_window = 0.0
+            self.flip_bodies = 0
             self.delay_s = 0.0
             self.match_method = self.match_path = None
             self.deny_keys = set()

@@ -265,3 +265,32 @@ def test_one_spurious_404_on_a_commit_record_deletes_nothing_and_skips_nothing(
     proxy.reset()
     assert _committed(root) == ids[1:]  # the unknown newest stays; keep=1 kept the one before
     assert portable_ckpt.open(root).id == ids[2]
+
+
+def test_a_store_that_does_not_check_uploads_is_found_out_and_a_corrupt_commit_not_published(
+    s3_proxied: S3Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S3 latency review F8: moto (and other S3-compatible stores) store an upload whose
+    x-amz-checksum-crc32c is wrong and echo the header back: a bit flipped in transit in the
+    commit record was published, and save reported success. The store is probed once; where it
+    does not check, commit records are read back, and no CRC32C is taken from it."""
+    from portable_ckpt.io.copy import copy_version
+    from portable_ckpt.storage.s3 import S3Storage
+
+    root = s3_proxied.root("run")
+    with caplog.at_level("WARNING", logger="portable_ckpt"):
+        st = open_storage(root)
+        assert isinstance(st, S3Storage) and st.validates_checksums() is False
+    assert any("does not check uploads" in r.getMessage() for r in caplog.records)
+    assert not [k for k in (s3_proxied.boto().list_objects_v2(Bucket=s3_proxied.bucket)
+                            .get("Contents", [])) if "probe" in k["Key"]]  # deleted again
+    proxy = s3_proxied.proxy
+    proxy.match_method, proxy.match_path, proxy.flip_bodies = "PUT", r"manifest\.json", 1
+    with pytest.raises(StorageError, match="kept other bytes than were sent"):
+        _save(root, 1)
+    proxy.reset()
+    assert _committed(root) == []  # nothing published; the next save commits
+    good = _save(root, 2)
+    assert _committed(root) == [good] and portable_ckpt.open(root).verify(deep=True) == []
+    res = copy_version(f"{root}/{good}", s3_proxied.root("copy"))
+    assert res.server_checksums == 0  # an echo proves nothing: the copy's own reads verified

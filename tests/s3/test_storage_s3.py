@@ -176,9 +176,10 @@ def test_retries_survive_500s(s3_proxied: S3Env) -> None:
 def test_conditional_put_retried_after_server_side_success(s3_proxied: S3Env) -> None:
     """The PUT reaches the server, the client sees a 500, retries, gets 412: still ours."""
     proxy = s3_proxied.proxy
+    st = S3Storage.from_url(s3_proxied.root(), backoff_initial=0.01)
+    st.validates_checksums()  # the probe PUT, before the PUTs counted below
     proxy.fail_after_every = 2  # every 2nd PUT: forwarded to the server, then answered 500
     proxy.match_method = "PUT"
-    st = S3Storage.from_url(s3_proxied.root(), backoff_initial=0.01)
     assert st.create_if_absent("a/manifest.json", b"first")  # request 1: plain success
     assert st.create_if_absent("b/manifest.json", b"mine")  # request 2: done, 500; retry 412
     assert proxy.log.injected_500 == 1

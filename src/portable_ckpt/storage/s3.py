@@ -239,6 +239,13 @@ def _b64_crc(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
+#: Whether a store rejects an upload whose CRC32C is wrong, by ``(endpoint, bucket)``: probed
+#: once per process (S3 latency review F8: moto, and other S3-compatible stores, accept any
+#: checksum header and echo it back, so "verified by the store" verified nothing).
+_VALIDATES: dict[tuple[str | None, str], bool] = {}
+_VALIDATES_LOCK = threading.Lock()
+
+
 def _is_loopback(url: str) -> bool:
     host = urllib.parse.urlsplit(url).hostname or ""
     if host == "localhost" or host.endswith(".localhost"):
@@ -864,12 +871,65 @@ class S3Storage(ScannedStorage):
             return False
         return True
 
+    def validates_checksums(self) -> bool:
+        """Whether the store rejects an upload whose CRC32C is wrong (probed once per process).
+
+        One PUT of a few bytes under the root with a wrong ``x-amz-checksum-crc32c``: a store
+        that checks answers 400 (BadDigest) and stores nothing. One that stores it (moto; stores
+        that ignore or echo the header) gets the object deleted again, a WARNING
+        (``storage.unchecked_uploads``), and from then on: commit records are read back and
+        compared after each upload, and no whole-object CRC32C is taken from it. With
+        ``checksum="off"`` nothing is sent and nothing probed (False).
+        """
+        if self.options.checksum != "crc32c":
+            return False
+        key = (self.options.endpoint_url, self.bucket)
+        with _VALIDATES_LOCK:
+            known = _VALIDATES.get(key)
+        if known is not None:
+            return known
+        validates = self._probe_checksums()
+        with _VALIDATES_LOCK:
+            _VALIDATES.setdefault(key, validates)
+            return _VALIDATES[key]
+
+    def _probe_checksums(self) -> bool:
+        from botocore.exceptions import ClientError
+
+        rel = f".pck-checksum-probe-{os.urandom(8).hex()}"
+        body = b"portable_ckpt checksum probe"
+        try:
+            self._boto_call(lambda: self._client().put_object(
+                Bucket=self.bucket, Key=self._key(rel), Body=body, ChecksumAlgorithm="CRC32C",
+                ChecksumCRC32C=_b64_crc(_crc32c.crc32c(body) ^ 0x5A5A5A5A),
+            ), "PUT", self._key(rel))
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return status == 400 or status is None or status >= 403  # refused: not stored
+        except Exception:
+            return True  # no answer: nothing learnt; the next process asks again
+        try:
+            self.delete(rel)
+        except CheckpointError as exc:
+            _log.warning("the checksum probe %s/%s could not be deleted: %s", self.url, rel, exc)
+        log_event(
+            _log, "storage.unchecked_uploads", {"endpoint": self.options.endpoint_url or "AWS",
+                                                "bucket": self.bucket},
+            "the store at %s (bucket %s) accepted an upload whose CRC32C was wrong: it does not "
+            "check uploads. Commit records are read back after each upload; a data file "
+            "corrupted in transit is found only when it is read (verify_sample, verify --deep). "
+            "Use HTTPS, or a store that checks x-amz-checksum-crc32c",
+            self.options.endpoint_url or "AWS", self.bucket, level=logging.WARNING,
+        )
+        return False
+
     def checksum_crc32c(self, path: str) -> int | None:
         """Return the server-stored whole-object CRC32C of ``path``, or None if it has none.
 
         Only objects uploaded with ``checksum="crc32c"`` as a single PUT or a FULL_OBJECT
         multipart upload carry one. Uses boto3 because obstore does not request
-        ``x-amz-checksum-mode: ENABLED``.
+        ``x-amz-checksum-mode: ENABLED``. It verifies the bytes only where
+        :meth:`validates_checksums` (a store that does not check may echo what was sent).
         """
         key = self._key(path)
         try:
@@ -1185,7 +1245,6 @@ class S3Storage(ScannedStorage):
         for _ in range(self.options.max_attempts):
             try:
                 self._put_object(path, key, data, crc, IfNoneMatch="*")
-                return True
             except StorageError as exc:  # stored, but not the bytes sent (a corrupted upload)
                 lost = exc
                 break
@@ -1201,6 +1260,10 @@ class S3Storage(ScannedStorage):
                     self._fail("create", path, exc)  # refused: nothing was stored
                 lost, answered = exc, status is not None
                 break
+            else:
+                if not self.validates_checksums():
+                    self._check_stored(path, data)  # raises: deleted, nothing published
+                return True
         try:
             existing = self.read_all(path, max_size=max(len(data), 1) * 2 + 1024)
         except (FileMissingError, LimitError) as exc:
@@ -1218,6 +1281,24 @@ class S3Storage(ScannedStorage):
         if isinstance(lost, StorageError):
             raise self._unknown(path, lost)
         return False
+
+    def _check_stored(self, path: str, data: bytes) -> None:
+        """Read a record back from a store that does not check uploads; undo it if it differs.
+
+        Raises:
+            StorageError: other bytes were stored (deleted again: a corrupted transfer is not
+                published, and the save fails instead of reporting success).
+
+        """
+        stored = self.read_all(path, max_size=len(data) + 1)
+        if stored != bytes(data):
+            self.delete(path)
+            raise StorageError(
+                f"create {self._where(path)}: the store kept other bytes than were sent (a "
+                "corrupted upload it did not check); the object was deleted and nothing is "
+                "published: retry",
+                path=path,
+            )
 
     def _unknown(self, path: str, cause: BaseException) -> CommitOutcomeUnknownError:
         return CommitOutcomeUnknownError(
