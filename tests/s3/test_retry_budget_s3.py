@@ -34,11 +34,13 @@ def _storm(env: S3Env, kind: str, seconds: float) -> None:
 
 @pytest.mark.parametrize("kind", sorted(_STORMS))
 def test_a_storm_of_a_few_seconds_is_ridden_out_by_save_and_load(
-    s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch, kind: str
+    s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch, kind: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("PCK_S3_RETRY_SECONDS", "20")
     root = s3_proxied.root("run")
     arrays = {f"t{i}": np.full(1000, i, np.float32) for i in range(8)}
+    caplog.set_level("WARNING", logger="portable_ckpt")
     _storm(s3_proxied, kind, 3.0)
     t0 = time.monotonic()
     before = random.getstate()
@@ -54,6 +56,11 @@ def test_a_storm_of_a_few_seconds_is_ridden_out_by_save_and_load(
     # Continuation review F6: the retries' jitter never draws from the global stream, which
     # RNGState saves (boto3's own retries did, and so did obstore's until now).
     assert random.getstate() == before
+    # S3 review F10: every retry names its request (a broken-off body said "request ?").
+    retries = [r for r in caplog.records if r.getMessage().startswith("retrying ")]
+    assert retries and not [r.getMessage() for r in retries
+                            if r.getMessage().startswith(("retrying request", "retrying ? "))
+                            or " ? after " in r.getMessage()]
 
 
 def test_with_tries_only_the_same_storm_fails_the_load_cleanly(

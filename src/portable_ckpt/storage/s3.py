@@ -543,17 +543,28 @@ class S3Storage(ScannedStorage):
         )
         return self._keep_first("_obstore", store)
 
-    def _retrying(self, call: Callable[[], _T]) -> _T:
-        """Run one obstore request (``call``) with the retry budget of :class:`S3Options`.
+    def _retrying(self, call: Callable[[], _T], method: str = "request", path: str = "") -> _T:
+        """Run one obstore request (``call``: ``method`` on ``path``) with the retry budget.
 
         Transient failures are retried until ``max_attempts`` tries were made and
         ``retry_seconds`` have passed (:meth:`S3Options.may_retry`); before each retry a
         ``storage.retry`` record (the same fields as boto3's) and a sleep drawn uniformly from
         ``[0, min(backoff_max, backoff_initial * 2**(retry - 1))]`` ("full jitter"). Every
         obstore request here is idempotent (GET, HEAD, LIST, DELETE), so a retry after a lost
-        answer is safe.
+        answer is safe. ``method`` and ``path`` name the request in the record when obstore's
+        message does not (a body that broke off, S3 review F10).
         """
-        return self._with_budget(call, _obstore_transient, min_tries=None)
+        url = f"{self._endpoint() or 'https://s3.amazonaws.com'}/{self.bucket}/" + "/".join(
+            p for p in (self.prefix, path) if p
+        )
+
+        def transient(exc: BaseException) -> tuple[str, str, str] | None:
+            why = _obstore_transient(exc)
+            if why is not None and why[1] == "?":
+                return (method if why[0] == "request" else why[0], url, why[2])
+            return why
+
+        return self._with_budget(call, transient, min_tries=None)
 
     def _boto_call(self, call: Callable[[], _T], method: str, key: str) -> _T:
         """Run one boto3 request (``method`` on ``key``) with the same budget as the reads.
@@ -731,7 +742,8 @@ class S3Storage(ScannedStorage):
         n = len(dest)
         try:
             data = self._retrying(
-                lambda: obstore.get_range(self._store(), key_path, start=offset, length=n)
+                lambda: obstore.get_range(self._store(), key_path, start=offset, length=n),
+                "GET", key_path,
             )
         except Exception as exc:
             self._fail("read", path, exc)
@@ -836,7 +848,7 @@ class S3Storage(ScannedStorage):
             return size, bytes(result.bytes())
 
         try:
-            size, data = self._retrying(fetch)
+            size, data = self._retrying(fetch, "GET", path)
         except CheckpointError:
             raise
         except Exception as exc:
@@ -853,7 +865,7 @@ class S3Storage(ScannedStorage):
 
         self._check(path)
         try:
-            meta = self._retrying(lambda: obstore.head(self._store(), path))
+            meta = self._retrying(lambda: obstore.head(self._store(), path), "HEAD", path)
         except Exception as exc:
             self._fail("stat", path, exc)
         self.stats.add(other_requests=1)
@@ -987,7 +999,7 @@ class S3Storage(ScannedStorage):
             return metas, []
 
         try:
-            metas, dirs = self._retrying(listing)
+            metas, dirs = self._retrying(listing, "GET", prefix)
         except Exception as exc:
             self._list_failed(prefix, exc)
         under = f"{pfx}/" if pfx else ""
@@ -1049,7 +1061,9 @@ class S3Storage(ScannedStorage):
 
         try:
             pfx = self._prefix_arg(prefix)
-            res = self._retrying(lambda: obstore.list_with_delimiter(self._store(), pfx))
+            res = self._retrying(
+                lambda: obstore.list_with_delimiter(self._store(), pfx), "GET", pfx or ""
+            )
             self.stats.add(other_requests=1)
             found = [str(p) for p in res["common_prefixes"]]
         except Exception as exc:
@@ -1069,7 +1083,9 @@ class S3Storage(ScannedStorage):
         import obstore
 
         try:
-            res = self._retrying(lambda: obstore.list_with_delimiter(self._store(), None))
+            res = self._retrying(
+                lambda: obstore.list_with_delimiter(self._store(), None), "GET", ""
+            )
         except Exception as exc:
             if type(exc).__name__ == "InvalidPathError":
                 return True  # an object exists: one obstore cannot even name
@@ -1120,7 +1136,7 @@ class S3Storage(ScannedStorage):
 
         self._check(path)
         try:
-            self._retrying(lambda: obstore.delete(self._store(), path))
+            self._retrying(lambda: obstore.delete(self._store(), path), "DELETE", path)
         except FileNotFoundError:
             return
         except Exception as exc:
@@ -1143,7 +1159,9 @@ class S3Storage(ScannedStorage):
         for i in range(0, len(paths), 1000):
             batch = paths[i : i + 1000]
             try:
-                self._retrying(functools.partial(obstore.delete, self._store(), batch))
+                self._retrying(
+                    functools.partial(obstore.delete, self._store(), batch), "POST", pfx
+                )
             except Exception as exc:
                 self._fail("delete", pfx, exc)
             self.stats.add(other_requests=1)
