@@ -100,6 +100,8 @@ def test_a_ctrl_c_while_the_cli_starts_exits_130_without_a_traceback(tmp_path: o
     """A real SIGINT, delivered while the commands' modules are being imported."""
     code = textwrap.dedent(f"""
         import importlib, os, signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even
+        # when the test runner was started with SIGINT ignored (a background job)
         import portable_ckpt.cli.main as cli
         real = importlib.import_module
         def interrupted(name, *args):
