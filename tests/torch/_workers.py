@@ -582,8 +582,19 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
                             "rank0-only": Cursor(7) if rank == 0 else None}.items():
             state = {"w": w} if entry is None else {"w": w, "cursor": entry}
             entries[name] = pckt.save(state, f"{root}/entry-{name}", step=1, timeout=30).contract
+    # Continuation review F5: a plain tensor above 1 MiB that is each rank's own (an
+    # error-feedback buffer) was stored as rank 0's under "exact"; now compared by a sample.
+    err4 = io.StringIO()
+    big = {}
+    with contextlib.redirect_stderr(err4):
+        for name, tensor in {"own": torch.full((600_000,), float(rank)),
+                             "equal": torch.arange(600_000, dtype=torch.float32),
+                             "own-tail": torch.cat([torch.zeros(599_999),
+                                                    torch.full((1,), float(rank))])}.items():
+            big[name] = pckt.save({"w": w, "buf": tensor}, f"{root}/big-{name}", step=1,
+                                  timeout=30).contract
     return {"exact": exact.contract, "saved": info.contract, "loaded": loaded.contract,
             "mean": target["bn"]["running_mean"].tolist(), "stderr": err.getvalue(),
             "conflicts": conflicts, "negative": negative, "values": values,
             "values_stderr": err2.getvalue(), "values_equal": equal, "entries": entries,
-            "entries_stderr": err3.getvalue()}
+            "entries_stderr": err3.getvalue(), "big": big, "big_stderr": err4.getvalue()}

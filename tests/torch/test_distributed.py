@@ -403,4 +403,8 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
                                 "rank0-only": "exact"}
     assert "differ between ranks (1: 'cursor')" in r0["entries_stderr"]
     assert "scope = 'per_rank'" in r0["entries_stderr"] and r1["entries_stderr"] == ""
+    # F5: plain tensors above 1 MiB are compared by a sample (evenly spaced slices and the end)
+    for r in (r0, r1):
+        assert r["big"] == {"own": "statistical", "equal": "exact", "own-tail": "statistical"}
+    assert "differ between ranks (1: 'buf')" in r0["big_stderr"]
     assert not list(tmp_path.glob("conflict-*/s*/manifest.json"))  # nothing was saved
