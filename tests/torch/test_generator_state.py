@@ -72,3 +72,21 @@ def test_an_exact_save_without_rng_state_says_so_once(
         pckt.save({"w": torch.ones(2), "rng": pckt.RNGState()}, str(tmp_path / "b"), step=1)
         pckt.save({"w": torch.ones(2)}, str(tmp_path / "c"), step=1, continuation="statistical")
     assert "RNGState" not in err.getvalue()
+
+
+@pytest.mark.parametrize("bad", [
+    {"kind": "numpy", "state": {"bit_generator": "PCG64", "state": {"state": 10**100, "inc": 1},
+                                "has_uint32": 0, "uinteger": 0}},
+    {"kind": "numpy", "state": {"bit_generator": "MT19937", "state": {"key": [1], "pos": 1}}},
+    {"kind": "numpy", "state": "x"}, {"kind": "numpy"}, 5, [],
+])
+def test_a_hostile_stored_state_is_an_entry_schema_error(bad: object) -> None:
+    """A stored value is input: it fails as PCK-ENTRY-SCHEMA, never as a raw exception."""
+    from portable_ckpt.errors import EntrySchemaError
+
+    for entry in (pckt.GeneratorState(np.random.default_rng(1)),
+                  pckt.GeneratorState(torch.Generator())):
+        with pytest.raises(EntrySchemaError):
+            entry.restore(bad)
+    with pytest.raises(EntrySchemaError):
+        pckt.GeneratorState(torch.Generator()).restore({"kind": "torch", "state": "AAAA"})

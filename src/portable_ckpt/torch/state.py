@@ -217,7 +217,7 @@ class GeneratorState(StateEntry):
                 self.generator.set_state(_unb64(value["state"]))
             else:
                 self.generator.bit_generator.state = decode_json(value["state"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
             raise EntrySchemaError(f"generator state cannot be applied: {e}") from e
 
 
