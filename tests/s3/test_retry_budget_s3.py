@@ -79,7 +79,7 @@ def test_retry_budget_option() -> None:
     opts = S3Options(max_attempts=3, retry_seconds=10.0)
     assert opts.may_retry(1, 50.0) and opts.may_retry(2, 50.0)  # tries are owed
     assert opts.may_retry(7, 9.9) and not opts.may_retry(7, 10.0)  # then time
-    assert not opts.may_retry(1, 10.0, min_tries=1)  # boto3: botocore made its tries
+    assert not opts.may_retry(3, 10.0)  # tries made and time spent: the failure stands
     assert S3Options().retry_seconds == 30.0 and S3Options().read_timeout == 20.0
     for bad in (-1.0, float("nan"), float("inf"), 3601.0):
         with pytest.raises(UsageError, match="retry_seconds"):

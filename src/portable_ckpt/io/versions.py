@@ -509,19 +509,26 @@ def prune_annotations(
     return out
 
 
-def prune_quietly(storage: Storage, attempt_id: str, kind: str) -> None:
-    """:func:`prune_annotations` after a record was written: a failure is logged, not raised.
+def prune_quietly(
+    storage: Storage,
+    attempt_id: str,
+    kind: str,
+    records: Sequence[dict[str, Any]] | None = None,
+) -> int:
+    """:func:`prune_annotations`, a failure logged, not raised; return how many were removed.
 
-    The record that was written stands; the next writer or gc prunes again.
+    After a record was written (it stands), or in gc (the version is kept either way): the
+    next writer or gc prunes again.
     """
     try:
-        prune_annotations(storage, attempt_id, kind)
+        return len(prune_annotations(storage, attempt_id, kind, records))
     except CheckpointError as exc:
         log_event(
             _log, "records.prune_failed", {"attempt_id": attempt_id, "kind": kind},
             "older %s records of %s not pruned: %s", kind, attempt_id, exc,
             level=logging.WARNING,
         )
+        return 0
 
 
 def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]) -> str:
@@ -1311,17 +1318,10 @@ def _prune_kept(storage: Storage, versions: list[VersionInfo], report: GcReport)
             continue
         for kind in ANNOTATION_KINDS:
             records: list[dict[str, Any]] = getattr(v, kind)
-            if report.dry_run:
-                report.pruned_records += len(superseded(kind, records))
-                continue
-            try:
-                report.pruned_records += len(prune_annotations(storage, v.id, kind, records))
-            except CheckpointError as exc:  # the records stay; nothing else depends on them
-                log_event(
-                    _log, "records.prune_failed", {"attempt_id": v.id, "kind": kind},
-                    "gc: older %s records of %s not pruned: %s", kind, v.id, exc,
-                    level=logging.WARNING,
-                )
+            report.pruned_records += (
+                len(superseded(kind, records)) if report.dry_run
+                else prune_quietly(storage, v.id, kind, records)
+            )
 
 
 def _log_gc(storage: Storage, report: GcReport) -> None:

@@ -187,13 +187,9 @@ class S3Options:
                 "(PCK_S3_RETRY_SECONDS)"
             )
 
-    def may_retry(self, tries: int, elapsed: float, *, min_tries: int | None = None) -> bool:
-        """Whether a transient failure after ``tries`` tries and ``elapsed`` seconds is retried.
-
-        ``min_tries``: the tries owed regardless of time (default ``max_attempts``).
-        """
-        owed = self.max_attempts if min_tries is None else min_tries
-        return tries < owed or elapsed < self.retry_seconds
+    def may_retry(self, tries: int, elapsed: float) -> bool:
+        """Whether a transient failure after ``tries`` tries and ``elapsed`` seconds is retried."""
+        return tries < self.max_attempts or elapsed < self.retry_seconds
 
 
 @dataclass
@@ -554,17 +550,14 @@ class S3Storage(ScannedStorage):
         answer is safe. ``method`` and ``path`` name the request in the record when obstore's
         message does not (a body that broke off, S3 review F10).
         """
-        url = f"{self._endpoint() or 'https://s3.amazonaws.com'}/{self.bucket}/" + "/".join(
-            p for p in (self.prefix, path) if p
-        )
-
         def transient(exc: BaseException) -> tuple[str, str, str] | None:
             why = _obstore_transient(exc)
             if why is not None and why[1] == "?":
-                return (method if why[0] == "request" else why[0], url, why[2])
+                key = "/".join(p for p in (self.prefix, path) if p)
+                return (method if why[0] == "request" else why[0], self._request_url(key), why[2])
             return why
 
-        return self._with_budget(call, transient, min_tries=None)
+        return self._with_budget(call, transient)
 
     def _boto_call(self, call: Callable[[], _T], method: str, key: str) -> _T:
         """Run one boto3 request (``method`` on ``key``) with the same budget as the reads.
@@ -574,17 +567,18 @@ class S3Storage(ScannedStorage):
         retried itself: a part, a PUT, a conditional PUT (whose 412 after a lost answer is read
         back by :meth:`create_if_absent`), the start and completion of an upload.
         """
-        url = f"{self._endpoint() or 'https://s3.amazonaws.com'}/{self.bucket}/{key}"
         return self._with_budget(
-            call, lambda exc: _boto_transient(exc, method, url), min_tries=None
+            call, lambda exc: _boto_transient(exc, method, self._request_url(key))
         )
+
+    def _request_url(self, key: str) -> str:
+        """The URL a request for ``key`` went to, as ``storage.retry`` names it (no query)."""
+        return f"{self._endpoint() or 'https://s3.amazonaws.com'}/{self.bucket}/{key}"
 
     def _with_budget(
         self,
         call: Callable[[], _T],
         transient: Callable[[BaseException], tuple[str, str, str] | None],
-        *,
-        min_tries: int | None,
     ) -> _T:
         opts = self.options
         start = time.monotonic()
@@ -594,9 +588,7 @@ class S3Storage(ScannedStorage):
                 return call()
             except Exception as exc:
                 why = transient(exc)
-                if why is None or not opts.may_retry(
-                    attempt, time.monotonic() - start, min_tries=min_tries
-                ):
+                if why is None or not opts.may_retry(attempt, time.monotonic() - start):
                     raise
                 attempt += 1
                 _log_retry(why[0], why[1], why[2], attempt, opts.max_attempts, opts.retry_seconds)
@@ -906,8 +898,6 @@ class S3Storage(ScannedStorage):
             return _VALIDATES[key]
 
     def _probe_checksums(self) -> bool:
-        from botocore.exceptions import ClientError
-
         rel = f".pck-checksum-probe-{os.urandom(8).hex()}"
         body = b"portable_ckpt checksum probe"
         try:
@@ -915,11 +905,10 @@ class S3Storage(ScannedStorage):
                 Bucket=self.bucket, Key=self._key(rel), Body=body, ChecksumAlgorithm="CRC32C",
                 ChecksumCRC32C=_b64_crc(_crc32c.crc32c(body) ^ 0x5A5A5A5A),
             ), "PUT", self._key(rel))
-        except ClientError as exc:
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return status == 400 or status is None or status >= 403  # refused: not stored
         except Exception:
-            return True  # no answer: nothing learnt; the next process asks again
+            # Refused (400 BadDigest: it checks), or forbidden, or no answer: nothing stored,
+            # and nothing learnt against the store; treated as checking, as before the probe.
+            return True
         try:
             self.delete(rel)
         except CheckpointError as exc:
@@ -1024,9 +1013,7 @@ class S3Storage(ScannedStorage):
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key_prefix(prefix)}
         if delimiter:
             kwargs["Delimiter"] = "/"
-        pages = self._paginated("list_objects_v2", "list", prefix, kwargs)
-        self.stats.add(other_requests=len(pages))
-        return pages
+        return self._paginated("list_objects_v2", "list", prefix, kwargs)
 
     def _paginated(
         self, operation: str, what: str, prefix: str, kwargs: dict[str, Any]
@@ -1037,11 +1024,13 @@ class S3Storage(ScannedStorage):
             return builtins.list(self._client().get_paginator(operation).paginate(**kwargs))
 
         try:
-            return self._boto_call(fetch, "GET", str(kwargs.get("Prefix", "")))
+            pages = self._boto_call(fetch, "GET", str(kwargs.get("Prefix", "")))
         except CheckpointError:
             raise
         except Exception as exc:
             self._fail(what, prefix, exc)
+        self.stats.add(other_requests=len(pages))
+        return pages
 
     def _scan_boto(self, prefix: str, *, recursive: bool) -> builtins.list[ListingEntry]:
         out: builtins.list[ListingEntry] = []
@@ -1096,7 +1085,6 @@ class S3Storage(ScannedStorage):
     def _uploads(self, prefix: str) -> builtins.list[dict[str, Any]]:
         kwargs = {"Bucket": self.bucket, "Prefix": self._key_prefix(prefix)}
         pages = self._paginated("list_multipart_uploads", "list uploads", prefix, kwargs)
-        self.stats.add(other_requests=len(pages))
         return [up for page in pages for up in page.get("Uploads", [])]
 
     def _upload_activity(self, up: dict[str, Any]) -> float:

@@ -49,7 +49,7 @@ from portable_ckpt.torch.flatten import flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
 from portable_ckpt.torch.plan import SavePlan, diverged, plan_save, replica_conflicts
 from portable_ckpt.torch.staging import Staging, stage, staging_bytes
-from portable_ckpt.torch.state import capture_rng
+from portable_ckpt.torch.state import RNGState, capture_rng
 
 __all__ = ["Prepared", "RankWrite", "SaveKeywords", "SaveOptions", "prepare", "run_save", "save"]
 
@@ -360,7 +360,7 @@ def _warn_exact_without_rng(opts: SaveOptions, rank: int, plan: SavePlan) -> Non
     """
     if rank != 0 or opts.continuation != "exact" or _WARNED_NO_RNG:
         return
-    if any(e.schema == "pck:rng/1" for e in plan.entries):
+    if any(e.schema == RNGState.schema for e in plan.entries):
         return
     _WARNED_NO_RNG.append(True)
     msg = (
