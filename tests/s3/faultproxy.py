@@ -8,11 +8,15 @@ It forwards every request to the upstream server unchanged and can, per request:
 * sleep ``delay_s`` before answering every ``delay_every``-th request (slow responses / timeouts),
 * answer ``403 InvalidAccessKeyId`` for access key ids in ``deny_keys`` (moto does not check
   credentials),
+* leave the first key of a bulk delete in place and answer it with a per-key ``<Error>`` in the
+  200 answer (``delete_key_errors`` times, code ``delete_key_code``),
 and counts requests and response bytes per method, plus every GET's Range header.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.client
 import re
 import socket
@@ -36,6 +40,23 @@ class ProxyLog:
     injected_by_status: dict[int, int] = field(default_factory=dict)  # fail_every's answers
     injected_delays: int = 0
     denied: int = 0
+    refused_keys: list[str] = field(default_factory=list)  # delete_key_errors' keys
+
+
+def _b64(digest: Any) -> str:
+    return base64.b64encode(digest.digest()).decode()
+
+
+def _key_error(key: str, code: str) -> str:
+    return f"<Error><Key>{key}</Key><Code>{code}</Code><Message>Injected.</Message></Error>"
+
+
+def _drop_first_key(body: bytes) -> tuple[bytes, str | None]:
+    """A DeleteObjects body without its first ``<Object>``, and that object's key."""
+    m = re.search(rb"<Object><Key>(.*?)</Key>.*?</Object>", body, re.S)
+    if m is None:
+        return body, None
+    return body[: m.start()] + body[m.end() :], m.group(1).decode()
 
 
 class FaultProxy:
@@ -47,6 +68,11 @@ class FaultProxy:
         self.fail_until = 0.0  # time.monotonic() before which every matching request fails
         self.fail_window = 0.0  # seconds of failures from the next matching request on
         self.flip_bodies = 0  # flip one bit in the body of this many matching requests
+        # Bulk deletes (POST ?delete) whose first key is not deleted but answered with a
+        # per-key <Error> of this code inside the 200 answer, as S3 does under load.
+        self.delete_key_errors = 0
+        self.delete_key_code = "SlowDown"
+        self.delete_key_skip = 0  # bulk deletes passed untouched before delete_key_errors
         self.fail_after_every = 0
         self.delay_every = 0
         self.delay_s = 0.0
@@ -131,6 +157,31 @@ class FaultProxy:
                         if proxy.flip_bodies > 0 and body and not fail:
                             proxy.flip_bodies -= 1
                             body = body[:-1] + bytes([body[-1] ^ 1])  # corrupted in transit
+                refused: str | None = None
+                refused_key: str | None = None
+                if self.command == "POST" and "?delete" in self.path:
+                    with proxy._lock:
+                        if proxy.delete_key_skip > 0:
+                            proxy.delete_key_skip -= 1
+                        elif proxy.delete_key_errors > 0:
+                            proxy.delete_key_errors -= 1
+                            refused = proxy.delete_key_code
+                    if refused is not None:
+                        body, refused_key = _drop_first_key(body)
+                        for name in ("Content-MD5", "x-amz-checksum-sha256",
+                                     "x-amz-content-sha256"):
+                            del self.headers[name]
+                        self.headers["Content-MD5"] = _b64(hashlib.md5(body))
+                        self.headers["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
+                if refused_key is not None and b"<Object>" not in body:
+                    # Nothing else to delete (S3 refuses an empty list): only the per-key error.
+                    with proxy._lock:
+                        proxy.log.refused_keys.append(refused_key)
+                    self._reply(200, (
+                        '<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult xmlns='
+                        '"http://s3.amazonaws.com/doc/2006-03-01/">'
+                        f"{_key_error(refused_key, str(refused))}</DeleteResult>").encode())
+                    return
                 if delay:
                     with proxy._lock:
                         proxy.log.injected_delays += 1
@@ -174,6 +225,11 @@ class FaultProxy:
                         proxy.log.injected_500 += 1
                     self._error(500, "InternalError", "Injected after the server acted.")
                     return
+                if refused is not None and refused_key is not None:
+                    error = _key_error(refused_key, refused).encode()
+                    data = data.replace(b"</DeleteResult>", error + b"</DeleteResult>")
+                    with proxy._lock:
+                        proxy.log.refused_keys.append(refused_key)
                 self._reply(resp.status, data, out_headers)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
@@ -193,6 +249,9 @@ class FaultProxy:
             self.fail_until = 0.0
             self.fail_window = 0.0
             self.flip_bodies = 0
+            self.delete_key_errors = 0
+            self.delete_key_code = "SlowDown"
+            self.delete_key_skip = 0
             self.delay_s = 0.0
             self.match_method = self.match_path = None
             self.deny_keys = set()

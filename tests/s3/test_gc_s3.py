@@ -294,3 +294,45 @@ def test_a_store_that_does_not_check_uploads_is_found_out_and_a_corrupt_commit_n
     assert _committed(root) == [good] and portable_ckpt.open(root).verify(deep=True) == []
     res = copy_version(f"{root}/{good}", s3_proxied.root("copy"))
     assert res.server_checksums == 0  # an echo proves nothing: the copy's own reads verified
+
+
+def _keys(s3: S3Env, prefix: str) -> list[str]:
+    pages = s3.boto().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def test_per_key_errors_of_a_bulk_delete_are_retried(s3_proxied: S3Env) -> None:
+    """S3 review F9: a bulk delete answered 200 with a per-key SlowDown or InternalError.
+
+    Such an answer is retried like a 503 (deletes are idempotent), so gc deletes the version
+    whole and exits 0; a per-key code that is not transient (AccessDenied) is final, and the
+    version is reported as not deleted and stays whole.
+    """
+    root = s3_proxied.root("run")
+    ids = [_save(root, s) for s in (1, 2, 3)]
+    proxy = s3_proxied.proxy
+    proxy.delete_key_errors, proxy.delete_key_code = 1, "SlowDown"
+    rep = gc(root, keep=2, grace_seconds=0.0)
+    assert rep.deleted == [ids[0]] and rep.complete
+    assert len(proxy.log.refused_keys) == 1 and proxy.log.refused_keys[0].startswith(
+        f"run/{ids[0]}/")
+    assert _keys(s3_proxied, f"run/{ids[0]}/") == []
+
+    proxy.reset()
+    # The commit record's delete passes; the data file's bulk delete is refused twice.
+    proxy.delete_key_skip, proxy.delete_key_errors, proxy.delete_key_code = 1, 2, "InternalError"
+    assert cli_main(["gc", root, "--keep", "1", "--grace", "0"]) == 0
+    refused = proxy.log.refused_keys
+    assert len(refused) == 2 and refused[0] == refused[1] and "/data/" in refused[0]
+    assert _keys(s3_proxied, f"run/{ids[1]}/") == []
+    assert _committed(root) == [ids[2]]
+
+    ids.append(_save(root, 4))
+    proxy.reset()
+    proxy.delete_key_errors, proxy.delete_key_code = 1, "AccessDenied"
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert rep.deleted == [] and [u["id"] for u in rep.unknown] == [ids[2]]
+    assert rep.unknown[0]["status"] == "delete failed" and "AccessDenied" in rep.unknown[0]["message"]
+    # The commit record goes first (R-GC-3): refused, the version stays whole and committed.
+    assert proxy.log.refused_keys == [f"run/{ids[2]}/manifest.json"]
+    assert _committed(root) == ids[2:]

@@ -313,8 +313,9 @@ def _obstore_transient(exc: BaseException) -> tuple[str, str, str] | None:
     """``(method, url, cause)`` when an obstore failure is worth a retry, else ``None``.
 
     Retried as botocore's standard mode and object_store's own policy do: 5xx answers, 429
-    (throttling) and transport failures (connect, timeout, reset or truncated body). Any other
-    answer (404, 403, 412, 416) and anything not raised by obstore is final.
+    (throttling) and transport failures (connect, timeout, reset or truncated body), and a bulk
+    delete's per-key ``SlowDown``/``InternalError`` inside its 200 answer. Any other answer
+    (404, 403, 412, 416) and anything not raised by obstore is final.
     """
     if not type(exc).__module__.startswith("obstore") or isinstance(exc, FileNotFoundError):
         return None
@@ -325,6 +326,10 @@ def _obstore_transient(exc: BaseException) -> tuple[str, str, str] | None:
         if status < 500 and status != 429:
             return None
         return method, url, f"HTTP {status}" + (f" {code}" if code else "")
+    if code in _RETRY_CODES or code in _KEY_RETRY_CODES:
+        # A per-key error inside a 200 answer (a bulk delete): the request is idempotent, and
+        # the keys that were deleted are answered "Deleted" again (S3 review F9).
+        return method, url, f"{code} in the answer"
     kind = _HTTP_KIND.search(text)
     if kind is None or kind.group(1) not in _TRANSIENT_KINDS:
         return None
@@ -344,6 +349,11 @@ _RETRY_CODES = frozenset({
     "TooManyRequestsException", "RequestThrottled", "RequestTimeout", "RequestTimeoutException",
     "PriorRequestNotComplete", "BandwidthLimitExceeded", "ProvisionedThroughputExceededException",
 })
+
+
+#: Per-key codes of a bulk delete's 200 answer that mean "try again" (5xx-like). Any other
+#: per-key code (AccessDenied, ...) is final.
+_KEY_RETRY_CODES = frozenset({"InternalError", "ServiceUnavailable"})
 
 
 def _boto_transient(exc: BaseException, method: str, url: str) -> tuple[str, str, str] | None:
