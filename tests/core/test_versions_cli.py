@@ -305,3 +305,48 @@ def test_listings_parse_each_commit_record_once_and_see_a_changed_one(tmp_path, 
     record.write_text(json.dumps(doc))
     assert [v.status for v in list_versions(root)] == ["committed", "invalid", "committed"]
     assert parsed.count(ids[1]) == 2
+
+
+def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
+    """``ls --latest``: the newest committed version no verification failed, its path alone.
+
+    Newer attempts passed over are named on stderr; none at all, or a newer one that could not
+    be read, is exit 1 (R-ID-5: it may be the latest).
+    """
+    import shutil
+
+    root = tmp_path / "r"
+    root.mkdir()
+    res = cli("ls", str(root), "--latest")
+    assert res.returncode == 1 and res.stdout == "" and "no committed version" in res.stderr
+    save_step(root, 1)
+    good = save_step(root, 2)
+    bad = save_step(root, 3)
+    data = next((root / bad / "data").iterdir())
+    blob = bytearray(data.read_bytes())
+    blob[-1] ^= 1
+    data.write_bytes(bytes(blob))
+    assert cli("verify", str(root), "--step", "3", "--deep").returncode == 1  # recorded: failed
+    w = ShardWriter(open_storage(root), new_attempt_id(4), 0)
+    w.add_tensor("w", np.zeros((4, 4), np.float32))
+    w.finish()  # a save in progress: no commit record
+
+    res = cli("ls", str(root), "--latest")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"{root / good}\n"
+    assert "it is incomplete" in res.stderr and f"{bad} passed over: a verification" in res.stderr
+    doc = json.loads(cli("ls", str(root), "--latest", "--json").stdout)
+    assert (doc["id"], doc["step"], doc["status"]) == (good, 2, "committed")
+    assert portable_ckpt.open(res.stdout.strip()).id == good
+
+    newest = save_step(root, 5)
+    os.chmod(root / newest / "manifest.json", 0)
+    argv = [sys.executable, "-m", "portable_ckpt.cli.main", "ls", str(root), "--latest"]
+    if os.geteuid() == 0:  # root reads any file: run without the capabilities that allow it
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to drop CAP_DAC_OVERRIDE as root")
+        drop = "-dac_override,-dac_read_search"
+        argv = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *argv]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and res.stdout == ""
+    assert f"cannot tell the latest version: {newest} could not be read" in res.stderr

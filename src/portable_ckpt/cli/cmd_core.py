@@ -28,6 +28,8 @@ def _ls(args: argparse.Namespace) -> int:
 
     storage = open_storage(args.root)
     root_must_exist(storage)
+    if args.latest:
+        return _latest(args, list_versions(storage))
     # with the saves killed while all their objects were uploading: only their parts are stored
     problems: list[CheckpointError] = []
     versions = list_versions(storage, uploads=True, errors=problems)
@@ -83,6 +85,31 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
+    """``ls --latest``: the version a restore takes, its path alone (or its row with ``--json``).
+
+    The newest committed version (R-ID-4) that no verification failed: what
+    ``CheckpointManager.restore`` tries first on this root. Newer attempts that are not
+    versions are passed over with a word on stderr; a newer one whose record could not be read
+    stops the answer (R-ID-5: it may be the latest), exit 1, as it stops a restore.
+    """
+    for v in reversed(versions):
+        if v.status == "unreadable":
+            print(
+                f"portable-ckpt: cannot tell the latest version: {v.id} could not be read "
+                f"({safe(v.error or '?')}); a storage error is not 'no version': retry",
+                file=sys.stderr,
+            )
+            return 1
+        if v.status == "committed" and not v.verification_failed:
+            print(json.dumps(v.to_json(), indent=2) if args.json else safe(v.path))
+            return 0
+        why = "a verification of it failed" if v.status == "committed" else f"it is {v.status}"
+        print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
+    print(f"portable-ckpt: no committed version under {safe(args.root)}", file=sys.stderr)
+    return 1
 
 
 def _codecs(t: Any) -> str:
@@ -395,6 +422,13 @@ def register(sub: Any) -> None:
     """Add ``ls``, ``inspect``, ``verify`` and ``gc``."""
     p = sub.add_parser("ls", help="list the attempts of a root: committed, incomplete, invalid, foreign, unreadable or stray")
     p.add_argument("root", type=A.root_only)
+    p.add_argument(
+        "--latest",
+        action="store_true",
+        help="print only the version a restore takes: the path of the newest committed version "
+        "that no verification failed (exit 1 when there is none, or when a newer attempt could "
+        "not be read); with --json, its row",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_ls)
 
