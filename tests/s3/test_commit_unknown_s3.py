@@ -90,3 +90,25 @@ def test_torch_save_with_unknown_outcome_removes_nothing_on_any_rank(s3_proxied:
     ck = portable_ckpt.open(root)
     assert ck.step == 5 and ck.verify(deep=True) == []  # both ranks' shards are there
     assert len(ck.tensors["w"].ranges) == 2
+
+
+def test_a_404_reading_back_a_stored_record_removes_nothing(s3_proxied: S3Env) -> None:
+    """Attack review 2 F4: on a store that does not check uploads (moto), the record is read
+    back after its PUT. One 404 on that read (read-after-write lag, errata 9) made the save
+    delete its data files under the record it had published: the newest version could not be
+    read, and ``keep=1`` would have removed the intact one before it. Now the outcome is
+    unknown (R-COMMIT-19): nothing is removed, and the version is whole.
+    """
+    proxy = s3_proxied.proxy
+    root = s3_proxied.root()
+    portable_ckpt.save_arrays(root, {"w": np.full(100, 1, np.float32)}, step=1)
+    proxy.match_method, proxy.match_path = "GET", r"s000000000002[^/]*/manifest\.json"
+    proxy.fail_status, proxy.fail_every, proxy.fail_limit = (404, "NoSuchKey"), 1, 1
+    with pytest.raises(CommitOutcomeUnknownError, match="reading it back"):
+        portable_ckpt.save_arrays(root, {"w": np.full(100, 2, np.float32)}, step=2)
+    assert proxy.log.injected_by_status == {404: 1}
+    proxy.reset()
+    ck = portable_ckpt.open(root)
+    assert ck.step == 2 and ck.verify(deep=True) == []
+    np.testing.assert_array_equal(ck.read("w"), np.full(100, 2, np.float32))
+    assert [v.status for v in list_versions(root)] == ["committed", "committed"]

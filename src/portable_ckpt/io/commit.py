@@ -25,6 +25,7 @@ from portable_ckpt.errors import (
     CheckpointError,
     CommitConflictError,
     CommitOutcomeUnknownError,
+    FileMissingError,
     FileSizeError,
     LimitError,
     MetadataConflictError,
@@ -73,7 +74,7 @@ from portable_ckpt.io.tensor_table import (
     encode_table,
     range_name,
 )
-from portable_ckpt.io.versions import commit_time
+from portable_ckpt.io.versions import commit_time, lists_file, reread_record
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.storage.base import Storage
@@ -819,13 +820,14 @@ def _create_record(storage: Storage, attempt_id: str, data: bytes) -> bool:
         return storage.create_if_absent(record, data)
     except CommitOutcomeUnknownError:
         raise
-    except StorageError as exc:
+    except (StorageError, FileMissingError) as exc:
+        # FileMissingError: a backend's read-back of what it just stored answered 404.
         try:
-            if not storage.exists(record):
-                raise  # positively absent: nothing was published
-            found = storage.read_all(record, max_size=len(data))
-        except LimitError:
-            return False  # a longer record is there: another attempt's, a conflict
+            if not storage.exists(record) and not lists_file(storage, record):
+                raise  # absent, and no listing says otherwise (§15.1): nothing was published
+            found = reread_record(storage, record)
+            if len(found) > len(data):
+                return False  # a longer record is there: another attempt's, a conflict
         except CheckpointError as probe:
             if probe is exc:
                 raise

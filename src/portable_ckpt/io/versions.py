@@ -281,8 +281,8 @@ def _read_record(
             ) from exc
     elif storage.exists(rel):
         return _read_existing(storage, rel)
-    if _listed(storage, rel):
-        return _reread(storage, rel)
+    if lists_file(storage, rel):
+        return reread_record(storage, rel)
     check_record_absent(storage, attempt_id)
     raise ManifestMissingError(
         f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
@@ -301,13 +301,13 @@ def _read_existing(storage: Storage, rel: str) -> bytes:
     return storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
 
 
-def _listed(storage: Storage, rel: str) -> bool:
+def lists_file(storage: Storage, rel: str) -> bool:
     """Whether a listing of ``rel``'s directory shows it as a regular file."""
     parent = rel.rsplit("/", 1)[0] + "/"
     return any(info.path == rel for info in storage.list(parent, recursive=False))
 
 
-def _reread(storage: Storage, rel: str) -> bytes:
+def reread_record(storage: Storage, rel: str) -> bytes:
     """The record a store answered "absent" for but lists: asked once more, never taken as absent.
 
     One spurious 404 (an S3-compatible store's replication lag, a caching gateway, a misrouted

@@ -1304,9 +1304,24 @@ class S3Storage(ScannedStorage):
         Raises:
             StorageError: other bytes were stored (deleted again: a corrupted transfer is not
                 published, and the save fails instead of reporting success).
+            CommitOutcomeUnknownError: the record could not be read back. The PUT succeeded,
+                so it may be published: a 404 here is the lag of errata 9, not "not created",
+                and the caller must remove nothing (attack review 2 F4: the writer's data was
+                deleted under a published record).
 
         """
-        stored = self.read_all(path, max_size=len(data) + 1)
+        try:
+            stored: bytes | None = self.read_all(path, max_size=len(data) + 1)
+        except LimitError:
+            stored = None  # longer than what was sent: other bytes
+        except CheckpointError as exc:
+            raise CommitOutcomeUnknownError(
+                f"create {self._where(path)}: the store accepted the record, but reading it back "
+                f"to check it (the store does not check uploads) failed ({exc.message}); the "
+                "record may be published. Nothing was removed: check with `portable-ckpt ls` "
+                "and `verify`, then save again if it is missing",
+                path=path,
+            ) from exc
         if stored != bytes(data):
             self.delete(path)
             raise StorageError(
