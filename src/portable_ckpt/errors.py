@@ -367,4 +367,8 @@ def error_for_code(code: str) -> type[CheckpointError]:
 DAMAGE_CODES = frozenset((
     "PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-FILE-MISSING", "PCK-SHARD-HEADER", "PCK-SHARD-MISMATCH",
     "PCK-CODEC", "PCK-DTYPE-VALUE",
+    # A listed file that is a symbolic link: readers never follow it (R-SEC-1), so the version
+    # cannot be restored, as with a FIFO in its place (attack review 2 F9). A path of the record
+    # itself that leaves the attempt never gets this far: such a record is invalid.
+    "PCK-PATH-UNSAFE",
 ))

@@ -358,3 +358,48 @@ def test_a_restore_checks_the_files_it_did_not_need_and_records_their_damage(
     with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
         again = mgr.restore({"w": torch.zeros(4), "rng": pckt.RNGState()})
         assert again is not None and again.step == 1  # never chosen again (R-DRILL-8)
+
+
+@pytest.mark.parametrize("replace", ["declared", "symlink"])
+def test_the_background_check_is_bounded_by_bytes_present_and_a_link_is_damage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], replace: str
+) -> None:
+    """Attack review 2 F3, F9. A record that declares files of 1 GiB (with 1 GiB blocks) that
+    are not there made the background check after a restore allocate 1 GiB per file, kept alive
+    by the errors' tracebacks, until the process was OOM-killed; now the size is asked first.
+    A listed file replaced by a symlink (readers never follow one) went unnoticed, while a FIFO
+    or a directory in its place was damage; it is damage too."""
+    import json
+    import resource
+
+    from portable_ckpt.io.versions import list_versions
+
+    root = tmp_path / "r"
+    state = {"w": torch.arange(4.0), "rng": pckt.RNGState()}
+    with pckt.CheckpointManager(root, save_every=1, async_save=False) as mgr:
+        mgr.maybe_save(1, state)
+    vdir = next(root.iterdir())
+    if replace == "declared":
+        record = json.loads((vdir / "manifest.json").read_text())
+        for i in range(8):  # 8 GiB declared, nothing there
+            record["files"][f"index/w{i + 1:05d}.json"] = {"size": 1 << 30, "checksum": {
+                "algorithm": "crc32c", "block_size": 1 << 30, "blocks": "00000000"}}
+        (vdir / "manifest.json").write_text(json.dumps(record))
+        code = "PCK-FILE-MISSING"
+    else:
+        index = next((vdir / "index").iterdir())
+        moved = tmp_path / "elsewhere.json"
+        index.rename(moved)
+        index.symlink_to(moved)
+        code = "PCK-PATH-UNSAFE"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    capsys.readouterr()
+    target = {"w": torch.zeros(4), "rng": pckt.RNGState()}
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        info = mgr.restore(target)
+        assert info is not None and info.step == 1 and target["w"].tolist() == [0, 1, 2, 3]
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
+    assert grown_mib < 256, f"peak RSS grew by {grown_mib:.0f} MiB"
+    err = capsys.readouterr().err
+    assert "files the restore did not need are damaged" in err and code in err
+    assert list_versions(root)[0].verification_failed
