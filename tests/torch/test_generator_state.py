@@ -90,3 +90,82 @@ def test_a_hostile_stored_state_is_an_entry_schema_error(bad: object) -> None:
             entry.restore(bad)
     with pytest.raises(EntrySchemaError):
         pckt.GeneratorState(torch.Generator()).restore({"kind": "torch", "state": "AAAA"})
+
+
+def _np_state(bits: str, **change: object) -> dict[str, object]:
+    from portable_ckpt.torch.state import _np_plain
+
+    state = _np_plain(getattr(np.random, bits)(3).state)
+    for path, v in change.items():
+        node = state
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = v
+    return {"kind": "numpy", "state": state}
+
+
+@pytest.mark.parametrize(("bits", "change"), [
+    ("MT19937", {"state__pos": 100_000_000}),  # a segfault at the first draw
+    ("MT19937", {"state__pos": -3}),  # draws from memory before the key
+    ("MT19937", {"state__key": [1.5] * 624}),  # floats, truncated silently
+    ("MT19937", {"state__key": [True] * 624}),
+    ("MT19937", {"state__key": [2**32] * 624}),
+    ("Philox", {"buffer_pos": -2}),  # draws of unrelated heap memory
+    ("Philox", {"buffer_pos": 100_000_000}),
+    ("Philox", {"state__counter": [0, 0, 0]}),
+    ("PCG64", {"has_uint32": 2}),
+    ("PCG64", {"uinteger": 2**32}),
+    ("PCG64", {"extra": 1}),
+    ("SFC64", {"bit_generator": "PCG64"}),
+])
+def test_a_numpy_state_out_of_its_generators_ranges_is_refused(
+    bits: str, change: dict[str, object]
+) -> None:
+    """Attack review 2 F1: NumPy does not range-check positions, and indexes its buffers with
+    them; a stored state is checked against the generator's own layout first. F2: a refused
+    state leaves ``restored`` False and the generator as it was."""
+    from portable_ckpt.errors import EntrySchemaError
+
+    gen = np.random.Generator(getattr(np.random, bits)(5))
+    before = gen.bit_generator.state
+    entry = pckt.GeneratorState(gen)
+    with pytest.raises(EntrySchemaError, match="generator state cannot be applied"):
+        entry.restore(_np_state(bits, **change))
+    assert not entry.restored
+    assert str(gen.bit_generator.state) == str(before)
+    entry.restore(_np_state(bits))  # the same state unchanged is applied
+    assert entry.restored
+
+
+@pytest.mark.parametrize("state", [None, 5, ["AAAA"]])
+def test_a_torch_state_that_is_no_string_is_an_entry_schema_error(state: object) -> None:
+    """Attack review 2 F2: it escaped as AttributeError, reported as PCK-DISTRIBUTED."""
+    from portable_ckpt.errors import EntrySchemaError
+
+    entry = pckt.GeneratorState(torch.Generator())
+    with pytest.raises(EntrySchemaError):
+        entry.restore({"kind": "torch", "state": state})
+    assert not entry.restored
+
+
+def test_spawn_after_a_resume_continues_the_saved_runs_children(tmp_path: Path) -> None:
+    """Attack review 2 F8: the SeedSequence stayed the fresh generator's, so the first child
+    spawned after a resume was the saved run's first child again (the same stream twice)."""
+    g = np.random.default_rng(1234)
+    g.spawn(2)
+    g.random(3)
+    pckt.save({"n": pckt.GeneratorState(g)}, str(tmp_path / "r"), step=1)
+    want_child = g.spawn(1)[0].random(4)
+
+    g2 = np.random.default_rng(1234)  # the job rebuilds its generator from its seed
+    pckt.load({"n": pckt.GeneratorState(g2)}, str(tmp_path / "r"))
+    assert np.array_equal(g2.spawn(1)[0].random(4), want_child)
+
+    other = np.random.default_rng(99)  # another seed: draws continue, children cannot
+    with pytest.warns(UserWarning, match="spawn\\(\\) will not: it was seeded otherwise"):
+        pckt.load({"n": pckt.GeneratorState(other)}, str(tmp_path / "r"))
+    with pytest.raises(Exception, match="n_children_spawned"):
+        value = pckt.GeneratorState(np.random.default_rng(1234)).capture()
+        value["seed_seq"]["n_children_spawned"] = 10**9
+        pckt.GeneratorState(np.random.default_rng(1234)).restore(value)

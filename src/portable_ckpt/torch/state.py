@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import base64
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -173,6 +173,11 @@ class GeneratorState(StateEntry):
     into the same generator object (after everything else, like the RNG). Registering it keeps
     an ``exact`` contract true (continuation review F3).
 
+    A NumPy generator's ``spawn()`` continues the saved run's children when the generator is
+    rebuilt from the saved run's seed before the load (its SeedSequence cannot be replaced, only
+    advanced); otherwise its draws continue and a load of a run that spawned says that its
+    children will not (a ``UserWarning``).
+
     Args:
         generator: The generator (its state is read at each save, set at each load).
         world_size_policy: What a different world size gets (default ``modulo``, as the RNG).
@@ -198,27 +203,138 @@ class GeneratorState(StateEntry):
         self.restored = False
 
     def capture(self) -> Any:
-        """Return the generator's state as JSON."""
+        """Return the generator's state as JSON (a NumPy one's with its SeedSequence)."""
         if self.kind == "torch":
             return {"kind": "torch", "state": _b64(self.generator.get_state())}
-        state = self.generator.bit_generator.state
-        return {"kind": "numpy", "state": encode_json(_np_plain(state), key="state")}
+        bitgen = self.generator.bit_generator
+        value = {"kind": "numpy", "state": encode_json(_np_plain(bitgen.state), key="state")}
+        seq = _seed_seq(bitgen)
+        if seq is not None:
+            value["seed_seq"] = encode_json(seq, key="seed_seq")
+        return value
 
     def restore(self, value: Any) -> None:
-        """Set the generator to a stored state (``None``: keep its current one)."""
-        self.restored = value is not None
+        """Set the generator to a stored state (``None``: keep its current one).
+
+        A NumPy state is checked against the generator's own layout before it is applied: NumPy
+        does not range-check positions, and a hostile ``pos`` made draws read memory outside the
+        generator, or crash the process (attack review 2 F1). Its SeedSequence cannot be
+        replaced, so it is advanced past the children the saved run spawned: ``spawn()`` after
+        a resume continues the saved run's children instead of repeating them (F8).
+
+        Raises:
+            EntrySchemaError: the stored value is not a state of this generator.
+
+        """
+        self.restored = False
         if value is None:
             return
         try:
-            kind = value["kind"]
-            if kind != self.kind:
-                raise ValueError(f"the stored state is a {kind} generator's, this is {self.kind}")
-            if kind == "torch":
+            if not isinstance(value, dict) or value.get("kind") != self.kind:
+                got = value.get("kind") if isinstance(value, dict) else type(value).__name__
+                raise ValueError(f"the stored state is a {got} generator's, this is {self.kind}")
+            if self.kind == "torch":
+                if not isinstance(value.get("state"), str):
+                    raise ValueError("a torch generator's state is a base64 string")
                 self.generator.set_state(_unb64(value["state"]))
             else:
-                self.generator.bit_generator.state = decode_json(value["state"])
+                bitgen = self.generator.bit_generator
+                bitgen.state = _np_state(bitgen, decode_json(value.get("state")))
+                _advance_seed_seq(bitgen, value.get("seed_seq"))
         except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
             raise EntrySchemaError(f"generator state cannot be applied: {e}") from e
+        self.restored = True
+
+
+#: Largest values of the integers of NumPy bit generator states, by name (others: < 2**128).
+_NP_INT_MAX = {"pos": 624, "buffer_pos": 4, "has_uint32": 1, "uinteger": 2**32 - 1}
+
+
+def _np_state(bitgen: Any, stored: Any) -> dict[str, Any]:
+    """``stored`` checked member by member against ``bitgen``'s own state, with NumPy arrays.
+
+    Same members, the same array lengths and element widths, integers (never booleans or
+    floats) within their ranges; a position at most its buffer's length. NumPy's setters check
+    little of this, and index their buffers with what they are given.
+    """
+    template = bitgen.state
+
+    def check(want: Any, got: Any, where: str) -> Any:
+        if isinstance(want, dict):
+            if not isinstance(got, dict) or set(got) != set(want):
+                raise ValueError(f"{where}: members {sorted(want)} expected")
+            return {k: check(want[k], got[k], f"{where}.{k}") for k in want}
+        if isinstance(want, np.ndarray):
+            if not isinstance(got, list) or len(got) != want.size:
+                raise ValueError(f"{where}: a list of {want.size} integers expected")
+            top = 2 ** (8 * want.dtype.itemsize) - 1
+            for x in got:
+                if type(x) is not int or not 0 <= x <= top:
+                    raise ValueError(f"{where}: integers of 0 … {top} expected")
+            return np.array(got, dtype=want.dtype).reshape(want.shape)
+        if isinstance(want, str):
+            if got != want:
+                raise ValueError(f"{where}: {want!r} expected, the stored state is {got!r}'s")
+            return got
+        top = _NP_INT_MAX.get(where.rsplit(".", 1)[-1], 2**128 - 1)
+        if type(got) is not int or not 0 <= got <= top:
+            raise ValueError(f"{where}: an integer of 0 … {top} expected")
+        return got
+
+    return cast(dict[str, Any], check(template, stored, "state"))
+
+
+def _seed_seq(bitgen: Any) -> dict[str, Any] | None:
+    """A bit generator's SeedSequence as JSON (``None`` for one that is not a SeedSequence)."""
+    seq = getattr(bitgen, "seed_seq", None)
+    if not isinstance(seq, np.random.SeedSequence):
+        return None
+    entropy = seq.entropy
+    return {
+        "entropy": [int(x) for x in entropy] if isinstance(entropy, (list, tuple, np.ndarray))
+        else (None if entropy is None else int(entropy)),
+        "spawn_key": [int(x) for x in seq.spawn_key],
+        "pool_size": int(seq.pool_size),
+        "n_children_spawned": int(seq.n_children_spawned),
+    }
+
+
+#: Children a stored SeedSequence may claim to have spawned (spawning them again costs time).
+_MAX_CHILDREN = 1 << 16
+
+
+def _advance_seed_seq(bitgen: Any, stored: Any) -> None:
+    """Spawn (and drop) the children the saved run had spawned beyond this generator's.
+
+    Only for the same sequence (entropy, spawn key, pool size): another seed's children differ
+    whatever is done, and a generator that spawned more than the saved run cannot go back; both
+    are said (a ``UserWarning``), as the contract cannot cover them.
+    """
+    mine = _seed_seq(bitgen)
+    if stored is None or mine is None:
+        return
+    if not isinstance(stored, dict) or type(stored.get("n_children_spawned")) is not int:
+        raise ValueError("seed_seq: n_children_spawned expected")
+    want = stored["n_children_spawned"]
+    if not 0 <= want <= _MAX_CHILDREN:
+        raise ValueError(f"seed_seq.n_children_spawned: 0 … {_MAX_CHILDREN} expected")
+    same = all(stored.get(k) == mine[k] for k in ("entropy", "spawn_key", "pool_size"))
+    have = mine["n_children_spawned"]
+    if same and want >= have:
+        if want > have:
+            bitgen.seed_seq.spawn(want - have)
+        return
+    if not same and want == have == 0:
+        return  # a run that never spawned: said in the class docstring, not at every load
+    import warnings
+
+    why = ("it was seeded otherwise than the saved run's" if not same else
+           f"it spawned {have} children, the saved run {want}")
+    warnings.warn(
+        f"GeneratorState: draws continue the saved run's, but spawn() will not: {why}; build "
+        "the generator with the saved run's seed before restoring, and spawn after it",
+        UserWarning, stacklevel=3,
+    )
 
 
 def _np_plain(value: Any) -> Any:
