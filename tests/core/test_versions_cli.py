@@ -350,3 +350,32 @@ def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
     res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and res.stdout == ""
     assert f"cannot tell the latest version: {newest} could not be read" in res.stderr
+
+
+@pytest.mark.parametrize("skewed", ["ahead", "behind"])
+def test_retire_abandoned_needs_the_stores_clock_to_agree(tmp_path, skewed: str) -> None:
+    """Multi-job review F1: one version committed by a host whose clock was 2 h ahead made
+    ``gc --retire-abandoned`` delete every later version, the latest included (exit 0); one
+    committed by a host 10 min behind was retired as the newest. ``committed_at`` is the
+    writer's clock; the storage's times of the records must agree before anything is retired."""
+    import datetime as dt
+
+    root = tmp_path / "r"
+    ids = {s: save_step(root, s, float(s)) for s in (100, 110, 120, 130)}
+    odd = ids[100] if skewed == "ahead" else ids[130]
+    shift = dt.timedelta(hours=2) if skewed == "ahead" else -dt.timedelta(minutes=10)
+    record = root / odd / "manifest.json"
+    st = record.stat()
+    doc = json.loads(record.read_text())
+    when = dt.datetime.strptime(doc["committed_at"], "%Y-%m-%dT%H:%M:%S.%fZ") + shift
+    doc["committed_at"] = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    record.write_text(json.dumps(doc))  # as that host's clock would have written it
+    os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))  # the store's own time is right
+    res = cli("gc", str(root), "--keep", "3", "--retire-abandoned")
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    doubted = [ids[s] for s in (110, 120, 130)] if skewed == "ahead" else [ids[130]]
+    for v in doubted:
+        assert f"kept    {v}  (--retire-abandoned: its committed_at" in res.stdout
+    assert "writer's clock was off" in res.stdout and "(--retire-abandoned)\n" not in res.stdout
+    assert portable_ckpt.open(str(root)).step == 130
+    assert {v.step for v in list_versions(root)} >= {110, 120, 130}

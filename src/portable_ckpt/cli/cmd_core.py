@@ -364,6 +364,8 @@ def _gc(args: argparse.Namespace) -> int:
         for v in rep.newer_branch:
             print(f"kept    {v}  (committed after the latest version, at a lower step: a "
                   "rollback's new branch; --retire-abandoned makes it the latest)")
+        for d in rep.retire_doubted:
+            print(f"kept    {d['id']}  (--retire-abandoned: {safe(d['reason'])})")
         what = "no valid commit record" if args.delete_invalid else "abandoned attempt"
         for v in rep.abandoned:
             print(f"{verb}  {v}  ({what})")
@@ -415,7 +417,7 @@ def _gc(args: argparse.Namespace) -> int:
             "named there is fixed (a storage that did not answer, or permissions)",
             file=sys.stderr,
         )
-    return 1 if rep.damaged or not rep.complete else 0
+    return 1 if rep.damaged or rep.retire_doubted or not rep.complete else 0
 
 
 def register(sub: Any) -> None:

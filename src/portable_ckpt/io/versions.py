@@ -1128,6 +1128,9 @@ class GcReport:
     retired: list[str] = field(default_factory=list)
     #: Superseded drill, copy and verification records removed from kept versions (R-DRILL-9).
     pruned_records: int = 0
+    #: Versions ``retire_abandoned`` did not retire because the store's clock does not confirm
+    #: the writers' (``{"id", "reason"}``).
+    retire_doubted: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -1151,6 +1154,7 @@ class GcReport:
             "newer_branch": self.newer_branch,
             "retired": self.retired,
             "pruned_records": self.pruned_records,
+            "retire_doubted": self.retire_doubted,
             "unknown": self.unknown,
             "complete": self.complete,
         }
@@ -1278,7 +1282,7 @@ def gc(
     extra = _upload_only(storage, uploads, [v.id for v in listed])
     versions = _known_versions(storage, sorted(listed + extra, key=_order_key), report)
     if retire_abandoned:
-        retired = _abandoned_branch(versions)
+        retired = _abandoned_branch(storage, versions, report)
         report.retired = [v.id for v in retired]
         report.deleted += report.retired
         versions = [v for v in versions if v not in retired]
@@ -1441,24 +1445,64 @@ def _abort_orphan_uploads(
             report.skip(v.id, "uploads not checked", exc)
 
 
-def _abandoned_branch(versions: list[VersionInfo]) -> list[VersionInfo]:
+def _abandoned_branch(
+    storage: Storage, versions: list[VersionInfo], report: GcReport
+) -> list[VersionInfo]:
     """Committed versions that a later commit at the same or a lower step abandoned.
 
     A job resumed from step S and saved S+1, S+2 ... again: the first run's versions above S
     were committed before a version at their step or below, and readers (by step first) still
     return them. In a run that never went back no version is abandoned.
+
+    ``committed_at`` comes from the clock of the host that committed: one writer whose clock
+    was ahead (or behind) looked like a rollback, and every later version (or the latest) was
+    retired (multi-job review F1). So a version is retired only when the storage's own times
+    of the two commit records (their listed modification times: one clock, the store's) agree
+    that the later commit came later; where they disagree, or a time is unknown, it is kept and
+    named in ``report.retire_doubted``.
     """
     committed = sorted((v for v in versions if v.status == COMMITTED), key=lambda v: v.step)
-    out: list[VersionInfo] = []
-    later: tuple[int, ...] = ()  # the latest commit time at a step below the current one
+    times = {v.id: timestamp_key(v.committed_at) for v in committed}
+    stored: dict[str, float | None] = {}
+
+    def stored_time(v: VersionInfo) -> float | None:
+        if v.id not in stored:
+            try:
+                stored[v.id] = next(
+                    (o.mtime for o in storage.list(f"{v.id}/", recursive=False)
+                     if o.path == f"{v.id}/manifest.json"), None)
+            except CheckpointError:
+                stored[v.id] = None
+        return stored[v.id]
+
+    candidates: list[VersionInfo] = []  # by the writers' clocks, in one pass
+    bound: tuple[int, ...] = ()  # the latest commit time at a step below the current one
     i = 0
     while i < len(committed):
         group = [v for v in committed[i:] if v.step == committed[i].step]
         i += len(group)
-        times = [timestamp_key(v.committed_at) for v in group]
-        bound = max([later, *times])
-        out += [v for v, t in zip(group, times, strict=True) if t < bound]
-        later = bound
+        top = max([bound, *(times[v.id] for v in group)])
+        candidates += [v for v in group if times[v.id] < top]
+        bound = top
+    out: list[VersionInfo] = []
+    for v in candidates:
+        later = [w for w in committed
+                 if w is not v and w.step <= v.step and times[w.id] > times[v.id]]
+        mine = stored_time(v)
+        by = next((w for w in later if mine is not None and (stored_time(w) or 0.0) > mine), None)
+        if by is not None:
+            out.append(v)
+            continue
+        w = max(later, key=lambda w: times[w.id])
+        report.retire_doubted.append({
+            "id": v.id,
+            "reason": (
+                f"its committed_at {v.committed_at} is earlier than {w.id}'s {w.committed_at} "
+                f"(step {w.step}), but the storage's times of the two commit records do not "
+                "agree that it came later: a writer's clock was off, or the versions were "
+                "copied out of order; kept"
+            ),
+        })
     return out
 
 
