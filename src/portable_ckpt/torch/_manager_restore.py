@@ -143,6 +143,7 @@ def restore(
     allow_statistical: bool,
     record_ranges: bool,
     strict: bool = True,
+    strict_dtype: bool = False,
 ) -> LoadInfo | None:
     """The body of :meth:`CheckpointManager.restore` (see there)."""
     t0 = time.perf_counter()
@@ -162,7 +163,8 @@ def restore(
             )
         try:
             info = load_one(
-                mgr, state, tier_name, ident, allow_statistical, record_ranges, strict=strict
+                mgr, state, tier_name, ident, allow_statistical, record_ranges, strict=strict,
+                strict_dtype=strict_dtype,
             )
         except Exception as e:
             err = _fall_back_or_raise(mgr, e)
@@ -180,6 +182,7 @@ def restore(
         if step is not None:
             _warn_if_rolled_back(mgr, info.step)
         _say_unread(mgr, info)
+        _say_casts(mgr, info)
         _check_the_rest(mgr, tier_name, ident)
         return info
     _nothing_restored(mgr, t0, fallbacks, len(cands), step)
@@ -247,6 +250,24 @@ def _say_unread(mgr: CheckpointManager, info: LoadInfo) -> None:
         f"rank 0: restored step {info.step}, but {len(unread)} stored tensor(s) are not in the "
         f"state and were not read ({shown}): a layer removed since the save? "
         "(LoadInfo.unexpected_keys lists them)"
+    )
+
+
+def _say_casts(mgr: CheckpointManager, info: LoadInfo) -> None:
+    """Rank 0: tensors were loaded into other dtypes than stored (a config changed?).
+
+    The manager's stderr, like removed layers: a job that changed its dtype should not learn
+    it from its loss (multi-job review F5). Casts that destroy values were refused already.
+    """
+    if mgr.rank != 0 or not info.casts:
+        return
+    shown = ", ".join(f"{c['key']!r} {c['stored']} → {c['target']}" for c in info.casts[:3])
+    flushed = sum(int(c["flushed"]) for c in info.casts)
+    lost = f"; {flushed} non-zero value(s) became 0 on rank 0" if flushed else ""
+    say(
+        f"rank 0: restored step {info.step} into {len(info.casts)} tensor(s) of another dtype "
+        f"than stored ({shown}{', ...' if len(info.casts) > 3 else ''}){lost}: a changed "
+        "config? (LoadInfo.casts lists them; restore(strict_dtype=True) refuses casts)"
     )
 
 
@@ -413,6 +434,7 @@ def load_one(
     record_ranges: bool = False,
     *,
     strict: bool = True,
+    strict_dtype: bool = False,
 ) -> LoadInfo:
     """Load one candidate (a version directory, or an attempt of a tier)."""
     kwargs: dict[str, Any] = {
@@ -421,6 +443,7 @@ def load_one(
         "timeout": mgr.timeout,
         "record_ranges": record_ranges,
         "strict": strict,
+        "strict_dtype": strict_dtype,
     }
     if tier_name == "explicit":
         return load(state, ident, **kwargs)  # a version directory

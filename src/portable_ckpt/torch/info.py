@@ -63,6 +63,10 @@ class LoadInfo:
         entries_loaded: Non-tensor entries applied.
         missing_keys: Target keys absent from the checkpoint (only with ``strict=False``).
         unexpected_keys: Stored tensor and plain-value keys the target did not ask for.
+        casts: The tensors this rank loaded into another dtype than the stored one: ``{"key",
+            "stored", "target", "elements", "flushed"}`` (``flushed``: non-zero values that
+            became 0). A cast that made finite values infinite, or every non-zero value 0, was
+            refused instead.
         per_rank: Every rank's counters (from the final status exchange).
         range_map: With ``record_ranges=True``: for each key, the stored boxes (file, writer
             box) and the target box they fill on this rank.
@@ -86,6 +90,7 @@ class LoadInfo:
     entries_loaded: int = 0
     missing_keys: list[str] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
+    casts: list[dict[str, Any]] = field(default_factory=list)
     per_rank: list[dict[str, Any]] = field(default_factory=list)
     range_map: list[dict[str, Any]] | None = None
 

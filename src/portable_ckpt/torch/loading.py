@@ -99,7 +99,9 @@ def load(
         timeout: Seconds a metadata collective may wait for peers.
         record_ranges: Record the stored-to-target range map in ``LoadInfo.range_map``.
         strict_dtype: Refuse (PCK-USAGE) a target whose dtype differs from the stored one
-            instead of casting; a cast is otherwise logged once per family of tensors.
+            instead of casting; a cast is otherwise logged once per family of tensors and
+            listed in ``LoadInfo.casts``. A cast that would make finite values infinite, every
+            non-zero value of a box 0, or change an integer, is refused either way.
 
     Raises:
         ContractError: exact checkpoint onto another world size/mesh without
@@ -351,7 +353,9 @@ def _load_tensors(
     ck.read_many(in_place)
     if record_ranges:
         info.range_map = ranges
-    return _read_converted(ck, converted)
+    peak = _read_converted(ck, converted, casts)
+    info.casts = casts.report()
+    return peak
 
 
 def _check_target(key: str, local: torch.Tensor) -> None:
@@ -378,8 +382,15 @@ def _check_target(key: str, local: torch.Tensor) -> None:
 CONVERT_BATCH_BYTES = 64 << 20
 
 
-def _read_converted(ck: Checkpoint, targets: list[tuple[ReadRequest, torch.Tensor]]) -> int:
-    """Read targets that need a dtype or device conversion, batch by batch; return the peak."""
+def _read_converted(
+    ck: Checkpoint,
+    targets: list[tuple[ReadRequest, torch.Tensor]],
+    casts: _Casts | None = None,
+) -> int:
+    """Read targets that need a dtype or device conversion, batch by batch; return the peak.
+
+    A dtype conversion is checked by ``casts`` (:meth:`_Casts.convert`) before it is written.
+    """
     peak = 0
     batch: list[tuple[ReadRequest, torch.Tensor]] = []
     size = 0
@@ -390,8 +401,12 @@ def _read_converted(ck: Checkpoint, targets: list[tuple[ReadRequest, torch.Tenso
         if size >= CONVERT_BATCH_BYTES or i == len(targets) - 1:
             arrays = ck.read_many([r for r, _ in batch])
             with torch.no_grad():
-                for (_, dst), arr in zip(batch, arrays, strict=True):
-                    dst.copy_(torch_from_numpy(arr).to(dst.dtype))
+                for (req, dst), arr in zip(batch, arrays, strict=True):
+                    src = torch_from_numpy(arr)
+                    out = src.to(dst.dtype)
+                    if casts is not None and out.dtype != src.dtype:
+                        casts.convert(req.key, src, out)
+                    dst.copy_(out)
             peak = max(peak, size)
             batch, size = [], 0
     return peak
@@ -407,6 +422,47 @@ class _Casts:
     def __init__(self, strict: bool) -> None:
         self.strict = strict
         self.seen: set[tuple[str, str, str]] = set()
+        #: key → what its conversion did on this rank (``LoadInfo.casts``)
+        self.done: dict[str, dict[str, Any]] = {}
+
+    def convert(self, key: str, src: torch.Tensor, out: torch.Tensor) -> None:
+        """Account for one cast box; refuse one that changes what the values are.
+
+        A narrower float type turns large values into ``inf`` and small ones into 0: an AdamW
+        ``exp_avg_sq`` loaded into float16 became all zeros, a 1e5 buffer ``inf``, and the
+        job went on (multi-job review F5). Refused: a finite value made infinite, a box whose
+        every non-zero value became 0, and an integer target that cannot hold a value (it
+        wraps or truncates). Zeros among other values are counted (``flushed``).
+        """
+        rec = self.done.setdefault(key, {
+            "key": key, "stored": format_dtype(src.dtype, key=key),
+            "target": format_dtype(out.dtype, key=key), "flushed": 0, "elements": 0,
+        })
+        rec["elements"] += src.numel()
+        why = ""
+        if out.is_floating_point() or out.is_complex():
+            overflow = int((torch.isfinite(src) & ~torch.isfinite(out)).sum())
+            nonzero = src != 0
+            flushed = int((nonzero & (out == 0)).sum())
+            rec["flushed"] += flushed
+            if overflow:
+                why = f"{overflow} finite value(s) would become infinite"
+            elif flushed and flushed == int(nonzero.sum()):
+                why = f"every non-zero value ({flushed}) would become 0"
+        else:
+            changed = int((out.to(src.dtype) != src).sum())
+            if changed:
+                why = f"{changed} value(s) do not fit and would change"
+        if why:
+            raise UsageError(
+                f"tensor {key!r}: casting the stored {rec['stored']} to the target's "
+                f"{rec['target']}: {why}; build the target with dtype {rec['stored']} (and "
+                "cast it after the load, if that is what you want)"
+            )
+
+    def report(self) -> list[dict[str, Any]]:
+        """The casts of this rank's load, one per key (``LoadInfo.casts``)."""
+        return list(self.done.values())
 
     def check(self, ck: Checkpoint, key: str, local: torch.Tensor) -> None:
         stored, target = ck.tensors[key].dtype, format_dtype(local.dtype, key=key)

@@ -402,6 +402,7 @@ class CheckpointManager:
         allow_statistical: bool = False,
         record_ranges: bool = False,
         strict: bool = True,
+        strict_dtype: bool = False,
     ) -> LoadInfo | None:
         """Fill ``state`` from the newest committed, verified version over both tiers.
 
@@ -412,8 +413,11 @@ class CheckpointManager:
         directory (e.g. a seed from another run) instead. ``record_ranges`` is passed to
         :func:`~portable_ckpt.torch.load`, and so is ``strict``: ``False`` keeps the current
         value of what the version lacks (listed in ``LoadInfo.missing_keys``), e.g. the RNG and
-        data position of a converted checkpoint restored as a seed, which has neither. A
-        version found damaged gets a failed verification
+        data position of a converted checkpoint restored as a seed, which has neither.
+        ``strict_dtype`` too: ``True`` refuses a target whose dtype differs from the stored
+        one; otherwise values are cast, rank 0 says so on stderr (``LoadInfo.casts``), and a
+        cast that would make finite values infinite, or every non-zero value 0, is refused
+        (``PCK-USAGE``). A version found damaged gets a failed verification
         record (never tried again); restoring an older ``step`` than the job's newest is said on
         stderr (the newer steps would win the next restore).
 
@@ -428,7 +432,9 @@ class CheckpointManager:
         """
         self._check_open()
         self._settle_pending()
-        return _restore(self, state, step, checkpoint, allow_statistical, record_ranges, strict)
+        return _restore(
+            self, state, step, checkpoint, allow_statistical, record_ranges, strict, strict_dtype
+        )
 
     def mark_resumed(self) -> None:
         """Tell the manager the first step after a restore completed (time to resume)."""
