@@ -379,3 +379,31 @@ def test_retire_abandoned_needs_the_stores_clock_to_agree(tmp_path, skewed: str)
     assert "writer's clock was off" in res.stdout and "(--retire-abandoned)\n" not in res.stdout
     assert portable_ckpt.open(str(root)).step == 130
     assert {v.step for v in list_versions(root)} >= {110, 120, 130}
+
+
+def test_the_listing_cache_keeps_nothing_of_an_invalid_record(tmp_path) -> None:
+    """Attack review 2 F11: the cached classification of an invalid record kept its error's
+    traceback, whose frames held the record's bytes and parsed document: every listing of a
+    rewritten 8 MiB record pinned about 40 MiB for the life of the process."""
+    import gc as pygc
+    import tracemalloc
+
+    from portable_ckpt.io import versions
+
+    root = tmp_path / "r"
+    aid = save_step(root, 1)
+    record = root / aid / "manifest.json"
+    tracemalloc.start()
+    try:
+        base = None
+        for i in range(5):
+            record.write_text(json.dumps([i] + [0] * 500_000))  # 2 MB, invalid, new bytes
+            assert [v.status for v in list_versions(root)] == ["invalid"]
+            pygc.collect()
+            now = tracemalloc.get_traced_memory()[0]
+            base = now if base is None else base
+        grown = now - base
+    finally:
+        tracemalloc.stop()
+        versions._SUMMARIES.clear()
+    assert grown < 1 << 20, f"{grown} bytes kept by 4 more listings"

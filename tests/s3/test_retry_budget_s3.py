@@ -92,3 +92,42 @@ def test_retry_seconds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PCK_S3_RETRY_SECONDS", "soon")
     with pytest.raises(UsageError, match="PCK_S3_RETRY_SECONDS"):
         S3Options.from_env()
+
+
+def test_a_thousand_tries_back_off_without_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack review 2 F6: the backoff's ``2 ** (attempt - 2)`` overflowed a float at the
+    1,026th try, and the retry loop ended with an OverflowError instead of the failure."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    from portable_ckpt.storage import s3 as s3mod
+
+    st = s3mod.S3Storage("bucket-x", options=S3Options(max_attempts=1100, retry_seconds=0.0))
+    monkeypatch.setattr(s3mod.time, "sleep", lambda s: None)
+    tries = [0]
+
+    def call() -> None:
+        tries[0] += 1
+        raise BotoConnectionError(error="reset")
+
+    with pytest.raises(BotoConnectionError):
+        st._boto_call(call, "GET", "k")
+    assert tries[0] == 1100
+
+
+def test_a_checksum_probe_without_an_answer_is_not_cached(s3_proxied: S3Env) -> None:
+    """Attack review 2 F7: any failure of the probe was cached for the process as "the store
+    checks CRC32C", which switched the commit record's read-back off for good."""
+    from portable_ckpt.storage import open_storage
+    from portable_ckpt.storage import s3 as s3mod
+
+    root = s3_proxied.root("run")
+    proxy = s3_proxied.proxy
+    proxy.match_method, proxy.match_path = "PUT", r"pck-checksum-probe"
+    proxy.fail_status, proxy.fail_every = (503, "SlowDown"), 1
+    st = open_storage(root)
+    assert isinstance(st, s3mod.S3Storage)
+    assert st.validates_checksums() is False  # unknown: the safe way
+    assert (st.options.endpoint_url, st.bucket) not in s3mod._VALIDATES
+    proxy.reset()
+    assert open_storage(root).validates_checksums() is False  # asked again: moto keeps it
+    assert s3mod._VALIDATES[(st.options.endpoint_url, st.bucket)] is False

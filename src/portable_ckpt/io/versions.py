@@ -880,13 +880,24 @@ def _summary(storage: Storage, name: str) -> tuple[Classification, int | None]:
             _SUMMARIES.move_to_end(key)
             return hit
     c = classify_record(name, data)
-    hit = (dataclasses.replace(c, manifest=None),
+    # The error without its traceback and chained errors: their frames hold the record's bytes
+    # and parsed document, pinned for the life of the process (attack review 2 F11).
+    error = None if c.error is None else _bare(c.error)
+    hit = (dataclasses.replace(c, manifest=None, error=error),
            None if c.manifest is None else _files_bytes(c.manifest))
     with _SUMMARIES_LOCK:
         _SUMMARIES[key] = hit
         while len(_SUMMARIES) > _SUMMARIES_MAX:
             _SUMMARIES.popitem(last=False)
     return hit
+
+
+def _bare(exc: CheckpointError) -> CheckpointError:
+    """``exc`` holding nothing but its message: no traceback, no cause, no context."""
+    exc.__traceback__ = None
+    exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
+    return exc
 
 
 def _files_bytes(manifest: Manifest) -> int:

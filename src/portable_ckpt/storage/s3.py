@@ -351,6 +351,9 @@ _RETRY_CODES = frozenset({
 })
 
 
+#: S3 error codes of an upload refused for its checksum.
+_CHECKSUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"})
+
 #: Per-key codes of a bulk delete's 200 answer that mean "try again" (5xx-like). Any other
 #: per-key code (AccessDenied, ...) is final.
 _KEY_RETRY_CODES = frozenset({"InternalError", "ServiceUnavailable"})
@@ -602,7 +605,8 @@ class S3Storage(ScannedStorage):
                     raise
                 attempt += 1
                 _log_retry(why[0], why[1], why[2], attempt, opts.max_attempts, opts.retry_seconds)
-                cap = min(opts.backoff_max, opts.backoff_initial * 2 ** (attempt - 2))
+                # The exponent is capped: 2.0 ** 1024 overflows a float (attack review 2 F6).
+                cap = min(opts.backoff_max, opts.backoff_initial * 2.0 ** min(attempt - 2, 60))
                 time.sleep(_JITTER.uniform(0.0, cap))
             except BaseException as exc:
                 # A Rust panic inside obstore arrives as pyo3's PanicException, a BaseException
@@ -903,11 +907,19 @@ class S3Storage(ScannedStorage):
         if known is not None:
             return known
         validates = self._probe_checksums()
+        if validates is None:
+            return False  # unknown: the safe way this time, and asked again next time
         with _VALIDATES_LOCK:
             _VALIDATES.setdefault(key, validates)
             return _VALIDATES[key]
 
-    def _probe_checksums(self) -> bool:
+    def _probe_checksums(self) -> bool | None:
+        """True: the store refused the wrong CRC32C; False: it kept it; None: no answer said.
+
+        Only a refusal that names the checksum proves the store checks; any other failure
+        (forbidden, a transient error after the retries) leaves it unknown, and unknown takes
+        the safe way (attack review 2 F7: one reset was cached as "checks" for the process).
+        """
         rel = f".pck-checksum-probe-{os.urandom(8).hex()}"
         body = b"portable_ckpt checksum probe"
         try:
@@ -915,10 +927,16 @@ class S3Storage(ScannedStorage):
                 Bucket=self.bucket, Key=self._key(rel), Body=body, ChecksumAlgorithm="CRC32C",
                 ChecksumCRC32C=_b64_crc(_crc32c.crc32c(body) ^ 0x5A5A5A5A),
             ), "PUT", self._key(rel))
-        except Exception:
-            # Refused (400 BadDigest: it checks), or forbidden, or no answer: nothing stored,
-            # and nothing learnt against the store; treated as checking, as before the probe.
-            return True
+        except Exception as exc:
+            code, status, text = self._classify(exc)
+            if code in _CHECKSUM_REFUSALS or (status == 400 and "checksum" in text.lower()):
+                return True
+            _log.warning(
+                "could not learn whether the store at %s (bucket %s) checks uploaded CRC32C "
+                "(%s): commit records are read back after upload this time",
+                self.options.endpoint_url or "AWS", self.bucket, code or text[:200],
+            )
+            return None
         try:
             self.delete(rel)
         except CheckpointError as exc:
