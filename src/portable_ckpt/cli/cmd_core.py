@@ -208,6 +208,7 @@ def _verify(args: argparse.Namespace) -> int:
     record: str | None = None
     record_error: str | None = None
     from portable_ckpt.io.reader import Checkpoint
+    from portable_ckpt.io.versions import confirm_damage
 
     target = args.ckpt
     version: dict[str, Any] = {}
@@ -228,6 +229,8 @@ def _verify(args: argparse.Namespace) -> int:
             raise
         except CheckpointError as exc:  # damage found while opening (a tensor table's bytes)
             errors = [exc]
+        # Damage that a second read does not find again is this read's fault: not recorded.
+        errors = confirm_damage(storage, attempt, manifest.files, errors)
         if (args.deep or args.sample is not None) and args.record:
             record, record_error = _record(storage, attempt, chunks, errors, args, seed)
         if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root

@@ -21,6 +21,7 @@ fails rather than return an older version than one it could not read.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -56,6 +57,7 @@ from portable_ckpt.format.manifest import (
     FORMAT_VERSION,
     FORMAT_VERSION_RE,
     FORMAT_VERSIONS,
+    FileRecord,
     Manifest,
     parse_manifest,
 )
@@ -88,6 +90,7 @@ __all__ = [
     "load_manifest",
     "read_annotations",
     "write_drill_record",
+    "confirm_damage",
     "record_verification",
     "verification_verdict",
     "sampled_chunks",
@@ -623,6 +626,72 @@ def verification_verdict(
     if not found:
         return True, []
     return (False, damage) if damage else (None, [])
+
+
+def confirm_damage(
+    storage: Storage,
+    attempt_id: str,
+    files: Mapping[str, FileRecord],
+    errors: Sequence[CheckpointError],
+) -> list[CheckpointError]:
+    """``errors`` with each finding of damage that a second look does not reproduce replaced.
+
+    A verification's verdict is kept for ever (R-DRILL-8): one bit flipped on its way (a flaky
+    NIC, a bad DIMM, a client cache), or one 404 of an inconsistent store, must not condemn an
+    intact version (multi-job review F10, attack review 2 F12). So the file of each finding is
+    read and checked once more (a local file's cached pages dropped first); a file answered
+    absent must also be absent from a listing of its directory. A finding that does not come
+    back becomes a ``StorageError`` saying so: a problem of this read, not of the version.
+    A finding that names no file of the version is kept as it is.
+    """
+    out: list[CheckpointError] = []
+    again: dict[str, CheckpointError | None] = {}
+    for e in errors:
+        rel = _file_of(e, attempt_id, files) if e.code in DAMAGE_CODES else None
+        if rel is None:
+            out.append(e)
+            continue
+        if rel not in again:
+            again[rel] = _recheck(storage, f"{attempt_id}/{rel}", files[rel])
+        if again[rel] is not None:
+            out.append(e)
+        else:
+            out.append(StorageError(
+                f"{e.message} — not found again when the file was read a second time: a "
+                "transient fault of the storage or of this host, not damage of the version "
+                "(not recorded)",
+                path=e.path,
+            ))
+    return out
+
+
+def _file_of(e: CheckpointError, attempt_id: str, files: Mapping[str, FileRecord]) -> str | None:
+    path = (e.path or "").removeprefix(f"{attempt_id}/")
+    return path if path in files else None
+
+
+def _recheck(storage: Storage, full: str, rec: FileRecord) -> CheckpointError | None:
+    """The damage a second read of ``full`` finds (``None``: none, or it could not be read)."""
+    from portable_ckpt.io.checksum import verify_file
+
+    local = storage.local_root()
+    if local is not None:  # read the device again, not the pages the first read cached
+        with contextlib.suppress(OSError):
+            fd = os.open(os.path.join(local, full), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    try:
+        verify_file(storage, full, rec)
+    except FileMissingError as exc:
+        try:
+            return None if lists_file(storage, full) else exc
+        except CheckpointError:
+            return None
+    except CheckpointError as exc:
+        return exc if exc.code in DAMAGE_CODES else None
+    return None
 
 
 def record_verification(

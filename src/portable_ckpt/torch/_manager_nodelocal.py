@@ -269,11 +269,15 @@ def _check_share(
     ]
     ck = Checkpoint(storage, attempt, manifest)
     chunks = _sample(ck, set(share[comm.rank]), fraction, seed + comm.rank)
+    found: list[CheckpointError] = []
     for key, rec in chunks:
         try:
             ck.read(key, rec.offsets, rec.lengths)
         except CheckpointError as e:
-            errors.append(e.to_json())
+            found.append(e)
+    from portable_ckpt.io.versions import confirm_damage
+
+    errors += [e.to_json() for e in confirm_damage(storage, attempt, manifest.files, found)]
     return len(chunks), errors
 
 

@@ -355,6 +355,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError 
     import portable_ckpt
     from portable_ckpt.io.reader import Checkpoint
     from portable_ckpt.io.versions import (
+        confirm_damage,
         record_verification,
         sampled_chunks,
         verification_verdict,
@@ -368,6 +369,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError 
         )
         chunks = sum(len(t.ranges) for t in manifest.tensors.values())
         errors = Checkpoint(storage, ident, manifest).verify(sample=mgr.verify_sample, seed=seed)
+        errors = confirm_damage(storage, ident, manifest.files, errors)
     except CheckpointError as e:
         errors = [e]
     n = sampled_chunks(chunks, mgr.verify_sample)

@@ -9,6 +9,7 @@ every version, so it is raised at once everywhere.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -161,13 +162,29 @@ def restore(
                 f"'no version' (spec R-ID-5): retry; {_WAY_OUT}",
                 path=f"{ident}/manifest.json",
             )
+        attempt = functools.partial(
+            load_one, mgr, state, tier_name, ident, allow_statistical, record_ranges,
+            strict=strict, strict_dtype=strict_dtype,
+        )
         try:
-            info = load_one(
-                mgr, state, tier_name, ident, allow_statistical, record_ranges, strict=strict,
-                strict_dtype=strict_dtype,
-            )
+            try:
+                info = attempt()
+            except Exception as first:
+                if tier_name == "fast":
+                    raise  # a node-local version may just be out of some rank's reach
+                _again(mgr, ident, _fall_back_or_raise(mgr, first))
+                info = attempt()
         except Exception as e:
             err = _fall_back_or_raise(mgr, e)
+            codes = _codes(err)
+            if tier_name != "fast" and "PCK-STORAGE" in codes and not codes & DAMAGE_CODES:
+                raise StorageError(
+                    f"restore of {ident} from the {tier_name} tier failed twice on a storage "
+                    f"error ({err.message}); a storage error is not damage, and resuming an "
+                    "older version would silently lose the training since (spec R-ID-5): retry "
+                    f"the restore; {_WAY_OUT}",
+                    path=ident,
+                ) from err
             fallbacks.append(_fallback(tier_name, ident, err))
             _record_damage(mgr, tier_name, ident, err)
             text = (
@@ -204,7 +221,7 @@ def _check_the_rest(mgr: CheckpointManager, tier_name: str, ident: str) -> None:
 
     def check() -> None:
         from portable_ckpt.io.checksum import verify_file
-        from portable_ckpt.io.versions import load_manifest
+        from portable_ckpt.io.versions import confirm_damage, load_manifest
 
         try:
             manifest = load_manifest(storage, ident)
@@ -216,13 +233,14 @@ def _check_the_rest(mgr: CheckpointManager, tier_name: str, ident: str) -> None:
                 except CheckpointError as exc:
                     # Without its traceback: the frames hold the file's read windows.
                     errors.append(exc.with_traceback(None))
+            errors = confirm_damage(storage, ident, manifest.files, errors)
         except CheckpointError as exc:  # could not look: proves nothing
             _log.warning("restored %s: its other files could not be checked: %s", ident, exc)
             return
         damage = [e for e in errors if e.code in DAMAGE_CODES]
-        for exc in errors:
-            if exc.code not in DAMAGE_CODES:  # proves nothing about the bytes, but is said
-                _log.warning("restored %s: a file could not be checked: %s", ident, exc)
+        for problem in errors:
+            if problem.code not in DAMAGE_CODES:  # proves nothing about the bytes, but is said
+                _log.warning("restored %s: a file could not be checked: %s", ident, problem)
         if not damage:
             return
         say(
@@ -269,6 +287,23 @@ def _say_casts(mgr: CheckpointManager, info: LoadInfo) -> None:
         f"than stored ({shown}{', ...' if len(info.casts) > 3 else ''}){lost}: a changed "
         "config? (LoadInfo.casts lists them; restore(strict_dtype=True) refuses casts)"
     )
+
+
+def _codes(e: CheckpointError) -> set[str]:
+    """The codes of ``e`` and of every rank's failure it gathers."""
+    return {e.code} | {str(f.code) for f in getattr(e, "failures", ())}
+
+
+def _again(mgr: CheckpointManager, ident: str, err: CheckpointError) -> None:
+    """Rank 0 says that a candidate's load failed and is tried once more before anything else.
+
+    Every rank does the same: the error is the same on every rank. A bit flipped once on its
+    way, a 404 of an inconsistent store, an EIO of a failover are gone at the second read; a
+    fallback would resume an older step, and a damage record would condemn the version for
+    good (multi-job review F10, F12; attack review 2 F12).
+    """
+    if mgr.rank == 0:
+        say(f"restore of {ident} failed ({err}); reading it once more")
 
 
 def _fall_back_or_raise(mgr: CheckpointManager, e: Exception) -> CheckpointError:

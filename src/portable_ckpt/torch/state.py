@@ -289,7 +289,7 @@ def _seed_seq(bitgen: Any) -> dict[str, Any] | None:
     seq = getattr(bitgen, "seed_seq", None)
     if not isinstance(seq, np.random.SeedSequence):
         return None
-    entropy = seq.entropy
+    entropy: Any = seq.entropy
     return {
         "entropy": [int(x) for x in entropy] if isinstance(entropy, (list, tuple, np.ndarray))
         else (None if entropy is None else int(entropy)),

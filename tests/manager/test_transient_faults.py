@@ -1,0 +1,146 @@
+"""A fault seen once is not damage (multi-job review F10, F12; attack review 2 F12).
+
+A failed verification is kept for ever (R-DRILL-8): one bit flipped on its way (a flaky NIC, a
+bad DIMM), one 404 of an inconsistent store or one EIO of a failover condemned an intact version,
+and the restore resumed the step before it. A finding is now read again before it is recorded,
+and a restore tries the same version once more before it falls back; a storage error that
+persists stops the restore (R-ID-5) instead of resuming an older step.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import ChecksumError, FileMissingError, StorageError
+from portable_ckpt.io.versions import confirm_damage, list_versions
+from portable_ckpt.storage.local import LocalStorage
+
+torch = pytest.importorskip("torch")
+pckt = pytest.importorskip("portable_ckpt.torch")
+
+_READS = ("read_into", "read_into_many", "read_extents")
+
+
+def _fault_once(monkeypatch: pytest.MonkeyPatch, kind: str, times: int = 1) -> list[int]:
+    """The next ``times`` reads of a data file flip a bit in memory, or fail with EIO."""
+    left = [times]
+    for name in _READS:
+        orig = getattr(LocalStorage, name)
+
+        def wrapped(self: Any, path: str, *a: Any, _orig: Any = orig, **k: Any) -> Any:
+            hit = left[0] > 0 and "/data/" in path
+            if hit and kind == "eio":
+                left[0] -= 1
+                raise StorageError(f"read {path!r}: Input/output error (errno 5)", path=path)
+            out = _orig(self, path, *a, **k)
+            if hit:
+                bufs = a[-1]
+                if isinstance(bufs, list) and bufs and isinstance(bufs[0], tuple):
+                    bufs = [b for _, bl in bufs for b in bl]
+                b = bufs[0] if isinstance(bufs, list) else bufs
+                if len(b):
+                    b[len(b) // 2] ^= 0x01
+                    left[0] -= 1
+            return out
+
+        monkeypatch.setattr(LocalStorage, name, wrapped)
+    return left
+
+
+def _two_versions(root: Path) -> dict[str, Any]:
+    state = {"w": torch.arange(4096.0), "rng": pckt.RNGState()}
+    with pckt.CheckpointManager(root, save_every=1, async_save=False) as mgr:
+        for step in (1, 2):
+            state["w"] += 1
+            mgr.maybe_save(step, state)
+    return {"w": torch.zeros(4096), "rng": pckt.RNGState()}
+
+
+@pytest.mark.parametrize("kind", ["flip", "eio"])
+def test_a_restore_reads_a_version_again_before_it_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    left = _fault_once(monkeypatch, kind)
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        info = mgr.restore(target)
+    assert left == [0] and info is not None and info.step == 2
+    assert target["w"][0].item() == 2.0
+    assert "reading it once more" in capsys.readouterr().err
+    assert not any(v.verification_failed for v in list_versions(root))
+
+
+def test_damage_that_repeats_is_recorded_and_a_storage_error_that_persists_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    _fault_once(monkeypatch, "flip", times=2)  # both reads of step 2 see the flip
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        info = mgr.restore(target)
+    assert info is not None and info.step == 1  # the damage came back: recorded, fell back
+    assert [v.step for v in list_versions(root) if v.verification_failed] == [2]
+
+    root2 = tmp_path / "r2"
+    target = _two_versions(root2)
+    _fault_once(monkeypatch, "eio", times=2)
+    with pckt.CheckpointManager(root2, save_every=100, async_save=False) as mgr:
+        with pytest.raises(StorageError, match="failed twice on a storage error"):
+            mgr.restore(target)
+    assert not any(v.verification_failed for v in list_versions(root2))
+
+
+def test_confirm_damage_reads_the_file_again(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    m = portable_ckpt.save_arrays(root, {"w": np.arange(1000.0)}, step=1)
+    data = next(p for p in m.files if p.startswith("data/"))
+    full = f"{m.attempt_id}/{data}"
+    storage = portable_ckpt.open(root).storage
+    seen = [ChecksumError(f"{full}: block 0: a bit flipped on its way", path=full),
+            FileMissingError(f"{full}: 404 once", path=full)]
+    out = confirm_damage(storage, m.attempt_id, m.files, seen)
+    assert [e.code for e in out] == ["PCK-STORAGE", "PCK-STORAGE"]
+    assert "not found again when the file was read a second time" in out[0].message
+    blob = bytearray((root / full).read_bytes())
+    blob[-1] ^= 1
+    (root / full).write_bytes(bytes(blob))
+    assert [e.code for e in confirm_damage(storage, m.attempt_id, m.files, seen[:1])] == [
+        "PCK-CHECKSUM"]
+    (root / full).unlink()
+    assert [e.code for e in confirm_damage(storage, m.attempt_id, m.files, seen[1:])] == [
+        "PCK-FILE-MISSING"]
+
+
+def test_cli_verify_does_not_record_a_flip_it_cannot_find_again(tmp_path: Path) -> None:
+    """Multi-job review F10: one in-memory flip during a cron ``verify --deep`` recorded the
+    version as failed, for good; a later passing verify could not clear it."""
+    root = tmp_path / "r"
+    for step in (1, 2):
+        portable_ckpt.save_arrays(root, {"w": np.full(5000, float(step))}, step=step)
+    script = (
+        "import sys\n"
+        "from portable_ckpt.storage.local import LocalStorage\n"
+        "orig = LocalStorage.read_extents\n"
+        "left = [1]\n"
+        "def flip(self, path, extents):\n"
+        "    orig(self, path, extents)\n"
+        "    if left[0] and '/data/' in path:\n"
+        "        extents[0][1][0][0] ^= 1; left[0] = 0\n"
+        "LocalStorage.read_extents = flip\n"
+        "from portable_ckpt.cli.main import main\n"
+        "sys.exit(main(['verify', sys.argv[1], '--deep']))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "not found again when the file was read a second time" in res.stdout
+    assert "recorded" not in res.stderr
+    assert not any(v.verification_failed for v in list_versions(root))
