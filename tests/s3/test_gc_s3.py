@@ -336,3 +336,28 @@ def test_per_key_errors_of_a_bulk_delete_are_retried(s3_proxied: S3Env) -> None:
     # The commit record goes first (R-GC-3): refused, the version stays whole and committed.
     assert proxy.log.refused_keys == [f"run/{ids[2]}/manifest.json"]
     assert _committed(root) == ids[2:]
+
+
+def test_a_listed_record_answered_absent_is_read_again(s3_proxied: S3Env) -> None:
+    """Attack review 2 F13: a failed verification record answered 404 once was "no record":
+    the version that failed was listed as passing, and a manager restored it (R-DRILL-8). A
+    listed record answered absent is read again; absent twice while listed is a storage error."""
+    from portable_ckpt.io.versions import record_verification
+
+    root = s3_proxied.root("run")
+    ids = [_save(root, s) for s in (1, 2)]
+    storage = open_storage(root)
+    record_verification(storage, ids[1], [{"code": "PCK-CHECKSUM", "message": "bad block"}],
+                        chunks=1, mode="deep")
+    proxy = s3_proxied.proxy
+    proxy.match_method, proxy.match_path = "GET", rf"{ids[1]}/verifications/"
+    proxy.fail_status, proxy.fail_every, proxy.fail_limit = (404, "NoSuchKey"), 1, 1
+    by_id = {v.id: v for v in list_versions(root)}
+    assert proxy.log.injected_by_status == {404: 1}
+    assert by_id[ids[1]].verification_failed and by_id[ids[1]].known
+    proxy.reset()
+    proxy.match_method, proxy.match_path = "GET", rf"{ids[1]}/verifications/"
+    proxy.fail_status, proxy.fail_every = (404, "NoSuchKey"), 1
+    v = {v.id: v for v in list_versions(root)}[ids[1]]
+    assert not v.known and "yet lists it" in str(v.error)
+    proxy.reset()

@@ -404,9 +404,7 @@ def _annotation(
     if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
         return None
     try:
-        doc = jsonio.loads(
-            storage.read_all(info.path, max_size=jsonio.MAX_DOCUMENT_BYTES), what=info.path
-        )
+        doc = jsonio.loads(_annotation_bytes(storage, info.path), what=info.path)
     except (FileMissingError, LimitError):
         return None  # deleted or replaced since the listing: not a record of this version
     except StorageError:
@@ -422,6 +420,36 @@ def _annotation(
     except CheckpointError:
         return None
     return doc
+
+
+def _annotation_bytes(storage: Storage, rel: str) -> bytes:
+    """A listed record's bytes; "absent" only when a second listing agrees (§15.1).
+
+    Records are pruned (R-DRILL-9), so one listed and then gone is normal; one answered absent
+    that the listing still shows is an inconsistent store, and a failed verification taken as
+    "no record" made a manager restore the version it had failed (attack review 2 F13).
+
+    Raises:
+        FileMissingError: it is gone, and no longer listed.
+        StorageError: answered absent twice while listed.
+
+    """
+    try:
+        return storage.read_all(rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
+    except FileMissingError:
+        if not lists_file(storage, rel):
+            raise
+    try:
+        return storage.read_all(rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
+    except FileMissingError:
+        if not lists_file(storage, rel):
+            raise
+        raise StorageError(
+            f"{storage.url}/{rel}: the storage answers that it does not exist, yet lists it (an "
+            "inconsistent store); the version's records are unknown, so nothing decides on "
+            "them: retry once the store answers consistently",
+            path=rel,
+        ) from None
 
 
 def annotation_id(letter: str) -> str:

@@ -71,8 +71,9 @@ _WAY_OUT = (
 def listing(mgr: CheckpointManager, name: str, step: int | None) -> dict[str, Any]:
     """The tier as this rank sees it: ``{"rows": [[step, committed_at, id, problem]]}``.
 
-    ``problem`` is ``None`` for a restorable version, else why its commit record could not be
-    read (an ``unreadable`` attempt: perhaps the newest version). A tier that could not be
+    ``problem`` is ``None`` for a restorable version, else why its commit record (or its
+    verification records) could not be read (an ``unreadable`` attempt: perhaps the newest
+    version). A tier that could not be
     listed gives ``{"error": message}`` (never "no versions", R-ID-5).
     """
     tier = mgr.tiers[name]
@@ -80,9 +81,12 @@ def listing(mgr: CheckpointManager, name: str, step: int | None) -> dict[str, An
         versions = list_versions(tier.storage)
     except CheckpointError as e:
         return {"error": f"cannot list the {name} tier {tier.root}: {e}"}
+    # A version whose records could not be read may have failed verification (R-DRILL-8):
+    # like an unreadable record, it stops the restore rather than being taken or skipped.
     return {
         "rows": [
-            [v.step, v.committed_at, v.id, None if v.status == "committed" else str(v.error)]
+            [v.step, v.committed_at, v.id, None if v.known and v.status == "committed"
+             else str(v.error)]
             for v in versions
             if (step is None or v.step == step)
             and (
@@ -158,7 +162,7 @@ def restore(
             # Same list on every rank: every rank stops here (R-ID-5).
             raise StorageError(
                 f"cannot tell whether {ident} of the {tier_name} tier is the version to restore:"
-                f" its commit record could not be read ({problem}); a storage error is not "
+                f" its commit record or its records could not be read ({problem}); a storage error is not "
                 f"'no version' (spec R-ID-5): retry; {_WAY_OUT}",
                 path=f"{ident}/manifest.json",
             )
