@@ -565,10 +565,12 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
     from portable_ckpt.torch.flatten import StateEntry
 
     class Cursor(StateEntry):
-        def __init__(self, value: int, compare: bool = True) -> None:
+        def __init__(self, value: object, compare: bool = True) -> None:
             self.value, self.compare_ranks = value, compare
 
-        def capture(self) -> int:
+        def capture(self) -> object:
+            if self.value is RuntimeError:  # lives on rank 0 only (a tracker, a logger)
+                raise RuntimeError("the tracker lives on rank 0 only")
             return self.value
 
         def restore(self, value: object) -> None:
@@ -579,7 +581,11 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
     with contextlib.redirect_stderr(err3):
         for name, entry in {"own": Cursor(100 + rank), "equal": Cursor(7),
                             "unchecked": Cursor(100 + rank, compare=False),
-                            "rank0-only": Cursor(7) if rank == 0 else None}.items():
+                            "rank0-only": Cursor(7) if rank == 0 else None,
+                            # attack review 2 F5: int keys (stored as strings) broke the check
+                            "int-keys": Cursor({1: 0.5, "best": 2}),
+                            "captured-on-rank0": Cursor(7 if rank == 0 else RuntimeError),
+                            }.items():
             state = {"w": w} if entry is None else {"w": w, "cursor": entry}
             entries[name] = pckt.save(state, f"{root}/entry-{name}", step=1, timeout=30).contract
     # Continuation review F5: a plain tensor above 1 MiB that is each rank's own (an

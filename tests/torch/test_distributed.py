@@ -400,7 +400,8 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
     # and one only rank 0 holds is stored as before).
     for r in (r0, r1):
         assert r["entries"] == {"own": "statistical", "equal": "exact", "unchecked": "exact",
-                                "rank0-only": "exact"}
+                                "rank0-only": "exact", "int-keys": "exact",
+                                "captured-on-rank0": "exact"}
     assert "differ between ranks (1: 'cursor')" in r0["entries_stderr"]
     assert "scope = 'per_rank'" in r0["entries_stderr"] and r1["entries_stderr"] == ""
     # F5: plain tensors above 1 MiB are compared by a sample (evenly spaced slices and the end)

@@ -478,3 +478,27 @@ def test_runaway_nesting_is_refused_by_name(shape: str, tmp_path: Path) -> None:
         bad = {"l": loop}
     with pytest.raises(portable_ckpt.errors.UnsupportedValueError, match="nested more than"):
         portable_ckpt.torch.save(bad, tmp_path / "bad", step=1)
+
+
+def test_the_sampled_comparison_moves_with_the_step() -> None:
+    """Attack review 2 F10: 16 fixed slices of 4 KiB: per-rank values between them were never
+    seen, at any save, and the version said ``exact``. The slices move with the step (the same
+    on every rank), so a fixed difference is found within a few saves."""
+    from portable_ckpt.torch.flatten import flatten_state
+    from portable_ckpt.torch.plan import replica_digests
+
+    n = 512 * 1024  # 2 MiB of float32: sampled
+    a = torch.zeros(n)
+    b = torch.zeros(n)
+    b[5000:5010] = 1.0  # between the slices of step 0
+    digests = [
+        (replica_digests(flatten_state({"buf": a}), seed=s)["buf"],
+         replica_digests(flatten_state({"buf": b}), seed=s)["buf"])
+        for s in range(40)
+    ]
+    assert digests[0][0] == digests[0][1]  # step 0's fixed slices do not see it
+    found = [s for s, (x, y) in enumerate(digests) if x != y]
+    assert found and found[0] < 40
+    c = a.clone()  # equal tensors are equal at every step
+    assert all(replica_digests(flatten_state({"buf": c}), seed=s)["buf"] == x
+               for s, (x, _) in enumerate(digests[:5]))

@@ -145,7 +145,7 @@ def async_save(
         # The blocking part: no full collection of the training heap while staging
         # (portable_ckpt._gc); the background write runs with the caller's collector settings.
         with paused_gc():
-            prepared = prepare(state_dict, root, comm, copy=True, into=into)
+            prepared = prepare(state_dict, root, comm, copy=True, into=into, step=opts.step)
         _mark_staged(handle, prepared, t0)
         slot = track(opts.step, handle.committed, bound)
         _background(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.errors import CheckpointError, UnsupportedValueError
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value
 from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
@@ -123,9 +123,11 @@ class SavePlan:
 
 
 def plan_save(
-    flat: FlatState, rank: int, rng_snapshot: dict[str, Any], *, world: int = 1
+    flat: FlatState, rank: int, rng_snapshot: dict[str, Any], *, world: int = 1, step: int = 0
 ) -> SavePlan:
     """Return what ``rank`` of ``world`` writes of ``flat`` (``rng_snapshot``: the RNG to store).
+
+    ``step`` places the sampled slices of large plain tensors (the same on every rank).
 
     The tensor part of the plan is reused from an earlier save when the state's layout is
     exactly the same (see :func:`plan_stats`); entries and values are captured every time.
@@ -138,7 +140,10 @@ def plan_save(
         for t in template.pieces
     ]
     entries = _plan_entries(flat, rank, rng_snapshot)
-    replicas = replica_digests(flat, captured={e.name: e.value for e in entries}) if world > 1 else {}
+    replicas = (
+        replica_digests(flat, captured={e.name: e.value for e in entries}, seed=step)
+        if world > 1 else {}
+    )
     return SavePlan(pieces, entries, template.mesh, template.tensor_bytes, replicas)
 
 
@@ -151,7 +156,9 @@ REPLICA_CHECK_BYTES = 1 << 20
 REPLICA_CHECK_TOTAL = 64 << 20
 
 
-def replica_digests(flat: FlatState, captured: Mapping[str, Any] | None = None) -> dict[str, str]:
+def replica_digests(
+    flat: FlatState, captured: Mapping[str, Any] | None = None, seed: int = 0
+) -> dict[str, str]:
     """``dtype[shape]`` of each plain (non-DTensor) tensor of ``flat``, now (see above).
 
     The small ones get ``:`` and the CRC32C of their bytes after it. Plain values are stored
@@ -165,8 +172,20 @@ def replica_digests(flat: FlatState, captured: Mapping[str, Any] | None = None) 
         out[key] = f"value:{_json_crc(encode_json(v, key=key)):08x}"
     for key, e in flat.entries.items():
         if e.scope == "global" and e.compare_ranks:
-            value = captured[key] if captured is not None and key in captured else e.capture()
-            out[key] = f"entry:{_json_crc(value):08x}"
+            if captured is not None and key in captured:
+                value = captured[key]
+            else:
+                try:
+                    value = e.capture()
+                except Exception:  # held by rank 0 only (a tracker, a logger)
+                    continue  # as an entry only rank 0 holds: stored as rank 0's, unchecked
+            try:
+                # The JSON as stored (int keys as strings): mixed key types cannot be sorted
+                # raw, and the check failed every multi-rank save (attack review 2 F5).
+                text = encode_json(value, key=key)
+            except CheckpointError:
+                continue  # the writer says what is wrong with it, on the rank that stores it
+            out[key] = f"entry:{_json_crc(text):08x}"
     budget = REPLICA_CHECK_TOTAL
     with torch.no_grad():
         for key, t in flat.tensors.items():
@@ -175,7 +194,7 @@ def replica_digests(flat: FlatState, captured: Mapping[str, Any] | None = None) 
             out[key] = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
             nbytes = t.numel() * t.element_size()
             if nbytes > REPLICA_CHECK_BYTES:
-                sample = _sample(t) if budget >= _SAMPLE_BYTES * (_SAMPLES + 1) else None
+                sample = _sample(t, seed) if budget >= _SAMPLE_BYTES * (_SAMPLES + 1) else None
                 if sample is not None:
                     budget -= sample.numel()
                     out[key] += f":s{crc32c(sample.numpy().data):08x}"
@@ -196,19 +215,22 @@ def replica_digests(flat: FlatState, captured: Mapping[str, Any] | None = None) 
 #: A plain tensor above REPLICA_CHECK_BYTES is compared by a sample: this many evenly spaced
 #: slices and its end, each this many bytes. A per-rank buffer (an error-feedback residual)
 #: was restored as rank 0's under "exact" (continuation review F5); DDP's equal parameters
-#: cost 68 KiB each to compare.
+#: cost 68 KiB each to compare. The slices move with every save's step (the same on every
+#: rank), so a difference between them is not missed at every save (attack review 2 F10).
 _SAMPLES = 16
 _SAMPLE_BYTES = 4096
 
 
-def _sample(t: torch.Tensor) -> torch.Tensor | None:
+def _sample(t: torch.Tensor, seed: int = 0) -> torch.Tensor | None:
     """The bytes of a sample of a large contiguous plain tensor, on the host (else ``None``)."""
     if not t.is_contiguous():
         return None  # a strided view would be copied whole to be sampled
     flat = t.detach().reshape(-1)
     n, per = flat.numel(), max(1, _SAMPLE_BYTES // t.element_size())
     step = max(1, n // _SAMPLES)
-    parts = [flat[i * step : i * step + per] for i in range(_SAMPLES)] + [flat[max(0, n - per) :]]
+    shift = (seed * 0x9E3779B1) % max(1, step - per) if seed else 0  # a golden-ratio stride
+    parts = [flat[i * step + shift : i * step + shift + per] for i in range(_SAMPLES)]
+    parts.append(flat[max(0, n - per) :])
     host = torch.cat(parts).to("cpu").resolve_conj().resolve_neg().contiguous()
     return host.view(torch.uint8)
 

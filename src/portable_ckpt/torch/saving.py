@@ -181,7 +181,12 @@ class Prepared:
 
 
 def prepare(
-    state: Mapping[str, Any], root: Root, comm: Comm, copy: bool, into: Staging | None = None
+    state: Mapping[str, Any],
+    root: Root,
+    comm: Comm,
+    copy: bool,
+    into: Staging | None = None,
+    step: int = 0,
 ) -> Prepared:
     """Open ``root``; flatten, plan and stage ``state`` (``copy``: into staging buffers).
 
@@ -193,7 +198,7 @@ def prepare(
     try:
         storage = open_storage(root, create=True)
         rng = capture_rng()  # before any state_dict() call: saving has no RNG side effect
-        plan = plan_save(flatten_state(state), comm.rank, rng, world=comm.world_size)
+        plan = plan_save(flatten_state(state), comm.rank, rng, world=comm.world_size, step=step)
         stage(plan, copy, into)
         return Prepared(storage, plan, None, time.perf_counter() - t0)
     except BaseException as e:
@@ -509,5 +514,5 @@ def save(
         wait_idle(opts.if_busy)
         t0 = time.perf_counter()
         comm = make_comm(opts.process_group, opts.timeout)
-        prepared = prepare(state_dict, root, comm, copy=False)
+        prepared = prepare(state_dict, root, comm, copy=False, step=opts.step)
     return run_save(prepared, comm, opts, t_start=t0, blocking=0.0)
