@@ -403,3 +403,22 @@ def test_the_background_check_is_bounded_by_bytes_present_and_a_link_is_damage(
     err = capsys.readouterr().err
     assert "files the restore did not need are damaged" in err and code in err
     assert list_versions(root)[0].verification_failed
+
+
+def test_save_every_seconds_survives_a_clock_stepped_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Multi-job review F9: the interval was measured on the wall clock; an NTP step back of an
+    hour stopped time-based saves for an hour. Intervals are monotonic now."""
+    import time
+
+    real = time.time
+    with pckt.CheckpointManager(tmp_path / "r", save_every_seconds=0.2, async_save=False) as mgr:
+        saved = []
+        for step in range(1, 41):
+            if step == 3:
+                monkeypatch.setattr(time, "time", lambda: real() - 3600.0)
+            if mgr.maybe_save(step, {"w": torch.ones(2)}):
+                saved.append(step)
+            time.sleep(0.05)
+    assert len(saved) >= 4, saved

@@ -154,7 +154,7 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
         mine = forced or decide(
             mgr.policy,
             step,
-            now=time.time(),
+            now=time.monotonic(),  # as _last_save_time (multi-job review F9)
             last_save_time=mgr._last_save_time,
             last_save_step=mgr._last_save_step,
             has_fast="fast" in mgr.tiers,

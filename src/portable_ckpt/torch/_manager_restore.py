@@ -531,7 +531,7 @@ def after_restore(
 ) -> None:
     """Start the time-to-resume clock; report the restore (bytes, seconds, slowest rank)."""
     mgr._last_save_step = info.step
-    mgr._last_save_time = time.time()
+    mgr._last_save_time = time.monotonic()
     mgr._restored_at = time.perf_counter()
     per = info.per_rank or [info.counters()]
     slowest = max(range(len(per)), key=lambda r: float(per[r].get("seconds", 0.0)))

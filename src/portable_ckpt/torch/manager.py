@@ -233,7 +233,7 @@ class CheckpointManager:
         self._failed_steps: list[int] = []
         self._agreed_failed_saves = 0  # the most any rank had seen at the last agreement
         self._last_save_step: int | None = None
-        self._last_save_time = time.time()
+        self._last_save_time = time.monotonic()  # intervals only: a stepped clock must not stop saves
         #: Attempts created since are this job's: its retention never deletes them as abandoned.
         self._started = time.time()
         self._pending: AsyncSaveHandle | None = None
@@ -357,7 +357,7 @@ class CheckpointManager:
         self._warn_unranked(step, metrics, decision)
         full = self._full_state(step, state, metrics, decision, tier)
         self._last_save_step = step
-        self._last_save_time = time.time()
+        self._last_save_time = time.monotonic()  # intervals only: a stepped clock must not stop saves
         sync = decision.sync or not self.async_save
         if sync:
             self._settle_pending()
