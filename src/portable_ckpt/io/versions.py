@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -394,10 +395,36 @@ def read_annotations(
     return out
 
 
+#: Records read by listings, by ``(root, path, size, mtime)``: a record is created once and
+#: never modified (R-DRILL-7), and every listing (ls, gc, a manager's retention after each save)
+#: read and validated every record of every version again (soak review F2). ``None``: read, and
+#: not a record that counts. A record deleted since is simply no longer listed.
+_RECORDS: collections.OrderedDict[tuple[str, str, int, float], dict[str, Any] | None] = (
+    collections.OrderedDict()
+)
+_RECORDS_MAX = 16384
+
+
 def _annotation(
     storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
 ) -> dict[str, Any] | None:
     """One drill or copy record, or ``None`` when it does not count (storage errors raise)."""
+    key = (storage.url, info.path, info.size, info.mtime)
+    with _SUMMARIES_LOCK:
+        if key in _RECORDS:
+            _RECORDS.move_to_end(key)
+            return copy.deepcopy(_RECORDS[key])  # the caller's own: the cache stays as read
+    doc = _read_annotation(storage, attempt_id, kind, info)
+    with _SUMMARIES_LOCK:
+        _RECORDS[key] = copy.deepcopy(doc)
+        while len(_RECORDS) > _RECORDS_MAX:
+            _RECORDS.popitem(last=False)
+    return doc
+
+
+def _read_annotation(
+    storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
+) -> dict[str, Any] | None:
     from portable_ckpt.format.schemas import validate_document
 
     id_member, schema_file, _ = ANNOTATION_KINDS[kind]
