@@ -422,3 +422,42 @@ def test_save_every_seconds_survives_a_clock_stepped_back(
                 saved.append(step)
             time.sleep(0.05)
     assert len(saved) >= 4, saved
+
+
+def test_retention_that_cannot_delete_says_so_and_the_manager_keeps_no_backlog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Multi-job review F14: a version retention could not delete was said nowhere (the event
+    said ok). Soak review F3, F4: the event history and the list of post-save futures grew by
+    every save of the job."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.manager.telemetry import HISTORY_KEPT
+    from portable_ckpt.storage.local import LocalStorage
+
+    real = LocalStorage.delete_prefix
+    stuck: list[str] = []
+
+    def delete_prefix(self: LocalStorage, prefix: str) -> None:
+        if stuck and prefix.startswith(stuck[0]):
+            raise StorageError(f"delete {prefix!r}: Permission denied (errno 13)", path=prefix)
+        real(self, prefix)
+
+    monkeypatch.setattr(LocalStorage, "delete_prefix", delete_prefix)
+    with pckt.CheckpointManager(tmp_path / "r", save_every=1, keep_last=1,
+                                async_save=False) as mgr:
+        mgr.maybe_save(1, {"w": torch.ones(2)})
+        stuck.append(mgr.telemetry.history[-1].get("checkpoint_id") or next(
+            e["checkpoint_id"] for e in reversed(mgr.telemetry.history) if "checkpoint_id" in e))
+        for step in range(2, 30):
+            mgr.maybe_save(step, {"w": torch.ones(2)})
+        assert len(mgr._post) <= 2
+        events = [e for e in mgr.telemetry.history if e["event"] == "retention"]
+    bad = [e for e in events if not e["ok"]]
+    assert bad and all(e["failed"][0]["id"] == stuck[0] for e in bad)
+    assert all(len(e["kept"]) == e["kept_count"] for e in events)
+    err = capsys.readouterr().err
+    assert err.count(f"retention could not delete {stuck[0]}") == 1
+    for i in range(3 * HISTORY_KEPT):
+        mgr.telemetry.emit("x", i=i)
+    assert len(mgr.telemetry.history) <= 2 * HISTORY_KEPT
+    assert mgr.telemetry.history[-1]["i"] == 3 * HISTORY_KEPT - 1

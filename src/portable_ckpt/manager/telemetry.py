@@ -86,6 +86,11 @@ def prometheus_text(latest: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Events :attr:`Telemetry.history` keeps in memory (between this many and twice as many): it
+#: grew by every event of the job (soak review F3). The sinks get every event.
+HISTORY_KEPT = 1000
+
+
 class Telemetry:
     """Emit events for one rank (see the module docstring)."""
 
@@ -118,6 +123,8 @@ class Telemetry:
         )
         with self._lock:
             self.history.append(doc)
+            if len(self.history) > 2 * HISTORY_KEPT:  # a long job's events: the newest only
+                del self.history[:-HISTORY_KEPT]
             if self.path is None:
                 return doc
             try:

@@ -54,6 +54,22 @@ def after_save(
     pause: float,
 ) -> None:
     """Report a save (every rank), then rank 0's commit, verification, copy and retention."""
+    try:
+        _after_save(mgr, step, tier, decision, handle, info, pause)
+    finally:
+        with mgr._retain_lock:
+            mgr._saves_queued[tier.name] -= 1
+
+
+def _after_save(
+    mgr: CheckpointManager,
+    step: int,
+    tier: Tier,
+    decision: Decision,
+    handle: AsyncSaveHandle | None,
+    info: CheckpointInfo | None,
+    pause: float,
+) -> None:
     if handle is not None:
         try:
             info = handle.committed.result()
@@ -453,6 +469,10 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
     fut.add_done_callback(done)
 
 
+#: Kept versions a ``retention`` event lists (the newest; ``kept_count`` counts them all).
+RETENTION_EVENT_KEPT = 32
+
+
 def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     """Apply the tier's retention policy with the core gc (rank 0, background thread).
 
@@ -467,6 +487,8 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         return
     if tier.name == "fast" and any(not c.done() for c in mgr._copies):
         return  # a version being replicated is never deleted under the copy
+    if own is not None and mgr._saves_queued.get(tier.name, 0) > 1:
+        return  # a later save's pass is queued behind this one and covers it (soak review F6)
     try:
         decisions = plan_retention(candidates_of(tier.storage), tier.retention)
         for d in decisions:
@@ -485,17 +507,31 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         )
         return
     why = {d.id: d.reasons for d in decisions}
+    kept = [{"id": d.id, "reasons": d.reasons} for d in decisions if not d.delete]
+    # An attempt gc could not delete keeps using space: said, not only counted (multi-job
+    # review F14: the event said ok, and the disk filled days later).
+    failed = [u for u in report.unknown if u.get("status") == "delete failed"]
     mgr.telemetry.emit(
         "retention",
         tier=tier.name,
-        ok=True,
+        ok=not failed,
         policy=tier.retention.describe(),
         deleted=[{"id": i, "reasons": why.get(i, ["gc"])} for i in report.deleted],
         deleted_count=len(report.deleted),
         abandoned=report.abandoned,
-        kept=[{"id": d.id, "reasons": d.reasons} for d in decisions if not d.delete],
+        kept=kept[-RETENTION_EVENT_KEPT:],  # the newest: every kept version made it 100 KB
+        kept_count=len(kept),
         damaged=report.damaged,
+        failed=failed,
     )
+    for bad in failed:
+        if f"undeletable:{bad['id']}" not in mgr._warned:
+            mgr._warned.add(f"undeletable:{bad['id']}")
+            say(
+                f"rank {mgr.rank}: {tier.name} tier: retention could not delete {bad['id']} "
+                f"({str(bad['message'])[:300]}); it keeps using space until "
+                "it can be deleted (portable-ckpt gc names it)"
+            )
     for bad in report.damaged:  # R-GC-10: kept; said once per attempt, the job goes on
         if f"damaged:{bad['id']}" not in mgr._warned:
             mgr._warned.add(f"damaged:{bad['id']}")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -239,6 +240,10 @@ class CheckpointManager:
         self._pending: AsyncSaveHandle | None = None
         self._post: list[cf.Future[None]] = []
         self._copies: list[cf.Future[Any]] = []
+        #: Saves whose post-save work is queued or running (a retention pass with another one
+        #: queued behind it is left to that one: soak review F6).
+        self._saves_queued: dict[str, int] = {}
+        self._retain_lock = threading.Lock()
         self._bg = cf.ThreadPoolExecutor(1, thread_name_prefix="pck-manager")
         self._restored_at: float | None = None
         self._fetched: dict[str, Any] | None = None
@@ -377,6 +382,12 @@ class CheckpointManager:
             )
             register_after_async_save()
         pause = time.perf_counter() - t0
+        # Finished post-save work leaves the list (it grew by one future per save until
+        # wait(), soak review F4); a future that raised stays for wait() to raise.
+        self._post = [f for f in self._post if not f.done() or f.exception() is not None]
+        self._copies = [c for c in self._copies if not c.done()]  # reported by their callback
+        with self._retain_lock:
+            self._saves_queued[tier.name] = self._saves_queued.get(tier.name, 0) + 1
         fut = self._bg.submit(after_save, self, step, tier, decision, handle, info, pause)
         self._post.append(fut)
         if sync:
