@@ -136,8 +136,10 @@ def test_require_copy_matches_however_the_destination_is_spelt(tmp_path: Path) -
         doc = json.loads(p.stdout)
         assert (doc["deleted"], doc["kept_for_copy"]) == ([old], []), dest
     # Another root: nothing is deleted, and the text says which versions wait for a copy.
+    # Multi-job review F13: exit 1, said on stderr: a cron must hear that copies are missing.
     p = _cli("gc", "src", "--keep", "1", "--require-copy", "elsewhere", cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr
+    assert "1 version(s) kept for want of a verified copy" in p.stderr
     assert f"kept    {old}  (--require-copy" in p.stdout and "elsewhere" in p.stdout
     assert "kept for want of a copy: 1" in p.stdout
     assert (src / old / "manifest.json").exists()

@@ -420,7 +420,11 @@ def _gc(args: argparse.Namespace) -> int:
             "named there is fixed (a storage that did not answer, or permissions)",
             file=sys.stderr,
         )
-    return 1 if rep.damaged or rep.retire_doubted or not rep.complete else 0
+    if rep.kept_for_copy:  # the one thing a --require-copy cron must hear (multi-job F13)
+        print(f"portable-ckpt gc: {len(rep.kept_for_copy)} version(s) kept for want of a "
+              "verified copy: the copies are missing; the root grows until one is made",
+              file=sys.stderr)
+    return 1 if rep.damaged or rep.retire_doubted or rep.kept_for_copy or not rep.complete else 0
 
 
 def register(sub: Any) -> None:
