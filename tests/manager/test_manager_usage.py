@@ -461,3 +461,31 @@ def test_retention_that_cannot_delete_says_so_and_the_manager_keeps_no_backlog(
         mgr.telemetry.emit("x", i=i)
     assert len(mgr.telemetry.history) <= 2 * HISTORY_KEPT
     assert mgr.telemetry.history[-1]["i"] == 3 * HISTORY_KEPT - 1
+
+
+def test_a_restore_that_passes_over_a_newer_foreign_version_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Multi-job review F6: after an image rollback, a newer library's version is foreign and
+    skipped (R-COMMIT-1); the job resumed an older step with nothing on stderr."""
+    import json
+
+    from portable_ckpt.io.versions import list_versions
+
+    root = tmp_path / "r"
+    with pckt.CheckpointManager(root, save_every=1, async_save=False) as mgr:
+        for step in (2, 3):
+            mgr.maybe_save(step, {"w": torch.full((2,), float(step))})
+    newest = max(list_versions(root), key=lambda v: v.step)
+    record = root / newest.id / "manifest.json"
+    doc = json.loads(record.read_text())
+    doc["format_version"] = "2.0"
+    record.write_text(json.dumps(doc))
+    capsys.readouterr()
+    target = {"w": torch.zeros(2)}
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        info = mgr.restore(target)
+    assert info is not None and info.step == 2
+    err = capsys.readouterr().err
+    assert "1 newer version(s) were written by a format version this library does not read" in err
+    assert newest.id in err

@@ -204,6 +204,7 @@ def restore(
             _warn_if_rolled_back(mgr, info.step)
         _say_unread(mgr, info)
         _say_casts(mgr, info)
+        _say_foreign_newer(mgr, info)
         _check_the_rest(mgr, tier_name, ident)
         return info
     _nothing_restored(mgr, t0, fallbacks, len(cands), step)
@@ -273,6 +274,29 @@ def _say_unread(mgr: CheckpointManager, info: LoadInfo) -> None:
         f"state and were not read ({shown}): a layer removed since the save? "
         "(LoadInfo.unexpected_keys lists them)"
     )
+
+
+def _say_foreign_newer(mgr: CheckpointManager, info: LoadInfo) -> None:
+    """Rank 0: newer versions of a format this library does not read were passed over.
+
+    After an image rollback, a newer library's saves are ``foreign`` (R-COMMIT-1): readers skip
+    them, and the job resumed older steps with a warning on a logger nobody routes (multi-job
+    review F6). Said on stderr, like the other surprises of a restore.
+    """
+    if mgr.rank != 0:
+        return
+    newer = [
+        v.id for tier in mgr.tiers.values() if tier.layout is None
+        for v in _versions_or_none(tier) if v.status == "foreign" and v.step >= info.step
+    ]
+    if newer:
+        say(
+            f"rank 0: restored step {info.step}, but {len(newer)} newer version(s) were written "
+            f"by a format version this library does not read and were passed over "
+            f"({', '.join(newer[:3])}{', ...' if len(newer) > 3 else ''}): a newer "
+            "portable_ckpt saved them (an image rolled back?); upgrade to resume from them. "
+            "This job's next saves go beside them"
+        )
 
 
 def _say_casts(mgr: CheckpointManager, info: LoadInfo) -> None:
