@@ -407,3 +407,40 @@ def test_the_listing_cache_keeps_nothing_of_an_invalid_record(tmp_path) -> None:
         tracemalloc.stop()
         versions._SUMMARIES.clear()
     assert grown < 1 << 20, f"{grown} bytes kept by 4 more listings"
+
+
+def test_gc_dates_attempts_on_the_storages_clock(tmp_path, monkeypatch) -> None:
+    """Multi-job review F2: a cron gc on a host whose clock was 2 h ahead deleted a save in
+    progress (its files looked 2 h old). F8: an attempt id stamped 3 years ahead by a writer
+    whose clock was ahead kept the abandoned attempt for years ("written to 0 s ago")."""
+    root = tmp_path / "r"
+    save_step(root, 1)
+    storage = open_storage(root)
+    running = new_attempt_id(2)
+    w = ShardWriter(storage, running, 0)
+    w.add_tensor("w", np.zeros((4, 4), np.float32))
+    w.finish()  # being written right now, not committed
+    from portable_ckpt.io.versions import storage_clock
+
+    there = storage_clock(storage)
+    assert there is not None and abs(there - time.time()) < 5  # this host's disk
+    assert not [p for p in os.listdir(root) if p.startswith(".pck-clock")]  # probe deleted
+    real = time.time
+    # This host's clock 2 h ahead of the storage's: files written now look 2 h old to it.
+    monkeypatch.setattr(time, "time", lambda: real() + 7200)
+    ahead = gc(root, keep=1, grace_seconds=3600)
+    monkeypatch.setattr(time, "time", real)
+    assert running in [g["id"] for g in ahead.in_grace] and not ahead.abandoned
+    assert ahead.clock_skew is not None and 7100 < ahead.clock_skew < 7300
+
+    future = "s000000000007-20291203T000000000000Z-00000000000000aa"  # a clock 3 years ahead
+    w = ShardWriter(storage, future, 0)
+    w.add_tensor("w", np.zeros((4, 4), np.float32))
+    w.finish()
+    two_days = time.time() - 2 * 86400
+    for dirpath, _, files in os.walk(root / future):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (two_days, two_days))
+    rep = gc(root, keep=1, grace_seconds=86400)
+    assert future in rep.abandoned and running not in rep.abandoned
+    assert rep.clock_skew is None

@@ -63,7 +63,9 @@ def test_two_jobs_same_root(tmp_path: Path) -> None:
     ids = [str(o["attempt"]) for o in outs]
     assert ids[0] != ids[1], "attempt ids collided"
     for o in outs:  # no file of one job touched by the other
-        assert all(str(p).startswith(str(o["attempt"]) + "/") for p in o["mutated"]), o["mutated"]
+        # (gc's probe of the storage's clock is a file of its own, deleted again)
+        mutated = [p for p in o["mutated"] if not str(p).startswith(".pck-clock-")]
+        assert all(str(p).startswith(str(o["attempt"]) + "/") for p in mutated), o["mutated"]
     storage = open_storage(str(root))
     for a in ids:
         check_restores(storage, a)

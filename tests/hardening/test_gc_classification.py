@@ -19,6 +19,7 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.errors import StorageError
+from portable_ckpt.io import versions
 from portable_ckpt.io.versions import gc, latest, list_versions, write_drill_record
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
@@ -116,6 +117,7 @@ def test_unreadable_drill_record_does_not_move_the_drill_protection(tmp_path: Pa
     write_drill_record(storage, ids[0], _drill())
     rel = write_drill_record(storage, ids[1], _drill())
     st = FaultyStorage(storage, [Fault(op="read", path=rel, error="EIO")])
+    versions._RECORDS.clear()  # a fresh process (a cron gc): the record is read, and fails
     rep = gc(st, keep=1, grace_seconds=0.0)
     assert ids[1] in _alive(tmp_path), "the newest drilled version was deleted"
     assert [u["id"] for u in rep.unknown] == [ids[1]]

@@ -361,3 +361,15 @@ def test_a_listed_record_answered_absent_is_read_again(s3_proxied: S3Env) -> Non
     v = {v.id: v for v in list_versions(root)}[ids[1]]
     assert not v.known and "yet lists it" in str(v.error)
     proxy.reset()
+
+
+def test_the_storage_clock_is_asked_with_a_probe_it_deletes(s3: S3Env) -> None:
+    """Multi-job review F2: gc dates attempts on the storage's clock (its time for a probe)."""
+    from portable_ckpt.io.versions import storage_clock
+
+    root = s3.root("run")
+    _save(root, 1)
+    there = storage_clock(open_storage(root))
+    assert there is not None and abs(there - time.time()) < 5  # moto runs on this host
+    assert not [k for k in (s3.boto().list_objects_v2(Bucket=s3.bucket).get("Contents", []))
+                if "pck-clock" in k["Key"]]

@@ -384,6 +384,10 @@ def _gc(args: argparse.Namespace) -> int:
                 f"kept    {d['id']}  (damaged: its commit record is invalid: [{d['code']}] "
                 f"{safe(d['message'])[:300]})"
             )
+        if rep.clock_skew is not None:
+            print(f"note: this host's clock is {abs(rep.clock_skew):.0f} s "
+                  f"{'ahead of' if rep.clock_skew > 0 else 'behind'} the storage's; attempts "
+                  "were dated on the storage's clock")
         for v in rep.kept_for_copy:
             where = "" if args.require_copy is True else f" on {safe(args.require_copy)}"
             print(f"kept    {v}  (--require-copy: no kept version has a verified copy{where})")

@@ -318,8 +318,13 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
     leftovers = list(dst.list(f"{attempt}/"))
     if not leftovers:
         return
+    from portable_ckpt.io.versions import storage_clock
+
     newest = max(i.mtime for i in leftovers)
-    age = time.time() - newest
+    # The destination's clock set those times: this host's, ahead, made another copier's
+    # fresh files look old (multi-job review F2).
+    there = None if force or grace_s <= 0 else storage_clock(dst)
+    age = (time.time() if there is None else there) - newest
     if not force and grace_s > 0 and age < grace_s:
         # A state of the destination, not a wrong argument: automation retrying a copy after
         # a crash tells "busy" (PCK-COMMIT-CONFLICT) from a usage error (PCK-USAGE).

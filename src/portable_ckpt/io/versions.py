@@ -697,12 +697,13 @@ def confirm_damage(
     read and checked once more (a local file's cached pages dropped first); a file answered
     absent must also be absent from a listing of its directory. A finding that does not come
     back becomes a ``StorageError`` saying so: a problem of this read, not of the version.
-    A finding that names no file of the version is kept as it is.
+    A finding that names no file of the version, or that comes from checksum-verified bytes
+    (a codec, header or dtype error), is kept as it is.
     """
     out: list[CheckpointError] = []
     again: dict[str, CheckpointError | None] = {}
     for e in errors:
-        rel = _file_of(e, attempt_id, files) if e.code in DAMAGE_CODES else None
+        rel = _file_of(e, attempt_id, files) if e.code in _READ_AGAIN else None
         if rel is None:
             out.append(e)
             continue
@@ -718,6 +719,11 @@ def confirm_damage(
                 path=e.path,
             ))
     return out
+
+
+#: Findings a second read can contradict. The others (a codec, header, dtype or layout error)
+#: come from bytes whose checksums were verified first: the committed bytes say so every time.
+_READ_AGAIN = frozenset({"PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-FILE-MISSING"})
 
 
 def _file_of(e: CheckpointError, attempt_id: str, files: Mapping[str, FileRecord]) -> str | None:
@@ -1266,6 +1272,9 @@ class GcReport:
     #: Versions ``retire_abandoned`` did not retire because the store's clock does not confirm
     #: the writers' (``{"id", "reason"}``).
     retire_doubted: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds this host's clock is ahead of the storage's (negative: behind), when more than a
+    #: minute; attempts were dated on the storage's clock.
+    clock_skew: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -1290,6 +1299,7 @@ class GcReport:
             "retired": self.retired,
             "pruned_records": self.pruned_records,
             "retire_doubted": self.retire_doubted,
+            "clock_skew": self.clock_skew,
             "unknown": self.unknown,
             "complete": self.complete,
         }
@@ -1352,7 +1362,7 @@ def gc(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     dry_run: bool = False,
     require_copy: bool | str = False,
-    now: Callable[[], float] = time.time,
+    now: Callable[[], float] | None = None,
     keep_ids: Collection[str] = (),
     progress: Progress | None = None,
     delete_invalid: bool = False,
@@ -1389,6 +1399,11 @@ def gc(
     rollback's branch becomes the latest; retention then applies to the rest
     (``report.retired``).
 
+    ``now`` is a clock of the caller's, taken as it is; by default (this host's clock) attempts
+    are dated on the storage's
+    (:func:`storage_clock`: a host whose clock is ahead would delete saves in progress), and an
+    offset of more than a minute is ``report.clock_skew``.
+
     ``spare_since`` (epoch seconds): attempts without a commit record created at or after this
     time are left alone, whatever the grace period (listed in ``report.in_grace``): a job's own
     retention passes its start, so that it never deletes its next save while that is being
@@ -1402,6 +1417,8 @@ def gc(
 
     """
     check_retention(keep, grace_seconds)
+    ask_storage = now is None  # a caller's own clock is taken as it is
+    now = time.time if now is None else now
     keep_ids = usage.name_collection(keep_ids, "gc: keep_ids")
     if isinstance(require_copy, str) and require_copy:
         require_copy = _copy_destination(require_copy, strict=True)
@@ -1424,7 +1441,8 @@ def gc(
     doomed = list(report.retired)
     doomed += _retention(versions, keep, require_copy, report, keep_ids)
     abandoned = _abandoned(
-        storage, versions, grace_seconds, now(), report, delete_invalid, spare_since
+        storage, versions, grace_seconds, now(), report, delete_invalid, spare_since,
+        ask_storage=ask_storage,
     )
     doomed += abandoned
     unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
@@ -1750,9 +1768,19 @@ def _abandoned(
     report: GcReport,
     delete_invalid: bool,
     spare_since: float | None = None,
+    *,
+    ask_storage: bool = True,
 ) -> list[str]:
-    """Attempts without a commit record (or, if asked, an invalid one) quiet for ``grace`` s."""
+    """Attempts without a commit record (or, if asked, an invalid one) quiet for ``grace`` s.
+
+    Quiet is measured on the storage's clock, which set the files' times: a gc host whose clock
+    was ahead by more than the grace period deleted saves in progress (multi-job review F2). So
+    before the first deletion the storage is asked its time (:func:`storage_clock`), and an
+    attempt id stamped after it (a writer whose clock was ahead) is dated by its files alone
+    (F8: such an attempt was kept for years, "written to 0 s ago").
+    """
     doomed = []
+    clock: list[float] = []  # the storage's "now", once asked
     for v in versions:
         if v.status == INVALID and not delete_invalid:
             report.damage(v)  # R-GC-10: a damaged version, not an abandoned save
@@ -1768,7 +1796,12 @@ def _abandoned(
             )
             continue
         try:
-            last, anything = _last_activity(storage, v.id, record_absent=v.status == INCOMPLETE)
+            if not clock:
+                clock.append(_clock_for_ages(storage, t_now, report) if ask_storage else t_now)
+            now = clock[0]
+            last, anything = _last_activity(
+                storage, v.id, record_absent=v.status == INCOMPLETE, not_after=now + 60.0
+            )
             foreign = [] if anything else storage.list_foreign(f"{v.id}/")
         except StorageError as exc:
             report.skip(v.id, v.status, exc)  # cannot date it: it may be a save in progress
@@ -1776,9 +1809,9 @@ def _abandoned(
         if foreign:  # only what the format never writes is left: not gc's to delete
             report.foreign_keys.extend(foreign)
             continue
-        if t_now - last < grace:
+        if now - last < grace:
             report.in_grace.append(
-                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - last), 1)}
+                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, now - last), 1)}
             )
             continue
         report.abandoned.append(v.id)
@@ -1787,11 +1820,16 @@ def _abandoned(
 
 
 def _last_activity(
-    storage: Storage, attempt_id: str, *, record_absent: bool = False
+    storage: Storage,
+    attempt_id: str,
+    *,
+    record_absent: bool = False,
+    not_after: float = math.inf,
 ) -> tuple[float, bool]:
     """The latest of the attempt-id time, its file times and its unfinished uploads' activity.
 
-    Also returns whether the attempt has any file or upload at all.
+    Also returns whether the attempt has any file or upload at all. An attempt-id time after
+    ``not_after`` (the storage's now: a writer's clock was ahead) is not counted.
 
     Raises:
         StorageError: ``record_absent`` (the attempt was classified without a commit record),
@@ -1800,6 +1838,7 @@ def _last_activity(
 
     """
     t = attempt_time(attempt_id) or 0.0
+    t = 0.0 if t > not_after else t
     anything = False
     record = f"{attempt_id}/manifest.json"
     for info in storage.list(f"{attempt_id}/"):
@@ -1814,6 +1853,47 @@ def _last_activity(
     for up in storage.list_uploads(f"{attempt_id}/", activity=True):
         t, anything = max(t, up.mtime), True
     return t, anything
+
+
+#: A gc host clock further than this from the storage's is reported (``GcReport.clock_skew``).
+CLOCK_SKEW_SAID = 60.0
+
+
+def _clock_for_ages(storage: Storage, t_now: float, report: GcReport) -> float:
+    """The "now" attempts are dated against: the storage's when it can be asked, else ours."""
+    if report.dry_run:
+        return t_now  # a dry run writes nothing, not even a probe
+    there = storage_clock(storage)
+    if there is None:
+        return t_now
+    skew = t_now - there
+    if abs(skew) > CLOCK_SKEW_SAID:
+        report.clock_skew = round(skew, 1)
+        _log.warning(
+            "%s: this host's clock is %.0f s %s the storage's; attempts are dated on the "
+            "storage's clock", storage.url, abs(skew), "ahead of" if skew > 0 else "behind",
+        )
+    return there
+
+
+def storage_clock(storage: Storage) -> float | None:
+    """The storage's time now: the modification time it gives a probe file written at its root.
+
+    ``None`` when it cannot be asked (a read-only root, no listing of the probe). The probe
+    (``.pck-clock-<random>``, empty) is deleted again; readers ignore such names (R-LAYOUT-4).
+    """
+    name = f".pck-clock-{secrets.token_hex(8)}"
+    try:
+        storage.put(name, b"")
+    except CheckpointError:
+        return None
+    try:
+        return next((o.mtime for o in storage.list("", recursive=False) if o.path == name), None)
+    except CheckpointError:
+        return None
+    finally:
+        with contextlib.suppress(CheckpointError):
+            storage.delete(name)
 
 
 def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
