@@ -216,3 +216,34 @@ def test_require_copy_counts_a_copy_whose_record_the_source_could_not_take(
     # Without a named destination there is nothing to ask: the record is what counts.
     p = _cli("gc", "src", "--keep", "1", "--dry-run", "--require-copy", "--json", cwd=tmp_path)
     assert json.loads(p.stdout)["kept_for_copy"] == [old]
+
+
+def test_a_copy_to_a_path_with_a_space_is_recorded_and_counted(tmp_path: Path) -> None:
+    """Multi-job review F4: ``copy`` to "nightly backup" wrote no copy record (its URL failed the
+    schema) and exited 0; ``gc --require-copy`` then kept everything for ever. The record names
+    the destination with ``%20``, and gc matches it however the path is given."""
+    src = tmp_path / "src"
+    old = _save(src, 1)
+    new = _save(src, 2)
+    p = _cli("copy", "src", "nightly backup", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    record = next((src / new / "copies").iterdir()).read_text()
+    assert f"file://{tmp_path}/nightly%20backup" in record
+    for dest in ("nightly backup", str(tmp_path / "nightly backup")):
+        p = _cli("gc", "src", "--keep", "1", "--dry-run", "--require-copy", dest, "--json",
+                 cwd=tmp_path)
+        doc = json.loads(p.stdout)
+        assert (doc["deleted"], doc["kept_for_copy"]) == ([old], []), (dest, doc)
+    p = _cli("gc", "src", "--keep", "1", "--dry-run", "--require-copy", "--json", cwd=tmp_path)
+    assert json.loads(p.stdout)["deleted"] == [old]  # any destination: the record counts
+
+
+def test_a_copy_whose_record_cannot_be_written_exits_1_even_quiet(tmp_path: Path) -> None:
+    """Multi-job review F4: the copy exited 0 and, with -q, said nothing at all."""
+    src = tmp_path / "src"
+    new = _save(src, 1)
+    (src / new / "copies").write_text("not a directory")  # the record cannot go there
+    p = _cli("copy", "src", "backup", "-q", cwd=tmp_path)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "the copy is made, but its record was not written" in p.stderr
+    assert (tmp_path / "backup" / new / "manifest.json").exists()

@@ -34,11 +34,14 @@ def _copy(args: argparse.Namespace) -> int:
                  if res.server_checksums else ""))
         if res.record:
             print(f"  copy record: {safe(res.source.rsplit('/', 1)[0])}/{res.record}")
-        if res.record_error:
-            print(f"  warning: copy record not written: {safe(res.record_error)}",
-                  file=sys.stderr)
         for w in res.warnings:
             print(f"  warning: {safe(w)}", file=sys.stderr)
+    if res.record_error:
+        # Said whatever -q or --json say, exit 1: `ls` and `gc --require-copy` see no copy
+        # without it (multi-job review F4); running the copy again writes it.
+        print(f"portable-ckpt: the copy is made, but its record was not written: "
+              f"{safe(res.record_error)}; run the copy again to record it", file=sys.stderr)
+        return 1
     return 0
 
 

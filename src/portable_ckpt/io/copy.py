@@ -18,6 +18,7 @@ and written, one prefetched) plus its destination writer's buffer (for S3:
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,8 @@ __all__ = [
     "copy_version",
     "copy_version_async",
     "normalize_root_url",
+    "record_url",
+    "url_of_record",
     "shutdown_background_copies",
 ]
 
@@ -65,6 +68,24 @@ def normalize_root_url(root: str | os.PathLike[str] | Storage) -> str:
     elif "://" in text:  # s3://, or a registered scheme (storage.register_scheme)
         return text.rstrip("/")
     return "file://" + os.path.abspath(text)
+
+
+def record_url(url: str) -> str:
+    """``url`` as a copy record names it: spaces and control characters as ``%XX``.
+
+    The record's ``destination`` is a URL without them (``copy.schema.json``): a destination
+    such as ``/mnt/nightly backup`` got no record at all, and ``gc --require-copy`` kept
+    everything (multi-job review F4). :func:`url_of_record` undoes it.
+    """
+    return "".join(f"%{ord(c):02X}" if ord(c) <= 0x20 or ord(c) == 0x7F else c for c in url)
+
+
+_ENCODED = re.compile(r"%([01][0-9A-Fa-f]|20|7[Ff])")
+
+
+def url_of_record(url: str) -> str:
+    """The root URL a copy record's ``destination`` names (:func:`record_url` undone)."""
+    return _ENCODED.sub(lambda m: chr(int(m.group(1), 16)), url)
 
 
 def _storage_for(url: str, *, create: bool) -> Storage:
@@ -355,7 +376,7 @@ def _write_record(src: Storage, attempt: str, destination: str, result: CopyResu
         "format_version": FORMAT_VERSION,
         "attempt_id": attempt,
         "copy_id": copy_id,
-        "destination": destination,
+        "destination": record_url(destination),
         "verified_at": utc_now_iso(),
         "ok": True,
         "error": None,

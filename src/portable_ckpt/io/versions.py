@@ -1730,10 +1730,13 @@ def _has_copy(v: VersionInfo, want: str | None) -> bool:
     ``want`` is a :func:`_copy_destination`. A copy record alone is not trusted: the copy may
     have been deleted since.
     """
+    from portable_ckpt.io.copy import url_of_record
+
     for c in v.copies:
         dest = c.get("destination")
         if c.get("ok") is not True or not isinstance(dest, str):
             continue
+        dest = url_of_record(dest)  # "/mnt/nightly%20backup" names "/mnt/nightly backup"
         # A record's destination is compared resolved as well; only a URL is (a bare path in a
         # record would be resolved against this process's directory, not the copier's).
         if want is not None and (
