@@ -444,3 +444,27 @@ def test_gc_dates_attempts_on_the_storages_clock(tmp_path, monkeypatch) -> None:
     rep = gc(root, keep=1, grace_seconds=86400)
     assert future in rep.abandoned and running not in rep.abandoned
     assert rep.clock_skew is None
+
+
+def test_a_version_whose_files_cannot_all_be_deleted_is_reported_as_deleted_with_leftovers(
+    tmp_path, monkeypatch
+) -> None:
+    """Multi-job review F3: the commit record went (the version stopped existing), the data
+    could not be deleted, and gc said the version was "skipped ... could not delete it"."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.storage.local import LocalStorage
+
+    root = tmp_path / "r"
+    old = save_step(root, 1)
+    save_step(root, 2)
+
+    def refuse(self, prefix):  # type: ignore[no-untyped-def]
+        raise StorageError(f"delete {prefix!r}: Permission denied (errno 13)", path=prefix)
+
+    monkeypatch.setattr(LocalStorage, "delete_prefix", refuse)
+    rep = gc(root, keep=1, grace_seconds=0)
+    assert rep.deleted == [old] and rep.complete
+    assert [d["id"] for d in rep.left_behind] == [old]
+    assert "Permission denied" in rep.left_behind[0]["message"]
+    monkeypatch.undo()
+    assert gc(root, keep=1, grace_seconds=0).abandoned == [old]  # the next gc removes them

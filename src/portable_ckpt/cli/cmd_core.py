@@ -384,6 +384,9 @@ def _gc(args: argparse.Namespace) -> int:
                 f"kept    {d['id']}  (damaged: its commit record is invalid: [{d['code']}] "
                 f"{safe(d['message'])[:300]})"
             )
+        for d in rep.left_behind:
+            print(f"note: {d['id']} is deleted (its commit record is gone), but files of it are "
+                  f"left: {safe(d['message'])[:300]}")
         if rep.clock_skew is not None:
             print(f"note: this host's clock is {abs(rep.clock_skew):.0f} s "
                   f"{'ahead of' if rep.clock_skew > 0 else 'behind'} the storage's; attempts "
@@ -428,7 +431,8 @@ def _gc(args: argparse.Namespace) -> int:
         print(f"portable-ckpt gc: {len(rep.kept_for_copy)} version(s) kept for want of a "
               "verified copy: the copies are missing; the root grows until one is made",
               file=sys.stderr)
-    return 1 if rep.damaged or rep.retire_doubted or rep.kept_for_copy or not rep.complete else 0
+    problems = rep.damaged or rep.retire_doubted or rep.kept_for_copy or rep.left_behind
+    return 1 if problems or not rep.complete else 0
 
 
 def register(sub: Any) -> None:

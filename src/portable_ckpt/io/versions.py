@@ -1275,6 +1275,9 @@ class GcReport:
     #: Seconds this host's clock is ahead of the storage's (negative: behind), when more than a
     #: minute; attempts were dated on the storage's clock.
     clock_skew: float | None = None
+    #: Deleted attempts (their commit record is gone) whose other files could not all be
+    #: deleted: ``{"id", "code", "message"}``; the next gc removes them as abandoned.
+    left_behind: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -1300,6 +1303,7 @@ class GcReport:
             "pruned_records": self.pruned_records,
             "retire_doubted": self.retire_doubted,
             "clock_skew": self.clock_skew,
+            "left_behind": self.left_behind,
             "unknown": self.unknown,
             "complete": self.complete,
         }
@@ -1915,10 +1919,19 @@ def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
 
 
 def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport) -> None:
-    """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads."""
+    """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads.
+
+    Once its record is gone the version no longer exists: a failure after that leaves files,
+    not a version, and is reported as such (``report.left_behind``), never as "not deleted"
+    (multi-job review F3: an operator read that the versions were intact).
+    """
     storage.delete(f"{attempt_id}/manifest.json")
-    report.aborted_uploads += storage.abort_uploads(f"{attempt_id}/")
-    storage.delete_prefix(f"{attempt_id}/")
+    try:
+        report.aborted_uploads += storage.abort_uploads(f"{attempt_id}/")
+        storage.delete_prefix(f"{attempt_id}/")
+    except CheckpointError as exc:
+        report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc)})
+        return
     report.foreign_keys.extend(storage.list_foreign(f"{attempt_id}/"))  # never deleted
 
 

@@ -511,6 +511,7 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     # An attempt gc could not delete keeps using space: said, not only counted (multi-job
     # review F14: the event said ok, and the disk filled days later).
     failed = [u for u in report.unknown if u.get("status") == "delete failed"]
+    failed += report.left_behind  # deleted, but its files still use the space
     mgr.telemetry.emit(
         "retention",
         tier=tier.name,
