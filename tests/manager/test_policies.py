@@ -233,22 +233,22 @@ def test_telemetry_json_lines_and_logger(tmp_path: Path, caplog: pytest.LogCaptu
 
 def test_telemetry_prometheus_textfile(tmp_path: Path) -> None:
     path = tmp_path / "metrics.prom"
-    t = Telemetry(path, rank=0)
+    t = Telemetry(path, rank=0, root="/ckpt/run1")
     t.emit("save", tier="fast", pause_s=0.25, seconds=2.0, bytes=1 << 20, mib_per_s=0.5, step=7)
     t.emit("save", tier="durable", pause_s=0.75, seconds=4.0, bytes=2 << 20, mib_per_s=0.5, step=8)
     t.emit("commit", tier="durable", ok=False, expected_writers=4, reported_writers=3)
     text = path.read_text()
-    assert 'pck_save_pause_seconds{tier="fast"} 0.25' in text
-    assert 'pck_save_pause_seconds{tier="durable"} 0.75' in text
-    assert 'pck_commit_ok{tier="durable"} 0.0' in text
-    assert 'pck_commit_reported_writers{tier="durable"} 3.0' in text
+    assert 'pck_save_pause_seconds{tier="fast",rank="0",root="/ckpt/run1"} 0.25' in text
+    assert 'pck_save_pause_seconds{tier="durable",rank="0",root="/ckpt/run1"} 0.75' in text
+    assert 'pck_commit_ok{tier="durable",rank="0",root="/ckpt/run1"} 0.0' in text
+    assert 'pck_commit_reported_writers{tier="durable",rank="0",root="/ckpt/run1"} 3.0' in text
     assert "# TYPE pck_save_bytes gauge" in text
     # a first run's restore and its resume have no tier: one label for both, not "None" and ""
     t.emit("restore", ok=True, tier=None, seconds=0.5)
     t.emit("resume", seconds=1.5)
     text = path.read_text()
-    assert 'pck_restore_seconds{tier="none"} 0.5' in text
-    assert 'pck_time_to_resume_seconds{tier="none"} 1.5' in text
+    assert 'pck_restore_seconds{tier="none",rank="0",root="/ckpt/run1"} 0.5' in text
+    assert 'pck_time_to_resume_seconds{tier="none",rank="0",root="/ckpt/run1"} 1.5' in text
 
 
 # -- records ----------------------------------------------------------------------------------

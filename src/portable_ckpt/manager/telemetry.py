@@ -72,15 +72,24 @@ def _label(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def prometheus_text(latest: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
-    """Render the textfile from the latest event per ``(event, tier)``."""
+def prometheus_text(
+    latest: Mapping[tuple[str, str], Mapping[str, Any]],
+    labels: Mapping[str, Any] | None = None,
+) -> str:
+    """Render the textfile from the latest event per ``(event, tier)``.
+
+    ``labels`` (e.g. ``rank``, ``root``) follow ``tier`` on every sample: per-rank files and
+    several jobs on one node exported the same series, which a collector rejects as duplicates
+    (multi-job review F15).
+    """
+    extra = "".join(f',{k}="{_label(v)}"' for k, v in (labels or {}).items())
     lines: list[str] = []
     for name, event, fld, help_text in _GAUGES:
         samples = []
         for (ev, tier), doc in sorted(latest.items()):
             value = _number(doc.get(fld)) if ev == event else None
             if value is not None:
-                samples.append(f'{name}{{tier="{_label(tier)}"}} {value!r}')
+                samples.append(f'{name}{{tier="{_label(tier)}"{extra}}} {value!r}')
         if samples:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
     return "\n".join(lines) + "\n"
@@ -94,8 +103,12 @@ HISTORY_KEPT = 1000
 class Telemetry:
     """Emit events for one rank (see the module docstring)."""
 
-    def __init__(self, events: str | os.PathLike[str] | None, rank: int) -> None:
+    def __init__(
+        self, events: str | os.PathLike[str] | None, rank: int, root: str | None = None
+    ) -> None:
         self.rank = rank
+        #: Labels of every Prometheus sample besides ``tier``: which rank, and which job's root.
+        self.labels: dict[str, Any] = {"rank": rank} | ({} if root is None else {"root": root})
         self.log = logging.getLogger(LOGGER_NAME)
         self._lock = threading.Lock()
         self._latest: dict[tuple[str, str], dict[str, Any]] = {}
@@ -133,7 +146,7 @@ class Telemetry:
                     self._latest[(event, "none" if tier in (None, "") else str(tier))] = doc
                     tmp = f"{self.path}.{os.getpid()}.tmp"
                     with open(tmp, "w", encoding="utf-8") as f:
-                        f.write(prometheus_text(self._latest))
+                        f.write(prometheus_text(self._latest, self.labels))
                     os.replace(tmp, self.path)
                 else:
                     with open(self.path, "a", encoding="utf-8") as f:

@@ -226,7 +226,7 @@ class CheckpointManager:
     def _init_runtime(
         self, events: str | os.PathLike[str] | None, handle_sigterm: bool, handle_sigint: bool
     ) -> None:
-        self.telemetry = Telemetry(events, self.rank)
+        self.telemetry = Telemetry(events, self.rank, root=self.tiers["durable"].root)
         self.preempted = False
         self.last_error: BaseException | None = None
         self._last_error_fast = False  # last_error is a fast-tier failure (see durable_ok)
