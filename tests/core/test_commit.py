@@ -252,3 +252,36 @@ def test_a_shared_coverage_proof_never_hides_a_bad_layout(tmp_path, bad: str) ->
     with pytest.raises(error, match="odd"):
         commit(storage, aid, step=1, indexes=[w.finish() for w in writers])
     assert_nothing_published(str(tmp_path), aid)
+
+
+def test_a_file_system_without_hard_links_commits_by_renameat2_or_says_why_not(
+    tmp_path, monkeypatch
+) -> None:
+    """Multi-job review F11: on a file system without hard links (FUSE mounts of object
+    stores, SMB, exFAT) every save failed on manifest.json with a bare "Operation not
+    permitted". renameat2(RENAME_NOREPLACE), which spec §4.3 allows, is tried; without it the
+    error says what the file system lacks."""
+    import ctypes
+    import errno
+
+    from portable_ckpt.errors import StorageError
+
+    def no_link(src, dst):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+    m = portable_ckpt.save_arrays(tmp_path / "r", {"w": np.arange(4.0)}, step=1)
+    assert portable_ckpt.open(tmp_path / "r").id == m.attempt_id
+    assert not [p for p in os.listdir(tmp_path / "r" / m.attempt_id) if p.endswith(".tmp")]
+    from portable_ckpt.storage import open_storage
+
+    st = open_storage(tmp_path / "r")
+    assert st.create_if_absent(f"{m.attempt_id}/manifest.json", b"other") is False  # no replace
+
+    class NoRenameat2:
+        def __init__(self, *a: object, **k: object) -> None:
+            pass
+
+    monkeypatch.setattr(ctypes, "CDLL", NoRenameat2)
+    with pytest.raises(StorageError, match="supports neither hard links nor renameat2"):
+        portable_ckpt.save_arrays(tmp_path / "r", {"w": np.arange(4.0)}, step=2)
