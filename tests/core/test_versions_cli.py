@@ -34,6 +34,19 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _unprivileged(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI without the capabilities that let root read any file (a chmod 0 then counts)."""
+    import shutil
+
+    argv = [sys.executable, "-m", "portable_ckpt.cli.main", *args]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to drop CAP_DAC_OVERRIDE as root")
+        drop = "-dac_override,-dac_read_search"
+        argv = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
 def test_latest_is_highest_step_then_commit_time(tmp_path) -> None:
     save_step(tmp_path, 5, 5.0)
     save_step(tmp_path, 9, 9.0)
@@ -257,7 +270,6 @@ def test_ls_exits_1_naming_an_attempt_it_could_not_read_and_verify_json_dates_th
     """Ops review F7: ``ls`` exited 0 with an ``unreadable`` row and no reason while the newest
     version could not be read (restores fail). F6: ``verify --json`` names the version and the
     age of its commit, what an alerting probe needs."""
-    import shutil
 
     root = tmp_path / "r"
     save_step(root, 1)
@@ -267,13 +279,7 @@ def test_ls_exits_1_naming_an_attempt_it_could_not_read_and_verify_json_dates_th
     assert doc["committed_at"].endswith("Z")
     newest = save_step(root, 3)
     os.chmod(root / newest / "manifest.json", 0)
-    argv = [sys.executable, "-m", "portable_ckpt.cli.main", "ls", str(root)]
-    if os.geteuid() == 0:  # root reads any file: run without the capabilities that allow it
-        if shutil.which("setpriv") is None:
-            pytest.skip("needs setpriv to drop CAP_DAC_OVERRIDE as root")
-        drop = "-dac_override,-dac_read_search"
-        argv = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *argv]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    res = _unprivileged("ls", str(root))
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert f"{newest} could not be read" in res.stderr and "ermission denied" in res.stderr
     assert "unreadable" in res.stdout
@@ -313,7 +319,6 @@ def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
     Newer attempts passed over are named on stderr; none at all, or a newer one that could not
     be read, is exit 1 (R-ID-5: it may be the latest).
     """
-    import shutil
 
     root = tmp_path / "r"
     root.mkdir()
@@ -341,13 +346,7 @@ def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
 
     newest = save_step(root, 5)
     os.chmod(root / newest / "manifest.json", 0)
-    argv = [sys.executable, "-m", "portable_ckpt.cli.main", "ls", str(root), "--latest"]
-    if os.geteuid() == 0:  # root reads any file: run without the capabilities that allow it
-        if shutil.which("setpriv") is None:
-            pytest.skip("needs setpriv to drop CAP_DAC_OVERRIDE as root")
-        drop = "-dac_override,-dac_read_search"
-        argv = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *argv]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    res = _unprivileged("ls", str(root), "--latest")
     assert res.returncode == 1 and res.stdout == ""
     assert f"cannot tell the latest version: {newest} could not be read" in res.stderr
 

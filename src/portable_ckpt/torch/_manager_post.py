@@ -54,22 +54,8 @@ def after_save(
     pause: float,
 ) -> None:
     """Report a save (every rank), then rank 0's commit, verification, copy and retention."""
-    try:
-        _after_save(mgr, step, tier, decision, handle, info, pause)
-    finally:
-        with mgr._retain_lock:
-            mgr._saves_queued[tier.name] -= 1
-
-
-def _after_save(
-    mgr: CheckpointManager,
-    step: int,
-    tier: Tier,
-    decision: Decision,
-    handle: AsyncSaveHandle | None,
-    info: CheckpointInfo | None,
-    pause: float,
-) -> None:
+    with mgr._retain_lock:
+        mgr._saves_queued[tier.name] -= 1  # now the saves queued behind this one
     if handle is not None:
         try:
             info = handle.committed.result()
@@ -487,7 +473,7 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         return
     if tier.name == "fast" and any(not c.done() for c in mgr._copies):
         return  # a version being replicated is never deleted under the copy
-    if own is not None and mgr._saves_queued.get(tier.name, 0) > 1:
+    if own is not None and mgr._saves_queued.get(tier.name, 0) > 0:
         return  # a later save's pass is queued behind this one and covers it (soak review F6)
     try:
         decisions = plan_retention(candidates_of(tier.storage), tier.retention)
@@ -525,20 +511,20 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         damaged=report.damaged,
         failed=failed,
     )
+    where = f"rank {mgr.rank}: {tier.name} tier:"
     for bad in failed:
-        if f"undeletable:{bad['id']}" not in mgr._warned:
-            mgr._warned.add(f"undeletable:{bad['id']}")
-            say(
-                f"rank {mgr.rank}: {tier.name} tier: retention could not delete {bad['id']} "
-                f"({str(bad['message'])[:300]}); it keeps using space until "
-                "it can be deleted (portable-ckpt gc names it)"
-            )
+        _say_once(mgr, f"undeletable:{bad['id']}", (
+            f"{where} retention could not delete {bad['id']} ({str(bad['message'])[:300]}); it "
+            "keeps using space until it can be deleted (portable-ckpt gc names it)"))
     for bad in report.damaged:  # R-GC-10: kept; said once per attempt, the job goes on
-        if f"damaged:{bad['id']}" not in mgr._warned:
-            mgr._warned.add(f"damaged:{bad['id']}")
-            say(
-                f"rank {mgr.rank}: {tier.name} tier: attempt {bad['id']} has an invalid commit "
-                f"record ([{bad['code']}] {bad['message'][:300]}): a committed version damaged "
-                "after its commit; retention keeps it (portable-ckpt gc --delete-invalid "
-                "deletes it)"
-            )
+        _say_once(mgr, f"damaged:{bad['id']}", (
+            f"{where} attempt {bad['id']} has an invalid commit record ([{bad['code']}] "
+            f"{bad['message'][:300]}): a committed version damaged after its commit; retention "
+            "keeps it (portable-ckpt gc --delete-invalid deletes it)"))
+
+
+def _say_once(mgr: CheckpointManager, key: str, text: str) -> None:
+    """Say ``text`` on stderr the first time ``key`` comes up in this manager."""
+    if key not in mgr._warned:
+        mgr._warned.add(key)
+        say(text)
