@@ -366,6 +366,8 @@ def verify_file(
     rec: FileRecord,
     window: int = 8 << 20,
     on_bytes: Callable[[int], None] | None = None,
+    *,
+    size_checked: bool = False,
 ) -> VerifiedRead:
     """Checksum a whole file without keeping it (``on_bytes(n)`` after each verified window).
 
@@ -374,13 +376,13 @@ def verify_file(
     (issue 12 item 19), while a short read is ``PCK-FILE-SIZE``. Other backends alternate two
     windows: one is read while the CRC of the other runs.
 
-    The file's size is asked first: its windows are sized by the record, and a record may
-    declare a gigabyte for a file that is not there (attack review 2 F3). Nothing is allocated
-    for bytes that are not present.
+    The file's size is asked first (``size_checked``: the caller did): its windows are sized by
+    the record, and a record may declare a gigabyte for a file that is not there (attack review
+    2 F3). Nothing is allocated for bytes that are not present.
     """
     bs = rec.checksum.block_size
     verifier = BlockVerifier(full_path, rec.checksum.blocks, bs, rec.size)
-    actual = storage.size(full_path)
+    actual = rec.size if size_checked else storage.size(full_path)
     if actual != rec.size:
         raise FileSizeError(
             f"{full_path!r} is {actual} bytes, the manifest records {rec.size} "

@@ -1140,7 +1140,10 @@ class Checkpoint:
 
     def _verify_file(self, path: str, on_bytes: Callable[[int], None] | None = None) -> None:
         try:
-            res = verify_file(self.storage, self._rel(path), self._file(path), on_bytes=on_bytes)
+            res = verify_file(  # _file() checked the size once for this reader
+                self.storage, self._rel(path), self._file(path), on_bytes=on_bytes,
+                size_checked=True,
+            )
         except ChecksumError as exc:
             raise self._named(exc, path) from None
         self._account(res)

@@ -307,11 +307,16 @@ def _read_existing(storage: Storage, rel: str) -> bytes:
 
 def lists_file(storage: Storage, rel: str) -> bool:
     """Whether a listing of ``rel``'s directory shows it as a regular file."""
+    return _listed_info(storage, rel) is not None
+
+
+def _listed_info(storage: Storage, rel: str) -> ObjectInfo | None:
+    """``rel`` as a listing of its directory shows it (size, the storage's time), or ``None``."""
     parent = rel.rsplit("/", 1)[0] + "/"
-    return any(info.path == rel for info in storage.list(parent, recursive=False))
+    return next((info for info in storage.list(parent, recursive=False) if info.path == rel), None)
 
 
-def reread_record(storage: Storage, rel: str) -> bytes:
+def reread_record(storage: Storage, rel: str, max_size: int = jsonio.MAX_MANIFEST_BYTES) -> bytes:
     """The record a store answered "absent" for but lists: asked once more, never taken as absent.
 
     One spurious 404 (an S3-compatible store's replication lag, a caching gateway, a misrouted
@@ -324,7 +329,7 @@ def reread_record(storage: Storage, rel: str) -> bytes:
 
     """
     try:
-        return storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
+        return storage.read_all(rel, max_size=max_size)
     except FileMissingError as exc:
         raise StorageError(
             f"{storage.url}/{rel}: the storage answers that it does not exist, yet lists it (an "
@@ -466,17 +471,7 @@ def _annotation_bytes(storage: Storage, rel: str) -> bytes:
     except FileMissingError:
         if not lists_file(storage, rel):
             raise
-    try:
-        return storage.read_all(rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
-    except FileMissingError:
-        if not lists_file(storage, rel):
-            raise
-        raise StorageError(
-            f"{storage.url}/{rel}: the storage answers that it does not exist, yet lists it (an "
-            "inconsistent store); the version's records are unknown, so nothing decides on "
-            "them: retry once the store answers consistently",
-            path=rel,
-        ) from None
+    return reread_record(storage, rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
 
 
 def annotation_id(letter: str) -> str:
@@ -744,7 +739,7 @@ def _recheck(storage: Storage, full: str, rec: FileRecord) -> CheckpointError | 
             finally:
                 os.close(fd)
     try:
-        verify_file(storage, full, rec)
+        verify_file(storage, full, rec)  # its size asked again too: a second look
     except FileMissingError as exc:
         try:
             return None if lists_file(storage, full) else exc
@@ -1625,11 +1620,10 @@ def _abandoned_branch(
     def stored_time(v: VersionInfo) -> float | None:
         if v.id not in stored:
             try:
-                stored[v.id] = next(
-                    (o.mtime for o in storage.list(f"{v.id}/", recursive=False)
-                     if o.path == f"{v.id}/manifest.json"), None)
+                info = _listed_info(storage, f"{v.id}/manifest.json")
             except CheckpointError:
-                stored[v.id] = None
+                info = None
+            stored[v.id] = None if info is None else info.mtime
         return stored[v.id]
 
     candidates: list[VersionInfo] = []  # by the writers' clocks, in one pass

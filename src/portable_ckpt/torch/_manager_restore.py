@@ -162,8 +162,8 @@ def restore(
             # Same list on every rank: every rank stops here (R-ID-5).
             raise StorageError(
                 f"cannot tell whether {ident} of the {tier_name} tier is the version to restore:"
-                f" its commit record or its records could not be read ({problem}); a storage error is not "
-                f"'no version' (spec R-ID-5): retry; {_WAY_OUT}",
+                f" its commit or verification records could not be read ({problem}); a storage "
+                f"error is not 'no version' (spec R-ID-5): retry; {_WAY_OUT}",
                 path=f"{ident}/manifest.json",
             )
         attempt = functools.partial(
