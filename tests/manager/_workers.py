@@ -745,3 +745,54 @@ def late_rank_once(rank: int, world: int, root: str) -> dict[str, Any]:
             out.append([step, e.code])
     mgr.close()
     return {"steps": out, "committed": [v.step for v in portable_ckpt.list_versions(root)]}
+
+
+def _paced(mgr: Any, steps: range, x: torch.Tensor, kill: int | None = None) -> list[int]:
+    """maybe_save at each step of ``steps`` (2 ms apart); the steps it saved. ``kill``: the
+    step at which this process sends itself a SIGTERM (before that step's call)."""
+    saved = []
+    for s in steps:
+        time.sleep(0.002)
+        if s == kill:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if mgr.maybe_save(s, {"x": x}):
+            saved.append(s)
+        if mgr.preempted:
+            break
+    return saved
+
+
+def decision_schedule(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Agreements between step-rule saves (decision_interval), a SIGTERM to the last rank only,
+    a loop that goes back, ranks that pass different steps."""
+    out: dict[str, Any] = {}
+    x = torch.arange(4.0)  # the same on every rank
+    kw: dict[str, Any] = {"async_save": False, "timeout": 30}
+    for name, interval in (("default", None), ("every step", 0)):
+        extra = {} if interval is None else {"decision_interval": interval}
+        with pckt.CheckpointManager(
+            f"{root}/{name}", save_every=40, save_steps=[57], handle_sigterm=False, **kw, **extra
+        ) as mgr:
+            saved = _paced(mgr, range(1, 121), x)
+            out[name] = {"saved": saved, "agreements": mgr._agreements}
+    # A SIGTERM to the last rank at step 30; no step rule saves before step 1000.
+    with pckt.CheckpointManager(f"{root}/sigterm", save_every=1000, **kw) as mgr:
+        saved = _paced(mgr, range(1, 300), x, kill=30 if rank == world - 1 else None)
+        out["sigterm"] = {"saved": saved, "preempted": mgr.preempted}
+    # A loop that goes back (restarted after a restore) agrees at once.
+    with pckt.CheckpointManager(
+        f"{root}/back", save_every=1000, decision_interval=60, handle_sigterm=False, **kw
+    ) as mgr:
+        _paced(mgr, range(1, 20), x)
+        before = mgr._agreements
+        _paced(mgr, range(5, 6), x)
+        out["back"] = mgr._agreements - before
+    # Ranks that pass different steps: every rank is told at the agreement, then it works.
+    with pckt.CheckpointManager(f"{root}/differ", save_every=2, handle_sigterm=False, **kw) as mgr:
+        try:
+            mgr.maybe_save(1 + rank, {"x": x})
+            out["differ"] = None
+        except CheckpointError as e:
+            out["differ"] = [e.code, str(e)]
+        out["after"] = mgr.maybe_save(2, {"x": x})
+    return out

@@ -411,3 +411,30 @@ def test_a_rank_late_past_the_timeout_once_fails_one_decision(tmp_path: Path) ->
     for r in ok(run("late_rank_once", 2, str(tmp_path / "r"), timeout=120)):
         assert r["steps"] == [[1, True], [2, "PCK-DISTRIBUTED"], [3, True], [4, True]], r
         assert r["committed"] == [1, 3, 4], r
+
+
+def test_agreements_between_step_rules_and_signals(tmp_path: Path) -> None:
+    """decision_interval (soak review F1): the ranks agree about every half second of steps
+    instead of at every step; step rules still save at exactly their steps, a SIGTERM to one
+    rank still saves every rank at one step, within MAX_DECISION_GAP steps."""
+    from portable_ckpt.torch._manager_decisions import MAX_DECISION_GAP
+
+    r0, r1 = ok(run("decision_schedule", 2, str(tmp_path), timeout=180))
+    for r in (r0, r1):
+        for name in ("default", "every step"):
+            assert r[name]["saved"] == [40, 57, 80, 120], (name, r)
+        assert r["every step"]["agreements"] == 120
+        # 2 ms steps: agreements only at the step rules' saves and every <= 32 steps between.
+        assert r["default"]["agreements"] <= 40, r
+        assert r["default"]["agreements"] >= 120 // MAX_DECISION_GAP
+        assert r["back"] == 1  # a step before the last agreed one agrees at once
+        code, text = r["differ"]
+        assert code == "PCK-USAGE" and "different steps (from 1 to 2" in text
+        assert r["after"] is True  # the group still works: step 2 is saved
+    assert r0["default"]["agreements"] == r1["default"]["agreements"]
+    # The signal reached rank 1 only, before its step 30: both ranks stop at the same step.
+    stop = r0["sigterm"]["saved"]
+    assert r0["sigterm"]["preempted"] and r1["sigterm"]["preempted"]
+    assert stop == r1["sigterm"]["saved"] and len(stop) == 1
+    assert 30 <= stop[0] <= 30 + MAX_DECISION_GAP
+    assert _committed(str(tmp_path / "sigterm")) == stop

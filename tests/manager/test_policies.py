@@ -24,6 +24,7 @@ from portable_ckpt.manager import (
     decide,
     plan_retention,
 )
+from portable_ckpt.manager.decisions import next_rule_step
 from portable_ckpt.manager.records import candidates_of, manager_entry_schema, manager_entry_value
 from portable_ckpt.storage import open_storage
 
@@ -82,6 +83,34 @@ def test_decision_max_prefers_durable_over_fast_over_none() -> None:
         Decision("durable", "save_every").encode(),
     ]
     assert Decision.decode(max(codes)).tier == "durable"
+
+
+@given(
+    save_every=st.none() | st.integers(1, 50),
+    fast_every=st.none() | st.integers(1, 50),
+    save_steps=st.frozensets(st.integers(0, 400), max_size=8),
+    has_fast=st.booleans(),
+    step=st.integers(0, 300),
+)
+def test_next_rule_step_is_the_first_step_a_rule_saves(
+    save_every: int | None,
+    fast_every: int | None,
+    save_steps: frozenset[int],
+    has_fast: bool,
+    step: int,
+) -> None:
+    """The manager skips agreements before this step: no step rule may save in between."""
+    policy = SavePolicy.build(save_every=save_every, fast_every=fast_every, save_steps=save_steps)
+    nxt = next_rule_step(policy, step, has_fast=has_fast)
+
+    def saves(s: int) -> bool:
+        return _d(policy, s, has_fast=has_fast).saves
+
+    horizon = 1000 if nxt is None else nxt
+    assert nxt is None or nxt > step
+    assert not any(saves(s) for s in range(step + 1, horizon))
+    if nxt is not None:
+        assert saves(nxt)
 
 
 @pytest.mark.parametrize(

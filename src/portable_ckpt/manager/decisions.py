@@ -8,13 +8,15 @@ moments. :func:`decide` is pure; :class:`Decision` travels between ranks as one 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Final, Literal
 
 from portable_ckpt.errors import UsageError
 
-__all__ = ["TIERS", "Decision", "SavePolicy", "Tier", "decide"]
+__all__ = ["TIERS", "Decision", "SavePolicy", "Tier", "decide", "next_rule_step"]
 
 Tier = Literal["none", "fast", "durable"]
 #: Tiers in encoding order (a larger index wins when decisions are combined).
@@ -73,6 +75,11 @@ class SavePolicy:
         if bad:
             raise UsageError(f"save_steps must be non-negative ints, got {bad[:4]}")
         return cls(save_every, save_every_seconds, steps, fast_every)
+
+    @cached_property
+    def sorted_steps(self) -> tuple[int, ...]:
+        """``save_steps`` in increasing order."""
+        return tuple(sorted(self.save_steps))
 
 
 @dataclass(frozen=True)
@@ -140,3 +147,20 @@ def decide(
     if has_fast and policy.fast_every is not None and step % policy.fast_every == 0:
         return Decision("fast", "fast_every")
     return Decision("none")
+
+
+def next_rule_step(policy: SavePolicy, step: int, *, has_fast: bool) -> int | None:
+    """The first step after ``step`` that a step rule saves (``None``: no rule ever does).
+
+    ``save_every``, ``save_steps`` and ``fast_every`` save at steps known in advance: the ranks
+    need not agree before such a step to know that nothing is saved (the manager's decisions
+    between agreements rest on this).
+    """
+    found: list[int] = []
+    at = bisect.bisect_right(policy.sorted_steps, step)
+    if at < len(policy.sorted_steps):
+        found.append(policy.sorted_steps[at])
+    for every in (policy.save_every, policy.fast_every if has_fast else None):
+        if every is not None:
+            found.append((step // every + 1) * every)
+    return min(found, default=None)

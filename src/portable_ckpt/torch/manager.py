@@ -58,7 +58,12 @@ from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
 from portable_ckpt.torch._collectives import Comm
 from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT, say
-from portable_ckpt.torch._manager_decisions import Preemption, agree, make_group
+from portable_ckpt.torch._manager_decisions import (
+    Preemption,
+    agree,
+    agreement_due,
+    make_group,
+)
 from portable_ckpt.torch._manager_exit import register_after_async_save, register_exit
 from portable_ckpt.torch._manager_nodelocal import background_comm
 from portable_ckpt.torch._manager_post import after_failure, after_save, too_many_failures
@@ -112,17 +117,25 @@ class CheckpointManager:
             ``{rank}`` in it gives every rank its own file (otherwise rank 0 writes).
         process_group: The group (default: the default group).
         timeout: Seconds a collective may wait for peers. It also bounds how much later than
-            the others a rank may reach ``maybe_save`` (its decision is a collective at every
-            step): a rank that late fails that call with ``PCK-DISTRIBUTED`` on every rank, and
-            the next call works. Keep it above the longest pause between steps (evaluation).
+            the others a rank may reach a ``maybe_save`` where the ranks agree (see
+            ``decision_interval``): a rank that late fails that call with ``PCK-DISTRIBUTED``
+            on every rank, and the next call works. Keep it above the longest pause between
+            steps (evaluation).
+        decision_interval: Seconds of training between two agreements of the ranks (a
+            collective) at most, by rank 0's measured pace and never more than 32 steps apart.
+            The steps between are known to save nothing (``save_every``, ``save_steps`` and
+            ``fast_every`` still save at exactly their steps), so a SIGTERM or a
+            ``save_every_seconds`` interval is acted on up to about this much later. ``0``:
+            agree at every ``maybe_save`` (one collective per step). Every rank must pass the
+            same steps (each agreement checks: ``PCK-USAGE`` otherwise).
         handle_sigterm: Install a SIGTERM handler (main thread only): the first SIGTERM sets
             ``preempted``; a second one, or one once closing, terminates as before.
         handle_sigint: Treat SIGINT (Ctrl-C; torchrun forwards it to every worker) like SIGTERM:
             the first one preempts (the step is saved, ``preempted`` is set), a second one, or
             one once closing, raises ``KeyboardInterrupt`` as before (main thread only).
         max_failed_saves: After this many durable checkpoints failed in a row (saves, or their
-            copies with ``replicate``), the next ``maybe_save`` or ``save`` raises on every rank
-            (``DistributedError`` in a group, naming the steps). Fast-tier failures never
+            copies with ``replicate``), the next ``save`` or agreeing ``maybe_save`` raises on
+            every rank (``DistributedError`` in a group, naming the steps). Fast-tier failures never
             count. ``None``: never; failures are then only reported (stderr, ``last_error``).
         grace_seconds: Age after which retention's gc removes abandoned attempts (of earlier
             runs: attempts this job created are never its retention's to delete, its next save
@@ -163,6 +176,7 @@ class CheckpointManager:
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
         handle_sigint: bool = False,
         max_failed_saves: int | None = 3,
+        decision_interval: float = 0.5,
     ) -> None:
         self.policy = SavePolicy.build(
             save_every=save_every,
@@ -200,6 +214,7 @@ class CheckpointManager:
         self.timeout = timeout
         self.grace_seconds = float(grace_seconds)
         self.exit_timeout = require_seconds(exit_timeout, "exit_timeout")
+        self.decision_interval = require_seconds(decision_interval, "decision_interval")
         self.process_group = process_group
         self._group, self.rank, self.world_size = make_group(process_group, timeout)
         self._group_broken = False  # a decision failed on it: made anew at the next one
@@ -233,6 +248,11 @@ class CheckpointManager:
         self._failed_saves = 0  # failed saves in a row seen by this rank (reset by a commit)
         self._failed_steps: list[int] = []
         self._agreed_failed_saves = 0  # the most any rank had seen at the last agreement
+        #: The step of the ranks' next agreement (None: the next call agrees), the last call's.
+        self._agreed: int | None = None
+        self._last_call_step: int | None = None
+        self._agreed_at: tuple[int, float] | None = None  # rank 0: (step, monotonic time)
+        self._agreements = 0
         self._last_save_step: int | None = None
         self._last_save_time = time.monotonic()  # intervals only: a stepped clock must not stop saves
         #: Attempts created since are this job's: its retention never deletes them as abandoned.
@@ -260,14 +280,17 @@ class CheckpointManager:
     ) -> bool:
         """Save ``state`` at ``step`` when the policy (or a preemption) says so.
 
-        Every rank calls this at every step. Returns True when a save was started (finished,
-        for a preemption save). After a SIGTERM, ``preempted`` is true on every rank and the
-        save is synchronous, so the loop can exit right after. Raises on every rank once
-        ``max_failed_saves`` saves in a row failed.
+        Every rank calls this at every step, with the same ``step``. Returns True when a save
+        was started (finished, for a preemption save). After a SIGTERM (acted on at the ranks'
+        next agreement: within about ``decision_interval`` seconds), ``preempted`` is true on
+        every rank and the save is synchronous, so the loop can exit right after. Raises on
+        every rank once ``max_failed_saves`` saves in a row failed.
         """
         self._check_open()
         require_non_negative_int(step, "maybe_save: step")  # before any collective
         self.mark_resumed()
+        if not agreement_due(self, step):
+            return False  # the last agreement said no rule saves before its next one
         decision = agree(self, step)
         self._raise_if_failing(decision)
         if not decision.saves:
