@@ -165,7 +165,14 @@ def test_spawn_after_a_resume_continues_the_saved_runs_children(tmp_path: Path) 
     other = np.random.default_rng(99)  # another seed: draws continue, children cannot
     with pytest.warns(UserWarning, match="spawn\\(\\) will not: it was seeded otherwise"):
         pckt.load({"n": pckt.GeneratorState(other)}, str(tmp_path / "r"))
+    donor = np.random.default_rng(1234)
+    donor.random(5)
+    value = pckt.GeneratorState(donor).capture()
+    value["seed_seq"]["n_children_spawned"] = 10**9
+    live = np.random.default_rng(1234)
+    before = live.bit_generator.state
+    gs = pckt.GeneratorState(live)
     with pytest.raises(Exception, match="n_children_spawned"):
-        value = pckt.GeneratorState(np.random.default_rng(1234)).capture()
-        value["seed_seq"]["n_children_spawned"] = 10**9
-        pckt.GeneratorState(np.random.default_rng(1234)).restore(value)
+        gs.restore(value)
+    # Refused before anything changed (attack review 3 F5): not the donor's state half-applied.
+    assert live.bit_generator.state == before and gs.restored is False

@@ -40,11 +40,26 @@ def test_a_key_with_nothing_near_keeps_the_strict_advice(tmp_path: Path) -> None
         pckt.load({"w": torch.zeros(3), "completely_different": torch.zeros(1)}, tmp_path)
 
 
+_INF = "1 finite value\\(s\\) would become infinite"
+_INT = "integer value\\(s\\) cannot be represented and would change"
+
+
 @pytest.mark.parametrize(("stored", "target", "values", "why"), [
-    (torch.float32, torch.float16, [1e5, 1.0], "1 finite value\\(s\\) would become infinite"),
-    (torch.float32, torch.float16, [1e-13, 3e-12], "every non-zero value \\(2\\) would become 0"),
-    (torch.int64, torch.int32, [2**40, 1], "1 value\\(s\\) do not fit and would change"),
-    (torch.float32, torch.int64, [1.5, 2.0], "1 value\\(s\\) do not fit and would change"),
+    (torch.float32, torch.float16, [1e5, 1.0], _INF),
+    (torch.float32, torch.float16, [1e-13, 3e-12], "2 of its 2 non-zero values would become 0"),
+    # one survivor does not save the rest (attack review 3 F4)
+    (torch.float32, torch.float16, [1e-13, 1.0, 3e-12], "2 of its 3 non-zero values would become 0"),
+    (torch.int64, torch.int32, [2**40, 1], f"1 {_INT}"),
+    (torch.float32, torch.int64, [1.5, 2.0], "1 value\\(s\\) are not integers the target type"),
+    # attack review 3 F1: integers into floats, and wraps between signed and unsigned
+    (torch.int32, torch.float16, [70000, 1], _INF),
+    (torch.int64, torch.float32, [2**40 + 1, 1], f"1 {_INT}"),
+    (torch.int64, torch.float64, [2**53 + 1, 1], f"1 {_INT}"),
+    (torch.int64, torch.bfloat16, [257, 1000001], f"2 {_INT}"),
+    (torch.uint8, torch.int8, [200, 1], f"1 {_INT}"),
+    (torch.int8, torch.uint8, [-1, 1], f"1 {_INT}"),
+    # float8 (torch cannot promote it, and e4m3fn saturates instead of overflowing: F12)
+    (torch.float32, torch.float8_e4m3fn, [1000.0, 1.0], _INF),
 ])
 def test_a_cast_that_destroys_values_is_refused(
     tmp_path: Path, stored: torch.dtype, target: torch.dtype, values: list[float], why: str
@@ -55,8 +70,12 @@ def test_a_cast_that_destroys_values_is_refused(
 
     pckt.save({"x": torch.tensor(values, dtype=stored), "ok": torch.tensor([0.5, 2.0, 1e-9])},
               tmp_path, step=1)
-    with pytest.raises(UsageError, match=f"'x': casting the stored .*: {why}; build the target"):
-        pckt.load({"x": torch.zeros(2, dtype=target)}, tmp_path, strict=False)
+    with pytest.raises(UsageError, match=f"'x': casting the stored .*: {why}.*; build the target"):
+        pckt.load({"x": torch.zeros(len(values), dtype=target)}, tmp_path, strict=False)
+    before = torch.full((3,), 7.0)
+    with pytest.raises(UsageError):  # a refused cast leaves in-place targets untouched (F5)
+        pckt.load({"x": torch.zeros(len(values), dtype=target), "ok": before}, tmp_path)
+    assert before.tolist() == [7.0] * 3
     target_ok = {"ok": torch.zeros(3, dtype=torch.float16)}
     info = pckt.load(target_ok, tmp_path, strict=False)
     assert info.casts == [{"key": "ok", "stored": "float32", "target": "float16",
@@ -83,3 +102,29 @@ def test_the_manager_says_casts_and_takes_strict_dtype(
     assert half["w"].tolist() == [1.0, 2.0]
     err = capsys.readouterr().err
     assert "into 1 tensor(s) of another dtype than stored ('w' float32 → bfloat16)" in err
+
+
+@pytest.mark.parametrize(("stored", "target", "values"), [
+    (torch.float8_e4m3fn, torch.float32, [1.5, -448.0]),
+    (torch.float8_e5m2, torch.bfloat16, [1.5, 57344.0]),
+    (torch.bfloat16, torch.float32, [1.0, 3e38]),
+    (torch.int8, torch.bfloat16, [-128, 127]),
+    (torch.int64, torch.float32, [2**24, -3]),
+    (torch.float32, torch.int16, [2.0, -7.0]),
+    (torch.bool, torch.float16, [True, False]),
+])
+def test_a_cast_that_keeps_every_value_loads(
+    tmp_path: Path, stored: torch.dtype, target: torch.dtype, values: list[float]
+) -> None:
+    """Widening casts (float8 to float32 in fp8 recipes) load exactly: the check of a float8
+    pair used to raise from torch.promote_types (attack review 3 F12)."""
+    from portable_ckpt.torch.loading import exact_cast
+
+    saved = torch.tensor(values, dtype=stored)
+    pckt.save({"x": saved}, tmp_path, step=1)
+    out = {"x": torch.zeros(len(values), dtype=target)}
+    info = pckt.load(out, tmp_path)
+    assert out["x"].tolist() == saved.to(target).tolist() == saved.double().tolist()
+    assert info.casts[0]["flushed"] == 0
+    # exact by type (no scan) except the int64 -> float32 and float32 -> int16 narrowings
+    assert exact_cast(stored, target) == (stored not in (torch.int64, torch.float32))

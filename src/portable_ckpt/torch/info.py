@@ -65,8 +65,8 @@ class LoadInfo:
         unexpected_keys: Stored tensor and plain-value keys the target did not ask for.
         casts: The tensors this rank loaded into another dtype than the stored one: ``{"key",
             "stored", "target", "elements", "flushed"}`` (``flushed``: non-zero values that
-            became 0). A cast that made finite values infinite, or every non-zero value 0, was
-            refused instead.
+            became 0). A cast that made finite values infinite, more than half of a box's
+            non-zero values 0, or changed an integer, was refused instead.
         per_rank: Every rank's counters (from the final status exchange).
         range_map: With ``record_ranges=True``: for each key, the stored boxes (file, writer
             box) and the target box they fill on this rank.

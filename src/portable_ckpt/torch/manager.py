@@ -450,8 +450,8 @@ class CheckpointManager:
         data position of a converted checkpoint restored as a seed, which has neither.
         ``strict_dtype`` too: ``True`` refuses a target whose dtype differs from the stored
         one; otherwise values are cast, rank 0 says so on stderr (``LoadInfo.casts``), and a
-        cast that would make finite values infinite, or every non-zero value 0, is refused
-        (``PCK-USAGE``). A version found damaged gets a failed verification
+        cast that would make finite values infinite, more than half of a box's non-zero values 0,
+        or change an integer, is refused (``PCK-USAGE``). A version found damaged gets a failed verification
         record (never tried again); restoring an older ``step`` than the job's newest is said on
         stderr (the newer steps would win the next restore).
 

@@ -239,7 +239,9 @@ class GeneratorState(StateEntry):
                 self.generator.set_state(_unb64(value["state"]))
             else:
                 bitgen = self.generator.bit_generator
-                bitgen.state = _np_state(bitgen, decode_json(value.get("state")))
+                state = _np_state(bitgen, decode_json(value.get("state")))
+                _spawned(value.get("seed_seq"))  # all checked before the generator changes
+                bitgen.state = state
                 _advance_seed_seq(bitgen, value.get("seed_seq"))
         except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
             raise EntrySchemaError(f"generator state cannot be applied: {e}") from e
@@ -303,6 +305,18 @@ def _seed_seq(bitgen: Any) -> dict[str, Any] | None:
 _MAX_CHILDREN = 1 << 16
 
 
+def _spawned(stored: Any) -> int | None:
+    """The stored SeedSequence's number of children (None: no sequence was stored)."""
+    if stored is None:
+        return None
+    if not isinstance(stored, dict) or type(stored.get("n_children_spawned")) is not int:
+        raise ValueError("seed_seq: n_children_spawned expected")
+    want: int = stored["n_children_spawned"]
+    if not 0 <= want <= _MAX_CHILDREN:
+        raise ValueError(f"seed_seq.n_children_spawned: 0 … {_MAX_CHILDREN} expected")
+    return want
+
+
 def _advance_seed_seq(bitgen: Any, stored: Any) -> None:
     """Spawn (and drop) the children the saved run had spawned beyond this generator's.
 
@@ -311,13 +325,9 @@ def _advance_seed_seq(bitgen: Any, stored: Any) -> None:
     are said (a ``UserWarning``), as the contract cannot cover them.
     """
     mine = _seed_seq(bitgen)
-    if stored is None or mine is None:
+    want = _spawned(stored)
+    if want is None or mine is None:
         return
-    if not isinstance(stored, dict) or type(stored.get("n_children_spawned")) is not int:
-        raise ValueError("seed_seq: n_children_spawned expected")
-    want = stored["n_children_spawned"]
-    if not 0 <= want <= _MAX_CHILDREN:
-        raise ValueError(f"seed_seq.n_children_spawned: 0 … {_MAX_CHILDREN} expected")
     same = all(stored.get(k) == mine[k] for k in ("entropy", "spawn_key", "pool_size"))
     have = mine["n_children_spawned"]
     if same and want >= have:
