@@ -456,8 +456,10 @@ def exact_cast(src: torch.dtype, out: torch.dtype) -> bool:
 
 
 def _checkable(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or as float32 when it is a float8 (torch lacks isfinite and more for float8; its
-    e4m3fn has no infinity: an overflow is NaN, which float32 keeps non-finite).
+    """``t``, or as float32 when it is a float8.
+
+    torch lacks isfinite and more for float8; its e4m3fn has no infinity (an overflow
+    saturates or is NaN), which float32 keeps as it is.
     """
     return t.float() if t.is_floating_point() and t.element_size() == 1 else t
 
