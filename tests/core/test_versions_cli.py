@@ -467,3 +467,28 @@ def test_a_version_whose_files_cannot_all_be_deleted_is_reported_as_deleted_with
     assert "Permission denied" in rep.left_behind[0]["message"]
     monkeypatch.undo()
     assert gc(root, keep=1, grace_seconds=0).abandoned == [old]  # the next gc removes them
+
+
+def test_retire_abandoned_doubts_a_copied_root(tmp_path) -> None:
+    """Attack review 3 F13: in a root copied newest first (a backup, a migration) the store's
+    times are the copy's: a version from a host 1 h ahead came "later by both clocks" than the
+    two newest, and ``gc --retire-abandoned`` deleted them (exit 0). The store's time between
+    two records must also match the writers' (within a minute) before anything is retired."""
+    import datetime as dt
+
+    root = tmp_path / "r"
+    ids = {s: save_step(root, s, float(s)) for s in (1, 2, 3, 4)}
+    record = root / ids[2] / "manifest.json"
+    doc = json.loads(record.read_text())
+    when = dt.datetime.strptime(doc["committed_at"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    doc["committed_at"] = (when + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    record.write_text(json.dumps(doc))
+    now = time.time()
+    for i, s in enumerate((4, 3, 2, 1)):  # copied newest first, a second apart
+        os.utime(root / ids[s] / "manifest.json", (now + i, now + i))
+    res = cli("gc", str(root), "--keep", "1", "--retire-abandoned")
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    for s in (3, 4):
+        assert f"kept    {ids[s]}  (--retire-abandoned: its committed_at" in res.stdout
+    assert "the root was copied" in res.stdout and "(--retire-abandoned)\n" not in res.stdout
+    assert portable_ckpt.open(str(root)).step == 4

@@ -1597,6 +1597,11 @@ def _abort_orphan_uploads(
             report.skip(v.id, "uploads not checked", exc)
 
 
+#: How far the store's time between two commit records may differ from the writers' before a
+#: retirement is doubted (the time between a record's timestamp and its write, NTP drift).
+RETIRE_TOLERANCE_SECONDS = 60.0
+
+
 def _abandoned_branch(
     storage: Storage, versions: list[VersionInfo], report: GcReport
 ) -> list[VersionInfo]:
@@ -1610,8 +1615,9 @@ def _abandoned_branch(
     was ahead (or behind) looked like a rollback, and every later version (or the latest) was
     retired (multi-job review F1). So a version is retired only when the storage's own times
     of the two commit records (their listed modification times: one clock, the store's) agree
-    that the later commit came later; where they disagree, or a time is unknown, it is kept and
-    named in ``report.retire_doubted``.
+    that the later commit came later, and by as much (within
+    :data:`RETIRE_TOLERANCE_SECONDS`); where they disagree, or a time is unknown, it is kept
+    and named in ``report.retire_doubted``.
     """
     committed = sorted((v for v in versions if v.status == COMMITTED), key=lambda v: v.step)
     times = {v.id: timestamp_key(v.committed_at) for v in committed}
@@ -1635,12 +1641,25 @@ def _abandoned_branch(
         top = max([bound, *(times[v.id] for v in group)])
         candidates += [v for v in group if times[v.id] < top]
         bound = top
+    def confirms(w: VersionInfo, v: VersionInfo) -> bool:
+        """The store saw ``w``'s record after ``v``'s, as much later as the writers' clocks say.
+
+        Order alone is not enough: in a copied root (a backup, a migration) the store's times
+        are the copy's, in whatever order it went (attack review 3 F13). Two records stored when
+        they were committed are as far apart on the store's clock as on the writers' (any
+        constant offset cancels); a copy, or a skewed writer, breaks that.
+        """
+        mine, theirs = stored_time(v), stored_time(w)
+        if mine is None or theirs is None or theirs <= mine or min(times[v.id], times[w.id]) < (0,):
+            return False
+        writers = (_epoch_us(times[w.id]) - _epoch_us(times[v.id])) / 1e6
+        return abs((theirs - mine) - writers) <= RETIRE_TOLERANCE_SECONDS
+
     out: list[VersionInfo] = []
     for v in candidates:
         later = [w for w in committed
                  if w is not v and w.step <= v.step and times[w.id] > times[v.id]]
-        mine = stored_time(v)
-        by = next((w for w in later if mine is not None and (stored_time(w) or 0.0) > mine), None)
+        by = next((w for w in later if confirms(w, v)), None)
         if by is not None:
             out.append(v)
             continue
@@ -1650,8 +1669,8 @@ def _abandoned_branch(
             "reason": (
                 f"its committed_at {v.committed_at} is earlier than {w.id}'s {w.committed_at} "
                 f"(step {w.step}), but the storage's times of the two commit records do not "
-                "agree that it came later: a writer's clock was off, or the versions were "
-                "copied out of order; kept"
+                "agree that it came that much later: a writer's clock was off, or the root "
+                "was copied (its times are the copy's); kept"
             ),
         })
     return out
