@@ -408,6 +408,29 @@ def test_the_listing_cache_keeps_nothing_of_an_invalid_record(tmp_path) -> None:
     assert grown < 1 << 20, f"{grown} bytes kept by 4 more listings"
 
 
+def test_the_records_cache_keeps_small_records_only(tmp_path) -> None:
+    """Attack review 3 F9: a 8 MiB record (valid: records may carry members of their own) cost
+    ~360 MiB of parsed objects held for the life of the process, deep-copied at every hit."""
+    from portable_ckpt.io import versions
+    from portable_ckpt.io.versions import write_verification_record
+
+    root = tmp_path / "r"
+    aid = save_step(root, 1)
+    storage = open_storage(root)
+    small = write_verification_record(storage, aid, ok=True, mode="deep", fraction=None, chunks=1)
+    doc = json.loads((root / small).read_text())
+    doc["verification_id"] = doc["verification_id"][:-1] + ("0" if doc["verification_id"][-1] != "0" else "1")
+    doc["pad"] = [{}] * 100_000  # 400 KB of members the schema allows
+    big = f"{aid}/verifications/{doc['verification_id']}.json"
+    (root / big).write_text(json.dumps(doc))
+    versions._RECORDS.clear()
+    [v] = list_versions(root)
+    assert v.verified
+    cached = {k[1] for k in versions._RECORDS}
+    assert small in cached and big not in cached
+    assert versions._records_bytes <= versions._RECORDS_BYTES_MAX
+
+
 def test_gc_dates_attempts_on_the_storages_clock(tmp_path, monkeypatch) -> None:
     """Multi-job review F2: a cron gc on a host whose clock was 2 h ahead deleted a save in
     progress (its files looked 2 h old). F8: an attempt id stamped 3 years ahead by a writer

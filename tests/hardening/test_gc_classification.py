@@ -320,3 +320,52 @@ def test_a_verification_record_keeps_long_messages_short(tmp_path: Path) -> None
     assert not doc["ok"] and len(doc["errors"][0]["message"]) == MESSAGE_CHARS
     [v] = list_versions(str(tmp_path), annotations=True)
     assert v.verification_failed
+
+
+class _Flips(FaultyStorage):
+    """Reads of ``path`` return one flipped bit the first ``times`` times (a flaky NIC or DIMM;
+    each read flips another bit)."""
+
+    def __init__(self, storage: Any, path: str, times: int) -> None:
+        super().__init__(storage, [])
+        self._path, self._left = path, times
+
+    def read_all(self, path: str, *, max_size: int) -> bytes:
+        data = super().read_all(path, max_size=max_size)
+        if path != self._path or self._left <= 0:
+            return data
+        self._left -= 1
+        blob = bytearray(data)
+        blob[20 + self._left] ^= 0x04
+        return bytes(blob)
+
+
+@pytest.mark.parametrize("kind", ["verification", "drill"])
+def test_a_record_misread_once_is_read_again_and_never_cached_as_absent(
+    tmp_path: Path, kind: str
+) -> None:
+    """Attack review 3 F19: one read of a failed verification (or of the drill record) with a
+    flipped bit made it "no record"; the listing cache kept that for the life of the process,
+    and the next retention pass deleted the only restorable (the drilled) version."""
+    from portable_ckpt.io.versions import write_verification_record
+
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    storage = open_storage(tmp_path)
+    if kind == "verification":  # step 3 failed: step 2 is the one a restore takes
+        rel = write_verification_record(storage, ids[2], ok=False, mode="deep", fraction=None,
+                                        chunks=1, seed=None,
+                                        errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    else:  # step 1 is the drilled one (R-GC-2)
+        rel = write_drill_record(storage, ids[0], _drill())
+    versions._RECORDS.clear()
+    once = _Flips(storage, rel, 1)
+    seen = {v.id: v for v in list_versions(once)}
+    assert seen[ids[2]].verification_failed is (kind == "verification")
+    assert seen[ids[0]].drilled is (kind == "drill")
+    gc(storage, keep=1, grace_seconds=0.0)  # the manager's next retention, storage healthy
+    assert (ids[1] if kind == "verification" else ids[0]) in _alive(tmp_path)
+    # Two reads that differ: a storage error, the version unknown (nothing decided on it).
+    versions._RECORDS.clear()  # a fresh process
+    twice = _Flips(storage, rel, 2)
+    rep = gc(twice, keep=1, grace_seconds=0.0, dry_run=True)
+    assert ids[2 if kind == "verification" else 0] in [u["id"] for u in rep.unknown]

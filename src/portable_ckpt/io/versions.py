@@ -402,53 +402,96 @@ def read_annotations(
 
 #: Records read by listings, by ``(root, path, size, mtime)``: a record is created once and
 #: never modified (R-DRILL-7), and every listing (ls, gc, a manager's retention after each save)
-#: read and validated every record of every version again (soak review F2). ``None``: read, and
-#: not a record that counts. A record deleted since is simply no longer listed.
-_RECORDS: collections.OrderedDict[tuple[str, str, int, float], dict[str, Any] | None] = (
+#: read and validated every record of every version again (soak review F2). Only records that
+#: count are kept, and only small ones: a read that did not give one is never remembered (one
+#: flipped bit would have hidden a failed verification for the life of the process, attack
+#: review 3 F19), and a parsed document costs up to ~45x its bytes (F9).
+_RECORDS: collections.OrderedDict[tuple[str, str, int, float], dict[str, Any]] = (
     collections.OrderedDict()
 )
-_RECORDS_MAX = 16384
+#: Bytes of one cached record at most (the library's records are a few KiB), and of all.
+_RECORD_CACHED_MAX = 64 << 10
+_RECORDS_BYTES_MAX = 8 << 20
+_records_bytes = 0
 
 
 def _annotation(
     storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
 ) -> dict[str, Any] | None:
     """One drill or copy record, or ``None`` when it does not count (storage errors raise)."""
+    global _records_bytes
     key = (storage.url, info.path, info.size, info.mtime)
     with _SUMMARIES_LOCK:
         if key in _RECORDS:
             _RECORDS.move_to_end(key)
             return copy.deepcopy(_RECORDS[key])  # the caller's own: the cache stays as read
     doc = _read_annotation(storage, attempt_id, kind, info)
+    if doc is None or info.size > _RECORD_CACHED_MAX:
+        return doc
     with _SUMMARIES_LOCK:
-        _RECORDS[key] = copy.deepcopy(doc)
-        while len(_RECORDS) > _RECORDS_MAX:
-            _RECORDS.popitem(last=False)
+        if key not in _RECORDS:
+            _RECORDS[key] = copy.deepcopy(doc)
+            _records_bytes += info.size
+        while _records_bytes > _RECORDS_BYTES_MAX and _RECORDS:
+            _records_bytes -= _RECORDS.popitem(last=False)[0][2]
+        if not _RECORDS:
+            _records_bytes = 0  # (a test cleared the cache)
     return doc
 
 
 def _read_annotation(
     storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
 ) -> dict[str, Any] | None:
-    from portable_ckpt.format.schemas import validate_document
+    """A record that counts, or None; one that does not is read a second time first.
 
-    id_member, schema_file, _ = ANNOTATION_KINDS[kind]
+    Bytes damaged on their way (a flipped bit) made a failed verification or a drill "not a
+    record" for that listing, and its gc deleted the only restorable version (attack review 3
+    F19): a second read that counts decides, two alike that do not count do not, and two that
+    differ with neither counting are a storage error.
+    """
     if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
         return None
     try:
-        doc = jsonio.loads(_annotation_bytes(storage, info.path), what=info.path)
+        first = _annotation_bytes(storage, info.path)
     except (FileMissingError, LimitError):
         return None  # deleted or replaced since the listing: not a record of this version
+    doc = _counting_record(first, attempt_id, kind, info.path)
+    if doc is not None:
+        return doc
+    try:
+        again = storage.read_all(info.path, max_size=jsonio.MAX_DOCUMENT_BYTES)
+    except (FileMissingError, LimitError):
+        return None
+    if again == first:
+        return None  # read twice alike: it is not a record that counts
+    doc = _counting_record(again, attempt_id, kind, info.path)
+    if doc is None:
+        raise StorageError(
+            f"{info.path}: two reads of the record gave different bytes (it is never "
+            "modified, R-DRILL-7): the storage or this host's reads are unreliable; try again"
+        )
+    return doc
+
+
+def _counting_record(
+    data: bytes, attempt_id: str, kind: str, path: str
+) -> dict[str, Any] | None:
+    """The record in ``data`` if it counts for ``attempt_id`` (R-DRILL-4), else None."""
+    from portable_ckpt.format.schemas import validate_document
+
+    id_member, schema_file, _ = ANNOTATION_KINDS[kind]
+    try:
+        doc = jsonio.loads(data, what=path)
     except StorageError:
         raise
     except CheckpointError:
         return None
     if not isinstance(doc, dict) or doc.get("attempt_id") != attempt_id:
         return None
-    if f"{doc.get(id_member)}.json" != info.path.rsplit("/", 1)[-1]:
+    if f"{doc.get(id_member)}.json" != path.rsplit("/", 1)[-1]:
         return None  # a record counts only under its own name
     try:
-        validate_document(doc, schema_file, what=info.path)
+        validate_document(doc, schema_file, what=path)
     except CheckpointError:
         return None
     return doc
