@@ -83,11 +83,25 @@ def test_damage_that_repeats_is_recorded_and_a_storage_error_that_persists_stops
 ) -> None:
     root = tmp_path / "r"
     target = _two_versions(root)
-    _fault_once(monkeypatch, "flip", times=2)  # both reads of step 2 see the flip
+    _fault_once(monkeypatch, "flip", times=3)  # both loads of step 2 and the check again
     with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
         info = mgr.restore(target)
     assert info is not None and info.step == 1  # the damage came back: recorded, fell back
     assert [v.step for v in list_versions(root) if v.verification_failed] == [2]
+    monkeypatch.undo()
+
+    # Attack review 3 F7: an EIO, then one flip (two different faults, each once) recorded
+    # an intact version as failed and resumed step 1. The flip is not found by a third read:
+    # a storage problem, so the restore stops (R-ID-5) and records nothing.
+    root3 = tmp_path / "r3"
+    target = _two_versions(root3)
+    _fault_once(monkeypatch, "eio")
+    flips = _fault_once(monkeypatch, "flip")
+    with pckt.CheckpointManager(root3, save_every=100, async_save=False) as mgr:
+        with pytest.raises(StorageError, match="not found again by a third read"):
+            mgr.restore(target)
+    assert flips == [0] and not any(v.verification_failed for v in list_versions(root3))
+    monkeypatch.undo()
 
     root2 = tmp_path / "r2"
     target = _two_versions(root2)
@@ -109,6 +123,13 @@ def test_confirm_damage_reads_the_file_again(tmp_path: Path) -> None:
     out = confirm_damage(storage, m.attempt_id, m.files, seen)
     assert [e.code for e in out] == ["PCK-STORAGE", "PCK-STORAGE"]
     assert "not found again when the file was read a second time" in out[0].message
+    # Attack review 3 F8: a second read that fails is not "not found again".
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    faulty = FaultyStorage(storage, [Fault(op=("read", "size"), path=full, error="EIO")])
+    [out1] = confirm_damage(faulty, m.attempt_id, m.files, seen[:1])
+    assert out1.code == "PCK-STORAGE" and "not found again" not in out1.message
+    assert "could not be read a second time" in out1.message and "run the verif" in out1.message
     blob = bytearray((root / full).read_bytes())
     blob[-1] ^= 1
     (root / full).write_bytes(bytes(blob))

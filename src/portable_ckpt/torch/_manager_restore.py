@@ -39,6 +39,8 @@ from portable_ckpt.torch.info import LoadInfo
 from portable_ckpt.torch.loading import load
 
 if TYPE_CHECKING:
+    from portable_ckpt.format.manifest import FileRecord
+    from portable_ckpt.storage import Storage
     from portable_ckpt.torch.manager import CheckpointManager
 
 __all__ = ["after_restore", "candidates", "restore"]
@@ -189,8 +191,16 @@ def restore(
                     f"the restore; {_WAY_OUT}",
                     path=ident,
                 ) from err
+            if not _damage_agreed(mgr, tier_name, ident, err):
+                raise StorageError(
+                    f"restore of {ident} from the {tier_name} tier failed twice ({err.message})"
+                    ", but the damage was not found again by a third read of the file: the "
+                    "storage or this host's reads are unreliable, and resuming an older version"
+                    " would silently lose the training since (spec R-ID-5): retry the restore;"
+                    f" {_WAY_OUT}",
+                    path=ident,
+                ) from err
             fallbacks.append(_fallback(tier_name, ident, err))
-            _record_damage(mgr, tier_name, ident, err)
             text = (
                 f"restore of {ident} from the {tier_name} tier failed ({e}); trying the next "
                 "candidate"
@@ -209,6 +219,59 @@ def restore(
         return info
     _nothing_restored(mgr, t0, fallbacks, len(cands), step)
     return None
+
+
+def _damage_agreed(
+    mgr: CheckpointManager, tier_name: str, ident: str, err: CheckpointError
+) -> bool:
+    """Whether every rank may pass over ``ident`` (a collective).
+
+    False when rank 0 found that the damage its load reported does not come back at a third
+    read (attack review 3 F7: an EIO, then one flipped bit, condemned an intact version and
+    resumed an older step).
+
+    Damage found again is recorded (:func:`_record_damage`); a failure without damage passes
+    over the version as before (another rank's files out of reach, a node-local tier).
+    """
+    verdict = "pass"
+    if mgr.rank == 0:
+        try:
+            verdict = _record_damage(mgr, tier_name, ident, err)
+        except CheckpointError as exc:  # could not look: proves nothing either way
+            _log.warning("cannot check the damage of %s again: %s", ident, exc)
+            verdict = "unconfirmed"
+    return bool(broadcast_json(mgr._group, mgr.rank, verdict) != "unconfirmed")
+
+
+def _confirmed(
+    storage: Storage,
+    ident: str,
+    files: Mapping[str, FileRecord],
+    found: Sequence[tuple[str, str, str | None]],
+) -> list[dict[str, str]]:
+    """The damage findings of a restore that a second read of their file finds again.
+
+    A finding whose file cannot be told (another rank's, naming no file of the version) is
+    not recorded: the restore already passed over the version, and a later one will look.
+    """
+    from portable_ckpt.errors import error_for_code
+    from portable_ckpt.io.versions import confirm_damage
+
+    errors: list[CheckpointError] = []
+    for code, message, path in found:
+        if code not in DAMAGE_CODES:
+            continue
+        rel = (path or "").removeprefix(f"{ident}/")
+        if rel not in files:
+            rel = next((f for f in sorted(files) if f in message), "")
+        if rel:
+            errors.append(error_for_code(code)(message, path=f"{ident}/{rel}"))
+    again = confirm_damage(storage, ident, files, errors)
+    kept = [{"code": x.code, "message": x.message[:4096]} for x in again if x.code in DAMAGE_CODES]
+    for x in again:
+        if x.code not in DAMAGE_CODES:
+            say(f"rank 0: {ident}: {x.message[:600]}")
+    return kept
 
 
 def _check_the_rest(mgr: CheckpointManager, tier_name: str, ident: str) -> None:
@@ -254,7 +317,7 @@ def _check_the_rest(mgr: CheckpointManager, tier_name: str, ident: str) -> None:
             "recorded as a failed verification, so no later restore chooses it; the job's next "
             "save supersedes it"
         )
-        _record_damage(mgr, tier_name, ident, damage[0], more=damage[1:])
+        _record_damage(mgr, tier_name, ident, damage[0], more=damage[1:], confirmed=True)
 
     mgr._post.append(mgr._bg.submit(check))
 
@@ -395,28 +458,48 @@ def _record_damage(
     ident: str,
     e: CheckpointError,
     more: Sequence[CheckpointError] = (),
-) -> None:
+    *,
+    confirmed: bool = False,
+) -> str:
     """Rank 0: record a failed verification of a version whose bytes proved damaged.
+
+    Returns ``"recorded"``, ``"pass"`` (nothing to record: no damage, or a tier where it is
+    not recorded) or ``"unconfirmed"`` (the damage did not come back).
 
     Without it the version stays ``committed`` to ``ls``, counts in ``keep_last`` and is tried
     first again by every restart; with it, it is never restored automatically (R-DRILL-8).
-    A node-local tier is left alone: its files may just be on a node that is gone.
+    A node-local tier is left alone: its files may just be on a node that is gone. Findings
+    not ``confirmed`` yet (a restore's) are read again first (:func:`confirm_damage`): a
+    restore that met an EIO, then one flipped bit, recorded an intact version as failed
+    (attack review 3 F7).
     """
     if mgr.rank != 0 or tier_name == "explicit":
-        return
+        return "pass"
     tier = mgr.tiers[tier_name]
     if tier.layout is not None:
-        return
-    found = [(e.code, e.message)] + [
-        (f.code, f"rank {f.rank}: {f.message}") for f in getattr(e, "failures", ())
-    ] + [(m.code, m.message) for m in more]
-    damage = [{"code": c, "message": m[:4096]} for c, m in found if c in DAMAGE_CODES]
-    if not damage:
-        return
+        return "pass"
+    found = [(e.code, e.message, e.path)] + [
+        (f.code, f"rank {f.rank}: {f.message}", None) for f in getattr(e, "failures", ())
+    ] + [(m.code, m.message, m.path) for m in more]
+    if not any(c in DAMAGE_CODES for c, _, _ in found):
+        return "pass"
     from portable_ckpt.io.versions import load_manifest, write_verification_record
 
     try:
-        chunks = sum(len(t.ranges) for t in load_manifest(tier.storage, ident).tensors.values())
+        manifest = load_manifest(tier.storage, ident)
+    except CheckpointError as exc:
+        if not confirmed:
+            raise  # the caller cannot tell: unconfirmed
+        _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
+        return "pass"
+    if confirmed:
+        damage = [{"code": c, "message": m[:4096]} for c, m, _ in found if c in DAMAGE_CODES]
+    else:
+        damage = _confirmed(tier.storage, ident, manifest.files, found)
+        if not damage:
+            return "unconfirmed"
+    try:
+        chunks = sum(len(t.ranges) for t in manifest.tensors.values())
         write_verification_record(
             tier.storage,
             ident,
@@ -429,6 +512,7 @@ def _record_damage(
         )
     except CheckpointError as exc:
         _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
+    return "recorded"
 
 
 def _nothing_restored(
