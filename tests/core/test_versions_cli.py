@@ -16,6 +16,7 @@ import portable_ckpt
 from portable_ckpt.io.versions import gc, list_versions, write_drill_record
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import open_storage
+from tests._cli import unprivileged_cli
 
 from .helpers import save_sharded
 
@@ -35,16 +36,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _unprivileged(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI without the capabilities that let root read any file (a chmod 0 then counts)."""
-    import shutil
-
-    argv = [sys.executable, "-m", "portable_ckpt.cli.main", *args]
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("needs setpriv to drop CAP_DAC_OVERRIDE as root")
-        drop = "-dac_override,-dac_read_search"
-        argv = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    return unprivileged_cli(*args)
 
 
 def test_latest_is_highest_step_then_commit_time(tmp_path) -> None:

@@ -20,6 +20,7 @@ from portable_ckpt.errors import CommitConflictError, StorageError
 from portable_ckpt.io.versions import commit_time, gc, latest, list_versions
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
+from tests._cli import unprivileged_cli
 
 ESC = "evil\x1b]0;PWNED\x07\x1b[31mRED\x9b2J"
 
@@ -236,6 +237,60 @@ def test_a_copy_to_a_path_with_a_space_is_recorded_and_counted(tmp_path: Path) -
         assert (doc["deleted"], doc["kept_for_copy"]) == ([old], []), (dest, doc)
     p = _cli("gc", "src", "--keep", "1", "--dry-run", "--require-copy", "--json", cwd=tmp_path)
     assert json.loads(p.stdout)["deleted"] == [old]  # any destination: the record counts
+
+
+def test_copy_records_name_every_destination_reversibly_and_never_the_source(
+    tmp_path: Path,
+) -> None:
+    """Attack review 3 F2, F10, F11: ``%`` was not encoded, so a copy to "bk%20x" was recorded as
+    "bk x" and never counted, a copy of "a b" to "a%20b" counted the source itself as its copy
+    (gc deleted versions with no copy anywhere), and a record with ``%00`` crashed every gc."""
+    from portable_ckpt.io.copy import record_url, url_of_record
+
+    for url in ("file:///a%20b", "s3://b/p%25q", "file:///x y/%7F", "file:///\u00e9%"):
+        assert url_of_record(record_url(url)) == url
+    src = tmp_path / "a b"
+    old = _save(src, 1)
+    new = _save(src, 2)
+    p = _cli("copy", "a b", "bk%20x", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "bk%2520x" in next((src / new / "copies").iterdir()).read_text()
+    p = _cli("gc", "a b", "--keep", "1", "--dry-run", "--require-copy", "bk%20x", "--json",
+             cwd=tmp_path)
+    assert json.loads(p.stdout)["deleted"] == [old], p.stdout
+    # A copy to "a%20b" (another directory) that is deleted since: no copy anywhere, though
+    # the record's name, misread, named the source root.
+    p = _cli("copy", "a b", "a%20b", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    shutil.rmtree(tmp_path / "bk%20x")
+    shutil.rmtree(tmp_path / "a%20b")
+    p = _cli("gc", "a b", "--keep", "1", "--require-copy", cwd=tmp_path)
+    assert p.returncode == 1 and (src / old / "manifest.json").exists(), p.stdout
+    # A record that names the source root itself, or a NUL: no copy, no crash.
+    for dest in (f"file://{src}".replace(" ", "%20"), "file:///tmp/a%00b"):
+        record = {"format": "portable-ckpt-copy", "format_version": "1.0", "attempt_id": new,
+                  "copy_id": f"c20261204T120000{len(dest):06d}Z-0badc0de",
+                  "destination": dest, "verified_at": "2026-12-04T12:00:00Z", "ok": True}
+        (src / new / "copies" / f"{record['copy_id']}.json").write_text(json.dumps(record))
+        p = _cli("gc", "a b", "--keep", "1", "--require-copy", cwd=tmp_path)
+        assert p.returncode == 1 and "internal error" not in p.stderr, p.stderr
+        assert (src / old / "manifest.json").exists()
+
+
+def test_require_copy_says_when_a_destination_could_not_be_asked(tmp_path: Path) -> None:
+    """Attack review 3 F16: "the copies are missing" when the destination only failed to
+    answer; the operator re-copied instead of fixing access."""
+    src = tmp_path / "src"
+    old = _save(src, 1)
+    _save(src, 2)
+    assert _cli("copy", "src", "backup", cwd=tmp_path).returncode == 0
+    os.chmod(tmp_path / "backup", 0)
+    try:
+        p = unprivileged_cli("gc", "src", "--keep", "1", "--require-copy", cwd=tmp_path)
+    finally:
+        os.chmod(tmp_path / "backup", 0o755)
+    assert p.returncode == 1 and (src / old / "manifest.json").exists()
+    assert "could not be asked whether it holds the copy" in p.stderr, p.stderr
 
 
 def test_a_copy_whose_record_cannot_be_written_exits_1_even_quiet(tmp_path: Path) -> None:

@@ -428,9 +428,15 @@ def _gc(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if rep.kept_for_copy:  # the one thing a --require-copy cron must hear (multi-job F13)
+        why = (
+            "no destination holds a copy; the root grows until one is made"
+            if not rep.copy_unasked else
+            "a destination could not be asked whether it holds the copy ("
+            + "; ".join(safe(u) for u in rep.copy_unasked[:3])
+            + "): fix access to it, or make a copy elsewhere"
+        )
         print(f"portable-ckpt gc: {len(rep.kept_for_copy)} version(s) kept for want of a "
-              "verified copy: the copies are missing; the root grows until one is made",
-              file=sys.stderr)
+              f"verified copy: {why}", file=sys.stderr)
     problems = rep.damaged or rep.retire_doubted or rep.kept_for_copy or rep.left_behind
     return 1 if problems or not rep.complete else 0
 

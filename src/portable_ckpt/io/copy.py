@@ -71,20 +71,26 @@ def normalize_root_url(root: str | os.PathLike[str] | Storage) -> str:
 
 
 def record_url(url: str) -> str:
-    """``url`` as a copy record names it: spaces and control characters as ``%XX``.
+    """``url`` as a copy record names it: spaces, control characters and ``%`` as ``%XX``.
 
     The record's ``destination`` is a URL without them (``copy.schema.json``): a destination
     such as ``/mnt/nightly backup`` got no record at all, and ``gc --require-copy`` kept
     everything (multi-job review F4). :func:`url_of_record` undoes it.
     """
-    return "".join(f"%{ord(c):02X}" if ord(c) <= 0x20 or ord(c) == 0x7F else c for c in url)
+    return "".join(
+        f"%{ord(c):02X}" if ord(c) <= 0x20 or ord(c) == 0x7F or c == "%" else c for c in url
+    )
 
 
-_ENCODED = re.compile(r"%([01][0-9A-Fa-f]|20|7[Ff])")
+_ENCODED = re.compile(r"%([01][0-9A-Fa-f]|2[05]|7[Ff])")
 
 
 def url_of_record(url: str) -> str:
-    """The root URL a copy record's ``destination`` names (:func:`record_url` undone)."""
+    """The root URL a copy record's ``destination`` names (:func:`record_url` undone).
+
+    ``%`` itself is written ``%25``, so every URL comes back as it was: ``a%20b`` and ``a b``
+    are two roots (attack review 3 F2, F11).
+    """
     return _ENCODED.sub(lambda m: chr(int(m.group(1), 16)), url)
 
 

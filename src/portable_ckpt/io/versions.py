@@ -1315,6 +1315,8 @@ class GcReport:
     kept: list[str] = field(default_factory=list)
     protected: str | None = None
     kept_for_copy: list[str] = field(default_factory=list)
+    #: Destinations of copy records that could not be asked whether they hold the copy.
+    copy_unasked: list[str] = field(default_factory=list)
     aborted_uploads: int = 0
     dry_run: bool = False
     unknown: list[dict[str, Any]] = field(default_factory=list)
@@ -1357,6 +1359,7 @@ class GcReport:
             "kept": self.kept,
             "protected": self.protected,
             "kept_for_copy": self.kept_for_copy,
+            "copy_unasked": self.copy_unasked,
             "aborted_uploads": self.aborted_uploads,
             "dry_run": self.dry_run,
             "foreign": self.foreign,
@@ -1508,7 +1511,9 @@ def gc(
         report.deleted += report.retired
         versions = [v for v in versions if v not in retired]
     doomed = list(report.retired)
-    doomed += _retention(versions, keep, require_copy, report, keep_ids)
+    doomed += _retention(
+        versions, keep, require_copy, report, keep_ids, own=_copy_destination(storage.url)
+    )
     abandoned = _abandoned(
         storage, versions, grace_seconds, now(), report, delete_invalid, spare_since,
         ask_storage=ask_storage,
@@ -1752,8 +1757,12 @@ def _retention(
     require_copy: bool | str,
     report: GcReport,
     keep_ids: Collection[str] = (),
+    *,
+    own: str | None = None,
 ) -> list[str]:
     """Committed versions to delete: all but the ``keep`` newest, ``keep_ids`` and the protected one.
+
+    ``own``: this root as copy records name it (a "copy" there is no copy).
 
     A version whose verification failed is never restored (R-DRILL-8): it takes no place of the
     ``keep`` newest and no protection from the ones that did not fail (R-GC-9), which are kept
@@ -1778,7 +1787,7 @@ def _retention(
     report.kept = [v.id for v in kept]
     report.protected = protected.id if protected else None
     want = require_copy if isinstance(require_copy, str) else None
-    may_delete = not require_copy or any(_has_copy(v, want) for v in kept)
+    may_delete = not require_copy or any(_has_copy(v, want, own, report) for v in kept)
     doomed = []
     for v in newest_first:
         if v in kept:
@@ -1802,20 +1811,24 @@ def _copy_destination(url: str, *, strict: bool = False) -> str:
 
     try:
         text = normalize_root_url(url)
-    except CheckpointError:
+        if text.startswith("file://"):
+            return "file://" + os.path.realpath(text[len("file://") :])
+    except (CheckpointError, ValueError):  # ValueError: a NUL in a record's path (F10)
         if strict:
             raise
         return url.rstrip("/")
-    if text.startswith("file://"):
-        return "file://" + os.path.realpath(text[len("file://") :])
     return text
 
 
-def _has_copy(v: VersionInfo, want: str | None) -> bool:
+def _has_copy(
+    v: VersionInfo, want: str | None, own: str | None = None, report: GcReport | None = None
+) -> bool:
     """Whether a verified copy of ``v`` is still committed (on root ``want``; any when None).
 
-    ``want`` is a :func:`_copy_destination`. A copy record alone is not trusted: the copy may
-    have been deleted since.
+    ``want`` and ``own`` (the root being collected) are :func:`_copy_destination` forms. A copy
+    record alone is not trusted: the copy may have been deleted since. A record that names this
+    root (a hand-written one, or a decoded name that lands here: attack review 3 F11) or no
+    usable root (a NUL: F10) counts for nothing.
     """
     from portable_ckpt.io.copy import url_of_record
 
@@ -1824,29 +1837,35 @@ def _has_copy(v: VersionInfo, want: str | None) -> bool:
         if c.get("ok") is not True or not isinstance(dest, str):
             continue
         dest = url_of_record(dest)  # "/mnt/nightly%20backup" names "/mnt/nightly backup"
+        if "\0" in dest:
+            continue
         # A record's destination is compared resolved as well; only a URL is (a bare path in a
         # record would be resolved against this process's directory, not the copier's).
-        if want is not None and (
-            _copy_destination(dest) if "://" in dest else dest.rstrip("/")
-        ) != want:
+        named = _copy_destination(dest) if "://" in dest else dest.rstrip("/")
+        if named == own or (want is not None and named != want):
             continue
-        if _copy_committed(dest, v.id):
+        if _copy_committed(dest, v.id, report):
             return True
     # A copier that could not write its record into this root (read-only credentials on the
     # training root: ops review F13) still left a committed copy there: asked directly.
-    return want is not None and _copy_committed(want, v.id)
+    return want is not None and want != own and _copy_committed(want, v.id, report)
 
 
-def _copy_committed(dest: str, attempt_id: str) -> bool:
+def _copy_committed(dest: str, attempt_id: str, report: GcReport | None = None) -> bool:
     """Whether root ``dest`` holds the commit record of ``attempt_id``.
 
-    ``False`` when it cannot be asked: gc then keeps more, never less.
+    ``False`` when it cannot be asked (gc then keeps more, never less); the destination and the
+    error are noted in ``report.copy_unasked``: "missing" is not what gc knows then (F16).
     """
     from portable_ckpt.storage import open_storage
 
     try:
         return open_storage(dest).exists(f"{attempt_id}/manifest.json")
-    except (CheckpointError, OSError, ValueError):
+    except (CheckpointError, OSError, ValueError) as e:
+        if report is not None and len(report.copy_unasked) < 16:
+            note = f"{dest}: {getattr(e, 'message', None) or e}"[:500]
+            if note not in report.copy_unasked:
+                report.copy_unasked.append(note)
         return False
 
 
