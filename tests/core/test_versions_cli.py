@@ -507,3 +507,29 @@ def test_retire_abandoned_doubts_a_copied_root(tmp_path) -> None:
         assert f"kept    {ids[s]}  (--retire-abandoned: its committed_at" in res.stdout
     assert "the root was copied" in res.stdout and "(--retire-abandoned)\n" not in res.stdout
     assert portable_ckpt.open(str(root)).step == 4
+
+
+def test_ls_latest_stops_at_unreadable_verification_records_and_prints_the_raw_path(
+    tmp_path,
+) -> None:
+    """Attack review 3 F3: a version whose verification records could not be read (one may
+    have failed) was printed, exit 0, where a restore stops. F14: the path printed for scripts
+    was escaped as in a table, so a root with a tab in its name printed a path that does not
+    exist."""
+    from portable_ckpt.io.versions import write_verification_record
+
+    root = tmp_path / "w\ttab"
+    save_step(root, 1)
+    newest = save_step(root, 2)
+    res = cli("ls", str(root), "--latest")
+    assert res.returncode == 0 and res.stdout == f"{root / newest}\n", res.stdout
+    assert os.path.isdir(res.stdout[:-1])
+    write_verification_record(open_storage(root), newest, ok=False, mode="deep", fraction=None,
+                              chunks=1, errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    os.chmod(root / newest / "verifications", 0)
+    try:
+        res = _unprivileged("ls", str(root), "--latest")
+    finally:
+        os.chmod(root / newest / "verifications", 0o755)
+    assert res.returncode == 1 and res.stdout == "", res.stdout
+    assert f"the verification records of {newest} could not be read" in res.stderr

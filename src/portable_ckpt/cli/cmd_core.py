@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 from contextlib import nullcontext
@@ -92,19 +93,30 @@ def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
 
     The newest committed version (R-ID-4) that no verification failed: what
     ``CheckpointManager.restore`` tries first on this root. Newer attempts that are not
-    versions are passed over with a word on stderr; a newer one whose record could not be read
-    stops the answer (R-ID-5: it may be the latest), exit 1, as it stops a restore.
+    versions are passed over with a word on stderr; a newer one whose record (or whose
+    verification records) could not be read stops the answer (R-ID-5: it may be the latest),
+    exit 1, as it stops a restore. The path is printed as it is (not escaped as in a table).
     """
     for v in reversed(versions):
-        if v.status == "unreadable":
+        if v.status == "unreadable" or (v.status == "committed" and v.annotations_unreadable):
+            what = "the verification records of " if v.status == "committed" else ""
             print(
-                f"portable-ckpt: cannot tell the latest version: {v.id} could not be read "
-                f"({safe(v.error or '?')}); a storage error is not 'no version': retry",
+                f"portable-ckpt: cannot tell the latest version: {what}{v.id} could not be "
+                f"read ({safe(v.error or '?')}); a storage error is not 'no version': retry",
                 file=sys.stderr,
             )
             return 1
         if v.status == "committed" and not v.verification_failed:
-            print(json.dumps(v.to_json(), indent=2) if args.json else safe(v.path))
+            if args.json:
+                print(json.dumps(v.to_json(), indent=2))
+            elif "\n" in v.path or "\r" in v.path:
+                print(f"portable-ckpt: the latest version's path holds a line break: "
+                      f"{safe(v.path)}; use --json", file=sys.stderr)
+                return 1
+            else:  # the path exactly as it is, for scripts (a table escapes it: F14)
+                sys.stdout.flush()
+                sys.stdout.buffer.write(os.fsencode(v.path) + b"\n")
+                sys.stdout.buffer.flush()
             return 0
         why = "a verification of it failed" if v.status == "committed" else f"it is {v.status}"
         print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
