@@ -459,6 +459,29 @@ def test_gc_dates_attempts_on_the_storages_clock(tmp_path, monkeypatch) -> None:
     assert future in rep.abandoned and running not in rep.abandoned
     assert rep.clock_skew is None
 
+    # Attack review 3 F6: a dry run dated attempts on this host's clock and predicted other
+    # deletions than the run made. F15: a probe left behind is deleted once an hour old.
+    monkeypatch.setattr(time, "time", lambda: real() - 7200)  # this host 2 h behind
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(real() - 7200))
+    old = root / f"s000000000003-{stamp}000000Z-00000000000000bb"  # this host's id
+    w = ShardWriter(storage, old.name, 0)
+    w.add_tensor("w", np.zeros((4, 4), np.float32))
+    w.finish()
+    ninety = real() - 5400
+    for dirpath, _, files in os.walk(old):
+        for f in [*files, "."]:
+            os.utime(os.path.join(dirpath, f), (ninety, ninety))
+    leftover = root / ".pck-clock-00112233445566ff"
+    leftover.write_bytes(b"")
+    os.utime(leftover, (ninety, ninety))
+    dry = gc(root, keep=1, grace_seconds=3600, dry_run=True)
+    assert leftover.exists()  # a dry run deletes nothing
+    real_run = gc(root, keep=1, grace_seconds=3600)
+    monkeypatch.setattr(time, "time", real)
+    assert old.name in dry.abandoned and dry.abandoned == real_run.abandoned
+    assert not old.exists() and not leftover.exists()
+    assert not [p for p in os.listdir(root) if p.startswith(".pck-clock")]
+
 
 def test_a_version_whose_files_cannot_all_be_deleted_is_reported_as_deleted_with_leftovers(
     tmp_path, monkeypatch

@@ -1969,10 +1969,12 @@ CLOCK_SKEW_SAID = 60.0
 
 
 def _clock_for_ages(storage: Storage, t_now: float, report: GcReport) -> float:
-    """The "now" attempts are dated against: the storage's when it can be asked, else ours."""
-    if report.dry_run:
-        return t_now  # a dry run writes nothing, not even a probe
-    there = storage_clock(storage)
+    """The "now" attempts are dated against: the storage's when it can be asked, else ours.
+
+    A dry run asks too (a probe written and deleted): on this host's clock it predicted other
+    deletions than the run made (attack review 3 F6).
+    """
+    there = storage_clock(storage, tidy=not report.dry_run)
     if there is None:
         return t_now
     skew = t_now - there
@@ -1985,11 +1987,18 @@ def _clock_for_ages(storage: Storage, t_now: float, report: GcReport) -> float:
     return there
 
 
-def storage_clock(storage: Storage) -> float | None:
+#: A clock probe's name (spec §15.2); one older than an hour is a leftover any gc may delete.
+_PROBE = re.compile(r"\.pck-clock-[0-9a-f]{16}\Z")
+PROBE_LEFTOVER_SECONDS = 3600.0
+
+
+def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
     """The storage's time now: the modification time it gives a probe file written at its root.
 
     ``None`` when it cannot be asked (a read-only root, no listing of the probe). The probe
-    (``.pck-clock-<random>``, empty) is deleted again; readers ignore such names (R-LAYOUT-4).
+    (``.pck-clock-<16 hex>``, empty, spec §15.2) is deleted again; readers ignore such names
+    (R-LAYOUT-4). ``tidy``: also delete probes the same listing shows older than
+    :data:`PROBE_LEFTOVER_SECONDS` (a failed delete or a killed gc left them: F15).
     """
     name = f".pck-clock-{secrets.token_hex(8)}"
     try:
@@ -1997,12 +2006,19 @@ def storage_clock(storage: Storage) -> float | None:
     except CheckpointError:
         return None
     try:
-        return next((o.mtime for o in storage.list("", recursive=False) if o.path == name), None)
+        listed = [o for o in storage.list("", recursive=False) if _PROBE.match(o.path)]
     except CheckpointError:
-        return None
-    finally:
-        with contextlib.suppress(CheckpointError):
-            storage.delete(name)
+        listed = []
+    there = next((o.mtime for o in listed if o.path == name), None)
+    stale = [o.path for o in listed if there is not None and o.path != name
+             and there - o.mtime > PROBE_LEFTOVER_SECONDS] if tidy else []
+    for path in [name, *stale]:
+        try:
+            storage.delete(path)
+        except CheckpointError as exc:
+            _log.warning("%s: could not delete the clock probe %s (%s); a later gc deletes it "
+                         "once it is an hour old", storage.url, path, exc)
+    return there
 
 
 def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
