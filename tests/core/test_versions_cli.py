@@ -556,3 +556,28 @@ def test_ls_latest_stops_at_unreadable_verification_records_and_prints_the_raw_p
         os.chmod(root / newest / "verifications", 0o755)
     assert res.returncode == 1 and res.stdout == "", res.stdout
     assert f"the verification records of {newest} could not be read" in res.stderr
+
+
+def test_verify_record_unreadable_takes_a_persistently_unreadable_version_out(tmp_path) -> None:
+    """Attack review 3 F18: a data file that stays unreadable (a bad sector, a lost ACL) made
+    every restart stop on PCK-STORAGE (rightly: a storage error is not damage), and no tool
+    could record the version as failed. ``verify --deep --record-unreadable`` does, once the
+    file failed two reads; a plain ``--deep`` records nothing."""
+    root = tmp_path / "r"
+    save_step(root, 1)
+    newest = save_step(root, 2)
+    data = next(p for p in (root / newest / "data").iterdir())
+    assert cli("verify", str(root), "--record-unreadable").returncode == 2  # needs --deep
+    os.chmod(data, 0)
+    try:
+        plain = _unprivileged("verify", str(root), "--deep")
+        assert plain.returncode == 1 and "PCK-STORAGE" in plain.stdout
+        assert not any(v.verification_failed for v in list_versions(root))
+        res = _unprivileged("verify", str(root), "--deep", "--record-unreadable")
+    finally:
+        os.chmod(data, 0o644)
+    assert res.returncode == 1 and "recorded" in res.stderr, (res.stdout, res.stderr)
+    failed = [v for v in list_versions(root) if v.verification_failed]
+    assert [v.id for v in failed] == [newest]
+    assert cli("ls", str(root), "--latest").stdout.strip().endswith(
+        list_versions(root)[0].id)

@@ -214,6 +214,8 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.seed is not None and args.sample is None:
         raise UsageError("--seed needs --sample")
+    if args.record_unreadable and not (args.deep and args.record):
+        raise UsageError("--record-unreadable needs --deep (and a record: not --no-record)")
     # A sample is reproducible: the seed used is always printed (drawn when not given).
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     errors: list[CheckpointError]
@@ -243,8 +245,12 @@ def _verify(args: argparse.Namespace) -> int:
             errors = [exc]
         # Damage that a second read does not find again is this read's fault: not recorded.
         errors = confirm_damage(storage, attempt, manifest.files, errors)
+        forced = (
+            _still_unreadable(storage, attempt, manifest.files, errors)
+            if args.record_unreadable else []
+        )
         if (args.deep or args.sample is not None) and args.record:
-            record, record_error = _record(storage, attempt, chunks, errors, args, seed)
+            record, record_error = _record(storage, attempt, chunks, errors, args, seed, forced)
         if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root
             errors = errors + _newer_invalid(storage, attempt)
     except UsageError:
@@ -287,6 +293,33 @@ def _verify(args: argparse.Namespace) -> int:
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(target)} ({mode})")
     return 0 if ok else 1
+
+
+def _still_unreadable(
+    storage: Any, attempt: str, files: Any, errors: list[CheckpointError]
+) -> list[dict[str, str]]:
+    """``--record-unreadable``: the files whose storage error a second read meets again.
+
+    Recorded as the version's failure at the operator's request (attack review 3 F18: a
+    persistent EIO on the newest version made every restart of the job stop, and no tool could
+    take it out of the restore path). A file that reads fine the second time is not.
+    """
+    from portable_ckpt.errors import DAMAGE_CODES
+    from portable_ckpt.io.checksum import verify_file
+
+    out: list[dict[str, str]] = []
+    for e in errors:
+        rel = (e.path or "").removeprefix(f"{attempt}/")
+        if e.code in DAMAGE_CODES or rel not in files:
+            continue
+        try:
+            verify_file(storage, f"{attempt}/{rel}", files[rel])
+        except CheckpointError as again:
+            if again.code not in DAMAGE_CODES:
+                out.append({"code": again.code, "message": (
+                    f"{attempt}/{rel}: unreadable at two reads ({again.message[:2000]}); "
+                    "recorded at the operator's request (verify --record-unreadable)")})
+    return out
 
 
 def _age(committed_at: str | None) -> float | None:
@@ -332,12 +365,27 @@ def _newer_invalid(storage: Any, attempt: str) -> list[CheckpointError]:
 
 def _record(
     storage: Any, attempt: str, chunks: int, errors: list[CheckpointError],
-    args: argparse.Namespace, seed: int,
+    args: argparse.Namespace, seed: int, forced: list[dict[str, str]] | None = None,
 ) -> tuple[str | None, str | None]:
-    """Record a deep or sampled verification beside the version: (its path, why it was not)."""
-    from portable_ckpt.io.versions import record_verification, sampled_chunks
+    """Record a deep or sampled verification beside the version: (its path, why it was not).
+
+    ``forced``: findings recorded as failures though they prove no damage (--record-unreadable).
+    """
+    from portable_ckpt.io.versions import (
+        record_verification,
+        sampled_chunks,
+        verification_verdict,
+        write_verification_record,
+    )
 
     try:
+        if forced:
+            _, damage = verification_verdict(errors)
+            path: str | None = write_verification_record(
+                storage, attempt, ok=False, mode="deep", fraction=None, chunks=chunks,
+                errors=[*damage, *forced][:64], verifier="portable-ckpt verify",
+            )
+            return path, None
         path = record_verification(
             storage, attempt, errors, mode="deep" if args.deep else "sample",
             chunks=chunks if args.deep else sampled_chunks(chunks, args.sample),
@@ -495,6 +543,13 @@ def register(sub: Any) -> None:
         help="do not write the verification record that --deep and --sample leave beside the "
         "version (verifications/<id>.json, spec 14.5: a version found damaged is then never "
         "restored by a manager, and gc keeps the newest versions that did not fail)",
+    )
+    p.add_argument(
+        "--record-unreadable",
+        action="store_true",
+        help="with --deep: record the version as failed also when files of it stay unreadable "
+        "(read twice: a bad sector, a lost object ACL), so managers stop trying it; without "
+        "it a storage error is never recorded (it may pass)",
     )
     p.add_argument(
         "--seed",

@@ -47,20 +47,22 @@ def open_regular(path: str, *, below: str | None = None, what: str | None = None
 
     """
     label = what or (path if below is None else os.path.join(below, path))
+    # Errors carry ``path`` as the caller named it (relative to ``below``): checks keyed by the
+    # file (a second read of a finding) look it up there; ``label`` is for the message.
     if below is None:
-        fd = _open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC, label)
+        fd = _open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC, label, key=path)
     else:
         fd = _open_below(below, path, label)
     try:
         mode = os.fstat(fd).st_mode
     except OSError as exc:
         os.close(fd)
-        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=label) from exc
+        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=path) from exc
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise FileMissingError(
             f"{label} is not a regular file ({_kind(mode)}); checkpoint files are regular files",
-            path=label,
+            path=path,
         )
     return fd
 
@@ -78,15 +80,15 @@ def file_kind(path: str, *, what: str | None = None) -> str:
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
-        raise FileMissingError(f"{label} does not exist", path=label) from None
+        raise FileMissingError(f"{label} does not exist", path=path) from None
     except OSError as exc:
-        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=label) from None
+        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=path) from None
     if stat.S_ISDIR(mode):
         return "dir"
     if stat.S_ISREG(mode):
         return "file"
     raise FileMissingError(
-        f"{label} is {_kind(mode)}, not a regular file or a directory", path=label
+        f"{label} is {_kind(mode)}, not a regular file or a directory", path=path
     )
 
 
@@ -99,16 +101,16 @@ def read_regular(
     try:
         size = os.fstat(fd).st_size
         if size > max_size:
-            raise LimitError(f"{label} is {size} bytes, above the limit of {max_size}", path=label)
+            raise LimitError(f"{label} is {size} bytes, above the limit of {max_size}", path=path)
         out = bytearray()
         while len(out) <= max_size:  # bounded by what is read, not by what fstat said
             piece = os.read(fd, 1 << 20)
             if not piece:
                 return bytes(out)
             out += piece
-        raise LimitError(f"{label} grew above the limit of {max_size} bytes", path=label)
+        raise LimitError(f"{label} grew above the limit of {max_size} bytes", path=path)
     except OSError as exc:
-        raise StorageError(f"read {label}: {exc.strerror} (errno {exc.errno})", path=label) from exc
+        raise StorageError(f"read {label}: {exc.strerror} (errno {exc.errno})", path=path) from exc
     finally:
         os.close(fd)
 
@@ -116,35 +118,37 @@ def read_regular(
 def _open_below(below: str, rel: str, label: str) -> int:
     parts = rel.split("/")
     if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise PathUnsafeError(f"{label}: path {rel!r} leaves {below}", path=label)
-    dfd = _open(below, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC, label)
+        raise PathUnsafeError(f"{label}: path {rel!r} leaves {below}", path=rel)
+    dfd = _open(below, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC, label, key=rel)
     try:
         for comp in parts[:-1]:
-            nfd = _open(comp, _DIR, label, dir_fd=dfd)
+            nfd = _open(comp, _DIR, label, dir_fd=dfd, key=rel)
             os.close(dfd)
             dfd = nfd
-        return _open(parts[-1], _LEAF, label, dir_fd=dfd)
+        return _open(parts[-1], _LEAF, label, dir_fd=dfd, key=rel)
     finally:
         os.close(dfd)
 
 
-def _open(path: str, flags: int, label: str, dir_fd: int | None = None) -> int:
+def _open(
+    path: str, flags: int, label: str, dir_fd: int | None = None, *, key: str
+) -> int:
     try:
         return os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
-        raise FileMissingError(f"{label} does not exist", path=label) from None
+        raise FileMissingError(f"{label} does not exist", path=key) from None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR) and dir_fd is not None:
             if _is_symlink(path, dir_fd):
                 raise PathUnsafeError(
                     f"{label}: {path!r} is a symlink; checkpoint files are never read through "
                     "links",
-                    path=label,
+                    path=key,
                 ) from None
             if exc.errno == errno.ENOTDIR:
-                raise FileMissingError(f"{label}: {path!r} is not a directory", path=label) from None
+                raise FileMissingError(f"{label}: {path!r} is not a directory", path=key) from None
         raise StorageError(
-            f"open {label}: {exc.strerror} (errno {exc.errno})", path=label
+            f"open {label}: {exc.strerror} (errno {exc.errno})", path=key
         ) from None
 
 
