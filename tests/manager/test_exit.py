@@ -113,3 +113,33 @@ def test_first_sigterm_preempts_a_second_one_terminates(tmp_path: Path) -> None:
     assert res.exitcodes == [-15] and res.results == [None], res.errors
     assert json.loads((tmp_path / "after-one.json").read_text()) == [True, True]
     assert [v.step for v in portable_ckpt.list_versions(str(tmp_path))] == [1]
+
+
+_CLOSED_STUCK = """
+import sys, time
+import torch
+import portable_ckpt.io.copy as pcopy
+from portable_ckpt.torch import CheckpointManager
+pcopy.copy_version = lambda *a, **k: time.sleep(10**6)  # a durable root that hangs (NFS, S3)
+root = sys.argv[1]
+m = CheckpointManager(root + "/durable", fast_root=root + "/fast", replicate=True, save_every=1,
+                      continuation="statistical", exit_timeout=3)
+m.maybe_save(1, {"w": torch.zeros(8)})
+try:
+    m.close(timeout=1)
+except TimeoutError:
+    print("close gave up", flush=True)
+"""
+
+
+def test_a_manager_closed_with_work_left_behind_still_bounds_the_exit(tmp_path: Path) -> None:
+    """Race review F7: after ``close(timeout=...)`` gave up on a stuck replication, the
+    interpreter joined the stuck pool thread for ever (the exit hook skipped closed managers)."""
+    with children() as kids:
+        proc = kids.start([sys.executable, "-c", _CLOSED_STUCK, str(tmp_path)],
+                          env={"PYTHONPATH": REPO})
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1, out
+        assert time.monotonic() - t0 < 60
+    assert "close gave up" in out and "ABANDONED (not finished after 3 s)" in out

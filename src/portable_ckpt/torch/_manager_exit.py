@@ -18,7 +18,9 @@ first. The exit status and the stderr line are :mod:`~portable_ckpt.torch._infli
 
 from __future__ import annotations
 
+import math
 import os
+import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -68,7 +70,7 @@ def finish_at_exit(mgr: CheckpointManager) -> bool:
     Abandoned: it failed, or it is still running after the bound (stuck).
     """
     if mgr._closed:
-        return True
+        return _left_behind_finished(mgr)
     mgr._exiting = True  # a failure now is reported ABANDONED, not "training continues"
     mgr._preemption.restore()
     step = mgr._pending.step if mgr._pending is not None else mgr._last_save_step
@@ -86,6 +88,24 @@ def finish_at_exit(mgr: CheckpointManager) -> bool:
         _abandoned(mgr, step, e, stuck=False)
         return False
     return True
+
+
+def _left_behind_finished(mgr: CheckpointManager) -> bool:
+    """Wait (bounded) for the work a closed manager left behind; False when it is stuck.
+
+    ``close(timeout=...)`` gave up on it: the stuck thread is a pool worker the interpreter
+    would join for ever (race review F7: the process never exited).
+    """
+    if not mgr._busy():
+        return True
+    bound = mgr.exit_timeout
+    deadline = time.monotonic() + (bound if math.isfinite(bound) else 1e12)
+    while mgr._busy() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not mgr._busy():
+        return True
+    _abandoned(mgr, mgr._last_save_step, TimeoutError(), stuck=True)
+    return False
 
 
 def _finish_all() -> None:
