@@ -796,3 +796,40 @@ def decision_schedule(rank: int, world: int, root: str) -> dict[str, Any]:
             out["differ"] = [e.code, str(e)]
         out["after"] = mgr.maybe_save(2, {"x": x})
     return out
+
+
+def node_copy_share_too_slow(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Race review F5: one node's copy share of step 2 outlasts the background group's timeout
+    (3 s here). That replication fails, counted and said; the group is made anew at the next
+    agreement and the later replications go on."""
+    import portable_ckpt.torch._manager_nodelocal as nl
+
+    nl.BACKGROUND_TIMEOUT_S = 3.0
+    real = nl._copy_files
+
+    def slow(src: Any, dst: Any, attempt: str, recs: Any) -> Any:
+        if rank == 1 and attempt.startswith("s000000000002"):
+            time.sleep(5.0)
+        return real(src, dst, attempt, recs)
+
+    nl._copy_files = slow
+    mgr = pckt.CheckpointManager(
+        f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True,
+        save_every=1, timeout=3, continuation="statistical", max_failed_saves=3, keep_last=100,
+        async_save=False,
+    )
+    state = {"x": torch.arange(4.0)}
+    seen = []
+    for step in range(1, 5):
+        mgr.maybe_save(step, state)
+        time.sleep(7.0 if step == 2 else 0.2)  # the failure is known before step 3
+        seen.append(mgr._failed_saves)
+    try:
+        mgr.close()
+    except CheckpointError as e:
+        seen.append(e.code)
+    committed = [v.step for v in portable_ckpt.list_versions(f"{base}/durable")
+                 if v.status == "committed"]
+    events = [e for e in mgr.telemetry.history if e["event"] == "replicate"]
+    return {"failed": seen, "committed": committed,
+            "replicated": [(e["checkpoint_id"][:13], e["ok"]) for e in events]}

@@ -438,3 +438,15 @@ def test_agreements_between_step_rules_and_signals(tmp_path: Path) -> None:
     assert stop == r1["sigterm"]["saved"] and len(stop) == 1
     assert 30 <= stop[0] <= 30 + MAX_DECISION_GAP
     assert _committed(str(tmp_path / "sigterm")) == stop
+
+
+def test_a_node_copy_share_longer_than_the_timeout_fails_one_replication_only(
+    tmp_path: Path,
+) -> None:
+    """Race review F5: the background group broke for good at the first slow share; every
+    later replication failed at once, uncounted and unsaid, max_failed_saves never tripped."""
+    r0, r1 = ok(run("node_copy_share_too_slow", 2, str(tmp_path), timeout=240))
+    for r in (r0, r1):
+        # step 2 failed (counted), step 3 replicated again (the count starts over)
+        assert r["failed"][:4] == [0, 1, 0, 0], r
+    assert r0["committed"] == [1, 3, 4], r0

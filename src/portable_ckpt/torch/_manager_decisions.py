@@ -217,7 +217,8 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
         following = _next_agreement(mgr, step, now)
     seen = int(mgr._preemption.seen.is_set())
     flags = torch.tensor(
-        [mine.encode(), seen, mgr._failed_saves, following, step, -step], dtype=torch.int64
+        [mine.encode(), seen, mgr._failed_saves, following, step, -step, int(mgr._bg_broken)],
+        dtype=torch.int64,
     )
     mgr._agreed = None  # until this agreement is known (a failed one: the next call agrees)
     _reduce_max(mgr, flags, step)
@@ -228,6 +229,8 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
             f"{-int(flags[5])} to {int(flags[4])}; this rank: {step}). Every rank must pass the "
             "same step at the same call"
         )
+    if int(flags[6]):  # a rank's background group broke: every rank makes a new one, here
+        _renew_background(mgr)
     decision = Decision.decode(int(flags[0]))
     mgr._agreed_failed_saves = int(flags[2])  # the most any rank has seen so far
     if int(flags[1]) and not mgr.preempted:
@@ -248,6 +251,18 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
         )
         decision = pre if pre.saves else decision
     return decision
+
+
+def _renew_background(mgr: CheckpointManager) -> None:
+    """A new background group, made by every rank at one agreement.
+
+    On the main thread: groups are made in one order on every rank. Work started before keeps
+    the old group and fails.
+    """
+    from portable_ckpt.torch._manager_nodelocal import background_comm
+
+    mgr._bg_broken = False
+    mgr._bg_comm = background_comm(mgr.process_group, mgr.timeout)
 
 
 def broadcast_json(group: Any, rank: int, obj: Any) -> Any:

@@ -72,6 +72,12 @@ class NodeCopy:
     message: str | None = None
 
 
+#: Least time a background collective waits for its peers: a node's copy share to the durable
+#: root takes as long as its bytes take, not the step-to-step skew ``timeout`` is sized for
+#: (race review F5: a 7.5 s share against a 5 s timeout broke the group).
+BACKGROUND_TIMEOUT_S = 3600.0
+
+
 def background_comm(process_group: Any, timeout: float | None) -> Comm:
     """A gloo group of the manager's ranks for its background thread (main thread, collective)."""
     import torch.distributed as dist
@@ -80,7 +86,7 @@ def background_comm(process_group: Any, timeout: float | None) -> Comm:
 
     pg = process_group if process_group is not None else dist.group.WORLD
     ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
-    t = float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S
+    t = max(float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S, BACKGROUND_TIMEOUT_S)
     group = new_gloo_group(ranks, t)
     return Comm(dist.get_rank(pg), len(ranks), group, ranks, t)
 

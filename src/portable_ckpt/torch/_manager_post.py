@@ -24,6 +24,7 @@ from portable_ckpt.torch.async_saving import AsyncSaveHandle
 from portable_ckpt.torch.info import CheckpointInfo
 
 if TYPE_CHECKING:
+    from portable_ckpt.torch._collectives import Comm
     from portable_ckpt.torch.manager import CheckpointManager
 
 __all__ = [
@@ -52,8 +53,13 @@ def after_save(
     handle: AsyncSaveHandle | None,
     info: CheckpointInfo | None,
     pause: float,
+    comm: Comm | None = None,
 ) -> None:
-    """Report a save (every rank), then rank 0's commit, verification, copy and retention."""
+    """Report a save (every rank), then rank 0's commit, verification, copy and retention.
+
+    ``comm``: the background group as it was when the save was started (every rank took it
+    at the same call, so every rank's background thread uses the same one).
+    """
     with mgr._retain_lock:
         mgr._saves_queued[tier.name] -= 1  # now the saves queued behind this one
     if handle is not None:
@@ -84,7 +90,7 @@ def after_save(
         mib_per_s=round(mib_s, 6),
     )
     if tier.layout is not None:
-        _after_node_local(mgr, step, tier, decision, info)
+        _after_node_local(mgr, step, tier, decision, info, comm)
         return
     if mgr.rank != 0:
         return
@@ -129,17 +135,44 @@ def _emit_commit(mgr: CheckpointManager, tier: Tier, step: int, info: Checkpoint
 
 
 def _after_node_local(
-    mgr: CheckpointManager, step: int, tier: Tier, decision: Decision, info: CheckpointInfo
+    mgr: CheckpointManager,
+    step: int,
+    tier: Tier,
+    decision: Decision,
+    info: CheckpointInfo,
+    comm: Comm | None,
 ) -> None:
-    """Node-local version: every rank takes part; no single rank can read all of it."""
+    """Node-local version: every rank takes part; no single rank can read all of it.
+
+    A collective of the background group that fails (a peer's copy share longer than its
+    timeout, a dead peer) leaves that group broken for good: every later replication failed at
+    once, uncounted and unsaid (race review F5). The failure is counted and said like any
+    failed durable save, and the group is made anew at the ranks' next agreement.
+    """
     if mgr.rank == 0:
         _emit_commit(mgr, tier, step, info)
-    damage = verify_nodes(mgr, tier, info.checkpoint_id)  # agreed by every rank
-    if mgr.replicate and mgr._bg_comm is not None and decision.tier == "durable":
-        if damage is None:
-            replicate_nodes(mgr, tier, info.checkpoint_id, step)
-        else:
-            not_copied(mgr, info.checkpoint_id, step, damage)
+    durable = mgr.replicate and comm is not None and decision.tier == "durable"
+    try:
+        damage = verify_nodes(mgr, comm, tier, info.checkpoint_id)  # agreed by every rank
+        if durable:
+            if damage is None:
+                replicate_nodes(mgr, comm, tier, info.checkpoint_id, step)
+            else:
+                not_copied(mgr, info.checkpoint_id, step, damage)
+    except DistributedError as e:
+        mgr._bg_broken = True
+        if not durable:
+            _log.error("node-local verification of %s failed: %s", info.checkpoint_id, e)
+            return
+        err = DistributedError(
+            f"replication of {info.checkpoint_id} to {mgr.tiers['durable'].root} failed: "
+            f"{e.message}"
+        )
+        mgr.last_error, mgr._last_error_fast = err, False
+        durable_failed(mgr, step)
+        if mgr.rank == 0 and not mgr._exiting:
+            say(failure_text(mgr, step, "durable", err))
+        return
     if tier.leads(mgr.rank):
         retain(mgr, tier, info.checkpoint_id)  # each node's leader keeps its own node root
 
@@ -170,16 +203,18 @@ def not_copied(mgr: CheckpointManager, attempt: str, step: int, damage: Checkpoi
         )
 
 
-def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError | None:
+def verify_nodes(
+    mgr: CheckpointManager, comm: Comm | None, tier: Tier, attempt: str
+) -> CheckpointError | None:
     """Sampled verification of a node-local version: each rank its share, results agreed.
 
     Returns the first damage found (the version failed), else ``None``.
     """
     from portable_ckpt.torch._manager_nodelocal import verify_node_local
 
-    if mgr.verify_sample <= 0 or mgr._bg_comm is None or tier.layout is None:
+    if mgr.verify_sample <= 0 or comm is None or tier.layout is None:
         return None
-    out = verify_node_local(mgr._bg_comm, tier.layout, tier.storage, attempt, mgr.verify_sample)
+    out = verify_node_local(comm, tier.layout, tier.storage, attempt, mgr.verify_sample)
     if mgr.rank == 0:
         mgr.telemetry.emit(
             "verify",
@@ -199,14 +234,16 @@ def verify_nodes(mgr: CheckpointManager, tier: Tier, attempt: str) -> Checkpoint
     return error_for_code(str(first["code"]))(str(first.get("message", "")))
 
 
-def replicate_nodes(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> None:
+def replicate_nodes(
+    mgr: CheckpointManager, comm: Comm | None, tier: Tier, attempt: str, step: int
+) -> None:
     """Replicate a node-local version (every rank, background thread); rank 0 reports it."""
     from portable_ckpt.torch._manager_nodelocal import replicate_node_local
 
-    if mgr._bg_comm is None or tier.layout is None:  # pragma: no cover - guarded by caller
+    if comm is None or tier.layout is None:  # pragma: no cover - guarded by caller
         return
     durable = mgr.tiers["durable"]
-    out = replicate_node_local(mgr._bg_comm, tier.layout, tier.storage, durable.storage, attempt)
+    out = replicate_node_local(comm, tier.layout, tier.storage, durable.storage, attempt)
     if out.ok:  # the outcome is agreed: every rank counts it
         durable_ok(mgr)
     else:

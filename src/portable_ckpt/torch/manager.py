@@ -219,6 +219,7 @@ class CheckpointManager:
         self._group, self.rank, self.world_size = make_group(process_group, timeout)
         self._group_broken = False  # a decision failed on it: made anew at the next one
         self._bg_comm: Comm | None = None
+        self._bg_broken = False  # a background collective failed: made anew at the next agreement
         durable = durable_tier(
             root, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best
         )
@@ -411,7 +412,9 @@ class CheckpointManager:
         self._copies = [c for c in self._copies if not c.done()]  # reported by their callback
         with self._retain_lock:
             self._saves_queued[tier.name] = self._saves_queued.get(tier.name, 0) + 1
-        fut = self._bg.submit(after_save, self, step, tier, decision, handle, info, pause)
+        fut = self._bg.submit(
+            after_save, self, step, tier, decision, handle, info, pause, self._bg_comm
+        )
         self._post.append(fut)
         if sync:
             fut.result()  # a preemption save is verified and replicated before the loop exits
