@@ -489,3 +489,44 @@ def test_a_restore_that_passes_over_a_newer_foreign_version_says_so(
     err = capsys.readouterr().err
     assert "1 newer version(s) were written by a format version this library does not read" in err
     assert newest.id in err
+
+
+def test_close_waits_for_the_copy_callbacks_and_their_retention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Race review F1: ``wait()`` woke when a replication copy ended, before its callback had
+    queued the retention passes; ``close()`` then shut the pool down under the callback
+    ("cannot schedule new futures after shutdown") and keep_last=1 kept two versions."""
+    import logging
+    import sys
+    import time
+    from typing import Any
+
+    import portable_ckpt.io.copy as pcopy
+
+    real = pcopy.copy_version
+
+    def slow(src: Any, dst: Any, **kw: Any) -> Any:
+        time.sleep(0.02)
+        return real(src, dst, **kw)
+
+    monkeypatch.setattr(pcopy, "copy_version", slow)
+    caplog.set_level(logging.ERROR, logger="concurrent.futures")
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave as on a loaded host
+    try:
+        for i in range(8):
+            root = tmp_path / f"r{i}"
+            m = pckt.CheckpointManager(root / "durable", fast_root=root / "fast",
+                                       replicate=True, save_every=1, keep_last=1,
+                                       handle_sigterm=False, continuation="statistical")
+            for s in (1, 2, 3):
+                m.maybe_save(s, {"w": torch.arange(16.0)})
+                m.wait()
+            m.maybe_save(4, {"w": torch.arange(16.0)})
+            m.close()
+            steps = [v.step for v in portable_ckpt.list_versions(root / "durable")]
+            assert steps == [4], (i, steps)
+    finally:
+        sys.setswitchinterval(switch)
+    assert "cannot schedule new futures" not in caplog.text

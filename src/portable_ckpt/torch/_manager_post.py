@@ -104,6 +104,15 @@ def after_save(
     retain(mgr, tier, info.checkpoint_id)
 
 
+def _newer_not_ours(mgr: CheckpointManager, step: int, decisions: list[Any]) -> bool:
+    """Whether a version at a newer step than ``step`` was created before this job started."""
+    from portable_ckpt.format.naming import attempt_time
+
+    return any(
+        d.step > step and (attempt_time(d.id) or 0.0) < mgr._started for d in decisions
+    )
+
+
 def _warn_below_newer(
     mgr: CheckpointManager, tier: Tier, step: int, decisions: list[Any]
 ) -> None:
@@ -447,13 +456,27 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError 
 
 
 def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> None:
+    """Copy a durable save from the fast tier to the durable root, in the background.
+
+    ``mgr._copies`` holds a future that ends once the copy's callback has run, not the copy's
+    own: ``wait()`` woke when the copy ended, before the callback recorded a failure or queued
+    the retention passes, and ``close()`` then shut the pool down under it (race review F1).
+    """
     from portable_ckpt.io.copy import copy_version_async
 
     durable = mgr.tiers["durable"]
     fut = copy_version_async(f"{tier.root.rstrip('/')}/{attempt}", durable.root)
-    mgr._copies.append(fut)
+    tracked: cf.Future[Any] = cf.Future()
+    with mgr._retain_lock:  # the training thread prunes the list (race review F8)
+        mgr._copies.append(tracked)
 
     def done(f: cf.Future[Any]) -> None:
+        try:
+            reported(f)
+        finally:
+            tracked.set_result(None)
+
+    def reported(f: cf.Future[Any]) -> None:
         try:
             res = f.result()
         except BaseException as e:
@@ -483,11 +506,17 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
             seconds=round(res.seconds, 6),
             mib_per_s=round(res.mib_per_s, 3),
         )
-        mgr._bg.submit(retain, mgr, durable, attempt)
-        # The fast tier, now that the copy is done. Not as "this job's newest save": later fast
-        # saves may have committed meanwhile (they are this job's, not an earlier run's), and
-        # the version is safe on the durable root.
-        mgr._bg.submit(retain, mgr, tier)
+        # The durable root as this copy's own version; then the fast tier, now that the copy
+        # is done. Not as "this job's newest save" there: later fast saves may have committed
+        # meanwhile (they are this job's, not an earlier run's), and the version is safe on
+        # the durable root.
+        try:
+            passes = [mgr._bg.submit(retain, mgr, durable, attempt),
+                      mgr._bg.submit(retain, mgr, tier)]
+        except RuntimeError:  # closed (close(timeout=...) gave up): nothing more runs
+            return
+        with mgr._retain_lock:
+            mgr._post.extend(passes)
 
     fut.add_done_callback(done)
 
@@ -516,6 +545,8 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         decisions = plan_retention(candidates_of(tier.storage), tier.retention)
         for d in decisions:
             if d.id == own and d.delete and d.reasons[0].startswith("outside"):
+                if not _newer_not_ours(mgr, d.step, decisions):
+                    continue  # this job's later copies passed it (race review F2): as the policy says
                 d.delete, d.reasons = False, ["this job's newest save"]
                 _warn_below_newer(mgr, tier, d.step, decisions)
         keep = [d.id for d in decisions if not d.delete]

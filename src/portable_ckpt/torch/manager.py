@@ -408,14 +408,14 @@ class CheckpointManager:
         pause = time.perf_counter() - t0
         # Finished post-save work leaves the list (it grew by one future per save until
         # wait(), soak review F4); a future that raised stays for wait() to raise.
-        self._post = [f for f in self._post if not f.done() or f.exception() is not None]
-        self._copies = [c for c in self._copies if not c.done()]  # reported by their callback
-        with self._retain_lock:
+        with self._retain_lock:  # the copy callbacks append to both (race review F8)
+            self._post = [f for f in self._post if not f.done() or f.exception() is not None]
+            self._copies = [c for c in self._copies if not c.done()]  # reported by callbacks
             self._saves_queued[tier.name] = self._saves_queued.get(tier.name, 0) + 1
-        fut = self._bg.submit(
-            after_save, self, step, tier, decision, handle, info, pause, self._bg_comm
-        )
-        self._post.append(fut)
+            fut = self._bg.submit(
+                after_save, self, step, tier, decision, handle, info, pause, self._bg_comm
+            )
+            self._post.append(fut)
         if sync:
             fut.result()  # a preemption save is verified and replicated before the loop exits
 
@@ -513,7 +513,8 @@ class CheckpointManager:
                 pass  # reported by the copy's callback (last_error)
         for fut in list(self._post):  # retention queued after the copies
             fut.result(left())
-        self._post = [f for f in self._post if not f.done()]
+        with self._retain_lock:
+            self._post = [f for f in self._post if not f.done()]
         err, self.last_error = self.last_error, None
         if err is not None:
             raise err
