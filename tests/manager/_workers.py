@@ -833,3 +833,39 @@ def node_copy_share_too_slow(rank: int, world: int, base: str) -> dict[str, Any]
     events = [e for e in mgr.telemetry.history if e["event"] == "replicate"]
     return {"failed": seen, "committed": committed,
             "replicated": [(e["checkpoint_id"][:13], e["ok"]) for e in events]}
+
+
+class _StopsOnLoad:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"v": 1}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if self.rank == 1:
+            raise KeyboardInterrupt
+
+
+def interrupted_restore(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Race review F3: Ctrl-C in rank 1's load_state_dict. Rank 1 stops (KeyboardInterrupt),
+    rank 0 fails at once naming it, without trying older versions (which would wait for a
+    rank that left)."""
+    x = torch.arange(4.0)
+    with pckt.CheckpointManager(root, save_every=1, async_save=False, timeout=30,
+                                handle_sigterm=False, continuation="statistical") as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, {"x": x, "s": _StopsOnLoad(rank)})
+    mgr = pckt.CheckpointManager(root, save_every=1, timeout=30, handle_sigterm=False,
+                                 continuation="statistical")
+    t0 = time.monotonic()
+    try:
+        mgr.restore({"x": torch.zeros(4), "s": _StopsOnLoad(rank)})
+        out = "restored"
+    except KeyboardInterrupt:
+        out = "KeyboardInterrupt"
+    except CheckpointError as e:
+        out = e.code + (" names rank 1" if "rank 1" in str(e) else "")
+    seconds = time.monotonic() - t0
+    mgr.close()
+    return {"out": out, "seconds": seconds}

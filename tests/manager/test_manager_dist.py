@@ -450,3 +450,11 @@ def test_a_node_copy_share_longer_than_the_timeout_fails_one_replication_only(
         # step 2 failed (counted), step 3 replicated again (the count starts over)
         assert r["failed"][:4] == [0, 1, 0, 0], r
     assert r0["committed"] == [1, 3, 4], r0
+
+
+def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:
+    """Race review F3: the interrupt became PCK-DISTRIBUTED on both ranks and the restore
+    walked the older versions (on to the next maybe_save)."""
+    r0, r1 = ok(run("interrupted_restore", 2, str(tmp_path), timeout=120))
+    assert r1["out"] == "KeyboardInterrupt", r1
+    assert r0["out"] == "PCK-DISTRIBUTED names rank 1" and r0["seconds"] < 20, r0

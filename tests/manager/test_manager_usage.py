@@ -6,6 +6,7 @@ Single-process managers (no process group): real saves on real files.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -500,7 +501,6 @@ def test_close_waits_for_the_copy_callbacks_and_their_retention(
     import logging
     import sys
     import time
-    from typing import Any
 
     import portable_ckpt.io.copy as pcopy
 
@@ -530,3 +530,26 @@ def test_close_waits_for_the_copy_callbacks_and_their_retention(
     finally:
         sys.setswitchinterval(switch)
     assert "cannot schedule new futures" not in caplog.text
+
+
+class _Interrupted:
+    """A stateful object whose state_dict is interrupted by Ctrl-C."""
+
+    def state_dict(self) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("mode", ["sync", "thread", "process"])
+def test_ctrl_c_during_a_save_stops_the_loop(tmp_path: Path, mode: str) -> None:
+    """Race review F3: a KeyboardInterrupt while the state was gathered became a background
+    "FAILED" line (async) or a PCK-DISTRIBUTED error (sync), and training went on."""
+    kw: dict[str, Any] = {"async_save": False} if mode == "sync" else {"async_mode": mode}
+    with pckt.CheckpointManager(tmp_path, save_every=1, handle_sigterm=False,
+                                continuation="statistical", **kw) as mgr:
+        with pytest.raises(KeyboardInterrupt):
+            mgr.maybe_save(1, {"m": _Interrupted(), "w": torch.zeros(2)})
+        mgr.maybe_save(2, {"w": torch.zeros(2)})  # the manager still works
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [2]

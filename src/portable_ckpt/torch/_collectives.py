@@ -281,6 +281,10 @@ class Comm:
         if own is not None:
             if isinstance(own, CheckpointError):
                 raise own
+            if not isinstance(own, Exception):
+                # KeyboardInterrupt, SystemExit: the caller stops this process, after the peers
+                # were told (race review F3: a Ctrl-C became a save failure and training went on)
+                raise own
             raise DistributedError(
                 f"rank {self.rank}: {what} failed: {type(own).__name__}: {own}", failures=failures
             ) from own

@@ -404,10 +404,16 @@ def _fall_back_or_raise(mgr: CheckpointManager, e: Exception) -> CheckpointError
     PCK-DISTRIBUTED, and an error of the target state (contract, shapes, keys) would repeat on
     every version, so it is raised everywhere.
     """
+    if any(f.message.startswith(_STOPS) for f in getattr(e, "failures", ())):
+        raise e  # a peer was interrupted (Ctrl-C) and left: no more collectives (race review F3)
     caller = not isinstance(e, CheckpointError) or isinstance(e, _CALLER_ERRORS)
     if any_rank(mgr._group, caller) or not isinstance(e, CheckpointError):
         raise e
     return e
+
+
+#: How a peer's failure reads when its process was stopped (it takes no further part).
+_STOPS = ("KeyboardInterrupt", "SystemExit")
 
 
 def _warn_if_rolled_back(mgr: CheckpointManager, restored: int) -> None:

@@ -149,6 +149,10 @@ def async_save(
         _mark_staged(handle, prepared, t0)
         slot = track(opts.step, handle.committed, bound)
         _background(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))
+    if prepared.error is not None and not isinstance(prepared.error, Exception):
+        # Ctrl-C (or sys.exit) while staging: the background tells the peers the save failed;
+        # the caller's thread stops as it asked (race review F3).
+        raise prepared.error
     return handle
 
 
