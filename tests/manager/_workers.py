@@ -869,3 +869,23 @@ def interrupted_restore(rank: int, world: int, root: str) -> dict[str, Any]:
     seconds = time.monotonic() - t0
     mgr.close()
     return {"out": out, "seconds": seconds}
+
+
+def late_restore(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Race review F4: a rank later than ``timeout`` to restore() made it raise gloo's own
+    RuntimeError, and the next maybe_save failed on every rank (the group was left broken)."""
+    x = torch.arange(4.0)
+    mgr = pckt.CheckpointManager(root, save_every=1, async_save=False, timeout=3,
+                                 handle_sigterm=False, continuation="statistical")
+    mgr.maybe_save(1, {"x": x})
+    if rank == 1:
+        time.sleep(5.0)
+    try:
+        mgr.restore({"x": torch.zeros(4)})
+        out = "restored"
+    except Exception as e:
+        out = f"{type(e).__name__} {getattr(e, 'code', '')}"
+    time.sleep(1.0 if rank == 0 else 0.0)  # both past their failures
+    saved = mgr.maybe_save(2, {"x": x})
+    mgr.close()
+    return {"restore": out, "saved": saved}

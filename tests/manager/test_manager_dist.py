@@ -458,3 +458,9 @@ def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) ->
     r0, r1 = ok(run("interrupted_restore", 2, str(tmp_path), timeout=120))
     assert r1["out"] == "KeyboardInterrupt", r1
     assert r0["out"] == "PCK-DISTRIBUTED names rank 1" and r0["seconds"] < 20, r0
+
+
+def test_a_rank_late_to_restore_fails_it_cleanly_and_the_next_save_works(tmp_path: Path) -> None:
+    for r in ok(run("late_restore", 2, str(tmp_path), timeout=120)):
+        assert r["restore"] == "DistributedError PCK-DISTRIBUTED", r
+        assert r["saved"] is True, r

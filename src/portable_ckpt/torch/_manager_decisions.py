@@ -32,6 +32,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -149,24 +150,35 @@ def _on_signal(signum: int, frame: Any) -> None:
         signal.raise_signal(signum)  # the default action: terminate
 
 
-def _reduce_max(mgr: CheckpointManager, flags: torch.Tensor, step: int) -> None:
+def _on_group(mgr: CheckpointManager, what: str, run: Callable[[Any], None]) -> None:
+    """Run a collective on the manager's group; a failure marks the group for renewal.
+
+    A gloo group whose collective failed never works again (a timeout closes its pairs);
+    every rank saw it fail, so every rank makes the new one at its next collective, at the
+    same call (async review F8). The restore's collectives failed with gloo's own
+    ``RuntimeError`` and left the group unmarked: the next ``maybe_save`` failed too (race
+    review F4).
+    """
     if mgr._group is None:
         return
     if mgr._group_broken:
-        # A gloo group whose collective failed never works again (a timeout closes its pairs);
-        # every rank saw it fail, so every rank makes the new one here, at the same call
-        # (async review F8: a caught failure was followed by failures for the rest of the job).
         mgr._group, _, _ = make_group(mgr.process_group, mgr.timeout)
         mgr._group_broken = False
     try:
-        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=mgr._group, async_op=True)
-        work.wait()
+        run(mgr._group)
     except Exception as e:
         mgr._group_broken = True
         raise DistributedError(
-            f"rank {mgr.rank}: the save decision for step {step} could not be agreed "
-            f"({e}); a peer rank died or stopped calling maybe_save"
+            f"rank {mgr.rank}: {what} could not be agreed ({e}); a peer rank died, stopped "
+            f"calling the manager, or is later than timeout={mgr.timeout} s"
         ) from e
+
+
+def _reduce_max(mgr: CheckpointManager, flags: torch.Tensor, step: int) -> None:
+    def run(group: Any) -> None:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group, async_op=True).wait()
+
+    _on_group(mgr, f"the save decision for step {step}", run)
 
 
 def agreement_due(mgr: CheckpointManager, step: int) -> bool:
@@ -265,24 +277,27 @@ def _renew_background(mgr: CheckpointManager) -> None:
     mgr._bg_comm = background_comm(mgr.process_group, mgr.timeout)
 
 
-def broadcast_json(group: Any, rank: int, obj: Any) -> Any:
-    """Rank 0's JSON value on every rank of ``group`` (``obj`` itself without a group)."""
-    if group is None:
-        return obj
-    data = json.dumps(obj).encode() if rank == 0 else b""
-    size = torch.tensor([len(data)], dtype=torch.int64)
-    src = dist.get_global_rank(group, 0)
-    dist.broadcast(size, src=src, group=group)
-    buf = torch.zeros(int(size.item()), dtype=torch.uint8)
-    if rank == 0 and data:
-        buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    dist.broadcast(buf, src=src, group=group)
-    return json.loads(bytes(buf.numpy()))
+def broadcast_json(mgr: CheckpointManager, obj: Any, what: str) -> Any:
+    """Rank 0's JSON value on every rank of the manager's group (``obj`` itself alone)."""
+    out: list[Any] = [obj]
+
+    def run(group: Any) -> None:
+        data = json.dumps(obj).encode() if mgr.rank == 0 else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        src = dist.get_global_rank(group, 0)
+        dist.broadcast(size, src=src, group=group)
+        buf = torch.zeros(int(size.item()), dtype=torch.uint8)
+        if mgr.rank == 0 and data:
+            buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        dist.broadcast(buf, src=src, group=group)
+        out[0] = json.loads(bytes(buf.numpy()))
+
+    _on_group(mgr, what, run)
+    return out[0]
 
 
-def any_rank(group: Any, flag: bool) -> bool:
-    """Whether ``flag`` is true on any rank of ``group``."""
+def any_rank(mgr: CheckpointManager, flag: bool, what: str) -> bool:
+    """Whether ``flag`` is true on any rank of the manager's group."""
     t = torch.tensor([int(flag)], dtype=torch.int64)
-    if group is not None:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    _on_group(mgr, what, lambda group: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group))
     return bool(int(t.item()))

@@ -133,7 +133,7 @@ def candidates(mgr: CheckpointManager, step: int | None) -> list[list[Any]]:
         if errors
         else {"cands": [[name, ident, problem] for (name, ident), (_, problem) in ranked]}
     )
-    got = broadcast_json(mgr._group, mgr.rank, local if mgr.rank == 0 else None)
+    got = broadcast_json(mgr, local if mgr.rank == 0 else None, "the restore's candidates")
     if "error" in got:
         raise StorageError(
             f"{got['error']}; a storage error is not 'no checkpoint' (spec R-ID-5): retry the "
@@ -240,7 +240,7 @@ def _damage_agreed(
         except CheckpointError as exc:  # could not look: proves nothing either way
             _log.warning("cannot check the damage of %s again: %s", ident, exc)
             verdict = "unconfirmed"
-    return bool(broadcast_json(mgr._group, mgr.rank, verdict) != "unconfirmed")
+    return bool(broadcast_json(mgr, verdict, f"whether {ident} is damaged") != "unconfirmed")
 
 
 def _confirmed(
@@ -407,7 +407,9 @@ def _fall_back_or_raise(mgr: CheckpointManager, e: Exception) -> CheckpointError
     if any(f.message.startswith(_STOPS) for f in getattr(e, "failures", ())):
         raise e  # a peer was interrupted (Ctrl-C) and left: no more collectives (race review F3)
     caller = not isinstance(e, CheckpointError) or isinstance(e, _CALLER_ERRORS)
-    if any_rank(mgr._group, caller) or not isinstance(e, CheckpointError):
+    if any_rank(mgr, caller, "whether to try the next version") or not isinstance(
+        e, CheckpointError
+    ):
         raise e
     return e
 
@@ -541,7 +543,7 @@ def _nothing_restored(
             and v.status == "committed"
             and v.verification_failed
         ]
-    all_failed = not fallbacks and any_rank(mgr._group, bool(failed))  # every rank alike
+    all_failed = not fallbacks and any_rank(mgr, bool(failed), "the restore's outcome")
     missing = not fallbacks and not all_failed and step is not None
     mgr.telemetry.emit(
         "restore",
