@@ -553,3 +553,20 @@ def test_ctrl_c_during_a_save_stops_the_loop(tmp_path: Path, mode: str) -> None:
             mgr.maybe_save(1, {"m": _Interrupted(), "w": torch.zeros(2)})
         mgr.maybe_save(2, {"w": torch.zeros(2)})  # the manager still works
     assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [2]
+
+
+def test_a_process_forked_under_an_open_manager_dies_by_its_first_sigterm(tmp_path: Path) -> None:
+    """Race review F6: a child forked while a manager was open inherited its SIGTERM handler
+    and swallowed the first SIGTERM (it only set a flag of a manager the child never polls)."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    with pckt.CheckpointManager(tmp_path, save_every=100) as mgr:
+        assert mgr._preemption.signals == [signal.SIGTERM]
+        child = mp.get_context("fork").Process(target=time.sleep, args=(30,))
+        child.start()
+        time.sleep(0.3)
+        child.terminate()  # SIGTERM
+        child.join(10)
+        assert child.exitcode == -signal.SIGTERM

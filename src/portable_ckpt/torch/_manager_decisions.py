@@ -128,6 +128,23 @@ _PREVIOUS: dict[int, Any] = {}
 _OPEN: list[Preemption] = []
 
 
+def _forget_after_fork() -> None:
+    """A forked child owns none of its parent's managers: its signals act as before them.
+
+    It inherited the handler, which only set the flag of a manager it never polls: the
+    child swallowed its first SIGTERM (race review F6).
+    """
+    for sig, prev in list(_PREVIOUS.items()):
+        with contextlib.suppress(ValueError, TypeError, OSError):
+            if signal.getsignal(sig) is _on_signal:
+                signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+    _PREVIOUS.clear()
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     targets = [p for p in _OPEN if signum in p.signals]
     fresh = [p for p in targets if not p.seen.is_set()]
