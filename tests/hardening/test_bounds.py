@@ -68,6 +68,23 @@ def test_aliased_range_after_its_owner_is_refused(tmp_path: Path, codec: str) ->
     assert [e.code for e in errors] == [code], errors
 
 
+def test_aliased_range_of_another_dtype_and_the_same_lengths_is_refused(tmp_path: Path) -> None:
+    """R-SHARD-8 (traceability audit F4): the check is keyed by dtype too. A float64[10] whose
+    record names an int64[10] range read after its owner must not deliver the int64 bytes as
+    float64 values (a cache keyed by file, name, codec and lengths alone did)."""
+    ints = np.arange(10, dtype=np.int64)
+    floats = np.arange(10, dtype=np.float64) + 0.5
+    attempt = write_version(str(tmp_path), [
+        HandTensor("ints", "int64", (10,), [Piece((0,), (10,), ints.tobytes(), "none")]),
+        HandTensor("alias", "float64", (10,), [Piece((0,), (10,), floats.tobytes(), "none")]),
+    ])
+    vdir = str(tmp_path / attempt)
+    edit_manifest(vdir, lambda d: d["tensors"]["alias"]["ranges"][0].update(name="ints@0"))
+    ck = portable_ckpt.open(vdir)
+    assert np.array_equal(ck.read("ints"), ints)
+    expect_code("PCK-SHARD-MISMATCH", ck.read, "alias")
+
+
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_aliased_range_partial_reads(tmp_path: Path, codec: str) -> None:
     """Item 5: a partial read of a (caching its frame) then of b: b is still checked."""
@@ -697,6 +714,7 @@ def test_value_at_the_node_limit_is_read(tmp_path: Path) -> None:
     from portable_ckpt.format.schemas import validate_entry_value
 
     n = jsonio.MAX_VALUE_NODES
+    assert n == 2_097_152  # the spec's number, not the code's (traceability audit F5)
     ok = b"[" + b"0," * (n - 2) + b"0]"
     assert jsonio.count_values(ok) == n
     assert len(jsonio.loads(ok, what="v", max_nodes=n)) == n - 1

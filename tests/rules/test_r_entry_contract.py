@@ -275,6 +275,10 @@ def test_rank_outside_requesting_world_is_usage_error(tmp_path: Path) -> None:
     ck = portable_ckpt.open(_per_rank_version(tmp_path, 4, "modulo"))
     expect_code("PCK-USAGE", ck.entry, "st", rank=5, world_size=3)
     expect_code("PCK-USAGE", ck.entry, "st", rank=-1, world_size=4)
+    # A rank the saved job had but the requesting one has not (traceability audit F14): the
+    # bound is W', not W.
+    expect_code("PCK-USAGE", ck.entry, "st", rank=3, world_size=3)
+    expect_code("PCK-USAGE", ck.entry, "st", rank=2, world_size=2)
 
 
 def test_drop_signals_no_value_distinctly(tmp_path: Path) -> None:

@@ -289,6 +289,24 @@ def test_absurd_header_length_is_refused_before_reading(tmp_path: Path, n: Any) 
     assert ck.stats.peak_scratch_bytes < 1 << 20
 
 
+def test_header_length_limit_is_100_000_000_bytes_whatever_the_file_size() -> None:
+    """R-SHARD-4 (traceability audit F7): the limit itself, in a file large enough that the
+    ``N <= size - 8`` clause does not refuse first (the test above cannot tell the two apart)."""
+    from portable_ckpt.io.safetensors_io import load_header
+
+    reads: list[tuple[int, int]] = []
+
+    def read(lo: int, hi: int) -> bytes:
+        reads.append((lo, hi))
+        return struct.pack("<Q", n) + b"{" + b" " * (hi - lo - 9)
+
+    for n in (100_000_001, 100_000_008):
+        reads.clear()
+        expect_code("PCK-SHARD-HEADER", load_header, read, file_size=300_000_000, what="f",
+                    probe=4096)
+        assert reads == [(0, 4096)]  # refused before the header is read
+
+
 @pytest.mark.parametrize(
     "header",
     [b"[]", b'"x"', b"{not json", b'{"a": 1, "a": 2}', b'{"b@0": {"dtype": "I32"}}',

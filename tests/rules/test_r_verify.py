@@ -246,6 +246,45 @@ def test_a_sample_is_drawn_without_replacement_from_its_seed(tmp_path: Path) -> 
     assert len(every) == 2  # one per file: the first bad block; the file is not used again
 
 
+@pytest.mark.parametrize(("fraction", "n", "k"), [
+    (0.07, 100, 7), (0.2000000001, 5, 2), (0.30000001, 10, 4), (0.5000000001, 2, 2),
+    (0.25, 16, 4), (1.0, 3, 3), (1e-9, 10, 1), (0.1, 0, 0),
+])
+def test_a_sample_draws_the_exact_ceiling_of_the_decimal_fraction(
+    fraction: float, n: int, k: int
+) -> None:
+    """R-VERIFY-4 (traceability audit F6): ``ceil(F × n)`` on the decimal F the record holds,
+    exactly: binary floating point gives 8 for 0.07 × 100, and the former rounding to 1e-6
+    gave 1 for 0.2000000001 × 5."""
+    from portable_ckpt.io.versions import sampled_chunks
+
+    assert sampled_chunks(n, fraction) == k
+
+
+@pytest.mark.parametrize("defect", ["name-absent", "dtype-differs"])
+def test_each_problem_is_reported_once_at_every_level(tmp_path: Path, defect: str) -> None:
+    """R-VERIFY-5 (traceability audit F9): a range record that fails its check is reported once
+    by a metadata, a sampled and a deep verification, though its data is met again."""
+    from ._util import edit_manifest
+
+    arr = np.arange(64, dtype=np.int32).reshape(8, 8)
+    vdir = _version(tmp_path, {"w": (arr, [(0,), (4,)])})
+
+    def break_it(doc: dict[str, Any]) -> None:
+        rec = doc["tensors"]["w"]["ranges"][0]
+        if defect == "name-absent":
+            rec["name"] = "absent@0"
+        else:
+            doc["tensors"]["w"]["dtype"] = "float32"
+
+    edit_manifest(vdir, break_it)
+    bad = 1 if defect == "name-absent" else 2  # one record, or both (the tensor's dtype)
+    for kwargs in ({}, {"sample": 1.0, "seed": 0}, {"deep": True}):
+        errors = portable_ckpt.open(vdir).verify(**kwargs)
+        assert _codes(errors) == ["PCK-SHARD-MISMATCH"] * bad, (kwargs, errors)
+        assert len({e.message for e in errors}) == bad
+
+
 def test_a_bad_block_shared_by_two_ranges_is_reported_once(tmp_path: Path) -> None:
     arr = np.arange(64, dtype=np.int32).reshape(8, 8)  # 4 ranges of 64 bytes in 2 files
     vdir = _version(tmp_path, {"w": (arr, [(0,), (2,), (4,), (6,)])})

@@ -25,6 +25,7 @@ import contextlib
 import copy
 import dataclasses
 import datetime as _dt
+import fractions
 import hashlib
 import logging
 import math
@@ -698,8 +699,16 @@ MESSAGE_CHARS = 4096
 
 
 def sampled_chunks(chunks: int, fraction: float) -> int:
-    """How many of ``chunks`` range records a sample of ``fraction`` reads (at least one)."""
-    return min(chunks, max(1, -(-int(chunks * fraction * 1e6) // 1_000_000))) if chunks else 0
+    """How many of ``chunks`` range records a sample of ``fraction`` reads: ``ceil(F × n)``.
+
+    R-VERIFY-4: computed exactly on the decimal the record stores (``repr`` of the float, its
+    shortest decimal form): binary floating point made ``ceil(0.07 × 100)`` 8, and the former
+    rounding to 1e-6 made ``ceil(0.2000000001 × 5)`` 1 (traceability audit F6).
+    """
+    if not chunks:
+        return 0
+    exact = fractions.Fraction(repr(float(fraction))) * chunks
+    return min(chunks, max(1, math.ceil(exact)))
 
 
 def verification_verdict(

@@ -27,7 +27,6 @@ the commit, and the node's other ranks may return from the save before it did.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import re
@@ -42,7 +41,10 @@ from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import FileRecord, Manifest
 from portable_ckpt.io import copy as _copy
 from portable_ckpt.io.reader import Checkpoint
-from portable_ckpt.io.versions import load_manifest
+from portable_ckpt.io.versions import (
+    load_manifest,
+    sampled_chunks,  # R-VERIFY-4's count
+)
 from portable_ckpt.manager.tiers import NodeLayout
 from portable_ckpt.storage import Storage
 from portable_ckpt.torch._collectives import Comm
@@ -252,7 +254,7 @@ class NodeVerify:
 
 def _sample(ck: Checkpoint, files: set[str], fraction: float, seed: int) -> list[tuple[str, Any]]:
     mine = [(k, r) for k, t in sorted(ck.tensors.items()) for r in t.ranges if r.file in files]
-    n = min(len(mine), math.ceil(len(mine) * fraction))
+    n = sampled_chunks(len(mine), fraction) if mine else 0
     return random.Random(seed).sample(mine, n)
 
 
