@@ -543,7 +543,10 @@ class _VersionChecker:
 
     # -- tensor tables (format 1.1) --------------------------------------------------------------
     def check_version_use(self, m: dict[str, Any]) -> None:
-        """R-VERSION-2 is a writer rule; a reader accepts any 1.x, so these are warnings."""
+        """R-VERSION-2 is a writer rule; a reader accepts any 1.x, so ``check`` warns.
+
+        The writer harness, where only the writer under test wrote the attempt, fails it.
+        """
         fv, mu = m.get("format_version"), m.get("must_understand")
         if fv == "1.1" and "tensor_table" not in m:
             self.r.warn(f"{self.name}: format_version 1.1 without a tensor table: writers record "

@@ -488,7 +488,8 @@ def _save_suite(run: _Run) -> None:
         if n <= 0 or any(c.failed for c in run.report.cases if c.suite == "writer.save"):
             return
         _hypothesis(run, "writer.save", strategy, n,
-                    lambda c, d, det: run_save_case(run.adapter, c, d), _save_label, seed)
+                    lambda c, d, det: run_save_case(run.adapter, c, d, details=det),
+                    _save_label, seed)
 
 
 def _save_label(c: SaveCase) -> str:

@@ -15,6 +15,7 @@ binding (R-TABLE-9 leaves the choice to the writer below the size limits).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,20 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> list[str]:
                            decl.get("world_size_policy")],
                           [e.scope, e.encoding, e.schema, e.policy]):
             raise HarnessFailure(f"entry {e.name!r}: declaration {decl} does not match the job")
-    return [w.message.replace(attempt_id, "<attempt>") for w in rep.warnings]
+    warned = [w.message.replace(attempt_id, "<attempt>") for w in rep.warnings]
+    # What ``check`` only warns of on a root of unknown history breaks a writer rule here: the
+    # writer and committer under test alone wrote this attempt (traceability audit F1).
+    broken = [w for w in warned if _WRITER_RULES.search(w)]
+    if broken:
+        raise HarnessFailure("writer rule broken: " + "; ".join(broken[:4]))
+    return warned
+
+
+#: Checker warnings that, in an attempt only the writer under test wrote, name its violation:
+#: a file of the attempt that ``files`` does not list (R-FILES-1), a format version that does
+#: not match the features used (R-VERSION-2).
+_WRITER_RULES = re.compile(r"is not listed in files|\(R-VERSION-2\)|lists '[^']*' but the "
+                           r"manifest has no tensor_table")
 
 
 def publish_invariants(root: Path, allowed: dict[str, SaveCase], expect_latest: str) -> None:
