@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,6 +11,7 @@ pytest.importorskip("torch")
 
 import torch
 
+import portable_ckpt
 import portable_ckpt.torch as pckt
 from portable_ckpt.errors import UsageError
 
@@ -30,3 +32,29 @@ def test_async_save_without_step_names_async_save(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     handle = pckt.async_save({"w": torch.zeros(2)}, str(tmp_path), step=2)
     assert handle.committed.result(timeout=60).step == 2
+
+
+def test_ctrl_c_between_tracking_and_starting_an_async_save_leaves_no_phantom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Race review F9: a KeyboardInterrupt after the save was tracked and before its job was
+    submitted left an in-flight save that nothing ran: every later save waited for it for
+    ever, and the exit waited exit_timeout. The interrupted save is failed; the next works."""
+    import portable_ckpt.torch.async_saving as asv
+
+    real = asv._background
+    calls = [0]
+
+    def interrupted(job: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt  # Ctrl-C right before the job is submitted
+        real(job)
+
+    monkeypatch.setattr(asv, "_background", interrupted)
+    state = {"w": torch.arange(8.0)}
+    with pytest.raises(KeyboardInterrupt):
+        pckt.async_save(state, tmp_path, step=1, continuation="statistical")
+    h = pckt.async_save(state, tmp_path, step=2, continuation="statistical", if_busy="wait")
+    assert h.result(timeout=60).step == 2
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [2]

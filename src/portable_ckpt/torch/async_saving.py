@@ -19,6 +19,7 @@ Two places for the writing (checksums, writes, fsync):
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Unpack
@@ -76,6 +77,8 @@ class AsyncSaveHandle:
         self.committed: cf.Future[CheckpointInfo] = WatchedFuture()
         self.staging_bytes = 0
         self.blocking_seconds = 0.0
+        self._gate = threading.Lock()  # the caller's interruption vs the job's start
+        self._started = False
 
     def result(self, timeout: float | None = None) -> CheckpointInfo:
         """Wait for the commit and return its :class:`CheckpointInfo` (or raise)."""
@@ -147,8 +150,17 @@ def async_save(
         with paused_gc():
             prepared = prepare(state_dict, root, comm, copy=True, into=into, step=opts.step)
         _mark_staged(handle, prepared, t0)
-        slot = track(opts.step, handle.committed, bound)
-        _background(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))
+        try:
+            slot = track(opts.step, handle.committed, bound)
+            _background(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))
+        except BaseException as e:
+            # A Ctrl-C between the two left a tracked save that nothing would run: every later
+            # save waited for it for ever (race review F9). Unless the job started, it never
+            # will (it finds ``committed`` resolved).
+            with handle._gate:
+                if not handle._started and not handle.committed.done():
+                    handle.committed.set_exception(e)
+            raise
     if prepared.error is not None and not isinstance(prepared.error, Exception):
         # Ctrl-C (or sys.exit) while staging: the background tells the peers the save failed;
         # the caller's thread stops as it asked (race review F3).
@@ -189,6 +201,10 @@ def _finish(
     write_with: type[RankWrite] | None,
 ) -> None:
     """Background thread: run the collective save; resolve ``handle.committed`` either way."""
+    with handle._gate:
+        if handle.committed.done():
+            return  # the caller was interrupted before this job was known to run
+        handle._started = True
     try:
         info = run_save(
             prepared, comm, opts, t_start=t0, blocking=handle.blocking_seconds,

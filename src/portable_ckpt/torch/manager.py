@@ -411,10 +411,13 @@ class CheckpointManager:
         with self._retain_lock:  # the copy callbacks append to both (race review F8)
             self._post = [f for f in self._post if not f.done() or f.exception() is not None]
             self._copies = [c for c in self._copies if not c.done()]  # reported by callbacks
-            self._saves_queued[tier.name] = self._saves_queued.get(tier.name, 0) + 1
             fut = self._bg.submit(
                 after_save, self, step, tier, decision, handle, info, pause, self._bg_comm
             )
+            # Counted once submitted (the job's decrement waits for this lock): a Ctrl-C in
+            # between leaves the count one low (a pass too many), never one high (retention
+            # skipped for the rest of the job: race review F10).
+            self._saves_queued[tier.name] = self._saves_queued.get(tier.name, 0) + 1
             self._post.append(fut)
         if sync:
             fut.result()  # a preemption save is verified and replicated before the loop exits
