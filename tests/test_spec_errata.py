@@ -75,6 +75,7 @@ def _patterns(node: Any) -> list[str]:
 
 
 def test_errata_replace_released_files_with_the_same_id() -> None:
+    """R-VERSION-11: errata schemas replace released files under the same ``$id``."""
     assert [p.relative_to(ERRATA).as_posix() for p in ERRATA_FILES] == ["common.schema.json",
                                                                         "copy.schema.json"]
     for p in ERRATA_FILES:

@@ -17,7 +17,8 @@ CASES = [(VECTOR_DIRS[s], c) for s in VECTOR_DIRS if s.startswith("errata-")
 
 @pytest.mark.parametrize(("errata", "case"), CASES, ids=[c["name"] for _, c in CASES])
 def test_reference_reader_errata(errata: Path, case: dict[str, Any], tmp_path: Path) -> None:
-    """Valid cases and writer-only violations ("reader": "accept") read exactly; others fail."""
+    """R-VERSION-12: valid cases and writer-only violations ("reader": "accept") read exactly;
+    others fail."""
     pytest.importorskip("portable_ckpt")
     readable = case["valid"] or case.get("reader") == "accept"
     check_reference_read(materialize(case, tmp_path, errata), case, errata, readable)

@@ -113,6 +113,7 @@ def test_verify_reports_a_step_entry_that_disagrees_with_the_manifest(tmp_path: 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_a_bool_byte_other_than_0_or_1_is_rejected_by_every_tool(tmp_path: Path,
                                                                 codec: str) -> None:
+    """R-DTYPE-2, R-DTYPE-4: a bool byte other than 0x00/0x01 is refused by every tool."""
     mask = np.array([[True, False, True], [False, False, True]])
     vdir = _version(tmp_path, {"m": (mask, [(0,), (1,)])}, codec=codec)
     rel, name = _range_file(vdir, "m", 1)
@@ -166,6 +167,7 @@ def _shard_with(vdir: Path, rel: str, spans: dict[str, tuple[int, int]], data: b
 
 @pytest.mark.parametrize("damage", ["hole", "overlap", "trailing"])
 def test_a_data_area_the_tensors_do_not_tile_is_rejected(tmp_path: Path, damage: str) -> None:
+    """R-SHARD-1, R-SHARD-9: the tensors of a shard tile its data area exactly."""
     a = np.arange(4, dtype=np.int32)
     vdir = _version(tmp_path, {"a": (a, [(0,)]), "pad": (a, [(0,)]), "b": (a + 10, [(0,)])})
     rel, _ = _range_file(vdir, "a")
