@@ -930,12 +930,19 @@ class _VersionChecker:
         required to be whole.
         """
         files, entries = (m.get(k) or {} for k in ("files", "entries"))
-        # File records are compared by path only: a record that differs is the checksums'
-        # business (the file itself is checked against the manifest's record).
-        for rel in (idx.get("files") or {}):
+        # File records are compared by path and size: the file itself is checked against the
+        # manifest's record, and block sizes may differ; a size cannot (traceability audit F3:
+        # an index that lied about its files was conformant).
+        for rel, rec in (idx.get("files") or {}).items():
             if rel not in files:
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: file {rel!r} is not in the "
                              "manifest's files")
+                continue
+            mine, theirs = (r.get("size") if isinstance(r, dict) else None
+                            for r in (rec, files[rel]))
+            if _is_int(mine) and _is_int(theirs) and mine != theirs:
+                self.r.error("PCK-METADATA-CONFLICT", f"{where}: file {rel!r} is {mine} bytes in "
+                             f"the index, {theirs} in the manifest (R-INDEX-6)")
         its: Iterable[tuple[str, Any]]
         if "tensor_table" in idx:  # a table that breaks a rule is reported: not compared
             its = itable.items() if itable is not None else ()

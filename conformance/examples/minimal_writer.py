@@ -123,7 +123,7 @@ def dumps(value: Any) -> bytes:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """Create ``path`` exclusively (R-LAYOUT-3), write, fsync (R-COMMIT-6)."""
+    """Create ``path`` exclusively (R-LAYOUT-2), write, fsync (R-COMMIT-6)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:

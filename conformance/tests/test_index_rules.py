@@ -61,10 +61,15 @@ def test_an_index_not_listed_in_files_is_an_error(tmp_path: Path) -> None:
 
 def test_an_index_that_disagrees_with_the_manifest_is_a_conflict(tmp_path: Path) -> None:
     """R-INDEX-6: an index is part of the manifest (dtype, shape, ranges, entries)."""
+    def grow(i: dict[str, object]) -> None:  # a size the file does not have (audit F3)
+        rec = next(iter(i["files"].values()))  # type: ignore[attr-defined]
+        rec["size"] += 1
+
     for n, edit in enumerate((
         lambda i: i["tensors"]["t"].update(dtype="int32"),
         lambda i: i["tensors"]["t"]["ranges"][0].update(name="t@renamed"),
         lambda i: i["files"].update({"data/w00009-0000.safetensors": next(iter(i["files"].values()))}),
+        grow,
     )):
         vdir = _two_writers(tmp_path / str(n))
         _edit_json(vdir / "index" / "w00001.json", edit)
