@@ -455,6 +455,33 @@ def writer_problems(events: list[FsEvent], root: str, attempt: str, writer: int,
                          "R-INDEX-1: the index is written after the files it lists are durable")
     out += model.problems([index, *sorted(a for a in ancestors if a in model.names)], exit_time,
                           "before the writer exited", "R-COMMIT-6")
+    return out + overwrite_problems(events, os.path.join(root, attempt))
+
+
+def overwrite_problems(events: list[FsEvent], adir: str) -> list[str]:
+    """Files of the attempt that the process opened for writing again after it made them.
+
+    R-LAYOUT-2: files are created exclusively and never overwritten. The bytes may even be the
+    same (a rewrite after the fsync), which no check of the finished version can see
+    (traceability audit F8): the trace is the one place it shows.
+    """
+    made: set[str] = set()
+    out: list[str] = []
+    for e in events:
+        if e.kind in ("link", "rename") and e.path.startswith(adir + "/"):
+            made.add(e.path)
+            continue
+        if e.kind != "open" or not e.path.startswith(adir + "/"):
+            continue
+        writes = any(f in e.flags for f in ("O_WRONLY", "O_RDWR", "O_TRUNC", "O_APPEND"))
+        if writes and e.path in made:
+            rel = os.path.relpath(e.path, adir)
+            if not any(rel in o for o in out):
+                out.append(f"{rel}: opened for writing again ({e.flags}) after it was made: "
+                           "files of an attempt are created exclusively and never overwritten "
+                           "(R-LAYOUT-2)")
+        elif "O_CREAT" in e.flags:
+            made.add(e.path)
     return out
 
 

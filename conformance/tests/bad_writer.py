@@ -183,6 +183,18 @@ def _symlink_values(orig: Any) -> Any:
     return write_file
 
 
+def _overwrite(orig: Any) -> Any:
+    def write_file(path: Path, data: bytes) -> None:
+        orig(path, data)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # the same bytes again: never visible
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return write_file
+
+
 def _no_writer_check() -> Any:
     orig_commit = mw.do_commit
 
@@ -289,6 +301,8 @@ def _apply(mode: str) -> None:
         mw.committed_at = _clock_only
     elif mode == "stray-file":  # a lock file left in the attempt, in no document (R-FILES-1)
         mw.write_file = _stray_lock(mw.write_file)
+    elif mode == "overwrite":  # every file rewritten once after it was made (R-LAYOUT-2)
+        mw.write_file = _overwrite(mw.write_file)
     elif mode == "write-outside":  # a scratch log beside root, in the user's directory
         mw.write_file = _scratch_outside(mw.write_file)
     elif mode == "partial-after-index":  # a durable stray file made after the index

@@ -114,6 +114,8 @@ def test_every_run_saves_each_codec(mode: str, message: str, seed: int, bad: pyt
     ("direct-manifest", "manifest.json was opened for writing"),
     ("rename-publish", "plain rename()"),
     ("no-tmp-fsync", "R-COMMIT-7 step 2"),
+    # R-LAYOUT-2 (traceability audit F8): the same bytes written twice, invisible afterwards
+    ("overwrite", "opened for writing again (O_WRONLY|O_TRUNC|O_CLOEXEC) after it was made"),
 ])
 def test_trace_faults(mode: str, message: str, bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
     """Durability and atomic publish, seen in the system calls of the adapter processes."""
