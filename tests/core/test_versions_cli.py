@@ -581,3 +581,27 @@ def test_verify_record_unreadable_takes_a_persistently_unreadable_version_out(tm
     assert [v.id for v in failed] == [newest]
     assert cli("ls", str(root), "--latest").stdout.strip().endswith(
         list_versions(root)[0].id)
+
+
+def test_a_record_of_a_newer_major_version_is_unknown_not_absent(tmp_path) -> None:
+    """Compatibility review F3: a verification record of format 2.0 (a failure, perhaps) was
+    dropped as "no record": the version counted as good, and gc --keep 1 deleted the others."""
+    from portable_ckpt.io.versions import write_verification_record
+
+    root = tmp_path / "r"
+    first = save_step(root, 1)
+    newest = save_step(root, 2)
+    rel = write_verification_record(open_storage(root), newest, ok=False, mode="deep",
+                                    fraction=None, chunks=1,
+                                    errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    doc = json.loads((root / rel).read_text())
+    doc["format_version"] = "2.0"
+    (root / rel).write_text(json.dumps(doc))
+    from portable_ckpt.io import versions
+
+    versions._RECORDS.clear()
+    v = {x.id: x for x in list_versions(root)}[newest]
+    assert v.annotations_unreadable and "2.0" in (v.error or "")
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert first in rep.kept and not rep.deleted and not rep.complete
+    assert cli("ls", str(root), "--latest").returncode == 1

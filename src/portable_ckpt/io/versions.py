@@ -375,8 +375,8 @@ def read_annotations(
     """Read the post-commit records of an attempt: ``drills``, ``copies`` or ``verifications``.
 
     Only records that validate, name this attempt and are stored under their own id count. A storage error
-    is not "no record": it is raised, or appended to ``errors`` when a list is given (the
-    records that could be read are returned).
+    or a record of a newer major format version is not "no record": it is raised, or appended
+    to ``errors`` when a list is given (the records that could be read are returned).
     """
     out: list[dict[str, Any]] = []
     try:
@@ -389,7 +389,7 @@ def read_annotations(
     for info in listed:
         try:
             doc = _annotation(storage, attempt_id, kind, info)
-        except StorageError as exc:
+        except (StorageError, VersionUnsupportedError) as exc:
             if errors is None:
                 raise
             errors.append(exc)
@@ -491,6 +491,14 @@ def _counting_record(
         return None
     if f"{doc.get(id_member)}.json" != path.rsplit("/", 1)[-1]:
         return None  # a record counts only under its own name
+    fv = doc.get("format_version")
+    if isinstance(fv, str) and fv.split(".", 1)[0] != "1" and re.fullmatch(r"[0-9]+\.[0-9]+", fv):
+        # A newer major version's record of this version (a failed verification, perhaps):
+        # not "no record" (compatibility review F3), as a foreign version is not abandoned.
+        raise VersionUnsupportedError(
+            f"{path}: a record of format version {fv}, newer than this tool implements: the "
+            "version's records are unknown to it; upgrade portable_ckpt", path=path
+        )
     try:
         validate_document(doc, schema_file, what=path)
     except CheckpointError:
