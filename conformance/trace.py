@@ -466,23 +466,29 @@ def overwrite_problems(events: list[FsEvent], adir: str) -> list[str]:
     (traceability audit F8): the trace is the one place it shows.
     """
     made: set[str] = set()
-    out: list[str] = []
+    reopened: set[str] = set()  # opened for writing again: a write to it then overwrites
+    out: dict[str, str] = {}
+
+    def broken(path: str, how: str) -> None:
+        rel = os.path.relpath(path, adir)
+        out.setdefault(rel, f"{rel}: {how} after it was made: files of an attempt are created "
+                            "exclusively and never overwritten (R-LAYOUT-2)")
+
     for e in events:
-        if e.kind in ("link", "rename") and e.path.startswith(adir + "/"):
-            made.add(e.path)
+        if not e.path.startswith(adir + "/"):
             continue
-        if e.kind != "open" or not e.path.startswith(adir + "/"):
-            continue
-        writes = any(f in e.flags for f in ("O_WRONLY", "O_RDWR", "O_TRUNC", "O_APPEND"))
-        if writes and e.path in made:
-            rel = os.path.relpath(e.path, adir)
-            if not any(rel in o for o in out):
-                out.append(f"{rel}: opened for writing again ({e.flags}) after it was made: "
-                           "files of an attempt are created exclusively and never overwritten "
-                           "(R-LAYOUT-2)")
-        elif "O_CREAT" in e.flags:
+        if e.kind in ("link", "rename"):
             made.add(e.path)
-    return out
+        elif e.kind == "write" and e.path in reopened:
+            broken(e.path, "written again")
+        elif e.kind == "open" and e.path in made:
+            if "O_TRUNC" in e.flags or "O_APPEND" in e.flags:
+                broken(e.path, f"opened for writing again ({e.flags})")
+            elif "O_WRONLY" in e.flags or "O_RDWR" in e.flags:
+                reopened.add(e.path)  # to fsync it, perhaps: only a write breaks the rule (D6)
+        elif e.kind == "open" and "O_CREAT" in e.flags:
+            made.add(e.path)
+    return list(out.values())
 
 
 def committer_problems(events: list[FsEvent], root: str, attempt: str,

@@ -421,3 +421,20 @@ def test_a_second_version_of_a_step_commits_after_the_first(
     with pytest.raises(HarnessFailure, match="R-COMMIT-16"):
         run_commit_same_step(adapter(BAD_WRITER, trace=False), fast_tmp)
 
+
+
+def test_a_reopen_without_a_write_is_no_overwrite() -> None:
+    """R-LAYOUT-2 in the trace (review of the change D6): a writer that reopens its own file
+    O_RDWR to fsync it overwrites nothing; a write after such a reopen, or O_TRUNC, does."""
+    from conformance.trace import FsEvent, overwrite_problems
+
+    a = "/r/att"
+    made = FsEvent("open", f"{a}/data/f", 0, 1, flags="O_WRONLY|O_CREAT|O_EXCL")
+    fsync_only = [made, FsEvent("write", f"{a}/data/f", 1, 2),
+                  FsEvent("open", f"{a}/data/f", 3, 4, flags="O_RDWR"),
+                  FsEvent("sync", f"{a}/data/f", 4, 5)]
+    assert overwrite_problems(fsync_only, a) == []
+    rewrite = [*fsync_only, FsEvent("write", f"{a}/data/f", 6, 7)]
+    assert ["written again" in p for p in overwrite_problems(rewrite, a)] == [True]
+    trunc = [made, FsEvent("open", f"{a}/data/f", 3, 4, flags="O_WRONLY|O_TRUNC")]
+    assert ["O_TRUNC" in p for p in overwrite_problems(trunc, a)] == [True]

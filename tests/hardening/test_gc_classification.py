@@ -369,3 +369,37 @@ def test_a_record_misread_once_is_read_again_and_never_cached_as_absent(
     twice = _Flips(storage, rel, 2)
     rep = gc(twice, keep=1, grace_seconds=0.0, dry_run=True)
     assert ids[2 if kind == "verification" else 0] in [u["id"] for u in rep.unknown]
+
+
+class _FlipThen404(FaultyStorage):
+    """The first read of ``path`` flips a bit, the second answers 404 while it is listed."""
+
+    def __init__(self, storage: Any, path: str) -> None:
+        super().__init__(storage, [])
+        self._path, self._n = path, 0
+
+    def read_all(self, path: str, *, max_size: int) -> bytes:
+        if path != self._path:
+            return super().read_all(path, max_size=max_size)
+        self._n += 1
+        if self._n == 2:
+            from portable_ckpt.errors import FileMissingError
+
+            raise FileMissingError(f"{path}: 404", path=path)
+        data = super().read_all(path, max_size=max_size)
+        return data[:20] + bytes([data[20] ^ 0x04]) + data[21:] if self._n == 1 else data
+
+
+def test_a_record_misread_then_answered_absent_while_listed_is_unknown(tmp_path: Path) -> None:
+    """Review of the change D3: the second read took a 404 of a listed record as "no record",
+    and gc kept only the failed version."""
+    from portable_ckpt.io.versions import write_verification_record
+
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    storage = open_storage(tmp_path)
+    rel = write_verification_record(storage, ids[2], ok=False, mode="deep", fraction=None,
+                                    chunks=1, errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    versions._RECORDS.clear()
+    st = _FlipThen404(storage, rel)
+    gc(st, keep=1, grace_seconds=0.0)
+    assert {ids[1], ids[2]} <= _alive(tmp_path)

@@ -570,3 +570,14 @@ def test_a_process_forked_under_an_open_manager_dies_by_its_first_sigterm(tmp_pa
         child.terminate()  # SIGTERM
         child.join(10)
         assert child.exitcode == -signal.SIGTERM
+
+
+def test_an_infinite_decision_interval_is_the_largest_gap(tmp_path: Path) -> None:
+    """Review of the change D4: decision_interval=inf was accepted, then every maybe_save after
+    the first raised OverflowError."""
+    import math
+
+    with pckt.CheckpointManager(tmp_path, save_every=3, decision_interval=math.inf,
+                                handle_sigterm=False, continuation="statistical") as mgr:
+        saved = [s for s in range(1, 8) if mgr.maybe_save(s, {"w": torch.zeros(2)})]
+    assert saved == [3, 6]

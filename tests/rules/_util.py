@@ -76,17 +76,33 @@ def edit_manifest(vdir: Path, fn: Callable[[dict[str, Any]], Any]) -> None:
 
 
 def rechecksum(vdir: Path, rel: str) -> None:
-    """Make the manifest's size and block checksums of ``rel`` match the file on disk again."""
+    """Make the manifest's size and block checksums of ``rel`` match the file on disk again.
+
+    A stored writer index that lists ``rel`` gets the same record, and its own record in the
+    manifest follows (R-INDEX-6 compares an index's file records by size too).
+    """
     data = (vdir / rel).read_bytes()
 
-    def fix(doc: dict[str, Any]) -> None:
-        rec = doc["files"][rel]
+    def fixed(rec: dict[str, Any]) -> None:
         h = BlockHasher(rec["checksum"]["block_size"])
         h.update(data)
         rec["size"] = len(data)
         rec["checksum"]["blocks"] = h.blocks()
 
-    edit_manifest(vdir, fix)
+    edit_manifest(vdir, lambda doc: fixed(doc["files"][rel]))
+    if rel.startswith("index/"):
+        return
+    listed = read_manifest(vdir)["files"]
+    for idx in sorted(p for p in listed if p.startswith("index/")):
+        path = vdir / idx
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict) and rel in doc["files"]:
+            fixed(doc["files"][rel])
+            path.write_text(json.dumps(doc))
+            rechecksum(vdir, idx)
 
 
 def rewrite_file(vdir: Path, rel: str, data: bytes) -> None:

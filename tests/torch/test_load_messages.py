@@ -40,7 +40,7 @@ def test_a_key_with_nothing_near_keeps_the_strict_advice(tmp_path: Path) -> None
         pckt.load({"w": torch.zeros(3), "completely_different": torch.zeros(1)}, tmp_path)
 
 
-_INF = "1 finite value\\(s\\) would become infinite"
+_INF = "1 value\\(s\\) out of the target type's range would become infinite"
 _INT = "integer value\\(s\\) cannot be represented and would change"
 
 
@@ -58,8 +58,12 @@ _INT = "integer value\\(s\\) cannot be represented and would change"
     (torch.int64, torch.bfloat16, [257, 1000001], f"2 {_INT}"),
     (torch.uint8, torch.int8, [200, 1], f"1 {_INT}"),
     (torch.int8, torch.uint8, [-1, 1], f"1 {_INT}"),
-    # float8 (torch cannot promote it, and e4m3fn saturates instead of overflowing: F12)
+    # float8 (torch cannot promote it, and e4m3fn saturates instead of overflowing: F12;
+    # 470 is past what rounds to 448, inf saturates too: review of the change D1)
     (torch.float32, torch.float8_e4m3fn, [1000.0, 1.0], _INF),
+    (torch.float32, torch.float8_e4m3fn, [470.0, 1.0], _INF),
+    (torch.float32, torch.float8_e4m3fn, [float("inf"), 1.0], _INF),
+    (torch.uint64, torch.float32, [2**40 + 1, 1], f"1 {_INT}"),
 ])
 def test_a_cast_that_destroys_values_is_refused(
     tmp_path: Path, stored: torch.dtype, target: torch.dtype, values: list[float], why: str
@@ -112,6 +116,8 @@ def test_the_manager_says_casts_and_takes_strict_dtype(
     (torch.int64, torch.float32, [2**24, -3]),
     (torch.float32, torch.int16, [2.0, -7.0]),
     (torch.bool, torch.float16, [True, False]),
+    (torch.uint32, torch.float32, [0, 3]),  # uint abs is not implemented in torch (D2)
+    (torch.uint64, torch.float64, [0, 2**40]),
 ])
 def test_a_cast_that_keeps_every_value_loads(
     tmp_path: Path, stored: torch.dtype, target: torch.dtype, values: list[float]
@@ -126,5 +132,15 @@ def test_a_cast_that_keeps_every_value_loads(
     info = pckt.load(out, tmp_path)
     assert out["x"].tolist() == saved.to(target).tolist() == saved.double().tolist()
     assert info.casts[0]["flushed"] == 0
-    # exact by type (no scan) except the int64 -> float32 and float32 -> int16 narrowings
-    assert exact_cast(stored, target) == (stored not in (torch.int64, torch.float32))
+    # exact by type (no scan) except the narrowings, whose values are checked
+    narrowing = (torch.int64, torch.float32, torch.uint32, torch.uint64)
+    assert exact_cast(stored, target) == (stored not in narrowing)
+
+
+def test_a_value_that_rounds_to_the_largest_float8_loads() -> None:
+    """What rounds to float8_e4m3fn's 448 (up to 464) is rounding, not overflow (D1)."""
+    from portable_ckpt.torch.loading import _Casts
+
+    casts = _Casts(strict=False)
+    src = torch.tensor([460.0, -448.0, 1.0])
+    casts.convert("x", src, src.to(torch.float8_e4m3fn))  # no refusal

@@ -459,8 +459,8 @@ def _read_annotation(
     doc = _counting_record(first, attempt_id, kind, info.path)
     if doc is not None:
         return doc
-    try:
-        again = storage.read_all(info.path, max_size=jsonio.MAX_DOCUMENT_BYTES)
+    try:  # the same rule as the first read: absent while listed is a storage error (D3)
+        again = _annotation_bytes(storage, info.path)
     except (FileMissingError, LimitError):
         return None
     if again == first:

@@ -219,8 +219,8 @@ def _next_agreement(mgr: CheckpointManager, step: int, now: float) -> int:
     if mgr.decision_interval > 0 and prev is not None and step > prev[0]:
         per_step = max(now - prev[1], 0.0) / (step - prev[0])
         gap = MAX_DECISION_GAP
-        if per_step > 0:
-            gap = max(1, min(MAX_DECISION_GAP, int(mgr.decision_interval / per_step)))
+        if per_step > 0:  # (min before int: an interval of inf is the largest gap, D4)
+            gap = max(1, int(min(float(MAX_DECISION_GAP), mgr.decision_interval / per_step)))
     mgr._agreed_at = (step, now)
     rule = next_rule_step(mgr.policy, step, has_fast="fast" in mgr.tiers)
     return step + gap if rule is None else min(step + gap, rule)
