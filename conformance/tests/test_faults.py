@@ -438,3 +438,14 @@ def test_a_reopen_without_a_write_is_no_overwrite() -> None:
     assert ["written again" in p for p in overwrite_problems(rewrite, a)] == [True]
     trunc = [made, FsEvent("open", f"{a}/data/f", 3, 4, flags="O_WRONLY|O_TRUNC")]
     assert ["O_TRUNC" in p for p in overwrite_problems(trunc, a)] == [True]
+
+
+def test_a_killed_committers_temporary_manifest_is_no_writer_breach() -> None:
+    """A committer killed while publishing leaves ``manifest.json.<hex>.tmp`` (R-COMMIT-7), which
+    readers ignore (R-COMMIT-10): the rerun's version is not failed for it (R-FILES-1)."""
+    from conformance.verify import _TEMP_MANIFEST, _WRITER_RULES
+
+    tmp = "<attempt>: 'manifest.json.9e44dcb75e45cf06.tmp' is not listed in files"
+    stray = "<attempt>: 'data/.w00000-0000.lock' is not listed in files"
+    assert _WRITER_RULES.search(tmp) and _TEMP_MANIFEST.search(tmp)
+    assert _WRITER_RULES.search(stray) and not _TEMP_MANIFEST.search(stray)
