@@ -302,24 +302,25 @@ def _still_unreadable(
 
     Recorded as the version's failure at the operator's request (attack review 3 F18: a
     persistent EIO on the newest version made every restart of the job stop, and no tool could
-    take it out of the restore path). A file that reads fine the second time is not.
+    take it out of the restore path). A file that reads fine the second time is not. The second
+    read is the one ``confirm_damage`` makes (cached pages dropped first), once per file.
     """
     from portable_ckpt.errors import DAMAGE_CODES
-    from portable_ckpt.io.checksum import verify_file
+    from portable_ckpt.io.versions import read_file_again
 
-    out: list[dict[str, str]] = []
+    out: dict[str, dict[str, str]] = {}
+    seen: set[str] = set()
     for e in errors:
         rel = (e.path or "").removeprefix(f"{attempt}/")
-        if e.code in DAMAGE_CODES or rel not in files:
+        if e.code in DAMAGE_CODES or rel not in files or rel in seen:
             continue
-        try:
-            verify_file(storage, f"{attempt}/{rel}", files[rel])
-        except CheckpointError as again:
-            if again.code not in DAMAGE_CODES:
-                out.append({"code": again.code, "message": (
-                    f"{attempt}/{rel}: unreadable at two reads ({again.message[:2000]}); "
-                    "recorded at the operator's request (verify --record-unreadable)")})
-    return out
+        seen.add(rel)
+        again = read_file_again(storage, f"{attempt}/{rel}", files[rel])
+        if again is not None and again.code not in DAMAGE_CODES:
+            out[rel] = {"code": again.code, "message": (
+                f"{attempt}/{rel}: unreadable at two reads ({again.message[:2000]}); "
+                "recorded at the operator's request (verify --record-unreadable)")}
+    return list(out.values())
 
 
 def _age(committed_at: str | None) -> float | None:

@@ -91,6 +91,7 @@ __all__ = [
     "list_versions",
     "load_manifest",
     "read_annotations",
+    "read_file_again",
     "write_drill_record",
     "confirm_damage",
     "record_verification",
@@ -764,7 +765,7 @@ def confirm_damage(
             out.append(e)
             continue
         if rel not in again:
-            again[rel] = _recheck(storage, f"{attempt_id}/{rel}", files[rel], listed)
+            again[rel] = read_file_again(storage, f"{attempt_id}/{rel}", files[rel], listed)
         second = again[rel]
         first = f"{e.path or rel}: a first read found [{e.code}] {e.message[:300]}"
         if second is None:
@@ -795,11 +796,11 @@ def _file_of(e: CheckpointError, attempt_id: str, files: Mapping[str, FileRecord
     return path if path in files else None
 
 
-def _recheck(
+def read_file_again(
     storage: Storage,
     full: str,
     rec: FileRecord,
-    listed: dict[str, set[str] | CheckpointError],
+    listed: dict[str, set[str] | CheckpointError] | None = None,
 ) -> CheckpointError | None:
     """What a second read of ``full`` finds.
 
@@ -821,6 +822,7 @@ def _recheck(
         verify_file(storage, full, rec)  # its size asked again too: a second look
     except FileMissingError as exc:
         parent = full.rsplit("/", 1)[0] + "/"
+        listed = {} if listed is None else listed
         if parent not in listed:
             try:
                 listed[parent] = {i.path for i in storage.list(parent, recursive=False)}

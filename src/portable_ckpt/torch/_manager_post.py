@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "after_failure",
     "after_save",
+    "copy_failed",
     "durable_failed",
     "durable_ok",
     "failure_text",
@@ -173,14 +174,10 @@ def _after_node_local(
         if not durable:
             _log.error("node-local verification of %s failed: %s", info.checkpoint_id, e)
             return
-        err = DistributedError(
+        copy_failed(mgr, info.checkpoint_id, step, DistributedError(
             f"replication of {info.checkpoint_id} to {mgr.tiers['durable'].root} failed: "
             f"{e.message}"
-        )
-        mgr.last_error, mgr._last_error_fast = err, False
-        durable_failed(mgr, step)
-        if mgr.rank == 0 and not mgr._exiting:
-            say(failure_text(mgr, step, "durable", err))
+        ))
         return
     if tier.leads(mgr.rank):
         retain(mgr, tier, info.checkpoint_id)  # each node's leader keeps its own node root
@@ -195,12 +192,20 @@ def not_copied(mgr: CheckpointManager, attempt: str, step: int, damage: Checkpoi
     on a failing SSD ran with an empty durable root and exited 0.
     """
     durable = mgr.tiers["durable"]
-    e = type(damage)(
+    copy_failed(mgr, attempt, step, type(damage)(
         f"{attempt} failed its sampled verification on the fast tier ({damage.message}); it "
         f"is not copied to the durable root {durable.root}: the durable checkpoint of step "
         f"{step} does not exist",
         path=damage.path,
-    )
+    ))
+
+
+def copy_failed(mgr: CheckpointManager, attempt: str, step: int, e: CheckpointError) -> None:
+    """Every rank: the durable checkpoint of ``step`` (``replicate=True``) does not exist.
+
+    Counted towards ``max_failed_saves``, kept for ``wait()``, said on stderr and sent as a
+    ``replicate`` event (rank 0), like any durable save that failed.
+    """
     mgr.last_error, mgr._last_error_fast = e, False
     durable_failed(mgr, step)
     if mgr.rank == 0:

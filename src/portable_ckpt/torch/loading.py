@@ -428,7 +428,7 @@ def _digits(dtype: torch.dtype) -> tuple[int, float, float]:
 
 def _rounds_to_max(dtype: torch.dtype) -> float:
     """The largest magnitude that a cast to ``dtype`` rounds to its largest finite value."""
-    f = torch.finfo(dtype if not dtype.is_complex else dtype.to_real())
+    f = torch.finfo(dtype)
     top = float(f.max)
     exponent = math.frexp(top)[1] - 1  # of its leading bit (log2 would round up to 1024)
     return top + math.ldexp(float(f.eps) / 2, exponent)
@@ -438,17 +438,12 @@ def exact_cast(src: torch.dtype, out: torch.dtype) -> bool:
     """Whether every value of ``src`` is exactly a value of ``out`` (no scan needed).
 
     ``torch.promote_types`` is not this: it promotes every integer to any float type (int64 to
-    float16) and raises for float8 (attack review 3 F1, F12).
+    float16) and raises for float8 (attack review 3 F1, F12). (The format has no complex
+    dtypes: a complex target is refused before any cast.)
     """
     if src == out or src == torch.bool:
         return True
     if out == torch.bool:
-        return False
-    if out.is_complex:
-        out = out.to_real()
-        if src.is_complex:
-            src = src.to_real()
-    elif src.is_complex:
         return False
     if out.is_floating_point:
         bits, top, low = _digits(out)
@@ -544,8 +539,8 @@ class _Casts:
         Checked in slices of :data:`_CHECK_ELEMENTS`, so the masks stay small beside the box.
         """
         a, b = src.reshape(-1), out.reshape(-1)
-        to_float = out.is_floating_point() or out.is_complex()
-        ints = src.dtype != torch.bool and not (src.is_floating_point() or src.is_complex())
+        to_float = out.is_floating_point()
+        ints = src.dtype != torch.bool and not src.is_floating_point()
         overflow = changed = flushed = nonzero = 0
         # Beyond the largest value by more than half a step there (what rounds to it): float8
         # e4m3fn saturates instead of giving inf (448 for 500, and for inf: review of the change
@@ -556,11 +551,11 @@ class _Casts:
             if not to_float:
                 changed += _int_changes(x, y)
                 continue
-            xf = x if x.is_floating_point() or x.is_complex() else x.double()  # (no uint abs)
+            xf = x if x.is_floating_point() else x.double()  # (torch has no abs of uints)
             overflow += int((torch.isfinite(xf) & (~torch.isfinite(y) | (xf.abs() > top))).sum())
             overflow += int((~torch.isfinite(xf) & torch.isfinite(y)).sum())  # inf saturated
             if ints:
-                changed += _int_changes(x, y.real if y.is_complex() else y)
+                changed += _int_changes(x, y)
             nz = (x != 0) & torch.isfinite(x)
             nonzero += int(nz.sum())
             flushed += int((nz & (y == 0)).sum())
