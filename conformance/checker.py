@@ -1193,11 +1193,47 @@ def find_versions(root: Path) -> tuple[list[Path], list[Path]]:
     return committed, pending
 
 
+def _check_pins(root: Path, schemas: SchemaSet, report: Report) -> None:
+    """Every ``pins/*.json`` of a root is a pin record under its own ``pin_id`` (§15.3, R-PIN-1).
+
+    A pin names a version of the root only by its id: one that names no attempt is harmless
+    (R-PIN-2), so it is not reported.
+    """
+    d = root / "pins"
+    if d.is_symlink() or not d.is_dir():
+        return
+    for p in sorted(d.glob("*.json")):
+        where = f"pins/{p.name}"
+        try:
+            doc = loads_strict(read_regular(p, repr(where), max_bytes=DOC_MAX_BYTES,
+                                            follow=False), max_bytes=DOC_MAX_BYTES)
+        except Problem as exc:
+            report.error(exc.code, f"{where}: {exc.message}")
+            continue
+        except StrictJsonError as exc:
+            report.error("PCK-JSON-INVALID", f"{where}: {exc}")
+            continue
+        except OSError as exc:
+            report.error("PCK-STORAGE", f"{where}: {exc}")
+            continue
+        if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt-pin":
+            report.error("PCK-SCHEMA", f"{where}: format must be 'portable-ckpt-pin' (R-PIN-1)")
+            continue
+        if not _schema_check(schemas, "pin", doc, where, report):
+            continue
+        if p.name != f"{doc.get('pin_id')}.json":
+            report.error("PCK-SCHEMA", f"{where}: pin_id {doc.get('pin_id')!r} is not its file "
+                         "name (R-PIN-1)")
+
+
 def _ignored_children(root: Path) -> list[str]:
-    """Directories of a root that are no attempts (names off the pattern, R-LAYOUT-4)."""
+    """Directories of a root that are no attempts (names off the pattern, R-LAYOUT-4).
+
+    ``pins/`` is the format's (§15.3): checked by :func:`_check_pins`, not ignored.
+    """
     try:
         return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink()
-                      and not ATTEMPT_ID_RE.match(p.name))
+                      and not ATTEMPT_ID_RE.match(p.name) and p.name != "pins")
     except OSError:
         return []
 
@@ -1253,6 +1289,7 @@ def check(path: str | Path, *, deep: bool = False, schema_dir: str | None = None
     if pending:
         report.warn(f"{len(pending)} uncommitted attempt(s) (invisible to readers): "
                     f"{[q.name for q in pending][:5]}")
+    _check_pins(p, schemas, report)
     ignored = _ignored_children(p)
     if ignored:
         report.warn(f"{len(ignored)} child director(y/ies) of the root ignored, their names "

@@ -29,7 +29,7 @@ ERRATA_SCHEMAS: tuple[str, ...] = ("errata/common.schema.json", "errata/copy.sch
 #: is a hard error (:class:`SchemasUnavailable`), never a warning or a traceback.
 REQUIRED_SCHEMAS: tuple[str, ...] = (
     "common.schema.json", "manifest.schema.json", "writer-index.schema.json",
-    "drill.schema.json", "copy.schema.json", "verification.schema.json",
+    "drill.schema.json", "copy.schema.json", "verification.schema.json", "pin.schema.json",
     "1.1/manifest.schema.json", "1.1/writer-index.schema.json", "1.1/table-ref.schema.json",
     *ERRATA_SCHEMAS, *BUILTIN_SCHEMA_FILES.values(),
 )

@@ -27,6 +27,7 @@ VECTORS = ROOT / "conformance" / "vectors"
 PREFIXES = (
     "R-LAYOUT", "R-ID", "R-COMMIT", "R-FILES", "R-CKSUM", "R-DTYPE", "R-TENSOR", "R-TABLE",
     "R-COVER", "R-READ", "R-VERIFY", "R-SHARD", "R-ENTRY", "R-CONTRACT", "R-INDEX", "R-DRILL", "R-GC",
+    "R-PIN",
     "R-VERSION", "R-ERR", "R-SEC",
 )
 _DEFINITION = re.compile(r"(?<!`)\[(R-[A-Z]+-[0-9]+)\]")

@@ -14,8 +14,8 @@ import numpy as np
 
 from conformance.checker import check
 from conformance.craft import file_record
+from portable_ckpt.io.annotations import write_verification_record
 from portable_ckpt.io.commit import commit
-from portable_ckpt.io.versions import write_verification_record
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import open_storage
 

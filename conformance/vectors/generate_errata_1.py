@@ -374,6 +374,22 @@ def main(argv: list[str] | None = None) -> int:
     return write_set(argv, CASES, "errata-1", DESCRIPTION, __doc__)
 
 
+def registry(cases: list[dict[str, Any]], **defaults: Any) -> Callable[..., Any]:
+    """The ``case`` decorator of a later errata set: registers its generators in ``cases``.
+
+    ``case(name, feature, code=None, reader=None, **more)``: valid when ``code`` is None;
+    ``defaults`` (e.g. ``target="root"``) and ``more`` are members of the case.
+    """
+    def case(name: str, feature: str, *, code: str | None = None, reader: str | None = None,
+             **more: Any) -> Callable[[Callable[[Path], Any]], Callable[[Path], Any]]:
+        def deco(fn: Callable[[Path], Any]) -> Callable[[Path], Any]:
+            cases.append({"name": name, "feature": feature, "code": code, "reader": reader,
+                          "target": "version", "setup": [], **defaults, **more, "fn": fn})
+            return fn
+        return deco
+    return case
+
+
 def write_set(argv: list[str] | None, cases: list[dict[str, Any]], set_name: str,
               description: str, doc: str | None) -> int:
     """The command line of an errata set's generator: write ``cases`` as set ``set_name``."""

@@ -33,7 +33,9 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
       "EntryValue", "FileRecord"]),
     ("Storage", "portable_ckpt.storage", ["open_storage", "Storage", "StreamWriter",
                                           "Capabilities", "ObjectInfo", "LocalStorage"]),
-    ("Listing and retention", "portable_ckpt.io.versions", ["list_versions", "gc"]),
+    ("Listing versions", "portable_ckpt.io.versions", ["list_versions"]),
+    ("Retention", "portable_ckpt.io.gc", ["gc"]),
+    ("Pins", "portable_ckpt.io.pins", ["pin", "unpin", "read_pins"]),
     ("Job log", "portable_ckpt.logs", ["get_logger", "log_event", "logged"]),
 ]
 

@@ -60,10 +60,14 @@ def __getattr__(name: str) -> Any:
         from portable_ckpt.io import reader
 
         return getattr(reader, name)
-    if name in ("list_versions", "gc"):
-        from portable_ckpt.io import versions
+    if name == "list_versions":
+        from portable_ckpt.io.versions import list_versions
 
-        return getattr(versions, name)
+        return list_versions
+    if name == "gc":
+        from portable_ckpt.io.gc import gc
+
+        return gc
     if hasattr(errors, name):
         return getattr(errors, name)
     raise AttributeError(name)

@@ -185,10 +185,10 @@ def test_cli_verbose_shows_the_log_and_quiet_hides_it(tmp_path, capsys) -> None:
     rc, _, err = _main(capsys, "gc", root, "--keep", "2", "--dry-run")
     assert rc == 0 and "portable_ckpt" not in err
     rc, _, err = _main(capsys, "gc", root, "--keep", "2", "--dry-run", "-v")
-    assert rc == 0 and "INFO portable_ckpt.io.versions: gc of" in err
+    assert rc == 0 and "INFO portable_ckpt.io.gc: gc of" in err
     assert "would delete 1 version(s)" in err
     rc, _, err = _main(capsys, "-v", "gc", root, "--keep", "2", "--dry-run")  # before, too
-    assert rc == 0 and "INFO portable_ckpt.io.versions: gc of" in err
+    assert rc == 0 and "INFO portable_ckpt.io.gc: gc of" in err
     rc, _, err = _main(capsys, "gc", root, "--keep", "2", "--dry-run", "-v", "-q")
     assert rc == 0 and "portable_ckpt" not in err
     assert not [h for h in logging.getLogger(LOGGER_NAME).handlers

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.io.versions import gc, list_versions, write_drill_record
+from portable_ckpt.io.annotations import write_drill_record
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import open_storage
 from tests._cli import unprivileged_cli
@@ -403,8 +405,8 @@ def test_the_listing_cache_keeps_nothing_of_an_invalid_record(tmp_path) -> None:
 def test_the_records_cache_keeps_small_records_only(tmp_path) -> None:
     """Attack review 3 F9: a 8 MiB record (valid: records may carry members of their own) cost
     ~360 MiB of parsed objects held for the life of the process, deep-copied at every hit."""
-    from portable_ckpt.io import versions
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io import annotations
+    from portable_ckpt.io.annotations import write_verification_record
 
     root = tmp_path / "r"
     aid = save_step(root, 1)
@@ -415,12 +417,12 @@ def test_the_records_cache_keeps_small_records_only(tmp_path) -> None:
     doc["pad"] = [{}] * 100_000  # 400 KB of members the schema allows
     big = f"{aid}/verifications/{doc['verification_id']}.json"
     (root / big).write_text(json.dumps(doc))
-    versions._RECORDS.clear()
+    annotations._RECORDS.clear()
     [v] = list_versions(root)
     assert v.verified
-    cached = {k[1] for k in versions._RECORDS}
+    cached = {k[1] for k in annotations._RECORDS}
     assert small in cached and big not in cached
-    assert versions._records_bytes <= versions._RECORDS_BYTES_MAX
+    assert annotations._records_bytes <= annotations._RECORDS_BYTES_MAX
 
 
 def test_gc_dates_attempts_on_the_storages_clock(tmp_path, monkeypatch) -> None:
@@ -434,7 +436,7 @@ def test_gc_dates_attempts_on_the_storages_clock(tmp_path, monkeypatch) -> None:
     w = ShardWriter(storage, running, 0)
     w.add_tensor("w", np.zeros((4, 4), np.float32))
     w.finish()  # being written right now, not committed
-    from portable_ckpt.io.versions import storage_clock
+    from portable_ckpt.io.gc import storage_clock
 
     there = storage_clock(storage)
     assert there is not None and abs(there - time.time()) < 5  # this host's disk
@@ -539,7 +541,7 @@ def test_ls_latest_stops_at_unreadable_verification_records_and_prints_the_raw_p
     have failed) was printed, exit 0, where a restore stops. F14: the path printed for scripts
     was escaped as in a table, so a root with a tab in its name printed a path that does not
     exist."""
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.annotations import write_verification_record
 
     root = tmp_path / "w\ttab"
     save_step(root, 1)
@@ -586,7 +588,7 @@ def test_verify_record_unreadable_takes_a_persistently_unreadable_version_out(tm
 def test_a_record_of_a_newer_major_version_is_unknown_not_absent(tmp_path) -> None:
     """Compatibility review F3: a verification record of format 2.0 (a failure, perhaps) was
     dropped as "no record": the version counted as good, and gc --keep 1 deleted the others."""
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.annotations import write_verification_record
 
     root = tmp_path / "r"
     first = save_step(root, 1)
@@ -597,9 +599,9 @@ def test_a_record_of_a_newer_major_version_is_unknown_not_absent(tmp_path) -> No
     doc = json.loads((root / rel).read_text())
     doc["format_version"] = "2.0"
     (root / rel).write_text(json.dumps(doc))
-    from portable_ckpt.io import versions
+    from portable_ckpt.io import annotations
 
-    versions._RECORDS.clear()
+    annotations._RECORDS.clear()
     v = {x.id: x for x in list_versions(root)}[newest]
     assert v.annotations_unreadable and "2.0" in (v.error or "")
     rep = gc(root, keep=1, grace_seconds=0.0)

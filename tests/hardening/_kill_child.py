@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.io.commit import commit
-from portable_ckpt.io.versions import gc
+from portable_ckpt.io.gc import gc
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 from tests.hardening._util import write_share

@@ -119,7 +119,7 @@ def run_in_process(
     import portable_ckpt
     from portable_ckpt.errors import CheckpointError
     from portable_ckpt.io.commit import commit
-    from portable_ckpt.io.versions import gc
+    from portable_ckpt.io.gc import gc
     from portable_ckpt.storage.faults import FaultyStorage
     from tests.hardening._util import write_share
 
@@ -191,7 +191,7 @@ def trial(root: str, step: int, rng: random.Random, prev: str | None) -> Trial:
 
 def _before_gc(root: str, prev: str | None, rng: random.Random) -> set[str]:
     """Before gc runs: maybe drill the previous version; return the versions gc must keep."""
-    from portable_ckpt.io.versions import write_drill_record
+    from portable_ckpt.io.annotations import write_drill_record
 
     storage = open_storage(root)
     if prev is not None and rng.random() < 0.3:

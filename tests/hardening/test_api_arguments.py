@@ -17,7 +17,7 @@ import pytest
 import portable_ckpt
 from portable_ckpt.cli.main import main
 from portable_ckpt.errors import CheckpointError, NotFoundError, StorageError, UsageError
-from portable_ckpt.io.versions import gc
+from portable_ckpt.io.gc import gc
 from portable_ckpt.storage import open_storage
 
 

@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 
 import portable_ckpt
-from portable_ckpt.io.versions import gc, latest, list_versions, load_manifest
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import latest, list_versions, load_manifest
 from portable_ckpt.storage import open_storage
 from tests.hardening._util import check_restores, make_version
 

@@ -19,8 +19,10 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.errors import StorageError
-from portable_ckpt.io import versions
-from portable_ckpt.io.versions import gc, latest, list_versions, write_drill_record
+from portable_ckpt.io import annotations
+from portable_ckpt.io.annotations import write_drill_record
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import latest, list_versions
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 from tests.hardening._util import check_restores, make_version
@@ -117,7 +119,7 @@ def test_unreadable_drill_record_does_not_move_the_drill_protection(tmp_path: Pa
     write_drill_record(storage, ids[0], _drill())
     rel = write_drill_record(storage, ids[1], _drill())
     st = FaultyStorage(storage, [Fault(op="read", path=rel, error="EIO")])
-    versions._RECORDS.clear()  # a fresh process (a cron gc): the record is read, and fails
+    annotations._RECORDS.clear()  # a fresh process (a cron gc): the record is read, and fails
     rep = gc(st, keep=1, grace_seconds=0.0)
     assert ids[1] in _alive(tmp_path), "the newest drilled version was deleted"
     assert [u["id"] for u in rep.unknown] == [ids[1]]
@@ -257,7 +259,7 @@ def test_verify_records_damage_so_gc_keeps_a_version_that_restores(
 
 def test_verify_records_nothing_for_an_error_that_proves_no_damage(tmp_path: Path) -> None:
     """Could not read is not damaged: a storage error during a deep verify writes no record."""
-    from portable_ckpt.io.versions import record_verification
+    from portable_ckpt.io.annotations import record_verification
 
     [attempt] = [make_version(str(tmp_path), 1)]
     from portable_ckpt.io.reader import Checkpoint
@@ -309,7 +311,7 @@ def test_verify_records_damage_found_by_listing_or_while_opening(
 def test_a_verification_record_keeps_long_messages_short(tmp_path: Path) -> None:
     """A message quoting long keys broke the record's schema (65,536 characters), so the damaged
     version went unmarked (attack review F6): messages are cut to MESSAGE_CHARS."""
-    from portable_ckpt.io.versions import MESSAGE_CHARS, record_verification
+    from portable_ckpt.io.annotations import MESSAGE_CHARS, record_verification
 
     attempt = make_version(str(tmp_path), 1)
     long = {"code": "PCK-CHECKSUM", "message": "\U000e0041" * 10_000}
@@ -347,7 +349,7 @@ def test_a_record_misread_once_is_read_again_and_never_cached_as_absent(
     """Attack review 3 F19: one read of a failed verification (or of the drill record) with a
     flipped bit made it "no record"; the listing cache kept that for the life of the process,
     and the next retention pass deleted the only restorable (the drilled) version."""
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.annotations import write_verification_record
 
     ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
     storage = open_storage(tmp_path)
@@ -357,7 +359,7 @@ def test_a_record_misread_once_is_read_again_and_never_cached_as_absent(
                                         errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
     else:  # step 1 is the drilled one (R-GC-2)
         rel = write_drill_record(storage, ids[0], _drill())
-    versions._RECORDS.clear()
+    annotations._RECORDS.clear()
     once = _Flips(storage, rel, 1)
     seen = {v.id: v for v in list_versions(once)}
     assert seen[ids[2]].verification_failed is (kind == "verification")
@@ -365,7 +367,7 @@ def test_a_record_misread_once_is_read_again_and_never_cached_as_absent(
     gc(storage, keep=1, grace_seconds=0.0)  # the manager's next retention, storage healthy
     assert (ids[1] if kind == "verification" else ids[0]) in _alive(tmp_path)
     # Two reads that differ: a storage error, the version unknown (nothing decided on it).
-    versions._RECORDS.clear()  # a fresh process
+    annotations._RECORDS.clear()  # a fresh process
     twice = _Flips(storage, rel, 2)
     rep = gc(twice, keep=1, grace_seconds=0.0, dry_run=True)
     assert ids[2 if kind == "verification" else 0] in [u["id"] for u in rep.unknown]
@@ -393,13 +395,13 @@ class _FlipThen404(FaultyStorage):
 def test_a_record_misread_then_answered_absent_while_listed_is_unknown(tmp_path: Path) -> None:
     """Review of the change D3: the second read took a 404 of a listed record as "no record",
     and gc kept only the failed version."""
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.annotations import write_verification_record
 
     ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
     storage = open_storage(tmp_path)
     rel = write_verification_record(storage, ids[2], ok=False, mode="deep", fraction=None,
                                     chunks=1, errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
-    versions._RECORDS.clear()
+    annotations._RECORDS.clear()
     st = _FlipThen404(storage, rel)
     gc(st, keep=1, grace_seconds=0.0)
     assert {ids[1], ids[2]} <= _alive(tmp_path)

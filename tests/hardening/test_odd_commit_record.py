@@ -20,7 +20,8 @@ import portable_ckpt
 from portable_ckpt.cli.main import main
 from portable_ckpt.errors import PathUnsafeError
 from portable_ckpt.io.copy import copy_version
-from portable_ckpt.io.versions import gc, list_versions
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 

@@ -16,7 +16,8 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.cli.main import main as cli_main
-from portable_ckpt.io.versions import gc, list_versions
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.io.writer import new_attempt_id
 from portable_ckpt.storage import open_storage
 from tests.hardening._util import check_restores, make_version

@@ -25,7 +25,8 @@ import pytest
 import portable_ckpt
 from portable_ckpt.errors import FileMissingError, UsageError
 from portable_ckpt.io.copy import copy_version
-from portable_ckpt.io.versions import gc, list_versions
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 

@@ -17,7 +17,8 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.errors import CommitConflictError, StorageError
-from portable_ckpt.io.versions import commit_time, gc, latest, list_versions
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import commit_time, latest, list_versions
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 from tests._cli import unprivileged_cli

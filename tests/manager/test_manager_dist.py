@@ -132,7 +132,7 @@ def test_restore_prefers_fast_then_falls_back_to_durable(trained: dict[str, Any]
     assert ev["tier"] == "fast" and ev["fallbacks"] == []
     # The newest fast version failed verification (skipped unread, R-DRILL-8); the older one is
     # corrupt (falls back after PCK-CHECKSUM): the durable tier's newest is restored.
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.annotations import write_verification_record
     from portable_ckpt.storage import open_storage
 
     fv = [v for v in portable_ckpt.list_versions(fast) if v.status == "committed"]

@@ -297,7 +297,8 @@ def test_retention_never_deletes_this_jobs_attempts_but_removes_older_runs_ones(
     """Chaos review F1: with a short grace, the retention after one async save deleted the next
     save's files while its writers wrote them (21 of 60 saves failed, PCK-FILE-MISSING). An
     attempt this job created is never its own retention's; an older run's goes after the grace."""
-    from portable_ckpt.io.versions import gc, list_versions
+    from portable_ckpt.io.gc import gc
+    from portable_ckpt.io.versions import list_versions
     from portable_ckpt.io.writer import ShardWriter, new_attempt_id
     from portable_ckpt.storage import open_storage
 
@@ -581,3 +582,45 @@ def test_an_infinite_decision_interval_is_the_largest_gap(tmp_path: Path) -> Non
                                 handle_sigterm=False, continuation="statistical") as mgr:
         saved = [s for s in range(1, 8) if mgr.maybe_save(s, {"w": torch.zeros(2)})]
     assert saved == [3, 6]
+
+
+def test_pin_kept_pins_the_best_and_the_milestones_against_a_platform_gc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Multi-job review F7 (spec §15.3): a platform's `gc --keep 2` deleted the manager's best
+    and milestone versions. With pin_kept they are pinned; a best that is beaten is unpinned
+    and deleted by the manager's own retention; an operator's pin is never removed."""
+    from portable_ckpt.cli.main import main as cli_main
+    from portable_ckpt.io.pins import pin, read_pins
+    from portable_ckpt.manager.pinning import MANAGER_PIN_BY
+
+    root = str(tmp_path / "r")
+    state = {"w": torch.arange(4.0)}
+    losses = {1: 5.0, 2: 0.5, 3: 4.0, 4: 3.0, 5: 2.9, 6: 2.8}
+    with pytest.raises(UsageError, match="pin_kept"):
+        pckt.CheckpointManager(root, save_every=1, keep_last=2, pin_kept=True)
+    with pckt.CheckpointManager(root, save_every=1, keep_last=2, keep_every=4,
+                                keep_best=("loss", 1, "min"), pin_kept=True,
+                                async_save=False) as mgr:
+        for step, loss in losses.items():
+            mgr.maybe_save(step, state, metrics={"loss": loss})
+        ids = {v.step: v.id for v in portable_ckpt.list_versions(root)}
+        pin(root, ids[5], by="alice")  # an operator's own pin
+    assert sorted(ids) == [2, 4, 5, 6]
+    by_manager = {aid for aid, recs in read_pins(root).items()
+                  if any(r.get("by") == MANAGER_PIN_BY for r in recs)}
+    assert by_manager == {ids[2], ids[4]}  # the best loss and the milestone
+    assert cli_main(["gc", root, "--keep", "1"]) == 0  # the platform's cron
+    capsys.readouterr()
+    assert sorted(v.step for v in portable_ckpt.list_versions(root)) == [2, 4, 5, 6]
+    # A new best: the manager unpins step 2 (its own pin) and its retention deletes it;
+    # alice's pin of step 5 stays.
+    with pckt.CheckpointManager(root, save_every=1, keep_last=2, keep_every=4,
+                                keep_best=("loss", 1, "min"), pin_kept=True,
+                                async_save=False) as mgr:
+        mgr.maybe_save(7, state, metrics={"loss": 0.1})
+    pinned = read_pins(root)
+    steps = {v.id: v.step for v in portable_ckpt.list_versions(root)}
+    assert sorted(steps.values()) == [4, 5, 6, 7]
+    assert {steps[a] for a in pinned} == {4, 5, 7}
+    assert [r["by"] for r in pinned[ids[5]]] == ["alice"]

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import portable_ckpt
 from portable_ckpt.errors import UsageError
-from portable_ckpt.io.versions import list_versions, write_verification_record
+from portable_ckpt.io.annotations import write_verification_record
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.manager import (
     Candidate,
     Decision,

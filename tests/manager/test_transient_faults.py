@@ -19,7 +19,8 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.errors import ChecksumError, FileMissingError, StorageError
-from portable_ckpt.io.versions import confirm_damage, list_versions
+from portable_ckpt.io.damage import confirm_damage
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.storage.local import LocalStorage
 
 torch = pytest.importorskip("torch")

@@ -375,8 +375,8 @@ def test_readers_ignore_temporary_manifests(tmp_path: Path) -> None:
 
 def test_after_commit_files_are_never_modified_by_our_tools(tmp_path: Path) -> None:
     """R-COMMIT-14: reads, verify, annotations, copies, ls and gc leave the version unchanged."""
+    from portable_ckpt.io.annotations import write_drill_record
     from portable_ckpt.io.copy import copy_version
-    from portable_ckpt.io.versions import write_drill_record
 
     vdir, m = build_version(tmp_path / "src", step=1)
 
@@ -461,7 +461,8 @@ def test_backend_without_conditional_create_refuses_to_commit(tmp_path: Path) ->
 
 def test_committed_at_is_after_every_version_of_the_step(tmp_path: Path) -> None:
     """R-COMMIT-16: committed_at > every readable committed_at of the step, whatever the clock."""
-    from portable_ckpt.io.versions import commit_time, timestamp_key
+    from portable_ckpt.io.annotations import timestamp_key
+    from portable_ckpt.io.versions import commit_time
     from portable_ckpt.storage.faults import Fault, FaultyStorage
 
     first = build_version(tmp_path, step=4)[0]

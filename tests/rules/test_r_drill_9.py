@@ -17,17 +17,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portable_ckpt.cli.main import main as cli_main
-from portable_ckpt.io import versions
-from portable_ckpt.io.copy import copy_version
-from portable_ckpt.io.versions import (
+from portable_ckpt.io import annotations
+from portable_ckpt.io.annotations import (
     RECORDS_KEPT,
-    gc,
-    list_versions,
     read_annotations,
     superseded,
     write_drill_record,
     write_verification_record,
 )
+from portable_ckpt.io.copy import copy_version
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.storage import open_storage
 
 from ._util import build_version
@@ -52,7 +52,7 @@ def _status(kind: str, records: list[dict[str, Any]]) -> Any:
 
 @st.composite
 def _records(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]]]:
-    kind = draw(st.sampled_from(sorted(versions.ANNOTATION_KINDS)))
+    kind = draw(st.sampled_from(sorted(annotations.ANNOTATION_KINDS)))
     n = draw(st.integers(0, 30))
     out = []
     for i in range(n):  # oldest first, as read_annotations returns them
@@ -146,7 +146,7 @@ def test_gc_prunes_the_piles_of_kept_versions_and_nothing_else(
     vdir, m = build_version(tmp_path / "r")
     storage = open_storage(tmp_path / "r")
     with monkeypatch.context() as mp:  # a pile as an older release left it
-        mp.setattr(versions, "prune_quietly", lambda *a: None)
+        mp.setattr(annotations, "prune_quietly", lambda *a: None)
         for _ in range(20):
             write_verification_record(storage, m.attempt_id, ok=True, mode="deep",
                                       fraction=None, chunks=3)

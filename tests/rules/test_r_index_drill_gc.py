@@ -15,8 +15,8 @@ import portable_ckpt
 from portable_ckpt.format.manifest import Continuation, WriterIndex
 from portable_ckpt.format.naming import new_attempt_id
 from portable_ckpt.format.schemas import validate_document
+from portable_ckpt.io.annotations import write_drill_record
 from portable_ckpt.io.commit import commit
-from portable_ckpt.io.versions import write_drill_record
 from portable_ckpt.io.writer import ShardWriter
 from portable_ckpt.storage import open_storage
 
@@ -403,7 +403,7 @@ def test_gc_protects_the_newest_drilled_version(tmp_path: Path) -> None:
 def test_gc_keeps_versions_that_did_not_fail_verification(tmp_path: Path) -> None:
     """R-GC-9: a version that failed verification takes no place of the `keep` newest and no
     protection: `gc --keep 1` used to keep only it (never restorable) and delete the rest."""
-    from portable_ckpt.io.versions import write_verification_record
+    from portable_ckpt.io.annotations import write_verification_record
 
     ids = _versions(tmp_path, [10, 20, 30])
     bad = [{"code": "PCK-CHECKSUM", "message": "block 0"}]

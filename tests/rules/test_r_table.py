@@ -1042,8 +1042,8 @@ def test_committer_uses_a_table_when_the_manifest_would_exceed_the_limit(
 def test_documents_with_a_table_say_1_1_and_the_others_1_0(vdir: Path) -> None:
     """R-VERSION-2: in a version with a table, the manifest and the writer index that references a
     table carry format_version 1.1; the JSON writer index, drill and copy records carry 1.0."""
+    from portable_ckpt.io.annotations import write_drill_record
     from portable_ckpt.io.copy import copy_version
-    from portable_ckpt.io.versions import write_drill_record
 
     root, attempt = vdir.parent, vdir.name
     write_drill_record(open_storage(root), attempt, {

@@ -258,7 +258,7 @@ def test_a_sample_draws_the_exact_ceiling_of_the_decimal_fraction(
     """R-VERIFY-4 (traceability audit F6): ``ceil(F × n)`` on the decimal F the record holds,
     exactly: binary floating point gives 8 for 0.07 × 100, and the former rounding to 1e-6
     gave 1 for 0.2000000001 × 5."""
-    from portable_ckpt.io.versions import sampled_chunks
+    from portable_ckpt.io.annotations import sampled_chunks
 
     assert sampled_chunks(n, fraction) == k
 

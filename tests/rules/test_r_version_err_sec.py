@@ -41,8 +41,8 @@ def test_every_written_document_says_1_0(tmp_path: Path) -> None:
     """R-VERSION-2: documents that use no 1.1 feature — the manifest and writer indexes of a version
     without tensor tables, drill and copy records — carry format_version 1.0 (a version with
     tables: tests/rules/test_r_table.py)."""
+    from portable_ckpt.io.annotations import write_drill_record
     from portable_ckpt.io.copy import copy_version
-    from portable_ckpt.io.versions import write_drill_record
     from portable_ckpt.storage import open_storage
 
     vdir, m = build_version(tmp_path / "src")

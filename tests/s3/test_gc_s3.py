@@ -15,7 +15,8 @@ import pytest
 import portable_ckpt
 from portable_ckpt.cli.main import main as cli_main
 from portable_ckpt.errors import StorageError
-from portable_ckpt.io.versions import gc, list_versions
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.io.writer import new_attempt_id
 from portable_ckpt.storage import open_storage
 
@@ -342,15 +343,15 @@ def test_a_listed_record_answered_absent_is_read_again(s3_proxied: S3Env) -> Non
     """Attack review 2 F13: a failed verification record answered 404 once was "no record":
     the version that failed was listed as passing, and a manager restored it (R-DRILL-8). A
     listed record answered absent is read again; absent twice while listed is a storage error."""
-    from portable_ckpt.io import versions
-    from portable_ckpt.io.versions import record_verification
+    from portable_ckpt.io import annotations
+    from portable_ckpt.io.annotations import record_verification
 
     root = s3_proxied.root("run")
     ids = [_save(root, s) for s in (1, 2)]
     storage = open_storage(root)
     record_verification(storage, ids[1], [{"code": "PCK-CHECKSUM", "message": "bad block"}],
                         chunks=1, mode="deep")
-    versions._RECORDS.clear()  # as in a fresh process (a cron gc): the records are read
+    annotations._RECORDS.clear()  # as in a fresh process (a cron gc): the records are read
     proxy = s3_proxied.proxy
     proxy.match_method, proxy.match_path = "GET", rf"{ids[1]}/verifications/"
     proxy.fail_status, proxy.fail_every, proxy.fail_limit = (404, "NoSuchKey"), 1, 1
@@ -358,7 +359,7 @@ def test_a_listed_record_answered_absent_is_read_again(s3_proxied: S3Env) -> Non
     assert proxy.log.injected_by_status == {404: 1}
     assert by_id[ids[1]].verification_failed and by_id[ids[1]].known
     proxy.reset()
-    versions._RECORDS.clear()
+    annotations._RECORDS.clear()
     proxy.match_method, proxy.match_path = "GET", rf"{ids[1]}/verifications/"
     proxy.fail_status, proxy.fail_every = (404, "NoSuchKey"), 1
     v = {v.id: v for v in list_versions(root)}[ids[1]]
@@ -368,7 +369,7 @@ def test_a_listed_record_answered_absent_is_read_again(s3_proxied: S3Env) -> Non
 
 def test_the_storage_clock_is_asked_with_a_probe_it_deletes(s3: S3Env) -> None:
     """Multi-job review F2: gc dates attempts on the storage's clock (its time for a probe)."""
-    from portable_ckpt.io.versions import storage_clock
+    from portable_ckpt.io.gc import storage_clock
 
     root = s3.root("run")
     _save(root, 1)
@@ -376,3 +377,28 @@ def test_the_storage_clock_is_asked_with_a_probe_it_deletes(s3: S3Env) -> None:
     assert there is not None and abs(there - time.time()) < 5  # moto runs on this host
     assert not [k for k in (s3.boto().list_objects_v2(Bucket=s3.bucket).get("Contents", []))
                 if "pck-clock" in k["Key"]]
+
+
+def test_pins_on_s3_keep_versions_and_a_5xx_on_them_deletes_nothing(
+    s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R-PIN-1, R-GC-11 on an object store: a pinned version survives gc --keep 1; while the
+    pins cannot be listed (HTTP 500 on every try) gc deletes no version."""
+    from portable_ckpt.io.pins import pin, read_pins, unpin
+
+    monkeypatch.setenv("PCK_S3_MAX_ATTEMPTS", "2")
+    root = s3_proxied.root("pinned")
+    ids = [_save(root, s) for s in (1, 2, 3, 4)]
+    rel = pin(root, ids[0], reason="paper")
+    assert rel.startswith("pins/p") and set(read_pins(root)) == {ids[0]}
+    proxy = s3_proxied.proxy
+    proxy.match_path = r"prefix=.*pins"
+    proxy.fail_every = 1
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert rep.deleted == [] and not rep.complete
+    proxy.reset()
+    assert _committed(root) == ids
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert rep.pinned == [ids[0]] and sorted(rep.deleted) == sorted(ids[1:3])
+    assert _committed(root) == [ids[0], ids[3]]
+    assert unpin(root, ids[0]) == [rel] and read_pins(root) == {}

@@ -191,7 +191,7 @@ def test_fsdp2_adamw_resume_bit_identical(tmp_path: Any) -> None:
 
 def test_drill_records_beside_manifest(saved4: tuple[str, list[Any]]) -> None:
     from portable_ckpt.cli.main import main
-    from portable_ckpt.io.versions import read_annotations
+    from portable_ckpt.io.annotations import read_annotations
     from portable_ckpt.torch.drill import drill
 
     root, _ = saved4

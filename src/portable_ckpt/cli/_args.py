@@ -56,6 +56,19 @@ def int_range(lo: int, hi: int, what: str) -> Callable[[str], int]:
 step = int_range(0, _MAX_STEP, "step")
 
 
+def bounded_text(most: int, what: str) -> Callable[[str], str]:
+    """A text of at most ``most`` characters."""
+
+    def parse(text: str) -> str:
+        if len(text) > most:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be at most {most} characters, got {len(text)}")
+        return text
+
+    parse.__name__ = what
+    return parse
+
+
 def _finite(text: str, what: str) -> float:
     try:
         value = float(text)

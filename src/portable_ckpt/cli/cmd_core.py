@@ -24,7 +24,12 @@ _MAX_FOREIGN = 1000
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from portable_ckpt.io.versions import foreign_keys, list_versions, root_must_exist
+    from portable_ckpt.io.versions import (
+        foreign_keys,
+        list_versions,
+        mark_pinned,
+        root_must_exist,
+    )
     from portable_ckpt.storage import open_storage
 
     storage = open_storage(args.root)
@@ -33,9 +38,13 @@ def _ls(args: argparse.Namespace) -> int:
         return _latest(args, list_versions(storage))
     # with the saves killed while all their objects were uploading: only their parts are stored
     problems: list[CheckpointError] = []
-    versions = list_versions(storage, uploads=True, errors=problems)
+    versions = list_versions(storage, uploads=True, errors=problems, pins=False)
     for exc in problems:
         print(f"portable-ckpt: WARNING: unfinished uploads not listed: {exc}", file=sys.stderr)
+    pins_unread = mark_pinned(storage, versions)
+    if pins_unread is not None:
+        print(f"portable-ckpt: the pins could not be read (any version may be pinned): "
+              f"{safe(str(pins_unread))}", file=sys.stderr)
     foreign = foreign_keys(storage)
     # An attempt that could not be read may be the newest version: a restore fails until it
     # can be read (R-ID-5). Said on stderr with its reason, exit 1 (ops review F7: a cron
@@ -43,7 +52,7 @@ def _ls(args: argparse.Namespace) -> int:
     unreadable = [v for v in versions if v.status == "unreadable"]
     for v in unreadable:
         print(f"portable-ckpt: {v.id} could not be read: {safe(v.error or '?')}", file=sys.stderr)
-    code = 1 if unreadable else 0
+    code = 1 if unreadable or pins_unread is not None else 0
     if args.json:
         doc = {
             "versions": [v.to_json() for v in versions],
@@ -74,10 +83,12 @@ def _ls(args: argparse.Namespace) -> int:
                 v.committed_at or "-",
                 checked,
                 drill,
+                {True: "yes", False: "-", None: "?"}[v.pinned],
                 copies,
             ]
         )
-    print(table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "VERIFIED", "DRILL", "COPIES"]))
+    print(table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "VERIFIED", "DRILL", "PINNED",
+                       "COPIES"]))
     for v in versions:
         if v.status == "stray":
             print(
@@ -134,7 +145,7 @@ def _codecs(t: Any) -> str:
 
 def _inspect(args: argparse.Namespace) -> int:
     import portable_ckpt
-    from portable_ckpt.io.versions import read_annotations
+    from portable_ckpt.io.annotations import read_annotations
 
     ck = portable_ckpt.open(args.ckpt, step=args.step)
     m = ck.manifest
@@ -221,8 +232,8 @@ def _verify(args: argparse.Namespace) -> int:
     errors: list[CheckpointError]
     record: str | None = None
     record_error: str | None = None
+    from portable_ckpt.io.damage import confirm_damage
     from portable_ckpt.io.reader import Checkpoint
-    from portable_ckpt.io.versions import confirm_damage
 
     target = args.ckpt
     version: dict[str, Any] = {}
@@ -306,7 +317,7 @@ def _still_unreadable(
     read is the one ``confirm_damage`` makes (cached pages dropped first), once per file.
     """
     from portable_ckpt.errors import DAMAGE_CODES
-    from portable_ckpt.io.versions import read_file_again
+    from portable_ckpt.io.damage import read_file_again
 
     out: dict[str, dict[str, str]] = {}
     seen: set[str] = set()
@@ -372,7 +383,7 @@ def _record(
 
     ``forced``: findings recorded as failures though they prove no damage (--record-unreadable).
     """
-    from portable_ckpt.io.versions import (
+    from portable_ckpt.io.annotations import (
         record_verification,
         sampled_chunks,
         verification_verdict,
@@ -399,7 +410,7 @@ def _record(
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from portable_ckpt.io.versions import gc
+    from portable_ckpt.io.gc import gc
 
     if args.grace < SHORT_GRACE_SECONDS and not args.dry_run:
         print(
@@ -435,6 +446,10 @@ def _gc(args: argparse.Namespace) -> int:
             print(f"{verb}  {v}  ({what})")
         for v in rep.foreign:
             print(f"kept    {v}  (foreign: written by a newer format version)")
+        pins_unknown = any(u["status"] == "pins unreadable" for u in rep.unknown)
+        for v in rep.pinned:
+            print(f"kept    {v}  " + ("(a pin could not be read: any version may be pinned)"
+                                      if pins_unknown else "(pinned)"))
         for g in rep.in_grace:
             print(
                 f"kept    {g['id']}  ({g['status']}, written to {g['age_seconds']:.0f} s ago: "
@@ -468,8 +483,9 @@ def _gc(args: argparse.Namespace) -> int:
             + (f"; kept for want of a copy: {len(rep.kept_for_copy)}" if rep.kept_for_copy else "")
         )
     for u in rep.unknown:
-        what = u["id"] or "unfinished uploads"
-        why = "could not delete it" if u["status"] == "delete failed" else "could not classify it"
+        what = u["id"] or ("the pins" if u["status"] == "pins unreadable" else "unfinished uploads")
+        why = {"delete failed": "could not delete it", "pins unreadable": "could not read them; "
+               "no version was deleted"}.get(u["status"], "could not classify it")
         print(f"portable-ckpt: skipped {what}: {why}: {safe(u['message'])}", file=sys.stderr)
     if rep.damaged:
         print(

@@ -58,6 +58,7 @@ from portable_ckpt.format.naming import (
     parse_attempt_step,
     utc_now_iso,
 )
+from portable_ckpt.io.annotations import lists_file, reread_record
 from portable_ckpt.io.checksum import (
     METADATA_BLOCK_SIZE,
     BlockHasher,
@@ -74,7 +75,7 @@ from portable_ckpt.io.tensor_table import (
     encode_table,
     range_name,
 )
-from portable_ckpt.io.versions import commit_time, lists_file, reread_record
+from portable_ckpt.io.versions import commit_time
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
 from portable_ckpt.storage.base import Storage

@@ -345,7 +345,7 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
     leftovers = list(dst.list(f"{attempt}/"))
     if not leftovers:
         return
-    from portable_ckpt.io.versions import storage_clock
+    from portable_ckpt.io.gc import storage_clock
 
     newest = max(i.mtime for i in leftovers)
     # The destination's clock set those times: this host's, ahead, made another copier's
@@ -373,7 +373,7 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
 def _write_record(src: Storage, attempt: str, destination: str, result: CopyResult) -> str:
     from portable_ckpt.format.naming import utc_now_iso
     from portable_ckpt.format.schemas import validate_document
-    from portable_ckpt.io.versions import annotation_id, prune_quietly
+    from portable_ckpt.io.annotations import annotation_id, prune_quietly
 
     copy_id = annotation_id("c")
     rel = f"{attempt}/copies/{copy_id}.json"
@@ -629,7 +629,7 @@ def copy_version(
         StorageError: an I/O failure (nothing published unless the manifest PUT succeeded).
 
     """
-    from portable_ckpt.io.versions import check_grace
+    from portable_ckpt.io.gc import check_grace
 
     t0 = time.perf_counter()
     jobs = usage.strict_int(jobs, "copy_version: jobs", minimum=1)

@@ -1090,7 +1090,7 @@ class Checkpoint:
             ]
         elif sample:
             every = [(t, r) for t in self.tensors.values() for r in t.ranges]
-            from portable_ckpt.io.versions import sampled_chunks  # the count records state
+            from portable_ckpt.io.annotations import sampled_chunks  # the count records state
 
             k = sampled_chunks(len(every), sample)
             chunks = random.Random(seed).sample(every, k)

@@ -1,4 +1,4 @@
-"""Versions of a root: discovery through commit records, ``latest``, annotations and retention.
+"""Versions of a root: discovery through commit records, classification, listing and ``latest``.
 
 Every attempt is classified by its commit record (spec §4.1, §15.1):
 
@@ -21,26 +21,18 @@ fails rather than return an older version than one it could not read.
 from __future__ import annotations
 
 import collections
-import contextlib
-import copy
 import dataclasses
 import datetime as _dt
-import fractions
 import hashlib
 import logging
-import math
 import os
-import re
-import secrets
 import threading
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.errors import (
-    DAMAGE_CODES,
     CheckpointError,
     CommitConflictError,
     FeatureUnsupportedError,
@@ -51,58 +43,50 @@ from portable_ckpt.errors import (
     NotFoundError,
     PathUnsafeError,
     StorageError,
-    UsageError,
     VersionUnsupportedError,
 )
-from portable_ckpt.format import jsonio, usage
+from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import (
-    FORMAT_VERSION,
     FORMAT_VERSION_RE,
     FORMAT_VERSIONS,
-    FileRecord,
     Manifest,
     parse_manifest,
 )
 from portable_ckpt.format.naming import (
     ATTEMPT_ID_RE,
-    attempt_time,
     check_attempt_id,
 )
-from portable_ckpt.format.vocab import DEFAULT_GRACE_SECONDS
-from portable_ckpt.logs import Progress, log_event
+from portable_ckpt.io.annotations import (
+    ANNOTATION_KINDS,
+    epoch_us,
+    lists_file,
+    read_annotations,
+    reread_record,
+    timestamp_key,
+)
+from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.storage import ObjectInfo, Storage, open_storage
 
 __all__ = [
-    "RECORDS_KEPT",
     "STATUSES",
     "Classification",
-    "GcReport",
     "VersionInfo",
     "attempt_names",
-    "check_grace",
     "check_record_absent",
-    "check_retention",
     "classify_attempt",
+    "classify_record",
     "commit_time",
     "foreign_keys",
-    "gc",
     "latest",
     "likely_record",
     "list_versions",
     "load_manifest",
-    "read_annotations",
-    "read_file_again",
-    "write_drill_record",
-    "confirm_damage",
-    "record_verification",
-    "verification_verdict",
-    "sampled_chunks",
+    "mark_pinned",
+    "root_must_exist",
     "upload_only_attempts",
-    "write_verification_record",
-    "prune_annotations",
-    "prune_quietly",
-    "superseded",
+    "version_order",
 ]
+
 
 COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY = (
     "committed",
@@ -112,14 +96,12 @@ COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY = (
     "unreadable",
     "stray",
 )
+
+
 #: Every status an attempt can have (``ls``, ``gc``).
 STATUSES = (COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY)
-#: Post-commit record kinds: directory -> (id member, schema file, time member).
-ANNOTATION_KINDS = {
-    "drills": ("drill_id", "drill.schema.json", "finished_at"),
-    "copies": ("copy_id", "copy.schema.json", "verified_at"),
-    "verifications": ("verification_id", "verification.schema.json", "verified_at"),
-}
+
+
 _log = logging.getLogger(__name__)
 
 
@@ -159,6 +141,8 @@ class VersionInfo:
     bytes: int = 0
     error_code: str | None = None
     annotations_unreadable: bool = False
+    #: Whether a pin record names it (spec §15.3); ``None``: the pins could not be read.
+    pinned: bool | None = False
 
     @property
     def drilled(self) -> bool:
@@ -200,42 +184,10 @@ class VersionInfo:
             "copies": [c.get("destination") for c in self.copies if c.get("ok") is True],
             "verified": self.verified,
             "verification_failed": self.verification_failed,
+            "pinned": self.pinned,
             "error": self.error,
             "error_code": self.error_code,
         }
-
-
-_TIMESTAMP = re.compile(
-    r"^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?Z\Z"
-)
-
-
-def timestamp_key(ts: str | None) -> tuple[int, ...]:
-    """Sort key of a format timestamp: its fields, the fraction as nanoseconds (spec §5).
-
-    Fields, not a calendar conversion (R-COMMIT-18): ``2026-02-31`` is a timestamp the pattern
-    accepts, and sorts between ``02-30`` and ``03-01``. Text order would be wrong too:
-    ``"...00Z"`` sorts before ``"...00.5Z"``. ``(-1,)`` (before every timestamp) for none.
-    """
-    m = _TIMESTAMP.match(ts) if ts else None
-    if m is None:
-        return (-1,)
-    frac = m.group(7) or ""
-    return (*(int(g) for g in m.groups()[:6]), int((frac + "000000000")[:9]))
-
-
-def _epoch_us(key: tuple[int, ...]) -> int:
-    """Microseconds since 1970 of a :func:`timestamp_key` (proleptic Gregorian, any year).
-
-    Days past a month's end roll over into the next month; no calendar library is involved,
-    so no record can make it fail.
-    """
-    year, month, day, hour, minute, sec, ns = key
-    y = year - (month <= 2)
-    era, yoe = divmod(y, 400)
-    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
-    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
-    return ((days * 24 + hour) * 60 + minute) * 60_000_000 + sec * 1_000_000 + ns // 1000
 
 
 def load_manifest(
@@ -307,41 +259,6 @@ def _read_existing(storage: Storage, rel: str) -> bytes:
     return storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
 
 
-def lists_file(storage: Storage, rel: str) -> bool:
-    """Whether a listing of ``rel``'s directory shows it as a regular file."""
-    return _listed_info(storage, rel) is not None
-
-
-def _listed_info(storage: Storage, rel: str) -> ObjectInfo | None:
-    """``rel`` as a listing of its directory shows it (size, the storage's time), or ``None``."""
-    parent = rel.rsplit("/", 1)[0] + "/"
-    return next((info for info in storage.list(parent, recursive=False) if info.path == rel), None)
-
-
-def reread_record(storage: Storage, rel: str, max_size: int = jsonio.MAX_MANIFEST_BYTES) -> bytes:
-    """The record a store answered "absent" for but lists: asked once more, never taken as absent.
-
-    One spurious 404 (an S3-compatible store's replication lag, a caching gateway, a misrouted
-    request) made the attempt ``incomplete``: gc deleted the committed version, and readers
-    restored the one before without a word (S3 latency review F1, F2). A record that commits
-    between the two answers is read here too.
-
-    Raises:
-        StorageError: it is absent again: the store contradicts itself; nothing is decided.
-
-    """
-    try:
-        return storage.read_all(rel, max_size=max_size)
-    except FileMissingError as exc:
-        raise StorageError(
-            f"{storage.url}/{rel}: the storage answers that it does not exist, yet lists it (an "
-            "inconsistent store: replication lag, a caching gateway, a misrouted request); the "
-            "attempt is left unclassified: nothing deletes it and no reader skips it. Retry "
-            "once the store answers consistently",
-            path=rel,
-        ) from exc
-
-
 def check_record_absent(storage: Storage, attempt_id: str) -> None:
     """Raise unless nothing at all is at ``<attempt_id>/manifest.json`` (it is no file).
 
@@ -364,509 +281,6 @@ def check_record_absent(storage: Storage, attempt_id: str) -> None:
             "inspect it and remove it by hand if it is garbage",
             path=rel,
         )
-
-
-def read_annotations(
-    storage: Storage,
-    attempt_id: str,
-    kind: str,
-    *,
-    errors: list[CheckpointError] | None = None,
-) -> list[dict[str, Any]]:
-    """Read the post-commit records of an attempt: ``drills``, ``copies`` or ``verifications``.
-
-    Only records that validate, name this attempt and are stored under their own id count. A storage error
-    or a record of a newer major format version is not "no record": it is raised, or appended
-    to ``errors`` when a list is given (the records that could be read are returned).
-    """
-    out: list[dict[str, Any]] = []
-    try:
-        listed = list(storage.list(f"{attempt_id}/{kind}/", recursive=False))
-    except StorageError as exc:
-        if errors is None:
-            raise
-        errors.append(exc)
-        return out
-    for info in listed:
-        try:
-            doc = _annotation(storage, attempt_id, kind, info)
-        except (StorageError, VersionUnsupportedError) as exc:
-            if errors is None:
-                raise
-            errors.append(exc)
-            continue
-        if doc is not None:
-            out.append(doc)
-    time_member = ANNOTATION_KINDS[kind][2]
-    out.sort(key=lambda d: timestamp_key(str(d.get(time_member) or "")))
-    return out
-
-
-#: Records read by listings, by ``(root, path, size, mtime)``: a record is created once and
-#: never modified (R-DRILL-7), and every listing (ls, gc, a manager's retention after each save)
-#: read and validated every record of every version again (soak review F2). Only records that
-#: count are kept, and only small ones: a read that did not give one is never remembered (one
-#: flipped bit would have hidden a failed verification for the life of the process, attack
-#: review 3 F19), and a parsed document costs up to ~45x its bytes (F9).
-_RECORDS: collections.OrderedDict[tuple[str, str, int, float], dict[str, Any]] = (
-    collections.OrderedDict()
-)
-#: Bytes of one cached record at most (the library's records are a few KiB), and of all.
-_RECORD_CACHED_MAX = 64 << 10
-_RECORDS_BYTES_MAX = 8 << 20
-_records_bytes = 0
-
-
-def _annotation(
-    storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
-) -> dict[str, Any] | None:
-    """One drill or copy record, or ``None`` when it does not count (storage errors raise)."""
-    global _records_bytes
-    key = (storage.url, info.path, info.size, info.mtime)
-    with _SUMMARIES_LOCK:
-        if key in _RECORDS:
-            _RECORDS.move_to_end(key)
-            return copy.deepcopy(_RECORDS[key])  # the caller's own: the cache stays as read
-    doc = _read_annotation(storage, attempt_id, kind, info)
-    if doc is None or info.size > _RECORD_CACHED_MAX:
-        return doc
-    with _SUMMARIES_LOCK:
-        if key not in _RECORDS:
-            _RECORDS[key] = copy.deepcopy(doc)
-            _records_bytes += info.size
-        while _records_bytes > _RECORDS_BYTES_MAX and _RECORDS:
-            _records_bytes -= _RECORDS.popitem(last=False)[0][2]
-        if not _RECORDS:
-            _records_bytes = 0  # (a test cleared the cache)
-    return doc
-
-
-def _read_annotation(
-    storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
-) -> dict[str, Any] | None:
-    """A record that counts, or None; one that does not is read a second time first.
-
-    Bytes damaged on their way (a flipped bit) made a failed verification or a drill "not a
-    record" for that listing, and its gc deleted the only restorable version (attack review 3
-    F19): a second read that counts decides, two alike that do not count do not, and two that
-    differ with neither counting are a storage error.
-    """
-    if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
-        return None
-    try:
-        first = _annotation_bytes(storage, info.path)
-    except (FileMissingError, LimitError):
-        return None  # deleted or replaced since the listing: not a record of this version
-    doc = _counting_record(first, attempt_id, kind, info.path)
-    if doc is not None:
-        return doc
-    try:  # the same rule as the first read: absent while listed is a storage error (D3)
-        again = _annotation_bytes(storage, info.path)
-    except (FileMissingError, LimitError):
-        return None
-    if again == first:
-        return None  # read twice alike: it is not a record that counts
-    doc = _counting_record(again, attempt_id, kind, info.path)
-    if doc is None:
-        raise StorageError(
-            f"{info.path}: two reads of the record gave different bytes (it is never "
-            "modified, R-DRILL-7): the storage or this host's reads are unreliable; try again"
-        )
-    return doc
-
-
-def _counting_record(
-    data: bytes, attempt_id: str, kind: str, path: str
-) -> dict[str, Any] | None:
-    """The record in ``data`` if it counts for ``attempt_id`` (R-DRILL-4), else None."""
-    from portable_ckpt.format.schemas import validate_document
-
-    id_member, schema_file, _ = ANNOTATION_KINDS[kind]
-    try:
-        doc = jsonio.loads(data, what=path)
-    except StorageError:
-        raise
-    except CheckpointError:
-        return None
-    if not isinstance(doc, dict) or doc.get("attempt_id") != attempt_id:
-        return None
-    if f"{doc.get(id_member)}.json" != path.rsplit("/", 1)[-1]:
-        return None  # a record counts only under its own name
-    fv = doc.get("format_version")
-    if isinstance(fv, str) and fv.split(".", 1)[0] != "1" and re.fullmatch(r"[0-9]+\.[0-9]+", fv):
-        # A newer major version's record of this version (a failed verification, perhaps):
-        # not "no record" (compatibility review F3), as a foreign version is not abandoned.
-        raise VersionUnsupportedError(
-            f"{path}: a record of format version {fv}, newer than this tool implements: the "
-            "version's records are unknown to it; upgrade portable_ckpt", path=path
-        )
-    try:
-        validate_document(doc, schema_file, what=path)
-    except CheckpointError:
-        return None
-    return doc
-
-
-def _annotation_bytes(storage: Storage, rel: str) -> bytes:
-    """A listed record's bytes; "absent" only when a second listing agrees (§15.1).
-
-    Records are pruned (R-DRILL-9), so one listed and then gone is normal; one answered absent
-    that the listing still shows is an inconsistent store, and a failed verification taken as
-    "no record" made a manager restore the version it had failed (attack review 2 F13).
-
-    Raises:
-        FileMissingError: it is gone, and no longer listed.
-        StorageError: answered absent twice while listed.
-
-    """
-    try:
-        return storage.read_all(rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
-    except FileMissingError:
-        if not lists_file(storage, rel):
-            raise
-    return reread_record(storage, rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
-
-
-def annotation_id(letter: str) -> str:
-    """A fresh post-commit record id: ``<letter><YYYYMMDD>T<HHMMSS><micro:06d>Z-<8 hex>`` (UTC)."""
-    now = time.time()
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    return f"{letter}{stamp}{int(now * 1e6) % 1_000_000:06d}Z-{secrets.token_hex(4)}"
-
-
-def _write_annotation(
-    storage: Storage, attempt_id: str, kind: str, ident: str, record: dict[str, Any]
-) -> str:
-    load_manifest(storage, attempt_id)  # annotations only exist for committed versions
-    rel = f"{attempt_id}/{kind}/{ident}.json"
-    if not storage.create_if_absent(rel, jsonio.dumps(record, indent=2)):
-        raise UsageError(f"{rel} already exists")
-    prune_quietly(storage, attempt_id, kind)
-    return rel
-
-
-#: Records of one kind a version keeps beyond those that decide its status (R-DRILL-9): the
-#: newest few, as history for ``inspect``.
-RECORDS_KEPT = 4
-
-
-def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of ``kind`` whose removal changes nothing a tool reads from them (R-DRILL-9).
-
-    ``records`` are the ones that count (:func:`read_annotations`: valid, under their own id,
-    naming the attempt), oldest first. Kept: the :data:`RECORDS_KEPT` newest; every failed
-    verification (it keeps the version from being restored, R-DRILL-8); the newest passed
-    verification of each mode; the newest passed drill; for each destination its newest
-    record and its newest passed one. So ``drilled``, ``verified``, ``verification_failed`` and
-    the destinations with a verified copy stay what they were, whoever prunes when: a record
-    is only ever removed for a newer one of its kind that stays.
-    """
-    keep: set[int] = {id(r) for r in records[-RECORDS_KEPT:]}
-
-    def newest(pred: Callable[[dict[str, Any]], bool], by: str | None = None) -> None:
-        seen: set[str] = set()
-        for r in reversed(records):
-            group = str(r.get(by)) if by is not None else ""
-            if group not in seen and pred(r):
-                seen.add(group)
-                keep.add(id(r))
-
-    def passed(r: dict[str, Any]) -> bool:
-        return r.get("ok") is True
-
-    if kind == "verifications":
-        keep |= {id(r) for r in records if not passed(r)}
-        newest(passed, "mode")
-    elif kind == "copies":
-        newest(lambda r: True, "destination")
-        newest(passed, "destination")
-    else:
-        newest(passed)
-    return [r for r in records if id(r) not in keep]
-
-
-def prune_annotations(
-    storage: Storage,
-    attempt_id: str,
-    kind: str,
-    records: Sequence[dict[str, Any]] | None = None,
-) -> list[str]:
-    """Delete the :func:`superseded` records of ``kind`` of a version; return their paths.
-
-    Every verify, copy or drill adds a record, and a cron job adds one an hour for as long as a
-    milestone is kept: listings read every one (ops review F12). Only records that count are
-    removed, each for a newer one that stays; other files of the directory are never touched.
-
-    ``records``: the ones :func:`read_annotations` returned, when the caller has them.
-
-    Raises:
-        CheckpointError: a storage error (what was deleted before it stays deleted).
-
-    """
-    if records is None:
-        records = read_annotations(storage, attempt_id, kind)
-    doomed = superseded(kind, records)
-    id_member = ANNOTATION_KINDS[kind][0]
-    out = []
-    for r in doomed:
-        rel = f"{attempt_id}/{kind}/{r[id_member]}.json"
-        storage.delete(rel)
-        out.append(rel)
-    return out
-
-
-def prune_quietly(
-    storage: Storage,
-    attempt_id: str,
-    kind: str,
-    records: Sequence[dict[str, Any]] | None = None,
-) -> int:
-    """:func:`prune_annotations`, a failure logged, not raised; return how many were removed.
-
-    After a record was written (it stands), or in gc (the version is kept either way): the
-    next writer or gc prunes again.
-    """
-    try:
-        return len(prune_annotations(storage, attempt_id, kind, records))
-    except CheckpointError as exc:
-        log_event(
-            _log, "records.prune_failed", {"attempt_id": attempt_id, "kind": kind},
-            "older %s records of %s not pruned: %s", kind, attempt_id, exc,
-            level=logging.WARNING,
-        )
-        return 0
-
-
-def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]) -> str:
-    """Store a restore-drill record beside the manifest (never editing the manifest).
-
-    Fills ``format``, ``format_version``, ``attempt_id`` and ``drill_id`` when absent and
-    validates the record against ``drill.schema.json``. Returns the record's path.
-    """
-    from portable_ckpt.format.schemas import validate_document
-
-    rec = {
-        "format": "portable-ckpt-drill",
-        "format_version": FORMAT_VERSION,
-        "attempt_id": attempt_id,
-        "drill_id": annotation_id("d"),
-        **record,
-    }
-    validate_document(rec, "drill.schema.json", what=f"{attempt_id}/drills/{rec['drill_id']}.json")
-    return _write_annotation(storage, attempt_id, "drills", str(rec["drill_id"]), rec)
-
-
-def write_verification_record(
-    storage: Storage,
-    attempt_id: str,
-    *,
-    ok: bool,
-    mode: str,
-    fraction: float | None,
-    chunks: int,
-    seed: int | None = None,
-    errors: list[dict[str, str]] | None = None,
-    verifier: str | None = None,
-) -> str:
-    """Record a verification of a committed version in ``verifications/<id>.json`` (spec §14.5).
-
-    ``mode`` is ``"sample"`` (``fraction`` of the stored chunks, chosen with ``seed``) or
-    ``"deep"``; ``errors`` are the problems found (``{"code", "message"}``), required when
-    ``ok`` is false. A version with a failed verification is never restored by a manager.
-    Returns the record's path.
-    """
-    from portable_ckpt.format.naming import utc_now_iso
-    from portable_ckpt.format.schemas import validate_document
-
-    ident = annotation_id("v")
-    rec: dict[str, Any] = {
-        "format": "portable-ckpt-verification",
-        "format_version": FORMAT_VERSION,
-        "attempt_id": attempt_id,
-        "verification_id": ident,
-        "verified_at": utc_now_iso(),
-        "ok": ok,
-        "mode": mode,
-        "fraction": fraction,
-        "chunks": chunks,
-        "seed": seed,
-        # A message quoting long keys (1,024 characters, each escaped) can pass the schema's
-        # 65,536: cut, or the record that marks a damaged version would not validate.
-        "errors": [{**e, "message": str(e.get("message", ""))[:MESSAGE_CHARS]}
-                   for e in (errors or [])[:64]],
-    }
-    if verifier is not None:
-        rec["verifier"] = verifier
-    validate_document(
-        rec, "verification.schema.json", what=f"{attempt_id}/verifications/{ident}.json"
-    )
-    return _write_annotation(storage, attempt_id, "verifications", ident, rec)
-
-
-#: Longest error message a verification record keeps (characters).
-MESSAGE_CHARS = 4096
-
-
-def sampled_chunks(chunks: int, fraction: float) -> int:
-    """How many of ``chunks`` range records a sample of ``fraction`` reads: ``ceil(F × n)``.
-
-    R-VERIFY-4: computed exactly on the decimal the record stores (``repr`` of the float, its
-    shortest decimal form): binary floating point made ``ceil(0.07 × 100)`` 8, and the former
-    rounding to 1e-6 made ``ceil(0.2000000001 × 5)`` 1 (traceability audit F6).
-    """
-    if not chunks:
-        return 0
-    exact = fractions.Fraction(repr(float(fraction))) * chunks
-    return min(chunks, max(1, math.ceil(exact)))
-
-
-def verification_verdict(
-    errors: Sequence[CheckpointError | dict[str, str]],
-) -> tuple[bool | None, list[dict[str, str]]]:
-    """What a verification that found ``errors`` may record: ``(ok, damage)``.
-
-    ``(True, [])`` when nothing was found; ``(False, damage)`` with the errors that prove damage
-    (:data:`~portable_ckpt.errors.DAMAGE_CODES`); ``(None, [])`` when every error is of another
-    kind: a storage that did not answer proves nothing about the bytes, and a version recorded
-    as failed is never restored and loses its place among gc's ``keep`` (R-DRILL-8, R-GC-9).
-    Every verifier (the CLI, the manager after a save, a node-local tier, a restore) decides
-    through this one function.
-    """
-    found = [e.to_json() if isinstance(e, CheckpointError) else dict(e) for e in errors]
-    damage = [e for e in found if e.get("code") in DAMAGE_CODES]
-    if not found:
-        return True, []
-    return (False, damage) if damage else (None, [])
-
-
-def confirm_damage(
-    storage: Storage,
-    attempt_id: str,
-    files: Mapping[str, FileRecord],
-    errors: Sequence[CheckpointError],
-) -> list[CheckpointError]:
-    """``errors`` with each finding of damage that a second look does not reproduce replaced.
-
-    A verification's verdict is kept for ever (R-DRILL-8): one bit flipped on its way (a flaky
-    NIC, a bad DIMM, a client cache), or one 404 of an inconsistent store, must not condemn an
-    intact version (multi-job review F10, attack review 2 F12). So the file of each finding is
-    read and checked once more (a local file's cached pages dropped first); a file answered
-    absent must also be absent from a listing of its directory. A finding that does not come
-    back becomes a ``StorageError`` saying so: a problem of this read, not of the version.
-    A finding that names no file of the version, or that comes from checksum-verified bytes
-    (a codec, header or dtype error), is kept as it is.
-    """
-    out: list[CheckpointError] = []
-    again: dict[str, CheckpointError | None] = {}
-    listed: dict[str, set[str] | CheckpointError] = {}  # one listing per directory (F17)
-    for e in errors:
-        rel = _file_of(e, attempt_id, files) if e.code in _READ_AGAIN else None
-        if rel is None:
-            out.append(e)
-            continue
-        if rel not in again:
-            again[rel] = read_file_again(storage, f"{attempt_id}/{rel}", files[rel], listed)
-        second = again[rel]
-        first = f"{e.path or rel}: a first read found [{e.code}] {e.message[:300]}"
-        if second is None:
-            out.append(StorageError(
-                f"{first} — not found again when the file was read a second time: a transient "
-                "fault of the storage or of this host, not damage of the version (not recorded)",
-                path=e.path,
-            ))
-        elif second.code in DAMAGE_CODES:
-            out.append(e)
-        else:  # the second look did not happen: nothing is known either way (F8)
-            out.append(StorageError(
-                f"{first} — and the file could not be read a second time ([{second.code}] "
-                f"{second.message[:300]}): not recorded; run the verification again when the "
-                "storage answers",
-                path=e.path,
-            ))
-    return out
-
-
-#: Findings a second read can contradict. The others (a codec, header, dtype or layout error)
-#: come from bytes whose checksums were verified first: the committed bytes say so every time.
-_READ_AGAIN = frozenset({"PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-FILE-MISSING"})
-
-
-def _file_of(e: CheckpointError, attempt_id: str, files: Mapping[str, FileRecord]) -> str | None:
-    path = (e.path or "").removeprefix(f"{attempt_id}/")
-    return path if path in files else None
-
-
-def read_file_again(
-    storage: Storage,
-    full: str,
-    rec: FileRecord,
-    listed: dict[str, set[str] | CheckpointError] | None = None,
-) -> CheckpointError | None:
-    """What a second read of ``full`` finds.
-
-    ``None`` (intact), damage (a code of :data:`DAMAGE_CODES`), or the error that kept it from
-    being read. ``listed``: the listings of directories made so far (one per directory, not
-    one per missing file: 2,000 files took 25 s, attack review 3 F17).
-    """
-    from portable_ckpt.io.checksum import verify_file
-
-    local = storage.local_root()
-    if local is not None:  # read the device again, not the pages the first read cached
-        with contextlib.suppress(OSError):
-            fd = os.open(os.path.join(local, full), os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-    try:
-        verify_file(storage, full, rec)  # its size asked again too: a second look
-    except FileMissingError as exc:
-        parent = full.rsplit("/", 1)[0] + "/"
-        listed = {} if listed is None else listed
-        if parent not in listed:
-            try:
-                listed[parent] = {i.path for i in storage.list(parent, recursive=False)}
-            except CheckpointError as why:
-                listed[parent] = why.with_traceback(None)
-        names = listed[parent]
-        if isinstance(names, CheckpointError):
-            return names
-        if full in names:
-            return StorageError(f"{full}: answered absent, yet listed")
-        return exc.with_traceback(None)
-    except CheckpointError as exc:
-        return exc.with_traceback(None)
-    return None
-
-
-def record_verification(
-    storage: Storage,
-    attempt_id: str,
-    errors: Sequence[CheckpointError | dict[str, str]],
-    *,
-    chunks: int,
-    mode: str,
-    fraction: float | None = None,
-    seed: int | None = None,
-    verifier: str | None = None,
-) -> str | None:
-    """Record a verification of ``attempt_id`` that found ``errors``, as far as they prove anything.
-
-    See :func:`verification_verdict`: ``ok: true`` when nothing was found, ``ok: false`` with
-    the damage, and nothing at all (``None`` is returned) when no error proves damage. Else
-    returns the record's path. ``chunks`` is the number of range records the verification read
-    (:func:`sampled_chunks` of the total for a sample).
-    """
-    ok, damage = verification_verdict(errors)
-    if ok is None:
-        return None
-    return write_verification_record(
-        storage, attempt_id, ok=ok, mode=mode, fraction=fraction, chunks=chunks,
-        seed=seed, errors=damage, verifier=verifier,
-    )
-
-
-# -- classification ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -979,9 +393,6 @@ def _claimed_time(doc: Any) -> str | None:
     return ts if isinstance(ts, str) and timestamp_key(ts) != (-1,) else None
 
 
-# -- listing ------------------------------------------------------------------------------------
-
-
 def _step_of(attempt_id: str) -> int:
     """The step of a name that matches the attempt-id pattern (zero-padded digits 1-12)."""
     return int(attempt_id[1:13])
@@ -1020,7 +431,8 @@ def _info(
     return info
 
 
-def _order_key(v: VersionInfo) -> tuple[int, tuple[int, ...], str]:
+def version_order(v: VersionInfo) -> tuple[int, tuple[int, ...], str]:
+    """Sort key of versions, oldest first: step, then commit time, then id (R-ID-4)."""
     return (v.step, timestamp_key(v.committed_at), v.id)
 
 
@@ -1030,6 +442,7 @@ def list_versions(
     annotations: bool = True,
     uploads: bool = False,
     errors: list[CheckpointError] | None = None,
+    pins: bool = True,
 ) -> list[VersionInfo]:
     """List every attempt of a root, oldest first (by step, then commit time).
 
@@ -1038,7 +451,9 @@ def list_versions(
     ``uploads``, attempts that exist only as unfinished uploads on an object store (a save
     killed while every object was uploading) are listed too, ``incomplete``: what ``ls`` and gc
     show. If the uploads cannot be listed, the error is raised, or appended to ``errors`` when a
-    list is given (the attempts that could be listed are returned).
+    list is given (the attempts that could be listed are returned). With ``pins``, each
+    attempt's ``pinned`` says whether a pin record names it (spec §15.3); pins that cannot be
+    read make it ``None`` for every attempt, and the error is appended to ``errors`` (or logged).
     """
     storage = open_storage(root)
     names = attempt_names(storage)
@@ -1057,13 +472,36 @@ def list_versions(
             out = list(pool.map(one, names))
     if uploads:
         try:
-            out += _upload_only(storage, storage.list_uploads(""), names)
+            out += upload_only_attempts(storage, names)
         except StorageError as exc:
             if errors is None:
                 raise
             errors.append(exc)
-    out.sort(key=_order_key)
+    if pins:
+        unread = mark_pinned(storage, out)
+        if unread is not None and errors is not None:
+            errors.append(unread)
+        elif unread is not None:
+            _log.warning("%s: the pins could not be read (any version may be pinned): %s",
+                         storage.url, unread)
+    out.sort(key=version_order)
     return out
+
+
+def mark_pinned(storage: Storage, versions: list[VersionInfo]) -> CheckpointError | None:
+    """Set each version's ``pinned`` from the root's pin records (spec §15.3).
+
+    Returns the error that kept the pins from being read (every ``pinned`` is then ``None``).
+    """
+    try:
+        named = read_pins(storage)
+    except CheckpointError as exc:
+        for v in versions:
+            v.pinned = None
+        return exc
+    for v in versions:
+        v.pinned = v.id in named
+    return None
 
 
 #: Versions of an object-store root classified at once by :func:`list_versions`.
@@ -1078,7 +516,11 @@ LISTING_CONCURRENCY = 16
 _SUMMARIES: collections.OrderedDict[tuple[str, int, bytes], tuple[Classification, int | None]] = (
     collections.OrderedDict()
 )
+
+
 _SUMMARIES_MAX = 4096
+
+
 _SUMMARIES_LOCK = threading.Lock()
 
 
@@ -1133,9 +575,6 @@ def root_must_exist(storage: Storage) -> None:
             "check the path",
             path=storage.url,
         )
-
-
-# -- latest ---------------------------------------------------------------------------------------
 
 
 def likely_record(
@@ -1263,9 +702,6 @@ def _latest_of_level(
     return None if best is None else (best[1], best[2])
 
 
-# -- commit ordering ------------------------------------------------------------------------------
-
-
 def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = None) -> str:
     """``committed_at`` for a new commit of ``attempt_id`` (R-COMMIT-16).
 
@@ -1293,8 +729,8 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
                 path=f"{name}/manifest.json",
             )
         key = timestamp_key(c.committed_at)
-        if len(key) > 1 and _epoch_us(key) > floor_us:
-            floor_us, floor_of = _epoch_us(key), name
+        if len(key) > 1 and epoch_us(key) > floor_us:
+            floor_us, floor_of = epoch_us(key), name
     epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
     tick = _dt.timedelta(microseconds=1)
     now_us = ((now or _dt.datetime.now(_dt.UTC)) - epoch) // tick
@@ -1315,330 +751,22 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
     return (epoch + chosen_us * tick).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-# -- retention ------------------------------------------------------------------------------------
-
-
-@dataclass
-class GcReport:
-    """What gc removed or would remove (``dry_run``), and what it left alone and why.
-
-    ``unknown`` lists the attempts gc could not classify (``{"id", "status", "code",
-    "message"}``): they were not touched, and ``complete`` is False. ``foreign`` lists versions
-    of a format this implementation does not implement: never garbage, never counted in
-    ``keep``. ``foreign_keys`` lists entries that are not the format's (e.g. ``<attempt>//x`` on
-    an object store, a FIFO in a local attempt) that gc found and left where they are.
-    """
-
-    deleted: list[str] = field(default_factory=list)
-    abandoned: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    protected: str | None = None
-    kept_for_copy: list[str] = field(default_factory=list)
-    #: Destinations of copy records that could not be asked whether they hold the copy.
-    copy_unasked: list[str] = field(default_factory=list)
-    aborted_uploads: int = 0
-    dry_run: bool = False
-    unknown: list[dict[str, Any]] = field(default_factory=list)
-    foreign: list[str] = field(default_factory=list)
-    foreign_keys: list[str] = field(default_factory=list)
-    #: Attempts without a commit record left alone because something was written to them
-    #: within the grace period (a save may be in progress): ``{"id", "status", "age_seconds"}``.
-    in_grace: list[dict[str, Any]] = field(default_factory=list)
-    #: Attempts whose commit record is there but invalid, kept (R-GC-10): committed versions
-    #: damaged after their commit. ``{"id", "code", "message"}``; ``delete_invalid`` deletes them.
-    damaged: list[dict[str, Any]] = field(default_factory=list)
-    #: Committed versions of lower steps than the latest but committed after it (a job resumed
-    #: from an older step: a rollback's new branch), kept: readers restore the latest, not them.
-    newer_branch: list[str] = field(default_factory=list)
-    #: Committed versions a later commit at the same or a lower step abandoned, deleted by
-    #: ``retire_abandoned`` (or to be deleted).
-    retired: list[str] = field(default_factory=list)
-    #: Superseded drill, copy and verification records removed from kept versions (R-DRILL-9).
-    pruned_records: int = 0
-    #: Versions ``retire_abandoned`` did not retire because the store's clock does not confirm
-    #: the writers' (``{"id", "reason"}``).
-    retire_doubted: list[dict[str, Any]] = field(default_factory=list)
-    #: Seconds this host's clock is ahead of the storage's (negative: behind), when more than a
-    #: minute; attempts were dated on the storage's clock.
-    clock_skew: float | None = None
-    #: Deleted attempts (their commit record is gone) whose other files could not all be
-    #: deleted: ``{"id", "code", "message"}``; the next gc removes them as abandoned.
-    left_behind: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """Whether every attempt was classified (nothing skipped for a storage error)."""
-        return not self.unknown
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "deleted": self.deleted,
-            "abandoned": self.abandoned,
-            "kept": self.kept,
-            "protected": self.protected,
-            "kept_for_copy": self.kept_for_copy,
-            "copy_unasked": self.copy_unasked,
-            "aborted_uploads": self.aborted_uploads,
-            "dry_run": self.dry_run,
-            "foreign": self.foreign,
-            "foreign_keys": self.foreign_keys,
-            "in_grace": self.in_grace,
-            "damaged": self.damaged,
-            "newer_branch": self.newer_branch,
-            "retired": self.retired,
-            "pruned_records": self.pruned_records,
-            "retire_doubted": self.retire_doubted,
-            "clock_skew": self.clock_skew,
-            "left_behind": self.left_behind,
-            "unknown": self.unknown,
-            "complete": self.complete,
-        }
-
-    def damage(self, v: VersionInfo) -> None:
-        """Record a kept attempt whose commit record is invalid (R-GC-10)."""
-        code = v.error_code or "PCK-SCHEMA"
-        message = (v.error or "invalid commit record").removeprefix(f"[{code}] ")[:2000]
-        self.damaged.append({"id": v.id, "code": code, "message": message})
-
-    def skip(
-        self,
-        attempt_id: str | None,
-        status: str,
-        exc: CheckpointError | str | None,
-        code: str | None = None,
-    ) -> None:
-        """Record an attempt gc leaves alone because it could not classify it.
-
-        ``attempt_id`` is ``None`` when the unfinished uploads of the root could not be listed
-        (attempts known only by their uploads are then unknown). ``code``: the error's code
-        when ``exc`` is its message only.
-        """
-        code = exc.code if isinstance(exc, CheckpointError) else (code or "PCK-STORAGE")
-        self.unknown.append(
-            {"id": attempt_id, "status": status, "code": code, "message": str(exc)}
-        )
-
-    def failed(self, attempt_id: str, exc: CheckpointError) -> None:
-        """Record an attempt whose deletion failed part way: not deleted, and named."""
-        for done in (self.deleted, self.abandoned):
-            if attempt_id in done:
-                done.remove(attempt_id)
-        self.skip(attempt_id, "delete failed", exc)
-
-
-def check_retention(keep: int, grace_seconds: float) -> None:
-    """Refuse retention arguments that could delete a save in progress (``UsageError``)."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise UsageError(f"keep must be an integer >= 1, got {keep!r}")
-    check_grace(grace_seconds)
-
-
-def check_grace(seconds: float, what: str = "grace period") -> None:
-    """Refuse a grace period that is not a finite number of seconds >= 0 (``UsageError``).
-
-    NaN, a negative or an infinite value would make "younger than the grace period" false for
-    files being written: gc would delete a save in progress, a copy a copy in progress.
-    """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-        math.isfinite(seconds) and seconds >= 0
-    ):
-        raise UsageError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
-
-
-def gc(
-    root: str | os.PathLike[str] | Storage,
-    *,
-    keep: int,
-    grace_seconds: float = DEFAULT_GRACE_SECONDS,
-    dry_run: bool = False,
-    require_copy: bool | str = False,
-    now: Callable[[], float] | None = None,
-    keep_ids: Collection[str] = (),
-    progress: Progress | None = None,
-    delete_invalid: bool = False,
-    retire_abandoned: bool = False,
-    spare_since: float | None = None,
-) -> GcReport:
-    """Apply retention to a root.
-
-    Keeps the ``keep`` newest committed versions and, in addition, the newest version that passed
-    a restore drill (or, when none ever did, the newest committed version). With
-    ``require_copy``, older committed versions are only deleted once a kept version has a
-    verified copy on another root (any root when ``True``; the given root URL when a string)
-    whose commit record is still there (the copy record alone is not trusted).
-    ``keep_ids`` are kept as well (a retention policy's choice, e.g. the manager's keep_best).
-    Attempts without a commit record (or with an invalid one) are removed once nothing was
-    written to them for ``grace_seconds`` (a save in progress is never touched as long as it
-    writes more often than that: a grace of 0 deletes saves that are running). A deleted
-    version's commit record is removed first, so it stops existing before any data goes; only
-    the unfinished uploads of attempts being deleted are aborted.
-
-    Nothing is deleted that was not positively classified: attempts whose records could not be
-    read are listed in ``report.unknown`` and left alone, versions of a newer format in
-    ``report.foreign`` (spec §15). An attempt whose commit record is there but invalid is a
-    committed version damaged after its commit (the protocol publishes only checked records):
-    it is kept and listed in ``report.damaged`` unless ``delete_invalid`` asks for its deletion
-    (R-GC-10), its data and writer indexes may still restore it. ``progress(done, total)``
-    follows the attempts deleted.
-
-    A committed version of a lower step than the latest but committed after it (a job resumed
-    from an older step, a rollback: its new saves sort below the abandoned steps) is kept and
-    listed in ``report.newer_branch``, the ``keep`` newest of them by commit time: the ``keep``
-    greatest by step are the abandoned branch's. ``retire_abandoned`` deletes first (commit record first) every
-    committed version that a later commit at the same or a lower step abandoned, so that the
-    rollback's branch becomes the latest; retention then applies to the rest
-    (``report.retired``).
-
-    ``now`` is a clock of the caller's, taken as it is; by default (this host's clock) attempts
-    are dated on the storage's
-    (:func:`storage_clock`: a host whose clock is ahead would delete saves in progress), and an
-    offset of more than a minute is ``report.clock_skew``.
-
-    ``spare_since`` (epoch seconds): attempts without a commit record created at or after this
-    time are left alone, whatever the grace period (listed in ``report.in_grace``): a job's own
-    retention passes its start, so that it never deletes its next save while that is being
-    written (chaos review F1: with a short grace, retention after one async save deleted the
-    next one's files under its writers). An attempt whose commit record appears while gc runs
-    is never deleted as abandoned.
-
-    Raises:
-        UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
-        NotFoundError: the root does not exist.
-
-    """
-    check_retention(keep, grace_seconds)
-    ask_storage = now is None  # a caller's own clock is taken as it is
-    now = time.time if now is None else now
-    keep_ids = usage.name_collection(keep_ids, "gc: keep_ids")
-    if isinstance(require_copy, str) and require_copy:
-        require_copy = _copy_destination(require_copy, strict=True)
-    storage = open_storage(root)
-    root_must_exist(storage)
-    report = GcReport(dry_run=dry_run)
-    try:
-        uploads: list[ObjectInfo] = storage.list_uploads("")
-    except StorageError as exc:
-        uploads = []
-        report.skip(None, UNREADABLE, exc)  # attempts seen only as uploads stay unknown
-    listed = list_versions(storage)
-    extra = _upload_only(storage, uploads, [v.id for v in listed])
-    versions = _known_versions(storage, sorted(listed + extra, key=_order_key), report)
-    if retire_abandoned:
-        retired = _abandoned_branch(storage, versions, report)
-        report.retired = [v.id for v in retired]
-        report.deleted += report.retired
-        versions = [v for v in versions if v not in retired]
-    doomed = list(report.retired)
-    doomed += _retention(
-        versions, keep, require_copy, report, keep_ids, own=_copy_destination(storage.url)
-    )
-    abandoned = _abandoned(
-        storage, versions, grace_seconds, now(), report, delete_invalid, spare_since,
-        ask_storage=ask_storage,
-    )
-    doomed += abandoned
-    unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
-    if not dry_run:
-        for i, attempt_id in enumerate(doomed):
-            try:
-                if attempt_id in abandoned and attempt_id in unrecorded:
-                    _still_unrecorded(storage, attempt_id)
-                _delete_attempt(storage, attempt_id, report)
-            except CheckpointError as exc:
-                # Go on with the others; the report says what was deleted and what was not.
-                report.failed(attempt_id, exc)
-            if progress is not None:
-                progress(i + 1, len(doomed))
-    kept = [v for v in versions if v.id not in doomed]
-    _abort_orphan_uploads(storage, kept, uploads, grace_seconds, now(), report)
-    _prune_kept(storage, kept, report)
-    _log_gc(storage, report)
-    return report
-
-
-def _prune_kept(storage: Storage, versions: list[VersionInfo], report: GcReport) -> None:
-    """Remove the superseded drill, copy and verification records of kept versions (R-DRILL-9).
-
-    A version's records piled up before writers pruned them (and a writer's prune can fail):
-    gc, which read them all, counts them in ``report.pruned_records`` (a dry run deletes none).
-    """
-    for v in versions:
-        if v.status != COMMITTED or v.annotations_unreadable:
-            continue
-        for kind in ANNOTATION_KINDS:
-            records: list[dict[str, Any]] = getattr(v, kind)
-            report.pruned_records += (
-                len(superseded(kind, records)) if report.dry_run
-                else prune_quietly(storage, v.id, kind, records)
-            )
-
-
-def _log_gc(storage: Storage, report: GcReport) -> None:
-    """One ``gc.finished`` line (INFO) for the job log; ``gc.damaged`` (WARNING) per kept damage.
-
-    Skipped attempts are in the report.
-    """
-    for d in report.damaged:
-        log_event(
-            _log, "gc.damaged", {"root": storage.url, **d},
-            "gc of %s kept %s: its commit record is invalid ([%s] %s): a committed version "
-            "damaged after its commit; verify it, restore the record from a copy, or delete it "
-            "with delete_invalid=True (--delete-invalid)",
-            storage.url, d["id"], d["code"], d["message"], level=logging.WARNING,
-        )
-    if report.newer_branch:
-        log_event(
-            _log, "gc.branch", {"root": storage.url, "newer_branch": report.newer_branch},
-            "gc of %s kept %s: committed after the latest version at lower steps (a job resumed "
-            "from an older step?); readers restore the latest, not them. To make them the "
-            "latest, delete the steps they abandoned: gc --retire-abandoned",
-            storage.url, ", ".join(report.newer_branch[:8]), level=logging.WARNING,
-        )
-    verb = "would delete" if report.dry_run else "deleted"
-    fields = {k: report.to_json()[k] for k in ("deleted", "abandoned", "kept", "dry_run")}
-    log_event(
-        _log, "gc.finished", {"root": storage.url, **fields},
-        "gc of %s: %s %d version(s) and %d abandoned attempt(s); kept %d",
-        storage.url, verb, len(report.deleted), len(report.abandoned), len(report.kept),
-    )
-
-
-def _known_versions(
-    storage: Storage, versions: list[VersionInfo], report: GcReport
+def upload_only_attempts(
+    storage: Storage, listed: Collection[str], uploads: Sequence[ObjectInfo] | None = None
 ) -> list[VersionInfo]:
-    """Drop what gc must not act on (unknown, foreign)."""
-    out = []
-    for v in versions:
-        if not v.known:
-            report.skip(v.id, v.status, v.error, v.error_code)
-        elif v.status == FOREIGN:
-            report.foreign.append(v.id)
-        elif v.status == STRAY:
-            # A foreign entry has the record's name: neither a version nor garbage (R-LAYOUT-7).
-            report.foreign_keys.append(f"{v.id}/manifest.json")
-        else:
-            out.append(v)
-    return out
-
-
-def upload_only_attempts(storage: Storage, listed: Collection[str]) -> list[VersionInfo]:
     """Attempts not in ``listed`` that exist only as unfinished uploads (status incomplete).
 
     On an object store a save whose objects are all still being uploaded is invisible to
     listings: a killed writer's parts stay stored (and billed) until gc aborts them.
-    :func:`list_versions` with ``uploads=True`` lists them with the others.
+    :func:`list_versions` with ``uploads=True`` lists them with the others. ``uploads``: the
+    root's unfinished uploads, listed already.
 
     Raises:
         StorageError: the unfinished uploads could not be listed.
 
     """
-    return _upload_only(storage, storage.list_uploads(""), listed)
-
-
-def _upload_only(
-    storage: Storage, uploads: Sequence[ObjectInfo], listed: Collection[str]
-) -> list[VersionInfo]:
+    if uploads is None:
+        uploads = storage.list_uploads("")
     # Only uploads inside an attempt directory: a root-level key named like an attempt is no
     # attempt's (gc would report a deletion its abort of "<id>/" never makes).
     names = {u.path.split("/", 1)[0] for u in uploads if "/" in u.path} - set(listed)
@@ -1650,435 +778,41 @@ def _upload_only(
     ]
 
 
-def _abort_orphan_uploads(
-    storage: Storage,
-    versions: list[VersionInfo],
-    uploads: Sequence[ObjectInfo],
-    grace: float,
-    t_now: float,
-    report: GcReport,
-) -> None:
-    """Abort unfinished uploads of files that kept committed versions list (R-GC-8).
-
-    A writer whose CreateMultipartUpload answer was lost retried it; the server had started
-    both, and the first stayed under the version for as long as it was kept, billed (ops review
-    F9). Such an upload belongs to nobody: every listed file was complete before the commit,
-    and completed it would replace a committed file. Only those whose newest activity is older
-    than the grace period are aborted, each by its exact key.
-    """
-    attempts = {u.path.split("/", 1)[0] for u in uploads if "/" in u.path}
-    for v in versions:
-        if v.status != COMMITTED or v.id not in attempts:
-            continue
-        try:
-            files = load_manifest(storage, v.id).files
-            dated = storage.list_uploads(f"{v.id}/", activity=True)
-        except CheckpointError as exc:  # left for the next run; the version is kept either way
-            report.skip(v.id, "uploads not checked", exc)
-            continue
-        orphans = {
-            u.path for u in dated
-            if u.path.split("/", 1)[1] in files and t_now - u.mtime >= grace
-        }
-        if not orphans:
-            continue
-        if report.dry_run:
-            report.aborted_uploads += len(orphans)
-            continue
-        try:
-            report.aborted_uploads += storage.abort_uploads(f"{v.id}/", only=orphans)
-        except CheckpointError as exc:
-            report.skip(v.id, "uploads not checked", exc)
-
-
-#: How far the store's time between two commit records may differ from the writers' before a
-#: retirement is doubted (the time between a record's timestamp and its write, NTP drift).
-RETIRE_TOLERANCE_SECONDS = 60.0
-
-
-def _abandoned_branch(
-    storage: Storage, versions: list[VersionInfo], report: GcReport
-) -> list[VersionInfo]:
-    """Committed versions that a later commit at the same or a lower step abandoned.
-
-    A job resumed from step S and saved S+1, S+2 ... again: the first run's versions above S
-    were committed before a version at their step or below, and readers (by step first) still
-    return them. In a run that never went back no version is abandoned.
-
-    ``committed_at`` comes from the clock of the host that committed: one writer whose clock
-    was ahead (or behind) looked like a rollback, and every later version (or the latest) was
-    retired (multi-job review F1). So a version is retired only when the storage's own times
-    of the two commit records (their listed modification times: one clock, the store's) agree
-    that the later commit came later, and by as much (within
-    :data:`RETIRE_TOLERANCE_SECONDS`); where they disagree, or a time is unknown, it is kept
-    and named in ``report.retire_doubted``.
-    """
-    committed = sorted((v for v in versions if v.status == COMMITTED), key=lambda v: v.step)
-    times = {v.id: timestamp_key(v.committed_at) for v in committed}
-    stored: dict[str, float | None] = {}
-
-    def stored_time(v: VersionInfo) -> float | None:
-        if v.id not in stored:
-            try:
-                info = _listed_info(storage, f"{v.id}/manifest.json")
-            except CheckpointError:
-                info = None
-            stored[v.id] = None if info is None else info.mtime
-        return stored[v.id]
-
-    candidates: list[VersionInfo] = []  # by the writers' clocks, in one pass
-    bound: tuple[int, ...] = ()  # the latest commit time at a step below the current one
-    i = 0
-    while i < len(committed):
-        group = [v for v in committed[i:] if v.step == committed[i].step]
-        i += len(group)
-        top = max([bound, *(times[v.id] for v in group)])
-        candidates += [v for v in group if times[v.id] < top]
-        bound = top
-    def confirms(w: VersionInfo, v: VersionInfo) -> bool:
-        """The store saw ``w``'s record after ``v``'s, as much later as the writers' clocks say.
-
-        Order alone is not enough: in a copied root (a backup, a migration) the store's times
-        are the copy's, in whatever order it went (attack review 3 F13). Two records stored when
-        they were committed are as far apart on the store's clock as on the writers' (any
-        constant offset cancels); a copy, or a skewed writer, breaks that.
-        """
-        mine, theirs = stored_time(v), stored_time(w)
-        if mine is None or theirs is None or theirs <= mine or min(times[v.id], times[w.id]) < (0,):
-            return False
-        writers = (_epoch_us(times[w.id]) - _epoch_us(times[v.id])) / 1e6
-        return abs((theirs - mine) - writers) <= RETIRE_TOLERANCE_SECONDS
-
-    out: list[VersionInfo] = []
-    for v in candidates:
-        later = [w for w in committed
-                 if w is not v and w.step <= v.step and times[w.id] > times[v.id]]
-        by = next((w for w in later if confirms(w, v)), None)
-        if by is not None:
-            out.append(v)
-            continue
-        w = max(later, key=lambda w: times[w.id])
-        report.retire_doubted.append({
-            "id": v.id,
-            "reason": (
-                f"its committed_at {v.committed_at} is earlier than {w.id}'s {w.committed_at} "
-                f"(step {w.step}), but the storage's times of the two commit records do not "
-                "agree that it came that much later: a writer's clock was off, or the root "
-                "was copied (its times are the copy's); kept"
-            ),
-        })
-    return out
-
-
-def _retention(
-    versions: list[VersionInfo],
-    keep: int,
-    require_copy: bool | str,
-    report: GcReport,
-    keep_ids: Collection[str] = (),
-    *,
-    own: str | None = None,
-) -> list[str]:
-    """Committed versions to delete: all but the ``keep`` newest, ``keep_ids`` and the protected one.
-
-    ``own``: this root as copy records name it (a "copy" there is no copy).
-
-    A version whose verification failed is never restored (R-DRILL-8): it takes no place of the
-    ``keep`` newest and no protection from the ones that did not fail (R-GC-9), which are kept
-    as well; R-GC-1 and R-GC-2 still keep it where they keep it.
-    """
-    newest_first = [v for v in reversed(versions) if v.status == COMMITTED]
-    good = [v for v in newest_first if not v.verification_failed]
-    kept = newest_first[:keep] + [v for v in newest_first[keep:] if v.id in keep_ids]
-    kept += [v for v in good[:keep] if v not in kept]
-    if newest_first:  # a rollback's new branch: committed after the latest, at lower steps
-        latest = timestamp_key(newest_first[0].committed_at)
-        branch = [v for v in newest_first[1:] if timestamp_key(v.committed_at) > latest]
-        # its own `keep` newest, by commit time: bounded, as the branch grows with every save
-        branch.sort(key=lambda v: timestamp_key(v.committed_at), reverse=True)
-        report.newer_branch = [v.id for v in branch[:keep]]
-        kept += [v for v in branch[:keep] if v not in kept]
-    drilled = next((v for v in newest_first if v.drilled), None)
-    protected = drilled or (newest_first[0] if newest_first else None)
-    for p in (protected, None if drilled else next(iter(good), None)):
-        if p is not None and p not in kept:
-            kept.append(p)
-    report.kept = [v.id for v in kept]
-    report.protected = protected.id if protected else None
-    want = require_copy if isinstance(require_copy, str) else None
-    may_delete = not require_copy or any(_has_copy(v, want, own, report) for v in kept)
-    doomed = []
-    for v in newest_first:
-        if v in kept:
-            continue
-        if not may_delete:
-            report.kept_for_copy.append(v.id)
-            continue
-        report.deleted.append(v.id)
-        doomed.append(v.id)
-    return doomed
-
-
-def _copy_destination(url: str, *, strict: bool = False) -> str:
-    """A root URL as copy records name it (``copy``'s normalisation), local paths resolved.
-
-    ``DEST``, ``./DEST``, ``/abs/DEST`` and ``file:///abs/DEST`` name one root; so do two local
-    paths whose real paths agree (a symlinked parent). ``strict``: a malformed URL raises
-    ``UsageError`` (else it is compared as written).
-    """
-    from portable_ckpt.io.copy import normalize_root_url
-
-    try:
-        text = normalize_root_url(url)
-        if text.startswith("file://"):
-            return "file://" + os.path.realpath(text[len("file://") :])
-    except (CheckpointError, ValueError):  # ValueError: a NUL in a record's path (F10)
-        if strict:
-            raise
-        return url.rstrip("/")
-    return text
-
-
-def _has_copy(
-    v: VersionInfo, want: str | None, own: str | None = None, report: GcReport | None = None
-) -> bool:
-    """Whether a verified copy of ``v`` is still committed (on root ``want``; any when None).
-
-    ``want`` and ``own`` (the root being collected) are :func:`_copy_destination` forms. A copy
-    record alone is not trusted: the copy may have been deleted since. A record that names this
-    root (a hand-written one, or a decoded name that lands here: attack review 3 F11) or no
-    usable root (a NUL: F10) counts for nothing.
-    """
-    from portable_ckpt.io.copy import url_of_record
-
-    for c in v.copies:
-        dest = c.get("destination")
-        if c.get("ok") is not True or not isinstance(dest, str):
-            continue
-        dest = url_of_record(dest)  # "/mnt/nightly%20backup" names "/mnt/nightly backup"
-        if "\0" in dest:
-            continue
-        # A record's destination is compared resolved as well; only a URL is (a bare path in a
-        # record would be resolved against this process's directory, not the copier's).
-        named = _copy_destination(dest) if "://" in dest else dest.rstrip("/")
-        if named == own or (want is not None and named != want):
-            continue
-        if _copy_committed(dest, v.id, report):
-            return True
-    # A copier that could not write its record into this root (read-only credentials on the
-    # training root: ops review F13) still left a committed copy there: asked directly.
-    return want is not None and want != own and _copy_committed(want, v.id, report)
-
-
-def _copy_committed(dest: str, attempt_id: str, report: GcReport | None = None) -> bool:
-    """Whether root ``dest`` holds the commit record of ``attempt_id``.
-
-    ``False`` when it cannot be asked (gc then keeps more, never less); the destination and the
-    error are noted in ``report.copy_unasked``: "missing" is not what gc knows then (F16).
-    """
-    from portable_ckpt.storage import open_storage
-
-    try:
-        return open_storage(dest).exists(f"{attempt_id}/manifest.json")
-    except (CheckpointError, OSError, ValueError) as e:
-        if report is not None and len(report.copy_unasked) < 16:
-            note = f"{dest}: {getattr(e, 'message', None) or e}"[:500]
-            if note not in report.copy_unasked:
-                report.copy_unasked.append(note)
-        return False
-
-
-def _abandoned(
-    storage: Storage,
-    versions: list[VersionInfo],
-    grace: float,
-    t_now: float,
-    report: GcReport,
-    delete_invalid: bool,
-    spare_since: float | None = None,
-    *,
-    ask_storage: bool = True,
-) -> list[str]:
-    """Attempts without a commit record (or, if asked, an invalid one) quiet for ``grace`` s.
-
-    Quiet is measured on the storage's clock, which set the files' times: a gc host whose clock
-    was ahead by more than the grace period deleted saves in progress (multi-job review F2). So
-    before the first deletion the storage is asked its time (:func:`storage_clock`), and an
-    attempt id stamped after it (a writer whose clock was ahead) is dated by its files alone
-    (F8: such an attempt was kept for years, "written to 0 s ago").
-    """
-    doomed = []
-    clock: list[float] = []  # the storage's "now", once asked
-    for v in versions:
-        if v.status == INVALID and not delete_invalid:
-            report.damage(v)  # R-GC-10: a damaged version, not an abandoned save
-            continue
-        if v.status not in (INCOMPLETE, INVALID):
-            continue
-        born = attempt_time(v.id)
-        if v.status == INCOMPLETE and spare_since is not None and born is not None and (
-            born >= spare_since
-        ):  # the caller's own save, perhaps still being written
-            report.in_grace.append(
-                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - born), 1)}
-            )
-            continue
-        try:
-            if not clock:
-                clock.append(_clock_for_ages(storage, t_now, report) if ask_storage else t_now)
-            now = clock[0]
-            last, anything = _last_activity(
-                storage, v.id, record_absent=v.status == INCOMPLETE, not_after=now + 60.0
-            )
-            foreign = [] if anything else storage.list_foreign(f"{v.id}/")
-        except StorageError as exc:
-            report.skip(v.id, v.status, exc)  # cannot date it: it may be a save in progress
-            continue
-        if foreign:  # only what the format never writes is left: not gc's to delete
-            report.foreign_keys.extend(foreign)
-            continue
-        if now - last < grace:
-            report.in_grace.append(
-                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, now - last), 1)}
-            )
-            continue
-        report.abandoned.append(v.id)
-        doomed.append(v.id)
-    return doomed
-
-
-def _last_activity(
-    storage: Storage,
-    attempt_id: str,
-    *,
-    record_absent: bool = False,
-    not_after: float = math.inf,
-) -> tuple[float, bool]:
-    """The latest of the attempt-id time, its file times and its unfinished uploads' activity.
-
-    Also returns whether the attempt has any file or upload at all. An attempt-id time after
-    ``not_after`` (the storage's now: a writer's clock was ahead) is not counted.
-
-    Raises:
-        StorageError: ``record_absent`` (the attempt was classified without a commit record),
-            yet the listing shows one (a store that contradicts itself, or a save that
-            committed since): not abandoned.
-
-    """
-    t = attempt_time(attempt_id) or 0.0
-    t = 0.0 if t > not_after else t
-    anything = False
-    record = f"{attempt_id}/manifest.json"
-    for info in storage.list(f"{attempt_id}/"):
-        if record_absent and info.path == record:
-            raise StorageError(
-                f"{storage.url}/{record} is listed, though the attempt was classified without "
-                "it (committed since, or a store that answered \"absent\" for it): left for "
-                "the next gc",
-                path=record,
-            )
-        t, anything = max(t, info.mtime), True
-    for up in storage.list_uploads(f"{attempt_id}/", activity=True):
-        t, anything = max(t, up.mtime), True
-    return t, anything
-
-
-#: A gc host clock further than this from the storage's is reported (``GcReport.clock_skew``).
-CLOCK_SKEW_SAID = 60.0
-
-
-def _clock_for_ages(storage: Storage, t_now: float, report: GcReport) -> float:
-    """The "now" attempts are dated against: the storage's when it can be asked, else ours.
-
-    A dry run asks too (a probe written and deleted): on this host's clock it predicted other
-    deletions than the run made (attack review 3 F6).
-    """
-    there = storage_clock(storage, tidy=not report.dry_run)
-    if there is None:
-        return t_now
-    skew = t_now - there
-    if abs(skew) > CLOCK_SKEW_SAID:
-        report.clock_skew = round(skew, 1)
-        _log.warning(
-            "%s: this host's clock is %.0f s %s the storage's; attempts are dated on the "
-            "storage's clock", storage.url, abs(skew), "ahead of" if skew > 0 else "behind",
-        )
-    return there
-
-
-#: A clock probe's name (spec §15.2); one older than an hour is a leftover any gc may delete.
-_PROBE = re.compile(r"\.pck-clock-[0-9a-f]{16}\Z")
-PROBE_LEFTOVER_SECONDS = 3600.0
-
-
-def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
-    """The storage's time now: the modification time it gives a probe file written at its root.
-
-    ``None`` when it cannot be asked (a read-only root, no listing of the probe). The probe
-    (``.pck-clock-<16 hex>``, empty, spec §15.2) is deleted again; readers ignore such names
-    (R-LAYOUT-4). ``tidy``: also delete probes the same listing shows older than
-    :data:`PROBE_LEFTOVER_SECONDS` (a failed delete or a killed gc left them: F15).
-    """
-    name = f".pck-clock-{secrets.token_hex(8)}"
-    try:
-        storage.put(name, b"")
-    except CheckpointError:
-        return None
-    try:
-        listed = [o for o in storage.list("", recursive=False) if _PROBE.match(o.path)]
-    except CheckpointError:
-        listed = []
-    there = next((o.mtime for o in listed if o.path == name), None)
-    stale = [o.path for o in listed if there is not None and o.path != name
-             and there - o.mtime > PROBE_LEFTOVER_SECONDS] if tidy else []
-    for path in [name, *stale]:
-        try:
-            storage.delete(path)
-        except CheckpointError as exc:
-            _log.warning("%s: could not delete the clock probe %s (%s); a later gc deletes it "
-                         "once it is an hour old", storage.url, path, exc)
-    return there
-
-
-def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
-    """Raise if the commit record of an attempt classified ``incomplete`` exists by now.
-
-    A save that committed between gc's listing and its deletion (a short grace period) would
-    lose a version its committer reported as published.
-    """
-    rel = f"{attempt_id}/manifest.json"
-    if storage.exists(rel):
-        raise StorageError(
-            f"{storage.url}/{rel} exists now: the attempt was committed while gc ran; not "
-            "deleted",
-            path=rel,
-        )
-
-
-def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport) -> None:
-    """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads.
-
-    Once its record is gone the version no longer exists: a failure after that leaves files,
-    not a version, and is reported as such (``report.left_behind``), never as "not deleted"
-    (multi-job review F3: an operator read that the versions were intact).
-    """
-    storage.delete(f"{attempt_id}/manifest.json")
-    try:
-        report.aborted_uploads += storage.abort_uploads(f"{attempt_id}/")
-        storage.delete_prefix(f"{attempt_id}/")
-    except CheckpointError as exc:
-        report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc)})
-        return
-    report.foreign_keys.extend(storage.list_foreign(f"{attempt_id}/"))  # never deleted
-
-
 def foreign_keys(storage: Storage) -> list[str]:
     """Entries at the top of a root that this format did not write (``ls --json``).
 
-    Children whose names are not attempt ids (directories end in ``/``), and keys that are not
-    well-formed paths. Readers ignore them (R-LAYOUT-4); gc never deletes them (R-GC-5).
+    Children whose names are not attempt ids (directories end in ``/``) other than ``pins/``,
+    and keys that are not well-formed paths. Readers ignore them (R-LAYOUT-4); gc never deletes them (R-GC-5).
     """
-    names = [f"{n}/" for n in storage.list_dirs("") if not ATTEMPT_ID_RE.match(n)]
+    names = [f"{n}/" for n in storage.list_dirs("")
+             if not ATTEMPT_ID_RE.match(n) and n != PIN_DIR]  # pins are the format's (§15.3)
     names += [info.path for info in storage.list("", recursive=False)]
     names += storage.list_foreign("", recursive=False)
     return sorted(names)
+
+
+#: Names this module held before retention, post-commit records and damage confirmation got
+#: modules of their own; still importable from here (``portable_ckpt.io.versions.gc`` was the
+#: documented path of ``gc``).
+_MOVED = {
+    **dict.fromkeys(
+        ("GcReport", "check_grace", "check_retention", "gc", "storage_clock"),
+        "portable_ckpt.io.gc",
+    ),
+    **dict.fromkeys(
+        ("ANNOTATION_KINDS", "MESSAGE_CHARS", "RECORDS_KEPT", "prune_annotations",
+         "prune_quietly", "read_annotations", "record_verification", "sampled_chunks",
+         "superseded", "timestamp_key", "verification_verdict", "write_drill_record",
+         "write_verification_record"),
+        "portable_ckpt.io.annotations",
+    ),
+    **dict.fromkeys(("confirm_damage", "read_file_again"), "portable_ckpt.io.damage"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ and what may be deleted. A version is kept when any policy keeps it (as Orbax's
 version, the newest drilled version, a save in flight, an attempt without a valid commit record
 (that is gc's job, after its grace period), or a version whose records could not be read
 (unclassified). When no policy is configured every version is kept. Deleting is done by the core
-gc (:func:`portable_ckpt.io.versions.gc`), which removes the commit record first.
+gc (:func:`portable_ckpt.io.gc.gc`), which removes the commit record first.
 """
 
 from __future__ import annotations

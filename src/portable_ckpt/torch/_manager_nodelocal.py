@@ -40,11 +40,9 @@ from portable_ckpt.errors import CheckpointError, CommitConflictError, FileMissi
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import FileRecord, Manifest
 from portable_ckpt.io import copy as _copy
+from portable_ckpt.io.annotations import sampled_chunks
 from portable_ckpt.io.reader import Checkpoint
-from portable_ckpt.io.versions import (
-    load_manifest,
-    sampled_chunks,  # R-VERIFY-4's count
-)
+from portable_ckpt.io.versions import load_manifest
 from portable_ckpt.manager.tiers import NodeLayout
 from portable_ckpt.storage import Storage
 from portable_ckpt.torch._collectives import Comm
@@ -283,7 +281,7 @@ def _check_share(
             ck.read(key, rec.offsets, rec.lengths)
         except CheckpointError as e:
             found.append(e)
-    from portable_ckpt.io.versions import confirm_damage
+    from portable_ckpt.io.damage import confirm_damage
 
     errors += [e.to_json() for e in confirm_damage(storage, attempt, manifest.files, found)]
     return len(chunks), errors
@@ -293,7 +291,7 @@ def verify_node_local(
     comm: Comm, layout: NodeLayout, storage: Storage, attempt: str, fraction: float
 ) -> NodeVerify:
     """Verify a sample of ``attempt`` over every node root (collective over ``comm``)."""
-    from portable_ckpt.io.versions import record_verification, verification_verdict
+    from portable_ckpt.io.annotations import record_verification, verification_verdict
 
     # Rank 0's seed, by an allgather: like _all_saves_returned, every node root has the record.
     seed = int(comm.allgather_json(int.from_bytes(os.urandom(4), "big"), f"verify {attempt}")[0])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.errors import DAMAGE_CODES, CheckpointError, DistributedError, error_for_code
 from portable_ckpt.manager.decisions import Decision
+from portable_ckpt.manager.pinning import sync_pins
 from portable_ckpt.manager.records import candidates_of
 from portable_ckpt.manager.retention import plan_retention
 from portable_ckpt.torch._inflight import say
@@ -406,13 +407,13 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError 
     if mgr.verify_sample <= 0:
         return None
     import portable_ckpt
-    from portable_ckpt.io.reader import Checkpoint
-    from portable_ckpt.io.versions import (
-        confirm_damage,
+    from portable_ckpt.io.annotations import (
         record_verification,
         sampled_chunks,
         verification_verdict,
     )
+    from portable_ckpt.io.damage import confirm_damage
+    from portable_ckpt.io.reader import Checkpoint
 
     seed = int.from_bytes(os.urandom(4), "big")
     chunks = 0
@@ -538,7 +539,7 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     run's, or a rolled-back branch); the job then says so once. A version that failed its
     sampled verification is deleted all the same.
     """
-    from portable_ckpt.io.versions import gc
+    from portable_ckpt.io.gc import gc
 
     if not tier.retention.active:
         return
@@ -555,6 +556,8 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
                 d.delete, d.reasons = False, ["this job's newest save"]
                 _warn_below_newer(mgr, tier, d.step, decisions)
         keep = [d.id for d in decisions if not d.delete]
+        pins = sync_pins(tier.storage, decisions) if tier.name == "durable" and mgr.pin_kept \
+            else {}
         # spare_since: the next async save may be writing already; with a short grace its
         # files went under its writers (chaos review F1). Failed saves remove their own files.
         report = gc(tier.storage, keep=1, keep_ids=keep, grace_seconds=mgr.grace_seconds,
@@ -583,6 +586,7 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         kept_count=len(kept),
         damaged=report.damaged,
         failed=failed,
+        **pins,
     )
     where = f"rank {mgr.rank}: {tier.name} tier:"
     for bad in failed:

@@ -29,7 +29,8 @@ from portable_ckpt.errors import (
     UnsupportedValueError,
     UsageError,
 )
-from portable_ckpt.io.versions import list_versions, timestamp_key
+from portable_ckpt.io.annotations import timestamp_key
+from portable_ckpt.io.versions import list_versions
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
@@ -255,7 +256,7 @@ def _confirmed(
     not recorded: the restore already passed over the version, and a later one will look.
     """
     from portable_ckpt.errors import error_for_code
-    from portable_ckpt.io.versions import confirm_damage
+    from portable_ckpt.io.damage import confirm_damage
 
     errors: list[CheckpointError] = []
     for code, message, path in found:
@@ -289,7 +290,8 @@ def _check_the_rest(mgr: CheckpointManager, tier_name: str, ident: str) -> None:
 
     def check() -> None:
         from portable_ckpt.io.checksum import verify_file
-        from portable_ckpt.io.versions import confirm_damage, load_manifest
+        from portable_ckpt.io.damage import confirm_damage
+        from portable_ckpt.io.versions import load_manifest
 
         try:
             manifest = load_manifest(storage, ident)
@@ -491,7 +493,8 @@ def _record_damage(
     ] + [(m.code, m.message, m.path) for m in more]
     if not any(c in DAMAGE_CODES for c, _, _ in found):
         return "pass"
-    from portable_ckpt.io.versions import load_manifest, write_verification_record
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.io.versions import load_manifest
 
     try:
         manifest = load_manifest(tier.storage, ident)

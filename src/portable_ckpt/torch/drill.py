@@ -196,7 +196,7 @@ def drill(
 
     """
     import portable_ckpt
-    from portable_ckpt.io.versions import write_drill_record
+    from portable_ckpt.io.annotations import write_drill_record
     from portable_ckpt.torch.launch import run_group
 
     ck = portable_ckpt.open(checkpoint, step=step)

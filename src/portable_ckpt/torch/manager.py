@@ -92,6 +92,10 @@ class CheckpointManager:
         keep_last: Keep the N newest durable versions.
         keep_every: Keep durable versions whose step is a multiple of M forever.
         keep_best: ``(metric, n, "min"|"max")``: keep the n best by a metric of ``maybe_save``.
+        pin_kept: Pin (spec §15.3) the durable versions that ``keep_every`` and ``keep_best``
+            keep, so that every gc keeps them too (a platform's ``gc --keep N`` over many
+            roots); the manager unpins its own pins when its policy lets a version go, and never
+            removes a pin it did not write.
         async_save: Save in the background (the loop blocks only while the state is staged).
         async_mode: Where async saves write: ``"thread"`` (a background thread) or
             ``"process"`` (a separate writer process, staged through shared memory; the
@@ -157,6 +161,7 @@ class CheckpointManager:
         keep_last: int | None = None,
         keep_every: int | None = None,
         keep_best: Any = None,
+        pin_kept: bool = False,
         async_save: bool = True,
         async_mode: str = "thread",
         continuation: str = "exact",
@@ -211,6 +216,9 @@ class CheckpointManager:
         self.continuation = continuation
         self.verify_sample = float(verify_sample)
         self.replicate = bool(replicate)
+        self.pin_kept = bool(pin_kept)
+        if self.pin_kept and keep_every is None and keep_best is None:
+            raise UsageError("pin_kept=True pins what keep_every= and keep_best= keep; give one")
         self.timeout = timeout
         self.grace_seconds = float(grace_seconds)
         self.exit_timeout = require_seconds(exit_timeout, "exit_timeout")

@@ -1,0 +1,549 @@
+"""Post-commit records of a version: drills, copies and verifications (spec §14).
+
+Records are created once and never modified (R-DRILL-7). Reading them (:func:`read_annotations`)
+counts only valid records stored under their own id that name the version, reads a record that
+does not count a second time, and caches the ones that do; writing never replaces one; pruning
+(:func:`prune_annotations`) removes only records a newer one of their kind supersedes
+(R-DRILL-9). A verification records only what proves damage (:func:`verification_verdict`).
+Also here: format timestamps' order (§5) and the reads of a record a store answers "absent"
+for while listing it, shared with commit records.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import fractions
+import logging
+import math
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from portable_ckpt.errors import (
+    DAMAGE_CODES,
+    CheckpointError,
+    FileMissingError,
+    LimitError,
+    StorageError,
+    UsageError,
+    VersionUnsupportedError,
+)
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.manifest import (
+    FORMAT_VERSION,
+)
+from portable_ckpt.logs import log_event
+from portable_ckpt.storage import ObjectInfo, Storage
+
+__all__ = [
+    "ANNOTATION_KINDS",
+    "MESSAGE_CHARS",
+    "RECORDS_KEPT",
+    "annotation_id",
+    "epoch_us",
+    "listed_info",
+    "lists_file",
+    "prune_annotations",
+    "prune_quietly",
+    "read_annotations",
+    "read_listed_record",
+    "record_verification",
+    "reread_record",
+    "sampled_chunks",
+    "superseded",
+    "timestamp_key",
+    "verification_verdict",
+    "write_drill_record",
+    "write_verification_record",
+]
+
+_log = logging.getLogger(__name__)
+#: Guards the records cache (listings of an object store run on threads).
+_RECORDS_LOCK = threading.Lock()
+
+#: Post-commit record kinds: directory -> (id member, schema file, time member).
+ANNOTATION_KINDS = {
+    "drills": ("drill_id", "drill.schema.json", "finished_at"),
+    "copies": ("copy_id", "copy.schema.json", "verified_at"),
+    "verifications": ("verification_id", "verification.schema.json", "verified_at"),
+}
+
+
+_TIMESTAMP = re.compile(
+    r"^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?Z\Z"
+)
+
+
+def timestamp_key(ts: str | None) -> tuple[int, ...]:
+    """Sort key of a format timestamp: its fields, the fraction as nanoseconds (spec §5).
+
+    Fields, not a calendar conversion (R-COMMIT-18): ``2026-02-31`` is a timestamp the pattern
+    accepts, and sorts between ``02-30`` and ``03-01``. Text order would be wrong too:
+    ``"...00Z"`` sorts before ``"...00.5Z"``. ``(-1,)`` (before every timestamp) for none.
+    """
+    m = _TIMESTAMP.match(ts) if ts else None
+    if m is None:
+        return (-1,)
+    frac = m.group(7) or ""
+    return (*(int(g) for g in m.groups()[:6]), int((frac + "000000000")[:9]))
+
+
+def epoch_us(key: tuple[int, ...]) -> int:
+    """Microseconds since 1970 of a :func:`timestamp_key` (proleptic Gregorian, any year).
+
+    Days past a month's end roll over into the next month; no calendar library is involved,
+    so no record can make it fail.
+    """
+    year, month, day, hour, minute, sec, ns = key
+    y = year - (month <= 2)
+    era, yoe = divmod(y, 400)
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    return ((days * 24 + hour) * 60 + minute) * 60_000_000 + sec * 1_000_000 + ns // 1000
+
+
+def lists_file(storage: Storage, rel: str) -> bool:
+    """Whether a listing of ``rel``'s directory shows it as a regular file."""
+    return listed_info(storage, rel) is not None
+
+
+def listed_info(storage: Storage, rel: str) -> ObjectInfo | None:
+    """``rel`` as a listing of its directory shows it (size, the storage's time), or ``None``."""
+    parent = rel.rsplit("/", 1)[0] + "/"
+    return next((info for info in storage.list(parent, recursive=False) if info.path == rel), None)
+
+
+def reread_record(storage: Storage, rel: str, max_size: int = jsonio.MAX_MANIFEST_BYTES) -> bytes:
+    """The record a store answered "absent" for but lists: asked once more, never taken as absent.
+
+    One spurious 404 (an S3-compatible store's replication lag, a caching gateway, a misrouted
+    request) made the attempt ``incomplete``: gc deleted the committed version, and readers
+    restored the one before without a word (S3 latency review F1, F2). A record that commits
+    between the two answers is read here too.
+
+    Raises:
+        StorageError: it is absent again: the store contradicts itself; nothing is decided.
+
+    """
+    try:
+        return storage.read_all(rel, max_size=max_size)
+    except FileMissingError as exc:
+        raise StorageError(
+            f"{storage.url}/{rel}: the storage answers that it does not exist, yet lists it (an "
+            "inconsistent store: replication lag, a caching gateway, a misrouted request); the "
+            "attempt is left unclassified: nothing deletes it and no reader skips it. Retry "
+            "once the store answers consistently",
+            path=rel,
+        ) from exc
+
+
+def read_annotations(
+    storage: Storage,
+    attempt_id: str,
+    kind: str,
+    *,
+    errors: list[CheckpointError] | None = None,
+) -> list[dict[str, Any]]:
+    """Read the post-commit records of an attempt: ``drills``, ``copies`` or ``verifications``.
+
+    Only records that validate, name this attempt and are stored under their own id count. A storage error
+    or a record of a newer major format version is not "no record": it is raised, or appended
+    to ``errors`` when a list is given (the records that could be read are returned).
+    """
+    out: list[dict[str, Any]] = []
+    try:
+        listed = list(storage.list(f"{attempt_id}/{kind}/", recursive=False))
+    except StorageError as exc:
+        if errors is None:
+            raise
+        errors.append(exc)
+        return out
+    for info in listed:
+        try:
+            doc = _annotation(storage, attempt_id, kind, info)
+        except (StorageError, VersionUnsupportedError) as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+            continue
+        if doc is not None:
+            out.append(doc)
+    time_member = ANNOTATION_KINDS[kind][2]
+    out.sort(key=lambda d: timestamp_key(str(d.get(time_member) or "")))
+    return out
+
+
+#: Records read by listings, by ``(root, path, size, mtime)``: a record is created once and
+#: never modified (R-DRILL-7), and every listing (ls, gc, a manager's retention after each save)
+#: read and validated every record of every version again (soak review F2). Only records that
+#: count are kept, and only small ones: a read that did not give one is never remembered (one
+#: flipped bit would have hidden a failed verification for the life of the process, attack
+#: review 3 F19), and a parsed document costs up to ~45x its bytes (F9).
+_RECORDS: collections.OrderedDict[tuple[str, str, int, float], dict[str, Any]] = (
+    collections.OrderedDict()
+)
+
+
+#: Bytes of one cached record at most (the library's records are a few KiB), and of all.
+_RECORD_CACHED_MAX = 64 << 10
+
+
+_RECORDS_BYTES_MAX = 8 << 20
+
+
+_records_bytes = 0
+
+
+def _annotation(
+    storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
+) -> dict[str, Any] | None:
+    """One drill or copy record, or ``None`` when it does not count (storage errors raise)."""
+    global _records_bytes
+    key = (storage.url, info.path, info.size, info.mtime)
+    with _RECORDS_LOCK:
+        if key in _RECORDS:
+            _RECORDS.move_to_end(key)
+            return copy.deepcopy(_RECORDS[key])  # the caller's own: the cache stays as read
+    doc = _read_annotation(storage, attempt_id, kind, info)
+    if doc is None or info.size > _RECORD_CACHED_MAX:
+        return doc
+    with _RECORDS_LOCK:
+        if key not in _RECORDS:
+            _RECORDS[key] = copy.deepcopy(doc)
+            _records_bytes += info.size
+        while _records_bytes > _RECORDS_BYTES_MAX and _RECORDS:
+            _records_bytes -= _RECORDS.popitem(last=False)[0][2]
+        if not _RECORDS:
+            _records_bytes = 0  # (a test cleared the cache)
+    return doc
+
+
+def _read_annotation(
+    storage: Storage, attempt_id: str, kind: str, info: ObjectInfo
+) -> dict[str, Any] | None:
+    """A record that counts, or None; one that does not is read a second time first.
+
+    Bytes damaged on their way (a flipped bit) made a failed verification or a drill "not a
+    record" for that listing, and its gc deleted the only restorable version (attack review 3
+    F19): a second read that counts decides, two alike that do not count do not, and two that
+    differ with neither counting are a storage error.
+    """
+    if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        first = read_listed_record(storage, info.path)
+    except (FileMissingError, LimitError):
+        return None  # deleted or replaced since the listing: not a record of this version
+    doc = _counting_record(first, attempt_id, kind, info.path)
+    if doc is not None:
+        return doc
+    try:  # the same rule as the first read: absent while listed is a storage error (D3)
+        again = read_listed_record(storage, info.path)
+    except (FileMissingError, LimitError):
+        return None
+    if again == first:
+        return None  # read twice alike: it is not a record that counts
+    doc = _counting_record(again, attempt_id, kind, info.path)
+    if doc is None:
+        raise StorageError(
+            f"{info.path}: two reads of the record gave different bytes (it is never "
+            "modified, R-DRILL-7): the storage or this host's reads are unreliable; try again"
+        )
+    return doc
+
+
+def _counting_record(
+    data: bytes, attempt_id: str, kind: str, path: str
+) -> dict[str, Any] | None:
+    """The record in ``data`` if it counts for ``attempt_id`` (R-DRILL-4), else None."""
+    from portable_ckpt.format.schemas import validate_document
+
+    id_member, schema_file, _ = ANNOTATION_KINDS[kind]
+    try:
+        doc = jsonio.loads(data, what=path)
+    except StorageError:
+        raise
+    except CheckpointError:
+        return None
+    if not isinstance(doc, dict) or doc.get("attempt_id") != attempt_id:
+        return None
+    if f"{doc.get(id_member)}.json" != path.rsplit("/", 1)[-1]:
+        return None  # a record counts only under its own name
+    fv = doc.get("format_version")
+    if isinstance(fv, str) and fv.split(".", 1)[0] != "1" and re.fullmatch(r"[0-9]+\.[0-9]+", fv):
+        # A newer major version's record of this version (a failed verification, perhaps):
+        # not "no record" (compatibility review F3), as a foreign version is not abandoned.
+        raise VersionUnsupportedError(
+            f"{path}: a record of format version {fv}, newer than this tool implements: the "
+            "version's records are unknown to it; upgrade portable_ckpt", path=path
+        )
+    try:
+        validate_document(doc, schema_file, what=path)
+    except CheckpointError:
+        return None
+    return doc
+
+
+def read_listed_record(storage: Storage, rel: str) -> bytes:
+    """A listed record's bytes; "absent" only when a second listing agrees (§15.1).
+
+    Records are pruned (R-DRILL-9), so one listed and then gone is normal; one answered absent
+    that the listing still shows is an inconsistent store, and a failed verification taken as
+    "no record" made a manager restore the version it had failed (attack review 2 F13).
+
+    Raises:
+        FileMissingError: it is gone, and no longer listed.
+        StorageError: answered absent twice while listed.
+
+    """
+    try:
+        return storage.read_all(rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
+    except FileMissingError:
+        if not lists_file(storage, rel):
+            raise
+    return reread_record(storage, rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
+
+
+def annotation_id(letter: str) -> str:
+    """A fresh post-commit record id: ``<letter><YYYYMMDD>T<HHMMSS><micro:06d>Z-<8 hex>`` (UTC)."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{letter}{stamp}{int(now * 1e6) % 1_000_000:06d}Z-{secrets.token_hex(4)}"
+
+
+def _write_annotation(
+    storage: Storage, attempt_id: str, kind: str, ident: str, record: dict[str, Any]
+) -> str:
+    from portable_ckpt.io.versions import load_manifest  # (versions lists these records)
+
+    load_manifest(storage, attempt_id)  # annotations only exist for committed versions
+    rel = f"{attempt_id}/{kind}/{ident}.json"
+    if not storage.create_if_absent(rel, jsonio.dumps(record, indent=2)):
+        raise UsageError(f"{rel} already exists")
+    prune_quietly(storage, attempt_id, kind)
+    return rel
+
+
+#: Records of one kind a version keeps beyond those that decide its status (R-DRILL-9): the
+#: newest few, as history for ``inspect``.
+RECORDS_KEPT = 4
+
+
+def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``kind`` whose removal changes nothing a tool reads from them (R-DRILL-9).
+
+    ``records`` are the ones that count (:func:`read_annotations`: valid, under their own id,
+    naming the attempt), oldest first. Kept: the :data:`RECORDS_KEPT` newest; every failed
+    verification (it keeps the version from being restored, R-DRILL-8); the newest passed
+    verification of each mode; the newest passed drill; for each destination its newest
+    record and its newest passed one. So ``drilled``, ``verified``, ``verification_failed`` and
+    the destinations with a verified copy stay what they were, whoever prunes when: a record
+    is only ever removed for a newer one of its kind that stays.
+    """
+    keep: set[int] = {id(r) for r in records[-RECORDS_KEPT:]}
+
+    def newest(pred: Callable[[dict[str, Any]], bool], by: str | None = None) -> None:
+        seen: set[str] = set()
+        for r in reversed(records):
+            group = str(r.get(by)) if by is not None else ""
+            if group not in seen and pred(r):
+                seen.add(group)
+                keep.add(id(r))
+
+    def passed(r: dict[str, Any]) -> bool:
+        return r.get("ok") is True
+
+    if kind == "verifications":
+        keep |= {id(r) for r in records if not passed(r)}
+        newest(passed, "mode")
+    elif kind == "copies":
+        newest(lambda r: True, "destination")
+        newest(passed, "destination")
+    else:
+        newest(passed)
+    return [r for r in records if id(r) not in keep]
+
+
+def prune_annotations(
+    storage: Storage,
+    attempt_id: str,
+    kind: str,
+    records: Sequence[dict[str, Any]] | None = None,
+) -> list[str]:
+    """Delete the :func:`superseded` records of ``kind`` of a version; return their paths.
+
+    Every verify, copy or drill adds a record, and a cron job adds one an hour for as long as a
+    milestone is kept: listings read every one (ops review F12). Only records that count are
+    removed, each for a newer one that stays; other files of the directory are never touched.
+
+    ``records``: the ones :func:`read_annotations` returned, when the caller has them.
+
+    Raises:
+        CheckpointError: a storage error (what was deleted before it stays deleted).
+
+    """
+    if records is None:
+        records = read_annotations(storage, attempt_id, kind)
+    doomed = superseded(kind, records)
+    id_member = ANNOTATION_KINDS[kind][0]
+    out = []
+    for r in doomed:
+        rel = f"{attempt_id}/{kind}/{r[id_member]}.json"
+        storage.delete(rel)
+        out.append(rel)
+    return out
+
+
+def prune_quietly(
+    storage: Storage,
+    attempt_id: str,
+    kind: str,
+    records: Sequence[dict[str, Any]] | None = None,
+) -> int:
+    """:func:`prune_annotations`, a failure logged, not raised; return how many were removed.
+
+    After a record was written (it stands), or in gc (the version is kept either way): the
+    next writer or gc prunes again.
+    """
+    try:
+        return len(prune_annotations(storage, attempt_id, kind, records))
+    except CheckpointError as exc:
+        log_event(
+            _log, "records.prune_failed", {"attempt_id": attempt_id, "kind": kind},
+            "older %s records of %s not pruned: %s", kind, attempt_id, exc,
+            level=logging.WARNING,
+        )
+        return 0
+
+
+def write_drill_record(storage: Storage, attempt_id: str, record: dict[str, Any]) -> str:
+    """Store a restore-drill record beside the manifest (never editing the manifest).
+
+    Fills ``format``, ``format_version``, ``attempt_id`` and ``drill_id`` when absent and
+    validates the record against ``drill.schema.json``. Returns the record's path.
+    """
+    from portable_ckpt.format.schemas import validate_document
+
+    rec = {
+        "format": "portable-ckpt-drill",
+        "format_version": FORMAT_VERSION,
+        "attempt_id": attempt_id,
+        "drill_id": annotation_id("d"),
+        **record,
+    }
+    validate_document(rec, "drill.schema.json", what=f"{attempt_id}/drills/{rec['drill_id']}.json")
+    return _write_annotation(storage, attempt_id, "drills", str(rec["drill_id"]), rec)
+
+
+def write_verification_record(
+    storage: Storage,
+    attempt_id: str,
+    *,
+    ok: bool,
+    mode: str,
+    fraction: float | None,
+    chunks: int,
+    seed: int | None = None,
+    errors: list[dict[str, str]] | None = None,
+    verifier: str | None = None,
+) -> str:
+    """Record a verification of a committed version in ``verifications/<id>.json`` (spec §14.5).
+
+    ``mode`` is ``"sample"`` (``fraction`` of the stored chunks, chosen with ``seed``) or
+    ``"deep"``; ``errors`` are the problems found (``{"code", "message"}``), required when
+    ``ok`` is false. A version with a failed verification is never restored by a manager.
+    Returns the record's path.
+    """
+    from portable_ckpt.format.naming import utc_now_iso
+    from portable_ckpt.format.schemas import validate_document
+
+    ident = annotation_id("v")
+    rec: dict[str, Any] = {
+        "format": "portable-ckpt-verification",
+        "format_version": FORMAT_VERSION,
+        "attempt_id": attempt_id,
+        "verification_id": ident,
+        "verified_at": utc_now_iso(),
+        "ok": ok,
+        "mode": mode,
+        "fraction": fraction,
+        "chunks": chunks,
+        "seed": seed,
+        # A message quoting long keys (1,024 characters, each escaped) can pass the schema's
+        # 65,536: cut, or the record that marks a damaged version would not validate.
+        "errors": [{**e, "message": str(e.get("message", ""))[:MESSAGE_CHARS]}
+                   for e in (errors or [])[:64]],
+    }
+    if verifier is not None:
+        rec["verifier"] = verifier
+    validate_document(
+        rec, "verification.schema.json", what=f"{attempt_id}/verifications/{ident}.json"
+    )
+    return _write_annotation(storage, attempt_id, "verifications", ident, rec)
+
+
+#: Longest error message a verification record keeps (characters).
+MESSAGE_CHARS = 4096
+
+
+def sampled_chunks(chunks: int, fraction: float) -> int:
+    """How many of ``chunks`` range records a sample of ``fraction`` reads: ``ceil(F × n)``.
+
+    R-VERIFY-4: computed exactly on the decimal the record stores (``repr`` of the float, its
+    shortest decimal form): binary floating point made ``ceil(0.07 × 100)`` 8, and the former
+    rounding to 1e-6 made ``ceil(0.2000000001 × 5)`` 1 (traceability audit F6).
+    """
+    if not chunks:
+        return 0
+    exact = fractions.Fraction(repr(float(fraction))) * chunks
+    return min(chunks, max(1, math.ceil(exact)))
+
+
+def verification_verdict(
+    errors: Sequence[CheckpointError | dict[str, str]],
+) -> tuple[bool | None, list[dict[str, str]]]:
+    """What a verification that found ``errors`` may record: ``(ok, damage)``.
+
+    ``(True, [])`` when nothing was found; ``(False, damage)`` with the errors that prove damage
+    (:data:`~portable_ckpt.errors.DAMAGE_CODES`); ``(None, [])`` when every error is of another
+    kind: a storage that did not answer proves nothing about the bytes, and a version recorded
+    as failed is never restored and loses its place among gc's ``keep`` (R-DRILL-8, R-GC-9).
+    Every verifier (the CLI, the manager after a save, a node-local tier, a restore) decides
+    through this one function.
+    """
+    found = [e.to_json() if isinstance(e, CheckpointError) else dict(e) for e in errors]
+    damage = [e for e in found if e.get("code") in DAMAGE_CODES]
+    if not found:
+        return True, []
+    return (False, damage) if damage else (None, [])
+
+
+def record_verification(
+    storage: Storage,
+    attempt_id: str,
+    errors: Sequence[CheckpointError | dict[str, str]],
+    *,
+    chunks: int,
+    mode: str,
+    fraction: float | None = None,
+    seed: int | None = None,
+    verifier: str | None = None,
+) -> str | None:
+    """Record a verification of ``attempt_id`` that found ``errors``, as far as they prove anything.
+
+    See :func:`verification_verdict`: ``ok: true`` when nothing was found, ``ok: false`` with
+    the damage, and nothing at all (``None`` is returned) when no error proves damage. Else
+    returns the record's path. ``chunks`` is the number of range records the verification read
+    (:func:`sampled_chunks` of the total for a sample).
+    """
+    ok, damage = verification_verdict(errors)
+    if ok is None:
+        return None
+    return write_verification_record(
+        storage, attempt_id, ok=ok, mode=mode, fraction=fraction, chunks=chunks,
+        seed=seed, errors=damage, verifier=verifier,
+    )

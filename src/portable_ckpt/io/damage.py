@@ -1,0 +1,124 @@
+"""A second look at the damage a verification found, before it is recorded for ever.
+
+A failed verification is never undone (R-DRILL-8): a version recorded as failed is never
+restored again. A finding that a second read of the file does not reproduce is a fault of that
+read (a flipped bit on its way, an inconsistent store), not of the version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+
+from portable_ckpt.errors import (
+    DAMAGE_CODES,
+    CheckpointError,
+    FileMissingError,
+    StorageError,
+)
+from portable_ckpt.format.manifest import (
+    FileRecord,
+)
+from portable_ckpt.storage import Storage
+
+__all__ = ["confirm_damage", "read_file_again"]
+
+def confirm_damage(
+    storage: Storage,
+    attempt_id: str,
+    files: Mapping[str, FileRecord],
+    errors: Sequence[CheckpointError],
+) -> list[CheckpointError]:
+    """``errors`` with each finding of damage that a second look does not reproduce replaced.
+
+    A verification's verdict is kept for ever (R-DRILL-8): one bit flipped on its way (a flaky
+    NIC, a bad DIMM, a client cache), or one 404 of an inconsistent store, must not condemn an
+    intact version (multi-job review F10, attack review 2 F12). So the file of each finding is
+    read and checked once more (a local file's cached pages dropped first); a file answered
+    absent must also be absent from a listing of its directory. A finding that does not come
+    back becomes a ``StorageError`` saying so: a problem of this read, not of the version.
+    A finding that names no file of the version, or that comes from checksum-verified bytes
+    (a codec, header or dtype error), is kept as it is.
+    """
+    out: list[CheckpointError] = []
+    again: dict[str, CheckpointError | None] = {}
+    listed: dict[str, set[str] | CheckpointError] = {}  # one listing per directory (F17)
+    for e in errors:
+        rel = _file_of(e, attempt_id, files) if e.code in _READ_AGAIN else None
+        if rel is None:
+            out.append(e)
+            continue
+        if rel not in again:
+            again[rel] = read_file_again(storage, f"{attempt_id}/{rel}", files[rel], listed)
+        second = again[rel]
+        first = f"{e.path or rel}: a first read found [{e.code}] {e.message[:300]}"
+        if second is None:
+            out.append(StorageError(
+                f"{first} — not found again when the file was read a second time: a transient "
+                "fault of the storage or of this host, not damage of the version (not recorded)",
+                path=e.path,
+            ))
+        elif second.code in DAMAGE_CODES:
+            out.append(e)
+        else:  # the second look did not happen: nothing is known either way (F8)
+            out.append(StorageError(
+                f"{first} — and the file could not be read a second time ([{second.code}] "
+                f"{second.message[:300]}): not recorded; run the verification again when the "
+                "storage answers",
+                path=e.path,
+            ))
+    return out
+
+
+#: Findings a second read can contradict. The others (a codec, header, dtype or layout error)
+#: come from bytes whose checksums were verified first: the committed bytes say so every time.
+_READ_AGAIN = frozenset({"PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-FILE-MISSING"})
+
+
+def _file_of(e: CheckpointError, attempt_id: str, files: Mapping[str, FileRecord]) -> str | None:
+    path = (e.path or "").removeprefix(f"{attempt_id}/")
+    return path if path in files else None
+
+
+def read_file_again(
+    storage: Storage,
+    full: str,
+    rec: FileRecord,
+    listed: dict[str, set[str] | CheckpointError] | None = None,
+) -> CheckpointError | None:
+    """What a second read of ``full`` finds.
+
+    ``None`` (intact), damage (a code of :data:`DAMAGE_CODES`), or the error that kept it from
+    being read. ``listed``: the listings of directories made so far (one per directory, not
+    one per missing file: 2,000 files took 25 s, attack review 3 F17).
+    """
+    from portable_ckpt.io.checksum import verify_file
+
+    local = storage.local_root()
+    if local is not None:  # read the device again, not the pages the first read cached
+        with contextlib.suppress(OSError):
+            fd = os.open(os.path.join(local, full), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    try:
+        verify_file(storage, full, rec)  # its size asked again too: a second look
+    except FileMissingError as exc:
+        parent = full.rsplit("/", 1)[0] + "/"
+        listed = {} if listed is None else listed
+        if parent not in listed:
+            try:
+                listed[parent] = {i.path for i in storage.list(parent, recursive=False)}
+            except CheckpointError as why:
+                listed[parent] = why.with_traceback(None)
+        names = listed[parent]
+        if isinstance(names, CheckpointError):
+            return names
+        if full in names:
+            return StorageError(f"{full}: answered absent, yet listed")
+        return exc.with_traceback(None)
+    except CheckpointError as exc:
+        return exc.with_traceback(None)
+    return None

@@ -1,0 +1,827 @@
+"""Retention and garbage collection of a root (spec §15).
+
+:func:`gc` keeps the newest versions (and the protected ones: drilled, verified, copied, a
+rollback's new branch), deletes the rest commit record first, and removes abandoned attempts
+once quiet for the grace period on the storage's clock (:func:`storage_clock`). Nothing is
+deleted that was not positively classified (:mod:`portable_ckpt.io.versions`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    StorageError,
+    UsageError,
+)
+from portable_ckpt.format import usage
+from portable_ckpt.format.naming import (
+    attempt_time,
+)
+from portable_ckpt.format.vocab import DEFAULT_GRACE_SECONDS
+from portable_ckpt.io.annotations import (
+    ANNOTATION_KINDS,
+    epoch_us,
+    listed_info,
+    prune_quietly,
+    superseded,
+    timestamp_key,
+)
+from portable_ckpt.io.pins import read_pins
+from portable_ckpt.io.versions import (
+    COMMITTED,
+    FOREIGN,
+    INCOMPLETE,
+    INVALID,
+    STRAY,
+    UNREADABLE,
+    VersionInfo,
+    list_versions,
+    load_manifest,
+    root_must_exist,
+    upload_only_attempts,
+    version_order,
+)
+from portable_ckpt.logs import Progress, log_event
+from portable_ckpt.storage import ObjectInfo, Storage, open_storage
+
+__all__ = [
+    "CLOCK_SKEW_SAID",
+    "PROBE_LEFTOVER_SECONDS",
+    "RETIRE_TOLERANCE_SECONDS",
+    "GcReport",
+    "check_grace",
+    "check_retention",
+    "gc",
+    "storage_clock",
+]
+
+_log = logging.getLogger(__name__)
+
+@dataclass
+class GcReport:
+    """What gc removed or would remove (``dry_run``), and what it left alone and why.
+
+    ``unknown`` lists the attempts gc could not classify (``{"id", "status", "code",
+    "message"}``): they were not touched, and ``complete`` is False. ``foreign`` lists versions
+    of a format this implementation does not implement: never garbage, never counted in
+    ``keep``. ``foreign_keys`` lists entries that are not the format's (e.g. ``<attempt>//x`` on
+    an object store, a FIFO in a local attempt) that gc found and left where they are.
+    """
+
+    deleted: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    protected: str | None = None
+    kept_for_copy: list[str] = field(default_factory=list)
+    #: Destinations of copy records that could not be asked whether they hold the copy.
+    copy_unasked: list[str] = field(default_factory=list)
+    aborted_uploads: int = 0
+    dry_run: bool = False
+    unknown: list[dict[str, Any]] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    foreign_keys: list[str] = field(default_factory=list)
+    #: Attempts without a commit record left alone because something was written to them
+    #: within the grace period (a save may be in progress): ``{"id", "status", "age_seconds"}``.
+    in_grace: list[dict[str, Any]] = field(default_factory=list)
+    #: Attempts whose commit record is there but invalid, kept (R-GC-10): committed versions
+    #: damaged after their commit. ``{"id", "code", "message"}``; ``delete_invalid`` deletes them.
+    damaged: list[dict[str, Any]] = field(default_factory=list)
+    #: Committed versions of lower steps than the latest but committed after it (a job resumed
+    #: from an older step: a rollback's new branch), kept: readers restore the latest, not them.
+    newer_branch: list[str] = field(default_factory=list)
+    #: Committed versions a later commit at the same or a lower step abandoned, deleted by
+    #: ``retire_abandoned`` (or to be deleted).
+    retired: list[str] = field(default_factory=list)
+    #: Attempts kept because a pin record names them (R-GC-11); when the pins could not be read,
+    #: every attempt with a commit record (any of them may be pinned).
+    pinned: list[str] = field(default_factory=list)
+    #: Superseded drill, copy and verification records removed from kept versions (R-DRILL-9).
+    pruned_records: int = 0
+    #: Versions ``retire_abandoned`` did not retire because the store's clock does not confirm
+    #: the writers' (``{"id", "reason"}``).
+    retire_doubted: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds this host's clock is ahead of the storage's (negative: behind), when more than a
+    #: minute; attempts were dated on the storage's clock.
+    clock_skew: float | None = None
+    #: Deleted attempts (their commit record is gone) whose other files could not all be
+    #: deleted: ``{"id", "code", "message"}``; the next gc removes them as abandoned.
+    left_behind: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every attempt was classified (nothing skipped for a storage error)."""
+        return not self.unknown
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "deleted": self.deleted,
+            "abandoned": self.abandoned,
+            "kept": self.kept,
+            "protected": self.protected,
+            "kept_for_copy": self.kept_for_copy,
+            "copy_unasked": self.copy_unasked,
+            "aborted_uploads": self.aborted_uploads,
+            "dry_run": self.dry_run,
+            "foreign": self.foreign,
+            "foreign_keys": self.foreign_keys,
+            "in_grace": self.in_grace,
+            "damaged": self.damaged,
+            "newer_branch": self.newer_branch,
+            "retired": self.retired,
+            "pinned": self.pinned,
+            "pruned_records": self.pruned_records,
+            "retire_doubted": self.retire_doubted,
+            "clock_skew": self.clock_skew,
+            "left_behind": self.left_behind,
+            "unknown": self.unknown,
+            "complete": self.complete,
+        }
+
+    def damage(self, v: VersionInfo) -> None:
+        """Record a kept attempt whose commit record is invalid (R-GC-10)."""
+        code = v.error_code or "PCK-SCHEMA"
+        message = (v.error or "invalid commit record").removeprefix(f"[{code}] ")[:2000]
+        self.damaged.append({"id": v.id, "code": code, "message": message})
+
+    def skip(
+        self,
+        attempt_id: str | None,
+        status: str,
+        exc: CheckpointError | str | None,
+        code: str | None = None,
+    ) -> None:
+        """Record an attempt gc leaves alone because it could not classify it.
+
+        ``attempt_id`` is ``None`` when the unfinished uploads of the root could not be listed
+        (attempts known only by their uploads are then unknown). ``code``: the error's code
+        when ``exc`` is its message only.
+        """
+        code = exc.code if isinstance(exc, CheckpointError) else (code or "PCK-STORAGE")
+        self.unknown.append(
+            {"id": attempt_id, "status": status, "code": code, "message": str(exc)}
+        )
+
+    def failed(self, attempt_id: str, exc: CheckpointError) -> None:
+        """Record an attempt whose deletion failed part way: not deleted, and named."""
+        for done in (self.deleted, self.abandoned):
+            if attempt_id in done:
+                done.remove(attempt_id)
+        self.skip(attempt_id, "delete failed", exc)
+
+
+def check_retention(keep: int, grace_seconds: float) -> None:
+    """Refuse retention arguments that could delete a save in progress (``UsageError``)."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise UsageError(f"keep must be an integer >= 1, got {keep!r}")
+    check_grace(grace_seconds)
+
+
+def check_grace(seconds: float, what: str = "grace period") -> None:
+    """Refuse a grace period that is not a finite number of seconds >= 0 (``UsageError``).
+
+    NaN, a negative or an infinite value would make "younger than the grace period" false for
+    files being written: gc would delete a save in progress, a copy a copy in progress.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+        math.isfinite(seconds) and seconds >= 0
+    ):
+        raise UsageError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
+
+
+def gc(
+    root: str | os.PathLike[str] | Storage,
+    *,
+    keep: int,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    dry_run: bool = False,
+    require_copy: bool | str = False,
+    now: Callable[[], float] | None = None,
+    keep_ids: Collection[str] = (),
+    progress: Progress | None = None,
+    delete_invalid: bool = False,
+    retire_abandoned: bool = False,
+    spare_since: float | None = None,
+) -> GcReport:
+    """Apply retention to a root.
+
+    Keeps the ``keep`` newest committed versions and, in addition, the newest version that passed
+    a restore drill (or, when none ever did, the newest committed version). With
+    ``require_copy``, older committed versions are only deleted once a kept version has a
+    verified copy on another root (any root when ``True``; the given root URL when a string)
+    whose commit record is still there (the copy record alone is not trusted).
+    ``keep_ids`` are kept as well (a retention policy's choice, e.g. the manager's keep_best).
+    Attempts without a commit record (or with an invalid one) are removed once nothing was
+    written to them for ``grace_seconds`` (a save in progress is never touched as long as it
+    writes more often than that: a grace of 0 deletes saves that are running). A deleted
+    version's commit record is removed first, so it stops existing before any data goes; only
+    the unfinished uploads of attempts being deleted are aborted.
+
+    A pinned attempt (a pin record at the root names it, spec §15.3) is never deleted and takes
+    no place among the ``keep`` newest; while the pins cannot be read no attempt with a commit
+    record is deleted (R-GC-11, ``report.pinned``, ``report.unknown``).
+
+    Nothing is deleted that was not positively classified: attempts whose records could not be
+    read are listed in ``report.unknown`` and left alone, versions of a newer format in
+    ``report.foreign`` (spec §15). An attempt whose commit record is there but invalid is a
+    committed version damaged after its commit (the protocol publishes only checked records):
+    it is kept and listed in ``report.damaged`` unless ``delete_invalid`` asks for its deletion
+    (R-GC-10), its data and writer indexes may still restore it. ``progress(done, total)``
+    follows the attempts deleted.
+
+    A committed version of a lower step than the latest but committed after it (a job resumed
+    from an older step, a rollback: its new saves sort below the abandoned steps) is kept and
+    listed in ``report.newer_branch``, the ``keep`` newest of them by commit time: the ``keep``
+    greatest by step are the abandoned branch's. ``retire_abandoned`` deletes first (commit record first) every
+    committed version that a later commit at the same or a lower step abandoned, so that the
+    rollback's branch becomes the latest; retention then applies to the rest
+    (``report.retired``).
+
+    ``now`` is a clock of the caller's, taken as it is; by default (this host's clock) attempts
+    are dated on the storage's
+    (:func:`storage_clock`: a host whose clock is ahead would delete saves in progress), and an
+    offset of more than a minute is ``report.clock_skew``.
+
+    ``spare_since`` (epoch seconds): attempts without a commit record created at or after this
+    time are left alone, whatever the grace period (listed in ``report.in_grace``): a job's own
+    retention passes its start, so that it never deletes its next save while that is being
+    written (chaos review F1: with a short grace, retention after one async save deleted the
+    next one's files under its writers). An attempt whose commit record appears while gc runs
+    is never deleted as abandoned.
+
+    Raises:
+        UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
+        NotFoundError: the root does not exist.
+
+    """
+    check_retention(keep, grace_seconds)
+    ask_storage = now is None  # a caller's own clock is taken as it is
+    now = time.time if now is None else now
+    keep_ids = usage.name_collection(keep_ids, "gc: keep_ids")
+    if isinstance(require_copy, str) and require_copy:
+        require_copy = _copy_destination(require_copy, strict=True)
+    storage = open_storage(root)
+    root_must_exist(storage)
+    report = GcReport(dry_run=dry_run)
+    try:
+        uploads: list[ObjectInfo] = storage.list_uploads("")
+    except StorageError as exc:
+        uploads = []
+        report.skip(None, UNREADABLE, exc)  # attempts seen only as uploads stay unknown
+    listed = list_versions(storage, pins=False)
+    extra = upload_only_attempts(storage, [v.id for v in listed], uploads)
+    versions = _known_versions(storage, sorted(listed + extra, key=version_order), report)
+    pinned = _pinned(storage, versions, report)
+    # Pinned attempts are out of gc's reach (R-GC-11): they are neither retired, nor counted
+    # among `keep`, nor deleted as invalid or abandoned.
+    versions, held = [v for v in versions if v.id not in pinned], [
+        v for v in versions if v.id in pinned]
+    if retire_abandoned:
+        retired = _abandoned_branch(storage, versions, report)
+        report.retired = [v.id for v in retired]
+        report.deleted += report.retired
+        versions = [v for v in versions if v not in retired]
+    doomed = list(report.retired)
+    doomed += _retention(
+        versions, keep, require_copy, report, keep_ids, own=_copy_destination(storage.url)
+    )
+    abandoned = _abandoned(
+        storage, versions, grace_seconds, now(), report, delete_invalid, spare_since,
+        ask_storage=ask_storage,
+    )
+    doomed += abandoned
+    unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
+    if not dry_run:
+        for i, attempt_id in enumerate(doomed):
+            try:
+                if attempt_id in abandoned and attempt_id in unrecorded:
+                    _still_unrecorded(storage, attempt_id)
+                _delete_attempt(storage, attempt_id, report)
+            except CheckpointError as exc:
+                # Go on with the others; the report says what was deleted and what was not.
+                report.failed(attempt_id, exc)
+            if progress is not None:
+                progress(i + 1, len(doomed))
+    kept = [v for v in versions if v.id not in doomed] + held
+    report.kept += [v.id for v in held if v.status == COMMITTED and v.id not in report.kept]
+    _abort_orphan_uploads(storage, kept, uploads, grace_seconds, now(), report)
+    _prune_kept(storage, kept, report)
+    _log_gc(storage, report)
+    return report
+
+
+def _pinned(storage: Storage, versions: list[VersionInfo], report: GcReport) -> set[str]:
+    """The ids of ``versions`` gc must leave alone for pins (R-GC-11); listed in ``report``.
+
+    While a pin cannot be read any version may be pinned: then every attempt that has a commit
+    record (committed, invalid) is held, and the run is incomplete (``report.unknown``).
+    """
+    try:
+        pins = read_pins(storage)
+    except CheckpointError as exc:
+        report.skip(None, "pins unreadable", exc)
+        held = {v.id for v in versions if v.status in (COMMITTED, INVALID)}
+        report.pinned = sorted(held)
+        return held
+    held = {v.id for v in versions if v.id in pins}
+    report.pinned = [v.id for v in versions if v.id in held]
+    return held
+
+
+def _prune_kept(storage: Storage, versions: list[VersionInfo], report: GcReport) -> None:
+    """Remove the superseded drill, copy and verification records of kept versions (R-DRILL-9).
+
+    A version's records piled up before writers pruned them (and a writer's prune can fail):
+    gc, which read them all, counts them in ``report.pruned_records`` (a dry run deletes none).
+    """
+    for v in versions:
+        if v.status != COMMITTED or v.annotations_unreadable:
+            continue
+        for kind in ANNOTATION_KINDS:
+            records: list[dict[str, Any]] = getattr(v, kind)
+            report.pruned_records += (
+                len(superseded(kind, records)) if report.dry_run
+                else prune_quietly(storage, v.id, kind, records)
+            )
+
+
+def _log_gc(storage: Storage, report: GcReport) -> None:
+    """One ``gc.finished`` line (INFO) for the job log; ``gc.damaged`` (WARNING) per kept damage.
+
+    Skipped attempts are in the report.
+    """
+    for d in report.damaged:
+        log_event(
+            _log, "gc.damaged", {"root": storage.url, **d},
+            "gc of %s kept %s: its commit record is invalid ([%s] %s): a committed version "
+            "damaged after its commit; verify it, restore the record from a copy, or delete it "
+            "with delete_invalid=True (--delete-invalid)",
+            storage.url, d["id"], d["code"], d["message"], level=logging.WARNING,
+        )
+    if report.newer_branch:
+        log_event(
+            _log, "gc.branch", {"root": storage.url, "newer_branch": report.newer_branch},
+            "gc of %s kept %s: committed after the latest version at lower steps (a job resumed "
+            "from an older step?); readers restore the latest, not them. To make them the "
+            "latest, delete the steps they abandoned: gc --retire-abandoned",
+            storage.url, ", ".join(report.newer_branch[:8]), level=logging.WARNING,
+        )
+    verb = "would delete" if report.dry_run else "deleted"
+    fields = {k: report.to_json()[k] for k in ("deleted", "abandoned", "kept", "dry_run")}
+    log_event(
+        _log, "gc.finished", {"root": storage.url, **fields},
+        "gc of %s: %s %d version(s) and %d abandoned attempt(s); kept %d",
+        storage.url, verb, len(report.deleted), len(report.abandoned), len(report.kept),
+    )
+
+
+def _known_versions(
+    storage: Storage, versions: list[VersionInfo], report: GcReport
+) -> list[VersionInfo]:
+    """Drop what gc must not act on (unknown, foreign)."""
+    out = []
+    for v in versions:
+        if not v.known:
+            report.skip(v.id, v.status, v.error, v.error_code)
+        elif v.status == FOREIGN:
+            report.foreign.append(v.id)
+        elif v.status == STRAY:
+            # A foreign entry has the record's name: neither a version nor garbage (R-LAYOUT-7).
+            report.foreign_keys.append(f"{v.id}/manifest.json")
+        else:
+            out.append(v)
+    return out
+
+
+def _abort_orphan_uploads(
+    storage: Storage,
+    versions: list[VersionInfo],
+    uploads: Sequence[ObjectInfo],
+    grace: float,
+    t_now: float,
+    report: GcReport,
+) -> None:
+    """Abort unfinished uploads of files that kept committed versions list (R-GC-8).
+
+    A writer whose CreateMultipartUpload answer was lost retried it; the server had started
+    both, and the first stayed under the version for as long as it was kept, billed (ops review
+    F9). Such an upload belongs to nobody: every listed file was complete before the commit,
+    and completed it would replace a committed file. Only those whose newest activity is older
+    than the grace period are aborted, each by its exact key.
+    """
+    attempts = {u.path.split("/", 1)[0] for u in uploads if "/" in u.path}
+    for v in versions:
+        if v.status != COMMITTED or v.id not in attempts:
+            continue
+        try:
+            files = load_manifest(storage, v.id).files
+            dated = storage.list_uploads(f"{v.id}/", activity=True)
+        except CheckpointError as exc:  # left for the next run; the version is kept either way
+            report.skip(v.id, "uploads not checked", exc)
+            continue
+        orphans = {
+            u.path for u in dated
+            if u.path.split("/", 1)[1] in files and t_now - u.mtime >= grace
+        }
+        if not orphans:
+            continue
+        if report.dry_run:
+            report.aborted_uploads += len(orphans)
+            continue
+        try:
+            report.aborted_uploads += storage.abort_uploads(f"{v.id}/", only=orphans)
+        except CheckpointError as exc:
+            report.skip(v.id, "uploads not checked", exc)
+
+
+#: How far the store's time between two commit records may differ from the writers' before a
+#: retirement is doubted (the time between a record's timestamp and its write, NTP drift).
+RETIRE_TOLERANCE_SECONDS = 60.0
+
+
+def _abandoned_branch(
+    storage: Storage, versions: list[VersionInfo], report: GcReport
+) -> list[VersionInfo]:
+    """Committed versions that a later commit at the same or a lower step abandoned.
+
+    A job resumed from step S and saved S+1, S+2 ... again: the first run's versions above S
+    were committed before a version at their step or below, and readers (by step first) still
+    return them. In a run that never went back no version is abandoned.
+
+    ``committed_at`` comes from the clock of the host that committed: one writer whose clock
+    was ahead (or behind) looked like a rollback, and every later version (or the latest) was
+    retired (multi-job review F1). So a version is retired only when the storage's own times
+    of the two commit records (their listed modification times: one clock, the store's) agree
+    that the later commit came later, and by as much (within
+    :data:`RETIRE_TOLERANCE_SECONDS`); where they disagree, or a time is unknown, it is kept
+    and named in ``report.retire_doubted``.
+    """
+    committed = sorted((v for v in versions if v.status == COMMITTED), key=lambda v: v.step)
+    times = {v.id: timestamp_key(v.committed_at) for v in committed}
+    stored: dict[str, float | None] = {}
+
+    def stored_time(v: VersionInfo) -> float | None:
+        if v.id not in stored:
+            try:
+                info = listed_info(storage, f"{v.id}/manifest.json")
+            except CheckpointError:
+                info = None
+            stored[v.id] = None if info is None else info.mtime
+        return stored[v.id]
+
+    candidates: list[VersionInfo] = []  # by the writers' clocks, in one pass
+    bound: tuple[int, ...] = ()  # the latest commit time at a step below the current one
+    i = 0
+    while i < len(committed):
+        group = [v for v in committed[i:] if v.step == committed[i].step]
+        i += len(group)
+        top = max([bound, *(times[v.id] for v in group)])
+        candidates += [v for v in group if times[v.id] < top]
+        bound = top
+    def confirms(w: VersionInfo, v: VersionInfo) -> bool:
+        """The store saw ``w``'s record after ``v``'s, as much later as the writers' clocks say.
+
+        Order alone is not enough: in a copied root (a backup, a migration) the store's times
+        are the copy's, in whatever order it went (attack review 3 F13). Two records stored when
+        they were committed are as far apart on the store's clock as on the writers' (any
+        constant offset cancels); a copy, or a skewed writer, breaks that.
+        """
+        mine, theirs = stored_time(v), stored_time(w)
+        if mine is None or theirs is None or theirs <= mine or min(times[v.id], times[w.id]) < (0,):
+            return False
+        writers = (epoch_us(times[w.id]) - epoch_us(times[v.id])) / 1e6
+        return abs((theirs - mine) - writers) <= RETIRE_TOLERANCE_SECONDS
+
+    out: list[VersionInfo] = []
+    for v in candidates:
+        later = [w for w in committed
+                 if w is not v and w.step <= v.step and times[w.id] > times[v.id]]
+        by = next((w for w in later if confirms(w, v)), None)
+        if by is not None:
+            out.append(v)
+            continue
+        w = max(later, key=lambda w: times[w.id])
+        report.retire_doubted.append({
+            "id": v.id,
+            "reason": (
+                f"its committed_at {v.committed_at} is earlier than {w.id}'s {w.committed_at} "
+                f"(step {w.step}), but the storage's times of the two commit records do not "
+                "agree that it came that much later: a writer's clock was off, or the root "
+                "was copied (its times are the copy's); kept"
+            ),
+        })
+    return out
+
+
+def _retention(
+    versions: list[VersionInfo],
+    keep: int,
+    require_copy: bool | str,
+    report: GcReport,
+    keep_ids: Collection[str] = (),
+    *,
+    own: str | None = None,
+) -> list[str]:
+    """Committed versions to delete: all but the ``keep`` newest, ``keep_ids`` and the protected one.
+
+    ``own``: this root as copy records name it (a "copy" there is no copy).
+
+    A version whose verification failed is never restored (R-DRILL-8): it takes no place of the
+    ``keep`` newest and no protection from the ones that did not fail (R-GC-9), which are kept
+    as well; R-GC-1 and R-GC-2 still keep it where they keep it.
+    """
+    newest_first = [v for v in reversed(versions) if v.status == COMMITTED]
+    good = [v for v in newest_first if not v.verification_failed]
+    kept = newest_first[:keep] + [v for v in newest_first[keep:] if v.id in keep_ids]
+    kept += [v for v in good[:keep] if v not in kept]
+    if newest_first:  # a rollback's new branch: committed after the latest, at lower steps
+        latest = timestamp_key(newest_first[0].committed_at)
+        branch = [v for v in newest_first[1:] if timestamp_key(v.committed_at) > latest]
+        # its own `keep` newest, by commit time: bounded, as the branch grows with every save
+        branch.sort(key=lambda v: timestamp_key(v.committed_at), reverse=True)
+        report.newer_branch = [v.id for v in branch[:keep]]
+        kept += [v for v in branch[:keep] if v not in kept]
+    drilled = next((v for v in newest_first if v.drilled), None)
+    protected = drilled or (newest_first[0] if newest_first else None)
+    for p in (protected, None if drilled else next(iter(good), None)):
+        if p is not None and p not in kept:
+            kept.append(p)
+    report.kept = [v.id for v in kept]
+    report.protected = protected.id if protected else None
+    want = require_copy if isinstance(require_copy, str) else None
+    may_delete = not require_copy or any(_has_copy(v, want, own, report) for v in kept)
+    doomed = []
+    for v in newest_first:
+        if v in kept:
+            continue
+        if not may_delete:
+            report.kept_for_copy.append(v.id)
+            continue
+        report.deleted.append(v.id)
+        doomed.append(v.id)
+    return doomed
+
+
+def _copy_destination(url: str, *, strict: bool = False) -> str:
+    """A root URL as copy records name it (``copy``'s normalisation), local paths resolved.
+
+    ``DEST``, ``./DEST``, ``/abs/DEST`` and ``file:///abs/DEST`` name one root; so do two local
+    paths whose real paths agree (a symlinked parent). ``strict``: a malformed URL raises
+    ``UsageError`` (else it is compared as written).
+    """
+    from portable_ckpt.io.copy import normalize_root_url
+
+    try:
+        text = normalize_root_url(url)
+        if text.startswith("file://"):
+            return "file://" + os.path.realpath(text[len("file://") :])
+    except (CheckpointError, ValueError):  # ValueError: a NUL in a record's path (F10)
+        if strict:
+            raise
+        return url.rstrip("/")
+    return text
+
+
+def _has_copy(
+    v: VersionInfo, want: str | None, own: str | None = None, report: GcReport | None = None
+) -> bool:
+    """Whether a verified copy of ``v`` is still committed (on root ``want``; any when None).
+
+    ``want`` and ``own`` (the root being collected) are :func:`_copy_destination` forms. A copy
+    record alone is not trusted: the copy may have been deleted since. A record that names this
+    root (a hand-written one, or a decoded name that lands here: attack review 3 F11) or no
+    usable root (a NUL: F10) counts for nothing.
+    """
+    from portable_ckpt.io.copy import url_of_record
+
+    for c in v.copies:
+        dest = c.get("destination")
+        if c.get("ok") is not True or not isinstance(dest, str):
+            continue
+        dest = url_of_record(dest)  # "/mnt/nightly%20backup" names "/mnt/nightly backup"
+        if "\0" in dest:
+            continue
+        # A record's destination is compared resolved as well; only a URL is (a bare path in a
+        # record would be resolved against this process's directory, not the copier's).
+        named = _copy_destination(dest) if "://" in dest else dest.rstrip("/")
+        if named == own or (want is not None and named != want):
+            continue
+        if _copy_committed(dest, v.id, report):
+            return True
+    # A copier that could not write its record into this root (read-only credentials on the
+    # training root: ops review F13) still left a committed copy there: asked directly.
+    return want is not None and want != own and _copy_committed(want, v.id, report)
+
+
+def _copy_committed(dest: str, attempt_id: str, report: GcReport | None = None) -> bool:
+    """Whether root ``dest`` holds the commit record of ``attempt_id``.
+
+    ``False`` when it cannot be asked (gc then keeps more, never less); the destination and the
+    error are noted in ``report.copy_unasked``: "missing" is not what gc knows then (F16).
+    """
+    from portable_ckpt.storage import open_storage
+
+    try:
+        return open_storage(dest).exists(f"{attempt_id}/manifest.json")
+    except (CheckpointError, OSError, ValueError) as e:
+        if report is not None and len(report.copy_unasked) < 16:
+            note = f"{dest}: {getattr(e, 'message', None) or e}"[:500]
+            if note not in report.copy_unasked:
+                report.copy_unasked.append(note)
+        return False
+
+
+def _abandoned(
+    storage: Storage,
+    versions: list[VersionInfo],
+    grace: float,
+    t_now: float,
+    report: GcReport,
+    delete_invalid: bool,
+    spare_since: float | None = None,
+    *,
+    ask_storage: bool = True,
+) -> list[str]:
+    """Attempts without a commit record (or, if asked, an invalid one) quiet for ``grace`` s.
+
+    Quiet is measured on the storage's clock, which set the files' times: a gc host whose clock
+    was ahead by more than the grace period deleted saves in progress (multi-job review F2). So
+    before the first deletion the storage is asked its time (:func:`storage_clock`), and an
+    attempt id stamped after it (a writer whose clock was ahead) is dated by its files alone
+    (F8: such an attempt was kept for years, "written to 0 s ago").
+    """
+    doomed = []
+    clock: list[float] = []  # the storage's "now", once asked
+    for v in versions:
+        if v.status == INVALID and not delete_invalid:
+            report.damage(v)  # R-GC-10: a damaged version, not an abandoned save
+            continue
+        if v.status not in (INCOMPLETE, INVALID):
+            continue
+        born = attempt_time(v.id)
+        if v.status == INCOMPLETE and spare_since is not None and born is not None and (
+            born >= spare_since
+        ):  # the caller's own save, perhaps still being written
+            report.in_grace.append(
+                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - born), 1)}
+            )
+            continue
+        try:
+            if not clock:
+                clock.append(_clock_for_ages(storage, t_now, report) if ask_storage else t_now)
+            now = clock[0]
+            last, anything = _last_activity(
+                storage, v.id, record_absent=v.status == INCOMPLETE, not_after=now + 60.0
+            )
+            foreign = [] if anything else storage.list_foreign(f"{v.id}/")
+        except StorageError as exc:
+            report.skip(v.id, v.status, exc)  # cannot date it: it may be a save in progress
+            continue
+        if foreign:  # only what the format never writes is left: not gc's to delete
+            report.foreign_keys.extend(foreign)
+            continue
+        if now - last < grace:
+            report.in_grace.append(
+                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, now - last), 1)}
+            )
+            continue
+        report.abandoned.append(v.id)
+        doomed.append(v.id)
+    return doomed
+
+
+def _last_activity(
+    storage: Storage,
+    attempt_id: str,
+    *,
+    record_absent: bool = False,
+    not_after: float = math.inf,
+) -> tuple[float, bool]:
+    """The latest of the attempt-id time, its file times and its unfinished uploads' activity.
+
+    Also returns whether the attempt has any file or upload at all. An attempt-id time after
+    ``not_after`` (the storage's now: a writer's clock was ahead) is not counted.
+
+    Raises:
+        StorageError: ``record_absent`` (the attempt was classified without a commit record),
+            yet the listing shows one (a store that contradicts itself, or a save that
+            committed since): not abandoned.
+
+    """
+    t = attempt_time(attempt_id) or 0.0
+    t = 0.0 if t > not_after else t
+    anything = False
+    record = f"{attempt_id}/manifest.json"
+    for info in storage.list(f"{attempt_id}/"):
+        if record_absent and info.path == record:
+            raise StorageError(
+                f"{storage.url}/{record} is listed, though the attempt was classified without "
+                "it (committed since, or a store that answered \"absent\" for it): left for "
+                "the next gc",
+                path=record,
+            )
+        t, anything = max(t, info.mtime), True
+    for up in storage.list_uploads(f"{attempt_id}/", activity=True):
+        t, anything = max(t, up.mtime), True
+    return t, anything
+
+
+#: A gc host clock further than this from the storage's is reported (``GcReport.clock_skew``).
+CLOCK_SKEW_SAID = 60.0
+
+
+def _clock_for_ages(storage: Storage, t_now: float, report: GcReport) -> float:
+    """The "now" attempts are dated against: the storage's when it can be asked, else ours.
+
+    A dry run asks too (a probe written and deleted): on this host's clock it predicted other
+    deletions than the run made (attack review 3 F6).
+    """
+    there = storage_clock(storage, tidy=not report.dry_run)
+    if there is None:
+        return t_now
+    skew = t_now - there
+    if abs(skew) > CLOCK_SKEW_SAID:
+        report.clock_skew = round(skew, 1)
+        _log.warning(
+            "%s: this host's clock is %.0f s %s the storage's; attempts are dated on the "
+            "storage's clock", storage.url, abs(skew), "ahead of" if skew > 0 else "behind",
+        )
+    return there
+
+
+#: A clock probe's name (spec §15.2); one older than an hour is a leftover any gc may delete.
+_PROBE = re.compile(r"\.pck-clock-[0-9a-f]{16}\Z")
+
+
+PROBE_LEFTOVER_SECONDS = 3600.0
+
+
+def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
+    """The storage's time now: the modification time it gives a probe file written at its root.
+
+    ``None`` when it cannot be asked (a read-only root, no listing of the probe). The probe
+    (``.pck-clock-<16 hex>``, empty, spec §15.2) is deleted again; readers ignore such names
+    (R-LAYOUT-4). ``tidy``: also delete probes the same listing shows older than
+    :data:`PROBE_LEFTOVER_SECONDS` (a failed delete or a killed gc left them: F15).
+    """
+    name = f".pck-clock-{secrets.token_hex(8)}"
+    try:
+        storage.put(name, b"")
+    except CheckpointError:
+        return None
+    try:
+        listed = [o for o in storage.list("", recursive=False) if _PROBE.match(o.path)]
+    except CheckpointError:
+        listed = []
+    there = next((o.mtime for o in listed if o.path == name), None)
+    stale = [o.path for o in listed if there is not None and o.path != name
+             and there - o.mtime > PROBE_LEFTOVER_SECONDS] if tidy else []
+    for path in [name, *stale]:
+        try:
+            storage.delete(path)
+        except CheckpointError as exc:
+            _log.warning("%s: could not delete the clock probe %s (%s); a later gc deletes it "
+                         "once it is an hour old", storage.url, path, exc)
+    return there
+
+
+def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
+    """Raise if the commit record of an attempt classified ``incomplete`` exists by now.
+
+    A save that committed between gc's listing and its deletion (a short grace period) would
+    lose a version its committer reported as published.
+    """
+    rel = f"{attempt_id}/manifest.json"
+    if storage.exists(rel):
+        raise StorageError(
+            f"{storage.url}/{rel} exists now: the attempt was committed while gc ran; not "
+            "deleted",
+            path=rel,
+        )
+
+
+def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport) -> None:
+    """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads.
+
+    Once its record is gone the version no longer exists: a failure after that leaves files,
+    not a version, and is reported as such (``report.left_behind``), never as "not deleted"
+    (multi-job review F3: an operator read that the versions were intact).
+    """
+    storage.delete(f"{attempt_id}/manifest.json")
+    try:
+        report.aborted_uploads += storage.abort_uploads(f"{attempt_id}/")
+        storage.delete_prefix(f"{attempt_id}/")
+    except CheckpointError as exc:
+        report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc)})
+        return
+    report.foreign_keys.extend(storage.list_foreign(f"{attempt_id}/"))  # never deleted

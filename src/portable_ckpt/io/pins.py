@@ -1,0 +1,182 @@
+"""Pins: versions that every gc keeps until they are unpinned (spec §15.3).
+
+A pin record ``pins/<pin_id>.json`` at the root names one version (R-PIN-1). It belongs to the
+root's retention, not to the version: readers never see it (R-LAYOUT-4) and a copy of the
+version does not carry it. gc keeps every pinned attempt, and while a pin cannot be read it
+deletes no attempt that has a commit record (R-GC-11).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    FileMissingError,
+    LimitError,
+    StorageError,
+    UsageError,
+)
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.naming import check_attempt_id, utc_now_iso
+from portable_ckpt.io.annotations import annotation_id, read_listed_record
+from portable_ckpt.logs import log_event
+from portable_ckpt.storage import Storage, open_storage
+
+__all__ = ["PIN_DIR", "pin", "read_pins", "unpin"]
+
+_log = logging.getLogger(__name__)
+
+#: The directory of pin records, directly under the root.
+PIN_DIR = "pins"
+#: Longest ``reason`` and ``by`` of a record (``pin.schema.json``).
+_REASON_CHARS, _BY_CHARS = 1024, 256
+
+
+def read_pins(root: str | os.PathLike[str] | Storage) -> dict[str, list[dict[str, Any]]]:
+    """The pin records of a root that count (R-PIN-2), by the attempt id they name.
+
+    A record counts when it validates, is stored under its own ``pin_id`` and names an attempt
+    id; one that does not is read a second time first (a flipped bit must not unpin a version),
+    and two reads that differ are a storage error. A record of a newer major format version
+    that names an attempt id counts too: a pin this tool cannot validate still pins.
+
+    Raises:
+        CheckpointError: a storage error while ``pins/`` was listed or a record read: any
+            version may be pinned (gc then deletes no version, R-GC-11).
+
+    """
+    storage = open_storage(root)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for info in storage.list(f"{PIN_DIR}/", recursive=False):
+        if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
+            continue  # not a record (a valid pin is a few hundred bytes)
+        doc = _read_pin(storage, info.path)
+        if doc is not None:
+            out.setdefault(str(doc["attempt_id"]), []).append(doc)
+    return out
+
+
+def _read_pin(storage: Storage, rel: str) -> dict[str, Any] | None:
+    """The pin record at ``rel`` if it counts, else None (read twice before it is passed over)."""
+    try:
+        first = read_listed_record(storage, rel)
+    except (FileMissingError, LimitError):
+        return None  # unpinned since the listing
+    doc = _counting_pin(first, rel)
+    if doc is not None:
+        return doc
+    try:
+        again = read_listed_record(storage, rel)
+    except (FileMissingError, LimitError):
+        return None
+    if again == first:
+        return None
+    doc = _counting_pin(again, rel)
+    if doc is None:
+        raise StorageError(
+            f"{storage.url}/{rel}: two reads of the pin record gave different bytes (it is never "
+            "modified, R-PIN-1): the storage or this host's reads are unreliable; try again",
+            path=rel,
+        )
+    return doc
+
+
+_NEWER_MAJOR = re.compile(r"[0-9]+\.[0-9]+\Z")
+
+
+def _counting_pin(data: bytes, rel: str) -> dict[str, Any] | None:
+    from portable_ckpt.format.schemas import validate_document
+
+    try:
+        doc = jsonio.loads(data, what=rel)
+    except StorageError:
+        raise
+    except CheckpointError:
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt-pin":
+        return None
+    fv = doc.get("format_version")
+    if isinstance(fv, str) and _NEWER_MAJOR.match(fv) and fv.split(".", 1)[0] != "1":
+        # A newer tool's pin: it cannot be validated here, and keeping is the safe side.
+        return doc if isinstance(doc.get("attempt_id"), str) else None
+    try:
+        validate_document(doc, "pin.schema.json", what=rel)
+    except CheckpointError:
+        return None
+    return doc if f"{doc['pin_id']}.json" == rel.rsplit("/", 1)[-1] else None
+
+
+def pin(
+    root: str | os.PathLike[str] | Storage,
+    attempt_id: str,
+    *,
+    reason: str | None = None,
+    by: str | None = None,
+) -> str:
+    """Pin the committed version ``attempt_id`` of a root; return the record's path.
+
+    Every gc keeps a pinned version, and it takes no place among gc's ``keep`` (R-GC-11),
+    until :func:`unpin`. ``reason`` (at most 1,024 characters) and ``by`` (at most 256) are
+    stored in the record for whoever lists the root.
+
+    Raises:
+        UsageError: ``reason`` or ``by`` is too long or not a string.
+        NotFoundError, ManifestMissingError: no committed version ``attempt_id``.
+        CheckpointError: a storage error (nothing is pinned).
+
+    """
+    from portable_ckpt.format.schemas import validate_document
+    from portable_ckpt.io.versions import load_manifest
+
+    check_attempt_id(attempt_id, what="pin: attempt_id")
+    for name, value, most in (("reason", reason, _REASON_CHARS), ("by", by, _BY_CHARS)):
+        if value is not None and (not isinstance(value, str) or len(value) > most):
+            raise UsageError(f"pin: {name} must be a string of at most {most} characters")
+    storage = open_storage(root)
+    load_manifest(storage, attempt_id)  # only committed versions are pinned
+    ident = annotation_id("p")
+    rec: dict[str, Any] = {
+        "format": "portable-ckpt-pin", "format_version": "1.0", "pin_id": ident,
+        "attempt_id": attempt_id, "pinned_at": utc_now_iso(),
+    }
+    rec.update({k: v for k, v in (("reason", reason), ("by", by)) if v is not None})
+    rel = f"{PIN_DIR}/{ident}.json"
+    validate_document(rec, "pin.schema.json", what=rel)
+    if not storage.create_if_absent(rel, jsonio.dumps(rec, indent=2)):
+        raise UsageError(f"{storage.url}/{rel} already exists; pin again")
+    log_event(_log, "pin.created", {"root": storage.url, "attempt_id": attempt_id, "pin": rel},
+              "pinned %s of %s (%s)", attempt_id, storage.url, rel)
+    return rel
+
+
+def unpin(
+    root: str | os.PathLike[str] | Storage, attempt_id: str, *, by: str | None = None
+) -> list[str]:
+    """Delete every pin record of ``attempt_id`` (R-PIN-1); return their paths ([]: not pinned).
+
+    ``by``: only the records whose ``by`` is this (a manager removes its own pins, never one an
+    operator wrote).
+
+    Raises:
+        CheckpointError: a storage error (the records deleted before it stay deleted; the
+            version may still be pinned: run it again).
+
+    """
+    check_attempt_id(attempt_id, what="unpin: attempt_id")
+    storage = open_storage(root)
+    out = []
+    for doc in read_pins(storage).get(attempt_id, []):
+        if by is not None and doc.get("by") != by:
+            continue
+        rel = f"{PIN_DIR}/{doc['pin_id']}.json"
+        storage.delete(rel)
+        out.append(rel)
+    if out:
+        log_event(_log, "pin.removed", {"root": storage.url, "attempt_id": attempt_id,
+                                        "pins": out},
+                  "unpinned %s of %s (%d record(s))", attempt_id, storage.url, len(out))
+    return out

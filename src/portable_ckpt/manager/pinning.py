@@ -1,0 +1,45 @@
+"""Pins a checkpoint manager keeps in step with its retention policy (``pin_kept``, spec §15.3).
+
+No torch: the versions ``keep_every`` and ``keep_best`` keep are pinned, so that a gc outside the
+job (a platform's ``gc --keep N``) keeps them too, and the manager's own pins of versions its
+policy let go are removed. A pin written by anyone else is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from portable_ckpt.manager.retention import RetentionDecision
+from portable_ckpt.storage import Storage
+
+__all__ = ["MANAGER_PIN_BY", "sync_pins"]
+
+#: ``by`` of the pins a manager writes (``pin_kept``): the only pins it ever removes.
+MANAGER_PIN_BY = "portable_ckpt CheckpointManager (pin_kept)"
+_PINNING = ("keep_every=", "keep_best=")
+
+
+def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[str, list[str]]:
+    """Pin what ``keep_every``/``keep_best`` keep; unpin this manager's pins of what they let go.
+
+    A version whose records could not be read is left as it is (its decision says nothing about
+    the policies). Returns ``{"pinned": [...], "unpinned": [...]}`` for the retention event.
+
+    Raises:
+        CheckpointError: a storage error (retention is skipped this time; pins already written
+            or removed stay so).
+
+    """
+    from portable_ckpt.io.pins import pin, read_pins, unpin
+
+    wanted = {d.id: [r for r in d.reasons if r.startswith(_PINNING)] for d in decisions}
+    unsure = {d.id for d in decisions if any(r.startswith("unclassified") for r in d.reasons)}
+    ours = {aid for aid, recs in read_pins(storage).items()
+            if any(r.get("by") == MANAGER_PIN_BY for r in recs)}
+    added = [aid for aid, why in wanted.items() if why and aid not in ours]
+    for aid in added:
+        pin(storage, aid, reason="; ".join(wanted[aid]), by=MANAGER_PIN_BY)
+    dropped = sorted(aid for aid in ours - unsure if not wanted.get(aid))
+    for aid in dropped:
+        unpin(storage, aid, by=MANAGER_PIN_BY)
+    return {"pinned": added, "unpinned": dropped}

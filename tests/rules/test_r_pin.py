@@ -1,0 +1,202 @@
+"""Pins (spec §15.3, errata 11): R-PIN-1, R-PIN-2 and gc's R-GC-11.
+
+A platform's `gc --keep N` over many roots deleted the versions a job kept on purpose (its best,
+its milestones; multi-job review F7): nothing could protect a version from every gc.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.cli.main import main as cli_main
+from portable_ckpt.errors import ManifestMissingError, StorageError, UsageError
+from portable_ckpt.format.schemas import validate_document
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.pins import pin, read_pins, unpin
+from portable_ckpt.io.versions import list_versions
+from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+
+def _root(tmp_path: Path, steps: int = 5) -> tuple[Path, list[str]]:
+    root = tmp_path / "r"
+    ids = [portable_ckpt.save_arrays(root, {"w": np.full(4, s, np.int64)}, step=s).attempt_id
+           for s in range(1, steps + 1)]
+    return root, ids
+
+
+def _committed(root: Path) -> list[str]:
+    return [v.id for v in list_versions(root) if v.status == "committed"]
+
+
+def test_r_pin_1_a_pin_is_a_record_under_its_own_id_and_unpin_deletes_only_its_records(
+    tmp_path: Path,
+) -> None:
+    """R-PIN-1: pins/<pin_id>.json at the root, valid, created once; unpin deletes every record
+    of that version and nothing else of pins/."""
+    root, ids = _root(tmp_path, 3)
+    a = pin(root, ids[0], reason="paper results", by="alice")
+    b = pin(root, ids[0])
+    c = pin(root, ids[1])
+    assert a != b and all(p.startswith("pins/p") for p in (a, b, c))
+    for rel in (a, b, c):
+        doc = json.loads((root / rel).read_text())
+        validate_document(doc, "pin.schema.json", what=rel)
+        assert rel == f"pins/{doc['pin_id']}.json"
+    assert json.loads((root / a).read_text())["reason"] == "paper results"
+    (root / "pins" / "notes.txt").write_text("an operator's file")
+    assert sorted(unpin(root, ids[0])) == sorted([a, b])
+    assert sorted(p.name for p in (root / "pins").iterdir()) == sorted(
+        [Path(c).name, "notes.txt"])
+    assert unpin(root, ids[0]) == []  # not pinned: nothing to delete
+    # Only committed versions are pinned; arguments are bounded by the schema.
+    with pytest.raises(ManifestMissingError):
+        pin(root, "s000000000009-20260101T000000000000Z-0123456789abcdef")
+    with pytest.raises(UsageError, match="at most 1024"):
+        pin(root, ids[2], reason="x" * 1025)
+    # Readers never see pins (R-LAYOUT-4): the latest version reads as before.
+    assert portable_ckpt.open(root).id == ids[2]
+
+
+def test_r_pin_2_only_records_that_count_pin(tmp_path: Path) -> None:
+    """R-PIN-2: a record that does not validate, is stored under another name or names another
+    attempt pins nothing; a newer major version's pin that names the attempt pins (kept)."""
+    root, ids = _root(tmp_path, 4)
+    rel = pin(root, ids[0])
+    doc = json.loads((root / rel).read_text())
+    pins = root / "pins"
+    # misnamed (a valid record of ids[1] under another name)
+    (pins / "p20200101T000000000000Z-00000000.json").write_text(
+        json.dumps({**doc, "attempt_id": ids[1]}))
+    # invalid (no pinned_at) under its own name
+    bad = {**doc, "attempt_id": ids[2], "pin_id": "p20200101T000000000000Z-11111111"}
+    del bad["pinned_at"]
+    (pins / f"{bad['pin_id']}.json").write_text(json.dumps(bad))
+    (pins / "p20200101T000000000000Z-22222222.json").write_text("{not json")
+    assert set(read_pins(root)) == {ids[0]}
+    assert [v.pinned for v in list_versions(root)] == [True, False, False, False]
+    newer = {"format": "portable-ckpt-pin", "format_version": "2.0", "attempt_id": ids[1],
+             "something": "else"}
+    (pins / "p20200101T000000000000Z-33333333.json").write_text(json.dumps(newer))
+    assert set(read_pins(root)) == {ids[0], ids[1]}
+    rep = gc(root, keep=1, grace_seconds=0)
+    assert sorted(rep.pinned) == sorted(ids[:2]) and rep.deleted == [ids[2]]
+    assert _committed(root) == [ids[0], ids[1], ids[3]]
+
+
+def test_r_gc_11_pinned_versions_are_kept_outside_keep(tmp_path: Path) -> None:
+    """R-GC-11: gc keeps a pinned version and it takes no place among `keep` (R-GC-1)."""
+    root, ids = _root(tmp_path, 5)
+    pin(root, ids[1])
+    rep = gc(root, keep=2, grace_seconds=0)
+    assert rep.pinned == [ids[1]] and sorted(rep.deleted) == sorted([ids[0], ids[2]])
+    assert _committed(root) == [ids[1], ids[3], ids[4]]
+    assert set(rep.kept) == {ids[1], ids[3], ids[4]}
+    unpin(root, ids[1])
+    gc(root, keep=2, grace_seconds=0)
+    assert _committed(root) == [ids[3], ids[4]]
+
+
+def test_r_gc_11_a_pinned_attempt_is_never_deleted_whatever_gc_was_asked(tmp_path: Path) -> None:
+    """R-GC-11: a pinned version whose commit record was damaged is kept under delete_invalid;
+    a pinned version that a rollback abandoned is not retired."""
+    root, ids = _root(tmp_path, 3)
+    pin(root, ids[0])
+    (root / ids[0] / "manifest.json").write_text('{"damaged": true}')
+    rep = gc(root, keep=1, grace_seconds=0, delete_invalid=True)
+    assert ids[0] in rep.pinned and ids[0] not in rep.deleted + rep.abandoned
+    assert (root / ids[0] / "manifest.json").exists()
+    # A rollback: step 2 saved again after step 3; pinned step 3 is not retired.
+    pin(root, ids[2])
+    again = portable_ckpt.save_arrays(root, {"w": np.zeros(4, np.int64)}, step=2).attempt_id
+    rep = gc(root, keep=1, grace_seconds=0, retire_abandoned=True, delete_invalid=True)
+    assert ids[2] not in rep.retired and ids[2] in _committed(root) and again in _committed(root)
+
+
+class _FlipOnce(FaultyStorage):
+    """The first read of each pin record returns one flipped bit (a flaky NIC)."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner, [])
+        self.seen: set[str] = set()
+
+    def read_all(self, path: str, *, max_size: int) -> bytes:
+        data = super().read_all(path, max_size=max_size)
+        if path.startswith("pins/") and path not in self.seen:
+            self.seen.add(path)
+            return bytes([data[0] ^ 0x01]) + data[1:]
+        return data
+
+
+def test_r_gc_11_a_flipped_bit_does_not_unpin_and_unreadable_pins_delete_no_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-GC-11: a record that does not count is read again (one flipped bit must not unpin); a
+    listing of pins/ that fails, or reads that differ, hold every version: nothing deleted."""
+    root, ids = _root(tmp_path, 4)
+    pin(root, ids[0])
+    rep = gc(_FlipOnce(open_storage(root)), keep=1, grace_seconds=0, dry_run=True)
+    assert rep.pinned == [ids[0]] and ids[0] not in rep.deleted
+    failing = FaultyStorage(open_storage(root), [Fault(op="list", path="pins*", error="EIO")])
+    rep = gc(failing, keep=1, grace_seconds=0)
+    assert not rep.complete and rep.deleted == [] and sorted(rep.pinned) == sorted(ids)
+    assert [u["status"] for u in rep.unknown] == ["pins unreadable"]
+    assert _committed(root) == ids
+
+    class _Differ(FaultyStorage):
+        n = 0
+
+        def read_all(self, path: str, *, max_size: int) -> bytes:
+            data = super().read_all(path, max_size=max_size)
+            if path.startswith("pins/"):
+                self.n += 1
+                return data[: -self.n]  # never the same twice, never valid
+            return data
+
+    with pytest.raises(StorageError, match="two reads of the pin record gave different bytes"):
+        read_pins(_Differ(open_storage(root), []))
+    rep = gc(_Differ(open_storage(root), []), keep=1, grace_seconds=0)
+    assert rep.deleted == [] and not rep.complete
+    # The CLI says so, exit 1; ls marks every version '?'.
+    gc(root, keep=1, grace_seconds=0)
+    assert _committed(root) == [ids[0], ids[3]]
+
+
+def test_pin_and_unpin_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pin` / `unpin` CKPT (a root and --step, or a version directory); `ls` shows PINNED and
+    `gc` says why it kept a version; usage errors exit 2 before anything is touched."""
+    root, ids = _root(tmp_path, 3)
+    assert cli_main(["pin", str(root), "--step", "1", "--reason", "paper"]) == 0
+    assert "pinned " + ids[0] in capsys.readouterr().out
+    assert cli_main(["pin", str(root / ids[1]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["attempt_id"] == ids[1]
+    assert cli_main(["ls", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "PINNED" in out and "not this format's" not in out  # pins/ is the format's
+    assert cli_main(["ls", str(root), "--json"]) == 0
+    assert [v["pinned"] for v in json.loads(capsys.readouterr().out)["versions"]] == [
+        True, True, False]
+    assert cli_main(["gc", str(root), "--keep", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"kept    {ids[0]}  (pinned)" in out and f"kept    {ids[1]}  (pinned)" in out
+    assert cli_main(["unpin", str(root), "--step", "2"]) == 0
+    assert "1 pin record(s) removed" in capsys.readouterr().out
+    assert cli_main(["unpin", str(root), "--step", "2"]) == 0
+    assert "was not pinned" in capsys.readouterr().out
+    before = sorted(p.name for p in (root / "pins").iterdir())
+    with pytest.raises(SystemExit) as e:
+        cli_main(["pin", str(root), "--reason", "x" * 1025])
+    assert e.value.code == 2 and "at most 1024" in capsys.readouterr().err
+    assert sorted(p.name for p in (root / "pins").iterdir()) == before
+    assert cli_main(["pin", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
+    assert cli_main(["pin", str(root), "--step", "7"]) == 1
+    assert "no committed version for step 7" in capsys.readouterr().err
