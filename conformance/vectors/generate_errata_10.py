@@ -44,8 +44,10 @@ SHARD = "data/w00000-0000.safetensors"
 A_VALUES = [-7, 993]
 B_VALUES = [1.5, -2.25, 3.0, 0.125]
 
+#: A case's generator: writes the case below a root; returns its version builder or None.
+Generator = Callable[[Path], Any]
 CASES: list[dict[str, Any]] = []
-case = E1.registry(CASES)
+case: Callable[..., Callable[[Generator], Generator]] = E1.registry(CASES)
 
 
 @case("writer-index-file-size-disagrees", "R-INDEX-6 (errata 10): a stored writer index, "

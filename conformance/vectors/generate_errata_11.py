@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,11 @@ E1 = _load("generate_errata_1")  # its command line writes this set too
 E4 = _load("generate_errata_4")
 PIN_ID = "p20260101T000005000000Z-4d5e6f70"
 
+#: A case's generator: writes the case below a root; returns its version builder or None.
+Generator = Callable[[Path], Any]
 CASES: list[dict[str, Any]] = []
-case = E1.registry(CASES, target="root")  # every case targets the root
+# every case targets the root
+case: Callable[..., Callable[[Generator], Generator]] = E1.registry(CASES, target="root")
 
 
 def _pinned(root: Path, name: str, **changes: Any) -> Any:

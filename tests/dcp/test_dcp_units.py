@@ -753,3 +753,24 @@ def test_a_tuple_subclass_template_is_rebuilt_as_itself() -> None:
     assert got == (Point(3, 4),) and type(got[0]) is Point
     assert type(tree.value("s", Point(0, 0))) is Point  # a stored list in a leaf, too
     assert tree.value("p", (0, 0), item=True) == (1, 2.5)  # a plain tuple stays plain
+
+
+def test_a_lossy_cast_through_dcp_load_is_refused_as_by_load(tmp_path: Any) -> None:
+    """Attack review 4 A1: dcp.load with PortableStorageReader cast float64 1e5 to float16 inf
+    (and 1e-10 to 0) without a word where pckt.load refuses; now both refuse, and an exact
+    cast (float16 -> float32) passes through DCP."""
+    d = str(tmp_path / "ck")
+    w = torch.tensor([1e5, 1e-10, 2.0**40 + 1], dtype=torch.float64)
+    pckt.save({"w": w, "h": torch.tensor([0.5, -2.0], dtype=torch.float16)}, d, step=1,
+              continuation="statistical")
+    sd = {"w": torch.zeros(3, dtype=torch.float16), "h": torch.zeros(2, dtype=torch.float16)}
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    with pytest.raises(CheckpointException, match=r"out of the target type's range") as e:
+        dcp.load(sd, storage_reader=PortableStorageReader(d))
+    assert "PCK-USAGE" in str(e.value)
+    with pytest.raises(CheckpointError, match=r"out of the target type's range"):
+        pckt.load({"w": torch.zeros(3, dtype=torch.float16)}, d)
+    wide = {"w": torch.zeros(3, dtype=torch.float64), "h": torch.zeros(2, dtype=torch.float32)}
+    dcp.load(wide, storage_reader=PortableStorageReader(d))
+    assert torch.equal(wide["w"], w) and wide["h"].tolist() == [0.5, -2.0]
