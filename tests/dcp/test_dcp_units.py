@@ -376,7 +376,7 @@ def test_a_staging_planner_is_read_in_bounded_batches(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """resolve_tensor may allocate: items are resolved, read and committed batch by batch."""
-    import portable_ckpt.torch.dcp as pdcp
+    import portable_ckpt.torch.dcp_loading as pdcp
 
     root = str(tmp_path)
     state = {f"w{i}": torch.arange(1024.0) + i for i in range(6)}

@@ -151,7 +151,7 @@ def _verbatim(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
 
 def _mapped(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
     """Keys through the key rule, shown as the DCP storage layer shows a version to dcp.load."""
-    from portable_ckpt.torch.dcp import _build_view
+    from portable_ckpt.torch.dcp_loading import _build_view
 
     view = _build_view(cast(Any, ck))
     warnings = [

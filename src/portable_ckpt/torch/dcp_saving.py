@@ -1,0 +1,442 @@
+"""Saving through PyTorch Distributed Checkpoint: ``dcp.save`` / ``dcp.async_save`` onto the format.
+
+:class:`PortableStorageWriter` is DCP's storage layer, :class:`PortableSavePlanner` its planner
+for strided DTensors; the protocol is in :mod:`portable_ckpt.torch.dcp`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+)
+from torch.distributed.checkpoint.planner import (
+    SavePlan,
+    SavePlanner,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from portable_ckpt.errors import (
+    CheckpointError,
+    CommitOutcomeUnknownError,
+    DistributedError,
+    UnsupportedValueError,
+    UsageError,
+)
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.keys import (
+    DCP_ITEMS_ENTRY,
+    MAX_KEY,
+    DcpPath,
+    dcp_items_value,
+    has_position,
+)
+from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
+from portable_ckpt.format.usage import require_non_negative_int, require_one_of
+from portable_ckpt.format.vocab import CONTRACTS
+from portable_ckpt.io.commit import commit
+from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
+from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
+from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
+from portable_ckpt.torch._dcp_keys import json_leaves, portable_key
+from portable_ckpt.torch._tensors import numpy_view
+from portable_ckpt.torch.flatten import VALUES_ENTRY, encode_json
+from portable_ckpt.torch.layout import Piece, group_mesh
+
+__all__ = ["PortableSavePlanner", "PortableStorageWriter"]
+
+#: FQN of the one extra result each rank returns from ``write_data`` (its writer index).
+_RESULT_FQN = "portable_ckpt/writer"
+
+
+class PortableSavePlanner(DefaultSavePlanner):
+    """``DefaultSavePlanner`` that describes strided DTensor layouts exactly and never pickles.
+
+    DCP's default planner writes each DTensor's local data as one box at its first offset,
+    which is wrong when the local rows of a ``_StridedShard`` layout are not contiguous in the
+    global tensor. This planner writes one item per box (:func:`~portable_ckpt.torch.layout.
+    dtensor_layout`), and serialises non-tensor items as JSON instead of ``torch.save``.
+    Needed only for such layouts; FSDP2 on tensor parallelism gives one box per rank.
+    """
+
+    def create_local_plan(self) -> SavePlan:
+        """The default plan, with the item of every multi-box DTensor split into its boxes."""
+        plan = super().create_local_plan()
+        self._pieces: dict[MetadataIndex, Piece] = {}
+        strided = strided_pieces(self.state_dict)
+        if not strided:
+            return plan
+        items: list[WriteItem] = []
+        for item in plan.items:
+            pieces = strided.get(item.index.fqn)
+            if pieces is None or item.tensor_data is None:
+                items.append(item)
+                continue
+            for p in pieces:
+                index = MetadataIndex(item.index.fqn, p.offsets)
+                self._pieces[index] = p
+                items.append(
+                    WriteItem(
+                        index=index,
+                        type=WriteItemType.SHARD,
+                        tensor_data=TensorWriteData(
+                            chunk=ChunkStorageMetadata(
+                                torch.Size(p.offsets), torch.Size(p.lengths)
+                            ),
+                            properties=item.tensor_data.properties,
+                            size=item.tensor_data.size,
+                        ),
+                    )
+                )
+        self.plan = dataclasses.replace(plan, items=items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
+        """The box's view of the local tensor for split items; else the default."""
+        piece = getattr(self, "_pieces", {}).get(write_item.index)
+        if piece is not None:
+            local: torch.Tensor = self.state_dict[write_item.index.fqn].to_local()
+            return local[piece.local_slices()]
+        return super().resolve_data(write_item)
+
+    def transform_object(self, write_item: WriteItem, object: Any) -> Any:
+        """Non-tensor items as UTF-8 JSON bytes (never ``torch.save``)."""
+        if write_item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(jsonio.dumps(encode_json(object, key=write_item.index.fqn)))
+        return object
+
+
+class PortableStorageWriter(StorageWriter):
+    """A DCP ``StorageWriter`` that saves one portable_ckpt version.
+
+    Args:
+        root: Checkpoint root (local path or ``s3://...``; a :class:`~portable_ckpt.storage.
+            Storage` works for threads, not for ``async_save`` in process mode, which pickles
+            the writer into the checkpoint process).
+        step: The completed training step (in the attempt id and the manifest).
+        continuation: ``"exact"`` or ``"statistical"`` (see ``docs/torch.md``).
+        codec: ``"none"`` or ``"zstd"`` for tensor chunks.
+        block_size: Checksum block size (default: the writer's).
+        max_file_bytes: Start a new shard file beyond this size.
+        tensor_table: Describe ranges in tensor tables (format 1.1); default when the job holds
+            more than 65,536 range records.
+
+    After ``dcp.save`` returns, :attr:`attempt_id` is the published version's id on every rank.
+    Every save through the writer publishes a new version of ``step``; DCP's ``checkpoint_id``
+    (``reset``) changes the root.
+
+    """
+
+    def __init__(
+        self,
+        root: Root,
+        *,
+        step: int,
+        continuation: str = "exact",
+        codec: str = "none",
+        block_size: int | None = None,
+        max_file_bytes: int = 4 << 30,
+        tensor_table: bool | None = None,
+    ) -> None:
+        require_non_negative_int(step, "step")
+        require_one_of(continuation, CONTRACTS, "continuation")
+        require_one_of(codec, CODECS, "codec")
+        check_block_size(block_size)  # at construction, not after DCP has planned the save
+        self.root = check_root(root)
+        self.step = step
+        self.continuation = continuation
+        self.codec = codec
+        self.block_size = block_size
+        self.max_file_bytes = max_file_bytes
+        self.tensor_table = tensor_table
+        self.reset()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Process-mode async_save sends the writer to the checkpoint process before a save starts.
+        state = dict(self.__dict__)
+        state["_storage"] = state["_writer"] = None
+        return state
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a new save (``checkpoint_id``, when given, is the root)."""
+        if checkpoint_id is not None:
+            self.root = check_root(checkpoint_id)
+        self.attempt_id: str | None = None
+        self.rank = 0
+        self.is_coordinator = True
+        self._storage: Storage | None = None
+        self._writer: ShardWriter | None = None
+        self._mesh: Mesh | None = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record this rank's role (DCP passes ``rank`` and ``use_collectives``)."""
+        if kwargs.get("use_collectives", True) is False:
+            raise UsageError(
+                "PortableStorageWriter needs DCP's collectives (one coordinator commits the "
+                "version); call dcp.save without use_collectives=False"
+            )
+        rank = kwargs.get("rank")
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.rank = int(rank)
+        self.is_coordinator = bool(is_coordinator)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Nothing to add locally."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Give every rank's plan the fresh attempt id and the world size (coordinator)."""
+        if any(not p.usable for p in plans):
+            raise UsageError(
+                "DCP plan caching reuses an earlier save's plans, attempt id included; every "
+                "portable_ckpt save needs a fresh attempt: drop enable_plan_caching=True"
+            )
+        data = {"attempt_id": new_attempt_id(self.step), "world_size": len(plans)}
+        return [dataclasses.replace(p, storage_data=dict(data)) for p in plans]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Write this rank's items with its own ``ShardWriter`` (see the module docstring)."""
+        self.attempt_id, world = _attempt_of(plan, planner)
+        state = getattr(planner, "state_dict", None)
+        if isinstance(state, Mapping):
+            self._mesh = group_mesh(state.values())
+            refuse_one_box_view(planner, (i.index.fqn for i in plan.items), PortableSavePlanner)
+        self._storage = open_storage(self.root, create=True)
+        writer = self._new_writer(self._storage, len(plan.items) * world)
+        try:
+            results, values, items = self._write_items(writer, plan, planner)
+            index = None if self.is_coordinator else writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        self._writer = writer if self.is_coordinator else None
+        doc = {
+            "writer": self.rank,
+            "index": index.to_transport() if index is not None else None,
+            "values": values,
+            "items": items,
+            "mesh": None if self._mesh is None else self._mesh.to_json(),
+        }
+        results.append(WriteResult(MetadataIndex(_RESULT_FQN), writer.stats.bytes_written, doc))
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _new_writer(self, storage: Storage, records: int) -> ShardWriter:
+        kwargs: dict[str, Any] = {
+            "codec": self.codec,
+            "max_file_bytes": self.max_file_bytes,
+            "tensor_table": (
+                self.tensor_table if self.tensor_table is not None else records > TABLE_THRESHOLD
+            ),
+        }
+        if self.block_size is not None:
+            kwargs["block_size"] = self.block_size
+        if self.attempt_id is None:  # pragma: no cover - set by write_data
+            raise UsageError("no attempt id")
+        return ShardWriter(storage, self.attempt_id, self.rank, **kwargs)
+
+    def _write_items(
+        self, writer: ShardWriter, plan: SavePlan, planner: SavePlanner
+    ) -> tuple[list[WriteResult], dict[str, Any], list[list[str | int]]]:
+        keys = plan.planner_data if isinstance(plan.planner_data, Mapping) else {}
+        results: list[WriteResult] = []
+        values: dict[str, Any] = {}
+        paths: list[DcpPath] = []
+        for item in plan.items:
+            path = keys.get(item.index.fqn)
+            path = tuple(path) if isinstance(path, tuple | list) else (item.index.fqn,)
+            key = portable_key(path)
+            if item.type == WriteItemType.BYTE_IO:
+                leaves = json_leaves(key, _byte_value(planner, item), fqn=item.index.fqn)
+                _check_leaf_keys(leaves, item.index.fqn)
+                values.update(leaves)
+                if list(leaves) != [key] or has_position(path):
+                    paths.append(path)  # not an item of its own key alone
+                results.append(WriteResult(item.index, len(jsonio.dumps(leaves)), key))
+            else:
+                if has_position(path):
+                    paths.append(path)
+                results.append(
+                    WriteResult(item.index, _add_tensor(writer, key, item, planner), key)
+                )
+        if self.is_coordinator:
+            writer.flush()  # its entries and index follow in finish(), once every rank reported
+        return results, values, dcp_items_value(paths)
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write the JSON entry, finish the coordinator's writer and commit (coordinator)."""
+        storage, writer, attempt = self._storage, self._writer, self.attempt_id
+        if storage is None or writer is None or attempt is None:
+            raise UsageError("finish: write_data did not run on the coordinator")
+        self._writer = None
+        peers: dict[int, WriterIndex] = {}
+        try:
+            docs = [_writer_doc(r, rank) for rank, r in enumerate(results)]
+            peers = {
+                r: WriterIndex.from_transport(d["index"])
+                for r, d in enumerate(docs)
+                if d["index"] is not None
+            }
+            values = {k: v for d in docs for k, v in d["values"].items()}
+            if values:
+                writer.add_entry(VALUES_ENTRY, values, "pck:json/1")
+            items = dcp_items_value(tuple(p) for d in docs for p in d.get("items", ()))
+            if values or items:
+                writer.add_entry(DCP_ITEMS_ENTRY, items, "pck:json/1")
+            own = writer.finish()
+            commit(
+                storage,
+                attempt,
+                step=self.step,
+                indexes=[peers.get(r, own) for r in range(len(docs))],
+                expected_writers=list(range(len(docs))),
+                continuation=Continuation(self.continuation, len(docs), _mesh_of(docs)),
+            )
+        except CommitOutcomeUnknownError:
+            raise  # the version may be committed: its files stay (R-COMMIT-19)
+        except BaseException:
+            writer.abort()
+            _discard(storage, attempt, list(peers.values()))
+            raise
+        # What dcp.save returns, as FileSystemWriter fills it: where each item went (its
+        # portable key) and which version the save made.
+        metadata.storage_data = {
+            r.index: r.storage_data for rs in results for r in rs if r.index.fqn != _RESULT_FQN
+        }
+        root = os.fspath(self.root) if isinstance(self.root, str | os.PathLike) else None
+        metadata.storage_meta = StorageMeta(
+            checkpoint_id=f"{root.rstrip('/')}/{attempt}" if root else attempt, save_id=attempt
+        )
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Any path or URL names a root."""
+        return isinstance(checkpoint_id, str | os.PathLike)
+
+
+def _check_leaf_keys(leaves: Mapping[str, Any], fqn: str) -> None:
+    """Refuse a value whose stored key is longer than the key rule allows, before any commit.
+
+    Readers take no DCP item from such a key (:data:`~portable_ckpt.format.keys.MAX_KEY`), as
+    ``portable_ckpt.torch.save`` refuses it and the format refuses such tensor keys.
+    """
+    long = next((k for k in leaves if len(k) > MAX_KEY), None)
+    if long is not None:
+        raise UnsupportedValueError(
+            f"DCP item {fqn!r}: its value's key {long[:80]!r}... is {len(long)} characters, "
+            f"over the {MAX_KEY} a key may have (components are joined with '/', and '/' and "
+            f"'~' inside one are escaped); shorten the names on its path"
+        )
+
+
+def _byte_value(planner: SavePlanner, item: WriteItem) -> Any:
+    """The object of a non-tensor item (never the planner's ``torch.save`` bytes).
+
+    DefaultSavePlanner's own ``resolve_data`` pickles the live object, so that object is taken
+    as it is. A planner that may change the object (``transform_object`` or ``resolve_data``
+    overridden, e.g. to redact a secret) is asked: an object it returns is stored; pickled bytes
+    are accepted only when they are the live object's own (the hook left this item alone), and
+    refused otherwise, since storing the live object would drop its change silently.
+    """
+    lookup = getattr(planner, "lookup_object", None)
+    base = PortableSavePlanner if isinstance(planner, PortableSavePlanner) else DefaultSavePlanner
+    if callable(lookup) and not _transforms(planner, base):
+        return lookup(item.index)
+    value = planner.resolve_data(item)
+    if isinstance(value, io.BytesIO) and callable(lookup):
+        live = lookup(item.index)
+        unchanged = base.transform_object(cast(DefaultSavePlanner, planner), item, live)
+        if isinstance(unchanged, io.BytesIO) and value.getvalue() == unchanged.getvalue():
+            return live
+    if isinstance(value, io.BytesIO | bytes | bytearray):
+        raise UnsupportedValueError(
+            f"DCP item {item.index.fqn!r}: {type(planner).__name__} serialised it to opaque "
+            "bytes (torch.save). Items are stored as JSON: return the transformed object itself "
+            "from transform_object for BYTE_IO items instead of calling super(), or use "
+            "DefaultSavePlanner or PortableSavePlanner"
+        )
+    return value
+
+
+def _transforms(planner: SavePlanner, base: type[DefaultSavePlanner]) -> bool:
+    """Whether ``planner`` overrides how its base planner resolves an item's data."""
+    cls = type(planner)
+    return (
+        getattr(cls, "resolve_data", None) is not base.resolve_data
+        or getattr(cls, "transform_object", None) is not base.transform_object
+    )
+
+
+def _add_tensor(writer: ShardWriter, key: str, item: WriteItem, planner: SavePlanner) -> int:
+    """Plan one tensor item into the writer; return its size in bytes."""
+    td = item.tensor_data
+    if td is None:
+        raise UsageError(f"DCP item {item.index.fqn!r}: a tensor item without tensor data")
+    tensor = planner.resolve_data(item)
+    if not isinstance(tensor, torch.Tensor):
+        raise UsageError(f"DCP item {item.index.fqn!r}: resolved to {type(tensor).__name__}")
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    offsets = tuple(int(o) for o in td.chunk.offsets)
+    writer.add_tensor(
+        key, numpy_view(tensor, key=key), offsets=offsets, global_shape=tuple(td.size)
+    )
+    return tensor.numel() * tensor.element_size()
+
+
+def _attempt_of(plan: SavePlan, planner: SavePlanner) -> tuple[str, int]:
+    """The attempt id and world size ``prepare_global_plan`` put in this rank's plan."""
+    data = plan.storage_data
+    if not isinstance(data, dict) or "attempt_id" not in data:
+        raise UsageError("write_data: the plan carries no attempt id (prepare_global_plan)")
+    if getattr(planner, "_enable_plan_caching", False):
+        raise UsageError(
+            "DCP plan caching reuses an earlier save's attempt id; drop enable_plan_caching"
+        )
+    return str(data["attempt_id"]), int(data["world_size"])
+
+
+def _mesh_of(docs: list[dict[str, Any]]) -> Mesh | None:
+    """The job's mesh as the first rank that saw DTensors reported it."""
+    for d in docs:
+        if d["mesh"]:
+            shape, names = d["mesh"]["shape"], d["mesh"]["dim_names"]
+            return Mesh(shape=tuple(int(n) for n in shape), dim_names=tuple(names))
+    return None
+
+
+def _writer_doc(results: list[WriteResult], rank: int) -> dict[str, Any]:
+    for r in results:
+        if r.index.fqn == _RESULT_FQN and isinstance(r.storage_data, dict):
+            return r.storage_data
+    raise DistributedError(f"rank {rank} returned no writer index from write_data")
+
+
+def _discard(storage: Storage, attempt_id: str, indexes: list[WriterIndex]) -> None:
+    """Best effort: delete the files the writer indexes of a failed attempt list."""
+    for idx in indexes:
+        paths = list(idx.files) + ([idx.index_file.path] if idx.index_file is not None else [])
+        for rel in paths:
+            try:
+                storage.delete(f"{attempt_id}/{rel}")
+            except CheckpointError:
+                pass
