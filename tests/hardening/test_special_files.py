@@ -193,3 +193,32 @@ def test_dcp_relative_path_through_a_symlinked_directory_is_refused(tmp_path: Pa
     (real / ".metadata").write_bytes(pickle.dumps(md))
     convert(str(real), str(tmp_path / "ok"), trust_pickle=True, step=1)
     assert portable_ckpt.open(tmp_path / "ok").read("w").tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_listed_shard_that_is_a_fifo_never_hangs_verify_or_a_restore(tmp_path: Path) -> None:
+    """Attack review 4 A2: the second look at damage (confirm_damage) opened the file to drop
+    its cached pages without O_NONBLOCK: a FIFO in the newest version hung `verify` and every
+    manager restore for ever. Now verify fails (exit 1) and a restore resumes the step before."""
+    pytest.importorskip("torch")
+    root = tmp_path / "r"
+    for step in (1, 2):
+        portable_ckpt.save_arrays(root, {"w": np.arange(1000, dtype=np.float32) + step},
+                                  step=step)
+    [shard] = (root).glob("s000000000002-*/data/*.safetensors")
+    _fifo_in_place_of(shard)
+    for args in (["verify", str(root)], ["verify", "--deep", str(root)],
+                 ["verify", "--deep", "--record-unreadable", str(root)]):
+        p = subprocess.run([sys.executable, "-m", "portable_ckpt", *args], capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+        assert p.returncode == 1 and "PCK-FILE-MISSING" in p.stdout + p.stderr, (args, p)
+    code = textwrap.dedent(f"""
+        import torch
+        import portable_ckpt.torch as pckt
+        state = {{"w": torch.zeros(1000)}}
+        with pckt.CheckpointManager({str(root)!r}, handle_sigterm=False) as m:
+            info = m.restore(state)
+        print("restored", info.step, float(state["w"][0]))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    assert p.returncode == 0 and "restored 1 1.0" in p.stdout, p

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Mapping, Sequence
 
 from portable_ckpt.errors import (
@@ -98,9 +99,13 @@ def read_file_again(
     local = storage.local_root()
     if local is not None:  # read the device again, not the pages the first read cached
         with contextlib.suppress(OSError):
-            fd = os.open(os.path.join(local, full), os.O_RDONLY | os.O_NOFOLLOW)
+            # Never blocking: a FIFO under the file's name waited for a writer for ever, and
+            # hung verify and every restart's restore (attack review 4 A2).
+            fd = os.open(os.path.join(local, full),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
     try:
