@@ -835,6 +835,40 @@ def node_copy_share_too_slow(rank: int, world: int, base: str) -> dict[str, Any]
             "replicated": [(e["checkpoint_id"][:13], e["ok"]) for e in events]}
 
 
+def node_copy_share_too_slow_saves_go_on(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Attack review 4 A3: as node_copy_share_too_slow, but the loop goes on saving (async,
+    every 0.3 s) while rank 1's share of step 2 runs: every replication queued behind it had
+    the group that broke and failed at once, counted (11 failures, the job stopped)."""
+    import portable_ckpt.torch._manager_nodelocal as nl
+
+    nl.BACKGROUND_TIMEOUT_S = 3.0
+    real = nl._copy_files
+
+    def slow(src: Any, dst: Any, attempt: str, recs: Any) -> Any:
+        if rank == 1 and attempt.startswith("s000000000002"):
+            time.sleep(5.0)
+        return real(src, dst, attempt, recs)
+
+    nl._copy_files = slow
+    mgr = pckt.CheckpointManager(
+        f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True,
+        save_every=1, timeout=3, continuation="statistical", max_failed_saves=3, keep_last=100,
+        handle_sigterm=False, decision_interval=0,
+    )
+    state = {"x": torch.arange(4.0)}
+    most = 0
+    for step in range(1, 25):  # on past the failure (~4 s): its group is renewed mid-loop
+        mgr.maybe_save(step, state)  # max_failed_saves=3 would raise here
+        most = max(most, mgr._failed_saves)
+        time.sleep(0.3)
+    mgr.close()
+    committed = [v.step for v in portable_ckpt.list_versions(f"{base}/durable")
+                 if v.status == "committed"]
+    events = [e for e in mgr.telemetry.history if e["event"] == "replicate"]
+    return {"most_failed": most, "committed": committed,
+            "failed_steps": [int(e["checkpoint_id"][1:13]) for e in events if not e["ok"]]}
+
+
 class _StopsOnLoad:
     def __init__(self, rank: int) -> None:
         self.rank = rank

@@ -452,6 +452,19 @@ def test_a_node_copy_share_longer_than_the_timeout_fails_one_replication_only(
     assert r0["committed"] == [1, 3, 4], r0
 
 
+def test_saves_queued_behind_a_slow_node_share_replicate_on_the_renewed_group(
+    tmp_path: Path,
+) -> None:
+    """Attack review 4 A3: saves made while one node's copy share outlasted the background
+    group's timeout all carried that group and failed at once, each counted: one slow node
+    stopped the job. Now they wait for the group made anew and replicate; step 2 alone fails."""
+    r0, r1 = ok(run("node_copy_share_too_slow_saves_go_on", 2, str(tmp_path), timeout=240))
+    for r in (r0, r1):
+        assert r["most_failed"] <= 1, r
+    assert r0["failed_steps"] == [2], r0
+    assert r0["committed"] == [1, *range(3, 25)], r0
+
+
 def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:
     """Race review F3: the interrupt became PCK-DISTRIBUTED on both ranks and the restore
     walked the older versions (on to the next maybe_save)."""

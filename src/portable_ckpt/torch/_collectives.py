@@ -138,6 +138,8 @@ class Comm:
         self.timeout = timeout
         #: ``[host, pid]`` of every rank (exchanged when the side group was made).
         self.peers = [list(p) for p in peers]
+        #: A collective failed on this group (on this rank): it is not used again.
+        self.broken = False
 
     def dead_peers(self, grace: float = 0.5) -> list[int]:
         """Ranks on this host whose process is gone (others cannot be checked).

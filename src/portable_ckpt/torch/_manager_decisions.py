@@ -285,8 +285,9 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
 def _renew_background(mgr: CheckpointManager) -> None:
     """A new background group, made by every rank at one agreement.
 
-    On the main thread: groups are made in one order on every rank. Work started before keeps
-    the old group and fails.
+    On the main thread: groups are made in one order on every rank. Work that was already in a
+    collective of the old group fails; work queued with it runs on this one
+    (:func:`~portable_ckpt.torch._manager_post.usable_comm`).
     """
     from portable_ckpt.torch._manager_nodelocal import background_comm
 

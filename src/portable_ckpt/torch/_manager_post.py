@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.errors import DAMAGE_CODES, CheckpointError, DistributedError, error_for_code
@@ -163,7 +164,13 @@ def _after_node_local(
     if mgr.rank == 0:
         _emit_commit(mgr, tier, step, info)
     durable = mgr.replicate and comm is not None and decision.tier == "durable"
+    had_comm, comm = comm is not None, usable_comm(mgr, comm)
     try:
+        if had_comm and comm is None:
+            raise DistributedError(
+                "the background group broke on earlier work and was not made anew before the "
+                "manager closed"
+            )
         damage = verify_nodes(mgr, comm, tier, info.checkpoint_id)  # agreed by every rank
         if durable:
             if damage is None:
@@ -171,7 +178,11 @@ def _after_node_local(
             else:
                 not_copied(mgr, info.checkpoint_id, step, damage)
     except DistributedError as e:
-        mgr._bg_broken = True
+        if comm is not None:
+            comm.broken = True
+            # Only the group in use is renewed: a failure on one already replaced (a peer that
+            # came late to it) would renew again under work that started on the new one.
+            mgr._bg_broken = mgr._bg_broken or comm is mgr._bg_comm
         if not durable:
             _log.error("node-local verification of %s failed: %s", info.checkpoint_id, e)
             return
@@ -182,6 +193,24 @@ def _after_node_local(
         return
     if tier.leads(mgr.rank):
         retain(mgr, tier, info.checkpoint_id)  # each node's leader keeps its own node root
+
+
+def usable_comm(mgr: CheckpointManager, comm: Comm | None) -> Comm | None:
+    """``comm``, or when a collective already failed on it, the group made anew (or None).
+
+    Saves go on while a peer's long copy share holds the background thread: every one queued
+    behind it was given the group that then broke, and each failed at once and counted: one
+    slow node stopped the job through ``max_failed_saves`` (attack review 4 A3). A job
+    finds its group broken on every rank alike (each rank's thread failed the job before it),
+    and every rank makes the new group at one agreement; so the job waits for that group (at
+    most the group's timeout, not once the manager is closing) and runs on it.
+    """
+    if comm is None or not comm.broken:
+        return comm
+    deadline = time.monotonic() + comm.timeout
+    while mgr._bg_comm is comm and not mgr._closing and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return None if mgr._bg_comm is comm else mgr._bg_comm
 
 
 def not_copied(mgr: CheckpointManager, attempt: str, step: int, damage: CheckpointError) -> None:

@@ -278,6 +278,7 @@ class CheckpointManager:
         self._fetched: dict[str, Any] | None = None
         self._warned: set[str] = set()
         self._closed = False
+        self._closing = False
         self._exiting = False  # closing from the interpreter-exit hook
         self._preemption = Preemption(handle_sigterm, handle_sigint)
         register_exit(self)
@@ -543,6 +544,7 @@ class CheckpointManager:
         """
         if self._closed:
             return
+        self._closing = True  # background work waiting for a renewed group stops waiting
         self._preemption.restore()
         try:
             self.wait(timeout)
