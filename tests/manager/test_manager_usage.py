@@ -624,3 +624,55 @@ def test_pin_kept_pins_the_best_and_the_milestones_against_a_platform_gc(
     assert sorted(steps.values()) == [4, 5, 6, 7]
     assert {steps[a] for a in pinned} == {4, 5, 7}
     assert [r["by"] for r in pinned[ids[5]]] == ["alice"]
+
+
+def test_a_bit_flipped_while_the_post_save_verification_opens_a_table_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack review 4 A5: damage met while the sampled verification *opened* the version (the
+    tensor table of a large job) skipped the second look: one bit flipped in transit recorded
+    an intact version as failed for good, and restore() resumed the step before."""
+    import threading
+
+    import portable_ckpt.torch._manager_post as post
+    import portable_ckpt.torch.saving as saving
+    from portable_ckpt.storage.local import LocalStorage
+
+    monkeypatch.setattr(saving, "TABLE_THRESHOLD", 0)  # tables, as a job of > 65,536 pieces
+    armed, flips = threading.Event(), []
+    real_read = LocalStorage.read_extents
+
+    def flaky(self: Any, path: str, extents: Any) -> Any:
+        out = real_read(self, path, extents)
+        if armed.is_set() and "tensor-table" in path and not flips:
+            buf = extents[0][1][-1]
+            mv = buf.cast("B") if buf.format != "B" else buf
+            mv[len(mv) // 2] ^= 0x10  # one bit flipped on its way
+            flips.append(path)
+        return out
+
+    monkeypatch.setattr(LocalStorage, "read_extents", flaky)
+    real_verify = post.verify
+
+    def verify_step_2(mgr: Any, tier: Any, attempt: str) -> Any:
+        if attempt.startswith("s000000000002"):
+            armed.set()
+        try:
+            return real_verify(mgr, tier, attempt)
+        finally:
+            armed.clear()
+
+    monkeypatch.setattr(post, "verify", verify_step_2)
+    root = str(tmp_path / "r")
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, verify_sample=1.0,
+                                async_save=False, continuation="statistical",
+                                handle_sigterm=False) as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, {"w": torch.arange(1000.0) * step})
+    assert flips, "the fault was never injected"
+    [v] = [v for v in portable_ckpt.list_versions(root) if v.step == 2]
+    assert not v.verification_failed and not v.verifications
+    state = {"w": torch.zeros(1000)}
+    with pckt.CheckpointManager(root, handle_sigterm=False, continuation="statistical") as m:
+        assert m.restore(state).step == 2
+    assert torch.equal(state["w"], torch.arange(1000.0) * 2)
