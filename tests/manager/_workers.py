@@ -869,6 +869,72 @@ def node_copy_share_too_slow_saves_go_on(rank: int, world: int, base: str) -> di
             "failed_steps": [int(e["checkpoint_id"][1:13]) for e in events if not e["ok"]]}
 
 
+def _node_local_run(rank: int, world: int, base: str, steps: int) -> dict[str, Any]:
+    """Save ``steps`` steps of a sharded DTensor on node-local roots (one per rank) with
+    replication and full sampled verification; then restore in a fresh manager."""
+    kw: dict[str, Any] = dict(
+        fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True, save_every=1,
+        timeout=10, continuation="statistical", max_failed_saves=None, keep_last=100,
+        fast_keep=100, handle_sigterm=False, verify_sample=1.0, async_save=False,
+    )
+    mesh = init_device_mesh("cpu", (world,))
+    with pckt.CheckpointManager(f"{base}/durable", **kw) as mgr:
+        for step in range(1, steps + 1):
+            mgr.maybe_save(step, {"w": distribute_tensor(torch.arange(8.0) * step, mesh,
+                                                         [Shard(0)])})
+    failed = sorted(int(v.step) for v in portable_ckpt.list_versions(f"{base}/fast{rank}")
+                    if v.verification_failed)
+    w = distribute_tensor(torch.zeros(8), mesh, [Shard(0)])
+    with pckt.CheckpointManager(f"{base}/durable", **kw) as m2:
+        info = m2.restore({"w": w})
+    durable = [v.step for v in portable_ckpt.list_versions(f"{base}/durable")
+               if v.status == "committed"]
+    return {"durable": durable, "failed": failed, "restored": None if info is None else info.step,
+            "w": w.to_local().tolist()}
+
+
+def node_local_with_tensor_tables(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Attack review 4 A6: a job large enough for tensor tables (threshold 0 here) could not
+    save to a node-local tier: the committer could not read other nodes' writer tables."""
+    import portable_ckpt.torch.saving as saving
+
+    saving.TABLE_THRESHOLD = 0
+    return _node_local_run(rank, world, base, 3)
+
+
+def node_local_stat_eio(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Attack review 4 A7: one EIO of a size during step 2's node-local verification made an
+    intact file "on no node root": failed for good, not replicated, step 1 restored."""
+    import portable_ckpt.torch._manager_nodelocal as nl
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.storage.local import LocalStorage
+
+    armed = {"on": False, "done": False}
+    real_size = LocalStorage.size
+
+    def flaky(self: Any, path: str) -> int:
+        if armed["on"] and rank == 1 and "s000000000002" in path and "/data/w00001" in path \
+                and not armed["done"]:
+            armed["done"] = True
+            raise StorageError(f"stat {path}: Input/output error (errno 5) [injected]", path=path)
+        return int(real_size(self, path))
+
+    LocalStorage.size = flaky  # type: ignore[method-assign]
+    real_verify = nl.verify_node_local
+
+    def verify(*a: Any, **k: Any) -> Any:
+        armed["on"] = True
+        try:
+            return real_verify(*a, **k)
+        finally:
+            armed["on"] = False
+
+    nl.verify_node_local = verify
+    out = _node_local_run(rank, world, base, 2)
+    out["injected"] = armed["done"]
+    return out
+
+
 class _StopsOnLoad:
     def __init__(self, rank: int) -> None:
         self.rank = rank

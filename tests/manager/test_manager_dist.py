@@ -465,6 +465,23 @@ def test_saves_queued_behind_a_slow_node_share_replicate_on_the_renewed_group(
     assert r0["committed"] == [1, *range(3, 25)], r0
 
 
+def test_a_node_local_tier_saves_a_job_large_enough_for_tensor_tables(tmp_path: Path) -> None:
+    """Attack review 4 A6: with tensor tables (a job of > 65,536 pieces) every save to a
+    node-local tier failed, and nothing ever reached the durable root. Node-local versions are
+    written with JSON tensors: every node reads them."""
+    for r in ok(run("node_local_with_tensor_tables", 2, str(tmp_path), timeout=240)):
+        assert r["durable"] == [1, 2, 3] and r["failed"] == [] and r["restored"] == 3, r
+    assert r["w"] == [12.0, 15.0, 18.0, 21.0], r  # rank 1's half of arange(8) * 3
+
+
+def test_one_storage_error_in_a_node_local_verification_is_not_damage(tmp_path: Path) -> None:
+    """Attack review 4 A7: one EIO while a node took stock made an intact file "on no node
+    root" (PCK-FILE-MISSING): step 2 was recorded failed, not replicated, step 1 restored."""
+    for r in ok(run("node_local_stat_eio", 2, str(tmp_path), timeout=240)):
+        assert r["durable"] == [1, 2] and r["failed"] == [] and r["restored"] == 2, r
+    assert r["injected"], r
+
+
 def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:
     """Race review F3: the interrupt became PCK-DISTRIBUTED on both ranks and the restore
     walked the older versions (on to the next maybe_save)."""

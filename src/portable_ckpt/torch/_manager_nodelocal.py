@@ -36,7 +36,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from portable_ckpt.errors import CheckpointError, CommitConflictError, FileMissingError
+from portable_ckpt.errors import (
+    CheckpointError,
+    CommitConflictError,
+    FileMissingError,
+    StorageError,
+)
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import FileRecord, Manifest
 from portable_ckpt.io import copy as _copy
@@ -101,15 +106,38 @@ def _all_saves_returned(comm: Comm, what: str) -> None:
     comm.allgather_json(None, f"{what}: every node root published")
 
 
-def _held(storage: Storage, attempt: str, manifest: Manifest) -> list[str]:
-    out = []
+def _held(storage: Storage, attempt: str, manifest: Manifest) -> list[list[str]]:
+    """``[held, unasked]``: the files of the version this node root holds whole, and unasked.
+
+    Unasked: a storage error answered for them, which is not evidence of absence (attack
+    review 4 A7: one EIO of a size made an intact file "on no node root", damage for good).
+    """
+    held, unasked = [], []
     for path, rec in sorted(manifest.files.items()):
         try:
             if storage.size(f"{attempt}/{path}") == rec.size:
-                out.append(path)
-        except CheckpointError:
+                held.append(path)
+        except FileMissingError:
             continue
-    return out
+        except CheckpointError:
+            unasked.append(path)
+    return [held, unasked]
+
+
+def _not_held(attempt: str, missing: Sequence[str], stock: Sequence[Sequence[Sequence[str]]]
+              ) -> list[CheckpointError]:
+    """Why each file no node root holds is missing: damage only when every node answered.
+
+    ``stock``: every rank's :func:`_held`. A file some node could not be asked about may be
+    there: a ``StorageError`` (which records nothing), never ``PCK-FILE-MISSING``.
+    """
+    unasked = {p for _, u in stock for p in u}
+    return [
+        StorageError(f"{attempt}/{p}: no node root answered that it holds it, and a node could "
+                     "not be asked (a storage error): not known to be missing", path=p)
+        if p in unasked else FileMissingError(f"{attempt}/{p}: on no node root", path=p)
+        for p in missing
+    ]
 
 
 def assign_files(
@@ -170,16 +198,17 @@ def _copy_share(
     comm: Comm, src: Storage, dst: Storage, attempt: str, manifest: Manifest | None
 ) -> tuple[list[str] | None, list[int]]:
     """Phases 1 and 2: plan, copy this rank's share; return (error, planned bytes by rank)."""
-    held = [] if manifest is None else _held(src, attempt, manifest)
-    held_all = comm.allgather_json(held, f"replicate {attempt}: held")
+    stock = [[], []] if manifest is None else _held(src, attempt, manifest)
+    stock_all = comm.allgather_json(stock, f"replicate {attempt}: held")
     if manifest is None:
         return [FileMissingError.code, f"no readable commit record of {attempt}"], []
-    share, missing = assign_files(manifest.files, held_all)
+    share, missing = assign_files(manifest.files, [h for h, _ in stock_all])
     by_rank = [sum(manifest.files[p].size for p in s) for s in share]
     if missing:
-        err = FileMissingError(
+        first = _not_held(attempt, missing, stock_all)[0]
+        err = type(first)(
             f"{attempt}: {len(missing)} file(s) are on no node root of the fast tier "
-            f"(first: {missing[0]}); the version cannot be replicated",
+            f"({first.message}); the version cannot be replicated",
             path=f"{attempt}/{missing[0]}",
         )
         return _error(err), by_rank
@@ -264,23 +293,26 @@ def _check_share(
         manifest: Manifest | None = load_manifest(storage, attempt)
     except CheckpointError as e:  # its own code: a storage error is not damage
         manifest, unread = None, e
-    held = [] if manifest is None else _held(storage, attempt, manifest)
-    held_all = comm.allgather_json(held, f"verify {attempt}: held")
+    stock = [[], []] if manifest is None else _held(storage, attempt, manifest)
+    stock_all = comm.allgather_json(stock, f"verify {attempt}: held")
     if manifest is None:
         return 0, [unread.to_json()]
-    share, missing = assign_files(manifest.files, held_all)
+    share, missing = assign_files(manifest.files, [h for h, _ in stock_all])
     errors = [  # every rank found the same: rank 0 reports them
-        FileMissingError(f"{attempt}/{p}: on no node root", path=p).to_json()
-        for p in (missing if comm.rank == 0 else [])
+        e.to_json() for e in _not_held(attempt, missing if comm.rank == 0 else [], stock_all)
     ]
-    ck = Checkpoint(storage, attempt, manifest)
-    chunks = _sample(ck, set(share[comm.rank]), fraction, seed + comm.rank)
     found: list[CheckpointError] = []
-    for key, rec in chunks:
-        try:
-            ck.read(key, rec.offsets, rec.lengths)
-        except CheckpointError as e:
-            found.append(e)
+    chunks: list[tuple[str, Any]] = []
+    try:  # an error here is this rank's result, never a way out of the protocol (A6)
+        ck = Checkpoint(storage, attempt, manifest)
+        chunks = _sample(ck, set(share[comm.rank]), fraction, seed + comm.rank)
+        for key, rec in chunks:
+            try:
+                ck.read(key, rec.offsets, rec.lengths)
+            except CheckpointError as e:
+                found.append(e)
+    except CheckpointError as e:
+        found.append(e)
     from portable_ckpt.io.damage import confirm_damage
 
     errors += [e.to_json() for e in confirm_damage(storage, attempt, manifest.files, found)]

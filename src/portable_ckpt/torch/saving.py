@@ -135,7 +135,11 @@ class SaveOptions:
     def writer_options(self, pieces: int, world: int) -> dict[str, Any]:
         """The :class:`ShardWriter` keyword arguments for a rank writing ``pieces`` pieces."""
         table = self.tensor_table
-        if table is None:
+        if self.publisher is not None:
+            # Node-local roots: a table would be on its writer's node only, where the committer
+            # (rank 0) and the other nodes' verification cannot read it (attack review 4 A6).
+            table = False
+        elif table is None:
             # Writers of a large job describe their ranges in a tensor table (spec §8.5): the
             # committer then merges arrays instead of parsing thousands of JSON indexes.
             table = pieces * world > TABLE_THRESHOLD
@@ -472,8 +476,9 @@ def _commit(
     }
     if opts.publisher is not None:
         indexes = [WriterIndex.from_transport(d["index"]) for d in transports]
-        manifest, text = opts.publisher.commit(
-            storage, attempt_id, [d["placed"] for d in transports], indexes=indexes, **kwargs
+        manifest, text = opts.publisher.commit(  # JSON tensors: a table file would be on
+            storage, attempt_id, [d["placed"] for d in transports], indexes=indexes,  # node 0
+            tensor_table=False, **kwargs,
         )
         return {"bytes": sum(f.size for f in manifest.files.values()), "manifest": text}
     indexes = [WriterIndex.from_transport(d) for d in transports]
