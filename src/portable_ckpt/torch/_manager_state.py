@@ -28,7 +28,9 @@ class ModelOptimizerState:
     ``state_dict()`` calls ``get_state_dict(model, optimizer)`` every time it is asked, so a
     manager always saves the live values (learning rates included); ``load_state_dict()`` hands
     the loaded dicts to ``set_state_dict``. Put it in the manager's state instead of dicts
-    obtained from ``get_state_dict`` once (which go stale: see docs/torch.md).
+    obtained from ``get_state_dict`` once (which go stale: see docs/torch.md). ``optimizer``
+    may be several optimizers over disjoint parameters of the model (a list: AdamW for some
+    parameters, another optimizer for the rest), as ``get_state_dict`` takes them.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, *, options: Any = None):
@@ -42,6 +44,8 @@ class ModelOptimizerState:
             )
         self.model = model
         self.optimizer = optimizer
+        self.optimizers: list[Any] = [] if optimizer is None else (
+            [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else _listed(optimizer))
         self.options = options
 
     def state_dict(self) -> dict[str, Any]:
@@ -57,13 +61,16 @@ class ModelOptimizerState:
 
         if self.optimizer is None:
             return {"model": get_model_state_dict(self.model, options=self.options)}
-        fresh = not self.optimizer.state
-        msd, osd = get_state_dict(self.model, self.optimizer, options=self.options)
-        if fresh and self.optimizer.state:
-            self.optimizer.state.clear()  # the state made above is no longer the optimizer's
+        fresh = [o for o in self.optimizers if not o.state]
+        msd, osd = get_state_dict(self.model, self._given(), options=self.options)
+        if fresh:
+            # Only the entries of optimizers that had not stepped (all of them, usually).
+            only = None if len(fresh) == len(self.optimizers) else _names_of(self.model, fresh)
+            for o in fresh:
+                o.state.clear()  # the state made above is no longer the optimizer's
             states: Any = osd.get("state", {})
-            for per_param in states.values() if isinstance(states, dict) else ():
-                if not isinstance(per_param, dict):
+            for name, per_param in states.items() if isinstance(states, dict) else ():
+                if not isinstance(per_param, dict) or (only is not None and name not in only):
                     continue
                 step = per_param.get("step")
                 if isinstance(step, torch.Tensor):
@@ -81,11 +88,37 @@ class ModelOptimizerState:
             return
         set_state_dict(
             self.model,
-            self.optimizer,
+            self._given(),
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
             options=self.options,
         )
+
+
+    def _given(self) -> Any:
+        """The optimizer as ``get_state_dict`` takes it: one, or a tuple of several."""
+        return self.optimizers[0] if len(self.optimizers) == 1 else tuple(self.optimizers)
+
+
+def _listed(optimizers: Any) -> list[Any]:
+    """Several optimizers, each checked (``UsageError`` for anything else)."""
+    try:
+        out = list(optimizers)
+    except TypeError:
+        out = [optimizers]
+    bad = [o for o in out if not isinstance(o, torch.optim.Optimizer)]
+    if not out or bad:
+        raise UsageError(
+            "ModelOptimizerState: optimizer must be a torch.optim.Optimizer or a list of them "
+            f"(over disjoint parameters of the model), got {type(bad[0] if bad else optimizers).__name__}"
+        )
+    return out
+
+
+def _names_of(model: torch.nn.Module, optimizers: list[Any]) -> set[str]:
+    """The parameter names of ``model`` that ``optimizers`` update."""
+    mine = {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
+    return {name for name, p in model.named_parameters() if id(p) in mine}
 
 
 class ManagerEntry(StateEntry):
