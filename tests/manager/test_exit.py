@@ -143,3 +143,62 @@ def test_a_manager_closed_with_work_left_behind_still_bounds_the_exit(tmp_path: 
         assert proc.returncode == 1, out
         assert time.monotonic() - t0 < 60
     assert "close gave up" in out and "ABANDONED (not finished after 3 s)" in out
+
+
+_POST_FAILS = """
+import sys, time, torch
+import portable_ckpt.torch as pckt
+import portable_ckpt.torch._manager_post as post
+import portable_ckpt.torch.manager as manager_mod
+
+real, calls = post.after_save, []
+
+def after_save(mgr, step, *a, **k):  # step 1's post-commit work fails unexpectedly
+    calls.append(step)
+    if step == 1:
+        real(mgr, step, *a, **k)
+        raise RuntimeError("unexpected failure in step 1's post-commit work")
+    if step == 2:
+        time.sleep(1.0)  # step 3's work is queued behind this one
+    return real(mgr, step, *a, **k)
+
+manager_mod.after_save = after_save
+mgr = pckt.CheckpointManager(sys.argv[1], save_every=1, verify_sample=1.0,
+                             continuation="statistical", handle_sigterm=False)
+for s in (1, 2, 3):
+    mgr.maybe_save(s, {"w": torch.arange(10.0) * s})
+seen = []
+for _ in range(2):
+    try:
+        mgr.wait()
+        seen.append("ok")
+    except RuntimeError as e:
+        seen.append(str(e))
+print("WAITS", seen, "CALLS", calls, flush=True)
+for s in (4,):
+    mgr.maybe_save(s, {"w": torch.arange(10.0) * s})
+calls.clear()
+manager_mod.after_save = lambda mgr, step, *a, **k: (_ for _ in ()).throw(RuntimeError("late"))
+mgr.maybe_save(5, {"w": torch.arange(10.0) * 5})
+# exit without close(): step 5 is committed; its post-commit work failed
+"""
+
+
+def test_a_failed_post_commit_job_is_raised_once_and_never_called_abandoned(
+    tmp_path: Path,
+) -> None:
+    """Attack review 4 A8: a post-commit job that raised stayed in the manager: every wait()
+    raised it again, the first returned without waiting for the work queued behind it, and at
+    exit the newest step, committed, was called ABANDONED ("never restored"), status 1."""
+    root = tmp_path / "r"
+    with children() as kids:
+        proc = kids.start([sys.executable, "-c", _POST_FAILS, str(root)],
+                          env={"PYTHONPATH": REPO})
+        out, _ = proc.communicate(timeout=120)
+    assert """WAITS ["unexpected failure in step 1's post-commit work", 'ok'] CALLS [1, 2, 3]""" \
+        in out, out
+    assert proc.returncode == 0 and "ABANDONED" not in out, out
+    assert "work after a checkpoint's commit failed" in out and "step 5 is committed" in out, out
+    versions = portable_ckpt.list_versions(root)
+    assert [v.step for v in versions if v.status == "committed"] == [1, 2, 3, 4, 5]
+    assert all(v.verified for v in versions if v.step in (2, 3)), versions

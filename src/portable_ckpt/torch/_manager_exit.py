@@ -22,7 +22,7 @@ import math
 import os
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.torch._inflight import (
     EXIT_STATUS_ABANDONED,
@@ -79,15 +79,29 @@ def finish_at_exit(mgr: CheckpointManager) -> bool:
             f"rank {mgr.rank}: finishing the pending checkpoint of step {step} before exit "
             f"(at most {mgr.exit_timeout:g} s; SIGTERM stops the process)"
         )
+    pending = mgr._pending
     try:
         mgr.close(timeout=wait_bound(mgr.exit_timeout))
     except TimeoutError as e:
         _abandoned(mgr, step, e, stuck=True)
         return False
     except BaseException as e:
+        if pending is not None and _committed(pending):
+            # The newest save is a version: what failed is work after a commit (a
+            # verification, a copy), said as such; nothing was abandoned (attack review 4 A8).
+            say(f"rank {mgr.rank}: at exit, work after a checkpoint's commit failed "
+                f"([{getattr(e, 'code', type(e).__name__)}] {str(e)[:1000]}); the checkpoint of "
+                f"step {step} is committed")
+            return True
         _abandoned(mgr, step, e, stuck=False)
         return False
     return True
+
+
+def _committed(handle: Any) -> bool:
+    """Whether an async save's commit succeeded (its ``committed`` future)."""
+    fut = handle.committed
+    return bool(fut.done() and not fut.cancelled() and fut.exception() is None)
 
 
 def _left_behind_finished(mgr: CheckpointManager) -> bool:

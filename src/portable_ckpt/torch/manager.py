@@ -499,8 +499,9 @@ class CheckpointManager:
         """Wait for the pending save, its post-commit work and replications; re-raise a failure.
 
         Raises the last failure of a background save or copy (``last_error``, once) so the
-        loop's end surfaces it, and ``TimeoutError`` when ``timeout`` seconds passed first (the
-        work goes on).
+        loop's end surfaces it, or else the first unexpected failure of post-commit work
+        (once, after the work queued behind it finished: attack review 4 A8), and
+        ``TimeoutError`` when ``timeout`` seconds passed first (the work goes on).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -514,20 +515,27 @@ class CheckpointManager:
             except CheckpointError:
                 pass  # reported by after_save; re-raised below as last_error
             self._pending = None
-        for fut in list(self._post):
-            fut.result(left())
-        for c in list(self._copies):
-            try:
-                c.result(left())
-            except TimeoutError:
-                raise
-            except BaseException:
-                pass  # reported by the copy's callback (last_error)
-        for fut in list(self._post):  # retention queued after the copies
-            fut.result(left())
+        failures: list[BaseException] = []
+
+        def settle(futures: list[cf.Future[Any]], *, keep: bool = True) -> None:
+            for fut in futures:
+                try:
+                    fut.result(left())
+                except BaseException as e:
+                    if not fut.done():
+                        raise  # timed out: the work goes on
+                    if keep:  # (a copy's failure is reported by its callback: last_error)
+                        failures.append(e)
+
+        settle(list(self._post))
         with self._retain_lock:
-            self._post = [f for f in self._post if not f.done()]
+            copies = list(self._copies)
+        settle(copies, keep=False)
+        settle(list(self._post))  # retention queued after the copies
+        with self._retain_lock:
+            self._post = [f for f in self._post if not f.done()]  # each failure raised once
         err, self.last_error = self.last_error, None
+        err = err if err is not None else next(iter(failures), None)
         if err is not None:
             raise err
 
