@@ -935,6 +935,26 @@ def node_local_stat_eio(rank: int, world: int, base: str) -> dict[str, Any]:
     return out
 
 
+def node_local_then_one_node(rank: int, world: int, base: str) -> dict[str, Any]:
+    """SRE review F1: a node-local fast version (step 3) restored by a job now on one node: the
+    other node's files are not in this node root; the restore falls back to the durable step 2
+    and must not record the fast version as damaged (it is whole across the two nodes)."""
+    mesh = init_device_mesh("cpu", (world,))
+    kw: dict[str, Any] = dict(fast_root=f"{base}/fast{{node}}", save_every=2, fast_every=1,
+                              timeout=20, continuation="statistical", handle_sigterm=False,
+                              async_save=False)
+    with pckt.CheckpointManager(f"{base}/durable", ranks_per_node=1, **kw) as mgr:
+        for step in (1, 2, 3):
+            mgr.maybe_save(step, {"w": distribute_tensor(torch.arange(8.0) * step, mesh,
+                                                         [Shard(0)])})
+    w = distribute_tensor(torch.zeros(8), mesh, [Shard(0)])
+    with pckt.CheckpointManager(f"{base}/durable", ranks_per_node=world, **kw) as m2:
+        info = m2.restore({"w": w})
+    return {"restored": None if info is None else info.step,
+            "failed": [v.step for v in portable_ckpt.list_versions(f"{base}/fast0")
+                       if v.verification_failed]}
+
+
 class _StopsOnLoad:
     def __init__(self, rank: int) -> None:
         self.rank = rank

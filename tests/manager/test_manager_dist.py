@@ -482,6 +482,32 @@ def test_one_storage_error_in_a_node_local_verification_is_not_damage(tmp_path: 
     assert r["injected"], r
 
 
+def test_a_node_root_of_a_node_local_version_is_never_recorded_damaged_for_its_absent_files(
+    tmp_path: Path,
+) -> None:
+    """SRE review F1, F2: a restart on one node, and `verify --deep` of one node root, recorded
+    a node-local version (whole across its nodes) as failed for good: another node's files are
+    absent from a node root by design (spec §14.7). Damage of a file that is there still is."""
+    import subprocess
+    import sys
+
+    for r in ok(run("node_local_then_one_node", 2, str(tmp_path), timeout=240)):
+        assert r["restored"] == 2 and r["failed"] == [], r
+    [v3] = [v for v in portable_ckpt.list_versions(tmp_path / "fast0") if v.step == 3]
+    cli = [sys.executable, "-m", "portable_ckpt", "verify", "--deep", v3.path]
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "node-local version" in p.stderr, p
+    assert not (Path(v3.path) / "verifications").exists()
+    mine = sorted((Path(v3.path) / "data").glob("w00000-*.safetensors"))[0]
+    data = bytearray(mine.read_bytes())
+    data[-1] ^= 0xFF  # damage of a file this node root holds
+    mine.write_bytes(bytes(data))
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "PCK-CHECKSUM" in p.stdout, p
+    [v3] = [v for v in portable_ckpt.list_versions(tmp_path / "fast0") if v.step == 3]
+    assert v3.verification_failed
+
+
 def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:
     """Race review F3: the interrupt became PCK-DISTRIBUTED on both ranks and the restore
     walked the older versions (on to the next maybe_save)."""

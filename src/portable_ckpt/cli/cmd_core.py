@@ -232,7 +232,7 @@ def _verify(args: argparse.Namespace) -> int:
     errors: list[CheckpointError]
     record: str | None = None
     record_error: str | None = None
-    from portable_ckpt.io.damage import confirm_damage
+    from portable_ckpt.io.damage import confirm_damage, elsewhere
     from portable_ckpt.io.reader import Checkpoint
 
     target = args.ckpt
@@ -256,11 +256,18 @@ def _verify(args: argparse.Namespace) -> int:
             errors = [exc]
         # Damage that a second read does not find again is this read's fault: not recorded.
         errors = confirm_damage(storage, attempt, manifest.files, errors)
+        # A node root holds its nodes' files of a node-local version only (spec §14.7).
+        errors, away = elsewhere(attempt, manifest, errors)
+        if away and not args.quiet:
+            print(f"portable-ckpt: a node-local version (spec §14.7): {len(away)} of its files "
+                  f"are not in this node root ({safe(away[0])}, ...); the other node roots hold "
+                  "them. Only the files here were checked; a pass is not recorded",
+                  file=sys.stderr)
         forced = (
             _still_unreadable(storage, attempt, manifest.files, errors)
             if args.record_unreadable else []
         )
-        if (args.deep or args.sample is not None) and args.record:
+        if (args.deep or args.sample is not None) and args.record and not (away and not errors):
             record, record_error = _record(storage, attempt, chunks, errors, args, seed, forced)
         if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root
             errors = errors + _newer_invalid(storage, attempt)

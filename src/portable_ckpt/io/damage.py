@@ -18,12 +18,11 @@ from portable_ckpt.errors import (
     FileMissingError,
     StorageError,
 )
-from portable_ckpt.format.manifest import (
-    FileRecord,
-)
+from portable_ckpt.format.manifest import FileRecord, Manifest
 from portable_ckpt.storage import Storage
 
-__all__ = ["confirm_damage", "read_file_again"]
+__all__ = ["PLACEMENT_ENTRY", "confirm_damage", "elsewhere", "read_file_again"]
+
 
 def confirm_damage(
     storage: Storage,
@@ -127,3 +126,30 @@ def read_file_again(
     except CheckpointError as exc:
         return exc.with_traceback(None)
     return None
+
+
+#: The entry of a version written to node-local roots (spec §14.7).
+PLACEMENT_ENTRY = "pck.placement"
+
+
+def elsewhere(
+    attempt_id: str, manifest: Manifest, errors: Sequence[CheckpointError]
+) -> tuple[list[CheckpointError], list[str]]:
+    """``errors`` without the files a node-local version keeps on other nodes; and those files.
+
+    A version with a ``pck.placement`` entry was published in every node root while each holds
+    only its nodes' files (spec §14.7): read through one node root, another node's file is
+    absent by design. Recorded as damage it condemned an intact version for good (SRE review
+    F1, F2: a verify of a node root, a restart on one node). Checksum and size findings of files
+    that are there stay damage.
+    """
+    if PLACEMENT_ENTRY not in manifest.entries:
+        return list(errors), []
+    keep, away = [], []
+    for e in errors:
+        rel = _file_of(e, attempt_id, manifest.files)
+        if e.code == "PCK-FILE-MISSING" and rel is not None:
+            away.append(rel)
+        else:
+            keep.append(e)
+    return keep, sorted(set(away))

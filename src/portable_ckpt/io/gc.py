@@ -67,6 +67,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+
 @dataclass
 class GcReport:
     """What gc removed or would remove (``dry_run``), and what it left alone and why.
@@ -488,6 +489,7 @@ def _abandoned_branch(
         top = max([bound, *(times[v.id] for v in group)])
         candidates += [v for v in group if times[v.id] < top]
         bound = top
+
     def confirms(w: VersionInfo, v: VersionInfo) -> bool:
         """The store saw ``w``'s record after ``v``'s, as much later as the writers' clocks say.
 

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from portable_ckpt.errors import UsageError
+from portable_ckpt.io.damage import PLACEMENT_ENTRY  # the entry's name, one for the core
 
 __all__ = ["PLACEMENT_ENTRY", "NodeLayout"]
-
-#: Name of the placement entry of a node-local fast-tier version.
-PLACEMENT_ENTRY = "pck.placement"
 
 
 @dataclass(frozen=True)

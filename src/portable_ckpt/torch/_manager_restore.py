@@ -30,6 +30,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.io.annotations import timestamp_key
+from portable_ckpt.io.damage import PLACEMENT_ENTRY
 from portable_ckpt.io.versions import list_versions
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
@@ -503,6 +504,12 @@ def _record_damage(
             raise  # the caller cannot tell: unconfirmed
         _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
         return "pass"
+    if PLACEMENT_ENTRY in manifest.entries:
+        # A node-local version read through one node root (a restart on fewer nodes): another
+        # node's files are absent by design, not damage (SRE review F1).
+        found = [f for f in found if f[0] != "PCK-FILE-MISSING"]
+        if not any(c in DAMAGE_CODES for c, _, _ in found):
+            return "pass"
     if confirmed:
         damage = [{"code": c, "message": m[:4096]} for c, m, _ in found if c in DAMAGE_CODES]
     else:

@@ -68,6 +68,7 @@ from portable_ckpt.torch.loading import _Casts, _contract, _read_converted
 
 __all__ = ["PortableLoadPlanner", "PortableStorageReader"]
 
+
 class PortableLoadPlanner(DefaultLoadPlanner):
     """``DefaultLoadPlanner`` that reads strided DTensor targets box by box and never unpickles.
 
