@@ -718,3 +718,39 @@ def test_model_optimizer_state_takes_several_optimizers_and_resumes_exactly(
             assert torch.equal(p, q), at
     with pytest.raises(UsageError, match="list of them"):
         pckt.ModelOptimizerState(m, [a, "not an optimizer"])
+
+
+@pytest.mark.parametrize("kind", ["copies", "drills", "verifications"])
+def test_only_unreadable_verification_records_stop_a_restore(tmp_path: Path, kind: str) -> None:
+    """Attack review 4 A4: a copy (or drill) record of a newer major format version beside the
+    newest version stopped every restart and `ls --latest` ("retry", which never helped),
+    though those records do not decide what is restored. A verification record still does."""
+    import json
+    import subprocess
+    import sys
+
+    root = tmp_path / "r"
+    for step in (1, 2):
+        pckt.save({"w": torch.arange(4.0) + step}, str(root), step=step,
+                  continuation="statistical")
+    [v] = sorted(root.glob("s000000000002-*"))
+    letter, id_member = {"copies": ("c", "copy_id"), "drills": ("d", "drill_id"),
+                         "verifications": ("v", "verification_id")}[kind]
+    rid = f"{letter}20261204T131003962047Z-a8af8db4"
+    (v / kind).mkdir()
+    (v / kind / f"{rid}.json").write_text(json.dumps({
+        "format": f"portable-ckpt-{'copy' if kind == 'copies' else kind[:-1]}",
+        "format_version": "2.0", "attempt_id": v.name, id_member: rid}))
+    p = subprocess.run([sys.executable, "-m", "portable_ckpt", "ls", "--latest", str(root)],
+                       capture_output=True, text=True, timeout=60)
+    state = {"w": torch.zeros(4)}
+    with pckt.CheckpointManager(str(root), handle_sigterm=False) as m:
+        if kind == "verifications":  # it may say the version failed: nothing is decided
+            with pytest.raises(portable_ckpt.CheckpointError, match="verifications records"):
+                m.restore(state)
+            assert p.returncode == 1 and "could not be read" in p.stderr, p
+            return
+        assert m.restore(state).step == 2
+    assert p.returncode == 0 and p.stdout.strip() == str(v), p
+    [listed] = [x for x in portable_ckpt.list_versions(root) if x.step == 2]
+    assert listed.annotations_unreadable and not listed.known  # gc stays careful

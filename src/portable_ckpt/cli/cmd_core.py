@@ -109,7 +109,7 @@ def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
     exit 1, as it stops a restore. The path is printed as it is (not escaped as in a table).
     """
     for v in reversed(versions):
-        if v.status == "unreadable" or (v.status == "committed" and v.annotations_unreadable):
+        if v.status == "unreadable" or (v.status == "committed" and v.verifications_unreadable):
             what = "the verification records of " if v.status == "committed" else ""
             print(
                 f"portable-ckpt: cannot tell the latest version: {what}{v.id} could not be "

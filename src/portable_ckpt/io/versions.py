@@ -141,6 +141,9 @@ class VersionInfo:
     bytes: int = 0
     error_code: str | None = None
     annotations_unreadable: bool = False
+    #: Its verification records (which decide whether it may be restored, R-DRILL-8) could not
+    #: all be read; drill and copy records decide only what gc keeps.
+    verifications_unreadable: bool = False
     #: Whether a pin record names it (spec §15.3); ``None``: the pins could not be read.
     pinned: bool | None = False
 
@@ -423,11 +426,20 @@ def _info(
             present = set(storage.list_dirs(f"{name}/")) & set(ANNOTATION_KINDS)
         except StorageError:
             present = set(ANNOTATION_KINDS)  # each is asked, and its error kept
+        unread: dict[str, CheckpointError] = {}
         for kind in sorted(present):
             setattr(info, kind, read_annotations(storage, name, kind, errors=errors))
-        if errors:
+            if errors:
+                unread.setdefault(kind, errors[0])
+                errors.clear()
+        if unread:
+            # Only unreadable verification records stop a restore (attack review 4 A4: a copy
+            # record of a newer format stopped every restart); gc is careful with all three.
             info.annotations_unreadable = True
-            info.error, info.error_code = f"drill/copy records unreadable: {errors[0]}", errors[0].code
+            info.verifications_unreadable = "verifications" in unread
+            kind, first = next((k, e) for k, e in sorted(
+                unread.items(), key=lambda ke: ke[0] != "verifications"))
+            info.error, info.error_code = f"{kind} records unreadable: {first}", first.code
     return info
 
 

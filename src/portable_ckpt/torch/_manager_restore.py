@@ -89,7 +89,8 @@ def listing(mgr: CheckpointManager, name: str, step: int | None) -> dict[str, An
     # like an unreadable record, it stops the restore rather than being taken or skipped.
     return {
         "rows": [
-            [v.step, v.committed_at, v.id, None if v.known and v.status == "committed"
+            [v.step, v.committed_at, v.id,
+             None if v.status == "committed" and not v.verifications_unreadable
              else str(v.error)]
             for v in versions
             if (step is None or v.step == step)
