@@ -754,3 +754,53 @@ def test_only_unreadable_verification_records_stop_a_restore(tmp_path: Path, kin
     assert p.returncode == 0 and p.stdout.strip() == str(v), p
     [listed] = [x for x in portable_ckpt.list_versions(root) if x.step == 2]
     assert listed.annotations_unreadable and not listed.known  # gc stays careful
+
+
+def test_a_parameter_without_optimizer_state_when_saved_restores_exactly(tmp_path: Path) -> None:
+    """Integrator review F8: a parameter that had no gradient yet when saved (an unused branch,
+    an expert not routed yet) has no optimizer state in the version, but a fresh optimizer's
+    template has: every restore failed with PCK-TENSOR-MISSING. Now the fresh state stays and
+    the resumed run equals one never stopped; a real gap still fails."""
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+        def forward(self, x: Any, step: int) -> Any:  # b is used from step 5 on
+            return self.b(self.a(x)) if step >= 5 else self.a(x)
+
+    def make() -> tuple[Any, Any, dict[str, Any]]:
+        torch.manual_seed(0)
+        m = M()
+        o = torch.optim.AdamW(m.parameters(), lr=0.1)
+        return m, o, {"train": pckt.ModelOptimizerState(m, o), "rng": pckt.RNGState()}
+
+    def step(m: Any, o: Any, i: int) -> None:
+        o.zero_grad()
+        m(torch.randn(2, 3), i).pow(2).sum().backward()
+        o.step()
+
+    root = str(tmp_path / "r")
+    m, o, st = make()
+    for i in (1, 2):
+        step(m, o, i)
+    assert len(o.state) == 2  # a's weight and bias only
+    with pckt.CheckpointManager(root, async_save=False, handle_sigterm=False) as mgr:
+        mgr.save(2, st)
+    for i in range(3, 7):
+        step(m, o, i)
+    m2, o2, st2 = make()
+    with pckt.CheckpointManager(root, handle_sigterm=False) as mgr:
+        info = mgr.restore(st2)
+    assert info.missing_keys == [] and sorted(info.fresh_optimizer_state) == sorted(
+        f"train/optim/state/b.{p}/{s}" for p in ("weight", "bias")
+        for s in ("step", "exp_avg", "exp_avg_sq"))
+    for i in range(3, 7):
+        step(m2, o2, i)
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters(), strict=True))
+    # A parameter with part of its state missing is no fresh state: refused as before.
+    target = {"train": {"optim": {"state": {"a.weight": {"step": torch.zeros(()),
+                                                          "extra": torch.zeros(3, 3)}}}}}
+    with pytest.raises(portable_ckpt.CheckpointError, match="extra"):
+        pckt.load(target, root)

@@ -62,6 +62,9 @@ class LoadInfo:
         elements_covered: Elements proven covered exactly once on this rank.
         entries_loaded: Non-tensor entries applied.
         missing_keys: Target keys absent from the checkpoint (only with ``strict=False``).
+        fresh_optimizer_state: Target keys of an optimizer's state of parameters the version
+            has no state of (they had none when saved: no gradient yet), left as the target
+            holds them (a fresh state), with ``strict`` as well.
         unexpected_keys: Stored tensor and plain-value keys the target did not ask for.
         casts: The tensors this rank loaded into another dtype than the stored one: ``{"key",
             "stored", "target", "elements", "flushed"}`` (``flushed``: non-zero values that
@@ -89,6 +92,7 @@ class LoadInfo:
     elements_covered: int = 0
     entries_loaded: int = 0
     missing_keys: list[str] = field(default_factory=list)
+    fresh_optimizer_state: list[str] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
     casts: list[dict[str, Any]] = field(default_factory=list)
     per_rank: list[dict[str, Any]] = field(default_factory=list)

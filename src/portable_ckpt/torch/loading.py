@@ -322,7 +322,11 @@ def _load_tensors(
     ranges: list[dict[str, Any]] = []
     in_place: list[ReadRequest] = []
     converted: list[tuple[ReadRequest, torch.Tensor]] = []
+    stateless = _NoStateYet(ck)
     for key, t in flat.tensors.items():
+        if key not in ck.tensors and stateless.covers(key):
+            info.fresh_optimizer_state.append(key)  # the target's fresh value stays
+            continue
         if not _stored_like(ck, key, t, info, strict=strict):
             continue
         layout, local = local_layout(key, t, info.rank)
@@ -630,6 +634,35 @@ def _instead(ck: Checkpoint, key: str, *, wanted: str) -> str:
         f"; stored keys that look alike: {close} (a renamed prefix? map the target's keys; "
         "strict=False would leave them unloaded and report success)"
     )
+
+
+class _NoStateYet:
+    """Per-parameter optimizer state that a version lacks as a whole, where it has others'.
+
+    An optimizer has state only for the parameters that got a gradient (an unused branch, an
+    expert not routed yet, a layer frozen when saved), but a template made from a fresh
+    optimizer (``get_state_dict``) has state for every parameter: each restore of such a job
+    failed with ``PCK-TENSOR-MISSING`` (integrator review F8). Such a parameter had no state
+    when saved, and a fresh state (zero moments, step 0) is what its optimizer would make at
+    its first step: the target's value is kept (``LoadInfo.fresh_optimizer_state``). A
+    parameter that has some of its state in the version, or an optimizer with none at all,
+    is a real gap.
+    """
+
+    def __init__(self, ck: Checkpoint) -> None:
+        self.ck = ck
+        self._params: set[str] | None = None
+        self._heads: set[str] = set()
+
+    def covers(self, key: str) -> bool:
+        """Whether ``key`` is state of a parameter the version has no state of."""
+        head, sep, rest = f"/{key}".rpartition("/state/")
+        if not sep or rest.count("/") != 1:
+            return False
+        if self._params is None:
+            self._params = {f"/{k}".rsplit("/", 1)[0] for k in self.ck.tensors if "/state/" in f"/{k}"}
+            self._heads = {p.rpartition("/state/")[0] for p in self._params}
+        return f"{head}/state/{rest.split('/')[0]}" not in self._params and head in self._heads
 
 
 def _stored_like(
