@@ -955,6 +955,30 @@ def node_local_then_one_node(rank: int, world: int, base: str) -> dict[str, Any]
                        if v.verification_failed]}
 
 
+def requested_preemption(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Integrator review F9: a trainer that owns its signals (handle_sigterm=False) asks for the
+    preemption save from its own handler on one rank; every rank saves and stops."""
+    import signal as _signal
+
+    mgr = pckt.CheckpointManager(base, save_every=1000, handle_sigterm=False, timeout=30,
+                                 continuation="statistical")
+    if rank == 1:
+        _signal.signal(_signal.SIGUSR1, lambda *_: mgr.request_preemption())
+    x = torch.arange(4.0)
+    stopped = None
+    for step in range(1, 200):
+        if rank == 1 and step == 5:
+            os.kill(os.getpid(), _signal.SIGUSR1)  # the trainer's requeue signal
+        mgr.maybe_save(step, {"x": x + step})
+        if mgr.preempted:
+            stopped = step
+            break
+        time.sleep(0.01)
+    mgr.close()
+    committed = [v.step for v in portable_ckpt.list_versions(base) if v.status == "committed"]
+    return {"stopped": stopped, "committed": committed}
+
+
 class _StopsOnLoad:
     def __init__(self, rank: int) -> None:
         self.rank = rank

@@ -508,6 +508,16 @@ def test_a_node_root_of_a_node_local_version_is_never_recorded_damaged_for_its_a
     assert v3.verification_failed
 
 
+def test_request_preemption_from_a_trainers_own_handler_saves_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """Integrator review F9: with handle_sigterm=False nothing could ask for the preemption
+    save; request_preemption() on one rank makes every rank save the same step and stop."""
+    r0, r1 = ok(run("requested_preemption", 2, str(tmp_path), timeout=120))
+    assert r0["stopped"] == r1["stopped"] and 5 <= r0["stopped"] <= 5 + 32, (r0, r1)
+    assert r0["committed"] == [r0["stopped"]], r0
+
+
 def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:
     """Race review F3: the interrupt became PCK-DISTRIBUTED on both ranks and the restore
     walked the older versions (on to the next maybe_save)."""

@@ -285,6 +285,18 @@ class CheckpointManager:
 
     # -- saving ------------------------------------------------------------------------------
 
+    def request_preemption(self) -> None:
+        """Act as if this process got SIGTERM: every rank saves at the ranks' next agreement.
+
+        For trainers that own their signals (a SLURM ``--signal=USR1`` requeue handler, a
+        framework's signal connector, torchelastic): call it from that handler (it only sets a
+        flag, safe in a signal handler) or from any thread, with ``handle_sigterm=False``. One
+        rank calling it is enough; the flag travels in the next agreement, and ``preempted``
+        becomes true on every rank (integrator review F9).
+        """
+        self._preemption.signal_name = "request_preemption"
+        self._preemption.seen.set()
+
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
     ) -> bool:
