@@ -804,3 +804,17 @@ def test_a_parameter_without_optimizer_state_when_saved_restores_exactly(tmp_pat
                                                           "extra": torch.zeros(3, 3)}}}}}
     with pytest.raises(portable_ckpt.CheckpointError, match="extra"):
         pckt.load(target, root)
+
+
+def test_a_0d_tensor_metric_ranks_keep_best_without_a_false_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Integrator review F7: metrics={"loss": torch.tensor(x)} was stored and ranked, but the
+    warning said the save carried no finite 'loss' value."""
+    root = str(tmp_path / "r")
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, keep_best=("loss", 1, "min"),
+                                async_save=False, handle_sigterm=False) as mgr:
+        for step, loss in enumerate((3.0, 0.5, 2.0, 4.0), start=1):
+            mgr.maybe_save(step, {"w": torch.arange(4.0)}, metrics={"loss": torch.tensor(loss)})
+    assert "keep_best" not in capsys.readouterr().err
+    assert [v.step for v in portable_ckpt.list_versions(root)] == [2, 4]

@@ -348,7 +348,8 @@ class CheckpointManager:
         best = self.tiers["durable"].retention.keep_best
         if best is None or decision.tier != "durable" or "keep_best" in self._warned:
             return
-        if best.score(metrics) is not None:
+        # Ranked on the values stored (a 0-d tensor's number: integrator review F7).
+        if best.score(manager_entry_value(step, decision.reason, metrics)["metrics"]) is not None:
             return
         self._warned.add("keep_best")
         given = sorted(str(k) for k in metrics) if metrics else None
