@@ -5,6 +5,7 @@ Single-process managers (no process group): real saves on real files.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -818,3 +819,36 @@ def test_a_0d_tensor_metric_ranks_keep_best_without_a_false_warning(
             mgr.maybe_save(step, {"w": torch.arange(4.0)}, metrics={"loss": torch.tensor(loss)})
     assert "keep_best" not in capsys.readouterr().err
     assert [v.step for v in portable_ckpt.list_versions(root)] == [2, 4]
+
+
+def test_replicated_durable_saves_go_direct_while_the_fast_tier_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SRE review F4: with replicate=True every durable save went to the fast tier first, so a
+    full fast disk failed every durable checkpoint and stopped the job (max_failed_saves), the
+    durable root healthy. While fast saves fail, durable saves now go to the durable root."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.storage.local import LocalStorage
+
+    fast = str(tmp_path / "fast")
+    real = LocalStorage.open_writer
+
+    def full_from_step_3(self: Any, path: str, **kw: Any) -> Any:
+        if self.root.startswith(fast) and int(path[1:13]) >= 3:
+            raise StorageError(f"write {path}: No space left on device (errno 28) [injected]",
+                               path=path)
+        return real(self, path, **kw)
+
+    monkeypatch.setattr(LocalStorage, "open_writer", full_from_step_3)
+    root = str(tmp_path / "durable")
+    with pckt.CheckpointManager(root, fast_root=fast, replicate=True, save_every=2,
+                                fast_every=1, max_failed_saves=2, continuation="statistical",
+                                handle_sigterm=False) as mgr:
+        for step in range(1, 11):
+            mgr.maybe_save(step, {"w": torch.arange(4.0) * step})
+            with contextlib.suppress(portable_ckpt.CheckpointError):
+                mgr.wait()  # the failure is known before the next step (a fast save failed)
+    durable = [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"]
+    assert durable == [2, 4, 6, 8, 10], durable
+    err = capsys.readouterr().err
+    assert "to the fast tier FAILED" in err and "durable checkpoint(s) failed" in err

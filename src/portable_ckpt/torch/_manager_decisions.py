@@ -246,7 +246,8 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
         following = _next_agreement(mgr, step, now)
     seen = int(mgr._preemption.seen.is_set())
     flags = torch.tensor(
-        [mine.encode(), seen, mgr._failed_saves, following, step, -step, int(mgr._bg_broken)],
+        [mine.encode(), seen, mgr._failed_saves, following, step, -step, int(mgr._bg_broken),
+         int(mgr._fast_failed)],
         dtype=torch.int64,
     )
     mgr._agreed = None  # until this agreement is known (a failed one: the next call agrees)
@@ -260,6 +261,7 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
         )
     if int(flags[6]):  # a rank's background group broke: every rank makes a new one, here
         _renew_background(mgr)
+    mgr._fast_failing = bool(int(flags[7]))  # where replicate's durable saves go (_target)
     decision = Decision.decode(int(flags[0]))
     mgr._agreed_failed_saves = int(flags[2])  # the most any rank has seen so far
     if int(flags[1]) and not mgr.preempted:

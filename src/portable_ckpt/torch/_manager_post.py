@@ -76,6 +76,8 @@ def after_save(
             return
     if info is None:  # pragma: no cover - guarded by the callers
         return
+    if tier.name == "fast":
+        mgr._fast_failed = False
     if tier.name == "durable":
         durable_ok(mgr)  # with replicate=True the durable version exists once it is copied
     mib_s = info.bytes_written / _MIB / info.seconds if info.seconds > 0 else 0.0
@@ -340,9 +342,15 @@ def after_failure(
         mgr._last_error_fast = decision.tier != "durable"
     if decision.tier == "durable":
         durable_failed(mgr, step)
+    if tier.name == "fast":
+        mgr._fast_failed = True
     _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
     if mgr.rank == 0 and not raised and not mgr._exiting:  # at exit: the ABANDONED line
-        say(failure_text(mgr, step, tier.name, e))
+        where = "durable" if decision.tier == "durable" else tier.name
+        say(failure_text(mgr, step, where, e) + (
+            " It was written to the fast tier first (replicate=True): the next durable saves go "
+            "to the durable root directly until a fast-tier save works again."
+            if where != tier.name else ""))
     failed = getattr(e, "failed_ranks", None) or None
     mgr.telemetry.emit(
         "commit",

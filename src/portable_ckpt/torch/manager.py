@@ -228,6 +228,10 @@ class CheckpointManager:
         self._group_broken = False  # a decision failed on it: made anew at the next one
         self._bg_comm: Comm | None = None
         self._bg_broken = False  # a background collective failed: made anew at the next agreement
+        # replicate=True: this rank's last fast-tier save failed (a full node disk); agreed,
+        # durable saves then go to the durable root directly until a fast save works again
+        self._fast_failed = False
+        self._fast_failing = False
         durable = durable_tier(
             root, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best
         )
@@ -365,7 +369,14 @@ class CheckpointManager:
             say(text)
 
     def _target(self, decision: Decision) -> Tier:
-        if decision.tier == "fast" or (self.replicate and decision.reason != "preemption"):
+        """The tier a save writes: with ``replicate``, durable steps go to the fast tier first.
+
+        Not while the fast tier fails (agreed by every rank): a full node disk then stopped
+        every durable checkpoint and the job, with the durable root healthy (SRE review F4).
+        """
+        if decision.tier == "fast" or (
+            self.replicate and decision.reason != "preemption" and not self._fast_failing
+        ):
             return self.tiers["fast"]
         return self.tiers["durable"]
 
