@@ -852,3 +852,27 @@ def test_replicated_durable_saves_go_direct_while_the_fast_tier_fails(
     assert durable == [2, 4, 6, 8, 10], durable
     err = capsys.readouterr().err
     assert "to the fast tier FAILED" in err and "durable checkpoint(s) failed" in err
+
+
+def test_keys_a_fallback_lacks_but_a_failed_candidate_held_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SRE review F7: a restore (strict=False) that fell back from a damaged newer version to
+    one without a key left that key as the failed partial load wrote it (another step's values
+    on some ranks) and said nothing: LoadInfo.missing_keys made it look fresh everywhere."""
+    root = str(tmp_path / "r")
+    with pckt.CheckpointManager(root, async_save=False, handle_sigterm=False,
+                                continuation="statistical") as mgr:
+        mgr.save(1, {"w": torch.arange(4.0)})
+        mgr.save(2, {"w": torch.arange(4.0) * 2, "e": torch.ones(1000)})
+    [v2] = [v for v in portable_ckpt.list_versions(root) if v.step == 2]
+    [shard] = Path(v2.path).glob("data/*.safetensors")
+    data = bytearray(shard.read_bytes())
+    data[-8:] = b"\xff" * 8  # a bad sector at the end of the shard
+    shard.write_bytes(bytes(data))
+    state = {"w": torch.zeros(4), "e": torch.zeros(1000)}
+    with pckt.CheckpointManager(root, handle_sigterm=False) as mgr:
+        info = mgr.restore(state, strict=False)
+    assert info.step == 1 and info.missing_keys == ["e"] and info.left_from_failed == ["e"]
+    err = capsys.readouterr().err
+    assert "failed part way" in err and "'e'" in err and "LoadInfo.left_from_failed" in err

@@ -212,6 +212,8 @@ def restore(
             if mgr.rank == 0:
                 say(text)  # an operator without logging or events= learns of the damage too
             continue
+        if fallbacks and info.missing_keys:
+            _say_left_from_failed(mgr, info, fallbacks)
         after_restore(mgr, info, tier_name, t0, fallbacks)
         if step is not None:
             _warn_if_rolled_back(mgr, info.step)
@@ -324,6 +326,39 @@ def _check_the_rest(mgr: CheckpointManager, tier_name: str, ident: str) -> None:
         _record_damage(mgr, tier_name, ident, damage[0], more=damage[1:], confirmed=True)
 
     mgr._post.append(mgr._bg.submit(check))
+
+
+def _say_left_from_failed(
+    mgr: CheckpointManager, info: LoadInfo, fallbacks: Sequence[Mapping[str, Any]]
+) -> None:
+    """The keys a fallback version lacks that a failed candidate holds: said, and listed.
+
+    A candidate that failed part way (damage on one rank) wrote its values into the targets of
+    the ranks that read them; the version restored instead does not hold these keys, so with
+    ``strict=False`` they stay as that partial load left them: another step's values on some
+    ranks, the fresh ones on others (SRE review F7). Listed in ``LoadInfo.left_from_failed``.
+    """
+    from portable_ckpt.io.versions import load_manifest
+
+    held: set[str] = set()
+    for f in fallbacks:
+        tier = mgr.tiers.get(str(f["tier"]))
+        try:
+            if tier is not None:
+                held |= set(load_manifest(tier.storage, str(f["checkpoint_id"])).tensors)
+        except CheckpointError:
+            held |= set(info.missing_keys)  # cannot tell: every missing key may be such
+    info.left_from_failed = [k for k in info.missing_keys if k in held]
+    if mgr.rank == 0 and info.left_from_failed:
+        keys = info.left_from_failed
+        shown = ", ".join(repr(k) for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
+        say(
+            f"rank 0: restored step {info.step} after a newer version failed part way; "
+            f"{len(keys)} key(s) of the state are not in step {info.step} but are in the failed "
+            f"one ({shown}): the failed load may have written them on some ranks, so they may "
+            "hold its values on some ranks and their initial values on others. Set them again "
+            "on every rank (LoadInfo.left_from_failed lists them), or restore into a fresh state"
+        )
 
 
 def _say_unread(mgr: CheckpointManager, info: LoadInfo) -> None:

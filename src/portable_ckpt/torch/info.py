@@ -65,6 +65,8 @@ class LoadInfo:
         fresh_optimizer_state: Target keys of an optimizer's state of parameters the version
             has no state of (they had none when saved: no gradient yet), left as the target
             holds them (a fresh state), with ``strict`` as well.
+        left_from_failed: Of ``missing_keys``, those a newer candidate that failed part way
+            holds (a manager's restore that fell back): they may hold its values on some ranks.
         unexpected_keys: Stored tensor and plain-value keys the target did not ask for.
         casts: The tensors this rank loaded into another dtype than the stored one: ``{"key",
             "stored", "target", "elements", "flushed"}`` (``flushed``: non-zero values that
@@ -93,6 +95,7 @@ class LoadInfo:
     entries_loaded: int = 0
     missing_keys: list[str] = field(default_factory=list)
     fresh_optimizer_state: list[str] = field(default_factory=list)
+    left_from_failed: list[str] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
     casts: list[dict[str, Any]] = field(default_factory=list)
     per_rank: list[dict[str, Any]] = field(default_factory=list)
