@@ -979,6 +979,26 @@ def requested_preemption(rank: int, world: int, base: str) -> dict[str, Any]:
     return {"stopped": stopped, "committed": committed}
 
 
+def node_local_rollback(rank: int, world: int, base: str) -> str:
+    """SRE review F6: a rollback (restore(step=...)) with newer steps on a node-local fast tier
+    was not said (the warning looked at shared tiers only); the next restart undid it."""
+    import contextlib
+    import io
+
+    mesh = init_device_mesh("cpu", (world,))
+    kw: dict[str, Any] = dict(fast_root=f"{base}/fast{{node}}", ranks_per_node=1, fast_every=1,
+                              fast_keep=3, save_every=100, timeout=20, async_save=False,
+                              continuation="statistical", handle_sigterm=False)
+    with pckt.CheckpointManager(f"{base}/durable", **kw) as mgr:
+        for step in (1, 2, 3):
+            mgr.maybe_save(step, {"w": distribute_tensor(torch.arange(8.0) * step, mesh,
+                                                         [Shard(0)])})
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pckt.CheckpointManager(f"{base}/durable", **kw) as m2:
+        m2.restore({"w": distribute_tensor(torch.zeros(8), mesh, [Shard(0)])}, step=2)
+    return err.getvalue()
+
+
 class _StopsOnLoad:
     def __init__(self, rank: int) -> None:
         self.rank = rank

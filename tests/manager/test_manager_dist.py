@@ -518,6 +518,14 @@ def test_request_preemption_from_a_trainers_own_handler_saves_on_every_rank(
     assert r0["committed"] == [r0["stopped"]], r0
 
 
+def test_a_rollback_on_a_node_local_tier_is_said(tmp_path: Path) -> None:
+    """SRE review F6: restore(step=2) with step 3 on a node-local fast tier said nothing, and
+    the next plain restart resumed step 3, undoing the rollback."""
+    r0, r1 = ok(run("node_local_rollback", 2, str(tmp_path), timeout=240))
+    assert "restored step 2, but this job also holds newer steps [3]" in r0, r0
+    assert "newer steps" not in r1  # rank 0 says it
+
+
 def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:
     """Race review F3: the interrupt became PCK-DISTRIBUTED on both ranks and the restore
     walked the older versions (on to the next maybe_save)."""

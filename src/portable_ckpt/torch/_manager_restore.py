@@ -388,7 +388,7 @@ def _say_foreign_newer(mgr: CheckpointManager, info: LoadInfo) -> None:
     if mgr.rank != 0:
         return
     newer = [
-        v.id for tier in mgr.tiers.values() if tier.layout is None
+        v.id for tier in mgr.tiers.values()
         for v in _versions_or_none(tier) if v.status == "foreign" and v.step >= info.step
     ]
     if newer:
@@ -469,9 +469,8 @@ def _warn_if_rolled_back(mgr: CheckpointManager, restored: int) -> None:
     newer = sorted(
         {
             v.step
-            for tier in mgr.tiers.values()
-            if tier.layout is None
-            for v in _versions_or_none(tier)
+            for tier in mgr.tiers.values()  # a node root lists every version: its record is
+            for v in _versions_or_none(tier)  # published in each (SRE review F6)
             if v.status == "committed" and v.step > restored
         }
     )
