@@ -1,13 +1,14 @@
 """Train a small GPT-like model with FSDP2 and let CheckpointManager handle every checkpoint.
 
-Run it with torchrun (CPU/gloo here; NCCL works the same)::
+Run it with torchrun (CPU processes over gloo; the model stays on the CPU, also where CUDA is
+present: on GPUs, give each rank its device and a NCCL group as in docs/torch.md)::
 
     torchrun --nproc_per_node 4 examples/train_fsdp2.py --ckpt /tmp/run1 --steps 200
     # stop it any time (Ctrl-C or SIGTERM to torchrun: the step is saved before exiting), then
     torchrun --nproc_per_node 3 examples/train_fsdp2.py --ckpt /tmp/run1 --steps 200 --resize
 
 It uses only the public API of ``portable_ckpt.torch``: the manager decides when to save (every
-``--save-every`` steps durably, every ``--fast-every`` steps to the fast tier), keeps the last
+``--save-every`` steps durably, every ``--fast-every`` steps to the fast tier with ``--fast``), keeps the last
 three durable versions and the best by loss, saves synchronously on SIGTERM or Ctrl-C (SIGINT,
 which torchrun forwards to its workers), resumes from the newest verified version over both
 tiers, and records telemetry in ``--events``. The loss is the global batch's on any world size,
@@ -81,12 +82,13 @@ def batch(data: pckt.DataPosition, args: argparse.Namespace, rank: int, world: i
 
 def main() -> None:
     """Train, saving and resuming through the manager."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--ckpt", required=True, help="durable checkpoint root (path or s3://)")
     p.add_argument("--fast", default=None, help="fast tier root (local disk / tmpfs)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--save-every", type=int, default=20)
-    p.add_argument("--fast-every", type=int, default=5)
+    p.add_argument("--fast-every", type=int, default=5, help="fast-tier save every N steps (with --fast)")
     p.add_argument("--events", default=None, help="telemetry: JSON lines or a .prom textfile")
     p.add_argument("--resize", action="store_true", help="accept resuming on another world size")
     p.add_argument("--vocab", type=int, default=256)
@@ -100,7 +102,7 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (demos)")
     args = p.parse_args()
 
-    dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+    dist.init_process_group("gloo")  # the model, mesh and batches below are CPU tensors
     try:
         train(args)
     finally:

@@ -543,14 +543,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "ckpt", type=A.root_url, help="a root (its latest committed version) or a version directory"
     )
-    p.add_argument("--step", type=A.step, default=None)
+    p.add_argument("--step", type=A.step, default=None, help="with a root: this step's newest version")
     p.add_argument("--ranges", action="store_true", help="list every range record")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser("verify", help="verify a version (exit 0 ok, 1 problems, 2 usage)")
     p.add_argument("ckpt", type=A.root_url)
-    p.add_argument("--step", type=A.step, default=None)
+    p.add_argument("--step", type=A.step, default=None, help="with a root: this step's newest version")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--deep", action="store_true", help="read and checksum every byte")
     g.add_argument(

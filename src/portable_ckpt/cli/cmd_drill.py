@@ -86,7 +86,7 @@ def register(subparsers: Any) -> None:
         "--timeout",
         type=A.positive_seconds,
         default=600.0,
-        help="seconds before the group is killed",
+        help="seconds before the group is killed (default 600)",
     )
     p.add_argument("--no-record", action="store_true", help="do not store the drill record")
     p.add_argument("--json", action="store_true", help="print the record as JSON")

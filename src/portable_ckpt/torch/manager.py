@@ -310,7 +310,9 @@ class CheckpointManager:
         was started (finished, for a preemption save). After a SIGTERM (acted on at the ranks'
         next agreement: within about ``decision_interval`` seconds), ``preempted`` is true on
         every rank and the save is synchronous, so the loop can exit right after. Raises on
-        every rank once ``max_failed_saves`` saves in a row failed.
+        every rank once ``max_failed_saves`` saves in a row failed. ``metrics``: numbers of
+        this step (a loss, an accuracy; floats, ints, 0-d tensors), stored in the version's
+        ``pck.manager`` entry and ranked by ``keep_best``.
         """
         self._check_open()
         require_non_negative_int(step, "maybe_save: step")  # before any collective
@@ -483,7 +485,9 @@ class CheckpointManager:
         of a job: start from scratch). A damaged, partial or missing fast-tier version falls back
         to the next candidate (the durable tier); errors of the target state itself (contract,
         shapes, missing keys) are raised at once. ``checkpoint`` restores one explicit version
-        directory (e.g. a seed from another run) instead. ``record_ranges`` is passed to
+        directory (e.g. a seed from another run) instead. ``allow_statistical``: restore a
+        version of contract ``exact`` on another world size or mesh (``PCK-CONTRACT``
+        otherwise), as :func:`~portable_ckpt.torch.load`. ``record_ranges`` is passed to
         :func:`~portable_ckpt.torch.load`, and so is ``strict``: ``False`` keeps the current
         value of what the version lacks (listed in ``LoadInfo.missing_keys``), e.g. the RNG and
         data position of a converted checkpoint restored as a seed, which has neither.
