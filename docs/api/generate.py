@@ -37,6 +37,12 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Retention", "portable_ckpt.io.gc", ["gc"]),
     ("Pins", "portable_ckpt.io.pins", ["pin", "unpin", "read_pins"]),
     ("Job log", "portable_ckpt.logs", ["get_logger", "log_event", "logged"]),
+    ("torch: the checkpoint manager", "portable_ckpt.torch",
+     ["CheckpointManager", "ModelOptimizerState", "LoadInfo", "CheckpointInfo"]),
+    ("torch: what a state holds", "portable_ckpt.torch",
+     ["StateEntry", "DataPosition", "RNGState", "GeneratorState"]),
+    ("torch: saving and loading without a manager", "portable_ckpt.torch",
+     ["save", "async_save", "AsyncSaveHandle", "load"]),
 ]
 
 HEADER = """# API reference (generated)
@@ -44,7 +50,8 @@ HEADER = """# API reference (generated)
 The public Python API a third-party writer, committer or reader needs, generated from the code
 by `docs/api/generate.py` (do not edit: run `./dev python docs/api/generate.py`). The format
 itself is defined by [`spec/README.md`](../../spec/README.md); this page documents the reference
-implementation, which is informative. torch users: [`docs/torch.md`](../torch.md). Storage
+implementation, which is informative. torch users: [`docs/torch.md`](../torch.md) and the
+`portable_ckpt.torch` sections at the end of this page. Storage
 backends: [`docs/storage-backends.md`](../storage-backends.md).
 
 A multi-process writer without torch: every process creates a `ShardWriter` for the agreed
