@@ -63,6 +63,7 @@ from portable_ckpt.torch._manager_decisions import (
     agree,
     agreement_due,
     make_group,
+    release_groups,
 )
 from portable_ckpt.torch._manager_exit import register_after_async_save, register_exit
 from portable_ckpt.torch._manager_nodelocal import background_comm
@@ -226,6 +227,7 @@ class CheckpointManager:
         self.process_group = process_group
         self._group, self.rank, self.world_size = make_group(process_group, timeout)
         self._group_broken = False  # a decision failed on it: made anew at the next one
+        self._spent_groups: list[Any] = []  # groups replaced since: destroyed at close
         self._bg_comm: Comm | None = None
         self._bg_broken = False  # a background collective failed: made anew at the next agreement
         # replicate=True: this rank's last fast-tier save failed (a full node disk); agreed,
@@ -588,6 +590,8 @@ class CheckpointManager:
             self._closed = True
             busy = self._busy()  # timed out: the stuck thread is left behind, not joined
             self._bg.shutdown(wait=not busy, cancel_futures=busy)
+            if not busy:
+                release_groups(self)
 
     def _check_open(self) -> None:
         if self._closed:
