@@ -343,6 +343,13 @@ def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
     res = _unprivileged("ls", str(root), "--latest")
     assert res.returncode == 1 and res.stdout == ""
     assert f"cannot tell the latest version: {newest} could not be read" in res.stderr
+    # Docs review F13: under --json the failure is a document too ("retry" is not "none").
+    doc = json.loads(_unprivileged("ls", str(root), "--latest", "--json").stdout)
+    assert doc["ok"] is False and doc["error"]["code"] == "PCK-STORAGE"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = cli("ls", str(empty), "--latest", "--json")
+    assert res.returncode == 1 and json.loads(res.stdout)["error"]["code"] == "PCK-NOT-FOUND"
 
 
 @pytest.mark.parametrize("skewed", ["ahead", "behind"])

@@ -13,7 +13,7 @@ from typing import Any
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
 from portable_ckpt.cli._text import safe, table
-from portable_ckpt.errors import CheckpointError, UsageError
+from portable_ckpt.errors import CheckpointError, NotFoundError, StorageError, UsageError
 from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
 from portable_ckpt.logs import human_bytes
 
@@ -111,12 +111,13 @@ def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
     for v in reversed(versions):
         if v.status == "unreadable" or (v.status == "committed" and v.verifications_unreadable):
             what = "the verification records of " if v.status == "committed" else ""
-            print(
-                f"portable-ckpt: cannot tell the latest version: {what}{v.id} could not be "
-                f"read ({safe(v.error or '?')}); a storage error is not 'no version': retry",
-                file=sys.stderr,
+            # Raised: under --json stdout gets the error document (docs review F13: a script
+            # could not tell "no version" from "retry").
+            raise StorageError(
+                f"cannot tell the latest version: {what}{v.id} could not be read "
+                f"({v.error or '?'}); a storage error is not 'no version': retry",
+                path=f"{v.id}/manifest.json",
             )
-            return 1
         if v.status == "committed" and not v.verification_failed:
             if args.json:
                 print(json.dumps(v.to_json(), indent=2))
@@ -131,8 +132,7 @@ def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
             return 0
         why = "a verification of it failed" if v.status == "committed" else f"it is {v.status}"
         print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
-    print(f"portable-ckpt: no committed version under {safe(args.root)}", file=sys.stderr)
-    return 1
+    raise NotFoundError(f"no committed version under {args.root}", path=args.root)
 
 
 def _codecs(t: Any) -> str:
