@@ -876,3 +876,50 @@ def test_keys_a_fallback_lacks_but_a_failed_candidate_held_are_named(
     assert info.step == 1 and info.missing_keys == ["e"] and info.left_from_failed == ["e"]
     err = capsys.readouterr().err
     assert "failed part way" in err and "'e'" in err and "LoadInfo.left_from_failed" in err
+
+
+@pytest.mark.parametrize("warm_up", ["none", "zeroed grads", "pending grads"])
+def test_gradients_before_restore_do_not_hide_the_optimizer_state(
+    tmp_path: Path, warm_up: str
+) -> None:
+    """Integrator review F15: with a gradient on any parameter before restore() (a warm-up
+    backward, zero_grad(set_to_none=False)), get_state_dict made no optimizer state for the
+    template: the restore reported success and loaded none of the saved AdamW state."""
+    def make() -> tuple[Any, Any, dict[str, Any]]:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2)
+        o = torch.optim.AdamW(m.parameters(), lr=0.1)
+        return m, o, {"train": pckt.ModelOptimizerState(m, o)}
+
+    root = str(tmp_path / "r")
+    m, o, st = make()
+    for _ in range(3):
+        o.zero_grad()
+        m(torch.ones(2, 3)).sum().backward()
+        o.step()
+    with pckt.CheckpointManager(root, async_save=False, handle_sigterm=False) as mgr:
+        mgr.save(3, st)
+    m2, o2, st2 = make()
+    if warm_up != "none":
+        m2(torch.ones(2, 3)).sum().backward()
+        if warm_up == "zeroed grads":
+            o2.zero_grad(set_to_none=False)
+    grads = [None if p.grad is None else p.grad.clone() for p in m2.parameters()]
+    with pckt.CheckpointManager(root, handle_sigterm=False) as mgr:
+        info = mgr.restore(st2)
+    assert info.unexpected_keys == []
+    assert [float(s["step"]) for s in o2.state.values()] == [3.0, 3.0]
+    for p, q in zip(o.state.values(), o2.state.values(), strict=True):
+        assert torch.equal(p["exp_avg"], q["exp_avg"])
+    for p, g in zip(m2.parameters(), grads, strict=True):  # the gradients are given back
+        assert (p.grad is None and g is None) or torch.equal(p.grad, g)
+
+
+def test_full_state_dict_with_cpu_offload_is_refused_with_the_reason() -> None:
+    """Integrator review F14: both options give the state to rank 0 only; every save then
+    failed with a conflict that spoke of DTensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    with pytest.raises(UsageError, match="rank 0 only"):
+        pckt.ModelOptimizerState(torch.nn.Linear(2, 2), options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))

@@ -42,6 +42,14 @@ class ModelOptimizerState:
                 "supported: every rank reads its own part of a version, no broadcast is needed; "
                 "pass the options without it"
             )
+        if getattr(options, "full_state_dict", False) and getattr(options, "cpu_offload", False):
+            # get_state_dict then gives the whole state to rank 0 and empty dicts to the others,
+            # which a save of rank-0 copies refuses with a conflict (integrator review F14)
+            raise UsageError(
+                "ModelOptimizerState: StateDictOptions(full_state_dict=True, cpu_offload=True) "
+                "gives the state to rank 0 only; drop one of them (every rank writes its own "
+                "shard anyway: full_state_dict is not needed to save or to reshard)"
+            )
         self.model = model
         self.optimizer = optimizer
         self.optimizers: list[Any] = [] if optimizer is None else (
@@ -62,7 +70,18 @@ class ModelOptimizerState:
         if self.optimizer is None:
             return {"model": get_model_state_dict(self.model, options=self.options)}
         fresh = [o for o in self.optimizers if not o.state]
-        msd, osd = get_state_dict(self.model, self._given(), options=self.options)
+        # get_state_dict makes a fresh optimizer's state only when no parameter has a gradient
+        # yet: after a warm-up backward the template had no optimizer state, and a restore
+        # into it loaded none, silently (integrator review F15). The gradients wait aside.
+        pending = {id(p): (p, p.grad) for o in fresh for g in o.param_groups
+                   for p in g["params"] if p.grad is not None}
+        for p, _ in pending.values():
+            p.grad = None
+        try:
+            msd, osd = get_state_dict(self.model, self._given(), options=self.options)
+        finally:
+            for p, grad in pending.values():
+                p.grad = grad
         if fresh:
             # Only the entries of optimizers that had not stepped (all of them, usually).
             only = None if len(fresh) == len(self.optimizers) else _names_of(self.model, fresh)
