@@ -923,3 +923,23 @@ def test_full_state_dict_with_cpu_offload_is_refused_with_the_reason() -> None:
     with pytest.raises(UsageError, match="rank 0 only"):
         pckt.ModelOptimizerState(torch.nn.Linear(2, 2), options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))
+
+
+def test_a_start_from_scratch_beside_uncommitted_attempts_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SRE review F5: with only an incomplete attempt of step 20 left (a copy killed part way),
+    restore() returned None without a word and the job started at step 1."""
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+
+    root = tmp_path / "r"
+    aid = new_attempt_id(20)
+    from portable_ckpt.storage import open_storage
+
+    w = ShardWriter(open_storage(str(root), create=True), aid, 0)
+    w.add_tensor("w", np.zeros(4, np.float32))
+    w.finish()  # its files, no commit record
+    with pckt.CheckpointManager(str(root), handle_sigterm=False) as mgr:
+        assert mgr.restore({"w": torch.zeros(4)}) is None
+    err = capsys.readouterr().err
+    assert "starting from scratch" in err and "step 20, incomplete" in err and aid in err

@@ -623,6 +623,28 @@ def _nothing_restored(
             f"{fallbacks[-1]['checkpoint_id']} ({fallbacks[-1]['code']}: "
             f"{fallbacks[-1]['message']})"
         )
+    _say_not_versions(mgr)
+
+
+def _say_not_versions(mgr: CheckpointManager) -> None:
+    """Rank 0: a start from scratch beside attempts that are no version is said.
+
+    A replication killed part way leaves an incomplete attempt on the durable root; with the
+    node disks gone, restore() returned None without a word and the job began at step 1
+    while `ls` showed an attempt of a later step (SRE review F5).
+    """
+    if mgr.rank != 0:
+        return
+    left = [(v.step, f"{tier.root.rstrip('/')}/{v.id}", v.status)
+            for tier in mgr.tiers.values() for v in _versions_or_none(tier)
+            if v.status != "committed"]
+    if left:
+        step, path, status = max(left)
+        say(
+            f"rank 0: no version to restore: starting from scratch, although the tiers hold "
+            f"{len(left)} attempt(s) that are not versions (newest: step {step}, {status}, "
+            f"{path}): saves that never committed, which no reader restores"
+        )
 
 
 def load_one(
