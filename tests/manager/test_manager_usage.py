@@ -943,3 +943,26 @@ def test_a_start_from_scratch_beside_uncommitted_attempts_is_said(
         assert mgr.restore({"w": torch.zeros(4)}) is None
     err = capsys.readouterr().err
     assert "starting from scratch" in err and "step 20, incomplete" in err and aid in err
+
+
+@pytest.mark.parametrize("keep", [2, 3])
+def test_after_a_rollback_the_managers_keep_last_keeps_n_of_the_new_branch(
+    tmp_path: Path, keep: int
+) -> None:
+    """Docs review F12: counted by step, the abandoned step 20 took one of keep_last's places:
+    keep_last=2 left the new branch a single version, where gc --keep 2 keeps two."""
+    root = str(tmp_path / "r")
+    t = {"w": torch.ones(4)}
+    with pckt.CheckpointManager(root, save_steps=[5, 10, 20], keep_last=3, async_save=False,
+                                handle_sigterm=False) as m:
+        for s in (5, 10, 20):
+            m.maybe_save(s, t)
+    with pckt.CheckpointManager(root, save_every=1, keep_last=keep, async_save=False,
+                                handle_sigterm=False) as m:
+        assert m.restore(t, step=10).step == 10
+        for s in range(11, 16):
+            m.maybe_save(s, t)
+            m.wait()
+    steps = sorted(v.step for v in portable_ckpt.list_versions(root) if v.status == "committed")
+    branch = [s for s in steps if 10 < s < 20]
+    assert branch == list(range(16 - keep, 16)) and 20 in steps, steps

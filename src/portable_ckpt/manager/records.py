@@ -112,6 +112,7 @@ def candidates_of(storage: Any, *, in_flight: set[str] | None = None) -> list[An
                 drilled=v.drilled,
                 verification_failed=v.verification_failed,
                 in_flight=v.id in (in_flight or set()),
+                committed_at=v.committed_at,
             )
         )
     return out

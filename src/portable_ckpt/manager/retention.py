@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from portable_ckpt.errors import UsageError
+from portable_ckpt.io.annotations import timestamp_key
 
 __all__ = ["Candidate", "KeepBest", "RetentionDecision", "RetentionPolicy", "plan_retention"]
 
@@ -107,6 +108,7 @@ class Candidate:
         verification_failed: A sampled verification of it failed (it is never restored).
         in_flight: A save of this attempt is still running in this job.
         classified: Its records could be read (``False``: something about it is unknown).
+        committed_at: Its commit record's time (orders a rollback's new branch).
 
     """
 
@@ -118,6 +120,7 @@ class Candidate:
     verification_failed: bool = False
     in_flight: bool = False
     classified: bool = True
+    committed_at: str | None = None
 
 
 @dataclass
@@ -169,6 +172,14 @@ def plan_retention(
     if policy.keep_last:
         for c in good[-policy.keep_last :]:
             keep[c.id].append(f"keep_last={policy.keep_last}")
+        # A rollback's new branch (committed after the greatest step, at lower steps) keeps its
+        # own keep_last newest, as gc does: counted by step, the abandoned steps took their
+        # places (docs review F12: keep_last=2 left the branch one version).
+        top = timestamp_key(committed[-1].committed_at) if committed else (-1,)
+        branch = sorted((c for c in good if timestamp_key(c.committed_at) > top),
+                        key=lambda c: timestamp_key(c.committed_at))
+        for c in branch[-policy.keep_last :]:
+            keep[c.id].append(f"keep_last={policy.keep_last} (a rollback's new branch)")
     if policy.keep_every:
         for c in good:
             if c.step % policy.keep_every == 0:
