@@ -109,7 +109,7 @@ def summary(sizes: list[FunctionSize], over: tuple[int, ...] = (50, 100)) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0].replace("\n", " "))
     ap.add_argument("paths", nargs="*", default=["src"], help="files or directories")
     ap.add_argument("--top", type=int, default=15, help="list the N largest functions")
     ap.add_argument("--over", type=int, default=None, help="list every function above N lines")

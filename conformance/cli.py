@@ -216,8 +216,18 @@ def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 # ----------------------------------------------------------------------------------- main
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in ``--help``, but never "(default: None)" after a help that says its own."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "(default" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
 def _parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _Defaults
     ap = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Conformance suite of the portable-ckpt format 1.x (1.0 and 1.1).",
