@@ -241,3 +241,22 @@ def test_uncommitted_attempt_is_not_a_version(ck_dir) -> None:
     with pytest.raises(CheckpointError) as ei:
         portable_ckpt.open(ck_dir[0])
     assert ei.value.code == "PCK-NOT-FOUND"
+
+
+def test_a_root_spelt_with_a_tilde_is_the_home_directory(tmp_path, monkeypatch) -> None:
+    """Integrator review F12: "~/ckpts/run1" from a config file (no shell) made a directory
+    named "~" in the working directory; "~" and "~/..." now name the home directory."""
+    import numpy as np
+
+    import portable_ckpt
+    from portable_ckpt.storage import root_text
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    portable_ckpt.save_arrays("~/ckpts/run1", {"w": np.arange(3)}, step=1)
+    assert (home / "ckpts" / "run1").is_dir() and not (cwd / "~").exists()
+    assert portable_ckpt.open("~/ckpts/run1").step == 1
+    assert root_text("~") == str(home) and root_text("a~/b") == "a~/b"

@@ -148,7 +148,7 @@ def check_s3_prefix(path: str, *, url: str) -> str:
 
 
 def root_text(url: object) -> str:
-    """The text of a root a caller gave (``str`` or ``os.PathLike``).
+    """The text of a root a caller gave (``str`` or ``os.PathLike``), ``~/`` expanded.
 
     Raises:
         UsageError: anything else (bytes, a number), or a NUL character, which no file system
@@ -167,6 +167,10 @@ def root_text(url: object) -> str:
         raise UsageError(f"a root is a path or URL string, got bytes {text!r:.80}")
     if "\x00" in text:
         raise UsageError(f"root {text!r:.120} contains a NUL character; no path does")
+    if text == "~" or text.startswith("~/"):
+        # A config file's "~/ckpts/run1" (no shell to expand it) made a directory named "~"
+        # in the job's working directory (integrator review F12).
+        text = os.path.expanduser(text)
     return text
 
 
