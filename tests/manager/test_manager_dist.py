@@ -494,6 +494,13 @@ def test_a_node_root_of_a_node_local_version_is_never_recorded_damaged_for_its_a
     for r in ok(run("node_local_then_one_node", 2, str(tmp_path), timeout=240)):
         assert r["restored"] == 2 and r["failed"] == [], r
     [v3] = [v for v in portable_ckpt.list_versions(tmp_path / "fast0") if v.step == 3]
+    assert v3.node_local  # SRE review F3: ls marks it, --latest says what it is
+    p = subprocess.run([sys.executable, "-m", "portable_ckpt", "ls", str(tmp_path / "fast0")],
+                       capture_output=True, text=True, timeout=120)
+    assert "committed, node-local" in p.stdout, p
+    p = subprocess.run([sys.executable, "-m", "portable_ckpt", "ls", "--latest",
+                        str(tmp_path / "fast0")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == v3.path and "node-local" in p.stderr, p
     cli = [sys.executable, "-m", "portable_ckpt", "verify", "--deep", v3.path]
     p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "node-local version" in p.stderr, p

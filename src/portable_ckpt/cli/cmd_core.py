@@ -78,7 +78,7 @@ def _ls(args: argparse.Namespace) -> int:
             [
                 v.id,
                 str(v.step),
-                v.status,
+                f"{v.status}, node-local" if v.node_local else v.status,
                 human_bytes(v.bytes) if v.bytes else "-",
                 v.committed_at or "-",
                 checked,
@@ -119,6 +119,10 @@ def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
                 path=f"{v.id}/manifest.json",
             )
         if v.status == "committed" and not v.verification_failed:
+            if v.node_local:  # (SRE review F3) a script must not take it for a whole version
+                print(f"portable-ckpt: {v.id} is a node-local version (spec §14.7): this root "
+                      "holds its nodes' files only; read or copy it from the durable root once "
+                      "replicated", file=sys.stderr)
             if args.json:
                 print(json.dumps(v.to_json(), indent=2))
             elif "\n" in v.path or "\r" in v.path:

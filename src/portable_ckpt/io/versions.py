@@ -64,6 +64,7 @@ from portable_ckpt.io.annotations import (
     reread_record,
     timestamp_key,
 )
+from portable_ckpt.io.damage import PLACEMENT_ENTRY
 from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.storage import ObjectInfo, Storage, open_storage
 
@@ -146,6 +147,8 @@ class VersionInfo:
     verifications_unreadable: bool = False
     #: Whether a pin record names it (spec §15.3); ``None``: the pins could not be read.
     pinned: bool | None = False
+    #: Published in node-local roots (spec §14.7): a node root holds its nodes' files only.
+    node_local: bool = False
 
     @property
     def drilled(self) -> bool:
@@ -188,6 +191,7 @@ class VersionInfo:
             "verified": self.verified,
             "verification_failed": self.verification_failed,
             "pinned": self.pinned,
+            "node_local": self.node_local,
             "error": self.error,
             "error_code": self.error_code,
         }
@@ -298,6 +302,8 @@ class Classification:
     manifest: Manifest | None = None
     error: CheckpointError | None = None
     committed_at: str | None = None
+    #: A version published in node-local roots (spec §14.7): one root holds part of it.
+    node_local: bool = False
 
 
 def classify_attempt(
@@ -345,7 +351,8 @@ def classify_record(attempt_id: str, data: bytes) -> Classification:
     except CheckpointError as exc:
         return Classification(INVALID, error=exc)
     man.source = data
-    return Classification(COMMITTED, manifest=man, committed_at=man.committed_at)
+    return Classification(COMMITTED, manifest=man, committed_at=man.committed_at,
+                          node_local=PLACEMENT_ENTRY in man.entries)
 
 
 def _claims_newer_version(doc: Any) -> bool:
@@ -414,7 +421,7 @@ def _info(
 ) -> VersionInfo:
     path = f"{storage.url.rstrip('/')}/{name}"
     step = _step_of(name)
-    info = VersionInfo(name, step, c.status, path, c.committed_at)
+    info = VersionInfo(name, step, c.status, path, c.committed_at, node_local=c.node_local)
     if c.error is not None:
         info.error, info.error_code = str(c.error), c.error.code
     if nbytes is None:
