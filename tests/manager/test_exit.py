@@ -202,3 +202,32 @@ def test_a_failed_post_commit_job_is_raised_once_and_never_called_abandoned(
     versions = portable_ckpt.list_versions(root)
     assert [v.step for v in versions if v.status == "committed"] == [1, 2, 3, 4, 5]
     assert all(v.verified for v in versions if v.step in (2, 3)), versions
+
+
+_COPY_FAILS = """
+import os, sys, torch
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import StorageError
+from portable_ckpt.storage.local import LocalStorage
+fast, root = sys.argv[1] + "/fast", sys.argv[1] + "/durable"
+real = LocalStorage.open_writer
+def bad(self, path, **kw):
+    if self.root.startswith(root):
+        raise StorageError(f"write {path}: Input/output error [injected]", path=path)
+    return real(self, path, **kw)
+LocalStorage.open_writer = bad
+os.makedirs(root, exist_ok=True)
+mgr = pckt.CheckpointManager(root, fast_root=fast, replicate=True, save_every=1,
+                             handle_sigterm=False, continuation="statistical")
+mgr.maybe_save(1, {"w": torch.arange(4.0)})
+"""
+
+
+def test_a_failed_durable_copy_at_exit_is_still_abandoned(tmp_path: Path) -> None:
+    """Review of the change F4: with replicate=True, the newest step committed on the fast tier
+    only, its durable copy failed, and the exit hook said "committed", status 0."""
+    with children() as kids:
+        proc = kids.start([sys.executable, "-c", _COPY_FAILS, str(tmp_path)],
+                          env={"PYTHONPATH": REPO})
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "ABANDONED" in out and "is committed" not in out, out

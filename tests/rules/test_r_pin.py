@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,9 +80,9 @@ def test_r_pin_2_only_records_that_count_pin(tmp_path: Path) -> None:
     (pins / f"{bad['pin_id']}.json").write_text(json.dumps(bad))
     (pins / "p20200101T000000000000Z-22222222.json").write_text("{not json")
     assert set(read_pins(root)) == {ids[0]}
-    assert [v.pinned for v in list_versions(root)] == [True, False, False, False]
+    assert [v.pinned for v in list_versions(root, pins=True)] == [True, False, False, False]
     newer = {"format": "portable-ckpt-pin", "format_version": "2.0", "attempt_id": ids[1],
-             "something": "else"}
+             "pin_id": "p20200101T000000000000Z-33333333", "something": "else"}
     (pins / "p20200101T000000000000Z-33333333.json").write_text(json.dumps(newer))
     assert set(read_pins(root)) == {ids[0], ids[1]}
     rep = gc(root, keep=1, grace_seconds=0)
@@ -200,3 +201,88 @@ def test_pin_and_unpin_from_the_command_line(
     assert "does not exist" in err and "Traceback" not in err
     assert cli_main(["pin", str(root), "--step", "7"]) == 1
     assert "no committed version for step 7" in capsys.readouterr().err
+
+
+def test_r_pin_1_unpin_deletes_only_records_under_their_own_name(tmp_path: Path) -> None:
+    """Review of the change F1: a newer-major record naming another version's pin_id counted,
+    and unpin deleted the file its pin_id named (alice's pin); gc then deleted her version."""
+    root, ids = _root(tmp_path, 3)
+    alice = pin(root, ids[0], by="alice")
+    alice_id = Path(alice).stem
+    (root / "pins" / "p20990101T000000000000Z-deadbeef.json").write_text(json.dumps({
+        "format": "portable-ckpt-pin", "format_version": "2.0", "pin_id": alice_id,
+        "attempt_id": ids[1]}))
+    (root / "pins" / "p20990101T000000000000Z-deadbee0.json").write_text(json.dumps({
+        "format": "portable-ckpt-pin", "format_version": "2.0", "attempt_id": ids[1]}))
+    assert set(read_pins(root)) == {ids[0]}  # neither is under its own pin_id
+    assert unpin(root, ids[1]) == [] and (root / alice).exists()
+    gc(root, keep=1, grace_seconds=0)
+    assert ids[0] in _committed(root)
+
+
+@pytest.mark.parametrize("odd", ["symlink", "file"])
+def test_r_gc_11_a_pins_that_is_no_directory_holds_every_version(tmp_path: Path,
+                                                                  odd: str) -> None:
+    """Review of the change F14: a symlinked or non-directory `pins` listed as no pins, and gc
+    deleted the pinned version: it is a pin that cannot be read."""
+    root, ids = _root(tmp_path, 3)
+    pin(root, ids[0])
+    if odd == "symlink":
+        (root / "pins").rename(tmp_path / "elsewhere")
+        (root / "pins").symlink_to(tmp_path / "elsewhere")
+    else:
+        for f in (root / "pins").iterdir():
+            f.unlink()
+        (root / "pins").rmdir()
+        (root / "pins").write_text("not a directory")
+    rep = gc(root, keep=1, grace_seconds=0)
+    assert rep.deleted == [] and not rep.complete and _committed(root) == ids
+
+
+def test_junk_in_pins_is_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of the change F12: 20,000 junk files in pins/ were each read (twice), and every
+    restore and `ls --latest` read them: only files named like a pin record are read, and
+    readers (list_versions by default) do not read pins at all."""
+    from portable_ckpt.storage.local import LocalStorage
+
+    root, ids = _root(tmp_path, 2)
+    pin(root, ids[0])
+    for i in range(200):
+        (root / "pins" / f"n{i}.json").write_text("{}")
+    reads: list[str] = []
+    real = LocalStorage.read_all
+
+    def counting(self: Any, path: str, **kw: Any) -> bytes:
+        reads.append(path)
+        return real(self, path, **kw)
+
+    monkeypatch.setattr(LocalStorage, "read_all", counting)
+    assert set(read_pins(root)) == {ids[0]}
+    assert [r for r in reads if r.startswith("pins/")] == [pin_path(root)]
+    reads.clear()
+    list_versions(root)
+    assert not [r for r in reads if r.startswith("pins/")]
+
+
+def pin_path(root: Path) -> str:
+    [p] = [p for p in (root / "pins").iterdir() if p.name.startswith("p")]
+    return f"pins/{p.name}"
+
+
+def test_r_gc_11_retire_and_damage_of_pinned_versions_are_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review of the change F8, F9: --retire-abandoned kept a pinned abandoned step (the latest)
+    and exited 0 saying the branch was protected; a pinned invalid version went unreported."""
+    root, ids = _root(tmp_path, 4)
+    pin(root, ids[3])
+    again = portable_ckpt.save_arrays(root, {"w": np.zeros(4, np.int64)}, step=2).attempt_id
+    assert cli_main(["gc", str(root), "--keep", "3", "--grace", "0", "--retire-abandoned"]) == 1
+    out = capsys.readouterr().out
+    assert f"kept    {ids[3]}  (--retire-abandoned: abandoned by a rollback, but pinned" in out
+    assert ids[2] not in _committed(root) and again in _committed(root)
+    assert portable_ckpt.open(root).id == ids[3]  # as the report says
+    pin(root, ids[0])
+    (root / ids[0] / "manifest.json").write_text('{"damaged": true}')
+    rep = gc(root, keep=1, grace_seconds=0)
+    assert [d["id"] for d in rep.damaged] == [ids[0]] and ids[0] in rep.pinned

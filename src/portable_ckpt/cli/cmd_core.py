@@ -452,6 +452,9 @@ def _gc(args: argparse.Namespace) -> int:
                   "rollback's new branch; --retire-abandoned makes it the latest)")
         for d in rep.retire_doubted:
             print(f"kept    {d['id']}  (--retire-abandoned: {safe(d['reason'])})")
+        for v in rep.retire_pinned:
+            print(f"kept    {v}  (--retire-abandoned: abandoned by a rollback, but pinned: it "
+                  "stays the latest version, not the rollback's branch; unpin it first)")
         what = "no valid commit record" if args.delete_invalid else "abandoned attempt"
         for v in rep.abandoned:
             print(f"{verb}  {v}  ({what})")
@@ -525,7 +528,8 @@ def _gc(args: argparse.Namespace) -> int:
         )
         print(f"portable-ckpt gc: {len(rep.kept_for_copy)} version(s) kept for want of a "
               f"verified copy: {why}", file=sys.stderr)
-    problems = rep.damaged or rep.retire_doubted or rep.kept_for_copy or rep.left_behind
+    problems = (rep.damaged or rep.retire_doubted or rep.retire_pinned or rep.kept_for_copy
+                or rep.left_behind)
     return 1 if problems or not rep.complete else 0
 
 

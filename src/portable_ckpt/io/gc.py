@@ -103,6 +103,9 @@ class GcReport:
     #: Committed versions a later commit at the same or a lower step abandoned, deleted by
     #: ``retire_abandoned`` (or to be deleted).
     retired: list[str] = field(default_factory=list)
+    #: Versions ``retire_abandoned`` would retire but kept because they are pinned: while one
+    #: is, the rollback's branch is not the latest.
+    retire_pinned: list[str] = field(default_factory=list)
     #: Attempts kept because a pin record names them (R-GC-11); when the pins could not be read,
     #: every attempt with a commit record (any of them may be pinned).
     pinned: list[str] = field(default_factory=list)
@@ -141,6 +144,7 @@ class GcReport:
             "newer_branch": self.newer_branch,
             "retired": self.retired,
             "pinned": self.pinned,
+            "retire_pinned": self.retire_pinned,
             "pruned_records": self.pruned_records,
             "retire_doubted": self.retire_doubted,
             "clock_skew": self.clock_skew,
@@ -287,8 +291,15 @@ def gc(
     # among `keep`, nor deleted as invalid or abandoned.
     versions, held = [v for v in versions if v.id not in pinned], [
         v for v in versions if v.id in pinned]
+    for v in held:
+        if v.status == INVALID:
+            report.damage(v)  # R-GC-10 still: kept, and said (review of the change F9)
     if retire_abandoned:
-        retired = _abandoned_branch(storage, versions, report)
+        # On all versions: a pinned one that a rollback abandoned stays the latest, which the
+        # report says (review of the change F8); it is kept, the others are retired.
+        retired = _abandoned_branch(storage, sorted(versions + held, key=version_order), report)
+        report.retire_pinned = [v.id for v in retired if v.id in pinned]
+        retired = [v for v in retired if v.id not in pinned]
         report.retired = [v.id for v in retired]
         report.deleted += report.retired
         versions = [v for v in versions if v not in retired]

@@ -17,6 +17,7 @@ from portable_ckpt.errors import (
     CheckpointError,
     FileMissingError,
     LimitError,
+    PathUnsafeError,
     StorageError,
     UsageError,
 )
@@ -50,14 +51,44 @@ def read_pins(root: str | os.PathLike[str] | Storage) -> dict[str, list[dict[str
 
     """
     storage = open_storage(root)
+    _pins_is_a_directory(storage)
     out: dict[str, list[dict[str, Any]]] = {}
     for info in storage.list(f"{PIN_DIR}/", recursive=False):
-        if not info.path.endswith(".json") or info.size > jsonio.MAX_DOCUMENT_BYTES:
-            continue  # not a record (a valid pin is a few hundred bytes)
+        name = info.path.rsplit("/", 1)[-1]
+        if not _PIN_NAME.match(name) or info.size > jsonio.MAX_DOCUMENT_BYTES:
+            # Not a record: one counts under its own pin_id only. Never read (20,000 junk
+            # files took every restore 80 s: review of the change F12).
+            continue
         doc = _read_pin(storage, info.path)
         if doc is not None:
             out.setdefault(str(doc["attempt_id"]), []).append(doc)
     return out
+
+
+#: The name of a pin record: its ``pin_id`` (pin.schema.json) and ``.json``.
+_PIN_NAME = re.compile(r"p[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json\Z")
+
+
+def _pins_is_a_directory(storage: Storage) -> None:
+    """Raise unless ``pins`` at the root is absent or a directory of the root's own.
+
+    A symbolic link (to a disk elsewhere), a file or a FIFO named ``pins`` listed as no pins at
+    all, and gc deleted pinned versions (review of the change F14): it is a pin record that
+    could not be read (R-GC-11).
+
+    Raises:
+        PathUnsafeError: ``pins`` is something else than a directory.
+
+    """
+    odd = PIN_DIR in storage.list_foreign("", recursive=False) or any(
+        o.path == PIN_DIR for o in storage.list("", recursive=False))
+    if odd:
+        raise PathUnsafeError(
+            f"{storage.url.rstrip('/')}/{PIN_DIR} is not a directory (a symbolic link, a file or "
+            "a FIFO): the pins cannot be read, so any version may be pinned; make it the "
+            "root's own directory",
+            path=PIN_DIR,
+        )
 
 
 def _read_pin(storage: Storage, rel: str) -> dict[str, Any] | None:
@@ -101,8 +132,11 @@ def _counting_pin(data: bytes, rel: str) -> dict[str, Any] | None:
         return None
     fv = doc.get("format_version")
     if isinstance(fv, str) and _NEWER_MAJOR.match(fv) and fv.split(".", 1)[0] != "1":
-        # A newer tool's pin: it cannot be validated here, and keeping is the safe side.
-        return doc if isinstance(doc.get("attempt_id"), str) else None
+        # A newer tool's pin: it cannot be validated here, and keeping is the safe side; still
+        # only under its own name (unpin deletes exactly that file: review of the change F1).
+        own = isinstance(doc.get("pin_id"), str) and f"{doc['pin_id']}.json" == rel.rsplit(
+            "/", 1)[-1]
+        return doc if own and isinstance(doc.get("attempt_id"), str) else None
     try:
         validate_document(doc, "pin.schema.json", what=rel)
     except CheckpointError:

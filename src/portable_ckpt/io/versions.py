@@ -461,7 +461,7 @@ def list_versions(
     annotations: bool = True,
     uploads: bool = False,
     errors: list[CheckpointError] | None = None,
-    pins: bool = True,
+    pins: bool = False,
 ) -> list[VersionInfo]:
     """List every attempt of a root, oldest first (by step, then commit time).
 

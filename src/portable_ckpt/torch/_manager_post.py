@@ -129,9 +129,9 @@ def _warn_below_newer(
     say(
         f"this job saved step {step} to {tier.root}, which already holds newer steps "
         f"{newer[:8]} (an earlier run's, or a rolled-back branch): versions are ordered by "
-        f"step, so {tier.retention.describe()} would delete this job's saves as they commit "
-        f"and restore() resumes step {newer[-1]}. This job's newest save is kept. To continue "
-        "that run, call restore() first; to start afresh, use an empty root"
+        f"step, so restore() resumes step {newer[-1]}, not this job's saves (retention keeps "
+        f"this job's newest ones as a new branch). To continue that run, call restore() first; "
+        "to start afresh, use an empty root"
     )
 
 
@@ -589,11 +589,13 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     try:
         decisions = plan_retention(candidates_of(tier.storage), tier.retention)
         for d in decisions:
-            if d.id == own and d.delete and d.reasons[0].startswith("outside"):
-                if not _newer_not_ours(mgr, d.step, decisions):
-                    continue  # this job's later copies passed it (race review F2): as the policy says
+            if d.id != own or not _newer_not_ours(mgr, d.step, decisions):
+                continue  # (this job's later copies passed it, race review F2: as the policy says)
+            if d.delete and d.reasons[0].startswith("outside"):
                 d.delete, d.reasons = False, ["this job's newest save"]
-                _warn_below_newer(mgr, tier, d.step, decisions)
+            # Said whether or not the policy keeps it (a rollback's branch is kept now): the
+            # newer steps win the next restore (review of the change F13).
+            _warn_below_newer(mgr, tier, d.step, decisions)
         keep = [d.id for d in decisions if not d.delete]
         pins = sync_pins(tier.storage, decisions) if tier.name == "durable" and mgr.pin_kept \
             else {}
