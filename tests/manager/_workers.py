@@ -1016,6 +1016,15 @@ def many_managers(rank: int, world: int, base: str) -> dict[str, Any]:
     return {"grown": fds() - before}
 
 
+def node_local_replicated(rank: int, world: int, base: str) -> None:
+    """A node-local version copied to the durable root (its record keeps ``pck.placement``)."""
+    with pckt.CheckpointManager(f"{base}/durable", fast_root=f"{base}/fast{{node}}",
+                                ranks_per_node=1, replicate=True, save_every=1,
+                                async_save=False, handle_sigterm=False,
+                                continuation="statistical") as mgr:
+        mgr.maybe_save(1, {"w": torch.arange(1000.0) + rank})
+
+
 class _StopsOnLoad:
     def __init__(self, rank: int) -> None:
         self.rank = rank

@@ -540,6 +540,27 @@ def test_closed_managers_release_their_groups(tmp_path: Path) -> None:
         assert r["grown"] <= 4, r
 
 
+def test_a_missing_file_of_the_durable_copy_of_a_node_local_version_is_damage(
+    tmp_path: Path,
+) -> None:
+    """Review of the change F7: the durable copy keeps the record's pck.placement, and a shard
+    lost there passed `verify --deep` as "held by another node". A file is spared only when no
+    file of its writer is in the root read; the durable copy holds every writer."""
+    import subprocess
+    import sys
+
+    ok(run("node_local_replicated", 2, str(tmp_path), timeout=240))
+    [v] = portable_ckpt.list_versions(tmp_path / "durable")
+    assert v.node_local
+    [shard] = sorted((Path(v.path) / "data").glob("w00000-*.safetensors"))
+    shard.unlink()
+    p = subprocess.run([sys.executable, "-m", "portable_ckpt", "verify", "--deep", v.path],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "PCK-FILE-MISSING" in p.stdout, p
+    [v] = portable_ckpt.list_versions(tmp_path / "durable")
+    assert v.verification_failed
+
+
 def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:
     """Race review F3: the interrupt became PCK-DISTRIBUTED on both ranks and the restore
     walked the older versions (on to the next maybe_save)."""

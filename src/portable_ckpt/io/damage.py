@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from portable_ckpt.errors import (
     DAMAGE_CODES,
@@ -21,7 +22,8 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.manifest import FileRecord, Manifest
 from portable_ckpt.storage import Storage
 
-__all__ = ["PLACEMENT_ENTRY", "confirm_damage", "elsewhere", "read_file_again"]
+__all__ = ["PLACEMENT_ENTRY", "absent_by_design", "confirm_damage", "elsewhere",
+           "read_file_again"]
 
 
 def confirm_damage(
@@ -140,16 +142,35 @@ def elsewhere(
     A version with a ``pck.placement`` entry was published in every node root while each holds
     only its nodes' files (spec §14.7): read through one node root, another node's file is
     absent by design. Recorded as damage it condemned an intact version for good (SRE review
-    F1, F2: a verify of a node root, a restart on one node). Checksum and size findings of files
-    that are there stay damage.
+    F1, F2). A node root holds every file of each writer it holds, so a missing file is spared
+    only when no file of its writer (``w<NNNNN>`` in its name) is there: the durable copy of
+    such a version, which holds every writer, keeps every missing file as damage (review of the
+    change F7). Checksum and size findings of files that are there stay damage.
     """
     if PLACEMENT_ENTRY not in manifest.entries:
         return list(errors), []
-    keep, away = [], []
-    for e in errors:
-        rel = _file_of(e, attempt_id, manifest.files)
-        if e.code == "PCK-FILE-MISSING" and rel is not None:
-            away.append(rel)
-        else:
-            keep.append(e)
-    return keep, sorted(set(away))
+    missing = {rel for e in errors if e.code == "PCK-FILE-MISSING"
+               for rel in [_file_of(e, attempt_id, manifest.files)] if rel is not None}
+    away = absent_by_design(manifest, missing, set(manifest.files) - missing)
+    return [e for e in errors if _file_of(e, attempt_id, manifest.files) not in away], sorted(away)
+
+
+def absent_by_design(manifest: Manifest, missing: Collection[str], present: Collection[str]
+                     ) -> set[str]:
+    """Of a node-local version's ``missing`` files, those of writers with no file ``present``.
+
+    See :func:`elsewhere`; empty for a version that is not node-local.
+    """
+    if PLACEMENT_ENTRY not in manifest.entries:
+        return set()
+    here = {_writer_of(p) for p in present}
+    return {rel for rel in missing if _writer_of(rel) is not None and _writer_of(rel) not in here}
+
+
+_WRITER = re.compile(r"(?:^|/)w([0-9]{5,})[-.]")
+
+
+def _writer_of(rel: str) -> int | None:
+    """The writer a file's recommended name gives (``data/w00003-0000…``, ``index/w00003.json``)."""
+    m = _WRITER.search(rel)
+    return None if m is None else int(m.group(1))

@@ -30,7 +30,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.io.annotations import timestamp_key
-from portable_ckpt.io.damage import PLACEMENT_ENTRY
+from portable_ckpt.io.damage import PLACEMENT_ENTRY, absent_by_design
 from portable_ckpt.io.versions import list_versions
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
@@ -541,8 +541,17 @@ def _record_damage(
         return "pass"
     if PLACEMENT_ENTRY in manifest.entries:
         # A node-local version read through one node root (a restart on fewer nodes): another
-        # node's files are absent by design, not damage (SRE review F1).
-        found = [f for f in found if f[0] != "PCK-FILE-MISSING"]
+        # node's files are absent by design, not damage (SRE review F1); on the durable copy,
+        # which holds every writer's files, a missing one is damage (review of the change F7).
+        try:
+            present = {o.path.removeprefix(f"{ident}/") for o in tier.storage.list(f"{ident}/")}
+        except CheckpointError as exc:
+            _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name,
+                       exc)
+            return "pass"
+        away = absent_by_design(manifest, set(manifest.files) - present, present)
+        found = [f for f in found if not (f[0] == "PCK-FILE-MISSING" and any(
+            a in str(f[2] or "") or a in f[1] for a in away))]
         if not any(c in DAMAGE_CODES for c, _, _ in found):
             return "pass"
     if confirmed:
