@@ -966,3 +966,45 @@ def test_after_a_rollback_the_managers_keep_last_keeps_n_of_the_new_branch(
     steps = sorted(v.step for v in portable_ckpt.list_versions(root) if v.status == "committed")
     branch = [s for s in steps if 10 < s < 20]
     assert branch == list(range(16 - keep, 16)) and 20 in steps, steps
+
+
+def test_a_state_shaped_dict_that_is_no_optimizer_keeps_strict(tmp_path: Path) -> None:
+    """Review of the change F5: the fresh-optimizer-state rule went by key shape alone, and a
+    real gap in any {"state": {x: {...}}} dict passed strict=True silently."""
+    root = str(tmp_path / "r")
+    pckt.save({"env": {"state": {"agent0": {"h": torch.ones(2)}}}}, root, step=1)
+    target = {"env": {"state": {"agent0": {"h": torch.zeros(2)},
+                                "agent1": {"h": torch.full((2,), 7.0)}}}}
+    with pytest.raises(portable_ckpt.CheckpointError, match="agent1"):
+        pckt.load(target, root)
+
+
+def test_the_fast_tier_is_tried_again_after_a_transient_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of the change F2: with replicate=True and no fast-only saves, one transient
+    fast-tier failure sent every later durable save around the fast tier for good."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.storage.local import LocalStorage
+
+    fast = str(tmp_path / "fast")
+    real = LocalStorage.open_writer
+
+    def fails_at_step_2(self: Any, path: str, **kw: Any) -> Any:
+        if self.root.startswith(fast) and int(path[1:13]) == 2:
+            raise StorageError(f"write {path}: Input/output error [injected]", path=path)
+        return real(self, path, **kw)
+
+    monkeypatch.setattr(LocalStorage, "open_writer", fails_at_step_2)
+    root = str(tmp_path / "durable")
+    with pckt.CheckpointManager(root, fast_root=fast, replicate=True, save_every=1,
+                                fast_keep=20, continuation="statistical",
+                                handle_sigterm=False) as mgr:
+        for step in range(1, 13):
+            mgr.maybe_save(step, {"w": torch.arange(4.0) * step})
+            with contextlib.suppress(portable_ckpt.CheckpointError):
+                mgr.wait()
+    on_fast = [v.step for v in portable_ckpt.list_versions(fast) if v.status == "committed"]
+    durable = [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"]
+    assert on_fast[0] == 1 and on_fast[-1] == 12 and 3 not in on_fast, on_fast
+    assert durable == [1, *range(3, 13)], durable

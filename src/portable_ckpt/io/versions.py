@@ -815,11 +815,12 @@ def foreign_keys(storage: Storage) -> list[str]:
 #: documented path of ``gc``).
 _MOVED = {
     **dict.fromkeys(
-        ("GcReport", "check_grace", "check_retention", "gc", "storage_clock"),
+        ("GcReport", "check_grace", "check_retention", "gc", "storage_clock",
+         "RETIRE_TOLERANCE_SECONDS", "CLOCK_SKEW_SAID", "PROBE_LEFTOVER_SECONDS"),
         "portable_ckpt.io.gc",
     ),
     **dict.fromkeys(
-        ("ANNOTATION_KINDS", "MESSAGE_CHARS", "RECORDS_KEPT", "prune_annotations",
+        ("ANNOTATION_KINDS", "MESSAGE_CHARS", "RECORDS_KEPT", "annotation_id", "prune_annotations",
          "prune_quietly", "read_annotations", "record_verification", "sampled_chunks",
          "superseded", "timestamp_key", "verification_verdict", "write_drill_record",
          "write_verification_record"),

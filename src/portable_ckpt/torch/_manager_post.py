@@ -78,6 +78,11 @@ def after_save(
         return
     if tier.name == "fast":
         mgr._fast_failed = False
+    elif mgr._fast_failing:  # a durable save that went around a failing fast tier
+        mgr._direct_saves += 1
+        if mgr._direct_saves >= FAST_RETRY_AFTER:
+            # tried again: a job without fast_every saves nothing else there (review F2)
+            mgr._fast_failed, mgr._direct_saves = False, 0
     if tier.name == "durable":
         durable_ok(mgr)  # with replicate=True the durable version exists once it is copied
     mib_s = info.bytes_written / _MIB / info.seconds if info.seconds > 0 else 0.0
@@ -171,7 +176,8 @@ def _after_node_local(
         if had_comm and comm is None:
             raise DistributedError(
                 "the background group broke on earlier work and was not made anew before the "
-                "manager closed"
+                "manager waited for this work or closed (it is made anew at the ranks' next "
+                "agreement)"
             )
         damage = verify_nodes(mgr, comm, tier, info.checkpoint_id)  # agreed by every rank
         if durable:
@@ -197,6 +203,10 @@ def _after_node_local(
         retain(mgr, tier, info.checkpoint_id)  # each node's leader keeps its own node root
 
 
+#: Durable saves written around a failing fast tier (``replicate=True``) before it is tried again.
+FAST_RETRY_AFTER = 5
+
+
 def usable_comm(mgr: CheckpointManager, comm: Comm | None) -> Comm | None:
     """``comm``, or when a collective already failed on it, the group made anew (or None).
 
@@ -205,12 +215,16 @@ def usable_comm(mgr: CheckpointManager, comm: Comm | None) -> Comm | None:
     slow node stopped the job through ``max_failed_saves`` (attack review 4 A3). A job
     finds its group broken on every rank alike (each rank's thread failed the job before it),
     and every rank makes the new group at one agreement; so the job waits for that group (at
-    most the group's timeout, not once the manager is closing) and runs on it.
+    most the group's timeout, not while the main thread waits for background work or closes:
+    the renewal needs its next agreement) and runs on it.
     """
     if comm is None or not comm.broken:
         return comm
     deadline = time.monotonic() + comm.timeout
-    while mgr._bg_comm is comm and not mgr._closing and time.monotonic() < deadline:
+    # Not while the main thread waits for this work (wait(), a synchronous save): the renewal
+    # comes from its next agreement, and an hour's stall is worse (review of the change F3).
+    while (mgr._bg_comm is comm and not mgr._closing and not mgr._main_waiting
+           and time.monotonic() < deadline):
         time.sleep(0.05)
     return None if mgr._bg_comm is comm else mgr._bg_comm
 

@@ -344,8 +344,9 @@ def _say_left_from_failed(
     for f in fallbacks:
         tier = mgr.tiers.get(str(f["tier"]))
         try:
-            if tier is not None:
-                held |= set(load_manifest(tier.storage, str(f["checkpoint_id"])).tensors)
+            if tier is not None:  # its tensors and entries (a Stateful's, the data position)
+                m = load_manifest(tier.storage, str(f["checkpoint_id"]))
+                held |= set(m.tensors) | set(m.entries)
         except CheckpointError:
             held |= set(info.missing_keys)  # cannot tell: every missing key may be such
     info.left_from_failed = [k for k in info.missing_keys if k in held]

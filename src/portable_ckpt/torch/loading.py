@@ -322,7 +322,7 @@ def _load_tensors(
     ranges: list[dict[str, Any]] = []
     in_place: list[ReadRequest] = []
     converted: list[tuple[ReadRequest, torch.Tensor]] = []
-    stateless = _NoStateYet(ck)
+    stateless = _NoStateYet(ck, flat)
     for key, t in flat.tensors.items():
         if key not in ck.tensors and stateless.covers(key):
             info.fresh_optimizer_state.append(key)  # the target's fresh value stays
@@ -649,10 +649,14 @@ class _NoStateYet:
     is a real gap.
     """
 
-    def __init__(self, ck: Checkpoint) -> None:
+    def __init__(self, ck: Checkpoint, flat: FlatState) -> None:
         self.ck = ck
         self._params: set[str] | None = None
         self._heads: set[str] = set()
+        # Only an optimizer's state dict (``state`` beside ``param_groups``), not any dict with
+        # a ``state/<x>/<y>`` shape (review of the change F5: a real gap passed strict=True).
+        self._optimizers = {f"/{k}".split("/param_groups/", 1)[0]
+                            for k in flat.values if "/param_groups/" in f"/{k}"}
 
     def covers(self, key: str) -> bool:
         """Whether ``key`` is state of a parameter the version has no state of."""
@@ -662,7 +666,8 @@ class _NoStateYet:
         if self._params is None:
             self._params = {f"/{k}".rsplit("/", 1)[0] for k in self.ck.tensors if "/state/" in f"/{k}"}
             self._heads = {p.rpartition("/state/")[0] for p in self._params}
-        return f"{head}/state/{rest.split('/')[0]}" not in self._params and head in self._heads
+        return (head in self._optimizers and head in self._heads
+                and f"{head}/state/{rest.split('/')[0]}" not in self._params)
 
 
 def _stored_like(

@@ -234,6 +234,7 @@ class CheckpointManager:
         # durable saves then go to the durable root directly until a fast save works again
         self._fast_failed = False
         self._fast_failing = False
+        self._direct_saves = 0
         durable = durable_tier(
             root, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best
         )
@@ -285,6 +286,7 @@ class CheckpointManager:
         self._warned: set[str] = set()
         self._closed = False
         self._closing = False
+        self._main_waiting = 0  # the main thread waits for background work (wait, a sync save)
         self._exiting = False  # closing from the interpreter-exit hook
         self._preemption = Preemption(handle_sigterm, handle_sigint)
         register_exit(self)
@@ -457,7 +459,11 @@ class CheckpointManager:
             self._saves_queued[tier.name] = self._saves_queued.get(tier.name, 0) + 1
             self._post.append(fut)
         if sync:
-            fut.result()  # a preemption save is verified and replicated before the loop exits
+            self._main_waiting += 1  # no agreement comes while this waits (usable_comm)
+            try:
+                fut.result()  # a preemption save is verified and replicated before the loop exits
+            finally:
+                self._main_waiting -= 1
 
     def _settle_pending(self) -> None:
         """Wait for the in-flight async save (its failure was already reported)."""
@@ -533,6 +539,13 @@ class CheckpointManager:
         (once, after the work queued behind it finished: attack review 4 A8), and
         ``TimeoutError`` when ``timeout`` seconds passed first (the work goes on).
         """
+        self._main_waiting += 1  # no agreement comes while this waits (usable_comm)
+        try:
+            self._wait(timeout)
+        finally:
+            self._main_waiting -= 1
+
+    def _wait(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
