@@ -798,10 +798,8 @@ def decision_schedule(rank: int, world: int, root: str) -> dict[str, Any]:
     return out
 
 
-def node_copy_share_too_slow(rank: int, world: int, base: str) -> dict[str, Any]:
-    """Race review F5: one node's copy share of step 2 outlasts the background group's timeout
-    (3 s here). That replication fails, counted and said; the group is made anew at the next
-    agreement and the later replications go on."""
+def _slow_share_of_step_2(rank: int) -> None:
+    """Rank 1's copy share of step 2 takes 5 s, the background group's timeout 3 s."""
     import portable_ckpt.torch._manager_nodelocal as nl
 
     nl.BACKGROUND_TIMEOUT_S = 3.0
@@ -813,6 +811,13 @@ def node_copy_share_too_slow(rank: int, world: int, base: str) -> dict[str, Any]
         return real(src, dst, attempt, recs)
 
     nl._copy_files = slow
+
+
+def node_copy_share_too_slow(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Race review F5: one node's copy share of step 2 outlasts the background group's timeout
+    (3 s here). That replication fails, counted and said; the group is made anew at the next
+    agreement and the later replications go on."""
+    _slow_share_of_step_2(rank)
     mgr = pckt.CheckpointManager(
         f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True,
         save_every=1, timeout=3, continuation="statistical", max_failed_saves=3, keep_last=100,
@@ -839,17 +844,7 @@ def node_copy_share_too_slow_saves_go_on(rank: int, world: int, base: str) -> di
     """Attack review 4 A3: as node_copy_share_too_slow, but the loop goes on saving (async,
     every 0.3 s) while rank 1's share of step 2 runs: every replication queued behind it had
     the group that broke and failed at once, counted (11 failures, the job stopped)."""
-    import portable_ckpt.torch._manager_nodelocal as nl
-
-    nl.BACKGROUND_TIMEOUT_S = 3.0
-    real = nl._copy_files
-
-    def slow(src: Any, dst: Any, attempt: str, recs: Any) -> Any:
-        if rank == 1 and attempt.startswith("s000000000002"):
-            time.sleep(5.0)
-        return real(src, dst, attempt, recs)
-
-    nl._copy_files = slow
+    _slow_share_of_step_2(rank)
     mgr = pckt.CheckpointManager(
         f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True,
         save_every=1, timeout=3, continuation="statistical", max_failed_saves=3, keep_last=100,
