@@ -258,10 +258,11 @@ def _verify(args: argparse.Namespace) -> int:
             raise
         except CheckpointError as exc:  # damage found while opening (a tensor table's bytes)
             errors = [exc]
+        # A node root holds its nodes' files of a node-local version only (spec §14.7): spared
+        # first, so that the files absent by design are not looked for a second time.
+        errors, away = elsewhere(attempt, manifest, errors)
         # Damage that a second read does not find again is this read's fault: not recorded.
         errors = confirm_damage(storage, attempt, manifest.files, errors)
-        # A node root holds its nodes' files of a node-local version only (spec §14.7).
-        errors, away = elsewhere(attempt, manifest, errors)
         if away and not args.quiet:
             print(f"portable-ckpt: a node-local version (spec §14.7): {len(away)} of its files "
                   f"are not in this node root ({safe(away[0])}, ...); the other node roots hold "

@@ -51,9 +51,11 @@ def read_pins(root: str | os.PathLike[str] | Storage) -> dict[str, list[dict[str
 
     """
     storage = open_storage(root)
-    _pins_is_a_directory(storage)
+    listed = list(storage.list(f"{PIN_DIR}/", recursive=False))
+    if not listed:  # absent, or something that lists as empty: a symlink, a file (F14)
+        _pins_is_a_directory(storage)
     out: dict[str, list[dict[str, Any]]] = {}
-    for info in storage.list(f"{PIN_DIR}/", recursive=False):
+    for info in listed:
         name = info.path.rsplit("/", 1)[-1]
         if not _PIN_NAME.match(name) or info.size > jsonio.MAX_DOCUMENT_BYTES:
             # Not a record: one counts under its own pin_id only. Never read (20,000 junk

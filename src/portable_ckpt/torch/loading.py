@@ -650,13 +650,12 @@ class _NoStateYet:
     """
 
     def __init__(self, ck: Checkpoint, flat: FlatState) -> None:
-        self.ck = ck
+        self.ck, self.flat = ck, flat
+        # Made at the first key missing from the version (none, in most loads): the stored
+        # parameters with state, the optimizers among them, and the target's optimizers.
         self._params: set[str] | None = None
         self._heads: set[str] = set()
-        # Only an optimizer's state dict (``state`` beside ``param_groups``), not any dict with
-        # a ``state/<x>/<y>`` shape (review of the change F5: a real gap passed strict=True).
-        self._optimizers = {f"/{k}".split("/param_groups/", 1)[0]
-                            for k in flat.values if "/param_groups/" in f"/{k}"}
+        self._optimizers: set[str] = set()
 
     def covers(self, key: str) -> bool:
         """Whether ``key`` is state of a parameter the version has no state of."""
@@ -666,6 +665,10 @@ class _NoStateYet:
         if self._params is None:
             self._params = {f"/{k}".rsplit("/", 1)[0] for k in self.ck.tensors if "/state/" in f"/{k}"}
             self._heads = {p.rpartition("/state/")[0] for p in self._params}
+            # Only an optimizer's state dict (``state`` beside ``param_groups``), not any dict
+            # of a ``state/<x>/<y>`` shape (review of the change F5: a gap passed strict=True).
+            self._optimizers = {f"/{k}".split("/param_groups/", 1)[0]
+                                for k in self.flat.values if "/param_groups/" in f"/{k}"}
         return (head in self._optimizers and head in self._heads
                 and f"{head}/state/{rest.split('/')[0]}" not in self._params)
 
