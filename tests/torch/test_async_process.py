@@ -533,3 +533,86 @@ def test_a_forked_child_holds_none_of_the_staging_memory(tmp_path: Path) -> None
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["0", "0"], res.stdout  # no mapping, no descriptor
+
+
+def test_rank_zeros_writer_process_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The commit (parsing every index, checking the files, building and parsing the record)
+    runs in rank 0's writer process, not under the training process's interpreter lock; the
+    training process still logs it as commit.* events. Shown by a commit that cannot run in
+    this process: the process-mode save commits, a thread-mode save of the same state fails."""
+    import logging
+
+    import portable_ckpt.io.commit as commit_mod
+
+    def not_here(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the commit ran in the training process")
+
+    monkeypatch.setattr(commit_mod, "_commit", not_here)
+    state = _state()
+    with caplog.at_level(logging.INFO, logger="portable_ckpt.io"):
+        info = pckt.async_save(state, str(tmp_path), step=1, mode="process").result(timeout=120)
+    events = {r.pck_event["event"]: r.pck_event for r in caplog.records  # type: ignore[attr-defined]
+              if hasattr(r, "pck_event")}
+    assert events["commit.started"]["attempt_id"] == info.checkpoint_id
+    done = events["commit.finished"]
+    assert done["bytes"] == info.total_bytes > 0 and done["files"] >= 3
+    loaded = _zeros_like(state)
+    assert pckt.load(loaded, str(tmp_path), step=1).checkpoint_id == info.checkpoint_id
+    assert _equal(state, loaded)
+    with pytest.raises(portable_ckpt.CheckpointError, match="ran in the training process"):
+        pckt.async_save(state, str(tmp_path), step=2, mode="thread").result(timeout=120)
+
+
+_DIE_AFTER_PUBLISH = """
+import os, signal
+if os.environ.get("PCK_TEST_DIE_AFTER_PUBLISH"):  # the trainer never commits in process mode
+    import portable_ckpt.io.commit as c
+    _orig = c._publish
+    def _publish(*a, **k):
+        out = _orig(*a, **k)
+        os.kill(os.getpid(), signal.SIGKILL)  # published; the answer never leaves
+        return out
+    c._publish = _publish
+"""
+
+_AFTER_PUBLISH_SCRIPT = """
+import sys, torch
+import portable_ckpt, portable_ckpt.torch as pckt
+from portable_ckpt.torch import _process_write
+root = sys.argv[1]
+for step in (1, 2):
+    info = pckt.async_save({"w": torch.arange(10.0) + step}, root, step=step,
+                           mode="process").result(timeout=120)
+    pid = _process_write._CURRENT.proc.pid
+    print(step, info.checkpoint_id, info.total_bytes, pid, flush=True)
+t = {"w": torch.zeros(10)}
+print(pckt.load(t, root).step, t["w"].tolist(), flush=True)
+"""
+
+
+def test_a_writer_killed_after_publishing_is_a_committed_save(tmp_path: Path) -> None:
+    """SIGKILL of rank 0's writer process right after it published the record: the answer is
+    lost, but the version is committed; the save reads the record back and reports it
+    committed (not failed while it is the latest), and the next save starts a new writer."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_DIE_AFTER_PUBLISH)
+    script = tmp_path / "s.py"
+    script.write_text(_AFTER_PUBLISH_SCRIPT)
+    env = {**os.environ, "PCK_TEST_DIE_AFTER_PUBLISH": "1",
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "r")], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    saves = [line.split() for line in lines[:2]]
+    assert [s[0] for s in saves] == ["1", "2"] and saves[0][3] != saves[1][3]  # a new writer
+    versions = portable_ckpt.list_versions(str(tmp_path / "r"))
+    assert [(v.step, v.id, v.status) for v in versions] == [
+        (1, saves[0][1], "committed"), (2, saves[1][1], "committed")]
+    for (_, attempt, nbytes, _), v in zip(saves, versions):
+        assert v.id == attempt and int(nbytes) == sum(f.size for f in portable_ckpt.open(
+            str(tmp_path / "r"), step=v.step).manifest.files.values())
+    assert lines[2] == "2 " + str([float(i + 2) for i in range(10)])

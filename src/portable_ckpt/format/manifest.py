@@ -309,6 +309,11 @@ class Continuation:
             "mesh": self.mesh.to_json() if self.mesh is not None else None,
         }
 
+    @staticmethod
+    def from_json(doc: Any, *, what: str = "continuation") -> Continuation:
+        """Inverse of :meth:`to_json` (validated as in a commit record)."""
+        return _continuation(_Ctx(what), doc)
+
 
 @dataclass(frozen=True)
 class TableRef:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,7 @@ __all__ = [
     "CommittedManifest",
     "commit",
     "load_writer_table",
+    "logged_commit",
     "merge_indexes",
     "merge_tables",
     "read_writer_index",
@@ -527,18 +529,31 @@ def commit(
         CheckpointError: any failed check; nothing is published.
 
     """
-    what = f"commit of step {step} ({attempt_id})"
-    with logged(_log, "commit", what, step=step, attempt_id=attempt_id) as out:
+    with logged_commit(storage.url, attempt_id, step) as done:
         manifest = _commit(
             storage, attempt_id, step, indexes, expected_writers, continuation, producer,
             check_headers, tensor_table,
         )
-        nbytes = sum(f.size for f in manifest.files.values())
-        out.update(
-            bytes=nbytes, files=len(manifest.files),
-            detail=f"{len(manifest.files)} files, version {storage.url.rstrip('/')}/{attempt_id}",
-        )
+        done(len(manifest.files), sum(f.size for f in manifest.files.values()))
     return manifest
+
+
+@contextmanager
+def logged_commit(url: str, attempt_id: str, step: int) -> Iterator[Callable[[int, int], None]]:
+    """Log a commit as ``commit.*`` events, also one that another process runs for this one.
+
+    Call the yielded function with the number of files and the bytes of the published version.
+    """
+    what = f"commit of step {step} ({attempt_id})"
+    with logged(_log, "commit", what, step=step, attempt_id=attempt_id) as out:
+
+        def done(files: int, nbytes: int) -> None:
+            out.update(
+                bytes=nbytes, files=files,
+                detail=f"{files} files, version {url.rstrip('/')}/{attempt_id}",
+            )
+
+        yield done
 
 
 def _commit(

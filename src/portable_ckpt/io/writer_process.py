@@ -4,9 +4,11 @@ An async save in ``mode="process"`` copies the rank's tensors into one anonymous
 segment (``memfd``: it has no name in ``/dev/shm``, so nothing can leak there, and the kernel
 frees it once neither process maps it) and hands the segment's file descriptor and a JSON job to
 this process, which runs the :class:`~portable_ckpt.io.writer.ShardWriter` (checksums, writes,
-fsync) and answers with the writer index. The training process keeps only the small metadata
-collectives; its interpreter never runs the writer's Python code, and the writer runs at a
-lower CPU priority (``nice``), so the training loop keeps the cores it needs.
+fsync) and answers with the writer index. On rank 0 it also commits the version (the writer
+indexes gathered by the training process go to it; it checks them and the files and publishes
+the record). The training process keeps only the small metadata collectives; its interpreter
+runs neither the writer's nor the committer's Python code, and the writer runs at a lower CPU
+priority (``nice``), so the training loop keeps the cores it needs.
 
 The protocol is JSON frames over a Unix socket pair, file descriptors passed with
 ``SCM_RIGHTS``; nothing is pickled. The writer imports neither torch nor the training code. It
@@ -266,7 +268,7 @@ def _child_env() -> dict[str, str]:
 
 
 class _Service:
-    """The writer's jobs: ``write`` a rank's share, ``abort`` or ``forget`` an attempt."""
+    """The writer's jobs: ``write`` a rank's share, ``commit`` (rank 0), ``abort`` or ``forget``."""
 
     def __init__(self) -> None:
         self.writers: dict[str, Any] = {}
@@ -280,6 +282,8 @@ class _Service:
                 return {"ok": True, "value": self.write(msg, fds)}
             for fd in fds:
                 os.close(fd)
+            if op == "commit":
+                return {"ok": True, "value": self.commit(msg)}
             if op == "abort":
                 w = self.writers.pop(str(msg["attempt"]), None)
                 if w is not None:
@@ -315,6 +319,28 @@ class _Service:
         # Only now can the index reach the training process, and the attempt be committed.
         self.in_progress = None
         return {"bytes_written": writer.stats.bytes_written, "index": index.to_transport()}
+
+
+    def commit(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0's commit: check every writer's index and files, publish the record.
+
+        Here rather than in the training process: parsing the indexes and building and checking
+        the record is Python work that grows with the ranks, and in the training process it
+        holds the interpreter lock while the loop runs.
+        """
+        from portable_ckpt.format.manifest import Continuation, WriterIndex
+        from portable_ckpt.io.commit import commit
+        from portable_ckpt.storage import open_process_spec
+
+        manifest = commit(
+            open_process_spec(msg["storage"]),
+            str(msg["attempt"]),
+            step=int(msg["step"]),
+            indexes=[WriterIndex.from_transport(d) for d in msg["transports"]],
+            expected_writers=[int(w) for w in msg["expected_writers"]],
+            continuation=Continuation.from_json(msg["continuation"]),
+        )
+        return {"files": len(manifest.files), "bytes": sum(f.size for f in manifest.files.values())}
 
 
 def _map_segment(fds: list[int], size: int) -> mmap.mmap:

@@ -3,7 +3,8 @@
 The pieces were staged into :data:`~portable_ckpt.torch._shm.SHARED`; the job sent to the writer
 process (:mod:`portable_ckpt.io.writer_process`) names each piece's offset in that segment, its
 key, dtype and box, and carries the rank's entries (already JSON). The collectives of the save
-protocol stay on this process's background thread, on the dedicated gloo group.
+protocol stay on this process's background thread, on the dedicated gloo group; on rank 0 the
+gathered indexes go back to the writer process, which commits.
 
 One writer process per training process, started on the first process-mode save and reused; if
 it died, the next save starts a new one. A failed write is undone by the writer (``abort``); if
@@ -20,6 +21,7 @@ from typing import Any
 
 from portable_ckpt.errors import CheckpointError, UsageError, WriterProcessError
 from portable_ckpt.format.manifest import WriterIndex
+from portable_ckpt.io.commit import logged_commit
 from portable_ckpt.io.writer_process import WriterProcess
 from portable_ckpt.storage import Storage
 from portable_ckpt.torch._collectives import DEFAULT_TIMEOUT_S
@@ -87,6 +89,15 @@ class ProcessWrite(RankWrite):
 
     def write_index(self) -> tuple[int, WriterIndex]:
         """Send the job (the segment by descriptor), wait; return bytes and the index."""
+        written, transport = self.write_transport()
+        return written, WriterIndex.from_transport(transport)
+
+    def write_transport(self) -> tuple[int, dict[str, Any]]:
+        """As :meth:`write_index`, the index passed on as the writer sent it.
+
+        Not parsed here: the committer parses every index (in rank 0's writer process), and
+        each parse holds this interpreter's lock while the training loop runs.
+        """
         segment = SHARED.segment
         if segment is None:  # pragma: no cover - staging always allocates one
             raise WriterProcessError("process-mode save: nothing was staged")
@@ -106,7 +117,37 @@ class ProcessWrite(RankWrite):
         # running one may take as long as its storage needs.
         limit = self.opts.timeout if self.opts.timeout is not None else DEFAULT_TIMEOUT_S
         value = self.proc.request(job, [segment.fd], what=what, stopped_limit=limit)
-        return int(value["bytes_written"]), WriterIndex.from_transport(value["index"])
+        return int(value["bytes_written"]), value["index"]
+
+    def commit(self, transports: list[Any], **kwargs: Any) -> int:
+        """Rank 0: the writer process checks the indexes and files and publishes the record.
+
+        Logged here as ``commit.*`` events, as a commit in this process is. A writer that died
+        while committing may have published the record first: it is read back before the
+        save is called failed.
+        """
+        step, continuation = int(kwargs["step"]), kwargs["continuation"]
+        job = {
+            "op": "commit",
+            "storage": check_can_travel(self.storage),
+            "attempt": self.attempt_id,
+            "step": step,
+            "expected_writers": list(kwargs["expected_writers"]),
+            "continuation": continuation.to_json(),
+            "transports": transports,
+        }
+        proc = self.proc = writer_process()
+        what = f"save of step {step}: rank 0's writer process (commit)"
+        limit = self.opts.timeout if self.opts.timeout is not None else DEFAULT_TIMEOUT_S
+        with logged_commit(self.storage.url, self.attempt_id, step) as done:
+            try:
+                value = proc.request(job, what=what, stopped_limit=limit)
+            except WriterProcessError:
+                value = _published(self.storage, self.attempt_id)
+                if value is None:
+                    raise
+            done(int(value["files"]), int(value["bytes"]))
+        return int(value["bytes"])
 
     def _pieces(self) -> list[dict[str, Any]]:
         out = []
@@ -145,6 +186,17 @@ class ProcessWrite(RankWrite):
             except CheckpointError:
                 pass
         _remove_own_files(self.storage, self.attempt_id, self.rank)
+
+
+def _published(storage: Storage, attempt_id: str) -> dict[str, int] | None:
+    """The files and bytes of ``attempt_id`` if its commit record is there and valid, else None."""
+    from portable_ckpt.io.versions import load_manifest
+
+    try:
+        manifest = load_manifest(storage, attempt_id)
+    except CheckpointError:
+        return None
+    return {"files": len(manifest.files), "bytes": sum(f.size for f in manifest.files.values())}
 
 
 def _remove_own_files(storage: Storage, attempt_id: str, rank: int) -> None:

@@ -261,7 +261,7 @@ def _run_save(
         if on_attempt is not None:
             on_attempt(attempt_id)
         write = (write_with or RankWrite)(storage, attempt_id, comm, plan, opts)
-        commit_all = functools.partial(_commit, storage, attempt_id, comm.world_size, plan, opts)
+        commit_all = functools.partial(_commit, write, comm.world_size, plan, opts)
         written, committed = comm.coordinator_step(
             "save/commit",
             write,
@@ -401,10 +401,20 @@ class RankWrite:
         if self.opts.publisher is not None:
             return self._write_node_local(self.opts.publisher)
         try:
-            written, index = self.write_index()
+            return self.write_transport()
         finally:
             self.plan.release()  # staged views and live references
+
+    def write_transport(self) -> tuple[int, dict[str, Any]]:
+        """Write the plan; return the bytes written and the index in its transport form."""
+        written, index = self.write_index()
         return written, index.to_transport()
+
+    def commit(self, transports: list[Any], **kwargs: Any) -> int:
+        """Rank 0: check every writer's index (transport form) and publish; return the bytes."""
+        indexes = [WriterIndex.from_transport(d) for d in transports]
+        manifest = commit(self.storage, self.attempt_id, indexes=indexes, **kwargs)
+        return sum(f.size for f in manifest.files.values())
 
     def _write_node_local(self, publisher: Any) -> tuple[int, Any]:
         """Write, agree that every rank wrote, then exchange files between the nodes.
@@ -458,17 +468,13 @@ class RankWrite:
 
 
 def _commit(
-    storage: Storage,
-    attempt_id: str,
-    world: int,
-    plan: SavePlan,
-    opts: SaveOptions,
-    transports: list[Any],
+    write: RankWrite, world: int, plan: SavePlan, opts: SaveOptions, transports: list[Any]
 ) -> Any:
     """Rank 0: publish the version from every writer's index; return its total size.
 
     With a publisher: ``{"bytes", "manifest"}`` (the record every node root gets).
     """
+    storage, attempt_id = write.storage, write.attempt_id
     kwargs: dict[str, Any] = {
         "step": opts.step,
         "expected_writers": list(range(world)),
@@ -481,9 +487,7 @@ def _commit(
             tensor_table=False, **kwargs,
         )
         return {"bytes": sum(f.size for f in manifest.files.values()), "manifest": text}
-    indexes = [WriterIndex.from_transport(d) for d in transports]
-    manifest = commit(storage, attempt_id, indexes=indexes, **kwargs)
-    return sum(f.size for f in manifest.files.values())
+    return write.commit(transports, **kwargs)
 
 
 # -- the public function ---------------------------------------------------------------------------
