@@ -95,7 +95,8 @@ def _contenders(state: dict[str, Any], scratch: str) -> dict[str, Any]:
     counter = iter(range(1, 1 << 30))
 
     def blocking(mode: str) -> float:
-        h = pckt.async_save(state, scratch, step=next(counter), mode=mode)
+        h = pckt.async_save(state, scratch, step=next(counter), mode=mode,
+                            continuation="statistical")  # no RNG in a bare state
         shutil.rmtree(os.path.join(scratch, h.result().checkpoint_id))  # bounded disk use
         return h.blocking_seconds
 

@@ -90,7 +90,7 @@ def _modules(cfg: ModelConfig) -> Any:
             self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
 
         def forward(self, idx: torch.Tensor) -> torch.Tensor:
-            pos = torch.arange(idx.shape[1])
+            pos = torch.arange(idx.shape[1], device=idx.device)
             x = self.tok(idx) + self.pos(pos)
             for blk in self.blocks:
                 x = blk(x)

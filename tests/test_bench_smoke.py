@@ -106,3 +106,30 @@ def test_the_streams_ceiling_reads_each_byte_of_the_share_once(tmp_path: Path) -
         _streams_read(parts, 3)
         extra = _io()["rchar"] - before - sum(c for _, _, c in parts)
         assert 0 <= extra < 512  # reading /proc/self/io counts itself (about 120 bytes)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_gpu_step_runs_its_contenders_without_a_gpu(tmp_path: Path) -> None:
+    """bench/gpu_step.py (GPU step while a save is in flight) on the CPU: every contender runs,
+    saves commit and are removed, and the report renders again from its JSON."""
+    pytest.importorskip("torch")
+    out = tmp_path / "step"
+    p = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_step", "--device", "cpu", "--preset", "smoke",
+         "--batch", "1", "--seq", "4", "--reps", "1", "--base", "2", "--max-steps", "20",
+         "--out", str(out), "--scratch", str(tmp_path)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=230,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert [r["contender"] for r in res["rows"]] == [
+        "no save", "portable_ckpt thread", "portable_ckpt process", "dcp thread", "dcp process"]
+    for name, runs in res["runs"].items():
+        assert len(runs) == 1 and runs[0]["during"], name
+        assert runs[0]["block_s"] >= 0 and runs[0]["total_s"] > 0
+    assert list(tmp_path.glob("pck-gpu-step-*")) == []  # the scratch saves are gone
+    again = subprocess.run([sys.executable, "-m", "bench.gpu_step", "--from-json",
+                            str(out.with_suffix(".json"))], cwd=REPO, env=_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == out.with_suffix(".md").read_text()

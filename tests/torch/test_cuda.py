@@ -83,7 +83,7 @@ def test_sync_save_stages_device_tensors_into_pinned_buffers(tmp_path: Path) -> 
     expect = _cpu(state)
     pckt.save(state, str(tmp_path), step=1)
     bufs = list(POOL._buffers.values())
-    assert bufs and all(b.is_pinned() and b.device.type == "cpu" for b in bufs)
+    assert bufs and all(b.is_pinned() and b.device.type == "cpu" for b, _ in bufs)
     _read_back(tmp_path, expect)
 
 
@@ -98,7 +98,7 @@ def test_async_save_copies_the_device_values_of_the_call(tmp_path: Path, mode: s
     if mode == "process":
         assert SHARED.segment is not None and SHARED.segment.pinned
     else:
-        assert all(b.is_pinned() for b in POOL._buffers.values())
+        assert all(b.is_pinned() for b, _ in POOL._buffers.values())
     _read_back(tmp_path, expect)
 
 
