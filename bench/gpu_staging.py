@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["main", "measure"]
+__all__ = ["main", "measure", "write_report"]
 
 GIB = 1 << 30
 
@@ -162,14 +162,18 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_staging: torch sees no CUDA device (a CPU build, or no GPU); nothing measured",
               file=sys.stderr)
         return 3
-    res = measure(a.scale, a.reps)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out + ".json", "w", encoding="utf-8") as f:
-        json.dump(res, f, indent=1)
-    with open(a.out + ".md", "w", encoding="utf-8") as f:
-        f.write(_markdown(res))
-    print(_markdown(res))
+    write_report(a.out, measure(a.scale, a.reps), _markdown)
     return 0
+
+
+def write_report(out: str, res: dict[str, Any], markdown: Any) -> None:
+    """Write ``<out>.json`` and ``<out>.md`` (``markdown(res)``), and print the table."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".json", "w", encoding="utf-8") as f:
+        json.dump(res, f, indent=1)
+    with open(out + ".md", "w", encoding="utf-8") as f:
+        f.write(markdown(res))
+    print(markdown(res))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["main", "measure"]
+from bench.gpu_staging import write_report
+
+__all__ = ["main", "measure", "rows"]
 
 CONTENDERS = ("no save", "portable_ckpt thread", "portable_ckpt process", "dcp thread",
               "dcp process")
@@ -284,12 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         res = measure(a.preset, a.device, a.batch, a.seq, a.reps, a.base, a.max_steps, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out + ".json", "w", encoding="utf-8") as f:
-        json.dump(res, f, indent=1)
-    with open(a.out + ".md", "w", encoding="utf-8") as f:
-        f.write(_markdown(res))
-    print(_markdown(res))
+    write_report(a.out, res, _markdown)
     return 0
 
 
