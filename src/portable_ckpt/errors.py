@@ -356,9 +356,19 @@ def _collect() -> dict[str, type[CheckpointError]]:
 ERROR_CODES: dict[str, type[CheckpointError]] = _collect()
 
 
-def error_for_code(code: str) -> type[CheckpointError]:
-    """Return the error class for a stable ``code`` (``CheckpointError`` if unknown)."""
-    return ERROR_CODES.get(code, CheckpointError)
+def error_for_code(code: str, type_name: str | None = None) -> type[CheckpointError]:
+    """Return the error class for a stable ``code`` (``CheckpointError`` if unknown).
+
+    ``type_name``: the class name the error had where it was raised (another process). A
+    refinement without a code of its own (:class:`CommitOutcomeUnknownError` is a
+    ``PCK-STORAGE``) is rebuilt as itself when it is a subclass of the code's class: its class
+    carries the meaning (the record may have been published).
+    """
+    base = ERROR_CODES.get(code, CheckpointError)
+    named = globals().get(type_name) if type_name else None
+    if isinstance(named, type) and issubclass(named, base):
+        return named
+    return base
 
 
 #: Codes that prove a version's stored bytes are damaged: not a transient storage error, not a

@@ -564,17 +564,37 @@ def test_rank_zeros_writer_process_commits(tmp_path: Path, monkeypatch: pytest.M
         pckt.async_save(state, str(tmp_path), step=2, mode="thread").result(timeout=120)
 
 
-_DIE_AFTER_PUBLISH = """
+_AFTER_PUBLISH = """
 import os, signal
-if os.environ.get("PCK_TEST_DIE_AFTER_PUBLISH"):  # the trainer never commits in process mode
-    import portable_ckpt.io.commit as c
-    _orig = c._publish
-    def _publish(*a, **k):
-        out = _orig(*a, **k)
-        os.kill(os.getpid(), signal.SIGKILL)  # published; the answer never leaves
+_how = os.environ.get("PCK_TEST_AFTER_PUBLISH")
+if _how:
+    from portable_ckpt.errors import CommitOutcomeUnknownError
+    from portable_ckpt.storage.local import LocalStorage
+    _orig = LocalStorage.create_if_absent
+    def create_if_absent(self, path, data):
+        out = _orig(self, path, data)
+        if path.endswith("/manifest.json"):  # published
+            if _how == "die":
+                os.kill(os.getpid(), signal.SIGKILL)  # the answer never leaves
+            raise CommitOutcomeUnknownError(f"create {path}: the directory sync failed (test)")
         return out
-    c._publish = _publish
+    LocalStorage.create_if_absent = create_if_absent
 """
+
+
+def _run_after_publish(tmp_path: Path, how: str, script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with the commit record's creation followed by ``how`` (in every process)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_AFTER_PUBLISH)
+    path = tmp_path / "s.py"
+    path.write_text(script)
+    env = {**os.environ, "PCK_TEST_AFTER_PUBLISH": how,
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(path), str(tmp_path / "r")], capture_output=True,
+                          text=True, timeout=300, env=env)
+
 
 _AFTER_PUBLISH_SCRIPT = """
 import sys, torch
@@ -595,16 +615,7 @@ def test_a_writer_killed_after_publishing_is_a_committed_save(tmp_path: Path) ->
     """SIGKILL of rank 0's writer process right after it published the record: the answer is
     lost, but the version is committed; the save reads the record back and reports it
     committed (not failed while it is the latest), and the next save starts a new writer."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_DIE_AFTER_PUBLISH)
-    script = tmp_path / "s.py"
-    script.write_text(_AFTER_PUBLISH_SCRIPT)
-    env = {**os.environ, "PCK_TEST_DIE_AFTER_PUBLISH": "1",
-           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, str(script), str(tmp_path / "r")], capture_output=True,
-                         text=True, timeout=300, env=env)
+    res = _run_after_publish(tmp_path, "die", _AFTER_PUBLISH_SCRIPT)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     saves = [line.split() for line in lines[:2]]
@@ -616,3 +627,39 @@ def test_a_writer_killed_after_publishing_is_a_committed_save(tmp_path: Path) ->
         assert v.id == attempt and int(nbytes) == sum(f.size for f in portable_ckpt.open(
             str(tmp_path / "r"), step=v.step).manifest.files.values())
     assert lines[2] == "2 " + str([float(i + 2) for i in range(10)])
+
+
+_UNKNOWN_SCRIPT = """
+import sys, torch
+import portable_ckpt, portable_ckpt.torch as pckt
+root = sys.argv[1]
+for step, mode in ((1, "process"), (2, "thread")):
+    try:
+        pckt.async_save({"w": torch.arange(10.0) + step}, root, step=step,
+                        mode=mode).result(timeout=120)
+        print(mode, "committed", flush=True)
+    except portable_ckpt.CheckpointError as e:
+        print(mode, type(e).__name__, e.code, flush=True)
+"""
+
+
+def test_an_unknown_commit_outcome_keeps_its_class_and_the_files(tmp_path: Path) -> None:
+    """Outcome-unknown review F1: the record was created, then its directory sync failed
+    (CommitOutcomeUnknownError). In the writer process the class was lost on the way back
+    (a plain PCK-STORAGE), so every rank aborted and removed its files: a committed version,
+    the latest, without data. Now the class comes back, as in thread mode, and nothing is
+    removed: both versions load."""
+    res = _run_after_publish(tmp_path, "unknown", _UNKNOWN_SCRIPT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "process CommitOutcomeUnknownError PCK-STORAGE",
+        "thread CommitOutcomeUnknownError PCK-STORAGE",
+    ], res.stdout
+    root = str(tmp_path / "r")
+    assert [(v.step, v.status) for v in portable_ckpt.list_versions(root)] == [
+        (1, "committed"), (2, "committed")]
+    for step in (1, 2):
+        assert portable_ckpt.open(root, step=step).verify(deep=True) == []
+        t = {"w": torch.zeros(10)}
+        pckt.load(t, root, step=step)
+        assert torch.equal(t["w"], torch.arange(10.0) + step)

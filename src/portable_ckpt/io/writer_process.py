@@ -213,7 +213,7 @@ class WriterProcess:
         if not isinstance(reply, dict) or "ok" not in reply:
             raise WriterProcessError(f"{what}: the writer process (pid {self.pid}) sent {reply!r}")
         if not reply["ok"]:
-            cls = error_for_code(str(reply.get("code")))
+            cls = error_for_code(str(reply.get("code")), str(reply.get("type")))
             raise cls(f"{what}: {reply.get('type')}: {reply.get('message')}")
         return reply.get("value")
 

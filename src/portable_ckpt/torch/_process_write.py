@@ -19,16 +19,25 @@ import os
 import threading
 from typing import Any
 
-from portable_ckpt.errors import CheckpointError, UsageError, WriterProcessError
+from portable_ckpt.errors import (
+    CheckpointError,
+    CommitOutcomeUnknownError,
+    UsageError,
+    WriterProcessError,
+)
 from portable_ckpt.format.manifest import WriterIndex
 from portable_ckpt.io.commit import logged_commit
 from portable_ckpt.io.writer_process import WriterProcess
+from portable_ckpt.logs import get_logger
 from portable_ckpt.storage import Storage
 from portable_ckpt.torch._collectives import DEFAULT_TIMEOUT_S
 from portable_ckpt.torch._shm import SHARED
 from portable_ckpt.torch.saving import RankWrite
 
 __all__ = ["ProcessWrite", "check_can_travel", "is_own_file", "writer_process"]
+
+
+_log = get_logger("torch")
 
 
 class _Current:
@@ -123,8 +132,10 @@ class ProcessWrite(RankWrite):
         """Rank 0: the writer process checks the indexes and files and publishes the record.
 
         Logged here as ``commit.*`` events, as a commit in this process is. A writer that died
-        while committing may have published the record first: it is read back before the
-        save is called failed.
+        or failed while committing may have published the record first: it is read back
+        before the save is called failed. A published record is a committed save; a failure
+        whose outcome is unknown keeps its class (:class:`CommitOutcomeUnknownError`: nothing
+        of the attempt is removed).
         """
         step, continuation = int(kwargs["step"]), kwargs["continuation"]
         job = {
@@ -142,10 +153,16 @@ class ProcessWrite(RankWrite):
         with logged_commit(self.storage.url, self.attempt_id, step) as done:
             try:
                 value = proc.request(job, what=what, stopped_limit=limit)
-            except WriterProcessError:
+            except CommitOutcomeUnknownError:
+                raise  # as in this process: every rank is told, nothing of it is removed
+            except CheckpointError as e:
                 value = _published(self.storage, self.attempt_id)
                 if value is None:
                     raise
+                # The record is there, so the version is committed whatever the writer said
+                # after publishing it; a failure here would remove its files on every rank.
+                _log.warning("%s: %s; the commit record was published, so the save committed",
+                             what, e)
             done(int(value["files"]), int(value["bytes"]))
         return int(value["bytes"])
 
