@@ -503,6 +503,13 @@ def test_a_node_root_of_a_node_local_version_is_never_recorded_damaged_for_its_a
     assert p.returncode == 0 and p.stdout.strip() == v3.path and "node-local" in p.stderr, p
     cli = [sys.executable, "-m", "portable_ckpt", "verify", "--deep", v3.path]
     p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    # Files alone cannot tell a node root from a copy that lost them (attack review 5 F4):
+    # without --node-root the missing files are problems, never recorded as damage.
+    assert p.returncode == 1 and "pass --node-root" in p.stderr, p
+    assert "PCK-FILE-MISSING" in p.stdout and "lacks it by design" in p.stdout, p
+    assert not (Path(v3.path) / "verifications").exists()
+    cli.append("--node-root")
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "node-local version" in p.stderr, p
     assert not (Path(v3.path) / "verifications").exists()
     mine = sorted((Path(v3.path) / "data").glob("w00000-*.safetensors"))[0]
@@ -559,6 +566,60 @@ def test_a_missing_file_of_the_durable_copy_of_a_node_local_version_is_damage(
     assert p.returncode == 1 and "PCK-FILE-MISSING" in p.stdout, p
     [v] = portable_ckpt.list_versions(tmp_path / "durable")
     assert v.verification_failed
+
+
+def test_the_durable_copy_of_a_node_local_version_that_lost_a_whole_writer_fails_verify(
+    tmp_path: Path,
+) -> None:
+    """Attack review 5 F4: every file of one writer (its data and its index) gone from the
+    durable copy passed `verify --deep` (exit 0, "ok": true) as "held by another node": no
+    file of that writer was there. What is left here is exactly what node 0's root holds, so
+    the files cannot tell: the verification fails (exit 1) unless the operator says it reads
+    a node root (--node-root), and records nothing."""
+    import json
+    import subprocess
+    import sys
+
+    ok(run("node_local_replicated", 2, str(tmp_path), timeout=240))
+    [v] = portable_ckpt.list_versions(tmp_path / "durable")
+    gone = [p for p in Path(v.path).rglob("*") if p.is_file()
+            and (p.name.startswith("w00001") or ".r00001." in p.name)]
+    assert gone
+    for p in gone:
+        p.unlink()
+    # What is left is what node 0's root holds: exit 1 and "ok": false, not recorded.
+    cli = [sys.executable, "-m", "portable_ckpt", "verify", "--deep", "--json", v.path]
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 1 and not doc["ok"], p
+    assert {e["code"] for e in doc["errors"]} == {"PCK-FILE-MISSING"}, doc
+    assert len(doc["errors"]) == len(gone) and all(
+        any(str(g.relative_to(v.path)) in e["message"] for e in doc["errors"]) for g in gone)
+    [v] = portable_ckpt.list_versions(tmp_path / "durable")
+    assert not v.verification_failed  # a node root looks the same: not damage for good
+
+
+def test_an_entry_named_pck_placement_spares_nothing_unless_it_is_a_placement(
+    tmp_path: Path,
+) -> None:
+    """Attack review 5 F4: any entry named pck.placement made a version's missing files of a
+    writer with no file left "held by another node": a plain version that lost its data
+    and index files verified OK."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    root = tmp_path / "r"
+    portable_ckpt.save_arrays(str(root), {"w": np.arange(6.0)}, step=1,
+                              entries={"pck.placement": {"nodes": 1}})
+    [v] = portable_ckpt.list_versions(root)
+    for p in list(Path(v.path).rglob("w00000*")):
+        p.unlink()
+    p = subprocess.run([sys.executable, "-m", "portable_ckpt", "verify", "--deep", v.path],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "PCK-FILE-MISSING" in p.stdout, p
+    assert "node-local version" not in p.stderr
 
 
 def test_ctrl_c_in_one_ranks_restore_stops_every_rank_at_once(tmp_path: Path) -> None:

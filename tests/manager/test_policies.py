@@ -354,3 +354,26 @@ def test_node_layout_holders_replicas_and_placement_schema() -> None:
     for bad in [(6, 4, 0), (4, 2, 2), (2, 2, 1)]:
         with pytest.raises(UsageError):
             NodeLayout.contiguous(*bad)
+
+
+def test_absent_by_design_follows_the_placement() -> None:
+    """Attack review 5 F4: which missing files a node root lacks by design comes from the
+    placement (spec §14.7), not from "no file of that writer is here": files that fit no node
+    root spare nothing, and a file of a writer the fitting node holds is damage."""
+    from portable_ckpt.io.damage import absent_by_design, holdings
+
+    # 4 ranks on 2 nodes, no replicas; writer 0's files are on every node.
+    value = {"nodes": 2, "node_of_rank": [0, 0, 1, 1], "replicas": 0, "everywhere": [0]}
+    assert holdings(value) == [{0, 1}, {0, 2, 3}]
+    files = {w: {f"data/w{w:05d}-0000.safetensors", f"index/w{w:05d}.json"} for w in range(4)}
+    node0 = files[0] | files[1]
+    away = files[2] | files[3] | {"entries/dp-1a2b3c4d.r00002.json"}
+    assert absent_by_design(value, away, node0) == away  # node 0's root
+    lost3 = files[3]  # a durable copy without writer 3: {0, 1, 2} is no node's holdings
+    assert absent_by_design(value, lost3, files[0] | files[1] | files[2]) == set()
+    lost1 = {"data/w00001-0000.safetensors"}  # node 0's root without a file of its own writer
+    assert absent_by_design(value, lost1, node0 - lost1) == set()
+    assert absent_by_design(None, away, node0) == set()  # no valid placement: nothing spared
+    # With one replica per node, node 1 also holds node 0's writers.
+    rep = {**value, "replicas": 1}
+    assert holdings(rep) == [{0, 1, 2, 3}, {0, 1, 2, 3}]

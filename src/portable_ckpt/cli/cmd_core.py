@@ -13,7 +13,13 @@ from typing import Any
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import progress_bar
 from portable_ckpt.cli._text import safe, table
-from portable_ckpt.errors import CheckpointError, NotFoundError, StorageError, UsageError
+from portable_ckpt.errors import (
+    CheckpointError,
+    FileMissingError,
+    NotFoundError,
+    StorageError,
+    UsageError,
+)
 from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
 from portable_ckpt.logs import human_bytes
 
@@ -241,6 +247,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     target = args.ckpt
     version: dict[str, Any] = {}
+    unsure: list[CheckpointError] = []
     try:
         storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
         # What an alerting probe needs beside the verdict (ops review F6): which version, and
@@ -260,14 +267,22 @@ def _verify(args: argparse.Namespace) -> int:
             errors = [exc]
         # A node root holds its nodes' files of a node-local version only (spec §14.7): spared
         # first, so that the files absent by design are not looked for a second time.
-        errors, away = elsewhere(attempt, manifest, errors)
+        errors, away = elsewhere(storage, attempt, manifest, errors)
         # Damage that a second read does not find again is this read's fault: not recorded.
         errors = confirm_damage(storage, attempt, manifest.files, errors)
         if away and not args.quiet:
             print(f"portable-ckpt: a node-local version (spec §14.7): {len(away)} of its files "
-                  f"are not in this node root ({safe(away[0])}, ...); the other node roots hold "
-                  "them. Only the files here were checked; a pass is not recorded",
+                  f"are not in this root ({safe(away[0])}, ...), files a node root lacks by "
+                  "design. " + ("The other node roots hold them; only the files here were "
+                  "checked; a pass is not recorded" if args.node_root else "If this is a node "
+                  "root of a node-local tier, pass --node-root; otherwise the version is "
+                  "incomplete here (not recorded as damage: a node root looks the same)"),
                   file=sys.stderr)
+        if away and not args.node_root:
+            unsure = [FileMissingError(
+                f"{rel}: not in this root; a node root of a node-local tier lacks it by design "
+                "(pass --node-root), any other copy of the version is missing it",
+                path=f"{attempt}/{rel}") for rel in away]
         forced = (
             _still_unreadable(storage, attempt, manifest.files, errors)
             if args.record_unreadable else []
@@ -276,6 +291,7 @@ def _verify(args: argparse.Namespace) -> int:
             record, record_error = _record(storage, attempt, chunks, errors, args, seed, forced)
         if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root
             errors = errors + _newer_invalid(storage, attempt)
+        errors = errors + unsure  # after the record: never recorded as damage
     except UsageError:
         raise
     except CheckpointError as exc:
@@ -583,6 +599,13 @@ def register(sub: Any) -> None:
         help="with --deep: record the version as failed also when files of it stay unreadable "
         "(read twice: a bad sector, a lost object ACL), so managers stop trying it; without "
         "it a storage error is never recorded (it may pass)",
+    )
+    p.add_argument(
+        "--node-root",
+        action="store_true",
+        help="the root is one node's root of a node-local tier (spec 14.7): the files of a "
+        "node-local version that this node does not hold are not problems (without it they "
+        "are, exit 1: a durable copy that lost them looks the same; never recorded as damage)",
     )
     p.add_argument(
         "--seed",

@@ -12,6 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any, cast
 
 from portable_ckpt.errors import (
     DAMAGE_CODES,
@@ -22,8 +23,8 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.manifest import FileRecord, Manifest
 from portable_ckpt.storage import Storage
 
-__all__ = ["PLACEMENT_ENTRY", "absent_by_design", "confirm_damage", "elsewhere",
-           "read_file_again"]
+__all__ = ["PLACEMENT_ENTRY", "absent_by_design", "confirm_damage", "elsewhere", "holdings",
+           "placement", "read_file_again"]
 
 
 def confirm_damage(
@@ -135,42 +136,101 @@ PLACEMENT_ENTRY = "pck.placement"
 
 
 def elsewhere(
-    attempt_id: str, manifest: Manifest, errors: Sequence[CheckpointError]
+    storage: Storage, attempt_id: str, manifest: Manifest, errors: Sequence[CheckpointError]
 ) -> tuple[list[CheckpointError], list[str]]:
     """``errors`` without the files a node-local version keeps on other nodes; and those files.
 
-    A version with a ``pck.placement`` entry was published in every node root while each holds
-    only its nodes' files (spec §14.7): read through one node root, another node's file is
-    absent by design. Recorded as damage it condemned an intact version for good (SRE review
-    F1, F2). A node root holds every file of each writer it holds, so a missing file is spared
-    only when no file of its writer (``w<NNNNN>`` in its name) is there: the durable copy of
-    such a version, which holds every writer, keeps every missing file as damage (review of the
-    change F7). Checksum and size findings of files that are there stay damage.
+    A version with a valid ``pck.placement`` entry was published in every node root while each
+    holds only the files of the writers its node keeps (spec §14.7): read through one node
+    root, another node's file is absent by design. Recorded as damage it condemned an intact
+    version for good (SRE review F1, F2). Which files are spared is decided by
+    :func:`absent_by_design`. Checksum and size findings of files that are there stay damage.
     """
     if PLACEMENT_ENTRY not in manifest.entries:
         return list(errors), []
     missing = {rel for e in errors if e.code == "PCK-FILE-MISSING"
                for rel in [_file_of(e, attempt_id, manifest.files)] if rel is not None}
-    away = absent_by_design(manifest, missing, set(manifest.files) - missing)
+    if not missing:
+        return list(errors), []
+    away = absent_by_design(
+        placement(storage, attempt_id, manifest), missing, set(manifest.files) - missing
+    )
     return [e for e in errors if _file_of(e, attempt_id, manifest.files) not in away], sorted(away)
 
 
-def absent_by_design(manifest: Manifest, missing: Collection[str], present: Collection[str]
-                     ) -> set[str]:
-    """Of a node-local version's ``missing`` files, those of writers with no file ``present``.
+def placement(storage: Storage, attempt_id: str, manifest: Manifest) -> dict[str, Any] | None:
+    """The version's ``pck.placement`` value, or ``None``: no entry, or one that is not valid.
 
-    See :func:`elsewhere`; empty for a version that is not node-local.
+    Valid: readable, of the manager's placement schema, and consistent (one node per writer,
+    nodes numbered from 0). Any other value spares nothing: the entry's name alone is no proof
+    that a version was written to node roots (attack review 5 F4).
     """
     if PLACEMENT_ENTRY not in manifest.entries:
+        return None
+    from portable_ckpt.format.schemas import validate_document
+    from portable_ckpt.io.reader import Checkpoint
+
+    try:
+        value = Checkpoint(storage, attempt_id, manifest).entry(PLACEMENT_ENTRY)
+        validate_document(value, "entries/manager-placement.schema.json", what=PLACEMENT_ENTRY)
+    except CheckpointError:
+        return None
+    nodes, of_rank = value["nodes"], value["node_of_rank"]
+    if set(of_rank) != set(range(nodes)) or any(w >= len(of_rank) for w in value["everywhere"]):
+        return None
+    return cast(dict[str, Any], value)
+
+
+def holdings(value: Mapping[str, Any]) -> list[set[int]]:
+    """The writers whose files each node root holds, by ``pck.placement`` (spec §14.7).
+
+    A node holds its own ranks' writers, those of the ``replicas`` preceding nodes, and the
+    writers in ``everywhere``.
+    """
+    nodes, of_rank, replicas = value["nodes"], value["node_of_rank"], value["replicas"]
+    return [
+        {w for w, n in enumerate(of_rank) if (node - n) % nodes <= replicas}
+        | set(value["everywhere"])
+        for node in range(nodes)
+    ]
+
+
+def absent_by_design(
+    value: Mapping[str, Any] | None, missing: Collection[str], present: Collection[str]
+) -> set[str]:
+    """Of a node-local version's ``missing`` files, those a node root holding ``present`` lacks.
+
+    ``value``: the version's valid ``pck.placement`` (:func:`placement`); ``None`` spares
+    nothing. A missing file is spared when the files here can be one node's root (every
+    present file's writer is among the writers that node holds) and its writer is not among
+    them. When ``present`` fits no node (a durable copy, which holds every writer, that lost
+    some of them: review of the change F7, attack review 5 F4), every missing file is damage.
+    A durable copy that lost exactly the writers some node lacks looks like that node's root:
+    files alone cannot tell them apart, so a caller must not call a verification that spared
+    files a pass unless it knows it reads a node root (``verify --node-root``). A file named by
+    no writer (``wNNNNN`` or a per-rank entry's ``rNNNNN``) is never spared.
+    """
+    if value is None or not missing:
         return set()
-    here = {_writer_of(p) for p in present}
-    return {rel for rel in missing if _writer_of(rel) is not None and _writer_of(rel) not in here}
+    here = {w for w in (_writer_of(p) for p in present) if w is not None}
+    spared: set[str] = set()
+    for held in holdings(value):
+        if here <= held:  # these files can be this node's root
+            spared |= {rel for rel in missing if (w := _writer_of(rel)) is not None
+                       and w not in held}
+    return spared
 
 
-_WRITER = re.compile(r"(?:^|/)w([0-9]{5,})[-.]")
+_WRITER = re.compile(r"(?:^|/)w([0-9]{5,})[-.]|\.r([0-9]{5,})\.json(?:\.zst)?$")
 
 
 def _writer_of(rel: str) -> int | None:
-    """The writer a file's recommended name gives (``data/w00003-0000…``, ``index/w00003.json``)."""
+    """The writer a file's recommended name gives.
+
+    ``data/w00003-0000…``, ``index/w00003.json``, a per-rank entry value
+    ``entries/<name>-<hash>.r00003.json``.
+    """
     m = _WRITER.search(rel)
-    return None if m is None else int(m.group(1))
+    if m is None:
+        return None
+    return int(m.group(1) or m.group(2))

@@ -30,7 +30,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.io.annotations import timestamp_key
-from portable_ckpt.io.damage import PLACEMENT_ENTRY, absent_by_design
+from portable_ckpt.io.damage import PLACEMENT_ENTRY, absent_by_design, placement
 from portable_ckpt.io.versions import list_versions
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
@@ -550,7 +550,9 @@ def _record_damage(
             _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name,
                        exc)
             return "pass"
-        away = absent_by_design(manifest, set(manifest.files) - present, present)
+        away = absent_by_design(
+            placement(tier.storage, ident, manifest), set(manifest.files) - present, present
+        )
         found = [f for f in found if not (f[0] == "PCK-FILE-MISSING" and any(
             a in str(f[2] or "") or a in f[1] for a in away))]
         if not any(c in DAMAGE_CODES for c, _, _ in found):
