@@ -239,6 +239,29 @@ def test_r_gc_11_a_pins_that_is_no_directory_holds_every_version(tmp_path: Path,
     assert rep.deleted == [] and not rep.complete and _committed(root) == ids
 
 
+@pytest.mark.parametrize("odd", ["symlink", "fifo", "directory"])
+def test_r_gc_11_a_record_that_is_no_file_holds_every_version(tmp_path: Path, odd: str) -> None:
+    """Attack review 5 F1: a pin record replaced by a symbolic link (to the same bytes), a
+    FIFO or a directory was passed over, and gc deleted the version it pins, exit 0."""
+    import os
+
+    root, ids = _root(tmp_path, 3)
+    rec = root / pin(root, ids[0])
+    if odd == "symlink":
+        rec.rename(tmp_path / "kept.json")
+        rec.symlink_to(tmp_path / "kept.json")
+    elif odd == "fifo":
+        rec.unlink()
+        os.mkfifo(rec)
+    else:
+        rec.unlink()
+        rec.mkdir()
+    with pytest.raises(portable_ckpt.CheckpointError, match="named like a pin record"):
+        read_pins(root)
+    rep = gc(root, keep=1, grace_seconds=0)
+    assert rep.deleted == [] and not rep.complete and _committed(root) == ids
+
+
 def test_junk_in_pins_is_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review of the change F12: 20,000 junk files in pins/ were each read (twice), and every
     restore and `ls --latest` read them: only files named like a pin record are read, and

@@ -402,3 +402,22 @@ def test_pins_on_s3_keep_versions_and_a_5xx_on_them_deletes_nothing(
     assert rep.pinned == [ids[0]] and sorted(rep.deleted) == sorted(ids[1:3])
     assert _committed(root) == [ids[0], ids[3]]
     assert unpin(root, ids[0]) == [rel] and read_pins(root) == {}
+
+
+@pytest.mark.parametrize("key", ["pins//{}", "pins/{}/"])
+def test_a_pin_key_that_only_looks_like_a_record_holds_every_version(s3: S3Env, key: str) -> None:
+    """Attack review 5 F1 on an object store: the record moved to a key that is no plain
+    path (a doubled or a trailing slash) was passed over, and gc deleted the pinned version."""
+    from portable_ckpt.io.pins import pin
+
+    root = s3.root("oddpin")
+    ids = [_save(root, s) for s in (1, 2, 3)]
+    rel = pin(root, ids[0])
+    prefix = root.removeprefix(f"s3://{s3.bucket}/").rstrip("/")
+    c = s3.boto()
+    body = c.get_object(Bucket=s3.bucket, Key=f"{prefix}/{rel}")["Body"].read()
+    c.delete_object(Bucket=s3.bucket, Key=f"{prefix}/{rel}")
+    c.put_object(Bucket=s3.bucket, Key=f"{prefix}/" + key.format(rel.split("/")[-1]), Body=body)
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert rep.deleted == [] and not rep.complete
+    assert _committed(root) == ids

@@ -54,6 +54,7 @@ def read_pins(root: str | os.PathLike[str] | Storage) -> dict[str, list[dict[str
     listed = list(storage.list(f"{PIN_DIR}/", recursive=False))
     if not listed:  # absent, or something that lists as empty: a symlink, a file (F14)
         _pins_is_a_directory(storage)
+    _records_are_files(storage)
     out: dict[str, list[dict[str, Any]]] = {}
     for info in listed:
         name = info.path.rsplit("/", 1)[-1]
@@ -91,6 +92,33 @@ def _pins_is_a_directory(storage: Storage) -> None:
             "root's own directory",
             path=PIN_DIR,
         )
+
+
+def _records_are_files(storage: Storage) -> None:
+    """Raise when an entry named like a pin record is no plain file of the root's own.
+
+    A record replaced by a symbolic link (a "symlink" cache mode, ``cp -s``, a backup restore),
+    a FIFO or a directory, or an object key that only looks like one (``pins//<id>.json``,
+    ``pins/<id>.json/``), was passed over as no record, and gc deleted the version it pins
+    (attack review 5 F1). Its name is the best sign that it is a pin: a pin that cannot be
+    read (R-GC-11).
+
+    Raises:
+        PathUnsafeError: such an entry is there.
+
+    """
+    # Recursive: an object store lists ``pins//<id>.json`` under the "directory" ``pins//``.
+    odd = storage.list_foreign(f"{PIN_DIR}/", recursive=True) + [
+        f"{PIN_DIR}/{d}/" for d in storage.list_dirs(f"{PIN_DIR}/")]
+    for entry in odd:
+        if _PIN_NAME.match(entry.rstrip("/").rsplit("/", 1)[-1]):
+            raise PathUnsafeError(
+                f"{storage.url.rstrip('/')}/{entry} is named like a pin record but is no plain "
+                "file (a symbolic link, a FIFO, a directory or an odd object key): the pin "
+                "cannot be read, so any version may be pinned; replace it with the record "
+                "itself, or remove it to unpin",
+                path=entry,
+            )
 
 
 def _read_pin(storage: Storage, rel: str) -> dict[str, Any] | None:
