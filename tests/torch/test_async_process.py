@@ -572,6 +572,8 @@ if _how:
     from portable_ckpt.storage.local import LocalStorage
     _orig = LocalStorage.create_if_absent
     def create_if_absent(self, path, data):
+        if _how == "die-before" and path.endswith("/manifest.json"):
+            os.kill(os.getpid(), signal.SIGKILL)  # an upload may still be in flight
         out = _orig(self, path, data)
         if path.endswith("/manifest.json"):  # published
             if _how == "die":
@@ -663,3 +665,33 @@ def test_an_unknown_commit_outcome_keeps_its_class_and_the_files(tmp_path: Path)
         t = {"w": torch.zeros(10)}
         pckt.load(t, root, step=step)
         assert torch.equal(t["w"], torch.arange(10.0) + step)
+
+
+_DIES_BEFORE_SCRIPT = """
+import sys, torch
+import portable_ckpt, portable_ckpt.torch as pckt
+root = sys.argv[1]
+try:
+    pckt.async_save({"w": torch.arange(10.0)}, root, step=1, mode="process").result(timeout=120)
+    print("committed", flush=True)
+except portable_ckpt.CheckpointError as e:
+    print(type(e).__name__, e.code, flush=True)
+"""
+
+
+def test_a_writer_killed_while_committing_is_an_unknown_outcome_that_removes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Commit-child review F2, F5: a writer killed while the commit record was on its way (an
+    object store may still complete the upload) was reported failed as soon as the record
+    could not be read back, and every rank removed its files: a version committed a moment
+    later without data. The outcome is unknown now: nothing is removed, and the attempt,
+    which never committed here, is left to gc."""
+    res = _run_after_publish(tmp_path, "die-before", _DIES_BEFORE_SCRIPT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["CommitOutcomeUnknownError", "PCK-STORAGE"], res.stdout
+    root = tmp_path / "r"
+    [attempt] = [d for d in root.iterdir() if d.name.startswith("s0")]
+    assert sorted(p.parent.name for p in attempt.rglob("*") if p.is_file()) == [
+        "data", "index"]  # the writer's files stay: the record may yet appear
+    assert [v.status for v in portable_ckpt.list_versions(root)] == ["incomplete"]

@@ -213,8 +213,14 @@ class WriterProcess:
         if not isinstance(reply, dict) or "ok" not in reply:
             raise WriterProcessError(f"{what}: the writer process (pid {self.pid}) sent {reply!r}")
         if not reply["ok"]:
-            cls = error_for_code(str(reply.get("code")), str(reply.get("type")))
-            raise cls(f"{what}: {reply.get('type')}: {reply.get('message')}")
+            code, kind = str(reply.get("code")), str(reply.get("type"))
+            cls = error_for_code(code, kind)
+            path = reply.get("path")
+            if cls is CheckpointError or code == "PCK-WRITER-PROCESS":
+                raise cls(f"{what}: {kind}: {reply.get('message')}",
+                          path=path if isinstance(path, str) else None)
+            # The writer's own error, as this process would raise it (commit-child review F4)
+            raise cls(f"{what}: {reply.get('message')}", path=path if isinstance(path, str) else None)
         return reply.get("value")
 
     def _died(self, what: str, e: BaseException) -> WriterProcessError:
@@ -297,8 +303,11 @@ class _Service:
             return {"ok": False, "code": "PCK-USAGE", "type": "UsageError",
                     "message": f"unknown operation {op!r}"}
         except BaseException as e:  # every failure goes back to the training process
-            code = e.code if isinstance(e, CheckpointError) else "PCK-WRITER-PROCESS"
-            return {"ok": False, "code": code, "type": type(e).__name__, "message": str(e)}
+            if isinstance(e, CheckpointError):
+                return {"ok": False, "code": e.code, "type": type(e).__name__,
+                        "message": e.message, "path": e.path}
+            return {"ok": False, "code": "PCK-WRITER-PROCESS", "type": type(e).__name__,
+                    "message": str(e)}
 
     def write(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         """Map the segment, write the pieces and entries, return the bytes and the index."""

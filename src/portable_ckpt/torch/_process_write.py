@@ -131,11 +131,13 @@ class ProcessWrite(RankWrite):
     def commit(self, transports: list[Any], **kwargs: Any) -> int:
         """Rank 0: the writer process checks the indexes and files and publishes the record.
 
-        Logged here as ``commit.*`` events, as a commit in this process is. A writer that died
-        or failed while committing may have published the record first: it is read back
-        before the save is called failed. A published record is a committed save; a failure
-        whose outcome is unknown keeps its class (:class:`CommitOutcomeUnknownError`: nothing
-        of the attempt is removed).
+        Logged here as ``commit.*`` events, as a commit in this process is. The writer's own
+        refusal is raised as in this process (its class, code and path). A writer that died,
+        stayed stopped or broke the protocol once the commit was asked may have published the
+        record, or may still (an upload in flight): the record is read back, and a save whose
+        record is there committed; otherwise the outcome is unknown
+        (:class:`CommitOutcomeUnknownError`: every rank is told, and nothing of the attempt is
+        removed; gc classifies it later).
         """
         step, continuation = int(kwargs["step"]), kwargs["continuation"]
         job = {
@@ -149,19 +151,15 @@ class ProcessWrite(RankWrite):
         }
         proc = self.proc = writer_process()
         what = f"save of step {step}: rank 0's writer process (commit)"
-        limit = self.opts.timeout if self.opts.timeout is not None else DEFAULT_TIMEOUT_S
+        # Half the peers' wait: a stopped writer is given up, and the outcome told to the other
+        # ranks, before they stop waiting for rank 0 (commit-child review F3).
+        limit = (self.opts.timeout if self.opts.timeout is not None else DEFAULT_TIMEOUT_S) / 2
         with logged_commit(self.storage.url, self.attempt_id, step) as done:
             try:
                 value = proc.request(job, what=what, stopped_limit=limit)
-            except CommitOutcomeUnknownError:
-                raise  # as in this process: every rank is told, nothing of it is removed
-            except CheckpointError as e:
-                value = _published(self.storage, self.attempt_id)
-                if value is None:
-                    raise
-                # The record is there, so the version is committed whatever the writer said
-                # after publishing it; a failure here would remove its files on every rank.
-                _log.warning("%s: %s; the commit record was published, so the save committed",
+            except WriterProcessError as e:
+                value = _published_or_unknown(self.storage, self.attempt_id, e)
+                _log.warning("%s: %s; the commit record was read back: the save committed",
                              what, e)
             done(int(value["files"]), int(value["bytes"]))
         return int(value["bytes"])
@@ -205,14 +203,28 @@ class ProcessWrite(RankWrite):
         _remove_own_files(self.storage, self.attempt_id, self.rank)
 
 
-def _published(storage: Storage, attempt_id: str) -> dict[str, int] | None:
-    """The files and bytes of ``attempt_id`` if its commit record is there and valid, else None."""
+def _published_or_unknown(
+    storage: Storage, attempt_id: str, lost: WriterProcessError
+) -> dict[str, int]:
+    """The files and bytes of ``attempt_id`` if its commit record is there and valid.
+
+    Raises:
+        CommitOutcomeUnknownError: it is not (or could not be read): the writer may have
+            published it, or may yet (commit-child review F2, F5), so nothing is removed.
+
+    """
     from portable_ckpt.io.versions import load_manifest
 
     try:
         manifest = load_manifest(storage, attempt_id)
-    except CheckpointError:
-        return None
+    except CheckpointError as e:
+        raise CommitOutcomeUnknownError(
+            f"{lost}; its commit record of {attempt_id} could not be read back ([{e.code}] "
+            f"{e.message[:300]}): the version may be committed, or may become so (an upload "
+            "in flight); nothing of it is removed. `portable-ckpt ls` tells which it is; gc "
+            "removes it once it is known abandoned",
+            path=f"{attempt_id}/manifest.json",
+        ) from lost
     return {"files": len(manifest.files), "bytes": sum(f.size for f in manifest.files.values())}
 
 
