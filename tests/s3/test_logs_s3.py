@@ -148,3 +148,27 @@ def test_which_read_answers_are_retried(
     causes = [_check_retry_record(r, s3_proxied, 2)["cause"] for r in _retries(log)]
     assert causes == ([f"HTTP {status} {code}"] if retried else [])
     assert proxy.log.injected_by_status == {status: 2 if retried else 1}
+
+
+def test_retries_in_the_writer_process_reach_the_job_log(s3_proxied: S3Env, log: EventLog) -> None:
+    """Commit-child review F6: a process-mode save's uploads (and rank 0's commit) run in the
+    writer process, where nothing listens: its retried requests were missing from the job log.
+    They come back with the job's answer and are logged in the training process."""
+    torch = pytest.importorskip("torch")
+    import portable_ckpt.torch as pckt
+
+    proxy = s3_proxied.proxy
+    proxy.fail_every, proxy.match_method = 2, "PUT"  # every 2nd PUT answered 500, then retried
+    h = pckt.async_save({"w": torch.arange(1000.0), "n": 3}, s3_proxied.root("proc"), step=1,
+                        mode="process", continuation="statistical")
+    h.result(timeout=120)
+    assert proxy.log.injected_500 >= 2
+    retries = _retries(log)
+    assert len(retries) == proxy.log.injected_500  # every one, none twice
+    for rec in retries:
+        assert rec.name == "portable_ckpt.storage.s3" and rec.levelno == logging.WARNING
+        assert getattr(rec, EVENT_ATTR)["cause"] == "HTTP 500 InternalError"
+        assert "writer process" in rec.getMessage()
+    commits = [r for r in log.records if getattr(r, EVENT_ATTR)["event"].startswith("commit.")]
+    assert [getattr(r, EVENT_ATTR)["event"] for r in commits] == [
+        "commit.started", "commit.finished"]  # the training process's own, not the writer's

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import mmap
 import os
 import select
@@ -42,8 +43,9 @@ import numpy as np
 
 from portable_ckpt._threads import BACKGROUND_NICE
 from portable_ckpt.errors import CheckpointError, WriterProcessError, error_for_code
+from portable_ckpt.logs import EVENT_ATTR, LOGGER_NAME
 
-__all__ = ["WriterProcess", "anonymous_fd", "main", "recv_msg", "send_msg"]
+__all__ = ["WriterProcess", "anonymous_fd", "main", "recv_msg", "relog", "send_msg"]
 
 _HEADER = struct.Struct("<Q")
 #: Largest frame either side accepts (a writer index of millions of ranges stays far below).
@@ -210,6 +212,8 @@ class WriterProcess:
                 raise self._died(what, e) from e
         for fd in extra:
             os.close(fd)
+        if isinstance(reply, dict):
+            relog(reply.get("log"), f"{what}, pid {self.pid}")
         if not isinstance(reply, dict) or "ok" not in reply:
             raise WriterProcessError(f"{what}: the writer process (pid {self.pid}) sent {reply!r}")
         if not reply["ok"]:
@@ -282,6 +286,14 @@ class _Service:
         self.in_progress: Any = None
 
     def handle(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """Run one job; the warnings it logged travel back with the answer."""
+        _FORWARD.records.clear()
+        reply = self._run(msg, fds)
+        if _FORWARD.records:
+            reply["log"] = list(_FORWARD.records)
+        return reply
+
+    def _run(self, msg: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         try:
             op = msg.get("op")
             if op == "write":
@@ -350,6 +362,43 @@ class _Service:
             continuation=Continuation.from_json(msg["continuation"]),
         )
         return {"files": len(manifest.files), "bytes": sum(f.size for f in manifest.files.values())}
+
+
+class _Forward(logging.Handler):
+    """The package's warnings logged in the writer process, for the training process's log.
+
+    A retried S3 request or a store that does not check uploads is logged where the storage
+    work runs: here nothing listens (commit-child review F6), so each job's records go back
+    with its answer and are logged again there. ``commit.*`` events are not: the training
+    process logs the commit it asked for itself.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, EVENT_ATTR, None)
+        if isinstance(event, dict) and str(event.get("event", "")).startswith("commit."):
+            return
+        if len(self.records) < _MAX_FORWARDED:
+            self.records.append({"name": record.name, "level": record.levelno,
+                                 "message": record.getMessage()[:4096], "event": event})
+
+
+#: Records forwarded per job at most (a storm of retries is summarised by its first ones).
+_MAX_FORWARDED = 100
+_FORWARD = _Forward()
+
+
+def relog(records: Any, what: str) -> None:
+    """Log again, in this process, the records a writer process sent back with an answer."""
+    for r in records if isinstance(records, list) else []:
+        if not isinstance(r, dict) or not str(r.get("name", "")).startswith(LOGGER_NAME):
+            continue
+        extra = {EVENT_ATTR: r["event"]} if isinstance(r.get("event"), dict) else None
+        logging.getLogger(str(r["name"])).log(
+            int(r.get("level", logging.WARNING)), "%s (%s)", r.get("message"), what, extra=extra)
 
 
 def _map_segment(fds: list[int], size: int) -> mmap.mmap:
@@ -443,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the reaper's, which the watch would take for the parent.
     ppid = int(args[2]) if len(args) > 2 else os.getppid()
     service = _Service()
+    logging.getLogger(LOGGER_NAME).addHandler(_FORWARD)
     threading.Thread(target=_watch_parent, args=(ppid, service), daemon=True).start()
     while True:
         try:
