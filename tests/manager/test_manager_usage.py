@@ -627,6 +627,31 @@ def test_pin_kept_pins_the_best_and_the_milestones_against_a_platform_gc(
     assert [r["by"] for r in pinned[ids[5]]] == ["alice"]
 
 
+def test_retention_held_by_unreadable_pins_is_said_and_not_ok(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Attack review 5 F5: with the root's `pins` a symbolic link (pins cannot be read, so gc
+    deletes no committed version, R-GC-11), every retention event said ok and nothing was
+    said while every version stayed: the disk filled."""
+    import json
+
+    root = tmp_path / "r"
+    root.mkdir()
+    (tmp_path / "shared").mkdir()
+    (root / "pins").symlink_to(tmp_path / "shared")
+    events = tmp_path / "events.jsonl"
+    with pckt.CheckpointManager(str(root), save_every=1, keep_last=2, async_save=False,
+                                events=str(events), continuation="statistical") as mgr:
+        for step in range(1, 5):
+            mgr.maybe_save(step, {"w": torch.arange(4.0)})
+    assert [v.step for v in portable_ckpt.list_versions(root)] == [1, 2, 3, 4]
+    ret = [e for e in map(json.loads, events.read_text().splitlines())
+           if e["event"] == "retention"]
+    assert ret and all(not e["ok"] and e["held"][0]["code"] == "PCK-PATH-UNSAFE" for e in ret)
+    err = capfd.readouterr().err
+    assert err.count("retention deletes no committed version while the root's pins") == 1
+
+
 def test_a_bit_flipped_while_the_post_save_verification_opens_a_table_is_read_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

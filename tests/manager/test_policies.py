@@ -377,3 +377,40 @@ def test_absent_by_design_follows_the_placement() -> None:
     # With one replica per node, node 1 also holds node 0's writers.
     rep = {**value, "replicas": 1}
     assert holdings(rep) == [{0, 1, 2, 3}, {0, 1, 2, 3}]
+
+
+def test_sync_pins_never_unpins_a_version_it_could_not_read(tmp_path: Path) -> None:
+    """Attack review 5 F3: one failed read of a kept version's commit record (an S3 503) made
+    its decision "not committed", and the manager removed its pin; a platform gc then
+    deleted the keep_every version. A damaged record did the same."""
+    import numpy as np
+
+    import portable_ckpt
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.io.gc import gc
+    from portable_ckpt.io.pins import read_pins
+    from portable_ckpt.manager.pinning import sync_pins
+    from portable_ckpt.manager.records import candidates_of
+    from portable_ckpt.manager.retention import RetentionPolicy, plan_retention
+    from portable_ckpt.storage.local import LocalStorage
+
+    root = tmp_path / "r"
+    for s in (2, 3, 4, 5):
+        portable_ckpt.save_arrays(str(root), {"w": np.zeros(4, np.float32)}, step=s)
+    ids = [v.id for v in portable_ckpt.list_versions(root)]
+    pol = RetentionPolicy.build(keep_last=1, keep_every=2)
+    st = LocalStorage(str(root))
+    assert sync_pins(st, plan_retention(candidates_of(st), pol))["pinned"] == [ids[0], ids[2]]
+
+    class Flaky(LocalStorage):
+        def read_all(self, path: str, *, max_size: int) -> bytes:
+            if path == f"{ids[0]}/manifest.json":
+                raise StorageError(f"{path}: a transient read error", path=path)
+            return super().read_all(path, max_size=max_size)
+
+    fl = Flaky(str(root))
+    assert sync_pins(fl, plan_retention(candidates_of(fl), pol))["unpinned"] == []
+    (root / ids[2] / "manifest.json").write_text("{damaged")  # invalid now: kept pinned
+    assert sync_pins(st, plan_retention(candidates_of(st), pol))["unpinned"] == []
+    assert set(read_pins(root)) == {ids[0], ids[2]}
+    assert set(gc(str(root), keep=1, grace_seconds=0).deleted) == {ids[1]}

@@ -203,6 +203,78 @@ def test_pin_and_unpin_from_the_command_line(
     assert "no committed version for step 7" in capsys.readouterr().err
 
 
+def test_unpin_of_a_version_whose_record_is_damaged_or_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Attack review 5 F6: `unpin` read the version's commit record first: a pinned version
+    whose record was damaged (gc keeps it for ever) could be freed by no tool."""
+    root, ids = _root(tmp_path, 3)
+    pin(root, ids[0])
+    (root / ids[0] / "manifest.json").write_text("{damaged")
+    assert cli_main(["unpin", str(root / ids[0]), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["attempt_id"] == ids[0] and doc["step"] == 1 and len(doc["removed"]) == 1
+    assert read_pins(root) == {}
+    assert cli_main(["unpin", str(root / ids[0]), "--step", "2"]) == 1
+    assert "drop --step" in capsys.readouterr().err
+
+
+def test_r_gc_11_a_pin_taken_while_gc_runs_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack review 5 F2: gc read the pins once, before its plan; a `pin` that returned in
+    the window was deleted by that gc ("every gc keeps it"). gc looks at pins/ again before
+    each version it deletes."""
+    import threading
+
+    import portable_ckpt.io.gc as gc_mod
+
+    root, ids = _root(tmp_path, 3)
+    planned, go = threading.Event(), threading.Event()
+    real = gc_mod.read_pins
+
+    def first_read_then_wait(storage: Storage) -> Any:
+        out = real(storage)
+        if not planned.is_set():
+            planned.set()
+            go.wait(30)  # the plan is made on these pins
+        return out
+
+    monkeypatch.setattr(gc_mod, "read_pins", first_read_then_wait)
+    rep: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: rep.setdefault("r", gc(root, keep=1, grace_seconds=0)))
+    t.start()
+    assert planned.wait(30)
+    pin(root, ids[0], reason="paper")
+    go.set()
+    t.join(60)
+    assert rep["r"].deleted == [ids[1]] and ids[0] in rep["r"].pinned
+    assert _committed(root) == [ids[0], ids[2]]
+
+
+def test_a_pin_of_a_version_deleted_meanwhile_fails_and_leaves_no_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack review 5 F2, the other order: the version goes between pin's check and its
+    record: pin fails (nothing is pinned) instead of saying every gc keeps it."""
+    import portable_ckpt.io.versions as versions
+
+    root, ids = _root(tmp_path, 2)
+    real = versions.load_manifest
+    calls = {"n": 0}
+
+    def deleted_after_first_look(storage: Storage, attempt_id: str, **kw: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # a gc that looked at pins/ before the record: deletes it now
+            (root / ids[0] / "manifest.json").unlink()  # its commit record goes first (R-GC-3)
+        return real(storage, attempt_id, **kw)
+
+    monkeypatch.setattr(versions, "load_manifest", deleted_after_first_look)
+    with pytest.raises(portable_ckpt.NotFoundError, match="deleted while it was being pinned"):
+        pin(root, ids[0])
+    assert read_pins(root) == {} and not list((root / "pins").iterdir())
+
+
 def test_r_pin_1_unpin_deletes_only_records_under_their_own_name(tmp_path: Path) -> None:
     """Review of the change F1: a newer-major record naming another version's pin_id counted,
     and unpin deleted the file its pin_id named (alice's pin); gc then deleted her version."""

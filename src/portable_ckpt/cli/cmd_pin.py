@@ -10,6 +10,7 @@ from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._text import safe
+from portable_ckpt.errors import NotFoundError
 
 __all__ = ["register"]
 
@@ -38,20 +39,43 @@ def _pin(args: argparse.Namespace) -> int:
 
 
 def _unpin(args: argparse.Namespace) -> int:
-    import portable_ckpt
     from portable_ckpt.io.pins import unpin
 
-    storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
+    storage, attempt, step = _unpin_target(args)
     removed = unpin(storage, attempt)
     if args.json:
-        print(json.dumps({"attempt_id": attempt, "step": manifest.step, "removed": removed},
-                         indent=2))
+        print(json.dumps({"attempt_id": attempt, "step": step, "removed": removed}, indent=2))
     elif removed:
-        print(f"unpinned {attempt} (step {manifest.step}): {len(removed)} pin record(s) removed; "
-              "retention applies to it again")
+        print(f"unpinned {attempt} (step {step}): {len(removed)} pin record(s) removed; "
+              "retention applies to it again (a running CheckpointManager with pin_kept pins "
+              "again what its policy keeps)")
     else:
-        print(f"{attempt} (step {manifest.step}) was not pinned")
+        print(f"{attempt} (step {step}) was not pinned")
     return 0
+
+
+def _unpin_target(args: argparse.Namespace) -> tuple[Any, str, int]:
+    """The storage, attempt id and step of what ``unpin`` names.
+
+    A version directory is taken by its name: its pins are removed also when its commit record
+    is damaged or gone (attack review 5 F6: such a pinned version could be freed by no tool).
+    """
+    import os
+
+    import portable_ckpt
+    from portable_ckpt.format.naming import parse_attempt_step
+    from portable_ckpt.storage import open_storage, root_text
+
+    text = root_text(args.ckpt)
+    split = portable_ckpt._split_version(text if "://" in text else os.path.abspath(text))
+    if split is None:
+        storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
+        return storage, attempt, int(manifest.step)
+    root, attempt = split
+    step = parse_attempt_step(attempt) or 0  # the name matched the attempt id pattern
+    if args.step is not None and args.step != step:
+        raise NotFoundError(f"{text} is the version of step {step}, not {args.step}: drop --step")
+    return open_storage(root), attempt, step
 
 
 def register(subparsers: Any) -> None:

@@ -36,7 +36,7 @@ from portable_ckpt.io.annotations import (
     superseded,
     timestamp_key,
 )
-from portable_ckpt.io.pins import read_pins
+from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.io.versions import (
     COMMITTED,
     FOREIGN,
@@ -177,6 +177,14 @@ class GcReport:
             {"id": attempt_id, "status": status, "code": code, "message": str(exc)}
         )
 
+    def keep_pinned(self, attempt_id: str) -> None:
+        """Record an attempt planned for deletion but kept: pinned while gc ran."""
+        for planned in (self.deleted, self.abandoned, self.retired):
+            if attempt_id in planned:
+                planned.remove(attempt_id)
+        if attempt_id not in self.pinned:
+            self.pinned.append(attempt_id)
+
     def failed(self, attempt_id: str, exc: CheckpointError) -> None:
         """Record an attempt whose deletion failed part way: not deleted, and named."""
         for done in (self.deleted, self.abandoned):
@@ -313,12 +321,17 @@ def gc(
     )
     doomed += abandoned
     unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
+    recorded = {v.id for v in versions if v.status in (COMMITTED, INVALID)}
     if not dry_run:
+        pins_now = _PinWatch(storage, report)
         for i, attempt_id in enumerate(doomed):
             try:
                 if attempt_id in abandoned and attempt_id in unrecorded:
                     _still_unrecorded(storage, attempt_id)
-                _delete_attempt(storage, attempt_id, report)
+                if attempt_id in recorded and pins_now.holds(attempt_id):
+                    doomed[i] = ""  # kept: pinned while this gc ran
+                else:
+                    _delete_attempt(storage, attempt_id, report)
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
                 report.failed(attempt_id, exc)
@@ -330,6 +343,47 @@ def gc(
     _prune_kept(storage, kept, report)
     _log_gc(storage, report)
     return report
+
+
+class _PinWatch:
+    """Pins taken while gc runs: looked for before each commit record is deleted.
+
+    gc reads the pins once, before its plan, and then deletes for as long as that takes: a
+    ``pin`` in that window returned success and this gc deleted the version (attack review 5
+    F2). Before each version goes, ``pins/`` is listed again (one listing); only when it lists
+    otherwise are the pins read again. While they cannot be read, no more versions are deleted.
+    """
+
+    def __init__(self, storage: Storage, report: GcReport) -> None:
+        self.storage, self.report = storage, report
+        self.names: frozenset[str] | None = None  # the first look reads the pins again
+        self.pins: set[str] = set()
+        self.blind = False
+
+    def _names(self) -> frozenset[str] | None:
+        try:
+            return frozenset(i.path for i in self.storage.list(f"{PIN_DIR}/", recursive=False))
+        except CheckpointError as exc:
+            self.report.skip(None, "pins unreadable", exc)
+            return None
+
+    def holds(self, attempt_id: str) -> bool:
+        """Whether ``attempt_id`` must be kept: pinned since the plan, or pins unreadable."""
+        if not self.blind:
+            names = self._names()
+            if names is None:
+                self.blind = True
+            elif names != self.names:
+                self.names = names
+                try:
+                    self.pins = set(read_pins(self.storage))
+                except CheckpointError as exc:
+                    self.report.skip(None, "pins unreadable", exc)
+                    self.blind = True
+        if self.blind or attempt_id in self.pins:
+            self.report.keep_pinned(attempt_id)
+            return True
+        return False
 
 
 def _pinned(storage: Storage, versions: list[VersionInfo], report: GcReport) -> set[str]:

@@ -22,8 +22,9 @@ _PINNING = ("keep_every=", "keep_best=")
 def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[str, list[str]]:
     """Pin what ``keep_every``/``keep_best`` keep; unpin this manager's pins of what they let go.
 
-    A version whose records could not be read is left as it is (its decision says nothing about
-    the policies). Returns ``{"pinned": [...], "unpinned": [...]}`` for the retention event.
+    Only the pin of a version read as committed, which the policies let go, is removed: a
+    version whose records could not be read, or are damaged, or that is not listed, keeps its
+    pin (its decision says nothing about the policies). Returns ``{"pinned": [...], "unpinned": [...]}`` for the retention event.
 
     Raises:
         CheckpointError: a storage error (retention is skipped this time; pins already written
@@ -33,13 +34,17 @@ def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[
     from portable_ckpt.io.pins import pin, read_pins, unpin
 
     wanted = {d.id: [r for r in d.reasons if r.startswith(_PINNING)] for d in decisions}
-    unsure = {d.id for d in decisions if any(r.startswith("unclassified") for r in d.reasons)}
+    # Only a version read as committed is let go: one whose commit record could not be read
+    # this time (a 503, EACCES), or is damaged, is "not committed" to the policy, and one
+    # failed read unpinned it for the next platform gc (attack review 5 F3).
+    clear = {d.id for d in decisions
+             if not any(r.startswith(("unclassified", "not committed")) for r in d.reasons)}
     ours = {aid for aid, recs in read_pins(storage).items()
             if any(r.get("by") == MANAGER_PIN_BY for r in recs)}
     added = [aid for aid, why in wanted.items() if why and aid not in ours]
     for aid in added:
         pin(storage, aid, reason="; ".join(wanted[aid]), by=MANAGER_PIN_BY)
-    dropped = sorted(aid for aid in ours - unsure if not wanted.get(aid))
+    dropped = sorted(aid for aid in ours & clear if not wanted.get(aid))
     for aid in dropped:
         unpin(storage, aid, by=MANAGER_PIN_BY)
     return {"pinned": added, "unpinned": dropped}

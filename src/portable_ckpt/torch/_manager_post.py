@@ -629,10 +629,13 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     # review F14: the event said ok, and the disk filled days later).
     failed = [u for u in report.unknown if u.get("status") == "delete failed"]
     failed += report.left_behind  # deleted, but its files still use the space
+    # While the root's pins cannot be read, gc deletes no committed version (R-GC-11): the
+    # event said ok and nothing was said while every version stayed (attack review 5 F5).
+    held = [u for u in report.unknown if u.get("status") == "pins unreadable"]
     mgr.telemetry.emit(
         "retention",
         tier=tier.name,
-        ok=not failed,
+        ok=not failed and not held,
         policy=tier.retention.describe(),
         deleted=[{"id": i, "reasons": why.get(i, ["gc"])} for i in report.deleted],
         deleted_count=len(report.deleted),
@@ -641,9 +644,15 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         kept_count=len(kept),
         damaged=report.damaged,
         failed=failed,
+        **({"held": held} if held else {}),
         **pins,
     )
     where = f"rank {mgr.rank}: {tier.name} tier:"
+    for bad in held:
+        _say_once(mgr, f"pins:{tier.name}", (
+            f"{where} retention deletes no committed version while the root's pins cannot be "
+            f"read ([{bad['code']}] {str(bad['message'])[:300]}): any version may be pinned "
+            "(spec R-GC-11), so the tier keeps growing until they can be read"))
     for bad in failed:
         _say_once(mgr, f"undeletable:{bad['id']}", (
             f"{where} retention could not delete {bad['id']} ({str(bad['message'])[:300]}); it "
