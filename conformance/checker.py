@@ -1200,7 +1200,12 @@ def _check_pins(root: Path, schemas: SchemaSet, report: Report) -> None:
     (R-PIN-2), so it is not reported.
     """
     d = root / "pins"
-    if d.is_symlink() or not d.is_dir():
+    if d.is_symlink() or (d.exists() and not d.is_dir()):
+        # §15.3: pins that cannot be read (gc then deletes no version, R-GC-11)
+        report.error("PCK-PATH-UNSAFE", "pins: not a directory of the root's own (a symbolic "
+                     "link, a file or a FIFO): its pins cannot be read (§15.3, R-GC-11)")
+        return
+    if not d.is_dir():
         return
     for p in sorted(d.glob("*.json")):
         where = f"pins/{p.name}"

@@ -186,3 +186,17 @@ def test_a_nul_padded_header_is_named_as_such() -> None:
         with pytest.raises(Problem, match="padded with NUL bytes") as ei:
             parse_safetensors_bytes(data, "t")
         assert ei.value.code == "PCK-SHARD-HEADER"
+
+
+@pytest.mark.parametrize("odd", ["symlink", "file"])
+def test_a_pins_that_is_no_directory_is_reported(ref_root: Path, tmp_path: Path, odd: str) -> None:
+    """§15.3, R-GC-11: a root's `pins` that is a symbolic link or a file is a pin that cannot
+    be read; the checker called such a root conformant (attack review 5 F1)."""
+    if odd == "symlink":
+        (tmp_path / "shared").mkdir()
+        (ref_root / "pins").symlink_to(tmp_path / "shared")
+    else:
+        (ref_root / "pins").write_text("not a directory")
+    rep = check(ref_root)
+    assert not rep.ok and any(e.code == "PCK-PATH-UNSAFE" and "pins" in e.message
+                              for e in rep.errors)
