@@ -156,11 +156,21 @@ def test_retries_in_the_writer_process_reach_the_job_log(s3_proxied: S3Env, log:
     They come back with the job's answer and are logged in the training process."""
     torch = pytest.importorskip("torch")
     import portable_ckpt.torch as pckt
+    from portable_ckpt.torch import _process_write
 
+    # A writer process of an earlier test keeps the environment it started with (its S3 retry
+    # settings): this test's saves start their own.
+    _process_write._close_at_exit()
     proxy = s3_proxied.proxy
+    state = {"w": torch.arange(1000.0), "n": 3}
+    # First a save without faults: each process's once-per-process requests (the store's
+    # checksum probe) are made, so the faults below meet the writer process's requests only.
+    pckt.async_save(state, s3_proxied.root("proc"), step=1, mode="process",
+                    continuation="statistical").result(timeout=120)
+    log.records.clear()
     proxy.fail_every, proxy.match_method = 2, "PUT"  # every 2nd PUT answered 500, then retried
-    h = pckt.async_save({"w": torch.arange(1000.0), "n": 3}, s3_proxied.root("proc"), step=1,
-                        mode="process", continuation="statistical")
+    h = pckt.async_save(state, s3_proxied.root("proc"), step=2, mode="process",
+                        continuation="statistical")
     h.result(timeout=120)
     assert proxy.log.injected_500 >= 2
     retries = _retries(log)
