@@ -1209,6 +1209,10 @@ def _check_pins(root: Path, schemas: SchemaSet, report: Report) -> None:
         return
     for p in sorted(d.glob("*.json")):
         where = f"pins/{p.name}"
+        if p.is_symlink() or not p.is_file():  # the library's code for it (§15.3)
+            report.error("PCK-PATH-UNSAFE", f"{where}: not a regular file (a symbolic link, a "
+                         "FIFO or a directory): a pin that cannot be read (§15.3, R-GC-11)")
+            continue
         try:
             doc = loads_strict(read_regular(p, repr(where), max_bytes=DOC_MAX_BYTES,
                                             follow=False), max_bytes=DOC_MAX_BYTES)

@@ -200,3 +200,17 @@ def test_a_pins_that_is_no_directory_is_reported(ref_root: Path, tmp_path: Path,
     rep = check(ref_root)
     assert not rep.ok and any(e.code == "PCK-PATH-UNSAFE" and "pins" in e.message
                               for e in rep.errors)
+
+
+
+def test_a_pin_record_that_is_no_file_is_reported_as_the_library_does(
+    ref_root: Path, tmp_path: Path
+) -> None:
+    """Diff review 3 F8: the checker called a symlinked pin record PCK-FILE-MISSING, the
+    library a pin that cannot be read (PCK-PATH-UNSAFE)."""
+    (ref_root / "pins").mkdir()
+    target = tmp_path / "p.json"
+    target.write_text("{}")
+    (ref_root / "pins" / "p20261204T120000000000Z-0a1b2c3d.json").symlink_to(target)
+    rep = check(ref_root)
+    assert [e.code for e in rep.errors] == ["PCK-PATH-UNSAFE"], rep.errors

@@ -593,6 +593,7 @@ def test_the_durable_copy_of_a_node_local_version_that_lost_a_whole_writer_fails
     doc = json.loads(p.stdout)
     assert p.returncode == 1 and not doc["ok"], p
     assert {e["code"] for e in doc["errors"]} == {"PCK-FILE-MISSING"}, doc
+    assert sorted(doc["node_root_absent"]) == sorted(str(g.relative_to(v.path)) for g in gone)
     assert len(doc["errors"]) == len(gone) and all(
         any(str(g.relative_to(v.path)) in e["message"] for e in doc["errors"]) for g in gone)
     [v] = portable_ckpt.list_versions(tmp_path / "durable")

@@ -627,8 +627,9 @@ def test_pin_kept_pins_the_best_and_the_milestones_against_a_platform_gc(
     assert [r["by"] for r in pinned[ids[5]]] == ["alice"]
 
 
+@pytest.mark.parametrize("pin_kept", [False, True])
 def test_retention_held_by_unreadable_pins_is_said_and_not_ok(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], pin_kept: bool
 ) -> None:
     """Attack review 5 F5: with the root's `pins` a symbolic link (pins cannot be read, so gc
     deletes no committed version, R-GC-11), every retention event said ok and nothing was
@@ -640,8 +641,10 @@ def test_retention_held_by_unreadable_pins_is_said_and_not_ok(
     (tmp_path / "shared").mkdir()
     (root / "pins").symlink_to(tmp_path / "shared")
     events = tmp_path / "events.jsonl"
+    policy: dict[str, Any] = {"pin_kept": True, "keep_every": 100} if pin_kept else {}
     with pckt.CheckpointManager(str(root), save_every=1, keep_last=2, async_save=False,
-                                events=str(events), continuation="statistical") as mgr:
+                                events=str(events), continuation="statistical",
+                                **policy) as mgr:
         for step in range(1, 5):
             mgr.maybe_save(step, {"w": torch.arange(4.0)})
     assert [v.step for v in portable_ckpt.list_versions(root)] == [1, 2, 3, 4]

@@ -374,6 +374,15 @@ def test_absent_by_design_follows_the_placement() -> None:
     lost1 = {"data/w00001-0000.safetensors"}  # node 0's root without a file of its own writer
     assert absent_by_design(value, lost1, node0 - lost1) == set()
     assert absent_by_design(None, away, node0) == set()  # no valid placement: nothing spared
+    # A copy that kept writer 0's files only fits both nodes; node 0 leaves fewer held writers
+    # without a file, so only what node 0 lacks is spared: writer 1's files are damage (diff
+    # review 3 F1: the union over both nodes spared every file).
+    only0 = files[0]
+    rest = files[1] | files[2] | files[3]
+    assert absent_by_design(value, rest, only0) == files[2] | files[3]
+    # A writer number in an entry's own name is no writer (diff review 3 F2).
+    named = {"entries/w00003-notes-1a2b3c4d.g.json", "entries/w00003.cfg-1a2b3c4d.r00001.json"}
+    assert absent_by_design(value, away, node0 | named) == away
     # With one replica per node, node 1 also holds node 0's writers.
     rep = {**value, "replicas": 1}
     assert holdings(rep) == [{0, 1, 2, 3}, {0, 1, 2, 3}]
@@ -414,3 +423,29 @@ def test_sync_pins_never_unpins_a_version_it_could_not_read(tmp_path: Path) -> N
     assert sync_pins(st, plan_retention(candidates_of(st), pol))["unpinned"] == []
     assert set(read_pins(root)) == {ids[0], ids[2]}
     assert set(gc(str(root), keep=1, grace_seconds=0).deleted) == {ids[1]}
+    # A pinned version removed by hand: the manager's pin names nothing and goes (diff review
+    # 3 F10), at the next pass.
+    import shutil
+
+    shutil.rmtree(root / ids[0])
+    assert sync_pins(st, plan_retention(candidates_of(st), pol))["unpinned"] == [ids[0]]
+    assert set(read_pins(root)) == {ids[2]}
+
+
+
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 1), st.data())
+def test_holdings_agree_with_the_managers_node_layout(
+    nodes: int, per_node: int, replicas: int, data: st.DataObject
+) -> None:
+    """io.damage.holdings (the core, no manager import) and NodeLayout.holders say the same."""
+    from portable_ckpt.io.damage import holdings
+    from portable_ckpt.manager.tiers import NodeLayout
+
+    if replicas and nodes < 2:
+        replicas = 0
+    world = nodes * per_node
+    everywhere = tuple(sorted(data.draw(st.sets(st.integers(0, world - 1), max_size=3))))
+    layout = NodeLayout(tuple(r // per_node for r in range(world)), replicas, everywhere)
+    held = holdings(layout.to_json())
+    for w in range(world):
+        assert sorted(n for n in range(nodes) if w in held[n]) == sorted(layout.holders(w))

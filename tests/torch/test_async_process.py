@@ -574,6 +574,8 @@ if _how:
     def create_if_absent(self, path, data):
         if _how == "die-before" and path.endswith("/manifest.json"):
             os.kill(os.getpid(), signal.SIGKILL)  # an upload may still be in flight
+        if _how == "bug" and path.endswith("/manifest.json"):
+            raise KeyError("a bug in the commit")  # the writer lives and answers
         out = _orig(self, path, data)
         if path.endswith("/manifest.json"):  # published
             if _how == "die":
@@ -695,3 +697,17 @@ def test_a_writer_killed_while_committing_is_an_unknown_outcome_that_removes_not
     assert sorted(p.parent.name for p in attempt.rglob("*") if p.is_file()) == [
         "data", "index"]  # the writer's files stay: the record may yet appear
     assert [v.status for v in portable_ckpt.list_versions(root)] == ["incomplete"]
+
+
+
+def test_a_commit_the_writer_answers_failed_is_a_known_failure(tmp_path: Path) -> None:
+    """Diff review 3 F3: a writer that answered that its commit failed (a bug in its code) was
+    taken for a lost writer: an unknown outcome on every rank, files left. It answered: the
+    save failed, nothing was published, and its files are removed, as in thread mode."""
+    res = _run_after_publish(tmp_path, "bug", _DIES_BEFORE_SCRIPT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["WriterAnsweredError", "PCK-WRITER-PROCESS"], res.stdout
+    root = tmp_path / "r"
+    assert [p for p in root.rglob("*") if p.is_file()] == []
+    assert portable_ckpt.list_versions(root) == [] or all(
+        v.status != "committed" for v in portable_ckpt.list_versions(root))

@@ -248,6 +248,7 @@ def _verify(args: argparse.Namespace) -> int:
     target = args.ckpt
     version: dict[str, Any] = {}
     unsure: list[CheckpointError] = []
+    away: list[str] = []
     try:
         storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
         # What an alerting probe needs beside the verdict (ops review F6): which version, and
@@ -297,7 +298,8 @@ def _verify(args: argparse.Namespace) -> int:
     except CheckpointError as exc:
         errors = [exc]
     ok = not errors
-    damaged = any(e.code in DAMAGE_CODES for e in errors)
+    # A node root's absent files are not damage a deeper verification would record (F7)
+    damaged = any(e.code in DAMAGE_CODES for e in errors if e not in unsure)
     if damaged and not (args.deep or args.sample is not None) and not args.quiet:
         # ops review F18: gc and managers count a version as good until a record says not
         print("portable-ckpt: a metadata verification records nothing: gc and managers still "
@@ -310,6 +312,8 @@ def _verify(args: argparse.Namespace) -> int:
         doc: dict[str, Any] = {"ok": ok, "path": target, **version,
                                "errors": [e.to_json() for e in errors],
                                "record": record, "record_error": record_error}
+        if away:  # the files a node root lacks by design: problems here unless --node-root
+            doc["node_root_absent"] = away
         if args.sample is not None:
             doc["sample"] = {"fraction": args.sample, "seed": seed}
         print(json.dumps(doc, indent=2))

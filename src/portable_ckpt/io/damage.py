@@ -213,24 +213,31 @@ def absent_by_design(
     if value is None or not missing:
         return set()
     here = {w for w in (_writer_of(p) for p in present) if w is not None}
-    spared: set[str] = set()
-    for held in holdings(value):
-        if here <= held:  # these files can be this node's root
-            spared |= {rel for rel in missing if (w := _writer_of(rel)) is not None
-                       and w not in held}
-    return spared
+    fitting = [held for held in holdings(value) if here <= held]
+    if not fitting:
+        return set()
+    # An intact node root has a file of every writer it holds: the nodes that leave the fewest
+    # held writers without a file here are the ones these files can be the root of, and a
+    # file is spared only if each of them lacks its writer (diff review 3 F1: a union over
+    # every fitting node spared all but writer 0's files of a copy that kept only those).
+    fewest = min(len(held - here) for held in fitting)
+    best = [held for held in fitting if len(held - here) == fewest]
+    return {rel for rel in missing
+            if (w := _writer_of(rel)) is not None and all(w not in held for held in best)}
 
 
-_WRITER = re.compile(r"(?:^|/)w([0-9]{5,})[-.]|\.r([0-9]{5,})\.json(?:\.zst)?$")
+_WRITER = re.compile(
+    r"data/w([0-9]{5,})-[^/]*|index/w([0-9]{5,})\.json|entries/[^/]*\.r([0-9]{5,})\.json(?:\.zst)?"
+)
 
 
 def _writer_of(rel: str) -> int | None:
     """The writer a file's recommended name gives.
 
     ``data/w00003-0000…``, ``index/w00003.json``, a per-rank entry value
-    ``entries/<name>-<hash>.r00003.json``.
+    ``entries/<name>-<hash>.r00003.json``; a global entry's value belongs to no writer.
     """
-    m = _WRITER.search(rel)
+    m = _WRITER.fullmatch(rel)  # by directory: an entry's own name may read "w00003-..."
     if m is None:
         return None
-    return int(m.group(1) or m.group(2))
+    return int(next(g for g in m.groups() if g is not None))

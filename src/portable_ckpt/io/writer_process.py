@@ -45,7 +45,15 @@ from portable_ckpt._threads import BACKGROUND_NICE
 from portable_ckpt.errors import CheckpointError, WriterProcessError, error_for_code
 from portable_ckpt.logs import EVENT_ATTR, LOGGER_NAME
 
-__all__ = ["WriterProcess", "anonymous_fd", "main", "recv_msg", "relog", "send_msg"]
+__all__ = [
+    "WriterAnsweredError",
+    "WriterProcess",
+    "anonymous_fd",
+    "main",
+    "recv_msg",
+    "relog",
+    "send_msg",
+]
 
 _HEADER = struct.Struct("<Q")
 #: Largest frame either side accepts (a writer index of millions of ranges stays far below).
@@ -220,7 +228,10 @@ class WriterProcess:
             code, kind = str(reply.get("code")), str(reply.get("type"))
             cls = error_for_code(code, kind)
             path = reply.get("path")
-            if cls is CheckpointError or code == "PCK-WRITER-PROCESS":
+            if code == "PCK-WRITER-PROCESS":  # a fault of the writer's code: it answered
+                raise WriterAnsweredError(f"{what}: {kind}: {reply.get('message')}",
+                                          path=path if isinstance(path, str) else None)
+            if cls is CheckpointError:
                 raise cls(f"{what}: {kind}: {reply.get('message')}",
                           path=path if isinstance(path, str) else None)
             # The writer's own error, as this process would raise it (commit-child review F4)
@@ -275,6 +286,14 @@ def _child_env() -> dict[str, str]:
 
 
 # -- the writer process ------------------------------------------------------------------------------
+
+
+class WriterAnsweredError(WriterProcessError):
+    """The writer process answered that its job failed (an error of its own code).
+
+    Unlike the other :class:`WriterProcessError` cases (it died, stayed stopped, broke the
+    protocol), the writer is there and says what happened: the job's outcome is known.
+    """
 
 
 class _Service:

@@ -22,9 +22,9 @@ _PINNING = ("keep_every=", "keep_best=")
 def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[str, list[str]]:
     """Pin what ``keep_every``/``keep_best`` keep; unpin this manager's pins of what they let go.
 
-    Only the pin of a version read as committed, which the policies let go, is removed: a
-    version whose records could not be read, or are damaged, or that is not listed, keeps its
-    pin (its decision says nothing about the policies). Returns ``{"pinned": [...], "unpinned": [...]}`` for the retention event.
+    Only the pin of a version read as committed, which the policies let go, or of a version
+    no longer at the root, is removed: a version whose records could not be read, or are
+    damaged, keeps its pin (its decision says nothing about the policies). Returns ``{"pinned": [...], "unpinned": [...]}`` for the retention event.
 
     Raises:
         CheckpointError: a storage error (retention is skipped this time; pins already written
@@ -44,7 +44,10 @@ def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[
     added = [aid for aid, why in wanted.items() if why and aid not in ours]
     for aid in added:
         pin(storage, aid, reason="; ".join(wanted[aid]), by=MANAGER_PIN_BY)
-    dropped = sorted(aid for aid in ours & clear if not wanted.get(aid))
+    # A version no longer in the listing is gone (deleted by hand): its pin names nothing
+    # (diff review 3 F10); the listing is whole, or candidates_of raised.
+    gone = ours - {d.id for d in decisions}
+    dropped = sorted(aid for aid in (ours & clear) | gone if not wanted.get(aid))
     for aid in dropped:
         unpin(storage, aid, by=MANAGER_PIN_BY)
     return {"pinned": added, "unpinned": dropped}

@@ -611,8 +611,12 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
             # newer steps win the next restore (review of the change F13).
             _warn_below_newer(mgr, tier, d.step, decisions)
         keep = [d.id for d in decisions if not d.delete]
-        pins = sync_pins(tier.storage, decisions) if tier.name == "durable" and mgr.pin_kept \
-            else {}
+        pins: dict[str, Any] = {}
+        if tier.name == "durable" and mgr.pin_kept:
+            try:
+                pins = sync_pins(tier.storage, decisions)
+            except CheckpointError as e:  # gc below says whether the pins can be read at all
+                pins = {"pin_error": {"code": e.code, "message": e.message[:2000]}}
         # spare_since: the next async save may be writing already; with a short grace its
         # files went under its writers (chaos review F1). Failed saves remove their own files.
         report = gc(tier.storage, keep=1, keep_ids=keep, grace_seconds=mgr.grace_seconds,
@@ -635,7 +639,7 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     mgr.telemetry.emit(
         "retention",
         tier=tier.name,
-        ok=not failed and not held,
+        ok=not failed and not held and "pin_error" not in pins,
         policy=tier.retention.describe(),
         deleted=[{"id": i, "reasons": why.get(i, ["gc"])} for i in report.deleted],
         deleted_count=len(report.deleted),

@@ -27,7 +27,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.manifest import WriterIndex
 from portable_ckpt.io.commit import logged_commit
-from portable_ckpt.io.writer_process import WriterProcess
+from portable_ckpt.io.writer_process import WriterAnsweredError, WriterProcess
 from portable_ckpt.logs import get_logger
 from portable_ckpt.storage import Storage
 from portable_ckpt.torch._collectives import DEFAULT_TIMEOUT_S
@@ -157,6 +157,8 @@ class ProcessWrite(RankWrite):
         with logged_commit(self.storage.url, self.attempt_id, step) as done:
             try:
                 value = proc.request(job, what=what, stopped_limit=limit)
+            except WriterAnsweredError:
+                raise  # it answered: its commit failed, as it would have here
             except WriterProcessError as e:
                 value = _published_or_unknown(self.storage, self.attempt_id, e)
                 _log.warning("%s: %s; the commit record was read back: the save committed",
