@@ -430,6 +430,16 @@ def test_sync_pins_never_unpins_a_version_it_could_not_read(tmp_path: Path) -> N
     shutil.rmtree(root / ids[0])
     assert sync_pins(st, plan_retention(candidates_of(st), pol))["unpinned"] == [ids[0]]
     assert set(read_pins(root)) == {ids[2]}
+    # A version committed and pinned by another manager after this one listed the root is not
+    # gone: its pin stays (last review F1).
+    from portable_ckpt.io.pins import pin
+    from portable_ckpt.manager.pinning import MANAGER_PIN_BY
+
+    planned = plan_retention(candidates_of(st), pol)
+    portable_ckpt.save_arrays(str(root), {"w": np.zeros(4, np.float32)}, step=6)
+    [v6] = [v.id for v in portable_ckpt.list_versions(root) if v.step == 6]
+    pin(str(root), v6, reason="keep_every=2", by=MANAGER_PIN_BY)
+    assert sync_pins(st, planned)["unpinned"] == [] and v6 in read_pins(root)
 
 
 

@@ -44,10 +44,22 @@ def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[
     added = [aid for aid, why in wanted.items() if why and aid not in ours]
     for aid in added:
         pin(storage, aid, reason="; ".join(wanted[aid]), by=MANAGER_PIN_BY)
-    # A version no longer in the listing is gone (deleted by hand): its pin names nothing
-    # (diff review 3 F10); the listing is whole, or candidates_of raised.
-    gone = ours - {d.id for d in decisions}
+    # A version no longer in the listing may be gone (deleted by hand): its pin names nothing
+    # (diff review 3 F10). Or it was committed and pinned after the listing (another job, a
+    # manager starting while this one finishes): asked again, one commit record still there,
+    # or a storage that cannot tell, keeps the pin (last review F1).
+    gone = {aid for aid in ours - {d.id for d in decisions} if _no_record(storage, aid)}
     dropped = sorted(aid for aid in (ours & clear) | gone if not wanted.get(aid))
     for aid in dropped:
         unpin(storage, aid, by=MANAGER_PIN_BY)
     return {"pinned": added, "unpinned": dropped}
+
+
+def _no_record(storage: Storage, attempt_id: str) -> bool:
+    """Whether ``attempt_id`` has, as asked now, no commit record (an error: it may have one)."""
+    from portable_ckpt.errors import CheckpointError
+
+    try:
+        return not storage.exists(f"{attempt_id}/manifest.json")
+    except CheckpointError:
+        return False
