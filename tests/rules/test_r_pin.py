@@ -265,9 +265,10 @@ def test_a_pin_of_a_version_deleted_meanwhile_fails_and_leaves_no_record(
 
     def deleted_after_first_look(storage: Storage, attempt_id: str, **kw: Any) -> Any:
         calls["n"] += 1
-        if calls["n"] == 2:  # a gc that looked at pins/ before the record: deletes it now
-            (root / ids[0] / "manifest.json").unlink()  # its commit record goes first (R-GC-3)
-        return real(storage, attempt_id, **kw)
+        out = real(storage, attempt_id, **kw)  # pin's check: the version is there ...
+        # ... and a gc that looked at pins/ before the record deletes it now
+        (root / ids[0] / "manifest.json").unlink()  # its commit record goes first (R-GC-3)
+        return out
 
     monkeypatch.setattr(versions, "load_manifest", deleted_after_first_look)
     with pytest.raises(portable_ckpt.NotFoundError, match="deleted while it was being pinned"):

@@ -73,6 +73,7 @@ __all__ = [
     "check_continuation",
     "check_format_version",
     "entry_values_problem",
+    "files_bytes",
     "parse_manifest",
     "parse_writer_index",
     "has_control_chars",
@@ -313,6 +314,11 @@ class Continuation:
     def from_json(doc: Any, *, what: str = "continuation") -> Continuation:
         """Inverse of :meth:`to_json` (validated as in a commit record)."""
         return _continuation(_Ctx(what), doc)
+
+
+def files_bytes(files: Mapping[str, FileRecord]) -> int:
+    """The bytes of a version: the sizes of the files its commit record lists."""
+    return sum(f.size for f in files.values())
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from portable_ckpt.format.manifest import (
     WriterIndex,
     check_continuation,
     entry_values_problem,
+    files_bytes,
     parse_manifest,
     parse_writer_index,
 )
@@ -534,7 +535,7 @@ def commit(
             storage, attempt_id, step, indexes, expected_writers, continuation, producer,
             check_headers, tensor_table,
         )
-        done(len(manifest.files), sum(f.size for f in manifest.files.values()))
+        done(len(manifest.files), files_bytes(manifest.files))
     return manifest
 
 

@@ -17,7 +17,6 @@ from portable_ckpt.errors import (
     CheckpointError,
     FileMissingError,
     LimitError,
-    ManifestMissingError,
     NotFoundError,
     PathUnsafeError,
     StorageError,
@@ -214,15 +213,15 @@ def pin(
     validate_document(rec, "pin.schema.json", what=rel)
     if not storage.create_if_absent(rel, jsonio.dumps(rec, indent=2)):
         raise UsageError(f"{storage.url}/{rel} already exists; pin again")
-    try:  # a gc that read the pins before this one may have deleted the version meanwhile
-        load_manifest(storage, attempt_id)
-    except ManifestMissingError as exc:
+    # A gc that read the pins before this one may have deleted the version meanwhile; gc
+    # deletes the commit record first (R-GC-3), so its presence is the question (no re-parse).
+    if not storage.exists(f"{attempt_id}/manifest.json"):
         storage.delete(rel)
         raise NotFoundError(
             f"{attempt_id} was deleted while it was being pinned (a gc ran at the same time); "
             "nothing is pinned",
             path=f"{attempt_id}/manifest.json",
-        ) from exc
+        )
     log_event(_log, "pin.created", {"root": storage.url, "attempt_id": attempt_id, "pin": rel},
               "pinned %s of %s (%s)", attempt_id, storage.url, rel)
     return rel

@@ -50,6 +50,7 @@ from portable_ckpt.format.manifest import (
     FORMAT_VERSION_RE,
     FORMAT_VERSIONS,
     Manifest,
+    files_bytes,
     parse_manifest,
 )
 from portable_ckpt.format.naming import (
@@ -559,7 +560,7 @@ def _summary(storage: Storage, name: str) -> tuple[Classification, int | None]:
     # and parsed document, pinned for the life of the process (attack review 2 F11).
     error = None if c.error is None else _bare(c.error)
     hit = (dataclasses.replace(c, manifest=None, error=error),
-           None if c.manifest is None else _files_bytes(c.manifest))
+           None if c.manifest is None else files_bytes(c.manifest.files))
     with _SUMMARIES_LOCK:
         _SUMMARIES[key] = hit
         while len(_SUMMARIES) > _SUMMARIES_MAX:
@@ -575,8 +576,6 @@ def _bare(exc: CheckpointError) -> CheckpointError:
     return exc
 
 
-def _files_bytes(manifest: Manifest) -> int:
-    return sum(f.size for f in manifest.files.values())
 
 
 def root_must_exist(storage: Storage) -> None:

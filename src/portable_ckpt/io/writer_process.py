@@ -226,16 +226,13 @@ class WriterProcess:
             raise WriterProcessError(f"{what}: the writer process (pid {self.pid}) sent {reply!r}")
         if not reply["ok"]:
             code, kind = str(reply.get("code")), str(reply.get("type"))
-            cls = error_for_code(code, kind)
-            path = reply.get("path")
+            path = reply.get("path") if isinstance(reply.get("path"), str) else None
             if code == "PCK-WRITER-PROCESS":  # a fault of the writer's code: it answered
-                raise WriterAnsweredError(f"{what}: {kind}: {reply.get('message')}",
-                                          path=path if isinstance(path, str) else None)
-            if cls is CheckpointError:
-                raise cls(f"{what}: {kind}: {reply.get('message')}",
-                          path=path if isinstance(path, str) else None)
-            # The writer's own error, as this process would raise it (commit-child review F4)
-            raise cls(f"{what}: {reply.get('message')}", path=path if isinstance(path, str) else None)
+                raise WriterAnsweredError(f"{what}: {kind}: {reply.get('message')}", path=path)
+            cls = error_for_code(code, kind)
+            # A known class says what it is (commit-child review F4); an unknown one, its name
+            named = "" if cls is not CheckpointError else f"{kind}: "
+            raise cls(f"{what}: {named}{reply.get('message')}", path=path)
         return reply.get("value")
 
     def _died(self, what: str, e: BaseException) -> WriterProcessError:
@@ -360,7 +357,6 @@ class _Service:
         self.in_progress = None
         return {"bytes_written": writer.stats.bytes_written, "index": index.to_transport()}
 
-
     def commit(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Rank 0's commit: check every writer's index and files, publish the record.
 
@@ -368,7 +364,7 @@ class _Service:
         the record is Python work that grows with the ranks, and in the training process it
         holds the interpreter lock while the loop runs.
         """
-        from portable_ckpt.format.manifest import Continuation, WriterIndex
+        from portable_ckpt.format.manifest import Continuation, WriterIndex, files_bytes
         from portable_ckpt.io.commit import commit
         from portable_ckpt.storage import open_process_spec
 
@@ -380,7 +376,7 @@ class _Service:
             expected_writers=[int(w) for w in msg["expected_writers"]],
             continuation=Continuation.from_json(msg["continuation"]),
         )
-        return {"files": len(manifest.files), "bytes": sum(f.size for f in manifest.files.values())}
+        return {"files": len(manifest.files), "bytes": files_bytes(manifest.files)}
 
 
 class _Forward(logging.Handler):

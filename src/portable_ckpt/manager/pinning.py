@@ -24,7 +24,8 @@ def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[
 
     Only the pin of a version read as committed, which the policies let go, or of a version
     no longer at the root, is removed: a version whose records could not be read, or are
-    damaged, keeps its pin (its decision says nothing about the policies). Returns ``{"pinned": [...], "unpinned": [...]}`` for the retention event.
+    damaged, keeps its pin (its decision says nothing about the policies). Returns
+    ``{"pinned": [...], "unpinned": [...]}`` for the retention event.
 
     Raises:
         CheckpointError: a storage error (retention is skipped this time; pins already written

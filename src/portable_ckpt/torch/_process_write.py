@@ -25,7 +25,7 @@ from portable_ckpt.errors import (
     UsageError,
     WriterProcessError,
 )
-from portable_ckpt.format.manifest import WriterIndex
+from portable_ckpt.format.manifest import WriterIndex, files_bytes
 from portable_ckpt.io.commit import logged_commit
 from portable_ckpt.io.writer_process import WriterAnsweredError, WriterProcess
 from portable_ckpt.logs import get_logger
@@ -227,7 +227,7 @@ def _published_or_unknown(
             "removes it once it is known abandoned",
             path=f"{attempt_id}/manifest.json",
         ) from lost
-    return {"files": len(manifest.files), "bytes": sum(f.size for f in manifest.files.values())}
+    return {"files": len(manifest.files), "bytes": files_bytes(manifest.files)}
 
 
 def _remove_own_files(storage: Storage, attempt_id: str, rank: int) -> None:

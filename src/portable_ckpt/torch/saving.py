@@ -34,7 +34,7 @@ from portable_ckpt.errors import (
     MetadataConflictError,
     UsageError,
 )
-from portable_ckpt.format.manifest import Continuation, WriterIndex
+from portable_ckpt.format.manifest import Continuation, WriterIndex, files_bytes
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
 from portable_ckpt.io.checksum import file_blocks_for
@@ -414,7 +414,7 @@ class RankWrite:
         """Rank 0: check every writer's index (transport form) and publish; return the bytes."""
         indexes = [WriterIndex.from_transport(d) for d in transports]
         manifest = commit(self.storage, self.attempt_id, indexes=indexes, **kwargs)
-        return sum(f.size for f in manifest.files.values())
+        return files_bytes(manifest.files)
 
     def _write_node_local(self, publisher: Any) -> tuple[int, Any]:
         """Write, agree that every rank wrote, then exchange files between the nodes.
@@ -486,7 +486,7 @@ def _commit(
             storage, attempt_id, [d["placed"] for d in transports], indexes=indexes,  # node 0
             tensor_table=False, **kwargs,
         )
-        return {"bytes": sum(f.size for f in manifest.files.values()), "manifest": text}
+        return {"bytes": files_bytes(manifest.files), "manifest": text}
     return write.commit(transports, **kwargs)
 
 
