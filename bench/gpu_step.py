@@ -8,11 +8,20 @@ GPT-like model (``--preset full``: ~82 M parameters, AdamW, 939 MiB of fp32 weig
 trained under bf16 autocast, ``--batch`` sequences of ``--seq`` tokens per step, the loss read
 back every step (as a trainer that logs it does). For each contender, alternated over ``--reps``
 repetitions: ``--base`` steps without a save, then the async save is started and steps run until
-it has committed. Reported per contender: the blocking time of the call, the time until the save
-committed, the training time the save cost (the steps while it was in flight against as many
-steps at the pace just before it), the step time while it was in flight against the steps just
-before (mean and median ratio), and the full collections of Python's cyclic GC in that time (any thread's). Contenders: no save (the noise floor), ``portable_ckpt`` thread and process
-modes, DCP ``async_save`` thread and process modes (``FileSystemWriter``, default stager).
+it has committed.
+
+The training time one save cost is the blocking call plus what the steps in flight took beyond
+as many steps at the pace just before it (the first ``SETTLE`` of those steps follow the previous
+contender's cleanup and are left out of the pace). The "no save" control runs the same procedure
+with as many steps as the saves keep in flight; its excess per step (the procedure's bias, near
+zero when the pace is steady) is subtracted from every contender's. Also reported: blocking time,
+time until committed, step-time ratios, Python's full GC collections in that time (any thread's).
+
+Contenders: no save, ``portable_ckpt`` thread and process modes, DCP ``async_save`` thread and
+process modes twice: with its defaults (``FileSystemWriter`` as the stager: a new CPU copy of
+the state per save) and with one ``DefaultStager`` kept across saves (pinned, reused buffers;
+shared memory for the process mode; synchronous staging, so the call returns when the state may
+change, as ours does). The first call of each contender is left out.
 
 Runs on a one-rank process group (gloo for the CPU, NCCL for the GPU), so DCP's collectives run
 as in a job. ``--device cpu --preset smoke`` runs the same code without a GPU (a smoke test).
@@ -37,7 +46,9 @@ from bench.gpu_staging import write_report
 __all__ = ["main", "measure", "rows"]
 
 CONTENDERS = ("no save", "portable_ckpt thread", "portable_ckpt process", "dcp thread",
-              "dcp process")
+              "dcp process", "dcp thread, reused stager", "dcp process, reused stager")
+#: Steps after the previous contender's cleanup left out of the pace before a save.
+SETTLE = 2
 
 
 def _init_group(device: str) -> None:
@@ -95,8 +106,9 @@ def _state(env: dict[str, Any]) -> dict[str, Any]:
 class _Save:
     """One contender's async save: start it, ask whether it committed, wait, clean up."""
 
-    def __init__(self, name: str, scratch: str) -> None:
+    def __init__(self, name: str, scratch: str, device: str) -> None:
         self.name, self.scratch, self.n, self._fut = name, scratch, 0, None
+        self.device, self._stager = device, None
 
     def start(self, state: dict[str, Any]) -> float:
         import torch.distributed.checkpoint as dcp
@@ -111,16 +123,28 @@ class _Save:
                                 mode=self.name.split()[1], continuation="statistical")
             self._fut = h.committed
         elif self.name.startswith("dcp"):
-            kind = (AsyncCheckpointerType.PROCESS if self.name == "dcp process"
-                    else AsyncCheckpointerType.THREAD)
+            process = self.name.startswith("dcp process")
+            kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
+            extra = {"async_stager": self._reused(process)} if "stager" in self.name else {}
             ret = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(self.path),
-                                 async_checkpointer_type=kind)
+                                 async_checkpointer_type=kind, **extra)
             self._fut = getattr(ret, "upload_completion", ret)
         return time.perf_counter() - t0
 
+    def _reused(self, process: bool) -> Any:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            cuda = self.device == "cuda"
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=process, use_async_staging=False,
+                use_non_blocking_copy=cuda))
+        return self._stager
+
     @property
     def path(self) -> str:
-        return os.path.join(self.scratch, f"{self.name.replace(' ', '-')}-{self.n}")
+        name = self.name.replace(",", "").replace(" ", "-")
+        return os.path.join(self.scratch, f"{name}-{self.n}")
 
     def done(self) -> bool:
         return self._fut is None or self._fut.done()
@@ -157,6 +181,7 @@ _GC = _FullCollections()
 
 
 def _one(env: dict[str, Any], saver: _Save, base: int, max_steps: int, idle: int) -> dict[str, Any]:
+    """``base`` steps, then the save and the steps until it committed (``idle`` for no save)."""
     base_s = [_step(env) for _ in range(base)]
     _GC.take()
     block = saver.start(_state(env)) if saver.name != "no save" else 0.0
@@ -182,14 +207,23 @@ def measure(preset: str, device: str, batch: int, seq: int, reps: int, base: int
     env = _build(preset, device, batch, seq)
     for _ in range(3):  # warm-up: kernels, autotuning, the moments exist
         _step(env)
-    savers = {n: _Save(n, scratch) for n in CONTENDERS}
-    for n in CONTENDERS[1:]:  # first calls: staging buffers, writer processes
+    names = CONTENDERS
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
+    except ImportError:  # torch before DefaultStager: DCP's defaults only
+        names = tuple(n for n in CONTENDERS if "stager" not in n)
+    savers = {n: _Save(n, scratch, device) for n in names}
+    for n in names[1:]:  # first calls: staging buffers, writer processes
         _one(env, savers[n], 1, max_steps, 1)
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in CONTENDERS}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for rep in range(reps):
-        k = rep % len(CONTENDERS)
-        for n in CONTENDERS[k:] + CONTENDERS[:k]:
-            idle = min(60, max((len(r["during"]) for rs in runs.values() for r in rs), default=5))
+        k = rep % len(names)
+        for n in names[k:] + names[:k]:
+            # The control keeps as many steps as a save of ours keeps in flight (its bias per
+            # step is then measured over a like window).
+            ours = [len(r["during"]) for c, rs in runs.items() if c.startswith("portable")
+                    for r in rs]
+            idle = int(statistics.median(ours)) if ours else 30
             runs[n].append(_one(env, savers[n], base, max_steps, idle))
     dev = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     n_t = sum(1 for v in _flat(_state(env)))
@@ -198,29 +232,49 @@ def measure(preset: str, device: str, batch: int, seq: int, reps: int, base: int
             "tensors": n_t, "bytes": nbytes, "reps": reps, "rows": rows(runs), "runs": runs}
 
 
+def _settled(base: list[float]) -> list[float]:
+    """The steps before a save less the first ``SETTLE`` (all of them when there are no more)."""
+    return base[SETTLE:] if len(base) > SETTLE else base
+
+
+def _pace(r: dict[str, Any]) -> float:
+    """Seconds per step just before the save (the steps right after a cleanup left out)."""
+    return statistics.mean(_settled(r["base"]))
+
+
+def _lost(r: dict[str, Any]) -> tuple[float, float]:
+    """(blocking ms, in-flight ms beyond the pace) of one repetition."""
+    return 1e3 * r["block_s"], 1e3 * (sum(r["during"]) - len(r["during"]) * _pace(r))
+
+
 def rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One summary row per contender.
 
-    ``extra ms per save``: the training time one save cost, the steps while it was in flight
-    against as many steps at the mean of the steps just before it (median over repetitions). A
-    ratio of step times favours a save that takes long (its slow steps are diluted); this does
-    not.
+    ``lost ms per save``: the training time one save cost (blocking call + the steps in flight
+    beyond the pace before it), less the control's bias per step times the steps in flight;
+    median over repetitions. A ratio of step times favours a save that takes long (its slow
+    steps are diluted); this does not.
     """
+    control = runs.get("no save", [])
+    per_step = [(sum(r["during"]) / len(r["during"]) - _pace(r)) for r in control if r["during"]]
+    bias = statistics.median(per_step) if per_step else 0.0
     out = []
     for n, rs in runs.items():
-        base_all = [s for r in rs for s in r["base"]]
+        base_all = [s for r in rs for s in _settled(r["base"])]
         during_all = [s for r in rs for s in r["during"]]
-        extra = [1e3 * (sum(r["during"]) - len(r["during"]) * statistics.mean(r["base"]))
-                 for r in rs]
+        parts = [_lost(r) for r in rs]
+        lost = [b + f - 1e3 * bias * len(r["during"]) for (b, f), r in zip(parts, rs, strict=True)]
         out.append({
             "contender": n,
             "step s (no save)": statistics.median(base_all),
             "mean ratio": statistics.mean(during_all) / statistics.mean(base_all),
             "median ratio": statistics.median(during_all) / statistics.median(base_all),
-            "extra ms per save": statistics.median(extra),
-            "extra ms range": (min(extra), max(extra)),
+            "lost ms per save": statistics.median(lost),
+            "lost ms range": (min(lost), max(lost)),
+            "blocking ms": statistics.median(b for b, _ in parts),
+            "in flight ms": statistics.median(f for _, f in parts),
+            "control bias ms per step": 1e3 * bias,
             "steps in flight": statistics.median(len(r["during"]) for r in rs),
-            "blocking s": statistics.median(r["block_s"] for r in rs),
             "until committed s": statistics.median(r["total_s"] for r in rs),
             "full collections": sum(len(r.get("full_gc_ms", [])) for r in rs),
             "full collection ms": sum(sum(r.get("full_gc_ms", [])) for r in rs),
@@ -237,20 +291,30 @@ def _flat(x: Any) -> list[Any]:
 
 
 def _markdown(res: dict[str, Any]) -> str:
-    lines = [f"# A GPU training step while an async save is in flight — {res['device']}", "",
-             f"torch {res['torch']}; preset {res['preset']}, {res['tokens'][0]}×{res['tokens'][1]}"
-             f" tokens per step; {res['tensors']} tensors, {res['bytes'] / 2**20:.0f} MiB per "
-             f"save; {res['reps']} repetitions, rotated; medians.", "",
-             "| contender | step s (no save) | training time lost per save, ms: median [min–max] | "
-             "step while in flight, mean / median ratio | steps in flight | blocking s | "
-             "until committed s | full GC collections (ms) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows(res["runs"]):
-        lo, hi = r["extra ms range"]
+    prov = res.get("provenance")
+    head = [f"# A GPU training step while an async save is in flight — {res['device']}", ""]
+    if prov:
+        head += [f"Command: `{prov['command']}` · {prov['date']} · commit `{prov['git']}` · "
+                 f"{prov['machine']['cpu']}, {prov['machine']['cores']} cores", ""]
+    r0 = rows(res["runs"])
+    bias = r0[0]["control bias ms per step"] if r0 else 0.0
+    lines = head + [
+        f"torch {res['torch']}; preset {res['preset']}, {res['tokens'][0]}×{res['tokens'][1]}"
+        f" tokens per step; {res['tensors']} tensors, {res['bytes'] / 2**20:.0f} MiB per "
+        f"save; {res['reps']} repetitions, rotated; medians. Training time lost per save = "
+        f"blocking + the steps in flight beyond the pace before the save, less the no-save "
+        f"control's excess ({bias:+.2f} ms per step) times the steps in flight.", "",
+        "| contender | step s (no save) | training time lost per save, ms: median [min–max] | "
+        "blocking ms | in flight ms | step while in flight, mean / median ratio | "
+        "steps in flight | until committed s | full GC collections (ms) |",
+        "|---|---|---|---|---|---|---|---|---|"]
+    for r in r0:
+        lo, hi = r["lost ms range"]
         lines.append(f"| {r['contender']} | {r['step s (no save)']:.4f} | "
-                     f"{r['extra ms per save']:.0f} [{lo:.0f}–{hi:.0f}] | {r['mean ratio']:.3f} / "
+                     f"{r['lost ms per save']:.0f} [{lo:.0f}–{hi:.0f}] | {r['blocking ms']:.0f} | "
+                     f"{r['in flight ms']:.0f} | {r['mean ratio']:.3f} / "
                      f"{r['median ratio']:.3f} | {r['steps in flight']:.0f} | "
-                     f"{r['blocking s']:.3f} | {r['until committed s']:.2f} | "
+                     f"{r['until committed s']:.2f} | "
                      f"{r['full collections']} ({r['full collection ms']:.0f}) |")
     return "\n".join(lines) + "\n"
 
@@ -281,9 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_step: torch sees no CUDA device (a CPU build, or no GPU); nothing measured",
               file=sys.stderr)
         return 3
+    from bench.machine import provenance
+
     scratch = tempfile.mkdtemp(prefix="pck-gpu-step-", dir=a.scratch)
     try:
+        prov = provenance(scratch, ["bench.gpu_step", *(argv if argv is not None else sys.argv[1:])])
         res = measure(a.preset, a.device, a.batch, a.seq, a.reps, a.base, a.max_steps, scratch)
+        res["provenance"] = prov
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     write_report(a.out, res, _markdown)

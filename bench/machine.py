@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["describe"]
+__all__ = ["describe", "provenance"]
 
 
 def _read(path: str) -> str:
@@ -63,3 +63,32 @@ def describe(scratch: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "versions": versions,
     }
+
+
+def _git(repo: str) -> str:
+    try:
+        out = subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=12"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return out.stdout.strip() or "?"
+
+
+def provenance(scratch: str, argv: list[str] | None = None) -> dict[str, Any]:
+    """What a later reader needs to rerun a measurement: command, date, commit and machine.
+
+    Taken when the measurement runs and stored with its raw results, so a report re-rendered
+    elsewhere still names the machine and the commit that measured.
+    """
+    import datetime as dt
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import torch
+
+        torch_v = f"{torch.__version__} (cuda {torch.version.cuda})"
+    except Exception:
+        torch_v = "not installed"
+    return {"command": " ".join(["python", "-m", *(argv if argv is not None else sys.argv)]),
+            "date": dt.datetime.now().isoformat(timespec="seconds"), "git": _git(repo),
+            "torch": torch_v, "machine": describe(scratch)}

@@ -175,6 +175,11 @@ def _streams_read(parts: list[tuple[str, int, int]], threads: int) -> None:
         list(pool.map(read, shares))  # a failed read raises here, in the rank
 
 
+def _streams_of(rank: int, world: int) -> int:
+    """This rank's streams of the node's ``NODE_STREAMS``, spread as evenly as possible."""
+    return max(1, NODE_STREAMS // world + (1 if rank < NODE_STREAMS % world else 0))
+
+
 def _share(files: list[tuple[str, int]], rank: int, world: int) -> list[tuple[str, int, int]]:
     """This rank's contiguous 1/world share of the concatenation of ``files`` (path, size)."""
     total = sum(s for _, s in files)
@@ -267,11 +272,17 @@ def load_rank(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     data_files = [(p, s) for p, s in files_ours if "/data/" in p]
     target = sum(t.numel() * t.element_size() for t in local_tensors(state).values())
     rows: list[dict[str, Any]] = []
-    digests: dict[str, str] = {}
-    # One untimed load each first: imports and first-call costs out of the medians.
+    # One untimed load each first: imports and first-call costs out of the medians. The two
+    # versions were written from one state by two writers and are read by two readers: where
+    # they agree, both are that state. Every timed load (into zeroed tensors) must give it again.
     _barrier()
+    zero_(state)
     pckt.load(state, ours, allow_statistical=True, timeout=900)
+    reference = state_digest(state)
+    zero_(state)
     dcp.load(state, storage_reader=dcp.FileSystemReader(theirs))
+    digests: dict[str, Any] = {"reference": reference, "dcp": state_digest(state),
+                               "mismatches": []}
     for cache in spec["caches"]:
         names = ["portable_ckpt", "dcp"] + (["dd", "streams"] if cache == "cold" else [])
         for rep in range(spec["reps"]):
@@ -293,15 +304,15 @@ def load_rank(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                     s, _ = _timed(lambda: _dd_read(_share(data_files, rank, world)))
                 else:
                     s, _ = _timed(lambda: _streams_read(_share(data_files, rank, world),
-                                                        max(1, NODE_STREAMS // world)))
+                                                        _streams_of(rank, world)))
                 io1 = _io()
                 _, peak = _rss()
                 row = {"contender": name, "cache": cache, "rep": rep, "seconds": s,
                        "rchar": io1["rchar"] - io0["rchar"],
                        "read_bytes": io1["read_bytes"] - io0["read_bytes"],
                        "lib_bytes_read": lib_bytes, "rss_growth": max(0, peak - cur)}
-                if name in ("portable_ckpt", "dcp") and name not in digests:
-                    digests[name] = state_digest(state)
+                if name in ("portable_ckpt", "dcp") and state_digest(state) != reference:
+                    digests["mismatches"].append([name, cache, rep])
                 rows.append(row)
     return {"rank": rank, "setup_s": setup_s, "target_bytes": target, "rows": rows,
             "digests": digests, "dd_bytes": sum(c for _, _, c in _share(data_files, rank, world))}
@@ -339,6 +350,7 @@ class _Saver:
         self.group = group
         self.n = 0
         self._fut: Any = None
+        self._stager_obj: Any = None
 
     def start(self, state: Any, rank: int) -> float:
         import torch.distributed.checkpoint as dcp
@@ -353,11 +365,30 @@ class _Saver:
             h = pckt.async_save(state, self.path, step=self.n, timeout=900, mode=mode)
             self._fut = h.committed
         else:
-            kind = (AsyncCheckpointerType.PROCESS if self.name == "dcp-process"
-                    else AsyncCheckpointerType.THREAD)
+            process = self.name.startswith("dcp-process")
+            kind = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
+            extra = {}
+            if self.name.endswith("-cached"):
+                extra["async_stager"] = self._stager(process)
             self._fut = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(self.path),
-                                       process_group=self.group, async_checkpointer_type=kind)
+                                       process_group=self.group, async_checkpointer_type=kind,
+                                       **extra)
         return time.perf_counter() - t0
+
+    def _stager(self, process: bool) -> Any:
+        """DCP's staging for repeated saves: one ``DefaultStager`` kept across saves.
+
+        It keeps its staging buffers (``StateDictStager`` caches them by storage), so a save
+        after the first copies into them as ours does into its pool; shared memory for the
+        process mode. Staging stays synchronous: the call returns when the state may change.
+        """
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager_obj is None:
+            self._stager_obj = DefaultStager(StagingOptions(
+                use_pinned_memory=False, use_shared_memory=process, use_async_staging=False,
+                use_non_blocking_copy=False))
+        return self._stager_obj
 
     @property
     def path(self) -> str:

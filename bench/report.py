@@ -210,6 +210,11 @@ def write_all(results: dict[str, Any], machine: dict[str, Any], meta: dict[str, 
         json.dump({"meta": meta, "machine": machine, "sections": results}, f, indent=1, default=str)
     md = [f"# portable_ckpt benchmark — {meta['mode']} mode, {meta['date']}", ""]
     md.append(f"Command: `{meta['command']}` · wall time {meta['wall_s']:.0f} s · sections: {', '.join(results)}")
+    if meta.get("git"):
+        md.append(f"\nMeasured at commit `{meta['git']}` with torch {meta.get('torch', '?')}.")
+    if meta.get("rendered_by"):
+        md.append(f"Re-rendered from the raw results by `{meta['rendered_by']}` (the machine "
+                  "below is the one that measured).")
     md.append("")
     if meta.get("plot_error"):
         md += [f"No plots: {meta['plot_error']}", ""]
