@@ -27,7 +27,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 log="$out.txt"
 {
   echo "# gpu_check $(date -Iseconds) on $(hostname)"
-  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "git: ${PCK_BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 } > "$log"
 if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)' >> "$log" 2>&1; then
