@@ -168,3 +168,45 @@ def load_rng_upscaled(rank: int, world: int, root: str) -> dict[str, Any]:
         pckt.load({"w": torch.zeros(2), "rng": pckt.RNGState()}, root, allow_statistical=True,
                   timeout=60)
     return {"stderr": err.getvalue(), "draw": torch.rand(1).item()}
+
+
+def pipeline_stages_on_dp_submeshes(rank: int, world: int, root: str, local_names: bool,
+                                    mode: str) -> dict[str, Any]:
+    """pp2 x dp2: each stage FSDP2-shards its own layers on ``mesh["dp"]`` and saves natively.
+
+    The stored copy of a DTensor on a sub-mesh is the one at pp coordinate 0: stage 1's layers
+    were silently left out (HSDP/PP review F0). ``local_names``: both stages call their layers
+    ``layers.0`` and ``layers.1`` (same keys and shapes, other values).
+    """
+    import os
+
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.errors import CheckpointError
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    stage = mesh.get_coordinate()[0]
+    torch.manual_seed(10 + stage)
+    first = 0 if local_names else 2 * stage
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleDict(
+        {str(first + i): torch.nn.Linear(8, 8) for i in range(2)}
+    )
+    fully_shard(model, mesh=mesh["dp"])
+    state = {"model": get_model_state_dict(model)}
+    out: dict[str, Any] = {"keys": sorted(state["model"])}
+    try:
+        if mode == "async":
+            pckt.async_save(state, root, step=1).result()
+        else:
+            pckt.save(state, root, step=1)
+        out["error"] = None
+    except CheckpointError as e:
+        out["error"], out["message"] = e.code, str(e)
+    out["published"] = [n for n in os.listdir(root)
+                        if os.path.exists(os.path.join(root, n, "manifest.json"))]
+    return out

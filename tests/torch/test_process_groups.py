@@ -70,6 +70,30 @@ def test_a_partial_load_on_the_same_2d_mesh_is_exact(tmp_path: Path) -> None:
     assert res.results == [{"saved_mesh": [2, 2], "contract": "exact", "same": True}] * 4
 
 
+@pytest.mark.parametrize(("local_names", "mode"), [(False, "sync"), (True, "async")])
+def test_pipeline_stages_on_dp_submeshes_are_refused_not_dropped(
+    tmp_path: Path, local_names: bool, mode: str
+) -> None:
+    """HSDP/PP review F0: under pp2 x dp2 with FSDP2 on ``mesh["dp"]``, stage 1's DTensors were
+    taken for copies of stage 0's (the rank at pp coordinate 0 stores a sub-mesh's copy): the
+    save committed stage 0's layers alone, `verify --deep` passed and the contract said exact.
+    Now every rank refuses, naming a key and the fix, and nothing is published. With names
+    that the stages share, stage 1's values would have been stored as stage 0's."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:pipeline_stages_on_dp_submeshes", 4,
+        (str(tmp_path), local_names, mode), timeout=240, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    for r in res.results:
+        assert r["error"] == "PCK-METADATA-CONFLICT", r
+        assert "rank 2 holds DTensors on a sub-mesh (dp)" in r["message"], r["message"]
+        assert "Pipeline parallelism" in r["message"] and r["published"] == [], r
+    if not local_names:  # the stages hold different keys: stage 1's are named
+        assert "model/layers.2." in res.results[0]["message"]
+
+
 def test_a_stall_past_the_timeout_fails_one_save_not_the_next(tmp_path: Path) -> None:
     from portable_ckpt.torch.launch import run_group
 

@@ -41,6 +41,7 @@ __all__ = [
     "Piece",
     "PlacementSpec",
     "chunk_extent",
+    "copy_holder",
     "dtensor_layout",
     "group_mesh",
     "is_dtensor",
@@ -339,27 +340,43 @@ def _placement_specs(placements: Sequence[Any], *, key: str) -> list[PlacementSp
     return out
 
 
-def _outside_coordinate_ok(mesh: Any) -> bool:
-    """For a sub-mesh: whether this rank is the lowest copy along the root dims the sub-mesh lacks."""
+def _copy_holder(mesh: Any) -> int | None:
+    """For a sub-mesh: the rank whose copy of this rank's pieces is stored, else ``None``.
+
+    A DTensor on a sub-mesh (FSDP2 on ``mesh["dp"]`` for a layer that tensor parallelism leaves
+    whole) has one copy per coordinate along the root dims the sub-mesh lacks; the rank at
+    coordinate 0 along them (the same place along the others) stores it. That these copies are
+    alike is checked at every save (:func:`portable_ckpt.torch.plan.copy_conflicts`): under
+    pipeline parallelism the other coordinates hold other tensors. ``-1``: not in the root.
+    """
     try:
         root = mesh._get_root_mesh()
     except Exception:  # pragma: no cover - older/newer torch without the helper
-        return True
+        return None
     if root is None or root is mesh or tuple(root.mesh.shape) == tuple(mesh.mesh.shape):
-        return True
+        return None
     root_coord = root.get_coordinate()
     if root_coord is None:
-        return False
+        return -1
     members = {int(r) for r in mesh.mesh.flatten().tolist()}
     grid = root.mesh
+    holder = list(root_coord)
     for j, size in enumerate(grid.shape):
         if size <= 1 or root_coord[j] == 0:
             continue
         neighbour = list(root_coord)
         neighbour[j] = 0
         if int(grid[tuple(neighbour)]) not in members:
-            return False  # another copy of this sub-mesh has coordinate 0 along j
-    return True
+            holder[j] = 0  # j is a dim the sub-mesh lacks: the copy at 0 along it is stored
+    return int(grid[tuple(holder)])
+
+
+def _outside_coordinate_ok(mesh: Any) -> bool:
+    """For a sub-mesh: whether this rank is the lowest copy along the root dims the sub-mesh lacks."""
+    holder = _copy_holder(mesh)
+    if holder is None:
+        return True
+    return holder == mesh.get_rank() if holder >= 0 else False
 
 
 @dataclass(frozen=True)
@@ -367,6 +384,7 @@ class _MeshFacts:
     coord: tuple[int, ...] | None
     shape: tuple[int, ...]
     outside_ok: bool
+    copy_holder: int | None  # see _copy_holder
 
 
 _MESH_FACTS: dict[int, tuple[weakref.ref[Any], _MeshFacts]] = {}
@@ -387,6 +405,7 @@ def _mesh_facts(mesh: Any) -> _MeshFacts:
         None if coord is None else tuple(int(c) for c in coord),
         tuple(int(s) for s in mesh.mesh.shape),
         coord is not None and _outside_coordinate_ok(mesh),
+        _copy_holder(mesh),
     )
     if len(_MESH_FACTS) > 256:
         _MESH_FACTS.clear()
@@ -421,6 +440,11 @@ def dtensor_layout(dt: Any, *, key: str = "?", local: Any = None) -> LocalLayout
         )
     writer = writes_region(coord, specs) and facts.outside_ok
     return LocalLayout(gshape, local_shape, pieces, writer)
+
+
+def copy_holder(dt: Any) -> int | None:
+    """The rank that stores ``dt``'s local pieces when its mesh is a sub-mesh (else ``None``)."""
+    return _mesh_facts(dt.device_mesh).copy_holder
 
 
 def mesh_description(mesh: Any) -> tuple[list[int], list[str]]:

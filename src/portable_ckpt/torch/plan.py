@@ -31,7 +31,7 @@ from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy,
 from portable_ckpt.io.checksum import crc32c
 from portable_ckpt.torch._tensors import format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
-from portable_ckpt.torch.layout import group_mesh, is_dtensor, local_layout
+from portable_ckpt.torch.layout import copy_holder, group_mesh, is_dtensor, local_layout
 from portable_ckpt.torch.state import RNGState
 
 __all__ = [
@@ -39,11 +39,13 @@ __all__ = [
     "PlannedEntry",
     "PlannedPiece",
     "SavePlan",
+    "copy_conflicts",
     "diverged",
     "plan_save",
     "plan_stats",
     "replica_conflicts",
     "replica_digests",
+    "submesh_copies",
 ]
 
 
@@ -114,6 +116,7 @@ class SavePlan:
     mesh: Mesh | None
     tensor_bytes: int
     replicas: dict[str, str] = field(default_factory=dict)
+    copies: dict[str, list[Any]] = field(default_factory=dict)
 
     def release(self) -> None:
         """Drop every staged view and live reference (once the pieces are written)."""
@@ -144,7 +147,8 @@ def plan_save(
         replica_digests(flat, captured={e.name: e.value for e in entries}, seed=step)
         if world > 1 else {}
     )
-    return SavePlan(pieces, entries, template.mesh, template.tensor_bytes, replicas)
+    copies = submesh_copies(flat) if world > 1 else {}
+    return SavePlan(pieces, entries, template.mesh, template.tensor_bytes, replicas, copies)
 
 
 #: Plain tensors up to this size are compared between ranks at every save (their CRC32C):
@@ -270,6 +274,65 @@ def replica_conflicts(digests: list[dict[str, str]]) -> list[str]:
         metas = sorted({v.split(":")[0] for v in seen if v})
         if len(metas) > 1:
             out.append(f"{key!r} is {' on some ranks, '.join(metas)} on others")
+    return out
+
+
+#: Bytes of each local shard that :func:`submesh_copies` compares.
+_COPY_SAMPLE_BYTES = 256
+
+
+def submesh_copies(flat: FlatState) -> dict[str, list[Any]]:
+    """What this rank holds on sub-meshes, for the check that the stored copy is the same.
+
+    A DTensor on a sub-mesh is stored once, from the rank at coordinate 0 along the root dims
+    the sub-mesh lacks (:func:`~portable_ckpt.torch.layout.copy_holder`); the other ranks skip
+    theirs as copies of it. Under pipeline parallelism those ranks hold other stages' tensors:
+    they were silently lost (HSDP/PP review F0). Per group of such tensors (by the sub-mesh's
+    dim names and the holder): ``[holder, digest, first key]``; the digest covers the keys,
+    dtypes, shapes and the first bytes of each local shard (stages that reuse names hold other
+    values). :func:`copy_conflicts` compares each rank's with its holder's.
+    """
+    groups: dict[str, tuple[int, list[tuple[str, Any]]]] = {}
+    for key, t in flat.tensors.items():
+        if not is_dtensor(t):
+            continue
+        holder = copy_holder(t)
+        if holder is None or holder < 0:
+            continue
+        dims = ",".join(str(n) for n in (t.device_mesh.mesh_dim_names or ()))
+        groups.setdefault(f"{dims}@{holder}", (holder, []))[1].append((key, t))
+    out: dict[str, list[Any]] = {}
+    with torch.no_grad():
+        for name, (holder, items) in groups.items():
+            h = 0
+            for key, t in sorted(items, key=lambda kv: kv[0]):
+                local = t.to_local()
+                head = f"{key}|{local.dtype}|{list(t.shape)}|{list(local.shape)}|".encode()
+                h = crc32c(head, h)
+                if local.is_contiguous() and local.numel():
+                    n = max(1, _COPY_SAMPLE_BYTES // local.element_size())
+                    sample = local.reshape(-1)[:n].to("cpu").resolve_conj().resolve_neg()
+                    h = crc32c(sample.contiguous().view(torch.uint8).numpy().data, h)
+            out[name] = [holder, f"{h:08x}", min(k for k, _ in items)]
+    return out
+
+
+def copy_conflicts(copies: list[dict[str, list[Any]]]) -> list[str]:
+    """Ranks whose sub-mesh DTensors are not held alike by the rank that stores them.
+
+    ``copies``: each rank's :func:`submesh_copies`, in rank order.
+    """
+    out = []
+    for rank, groups in enumerate(copies):
+        for name, (holder, digest, first) in sorted(groups.items()):
+            if holder == rank:
+                continue
+            theirs = copies[holder].get(name) if 0 <= holder < len(copies) else None
+            if theirs is None or theirs[1] != digest:
+                dims = name.split("@")[0]
+                held = "holds none of them" if theirs is None else "holds other ones"
+                out.append(f"rank {rank} holds DTensors on a sub-mesh ({dims}) such as "
+                           f"{first!r}, stored from rank {holder}, which {held}")
     return out
 
 

@@ -47,7 +47,13 @@ from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch.flatten import flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
-from portable_ckpt.torch.plan import SavePlan, diverged, plan_save, replica_conflicts
+from portable_ckpt.torch.plan import (
+    SavePlan,
+    copy_conflicts,
+    diverged,
+    plan_save,
+    replica_conflicts,
+)
 from portable_ckpt.torch.staging import Staging, stage, staging_bytes
 from portable_ckpt.torch.state import RNGState, capture_rng
 
@@ -299,7 +305,7 @@ def _agree_on_attempt(
     def local() -> tuple[tuple[Storage, SavePlan], dict[str, Any]]:
         storage, plan = prepared.ready()
         attempt = new_attempt_id(step) if comm.rank == 0 else None
-        return (storage, plan), {"id": attempt, "replicas": plan.replicas}
+        return (storage, plan), {"id": attempt, "replicas": plan.replicas, "copies": plan.copies}
 
     (storage, plan), sent = comm.all_gather_step(
         "save/prepare", local, what=f"save of step {step} (prepare)", outcome=NOTHING_PUBLISHED
@@ -313,7 +319,21 @@ def _agree_on_attempt(
             f"save of step {step}: plain (non-DTensor) tensors and values are stored once, as "
             f"rank 0's copy, so every rank must hold them (tensors with one dtype and shape); "
             f"{'; '.join(conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}. Nothing was "
-            "saved. Hold them alike on every rank, or make state that differs by rank a DTensor"
+            "saved. Hold them alike on every rank, or make state that differs by rank a DTensor "
+            "or a per-rank entry. Under pipeline parallelism each stage holds its own optimizer "
+            "step counters and param groups: save such a job through DCP (docs/dcp.md, "
+            "'Pipeline parallelism')"
+        )
+    copied = copy_conflicts([d.get("copies", {}) for d in sent])
+    if copied:  # every rank holds the same list: every rank refuses alike
+        raise MetadataConflictError(
+            f"save of step {step}: a DTensor on a sub-mesh (FSDP2's `mesh[\"dp\"]`) is stored "
+            "once, from the rank at coordinate 0 along the mesh dims it lacks, as a copy of the "
+            f"other ranks' along them; {'; '.join(copied[:3])}"
+            f"{' ...' if len(copied) > 3 else ''}. Nothing was saved. This is what pipeline "
+            "parallelism looks like (stages on a `pp` dim hold other tensors): save a pipeline-"
+            "parallel job through DCP (docs/dcp.md, 'Pipeline parallelism'), or give each "
+            "stage's DTensors a mesh that spans the `pp` dim"
         )
     return storage, plan, sent[0]["id"], diverged(replicas)
 
