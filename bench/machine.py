@@ -93,6 +93,10 @@ def provenance(scratch: str, argv: list[str] | None = None) -> dict[str, Any]:
         torch_v = f"{torch.__version__} (cuda {torch.version.cuda})"
     except Exception:
         torch_v = "not installed"
-    return {"command": " ".join(["python", "-m", *(argv if argv is not None else sys.argv)]),
+    if argv is None:  # `python -m bench.x` leaves the module's path in argv[0]
+        mod = os.path.relpath(os.path.abspath(sys.argv[0]), repo)
+        mod = mod.removesuffix(".py").removesuffix("/__main__").replace(os.sep, ".")
+        argv = [mod, *sys.argv[1:]]
+    return {"command": " ".join(["python", "-m", *argv]),
             "date": dt.datetime.now().isoformat(timespec="seconds"), "git": _git(repo),
             "torch": torch_v, "machine": describe(scratch)}
