@@ -299,7 +299,8 @@ def submesh_copies(flat: FlatState) -> dict[str, list[Any]]:
         holder = copy_holder(t)
         if holder is None or holder < 0:
             continue
-        dims = ",".join(str(n) for n in (t.device_mesh.mesh_dim_names or ()))
+        mesh: Any = getattr(t, "device_mesh")  # noqa: B009 - a DTensor (duck-typed above)
+        dims = ",".join(str(n) for n in (mesh.mesh_dim_names or ()))
         groups.setdefault(f"{dims}@{holder}", (holder, []))[1].append((key, t))
     out: dict[str, list[Any]] = {}
     with torch.no_grad():
