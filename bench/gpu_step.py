@@ -262,6 +262,13 @@ def _pace(r: dict[str, Any]) -> float:
     return statistics.mean(_settled(r["base"]))
 
 
+def _pace_noise(r: dict[str, Any]) -> float:
+    base = _settled(r["base"])
+    if len(base) < 2:
+        return float("nan")
+    return 1e3 * statistics.stdev(base) / len(base) ** 0.5 * len(r["during"])
+
+
 def _lost(r: dict[str, Any]) -> tuple[float, float]:
     """(blocking ms, in-flight ms beyond the pace) of one repetition."""
     return 1e3 * r["block_s"], 1e3 * (sum(r["during"]) - len(r["during"]) * _pace(r))
@@ -294,6 +301,9 @@ def rows(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "blocking ms": statistics.median(b for b, _ in parts),
             "in flight ms": statistics.median(f for _, f in parts),
             "control bias ms per step": 1e3 * bias,
+            # The pace's standard error times the steps in flight: how far the in-flight term
+            # can move by the pace alone (a save that keeps more steps in flight carries more).
+            "pace noise ms": statistics.median(_pace_noise(r) for r in rs),
             "steps in flight": statistics.median(len(r["during"]) for r in rs),
             "until committed s": statistics.median(r["total_s"] for r in rs),
             "full collections": sum(len(r.get("full_gc_ms", [])) for r in rs),
@@ -325,15 +335,16 @@ def _markdown(res: dict[str, Any]) -> str:
         f"blocking + the steps in flight beyond the pace before the save, less the no-save "
         f"control's excess ({bias:+.2f} ms per step) times the steps in flight.", "",
         "| contender | step s (no save) | training time lost per save, ms: median [min–max] | "
-        "blocking ms | in flight ms | step while in flight, mean / median ratio | "
-        "steps in flight | until committed s | full GC collections (ms) |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "± pace noise ms | blocking ms | in flight ms | step while in flight, mean / median "
+        "ratio | steps in flight | until committed s | full GC collections (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
     for n, why in res.get("dropped", {}).items():
-        lines.append(f"| {n} | could not run: {why} | | | | | | | |")
+        lines.append(f"| {n} | could not run: {why} | | | | | | | | |")
     for r in r0:
         lo, hi = r["lost ms range"]
         lines.append(f"| {r['contender']} | {r['step s (no save)']:.4f} | "
-                     f"{r['lost ms per save']:.0f} [{lo:.0f}–{hi:.0f}] | {r['blocking ms']:.0f} | "
+                     f"{r['lost ms per save']:.0f} [{lo:.0f}–{hi:.0f}] | "
+                     f"{r['pace noise ms']:.0f} | {r['blocking ms']:.0f} | "
                      f"{r['in flight ms']:.0f} | {r['mean ratio']:.3f} / "
                      f"{r['median ratio']:.3f} | {r['steps in flight']:.0f} | "
                      f"{r['until committed s']:.2f} | "

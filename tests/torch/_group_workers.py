@@ -210,3 +210,50 @@ def pipeline_stages_on_dp_submeshes(rank: int, world: int, root: str, local_name
     out["published"] = [n for n in os.listdir(root)
                         if os.path.exists(os.path.join(root, n, "manifest.json"))]
     return out
+
+
+def submesh_copy_cases(rank: int, world: int, root: str, case: str) -> dict[str, Any]:
+    """The sub-mesh copy check (diff review 4): cases it must refuse and one it must accept.
+
+    ``strided``: pp2 x dp2, stage-local names, local shards that are transposed views (their
+    values were compared only when contiguous). ``same_head``: the stages' shards agree in
+    their first 64 elements only. ``offset_group``: 6 ranks, a job on ranks 2-5 with a (dp, tp)
+    mesh and a norm weight on ``mesh["dp"]`` alike across tp (global ranks were taken for the
+    group's ranks: every rank refused).
+    """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.errors import CheckpointError
+
+    group = None
+    if case == "offset_group":
+        dist.new_group([0, 1])
+        group = dist.new_group([2, 3, 4, 5])
+        mesh = DeviceMesh("cpu", [[2, 3], [4, 5]], mesh_dim_names=("dp", "tp"))
+        if rank < 2:
+            return {"skipped": True}
+        state = {"norm": distribute_tensor(torch.arange(8.0), mesh["dp"], [Shard(0)])}
+    else:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        stage = mesh.get_coordinate()[0]
+        if case == "strided":
+            local = (torch.arange(16.0).reshape(4, 4) + stage).t()
+            state = {"w": DTensor.from_local(local, mesh["dp"], [Shard(0)], run_check=False)}
+        else:
+            full = torch.zeros(8, 64)
+            full[1:4] = full[5:8] = stage + 1.0
+            state = {"w": distribute_tensor(full, mesh["dp"], [Shard(0)])}
+    out: dict[str, Any] = {"error": None}
+    try:
+        pckt.save(state, root, step=1, process_group=group)
+    except CheckpointError as e:
+        out["error"], out["message"] = e.code, str(e)
+    out["published"] = [n for n in os.listdir(root)
+                        if os.path.exists(os.path.join(root, n, "manifest.json"))]
+    return out

@@ -94,6 +94,43 @@ def test_pipeline_stages_on_dp_submeshes_are_refused_not_dropped(
         assert "model/layers.2." in res.results[0]["message"]
 
 
+@pytest.mark.parametrize("case", ["strided", "same_head"])
+def test_pipeline_stages_that_share_names_are_refused_by_their_values(
+    tmp_path: Path, case: str
+) -> None:
+    """Diff review 4 F1: stages with one name and shape were told apart by the first 256 bytes
+    of contiguous shards only: a strided shard, or shards alike in their first 64 elements,
+    were taken for copies and stage 1 was lost (contract exact)."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:submesh_copy_cases", 4, (str(tmp_path), case),
+        timeout=240, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    for r in res.results:
+        assert r["error"] == "PCK-METADATA-CONFLICT" and r["published"] == [], r
+        assert "with other values" in r["message"], r["message"]
+
+
+def test_sub_mesh_copies_in_a_group_that_does_not_start_at_rank_0_are_accepted(
+    tmp_path: Path,
+) -> None:
+    """Diff review 4 F2: the stored copy's holder is a global rank; it was looked up among the
+    group's ranks, and a valid (dp, tp) job on ranks 2-5 was refused on every rank."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:submesh_copy_cases", 6, (str(tmp_path), "offset_group"),
+        timeout=240, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    saved = [r for r in res.results if not r.get("skipped")]
+    assert len(saved) == 4
+    for r in saved:
+        assert r["error"] is None and len(r["published"]) == 1, r
+
+
 def test_a_stall_past_the_timeout_fails_one_save_not_the_next(tmp_path: Path) -> None:
     from portable_ckpt.torch.launch import run_group
 

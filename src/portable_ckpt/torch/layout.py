@@ -443,8 +443,12 @@ def dtensor_layout(dt: Any, *, key: str = "?", local: Any = None) -> LocalLayout
 
 
 def copy_holder(dt: Any) -> int | None:
-    """The rank that stores ``dt``'s local pieces when its mesh is a sub-mesh (else ``None``)."""
-    return _mesh_facts(dt.device_mesh).copy_holder
+    """The rank that stores ``dt``'s local pieces when its mesh is a sub-mesh (else ``None``).
+
+    ``None`` too when this rank is not in ``dt``'s mesh: it holds none of its data.
+    """
+    facts = _mesh_facts(dt.device_mesh)
+    return None if facts.coord is None else facts.copy_holder
 
 
 def mesh_description(mesh: Any) -> tuple[list[int], list[str]]:

@@ -147,7 +147,7 @@ def plan_save(
         replica_digests(flat, captured={e.name: e.value for e in entries}, seed=step)
         if world > 1 else {}
     )
-    copies = submesh_copies(flat) if world > 1 else {}
+    copies = submesh_copies(flat, seed=step) if world > 1 else {}
     return SavePlan(pieces, entries, template.mesh, template.tensor_bytes, replicas, copies)
 
 
@@ -277,20 +277,23 @@ def replica_conflicts(digests: list[dict[str, str]]) -> list[str]:
     return out
 
 
-#: Bytes of each local shard that :func:`submesh_copies` compares.
-_COPY_SAMPLE_BYTES = 256
+#: Elements of each local shard that :func:`submesh_copies` compares: evenly spaced over the
+#: shard, moved with each save's step (as the plain tensors' slices are), plus its last.
+_COPY_SAMPLES = 64
 
 
-def submesh_copies(flat: FlatState) -> dict[str, list[Any]]:
+def submesh_copies(flat: FlatState, seed: int = 0) -> dict[str, list[Any]]:
     """What this rank holds on sub-meshes, for the check that the stored copy is the same.
 
     A DTensor on a sub-mesh is stored once, from the rank at coordinate 0 along the root dims
-    the sub-mesh lacks (:func:`~portable_ckpt.torch.layout.copy_holder`); the other ranks skip
-    theirs as copies of it. Under pipeline parallelism those ranks hold other stages' tensors:
-    they were silently lost (HSDP/PP review F0). Per group of such tensors (by the sub-mesh's
-    dim names and the holder): ``[holder, digest, first key]``; the digest covers the keys,
-    dtypes, shapes and the first bytes of each local shard (stages that reuse names hold other
-    values). :func:`copy_conflicts` compares each rank's with its holder's.
+    the sub-mesh lacks (:func:`~portable_ckpt.torch.layout.copy_holder`, a global rank); the
+    other ranks skip theirs as copies of it. Under pipeline parallelism those ranks hold other
+    stages' tensors: they were silently lost (HSDP/PP review F0). Per group of such tensors
+    (by the sub-mesh's dim names and the holder): ``[holder, structure digest, values digest,
+    first key]``. The structure covers the keys, dtypes and shapes; the values a sample of each
+    local shard (:data:`_COPY_SAMPLES` elements spread over it, strided shards too, gathered on
+    the device and copied to the host once). :func:`copy_conflicts` compares each rank's with
+    its holder's.
     """
     groups: dict[str, tuple[int, list[tuple[str, Any]]]] = {}
     for key, t in flat.tensors.items():
@@ -302,38 +305,88 @@ def submesh_copies(flat: FlatState) -> dict[str, list[Any]]:
         mesh: Any = getattr(t, "device_mesh")  # noqa: B009 - a DTensor (duck-typed above)
         dims = ",".join(str(n) for n in (mesh.mesh_dim_names or ()))
         groups.setdefault(f"{dims}@{holder}", (holder, []))[1].append((key, t))
-    out: dict[str, list[Any]] = {}
+    if not groups:
+        return {}
+    samples: list[Any] = []  # uint8 views, in (group, key) order
     with torch.no_grad():
-        for name, (holder, items) in groups.items():
-            h = 0
-            for key, t in sorted(items, key=lambda kv: kv[0]):
-                local = t.to_local()
-                head = f"{key}|{local.dtype}|{list(t.shape)}|{list(local.shape)}|".encode()
-                h = crc32c(head, h)
-                if local.is_contiguous() and local.numel():
-                    n = max(1, _COPY_SAMPLE_BYTES // local.element_size())
-                    sample = local.reshape(-1)[:n].to("cpu").resolve_conj().resolve_neg()
-                    h = crc32c(sample.contiguous().view(torch.uint8).numpy().data, h)
-            out[name] = [holder, f"{h:08x}", min(k for k, _ in items)]
+        for _name, (_holder, items) in sorted(groups.items()):
+            for _key, t in sorted(items, key=lambda kv: kv[0]):
+                samples.append(_spread_sample(t.to_local(), seed))
+        host = _to_host(samples)
+    out: dict[str, list[Any]] = {}
+    i = 0
+    for name, (holder, items) in sorted(groups.items()):
+        shape_crc = values_crc = 0
+        for key, t in sorted(items, key=lambda kv: kv[0]):
+            local = t.to_local()
+            head = f"{key}|{local.dtype}|{list(t.shape)}|{list(local.shape)}|".encode()
+            shape_crc = crc32c(head, shape_crc)
+            values_crc = crc32c(host[i], values_crc)
+            i += 1
+        out[name] = [holder, f"{shape_crc:08x}", f"{values_crc:08x}", min(k for k, _ in items)]
     return out
 
 
-def copy_conflicts(copies: list[dict[str, list[Any]]]) -> list[str]:
+def _spread_sample(local: torch.Tensor, seed: int) -> torch.Tensor:
+    """Sample ``local`` for :func:`submesh_copies`, on its device.
+
+    The bytes of :data:`_COPY_SAMPLES` elements spread over it, and of its last, as a 1-D
+    uint8 tensor; any strides (no copy of the whole shard).
+    """
+    n = local.numel()
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=local.device)
+    step = max(1, n // _COPY_SAMPLES)
+    shift = (seed * 0x9E3779B1) % step if seed else 0
+    flat_idx = torch.arange(shift, n, step, device=local.device)[:_COPY_SAMPLES]
+    flat_idx = torch.cat([flat_idx, torch.tensor([n - 1], device=local.device)])
+    picked = local[torch.unravel_index(flat_idx, local.shape)] if local.dim() else local.reshape(1)
+    picked = picked.resolve_conj().resolve_neg().contiguous()
+    return picked.view(torch.uint8) if picked.dtype != torch.uint8 else picked
+
+
+def _to_host(samples: list[torch.Tensor]) -> list[bytes]:
+    """Each sample's bytes on the host: one copy per device, not one per tensor."""
+    out: list[bytes] = [b""] * len(samples)
+    by_device: dict[Any, list[int]] = {}
+    for j, x in enumerate(samples):
+        by_device.setdefault(x.device, []).append(j)
+    for idx in by_device.values():
+        data = torch.cat([samples[j] for j in idx]).cpu().numpy()
+        off = 0
+        for j in idx:
+            size = samples[j].numel()
+            out[j] = data[off : off + size].tobytes()
+            off += size
+    return out
+
+
+def copy_conflicts(copies: list[dict[str, list[Any]]], global_ranks: list[int]) -> list[str]:
     """Ranks whose sub-mesh DTensors are not held alike by the rank that stores them.
 
-    ``copies``: each rank's :func:`submesh_copies`, in rank order.
+    ``copies``: each rank's :func:`submesh_copies`, in group order; ``global_ranks``: the
+    global rank of each (a holder is a global rank: a group need not start at rank 0).
     """
+    index = {g: i for i, g in enumerate(global_ranks)}
     out = []
-    for rank, groups in enumerate(copies):
-        for name, (holder, digest, first) in sorted(groups.items()):
-            if holder == rank:
+    for i, groups in enumerate(copies):
+        for name, (holder, shapes, values, first) in sorted(groups.items()):
+            if holder == global_ranks[i]:
                 continue
-            theirs = copies[holder].get(name) if 0 <= holder < len(copies) else None
-            if theirs is None or theirs[1] != digest:
-                dims = name.split("@")[0]
+            dims = name.split("@")[0]
+            where = f"rank {global_ranks[i]} holds DTensors on a sub-mesh ({dims}) such as {first!r}"
+            j = index.get(holder)
+            theirs = copies[j].get(name) if j is not None else None
+            if j is None:
+                out.append(f"{where}, stored from rank {holder}, which is not in the saving group")
+            elif theirs is None or theirs[1] != shapes:
                 held = "holds none of them" if theirs is None else "holds other ones"
-                out.append(f"rank {rank} holds DTensors on a sub-mesh ({dims}) such as "
-                           f"{first!r}, stored from rank {holder}, which {held}")
+                out.append(f"{where}, stored from rank {holder}, which {held} (pipeline "
+                           "parallelism: the stages hold other tensors)")
+            elif theirs[2] != values:
+                out.append(f"{where}, stored from rank {holder}, which holds them with other "
+                           "values (pipeline stages with stage-local names, or tensor-parallel "
+                           "copies that drifted apart: make them equal before saving)")
     return out
 
 

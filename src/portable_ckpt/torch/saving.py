@@ -324,16 +324,14 @@ def _agree_on_attempt(
             "step counters and param groups: save such a job through DCP (docs/dcp.md, "
             "'Pipeline parallelism')"
         )
-    copied = copy_conflicts([d.get("copies", {}) for d in sent])
+    copied = copy_conflicts([d.get("copies", {}) for d in sent], comm.global_ranks)
     if copied:  # every rank holds the same list: every rank refuses alike
         raise MetadataConflictError(
             f"save of step {step}: a DTensor on a sub-mesh (FSDP2's `mesh[\"dp\"]`) is stored "
             "once, from the rank at coordinate 0 along the mesh dims it lacks, as a copy of the "
             f"other ranks' along them; {'; '.join(copied[:3])}"
-            f"{' ...' if len(copied) > 3 else ''}. Nothing was saved. This is what pipeline "
-            "parallelism looks like (stages on a `pp` dim hold other tensors): save a pipeline-"
-            "parallel job through DCP (docs/dcp.md, 'Pipeline parallelism'), or give each "
-            "stage's DTensors a mesh that spans the `pp` dim"
+            f"{' ...' if len(copied) > 3 else ''}. Nothing was saved. Save a pipeline-"
+            "parallel job through DCP (docs/dcp.md, 'Pipeline parallelism')"
         )
     return storage, plan, sent[0]["id"], diverged(replicas)
 
