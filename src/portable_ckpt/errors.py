@@ -45,6 +45,7 @@ __all__ = [
     "TensorMissingError",
     "UnsupportedValueError",
     "UsageError",
+    "VersionDeletedError",
     "VersionUnsupportedError",
     "WriterMissingError",
     "WriterProcessError",
@@ -129,6 +130,15 @@ class FileMissingError(CheckpointError):
     """A file referenced by the manifest does not exist."""
 
     code = "PCK-FILE-MISSING"
+
+
+class VersionDeletedError(FileMissingError):
+    """A version's file is gone because the version was deleted while it was read.
+
+    A ``PCK-FILE-MISSING`` (R-FILES-3) whose commit record is gone too: retention or gc removed
+    the version under the reader. Not damage: open the root again for the newest version (or
+    pin a version for as long as a reader needs it, ``portable-ckpt pin``).
+    """
 
 
 class FileSizeError(CheckpointError):

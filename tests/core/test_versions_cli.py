@@ -614,3 +614,32 @@ def test_a_record_of_a_newer_major_version_is_unknown_not_absent(tmp_path) -> No
     rep = gc(root, keep=1, grace_seconds=0.0)
     assert first in rep.kept and not rep.deleted and not rep.complete
     assert cli("ls", str(root), "--latest").returncode == 1
+
+
+def test_ls_latest_reads_the_newest_levels_only(tmp_path) -> None:
+    """Serving review F4: a poll (`ls --latest`) read every record of the root (and every
+    verification, drill and copy record): ~1,000 requests on S3 for 300 versions. It reads the
+    newest step levels now, down to the first version it can answer with. Abandoned attempts
+    above it are named on stderr five at a time, not one line each."""
+    from tests._strace import strace_or_skip
+
+    strace = strace_or_skip()
+    ids = [save_step(tmp_path, s, float(s)) for s in range(1, 13)]
+    storage = open_storage(tmp_path)
+    for s in range(13, 21):  # abandoned attempts above the latest: data, no record
+        w = ShardWriter(storage, new_attempt_id(s), 0)
+        w.add_tensor("w", np.zeros((2, 2), np.float32))
+        w.finish()
+    trace = tmp_path.parent / f"{tmp_path.name}.trace"
+    res = subprocess.run(
+        [strace, "-f", "-qq", "-e", "trace=openat", "-o", str(trace), sys.executable, "-m",
+         "portable_ckpt.cli.main", "ls", str(tmp_path), "--latest"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(tmp_path / ids[-1])
+    opened = trace.read_text()  # the local backend opens an attempt's directory, then its files
+    assert f"{ids[-1]}\"" in opened
+    assert not any(i in opened for i in ids[:-1])  # the older levels were not read
+    passed = [ln for ln in res.stderr.splitlines() if "passed over" in ln]
+    assert len(passed) == 6 and "more attempts passed over" in passed[-1], res.stderr

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import sys
+from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any
 
@@ -19,6 +20,7 @@ from portable_ckpt.errors import (
     NotFoundError,
     StorageError,
     UsageError,
+    VersionDeletedError,
 )
 from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
 from portable_ckpt.logs import human_bytes
@@ -34,6 +36,7 @@ def _ls(args: argparse.Namespace) -> int:
         foreign_keys,
         list_versions,
         mark_pinned,
+        newest_first,
         root_must_exist,
     )
     from portable_ckpt.storage import open_storage
@@ -41,7 +44,7 @@ def _ls(args: argparse.Namespace) -> int:
     storage = open_storage(args.root)
     root_must_exist(storage)
     if args.latest:
-        return _latest(args, list_versions(storage))
+        return _latest(args, newest_first(storage))
     # with the saves killed while all their objects were uploading: only their parts are stored
     problems: list[CheckpointError] = []
     versions = list_versions(storage, uploads=True, errors=problems, pins=False)
@@ -105,7 +108,7 @@ def _ls(args: argparse.Namespace) -> int:
     return code
 
 
-def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
+def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
     """``ls --latest``: the version a restore takes, its path alone (or its row with ``--json``).
 
     The newest committed version (R-ID-4) that no verification failed: what
@@ -113,8 +116,11 @@ def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
     versions are passed over with a word on stderr; a newer one whose record (or whose
     verification records) could not be read stops the answer (R-ID-5: it may be the latest),
     exit 1, as it stops a restore. The path is printed as it is (not escaped as in a table).
+    ``versions`` come newest first, read level by level as asked (a poll reads the newest
+    levels only); the attempts passed over are named on stderr, the first few one by one.
     """
-    for v in reversed(versions):
+    passed = 0
+    for v in versions:
         if v.status == "unreadable" or (v.status == "committed" and v.verifications_unreadable):
             what = "the verification records of " if v.status == "committed" else ""
             # Raised: under --json stdout gets the error document (docs review F13: a script
@@ -140,9 +146,18 @@ def _latest(args: argparse.Namespace, versions: list[Any]) -> int:
                 sys.stdout.buffer.write(os.fsencode(v.path) + b"\n")
                 sys.stdout.buffer.flush()
             return 0
-        why = "a verification of it failed" if v.status == "committed" else f"it is {v.status}"
-        print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
+        passed += 1
+        if passed <= _PASSED_NAMED:
+            why = "a verification of it failed" if v.status == "committed" else f"it is {v.status}"
+            print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
+        elif passed == _PASSED_NAMED + 1:  # one line a poll, not one per abandoned attempt
+            print("portable-ckpt: more attempts passed over (`portable-ckpt ls` lists them)",
+                  file=sys.stderr)
     raise NotFoundError(f"no committed version under {args.root}", path=args.root)
+
+
+#: ``ls --latest`` names this many attempts it passes over, then says there are more.
+_PASSED_NAMED = 5
 
 
 def _codecs(t: Any) -> str:
@@ -288,7 +303,10 @@ def _verify(args: argparse.Namespace) -> int:
             _still_unreadable(storage, attempt, manifest.files, errors)
             if args.record_unreadable else []
         )
-        if (args.deep or args.sample is not None) and args.record and not (away and not errors):
+        deleted = any(isinstance(e, VersionDeletedError) for e in errors)
+        if (args.deep or args.sample is not None) and args.record and not deleted and not (
+            away and not errors
+        ):
             record, record_error = _record(storage, attempt, chunks, errors, args, seed, forced)
         if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root
             errors = errors + _newer_invalid(storage, attempt)

@@ -22,6 +22,7 @@ that writers store right after the header cost no extra read.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -30,7 +31,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from portable_ckpt.errors import (
     CoverageGapError,
     DtypeValueError,
     EntryMissingError,
+    FileMissingError,
     FileSizeError,
     JsonInvalidError,
     LimitError,
@@ -50,6 +52,7 @@ from portable_ckpt.errors import (
     StepMismatchError,
     TensorMissingError,
     UsageError,
+    VersionDeletedError,
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES
@@ -250,6 +253,34 @@ class ReadStats:
     blocks_verified: int = 0
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _deleted_is_said(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A file found missing because its version was deleted raises :class:`VersionDeletedError`.
+
+    Retention or gc that removes a version while a reader reads it (a serving process polling
+    a root a trainer keeps writing) made reads fail with a plain ``PCK-FILE-MISSING``, the
+    error of a damaged version (serving review F1). gc deletes the commit record first, so a
+    missing file whose record is gone too is a deleted version.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except VersionDeletedError:
+            raise
+        except FileMissingError as e:
+            gone = cast("Checkpoint", args[0])._deleted(e)
+            if gone is None:
+                raise
+            raise gone from e
+
+    return wrapper
+
+
 class Checkpoint:
     """One committed version, opened for reading. Create with :func:`portable_ckpt.open`."""
 
@@ -327,6 +358,21 @@ class Checkpoint:
 
     def _rel(self, path: str) -> str:
         return f"{self._attempt}/{path}"
+
+    def _deleted(self, cause: CheckpointError | None = None) -> VersionDeletedError | None:
+        """The error to raise when this version's commit record is gone, else ``None``."""
+        try:
+            if self.storage.exists(self._rel("manifest.json")):
+                return None
+        except CheckpointError:
+            return None  # could not tell: the original error stands
+        what = f"{cause.path!r} is gone and so is" if cause is not None and cause.path else "lost"
+        return VersionDeletedError(
+            f"version {self.id} was deleted while it was read ({what} its commit record): "
+            "retention or gc removed it, this is not damage. Open the root again for the newest "
+            "version; pin a version (`portable-ckpt pin`) for as long as a reader needs it",
+            path=self._rel("manifest.json"),
+        )
 
     def _file(self, path: str) -> FileRecord:
         rec = self.manifest.files[path]
@@ -545,6 +591,7 @@ class Checkpoint:
         return self.read_many([ReadRequest(key, offsets, lengths, out)])[0]
 
     @paused_gc()  # planning hundreds of requests must not trigger full collections
+    @_deleted_is_said
     def read_many(self, requests: Sequence[ReadRequest]) -> list[np.ndarray[Any, Any]]:
         """Read many boxes (of one or many tensors) at once; return one array per request.
 
@@ -934,6 +981,7 @@ class Checkpoint:
         return name_block(exc, self.manifest, path, self._headers.get(path))
 
     # -- entries ------------------------------------------------------------------------------------
+    @_deleted_is_said
     def entry(self, name: str, rank: int | None = None, world_size: int | None = None) -> Any:
         """Return the value of non-tensor entry ``name``.
 
@@ -1067,6 +1115,10 @@ class Checkpoint:
         if seed is not None:
             seed = strict_int(seed, "verify: seed")
         f = _Findings()
+        gone = self._deleted()
+        if gone is not None:  # gc removed it since it was opened (serving review F2)
+            return [gone]
+        self._sizes_checked = set()  # each verify looks at the files again, not at earlier reads
         for path in self.manifest.files:
             f.run(path, self._file, path)
         for key, t in self.tensors.items():
@@ -1096,6 +1148,10 @@ class Checkpoint:
             chunks = random.Random(seed).sample(every, k)
         for t, r in chunks:
             f.run(r.file, self._verify_chunk, t, r, deep)
+        if any(isinstance(e, FileMissingError) for e in f.errors):
+            gone = self._deleted()  # deleted while verified: not damage to record
+            if gone is not None:
+                return [gone]
         return f.errors
 
     def _verify_chunk(self, t: TensorEntry, rec: RangeRecord, checksummed: bool) -> None:

@@ -27,7 +27,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +83,7 @@ __all__ = [
     "likely_record",
     "list_versions",
     "load_manifest",
+    "newest_first",
     "mark_pinned",
     "root_must_exist",
     "upload_only_attempts",
@@ -506,6 +507,27 @@ def list_versions(
                          storage.url, unread)
     out.sort(key=version_order)
     return out
+
+
+def newest_first(root: str | os.PathLike[str] | Storage) -> Iterator[VersionInfo]:
+    """The root's attempts, newest first, classified one step level at a time, on demand.
+
+    What :func:`list_versions` returns, reversed, without reading the records (and the
+    verification, drill and copy records) of older levels before the caller asks for them: a
+    poller that stops at the first version it can use reads the newest levels only (serving
+    review F4: ``ls --latest`` read every record of a root of 300 versions, about 1,000 requests
+    on S3, to answer with the newest).
+    """
+    storage = open_storage(root)
+    by_step: dict[int, list[str]] = {}
+    for name in attempt_names(storage):
+        by_step.setdefault(_step_of(name), []).append(name)
+    for step in sorted(by_step, reverse=True):
+        level = []
+        for name in by_step[step]:
+            c, nbytes = _summary(storage, name)
+            level.append(_info(storage, name, c, True, nbytes))
+        yield from sorted(level, key=version_order, reverse=True)
 
 
 def mark_pinned(storage: Storage, versions: list[VersionInfo]) -> CheckpointError | None:

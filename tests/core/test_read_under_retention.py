@@ -1,0 +1,53 @@
+"""A reader whose version retention deletes under it (serving review F1, F2)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import FileMissingError, VersionDeletedError
+from portable_ckpt.io.gc import gc
+
+from .helpers import save_sharded
+
+
+def _versions(root: object) -> list[str]:
+    ids = []
+    for step in (1, 2):
+        arrays = {f"t{i}": (np.full((64, 64), step * 10 + i, np.float32), (2, 1)) for i in range(4)}
+        ids.append(save_sharded(root, arrays, step=step).attempt_id)
+    return ids
+
+
+def test_a_version_deleted_while_read_says_so_and_is_not_damage(tmp_path) -> None:
+    """Reads of a version gc deleted were a plain PCK-FILE-MISSING, the error of a damaged
+    version; verify() even passed it, from the sizes it had seen before (F2)."""
+    first, _ = _versions(tmp_path)
+    ck = portable_ckpt.open(os.path.join(tmp_path, first))
+    assert float(ck.read("t0")[0, 0]) == 10.0
+    assert ck.verify() == []
+    gc(tmp_path, keep=1, grace_seconds=0)
+    assert not (tmp_path / first).exists()
+    with pytest.raises(VersionDeletedError) as err:
+        ck.read("t3")
+    assert err.value.code == "PCK-FILE-MISSING" and isinstance(err.value, FileMissingError)
+    assert f"version {first} was deleted while it was read" in str(err.value)
+    assert "not damage" in str(err.value) and "Open the root again" in str(err.value)
+    problems = ck.verify()
+    assert [type(p) for p in problems] == [VersionDeletedError]
+    # The newest version is what a reader opens next.
+    assert float(portable_ckpt.open(tmp_path).read("t3")[0, 0]) == 23.0
+
+
+def test_a_file_missing_from_a_version_still_committed_is_damage(tmp_path) -> None:
+    _, second = _versions(tmp_path)
+    ck = portable_ckpt.open(os.path.join(tmp_path, second))
+    for name in os.listdir(tmp_path / second / "data"):
+        os.unlink(tmp_path / second / "data" / name)
+    with pytest.raises(FileMissingError) as err:
+        ck.read("t1")
+    assert type(err.value) is FileMissingError
+    assert any(type(p) is FileMissingError for p in ck.verify())
