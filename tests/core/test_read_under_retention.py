@@ -51,3 +51,35 @@ def test_a_file_missing_from_a_version_still_committed_is_damage(tmp_path) -> No
         ck.read("t1")
     assert type(err.value) is FileMissingError
     assert any(type(p) is FileMissingError for p in ck.verify())
+
+
+def test_opening_a_version_retention_deleted_does_not_call_it_uncommitted(tmp_path) -> None:
+    """Serving review F7: a path `ls --latest` printed, deleted by gc before it was opened, was
+    "never committed (or was interrupted)"."""
+    from portable_ckpt.errors import ManifestMissingError
+
+    first, _ = _versions(tmp_path)
+    gc(tmp_path, keep=1, grace_seconds=0)
+    with pytest.raises(ManifestMissingError) as err:
+        portable_ckpt.open(os.path.join(tmp_path, first))
+    assert "does not exist (any more" in str(err.value) and "never committed" not in str(err.value)
+    (tmp_path / first).mkdir()
+    (tmp_path / first / "data").mkdir()
+    (tmp_path / first / "data" / "w00000-0000.safetensors").write_bytes(b"x")
+    with pytest.raises(ManifestMissingError, match="never committed"):
+        portable_ckpt.open(os.path.join(tmp_path, first))
+
+
+def test_zstd_ranges_read_in_turn_are_decoded_once(tmp_path) -> None:
+    """Serving review F8: one decoded zstd range was kept; readers taking turns between ranges
+    (threads sharing a Checkpoint) decoded each again at every turn."""
+    arrays = {f"t{i}": (np.arange(4096, dtype=np.float32).reshape(64, 64) + i, (1, 1))
+              for i in range(3)}
+    save_sharded(tmp_path, arrays, step=1, writers=1, codec="zstd")
+    ck = portable_ckpt.open(tmp_path)
+    for _ in range(10):
+        for i in range(3):
+            got = ck.read(f"t{i}", (5, 0), (1, 64))
+            assert float(got[0, 1]) == 5 * 64 + 1 + i
+    stored = sum(f.size for f in ck.manifest.files.values())  # every file of the version
+    assert ck.stats.bytes_read < 2 * stored, (ck.stats.bytes_read, stored)

@@ -251,6 +251,12 @@ def _read_record(
     if lists_file(storage, rel):
         return reread_record(storage, rel)
     check_record_absent(storage, attempt_id)
+    if next(iter(storage.list(f"{attempt_id}/")), None) is None:  # nothing of it is left
+        raise ManifestMissingError(
+            f"{storage.url}/{attempt_id} does not exist (any more: a version that retention or "
+            "gc deleted looks like this); open the root again for its latest version",
+            path=rel,
+        )
     raise ManifestMissingError(
         f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
         "(or was interrupted) and does not exist for readers",

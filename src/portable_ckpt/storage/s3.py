@@ -81,6 +81,21 @@ _MAX_PARTS = 10_000
 
 
 _T = TypeVar("_T")
+
+#: The process in which obstore's runtime started (its first S3 request), else None. Its
+#: runtime's threads do not survive ``fork()``: a child forked after it hangs on every request,
+#: whatever the timeouts (serving review F6; obstore issue 441), even with a store of its own.
+_OBSTORE_PID: int | None = None
+_FORKED_AFTER_OBSTORE = False
+
+
+def _after_fork_in_child() -> None:
+    global _FORKED_AFTER_OBSTORE
+    if _OBSTORE_PID is not None:
+        _FORKED_AFTER_OBSTORE = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _log = get_logger("storage.s3")
 
 
@@ -511,9 +526,21 @@ class S3Storage(ScannedStorage):
 
     def _store(self) -> Any:
         """Return the obstore ``S3Store`` (reads, lists, heads, deletes)."""
+        global _OBSTORE_PID
+        if _FORKED_AFTER_OBSTORE:
+            raise UsageError(
+                f"{self.url}: this process was forked (multiprocessing's 'fork' start method, "
+                "DataLoader workers, a prefork server) from one that had used S3 already; the "
+                "S3 client's runtime does not survive fork(), and its requests would hang for "
+                "ever. Start such processes with the 'spawn' or 'forkserver' start method "
+                "(multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context="
+                "'spawn')), or touch S3 only after forking"
+            )
         if self._obstore is not None:
             return self._obstore
         from obstore.store import S3Store
+
+        _OBSTORE_PID = os.getpid()
 
         endpoint = self._endpoint()
         creds_obj = self._credentials()
