@@ -361,13 +361,17 @@ def _copy_holder(mesh: Any) -> int | None:
     members = {int(r) for r in mesh.mesh.flatten().tolist()}
     grid = root.mesh
     holder = list(root_coord)
+    lacks = False
     for j, size in enumerate(grid.shape):
-        if size <= 1 or root_coord[j] == 0:
+        if size <= 1:
             continue
         neighbour = list(root_coord)
-        neighbour[j] = 0
+        neighbour[j] = (root_coord[j] + 1) % size
         if int(grid[tuple(neighbour)]) not in members:
-            holder[j] = 0  # j is a dim the sub-mesh lacks: the copy at 0 along it is stored
+            lacks = True  # j is a dim the sub-mesh lacks: the copy at 0 along it is stored
+            holder[j] = 0
+    if not lacks:  # the sub-mesh spans every rank of the root (a flattened mesh): no copies
+        return None
     return int(grid[tuple(holder)])
 
 

@@ -308,10 +308,11 @@ def submesh_copies(flat: FlatState, seed: int = 0) -> dict[str, list[Any]]:
     if not groups:
         return {}
     samples: list[Any] = []  # uint8 views, in (group, key) order
+    indexes: dict[tuple[int, Any], torch.Tensor] = {}
     with torch.no_grad():
         for _name, (_holder, items) in sorted(groups.items()):
             for _key, t in sorted(items, key=lambda kv: kv[0]):
-                samples.append(_spread_sample(t.to_local(), seed))
+                samples.append(_spread_sample(t.to_local(), seed, indexes))
         host = _to_host(samples)
     out: dict[str, list[Any]] = {}
     i = 0
@@ -327,22 +328,39 @@ def submesh_copies(flat: FlatState, seed: int = 0) -> dict[str, list[Any]]:
     return out
 
 
-def _spread_sample(local: torch.Tensor, seed: int) -> torch.Tensor:
-    """Sample ``local`` for :func:`submesh_copies`, on its device.
+def _spread_sample(
+    local: torch.Tensor, seed: int, indexes: dict[tuple[int, Any], torch.Tensor]
+) -> torch.Tensor:
+    """Sample ``local`` for :func:`submesh_copies`, on its device, bitwise.
 
-    The bytes of :data:`_COPY_SAMPLES` elements spread over it, and of its last, as a 1-D
-    uint8 tensor; any strides (no copy of the whole shard).
+    The bytes of :data:`_COPY_SAMPLES` elements spread evenly over it from a start that moves
+    with ``seed`` (every element is sampled by some step, small shards too), and of its last,
+    as a 1-D uint8 tensor. The shard is seen as integers of its element's width (CUDA has no
+    gather kernel for uint16; -0.0 and 0.0 differ, as bytes do); any strides, no copy of the
+    whole shard. ``indexes``: the device index tensors made already, by (elements, device).
     """
     n = local.numel()
-    if n == 0:
+    ints_of = _INT_OF_SIZE.get(local.element_size())
+    if n == 0 or ints_of is None:
         return torch.empty(0, dtype=torch.uint8, device=local.device)
-    step = max(1, n // _COPY_SAMPLES)
-    shift = (seed * 0x9E3779B1) % step if seed else 0
-    flat_idx = torch.arange(shift, n, step, device=local.device)[:_COPY_SAMPLES]
-    flat_idx = torch.cat([flat_idx, torch.tensor([n - 1], device=local.device)])
-    picked = local[torch.unravel_index(flat_idx, local.shape)] if local.dim() else local.reshape(1)
-    picked = picked.resolve_conj().resolve_neg().contiguous()
-    return picked.view(torch.uint8) if picked.dtype != torch.uint8 else picked
+    ints = local.view(ints_of)
+    shift = (seed * 0x9E3779B1) % n
+    pos = np.append((shift + (np.arange(_COPY_SAMPLES) * n) // _COPY_SAMPLES) % n, n - 1)
+    if not ints.is_contiguous():
+        where = torch.from_numpy(pos).to(local.device)
+        picked = ints[torch.unravel_index(where, local.shape)] if local.dim() else ints.reshape(1)
+    elif ints.device.type == "cpu":
+        picked = torch.from_numpy(ints.reshape(-1).numpy()[pos])
+    else:
+        key = (n, ints.device)
+        if key not in indexes:
+            indexes[key] = torch.from_numpy(pos).to(ints.device)
+        picked = ints.reshape(-1).index_select(0, indexes[key])
+    return picked.contiguous().view(torch.uint8)
+
+
+#: A signed integer dtype of each element width: samples compare bits.
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _to_host(samples: list[torch.Tensor]) -> list[bytes]:
