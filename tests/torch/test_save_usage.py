@@ -58,3 +58,34 @@ def test_ctrl_c_between_tracking_and_starting_an_async_save_leaves_no_phantom(
     h = pckt.async_save(state, tmp_path, step=2, continuation="statistical", if_busy="wait")
     assert h.result(timeout=60).step == 2
     assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [2]
+
+
+def test_ctrl_c_after_the_commit_record_is_linked_keeps_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notebook review F1: a KeyboardInterrupt after the commit record was linked (its
+    directory sync, or the commit's return, still running) was taken for a failed save: every
+    data, entry and index file was removed and the record stayed, so `load(root)` and
+    `ls --latest` took a version without its data. The outcome is unknown there: nothing is
+    removed, the version stays whole and loads; the interrupt reaches the caller."""
+    import portable_ckpt.storage.local as local
+
+    real = local.LocalStorage.create_if_absent
+    calls = [0]
+
+    def linked_then_interrupted(self: Any, path: str, data: bytes) -> bool:
+        created = real(self, path, data)
+        if path.endswith("/manifest.json"):
+            calls[0] += 1
+            if calls[0] == 1:
+                raise KeyboardInterrupt  # Ctrl-C right after the link
+        return created
+
+    monkeypatch.setattr(local.LocalStorage, "create_if_absent", linked_then_interrupted)
+    state = {"w": torch.arange(8.0)}
+    with pytest.raises(KeyboardInterrupt):
+        pckt.save(state, tmp_path, step=1, continuation="statistical")
+    back = {"w": torch.zeros(8)}
+    info = pckt.load(back, tmp_path)
+    assert info.step == 1 and torch.equal(back["w"], state["w"])
+    assert portable_ckpt.open(tmp_path).verify(deep=True) == []

@@ -56,7 +56,13 @@ T = TypeVar("T")
 
 def _failure(rank: int, e: BaseException, *, coordinator: bool = False) -> RankFailure:
     code = e.code if isinstance(e, CheckpointError) else "PCK-DISTRIBUTED"
-    unknown = isinstance(e, CommitOutcomeUnknownError)
+    # A Ctrl-C (or SystemExit) that interrupted the coordinator's work may have come after it
+    # took effect: the commit record linked, its directory sync or the return still running.
+    # Then nothing may be undone: the files of a committed version were deleted (notebook
+    # review F1). gc classifies the attempt later.
+    unknown = isinstance(e, CommitOutcomeUnknownError) or (
+        coordinator and not isinstance(e, Exception)
+    )
     return RankFailure(rank, code, f"{type(e).__name__}: {e}", coordinator, unknown)
 
 
