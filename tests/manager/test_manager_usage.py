@@ -1036,3 +1036,143 @@ def test_the_fast_tier_is_tried_again_after_a_transient_failure(
     durable = [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"]
     assert on_fast[0] == 1 and on_fast[-1] == 12 and 3 not in on_fast, on_fast
     assert durable == [1, *range(3, 13)], durable
+
+
+def test_a_second_manager_on_the_root_is_named_and_its_restore_sees_the_first_ones_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Notebook review F3: a setup cell run again made a second manager on the root while the
+    first one's async save was in flight; its restore listed the root before that save
+    committed and answered None (the loop restarted at step 1), and nothing was said."""
+    import time
+
+    import portable_ckpt.torch.saving as saving
+
+    real = saving.RankWrite.__call__
+
+    def slow(self: Any) -> Any:
+        time.sleep(0.5)  # the write phase of the first manager's save is still running
+        return real(self)
+
+    monkeypatch.setattr(saving.RankWrite, "__call__", slow)
+    state = {"w": torch.arange(4.0)}
+    first = pckt.CheckpointManager(tmp_path, save_every=1, continuation="statistical")
+    try:
+        first.maybe_save(2, state)
+        second = pckt.CheckpointManager(tmp_path, save_every=1, continuation="statistical")
+        try:
+            assert "another CheckpointManager on" in capsys.readouterr().err
+            info = second.restore({"w": torch.zeros(4)})
+            assert info is not None and info.step == 2
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_saving_a_step_again_is_said_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Notebook review F4: a cell run again saved step 2 twice, two committed versions, the
+    later one restored, and nothing was said."""
+    state = {"w": torch.arange(4.0)}
+    with pckt.CheckpointManager(tmp_path, save_every=1, async_save=False,
+                                continuation="statistical") as mgr:
+        mgr.maybe_save(2, state)
+        assert "not after" not in capsys.readouterr().err
+        mgr.save(2, state)
+        mgr.save(1, state)
+    err = capsys.readouterr().err
+    assert err.count("is not after this manager's last save") == 1, err
+    assert "step 2 is not after this manager's last save (step 2)" in err
+
+
+def test_a_manager_root_under_home_is_the_one_load_and_the_cli_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notebook review F6: CheckpointManager("~/ckpts/run1") wrote into ./~/ckpts/run1 of the
+    working directory (made absolute before "~" was expanded): a restart from elsewhere found
+    nothing and trained from step 1, while load("~/...") and the CLI read $HOME."""
+    import os
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    state = {"w": torch.arange(4.0)}
+    with pckt.CheckpointManager("~/ckpts/run1", save_every=1, async_save=False,
+                                continuation="statistical", events="~/events.jsonl") as mgr:
+        mgr.maybe_save(3, state)
+    assert not (work / "~").exists() and (home / "events.jsonl").exists()
+    back = {"w": torch.zeros(4)}
+    assert pckt.load(back, "~/ckpts/run1").step == 3
+    assert os.path.isdir(home / "ckpts" / "run1")
+
+
+def test_ctrl_c_in_close_leaves_the_manager_open_to_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notebook review F5: a Ctrl-C while close() waited marked the manager closed: a second
+    close() returned at once with the save still running, its queued retention was cancelled
+    and a later failure of it was one stderr line (exit status 0)."""
+    import time
+
+    import portable_ckpt.torch.saving as saving
+
+    real = saving.RankWrite.__call__
+
+    def slow(self: Any) -> Any:
+        time.sleep(0.5)
+        return real(self)
+
+    monkeypatch.setattr(saving.RankWrite, "__call__", slow)
+    mgr = pckt.CheckpointManager(tmp_path, save_every=1, continuation="statistical")
+    mgr.maybe_save(1, {"w": torch.arange(4.0)})
+    real_wait = mgr.wait
+    calls = [0]
+
+    def interrupted_wait(timeout: float | None = None) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt
+        real_wait(timeout)
+
+    monkeypatch.setattr(mgr, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        mgr.close()
+    mgr.maybe_save(2, {"w": torch.arange(4.0)})  # still open: the job may go on
+    mgr.close()
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [1, 2]
+
+
+def test_the_stop_after_failed_saves_names_the_failure_wait_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notebook review F7: on one process, a wait() between the failed saves took the last
+    error away, and the max_failed_saves stop said "last error: None" with PCK-DISTRIBUTED."""
+    import portable_ckpt.torch.saving as saving
+    from portable_ckpt.errors import CheckpointError, StorageError
+
+    def full(self: Any) -> Any:
+        raise StorageError("the disk is full (test)", path="data/w00000-0000.safetensors")
+
+    monkeypatch.setattr(saving.RankWrite, "__call__", full)
+    state = {"w": torch.arange(4.0)}
+    mgr = pckt.CheckpointManager(tmp_path, save_every=1, max_failed_saves=2,
+                                 continuation="statistical")
+    try:
+        stop = None
+        for step in range(1, 6):
+            try:
+                mgr.maybe_save(step, state)
+                mgr.wait()
+            except CheckpointError as e:
+                if "in a row failed" in str(e):
+                    stop = e
+                    break
+        assert stop is not None
+        assert stop.code == "PCK-STORAGE" and "the disk is full (test)" in str(stop), stop
+    finally:
+        with contextlib.suppress(CheckpointError):
+            mgr.close()

@@ -77,7 +77,7 @@ def assert_abandoned_at_the_bound(
     found = re.search(r"step 2 could not be finished at exit and was ABANDONED "
                       rf"\(not finished after {bound} s\)\. Attempt (\S+) stays incomplete", err)
     assert found, err[-3000:]
-    assert "the previous version remains the latest" in err
+    assert "the newest committed version remains the latest" in err
     versions = sorted(cli_versions(root))
     left = [(2, "incomplete", found.group(1))] if files_left else []  # the attempt it names
     assert [v[:2] for v in versions[:1]] == [(1, "committed")] and versions[1:] == left
@@ -112,3 +112,43 @@ def test_exit_timeout_must_be_seconds(tmp_path: Path, bad: object) -> None:
     with pytest.raises(UsageError, match="exit_timeout"):
         pckt.async_save({"w": torch.zeros(2)}, str(tmp_path), step=1, exit_timeout=bad)  # type: ignore[arg-type]
     assert not any(tmp_path.iterdir())  # refused before anything was touched
+
+
+_INTERRUPTED_STAGING = """
+import sys
+import torch
+import portable_ckpt.torch as pckt
+import portable_ckpt.torch.saving as saving
+
+root, mode = sys.argv[1], sys.argv[2]
+state = {"w": torch.arange(8.0)}
+pckt.async_save(state, root, step=1, mode=mode, continuation="statistical").result(timeout=60)
+real = saving.stage
+def interrupted(*a, **k):
+    raise KeyboardInterrupt  # Ctrl-C while the state is copied
+saving.stage = interrupted
+try:
+    pckt.async_save(state, root, step=2, mode=mode, continuation="statistical")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+saving.stage = real
+print("pending", pckt.wait_for_pending_save(timeout=60), flush=True)
+print("saved", pckt.save(state, root, step=3, continuation="statistical").step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_save_the_caller_interrupted_while_staging_is_not_reported_again(
+    tmp_path: Path, mode: str
+) -> None:
+    """Notebook review F2: Ctrl-C while an async save staged raised in the caller (as it
+    should), but the exit then reported that save ABANDONED with an empty reason ("the
+    previous version remains the latest", false after a later save) and exit status 1, and
+    wait_for_pending_save() raised the old KeyboardInterrupt again."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(_INTERRUPTED_STAGING)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "root"), mode],
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split("\n")[:3] == ["interrupted", "pending None", "saved 3"], res.stdout
+    assert "ABANDONED" not in res.stderr, res.stderr[-3000:]

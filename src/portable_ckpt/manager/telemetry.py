@@ -115,7 +115,7 @@ class Telemetry:
         self.path: str | None = None
         self.history: list[dict[str, Any]] = []
         if events is not None:
-            text = os.fspath(events)
+            text = os.path.expanduser(os.fspath(events))  # "~/events.jsonl" (notebook F6)
             if "{rank}" in text:
                 self.path = text.replace("{rank}", str(rank))
             elif rank == 0:

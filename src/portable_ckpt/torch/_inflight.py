@@ -39,6 +39,7 @@ __all__ = [
     "InFlight",
     "at_interpreter_exit",
     "end_abandoned",
+    "inflight_save",
     "say",
     "track",
     "wait_bound",
@@ -61,6 +62,9 @@ class InFlight:
     committed: cf.Future[CheckpointInfo]
     exit_timeout: float = DEFAULT_EXIT_TIMEOUT
     attempt_id: str | None = None
+    #: The caller's own Ctrl-C (or sys.exit) stopped it while staging: the caller saw that,
+    #: so neither the exit hook nor wait_for_pending_save() reports it again (notebook F2).
+    interrupted: bool = False
 
     def agreed(self, attempt_id: str) -> None:
         """Record the attempt id the ranks agreed on (named if the save is abandoned)."""
@@ -123,9 +127,9 @@ def _abandoned(h: InFlight, why: str) -> None:
     attempt = f"Attempt {h.attempt_id}" if h.attempt_id else "Its attempt (no id agreed yet)"
     say(
         f"the async save of step {h.step} could not be finished at exit and was ABANDONED "
-        f"({why}). {attempt} stays incomplete (never restored); the "
-        "previous version remains the latest. Wait for handle.committed (or call "
-        "wait_for_pending_save()) before destroy_process_group() and exit."
+        f"({why}). {attempt} stays incomplete (never restored); the newest "
+        "committed version remains the latest. Wait for handle.committed (or call "
+        "wait_for_pending_save()) before exit, and before destroy_process_group() in a job."
     )
 
 
@@ -171,8 +175,8 @@ def _finish_at_exit() -> None:
         # A save that failed before exit, its handle never asked: the process would exit 0
         # with its newest checkpoint lost and nothing said (async review F7).
         e = cf.Future.exception(h.committed)  # not through the handle: not "asked"
-        if e is not None and not getattr(h.committed, "asked", True):
-            _abandoned(h, f"it failed and its handle was never asked: {e}")
+        if e is not None and not h.interrupted and not getattr(h.committed, "asked", True):
+            _abandoned(h, f"it failed and its handle was never asked: {str(e) or type(e).__name__}")
             end_abandoned()
         return
     say(f"finishing the async save of step {h.step} before exit (at most {h.exit_timeout:g} s)")
@@ -198,7 +202,18 @@ def track(
 def wait_for_pending_save(timeout: float | None = None) -> CheckpointInfo | None:
     """Wait for this process's in-flight async save (if any); return its result or re-raise."""
     h = _SLOT.current
-    return None if h is None else h.committed.result(timeout)
+    if h is None:
+        return None
+    if h.interrupted:  # the caller stopped it while staging and saw its own interrupt
+        cf.wait([h.committed], timeout=timeout)
+        return None
+    return h.committed.result(timeout)
+
+
+def inflight_save() -> cf.Future[CheckpointInfo] | None:
+    """The ``committed`` future of this process's async save still in flight, else ``None``."""
+    h = _SLOT.current
+    return None if h is None or h.committed.done() else h.committed
 
 
 def wait_idle(if_busy: str) -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_STATUS_ABANDONED",
     "finish_at_exit",
+    "open_on_root",
     "register_after_async_save",
     "register_exit",
 ]
@@ -129,6 +130,14 @@ def _finish_all() -> None:
     finished = [finish_at_exit(m) for m in list(_MANAGERS)]
     if not all(finished):
         end_abandoned()
+
+
+def open_on_root(url: str, but: CheckpointManager) -> CheckpointManager | None:
+    """Another manager of this process, not closed, on the durable root ``url``."""
+    for m in list(_MANAGERS):
+        if m is not but and not m._closed and m.tiers["durable"].storage.url == url:
+            return m
+    return None
 
 
 def register_exit(mgr: CheckpointManager) -> None:

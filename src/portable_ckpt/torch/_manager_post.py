@@ -432,7 +432,7 @@ def too_many_failures(mgr: CheckpointManager) -> CheckpointError:
     error, the rank whose disk is full a storage error, rank 0 the failed commit), so one
     ``except`` catches it everywhere; this rank's last error is in the message and chained.
     """
-    last = mgr.last_error
+    last = mgr.last_error if mgr.last_error is not None else mgr._last_raised
     steps = ", ".join(str(s) for s in mgr._failed_steps[-8:]) or "?"
     message = (
         f"{mgr._agreed_failed_saves} durable checkpoints in a row failed (steps {steps}; this "

@@ -13,7 +13,7 @@ from typing import Any
 from portable_ckpt.errors import UsageError
 from portable_ckpt.manager.retention import RetentionPolicy
 from portable_ckpt.manager.tiers import NodeLayout
-from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.storage import Storage, open_storage, root_text
 
 __all__ = ["Tier", "durable_tier", "fast_tier", "storage_url"]
 
@@ -36,8 +36,8 @@ class Tier:
 
 
 def storage_url(root: str | os.PathLike[str]) -> str:
-    """A local root as an absolute path; a remote URL as given."""
-    text = os.fspath(root)
+    """A local root as an absolute path, ``~/`` expanded; a remote URL as given."""
+    text = root_text(root)  # "~/ckpts" was made absolute first: ./~/ckpts (notebook F6)
     return (
         text
         if "://" in text and not text.startswith("file://")

@@ -127,7 +127,7 @@ def async_save(
         exit_timeout: Seconds interpreter exit waits for this save while it is in flight (the
             setting of ``CheckpointManager``). Past it the process says on stderr that the
             save was ABANDONED (naming the step and the attempt, which stays incomplete; the
-            previous version remains the latest) and exits with status 1 at once.
+            newest committed version remains the latest) and exits with status 1 at once.
         **options: ``step`` (required) and the other keyword arguments of :func:`save`.
 
     Raises:
@@ -163,7 +163,9 @@ def async_save(
             raise
     if prepared.error is not None and not isinstance(prepared.error, Exception):
         # Ctrl-C (or sys.exit) while staging: the background tells the peers the save failed;
-        # the caller's thread stops as it asked (race review F3).
+        # the caller's thread stops as it asked (race review F3), and has seen why: the exit
+        # is not reported ABANDONED for it (exit status 1) nor a later wait re-raised it.
+        slot.interrupted = True
         raise prepared.error
     return handle
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -57,7 +58,7 @@ from portable_ckpt.manager.records import (
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
 from portable_ckpt.torch._collectives import Comm
-from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT, say
+from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT, inflight_save, say
 from portable_ckpt.torch._manager_decisions import (
     Preemption,
     agree,
@@ -65,7 +66,11 @@ from portable_ckpt.torch._manager_decisions import (
     make_group,
     release_groups,
 )
-from portable_ckpt.torch._manager_exit import register_after_async_save, register_exit
+from portable_ckpt.torch._manager_exit import (
+    open_on_root,
+    register_after_async_save,
+    register_exit,
+)
 from portable_ckpt.torch._manager_nodelocal import background_comm
 from portable_ckpt.torch._manager_post import after_failure, after_save, too_many_failures
 from portable_ckpt.torch._manager_restore import restore as _restore
@@ -260,6 +265,8 @@ class CheckpointManager:
         self.telemetry = Telemetry(events, self.rank, root=self.tiers["durable"].root)
         self.preempted = False
         self.last_error: BaseException | None = None
+        #: The failure wait() raised last (a stop after max_failed_saves names it: notebook F7).
+        self._last_raised: BaseException | None = None
         self._last_error_fast = False  # last_error is a fast-tier failure (see durable_ok)
         self._failed_saves = 0  # failed saves in a row seen by this rank (reset by a commit)
         self._failed_steps: list[int] = []
@@ -289,6 +296,14 @@ class CheckpointManager:
         self._main_waiting = 0  # the main thread waits for background work (wait, a sync save)
         self._exiting = False  # closing from the interpreter-exit hook
         self._preemption = Preemption(handle_sigterm, handle_sigint)
+        url = self.tiers["durable"].storage.url
+        if self.rank == 0 and open_on_root(url, self) is not None:
+            # A notebook cell run again made a second manager beside the first (notebook
+            # review F3): two managers save and prune one root, and a restore by the new one
+            # ran before the old one's save committed.
+            print(f"portable_ckpt: another CheckpointManager on {url} is open in this "
+                  "process; two managers save to and prune one root. Close the first "
+                  "(mgr.close(), or a `with` block) before making a new one", file=sys.stderr)
         register_exit(self)
 
     # -- saving ------------------------------------------------------------------------------
@@ -423,6 +438,14 @@ class CheckpointManager:
     ) -> None:
         tier = self._target(decision)
         self._warn_unranked(step, metrics, decision)
+        last = self._last_save_step
+        if last is not None and step <= last and self.rank == 0 and "step-again" not in self._warned:
+            # A cell run again saved one step twice: two committed versions of it, the later
+            # one restored, and nothing said (notebook review F4).
+            self._warned.add("step-again")
+            say(f"step {step} is not after this manager's last save (step {last}): "
+                f"{'the later version of that step wins a restore' if step == last else 'a restore takes the higher step'}; "
+                "pass the training step to maybe_save (said once)")
         full = self._full_state(step, state, metrics, decision, tier)
         self._last_save_step = step
         self._last_save_time = time.monotonic()  # intervals only: a stepped clock must not stop saves
@@ -517,6 +540,12 @@ class CheckpointManager:
         """
         self._check_open()
         self._settle_pending()
+        # This process's async save of another manager (or of async_save) on this root must
+        # be in the listing: a second manager's restore ran before the first's save committed
+        # and answered None, and the loop restarted from step 1 (notebook review F3).
+        in_flight = inflight_save()
+        if in_flight is not None:
+            cf.wait([in_flight])
         return _restore(
             self, state, step, checkpoint, allow_statistical, record_ranges, strict, strict_dtype
         )
@@ -580,6 +609,7 @@ class CheckpointManager:
         err, self.last_error = self.last_error, None
         err = err if err is not None else next(iter(failures), None)
         if err is not None:
+            self._last_raised = err  # still named by a later max_failed_saves stop (F7)
             raise err
 
     def _busy(self) -> bool:
@@ -599,12 +629,23 @@ class CheckpointManager:
         self._preemption.restore()
         try:
             self.wait(timeout)
-        finally:
-            self._closed = True
-            busy = self._busy()  # timed out: the stuck thread is left behind, not joined
-            self._bg.shutdown(wait=not busy, cancel_futures=busy)
-            if not busy:
-                release_groups(self)
+        except BaseException as e:
+            if not isinstance(e, Exception):
+                # Ctrl-C while it finished: not closed, so close() again (or the exit hook)
+                # still finishes the save, its retention and its failure (notebook review F5:
+                # marked closed, the save's later failure was a stderr line and exit 0).
+                raise
+            self._shut()
+            raise
+        self._shut()
+
+    def _shut(self) -> None:
+        """Mark closed and stop the background thread (left behind when still busy)."""
+        self._closed = True
+        busy = self._busy()  # timed out: the stuck thread is left behind, not joined
+        self._bg.shutdown(wait=not busy, cancel_futures=busy)
+        if not busy:
+            release_groups(self)
 
     def _check_open(self) -> None:
         if self._closed:
