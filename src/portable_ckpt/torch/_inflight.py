@@ -200,7 +200,11 @@ def track(
 
 
 def wait_for_pending_save(timeout: float | None = None) -> CheckpointInfo | None:
-    """Wait for this process's in-flight async save (if any); return its result or re-raise."""
+    """Wait for this process's in-flight async save (if any); return its result or re-raise.
+
+    ``None`` when there is none, or when the caller's own Ctrl-C stopped it while staging (the
+    caller has seen that interrupt already).
+    """
     h = _SLOT.current
     if h is None:
         return None
