@@ -83,3 +83,38 @@ def test_zstd_ranges_read_in_turn_are_decoded_once(tmp_path) -> None:
             assert float(got[0, 1]) == 5 * 64 + 1 + i
     stored = sum(f.size for f in ck.manifest.files.values())  # every file of the version
     assert ck.stats.bytes_read < 2 * stored, (ck.stats.bytes_read, stored)
+
+
+def test_a_torch_load_of_a_root_whose_version_retention_deletes_loads_the_latest(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Serving review F3: a load from a root failed half way when retention deleted its
+    version, the target left holding two versions. One process loads the root's latest again
+    (said on stderr); a load of one version, or of a group, still fails."""
+    torch = pytest.importorskip("torch")
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.io.reader import Checkpoint
+
+    def state(v: float) -> dict[str, object]:
+        return {f"l{i}": torch.full((64,), v + i) for i in range(6)}
+
+    pckt.save(state(10.0), tmp_path, step=1, continuation="statistical")
+    real = Checkpoint.read_many
+    done = [False]
+
+    def pruned_under_it(self: Checkpoint, requests):  # type: ignore[no-untyped-def]
+        if not done[0]:
+            done[0] = True
+            pckt.save(state(20.0), tmp_path, step=2, continuation="statistical")
+            gc(tmp_path, keep=1, grace_seconds=0)  # the version being read goes
+        return real(self, requests)
+
+    monkeypatch.setattr(Checkpoint, "read_many", pruned_under_it)
+    target = state(0.0)
+    info = pckt.load(target, tmp_path)
+    assert info.step == 2
+    assert all(float(t[0]) == 20.0 + i for i, t in enumerate(target.values()))
+    assert "was deleted while it was read" in capsys.readouterr().err
+    done[0] = False
+    with pytest.raises(VersionDeletedError):
+        pckt.load(state(0.0), os.path.join(tmp_path, info.checkpoint_id))

@@ -35,9 +35,11 @@ from portable_ckpt.errors import (
     EntryMissingError,
     TensorMissingError,
     UsageError,
+    VersionDeletedError,
 )
 from portable_ckpt.format.keys import JsonTree, KeyTrie
 from portable_ckpt.format.manifest import Manifest, Mesh
+from portable_ckpt.format.naming import ATTEMPT_ID_RE
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
@@ -121,9 +123,19 @@ def load(
         comm = make_comm(process_group, timeout)
         what = f"load from {_where(root)}"
         with logged(_log, "load", what, rank=comm.rank, t0=t0) as out:
-            info = _load(state_dict, root, comm, t0, step=step, checkpoint_id=checkpoint_id,
-                         allow_statistical=allow_statistical, strict=strict,
-                         record_ranges=record_ranges, strict_dtype=strict_dtype)
+            kwargs: dict[str, Any] = dict(
+                step=step, checkpoint_id=checkpoint_id, allow_statistical=allow_statistical,
+                strict=strict, record_ranges=record_ranges, strict_dtype=strict_dtype)
+            try:
+                info = _load(state_dict, root, comm, t0, **kwargs)
+            except VersionDeletedError as e:
+                if not _may_retry(root, comm, checkpoint_id):
+                    raise
+                # Retention deleted the version under this load (a server reloading from a
+                # root a trainer writes and prunes): the state is partly filled from it.
+                # Load the root's latest once more (serving review F3).
+                say(f"{e}; loading the root's latest version again")
+                info = _load(state_dict, root, comm, t0, **kwargs)
             out.update(
                 bytes=info.bytes_read, step=info.step, version=info.path,
                 contract=info.contract,
@@ -131,6 +143,18 @@ def load(
                 f"contract {info.contract}",
             )
     return info
+
+
+def _may_retry(root: Root, comm: Comm, checkpoint_id: str | None) -> bool:
+    """Whether a load whose version was deleted under it reads the root's latest again.
+
+    One process only (ranks of a group would each decide alone), and only when it was given a
+    root, not one version.
+    """
+    if comm.world_size > 1 or checkpoint_id is not None:
+        return False
+    name = os.path.basename(_where(root).rstrip("/"))
+    return ATTEMPT_ID_RE.fullmatch(name) is None
 
 
 def _where(root: Root) -> str:
