@@ -482,3 +482,31 @@ def test_hf_export_without_tensors_is_a_usage_error(tmp_path: Path) -> None:
         convert(tmp_path / "root", tmp_path / "hf", dst_format="hf", select=["app/*"])
     assert ei.value.code == "PCK-USAGE" and "no tensor" in ei.value.message
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_torch_export_is_not_written_through_a_symlink_planted_at_its_staged_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenant review F4: the staged file's name was told by `<tmp>.tensors` beside it, and
+    torch.save opened it with a plain open: another user of the directory replaced it with a
+    symlink, the export wrote the file it named, and the rename published the symlink."""
+    import os
+
+    import portable_ckpt.convert._torch_export as export
+
+    portable_ckpt.save_arrays(tmp_path / "root", {"w": np.arange(8, dtype=np.float32)}, step=1)
+    victim = tmp_path / "precious"
+    victim.write_bytes(b"keep me")
+    real = export.open_staged
+
+    def planted(tmp: str):  # type: ignore[no-untyped-def]
+        os.unlink(tmp)
+        os.symlink(victim, tmp)  # the attacker's race, won
+        return real(tmp)
+
+    monkeypatch.setattr(export, "open_staged", planted)
+    out = tmp_path / "model.pt"
+    with pytest.raises(OSError):
+        convert(tmp_path / "root", out, dst_format="torch")
+    assert victim.read_bytes() == b"keep me" and not os.path.lexists(out)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging left

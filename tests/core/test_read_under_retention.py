@@ -118,3 +118,31 @@ def test_a_torch_load_of_a_root_whose_version_retention_deletes_loads_the_latest
     done[0] = False
     with pytest.raises(VersionDeletedError):
         pckt.load(state(0.0), os.path.join(tmp_path, info.checkpoint_id))
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another owner"])
+def test_a_root_others_control_is_reported(
+    tmp_path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tenant review F3: a root another user made first under /tmp (or linked to a directory
+    of theirs) was adopted without a word: they read every tensor and renamed versions away."""
+    import logging
+
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    if how == "world-writable":
+        root.chmod(0o777)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the directory away")
+        os.chown(root, 12345, 12345)
+    with caplog.at_level(logging.WARNING, logger="portable_ckpt"):
+        portable_ckpt.save_arrays(root, {"w": np.zeros(2, np.float32)}, step=1)
+    said = [r for r in caplog.records if "another user can read, replace or remove" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="portable_ckpt"):
+        portable_ckpt.save_arrays(mine, {"w": np.zeros(2, np.float32)}, step=1)
+    assert not [r for r in caplog.records if "another user" in r.getMessage()]

@@ -1176,3 +1176,28 @@ def test_the_stop_after_failed_saves_names_the_failure_wait_raised(
     finally:
         with contextlib.suppress(CheckpointError):
             mgr.close()
+
+
+@pytest.mark.parametrize("kind", ["prom", "jsonl"])
+def test_events_files_are_not_written_through_planted_symlinks(tmp_path: Path, kind: str) -> None:
+    """Tenant review F2: the Prometheus file was written through `<path>.<pid>.tmp` and the
+    JSON lines appended with a plain open: symlinks planted there by another user who can
+    write the directory made the job write the files they named."""
+    import os
+
+    from portable_ckpt.manager.telemetry import Telemetry
+
+    victim = tmp_path / "precious"
+    victim.write_text("keep me\n")
+    path = tmp_path / f"events.{kind}"
+    if kind == "prom":
+        for pid in range(os.getpid(), os.getpid() + 50):  # the old temporary names
+            os.symlink(victim, f"{path}.{pid}.tmp")
+    else:
+        os.symlink(victim, path)
+    tel = Telemetry(str(path), 0)
+    tel.emit("save", tier="durable", ok=True, step=1)
+    assert victim.read_text() == "keep me\n"
+    if kind == "prom":
+        assert not path.is_symlink() and "step" in path.read_text()
+        assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # open()'s mode, not mkstemp's

@@ -10,11 +10,12 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 from portable_ckpt.errors import StorageError, UsageError
 from portable_ckpt.storage.local import fsync_dir
 
-__all__ = ["check_dst_free", "staged", "staged_dir"]
+__all__ = ["check_dst_free", "open_staged", "staged", "staged_dir"]
 
 
 def check_dst_free(dst: str, *, directory: bool = True) -> None:
@@ -31,20 +32,32 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
 def staged(dst: str, *, directory: bool = True) -> Iterator[str]:
     """Yield a private directory (or file path) next to ``dst``; rename it to ``dst`` on success.
 
-    A staged file is fsynced before the rename, and the parent directory after it. On any
-    exception the staging directory or file is removed and nothing appears at ``dst``.
+    A staged file exists (empty, made exclusively) when yielded: write it with
+    :func:`open_staged`. It is fsynced before the rename, and the parent directory after it.
+    On any exception the staging directory or file is removed and nothing appears at ``dst``.
     """
     check_dst_free(dst, directory=directory)
     parent = os.path.dirname(os.path.abspath(dst)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(dst))}.tmp-{secrets.token_hex(6)}")
+    fd = -1
     if directory:
         os.mkdir(tmp)
+    else:
+        # Made here, exclusively and not through a symlink; its inode is checked before the
+        # rename: in a directory another user can write, a symlink planted at the name made
+        # the export write (and publish) the file it named (tenant review F4).
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666)
     try:
         yield tmp
         if not directory:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+            os.fsync(fd)
+            mine, there = os.fstat(fd), os.lstat(tmp)
+            if (mine.st_dev, mine.st_ino) != (there.st_dev, there.st_ino):
+                raise StorageError(
+                    f"{tmp} was replaced while it was written (another user of {parent}?); "
+                    f"nothing was published at {dst}", path=dst)
         check_dst_free(dst, directory=directory)
         try:
             os.rename(tmp, dst)
@@ -57,6 +70,14 @@ def staged(dst: str, *, directory: bool = True) -> Iterator[str]:
         elif os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def open_staged(tmp: str) -> Any:
+    """Open a staged file for writing, never through a symlink at its name."""
+    return os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC), "wb")
 
 
 def staged_dir(dst: str) -> contextlib.AbstractContextManager[str]:

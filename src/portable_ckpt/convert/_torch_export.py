@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,7 +32,7 @@ from portable_ckpt.convert._model import (
     WriteResult,
     fail_if_strict,
 )
-from portable_ckpt.convert._publish import staged
+from portable_ckpt.convert._publish import open_staged, staged
 from portable_ckpt.convert.hf import HF_METADATA_ENTRY, slabs
 from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.keys import (
@@ -70,8 +71,9 @@ def save_portable_as_torch(
     fail_if_strict(warnings, options, dst)
     written = 0
     with staged(dst, directory=False) as tmp:
-        scratch = tmp + ".tensors"
-        os.mkdir(scratch)
+        # A private directory of a random name (0700): `<tmp>.tensors` told another user of
+        # the directory the staged file's name (tenant review F4).
+        scratch = tempfile.mkdtemp(prefix=".pck-export-", dir=os.path.dirname(tmp))
         try:
             tensors: dict[str, torch.Tensor] = {}
             for i, key in enumerate(sorted(ck.tensors)):
@@ -84,7 +86,8 @@ def save_portable_as_torch(
                 if options.keys == "mapped"
                 else {**tensors, **values}
             )
-            torch.save(state, tmp)
+            with open_staged(tmp) as f:
+                torch.save(state, f)
             del state, tensors
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -148,8 +148,10 @@ class WriterProcess:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "portable_ckpt.io.writer_process", str(child.fileno()),
-                 str(int(nice)), str(os.getpid())],
+                # -P: `-m` put the working directory first on sys.path, so a `numpy.py` there
+                # (a shared directory) ran inside the writer as the trainer (tenant review F1).
+                [sys.executable, "-P", "-m", "portable_ckpt.io.writer_process",
+                 str(child.fileno()), str(int(nice)), str(os.getpid())],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
                 # It writes nothing there; holding the job's stdout kept a pipeline reading it

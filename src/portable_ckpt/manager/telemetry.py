@@ -14,10 +14,12 @@ rank 0 writes (the other ranks still log).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import tempfile
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -100,6 +102,38 @@ def prometheus_text(
 HISTORY_KEPT = 1000
 
 
+def _publish_text(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically, through a temporary file of a random name.
+
+    The temporary name was ``<path>.<pid>.tmp``: another user who can write the directory
+    (a node exporter's textfile directory, shared by a team) planted symlinks at the next
+    pids, and the job truncated and wrote the files they named (tenant review F2).
+    """
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # what open() would have made, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask, read (setting it to read it would race other threads' files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o077  # unknown: the private mode
+
+
 class Telemetry:
     """Emit events for one rank (see the module docstring)."""
 
@@ -144,13 +178,15 @@ class Telemetry:
                 if self.prometheus:
                     tier = fields.get("tier")  # no tier (a first run's restore): "none"
                     self._latest[(event, "none" if tier in (None, "") else str(tier))] = doc
-                    tmp = f"{self.path}.{os.getpid()}.tmp"
-                    with open(tmp, "w", encoding="utf-8") as f:
-                        f.write(prometheus_text(self._latest, self.labels))
-                    os.replace(tmp, self.path)
+                    _publish_text(self.path, prometheus_text(self._latest, self.labels))
                 else:
-                    with open(self.path, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(doc, default=str, allow_nan=False) + "\n")
+                    line = json.dumps(doc, default=str, allow_nan=False) + "\n"
+                    # O_NOFOLLOW: a symlink planted at the path (a team directory others can
+                    # write) made the job append to the file it names (tenant review F2).
+                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                 | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+                    with os.fdopen(fd, "a", encoding="utf-8") as f:
+                        f.write(line)
             except (OSError, ValueError) as e:
                 self.log.warning("checkpoint telemetry: cannot write %s: %s", self.path, e)
         return doc

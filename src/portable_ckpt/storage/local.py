@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import logging
 import os
 import secrets
 import stat
@@ -22,6 +23,7 @@ from portable_ckpt.errors import (
     PathUnsafeError,
     StorageError,
 )
+from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage._listing import ListingEntry, ScannedStorage
 from portable_ckpt.storage._posix import open_regular, start_writeback
 from portable_ckpt.storage.base import (
@@ -155,6 +157,37 @@ def _read_error(path: str, offset: int, exc: OSError, root: str) -> CheckpointEr
     return StorageError(f"read {full!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path)
 
 
+_WARNED_ROOTS: set[str] = set()
+
+
+def _warn_if_others_control(root: str) -> None:
+    """Say once per root when another user owns it or anyone may write it.
+
+    A root made in a world-writable place (``/tmp/ckpts``) by another user first, or linked
+    there to a directory of theirs, was adopted: that user read every tensor and renamed the
+    newest version away, so the job resumed from an older step (tenant review F3). A team's
+    group-writable directory is not warned about.
+    """
+    if root in _WARNED_ROOTS:
+        return
+    try:
+        st = os.stat(root)
+    except OSError:
+        return
+    why = []
+    if st.st_uid != os.geteuid():
+        why.append(f"is owned by user id {st.st_uid}, not this process's ({os.geteuid()})")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        why.append("is writable by every user")
+    if why:
+        _WARNED_ROOTS.add(root)
+        log_event(get_logger("storage"), "storage.root_not_private",
+                  {"root": root, "why": "; ".join(why)},
+                  "checkpoint root %s %s: another user can read, replace or remove its "
+                  "versions; use a directory of your own (mode 0700 or 0750)", root,
+                  " and ".join(why), level=logging.WARNING)
+
+
 class LocalStorage(ScannedStorage):
     """A directory on a POSIX filesystem.
 
@@ -177,6 +210,8 @@ class LocalStorage(ScannedStorage):
                     f"directory path (or a path whose parents are directories)",
                     path=root,
                 ) from exc
+        if create:
+            _warn_if_others_control(root)
         self.root = root
         self.url = root
         self._synced_dirs: set[str] = set()

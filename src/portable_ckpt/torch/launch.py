@@ -115,8 +115,16 @@ def _entry(
     sys_path: Sequence[str] = (),
     backend: str = "gloo",
     sigint: bool = True,
+    safepath: str | None = None,
 ) -> None:
     import datetime as dt
+
+    # The fork server ran with PYTHONSAFEPATH=1 (_start_fork_server); the caller's own value
+    # comes back for what this rank starts.
+    if safepath is None:
+        os.environ.pop("PYTHONSAFEPATH", None)
+    else:
+        os.environ["PYTHONSAFEPATH"] = safepath
 
     import torch
     import torch.distributed as dist
@@ -220,6 +228,7 @@ def run_group(
                     tuple(sys_path),
                     backend,
                     sigint,
+                    os.environ.get("PYTHONSAFEPATH"),
                 ),
                 daemon=False,
             )
@@ -260,12 +269,26 @@ def _start_fork_server(ctx: Any) -> None:
         return
     from multiprocessing import forkserver
 
-    if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+    # The server is `python -c`, which puts the working directory first on sys.path: a module
+    # planted there (a shared directory) ran in it, and so in every rank (tenant review F1).
+    # PYTHONSAFEPATH keeps it out; the ranks drop the variable again (_entry) so that what
+    # they start themselves runs as the caller's own processes would.
+    had = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        if threading.current_thread() is threading.main_thread():
+            old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                forkserver.ensure_running()
+            finally:
+                signal.signal(signal.SIGINT, old)
+        else:
             forkserver.ensure_running()
-        finally:
-            signal.signal(signal.SIGINT, old)
+    finally:
+        if had is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = had
     warm = ctx.Process(target=os.getpid, daemon=True)
     warm.start()
     warm.join()
