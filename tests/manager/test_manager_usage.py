@@ -1201,3 +1201,84 @@ def test_events_files_are_not_written_through_planted_symlinks(tmp_path: Path, k
     if kind == "prom":
         assert not path.is_symlink() and "step" in path.read_text()
         assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # open()'s mode, not mkstemp's
+
+
+def test_after_ctrl_c_in_close_the_manager_still_handles_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Last review F3: close() had put SIGTERM back to the default before it waited; after a
+    Ctrl-C there the manager stayed open but a SIGTERM killed the job, no preemption save."""
+    import signal
+
+    mgr = pckt.CheckpointManager(tmp_path, save_every=100, async_save=False,
+                                 continuation="statistical")
+    try:
+        real_wait = mgr.wait
+        calls = [0]
+
+        def interrupted_wait(timeout: float | None = None) -> None:
+            calls[0] += 1
+            if calls[0] == 1:
+                raise KeyboardInterrupt
+            real_wait(timeout)
+
+        monkeypatch.setattr(mgr, "wait", interrupted_wait)
+        with pytest.raises(KeyboardInterrupt):
+            mgr.close()
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+        signal.raise_signal(signal.SIGTERM)  # handled: the next maybe_save saves
+        mgr.maybe_save(3, {"w": torch.arange(4.0)})
+        assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [3]
+    finally:
+        mgr.close()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_step_saved_again_after_its_save_failed_is_not_called_a_repeat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Last review F4: a failed save counted as saved: its retry warned of two versions."""
+    import portable_ckpt.torch.saving as saving
+    from portable_ckpt.errors import CheckpointError, StorageError
+
+    real = saving.RankWrite.__call__
+    calls = [0]
+
+    def once_full(self: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise StorageError("the disk is full (test)", path="data/x")
+        return real(self)
+
+    monkeypatch.setattr(saving.RankWrite, "__call__", once_full)
+    with pckt.CheckpointManager(tmp_path, save_every=1, async_save=False,
+                                continuation="statistical") as mgr:
+        with pytest.raises(CheckpointError):
+            mgr.save(5, {"w": torch.arange(4.0)})
+        mgr.save(5, {"w": torch.arange(4.0)})
+    assert "is not after this manager's last save" not in capsys.readouterr().err
+
+
+def test_restore_does_not_wait_for_a_save_to_another_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Last review F5: a manager's restore waited for any async save of the process, to any
+    root (8 s for an unrelated one; for ever for one stuck on hung storage)."""
+    import time
+
+    import portable_ckpt.torch.saving as saving
+
+    real = saving.RankWrite.__call__
+
+    def slow(self: Any) -> Any:
+        time.sleep(3.0)
+        return real(self)
+
+    monkeypatch.setattr(saving.RankWrite, "__call__", slow)
+    h = pckt.async_save({"w": torch.arange(4.0)}, tmp_path / "a", step=1,
+                        continuation="statistical")
+    with pckt.CheckpointManager(tmp_path / "b", save_every=1) as mgr:
+        t0 = time.monotonic()
+        assert mgr.restore({"w": torch.zeros(4)}) is None
+        assert time.monotonic() - t0 < 2.0
+    h.result(timeout=60)

@@ -152,3 +152,36 @@ def test_a_save_the_caller_interrupted_while_staging_is_not_reported_again(
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split("\n")[:3] == ["interrupted", "pending None", "saved 3"], res.stdout
     assert "ABANDONED" not in res.stderr, res.stderr[-3000:]
+
+
+_UNCAUGHT_STAGING = """
+import sys, time
+import torch
+import portable_ckpt.torch as pckt
+import portable_ckpt.torch.async_saving as asv
+import portable_ckpt.torch.saving as saving
+
+root = sys.argv[1]
+state = {"w": torch.arange(8.0)}
+real_finish = asv._finish
+def slow_finish(*a, **k):
+    time.sleep(1.0)  # the peers still staging: the failure is agreed later
+    return real_finish(*a, **k)
+asv._finish = slow_finish
+def interrupted(*a, **k):
+    raise KeyboardInterrupt
+saving.stage = interrupted
+pckt.async_save(state, root, step=2, continuation="statistical")  # not caught
+"""
+
+
+def test_an_uncaught_ctrl_c_while_staging_is_not_reported_abandoned(tmp_path: Path) -> None:
+    """Last review F1: with the Ctrl-C not caught and the failure still being agreed at exit,
+    the exit's waiting branch reported the save ABANDONED with an empty reason, exit 1."""
+    script = tmp_path / "uncaught.py"
+    script.write_text(_UNCAUGHT_STAGING)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "root")],
+                         capture_output=True, text=True, timeout=120)
+    assert "KeyboardInterrupt" in res.stderr
+    assert "ABANDONED" not in res.stderr and "finishing the async save" not in res.stderr, res.stderr
+    assert res.returncode != 1, res.returncode

@@ -63,7 +63,8 @@ def _failure(rank: int, e: BaseException, *, coordinator: bool = False) -> RankF
     unknown = isinstance(e, CommitOutcomeUnknownError) or (
         coordinator and not isinstance(e, Exception)
     )
-    return RankFailure(rank, code, f"{type(e).__name__}: {e}", coordinator, unknown)
+    text = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} (interrupted)"
+    return RankFailure(rank, code, text, coordinator, unknown)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
@@ -62,6 +62,8 @@ class InFlight:
     committed: cf.Future[CheckpointInfo]
     exit_timeout: float = DEFAULT_EXIT_TIMEOUT
     attempt_id: str | None = None
+    #: The root's storage URL (None when it could not be opened).
+    root: str | None = None
     #: The caller's own Ctrl-C (or sys.exit) stopped it while staging: the caller saw that,
     #: so neither the exit hook nor wait_for_pending_save() reports it again (notebook F2).
     interrupted: bool = False
@@ -179,22 +181,27 @@ def _finish_at_exit() -> None:
             _abandoned(h, f"it failed and its handle was never asked: {str(e) or type(e).__name__}")
             end_abandoned()
         return
-    say(f"finishing the async save of step {h.step} before exit (at most {h.exit_timeout:g} s)")
+    if not h.interrupted:
+        say(f"finishing the async save of step {h.step} before exit (at most "
+            f"{h.exit_timeout:g} s)")
     cf.wait([h.committed], timeout=wait_bound(h.exit_timeout))
     if not h.committed.done():  # stuck in I/O or a collective: the exit would join it for ever
         _abandoned(h, f"not finished after {h.exit_timeout:g} s")
         end_abandoned()
     e = h.committed.exception()
-    if e is not None:
-        _abandoned(h, str(e))
+    if e is not None and not h.interrupted:  # the caller's Ctrl-C: seen already (last review F1)
+        _abandoned(h, str(e) or type(e).__name__)
         end_abandoned()
 
 
 def track(
-    step: int, committed: cf.Future[CheckpointInfo], exit_timeout: float = DEFAULT_EXIT_TIMEOUT
+    step: int,
+    committed: cf.Future[CheckpointInfo],
+    exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+    root: str | None = None,
 ) -> InFlight:
     """Record the async save of ``step`` as this process's in-flight save (finished at exit)."""
-    h = _SLOT.current = InFlight(step, committed, exit_timeout)
+    h = _SLOT.current = InFlight(step, committed, exit_timeout, root=root)
     at_interpreter_exit("pending-async-save", _finish_at_exit)
     return h
 
@@ -214,10 +221,17 @@ def wait_for_pending_save(timeout: float | None = None) -> CheckpointInfo | None
     return h.committed.result(timeout)
 
 
-def inflight_save() -> cf.Future[CheckpointInfo] | None:
-    """The ``committed`` future of this process's async save still in flight, else ``None``."""
+def inflight_save(
+    roots: Collection[str],
+) -> tuple[cf.Future[CheckpointInfo], float | None] | None:
+    """Find an async save of this process still in flight to one of ``roots`` (storage URLs).
+
+    Returns its ``committed`` future and the wait its exit would allow it, else ``None``.
+    """
     h = _SLOT.current
-    return None if h is None or h.committed.done() else h.committed
+    if h is None or h.committed.done() or h.root not in roots:
+        return None
+    return h.committed, wait_bound(h.exit_timeout)
 
 
 def wait_idle(if_busy: str) -> None:

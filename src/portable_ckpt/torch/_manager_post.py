@@ -351,6 +351,7 @@ def after_failure(
     rank 0 says so on stderr unless the error is ``raised`` to the caller right away (a
     synchronous save): the logger is silent by default and training goes on.
     """
+    mgr._saved_steps.discard(step)  # not saved: saving it again is no repeat
     if not raised:  # a synchronous save's error reached the caller already
         mgr.last_error = e
         mgr._last_error_fast = decision.tier != "durable"
@@ -403,6 +404,7 @@ def durable_ok(mgr: CheckpointManager) -> None:
     """
     mgr._failed_saves, mgr._failed_steps = 0, []
     mgr.last_error, mgr._last_error_fast = None, False
+    mgr._last_raised = None  # a later stop names a failure after this commit, not before it
 
 
 def failure_text(mgr: CheckpointManager, step: int, tier: str, e: BaseException) -> str:

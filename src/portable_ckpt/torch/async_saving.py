@@ -151,7 +151,8 @@ def async_save(
             prepared = prepare(state_dict, root, comm, copy=True, into=into, step=opts.step)
         _mark_staged(handle, prepared, t0)
         try:
-            slot = track(opts.step, handle.committed, bound)
+            root_url = prepared.storage.url if prepared.storage is not None else None
+            slot = track(opts.step, handle.committed, bound, root=root_url)
             _background(lambda: _finish(handle, slot, prepared, comm, opts, t0, write_with))
         except BaseException as e:
             # A Ctrl-C between the two left a tracked save that nothing would run: every later

@@ -277,6 +277,8 @@ class CheckpointManager:
         self._agreed_at: tuple[int, float] | None = None  # rank 0: (step, monotonic time)
         self._agreements = 0
         self._last_save_step: int | None = None
+        #: Steps this manager saved, less those whose save failed (a step saved again is said).
+        self._saved_steps: set[int] = set()
         self._last_save_time = time.monotonic()  # intervals only: a stepped clock must not stop saves
         #: Attempts created since are this job's: its retention never deletes them as abandoned.
         self._started = time.time()
@@ -296,6 +298,7 @@ class CheckpointManager:
         self._main_waiting = 0  # the main thread waits for background work (wait, a sync save)
         self._exiting = False  # closing from the interpreter-exit hook
         self._preemption = Preemption(handle_sigterm, handle_sigint)
+        self._signal_flags = (handle_sigterm, handle_sigint)
         url = self.tiers["durable"].storage.url
         if self.rank == 0 and open_on_root(url, self) is not None:
             # A notebook cell run again made a second manager beside the first (notebook
@@ -438,14 +441,16 @@ class CheckpointManager:
     ) -> None:
         tier = self._target(decision)
         self._warn_unranked(step, metrics, decision)
-        last = self._last_save_step
+        last = max(self._saved_steps, default=None)  # saves that did not fail
+        self._saved_steps.add(step)
         if last is not None and step <= last and self.rank == 0 and "step-again" not in self._warned:
             # A cell run again saved one step twice: two committed versions of it, the later
             # one restored, and nothing said (notebook review F4).
             self._warned.add("step-again")
-            say(f"step {step} is not after this manager's last save (step {last}): "
-                f"{'the later version of that step wins a restore' if step == last else 'a restore takes the higher step'}; "
-                "pass the training step to maybe_save (said once)")
+            later = ("the later version of that step wins a restore" if step == last
+                     else "a restore takes the higher step")
+            say(f"step {step} is not after this manager's last save (step {last}): {later} "
+                "(a cell run again, or maybe_save and save of one step; said once)")
         full = self._full_state(step, state, metrics, decision, tier)
         self._last_save_step = step
         self._last_save_time = time.monotonic()  # intervals only: a stepped clock must not stop saves
@@ -543,9 +548,11 @@ class CheckpointManager:
         # This process's async save of another manager (or of async_save) on this root must
         # be in the listing: a second manager's restore ran before the first's save committed
         # and answered None, and the loop restarted from step 1 (notebook review F3).
-        in_flight = inflight_save()
-        if in_flight is not None:
-            cf.wait([in_flight])
+        roots = {t.storage.url for t in self.tiers.values()}
+        in_flight = inflight_save(roots)
+        if in_flight is not None:  # bounded as the exit's wait for it (last review F5)
+            future, bound = in_flight
+            cf.wait([future], timeout=bound)
         return _restore(
             self, state, step, checkpoint, allow_statistical, record_ranges, strict, strict_dtype
         )
@@ -633,7 +640,14 @@ class CheckpointManager:
             if not isinstance(e, Exception):
                 # Ctrl-C while it finished: not closed, so close() again (or the exit hook)
                 # still finishes the save, its retention and its failure (notebook review F5:
-                # marked closed, the save's later failure was a stderr line and exit 0).
+                # marked closed, the save's later failure was a stderr line and exit 0). Open
+                # as before: its preemption handling comes back (last review F3: a SIGTERM
+                # then killed the job without a preemption save).
+                self._closing = False
+                seen = self._preemption.seen.is_set()
+                self._preemption = Preemption(*self._signal_flags)
+                if seen:
+                    self._preemption.seen.set()
                 raise
             self._shut()
             raise
