@@ -506,7 +506,7 @@ def test_a_torch_export_is_not_written_through_a_symlink_planted_at_its_staged_n
 
     monkeypatch.setattr(export, "open_staged", planted)
     out = tmp_path / "model.pt"
-    with pytest.raises(OSError):
+    with pytest.raises((OSError, CheckpointError)):
         convert(tmp_path / "root", out, dst_format="torch")
     assert victim.read_bytes() == b"keep me" and not os.path.lexists(out)
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging left

@@ -341,7 +341,9 @@ def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
     newest = save_step(root, 5)
     os.chmod(root / newest / "manifest.json", 0)
     res = _unprivileged("ls", str(root), "--latest")
-    assert res.returncode == 1 and res.stdout == ""
+    # 75 (EX_TEMPFAIL), not 1: `ckpt=$(ls --latest) || start_fresh` must not start afresh
+    # because of a storage error (scripting review F3)
+    assert res.returncode == 75 and res.stdout == ""
     assert f"cannot tell the latest version: {newest} could not be read" in res.stderr
     # Docs review F13: under --json the failure is a document too ("retry" is not "none").
     doc = json.loads(_unprivileged("ls", str(root), "--latest", "--json").stdout)
@@ -563,7 +565,7 @@ def test_ls_latest_stops_at_unreadable_verification_records_and_prints_the_raw_p
         res = _unprivileged("ls", str(root), "--latest")
     finally:
         os.chmod(root / newest / "verifications", 0o755)
-    assert res.returncode == 1 and res.stdout == "", res.stdout
+    assert res.returncode == 75 and res.stdout == "", res.stdout
     assert f"the verification records of {newest} could not be read" in res.stderr
 
 
@@ -613,7 +615,7 @@ def test_a_record_of_a_newer_major_version_is_unknown_not_absent(tmp_path) -> No
     assert v.annotations_unreadable and "2.0" in (v.error or "")
     rep = gc(root, keep=1, grace_seconds=0.0)
     assert first in rep.kept and not rep.deleted and not rep.complete
-    assert cli("ls", str(root), "--latest").returncode == 1
+    assert cli("ls", str(root), "--latest").returncode == 75  # "cannot tell", never "none"
 
 
 def test_ls_latest_reads_the_newest_levels_only(tmp_path) -> None:
@@ -643,3 +645,24 @@ def test_ls_latest_reads_the_newest_levels_only(tmp_path) -> None:
     assert not any(i in opened for i in ids[:-1])  # the older levels were not read
     passed = [ln for ln in res.stderr.splitlines() if "passed over" in ln]
     assert len(passed) == 6 and "more attempts passed over" in passed[-1], res.stderr
+
+
+def test_the_cli_with_stdout_closed_does_nothing_and_says_so(tmp_path) -> None:
+    """Scripting review F1, F2: with stdout closed (`>&-`) the CLI printed an internal error
+    and a traceback, exit 1, after `gc` had deleted versions; `ls --latest > /dev/full` was an
+    internal error too. Now: exit 74 before anything is touched; 74 for a full output."""
+    ids = [save_step(tmp_path, s) for s in (1, 2, 3)]
+    res = subprocess.run(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "gc", str(tmp_path), "--keep", "1",
+         "--grace", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert res.returncode == 74 and "Traceback" not in res.stderr, res.stderr
+    assert "nothing was done" in res.stderr
+    assert sorted(v.id for v in list_versions(tmp_path)) == sorted(ids)
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "portable_ckpt.cli.main", "ls",
+                              str(tmp_path), "--latest"], stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    assert res.returncode == 74 and "internal error" not in res.stderr, res.stderr

@@ -1194,7 +1194,10 @@ def test_events_files_are_not_written_through_planted_symlinks(tmp_path: Path, k
         for pid in range(os.getpid(), os.getpid() + 50):  # the old temporary names
             os.symlink(victim, f"{path}.{pid}.tmp")
     else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the symlink to another user")
         os.symlink(victim, path)
+        os.lchown(path, 12345, 12345)  # planted by another user
     tel = Telemetry(str(path), 0)
     tel.emit("save", tier="durable", ok=True, step=1)
     assert victim.read_text() == "keep me\n"
@@ -1282,3 +1285,19 @@ def test_restore_does_not_wait_for_a_save_to_another_root(
         assert mgr.restore({"w": torch.zeros(4)}) is None
         assert time.monotonic() - t0 < 2.0
     h.result(timeout=60)
+
+
+def test_an_events_path_that_is_the_jobs_own_symlink_is_followed(tmp_path: Path) -> None:
+    """Last review 4 F2: O_NOFOLLOW dropped every event written to /dev/stdout or to a log
+    linked elsewhere, and the package logger (silent by default) was all that said so."""
+    import json
+    import os
+
+    from portable_ckpt.manager.telemetry import Telemetry
+
+    target = tmp_path / "logs" / "events.jsonl"
+    target.parent.mkdir()
+    link = tmp_path / "events.jsonl"
+    os.symlink(target, link)
+    Telemetry(str(link), 0).emit("save", tier="durable", ok=True, step=1)
+    assert json.loads(target.read_text())["event"] == "save"

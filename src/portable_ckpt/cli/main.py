@@ -25,7 +25,7 @@ from typing import Any
 from portable_ckpt import __version__
 from portable_ckpt.cli._output import add_output_options, log_to_stderr
 from portable_ckpt.cli._text import safe
-from portable_ckpt.errors import CheckpointError, UsageError
+from portable_ckpt.errors import CheckpointError, StorageError, UsageError
 
 __all__ = ["build_parser", "main"]
 
@@ -85,6 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = check(args) if check is not None else None
     if problem:
         parser.error(f"{args.command}: {problem}")
+    if sys.stdout is None:
+        # Closed (`>&-`, some cron and systemd setups): the report could not be written, and
+        # a command that deletes would have run first (scripting review F1). Nothing is done.
+        print("portable-ckpt: standard output is closed, so the command's report could not "
+              "be written; nothing was done. Redirect it to /dev/null to discard the report",
+              file=sys.stderr)
+        return EXIT_OUTPUT
     real = sys.stdout
     sys.stdout = _Output(real)
     try:
@@ -110,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: Exit status when the command's own output cannot be written (sysexits' EX_IOERR).
 EXIT_OUTPUT = 74
+#: Exit status of ``ls --latest`` when a storage error kept it from telling (EX_TEMPFAIL).
+EXIT_RETRY = 75
 
 
 class _OutputError(Exception):
@@ -138,6 +147,14 @@ class _Output:
         except OSError as exc:
             raise _OutputError from exc
 
+    @property
+    def buffer(self) -> _Output:
+        """The binary stream under it, its write errors mapped as the text's.
+
+        ``ls --latest`` writes a path's bytes there (scripting review F2).
+        """
+        return _Output(self._stream.buffer)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
@@ -158,6 +175,10 @@ def _run(args: argparse.Namespace) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
         print(f"portable-ckpt: {safe(exc)}", file=sys.stderr)
+        if isinstance(exc, StorageError) and getattr(args, "latest", False):
+            # `ckpt=$(portable-ckpt ls ROOT --latest) || start_fresh`: a storage error must not
+            # read as "no version" (scripting review F3): sysexits' EX_TEMPFAIL, retry.
+            return EXIT_RETRY
         return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         return 130

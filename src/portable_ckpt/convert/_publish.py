@@ -49,6 +49,7 @@ def staged(dst: str, *, directory: bool = True) -> Iterator[str]:
         # the export write (and publish) the file it named (tenant review F4).
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o666)
+        _STAGED[tmp] = fd
     try:
         yield tmp
         if not directory:
@@ -72,12 +73,28 @@ def staged(dst: str, *, directory: bool = True) -> Iterator[str]:
         raise
     finally:
         if fd >= 0:
+            _STAGED.pop(tmp, None)
             os.close(fd)
 
 
+#: Staged files being written, by name: their descriptors (made with the file).
+_STAGED: dict[str, int] = {}
+
+
 def open_staged(tmp: str) -> Any:
-    """Open a staged file for writing, never through a symlink at its name."""
-    return os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC), "wb")
+    """Open a staged file for writing: the file :func:`staged` made, not what its name is now.
+
+    Written through the descriptor made with it (a name another user swapped for a symlink
+    in between would not be followed, and its inode check stops the publish).
+    """
+    fd = _STAGED.get(tmp)
+    if fd is None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    else:
+        fd = os.dup(fd)
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.fdopen(fd, "wb")
 
 
 def staged_dir(dst: str) -> contextlib.AbstractContextManager[str]:

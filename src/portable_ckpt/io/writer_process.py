@@ -276,8 +276,12 @@ def _child_env() -> dict[str, str]:
     """The writer imports this same copy of portable_ckpt, and uses one thread per library."""
     pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
+    # What the trainer itself imports from (its script's or `-m` directory included): a
+    # storage backend kept there must load in the writer too, which `-P` keeps from looking in
+    # the working directory (last review 4 F1). Never "" (the writer's working directory).
+    trainer = [p for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (pkg_parent, env.get("PYTHONPATH", "")) if p
+        p for p in (pkg_parent, *trainer, env.get("PYTHONPATH", "")) if p
     )
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")

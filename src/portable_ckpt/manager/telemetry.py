@@ -15,10 +15,12 @@ rank 0 writes (the other ranks still log).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -112,14 +114,33 @@ def _publish_text(path: str, text: str) -> None:
     folder, name = os.path.split(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # what open() would have made, not mkstemp's 0600
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # what open() would have made, not mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _open_append(path: str) -> int:
+    """Open the JSON-lines file to append, through a symlink only if this user or root owns it.
+
+    A symlink another user planted at the path (a directory others can write) made the job
+    append to the file it names (tenant review F2); a link of the job's own, or ``/dev/stdout``
+    (root's), is followed as before (last review 4 F2).
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+    owner = os.lstat(path).st_uid
+    if owner not in (os.geteuid(), 0):
+        raise PermissionError(errno.EPERM, f"a symlink of user id {owner}, not followed", path)
+    return os.open(path, flags, 0o666)
 
 
 def _umask() -> int:
@@ -147,6 +168,7 @@ class Telemetry:
         self._lock = threading.Lock()
         self._latest: dict[tuple[str, str], dict[str, Any]] = {}
         self.path: str | None = None
+        self._said_unwritable = False
         self.history: list[dict[str, Any]] = []
         if events is not None:
             text = os.path.expanduser(os.fspath(events))  # "~/events.jsonl" (notebook F6)
@@ -181,12 +203,12 @@ class Telemetry:
                     _publish_text(self.path, prometheus_text(self._latest, self.labels))
                 else:
                     line = json.dumps(doc, default=str, allow_nan=False) + "\n"
-                    # O_NOFOLLOW: a symlink planted at the path (a team directory others can
-                    # write) made the job append to the file it names (tenant review F2).
-                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-                                 | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-                    with os.fdopen(fd, "a", encoding="utf-8") as f:
+                    with os.fdopen(_open_append(self.path), "a", encoding="utf-8") as f:
                         f.write(line)
             except (OSError, ValueError) as e:
                 self.log.warning("checkpoint telemetry: cannot write %s: %s", self.path, e)
+                if not self._said_unwritable:  # the package logger is silent by default
+                    self._said_unwritable = True
+                    print(f"portable_ckpt: checkpoint events are not written to {self.path}: "
+                          f"{e}", file=sys.stderr)
         return doc

@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import stat
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -175,7 +176,8 @@ def _warn_if_others_control(root: str) -> None:
     except OSError:
         return
     why = []
-    if st.st_uid != os.geteuid():
+    team = bool(st.st_mode & stat.S_IWGRP) and st.st_gid in os.getgroups()
+    if st.st_uid != os.geteuid() and not team:  # a team's shared directory is not warned of
         why.append(f"is owned by user id {st.st_uid}, not this process's ({os.geteuid()})")
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
         why.append("is writable by every user")
@@ -186,6 +188,10 @@ def _warn_if_others_control(root: str) -> None:
                   "checkpoint root %s %s: another user can read, replace or remove its "
                   "versions; use a directory of your own (mode 0700 or 0750)", root,
                   " and ".join(why), level=logging.WARNING)
+        # Also on stderr: the package's logger is silent by default (last review 4 F4).
+        print(f"portable_ckpt: WARNING: checkpoint root {root} {' and '.join(why)}: another "
+              "user can read, replace or remove its versions; use a directory of your own",
+              file=sys.stderr)
 
 
 class LocalStorage(ScannedStorage):

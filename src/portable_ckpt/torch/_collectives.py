@@ -63,7 +63,9 @@ def _failure(rank: int, e: BaseException, *, coordinator: bool = False) -> RankF
     unknown = isinstance(e, CommitOutcomeUnknownError) or (
         coordinator and not isinstance(e, Exception)
     )
-    text = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} (interrupted)"
+    text = f"{type(e).__name__}: {e}"
+    if not str(e) and not isinstance(e, Exception):
+        text = f"{type(e).__name__} (interrupted)"
     return RankFailure(rank, code, text, coordinator, unknown)
 
 

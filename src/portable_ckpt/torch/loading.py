@@ -129,7 +129,7 @@ def load(
             try:
                 info = _load(state_dict, root, comm, t0, **kwargs)
             except VersionDeletedError as e:
-                if not _may_retry(root, comm, checkpoint_id):
+                if not _may_retry(root, comm, checkpoint_id, step):
                     raise
                 # Retention deleted the version under this load (a server reloading from a
                 # root a trainer writes and prunes): the state is partly filled from it.
@@ -145,14 +145,14 @@ def load(
     return info
 
 
-def _may_retry(root: Root, comm: Comm, checkpoint_id: str | None) -> bool:
+def _may_retry(root: Root, comm: Comm, checkpoint_id: str | None, step: int | None) -> bool:
     """Whether a load whose version was deleted under it reads the root's latest again.
 
     One process only (ranks of a group would each decide alone), and only when it was given a
-    root, not one version.
+    root, not one version or step.
     """
-    if comm.world_size > 1 or checkpoint_id is not None:
-        return False
+    if comm.world_size > 1 or checkpoint_id is not None or step is not None:
+        return False  # (a step's newest version again: it was the one deleted)
     name = os.path.basename(_where(root).rstrip("/"))
     return ATTEMPT_ID_RE.fullmatch(name) is None
 

@@ -442,7 +442,6 @@ class CheckpointManager:
         tier = self._target(decision)
         self._warn_unranked(step, metrics, decision)
         last = max(self._saved_steps, default=None)  # saves that did not fail
-        self._saved_steps.add(step)
         if last is not None and step <= last and self.rank == 0 and "step-again" not in self._warned:
             # A cell run again saved one step twice: two committed versions of it, the later
             # one restored, and nothing said (notebook review F4).
@@ -472,6 +471,9 @@ class CheckpointManager:
                 full, tier.storage, mode=self.async_mode, exit_timeout=self.exit_timeout, **kwargs
             )
             register_after_async_save()
+        # Saved (sync) or staged (async; a later failure takes it out again): a Ctrl-C before
+        # this point left it counted, and its save again was called a repeat (last review 4 F5).
+        self._saved_steps.add(step)
         pause = time.perf_counter() - t0
         # Finished post-save work leaves the list (it grew by one future per save until
         # wait(), soak review F4); a future that raised stays for wait() to raise.
