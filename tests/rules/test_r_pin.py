@@ -382,3 +382,23 @@ def test_r_gc_11_retire_and_damage_of_pinned_versions_are_reported(
     (root / ids[0] / "manifest.json").write_text('{"damaged": true}')
     rep = gc(root, keep=1, grace_seconds=0)
     assert [d["id"] for d in rep.damaged] == [ids[0]] and ids[0] in rep.pinned
+
+
+def test_pinning_a_version_again_by_the_same_party_keeps_one_record(tmp_path) -> None:
+    """Scripting review F8: every `portable-ckpt pin` of a pinned version added a record: a
+    daily pin job grew pins/ without bound. The same `by` gets its record back; another party
+    adds its own."""
+    import os
+
+    import numpy as np
+
+    import portable_ckpt
+    from portable_ckpt.io.pins import pin, read_pins
+
+    portable_ckpt.save_arrays(tmp_path, {"w": np.zeros(2, np.float32)}, step=1)
+    aid = portable_ckpt.open(tmp_path).id
+    first = pin(tmp_path, aid, by="cron")
+    assert pin(tmp_path, aid, by="cron", reason="again") == first
+    assert pin(tmp_path, aid, by="release") != first
+    assert len(read_pins(tmp_path)[aid]) == 2
+    assert len(os.listdir(tmp_path / "pins")) == 2

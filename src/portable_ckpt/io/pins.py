@@ -184,7 +184,8 @@ def pin(
 ) -> str:
     """Pin the committed version ``attempt_id`` of a root; return the record's path.
 
-    Every gc keeps a pinned version, and it takes no place among gc's ``keep`` (R-GC-11),
+    A version this ``by`` pinned already keeps its record (its path is returned). Every gc
+    keeps a pinned version, and it takes no place among gc's ``keep`` (R-GC-11),
     until :func:`unpin`. ``reason`` (at most 1,024 characters) and ``by`` (at most 256) are
     stored in the record for whoever lists the root.
 
@@ -203,6 +204,15 @@ def pin(
             raise UsageError(f"pin: {name} must be a string of at most {most} characters")
     storage = open_storage(root)
     load_manifest(storage, attempt_id)  # only committed versions are pinned
+    # Pinned by this `by` already (a cron job pinning again): that record, not one more each
+    # run (scripting review F8). Pins that cannot be read: a new record, as before.
+    try:
+        held = read_pins(storage).get(attempt_id, [])
+    except CheckpointError:
+        held = []
+    for doc in held:
+        if doc.get("by") == by and isinstance(doc.get("pin_id"), str):
+            return f"{PIN_DIR}/{doc['pin_id']}.json"
     ident = annotation_id("p")
     rec: dict[str, Any] = {
         "format": "portable-ckpt-pin", "format_version": "1.0", "pin_id": ident,
