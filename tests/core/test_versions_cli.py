@@ -666,3 +666,27 @@ def test_the_cli_with_stdout_closed_does_nothing_and_says_so(tmp_path) -> None:
                               str(tmp_path), "--latest"], stdout=full,
                              stderr=subprocess.PIPE, text=True, timeout=120)
     assert res.returncode == 74 and "internal error" not in res.stderr, res.stderr
+
+
+def test_a_deep_verification_that_could_not_be_recorded_exits_1(tmp_path) -> None:
+    """Scripting review F9: the record asked for could not be written, gc and managers did not
+    learn the outcome, and `verify --deep` exited 0 (`copy` exits 1 in the same case)."""
+    aid = save_step(tmp_path, 1)
+    os.chmod(tmp_path / aid, 0o555)  # no verifications/ can be made in it
+    try:
+        res = _unprivileged("verify", "--deep", str(tmp_path / aid))
+    finally:
+        os.chmod(tmp_path / aid, 0o755)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "the verification was not recorded" in res.stderr and "OK " in res.stdout
+
+
+def test_ls_notes_go_to_stderr_and_stdout_is_the_table(tmp_path) -> None:
+    """Scripting review F10: the note on foreign entries was printed on stdout around the
+    table, breaking `tail`/`awk` on it."""
+    save_step(tmp_path, 1)
+    (tmp_path / "notes.txt").write_text("not a version")
+    res = cli("ls", str(tmp_path))
+    assert res.returncode == 0
+    assert "not this format's" in res.stderr and "not this format's" not in res.stdout
+    assert res.stdout.splitlines()[0].startswith("ID")
