@@ -777,7 +777,7 @@ def test_only_unreadable_verification_records_stop_a_restore(tmp_path: Path, kin
         if kind == "verifications":  # it may say the version failed: nothing is decided
             with pytest.raises(portable_ckpt.CheckpointError, match="verifications records"):
                 m.restore(state)
-            assert p.returncode == 1 and "could not be read" in p.stderr, p
+            assert p.returncode == 75 and "could not be read" in p.stderr, p  # cannot tell
             return
         assert m.restore(state).step == 2
     assert p.returncode == 0 and p.stdout.strip() == str(v), p
@@ -1129,18 +1129,7 @@ def test_ctrl_c_in_close_leaves_the_manager_open_to_finish(
     monkeypatch.setattr(saving.RankWrite, "__call__", slow)
     mgr = pckt.CheckpointManager(tmp_path, save_every=1, continuation="statistical")
     mgr.maybe_save(1, {"w": torch.arange(4.0)})
-    real_wait = mgr.wait
-    calls = [0]
-
-    def interrupted_wait(timeout: float | None = None) -> None:
-        calls[0] += 1
-        if calls[0] == 1:
-            raise KeyboardInterrupt
-        real_wait(timeout)
-
-    monkeypatch.setattr(mgr, "wait", interrupted_wait)
-    with pytest.raises(KeyboardInterrupt):
-        mgr.close()
+    _ctrl_c_in_first_close(mgr, monkeypatch)
     mgr.maybe_save(2, {"w": torch.arange(4.0)})  # still open: the job may go on
     mgr.close()
     assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [1, 2]
@@ -1216,18 +1205,7 @@ def test_after_ctrl_c_in_close_the_manager_still_handles_sigterm(
     mgr = pckt.CheckpointManager(tmp_path, save_every=100, async_save=False,
                                  continuation="statistical")
     try:
-        real_wait = mgr.wait
-        calls = [0]
-
-        def interrupted_wait(timeout: float | None = None) -> None:
-            calls[0] += 1
-            if calls[0] == 1:
-                raise KeyboardInterrupt
-            real_wait(timeout)
-
-        monkeypatch.setattr(mgr, "wait", interrupted_wait)
-        with pytest.raises(KeyboardInterrupt):
-            mgr.close()
+        _ctrl_c_in_first_close(mgr, monkeypatch)
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
         signal.raise_signal(signal.SIGTERM)  # handled: the next maybe_save saves
         mgr.maybe_save(3, {"w": torch.arange(4.0)})
@@ -1301,3 +1279,19 @@ def test_an_events_path_that_is_the_jobs_own_symlink_is_followed(tmp_path: Path)
     os.symlink(target, link)
     Telemetry(str(link), 0).emit("save", tier="durable", ok=True, step=1)
     assert json.loads(target.read_text())["event"] == "save"
+
+
+def _ctrl_c_in_first_close(mgr: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Close ``mgr`` with a Ctrl-C arriving in its first wait (the manager stays open)."""
+    real_wait = mgr.wait
+    calls = [0]
+
+    def interrupted_wait(timeout: float | None = None) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt
+        real_wait(timeout)
+
+    monkeypatch.setattr(mgr, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        mgr.close()
