@@ -132,26 +132,11 @@ class _Save:
         return time.perf_counter() - t0
 
     def _reused(self, process: bool) -> Any:
-        """One stager kept across saves: its staging buffers are allocated once.
-
-        On CUDA, ``BlockingAsyncStager(cache_staged_state_dict=True)`` (pinned buffers; what
-        ``FileSystemWriter(cache_staged_state_dict=True)`` does): torch 2.11's ``DefaultStager``
-        failed on this state (``KeyError: <class 'type'>`` in its deep copy). On the CPU, where
-        pinning needs an accelerator, ``DefaultStager`` without pinning.
-        """
-        from torch.distributed.checkpoint.staging import (
-            BlockingAsyncStager,
-            DefaultStager,
-            StagingOptions,
-        )
+        """One DCP stager kept across saves (:func:`bench.dcp_staging.reused_stager`)."""
+        from bench.dcp_staging import reused_stager
 
         if self._stager is None:
-            if self.device == "cuda":
-                self._stager = BlockingAsyncStager(cache_staged_state_dict=True)
-            else:
-                self._stager = DefaultStager(StagingOptions(
-                    use_pinned_memory=False, use_shared_memory=process, use_async_staging=False,
-                    use_non_blocking_copy=False))
+            self._stager = reused_stager(self.device == "cuda", process)
         return self._stager
 
     @property

@@ -376,18 +376,11 @@ class _Saver:
         return time.perf_counter() - t0
 
     def _stager(self, process: bool) -> Any:
-        """DCP's staging for repeated saves: one ``DefaultStager`` kept across saves.
-
-        It keeps its staging buffers (``StateDictStager`` caches them by storage), so a save
-        after the first copies into them as ours does into its pool; shared memory for the
-        process mode. Staging stays synchronous: the call returns when the state may change.
-        """
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        """One DCP stager kept across saves (:func:`bench.dcp_staging.reused_stager`)."""
+        from bench.dcp_staging import reused_stager
 
         if self._stager_obj is None:
-            self._stager_obj = DefaultStager(StagingOptions(
-                use_pinned_memory=False, use_shared_memory=process, use_async_staging=False,
-                use_non_blocking_copy=False))
+            self._stager_obj = reused_stager(False, process)
         return self._stager_obj
 
     @property

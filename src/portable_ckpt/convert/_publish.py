@@ -87,11 +87,7 @@ def open_staged(tmp: str) -> Any:
     Written through the descriptor made with it (a name another user swapped for a symlink
     in between would not be followed, and its inode check stops the publish).
     """
-    fd = _STAGED.get(tmp)
-    if fd is None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    else:
-        fd = os.dup(fd)
+    fd = os.dup(_STAGED[tmp])  # a file staged(directory=False) made and is still writing
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     return os.fdopen(fd, "wb")

@@ -375,14 +375,6 @@ def _copy_holder(mesh: Any) -> int | None:
     return int(grid[tuple(holder)])
 
 
-def _outside_coordinate_ok(mesh: Any) -> bool:
-    """For a sub-mesh: whether this rank is the lowest copy along the root dims the sub-mesh lacks."""
-    holder = _copy_holder(mesh)
-    if holder is None:
-        return True
-    return holder == mesh.get_rank() if holder >= 0 else False
-
-
 @dataclass(frozen=True)
 class _MeshFacts:
     coord: tuple[int, ...] | None
@@ -395,7 +387,7 @@ _MESH_FACTS: dict[int, tuple[weakref.ref[Any], _MeshFacts]] = {}
 
 
 def _mesh_facts(mesh: Any) -> _MeshFacts:
-    """Return the rank's coordinate, the mesh shape and :func:`_outside_coordinate_ok`, per mesh.
+    """Return the rank's coordinate, the mesh shape and whether it writes (:func:`_copy_holder`).
 
     ``DeviceMesh.mesh`` rebuilds a tensor on every access (about a millisecond): with hundreds
     of DTensors on one mesh that dominated planning a save or a load. Meshes are immutable, so
@@ -405,11 +397,13 @@ def _mesh_facts(mesh: Any) -> _MeshFacts:
     if hit is not None and hit[0]() is mesh:
         return hit[1]
     coord = mesh.get_coordinate()
+    holder = _copy_holder(mesh)
     facts = _MeshFacts(
         None if coord is None else tuple(int(c) for c in coord),
         tuple(int(s) for s in mesh.mesh.shape),
-        coord is not None and _outside_coordinate_ok(mesh),
-        _copy_holder(mesh),
+        # the stored copy of a sub-mesh's pieces is the holder's (the mesh's own otherwise)
+        coord is not None and (holder is None or holder == mesh.get_rank()),
+        holder,
     )
     if len(_MESH_FACTS) > 256:
         _MESH_FACTS.clear()

@@ -307,24 +307,21 @@ def submesh_copies(flat: FlatState, seed: int = 0) -> dict[str, list[Any]]:
         groups.setdefault(f"{dims}@{holder}", (holder, []))[1].append((key, t))
     if not groups:
         return {}
-    samples: list[Any] = []  # uint8 views, in (group, key) order
+    # (group, its holder, its (key, global shape, local shard) in key order)
+    ordered = [(name, holder, [(k, t.shape, t.to_local()) for k, t in sorted(items)])
+               for name, (holder, items) in sorted(groups.items(), key=lambda g: g[0])]
     indexes: dict[tuple[int, Any], torch.Tensor] = {}
     with torch.no_grad():
-        for _name, (_holder, items) in sorted(groups.items()):
-            for _key, t in sorted(items, key=lambda kv: kv[0]):
-                samples.append(_spread_sample(t.to_local(), seed, indexes))
-        host = _to_host(samples)
+        host = iter(_to_host([_spread_sample(local, seed, indexes)
+                              for _, _, shards in ordered for _, _, local in shards]))
     out: dict[str, list[Any]] = {}
-    i = 0
-    for name, (holder, items) in sorted(groups.items()):
+    for name, holder, shards in ordered:
         shape_crc = values_crc = 0
-        for key, t in sorted(items, key=lambda kv: kv[0]):
-            local = t.to_local()
-            head = f"{key}|{local.dtype}|{list(t.shape)}|{list(local.shape)}|".encode()
+        for key, shape, local in shards:
+            head = f"{key}|{local.dtype}|{list(shape)}|{list(local.shape)}|".encode()
             shape_crc = crc32c(head, shape_crc)
-            values_crc = crc32c(host[i], values_crc)
-            i += 1
-        out[name] = [holder, f"{shape_crc:08x}", f"{values_crc:08x}", min(k for k, _ in items)]
+            values_crc = crc32c(next(host), values_crc)
+        out[name] = [holder, f"{shape_crc:08x}", f"{values_crc:08x}", shards[0][0]]
     return out
 
 
