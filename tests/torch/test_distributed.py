@@ -336,6 +336,56 @@ def test_ctrl_c_during_the_demo_prints_no_traceback_and_leaves_no_rank(tmp_path:
     assert not left.strip(), f"processes left in the demo's session: {left}"
 
 
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_a_drill_stopped_as_timeout_stops_it_says_so_without_a_traceback(
+    tmp_path: Any, sig: str
+) -> None:
+    """``timeout -s INT`` signals the CLI, then its whole process group: the CLI got the signal
+    twice, and the second one, landing in torch's exit handlers, printed their traceback
+    (scripting review F5). SIGTERM (systemd's stop) killed the CLI outright: no message, no
+    ``--json`` document, ranks left behind. Now: one line on stderr, the document on stdout,
+    130 or 143, and no process of the drill left."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    root = tmp_path / "r"
+    portable_ckpt.save_arrays(str(root), {"w": np.arange(4096.0)}, step=1)
+    signum = getattr(signal, f"SIG{sig}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "portable_ckpt.cli.main", "drill", str(root), "--world-size", "2",
+         "--json", "--no-record"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:  # the CLI, fork server, 2 ranks
+        found = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
+        if len(found.stdout.split()) >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the drill ended before the ranks could be seen"
+    os.kill(proc.pid, signum)
+    os.killpg(proc.pid, signum)  # as timeout(1) does: the command, then its process group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert "drill was" in err and "before it finished" in err, err
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["error"]["code"] == "PCK-INTERRUPTED", doc
+    deadline = time.monotonic() + 10
+    left = "?"
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True,
+                              text=True).stdout.strip()
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes left in the drill's session: {left}"
+
+
 def test_a_demo_that_ignores_ctrl_c_keeps_running(tmp_path: Any) -> None:
     """Re-check of the fix above: started with SIGINT ignored (nohup, ``&`` in a script), the
     CLI and its ranks keep ignoring it; the ranks used to restore Python's handler and die."""

@@ -3,7 +3,8 @@
 Exit codes: 0 success, 1 a checkpoint problem (the error's code is printed, e.g. PCK-NOT-FOUND for
 a root that does not exist, PCK-STORAGE when gc skipped attempts it could not read), 2 usage
 errors (a bad argument before anything is touched; a request the root's state refuses without
-``--force``, nothing written), 130 interrupted, 141 output into a closed pipe.
+``--force``, nothing written), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM: systemd's stop,
+``timeout``), 141 output into a closed pipe.
 
 Every subcommand takes ``-v``/``-vv`` (the library's log at INFO/DEBUG on stderr) and ``-q``
 (no progress bars, errors only); long work draws progress bars on stderr when it is a terminal
@@ -19,6 +20,7 @@ import os
 import pkgutil
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # module and the package's light top are imported before this point.
         parser = build_parser()
     except KeyboardInterrupt:
-        return 130
+        return _interrupted(None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -94,9 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OUTPUT
     real = sys.stdout
     sys.stdout = _Output(real)
+    term = _terminate_as_interrupt()
     try:
         with log_to_stderr(args):
             code = _run(args)
+            _ignore_interrupts()  # the work is done: a signal during shutdown changes nothing
             sys.stdout.flush()  # now, not at exit: a failing write is reported here
             return code
     except _OutputError as exc:
@@ -104,8 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"ran (its result is not shown)", file=sys.stderr)
         _silence(real)
         return EXIT_OUTPUT
-    except KeyboardInterrupt:  # a second Ctrl-C, while the log handler is being removed
-        return 130
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, while the log handler is being removed
+        return _interrupted(None, exc)
     except BrokenPipeError:
         # The reader of our output went away: point stdout at /dev/null so that the flush at
         # exit cannot raise again, and end like a process killed by SIGPIPE (cat, grep).
@@ -113,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     finally:
         sys.stdout = real
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
 
 
 #: Exit status when the command's own output cannot be written (sysexits' EX_IOERR).
@@ -180,8 +186,8 @@ def _run(args: argparse.Namespace) -> int:
             # read as "no version" (scripting review F3): sysexits' EX_TEMPFAIL, retry.
             return EXIT_RETRY
         return 2 if isinstance(exc, UsageError) else 1
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted(args, exc)
     except (BrokenPipeError, SystemExit, GeneratorExit, _OutputError):
         raise
     except BaseException as exc:  # no traceback ever reaches a user; PCK_DEBUG=1 shows it
@@ -194,6 +200,58 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that its cleanup runs as for a Ctrl-C."""
+
+
+def _terminate_as_interrupt() -> Any:
+    """Turn SIGTERM into :class:`_Terminated` while a command runs; returns the old handler.
+
+    Killed outright, an interrupted ``copy`` or ``gc`` said nothing, and a ``--json`` caller got
+    no document (scripting review F4). Only the main thread can set handlers; elsewhere (the
+    CLI called from a library's thread) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    return signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def _ignore_interrupts() -> None:
+    """Ignore further SIGINT/SIGTERM: the process is on its way out.
+
+    ``timeout -s INT`` signals the command and then its whole process group, so the CLI gets
+    the signal twice; the second landed in the interpreter's exit handlers (torch's), whose
+    traceback reached the user (scripting review F5).
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _interrupted(args: argparse.Namespace | None, exc: BaseException | None = None) -> int:
+    """Report an interruption (stderr, and the ``--json`` document) and return its exit code."""
+    _ignore_interrupts()
+    terminated = isinstance(exc, _Terminated)
+    what = "terminated (SIGTERM)" if terminated else "interrupted"
+    command = getattr(args, "command", None)
+    message = (
+        f"{command} was {what} before it finished; run it again to finish it"
+        if command else what
+    )
+    try:
+        if args is not None and getattr(args, "json", False):
+            error = {"code": "PCK-INTERRUPTED", "message": message}
+            print(json.dumps({"ok": False, "error": error}, indent=2))
+        print(f"portable-ckpt: {message}", file=sys.stderr)
+    except (OSError, ValueError):
+        pass  # the output is gone too: the exit status says it
+    return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 if __name__ == "__main__":
