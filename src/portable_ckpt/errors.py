@@ -138,7 +138,14 @@ class VersionDeletedError(FileMissingError):
     A ``PCK-FILE-MISSING`` (R-FILES-3) whose commit record is gone too: retention or gc removed
     the version under the reader. Not damage: open the root again for the newest version (or
     pin a version for as long as a reader needs it, ``portable-ckpt pin``).
+
+    Attributes:
+        failures: In a collective load, every rank's failure as all ranks learnt it (what
+            decides, alike on every rank, whether the group loads the root's latest again).
+
     """
+
+    failures: tuple[RankFailure, ...] = ()
 
 
 class FileSizeError(CheckpointError):
@@ -294,6 +301,8 @@ class RankFailure:
             rather than in its local part of the step.
         unknown: Whether the failed work may nevertheless have taken effect (a commit record
             that may be published): nothing it depends on may be removed.
+        deleted: Whether it was a :class:`VersionDeletedError`: the version was deleted
+            while the rank read it (not damage).
 
     """
 
@@ -302,6 +311,7 @@ class RankFailure:
     message: str
     coordinator: bool = False
     unknown: bool = False
+    deleted: bool = False
 
 
 class DistributedError(CheckpointError):

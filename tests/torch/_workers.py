@@ -604,3 +604,32 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
             "conflicts": conflicts, "negative": negative, "values": values,
             "values_stderr": err2.getvalue(), "values_equal": equal, "entries": entries,
             "entries_stderr": err3.getvalue(), "big": big, "big_stderr": err4.getvalue()}
+
+
+def load_while_pruned(rank: int, world: int, root: str, newer: str) -> dict[str, Any]:
+    """Load a root while retention deletes the version read (rank 0's first read brings a newer
+    version in and runs gc): the group loads the root's latest again, together."""
+    import shutil
+
+    from portable_ckpt.io.gc import gc
+    from portable_ckpt.io.reader import Checkpoint
+
+    real = Checkpoint.read_many
+    done = [rank != 0]
+
+    def pruned_under_it(self: Checkpoint, requests: Any) -> Any:
+        if not done[0]:
+            done[0] = True
+            (attempt,) = [n for n in os.listdir(newer) if n.startswith("s")]
+            shutil.copytree(os.path.join(newer, attempt), os.path.join(root, attempt),
+                            ignore=shutil.ignore_patterns("manifest.json"))
+            shutil.copy(os.path.join(newer, attempt, "manifest.json"),
+                        os.path.join(root, attempt, "manifest.json"))  # committed last
+            gc(root, keep=1, grace_seconds=0)  # the version being read goes
+        return real(self, requests)
+
+    Checkpoint.read_many = pruned_under_it  # type: ignore[method-assign]
+    target = {f"l{i}": torch.zeros(64) for i in range(6)}
+    info = pckt.load(target, root, strict=False)
+    return {"step": info.step, "values": [float(t[0]) for t in target.values()],
+            "left": info.left_from_failed, "missing": info.missing_keys}

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
+import torch  # noqa: E402
 
 import portable_ckpt
 from portable_ckpt.torch.launch import GroupResult, run_group
@@ -334,6 +335,29 @@ def test_ctrl_c_during_the_demo_prints_no_traceback_and_leaves_no_rank(tmp_path:
             break
         time.sleep(0.2)
     assert not left.strip(), f"processes left in the demo's session: {left}"
+
+
+def test_a_group_load_whose_version_retention_deletes_loads_the_latest_together(
+    tmp_path: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Left open by the serving review (F3): only a load in one process loaded the root's latest
+    again; a group's raised on every rank although no rank met damage. Every rank now decides
+    from the failures all of them exchanged, so all retry, or none. Keys the version loaded
+    instead lacks (``strict=False``) may hold the deleted version's values: listed and said."""
+    import portable_ckpt.torch as pckt
+
+    root, newer = tmp_path / "root", tmp_path / "newer"
+    pckt.save({f"l{i}": torch.full((64,), 10.0 + i) for i in range(6)}, str(root), step=1,
+              continuation="statistical")
+    pckt.save({f"l{i}": torch.full((64,), 20.0 + i) for i in range(5)}, str(newer), step=2,
+              continuation="statistical")  # lacks l5
+    results = ok(run("load_while_pruned", 2, str(root), str(newer)))
+    for r in results:
+        assert r["step"] == 2, r
+        assert r["values"][:5] == [20.0 + i for i in range(5)], r
+        assert r["values"][5] in (0.0, 15.0), r  # the deleted version's, or the initial value
+        assert r["missing"] == ["l5"] and r["left"] == ["l5"], r
+    assert len(portable_ckpt.list_versions(str(root))) == 1
 
 
 @pytest.mark.parametrize("sig", ["INT", "TERM"])

@@ -502,3 +502,31 @@ def test_the_sampled_comparison_moves_with_the_step() -> None:
     c = a.clone()  # equal tensors are equal at every step
     assert all(replica_digests(flatten_state({"buf": c}), seed=s)["buf"] == x
                for s, (x, _) in enumerate(digests[:5]))
+
+
+def test_a_group_retries_a_deleted_version_only_when_every_rank_says_so(tmp_path: Path) -> None:
+    """The decision to load the root's latest again is taken from the failures every rank
+    exchanged: alike everywhere, so a group retries together or not at all."""
+    from portable_ckpt.errors import DistributedError, RankFailure, VersionDeletedError
+    from portable_ckpt.torch._collectives import Comm, StepStatus
+    from portable_ckpt.torch.loading import _may_retry
+
+    group = Comm(1, 3, None, [0, 1, 2], 5.0)
+    gone = RankFailure(0, "PCK-FILE-MISSING", "VersionDeletedError: x", deleted=True)
+    damaged = RankFailure(2, "PCK-CHECKSUM", "ChecksumError: y")
+    own = VersionDeletedError("x")
+    own.failures = (gone, gone)
+    root = str(tmp_path)
+    assert _may_retry(root, group, None, None, DistributedError("d", failures=[gone]))
+    assert _may_retry(root, group, None, None, own)
+    assert not _may_retry(root, group, None, None, DistributedError("d", failures=[gone, damaged]))
+    assert not _may_retry(root, group, None, None, DistributedError("exchange failed"))
+    assert not _may_retry(root, group, None, None, VersionDeletedError("no list"))
+    assert not _may_retry(root, group, None, 3, own)  # a step's newest: the one deleted
+    assert not _may_retry(root, group, "s1", None, own)
+    # the flag travels in the exchanged document
+    doc = StepStatus(failures=(gone,)).to_json()
+    assert StepStatus.from_json(doc).failures[0].deleted
+    one = Comm(0, 1, None, [0], 5.0)
+    assert _may_retry(root, one, None, None, VersionDeletedError("x"))
+    assert not _may_retry(root, one, None, None, DistributedError("d", failures=[gone]))

@@ -66,6 +66,7 @@ from portable_ckpt.format.manifest import (
     TableRef,
     TensorEntry,
 )
+from portable_ckpt.format.naming import ATTEMPT_ID_RE
 from portable_ckpt.format.usage import fraction, strict_int
 from portable_ckpt.io._blame import name_block
 from portable_ckpt.io._zstd_box import stream_box
@@ -368,9 +369,17 @@ class Checkpoint:
         return f"{self._attempt}/{path}"
 
     def _deleted(self, cause: CheckpointError | None = None) -> VersionDeletedError | None:
-        """The error to raise when this version's commit record is gone, else ``None``."""
+        """The error to raise when this version was deleted under the reader, else ``None``.
+
+        Deleted: its commit record is gone, and the root still holds a committed version
+        (retention and gc never delete the last one). A root that holds none is not this
+        version's root (a rank of a group given a wrong path, which received the record from
+        rank 0), or was removed as a whole: the file's absence stands as it is.
+        """
         try:
             if self.storage.exists(self._rel("manifest.json")):
+                return None
+            if not self._root_holds_another():
                 return None
         except CheckpointError:
             return None  # could not tell: the original error stands
@@ -381,6 +390,14 @@ class Checkpoint:
             "version; pin a version (`portable-ckpt pin`) for as long as a reader needs it",
             path=self._rel("manifest.json"),
         )
+
+    def _root_holds_another(self) -> bool:
+        """Whether one of the root's newest attempts (16 at most) has a commit record."""
+        names = sorted(
+            (d for d in self.storage.list_dirs("") if d != self._attempt and ATTEMPT_ID_RE.fullmatch(d)),
+            reverse=True,
+        )
+        return any(self.storage.exists(f"{d}/manifest.json") for d in names[:16])
 
     def _file(self, path: str) -> FileRecord:
         rec = self.manifest.files[path]

@@ -33,6 +33,7 @@ from portable_ckpt.errors import (
     CommitOutcomeUnknownError,
     DistributedError,
     RankFailure,
+    VersionDeletedError,
     error_for_code,
 )
 
@@ -66,7 +67,8 @@ def _failure(rank: int, e: BaseException, *, coordinator: bool = False) -> RankF
     text = f"{type(e).__name__}: {e}"
     if not str(e) and not isinstance(e, Exception):
         text = f"{type(e).__name__} (interrupted)"
-    return RankFailure(rank, code, text, coordinator, unknown)
+    deleted = isinstance(e, VersionDeletedError)
+    return RankFailure(rank, code, text, coordinator, unknown, deleted)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class StepStatus:
                     "message": f.message,
                     "coordinator": f.coordinator,
                     "unknown": f.unknown,
+                    "deleted": f.deleted,
                 }
                 for f in self.failures
             ],
@@ -115,6 +118,7 @@ class StepStatus:
                 str(f["message"]),
                 bool(f["coordinator"]),
                 bool(f.get("unknown", False)),
+                bool(f.get("deleted", False)),
             )
             for f in doc["failures"]
         )
@@ -290,6 +294,8 @@ class Comm:
         self, failures: Sequence[RankFailure], own: BaseException | None, *, what: str, outcome: str
     ) -> NoReturn:
         if own is not None:
+            if isinstance(own, VersionDeletedError):
+                own.failures = tuple(failures)  # the peers' too: a group retries together
             if isinstance(own, CheckpointError):
                 raise own
             if not isinstance(own, Exception):

@@ -32,6 +32,7 @@ from portable_ckpt._threads import worker
 from portable_ckpt.errors import (
     CheckpointError,
     ContractError,
+    DistributedError,
     EntryMissingError,
     TensorMissingError,
     UsageError,
@@ -126,16 +127,20 @@ def load(
             kwargs: dict[str, Any] = dict(
                 step=step, checkpoint_id=checkpoint_id, allow_statistical=allow_statistical,
                 strict=strict, record_ranges=record_ranges, strict_dtype=strict_dtype)
+            held: set[str] = set()
             try:
-                info = _load(state_dict, root, comm, t0, **kwargs)
-            except VersionDeletedError as e:
-                if not _may_retry(root, comm, checkpoint_id, step):
+                info = _load(state_dict, root, comm, t0, held=held, **kwargs)
+            except CheckpointError as e:
+                if not _may_retry(root, comm, checkpoint_id, step, e):
                     raise
                 # Retention deleted the version under this load (a server reloading from a
                 # root a trainer writes and prunes): the state is partly filled from it.
-                # Load the root's latest once more (serving review F3).
-                say(f"{e}; loading the root's latest version again")
+                # Load the root's latest once more (serving review F3), every rank of a group
+                # together (each decides from the same exchanged failures).
+                if comm.rank == 0:
+                    say(f"{e}; loading the root's latest version again")
                 info = _load(state_dict, root, comm, t0, **kwargs)
+                _say_left_from_deleted(info, held)
             out.update(
                 bytes=info.bytes_read, step=info.step, version=info.path,
                 contract=info.contract,
@@ -145,16 +150,44 @@ def load(
     return info
 
 
-def _may_retry(root: Root, comm: Comm, checkpoint_id: str | None, step: int | None) -> bool:
+def _may_retry(
+    root: Root, comm: Comm, checkpoint_id: str | None, step: int | None, e: CheckpointError
+) -> bool:
     """Whether a load whose version was deleted under it reads the root's latest again.
 
-    One process only (ranks of a group would each decide alone), and only when it was given a
-    root, not one version or step.
+    Only when it was given a root, not one version or step. In a group, only when every
+    failure the ranks exchanged was the version's deletion: all ranks learnt the same list, so
+    all of them retry, or none (a rank that failed otherwise, or an exchange that failed,
+    leaves no list to agree on).
     """
-    if comm.world_size > 1 or checkpoint_id is not None or step is not None:
+    if checkpoint_id is not None or step is not None:
         return False  # (a step's newest version again: it was the one deleted)
     name = os.path.basename(_where(root).rstrip("/"))
-    return ATTEMPT_ID_RE.fullmatch(name) is None
+    if ATTEMPT_ID_RE.fullmatch(name) is not None:
+        return False
+    if comm.world_size == 1:
+        return isinstance(e, VersionDeletedError)
+    failures = e.failures if isinstance(e, (VersionDeletedError, DistributedError)) else ()
+    return bool(failures) and all(f.deleted for f in failures)
+
+
+def _say_left_from_deleted(info: LoadInfo, held: set[str]) -> None:
+    """The keys the version loaded instead lacks that the deleted one holds: said, listed.
+
+    With ``strict=False`` they stay as the first, interrupted load left them: the deleted
+    version's values where it had filled them, the initial ones elsewhere (serving review F3's
+    follow-up). Listed in ``LoadInfo.left_from_failed``, as a manager's fallback does.
+    """
+    info.left_from_failed = [k for k in info.missing_keys if k in held]
+    if info.rank == 0 and info.left_from_failed:
+        keys = info.left_from_failed
+        shown = ", ".join(repr(k) for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
+        say(
+            f"rank 0: loaded step {info.step} after the version being read was deleted; "
+            f"{len(keys)} key(s) of the state are not in step {info.step} but were in the deleted "
+            f"one ({shown}): they may hold its values, or their initial ones. Set them again or "
+            "load into a fresh state (LoadInfo.left_from_failed lists them)"
+        )
 
 
 def _where(root: Root) -> str:
@@ -173,8 +206,12 @@ def _load(
     strict: bool,
     record_ranges: bool,
     strict_dtype: bool,
+    held: set[str] | None = None,
 ) -> LoadInfo:
-    """The two phases of :func:`load` (resolve, then fill and agree)."""
+    """The two phases of :func:`load` (resolve, then fill and agree).
+
+    ``held`` receives the keys of the version this load fills from, as soon as it is known.
+    """
     root, checkpoint_id = _split_version_dir(root, checkpoint_id)
 
     resolved: list[Manifest] = []  # rank 0 parsed the manifest already: it is not read twice
@@ -228,6 +265,9 @@ def _load(
 
     def fill() -> tuple[LoadInfo, dict[str, Any]]:
         manifest = resolved[0] if resolved else share.manifest(attempt_id, record)
+        if held is not None:
+            held.update(manifest.tensors)
+            held.update(manifest.entries)
         ck = Checkpoint(storage, attempt_id, manifest)
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
         _load_local(
