@@ -66,7 +66,9 @@ class LoadInfo:
             has no state of (they had none when saved: no gradient yet), left as the target
             holds them (a fresh state), with ``strict`` as well.
         left_from_failed: Of ``missing_keys``, those a newer candidate that failed part way
-            holds (a manager's restore that fell back): they may hold its values on some ranks.
+            holds (a manager's restore that fell back), or the version that retention deleted
+            while it was read (a load that read the root's latest again): they may hold its
+            values on some ranks.
         unexpected_keys: Stored tensor and plain-value keys the target did not ask for.
         casts: The tensors this rank loaded into another dtype than the stored one: ``{"key",
             "stored", "target", "elements", "flushed"}`` (``flushed``: non-zero values that
