@@ -126,6 +126,49 @@ def test_an_empty_dict_of_the_target_gets_what_is_stored_below_it(tmp_path: Path
     assert info.unexpected_keys == ["cfg/y"] and info.missing_keys == []
 
 
+class _Grows:
+    """A Stateful whose whole state_dict() is ``{}`` when fresh (a metrics tracker, an EMA
+    filled at the first update)."""
+
+    def __init__(self) -> None:
+        self.d: dict[str, object] = {}
+
+    def state_dict(self) -> dict[str, object]:
+        return self.d
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        self.d = dict(sd)
+
+
+def test_a_stateful_whose_fresh_state_is_empty_gets_its_values_and_tensors(tmp_path: Path) -> None:
+    """Odd-states review O13: such an object got ``{}`` back, through load and the manager,
+    and nothing said so (its template took the object's key, and the rule for an empty dict
+    skipped it). O14: the tensors stored below an empty dict were listed as unexpected only:
+    EMA weights keyed by parameter name restarted from nothing."""
+    a = _Grows()
+    a.d = {"step": 5, "seen": {"a": 1}, "ema": {"l.w": torch.arange(6.0).reshape(2, 3)},
+           "bits": torch.tensor([True, False])}
+    pckt.save({"g": a, "extra": {"n": 3, "w": torch.full((2,), 7, dtype=torch.int16)}},
+              tmp_path, step=1, continuation="statistical")
+    b = _Grows()
+    target: dict[str, object] = {"g": b, "extra": {}}
+    info = pckt.load(target, tmp_path)
+    assert b.d["step"] == 5 and b.d["seen"] == {"a": 1}, b.d
+    ema = b.d["ema"]
+    assert isinstance(ema, dict) and torch.equal(ema["l.w"], torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(b.d["bits"], torch.tensor([True, False]))  # type: ignore[arg-type]
+    extra = target["extra"]
+    assert isinstance(extra, dict) and extra["n"] == 3
+    assert extra["w"].dtype == torch.int16 and extra["w"].tolist() == [7, 7]
+    assert info.unexpected_keys == [] and info.missing_keys == []
+    with pckt.CheckpointManager(tmp_path / "m", save_every=1, async_save=False) as mgr:
+        mgr.save(1, {"g": a})
+    c = _Grows()
+    with pckt.CheckpointManager(tmp_path / "m", save_every=1) as mgr:
+        mgr.restore({"g": c})
+    assert c.d["step"] == 5 and torch.equal(c.d["ema"]["l.w"], a.d["ema"]["l.w"])  # type: ignore[index]
+
+
 def test_numpy_scalars_and_int_enums_come_back_in_the_targets_type(tmp_path: Path) -> None:
     """F8: they were stored by value and came back as Python int/float."""
     import enum

@@ -379,7 +379,11 @@ def fill_state(
     """
     if isinstance(node, torch.Tensor | StateEntry):
         return node
-    if key in loaded_values and isinstance(node, _PLAIN_CONTAINERS) and key not in flat.objects:
+    if key in loaded_values and isinstance(node, _PLAIN_CONTAINERS) and (
+        key not in flat.objects or node is flat.objects[key][1]
+    ):
+        # Also an object's own template (a Stateful whose fresh state_dict() is {}): it took
+        # the object's key, and came back empty (odd-states review O13).
         return _replace(node, loaded_values[key])
     if key in flat.entries:
         return node

@@ -38,7 +38,7 @@ from portable_ckpt.errors import (
     UsageError,
     VersionDeletedError,
 )
-from portable_ckpt.format.keys import JsonTree, KeyTrie
+from portable_ckpt.format.keys import JsonTree, KeyTrie, split_key
 from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
@@ -47,7 +47,7 @@ from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
-from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_from_numpy
+from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype, torch_from_numpy
 from portable_ckpt.torch.flatten import (
     VALUES_ENTRY,
     FlatState,
@@ -352,6 +352,7 @@ def _load_local(
     casts: _Casts,
 ) -> None:
     """Fill this rank's targets from ``ck``: tensors, plain values, entries (RNG last)."""
+    grown = _tensors_into_empty(ck, flat)
     with _EntryReads(ck, flat, info) as entries:
         extra_peak = _load_tensors(
             ck, flat, info, strict=strict, record_ranges=record_ranges, casts=casts
@@ -359,12 +360,57 @@ def _load_local(
         info.unexpected_keys = sorted(k for k in ck.tensors if k not in flat.tensors)
         values = _load_values(entries, flat, info, strict=strict)
         last = _load_entries(entries, flat, info, strict=strict)
+    for where, tensors in grown.items():
+        values[where] = _with_tensors(values.get(where, {}), tensors)
     fill_state(template, flat, values)
     for e, value in last:  # RNG last: loading has no RNG side effect
         e.restore(value)
     info.bytes_read = ck.stats.bytes_read
     info.blocks_verified = ck.stats.blocks_verified
     info.peak_temp_bytes = max(ck.stats.peak_scratch_bytes, extra_peak)
+
+
+def _tensors_into_empty(ck: Checkpoint, flat: FlatState) -> dict[str, dict[str, torch.Tensor]]:
+    """New tensors for the stored tensors below an empty dict of the target.
+
+    An empty dict is a place for everything stored below it: a Stateful's dict that grows in
+    training (EMA weights keyed by parameter name, filled at the first update) got its plain
+    values back but lost its tensors, listed only in ``LoadInfo.unexpected_keys`` (odd-states
+    review O14). Each is made whole on the CPU, with the stored dtype and global shape, and
+    read like any plain tensor target. Returns, per empty dict, its new tensors by their key
+    below it.
+    """
+    places = {k for k, v in flat.values.items() if isinstance(v, dict) and not v and k}
+    if not places:
+        return {}
+    grown: dict[str, dict[str, torch.Tensor]] = {}
+    for name, entry in ck.tensors.items():
+        if name in flat.tensors:
+            continue
+        cut = name.find("/")
+        while cut != -1 and name[:cut] not in places:  # the shortest enclosing place
+            cut = name.find("/", cut + 1)
+        if cut != -1:
+            t = torch.empty(tuple(entry.shape), dtype=torch_dtype(entry.dtype))
+            flat.tensors[name] = t
+            grown.setdefault(name[:cut], {})[name[cut + 1:]] = t
+    return grown
+
+
+def _with_tensors(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The loaded value of an empty dict with its new tensors put in place by their keys."""
+    if not isinstance(value, dict):
+        return value  # a stored value there (not a dict): the tensors stay unexpected
+    for rel, t in tensors.items():
+        node = value
+        *parents, last = split_key(rel)
+        for c in parents:
+            child = node.get(c)
+            if not isinstance(child, dict):
+                child = node[c] = {}
+            node = child
+        node[last] = t
+    return value
 
 
 def _load_tensors(
