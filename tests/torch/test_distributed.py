@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-import torch  # noqa: E402
+import torch
 
 import portable_ckpt
 from portable_ckpt.torch.launch import GroupResult, run_group
@@ -320,6 +320,8 @@ def test_ctrl_c_during_the_demo_prints_no_traceback_and_leaves_no_rank(tmp_path:
     proc = subprocess.Popen(
         [sys.executable, "-m", "portable_ckpt.cli.main", "demo", "--out", str(tmp_path / "o")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        # as in a terminal, even when the tests run as a background job (SIGINT ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("portable-ckpt demo:")  # the user sees it start
@@ -383,6 +385,8 @@ def test_a_drill_stopped_as_timeout_stops_it_says_so_without_a_traceback(
         [sys.executable, "-m", "portable_ckpt.cli.main", "drill", str(root), "--world-size", "2",
          "--json", "--no-record"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        # as in a terminal, even when the tests run as a background job (SIGINT ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:  # the CLI, fork server, 2 ranks

@@ -169,6 +169,58 @@ def test_a_stateful_whose_fresh_state_is_empty_gets_its_values_and_tensors(tmp_p
     assert c.d["step"] == 5 and torch.equal(c.d["ema"]["l.w"], a.d["ema"]["l.w"])  # type: ignore[index]
 
 
+class _LM(torch.nn.Module):
+    def __init__(self, tie: bool) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        if tie:
+            self.head.weight = self.emb.weight
+
+
+def test_tied_targets_are_filled_once_and_must_agree(tmp_path: Path) -> None:
+    """Odd-states review O2: keys sharing memory were written twice and the last won: an untied
+    version loaded into a tied model gave the embedding the head's values, silently. A tie (or
+    a view inside another target) is filled once and compared; disagreeing values and targets
+    that overlap in part are refused, naming both keys."""
+    tied = _LM(tie=True)
+    pckt.save({"m": tied.state_dict()}, tmp_path / "tied", step=1, continuation="statistical")
+    again = _LM(tie=True)
+    info = pckt.load({"m": again.state_dict()}, tmp_path / "tied")
+    assert again.head.weight is again.emb.weight and torch.equal(again.emb.weight, tied.emb.weight)
+    assert info.tensors_loaded == 2
+    apart = _LM(tie=False)
+    with torch.no_grad():
+        apart.emb.weight.fill_(2.0)
+        apart.head.weight.fill_(1.0)
+    pckt.save({"m": apart.state_dict()}, tmp_path / "apart", step=1, continuation="statistical")
+    with pytest.raises(UsageError, match=r"'m/emb\.weight' and 'm/head\.weight' of the target share"):
+        pckt.load({"m": _LM(tie=True).state_dict()}, tmp_path / "apart")
+    untied = _LM(tie=False)  # an untied target takes both
+    pckt.load({"m": untied.state_dict()}, tmp_path / "apart")
+    assert float(untied.emb.weight[0, 0]) == 2.0 and float(untied.head.weight[0, 0]) == 1.0
+    # a view inside another target: compared; a -0.0 against 0.0 is a difference
+    big = torch.arange(20.0)
+    pckt.save({"big": big, "part": big[5:10]}, tmp_path / "view", step=1)
+    b = torch.zeros(20)
+    pckt.load({"big": b, "part": b[5:10]}, tmp_path / "view")
+    assert torch.equal(b, big)
+    odd = torch.arange(20.0)
+    odd[7] = -0.0
+    part = odd[5:10].clone()
+    part[2] = 0.0  # equal as numbers, not as bits
+    pckt.save({"big": odd, "part": part}, tmp_path / "neg", step=1)
+    with pytest.raises(UsageError, match="holds different values"):
+        c = torch.zeros(20)
+        pckt.load({"big": c, "part": c[5:10]}, tmp_path / "neg")
+    # overlapping in part: refused before anything is read
+    pckt.save({"a": torch.ones(10), "b": torch.ones(10)}, tmp_path / "part", step=1)
+    d = torch.zeros(15)
+    with pytest.raises(UsageError, match="share part of their memory"):
+        pckt.load({"a": d[:10], "b": d[5:]}, tmp_path / "part")
+    assert not d.any()
+
+
 def test_numpy_scalars_and_int_enums_come_back_in_the_targets_type(tmp_path: Path) -> None:
     """F8: they were stored by value and came back as Python int/float."""
     import enum

@@ -21,7 +21,7 @@ import difflib
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -432,7 +432,9 @@ def _load_tensors(
     ranges: list[dict[str, Any]] = []
     in_place: list[ReadRequest] = []
     converted: list[tuple[ReadRequest, torch.Tensor]] = []
+    tied: list[tuple[ReadRequest, torch.Tensor]] = []
     stateless = _NoStateYet(ck, flat)
+    targets = []
     for key, t in flat.tensors.items():
         if key not in ck.tensors and stateless.covers(key):
             info.fresh_optimizer_state.append(key)  # the target's fresh value stays
@@ -442,6 +444,17 @@ def _load_tensors(
         layout, local = local_layout(key, t, info.rank)
         _check_target(key, local)
         casts.check(ck, key, local)
+        targets.append((key, layout, local))
+    ties = tied_targets([(key, local) for key, _, local in targets])
+    for key, layout, local in targets:
+        if key in ties:
+            # Memory an earlier key fills (tied weights, a view inside another target): that
+            # key writes it; this key's stored values are read aside and must be the same bits.
+            for piece in layout.pieces:
+                tied.append((ReadRequest(key, piece.offsets, piece.lengths), local[piece.local_slices()]))
+                info.elements_covered += math.prod(piece.lengths)
+            info.tensors_loaded += 1 if layout.pieces else 0
+            continue
         # A negative or conjugate view's memory holds other values than it shows: copy_
         # writes through the view correctly, a numpy view would fill a temporary.
         in_cpu = (
@@ -470,9 +483,87 @@ def _load_tensors(
     peak = _read_converted(ck, converted, casts)
     info.casts = casts.report()
     ck.read_many(in_place)
+    if tied:
+        peak = max(peak, _read_converted(ck, tied, casts, same_as=ties))
     if record_ranges:
         info.range_map = ranges
     return peak
+
+
+def tied_targets(targets: Sequence[tuple[str, torch.Tensor]]) -> dict[str, str]:
+    """Targets that are the memory of an earlier one: key → the earlier key it is tied to.
+
+    A tied model (``head.weight = emb.weight``) holds one tensor under two keys; the load wrote
+    it twice and the last key won: an untied version loaded into a tied model gave the
+    embedding the head's values, silently (odd-states review O2). A tie (the same memory, shape,
+    strides and dtype), or a view inside another target, is filled by that target, and its own
+    stored values are compared with what it then holds. Targets that overlap only in part are
+    refused.
+    """
+    spans: dict[tuple[str, int], list[tuple[int, int, str, torch.Tensor]]] = {}
+    for key, t in targets:
+        if t.numel() == 0 or t.device.type == "meta":
+            continue
+        lo = t.data_ptr()
+        extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+        hi = lo + (extent + 1) * t.element_size()
+        spans.setdefault((str(t.device), t.untyped_storage().data_ptr()), []).append(
+            (lo, hi, key, t))
+    ties: dict[str, str] = {}
+    for group in spans.values():
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda g: (g[0], -g[1]))  # a base before the views that start with it
+        active: list[tuple[int, int, str, torch.Tensor]] = []
+        for lo, hi, key, t in group:
+            active = [a for a in active if a[1] > lo]
+            for _, _, other, o in active:
+                shared = 2 if _same_view(o, t) else _shared_bytes(o, t)
+                if shared == 2:
+                    ties[key] = ties.get(other, other)
+                    break
+                if shared == 1:
+                    raise UsageError(
+                        f"tensors {other!r} and {key!r} of the target share part of their "
+                        "memory: the load would write those elements twice and keep the last "
+                        "key's values. Load one of them (leave the other out of the state), "
+                        "or make them independent (.clone())"
+                    )
+            else:
+                active.append((lo, hi, key, t))
+    return ties
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
+def _shared_bytes(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How two views of one storage share bytes (marked on a mask of their span).
+
+    0: none; 2: every byte of ``b`` is one of ``a``'s; 1: some are.
+    """
+    base = min(a.data_ptr(), b.data_ptr())
+    ends = []
+    views = []
+    for t in (a, b):
+        size = t.element_size()
+        ends.append(t.data_ptr() - base + (sum(
+            (n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1) * size)
+        views.append(((*t.shape, size), (*(st * size for st in t.stride()), 1), t.data_ptr() - base))
+    mask = torch.zeros(max(ends), dtype=torch.uint8)  # bounded by the bytes of the two targets
+    mask.as_strided(*views[0]).fill_(1)
+    marked = mask.as_strided(*views[1])
+    return 2 if bool(marked.all()) else 1 if bool(marked.any()) else 0
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN payloads, -0.0), for any dtype."""
+    if a.dtype == torch.bool:
+        return bool(torch.equal(a, b))
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int)))
 
 
 def _check_target(key: str, local: torch.Tensor) -> None:
@@ -503,10 +594,14 @@ def _read_converted(
     ck: Checkpoint,
     targets: list[tuple[ReadRequest, torch.Tensor]],
     casts: _Casts | None = None,
+    *,
+    same_as: Mapping[str, str] | None = None,
 ) -> int:
     """Read targets that need a dtype or device conversion, batch by batch; return the peak.
 
     A dtype conversion is checked by ``casts`` (:meth:`_Casts.convert`) before it is written.
+    With ``same_as`` (tied keys → the key that filled their memory), nothing is written: the
+    stored values must be the bits the target holds.
     """
     peak = 0
     batch: list[tuple[ReadRequest, torch.Tensor]] = []
@@ -523,7 +618,19 @@ def _read_converted(
                     out = src.to(dst.dtype)
                     if casts is not None and out.dtype != src.dtype:
                         casts.convert(req.key, src, out)
-                    dst.copy_(out)
+                    if same_as is None:
+                        dst.copy_(out)
+                    elif not _same_bits(out, dst.to(out.device)):
+                        first = same_as[req.key]
+                        raise UsageError(
+                            f"tensors {first!r} and {req.key!r} of the target share memory "
+                            f"(tied weights, or a view of the other), but {ck.path} holds "
+                            "different values for them "
+                            f"(box {list(req.offsets or ())}+{list(req.lengths or ())} of {req.key!r}): "
+                            "the version was saved with them apart. Make them independent in the "
+                            "target (a module's own parameter, .clone()) to load both, or leave "
+                            "one key out of the state to give both the other's values"
+                        )
             peak = max(peak, size)
             batch, size = [], 0
     return peak
