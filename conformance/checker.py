@@ -396,6 +396,10 @@ class _VersionChecker:
         before = len(self.r.errors)
         valid = _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
                               self.schema_at)
+        if newer and len(self.r.errors) > before:
+            # A specific code (a dtype, a codec) is still a failed check of 1.1: the record is
+            # foreign, PCK-VERSION-UNSUPPORTED (R-VERSION-10; conformance review C3).
+            valid = False
         if valid and newer and not self.record_only:
             # The rules of this text on the record alone (§16.3, errata 8), in a pass of their
             # own: a newer record failing one is foreign, whatever its other files hold.
@@ -548,6 +552,13 @@ class _VersionChecker:
         The writer harness, where only the writer under test wrote the attempt, fails it.
         """
         fv, mu = m.get("format_version"), m.get("must_understand")
+        mv = re.fullmatch(r"1\.(0|[1-9][0-9]{0,8})", fv) if isinstance(fv, str) else None
+        if mv is not None and int(mv.group(1)) > 1:
+            # Valid for a reader (§16.2), but no writer of this text records it: a writer that
+            # stamps a version it does not implement passed the harness (review C2).
+            self.r.warn(f"{self.name}: format_version {fv} is newer than this checker's 1.1 and "
+                        "was checked as 1.1; a writer of this text records '1.0', or '1.1' for "
+                        "a tensor table (R-VERSION-2)")
         if fv == "1.1" and "tensor_table" not in m:
             self.r.warn(f"{self.name}: format_version 1.1 without a tensor table: writers record "
                         "'1.0' in documents that use no 1.1 feature (R-VERSION-2)")

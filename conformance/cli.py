@@ -16,13 +16,15 @@ import argparse
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from conformance.report import EXIT_CODES, CaseResult, RunReport, shell_join
 
-__all__ = ["EXIT_INFRA", "EXIT_NONCONFORMANT", "EXIT_NOTHING", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_INFRA", "EXIT_INTERNAL", "EXIT_NONCONFORMANT", "EXIT_NOTHING", "EXIT_OK",
+           "EXIT_USAGE", "main"]
 
-EXIT_OK, EXIT_NONCONFORMANT, EXIT_USAGE, EXIT_NOTHING, EXIT_INFRA = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_NONCONFORMANT, EXIT_USAGE, EXIT_NOTHING, EXIT_INFRA, EXIT_INTERNAL = 0, 1, 2, 3, 4, 5
 PROG = "portable-ckpt-conformance"
 
 
@@ -43,12 +45,29 @@ def _emit(report: RunReport, args: argparse.Namespace) -> None:
 
 
 def _abort(report: RunReport, args: argparse.Namespace, code: int, message: str) -> int:
-    """End a run that reached no verdict: the message on stderr and in the reports."""
+    """End a run that reached no verdict: the message on stderr and in the reports.
+
+    A run stopped by its infrastructure or by a bug of the suite keeps the cases it finished,
+    and gets one case in state ``error`` that says why: a CI test tab showed "0 tests" on a
+    red step (conformance review C4).
+    """
     print(message, file=sys.stderr)
     report.exit_code = code
     report.warnings.append(message)
+    if code in (EXIT_INFRA, EXIT_INTERNAL):
+        report.cases.append(CaseResult(
+            args.command, "infrastructure" if code == EXIT_INFRA else "internal error",
+            "error", message))
     _emit(report, args)
     return code
+
+
+def _internal(report: RunReport, args: argparse.Namespace, exc: Exception) -> int:
+    """A bug of the suite: exit 5, never 1 (not conformant), with the reports written."""
+    detail = "".join(traceback.format_exception(exc, limit=6))
+    return _abort(report, args, EXIT_INTERNAL,
+                  f"internal error of portable-ckpt-conformance (not a conformance verdict; "
+                  f"please report it): {type(exc).__name__}: {exc}\n{detail}")
 
 
 # ---------------------------------------------------------------------------------- check
@@ -62,6 +81,8 @@ def _cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
         found = check(args.path, deep=args.deep, schema_dir=args.schemas)
     except SchemasUnavailable as exc:
         return _abort(report, args, EXIT_NOTHING, f"error: {exc}")
+    except Exception as exc:  # a bug of the suite is no verdict (review C1)
+        return _internal(report, args, exc)
     report.seconds = time.monotonic() - t0
     report.exit_code = EXIT_OK if found.ok else EXIT_NONCONFORMANT
     if found.codes == {"PCK-USAGE"}:  # a path that is not a directory: nothing was checked
@@ -132,6 +153,8 @@ def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
     except InfrastructureError as exc:
         return _abort(report, args, EXIT_INFRA,
                       f"error (infrastructure, not a conformance verdict): {exc}")
+    except Exception as exc:  # a bug of the suite is no verdict (review C1)
+        return _internal(report, args, exc)
     report.seconds = time.monotonic() - t0
     report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
     _print_writer(report, args)
@@ -301,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
               if args.command == "writer" else "interrupted: nothing was reported",
               file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug of the suite in any command: never exit 1 (review C1)
+        print(f"internal error of {PROG} (not a conformance verdict; please report it): "
+              f"{''.join(traceback.format_exception(exc, limit=6))}", file=sys.stderr)
+        return EXIT_INTERNAL
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -347,9 +347,16 @@ class _Run:
 
     # -- case directories ------------------------------------------------------------------
     def case_dir(self, suite: str, doc: dict[str, Any]) -> Path:
-        self.counter += 1
-        d = self.base / f"{suite.split('.')[-1]}-{self.counter:04d}"
-        d.mkdir()
+        # The next free name: a --workdir shared by two runs, or kept from failed ones (the
+        # README's CI job reuses one), holds earlier runs' case directories (review C1).
+        while True:
+            self.counter += 1
+            d = self.base / f"{suite.split('.')[-1]}-{self.counter:04d}"
+            try:
+                d.mkdir()
+                break
+            except FileExistsError:
+                continue
         self.made.append(d)
         meta = {"protocol": PROTOCOL, "suite": suite, "seed": self.seed, "cmd": self.adapter.cmd,
                 "cwd": str(self.cwd), "timeout": self.opts.timeout, **doc}
@@ -450,9 +457,9 @@ def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
         if failed_at:  # the time spent minimising a failure, which no case's seconds show
             shrink = run.report.info.setdefault("shrink_seconds", {})
             shrink[suite] = round(shrink.get(suite, 0.0) + time.monotonic() - failed_at[0], 1)
+    _collect(run, results, log)  # also before an infrastructure error: the cases done
     if infra:
         raise infra[0]
-    _collect(run, results, log)
 
 
 def _collect(run: _Run, results: list[CaseResult], log: list[str]) -> None:

@@ -31,6 +31,8 @@ EXIT_CODES: dict[int, str] = {
        "executable, an adapter process ran past --timeout, tracing required but unavailable, "
        "work directory unusable, the report of a passing run not written (a failing status "
        "is kept)",
+    5: "internal error of the suite itself (a bug of portable-ckpt-conformance, not a "
+       "conformance verdict): the reports hold the cases done so far and the error",
 }
 
 
@@ -55,7 +57,7 @@ class CaseResult:
 
     @property
     def failed(self) -> bool:
-        """True for a failed case."""
+        """True for a failed case (``"error"``: the run stopped there, no verdict on it)."""
         return self.status == "failed"
 
 
@@ -87,10 +89,11 @@ class RunReport:
                 "cases": [_case_json(c) for c in self.cases]}
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """``{suite: {"passed", "failed", "skipped"}}``."""
+        """``{suite: {"passed", "failed", "skipped", "error"}}``."""
         out: dict[str, dict[str, int]] = {}
         for c in self.cases:
-            out.setdefault(c.suite, {"passed": 0, "failed": 0, "skipped": 0})[c.status] += 1
+            n = out.setdefault(c.suite, {"passed": 0, "failed": 0, "skipped": 0, "error": 0})
+            n[c.status] += 1
         return out
 
     def write_json(self, dest: str) -> None:
@@ -114,7 +117,8 @@ class RunReport:
                 n = self.counts()[c.suite]
                 suite = suites[c.suite] = ET.SubElement(
                     root, "testsuite", name=c.suite, tests=str(sum(n.values())),
-                    failures=str(n["failed"]), skipped=str(n["skipped"]), errors="0")
+                    failures=str(n["failed"]), skipped=str(n["skipped"]),
+                    errors=str(n["error"]))
             tc = ET.SubElement(suite, "testcase", classname=c.suite, name=c.name,
                                time=f"{c.seconds:.3f}")
             if c.status == "failed":
@@ -123,6 +127,10 @@ class RunReport:
                 el.text = _failure_text(c)
             elif c.status == "skipped":
                 ET.SubElement(tc, "skipped", message=c.message[:500])
+            elif c.status == "error":  # the run stopped here: CI shows a red case, not 0 tests
+                el = ET.SubElement(tc, "error", message=c.message.splitlines()[0][:500]
+                                   if c.message else "error")
+                el.text = _failure_text(c)
         ET.indent(root)
         ET.ElementTree(root).write(dest, encoding="utf-8", xml_declaration=True)
 

@@ -214,3 +214,34 @@ def test_a_pin_record_that_is_no_file_is_reported_as_the_library_does(
     (ref_root / "pins" / "p20261204T120000000000Z-0a1b2c3d.json").symlink_to(target)
     rep = check(ref_root)
     assert [e.code for e in rep.errors] == ["PCK-PATH-UNSAFE"], rep.errors
+
+
+def _edit(root: Path, change: object) -> Path:
+    (version,) = [p for p in root.iterdir() if p.is_dir()]
+    path = version / "manifest.json"
+    doc = json.loads(path.read_text())
+    change(doc)  # type: ignore[operator]
+    path.write_text(json.dumps(doc))
+    return version
+
+
+def test_a_newer_minor_is_warned_as_a_writer_rule_and_foreign_when_it_fails(
+    ref_root: Path,
+) -> None:
+    """Review C2: a writer that stamps format_version '1.2' passed check and the writer harness
+    without a word (R-VERSION-2 asks for '1.0' or '1.1'); the warning names R-VERSION-2, which
+    the harness fails. C3: such a record that fails a 1.1 check with a specific code (a dtype,
+    a codec) is foreign: PCK-VERSION-UNSUPPORTED, as for any other failed check."""
+    from conformance.verify import _WRITER_RULES
+
+    _edit(ref_root, lambda d: d.update(format_version="1.2"))
+    rep = check(ref_root, deep=True)
+    assert rep.ok, [e.to_json() for e in rep.errors]
+    (warning,) = [w.message for w in rep.warnings if "newer" in w.message]
+    assert "(R-VERSION-2)" in warning and _WRITER_RULES.search(warning)
+    _edit(ref_root, lambda d: d["tensors"]["w"].update(dtype="fp32"))
+    assert [e.code for e in check(ref_root).errors] == ["PCK-VERSION-UNSUPPORTED"]
+    pc = pytest.importorskip("portable_ckpt")
+    with pytest.raises(pc.CheckpointError) as err:  # the reference reader agrees
+        pc.open(str(ref_root))
+    assert err.value.code in ("PCK-VERSION-UNSUPPORTED", "PCK-NOT-FOUND"), err.value

@@ -123,9 +123,18 @@ def test_zero_cases_usage_and_infrastructure_codes(dirs: tuple[Path, Path]) -> N
                 ["no-such-adapter-command"]):
         r = _run(["writer", *QUICK, "--", *cmd], cwd, tmp)
         assert r.returncode == 4 and "infrastructure" in r.stderr, (cmd, r.stderr)
-    hang = _run(["writer", *QUICK, "--timeout", "2", "--", sys.executable, "-c",
+    reports = tmp.parent / "reports"
+    reports.mkdir()
+    hang = _run(["writer", *QUICK, "--timeout", "2", "--json", str(reports / "r.json"),
+                 "--junit-xml", str(reports / "r.xml"), "--", sys.executable, "-c",
                  "import time; time.sleep(60)"], cwd, tmp)
     assert hang.returncode == 4 and "--timeout" in hang.stderr
+    # Review C4: the reports held no case ("0 tests" in a CI tab on a red step)
+    doc = json.loads((reports / "r.json").read_text())
+    assert [c["status"] for c in doc["cases"]] == ["error"], doc["cases"]
+    assert "--timeout" in doc["cases"][0]["message"]
+    xml = (reports / "r.xml").read_text()
+    assert 'errors="1"' in xml and "<error " in xml, xml
     # a hang may be the writer's own: its case is kept and named, with the seed and a replay
     kept = hang.stderr.split("case directory ", 1)[1].split(" (kept)", 1)[0]
     assert Path(kept).is_dir() and "seed " in hang.stderr and "--replay" in hang.stderr
@@ -190,6 +199,11 @@ def test_keep_work_and_workdir(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
     r = _run(["writer", *QUICK, "--workdir", str(work / "again"), "--", *MINIMAL_WRITER],
              cwd, tmp)
     assert r.returncode == 0 and list((work / "again").iterdir()) == []
+    # Review C1: a --workdir holding an earlier run's case (kept, or a run beside this one)
+    # crashed the run with FileExistsError, exit 1 ("not conformant"), no report.
+    again = _run(["writer", *QUICK, "--workdir", str(work), "--", *MINIMAL_WRITER], cwd, tmp)
+    assert again.returncode == 0, again.stderr
+    assert (case / "case.json").is_file()  # the earlier case is left alone
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
 
 
@@ -316,3 +330,24 @@ def test_the_json_path_rewrite_leaves_an_adapters_arguments_alone(tmp_path: Path
     assert _json_before_path(writer) == writer
     check = ["check", d, "--", "--json", d]
     assert _json_before_path(check) == check
+
+
+def test_a_bug_of_the_suite_is_exit_5_with_its_reports(dirs: tuple[Path, Path]) -> None:
+    """Review C1: an exception of the suite itself exited 1, "not conformant", and wrote no
+    report: a correct writer got a red verdict. It is exit 5, with the reports written."""
+    cwd, tmp = dirs
+    code = (
+        "import sys, conformance.checker as c\n"
+        "def boom(*a, **k): raise FileNotFoundError('a directory removed meanwhile')\n"
+        "c.check = boom\n"
+        "from conformance.cli import main\n"
+        f"sys.exit(main(['check', '--json', {str(tmp / 'r.json')!r}, {str(cwd)!r}]))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "internal error of portable-ckpt-conformance" in r.stderr
+    doc = json.loads((tmp / "r.json").read_text())
+    assert doc["exit_code"] == 5 and doc["cases"][0]["status"] == "error"
+    assert "a directory removed meanwhile" in doc["cases"][0]["message"]
+    (tmp / "r.json").unlink()
