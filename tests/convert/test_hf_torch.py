@@ -313,3 +313,26 @@ def test_non_finite_values_survive_torch_save_and_dcp_sources(tmp_path: Path) ->
         assert target["sched"] == {"best": math.inf, "mode": "min", "last": -math.inf}, name
         assert math.isnan(target["meta"]["loss"]) and target["meta"]["lr"] == 0.1, name
         assert target["meta"]["epoch"] == 2 and target["step"] == 7, name
+
+
+def test_only_an_optimizers_state_gets_int_keys_back(tmp_path: Path) -> None:
+    """Odd-states review O3: `convert --to torch` turned every decimal dict key into an int
+    (``{"0": "x"}`` came back ``{0: "x"}``): the format does not record a key's type. Only an
+    optimizer's ``state`` (beside ``param_groups``) is keyed by int; other such dicts stay
+    strings and the summary says so."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    src = tmp_path / "src.pt"
+    torch.save({"optim": opt.state_dict(), "labels": {"0": "cat", "1": "dog"},
+                "counts": {3: 1}}, src)
+    convert(str(src), str(tmp_path / "p"))
+    res = convert(str(tmp_path / "p"), str(tmp_path / "back.pt"), dst_format="torch")
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert sorted(back["optim"]["state"]) == [0, 1]
+    assert back["optim"]["param_groups"][0]["params"] == [0, 1]
+    assert back["labels"] == {"0": "cat", "1": "dog"}
+    assert back["counts"] == {"3": 1}  # recorded nowhere: a string, and said
+    notes = {w.item for w in res.warnings if "decimal strings" in w.message}
+    assert notes == {"labels", "counts"}, res.warnings

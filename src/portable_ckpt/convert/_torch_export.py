@@ -81,11 +81,19 @@ def save_portable_as_torch(
                 written += ck.tensors[key].nbytes
                 progress(ck.tensors[key].nbytes)
             values = _values(ck, mapped=options.keys == "mapped")
+            decimal: list[str] = []
             state = (
-                nest(tensors, values, kinds=_kinds(ck))
+                nest(tensors, values, kinds=_kinds(ck), decimal=decimal)
                 if options.keys == "mapped"
                 else {**tensors, **values}
             )
+            warnings += [
+                ConvertWarning(
+                    k or "<top>", "a dict keyed by decimal strings: the version does not record "
+                    "whether its keys were ints, so they are strings here (an optimizer's state "
+                    "is keyed by int)", kind="note")
+                for k in decimal
+            ]
             with open_staged(tmp) as f:
                 torch.save(state, f)
             del state, tensors
@@ -153,8 +161,12 @@ def nest(
     values: dict[str, Any],
     *,
     kinds: tuple[set[str], set[str]] | None = None,
+    decimal: list[str] | None = None,
 ) -> dict[Any, Any]:
     """Build the nested state that mapped keys describe (see the module docstring).
+
+    ``decimal`` receives the keys of the dicts with decimal keys left as strings (every dict's
+    but an optimizer's ``state``).
 
     ``kinds`` (the version's ``torch.dcp_items``: keys of the lists above items, keys of the
     items) says which containers were lists: a container keyed ``0..n-1`` outside every item
@@ -194,7 +206,7 @@ def nest(
             raise UnsupportedValueError(f"key {key!r} is both a value and a container; export "
                                         "with --keys verbatim (keys='verbatim')")
         node[parts[-1]] = _Leaf(leaf)
-    out = _finish(tree, (), kinds, False, [LIST_ROOM])
+    out = _finish(tree, (), kinds, False, [LIST_ROOM], decimal=decimal)
     return out if isinstance(out, dict) else dict(enumerate(out))
 
 
@@ -225,13 +237,25 @@ def _finish(
     kinds: tuple[set[str], set[str]] | None,
     in_item: bool,
     room: list[int],
+    int_keys: bool = False,
+    decimal: list[str] | None = None,
 ) -> Any:
-    """The finished value of ``node``; ``room``: what recorded lists may still add in holes."""
+    """The finished value of ``node``; ``room``: what recorded lists may still add in holes.
+
+    ``int_keys``: ``node`` is an optimizer's ``state`` (a sibling of ``param_groups``), keyed
+    by parameter index as ``torch.optim`` makes it. Only there do decimal keys become ints: the
+    format does not record a key's type, and every decimal key of any dict came back an int
+    (``{"0": ...}`` became ``{0: ...}``: odd-states review O3).
+    """
     if isinstance(node, _Leaf):
         return node.value
     key = "/".join(escape_component(c) for c in path)
     in_item = in_item or (kinds is not None and key in kinds[1])
-    kids = {c: _finish(v, (*path, c), kinds, in_item, room) for c, v in node.items()}
+    optimizer = "param_groups" in node
+    kids = {
+        c: _finish(v, (*path, c), kinds, in_item, room, optimizer and c == "state", decimal)
+        for c, v in node.items()
+    }
     known = kinds is not None and not in_item
     ints = {c: int(c) for c in kids if c.isdecimal() and str(int(c)) == c}
     if known and kinds is not None and key in kinds[0] and len(ints) == len(kids):
@@ -253,7 +277,11 @@ def _finish(
         not known and not _holds_tensor(kids.values())
     ):
         return [kids[str(i)] for i in range(len(kids))]
-    return {ints.get(c, c): v for c, v in kids.items()}
+    if int_keys:
+        return {ints.get(c, c): v for c, v in kids.items()}
+    if ints and decimal is not None:
+        decimal.append(key)
+    return kids
 
 
 def _holds_tensor(values: Any) -> bool:
