@@ -241,3 +241,45 @@ def test_numpy_scalars_and_int_enums_come_back_in_the_targets_type(tmp_path: Pat
         assert type(target[k]) is type(v) and target[k] == v, (k, target[k])
     assert target["f"].tobytes() == saved["f"].tobytes()
     assert target["a"].dtype == np.float16
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.AdamW(p, lr=0.01),
+    lambda p: torch.optim.NAdam(p, lr=0.01),
+    lambda p: torch.optim.ASGD(p, lr=0.01),
+    lambda p: torch.optim.Rprop(p, lr=0.01),
+], ids=["adamw", "nadam", "asgd", "rprop"])
+def test_a_parameter_without_optimizer_state_continues_as_if_never_saved(
+    tmp_path: Path, make: object
+) -> None:
+    """Odd-states review O1: the state kept for a parameter the version had none of came from a
+    step at learning rate 0: NAdam and ASGD drifted, Rprop's parameters all but stopped. Saved
+    before the first step, and saved while one layer had no gradient yet, a resumed job takes
+    the steps of one that never saved, bit for bit."""
+    def model() -> torch.nn.Sequential:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+
+    def step(m: torch.nn.Module, opt: torch.optim.Optimizer, i: int, head_only: bool) -> None:
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(i))
+        y = (m[0](x).sum() if head_only else m(x).pow(2).sum())
+        opt.zero_grad()
+        y.backward()
+        opt.step()
+
+    for before, root in ((0, tmp_path / "before"), (2, tmp_path / "half")):
+        a = model()
+        opt_a = make(a.parameters())  # type: ignore[operator]
+        for i in range(before):
+            step(a, opt_a, i, head_only=True)  # the second layer gets no gradient
+        pckt.save({"t": pckt.ModelOptimizerState(a, opt_a)}, root, step=before,
+                  continuation="statistical")
+        b = model()
+        opt_b = make(b.parameters())  # type: ignore[operator]
+        info = pckt.load({"t": pckt.ModelOptimizerState(b, opt_b)}, root)
+        assert bool(info.fresh_optimizer_state) == (before > 0)
+        for i in range(3):
+            step(a, opt_a, 10 + i, head_only=False)
+            step(b, opt_b, 10 + i, head_only=False)
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.equal(p, q), (before, p, q)

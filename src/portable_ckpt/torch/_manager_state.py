@@ -52,6 +52,8 @@ class ModelOptimizerState:
             )
         self.model = model
         self.optimizer = optimizer
+        #: Optimizers that had no state when ``state_dict()`` last ran (a load's template).
+        self._fresh: set[int] = set()
         self.optimizers: list[Any] = [] if optimizer is None else (
             [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else _listed(optimizer))
         self.options = options
@@ -70,6 +72,7 @@ class ModelOptimizerState:
         if self.optimizer is None:
             return {"model": get_model_state_dict(self.model, options=self.options)}
         fresh = [o for o in self.optimizers if not o.state]
+        self._fresh = {id(o) for o in fresh}
         # get_state_dict makes a fresh optimizer's state only when no parameter has a gradient
         # yet: after a warm-up backward the template had no optimizer state, and a restore
         # into it loaded none, silently (integrator review F15). The gradients wait aside.
@@ -96,10 +99,23 @@ class ModelOptimizerState:
                     step.zero_()
                 elif isinstance(step, int | float) and not isinstance(step, bool):
                     per_param["step"] = type(step)(0)
+
         return {"model": msd, "optim": osd}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Apply loaded dicts with ``set_state_dict``."""
+        """Apply loaded dicts with ``set_state_dict``.
+
+        A parameter whose loaded state never stepped (``step`` 0: the version was saved before
+        its first step, or had no state of it and the template's was kept) gets no state: its
+        optimizer makes it at its first step, as in a job that never saved. The state the
+        template made by a step at learning rate 0 is not that for every optimizer: SGD's
+        dampening, NAdam's and ASGD's running products differ, and Rprop's step sizes were
+        set from the learning rate 0, so its parameters all but stopped (odd-states review
+        O1). Only optimizers that had no state when the template was made (they make their
+        state lazily) are changed. An optimizer that counts no steps (SGD) keeps the made-up
+        state (a zero momentum buffer): with ``dampening`` > 0 it weights that parameter's first
+        gradient by ``1 - dampening``.
+        """
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         if self.optimizer is None:
@@ -112,11 +128,23 @@ class ModelOptimizerState:
             optim_state_dict=state["optim"],
             options=self.options,
         )
+        for o in self.optimizers:
+            if id(o) in self._fresh:
+                for p in [p for p, st in o.state.items() if _never_stepped(st)]:
+                    del o.state[p]
 
 
     def _given(self) -> Any:
         """The optimizer as ``get_state_dict`` takes it: one, or a tuple of several."""
         return self.optimizers[0] if len(self.optimizers) == 1 else tuple(self.optimizers)
+
+
+def _never_stepped(per_param: Any) -> bool:
+    """Whether a parameter's optimizer state says it took no step (``step`` 0)."""
+    step = per_param.get("step") if isinstance(per_param, Mapping) else None
+    if isinstance(step, torch.Tensor):
+        return step.numel() == 1 and float(step) == 0.0
+    return isinstance(step, int | float) and not isinstance(step, bool) and step == 0
 
 
 def _listed(optimizers: Any) -> list[Any]:
