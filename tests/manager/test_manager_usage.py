@@ -6,6 +6,7 @@ Single-process managers (no process group): real saves on real files.
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1295,3 +1296,39 @@ def _ctrl_c_in_first_close(mgr: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mgr, "wait", interrupted_wait)
     with pytest.raises(KeyboardInterrupt):
         mgr.close()
+
+
+class _Config:
+    """A value no save can store (no state_dict(), not JSON)."""
+
+
+@pytest.mark.parametrize("limit", [3, None])
+def test_a_state_no_save_can_store_stops_at_the_next_save(
+    tmp_path: Path, limit: int | None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Odd-states review O12: an unstorable value in the state failed each async save alike,
+    said "Training continues", and stopped the job at the third failure in a row, or never with
+    max_failed_saves=None. The next maybe_save raises; once the state is fixed, saves go on."""
+    from portable_ckpt.errors import UnsupportedValueError
+
+    state: dict[str, Any] = {"cfg": _Config(), "w": torch.ones(2)}
+    mgr = pckt.CheckpointManager(tmp_path, save_every=1, async_save=True,
+                                 max_failed_saves=limit, continuation="statistical")
+    try:
+        mgr.maybe_save(1, state)
+        deadline = time.monotonic() + 60
+        while mgr.last_error is None and time.monotonic() < deadline:  # a loop never waits
+            time.sleep(0.05)
+        with pytest.raises(UnsupportedValueError, match="no save can store"):
+            mgr.maybe_save(2, state)
+        assert "No save can store this state" in capfd.readouterr().err
+        # Raised by wait() (the caller was told), the next save is tried as usual.
+        mgr.maybe_save(3, state)
+        with pytest.raises(UnsupportedValueError):
+            mgr.wait()
+        state["cfg"] = {"lr": 0.1}
+        assert mgr.maybe_save(4, state)
+        mgr.wait()
+    finally:
+        mgr.close()
+    assert [v.step for v in portable_ckpt.list_versions(str(tmp_path))] == [4]

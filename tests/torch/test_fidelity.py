@@ -14,6 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
+
+import portable_ckpt  # noqa: E402
 import portable_ckpt.torch as pckt  # noqa: E402
 from portable_ckpt.errors import UnsupportedValueError, UsageError  # noqa: E402
 
@@ -50,6 +53,7 @@ def test_an_expanded_target_is_refused(tmp_path: Path) -> None:
         (lambda: torch.eye(3).to_sparse_csr(), "layout torch.sparse_csr is not supported"),
         (lambda: torch.eye(3).to_sparse(), "layout torch.sparse_coo is not supported"),
         (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "a nested tensor"),
+        (lambda: _two_tensor(), "a TwoTensor \\(a tensor subclass"),  # odd-states O6
     ],
 )
 def test_tensors_without_a_dense_box_are_refused_naming_the_key(tmp_path: Path, make, what) -> None:
@@ -61,6 +65,23 @@ def test_tensors_without_a_dense_box_are_refused_naming_the_key(tmp_path: Path, 
         pckt.save({"model": {"t": t, "ok": torch.ones(2)}}, tmp_path, step=1)
     assert not list(tmp_path.iterdir()) or all(not (p / "manifest.json").exists()
                                                for p in tmp_path.iterdir())
+
+
+def _two_tensor() -> torch.Tensor:
+    from torch.testing._internal.two_tensor import TwoTensor  # a wrapper subclass, as torchao's
+
+    return TwoTensor(torch.ones(3), torch.zeros(3))
+
+
+@pytest.mark.parametrize("value", [np.longdouble(0.1), np.clongdouble(1 + 2j), np.complex64(1j)])
+def test_scalars_without_a_json_form_are_refused_naming_the_key(tmp_path: Path, value) -> None:
+    """Odd-states O7: np.longdouble's item() is itself: the save recursed without end and failed
+    as PCK-DISTRIBUTED naming no key."""
+    with pytest.raises(UnsupportedValueError, match=r"'opt/x': a \w+ scalar has no JSON form"):
+        pckt.save({"opt": {"x": value}, "w": torch.ones(1)}, tmp_path, step=1)
+    with pytest.raises(UsageError, match=r"entry 'e' cannot be stored as JSON"):  # O8
+        portable_ckpt.save_arrays(tmp_path / "a", {"w": np.ones(1)}, step=1,
+                                  entries={"e": {"x": value}})
 
 
 def test_tuple_subclasses_and_dict_subclasses_come_back_as_themselves(tmp_path: Path) -> None:

@@ -222,8 +222,11 @@ def loads(
     return doc
 
 
-def dumps(doc: Any, *, indent: int | None = None) -> bytes:
-    """Serialise a format document: UTF-8, no NaN/Infinity, keys in insertion order."""
+def dumps(doc: Any, *, indent: int | None = None, what: str = "value") -> bytes:
+    """Serialise a format document: UTF-8, no NaN/Infinity, keys in insertion order.
+
+    ``what`` names the document in a refusal (``"entry 'meta'"``).
+    """
     try:
         return json.dumps(
             doc,
@@ -233,10 +236,10 @@ def dumps(doc: Any, *, indent: int | None = None) -> bytes:
             separators=(",", ":") if indent is None else None,
         ).encode("utf-8")
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"value cannot be stored as JSON: {exc}") from None
+        raise UsageError(f"{what} cannot be stored as JSON: {exc}") from None
     except RecursionError:
         raise UsageError(
-            f"value cannot be stored as JSON: nested deeper than this interpreter's recursion "
+            f"{what} cannot be stored as JSON: nested deeper than this interpreter's recursion "
             f"limit (readers refuse more than {MAX_DEPTH} levels, spec §18.3)"
         ) from None
 

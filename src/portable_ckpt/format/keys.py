@@ -163,7 +163,15 @@ def encode_json(value: Any, *, key: str = "?") -> Any:
     if isinstance(value, list | tuple):
         return [encode_json(v, key=f"{key}/{i}") for i, v in enumerate(value)]
     if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0:
-        return encode_json(value.item(), key=key)  # numpy / torch scalars
+        item = value.item()  # numpy / torch scalars
+        if item is None or isinstance(item, bool | str | int | float):
+            return encode_json(item, key=key)
+        # np.longdouble(...).item() is an np.longdouble again: it recursed without end
+        # (odd-states review O7); a complex scalar has no JSON form either
+        raise UnsupportedValueError(
+            f"value at {key!r}: a {type(value).__name__} scalar has no JSON form; convert it "
+            "(float(x), or a float64 tensor) before saving"
+        )
     raise UnsupportedValueError(
         f"value at {key!r} of type {type(value).__name__} cannot be stored without pickle; "
         f"store a tensor, a JSON scalar, or an object with state_dict()/load_state_dict()"

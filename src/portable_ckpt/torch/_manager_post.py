@@ -15,7 +15,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from portable_ckpt.errors import DAMAGE_CODES, CheckpointError, DistributedError, error_for_code
+from portable_ckpt.errors import (
+    DAMAGE_CODES,
+    CheckpointError,
+    DistributedError,
+    UnsupportedValueError,
+    error_for_code,
+)
 from portable_ckpt.manager.decisions import Decision
 from portable_ckpt.manager.pinning import sync_pins
 from portable_ckpt.manager.records import candidates_of
@@ -357,6 +363,13 @@ def after_failure(
         mgr._last_error_fast = decision.tier != "durable"
     if decision.tier == "durable":
         durable_failed(mgr, step)
+    if isinstance(e, UnsupportedValueError) and not raised:
+        # The state holds a value no save can store: every later save fails alike. Counted
+        # as all the failures allowed, so the next maybe_save raises on every rank (the count
+        # is agreed), whatever max_failed_saves says (odd-states review O12: training went on
+        # without checkpoints until the third failure, or for ever with None). Not when the
+        # caller was told: a synchronous save raised it, or wait() does (it resets this).
+        mgr._failed_saves = max(mgr._failed_saves, UNSTORABLE)
     if tier.name == "fast":
         mgr._fast_failed = True
     _log.error("checkpoint of step %d to the %s tier failed: %s", step, tier.name, e)
@@ -378,9 +391,13 @@ def after_failure(
         code=e.code,
         message=e.message[:2000],
         reason=decision.reason,
-        failed_in_a_row=mgr._failed_saves,
+        failed_in_a_row=len(mgr._failed_steps),  # (not the count that stops a job for good)
     )
     # A failed save keeps every older version: retention does not run.
+
+
+#: The failed-save count that says a save failed for a value no save can store.
+UNSTORABLE = 1 << 30
 
 
 def durable_failed(mgr: CheckpointManager, step: int) -> None:
@@ -412,6 +429,12 @@ def failure_text(mgr: CheckpointManager, step: int, tier: str, e: BaseException)
     n, limit = mgr._failed_saves, mgr.max_failed_saves
     code = getattr(e, "code", "PCK-DISTRIBUTED")
     message = getattr(e, "message", str(e))
+    if n >= UNSTORABLE:
+        return (
+            f"rank {mgr.rank}: the checkpoint of step {step} FAILED ([{code}] {message[:1000]}). "
+            "No save can store this state: the next maybe_save/save raises. Change the state "
+            "(see the message), then save again."
+        )
     if tier != "durable" and n == 0:
         then = "the durable saves protect the job; fast-tier failures never stop it"
     elif limit is None:
@@ -435,6 +458,12 @@ def too_many_failures(mgr: CheckpointManager) -> CheckpointError:
     ``except`` catches it everywhere; this rank's last error is in the message and chained.
     """
     last = mgr.last_error if mgr.last_error is not None else mgr._last_raised
+    if mgr._agreed_failed_saves >= UNSTORABLE:
+        return UnsupportedValueError(
+            "the state holds a value that no save can store"
+            + (f" ({last.message})" if isinstance(last, CheckpointError) else "")
+            + ": no checkpoint of this job can be saved; change the state, then save again"
+        )
     steps = ", ".join(str(s) for s in mgr._failed_steps[-8:]) or "?"
     message = (
         f"{mgr._agreed_failed_saves} durable checkpoints in a row failed (steps {steps}; this "

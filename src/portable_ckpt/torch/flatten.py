@@ -292,7 +292,14 @@ def _flatten(
         _value(node, key, flat, path, in_item)
         return
     if hasattr(node, "item") and hasattr(node, "dtype") and getattr(node, "ndim", 1) == 0:
-        _value(node.item(), key, flat, path, in_item)
+        item = node.item()
+        if not (item is None or isinstance(item, bool | int | float | str)):
+            # np.longdouble's item() is itself: it recursed without end (odd-states O7)
+            raise UnsupportedValueError(
+                f"state at {key!r}: a {type(node).__name__} scalar has no JSON form; convert "
+                "it (float(x), or a float64 tensor) before saving"
+            )
+        _value(item, key, flat, path, in_item)
         return
     raise UnsupportedValueError(
         f"state at {key or '<top>'!r}: value of type {type(node).__name__} cannot be stored "

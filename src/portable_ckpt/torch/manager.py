@@ -72,7 +72,12 @@ from portable_ckpt.torch._manager_exit import (
     register_exit,
 )
 from portable_ckpt.torch._manager_nodelocal import background_comm
-from portable_ckpt.torch._manager_post import after_failure, after_save, too_many_failures
+from portable_ckpt.torch._manager_post import (
+    UNSTORABLE,
+    after_failure,
+    after_save,
+    too_many_failures,
+)
 from portable_ckpt.torch._manager_restore import restore as _restore
 from portable_ckpt.torch._manager_state import ManagerEntry, ModelOptimizerState, warn_stale
 from portable_ckpt.torch._manager_tiers import Tier, durable_tier, fast_tier
@@ -362,7 +367,10 @@ class CheckpointManager:
     def _raise_if_failing(self, decision: Decision) -> None:
         """Raise (every rank: the count was agreed) once ``max_failed_saves`` saves failed."""
         limit = self.max_failed_saves
-        if limit is None or self._agreed_failed_saves < limit or decision.reason == "preemption":
+        unstorable = self._agreed_failed_saves >= UNSTORABLE  # no save can store the state
+        if not unstorable and (
+            limit is None or self._agreed_failed_saves < limit or decision.reason == "preemption"
+        ):
             return  # a preemption save is the last chance: it is tried (and raises if it fails)
         err = too_many_failures(self)
         self._failed_saves, self._failed_steps, self._agreed_failed_saves = 0, [], 0
@@ -619,6 +627,8 @@ class CheckpointManager:
         err = err if err is not None else next(iter(failures), None)
         if err is not None:
             self._last_raised = err  # still named by a later max_failed_saves stop (F7)
+            if self._failed_saves >= UNSTORABLE:  # raised here: the caller knows of it now
+                self._failed_saves = len(self._failed_steps)
             raise err
 
     def _busy(self) -> bool:

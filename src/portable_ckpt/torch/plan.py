@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from portable_ckpt.errors import CheckpointError, UnsupportedValueError
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value
@@ -511,6 +512,14 @@ def _check_source(key: str, t: torch.Tensor) -> None:
     Sparse and nested tensors and meta tensors (no data) failed deep in torch with a message
     that named neither (fidelity review F3).
     """
+    if type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t):
+        # torchao's quantized and float8 tensors, a TwoTensor: .numpy() failed deep in torch,
+        # reported as PCK-DISTRIBUTED in one process and naming no key (odd-states O6)
+        raise UnsupportedValueError(
+            f"tensor {key!r}: a {type(t).__name__} (a tensor subclass that wraps other "
+            "tensors): its data is not one dense box. Save plain tensors: dequantize it, or "
+            "store its inner tensors (t.__tensor_flatten__()) under keys of their own"
+        )
     if t.is_nested:
         raise UnsupportedValueError(
             f"tensor {key!r}: a nested tensor is not supported; save its components "
