@@ -144,3 +144,52 @@ def test_a_value_that_rounds_to_the_largest_float8_loads() -> None:
     casts = _Casts(strict=False)
     src = torch.tensor([460.0, -448.0, 1.0])
     casts.convert("x", src, src.to(torch.float8_e4m3fn))  # no refusal
+
+
+def _pairs() -> list[tuple[str, str]]:
+    from portable_ckpt.format.dtypes import DTYPES
+    from portable_ckpt.torch._tensors import torch_dtype
+
+    names = []
+    for n in DTYPES:
+        try:
+            torch_dtype(n)
+        except Exception:  # a format dtype this torch lacks
+            continue
+        names.append(n)
+    return [(a, b) for a in names for b in names if a != b]
+
+
+@pytest.mark.parametrize(("stored", "target"), _pairs())
+def test_every_cast_between_the_formats_dtypes_keeps_values_or_is_refused(
+    tmp_path: Path, stored: str, target: str
+) -> None:
+    """Maintainer review M1: the cast check knew the current dtypes' families only; a float type
+    without a sign or a zero (e8m0) loaded [-2, 0, 3, -0.5] as [2, 5.9e-39, 4, 0.5]. Every pair
+    of the format's dtypes: the values come back within the target's rounding, with their sign
+    and their zeros, or the load is refused (PCK-USAGE)."""
+    from portable_ckpt.errors import UsageError
+    from portable_ckpt.torch._tensors import torch_dtype
+
+    src, dst = torch_dtype(stored), torch_dtype(target)
+    values = [-2.0, -0.5, 0.0, 1.0, 3.0]
+    if src == torch.bool:
+        x = torch.tensor([True, False, True])
+    elif src.is_floating_point:
+        x = torch.tensor(values).to(src)
+    else:
+        lo = torch.iinfo(src).min
+        x = torch.tensor([v for v in (-2, 0, 1, 3) if v >= lo], dtype=torch.int64).to(src)
+    pckt.save({"w": x}, tmp_path, step=1)
+    out = {"w": torch.zeros(x.shape, dtype=dst)}
+    try:
+        pckt.load(out, tmp_path)
+    except UsageError:
+        return  # refused: nothing silently changed
+    a, b = x.double(), out["w"].double()
+    assert torch.equal(torch.sign(a), torch.sign(b)), (a, b)
+    if dst.is_floating_point and dst != torch.bool:
+        eps = torch.finfo(dst).eps
+        assert bool(((a - b).abs() <= a.abs() * eps).all()), (a, b)
+    else:
+        assert torch.equal(a, b), (a, b)

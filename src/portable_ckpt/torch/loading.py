@@ -272,7 +272,7 @@ def _load(
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
         _load_local(
             ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges,
-            casts=_Casts(strict_dtype),
+            casts=_Casts(strict_dtype, tell=comm.rank == 0),
         )
         info.seconds = time.perf_counter() - t0
         return info, info.counters()
@@ -717,8 +717,11 @@ class _Casts:
     ``model/layers/7/w`` are one family), per pair of dtypes.
     """
 
-    def __init__(self, strict: bool) -> None:
+    def __init__(self, strict: bool, *, tell: bool = False) -> None:
         self.strict = strict
+        #: Say on stderr each pair of dtypes a cast loses precision between (rank 0 of a load)
+        self.tell = tell
+        self.told: set[tuple[str, str]] = set()
         self.seen: set[tuple[str, str, str]] = set()
         #: key → what its conversion did on this rank (``LoadInfo.casts``)
         self.done: dict[str, dict[str, Any]] = {}
@@ -762,7 +765,7 @@ class _Casts:
         a, b = src.reshape(-1), out.reshape(-1)
         to_float = out.is_floating_point()
         ints = src.dtype != torch.bool and not src.is_floating_point()
-        overflow = changed = flushed = nonzero = 0
+        overflow = changed = flushed = nonzero = flipped = 0
         # Beyond the largest value by more than half a step there (what rounds to it): float8
         # e4m3fn saturates instead of giving inf (448 for 500, and for inf: review of the change
         # D1).
@@ -777,6 +780,10 @@ class _Casts:
             overflow += int((~torch.isfinite(xf) & torch.isfinite(y)).sum())  # inf saturated
             if ints:
                 changed += _int_changes(x, y)
+            # A sign lost, or a 0 that is no longer 0: a float type without a sign or a zero
+            # (e8m0) turned [-2, 0] into [2, 5.9e-39] and passed (maintainer review M1).
+            yf = y if y.is_floating_point() else y.double()
+            flipped += int(((xf < 0) & (yf > 0) | (xf > 0) & (yf < 0) | (xf == 0) & (yf != 0)).sum())
             nz = (x != 0) & torch.isfinite(x)
             nonzero += int(nz.sum())
             flushed += int((nz & (y == 0)).sum())
@@ -786,6 +793,9 @@ class _Casts:
                 f"{overflow} value(s) out of the target type's range would become infinite, or "
                 "its largest value"
             )
+        if flipped:
+            return (f"{flipped} value(s) would change sign or stop being 0 (the target type "
+                    "has no sign or no zero)")
         if changed and ints:
             return f"{changed} integer value(s) cannot be represented and would change"
         if changed:
@@ -810,6 +820,14 @@ class _Casts:
                 f"tensor {key!r}: {ck.path} stores {stored}, the target is {target}; "
                 f"strict_dtype=True refuses to cast (build the target with dtype {stored})"
             )
+        if (self.tell and (stored, target) not in self.told
+                and not exact_cast(torch_dtype(stored), local.dtype)):
+            # The logger is silent until a job configures logging: a bf16 model loaded from
+            # fp32 master weights lost precision without a word (odd-states review O5).
+            self.told.add((stored, target))
+            say(f"load: tensors stored as {stored} (first {key!r}) are cast to the target's "
+                f"{target}, which rounds them; LoadInfo.casts lists each, strict_dtype=True "
+                "refuses")
         family = "/".join("#" if p.isdigit() else p for p in key.split("/"))
         if (family, stored, target) not in self.seen:
             self.seen.add((family, stored, target))
