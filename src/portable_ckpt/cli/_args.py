@@ -3,8 +3,8 @@
 argparse turns a ``type=`` function's ``ArgumentTypeError`` into a usage message and exit 2, so a
 bad value never reaches a checkpoint (``gc --grace nan`` used to delete a save in progress,
 ``copy CKPT s3://`` copied into a local folder ``s3:``, ``drill --world-size 100000000`` started
-processes). Checks that need two arguments run in :func:`check_cross` (also before anything is
-touched).
+processes). Checks that need two arguments are the subcommand's ``check`` (``set_defaults(check=
+...)``), which ``cli/main.py`` runs after parsing, also before anything is touched.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from portable_ckpt.errors import UsageError
 
 __all__ = [
     "MAX_LOCAL_RANKS",
+    "bounded_text",
     "factory_spec",
     "fraction",
     "grace_seconds",

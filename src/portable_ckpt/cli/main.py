@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from portable_ckpt import __version__
 from portable_ckpt.cli._output import add_output_options, log_to_stderr
@@ -85,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     check = getattr(args, "check", None)
     problem = check(args) if check is not None else None
-    if problem:
-        parser.error(f"{args.command}: {problem}")
+    if problem:  # with the subcommand's usage, not the top level's (maintainer review M8)
+        _subparser(parser, args.command).error(problem)
     if sys.stdout is None:
         # Closed (`>&-`, some cron and systemd setups): the report could not be written, and
         # a command that deletes would have run first (scripting review F1). Nothing is done.
@@ -119,6 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = real
         if term is not None:
             signal.signal(signal.SIGTERM, term)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return cast(argparse.ArgumentParser, action.choices[name])
+    return parser
 
 
 #: Exit status when the command's own output cannot be written (sysexits' EX_IOERR).

@@ -72,7 +72,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
-from portable_ckpt.format.vocab import is_entry_name
+from portable_ckpt.format.vocab import CODECS, is_entry_name
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -536,8 +536,8 @@ def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | 
     name_collection(select, "select")
     if kw["strip_prefix"] is not None and not isinstance(kw["strip_prefix"], str):
         raise UsageError(f"strip_prefix must be a str, got {type(kw['strip_prefix']).__name__}")
-    if kw["codec"] not in ("none", "zstd"):
-        raise UsageError(f"codec must be 'none' or 'zstd', not {kw['codec']!r}")
+    if kw["codec"] not in CODECS:
+        raise UsageError(f"codec must be one of {list(CODECS)}, not {kw['codec']!r}")
     exporting = select or kw["strip_prefix"] or dtype
     if exporting and target == "portable":
         raise UsageError(

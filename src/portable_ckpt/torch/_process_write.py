@@ -85,8 +85,9 @@ def check_can_travel(storage: Storage) -> dict[str, Any]:
     if spec is None:
         raise UsageError(
             f"async_save(mode='process'): the root {storage.url or type(storage).__name__!r} "
-            f"({type(storage).__name__}) cannot be opened by another process; pass a local path "
-            f"or an s3:// URL, or use mode='thread'"
+            f"({type(storage).__name__}) cannot be opened by another process (its process_spec() "
+            f"is None); pass a local path, an s3:// URL or a registered scheme whose backend "
+            f"travels (docs/storage-backends.md), or use mode='thread'"
         )
     return spec
 
