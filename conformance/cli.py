@@ -13,6 +13,7 @@ verdict of 0; a non-zero verdict is kept, the run has failed either way).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -76,6 +77,8 @@ def _cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
     from conformance.schemas import SchemasUnavailable
 
     report = RunReport("check", argv)
+    if not os.path.lexists(args.path):  # nothing to check: no verdict (review C8)
+        return _abort(report, args, EXIT_USAGE, f"error: {args.path} does not exist")
     t0 = time.monotonic()
     try:
         found = check(args.path, deep=args.deep, schema_dir=args.schemas)

@@ -24,7 +24,8 @@ __all__ = ["EXIT_CODES", "CaseResult", "RunReport", "shell_join"]
 EXIT_CODES: dict[int, str] = {
     0: "conformant / writer passed",
     1: "not conformant: at least one rule is broken (the report lists each failure)",
-    2: "usage error: bad command line (a path to check that is not a directory, a replay of "
+    2: "usage error: bad command line (a path to check that does not exist or is not a "
+       "directory, a replay of "
        "no case directory), nothing was run",
     3: "nothing was checked: normative schemas missing or incomplete, or zero cases requested",
     4: "infrastructure error: adapter command, script or python -m module not found or not "

@@ -60,6 +60,9 @@ def test_check_exit_codes_and_reports(dirs: tuple[Path, Path], fast_tmp: Path) -
     (fail,) = doc["failures"]
     assert fail["replay"].startswith("portable-ckpt-conformance check --deep ")
     assert invalid["code"] in fail["details"]["codes"]
+    # review C8: a path that does not exist is nothing checked (2), not "not conformant" (1)
+    gone = _run(["check", str(fast_tmp / "no-such-root")], cwd, tmp)
+    assert gone.returncode == 2 and "does not exist" in gone.stderr, gone.stdout + gone.stderr
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
 
 
