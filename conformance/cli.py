@@ -294,7 +294,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--no-shrink", action="store_true",
                    help="report the first failing example without minimising it")
     w.add_argument("--shrink-time", type=float, default=120.0,
-                   help="seconds hypothesis may spend minimising one failure")
+                   help="seconds hypothesis may spend minimising failures, in all (the whole run)")
     w.add_argument("--tensor-table", choices=["never", "sometimes", "always"],
                    default="sometimes", help="how often jobs ask for a tensor table (format 1.1; "
                    "writers may honour it)")

@@ -354,3 +354,23 @@ def test_a_bug_of_the_suite_is_exit_5_with_its_reports(dirs: tuple[Path, Path]) 
     assert doc["exit_code"] == 5 and doc["cases"][0]["status"] == "error"
     assert "a directory removed meanwhile" in doc["cases"][0]["message"]
     (tmp / "r.json").unlink()
+
+
+@needs_tracing
+def test_the_shrink_budget_is_the_whole_runs(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """Review C5: --shrink-time bounded each failing suite (and fault point) on its own: a
+    writer that broke every publish case spent about 16 minutes minimising with the default.
+    It is now the whole run's: the time spent in all suites stays within it (plus the one
+    example running when it ran out)."""
+    cwd, tmp = dirs
+    rep = fast_tmp / "r.json"
+    r = _run(["writer", "--examples", "2", "--crash-examples", "7", "--no-committer", "--seed",
+              "3", "--shrink-time", "1", "--json", str(rep), "--", *BAD_WRITER], cwd, tmp,
+             PCK_BAD_MODE="no-dir-fsync")
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(rep.read_text())
+    spent = doc.get("shrink_seconds", {})
+    longest = max(c["seconds"] for c in doc["cases"])
+    assert sum(spent.values()) <= 1 + 2 * longest + 1, (spent, longest)
+    for left in tmp.iterdir():  # the failing cases are kept
+        shutil.rmtree(left)
