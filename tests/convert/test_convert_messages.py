@@ -227,3 +227,29 @@ def test_recorded_list_with_holes_comes_back_a_list(tmp_path: Path) -> None:
         out = torch.load(tmp_path / f"s{n}.pt", weights_only=True)
         assert out["l"] == [None] * n + [{"a": 1}]
         assert torch.equal(out["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize("exc", [
+    OSError(28, "No space left on device"),
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
+])
+def test_a_full_disk_inside_torch_save_is_a_storage_error_naming_the_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: Exception
+) -> None:
+    """Resource review R1: a full disk met inside torch.save's zip writer (an OSError naming no
+    file, or "unexpected pos") reached the CLI as "internal error ... a bug"."""
+    import numpy as np
+
+    from portable_ckpt.errors import StorageError
+
+    portable_ckpt.save_arrays(tmp_path / "src", {"w": np.ones(4, np.float32)}, step=1)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(torch, "save", full)
+    dst = tmp_path / "out.pt"
+    with pytest.raises(StorageError, match="nothing was published") as err:
+        convert(str(tmp_path / "src"), str(dst), dst_format="torch")
+    assert str(dst) in str(err.value) and "twice its size" in str(err.value)
+    assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]

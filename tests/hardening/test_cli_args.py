@@ -309,3 +309,31 @@ def test_every_subcommand_keeps_the_clis_rules(
         out = capsys.readouterr().out
         assert code == 1, (code, out)
         assert json.loads(out)["ok"] is False, out
+
+
+@pytest.mark.parametrize(("exc", "code", "says"), [
+    (OSError(28, "No space left on device", "/data/out.pt"), "PCK-STORAGE",
+     "No space left on device '/data/out.pt' (errno 28)"),
+    (MemoryError(), "PCK-OUT-OF-MEMORY", "out of memory"),
+    (RuntimeError("boom"), "PCK-INTERNAL", "internal error (RuntimeError: boom)"),
+])
+def test_an_error_from_inside_a_library_is_said_for_what_it_is(
+    capsys: pytest.CaptureFixture[str], exc: BaseException, code: str, says: str
+) -> None:
+    """Resource review R1, R9: a full disk inside torch.save's writer, or out of memory, was
+    "internal error ... a bug of portable-ckpt" with no file named, and --json left stdout
+    empty. Now the limit and the file are named, and --json prints one document."""
+    import argparse
+    import json
+
+    from portable_ckpt.cli.main import _run
+
+    def fails(args: argparse.Namespace) -> int:
+        raise exc
+
+    assert _run(argparse.Namespace(func=fails, json=True, command="convert")) == 1
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc == {"ok": False, "error": {"code": code, "message": doc["error"]["message"]}}
+    assert says in doc["error"]["message"] and says in err, err
+    assert ("internal error" in err) == (code == "PCK-INTERNAL")

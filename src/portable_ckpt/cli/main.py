@@ -14,10 +14,12 @@ and ``--json`` is not given (``cli/_output.py``).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
 import pkgutil
+import resource
 import signal
 import sys
 import threading
@@ -202,12 +204,37 @@ def _run(args: argparse.Namespace) -> int:
         # BaseException: a native library's panic (pyo3's PanicException) is not an Exception.
         if os.environ.get("PCK_DEBUG"):
             raise
-        print(
-            f"portable-ckpt: internal error ({type(exc).__name__}: {safe(exc)}); this is a "
-            "bug of portable-ckpt: please report it (PCK_DEBUG=1 prints the traceback)",
-            file=sys.stderr,
-        )
+        code, message = _unexpected(exc)
+        if getattr(args, "json", False):  # one document whatever happens (resource review R1)
+            print(json.dumps({"ok": False, "error": {"code": code, "message": message}}, indent=2))
+        print(f"portable-ckpt: {message}", file=sys.stderr)
         return 1
+
+
+#: errno values that say the machine ran out of something, not that portable-ckpt has a bug.
+_RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EMFILE,
+                    errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def _unexpected(exc: BaseException) -> tuple[str, str]:
+    """The code and message of an exception that is no CheckpointError.
+
+    A full disk, a file-size or memory limit reached inside a library (torch.save's writer,
+    safetensors) was "internal error ... a bug of portable-ckpt" with no file named (resource
+    review R1, R9): those say what ran out, where, and which limit.
+    """
+    if isinstance(exc, MemoryError):
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        where = ("" if limit == resource.RLIM_INFINITY
+                 else f"; the address-space limit is {limit:,} bytes (ulimit -v)")
+        return ("PCK-OUT-OF-MEMORY", "out of memory (MemoryError)" + where + "; give the "
+                "command more memory, or work on less at once")
+    if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:
+        what = f" {safe(exc.filename)!r}" if exc.filename else ""
+        return ("PCK-STORAGE", f"{exc.strerror or exc}{what} (errno {exc.errno}): the command "
+                "stopped; what it was writing was not published")
+    return ("PCK-INTERNAL", f"internal error ({type(exc).__name__}: {safe(exc)}); this is a bug "
+            "of portable-ckpt: please report it (PCK_DEBUG=1 prints the traceback)")
 
 
 class _Terminated(KeyboardInterrupt):

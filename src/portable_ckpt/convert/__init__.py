@@ -69,6 +69,7 @@ from portable_ckpt.errors import (
     CheckpointError,
     CommitOutcomeUnknownError,
     LimitError,
+    StorageError,
     UsageError,
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
@@ -642,6 +643,34 @@ def _target_step(
     return step, why
 
 
+def _write_failed(dst: str, exc: OSError | RuntimeError, target: str) -> Exception:
+    """A target's writer failed in the file system: a StorageError naming the destination.
+
+    A full disk met inside torch.save's or safetensors' writers came out as an OSError naming
+    no file, or torch's "unexpected pos" RuntimeError: the CLI said "internal error ... a bug"
+    (resource review R1). A RuntimeError with room left on the disk is passed on as it is.
+    """
+    where = os.path.dirname(os.path.abspath(dst))
+    try:
+        st = os.statvfs(where)
+        free: int | None = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    # torch's zip writer says a short write so (its files were removed since: free space is no
+    # proof either way)
+    short = isinstance(exc, RuntimeError) and "unexpected pos" in str(exc)
+    if isinstance(exc, RuntimeError) and not short and (free is None or free >= 1 << 20):
+        return exc
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if short:
+        why = f"a write fell short, as on a full disk ({exc})"
+    full = f" ({free:,} bytes free there)" if free is not None and free < 1 << 20 else ""
+    twice = (" A torch target needs about twice its size free (its tensors are staged beside "
+             "it first)." if target == "torch" else "")
+    return StorageError(
+        f"writing {dst}: {why}{full}; nothing was published.{twice}", path=dst)
+
+
 def _from_portable(
     s: str, d: str, target: Format, options: ConvertOptions, tick: _Ticker
 ) -> ConvertReport:
@@ -651,7 +680,10 @@ def _from_portable(
     ck = portable_ckpt.open(s, step=options.step)
     view = ExportView(ck, options, dotted=target.dotted_names and options.keys == "mapped")
     tick.total = sum(t.nbytes for t in view.tensors.values())
-    res: WriteResult = target.load("writer")(view, d, options, tick)
+    try:
+        res: WriteResult = target.load("writer")(view, d, options, tick)
+    except (OSError, RuntimeError) as exc:
+        raise _write_failed(d, exc, target.name) from exc
     chunks = sum(len(t.ranges) for t in view.tensors.values())
     largest = max(
         (
