@@ -4,7 +4,9 @@ whole tensors apart from pieces."""
 from __future__ import annotations
 
 import json
+import os
 import struct
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
@@ -196,3 +198,30 @@ def test_joining_keeps_the_bytes_and_their_order(sizes: list[int]) -> None:
     assert len(passed) == len(big) and all(a is b for a, b in zip(passed, big, strict=True))
     joined = [p for p in out if not any(p is q for q in big)]
     assert all(0 < len(p) < (1 << 20) + SMALL_PIECE_BYTES for p in joined)  # bounded buffers
+
+
+def test_a_failed_write_leaves_no_empty_attempt(tmp_path: Path) -> None:
+    """Resource review R7: a save that failed removed its files but left its attempt's empty
+    directories; a job whose saves kept failing (a flapping disk) piled them up until a later
+    run's gc. A file-size limit (RLIMIT_FSIZE, EFBIG) makes a real write fail here."""
+    import subprocess
+    import sys
+    import textwrap
+
+    root = tmp_path / "root"
+    code = textwrap.dedent(f"""
+        import resource, numpy as np, portable_ckpt
+        portable_ckpt.save_arrays({str(root)!r}, {{"w": np.ones(8, np.float32)}}, step=1)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))
+        try:
+            portable_ckpt.save_arrays({str(root)!r}, {{"w": np.ones(1 << 18, np.float32)}},
+                                      step=2)
+        except portable_ckpt.CheckpointError as e:
+            print(e.code)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120, check=False)
+    assert p.stdout.strip() == "PCK-STORAGE", p.stdout + p.stderr
+    (only,) = sorted(d.name for d in root.iterdir())  # the committed step 1, nothing else
+    assert only.startswith("s000000000001-"), only

@@ -609,6 +609,13 @@ class ShardWriter:
                 pass
         self._written.clear()
         self._chunks.clear()
+        # Its directories too, where they are empty (another writer's files keep theirs): a job
+        # whose saves kept failing piled up empty attempts that only a later run's gc removed
+        # (resource review R7: 51 after 79 saves on a flapping disk).
+        try:
+            self.storage.remove_empty_dirs(self.attempt_id)
+        except CheckpointError:
+            pass
 
     def _check_open(self) -> None:
         if self._finished:

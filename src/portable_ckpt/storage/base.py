@@ -210,6 +210,14 @@ class Storage(abc.ABC):
         for info in list(self.list(prefix)):
             self.delete(info.path)
 
+    def remove_empty_dirs(self, prefix: str) -> None:  # noqa: B027 - optional hook
+        """Remove the empty directories under ``prefix``, and ``prefix`` if it is left empty.
+
+        A writer that aborted removes its attempt's directories this way (never a file, never
+        a directory that holds one). Object stores have no directories: the default does
+        nothing.
+        """
+
     def sync(self) -> None:  # noqa: B027 - optional hook
         """Make every file closed so far durable, names included.
 

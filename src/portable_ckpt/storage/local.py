@@ -551,8 +551,16 @@ class LocalStorage(ScannedStorage):
 
     def delete_prefix(self, prefix: str) -> None:
         super().delete_prefix(prefix)
+        self.remove_empty_dirs(prefix)
+
+    def remove_empty_dirs(self, prefix: str) -> None:
+        if not well_formed(prefix.rstrip("/")):
+            raise PathUnsafeError(
+                f"remove_empty_dirs {prefix!r}: not a directory below the root {self.url}",
+                path=prefix,
+            )
         base = self._full(prefix.rstrip("/"))
-        # Remove the now-empty directories bottom-up.
+        # Bottom-up; rmdir refuses a directory that still holds anything (never a file).
         for d, _subdirs, _files in sorted(os.walk(base), key=lambda t: -len(t[0])):
             try:
                 os.rmdir(d)
