@@ -14,7 +14,7 @@ dialect of embedded schemas, ``$ref`` into a resource that declares ``$schema``,
 MINOR), ``vectors/errata-10/`` those of errata 10 (a writer index that lists a file with
 another size, zero-size shard tensors at and inside a span), ``vectors/errata-11/`` those of
 errata 11 (pin records at a root), ``vectors/errata-12/`` those of errata 12 (a grid and a
-non-grid layout of thousands of boxes, R-COVER-4). Errata 5, 7, 8 and 9 have no vectors. All are frozen (R-VERSION-9); a reader of 1.1 passes all of
+non-grid layout of more than 12,000 boxes each, R-COVER-4). Errata 5, 7, 8 and 9 have no vectors. All are frozen (R-VERSION-9); a reader of 1.1 passes all of
 them (:data:`VECTOR_DIRS`, :func:`all_cases`).
 
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,

@@ -5,10 +5,11 @@ Errata 12 defines the two layouts every reader must decide at any size (spec §9
 **grid** and boxes that **differ in at most two dimensions**. The older sets held at most 300
 boxes per tensor, which a pairwise comparison of every two boxes decides; an outside team's
 reader did so, and refused a 69,000-box grid the reference writes with ``PCK-LIMIT``. These
-cases hold thousands of one-row boxes (format 1.1, tensor tables): a grid of 96 × 96 cells, a
-brick wall whose rows are cut at alternating offsets (not a grid: two varying dimensions), and
-the same wall with one box moved one element to the right (an overlap beside a gap, so the
-volumes add up and only a comparison finds it: ``PCK-COVERAGE-OVERLAP``).
+cases hold more than 12,000 one-row boxes each (format 1.1, tensor tables), more than 2^26
+pairs of boxes, the reference's own bound on comparisons: a grid of 120 × 120 cells, a brick
+wall whose rows are cut at alternating offsets (not a grid: two varying dimensions), and the
+same wall with one box moved one element to the right (an overlap beside a gap, so the volumes
+add up and only a comparison finds it: ``PCK-COVERAGE-OVERLAP``).
 
 Uses the builders of ``generate_1_1.py`` and ``generate_errata_1.py`` (standard library, numpy,
 crc32c, zstandard). Refuses to touch an existing vector directory unless ``--force`` is given.
@@ -75,18 +76,18 @@ def bricks(rows: int, cols: int, moved: int | None = None) -> list[Box]:
     return out
 
 
-@case("valid-grid-9216", "§9, R-COVER-4 (errata 12): a tensor table of 9,216 one-element boxes "
-      "that form a 96 x 96 grid; every reader decides it (a grid is decided from its "
+@case("valid-grid-14400", "§9, R-COVER-4 (errata 12): a tensor table of 14,400 one-element "
+      "boxes that form a 120 x 120 grid; every reader decides it (a grid is decided from its "
       "per-dimension cuts, without comparing boxes)")
 def _(root: Path) -> Any:
-    return _tensor(root, [96, 96], grid(96))
+    return _tensor(root, [120, 120], grid(120))
 
 
-@case("valid-bricks-8256", "§9, R-COVER-4 (errata 12): 8,256 boxes of a 128 x 128 tensor "
+@case("valid-bricks-12352", "§9, R-COVER-4 (errata 12): 12,352 boxes of a 128 x 192 tensor "
       "laid as a brick wall (odd rows cut one element later): not a grid, two dimensions "
       "vary; every reader decides it")
 def _(root: Path) -> Any:
-    return _tensor(root, [128, 128], bricks(128, 128))
+    return _tensor(root, [128, 192], bricks(128, 192))
 
 
 @case("invalid-bricks-overlap", "§9, R-COVER-3, R-COVER-4 (errata 12): the brick wall with "
@@ -94,12 +95,13 @@ def _(root: Path) -> Any:
       "leaves one element uncovered, so the volumes add up; PCK-COVERAGE-OVERLAP (overlap "
       "before gap, R-COVER-3)", code="PCK-COVERAGE-OVERLAP")
 def _(root: Path) -> None:
-    _tensor(root, [128, 128], bricks(128, 128, moved=64))
+    _tensor(root, [128, 192], bricks(128, 192, moved=64))
 
 
 DESCRIPTION = ("Golden vectors of errata 12 (spec §20): the layouts every reader must decide "
-               "at any size (R-COVER-4): a 9,216-box grid, an 8,256-box brick wall that is "
-               "not a grid, and the wall with one overlap beside one gap. None is deep.")
+               "at any size (R-COVER-4): a 14,400-box grid, a 12,352-box brick wall that is "
+               "not a grid, and the wall with one overlap beside one gap, each more than 2^26 "
+               "pairs of boxes. None is deep.")
 
 
 def main(argv: list[str] | None = None) -> int:

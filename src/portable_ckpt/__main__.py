@@ -2,6 +2,6 @@
 
 import sys
 
-from portable_ckpt.cli.main import main
+from portable_ckpt.cli.main import entry
 
-sys.exit(main())
+sys.exit(entry())

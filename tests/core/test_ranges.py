@@ -212,3 +212,16 @@ def test_range_index_matches_scan(
     }
     assert got == want
     assert sum(b.volume for _, b in got) == target.volume
+
+
+def test_a_grid_with_a_cell_twice_and_cells_missing_is_an_overlap() -> None:
+    """Diff review D3 (spec §9, errata 12): a grid is decided without comparing boxes, a cell
+    used twice being PCK-COVERAGE-OVERLAP also where cells are missing. With the cells
+    missing, the reference left the grid to the volumes, which reported a gap."""
+    boxes = [Box((i, j, k), (1, 1, 8)) for i in range(128) for j in range(128)
+             for k in range(0, 64, 8)]
+    with pytest.raises(CoverageOverlapError):
+        check_coverage((128, 128, 64), [*boxes[:-3], boxes[5]])
+    with pytest.raises(CoverageGapError):
+        check_coverage((128, 128, 64), boxes[:-3])
+    check_coverage((128, 128, 64), boxes)

@@ -337,3 +337,17 @@ def test_an_error_from_inside_a_library_is_said_for_what_it_is(
     assert doc == {"ok": False, "error": {"code": code, "message": doc["error"]["message"]}}
     assert says in doc["error"]["message"] and says in err, err
     assert ("internal error" in err) == (code == "PCK-INTERNAL")
+
+
+def test_main_gives_the_callers_signal_handlers_back(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Diff review D1: main() left SIGINT ignored in the calling process (a test, a tool that
+    calls it), whose later process groups then started with Ctrl-C ignored."""
+    import signal
+
+    _version(tmp_path)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert cli_main(["ls", str(tmp_path)]) == 0
+    assert cli_main(["ls", str(tmp_path / "missing")]) == 1
+    capsys.readouterr()
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -304,3 +304,49 @@ def test_a_parameter_without_optimizer_state_continues_as_if_never_saved(
             step(b, opt_b, 10 + i, head_only=False)
         for p, q in zip(a.parameters(), b.parameters(), strict=True):
             assert torch.equal(p, q), (before, p, q)
+
+
+def test_a_fresh_optimizers_plain_state_dict_gets_its_state_keyed_by_int(tmp_path: Path) -> None:
+    """Diff review D2: the state growing into an empty dict gave a fresh optimizer's plain
+    state_dict() string keys: load_state_dict restored nothing and the next save failed."""
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    pckt.save({"m": m.state_dict(), "o": opt.state_dict()}, tmp_path, step=1,
+              continuation="statistical")
+    m2 = torch.nn.Linear(2, 2)
+    opt2 = torch.optim.AdamW(m2.parameters())
+    sd = {"m": m2.state_dict(), "o": opt2.state_dict()}
+    info = pckt.load(sd, tmp_path)
+    assert sorted(sd["o"]["state"]) == [0, 1] and info.unexpected_keys == []
+    opt2.load_state_dict(sd["o"])
+    assert torch.equal(opt2.state[m2.weight]["exp_avg"], opt.state[m.weight]["exp_avg"])
+    pckt.save({"m": m2.state_dict(), "o": opt2.state_dict()}, tmp_path, step=2,
+              continuation="statistical")
+
+
+def test_a_group_makes_only_tensors_stored_whole_below_an_empty_dict(tmp_path: Path) -> None:
+    """Diff review D6: a sharded tensor below an empty dict (an FSDP2 EMA) was made whole on
+    every rank of a group; there only tensors stored as one range are made."""
+    from portable_ckpt.torch.flatten import FlatState
+    from portable_ckpt.torch.loading import _tensors_into_empty
+
+    portable_ckpt.save_arrays(tmp_path, {"e/tiled": np.ones((4, 4), np.float32),
+                                         "e/whole": np.ones(3, np.float32)},
+                              step=1, tiles={"e/tiled": (2, 2)})
+    ck = portable_ckpt.open(tmp_path)
+    for whole, made in ((True, ["tiled", "whole"]), (False, ["whole"])):
+        flat = FlatState(values={"e": {}})
+        grown = _tensors_into_empty(ck, flat, whole=whole)
+        assert sorted(grown["e"]) == made, (whole, grown)
+
+
+def test_interleaved_views_of_one_tensor_are_separate_targets(tmp_path: Path) -> None:
+    """Diff review D4: the overlap check made a mask of the whole span for each pair of
+    strided views. Column views of one weight share no byte: each loads its own values."""
+    stored = {f"c{i}": torch.arange(4.0) + 10 * i for i in range(8)}
+    pckt.save(stored, tmp_path, step=1)
+    w = torch.zeros(4, 8)
+    pckt.load({f"c{i}": w[:, i] for i in range(8)}, tmp_path)
+    assert torch.equal(w, torch.stack([stored[f"c{i}"] for i in range(8)], dim=1))

@@ -31,7 +31,7 @@ from portable_ckpt.cli._output import add_output_options, log_to_stderr
 from portable_ckpt.cli._text import safe
 from portable_ckpt.errors import CheckpointError, StorageError, UsageError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "entry", "main"]
 
 
 def formats_line() -> str:
@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OUTPUT
     real = sys.stdout
     sys.stdout = _Output(real)
-    term = _terminate_as_interrupt()
+    saved = _handlers()
+    _terminate_as_interrupt()
     try:
         with log_to_stderr(args):
             code = _run(args)
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence(real)
         return EXIT_OUTPUT
     except KeyboardInterrupt as exc:  # a second Ctrl-C, while the log handler is being removed
-        return _interrupted(None, exc)
+        return _interrupted(args, exc)
     except BrokenPipeError:
         # The reader of our output went away: point stdout at /dev/null so that the flush at
         # exit cannot raise again, and end like a process killed by SIGPIPE (cat, grep).
@@ -119,8 +120,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     finally:
         sys.stdout = real
-        if term is not None:
-            signal.signal(signal.SIGTERM, term)
+        # The caller's handlers come back: main() called in a process that goes on (a test,
+        # a tool) kept Ctrl-C ignored, and its later process groups started with SIGINT
+        # ignored (diff review D1). entry() ignores them again on the way out.
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def entry() -> int:
+    """The ``portable-ckpt`` command: :func:`main`, then signals ignored until the exit.
+
+    ``timeout -s INT`` signals the command and then its process group: the second signal
+    landed in the interpreter's exit handlers (torch's), whose traceback reached the user.
+    """
+    code = main()
+    _ignore_interrupts()
+    return code
+
+
+def _handlers() -> dict[int, Any]:
+    """The current SIGINT and SIGTERM handlers (none off the main thread: nothing is changed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -290,4 +312,4 @@ def _interrupted(args: argparse.Namespace | None, exc: BaseException | None = No
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -244,19 +244,20 @@ class _Layout:
         Duplicated cells are an overlap; a grid with missing cells is left to the other checks.
         """
         nd = len(self.shape)
-        index = np.zeros(self.n, dtype=_I64)
-        size = 1
+        cells = np.empty((self.n, nd), dtype=_I64)
+        size = 1  # a Python int: a grid with cells missing may have more than int64 holds
         for d in range(nd):
             cuts = np.unique(np.concatenate(([0, self.shape[d]], self.lo[:, d], self.hi[:, d])))
             a = np.searchsorted(cuts, self.lo[:, d])
             if not (np.searchsorted(cuts, self.hi[:, d]) == a + 1).all():
                 return False  # some box spans several cells of this dimension
             size *= len(cuts) - 1
-            if size > self.n:
-                return False  # cells missing (or an overlap elsewhere)
-            index = index * (len(cuts) - 1) + a
-        order = np.argsort(index, kind="stable")
-        dup = np.flatnonzero(index[order][1:] == index[order][:-1])
+            cells[:, d] = a
+        # A cell used twice is an overlap, also where cells are missing (spec §9, errata 12: a
+        # grid is decided without comparing boxes; it was left to the volumes, which said gap).
+        order = np.lexsort(cells.T[::-1])
+        ordered = cells[order]
+        dup = np.flatnonzero((ordered[1:] == ordered[:-1]).all(axis=1))
         if dup.size:
             self.overlap(int(order[dup[0]]), int(order[dup[0] + 1]))
         return size == self.n

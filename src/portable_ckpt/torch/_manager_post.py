@@ -575,7 +575,7 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
             say(
                 f"rank 0: the copy of {attempt} to the durable root {durable.root} FAILED "
                 f"({e}). Training continues; the version stays on the fast tier; "
-                f"{mgr._failed_saves} durable checkpoint(s) failed in a row."
+                f"{len(mgr._failed_steps)} durable checkpoint(s) failed in a row."
             )
             mgr.telemetry.emit(
                 "replicate",

@@ -18,6 +18,7 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import os
 import time
@@ -352,7 +353,7 @@ def _load_local(
     casts: _Casts,
 ) -> None:
     """Fill this rank's targets from ``ck``: tensors, plain values, entries (RNG last)."""
-    grown = _tensors_into_empty(ck, flat)
+    grown = _tensors_into_empty(ck, flat, whole=info.world_size == 1)
     with _EntryReads(ck, flat, info) as entries:
         extra_peak = _load_tensors(
             ck, flat, info, strict=strict, record_ranges=record_ranges, casts=casts
@@ -360,8 +361,14 @@ def _load_local(
         info.unexpected_keys = sorted(k for k in ck.tensors if k not in flat.tensors)
         values = _load_values(entries, flat, info, strict=strict)
         last = _load_entries(entries, flat, info, strict=strict)
+    optimizers = {f"/{k}".split("/param_groups/", 1)[0] for k in flat.values
+                  if "/param_groups/" in f"/{k}"}
     for where, tensors in grown.items():
-        values[where] = _with_tensors(values.get(where, {}), tensors)
+        # An optimizer's `state` (beside `param_groups`) is keyed by int: a fresh optimizer's
+        # plain state_dict() got string keys, restored nothing and failed the next save (diff
+        # review D2).
+        by_int = f"/{where}".rpartition("/state")[0] in optimizers and where.endswith("state")
+        values[where] = _with_tensors(values.get(where, {}), tensors, by_int=by_int)
     fill_state(template, flat, values)
     for e, value in last:  # RNG last: loading has no RNG side effect
         e.restore(value)
@@ -370,15 +377,20 @@ def _load_local(
     info.peak_temp_bytes = max(ck.stats.peak_scratch_bytes, extra_peak)
 
 
-def _tensors_into_empty(ck: Checkpoint, flat: FlatState) -> dict[str, dict[str, torch.Tensor]]:
+def _tensors_into_empty(
+    ck: Checkpoint, flat: FlatState, *, whole: bool
+) -> dict[str, dict[str, torch.Tensor]]:
     """New tensors for the stored tensors below an empty dict of the target.
 
     An empty dict is a place for everything stored below it: a Stateful's dict that grows in
     training (EMA weights keyed by parameter name, filled at the first update) got its plain
     values back but lost its tensors, listed only in ``LoadInfo.unexpected_keys`` (odd-states
     review O14). Each is made whole on the CPU, with the stored dtype and global shape, and
-    read like any plain tensor target. Returns, per empty dict, its new tensors by their key
-    below it.
+    read like any plain tensor target. In a group (``whole`` false), only tensors stored whole
+    (one range: a plain tensor) are made so: a sharded one (an FSDP2 EMA) made whole on every
+    rank could exhaust the host, and a plain tensor where the job keeps a DTensor breaks its
+    next update (diff review D6); it stays in ``LoadInfo.unexpected_keys``. Returns, per empty
+    dict, its new tensors by their key below it.
     """
     places = {k for k, v in flat.values.items() if isinstance(v, dict) and not v and k}
     if not places:
@@ -390,15 +402,24 @@ def _tensors_into_empty(ck: Checkpoint, flat: FlatState) -> dict[str, dict[str, 
         cut = name.find("/")
         while cut != -1 and name[:cut] not in places:  # the shortest enclosing place
             cut = name.find("/", cut + 1)
-        if cut != -1:
+        if cut != -1 and (whole or _range_count(entry) == 1):
             t = torch.empty(tuple(entry.shape), dtype=torch_dtype(entry.dtype))
             flat.tensors[name] = t
             grown.setdefault(name[:cut], {})[name[cut + 1:]] = t
     return grown
 
 
-def _with_tensors(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    """The loaded value of an empty dict with its new tensors put in place by their keys."""
+def _range_count(entry: Any) -> int:
+    """How many range records a tensor entry has (a table's without building them)."""
+    count = getattr(entry, "range_count", None)  # a property of a table's entries
+    return int(count) if count is not None else len(entry.ranges)
+
+
+def _with_tensors(value: Any, tensors: Mapping[str, torch.Tensor], *, by_int: bool) -> Any:
+    """The loaded value of an empty dict with its new tensors put in place by their keys.
+
+    ``by_int``: its own keys that are decimal become ints (an optimizer's ``state``).
+    """
     if not isinstance(value, dict):
         return value  # a stored value there (not a dict): the tensors stay unexpected
     for rel, t in tensors.items():
@@ -410,6 +431,10 @@ def _with_tensors(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
                 child = node[c] = {}
             node = child
         node[last] = t
+    if by_int:
+        ints = {k: int(k) for k in value if isinstance(k, str) and k.isdecimal()
+                and str(int(k)) == k}
+        value = {ints.get(k, k): v for k, v in value.items()}
     return value
 
 
@@ -511,51 +536,57 @@ def tied_targets(targets: Sequence[tuple[str, torch.Tensor]]) -> dict[str, str]:
             (lo, hi, key, t))
     ties: dict[str, str] = {}
     for group in spans.values():
-        if len(group) < 2:
-            continue
         group.sort(key=lambda g: (g[0], -g[1]))  # a base before the views that start with it
-        active: list[tuple[int, int, str, torch.Tensor]] = []
-        for lo, hi, key, t in group:
-            active = [a for a in active if a[1] > lo]
-            for _, _, other, o in active:
-                shared = 2 if _same_view(o, t) else _shared_bytes(o, t)
-                if shared == 2:
-                    ties[key] = ties.get(other, other)
-                    break
-                if shared == 1:
-                    raise UsageError(
-                        f"tensors {other!r} and {key!r} of the target share part of their "
-                        "memory: the load would write those elements twice and keep the last "
-                        "key's values. Load one of them (leave the other out of the state), "
-                        "or make them independent (.clone())"
-                    )
-            else:
-                active.append((lo, hi, key, t))
+        if len(group) > 1 and any(b[0] < a[1] for a, b in itertools.pairwise(_reach(group))):
+            _ties_in(group, ties)  # spans overlap: which bytes do (views of one flat buffer don't)
     return ties
+
+
+def _reach(group: list[tuple[int, int, str, torch.Tensor]]) -> list[tuple[int, int]]:
+    """Each span with the furthest end reached by it or an earlier one (sorted by start)."""
+    out, end = [], 0
+    for lo, hi, _, _ in group:
+        end = max(end, hi)
+        out.append((lo, end))
+    return out
+
+
+def _ties_in(group: list[tuple[int, int, str, torch.Tensor]], ties: dict[str, str]) -> None:
+    """Ties and refusals among targets of one storage whose spans overlap.
+
+    One mask of bytes for the group, each target marked in turn: a target whose bytes are all
+    marked already is filled by the targets before it (a tie: compared after), one with some
+    marked is refused. The mask is one byte per byte of the span the targets cover in memory
+    that exists (diff review D4: a mask per pair of strided views cost the span each time).
+    """
+    base = group[0][0]
+    mask = torch.zeros(max(hi for _, hi, _, _ in group) - base, dtype=torch.uint8)
+    seen: list[tuple[int, int, str, torch.Tensor]] = []
+    for lo, hi, key, t in group:
+        same = next((k for _, _, k, o in seen if _same_view(o, t)), None)
+        if same is not None:
+            ties[key] = ties.get(same, same)
+            continue
+        size = t.element_size()
+        view = mask.as_strided((*t.shape, size), (*(st * size for st in t.stride()), 1), lo - base)
+        if bool(view.any()):
+            other = next(k for a, b, k, _ in seen if a < hi and lo < b)
+            if not bool(view.all()):
+                raise UsageError(
+                    f"tensors {other!r} and {key!r} of the target share part of their "
+                    "memory: the load would write those elements twice and keep the last "
+                    "key's values. Load one of them (leave the other out of the state), "
+                    "or make them independent (.clone())"
+                )
+            ties[key] = ties.get(other, other)
+            continue
+        view.fill_(1)
+        seen.append((lo, hi, key, t))
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
             and a.stride() == b.stride())
-
-
-def _shared_bytes(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How two views of one storage share bytes (marked on a mask of their span).
-
-    0: none; 2: every byte of ``b`` is one of ``a``'s; 1: some are.
-    """
-    base = min(a.data_ptr(), b.data_ptr())
-    ends = []
-    views = []
-    for t in (a, b):
-        size = t.element_size()
-        ends.append(t.data_ptr() - base + (sum(
-            (n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1) * size)
-        views.append(((*t.shape, size), (*(st * size for st in t.stride()), 1), t.data_ptr() - base))
-    mask = torch.zeros(max(ends), dtype=torch.uint8)  # bounded by the bytes of the two targets
-    mask.as_strided(*views[0]).fill_(1)
-    marked = mask.as_strided(*views[1])
-    return 2 if bool(marked.all()) else 1 if bool(marked.any()) else 0
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
