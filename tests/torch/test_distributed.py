@@ -380,11 +380,20 @@ def test_a_drill_stopped_as_timeout_stops_it_says_so_without_a_traceback(
 
     root = tmp_path / "r"
     portable_ckpt.save_arrays(str(root), {"w": np.arange(4096.0)}, step=1)
+    # A step that outlasts the test: the signal always meets a drill still running (diff
+    # review D9: a drill that ended first was exit 0)
+    (tmp_path / "slowdrill.py").write_text(
+        "import time, torch\n"
+        "def make(rank, world, ck):\n"
+        "    return {'w': torch.zeros(4096, dtype=torch.float64)}, lambda: time.sleep(300)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
     signum = getattr(signal, f"SIG{sig}")
     proc = subprocess.Popen(
         [sys.executable, "-m", "portable_ckpt.cli.main", "drill", str(root), "--world-size", "2",
-         "--json", "--no-record"],
+         "--json", "--no-record", "--factory", "slowdrill:make"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=env,
         # as in a terminal, even when the tests run as a background job (SIGINT ignored)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
