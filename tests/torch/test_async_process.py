@@ -711,3 +711,27 @@ def test_a_commit_the_writer_answers_failed_is_a_known_failure(tmp_path: Path) -
     assert [p for p in root.rglob("*") if p.is_file()] == []
     assert portable_ckpt.list_versions(root) == [] or all(
         v.status != "committed" for v in portable_ckpt.list_versions(root))
+
+
+def test_a_file_size_limit_on_the_staging_segment_is_named(tmp_path: Path) -> None:
+    """Resource review R3: under ``ulimit -f``, sizing the shared-memory staging segment failed
+    as "PCK-DISTRIBUTED ... (prepare) failed: OSError: [Errno 27]", naming neither the segment
+    nor the limit, in a process without a group."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import resource, torch, portable_ckpt.torch as p
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+        try:
+            p.async_save({{"w": torch.ones(512, 1024)}}, {str(tmp_path)!r}, step=1,
+                         mode="process", continuation="statistical").committed.result(60)
+        except Exception as e:
+            print(getattr(e, "code", type(e).__name__), e)
+    """)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, PYTHONPATH=src), check=False)
+    assert p.stdout.startswith("PCK-WRITER-PROCESS"), p.stdout + p.stderr
+    assert "ulimit -f" in p.stdout and "mode='thread'" in p.stdout, p.stdout

@@ -127,6 +127,20 @@ def anonymous_fd(size: int, name: str = "pck-staging") -> int:
         os.unlink(path)
     try:
         os.ftruncate(fd, size)
+    except OSError as exc:
+        os.close(fd)
+        # A file-size limit (ulimit -f) or a memory cgroup: said as what it is, not as a
+        # foreign OSError of the save's prepare step (resource review R3).
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        why = (f"; the file-size limit is {limit:,} bytes (ulimit -f)"
+               if limit != resource.RLIM_INFINITY and limit < size else "")
+        raise WriterProcessError(
+            f"could not make the {size:,}-byte shared-memory segment the writer process stages "
+            f"the state in ({exc.strerror or exc}){why}; raise the limit, or save with "
+            "mode='thread'"
+        ) from exc
     except BaseException:
         os.close(fd)
         raise
