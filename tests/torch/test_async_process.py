@@ -735,3 +735,16 @@ def test_a_file_size_limit_on_the_staging_segment_is_named(tmp_path: Path) -> No
                        env=dict(os.environ, PYTHONPATH=src), check=False)
     assert p.stdout.startswith("PCK-WRITER-PROCESS"), p.stdout + p.stderr
     assert "ulimit -f" in p.stdout and "mode='thread'" in p.stdout, p.stdout
+
+
+def test_a_writer_process_that_cannot_start_says_why_in_one_line() -> None:
+    """Resource review R4: a writer that failed at start (a task limit: its watch thread could
+    not start) printed a traceback into the training job's log; the save said only "exited
+    with status 1". Now one line, prefixed as the save's error says."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    p = subprocess.run([sys.executable, "-P", "-m", "portable_ckpt.io.writer_process", "-1"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=src), check=False)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.startswith("portable_ckpt writer process:")
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

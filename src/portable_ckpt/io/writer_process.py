@@ -261,7 +261,8 @@ class WriterProcess:
         elif code < 0:
             how = f"was killed by {signal.Signals(-code).name}"
         else:
-            how = f"exited with status {code}"
+            how = (f"exited with status {code} (why is the line it wrote on stderr, prefixed "
+                   "'portable_ckpt writer process:')")
         return WriterProcessError(
             f"{what}: the writer process (pid {self.pid}) {how}; the next save starts a new one"
         )
@@ -541,5 +542,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
 
 
+def _run_main() -> int:
+    """:func:`main`, a failure said in one line on the job's stderr, not a traceback.
+
+    Under a task limit the writer could not start its watch thread: its traceback went into
+    the training job's log, and the save said only "exited with status 1" (resource review R4).
+    """
+    try:
+        return main()
+    except Exception as exc:
+        print(f"portable_ckpt writer process: {type(exc).__name__}: {exc} (a limit on "
+              "threads, processes or memory is the usual cause; the save that started it "
+              "fails, the next one starts a new writer)", file=sys.stderr, flush=True)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run_main())
