@@ -38,7 +38,7 @@ from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
 from portable_ckpt.torch._manager_tiers import Tier
 from portable_ckpt.torch._nodelocal import prepare_fast_restore
 from portable_ckpt.torch.info import LoadInfo
-from portable_ckpt.torch.loading import load
+from portable_ckpt.torch.loading import left_from, load, shown_keys
 
 if TYPE_CHECKING:
     from portable_ckpt.format.manifest import FileRecord
@@ -349,10 +349,9 @@ def _say_left_from_failed(
                 held |= set(m.tensors) | set(m.entries)
         except CheckpointError:
             held |= set(info.missing_keys)  # cannot tell: every missing key may be such
-    info.left_from_failed = [k for k in info.missing_keys if k in held]
-    if mgr.rank == 0 and info.left_from_failed:
-        keys = info.left_from_failed
-        shown = ", ".join(repr(k) for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
+    keys = left_from(info, held)
+    if mgr.rank == 0 and keys:
+        shown = shown_keys(keys)
         say(
             f"rank 0: restored step {info.step} after a newer version failed part way; "
             f"{len(keys)} key(s) of the state are not in step {info.step} but are in the failed "

@@ -172,6 +172,17 @@ def _may_retry(
     return bool(failures) and all(f.deleted for f in failures)
 
 
+def shown_keys(keys: Sequence[str], most: int = 4) -> str:
+    """The first ``most`` keys, quoted, for a message."""
+    return ", ".join(repr(k) for k in keys[:most]) + (", ..." if len(keys) > most else "")
+
+
+def left_from(info: LoadInfo, held: set[str]) -> list[str]:
+    """Set and return ``info.left_from_failed``: the missing keys another version ``held``."""
+    info.left_from_failed = [k for k in info.missing_keys if k in held]
+    return info.left_from_failed
+
+
 def _say_left_from_deleted(info: LoadInfo, held: set[str]) -> None:
     """The keys the version loaded instead lacks that the deleted one holds: said, listed.
 
@@ -179,10 +190,9 @@ def _say_left_from_deleted(info: LoadInfo, held: set[str]) -> None:
     version's values where it had filled them, the initial ones elsewhere (serving review F3's
     follow-up). Listed in ``LoadInfo.left_from_failed``, as a manager's fallback does.
     """
-    info.left_from_failed = [k for k in info.missing_keys if k in held]
-    if info.rank == 0 and info.left_from_failed:
-        keys = info.left_from_failed
-        shown = ", ".join(repr(k) for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
+    keys = left_from(info, held)
+    if info.rank == 0 and keys:
+        shown = shown_keys(keys)
         say(
             f"rank 0: loaded step {info.step} after the version being read was deleted; "
             f"{len(keys)} key(s) of the state are not in step {info.step} but were in the deleted "
