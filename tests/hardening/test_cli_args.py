@@ -313,7 +313,8 @@ def test_every_subcommand_keeps_the_clis_rules(
 
 @pytest.mark.parametrize(("exc", "code", "says"), [
     (OSError(28, "No space left on device", "/data/out.pt"), "PCK-STORAGE",
-     "No space left on device '/data/out.pt' (errno 28)"),
+     "No space left on device at '/data/out.pt' (errno 28)"),
+    (OSError(1, "Operation not permitted"), "PCK-INTERNAL", "internal error"),
     (MemoryError(), "PCK-OUT-OF-MEMORY", "out of memory"),
     (RuntimeError("boom"), "PCK-INTERNAL", "internal error (RuntimeError: boom)"),
 ])
@@ -351,3 +352,19 @@ def test_main_gives_the_callers_signal_handlers_back(tmp_path: Path,
     assert cli_main(["ls", str(tmp_path / "missing")]) == 1
     capsys.readouterr()
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_ls_latest_that_could_not_read_is_retry_whatever_raised_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Last review L1: an OSError from inside a library under `ls --latest` was exit 1, read by
+    scripts as "no version"; it is 75 (retry), as a StorageError is."""
+    import argparse
+
+    from portable_ckpt.cli.main import EXIT_RETRY, _run
+
+    def fails(args: argparse.Namespace) -> int:
+        raise OSError(5, "Input/output error", "/x/root/a/manifest.json")
+
+    assert _run(argparse.Namespace(func=fails, latest=True, command="ls")) == EXIT_RETRY
+    assert "while reading or writing" in capsys.readouterr().err

@@ -66,13 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, restore_signals: bool = True) -> int:
     """Run the CLI; returns the exit code.
 
     Every argument is checked while parsing (``cli/_args.py``) and by the subcommand's
     ``check`` before anything is touched: a bad value exits 2. Output into a closed pipe
     (``inspect ... | head``) exits 141 (128 + SIGPIPE) without a traceback; output that cannot
     be written (a full disk, ``> /dev/full``) exits 74 (``EX_IOERR``) and says so.
+
+    The caller's SIGINT and SIGTERM handlers are put back on return (``restore_signals``);
+    the ``portable-ckpt`` command (:func:`entry`) leaves them ignored on its way out.
     """
     try:
         # Start-up imports numpy and every command (a few tenths of a second): a Ctrl-C there
@@ -123,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The caller's handlers come back: main() called in a process that goes on (a test,
         # a tool) kept Ctrl-C ignored, and its later process groups started with SIGINT
         # ignored (diff review D1). entry() ignores them again on the way out.
-        for signum, handler in saved.items():
+        for signum, handler in saved.items() if restore_signals else ():
             signal.signal(signum, handler)
 
 
@@ -133,7 +136,7 @@ def entry() -> int:
     ``timeout -s INT`` signals the command and then its process group: the second signal
     landed in the interpreter's exit handlers (torch's), whose traceback reached the user.
     """
-    code = main()
+    code = main(restore_signals=False)  # (put back, they reopened that window: last review L2)
     _ignore_interrupts()
     return code
 
@@ -230,12 +233,19 @@ def _run(args: argparse.Namespace) -> int:
         if getattr(args, "json", False):  # one document whatever happens (resource review R1)
             print(json.dumps({"ok": False, "error": {"code": code, "message": message}}, indent=2))
         print(f"portable-ckpt: {message}", file=sys.stderr)
+        if code == "PCK-STORAGE" and getattr(args, "latest", False):
+            return EXIT_RETRY  # as a StorageError: never "no version" (last review L1)
         return 1
 
 
 #: errno values that say the machine ran out of something, not that portable-ckpt has a bug.
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EMFILE,
                     errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+#: errno values that are the file system's only when they name a file (EPERM from a
+#: setrlimit, EAGAIN from a lock or a fork limit are not).
+_NEED_A_FILE = {errno.EPERM, errno.EAGAIN}
 
 
 def _unexpected(exc: BaseException) -> tuple[str, str]:
@@ -251,10 +261,12 @@ def _unexpected(exc: BaseException) -> tuple[str, str]:
                  else f"; the address-space limit is {limit:,} bytes (ulimit -v)")
         return ("PCK-OUT-OF-MEMORY", "out of memory (MemoryError)" + where + "; give the "
                 "command more memory, or work on less at once")
-    if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:
-        what = f" {safe(exc.filename)!r}" if exc.filename else ""
-        return ("PCK-STORAGE", f"{exc.strerror or exc}{what} (errno {exc.errno}): the command "
-                "stopped; what it was writing was not published")
+    if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS and (
+        exc.filename or exc.errno not in _NEED_A_FILE
+    ):
+        what = f" at {safe(exc.filename)!r}" if exc.filename else ""
+        return ("PCK-STORAGE", f"{exc.strerror or exc}{what} (errno {exc.errno}) while reading "
+                "or writing: the command stopped, and nothing it was writing was published")
     return ("PCK-INTERNAL", f"internal error ({type(exc).__name__}: {safe(exc)}); this is a bug "
             "of portable-ckpt: please report it (PCK_DEBUG=1 prints the traceback)")
 
