@@ -18,7 +18,6 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 from __future__ import annotations
 
 import difflib
-import itertools
 import math
 import os
 import time
@@ -547,36 +546,59 @@ def tied_targets(targets: Sequence[tuple[str, torch.Tensor]]) -> dict[str, str]:
     ties: dict[str, str] = {}
     for group in spans.values():
         group.sort(key=lambda g: (g[0], -g[1]))  # a base before the views that start with it
-        if len(group) > 1 and any(b[0] < a[1] for a, b in itertools.pairwise(_reach(group))):
-            _ties_in(group, ties)  # spans overlap: which bytes do (views of one flat buffer don't)
+        for cluster in _clusters(group):
+            _ties_in(cluster, ties)
     return ties
 
 
-def _reach(group: list[tuple[int, int, str, torch.Tensor]]) -> list[tuple[int, int]]:
-    """Each span with the furthest end reached by it or an earlier one (sorted by start)."""
-    out, end = [], 0
-    for lo, hi, _, _ in group:
-        end = max(end, hi)
-        out.append((lo, end))
+Span = tuple[int, int, str, torch.Tensor]
+
+
+def _clusters(group: list[Span]) -> list[list[Span]]:
+    """The runs of spans (sorted by start) that overlap one another, of two or more.
+
+    Views of one flat buffer (a contiguous parameter buffer, FSDP1's ``use_orig_params``) are
+    all one group; only spans that overlap are looked at together (last review L3: one tie
+    among them made the whole buffer one case: a mask of its size, quadratic time).
+    """
+    out: list[list[Span]] = []
+    run: list[Span] = []
+    end = 0
+    for g in group:
+        if run and g[0] >= end:
+            if len(run) > 1:
+                out.append(run)
+            run = []
+        run.append(g)
+        end = g[1] if len(run) == 1 else max(end, g[1])
+    if len(run) > 1:
+        out.append(run)
     return out
 
 
-def _ties_in(group: list[tuple[int, int, str, torch.Tensor]], ties: dict[str, str]) -> None:
+def _ties_in(cluster: list[Span], ties: dict[str, str]) -> None:
     """Ties and refusals among targets of one storage whose spans overlap.
 
-    One mask of bytes for the group, each target marked in turn: a target whose bytes are all
-    marked already is filled by the targets before it (a tie: compared after), one with some
-    marked is refused. The mask is one byte per byte of the span the targets cover in memory
-    that exists (diff review D4: a mask per pair of strided views cost the span each time).
+    The same view under two keys is a tie at once. Otherwise one byte mask for the cluster's
+    span, each view marked in turn: a view whose bytes are all marked already is filled by the
+    views before it (a tie: compared after), one with some marked is refused.
     """
-    base = group[0][0]
-    mask = torch.zeros(max(hi for _, hi, _, _ in group) - base, dtype=torch.uint8)
-    seen: list[tuple[int, int, str, torch.Tensor]] = []
-    for lo, hi, key, t in group:
-        same = next((k for _, _, k, o in seen if _same_view(o, t)), None)
-        if same is not None:
-            ties[key] = ties.get(same, same)
-            continue
+    first: dict[tuple[Any, ...], str] = {}
+    views: list[Span] = []
+    for g in cluster:
+        t = g[3]
+        same = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        if same in first:
+            ties[g[2]] = ties.get(first[same], first[same])
+        else:
+            first[same] = g[2]
+            views.append(g)
+    if len(views) < 2:
+        return
+    base = views[0][0]
+    mask = torch.zeros(max(hi for _, hi, _, _ in views) - base, dtype=torch.uint8)
+    seen: list[Span] = []
+    for lo, hi, key, t in views:
         size = t.element_size()
         view = mask.as_strided((*t.shape, size), (*(st * size for st in t.stride()), 1), lo - base)
         if bool(view.any()):
@@ -592,11 +614,6 @@ def _ties_in(group: list[tuple[int, int, str, torch.Tensor]], ties: dict[str, st
             continue
         view.fill_(1)
         seen.append((lo, hi, key, t))
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
-            and a.stride() == b.stride())
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
