@@ -211,5 +211,5 @@ def save_arrays(
     except CommitOutcomeUnknownError:
         raise  # the version may be committed: its files stay (R-COMMIT-19)
     except BaseException:
-        w.abort()
+        w.abort(dirs=True)  # the only writer: nothing else writes the attempt
         raise

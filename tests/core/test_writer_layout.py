@@ -225,3 +225,40 @@ def test_a_failed_write_leaves_no_empty_attempt(tmp_path: Path) -> None:
     assert p.stdout.strip() == "PCK-STORAGE", p.stdout + p.stderr
     (only,) = sorted(d.name for d in root.iterdir())  # the committed step 1, nothing else
     assert only.startswith("s000000000001-"), only
+
+
+def test_removing_an_attempts_empty_directories_follows_no_link(tmp_path: Path) -> None:
+    """Last review L5: an attempt directory swapped for a link to elsewhere had the empty
+    directories below the link's target removed by an aborting writer."""
+    from portable_ckpt.storage.local import LocalStorage
+
+    outside = tmp_path / "outside"
+    (outside / "keep" / "empty1").mkdir(parents=True)
+    (outside / "empty2").mkdir()
+    (outside / "keep" / "file").write_text("x")
+    root = tmp_path / "root"
+    root.mkdir()
+    attempt = "s000000000001-20260101T000000000000Z-0123456789abcdef"
+    (root / attempt).symlink_to(outside)
+    LocalStorage(str(root)).remove_empty_dirs(attempt)
+    assert (outside / "empty2").is_dir() and (outside / "keep" / "empty1").is_dir()
+    (root / attempt).unlink()
+    (root / attempt / "data").mkdir(parents=True)
+    LocalStorage(str(root)).remove_empty_dirs(attempt)
+    assert not (root / attempt).exists()
+
+
+def test_a_writers_own_failure_leaves_the_attempts_directories(tmp_path: Path) -> None:
+    """Last review L6: a writer aborting on its own failure removed the attempt's empty
+    directories while a peer could be between creating one and a file in it (a spurious
+    ENOENT listed first). Only an abort after the failure is known everywhere removes them."""
+    from portable_ckpt.io.writer import ShardWriter
+    from portable_ckpt.storage.local import LocalStorage
+
+    storage = LocalStorage(str(tmp_path))
+    attempt = "s000000000001-20260101T000000000000Z-0123456789abcdef"
+    (tmp_path / attempt / "data").mkdir(parents=True)  # a peer's, about to hold its file
+    ShardWriter(storage, attempt, 1).abort()
+    assert (tmp_path / attempt / "data").is_dir()
+    ShardWriter(storage, attempt, 1).abort(dirs=True)
+    assert not (tmp_path / attempt).exists()

@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -643,6 +644,10 @@ def _target_step(
     return step, why
 
 
+#: errno values of a full disk or quota, or a file-size limit.
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
 def _write_failed(dst: str, exc: OSError | RuntimeError, target: str) -> Exception:
     """A target's writer failed in the file system: a StorageError naming the destination.
 
@@ -662,13 +667,20 @@ def _write_failed(dst: str, exc: OSError | RuntimeError, target: str) -> Excepti
     if isinstance(exc, RuntimeError) and not short and (free is None or free >= 1 << 20):
         return exc
     why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, OSError) and exc.filename:
+        why += f" ({exc.filename})"
     if short:
         why = f"a write fell short, as on a full disk ({exc})"
-    full = f" ({free:,} bytes free there)" if free is not None and free < 1 << 20 else ""
+    tiny = free is not None and free < 1 << 20
+    full = f" ({free:,} bytes free there)" if tiny else ""
+    space = short or tiny or (isinstance(exc, OSError) and exc.errno in _NO_SPACE)
     twice = (" A torch target needs about twice its size free (its tensors are staged beside "
-             "it first)." if target == "torch" else "")
-    return StorageError(
-        f"writing {dst}: {why}{full}; nothing was published.{twice}", path=dst)
+             "it first)." if target == "torch" and space else "")
+    # A failure after the rename (the directory's fsync) leaves DST published: said so (last
+    # review L7).
+    done = ("; DST is in place, but its directory could not be made durable: check it" if
+            os.path.lexists(dst) else "; nothing was published")
+    return StorageError(f"writing {dst}: {why}{full}{done}.{twice}", path=dst)
 
 
 def _from_portable(

@@ -599,8 +599,14 @@ class ShardWriter:
         self.stats.files += 1
         return FileRecord(rel, h.size, Checksum("crc32c", bs, h.blocks()))
 
-    def abort(self) -> None:
-        """Remove every file this writer wrote (best effort); the attempt never commits."""
+    def abort(self, *, dirs: bool = False) -> None:
+        """Remove every file this writer wrote (best effort); the attempt never commits.
+
+        ``dirs``: the save is known to have failed everywhere (no writer of the attempt still
+        creates files): its empty directories go too. A writer's own failure aborts without
+        them: a peer between creating a directory and a file there would fail on it (last
+        review L6).
+        """
         self._finished = True
         for rel in self._written:
             try:
@@ -609,13 +615,13 @@ class ShardWriter:
                 pass
         self._written.clear()
         self._chunks.clear()
-        # Its directories too, where they are empty (another writer's files keep theirs): a job
-        # whose saves kept failing piled up empty attempts that only a later run's gc removed
-        # (resource review R7: 51 after 79 saves on a flapping disk).
-        try:
-            self.storage.remove_empty_dirs(self.attempt_id)
-        except CheckpointError:
-            pass
+        # A job whose saves kept failing piled up empty attempts that only a later run's gc
+        # removed (resource review R7: 51 after 79 saves on a flapping disk).
+        if dirs:
+            try:
+                self.storage.remove_empty_dirs(self.attempt_id)
+            except CheckpointError:
+                pass
 
     def _check_open(self) -> None:
         if self._finished:

@@ -342,7 +342,7 @@ class _Service:
             if op == "abort":
                 w = self.writers.pop(str(msg["attempt"]), None)
                 if w is not None:
-                    w.abort()
+                    w.abort(dirs=True)  # asked after the failure was agreed
                 return {"ok": True, "value": None}
             if op == "forget":
                 self.writers.pop(str(msg["attempt"]), None)

@@ -560,7 +560,14 @@ class LocalStorage(ScannedStorage):
                 path=prefix,
             )
         base = self._full(prefix.rstrip("/"))
-        # Bottom-up; rmdir refuses a directory that still holds anything (never a file).
+        try:
+            st = os.lstat(base)
+        except OSError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            return  # a link in its place is never followed (last review L5), a file not a dir
+        # Bottom-up; rmdir refuses a directory that still holds anything (never a file); walk
+        # follows no link below.
         for d, _subdirs, _files in sorted(os.walk(base), key=lambda t: -len(t[0])):
             try:
                 os.rmdir(d)

@@ -482,7 +482,7 @@ class RankWrite:
     def abort(self) -> None:
         """Remove what this rank wrote (the save is known to have failed everywhere)."""
         if self.writer is not None:
-            self.writer.abort()
+            self.writer.abort(dirs=True)
 
 
 def _commit(
