@@ -123,17 +123,28 @@ class RunReport:
             tc = ET.SubElement(suite, "testcase", classname=c.suite, name=c.name,
                                time=f"{c.seconds:.3f}")
             if c.status == "failed":
-                el = ET.SubElement(tc, "failure", message=c.message.splitlines()[0][:500]
-                                   if c.message else "failed")
+                el = ET.SubElement(tc, "failure", message=_headline(c.message) or "failed")
                 el.text = _failure_text(c)
             elif c.status == "skipped":
                 ET.SubElement(tc, "skipped", message=c.message[:500])
             elif c.status == "error":  # the run stopped here: CI shows a red case, not 0 tests
-                el = ET.SubElement(tc, "error", message=c.message.splitlines()[0][:500]
-                                   if c.message else "error")
+                el = ET.SubElement(tc, "error", message=_headline(c.message) or "error")
                 el.text = _failure_text(c)
         ET.indent(root)
         ET.ElementTree(root).write(dest, encoding="utf-8", xml_declaration=True)
+
+
+def _headline(message: str, most: int = 500) -> str:
+    """A message's first line for a JUnit attribute: its start and its end when too long.
+
+    The defect is usually named at the end of the line (after the case's description): it was
+    cut away at 500 characters (review C6). The whole message is the element's text.
+    """
+    line = message.splitlines()[0] if message else ""
+    if len(line) <= most:
+        return line
+    keep = (most - 5) // 2
+    return f"{line[:keep]} ... {line[-keep:]}"
 
 
 def _case_json(c: CaseResult) -> dict[str, Any]:

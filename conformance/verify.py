@@ -110,8 +110,13 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> list[str]:
             isz = DTYPES[t.dtype][1]
             first = next(i for i in range(len(want)) if want[i] != data[i]) // isz
             idx = np.unravel_index(first, t.shape) if t.shape else ()
+            at = slice(first * isz, (first + 1) * isz)
+            # The bytes, little-endian as stored (review C13: a byte-order or rounding bug
+            # showed nothing to go on)
             raise HarnessFailure(f"tensor {t.key!r} ({t.dtype}{t.shape}): element "
-                                 f"{[int(i) for i in idx]} differs ({case.summary()})")
+                                 f"{[int(i) for i in idx]} differs: stored bytes "
+                                 f"{bytes(data[at]).hex()}, expected {want[at].hex()} "
+                                 f"({case.summary()})")
     if set(got.entries) != {e.name for e in case.entries}:
         raise HarnessFailure(f"entries {sorted(got.entries)} != {[e.name for e in case.entries]}")
     for e in case.entries:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,21 @@ def _save(mode: str, bad: pytest.MonkeyPatch, tmp: Path, *, codec: str = "none",
 ])
 def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest.MonkeyPatch,
                      fast_tmp: Path) -> None:
-    assert message in _save(mode, bad, fast_tmp, **kw)  # type: ignore[arg-type]
+    got = _save(mode, bad, fast_tmp, **kw)  # type: ignore[arg-type]
+    assert message in got
+    if mode == "swap":  # review C13: the bytes stored and expected are shown
+        assert re.search(r"stored bytes [0-9a-f]+, expected [0-9a-f]+", got), got
+
+
+def test_a_junit_headline_keeps_the_end_of_a_long_message() -> None:
+    """Review C6: the JUnit failure attribute was the first 500 characters of the message's
+    first line, and the defect, named at its end, was cut away."""
+    from conformance.report import _headline
+
+    line = "case " + "x" * 900 + " PCK-CHECKSUM block 3"
+    head = _headline(line + "\nmore")
+    assert len(head) <= 500 and head.startswith("case xx") and head.endswith("block 3")
+    assert _headline("short\nmore") == "short"
 
 
 @settings(max_examples=20, deadline=None)
