@@ -253,3 +253,20 @@ def test_a_full_disk_inside_torch_save_is_a_storage_error_naming_the_target(
         convert(str(tmp_path / "src"), str(dst), dst_format="torch")
     assert str(dst) in str(err.value) and "twice its size" in str(err.value)
     assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+def test_keys_with_one_dcp_name_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Odd-states review O10: a version holding `a.b` and `a/b` converted to DCP with both
+    skipped: "0 tensors", exit 0. Refused now, naming the keys and the fixes."""
+    import numpy as np
+
+    from portable_ckpt.errors import UsageError
+
+    portable_ckpt.save_arrays(tmp_path / "src", {"a.b": np.ones(2, np.float32),
+                                                 "a/b": np.zeros(2, np.float32)}, step=1)
+    with pytest.raises(UsageError, match=r"keys \['a.b', 'a/b'\] have the same DCP name"):
+        convert(str(tmp_path / "src"), str(tmp_path / "dcp"), dst_format="dcp")
+    assert not (tmp_path / "dcp").exists()
+    res = convert(str(tmp_path / "src"), str(tmp_path / "dcp2"), dst_format="dcp",
+                  keys="verbatim")
+    assert res.tensors == 2

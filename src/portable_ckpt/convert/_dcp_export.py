@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_strict
+from portable_ckpt.errors import UsageError
 
 __all__ = ["save_portable_as_dcp", "to_torch"]
 
@@ -163,9 +164,16 @@ def _mapped(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
         for name in sorted(ck.entries)
         if ck.entries[name].scope != "global"
     ]
-    for fqn, keys in sorted(view.ambiguous.items()):
-        warnings.append(
-            ConvertWarning(fqn, f"keys {sorted(keys)} have the same DCP FQN; skipped")
+    if view.ambiguous:
+        # Two keys one DCP name: skipping them wrote a checkpoint without them, exit 0 (odd
+        # states review O10: every tensor of a version was dropped so). Refused before
+        # anything is written.
+        fqn, keys = min(view.ambiguous.items())
+        more = f" (and {len(view.ambiguous) - 1} more such name(s))" if len(view.ambiguous) > 1 else ""
+        raise UsageError(
+            f"keys {sorted(keys)} have the same DCP name {fqn!r}{more}: a DCP checkpoint can "
+            "hold only one of them. Convert with --keys verbatim (the keys as they are), or "
+            "--select the ones to keep"
         )
     tensors = {f: k for f, k in view.tensor_keys.items() if f not in view.ambiguous}
     values: dict[str, Callable[[], Any]] = {
