@@ -383,8 +383,9 @@ def test_a_drill_stopped_as_timeout_stops_it_says_so_without_a_traceback(
     # A step that outlasts the test: the signal always meets a drill still running (diff
     # review D9: a drill that ended first was exit 0)
     (tmp_path / "slowdrill.py").write_text(
-        "import time, torch\n"
+        "import os, time, torch\n"
         "def make(rank, world, ck):\n"
+        f"    open(os.path.join({str(tmp_path)!r}, f'rank{{rank}}.up'), 'w').close()\n"
         "    return {'w': torch.zeros(4096, dtype=torch.float64)}, lambda: time.sleep(300)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
@@ -398,9 +399,8 @@ def test_a_drill_stopped_as_timeout_stops_it_says_so_without_a_traceback(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and proc.poll() is None:  # the CLI, fork server, 2 ranks
-        found = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
-        if len(found.stdout.split()) >= 4:
+    while time.monotonic() < deadline and proc.poll() is None:  # both ranks are in the drill
+        if all((tmp_path / f"rank{r}.up").exists() for r in (0, 1)):
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the drill ended before the ranks could be seen"
