@@ -213,9 +213,7 @@ def _run(args: argparse.Namespace) -> int:
     # Messages may quote names and strings from the root: escaped for the terminal. With
     # --json, stdout gets one document whatever happens: a failure is {"ok": false, "error"}.
     except CheckpointError as exc:
-        if getattr(args, "json", False):
-            print(json.dumps({"ok": False, "error": exc.to_json()}, indent=2))
-        print(f"portable-ckpt: {safe(exc)}", file=sys.stderr)
+        _say_failed(args, exc.to_json(), safe(exc))
         if isinstance(exc, StorageError) and getattr(args, "latest", False):
             # `ckpt=$(portable-ckpt ls ROOT --latest) || start_fresh`: a storage error must not
             # read as "no version" (scripting review F3): sysexits' EX_TEMPFAIL, retry.
@@ -229,13 +227,18 @@ def _run(args: argparse.Namespace) -> int:
         # BaseException: a native library's panic (pyo3's PanicException) is not an Exception.
         if os.environ.get("PCK_DEBUG"):
             raise
-        code, message = _unexpected(exc)
-        if getattr(args, "json", False):  # one document whatever happens (resource review R1)
-            print(json.dumps({"ok": False, "error": {"code": code, "message": message}}, indent=2))
-        print(f"portable-ckpt: {message}", file=sys.stderr)
+        code, message = _unexpected(exc)  # with its document too (resource review R1)
+        _say_failed(args, {"code": code, "message": message}, message)
         if code == "PCK-STORAGE" and getattr(args, "latest", False):
             return EXIT_RETRY  # as a StorageError: never "no version" (last review L1)
         return 1
+
+
+def _say_failed(args: argparse.Namespace | None, error: dict[str, str], text: str) -> None:
+    """Say a failure: its line on stderr, and with ``--json`` its document on stdout."""
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "error": error}, indent=2))
+    print(f"portable-ckpt: {text}", file=sys.stderr)
 
 
 #: errno values that say the machine ran out of something, not that portable-ckpt has a bug.
@@ -275,20 +278,20 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the command is, so that its cleanup runs as for a Ctrl-C."""
 
 
-def _terminate_as_interrupt() -> Any:
-    """Turn SIGTERM into :class:`_Terminated` while a command runs; returns the old handler.
+def _terminate_as_interrupt() -> None:
+    """Turn SIGTERM into :class:`_Terminated` while a command runs (main() restores it).
 
     Killed outright, an interrupted ``copy`` or ``gc`` said nothing, and a ``--json`` caller got
     no document (scripting review F4). Only the main thread can set handlers; elsewhere (the
     CLI called from a library's thread) nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return
 
     def raise_terminated(signum: int, frame: Any) -> None:
         raise _Terminated
 
-    return signal.signal(signal.SIGTERM, raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
 
 
 def _ignore_interrupts() -> None:
@@ -314,10 +317,7 @@ def _interrupted(args: argparse.Namespace | None, exc: BaseException | None = No
         if command else what
     )
     try:
-        if args is not None and getattr(args, "json", False):
-            error = {"code": "PCK-INTERRUPTED", "message": message}
-            print(json.dumps({"ok": False, "error": error}, indent=2))
-        print(f"portable-ckpt: {message}", file=sys.stderr)
+        _say_failed(args, {"code": "PCK-INTERRUPTED", "message": message}, message)
     except (OSError, ValueError):
         pass  # the output is gone too: the exit status says it
     return 128 + (signal.SIGTERM if terminated else signal.SIGINT)

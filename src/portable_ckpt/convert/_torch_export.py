@@ -34,7 +34,7 @@ from portable_ckpt.convert._model import (
 )
 from portable_ckpt.convert._publish import open_staged, staged
 from portable_ckpt.convert.hf import HF_METADATA_ENTRY, slabs
-from portable_ckpt.errors import StorageError, UnsupportedValueError
+from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.keys import (
     DCP_ITEMS_ENTRY,
     LIST_ROOM,
@@ -95,10 +95,7 @@ def save_portable_as_torch(
                 for k in decimal
             ]
             with open_staged(tmp) as f:
-                try:
-                    torch.save(state, f)
-                except RuntimeError as exc:
-                    raise _full(tmp, exc) from exc
+                torch.save(state, f)  # a full disk met here: convert's _write_failed says so
             del state, tensors
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -157,27 +154,6 @@ def _kinds(ck: Any) -> tuple[set[str], set[str]] | None:
 #: The deepest nesting a torch target is built with (the pickler and ``_finish`` recurse per
 #: level; state dicts nest a handful of levels, the key rule allows ~500).
 MAX_NESTING = 100
-
-
-def _full(path: str, exc: RuntimeError) -> Exception:
-    """torch.save's error when the disk filled under it, said as a full disk where it was.
-
-    Its zip writer reports a failed write as "unexpected pos ..." (a RuntimeError), which
-    reached the CLI as an internal error naming no file (resource review R1).
-    """
-    try:
-        st = os.statvfs(os.path.dirname(path) or ".")
-        free = st.f_bavail * st.f_frsize
-    except OSError:
-        return exc
-    if free >= 1 << 20:
-        return exc
-    return StorageError(
-        f"{path}: the file system is full ({free:,} bytes free) while torch.save wrote it "
-        f"({exc}); nothing was published. A torch target needs about twice its size free "
-        "there (the tensors are staged beside it first)",
-        path=path,
-    )
 
 
 def nest(

@@ -16,13 +16,25 @@ import torch
 from portable_ckpt.errors import UnsupportedValueError
 from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
-__all__ = ["format_dtype", "numpy_view", "torch_dtype", "torch_from_numpy"]
+__all__ = ["as_bits", "format_dtype", "numpy_view", "torch_dtype", "torch_from_numpy"]
 
 # torch dtype -> (format name, integer torch dtype to view through or None, numpy dtype;
 # None: the format table's, resolved on first use). Built from the format's one dtype table:
 # a row whose numpy type comes from ml_dtypes (bfloat16, float8) crosses to torch through an
 # integer view of its size, as do the unsigned types wider than a byte (torch's own are young).
 _VIA = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_bits(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` viewed as integers of its element's width: its bits, any strides, no copy.
+
+    ``None`` for a width without such an integer type. Bitwise comparisons (a tie's values,
+    a sub-mesh copy's sample) compare these: -0.0 and 0.0 differ, NaN payloads count.
+    """
+    via = _VIA.get(t.element_size())
+    return None if via is None else t.view(via)
+
+
 _MAP: dict[torch.dtype, tuple[str, torch.dtype | None, Any]] = {}
 for _row in DTYPES.values():
     _td = getattr(torch, _row.name, None)

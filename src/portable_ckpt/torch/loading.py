@@ -47,7 +47,13 @@ from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
-from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype, torch_from_numpy
+from portable_ckpt.torch._tensors import (
+    as_bits,
+    format_dtype,
+    numpy_view,
+    torch_dtype,
+    torch_from_numpy,
+)
 from portable_ckpt.torch.flatten import (
     VALUES_ENTRY,
     FlatState,
@@ -617,11 +623,9 @@ def _ties_in(cluster: list[Span], ties: dict[str, str]) -> None:
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN payloads, -0.0), for any dtype."""
-    if a.dtype == torch.bool:
-        return bool(torch.equal(a, b))
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return bool(torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int)))
+    """Bitwise equality (NaN payloads, -0.0), for any dtype the format has; views, no copies."""
+    x, y = as_bits(a), as_bits(b)
+    return bool(torch.equal(x, y)) if x is not None and y is not None else bool(torch.equal(a, b))
 
 
 def _check_target(key: str, local: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value
 from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
 from portable_ckpt.io.checksum import crc32c
-from portable_ckpt.torch._tensors import format_dtype
+from portable_ckpt.torch._tensors import as_bits, format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
 from portable_ckpt.torch.layout import copy_holder, group_mesh, is_dtensor, local_layout
 from portable_ckpt.torch.state import RNGState
@@ -338,10 +338,9 @@ def _spread_sample(
     whole shard. ``indexes``: the device index tensors made already, by (elements, device).
     """
     n = local.numel()
-    ints_of = _INT_OF_SIZE.get(local.element_size())
-    if n == 0 or ints_of is None:
+    ints = as_bits(local)
+    if n == 0 or ints is None:
         return torch.empty(0, dtype=torch.uint8, device=local.device)
-    ints = local.view(ints_of)
     shift = (seed * 0x9E3779B1) % n
     pos = np.append((shift + (np.arange(_COPY_SAMPLES) * n) // _COPY_SAMPLES) % n, n - 1)
     if not ints.is_contiguous():
@@ -357,8 +356,6 @@ def _spread_sample(
     return picked.contiguous().view(torch.uint8)
 
 
-#: A signed integer dtype of each element width: samples compare bits.
-_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _to_host(samples: list[torch.Tensor]) -> list[bytes]:
