@@ -30,6 +30,7 @@ __all__ = [
     "dumps",
     "loads",
     "tally",
+    "unescaped_quotes",
 ]
 
 #: Maximum nesting depth of any format document.
@@ -258,7 +259,7 @@ def count_values(data: bytes, *, chunk: int = 1 << 20) -> int:
     pending = False  # the last non-blank byte so far opened a container
     for lo in range(0, len(data), chunk):
         a = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - lo), offset=lo)
-        quotes = _unescaped_quotes(a, run)
+        quotes = unescaped_quotes(a, run)
         if len(quotes):
             toggle = np.zeros(len(a), dtype=np.uint8)
             toggle[quotes] = 1
@@ -295,7 +296,7 @@ def text_depth(data: bytes, *, chunk: int = 1 << 20) -> int:
     run = 0  # backslashes ending the previous window
     for lo in range(0, len(data), chunk):
         a = np.frombuffer(data, dtype=np.uint8, count=min(chunk, len(data) - lo), offset=lo)
-        quotes = _unescaped_quotes(a, run)
+        quotes = unescaped_quotes(a, run)
         brackets = np.flatnonzero((a == 0x5B) | (a == 0x7B) | (a == 0x5D) | (a == 0x7D))
         if len(quotes):
             # A bracket is outside strings when an even number of quotes (plus the parity
@@ -388,7 +389,7 @@ def tally(data: bytes, *, chunk: int = 1 << 16) -> Tally:
         escapes = bool(run) or bool((a == 0x5C).any())
         if escapes:
             isq = np.zeros(len(pos), dtype=np.uint8)
-            isq[np.searchsorted(pos, _unescaped_quotes(a, run))] = 1
+            isq[np.searchsorted(pos, unescaped_quotes(a, run))] = 1
         else:
             isq = (byte == 0x22).view(np.uint8)
         # Events: bytes outside strings, and the quotes (parity of the quotes before each).
@@ -470,7 +471,7 @@ def tally(data: bytes, *, chunk: int = 1 << 16) -> Tally:
     )
 
 
-def _unescaped_quotes(a: np.ndarray[Any, Any], run: int) -> np.ndarray[Any, Any]:
+def unescaped_quotes(a: np.ndarray[Any, Any], run: int) -> np.ndarray[Any, Any]:
     """Positions of the quotes of ``a`` not escaped (``run``: backslashes just before ``a``)."""
     quotes = np.flatnonzero(a == 0x22)
     if not len(quotes) or (not run and not (a == 0x5C).any()):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from portable_ckpt.errors import ChecksumError
 from portable_ckpt.format.manifest import Manifest, RangeRecord, TensorEntry
 from portable_ckpt.io.safetensors_io import ShardHeader
-from portable_ckpt.io.tensor_table import TableTensorEntry
+from portable_ckpt.io.tensor_table import iter_records
 
 __all__ = ["block_contents", "name_block"]
 
@@ -24,11 +24,8 @@ MAX_NAMED = 8
 
 
 def _records(t: TensorEntry) -> Iterator[RangeRecord]:
-    if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
-        # Without materialising the records: the reader's planning keeps its table fast path.
-        yield from (t.record(j) for j in range(t.range_count))
-    else:
-        yield from t.ranges
+    # Without materialising the records: the reader's planning keeps its table fast path.
+    return iter_records(t)
 
 
 def _range_text(t: TensorEntry, rec: RangeRecord, start: int, end: int, lo: int, hi: int) -> str:

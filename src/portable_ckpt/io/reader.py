@@ -22,6 +22,7 @@ that writers store right after the header cost no extra read.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import math
@@ -29,7 +30,7 @@ import operator
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
@@ -74,7 +75,7 @@ from portable_ckpt.io.checksum import read_planned, read_verified, verify_file
 from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.table_decode import decode_table, read_table_file
-from portable_ckpt.io.tensor_table import TableTensorEntry
+from portable_ckpt.io.tensor_table import TableTensorEntry, iter_records
 from portable_ckpt.logs import Progress
 from portable_ckpt.ranges.box import Box, contiguous_prefix, intersect, strides_of
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
@@ -134,6 +135,63 @@ PREFIX_BUDGET = 16 << 20
 
 #: Tensors with at most this many ranges are planned by intersecting each (no index).
 _SCAN_RANGES = 16
+
+#: Stored pieces a read plans and reads at a time. A piece costs about 2 KB while planned
+#: (its record, boxes, byte segment and sink), so a tensor of a million tiles (resource review
+#: R8: 2.6 GB to load 16 MB) is read in passes of this many, each checksum block read and
+#: verified once per pass (a block a pass boundary splits, at most one per file and pass, twice).
+PIECES_PER_PASS = 4096
+#: zstd ranges whose frame header was checked, kept per version: the check reads the frame's
+#: first bytes; plain ranges are checked again (a lookup in the shard header) instead of kept.
+_FRAMES_CHECKED = 1 << 16
+
+
+def _nth_record(
+    tensors: Sequence[TensorEntry], ends: Sequence[int], i: int
+) -> tuple[TensorEntry, RangeRecord]:
+    """Record ``i`` of all ``tensors``' records in order (``ends``: their running counts)."""
+    k = bisect.bisect_right(ends, i)
+    t, j = tensors[k], i - (ends[k - 1] if k else 0)
+    return t, (t.record(j) if isinstance(t, TableTensorEntry) else t.ranges[j])
+
+
+class _Pieces:
+    """The stored pieces that fill one request's box, built at most ``size`` at a time.
+
+    A table-backed tensor keeps its hits as numpy rows (about 40 bytes a piece) and makes the
+    :class:`ReadItem` objects of a slice only when that slice is planned.
+    """
+
+    __slots__ = ("_built", "_make", "count", "starts")
+
+    def __init__(
+        self, count: int, make: Callable[[int, int], list[ReadItem[RangeRecord]]]
+    ) -> None:
+        self.count = count
+        self._make = make
+        self._built: list[ReadItem[RangeRecord]] | None = None
+        #: First byte of each piece in its file, when the pieces are one list (found when they
+        #: were checked; more pieces are found again as they are planned).
+        self.starts: list[int] | None = None
+
+    @classmethod
+    def of(cls, items: list[ReadItem[RangeRecord]]) -> _Pieces:
+        """Pieces already built (a JSON tensor's: its records are objects anyway)."""
+        pieces = cls(len(items), lambda a, b: items[a:b])
+        pieces._built = items
+        return pieces
+
+    def chunks(self, size: int = PIECES_PER_PASS) -> Iterable[list[ReadItem[RangeRecord]]]:
+        """The pieces, in stored order, in lists of at most ``size``."""
+        if self.count > size:
+            return (self._make(a, min(self.count, a + size)) for a in range(0, self.count, size))
+        if self._built is None:  # one list: built once, kept for the next pass over it
+            self._built = self._make(0, self.count)
+        return (self._built,) if self._built else ()
+
+    def all(self) -> list[ReadItem[RangeRecord]]:
+        """Every piece (for :meth:`Checkpoint.plan_read`; a read goes by :meth:`chunks`)."""
+        return self._make(0, self.count) if self._built is None else self._built
 
 #: Public name of a tensor's metadata record.
 TensorInfo = TensorEntry
@@ -299,7 +357,8 @@ class Checkpoint:
         self._headers: dict[str, ShardHeader] = {}
         self._sizes_checked: set[str] = set()
         self._covered: set[str] = set()
-        self._ranges_checked: dict[tuple[Any, ...], ShardTensor] = {}
+        #: zstd ranges whose frame was checked (at most _FRAMES_CHECKED, then forgotten).
+        self._frames_checked: dict[tuple[Any, ...], ShardTensor] = {}
         self._indexes: dict[str, RangeIndex[RangeRecord]] = {}
         #: Decoded zstd ranges, most recent last; at most _ZCACHE_ENTRIES. One entry thrashed
         #: when threads shared a Checkpoint (serving review F8: 2x the bytes, 3.3x the time).
@@ -419,13 +478,14 @@ class Checkpoint:
             bs = rec.checksum.block_size
             blocks: list[tuple[int, bytearray]] = []
 
-            def read(lo: int, hi: int) -> bytes:
+            def read(lo: int, hi: int) -> memoryview:
                 # Whole blocks (a verified read costs them anyway); they are kept below.
                 a, b = lo // bs * bs, min(-(-hi // bs) * bs, rec.size)
                 buf = bytearray(b - a)
                 self._read_verified(path, a, b, memoryview(buf))
-                blocks.append((a, buf))
-                return bytes(buf[lo - a : hi - a])
+                last = max(a, b - bs)  # only the last block is kept (_keep_prefix), not buf
+                blocks.append((last, buf[last - a :]))
+                return memoryview(buf)[lo - a : hi - a]  # not copied: a header may be 100 MB
 
             # Header bytes are verified against their checksum blocks before they are parsed.
             hdr = load_header(read, file_size=rec.size, what=self._rel(path), probe=bs)
@@ -483,7 +543,7 @@ class Checkpoint:
         # Keyed by everything the check compares (never by the range name alone: two records
         # naming one stored tensor are each checked against it).
         ck = (rec.file, rec.name, rec.codec, t.dtype, rec.lengths)
-        done = self._ranges_checked.get(ck)
+        done = self._frames_checked.get(ck) if rec.codec == "zstd" else None
         if done is not None:
             return done  # read() checks every piece before allocating, then reads it
         hdr = self._header(rec.file)
@@ -500,7 +560,10 @@ class Checkpoint:
         )
         if rec.codec == "zstd":
             self._check_frame(t, rec, st)
-        self._ranges_checked[ck] = st
+            with self._lock:
+                if len(self._frames_checked) >= _FRAMES_CHECKED:
+                    self._frames_checked.clear()
+                self._frames_checked[ck] = st
         return st
 
     def _check_frame(self, t: TensorEntry, rec: RangeRecord, st: ShardTensor) -> None:
@@ -522,12 +585,12 @@ class Checkpoint:
     ) -> list[ReadItem[RangeRecord]]:
         """Return the stored pieces that fill the box, proving exactly-once coverage of it."""
         t, box = self._tensor(key, offsets, lengths)
-        return self._plan_box(t, box)
+        return self._plan_box(t, box).all()
 
-    def _plan_box(self, t: TensorEntry, box: Box) -> list[ReadItem[RangeRecord]]:
-        """:meth:`plan_read` of an already validated ``box`` of ``t``."""
+    def _plan_box(self, t: TensorEntry, box: Box) -> _Pieces:
+        """The pieces of an already validated ``box`` of ``t`` (coverage of it proven)."""
         if box.volume == 0:
-            return []
+            return _Pieces(0, lambda a, b: [])
         if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
             return self._plan_table(t, box)
         if len(t.ranges) <= _SCAN_RANGES:
@@ -550,10 +613,10 @@ class Checkpoint:
                 f"tensor {t.key!r}: the stored ranges provide {got} of the {box.volume} elements "
                 f"of box {box}; the version is incomplete"
             )
-        return items
+        return _Pieces.of(items)
 
-    def _plan_table(self, t: TableTensorEntry, box: Box) -> list[ReadItem[RangeRecord]]:
-        """Vectorised plan over a table-backed tensor: records are built only for the hits."""
+    def _plan_table(self, t: TableTensorEntry, box: Box) -> _Pieces:
+        """Vectorised plan over a table-backed tensor: records are built for the hits only."""
         offs, lens = t.boxes()
         rows, lo, hi = intersect_arrays(offs, lens, box)
         vols = np.prod(hi - lo, axis=1) if lo.shape[1] else np.ones(len(rows), np.int64)
@@ -563,15 +626,15 @@ class Checkpoint:
                 f"tensor {t.key!r}: the stored ranges provide {got} of the {box.volume} elements "
                 f"of box {box}; the version is incomplete"
             )
-        items: list[ReadItem[RangeRecord]] = []
-        for j, a, b in zip(rows.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            rec = t.record(j)
-            items.append(
-                ReadItem(
-                    rec, rec.box, Box(tuple(a), tuple(x - y for x, y in zip(b, a, strict=True)))
-                )
-            )
-        return items
+
+        def make(i: int, k: int) -> list[ReadItem[RangeRecord]]:
+            recs = t.records(rows[i:k])
+            return [
+                ReadItem(rec, rec.box, Box(tuple(a), tuple(x - y for x, y in zip(b, a, strict=True))))
+                for rec, a, b in zip(recs, lo[i:k].tolist(), hi[i:k].tolist(), strict=True)
+            ]
+
+        return _Pieces(len(rows), make)
 
     @staticmethod
     def _target_box(
@@ -650,41 +713,68 @@ class Checkpoint:
         planned = [self._plan_request(r) for r in requests]
         outs = [
             self._destination(t, box, r.out)
-            for (t, box, _, _), r in zip(planned, requests, strict=True)
+            for (t, box, _), r in zip(planned, requests, strict=True)
         ]
+        # Planned and read PIECES_PER_PASS pieces at a time (all of them, for a model's state):
+        # the pieces of one pass share each checksum block and each file's reads.
         files: dict[str, _FilePlan] = {}
-        for (t, box, items, shards), out in zip(planned, outs, strict=True):
-            for item, st in zip(items, shards, strict=True):
-                rec = item.record
-                whole = item.box == item.stored
-                dst = out if whole and out.shape == rec.lengths else (
-                    out[item.box.slices(box.offsets)] if out.ndim else out
-                )
-                if rec.codec == "zstd":
-                    self._read_item(t, rec, item.box, dst)
-                    continue
-                plan = files.get(rec.file)
-                if plan is None:
-                    plan = files[rec.file] = _FilePlan()
-                rel = Box((0,) * len(rec.lengths), rec.lengths) if whole else (
-                    item.box.relative_to(item.stored)
-                )
-                bs = self.manifest.files[rec.file].checksum.block_size
-                self._box_segments(plan, bs, st.start, rec.lengths, t.itemsize, rel, dst)
+        queued = 0
+        for (t, box, pieces), out in zip(planned, outs, strict=True):
+            for chunk in pieces.chunks():
+                starts = pieces.starts or [-1] * len(chunk)
+                for item, start in zip(chunk, starts, strict=True):
+                    self._plan_piece(files, t, box, item, out, start)
+                queued += len(chunk)
+                if queued >= PIECES_PER_PASS:
+                    self._run_plans(files)
+                    files, queued = {}, 0
         self._run_plans(files)
-        for (t, box, items, _), out in zip(planned, outs, strict=True):
+        for (t, box, pieces), out in zip(planned, outs, strict=True):
             if t.dtype == "bool":
-                self._check_bool(t, out, [(it.record, it.box) for it in items], box.offsets)
+                self._check_bool(t, out, pieces, box.offsets)
         return outs
 
-    def _plan_request(
-        self, r: ReadRequest
-    ) -> tuple[TensorEntry, Box, list[ReadItem[RangeRecord]], list[ShardTensor]]:
+    def _plan_piece(
+        self,
+        files: dict[str, _FilePlan],
+        t: TensorEntry,
+        box: Box,
+        item: ReadItem[RangeRecord],
+        out: np.ndarray[Any, Any],
+        start: int,
+    ) -> None:
+        """Add one piece to its file's plan (a zstd piece is read at once).
+
+        ``start``: the piece's first byte in its file, or -1 to find it in the shard header.
+        """
+        rec = item.record
+        whole = item.box == item.stored
+        dst = out if whole and out.shape == rec.lengths else (
+            out[item.box.slices(box.offsets)] if out.ndim else out
+        )
+        if rec.codec == "zstd":
+            self._read_item(t, rec, item.box, dst)
+            return
+        if start < 0:  # checked with every piece before anything was allocated (_plan_request)
+            start = self._header(rec.file).start_of(rec.name)
+        plan = files.get(rec.file)
+        if plan is None:
+            plan = files[rec.file] = _FilePlan()
+        rel = Box((0,) * len(rec.lengths), rec.lengths) if whole else (
+            item.box.relative_to(item.stored)
+        )
+        bs = self.manifest.files[rec.file].checksum.block_size
+        self._box_segments(plan, bs, start, rec.lengths, t.itemsize, rel, dst)
+
+    def _plan_request(self, r: ReadRequest) -> tuple[TensorEntry, Box, _Pieces]:
         t, box = self._tensor(r.key, r.offsets, r.lengths)
-        items = self._plan_box(t, box)
+        pieces = self._plan_box(t, box)
         # Check every stored piece against its file before allocating anything sized by the box.
-        shards = [self._shard_tensor(t, item.record) for item in items]
-        return t, box, items, shards
+        for chunk in pieces.chunks():
+            starts = [self._shard_tensor(t, item.record).start for item in chunk]
+        if pieces.count <= PIECES_PER_PASS:
+            pieces.starts = starts if pieces.count else []
+        return t, box, pieces
 
     def _destination(
         self, t: TensorEntry, box: Box, out: np.ndarray[Any, Any] | None
@@ -712,26 +802,24 @@ class Checkpoint:
         return out
 
     def _check_bool(
-        self,
-        t: TensorEntry,
-        arr: np.ndarray[Any, Any],
-        pieces: Sequence[tuple[RangeRecord, Box]],
-        origin: Sequence[int],
+        self, t: TensorEntry, arr: np.ndarray[Any, Any], pieces: _Pieces, origin: Sequence[int]
     ) -> None:
         """R-DTYPE-4: every delivered ``bool`` byte is 0x00 or 0x01 (one pass, no temporary).
 
-        ``pieces`` are the (record, box) pairs that filled ``arr``, whose first element is at
-        ``origin``; they are searched only to name the offending range.
+        ``pieces`` filled ``arr``, whose first element is at ``origin``; they are searched only
+        to name the offending range.
         """
         if arr.size == 0 or int(arr.view(np.uint8).max()) <= 1:
             return
-        for rec, inter in pieces:
-            part = arr[inter.slices(origin)] if arr.ndim else arr
-            raw = part.view(np.uint8)
-            if int(raw.max()) > 1:
-                at = np.unravel_index(int(np.argmax(raw > 1)), raw.shape)
-                elem = [int(o + i) for o, i in zip(inter.offsets, at, strict=True)]
-                raise self._bool_error(t, rec, elem, int(raw[at]))
+        for chunk in pieces.chunks():
+            for item in chunk:
+                rec, inter = item.record, item.box
+                part = arr[inter.slices(origin)] if arr.ndim else arr
+                raw = part.view(np.uint8)
+                if int(raw.max()) > 1:
+                    at = np.unravel_index(int(np.argmax(raw > 1)), raw.shape)
+                    elem = [int(o + i) for o, i in zip(inter.offsets, at, strict=True)]
+                    raise self._bool_error(t, rec, elem, int(raw[at]))
 
     def _bool_error(
         self, t: TensorEntry, rec: RangeRecord, elem: Sequence[int], byte: int
@@ -1158,28 +1246,31 @@ class Checkpoint:
         for key, t in self.tensors.items():
             if isinstance(f.run(None, self._tensor, key), RangeBoundsError):
                 continue  # a table's record outside its tensor names no stored range (R-READ-2)
-            for rec in t.ranges:
+            for rec in iter_records(t):
                 f.run(rec.file, self._shard_tensor, t, rec)
         for e in self.entries.values():
             for v in e.values:
                 f.run(v.file, self._load_json_value, e, v.file)
-        chunks: list[tuple[TensorEntry, RangeRecord]] = []
+        chunks: Iterable[tuple[TensorEntry, RangeRecord]] = ()
         if deep:
             on_bytes = _meter(progress, sum(r.size for r in self.manifest.files.values()))
             for path in self.manifest.files:
                 f.run(path, self._verify_file, path, on_bytes)
-            chunks = [
+            chunks = (  # made as they are verified (a table's records are not all kept)
                 (t, r)
                 for t in self.tensors.values()
-                for r in t.ranges
+                for r in iter_records(t)
                 if t.dtype == "bool" or r.codec == "zstd"
-            ]
+            )
         elif sample:
-            every = [(t, r) for t in self.tensors.values() for r in t.ranges]
             from portable_ckpt.io.annotations import sampled_chunks  # the count records state
 
-            k = sampled_chunks(len(every), sample)
-            chunks = random.Random(seed).sample(every, k)
+            tensors = list(self.tensors.values())
+            ends = list(itertools.accumulate(t.range_count for t in tensors))
+            k = sampled_chunks(ends[-1] if ends else 0, sample)
+            # The records' indices are sampled (the same records as sampling a list of them).
+            picked = random.Random(seed).sample(range(ends[-1] if ends else 0), k)
+            chunks = [_nth_record(tensors, ends, i) for i in picked]
         for t, r in chunks:
             f.run(r.file, self._verify_chunk, t, r, deep)
         if any(isinstance(e, FileMissingError) for e in f.errors):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "TableTensorEntry",
     "TensorTable",
     "encode_table",
+    "iter_records",
     "range_name",
 ]
 
@@ -125,6 +126,23 @@ class TensorTable:
         c, nd = int(self.counts[i]), int(self.ndim[i])
         a, b = int(self.coord_start[i]), int(self.coord_start[i + 1])
         return self.offsets[a:b].reshape(c, nd), self.lengths[a:b].reshape(c, nd)
+
+    def records_of(self, i: int, js: np.ndarray[Any, Any]) -> list[RangeRecord]:
+        """Range records ``js`` (0-based within the tensor) of tensor ``i``, made together."""
+        offs, lens = self.boxes(i)
+        rows = int(self.row_start[i]) + js
+        key, paths = self.keys[i], self.paths
+        out: list[RangeRecord] = []
+        for o, n, f, c in zip(
+            offs[js].tolist(),
+            lens[js].tolist(),
+            self.file[rows].tolist(),
+            self.codec[rows].tolist(),
+            strict=True,
+        ):
+            at = tuple(o)
+            out.append(RangeRecord(at, tuple(n), paths[f], range_name(key, at), CODECS[c]))
+        return out
 
     def record(self, i: int, j: int) -> RangeRecord:
         """Range record ``j`` (0-based within the tensor) of tensor ``i``."""
@@ -243,11 +261,30 @@ class TableTensorEntry(TensorEntry):
             return self._ranges[j]
         return self.table.record(self.index, j)
 
+    def records(self, js: np.ndarray[Any, Any]) -> list[RangeRecord]:
+        """Range records ``js`` of this tensor (indices within it)."""
+        if self._ranges is not None:
+            return [self._ranges[j] for j in js.tolist()]
+        return self.table.records_of(self.index, js)
+
     def __repr__(self) -> str:
         return (
             f"TableTensorEntry(key={self.key!r}, dtype={self.dtype!r}, shape={self.shape!r}, "
             f"ranges={self.range_count})"
         )
+
+
+def iter_records(t: TensorEntry, chunk: int = 4096) -> Iterator[RangeRecord]:
+    """Every range record of ``t``, in order; a table's made ``chunk`` at a time, not kept.
+
+    ``t.ranges`` would build and keep them all (about 300 bytes each).
+    """
+    if isinstance(t, TableTensorEntry) and t.table_ranges_untouched:
+        n = t.range_count
+        for a in range(0, n, chunk):
+            yield from t.records(np.arange(a, min(n, a + chunk)))
+    else:
+        yield from t.ranges
 
 
 # ---------------------------------------------------------------------------------------------

@@ -503,7 +503,7 @@ def verify(mgr: CheckpointManager, tier: Tier, attempt: str) -> CheckpointError 
     try:
         opened = portable_ckpt._resolve(f"{tier.root.rstrip('/')}/{attempt}", None)
         storage, ident, manifest = opened
-        chunks = sum(len(t.ranges) for t in manifest.tensors.values())
+        chunks = sum(t.range_count for t in manifest.tensors.values())
         errors = Checkpoint(storage, ident, manifest).verify(sample=mgr.verify_sample, seed=seed)
     except CheckpointError as e:  # damage met while opening it too (a tensor table's bytes)
         errors = [e]

@@ -563,7 +563,7 @@ def _record_damage(
         if not damage:
             return "unconfirmed"
     try:
-        chunks = sum(len(t.ranges) for t in manifest.tensors.values())
+        chunks = sum(t.range_count for t in manifest.tensors.values())
         write_verification_record(
             tier.storage,
             ident,
