@@ -23,6 +23,7 @@ __all__ = [
     "COMMIT_FAULTS",
     "CONTINUATIONS",
     "EXERCISE_BLOCKS",
+    "EXERCISE_EMPTY",
     "EXERCISE_NAME",
     "FAULT_POINTS",
     "TABLE_MODES",
@@ -181,6 +182,9 @@ EXERCISE_NAME = "conformance.codec"
 #: key of the tensor :func:`exercising` adds so that a data file spans several checksum blocks
 #: (every other tensor a case draws is smaller than one 4 KiB block)
 EXERCISE_BLOCKS = "conformance.blocks"
+#: key of the zero-size tensor :func:`exercising` adds (a writer that left zero-size tensors
+#: undeclared passed runs whose draws had none: conformance review C10)
+EXERCISE_EMPTY = "conformance.empty"
 
 
 def exercising(case: SaveCase) -> SaveCase:
@@ -192,7 +196,8 @@ def exercising(case: SaveCase) -> SaveCase:
     writer that mislabels one dtype failed only when a random draw happened to use it), and a
     10,400-byte tensor whose first 8,000 bytes one writer stores, so its data file spans three
     4 KiB checksum blocks with a partial last one (the checksum of block 1 onward, and the
-    block size itself, were never tested: every drawn tensor fits one block).
+    block size itself, were never tested: every drawn tensor fits one block), and a zero-size
+    tensor (declared with no range).
     """
     if not any(t.boxes for t in case.tensors):
         case.tensors.append(TensorSpec(EXERCISE_NAME, "float32", [16, 4], case.step,
@@ -202,6 +207,8 @@ def exercising(case: SaveCase) -> SaveCase:
         case.tensors.append(TensorSpec(EXERCISE_BLOCKS, "float32", [2600], case.step + 1,
                                        [([0], [2000], 0),
                                         ([2000], [600], case.num_writers - 1)]))
+    if not any(0 in t.shape for t in case.tensors):  # declared, no range (spec §8.1)
+        case.tensors.append(TensorSpec(EXERCISE_EMPTY, "float32", [0, 3], case.step, []))
     have = {t.dtype for t in case.tensors if t.boxes}
     for i, dtype in enumerate(d for d in DTYPES if d not in have):  # every dtype, every run
         case.tensors.append(TensorSpec(f"{EXERCISE_NAME}.{dtype}", dtype, [3], case.step + 2 + i,

@@ -20,6 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
+from conformance import __version__
 from conformance.report import EXIT_CODES, CaseResult, RunReport, shell_join
 
 __all__ = ["EXIT_INFRA", "EXIT_INTERNAL", "EXIT_NONCONFORMANT", "EXIT_NOTHING", "EXIT_OK",
@@ -258,6 +259,8 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Conformance suite of the portable-ckpt format 1.x (1.0 and 1.1).",
         epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items()))
+    ap.add_argument("--version", action="version",
+                    version=f"{PROG} {__version__} (checks format 1.0 and 1.1)")
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", formatter_class=fmt,
                        help="statically check a checkpoint root or version directory")

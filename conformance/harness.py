@@ -418,8 +418,13 @@ def _installed() -> bool:
 
 def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
                 fn: Callable[[Any, Path, dict[str, Any]], None], label: Callable[[Any], str],
-                seed: int) -> None:
-    """Run ``fn`` on ``n`` examples of ``strategy``; report passes and the (shrunk) failure."""
+                seed: int, name: str) -> None:
+    """Run ``fn`` on ``n`` examples of ``strategy``; report passes and the (shrunk) failure.
+
+    Cases are named ``name #k`` (the k-th example) and the failure ``name: failing example``,
+    whatever the seed drew, so a CI's test history follows them across runs (conformance
+    review C9); what was drawn (``label``) is in the case's details and failure text.
+    """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
     from hypothesis.reporting import with_reporter
@@ -427,6 +432,7 @@ def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
     results: list[CaseResult] = []
     infra: list[InfrastructureError] = []
     failed_at: list[float] = []
+    drawn = [0]
     phases = list(Phase) if run.opts.shrink else [p for p in Phase if p != Phase.shrink]
 
     @hseed(seed)
@@ -440,12 +446,21 @@ def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
             # budget is the whole run's: per failing suite and fault point, a writer that broke
             # every publish case shrank for 16 minutes (conformance review C5).
             return
+        drawn[0] += 1
+        what = label(case)
+
+        def body(d: Path, det: dict[str, Any]) -> None:
+            det["drawn"] = what
+            fn(case, d, det)
+
         try:
-            r = run.run_case(suite, label(case), {"case": case_to_json(case)},
-                             lambda d, det: fn(case, d, det))
+            r = run.run_case(suite, f"{name} #{drawn[0]}", {"case": case_to_json(case)}, body)
         except InfrastructureError as exc:
             infra.append(exc)
             return
+        if r.failed:
+            r.name = f"{name}: failing example"
+            r.message = f"{what}: {r.message}"
         results.append(r)
         if r.failed:
             failed_at[:] = failed_at or [time.monotonic()]
@@ -498,12 +513,13 @@ def _save_suite(run: _Run) -> None:
                run.seed + 1000 + i) for i, c in enumerate(o.codecs)]
     strata.append((save_cases(o.max_writers, o.codecs, tables=o.tables),
                    o.examples - len(o.codecs), run.seed))
-    for strategy, n, seed in strata:
+    names = [f"save (codec {c} stratum)" for c in o.codecs] + ["save"]
+    for (strategy, n, seed), name in zip(strata, names, strict=True):
         if n <= 0 or any(c.failed for c in run.report.cases if c.suite == "writer.save"):
             return
         _hypothesis(run, "writer.save", strategy, n,
                     lambda c, d, det: run_save_case(run.adapter, c, d, details=det),
-                    _save_label, seed)
+                    _save_label, seed, name)
 
 
 def _save_label(c: SaveCase) -> str:
@@ -521,7 +537,8 @@ def _publish_suite(run: _Run) -> None:
         _hypothesis(run, "writer.publish", crash_cases(min(o.max_writers, 3), o.codecs, o.tables,
                                                        fault=fault), n,
                     lambda c, d, det: run_crash_case(run.adapter, c, d, details=det),
-                    lambda c: f"{c.fault} (victim {c.victim}, at {c.at:.2f})", run.seed + i + 1)
+                    lambda c: f"{c.fault} (victim {c.victim}, at {c.at:.2f})", run.seed + i + 1,
+                    f"publish {fault}")
 
 
 def _committer_suite(run: _Run) -> None:

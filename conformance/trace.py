@@ -305,6 +305,8 @@ def _event(c: Call, cwd: str) -> FsEvent | None:
 
 #: Paths whose writes are no one's files: devices, kernel interfaces, Python's bytecode caches.
 _NOT_FILES = ("/dev/", "/proc/", "/sys/")
+#: How strace names a descriptor that is no file: ``pipe:[864478]``, ``anon_inode:[eventfd]``.
+_NO_FILE = re.compile(r"(pipe|socket|anon_inode|net|mnt|user|pid|uts|ipc|cgroup|time):")
 
 
 def outside_writes(events: list[FsEvent], root: str) -> list[str]:
@@ -312,7 +314,9 @@ def outside_writes(events: list[FsEvent], root: str) -> list[str]:
 
     The protocol lets an adapter write only below ``root``: the working directory is the user's.
     Devices (``/dev/null``; ``/dev/shm`` holds files and counts), ``/proc`` and ``__pycache__``
-    directories (an interpreter's own caches) are not counted.
+    directories (an interpreter's own caches) are not counted, nor descriptors that are no file
+    (``pipe:[…]``, ``socket:[…]``, ``anon_inode:…``: a shell wrapper such as a pyenv shim
+    writes to pipes, conformance review C7).
     """
     out: set[str] = set()
     for e in events:
@@ -320,7 +324,8 @@ def outside_writes(events: list[FsEvent], root: str) -> list[str]:
             continue
         for p in (e.path, e.src):
             if not p or p == root or p.startswith(root + "/") or "/__pycache__" in p or (
-                    p.startswith(_NOT_FILES) and not p.startswith("/dev/shm/")):
+                    p.startswith(_NOT_FILES) and not p.startswith("/dev/shm/")) or (
+                    _NO_FILE.match(p)):
                 continue
             out.add(p)
     return sorted(out)

@@ -76,6 +76,13 @@ def _swap(orig: Any) -> Any:
     return safetensors_bytes
 
 
+def _skip_zero_size(orig: Any) -> Any:
+    def shard_bytes(job: dict[str, Any], jobdir: Path) -> tuple[bytes | None, dict[str, Any]]:
+        blob, tensors = orig(job, jobdir)
+        return blob, {k: t for k, t in tensors.items() if 0 not in t["shape"]}
+    return shard_bytes
+
+
 def _trusting_merge(job: dict[str, Any], adir: Path) -> tuple[dict[str, Any], ...]:
     """§14.2's union without its checks: conflicts and foreign indexes merged (R-INDEX-3/4)."""
     files: dict[str, Any] = {}
@@ -311,6 +318,8 @@ def _apply(mode: str) -> None:
         mw.file_record = _chained_crcs
     elif mode == "one-block":  # one CRC over the whole file, whatever its block size (§6)
         mw.file_record = _one_block
+    elif mode == "skip-zero-size":  # zero-size tensors left undeclared (§8.1; review C10)
+        mw.shard_bytes = _skip_zero_size(mw.shard_bytes)
     elif mode == "entry-248":  # §12.1's 248 taken literally: ".r00000.json.zst" names overflow
         mw.safe_path = lambda rel: len(rel.split("/", 1)[1].split(".")[0]) <= 248
     elif mode:

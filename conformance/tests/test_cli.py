@@ -374,3 +374,38 @@ def test_the_shrink_budget_is_the_whole_runs(dirs: tuple[Path, Path], fast_tmp: 
     assert sum(spent.values()) <= 1 + 2 * longest + 1, (spent, longest)
     for left in tmp.iterdir():  # the failing cases are kept
         shutil.rmtree(left)
+
+
+def test_case_names_do_not_depend_on_the_seed(fast_tmp: Path) -> None:
+    """JUnit names were the drawn states (`step 118: 3 writer(s), codec none, ...`), new in
+    every run of a random seed: a CI's test history could not follow a case (review C9). The
+    names are the example's place now; what was drawn is in the details. A failure is
+    `…: failing example`, its message starting with what was drawn."""
+    from conformance.harness import check_writer
+
+    names = []
+    for seed in (1, 2):
+        report = check_writer(MINIMAL_WRITER, examples=3, crash_examples=0, seed=seed,
+                              tracing="off", workdir=str(fast_tmp / str(seed)))
+        names.append([c.name for c in report.cases])
+        assert all(c.details.get("drawn", "").startswith("step ") for c in report.cases
+                   if c.suite == "writer.save")
+    assert names[0] == names[1], names
+    assert "save (codec none stratum) #1" in names[0] and "save #1" in names[0], names[0]
+    r = _run(["writer", "--examples", "2", "--crash-examples", "0", "--no-committer", "--seed",
+              "3", "--no-shrink", "--tracing", "off", "--junit-xml", str(fast_tmp / "r.xml"),
+              "--", *BAD_WRITER], fast_tmp, fast_tmp, PCK_BAD_MODE="one-block")
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = [tc for tc in ET.parse(fast_tmp / "r.xml").getroot().iter("testcase")
+              if tc.find("failure") is not None]
+    assert [tc.get("name") for tc in failed] == ["save (codec none stratum): failing example"]
+    assert str(failed[0].find("failure").text).startswith("step ")  # type: ignore[union-attr]
+
+
+def test_version_says_which_suite_ran(fast_tmp: Path) -> None:
+    """Something to pin to (review C11): `--version`, and the same in the JSON report."""
+    from conformance import __version__
+
+    r = _run(["--version"], fast_tmp, fast_tmp)
+    assert r.returncode == 0 and r.stdout.strip() == \
+        f"portable-ckpt-conformance {__version__} (checks format 1.0 and 1.1)", r.stdout + r.stderr

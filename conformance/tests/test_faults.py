@@ -107,13 +107,14 @@ def test_a_codec_stratum_case_exercises_its_codec(codec: str, data: st.DataObjec
     ("json-zstd-as-json", "does not match the job", 2),
     ("crc-block-chain", "PCK-CHECKSUM", 3),  # every drawn file fitted one 4 KiB block
     ("one-block", "PCK-SCHEMA", 4),
+    ("skip-zero-size", "conformance.empty", 5),  # drawn cases had none at --examples 4 (C10)
 ])
 def test_every_run_saves_each_codec(mode: str, message: str, seed: int, bad: pytest.MonkeyPatch,
                                     fast_tmp: Path) -> None:
     """The smallest run (`--examples 2`, one case per codec) catches a broken zstd path for any
     seed (the property above): the zstd stratum always stores zstd ranges and a json+zstd
     entry. Each stratum also writes a data file of three checksum blocks, so a writer whose
-    checksums are right for one block only fails too."""
+    checksums are right for one block only fails too, and declares a zero-size tensor."""
     bad.setenv("PCK_BAD_MODE", mode)
     with pytest.raises(HarnessFailure) as ei:
         check_writer(BAD_WRITER, examples=2, crash_examples=0, seed=seed, tracing="off",
@@ -464,3 +465,13 @@ def test_a_killed_committers_temporary_manifest_is_no_writer_breach() -> None:
     stray = "<attempt>: 'data/.w00000-0000.lock' is not listed in files"
     assert _WRITER_RULES.search(tmp) and _TEMP_MANIFEST.search(tmp)
     assert _WRITER_RULES.search(stray) and not _TEMP_MANIFEST.search(stray)
+
+
+def test_descriptors_that_are_no_files_are_not_writes_outside_root() -> None:
+    """An adapter started through a shell wrapper (a pyenv shim) writes to pipes: 52 warnings
+    "wrote outside root: pipe:[864478]" in one passing run (review C7). Files still count."""
+    from conformance.trace import FsEvent, outside_writes
+
+    events = [FsEvent("write", p, 0.0, 0.0) for p in (
+        "pipe:[864478]", "socket:[12]", "anon_inode:[eventfd]", "/root/x/file", "/tmp/pipe:[1]")]
+    assert outside_writes(events, "/root/ck") == ["/root/x/file", "/tmp/pipe:[1]"]
