@@ -27,6 +27,11 @@ class DType:
     itemsize: int
     #: ``"<f4"``-style numpy code, or ``"ml_dtypes:<name>"`` (resolved on first use).
     spec: str = field(repr=False)
+    #: The format MINOR that added the row, and the extension a document using it lists in
+    #: ``must_understand`` (R-VERSION-7): every row of 1.0 has none. A reader refuses the row
+    #: in a document of an earlier version or without the extension (maintainer review M3).
+    since: str = "1.0"
+    extension: str | None = None
 
     @property
     def numpy(self) -> np.dtype[np.generic]:

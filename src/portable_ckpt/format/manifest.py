@@ -32,7 +32,7 @@ from portable_ckpt.errors import (
     UsageError,
     VersionUnsupportedError,
 )
-from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.dtypes import DTYPES, DType
 from portable_ckpt.format.naming import check_attempt_id
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.format.vocab import (
@@ -453,6 +453,9 @@ class _Ctx:
 
     def __init__(self, what: str) -> None:
         self.what = what
+        #: The document's format_version and must_understand, once checked (None: not known).
+        self.version: str | None = None
+        self.must_understand: list[str] | None = None
 
     def fail(
         self, where: str, msg: str, cls: type[CheckpointError] = SchemaError
@@ -671,6 +674,29 @@ def _range_fast(
     return RangeRecord(tuple(offs), tuple(lens), fpath, name, codec)
 
 
+def _dtype_defined(c: _Ctx, row: DType, where: str) -> None:
+    """R-DTYPE-3 per version: a row a later MINOR added belongs to documents of that version.
+
+    Documents of that version or later that list its extension (R-VERSION-7), not older ones.
+    """
+    if row.extension is None:
+        return
+    old = c.version is not None and _minor(c.version) < _minor(row.since)
+    unlisted = c.must_understand is not None and row.extension not in c.must_understand
+    if old or unlisted:
+        raise c.fail(
+            where,
+            f"{row.name!r} is a dtype of format {row.since} with extension {row.extension!r}; "
+            f"this document is format_version {c.version}"
+            + (f" and does not list {row.extension!r} in must_understand" if unlisted else ""),
+            DtypeUnsupportedError,
+        )
+
+
+def _minor(version: str) -> int:
+    return int(version.split(".", 1)[1])
+
+
 def _tensor(
     c: _Ctx, key: str, v: Any, files: Mapping[str, FileRecord] | None, *, complete: bool = True
 ) -> TensorEntry:
@@ -683,6 +709,7 @@ def _tensor(
         raise c.fail(
             where + ".dtype", f"{dtype!r} is not in the dtype table", DtypeUnsupportedError
         )
+    _dtype_defined(c, DTYPES[dtype], where + ".dtype")
     shape = _ints(c, c.req(d, "shape", where), where + ".shape", 0)
     numel = math.prod(shape)
     # Zero-size tensors too: an array of shape [0, 2^53, 2^53] cannot even be described in memory.
@@ -944,6 +971,7 @@ def parse_manifest(
         raise c.fail("format", f"expected 'portable-ckpt', got {d.get('format')!r}")
     version = check_format_version(c.req(d, "format_version", "top level"), what)
     mu = _must_understand(c, d.get("must_understand", []))
+    c.version, c.must_understand = version, mu
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
     if directory_name is not None and directory_name != attempt_id:
         raise AttemptIdError(
@@ -1036,6 +1064,7 @@ def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
     if d.get("format") != "portable-ckpt-writer-index":
         raise c.fail("format", f"expected 'portable-ckpt-writer-index', got {d.get('format')!r}")
     version = check_format_version(c.req(d, "format_version", "top level"), what)
+    c.version = version  # an index lists no extensions: its manifest does (R-VERSION-7)
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
     writer = c.int_(c.req(d, "writer", "top level"), "writer", 0, (1 << 24) - 1)
     files = _files(c, c.req(d, "files", "top level"))
