@@ -129,6 +129,36 @@ def test_restore_strict_false_takes_a_seed_without_per_rank_entries(tmp_path: Pa
     assert torch.equal(state["train"]["w"], torch.full((4,), 7.0))
 
 
+def test_a_run_seeded_from_another_runs_version_saves_its_own_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fine-tuning review F1: after ``restore(checkpoint=<another run's step-50 version>)`` a
+    fine-tune counting from 1 saved nothing up to step 50, preemption included, silently. The
+    seed's step is this job's last save only when the seed is one of its own versions; then a
+    rule step below it is said once."""
+    from portable_ckpt.io.versions import list_versions
+
+    seed = tmp_path / "seed"
+    portable_ckpt.save_arrays(seed, {"w": np.full(4, 7.0, np.float32)}, step=50)
+    state = {"w": torch.zeros(4)}
+    ft = tmp_path / "ft"
+    with pckt.CheckpointManager(str(ft), save_every=5, async_save=False) as mgr:
+        mgr.restore(state, checkpoint=portable_ckpt.open(seed).path)
+        assert torch.equal(state["w"], torch.full((4,), 7.0))
+        saved = [s for s in range(1, 11) if mgr.maybe_save(s, state)]
+        mgr.request_preemption()
+        assert mgr.maybe_save(11, state) and mgr.preempted
+    assert saved == [5, 10] and [v.step for v in list_versions(str(ft))] == [5, 10, 11]
+    capsys.readouterr()
+    # The job's own version, given explicitly: its step is the last save, as with restore().
+    own = next(v for v in list_versions(str(ft)) if v.step == 10)
+    with pckt.CheckpointManager(str(ft), save_every=5, async_save=False) as mgr:
+        mgr.restore(state, checkpoint=str(ft / own.id))
+        assert [s for s in range(1, 11) if mgr.maybe_save(s, state)] == []
+    err = capsys.readouterr().err
+    assert err.count("step 5 is not saved (save_every): this root's last version is step 10") == 1
+
+
 def test_a_failed_save_never_replaces_the_exception_leaving_the_block(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from portable_ckpt.errors import DistributedError, UsageError
 from portable_ckpt.manager.decisions import Decision, decide, next_rule_step
 from portable_ckpt.torch._collectives import new_gloo_group
+from portable_ckpt.torch._inflight import say
 
 if TYPE_CHECKING:
     from portable_ckpt.torch.manager import CheckpointManager
@@ -245,6 +246,7 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
             has_fast="fast" in mgr.tiers,
         )
         following = _next_agreement(mgr, step, now)
+        _say_skipped(mgr, step, mine, now)
     seen = int(mgr._preemption.seen.is_set())
     flags = torch.tensor(
         [mine.encode(), seen, mgr._failed_saves, following, step, -step, int(mgr._bg_broken),
@@ -283,6 +285,26 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
         )
         decision = pre if pre.saves else decision
     return decision
+
+
+def _say_skipped(mgr: CheckpointManager, step: int, decision: Decision, now: float) -> None:
+    """A rule step below the restored or last saved step is not saved: say so once (rank 0).
+
+    It is never saved twice, and a lower one would sort below it (a restore takes the higher
+    step): a loop that counts from 1 again in the same root saved nothing, silently, until it
+    passed that step (fine-tuning review F1).
+    """
+    last = mgr._last_save_step
+    if decision.saves or last is None or step >= last or "below-last" in mgr._warned:
+        return
+    would = decide(mgr.policy, step, now=now, last_save_time=mgr._last_save_time,
+                   last_save_step=None, has_fast="fast" in mgr.tiers)
+    if not would.saves:
+        return
+    mgr._warned.add("below-last")
+    say(f"step {step} is not saved ({would.reason}): this root's last version is step {last}, "
+        "and no step up to it is saved again (a restore would take the higher step). Continue "
+        "the step count from the restored step, or start a new run in another root (said once)")
 
 
 def _renew_background(mgr: CheckpointManager) -> None:

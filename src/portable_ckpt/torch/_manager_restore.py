@@ -35,7 +35,7 @@ from portable_ckpt.io.versions import list_versions
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
-from portable_ckpt.torch._manager_tiers import Tier
+from portable_ckpt.torch._manager_tiers import Tier, storage_url
 from portable_ckpt.torch._nodelocal import prepare_fast_restore
 from portable_ckpt.torch.info import LoadInfo
 from portable_ckpt.torch.loading import left_from, load, shown_keys
@@ -214,7 +214,8 @@ def restore(
             continue
         if fallbacks and info.missing_keys:
             _say_left_from_failed(mgr, info, fallbacks)
-        after_restore(mgr, info, tier_name, t0, fallbacks)
+        own = tier_name != "explicit" or _in_own_tier(mgr, ident)
+        after_restore(mgr, info, tier_name, t0, fallbacks, own=own)
         if step is not None:
             _warn_if_rolled_back(mgr, info.step)
         _say_unread(mgr, info)
@@ -716,15 +717,33 @@ def reach_node_local(
     mgr._fetched = report  # this restore's: a failed candidate's report is not the restore's
 
 
+def _in_own_tier(mgr: CheckpointManager, version: str) -> bool:
+    """Whether an explicit ``checkpoint=`` version lies in a root of this manager's tiers."""
+    parent = storage_url(version).rstrip("/").rsplit("/", 1)[0]
+    for tier in mgr.tiers.values():
+        root = tier.root.rstrip("/")
+        if parent == root or ("://" not in root and os.path.realpath(parent) == os.path.realpath(root)):
+            return True
+    return False
+
+
 def after_restore(
     mgr: CheckpointManager,
     info: LoadInfo,
     tier_name: str,
     t0: float,
     fallbacks: list[dict[str, Any]],
+    *,
+    own: bool = True,
 ) -> None:
-    """Start the time-to-resume clock; report the restore (bytes, seconds, slowest rank)."""
-    mgr._last_save_step = info.step
+    """Start the time-to-resume clock; report the restore (bytes, seconds, slowest rank).
+
+    ``own``: the version is one of this manager's tiers'. Only then is its step this job's last
+    save: another run's version (a seed, a converted checkpoint) made every step up to its
+    own unsaved, preemption included (fine-tuning review F1: a fine-tune counting from 1 after
+    a step-50 seed saved nothing for 50 steps).
+    """
+    mgr._last_save_step = info.step if own else None
     mgr._last_save_time = time.monotonic()
     mgr._restored_at = time.perf_counter()
     per = info.per_rank or [info.counters()]
