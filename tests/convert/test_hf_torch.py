@@ -336,3 +336,31 @@ def test_only_an_optimizers_state_gets_int_keys_back(tmp_path: Path) -> None:
     assert back["counts"] == {"3": 1}  # recorded nowhere: a string, and said
     notes = {w.item for w in res.warnings if "decimal strings" in w.message}
     assert notes == {"labels", "counts"}, res.warnings
+
+
+def test_a_stored_json_array_comes_back_a_list(tmp_path: Path) -> None:
+    """Fine-tuning review F2: an LR scheduler saved by ``portable_ckpt.torch.save`` and
+    exported with `convert --to torch` came back with ``base_lrs: {"0": 0.001}`` (its stored
+    JSON arrays split into keys, then taken for dicts); LambdaLR's load_state_dict raised."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    import portable_ckpt.torch as pckt
+
+    pckt.save({"model": model, "optim": opt, "sched": sched,
+               "meta": {"sizes": [[1, 2], []], "names": ["a", {"b": [3]}]}},
+              tmp_path / "root", step=3, continuation="statistical")
+    res = convert(str(tmp_path / "root"), str(tmp_path / "out.pt"), dst_format="torch")
+    back = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert back["sched"]["base_lrs"] == [0.001] and back["sched"]["_last_lr"] == sched._last_lr
+    assert back["meta"] == {"sizes": [[1, 2], []], "names": ["a", {"b": [3]}]}
+    assert back["optim"]["param_groups"][0]["params"] == [0, 1]
+    again = torch.optim.lr_scheduler.LambdaLR(
+        torch.optim.AdamW(torch.nn.Linear(4, 4).parameters(), lr=1e-3),
+        lambda s: min(1.0, (s + 1) / 10))
+    again.load_state_dict(back["sched"])
+    assert again.get_last_lr() == sched.get_last_lr()
+    assert not [w for w in res.warnings if "decimal strings" in w.message], res.warnings

@@ -179,6 +179,11 @@ def nest(
     """
     tree: dict[str, Any] = {}
     leaves = {k: v for key, val in values.items() for k, v in _split(key, val)}
+    # Containers a stored JSON value holds as arrays: lists, whatever the keys' record says
+    # (an LR scheduler's base_lrs came back {"0": ...}: fine-tuning review F2).
+    arrays: set[str] = set()
+    for key, val in values.items():
+        _arrays(key, val, arrays)
     both = leaves.keys() & tensors.keys()
     if both:
         raise UnsupportedValueError(
@@ -206,8 +211,21 @@ def nest(
             raise UnsupportedValueError(f"key {key!r} is both a value and a container; export "
                                         "with --keys verbatim (keys='verbatim')")
         node[parts[-1]] = _Leaf(leaf)
-    out = _finish(tree, (), kinds, False, [LIST_ROOM], decimal=decimal)
+    out = _finish(tree, (), kinds, False, [LIST_ROOM], decimal=decimal, arrays=arrays)
     return out if isinstance(out, dict) else dict(enumerate(out))
+
+
+def _arrays(key: str, value: Any, out: set[str], depth: int = 0) -> None:
+    """Add the keys of the non-empty JSON arrays in ``value`` (stored at ``key``) to ``out``."""
+    if depth > MAX_NESTING:
+        return  # nest() refuses such a key anyway
+    if isinstance(value, list) and value:
+        out.add(key)
+        for i, v in enumerate(value):
+            _arrays(f"{key}/{i}", v, out, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _arrays(f"{key}/{escape_component(k)}", v, out, depth + 1)
 
 
 def _split(key: str, value: Any) -> Iterator[tuple[str, Any]]:
@@ -239,6 +257,7 @@ def _finish(
     room: list[int],
     int_keys: bool = False,
     decimal: list[str] | None = None,
+    arrays: set[str] | frozenset[str] = frozenset(),
 ) -> Any:
     """The finished value of ``node``; ``room``: what recorded lists may still add in holes.
 
@@ -253,9 +272,12 @@ def _finish(
     in_item = in_item or (kinds is not None and key in kinds[1])
     optimizer = "param_groups" in node
     kids = {
-        c: _finish(v, (*path, c), kinds, in_item, room, optimizer and c == "state", decimal)
+        c: _finish(v, (*path, c), kinds, in_item, room, optimizer and c == "state", decimal,
+                   arrays)
         for c, v in node.items()
     }
+    if key in arrays and set(kids) == {str(i) for i in range(len(kids))}:
+        return [kids[str(i)] for i in range(len(kids))]  # a JSON array of a stored value
     known = kinds is not None and not in_item
     ints = {c: int(c) for c in kids if c.isdecimal() and str(int(c)) == c}
     if known and kinds is not None and key in kinds[0] and len(ints) == len(kids):
