@@ -42,7 +42,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("torch: what a state holds", "portable_ckpt.torch",
      ["StateEntry", "DataPosition", "RNGState", "GeneratorState"]),
     ("torch: saving and loading without a manager", "portable_ckpt.torch",
-     ["save", "async_save", "AsyncSaveHandle", "load"]),
+     ["save", "async_save", "AsyncSaveHandle", "load", "as_tensor"]),
 ]
 
 HEADER = """# API reference (generated)

@@ -530,3 +530,23 @@ def test_a_group_retries_a_deleted_version_only_when_every_rank_says_so(tmp_path
     one = Comm(0, 1, None, [0], 5.0)
     assert _may_retry(root, one, None, None, VersionDeletedError("x"))
     assert not _may_retry(root, one, None, None, DistributedError("d", failures=[gone]))
+
+
+def test_as_tensor_gives_torch_every_dtype_a_read_returns(tmp_path) -> None:
+    """Fine-tuning review F4: `torch.from_numpy` refuses the bfloat16 and float8 arrays the read
+    API returns; `as_tensor` crosses every format dtype with its bytes unchanged, no copy."""
+    import portable_ckpt
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.errors import UsageError
+
+    state = {"bf": torch.randn(3, 4).to(torch.bfloat16), "f8": torch.randn(5).to(torch.float8_e4m3fn),
+             "i": torch.arange(6, dtype=torch.int16)}
+    pckt.save(state, tmp_path, step=1, continuation="statistical")
+    ck = portable_ckpt.open(tmp_path)
+    for key, want in state.items():
+        arr = ck.read(key)
+        got = pckt.as_tensor(arr)
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        assert got.data_ptr() == arr.ctypes.data  # shares the array's memory
+    with pytest.raises(UsageError, match="numpy array"):
+        pckt.as_tensor([1, 2])  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ Modules, by verb: :mod:`~portable_ckpt.torch.saving` (options and the collective
 from __future__ import annotations
 
 from portable_ckpt.torch._inflight import wait_for_pending_save
+from portable_ckpt.torch._tensors import as_tensor
 from portable_ckpt.torch.async_saving import AsyncSaveHandle, async_save
 from portable_ckpt.torch.flatten import StateEntry, flatten_state, split_key, unflatten_keys
 from portable_ckpt.torch.info import CheckpointInfo, LoadInfo
@@ -58,6 +59,7 @@ __all__ = [
     "ModelOptimizerState",
     "RNGState",
     "StateEntry",
+    "as_tensor",
     "async_save",
     "capture_rng",
     "flatten_state",

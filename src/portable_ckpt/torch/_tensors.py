@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.errors import UnsupportedValueError, UsageError
 from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
 __all__ = ["as_bits", "format_dtype", "numpy_view", "torch_dtype", "torch_from_numpy"]
@@ -94,6 +94,25 @@ def numpy_view(t: torch.Tensor, *, key: str = "?") -> np.ndarray[Any, Any]:
         return t.numpy()
     arr: np.ndarray[Any, Any] = t.view(via).numpy().view(np_dtype or numpy_dtype(name))
     return arr
+
+
+def as_tensor(arr: np.ndarray[Any, Any]) -> torch.Tensor:
+    """A CPU tensor sharing memory with an array :meth:`Checkpoint.read` returned.
+
+    ``torch.from_numpy`` refuses bfloat16 and float8 arrays (numpy has no such types; the read
+    API returns ``ml_dtypes`` arrays): here they cross through an integer view of the same
+    bytes, so ``as_tensor(ck.read("model/w"))`` is the stored tensor whatever its dtype::
+
+        ck = portable_ckpt.open(root)
+        w = pckt.as_tensor(ck.read("model/w"))   # torch.bfloat16, no copy
+
+    Raises:
+        UsageError: ``arr`` is not a numpy array.
+
+    """
+    if not isinstance(arr, np.ndarray):
+        raise UsageError(f"as_tensor takes a numpy array, got {type(arr).__name__}")
+    return torch_from_numpy(arr)
 
 
 def torch_from_numpy(arr: np.ndarray[Any, Any]) -> torch.Tensor:

@@ -350,7 +350,10 @@ def _contract(ck: Checkpoint, world: int, mesh: Mesh | None, allow_statistical: 
         f"checkpoint {ck.path} was saved with continuation contract 'exact' on world size "
         f"{saved.world_size} ({smesh}); this group has world size {world} ({nmesh}). Bit-exact "
         f"continuation is impossible; pass allow_statistical=True to accept statistical "
-        f"continuation (values restored exactly, RNG/data position per the entries' policies)"
+        f"continuation (values restored exactly, RNG/data position per the entries' policies). "
+        f"Loading weights to evaluate or fine-tune, not to continue that run? Nothing is lost: "
+        f"pass allow_statistical=True (the contract is about that run's random streams and "
+        f"data order)"
     )
 
 

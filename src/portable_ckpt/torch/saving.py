@@ -394,8 +394,9 @@ def _warn_exact_without_rng(opts: SaveOptions, rank: int, plan: SavePlan) -> Non
         f"save of step {opts.step}: the version's contract is 'exact' but the state holds no "
         "RNGState(): if training draws random numbers (dropout, shuffling, augmentation), the "
         "resumed job draws others. Add \"rng\": RNGState() to the state (and a GeneratorState "
-        "for each torch or NumPy generator of your own), or pass continuation='statistical'. "
-        "Said once per process"
+        "for each torch or NumPy generator of your own), or pass continuation='statistical' "
+        "(also for a state that is no training run to continue: weights to evaluate, an "
+        "adapter, an EMA snapshot). Said once per process"
     )
     _log.warning("%s", msg)
     say(msg)
