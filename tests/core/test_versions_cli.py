@@ -690,3 +690,17 @@ def test_ls_notes_go_to_stderr_and_stdout_is_the_table(tmp_path) -> None:
     assert res.returncode == 0
     assert "not this format's" in res.stderr and "not this format's" not in res.stdout
     assert res.stdout.splitlines()[0].startswith("ID")
+
+
+def test_ls_of_a_sweep_names_the_roots_below(tmp_path) -> None:
+    """Fine-tuning review F8: `ls sweep` said "No attempts" and called the runs' roots "not
+    this format's"; it names each subdirectory that is a root, with the command to list it."""
+    for run in ("lr1e-3", "lr3e-4"):
+        save_step(tmp_path / run, 1)
+    (tmp_path / "notes").mkdir()
+    r = cli("ls", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"no attempts under {tmp_path}"
+    assert lines[1:] == [f"{run}/ is a checkpoint root: portable-ckpt ls {tmp_path}/{run}/"
+                         for run in ("lr1e-3", "lr3e-4")]

@@ -379,3 +379,16 @@ def test_range_disagreeing_with_header_is_shard_mismatch(tmp_path: Path, change:
     name = read_manifest(vdir)["tensors"]["b"]["ranges"][0]["name"]
     rewrite_shard_header(vdir, rel, lambda h: change(h, name))
     expect_code("PCK-SHARD-MISMATCH", open_and_read_all, vdir)
+
+
+def test_a_missing_key_names_stored_keys_that_look_alike(tmp_path: Path) -> None:
+    """Fine-tuning review F8: `read("model/tok.weight")` of a version storing
+    `train/model/tok.weight` said only how many tensors there are (a load names the likes)."""
+    portable_ckpt.save_arrays(tmp_path, {"train/model/tok.weight": np.zeros(2, np.float32),
+                                         "train/model/head.bias": np.zeros(2, np.float32)}, step=1)
+    ck = portable_ckpt.open(tmp_path)
+    err = expect_code("PCK-TENSOR-MISSING", ck.read, "model/tok.weight")
+    assert "stored keys that look alike: ['train/model/tok.weight']" in err.message
+    err = expect_code("PCK-TENSOR-MISSING", ck.read, "train/model/head.bais")
+    assert "'train/model/head.bias'" in err.message
+    assert "look alike" not in expect_code("PCK-TENSOR-MISSING", ck.read, "zzz").message

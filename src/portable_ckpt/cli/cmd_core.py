@@ -77,6 +77,7 @@ def _ls(args: argparse.Namespace) -> int:
               f"{shown}", file=sys.stderr)
     if not versions:
         print(f"no attempts under {safe(args.root)}")
+        _child_roots(storage, foreign, args.root)
         return 0
     rows = []
     for v in versions:
@@ -108,6 +109,19 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+def _child_roots(storage: Any, foreign: list[str], root: str) -> None:
+    """Name the subdirectories that are checkpoint roots (a sweep's: fine-tuning review F8).
+
+    One listing per subdirectory, for the first 20: a directory with an attempt-named child.
+    """
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    found = [d for d in (f for f in foreign[:20] if f.endswith("/"))
+             if any(ATTEMPT_ID_RE.match(n) for n in storage.list_dirs(d))]
+    for d in found:
+        print(f"{safe(d)} is a checkpoint root: portable-ckpt ls {safe(root.rstrip('/'))}/{safe(d)}")
 
 
 def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:

@@ -23,6 +23,7 @@ that writers store right after the header cost no extra read.
 from __future__ import annotations
 
 import bisect
+import difflib
 import functools
 import itertools
 import math
@@ -30,7 +31,7 @@ import operator
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
@@ -144,6 +145,20 @@ PIECES_PER_PASS = 4096
 #: zstd ranges whose frame header was checked, kept per version: the check reads the frame's
 #: first bytes; plain ranges are checked again (a lookup in the shard header) instead of kept.
 _FRAMES_CHECKED = 1 << 16
+
+
+def _alike(key: Any, keys: Mapping[str, Any]) -> str:
+    """Stored keys that look like a missing ``key`` ("" for none): a renamed prefix, a typo.
+
+    Keys ending with ``/key`` first (``model/w`` stored as ``train/model/w``); the close
+    matches of :mod:`difflib` only among at most 10,000 keys (it compares every pair).
+    """
+    if not isinstance(key, str):
+        return ""
+    found = [k for k in keys if k.endswith("/" + key)][:3]
+    if not found and len(keys) <= 10_000:
+        found = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.6)
+    return f"; stored keys that look alike: {found}" if found else ""
 
 
 def _nth_record(
@@ -510,8 +525,8 @@ class Checkpoint:
         t = self.manifest.tensors.get(key)
         if t is None:
             raise TensorMissingError(
-                f"tensor {key!r} is not in checkpoint {self.path} ({len(self.tensors)} tensors; "
-                "see `portable-ckpt inspect`)"
+                f"tensor {key!r} is not in checkpoint {self.path} ({len(self.tensors)} tensors"
+                f"{_alike(key, self.tensors)}; see `portable-ckpt inspect`)"
             )
         box = self._target_box(t, offsets, lengths)
         self._prove_coverage(key, t)
