@@ -171,13 +171,14 @@ def _nth_record(
 
 
 class _Pieces:
-    """The stored pieces that fill one request's box, built at most ``size`` at a time.
+    """The stored pieces that fill one request's box, built at most a pass at a time.
 
     A table-backed tensor keeps its hits as numpy rows (about 40 bytes a piece) and makes the
-    :class:`ReadItem` objects of a slice only when that slice is planned.
+    :class:`ReadItem` objects of a slice only when that slice is planned; a JSON tensor's
+    pieces are objects anyway (``json``). The pass size is :data:`PIECES_PER_PASS` when read.
     """
 
-    __slots__ = ("_built", "_make", "count", "starts")
+    __slots__ = ("_built", "_make", "count", "json", "starts")
 
     def __init__(
         self, count: int, make: Callable[[int, int], list[ReadItem[RangeRecord]]]
@@ -185,28 +186,64 @@ class _Pieces:
         self.count = count
         self._make = make
         self._built: list[ReadItem[RangeRecord]] | None = None
-        #: First byte of each piece in its file, when the pieces are one list (found when they
-        #: were checked; more pieces are found again as they are planned).
+        self.json = False
+        #: First byte of each piece in its file, when the pieces are one kept list (found
+        #: when they were checked; other pieces are found again as they are planned).
         self.starts: list[int] | None = None
 
     @classmethod
     def of(cls, items: list[ReadItem[RangeRecord]]) -> _Pieces:
-        """Pieces already built (a JSON tensor's: its records are objects anyway)."""
+        """Pieces already built (at most a pass of a JSON tensor's)."""
         pieces = cls(len(items), lambda a, b: items[a:b])
         pieces._built = items
         return pieces
 
-    def chunks(self, size: int = PIECES_PER_PASS) -> Iterable[list[ReadItem[RangeRecord]]]:
-        """The pieces, in stored order, in lists of at most ``size``."""
-        if self.count > size:
-            return (self._make(a, min(self.count, a + size)) for a in range(0, self.count, size))
-        if self._built is None:  # one list: built once, kept for the next pass over it
-            self._built = self._make(0, self.count)
-        return (self._built,) if self._built else ()
+    @classmethod
+    def of_records(cls, records: list[RangeRecord], box: Box) -> _Pieces:
+        """The pieces of JSON ``records`` that fill ``box``, made a pass at a time."""
+        pieces = cls(len(records), lambda a, b: [])
+        pieces.json = True
+        pieces.reorder(records, box)
+        return pieces
+
+    def first(self, keep: bool, box: Box) -> list[ReadItem[RangeRecord]]:
+        """All pieces (at most a pass), kept for the read pass when ``keep``.
+
+        Not kept, a JSON tensor's built pieces are dropped for their records (made again when
+        read), so that many requests do not hold all their pieces (parser review P2).
+        """
+        built = self._built if self._built is not None else self._make(0, self.count)
+        if keep:
+            self._built = built
+        elif self._built is not None:
+            self._built = None
+            self.reorder([item.record for item in built], box)
+        return built
+
+    def reorder(self, records: list[RangeRecord], box: Box) -> None:
+        """A JSON tensor's pieces: of ``records``, in that order (by file position)."""
+
+        def make(a: int, b: int) -> list[ReadItem[RangeRecord]]:
+            out = []
+            for r in records[a:b]:
+                stored = r.box
+                inter = cast(Box, intersect(stored, box))  # each was found intersecting it
+                out.append(ReadItem(r, stored, inter))
+            return out
+
+        self._make = make
+
+    def chunks(self) -> Iterable[list[ReadItem[RangeRecord]]]:
+        """The pieces in lists of at most :data:`PIECES_PER_PASS`."""
+        size = PIECES_PER_PASS  # read here, not bound at import: tests set it small
+        if self._built is not None and self.count <= size:
+            return (self._built,) if self.count else ()
+        return (self._make(a, min(self.count, a + size)) for a in range(0, self.count, size))
 
     def all(self) -> list[ReadItem[RangeRecord]]:
         """Every piece (for :meth:`Checkpoint.plan_read`; a read goes by :meth:`chunks`)."""
         return self._make(0, self.count) if self._built is None else self._built
+
 
 #: Public name of a tensor's metadata record.
 TensorInfo = TensorEntry
@@ -628,7 +665,11 @@ class Checkpoint:
                 f"tensor {t.key!r}: the stored ranges provide {got} of the {box.volume} elements "
                 f"of box {box}; the version is incomplete"
             )
-        return _Pieces.of(items)
+        if len(items) <= PIECES_PER_PASS:
+            return _Pieces.of(items)
+        # Only the records are kept (their objects exist anyway); a pass's pieces are made
+        # again from them, so many large requests do not hold every piece (review P2).
+        return _Pieces.of_records([it.record for it in items], box)
 
     def _plan_table(self, t: TableTensorEntry, box: Box) -> _Pieces:
         """Vectorised plan over a table-backed tensor: records are built for the hits only."""
@@ -725,7 +766,10 @@ class Checkpoint:
                     f"read_many takes ReadRequest(key, offsets, lengths, out) items, got "
                     f"{type(r).__name__} {r!r:.80}"
                 )
-        planned = [self._plan_request(r) for r in requests]
+        # The pieces of the first PIECES_PER_PASS are kept from their check to their read;
+        # later ones are made again (a read of many requests held all: parser review P2).
+        budget = [PIECES_PER_PASS]
+        planned = [self._plan_request(r, budget) for r in requests]
         outs = [
             self._destination(t, box, r.out)
             for (t, box, _), r in zip(planned, requests, strict=True)
@@ -736,7 +780,7 @@ class Checkpoint:
         queued = 0
         for (t, box, pieces), out in zip(planned, outs, strict=True):
             for chunk in pieces.chunks():
-                starts = pieces.starts or [-1] * len(chunk)
+                starts = pieces.starts if pieces.starts is not None else [-1] * len(chunk)
                 for item, start in zip(chunk, starts, strict=True):
                     self._plan_piece(files, t, box, item, out, start)
                 queued += len(chunk)
@@ -767,8 +811,8 @@ class Checkpoint:
         dst = out if whole and out.shape == rec.lengths else (
             out[item.box.slices(box.offsets)] if out.ndim else out
         )
-        if rec.codec == "zstd":
-            self._read_item(t, rec, item.box, dst)
+        if rec.codec == "zstd":  # its frame header was checked with the piece (_plan_request)
+            self._read_item(t, rec, item.box, dst, self._header(rec.file).tensors[rec.name])
             return
         if start < 0:  # checked with every piece before anything was allocated (_plan_request)
             start = self._header(rec.file).start_of(rec.name)
@@ -781,14 +825,34 @@ class Checkpoint:
         bs = self.manifest.files[rec.file].checksum.block_size
         self._box_segments(plan, bs, start, rec.lengths, t.itemsize, rel, dst)
 
-    def _plan_request(self, r: ReadRequest) -> tuple[TensorEntry, Box, _Pieces]:
+    def _plan_request(
+        self, r: ReadRequest, budget: list[int]
+    ) -> tuple[TensorEntry, Box, _Pieces]:
+        """Plan one request; check every stored piece against its file.
+
+        Before anything sized by the box is allocated. ``budget``: pieces that may still be
+        kept built for the read pass.
+        """
         t, box = self._tensor(r.key, r.offsets, r.lengths)
         pieces = self._plan_box(t, box)
-        # Check every stored piece against its file before allocating anything sized by the box.
-        for chunk in pieces.chunks():
-            starts = [self._shard_tensor(t, item.record).start for item in chunk]
         if pieces.count <= PIECES_PER_PASS:
-            pieces.starts = starts if pieces.count else []
+            keep = pieces.count <= budget[0]
+            built = pieces.first(keep, box)
+            starts = [self._shard_tensor(t, item.record).start for item in built]
+            if keep:
+                budget[0] -= pieces.count
+                pieces.starts = starts
+        elif pieces.json:
+            # In file order, so that each pass reads one stretch of the file: the range index
+            # gave them by box, and every pass read most of the tensor again (review P4).
+            recs = [item.record for chunk in pieces.chunks() for item in chunk]
+            starts = [self._shard_tensor(t, r).start for r in recs]
+            order = sorted(range(len(recs)), key=lambda i: (recs[i].file, starts[i]))
+            pieces.reorder([recs[i] for i in order], box)
+        else:  # a table's records, in the writer's order (file order), made a pass at a time
+            for chunk in pieces.chunks():
+                for item in chunk:
+                    self._shard_tensor(t, item.record)
         return t, box, pieces
 
     def _destination(
@@ -858,10 +922,19 @@ class Checkpoint:
             raise self._bool_error(t, rec, elem, int(raw[i]))
 
     def _read_item(
-        self, t: TensorEntry, rec: RangeRecord, inter: Box, dst: np.ndarray[Any, Any]
+        self,
+        t: TensorEntry,
+        rec: RangeRecord,
+        inter: Box,
+        dst: np.ndarray[Any, Any],
+        st: ShardTensor,
     ) -> None:
-        """Serve one piece of a zstd range (decoded whole and cached, or streamed)."""
-        st = self._shard_tensor(t, rec)
+        """Serve one piece of a zstd range (decoded whole and cached, or streamed).
+
+        ``st``: the range's shard tensor, checked with its frame header before the read (not
+        again here: the cache of checked frames is bounded, and a frame checked twice is read
+        twice: parser review P7).
+        """
         rel = inter.relative_to(rec.box)
         self._decompressed(t, rec, st, rel, dst)
         with self._lock:
