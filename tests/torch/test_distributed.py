@@ -468,6 +468,7 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
     assert ck.manifest.continuation.contract == "statistical"
     assert portable_ckpt.open(str(tmp_path / "same")).manifest.continuation.contract == "exact"
     assert "differ between ranks (1: 'bn/running_mean')" in r0["stderr"]
+    assert "values are NOT stored" in r0["stderr"]  # MoE review E2: said plainly
     assert r1["stderr"] == ""
     # Attack review F9: a plain tensor that some rank lacks, or holds with another shape or
     # dtype, was stored as rank 0's copy under an exact contract (lost, or not loadable back on
@@ -478,6 +479,8 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
         assert "'buf'" in c["dtype"] and "int32[4]" in c["dtype"]
         assert "'buf' is held by rank(s) [1] only" in c["only-rank-1"]
         assert "'buf' is held by rank(s) [1] only" in c["value-only-rank-1"]
+        # MoE review E1: experts held by their own ranks are told how to store them
+        assert "stack each layer's experts" in c["only-rank-1"]
         assert r["negative"] == "exact"
         # Plain values that differ make the contract statistical, said by rank 0 (F16).
         assert r["values"] == "statistical" and r["values_equal"] == "exact"

@@ -990,7 +990,10 @@ def _stored_like(
     if tuple(stored.shape) != gshape:
         raise UsageError(
             f"tensor {key!r}: the checkpoint holds shape {list(stored.shape)}, the target has "
-            f"{list(gshape)}; build the target with the saved global shape"
+            f"{list(gshape)}; build the target with the saved global shape, or, to change it on "
+            f"purpose (a resized head, more experts), leave {key!r} out of the target and read "
+            "the part you keep with portable_ckpt.open(root).read(key, offsets, lengths) "
+            "(docs/torch.md, 'Fine-tuning' and 'Mixture of experts')"
         )
     return True
 

@@ -320,9 +320,11 @@ def _agree_on_attempt(
             f"rank 0's copy, so every rank must hold them (tensors with one dtype and shape); "
             f"{'; '.join(conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}. Nothing was "
             "saved. Hold them alike on every rank, or make state that differs by rank a DTensor "
-            "or a per-rank entry. Under pipeline parallelism each stage holds its own optimizer "
-            "step counters and param groups: save such a job through DCP (docs/dcp.md, "
-            "'Pipeline parallelism')"
+            "or a per-rank entry. Experts held by their own ranks: stack each layer's experts "
+            "into one tensor sharded on the expert dimension (a DTensor, Shard(0) on the expert "
+            "mesh dim; docs/torch.md, 'Mixture of experts'). Under pipeline parallelism each "
+            "stage holds its own optimizer step counters and param groups: save such a job "
+            "through DCP (docs/dcp.md, 'Pipeline parallelism')"
         )
     copied = copy_conflicts([d.get("copies", {}) for d in sent], comm.global_ranks)
     if copied:  # every rank holds the same list: every rank refuses alike
@@ -365,10 +367,11 @@ def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions
         msg = (
             f"save of step {opts.step}: plain tensors, values or global entries differ between "
             f"ranks ({len(differ)}: {shown}); rank 0's copy is stored and the version's contract "
-            "is 'statistical' (an exact continuation is impossible). Keep them equal "
-            "(SyncBatchNorm, an all-reduce), make tensors DTensors, and keep what is each "
-            "rank's own in a per-rank entry (DataPosition, or a StateEntry of your own with "
-            "scope = 'per_rank')"
+            "is 'statistical' (an exact continuation is impossible); the other ranks' values are "
+            "NOT stored. Keep them equal (SyncBatchNorm, an all-reduce), make tensors DTensors, "
+            "and keep what is each rank's own in a per-rank entry (DataPosition, or a StateEntry "
+            "of your own with scope = 'per_rank'). Weights that differ by rank (experts keyed "
+            "by local index) are lost so: docs/torch.md, 'Mixture of experts'"
         )
         _log.warning("%s", msg)
         say(msg)
