@@ -416,6 +416,13 @@ def _installed() -> bool:
     return "site-packages" in here.parts or "dist-packages" in here.parts
 
 
+class _ShrinkTimeSpent(BaseException):
+    """Ends a hypothesis run whose shrinking spent ``--shrink-time``.
+
+    Not a failure: a BaseException, which hypothesis lets through.
+    """
+
+
 def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
                 fn: Callable[[Any, Path, dict[str, Any]], None], label: Callable[[Any], str],
                 seed: int, name: str) -> None:
@@ -440,12 +447,14 @@ def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
               suppress_health_check=list(HealthCheck), phases=phases, max_examples=max(1, n))
     @given(case=strategy)
     def prop(case: Any) -> None:
-        if infra or (failed_at and run.shrunk + time.monotonic() - failed_at[0]
-                     > run.opts.shrink_time):
+        if infra:
+            return
+        if failed_at and run.shrunk + time.monotonic() - failed_at[0] > run.opts.shrink_time:
             # Shrinking ran out of time: the last failure (the smallest yet) is reported. The
             # budget is the whole run's: per failing suite and fault point, a writer that broke
-            # every publish case shrank for 16 minutes (conformance review C5).
-            return
+            # every publish case shrank for 16 minutes (conformance review C5). Stopped through
+            # hypothesis: returning let it try candidates for seconds more under load.
+            raise _ShrinkTimeSpent
         drawn[0] += 1
         what = label(case)
 
@@ -470,6 +479,8 @@ def _hypothesis(run: _Run, suite: str, strategy: Any, n: int,
     try:
         with with_reporter(lambda text: log.append(str(text))):
             prop()
+    except _ShrinkTimeSpent:
+        pass
     except Exception:  # the failure (or hypothesis' Flaky) is in `results` with its case
         if not any(r.failed for r in results) and not infra:
             raise

@@ -133,6 +133,7 @@ def test_batched_header_parse_equals_the_strict_parse(
     does, names and values equal."""
     header, size = case
     with mock.patch.object(safetensors_io, "BATCH_BYTES", batch), mock.patch.object(
+        safetensors_io, "WHOLE_BYTES", batch), mock.patch.object(
         safetensors_io, "_SCAN_BYTES", window
     ):
         assert _parsed(header, size) == _reference(header, size)
@@ -144,7 +145,8 @@ def test_a_duplicate_name_in_another_batch_is_refused(batch: int) -> None:
     members = [f'"t{i}":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{i + 1}]}}' for i in range(50)]
     members.append('"t3":{"dtype":"U8","shape":[1],"data_offsets":[50,51]}')
     header = ("{" + ",".join(members) + "}").encode()
-    with mock.patch.object(safetensors_io, "BATCH_BYTES", batch):
+    with mock.patch.object(safetensors_io, "BATCH_BYTES", batch), mock.patch.object(
+            safetensors_io, "WHOLE_BYTES", batch):
         err = expect_code(
             "PCK-SHARD-HEADER", parse_header, struct.pack("<Q", len(header)), header,
             path="f", file_size=8 + len(header) + 51,
@@ -328,7 +330,7 @@ def test_zstd_frames_are_checked_once_whatever_the_cache(tmp_path: Path) -> None
     reads = []
     for cap in (1 << 20, 16):
         ck = portable_ckpt.open(tmp_path)
-        with mock.patch.object(reader, "_FRAMES_CHECKED", cap):
+        with mock.patch.object(reader, "_RANGES_CHECKED", cap):
             np.testing.assert_array_equal(ck.read("emb"), a)
         reads.append((ck.stats.bytes_read, ck.stats.blocks_verified))
     assert reads[0] == reads[1], reads

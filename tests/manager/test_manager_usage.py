@@ -142,13 +142,15 @@ def test_a_run_seeded_from_another_runs_version_saves_its_own_steps(
     portable_ckpt.save_arrays(seed, {"w": np.full(4, 7.0, np.float32)}, step=50)
     state = {"w": torch.zeros(4)}
     ft = tmp_path / "ft"
-    with pckt.CheckpointManager(str(ft), save_every=5, async_save=False) as mgr:
+    seed_log = tmp_path / "seed-events.jsonl"
+    with pckt.CheckpointManager(str(ft), save_every=5, async_save=False, events=seed_log) as mgr:
         mgr.restore(state, checkpoint=portable_ckpt.open(seed).path)
         assert torch.equal(state["w"], torch.full((4,), 7.0))
         saved = [s for s in range(1, 11) if mgr.maybe_save(s, state)]
         mgr.request_preemption()
         assert mgr.maybe_save(11, state) and mgr.preempted
     assert saved == [5, 10] and [v.step for v in list_versions(str(ft))] == [5, 10, 11]
+    assert '"event": "resume"' in seed_log.read_text() and '"step": 50' in seed_log.read_text()
     capsys.readouterr()
     # The job's own version, given explicitly: its step is the last save, as with restore().
     own = next(v for v in list_versions(str(ft)) if v.step == 10)
@@ -157,6 +159,18 @@ def test_a_run_seeded_from_another_runs_version_saves_its_own_steps(
         assert [s for s in range(1, 11) if mgr.maybe_save(s, state)] == []
     err = capsys.readouterr().err
     assert err.count("step 5 is not saved (save_every): this root's last version is step 10") == 1
+    # The root itself, given as checkpoint= (its newest version): the job's own too (review D2)
+    log = tmp_path / "events.jsonl"
+    with pckt.CheckpointManager(str(ft), save_every=5, async_save=False, events=log) as mgr:
+        info = mgr.restore(state, checkpoint=str(ft) + "/")
+        assert info is not None and info.step == 11
+        assert [s for s in range(1, 12) if mgr.maybe_save(s, state)] == []
+        assert mgr.maybe_save(15, state)
+    import json
+
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    resumed = [e for e in events if e.get("event") == "resume"]
+    assert [e["step"] for e in resumed] == [11], events  # review D3: None after a seed
 
 
 def test_a_failed_save_never_replaces_the_exception_leaving_the_block(

@@ -272,6 +272,24 @@ def test_a_later_dtype_is_refused_in_an_earlier_document(
     assert "'float8_e8m0fnu' is a dtype of format 1.2" in err.message, err.message
 
 
+def test_a_later_dtype_is_refused_in_a_tensor_table_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Diff review D1: the check above ran for JSON tensors only; a table's dtype codes name
+    the same rows, and a 1.1 table using a 1.2 row opened."""
+    from portable_ckpt.format.dtypes import DType
+    from portable_ckpt.io import commit
+
+    monkeypatch.setattr(commit, "TABLE_THRESHOLD", 1)
+    m = portable_ckpt.save_arrays(tmp_path, {"u": np.arange(4, dtype=np.uint8),
+                                             "f": np.zeros(2, np.float32)}, step=1)
+    assert m.tensor_table is not None
+    monkeypatch.setitem(DTYPES, "uint8", DType("uint8", "U8", 1, "u1", since="1.2",
+                                               extension="dtype-u8-again"))
+    err = expect_code("PCK-DTYPE-UNSUPPORTED", portable_ckpt.open, tmp_path)
+    assert "'uint8' is a dtype of format 1.2" in err.message and "tensor-table" in err.message
+
+
 def _spec_dtype_table() -> list[tuple[str, str, int]]:
     """The rows of spec §7's table, in order: (format dtype, safetensors dtype, itemsize)."""
     import re

@@ -72,6 +72,7 @@ __all__ = [
     "WriterIndex",
     "check_continuation",
     "check_format_version",
+    "dtype_not_defined",
     "entry_values_problem",
     "files_bytes",
     "parse_manifest",
@@ -675,22 +676,28 @@ def _range_fast(
 
 
 def _dtype_defined(c: _Ctx, row: DType, where: str) -> None:
-    """R-DTYPE-3 per version: a row a later MINOR added belongs to documents of that version.
+    problem = dtype_not_defined(row, c.version, c.must_understand)
+    if problem:
+        raise c.fail(where, problem, DtypeUnsupportedError)
 
-    Documents of that version or later that list its extension (R-VERSION-7), not older ones.
+
+def dtype_not_defined(row: DType, version: str | None, must_understand: list[str] | None) -> str:
+    """Why ``row`` is not a dtype of a document of ``version`` ("" when it is).
+
+    R-DTYPE-3 per version: a row a later MINOR added belongs to documents of that version or
+    later that list its extension (R-VERSION-7), not to older ones. ``None``: not known.
     """
     if row.extension is None:
-        return
-    old = c.version is not None and _minor(c.version) < _minor(row.since)
-    unlisted = c.must_understand is not None and row.extension not in c.must_understand
-    if old or unlisted:
-        raise c.fail(
-            where,
-            f"{row.name!r} is a dtype of format {row.since} with extension {row.extension!r}; "
-            f"this document is format_version {c.version}"
-            + (f" and does not list {row.extension!r} in must_understand" if unlisted else ""),
-            DtypeUnsupportedError,
-        )
+        return ""
+    old = version is not None and _minor(version) < _minor(row.since)
+    unlisted = must_understand is not None and row.extension not in must_understand
+    if not (old or unlisted):
+        return ""
+    return (
+        f"{row.name!r} is a dtype of format {row.since} with extension {row.extension!r}; "
+        f"this document is format_version {version}"
+        + (f" and does not list {row.extension!r} in must_understand" if unlisted else "")
+    )
 
 
 def _minor(version: str) -> int:

@@ -717,13 +717,19 @@ def reach_node_local(
     mgr._fetched = report  # this restore's: a failed candidate's report is not the restore's
 
 
-def _in_own_tier(mgr: CheckpointManager, version: str) -> bool:
-    """Whether an explicit ``checkpoint=`` version lies in a root of this manager's tiers."""
-    parent = storage_url(version).rstrip("/").rsplit("/", 1)[0]
+def _in_own_tier(mgr: CheckpointManager, checkpoint: str) -> bool:
+    """Whether an explicit ``checkpoint=`` is one of this manager's tier roots or a version in one.
+
+    ``load`` takes a root's newest version (review D2).
+    """
+    path = storage_url(checkpoint).rstrip("/")
     for tier in mgr.tiers.values():
         root = tier.root.rstrip("/")
-        if parent == root or ("://" not in root and os.path.realpath(parent) == os.path.realpath(root)):
-            return True
+        for candidate in (path, path.rsplit("/", 1)[0]):
+            if candidate == root or (
+                "://" not in root and os.path.realpath(candidate) == os.path.realpath(root)
+            ):
+                return True
     return False
 
 
@@ -744,6 +750,7 @@ def after_restore(
     a step-50 seed saved nothing for 50 steps).
     """
     mgr._last_save_step = info.step if own else None
+    mgr._restored_step = info.step  # the resume event's step, whoever's version it was
     mgr._last_save_time = time.monotonic()
     mgr._restored_at = time.perf_counter()
     per = info.per_rank or [info.counters()]

@@ -296,6 +296,7 @@ class CheckpointManager:
         self._retain_lock = threading.Lock()
         self._bg = cf.ThreadPoolExecutor(1, thread_name_prefix="pck-manager")
         self._restored_at: float | None = None
+        self._restored_step: int | None = None
         self._fetched: dict[str, Any] | None = None
         self._warned: set[str] = set()
         self._closed = False
@@ -573,7 +574,7 @@ class CheckpointManager:
             return
         seconds = time.perf_counter() - self._restored_at
         self._restored_at = None
-        self.telemetry.emit("resume", seconds=round(seconds, 6), step=self._last_save_step)
+        self.telemetry.emit("resume", seconds=round(seconds, 6), step=self._restored_step)
 
     # -- waiting and exit --------------------------------------------------------------------
 
