@@ -133,7 +133,19 @@ def _resolve(path: str | os.PathLike[str] | Storage, step: int | None) -> tuple[
             )
         return storage, attempt, manifest
     storage = open_storage(text)
-    attempt, manifest = latest(storage, step)
+    try:
+        attempt, manifest = latest(storage, step)
+    except NotFoundError:
+        from portable_ckpt.io.versions import enclosing_version
+
+        version = enclosing_version(text)
+        if version is None:
+            raise
+        root = os.path.dirname(version)
+        raise NotFoundError(  # `ls` of the same path said so; open() named no version (M9)
+            f"{text} lies inside the version {version}, not a root: open the version itself "
+            f"(portable_ckpt.open({version!r})), or its root {root!r}"
+        ) from None
     return storage, attempt, manifest
 
 

@@ -704,3 +704,20 @@ def test_ls_of_a_sweep_names_the_roots_below(tmp_path) -> None:
     assert lines[0] == f"no attempts under {tmp_path}"
     assert lines[1:] == [f"{run}/ is a checkpoint root: portable-ckpt ls {tmp_path}/{run}/"
                          for run in ("lr1e-3", "lr3e-4")]
+
+
+def test_open_of_a_path_inside_a_version_names_the_version(tmp_path) -> None:
+    """Maintainer review M9: `open("<root>/<attempt>/data")` said "no committed version for any
+    step under .../data" while `ls` of the same path named the version; one rule for both."""
+    attempt = save_step(tmp_path, 1)
+    err = None
+    try:
+        portable_ckpt.open(tmp_path / attempt / "data")
+    except portable_ckpt.CheckpointError as e:
+        err = e
+    assert err is not None and err.code == "PCK-NOT-FOUND"
+    assert f"lies inside the version {tmp_path / attempt}, not a root" in err.message
+    assert f"its root '{tmp_path}'" in err.message
+    assert portable_ckpt.open(tmp_path / attempt).step == 1
+    r = cli("ls", str(tmp_path / attempt / "data"))
+    assert r.returncode == 2 and str(tmp_path / attempt) in r.stderr

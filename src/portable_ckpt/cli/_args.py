@@ -122,19 +122,9 @@ def root_url(text: str) -> str:
 
 def _version_dir(text: str) -> str | None:
     """The local path ``text`` names when it is a version directory (an attempt), else None."""
-    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+    from portable_ckpt.io.versions import enclosing_version
 
-    local = text[len("file://") :] if text.startswith("file://") else text
-    if "://" in local:
-        return None
-    # as written and with links resolved (a link to a version is that version)
-    for path in dict.fromkeys((os.path.normpath(os.path.abspath(local)), os.path.realpath(local))):
-        # the version itself, or a directory inside one (``<version>/data``)
-        for _ in range(3):
-            if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
-                return path
-            path = os.path.dirname(path)
-    return None
+    return enclosing_version(text)
 
 
 def root_only(text: str) -> str:

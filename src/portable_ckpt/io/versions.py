@@ -78,6 +78,7 @@ __all__ = [
     "classify_attempt",
     "classify_record",
     "commit_time",
+    "enclosing_version",
     "foreign_keys",
     "latest",
     "likely_record",
@@ -89,6 +90,26 @@ __all__ = [
     "upload_only_attempts",
     "version_order",
 ]
+
+
+def enclosing_version(text: str) -> str | None:
+    """The local version directory ``text`` names or lies in (``<version>/data``), else None.
+
+    An attempt-named directory at most two levels up, as written and with links resolved (a
+    link to a version is that version). Remote URLs: None. The one rule of the CLI's path
+    arguments and of :func:`portable_ckpt.open`'s "not found" (maintainer review M9).
+    """
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    local = text[len("file://") :] if text.startswith("file://") else text
+    if "://" in local:
+        return None
+    for path in dict.fromkeys((os.path.normpath(os.path.abspath(local)), os.path.realpath(local))):
+        for _ in range(3):
+            if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
+                return path
+            path = os.path.dirname(path)
+    return None
 
 
 COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY = (
