@@ -276,7 +276,8 @@ def _finish(
                    arrays)
         for c, v in node.items()
     }
-    if key in arrays and set(kids) == {str(i) for i in range(len(kids))}:
+    positions = set(kids) == {str(i) for i in range(len(kids))}
+    if positions and key in arrays:
         return [kids[str(i)] for i in range(len(kids))]  # a JSON array of a stored value
     known = kinds is not None and not in_item
     ints = {c: int(c) for c in kids if c.isdecimal() and str(int(c)) == c}
@@ -295,9 +296,7 @@ def _finish(
         for c, v in kids.items():
             out[ints[c]] = v
         return out
-    if set(kids) == {str(i) for i in range(len(kids))} and (
-        not known and not _holds_tensor(kids.values())
-    ):
+    if positions and not known and not _holds_tensor(kids.values()):
         return [kids[str(i)] for i in range(len(kids))]
     if int_keys:
         return {ints.get(c, c): v for c, v in kids.items()}

@@ -23,7 +23,6 @@ that writers store right after the header cost no extra read.
 from __future__ import annotations
 
 import bisect
-import difflib
 import functools
 import itertools
 import math
@@ -60,6 +59,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES
+from portable_ckpt.format.keys import similar_keys
 from portable_ckpt.format.manifest import (
     Continuation,
     Entry,
@@ -152,17 +152,8 @@ _RANGES_CHECKED = 1 << 12
 
 
 def _alike(key: Any, keys: Mapping[str, Any]) -> str:
-    """Stored keys that look like a missing ``key`` ("" for none): a renamed prefix, a typo.
-
-    Keys ending with ``/key`` first (``model/w`` stored as ``train/model/w``); the close
-    matches of :mod:`difflib` only among at most 1,000 keys (about 50 ms; 10,000 took 0.55 s,
-    paid by code that probes keys with ``read``: review D4).
-    """
-    if not isinstance(key, str):
-        return ""
-    found = [k for k in keys if k.endswith("/" + key)][:3]
-    if not found and len(keys) <= 1_000:
-        found = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.6)
+    """Stored keys that look like a missing ``key``, for its message ("" for none)."""
+    found = similar_keys(key, keys) if isinstance(key, str) else []
     return f"; stored keys that look alike: {found}" if found else ""
 
 
@@ -180,10 +171,11 @@ class _Pieces:
 
     A table-backed tensor keeps its hits as numpy rows (about 40 bytes a piece) and makes the
     :class:`ReadItem` objects of a slice only when that slice is planned; a JSON tensor's
-    pieces are objects anyway (``json``). The pass size is :data:`PIECES_PER_PASS` when read.
+    pieces are made from its records (``records``, objects anyway). The pass size is
+    :data:`PIECES_PER_PASS` when read.
     """
 
-    __slots__ = ("_built", "_make", "count", "json", "starts")
+    __slots__ = ("_built", "_make", "count", "records", "starts")
 
     def __init__(
         self, count: int, make: Callable[[int, int], list[ReadItem[RangeRecord]]]
@@ -191,7 +183,8 @@ class _Pieces:
         self.count = count
         self._make = make
         self._built: list[ReadItem[RangeRecord]] | None = None
-        self.json = False
+        #: The JSON records the pieces are made from (None: a table's rows, or built pieces).
+        self.records: list[RangeRecord] | None = None
         #: First byte of each piece in its file, when the pieces are one kept list (found
         #: when they were checked; other pieces are found again as they are planned).
         self.starts: list[int] | None = None
@@ -207,7 +200,6 @@ class _Pieces:
     def of_records(cls, records: list[RangeRecord], box: Box) -> _Pieces:
         """The pieces of JSON ``records`` that fill ``box``, made a pass at a time."""
         pieces = cls(len(records), lambda a, b: [])
-        pieces.json = True
         pieces.reorder(records, box)
         return pieces
 
@@ -227,6 +219,7 @@ class _Pieces:
 
     def reorder(self, records: list[RangeRecord], box: Box) -> None:
         """A JSON tensor's pieces: of ``records``, in that order (by file position)."""
+        self.records = records
 
         def make(a: int, b: int) -> list[ReadItem[RangeRecord]]:
             out = []
@@ -854,10 +847,10 @@ class Checkpoint:
             if keep:
                 budget[0] -= pieces.count
                 pieces.starts = starts
-        elif pieces.json:
+        elif pieces.records is not None:
             # In file order, so that each pass reads one stretch of the file: the range index
             # gave them by box, and every pass read most of the tensor again (review P4).
-            recs = [item.record for chunk in pieces.chunks() for item in chunk]
+            recs = pieces.records
             starts = [self._shard_tensor(t, r).start for r in recs]
             order = sorted(range(len(recs)), key=lambda i: (recs[i].file, starts[i]))
             pieces.reorder([recs[i] for i in order], box)

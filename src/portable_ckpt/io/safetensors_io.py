@@ -55,7 +55,7 @@ class ShardTensors(Mapping[str, ShardTensor]):
 
     A dict of :class:`ShardTensor` cost about 2.6 KB of objects per tensor (resource review R8:
     a file of 1,000,000 tiles took 2.6 GB to read 16 MB of it); here each tensor is a row of
-    numpy columns, its name bytes in one blob, found by its ``hash()`` (sorted) and then
+    :mod:`array` columns, its name bytes in one blob, found by its ``hash()`` (sorted) and then
     compared exactly. A :class:`ShardTensor` is built only for the tensor asked for.
     """
 
@@ -172,9 +172,10 @@ def parse_header(
 ) -> ShardHeader:
     """Parse and bound-check a safetensors header read from ``path``.
 
-    The header's members are parsed a batch at a time (:data:`BATCH_BYTES` of whole members,
-    strictly as every format document) and stored as rows of :class:`ShardTensors` at once, so
-    the objects ``json`` builds never exceed one batch's, whatever the number of tensors.
+    Up to :data:`WHOLE_BYTES` it is parsed whole into a dict. A larger one is parsed a batch at
+    a time (:data:`BATCH_BYTES` of whole members, strictly as every format document) into the
+    rows of :class:`ShardTensors`, so the objects ``json`` builds never exceed one batch's,
+    whatever the number of tensors.
 
     Raises:
         ShardHeaderError: bad JSON, malformed entries, offsets outside the file.
@@ -204,7 +205,7 @@ def parse_header(
     members = 0
     # The whole text is scanned first: a header that is no object fails before any batch is
     # parsed (the spans are a few per MiB).
-    spans = list(scan.batches())
+    spans = scan.batches()
     if scan.problem:  # said from the scan's positions: the header is never parsed whole
         raise ShardHeaderError(f"{path}: {scan.problem}", path=path)
     for lo, hi in spans:
@@ -251,7 +252,7 @@ def _metadata(meta: Any, path: str) -> dict[str, str]:
 def _parse_whole(
     header: bytes | memoryview, what: str, path: str, data_start: int, data_len: int
 ) -> ShardHeader:
-    """A header of at most one batch, parsed whole into a dict (the fastest lookups)."""
+    """A header of at most :data:`WHOLE_BYTES`, parsed whole into a dict (the fastest lookups)."""
     try:
         doc = jsonio.loads(bytes(header), what=what, max_bytes=MAX_HEADER_BYTES)
     except CheckpointError as exc:
@@ -299,19 +300,21 @@ class _MemberScan:
         self.separators = 0
         self.problem = ""
 
-    def batches(self) -> Iterator[tuple[int, int]]:
+    def batches(self) -> list[tuple[int, int]]:
+        """The spans of whole members, about :data:`BATCH_BYTES` each ([] and ``problem``)."""
         data = self.header
+        out: list[tuple[int, int]] = []
         first, last = _solid(data, from_end=False), _solid(data, from_end=True)
         if first < 0 or data[first] != 0x7B:
             self.problem = "safetensors header is not a JSON object" + (
                 "" if first < 0 else f" (its first byte that is not blank, at {first}, is "
                 f"0x{data[first]:02x})")
-            return
+            return []
         if data[last] != 0x7D:
             self.problem = (f"safetensors header does not end its object: its last byte that "
                             f"is not blank, at {last}, is 0x{data[last]:02x}, not '}}' (a "
                             "truncated header, or text after the object)")
-            return
+            return []
         depth = inside = run = 0
         opened = closed = -1
         batch_lo = 0
@@ -336,7 +339,7 @@ class _MemberScan:
                 at = lo + int(pos[0 if closed >= 0 else int(np.argmax(level < 0))])
                 self.problem = (f"invalid JSON: the header's object closes before byte {at} "
                                 "(a bracket without its opening one, or text after the object)")
-                return
+                return []
             if opened < 0:
                 opened = lo + int(pos[0])  # the first non-blank byte is '{' (checked above)
                 batch_lo = opened + 1
@@ -347,23 +350,24 @@ class _MemberScan:
                     at = lo + int(pos[int(ends[0]) + 1])
                     self.problem = (f"invalid JSON: text after the header's object, at byte "
                                     f"{at}")
-                    return
+                    return []
             seps = lo + pos[(level == 1) & (byte == 0x2C)]
             self.separators += len(seps)
             while True:
                 j = int(np.searchsorted(seps, batch_lo + BATCH_BYTES))
                 if j >= len(seps):
                     break
-                yield batch_lo, int(seps[j])
+                out.append((batch_lo, int(seps[j])))
                 batch_lo = int(seps[j]) + 1
         if closed < 0:
             self.problem = ("invalid JSON: the header's object is not closed (a string or a "
                             "bracket left open)")
-            return
+            return []
         if closed < last:  # the last byte is a '}' inside a string or after the object
             self.problem = f"invalid JSON: text after the header's object, at byte {closed + 1}"
-            return
-        yield batch_lo, closed
+            return []
+        out.append((batch_lo, closed))
+        return out
 
 
 def _solid(data: bytes | memoryview, *, from_end: bool) -> int:
@@ -474,37 +478,22 @@ class _Rows:
         self.ndims = 0
 
     def add(self, doc: dict[str, Any]) -> None:
-        hashes: list[int] = []
-        bounds: list[int] = []
-        codes: list[int] = []
-        spans: list[int] = []
-        shape_lo: list[int] = []
-        dims: list[int] = []
-        data_start = self.data_start
+        """Check a batch's members and store them as one numpy part per column."""
+        got: dict[str, list[int]] = {name: [] for name in _COLUMNS}
         for name, dtype, shape, b, e in _entries(doc, self.path, self.data_len):
-            code = _ST_CODES[dtype]
-            raw = name.encode("utf-8", "surrogatepass")
-            hashes.append(hash(name))
-            bounds += (len(self.names), len(self.names) + len(raw))
-            self.names += raw
-            codes.append(code)
-            spans += (data_start + b, data_start + e)
-            shape_lo.append(self.ndims + len(dims))
-            dims.append(len(shape))
-            dims += shape
-        if hashes:
-            got = self.cols
-            got["hash"].append(np.array(hashes, dtype=np.int64))
-            pairs = np.array(bounds, dtype=np.int64).reshape(-1, 2)
-            got["name_lo"].append(pairs[:, 0].copy())
-            got["name_hi"].append(pairs[:, 1].copy())
-            got["dtype"].append(np.array(codes, dtype=np.uint8))
-            pairs = np.array(spans, dtype=np.int64).reshape(-1, 2)
-            got["start"].append(pairs[:, 0].copy())
-            got["end"].append(pairs[:, 1].copy())
-            got["shape"].append(np.array(shape_lo, dtype=np.int64))
-            got["dims"].append(np.array(dims, dtype=np.int64))
-            self.ndims += len(dims)
+            got["hash"].append(hash(name))
+            got["name_lo"].append(len(self.names))
+            self.names += name.encode("utf-8", "surrogatepass")
+            got["name_hi"].append(len(self.names))
+            got["dtype"].append(_ST_CODES[dtype])
+            got["start"].append(self.data_start + b)
+            got["end"].append(self.data_start + e)
+            got["shape"].append(self.ndims)  # dims[shape]: the ndim, the dims follow
+            got["dims"] += (len(shape), *shape)
+            self.ndims += 1 + len(shape)
+        for name, values in got.items():
+            if values:
+                self.cols[name].append(np.array(values, dtype=_NP[_COLUMNS[name]]))
 
     def finish(self) -> ShardTensors:
         """The rows sorted by name hash, as :mod:`array` columns, checked (R-SHARD-9).
@@ -530,8 +519,7 @@ class _Rows:
     def _column(self, name: str) -> np.ndarray[Any, Any]:
         parts = self.cols[name]
         self.cols[name] = []
-        dtype = np.uint8 if _COLUMNS[name] == "B" else np.int64
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=_NP[_COLUMNS[name]])
 
 
 #: The columns of :class:`ShardTensors` and their :mod:`array` type codes.
@@ -545,13 +533,13 @@ _COLUMNS = {
     "shape": "q",
     "dims": "q",
 }
+_NP = {"q": np.int64, "B": np.uint8}
 
 
 def _frozen(col: np.ndarray[Any, Any], code: str) -> array[int]:
     out = array(code)
     out.frombytes(np.ascontiguousarray(col).data.cast("B"))
     return out
-
 
 
 def load_header(

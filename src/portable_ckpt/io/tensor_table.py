@@ -146,16 +146,7 @@ class TensorTable:
 
     def record(self, i: int, j: int) -> RangeRecord:
         """Range record ``j`` (0-based within the tensor) of tensor ``i``."""
-        offs, lens = self.boxes(i)
-        row = int(self.row_start[i]) + j
-        o = tuple(int(x) for x in offs[j])
-        return RangeRecord(
-            o,
-            tuple(int(x) for x in lens[j]),
-            self.paths[int(self.file[row])],
-            range_name(self.keys[i], o),
-            CODECS[int(self.codec[row])],
-        )
+        return self.records_of(i, np.array([j]))[0]
 
     def declaration_digest(self) -> bytes:
         """Digest of keys, dtypes and shapes: equal digests mean identical declarations."""
@@ -234,7 +225,7 @@ class TableTensorEntry(TensorEntry):
         """The range records (materialised from the table on first access)."""
         if self._ranges is None:
             n = int(self.table.counts[self.index])
-            self._ranges = [self.table.record(self.index, j) for j in range(n)]
+            self._ranges = self.table.records_of(self.index, np.arange(n))
         return self._ranges
 
     @ranges.setter

@@ -17,7 +17,6 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import time
@@ -38,7 +37,7 @@ from portable_ckpt.errors import (
     UsageError,
     VersionDeletedError,
 )
-from portable_ckpt.format.keys import JsonTree, KeyTrie, split_key
+from portable_ckpt.format.keys import JsonTree, KeyTrie, similar_keys, split_key
 from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
@@ -927,7 +926,7 @@ def _instead(ck: Checkpoint, key: str, *, wanted: str) -> str:
             f"; the checkpoint holds {key!r} as a plain value, the target a tensor: make the "
             "target that value's type"
         )
-    close = difflib.get_close_matches(key, [*ck.tensors, *values], n=3, cutoff=0.6)
+    close = similar_keys(key, [*ck.tensors, *values])
     if not close:
         return ""
     return (
