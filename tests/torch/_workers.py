@@ -544,6 +544,7 @@ def save_divergent_plain(rank: int, world: int, root: str) -> dict[str, Any]:
         "dtype": torch.ones(4) if rank == 0 else torch.ones(4).view(torch.int32),
         "only-rank-1": None if rank == 0 else torch.ones(2),
         "value-only-rank-1": None if rank == 0 else 5,
+        "tensor-or-value": torch.ones(4) if rank == 0 else 5,
     }.items():
         state = {"w": w} if extra is None else {"w": w, "buf": extra}
         try:

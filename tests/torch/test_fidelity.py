@@ -84,6 +84,24 @@ def test_scalars_without_a_json_form_are_refused_naming_the_key(tmp_path: Path, 
                                   entries={"e": {"x": value}})
 
 
+@pytest.mark.parametrize(("state", "named"), [
+    ({"a\ud800b": torch.ones(2)}, r"flat key 'a\\ud800b' holds a lone surrogate"),
+    ({"x": {"k\udcff": 1}}, r"flat key 'x/k\\udcff' holds a lone surrogate"),
+    ({"x": {"k": "v\ud800"}}, r"value at 'x/k': the string 'v\\ud800' holds a lone surrogate"),
+    ({"x": {"k": [{"n\udc80": 1}]}}, r"flat key 'x/k/0/n\\udc80' holds a lone surrogate"),
+])
+def test_lone_surrogates_are_refused_naming_the_key(tmp_path: Path, state, named) -> None:
+    """Odd-states O8: a lone surrogate (a file name decoded with surrogateescape) in a key or a
+    string failed in the writer's JSON encoder, naming no key ("position 125")."""
+    with pytest.raises(UnsupportedValueError, match=named):
+        pckt.save({**state, "w": torch.ones(1)}, tmp_path, step=1, continuation="statistical")
+    assert not list(tmp_path.glob("*/manifest.json"))
+    from portable_ckpt.format.keys import encode_json  # an entry's value: a dict key
+
+    with pytest.raises(UnsupportedValueError, match=r"value at 'e': the dict key 'n\\udc80'"):
+        encode_json({"n\udc80": 1}, key="e")
+
+
 def test_tuple_subclasses_and_dict_subclasses_come_back_as_themselves(tmp_path: Path) -> None:
     """F5: a torch.Size or namedtuple of plain values kept the target's values, silently."""
     saved = {

@@ -51,6 +51,7 @@ __all__ = [
     "decode_json",
     "encode_json",
     "escape_component",
+    "has_surrogates",
     "join_key",
     "json_item_paths",
     "json_items",
@@ -107,6 +108,23 @@ def is_key(key: object) -> bool:
     return isinstance(key, str) and 0 < len(key) <= MAX_KEY and not has_control_chars(key)
 
 
+def has_surrogates(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (U+D800–U+DFFF), which UTF-8 cannot encode."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+_SURROGATE_FIX = (
+    "a lone surrogate (U+D800–U+DFFF), which UTF-8 and so the checkpoint cannot hold (a file "
+    "name decoded with errors='surrogateescape'?); decode it properly or replace it"
+)
+
+
 def escape_component(c: str) -> str:
     """Escape one path component (``~`` → ``~0``, ``/`` → ``~1``)."""
     return c.replace("~", "~0").replace("/", "~1")
@@ -144,7 +162,11 @@ _FLOAT_TAG = "__float__"
 
 def encode_json(value: Any, *, key: str = "?") -> Any:
     """Return a JSON-safe copy of ``value`` (tuples become lists, non-finite floats are tagged)."""
-    if value is None or isinstance(value, bool | str):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if has_surrogates(value):
+            raise UnsupportedValueError(f"value at {key!r}: the string {value!r} holds {_SURROGATE_FIX}")
         return value
     if isinstance(value, int):
         return int(value)
@@ -158,6 +180,8 @@ def encode_json(value: Any, *, key: str = "?") -> Any:
             if not isinstance(k, str | int) or isinstance(k, bool):
                 raise UnsupportedValueError(f"value at {key!r}: dict key {k!r} is not a str or int")
             sk = str(k)
+            if has_surrogates(sk):
+                raise UnsupportedValueError(f"value at {key!r}: the dict key {sk!r} holds {_SURROGATE_FIX}")
             if sk in out:
                 raise UnsupportedValueError(f"value at {key!r}: dict keys collide on {sk!r}")
             out[sk] = encode_json(v, key=f"{key}/{sk}")

@@ -452,6 +452,24 @@ class Comm:
         return self._collective(what, run)
 
 
+    def allgather_ints(self, values: Sequence[int], what: str) -> list[list[int]]:
+        """Every rank's ``values`` (as many on every rank, each a signed 64-bit integer).
+
+        One collective (``allgather_bytes`` makes two: the sizes, then the data): for a step
+        that every save takes before it returns.
+        """
+        if self.group is None:
+            return [list(values)]
+
+        def run() -> list[list[int]]:
+            mine = torch.tensor(list(values), dtype=torch.int64)
+            outs = [torch.empty_like(mine) for _ in range(self.world_size)]
+            self._wait(dist.all_gather(outs, mine, group=self.group, async_op=True), what)
+            return [[int(v) for v in o.tolist()] for o in outs]
+
+        return self._collective(what, run)
+
+
 def _encode(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
 

@@ -363,19 +363,32 @@ def _say_left_from_failed(
 
 
 def _say_unread(mgr: CheckpointManager, info: LoadInfo) -> None:
-    """Rank 0: stored tensors the state does not hold were not restored (a removed layer?).
+    """Rank 0: stored keys that no rank's state holds were not restored (a removed layer?).
 
     As with ``dcp.load``, ``strict`` covers the state's keys only; a job that resumes with
-    fewer parameters than it saved should not learn it from a loss curve.
+    fewer parameters than it saved should not learn it from a loss curve. A collective: each
+    rank's state may hold keys the others lack (experts held by their own ranks), so rank 0's
+    unread keys are checked against what the other ranks read (review of E1, R6: every expert
+    parallel restore said "a layer removed since the save?").
     """
     unread = info.unexpected_keys
+    if mgr.world_size > 1:
+        comm = make_comm(mgr.process_group, mgr.timeout)
+        theirs = comm.broadcast_json(unread if mgr.rank == 0 else None, "restore/unread")
+        mine = set(info.unexpected_keys)
+        read = [i for i, k in enumerate(theirs) if k not in mine]
+        gathered = comm.gather_json(read, "restore/read")
+        if gathered is None:
+            return
+        done = {i for r in gathered for i in r}
+        unread = [k for i, k in enumerate(theirs) if i not in done]
     if mgr.rank != 0 or not unread:
         return
     shown = ", ".join(repr(k) for k in unread[:4]) + (", ..." if len(unread) > 4 else "")
     say(
-        f"rank 0: restored step {info.step}, but {len(unread)} stored tensor(s) are not in the "
-        f"state and were not read ({shown}): a layer removed since the save? "
-        "(LoadInfo.unexpected_keys lists them)"
+        f"rank 0: restored step {info.step}, but {len(unread)} stored key(s) (tensors and "
+        f"plain values) are in no rank's state and were not read ({shown}): a layer removed "
+        "since the save? (LoadInfo.unexpected_keys lists each rank's)"
     )
 
 

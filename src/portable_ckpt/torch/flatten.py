@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ from portable_ckpt.format.keys import (
     encode_json,
     escape_component,
     has_position,
+    has_surrogates,
     is_key,
     join_key,
     split_key,
@@ -108,6 +110,9 @@ class FlatState:
         lists: Flat key → each list or tuple of plain values that DCP keeps as one item. A load
             replaces it whole with the stored one, as ``dcp.load`` does, whatever its length
             in the target (a history that grew since the target was made).
+        params: Keys of plain tensors that are parameters of a module in the state (an
+            ``nn.Module``, or the ``model`` of a Stateful such as ``ModelOptimizerState``),
+            found by their storage (saves only).
 
     """
 
@@ -117,6 +122,7 @@ class FlatState:
     objects: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     dcp_paths: dict[str, DcpPath] = field(default_factory=dict)
     lists: dict[str, Any] = field(default_factory=dict)
+    params: set[str] = field(default_factory=set)
 
 
 def _is_stateful(node: Any) -> bool:
@@ -193,6 +199,11 @@ def _check_key(key: str) -> None:
         raise UnsupportedValueError(
             f"flat key {key!r} must be 1–1024 characters without control characters; shorten or "
             f"rename the dict keys on its path"
+        )
+    if has_surrogates(key):  # named here: the writer's JSON error named no key (odd states O8)
+        raise UnsupportedValueError(
+            f"flat key {key!r} holds a lone surrogate (U+D800–U+DFFF), which UTF-8 and so the "
+            "checkpoint cannot hold; rename the dict key on its path"
         )
 
 
@@ -283,7 +294,10 @@ def _flatten(
             _init_optimizer(node)
         template = node.state_dict()
         flat.objects[key] = (node, template)
+        first = len(flat.tensors)
         _flatten(template, key, flat, for_load, path, in_item)
+        if not for_load:
+            _mark_parameters(node, flat, first)
         return
     if isinstance(node, Mapping | list | tuple):
         _walk(node, key, flat, for_load, path, in_item)
@@ -338,6 +352,36 @@ def _walk(
     for k, comp in _child_components(node, key):
         sub = path + ((str(k),) if is_map else (k,))
         _flatten(node[k], _sub(key, comp), flat, for_load, sub, in_item)
+
+
+def _mark_parameters(node: Any, flat: FlatState, first: int) -> None:
+    """Add to ``flat.params`` the plain tensors flattened since ``first`` that are parameters.
+
+    Of ``node`` if it is a module, else of its ``model``; a tensor is one when its data is a
+    (non-DTensor) parameter's, as ``state_dict()`` gives them (a detached view). A plain parameter
+    that differs between ranks is no buffer that drifted (unsynchronised BatchNorm statistics):
+    storing one rank's copy loses weights (experts keyed by local index, MoE review E2).
+    """
+    model = node if isinstance(node, torch.nn.Module) else getattr(node, "model", None)
+    if not isinstance(model, torch.nn.Module) or len(flat.tensors) == first:
+        return
+    ptrs = set()
+    for p in model.parameters():
+        if not hasattr(p, "device_mesh"):  # a DTensor's is stored per shard: never compared
+            ptrs.add(_storage(p))
+    ptrs.discard(0)  # no storage (zero-size, meta)
+    if not ptrs:
+        return
+    for k, t in itertools.islice(flat.tensors.items(), first, None):
+        if not hasattr(t, "device_mesh") and _storage(t) in ptrs:
+            flat.params.add(k)
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return int(t.data_ptr())
+    except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage
+        return 0
 
 
 def _value(value: Any, key: str, flat: FlatState, path: DcpPath, in_item: bool) -> None:

@@ -1,8 +1,10 @@
 """What one rank writes in a save, decided from the placements alone (no I/O, no collectives).
 
 A DTensor's local shard is written by the rank whose coordinate is 0 on every replicate mesh
-dimension; a plain tensor by rank 0 only (small ones are compared between ranks first:
-:func:`replica_digests`); a zero-size tensor is declared by rank 0. Non-tensor
+dimension; a plain tensor by the lowest rank that holds it, rank 0 for one every rank holds
+(the others' copies are compared with it: :func:`replica_digests`; which rank holds what is
+learnt by :mod:`portable_ckpt.torch._owners`); a zero-size tensor is declared by rank 0, a
+plain one by the rank that would store it. Non-tensor
 leaves travel in the ``VALUES_ENTRY`` entry (rank 0); ``global`` entries are written by rank 0,
 ``per_rank`` entries by every rank.
 
@@ -30,18 +32,21 @@ from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value
 from portable_ckpt.format.manifest import Mesh
 from portable_ckpt.format.vocab import POLICIES, SCOPES, Scope, WorldSizePolicy, one_of
 from portable_ckpt.io.checksum import crc32c
+from portable_ckpt.torch._owners import PlainOwners
 from portable_ckpt.torch._tensors import as_bits, format_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, StateEntry, encode_json
 from portable_ckpt.torch.layout import copy_holder, group_mesh, is_dtensor, local_layout
 from portable_ckpt.torch.state import RNGState
 
 __all__ = [
+    "PARAMETER",
     "REPLICA_CHECK_BYTES",
     "PlannedEntry",
     "PlannedPiece",
     "SavePlan",
     "copy_conflicts",
     "diverged",
+    "diverged_parameters",
     "plan_save",
     "plan_stats",
     "replica_conflicts",
@@ -118,6 +123,13 @@ class SavePlan:
     tensor_bytes: int
     replicas: dict[str, str] = field(default_factory=dict)
     copies: dict[str, list[Any]] = field(default_factory=dict)
+    #: The plain tensors a rank other than 0 stores (no lower rank holds them).
+    staged_plain: list[str] = field(default_factory=list)
+    #: The plain values it stores (as JSON), which rank 0 writes for it.
+    plain_values: dict[str, Any] = field(default_factory=dict)
+    #: The DCP object paths of those tensors and values that need one (and of the lists the
+    #: values are items of): rank 0 records them all.
+    plain_paths: dict[str, list[Any]] = field(default_factory=dict)
 
     def release(self) -> None:
         """Drop every staged view and live reference (once the pieces are written)."""
@@ -127,33 +139,65 @@ class SavePlan:
 
 
 def plan_save(
-    flat: FlatState, rank: int, rng_snapshot: dict[str, Any], *, world: int = 1, step: int = 0
+    flat: FlatState,
+    rank: int,
+    rng_snapshot: dict[str, Any],
+    *,
+    world: int = 1,
+    step: int = 0,
+    owners: PlainOwners | None = None,
 ) -> SavePlan:
     """Return what ``rank`` of ``world`` writes of ``flat`` (``rng_snapshot``: the RNG to store).
 
     ``step`` places the sampled slices of large plain tensors (the same on every rank).
+    ``owners`` says which plain tensors and values a rank other than 0 stores (``None``: none,
+    rank 0 stores them all).
 
     The tensor part of the plan is reused from an earlier save when the state's layout is
     exactly the same (see :func:`plan_stats`); entries and values are captured every time.
     """
     template, locals_ = _template_for(flat, rank, world)
+    kept = template.pieces
+    mine = owners.mine if owners is not None else frozenset()
+    if rank != 0 and template.plain:
+        kept = tuple(t for t in kept if not t.plain or t.key in mine)
+    staged = list(dict.fromkeys(t.key for t in kept if t.plain)) if rank != 0 else []
     pieces = [
         PlannedPiece(
             t.key, t.dtype, t.global_shape, t.offsets, _bind(locals_, t), slot=t.slot
         )
-        for t in template.pieces
+        for t in kept
     ]
+    nbytes = sum(t.nbytes for t in kept) if rank != 0 and template.plain else template.tensor_bytes
     entries = _plan_entries(flat, rank, rng_snapshot)
     replicas = (
         replica_digests(flat, captured={e.name: e.value for e in entries}, seed=step)
         if world > 1 else {}
     )
     copies = submesh_copies(flat, seed=step) if world > 1 else {}
-    return SavePlan(pieces, entries, template.mesh, template.tensor_bytes, replicas, copies)
+    values: dict[str, Any] = {}
+    if rank != 0 and flat.values and mine:
+        values = {k: encode_json(v, key=k) for k, v in flat.values.items() if k in mine}
+    paths = _paths_of([*staged, *values], flat.dcp_paths) if flat.dcp_paths else {}
+    return SavePlan(
+        pieces, entries, template.mesh, nbytes, replicas, copies, staged, values, paths
+    )
+
+
+def _paths_of(keys: list[str], dcp_paths: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The DCP object paths of ``keys`` and of the lists above them (a list is one DCP item)."""
+    out: dict[str, list[Any]] = {}
+    for key in keys:
+        head = key
+        while head:
+            if head in dcp_paths:
+                out[head] = list(dcp_paths[head])
+            head = head.rpartition("/")[0]
+    return out
 
 
 #: Plain tensors up to this size are compared between ranks at every save (their CRC32C):
-#: rank 0 alone stores a plain tensor, which every rank must hold alike. Buffers that are not
+#: one copy of a plain tensor is stored, which the ranks that hold it must hold alike. Buffers that are not
 #: synchronised (BatchNorm statistics under FSDP2, per-rank counters) are small; larger plain
 #: tensors (a DDP model's parameters, which DDP keeps equal) are compared by a sample.
 REPLICA_CHECK_BYTES = 1 << 20
@@ -197,14 +241,17 @@ def replica_digests(
             if is_dtensor(t):
                 continue
             out[key] = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+            mark = PARAMETER if key in flat.params else ""
             nbytes = t.numel() * t.element_size()
             if nbytes > REPLICA_CHECK_BYTES:
                 sample = _sample(t, seed) if budget >= _SAMPLE_BYTES * (_SAMPLES + 1) else None
                 if sample is not None:
                     budget -= sample.numel()
                     out[key] += f":s{crc32c(sample.numpy().data):08x}"
+                out[key] += mark
                 continue
             if nbytes > budget or nbytes == 0:
+                out[key] += mark
                 continue
             budget -= nbytes
             # resolve_*: a conjugate or negative view has no bytes of its own to view as uint8;
@@ -213,8 +260,21 @@ def replica_digests(
             if host.stride(0) != 1:
                 host = host.clone(memory_format=torch.contiguous_format)
             data = host.view(torch.uint8)
-            out[key] += f":{crc32c(data.numpy().data):08x}"
+            out[key] += f":{crc32c(data.numpy().data):08x}{mark}"
     return out
+
+
+#: Ends the digest of a plain tensor that is a module's parameter (``FlatState.params``).
+PARAMETER = "!p"
+
+
+def _bare(digest: str) -> str:
+    return digest.removesuffix(PARAMETER)
+
+
+def diverged_parameters(digests: list[dict[str, str]], differ: list[str]) -> list[str]:
+    """Those of ``differ`` (:func:`diverged`) that some rank holds as a module's parameter."""
+    return [k for k in differ if any(d.get(k, "").endswith(PARAMETER) for d in digests)]
 
 
 #: A plain tensor above REPLICA_CHECK_BYTES is compared by a sample: this many evenly spaced
@@ -245,34 +305,34 @@ def _json_crc(value: Any) -> int:
 
 
 def diverged(digests: list[dict[str, str]]) -> list[str]:
-    """The plain tensors whose values differ between ranks (each rank's :attr:`SavePlan.replicas`).
+    """The plain tensors and values that differ between the ranks that hold them.
 
-    Only keys every rank holds with one dtype and shape: the others are :func:`replica_conflicts`.
+    ``digests``: each rank's :attr:`SavePlan.replicas`. Only keys held with one dtype and
+    shape (the others are :func:`replica_conflicts`); a global entry only if every rank holds
+    it (one that only rank 0 holds, a tracker, is stored as before).
     """
     out = []
     for key in sorted(set().union(*digests)):
         seen = [d.get(key) for d in digests]
-        if None not in seen and len({v.split(":")[0] for v in seen if v}) == 1 and len(set(seen)) > 1:
+        held = [_bare(v) for v in seen if v is not None]
+        if None in seen and held[0].startswith("entry:"):
+            continue
+        if len({v.split(":")[0] for v in held}) == 1 and len(set(held)) > 1:
             out.append(key)
     return out
 
 
 def replica_conflicts(digests: list[dict[str, str]]) -> list[str]:
-    """Why plain tensors cannot be stored as rank 0's copy.
+    """Why plain tensors and values cannot be stored once: keys held as different things.
 
-    Held by some ranks only (the others' would be lost), or with another dtype or shape on some
-    rank (which could not even load the version back).
+    Another dtype or shape, a tensor on one rank and a value on another: the stored copy
+    could not load back on some rank. A key that only some ranks hold is stored from the
+    lowest of them (:mod:`portable_ckpt.torch._owners`).
     """
     out = []
     for key in sorted(set().union(*digests)):
         seen = [d.get(key) for d in digests]
-        holders = [r for r, v in enumerate(seen) if v is not None]
-        if len(holders) < len(seen) and not all(
-            v.startswith("entry:") for v in seen if v is not None
-        ):  # a global entry only rank 0 holds is stored as before
-            out.append(f"{key!r} is held by rank(s) {holders[:8]} only")
-            continue
-        metas = sorted({v.split(":")[0] for v in seen if v})
+        metas = sorted({_bare(v).split(":")[0] for v in seen if v})
         if len(metas) > 1:
             out.append(f"{key!r} is {' on some ranks, '.join(metas)} on others")
     return out
@@ -421,6 +481,8 @@ class _PieceTemplate:
     index: int | None
     slices: tuple[slice, ...] | None
     slot: str
+    plain: bool = False  # of a plain tensor: stored by the lowest rank that holds it
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -429,6 +491,7 @@ class _Template:
     pieces: tuple[_PieceTemplate, ...]
     mesh: Mesh | None
     tensor_bytes: int
+    plain: bool = False  # some piece is a plain tensor's (a rank other than 0 filters them)
 
 
 class _PlanCache:
@@ -539,21 +602,28 @@ def _plan_template(flat: FlatState, rank: int, signature: tuple[Any, ...]) -> _T
     for index, (key, t) in enumerate(flat.tensors.items()):
         layout, local = local_layout(key, t, rank)
         dtype = format_dtype(t.dtype, key=key)
-        if layout.writer:  # one box, or several for strided layouts
+        # Every rank plans its plain tensors: plan_save keeps those this rank may store.
+        plain = not is_dtensor(t)
+        if layout.writer or plain:  # one box, or several for strided layouts
             for p in layout.pieces:
                 whole = len(layout.pieces) == 1 and p.lengths == layout.local_shape
                 slices = None if whole else p.local_slices()
+                size = math.prod(p.lengths) * local.element_size()
                 pieces.append(_PieceTemplate(
-                    key, dtype, layout.global_shape, p.offsets, index, slices, _slot(key, p.offsets)
+                    key, dtype, layout.global_shape, p.offsets, index, slices,
+                    _slot(key, p.offsets), plain, size,
                 ))
-                nbytes += math.prod(p.lengths) * local.element_size()
-        if rank == 0 and math.prod(layout.global_shape) == 0:
-            # A zero-size tensor has no ranges at all: rank 0 declares it.
+                nbytes += size if layout.writer else 0
+        if (rank == 0 or plain) and math.prod(layout.global_shape) == 0:
+            # A zero-size tensor has no ranges at all: rank 0 declares it (a plain one, the
+            # rank that would store it).
             zeros = (0,) * len(layout.global_shape)
             pieces.append(_PieceTemplate(
-                key, dtype, layout.global_shape, zeros, None, None, _slot(key, zeros)
+                key, dtype, layout.global_shape, zeros, None, None, _slot(key, zeros), plain
             ))
-    return _Template(signature, tuple(pieces), group_mesh(flat.tensors.values()), nbytes)
+    mesh = group_mesh(flat.tensors.values())
+    plain = rank != 0 and any(p.plain for p in pieces)
+    return _Template(signature, tuple(pieces), mesh, nbytes, plain)
 
 
 def _slot(key: str, offsets: tuple[int, ...]) -> str:

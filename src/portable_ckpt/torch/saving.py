@@ -34,6 +34,7 @@ from portable_ckpt.errors import (
     MetadataConflictError,
     UsageError,
 )
+from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value, read_dcp_items
 from portable_ckpt.format.manifest import Continuation, WriterIndex, files_bytes
 from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
@@ -45,12 +46,15 @@ from portable_ckpt.logs import get_logger, human_bytes, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import say, wait_idle
-from portable_ckpt.torch.flatten import flatten_state
+from portable_ckpt.torch._owners import forget, keys_digest, plain_owners, writer_problems
+from portable_ckpt.torch.flatten import VALUES_ENTRY, flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
 from portable_ckpt.torch.plan import (
+    PlannedEntry,
     SavePlan,
     copy_conflicts,
     diverged,
+    diverged_parameters,
     plan_save,
     replica_conflicts,
 )
@@ -205,10 +209,24 @@ def prepare(
     is reused from an earlier save of the same layout (:func:`~portable_ckpt.torch.plan.plan_stats`).
     """
     t0 = time.perf_counter()
+    flat, failed = None, None
     try:
         storage = open_storage(root, create=True)
         rng = capture_rng()  # before any state_dict() call: saving has no RNG side effect
-        plan = plan_save(flatten_state(state), comm.rank, rng, world=comm.world_size, step=step)
+        flat = flatten_state(state)
+    except BaseException as e:
+        failed = e
+    try:
+        # Which rank stores each plain tensor (a collective, before anything is staged): every
+        # rank takes part, one that failed above too (it tells the others, and all raise).
+        owners = plain_owners(
+            comm, flat, failed, what=f"save of step {step}", outcome=NOTHING_PUBLISHED
+        )
+        if flat is None:  # pragma: no cover - plain_owners raised the failure
+            raise UsageError(f"save of step {step}: nothing to save was prepared")
+        plan = plan_save(
+            flat, comm.rank, rng, world=comm.world_size, step=step, owners=owners
+        )
         stage(plan, copy, into)
         return Prepared(storage, plan, None, time.perf_counter() - t0)
     except BaseException as e:
@@ -261,8 +279,8 @@ def _run_save(
     # Paused on the main thread (a synchronous save); the background thread of an async save
     # leaves the training loop's collector alone. The pause ends before `seconds` is taken.
     with paused_gc():
-        storage, plan, attempt_id, differ = _agree_on_attempt(prepared, comm, opts.step)
-        opts = _contract_of(opts, comm.rank, differ)
+        storage, plan, attempt_id, differ, weights = _agree_on_attempt(prepared, comm, opts.step)
+        opts = _contract_of(opts, comm.rank, differ, weights)
         _warn_exact_without_rng(opts, comm.rank, plan)
         if on_attempt is not None:
             on_attempt(attempt_id)
@@ -299,13 +317,20 @@ def _run_save(
 
 def _agree_on_attempt(
     prepared: Prepared, comm: Comm, step: int
-) -> tuple[Storage, SavePlan, str, list[str]]:
-    """The attempt id (rank 0's), and the plain tensors that differ between ranks."""
+) -> tuple[Storage, SavePlan, str, list[str], list[str]]:
+    """The attempt id (rank 0's), what differs between ranks, and which of it is parameters.
+
+    What differs: plain tensors and values (:func:`~portable_ckpt.torch.plan.diverged`).
+    """
 
     def local() -> tuple[tuple[Storage, SavePlan], dict[str, Any]]:
         storage, plan = prepared.ready()
         attempt = new_attempt_id(step) if comm.rank == 0 else None
-        return (storage, plan), {"id": attempt, "replicas": plan.replicas, "copies": plan.copies}
+        doc: dict[str, Any] = {"id": attempt, "replicas": plan.replicas, "copies": plan.copies}
+        if plan.staged_plain or plan.plain_values:  # a rank other than 0 stores some
+            doc["stored"] = keys_digest([*plan.staged_plain, *plan.plain_values])
+            doc.update(values=plan.plain_values, paths=plan.plain_paths)
+        return (storage, plan), doc
 
     (storage, plan), sent = comm.all_gather_step(
         "save/prepare", local, what=f"save of step {step} (prepare)", outcome=NOTHING_PUBLISHED
@@ -316,16 +341,25 @@ def _agree_on_attempt(
     conflicts = replica_conflicts(replicas)
     if conflicts:  # every rank holds the same list: every rank refuses alike
         raise MetadataConflictError(
-            f"save of step {step}: plain (non-DTensor) tensors and values are stored once, as "
-            f"rank 0's copy, so every rank must hold them (tensors with one dtype and shape); "
+            f"save of step {step}: a plain (non-DTensor) tensor or value is stored once, from "
+            "the lowest rank that holds it, so the ranks that hold it must hold it alike (a "
+            "tensor of one dtype and shape, or a value); "
             f"{'; '.join(conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}. Nothing was "
-            "saved. Hold them alike on every rank, or make state that differs by rank a DTensor "
-            "or a per-rank entry. Experts held by their own ranks: stack each layer's experts "
-            "into one tensor sharded on the expert dimension (a DTensor, Shard(0) on the expert "
-            "mesh dim; docs/torch.md, 'Mixture of experts'). Under pipeline parallelism each "
-            "stage holds its own optimizer step counters and param groups: save such a job "
-            "through DCP (docs/dcp.md, 'Pipeline parallelism')"
+            "saved. Hold them alike, or give what differs by rank keys of its own (experts by "
+            "global id: docs/torch.md, 'Mixture of experts'), make it a DTensor, or keep it in "
+            "a per-rank entry"
         )
+    wrong = writer_problems(replicas, [d.get("stored") for d in sent])
+    if wrong:  # the same on every rank: all forget their records and refuse alike
+        forget(comm)
+        raise MetadataConflictError(
+            f"save of step {step}: the ranks disagree on which of them stores plain tensors "
+            f"({'; '.join(wrong[:4])}): a rank's record of the last exchange is not the "
+            "others' (it was interrupted there). Nothing was saved; the next save exchanges "
+            "the keys again"
+        )
+    if comm.rank == 0:
+        _take_from_others(plan, sent)
     copied = copy_conflicts([d.get("copies", {}) for d in sent], comm.global_ranks)
     if copied:  # every rank holds the same list: every rank refuses alike
         raise MetadataConflictError(
@@ -335,7 +369,32 @@ def _agree_on_attempt(
             f"{' ...' if len(copied) > 3 else ''}. Nothing was saved. Save a pipeline-"
             "parallel job through DCP (docs/dcp.md, 'Pipeline parallelism')"
         )
-    return storage, plan, sent[0]["id"], diverged(replicas)
+    differ = diverged(replicas)
+    return storage, plan, sent[0]["id"], differ, diverged_parameters(replicas, differ)
+
+
+def _take_from_others(plan: SavePlan, sent: list[Any]) -> None:
+    """Rank 0: the plain values other ranks store, and the DCP object paths of what they store.
+
+    Both are entries rank 0 writes (:data:`VALUES_ENTRY`, :data:`DCP_ITEMS_ENTRY`).
+    """
+    values = {k: v for d in sent[1:] for k, v in d.get("values", {}).items()}
+    paths = {k: tuple(p) for d in sent[1:] for k, p in d.get("paths", {}).items()}
+    if not values and not paths:
+        return
+    entries = {e.name: e for e in plan.entries}
+    if values:
+        mine = entries[VALUES_ENTRY].value if VALUES_ENTRY in entries else {}
+        entries[VALUES_ENTRY] = _global(VALUES_ENTRY, {**mine, **values})
+    # Values have an item record beside them (readers would otherwise guess which are lists).
+    items = entries.get(DCP_ITEMS_ENTRY)
+    known = dict(read_dcp_items(items.value) or {}) if items is not None else {}
+    entries[DCP_ITEMS_ENTRY] = _global(DCP_ITEMS_ENTRY, dcp_items_value({**paths, **known}.values()))
+    plan.entries = list(entries.values())
+
+
+def _global(name: str, value: Any) -> PlannedEntry:
+    return PlannedEntry(name, value, "pck:json/1", "global", None)
 
 
 def _publish_everywhere(
@@ -354,19 +413,37 @@ def _publish_everywhere(
     )
 
 
-def _contract_of(opts: SaveOptions, rank: int, differ: list[str]) -> SaveOptions:
+def _contract_of(
+    opts: SaveOptions, rank: int, differ: list[str], weights: list[str]
+) -> SaveOptions:
     """``opts`` with contract ``statistical`` when plain tensors differ between ranks.
 
-    Rank 0's copy of a plain tensor is stored: an exact continuation would be a false claim
+    One copy of a plain tensor is stored: an exact continuation would be a false claim
     (BatchNorm statistics under FSDP2, which does not synchronise buffers). Said by rank 0.
+    Unless the caller asked for ``statistical``, a module's parameters that differ (``weights``)
+    refuse the save on every rank: the other ranks' weights would be lost (MoE review E2:
+    experts keyed by local index, 75 % of them gone with one line on stderr).
     """
     if not differ or opts.continuation != "exact":
         return opts
+    if weights:
+        shown = ", ".join(repr(k) for k in weights[:5]) + (", ..." if len(weights) > 5 else "")
+        raise MetadataConflictError(
+            f"save of step {opts.step}: model parameters that are plain tensors differ between "
+            f"ranks ({len(weights)}: {shown}): one copy is stored of a key every rank holds, "
+            "so the other ranks' weights would be lost. Nothing was saved. Experts keyed by "
+            "local index (the same keys on every rank) look so: key them by global expert id, "
+            "or stack them into a DTensor (docs/torch.md, 'Mixture of experts'). Replicated "
+            "parameters that drifted apart (gradients not all-reduced alike): make them equal. "
+            "Parameters that differ by design (local SGD between synchronisations): pass "
+            "continuation='statistical' to store rank 0's copy"
+        )
     if rank == 0:
         shown = ", ".join(repr(k) for k in differ[:5]) + (", ..." if len(differ) > 5 else "")
         msg = (
             f"save of step {opts.step}: plain tensors, values or global entries differ between "
-            f"ranks ({len(differ)}: {shown}); rank 0's copy is stored and the version's contract "
+            f"ranks ({len(differ)}: {shown}); one copy is stored (rank 0's, or that of the "
+            "lowest rank that holds it) and the version's contract "
             "is 'statistical' (an exact continuation is impossible); the other ranks' values are "
             "NOT stored. Keep them equal (SyncBatchNorm, an all-reduce), make tensors DTensors, "
             "and keep what is each rank's own in a per-rank entry (DataPosition, or a StateEntry "

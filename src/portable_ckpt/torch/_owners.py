@@ -1,0 +1,195 @@
+"""Which rank stores each plain (non-DTensor) tensor and value: the lowest rank that holds it.
+
+A plain tensor every rank holds is rank 0's to store (the others' copies are compared with it:
+:func:`~portable_ckpt.torch.plan.replica_digests`). One that only some ranks hold (the experts
+of a mixture-of-experts layer kept by their own ranks under global ids, a pipeline stage's own
+buffers) is stored by the lowest rank that holds it, as DCP's planner does (MoE review E1:
+such a save was refused). So is a plain value (a JSON leaf: the flattened optimizer state's
+``param_groups.experts.5.w.lr``), which that rank sends to rank 0 with the agreement step:
+the values are one entry, which rank 0 writes.
+
+No rank can tell on its own which other ranks hold a key, and an async save must stage what
+it writes before it returns. So every save of a group starts with one small all-gather, before
+anything is staged (:func:`plain_owners`): each rank says whether its plain keys are those of
+the last exchange (in the same order), with their count and a hash. When they all are, each
+rank stores what its record says. Otherwise (the group's first save, a rank that lost its
+record, keys that appeared, left or moved) the ranks learn who holds what: from the hashes
+alone when every rank holds the same keys (rank 0 stores them all: data parallelism), else by a
+second all-gather of the key lists. A rank thus stages exactly what it stores, whatever moved,
+and decides alike with the others (review of E1, R1-R3: deciding per process put the
+collectives out of step, a key that moved back and forth refused every other save, and keys new
+to every rank were staged by all of them). The agreement step checks each rank's stored keys
+against the lowest holders of that save (:func:`writer_problems`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from portable_ckpt.torch._collectives import Comm
+from portable_ckpt.torch.flatten import FlatState
+from portable_ckpt.torch.layout import is_dtensor
+
+__all__ = [
+    "PlainOwners",
+    "forget",
+    "doc_digest",
+    "keys_digest",
+    "learnt",
+    "plain_keys",
+    "plain_owners",
+    "same_keys",
+    "status_doc",
+    "writer_problems",
+]
+
+
+@dataclass(frozen=True)
+class PlainOwners:
+    """What one rank learnt at the last exchange about its plain tensors and values.
+
+    Attributes:
+        keys: Its plain keys then, in order (tensors, then values).
+        digest: Their count and hash (:func:`keys_digest`).
+        mine: Those it stores (no lower rank holds them).
+
+    """
+
+    keys: tuple[str, ...]
+    digest: tuple[int, int]
+    mine: frozenset[str]
+
+
+#: The record of each group of ranks (by their global ranks), on this process.
+_RECORDS: dict[tuple[int, ...], PlainOwners] = {}
+_LOCK = threading.Lock()
+
+
+def plain_keys(flat: FlatState) -> tuple[str, ...]:
+    """The keys of ``flat``'s plain (non-DTensor) tensors and of its plain values, in order."""
+    return (*(k for k, t in flat.tensors.items() if not is_dtensor(t)), *flat.values)
+
+
+def keys_digest(keys: Sequence[str]) -> tuple[int, int]:
+    """``(count, 64-bit BLAKE2b of the sorted keys)``: equal for equal sets, in any order."""
+    h = hashlib.blake2b("\n".join(sorted(keys)).encode(), digest_size=8)
+    return len(keys), int.from_bytes(h.digest(), "big")
+
+
+def plain_owners(
+    comm: Comm, flat: FlatState | None, error: BaseException | None, *, what: str, outcome: str
+) -> PlainOwners | None:
+    """The rank's record for ``comm``'s group, agreed with the other ranks (a collective).
+
+    ``flat`` is ``None`` and ``error`` set when this rank failed before: it still takes part
+    (the others would wait for it); it raises ``error``, and the others stage no plain key
+    (the agreement step then reports the failure everywhere). ``None`` for a single process.
+    """
+    if comm.world_size == 1:
+        if error is not None:
+            raise error
+        return None
+    group = tuple(comm.global_ranks)
+    with _LOCK:
+        record = _RECORDS.get(group)
+
+    keys: tuple[str, ...] = ()
+    doc = [FAILED, 0, 0, 0]
+    if error is None and flat is not None:
+        keys = plain_keys(flat)
+        doc = status_doc(record, keys)
+    # One fixed-size all-gather (it is in every save's blocking part). A rank that failed
+    # says so; then no record is learnt and the agreement step reports its error to all.
+    docs = comm.exchange(lambda: comm.allgather_ints(doc, "save/plain-keys"), outcome)
+    if any(d[0] == FAILED for d in docs):
+        if error is not None:
+            raise error
+        return PlainOwners((), (0, 0), frozenset())  # stores no plain key: this save fails
+    if record is not None and all(d[0] == READY for d in docs):
+        return record
+    held: list[Any] | None = None
+    if not same_keys(docs):
+        _, held = comm.all_gather_step(
+            "save/plain-owners", lambda: (None, list(keys)), what=f"{what} (plain tensors)",
+            outcome=outcome,
+        )
+    record = learnt(comm.rank, keys, doc_digest(docs[comm.rank]), held)
+    with _LOCK:
+        _RECORDS[group] = record
+    return record
+
+
+#: The first field of a rank's :func:`status_doc`.
+READY, CHANGED, FAILED = 1, 0, -1
+
+
+def status_doc(record: PlainOwners | None, keys: tuple[str, ...]) -> list[int]:
+    """What a rank tells the others: ``[READY or CHANGED, count, hash high, hash low]``.
+
+    READY: its plain ``keys`` are its record's, in the same order (the hash is the record's).
+    The hash is split in two 32-bit halves (the collective carries signed 64-bit integers).
+    """
+    ready = record is not None and record.keys == keys
+    count, h = record.digest if ready and record is not None else keys_digest(keys)
+    return [READY if ready else CHANGED, count, h >> 32, h & 0xFFFFFFFF]
+
+
+def doc_digest(doc: Sequence[int]) -> tuple[int, int]:
+    """The ``(count, hash)`` of a :func:`status_doc`."""
+    return doc[1], (doc[2] << 32) | doc[3]
+
+
+def same_keys(docs: Sequence[Sequence[int]]) -> bool:
+    """Whether every rank's :func:`status_doc` names the same set of keys."""
+    return all(list(d[1:]) == list(docs[0][1:]) for d in docs)
+
+
+def learnt(
+    rank: int, keys: tuple[str, ...], digest: tuple[int, int], held: Sequence[Sequence[str]] | None
+) -> PlainOwners:
+    """The record ``rank`` keeps: it stores the keys no lower rank holds.
+
+    ``held``: every rank's keys, in rank order; ``None`` when they are the same everywhere
+    (:func:`same_keys`: rank 0 stores them all).
+    """
+    if held is None:
+        return PlainOwners(keys, digest, frozenset(keys) if rank == 0 else frozenset())
+    lower: set[str] = set()
+    for theirs in held[:rank]:
+        lower.update(theirs)
+    return PlainOwners(keys, digest, frozenset(k for k in keys if k not in lower))
+
+
+def forget(comm: Comm) -> None:
+    """Drop the group's record: the next save exchanges the keys again."""
+    with _LOCK:
+        _RECORDS.pop(tuple(comm.global_ranks), None)
+
+
+def writer_problems(held: Sequence[Mapping[str, str]], stored: Sequence[Any]) -> list[str]:
+    """Ranks whose stored plain keys are not those they hold and no lower rank holds.
+
+    ``held``: each rank's :attr:`~portable_ckpt.torch.plan.SavePlan.replicas` (plain tensors
+    and values: every digest but an ``entry:``); ``stored``: each rank's
+    :func:`keys_digest` of the plain keys it stores (rank 0's is not checked: it stores every
+    one it holds). The same list on every rank.
+    """
+    lowest: dict[str, int] = {}
+    for rank, digests in enumerate(held):
+        for key, d in digests.items():
+            if not d.startswith("entry:"):  # global entries are rank 0's
+                lowest.setdefault(key, rank)
+    expected: list[list[str]] = [[] for _ in held]
+    for key, rank in lowest.items():
+        expected[rank].append(key)
+    out = []
+    for rank in range(1, len(held)):
+        want = keys_digest(expected[rank])
+        got = tuple(stored[rank]) if stored[rank] else (0, keys_digest([])[1])
+        if got != want:
+            out.append(f"rank {rank} stores {got[0]} plain keys where it should store {want[0]}")
+    return out
