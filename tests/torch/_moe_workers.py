@@ -39,18 +39,18 @@ def expert_state(rank: int, world: int, salt: float = 0.0) -> dict[str, Any]:
 def _count_exchanges() -> dict[str, int]:
     """Count this rank's metadata all-gathers by name (the blocking part's, and in all)."""
     seen: dict[str, int] = {}
-    gather, ints = Comm.allgather_json, Comm.allgather_ints
+    gather, ints = Comm.allgather_json, Comm.start_allgather_ints
 
     def counting(self: Any, obj: Any, what: str) -> list[Any]:
         seen[what] = seen.get(what, 0) + 1
         return gather(self, obj, what)
 
-    def counting_ints(self: Any, values: Any, what: str) -> list[list[int]]:
+    def counting_ints(self: Any, values: Any, what: str) -> Any:
         seen[what] = seen.get(what, 0) + 1
         return ints(self, values, what)
 
     Comm.allgather_json = counting  # type: ignore[method-assign]
-    Comm.allgather_ints = counting_ints  # type: ignore[method-assign]
+    Comm.start_allgather_ints = counting_ints  # type: ignore[method-assign]
     return seen
 
 

@@ -452,22 +452,27 @@ class Comm:
         return self._collective(what, run)
 
 
-    def allgather_ints(self, values: Sequence[int], what: str) -> list[list[int]]:
-        """Every rank's ``values`` (as many on every rank, each a signed 64-bit integer).
+    def start_allgather_ints(
+        self, values: Sequence[int], what: str
+    ) -> Callable[[], list[list[int]]]:
+        """Start an all-gather of ``values`` (as many on every rank, signed 64-bit integers).
 
-        One collective (``allgather_bytes`` makes two: the sizes, then the data): for a step
-        that every save takes before it returns.
+        Returns the function that waits for it and gives every rank's values, in rank order:
+        the caller works meanwhile (a save stages its tensors). One collective.
         """
         if self.group is None:
-            return [list(values)]
+            return lambda: [list(values)]
+        mine = torch.tensor(list(values), dtype=torch.int64)
+        outs = [torch.empty_like(mine) for _ in range(self.world_size)]
+        work = self._collective(
+            what, lambda: dist.all_gather(outs, mine, group=self.group, async_op=True)
+        )
 
-        def run() -> list[list[int]]:
-            mine = torch.tensor(list(values), dtype=torch.int64)
-            outs = [torch.empty_like(mine) for _ in range(self.world_size)]
-            self._wait(dist.all_gather(outs, mine, group=self.group, async_op=True), what)
+        def finish() -> list[list[int]]:
+            self._wait(work, what)
             return [[int(v) for v in o.tolist()] for o in outs]
 
-        return self._collective(what, run)
+        return finish
 
 
 def _encode(obj: Any) -> bytes:

@@ -9,10 +9,11 @@ such a save was refused). So is a plain value (a JSON leaf: the flattened optimi
 the values are one entry, which rank 0 writes.
 
 No rank can tell on its own which other ranks hold a key, and an async save must stage what
-it writes before it returns. So every save of a group starts with one small all-gather, before
-anything is staged (:func:`plain_owners`): each rank says whether its plain keys are those of
-the last exchange (in the same order), with their count and a hash. When they all are, each
-rank stores what its record says. Otherwise (the group's first save, a rank that lost its
+it writes before it returns. So every save of a group starts with one small all-gather
+(:class:`OwnersExchange`): each rank says whether its plain keys are those of the last exchange
+(in the same order), with their count and a hash, and stages by its record while the
+all-gather completes. When every rank's keys are their record's, that staging stands (the
+collective costs the blocking part nothing but the wait for the last rank to reach it). Otherwise (the group's first save, a rank that lost its
 record, keys that appeared, left or moved) the ranks learn who holds what: from the hashes
 alone when every rank holds the same keys (rank 0 stores them all: data parallelism), else by a
 second all-gather of the key lists. A rank thus stages exactly what it stores, whatever moved,
@@ -35,13 +36,13 @@ from portable_ckpt.torch.flatten import FlatState
 from portable_ckpt.torch.layout import is_dtensor
 
 __all__ = [
+    "OwnersExchange",
     "PlainOwners",
     "forget",
     "doc_digest",
     "keys_digest",
     "learnt",
     "plain_keys",
-    "plain_owners",
     "same_keys",
     "status_doc",
     "writer_problems",
@@ -80,47 +81,76 @@ def keys_digest(keys: Sequence[str]) -> tuple[int, int]:
     return len(keys), int.from_bytes(h.digest(), "big")
 
 
-def plain_owners(
-    comm: Comm, flat: FlatState | None, error: BaseException | None, *, what: str, outcome: str
-) -> PlainOwners | None:
-    """The rank's record for ``comm``'s group, agreed with the other ranks (a collective).
+class OwnersExchange:
+    """One save's agreement on who stores each plain key: started, then finished.
 
-    ``flat`` is ``None`` and ``error`` set when this rank failed before: it still takes part
-    (the others would wait for it); it raises ``error``, and the others stage no plain key
-    (the agreement step then reports the failure everywhere). ``None`` for a single process.
+    :meth:`start` posts this rank's :func:`status_doc` in an all-gather and returns at once, so
+    that a rank whose keys are its record's (:attr:`ready`) stages by that record while the
+    all-gather completes; :meth:`finish` waits for it and, when some rank's keys changed,
+    exchanges the key lists. Every rank must call both (a rank that failed before too: it
+    posts FAILED, and :meth:`finish` raises its error after the collectives).
     """
-    if comm.world_size == 1:
-        if error is not None:
-            raise error
-        return None
-    group = tuple(comm.global_ranks)
-    with _LOCK:
-        record = _RECORDS.get(group)
 
-    keys: tuple[str, ...] = ()
-    doc = [FAILED, 0, 0, 0]
-    if error is None and flat is not None:
-        keys = plain_keys(flat)
-        doc = status_doc(record, keys)
-    # One fixed-size all-gather (it is in every save's blocking part). A rank that failed
-    # says so; then no record is learnt and the agreement step reports its error to all.
-    docs = comm.exchange(lambda: comm.allgather_ints(doc, "save/plain-keys"), outcome)
-    if any(d[0] == FAILED for d in docs):
-        if error is not None:
-            raise error
-        return PlainOwners((), (0, 0), frozenset())  # stores no plain key: this save fails
-    if record is not None and all(d[0] == READY for d in docs):
-        return record
-    held: list[Any] | None = None
-    if not same_keys(docs):
-        _, held = comm.all_gather_step(
-            "save/plain-owners", lambda: (None, list(keys)), what=f"{what} (plain tensors)",
-            outcome=outcome,
+    def __init__(
+        self, comm: Comm, keys: tuple[str, ...], record: PlainOwners | None,
+        error: BaseException | None, wait: Any, what: str, outcome: str,
+    ) -> None:
+        self.comm, self.keys, self.record, self.error = comm, keys, record, error
+        self._wait, self._what, self._outcome = wait, what, outcome
+        #: This rank's keys are its record's: it may stage by the record before :meth:`finish`.
+        self.ready = comm.world_size == 1 or (
+            error is None and record is not None and record.keys == keys
         )
-    record = learnt(comm.rank, keys, doc_digest(docs[comm.rank]), held)
-    with _LOCK:
-        _RECORDS[group] = record
-    return record
+
+    @classmethod
+    def start(
+        cls, comm: Comm, flat: FlatState | None, error: BaseException | None, *, what: str,
+        outcome: str,
+    ) -> OwnersExchange:
+        """Post this rank's status (``error``: it failed before, ``flat`` is ``None``)."""
+        if comm.world_size == 1:
+            return cls(comm, (), None, error, None, what, outcome)
+        with _LOCK:
+            record = _RECORDS.get(tuple(comm.global_ranks))
+        keys: tuple[str, ...] = ()
+        doc = [FAILED, 0, 0, 0]
+        if error is None and flat is not None:
+            keys = plain_keys(flat)
+            doc = status_doc(record, keys)
+        wait = comm.exchange(
+            lambda: comm.start_allgather_ints(doc, "save/plain-keys"), outcome
+        )
+        return cls(comm, keys, record, error, wait, what, outcome)
+
+    def finish(self) -> PlainOwners | None:
+        """The rank's record for this save (``None``: a single process, rank 0 stores all).
+
+        A rank that failed before raises its error; the others get a record under which they
+        store no plain key (the agreement step then reports the failure on every rank).
+        """
+        comm = self.comm
+        if comm.world_size == 1:
+            if self.error is not None:
+                raise self.error
+            return None
+        docs = comm.exchange(self._wait, self._outcome)
+        if any(d[0] == FAILED for d in docs):
+            if self.error is not None:
+                raise self.error
+            return PlainOwners((), (0, 0), frozenset())  # stores no plain key: this save fails
+        if self.record is not None and all(d[0] == READY for d in docs):
+            return self.record
+        held: list[Any] | None = None
+        if not same_keys(docs):
+            keys = self.keys
+            _, held = comm.all_gather_step(
+                "save/plain-owners", lambda: (None, list(keys)),
+                what=f"{self._what} (plain tensors)", outcome=self._outcome,
+            )
+        record = learnt(comm.rank, self.keys, doc_digest(docs[comm.rank]), held)
+        with _LOCK:
+            _RECORDS[tuple(comm.global_ranks)] = record
+        return record
 
 
 #: The first field of a rank's :func:`status_doc`.

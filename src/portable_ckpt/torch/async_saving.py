@@ -114,9 +114,10 @@ def async_save(
     mutate everything. ``handle.committed`` resolves after the version is published. A second
     save while one is in flight waits for it (``if_busy="wait"``) or raises (``"raise"``).
     Metadata collectives use a dedicated gloo group, so they never interleave with training
-    collectives; one of them (32 bytes per rank: which rank stores each plain tensor) runs
-    before staging, so every rank of the group must call this, as for :func:`save`. Takes the
-    keyword arguments of :func:`save` (see :class:`SaveOptions`).
+    collectives; one of them (32 bytes per rank: which rank stores each plain tensor) is
+    posted before staging and awaited after it, so the call returns once every rank of the
+    group has reached it. Takes the keyword arguments of :func:`save` (see
+    :class:`SaveOptions`).
 
     Args:
         state_dict: As for :func:`save`.

@@ -46,7 +46,13 @@ from portable_ckpt.logs import get_logger, human_bytes, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
 from portable_ckpt.torch._inflight import say, wait_idle
-from portable_ckpt.torch._owners import forget, keys_digest, plain_owners, writer_problems
+from portable_ckpt.torch._owners import (
+    OwnersExchange,
+    PlainOwners,
+    forget,
+    keys_digest,
+    writer_problems,
+)
 from portable_ckpt.torch.flatten import VALUES_ENTRY, flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
 from portable_ckpt.torch.plan import (
@@ -217,20 +223,36 @@ def prepare(
     except BaseException as e:
         failed = e
     try:
-        # Which rank stores each plain tensor (a collective, before anything is staged): every
-        # rank takes part, one that failed above too (it tells the others, and all raise).
-        owners = plain_owners(
+        # Which rank stores each plain tensor: an all-gather every rank takes part in, one
+        # that failed above too (it tells the others, and all raise at the next step).
+        exchange = OwnersExchange.start(
             comm, flat, failed, what=f"save of step {step}", outcome=NOTHING_PUBLISHED
         )
-        if flat is None:  # pragma: no cover - plain_owners raised the failure
+    except BaseException as e:
+        return Prepared(None, None, e, time.perf_counter() - t0)
+    plan: SavePlan | None = None
+    try:
+        try:
+            if exchange.ready and flat is not None:  # stage by the record meanwhile
+                plan = plan_save(flat, comm.rank, rng, world=comm.world_size, step=step,
+                                 owners=exchange.record)
+                stage(plan, copy, into)
+        finally:
+            owners = exchange.finish()  # on every rank, also when staging failed
+        if flat is None:  # pragma: no cover - finish() raised the failure
             raise UsageError(f"save of step {step}: nothing to save was prepared")
-        plan = plan_save(
-            flat, comm.rank, rng, world=comm.world_size, step=step, owners=owners
-        )
-        stage(plan, copy, into)
+        if plan is None or not _same_owned(owners, exchange.record):
+            # keys changed somewhere and this rank stores others now: plan and stage again
+            plan = plan_save(flat, comm.rank, rng, world=comm.world_size, step=step,
+                             owners=owners)
+            stage(plan, copy, into)
         return Prepared(storage, plan, None, time.perf_counter() - t0)
     except BaseException as e:
         return Prepared(None, None, e, time.perf_counter() - t0)
+
+
+def _same_owned(a: PlainOwners | None, b: PlainOwners | None) -> bool:
+    return a is b or (a is not None and b is not None and a.mine == b.mine)
 
 
 # -- phases 2-4: the collective protocol -----------------------------------------------------------
