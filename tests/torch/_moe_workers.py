@@ -328,3 +328,59 @@ def manager_restore_experts(rank: int, world: int, root: str, drop_router: bool)
     mgr.close()
     ok = all(torch.equal(target["model"]["experts"][str(g)], expert(g, 2.0)) for g in owned(rank, world))
     return {"step": None if info is None else info.step, "ok": ok, "stderr": err.getvalue()}
+
+
+def interrupted_exchange(rank: int, world: int, root: str) -> dict[str, Any]:
+    """A Ctrl-C on rank 1 just after a save's first all-gather, when the key lists must follow.
+
+    Diff review 7, D1: rank 1 skipped the key-list all-gather, its next one met its peer's,
+    and gloo aborted rank 0. Now rank 1 takes part, the save fails on both ranks, and the
+    next save works.
+    """
+    from portable_ckpt.torch import _owners
+
+    state = {"x": torch.arange(4.0)} if rank == 0 else {"y": torch.arange(3.0)}
+    same_keys, calls = _owners.same_keys, []
+
+    def interrupted(docs: Any) -> bool:
+        calls.append(1)
+        if rank == 1 and len(calls) == 1:
+            raise KeyboardInterrupt
+        return same_keys(docs)
+
+    _owners.same_keys = interrupted  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    for step in (1, 2):
+        try:
+            out[str(step)] = pckt.save(state, root, step=step, timeout=20).contract
+        except KeyboardInterrupt:
+            out[str(step)] = "KeyboardInterrupt"
+        except portable_ckpt.CheckpointError as e:
+            out[str(step)] = f"{e.code}: {e.message}"
+    return out
+
+
+def peer_fails_before_exchange(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Rank 1's state cannot be taken apart at step 2: the others stage once, not again."""
+    import portable_ckpt.torch.saving as saving
+
+    stage, staged = saving.stage, []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        staged.append(1)
+        return stage(*args, **kwargs)
+
+    saving.stage = counting  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    for step in (1, 2):
+        state: dict[str, Any] = {"w": torch.ones(3)}
+        if step == 2 and rank == 1:
+            state["bad"] = {(1, 2): 3}  # no key of a state: refused while taken apart
+        staged.clear()
+        try:
+            handle = pckt.async_save(state, root, step=step, timeout=20)
+            out[str(step)] = handle.committed.result(timeout=60).contract
+        except portable_ckpt.CheckpointError as e:
+            out[str(step)] = f"{e.code}: {e.message}"
+        out[f"staged{step}"] = len(staged)
+    return out

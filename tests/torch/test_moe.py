@@ -209,3 +209,21 @@ def test_a_manager_restore_of_experts_names_only_keys_no_rank_read(
     assert "1 stored key(s) (tensors and plain values) are in no rank's state" in dropped[0][
         "stderr"]
     assert "'model/router'" in dropped[0]["stderr"]
+
+
+def test_an_interrupt_inside_the_exchange_keeps_the_collectives_in_step(tmp_path: Path) -> None:
+    r0, r1 = _run("interrupted_exchange", 2, str(tmp_path / "ck"))
+    assert r1["1"] == "KeyboardInterrupt"
+    assert r0["1"].startswith("PCK-DISTRIBUTED") and "rank(s) [1]" in r0["1"], r0
+    assert r0["2"] == r1["2"] == "exact"  # the group still works
+
+
+def test_a_peer_that_fails_before_the_exchange_costs_the_others_no_second_staging(
+    tmp_path: Path,
+) -> None:
+    """Diff review 7, D4: the ranks that were ready staged a save already known to fail again."""
+    r0, r1 = _run("peer_fails_before_exchange", 2, str(tmp_path / "ck"))
+    assert r0["1"] == r1["1"] == "exact"
+    assert r1["2"].startswith("PCK-UNSUPPORTED-VALUE") and "'bad'" in r1["2"], r1
+    assert r0["2"].startswith("PCK-DISTRIBUTED") and "'bad'" in r0["2"], r0
+    assert r0["staged2"] == 1 and r1["staged2"] == 0

@@ -451,7 +451,6 @@ class Comm:
 
         return self._collective(what, run)
 
-
     def start_allgather_ints(
         self, values: Sequence[int], what: str
     ) -> Callable[[], list[list[int]]]:

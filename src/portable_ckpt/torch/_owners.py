@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +36,13 @@ from portable_ckpt.torch.flatten import FlatState
 from portable_ckpt.torch.layout import is_dtensor
 
 __all__ = [
+    "CHANGED",
+    "FAILED",
+    "READY",
     "OwnersExchange",
     "PlainOwners",
-    "forget",
     "doc_digest",
+    "forget",
     "keys_digest",
     "learnt",
     "plain_keys",
@@ -81,6 +84,10 @@ def keys_digest(keys: Sequence[str]) -> tuple[int, int]:
     return len(keys), int.from_bytes(h.digest(), "big")
 
 
+#: The first field of a rank's :func:`status_doc`.
+READY, CHANGED, FAILED = 1, 0, -1
+
+
 class OwnersExchange:
     """One save's agreement on who stores each plain key: started, then finished.
 
@@ -92,8 +99,14 @@ class OwnersExchange:
     """
 
     def __init__(
-        self, comm: Comm, keys: tuple[str, ...], record: PlainOwners | None,
-        error: BaseException | None, wait: Any, what: str, outcome: str,
+        self,
+        comm: Comm,
+        keys: tuple[str, ...],
+        record: PlainOwners | None,
+        error: BaseException | None,
+        wait: Callable[[], list[list[int]]] | None,
+        what: str,
+        outcome: str,
     ) -> None:
         self.comm, self.keys, self.record, self.error = comm, keys, record, error
         self._wait, self._what, self._outcome = wait, what, outcome
@@ -101,6 +114,8 @@ class OwnersExchange:
         self.ready = comm.world_size == 1 or (
             error is None and record is not None and record.keys == keys
         )
+        #: Another rank posted FAILED (set by :meth:`finish`): this save fails, stage nothing.
+        self.peer_failed = False
 
     @classmethod
     def start(
@@ -126,35 +141,74 @@ class OwnersExchange:
         """The rank's record for this save (``None``: a single process, rank 0 stores all).
 
         A rank that failed before raises its error; the others get a record under which they
-        store no plain key (the agreement step then reports the failure on every rank).
+        store no plain key, and :attr:`peer_failed` (the agreement step then reports the
+        failure on every rank). An interrupt (Ctrl-C, a handler's ``sys.exit``) that arrives
+        here is kept until this rank has taken part in the collectives its peers make: one
+        that skipped the key lists put every later collective of the group out of step, and
+        gloo aborted the peers (diff review 7, D1).
         """
-        comm = self.comm
-        if comm.world_size == 1:
+        if self._wait is None:
             if self.error is not None:
                 raise self.error
             return None
-        docs = comm.exchange(self._wait, self._outcome)
+        wait, interrupt = self._wait, None
+        docs: list[list[int]] | None = None
+        while docs is None:  # the all-gather completes anyway: take its result
+            try:
+                docs = self.comm.exchange(wait, self._outcome)
+            except (KeyboardInterrupt, SystemExit) as e:
+                interrupt = interrupt or e
+        kind: str | None = None
+        while kind is None:  # what the peers decide from the same documents
+            try:
+                kind = self._kind(docs)
+            except (KeyboardInterrupt, SystemExit) as e:
+                interrupt = interrupt or e
+        try:
+            record = self._settle(kind, docs, interrupt)
+        except BaseException:
+            if interrupt is not None:
+                raise interrupt from None
+            raise
+        if interrupt is not None:
+            raise interrupt
+        return record
+
+    def _kind(self, docs: list[list[int]]) -> str:
         if any(d[0] == FAILED for d in docs):
+            return "failed"
+        if self.record is not None and all(d[0] == READY for d in docs):
+            return "ready"
+        return "same" if same_keys(docs) else "lists"
+
+    def _settle(
+        self, kind: str, docs: list[list[int]], interrupt: BaseException | None
+    ) -> PlainOwners:
+        comm = self.comm
+        if kind == "failed":
             if self.error is not None:
                 raise self.error
+            self.peer_failed = True
             return PlainOwners((), (0, 0), frozenset())  # stores no plain key: this save fails
-        if self.record is not None and all(d[0] == READY for d in docs):
+        if kind == "ready" and self.record is not None:
             return self.record
         held: list[Any] | None = None
-        if not same_keys(docs):
+        if kind == "lists":
             keys = self.keys
+
+            def mine() -> tuple[None, list[str]]:
+                if interrupt is not None:  # reported to the peers, which raise alike
+                    raise interrupt
+                return None, list(keys)
+
             _, held = comm.all_gather_step(
-                "save/plain-owners", lambda: (None, list(keys)),
-                what=f"{self._what} (plain tensors)", outcome=self._outcome,
+                "save/plain-owners", mine, what=f"{self._what} (plain tensors)",
+                outcome=self._outcome,
             )
         record = learnt(comm.rank, self.keys, doc_digest(docs[comm.rank]), held)
         with _LOCK:
             _RECORDS[tuple(comm.global_ranks)] = record
         return record
-
-
-#: The first field of a rank's :func:`status_doc`.
-READY, CHANGED, FAILED = 1, 0, -1
 
 
 def status_doc(record: PlainOwners | None, keys: tuple[str, ...]) -> list[int]:

@@ -231,15 +231,27 @@ def prepare(
     except BaseException as e:
         return Prepared(None, None, e, time.perf_counter() - t0)
     plan: SavePlan | None = None
+    staging_error: BaseException | None = None
     try:
-        try:
-            if exchange.ready and flat is not None:  # stage by the record meanwhile
-                plan = plan_save(flat, comm.rank, rng, world=comm.world_size, step=step,
-                                 owners=exchange.record)
-                stage(plan, copy, into)
-        finally:
-            owners = exchange.finish()  # on every rank, also when staging failed
-        if flat is None:  # pragma: no cover - finish() raised the failure
+        if exchange.ready and flat is not None:  # stage by the record meanwhile
+            plan = plan_save(flat, comm.rank, rng, world=comm.world_size, step=step,
+                             owners=exchange.record)
+            stage(plan, copy, into)
+    except BaseException as e:
+        staging_error = e
+    try:
+        owners = exchange.finish()  # on every rank, also when staging failed
+    except BaseException as e:
+        # an interrupt wins over a failure, else the first failure is kept (diff review 7, D5)
+        if staging_error is None or (isinstance(staging_error, Exception)
+                                     and not isinstance(e, Exception)):
+            staging_error = e
+    if staging_error is not None:
+        return Prepared(None, None, staging_error, time.perf_counter() - t0)
+    if exchange.peer_failed:  # the agreement step reports the peer's failure everywhere
+        return Prepared(storage, SavePlan([], [], None, 0), None, time.perf_counter() - t0)
+    try:
+        if flat is None:  # pragma: no cover - finish() raised this rank's failure
             raise UsageError(f"save of step {step}: nothing to save was prepared")
         if plan is None or not _same_owned(owners, exchange.record):
             # keys changed somewhere and this rank stores others now: plan and stage again
@@ -455,7 +467,9 @@ def _contract_of(
             f"ranks ({len(weights)}: {shown}): one copy is stored of a key every rank holds, "
             "so the other ranks' weights would be lost. Nothing was saved. Experts keyed by "
             "local index (the same keys on every rank) look so: key them by global expert id, "
-            "or stack them into a DTensor (docs/torch.md, 'Mixture of experts'). Replicated "
+            "or stack them into a DTensor (docs/torch.md, 'Mixture of experts'). Pipeline "
+            "stages with stage-local names (layers.0 on every stage): save through DCP with "
+            "whole-model names (docs/dcp.md, 'Pipeline parallelism'). Replicated "
             "parameters that drifted apart (gradients not all-reduced alike): make them equal. "
             "Parameters that differ by design (local SGD between synchronisations): pass "
             "continuation='statistical' to store rank 0's copy"
