@@ -384,3 +384,22 @@ def peer_fails_before_exchange(rank: int, world: int, root: str) -> dict[str, An
             out[str(step)] = f"{e.code}: {e.message}"
         out[f"staged{step}"] = len(staged)
     return out
+
+
+def dtensor_here_plain_there(rank: int, world: int, root: str) -> dict[str, Any]:
+    """``w`` a DTensor on rank 0 and a plain tensor on rank 1, then alike on both."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    w: Any = torch.full((4, 4), 7.0)
+    if rank == 0:
+        w = DTensor.from_local(torch.full((2, 4), 1.0), mesh, [Shard(0)], run_check=False,
+                               shape=torch.Size([4, 4]), stride=(4, 1))
+    out: dict[str, Any] = {}
+    for step, state in ((1, {"w": w}), (2, {"w": torch.full((4, 4), 7.0)})):
+        try:
+            out[str(step)] = pckt.save(state, root, step=step, timeout=20).contract
+        except portable_ckpt.CheckpointError as e:
+            out[str(step)] = f"{e.code}: {e.message}"
+    return out

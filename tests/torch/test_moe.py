@@ -227,3 +227,15 @@ def test_a_peer_that_fails_before_the_exchange_costs_the_others_no_second_stagin
     assert r1["2"].startswith("PCK-UNSUPPORTED-VALUE") and "'bad'" in r1["2"], r1
     assert r0["2"].startswith("PCK-DISTRIBUTED") and "'bad'" in r0["2"], r0
     assert r0["staged2"] == 1 and r1["staged2"] == 0
+
+
+def test_a_key_that_is_a_dtensor_on_one_rank_and_plain_on_another(tmp_path: Path) -> None:
+    """Diff review 7, D3: every rank wrote, then the commit refused an overlap naming neither
+    kind. Refused before anything is written now, naming the key and both ranks."""
+    root = str(tmp_path / "ck")
+    for r in _run("dtensor_here_plain_there", 2, root):
+        assert r["1"].startswith("PCK-METADATA-CONFLICT"), r
+        assert "'w' (a plain tensor on rank 1, a DTensor on rank 0)" in r["1"], r
+        assert r["2"] == "exact", r
+    assert [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"] == [2]
+    assert not [p for p in Path(root).iterdir() if p.name.startswith("s000000000001")]
