@@ -326,7 +326,8 @@ def manager_restore_experts(rank: int, world: int, root: str, drop_router: bool)
     with contextlib.redirect_stderr(err):
         info = mgr.restore(target, allow_statistical=True)
     mgr.close()
-    ok = all(torch.equal(target["model"]["experts"][str(g)], expert(g, 2.0)) for g in owned(rank, world))
+    experts = target["model"]["experts"]
+    ok = all(torch.equal(experts[str(g)], expert(g, 2.0)) for g in owned(rank, world))
     return {"step": None if info is None else info.step, "ok": ok, "stderr": err.getvalue()}
 
 

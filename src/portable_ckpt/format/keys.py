@@ -166,7 +166,9 @@ def encode_json(value: Any, *, key: str = "?") -> Any:
         return value
     if isinstance(value, str):
         if has_surrogates(value):
-            raise UnsupportedValueError(f"value at {key!r}: the string {value!r} holds {_SURROGATE_FIX}")
+            raise UnsupportedValueError(
+                f"value at {key!r}: the string {value!r} holds {_SURROGATE_FIX}"
+            )
         return value
     if isinstance(value, int):
         return int(value)
@@ -181,7 +183,9 @@ def encode_json(value: Any, *, key: str = "?") -> Any:
                 raise UnsupportedValueError(f"value at {key!r}: dict key {k!r} is not a str or int")
             sk = str(k)
             if has_surrogates(sk):
-                raise UnsupportedValueError(f"value at {key!r}: the dict key {sk!r} holds {_SURROGATE_FIX}")
+                raise UnsupportedValueError(
+                    f"value at {key!r}: the dict key {sk!r} holds {_SURROGATE_FIX}"
+                )
             if sk in out:
                 raise UnsupportedValueError(f"value at {key!r}: dict keys collide on {sk!r}")
             out[sk] = encode_json(v, key=f"{key}/{sk}")

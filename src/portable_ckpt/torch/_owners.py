@@ -10,17 +10,19 @@ the values are one entry, which rank 0 writes.
 
 No rank can tell on its own which other ranks hold a key, and an async save must stage what
 it writes before it returns. So every save of a group starts with one small all-gather
-(:class:`OwnersExchange`): each rank says whether its plain keys are those of the last exchange
-(in the same order), with their count and a hash, and stages by its record while the
-all-gather completes. When every rank's keys are their record's, that staging stands (the
-collective costs the blocking part nothing but the wait for the last rank to reach it). Otherwise (the group's first save, a rank that lost its
-record, keys that appeared, left or moved) the ranks learn who holds what: from the hashes
-alone when every rank holds the same keys (rank 0 stores them all: data parallelism), else by a
-second all-gather of the key lists. A rank thus stages exactly what it stores, whatever moved,
-and decides alike with the others (review of E1, R1-R3: deciding per process put the
-collectives out of step, a key that moved back and forth refused every other save, and keys new
-to every rank were staged by all of them). The agreement step checks each rank's stored keys
-against the lowest holders of that save (:func:`writer_problems`).
+(:class:`OwnersExchange`): each rank says whether its plain keys are those of the last
+exchange (in the same order), with their count and a hash, and stages by its record while the
+all-gather completes. When every rank's keys are their record's, that staging stands: the
+save's blocking part then costs the wait for the last rank to reach the all-gather. Otherwise
+(the group's first save, a rank that lost its record, keys that appeared, left or moved) the
+ranks learn who holds what: from the hashes alone when every rank holds the same keys (rank 0
+stores them all: data parallelism), else by a second all-gather of the key lists, which also
+refuses a key that is a DTensor on some ranks and plain on others. A rank thus stages exactly
+what it stores, whatever moved, and decides alike with the others (review of E1, R1-R3:
+deciding per process put the collectives out of step, a key that moved back and forth refused
+every other save, and keys new to every rank were staged by all of them). The agreement step
+checks each rank's stored keys against the lowest holders of that save
+(:func:`writer_problems`).
 """
 
 from __future__ import annotations
@@ -218,7 +220,9 @@ class OwnersExchange:
         return record
 
 
-def _refuse_mixed(what: str, plain: Sequence[Sequence[str]], dtensors: Sequence[Sequence[str]]) -> None:
+def _refuse_mixed(
+    what: str, plain: Sequence[Sequence[str]], dtensors: Sequence[Sequence[str]]
+) -> None:
     """Refuse keys that some ranks hold as plain tensors and others as DTensors (on every rank).
 
     The plain copy would be written whole beside the DTensor's shards: the commit refused the

@@ -168,7 +168,9 @@ def plan_save(
         )
         for t in kept
     ]
-    nbytes = sum(t.nbytes for t in kept) if rank != 0 and template.plain else template.tensor_bytes
+    nbytes = template.tensor_bytes
+    if rank != 0 and template.plain:
+        nbytes = sum(t.nbytes for t in kept)
     entries = _plan_entries(flat, rank, rng_snapshot)
     replicas = (
         replica_digests(flat, captured={e.name: e.value for e in entries}, seed=step)
@@ -197,9 +199,10 @@ def _paths_of(keys: list[str], dcp_paths: Mapping[str, Any]) -> dict[str, list[A
 
 
 #: Plain tensors up to this size are compared between ranks at every save (their CRC32C):
-#: one copy of a plain tensor is stored, which the ranks that hold it must hold alike. Buffers that are not
-#: synchronised (BatchNorm statistics under FSDP2, per-rank counters) are small; larger plain
-#: tensors (a DDP model's parameters, which DDP keeps equal) are compared by a sample.
+#: one copy of a plain tensor is stored, which the ranks that hold it must hold alike.
+#: Buffers that are not synchronised (BatchNorm statistics under FSDP2, per-rank counters) are
+#: small; larger plain tensors (a DDP model's parameters, which DDP keeps equal) are compared
+#: by a sample.
 REPLICA_CHECK_BYTES = 1 << 20
 #: At most this many bytes are checked in all per save.
 REPLICA_CHECK_TOTAL = 64 << 20

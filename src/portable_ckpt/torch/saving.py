@@ -423,7 +423,8 @@ def _take_from_others(plan: SavePlan, sent: list[Any]) -> None:
     # Values have an item record beside them (readers would otherwise guess which are lists).
     items = entries.get(DCP_ITEMS_ENTRY)
     known = dict(read_dcp_items(items.value) or {}) if items is not None else {}
-    entries[DCP_ITEMS_ENTRY] = _global(DCP_ITEMS_ENTRY, dcp_items_value({**paths, **known}.values()))
+    items_value = dcp_items_value({**paths, **known}.values())
+    entries[DCP_ITEMS_ENTRY] = _global(DCP_ITEMS_ENTRY, items_value)
     plan.entries = list(entries.values())
 
 
