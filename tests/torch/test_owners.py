@@ -103,3 +103,28 @@ def test_conflicts_are_keys_held_as_different_things() -> None:
     # held by some ranks with other values: differ (the parameter mark aside); a global entry
     # only rank 0 holds: not
     assert diverged(digests) == ["a", "p"]
+
+
+def test_plain_digests_are_the_checksums_of_the_bytes_whatever_the_view() -> None:
+    """The digests of small plain tensors read contiguous CPU ones in place (1.4 → 0.6 ms per
+    save for FSDP2's 202 step counters): the same checksum as the bytes, for views too."""
+    import torch
+
+    from portable_ckpt.io.checksum import crc32c
+    from portable_ckpt.torch.flatten import flatten_state
+    from portable_ckpt.torch.plan import replica_digests
+
+    tensors = {
+        "scalar": torch.tensor(5.0),
+        "slice": torch.arange(10, dtype=torch.bfloat16)[2:7],
+        "imag": torch.tensor([1 + 2j])[0:1].imag,  # contiguous, stride 2, one element
+        "conj": torch.tensor([1 + 2j]).conj().imag,  # a negative view
+        "transposed": torch.arange(12.0).reshape(3, 4).t(),
+        "bool": torch.tensor([True, False, True]),
+        "zero": torch.tensor([-0.0]),
+    }
+    digests = replica_digests(flatten_state(tensors))
+    for key, t in tensors.items():
+        dense = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+        want = crc32c(dense.reshape(-1).view(torch.uint8).numpy().tobytes())
+        assert digests[key].endswith(f":{want:08x}"), key

@@ -16,6 +16,7 @@ of a layout pays for the box arithmetic. Entries and JSON values are captured at
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import threading
@@ -257,6 +258,12 @@ def replica_digests(
                 out[key] += mark
                 continue
             budget -= nbytes
+            if t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+                # the bytes in place (a step counter: 7 µs through the views below, 1.4 ms
+                # per save for FSDP2's 202 of them, in async_save's blocking part)
+                raw = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+                out[key] += f":{crc32c(memoryview(raw).cast('B')):08x}{mark}"
+                continue
             # resolve_*: a conjugate or negative view has no bytes of its own to view as uint8;
             # a one-element view (a complex tensor's .imag) is "contiguous" with a stride of 2
             host = t.detach().to("cpu", copy=False).resolve_conj().resolve_neg().reshape(-1)
