@@ -129,6 +129,8 @@ def test_a_rank_that_lost_its_record_or_kept_an_old_one(tmp_path: Path) -> None:
         assert r["4"].startswith("PCK-METADATA-CONFLICT"), r
         assert "the ranks disagree on which of them stores plain tensors" in r["4"], r
         assert "rank 2 stores 1 plain keys where it should store 0" in r["4"], r
+    # the rank at fault names the keys in its own message
+    assert "(['x'] are held by a lower rank too)" in results[2]["4"]
     steps = [v.step for v in portable_ckpt.list_versions(root) if v.status == "committed"]
     assert steps == [1, 2, 3, 5]
     assert (portable_ckpt.open(root, step=5).read("x") == torch.arange(4.0).numpy()).all()

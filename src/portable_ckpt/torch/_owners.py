@@ -288,26 +288,40 @@ def forget(comm: Comm) -> None:
         _RECORDS.pop(tuple(comm.global_ranks), None)
 
 
-def writer_problems(held: Sequence[Mapping[str, str]], stored: Sequence[Any]) -> list[str]:
+def writer_problems(
+    held: Sequence[Mapping[str, str]],
+    stored: Sequence[Any],
+    rank: int = 0,
+    mine: Sequence[str] = (),
+) -> list[str]:
     """Ranks whose stored plain keys are not those they hold and no lower rank holds.
 
     ``held``: each rank's :attr:`~portable_ckpt.torch.plan.SavePlan.replicas` (plain tensors
     and values: every digest but an ``entry:``); ``stored``: each rank's
     :func:`keys_digest` of the plain keys it stores (rank 0's is not checked: it stores every
-    one it holds). The same list on every rank.
+    one it holds). The same ranks on every rank; ``rank``'s own entry names keys from
+    ``mine``, the keys it stores.
     """
     lowest: dict[str, int] = {}
-    for rank, digests in enumerate(held):
+    for r, digests in enumerate(held):
         for key, d in digests.items():
             if not d.startswith("entry:"):  # global entries are rank 0's
-                lowest.setdefault(key, rank)
+                lowest.setdefault(key, r)
     expected: list[list[str]] = [[] for _ in held]
-    for key, rank in lowest.items():
-        expected[rank].append(key)
+    for key, r in lowest.items():
+        expected[r].append(key)
     out = []
-    for rank in range(1, len(held)):
-        want = keys_digest(expected[rank])
-        got = tuple(stored[rank]) if stored[rank] else (0, keys_digest([])[1])
+    for r in range(1, len(held)):
+        want = keys_digest(expected[r])
+        got = tuple(stored[r]) if stored[r] else (0, keys_digest([])[1])
         if got != want:
-            out.append(f"rank {rank} stores {got[0]} plain keys where it should store {want[0]}")
+            text = f"rank {r} stores {got[0]} plain keys where it should store {want[0]}"
+            if r == rank:
+                extra = sorted(set(mine) - set(expected[r]))[:3]
+                lacking = sorted(set(expected[r]) - set(mine))[:3]
+                if extra:
+                    text += f" ({extra} are held by a lower rank too)"
+                if lacking:
+                    text += f" (not {lacking}, which no lower rank holds)"
+            out.append(text)
     return out

@@ -383,7 +383,8 @@ def _agree_on_attempt(
             "global id: docs/torch.md, 'Mixture of experts'), make it a DTensor, or keep it in "
             "a per-rank entry"
         )
-    wrong = writer_problems(replicas, [d.get("stored") for d in sent])
+    wrong = writer_problems(replicas, [d.get("stored") for d in sent], comm.rank,
+                            [*plan.staged_plain, *plan.plain_values])
     if wrong:  # the same on every rank: all forget their records and refuse alike
         forget(comm)
         raise MetadataConflictError(
