@@ -42,16 +42,22 @@ def test_reference_adapter(fast_tmp: Path) -> None:
     check_writer(REFERENCE_ADAPTER, examples=2, crash_examples=0, seed=11, max_writers=3,
                  workdir=str(fast_tmp))
     for i, (fault, job) in enumerate([("kill-writer", "write-w1"), ("kill-commit", "commit")]):
-        a, b = _explicit_case(), _explicit_case()
-        b.step = 8
-        det: dict[str, Any] = {}
-        run_crash_case(adapter(REFERENCE_ADAPTER), CrashCase(a, b, fault, 1, 0.5),
-                       fast_tmp / str(i), details=det)
+        # A victim that runs its last calls before the watcher reads its trace exits unkilled
+        # (seen once in a full run on 2 busy cores): up to three attempts, each from scratch.
+        for attempt in range(3):
+            a, b = _explicit_case(), _explicit_case()
+            b.step = 8
+            det: dict[str, Any] = {}
+            where = fast_tmp / f"{i}-{attempt}"
+            run_crash_case(adapter(REFERENCE_ADAPTER), CrashCase(a, b, fault, 1, 0.5), where,
+                           details=det)
+            if not TRACING or det["killed"]:
+                break
         if not TRACING:
             continue
         assert det["kill_unit"] == "trace" and det["kill_after"] >= 1 and det["killed"], det
-        trace = fast_tmp / str(i) / "jobs-b" / f"{job}.strace"
-        done = count_trace_progress(trace, str((fast_tmp / str(i) / "root").resolve()))
+        trace = where / "jobs-b" / f"{job}.strace"
+        done = count_trace_progress(trace, str((where / "root").resolve()))
         assert done >= det["kill_after"], (fault, done, det)
 
 
