@@ -104,6 +104,7 @@ class OwnersExchange:
     def __init__(
         self,
         comm: Comm,
+        flat: FlatState | None,
         keys: tuple[str, ...],
         record: PlainOwners | None,
         error: BaseException | None,
@@ -113,7 +114,7 @@ class OwnersExchange:
     ) -> None:
         self.comm, self.keys, self.record, self.error = comm, keys, record, error
         self._wait, self._what, self._outcome = wait, what, outcome
-        self._flat: FlatState | None = None  # its DTensor keys travel with the key lists
+        self._flat = flat  # its DTensor keys travel with the key lists
         #: This rank's keys are its record's: it may stage by the record before :meth:`finish`.
         self.ready = comm.world_size == 1 or (
             error is None and record is not None and record.keys == keys
@@ -128,7 +129,7 @@ class OwnersExchange:
     ) -> OwnersExchange:
         """Post this rank's status (``error``: it failed before, ``flat`` is ``None``)."""
         if comm.world_size == 1:
-            return cls(comm, (), None, error, None, what, outcome)
+            return cls(comm, flat, (), None, error, None, what, outcome)
         with _LOCK:
             record = _RECORDS.get(tuple(comm.global_ranks))
         keys: tuple[str, ...] = ()
@@ -139,9 +140,7 @@ class OwnersExchange:
         wait = comm.exchange(
             lambda: comm.start_allgather_ints(doc, "save/plain-keys"), outcome
         )
-        exchange = cls(comm, keys, record, error, wait, what, outcome)
-        exchange._flat = flat
-        return exchange
+        return cls(comm, flat, keys, record, error, wait, what, outcome)
 
     def finish(self) -> PlainOwners | None:
         """The rank's record for this save (``None``: a single process, rank 0 stores all).

@@ -368,16 +368,16 @@ def _mark_parameters(node: Any, flat: FlatState, first: int) -> None:
     ptrs = set()
     for p in model.parameters():
         if not hasattr(p, "device_mesh"):  # a DTensor's is stored per shard: never compared
-            ptrs.add(_storage(p))
+            ptrs.add(_data_ptr(p))
     ptrs.discard(0)  # no storage (zero-size, meta)
     if not ptrs:
         return
     for k, t in itertools.islice(flat.tensors.items(), first, None):
-        if not hasattr(t, "device_mesh") and _storage(t) in ptrs:
+        if not hasattr(t, "device_mesh") and _data_ptr(t) in ptrs:
             flat.params.add(k)
 
 
-def _storage(t: torch.Tensor) -> int:
+def _data_ptr(t: torch.Tensor) -> int:
     try:
         return int(t.data_ptr())
     except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage

@@ -244,34 +244,37 @@ def replica_digests(
         for key, t in flat.tensors.items():
             if is_dtensor(t):
                 continue
-            out[key] = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+            values, budget = _values_digest(t, budget, seed)
             mark = PARAMETER if key in flat.params else ""
-            nbytes = t.numel() * t.element_size()
-            if nbytes > REPLICA_CHECK_BYTES:
-                sample = _sample(t, seed) if budget >= _SAMPLE_BYTES * (_SAMPLES + 1) else None
-                if sample is not None:
-                    budget -= sample.numel()
-                    out[key] += f":s{crc32c(sample.numpy().data):08x}"
-                out[key] += mark
-                continue
-            if nbytes > budget or nbytes == 0:
-                out[key] += mark
-                continue
-            budget -= nbytes
-            if t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
-                # the bytes in place (a step counter: 7 µs through the views below, 1.4 ms
-                # per save for FSDP2's 202 of them, in async_save's blocking part)
-                raw = (ctypes.c_char * nbytes).from_address(t.data_ptr())
-                out[key] += f":{crc32c(memoryview(raw).cast('B')):08x}{mark}"
-                continue
-            # resolve_*: a conjugate or negative view has no bytes of its own to view as uint8;
-            # a one-element view (a complex tensor's .imag) is "contiguous" with a stride of 2
-            host = t.detach().to("cpu", copy=False).resolve_conj().resolve_neg().reshape(-1)
-            if host.stride(0) != 1:
-                host = host.clone(memory_format=torch.contiguous_format)
-            data = host.view(torch.uint8)
-            out[key] += f":{crc32c(data.numpy().data):08x}{mark}"
+            out[key] = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}{values}{mark}"
     return out
+
+
+def _values_digest(t: torch.Tensor, budget: int, seed: int) -> tuple[str, int]:
+    """The values part of a plain tensor's digest, and the budget left.
+
+    ``:crc`` of a small tensor's bytes, ``:scrc`` of a large one's sample, or nothing (zero
+    size, or past ``budget`` bytes).
+    """
+    nbytes = t.numel() * t.element_size()
+    if nbytes > REPLICA_CHECK_BYTES:
+        sample = _sample(t, seed) if budget >= _SAMPLE_BYTES * (_SAMPLES + 1) else None
+        if sample is None:
+            return "", budget
+        return f":s{crc32c(sample.numpy().data):08x}", budget - sample.numel()
+    if nbytes > budget or nbytes == 0:
+        return "", budget
+    if t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+        # the bytes in place (a step counter: 7 µs through the views below, 1.4 ms per save
+        # for FSDP2's 202 of them, in async_save's blocking part)
+        raw = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+        return f":{crc32c(memoryview(raw).cast('B')):08x}", budget - nbytes
+    # resolve_*: a conjugate or negative view has no bytes of its own to view as uint8;
+    # a one-element view (a complex tensor's .imag) is "contiguous" with a stride of 2
+    host = t.detach().to("cpu", copy=False).resolve_conj().resolve_neg().reshape(-1)
+    if host.stride(0) != 1:
+        host = host.clone(memory_format=torch.contiguous_format)
+    return f":{crc32c(host.view(torch.uint8).numpy().data):08x}", budget - nbytes
 
 
 #: Ends the digest of a plain tensor that is a module's parameter (``FlatState.params``).

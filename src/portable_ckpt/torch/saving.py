@@ -53,7 +53,7 @@ from portable_ckpt.torch._owners import (
     keys_digest,
     writer_problems,
 )
-from portable_ckpt.torch.flatten import VALUES_ENTRY, flatten_state
+from portable_ckpt.torch.flatten import VALUES_ENTRY, FlatState, flatten_state
 from portable_ckpt.torch.info import CheckpointInfo
 from portable_ckpt.torch.plan import (
     PlannedEntry,
@@ -230,13 +230,16 @@ def prepare(
         )
     except BaseException as e:
         return Prepared(None, None, e, time.perf_counter() - t0)
+    def staged(taken: FlatState, owners: PlainOwners | None) -> SavePlan:
+        plan = plan_save(taken, comm.rank, rng, world=comm.world_size, step=step, owners=owners)
+        stage(plan, copy, into)
+        return plan
+
     plan: SavePlan | None = None
     staging_error: BaseException | None = None
     try:
         if exchange.ready and flat is not None:  # stage by the record meanwhile
-            plan = plan_save(flat, comm.rank, rng, world=comm.world_size, step=step,
-                             owners=exchange.record)
-            stage(plan, copy, into)
+            plan = staged(flat, exchange.record)
     except BaseException as e:
         staging_error = e
     try:
@@ -255,9 +258,8 @@ def prepare(
             raise UsageError(f"save of step {step}: nothing to save was prepared")
         if plan is None or not _same_owned(owners, exchange.record):
             # keys changed somewhere and this rank stores others now: plan and stage again
-            plan = plan_save(flat, comm.rank, rng, world=comm.world_size, step=step,
-                             owners=owners)
-            stage(plan, copy, into)
+            # (every piece is copied again: rare, and a pool slot is not kept across plans)
+            plan = staged(flat, owners)
         return Prepared(storage, plan, None, time.perf_counter() - t0)
     except BaseException as e:
         return Prepared(None, None, e, time.perf_counter() - t0)
