@@ -73,10 +73,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def _split_version(path: str) -> tuple[str, str] | None:
-    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+def _split_version(text: str) -> tuple[str, str] | None:
+    """``(root, attempt id)`` when a root's ``text`` names a version directory, else ``None``.
 
-    text = path.rstrip("/")
+    A local path is made absolute first (its root is then the directory above).
+    """
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+    from portable_ckpt.storage import local_path
+
+    local = local_path(text)
+    text = (text if local is None else os.path.abspath(local)).rstrip("/")
     parent, _, base = text.rpartition("/")
     if ATTEMPT_ID_RE.match(base) and parent:
         return parent, base
@@ -119,9 +125,7 @@ def _resolve(path: str | os.PathLike[str] | Storage, step: int | None) -> tuple[
     if isinstance(path, Storage):  # a backend instance is a root (docs/storage-backends.md)
         return (path, *latest(path, step))
     text = root_text(path)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    split = _split_version(text if "://" in text else os.path.abspath(text))
+    split = _split_version(text)
     if split is not None:
         root, attempt = split
         storage = open_storage(root)

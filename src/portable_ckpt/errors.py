@@ -7,6 +7,7 @@ implementations report the same codes, and the conformance suite compares them.
 
 from __future__ import annotations
 
+import errno as _errno
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ __all__ = [
     "WriterProcessError",
     "ERROR_CODES",
     "error_for_code",
+    "transient_errno",
 ]
 
 
@@ -60,15 +62,24 @@ class CheckpointError(Exception):
     Attributes:
         code: Stable error code from the specification (e.g. ``"PCK-COVERAGE-GAP"``).
         path: The file or directory concerned, when there is one.
+        retryable: Whether the same call may succeed later unchanged: the storage did not
+            answer or failed an operation (every :class:`StorageError`), or another process
+            holds what the call needs (a copy still being written). The checkpoint itself is
+            not known to be damaged. The command line exits 75 (``EX_TEMPFAIL``) for these.
 
     """
 
     code: str = "PCK-ERROR"
+    retryable: bool = False
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | None = None, retryable: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.path = path
+        if retryable is not None:
+            self.retryable = retryable
 
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}"
@@ -146,6 +157,7 @@ class VersionDeletedError(FileMissingError):
     """
 
     failures: tuple[RankFailure, ...] = ()
+    retryable = True  # the root's newest version is there to read
 
 
 class FileSizeError(CheckpointError):
@@ -273,10 +285,33 @@ class StepMismatchError(CheckpointError):
     code = "PCK-STEP-MISMATCH"
 
 
+#: errno values of a failure that may pass by itself: the device or the network failed, or a
+#: resource ran out (a full disk, descriptors, memory). A permission, a read-only file system or
+#: a wrong name does not pass by waiting: its error is not retryable.
+TRANSIENT_ERRNOS = frozenset(
+    getattr(_errno, name) for name in (
+        "EIO", "EAGAIN", "EINTR", "EBUSY", "ENOSPC", "EDQUOT", "EMFILE", "ENFILE", "ENOMEM",
+        "ENOBUFS", "ENOLCK", "ETIMEDOUT", "ESTALE", "ECONNRESET", "ECONNREFUSED",
+        "ECONNABORTED", "EHOSTUNREACH", "ENETUNREACH", "ENETDOWN", "EPIPE", "EREMOTEIO",
+    ) if hasattr(_errno, name)
+)
+
+
+def transient_errno(code: int | None) -> bool:
+    """Whether an OS error of errno ``code`` may pass by itself (:data:`TRANSIENT_ERRNOS`)."""
+    return code in TRANSIENT_ERRNOS
+
+
 class StorageError(CheckpointError):
-    """An I/O failure of the storage backend; the message names the operation and path."""
+    """An I/O failure of the storage backend; the message names the operation and path.
+
+    Retryable by default (a store that did not answer, a device error: the same call may
+    succeed later, :attr:`CheckpointError.retryable`); not where a person must act first: a
+    permission, a read-only file system, a bucket that does not exist, credentials.
+    """
 
     code = "PCK-STORAGE"
+    retryable = True
 
 
 class CommitOutcomeUnknownError(StorageError):

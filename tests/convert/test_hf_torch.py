@@ -91,6 +91,27 @@ def test_single_file_round_trip(tmp_path: Path) -> None:
         assert f.metadata() == {"format": "pt", "note": "x"}
 
 
+def test_file_urls_name_local_paths_for_every_format(tmp_path: Path) -> None:
+    """Maintainer review M6: each module read a root's text by itself. `convert` took
+    ``file:///root`` for a path that does not exist (PCK-NOT-FOUND) and refused a
+    ``file://`` destination of the local formats; the CLI too."""
+    from portable_ckpt.cli.main import main as cli_main
+
+    t = _tensors()
+    save_file(t, tmp_path / "model.safetensors")
+    url = f"file://{tmp_path}"
+    assert detect_format(f"{url}/model.safetensors") == "hf"
+    convert(f"{url}/model.safetensors", f"{url}/root", step=3)
+    assert portable_ckpt.open(tmp_path / "root").step == 3
+    convert(f"{url}/root", f"{url}/back", dst_format="hf")
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert all(_raw(back[k]) == _raw(v) for k, v in t.items())
+    assert cli_main(["convert", f"{url}/root", f"{url}/one.pt", "--to", "torch", "-q"]) == 0
+    assert cli_main(["convert", f"{url}/one.pt", f"{url}/root", "--step", "4", "-q"]) == 0
+    _check(portable_ckpt.open(tmp_path / "root"), t)
+    assert portable_ckpt.open(tmp_path / "root").step == 4
+
+
 def test_sharded_round_trip_with_max_shard_size(tmp_path: Path) -> None:
     t = _tensors()
     keys = sorted(t)

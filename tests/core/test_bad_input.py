@@ -260,3 +260,14 @@ def test_a_root_spelt_with_a_tilde_is_the_home_directory(tmp_path, monkeypatch) 
     assert (home / "ckpts" / "run1").is_dir() and not (cwd / "~").exists()
     assert portable_ckpt.open("~/ckpts/run1").step == 1
     assert root_text("~") == str(home) and root_text("a~/b") == "a~/b"
+
+
+def test_local_path_is_the_one_reading_of_a_roots_text() -> None:
+    """Maintainer review M6: ``file://`` stripping and ``"://"`` tests in 11 places now ask
+    ``storage.local_path``: a path or ``file://PATH`` is local; any other scheme is not."""
+    from portable_ckpt.storage import local_path
+
+    assert local_path("/a/b") == "/a/b" and local_path("rel/x") == "rel/x"
+    assert local_path("file:///a") == "/a" and local_path("file://rel") == "rel"
+    assert local_path("s3://bucket/p") is None and local_path("mem://x") is None
+    assert local_path("file://s3://b") is None  # as open_storage reads it: not a path

@@ -274,10 +274,53 @@ def test_ls_exits_1_naming_an_attempt_it_could_not_read_and_verify_json_dates_th
     newest = save_step(root, 3)
     os.chmod(root / newest / "manifest.json", 0)
     res = _unprivileged("ls", str(root))
-    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert res.returncode == 1, (res.stdout, res.stderr)  # a permission: not 75 (F6)
     assert f"{newest} could not be read" in res.stderr and "ermission denied" in res.stderr
     assert "unreadable" in res.stdout
 
+
+def test_exit_75_says_retry_and_1_says_the_checkpoint(tmp_path, capsys) -> None:
+    """Scripting review F6: a storage error that may pass (EIO, a store that did not answer)
+    and a copy still being written exited 1, as damage does: a cron could not tell "page
+    someone" from "retry later". They exit 75 (EX_TEMPFAIL). A permission, damage, and a
+    transient error together with damage still exit 1."""
+    from portable_ckpt.cli.main import main as cli_main
+    from portable_ckpt.storage import LocalStorage, register_scheme
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    root = tmp_path / "r"
+    first = save_step(root, 1)
+    mid = save_step(root, 2)
+    newest = save_step(root, 3)
+    faults = [Fault(op="read", path=f"{newest}/data/*", error="EIO"),
+              Fault(op="read", path=f"{mid}/manifest.json", error="EIO")]
+    scheme = f"eio{os.getpid()}"
+    register_scheme(scheme, lambda url: FaultyStorage(LocalStorage(url.split("://", 1)[1]),
+                                                      faults))
+    url = f"{scheme}://{root}"
+    assert cli_main(["verify", f"{url}/{newest}", "--deep", "--no-record"]) == 75
+    assert "PCK-STORAGE" in capsys.readouterr().out
+    assert cli_main(["gc", url, "--keep", "1", "--dry-run", "--json"]) == 75
+    doc = json.loads(capsys.readouterr().out)
+    assert [(u["id"], u["retryable"]) for u in doc["unknown"]] == [(mid, True)]
+    assert cli_main(["ls", url]) == 75
+    # With a damaged commit record beside the unreadable attempt: about a version, 1.
+    (root / first / "manifest.json").write_text("{")
+    assert cli_main(["gc", url, "--keep", "1", "--dry-run"]) == 1
+    assert "commit record is invalid" in capsys.readouterr().err
+    # A permission does not pass by waiting: a person must act (1).
+    data = next(p for p in (root / newest / "data").iterdir())
+    os.chmod(data, 0)
+    try:
+        denied = _unprivileged("verify", str(root / newest), "--deep", "--no-record")
+    finally:
+        os.chmod(data, 0o644)
+    assert denied.returncode == 1 and "PCK-STORAGE" in denied.stdout, denied.stdout
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(raw)
+    damaged = cli("verify", str(root / newest), "--deep", "--no-record")
+    assert damaged.returncode == 1 and "PCK-CHECKSUM" in damaged.stdout, damaged.stdout
 
 def test_listings_parse_each_commit_record_once_and_see_a_changed_one(tmp_path, monkeypatch) -> None:
     """Ops review F11, F20: ls, gc and a manager's retention after every save parsed every
@@ -668,9 +711,10 @@ def test_the_cli_with_stdout_closed_does_nothing_and_says_so(tmp_path) -> None:
     assert res.returncode == 74 and "internal error" not in res.stderr, res.stderr
 
 
-def test_a_deep_verification_that_could_not_be_recorded_exits_1(tmp_path) -> None:
+def test_a_deep_verification_that_could_not_be_recorded_fails(tmp_path) -> None:
     """Scripting review F9: the record asked for could not be written, gc and managers did not
-    learn the outcome, and `verify --deep` exited 0 (`copy` exits 1 in the same case)."""
+    learn the outcome, and `verify --deep` exited 0 (`copy` fails in the same case). A
+    permission does not pass by waiting: 1, not 75 (F6)."""
     aid = save_step(tmp_path, 1)
     os.chmod(tmp_path / aid, 0o555)  # no verifications/ can be made in it
     try:

@@ -332,7 +332,9 @@ def test_an_error_from_inside_a_library_is_said_for_what_it_is(
     def fails(args: argparse.Namespace) -> int:
         raise exc
 
-    assert _run(argparse.Namespace(func=fails, json=True, command="convert")) == 1
+    # A storage error is EX_TEMPFAIL (75: not damage, retry), everything else 1 (review F6).
+    expected = 75 if code == "PCK-STORAGE" else 1
+    assert _run(argparse.Namespace(func=fails, json=True, command="convert")) == expected
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert doc == {"ok": False, "error": {"code": code, "message": doc["error"]["message"]}}

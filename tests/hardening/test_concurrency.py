@@ -115,3 +115,43 @@ def test_gc_during_save_keeps_save_in_progress(tmp_path: Path) -> None:
     assert len(reports[0].deleted) == 2  # retention still worked on committed versions
     rep = gc(str(root), keep=1, grace_seconds=0.0)
     assert a not in rep.deleted and a not in rep.abandoned
+
+
+GC_JOB = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.insert(0, {repo!r})
+    from portable_ckpt.io.gc import gc
+    root, go = sys.argv[1], sys.argv[2]
+    while not os.path.exists(go):  # the runs start together
+        pass
+    rep = gc(root, keep=3)
+    print(json.dumps({{"deleted": rep.deleted, "gone": rep.gone, "unknown": rep.unknown}}))
+    """
+)
+
+
+def test_overlapping_gc_runs_count_each_deletion_once(tmp_path: Path) -> None:
+    """Scripting review F7: three overlapping `gc --keep 3` runs on a root of 297 versions
+    to delete reported 615 deletions (each counted every version it deleted after another
+    run had). A run counts a version only when its delete of the commit record removed it;
+    the others report it as gone."""
+    root = tmp_path / "root"
+    ids = [make_version(str(root), step) for step in range(1, 41)]
+    go = tmp_path / "go"
+    script = tmp_path / "gc_job.py"
+    script.write_text(GC_JOB.format(repo=str(REPO)))
+    procs = [subprocess.Popen([sys.executable, str(script), str(root), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    go.write_text("go")
+    runs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    deleted = [a for r in runs for a in r["deleted"]]
+    assert sorted(deleted) == sorted(ids[:-3]), [len(r["deleted"]) for r in runs]
+    for r in runs:
+        assert not r["unknown"] and not set(r["deleted"]) & set(r["gone"]), r
+    assert [v.id for v in list_versions(str(root))] == ids[-3:]

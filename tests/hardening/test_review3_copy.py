@@ -152,7 +152,8 @@ def test_copy_into_the_source_root_is_refused(tmp_path: Path) -> None:
 def test_a_copy_that_may_be_in_progress_is_a_conflict_not_a_usage_error(tmp_path: Path) -> None:
     """After a killed copy, retries were refused for the grace period as PCK-USAGE (exit 2,
     "wrong arguments"), which automation cannot tell from a real usage error (SRE review F3).
-    It is PCK-COMMIT-CONFLICT (exit 1), naming when to retry; a quiet leftover is replaced."""
+    It is PCK-COMMIT-CONFLICT (exit 75, EX_TEMPFAIL: scripting review F6), naming when to
+    retry; a quiet leftover is replaced."""
     from portable_ckpt.cli.main import main
     from portable_ckpt.errors import CommitConflictError
 
@@ -163,7 +164,7 @@ def test_a_copy_that_may_be_in_progress_is_a_conflict_not_a_usage_error(tmp_path
     src = str(tmp_path / "src" / m.attempt_id)
     with pytest.raises(CommitConflictError, match=r"retry in \d+s"):
         copy_version(src, str(tmp_path / "dst"))
-    assert main(["copy", src, str(tmp_path / "dst")]) == 1
+    assert main(["copy", src, str(tmp_path / "dst")]) == 75
     # A destination whose clock runs ahead said "written -97132927s ago ... retry in 97133227s"
     # (attack review F3): a time in the future is named as such.
     future = time.time() + 3600

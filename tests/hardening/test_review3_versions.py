@@ -295,8 +295,9 @@ def test_require_copy_says_when_a_destination_could_not_be_asked(tmp_path: Path)
     assert "could not be asked whether it holds the copy" in p.stderr, p.stderr
 
 
-def test_a_copy_whose_record_cannot_be_written_exits_1_even_quiet(tmp_path: Path) -> None:
-    """Multi-job review F4: the copy exited 0 and, with -q, said nothing at all."""
+def test_a_copy_whose_record_cannot_be_written_fails_even_quiet(tmp_path: Path) -> None:
+    """Multi-job review F4: the copy exited 0 and, with -q, said nothing at all. A file in
+    place of the records' directory does not pass by waiting: 1, not 75 (scripting F6)."""
     src = tmp_path / "src"
     new = _save(src, 1)
     (src / new / "copies").write_text("not a directory")  # the record cannot go there

@@ -146,14 +146,16 @@ def root_only(text: str) -> str:
 
 def new_root(text: str) -> str:
     """A destination root: like :func:`root_url`, and not an existing non-directory file."""
+    from portable_ckpt.storage import local_path
+
     root_url(text)
     if _version_dir(text) is not None:
         raise argparse.ArgumentTypeError(
             f"{text} is a version directory of another root or lies in one; a destination "
             "root is a directory that holds versions, or s3://BUCKET/PREFIX"
         )
-    local = text[len("file://") :] if text.startswith("file://") else text
-    if "://" not in local and os.path.lexists(local) and not os.path.isdir(local):
+    local = local_path(text)
+    if local is not None and os.path.lexists(local) and not os.path.isdir(local):
         raise argparse.ArgumentTypeError(
             f"{text} exists and is not a directory; a destination root is a directory or "
             "s3://BUCKET/PREFIX"

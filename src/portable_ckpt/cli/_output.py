@@ -19,14 +19,32 @@ import logging
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from portable_ckpt.cli._text import safe
 from portable_ckpt.logs import EVENT_ATTR, LOGGER_NAME, Progress
 
-__all__ = ["add_output_options", "log_to_stderr", "progress_bar"]
+__all__ = [
+    "EXIT_RETRY", "add_output_options", "failed_status", "log_to_stderr", "progress_bar",
+]
+
+#: Exit status of a command that failed for a reason that may pass: a storage error, a copy
+#: still being written (:attr:`CheckpointError.retryable`; sysexits' EX_TEMPFAIL).
+EXIT_RETRY = 75
+
+
+def failed_status(retryable: Sequence[bool]) -> int:
+    """The exit status of a command whose problems are ``retryable`` (one flag per problem).
+
+    0 without any; :data:`EXIT_RETRY` when every one may pass by itself
+    (:attr:`CheckpointError.retryable`: a storage error, a record the storage did not take);
+    1 when any says something about the checkpoint.
+    """
+    if not retryable:
+        return 0
+    return EXIT_RETRY if all(retryable) else 1
 
 
 def add_output_options(parser: argparse.ArgumentParser, *, top: bool) -> None:

@@ -73,6 +73,7 @@ def _check(args: argparse.Namespace) -> str | None:
     import os
 
     from portable_ckpt.convert._registry import url_problem
+    from portable_ckpt.storage import local_path
 
     problem = url_problem(args.dst, args.dst_format, "destination")
     if problem:
@@ -83,8 +84,8 @@ def _check(args: argparse.Namespace) -> str | None:
         except argparse.ArgumentTypeError as e:
             return f"argument DST: {e}"
         return None
-    local = args.dst[len("file://") :] if args.dst.startswith("file://") else args.dst
-    if "://" not in local and os.path.lexists(local):
+    local = local_path(args.dst)
+    if local is not None and os.path.lexists(local):
         return f"argument DST: {args.dst} exists; a torch target is a new file (nothing is overwritten)"
     return None
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from portable_ckpt.cli import _args as A
-from portable_ckpt.cli._output import progress_bar
+from portable_ckpt.cli._output import EXIT_RETRY, progress_bar
 from portable_ckpt.cli._text import safe
 
 __all__ = ["register"]
@@ -37,11 +37,12 @@ def _copy(args: argparse.Namespace) -> int:
         for w in res.warnings:
             print(f"  warning: {safe(w)}", file=sys.stderr)
     if res.record_error:
-        # Said whatever -q or --json say, exit 1: `ls` and `gc --require-copy` see no copy
-        # without it (multi-job review F4); running the copy again writes it.
+        # Said whatever -q or --json say, and not success: `ls` and `gc --require-copy` see no
+        # copy without it (multi-job review F4). Running the copy again writes it once the
+        # cause passed: 75 when it may pass by itself (scripting review F6).
         print(f"portable-ckpt: the copy is made, but its record was not written: "
               f"{safe(res.record_error)}; run the copy again to record it", file=sys.stderr)
-        return 1
+        return EXIT_RETRY if res.record_retryable else 1
     return 0
 
 

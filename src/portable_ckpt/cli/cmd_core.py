@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from portable_ckpt.cli import _args as A
-from portable_ckpt.cli._output import progress_bar
+from portable_ckpt.cli._output import failed_status, progress_bar
 from portable_ckpt.cli._text import safe, table
 from portable_ckpt.errors import (
     CheckpointError,
@@ -56,12 +56,15 @@ def _ls(args: argparse.Namespace) -> int:
               f"{safe(str(pins_unread))}", file=sys.stderr)
     foreign = foreign_keys(storage)
     # An attempt that could not be read may be the newest version: a restore fails until it
-    # can be read (R-ID-5). Said on stderr with its reason, exit 1 (ops review F7: a cron
-    # `ls` reported success).
+    # can be read (R-ID-5). Said on stderr with its reason, and no success (ops review F7: a
+    # cron `ls` reported success): 75 for a storage error, retry (scripting review F6).
     unreadable = [v for v in versions if v.status == "unreadable"]
     for v in unreadable:
         print(f"portable-ckpt: {v.id} could not be read: {safe(v.error or '?')}", file=sys.stderr)
-    code = 1 if unreadable or pins_unread is not None else 0
+    code = failed_status(
+        [v.error_retryable for v in unreadable]
+        + ([pins_unread.retryable] if pins_unread is not None else [])
+    )
     if args.json:
         doc = {
             "versions": [v.to_json() for v in versions],
@@ -273,6 +276,8 @@ def _verify(args: argparse.Namespace) -> int:
     errors: list[CheckpointError]
     record: str | None = None
     record_error: str | None = None
+    record_failure: CheckpointError | None = None
+    forced: list[dict[str, str]] = []
     from portable_ckpt.io.damage import confirm_damage, elsewhere
     from portable_ckpt.io.reader import Checkpoint
 
@@ -323,7 +328,10 @@ def _verify(args: argparse.Namespace) -> int:
         if (args.deep or args.sample is not None) and args.record and not deleted and not (
             away and not errors
         ):
-            record, record_error = _record(storage, attempt, chunks, errors, args, seed, forced)
+            record, record_failure = _record(storage, attempt, chunks, errors, args, seed, forced)
+            if record_failure is not None:
+                record_error = (f"[{record_failure.code}] {record_failure.message} "
+                                "(--no-record verifies without writing)")
         if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root
             errors = errors + _newer_invalid(storage, attempt)
         errors = errors + unsure  # after the record: never recorded as damage
@@ -370,8 +378,11 @@ def _verify(args: argparse.Namespace) -> int:
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(target)} ({mode})")
     # A record asked for and not written: gc and managers do not know the outcome, as `copy`
-    # exits 1 when its record fails (scripting review F9).
-    return 0 if ok and record_error is None else 1
+    # fails when its record fails (scripting review F9). 75 when every problem may pass by
+    # itself (a storage error: F6), 1 when any is about the version.
+    failures = [*errors, *([record_failure] if record_failure else [])]
+    # Unreadable files recorded as the version's failure (--record-unreadable) are a verdict.
+    return failed_status([e.retryable for e in failures] + [False] * bool(forced and record))
 
 
 def _still_unreadable(
@@ -446,7 +457,7 @@ def _newer_invalid(storage: Any, attempt: str) -> list[CheckpointError]:
 def _record(
     storage: Any, attempt: str, chunks: int, errors: list[CheckpointError],
     args: argparse.Namespace, seed: int, forced: list[dict[str, str]] | None = None,
-) -> tuple[str | None, str | None]:
+) -> tuple[str | None, CheckpointError | None]:
     """Record a deep or sampled verification beside the version: (its path, why it was not).
 
     ``forced``: findings recorded as failures though they prove no damage (--record-unreadable).
@@ -473,7 +484,7 @@ def _record(
             seed=None if args.deep else seed, verifier="portable-ckpt verify",
         )
     except CheckpointError as e:
-        return None, f"[{e.code}] {e.message} (--no-record verifies without writing)"
+        return None, e
     return path, None
 
 
@@ -515,6 +526,8 @@ def _gc(args: argparse.Namespace) -> int:
         what = "no valid commit record" if args.delete_invalid else "abandoned attempt"
         for v in rep.abandoned:
             print(f"{verb}  {v}  ({what})")
+        for v in rep.gone:
+            print(f"gone    {v}  (deleted by another process while this gc ran)")
         for v in rep.foreign:
             print(f"kept    {v}  (foreign: written by a newer format version)")
         pins_unknown = any(u["status"] == "pins unreadable" for u in rep.unknown)
@@ -587,7 +600,10 @@ def _gc(args: argparse.Namespace) -> int:
               f"verified copy: {why}", file=sys.stderr)
     problems = (rep.damaged or rep.retire_doubted or rep.retire_pinned or rep.kept_for_copy
                 or rep.left_behind)
-    return 1 if problems or not rep.complete else 0
+    if problems:
+        return 1
+    # Attempts it could not read or delete: a storage that did not answer is 75 (retry).
+    return failed_status([u["retryable"] for u in rep.unknown])
 
 
 def register(sub: Any) -> None:

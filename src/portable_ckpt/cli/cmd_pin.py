@@ -60,14 +60,12 @@ def _unpin_target(args: argparse.Namespace) -> tuple[Any, str, int]:
     A version directory is taken by its name: its pins are removed also when its commit record
     is damaged or gone (attack review 5 F6: such a pinned version could be freed by no tool).
     """
-    import os
-
     import portable_ckpt
     from portable_ckpt.format.naming import parse_attempt_step
     from portable_ckpt.storage import open_storage, root_text
 
     text = root_text(args.ckpt)
-    split = portable_ckpt._split_version(text if "://" in text else os.path.abspath(text))
+    split = portable_ckpt._split_version(text)
     if split is None:
         storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
         return storage, attempt, int(manifest.step)

@@ -1,9 +1,11 @@
 """Entry point of ``portable-ckpt``: finds every ``cmd_*`` module and lets it add subcommands.
 
 Exit codes: 0 success, 1 a checkpoint problem (the error's code is printed, e.g. PCK-NOT-FOUND for
-a root that does not exist, PCK-STORAGE when gc skipped attempts it could not read), 2 usage
-errors (a bad argument before anything is touched; a request the root's state refuses without
-``--force``, nothing written), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM: systemd's stop,
+a root that does not exist), 2 usage errors (a bad argument before anything is touched; a request
+the root's state refuses without ``--force``, nothing written), 75 a failure that may pass: every
+problem was a storage error that waiting can mend (PCK-STORAGE of EIO, a store that did not
+answer; not a permission) or a copy still being written (PCK-COMMIT-CONFLICT): retry (also ``ls
+--latest`` when any storage error kept it from telling), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM: systemd's stop,
 ``timeout``), 141 output into a closed pipe.
 
 Every subcommand takes ``-v``/``-vv`` (the library's log at INFO/DEBUG on stderr) and ``-q``
@@ -27,9 +29,9 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from portable_ckpt import __version__
-from portable_ckpt.cli._output import add_output_options, log_to_stderr
+from portable_ckpt.cli._output import EXIT_RETRY, add_output_options, log_to_stderr
 from portable_ckpt.cli._text import safe
-from portable_ckpt.errors import CheckpointError, StorageError, UsageError
+from portable_ckpt.errors import CheckpointError, StorageError, UsageError, transient_errno
 
 __all__ = ["build_parser", "entry", "main"]
 
@@ -158,8 +160,6 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 #: Exit status when the command's own output cannot be written (sysexits' EX_IOERR).
 EXIT_OUTPUT = 74
-#: Exit status of ``ls --latest`` when a storage error kept it from telling (EX_TEMPFAIL).
-EXIT_RETRY = 75
 
 
 class _OutputError(Exception):
@@ -214,11 +214,14 @@ def _run(args: argparse.Namespace) -> int:
     # --json, stdout gets one document whatever happens: a failure is {"ok": false, "error"}.
     except CheckpointError as exc:
         _say_failed(args, exc.to_json(), safe(exc))
-        if isinstance(exc, StorageError) and getattr(args, "latest", False):
-            # `ckpt=$(portable-ckpt ls ROOT --latest) || start_fresh`: a storage error must not
-            # read as "no version" (scripting review F3): sysexits' EX_TEMPFAIL, retry.
-            return EXIT_RETRY
-        return 2 if isinstance(exc, UsageError) else 1
+        if isinstance(exc, UsageError):
+            return 2
+        # A storage that did not answer, a copy still being written: "retry later" is not
+        # "the checkpoint is damaged" for a cron that pages someone (scripting review F6),
+        # and `ckpt=$(portable-ckpt ls ROOT --latest) || start_fresh` must not read any
+        # storage error as "no version" (F3): sysexits' EX_TEMPFAIL.
+        latest = isinstance(exc, StorageError) and getattr(args, "latest", False)
+        return EXIT_RETRY if exc.retryable or latest else 1
     except KeyboardInterrupt as exc:
         return _interrupted(args, exc)
     except (BrokenPipeError, SystemExit, GeneratorExit, _OutputError):
@@ -229,9 +232,10 @@ def _run(args: argparse.Namespace) -> int:
             raise
         code, message = _unexpected(exc)  # with its document too (resource review R1)
         _say_failed(args, {"code": code, "message": message}, message)
-        if code == "PCK-STORAGE" and getattr(args, "latest", False):
-            return EXIT_RETRY  # as a StorageError: never "no version" (last review L1)
-        return 1
+        # As a StorageError (review L1): 75 when it may pass (a full disk, EIO), not EACCES.
+        transient = isinstance(exc, OSError) and transient_errno(exc.errno)
+        latest = getattr(args, "latest", False)
+        return EXIT_RETRY if code == "PCK-STORAGE" and (transient or latest) else 1
 
 
 def _say_failed(args: argparse.Namespace | None, error: dict[str, str], text: str) -> None:

@@ -75,6 +75,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
 from portable_ckpt.format.vocab import CODECS, is_entry_name
+from portable_ckpt.storage import local_path
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -208,9 +209,10 @@ def _check_output(plan: SourcePlan, src: str, max_output_bytes: int | None) -> N
     """Refuse a plan that would write more than its bound, before anything is written."""
     limit = max_output_bytes
     if limit is None:
-        if "://" in src:
+        local = local_path(src)
+        if local is None:
             return  # an object-store source: its files' sizes are the version's own records
-        limit = OUTPUT_RATIO * _bytes_on_disk(src) + OUTPUT_SLACK
+        limit = OUTPUT_RATIO * _bytes_on_disk(local) + OUTPUT_SLACK
     if plan.total_bytes <= limit:
         return
     if max_output_bytes is not None:
@@ -257,7 +259,8 @@ class _PortableSink:
 
         self._writer_cls = ShardWriter
         self.root = root
-        self.created_root = not os.path.exists(root) and "://" not in root
+        local = local_path(root)
+        self.created_root = local is not None and not os.path.exists(local)
         self.storage = open_storage(root, create=True)
         self.attempt = new_attempt_id(step)
         self.step = step
@@ -487,7 +490,8 @@ def convert(
 
     """
     t0 = time.perf_counter()
-    s, d = os.fspath(src), os.fspath(dst)
+    # file://PATH is PATH for every format (detection and the local formats read paths).
+    s, d = (local_path(p) or p for p in (os.fspath(src), os.fspath(dst)))
     say_skipped()
     target = get_format(dst_format, role="target")
     source = get_format(src_format or detect_format(s), role="source")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from portable_ckpt.errors import NotFoundError, UsageError
+from portable_ckpt.storage import local_path
 from portable_ckpt.storage._posix import file_kind, open_regular
 
 __all__ = [
@@ -298,7 +299,7 @@ def url_problem(path: str, fmt: str, role: str) -> str | None:
 
     Only portable roots go through a storage backend; the other formats are local paths.
     """
-    if fmt == "portable" or "://" not in path:
+    if fmt == "portable" or local_path(path) is not None:
         return None
     scheme = path.partition("://")[0]
     fix = (
@@ -317,8 +318,8 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         UsageError: no format recognises it (pass it explicitly).
 
     """
-    p = os.fspath(path)
-    if "://" in p and not p.startswith("file://"):  # an object store: only this format there
+    p = local_path(os.fspath(path))
+    if p is None:  # an object store: only this format there
         return "portable"
     if not os.path.lexists(p):
         raise NotFoundError(f"source {p} does not exist", path=p)

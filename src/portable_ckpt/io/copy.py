@@ -34,13 +34,14 @@ from portable_ckpt.errors import (
     FileSizeError,
     StorageError,
     UsageError,
+    transient_errno,
 )
 from portable_ckpt.format import jsonio, usage
 from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.io.checksum import crc32c, read_verified
 from portable_ckpt.logs import get_logger, logged
-from portable_ckpt.storage import Storage, check_root_url, open_storage
+from portable_ckpt.storage import Storage, check_root_url, local_path, open_storage
 
 __all__ = [
     "CopyResult",
@@ -59,15 +60,14 @@ _log = get_logger("io.copy")
 def normalize_root_url(root: str | os.PathLike[str] | Storage) -> str:
     """Return the canonical URL of a root: ``s3://bucket/prefix`` or ``file:///abs/path``."""
     if isinstance(root, Storage):
-        url = root.url
-        return url.rstrip("/") if "://" in url else "file://" + os.path.abspath(url)
-    text = os.fspath(root)
-    check_root_url(text)  # "s3://" has no bucket: never the local folder "s3:"
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif "://" in text:  # s3://, or a registered scheme (storage.register_scheme)
+        text = root.url
+    else:
+        text = os.fspath(root)
+        check_root_url(text)  # "s3://" has no bucket: never the local folder "s3:"
+    local = local_path(text)
+    if local is None:  # s3://, or a registered scheme (storage.register_scheme)
         return text.rstrip("/")
-    return "file://" + os.path.abspath(text)
+    return "file://" + os.path.abspath(local)
 
 
 def record_url(url: str) -> str:
@@ -95,9 +95,7 @@ def url_of_record(url: str) -> str:
 
 
 def _storage_for(url: str, *, create: bool) -> Storage:
-    if url.startswith("file://"):
-        return open_storage(url[len("file://") :], create=create)
-    return open_storage(url, create=create)
+    return open_storage(local_path(url) or url, create=create)
 
 
 @dataclass
@@ -118,6 +116,8 @@ class CopyResult:
         server_checksums: Files whose destination CRC32C was verified by the store itself.
         record: Path (relative to the source root) of the copy record, when written.
         record_error: Why the copy record could not be written (the copy itself succeeded).
+        record_retryable: Whether that cause may pass by itself (a storage that did not
+            answer; not a permission): running the copy again then writes the record.
         warnings: Non-fatal observations (e.g. both roots on the same local device).
 
     """
@@ -134,6 +134,7 @@ class CopyResult:
     server_checksums: int = 0
     record: str | None = None
     record_error: str | None = None
+    record_retryable: bool = False
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -296,7 +297,7 @@ def _check_not_inside(src: Storage, src_url: str, dst_root: str | os.PathLike[st
     if isinstance(dst_root, Storage):
         b = dst_root.local_root()
     else:
-        b = dst_url[len("file://") :] if dst_url.startswith("file://") else None
+        b = local_path(dst_url)
     if a is None or b is None:
         return
     real_a, real_b = os.path.realpath(a), os.path.realpath(b)
@@ -366,6 +367,7 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
             f"{dst.url}/{attempt} holds {len(leftovers)} files of an uncommitted copy {when}, or "
             "pass force=True (--force) to replace them if no other copy runs",
             path=f"{dst.url}/{attempt}",
+            retryable=age >= 0,
         )
     dst.delete_prefix(f"{attempt}/")
 
@@ -658,6 +660,9 @@ def copy_version(
                 result.record = _write_record(job.src, job.attempt, result.destination, result)
             except (CheckpointError, OSError) as exc:
                 result.record_error = str(exc)
+                result.record_retryable = (
+                    exc.retryable if isinstance(exc, CheckpointError) else transient_errno(exc.errno)
+                )
         result.seconds = time.perf_counter() - t0
         out.update(_finished_fields(result))
     return result

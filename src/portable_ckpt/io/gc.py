@@ -52,7 +52,7 @@ from portable_ckpt.io.versions import (
     version_order,
 )
 from portable_ckpt.logs import Progress, log_event
-from portable_ckpt.storage import ObjectInfo, Storage, open_storage
+from portable_ckpt.storage import ObjectInfo, Storage, local_path, open_storage
 
 __all__ = [
     "CLOCK_SKEW_SAID",
@@ -73,7 +73,8 @@ class GcReport:
     """What gc removed or would remove (``dry_run``), and what it left alone and why.
 
     ``unknown`` lists the attempts gc could not classify (``{"id", "status", "code",
-    "message"}``): they were not touched, and ``complete`` is False. ``foreign`` lists versions
+    "message", "retryable"}``; ``retryable``: the cause may pass by itself, as a store that did
+    not answer, unlike a permission): they were not touched, and ``complete`` is False. ``foreign`` lists versions
     of a format this implementation does not implement: never garbage, never counted in
     ``keep``. ``foreign_keys`` lists entries that are not the format's (e.g. ``<attempt>//x`` on
     an object store, a FIFO in a local attempt) that gc found and left where they are.
@@ -120,6 +121,10 @@ class GcReport:
     #: Deleted attempts (their commit record is gone) whose other files could not all be
     #: deleted: ``{"id", "code", "message"}``; the next gc removes them as abandoned.
     left_behind: list[dict[str, Any]] = field(default_factory=list)
+    #: Attempts planned for deletion that another process deleted first (an overlapping gc, a
+    #: manager's retention): not in ``deleted`` or ``abandoned``, which count what this run
+    #: deleted (scripting review F7: three overlapping runs reported 615 of 297 versions).
+    gone: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -148,6 +153,7 @@ class GcReport:
             "pruned_records": self.pruned_records,
             "retire_doubted": self.retire_doubted,
             "clock_skew": self.clock_skew,
+            "gone": self.gone,
             "left_behind": self.left_behind,
             "unknown": self.unknown,
             "complete": self.complete,
@@ -165,17 +171,18 @@ class GcReport:
         status: str,
         exc: CheckpointError | str | None,
         code: str | None = None,
+        retryable: bool = False,
     ) -> None:
         """Record an attempt gc leaves alone because it could not classify it.
 
         ``attempt_id`` is ``None`` when the unfinished uploads of the root could not be listed
-        (attempts known only by their uploads are then unknown). ``code``: the error's code
-        when ``exc`` is its message only.
+        (attempts known only by their uploads are then unknown). ``code``, ``retryable``: the
+        error's when ``exc`` is its message only.
         """
-        code = exc.code if isinstance(exc, CheckpointError) else (code or "PCK-STORAGE")
-        self.unknown.append(
-            {"id": attempt_id, "status": status, "code": code, "message": str(exc)}
-        )
+        if isinstance(exc, CheckpointError):
+            code, retryable = exc.code, exc.retryable
+        self.unknown.append({"id": attempt_id, "status": status, "code": code or "PCK-STORAGE",
+                             "message": str(exc), "retryable": retryable})
 
     def keep_pinned(self, attempt_id: str) -> None:
         """Record an attempt planned for deletion but kept: pinned while gc ran."""
@@ -184,6 +191,13 @@ class GcReport:
                 planned.remove(attempt_id)
         if attempt_id not in self.pinned:
             self.pinned.append(attempt_id)
+
+    def deleted_by_other(self, attempt_id: str) -> None:
+        """Record an attempt that was gone when this run deleted it."""
+        for done in (self.deleted, self.abandoned, self.retired):
+            if attempt_id in done:
+                done.remove(attempt_id)
+        self.gone.append(attempt_id)
 
     def failed(self, attempt_id: str, exc: CheckpointError) -> None:
         """Record an attempt whose deletion failed part way: not deleted, and named."""
@@ -331,7 +345,7 @@ def gc(
                 if attempt_id in recorded and pins_now.holds(attempt_id):
                     doomed[i] = ""  # kept: pinned while this gc ran
                 else:
-                    _delete_attempt(storage, attempt_id, report)
+                    _delete_attempt(storage, attempt_id, report, attempt_id in recorded)
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
                 report.failed(attempt_id, exc)
@@ -466,7 +480,7 @@ def _known_versions(
     out = []
     for v in versions:
         if not v.known:
-            report.skip(v.id, v.status, v.error, v.error_code)
+            report.skip(v.id, v.status, v.error, v.error_code, v.error_retryable)
         elif v.status == FOREIGN:
             report.foreign.append(v.id)
         elif v.status == STRAY:
@@ -658,8 +672,9 @@ def _copy_destination(url: str, *, strict: bool = False) -> str:
 
     try:
         text = normalize_root_url(url)
-        if text.startswith("file://"):
-            return "file://" + os.path.realpath(text[len("file://") :])
+        local = local_path(text)
+        if local is not None:
+            return "file://" + os.path.realpath(local)
     except (CheckpointError, ValueError):  # ValueError: a NUL in a record's path (F10)
         if strict:
             raise
@@ -870,6 +885,11 @@ def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
     return there
 
 
+def _any_file(storage: Storage, prefix: str) -> bool:
+    """Whether anything is stored under ``prefix`` (the listing's first entry only)."""
+    return next(iter(storage.list(prefix)), None) is not None
+
+
 def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
     """Raise if the commit record of an attempt classified ``incomplete`` exists by now.
 
@@ -885,14 +905,22 @@ def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
         )
 
 
-def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport) -> None:
+def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport, recorded: bool) -> None:
     """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads.
 
     Once its record is gone the version no longer exists: a failure after that leaves files,
     not a version, and is reported as such (``report.left_behind``), never as "not deleted"
-    (multi-job review F3: an operator read that the versions were intact).
+    (multi-job review F3: an operator read that the versions were intact). An attempt whose
+    record (``recorded``), or every file, is gone already was deleted by another process: its
+    leftovers are deleted all the same, and it is reported in ``report.gone``.
     """
-    storage.delete(f"{attempt_id}/manifest.json")
+    record = f"{attempt_id}/manifest.json"
+    there = storage.exists(record) if recorded else _any_file(storage, f"{attempt_id}/")
+    removed = storage.delete(record)
+    # The record's delete tells where the backend can (one of two racing unlinks wins); an
+    # object store cannot tell, and the look before it leaves a narrow window.
+    if not (there if removed is None or not recorded else removed):
+        report.deleted_by_other(attempt_id)
     try:
         report.aborted_uploads += storage.abort_uploads(f"{attempt_id}/")
         storage.delete_prefix(f"{attempt_id}/")

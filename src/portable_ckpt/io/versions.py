@@ -67,7 +67,7 @@ from portable_ckpt.io.annotations import (
 )
 from portable_ckpt.io.damage import PLACEMENT_ENTRY
 from portable_ckpt.io.pins import PIN_DIR, read_pins
-from portable_ckpt.storage import ObjectInfo, Storage, open_storage
+from portable_ckpt.storage import ObjectInfo, Storage, local_path, open_storage
 
 __all__ = [
     "STATUSES",
@@ -101,8 +101,8 @@ def enclosing_version(text: str) -> str | None:
     """
     from portable_ckpt.format.naming import ATTEMPT_ID_RE
 
-    local = text[len("file://") :] if text.startswith("file://") else text
-    if "://" in local:
+    local = local_path(text)
+    if local is None:
         return None
     for path in dict.fromkeys((os.path.normpath(os.path.abspath(local)), os.path.realpath(local))):
         for _ in range(3):
@@ -164,6 +164,9 @@ class VersionInfo:
     error: str | None = None
     bytes: int = 0
     error_code: str | None = None
+    #: Whether ``error`` may pass by itself (:attr:`CheckpointError.retryable`: a storage that
+    #: did not answer, not a permission).
+    error_retryable: bool = False
     annotations_unreadable: bool = False
     #: Its verification records (which decide whether it may be restored, R-DRILL-8) could not
     #: all be read; drill and copy records decide only what gc keeps.
@@ -453,6 +456,7 @@ def _info(
     info = VersionInfo(name, step, c.status, path, c.committed_at, node_local=c.node_local)
     if c.error is not None:
         info.error, info.error_code = str(c.error), c.error.code
+        info.error_retryable = c.error.retryable
     if nbytes is None:
         return info
     info.bytes = nbytes
@@ -476,6 +480,7 @@ def _info(
             kind, first = next((k, e) for k, e in sorted(
                 unread.items(), key=lambda ke: ke[0] != "verifications"))
             info.error, info.error_code = f"{kind} records unreadable: {first}", first.code
+            info.error_retryable = first.retryable
     return info
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "check_root_url",
     "check_s3_bucket",
     "check_s3_prefix",
+    "local_path",
     "open_process_spec",
     "open_storage",
     "register_scheme",
@@ -174,6 +175,16 @@ def root_text(url: object) -> str:
     return text
 
 
+def local_path(text: str) -> str | None:
+    """The local path a root's text names (a path, or ``file://PATH``), else ``None``.
+
+    ``None``: a URL of another scheme (``s3://``, a registered one). The one reading of a root's text wherever a local root is told from a remote one (the
+    CLI's arguments, copy records, conversions, tiers: maintainer review M6).
+    """
+    rest = text.removeprefix("file://")
+    return None if "://" in rest else rest
+
+
 def open_storage(url: str | os.PathLike[str] | Storage, *, create: bool = False) -> Storage:
     """Return the backend for ``url``: a local path, or ``s3://bucket/prefix``.
 
@@ -191,13 +202,12 @@ def open_storage(url: str | os.PathLike[str] | Storage, *, create: bool = False)
         from portable_ckpt.storage.s3 import S3Storage
 
         return S3Storage.from_url(text)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif "://" in text:
+    local = local_path(text)
+    if local is None:
         opener = _opener(text.split("://", 1)[0])
         if opener is not None:  # check_root_url found it
             return opener(text)
-    return LocalStorage(text, create=create)
+    return LocalStorage(text if local is None else local, create=create)
 
 
 def open_process_spec(spec: Mapping[str, Any]) -> Storage:

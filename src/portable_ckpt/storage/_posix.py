@@ -15,7 +15,13 @@ import stat
 import sys
 from collections.abc import Callable
 
-from portable_ckpt.errors import FileMissingError, LimitError, PathUnsafeError, StorageError
+from portable_ckpt.errors import (
+    FileMissingError,
+    LimitError,
+    PathUnsafeError,
+    StorageError,
+    transient_errno,
+)
 
 __all__ = ["file_kind", "open_regular", "read_regular", "start_writeback"]
 
@@ -57,7 +63,8 @@ def open_regular(path: str, *, below: str | None = None, what: str | None = None
         mode = os.fstat(fd).st_mode
     except OSError as exc:
         os.close(fd)
-        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=path) from exc
+        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=path,
+                           retryable=transient_errno(exc.errno)) from exc
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise FileMissingError(
@@ -82,7 +89,8 @@ def file_kind(path: str, *, what: str | None = None) -> str:
     except (FileNotFoundError, NotADirectoryError):
         raise FileMissingError(f"{label} does not exist", path=path) from None
     except OSError as exc:
-        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=path) from None
+        raise StorageError(f"stat {label}: {exc.strerror} (errno {exc.errno})", path=path,
+                           retryable=transient_errno(exc.errno)) from None
     if stat.S_ISDIR(mode):
         return "dir"
     if stat.S_ISREG(mode):
@@ -110,7 +118,8 @@ def read_regular(
             out += piece
         raise LimitError(f"{label} grew above the limit of {max_size} bytes", path=path)
     except OSError as exc:
-        raise StorageError(f"read {label}: {exc.strerror} (errno {exc.errno})", path=path) from exc
+        raise StorageError(f"read {label}: {exc.strerror} (errno {exc.errno})", path=path,
+                           retryable=transient_errno(exc.errno)) from exc
     finally:
         os.close(fd)
 
@@ -148,7 +157,8 @@ def _open(
             if exc.errno == errno.ENOTDIR:
                 raise FileMissingError(f"{label}: {path!r} is not a directory", path=key) from None
         raise StorageError(
-            f"open {label}: {exc.strerror} (errno {exc.errno})", path=key
+            f"open {label}: {exc.strerror} (errno {exc.errno})", path=key,
+            retryable=transient_errno(exc.errno),
         ) from None
 
 

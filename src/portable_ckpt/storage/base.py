@@ -193,8 +193,13 @@ class Storage(abc.ABC):
         """Return the names of the immediate 'directories' under ``prefix``."""
 
     @abc.abstractmethod
-    def delete(self, path: str) -> None:
-        """Delete one object; deleting a missing object is not an error."""
+    def delete(self, path: str) -> bool | None:
+        """Delete one object; deleting a missing object is not an error.
+
+        Returns whether this call removed it (``False``: it was absent), or ``None`` where the
+        backend cannot tell (an object store's DELETE answers alike). gc counts what it
+        deleted by this: two overlapping runs do not both report one version.
+        """
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix`` (used by gc after the manifest is gone).

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
-from portable_ckpt.errors import StorageError, UsageError
+from portable_ckpt.errors import StorageError, UsageError, transient_errno
 from portable_ckpt.storage.base import ObjectInfo, Storage, StreamWriter
 
 __all__ = ["OPS", "Fault", "FaultyStorage", "OpRecord", "parse_faults"]
@@ -127,7 +127,8 @@ class OpRecord:
 def _raise(op: str, path: str, code: int) -> None:
     name = _errno.errorcode.get(code, str(code))
     raise StorageError(
-        f"{op} {path!r}: {os.strerror(code)} ({name}, errno {code}) [injected]", path=path
+        f"{op} {path!r}: {os.strerror(code)} ({name}, errno {code}) [injected]", path=path,
+        retryable=transient_errno(code),
     )
 
 
@@ -320,10 +321,10 @@ class FaultyStorage(Storage):
         self._before("list", prefix, 0)
         return self.inner.list_dirs(prefix)
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str) -> bool | None:
         """Delete, after the faults for ``delete``."""
         self._before("delete", path, 0)
-        self.inner.delete(path)
+        return self.inner.delete(path)
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete a prefix object by object (each a ``delete``)."""

@@ -23,6 +23,7 @@ from portable_ckpt.errors import (
     LimitError,
     PathUnsafeError,
     StorageError,
+    transient_errno,
 )
 from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage._listing import ListingEntry, ScannedStorage
@@ -61,7 +62,8 @@ def _os_error(op: str, path: str, exc: OSError, full: str) -> StorageError:
     The message names the full path: with two roots at work (a copy), the relative path alone
     does not say which one failed.
     """
-    return StorageError(f"{op} {full!r}: {exc.strerror} (errno {exc.errno})", path=path)
+    return StorageError(f"{op} {full!r}: {exc.strerror} (errno {exc.errno})", path=path,
+                        retryable=transient_errno(exc.errno))
 
 
 def _makedirs(full_dir: str, full: str, path: str) -> None:
@@ -76,7 +78,8 @@ def _makedirs(full_dir: str, full: str, path: str) -> None:
         while os.path.dirname(parent) != parent and not os.path.lexists(parent):
             parent = os.path.dirname(parent)
         raise StorageError(
-            f"create {full!r}: {parent!r} exists and is not a directory", path=path
+            f"create {full!r}: {parent!r} exists and is not a directory", path=path,
+            retryable=False,
         ) from None
     except OSError as exc:
         raise _os_error("create", path, exc, full) from exc
@@ -108,7 +111,8 @@ class _LocalWriter(StreamWriter):
             )
         except FileExistsError as exc:
             raise StorageError(
-                f"create {full!r}: file already exists; attempts never overwrite files", path=rel
+                f"create {full!r}: file already exists; attempts never overwrite files", path=rel,
+                retryable=False,
             ) from exc
         except OSError as exc:
             raise _os_error("create", rel, exc, full) from exc
@@ -155,7 +159,8 @@ def _read_error(path: str, offset: int, exc: OSError, root: str) -> CheckpointEr
     full = os.path.join(root, path)
     if exc.errno == errno.EISDIR:  # opening a directory read-only succeeds; reading it fails
         return FileMissingError(f"{full!r} is a directory, not a regular file", path=path)
-    return StorageError(f"read {full!r} at {offset}: {exc.strerror} (errno {exc.errno})", path=path)
+    return StorageError(f"read {full!r} at {offset}: {exc.strerror} (errno {exc.errno})",
+                        path=path, retryable=transient_errno(exc.errno))
 
 
 _WARNED_ROOTS: set[str] = set()
@@ -214,7 +219,7 @@ class LocalStorage(ScannedStorage):
                 raise StorageError(
                     f"cannot create the checkpoint root {root!r}: {exc.strerror}; pass a "
                     f"directory path (or a path whose parents are directories)",
-                    path=root,
+                    path=root, retryable=transient_errno(exc.errno),
                 ) from exc
         if create:
             _warn_if_others_control(root)
@@ -239,7 +244,8 @@ class LocalStorage(ScannedStorage):
             except (FileNotFoundError, NotADirectoryError):  # a create names a file parent
                 pass
             except OSError as exc:
-                raise StorageError(f"stat {parent!r}: {exc.strerror}", path=rel) from exc
+                raise StorageError(f"stat {parent!r}: {exc.strerror}", path=rel,
+                                   retryable=transient_errno(exc.errno)) from exc
             else:
                 if stat.S_ISLNK(st.st_mode):
                     raise PathUnsafeError(
@@ -289,7 +295,8 @@ class LocalStorage(ScannedStorage):
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise StorageError(f"fsync directory {d!r}: {exc.strerror}", path=d) from exc
+                raise StorageError(f"fsync directory {d!r}: {exc.strerror}", path=d,
+                                   retryable=transient_errno(exc.errno)) from exc
 
     # -- interface -------------------------------------------------------------------------------
     def local_root(self) -> str | None:
@@ -527,14 +534,15 @@ class LocalStorage(ScannedStorage):
             return []
         except OSError as exc:
             raise StorageError(
-                f"list {base!r}: {exc.strerror} (errno {exc.errno})", path=prefix
+                f"list {base!r}: {exc.strerror} (errno {exc.errno})", path=prefix,
+                retryable=transient_errno(exc.errno),
             ) from exc
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str) -> bool | None:
         full = self._full(path)
         st = self._lstat(path)
         if st is None:
-            return
+            return False
         if not stat.S_ISREG(st.st_mode):
             # A symlink, FIFO, device or directory is never this format's file (R-LAYOUT-7).
             raise PathUnsafeError(
@@ -545,9 +553,10 @@ class LocalStorage(ScannedStorage):
         try:
             os.unlink(full)
         except FileNotFoundError:
-            return
+            return False  # another process unlinked it between the lstat and here
         except OSError as exc:
             raise _os_error("delete", path, exc, full) from exc
+        return True
 
     def delete_prefix(self, prefix: str) -> None:
         super().delete_prefix(prefix)

@@ -468,6 +468,7 @@ class S3Storage(ScannedStorage):
                     f"endpoint {ep} uses plain HTTP; set AWS_ALLOW_HTTP=true to allow it or use "
                     "https://",
                     path=self.url,
+                    retryable=False,
                 )
         return ep
 
@@ -490,7 +491,7 @@ class S3Storage(ScannedStorage):
             raise StorageError(
                 f"no AWS credentials found for {self.url}: set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE / an instance role)",
-                path=self.url,
+                path=self.url, retryable=False,
             )
         return creds
 
@@ -645,7 +646,7 @@ class S3Storage(ScannedStorage):
                     f"the S3 client (obstore) failed internally on a request to {self.url}: "
                     f"{detail}; check the bucket name and prefix of the root URL (otherwise "
                     "this is a bug of obstore: report it with this message)",
-                    path=self.url,
+                    path=self.url, retryable=False,
                 ) from exc
 
     def _keep_first(self, attr: str, made: Any) -> Any:
@@ -701,7 +702,7 @@ class S3Storage(ScannedStorage):
                 f"{op} {where}: bucket {self.bucket!r} does not exist at "
                 f"{self.options.endpoint_url or 'AWS S3'}; create it (e.g. `aws s3 mb "
                 f"s3://{self.bucket}`) or fix the bucket name / AWS_ENDPOINT_URL",
-                path=path,
+                path=path, retryable=False,
             ) from exc
         if code in ("NoSuchKey", "NotFound") or (status == 404 and code != "NoSuchUpload"):
             raise FileMissingError(f"{op} {where}: object does not exist", path=path) from exc
@@ -721,7 +722,7 @@ class S3Storage(ScannedStorage):
                 f"{op} {where}: {code or status}: {hint} (access key {_mask_key(key)}, bucket "
                 f"{self.bucket!r}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
                 "AWS_SESSION_TOKEN (or AWS_PROFILE) and the bucket policy",
-                path=path,
+                path=path, retryable=code == "ExpiredToken",  # a refreshed token may follow
             ) from exc
         if status == 416 or code == "InvalidRange":
             raise FileSizeError(
@@ -1173,21 +1174,22 @@ class S3Storage(ScannedStorage):
         return out
 
     # -- deletes (obstore) ----------------------------------------------------------------------
-    def delete(self, path: str) -> None:
-        """Delete one object (missing is fine)."""
+    def delete(self, path: str) -> bool | None:
+        """Delete one object (missing is fine; S3 answers alike: ``None``, cannot tell)."""
         import obstore
 
         self._check(path)
         try:
             self._retrying(lambda: obstore.delete(self._store(), path), "DELETE", path)
         except FileNotFoundError:
-            return
+            return None
         except Exception as exc:
             try:
                 self._fail("delete", path, exc)
             except FileMissingError:
-                return
+                return None
         self.stats.add(other_requests=1)
+        return None
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object below ``prefix`` (bulk deletes) and abort its pending uploads."""
@@ -1299,7 +1301,7 @@ class S3Storage(ScannedStorage):
             raise StorageError(
                 f"{self.url}: conditional PUT is off (PCK_S3_CONDITIONAL_PUT); {path} cannot be "
                 "created atomically, so nothing is committed",
-                path=path,
+                path=path, retryable=False,
             )
         lost: BaseException | None = None  # a failure after which the PUT may have been applied
         answered = True  # whether the server answered that failure (then it is done with it)
@@ -1470,7 +1472,7 @@ class _S3Writer(StreamWriter):
             raise StorageError(
                 f"upload {self._s._where(self._path)}: more than {_MAX_PARTS} parts; raise "
                 "PCK_S3_PART_SIZE",
-                path=self._path,
+                path=self._path, retryable=False,
             )
         # Keep the part count within S3's limit for very large objects: double the part size
         # every 1000 parts (2 TiB+ at the default size).

@@ -359,12 +359,17 @@ class StorageTests:
         assert store.list_dirs("top") == []  # an object is no directory
 
     def test_delete_missing_is_not_an_error(self, store: Storage) -> None:
-        """``delete`` removes one object; deleting a missing one (or twice) is fine."""
+        """``delete`` removes one object; deleting a missing one (or twice) is fine.
+
+        It returns ``True`` when it removed the object, ``False`` when it was absent, or
+        ``None`` every time where the backend cannot tell; never ``True`` for nothing.
+        """
         store.put("v/a", b"1")
-        store.delete("v/a")
-        store.delete("v/a")
-        store.delete("never/was")
+        first = store.delete("v/a")
+        again = store.delete("v/a")
+        never = store.delete("never/was")
         assert not store.exists("v/a") and _paths(store) == []
+        assert first in (True, None) and again is never is (None if first is None else False)
 
     def test_delete_removes_only_the_named_object(self, store: Storage) -> None:
         """``delete`` of a path leaves objects whose names merely start with it."""

@@ -32,6 +32,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.io.annotations import timestamp_key
 from portable_ckpt.io.damage import PLACEMENT_ENTRY, absent_by_design, placement
 from portable_ckpt.io.versions import list_versions
+from portable_ckpt.storage import local_path
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
@@ -740,7 +741,8 @@ def _in_own_tier(mgr: CheckpointManager, checkpoint: str) -> bool:
         root = tier.root.rstrip("/")
         for candidate in (path, path.rsplit("/", 1)[0]):
             if candidate == root or (
-                "://" not in root and os.path.realpath(candidate) == os.path.realpath(root)
+                local_path(root) is not None
+                and os.path.realpath(candidate) == os.path.realpath(root)
             ):
                 return True
     return False

@@ -13,7 +13,7 @@ from typing import Any
 from portable_ckpt.errors import UsageError
 from portable_ckpt.manager.retention import RetentionPolicy
 from portable_ckpt.manager.tiers import NodeLayout
-from portable_ckpt.storage import Storage, open_storage, root_text
+from portable_ckpt.storage import Storage, local_path, open_storage, root_text
 
 __all__ = ["Tier", "durable_tier", "fast_tier", "storage_url"]
 
@@ -38,11 +38,8 @@ class Tier:
 def storage_url(root: str | os.PathLike[str]) -> str:
     """A local root as an absolute path, ``~/`` expanded; a remote URL as given."""
     text = root_text(root)  # "~/ckpts" was made absolute first: ./~/ckpts (notebook F6)
-    return (
-        text
-        if "://" in text and not text.startswith("file://")
-        else os.path.abspath(text.removeprefix("file://"))
-    )
+    local = local_path(text)
+    return text if local is None else os.path.abspath(local)
 
 
 def durable_tier(root: str | os.PathLike[str], **retention: Any) -> Tier:

@@ -83,8 +83,8 @@ class AttestedStorage(Storage):
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         return self.local.list_dirs(prefix)
 
-    def delete(self, path: str) -> None:
-        self.local.delete(path)
+    def delete(self, path: str) -> bool | None:
+        return self.local.delete(path)
 
     def sync(self) -> None:
         self.local.sync()
