@@ -384,9 +384,9 @@ def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
     newest = save_step(root, 5)
     os.chmod(root / newest / "manifest.json", 0)
     res = _unprivileged("ls", str(root), "--latest")
-    # 75 (EX_TEMPFAIL), not 1: `ckpt=$(ls --latest) || start_fresh` must not start afresh
-    # because of a storage error (scripting review F3)
-    assert res.returncode == 75 and res.stdout == ""
+    # Not 1: `ckpt=$(ls --latest) || start_fresh` must not start afresh because of a storage
+    # error (scripting review F3); a permission is 69, not 75 "retry" (SRE review S2)
+    assert res.returncode == 69 and res.stdout == ""
     assert f"cannot tell the latest version: {newest} could not be read" in res.stderr
     # Docs review F13: under --json the failure is a document too ("retry" is not "none").
     doc = json.loads(_unprivileged("ls", str(root), "--latest", "--json").stdout)
@@ -608,7 +608,7 @@ def test_ls_latest_stops_at_unreadable_verification_records_and_prints_the_raw_p
         res = _unprivileged("ls", str(root), "--latest")
     finally:
         os.chmod(root / newest / "verifications", 0o755)
-    assert res.returncode == 75 and res.stdout == "", res.stdout
+    assert res.returncode == 69 and res.stdout == "", res.stdout  # a permission (S2)
     assert f"the verification records of {newest} could not be read" in res.stderr
 
 
@@ -658,7 +658,8 @@ def test_a_record_of_a_newer_major_version_is_unknown_not_absent(tmp_path) -> No
     assert v.annotations_unreadable and "2.0" in (v.error or "")
     rep = gc(root, keep=1, grace_seconds=0.0)
     assert first in rep.kept and not rep.deleted and not rep.complete
-    assert cli("ls", str(root), "--latest").returncode == 75  # "cannot tell", never "none"
+    # "cannot tell", never "none"; a newer format is mended by an upgrade, not by waiting (S2)
+    assert cli("ls", str(root), "--latest").returncode == 69
 
 
 def test_ls_latest_reads_the_newest_levels_only(tmp_path) -> None:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import portable_ckpt
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.versions import latest, list_versions, load_manifest
+from portable_ckpt.io.writer import new_attempt_id
 from portable_ckpt.storage import open_storage
-from tests.hardening._util import check_restores, make_version
+from tests.hardening._util import check_restores, make_version, write_share
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,7 +130,8 @@ GC_JOB = textwrap.dedent(
     while not os.path.exists(go):  # the runs start together
         pass
     rep = gc(root, keep=3)
-    print(json.dumps({{"deleted": rep.deleted, "gone": rep.gone, "unknown": rep.unknown}}))
+    print(json.dumps({{"deleted": rep.deleted, "gone": rep.gone, "unknown": rep.unknown,
+                      "abandoned": rep.abandoned}}))
     """
 )
 
@@ -138,6 +143,17 @@ def test_overlapping_gc_runs_count_each_deletion_once(tmp_path: Path) -> None:
     the others report it as gone."""
     root = tmp_path / "root"
     ids = [make_version(str(root), step) for step in range(1, 41)]
+    # Attempts that never committed, quiet for an hour: each run deletes them as abandoned
+    # (SRE review S7: 3 runs reported 328 of 200 abandoned attempts).
+    storage = open_storage(str(root))
+    quiet = time.time() - 3600
+    dropped = []
+    for step in range(100, 130):
+        attempt = new_attempt_id(step, now=datetime.datetime.fromtimestamp(quiet, datetime.UTC))
+        write_share(storage, attempt, step, 0, 1)
+        for f in (root / attempt).rglob("*"):
+            os.utime(f, (quiet, quiet))
+        dropped.append(attempt)
     go = tmp_path / "go"
     script = tmp_path / "gc_job.py"
     script.write_text(GC_JOB.format(repo=str(REPO)))
@@ -152,6 +168,8 @@ def test_overlapping_gc_runs_count_each_deletion_once(tmp_path: Path) -> None:
         runs.append(json.loads(out.strip().splitlines()[-1]))
     deleted = [a for r in runs for a in r["deleted"]]
     assert sorted(deleted) == sorted(ids[:-3]), [len(r["deleted"]) for r in runs]
+    abandoned = [a for r in runs for a in r["abandoned"]]
+    assert sorted(abandoned) == sorted(dropped), [len(r["abandoned"]) for r in runs]
     for r in runs:
         assert not r["unknown"] and not set(r["deleted"]) & set(r["gone"]), r
     assert [v.id for v in list_versions(str(root))] == ids[-3:]

@@ -162,7 +162,7 @@ def test_cli_verify_does_not_record_a_flip_it_cannot_find_again(tmp_path: Path) 
     )
     res = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True,
                          text=True, timeout=120)
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 75, res.stdout + res.stderr  # a transient fault: retry
     assert "not found again when the file was read a second time" in res.stdout
     assert "recorded" not in res.stderr
     assert not any(v.verification_failed for v in list_versions(root))

@@ -261,3 +261,33 @@ def test_read_many_on_s3_fetches_each_block_once_concurrently(s3_proxied: S3Env)
     # Only the partial blocks at the extents' edges are extra; no GET exceeds a pipeline window.
     assert need <= sum(n for _, n in gets) <= need + 2 * 4096 * len(gets)
     assert max(n for _, n in gets) <= 8 << 20
+
+
+def test_exit_classes_on_s3(s3_proxied: S3Env, capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """SRE review S3, S4: answers that waiting does not mend exit 1, not 75 ("retry"): a
+    bucket in another region (a redirect), an invalid bucket name, a per-key AccessDenied of
+    a bulk delete (gc without s3:DeleteObject, which was even retried); a 5xx the retries
+    gave up on is 75. `ls --latest` says 69, never 1 ("none")."""
+    monkeypatch.setenv("PCK_S3_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("PCK_S3_RETRY_SECONDS", "0")
+    proxy = s3_proxied.proxy
+    root = s3_proxied.root("classes")
+    for step in (1, 2, 3):
+        portable_ckpt.save_arrays(root, {"w": np.arange(8.0)}, step=step)
+    for status, code, want in ((301, "PermanentRedirect", 1), (400, "InvalidBucketName", 1),
+                               (503, "ServiceUnavailable", 75)):
+        proxy.reset()
+        proxy.fail_status, proxy.fail_every = (status, code), 1
+        assert cli_main(["ls", root, "--json"]) == want, (status, code)
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["error"]["retryable"] is (want == 75), doc
+        assert cli_main(["ls", root, "--latest"]) == (75 if want == 75 else 69), (status, code)
+        capsys.readouterr()
+    proxy.reset()
+    proxy.delete_key_errors, proxy.delete_key_code = 50, "AccessDenied"
+    assert cli_main(["gc", root, "--keep", "1", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["deleted"] == [] and {u["retryable"] for u in doc["unknown"]} == {False}, doc
+    assert "AccessDenied" in doc["unknown"][0]["message"]
+    assert len(proxy.log.refused_keys) == 2  # one bulk delete per version: not retried

@@ -261,7 +261,7 @@ def test_one_spurious_404_on_a_commit_record_deletes_nothing_and_skips_nothing(
         portable_ckpt.open(root)
     rep = gc(root, keep=1, grace_seconds=0.0)
     assert [u["id"] for u in rep.unknown] == [ids[2]] and not rep.abandoned
-    assert cli_main(["ls", root]) == 1
+    assert cli_main(["ls", root]) == 75  # an inconsistent store: it may pass (SRE review)
     assert "yet lists it" in capsys.readouterr().err
     proxy.reset()
     assert _committed(root) == ids[1:]  # the unknown newest stays; keep=1 kept the one before

@@ -249,6 +249,57 @@ def test_process_mode_refuses_a_root_that_cannot_travel(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []  # refused before anything was touched
 
 
+class _PathSpec(LocalStorage):
+    """Backend review B1: a backend whose url is a path, travelling as {"kind": "url"}."""
+
+    def process_spec(self) -> dict[str, object]:
+        return {"kind": "url", "url": self.url}
+
+
+class _OtherRoot(LocalStorage):
+    """Its description opens a plain LocalStorage at another directory."""
+
+    def process_spec(self) -> dict[str, object]:
+        return {"kind": "local", "root": self.root + "-elsewhere"}
+
+
+class _Registered(LocalStorage):
+    """A backend of a scheme registered in this process only (backend review B3)."""
+
+    def process_spec(self) -> dict[str, object]:
+        return {"kind": "url", "url": self.url}
+
+
+def test_process_mode_refuses_a_description_that_opens_another_root(tmp_path: Path) -> None:
+    """Backend review B1, B3: a backend whose url is a path was reopened by the writer process
+    as a local directory: the save committed where the backend never looks and reported
+    success. A scheme registered in this process only failed at the commit, after staging.
+    Both are refused before anything is staged, naming the fix."""
+    from portable_ckpt.storage import register_scheme
+
+    state = {"w": torch.ones(3)}
+    with pytest.raises(UsageError, match="not a path"):
+        pckt.async_save(state, _PathSpec(str(tmp_path / "a"), create=True), step=1,
+                        mode="process")
+    with pytest.raises(UsageError, match=r"opens a LocalStorage at .*-elsewhere"):
+        pckt.async_save(state, _OtherRoot(str(tmp_path / "b"), create=True), step=1,
+                        mode="process")
+    scheme = f"regonly{os.getpid()}"
+
+    def opener(url: str) -> _Registered:
+        store = _Registered(url.split("://", 1)[1], create=True)
+        store.url = url
+        return store
+
+    register_scheme(scheme, opener)
+    with pytest.raises(UsageError, match="registered in this process only"):
+        pckt.async_save(state, f"{scheme}://{tmp_path / 'c'}", step=1, mode="process")
+    for d in ("a", "b", "c"):
+        assert os.listdir(tmp_path / d) == []  # refused before anything was written
+    with pytest.raises(UsageError, match="not a path"):
+        open_process_spec({"kind": "url", "url": str(tmp_path)})
+
+
 @given(st.integers(0, 99999), st.integers(0, 99999), st.integers(0, 9999), st.booleans())
 def test_own_files_are_exactly_the_writers(writer: int, other: int, seq: int, per_rank: bool) -> None:
     """The cleanup after a dead writer matches its own names and never another writer's."""

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import threading
@@ -27,12 +28,24 @@ from portable_ckpt.cli._text import safe
 from portable_ckpt.logs import EVENT_ATTR, LOGGER_NAME, Progress
 
 __all__ = [
-    "EXIT_RETRY", "add_output_options", "failed_status", "log_to_stderr", "progress_bar",
+    "EXIT_RETRY", "EXIT_UNAVAILABLE", "add_output_options", "failed_status", "log_to_stderr",
+    "progress_bar", "say_failed",
 ]
 
 #: Exit status of a command that failed for a reason that may pass: a storage error, a copy
 #: still being written (:attr:`CheckpointError.retryable`; sysexits' EX_TEMPFAIL).
 EXIT_RETRY = 75
+#: Exit status of ``ls --latest`` when it cannot answer and waiting does not mend it (a
+#: permission, a missing bucket, every committed version failed verification): never 1,
+#: which says "no version: start afresh" (sysexits' EX_UNAVAILABLE; SRE review S2, S9).
+EXIT_UNAVAILABLE = 69
+
+
+def say_failed(args: argparse.Namespace | None, error: dict[str, Any], text: str) -> None:
+    """Say a failure: its line on stderr, and with ``--json`` its document on stdout."""
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "error": error}, indent=2))
+    print(f"portable-ckpt: {text}", file=sys.stderr)
 
 
 def failed_status(retryable: Sequence[bool]) -> int:

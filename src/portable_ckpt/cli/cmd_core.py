@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from portable_ckpt.cli import _args as A
-from portable_ckpt.cli._output import failed_status, progress_bar
+from portable_ckpt.cli._output import EXIT_UNAVAILABLE, failed_status, progress_bar, say_failed
 from portable_ckpt.cli._text import safe, table
 from portable_ckpt.errors import (
     CheckpointError,
@@ -138,16 +138,17 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
     ``versions`` come newest first, read level by level as asked (a poll reads the newest
     levels only); the attempts passed over are named on stderr, the first few one by one.
     """
-    passed = 0
+    passed, failed = 0, []
     for v in versions:
         if v.status == "unreadable" or (v.status == "committed" and v.verifications_unreadable):
             what = "the verification records of " if v.status == "committed" else ""
             # Raised: under --json stdout gets the error document (docs review F13: a script
-            # could not tell "no version" from "retry").
+            # could not tell "no version" from "retry"); 75 or 69, never 1 (main._run).
+            fix = "retry" if v.error_retryable else "fix what it names"
             raise StorageError(
                 f"cannot tell the latest version: {what}{v.id} could not be read "
-                f"({v.error or '?'}); a storage error is not 'no version': retry",
-                path=f"{v.id}/manifest.json",
+                f"({v.error or '?'}); a storage error is not 'no version': {fix}",
+                path=f"{v.id}/manifest.json", retryable=v.error_retryable,
             )
         if v.status == "committed" and not v.verification_failed:
             if v.node_local:  # (SRE review F3) a script must not take it for a whole version
@@ -159,19 +160,35 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
             elif "\n" in v.path or "\r" in v.path:
                 print(f"portable-ckpt: the latest version's path holds a line break: "
                       f"{safe(v.path)}; use --json", file=sys.stderr)
-                return 1
+                return EXIT_UNAVAILABLE  # there is one: never 1, "none"
             else:  # the path exactly as it is, for scripts (a table escapes it: F14)
                 sys.stdout.flush()
                 sys.stdout.buffer.write(os.fsencode(v.path) + b"\n")
                 sys.stdout.buffer.flush()
             return 0
         passed += 1
+        if v.status == "committed":
+            failed.append(v.id)
         if passed <= _PASSED_NAMED:
             why = "a verification of it failed" if v.status == "committed" else f"it is {v.status}"
             print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
         elif passed == _PASSED_NAMED + 1:  # one line a poll, not one per abandoned attempt
             print("portable-ckpt: more attempts passed over (`portable-ckpt ls` lists them)",
                   file=sys.stderr)
+    if failed:
+        # Versions there are, none a restore takes: not "none", which starts a job afresh
+        # (and its retention then deletes them); a manager refuses too (SRE review S9).
+        message = (
+            f"no version under {args.root} is restored: its {len(failed)} committed "
+            f"version(s) failed verification ({', '.join(failed[:3])}"
+            f"{', ...' if len(failed) > 3 else ''}), which no restore takes (R-DRILL-8); a "
+            "CheckpointManager refuses to start afresh over them. Read one explicitly "
+            "(`portable-ckpt verify ROOT/ID --deep` tells what failed), or move them away "
+            "to start afresh"
+        )
+        say_failed(args, {"code": NotFoundError.code, "message": message, "retryable": False,
+                          "failed_verification": failed}, safe(message))
+        return EXIT_UNAVAILABLE
     raise NotFoundError(f"no committed version under {args.root}", path=args.root)
 
 
@@ -352,7 +369,8 @@ def _verify(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if args.json:
         doc: dict[str, Any] = {"ok": ok, "path": target, **version,
-                               "errors": [e.to_json() for e in errors],
+                               "errors": [{**e.to_json(), "retryable": e.retryable}
+                                          for e in errors],
                                "record": record, "record_error": record_error}
         if away:  # the files a node root lacks by design: problems here unless --node-root
             doc["node_root_absent"] = away
@@ -594,16 +612,21 @@ def _gc(args: argparse.Namespace) -> int:
             if not rep.copy_unasked else
             "a destination could not be asked whether it holds the copy ("
             + "; ".join(safe(u) for u in rep.copy_unasked[:3])
-            + "): fix access to it, or make a copy elsewhere"
+            + ("): the store did not answer; gc runs again once it does"
+               if rep.copy_unasked_retryable else "): fix access to it, or make a copy elsewhere")
         )
         print(f"portable-ckpt gc: {len(rep.kept_for_copy)} version(s) kept for want of a "
               f"verified copy: {why}", file=sys.stderr)
-    problems = (rep.damaged or rep.retire_doubted or rep.retire_pinned or rep.kept_for_copy
-                or rep.left_behind)
-    if problems:
-        return 1
-    # Attempts it could not read or delete: a storage that did not answer is 75 (retry).
-    return failed_status([u["retryable"] for u in rep.unknown])
+    # What a retry may mend by itself (75): attempts it could not read or delete, files of a
+    # deleted version left behind, copies it could not ask about, where the storage did not
+    # answer (SRE review S5, S6); everything else needs a person (1).
+    copies_unknown = bool(rep.kept_for_copy and rep.copy_unasked)
+    return failed_status(
+        [False] * bool(rep.damaged or rep.retire_doubted or rep.retire_pinned)
+        + ([copies_unknown and rep.copy_unasked_retryable] if rep.kept_for_copy else [])
+        + [u["retryable"] for u in rep.unknown]
+        + [d["retryable"] for d in rep.left_behind]
+    )
 
 
 def register(sub: Any) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import json
 import os
 import pkgutil
 import resource
@@ -29,9 +28,15 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from portable_ckpt import __version__
-from portable_ckpt.cli._output import EXIT_RETRY, add_output_options, log_to_stderr
+from portable_ckpt.cli._output import (
+    EXIT_RETRY,
+    EXIT_UNAVAILABLE,
+    add_output_options,
+    log_to_stderr,
+    say_failed,
+)
 from portable_ckpt.cli._text import safe
-from portable_ckpt.errors import CheckpointError, StorageError, UsageError, transient_errno
+from portable_ckpt.errors import CheckpointError, NotFoundError, UsageError, transient_errno
 
 __all__ = ["build_parser", "entry", "main"]
 
@@ -213,15 +218,16 @@ def _run(args: argparse.Namespace) -> int:
     # Messages may quote names and strings from the root: escaped for the terminal. With
     # --json, stdout gets one document whatever happens: a failure is {"ok": false, "error"}.
     except CheckpointError as exc:
-        _say_failed(args, exc.to_json(), safe(exc))
+        say_failed(args, {**exc.to_json(), "retryable": exc.retryable}, safe(exc))
         if isinstance(exc, UsageError):
             return 2
         # A storage that did not answer, a copy still being written: "retry later" is not
         # "the checkpoint is damaged" for a cron that pages someone (scripting review F6),
-        # and `ckpt=$(portable-ckpt ls ROOT --latest) || start_fresh` must not read any
-        # storage error as "no version" (F3): sysexits' EX_TEMPFAIL.
-        latest = isinstance(exc, StorageError) and getattr(args, "latest", False)
-        return EXIT_RETRY if exc.retryable or latest else 1
+        # sysexits' EX_TEMPFAIL. `ckpt=$(portable-ckpt ls ROOT --latest) || start_fresh` must
+        # read nothing but "no version" as 1 (F3, SRE review S2).
+        if getattr(args, "latest", False) and not isinstance(exc, NotFoundError):
+            return EXIT_RETRY if exc.retryable else EXIT_UNAVAILABLE
+        return EXIT_RETRY if exc.retryable else 1
     except KeyboardInterrupt as exc:
         return _interrupted(args, exc)
     except (BrokenPipeError, SystemExit, GeneratorExit, _OutputError):
@@ -231,18 +237,13 @@ def _run(args: argparse.Namespace) -> int:
         if os.environ.get("PCK_DEBUG"):
             raise
         code, message = _unexpected(exc)  # with its document too (resource review R1)
-        _say_failed(args, {"code": code, "message": message}, message)
         # As a StorageError (review L1): 75 when it may pass (a full disk, EIO), not EACCES.
-        transient = isinstance(exc, OSError) and transient_errno(exc.errno)
-        latest = getattr(args, "latest", False)
-        return EXIT_RETRY if code == "PCK-STORAGE" and (transient or latest) else 1
-
-
-def _say_failed(args: argparse.Namespace | None, error: dict[str, str], text: str) -> None:
-    """Say a failure: its line on stderr, and with ``--json`` its document on stdout."""
-    if getattr(args, "json", False):
-        print(json.dumps({"ok": False, "error": error}, indent=2))
-    print(f"portable-ckpt: {text}", file=sys.stderr)
+        transient = code == "PCK-STORAGE" and isinstance(exc, OSError) and transient_errno(
+            exc.errno)
+        say_failed(args, {"code": code, "message": message, "retryable": transient}, message)
+        if getattr(args, "latest", False):  # never 1, "no version" (L1, SRE review S2)
+            return EXIT_RETRY if transient else EXIT_UNAVAILABLE
+        return EXIT_RETRY if transient else 1
 
 
 #: errno values that say the machine ran out of something, not that portable-ckpt has a bug.
@@ -274,8 +275,31 @@ def _unexpected(exc: BaseException) -> tuple[str, str]:
         what = f" at {safe(exc.filename)!r}" if exc.filename else ""
         return ("PCK-STORAGE", f"{exc.strerror or exc}{what} (errno {exc.errno}) while reading "
                 "or writing: the command stopped, and nothing it was writing was published")
+    package = _raised_in(exc)
+    if package is not None:  # a storage backend's raw client error is not ours (backend B6)
+        return ("PCK-INTERNAL", f"error in {package} ({type(exc).__name__}: {safe(exc)}), "
+                f"called by portable-ckpt: report it to the authors of {package} (a storage "
+                "backend raises StorageError for a failure of its store: "
+                "docs/storage-backends.md), or to portable-ckpt's if its call was wrong "
+                "(PCK_DEBUG=1 prints the traceback)")
     return ("PCK-INTERNAL", f"internal error ({type(exc).__name__}: {safe(exc)}); this is a bug "
             "of portable-ckpt: please report it (PCK_DEBUG=1 prints the traceback)")
+
+
+def _raised_in(exc: BaseException) -> str | None:
+    """The package that raised ``exc`` when it is neither portable_ckpt nor the standard library.
+
+    The innermost frame of such a package wins: a backend's client error raised inside
+    botocore names botocore, one raised by the backend's own code names the backend.
+    """
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        name = str(tb.tb_frame.f_globals.get("__name__", ""))
+        top = name.partition(".")[0]
+        if top and top != "portable_ckpt" and top not in sys.stdlib_module_names and top != "__main__":
+            found = top
+        tb = tb.tb_next
+    return found
 
 
 class _Terminated(KeyboardInterrupt):
@@ -321,7 +345,7 @@ def _interrupted(args: argparse.Namespace | None, exc: BaseException | None = No
         if command else what
     )
     try:
-        _say_failed(args, {"code": "PCK-INTERRUPTED", "message": message}, message)
+        say_failed(args, {"code": "PCK-INTERRUPTED", "message": message}, message)
     except (OSError, ValueError):
         pass  # the output is gone too: the exit status says it
     return 128 + (signal.SIGTERM if terminated else signal.SIGINT)

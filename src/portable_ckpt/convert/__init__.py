@@ -75,7 +75,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
 from portable_ckpt.format.vocab import CODECS, is_entry_name
-from portable_ckpt.storage import local_path
+from portable_ckpt.storage import local_path, root_text
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -491,7 +491,7 @@ def convert(
     """
     t0 = time.perf_counter()
     # file://PATH is PATH for every format (detection and the local formats read paths).
-    s, d = (local_path(p) or p for p in (os.fspath(src), os.fspath(dst)))
+    s, d = (local_path(p) or p for p in (root_text(src), root_text(dst)))
     say_skipped()
     target = get_format(dst_format, role="target")
     source = get_format(src_format or detect_format(s), role="source")

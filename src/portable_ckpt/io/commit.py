@@ -592,7 +592,8 @@ def _check_request(storage: Storage, attempt_id: str, step: int) -> None:
     if not storage.capabilities.atomic_create:
         raise StorageError(
             f"{storage.url} cannot create the commit record atomically (no create-if-absent); "
-            "refusing to commit — enable conditional writes on the store"
+            "refusing to commit — enable conditional writes on the store",
+            retryable=False,  # a setting of the store: waiting does not mend it
         )
     if parse_attempt_step(attempt_id) != step:
         raise UsageError(f"step {step} differs from the step in attempt id {attempt_id}")

@@ -328,6 +328,24 @@ def _check_not_inside(src: Storage, src_url: str, dst_root: str | os.PathLike[st
         )
 
 
+def _check_other_root(src: Storage, dst: Storage, dst_url: str) -> None:
+    """Refuse a destination that is the source root under a name other than its URL.
+
+    Local roots are compared by their real paths and inodes (:func:`_check_not_inside`); any
+    other backend by a probe put into the destination that shows in the source (two
+    spellings of a registered scheme's root: backend review B2). A destination that refuses
+    the probe refuses the copy's files as well.
+    """
+    from portable_ckpt.io.gc import same_root
+
+    if same_root(src, dst):
+        raise UsageError(
+            f"source and destination are the same root ({dst_url} is {src.url}: a probe put "
+            "into the destination showed in the source); a copy must go to another root, "
+            "ideally on independent storage"
+        )
+
+
 def _same_local_device(src: Storage, dst: Storage) -> bool:
     a, b = src.local_root(), dst.local_root()
     if a is None or b is None:
@@ -407,6 +425,8 @@ class _CopyJob:
     result: CopyResult
     #: The bytes of the source's ``manifest.json`` as opening it read them (republished as is).
     record: bytes
+    #: The source version, opened (it tells a file missing from a version deleted meanwhile).
+    version: Any = None
 
     @property
     def manifest_path(self) -> str:
@@ -424,6 +444,15 @@ def _resolve(
     dst_url = normalize_root_url(dst_root)
     _check_not_inside(src_storage, normalize_root_url(src_storage), dst_root, dst_url)
     dst = dst_root if isinstance(dst_root, Storage) else _storage_for(dst_url, create=True)
+    if not dst.capabilities.atomic_create:  # as a save's commit refuses (backend review B4)
+        raise StorageError(
+            f"{dst_url} cannot create a commit record atomically (no create-if-absent): a copy "
+            "publishes one as a save does; refusing to copy there — enable conditional writes "
+            "on the store",
+            retryable=False,
+        )
+    if src_storage.local_root() is None or dst.local_root() is None:
+        _check_other_root(src_storage, dst, dst_url)
     result = CopyResult(
         attempt_id=ck.id,
         step=ck.manifest.step,
@@ -440,7 +469,7 @@ def _resolve(
     record = ck.manifest.source
     if record is None:  # pragma: no cover - open() reads the record from storage
         record = src_storage.read_all(f"{ck.id}/manifest.json", max_size=jsonio.MAX_MANIFEST_BYTES)
-    return _CopyJob(src_storage, dst, ck.id, files, result, record)
+    return _CopyJob(src_storage, dst, ck.id, files, result, record, ck)
 
 
 def _check_same_record(job: _CopyJob, raw: bytes, conflict: str) -> None:
@@ -653,7 +682,14 @@ def copy_version(
             check_record_absent(job.dst, job.attempt)
             if job.dst.capabilities.local_path:
                 _clear_partial(job.dst, job.attempt, force=force, grace_s=partial_grace_s)
-            _copy_files(job, jobs, chunk_size, progress)
+            try:
+                _copy_files(job, jobs, chunk_size, progress)
+            except FileMissingError as exc:
+                # gc or retention deleted the source version meanwhile: not damage (SRE S8)
+                gone = job.version._deleted(exc) if job.version is not None else None
+                if gone is None:
+                    raise
+                raise gone from exc
             _publish(job, raw)
         if record:
             try:

@@ -69,7 +69,7 @@ def confirm_damage(
                 f"{first} — and the file could not be read a second time ([{second.code}] "
                 f"{second.message[:300]}): not recorded; run the verification again when the "
                 "storage answers",
-                path=e.path,
+                path=e.path, retryable=second.retryable,
             ))
     return out
 

@@ -87,6 +87,9 @@ class GcReport:
     kept_for_copy: list[str] = field(default_factory=list)
     #: Destinations of copy records that could not be asked whether they hold the copy.
     copy_unasked: list[str] = field(default_factory=list)
+    #: Whether every cause in ``copy_unasked`` may pass by itself (a store that did not
+    #: answer): then the copies are not known to be missing, and the CLI exits 75, not 1.
+    copy_unasked_retryable: bool = True
     aborted_uploads: int = 0
     dry_run: bool = False
     unknown: list[dict[str, Any]] = field(default_factory=list)
@@ -140,6 +143,7 @@ class GcReport:
             "protected": self.protected,
             "kept_for_copy": self.kept_for_copy,
             "copy_unasked": self.copy_unasked,
+            "copy_unasked_retryable": self.copy_unasked_retryable,
             "aborted_uploads": self.aborted_uploads,
             "dry_run": self.dry_run,
             "foreign": self.foreign,
@@ -327,7 +331,8 @@ def gc(
         versions = [v for v in versions if v not in retired]
     doomed = list(report.retired)
     doomed += _retention(
-        versions, keep, require_copy, report, keep_ids, own=_copy_destination(storage.url)
+        versions, keep, require_copy, report, keep_ids, own=_copy_destination(storage.url),
+        root=storage if require_copy else None,
     )
     abandoned = _abandoned(
         storage, versions, grace_seconds, now(), report, delete_invalid, spare_since,
@@ -620,10 +625,12 @@ def _retention(
     keep_ids: Collection[str] = (),
     *,
     own: str | None = None,
+    root: Storage | None = None,
 ) -> list[str]:
     """Committed versions to delete: all but the ``keep`` newest, ``keep_ids`` and the protected one.
 
-    ``own``: this root as copy records name it (a "copy" there is no copy).
+    ``own``: this root as copy records name it (a "copy" there is no copy); ``root``: this
+    root, to find it under another name (:func:`same_root`).
 
     A version whose verification failed is never restored (R-DRILL-8): it takes no place of the
     ``keep`` newest and no protection from the ones that did not fail (R-GC-9), which are kept
@@ -648,7 +655,8 @@ def _retention(
     report.kept = [v.id for v in kept]
     report.protected = protected.id if protected else None
     want = require_copy if isinstance(require_copy, str) else None
-    may_delete = not require_copy or any(_has_copy(v, want, own, report) for v in kept)
+    copies = _Copies(root, report)
+    may_delete = not require_copy or any(_has_copy(v, want, own, copies) for v in kept)
     doomed = []
     for v in newest_first:
         if v in kept:
@@ -683,7 +691,7 @@ def _copy_destination(url: str, *, strict: bool = False) -> str:
 
 
 def _has_copy(
-    v: VersionInfo, want: str | None, own: str | None = None, report: GcReport | None = None
+    v: VersionInfo, want: str | None, own: str | None = None, copies: _Copies | None = None
 ) -> bool:
     """Whether a verified copy of ``v`` is still committed (on root ``want``; any when None).
 
@@ -706,29 +714,62 @@ def _has_copy(
         named = _copy_destination(dest) if "://" in dest else dest.rstrip("/")
         if named == own or (want is not None and named != want):
             continue
-        if _copy_committed(dest, v.id, report):
+        if (copies or _Copies(None, None)).committed(dest, v.id):
             return True
     # A copier that could not write its record into this root (read-only credentials on the
     # training root: ops review F13) still left a committed copy there: asked directly.
-    return want is not None and want != own and _copy_committed(want, v.id, report)
+    return want is not None and want != own and (copies or _Copies(None, None)).committed(
+        want, v.id)
 
 
-def _copy_committed(dest: str, attempt_id: str, report: GcReport | None = None) -> bool:
-    """Whether root ``dest`` holds the commit record of ``attempt_id``.
+class _Copies:
+    """Asks destination roots whether they hold a version (each root opened once).
 
-    ``False`` when it cannot be asked (gc then keeps more, never less); the destination and the
-    error are noted in ``report.copy_unasked``: "missing" is not what gc knows then (F16).
+    A destination that is the collected root under another name holds no copy
+    (:func:`same_root`, backend review B2).
     """
-    from portable_ckpt.storage import open_storage
 
-    try:
-        return open_storage(dest).exists(f"{attempt_id}/manifest.json")
-    except (CheckpointError, OSError, ValueError) as e:
+    def __init__(self, root: Storage | None, report: GcReport | None) -> None:
+        self.root, self.report = root, report
+        self._opened: dict[str, Storage | None] = {}
+
+    def committed(self, dest: str, attempt_id: str) -> bool:
+        """Whether root ``dest`` holds the commit record of ``attempt_id``.
+
+        ``False`` when it cannot be asked (gc then keeps more, never less); the destination
+        and the error are noted in ``report.copy_unasked``: "missing" is not what gc knows
+        then (F16).
+        """
+        try:
+            there = self._open(dest)
+            return there is not None and there.exists(f"{attempt_id}/manifest.json")
+        except (CheckpointError, OSError, ValueError) as e:
+            self._note(f"{dest}: {getattr(e, 'message', None) or e}",
+                       retryable=isinstance(e, CheckpointError) and e.retryable)
+            return False
+
+    def _open(self, dest: str) -> Storage | None:
+        if dest not in self._opened:
+            from portable_ckpt.storage import open_storage
+
+            there: Storage | None = open_storage(dest)
+            # The probe goes into the collected root (gc writes there anyway; a backup root may
+            # be read-only to it); a root that refuses it is not deleted from either.
+            if self.root is not None and there is not None and same_root(there, self.root):
+                self._note(f"{dest}: names the collected root {self.root.url} under another "
+                           "name (a probe put into it showed there): no copy", retryable=False)
+                there = None
+            self._opened[dest] = there
+        return self._opened[dest]
+
+    def _note(self, note: str, *, retryable: bool) -> None:
+        report = self.report
+        if report is not None and not retryable:
+            report.copy_unasked_retryable = False
         if report is not None and len(report.copy_unasked) < 16:
-            note = f"{dest}: {getattr(e, 'message', None) or e}"[:500]
+            note = note[:500]
             if note not in report.copy_unasked:
                 report.copy_unasked.append(note)
-        return False
 
 
 def _abandoned(
@@ -856,6 +897,32 @@ _PROBE = re.compile(r"\.pck-clock-[0-9a-f]{16}\Z")
 PROBE_LEFTOVER_SECONDS = 3600.0
 
 
+def same_root(root: Storage, other: Storage) -> bool | None:
+    """Whether ``other`` is ``root`` under another name: a probe put into ``other`` shows in ``root``.
+
+    Two spellings of one root of a registered scheme (``quirk:///w/q``, ``quirk:///w/./q``),
+    or a bucket behind two endpoints, are no independent copy: compared as text they were,
+    and ``gc --require-copy`` counted a version's "copy" in its own root (backend review B2).
+    The probe is named and emptied as the clock probe (spec §15.2: readers ignore it, gc
+    deletes a leftover). ``None`` when it cannot tell (``other`` refused the probe).
+    """
+    name = f".pck-clock-{secrets.token_hex(8)}"
+    try:
+        other.put(name, b"")
+    except CheckpointError:
+        return None
+    try:
+        return root.exists(name)
+    except CheckpointError:
+        return None
+    finally:
+        try:
+            other.delete(name)
+        except CheckpointError as exc:
+            _log.warning("%s: could not delete the probe %s (%s); a later gc deletes it once "
+                         "it is an hour old", other.url, name, exc)
+
+
 def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
     """The storage's time now: the modification time it gives a probe file written at its root.
 
@@ -915,16 +982,26 @@ def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport, recorde
     leftovers are deleted all the same, and it is reported in ``report.gone``.
     """
     record = f"{attempt_id}/manifest.json"
-    there = storage.exists(record) if recorded else _any_file(storage, f"{attempt_id}/")
-    removed = storage.delete(record)
-    # The record's delete tells where the backend can (one of two racing unlinks wins); an
-    # object store cannot tell, and the look before it leaves a narrow window.
-    if not (there if removed is None or not recorded else removed):
-        report.deleted_by_other(attempt_id)
+    # Who deleted it: the delete of its record tells where the backend can (of two racing
+    # unlinks one wins), for an attempt without one the removal of its directory (scripting
+    # review F7, SRE review S7). An object store cannot tell: the look before it.
+    prefix = f"{attempt_id}/"
+    there = storage.exists(record) if recorded else _any_file(storage, prefix)
+    claim = storage.delete(record)  # commit record first (R-GC-3)
+    mine = there if claim is None or not recorded else claim
     try:
-        report.aborted_uploads += storage.abort_uploads(f"{attempt_id}/")
-        storage.delete_prefix(f"{attempt_id}/")
+        aborted = storage.abort_uploads(prefix)
+        report.aborted_uploads += aborted
+        emptied = storage.delete_prefix(prefix)
     except CheckpointError as exc:
-        report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc)})
+        report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),
+                                   "retryable": exc.retryable})
+        if not mine:
+            report.deleted_by_other(attempt_id)
         return
-    report.foreign_keys.extend(storage.list_foreign(f"{attempt_id}/"))  # never deleted
+    foreign = storage.list_foreign(prefix)  # never deleted
+    report.foreign_keys.extend(foreign)
+    if not recorded and emptied is not None and not foreign:
+        mine = emptied  # of two runs, the one that removed the directory (SRE review S7)
+    if not (mine or aborted):  # nothing of it was there for this run to delete
+        report.deleted_by_other(attempt_id)

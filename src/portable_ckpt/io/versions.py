@@ -220,6 +220,7 @@ class VersionInfo:
             "node_local": self.node_local,
             "error": self.error,
             "error_code": self.error_code,
+            "error_retryable": self.error_retryable,
         }
 
 
@@ -482,6 +483,11 @@ def _info(
             info.error, info.error_code = f"{kind} records unreadable: {first}", first.code
             info.error_retryable = first.retryable
     return info
+
+
+def _retryable(error: object) -> bool:
+    """Whether a wrapped cause may pass by itself (a permission does not: SRE review S1)."""
+    return error.retryable if isinstance(error, CheckpointError) else True
 
 
 def version_order(v: VersionInfo) -> tuple[int, tuple[int, ...], str]:
@@ -752,7 +758,7 @@ def _latest_of_level(
                 f"cannot tell whether {storage.url.rstrip('/')}/{name} is the latest version: "
                 f"reading its commit record failed ({c.error}); a storage error is not 'no "
                 "version' — retry, or open a version explicitly",
-                path=f"{name}/manifest.json",
+                path=f"{name}/manifest.json", retryable=_retryable(c.error),
             )
         if c.status == FOREIGN:
             skipped.append(name)
@@ -798,7 +804,7 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
             raise StorageError(
                 f"cannot order the commit of {attempt_id}: the commit record of {name} (same "
                 f"step) could not be read: {c.error}",
-                path=f"{name}/manifest.json",
+                path=f"{name}/manifest.json", retryable=_retryable(c.error),
             )
         key = timestamp_key(c.committed_at)
         if len(key) > 1 and epoch_us(key) > floor_us:

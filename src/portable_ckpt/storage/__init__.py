@@ -31,6 +31,7 @@ __all__ = [
     "open_storage",
     "register_scheme",
     "root_text",
+    "scheme_installed",
 ]
 
 #: Entry-point group through which an installed package names its backends' URL schemes.
@@ -45,14 +46,27 @@ def register_scheme(scheme: str, opener: Callable[[str], Storage]) -> None:
     ``UsageError``). Then everything that takes a root as text works with it: the CLI, a copy's
     source and destination, ``gc --require-copy``, and the process-mode writer when the
     backend's :meth:`~portable_ckpt.storage.base.Storage.process_spec` returns
-    ``{"kind": "url", "url": url}``. A package registers without being imported by the user
-    through an entry point of the group ``portable_ckpt.storage`` named after the scheme (its
-    value: the opener), as fsspec's implementations do.
+    ``{"kind": "url", "url": url}`` and the writer process finds the scheme too. This call
+    reaches this process only: other processes (the CLI, the process-mode writer, spawned
+    ranks) find a package's backend through an entry point of the group
+    ``portable_ckpt.storage`` named after the scheme (its value: the opener), as fsspec's
+    implementations do.
     """
     if not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) or scheme in ("s3", "file"):
         raise UsageError(f"scheme {scheme!r}: lowercase letters, digits, '+', '.', '-', not "
                          "one of the built-in s3 or file")
     _SCHEMES[scheme] = opener
+
+
+def scheme_installed(scheme: str) -> bool:
+    """Whether another process finds ``scheme``: an installed package's entry point names it.
+
+    :func:`register_scheme` reaches this process only; a writer process or a spawned rank
+    imports nothing of the caller's (backend review B3).
+    """
+    from importlib.metadata import entry_points
+
+    return any(True for _ in entry_points(group=ENTRY_POINT_GROUP, name=scheme))
 
 
 def _opener(scheme: str) -> Callable[[str], Storage] | None:
@@ -158,6 +172,12 @@ def root_text(url: object) -> str:
     """
     from portable_ckpt.errors import UsageError
 
+    if isinstance(url, Storage):  # backend review B5: the manager, convert
+        raise UsageError(
+            f"this call takes a root as a path or URL, not a backend object ({type(url).__name__}"
+            f" at {url.url!r}): register the backend's URL scheme (register_scheme, or an "
+            "entry point: docs/storage-backends.md) and pass its URL"
+        )
     try:
         text = os.fspath(url)  # type: ignore[call-overload]
     except TypeError:
@@ -219,7 +239,16 @@ def open_process_spec(spec: Mapping[str, Any]) -> Storage:
     """
     kind = spec.get("kind")
     if kind == "url":  # a registered scheme's backend, opened again from its URL
-        return open_storage(str(spec["url"]))
+        url = str(spec["url"])
+        if local_path(url) is not None:
+            # A path opened the local directory, not the backend: a writer process committed
+            # where the backend never looks (backend review B1).
+            raise UsageError(
+                f"storage description {{'kind': 'url', 'url': {url!r}}}: a 'url' names a root "
+                "of a registered scheme (scheme://...), not a path; give the backend a URL "
+                "scheme and return it (docs/storage-backends.md)"
+            )
+        return open_storage(url)
     if kind == "local":
         return LocalStorage(str(spec["root"]))
     if kind == "s3":

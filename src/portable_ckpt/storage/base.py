@@ -105,7 +105,9 @@ class Storage(abc.ABC):
 
     capabilities: Capabilities = Capabilities()
 
-    #: Human-readable location of the root (a directory path or ``s3://bucket/prefix``).
+    #: Location of the root: the local backend's directory path, ``s3://bucket/prefix``, or a
+    #: registered scheme's URL, as its opener gives it (one spelling per root where it can:
+    #: copy records name roots by it; two spellings of one root are told apart by a probe).
     url: str = ""
 
     @abc.abstractmethod
@@ -201,11 +203,13 @@ class Storage(abc.ABC):
         deleted by this: two overlapping runs do not both report one version.
         """
 
-    def delete_prefix(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str) -> bool | None:
         """Delete every object under ``prefix`` (used by gc after the manifest is gone).
 
         ``prefix`` names a directory below the root (a trailing ``/`` allowed): never the root
-        itself, never a path that leaves it, whatever the backend's listing accepts.
+        itself, never a path that leaves it, whatever the backend's listing accepts. Returns
+        ``None``, or where the backend can tell, whether this call removed the prefix itself
+        (of two processes deleting one attempt at once, one does: gc counts by it).
         """
         if not well_formed(prefix.rstrip("/")):
             raise PathUnsafeError(
@@ -214,6 +218,7 @@ class Storage(abc.ABC):
             )
         for info in list(self.list(prefix)):
             self.delete(info.path)
+        return None
 
     def remove_empty_dirs(self, prefix: str) -> None:  # noqa: B027 - optional hook
         """Remove the empty directories under ``prefix``, and ``prefix`` if it is left empty.

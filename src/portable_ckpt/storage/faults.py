@@ -326,11 +326,11 @@ class FaultyStorage(Storage):
         self._before("delete", path, 0)
         return self.inner.delete(path)
 
-    def delete_prefix(self, prefix: str) -> None:
-        """Delete a prefix object by object (each a ``delete``)."""
+    def delete_prefix(self, prefix: str) -> bool | None:
+        """Delete a prefix object by object (each a ``delete``); the wrapped backend's answer."""
         for info in list(self.list(prefix)):
             self.delete(info.path)
-        self.inner.delete_prefix(prefix)  # removes what is left (empty directories)
+        return self.inner.delete_prefix(prefix)  # removes what is left (empty directories)
 
     def local_root(self) -> str | None:
         """The wrapped backend's local root."""

@@ -558,11 +558,20 @@ class LocalStorage(ScannedStorage):
             raise _os_error("delete", path, exc, full) from exc
         return True
 
-    def delete_prefix(self, prefix: str) -> None:
+    def delete_prefix(self, prefix: str) -> bool | None:
+        """Delete every file below ``prefix``, then its empty directories.
+
+        Returns whether this call removed the directory ``prefix`` itself: of two processes
+        deleting one attempt at once, exactly one does (gc counts the attempt by it). ``False``
+        also when something not the format's is left in it (never deleted).
+        """
         super().delete_prefix(prefix)
-        self.remove_empty_dirs(prefix)
+        return self._remove_empty_dirs(prefix)
 
     def remove_empty_dirs(self, prefix: str) -> None:
+        self._remove_empty_dirs(prefix)
+
+    def _remove_empty_dirs(self, prefix: str) -> bool:
         if not well_formed(prefix.rstrip("/")):
             raise PathUnsafeError(
                 f"remove_empty_dirs {prefix!r}: not a directory below the root {self.url}",
@@ -572,16 +581,19 @@ class LocalStorage(ScannedStorage):
         try:
             st = os.lstat(base)
         except OSError:
-            return
+            return False
         if not stat.S_ISDIR(st.st_mode):
-            return  # a link in its place is never followed (last review L5), a file not a dir
+            return False  # a link in its place is never followed (last review L5), nor a file
         # Bottom-up; rmdir refuses a directory that still holds anything (never a file); walk
         # follows no link below.
+        removed = False
         for d, _subdirs, _files in sorted(os.walk(base), key=lambda t: -len(t[0])):
             try:
                 os.rmdir(d)
+                removed = d == base
             except OSError:
                 pass
+        return removed
 
 
 #: link() errors of file systems without hard links (FUSE mounts of object stores, SMB without

@@ -337,6 +337,8 @@ def _obstore_transient(exc: BaseException) -> tuple[str, str, str] | None:
     code, status, text = S3Storage._classify(exc)
     m = _PERFORMING.search(text)
     method, url = (m.group(1), m.group(2).split("?", 1)[0]) if m else ("request", "?")
+    if code in _AUTH_CODES:  # a per-key AccessDenied of a bulk delete (SRE review S4)
+        return None
     if status is not None:
         if status < 500 and status != 429:
             return None
@@ -372,6 +374,9 @@ _CHECKSUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecks
 #: Per-key codes of a bulk delete's 200 answer that mean "try again" (5xx-like). Any other
 #: per-key code (AccessDenied, ...) is final.
 _KEY_RETRY_CODES = frozenset({"InternalError", "ServiceUnavailable"})
+#: Per-key codes (no HTTP status of their own) that waiting does not mend.
+_KEY_FINAL_CODES = frozenset({"NoSuchBucket", "InvalidBucketName", "MethodNotAllowed",
+                              "InvalidRequest", "InvalidArgument", "NotImplemented"})
 
 
 def _boto_transient(exc: BaseException, method: str, url: str) -> tuple[str, str, str] | None:
@@ -730,11 +735,15 @@ class S3Storage(ScannedStorage):
                 path=path,
             ) from exc
         detail = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+        # What the retries gave up on may pass later (5xx, throttling, a connection); any
+        # other answer (a wrong region's 301/400, an invalid bucket name) does not by waiting
+        # (SRE review S3).
+        passes = status is None or status >= 500 or status in (408, 429) or code in _RETRY_CODES
         raise StorageError(
             f"{op} {where}: {code or status or type(exc).__name__}: {detail} (after up to "
             f"{self.options.max_attempts} tries{self._budget_text()}; endpoint "
             f"{self.options.endpoint_url or 'AWS'})",
-            path=path,
+            path=path, retryable=passes and code not in _KEY_FINAL_CODES,
         ) from exc
 
     def _budget_text(self) -> str:
@@ -759,10 +768,15 @@ class S3Storage(ScannedStorage):
         if marker >= 0:
             end = text.find("</Code>", marker)
             code = text[marker + 6 : end] if end > marker else None
+        if code is None:  # a bulk delete's per-key error: "... failed for key K: ... (code: X)"
+            per_key = re.search(r"\(code: ([A-Za-z]+)\)", text)
+            code = per_key.group(1) if per_key else None
         status = None
         m = re.search(r"status code: (\d{3})", text)
         if m:
             status = int(m.group(1))
+        elif "Received redirect" in text:  # obstore: a bucket in another region than configured
+            status = 301
         if code is None and isinstance(exc, FileNotFoundError):
             code = "NoSuchKey"
         if code is None and type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):

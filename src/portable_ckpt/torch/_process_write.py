@@ -15,6 +15,7 @@ attempt id is fresh and the file names carry this writer's number, so nothing el
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import threading
 from typing import Any
@@ -80,16 +81,53 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def check_can_travel(storage: Storage) -> dict[str, Any]:
-    """The storage's :meth:`~Storage.process_spec`, or a usage error naming the fix."""
+    """The storage's :meth:`~Storage.process_spec`, or a usage error naming the fix.
+
+    The description is opened here as the writer process will open it, and must give this
+    backend at this root: a backend whose ``url`` was a path was opened there as a local
+    directory, and the save committed where the backend never looks (backend review B1). A
+    scheme registered in this process only is not found by the writer process (B3).
+    """
+    from portable_ckpt.storage import open_process_spec, scheme_installed
+
+    what = f"async_save(mode='process'): the root {storage.url or type(storage).__name__!r}"
     spec = storage.process_spec()
     if spec is None:
         raise UsageError(
-            f"async_save(mode='process'): the root {storage.url or type(storage).__name__!r} "
-            f"({type(storage).__name__}) cannot be opened by another process (its process_spec() "
-            f"is None); pass a local path, an s3:// URL or a registered scheme whose backend "
-            f"travels (docs/storage-backends.md), or use mode='thread'"
+            f"{what} ({type(storage).__name__}) cannot be opened by another process (its "
+            f"process_spec() is None); pass a local path, an s3:// URL or a registered scheme "
+            f"whose backend travels (docs/storage-backends.md), or use mode='thread'"
         )
+    if spec.get("kind") == "url":
+        scheme = str(spec.get("url", "")).partition("://")[0]
+        if "://" in str(spec.get("url", "")) and not scheme_installed(scheme):
+            raise UsageError(
+                f"{what}: the writer process cannot open {scheme}:// roots: the scheme is "
+                "registered in this process only (register_scheme); declare it as an entry "
+                "point of the group portable_ckpt.storage in your package's metadata "
+                "(docs/storage-backends.md), or use mode='thread'"
+            )
+    key = (type(storage), storage.url, json.dumps(spec, sort_keys=True, default=str))
+    if key in _TRAVELS:
+        return spec
+    again = open_process_spec(spec)
+    try:
+        if type(again) is not type(storage) or again.url != storage.url:
+            raise UsageError(
+                f"{what}: its process_spec() {spec!r} opens a {type(again).__name__} at "
+                f"{again.url!r} in another process, not this {type(storage).__name__} at "
+                f"{storage.url!r}; return a description that opens this root again "
+                "(docs/storage-backends.md), or use mode='thread'"
+            )
+    finally:
+        again.close()
+    _TRAVELS.add(key)
     return spec
+
+
+#: The (backend type, url, description) that :func:`check_can_travel` opened again and found
+#: to be the same root (each save of each rank checks its root).
+_TRAVELS: set[tuple[type, str, str]] = set()
 
 
 class ProcessWrite(RankWrite):

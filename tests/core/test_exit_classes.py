@@ -1,0 +1,224 @@
+"""What the CLI's exit status tells a cron job: 0 done, 1 a person must look, 75 retry, 69 `ls
+--latest` cannot answer (SRE review of the exit classes, backend-author review)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.cli.main import main as cli_main
+from portable_ckpt.errors import VersionDeletedError
+from portable_ckpt.io.copy import copy_version
+from portable_ckpt.storage import LocalStorage, register_scheme
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+from tests._cli import unprivileged_cli
+
+_SEQ = iter(range(10**6))
+
+
+def _save(root: Path, *steps: int) -> list[str]:
+    return [portable_ckpt.save_arrays(root, {"w": np.arange(16.0)}, step=s).attempt_id
+            for s in steps]
+
+
+class _Remote(FaultyStorage):
+    """A local directory seen as a store without a local root (a registered scheme's)."""
+
+    def local_root(self) -> str | None:
+        return None
+
+
+def _scheme(faults: list[Fault] | None = None, **caps: Any) -> str:
+    """A fresh URL scheme opening :class:`_Remote` over the directory after ``scheme://``.
+
+    Every opened store injects ``faults`` as the list holds them when it is opened.
+    """
+    name = f"remote{os.getpid()}x{next(_SEQ)}"
+    shared = faults if faults is not None else []
+
+    def opener(url: str) -> _Remote:
+        store = _Remote(LocalStorage(url.split("://", 1)[1], create=True), list(shared))
+        store.url = url
+        if caps:
+            store.capabilities = dataclasses.replace(store.capabilities, **caps)
+        return store
+
+    register_scheme(name, opener)
+    return name
+
+
+def test_a_permission_on_the_newest_record_is_1_and_ls_latest_69(tmp_path: Path) -> None:
+    """SRE review S1, S2: a permission error on the newest commit record, wrapped in a new
+    StorageError on the way, lost its class and exited 75 ("retry") from verify, copy and
+    inspect given a root; `ls --latest` said 75 for it too, and a restart wrapper retried for
+    ever. A permission needs a person: 1, and 69 from `ls --latest` (never 1, "none")."""
+    root = tmp_path / "r"
+    newest = _save(root, 1, 2)[-1]
+    record = root / newest / "manifest.json"
+    os.chmod(record, 0)
+    try:
+        runs = {what: unprivileged_cli(*args) for what, args in {
+            "verify": ("verify", str(root), "--sample", "1", "--no-record"),
+            "copy": ("copy", str(root), str(tmp_path / "backup")),
+            "inspect": ("inspect", str(root)),
+            "latest": ("ls", str(root), "--latest", "--json"),
+        }.items()}
+    finally:
+        os.chmod(record, 0o644)
+    for what in ("verify", "copy", "inspect"):
+        assert runs[what].returncode == 1, (what, runs[what].stdout, runs[what].stderr)
+        assert "ermission denied" in runs[what].stdout + runs[what].stderr
+    latest = runs["latest"]
+    assert latest.returncode == 69, (latest.stdout, latest.stderr)
+    assert json.loads(latest.stdout)["error"]["retryable"] is False
+
+
+def test_ls_latest_is_never_1_when_it_cannot_answer(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """SRE review S2, S9: `ls --latest` exits 1 for "no version" only. An attempt it cannot
+    read is 75 when the cause may pass (EIO); a root whose committed versions all failed
+    verification is 69 (a manager refuses to start afresh over them too), naming them, where
+    it said "no committed version", and a restart wrapper started the job from step 0."""
+    root = tmp_path / "r"
+    first, newest = _save(root, 1, 2)
+    scheme = _scheme([Fault(op="read", path=f"{newest}/manifest.json", error="EIO")])
+    assert cli_main(["ls", f"{scheme}://{root}", "--latest", "--json"]) == 75
+    assert json.loads(capsys.readouterr().out)["error"]["retryable"] is True
+    from portable_ckpt.io.annotations import write_verification_record
+
+    for attempt in (first, newest):
+        write_verification_record(LocalStorage(str(root)), attempt, ok=False, mode="deep",
+                                  fraction=None, chunks=1, verifier="test",
+                                  errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    assert cli_main(["ls", str(root), "--latest", "--json"]) == 69
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["error"]["failed_verification"] == [newest, first], doc
+    assert "failed verification" in out.err and "start afresh" in out.err
+    assert cli_main(["ls", str(tmp_path / "empty"), "--latest"]) == 1  # none: start afresh
+    assert "PCK-NOT-FOUND" in capsys.readouterr().err
+
+
+def test_gc_that_left_files_of_a_deleted_version_is_75(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """SRE review S5: an EIO while gc deleted a version's data files, after its commit record
+    (the version is gone, its files are left for the next gc), exited 1 and paged someone."""
+    root = tmp_path / "r"
+    _save(root, 1, 2, 3)
+    scheme = _scheme([Fault(op="delete", path="*/data/*", error="EIO")])
+    assert cli_main(["gc", f"{scheme}://{root}", "--keep", "1", "--json"]) == 75
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["left_behind"]) == 2 and all(d["retryable"] for d in doc["left_behind"])
+    assert cli_main(["gc", str(root), "--keep", "1", "--grace", "0"]) == 0  # the next deletes them
+    assert len(list(root.iterdir())) == 1
+
+
+def test_gc_require_copy_when_the_backup_did_not_answer_is_75(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SRE review S6: `gc --require-copy` exited 1, "copies are missing ... make a copy
+    elsewhere", when the backup store only failed to answer (EIO there): retry, 75."""
+    root, backup = tmp_path / "r", tmp_path / "b"
+    ids = _save(root, 1, 2, 3)
+    faults: list[Fault] = []
+    scheme = _scheme(faults)
+    assert copy_version(str(root / ids[-1]), f"{scheme}://{backup}").record is not None
+    faults.append(Fault(op="exists", path="*", error="EIO"))  # the backup stops answering
+    capsys.readouterr()
+    assert cli_main(["gc", str(root), "--keep", "1", "--require-copy"]) == 75
+    err = capsys.readouterr().err
+    assert "kept for want of a verified copy" in err and "did not answer" in err
+    assert len(portable_ckpt.list_versions(root)) == 3
+
+
+def test_the_same_root_under_another_name_is_no_copy(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Backend review B2: a registered scheme's root spelt another way (``x:///w/./q``) was
+    an independent copy: `copy` said "already present", wrote a copy record, and `gc
+    --require-copy` then deleted the older versions. A probe put into the destination that
+    shows in the source refuses the copy; gc counts no copy there."""
+    root = tmp_path / "q"
+    ids = _save(root, 1, 2, 3)
+    scheme = _scheme()
+    src, alias = f"{scheme}://{root}", f"{scheme}://{tmp_path}/./q"
+    assert cli_main(["copy", src, alias]) == 2
+    assert "same root" in capsys.readouterr().err
+    # A copy record written by an older version of the tool names the alias: no copy.
+    from portable_ckpt.io.copy import CopyResult, _write_record
+
+    _write_record(LocalStorage(str(root)), ids[-1], alias, CopyResult(
+        attempt_id=ids[-1], step=3, source=f"{root}/{ids[-1]}", destination=alias,
+        destination_version=f"{alias}/{ids[-1]}"))
+    assert cli_main(["gc", src, "--keep", "1", "--require-copy", alias]) == 1
+    assert "names the collected root" in capsys.readouterr().err
+    assert len(portable_ckpt.list_versions(root)) == 3
+    assert not [p for p in root.iterdir() if p.name.startswith(".pck-clock-")]  # no probe left
+
+
+def test_copy_into_a_store_without_atomic_create_is_refused(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """Backend review B4: a save's commit refuses a store whose create-if-absent is not
+    atomic; `copy` published into it anyway. Refused before anything is copied, exit 1 (a
+    setting of the store: no retry mends it)."""
+    root = tmp_path / "r"
+    _save(root, 1)
+    scheme = _scheme(atomic_create=False)
+    assert cli_main(["copy", str(root), f"{scheme}://{tmp_path}/b", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["retryable"] is False and "atomically" in doc["error"]["message"]
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+def test_a_version_deleted_while_copied_is_not_damage(tmp_path: Path) -> None:
+    """SRE review S8: gc deleting the source version during a copy made the copy fail with
+    PCK-FILE-MISSING, the code of a damaged version."""
+    root = tmp_path / "r"
+    ids = _save(root, 1, 2)
+    gone = threading.Event()
+
+    def delete_version(op: str, path: str) -> None:
+        if not gone.is_set():
+            gone.set()
+            (root / ids[-1] / "manifest.json").unlink()
+            for f in (root / ids[-1] / "data").iterdir():
+                f.unlink()
+
+    scheme = _scheme([Fault(op="read", path=f"{ids[-1]}/data/*", error=None,
+                            callback=delete_version)])
+    with pytest.raises(VersionDeletedError, match="deleted while it was read"):
+        copy_version(f"{scheme}://{root}/{ids[-1]}", str(tmp_path / "b"))
+
+
+def test_an_error_of_another_package_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Backend review B6: a backend's raw client exception was "a bug of portable-ckpt",
+    which sent its user to the wrong project."""
+    import argparse
+    import sys
+
+    (tmp_path / "fakeclient.py").write_text(
+        "class ClientError(Exception):\n    pass\n\n"
+        "def call():\n    raise ClientError('SlowDown: please reduce your request rate')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fakeclient  # type: ignore[import-not-found]
+
+    from portable_ckpt.cli.main import _run
+
+    assert _run(argparse.Namespace(func=lambda args: fakeclient.call(), json=False)) == 1
+    err = capsys.readouterr().err
+    assert "error in fakeclient (ClientError: SlowDown" in err and "bug of portable-ckpt" not in err
+    sys.modules.pop("fakeclient", None)
+    # Raised by portable-ckpt itself (here the standard library it called): still its bug.
+    import functools
+
+    assert _run(argparse.Namespace(func=functools.partial(os.path.join, 1, 2), json=False)) == 1
+    assert "internal error (TypeError" in capsys.readouterr().err
