@@ -222,3 +222,30 @@ def test_an_error_of_another_package_names_it(tmp_path: Path, monkeypatch: pytes
 
     assert _run(argparse.Namespace(func=functools.partial(os.path.join, 1, 2), json=False)) == 1
     assert "internal error (TypeError" in capsys.readouterr().err
+
+
+def test_a_root_that_cannot_be_searched_is_not_none(tmp_path: Path) -> None:
+    """Diff review 8, D1: a root whose parent cannot be searched (a permission, a stale NFS
+    handle) "did not exist": `ls --latest` exited 1, and a restart script started afresh."""
+    parent = tmp_path / "p"
+    _save(parent / "r", 1)
+    os.chmod(parent, 0)
+    try:
+        latest = unprivileged_cli("ls", str(parent / "r"), "--latest")
+        listing = unprivileged_cli("ls", str(parent / "r"))
+    finally:
+        os.chmod(parent, 0o755)
+    assert latest.returncode == 69 and "ermission denied" in latest.stderr, latest.stderr
+    assert listing.returncode == 1 and "does not exist" not in listing.stderr, listing.stderr
+
+
+def test_a_probe_left_behind_is_not_a_foreign_entry(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Diff review 8, D3: a store that refuses deletes kept copy's same-root probes, and `ls`
+    listed them as entries "not this format's" (spec §15.2: readers ignore them)."""
+    root = tmp_path / "r"
+    _save(root, 1)
+    (root / ".pck-clock-0123456789abcdef").write_bytes(b"")
+    (root / "notes.txt").write_text("mine")
+    assert cli_main(["ls", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["foreign_keys"] == ["notes.txt"]

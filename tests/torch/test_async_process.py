@@ -270,7 +270,9 @@ class _Registered(LocalStorage):
         return {"kind": "url", "url": self.url}
 
 
-def test_process_mode_refuses_a_description_that_opens_another_root(tmp_path: Path) -> None:
+def test_process_mode_refuses_a_description_that_opens_another_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Backend review B1, B3: a backend whose url is a path was reopened by the writer process
     as a local directory: the save committed where the backend never looks and reported
     success. A scheme registered in this process only failed at the commit, after staging.
@@ -296,6 +298,33 @@ def test_process_mode_refuses_a_description_that_opens_another_root(tmp_path: Pa
         pckt.async_save(state, f"{scheme}://{tmp_path / 'c'}", step=1, mode="process")
     for d in ("a", "b", "c"):
         assert os.listdir(tmp_path / d) == []  # refused before anything was written
+    # An S3 subclass is refused for its type, not as a scheme registered here only (D5).
+    from portable_ckpt.storage.s3 import S3Storage
+
+    class _S3Sub(S3Storage):
+        def process_spec(self) -> dict[str, object]:
+            return {"kind": "url", "url": self.url}
+
+    with pytest.raises(UsageError, match="opens a S3Storage at"):
+        _process_write.check_can_travel(_S3Sub("bucket", "runs/a"))
+    # A scheme an installed package declares (an entry point), whose opener gives back the
+    # very object it opened before (a cache): the check does not close it (D2).
+    site = tmp_path / "site"
+    dist = site / "cachedstore-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cachedstore\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        f"[portable_ckpt.storage]\n{scheme}c = cachedstore:opener\n")
+    (site / "cachedstore.py").write_text("CACHED = None\n\ndef opener(url):\n    return CACHED\n")
+    monkeypatch.syspath_prepend(str(site))
+    import cachedstore  # type: ignore[import-not-found]
+
+    cached = _Registered(str(tmp_path / "d"), create=True)
+    cached.url = f"{scheme}c://{tmp_path / 'd'}"
+    closed: list[bool] = []
+    cached.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    cachedstore.CACHED = cached
+    assert _process_write.check_can_travel(cached)["url"] == cached.url and closed == []
     with pytest.raises(UsageError, match="not a path"):
         open_process_spec({"kind": "url", "url": str(tmp_path)})
 

@@ -4,9 +4,10 @@ Exit codes: 0 success, 1 a checkpoint problem (the error's code is printed, e.g.
 a root that does not exist), 2 usage errors (a bad argument before anything is touched; a request
 the root's state refuses without ``--force``, nothing written), 75 a failure that may pass: every
 problem was a storage error that waiting can mend (PCK-STORAGE of EIO, a store that did not
-answer; not a permission) or a copy still being written (PCK-COMMIT-CONFLICT): retry (also ``ls
---latest`` when any storage error kept it from telling), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM: systemd's stop,
-``timeout``), 141 output into a closed pipe.
+answer; not a permission) or a copy still being written (PCK-COMMIT-CONFLICT): retry, 69 ``ls
+--latest`` cannot answer and a person must act (it exits 1 for "no committed version" only),
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM: systemd's stop, ``timeout``), 141 output into
+a closed pipe.
 
 Every subcommand takes ``-v``/``-vv`` (the library's log at INFO/DEBUG on stderr) and ``-q``
 (no progress bars, errors only); long work draws progress bars on stderr when it is a terminal
@@ -345,7 +346,9 @@ def _interrupted(args: argparse.Namespace | None, exc: BaseException | None = No
         if command else what
     )
     try:
-        say_failed(args, {"code": "PCK-INTERRUPTED", "message": message}, message)
+        # running it again finishes the work: retryable
+        say_failed(args, {"code": "PCK-INTERRUPTED", "message": message, "retryable": True},
+                   message)
     except (OSError, ValueError):
         pass  # the output is gone too: the exit status says it
     return 128 + (signal.SIGTERM if terminated else signal.SIGINT)

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-from portable_ckpt.errors import StorageError, UsageError
+from portable_ckpt.errors import StorageError, UsageError, transient_errno
 from portable_ckpt.storage.local import fsync_dir
 
 __all__ = ["check_dst_free", "open_staged", "staged", "staged_dir"]
@@ -63,7 +63,8 @@ def staged(dst: str, *, directory: bool = True) -> Iterator[str]:
         try:
             os.rename(tmp, dst)
         except OSError as exc:
-            raise StorageError(f"rename {tmp} -> {dst}: {exc.strerror}", path=dst) from None
+            raise StorageError(f"rename {tmp} -> {dst}: {exc.strerror}", path=dst,
+                               retryable=transient_errno(exc.errno)) from None
         fsync_dir(parent)
     except BaseException:
         if directory:

@@ -34,6 +34,7 @@ from portable_ckpt.errors import (
     FileSizeError,
     ShardHeaderError,
     StorageError,
+    transient_errno,
 )
 from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
@@ -436,7 +437,8 @@ def map_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.nd
     try:
         mm = mmap.mmap(fd, start + nbytes - base, flags=flags, prot=mmap.PROT_READ, offset=base)
     except (OSError, ValueError) as exc:
-        raise StorageError(f"{where}: cannot map the tensor bytes: {exc}") from None
+        raise StorageError(f"{where}: cannot map the tensor bytes: {exc}",
+                           retryable=transient_errno(getattr(exc, "errno", None))) from None
     flat = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start - base).view(dt)
     if contiguous:
         return flat.reshape(layout.shape)

@@ -47,6 +47,7 @@ from portable_ckpt.errors import (
     StorageError,
     TensorMissingError,
     UsageError,
+    transient_errno,
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import numpy_dtype
@@ -150,11 +151,13 @@ def _loader(path: str, t: StTensor) -> Callable[[], np.ndarray[Any, Any]]:
         fd = open_regular(path)  # every open checks the type: a FIFO swapped in never blocks
         try:
             if os.fstat(fd).st_size < t.start + t.nbytes:
-                raise StorageError(f"{path}: tensor {t.name!r} extends past the end of the file", path=path)
+                raise StorageError(f"{path}: tensor {t.name!r} extends past the end of the file",
+                                   path=path, retryable=False)
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             mm = mmap.mmap(fd, t.start + t.nbytes - start, flags=flags, prot=mmap.PROT_READ, offset=start)
         except OSError as exc:
-            raise StorageError(f"map {path}: {exc.strerror}", path=path) from None
+            raise StorageError(f"map {path}: {exc.strerror}", path=path,
+                               retryable=transient_errno(exc.errno)) from None
         finally:
             os.close(fd)
         buf = np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=t.start - start)

@@ -10,6 +10,7 @@ from portable_ckpt.errors import AttemptIdError, UsageError
 
 __all__ = [
     "ATTEMPT_ID_RE",
+    "PROBE_RE",
     "MAX_STEP",
     "attempt_time",
     "check_attempt_id",
@@ -23,6 +24,9 @@ __all__ = [
 
 #: Attempt ids: step, UTC time to the microsecond, 64 random bits.
 ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-([0-9]{8}T[0-9]{12})Z-([0-9a-f]{16})\Z")
+#: An empty probe object at a root's top (spec §15.2: gc's clock, copy's same-root test):
+#: readers ignore it, ``ls`` does not list it among foreign entries, gc deletes a leftover.
+PROBE_RE = re.compile(r"\.pck-clock-[0-9a-f]{16}\Z")
 #: Largest step an attempt id can carry.
 MAX_STEP = 10**12 - 1
 

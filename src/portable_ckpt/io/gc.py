@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -22,11 +21,10 @@ from portable_ckpt.errors import (
     CheckpointError,
     StorageError,
     UsageError,
+    transient_errno,
 )
 from portable_ckpt.format import usage
-from portable_ckpt.format.naming import (
-    attempt_time,
-)
+from portable_ckpt.format.naming import PROBE_RE, attempt_time
 from portable_ckpt.format.vocab import DEFAULT_GRACE_SECONDS
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
@@ -690,9 +688,7 @@ def _copy_destination(url: str, *, strict: bool = False) -> str:
     return text
 
 
-def _has_copy(
-    v: VersionInfo, want: str | None, own: str | None = None, copies: _Copies | None = None
-) -> bool:
+def _has_copy(v: VersionInfo, want: str | None, own: str | None, copies: _Copies) -> bool:
     """Whether a verified copy of ``v`` is still committed (on root ``want``; any when None).
 
     ``want`` and ``own`` (the root being collected) are :func:`_copy_destination` forms. A copy
@@ -714,12 +710,11 @@ def _has_copy(
         named = _copy_destination(dest) if "://" in dest else dest.rstrip("/")
         if named == own or (want is not None and named != want):
             continue
-        if (copies or _Copies(None, None)).committed(dest, v.id):
+        if copies.committed(dest, v.id):
             return True
     # A copier that could not write its record into this root (read-only credentials on the
     # training root: ops review F13) still left a committed copy there: asked directly.
-    return want is not None and want != own and (copies or _Copies(None, None)).committed(
-        want, v.id)
+    return want is not None and want != own and copies.committed(want, v.id)
 
 
 class _Copies:
@@ -744,8 +739,9 @@ class _Copies:
             there = self._open(dest)
             return there is not None and there.exists(f"{attempt_id}/manifest.json")
         except (CheckpointError, OSError, ValueError) as e:
-            self._note(f"{dest}: {getattr(e, 'message', None) or e}",
-                       retryable=isinstance(e, CheckpointError) and e.retryable)
+            self._note(f"{dest}: {getattr(e, 'message', None) or e}", retryable=(
+                e.retryable if isinstance(e, CheckpointError)
+                else isinstance(e, OSError) and transient_errno(e.errno)))
             return False
 
     def _open(self, dest: str) -> Storage | None:
@@ -891,7 +887,7 @@ def _clock_for_ages(storage: Storage, t_now: float, report: GcReport) -> float:
 
 
 #: A clock probe's name (spec §15.2); one older than an hour is a leftover any gc may delete.
-_PROBE = re.compile(r"\.pck-clock-[0-9a-f]{16}\Z")
+_PROBE = PROBE_RE
 
 
 PROBE_LEFTOVER_SECONDS = 3600.0
@@ -977,31 +973,31 @@ def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport, recorde
 
     Once its record is gone the version no longer exists: a failure after that leaves files,
     not a version, and is reported as such (``report.left_behind``), never as "not deleted"
-    (multi-job review F3: an operator read that the versions were intact). An attempt whose
-    record (``recorded``), or every file, is gone already was deleted by another process: its
-    leftovers are deleted all the same, and it is reported in ``report.gone``.
+    (multi-job review F3: an operator read that the versions were intact). An attempt another
+    process deleted first (an overlapping gc, a manager's retention) is deleted all the same
+    and reported in ``report.gone``, not counted (scripting review F7, SRE review S7).
     """
-    record = f"{attempt_id}/manifest.json"
-    # Who deleted it: the delete of its record tells where the backend can (of two racing
-    # unlinks one wins), for an attempt without one the removal of its directory (scripting
-    # review F7, SRE review S7). An object store cannot tell: the look before it.
-    prefix = f"{attempt_id}/"
+    record, prefix = f"{attempt_id}/manifest.json", f"{attempt_id}/"
+    # What was there before this run deleted anything: the fallback where a store cannot
+    # tell who deleted what (an object store's DELETE answers alike).
     there = storage.exists(record) if recorded else _any_file(storage, prefix)
-    claim = storage.delete(record)  # commit record first (R-GC-3)
-    mine = there if claim is None or not recorded else claim
+    removed_record = storage.delete(record)
     try:
         aborted = storage.abort_uploads(prefix)
         report.aborted_uploads += aborted
-        emptied = storage.delete_prefix(prefix)
+        removed_dir = storage.delete_prefix(prefix)
     except CheckpointError as exc:
         report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),
                                    "retryable": exc.retryable})
-        if not mine:
-            report.deleted_by_other(attempt_id)
-        return
-    foreign = storage.list_foreign(prefix)  # never deleted
-    report.foreign_keys.extend(foreign)
-    if not recorded and emptied is not None and not foreign:
-        mine = emptied  # of two runs, the one that removed the directory (SRE review S7)
-    if not (mine or aborted):  # nothing of it was there for this run to delete
+        aborted, removed_dir, foreign = 0, None, []
+    else:
+        foreign = storage.list_foreign(prefix)  # never deleted
+        report.foreign_keys.extend(foreign)
+    # Of two runs deleting one attempt at once, exactly one removed its record (a version) or
+    # its directory (an attempt without a record, unless foreign entries keep it).
+    if recorded:
+        mine = there if removed_record is None else removed_record
+    else:
+        mine = there if removed_dir is None or foreign else removed_dir
+    if not (mine or aborted):
         report.deleted_by_other(attempt_id)

@@ -55,6 +55,7 @@ from portable_ckpt.format.manifest import (
 )
 from portable_ckpt.format.naming import (
     ATTEMPT_ID_RE,
+    PROBE_RE,
     check_attempt_id,
 )
 from portable_ckpt.io.annotations import (
@@ -864,7 +865,9 @@ def foreign_keys(storage: Storage) -> list[str]:
     """
     names = [f"{n}/" for n in storage.list_dirs("")
              if not ATTEMPT_ID_RE.match(n) and n != PIN_DIR]  # pins are the format's (§15.3)
-    names += [info.path for info in storage.list("", recursive=False)]
+    # A probe left by gc or copy (a store that refused its delete) is the format's (§15.2).
+    names += [info.path for info in storage.list("", recursive=False)
+              if not PROBE_RE.match(info.path)]
     names += storage.list_foreign("", recursive=False)
     return sorted(names)
 

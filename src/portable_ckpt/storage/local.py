@@ -434,7 +434,19 @@ class LocalStorage(ScannedStorage):
         return st is not None and stat.S_ISREG(st.st_mode)
 
     def root_exists(self) -> bool:
-        return os.path.isdir(self.root)
+        """Whether the root is a directory; an error other than "absent" raises.
+
+        A root whose parent cannot be searched (a permission, a stale NFS handle, EIO) is not
+        "absent": ``ls --latest`` read it as "no version", and a restart script started its
+        job afresh (diff review 8, D1).
+        """
+        try:
+            st = os.stat(self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise _os_error("stat", "", exc, self.root) from exc
+        return stat.S_ISDIR(st.st_mode)
 
     def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
         return _LocalWriter(self, path, self._full(path), defer_sync)

@@ -193,7 +193,7 @@ def restore(
                     f"error ({err.message}); a storage error is not damage, and resuming an "
                     "older version would silently lose the training since (spec R-ID-5): retry "
                     f"the restore; {_WAY_OUT}",
-                    path=ident,
+                    path=ident, retryable=err.retryable,
                 ) from err
             if not _damage_agreed(mgr, tier_name, ident, err):
                 raise StorageError(

@@ -98,18 +98,20 @@ def check_can_travel(storage: Storage) -> dict[str, Any]:
             f"process_spec() is None); pass a local path, an s3:// URL or a registered scheme "
             f"whose backend travels (docs/storage-backends.md), or use mode='thread'"
         )
-    if spec.get("kind") == "url":
-        scheme = str(spec.get("url", "")).partition("://")[0]
-        if "://" in str(spec.get("url", "")) and not scheme_installed(scheme):
-            raise UsageError(
-                f"{what}: the writer process cannot open {scheme}:// roots: the scheme is "
-                "registered in this process only (register_scheme); declare it as an entry "
-                "point of the group portable_ckpt.storage in your package's metadata "
-                "(docs/storage-backends.md), or use mode='thread'"
-            )
     key = (type(storage), storage.url, json.dumps(spec, sort_keys=True, default=str))
-    if key in _TRAVELS:
+    if key in _TRAVELS:  # each save of each rank asks, in its blocking part
         return spec
+    url = str(spec.get("url", ""))
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if spec.get("kind") == "url" and scheme not in ("", "s3", "file") and not scheme_installed(
+        scheme
+    ):
+        raise UsageError(
+            f"{what}: the writer process cannot open {scheme}:// roots: the scheme is "
+            "registered in this process only (register_scheme); declare it as an entry "
+            "point of the group portable_ckpt.storage in your package's metadata "
+            "(docs/storage-backends.md), or use mode='thread'"
+        )
     again = open_process_spec(spec)
     try:
         if type(again) is not type(storage) or again.url != storage.url:
@@ -120,7 +122,8 @@ def check_can_travel(storage: Storage) -> dict[str, Any]:
                 "(docs/storage-backends.md), or use mode='thread'"
             )
     finally:
-        again.close()
+        if again is not storage:  # an opener may give back the very object (a cache: D2)
+            again.close()
     _TRAVELS.add(key)
     return spec
 
