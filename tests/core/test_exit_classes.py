@@ -226,7 +226,8 @@ def test_an_error_of_another_package_names_it(tmp_path: Path, monkeypatch: pytes
 
 def test_a_root_that_cannot_be_searched_is_not_none(tmp_path: Path) -> None:
     """Diff review 8, D1: a root whose parent cannot be searched (a permission, a stale NFS
-    handle) "did not exist": `ls --latest` exited 1, and a restart script started afresh."""
+    handle) "did not exist": `ls --latest` exited 1, and a restart script started afresh (as
+    for a file given as the root)."""
     parent = tmp_path / "p"
     _save(parent / "r", 1)
     os.chmod(parent, 0)
@@ -237,6 +238,9 @@ def test_a_root_that_cannot_be_searched_is_not_none(tmp_path: Path) -> None:
         os.chmod(parent, 0o755)
     assert latest.returncode == 69 and "ermission denied" in latest.stderr, latest.stderr
     assert listing.returncode == 1 and "does not exist" not in listing.stderr, listing.stderr
+    # A file where the root should be is no fresh root either.
+    (tmp_path / "file").write_text("x")
+    assert cli_main(["ls", str(tmp_path / "file"), "--latest"]) == 69
 
 
 def test_a_probe_left_behind_is_not_a_foreign_entry(tmp_path: Path,

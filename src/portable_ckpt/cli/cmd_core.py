@@ -42,7 +42,15 @@ def _ls(args: argparse.Namespace) -> int:
     from portable_ckpt.storage import open_storage
 
     storage = open_storage(args.root)
-    root_must_exist(storage)
+    try:
+        root_must_exist(storage)
+    except NotFoundError as missing:
+        local = storage.local_root()
+        if args.latest and local is not None and os.path.lexists(local):
+            # A file where the root should be: no job starts afresh there (never 1, "none")
+            say_failed(args, {**missing.to_json(), "retryable": False}, safe(missing))
+            return EXIT_UNAVAILABLE
+        raise
     if args.latest:
         return _latest(args, newest_first(storage))
     # with the saves killed while all their objects were uploading: only their parts are stored
