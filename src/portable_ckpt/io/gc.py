@@ -72,8 +72,9 @@ class GcReport:
 
     ``unknown`` lists the attempts gc could not classify (``{"id", "status", "code",
     "message", "retryable"}``; ``retryable``: the cause may pass by itself, as a store that did
-    not answer, unlike a permission): they were not touched, and ``complete`` is False. ``foreign`` lists versions
-    of a format this implementation does not implement: never garbage, never counted in
+    not answer, unlike a permission): they were not touched, and ``complete`` is False.
+    ``foreign`` lists versions of a format this implementation does not implement: never
+    garbage, never counted in
     ``keep``. ``foreign_keys`` lists entries that are not the format's (e.g. ``<attempt>//x`` on
     an object store, a FIFO in a local attempt) that gc found and left where they are.
     """
@@ -120,7 +121,8 @@ class GcReport:
     #: minute; attempts were dated on the storage's clock.
     clock_skew: float | None = None
     #: Deleted attempts (their commit record is gone) whose other files could not all be
-    #: deleted: ``{"id", "code", "message"}``; the next gc removes them as abandoned.
+    #: deleted: ``{"id", "code", "message", "retryable"}``; the next gc removes them as
+    #: abandoned.
     left_behind: list[dict[str, Any]] = field(default_factory=list)
     #: Attempts planned for deletion that another process deleted first (an overlapping gc, a
     #: manager's retention): not in ``deleted`` or ``abandoned``, which count what this run
