@@ -142,7 +142,8 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
     ``CheckpointManager.restore`` tries first on this root. Newer attempts that are not
     versions are passed over with a word on stderr; a newer one whose record (or whose
     verification records) could not be read stops the answer (R-ID-5: it may be the latest),
-    exit 1, as it stops a restore. The path is printed as it is (not escaped as in a table).
+    as it stops a restore: exit 75 or 69, never 1 ("none"); so do committed versions that all
+    failed verification (69). The path is printed as it is (not escaped as in a table).
     ``versions`` come newest first, read level by level as asked (a poll reads the newest
     levels only); the attempts passed over are named on stderr, the first few one by one.
     """
