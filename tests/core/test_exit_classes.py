@@ -253,3 +253,26 @@ def test_a_probe_left_behind_is_not_a_foreign_entry(tmp_path: Path,
     (root / "notes.txt").write_text("mine")
     assert cli_main(["ls", str(root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["foreign_keys"] == ["notes.txt"]
+
+
+def test_a_version_that_lost_its_commit_record_is_kept_not_abandoned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Disaster-recovery review R1: a committed version whose manifest.json alone was lost was
+    an incomplete attempt, and gc deleted it once the grace period passed, though its data
+    was intact. Its verification record (written into committed versions only) says it was
+    committed: it is invalid, kept and named (spec §15.1, R-GC-10)."""
+    root = tmp_path / "r"
+    older, newest = _save(root, 1, 2)
+    assert cli_main(["verify", str(root / newest), "--deep"]) == 0  # records a verification
+    (root / newest / "manifest.json").unlink()
+    row = {v.id: v for v in portable_ckpt.list_versions(root)}[newest]
+    assert row.status == "invalid" and row.error_code == "PCK-MANIFEST-MISSING"
+    capsys.readouterr()
+    assert cli_main(["gc", str(root), "--keep", "1", "--grace", "0", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["id"] for d in doc["damaged"]] == [newest] and doc["abandoned"] == []
+    assert (root / newest / "data").is_dir()
+    # A save in progress (no record, no post-commit records) is still incomplete.
+    (root / older / "manifest.json").unlink()
+    assert {v.id: v.status for v in portable_ckpt.list_versions(root)}[older] == "incomplete"

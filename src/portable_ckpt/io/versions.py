@@ -358,7 +358,7 @@ def _record_or_status(
     try:
         return _read_record(storage, attempt_id, known)
     except (ManifestMissingError, FileMissingError):
-        return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
+        return _without_record(storage, attempt_id)
     except (JsonInvalidError, LimitError) as exc:
         return Classification(INVALID, error=exc)  # larger than any version allows (R-SEC-11)
     except PathUnsafeError as exc:
@@ -367,6 +367,32 @@ def _record_or_status(
         return Classification(STRAY, error=exc)
     except CheckpointError as exc:
         return Classification(UNREADABLE, error=exc)
+
+
+def _without_record(storage: Storage, attempt_id: str) -> Classification:
+    """An attempt whose commit record the storage says is absent: incomplete, or a lost record.
+
+    Drill, copy and verification records are written into committed versions only (§14): an
+    attempt that holds one lost its commit record after the commit (a script, a disk). It is
+    invalid, kept by gc (R-GC-10) and named, not an abandoned save deleted after the grace
+    period (disaster-recovery review R1: its data was intact). A listing that fails leaves it
+    unclassified (R-GC-6).
+    """
+    try:
+        kinds = sorted(set(storage.list_dirs(f"{attempt_id}/")) & set(ANNOTATION_KINDS))
+        held = [k for k in kinds if next(iter(storage.list(f"{attempt_id}/{k}/")), None)]
+    except CheckpointError as exc:
+        return Classification(UNREADABLE, error=exc)
+    if not held:
+        return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
+    return Classification(INVALID, error=ManifestMissingError(
+        f"{attempt_id}/manifest.json is missing, but the attempt holds {' and '.join(held)} "
+        "records, which only a committed version gets: a committed version whose commit "
+        "record was lost; its data files and writer indexes are kept (gc keeps it). Put the "
+        "record back from a copy of the version (`portable-ckpt ls COPY_ROOT`), then "
+        "`portable-ckpt verify ROOT/ID --deep`",
+        path=f"{attempt_id}/manifest.json",
+    ))
 
 
 def classify_record(attempt_id: str, data: bytes) -> Classification:
