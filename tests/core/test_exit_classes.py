@@ -276,3 +276,28 @@ def test_a_version_that_lost_its_commit_record_is_kept_not_abandoned(
     # A save in progress (no record, no post-commit records) is still incomplete.
     (root / older / "manifest.json").unlink()
     assert {v.id: v.status for v in portable_ckpt.list_versions(root)}[older] == "incomplete"
+
+
+def test_copying_back_over_a_damaged_version_says_which_copy_is_damaged(tmp_path: Path) -> None:
+    """Incident review R3: copying the good backup back over a damaged version was refused
+    with a path both roots hold and "restore it from a copy", as if the backup were damaged.
+    The message names the destination's copy and the procedure of docs/recovery.md, which
+    then works."""
+    import shutil
+
+    from portable_ckpt.errors import ChecksumError
+
+    root, backup = tmp_path / "r", tmp_path / "b"
+    (attempt,) = _save(root, 1)
+    copy_version(str(root / attempt), str(backup))
+    data = next((root / attempt / "data").iterdir())
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(raw)
+    with pytest.raises(ChecksumError, match=r"destination .* already holds .* damaged") as ei:
+        copy_version(str(backup / attempt), str(root))
+    assert "source was not found damaged" in ei.value.message
+    assert f"move {root}/{attempt} elsewhere" in ei.value.message
+    shutil.move(str(root / attempt), str(tmp_path / "aside"))
+    copy_version(str(backup / attempt), str(root))
+    assert portable_ckpt.open(root).verify(deep=True) == []

@@ -479,6 +479,13 @@ def _check_same_record(job: _CopyJob, raw: bytes, conflict: str) -> None:
         raise CommitConflictError(f"{job.result.destination}/{mrel} {conflict}", path=mrel)
 
 
+def _set_aside(dst_url: str, attempt: str) -> str:
+    """How to replace a damaged version at a copy's destination (docs/recovery.md)."""
+    where = f"{local_path(dst_url) or dst_url}/{attempt}"
+    return (f"Nothing was changed. Set that version aside there (move {where} elsewhere), run "
+            "the copy again and verify it (docs/recovery.md)")
+
+
 def _verify_existing(job: _CopyJob, raw: bytes) -> None:
     """The destination already holds the version: check its record and every block there."""
     dst, dst_url = job.dst, job.result.destination
@@ -493,7 +500,7 @@ def _verify_existing(job: _CopyJob, raw: bytes) -> None:
         if dst.size(rel) != rec.size:
             raise FileSizeError(
                 f"{dst_url}/{rel}: {dst.size(rel)} bytes, manifest records {rec.size}; the "
-                "destination copy is damaged (delete that version there and copy again)",
+                f"destination's copy is damaged. {_set_aside(dst_url, job.attempt)}",
                 path=rel,
             )
         bs = rec.checksum.block_size
@@ -502,7 +509,17 @@ def _verify_existing(job: _CopyJob, raw: bytes) -> None:
             window = bytearray(step)
         for pos in range(0, rec.size, step):
             n = min(step, rec.size - pos)
-            read_verified(dst, rel, rec, pos, pos + n, memoryview(window)[:n])
+            try:
+                read_verified(dst, rel, rec, pos, pos + n, memoryview(window)[:n])
+            except ChecksumError as exc:
+                # The message named a path both roots hold and said "restore it from a copy":
+                # it read as if the source, the good copy, were damaged (incident review R3).
+                raise ChecksumError(
+                    f"the destination {dst_url} already holds {job.attempt}, and its copy there "
+                    f"is damaged: {exc.message}. The source was not found damaged. "
+                    f"{_set_aside(dst_url, job.attempt)}",
+                    path=exc.path, span=exc.span,
+                ) from None
     job.result.already_present = True
     job.result.files = len(job.files)
 
