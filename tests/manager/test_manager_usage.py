@@ -128,6 +128,33 @@ def test_a_job_saving_below_newer_steps_keeps_its_save_and_is_told(
     assert "already holds newer" not in err
 
 
+def test_newer_steps_that_failed_verification_are_not_named_as_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Incident review R7: after a restore fell back past damaged steps, the first save said
+    "restore() resumes step 12 ... to start afresh, use an empty root", though step 12 had
+    failed verification and no restore takes it."""
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.storage import open_storage
+
+    root = str(tmp_path / "r")
+    state = {"w": torch.arange(4.0)}
+    with pckt.CheckpointManager(root, save_every=1, keep_last=3, async_save=False) as mgr:
+        for step in (10, 20, 30):
+            mgr.save(step, state)
+    for v in portable_ckpt.list_versions(root):
+        if v.step in (20, 30):  # found damaged
+            write_verification_record(open_storage(root), v.id, ok=False, mode="deep",
+                                      fraction=None, chunks=1, verifier="test",
+                                      errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    capsys.readouterr()
+    with pckt.CheckpointManager(root, save_every=1, keep_last=3, async_save=False) as mgr:
+        assert mgr.restore(state).step == 10
+        mgr.save(11, state)
+    assert "already holds newer" not in capsys.readouterr().err
+    assert 11 in [v.step for v in portable_ckpt.list_versions(root)]
+
+
 def test_restore_strict_false_takes_a_seed_without_per_rank_entries(tmp_path: Path) -> None:
     """Operator review: a converted checkpoint has no RNG or data position; the documented seed
     path failed with advice (strict=False) that restore() did not take."""

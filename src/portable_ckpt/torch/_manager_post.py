@@ -121,7 +121,11 @@ def after_save(
 
 
 def _newer_not_ours(mgr: CheckpointManager, step: int, decisions: list[Any]) -> bool:
-    """Whether a version at a newer step than ``step`` was created before this job started."""
+    """Whether a version at a newer step than ``step`` was created before this job started.
+
+    ``decisions``: those of the versions a restore may take (a version that failed
+    verification is never restored: incident review R7).
+    """
     from portable_ckpt.format.naming import attempt_time
 
     return any(
@@ -632,15 +636,20 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     if own is not None and mgr._saves_queued.get(tier.name, 0) > 0:
         return  # a later save's pass is queued behind this one and covers it (soak review F6)
     try:
-        decisions = plan_retention(candidates_of(tier.storage), tier.retention)
+        cands = candidates_of(tier.storage)
+        decisions = plan_retention(cands, tier.retention)
+        # Newer steps that failed verification are never restored: they do not sort above
+        # this job's saves for a restore, and are not named as if they did (incident R7).
+        never = {c.id for c in cands if c.verification_failed}
+        restorable = [d for d in decisions if d.id not in never]
         for d in decisions:
-            if d.id != own or not _newer_not_ours(mgr, d.step, decisions):
+            if d.id != own or not _newer_not_ours(mgr, d.step, restorable):
                 continue  # (this job's later copies passed it, race review F2: as the policy says)
             if d.delete and d.reasons[0].startswith("outside"):
                 d.delete, d.reasons = False, ["this job's newest save"]
             # Said whether or not the policy keeps it (a rollback's branch is kept now): the
             # newer steps win the next restore (review of the change F13).
-            _warn_below_newer(mgr, tier, d.step, decisions)
+            _warn_below_newer(mgr, tier, d.step, restorable)
         keep = [d.id for d in decisions if not d.delete]
         pins: dict[str, Any] = {}
         if tier.name == "durable" and mgr.pin_kept:
