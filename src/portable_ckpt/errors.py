@@ -52,6 +52,7 @@ __all__ = [
     "WriterProcessError",
     "ERROR_CODES",
     "error_for_code",
+    "may_pass",
     "transient_errno",
 ]
 
@@ -300,6 +301,17 @@ TRANSIENT_ERRNOS = frozenset(
 def transient_errno(code: int | None) -> bool:
     """Whether an OS error of errno ``code`` may pass by itself (:data:`TRANSIENT_ERRNOS`)."""
     return code in TRANSIENT_ERRNOS
+
+
+def may_pass(exc: BaseException) -> bool:
+    """Whether the failure ``exc`` may pass by itself.
+
+    A :class:`CheckpointError` that is :attr:`~CheckpointError.retryable`, or an ``OSError`` of
+    a transient errno (:func:`transient_errno`).
+    """
+    if isinstance(exc, CheckpointError):
+        return exc.retryable
+    return isinstance(exc, OSError) and transient_errno(exc.errno)
 
 
 class StorageError(CheckpointError):

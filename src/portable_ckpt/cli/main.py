@@ -37,7 +37,7 @@ from portable_ckpt.cli._output import (
     say_failed,
 )
 from portable_ckpt.cli._text import safe
-from portable_ckpt.errors import CheckpointError, NotFoundError, UsageError, transient_errno
+from portable_ckpt.errors import CheckpointError, NotFoundError, UsageError, may_pass
 
 __all__ = ["build_parser", "entry", "main"]
 
@@ -239,8 +239,7 @@ def _run(args: argparse.Namespace) -> int:
             raise
         code, message = _unexpected(exc)  # with its document too (resource review R1)
         # As a StorageError (review L1): 75 when it may pass (a full disk, EIO), not EACCES.
-        transient = code == "PCK-STORAGE" and isinstance(exc, OSError) and transient_errno(
-            exc.errno)
+        transient = code == "PCK-STORAGE" and may_pass(exc)
         say_failed(args, {"code": code, "message": message, "retryable": transient}, message)
         if getattr(args, "latest", False):  # never 1, "no version" (L1, SRE review S2)
             return EXIT_RETRY if transient else EXIT_UNAVAILABLE

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.errors import (
     CheckpointError,
@@ -34,7 +34,7 @@ from portable_ckpt.errors import (
     FileSizeError,
     StorageError,
     UsageError,
-    transient_errno,
+    may_pass,
 )
 from portable_ckpt.format import jsonio, usage
 from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
@@ -42,6 +42,9 @@ from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.io.checksum import crc32c, read_verified
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, check_root_url, local_path, open_storage
+
+if TYPE_CHECKING:
+    from portable_ckpt.io.reader import Checkpoint
 
 __all__ = [
     "CopyResult",
@@ -426,7 +429,7 @@ class _CopyJob:
     #: The bytes of the source's ``manifest.json`` as opening it read them (republished as is).
     record: bytes
     #: The source version, opened (it tells a file missing from a version deleted meanwhile).
-    version: Any = None
+    version: Checkpoint | None = None
 
     @property
     def manifest_path(self) -> str:
@@ -713,9 +716,7 @@ def copy_version(
                 result.record = _write_record(job.src, job.attempt, result.destination, result)
             except (CheckpointError, OSError) as exc:
                 result.record_error = str(exc)
-                result.record_retryable = (
-                    exc.retryable if isinstance(exc, CheckpointError) else transient_errno(exc.errno)
-                )
+                result.record_retryable = may_pass(exc)
         result.seconds = time.perf_counter() - t0
         out.update(_finished_fields(result))
     return result

@@ -21,7 +21,7 @@ from portable_ckpt.errors import (
     CheckpointError,
     StorageError,
     UsageError,
-    transient_errno,
+    may_pass,
 )
 from portable_ckpt.format import usage
 from portable_ckpt.format.naming import PROBE_RE, attempt_time
@@ -741,9 +741,7 @@ class _Copies:
             there = self._open(dest)
             return there is not None and there.exists(f"{attempt_id}/manifest.json")
         except (CheckpointError, OSError, ValueError) as e:
-            self._note(f"{dest}: {getattr(e, 'message', None) or e}", retryable=(
-                e.retryable if isinstance(e, CheckpointError)
-                else isinstance(e, OSError) and transient_errno(e.errno)))
+            self._note(f"{dest}: {getattr(e, 'message', None) or e}", retryable=may_pass(e))
             return False
 
     def _open(self, dest: str) -> Storage | None:
@@ -895,6 +893,11 @@ _PROBE = PROBE_RE
 PROBE_LEFTOVER_SECONDS = 3600.0
 
 
+def _probe_name() -> str:
+    """A fresh probe name (:data:`~portable_ckpt.format.naming.PROBE_RE`, spec §15.2)."""
+    return f".pck-clock-{secrets.token_hex(8)}"
+
+
 def same_root(root: Storage, other: Storage) -> bool | None:
     """Whether ``other`` is ``root`` under another name: a probe put into ``other`` shows in ``root``.
 
@@ -904,7 +907,7 @@ def same_root(root: Storage, other: Storage) -> bool | None:
     The probe is named and emptied as the clock probe (spec §15.2: readers ignore it, gc
     deletes a leftover). ``None`` when it cannot tell (``other`` refused the probe).
     """
-    name = f".pck-clock-{secrets.token_hex(8)}"
+    name = _probe_name()
     try:
         other.put(name, b"")
     except CheckpointError:
@@ -929,7 +932,7 @@ def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
     (R-LAYOUT-4). ``tidy``: also delete probes the same listing shows older than
     :data:`PROBE_LEFTOVER_SECONDS` (a failed delete or a killed gc left them: F15).
     """
-    name = f".pck-clock-{secrets.token_hex(8)}"
+    name = _probe_name()
     try:
         storage.put(name, b"")
     except CheckpointError:

@@ -44,6 +44,7 @@ from portable_ckpt.errors import (
     PathUnsafeError,
     StorageError,
     VersionUnsupportedError,
+    may_pass,
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import (
@@ -512,11 +513,6 @@ def _info(
     return info
 
 
-def _retryable(error: object) -> bool:
-    """Whether a wrapped cause may pass by itself (a permission does not: SRE review S1)."""
-    return error.retryable if isinstance(error, CheckpointError) else True
-
-
 def version_order(v: VersionInfo) -> tuple[int, tuple[int, ...], str]:
     """Sort key of versions, oldest first: step, then commit time, then id (R-ID-4)."""
     return (v.step, timestamp_key(v.committed_at), v.id)
@@ -785,7 +781,7 @@ def _latest_of_level(
                 f"cannot tell whether {storage.url.rstrip('/')}/{name} is the latest version: "
                 f"reading its commit record failed ({c.error}); a storage error is not 'no "
                 "version' — retry, or open a version explicitly",
-                path=f"{name}/manifest.json", retryable=_retryable(c.error),
+                path=f"{name}/manifest.json", retryable=c.error is None or may_pass(c.error),
             )
         if c.status == FOREIGN:
             skipped.append(name)
@@ -831,7 +827,7 @@ def commit_time(storage: Storage, attempt_id: str, now: _dt.datetime | None = No
             raise StorageError(
                 f"cannot order the commit of {attempt_id}: the commit record of {name} (same "
                 f"step) could not be read: {c.error}",
-                path=f"{name}/manifest.json", retryable=_retryable(c.error),
+                path=f"{name}/manifest.json", retryable=c.error is None or may_pass(c.error),
             )
         key = timestamp_key(c.committed_at)
         if len(key) > 1 and epoch_us(key) > floor_us:
