@@ -10,14 +10,14 @@ manifest, which was parsed with its own limits) and the shard header the reader 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from portable_ckpt.errors import ChecksumError
 from portable_ckpt.format.manifest import Manifest, RangeRecord, TensorEntry
 from portable_ckpt.io.safetensors_io import ShardHeader
 from portable_ckpt.io.tensor_table import iter_records
 
-__all__ = ["block_contents", "name_block"]
+__all__ = ["block_contents", "name_block", "name_blocks"]
 
 #: Items named in one message (the rest are counted).
 MAX_NAMED = 8
@@ -38,29 +38,72 @@ def _range_text(t: TensorEntry, rec: RangeRecord, start: int, end: int, lo: int,
     return f"{text} (elements [{a // isz}:{-(-b // isz)}] of its {n}, row-major)"
 
 
+class _Items:
+    """What one span holds: the first :data:`MAX_NAMED` items named, the rest counted."""
+
+    def __init__(self) -> None:
+        self.named: list[str] = []
+        self.more = 0
+
+    def add(self, text: str) -> None:
+        if len(self.named) < MAX_NAMED:
+            self.named.append(text)
+        else:
+            self.more += 1
+
+    def lead(self, text: str) -> None:
+        """Name ``text`` first."""
+        self.named.insert(0, text)
+        if len(self.named) > MAX_NAMED:
+            self.named.pop()
+            self.more += 1
+
+    def __bool__(self) -> bool:
+        return bool(self.named)
+
+    def text(self) -> str:
+        return "; ".join(self.named) + (f"; and {self.more} more" if self.more else "")
+
+
 def _tensor_items(
-    manifest: Manifest, path: str, header: ShardHeader | None, lo: int, hi: int
-) -> list[str]:
-    items: list[str] = []
+    manifest: Manifest, path: str, header: ShardHeader | None, spans: Sequence[tuple[int, int]]
+) -> list[_Items]:
+    """The tensor ranges each span of ``path`` holds: one walk of the records for every span."""
+    items = [_Items() for _ in spans]
     for t in manifest.tensors.values():
         for rec in _records(t):
             if rec.file != path:
                 continue
             if header is None:
-                items.append(f"tensor {t.key!r}")  # where exactly is in the unreadable header
+                for it in items:  # where exactly is in the unreadable header
+                    it.add(f"tensor {t.key!r}")
                 break
             st = header.tensors.get(rec.name)
-            if st is not None and st.start < hi and lo < st.end:
-                items.append(_range_text(t, rec, st.start, st.end, lo, hi))
+            if st is None:
+                continue
+            for (lo, hi), it in zip(spans, items, strict=True):
+                if st.start < hi and lo < st.end:
+                    it.add(_range_text(t, rec, st.start, st.end, lo, hi))
     return items
 
 
-def block_contents(
-    manifest: Manifest, path: str, header: ShardHeader | None, lo: int, hi: int
-) -> str:
-    """What bytes ``[lo, hi)`` of ``path`` (relative to the version) hold, as a sentence."""
+def _contents(
+    manifest: Manifest,
+    path: str,
+    header: ShardHeader | None,
+    spans: Sequence[tuple[int, int]],
+    subjects: Sequence[str],
+    in_header: bool = True,
+) -> list[str]:
+    """What each span of ``path`` holds, as a sentence about its subject (``the block``).
+
+    ``in_header``: without a ``header``, the spans are in the shard header being read (else
+    the header was not read: a pass over a file whose header failed).
+    """
+    verbs = [("hold", "are") if s.endswith("s") else ("holds", "is") for s in subjects]
     if manifest.tensor_table is not None and manifest.tensor_table.file == path:
-        return "the block holds part of the version's tensor table (every tensor's ranges)"
+        return [f"{s} {h} part of the version's tensor table (every tensor's ranges)"
+                for s, (h, _) in zip(subjects, verbs, strict=True)]
     owners = [
         f"entry {e.name!r}" + ("" if v.rank is None else f" (rank {v.rank})")
         for e in manifest.entries.values()
@@ -68,29 +111,71 @@ def block_contents(
         if v.file == path
     ]
     if owners:
-        return f"the block holds the value of {', '.join(owners)}"
-    items = _tensor_items(manifest, path, header, lo, hi)
-    if header is None:
-        lead = "the block is in the file's shard header, so the exact ranges are unknown; "
-        return lead + (f"the file holds {_listed(items)}" if items else "the file holds no tensor")
-    if lo < header.data_start:
-        items.insert(0, "the shard header")
-    return f"the block holds {_listed(items)}" if items else "the block holds padding only"
+        return [f"{s} {h} the value of {', '.join(owners)}"
+                for s, (h, _) in zip(subjects, verbs, strict=True)]
+    out = []
+    for (lo, _), s, (h, be), items in zip(
+        spans, subjects, verbs, _tensor_items(manifest, path, header, spans), strict=True
+    ):
+        if header is None:
+            if in_header:
+                lead = f"{s} {be} in the file's shard header, so the exact ranges are unknown; "
+            else:
+                lead = ("the file's shard header was not read, so the exact ranges are unknown; "
+                        if items else "")
+            out.append(lead + (f"the file holds {items.text()}" if items
+                               else "the file holds no tensor"))
+            continue
+        if lo < header.data_start:
+            items.lead("the shard header")
+        out.append(f"{s} {h} {items.text()}" if items else f"{s} {h} padding only")
+    return out
 
 
-def _listed(items: list[str]) -> str:
-    named = "; ".join(items[:MAX_NAMED])
-    return named + (f"; and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
+def block_contents(
+    manifest: Manifest, path: str, header: ShardHeader | None, lo: int, hi: int
+) -> str:
+    """What bytes ``[lo, hi)`` of ``path`` (relative to the version) hold, as a sentence."""
+    return _contents(manifest, path, header, [(lo, hi)], ["the block"])[0]
 
 
 def name_block(
     exc: ChecksumError, manifest: Manifest, path: str, header: ShardHeader | None
 ) -> ChecksumError:
     """``exc`` with what its block holds appended (``exc`` itself when it names no block)."""
-    if exc.span is None:
-        return exc
-    lo, hi = exc.span
-    # What was lost goes before the advice that ends the message.
-    head, sep, advice = exc.message.partition("; the file is corrupt")
-    text = f"{head}; {block_contents(manifest, path, header, lo, hi)}{sep}{advice}"
-    return ChecksumError(text, path=exc.path, span=exc.span)
+    return name_blocks([exc], manifest, path, header)[0]
+
+
+def name_blocks(
+    excs: Sequence[ChecksumError],
+    manifest: Manifest,
+    path: str,
+    header: ShardHeader | None,
+    *,
+    in_header: bool = True,
+) -> list[ChecksumError]:
+    """Each of ``excs`` (findings in ``path``) with what its bytes hold put before its advice.
+
+    One walk of the file's records names them all. A finding whose span is more than one
+    block (a run of damaged blocks, the span of the ones counted) says what "these bytes" hold.
+    A finding that names no span is kept as it is. ``in_header``: without a ``header``, the
+    findings come from reading the shard header (else from a pass over a file whose header
+    could not be read).
+    """
+    spans = [e.span for e in excs if e.span is not None]
+    if not spans:
+        return list(excs)
+    rec = manifest.files.get(path)
+    bs = rec.checksum.block_size if rec is not None else 0
+    subjects = ["these bytes" if hi - lo > bs else "the block" for lo, hi in spans]
+    texts = iter(_contents(manifest, path, header, spans, subjects, in_header))
+    out = []
+    for exc in excs:
+        if exc.span is None:
+            out.append(exc)
+            continue
+        # What was lost goes before the advice that ends the message.
+        head, sep, advice = exc.message.partition("; the file is corrupt")
+        text = f"{head}; {next(texts)}{sep}{advice}"
+        out.append(ChecksumError(text, path=exc.path, span=exc.span))
+    return out

@@ -19,10 +19,12 @@ __all__ = [
     "AUTO_FILE_BLOCKS",
     "DEFAULT_BLOCK_SIZE",
     "JOB_BLOCK_BUDGET",
+    "MAX_DAMAGED_RUNS",
     "METADATA_BLOCK_SIZE",
     "MIN_BLOCK_SIZE",
     "BlockHasher",
     "BlockVerifier",
+    "DamagedBlocks",
     "VerifiedRead",
     "auto_block_size",
     "crc32c",
@@ -136,15 +138,121 @@ class BlockHasher:
         return _hex(self._crcs)
 
 
-class BlockVerifier:
-    """Verify blocks of one file from pieces fed in file order (pieces may live in many buffers)."""
+#: Damaged runs of blocks (consecutive damaged blocks) that :class:`DamagedBlocks` names one by
+#: one in a file; the damaged blocks after them are counted in one more finding.
+MAX_DAMAGED_RUNS = 16
 
-    def __init__(self, path: str, blocks: str, block_size: int, size: int) -> None:
+_ADVICE = "the file is corrupt — restore it from a copy or use an older version"
+
+
+@dataclass
+class _Run:
+    """Consecutive damaged blocks ``first``…``last``; the CRCs of the first (found, recorded)."""
+
+    first: int
+    last: int
+    crc: int
+    want: str
+
+
+class DamagedBlocks:
+    """The damaged checksum blocks one pass over a file found, in memory bounded per file.
+
+    A deep verification goes on to the end of a file after a damaged block (incident review R6:
+    naming the first one only hid the rest of the damage). Consecutive damaged blocks make one
+    run; the first ``limit`` runs are kept, the damaged blocks after them only counted (with
+    the first and last of them), so that memory and the findings stay bounded by a constant
+    per file whatever the damage. Blocks ``skip`` (first, last) were reported already and are
+    not logged again.
+
+    Attributes:
+        runs: The runs kept, in file order.
+        more: Damaged blocks after the kept runs; ``more_first``/``more_last`` the first and
+            last of them.
+        checked: The pass verified bytes ``[0:checked)`` (where a storage error stopped it).
+
+    """
+
+    def __init__(
+        self, limit: int = MAX_DAMAGED_RUNS, skip: tuple[int, int] | None = None
+    ) -> None:
+        self.limit = limit
+        self.skip = skip
+        self.runs: list[_Run] = []
+        self.more = 0
+        self.more_first = self.more_last = -1
+        self.checked = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.runs)
+
+    def add(self, idx: int, crc: int, want: str) -> None:
+        """Log block ``idx`` (blocks come in file order) as damaged."""
+        if self.skip is not None and self.skip[0] <= idx <= self.skip[1]:
+            return
+        if self.runs and not self.more and self.runs[-1].last == idx - 1:
+            self.runs[-1].last = idx
+        elif len(self.runs) < self.limit:
+            self.runs.append(_Run(idx, idx, crc, want))
+        else:
+            self.more += 1
+            if self.more_first < 0:
+                self.more_first = idx
+            self.more_last = idx
+
+    def overlaps(self, lo: int, hi: int, block_size: int) -> bool:
+        """Whether a logged damaged block (or the span of the counted ones) meets ``[lo, hi)``."""
+        spans = [(r.first, r.last) for r in self.runs]
+        if self.more:
+            spans.append((self.more_first, self.more_last))
+        return any(a * block_size < hi and lo < (b + 1) * block_size for a, b in spans)
+
+    def errors(self, path: str, block_size: int, size: int) -> list[ChecksumError]:
+        """One :class:`ChecksumError` per run, and one more for the counted blocks."""
+        def span(a: int, b: int) -> tuple[int, int]:
+            return a * block_size, min((b + 1) * block_size, size)
+
+        out: list[ChecksumError] = []
+        for r in self.runs:
+            a, b = r.first, r.last
+            lo, hi = span(a, b)
+            what = (
+                f"(block {a}) have CRC32C {r.crc:08x}, the manifest records {r.want or 'nothing'}"
+                if a == b else
+                f"(blocks {a}-{b}: {b - a + 1} damaged blocks in a row) do not have the CRC32C "
+                "values the manifest records"
+            )
+            out.append(ChecksumError(f"{path!r}: bytes [{lo}:{hi}] {what}; {_ADVICE}",
+                                     path=path, span=(lo, hi)))
+        if self.more:
+            lo, hi = span(self.more_first, self.more_last)
+            n = self.more
+            out.append(ChecksumError(
+                f"{path!r}: and {n} more damaged block{'s' * (n != 1)} in bytes [{lo}:{hi}] "
+                f"(blocks {self.more_first}..{self.more_last}), not named one by one (at most "
+                f"{self.limit} runs of damaged blocks are named per file); {_ADVICE}",
+                path=path, span=(lo, hi),
+            ))
+        return out
+
+
+class BlockVerifier:
+    """Verify blocks of one file from pieces fed in file order (pieces may live in many buffers).
+
+    ``damaged``: a damaged block is logged there and the verification goes on; without it the
+    first damaged block raises :class:`ChecksumError`.
+    """
+
+    def __init__(
+        self, path: str, blocks: str, block_size: int, size: int,
+        damaged: DamagedBlocks | None = None,
+    ) -> None:
         self.path = path
         self._blocks = blocks
         self.block_size = block_size
         self.size = size
         self.verified = 0
+        self.damaged = damaged
 
     def verify_span(self, start: int, pieces: list[memoryview]) -> None:
         """Verify the blocks of the byte span starting at block-aligned ``start``.
@@ -164,19 +272,24 @@ class BlockVerifier:
             for i, got in enumerate(crcs):
                 self._check(idx + i, got)
         self.verified += len(crcs)
+        if self.damaged is not None:
+            self.damaged.checked = min(self.size, (idx + len(crcs)) * bs)
 
     def _check(self, idx: int, crc: int) -> None:
         want = self._blocks[8 * idx : 8 * idx + 8]
-        if f"{crc:08x}" != want:
-            lo = idx * self.block_size
-            hi = min(lo + self.block_size, self.size)
-            raise ChecksumError(
-                f"{self.path!r}: bytes [{lo}:{hi}] (block {idx}) have CRC32C {crc:08x}, the "
-                f"manifest records {want or 'nothing'}; the file is corrupt — restore it from a "
-                "copy or use an older version",
-                path=self.path,
-                span=(lo, hi),
-            )
+        if f"{crc:08x}" == want:
+            return
+        if self.damaged is not None:
+            self.damaged.add(idx, crc, want)
+            return
+        lo = idx * self.block_size
+        hi = min(lo + self.block_size, self.size)
+        raise ChecksumError(
+            f"{self.path!r}: bytes [{lo}:{hi}] (block {idx}) have CRC32C {crc:08x}, the "
+            f"manifest records {want or 'nothing'}; {_ADVICE}",
+            path=self.path,
+            span=(lo, hi),
+        )
 
 
 @dataclass
@@ -368,6 +481,7 @@ def verify_file(
     on_bytes: Callable[[int], None] | None = None,
     *,
     size_checked: bool = False,
+    damaged: DamagedBlocks | None = None,
 ) -> VerifiedRead:
     """Checksum a whole file without keeping it (``on_bytes(n)`` after each verified window).
 
@@ -379,9 +493,14 @@ def verify_file(
     The file's size is asked first (``size_checked``: the caller did): its windows are sized by
     the record, and a record may declare a gigabyte for a file that is not there (attack review
     2 F3). Nothing is allocated for bytes that are not present.
+
+    ``damaged``: the damaged blocks are logged there and the file is read to its end (each
+    block read and verified once); without it the first damaged block raises
+    :class:`ChecksumError`. A storage error stops the pass either way (``damaged.checked``
+    says how far it got).
     """
     bs = rec.checksum.block_size
-    verifier = BlockVerifier(full_path, rec.checksum.blocks, bs, rec.size)
+    verifier = BlockVerifier(full_path, rec.checksum.blocks, bs, rec.size, damaged)
     actual = rec.size if size_checked else storage.size(full_path)
     if actual != rec.size:
         raise FileSizeError(

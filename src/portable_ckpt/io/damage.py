@@ -12,19 +12,23 @@ import os
 import re
 import stat
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from portable_ckpt.errors import (
     DAMAGE_CODES,
     CheckpointError,
+    ChecksumError,
     FileMissingError,
     StorageError,
 )
 from portable_ckpt.format.manifest import FileRecord, Manifest
 from portable_ckpt.storage import Storage
 
-__all__ = ["PLACEMENT_ENTRY", "absent_by_design", "confirm_damage", "elsewhere", "holdings",
-           "placement", "read_file_again"]
+if TYPE_CHECKING:
+    from portable_ckpt.io.checksum import DamagedBlocks
+
+__all__ = ["PLACEMENT_ENTRY", "absent_by_design", "confirm_damage", "confirmed_findings",
+           "elsewhere", "holdings", "placement", "read_file_again"]
 
 
 def confirm_damage(
@@ -42,19 +46,25 @@ def confirm_damage(
     absent must also be absent from a listing of its directory. A finding that does not come
     back becomes a ``StorageError`` saying so: a problem of this read, not of the version.
     A finding that names no file of the version, or that comes from checksum-verified bytes
-    (a codec, header or dtype error), is kept as it is.
+    (a codec, header or dtype error), is kept as it is. Each file is read once, however many
+    findings name it; a checksum finding is confirmed by damage found again in its own bytes
+    (a deep verification names every damaged block of a file: incident review R6).
     """
+    from portable_ckpt.io.checksum import DamagedBlocks
+
     out: list[CheckpointError] = []
-    again: dict[str, CheckpointError | None] = {}
+    again: dict[str, tuple[CheckpointError | None, DamagedBlocks]] = {}
     listed: dict[str, set[str] | CheckpointError] = {}  # one listing per directory (F17)
     for e in errors:
         rel = _file_of(e, attempt_id, files) if e.code in _READ_AGAIN else None
         if rel is None:
             out.append(e)
             continue
-        if rel not in again:
-            again[rel] = read_file_again(storage, f"{attempt_id}/{rel}", files[rel], listed)
-        second = again[rel]
+        if rel not in again:  # once per file, however many of its blocks a finding names
+            log = DamagedBlocks()
+            found = read_file_again(storage, f"{attempt_id}/{rel}", files[rel], listed, log)
+            again[rel] = (found, log)
+        second = _here(e, *again[rel], files[rel].checksum.block_size)
         first = f"{e.path or rel}: a first read found [{e.code}] {e.message[:300]}"
         if second is None:
             out.append(StorageError(
@@ -74,6 +84,53 @@ def confirm_damage(
     return out
 
 
+def confirmed_findings(
+    storage: Storage,
+    attempt_id: str,
+    files: Mapping[str, FileRecord],
+    found: Sequence[tuple[str, str, str | None]],
+) -> tuple[list[dict[str, str]], list[CheckpointError]]:
+    """Findings of damage ``(code, message, path)`` that a second read of their file finds again.
+
+    For a reader that met the damage (a restore, a drill) and records it as a failed
+    verification (R-DRILL-8): returns ``({"code", "message"}`` of each confirmed finding, the
+    errors that say why the others are not``)``. A finding whose file cannot be told (another
+    rank's, naming no file of the version) is not recorded: a later verification will look.
+    """
+    from portable_ckpt.errors import error_for_code
+
+    errors: list[CheckpointError] = []
+    for code, message, path in found:
+        if code not in DAMAGE_CODES:
+            continue
+        rel = (path or "").removeprefix(f"{attempt_id}/")
+        if rel not in files:
+            rel = next((f for f in sorted(files) if f in message), "")
+        if rel:
+            errors.append(error_for_code(code)(message, path=f"{attempt_id}/{rel}"))
+    again = confirm_damage(storage, attempt_id, files, errors)
+    kept = [{"code": x.code, "message": x.message[:4096]} for x in again if x.code in DAMAGE_CODES]
+    return kept, [x for x in again if x.code not in DAMAGE_CODES]
+
+
+def _here(
+    e: CheckpointError, second: CheckpointError | None, log: DamagedBlocks, block_size: int
+) -> CheckpointError | None:
+    """What the second read found of finding ``e``: ``second``, narrowed to ``e``'s bytes.
+
+    A checksum finding names its bytes: the second read confirms it only by damage there. A
+    file damaged elsewhere, or read past those bytes before a storage error, does not.
+    """
+    span = e.span if isinstance(e, ChecksumError) else None
+    if span is None or second is None:
+        return second
+    if log.overlaps(span[0], span[1], block_size):
+        return second if second.code in DAMAGE_CODES else e  # found again before it stopped
+    if second.code == "PCK-CHECKSUM" or log.checked >= span[1]:
+        return None
+    return second
+
+
 #: Findings a second read can contradict. The others (a codec, header, dtype or layout error)
 #: come from bytes whose checksums were verified first: the committed bytes say so every time.
 _READ_AGAIN = frozenset({"PCK-CHECKSUM", "PCK-FILE-SIZE", "PCK-FILE-MISSING"})
@@ -89,12 +146,15 @@ def read_file_again(
     full: str,
     rec: FileRecord,
     listed: dict[str, set[str] | CheckpointError] | None = None,
+    damaged: DamagedBlocks | None = None,
 ) -> CheckpointError | None:
     """What a second read of ``full`` finds.
 
     ``None`` (intact), damage (a code of :data:`DAMAGE_CODES`), or the error that kept it from
     being read. ``listed``: the listings of directories made so far (one per directory, not
-    one per missing file: 2,000 files took 25 s, attack review 3 F17).
+    one per missing file: 2,000 files took 25 s, attack review 3 F17). ``damaged``: the read
+    goes on to the end of the file and logs every damaged block there (the first one is
+    returned); without it, it stops at the first.
     """
     from portable_ckpt.io.checksum import verify_file
 
@@ -111,7 +171,9 @@ def read_file_again(
             finally:
                 os.close(fd)
     try:
-        verify_file(storage, full, rec)  # its size asked again too: a second look
+        verify_file(storage, full, rec, damaged=damaged)  # its size asked again too
+        if damaged:
+            return damaged.errors(full, rec.checksum.block_size, rec.size)[0]
     except FileMissingError as exc:
         parent = full.rsplit("/", 1)[0] + "/"
         listed = {} if listed is None else listed

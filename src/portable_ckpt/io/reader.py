@@ -72,9 +72,9 @@ from portable_ckpt.format.manifest import (
 )
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
 from portable_ckpt.format.usage import fraction, strict_int
-from portable_ckpt.io._blame import name_block
+from portable_ckpt.io._blame import name_block, name_blocks
 from portable_ckpt.io._zstd_box import stream_box
-from portable_ckpt.io.checksum import read_planned, read_verified, verify_file
+from portable_ckpt.io.checksum import DamagedBlocks, read_planned, read_verified, verify_file
 from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.table_decode import decode_table, read_table_file
@@ -1317,8 +1317,16 @@ class Checkpoint:
         a hostile shard costs up to ~2 s of CPU per MiB present; memory stays one window.
 
         Each problem is reported once: a file that failed (missing, wrong size, bad header, bad
-        checksum block) is not used again. ``progress(done, total)`` follows the bytes of the
-        deep pass.
+        checksum block) is not used again by a later check. The deep pass still reads a file
+        whose bad checksum block an earlier check met (in its shard header, say) to its end, and
+        names every damaged block of every file, with its bytes and the tensor ranges, entry or
+        header it holds: consecutive damaged blocks as one run, at most
+        :data:`~portable_ckpt.io.checksum.MAX_DAMAGED_RUNS` runs per file, the damaged blocks
+        after them counted in one more problem ("and N more damaged blocks in bytes [x:y]
+        (blocks a..b)"). Each block is read and verified once. A storage error stops the pass
+        over its file; its message says which bytes of the file were not checked. A sampled
+        verification names the first damaged block of each file it meets (a probe: the deep
+        one names them all). ``progress(done, total)`` follows the bytes of the deep pass.
 
         Raises:
             UsageError: ``sample`` is not a fraction in (0, 1] (NaN, 0, 2, a string) or ``seed``
@@ -1348,7 +1356,8 @@ class Checkpoint:
         if deep:
             on_bytes = _meter(progress, sum(r.size for r in self.manifest.files.values()))
             for path in self.manifest.files:
-                f.run(path, self._verify_file, path, on_bytes)
+                if path not in f.bad_files or path in f.bad_block:  # each block once (R6)
+                    f.add(path, self._verify_file, path, on_bytes, f.bad_block.get(path))
             chunks = (  # made as they are verified (a table's records are not all kept)
                 (t, r)
                 for t in self.tensors.values()
@@ -1412,15 +1421,41 @@ class Checkpoint:
             done += n
         stream.finish()
 
-    def _verify_file(self, path: str, on_bytes: Callable[[int], None] | None = None) -> None:
+    def _verify_file(
+        self,
+        path: str,
+        on_bytes: Callable[[int], None] | None = None,
+        reported: tuple[int, int] | None = None,
+    ) -> list[CheckpointError]:
+        """Checksum every block of ``path``: its damaged blocks, named, and what stopped it.
+
+        The pass goes on after a damaged block (incident review R6: the first one alone was
+        named, and nothing said the rest of the file went unchecked). ``reported``: bytes of a
+        damaged block an earlier check of this verification named (not named again). A
+        storage error ends the pass: it comes last, saying which bytes were not checked.
+        """
+        rel, rec = self._rel(path), self._file(path)
+        bs = rec.checksum.block_size
+        skip = None if reported is None else (reported[0] // bs, (reported[1] - 1) // bs)
+        log = DamagedBlocks(skip=skip)
+        stopped: CheckpointError | None = None
         try:
             res = verify_file(  # _file() checked the size once for this reader
-                self.storage, self._rel(path), self._file(path), on_bytes=on_bytes,
-                size_checked=True,
+                self.storage, rel, rec, on_bytes=on_bytes, size_checked=True, damaged=log
             )
-        except ChecksumError as exc:
-            raise self._named(exc, path) from None
-        self._account(res)
+        except CheckpointError as exc:
+            stopped = exc
+            note = (f"; the rest of {rel!r} (bytes [{log.checked}:{rec.size}]) was not checked "
+                    "for damage")
+            stopped.message += note
+            stopped.args = (stopped.message,)
+        else:
+            self._account(res)
+        found: list[CheckpointError] = []
+        if log:  # named in one walk of the file's records; an intact file walks none
+            found += name_blocks(log.errors(rel, bs, rec.size), self.manifest, path,
+                                 self._headers.get(path), in_header=False)
+        return found + ([stopped] if stopped is not None else [])
 
 
 def _meter(progress: Progress | None, total: int) -> Callable[[int], None] | None:
@@ -1450,6 +1485,8 @@ class _Findings:
     def __init__(self) -> None:
         self.errors: list[CheckpointError] = []
         self.bad_files: set[str] = set()
+        #: Files whose first problem is one damaged checksum block: its bytes.
+        self.bad_block: dict[str, tuple[int, int]] = {}
         self._seen: set[tuple[str, str]] = set()
 
     def run(self, file: str | None, fn: Any, *args: Any) -> CheckpointError | None:
@@ -1464,10 +1501,26 @@ class _Findings:
         try:
             fn(*args)
         except CheckpointError as exc:
-            if (exc.code, exc.message) not in self._seen:
-                self._seen.add((exc.code, exc.message))
-                self.errors.append(exc)
-            if file is not None and exc.code in _FILE_CODES:
-                self.bad_files.add(file)
+            self._note(file, exc)
             return exc
         return None
+
+    def add(self, file: str, fn: Any, *args: Any) -> None:
+        """Run a check of ``file`` that returns its problems (it may raise one too)."""
+        try:
+            found = fn(*args)
+        except CheckpointError as exc:
+            found = [exc]
+        for problem in found:
+            self._note(file, problem)
+
+    def _note(self, file: str | None, exc: CheckpointError) -> None:
+        if (exc.code, exc.message) not in self._seen:
+            self._seen.add((exc.code, exc.message))
+            self.errors.append(exc)
+        if file is not None and exc.code in _FILE_CODES:
+            if file not in self.bad_files and isinstance(exc, ChecksumError) and exc.span:
+                self.bad_block[file] = exc.span
+            else:
+                self.bad_block.pop(file, None)
+            self.bad_files.add(file)
