@@ -46,3 +46,17 @@ def restore(rank: int, world: int, root: str, fault: str | None, step: int | Non
         }
     mgr.close()
     return out
+
+
+def restore_passed_over(rank: int, world: int, root: str) -> Any:
+    """Restore ``root``; the step, ``LoadInfo.passed_over`` and what this rank said."""
+    tr = Trainer(world, salt=1000.0)
+    with pckt.CheckpointManager(root, save_every=2, timeout=30) as mgr:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            info = mgr.restore({"model": tr})
+        assert info is not None
+        return {
+            "step": info.step,
+            "passed_over": getattr(info, "passed_over", None),
+            "said": err.getvalue().splitlines(),
+        }

@@ -639,8 +639,10 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         cands = candidates_of(tier.storage)
         decisions = plan_retention(cands, tier.retention)
         # Newer steps that failed verification are never restored: they do not sort above
-        # this job's saves for a restore, and are not named as if they did (incident R7).
-        never = {c.id for c in cands if c.verification_failed}
+        # this job's saves for a restore, and are not named as if they did (incident R7);
+        # nor are attempts that are no version (an invalid or lost commit record, a save
+        # that never committed: incident R4).
+        never = {c.id for c in cands if c.verification_failed or not c.committed}
         restorable = [d for d in decisions if d.id not in never]
         for d in decisions:
             if d.id != own or not _newer_not_ours(mgr, d.step, restorable):

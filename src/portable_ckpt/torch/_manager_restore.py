@@ -38,11 +38,13 @@ from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
 from portable_ckpt.torch._manager_tiers import Tier, storage_url
 from portable_ckpt.torch._nodelocal import prepare_fast_restore
+from portable_ckpt.torch._restore_passed_over import passed_over, say_passed_over
 from portable_ckpt.torch.info import LoadInfo
 from portable_ckpt.torch.loading import left_from, load, shown_keys
 
 if TYPE_CHECKING:
     from portable_ckpt.format.manifest import FileRecord
+    from portable_ckpt.io.versions import VersionInfo
     from portable_ckpt.storage import Storage
     from portable_ckpt.torch.manager import CheckpointManager
 
@@ -73,19 +75,27 @@ _WAY_OUT = (
 )
 
 
-def listing(mgr: CheckpointManager, name: str, step: int | None) -> dict[str, Any]:
+def listing(
+    mgr: CheckpointManager,
+    name: str,
+    step: int | None,
+    seen: dict[str, list[VersionInfo]] | None = None,
+) -> dict[str, Any]:
     """The tier as this rank sees it: ``{"rows": [[step, committed_at, id, problem]]}``.
 
     ``problem`` is ``None`` for a restorable version, else why its commit record (or its
     verification records) could not be read (an ``unreadable`` attempt: perhaps the newest
     version). A tier that could not be
-    listed gives ``{"error": message}`` (never "no versions", R-ID-5).
+    listed gives ``{"error": message}`` (never "no versions", R-ID-5). ``seen`` keeps the
+    whole listing by tier name (what the restore passed over is named from it).
     """
     tier = mgr.tiers[name]
     try:
         versions = list_versions(tier.storage)
     except CheckpointError as e:
         return {"error": f"cannot list the {name} tier {tier.root}: {e}"}
+    if seen is not None:
+        seen[name] = versions
     # A version whose records could not be read may have failed verification (R-DRILL-8):
     # like an unreadable record, it stops the restore rather than being taken or skipped.
     return {
@@ -103,7 +113,9 @@ def listing(mgr: CheckpointManager, name: str, step: int | None) -> dict[str, An
     }
 
 
-def candidates(mgr: CheckpointManager, step: int | None) -> list[list[Any]]:
+def candidates(
+    mgr: CheckpointManager, step: int | None, seen: dict[str, list[VersionInfo]] | None = None
+) -> list[list[Any]]:
     """``[tier, attempt id, problem]`` newest first over both tiers (fast first on ties).
 
     The same list on every rank. A node-local fast tier is listed by every rank (its own node
@@ -120,15 +132,15 @@ def candidates(mgr: CheckpointManager, step: int | None) -> list[list[Any]]:
     views: list[tuple[int, str, dict[str, Any]]] = []
     if fast is not None and fast.layout is not None:
         comm = make_comm(mgr.process_group, mgr.timeout)
-        for seen in comm.allgather_json(listing(mgr, "fast", step), "restore/fast-list"):
-            views.append((1, "fast", seen))
+        for view in comm.allgather_json(listing(mgr, "fast", step, seen), "restore/fast-list"):
+            views.append((1, "fast", view))
     elif fast is not None and mgr.rank == 0:
-        views.append((1, "fast", listing(mgr, "fast", step)))
+        views.append((1, "fast", listing(mgr, "fast", step, seen)))
     if mgr.rank == 0:
-        views.append((0, "durable", listing(mgr, "durable", step)))
-    errors = [seen["error"] for _, _, seen in views if "error" in seen]
-    for order, name, seen in views:
-        for v_step, committed_at, ident, problem in seen.get("rows", []):
+        views.append((0, "durable", listing(mgr, "durable", step, seen)))
+    errors = [view["error"] for _, _, view in views if "error" in view]
+    for order, name, view in views:
+        for v_step, committed_at, ident, problem in view.get("rows", []):
             key = (int(v_step), timestamp_key(committed_at), order)
             found[(name, ident)] = (key, problem)
     ranked = sorted(found.items(), key=lambda kv: kv[1][0], reverse=True)
@@ -158,11 +170,13 @@ def restore(
 ) -> LoadInfo | None:
     """The body of :meth:`CheckpointManager.restore` (see there)."""
     t0 = time.perf_counter()
+    seen: dict[str, list[VersionInfo]] = {}  # rank 0's listings: what it passes over is named
     if checkpoint is not None:
         cands: list[list[Any]] = [["explicit", os.fspath(checkpoint), None]]
     else:
-        cands = candidates(mgr, step)
+        cands = candidates(mgr, step, seen)
     fallbacks: list[dict[str, Any]] = []
+    tried: dict[tuple[str, str], dict[str, Any]] = {}  # the candidates that failed, and why
     for tier_name, ident, problem in cands:
         if problem is not None:
             # Same list on every rank: every rank stops here (R-ID-5).
@@ -195,7 +209,8 @@ def restore(
                     f"the restore; {_WAY_OUT}",
                     path=ident, retryable=err.retryable,
                 ) from err
-            if not _damage_agreed(mgr, tier_name, ident, err):
+            verdict = _damage_agreed(mgr, tier_name, ident, err)
+            if verdict == "unconfirmed":
                 raise StorageError(
                     f"restore of {ident} from the {tier_name} tier failed twice ({err.message})"
                     ", but the damage was not found again by a third read of the file: the "
@@ -205,6 +220,7 @@ def restore(
                     path=ident,
                 ) from err
             fallbacks.append(_fallback(tier_name, ident, err))
+            tried[(tier_name, ident)] = _tried(err, recorded=verdict == "recorded")
             text = (
                 f"restore of {ident} from the {tier_name} tier failed ({e}); trying the next "
                 "candidate"
@@ -215,8 +231,11 @@ def restore(
             continue
         if fallbacks and info.missing_keys:
             _say_left_from_failed(mgr, info, fallbacks)
+        if tier_name != "explicit":
+            passed_over(mgr, info, step, seen, tried)
         own = tier_name != "explicit" or _in_own_tier(mgr, ident)
         after_restore(mgr, info, tier_name, t0, fallbacks, own=own)
+        say_passed_over(mgr, info, tier_name)
         if step is not None:
             _warn_if_rolled_back(mgr, info.step)
         _say_unread(mgr, info)
@@ -230,12 +249,13 @@ def restore(
 
 def _damage_agreed(
     mgr: CheckpointManager, tier_name: str, ident: str, err: CheckpointError
-) -> bool:
-    """Whether every rank may pass over ``ident`` (a collective).
+) -> str:
+    """Whether every rank may pass over ``ident`` (a collective): rank 0's verdict.
 
-    False when rank 0 found that the damage its load reported does not come back at a third
-    read (attack review 3 F7: an EIO, then one flipped bit, condemned an intact version and
-    resumed an older step).
+    ``"unconfirmed"`` when rank 0 found that the damage its load reported does not come back
+    at a third read (attack review 3 F7: an EIO, then one flipped bit, condemned an intact
+    version and resumed an older step): no rank may pass over it. Otherwise ``"recorded"``
+    (the damage was recorded) or ``"pass"``.
 
     Damage found again is recorded (:func:`_record_damage`); a failure without damage passes
     over the version as before (another rank's files out of reach, a node-local tier).
@@ -247,7 +267,7 @@ def _damage_agreed(
         except CheckpointError as exc:  # could not look: proves nothing either way
             _log.warning("cannot check the damage of %s again: %s", ident, exc)
             verdict = "unconfirmed"
-    return bool(broadcast_json(mgr, verdict, f"whether {ident} is damaged") != "unconfirmed")
+    return str(broadcast_json(mgr, verdict, f"whether {ident} is damaged"))
 
 
 def _confirmed(
@@ -256,28 +276,12 @@ def _confirmed(
     files: Mapping[str, FileRecord],
     found: Sequence[tuple[str, str, str | None]],
 ) -> list[dict[str, str]]:
-    """The damage findings of a restore that a second read of their file finds again.
+    """:func:`~portable_ckpt.io.damage.confirmed_findings`, the findings not confirmed said."""
+    from portable_ckpt.io.damage import confirmed_findings
 
-    A finding whose file cannot be told (another rank's, naming no file of the version) is
-    not recorded: the restore already passed over the version, and a later one will look.
-    """
-    from portable_ckpt.errors import error_for_code
-    from portable_ckpt.io.damage import confirm_damage
-
-    errors: list[CheckpointError] = []
-    for code, message, path in found:
-        if code not in DAMAGE_CODES:
-            continue
-        rel = (path or "").removeprefix(f"{ident}/")
-        if rel not in files:
-            rel = next((f for f in sorted(files) if f in message), "")
-        if rel:
-            errors.append(error_for_code(code)(message, path=f"{ident}/{rel}"))
-    again = confirm_damage(storage, ident, files, errors)
-    kept = [{"code": x.code, "message": x.message[:4096]} for x in again if x.code in DAMAGE_CODES]
-    for x in again:
-        if x.code not in DAMAGE_CODES:
-            say(f"rank 0: {ident}: {x.message[:600]}")
+    kept, passed = confirmed_findings(storage, ident, files, found)
+    for x in passed:
+        say(f"rank 0: {ident}: {x.message[:600]}")
     return kept
 
 
@@ -361,6 +365,20 @@ def _say_left_from_failed(
             "hold its values on some ranks and their initial values on others. Set them again "
             "on every rank (LoadInfo.left_from_failed lists them), or restore into a fresh state"
         )
+
+
+def _tried(err: CheckpointError, *, recorded: bool) -> dict[str, Any]:
+    """Why a candidate was passed over: its damage (any rank's) first, else its error."""
+    damage = next((f for f in (err, *getattr(err, "failures", ())) if f.code in DAMAGE_CODES),
+                  None)
+    shown = err if damage is None else damage
+    rank = getattr(shown, "rank", None)
+    return {
+        "reason": "unloadable" if damage is None else "damaged",
+        "code": shown.code,
+        "message": (f"rank {rank}: " if rank is not None else "") + shown.message[:500],
+        "recorded": recorded,
+    }
 
 
 def _say_unread(mgr: CheckpointManager, info: LoadInfo) -> None:
@@ -485,8 +503,9 @@ def _warn_if_rolled_back(mgr: CheckpointManager, restored: int) -> None:
         {
             v.step
             for tier in mgr.tiers.values()  # a node root lists every version: its record is
-            for v in _versions_or_none(tier)  # published in each (SRE review F6)
-            if v.status == "committed" and v.step > restored
+            for v in _versions_or_none(tier, annotations=True)  # published in each (SRE F6)
+            # one that failed verification is no step a restore resumes (incident R7, R4)
+            if v.status == "committed" and not v.verification_failed and v.step > restored
         }
     )
     if newer:
@@ -785,6 +804,7 @@ def after_restore(
         slowest_rank=slowest,
         slowest_rank_seconds=round(float(per[slowest].get("seconds", 0.0)), 6),
         fallbacks=fallbacks,
+        passed_over=info.passed_over,
         fetched_from_peers=mgr._fetched,
     )
     mgr._fetched = None

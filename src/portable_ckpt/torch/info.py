@@ -74,6 +74,20 @@ class LoadInfo:
             "stored", "target", "elements", "flushed"}`` (``flushed``: non-zero values that
             became 0). A cast that made finite values infinite, more than half of a box's
             non-zero values 0, or changed an integer, was refused instead.
+        passed_over: With :meth:`CheckpointManager.restore`: the versions newer than the one
+            restored that it passed over, newest first (at most 8; ``passed_over_more`` counts
+            the rest): ``{"checkpoint_id", "step", "tier", "path", "reason", "code",
+            "message", "recorded_failed", "copies", "copies_error", "commands"}``. ``reason``
+            is ``"damaged"`` (found damaged while read), ``"unloadable"`` (failed otherwise
+            while read), ``"invalid"`` (its commit record is invalid or lost) or
+            ``"failed_verification"`` (a recorded failed verification, R-DRILL-8), with the
+            error's ``code`` and ``message``; ``recorded_failed``: it holds a failed
+            verification record (retention deletes it unless pinned); ``copies`` the roots
+            that hold a verified copy of it (its copy records with ``ok: true``),
+            ``copies_error`` why its copy records could not all be read, ``commands`` the
+            ``portable-ckpt copy`` and ``verify`` that bring the first copy back once the
+            version is set aside (moved out of the root). The same on every rank.
+        passed_over_more: Versions passed over beyond those listed in ``passed_over``.
         per_rank: Every rank's counters (from the final status exchange).
         range_map: With ``record_ranges=True``: for each key, the stored boxes (file, writer
             box) and the target box they fill on this rank.
@@ -100,6 +114,8 @@ class LoadInfo:
     left_from_failed: list[str] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
     casts: list[dict[str, Any]] = field(default_factory=list)
+    passed_over: list[dict[str, Any]] = field(default_factory=list)
+    passed_over_more: int = 0
     per_rank: list[dict[str, Any]] = field(default_factory=list)
     range_map: list[dict[str, Any]] | None = None
 

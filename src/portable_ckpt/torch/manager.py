@@ -543,7 +543,9 @@ class CheckpointManager:
         cast that would make finite values infinite, more than half of a box's non-zero values 0,
         or change an integer, is refused (``PCK-USAGE``). A version found damaged gets a failed verification
         record (never tried again); restoring an older ``step`` than the job's newest is said on
-        stderr (the newer steps would win the next restore).
+        stderr (the newer steps would win the next restore). Newer versions passed over (damaged,
+        an invalid commit record, a failed verification) are named by rank 0 on stderr and in a
+        WARNING, with the roots holding a verified copy of each (``LoadInfo.passed_over``).
 
         Raises:
             StorageError: a tier could not be listed, or a version that may be newer than the

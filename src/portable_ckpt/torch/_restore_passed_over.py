@@ -1,0 +1,235 @@
+"""What a restore passed over: the newer versions it did not resume, and where their copies are.
+
+Incident review R4: a restore passed over a damaged, invalid or failed newest version without a
+word, or without saying where its verified copy was, and the job retrained the steps between.
+Rank 0 names each such version (why, and each destination a copy record names, with the
+commands that bring it back) in :attr:`LoadInfo.passed_over` and on stderr. What it reads
+never makes the restore fail.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from portable_ckpt.errors import CheckpointError
+from portable_ckpt.io.annotations import failed_verifications, timestamp_key
+from portable_ckpt.storage import local_path
+from portable_ckpt.torch._inflight import say
+from portable_ckpt.torch._manager_decisions import broadcast_json
+from portable_ckpt.torch.info import LoadInfo
+
+if TYPE_CHECKING:
+    from portable_ckpt.io.versions import VersionInfo
+    from portable_ckpt.torch.manager import CheckpointManager
+
+__all__ = ["PASSED_OVER_NAMED", "passed_over", "say_passed_over"]
+
+_log = logging.getLogger("portable_ckpt")
+
+
+#: Versions a restore passed over that it names one by one (their copy records read).
+PASSED_OVER_NAMED = 8
+#: How each reason reads.
+_REASONS = {
+    "damaged": "damaged on read",
+    "unloadable": "failed to load",
+    "invalid": "invalid commit record",
+    "failed_verification": "failed verification",
+}
+
+
+def passed_over(
+    mgr: CheckpointManager,
+    info: LoadInfo,
+    step: int | None,
+    seen: Mapping[str, Sequence[VersionInfo]],
+    tried: Mapping[tuple[str, str], Mapping[str, Any]],
+) -> None:
+    """Fill ``info.passed_over``: the newer versions the restore passed over (a collective).
+
+    Rank 0 finds them (incident review R4: a restore passed over a damaged, invalid or failed
+    newest version, said nothing, or not where its verified copy was, and the steps in
+    between were retrained) and broadcasts them. Never raises for what it reads: a storage
+    error only leaves the report shorter.
+    """
+    found: dict[str, Any] = {"named": [], "more": 0}
+    if mgr.rank == 0:
+        try:
+            found = _find_passed_over(mgr, info, step, seen, tried)
+        except Exception as exc:  # the restore succeeded: the report must not undo it
+            _log.warning("restored %s: cannot tell which newer versions it passed over: %s",
+                         info.checkpoint_id, exc)
+    got = broadcast_json(mgr, found if mgr.rank == 0 else None, "the versions passed over")
+    info.passed_over = list(got["named"])
+    info.passed_over_more = int(got["more"])
+
+
+def _find_passed_over(
+    mgr: CheckpointManager,
+    info: LoadInfo,
+    step: int | None,
+    seen: Mapping[str, Sequence[VersionInfo]],
+    tried: Mapping[tuple[str, str], Mapping[str, Any]],
+) -> dict[str, Any]:
+    """Rank 0: ``{"named": [...], "more": n}`` (see :attr:`LoadInfo.passed_over`).
+
+    A version is passed over when it is newer than the one restored (attempt ids sort by step,
+    then time) and the restore tried it and failed, or did not try it: its commit record is
+    invalid (or lost), or a verification of it failed. Of the step asked for only, with
+    ``step=`` (newer steps were passed over on purpose: a rollback says so itself).
+    """
+    restored = info.checkpoint_id
+    rows: dict[tuple[str, str], Mapping[str, Any]] = {
+        # (not a node-local version then restored from the durable tier: the same one)
+        key: why for key, why in tried.items() if key[1] > restored and key[0] in mgr.tiers
+    }
+    for tier_name, versions in seen.items():
+        for v in versions:
+            if v.id <= restored or (step is not None and v.step != step):
+                continue
+            if (tier_name, v.id) in rows:
+                continue
+            if v.status == "invalid":
+                rows[(tier_name, v.id)] = {
+                    "reason": "invalid", "code": v.error_code, "message": str(v.error),
+                    "recorded": False,
+                }
+            elif v.status == "committed" and v.verification_failed:
+                failed = max(  # the newest failure no pass cleared (spec §14.5)
+                    failed_verifications(v.verifications),
+                    key=lambda r: timestamp_key(str(r.get("verified_at") or "")),
+                    default={},
+                )
+                errors = failed.get("errors") or []
+                first = errors[0] if errors and isinstance(errors[0], dict) else {}
+                rows[(tier_name, v.id)] = {
+                    "reason": "failed_verification",
+                    "code": first.get("code"),
+                    "message": str(first.get("message") or (
+                        f"its verification {failed.get('verification_id')} failed")),
+                    "recorded": True,
+                }
+    order = sorted(rows, key=lambda k: (k[1], k[0] == "fast"), reverse=True)
+    named = [
+        _passed_row(mgr, tier_name, ident, rows[(tier_name, ident)])
+        for tier_name, ident in order[:PASSED_OVER_NAMED]
+    ]
+    return {"named": named, "more": max(0, len(order) - PASSED_OVER_NAMED)}
+
+
+def _passed_row(
+    mgr: CheckpointManager, tier_name: str, ident: str, row: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One version passed over, with the roots that hold a verified copy of it."""
+    import shlex
+
+    from portable_ckpt.format.naming import parse_attempt_step
+    from portable_ckpt.io.annotations import read_annotations
+    from portable_ckpt.io.copy import normalize_root_url, url_of_record
+
+    tier = mgr.tiers[tier_name]
+    root = tier.root.rstrip("/")
+    copies: list[str] = []
+    problem: str | None = None
+    errors: list[CheckpointError] = []
+    try:  # read only: a copy record never makes a restore fail (incident review R4)
+        records = read_annotations(tier.storage, ident, "copies", errors=errors)
+        here = normalize_root_url(tier.storage)
+        for rec in records:
+            dest = rec.get("destination")
+            if rec.get("ok") is not True or not isinstance(dest, str):
+                continue
+            url = url_of_record(dest)
+            shown = local_path(url) or url
+            if url.rstrip("/") != here and shown not in copies:
+                copies.append(shown)
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    if errors and problem is None:
+        problem = str(errors[0])
+    path = f"{root}/{ident}"
+    commands = [] if not copies else [
+        f"portable-ckpt copy {shlex.quote(copies[0].rstrip('/') + '/' + ident)} "
+        f"{shlex.quote(root)}",
+        f"portable-ckpt verify {shlex.quote(path)} --deep",
+    ]
+    return {
+        "checkpoint_id": ident,
+        "step": parse_attempt_step(ident),
+        "tier": tier_name,
+        "path": path,
+        "reason": row["reason"],
+        "code": row["code"],
+        "message": _short(str(row["message"]).removeprefix(f"[{row['code']}] "), 300),
+        "recorded_failed": bool(row["recorded"]),
+        "copies": copies,
+        "copies_error": None if problem is None else problem[:300],
+        "commands": commands,
+    }
+
+
+def _short(text: str, n: int) -> str:
+    """``text`` on one line, at most ``n`` characters (``...`` where cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= n else flat[: n - 3] + "..."
+
+
+def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> None:
+    """Rank 0, once: the newer versions this restore passed over, and how to bring one back.
+
+    A WARNING of the package logger (event ``restore.passed_over``, with the rows of
+    :attr:`LoadInfo.passed_over`) and the same lines on stderr.
+    """
+    if mgr.rank != 0 or not info.passed_over:
+        return
+    import shlex
+
+    from portable_ckpt.logs import log_event
+
+    total = len(info.passed_over) + info.passed_over_more
+    lines = [
+        f"rank 0: restored step {info.step} ({info.checkpoint_id}) from the {tier_name} "
+        f"tier, passing over {total} newer version(s): the steps after step {info.step} are "
+        "trained again unless you stop the job and bring one back (docs/recovery.md; "
+        "LoadInfo.passed_over lists them)"
+    ]
+    for row in info.passed_over:
+        tier = mgr.tiers.get(str(row["tier"]))
+        code = f"[{row['code']}] " if row["code"] else ""
+        why = _REASONS.get(str(row["reason"]), "passed over")
+        line = f"  step {row['step']}, {row['path']}: {why} ({code}{_short(row['message'], 200)})"
+        if row["recorded_failed"] and tier is not None and tier.retention.active:
+            line += (
+                "; this job's retention deletes versions that failed verification unless they "
+                f"are pinned (`portable-ckpt pin {shlex.quote(str(row['path']))}`)"
+            )
+        if row["copies"]:
+            line += (
+                f"; a verified copy is recorded at {', '.join(row['copies'])}: set "
+                f"{row['path']} aside (move it out of the root), then `{row['commands'][0]}`, "
+                f"then `{row['commands'][1]}`, and restart the job"
+            )
+        elif not row["copies_error"]:
+            line += "; no verified copy of it is recorded"
+        if row["copies_error"]:
+            line += (
+                f"; its copy records could not all be read ({_short(row['copies_error'], 200)}): "
+                "`portable-ckpt ls` names its copies"
+            )
+        lines.append(line)
+    if info.passed_over_more:
+        lines.append(
+            f"  and {info.passed_over_more} more (`portable-ckpt ls "
+            f"{mgr.tiers[str(info.passed_over[0]['tier'])].root}` lists them)"
+        )
+    text = "\n".join(lines)
+    log_event(
+        _log, "restore.passed_over",
+        {"checkpoint_id": info.checkpoint_id, "step": info.step, "tier": tier_name,
+         "passed_over": info.passed_over, "more": info.passed_over_more},
+        "%s", text, rank=mgr.rank, level=logging.WARNING,
+    )
+    for line in lines:
+        say(line)
