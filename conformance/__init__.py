@@ -12,4 +12,4 @@ from __future__ import annotations
 
 __all__ = ["__version__"]
 
-__version__ = "1.1.8"
+__version__ = "1.2.0"

@@ -249,8 +249,12 @@ def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
     the checks in code then do not report again.
     """
     version = _schema_version(doc)
-    if name not in _SCHEMAS_1_1:
-        version = "1.0"  # drill, copy and verification records have no 1.1 schema of their own
+    if name == "verification":
+        # Every verification record, of any version: the 1.2 schema is the 1.0 one plus the
+        # rules of ``clears`` in records of 1.2 and later (spec §14.5, §19).
+        version = "1.2"
+    elif name not in _SCHEMAS_1_1:
+        version = "1.0"  # drill, copy and pin records have no later schema of their own
     schema = schemas.document(name, version)
     label = f"{name}.schema.json" if version == "1.0" else f"{version}/{name}.schema.json"
     if schema is None:  # never after require_complete(): a check never skips validation
@@ -392,7 +396,7 @@ class _VersionChecker:
                          f"checker does not implement: {unknown!r}")
                 return
         minor = mv.group(2)
-        newer = len(minor) > 1 or minor > "1"  # newer than 1.1: maybe a foreign record
+        newer = len(minor) > 1 or minor > "2"  # newer than 1.2: maybe a foreign record
         before = len(self.r.errors)
         valid = _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
                               self.schema_at)
@@ -413,7 +417,7 @@ class _VersionChecker:
                 first = self.r.errors[before]
                 del self.r.errors[before:]
                 self.err("PCK-VERSION-UNSUPPORTED", f"format_version {fv:.60} is newer than the "
-                         "versions this checker implements (1.0, 1.1), and the record fails "
+                         "versions this checker implements (1.0, 1.1, 1.2), and the record fails "
                          f"their checks ({first.message}); a checker of that version can judge "
                          "it (spec §16.2, R-VERSION-10)")
             return
@@ -553,12 +557,17 @@ class _VersionChecker:
         """
         fv, mu = m.get("format_version"), m.get("must_understand")
         mv = re.fullmatch(r"1\.(0|[1-9][0-9]{0,8})", fv) if isinstance(fv, str) else None
-        if mv is not None and int(mv.group(1)) > 1:
+        if mv is not None and int(mv.group(1)) > 2:
             # Valid for a reader (§16.2), but no writer of this text records it: a writer that
             # stamps a version it does not implement passed the harness (review C2).
-            self.r.warn(f"{self.name}: format_version {fv} is newer than this checker's 1.1 and "
-                        "was checked as 1.1; a writer of this text records '1.0', or '1.1' for "
+            self.r.warn(f"{self.name}: format_version {fv} is newer than this checker's 1.2 and "
+                        "was checked as 1.2; a writer of this text records '1.0', or '1.1' for "
                         "a tensor table (R-VERSION-2)")
+        elif fv == "1.2":
+            # 1.2 changes verification records only (spec §14.5): a manifest uses none of it.
+            self.r.warn(f"{self.name}: format_version 1.2 in a manifest: 1.2 adds nothing to "
+                        "manifests; a writer records '1.0', or '1.1' for a tensor table "
+                        "(R-VERSION-2)")
         if fv == "1.1" and "tensor_table" not in m:
             self.r.warn(f"{self.name}: format_version 1.1 without a tensor table: writers record "
                         "'1.0' in documents that use no 1.1 feature (R-VERSION-2)")

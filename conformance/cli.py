@@ -257,10 +257,10 @@ def _parser() -> argparse.ArgumentParser:
     fmt = _Defaults
     ap = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Conformance suite of the portable-ckpt format 1.x (1.0 and 1.1).",
+        description="Conformance suite of the portable-ckpt format 1.x (1.0, 1.1 and 1.2).",
         epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items()))
     ap.add_argument("--version", action="version",
-                    version=f"{PROG} {__version__} (checks format 1.0 and 1.1)")
+                    version=f"{PROG} {__version__} (checks format 1.0, 1.1 and 1.2)")
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", formatter_class=fmt,
                        help="statically check a checkpoint root or version directory")

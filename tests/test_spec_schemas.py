@@ -38,8 +38,9 @@ EXAMPLES = SPEC / "examples"
 INVALID = EXAMPLES / "invalid"
 BASE_URI = "https://portable-ckpt.dev/schemas/1.0/"
 BASE_URI_1_1 = "https://portable-ckpt.dev/schemas/1.1/"
+BASE_URI_1_2 = "https://portable-ckpt.dev/schemas/1.2/"
 #: Sub-directories of spec/schemas and spec/examples holding a later minor version, with their base.
-MINOR_DIRS = {"1.1": BASE_URI_1_1}
+MINOR_DIRS = {"1.1": BASE_URI_1_1, "1.2": BASE_URI_1_2}
 
 #: The released schemas; ``spec/schemas/errata/`` (same ``$id``s) is tested in test_spec_errata.py.
 SCHEMA_FILES = sorted(p for p in SCHEMAS.rglob("*.schema.json") if "errata" not in p.parts)
@@ -48,6 +49,8 @@ INVALID_EXAMPLES = sorted(INVALID.rglob("*.json"))
 DOCUMENT_SCHEMAS = ["manifest", "writer-index", "drill", "copy"]
 #: The 1.1 schemas: the two documents that may reference a tensor table, and the reference itself.
 SCHEMAS_1_1 = ["manifest", "writer-index", "table-ref"]
+#: The 1.2 schema: verification records that clear failed ones (spec §14.5, R-DRILL-10).
+SCHEMAS_1_2 = ["verification"]
 ENTRY_SCHEMAS = {
     "pck:step/1": "step",
     "pck:lr-scheduler/1": "lr-scheduler",
@@ -139,6 +142,8 @@ def test_schema_files_present() -> None:
         assert f"spec/schemas/entries/{stem}.schema.json" in names
     for stem in SCHEMAS_1_1:
         assert f"spec/schemas/1.1/{stem}.schema.json" in names
+    for stem in SCHEMAS_1_2:
+        assert f"spec/schemas/1.2/{stem}.schema.json" in names
 
 
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=_rel)
@@ -240,6 +245,43 @@ def test_1_0_examples_keep_their_verdict_under_1_1(path: Path) -> None:
         assert not errors, f"{_rel(path)} fails the 1.1 schema: {errors[:3]}"
     else:
         assert errors, f"{_rel(path)} validates against the 1.1 schema"
+
+
+# ------------------------------------------- format 1.2 (verification records that clear others)
+
+#: Valid and invalid 1.0 examples of the kinds a 1.2 schema extends.
+_EXTENDED_1_0_BY_1_2 = [
+    p for p in VALID_EXAMPLES + INVALID_EXAMPLES
+    if is_1_0_example(p) and schema_id_for(p).removeprefix(BASE_URI).removesuffix(".schema.json")
+    in SCHEMAS_1_2
+]
+
+
+@pytest.mark.parametrize("path", _EXTENDED_1_0_BY_1_2, ids=_rel)
+def test_1_0_examples_keep_their_verdict_under_1_2(path: Path) -> None:
+    """R-VERSION-4, R-VERSION-9: the 1.2 verification schema accepts every valid 1.0 record and
+    rejects every invalid one (``clears`` is only constrained in 1.2 and later records)."""
+    schema_id = schema_id_for(path).replace(BASE_URI, BASE_URI_1_2)
+    errors = [e.message for e in validator_for(schema_id).iter_errors(_load(path))]
+    assert bool(errors) == (INVALID in path.parents), f"{_rel(path)}: {errors[:3]}"
+
+
+def test_1_2_examples_follow_section_14_5() -> None:
+    """R-DRILL-10, R-VERSION-2, R-VERSION-6: ``clears`` in a passed deep 1.2 record; the member is
+    unknown, not checked, in a 1.0 record; every invalid 1.2 example breaks a rule of ``clears``
+    and is valid under the 1.0 schema (which does not know the member)."""
+    v10 = validator_for(BASE_URI + "verification.schema.json")
+    cleared = _load(EXAMPLES / "1.2" / "verification--clears.json")
+    assert cleared["format_version"] == "1.2" and cleared["ok"] is True
+    assert cleared["mode"] == "deep" and cleared["clears"]
+    assert _load(EXAMPLES / "1.2" / "verification--1-0-with-clears-ignored.json")[
+        "format_version"] == "1.0"
+    invalid = sorted((INVALID / "1.2").glob("verification--*.json"))
+    assert len(invalid) >= 5
+    for path in invalid:
+        doc = _load(path)
+        assert "clears" in doc and doc["format_version"] == "1.2", _rel(path)
+        assert v10.is_valid(doc), f"{_rel(path)} breaks a 1.0 rule, not one of clears"
 
 
 def test_1_1_table_examples_follow_section_8_5() -> None:

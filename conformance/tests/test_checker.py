@@ -234,7 +234,7 @@ def test_a_newer_minor_is_warned_as_a_writer_rule_and_foreign_when_it_fails(
     a codec) is foreign: PCK-VERSION-UNSUPPORTED, as for any other failed check."""
     from conformance.verify import _WRITER_RULES
 
-    _edit(ref_root, lambda d: d.update(format_version="1.2"))
+    _edit(ref_root, lambda d: d.update(format_version="1.3"))
     rep = check(ref_root, deep=True)
     assert rep.ok, [e.to_json() for e in rep.errors]
     (warning,) = [w.message for w in rep.warnings if "newer" in w.message]

@@ -408,4 +408,4 @@ def test_version_says_which_suite_ran(fast_tmp: Path) -> None:
 
     r = _run(["--version"], fast_tmp, fast_tmp)
     assert r.returncode == 0 and r.stdout.strip() == \
-        f"portable-ckpt-conformance {__version__} (checks format 1.0 and 1.1)", r.stdout + r.stderr
+        f"portable-ckpt-conformance {__version__} (checks format 1.0, 1.1 and 1.2)", r.stdout + r.stderr

@@ -14,7 +14,8 @@ dialect of embedded schemas, ``$ref`` into a resource that declares ``$schema``,
 MINOR), ``vectors/errata-10/`` those of errata 10 (a writer index that lists a file with
 another size, zero-size shard tensors at and inside a span), ``vectors/errata-11/`` those of
 errata 11 (pin records at a root), ``vectors/errata-12/`` those of errata 12 (a grid and a
-non-grid layout of more than 12,000 boxes each, R-COVER-4). Errata 5, 7, 8 and 9 have no vectors. All are frozen (R-VERSION-9); a reader of 1.1 passes all of
+non-grid layout of more than 12,000 boxes each, R-COVER-4), ``vectors/1.2/`` those of format 1.2
+(verification records that clear failed ones, R-DRILL-10). Errata 5, 7, 8, 9 and 13 have no vectors. All are frozen (R-VERSION-9); a reader of 1.1 passes all of
 them (:data:`VECTOR_DIRS`, :func:`all_cases`).
 
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
@@ -39,7 +40,7 @@ from typing import Any
 __all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1",
            "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4",
            "VECTOR_DIR_ERRATA_6", "VECTOR_DIR_ERRATA_10", "VECTOR_DIR_ERRATA_11",
-           "VECTOR_DIR_ERRATA_12", "all_cases", "load_cases", "materialize"]
+           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "all_cases", "load_cases", "materialize"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
 VECTOR_DIR_1_1 = Path(__file__).resolve().parent / "1.1"
@@ -51,6 +52,7 @@ VECTOR_DIR_ERRATA_6 = Path(__file__).resolve().parent / "errata-6"
 VECTOR_DIR_ERRATA_10 = Path(__file__).resolve().parent / "errata-10"
 VECTOR_DIR_ERRATA_11 = Path(__file__).resolve().parent / "errata-11"
 VECTOR_DIR_ERRATA_12 = Path(__file__).resolve().parent / "errata-12"
+VECTOR_DIR_1_2 = Path(__file__).resolve().parent / "1.2"
 #: every vector set (a format version, or an errata set of one) by name, oldest first.
 VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-1": VECTOR_DIR_ERRATA_1, "errata-2": VECTOR_DIR_ERRATA_2,
@@ -58,7 +60,7 @@ VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-6": VECTOR_DIR_ERRATA_6,
                                 "errata-10": VECTOR_DIR_ERRATA_10,
                                 "errata-11": VECTOR_DIR_ERRATA_11,
-                                "errata-12": VECTOR_DIR_ERRATA_12}
+                                "errata-12": VECTOR_DIR_ERRATA_12, "1.2": VECTOR_DIR_1_2}
 
 
 def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:

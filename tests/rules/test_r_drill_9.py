@@ -40,8 +40,12 @@ def _status(kind: str, records: list[dict[str, Any]]) -> Any:
     """What tools read from a kind's records (§14.3–14.5)."""
     ok = [r for r in records if r.get("ok") is True]
     if kind == "verifications":
-        return (
-            any(r.get("ok") is False for r in records),
+        # A failed record counts unless a passed deep 1.2 record lists it in clears (§14.5).
+        cleared = {c for r in ok if r.get("format_version") == "1.2" and r["mode"] == "deep"
+                   for c in r.get("clears", ())}
+        return (  # which failed records still count, not only whether one does
+            sorted(r["n"] for r in records
+                   if r.get("ok") is False and r["verification_id"] not in cleared),
             sorted({r["mode"] for r in ok}),
             sorted(r["n"] for r in records if r.get("ok") is False),
         )
@@ -59,6 +63,13 @@ def _records(draw: st.DrawFn) -> tuple[str, list[dict[str, Any]]]:
         rec: dict[str, Any] = {"n": i, "ok": draw(st.booleans())}
         if kind == "verifications":
             rec["mode"] = draw(st.sampled_from(_MODES))
+            rec["verification_id"] = f"v{i}"
+            rec["format_version"] = "1.0"
+            failed = [r["verification_id"] for r in out if r["ok"] is False]
+            if rec["ok"] and rec["mode"] == "deep" and failed and draw(st.booleans()):
+                # R-DRILL-10: a passed deep record that clears earlier failed ones (1.2)
+                rec["format_version"] = "1.2"
+                rec["clears"] = draw(st.lists(st.sampled_from(failed), min_size=1, unique=True))
         elif kind == "copies":
             rec["destination"] = draw(st.sampled_from(_DESTS))
         out.append(rec)
@@ -71,7 +82,8 @@ def test_removing_superseded_records_changes_nothing_tools_read(
     case: tuple[str, list[dict[str, Any]]],
 ) -> None:
     """R-DRILL-9: drilled, failed, the modes verified and the destinations copied stay; each
-    removed record is older than a kept one that serves it; what stays is bounded."""
+    removed record is older than a kept one that serves it; what stays is bounded. A record
+    that clears a failed one (R-DRILL-10) stays: without it the version fails again."""
     kind, records = case
     gone = superseded(kind, records)
     kept = [r for r in records if r not in gone]
@@ -89,7 +101,8 @@ def test_removing_superseded_records_changes_nothing_tools_read(
             servers = [k for k in servers if k["ok"] is True]
         assert servers, (kind, r, kept)
     failed = sum(r["ok"] is False for r in records)
-    bound = {"verifications": RECORDS_KEPT + len(_MODES) + failed,
+    clearing = sum(bool(r.get("clears")) for r in records)
+    bound = {"verifications": RECORDS_KEPT + len(_MODES) + failed + clearing,
              "copies": RECORDS_KEPT + 2 * len(_DESTS), "drills": RECORDS_KEPT + 1}[kind]
     assert len(kept) <= bound
 

@@ -173,7 +173,7 @@ def test_ref_into_a_root_with_schema_keeps_the_patterns_of_18_7() -> None:
 
 # -- F5, F6: foreign commit records -------------------------------------------------------------
 @pytest.mark.parametrize(("change", "cause"), [
-    (lambda d: (d.update(format_version="1.2"), d.pop("producer")), "producer"),
+    (lambda d: (d.update(format_version="1.3"), d.pop("producer")), "producer"),
     (lambda d: d.update(format_version="1.12", tensors={"a": {"layout": "future"}}), "layout"),
     (lambda d: d.update(format_version="1.1234567890"), "MINOR of 10 digits"),
     (lambda d: d.update(format_version="1." + "7" * 5000), "MINOR of 5000 digits"),

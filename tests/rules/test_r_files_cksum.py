@@ -252,7 +252,7 @@ def test_a_later_dtype_is_refused_in_an_earlier_document(
     row read a 1.0 document using it, which the conformance checker calls not conformant."""
     from portable_ckpt.format.dtypes import DType
 
-    row = DType("float8_e8m0fnu", "F8_E8M0", 1, "ml_dtypes:float8_e8m0fnu", since="1.2",
+    row = DType("float8_e8m0fnu", "F8_E8M0", 1, "ml_dtypes:float8_e8m0fnu", since="1.3",
                 extension="dtype-float8-e8m0fnu")
     monkeypatch.setitem(DTYPES, row.name, row)
     vdir, _ = build_version(tmp_path)
@@ -264,19 +264,19 @@ def test_a_later_dtype_is_refused_in_an_earlier_document(
             d["must_understand"] = [row.extension]
 
     edit_manifest(vdir, edit)
-    with monkeypatch.context() as m:  # the extension known to this reader, as with a 1.2 row
+    with monkeypatch.context() as m:  # the extension known to this reader, as with a 1.3 row
         from portable_ckpt.format import manifest
 
         m.setattr(manifest, "KNOWN_EXTENSIONS", {*manifest.KNOWN_EXTENSIONS, row.extension})
         err = expect_code("PCK-DTYPE-UNSUPPORTED", portable_ckpt.open, vdir)
-    assert "'float8_e8m0fnu' is a dtype of format 1.2" in err.message, err.message
+    assert "'float8_e8m0fnu' is a dtype of format 1.3" in err.message, err.message
 
 
 def test_a_later_dtype_is_refused_in_a_tensor_table_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Diff review D1: the check above ran for JSON tensors only; a table's dtype codes name
-    the same rows, and a 1.1 table using a 1.2 row opened."""
+    the same rows, and a 1.1 table using a later row opened."""
     from portable_ckpt.format.dtypes import DType
     from portable_ckpt.io import commit
 
@@ -284,10 +284,10 @@ def test_a_later_dtype_is_refused_in_a_tensor_table_too(
     m = portable_ckpt.save_arrays(tmp_path, {"u": np.arange(4, dtype=np.uint8),
                                              "f": np.zeros(2, np.float32)}, step=1)
     assert m.tensor_table is not None
-    monkeypatch.setitem(DTYPES, "uint8", DType("uint8", "U8", 1, "u1", since="1.2",
+    monkeypatch.setitem(DTYPES, "uint8", DType("uint8", "U8", 1, "u1", since="1.3",
                                                extension="dtype-u8-again"))
     err = expect_code("PCK-DTYPE-UNSUPPORTED", portable_ckpt.open, tmp_path)
-    assert "'uint8' is a dtype of format 1.2" in err.message and "tensor-table" in err.message
+    assert "'uint8' is a dtype of format 1.3" in err.message and "tensor-table" in err.message
 
 
 def _spec_dtype_table() -> list[tuple[str, str, int]]:

@@ -10,7 +10,7 @@ that looks like the CLI's own. ``--json`` output is escaped by JSON itself.
 
 from __future__ import annotations
 
-__all__ = ["safe", "table"]
+__all__ = ["age_seconds", "safe", "table"]
 
 
 def _escape(ch: str) -> str:
@@ -44,3 +44,13 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
+
+def age_seconds(when_text: str | None) -> float | None:
+    """Seconds since ``when_text`` (a format timestamp, UTC), ``None`` when it has none."""
+    import datetime as dt
+
+    try:
+        when = dt.datetime.fromisoformat(str(when_text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return round((dt.datetime.now(dt.UTC) - when).total_seconds(), 3)

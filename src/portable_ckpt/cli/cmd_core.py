@@ -1,26 +1,21 @@
-"""Core subcommands: ``ls``, ``inspect``, ``verify``, ``gc``."""
+"""Core subcommands: ``ls``, ``inspect``, ``gc`` (``verify`` is in :mod:`.cmd_verify`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import random
 import sys
 from collections.abc import Iterable
-from contextlib import nullcontext
 from typing import Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._output import EXIT_UNAVAILABLE, failed_status, progress_bar, say_failed
-from portable_ckpt.cli._text import safe, table
+from portable_ckpt.cli._text import age_seconds, safe, table
 from portable_ckpt.errors import (
     CheckpointError,
-    FileMissingError,
     NotFoundError,
     StorageError,
-    UsageError,
-    VersionDeletedError,
 )
 from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
 from portable_ckpt.logs import human_bytes
@@ -93,7 +88,8 @@ def _ls(args: argparse.Namespace) -> int:
     rows = []
     for v in versions:
         drill = "passed" if v.drilled else ("failed" if v.drills else "-")
-        checked = "failed" if v.verification_failed else ("passed" if v.verified else "-")
+        checked = "failed" if v.verification_failed else (
+            _passed(v.last_pass) if v.verified else "-")
         # one entry per destination (a copy run again writes a record each time)
         dests = dict.fromkeys(str(c.get("destination", "?")) for c in v.copies if c.get("ok"))
         copies = ", ".join(dests) or "-"
@@ -120,6 +116,23 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+def _passed(last: dict[str, Any] | None) -> str:
+    """VERIFIED of ``ls``: the kind and age of the newest pass (``passed deep 3h``).
+
+    "passed" alone read as "good now" after a storage incident, when it was a sampled check
+    at save time (incident review R5).
+    """
+    if last is None:
+        return "passed"
+    age = age_seconds(last.get("verified_at"))
+    if age is None:
+        return f"passed {last.get('mode')}"
+    for unit, secs in (("d", 86400), ("h", 3600), ("m", 60)):
+        if age >= secs:
+            return f"passed {last.get('mode')} {int(age // secs)}{unit}"
+    return f"passed {last.get('mode')} {max(0, int(age))}s"
 
 
 def _child_roots(storage: Any, foreign: list[str], root: str) -> None:
@@ -289,232 +302,6 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verify(args: argparse.Namespace) -> int:
-    import portable_ckpt
-    from portable_ckpt.errors import DAMAGE_CODES
-
-    if args.seed is not None and args.sample is None:
-        raise UsageError("--seed needs --sample")
-    if args.record_unreadable and not (args.deep and args.record):
-        raise UsageError("--record-unreadable needs --deep (and a record: not --no-record)")
-    # A sample is reproducible: the seed used is always printed (drawn when not given).
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
-    errors: list[CheckpointError]
-    record: str | None = None
-    record_error: str | None = None
-    record_failure: CheckpointError | None = None
-    forced: list[dict[str, str]] = []
-    from portable_ckpt.io.damage import confirm_damage, elsewhere
-    from portable_ckpt.io.reader import Checkpoint
-
-    target = args.ckpt
-    version: dict[str, Any] = {}
-    unsure: list[CheckpointError] = []
-    away: list[str] = []
-    try:
-        storage, attempt, manifest = portable_ckpt._resolve(args.ckpt, args.step)
-        # What an alerting probe needs beside the verdict (ops review F6): which version, and
-        # how old its commit is.
-        version = {"attempt_id": attempt, "step": manifest.step,
-                   "committed_at": manifest.committed_at,
-                   "age_seconds": _age(manifest.committed_at)}
-        chunks = sum(len(t.ranges) for t in manifest.tensors.values())
-        try:
-            ck = Checkpoint(storage, attempt, manifest)
-            with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
-                errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
-            target = ck.path
-        except UsageError:
-            raise
-        except CheckpointError as exc:  # damage found while opening (a tensor table's bytes)
-            errors = [exc]
-        # A node root holds its nodes' files of a node-local version only (spec §14.7): spared
-        # first, so that the files absent by design are not looked for a second time.
-        errors, away = elsewhere(storage, attempt, manifest, errors)
-        # Damage that a second read does not find again is this read's fault: not recorded.
-        errors = confirm_damage(storage, attempt, manifest.files, errors)
-        if away and not args.quiet:
-            print(f"portable-ckpt: a node-local version (spec §14.7): {len(away)} of its files "
-                  f"are not in this root ({safe(away[0])}, ...), files a node root lacks by "
-                  "design. " + ("The other node roots hold them; only the files here were "
-                  "checked; a pass is not recorded" if args.node_root else "If this is a node "
-                  "root of a node-local tier, pass --node-root; otherwise the version is "
-                  "incomplete here (not recorded as damage: a node root looks the same)"),
-                  file=sys.stderr)
-        if away and not args.node_root:
-            unsure = [FileMissingError(
-                f"{rel}: not in this root; a node root of a node-local tier lacks it by design "
-                "(pass --node-root), any other copy of the version is missing it",
-                path=f"{attempt}/{rel}") for rel in away]
-        forced = (
-            _still_unreadable(storage, attempt, manifest.files, errors)
-            if args.record_unreadable else []
-        )
-        deleted = any(isinstance(e, VersionDeletedError) for e in errors)
-        if (args.deep or args.sample is not None) and args.record and not deleted and not (
-            away and not errors
-        ):
-            record, record_failure = _record(storage, attempt, chunks, errors, args, seed, forced)
-            if record_failure is not None:
-                record_error = (f"[{record_failure.code}] {record_failure.message} "
-                                "(--no-record verifies without writing)")
-        if args.step is None and _is_root(args.ckpt, attempt):  # problems of the root
-            errors = errors + _newer_invalid(storage, attempt)
-        errors = errors + unsure  # after the record: never recorded as damage
-    except UsageError:
-        raise
-    except CheckpointError as exc:
-        errors = [exc]
-    ok = not errors
-    # A node root's absent files are not damage a deeper verification would record (F7)
-    damaged = any(e.code in DAMAGE_CODES for e in errors if e not in unsure)
-    if damaged and not (args.deep or args.sample is not None) and not args.quiet:
-        # ops review F18: gc and managers count a version as good until a record says not
-        print("portable-ckpt: a metadata verification records nothing: gc and managers still "
-              "count this version; `verify --sample F` or `--deep` records the damage",
-              file=sys.stderr)
-    if record_error is not None:
-        print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
-              file=sys.stderr)
-    if args.json:
-        doc: dict[str, Any] = {"ok": ok, "path": target, **version,
-                               "errors": [{**e.to_json(), "retryable": e.retryable}
-                                          for e in errors],
-                               "record": record, "record_error": record_error}
-        if away:  # the files a node root lacks by design: problems here unless --node-root
-            doc["node_root_absent"] = away
-        if args.sample is not None:
-            doc["sample"] = {"fraction": args.sample, "seed": seed}
-        print(json.dumps(doc, indent=2))
-    else:
-        mode = (
-            "deep verification"
-            if args.deep
-            else (
-                f"sampled verification: fraction {args.sample}, seed {seed}"
-                if args.sample
-                else "metadata verification"
-            )
-        )
-        for e in errors:
-            print(f"{e.code}  {safe(e.message)}", file=sys.stdout)
-        if record is not None and not args.quiet:  # stderr: stdout is problems + verdict
-            print(f"portable-ckpt: recorded {safe(record)}" + ("" if ok else " (never restored "
-                  "by a manager; gc keeps the newest versions that did not fail)"),
-                  file=sys.stderr)
-        verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
-        print(f"{verdict}  {safe(target)} ({mode})")
-    # A record asked for and not written: gc and managers do not know the outcome, as `copy`
-    # fails when its record fails (scripting review F9). 75 when every problem may pass by
-    # itself (a storage error: F6), 1 when any is about the version.
-    failures = [*errors, *([record_failure] if record_failure else [])]
-    # Unreadable files recorded as the version's failure (--record-unreadable) are a verdict.
-    return failed_status([e.retryable for e in failures] + [False] * bool(forced and record))
-
-
-def _still_unreadable(
-    storage: Any, attempt: str, files: Any, errors: list[CheckpointError]
-) -> list[dict[str, str]]:
-    """``--record-unreadable``: the files whose storage error a second read meets again.
-
-    Recorded as the version's failure at the operator's request (attack review 3 F18: a
-    persistent EIO on the newest version made every restart of the job stop, and no tool could
-    take it out of the restore path). A file that reads fine the second time is not. The second
-    read is the one ``confirm_damage`` makes (cached pages dropped first), once per file.
-    """
-    from portable_ckpt.errors import DAMAGE_CODES
-    from portable_ckpt.io.damage import read_file_again
-
-    out: dict[str, dict[str, str]] = {}
-    seen: set[str] = set()
-    for e in errors:
-        rel = (e.path or "").removeprefix(f"{attempt}/")
-        if e.code in DAMAGE_CODES or rel not in files or rel in seen:
-            continue
-        seen.add(rel)
-        again = read_file_again(storage, f"{attempt}/{rel}", files[rel])
-        if again is not None and again.code not in DAMAGE_CODES:
-            out[rel] = {"code": again.code, "message": (
-                f"{attempt}/{rel}: unreadable at two reads ({again.message[:2000]}); "
-                "recorded at the operator's request (verify --record-unreadable)")}
-    return list(out.values())
-
-
-def _age(committed_at: str | None) -> float | None:
-    """Seconds since ``committed_at`` (an RFC 3339 UTC time), ``None`` when it has none."""
-    import datetime as dt
-
-    try:
-        when = dt.datetime.fromisoformat(str(committed_at).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return round((dt.datetime.now(dt.UTC) - when).total_seconds(), 3)
-
-
-def _is_root(ckpt: str, attempt: str) -> bool:
-    """Whether ``ckpt`` named a root (the latest was resolved), not the version itself."""
-    return ckpt.rstrip("/").rsplit("/", 1)[-1] != attempt
-
-
-def _newer_invalid(storage: Any, attempt: str) -> list[CheckpointError]:
-    """Attempts a reader skipped to return ``attempt`` as the latest: their records are damaged.
-
-    ``verify ROOT`` verified the older version and said OK while the job's newest save was
-    unusable (a restore resumes a save earlier): each is a problem of the root (ops review F17).
-    """
-    from portable_ckpt.format.naming import parse_attempt_step
-    from portable_ckpt.io.versions import INVALID, attempt_names, classify_attempt
-
-    step = parse_attempt_step(attempt) or 0
-    out: list[CheckpointError] = []
-    for name in attempt_names(storage):
-        if (parse_attempt_step(name) or 0) < step or name == attempt:
-            continue
-        c = classify_attempt(storage, name)
-        if c.status == INVALID and c.error is not None:
-            out.append(type(c.error)(
-                f"{name}: a newer attempt whose commit record is not valid ({c.error.message}); "
-                f"readers skip it and restore {attempt}, a save earlier. gc keeps it; "
-                "`portable-ckpt gc --delete-invalid` removes it",
-                path=name,
-            ))
-    return out
-
-
-def _record(
-    storage: Any, attempt: str, chunks: int, errors: list[CheckpointError],
-    args: argparse.Namespace, seed: int, forced: list[dict[str, str]] | None = None,
-) -> tuple[str | None, CheckpointError | None]:
-    """Record a deep or sampled verification beside the version: (its path, why it was not).
-
-    ``forced``: findings recorded as failures though they prove no damage (--record-unreadable).
-    """
-    from portable_ckpt.io.annotations import (
-        record_verification,
-        sampled_chunks,
-        verification_verdict,
-        write_verification_record,
-    )
-
-    try:
-        if forced:
-            _, damage = verification_verdict(errors)
-            path: str | None = write_verification_record(
-                storage, attempt, ok=False, mode="deep", fraction=None, chunks=chunks,
-                errors=[*damage, *forced][:64], verifier="portable-ckpt verify",
-            )
-            return path, None
-        path = record_verification(
-            storage, attempt, errors, mode="deep" if args.deep else "sample",
-            chunks=chunks if args.deep else sampled_chunks(chunks, args.sample),
-            fraction=1.0 if args.deep else args.sample,
-            seed=None if args.deep else seed, verifier="portable-ckpt verify",
-        )
-    except CheckpointError as e:
-        return None, e
-    return path, None
-
-
 def _gc(args: argparse.Namespace) -> int:
     from portable_ckpt.io.gc import gc
 
@@ -639,7 +426,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add ``ls``, ``inspect``, ``verify`` and ``gc``."""
+    """Add ``ls``, ``inspect`` and ``gc``."""
     p = sub.add_parser("ls", help="list the attempts of a root: committed, incomplete, invalid, foreign, unreadable or stray")
     p.add_argument("root", type=A.root_only)
     p.add_argument(
@@ -660,49 +447,6 @@ def register(sub: Any) -> None:
     p.add_argument("--ranges", action="store_true", help="list every range record")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_inspect)
-
-    p = sub.add_parser("verify", help="verify a version (exit 0 ok, 1 problems, 2 usage)")
-    p.add_argument("ckpt", type=A.root_url)
-    p.add_argument("--step", type=A.step, default=None, help="with a root: this step's newest version")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--deep", action="store_true", help="read and checksum every byte")
-    g.add_argument(
-        "--sample",
-        type=A.fraction,
-        default=None,
-        metavar="FRACTION",
-        help="read and check a random fraction of the range records (without replacement)",
-    )
-    p.add_argument(
-        "--no-record",
-        dest="record",
-        action="store_false",
-        help="do not write the verification record that --deep and --sample leave beside the "
-        "version (verifications/<id>.json, spec 14.5: a version found damaged is then never "
-        "restored by a manager, and gc keeps the newest versions that did not fail)",
-    )
-    p.add_argument(
-        "--record-unreadable",
-        action="store_true",
-        help="with --deep: record the version as failed also when files of it stay unreadable "
-        "(read twice: a bad sector, a lost object ACL), so managers stop trying it; without "
-        "it a storage error is never recorded (it may pass)",
-    )
-    p.add_argument(
-        "--node-root",
-        action="store_true",
-        help="the root is one node's root of a node-local tier (spec 14.7): the files of a "
-        "node-local version that this node does not hold are not problems (without it they "
-        "are, exit 1: a durable copy that lost them looks the same; never recorded as damage)",
-    )
-    p.add_argument(
-        "--seed",
-        type=A.int_range(0, 2**64 - 1, "seed"),
-        default=None,
-        help="seed of --sample's draw (default: a fresh one, printed so the run can be repeated)",
-    )
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_verify)
 
     p = sub.add_parser("gc", help="apply retention: keep N newest and the newest drilled version")
     p.add_argument("root", type=A.root_only)

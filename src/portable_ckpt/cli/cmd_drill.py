@@ -49,6 +49,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  error: [{safe(rec['error']['code'])}] {safe(rec['error']['message'])}")
     if rec.get("path"):
         print(f"  record: {safe(rec['path'])}")
+    if rec.get("verification"):  # damage a second read confirmed: never restored again
+        print(f"  damage recorded as a failed verification: {safe(rec['verification'])} "
+              "(managers no longer restore this version; see docs/recovery.md)")
     return 0 if rec["ok"] else 1
 
 

@@ -44,11 +44,16 @@ __all__ = ["build_parser", "entry", "main"]
 
 def formats_line() -> str:
     """The format versions this build reads and writes (``--help``, ``--version``)."""
-    from portable_ckpt.format.manifest import FORMAT_VERSIONS, TABLE_FORMAT_VERSION
+    from portable_ckpt.format.manifest import (
+        CLEARS_FORMAT_VERSION,
+        FORMAT_VERSIONS,
+        TABLE_FORMAT_VERSION,
+    )
 
     return (
         f"reads and writes format versions {', '.join(FORMAT_VERSIONS)} "
-        f"({TABLE_FORMAT_VERSION} when a version's ranges are described in a tensor table)"
+        f"({TABLE_FORMAT_VERSION} when a version's ranges are described in a tensor table, "
+        f"{CLEARS_FORMAT_VERSION} in a verification record that clears failed ones)"
     )
 
 

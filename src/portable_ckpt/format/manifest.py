@@ -59,6 +59,7 @@ __all__ = [
     "MAX_NDIM",
     "MAX_SIZE",
     "TABLE_FORMAT_VERSION",
+    "CLEARS_FORMAT_VERSION",
     "TableRef",
     "Checksum",
     "Continuation",
@@ -86,8 +87,11 @@ FORMAT_MINOR = 0
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 #: The format version of documents that reference a tensor table (spec §8.5).
 TABLE_FORMAT_VERSION = "1.1"
+#: The format version of a verification record that clears failed ones (spec §14.5); 1.2
+#: changes no other document.
+CLEARS_FORMAT_VERSION = "1.2"
 #: Every format version this implementation reads and writes (oldest first; the CLI names them).
-FORMAT_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION)
+FORMAT_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION, CLEARS_FORMAT_VERSION)
 #: Largest size or byte count the format allows (2^53 - 1: exact in every JSON implementation).
 MAX_SIZE = (1 << 53) - 1
 #: Largest tensor rank.

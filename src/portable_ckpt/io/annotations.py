@@ -34,6 +34,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import (
+    CLEARS_FORMAT_VERSION,
     FORMAT_VERSION,
 )
 from portable_ckpt.logs import log_event
@@ -44,7 +45,9 @@ __all__ = [
     "MESSAGE_CHARS",
     "RECORDS_KEPT",
     "annotation_id",
+    "cleared_ids",
     "epoch_us",
+    "failed_verifications",
     "listed_info",
     "lists_file",
     "prune_annotations",
@@ -69,8 +72,10 @@ _RECORDS_LOCK = threading.Lock()
 ANNOTATION_KINDS = {
     "drills": ("drill_id", "drill.schema.json", "finished_at"),
     "copies": ("copy_id", "copy.schema.json", "verified_at"),
-    "verifications": ("verification_id", "verification.schema.json", "verified_at"),
+    # The 1.2 schema: the 1.0 one, and the rules of ``clears`` in records of 1.2 and later.
+    "verifications": ("verification_id", "1.2/verification.schema.json", "verified_at"),
 }
+
 
 
 _TIMESTAMP = re.compile(
@@ -340,7 +345,8 @@ def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
     naming the attempt), oldest first. Kept: the :data:`RECORDS_KEPT` newest; every failed
     verification (it keeps the version from being restored, R-DRILL-8); the newest passed
     verification of each mode; the newest passed drill; for each destination its newest
-    record and its newest passed one. So ``drilled``, ``verified``, ``verification_failed`` and
+    record and its newest passed one; every passed verification that clears a failed one
+    (spec §14.5). So ``drilled``, ``verified``, ``verification_failed`` and
     the destinations with a verified copy stay what they were, whoever prunes when: a record
     is only ever removed for a newer one of its kind that stays.
     """
@@ -358,7 +364,10 @@ def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
         return r.get("ok") is True
 
     if kind == "verifications":
+        failed = {r.get("verification_id") for r in records if not passed(r)}
         keep |= {id(r) for r in records if not passed(r)}
+        # A record that clears a failed one that stays: without it the version fails again.
+        keep |= {id(r) for r in records if failed.intersection(_clears(r))}
         newest(passed, "mode")
     elif kind == "copies":
         newest(lambda r: True, "destination")
@@ -366,6 +375,41 @@ def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
     else:
         newest(passed)
     return [r for r in records if id(r) not in keep]
+
+
+def _clears(record: dict[str, Any]) -> list[str]:
+    """The failed verification ids a record clears (spec §14.5): none below format 1.2."""
+    clears = record.get("clears")
+    if record.get("ok") is not True or record.get("mode") != "deep" or not isinstance(
+        clears, list
+    ):
+        return []
+    fv = str(record.get("format_version", ""))
+    major, _, minor = fv.partition(".")
+    # In a 1.0 or 1.1 record the member is unknown and ignored (R-VERSION-6); MINOR may have
+    # any number of digits (§16.1): compared as a digit string, never converted.
+    if major != "1" or not minor.isdigit() or (len(minor) == 1 and minor < "2"):
+        return []
+    return [c for c in clears if isinstance(c, str)]
+
+
+def cleared_ids(records: Sequence[dict[str, Any]]) -> set[str]:
+    """The ids of the failed verification records that ``records`` clear (spec §14.5).
+
+    ``records``: the verification records of a version that count (:func:`read_annotations`).
+    """
+    return {c for r in records for c in _clears(r)}
+
+
+def failed_verifications(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failed verification records of a version that no record clears (R-DRILL-8, R-DRILL-10).
+
+    A version has failed verification exactly when this is not empty: a manager never restores
+    it, and it loses its place among gc's ``keep``.
+    """
+    cleared = cleared_ids(records)
+    return [r for r in records
+            if r.get("ok") is False and r.get("verification_id") not in cleared]
 
 
 def prune_annotations(
@@ -450,13 +494,21 @@ def write_verification_record(
     seed: int | None = None,
     errors: list[dict[str, str]] | None = None,
     verifier: str | None = None,
+    clears: Sequence[str] = (),
 ) -> str:
     """Record a verification of a committed version in ``verifications/<id>.json`` (spec §14.5).
 
     ``mode`` is ``"sample"`` (``fraction`` of the stored chunks, chosen with ``seed``) or
     ``"deep"``; ``errors`` are the problems found (``{"code", "message"}``), required when
     ``ok`` is false. A version with a failed verification is never restored by a manager.
+    ``clears``: the ids of failed verification records this passed deep verification clears
+    (a format 1.2 record; R-DRILL-10: only at an operator's request, after a deep verification
+    that read every byte of every file, listing only records read before it began).
     Returns the record's path.
+
+    Raises:
+        UsageError: ``clears`` in a record that is not a passed deep verification.
+
     """
     from portable_ckpt.format.naming import utc_now_iso
     from portable_ckpt.format.schemas import validate_document
@@ -480,8 +532,14 @@ def write_verification_record(
     }
     if verifier is not None:
         rec["verifier"] = verifier
+    if clears:
+        if not (ok and mode == "deep"):
+            raise UsageError("only a passed deep verification clears failed ones (R-DRILL-10)")
+        rec["format_version"] = CLEARS_FORMAT_VERSION
+        rec["clears"] = sorted(set(clears))
     validate_document(
-        rec, "verification.schema.json", what=f"{attempt_id}/verifications/{ident}.json"
+        rec, ANNOTATION_KINDS["verifications"][1],
+        what=f"{attempt_id}/verifications/{ident}.json",
     )
     return _write_annotation(storage, attempt_id, "verifications", ident, rec)
 
@@ -532,18 +590,20 @@ def record_verification(
     fraction: float | None = None,
     seed: int | None = None,
     verifier: str | None = None,
+    clears: Sequence[str] = (),
 ) -> str | None:
     """Record a verification of ``attempt_id`` that found ``errors``, as far as they prove anything.
 
     See :func:`verification_verdict`: ``ok: true`` when nothing was found, ``ok: false`` with
     the damage, and nothing at all (``None`` is returned) when no error proves damage. Else
     returns the record's path. ``chunks`` is the number of range records the verification read
-    (:func:`sampled_chunks` of the total for a sample).
+    (:func:`sampled_chunks` of the total for a sample). ``clears``: the failed records a pass
+    clears (:func:`write_verification_record`); a verification that found something clears none.
     """
     ok, damage = verification_verdict(errors)
     if ok is None:
         return None
     return write_verification_record(
         storage, attempt_id, ok=ok, mode=mode, fraction=fraction, chunks=chunks,
-        seed=seed, errors=damage, verifier=verifier,
+        seed=seed, errors=damage, verifier=verifier, clears=clears if ok else (),
     )

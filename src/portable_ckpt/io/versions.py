@@ -61,7 +61,9 @@ from portable_ckpt.format.naming import (
 )
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
+    cleared_ids,
     epoch_us,
+    failed_verifications,
     lists_file,
     read_annotations,
     reread_record,
@@ -185,8 +187,28 @@ class VersionInfo:
 
     @property
     def verification_failed(self) -> bool:
-        """Whether a sampled verification of this version failed (it is never restored)."""
-        return any(v.get("ok") is False for v in self.verifications)
+        """Whether a verification of this version failed and none cleared it (never restored)."""
+        return bool(failed_verifications(self.verifications))
+
+    @property
+    def last_pass(self) -> dict[str, Any] | None:
+        """The newest passed verification (``mode``, ``verified_at``), or ``None``.
+
+        A pass is what was true then: a sampled check at save time says little after a storage
+        incident (incident review R5), so listings show its kind and age.
+        """
+        passed = [v for v in self.verifications if v.get("ok") is True]
+        if not passed:
+            return None
+        newest = max(passed, key=lambda v: timestamp_key(str(v.get("verified_at") or "")))
+        return {"mode": newest.get("mode"), "verified_at": newest.get("verified_at")}
+
+    @property
+    def failures_cleared(self) -> list[str]:
+        """Ids of failed verification records a later deep verification cleared (spec §14.5)."""
+        cleared = cleared_ids(self.verifications)
+        return [str(v.get("verification_id")) for v in self.verifications
+                if v.get("ok") is False and v.get("verification_id") in cleared]
 
     @property
     def verified(self) -> bool:
@@ -218,6 +240,8 @@ class VersionInfo:
             "copies": [c.get("destination") for c in self.copies if c.get("ok") is True],
             "verified": self.verified,
             "verification_failed": self.verification_failed,
+            "failures_cleared": self.failures_cleared,
+            "last_verified": self.last_pass,
             "pinned": self.pinned,
             "node_local": self.node_local,
             "error": self.error,

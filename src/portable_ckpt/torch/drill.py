@@ -17,10 +17,12 @@ initialised process group and returns either a state dict or ``(state_dict, step
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from portable_ckpt.errors import CheckpointError
 from portable_ckpt.logs import Progress
 from portable_ckpt.torch._proc import reset_peak_rss, rss
 
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from portable_ckpt.torch.launch import GroupResult
 
 __all__ = ["build_state_from_metadata", "drill"]
+
+_log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -216,11 +220,47 @@ def drill(
         rel = write_drill_record(ck.storage, ck.id, rec)
         out["path"] = f"{root.rstrip('/')}/{rel}"
         out["drill_id"] = rel.rsplit("/", 1)[-1].removesuffix(".json")
+        verification = _record_damage(ck, _rank_results(res))
+        if verification is not None:
+            out["verification"] = f"{root.rstrip('/')}/{verification}"
     out["attempt_id"] = ck.id
     out["step"] = ck.step
     out["per_rank"] = _rank_results(res)
     out["seconds_total"] = res.seconds
     return out
+
+
+def _record_damage(ck: Any, ranks: list[dict[str, Any]]) -> str | None:
+    """A drill that met damage records it as a failed verification; return the record's path.
+
+    A failed drill does not count against a version (R-DRILL-4): after a drill found a
+    checksum error, ``ls --latest`` still named the damaged version and gc kept it as the
+    newest good one (incident review R5). Damage a second read of its file finds again is
+    recorded as a restore records it (R-DRILL-8: never restored automatically again); anything
+    else (a crash, a timeout, a storage error) is not.
+    """
+    from portable_ckpt.errors import DAMAGE_CODES
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.io.damage import confirmed_findings
+
+    found = [(str(e.get("code")), str(e.get("message", "")), None)
+             for e in (r.get("error") for r in ranks) if e and e.get("code") in DAMAGE_CODES]
+    if not found:
+        return None
+    try:
+        damage, passed = confirmed_findings(ck.storage, ck.id, ck.manifest.files, found)
+        for x in passed:
+            _log.warning("drill of %s: %s", ck.id, x.message[:600])
+        if not damage:
+            return None
+        return write_verification_record(
+            ck.storage, ck.id, ok=False, mode="sample", fraction=1.0,  # it read every chunk
+            chunks=sum(t.range_count for t in ck.manifest.tensors.values()),
+            errors=damage[:64], verifier="portable-ckpt drill",
+        )
+    except CheckpointError as exc:
+        _log.error("the drill found damage in %s but could not record it: %s", ck.id, exc)
+        return None
 
 
 def _rank_results(res: GroupResult) -> list[dict[str, Any]]:

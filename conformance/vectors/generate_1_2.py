@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Generate the golden vectors of format 1.2 (run once; the output is frozen and committed).
+
+Format 1.2 adds one optional member to verification records (spec §14.5): ``clears``, the ids of
+failed verification records of the same version that a passed deep verification clears
+(R-DRILL-10). A conformance checker reads every file of ``verifications/`` named like a
+verification record and validates it against ``schemas/1.2/verification.schema.json``: in a
+record of format 1.2 or later, ``clears`` in a record that is not a passed deep verification,
+an empty ``clears`` and a malformed id are ``PCK-SCHEMA``; in a 1.0 record the member is unknown
+and ignored (R-VERSION-6). Records are not part of the version: readers read it as usual.
+
+Uses the builders of ``generate_1_0.py`` and ``generate_errata_4.py`` (standard library, numpy,
+crc32c). Refuses to touch an existing vector directory unless ``--force`` is given.
+
+Usage: python conformance/vectors/generate_1_2.py [--out DIR] [--force]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _load(stem: str) -> Any:
+    """A generator of the same directory (its builders are reused)."""
+    path = Path(__file__).resolve().with_name(f"{stem}.py")
+    spec = importlib.util.spec_from_file_location(f"pck_{stem}_for_1_2", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+G = _load("generate_1_0")
+E1 = _load("generate_errata_1")  # its command line writes this set too
+E4 = _load("generate_errata_4")
+FAILED_ID = "v20260101T000003000000Z-0badf00d"
+CLEARING_ID = "v20260101T000009000000Z-600dc0de"
+
+#: A case's generator: writes the case below a root; returns its version builder or None.
+Generator = Callable[[Path], Any]
+CASES: list[dict[str, Any]] = []
+case: Callable[..., Callable[[Generator], Generator]] = E1.registry(CASES)
+
+
+def _record(m: dict[str, Any], rid: str, **changes: Any) -> dict[str, Any]:
+    """A verification record of the version of manifest ``m``: a passed deep one by default."""
+    rec: dict[str, Any] = {
+        "format": "portable-ckpt-verification", "format_version": "1.0",
+        "attempt_id": m["attempt_id"], "verification_id": rid,
+        "verified_at": f"2026-01-01T00:00:{rid[14:16]}.000000Z", "ok": True, "mode": "deep",
+        "fraction": 1.0, "chunks": 1, "seed": None, "errors": []}
+    rec.update(changes)
+    return rec
+
+
+def _verified(root: Path, *records: dict[str, Any]) -> Any:
+    """One version, and a failed deep verification of it, then ``records`` (built on ``m``)."""
+    v = E4.one_tensor()
+    vdir = G.write_version(root, v)
+    m = json.loads((vdir / "manifest.json").read_text())
+    (vdir / "verifications").mkdir()
+    failed = _record(m, FAILED_ID, ok=False, errors=[{
+        "code": "PCK-CHECKSUM", "message": "data/w00000-0000.safetensors: block 0 damaged"}])
+    for rec in (failed, *records):
+        rec = {k: val for k, val in rec.items() if val is not ...}
+        rec["attempt_id"] = m["attempt_id"]
+        (vdir / "verifications" / f"{rec['verification_id']}.json").write_text(
+            json.dumps(rec, indent=1) + "\n")
+    return v
+
+
+def _clearing(**changes: Any) -> dict[str, Any]:
+    rec = _record({"attempt_id": ""}, CLEARING_ID, format_version="1.2", clears=[FAILED_ID])
+    rec.update(changes)
+    return rec
+
+
+@case("valid-verification-cleared", "§14.5, R-DRILL-8, R-DRILL-10: a version with a failed deep "
+      f"verification record ({FAILED_ID}) and a passed deep 1.2 record whose clears lists it: "
+      "both records are valid; readers read the version (records are not part of it, §14.3)")
+def _(root: Path) -> Any:
+    return _verified(root, _clearing())
+
+
+@case("valid-verification-1-0-with-clears", "R-VERSION-6, §14.5: a 1.0 verification record with "
+      "a member clears: unknown in 1.0, ignored (it clears nothing); the record is valid")
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(format_version="1.0"))
+
+
+@case("verification-clears-in-failed-record", "R-DRILL-10, schemas/1.2/verification.schema.json: "
+      "a 1.2 record with ok false and clears: PCK-SCHEMA for a checker; readers read the "
+      "version", code="PCK-SCHEMA", reader="accept")
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(ok=False, errors=[
+        {"code": "PCK-CHECKSUM", "message": "data/w00000-0000.safetensors: block 0 damaged"}]))
+
+
+@case("verification-clears-in-sample-record", "R-DRILL-10, schemas/1.2/verification.schema.json: "
+      "a passed 1.2 record of mode sample with clears (only a deep pass clears): PCK-SCHEMA for "
+      "a checker; readers read the version", code="PCK-SCHEMA", reader="accept")
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(mode="sample", fraction=0.5, seed=7))
+
+
+@case("verification-clears-empty", "R-DRILL-10, schemas/1.2/verification.schema.json: a 1.2 "
+      "record whose clears is []: PCK-SCHEMA for a checker; readers read the version",
+      code="PCK-SCHEMA", reader="accept")
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(clears=[]))
+
+
+DESCRIPTION = ("Golden vectors of format 1.2 (spec §20): verification records that clear failed "
+               "ones (§14.5, R-DRILL-10), valid and invalid. Records are not part of the "
+               "version: 'reader': 'accept' marks a rule readers do not check: a conformance "
+               "checker reports 'code', a reader reads 'expected'.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write every case below ``--out`` (default: ``1.2`` next to this script)."""
+    return int(E1.write_set(argv, CASES, "1.2", DESCRIPTION, __doc__))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Clearing a failed verification of a version repaired in place (spec §14.5, format 1.2).
+
+Incident review R2: bit flips in a data file were found by ``verify --deep`` and recorded as a
+failed verification; the engineer replaced the file with the backup's intact copy and a deep
+verification passed, but the version stayed failed for good (R-DRILL-8): every restore fell back
+past it, and the only way out was to delete records that R-DRILL-9 keeps. ``verify ROOT/ID
+--deep --clear-failed`` now records a pass that clears the failed records it read first.
+Also here: ``verify ROOT --all`` and drills that record the damage they meet (incident review R5).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.cli.main import main as cli_main
+from portable_ckpt.io.annotations import (
+    RECORDS_KEPT,
+    failed_verifications,
+    read_annotations,
+    write_verification_record,
+)
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import list_versions
+from portable_ckpt.storage import open_storage
+
+from .._corrupt import flip_byte
+
+_W = np.arange(300_000, dtype=np.float32)
+
+
+def _root(tmp_path: Path, steps: tuple[int, ...] = (1, 2)) -> tuple[Path, list[Path]]:
+    """A root of one-process versions; the data file of each is a few checksum blocks."""
+    root = tmp_path / "root"
+    for step in steps:
+        portable_ckpt.save_arrays(root, {"w": _W + step, "b": np.ones(7, np.float32)}, step=step)
+    versions = sorted(p for p in root.iterdir() if p.name.startswith("s"))
+    return root, versions
+
+
+def _data(vdir: Path) -> Path:
+    (f,) = sorted((vdir / "data").iterdir())
+    return f
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli_main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _latest(capsys: pytest.CaptureFixture[str], root: Path) -> str:
+    code, out, _ = _cli(capsys, "ls", str(root), "--latest")
+    assert code == 0
+    return out.strip().rsplit("/", 1)[-1]
+
+
+def _records(vdir: Path) -> list[dict[str, Any]]:
+    return read_annotations(open_storage(vdir.parent), vdir.name, "verifications")
+
+
+def test_a_deep_pass_clears_the_failures_of_a_repaired_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DRILL-10, R-DRILL-8: only an explicit --clear-failed pass clears; a plain pass says
+    that the failure still bars the version; damage found again fails it again."""
+    root, (v1, v2) = _root(tmp_path)
+    good = tmp_path / "good.bin"
+    shutil.copyfile(_data(v2), good)
+    flip_byte(_data(v2), 5000)
+    assert _cli(capsys, "verify", str(v2), "--deep")[0] == 1
+    (failed,) = [r["verification_id"] for r in _records(v2) if r["ok"] is False]
+    assert _latest(capsys, root) == v1.name
+
+    shutil.copyfile(good, _data(v2))  # the repair: the intact copy of the file
+    code, _, err = _cli(capsys, "verify", str(v2), "--deep")
+    assert code == 0
+    assert f"failed ({failed}) and still keeps it from every restore" in err
+    assert "--clear-failed" in err
+    assert _latest(capsys, root) == v1.name  # a plain pass clears nothing
+
+    code, out, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["cleared"] == [failed] and doc["failed_verifications"] == []
+    (clearing,) = [r for r in _records(v2) if r.get("clears")]
+    assert clearing["format_version"] == "1.2" and clearing["mode"] == "deep"
+    assert clearing["clears"] == [failed] and clearing["ok"] is True
+    assert _latest(capsys, root) == v2.name
+    (info,) = [v for v in list_versions(root) if v.id == v2.name]
+    assert not info.verification_failed and info.verified
+    assert info.failures_cleared == [failed]
+    assert info.to_json()["failures_cleared"] == [failed]
+    assert [r["verification_id"] for r in _records(v2) if r["ok"] is False] == [failed]  # history
+
+    flip_byte(_data(v2), 9000)  # damaged again: a new failure, which nothing cleared
+    assert _cli(capsys, "verify", str(v2), "--deep")[0] == 1
+    assert _latest(capsys, root) == v1.name
+    assert len(failed_verifications(_records(v2))) == 1
+
+
+def test_clear_failed_clears_nothing_while_the_damage_remains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DRILL-10: a verification that finds a problem records it and clears nothing."""
+    root, (v1, v2) = _root(tmp_path)
+    flip_byte(_data(v2), 5000)
+    assert _cli(capsys, "verify", str(v2), "--deep")[0] == 1
+    code, out, _ = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed", "--json")
+    assert code == 1 and json.loads(out)["cleared"] == []
+    assert not any(r.get("clears") for r in _records(v2))
+    assert len(failed_verifications(_records(v2))) == 2
+    assert _latest(capsys, root) == v1.name
+
+
+@pytest.mark.parametrize("argv", [
+    ["--clear-failed"],  # not deep
+    ["--sample", "0.5", "--clear-failed"],
+    ["--deep", "--clear-failed", "--no-record"],
+    ["--deep", "--clear-failed", "--record-unreadable"],
+    ["--deep", "--clear-failed", "--node-root"],
+    ["ROOT", "--deep", "--clear-failed"],  # a root alone: the version is not named
+    ["ROOT", "--all", "--deep", "--clear-failed"],
+    ["ROOT", "--all", "--step", "1"],
+    ["--all"],  # a version, not a root
+])
+def test_clear_failed_and_all_refuse_usage_before_anything_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """CLI usage errors exit 2 and write no record (R-DRILL-10: only at an explicit request)."""
+    root, (_, v2) = _root(tmp_path)
+    target = [str(root)] if argv[0] == "ROOT" else [str(v2)]
+    before = _records(v2)
+    code, _, err = _cli(capsys, "verify", *target, *[a for a in argv if a != "ROOT"])
+    assert code == 2, err
+    assert _records(v2) == before
+
+
+def test_a_clearing_record_outlives_pruning_and_gc_counts_the_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DRILL-9 with R-DRILL-10: later passes prune older records but never the one that
+    clears a failure; gc --keep 1 keeps the repaired newest version, not the older one."""
+    root, (v1, v2) = _root(tmp_path)
+    storage = open_storage(root)
+    failed = write_verification_record(
+        storage, v2.name, ok=False, mode="sample", fraction=0.5, chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])
+    assert _cli(capsys, "verify", str(v2), "--deep", "--clear-failed")[0] == 0
+    for _ in range(RECORDS_KEPT + 3):
+        assert _cli(capsys, "verify", str(v2), "--deep")[0] == 0
+    recs = _records(v2)
+    assert any(r.get("clears") == [Path(failed).stem] for r in recs)
+    assert len(recs) <= RECORDS_KEPT + 3
+    assert not failed_verifications(recs)
+    rep = gc(root, keep=1, grace_seconds=0)
+    assert v1.name in rep.deleted and v2.exists()
+
+
+def test_clears_in_a_1_0_record_clears_nothing(tmp_path: Path) -> None:
+    """R-VERSION-6, R-VERSION-2: in a record of format 1.0 the member is unknown, ignored."""
+    root, (_, v2) = _root(tmp_path)
+    storage = open_storage(root)
+    failed = Path(write_verification_record(
+        storage, v2.name, ok=False, mode="deep", fraction=None, chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])).stem
+    rec = {"format": "portable-ckpt-verification", "format_version": "1.0",
+           "attempt_id": v2.name, "verification_id": "v20990101T000000000000Z-0000abcd",
+           "verified_at": "2099-01-01T00:00:00Z", "ok": True, "mode": "deep", "fraction": 1.0,
+           "chunks": 1, "seed": None, "errors": [], "clears": [failed]}
+    (v2 / "verifications" / f"{rec['verification_id']}.json").write_text(json.dumps(rec))
+    recs = _records(v2)
+    assert len(recs) == 2  # the record counts (a passed deep verification) ...
+    assert [r["verification_id"] for r in failed_verifications(recs)] == [failed]  # ... no more
+    (info,) = [v for v in list_versions(root) if v.id == v2.name]
+    assert info.verification_failed
+
+
+def test_verify_all_names_the_newest_version_good_now(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Incident review R5: after a storage incident, every committed version is verified (and
+    recorded), invalid attempts are problems of the root, and the newest version a manager
+    restores is named; a version that passed at save time but is damaged now is not it."""
+    root, (v1, v2, v3) = _root(tmp_path, (1, 2, 3))
+    flip_byte(_data(v3), 5000)
+    flip_byte(_data(v2), 7000)
+    bad = root / "s000000000009-20261205T000000000000Z-00000000000000ff"
+    shutil.copytree(v1, bad)
+    (bad / "manifest.json").write_text("{")
+    code, out, err = _cli(capsys, "verify", str(root), "--all", "--deep", "--json")
+    assert code == 1, err
+    doc = json.loads(out)
+    assert [d["step"] for d in doc["versions"]] == [3, 2, 1]
+    assert [d["ok"] for d in doc["versions"]] == [False, False, True]
+    assert doc["newest_restorable"]["attempt_id"] == v1.name and not doc["ok"]
+    assert [e["attempt_id"] for e in doc["root_errors"]] == [bad.name]
+    for v in (v2, v3):  # each damage recorded: managers will not restore them
+        assert failed_verifications(_records(v))
+    code, out, _ = _cli(capsys, "verify", str(root), "--all")
+    assert code == 1
+    assert ("3 of 3 committed versions OK (2 of them kept from restores by an earlier failed "
+            f"verification); the newest a manager restores: {v1}") in out
+
+
+def test_verify_all_exits_0_when_every_version_is_good(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, (_, v2) = _root(tmp_path)
+    code, out, _ = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--seed", "3")
+    assert code == 0
+    assert out.count("OK ") == 2 and f"the newest a manager restores: {v2} (step 2)" in out
+
+
+def test_a_drill_that_meets_damage_records_a_failed_verification(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Incident review R5: a failed drill did not count against the version (R-DRILL-4), so
+    ``ls --latest`` and gc kept naming the damaged version; the damage a second read confirms
+    is now recorded as a restore records it (R-DRILL-8). --no-record records nothing."""
+    pytest.importorskip("torch")
+    root, (v1, v2) = _root(tmp_path)
+    flip_byte(_data(v2), 5000)
+    code, out, _ = _cli(capsys, "drill", str(v2), "--world-size", "1", "--no-record")
+    assert code == 1 and not (v2 / "verifications").exists()
+    code, out, _ = _cli(capsys, "drill", str(root), "--world-size", "1")
+    assert code == 1
+    assert "damage recorded as a failed verification" in out
+    (rec,) = failed_verifications(_records(v2))
+    assert rec["errors"][0]["code"] == "PCK-CHECKSUM" and rec["verifier"] == "portable-ckpt drill"
+    assert _latest(capsys, root) == v1.name
+
+
+def test_ls_shows_the_kind_and_age_of_the_newest_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Incident review R5: VERIFIED "passed" read as "good now" after a storage incident, when
+    it was a sampled check at save time: ``ls`` says which kind of check passed, and when."""
+    root, (v1, v2) = _root(tmp_path)
+    assert _cli(capsys, "verify", str(v1), "--sample", "0.5")[0] == 0
+    assert _cli(capsys, "verify", str(v2), "--deep")[0] == 0
+    code, out, _ = _cli(capsys, "ls", str(root))
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("s0")}
+    assert " passed sample " in rows[v1.name] and "s " in rows[v1.name].split("sample")[1]
+    assert " passed deep " in rows[v2.name]
+    code, out, _ = _cli(capsys, "ls", str(root), "--json")
+    docs = {d["id"]: d for d in json.loads(out)["versions"]}
+    assert docs[v1.name]["last_verified"]["mode"] == "sample"
+    assert docs[v2.name]["last_verified"]["verified_at"].endswith("Z")
