@@ -276,3 +276,51 @@ def test_two_ranks_rank_zero_says_it_every_rank_lists_it(tmp_path: Path) -> None
     [row] = out[0]["passed_over"]
     assert row["checkpoint_id"] == new.id and row["reason"] == "damaged"
     assert row["copies"] == [str(backup)]
+
+
+def _fail(root: str, ident: str) -> None:
+    write_verification_record(open_storage(root), ident, ok=False, mode="deep", fraction=None,
+                              chunks=1, verifier="test",
+                              errors=[{"code": "PCK-CHECKSUM", "message": "block 0 differs"}])
+
+
+def test_when_every_version_failed_the_error_names_the_copy_and_the_repair(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R4 for a restore that resumes nothing: the error names the newest failed version's
+    recorded copy and the clearing of a version repaired in place (R-DRILL-10)."""
+    root, backup, three, six = _job(tmp_path)
+    _fail(root, three)
+    _fail(root, six)
+    with pytest.raises(portable_ckpt.CheckpointError) as err:
+        _restore(root, caplog, capsys)
+    text = err.value.message
+    assert f"a verified copy of {six} is recorded at {backup}" in text
+    assert f"`portable-ckpt copy {backup}/{six} {root}`" in text
+    assert f"`portable-ckpt verify {root}/{six} --deep --clear-failed`" in text
+
+
+def test_a_version_whose_failure_was_cleared_is_restored_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DRILL-8, R-DRILL-10: the manager passes over a failed version, and resumes it once a
+    deep verification asked to clear the failure passed (its bytes are intact)."""
+    root, _backup, _three, six = _job(tmp_path, copy=False)
+    _fail(root, six)
+    assert _restore(root, caplog, capsys)[0].step == 3
+    assert main(["verify", f"{root}/{six}", "--deep", "--clear-failed"]) == 0
+    info, records, _ = _restore(root, caplog, capsys)
+    assert info.step == 6 and info.passed_over == []
+
+
+def test_the_metrics_count_the_versions_passed_over(tmp_path: Path) -> None:
+    """An alert needs a number: ``pck_restore_passed_over`` in the Prometheus textfile."""
+    root, _backup, _three, six = _job(tmp_path, copy=False)
+    _fail(root, six)
+    prom = tmp_path / "metrics.prom"
+    with pckt.CheckpointManager(root, save_every=3, async_save=False, events=str(prom)) as mgr:
+        assert mgr.restore(_state()).step == 3
+    assert 'pck_restore_passed_over{tier="durable",rank="0",' in prom.read_text()
+    line = next(x for x in prom.read_text().splitlines()
+                if x.startswith("pck_restore_passed_over{"))
+    assert line.endswith(" 1.0")

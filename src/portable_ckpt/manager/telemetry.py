@@ -34,7 +34,8 @@ __all__ = ["EVENTS", "LOGGER_NAME", "Telemetry", "prometheus_text"]
 EVENTS = {
     "save": "pause (blocking s), seconds, bytes, MiB/s of one rank's save, per tier",
     "commit": "commit completeness: expected vs reported writers; failure code when refused",
-    "restore": "restore success, tier, bytes, seconds, slowest rank, fallbacks",
+    "restore": "restore success, tier, bytes, seconds, slowest rank, fallbacks, newer versions "
+    "passed over (damaged, invalid, failed verification) and their copies",
     "resume": "time from the end of restore to the caller's first completed step",
     "retention": "what retention deleted and kept, and why",
     "verify": "sampled verification of a committed version",
@@ -57,6 +58,8 @@ _GAUGES: tuple[tuple[str, str, str, str], ...] = (
     ("pck_restore_bytes", "restore", "bytes", "Bytes read by all ranks in the last restore"),
     ("pck_restore_ok", "restore", "ok", "1 when the last restore succeeded"),
     ("pck_restore_slowest_rank_seconds", "restore", "slowest_rank_seconds", "Slowest rank"),
+    ("pck_restore_passed_over", "restore", "passed_over_count",
+     "Newer versions the last restore passed over (alert when above 0)"),
     ("pck_time_to_resume_seconds", "resume", "seconds", "Restore end to first completed step"),
     ("pck_retention_deleted", "retention", "deleted_count", "Versions deleted by retention"),
     ("pck_verify_ok", "verify", "ok", "1 when the last sampled verification passed"),

@@ -38,7 +38,7 @@ from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
 from portable_ckpt.torch._manager_tiers import Tier, storage_url
 from portable_ckpt.torch._nodelocal import prepare_fast_restore
-from portable_ckpt.torch._restore_passed_over import passed_over, say_passed_over
+from portable_ckpt.torch._restore_passed_over import copies_of, passed_over, say_passed_over
 from portable_ckpt.torch.info import LoadInfo
 from portable_ckpt.torch.loading import left_from, load, shown_keys
 
@@ -652,8 +652,8 @@ def _nothing_restored(
         raise NotFoundError(
             f"{which} failed verification ({', '.join(failed[:4]) or 'see rank 0'}: "
             "`portable-ckpt ls` shows them as failed in its VERIFIED column) and are never "
-            "restored automatically (spec R-DRILL-8); to read one anyway, pass "
-            "checkpoint=<that path>; to start this job afresh, move them away"
+            "restored automatically (spec R-DRILL-8)" + _way_back(mgr, failed) + "; to read "
+            "one anyway, pass checkpoint=<that path>; to start this job afresh, move them away"
         )
     if missing:
         raise NotFoundError(
@@ -669,6 +669,21 @@ def _nothing_restored(
             f"{fallbacks[-1]['message']})"
         )
     _say_not_versions(mgr)
+
+
+def _way_back(mgr: CheckpointManager, failed: Sequence[str]) -> str:
+    """How the newest failed version comes back: its recorded copy, or a repair (R4, R2)."""
+    if not failed:
+        return ""
+    newest = max(failed, key=lambda path: path.rsplit("/", 1)[-1])
+    root, _, ident = newest.rpartition("/")
+    tier = next((t for t in mgr.tiers.values() if t.root.rstrip("/") == root), None)
+    copies, _ = copies_of(tier.storage, ident) if tier is not None else ([], None)
+    back = (f"; a verified copy of {ident} is recorded at {copies[0]}: set {newest} aside, "
+            f"then `portable-ckpt copy {copies[0].rstrip('/')}/{ident} {root}`" if copies
+            else f"; no copy of {ident} is recorded")
+    return (back + "; once a damaged file is replaced by its intact copy, `portable-ckpt "
+            f"verify {newest} --deep --clear-failed` makes it restorable (docs/recovery.md)")
 
 
 def _say_not_versions(mgr: CheckpointManager) -> None:
@@ -805,6 +820,7 @@ def after_restore(
         slowest_rank_seconds=round(float(per[slowest].get("seconds", 0.0)), 6),
         fallbacks=fallbacks,
         passed_over=info.passed_over,
+        passed_over_count=len(info.passed_over) + info.passed_over_more,
         fetched_from_peers=mgr._fetched,
     )
     mgr._fetched = None

@@ -22,9 +22,10 @@ from portable_ckpt.torch.info import LoadInfo
 
 if TYPE_CHECKING:
     from portable_ckpt.io.versions import VersionInfo
+    from portable_ckpt.storage import Storage
     from portable_ckpt.torch.manager import CheckpointManager
 
-__all__ = ["PASSED_OVER_NAMED", "passed_over", "say_passed_over"]
+__all__ = ["PASSED_OVER_NAMED", "copies_of", "passed_over", "say_passed_over"]
 
 _log = logging.getLogger("portable_ckpt")
 
@@ -126,29 +127,10 @@ def _passed_row(
     import shlex
 
     from portable_ckpt.format.naming import parse_attempt_step
-    from portable_ckpt.io.annotations import read_annotations
-    from portable_ckpt.io.copy import normalize_root_url, url_of_record
 
     tier = mgr.tiers[tier_name]
     root = tier.root.rstrip("/")
-    copies: list[str] = []
-    problem: str | None = None
-    errors: list[CheckpointError] = []
-    try:  # read only: a copy record never makes a restore fail (incident review R4)
-        records = read_annotations(tier.storage, ident, "copies", errors=errors)
-        here = normalize_root_url(tier.storage)
-        for rec in records:
-            dest = rec.get("destination")
-            if rec.get("ok") is not True or not isinstance(dest, str):
-                continue
-            url = url_of_record(dest)
-            shown = local_path(url) or url
-            if url.rstrip("/") != here and shown not in copies:
-                copies.append(shown)
-    except Exception as exc:
-        problem = f"{type(exc).__name__}: {exc}"
-    if errors and problem is None:
-        problem = str(errors[0])
+    copies, problem = copies_of(tier.storage, ident)
     path = f"{root}/{ident}"
     commands = [] if not copies else [
         f"portable-ckpt copy {shlex.quote(copies[0].rstrip('/') + '/' + ident)} "
@@ -168,6 +150,36 @@ def _passed_row(
         "copies_error": None if problem is None else problem[:300],
         "commands": commands,
     }
+
+
+def copies_of(storage: Storage, ident: str) -> tuple[list[str], str | None]:
+    """The roots holding a verified copy of ``ident`` (its copy records, spec §14.4).
+
+    Also why the list may be short (a copy record that could not be read). Read only, and
+    never raises: a copy record never makes a restore fail (incident review R4).
+    """
+    from portable_ckpt.io.annotations import read_annotations
+    from portable_ckpt.io.copy import normalize_root_url, url_of_record
+
+    copies: list[str] = []
+    problem: str | None = None
+    errors: list[CheckpointError] = []
+    try:
+        records = read_annotations(storage, ident, "copies", errors=errors)
+        here = normalize_root_url(storage)
+        for rec in records:
+            dest = rec.get("destination")
+            if rec.get("ok") is not True or not isinstance(dest, str):
+                continue
+            url = url_of_record(dest)
+            shown = local_path(url) or url
+            if url.rstrip("/") != here and shown not in copies:
+                copies.append(shown)
+    except Exception as exc:  # the restore's outcome must not depend on a record
+        problem = f"{type(exc).__name__}: {exc}"
+    if errors and problem is None:
+        problem = str(errors[0])
+    return copies, problem
 
 
 def _short(text: str, n: int) -> str:
