@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.reader import timestamp_key as _ts_key
 from conformance.regex import BadPattern, compiled, patterns_of
 from conformance.schemas import (
     SCHEMA_BASE_UNITS,
@@ -885,6 +886,7 @@ class _VersionChecker:
         # R-INDEX-6 compares indexes with a manifest that has no error of its own (one code
         # per defect, R-VERSION-13).
         manifest_ok = len(self.r.errors) - self.content_errors == self.errors_before
+        verifications: list[tuple[str, dict[str, Any]]] = []
         for sub, schema_name, fmt, id_key, rule in _SIDE_DOCUMENTS:
             d = self.vdir / sub
             if d.is_symlink() or not d.is_dir():
@@ -916,6 +918,8 @@ class _VersionChecker:
                 if id_key is not None and p.name != f"{doc.get(id_key)}.json":
                     self.r.error("PCK-SCHEMA", f"{where}: {id_key} {doc.get(id_key)!r} is not "
                                  f"its file name ({rule})")
+                if sub == "verifications":
+                    verifications.append((where, doc))
                 if sub == "index":
                     w = doc.get("writer")
                     if not _is_int(w) or p.name != f"w{w:05d}.json":
@@ -924,6 +928,48 @@ class _VersionChecker:
                     itable = self.check_index_table(doc, rel) if "tensor_table" in doc else None
                     if manifest_ok:
                         self.check_index_agrees(doc, itable, manifest, where)
+
+        self.check_clears(verifications)
+
+    def check_clears(self, records: list[tuple[str, dict[str, Any]]]) -> None:
+        """R-DRILL-10, R-VERSION-2 (format 1.2): ``clears`` only in a passed deep record.
+
+        The schema constrains ``clears`` in a passed deep record of 1.2 or later only: in any
+        other record of 1.2 or later it is a writer's mistake, reported, while readers ignore
+        the member (a failed record that carries it still counts as failed). What the text
+        cannot make a schema say is warned: a 1.2 record without ``clears``, an id that names
+        no failed record of the version, a failed record that is newer than the record that
+        clears it (R-DRILL-10 lists only records read before the verification began).
+        """
+        failed = {str(d.get("verification_id")): d for _, d in records if d.get("ok") is False}
+        moved = self.vdir / "verifications" / "cleared"  # cleared records kept as history
+        history = ({p.name.removesuffix(".json") for p in moved.glob("*.json")}
+                   if moved.is_dir() and not moved.is_symlink() else set())
+        for where, d in records:
+            fv = str(d.get("format_version"))
+            newer = fv not in ("1.0", "1.1")
+            if "clears" not in d:
+                if fv == "1.2":
+                    self.r.warn(f"{where}: format_version 1.2 without clears: a writer records "
+                                "'1.0' in a verification record that clears nothing (R-VERSION-2)")
+                continue
+            if not newer:
+                continue  # unknown in 1.0 and 1.1: ignored (R-VERSION-6)
+            if d.get("ok") is not True or d.get("mode") != "deep":
+                self.r.error("PCK-SCHEMA", f"{where}: clears in a record that is not a passed "
+                             "deep verification (R-DRILL-10); readers ignore it there")
+                continue
+            for vid in d.get("clears") or ():
+                f = failed.get(str(vid))
+                if f is None and str(vid) in history:
+                    continue
+                if f is None:
+                    self.r.warn(f"{where}: clears {vid!r}, which is no failed verification "
+                                "record of this version (R-DRILL-10)")
+                elif _ts_key(f.get("verified_at")) > _ts_key(d.get("verified_at")):
+                    self.r.warn(f"{where}: clears {vid!r}, which finished after this "
+                                "verification did (R-DRILL-10: only records read before it "
+                                "began)")
 
     def manifest_tensor(self, m: dict[str, Any], key: str) -> Any:
         """The manifest's tensor entry ``key`` (from its JSON ``tensors`` or its table)."""

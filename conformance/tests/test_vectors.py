@@ -181,3 +181,34 @@ def test_own_reader(vdir: Path, case: dict[str, Any], tmp_path: Path) -> None:
     assert (got.attempt_id, got.step) == (want["attempt_id"], want["step"])
     assert {k: (d, list(s), b.hex()) for k, (d, s, b) in got.tensors.items()} == \
         {k: (v["dtype"], v["shape"], v["hex"]) for k, v in want["tensors"].items()}
+
+
+_FAILED_CASES = [(d, c) for _, d, c in ALL if "failed_verification" in c]
+
+
+@pytest.mark.parametrize(("vdir", "case"), _FAILED_CASES,
+                         ids=[c["name"] for _, c in _FAILED_CASES])
+def test_failed_verification_status(vdir: Path, case: dict[str, Any], tmp_path: Path) -> None:
+    """R-DRILL-8, R-DRILL-10 (vectors 1.2): whether the version has failed verification, as
+    the reference's listing, ``ls --latest`` (which passes over such a version) and restores
+    decide it."""
+    pytest.importorskip("portable_ckpt")
+    from portable_ckpt.errors import NotFoundError
+    from portable_ckpt.io.versions import list_versions, newest_first
+    from portable_ckpt.storage import open_storage
+
+    target = materialize(case, tmp_path, vdir)
+    (v,) = list_versions(target.parent)
+    assert v.verification_failed is case["failed_verification"], v.verifications
+    try:
+        latest = newest_first(open_storage(target.parent))
+        chosen = [x.id for x in latest if x.status == "committed" and not x.verification_failed]
+    except NotFoundError:
+        chosen = []
+    assert (chosen[:1] == [target.name]) is (not case["failed_verification"])
+
+
+def test_a_1_2_set_has_failed_verification_cases() -> None:
+    names = {c["name"]: c["failed_verification"] for _, c in _FAILED_CASES}
+    assert names["valid-verification-cleared"] is False
+    assert names["valid-verification-1-0-with-clears"] is True

@@ -9,8 +9,7 @@ record of format 1.2 or later, ``clears`` in a record that is not a passed deep 
 an empty ``clears`` and a malformed id are ``PCK-SCHEMA``; in a 1.0 record the member is unknown
 and ignored (R-VERSION-6). Records are not part of the version: readers read it as usual.
 
-Uses the builders of ``generate_1_0.py`` and ``generate_errata_4.py`` (standard library, numpy,
-crc32c). Refuses to touch an existing vector directory unless ``--force`` is given.
+Uses the builders of ``generate_1_0.py`` (standard library, numpy, crc32c). Refuses to touch an existing vector directory unless ``--force`` is given.
 
 Usage: python conformance/vectors/generate_1_2.py [--out DIR] [--force]
 """
@@ -37,7 +36,6 @@ def _load(stem: str) -> Any:
 
 G = _load("generate_1_0")
 E1 = _load("generate_errata_1")  # its command line writes this set too
-E4 = _load("generate_errata_4")
 FAILED_ID = "v20260101T000003000000Z-0badf00d"
 CLEARING_ID = "v20260101T000009000000Z-600dc0de"
 
@@ -58,19 +56,33 @@ def _record(m: dict[str, Any], rid: str, **changes: Any) -> dict[str, Any]:
     return rec
 
 
-def _verified(root: Path, *records: dict[str, Any]) -> Any:
-    """One version, and a failed deep verification of it, then ``records`` (built on ``m``)."""
-    v = E4.one_tensor()
+def _one_tensor() -> Any:
+    """``w`` (int64[4], one range) and one global entry."""
+    v = G.V(10)
+    v.tensor("w", "int64", [4], [3, -1, 4, 1])
+    v.entry("meta", {"note": "1.2"})
+    return v
+
+
+def _failed(rid: str = FAILED_ID) -> dict[str, Any]:
+    return _record({"attempt_id": ""}, rid, ok=False, errors=[{
+        "code": "PCK-CHECKSUM", "message": "data/w00000-0000.safetensors: block 0 damaged"}])
+
+
+def _verified(root: Path, *records: dict[str, Any], moved: tuple[str, ...] = ()) -> Any:
+    """One version, a failed deep verification of it, then ``records``.
+
+    ``moved``: the ids of records stored in ``verifications/cleared/`` instead (history, §14.5).
+    """
+    v = _one_tensor()
     vdir = G.write_version(root, v)
     m = json.loads((vdir / "manifest.json").read_text())
     (vdir / "verifications").mkdir()
-    failed = _record(m, FAILED_ID, ok=False, errors=[{
-        "code": "PCK-CHECKSUM", "message": "data/w00000-0000.safetensors: block 0 damaged"}])
-    for rec in (failed, *records):
-        rec = {k: val for k, val in rec.items() if val is not ...}
-        rec["attempt_id"] = m["attempt_id"]
-        (vdir / "verifications" / f"{rec['verification_id']}.json").write_text(
-            json.dumps(rec, indent=1) + "\n")
+    for rec in (_failed(), *records):
+        rec = dict(rec, attempt_id=m["attempt_id"])
+        sub = vdir / "verifications" / ("cleared" if rec["verification_id"] in moved else "")
+        sub.mkdir(exist_ok=True)
+        (sub / f"{rec['verification_id']}.json").write_text(json.dumps(rec, indent=1) + "\n")
     return v
 
 
@@ -82,35 +94,53 @@ def _clearing(**changes: Any) -> dict[str, Any]:
 
 @case("valid-verification-cleared", "§14.5, R-DRILL-8, R-DRILL-10: a version with a failed deep "
       f"verification record ({FAILED_ID}) and a passed deep 1.2 record whose clears lists it: "
-      "both records are valid; readers read the version (records are not part of it, §14.3)")
+      "both records are valid; the version has not failed verification; readers read it "
+      "(records are not part of it, §14.3)", failed_verification=False)
 def _(root: Path) -> Any:
     return _verified(root, _clearing())
 
 
+@case("valid-verification-cleared-and-moved", "§14.5, R-DRILL-10: the failed record cleared and "
+      "moved to verifications/cleared/, history that counts for no tool; the version has not "
+      "failed verification", failed_verification=False)
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(), moved=(FAILED_ID,))
+
+
+@case("valid-verification-one-of-two-cleared", "§14.5, R-DRILL-8: two failed records, the 1.2 "
+      "record clears one: the other still fails the version", failed_verification=True)
+def _(root: Path) -> Any:
+    return _verified(root, _failed("v20260101T000005000000Z-0badf00e"), _clearing())
+
+
 @case("valid-verification-1-0-with-clears", "R-VERSION-6, §14.5: a 1.0 verification record with "
-      "a member clears: unknown in 1.0, ignored (it clears nothing); the record is valid")
+      "a member clears: unknown in 1.0, ignored (it clears nothing); the record is valid and the "
+      "version has failed verification", failed_verification=True)
 def _(root: Path) -> Any:
     return _verified(root, _clearing(format_version="1.0"))
 
 
-@case("verification-clears-in-failed-record", "R-DRILL-10, schemas/1.2/verification.schema.json: "
-      "a 1.2 record with ok false and clears: PCK-SCHEMA for a checker; readers read the "
-      "version", code="PCK-SCHEMA", reader="accept")
+@case("verification-clears-in-failed-record", "R-DRILL-10: a 1.2 record with ok false and "
+      "clears: PCK-SCHEMA for a checker (a writer's mistake); readers ignore the member, so the "
+      "record still fails the version, and read it", code="PCK-SCHEMA", reader="accept",
+      failed_verification=True)
 def _(root: Path) -> Any:
-    return _verified(root, _clearing(ok=False, errors=[
-        {"code": "PCK-CHECKSUM", "message": "data/w00000-0000.safetensors: block 0 damaged"}]))
+    return _verified(root, dict(_failed("v20260101T000009000000Z-600dc0de"),
+                                format_version="1.2", clears=[FAILED_ID]))
 
 
-@case("verification-clears-in-sample-record", "R-DRILL-10, schemas/1.2/verification.schema.json: "
-      "a passed 1.2 record of mode sample with clears (only a deep pass clears): PCK-SCHEMA for "
-      "a checker; readers read the version", code="PCK-SCHEMA", reader="accept")
+@case("verification-clears-in-sample-record", "R-DRILL-10: a passed 1.2 record of mode sample "
+      "with clears (only a deep pass clears): PCK-SCHEMA for a checker; it clears nothing, the "
+      "version has failed verification; readers read it", code="PCK-SCHEMA", reader="accept",
+      failed_verification=True)
 def _(root: Path) -> Any:
     return _verified(root, _clearing(mode="sample", fraction=0.5, seed=7))
 
 
-@case("verification-clears-empty", "R-DRILL-10, schemas/1.2/verification.schema.json: a 1.2 "
-      "record whose clears is []: PCK-SCHEMA for a checker; readers read the version",
-      code="PCK-SCHEMA", reader="accept")
+@case("verification-clears-empty", "R-DRILL-10, schemas/1.2/verification.schema.json: a passed "
+      "deep 1.2 record whose clears is []: PCK-SCHEMA for a checker; the record does not count, "
+      "the version has failed verification; readers read it", code="PCK-SCHEMA",
+      reader="accept", failed_verification=True)
 def _(root: Path) -> Any:
     return _verified(root, _clearing(clears=[]))
 
@@ -118,12 +148,14 @@ def _(root: Path) -> Any:
 DESCRIPTION = ("Golden vectors of format 1.2 (spec §20): verification records that clear failed "
                "ones (§14.5, R-DRILL-10), valid and invalid. Records are not part of the "
                "version: 'reader': 'accept' marks a rule readers do not check: a conformance "
-               "checker reports 'code', a reader reads 'expected'.")
+               "checker reports 'code', a reader reads 'expected'. 'failed_verification': "
+               "whether the version has failed verification (a tool that chooses versions to "
+               "restore passes over it, R-DRILL-8).")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Write every case below ``--out`` (default: ``1.2`` next to this script)."""
-    return int(E1.write_set(argv, CASES, "1.2", DESCRIPTION, __doc__))
+    return int(E1.write_set(argv, CASES, "1.2", DESCRIPTION, __doc__, format_version="1.2"))
 
 
 if __name__ == "__main__":

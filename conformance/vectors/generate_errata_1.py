@@ -391,8 +391,11 @@ def registry(cases: list[dict[str, Any]], **defaults: Any) -> Callable[..., Any]
 
 
 def write_set(argv: list[str] | None, cases: list[dict[str, Any]], set_name: str,
-              description: str, doc: str | None) -> int:
-    """The command line of an errata set's generator: write ``cases`` as set ``set_name``."""
+              description: str, doc: str | None, *, format_version: str = "1.1") -> int:
+    """The command line of an errata set's generator: write ``cases`` as set ``set_name``.
+
+    ``format_version``: the newest format version the set's cases use (``cases.json``).
+    """
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / set_name))
     ap.add_argument("--force", action="store_true", help="overwrite existing vectors")
@@ -406,7 +409,7 @@ def write_set(argv: list[str] | None, cases: list[dict[str, Any]], set_name: str
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     index = [_write_case(out, c) for c in cases]
-    doc_out = {"format_version": "1.1", "set": set_name, "description": description,
+    doc_out = {"format_version": format_version, "set": set_name, "description": description,
                "cases": index}
     (out / "cases.json").write_text(json.dumps(doc_out, indent=1) + "\n")
     print(f"wrote {len(index)} cases to {out}")
@@ -429,6 +432,8 @@ def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
         rec["deep"] = c.get("deep", False)
     if c["reader"]:
         rec["reader"] = c["reader"]
+    if "failed_verification" in c:  # (from set 1.2 on, §20)
+        rec["failed_verification"] = c["failed_verification"]
     if c.get("setup"):
         rec["setup"] = [dict(s, path=s["path"].replace("VERSION", version)) for s in c["setup"]]
     if v is not None:

@@ -168,17 +168,37 @@ def test_each_block_is_read_once_and_confirmed_with_one_read_per_file(tmp_path: 
     for rel in (f0, f1):
         assert reads(seen, rel) == reads(intact, rel)
     assert c.stats.blocks_verified == deep(FaultyStorage(ck.storage))[1].stats.blocks_verified
-    # The second look reads each file once, however many of its blocks are named.
+    # The second look reads each file once, however many of its blocks are named, and only
+    # to the end of the last bytes named (review of the change: it read every file whole).
     again = FaultyStorage(ck.storage)
     kept = confirm_damage(again, vdir.name, ck.manifest.files, errors)
     assert [e.message for e in kept] == [e.message for e in errors]
-    for rel in (f0, f1):
-        assert sum(reads(again, rel)) == ck.manifest.files[rel].size
+    for rel, last in ((f0, 22), (f1, 30)):
+        assert reads(again, rel) == [min(ck.manifest.files[rel].size, (last + 1) * BS)]
     # A block the second read finds intact is not confirmed; the others still are.
     flip_byte(vdir / f1, 30 * BS + 100)
     kept = confirm_damage(ck.storage, vdir.name, ck.manifest.files, errors)
     assert [e.code for e in kept] == ["PCK-CHECKSUM"] * 4 + ["PCK-STORAGE"]
     assert "(block 30)" in kept[-1].message and "not found again" in kept[-1].message
+
+
+def test_a_finding_without_its_bytes_is_confirmed_by_the_first_damage_met(
+    tmp_path: Path,
+) -> None:
+    """A restore's finding names no bytes: its file is read again only to its first damage,
+    as before a deep verification named every block (review of the change: rank 0 read a
+    whole shard while the other ranks waited)."""
+    from portable_ckpt.io.damage import confirmed_findings
+
+    vdir = _version(tmp_path, u_elems=400_000)
+    ck, f0, _ = _files(vdir)
+    assert ck.manifest.files[f0].size > (1 << 20) + BS
+    _damage(vdir, f0, [3])
+    again = FaultyStorage(ck.storage)
+    kept, passed = confirmed_findings(again, vdir.name, ck.manifest.files, [
+        ("PCK-CHECKSUM", f"{vdir.name}/{f0}: damaged", f"{vdir.name}/{f0}")])
+    assert [k["code"] for k in kept] == ["PCK-CHECKSUM"] and passed == []
+    assert sum(r.nbytes for r in again.ops_for("read", f"*/{f0}")) == 1 << 20  # one window
 
 
 def test_a_storage_error_stops_the_file_and_says_what_was_not_checked(tmp_path: Path) -> None:

@@ -61,9 +61,14 @@ def _ls(args: argparse.Namespace) -> int:
     # An attempt that could not be read may be the newest version: a restore fails until it
     # can be read (R-ID-5). Said on stderr with its reason, and no success (ops review F7: a
     # cron `ls` reported success): 75 for a storage error, retry (scripting review F6).
-    unreadable = [v for v in versions if v.status == "unreadable"]
+    unreadable = [v for v in versions if v.status == "unreadable"
+                  or (v.status == "committed" and v.verifications_unreadable)]
     for v in unreadable:
-        print(f"portable-ckpt: {v.id} could not be read: {safe(v.error or '?')}", file=sys.stderr)
+        # Its verification records decide whether a restore takes it (R-DRILL-8): a table
+        # that showed "-" read as "never verified" (incident review 2, F3).
+        what = f"{v.id}: its verification records" if v.status == "committed" else v.id
+        print(f"portable-ckpt: {what} could not be read: {safe(v.error or '?')}",
+              file=sys.stderr)
     code = failed_status(
         [v.error_retryable for v in unreadable]
         + ([pins_unread.retryable] if pins_unread is not None else [])
@@ -88,8 +93,8 @@ def _ls(args: argparse.Namespace) -> int:
     rows = []
     for v in versions:
         drill = "passed" if v.drilled else ("failed" if v.drills else "-")
-        checked = "failed" if v.verification_failed else (
-            _passed(v.last_pass) if v.verified else "-")
+        checked = "unreadable" if v.verifications_unreadable else (
+            "failed" if v.verification_failed else _passed(v.last_pass) if v.verified else "-")
         # one entry per destination (a copy run again writes a record each time)
         dests = dict.fromkeys(str(c.get("destination", "?")) for c in v.copies if c.get("ok"))
         copies = ", ".join(dests) or "-"
@@ -327,8 +332,10 @@ def _gc(args: argparse.Namespace) -> int:
         print(json.dumps(rep.to_json(), indent=2))
     else:
         verb = "would delete" if args.dry_run else "deleted"
+        failed = set(rep.failed_verification)
         for v in rep.deleted:
-            print(f"{verb}  {v}" + ("  (--retire-abandoned)" if v in rep.retired else ""))
+            print(f"{verb}  {v}" + ("  (--retire-abandoned)" if v in rep.retired else "")
+                  + ("  (failed verification)" if v in failed else ""))
         for v in rep.newer_branch:
             print(f"kept    {v}  (committed after the latest version, at a lower step: a "
                   "rollback's new branch; --retire-abandoned makes it the latest)")
@@ -378,6 +385,9 @@ def _gc(args: argparse.Namespace) -> int:
                   "kept versions (the newest of each kind and every failed verification stay)")
         print(
             f"kept {len(rep.kept)}: {', '.join(rep.kept) or '-'}; protected (newest drilled/committed): {rep.protected or '-'}"
+            + (f"; of the kept, failed verification (never restored): "
+               f"{', '.join(v for v in rep.kept if v in failed)}"
+               if failed.intersection(rep.kept) else "")
             + (f"; kept for want of a copy: {len(rep.kept_for_copy)}" if rep.kept_for_copy else "")
         )
     for u in rep.unknown:

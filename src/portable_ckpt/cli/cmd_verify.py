@@ -22,11 +22,15 @@ from portable_ckpt.errors import (
     CheckpointError,
     FileMissingError,
     NotFoundError,
+    StorageError,
     UsageError,
     VersionDeletedError,
 )
 
 __all__ = ["register"]
+
+#: Failed records one clearing record names at most (``clears``'s maxItems, spec §14.5).
+CLEARS_MAX = 1024
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -74,10 +78,19 @@ def _verify_one(
     away: list[str] = []
     barring: list[str] = []  # failed verifications that still keep the version from restores
     cleared: list[str] = []
+    moved_errors: list[CheckpointError] = []
     try:
         storage, attempt, manifest = portable_ckpt._resolve(ckpt, step)
-        # Read before the verification begins: only these may be cleared (R-DRILL-10).
-        barring = _failed_records(storage, attempt)
+        # Read before the verification begins: only these may be cleared (R-DRILL-10). A
+        # record that cannot be read stops no verification (review of the change: one record
+        # of a newer format made every verify of the version fail); it stops a clearing.
+        unread: list[CheckpointError] = []
+        barring = _failed_records(storage, attempt, unread)
+        if unread and not args.quiet:
+            print(f"portable-ckpt: the version's verification records could not all be read "
+                  f"({safe(unread[0])}); "
+                  + ("nothing is cleared" if args.clear_failed else "verifying it anyway"),
+                  file=sys.stderr)
         # What an alerting probe needs beside the verdict (ops review F6): which version, and
         # how old its commit is.
         version = {"attempt_id": attempt, "step": manifest.step,
@@ -119,19 +132,33 @@ def _verify_one(
         if (args.deep or args.sample is not None) and args.record and not deleted and not (
             away and not errors
         ):
-            # A pass that read every byte of every file clears what the operator asked it to.
-            clears = barring if args.clear_failed and not (errors or away or forced) else []
+            # A pass that read every byte of every file clears what the operator asked it to,
+            # at most the schema's 1,024 records at a time (the oldest first).
+            clears = (barring[:CLEARS_MAX]
+                      if args.clear_failed and not (errors or away or forced or unread) else [])
             record, record_failure = _record(
                 storage, attempt, chunks, errors, args, seed, forced, clears
             )
             if record is not None and clears:
-                cleared, barring = clears, []
+                cleared = clears
+            if record is not None and args.clear_failed:
+                # Out of verifications/ for the tools of 1.0 and 1.1 (this run's and an earlier
+                # run's that was cut short), then what still bars it: failures recorded while
+                # this pass ran (by a restore or another verify), which it does not clear.
+                moved_errors = _move_cleared(storage, attempt)
+                barring = _failed_records(storage, attempt, [])
             if record_failure is not None:
                 record_error = (f"[{record_failure.code}] {record_failure.message} "
                                 "(--no-record verifies without writing)")
         if step is None and _is_root(ckpt, attempt):  # problems of the root
             errors = errors + _newer_invalid(storage, attempt)
         errors = errors + unsure  # after the record: never recorded as damage
+        errors = errors + moved_errors  # (older tools still see those records: retry)
+        if args.clear_failed and unread:  # the clearing asked for did not happen: retry
+            errors = errors + [StorageError(
+                f"{attempt}: its verification records could not all be read "
+                f"({unread[0].message[:300]}): nothing cleared; run it again",
+                path=f"{attempt}/verifications/", retryable=unread[0].retryable)]
     except UsageError:
         raise
     except CheckpointError as exc:
@@ -205,14 +232,14 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
          "retryable": v.error_retryable}
         for v in reversed(versions) if v.status in (INVALID, UNREADABLE)
     ]
-    restorable = [d for _, d in results if d["ok"] and not d["failed_verifications"]]
-    newest = restorable[0] if restorable else None
+    newest, undecided = _restore_takes([d for _, d in results])
     if args.json:
         print(json.dumps({
             "ok": all(d["ok"] for _, d in results) and not root_errors,
             "path": args.ckpt, "versions": [d for _, d in results],
             "newest_restorable": None if newest is None else {
                 k: newest[k] for k in ("attempt_id", "step", "path")},
+            "undecided": undecided,
             "root_errors": root_errors,
         }, indent=2))
     else:
@@ -224,11 +251,45 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
               + (f" ({barred} of them kept from restores by an earlier failed verification)"
                  if barred else "")
               + (f"; the newest a manager restores: {safe(newest['path'])} (step "
-                 f"{newest['step']})" if newest else "; none a manager restores"))
+                 f"{newest['step']})" if newest else
+                 f"; cannot tell which version a manager restores: {undecided['attempt_id']} "
+                 f"(step {undecided['step']}) could not be checked ([{undecided['code']}]: a "
+                 "restore stops there until it can be read)" if undecided else
+                 "; none a manager restores"))
     statuses = [st for st, _ in results] + [
         1 if not e["retryable"] else 75 for e in root_errors
     ]
     return 1 if 1 in statuses else max(statuses)
+
+
+def _restore_takes(
+    docs: list[dict[str, Any]],
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """Of ``--all``'s results (newest first): the version a manager restores, if it is good now.
+
+    A manager takes the newest version that no verification failed (R-DRILL-8): one whose
+    damage this run found and recorded is passed over, as is one with damage found but not
+    recorded (a restore reading it falls back). One that could not be checked (a storage
+    error, a node root's absent file) stops the answer: a restore stops there too, it does
+    not resume an older step (incident review 2, F2). Returns ``(version, None)`` or
+    ``(None, the version that stops the answer)``; ``(None, None)``: none is restorable.
+    """
+    from portable_ckpt.errors import DAMAGE_CODES
+
+    for d in docs:
+        if d["failed_verifications"]:
+            continue  # failed before this run (and not cleared by it)
+        if d["ok"]:
+            return d, None
+        codes = [e["code"] for e in d["errors"]]
+        if codes and all(c in DAMAGE_CODES for c in codes):
+            continue  # damaged now: recorded as failed, or a restore falls back from it
+        first: dict[str, Any] = next(
+            (e for e in d["errors"] if e["code"] not in DAMAGE_CODES), {})
+        return None, {"attempt_id": d.get("attempt_id"), "step": d.get("step"),
+                      "path": d.get("path"), "code": first.get("code"),
+                      "message": first.get("message"), "retryable": first.get("retryable")}
+    return None, None
 
 
 def _check_clear_failed(args: argparse.Namespace) -> None:
@@ -238,8 +299,17 @@ def _check_clear_failed(args: argparse.Namespace) -> None:
                          "--record-unreadable or --node-root): only a recorded pass that read "
                          "every byte of every file clears a failed verification")
     if args.step is None and not _names_version(args.ckpt):
-        raise UsageError("--clear-failed names the version it clears: ROOT/ID or ROOT --step N "
-                         "(a root alone resolves to the newest version that did not fail)")
+        raise UsageError("--clear-failed names the version it clears: ROOT/ID or ROOT --step N")
+    if args.step is not None:
+        from portable_ckpt.io.versions import COMMITTED, list_versions
+
+        # Two runs' versions of one step (a job resumed from an older step): --step takes the
+        # newer, which may not be the one repaired (incident review 2, F5).
+        same = [v.id for v in list_versions(args.ckpt, annotations=False)
+                if v.step == args.step and v.status == COMMITTED]
+        if len(same) > 1:
+            raise UsageError(f"--clear-failed --step {args.step}: {len(same)} versions hold step "
+                             f"{args.step} ({', '.join(same)}); name the one to clear as ROOT/ID")
 
 
 def _names_version(ckpt: str) -> bool:
@@ -249,11 +319,33 @@ def _names_version(ckpt: str) -> bool:
     return bool(ATTEMPT_ID_RE.match(ckpt.rstrip("/").rsplit("/", 1)[-1]))
 
 
-def _failed_records(storage: Any, attempt: str) -> list[str]:
-    """Ids of the version's failed verification records that nothing cleared (spec §14.5)."""
+def _move_cleared(storage: Any, attempt: str) -> list[CheckpointError]:
+    """Move the version's cleared failed records to ``verifications/cleared/`` (spec §14.5).
+
+    Returns a retryable problem per record not moved: tools older than format 1.2 still count
+    the version as failed until it is.
+    """
+    from portable_ckpt.io.annotations import move_cleared, read_annotations
+
+    unread: list[CheckpointError] = []
+    records = read_annotations(storage, attempt, "verifications", errors=unread)
+    _, failed = move_cleared(storage, attempt, records)
+    return [StorageError(
+        f"{e.path or attempt}: a cleared verification record could not be moved to "
+        f"verifications/cleared/ ({e.message[:300]}): tools older than format 1.2 still count "
+        "the version as failed; run --clear-failed again", path=e.path,
+        retryable=e.retryable) for e in [*unread, *failed]]
+
+
+def _failed_records(storage: Any, attempt: str, unread: list[CheckpointError]) -> list[str]:
+    """Ids of the version's failed verification records that nothing cleared (spec §14.5).
+
+    Oldest first (ids begin with their time). Records that could not be read are appended to
+    ``unread`` (the ones that could are used).
+    """
     from portable_ckpt.io.annotations import failed_verifications, read_annotations
 
-    records = read_annotations(storage, attempt, "verifications")
+    records = read_annotations(storage, attempt, "verifications", errors=unread)
     return sorted(str(r["verification_id"]) for r in failed_verifications(records))
 
 
@@ -264,9 +356,14 @@ def _say_barring(
     """On stderr: failed verifications this run cleared, or that still bar the version (R2)."""
     if cleared:
         print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) "
-              f"({', '.join(cleared[:4])}{', ...' if len(cleared) > 4 else ''}): managers may "
-              "restore this version again, and gc counts it among the newest (spec §14.5; "
-              "tools older than format 1.2 still count it as failed)", file=sys.stderr)
+              f"({', '.join(cleared[:4])}{', ...' if len(cleared) > 4 else ''})"
+              + (f"; {len(barring)} still keep the version from restores ("
+                 f"{', '.join(barring[:4])}{', ...' if len(barring) > 4 else ''}: "
+                 + ("recorded while this pass ran, or more than one record clears: run it "
+                    "again)" if barring else "")
+                 if barring else ": managers may restore this version again, and gc counts it "
+                 "among the newest (spec §14.5; the cleared records are kept in "
+                 "verifications/cleared/, where no tool counts them)"), file=sys.stderr)
     elif args.clear_failed and ok and record_ok:
         print("portable-ckpt: no failed verification of this version to clear", file=sys.stderr)
     elif barring and ok:

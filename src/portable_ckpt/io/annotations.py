@@ -42,6 +42,7 @@ from portable_ckpt.storage import ObjectInfo, Storage
 
 __all__ = [
     "ANNOTATION_KINDS",
+    "CLEARED_DIR",
     "MESSAGE_CHARS",
     "RECORDS_KEPT",
     "annotation_id",
@@ -50,6 +51,7 @@ __all__ = [
     "failed_verifications",
     "listed_info",
     "lists_file",
+    "move_cleared",
     "prune_annotations",
     "prune_quietly",
     "read_annotations",
@@ -75,7 +77,6 @@ ANNOTATION_KINDS = {
     # The 1.2 schema: the 1.0 one, and the rules of ``clears`` in records of 1.2 and later.
     "verifications": ("verification_id", "1.2/verification.schema.json", "verified_at"),
 }
-
 
 
 _TIMESTAMP = re.compile(
@@ -410,6 +411,47 @@ def failed_verifications(records: Sequence[dict[str, Any]]) -> list[dict[str, An
     cleared = cleared_ids(records)
     return [r for r in records
             if r.get("ok") is False and r.get("verification_id") not in cleared]
+
+
+#: Where clearing moves the failed verification records it cleared (spec §14.5): history.
+CLEARED_DIR = "cleared"
+
+
+def move_cleared(
+    storage: Storage, attempt_id: str, records: Sequence[dict[str, Any]]
+) -> tuple[list[str], list[CheckpointError]]:
+    """Move the failed verification records that ``records`` clear to ``verifications/cleared/``.
+
+    Tools of format 1.0 and 1.1 ignore ``clears``: they kept counting a repaired version as
+    failed, their restores resumed an older step and their retention deleted the repaired one,
+    and their pruning removed the clearing record, which made it failed for every tool again
+    (incident review 2, F1). Moved out, a cleared record counts for no tool (R-DRILL-10). The
+    copy is created first and the original deleted after, so a move cut short leaves the
+    version failed for older tools only; running it again finishes it.
+
+    ``records``: the version's verification records that count (:func:`read_annotations`).
+    Returns the ids moved and the errors of those that were not.
+    """
+    cleared = cleared_ids(records)
+    moved: list[str] = []
+    errors: list[CheckpointError] = []
+    for r in records:
+        vid = str(r.get("verification_id"))
+        if r.get("ok") is not False or vid not in cleared:
+            continue
+        src = f"{attempt_id}/verifications/{vid}.json"
+        try:
+            data = storage.read_all(src, max_size=jsonio.MAX_DOCUMENT_BYTES)
+            # An earlier move's copy stays as it is (a record is never modified).
+            storage.create_if_absent(f"{attempt_id}/verifications/{CLEARED_DIR}/{vid}.json", data)
+            storage.delete(src)
+        except FileMissingError:
+            continue  # moved by another run meanwhile
+        except CheckpointError as exc:
+            errors.append(exc)
+            continue
+        moved.append(vid)
+    return moved, errors
 
 
 def prune_annotations(

@@ -482,6 +482,7 @@ def verify_file(
     *,
     size_checked: bool = False,
     damaged: DamagedBlocks | None = None,
+    until: int | None = None,
 ) -> VerifiedRead:
     """Checksum a whole file without keeping it (``on_bytes(n)`` after each verified window).
 
@@ -497,7 +498,8 @@ def verify_file(
     ``damaged``: the damaged blocks are logged there and the file is read to its end (each
     block read and verified once); without it the first damaged block raises
     :class:`ChecksumError`. A storage error stops the pass either way (``damaged.checked``
-    says how far it got).
+    says how far it got). ``until``: with ``damaged``, the pass may stop at the end of the block
+    that holds byte ``until - 1`` (a second read that confirms findings up to there).
     """
     bs = rec.checksum.block_size
     verifier = BlockVerifier(full_path, rec.checksum.blocks, bs, rec.size, damaged)
@@ -510,41 +512,44 @@ def verify_file(
         )
     if rec.size == 0:
         return VerifiedRead(0, 0, 0)
+    end = rec.size
+    if damaged is not None and until is not None:
+        end = min(rec.size, -(-max(until, 1) // bs) * bs)
     if storage.capabilities.local_path:
-        buf = memoryview(bytearray(min(max(bs, LOCAL_WINDOW // bs * bs), rec.size)))
-        for pos in range(0, rec.size, len(buf)):
-            piece = buf[: min(len(buf), rec.size - pos)]
+        buf = memoryview(bytearray(min(max(bs, LOCAL_WINDOW // bs * bs), end)))
+        for pos in range(0, end, len(buf)):
+            piece = buf[: min(len(buf), end - pos)]
             storage.read_into(full_path, pos, piece)
             verifier.verify_span(pos, [piece])
             if on_bytes is not None:
                 on_bytes(len(piece))
-        return VerifiedRead(rec.size, verifier.verified, len(buf))
+        return VerifiedRead(end, verifier.verified, len(buf))
     win = max(bs, window // bs * bs)
-    bufs = [memoryview(bytearray(min(win, rec.size))), memoryview(bytearray(min(win, rec.size)))]
+    bufs = [memoryview(bytearray(min(win, end))), memoryview(bytearray(min(win, end)))]
     pool = _io_pool()
 
     def fill(k: int, pos: int) -> int:
-        n = min(win, rec.size - pos)
+        n = min(win, end - pos)
         storage.read_into(full_path, pos, bufs[k][:n])
         return n
 
     pos, k = 0, 0
     fut = pool.submit(fill, 0, 0)
-    while pos < rec.size:
+    while pos < end:
         n = fut.result()
         nxt = pos + n
-        if nxt < rec.size:
+        if nxt < end:
             fut = pool.submit(fill, 1 - k, nxt)
         try:
             verifier.verify_span(pos, [bufs[k][:n]])
         except BaseException:
-            if nxt < rec.size:
+            if nxt < end:
                 fut.result()
             raise
         if on_bytes is not None:
             on_bytes(n)
         pos, k = nxt, 1 - k
-    return VerifiedRead(rec.size, verifier.verified, 2 * len(bufs[0]))
+    return VerifiedRead(end, verifier.verified, 2 * len(bufs[0]))
 
 
 def read_verified_bytes(

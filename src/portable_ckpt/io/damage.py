@@ -55,6 +55,26 @@ def confirm_damage(
     out: list[CheckpointError] = []
     again: dict[str, tuple[CheckpointError | None, DamagedBlocks]] = {}
     listed: dict[str, set[str] | CheckpointError] = {}  # one listing per directory (F17)
+    # How far each file is read again: to the end of the last bytes a finding names, or whole
+    # when a finding names none (a size, a header) — a restore's one bad block at the start of
+    # a 256 MiB shard was confirmed by reading all of it while the other ranks waited.
+    # A file no finding names bytes of (a restore's, a size) is read to its first damage, as
+    # before deep verifications named every block.
+    until: dict[str, int | None] = {}
+    spans: set[str] = set()
+    for e in errors:
+        rel = _file_of(e, attempt_id, files) if e.code in _READ_AGAIN else None
+        if rel is None:
+            continue
+        span = e.span if isinstance(e, ChecksumError) else None
+        if span is not None:
+            spans.add(rel)
+        if span is None:
+            until[rel] = None  # the whole file
+        elif rel not in until:
+            until[rel] = span[1]
+        elif (end := until[rel]) is not None:
+            until[rel] = max(end, span[1])
     for e in errors:
         rel = _file_of(e, attempt_id, files) if e.code in _READ_AGAIN else None
         if rel is None:
@@ -62,7 +82,8 @@ def confirm_damage(
             continue
         if rel not in again:  # once per file, however many of its blocks a finding names
             log = DamagedBlocks()
-            found = read_file_again(storage, f"{attempt_id}/{rel}", files[rel], listed, log)
+            found = read_file_again(storage, f"{attempt_id}/{rel}", files[rel], listed,
+                                    log if rel in spans else None, until=until[rel])
             again[rel] = (found, log)
         second = _here(e, *again[rel], files[rel].checksum.block_size)
         first = f"{e.path or rel}: a first read found [{e.code}] {e.message[:300]}"
@@ -147,6 +168,8 @@ def read_file_again(
     rec: FileRecord,
     listed: dict[str, set[str] | CheckpointError] | None = None,
     damaged: DamagedBlocks | None = None,
+    *,
+    until: int | None = None,
 ) -> CheckpointError | None:
     """What a second read of ``full`` finds.
 
@@ -154,7 +177,8 @@ def read_file_again(
     being read. ``listed``: the listings of directories made so far (one per directory, not
     one per missing file: 2,000 files took 25 s, attack review 3 F17). ``damaged``: the read
     goes on to the end of the file and logs every damaged block there (the first one is
-    returned); without it, it stops at the first.
+    returned); without it, it stops at the first. ``until``: with ``damaged``, the read may
+    stop past byte ``until - 1`` (the findings it confirms lie before).
     """
     from portable_ckpt.io.checksum import verify_file
 
@@ -171,7 +195,7 @@ def read_file_again(
             finally:
                 os.close(fd)
     try:
-        verify_file(storage, full, rec, damaged=damaged)  # its size asked again too
+        verify_file(storage, full, rec, damaged=damaged, until=until)  # its size asked again
         if damaged:
             return damaged.errors(full, rec.checksum.block_size, rec.size)[0]
     except FileMissingError as exc:

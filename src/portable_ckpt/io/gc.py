@@ -82,6 +82,9 @@ class GcReport:
     deleted: list[str] = field(default_factory=list)
     abandoned: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    #: Committed versions that failed verification (kept or deleted): never restored, so a
+    #: kept one is no version to resume (incident review 2, F7).
+    failed_verification: list[str] = field(default_factory=list)
     protected: str | None = None
     kept_for_copy: list[str] = field(default_factory=list)
     #: Destinations of copy records that could not be asked whether they hold the copy.
@@ -140,6 +143,7 @@ class GcReport:
             "deleted": self.deleted,
             "abandoned": self.abandoned,
             "kept": self.kept,
+            "failed_verification": self.failed_verification,
             "protected": self.protected,
             "kept_for_copy": self.kept_for_copy,
             "copy_unasked": self.copy_unasked,
@@ -638,6 +642,7 @@ def _retention(
     """
     newest_first = [v for v in reversed(versions) if v.status == COMMITTED]
     good = [v for v in newest_first if not v.verification_failed]
+    report.failed_verification = [v.id for v in newest_first if v.verification_failed]
     kept = newest_first[:keep] + [v for v in newest_first[keep:] if v.id in keep_ids]
     kept += [v for v in good[:keep] if v not in kept]
     if newest_first:  # a rollback's new branch: committed after the latest, at lower steps

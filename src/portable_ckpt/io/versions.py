@@ -205,10 +205,12 @@ class VersionInfo:
 
     @property
     def failures_cleared(self) -> list[str]:
-        """Ids of failed verification records a later deep verification cleared (spec §14.5)."""
-        cleared = cleared_ids(self.verifications)
-        return [str(v.get("verification_id")) for v in self.verifications
-                if v.get("ok") is False and v.get("verification_id") in cleared]
+        """Ids of failed verification records a deep verification cleared (spec §14.5).
+
+        As its clearing records name them: the cleared records themselves are moved to
+        ``verifications/cleared/`` (R-DRILL-10).
+        """
+        return sorted(cleared_ids(self.verifications))
 
     @property
     def verified(self) -> bool:

@@ -113,6 +113,8 @@ def _find_passed_over(
                     "recorded": True,
                 }
     order = sorted(rows, key=lambda k: (k[1], k[0] == "fast"), reverse=True)
+    # One version in both tiers is one version passed over (the fast tier's row is named).
+    order = list({k[1]: k for k in reversed(order)}.values())[::-1]
     named = [
         _passed_row(mgr, tier_name, ident, rows[(tier_name, ident)])
         for tier_name, ident in order[:PASSED_OVER_NAMED]

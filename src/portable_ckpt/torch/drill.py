@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -203,7 +204,7 @@ def drill(
     from portable_ckpt.io.annotations import write_drill_record
     from portable_ckpt.torch.launch import run_group
 
-    ck = portable_ckpt.open(checkpoint, step=step)
+    ck = portable_ckpt.open(_restorable(checkpoint) if step is None else checkpoint, step=step)
     root = ck.storage.url
     started = _now()
     res = run_group(
@@ -230,6 +231,31 @@ def drill(
     return out
 
 
+def _restorable(checkpoint: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """A root's version a restore takes (the newest that no verification failed, R-DRILL-8).
+
+    A drill answers "will the restart work?": ``drill ROOT`` drilled the newest version even
+    when a verification had failed it, so it failed again and again on a version no restore
+    takes (incident review 2, F6). A version's path is kept as given.
+    """
+    from portable_ckpt.errors import NotFoundError, StorageError
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+    from portable_ckpt.io.versions import newest_first
+
+    text = os.fspath(checkpoint)
+    if ATTEMPT_ID_RE.match(text.rstrip("/").rsplit("/", 1)[-1]):
+        return checkpoint
+    for v in newest_first(text):
+        if v.status == "unreadable" or (v.status == "committed" and v.verifications_unreadable):
+            raise StorageError(
+                f"cannot tell which version a restore takes: {v.id} could not be read "
+                f"({v.error or '?'})", path=v.id, retryable=v.error_retryable)
+        if v.status == "committed" and not v.verification_failed:
+            return v.path
+    raise NotFoundError(f"{text}: no committed version that no verification failed (a drill "
+                        "of a failed one: pass its directory)")
+
+
 def _record_damage(ck: Any, ranks: list[dict[str, Any]]) -> str | None:
     """A drill that met damage records it as a failed verification; return the record's path.
 
@@ -241,10 +267,24 @@ def _record_damage(ck: Any, ranks: list[dict[str, Any]]) -> str | None:
     """
     from portable_ckpt.errors import DAMAGE_CODES
     from portable_ckpt.io.annotations import write_verification_record
-    from portable_ckpt.io.damage import confirmed_findings
+    from portable_ckpt.io.damage import (
+        PLACEMENT_ENTRY,
+        absent_by_design,
+        confirmed_findings,
+        placement,
+    )
 
     found = [(str(e.get("code")), str(e.get("message", "")), None)
              for e in (r.get("error") for r in ranks) if e and e.get("code") in DAMAGE_CODES]
+    if found and PLACEMENT_ENTRY in ck.manifest.entries:
+        # A node root holds its nodes' files only (spec §14.7): another node's file is absent
+        # by design, never damage recorded for good (as a restore decides it).
+        missing = {rel for c, m, _ in found if c == "PCK-FILE-MISSING"
+                   for rel in ck.manifest.files if rel in m}
+        away = absent_by_design(placement(ck.storage, ck.id, ck.manifest), missing,
+                                set(ck.manifest.files) - missing)
+        found = [f for f in found if not (
+            f[0] == "PCK-FILE-MISSING" and any(a in f[1] for a in away))]
     if not found:
         return None
     try:
