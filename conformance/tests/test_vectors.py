@@ -189,9 +189,9 @@ _FAILED_CASES = [(d, c) for _, d, c in ALL if "failed_verification" in c]
 @pytest.mark.parametrize(("vdir", "case"), _FAILED_CASES,
                          ids=[c["name"] for _, c in _FAILED_CASES])
 def test_failed_verification_status(vdir: Path, case: dict[str, Any], tmp_path: Path) -> None:
-    """R-DRILL-8, R-DRILL-10 (vectors 1.2): whether the version has failed verification, as
-    the reference's listing, ``ls --latest`` (which passes over such a version) and restores
-    decide it."""
+    """R-VERSION-14, R-DRILL-8, R-DRILL-10 (vectors 1.2): whether the version has failed
+    verification, as the reference's listing, ``ls --latest`` (which passes over such a
+    version) and restores decide it."""
     pytest.importorskip("portable_ckpt")
     from portable_ckpt.errors import NotFoundError
     from portable_ckpt.io.versions import list_versions, newest_first

@@ -69,20 +69,25 @@ def _failed(rid: str = FAILED_ID) -> dict[str, Any]:
         "code": "PCK-CHECKSUM", "message": "data/w00000-0000.safetensors: block 0 damaged"}])
 
 
-def _verified(root: Path, *records: dict[str, Any], moved: tuple[str, ...] = ()) -> Any:
-    """One version, a failed deep verification of it, then ``records``.
+def _verified(root: Path, *records: dict[str, Any], moved: tuple[str, ...] = (),
+              base: bool = True, names: dict[str, str] | None = None) -> Any:
+    """One version, a failed deep verification of it (unless not ``base``), then ``records``.
 
-    ``moved``: the ids of records stored in ``verifications/cleared/`` instead (history, §14.5).
+    ``moved``: the ids of records stored in ``verifications/cleared/`` instead (history, §14.5);
+    ``names``: a record's file name by its id, where it is not its own; a record's
+    ``attempt_id`` is the version's unless it gives one.
     """
     v = _one_tensor()
     vdir = G.write_version(root, v)
     m = json.loads((vdir / "manifest.json").read_text())
     (vdir / "verifications").mkdir()
-    for rec in (_failed(), *records):
-        rec = dict(rec, attempt_id=m["attempt_id"])
-        sub = vdir / "verifications" / ("cleared" if rec["verification_id"] in moved else "")
+    for rec in ((_failed(),) if base else ()) + records:
+        rec = dict(rec, attempt_id=rec.get("attempt_id") or m["attempt_id"])
+        rid = rec["verification_id"]
+        sub = vdir / "verifications" / ("cleared" if rid in moved else "")
         sub.mkdir(exist_ok=True)
-        (sub / f"{rec['verification_id']}.json").write_text(json.dumps(rec, indent=1) + "\n")
+        name = (names or {}).get(rid, rid)
+        (sub / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
     return v
 
 
@@ -143,6 +148,61 @@ def _(root: Path) -> Any:
       reader="accept", failed_verification=True)
 def _(root: Path) -> Any:
     return _verified(root, _clearing(clears=[]))
+
+
+@case("verification-only-failed-record-carries-clears", "R-DRILL-8, R-DRILL-10, §14.3: the only "
+      "failed record is a 1.2 record with clears (a writer's mistake): PCK-SCHEMA for a checker, "
+      "yet the record counts and the version has failed verification", code="PCK-SCHEMA",
+      reader="accept", failed_verification=True)
+def _(root: Path) -> Any:
+    return _verified(root, dict(_failed(), format_version="1.2",
+                                clears=["v20260101T000001000000Z-00000001"]), base=False)
+
+
+@case("valid-verification-1-1-clearer", "R-VERSION-6, §14.5: a passed deep record of format 1.1 "
+      "whose clears lists the failed record: unknown in 1.1, it clears nothing; the version has "
+      "failed verification", failed_verification=True)
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(format_version="1.1"))
+
+
+@case("verification-clearer-misnamed", "R-DRILL-7, R-DRILL-10: the clearing record is stored "
+      "under another name than its verification_id: PCK-SCHEMA for a checker; it does not "
+      "count, so it clears nothing and the version has failed verification",
+      code="PCK-SCHEMA", reader="accept", failed_verification=True)
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(),
+                     names={CLEARING_ID: "v20260101T000009000000Z-00000000"})
+
+
+@case("verification-clearer-of-another-attempt", "R-DRILL-4, R-DRILL-10: the clearing record "
+      "names another attempt: PCK-ATTEMPT-ID for a checker; it does not count, the version has "
+      "failed verification", code="PCK-ATTEMPT-ID", reader="accept", failed_verification=True)
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(
+        attempt_id="s000000000009-20260101T000000000000Z-0123456789abcdef"))
+
+
+@case("verification-clearer-with-a-bad-id", "R-DRILL-10, schemas/1.2/verification.schema.json: "
+      "a passed deep 1.2 record whose clears holds the failed id and one that is no id: "
+      "PCK-SCHEMA for a checker; the record does not count, the version has failed "
+      "verification", code="PCK-SCHEMA", reader="accept", failed_verification=True)
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(clears=[FAILED_ID, "not-an-id"]))
+
+
+@case("valid-verification-moved-and-clearer-gone", "§14.5: the failed record below "
+      "verifications/cleared/ and no clearing record (removed by a tool of 1.1): history, no "
+      "record; the version has not failed verification", failed_verification=False)
+def _(root: Path) -> Any:
+    return _verified(root, moved=(FAILED_ID,))
+
+
+@case("valid-verification-clearer-1-10", "§16.1, §14.5: a clearing record of format 1.10 "
+      "(newer than 1.2, compared as numbers, not text): it clears; the version has not failed "
+      "verification", failed_verification=False)
+def _(root: Path) -> Any:
+    return _verified(root, _clearing(format_version="1.10"))
 
 
 DESCRIPTION = ("Golden vectors of format 1.2 (spec §20): verification records that clear failed "

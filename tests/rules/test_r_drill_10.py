@@ -300,9 +300,9 @@ def test_more_than_1024_failures_are_cleared_in_two_runs(
         _failed_record(v2, vid)
     code, out, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed", "--json")
     doc = json.loads(out)
-    assert code == 0, err
+    assert code == 1, err  # still failed: a script's `&& restart` must not run yet
     assert doc["cleared"] == sorted(ids)[:1024] and doc["failed_verifications"] == sorted(ids)[1024:]
-    assert "6 still keep the version from restores" in err
+    assert doc["still_failed"] and "6 still keep the version from restores" in err
     assert _latest(capsys, root) == v1.name
     code, out, _ = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed", "--json")
     assert code == 0 and json.loads(out)["cleared"] == sorted(ids)[1024:]
@@ -330,6 +330,7 @@ def test_a_failure_recorded_while_the_clearing_pass_runs_is_not_cleared(
     monkeypatch.setattr(Checkpoint, "verify", verify)
     code, out, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed", "--json")
     doc = json.loads(out)
+    assert code == 1 and doc["still_failed"]  # (on-call review 3, F2: it exited 0)
     assert doc["cleared"] == ["v20260101T000000000000Z-00000001"]
     assert doc["failed_verifications"] == ["v20260101T000001000000Z-00000002"]
     assert "1 still keep the version from restores" in err and "may restore" not in err
@@ -346,12 +347,66 @@ def test_a_move_cut_short_is_finished_by_the_next_clearing(
     _failed_record(v2, "v20260101T000000000000Z-00000001")
     write_verification_record(open_storage(root), v2.name, ok=True, mode="deep", fraction=1.0,
                               chunks=1, clears=["v20260101T000000000000Z-00000001"])
+    # (writing the clearing record moved it already: put it back, as a kill before the move)
+    moved = v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json"
+    moved.rename(v2 / "verifications" / moved.name)
     assert _latest(capsys, root) == v2.name
     assert (v2 / "verifications" / "v20260101T000000000000Z-00000001.json").exists()
+    code, _, err = _cli(capsys, "ls", str(root))
+    assert code == 0 and "1 cleared verification record(s) not yet moved" in err
     code, _, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed")
     assert code == 0 and "no failed verification of this version to clear" in err
+    assert "finished moving 1 record(s)" in err
     assert not (v2 / "verifications" / "v20260101T000000000000Z-00000001.json").exists()
     assert (v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json").exists()
+
+
+@pytest.mark.parametrize("finisher", ["verify", "gc"])
+def test_a_move_cut_short_is_finished_by_any_record_writer_or_gc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], finisher: str
+) -> None:
+    """R-DRILL-10 (SHOULD): every tool of 1.2 that writes or prunes a version's verification
+    records finishes a cut-short move (on-call review 3, F1: only --clear-failed did, and the
+    previous release's job then resumed an older step and deleted the repaired version)."""
+    root, (_, v2) = _root(tmp_path)
+    _failed_record(v2, "v20260101T000000000000Z-00000001")
+    write_verification_record(open_storage(root), v2.name, ok=True, mode="deep", fraction=1.0,
+                              chunks=1, clears=["v20260101T000000000000Z-00000001"])
+    # (writing the clearing record moved it already: put it back, as a kill before the move)
+    moved = v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json"
+    moved.rename(v2 / "verifications" / moved.name)
+    if finisher == "verify":
+        assert _cli(capsys, "verify", str(v2), "--sample", "0.5")[0] == 0
+    else:
+        assert gc(root, keep=5, grace_seconds=0).kept
+    assert moved.is_file() and not (v2 / "verifications" / moved.name).exists()
+
+
+def test_a_move_never_overwrites_nor_loses_the_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DRILL-10: the copy is created create-if-absent; a file there with other bytes leaves
+    the failed record where it is, reported (implementer review 2, N2: it was deleted, and the
+    history lost)."""
+    from portable_ckpt.io.annotations import move_cleared
+
+    root, (_, v2) = _root(tmp_path)
+    _failed_record(v2, "v20260101T000000000000Z-00000001")
+    (v2 / "verifications" / "cleared").mkdir()
+    (v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json").write_text("{}")
+    code, out, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed")
+    assert code == 1 and "exists with other bytes" in out, (out, err)
+    assert (v2 / "verifications" / "v20260101T000000000000Z-00000001.json").is_file()
+    # A record the version's files list is part of the version: never moved (N9).
+    from ._util import edit_manifest, rechecksum
+
+    rel = "verifications/v20260101T000000000000Z-00000001.json"
+    (v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json").unlink()
+    edit_manifest(v2, lambda d: d["files"].__setitem__(rel, json.loads(json.dumps(
+        next(iter(d["files"].values()))))))
+    rechecksum(v2, rel)
+    moved, errors = move_cleared(open_storage(root), v2.name, _records(v2))
+    assert moved == [] and errors == [] and (v2 / rel).is_file()
 
 
 def test_clear_failed_refuses_a_step_two_versions_hold(

@@ -69,6 +69,15 @@ def _ls(args: argparse.Namespace) -> int:
         what = f"{v.id}: its verification records" if v.status == "committed" else v.id
         print(f"portable-ckpt: {what} could not be read: {safe(v.error or '?')}",
               file=sys.stderr)
+    for v in versions:
+        if v.status == "committed" and v.unmoved_cleared:
+            # A clearing cut short before its move (spec §14.5): this release sees the version
+            # cleared, releases before 1.2 do not, and their retention may delete it (on-call
+            # review 3, F1).
+            print(f"portable-ckpt: {v.id}: {len(v.unmoved_cleared)} cleared verification "
+                  "record(s) not yet moved to verifications/cleared/: releases before format 1.2 "
+                  f"count it as failed; `portable-ckpt verify {safe(v.path)} --deep` or a gc "
+                  "finishes the move", file=sys.stderr)
     code = failed_status(
         [v.error_retryable for v in unreadable]
         + ([pins_unread.retryable] if pins_unread is not None else [])

@@ -79,6 +79,7 @@ def _verify_one(
     barring: list[str] = []  # failed verifications that still keep the version from restores
     cleared: list[str] = []
     moved_errors: list[CheckpointError] = []
+    moved: list[str] = []
     try:
         storage, attempt, manifest = portable_ckpt._resolve(ckpt, step)
         # Read before the verification begins: only these may be cleared (R-DRILL-10). A
@@ -86,6 +87,7 @@ def _verify_one(
         # of a newer format made every verify of the version fail); it stops a clearing.
         unread: list[CheckpointError] = []
         barring = _failed_records(storage, attempt, unread)
+        unmoved = _unmoved(storage, attempt) if args.clear_failed else []
         if unread and not args.quiet:
             print(f"portable-ckpt: the version's verification records could not all be read "
                   f"({safe(unread[0])}); "
@@ -145,7 +147,10 @@ def _verify_one(
                 # Out of verifications/ for the tools of 1.0 and 1.1 (this run's and an earlier
                 # run's that was cut short), then what still bars it: failures recorded while
                 # this pass ran (by a restore or another verify), which it does not clear.
-                moved_errors = _move_cleared(storage, attempt)
+                moved, moved_errors = _move_cleared(storage, attempt)
+                # (the record's own writing finishes an earlier clearing's move first)
+                left = set(_unmoved(storage, attempt))
+                moved = sorted({*moved, *(v for v in unmoved if v not in left)})
                 barring = _failed_records(storage, attempt, [])
             if record_failure is not None:
                 record_error = (f"[{record_failure.code}] {record_failure.message} "
@@ -174,8 +179,6 @@ def _verify_one(
     if record_error is not None:
         print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
               file=sys.stderr)
-    if not args.quiet:
-        _say_barring(args, target, ok, barring, cleared, record is not None)
     doc: dict[str, Any] = {"ok": ok, "path": target, **version,
                            "errors": [{**e.to_json(), "retryable": e.retryable}
                                       for e in errors],
@@ -203,12 +206,19 @@ def _verify_one(
                   file=sys.stderr)
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(target)} ({mode})")
+    if not args.quiet:  # after "recorded": what the record did to the version's status
+        _say_barring(args, target, ok, barring, cleared, record is not None, moved)
     # A record asked for and not written: gc and managers do not know the outcome, as `copy`
     # fails when its record fails (scripting review F9). 75 when every problem may pass by
     # itself (a storage error: F6), 1 when any is about the version.
     failures = [*errors, *([record_failure] if record_failure else [])]
-    # Unreadable files recorded as the version's failure (--record-unreadable) are a verdict.
-    status = failed_status([e.retryable for e in failures] + [False] * bool(forced and record))
+    # Unreadable files recorded as the version's failure (--record-unreadable) are a verdict;
+    # so is a --clear-failed after which the version still fails (a failure recorded while the
+    # pass ran, or beyond the 1,024 one record clears): a script's `&& restart` must not run.
+    still = bool(args.clear_failed and ok and barring)
+    doc["still_failed"] = bool(barring)
+    status = failed_status([e.retryable for e in failures]
+                           + [False] * bool(forced and record) + [False] * still)
     return status, doc
 
 
@@ -319,53 +329,73 @@ def _names_version(ckpt: str) -> bool:
     return bool(ATTEMPT_ID_RE.match(ckpt.rstrip("/").rsplit("/", 1)[-1]))
 
 
-def _move_cleared(storage: Any, attempt: str) -> list[CheckpointError]:
+def _move_cleared(storage: Any, attempt: str) -> tuple[list[str], list[CheckpointError]]:
     """Move the version's cleared failed records to ``verifications/cleared/`` (spec §14.5).
 
-    Returns a retryable problem per record not moved: tools older than format 1.2 still count
+    Returns the ids moved by this call (the record's own writing moves them first: those are
+    not counted) and a problem per record not moved: tools older than format 1.2 still count
     the version as failed until it is.
     """
     from portable_ckpt.io.annotations import move_cleared, read_annotations
 
     unread: list[CheckpointError] = []
     records = read_annotations(storage, attempt, "verifications", errors=unread)
-    _, failed = move_cleared(storage, attempt, records)
-    return [StorageError(
+    moved, failed = move_cleared(storage, attempt, records)
+    return moved, [StorageError(
         f"{e.path or attempt}: a cleared verification record could not be moved to "
         f"verifications/cleared/ ({e.message[:300]}): tools older than format 1.2 still count "
         "the version as failed; run --clear-failed again", path=e.path,
         retryable=e.retryable) for e in [*unread, *failed]]
 
 
+def _unmoved(storage: Any, attempt: str) -> list[str]:
+    """Failed records a counting record clears that are still in ``verifications/`` (§14.5)."""
+    from portable_ckpt.io.annotations import cleared_ids, read_annotations
+
+    records = read_annotations(storage, attempt, "verifications", errors=[])
+    cleared = cleared_ids(records)
+    return [str(r["verification_id"]) for r in records
+            if r.get("ok") is False and r.get("verification_id") in cleared]
+
+
 def _failed_records(storage: Any, attempt: str, unread: list[CheckpointError]) -> list[str]:
     """Ids of the version's failed verification records that nothing cleared (spec §14.5).
 
-    Oldest first (ids begin with their time). Records that could not be read are appended to
-    ``unread`` (the ones that could are used).
+    Oldest first, by ``verified_at`` (spec §14.5). Records that could not be read are appended
+    to ``unread`` (the ones that could are used).
     """
-    from portable_ckpt.io.annotations import failed_verifications, read_annotations
+    from portable_ckpt.io.annotations import (
+        failed_verifications,
+        read_annotations,
+        timestamp_key,
+    )
 
     records = read_annotations(storage, attempt, "verifications", errors=unread)
-    return sorted(str(r["verification_id"]) for r in failed_verifications(records))
+    return [str(r["verification_id"]) for r in sorted(
+        failed_verifications(records),
+        key=lambda r: (timestamp_key(str(r.get("verified_at") or "")), r["verification_id"]))]
 
 
 def _say_barring(
     args: argparse.Namespace, target: str, ok: bool, barring: list[str], cleared: list[str],
-    record_ok: bool,
+    record_ok: bool, moved: list[str],
 ) -> None:
     """On stderr: failed verifications this run cleared, or that still bar the version (R2)."""
     if cleared:
         print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) "
               f"({', '.join(cleared[:4])}{', ...' if len(cleared) > 4 else ''})"
               + (f"; {len(barring)} still keep the version from restores ("
-                 f"{', '.join(barring[:4])}{', ...' if len(barring) > 4 else ''}: "
-                 + ("recorded while this pass ran, or more than one record clears: run it "
-                    "again)" if barring else "")
-                 if barring else ": managers may restore this version again, and gc counts it "
-                 "among the newest (spec §14.5; the cleared records are kept in "
-                 "verifications/cleared/, where no tool counts them)"), file=sys.stderr)
+                 f"{', '.join(barring[:4])}{', ...' if len(barring) > 4 else ''}: recorded "
+                 "while this pass ran, or beyond the 1,024 one record clears; run "
+                 "--clear-failed again)" if barring else
+                 ": managers may restore this version again, and gc counts it among the "
+                 "newest (spec §14.5; the cleared records are kept in verifications/cleared/, "
+                 "where no release counts them)"), file=sys.stderr)
     elif args.clear_failed and ok and record_ok:
-        print("portable-ckpt: no failed verification of this version to clear", file=sys.stderr)
+        print("portable-ckpt: no failed verification of this version to clear"
+              + (f"; finished moving {len(moved)} record(s) an earlier clearing cleared to "
+                 "verifications/cleared/: releases before format 1.2 see it cleared now"
+                 if moved else ""), file=sys.stderr)
     elif barring and ok:
         fix = ("the pass was not recorded, nothing was cleared" if args.clear_failed else
                f"if the damaged files were replaced and this pass is to be trusted, "

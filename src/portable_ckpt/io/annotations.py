@@ -346,8 +346,7 @@ def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
     naming the attempt), oldest first. Kept: the :data:`RECORDS_KEPT` newest; every failed
     verification (it keeps the version from being restored, R-DRILL-8); the newest passed
     verification of each mode; the newest passed drill; for each destination its newest
-    record and its newest passed one; every passed verification that clears a failed one
-    (spec §14.5). So ``drilled``, ``verified``, ``verification_failed`` and
+    record and its newest passed one; every record that clears failed ones (spec §14.5). So ``drilled``, ``verified``, ``verification_failed`` and
     the destinations with a verified copy stay what they were, whoever prunes when: a record
     is only ever removed for a newer one of its kind that stays.
     """
@@ -365,10 +364,11 @@ def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
         return r.get("ok") is True
 
     if kind == "verifications":
-        failed = {r.get("verification_id") for r in records if not passed(r)}
         keep |= {id(r) for r in records if not passed(r)}
-        # A record that clears a failed one that stays: without it the version fails again.
-        keep |= {id(r) for r in records if failed.intersection(_clears(r))}
+        # A record that clears failed ones: without it a failure still in verifications/ fails
+        # the version again, and it is the only account of who cleared the ones moved below
+        # verifications/cleared/ (implementer review 2, N4).
+        keep |= {id(r) for r in records if _clears(r)}
         newest(passed, "mode")
     elif kind == "copies":
         newest(lambda r: True, "destination")
@@ -433,17 +433,35 @@ def move_cleared(
     Returns the ids moved and the errors of those that were not.
     """
     cleared = cleared_ids(records)
+    todo = [str(r.get("verification_id")) for r in records
+            if r.get("ok") is False and r.get("verification_id") in cleared]
     moved: list[str] = []
     errors: list[CheckpointError] = []
-    for r in records:
-        vid = str(r.get("verification_id"))
-        if r.get("ok") is not False or vid not in cleared:
-            continue
+    if not todo:
+        return moved, errors
+    try:
+        from portable_ckpt.io.versions import load_manifest  # (versions lists these records)
+
+        listed = load_manifest(storage, attempt_id).files
+    except CheckpointError as exc:
+        return moved, [exc]
+    for vid in todo:
         src = f"{attempt_id}/verifications/{vid}.json"
+        if f"verifications/{vid}.json" in listed:
+            continue  # a file of the version (R-FILES-1): never moved out of it
+        dst = f"{attempt_id}/verifications/{CLEARED_DIR}/{vid}.json"
         try:
             data = storage.read_all(src, max_size=jsonio.MAX_DOCUMENT_BYTES)
-            # An earlier move's copy stays as it is (a record is never modified).
-            storage.create_if_absent(f"{attempt_id}/verifications/{CLEARED_DIR}/{vid}.json", data)
+            # Create-if-absent and durable; the original goes only once the history holds its
+            # bytes (a file there with other bytes, another run's or anyone's, is not them).
+            if not storage.create_if_absent(dst, data) and storage.read_all(
+                dst, max_size=jsonio.MAX_DOCUMENT_BYTES
+            ) != data:
+                errors.append(StorageError(
+                    f"{dst} exists with other bytes than {src}: the cleared record is left "
+                    "where it is (move the other file away and clear again)", path=dst,
+                    retryable=False))
+                continue
             storage.delete(src)
         except FileMissingError:
             continue  # moved by another run meanwhile
@@ -474,6 +492,11 @@ def prune_annotations(
     """
     if records is None:
         records = read_annotations(storage, attempt_id, kind)
+    if kind == "verifications" and cleared_ids(records):
+        # A clearing whose move was cut short is finished by whoever prunes next (R-DRILL-10):
+        # until then, tools of 1.0 and 1.1 still count the version as failed.
+        moved, _ = move_cleared(storage, attempt_id, records)
+        records = [r for r in records if r.get("verification_id") not in moved]
     doomed = superseded(kind, records)
     id_member = ANNOTATION_KINDS[kind][0]
     out = []

@@ -204,6 +204,13 @@ class VersionInfo:
         return {"mode": newest.get("mode"), "verified_at": newest.get("verified_at")}
 
     @property
+    def unmoved_cleared(self) -> list[str]:
+        """Cleared failed records still in ``verifications/`` (a move cut short, spec §14.5)."""
+        cleared = cleared_ids(self.verifications)
+        return [str(v.get("verification_id")) for v in self.verifications
+                if v.get("ok") is False and v.get("verification_id") in cleared]
+
+    @property
     def failures_cleared(self) -> list[str]:
         """Ids of failed verification records a deep verification cleared (spec §14.5).
 
