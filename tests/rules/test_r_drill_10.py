@@ -337,6 +337,20 @@ def test_a_failure_recorded_while_the_clearing_pass_runs_is_not_cleared(
     assert _latest(capsys, root) == v1.name
 
 
+def _cut_short(root: Path, v: Path) -> Path:
+    """A failed record and the record that clears it, the move not made (a kill before it).
+
+    Returns where the move puts the failed record.
+    """
+    _failed_record(v, "v20260101T000000000000Z-00000001")
+    write_verification_record(open_storage(root), v.name, ok=True, mode="deep", fraction=1.0,
+                              chunks=1, clears=["v20260101T000000000000Z-00000001"])
+    # (writing the clearing record moved it already: put it back)
+    moved = v / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json"
+    moved.rename(v / "verifications" / moved.name)
+    return moved
+
+
 def test_a_move_cut_short_is_finished_by_the_next_clearing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -344,21 +358,15 @@ def test_a_move_cut_short_is_finished_by_the_next_clearing(
     tool was killed before the move): 1.2 tools count it cleared, older ones do not; the next
     --clear-failed moves it."""
     root, (_, v2) = _root(tmp_path)
-    _failed_record(v2, "v20260101T000000000000Z-00000001")
-    write_verification_record(open_storage(root), v2.name, ok=True, mode="deep", fraction=1.0,
-                              chunks=1, clears=["v20260101T000000000000Z-00000001"])
-    # (writing the clearing record moved it already: put it back, as a kill before the move)
-    moved = v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json"
-    moved.rename(v2 / "verifications" / moved.name)
+    moved = _cut_short(root, v2)
     assert _latest(capsys, root) == v2.name
-    assert (v2 / "verifications" / "v20260101T000000000000Z-00000001.json").exists()
+    assert (v2 / "verifications" / moved.name).exists()
     code, _, err = _cli(capsys, "ls", str(root))
     assert code == 0 and "1 cleared verification record(s) not yet moved" in err
     code, _, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed")
     assert code == 0 and "no failed verification of this version to clear" in err
     assert "finished moving 1 record(s)" in err
-    assert not (v2 / "verifications" / "v20260101T000000000000Z-00000001.json").exists()
-    assert (v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json").exists()
+    assert not (v2 / "verifications" / moved.name).exists() and moved.exists()
 
 
 @pytest.mark.parametrize("finisher", ["verify", "gc"])
@@ -369,12 +377,7 @@ def test_a_move_cut_short_is_finished_by_any_record_writer_or_gc(
     records finishes a cut-short move (on-call review 3, F1: only --clear-failed did, and the
     previous release's job then resumed an older step and deleted the repaired version)."""
     root, (_, v2) = _root(tmp_path)
-    _failed_record(v2, "v20260101T000000000000Z-00000001")
-    write_verification_record(open_storage(root), v2.name, ok=True, mode="deep", fraction=1.0,
-                              chunks=1, clears=["v20260101T000000000000Z-00000001"])
-    # (writing the clearing record moved it already: put it back, as a kill before the move)
-    moved = v2 / "verifications" / "cleared" / "v20260101T000000000000Z-00000001.json"
-    moved.rename(v2 / "verifications" / moved.name)
+    moved = _cut_short(root, v2)
     if finisher == "verify":
         assert _cli(capsys, "verify", str(v2), "--sample", "0.5")[0] == 0
     else:
