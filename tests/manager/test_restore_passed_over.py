@@ -324,3 +324,20 @@ def test_the_metrics_count_the_versions_passed_over(tmp_path: Path) -> None:
     line = next(x for x in prom.read_text().splitlines()
                 if x.startswith("pck_restore_passed_over{"))
     assert line.endswith(" 1.0")
+
+
+def test_copy_records_are_read_within_a_time_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other ranks wait while rank 0 reads copy records: past its budget it reads no more
+    and says so, and the restore stands (review of the change)."""
+    from portable_ckpt.torch import _restore_passed_over
+
+    root, _backup, three, six = _job(tmp_path)
+    _fail(root, six)
+    monkeypatch.setattr(_restore_passed_over, "COPIES_SECONDS", 0.0)
+    info, _, _ = _restore(root, caplog, capsys)
+    assert info.checkpoint_id == three
+    [row] = info.passed_over
+    assert row["copies"] == [] and "ran out" in str(row["copies_error"])

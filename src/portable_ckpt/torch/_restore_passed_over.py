@@ -10,6 +10,7 @@ never makes the restore fail.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,9 @@ _log = logging.getLogger("portable_ckpt")
 
 #: Versions a restore passed over that it names one by one (their copy records read).
 PASSED_OVER_NAMED = 8
+#: Seconds rank 0 spends at most reading the copy records of the versions it names (a quarter
+#: of the manager's collective timeout when that is shorter).
+COPIES_SECONDS = 10.0
 #: How each reason reads.
 _REASONS = {
     "damaged": "damaged on read",
@@ -115,15 +119,19 @@ def _find_passed_over(
     order = sorted(rows, key=lambda k: (k[1], k[0] == "fast"), reverse=True)
     # One version in both tiers is one version passed over (the fast tier's row is named).
     order = list({k[1]: k for k in reversed(order)}.values())[::-1]
+    # The other ranks wait in the broadcast while rank 0 reads copy records: a slow store
+    # must not turn a restore that succeeded into a collective timeout (review of the change).
+    deadline = time.monotonic() + min(COPIES_SECONDS, (mgr.timeout or COPIES_SECONDS * 4) / 4)
     named = [
-        _passed_row(mgr, tier_name, ident, rows[(tier_name, ident)])
+        _passed_row(mgr, tier_name, ident, rows[(tier_name, ident)], deadline)
         for tier_name, ident in order[:PASSED_OVER_NAMED]
     ]
     return {"named": named, "more": max(0, len(order) - PASSED_OVER_NAMED)}
 
 
 def _passed_row(
-    mgr: CheckpointManager, tier_name: str, ident: str, row: Mapping[str, Any]
+    mgr: CheckpointManager, tier_name: str, ident: str, row: Mapping[str, Any],
+    deadline: float,
 ) -> dict[str, Any]:
     """One version passed over, with the roots that hold a verified copy of it."""
     import shlex
@@ -132,7 +140,9 @@ def _passed_row(
 
     tier = mgr.tiers[tier_name]
     root = tier.root.rstrip("/")
-    copies, problem = copies_of(tier.storage, ident)
+    copies, problem = (copies_of(tier.storage, ident) if time.monotonic() < deadline else (
+        [], f"not read: the restore's {COPIES_SECONDS:g} s for its report ran out "
+        "(`portable-ckpt ls` names the copies)"))
     path = f"{root}/{ident}"
     commands = [] if not copies else [
         f"portable-ckpt copy {shlex.quote(copies[0].rstrip('/') + '/' + ident)} "
