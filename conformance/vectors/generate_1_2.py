@@ -4,10 +4,13 @@
 Format 1.2 adds one optional member to verification records (spec §14.5): ``clears``, the ids of
 failed verification records of the same version that a passed deep verification clears
 (R-DRILL-10). A conformance checker reads every file of ``verifications/`` named like a
-verification record and validates it against ``schemas/1.2/verification.schema.json``: in a
-record of format 1.2 or later, ``clears`` in a record that is not a passed deep verification,
-an empty ``clears`` and a malformed id are ``PCK-SCHEMA``; in a 1.0 record the member is unknown
-and ignored (R-VERSION-6). Records are not part of the version: readers read it as usual.
+verification record and validates it against ``schemas/1.2/verification.schema.json``, which
+constrains ``clears`` in a passed deep record of format 1.2 or later (an empty ``clears`` or a
+malformed id is ``PCK-SCHEMA``, and the record does not count); in any other record the member
+is ignored (unknown in 1.0 and 1.1, R-VERSION-6), and in a failed or sampled 1.2 record the
+checker reports it (``PCK-SCHEMA``) while the record counts as what it says. Each case says in
+``failed_verification`` whether the version has failed verification (R-VERSION-14). Records are
+not part of the version: readers read it as usual.
 
 Uses the builders of ``generate_1_0.py`` (standard library, numpy, crc32c). Refuses to touch an existing vector directory unless ``--force`` is given.
 

@@ -341,3 +341,17 @@ def test_copy_records_are_read_within_a_time_budget(
     assert info.checkpoint_id == three
     [row] = info.passed_over
     assert row["copies"] == [] and "ran out" in str(row["copies_error"])
+
+
+def test_a_failure_that_could_not_be_recorded_is_not_called_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Maintainer review, 4: when the failed verification could not be written, the report
+    said ``recorded_failed`` and warned that retention deletes the version."""
+    root, _backup, three, six = _job(tmp_path)
+    _flip_data(Path(root, six))
+    info, records, _ = _restore(root, caplog, capsys, keep_last=None, faults=[
+        Fault(op="create", path="*/verifications/*", error="EIO")])
+    assert info.checkpoint_id == three
+    [row] = info.passed_over
+    assert row["reason"] == "damaged" and row["recorded_failed"] is False

@@ -102,8 +102,9 @@ def _ls(args: argparse.Namespace) -> int:
     rows = []
     for v in versions:
         drill = "passed" if v.drilled else ("failed" if v.drills else "-")
+        last = v.last_pass
         checked = "unreadable" if v.verifications_unreadable else (
-            "failed" if v.verification_failed else _passed(v.last_pass) if v.verified else "-")
+            "failed" if v.verification_failed else _passed(last) if v.verified and last else "-")
         # one entry per destination (a copy run again writes a record each time)
         dests = dict.fromkeys(str(c.get("destination", "?")) for c in v.copies if c.get("ok"))
         copies = ", ".join(dests) or "-"
@@ -132,14 +133,12 @@ def _ls(args: argparse.Namespace) -> int:
     return code
 
 
-def _passed(last: dict[str, Any] | None) -> str:
+def _passed(last: dict[str, Any]) -> str:
     """VERIFIED of ``ls``: the kind and age of the newest pass (``passed deep 3h``).
 
     "passed" alone read as "good now" after a storage incident, when it was a sampled check
     at save time (incident review R5).
     """
-    if last is None:
-        return "passed"
     age = age_seconds(last.get("verified_at"))
     if age is None:
         return f"passed {last.get('mode')}"
@@ -174,9 +173,12 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
     ``versions`` come newest first, read level by level as asked (a poll reads the newest
     levels only); the attempts passed over are named on stderr, the first few one by one.
     """
+    from portable_ckpt.io.versions import restore_decision
+
     passed, failed = 0, []
     for v in versions:
-        if v.status == "unreadable" or (v.status == "committed" and v.verifications_unreadable):
+        decision = restore_decision(v)
+        if decision == "stop":
             what = "the verification records of " if v.status == "committed" else ""
             # Raised: under --json stdout gets the error document (docs review F13: a script
             # could not tell "no version" from "retry"); 75 or 69, never 1 (main._run).
@@ -186,7 +188,7 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
                 f"({v.error or '?'}); a storage error is not 'no version': {fix}",
                 path=f"{v.id}/manifest.json", retryable=v.error_retryable,
             )
-        if v.status == "committed" and not v.verification_failed:
+        if decision == "take":
             if v.node_local:  # (SRE review F3) a script must not take it for a whole version
                 print(f"portable-ckpt: {v.id} is a node-local version (spec §14.7): this root "
                       "holds its nodes' files only; read or copy it from the durable root once "

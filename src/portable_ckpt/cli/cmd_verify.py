@@ -145,12 +145,13 @@ def _verify_one(
                 cleared = clears
             if record is not None and args.clear_failed:
                 # Out of verifications/ for the tools of 1.0 and 1.1 (this run's and an earlier
-                # run's that was cut short), then what still bars it: failures recorded while
-                # this pass ran (by a restore or another verify), which it does not clear.
+                # run's that was cut short); what still bars it after (below): failures recorded
+                # while this pass ran (by a restore or another verify), which it does not clear.
                 moved, moved_errors = _move_cleared(storage, attempt)
                 # (the record's own writing finishes an earlier clearing's move first)
                 left = set(_unmoved(storage, attempt))
                 moved = sorted({*moved, *(v for v in unmoved if v not in left)})
+            if record is not None:  # the version's status after this run's record
                 barring = _failed_records(storage, attempt, [])
             if record_failure is not None:
                 record_error = (f"[{record_failure.code}] {record_failure.message} "
@@ -242,7 +243,7 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
          "retryable": v.error_retryable}
         for v in reversed(versions) if v.status in (INVALID, UNREADABLE)
     ]
-    newest, undecided = _restore_takes([d for _, d in results])
+    newest, undecided = _restore_takes(args.ckpt, [d for _, d in results])
     if args.json:
         print(json.dumps({
             "ok": all(d["ok"] for _, d in results) and not root_errors,
@@ -267,38 +268,49 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
                  "restore stops there until it can be read)" if undecided else
                  "; none a manager restores"))
     statuses = [st for st, _ in results] + [
-        1 if not e["retryable"] else 75 for e in root_errors
+        1 if not e["retryable"] else 75 for e in [*root_errors, *([undecided] if undecided else [])]
     ]
     return 1 if 1 in statuses else max(statuses)
 
 
 def _restore_takes(
-    docs: list[dict[str, Any]],
+    root: str, docs: list[dict[str, Any]],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """Of ``--all``'s results (newest first): the version a manager restores, if it is good now.
+    """Of ``--all``'s results: the version a manager restores, if it is good now.
 
-    A manager takes the newest version that no verification failed (R-DRILL-8): one whose
-    damage this run found and recorded is passed over, as is one with damage found but not
-    recorded (a restore reading it falls back). One that could not be checked (a storage
-    error, a node root's absent file) stops the answer: a restore stops there too, it does
-    not resume an older step (incident review 2, F2). Returns ``(version, None)`` or
-    ``(None, the version that stops the answer)``; ``(None, None)``: none is restorable.
+    The root is listed again after the run (its records are what a restore reads) and walked
+    newest first by :func:`~portable_ckpt.io.versions.restore_decision`: a version that could
+    not be read, or whose verification records could not be, stops the answer (a restore stops
+    there: it does not resume an older step; on-call review 2, F2; maintainer review, 1); of a
+    version a restore would take, this run's verdict decides: good now, damage found (a restore
+    falls back from it: the next), or a problem that is not damage (it stops the answer).
+    Returns ``(version, None)``, ``(None, the version that stops the answer)``, or
+    ``(None, None)`` when none is restorable.
     """
     from portable_ckpt.errors import DAMAGE_CODES
+    from portable_ckpt.io.versions import newest_first, restore_decision
 
-    for d in docs:
-        if d["failed_verifications"]:
-            continue  # failed before this run (and not cleared by it)
+    by_id = {d.get("attempt_id"): d for d in docs}
+
+    def stop(v: Any, code: Any, message: Any, retryable: Any) -> dict[str, Any]:
+        return {"attempt_id": v.id, "step": v.step, "path": v.path, "code": code,
+                "message": message, "retryable": retryable}
+
+    for v in newest_first(root):
+        decision = restore_decision(v)
+        if decision == "skip":
+            continue
+        if decision == "stop":
+            return None, stop(v, v.error_code, v.error, v.error_retryable)
+        d = by_id.get(v.id)
+        if d is None:  # committed after this run began: not checked
+            return None, stop(v, None, "committed while this verification ran", True)
         if d["ok"]:
             return d, None
-        codes = [e["code"] for e in d["errors"]]
-        if codes and all(c in DAMAGE_CODES for c in codes):
+        other = [e for e in d["errors"] if e["code"] not in DAMAGE_CODES]
+        if not other:
             continue  # damaged now: recorded as failed, or a restore falls back from it
-        first: dict[str, Any] = next(
-            (e for e in d["errors"] if e["code"] not in DAMAGE_CODES), {})
-        return None, {"attempt_id": d.get("attempt_id"), "step": d.get("step"),
-                      "path": d.get("path"), "code": first.get("code"),
-                      "message": first.get("message"), "retryable": first.get("retryable")}
+        return None, stop(v, other[0]["code"], other[0]["message"], other[0]["retryable"])
     return None, None
 
 
@@ -547,7 +559,7 @@ def register(sub: Any) -> None:
         help="with --deep, for a version named as ROOT/ID or with --step: when every byte of "
         "every file verifies, record that this pass clears the version's failed verifications "
         "(spec 14.5: after a damaged file was replaced by its intact copy), so that managers "
-        "restore it again; the failed records stay as history",
+        "restore it again; the failed records move to verifications/cleared/ as history",
     )
     p.add_argument(
         "--node-root",

@@ -495,7 +495,12 @@ def prune_annotations(
     if kind == "verifications" and cleared_ids(records):
         # A clearing whose move was cut short is finished by whoever prunes next (R-DRILL-10):
         # until then, tools of 1.0 and 1.1 still count the version as failed.
-        moved, _ = move_cleared(storage, attempt_id, records)
+        moved, problems = move_cleared(storage, attempt_id, records)
+        for exc in problems:
+            log_event(_log, "records.move_failed", {"attempt_id": attempt_id},
+                      "a cleared verification record of %s was not moved to "
+                      "verifications/cleared/ (releases before format 1.2 still count the "
+                      "version as failed): %s", attempt_id, exc, level=logging.WARNING)
         records = [r for r in records if r.get("verification_id") not in moved]
     doomed = superseded(kind, records)
     id_member = ANNOTATION_KINDS[kind][0]

@@ -55,11 +55,11 @@ def confirm_damage(
     out: list[CheckpointError] = []
     again: dict[str, tuple[CheckpointError | None, DamagedBlocks]] = {}
     listed: dict[str, set[str] | CheckpointError] = {}  # one listing per directory (F17)
-    # How far each file is read again: to the end of the last bytes a finding names, or whole
-    # when a finding names none (a size, a header) — a restore's one bad block at the start of
-    # a 256 MiB shard was confirmed by reading all of it while the other ranks waited.
-    # A file no finding names bytes of (a restore's, a size) is read to its first damage, as
-    # before deep verifications named every block.
+    # How far each file is read again: to the end of the last bytes its findings name (a
+    # restore's one bad block at the start of a 256 MiB shard was confirmed by reading all of
+    # it while the other ranks waited); a file none of whose findings names bytes (a restore's
+    # message, a size) only to its first damage, as before deep verifications named every
+    # block; a file with both, whole.
     until: dict[str, int | None] = {}
     spans: set[str] = set()
     for e in errors:
@@ -114,9 +114,13 @@ def confirmed_findings(
     """Findings of damage ``(code, message, path)`` that a second read of their file finds again.
 
     For a reader that met the damage (a restore, a drill) and records it as a failed
-    verification (R-DRILL-8): returns ``({"code", "message"}`` of each confirmed finding, the
-    errors that say why the others are not``)``. A finding whose file cannot be told (another
-    rank's, naming no file of the version) is not recorded: a later verification will look.
+    verification (R-DRILL-8). A finding whose file cannot be told (another rank's, naming no
+    file of the version) is not recorded: a later verification will look.
+
+    Returns:
+        The confirmed findings as ``{"code", "message"}``, and the errors that say why the
+        others were not confirmed.
+
     """
     from portable_ckpt.errors import error_for_code
 

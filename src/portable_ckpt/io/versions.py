@@ -89,6 +89,7 @@ __all__ = [
     "list_versions",
     "load_manifest",
     "newest_first",
+    "restore_decision",
     "mark_pinned",
     "root_must_exist",
     "upload_only_attempts",
@@ -544,6 +545,22 @@ def _info(
             info.error, info.error_code = f"{kind} records unreadable: {first}", first.code
             info.error_retryable = first.retryable
     return info
+
+
+def restore_decision(v: VersionInfo) -> str:
+    """What a tool that restores automatically does with ``v``, met newest first.
+
+    ``"take"``: a committed version that no verification failed (R-DRILL-8); ``"stop"``: the
+    attempt, or its verification records, could not be read, and it may be the latest (R-ID-5):
+    no older version is taken instead; ``"skip"``: anything else. The one rule of ``ls
+    --latest``, ``drill ROOT`` and ``verify ROOT --all`` (a maintainer review found four
+    copies of it, which disagreed).
+    """
+    if v.status == UNREADABLE or (v.status == COMMITTED and v.verifications_unreadable):
+        return "stop"
+    if v.status == COMMITTED and not v.verification_failed:
+        return "take"
+    return "skip"
 
 
 def version_order(v: VersionInfo) -> tuple[int, tuple[int, ...], str]:

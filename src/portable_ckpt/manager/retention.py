@@ -105,7 +105,7 @@ class Candidate:
         committed: A valid commit record exists.
         metrics: Metrics stored in the version (``None``: none stored).
         drilled: A restore drill passed.
-        verification_failed: A sampled verification of it failed (it is never restored).
+        verification_failed: A verification of it failed and none cleared it (never restored).
         in_flight: A save of this attempt is still running in this job.
         classified: Its records could be read (``False``: something about it is unknown).
         committed_at: Its commit record's time (orders a rollback's new branch).

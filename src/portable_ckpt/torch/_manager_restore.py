@@ -610,6 +610,7 @@ def _record_damage(
         )
     except CheckpointError as exc:
         _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
+        return "pass"  # not recorded: not "failed verification" in the restore's report
     return "recorded"
 
 
@@ -679,11 +680,14 @@ def _way_back(mgr: CheckpointManager, failed: Sequence[str]) -> str:
     root, _, ident = newest.rpartition("/")
     tier = next((t for t in mgr.tiers.values() if t.root.rstrip("/") == root), None)
     copies, _ = copies_of(tier.storage, ident) if tier is not None else ([], None)
+    import shlex
+
+    q = shlex.quote
     back = (f"; a verified copy of {ident} is recorded at {copies[0]}: set {newest} aside, "
-            f"then `portable-ckpt copy {copies[0].rstrip('/')}/{ident} {root}`" if copies
-            else f"; no copy of {ident} is recorded")
-    return (back + "; once a damaged file is replaced by its intact copy, `portable-ckpt "
-            f"verify {newest} --deep --clear-failed` makes it restorable (docs/recovery.md)")
+            f"then `portable-ckpt copy {q(copies[0].rstrip('/') + '/' + ident)} {q(root)}`"
+            if copies else f"; no copy of {ident} is recorded")
+    return (back + "; or, once a damaged file is replaced by its intact copy, `portable-ckpt "
+            f"verify {q(newest)} --deep --clear-failed` makes it restorable (docs/recovery.md)")
 
 
 def _say_not_versions(mgr: CheckpointManager) -> None:

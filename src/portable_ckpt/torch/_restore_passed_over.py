@@ -33,8 +33,8 @@ _log = logging.getLogger("portable_ckpt")
 
 #: Versions a restore passed over that it names one by one (their copy records read).
 PASSED_OVER_NAMED = 8
-#: Seconds rank 0 spends at most reading the copy records of the versions it names (a quarter
-#: of the manager's collective timeout when that is shorter).
+#: Seconds after which rank 0 reads no more copy records of the versions it names (a quarter
+#: of the manager's collective timeout when that is shorter; one read begun runs to its end).
 COPIES_SECONDS = 10.0
 #: How each reason reads.
 _REASONS = {

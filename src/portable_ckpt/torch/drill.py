@@ -188,7 +188,9 @@ def drill(
     """Run a restore drill of a committed version on ``world_size`` fresh processes.
 
     Args:
-        checkpoint: A checkpoint root (its latest version, or ``step``) or a version directory.
+        checkpoint: A checkpoint root or a version directory. A root's version is the one a
+            restore takes (the newest that no verification failed), or with ``step``, the
+            newest of that step (failed or not: an explicit choice).
         world_size: Ranks of the drill group.
         step: With a root, drill the newest version of this step.
         factory: ``"module:function"`` building the target state (see the module docstring).
@@ -197,7 +199,9 @@ def drill(
         progress: Called as ``progress(ranks_finished, world_size)`` as the ranks exit.
 
     Returns:
-        The drill record (with ``drill_id`` and ``path`` when stored) plus ``per_rank`` details.
+        The drill record (with ``drill_id`` and ``path`` when stored) plus ``per_rank`` details,
+        and ``verification``: the path of the failed verification recorded for damage the
+        drill met (when stored and a second read confirmed it).
 
     """
     import portable_ckpt
@@ -240,17 +244,18 @@ def _restorable(checkpoint: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """
     from portable_ckpt.errors import NotFoundError, StorageError
     from portable_ckpt.format.naming import ATTEMPT_ID_RE
-    from portable_ckpt.io.versions import newest_first
+    from portable_ckpt.io.versions import newest_first, restore_decision
 
     text = os.fspath(checkpoint)
     if ATTEMPT_ID_RE.match(text.rstrip("/").rsplit("/", 1)[-1]):
         return checkpoint
     for v in newest_first(text):
-        if v.status == "unreadable" or (v.status == "committed" and v.verifications_unreadable):
+        decision = restore_decision(v)
+        if decision == "stop":
             raise StorageError(
                 f"cannot tell which version a restore takes: {v.id} could not be read "
                 f"({v.error or '?'})", path=v.id, retryable=v.error_retryable)
-        if v.status == "committed" and not v.verification_failed:
+        if decision == "take":
             return v.path
     raise NotFoundError(f"{text}: no committed version that no verification failed (a drill "
                         "of a failed one: pass its directory)")

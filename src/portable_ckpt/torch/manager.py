@@ -542,7 +542,7 @@ class CheckpointManager:
         one; otherwise values are cast, rank 0 says so on stderr (``LoadInfo.casts``), and a
         cast that would make finite values infinite, more than half of a box's non-zero values 0,
         or change an integer, is refused (``PCK-USAGE``). A version found damaged gets a failed verification
-        record (never tried again); restoring an older ``step`` than the job's newest is said on
+        record (not tried again until an operator clears it, spec §14.5); restoring an older ``step`` than the job's newest is said on
         stderr (the newer steps would win the next restore). Newer versions passed over (damaged,
         an invalid commit record, a failed verification) are named by rank 0 on stderr and in a
         WARNING, with the roots holding a verified copy of each (``LoadInfo.passed_over``).
