@@ -31,7 +31,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.io.annotations import timestamp_key
 from portable_ckpt.io.damage import PLACEMENT_ENTRY, absent_by_design, placement
-from portable_ckpt.io.versions import list_versions
+from portable_ckpt.io.versions import list_versions, restore_decision
 from portable_ckpt.storage import local_path
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
@@ -96,21 +96,16 @@ def listing(
         return {"error": f"cannot list the {name} tier {tier.root}: {e}"}
     if seen is not None:
         seen[name] = versions
-    # A version whose records could not be read may have failed verification (R-DRILL-8):
+    # The one rule of what a restore takes (versions.restore_decision): a version whose records
+    # could not be read may have failed verification, or been cleared (R-DRILL-8, R-DRILL-10):
     # like an unreadable record, it stops the restore rather than being taken or skipped.
-    return {
-        "rows": [
-            [v.step, v.committed_at, v.id,
-             None if v.status == "committed" and not v.verifications_unreadable
-             else str(v.error)]
-            for v in versions
-            if (step is None or v.step == step)
-            and (
-                (v.status == "committed" and not v.verification_failed)
-                or v.status == "unreadable"
-            )
-        ]
-    }
+    rows = []
+    for v in versions:
+        decision = restore_decision(v)
+        if (step is None or v.step == step) and decision != "skip":
+            rows.append([v.step, v.committed_at, v.id,
+                         None if decision == "take" else str(v.error)])
+    return {"rows": rows}
 
 
 def candidates(
