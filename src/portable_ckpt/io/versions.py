@@ -552,9 +552,9 @@ def restore_decision(v: VersionInfo) -> str:
 
     ``"take"``: a committed version that no verification failed (R-DRILL-8); ``"stop"``: the
     attempt, or its verification records, could not be read, and it may be the latest (R-ID-5):
-    no older version is taken instead; ``"skip"``: anything else. The one rule of ``ls
-    --latest``, ``drill ROOT`` and ``verify ROOT --all`` (a maintainer review found four
-    copies of it, which disagreed).
+    no older version is taken instead; ``"skip"``: anything else. The one rule of
+    ``CheckpointManager.restore``, ``ls --latest``, ``drill ROOT`` and ``verify ROOT --all`` (a
+    maintainer review found four copies of it, which disagreed).
     """
     if v.status == UNREADABLE or (v.status == COMMITTED and v.verifications_unreadable):
         return "stop"
