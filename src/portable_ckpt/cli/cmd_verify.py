@@ -86,8 +86,7 @@ def _verify_one(
         # record that cannot be read stops no verification (review of the change: one record
         # of a newer format made every verify of the version fail); it stops a clearing.
         unread: list[CheckpointError] = []
-        barring = _failed_records(storage, attempt, unread)
-        unmoved = _unmoved(storage, attempt) if args.clear_failed else []
+        barring, unmoved = _record_status(storage, attempt, unread)
         if unread and not args.quiet:
             print(f"portable-ckpt: the version's verification records could not all be read "
                   f"({safe(unread[0])}); "
@@ -143,16 +142,13 @@ def _verify_one(
             )
             if record is not None and clears:
                 cleared = clears
-            if record is not None and args.clear_failed:
-                # Out of verifications/ for the tools of 1.0 and 1.1 (this run's and an earlier
-                # run's that was cut short); what still bars it after (below): failures recorded
-                # while this pass ran (by a restore or another verify), which it does not clear.
-                moved, moved_errors = _move_cleared(storage, attempt)
-                # (the record's own writing finishes an earlier clearing's move first)
-                left = set(_unmoved(storage, attempt))
-                moved = sorted({*moved, *(v for v in unmoved if v not in left)})
-            if record is not None:  # the version's status after this run's record
-                barring = _failed_records(storage, attempt, [])
+            if record is not None:
+                # The version's status after this run's record: failures recorded while this
+                # pass ran (by a restore or another verify) still bar it. Writing the record
+                # moved the cleared ones out of verifications/ for the tools of 1.0 and 1.1
+                # (this run's, and an earlier run's cut short); a move that failed is retried.
+                barring, left, moved_errors = _after_record(storage, attempt, args.clear_failed)
+                moved = sorted(v for v in unmoved if v not in left)
             if record_failure is not None:
                 record_error = (f"[{record_failure.code}] {record_failure.message} "
                                 "(--no-record verifies without writing)")
@@ -341,51 +337,55 @@ def _names_version(ckpt: str) -> bool:
     return bool(ATTEMPT_ID_RE.match(ckpt.rstrip("/").rsplit("/", 1)[-1]))
 
 
-def _move_cleared(storage: Any, attempt: str) -> tuple[list[str], list[CheckpointError]]:
-    """Move the version's cleared failed records to ``verifications/cleared/`` (spec §14.5).
+def _record_status(
+    storage: Any, attempt: str, unread: list[CheckpointError]
+) -> tuple[list[str], list[str]]:
+    """Failed verification records nothing cleared, and cleared ones not yet moved (§14.5).
 
-    Returns the ids moved by this call (the record's own writing moves them first: those are
-    not counted) and a problem per record not moved: tools older than format 1.2 still count
-    the version as failed until it is.
+    Read once: ids, the failed ones oldest first by ``verified_at``; the cleared ones still in
+    ``verifications/`` (a move cut short). Records that could not be read are appended to
+    ``unread`` (the ones that could are used).
+    """
+    from portable_ckpt.io.annotations import read_annotations
+
+    return _status_of(read_annotations(storage, attempt, "verifications", errors=unread))
+
+
+def _status_of(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """:func:`_record_status` of records read already."""
+    from portable_ckpt.io.annotations import failed_verifications, timestamp_key, unmoved_cleared
+
+    failed = sorted(failed_verifications(records),
+                    key=lambda r: (timestamp_key(str(r.get("verified_at") or "")),
+                                   r["verification_id"]))
+    return ([str(r["verification_id"]) for r in failed],
+            [str(r["verification_id"]) for r in unmoved_cleared(records)])
+
+
+def _after_record(
+    storage: Any, attempt: str, move: bool
+) -> tuple[list[str], list[str], list[CheckpointError]]:
+    """After this run's record: ``(failed ids, cleared ids still not moved, problems)``.
+
+    With ``move`` (``--clear-failed``), cleared records the record's writing left behind are
+    moved now (spec §14.5), and each that is not is a problem: releases before format 1.2 still
+    count the version as failed until it is.
     """
     from portable_ckpt.io.annotations import move_cleared, read_annotations
 
     unread: list[CheckpointError] = []
     records = read_annotations(storage, attempt, "verifications", errors=unread)
-    moved, failed = move_cleared(storage, attempt, records)
-    return moved, [StorageError(
-        f"{e.path or attempt}: a cleared verification record could not be moved to "
-        f"verifications/cleared/ ({e.message[:300]}): tools older than format 1.2 still count "
-        "the version as failed; run --clear-failed again", path=e.path,
-        retryable=e.retryable) for e in [*unread, *failed]]
-
-
-def _unmoved(storage: Any, attempt: str) -> list[str]:
-    """Failed records a counting record clears that are still in ``verifications/`` (§14.5)."""
-    from portable_ckpt.io.annotations import cleared_ids, read_annotations
-
-    records = read_annotations(storage, attempt, "verifications", errors=[])
-    cleared = cleared_ids(records)
-    return [str(r["verification_id"]) for r in records
-            if r.get("ok") is False and r.get("verification_id") in cleared]
-
-
-def _failed_records(storage: Any, attempt: str, unread: list[CheckpointError]) -> list[str]:
-    """Ids of the version's failed verification records that nothing cleared (spec §14.5).
-
-    Oldest first, by ``verified_at`` (spec §14.5). Records that could not be read are appended
-    to ``unread`` (the ones that could are used).
-    """
-    from portable_ckpt.io.annotations import (
-        failed_verifications,
-        read_annotations,
-        timestamp_key,
-    )
-
-    records = read_annotations(storage, attempt, "verifications", errors=unread)
-    return [str(r["verification_id"]) for r in sorted(
-        failed_verifications(records),
-        key=lambda r: (timestamp_key(str(r.get("verified_at") or "")), r["verification_id"]))]
+    barring, left = _status_of(records)
+    problems: list[CheckpointError] = []
+    if move and (left or unread):
+        moved, failed = move_cleared(storage, attempt, records)
+        left = [v for v in left if v not in moved]
+        problems = [StorageError(
+            f"{e.path or attempt}: a cleared verification record could not be moved to "
+            f"verifications/cleared/ ({e.message[:300]}): tools older than format 1.2 still "
+            "count the version as failed; run --clear-failed again", path=e.path,
+            retryable=e.retryable) for e in [*unread, *failed]]
+    return barring, left, problems
 
 
 def _say_barring(

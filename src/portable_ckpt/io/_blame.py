@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from portable_ckpt.errors import ChecksumError
 from portable_ckpt.format.manifest import Manifest, RangeRecord, TensorEntry
+from portable_ckpt.io.checksum import DAMAGE_ADVICE
 from portable_ckpt.io.safetensors_io import ShardHeader
 from portable_ckpt.io.tensor_table import iter_records
 
@@ -175,7 +176,7 @@ def name_blocks(
             out.append(exc)
             continue
         # What was lost goes before the advice that ends the message.
-        head, sep, advice = exc.message.partition("; the file is corrupt")
+        head, sep, advice = exc.message.partition(f"; {DAMAGE_ADVICE}")
         text = f"{head}; {next(texts)}{sep}{advice}"
         out.append(ChecksumError(text, path=exc.path, span=exc.span))
     return out

@@ -61,6 +61,7 @@ __all__ = [
     "sampled_chunks",
     "superseded",
     "timestamp_key",
+    "unmoved_cleared",
     "verification_verdict",
     "write_drill_record",
     "write_verification_record",
@@ -402,6 +403,16 @@ def cleared_ids(records: Sequence[dict[str, Any]]) -> set[str]:
     return {c for r in records for c in _clears(r)}
 
 
+def unmoved_cleared(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Failed records that ``records`` clear but that are still among them (spec §14.5).
+
+    A clearing moves them to ``verifications/cleared/`` (R-DRILL-10); one still here is a move
+    cut short: releases before format 1.2 count the version as failed until it is made.
+    """
+    cleared = cleared_ids(records)
+    return [r for r in records if r.get("ok") is False and r.get("verification_id") in cleared]
+
+
 def failed_verifications(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failed verification records of a version that no record clears (R-DRILL-8, R-DRILL-10).
 
@@ -432,9 +443,7 @@ def move_cleared(
     ``records``: the version's verification records that count (:func:`read_annotations`).
     Returns the ids moved and the errors of those that were not.
     """
-    cleared = cleared_ids(records)
-    todo = [str(r.get("verification_id")) for r in records
-            if r.get("ok") is False and r.get("verification_id") in cleared]
+    todo = [str(r.get("verification_id")) for r in unmoved_cleared(records)]
     moved: list[str] = []
     errors: list[CheckpointError] = []
     if not todo:
@@ -492,7 +501,7 @@ def prune_annotations(
     """
     if records is None:
         records = read_annotations(storage, attempt_id, kind)
-    if kind == "verifications" and cleared_ids(records):
+    if kind == "verifications" and unmoved_cleared(records):
         # A clearing whose move was cut short is finished by whoever prunes next (R-DRILL-10):
         # until then, tools of 1.0 and 1.1 still count the version as failed.
         moved, problems = move_cleared(storage, attempt_id, records)

@@ -17,6 +17,7 @@ from portable_ckpt.storage.base import Storage
 
 __all__ = [
     "AUTO_FILE_BLOCKS",
+    "DAMAGE_ADVICE",
     "DEFAULT_BLOCK_SIZE",
     "JOB_BLOCK_BUDGET",
     "MAX_DAMAGED_RUNS",
@@ -27,6 +28,7 @@ __all__ = [
     "DamagedBlocks",
     "VerifiedRead",
     "auto_block_size",
+    "block_error",
     "crc32c",
     "file_blocks_for",
     "read_planned",
@@ -142,7 +144,8 @@ class BlockHasher:
 #: one in a file; the damaged blocks after them are counted in one more finding.
 MAX_DAMAGED_RUNS = 16
 
-_ADVICE = "the file is corrupt — restore it from a copy or use an older version"
+#: The advice that ends a checksum finding (``_blame`` names what was lost just before it).
+DAMAGE_ADVICE = "the file is corrupt — restore it from a copy or use an older version"
 
 
 @dataclass
@@ -216,24 +219,27 @@ class DamagedBlocks:
         for r in self.runs:
             a, b = r.first, r.last
             lo, hi = span(a, b)
-            what = (
-                f"(block {a}) have CRC32C {r.crc:08x}, the manifest records {r.want or 'nothing'}"
-                if a == b else
-                f"(blocks {a}-{b}: {b - a + 1} damaged blocks in a row) do not have the CRC32C "
-                "values the manifest records"
-            )
-            out.append(ChecksumError(f"{path!r}: bytes [{lo}:{hi}] {what}; {_ADVICE}",
-                                     path=path, span=(lo, hi)))
+            out.append(block_error(path, lo, hi, a, r.crc, r.want) if a == b else ChecksumError(
+                f"{path!r}: bytes [{lo}:{hi}] (blocks {a}-{b}: {b - a + 1} damaged blocks in a "
+                f"row) do not have the CRC32C values the manifest records; {DAMAGE_ADVICE}",
+                path=path, span=(lo, hi)))
         if self.more:
             lo, hi = span(self.more_first, self.more_last)
             n = self.more
             out.append(ChecksumError(
                 f"{path!r}: and {n} more damaged block{'s' * (n != 1)} in bytes [{lo}:{hi}] "
                 f"(blocks {self.more_first}..{self.more_last}), not named one by one (at most "
-                f"{self.limit} runs of damaged blocks are named per file); {_ADVICE}",
+                f"{self.limit} runs of damaged blocks are named per file); {DAMAGE_ADVICE}",
                 path=path, span=(lo, hi),
             ))
         return out
+
+
+def block_error(path: str, lo: int, hi: int, idx: int, crc: int, want: str) -> ChecksumError:
+    """The finding of one damaged block ``idx`` (bytes ``[lo, hi)``) of ``path``."""
+    return ChecksumError(
+        f"{path!r}: bytes [{lo}:{hi}] (block {idx}) have CRC32C {crc:08x}, the manifest "
+        f"records {want or 'nothing'}; {DAMAGE_ADVICE}", path=path, span=(lo, hi))
 
 
 class BlockVerifier:
@@ -283,13 +289,7 @@ class BlockVerifier:
             self.damaged.add(idx, crc, want)
             return
         lo = idx * self.block_size
-        hi = min(lo + self.block_size, self.size)
-        raise ChecksumError(
-            f"{self.path!r}: bytes [{lo}:{hi}] (block {idx}) have CRC32C {crc:08x}, the "
-            f"manifest records {want or 'nothing'}; {_ADVICE}",
-            path=self.path,
-            span=(lo, hi),
-        )
+        raise block_error(self.path, lo, min(lo + self.block_size, self.size), idx, crc, want)
 
 
 @dataclass

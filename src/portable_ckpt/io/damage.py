@@ -110,12 +110,15 @@ def confirmed_findings(
     attempt_id: str,
     files: Mapping[str, FileRecord],
     found: Sequence[tuple[str, str, str | None]],
+    *,
+    manifest: Manifest | None = None,
 ) -> tuple[list[dict[str, str]], list[CheckpointError]]:
     """Findings of damage ``(code, message, path)`` that a second read of their file finds again.
 
     For a reader that met the damage (a restore, a drill) and records it as a failed
     verification (R-DRILL-8). A finding whose file cannot be told (another rank's, naming no
-    file of the version) is not recorded: a later verification will look.
+    file of the version) is not recorded: a later verification will look. With ``manifest``,
+    a node root's files that a node-local version keeps elsewhere are no damage (:func:`elsewhere`).
 
     Returns:
         The confirmed findings as ``{"code", "message"}``, and the errors that say why the
@@ -133,6 +136,8 @@ def confirmed_findings(
             rel = next((f for f in sorted(files) if f in message), "")
         if rel:
             errors.append(error_for_code(code)(message, path=f"{attempt_id}/{rel}"))
+    if manifest is not None:
+        errors, _ = elsewhere(storage, attempt_id, manifest, errors)
     again = confirm_damage(storage, attempt_id, files, errors)
     kept = [{"code": x.code, "message": x.message[:4096]} for x in again if x.code in DAMAGE_CODES]
     return kept, [x for x in again if x.code not in DAMAGE_CODES]

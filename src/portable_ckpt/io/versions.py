@@ -68,6 +68,7 @@ from portable_ckpt.io.annotations import (
     read_annotations,
     reread_record,
     timestamp_key,
+    unmoved_cleared,
 )
 from portable_ckpt.io.damage import PLACEMENT_ENTRY
 from portable_ckpt.io.pins import PIN_DIR, read_pins
@@ -207,9 +208,7 @@ class VersionInfo:
     @property
     def unmoved_cleared(self) -> list[str]:
         """Cleared failed records still in ``verifications/`` (a move cut short, spec §14.5)."""
-        cleared = cleared_ids(self.verifications)
-        return [str(v.get("verification_id")) for v in self.verifications
-                if v.get("ok") is False and v.get("verification_id") in cleared]
+        return [str(v.get("verification_id")) for v in unmoved_cleared(self.verifications)]
 
     @property
     def failures_cleared(self) -> list[str]:

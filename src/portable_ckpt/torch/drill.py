@@ -272,28 +272,17 @@ def _record_damage(ck: Any, ranks: list[dict[str, Any]]) -> str | None:
     """
     from portable_ckpt.errors import DAMAGE_CODES
     from portable_ckpt.io.annotations import write_verification_record
-    from portable_ckpt.io.damage import (
-        PLACEMENT_ENTRY,
-        absent_by_design,
-        confirmed_findings,
-        placement,
-    )
+    from portable_ckpt.io.damage import confirmed_findings
 
     found = [(str(e.get("code")), str(e.get("message", "")), None)
              for e in (r.get("error") for r in ranks) if e and e.get("code") in DAMAGE_CODES]
-    if found and PLACEMENT_ENTRY in ck.manifest.entries:
-        # A node root holds its nodes' files only (spec §14.7): another node's file is absent
-        # by design, never damage recorded for good (as a restore decides it).
-        missing = {rel for c, m, _ in found if c == "PCK-FILE-MISSING"
-                   for rel in ck.manifest.files if rel in m}
-        away = absent_by_design(placement(ck.storage, ck.id, ck.manifest), missing,
-                                set(ck.manifest.files) - missing)
-        found = [f for f in found if not (
-            f[0] == "PCK-FILE-MISSING" and any(a in f[1] for a in away))]
     if not found:
         return None
     try:
-        damage, passed = confirmed_findings(ck.storage, ck.id, ck.manifest.files, found)
+        # A node root holds its nodes' files only (spec §14.7): another node's file is absent
+        # by design, never damage recorded for good (``manifest``: spared as verify spares it).
+        damage, passed = confirmed_findings(ck.storage, ck.id, ck.manifest.files, found,
+                                            manifest=ck.manifest)
         for x in passed:
             _log.warning("drill of %s: %s", ck.id, x.message[:600])
         if not damage:
