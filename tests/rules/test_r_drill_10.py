@@ -488,3 +488,14 @@ def test_drill_of_a_root_drills_the_version_a_restore_takes(
     _failed_record(v2, "v20260101T000000000000Z-00000001")
     code, out, _ = _cli(capsys, "drill", str(root), "--world-size", "1")
     assert code == 0 and v1.name in out and v2.name not in out
+
+
+def test_verify_all_and_drill_name_a_root_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped root is not "no committed version" (user check of the change)."""
+    code, _, err = _cli(capsys, "verify", str(tmp_path / "nope"), "--all")
+    assert code == 1 and "does not exist" in err
+    pytest.importorskip("torch")
+    code, _, err = _cli(capsys, "drill", str(tmp_path / "nope"), "--world-size", "1")
+    assert code == 1 and "does not exist" in err

@@ -226,9 +226,18 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
     engineer wrote by hand to find the newest version that is good now. Invalid and unreadable
     attempts are problems of the root, as for ``verify ROOT``.
     """
-    from portable_ckpt.io.versions import COMMITTED, INVALID, UNREADABLE, list_versions
+    from portable_ckpt.io.versions import (
+        COMMITTED,
+        INVALID,
+        UNREADABLE,
+        list_versions,
+        root_must_exist,
+    )
+    from portable_ckpt.storage import open_storage
 
-    versions = list_versions(args.ckpt, annotations=False)
+    storage = open_storage(args.ckpt)
+    root_must_exist(storage)  # a mistyped root is not "no committed version"
+    versions = list_versions(storage, annotations=False)
     committed = [v for v in reversed(versions) if v.status == COMMITTED]
     if not committed:
         raise NotFoundError(f"{args.ckpt}: no committed version to verify")

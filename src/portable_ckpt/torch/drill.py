@@ -244,12 +244,15 @@ def _restorable(checkpoint: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """
     from portable_ckpt.errors import NotFoundError, StorageError
     from portable_ckpt.format.naming import ATTEMPT_ID_RE
-    from portable_ckpt.io.versions import newest_first, restore_decision
+    from portable_ckpt.io.versions import newest_first, restore_decision, root_must_exist
+    from portable_ckpt.storage import open_storage
 
     text = os.fspath(checkpoint)
     if ATTEMPT_ID_RE.match(text.rstrip("/").rsplit("/", 1)[-1]):
         return checkpoint
-    for v in newest_first(text):
+    storage = open_storage(text)
+    root_must_exist(storage)  # a mistyped root is not "no version a restore takes"
+    for v in newest_first(storage):
         decision = restore_decision(v)
         if decision == "stop":
             raise StorageError(
