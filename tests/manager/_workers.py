@@ -950,7 +950,9 @@ def node_local_then_one_node(rank: int, world: int, base: str) -> dict[str, Any]
         info = m2.restore({"w": w})
     return {"restored": None if info is None else info.step,
             "failed": [v.step for v in portable_ckpt.list_versions(f"{base}/fast0")
-                       if v.verification_failed]}
+                       if v.verification_failed],
+            "passed_over": [] if info is None else [
+                [r["step"], r["reason"], r["recorded_failed"]] for r in info.passed_over]}
 
 
 def requested_preemption(rank: int, world: int, base: str) -> dict[str, Any]:

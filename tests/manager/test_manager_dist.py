@@ -491,10 +491,19 @@ def test_a_node_root_of_a_node_local_version_is_never_recorded_damaged_for_its_a
     import subprocess
     import sys
 
+    from portable_ckpt.torch.drill import drill
+
     for r in ok(run("node_local_then_one_node", 2, str(tmp_path), timeout=240)):
         assert r["restored"] == 2 and r["failed"] == [], r
+        # Passed over as a version that failed to load here, not as "damaged on read".
+        assert r["passed_over"] == [[3, "unloadable", False]], r
     [v3] = [v for v in portable_ckpt.list_versions(tmp_path / "fast0") if v.step == 3]
     assert v3.node_local  # SRE review F3: ls marks it, --latest says what it is
+    # A drill through the node root needs the other node's file too: it fails, and records
+    # nothing (it recorded the version as failed for good, as the restore once did).
+    rec = drill(v3.path, 1, timeout=120)
+    assert not rec["ok"] and rec["error"]["code"] == "PCK-FILE-MISSING", rec
+    assert "verification" not in rec and not (Path(v3.path) / "verifications").exists(), rec
     p = subprocess.run([sys.executable, "-m", "portable_ckpt", "ls", str(tmp_path / "fast0")],
                        capture_output=True, text=True, timeout=120)
     assert "committed, node-local" in p.stdout, p

@@ -12,7 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from portable_ckpt.errors import (
     DAMAGE_CODES,
@@ -27,8 +27,9 @@ from portable_ckpt.storage import Storage
 if TYPE_CHECKING:
     from portable_ckpt.io.checksum import DamagedBlocks
 
-__all__ = ["PLACEMENT_ENTRY", "absent_by_design", "confirm_damage", "confirmed_findings",
-           "elsewhere", "holdings", "placement", "read_file_again"]
+__all__ = ["PLACEMENT_ENTRY", "ReadDamageVerdict", "absent_by_design", "confirm_damage",
+           "confirmed_findings", "elsewhere", "holdings", "placement", "read_file_again",
+           "record_read_damage"]
 
 
 def confirm_damage(
@@ -110,15 +111,13 @@ def confirmed_findings(
     attempt_id: str,
     files: Mapping[str, FileRecord],
     found: Sequence[tuple[str, str, str | None]],
-    *,
-    manifest: Manifest | None = None,
 ) -> tuple[list[dict[str, str]], list[CheckpointError]]:
     """Findings of damage ``(code, message, path)`` that a second read of their file finds again.
 
     For a reader that met the damage (a restore, a drill) and records it as a failed
     verification (R-DRILL-8). A finding whose file cannot be told (another rank's, naming no
-    file of the version) is not recorded: a later verification will look. With ``manifest``,
-    a node root's files that a node-local version keeps elsewhere are no damage (:func:`elsewhere`).
+    file of the version) is not recorded: a later verification will look. A node root's
+    files are told from lost ones by :func:`record_read_damage`, which calls this.
 
     Returns:
         The confirmed findings as ``{"code", "message"}``, and the errors that say why the
@@ -131,16 +130,90 @@ def confirmed_findings(
     for code, message, path in found:
         if code not in DAMAGE_CODES:
             continue
-        rel = (path or "").removeprefix(f"{attempt_id}/")
-        if rel not in files:
-            rel = next((f for f in sorted(files) if f in message), "")
+        rel = _finding_file(message, path, attempt_id, files)
         if rel:
             errors.append(error_for_code(code)(message, path=f"{attempt_id}/{rel}"))
-    if manifest is not None:
-        errors, _ = elsewhere(storage, attempt_id, manifest, errors)
     again = confirm_damage(storage, attempt_id, files, errors)
     kept = [{"code": x.code, "message": x.message[:4096]} for x in again if x.code in DAMAGE_CODES]
     return kept, [x for x in again if x.code not in DAMAGE_CODES]
+
+
+def _finding_file(
+    message: str, path: str | None, attempt_id: str, files: Collection[str]
+) -> str:
+    """The file of the version a reader's finding names (``""``: none).
+
+    By its path, else by its message: another rank's finding arrives as text.
+    """
+    rel = (path or "").removeprefix(f"{attempt_id}/")
+    if rel in files:
+        return rel
+    return next((f for f in sorted(files) if f in message), "")
+
+
+#: What :func:`record_read_damage` did: recorded; nothing to record (``"none"``); the damage
+#: was not found again (``"unconfirmed"``); every finding is a node root's file that a
+#: node-local version keeps elsewhere (``"elsewhere"``); confirmed or not, it could not be
+#: recorded, or the files could not be listed to tell (``"unrecorded"``).
+ReadDamageVerdict = Literal["recorded", "none", "unconfirmed", "elsewhere", "unrecorded"]
+
+
+def record_read_damage(
+    storage: Storage,
+    attempt_id: str,
+    manifest: Manifest,
+    found: Sequence[tuple[str, str, str | None]],
+    *,
+    verifier: str,
+    confirmed: bool = False,
+) -> tuple[ReadDamageVerdict, str | None, list[CheckpointError]]:
+    """A reader (a restore, a drill) met damage: record what a second read finds again.
+
+    The one way a reader's findings ``(code, message, path)`` become a failed verification
+    (R-DRILL-8: never restored automatically again). A node-local version read through one
+    node root lacks the other nodes' files by design (spec §14.7): which are absent is told by
+    a listing of the version's directory, since a reader met only the files it needed (a
+    drill of such a version through one node root recorded it as failed for good). Findings
+    not ``confirmed`` yet are read again first (:func:`confirmed_findings`).
+
+    Returns:
+        The verdict (:data:`ReadDamageVerdict`), the record's path when one was written, and
+        the errors that say why a finding was not recorded.
+
+    """
+    from portable_ckpt.io.annotations import write_verification_record
+
+    damage = [f for f in found if f[0] in DAMAGE_CODES]
+    if not damage:
+        return "none", None, []
+    if PLACEMENT_ENTRY in manifest.entries:
+        try:
+            present = {o.path.removeprefix(f"{attempt_id}/")
+                       for o in storage.list(f"{attempt_id}/")}
+        except CheckpointError as exc:  # cannot tell absent by design from lost
+            return "unrecorded", None, [exc.with_traceback(None)]
+        away = absent_by_design(placement(storage, attempt_id, manifest),
+                                set(manifest.files) - present, present)
+        damage = [f for f in damage if not (
+            f[0] == "PCK-FILE-MISSING" and _finding_file(f[1], f[2], attempt_id, away))]
+        if not damage:
+            return "elsewhere", None, []
+    notes: list[CheckpointError] = []
+    if confirmed:
+        kept = [{"code": c, "message": m[:4096]} for c, m, _ in damage]
+    else:
+        kept, notes = confirmed_findings(storage, attempt_id, manifest.files, damage)
+        if not kept:
+            return "unconfirmed", None, notes
+    try:
+        path = write_verification_record(
+            storage, attempt_id, ok=False, mode="sample", fraction=1.0,  # it read what it met
+            chunks=sum(t.range_count for t in manifest.tensors.values()),
+            errors=kept[:64], verifier=verifier,
+        )
+    except CheckpointError as exc:
+        return "unrecorded", None, [*notes, exc.with_traceback(None)]
+    return "recorded", path, notes
 
 
 def _here(

@@ -30,7 +30,6 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.io.annotations import timestamp_key
-from portable_ckpt.io.damage import PLACEMENT_ENTRY, absent_by_design, placement
 from portable_ckpt.io.versions import list_versions, restore_decision
 from portable_ckpt.storage import local_path
 from portable_ckpt.torch._collectives import make_comm
@@ -43,9 +42,7 @@ from portable_ckpt.torch.info import LoadInfo
 from portable_ckpt.torch.loading import left_from, load, shown_keys
 
 if TYPE_CHECKING:
-    from portable_ckpt.format.manifest import FileRecord
     from portable_ckpt.io.versions import VersionInfo
-    from portable_ckpt.storage import Storage
     from portable_ckpt.torch.manager import CheckpointManager
 
 __all__ = ["after_restore", "candidates", "restore"]
@@ -215,7 +212,7 @@ def restore(
                     path=ident,
                 ) from err
             fallbacks.append(_fallback(tier_name, ident, err))
-            tried[(tier_name, ident)] = _tried(err, recorded=verdict == "recorded")
+            tried[(tier_name, ident)] = _tried(err, verdict)
             text = (
                 f"restore of {ident} from the {tier_name} tier failed ({e}); trying the next "
                 "candidate"
@@ -250,7 +247,8 @@ def _damage_agreed(
     ``"unconfirmed"`` when rank 0 found that the damage its load reported does not come back
     at a third read (attack review 3 F7: an EIO, then one flipped bit, condemned an intact
     version and resumed an older step): no rank may pass over it. Otherwise ``"recorded"``
-    (the damage was recorded) or ``"pass"``.
+    (the damage was recorded), ``"elsewhere"`` (a node root's files other nodes hold) or
+    ``"pass"``.
 
     Damage found again is recorded (:func:`_record_damage`); a failure without damage passes
     over the version as before (another rank's files out of reach, a node-local tier).
@@ -263,21 +261,6 @@ def _damage_agreed(
             _log.warning("cannot check the damage of %s again: %s", ident, exc)
             verdict = "unconfirmed"
     return str(broadcast_json(mgr, verdict, f"whether {ident} is damaged"))
-
-
-def _confirmed(
-    storage: Storage,
-    ident: str,
-    files: Mapping[str, FileRecord],
-    found: Sequence[tuple[str, str, str | None]],
-) -> list[dict[str, str]]:
-    """:func:`~portable_ckpt.io.damage.confirmed_findings`, the findings not confirmed said."""
-    from portable_ckpt.io.damage import confirmed_findings
-
-    kept, passed = confirmed_findings(storage, ident, files, found)
-    for x in passed:
-        say(f"rank 0: {ident}: {x.message[:600]}")
-    return kept
 
 
 def _check_the_rest(mgr: CheckpointManager, tier_name: str, ident: str) -> None:
@@ -362,17 +345,21 @@ def _say_left_from_failed(
         )
 
 
-def _tried(err: CheckpointError, *, recorded: bool) -> dict[str, Any]:
-    """Why a candidate was passed over: its damage (any rank's) first, else its error."""
-    damage = next((f for f in (err, *getattr(err, "failures", ())) if f.code in DAMAGE_CODES),
-                  None)
+def _tried(err: CheckpointError, verdict: str) -> dict[str, Any]:
+    """Why a candidate was passed over: its damage (any rank's) first, else its error.
+
+    ``verdict``: :func:`_damage_agreed`'s. A node root's file that another node holds is not
+    damage (``"elsewhere"``): the version failed to load here.
+    """
+    damage = None if verdict == "elsewhere" else next(
+        (f for f in (err, *getattr(err, "failures", ())) if f.code in DAMAGE_CODES), None)
     shown = err if damage is None else damage
     rank = getattr(shown, "rank", None)
     return {
         "reason": "unloadable" if damage is None else "damaged",
         "code": shown.code,
         "message": (f"rank {rank}: " if rank is not None else "") + shown.message[:500],
-        "recorded": recorded,
+        "recorded": verdict == "recorded",
     }
 
 
@@ -538,15 +525,16 @@ def _record_damage(
 ) -> str:
     """Rank 0: record a failed verification of a version whose bytes proved damaged.
 
-    Returns ``"recorded"``, ``"pass"`` (nothing to record: no damage, or a tier where it is
-    not recorded) or ``"unconfirmed"`` (the damage did not come back).
+    Returns ``"recorded"``, ``"pass"`` (nothing recorded: no damage, a tier where it is not
+    recorded, or a record that could not be written), ``"elsewhere"`` (a node root's files
+    that other nodes hold) or ``"unconfirmed"`` (the damage did not come back).
 
     Without it the version stays ``committed`` to ``ls``, counts in ``keep_last`` and is tried
     first again by every restart; with it, it is never restored automatically (R-DRILL-8).
     A node-local tier is left alone: its files may just be on a node that is gone. Findings
-    not ``confirmed`` yet (a restore's) are read again first (:func:`confirm_damage`): a
-    restore that met an EIO, then one flipped bit, recorded an intact version as failed
-    (attack review 3 F7).
+    not ``confirmed`` yet (a restore's) are read again first: a restore that met an EIO, then
+    one flipped bit, recorded an intact version as failed (attack review 3 F7). The one way a
+    reader records damage: :func:`~portable_ckpt.io.damage.record_read_damage`.
     """
     if mgr.rank != 0 or tier_name == "explicit":
         return "pass"
@@ -558,7 +546,7 @@ def _record_damage(
     ] + [(m.code, m.message, m.path) for m in more]
     if not any(c in DAMAGE_CODES for c, _, _ in found):
         return "pass"
-    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.io.damage import record_read_damage
     from portable_ckpt.io.versions import load_manifest
 
     try:
@@ -568,45 +556,18 @@ def _record_damage(
             raise  # the caller cannot tell: unconfirmed
         _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
         return "pass"
-    if PLACEMENT_ENTRY in manifest.entries:
-        # A node-local version read through one node root (a restart on fewer nodes): another
-        # node's files are absent by design, not damage (SRE review F1); on the durable copy,
-        # which holds every writer's files, a missing one is damage (review of the change F7).
-        try:
-            present = {o.path.removeprefix(f"{ident}/") for o in tier.storage.list(f"{ident}/")}
-        except CheckpointError as exc:
+    verdict, _, notes = record_read_damage(
+        tier.storage, ident, manifest, found,
+        verifier="portable_ckpt CheckpointManager.restore", confirmed=confirmed,
+    )
+    for x in notes:
+        if verdict == "unrecorded":
             _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name,
-                       exc)
-            return "pass"
-        away = absent_by_design(
-            placement(tier.storage, ident, manifest), set(manifest.files) - present, present
-        )
-        found = [f for f in found if not (f[0] == "PCK-FILE-MISSING" and any(
-            a in str(f[2] or "") or a in f[1] for a in away))]
-        if not any(c in DAMAGE_CODES for c, _, _ in found):
-            return "pass"
-    if confirmed:
-        damage = [{"code": c, "message": m[:4096]} for c, m, _ in found if c in DAMAGE_CODES]
-    else:
-        damage = _confirmed(tier.storage, ident, manifest.files, found)
-        if not damage:
-            return "unconfirmed"
-    try:
-        chunks = sum(t.range_count for t in manifest.tensors.values())
-        write_verification_record(
-            tier.storage,
-            ident,
-            ok=False,
-            mode="sample",
-            fraction=1.0,  # a restore reads every chunk the state holds
-            chunks=chunks,
-            errors=damage[:64],
-            verifier="portable_ckpt CheckpointManager.restore",
-        )
-    except CheckpointError as exc:
-        _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
-        return "pass"  # not recorded: not "failed verification" in the restore's report
-    return "recorded"
+                       x)
+        else:
+            say(f"rank 0: {ident}: {x.message[:600]}")
+    # Not recorded: not "failed verification" in the restore's report (maintainer review 4).
+    return {"unrecorded": "pass", "none": "pass"}.get(verdict, verdict)
 
 
 def _nothing_restored(

@@ -270,34 +270,24 @@ def _record_damage(ck: Any, ranks: list[dict[str, Any]]) -> str | None:
     A failed drill does not count against a version (R-DRILL-4): after a drill found a
     checksum error, ``ls --latest`` still named the damaged version and gc kept it as the
     newest good one (incident review R5). Damage a second read of its file finds again is
-    recorded as a restore records it (R-DRILL-8: never restored automatically again); anything
-    else (a crash, a timeout, a storage error) is not.
+    recorded as a restore records it (:func:`~portable_ckpt.io.damage.record_read_damage`;
+    R-DRILL-8: never restored automatically again); anything else (a crash, a timeout, a
+    storage error, a node root's file another node holds) is not.
     """
-    from portable_ckpt.errors import DAMAGE_CODES
-    from portable_ckpt.io.annotations import write_verification_record
-    from portable_ckpt.io.damage import confirmed_findings
+    from portable_ckpt.io.damage import record_read_damage
 
     found = [(str(e.get("code")), str(e.get("message", "")), None)
-             for e in (r.get("error") for r in ranks) if e and e.get("code") in DAMAGE_CODES]
-    if not found:
-        return None
+             for e in (r.get("error") for r in ranks) if e]
     try:
-        # A node root holds its nodes' files only (spec §14.7): another node's file is absent
-        # by design, never damage recorded for good (``manifest``: spared as verify spares it).
-        damage, passed = confirmed_findings(ck.storage, ck.id, ck.manifest.files, found,
-                                            manifest=ck.manifest)
-        for x in passed:
-            _log.warning("drill of %s: %s", ck.id, x.message[:600])
-        if not damage:
-            return None
-        return write_verification_record(
-            ck.storage, ck.id, ok=False, mode="sample", fraction=1.0,  # it read every chunk
-            chunks=sum(t.range_count for t in ck.manifest.tensors.values()),
-            errors=damage[:64], verifier="portable-ckpt drill",
-        )
-    except CheckpointError as exc:
-        _log.error("the drill found damage in %s but could not record it: %s", ck.id, exc)
+        verdict, path, notes = record_read_damage(ck.storage, ck.id, ck.manifest, found,
+                                                  verifier="portable-ckpt drill")
+    except CheckpointError as exc:  # the drill's own record is written all the same
+        _log.error("the drill met damage in %s but could not record it: %s", ck.id, exc)
         return None
+    for x in notes:
+        (_log.error if verdict == "unrecorded" else _log.warning)(
+            "drill of %s: %s", ck.id, x.message[:600])
+    return path
 
 
 def _rank_results(res: GroupResult) -> list[dict[str, Any]]:
