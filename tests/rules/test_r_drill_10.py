@@ -499,3 +499,30 @@ def test_verify_all_and_drill_name_a_root_that_does_not_exist(
     pytest.importorskip("torch")
     code, _, err = _cli(capsys, "drill", str(tmp_path / "nope"), "--world-size", "1")
     assert code == 1 and "does not exist" in err
+
+
+def test_clears_max_is_the_schemas_bound() -> None:
+    """The bound one clearing record names, in messages and in the clearing, is the schema's."""
+    from portable_ckpt.format.manifest import CLEARS_MAX
+
+    spec = Path(__file__).resolve().parents[2] / "spec/schemas/1.2/verification.schema.json"
+    clears = json.loads(spec.read_text())["allOf"][1]["then"]["properties"]["clears"]
+    assert clears["maxItems"] == CLEARS_MAX
+
+
+def test_recovery_commands_are_quoted_for_a_shell(tmp_path: Path) -> None:
+    """Every message gives the same commands, each word quoted (maintainer review 4, 11: the
+    restore's hint left a root with a space unquoted)."""
+    import shlex
+
+    from portable_ckpt.io.hints import clear_failed, copy_back, copy_back_commands
+
+    path = str(tmp_path / "my root" / "s000000000012-20261205T000000000000Z-0123456789abcdef")
+    assert shlex.split(clear_failed(path)) == [
+        "portable-ckpt", "verify", path, "--deep", "--clear-failed"]
+    copy, verify = copy_back_commands(path, "/backup root/")
+    ident = path.rsplit("/", 1)[1]
+    assert shlex.split(copy) == [
+        "portable-ckpt", "copy", f"/backup root/{ident}", str(tmp_path / "my root")]
+    assert shlex.split(verify) == ["portable-ckpt", "verify", path, "--deep"]
+    assert f"set {shlex.quote(path)} aside" in copy_back(path, "/backup root")

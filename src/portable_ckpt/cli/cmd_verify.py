@@ -26,11 +26,9 @@ from portable_ckpt.errors import (
     UsageError,
     VersionDeletedError,
 )
+from portable_ckpt.io.hints import clear_failed
 
 __all__ = ["register"]
-
-#: Failed records one clearing record names at most (``clears``'s maxItems, spec §14.5).
-CLEARS_MAX = 1024
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -63,6 +61,7 @@ def _verify_one(
     """
     import portable_ckpt
     from portable_ckpt.errors import DAMAGE_CODES
+    from portable_ckpt.format.manifest import CLEARS_MAX
 
     errors: list[CheckpointError]
     record: str | None = None
@@ -134,7 +133,7 @@ def _verify_one(
             away and not errors
         ):
             # A pass that read every byte of every file clears what the operator asked it to,
-            # at most the schema's 1,024 records at a time (the oldest first).
+            # at most the schema's CLEARS_MAX records at a time (the oldest first).
             clears = (barring[:CLEARS_MAX]
                       if args.clear_failed and not (errors or away or forced or unread) else [])
             record, record_failure = _record(
@@ -211,7 +210,7 @@ def _verify_one(
     failures = [*errors, *([record_failure] if record_failure else [])]
     # Unreadable files recorded as the version's failure (--record-unreadable) are a verdict;
     # so is a --clear-failed after which the version still fails (a failure recorded while the
-    # pass ran, or beyond the 1,024 one record clears): a script's `&& restart` must not run.
+    # pass ran, or beyond the CLEARS_MAX one record clears): a script's `&& restart` must not run.
     still = bool(args.clear_failed and ok and barring)
     doc["still_failed"] = bool(barring)
     status = failed_status([e.retryable for e in failures]
@@ -402,12 +401,14 @@ def _say_barring(
     record_ok: bool, moved: list[str],
 ) -> None:
     """On stderr: failed verifications this run cleared, or that still bar the version (R2)."""
+    from portable_ckpt.format.manifest import CLEARS_MAX
+
     if cleared:
         print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) "
               f"({', '.join(cleared[:4])}{', ...' if len(cleared) > 4 else ''})"
               + (f"; {len(barring)} still keep the version from restores ("
                  f"{', '.join(barring[:4])}{', ...' if len(barring) > 4 else ''}: recorded "
-                 "while this pass ran, or beyond the 1,024 one record clears; run "
+                 f"while this pass ran, or beyond the {CLEARS_MAX:,} one record clears; run "
                  "--clear-failed again)" if barring else
                  ": managers may restore this version again, and gc counts it among the "
                  "newest (spec §14.5; the cleared records are kept in verifications/cleared/, "
@@ -420,7 +421,7 @@ def _say_barring(
     elif barring and ok:
         fix = ("the pass was not recorded, nothing was cleared" if args.clear_failed else
                f"if the damaged files were replaced and this pass is to be trusted, "
-               f"`portable-ckpt verify {safe(target)} --deep --clear-failed` clears them")
+               f"`{safe(clear_failed(target))}` clears them")
         print(f"portable-ckpt: an earlier verification of this version failed "
               f"({', '.join(barring[:4])}{', ...' if len(barring) > 4 else ''}) and still keeps "
               f"it from every restore a manager makes: {fix}", file=sys.stderr)

@@ -60,6 +60,7 @@ __all__ = [
     "MAX_SIZE",
     "TABLE_FORMAT_VERSION",
     "CLEARS_FORMAT_VERSION",
+    "CLEARS_MAX",
     "TableRef",
     "Checksum",
     "Continuation",
@@ -90,6 +91,8 @@ TABLE_FORMAT_VERSION = "1.1"
 #: The format version of a verification record that clears failed ones (spec §14.5); 1.2
 #: changes no other document.
 CLEARS_FORMAT_VERSION = "1.2"
+#: Failed records one clearing record names at most (``clears``'s maxItems, spec §14.5).
+CLEARS_MAX = 1024
 #: Every format version this implementation reads and writes (oldest first; the CLI names them).
 FORMAT_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION, CLEARS_FORMAT_VERSION)
 #: Largest size or byte count the format allows (2^53 - 1: exact in every JSON implementation).

@@ -526,6 +526,7 @@ def _verify_existing(job: _CopyJob, raw: bytes) -> None:
     job.result.already_present = True
     job.result.files = len(job.files)
     from portable_ckpt.io.annotations import failed_verifications, read_annotations
+    from portable_ckpt.io.hints import clear_failed
 
     # Every byte verified there, yet a failed verification keeps that version from restores
     # (a file repaired in place): the copy changed nothing (on-call review 3, F5).
@@ -534,8 +535,8 @@ def _verify_existing(job: _CopyJob, raw: bytes) -> None:
         job.result.warnings.append(
             f"{dst_url}/{job.attempt} failed verification earlier "
             f"({failed[-1].get('verification_id')}) and is still passed over by restores; its "
-            f"files verify now: `portable-ckpt verify {dst_url}/{job.attempt} --deep "
-            "--clear-failed` clears it (spec §14.5)")
+            f"files verify now: `{clear_failed(f'{dst_url}/{job.attempt}')}` clears it (spec "
+            "§14.5)")
 
 
 def _copy_files(

@@ -632,18 +632,17 @@ def _way_back(mgr: CheckpointManager, failed: Sequence[str]) -> str:
     """How the newest failed version comes back: its recorded copy, or a repair (R4, R2)."""
     if not failed:
         return ""
+    from portable_ckpt.io.hints import clear_failed, copy_back
+
     newest = max(failed, key=lambda path: path.rsplit("/", 1)[-1])
     root, _, ident = newest.rpartition("/")
     tier = next((t for t in mgr.tiers.values() if t.root.rstrip("/") == root), None)
     copies, _ = copies_of(tier.storage, ident) if tier is not None else ([], None)
-    import shlex
-
-    q = shlex.quote
-    back = (f"; a verified copy of {ident} is recorded at {copies[0]}: set {newest} aside, "
-            f"then `portable-ckpt copy {q(copies[0].rstrip('/') + '/' + ident)} {q(root)}`"
-            if copies else f"; no copy of {ident} is recorded")
-    return (back + "; or, once a damaged file is replaced by its intact copy, `portable-ckpt "
-            f"verify {q(newest)} --deep --clear-failed` makes it restorable (docs/recovery.md)")
+    back = (f"; a verified copy of {ident} is recorded at {copies[0]}: "
+            f"{copy_back(newest, copies[0])}" if copies else f"; no copy of {ident} is recorded")
+    # A version set aside and copied back has no failed record to clear: the other way.
+    return (back + f"; or{' instead' * bool(copies)}, once a damaged file is replaced by its "
+            f"intact copy, `{clear_failed(newest)}` makes it restorable (docs/recovery.md)")
 
 
 def _say_not_versions(mgr: CheckpointManager) -> None:

@@ -134,9 +134,8 @@ def _passed_row(
     deadline: float,
 ) -> dict[str, Any]:
     """One version passed over, with the roots that hold a verified copy of it."""
-    import shlex
-
     from portable_ckpt.format.naming import parse_attempt_step
+    from portable_ckpt.io.hints import copy_back_commands
 
     tier = mgr.tiers[tier_name]
     root = tier.root.rstrip("/")
@@ -144,11 +143,7 @@ def _passed_row(
         [], f"not read: the restore's {COPIES_SECONDS:g} s for its report ran out "
         "(`portable-ckpt ls` names the copies)"))
     path = f"{root}/{ident}"
-    commands = [] if not copies else [
-        f"portable-ckpt copy {shlex.quote(copies[0].rstrip('/') + '/' + ident)} "
-        f"{shlex.quote(root)}",
-        f"portable-ckpt verify {shlex.quote(path)} --deep",
-    ]
+    commands = copy_back_commands(path, copies[0]) if copies else []
     return {
         "checkpoint_id": ident,
         "step": parse_attempt_step(ident),
@@ -210,6 +205,7 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
         return
     import shlex
 
+    from portable_ckpt.io.hints import copy_back
     from portable_ckpt.logs import log_event
 
     total = len(info.passed_over) + info.passed_over_more
@@ -231,9 +227,8 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
             )
         if row["copies"]:
             line += (
-                f"; a verified copy is recorded at {', '.join(row['copies'])}: set "
-                f"{row['path']} aside (move it out of the root), then `{row['commands'][0]}`, "
-                f"then `{row['commands'][1]}`, and restart the job"
+                f"; a verified copy is recorded at {', '.join(row['copies'])}: "
+                f"{copy_back(str(row['path']), str(row['copies'][0]))}, and restart the job"
             )
         elif not row["copies_error"]:
             line += "; no verified copy of it is recorded"
