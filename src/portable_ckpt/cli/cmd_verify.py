@@ -13,6 +13,7 @@ import json
 import random
 import sys
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.cli import _args as A
@@ -51,170 +52,206 @@ def _verify(args: argparse.Namespace) -> int:
     return status
 
 
+@dataclass
+class _Run:
+    """One version's verification as it goes: what was found, recorded and cleared."""
+
+    target: str
+    #: The version (for an alerting probe: which, and how old its commit is; ops review F6).
+    version: dict[str, Any] = field(default_factory=dict)
+    errors: list[CheckpointError] = field(default_factory=list)
+    #: Problems that are never recorded as damage (a node root's absent files, moves left).
+    unsure: list[CheckpointError] = field(default_factory=list)
+    #: Files a node root lacks by design (spec §14.7).
+    away: list[str] = field(default_factory=list)
+    #: Unreadable files recorded as failures at the operator's request (--record-unreadable).
+    forced: list[dict[str, str]] = field(default_factory=list)
+    #: Verification records that could not be read before the pass.
+    unread: list[CheckpointError] = field(default_factory=list)
+    #: Failed verifications that keep the version from restores (after the record, if any).
+    barring: list[str] = field(default_factory=list)
+    #: Whether ``barring`` is known after the record (the records could be read again).
+    known: bool = True
+    record: str | None = None
+    record_failure: CheckpointError | None = None
+    cleared: list[str] = field(default_factory=list)
+    #: Cleared records an earlier clearing left in verifications/ (a move cut short) ...
+    unmoved: list[str] = field(default_factory=list)
+    #: ... and those of them this run moved to cleared/.
+    moved: list[str] = field(default_factory=list)
+
+
 def _verify_one(
     args: argparse.Namespace, ckpt: str, step: int | None, seed: int
 ) -> tuple[int, dict[str, Any]]:
     """Verify one version (``ckpt``: a version, or a root's newest with ``step``).
 
-    Prints its notes on stderr and, without ``--json``, its problems and verdict on stdout.
-    Returns its exit status and its ``--json`` document.
+    Three steps: check the version, record the outcome (and clear, with --clear-failed), then
+    report. Prints its notes on stderr and, without ``--json``, its problems and verdict on
+    stdout. Returns its exit status and its ``--json`` document.
     """
-    import portable_ckpt
-    from portable_ckpt.errors import DAMAGE_CODES
-    from portable_ckpt.format.manifest import CLEARS_MAX
-
-    errors: list[CheckpointError]
-    record: str | None = None
-    record_error: str | None = None
-    record_failure: CheckpointError | None = None
-    forced: list[dict[str, str]] = []
-    from portable_ckpt.io.damage import confirm_damage, elsewhere
-    from portable_ckpt.io.reader import Checkpoint
-
-    target = ckpt
-    version: dict[str, Any] = {}
-    unsure: list[CheckpointError] = []
-    away: list[str] = []
-    barring: list[str] = []  # failed verifications that still keep the version from restores
-    cleared: list[str] = []
-    moved_errors: list[CheckpointError] = []
-    moved: list[str] = []
+    run = _Run(ckpt)
     try:
+        import portable_ckpt
+
         storage, attempt, manifest = portable_ckpt._resolve(ckpt, step)
-        # Read before the verification begins: only these may be cleared (R-DRILL-10). A
-        # record that cannot be read stops no verification (review of the change: one record
-        # of a newer format made every verify of the version fail); it stops a clearing.
-        unread: list[CheckpointError] = []
-        barring, unmoved = _record_status(storage, attempt, unread)
-        if unread and not args.quiet:
-            print(f"portable-ckpt: the version's verification records could not all be read "
-                  f"({safe(unread[0])}); "
-                  + ("nothing is cleared" if args.clear_failed else "verifying it anyway"),
-                  file=sys.stderr)
-        # What an alerting probe needs beside the verdict (ops review F6): which version, and
-        # how old its commit is.
-        version = {"attempt_id": attempt, "step": manifest.step,
-                   "committed_at": manifest.committed_at,
-                   "age_seconds": age_seconds(manifest.committed_at)}
-        chunks = sum(len(t.ranges) for t in manifest.tensors.values())
-        try:
-            ck = Checkpoint(storage, attempt, manifest)
-            with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
-                errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
-            target = ck.path
-        except UsageError:
-            raise
-        except CheckpointError as exc:  # damage found while opening (a tensor table's bytes)
-            errors = [exc]
-        # A node root holds its nodes' files of a node-local version only (spec §14.7): spared
-        # first, so that the files absent by design are not looked for a second time.
-        errors, away = elsewhere(storage, attempt, manifest, errors)
-        # Damage that a second read does not find again is this read's fault: not recorded.
-        errors = confirm_damage(storage, attempt, manifest.files, errors)
-        if away and not args.quiet:
-            print(f"portable-ckpt: a node-local version (spec §14.7): {len(away)} of its files "
-                  f"are not in this root ({safe(away[0])}, ...), files a node root lacks by "
-                  "design. " + ("The other node roots hold them; only the files here were "
-                  "checked; a pass is not recorded" if args.node_root else "If this is a node "
-                  "root of a node-local tier, pass --node-root; otherwise the version is "
-                  "incomplete here (not recorded as damage: a node root looks the same)"),
-                  file=sys.stderr)
-        if away and not args.node_root:
-            unsure = [FileMissingError(
-                f"{rel}: not in this root; a node root of a node-local tier lacks it by design "
-                "(pass --node-root), any other copy of the version is missing it",
-                path=f"{attempt}/{rel}") for rel in away]
-        forced = (
-            _still_unreadable(storage, attempt, manifest.files, errors)
-            if args.record_unreadable else []
-        )
-        deleted = any(isinstance(e, VersionDeletedError) for e in errors)
-        if (args.deep or args.sample is not None) and args.record and not deleted and not (
-            away and not errors
-        ):
-            # A pass that read every byte of every file clears what the operator asked it to,
-            # at most the schema's CLEARS_MAX records at a time (the oldest first).
-            clears = (barring[:CLEARS_MAX]
-                      if args.clear_failed and not (errors or away or forced or unread) else [])
-            record, record_failure = _record(
-                storage, attempt, chunks, errors, args, seed, forced, clears
-            )
-            if record is not None and clears:
-                cleared = clears
-            if record is not None:
-                # The version's status after this run's record: failures recorded while this
-                # pass ran (by a restore or another verify) still bar it. Writing the record
-                # moved the cleared ones out of verifications/ for the tools of 1.0 and 1.1
-                # (this run's, and an earlier run's cut short); a move that failed is retried.
-                barring, left, moved_errors = _after_record(storage, attempt, args.clear_failed)
-                moved = sorted(v for v in unmoved if v not in left)
-            if record_failure is not None:
-                record_error = (f"[{record_failure.code}] {record_failure.message} "
-                                "(--no-record verifies without writing)")
+        _check(args, run, storage, attempt, manifest, seed)
+        _record_and_clear(args, run, storage, attempt, manifest, seed)
         if step is None and _is_root(ckpt, attempt):  # problems of the root
-            errors = errors + _newer_invalid(storage, attempt)
-        errors = errors + unsure  # after the record: never recorded as damage
-        errors = errors + moved_errors  # (older tools still see those records: retry)
-        if args.clear_failed and unread:  # the clearing asked for did not happen: retry
-            errors = errors + [StorageError(
+            run.errors += _newer_invalid(storage, attempt)
+        run.errors += run.unsure  # after the record: never recorded as damage
+        if args.clear_failed and run.unread:  # the clearing asked for did not happen: retry
+            run.errors.append(StorageError(
                 f"{attempt}: its verification records could not all be read "
-                f"({unread[0].message[:300]}): nothing cleared; run it again",
-                path=f"{attempt}/verifications/", retryable=unread[0].retryable)]
+                f"({run.unread[0].message[:300]}): nothing cleared; run it again",
+                path=f"{attempt}/verifications/", retryable=run.unread[0].retryable))
     except UsageError:
         raise
     except CheckpointError as exc:
+        run.errors = [exc]
+    return _report(args, run, seed)
+
+
+def _check(
+    args: argparse.Namespace, run: _Run, storage: Any, attempt: str, manifest: Any, seed: int
+) -> None:
+    """Verify the version's bytes; keep in ``run`` what a second read confirms."""
+    from portable_ckpt.io.damage import confirm_damage, elsewhere
+    from portable_ckpt.io.reader import Checkpoint
+
+    # Read before the verification begins: only these may be cleared (R-DRILL-10). A record
+    # that cannot be read stops no verification (review of the change: one record of a newer
+    # format made every verify of the version fail); it stops a clearing.
+    run.barring, run.unmoved = _record_status(storage, attempt, run.unread)
+    if run.unread and not args.quiet:
+        print(f"portable-ckpt: the version's verification records could not all be read "
+              f"({safe(run.unread[0])}); "
+              + ("nothing is cleared" if args.clear_failed else "verifying it anyway"),
+              file=sys.stderr)
+    run.version = {"attempt_id": attempt, "step": manifest.step,
+                   "committed_at": manifest.committed_at,
+                   "age_seconds": age_seconds(manifest.committed_at)}
+    errors: list[CheckpointError]
+    try:
+        ck = Checkpoint(storage, attempt, manifest)
+        with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
+            errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
+        run.target = ck.path
+    except UsageError:
+        raise
+    except CheckpointError as exc:  # damage found while opening (a tensor table's bytes)
         errors = [exc]
+    # A node root holds its nodes' files of a node-local version only (spec §14.7): spared
+    # first, so that the files absent by design are not looked for a second time.
+    errors, run.away = elsewhere(storage, attempt, manifest, errors)
+    # Damage that a second read does not find again is this read's fault: not recorded.
+    run.errors = confirm_damage(storage, attempt, manifest.files, errors)
+    if run.away and not args.quiet:
+        print(f"portable-ckpt: a node-local version (spec §14.7): {len(run.away)} of its files "
+              f"are not in this root ({safe(run.away[0])}, ...), files a node root lacks by "
+              "design. " + ("The other node roots hold them; only the files here were "
+              "checked; a pass is not recorded" if args.node_root else "If this is a node "
+              "root of a node-local tier, pass --node-root; otherwise the version is "
+              "incomplete here (not recorded as damage: a node root looks the same)"),
+              file=sys.stderr)
+    if run.away and not args.node_root:
+        run.unsure = [FileMissingError(
+            f"{rel}: not in this root; a node root of a node-local tier lacks it by design "
+            "(pass --node-root), any other copy of the version is missing it",
+            path=f"{attempt}/{rel}") for rel in run.away]
+    if args.record_unreadable:
+        run.forced = _still_unreadable(storage, attempt, manifest.files, run.errors)
+
+
+def _record_and_clear(
+    args: argparse.Namespace, run: _Run, storage: Any, attempt: str, manifest: Any, seed: int
+) -> None:
+    """Record a deep or sampled outcome beside the version, clearing what --clear-failed asks.
+
+    Not recorded: a metadata verification, ``--no-record``, a version deleted meanwhile, and
+    a node root's pass (its absent files were not checked).
+    """
+    if not (args.deep or args.sample is not None) or not args.record:
+        return
+    if any(isinstance(e, VersionDeletedError) for e in run.errors) or (
+        run.away and not run.errors
+    ):
+        return
+    from portable_ckpt.format.manifest import CLEARS_MAX
+
+    # A pass that read every byte of every file clears what the operator asked it to, at most
+    # the schema's CLEARS_MAX records at a time (the oldest first).
+    clean = not (run.errors or run.away or run.forced or run.unread)
+    clears = run.barring[:CLEARS_MAX] if args.clear_failed and clean else []
+    chunks = sum(len(t.ranges) for t in manifest.tensors.values())
+    run.record, run.record_failure = _record(
+        storage, attempt, chunks, run.errors, args, seed, run.forced, clears
+    )
+    if run.record is None:
+        return
+    run.cleared = clears
+    # The version's status after this run's record: failures recorded while this pass ran (by
+    # a restore or another verify) still bar it. Writing the record moved the cleared ones out
+    # of verifications/ for the tools of 1.0 and 1.1 (this run's, and an earlier run's cut
+    # short); a move that failed is retried.
+    _after_record(storage, attempt, args.clear_failed, run)
+
+
+def _report(args: argparse.Namespace, run: _Run, seed: int) -> tuple[int, dict[str, Any]]:
+    """Print the outcome and return ``(exit status, --json document)``."""
+    from portable_ckpt.errors import DAMAGE_CODES
+
+    errors = run.errors
     ok = not errors
     # A node root's absent files are not damage a deeper verification would record (F7)
-    damaged = any(e.code in DAMAGE_CODES for e in errors if e not in unsure)
+    damaged = any(e.code in DAMAGE_CODES for e in errors if e not in run.unsure)
     if damaged and not (args.deep or args.sample is not None) and not args.quiet:
         # ops review F18: gc and managers count a version as good until a record says not
         print("portable-ckpt: a metadata verification records nothing: gc and managers still "
               "count this version; `verify --sample F` or `--deep` records the damage",
               file=sys.stderr)
+    record_error = None if run.record_failure is None else (
+        f"[{run.record_failure.code}] {run.record_failure.message} "
+        "(--no-record verifies without writing)")
     if record_error is not None:
         print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
               file=sys.stderr)
-    doc: dict[str, Any] = {"ok": ok, "path": target, **version,
+    doc: dict[str, Any] = {"ok": ok, "path": run.target, **run.version,
                            "errors": [{**e.to_json(), "retryable": e.retryable}
                                       for e in errors],
-                           "record": record, "record_error": record_error,
-                           "failed_verifications": barring, "cleared": cleared}
-    if away:  # the files a node root lacks by design: problems here unless --node-root
-        doc["node_root_absent"] = away
+                           "record": run.record, "record_error": record_error,
+                           "failed_verifications": run.barring, "cleared": run.cleared}
+    if run.away:  # the files a node root lacks by design: problems here unless --node-root
+        doc["node_root_absent"] = run.away
     if args.sample is not None:
         doc["sample"] = {"fraction": args.sample, "seed": seed}
     if not args.json:
-        mode = (
-            "deep verification"
-            if args.deep
-            else (
-                f"sampled verification: fraction {args.sample}, seed {seed}"
-                if args.sample
-                else "metadata verification"
-            )
-        )
+        mode = ("deep verification" if args.deep else
+                f"sampled verification: fraction {args.sample}, seed {seed}" if args.sample else
+                "metadata verification")
         for e in errors:
             print(f"{e.code}  {safe(e.message)}", file=sys.stdout)
-        if record is not None and not args.quiet:  # stderr: stdout is problems + verdict
-            print(f"portable-ckpt: recorded {safe(record)}" + ("" if ok else " (never restored "
-                  "by a manager; gc keeps the newest versions that did not fail)"),
+        if run.record is not None and not args.quiet:  # stderr: stdout is problems + verdict
+            failed = damaged or bool(run.forced)  # a record of a pass says nothing more
+            print(f"portable-ckpt: recorded {safe(run.record)}" + (" (never restored by a "
+                  "manager; gc keeps the newest versions that did not fail)" if failed else ""),
                   file=sys.stderr)
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
-        print(f"{verdict}  {safe(target)} ({mode})")
+        print(f"{verdict}  {safe(run.target)} ({mode})")
     if not args.quiet:  # after "recorded": what the record did to the version's status
-        _say_barring(args, target, ok, barring, cleared, record is not None, moved)
+        _say_barring(args, run, ok)
     # A record asked for and not written: gc and managers do not know the outcome, as `copy`
     # fails when its record fails (scripting review F9). 75 when every problem may pass by
     # itself (a storage error: F6), 1 when any is about the version.
-    failures = [*errors, *([record_failure] if record_failure else [])]
+    failures = [*errors, *([run.record_failure] if run.record_failure else [])]
     # Unreadable files recorded as the version's failure (--record-unreadable) are a verdict;
     # so is a --clear-failed after which the version still fails (a failure recorded while the
-    # pass ran, or beyond the CLEARS_MAX one record clears): a script's `&& restart` must not run.
-    still = bool(args.clear_failed and ok and barring)
-    doc["still_failed"] = bool(barring)
+    # pass ran, or beyond the CLEARS_MAX one record clears): a script's `&& restart` must not
+    # run.
+    still = bool(args.clear_failed and ok and run.barring)
+    doc["still_failed"] = bool(run.barring)
     status = failed_status([e.retryable for e in failures]
-                           + [False] * bool(forced and record) + [False] * still)
+                           + [False] * bool(run.forced and run.record) + [False] * still)
     return status, doc
 
 
@@ -370,61 +407,65 @@ def _status_of(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
             [str(r["verification_id"]) for r in unmoved_cleared(records)])
 
 
-def _after_record(
-    storage: Any, attempt: str, move: bool
-) -> tuple[list[str], list[str], list[CheckpointError]]:
-    """After this run's record: ``(failed ids, cleared ids still not moved, problems)``.
+def _after_record(storage: Any, attempt: str, move: bool, run: _Run) -> None:
+    """After this run's record: the failures that still bar the version, and moves finished.
 
     With ``move`` (``--clear-failed``), cleared records the record's writing left behind are
     moved now (spec §14.5), and each that is not is a problem: releases before format 1.2 still
-    count the version as failed until it is.
+    count the version as failed until it is. Records that cannot be read again leave the
+    version's status unknown (``run.known``): said, never "managers may restore it".
     """
     from portable_ckpt.io.annotations import move_cleared, read_annotations
 
     unread: list[CheckpointError] = []
     records = read_annotations(storage, attempt, "verifications", errors=unread)
-    barring, left = _status_of(records)
-    problems: list[CheckpointError] = []
+    run.barring, left = _status_of(records)
+    run.known = not unread
+    failed: list[CheckpointError] = []
     if move and (left or unread):
         moved, failed = move_cleared(storage, attempt, records)
         left = [v for v in left if v not in moved]
-        problems = [StorageError(
-            f"{e.path or attempt}: a cleared verification record could not be moved to "
-            f"verifications/cleared/ ({e.message[:300]}): tools older than format 1.2 still "
-            "count the version as failed; run --clear-failed again", path=e.path,
-            retryable=e.retryable) for e in [*unread, *failed]]
-    return barring, left, problems
+    run.moved = sorted(v for v in run.unmoved if v not in left)
+    run.unsure += [StorageError(
+        f"{e.path or attempt}: a cleared verification record could not be moved to "
+        f"verifications/cleared/ ({e.message[:300]}): tools older than format 1.2 still "
+        "count the version as failed; run --clear-failed again", path=e.path,
+        retryable=e.retryable) for e in [*unread, *failed]]
 
 
-def _say_barring(
-    args: argparse.Namespace, target: str, ok: bool, barring: list[str], cleared: list[str],
-    record_ok: bool, moved: list[str],
-) -> None:
+def _say_barring(args: argparse.Namespace, run: _Run, ok: bool) -> None:
     """On stderr: failed verifications this run cleared, or that still bar the version (R2)."""
     from portable_ckpt.format.manifest import CLEARS_MAX
 
-    if cleared:
-        print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) "
-              f"({', '.join(cleared[:4])}{', ...' if len(cleared) > 4 else ''})"
-              + (f"; {len(barring)} still keep the version from restores ("
-                 f"{', '.join(barring[:4])}{', ...' if len(barring) > 4 else ''}: recorded "
-                 f"while this pass ran, or beyond the {CLEARS_MAX:,} one record clears; run "
-                 "--clear-failed again)" if barring else
+    def some(ids: list[str]) -> str:
+        return f"{', '.join(ids[:4])}{', ...' if len(ids) > 4 else ''}"
+
+    barring, cleared = run.barring, run.cleared
+    if cleared and not run.known:
+        print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) ({some(cleared)}), "
+              "but the version's records could not be read again afterwards: whether a "
+              f"failure recorded meanwhile still bars it is not known; `portable-ckpt ls "
+              f"{safe(run.target.rstrip('/').rpartition('/')[0])}` says", file=sys.stderr)
+    elif cleared:
+        print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) ({some(cleared)})"
+              + (f"; {len(barring)} still keep the version from restores ({some(barring)}: "
+                 f"recorded while this pass ran, or beyond the {CLEARS_MAX:,} one record "
+                 "clears; run --clear-failed again)" if barring else
                  ": managers may restore this version again, and gc counts it among the "
                  "newest (spec §14.5; the cleared records are kept in verifications/cleared/, "
                  "where no release counts them)"), file=sys.stderr)
-    elif args.clear_failed and ok and record_ok:
+    elif args.clear_failed and ok and run.record is not None:
         print("portable-ckpt: no failed verification of this version to clear"
-              + (f"; finished moving {len(moved)} record(s) an earlier clearing cleared to "
+              + (f"; finished moving {len(run.moved)} record(s) an earlier clearing cleared to "
                  "verifications/cleared/: releases before format 1.2 see it cleared now"
-                 if moved else ""), file=sys.stderr)
+                 if run.moved else ""), file=sys.stderr)
     elif barring and ok:
         fix = ("the pass was not recorded, nothing was cleared" if args.clear_failed else
                f"if the damaged files were replaced and this pass is to be trusted, "
-               f"`{safe(clear_failed(target))}` clears them")
+               f"`{safe(clear_failed(run.target))}` clears them")
         print(f"portable-ckpt: an earlier verification of this version failed "
-              f"({', '.join(barring[:4])}{', ...' if len(barring) > 4 else ''}) and still keeps "
-              f"it from every restore a manager makes: {fix}", file=sys.stderr)
+              f"({some(barring)}) and still keeps it from every restore a manager makes: {fix}",
+              file=sys.stderr)
 
 
 def _still_unreadable(
