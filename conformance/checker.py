@@ -531,6 +531,14 @@ class _VersionChecker:
                 continue
             if rel == "manifest.json" or rel in listed:
                 continue
+            if rel in _RECORD_DIRS and not stat.S_ISDIR(mode):
+                # Every record of its kind would be stored below it: none can be, and a damage
+                # a verification finds is never recorded (attack review 12, A6).
+                what = "a regular file" if stat.S_ISREG(mode) else mode_kind(mode)
+                self.err("PCK-SCHEMA", f"{rel!r} is {what}, not a directory: no record of "
+                         "that kind can be stored in the version (§14.3–§14.5)")
+                self.content_errors += 1
+                continue
             record = _record_kind(rel)
             if record is not None and record != "index":
                 continue  # records added after the commit (R-FILES-1), read below
@@ -962,7 +970,11 @@ class _VersionChecker:
             for vid in d.get("clears") or ():
                 f = failed.get(str(vid))
                 if f is None and str(vid) in history:
-                    continue
+                    # Moved: its time is read from the history, so that a clearing dated
+                    # before the failure it lists is still reported (attack review 12, A3).
+                    f = _history_record(moved / f"{vid}.json")
+                    if f is None:
+                        continue
                 if f is None:
                     self.r.warn(f"{where}: clears {vid!r}, which is no failed verification "
                                 "record of this version (R-DRILL-10)")
@@ -1064,6 +1076,21 @@ _SIDE_DOCUMENTS: tuple[tuple[str, str, str, str | None, str], ...] = (
     ("verifications", "verification", "portable-ckpt-verification", "verification_id",
      "R-DRILL-7"),
 )
+
+
+#: The directories of the records added after a commit (§14.3–§14.5).
+_RECORD_DIRS = frozenset({"drills", "copies", "verifications", "verifications/cleared"})
+
+
+def _history_record(path: Path) -> dict[str, Any] | None:
+    """A cleared record kept below ``verifications/cleared/`` as a JSON object, if readable."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > (1 << 20):
+            return None
+        doc = loads_strict(path.read_bytes(), max_bytes=1 << 20)
+    except (OSError, ValueError, StrictJsonError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _record_kind(rel: str) -> str | None:

@@ -263,6 +263,10 @@ def _read_annotation(
     return doc
 
 
+#: A well-formed format version (§16.1): MAJOR.MINOR, no leading zeros, any number of digits.
+_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
+
+
 def _counting_record(
     data: bytes, attempt_id: str, kind: str, path: str
 ) -> dict[str, Any] | None:
@@ -281,7 +285,11 @@ def _counting_record(
     if f"{doc.get(id_member)}.json" != path.rsplit("/", 1)[-1]:
         return None  # a record counts only under its own name
     fv = doc.get("format_version")
-    if isinstance(fv, str) and fv.split(".", 1)[0] != "1" and re.fullmatch(r"[0-9]+\.[0-9]+", fv):
+    # Only a well-formed version (§16.1: no leading zeros) with a MAJOR above 1 is newer:
+    # "01.0" or "0.9" is a malformed record, which does not count (attack review 12, A7).
+    newer = isinstance(fv, str) and (m := _VERSION.fullmatch(fv)) is not None and (
+        len(m[1]) > 1 or m[1] > "1")
+    if newer:
         # A newer major version's record of this version (a failed verification, perhaps):
         # not "no record" (compatibility review F3), as a foreign version is not abandoned.
         raise VersionUnsupportedError(
@@ -292,7 +300,50 @@ def _counting_record(
         validate_document(doc, schema_file, what=path)
     except CheckpointError:
         return None
-    return doc
+    return _slim(doc)
+
+
+#: Problems of a record kept in memory, and the characters of each message kept.
+_ERRORS_KEPT = 8
+_MESSAGE_KEPT = 4096
+#: Per-rank values of a drill's measurements kept in memory.
+_RANKS_KEPT = 4096
+
+
+def _slim(doc: dict[str, Any]) -> dict[str, Any]:
+    """What tools read of a record that counts: its members of the schema, problems cut.
+
+    A listing keeps every version's records; a valid record may carry unknown members
+    (R-VERSION-6) and 1,024 messages of 65,536 characters each. Kept whole, three 60 MB
+    records took ``ls --latest`` to 3.75 GB (attack review 12, A2). ``clears`` stays only where
+    it counts (where the schema bounds it).
+    """
+    out = {k: v for k, v in doc.items() if k in _MEMBERS}
+    if "clears" in out and not _clears(out):
+        del out["clears"]
+    if isinstance(out.get("errors"), list):
+        out["errors"] = [_cut(e) for e in out["errors"][:_ERRORS_KEPT]]
+    if isinstance(out.get("error"), dict):
+        out["error"] = _cut(out["error"])
+    if isinstance(out.get("measurements"), dict):  # per-rank lists: the schema leaves them long
+        out["measurements"] = {k: v[:_RANKS_KEPT] if isinstance(v, list) else v
+                               for k, v in out["measurements"].items()}
+    return out
+
+
+def _cut(problem: Any) -> Any:
+    if isinstance(problem, dict) and isinstance(problem.get("message"), str):
+        return {**problem, "message": problem["message"][:_MESSAGE_KEPT]}
+    return problem
+
+
+#: The members of the records' schemas (drill, copy, verification; ``clears`` of 1.2).
+_MEMBERS = frozenset({
+    "format", "format_version", "attempt_id", "verification_id", "drill_id", "copy_id",
+    "verified_at", "started_at", "finished_at", "ok", "mode", "fraction", "chunks", "seed",
+    "verifier", "errors", "error", "clears", "destination", "world_size", "saved_world_size",
+    "contract", "measurements",
+})
 
 
 def read_listed_record(storage: Storage, rel: str) -> bytes:
@@ -461,24 +512,35 @@ def move_cleared(
         dst = f"{attempt_id}/verifications/{CLEARED_DIR}/{vid}.json"
         try:
             data = storage.read_all(src, max_size=jsonio.MAX_DOCUMENT_BYTES)
-            # Create-if-absent and durable; the original goes only once the history holds its
-            # bytes (a file there with other bytes, another run's or anyone's, is not them).
-            if not storage.create_if_absent(dst, data) and storage.read_all(
-                dst, max_size=jsonio.MAX_DOCUMENT_BYTES
-            ) != data:
-                errors.append(StorageError(
-                    f"{dst} exists with other bytes than {src}: the cleared record is left "
-                    "where it is (move the other file away and clear again)", path=dst,
-                    retryable=False))
-                continue
-            storage.delete(src)
         except FileMissingError:
             continue  # moved by another run meanwhile
         except CheckpointError as exc:
             errors.append(exc)
             continue
+        try:
+            # Create-if-absent and durable; the original goes only once the history holds its
+            # bytes (a file there with other bytes, another run's or anyone's, is not them;
+            # nor is a directory or a FIFO there, which reads as absent: attack review 12, A5).
+            if not storage.create_if_absent(dst, data) and _read_or_none(storage, dst) != data:
+                errors.append(StorageError(
+                    f"{dst} exists with other bytes than {src}, or is no regular file: the "
+                    "cleared record is left where it is (move the other away and clear again)",
+                    path=dst, retryable=False))
+                continue
+            storage.delete(src)
+        except CheckpointError as exc:
+            errors.append(exc)
+            continue
         moved.append(vid)
     return moved, errors
+
+
+def _read_or_none(storage: Storage, rel: str) -> bytes | None:
+    """A file's bytes, or ``None`` when there is no regular file at ``rel``."""
+    try:
+        return storage.read_all(rel, max_size=jsonio.MAX_DOCUMENT_BYTES)
+    except FileMissingError:
+        return None
 
 
 def prune_annotations(

@@ -5,7 +5,8 @@ logged through the ``logging`` logger ``portable_ckpt`` (INFO; the object is att
 record as ``record.pck_event``). With ``events=PATH``:
 
 * ``PATH`` ending in ``.prom``: a Prometheus textfile (node-exporter textfile collector format),
-  rewritten atomically after each event with the latest value of every gauge;
+  rewritten atomically after each event with the latest value of every gauge, the times of the
+  last commit and verification, and counters since the process started;
 * any other ``PATH``: one JSON line appended per event.
 
 ``{rank}`` in ``PATH`` is replaced by the rank, so every rank writes its own file; without it only
@@ -23,12 +24,12 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from portable_ckpt.logs import LOGGER_NAME, log_event
 
-__all__ = ["EVENTS", "LOGGER_NAME", "Telemetry", "prometheus_text"]
+__all__ = ["COUNTERS", "EVENTS", "LOGGER_NAME", "Telemetry", "prometheus_text"]
 
 #: Event names and what they report.
 EVENTS = {
@@ -66,6 +67,31 @@ _GAUGES: tuple[tuple[str, str, str, str], ...] = (
     ("pck_replicate_mib_per_s", "replicate", "mib_per_s", "Throughput of the last replication"),
 )
 
+# Timestamp gauges: metric name -> (events that set it, help). Kept per tier apart from the
+# latest event: a failed commit replaced the commit event, and a job that hung kept
+# ``pck_commit_ok 1`` with no sign of its age (SRE review 2, W5).
+_STAMPS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("pck_last_commit_timestamp_seconds", ("commit", "replicate"),
+     "Unix time of the newest committed save of the tier (a copy to the durable root counts; "
+     "seeded at restore from the restored version's committed_at)"),
+    ("pck_last_verify_timestamp_seconds", ("verify",),
+     "Unix time of the last sampled verification (passed or failed)"),
+)
+# Counters: metric name -> (event, help). Since the process started (a restart is a counter
+# reset to Prometheus); the gauges said only the last event's count (SRE review 2, W5).
+_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("pck_retention_deleted_total", "retention",
+     "Versions retention deleted since the process started"),
+    ("pck_save_failed_total", "commit",
+     "Saves whose commit failed or was refused since the process started"),
+    ("pck_replicate_failed_total", "replicate",
+     "Copies to the durable root that failed since the process started"),
+)
+#: The textfile's counters (:meth:`Telemetry.start_counters` starts them at 0).
+COUNTERS = tuple(name for name, _, _ in _COUNTERS)
+#: Counters of one tier only: copies go to the durable root (``replicate`` events' tier).
+_COUNTER_TIER = {"pck_replicate_failed_total": "durable"}
+
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool):
@@ -82,24 +108,62 @@ def _label(value: Any) -> str:
 def prometheus_text(
     latest: Mapping[tuple[str, str], Mapping[str, Any]],
     labels: Mapping[str, Any] | None = None,
+    *,
+    stamps: Mapping[tuple[str, str], float] | None = None,
+    counters: Mapping[tuple[str, str], float] | None = None,
 ) -> str:
     """Render the textfile from the latest event per ``(event, tier)``.
 
     ``labels`` (e.g. ``rank``, ``root``) follow ``tier`` on every sample: per-rank files and
     several jobs on one node exported the same series, which a collector rejects as duplicates
-    (multi-job review F15).
+    (multi-job review F15). ``stamps`` (timestamp gauges) and ``counters`` are keyed by
+    ``(metric name, tier)``.
     """
     extra = "".join(f',{k}="{_label(v)}"' for k, v in (labels or {}).items())
     lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, values: list[tuple[str, float]]) -> None:
+        if values:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lines.extend(f'{name}{{tier="{_label(t)}"{extra}}} {v!r}' for t, v in values)
+
     for name, event, fld, help_text in _GAUGES:
-        samples = []
+        values = []
         for (ev, tier), doc in sorted(latest.items()):
             value = _number(doc.get(fld)) if ev == event else None
             if value is not None:
-                samples.append(f'{name}{{tier="{_label(tier)}"{extra}}} {value!r}')
-        if samples:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+                values.append((tier, value))
+        family(name, "gauge", help_text, values)
+    for name, _, help_text in _STAMPS:
+        family(name, "gauge", help_text,
+               [(t, float(v)) for (n, t), v in sorted((stamps or {}).items()) if n == name])
+    for name, _, help_text in _COUNTERS:
+        family(name, "counter", help_text,
+               [(t, float(v)) for (n, t), v in sorted((counters or {}).items()) if n == name])
     return "\n".join(lines) + "\n"
+
+
+def _stamp_of(event: str, doc: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """The timestamp gauges ``doc`` sets: a published commit or copy, any verification."""
+    when = _number(doc.get("ts"))
+    if when is None or (event in ("commit", "replicate") and doc.get("ok") is not True):
+        return []
+    return [(name, when) for name, events, _ in _STAMPS if event in events]
+
+
+def _increments(event: str, doc: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """What ``doc`` adds to the counters: retention's deletions, a failed commit or copy."""
+    out = []
+    for name, ev, _ in _COUNTERS:
+        if ev != event:
+            continue
+        if event == "retention":
+            n = _number(doc.get("deleted_count"))
+            if n:
+                out.append((name, n))
+        elif doc.get("ok") is False:
+            out.append((name, 1.0))
+    return out
 
 
 #: Events :attr:`Telemetry.history` keeps in memory (between this many and twice as many): it
@@ -170,6 +234,8 @@ class Telemetry:
         self.log = logging.getLogger(LOGGER_NAME)
         self._lock = threading.Lock()
         self._latest: dict[tuple[str, str], dict[str, Any]] = {}
+        self._stamps: dict[tuple[str, str], float] = {}  # (metric, tier) -> unix seconds
+        self._counters: dict[tuple[str, str], float] = {}  # (metric, tier) -> since start
         self.path: str | None = None
         self._said_unwritable = False
         self.history: list[dict[str, Any]] = []
@@ -187,6 +253,38 @@ class Telemetry:
         """Whether the file is a Prometheus textfile."""
         return self.path is not None and self.path.endswith(".prom")
 
+    def start_counters(self, tiers: Iterable[str]) -> None:
+        """Start the textfile's counters at 0 for each of ``tiers`` (written with the next event).
+
+        A counter that first appears at 1 shows no increase to ``rate()`` or ``increase()``:
+        a restarted job's first failed save went unseen (SRE review 2, W5).
+        """
+        with self._lock:
+            for tier in tiers:
+                for name in COUNTERS:
+                    if _COUNTER_TIER.get(name, tier) == tier:
+                        self._counters.setdefault((name, tier), 0.0)
+
+    def seed(
+        self, tier: str, *, step: int | None = None, committed_at: float | None = None
+    ) -> None:
+        """Carry a restored version's step and commit time into the textfile (not an event).
+
+        A restart rebuilt the file from the new process's events only: once its saves failed,
+        ``pck_save_step`` was gone, and no gauge said how old the newest commit was (SRE
+        review 2, W5). ``step`` becomes ``pck_save_step`` of ``tier`` unless a save of this
+        process set it already; ``committed_at`` (unix seconds)
+        ``pck_last_commit_timestamp_seconds`` unless a newer commit set it. Written with the
+        next event.
+        """
+        with self._lock:
+            if step is not None:
+                self._latest.setdefault(("save", tier), {"event": "save", "step": step,
+                                                         "seeded": True})
+            if committed_at is not None:
+                key = ("pck_last_commit_timestamp_seconds", tier)
+                self._stamps[key] = max(self._stamps.get(key, committed_at), committed_at)
+
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Record one event; return it. Never raises for an I/O problem of the sink."""
         doc = log_event(
@@ -202,8 +300,14 @@ class Telemetry:
             try:
                 if self.prometheus:
                     tier = fields.get("tier")  # no tier (a first run's restore): "none"
-                    self._latest[(event, "none" if tier in (None, "") else str(tier))] = doc
-                    _publish_text(self.path, prometheus_text(self._latest, self.labels))
+                    tier = "none" if tier in (None, "") else str(tier)
+                    self._latest[(event, tier)] = doc
+                    for name, when in _stamp_of(event, doc):
+                        self._stamps[(name, tier)] = when
+                    for name, n in _increments(event, doc):
+                        self._counters[(name, tier)] = self._counters.get((name, tier), 0.0) + n
+                    _publish_text(self.path, prometheus_text(
+                        self._latest, self.labels, stamps=self._stamps, counters=self._counters))
                 else:
                     line = json.dumps(doc, default=str, allow_nan=False) + "\n"
                     with os.fdopen(_open_append(self.path), "a", encoding="utf-8") as f:

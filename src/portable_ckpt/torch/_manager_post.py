@@ -25,7 +25,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.manager.decisions import Decision
 from portable_ckpt.manager.pinning import sync_pins
 from portable_ckpt.manager.records import candidates_of
-from portable_ckpt.manager.retention import plan_retention
+from portable_ckpt.manager.retention import RetentionDecision, plan_retention
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_tiers import Tier
 from portable_ckpt.torch.async_saving import AsyncSaveHandle
@@ -661,6 +661,9 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
                 pins = {"pin_error": {"code": e.code, "message": e.message[:2000]}}
         # spare_since: the next async save may be writing already; with a short grace its
         # files went under its writers (chaos review F1). Failed saves remove their own files.
+        # Their copy records go with them: read before gc, for the few that are named.
+        failed_ids = {c.id for c in cands if c.committed and c.verification_failed}
+        failed_copies = _failed_copies(tier, decisions, failed_ids)
         report = gc(tier.storage, keep=1, keep_ids=keep, grace_seconds=mgr.grace_seconds,
                     spare_since=mgr._started)
     except CheckpointError as e:
@@ -694,6 +697,8 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         **pins,
     )
     where = f"rank {mgr.rank}: {tier.name} tier:"
+    _say_failed_deleted(mgr, tier, decisions, [i for i in report.deleted if i in failed_ids],
+                        failed_copies)
     for bad in held:
         _say_once(mgr, f"pins:{tier.name}", (
             f"{where} retention deletes no committed version while the root's pins cannot be "
@@ -708,6 +713,78 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
             f"{where} attempt {bad['id']} has an invalid commit record ([{bad['code']}] "
             f"{bad['message'][:300]}): a committed version damaged after its commit; retention "
             "keeps it (portable-ckpt gc --delete-invalid deletes it)"))
+
+
+#: Deleted versions that failed verification which one retention pass names (then a count).
+FAILED_DELETED_NAMED = 3
+
+
+def _failed_copies(
+    tier: Tier, decisions: list[RetentionDecision], failed: set[str]
+) -> dict[str, tuple[list[str], str | None]]:
+    """The verified copies recorded for the newest failed versions this pass is to delete.
+
+    Read before gc deletes them with their records; at most :data:`FAILED_DELETED_NAMED`, and
+    none in the usual pass, which deletes no failed version.
+    """
+    from portable_ckpt.torch._restore_passed_over import copies_of
+
+    doomed = [d.id for d in decisions if d.delete and d.id in failed]
+    return {i: copies_of(tier.storage, i) for i in doomed[::-1][:FAILED_DELETED_NAMED]}
+
+
+def _say_failed_deleted(
+    mgr: CheckpointManager,
+    tier: Tier,
+    decisions: list[RetentionDecision],
+    deleted: list[str],
+    copies: dict[str, tuple[list[str], str | None]],
+) -> None:
+    """Rank 0, once per pass: retention deleted versions that failed verification.
+
+    They went at the job's next save, inside ``keep_last`` too, with nothing said but the
+    retention event: an operator paged for a cron verify's failure found the version gone
+    before repairing it in place (SRE review 2, W6). Said on stderr and as a WARNING
+    (event ``retention.deleted_failed``), with the verified copies recorded for them.
+    """
+    import shlex
+
+    from portable_ckpt.logs import log_event
+
+    if mgr.rank != 0 or not deleted:
+        return
+    step = {d.id: d.step for d in decisions}
+    gone = sorted(deleted, reverse=True)  # newest first (attempt ids sort by step)
+    root = tier.root.rstrip("/")
+    rows: list[dict[str, Any]] = []
+    parts: list[str] = []
+    for ident in gone[:FAILED_DELETED_NAMED]:
+        found, problem = copies.get(ident, ([], None))
+        rows.append({"checkpoint_id": ident, "step": step.get(ident), "path": f"{root}/{ident}",
+                     "copies": found, "copies_error": problem})
+        part = f"step {step.get(ident)}, {root}/{ident}"
+        if found:
+            part += f" (a verified copy is recorded at {', '.join(found)})"
+        elif problem is not None:
+            part += f" (its copy records could not be read: {problem[:200]})"
+        elif ident in copies:
+            part += " (no verified copy of it is recorded)"
+        parts.append(part)
+    more = len(gone) - len(rows)
+    text = (
+        f"rank {mgr.rank}: {tier.name} tier: retention deleted {len(gone)} version(s) that "
+        f"failed verification: {'; '.join(parts)}"
+        + (f"; and {more} more (the retention event lists them)" if more else "")
+        + ". A version that failed verification is deleted at the job's next retention pass, "
+        "inside keep_last too, unless it is pinned: to repair the next one in place, pin it "
+        f"as soon as it fails (`portable-ckpt pin {shlex.quote(root)}/ID`; docs/recovery.md)"
+    )
+    log_event(
+        _log, "retention.deleted_failed",
+        {"tier": tier.name, "deleted": rows, "more": more},
+        "%s", text, rank=mgr.rank, level=logging.WARNING,
+    )
+    say(text)
 
 
 def _say_once(mgr: CheckpointManager, key: str, text: str) -> None:

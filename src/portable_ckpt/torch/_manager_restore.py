@@ -29,8 +29,8 @@ from portable_ckpt.errors import (
     UnsupportedValueError,
     UsageError,
 )
-from portable_ckpt.io.annotations import timestamp_key
-from portable_ckpt.io.versions import list_versions, restore_decision
+from portable_ckpt.io.annotations import epoch_us, timestamp_key
+from portable_ckpt.io.versions import list_versions, load_manifest, restore_decision
 from portable_ckpt.storage import local_path
 from portable_ckpt.torch._collectives import make_comm
 from portable_ckpt.torch._inflight import say
@@ -225,8 +225,10 @@ def restore(
             _say_left_from_failed(mgr, info, fallbacks)
         if tier_name != "explicit":
             passed_over(mgr, info, step, seen, tried)
-        own = tier_name != "explicit" or _in_own_tier(mgr, ident)
-        after_restore(mgr, info, tier_name, t0, fallbacks, own=own)
+        own_tier = tier_name if tier_name != "explicit" else _own_tier(mgr, ident)
+        if own_tier is not None:
+            _seed_telemetry(mgr, info, own_tier, seen)  # published with the restore event
+        after_restore(mgr, info, tier_name, t0, fallbacks, own=own_tier is not None)
         say_passed_over(mgr, info, tier_name)
         if step is not None:
             _warn_if_rolled_back(mgr, info.step)
@@ -724,21 +726,48 @@ def reach_node_local(
     mgr._fetched = report  # this restore's: a failed candidate's report is not the restore's
 
 
-def _in_own_tier(mgr: CheckpointManager, checkpoint: str) -> bool:
-    """Whether an explicit ``checkpoint=`` is one of this manager's tier roots or a version in one.
+def _own_tier(mgr: CheckpointManager, checkpoint: str) -> str | None:
+    """The tier whose root an explicit ``checkpoint=`` is, or holds it as a version, or ``None``.
 
     ``load`` takes a root's newest version (review D2).
     """
     path = storage_url(checkpoint).rstrip("/")
-    for tier in mgr.tiers.values():
+    for name, tier in mgr.tiers.items():
         root = tier.root.rstrip("/")
         for candidate in (path, path.rsplit("/", 1)[0]):
             if candidate == root or (
                 local_path(root) is not None
                 and os.path.realpath(candidate) == os.path.realpath(root)
             ):
-                return True
-    return False
+                return name
+    return None
+
+
+def _seed_telemetry(
+    mgr: CheckpointManager, info: LoadInfo, tier_name: str,
+    seen: Mapping[str, Sequence[VersionInfo]],
+) -> None:
+    """Seed the textfile with the restored version's step and, on rank 0, its commit time.
+
+    A restart rebuilt the Prometheus textfile from the new process's events only: when its
+    saves failed, ``pck_save_step`` was gone, and no gauge dated the newest commit (SRE review
+    2, W5). The commit time is rank 0's, which reports the commits (another rank's copy would
+    never move). Only for a version of this job's tiers: another run's is no save of this job.
+    Never raises: the restore succeeded.
+    """
+    committed: float | None = None
+    if mgr.rank == 0 and mgr.telemetry.prometheus:
+        text = next((v.committed_at for v in seen.get(tier_name, ())
+                     if v.id == info.checkpoint_id), None)
+        if text is None:  # an explicit checkpoint=, a node-local version of another node
+            try:
+                text = load_manifest(mgr.tiers[tier_name].storage, info.checkpoint_id).committed_at
+            except CheckpointError as e:
+                _log.warning("cannot read the commit time of %s for the metrics: %s",
+                             info.checkpoint_id, e)
+        key = timestamp_key(text)
+        committed = epoch_us(key) / 1e6 if len(key) > 1 else None
+    mgr.telemetry.seed(tier_name, step=info.step, committed_at=committed)
 
 
 def after_restore(

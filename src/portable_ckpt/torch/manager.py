@@ -268,6 +268,8 @@ class CheckpointManager:
         self, events: str | os.PathLike[str] | None, handle_sigterm: bool, handle_sigint: bool
     ) -> None:
         self.telemetry = Telemetry(events, self.rank, root=self.tiers["durable"].root)
+        # From 0, so that a restarted job's first failed save is an increase (SRE review 2, W5).
+        self.telemetry.start_counters(self.tiers)
         self.preempted = False
         self.last_error: BaseException | None = None
         #: The failure wait() raised last (a stop after max_failed_saves names it: notebook F7).
