@@ -1079,3 +1079,62 @@ def late_restore(rank: int, world: int, root: str) -> dict[str, Any]:
     saved = mgr.maybe_save(2, {"x": x})
     mgr.close()
     return {"restore": out, "saved": saved}
+
+
+def _prom_samples(path: str) -> dict[str, float]:
+    """The samples of a Prometheus textfile as ``{"metric|tier": value}``."""
+    out: dict[str, float] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            name, rest = line.split("{", 1)
+            tier = rest.split('tier="', 1)[1].split('"', 1)[0]
+            out[f"{name}|{tier}"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def ops_signals_first_run(rank: int, world: int, root: str, prom: str) -> None:
+    """Steps 1 and 2, with a Prometheus textfile per rank (SRE review 2, W5)."""
+    tr = Trainer(world)
+    with pckt.CheckpointManager(root, save_every=1, keep_last=5, timeout=30,
+                                events=prom) as mgr:
+        for step in (1, 2):
+            tr.step(step)
+            mgr.maybe_save(step, {"model": tr})
+
+
+def ops_signals_restart(rank: int, world: int, root: str, prom: str) -> dict[str, Any]:
+    """Restart: restore, rank 1's disk full at step 3, step 4 saved; each rank's file twice."""
+    import contextlib
+    import dataclasses
+    import io
+
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    tr = Trainer(world, salt=1000.0)
+    path = prom.replace("{rank}", str(rank))
+    out: dict[str, Any] = {"raised": None}
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        mgr = pckt.CheckpointManager(root, save_every=1, keep_last=5, timeout=30, events=prom)
+        info = mgr.restore({"model": tr})
+        out["restored"] = None if info is None else info.step
+        out["seeded"] = _prom_samples(path)
+        tier = mgr.tiers["durable"]
+        if rank == 1:
+            mgr.tiers["durable"] = dataclasses.replace(tier, storage=FaultyStorage(
+                tier.storage, [Fault(op="write", path="*/data/*", error="ENOSPC")]))
+        for step in (3, 4):
+            tr.step(step)
+            try:
+                mgr.maybe_save(step, {"model": tr})
+            except CheckpointError as e:
+                out["raised"] = [step, e.code]
+            for fut in list(mgr._post):
+                fut.result()  # this step's commit, retention and events are done
+            mgr.tiers["durable"] = tier  # room again from step 4
+        mgr.close()
+    out["after"] = _prom_samples(path)
+    out["stderr"] = err.getvalue()
+    return out

@@ -159,7 +159,7 @@ def test_gc_prunes_the_piles_of_kept_versions_and_nothing_else(
     vdir, m = build_version(tmp_path / "r")
     storage = open_storage(tmp_path / "r")
     with monkeypatch.context() as mp:  # a pile as an older release left it
-        mp.setattr(annotations, "prune_quietly", lambda *a: None)
+        mp.setattr(annotations, "prune_quietly", lambda *a, **k: None)
         for _ in range(20):
             write_verification_record(storage, m.attempt_id, ok=True, mode="deep",
                                       fraction=None, chunks=3)
@@ -184,3 +184,116 @@ def test_gc_prunes_the_piles_of_kept_versions_and_nothing_else(
     (v,) = list_versions(tmp_path / "r")
     assert v.verified and v.copied
     assert gc(tmp_path / "r", keep=1).pruned_records == 0
+
+
+# -- Repeated failures (SRE review 2, W1): the writer of a failed record prunes the failures it
+# read before storing it, all but the oldest. A model of tools running at once on one version's
+# records, each step of each tool interleaved at random: failure writers (read, store, read,
+# prune), clearings (read the failures, store the clearing record, move what it clears) and
+# pruners (read, prune). Clocks disagree: each record's verified_at is drawn.
+
+
+@st.composite
+def _interleaving(draw: st.DrawFn) -> list[tuple[int, str]]:
+    tools = draw(st.lists(st.sampled_from(["fail", "fail", "clear", "prune"]), min_size=1,
+                          max_size=7))
+    steps = {"fail": 4, "clear": 3, "prune": 2}
+    left = {i: steps[t] for i, t in enumerate(tools)}
+    order: list[tuple[int, str]] = []
+    while left:
+        i = draw(st.sampled_from(sorted(left)))
+        order.append((i, tools[i]))
+        left[i] -= 1
+        if not left[i]:
+            del left[i]
+    return order
+
+
+def _failure_record(n: int, day: int) -> dict[str, Any]:
+    return {"verification_id": f"v{n:03d}", "verified_at": f"2026-01-{day:02d}T00:00:00Z",
+            "ok": False, "mode": "sample", "format_version": "1.0", "n": n}
+
+
+@settings(max_examples=600, deadline=None)
+@given(_interleaving(), st.data())
+def test_a_version_stays_failed_until_a_clearing_that_began_after_its_last_failure(
+    order: list[tuple[int, str]], data: st.DataObject,
+) -> None:
+    """R-DRILL-9, R-DRILL-10: whatever the interleaving and the clocks, the version has failed
+    verification exactly when a failure was stored after the last read of every clearing that
+    stored its record; and the failed records a writer leaves are bounded."""
+    from portable_ckpt.io.annotations import failed_verifications, repeated_failures
+
+    store: dict[str, dict[str, Any]] = {}
+    state: dict[int, dict[str, Any]] = {}
+    clock = 0  # real time: one tick a step
+    failures_at: list[int] = []
+    cleared_after: list[int] = []  # when each clearing that stored its record read
+
+    def view() -> list[dict[str, Any]]:
+        return sorted(store.values(), key=lambda r: (r["verified_at"], r["verification_id"]))
+
+    for i, tool in order:
+        clock += 1
+        st_ = state.setdefault(i, {"step": 0})
+        step = st_["step"]
+        st_["step"] += 1
+        if tool == "fail":
+            if step == 0:
+                st_["before"] = view()
+            elif step == 1:
+                rec = _failure_record(clock, data.draw(st.integers(1, 28)))
+                store[rec["verification_id"]] = rec
+                st_["rec"] = rec
+                failures_at.append(clock)
+            elif step == 2:
+                st_["view"] = view()
+            else:
+                rep = repeated_failures(st_["before"], st_["rec"])
+                for r in superseded("verifications", st_["view"], repeated=rep):
+                    store.pop(r["verification_id"], None)
+        elif tool == "clear":
+            if step == 0:
+                st_["read"] = [r["verification_id"] for r in failed_verifications(view())]
+                st_["at"] = clock
+            elif step == 1:
+                if st_["read"]:
+                    vid = f"v{clock:03d}"
+                    store[vid] = {"verification_id": vid, "ok": True, "mode": "deep",
+                                  "format_version": "1.2", "clears": st_["read"],
+                                  "verified_at": f"2026-01-{data.draw(st.integers(1, 28)):02d}"
+                                                 "T00:00:00Z", "n": clock}
+                    cleared_after.append(st_["at"])
+            else:
+                for vid in st_["read"]:  # the move out of verifications/ (read: it stored)
+                    store.pop(vid, None)
+        else:
+            if step == 0:
+                st_["view"] = view()
+            else:
+                for r in superseded("verifications", st_["view"]):
+                    store.pop(r["verification_id"], None)
+    expected = any(t > max(cleared_after, default=0) for t in failures_at)
+    assert bool(failed_verifications(view())) == expected, (order, view())
+    writers = sum(t == "fail" for _, t in order) // 4
+    assert len(failed_verifications(view())) <= writers  # never more than were written
+
+
+def test_a_cron_that_finds_the_same_damage_every_hour_leaves_a_bounded_number_of_records(
+    tmp_path: Path,
+) -> None:
+    """SRE review 2, W1: 20 failed verifications of one version left 20 records, read by every
+    listing; the writer of each now prunes the failures before it, all but the oldest."""
+    vdir, _ = build_version(tmp_path / "r")
+    root = vdir.parent
+    storage = open_storage(root)
+    ids = []
+    for _ in range(20):
+        path = write_verification_record(
+            storage, vdir.name, ok=False, mode="sample", fraction=0.5, chunks=1,
+            errors=[{"code": "PCK-CHECKSUM", "message": "block 3"}])
+        ids.append(path.rsplit("/", 1)[1].removesuffix(".json"))
+    left = [r["verification_id"] for r in read_annotations(storage, vdir.name, "verifications")]
+    assert left == [ids[0], ids[-1]]  # the first finding and the newest
+    [v] = [v for v in list_versions(root) if v.id == vdir.name]
+    assert v.verification_failed

@@ -20,7 +20,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from portable_ckpt.errors import (
@@ -57,6 +57,7 @@ __all__ = [
     "read_annotations",
     "read_listed_record",
     "record_verification",
+    "repeated_failures",
     "reread_record",
     "sampled_chunks",
     "superseded",
@@ -380,9 +381,14 @@ def _write_annotation(
 
     load_manifest(storage, attempt_id)  # annotations only exist for committed versions
     rel = f"{attempt_id}/{kind}/{ident}.json"
+    before: list[dict[str, Any]] = []
+    if kind == "verifications" and record.get("ok") is False:
+        # Read before the record is stored: the failures it may prune (R-DRILL-9).
+        before = read_annotations(storage, attempt_id, kind, errors=[])
     if not storage.create_if_absent(rel, jsonio.dumps(record, indent=2)):
         raise UsageError(f"{rel} already exists")
-    prune_quietly(storage, attempt_id, kind)
+    prune_quietly(storage, attempt_id, kind,
+                  repeated=repeated_failures(before, record) if before else ())
     return rel
 
 
@@ -391,16 +397,19 @@ def _write_annotation(
 RECORDS_KEPT = 4
 
 
-def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def superseded(
+    kind: str, records: Sequence[dict[str, Any]], *, repeated: Collection[str] = ()
+) -> list[dict[str, Any]]:
     """The records of ``kind`` whose removal changes nothing a tool reads from them (R-DRILL-9).
 
     ``records`` are the ones that count (:func:`read_annotations`: valid, under their own id,
-    naming the attempt), oldest first. Kept: the :data:`RECORDS_KEPT` newest; every failed
-    verification (it keeps the version from being restored, R-DRILL-8); the newest passed
-    verification of each mode; the newest passed drill; for each destination its newest
-    record and its newest passed one; every record that clears failed ones (spec §14.5). So ``drilled``, ``verified``, ``verification_failed`` and
-    the destinations with a verified copy stay what they were, whoever prunes when: a record
-    is only ever removed for a newer one of its kind that stays.
+    naming the attempt), oldest first. Kept: the :data:`RECORDS_KEPT` newest; the newest passed
+    verification of each mode; the newest passed drill; for each destination its newest record
+    and its newest passed one; a clearing record while a record it clears is still among
+    ``records``, and the newest clearing record (spec §14.5); and every failed verification
+    but those in ``repeated`` (:func:`repeated_failures`) that no record clears. So ``drilled``,
+    ``verified``, ``verification_failed`` and the destinations with a verified copy stay what
+    they were: a record is only ever removed for a newer one of its kind that stays.
     """
     keep: set[int] = {id(r) for r in records[-RECORDS_KEPT:]}
 
@@ -417,10 +426,14 @@ def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
 
     if kind == "verifications":
         keep |= {id(r) for r in records if not passed(r)}
+        keep -= {id(r) for r in failed_verifications(records)
+                 if r.get("verification_id") in repeated}
         # A record that clears failed ones: without it a failure still in verifications/ fails
-        # the version again, and it is the only account of who cleared the ones moved below
-        # verifications/cleared/ (implementer review 2, N4).
-        keep |= {id(r) for r in records if _clears(r)}
+        # the version again (implementer review 2, N4); the newest stays as the account of the
+        # last clearing (the ones it moved below verifications/cleared/ are its history).
+        here = {str(r.get("verification_id")) for r in records if r.get("ok") is False}
+        keep |= {id(r) for r in records if set(_clears(r)) & here}
+        newest(lambda r: bool(_clears(r)))
         newest(passed, "mode")
     elif kind == "copies":
         newest(lambda r: True, "destination")
@@ -428,6 +441,25 @@ def superseded(kind: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
     else:
         newest(passed)
     return [r for r in records if id(r) not in keep]
+
+
+def repeated_failures(before: Sequence[dict[str, Any]], written: dict[str, Any]) -> set[str]:
+    """The failures a tool that stored the failed record ``written`` may prune (R-DRILL-9).
+
+    ``before``: the version's verification records it read before it stored ``written``. Of
+    their failed ones that no record clears, all but the oldest (of them and ``written``): a
+    cron that found the same damage every hour kept a record an hour, and every listing read
+    them all (SRE review 2, W1). Only records read before ``written`` was stored: the failed
+    record stored last stays whoever prunes when, and is cleared only by a clearing that read
+    it, one that began after the last failure was recorded.
+    """
+    failed = failed_verifications(before)
+    oldest = min([*failed, written], key=_failure_order)
+    return {str(r.get("verification_id")) for r in failed if r is not oldest}
+
+
+def _failure_order(r: dict[str, Any]) -> tuple[tuple[int, ...], str]:
+    return timestamp_key(str(r.get("verified_at") or "")), str(r.get("verification_id"))
 
 
 def _clears(record: dict[str, Any]) -> list[str]:
@@ -548,6 +580,8 @@ def prune_annotations(
     attempt_id: str,
     kind: str,
     records: Sequence[dict[str, Any]] | None = None,
+    *,
+    repeated: Collection[str] = (),
 ) -> list[str]:
     """Delete the :func:`superseded` records of ``kind`` of a version; return their paths.
 
@@ -556,6 +590,7 @@ def prune_annotations(
     removed, each for a newer one that stays; other files of the directory are never touched.
 
     ``records``: the ones :func:`read_annotations` returned, when the caller has them.
+    ``repeated``: failed records the caller may prune (:func:`repeated_failures`).
 
     Raises:
         CheckpointError: a storage error (what was deleted before it stays deleted).
@@ -573,7 +608,7 @@ def prune_annotations(
                       "verifications/cleared/ (releases before format 1.2 still count the "
                       "version as failed): %s", attempt_id, exc, level=logging.WARNING)
         records = [r for r in records if r.get("verification_id") not in moved]
-    doomed = superseded(kind, records)
+    doomed = superseded(kind, records, repeated=repeated)
     id_member = ANNOTATION_KINDS[kind][0]
     out = []
     for r in doomed:
@@ -588,6 +623,8 @@ def prune_quietly(
     attempt_id: str,
     kind: str,
     records: Sequence[dict[str, Any]] | None = None,
+    *,
+    repeated: Collection[str] = (),
 ) -> int:
     """:func:`prune_annotations`, a failure logged, not raised; return how many were removed.
 
@@ -595,7 +632,7 @@ def prune_quietly(
     next writer or gc prunes again.
     """
     try:
-        return len(prune_annotations(storage, attempt_id, kind, records))
+        return len(prune_annotations(storage, attempt_id, kind, records, repeated=repeated))
     except CheckpointError as exc:
         log_event(
             _log, "records.prune_failed", {"attempt_id": attempt_id, "kind": kind},
