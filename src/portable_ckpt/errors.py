@@ -49,6 +49,7 @@ __all__ = [
     "VersionDeletedError",
     "VersionUnsupportedError",
     "WriterMissingError",
+    "VerificationFailedError",
     "WriterProcessError",
     "ERROR_CODES",
     "error_for_code",
@@ -394,6 +395,16 @@ class UsageError(CheckpointError):
     """Invalid arguments from the caller (e.g. a read box outside the tensor)."""
 
     code = "PCK-USAGE"
+
+
+class VerificationFailedError(CheckpointError):
+    """A version failed verification and no pass cleared it (R-DRILL-8): never restored.
+
+    Said by ``verify`` of such a version whatever its own pass found (SRE review 2, W2: a sample
+    that missed the damage exited 0 one hour and 1 the next for one unchanged incident).
+    """
+
+    code = "PCK-VERIFICATION-FAILED"
 
 
 class WriterProcessError(CheckpointError):

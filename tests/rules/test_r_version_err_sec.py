@@ -241,7 +241,7 @@ def _spec_codes() -> list[str]:
 def test_every_code_is_exposed_as_its_exact_string() -> None:
     """R-ERR-1: every spec code is a CheckpointError subclass whose `code` is that exact string."""
     codes = _spec_codes()
-    assert len(codes) == 33
+    assert len(codes) == 34
     every = [c for c in vars(errors).values()
              if isinstance(c, type) and issubclass(c, CheckpointError) and c is not CheckpointError]
     # One class per code; a refinement (CommitOutcomeUnknownError) keeps its parent's code.

@@ -46,7 +46,7 @@ def _verify(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     if args.all:
         return _verify_all(args, seed)
-    status, doc = _verify_one(args, args.ckpt, args.step, seed)
+    status, doc, _ = _verify_one(args, args.ckpt, args.step, seed)
     if args.json:
         print(json.dumps(doc, indent=2))
     return status
@@ -83,12 +83,12 @@ class _Run:
 
 def _verify_one(
     args: argparse.Namespace, ckpt: str, step: int | None, seed: int
-) -> tuple[int, dict[str, Any]]:
+) -> tuple[int, dict[str, Any], _Run]:
     """Verify one version (``ckpt``: a version, or a root's newest with ``step``).
 
     Three steps: check the version, record the outcome (and clear, with --clear-failed), then
     report. Prints its notes on stderr and, without ``--json``, its problems and verdict on
-    stdout. Returns its exit status and its ``--json`` document.
+    stdout. Returns its exit status, its ``--json`` document and what it found.
     """
     run = _Run(ckpt)
     try:
@@ -109,7 +109,7 @@ def _verify_one(
         raise
     except CheckpointError as exc:
         run.errors = [exc]
-    return _report(args, run, seed)
+    return (*_report(args, run, seed), run)
 
 
 def _check(
@@ -198,13 +198,37 @@ def _record_and_clear(
 
 
 def _report(args: argparse.Namespace, run: _Run, seed: int) -> tuple[int, dict[str, Any]]:
-    """Print the outcome and return ``(exit status, --json document)``."""
-    from portable_ckpt.errors import DAMAGE_CODES
+    """Print the outcome and return ``(exit status, --json document)``.
 
-    errors = run.errors
+    ``ok`` is the exit status's: what this pass found, a record asked for and not written (SRE
+    review 2, W3: "ok": true with exit 1 on a read-only root), and a failed verification no
+    pass cleared (W2: a sample that missed the damage said OK).
+    """
+    from portable_ckpt.errors import DAMAGE_CODES, VerificationFailedError
+    from portable_ckpt.format.manifest import CLEARS_MAX
+
+    errors = list(run.errors)
+    failure = run.record_failure
+    if failure is not None:
+        errors.append(StorageError(
+            f"the verification was not recorded: {failure.message} (gc and managers do not "
+            "know its outcome; --no-record verifies without writing)",
+            path=failure.path, retryable=failure.retryable,
+        ) if isinstance(failure, StorageError) else failure)
+    mine = (run.record or "").rsplit("/", 1)[-1].removesuffix(".json")
+    earlier = [v for v in run.barring if v != mine]  # this run's own finding is said above
+    if earlier:
+        fix = ("once its damaged files are replaced by intact copies, "
+               f"`{clear_failed(run.target)}` clears it" if not run.cleared else
+               "recorded while this pass ran, or beyond the "
+               f"{CLEARS_MAX:,} one clearing clears: run --clear-failed again")
+        errors.append(VerificationFailedError(
+            f"{run.version.get('attempt_id', run.target)}: an earlier verification failed "
+            f"({', '.join(earlier[:4])}{', ...' if len(earlier) > 4 else ''}) and no "
+            f"pass cleared it: managers never restore this version; {fix}", path=run.target))
     ok = not errors
     # A node root's absent files are not damage a deeper verification would record (F7)
-    damaged = any(e.code in DAMAGE_CODES for e in errors if e not in run.unsure)
+    damaged = any(e.code in DAMAGE_CODES for e in run.errors if e not in run.unsure)
     if damaged and not (args.deep or args.sample is not None) and not args.quiet:
         # ops review F18: gc and managers count a version as good until a record says not
         print("portable-ckpt: a metadata verification records nothing: gc and managers still "
@@ -213,14 +237,12 @@ def _report(args: argparse.Namespace, run: _Run, seed: int) -> tuple[int, dict[s
     record_error = None if run.record_failure is None else (
         f"[{run.record_failure.code}] {run.record_failure.message} "
         "(--no-record verifies without writing)")
-    if record_error is not None:
-        print(f"portable-ckpt: WARNING: the verification was not recorded: {record_error}",
-              file=sys.stderr)
     doc: dict[str, Any] = {"ok": ok, "path": run.target, **run.version,
                            "errors": [{**e.to_json(), "retryable": e.retryable}
                                       for e in errors],
                            "record": run.record, "record_error": record_error,
-                           "failed_verifications": run.barring, "cleared": run.cleared}
+                           "failed_verifications": run.barring, "cleared": run.cleared,
+                           "still_failed": bool(run.barring)}
     if run.away:  # the files a node root lacks by design: problems here unless --node-root
         doc["node_root_absent"] = run.away
     if args.sample is not None:
@@ -239,19 +261,12 @@ def _report(args: argparse.Namespace, run: _Run, seed: int) -> tuple[int, dict[s
         verdict = "OK " if ok else f"FAIL ({len(errors)} problem{'s' * (len(errors) != 1)})"
         print(f"{verdict}  {safe(run.target)} ({mode})")
     if not args.quiet:  # after "recorded": what the record did to the version's status
-        _say_barring(args, run, ok)
-    # A record asked for and not written: gc and managers do not know the outcome, as `copy`
-    # fails when its record fails (scripting review F9). 75 when every problem may pass by
-    # itself (a storage error: F6), 1 when any is about the version.
-    failures = [*errors, *([run.record_failure] if run.record_failure else [])]
-    # Unreadable files recorded as the version's failure (--record-unreadable) are a verdict;
-    # so is a --clear-failed after which the version still fails (a failure recorded while the
-    # pass ran, or beyond the CLEARS_MAX one record clears): a script's `&& restart` must not
-    # run.
-    still = bool(args.clear_failed and ok and run.barring)
-    doc["still_failed"] = bool(run.barring)
-    status = failed_status([e.retryable for e in failures]
-                           + [False] * bool(run.forced and run.record) + [False] * still)
+        _say_cleared(args, run)
+    # 75 when every problem may pass by itself (a storage error: ops review F6), 1 when any is
+    # about the version; unreadable files recorded as its failure (--record-unreadable) are a
+    # verdict, as is a failed verification no pass cleared: a script's `&& restart` must not run.
+    status = failed_status([e.retryable for e in errors]
+                           + [False] * bool(run.forced and run.record))
     return status, doc
 
 
@@ -279,16 +294,18 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
         raise NotFoundError(f"{args.ckpt}: no committed version to verify")
     root_url = args.ckpt.rstrip("/")
     results = [_verify_one(args, f"{root_url}/{v.id}", None, seed) for v in committed]
+    runs = [r for _, _, r in results]
+    docs = [d for _, d, _ in results]
     root_errors = [
         {"attempt_id": v.id, "status": v.status, "code": v.error_code, "message": v.error,
          "retryable": v.error_retryable}
         for v in reversed(versions) if v.status in (INVALID, UNREADABLE)
     ]
-    newest, undecided = _restore_takes(args.ckpt, [d for _, d in results])
+    newest, undecided = _restore_takes(args.ckpt, docs, runs)
     if args.json:
         print(json.dumps({
-            "ok": all(d["ok"] for _, d in results) and not root_errors,
-            "path": args.ckpt, "versions": [d for _, d in results],
+            "ok": all(d["ok"] for d in docs) and not root_errors,
+            "path": args.ckpt, "versions": docs,
             "newest_restorable": None if newest is None else {
                 k: newest[k] for k in ("attempt_id", "step", "path")},
             "undecided": undecided,
@@ -297,25 +314,25 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
     else:
         for e in root_errors:
             print(f"{e['code']}  {e['attempt_id']}: {e['status']} attempt: {safe(str(e['message']))}")
-        good = sum(d["ok"] for _, d in results)
-        barred = sum(bool(d["ok"] and d["failed_verifications"]) for _, d in results)
+        good = sum(d["ok"] for d in docs)
+        barred = sum(bool(not r.errors and r.barring) for r in runs)
         print(f"{good} of {len(results)} committed versions OK"
-              + (f" ({barred} of them kept from restores by an earlier failed verification)"
-                 if barred else "")
+              + (f" ({barred} more found intact, but kept from restores by an earlier failed "
+                 "verification)" if barred else "")
               + (f"; the newest a manager restores: {safe(newest['path'])} (step "
                  f"{newest['step']})" if newest else
                  f"; cannot tell which version a manager restores: {undecided['attempt_id']} "
                  f"(step {undecided['step']}) could not be checked ([{undecided['code']}]: a "
                  "restore stops there until it can be read)" if undecided else
                  "; none a manager restores"))
-    statuses = [st for st, _ in results] + [
+    statuses = [st for st, _, _ in results] + [
         1 if not e["retryable"] else 75 for e in [*root_errors, *([undecided] if undecided else [])]
     ]
     return 1 if 1 in statuses else max(statuses)
 
 
 def _restore_takes(
-    root: str, docs: list[dict[str, Any]],
+    root: str, docs: list[dict[str, Any]], runs: list[_Run],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """Of ``--all``'s results: the version a manager restores, if it is good now.
 
@@ -331,7 +348,7 @@ def _restore_takes(
     from portable_ckpt.errors import DAMAGE_CODES
     from portable_ckpt.io.versions import newest_first, restore_decision
 
-    by_id = {d.get("attempt_id"): d for d in docs}
+    by_id = {d.get("attempt_id"): (d, r) for d, r in zip(docs, runs, strict=True)}
 
     def stop(v: Any, code: Any, message: Any, retryable: Any) -> dict[str, Any]:
         return {"attempt_id": v.id, "step": v.step, "path": v.path, "code": code,
@@ -343,15 +360,16 @@ def _restore_takes(
             continue
         if decision == "stop":
             return None, stop(v, v.error_code, v.error, v.error_retryable)
-        d = by_id.get(v.id)
-        if d is None:  # committed after this run began: not checked
+        found = by_id.get(v.id)
+        if found is None:  # committed after this run began: not checked
             return None, stop(v, None, "committed while this verification ran", True)
-        if d["ok"]:
+        d, run = found  # what the version's bytes showed (a record not written is no problem)
+        if not run.errors:
             return d, None
-        other = [e for e in d["errors"] if e["code"] not in DAMAGE_CODES]
+        other = [e for e in run.errors if e.code not in DAMAGE_CODES]
         if not other:
             continue  # damaged now: recorded as failed, or a restore falls back from it
-        return None, stop(v, other[0]["code"], other[0]["message"], other[0]["retryable"])
+        return None, stop(v, other[0].code, other[0].message, other[0].retryable)
     return None, None
 
 
@@ -433,39 +451,38 @@ def _after_record(storage: Any, attempt: str, move: bool, run: _Run) -> None:
         retryable=e.retryable) for e in [*unread, *failed]]
 
 
-def _say_barring(args: argparse.Namespace, run: _Run, ok: bool) -> None:
-    """On stderr: failed verifications this run cleared, or that still bar the version (R2)."""
-    from portable_ckpt.format.manifest import CLEARS_MAX
+def _say_cleared(args: argparse.Namespace, run: _Run) -> None:
+    """On stderr: the failed verifications this run cleared (R2), or the moves it finished.
 
+    A failure that still bars the version is one of its problems (PCK-VERIFICATION-FAILED).
+    """
     def some(ids: list[str]) -> str:
         return f"{', '.join(ids[:4])}{', ...' if len(ids) > 4 else ''}"
 
-    barring, cleared = run.barring, run.cleared
-    if cleared and not run.known:
-        print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) ({some(cleared)}), "
-              "but the version's records could not be read again afterwards: whether a "
-              f"failure recorded meanwhile still bars it is not known; `portable-ckpt ls "
-              f"{safe(run.target.rstrip('/').rpartition('/')[0])}` says", file=sys.stderr)
-    elif cleared:
-        print(f"portable-ckpt: cleared {len(cleared)} failed verification(s) ({some(cleared)})"
-              + (f"; {len(barring)} still keep the version from restores ({some(barring)}: "
-                 f"recorded while this pass ran, or beyond the {CLEARS_MAX:,} one record "
-                 "clears; run --clear-failed again)" if barring else
-                 ": managers may restore this version again, and gc counts it among the "
-                 "newest (spec §14.5; the cleared records are kept in verifications/cleared/, "
-                 "where no release counts them)"), file=sys.stderr)
-    elif args.clear_failed and ok and run.record is not None:
+    moves_left = any("could not be moved" in e.message for e in run.unsure)
+    if run.cleared and not run.known:
+        print(f"portable-ckpt: cleared {len(run.cleared)} failed verification(s) "
+              f"({some(run.cleared)}), but the version's records could not be read again "
+              "afterwards: whether a failure recorded meanwhile still bars it is not known; "
+              f"`portable-ckpt ls {safe(run.target.rstrip('/').rpartition('/')[0])}` says",
+              file=sys.stderr)
+    elif run.cleared:
+        print(f"portable-ckpt: cleared {len(run.cleared)} failed verification(s) "
+              f"({some(run.cleared)})" + (
+                  f"; {len(run.barring)} still keep the version from restores"
+                  if run.barring else
+                  ": managers of this release may restore this version again, and gc counts "
+                  "it among the newest; releases before format 1.2 do not until the records "
+                  "are moved to verifications/cleared/ (run --clear-failed again)"
+                  if moves_left else
+                  ": managers may restore this version again, and gc counts it among the "
+                  "newest (spec §14.5; the cleared records are kept in verifications/cleared/, "
+                  "where no release counts them)"), file=sys.stderr)
+    elif args.clear_failed and not run.errors and run.record is not None and not run.barring:
         print("portable-ckpt: no failed verification of this version to clear"
               + (f"; finished moving {len(run.moved)} record(s) an earlier clearing cleared to "
                  "verifications/cleared/: releases before format 1.2 see it cleared now"
                  if run.moved else ""), file=sys.stderr)
-    elif barring and ok:
-        fix = ("the pass was not recorded, nothing was cleared" if args.clear_failed else
-               f"if the damaged files were replaced and this pass is to be trusted, "
-               f"`{safe(clear_failed(run.target))}` clears them")
-        print(f"portable-ckpt: an earlier verification of this version failed "
-              f"({some(barring)}) and still keeps it from every restore a manager makes: {fix}",
-              file=sys.stderr)
 
 
 def _still_unreadable(

@@ -278,9 +278,9 @@ class Telemetry:
         next event.
         """
         with self._lock:
-            if step is not None:
-                self._latest.setdefault(("save", tier), {"event": "save", "step": step,
-                                                         "seeded": True})
+            last = self._latest.get(("save", tier))
+            if step is not None and (last is None or last.get("seeded")):
+                self._latest[("save", tier)] = {"event": "save", "step": step, "seeded": True}
             if committed_at is not None:
                 key = ("pck_last_commit_timestamp_seconds", tier)
                 self._stamps[key] = max(self._stamps.get(key, committed_at), committed_at)

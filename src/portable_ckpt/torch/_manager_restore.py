@@ -762,7 +762,7 @@ def _seed_telemetry(
         if text is None:  # an explicit checkpoint=, a node-local version of another node
             try:
                 text = load_manifest(mgr.tiers[tier_name].storage, info.checkpoint_id).committed_at
-            except CheckpointError as e:
+            except Exception as e:  # the restore succeeded: the metrics must not undo it
                 _log.warning("cannot read the commit time of %s for the metrics: %s",
                              info.checkpoint_id, e)
         key = timestamp_key(text)

@@ -1,0 +1,53 @@
+"""What a scheduled ``verify`` tells an alert (SRE review 2): its exit status and ``ok`` agree.
+
+W2: a version that failed verification, with a sampled pass that missed its damage, exited 0
+one hour and 1 the next for one unchanged incident. W3: a verification whose record could not
+be written exited 1 with ``"ok": true`` and no problem listed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ..rules.test_r_drill_10 import _cli, _failed_record, _root
+
+FAILED = "v20260101T000000000000Z-00000001"
+
+
+@pytest.mark.parametrize("how", [["--sample", "0.5"], ["--deep"], []])
+def test_a_version_that_failed_verification_is_a_problem_whatever_this_pass_finds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: list[str]
+) -> None:
+    root, (_, v2) = _root(tmp_path)
+    _failed_record(v2, FAILED)  # an earlier verification failed; this pass finds nothing
+    code, out, _ = _cli(capsys, "verify", str(v2), *how, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False and doc["still_failed"], doc
+    assert [e["code"] for e in doc["errors"]] == ["PCK-VERIFICATION-FAILED"], doc
+    assert FAILED in doc["errors"][0]["message"] and "--clear-failed" in doc["errors"][0]["message"]
+    code, out, _ = _cli(capsys, "verify", str(root), "--all", *how, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False
+    assert [d["ok"] for d in doc["versions"]] == [False, True]
+    assert doc["newest_restorable"]["step"] == 1  # the failed one is no restore's
+
+
+def test_a_verification_that_could_not_be_recorded_is_not_ok(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, (_, v2) = _root(tmp_path)
+    (v2 / "verifications").write_text("")  # no record can be stored (a read-only store alike)
+    code, out, _ = _cli(capsys, "verify", str(v2), "--sample", "0.5", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False and doc["record"] is None, doc
+    [e] = doc["errors"]
+    assert e["code"] == "PCK-STORAGE" and e["message"].startswith(
+        "the verification was not recorded"), e
+    assert doc["record_error"]
+    # --all: the version's bytes were fine, so it is still the one a restore takes
+    code, out, _ = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--json")
+    doc = json.loads(out)
+    assert code == 1 and not doc["ok"] and doc["newest_restorable"]["attempt_id"] == v2.name
