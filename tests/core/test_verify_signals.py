@@ -51,3 +51,31 @@ def test_a_verification_that_could_not_be_recorded_is_not_ok(
     code, out, _ = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--json")
     doc = json.loads(out)
     assert code == 1 and not doc["ok"] and doc["newest_restorable"]["attempt_id"] == v2.name
+
+
+def test_a_pass_dated_ahead_is_not_the_last_verification(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """W4: a host whose clock ran 30 days ahead left a pass that ``ls`` showed as 0 s old for
+    30 days (``last_verified`` in the future): an alert on the age of the last verification
+    stayed quiet although the crons had stopped."""
+    import datetime as dt
+
+    root, (_, v2) = _root(tmp_path)
+    assert _cli(capsys, "verify", str(v2), "--deep")[0] == 0
+    real = json.loads(_cli(capsys, "ls", str(root), "--json")[1])["versions"][1]["last_verified"]
+    ahead = (dt.datetime.now(dt.UTC) + dt.timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    vid = "v20991231T000000000000Z-000000aa"
+    rec = {"format": "portable-ckpt-verification", "format_version": "1.0",
+           "attempt_id": v2.name, "verification_id": vid, "verified_at": ahead, "ok": True,
+           "mode": "deep", "fraction": 1.0, "chunks": 1, "seed": None, "errors": []}
+    (v2 / "verifications" / f"{vid}.json").write_text(json.dumps(rec))
+    code, out, err = _cli(capsys, "ls", str(root), "--json")
+    assert code == 0 and f"1 record(s) dated after now ({vid})" in err, err
+    assert json.loads(out)["versions"][1]["last_verified"] == real
+    # Only passes dated ahead: shown, and marked.
+    (v2 / "verifications").rename(tmp_path / "kept")
+    (v2 / "verifications").mkdir()
+    (tmp_path / "kept" / f"{vid}.json").rename(v2 / "verifications" / f"{vid}.json")
+    code, out, _ = _cli(capsys, "ls", str(root))
+    assert "passed deep (dated ahead)" in out, out

@@ -70,6 +70,13 @@ def _ls(args: argparse.Namespace) -> int:
         print(f"portable-ckpt: {what} could not be read: {safe(v.error or '?')}",
               file=sys.stderr)
     for v in versions:
+        ahead = v.dated_ahead if v.status == "committed" else []
+        if ahead:
+            # A host whose clock is ahead: its records' ages mean nothing (SRE review 2, W4).
+            print(f"portable-ckpt: {v.id}: {len(ahead)} record(s) dated after now "
+                  f"({safe(', '.join(ahead[:3]))}{', ...' if len(ahead) > 3 else ''}): the clock "
+                  "of the host that wrote them is ahead; VERIFIED shows the newest pass dated "
+                  "by now", file=sys.stderr)
         if v.status == "committed" and v.unmoved_cleared:
             # A clearing cut short before its move (spec §14.5): this release sees the version
             # cleared, releases before 1.2 do not, and their retention may delete it (on-call
@@ -140,6 +147,8 @@ def _passed(last: dict[str, Any]) -> str:
     at save time (incident review R5).
     """
     age = age_seconds(last.get("verified_at"))
+    if last.get("clock_ahead"):
+        return f"passed {last.get('mode')} (dated ahead)"
     if age is None:
         return f"passed {last.get('mode')}"
     for unit, secs in (("d", 86400), ("h", 3600), ("m", 60)):
