@@ -79,3 +79,53 @@ def test_a_pass_dated_ahead_is_not_the_last_verification(
     (tmp_path / "kept" / f"{vid}.json").rename(v2 / "verifications" / f"{vid}.json")
     code, out, _ = _cli(capsys, "ls", str(root))
     assert "passed deep (dated ahead)" in out, out
+
+
+def test_a_record_of_a_newer_format_is_no_problem_of_a_recorded_verification(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review of the change 20, 1: a record of a newer format (another host upgraded first)
+    made every recorded verify exit 1 with "a cleared verification record could not be moved";
+    it is said, and the verification is what it found (exit 0). A clearing, which must read
+    every failed record, does not happen (exit 1 or 75)."""
+    _, (_, v2) = _root(tmp_path)
+    (v2 / "verifications").mkdir()
+    newer = {"format": "portable-ckpt-verification", "format_version": "2.0",
+             "attempt_id": v2.name, "verification_id": "v20260101T000000000000Z-00000002"}
+    (v2 / "verifications" / f"{newer['verification_id']}.json").write_text(json.dumps(newer))
+    code, out, err = _cli(capsys, "verify", str(v2), "--sample", "0.5", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["errors"] == [], doc
+    assert "could not all be read" in err and "moved" not in err
+    code, out, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed")
+    assert code in (1, 75) and "nothing cleared" in out, (out, err)
+
+
+def test_a_clearing_whose_records_cannot_be_read_again_does_not_say_restorable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clearing that cannot read the version's records after its own is stored cannot tell
+    whether a failure recorded meanwhile still bars the version: it says so, never "managers
+    may restore this version again"."""
+    from portable_ckpt.io import annotations
+
+    _, (_, v2) = _root(tmp_path)
+    _failed_record(v2, FAILED)
+    real = annotations.read_annotations
+    calls = {"n": 0}
+
+    def read(storage, attempt, kind, *, errors=None):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        out = real(storage, attempt, kind, errors=errors)
+        if calls["n"] > 2 and kind == "verifications" and errors is not None:
+            from portable_ckpt.errors import StorageError
+
+            errors.append(StorageError("injected: EIO", path=f"{attempt}/verifications/"))
+        return out
+
+    # The third read (after the clearing record is stored) meets a storage error.
+    monkeypatch.setattr(annotations, "read_annotations", read)
+    code, out, err = _cli(capsys, "verify", str(v2), "--deep", "--clear-failed")
+    assert "could not be read again afterwards" in err, err
+    assert "may restore this version again" not in err
+    assert code != 0

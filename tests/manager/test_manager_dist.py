@@ -500,7 +500,10 @@ def test_a_node_root_of_a_node_local_version_is_never_recorded_damaged_for_its_a
     [v3] = [v for v in portable_ckpt.list_versions(tmp_path / "fast0") if v.step == 3]
     assert v3.node_local  # SRE review F3: ls marks it, --latest says what it is
     # A drill through the node root needs the other node's file too: it fails, and records
-    # nothing (it recorded the version as failed for good, as the restore once did).
+    # nothing (it recorded the version as failed for good, as the restore once did), also with
+    # a file the version does not list named like the other node's shard (attack review 12b,
+    # B3: it made the root look like no node's).
+    (Path(v3.path) / "data" / "w00001-planted.safetensors").write_bytes(b"")
     rec = drill(v3.path, 1, timeout=120)
     assert not rec["ok"] and rec["error"]["code"] == "PCK-FILE-MISSING", rec
     assert "verification" not in rec and not (Path(v3.path) / "verifications").exists(), rec

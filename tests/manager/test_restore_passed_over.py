@@ -355,3 +355,22 @@ def test_a_failure_that_could_not_be_recorded_is_not_called_recorded(
     assert info.checkpoint_id == three
     [row] = info.passed_over
     assert row["reason"] == "damaged" and row["recorded_failed"] is False
+
+
+def test_what_a_record_says_reaches_the_terminal_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Attack review 12b, B2: a failed record's message (anyone who can write the root writes
+    it) reached the restore's stderr and log with its escape sequences: 22 raw ESC characters
+    erased and rewrote lines of the terminal."""
+    root, _backup, _three, six = _job(tmp_path)
+    write_verification_record(open_storage(root), six, ok=False, mode="deep", fraction=None,
+                              chunks=1, verifier="test", errors=[{
+                                  "code": "PCK-CHECKSUM",
+                                  "message": "block 0\x1b[2J\x1b[1;1Hall good\rrestored 6\x07"}])
+    info, records, err = _restore(root, caplog, capsys)
+    assert info.step == 3
+    text = _said(records).getMessage()
+    for out in (err, text):
+        assert not any(c in out for c in "\x1b\r\x07"), out
+    assert "block 0\\x1b[2J" in err and "\\x07" in text

@@ -213,8 +213,9 @@ def test_verify_all_names_the_newest_version_good_now(
         assert failed_verifications(_records(v))
     code, out, _ = _cli(capsys, "verify", str(root), "--all")
     assert code == 1
-    assert ("1 of 3 committed versions OK (2 more found intact, but kept from restores by an "
-            f"earlier failed verification); the newest a manager restores: {v1}") in out
+    assert ("1 of 3 committed versions OK (2 more without a problem in this check, but kept "
+            "from restores by an earlier failed verification); the newest a manager restores: "
+            f"{v1}") in out
 
 
 def test_verify_all_exits_0_when_every_version_is_good(

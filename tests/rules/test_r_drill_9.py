@@ -294,6 +294,51 @@ def test_a_cron_that_finds_the_same_damage_every_hour_leaves_a_bounded_number_of
             errors=[{"code": "PCK-CHECKSUM", "message": "block 3"}])
         ids.append(path.rsplit("/", 1)[1].removesuffix(".json"))
     left = [r["verification_id"] for r in read_annotations(storage, vdir.name, "verifications")]
-    assert left == [ids[0], ids[-1]]  # the first finding and the newest
+    assert left == [ids[0], *ids[-RECORDS_KEPT:]]  # the first finding and the newest records
     [v] = [v for v in list_versions(root) if v.id == vdir.name]
     assert v.verification_failed
+
+
+def test_a_record_the_version_lists_is_never_pruned(tmp_path: Path) -> None:
+    """Attack review 12b, B1: a version may list a file below verifications/ (R-FILES-1); the
+    pruning deleted it like any superseded record, and the intact version lost a file."""
+    from ._util import edit_manifest, rechecksum
+
+    vdir, m = build_version(tmp_path / "r")
+    storage = open_storage(vdir.parent)
+    first = write_verification_record(storage, m.attempt_id, ok=True, mode="deep",
+                                      fraction=1.0, chunks=1)
+    rel = first.split("/", 1)[1]
+    edit_manifest(vdir, lambda d: d["files"].__setitem__(rel, json.loads(json.dumps(
+        next(iter(d["files"].values()))))))
+    rechecksum(vdir, rel)
+    for _ in range(RECORDS_KEPT + 2):
+        write_verification_record(storage, m.attempt_id, ok=True, mode="deep", fraction=1.0,
+                                  chunks=1)
+    assert (vdir / rel).is_file()
+    assert len(_files(vdir, "verifications")) == RECORDS_KEPT + 1
+
+
+def test_passes_dated_ahead_do_not_push_out_the_passes_dated_by_now(tmp_path: Path) -> None:
+    """Attack review 12b, B5: four passes dated a day ahead (a fast clock, or planted) made
+    every real pass pruned right after it was written; ``ls`` then showed only the one dated
+    ahead."""
+    import datetime as dt
+
+    vdir, m = build_version(tmp_path / "r")
+    storage = open_storage(vdir.parent)
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    for i in range(RECORDS_KEPT):
+        vid = f"v20991231T00000000000{i}Z-0000000{i}"
+        (vdir / "verifications").mkdir(exist_ok=True)
+        (vdir / "verifications" / f"{vid}.json").write_text(json.dumps({
+            "format": "portable-ckpt-verification", "format_version": "1.0",
+            "attempt_id": m.attempt_id, "verification_id": vid,
+            "verified_at": (ahead + dt.timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "ok": True, "mode": "sample", "fraction": 0.5, "chunks": 1, "seed": 1,
+            "errors": []}))
+    path = write_verification_record(storage, m.attempt_id, ok=True, mode="sample",
+                                      fraction=0.5, chunks=1, seed=2)
+    assert Path(path).name in _files(vdir, "verifications")
+    (v,) = list_versions(vdir.parent)
+    assert v.last_pass is not None and "clock_ahead" not in v.last_pass

@@ -10,28 +10,17 @@ that looks like the CLI's own. ``--json`` output is escaped by JSON itself.
 
 from __future__ import annotations
 
+from portable_ckpt._printable import printable
+
 __all__ = ["age_seconds", "safe", "table"]
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    if code <= 0xFF:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def safe(text: object) -> str:
     r"""``str(text)`` with every non-printable character escaped as ``repr`` does (``\x1b``).
 
-    Control characters (C0, DEL, C1), line and paragraph separators, format characters (such as
-    the bidirectional overrides) and unassigned code points are escaped; everything printable,
-    non-ASCII letters included, is kept as is.
+    :func:`portable_ckpt._printable.printable`, which the library's own messages use too.
     """
-    s = str(text)
-    if s.isprintable():
-        return s
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in s)
-
+    return printable(text)
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

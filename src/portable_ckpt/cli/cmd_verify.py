@@ -79,6 +79,8 @@ class _Run:
     unmoved: list[str] = field(default_factory=list)
     #: ... and those of them this run moved to cleared/.
     moved: list[str] = field(default_factory=list)
+    #: Whether cleared records this clearing was to move are left in verifications/.
+    moves_left: bool = False
 
 
 def _verify_one(
@@ -210,11 +212,12 @@ def _report(args: argparse.Namespace, run: _Run, seed: int) -> tuple[int, dict[s
     errors = list(run.errors)
     failure = run.record_failure
     if failure is not None:
-        errors.append(StorageError(
-            f"the verification was not recorded: {failure.message} (gc and managers do not "
-            "know its outcome; --no-record verifies without writing)",
-            path=failure.path, retryable=failure.retryable,
-        ) if isinstance(failure, StorageError) else failure)
+        text = (f"the verification was not recorded: {failure.message} (gc and managers do not "
+                "know its outcome; --no-record verifies without writing)")
+        try:
+            errors.append(type(failure)(text, path=failure.path, retryable=failure.retryable))
+        except TypeError:  # a class of other arguments: as it is
+            errors.append(failure)
     mine = (run.record or "").rsplit("/", 1)[-1].removesuffix(".json")
     earlier = [v for v in run.barring if v != mine]  # this run's own finding is said above
     if earlier:
@@ -302,9 +305,13 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
         for v in reversed(versions) if v.status in (INVALID, UNREADABLE)
     ]
     newest, undecided = _restore_takes(args.ckpt, docs, runs)
+    statuses = [st for st, _, _ in results] + [
+        1 if not e["retryable"] else 75 for e in [*root_errors, *([undecided] if undecided else [])]
+    ]
+    status = 1 if 1 in statuses else max(statuses)
     if args.json:
         print(json.dumps({
-            "ok": all(d["ok"] for d in docs) and not root_errors,
+            "ok": status == 0,  # exactly exit 0 (a version committed meanwhile: 75)
             "path": args.ckpt, "versions": docs,
             "newest_restorable": None if newest is None else {
                 k: newest[k] for k in ("attempt_id", "step", "path")},
@@ -317,18 +324,15 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
         good = sum(d["ok"] for d in docs)
         barred = sum(bool(not r.errors and r.barring) for r in runs)
         print(f"{good} of {len(results)} committed versions OK"
-              + (f" ({barred} more found intact, but kept from restores by an earlier failed "
-                 "verification)" if barred else "")
+              + (f" ({barred} more without a problem in this check, but kept from restores by "
+                 "an earlier failed verification)" if barred else "")
               + (f"; the newest a manager restores: {safe(newest['path'])} (step "
                  f"{newest['step']})" if newest else
                  f"; cannot tell which version a manager restores: {undecided['attempt_id']} "
                  f"(step {undecided['step']}) could not be checked ([{undecided['code']}]: a "
                  "restore stops there until it can be read)" if undecided else
                  "; none a manager restores"))
-    statuses = [st for st, _, _ in results] + [
-        1 if not e["retryable"] else 75 for e in [*root_errors, *([undecided] if undecided else [])]
-    ]
-    return 1 if 1 in statuses else max(statuses)
+    return status
 
 
 def _restore_takes(
@@ -439,16 +443,18 @@ def _after_record(storage: Any, attempt: str, move: bool, run: _Run) -> None:
     records = read_annotations(storage, attempt, "verifications", errors=unread)
     run.barring, left = _status_of(records)
     run.known = not unread
-    failed: list[CheckpointError] = []
     if move and (left or unread):
+        # Only a clearing's own moves are its problems: a record of a newer format that a plain
+        # verification cannot read again is no failure of it (review of the change 20, 1).
         moved, failed = move_cleared(storage, attempt, records)
         left = [v for v in left if v not in moved]
+        run.moves_left = bool(unread or failed)
+        run.unsure += [StorageError(
+            f"{e.path or attempt}: a cleared verification record could not be moved to "
+            f"verifications/cleared/ ({e.message[:600]}): tools older than format 1.2 still "
+            "count the version as failed; run --clear-failed again", path=e.path,
+            retryable=e.retryable) for e in [*unread, *failed]]
     run.moved = sorted(v for v in run.unmoved if v not in left)
-    run.unsure += [StorageError(
-        f"{e.path or attempt}: a cleared verification record could not be moved to "
-        f"verifications/cleared/ ({e.message[:300]}): tools older than format 1.2 still "
-        "count the version as failed; run --clear-failed again", path=e.path,
-        retryable=e.retryable) for e in [*unread, *failed]]
 
 
 def _say_cleared(args: argparse.Namespace, run: _Run) -> None:
@@ -459,7 +465,7 @@ def _say_cleared(args: argparse.Namespace, run: _Run) -> None:
     def some(ids: list[str]) -> str:
         return f"{', '.join(ids[:4])}{', ...' if len(ids) > 4 else ''}"
 
-    moves_left = any("could not be moved" in e.message for e in run.unsure)
+    moves_left = run.moves_left
     if run.cleared and not run.known:
         print(f"portable-ckpt: cleared {len(run.cleared)} failed verification(s) "
               f"({some(run.cleared)}), but the version's records could not be read again "

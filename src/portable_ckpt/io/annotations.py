@@ -47,7 +47,10 @@ __all__ = [
     "RECORDS_KEPT",
     "annotation_id",
     "cleared_ids",
+    "FUTURE_SLACK_US",
     "epoch_us",
+    "now_us",
+    "record_epoch_us",
     "failed_verifications",
     "listed_info",
     "lists_file",
@@ -112,6 +115,21 @@ def epoch_us(key: tuple[int, ...]) -> int:
     doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
     days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
     return ((days * 24 + hour) * 60 + minute) * 60_000_000 + sec * 1_000_000 + ns // 1000
+
+
+#: How far in the future a record's time may lie before it is taken for a clock ahead.
+FUTURE_SLACK_US = 300_000_000
+
+
+def now_us() -> int:
+    """Microseconds since 1970, now (this host's clock)."""
+    return time.time_ns() // 1000
+
+
+def record_epoch_us(record: dict[str, Any] | Any, member: str = "verified_at") -> int:
+    """Microseconds since 1970 of a record's ``member`` time (-1 when it has none)."""
+    key = timestamp_key(str(record.get(member) or ""))
+    return epoch_us(key) if len(key) == 7 else -1
 
 
 def lists_file(storage: Storage, rel: str) -> bool:
@@ -407,15 +425,28 @@ def superseded(
     verification of each mode; the newest passed drill; for each destination its newest record
     and its newest passed one; a clearing record while a record it clears is still among
     ``records``, and the newest clearing record (spec §14.5); and every failed verification
-    but those in ``repeated`` (:func:`repeated_failures`) that no record clears. So ``drilled``,
+    but those in ``repeated`` (:func:`repeated_failures`) that no record clears and that are
+    not among the four newest. The newest are counted twice: by the records' times, and among
+    those dated by now (a record dated ahead is a fast clock's). So ``drilled``,
     ``verified``, ``verification_failed`` and the destinations with a verified copy stay what
     they were: a record is only ever removed for a newer one of its kind that stays.
     """
-    keep: set[int] = {id(r) for r in records[-RECORDS_KEPT:]}
+    # The newest by the records' own times, and the newest dated by now: four passes dated
+    # ahead by a host's fast clock pruned every real pass right after it was written (attack
+    # review 12b, B5).
+    now = now_us() + FUTURE_SLACK_US
+    dated = [r for r in records if record_epoch_us(r, ANNOTATION_KINDS[kind][2]) <= now]
+    keep: set[int] = {id(r) for r in [*records[-RECORDS_KEPT:], *dated[-RECORDS_KEPT:]]}
 
     def newest(pred: Callable[[dict[str, Any]], bool], by: str | None = None) -> None:
         seen: set[str] = set()
         for r in reversed(records):
+            group = str(r.get(by)) if by is not None else ""
+            if group not in seen and pred(r):
+                seen.add(group)
+                keep.add(id(r))
+        seen = set()
+        for r in reversed(dated):
             group = str(r.get(by)) if by is not None else ""
             if group not in seen and pred(r):
                 seen.add(group)
@@ -425,9 +456,9 @@ def superseded(
         return r.get("ok") is True
 
     if kind == "verifications":
-        keep |= {id(r) for r in records if not passed(r)}
-        keep -= {id(r) for r in failed_verifications(records)
-                 if r.get("verification_id") in repeated}
+        gone = {id(r) for r in failed_verifications(records)
+                if r.get("verification_id") in repeated}
+        keep |= {id(r) for r in records if not passed(r) and id(r) not in gone}
         # A record that clears failed ones: without it a failure still in verifications/ fails
         # the version again (implementer review 2, N4); the newest stays as the account of the
         # last clearing (the ones it moved below verifications/cleared/ are its history).
@@ -610,6 +641,13 @@ def prune_annotations(
         records = [r for r in records if r.get("verification_id") not in moved]
     doomed = superseded(kind, records, repeated=repeated)
     id_member = ANNOTATION_KINDS[kind][0]
+    if doomed:
+        # A file the version's manifest lists is part of the version (R-FILES-1), whatever its
+        # name: never pruned, as never moved (attack review 12b, B1).
+        from portable_ckpt.io.versions import load_manifest  # (versions lists these records)
+
+        listed = load_manifest(storage, attempt_id).files
+        doomed = [r for r in doomed if f"{kind}/{r[id_member]}.json" not in listed]
     out = []
     for r in doomed:
         rel = f"{attempt_id}/{kind}/{r[id_member]}.json"

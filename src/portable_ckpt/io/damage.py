@@ -188,8 +188,10 @@ def record_read_damage(
         return "none", None, []
     if PLACEMENT_ENTRY in manifest.entries:
         try:
+            # The version's files that are here: a file it does not list, named like another
+            # node's shard, made a node root look like no node's (attack review 12b, B3).
             present = {o.path.removeprefix(f"{attempt_id}/")
-                       for o in storage.list(f"{attempt_id}/")}
+                       for o in storage.list(f"{attempt_id}/")} & set(manifest.files)
         except CheckpointError as exc:  # cannot tell absent by design from lost
             return "unrecorded", None, [exc.with_traceback(None)]
         away = absent_by_design(placement(storage, attempt_id, manifest),

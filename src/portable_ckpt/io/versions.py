@@ -61,11 +61,14 @@ from portable_ckpt.format.naming import (
 )
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
+    FUTURE_SLACK_US,
     cleared_ids,
     epoch_us,
     failed_verifications,
     lists_file,
+    now_us,
     read_annotations,
+    record_epoch_us,
     reread_record,
     timestamp_key,
     unmoved_cleared,
@@ -150,20 +153,6 @@ def _version_key(text: str) -> tuple[tuple[int, str], tuple[int, str]]:
 IMPLEMENTED = max(_version_key(v) for v in FORMAT_VERSIONS)
 
 
-#: How far in the future a record's time may lie before it is taken for a clock ahead.
-FUTURE_SLACK_US = 300_000_000
-
-
-def _now_us() -> int:
-    return int(_dt.datetime.now(_dt.UTC).timestamp() * 1_000_000)
-
-
-def _epoch(record: Mapping[str, Any], member: str = "verified_at") -> int:
-    """Microseconds since 1970 of a record's time (-1 when it has none)."""
-    key = timestamp_key(str(record.get(member) or ""))
-    return epoch_us(key) if len(key) == 7 else -1
-
-
 @dataclass
 class VersionInfo:
     """One attempt of a root as ``ls`` shows it.
@@ -219,22 +208,22 @@ class VersionInfo:
         # A pass dated in the future (a host whose clock is ahead) read as "0 s ago" for as long
         # as the skew, and hid that the crons had stopped (SRE review 2, W4): the newest pass
         # dated by now counts; one dated ahead only when there is no other, marked.
-        now = _now_us() + FUTURE_SLACK_US
-        dated = [v for v in passed if _epoch(v) <= now] or passed
+        now = now_us() + FUTURE_SLACK_US
+        dated = [v for v in passed if record_epoch_us(v) <= now] or passed
         newest = max(dated, key=lambda v: timestamp_key(str(v.get("verified_at") or "")))
         out = {"mode": newest.get("mode"), "verified_at": newest.get("verified_at")}
-        if _epoch(newest) > now:
+        if record_epoch_us(newest) > now:
             out["clock_ahead"] = True
         return out
 
     @property
     def dated_ahead(self) -> list[str]:
         """Ids of its drill, copy and verification records dated after now (a clock ahead)."""
-        now = _now_us() + FUTURE_SLACK_US
+        now = now_us() + FUTURE_SLACK_US
         return [str(r.get(idm)) for kind, idm, rs in (
             ("verifications", "verification_id", self.verifications),
             ("drills", "drill_id", self.drills), ("copies", "copy_id", self.copies))
-            for r in rs if _epoch(r, ANNOTATION_KINDS[kind][2]) > now]
+            for r in rs if record_epoch_us(r, ANNOTATION_KINDS[kind][2]) > now]
 
     @property
     def unmoved_cleared(self) -> list[str]:

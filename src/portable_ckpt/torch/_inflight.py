@@ -121,8 +121,14 @@ def wait_bound(seconds: float) -> float | None:
 
 
 def say(text: str) -> None:
-    """One line on stderr, flushed (exit hooks: stdout may be a closed pipe)."""
-    print(f"portable_ckpt: {text}", file=sys.stderr, flush=True)
+    """One line on stderr, flushed (exit hooks: stdout may be a closed pipe).
+
+    Escaped for a terminal: messages quote paths and records from the root (attack review
+    12b, B2).
+    """
+    from portable_ckpt._printable import printable
+
+    print(f"portable_ckpt: {printable(text)}", file=sys.stderr, flush=True)
 
 
 def _abandoned(h: InFlight, why: str) -> None:

@@ -205,6 +205,7 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
         return
     import shlex
 
+    from portable_ckpt._printable import printable
     from portable_ckpt.io.hints import copy_back
     from portable_ckpt.logs import log_event
 
@@ -243,7 +244,8 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
             f"  and {info.passed_over_more} more (`portable-ckpt ls "
             f"{mgr.tiers[str(info.passed_over[0]['tier'])].root}` lists them)"
         )
-    text = "\n".join(lines)
+    # Escaped for a terminal line by line: the rows quote records from the root (B2).
+    text = "\n".join(printable(line) for line in lines)
     log_event(
         _log, "restore.passed_over",
         {"checkpoint_id": info.checkpoint_id, "step": info.step, "tier": tier_name,
