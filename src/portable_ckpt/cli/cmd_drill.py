@@ -68,7 +68,9 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument(
-        "ckpt", type=A.root_url, help="checkpoint root (the version a restore takes: the newest no verification failed) or version directory"
+        "ckpt", type=A.root_url,
+        help="checkpoint root (the version a restore takes: the newest no verification failed) "
+        "or version directory",
     )
     p.add_argument(
         "--world-size",

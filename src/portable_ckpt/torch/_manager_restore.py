@@ -762,11 +762,11 @@ def _seed_telemetry(
         if text is None:  # an explicit checkpoint=, a node-local version of another node
             try:
                 text = load_manifest(mgr.tiers[tier_name].storage, info.checkpoint_id).committed_at
-            except Exception as e:  # the restore succeeded: the metrics must not undo it
-                _log.warning("cannot read the commit time of %s for the metrics: %s",
-                             info.checkpoint_id, e)
+            except CheckpointError as e:  # the restore succeeded: the metrics must not undo it
+                _log.info("cannot read the commit time of %s for the metrics: %s",
+                          info.checkpoint_id, e)
         key = timestamp_key(text)
-        committed = epoch_us(key) / 1e6 if len(key) > 1 else None
+        committed = epoch_us(key) / 1e6 if len(key) == 7 else None
     mgr.telemetry.seed(tier_name, step=info.step, committed_at=committed)
 
 
