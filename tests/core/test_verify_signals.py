@@ -129,3 +129,48 @@ def test_a_clearing_whose_records_cannot_be_read_again_does_not_say_restorable(
     assert "could not be read again afterwards" in err, err
     assert "may restore this version again" not in err
     assert code != 0
+
+
+def test_a_record_written_into_a_version_deleted_meanwhile_is_removed_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SRE review 2, V1: a nightly copy wrote its record into a version the job's retention had
+    just deleted; the directory of records left was an "invalid" attempt gc kept for good
+    (advising to put back a commit record whose data was gone), and every verify --all and gc
+    exited 1. The writer removes its own record when the version is gone, and an attempt of
+    records only is incomplete (gc deletes it after its grace period)."""
+    import shutil
+
+    from portable_ckpt.errors import VersionDeletedError
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.io.gc import gc
+    from portable_ckpt.io.versions import list_versions
+    from portable_ckpt.storage.local import LocalStorage
+
+    root, (_, v2) = _root(tmp_path)
+
+    class RacingGc(LocalStorage):
+        """The version is deleted (as a gc does) between the writer's check and its write."""
+
+        def create_if_absent(self, path: str, data: bytes) -> bool:
+            shutil.rmtree(v2)
+            return super().create_if_absent(path, data)
+
+    with pytest.raises(VersionDeletedError, match="was deleted"):
+        write_verification_record(RacingGc(str(root)), v2.name, ok=True, mode="deep",
+                                  fraction=1.0, chunks=1)
+    assert not v2.exists()
+    # Records left by a release without that check: incomplete, deleted by gc after its grace.
+    (v2 / "copies").mkdir(parents=True)
+    (v2 / "copies" / "c20260101T000000000000Z-00000001.json").write_text("{}")
+    [v] = [v for v in list_versions(root) if v.id == v2.name]
+    assert v.status == "incomplete"
+    report = gc(root, keep=1, grace_seconds=0)
+    assert v2.name in report.abandoned and not v2.exists()
+    # A lost commit record with its data files is still kept (errata 13).
+    (_, v1) = (None, next(p for p in root.iterdir() if p.name.startswith("s")))
+    (v1 / "copies").mkdir(exist_ok=True)
+    (v1 / "copies" / "c20260101T000000000000Z-00000002.json").write_text("{}")
+    (v1 / "manifest.json").unlink()
+    [v] = [v for v in list_versions(root) if v.id == v1.name]
+    assert v.status == "invalid"

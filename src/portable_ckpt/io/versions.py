@@ -433,11 +433,16 @@ def _without_record(storage: Storage, attempt_id: str) -> Classification:
     unclassified (R-GC-6).
     """
     try:
-        kinds = sorted(set(storage.list_dirs(f"{attempt_id}/")) & set(ANNOTATION_KINDS))
+        dirs = set(storage.list_dirs(f"{attempt_id}/"))
+        kinds = sorted(dirs & set(ANNOTATION_KINDS))
         held = [k for k in kinds if next(iter(storage.list(f"{attempt_id}/{k}/")), None)]
+        # Records and nothing else: written into a version while it was deleted (a nightly
+        # copy after the job's retention: SRE review 2, V1); nothing of a version is left.
+        only_records = held and not dirs - set(ANNOTATION_KINDS) and next(
+            iter(storage.list(f"{attempt_id}/", recursive=False)), None) is None
     except CheckpointError as exc:
         return Classification(UNREADABLE, error=exc)
-    if not held:
+    if not held or only_records:
         return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
     return Classification(INVALID, error=ManifestMissingError(
         f"{attempt_id}/manifest.json is missing, but the attempt holds {' and '.join(held)} "
