@@ -1,4 +1,4 @@
-"""Conformance suite of the portable-ckpt format (spec/README.md), versions 1.0 and 1.1.
+"""Conformance suite of the portable-ckpt format (spec/README.md), 1.x (``spec.FORMAT_VERSIONS``).
 
 Run as ``python -m conformance``: ``check`` validates a checkpoint statically, ``writer`` drives a
 third-party writer through the adapter protocol described in ``conformance/README.md``.
@@ -12,4 +12,6 @@ from __future__ import annotations
 
 __all__ = ["__version__"]
 
+#: MAJOR.MINOR is the newest format version the suite checks (``conformance.spec.FORMAT_VERSIONS``,
+#: held to it by ``conformance/tests/test_cli.py``); a literal, as hatchling reads it from this file.
 __version__ = "1.2.0"

@@ -55,11 +55,15 @@ from conformance.spec import (
     BUILTIN_SCHEMA_FILES,
     BUILTIN_SCHEMA_IDS,
     DTYPES,
+    FORMAT_VERSIONS,
     KNOWN_EXTENSIONS,
     MAX_NDIM,
     MAX_SIZE,
+    NEWEST_FORMAT_VERSION,
+    NEWEST_MINOR,
     TABLE_EXTENSION,
     has_control_chars,
+    newer_minor,
     path_problem,
 )
 from conformance.store import (
@@ -397,7 +401,7 @@ class _VersionChecker:
                          f"checker does not implement: {unknown!r}")
                 return
         minor = mv.group(2)
-        newer = len(minor) > 1 or minor > "2"  # newer than 1.2: maybe a foreign record
+        newer = newer_minor(minor)  # newer than NEWEST_FORMAT_VERSION: maybe a foreign record
         before = len(self.r.errors)
         valid = _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
                               self.schema_at)
@@ -418,9 +422,9 @@ class _VersionChecker:
                 first = self.r.errors[before]
                 del self.r.errors[before:]
                 self.err("PCK-VERSION-UNSUPPORTED", f"format_version {fv:.60} is newer than the "
-                         "versions this checker implements (1.0, 1.1, 1.2), and the record fails "
-                         f"their checks ({first.message}); a checker of that version can judge "
-                         "it (spec §16.2, R-VERSION-10)")
+                         f"versions this checker implements ({', '.join(FORMAT_VERSIONS)}), and "
+                         f"the record fails their checks ({first.message}); a checker of that "
+                         "version can judge it (spec §16.2, R-VERSION-10)")
             return
         self.check_manifest(m)
 
@@ -566,12 +570,13 @@ class _VersionChecker:
         """
         fv, mu = m.get("format_version"), m.get("must_understand")
         mv = re.fullmatch(r"1\.(0|[1-9][0-9]{0,8})", fv) if isinstance(fv, str) else None
-        if mv is not None and int(mv.group(1)) > 2:
+        if mv is not None and int(mv.group(1)) > NEWEST_MINOR:
             # Valid for a reader (§16.2), but no writer of this text records it: a writer that
             # stamps a version it does not implement passed the harness (review C2).
-            self.r.warn(f"{self.name}: format_version {fv} is newer than this checker's 1.2 and "
-                        "was checked as 1.2; a writer of this text records '1.0', or '1.1' for "
-                        "a tensor table (R-VERSION-2)")
+            self.r.warn(f"{self.name}: format_version {fv} is newer than this checker's "
+                        f"{NEWEST_FORMAT_VERSION} and was checked as {NEWEST_FORMAT_VERSION}; a "
+                        "writer of this text records '1.0', or '1.1' for a tensor table "
+                        "(R-VERSION-2)")
         elif fv == "1.2":
             # 1.2 changes verification records only (spec §14.5): a manifest uses none of it.
             self.r.warn(f"{self.name}: format_version 1.2 in a manifest: 1.2 adds nothing to "

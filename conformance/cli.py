@@ -22,6 +22,7 @@ from pathlib import Path
 
 from conformance import __version__
 from conformance.report import EXIT_CODES, CaseResult, RunReport, shell_join
+from conformance.spec import VERSIONS_TEXT
 
 __all__ = ["EXIT_INFRA", "EXIT_INTERNAL", "EXIT_NONCONFORMANT", "EXIT_NOTHING", "EXIT_OK",
            "EXIT_USAGE", "main"]
@@ -257,10 +258,10 @@ def _parser() -> argparse.ArgumentParser:
     fmt = _Defaults
     ap = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Conformance suite of the portable-ckpt format 1.x (1.0, 1.1 and 1.2).",
+        description=f"Conformance suite of the portable-ckpt format 1.x ({VERSIONS_TEXT}).",
         epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items()))
     ap.add_argument("--version", action="version",
-                    version=f"{PROG} {__version__} (checks format 1.0, 1.1 and 1.2)")
+                    version=f"{PROG} {__version__} (checks format {VERSIONS_TEXT})")
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", formatter_class=fmt,
                        help="statically check a checkpoint root or version directory")

@@ -1,4 +1,4 @@
-"""Constants of format 1.x (1.0 and 1.1) as the conformance suite reads them from the spec (own copy).
+"""Constants of format 1.x as the conformance suite reads them from the spec (own copy).
 
 Nothing here is imported from :mod:`portable_ckpt`; the values are transcribed from
 ``spec/README.md`` / ``spec/DESIGN-NOTES.md`` so that a mistake in the reference implementation's
@@ -16,6 +16,7 @@ __all__ = [
     "CODES",
     "DTYPES",
     "DTYPE_CODES",
+    "FORMAT_VERSIONS",
     "KNOWN_EXTENSIONS",
     "MAX_BLOCK_SIZE",
     "MAX_COMPONENTS",
@@ -24,14 +25,40 @@ __all__ = [
     "MAX_SIZE",
     "MAX_TABLE_BYTES",
     "MIN_BLOCK_SIZE",
+    "NEWEST_FORMAT_VERSION",
+    "NEWEST_MINOR",
     "RANGE_CODECS",
     "TABLE_COLUMNS",
     "TABLE_EXTENSION",
     "PATH_COMPONENT_RE",
     "ST_ITEMSIZE",
+    "VERSIONS_TEXT",
     "has_control_chars",
+    "newer_minor",
     "path_problem",
 ]
+
+#: The format versions this suite implements, oldest first. A new MINOR changes this line (and
+#: ``__version__``, which starts with the newest: ``conformance/tests/test_cli.py``); the checker,
+#: the CLI and the tests take "the newest" and "a newer one" from here (contributor review D5:
+#: "1.2 is the newest" was written out in six places, and a test used "1.3" as a future version).
+#: ``tests/test_dtype_tables.py`` compares it with the reference's ``FORMAT_VERSIONS``.
+FORMAT_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2")
+NEWEST_FORMAT_VERSION = FORMAT_VERSIONS[-1]
+NEWEST_MINOR = int(NEWEST_FORMAT_VERSION.split(".")[1])
+#: ``"1.0, 1.1 and 1.2"``: how the CLI and the README name them.
+VERSIONS_TEXT = f"{', '.join(FORMAT_VERSIONS[:-1])} and {NEWEST_FORMAT_VERSION}"
+
+
+def newer_minor(minor: str) -> bool:
+    """Whether a well-formed MINOR (decimal, no leading zero) is newer than :data:`NEWEST_MINOR`.
+
+    Compared as text, length first: CPython converts at most 4,300 digits to an int, and a
+    MINOR may have any number of them (errata 6).
+    """
+    newest = str(NEWEST_MINOR)
+    return len(minor) > len(newest) or (len(minor) == len(newest) and minor > newest)
+
 
 #: attempt id: ``s<step:012d>-<YYYYMMDD>T<HHMMSS><micro:06d>Z-<16 hex>``.
 ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-[0-9]{8}T[0-9]{12}Z-[0-9a-f]{16}\Z")

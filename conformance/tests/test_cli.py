@@ -14,6 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from conformance.spec import (
+    FORMAT_VERSIONS,
+    NEWEST_FORMAT_VERSION,
+    NEWEST_MINOR,
+    VERSIONS_TEXT,
+    newer_minor,
+)
 from conformance.vectors import VECTOR_DIRS, load_cases, materialize
 
 from .conftest import BAD_WRITER, MINIMAL_WRITER, REPO, TRACING, needs_tracing
@@ -408,4 +415,34 @@ def test_version_says_which_suite_ran(fast_tmp: Path) -> None:
 
     r = _run(["--version"], fast_tmp, fast_tmp)
     assert r.returncode == 0 and r.stdout.strip() == \
-        f"portable-ckpt-conformance {__version__} (checks format 1.0, 1.1 and 1.2)", r.stdout + r.stderr
+        f"portable-ckpt-conformance {__version__} (checks format {VERSIONS_TEXT})", r.stdout + r.stderr
+
+
+def test_the_newest_version_is_named_once() -> None:
+    """Contributor review D5: "1.2 is the newest" was written out in the checker, the CLI, the
+    README and the package version. They now read ``spec.FORMAT_VERSIONS``; what cannot (the
+    literal ``__version__`` hatchling reads, the README's prose) is held to it here."""
+    from conformance import __version__
+
+    assert VERSIONS_TEXT.endswith(f" and {NEWEST_FORMAT_VERSION}")
+    assert all(v in VERSIONS_TEXT for v in FORMAT_VERSIONS)
+    assert __version__.startswith(f"{NEWEST_FORMAT_VERSION}."), __version__
+    readme = (REPO / "conformance" / "README.md").read_text()
+    assert readme.startswith(f"# portable-ckpt conformance suite (format {VERSIONS_TEXT})\n")
+    assert f"(checks format {VERSIONS_TEXT})" in readme  # the --version example
+    assert newer_minor(str(NEWEST_MINOR + 1)) and newer_minor("1" + "0" * 5000)
+    assert not any(newer_minor(v.split(".")[1]) for v in FORMAT_VERSIONS)
+
+
+def test_every_version_directory_is_known() -> None:
+    """Contributor review D4, D10: a new MINOR's schemas and vector set are named by hand in
+    ``REQUIRED_SCHEMAS`` and ``VECTOR_DIRS``, and nothing failed where one was left out."""
+    from conformance.schemas import ERRATA_SCHEMAS, REQUIRED_SCHEMAS
+
+    schemas = REPO / "spec" / "schemas"
+    later = {p.relative_to(schemas).as_posix() for p in schemas.glob("1.*/*.json")}
+    assert later <= set(REQUIRED_SCHEMAS), later - set(REQUIRED_SCHEMAS)
+    errata = {p.relative_to(schemas).as_posix() for p in schemas.glob("errata/*.json")}
+    assert errata == set(ERRATA_SCHEMAS)
+    sets = {p.parent.name for p in (REPO / "conformance" / "vectors").glob("*/cases.json")}
+    assert sets == set(VECTOR_DIRS) and set(FORMAT_VERSIONS) <= sets

@@ -16,7 +16,11 @@ from portable_ckpt.storage import open_storage
 
 
 def sample_array(dtype: str, shape: Sequence[int], seed: int = 0) -> np.ndarray:
-    """Deterministic values of any table dtype (exactly representable)."""
+    """Deterministic values of any table dtype, exactly representable in the rows of 1.0.
+
+    A row without a sign or a zero (as ``float8_e8m0fnu`` would be) rounds some of them: compare
+    such arrays by their bytes (contributor review D7).
+    """
     rng = np.random.default_rng(seed)
     np_dtype = DTYPES[dtype].numpy
     n = int(np.prod(shape)) if shape else 1

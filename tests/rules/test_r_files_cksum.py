@@ -290,6 +290,38 @@ def test_a_later_dtype_is_refused_in_a_tensor_table_too(
     assert "'uint8' is a dtype of format 1.3" in err.message and "tensor-table" in err.message
 
 
+@pytest.mark.parametrize("table", [False, True], ids=["json", "table"])
+def test_the_committer_refuses_a_later_dtype_it_does_not_announce(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: bool
+) -> None:
+    """Contributor review D11: the committer's readability check parsed the record, which holds
+    none of a table's rows, so a later row in a tensor table was published in a 1.1 manifest
+    without its extension, and no reader opened the version; JSON tensors were refused. (No
+    row is later than 1.0 yet, so nothing announces one: both are refused.)"""
+    from portable_ckpt.format import manifest
+    from portable_ckpt.format.dtypes import DType
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    monkeypatch.setitem(DTYPES, "uint8", DType("uint8", "U8", 1, "u1", since="1.3",
+                                               extension="dtype-u8-again"))
+    monkeypatch.setattr(manifest, "KNOWN_EXTENSIONS", {*manifest.KNOWN_EXTENSIONS,
+                                                       "dtype-u8-again"})
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(1)
+    indexes = []
+    for w in (0, 1):
+        sw = ShardWriter(storage, attempt, w, tensor_table=table)
+        sw.add_tensor("u", np.arange(2, dtype=np.uint8), offsets=(2 * w,), global_shape=(4,))
+        indexes.append(sw.finish())
+    err = expect_code("PCK-DTYPE-UNSUPPORTED", commit, storage, attempt, step=1,
+                      indexes=indexes, tensor_table=table)
+    assert "'uint8' is a dtype of format 1.3" in err.message, err.message
+    assert "nothing is published" in err.message, err.message
+    assert not (tmp_path / attempt / "manifest.json").exists()
+
+
 def _spec_dtype_table() -> list[tuple[str, str, int]]:
     """The rows of spec §7's table, in order: (format dtype, safetensors dtype, itemsize)."""
     import re

@@ -603,15 +603,16 @@ def test_key_limits_accept_the_boundary(vdir: Path) -> None:
 @pytest.mark.parametrize(
     "edit, code",
     [
-        (_col("tensor.dtype", 15), "PCK-DTYPE-UNSUPPORTED"),
+        (_col("tensor.dtype", len(tt.DTYPE_CODES)), "PCK-DTYPE-UNSUPPORTED"),
         (_col("tensor.dtype", 255, at=-1), "PCK-DTYPE-UNSUPPORTED"),
         (_col("range.codec", 2), "PCK-CODEC"),
         (_col("range.codec", 255, at=-1), "PCK-CODEC"),
     ],
-    ids=["dtype-15", "dtype-255-last", "codec-2", "codec-255-last"],
+    ids=["dtype-past-the-table", "dtype-255-last", "codec-2", "codec-255-last"],
 )
 def test_dtype_and_codec_codes(vdir: Path, edit: Callable[..., None], code: str) -> None:
-    """R-TABLE-6: a dtype code above 14 is PCK-DTYPE-UNSUPPORTED; a codec code above 1 is
+    """R-TABLE-6: a dtype code past §7's last row (14 in 1.1; contributor review D7: the
+    first invalid code follows the table) is PCK-DTYPE-UNSUPPORTED; a codec code above 1 is
     PCK-CODEC."""
     cols = columns(load_table(vdir))
     edit(cols)
@@ -620,9 +621,10 @@ def test_dtype_and_codec_codes(vdir: Path, edit: Callable[..., None], code: str)
 
 
 def test_dtype_codes_are_the_rows_of_section_7() -> None:
-    """R-TABLE-6 / §8.5: codes count the rows of §7 from 0 (float64 = 0 … float8_e5m2 = 14)."""
+    """R-TABLE-6 / §8.5: codes count the rows of §7 from 0 (float64 = 0 … float8_e5m2 = 14);
+    a later row gets the next code (tests/test_dtype_tables.py compares every copy)."""
     assert tt.DTYPE_CODES[0] == "float64" and tt.DTYPE_CODES[1] == "float32"
-    assert tt.DTYPE_CODES[14] == "float8_e5m2" and len(tt.DTYPE_CODES) == 15
+    assert tt.DTYPE_CODES[14] == "float8_e5m2"  # a released code keeps its row (R-VERSION-9)
 
 
 def _shape_of(key: str, shape: tuple[int, ...]) -> Callable[[dict[str, TensorEntry]], None]:
@@ -791,9 +793,10 @@ def _rewrite_writer_file(root: Path, attempt: str, writer: int, rel: str, data: 
 
 @pytest.mark.parametrize(
     "edit, code",
-    [(_col("tensor.dtype", 15), "PCK-DTYPE-UNSUPPORTED"), (_col("range.codec", 2), "PCK-CODEC"),
+    [(_col("tensor.dtype", len(tt.DTYPE_CODES)), "PCK-DTYPE-UNSUPPORTED"),
+     (_col("range.codec", 2), "PCK-CODEC"),
      (_keys(_set(0, b"a\x00b")), "PCK-SCHEMA"), (_coord("range.lengths", -1), "PCK-RANGE-BOUNDS")],
-    ids=["dtype-15", "codec-2", "key-split", "length-negative"],
+    ids=["dtype-past-the-table", "codec-2", "key-split", "length-negative"],
 )
 def test_committer_validates_writer_tables(tmp_path: Path, edit: Callable[..., None],
                                            code: str) -> None:

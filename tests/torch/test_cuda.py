@@ -131,12 +131,11 @@ def test_sub_mesh_samples_on_the_device_are_the_host_bytes() -> None:
     """The sub-mesh copy check samples shards where they are (last review F1: CUDA has no
     gather kernel for uint16, and every save of such a DTensor failed): for every dtype the
     format stores, contiguous and strided, the bytes equal those sampled on the host."""
+    from portable_ckpt.format.dtypes import DTYPES
+    from portable_ckpt.torch._tensors import torch_dtype
     from portable_ckpt.torch.plan import _spread_sample, _to_host
 
-    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
-              torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
-              torch.uint64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2]
-    for dtype in dtypes:
+    for dtype in (torch_dtype(n) for n in DTYPES):  # every row (contributor review D7)
         base = torch.arange(6 * 300, dtype=torch.float64).reshape(6, 300) % 120
         host = base.to(dtype)
         for view in (lambda t: t, lambda t: t.t(), lambda t: t[2:5, 7:50], lambda t: t[0, 0]):

@@ -20,10 +20,11 @@ from hypothesis import strategies as st  # noqa: E402
 import portable_ckpt  # noqa: E402
 import portable_ckpt.torch as pckt  # noqa: E402
 from portable_ckpt.errors import CheckpointError, UnsupportedValueError, UsageError  # noqa: E402
+from portable_ckpt.format.dtypes import DTYPES  # noqa: E402
 from portable_ckpt.format.schemas import validate_entry_value  # noqa: E402
 from portable_ckpt.ranges import Box, check_coverage  # noqa: E402
 from portable_ckpt.storage.local import LocalStorage  # noqa: E402
-from portable_ckpt.torch._tensors import numpy_view  # noqa: E402
+from portable_ckpt.torch._tensors import numpy_view, torch_dtype  # noqa: E402
 from portable_ckpt.torch.flatten import (  # noqa: E402
     decode_json,
     encode_json,
@@ -151,17 +152,7 @@ def test_json_encoding_of_special_floats() -> None:
 # -- zero-copy views ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        torch.bfloat16,
-        torch.float8_e4m3fn,
-        torch.float8_e5m2,
-        torch.float32,
-        torch.int64,
-        torch.bool,
-    ],
-)
+@pytest.mark.parametrize("dtype", [torch_dtype(n) for n in DTYPES], ids=list(DTYPES))  # review D7
 def test_numpy_view_is_zero_copy(dtype: Any) -> None:
     t = torch.zeros(4, 3).to(dtype)
     v = numpy_view(t)

@@ -26,6 +26,7 @@ from portable_ckpt.errors import (
     CheckpointError,
     CommitConflictError,
     CommitOutcomeUnknownError,
+    DtypeUnsupportedError,
     FileMissingError,
     FileSizeError,
     LimitError,
@@ -48,6 +49,7 @@ from portable_ckpt.format.manifest import (
     TensorEntry,
     WriterIndex,
     check_continuation,
+    dtype_not_defined,
     entry_values_problem,
     files_bytes,
     parse_manifest,
@@ -809,6 +811,8 @@ def _publish(
         manifest.tensors = merged.tensors
     _readable(attempt_id, data)
     table_path = manifest.tensor_table.file if manifest.tensor_table is not None else None
+    if merged.table is not None and table_path is not None:
+        _table_dtypes_defined(manifest, merged.table, f"{attempt_id}/{table_path}")
     if blob is not None and table_path is not None:
         storage.put(f"{attempt_id}/{table_path}", blob)
         # R-COMMIT-17: the table's data and its name are durable before the record that lists
@@ -886,6 +890,25 @@ def _readable(attempt_id: str, data: bytes) -> None:
             "(fix what the writer was given and save again)",
             path=exc.path,
         ) from None
+
+
+def _table_dtypes_defined(manifest: CommittedManifest, table: TensorTable, what: str) -> None:
+    """R-DTYPE-3 per version on the table's rows, as readers apply it (``io/reader.py``).
+
+    :func:`_readable` parses the record, which holds none of a table's rows: a later row in a
+    table of an earlier version (or without its extension) was published, and no reader opened
+    the version (contributor review D11; a JSON tensor of it was refused).
+    """
+    for code in np.unique(table.dtypes).tolist():
+        problem = dtype_not_defined(
+            DTYPES[DTYPE_CODES[code]], manifest.format_version, manifest.must_understand
+        )
+        if problem:
+            raise DtypeUnsupportedError(
+                f"{what}: {problem}; readers would refuse this commit record, so nothing is "
+                "published",
+                path=what,
+            )
 
 
 def _describe_table(manifest: CommittedManifest, merged: _Merged) -> bytes:
