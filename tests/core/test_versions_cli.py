@@ -723,7 +723,11 @@ def test_a_deep_verification_that_could_not_be_recorded_fails(tmp_path) -> None:
     finally:
         os.chmod(tmp_path / aid, 0o755)
     assert res.returncode == 1, (res.stdout, res.stderr)
-    assert "the verification was not recorded" in res.stderr and "OK " in res.stdout
+    # A problem of the run, in ok and on stdout with the verdict (SRE review 2, W3: stderr only,
+    # after "OK").
+    [problem, verdict] = res.stdout.splitlines()
+    assert problem.startswith("PCK-STORAGE  the verification was not recorded"), res.stdout
+    assert verdict.startswith("FAIL (1 problem)"), res.stdout
 
 
 def test_ls_notes_go_to_stderr_and_stdout_is_the_table(tmp_path) -> None:

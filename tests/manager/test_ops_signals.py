@@ -307,3 +307,35 @@ def _run(fn: str, *args: Any) -> list[Any]:
                     sys_path=[ROOT])
     res.raise_for_errors()
     return list(res.results)
+
+
+def test_a_restart_from_the_fast_tier_seeds_the_durable_tier_and_never_a_future_time(
+    tmp_path: Path,
+) -> None:
+    """SRE review 2, V5: restored from the fast tier, the durable tier's commit time was absent
+    until its next save (an ``absent()`` alert paged at every restart). V4: a version committed
+    by a host whose clock was 30 days ahead seeded a commit time 30 days in the future, and the
+    freshness alert stayed silent in just the case the seed was added for."""
+    import json
+
+    root, fast, prom = tmp_path / "ckpt", tmp_path / "fast", tmp_path / "metrics.prom"
+    kw: dict[str, Any] = dict(save_every=4, fast_root=str(fast), fast_every=1,
+                              async_save=False)
+    with pckt.CheckpointManager(root, **kw) as mgr:
+        for step in (4, 5):
+            mgr.maybe_save(step, _state(step))
+    durable = portable_ckpt.list_versions(root)[-1]
+    newest = portable_ckpt.list_versions(fast)[-1]
+    assert (durable.step, newest.step) == (4, 5)
+    # The fast version's commit record dated 30 days ahead (its host's clock).
+    doc = json.loads((Path(newest.path) / "manifest.json").read_text())
+    doc["committed_at"] = "2099-01-01T00:00:00.000000Z"
+    (Path(newest.path) / "manifest.json").write_text(json.dumps(doc))
+    before = time.time()
+    with pckt.CheckpointManager(root, events=prom, **kw) as mgr:
+        assert mgr.restore(_state(1000.0)).step == 5
+        got = _metrics(prom)
+    assert before - 1 <= got[("pck_last_commit_timestamp_seconds", "fast")] <= time.time() + 1
+    assert got[("pck_last_commit_timestamp_seconds", "durable")] == pytest.approx(
+        _epoch(durable.committed_at), abs=1e-5)
+    assert got[("pck_save_step", "fast")] == 5.0

@@ -202,7 +202,12 @@ class VersionInfo:
         A pass is what was true then: a sampled check at save time says little after a storage
         incident (incident review R5), so listings show its kind and age.
         """
-        passed = [v for v in self.verifications if v.get("ok") is True]
+        return self.newest_pass()
+
+    def newest_pass(self, mode: str | None = None) -> dict[str, Any] | None:
+        """:attr:`last_pass`, of ``mode`` only when given (``"deep"``: an alert on its age)."""
+        passed = [v for v in self.verifications if v.get("ok") is True
+                  and (mode is None or v.get("mode") == mode)]
         if not passed:
             return None
         # A pass dated in the future (a host whose clock is ahead) read as "0 s ago" for as long
@@ -218,9 +223,11 @@ class VersionInfo:
 
     @property
     def dated_ahead(self) -> list[str]:
-        """Ids of its drill, copy and verification records dated after now (a clock ahead)."""
+        """Its records dated after now (a clock ahead): ``manifest.json``, then record ids."""
         now = now_us() + FUTURE_SLACK_US
-        return [str(r.get(idm)) for kind, idm, rs in (
+        commit = ["manifest.json"] if record_epoch_us(
+            {"t": self.committed_at}, "t") > now else []  # the commit record's host (V4)
+        return commit + [str(r.get(idm)) for kind, idm, rs in (
             ("verifications", "verification_id", self.verifications),
             ("drills", "drill_id", self.drills), ("copies", "copy_id", self.copies))
             for r in rs if record_epoch_us(r, ANNOTATION_KINDS[kind][2]) > now]
@@ -271,6 +278,7 @@ class VersionInfo:
             "verification_failed": self.verification_failed,
             "failures_cleared": self.failures_cleared,
             "last_verified": self.last_pass,
+            "last_deep_verified": self.newest_pass("deep"),
             "pinned": self.pinned,
             "node_local": self.node_local,
             "error": self.error,

@@ -747,15 +747,26 @@ def _seed_telemetry(
     mgr: CheckpointManager, info: LoadInfo, tier_name: str,
     seen: Mapping[str, Sequence[VersionInfo]],
 ) -> None:
-    """Seed the textfile with the restored version's step and, on rank 0, its commit time.
+    """Seed the textfile with the restored version's step and, on rank 0, commit times.
 
     A restart rebuilt the Prometheus textfile from the new process's events only: when its
     saves failed, ``pck_save_step`` was gone, and no gauge dated the newest commit (SRE review
-    2, W5). The commit time is rank 0's, which reports the commits (another rank's copy would
-    never move). Only for a version of this job's tiers: another run's is no save of this job.
-    Never raises: the restore succeeded.
+    2, W5). The commit times are rank 0's, which reports the commits (another rank's copy would
+    never move): the restored version's for its tier, and for every other tier its newest
+    committed version's (V5: restored from the fast tier, the durable tier's gauge was absent
+    until its next save). A time after now (a host whose clock was ahead, V4) is taken as now:
+    never a freshness the alert cannot see through. Only versions of this job's tiers: another
+    run's is no save of this job. Never raises: the restore succeeded.
     """
-    committed: float | None = None
+    from portable_ckpt.io.annotations import now_us
+
+    now = now_us() / 1e6
+
+    def seconds(text: str | None) -> float | None:
+        key = timestamp_key(text)
+        return min(epoch_us(key) / 1e6, now) if len(key) == 7 else None
+
+    stamps: dict[str, float | None] = {}
     if mgr.rank == 0 and mgr.telemetry.prometheus:
         text = next((v.committed_at for v in seen.get(tier_name, ())
                      if v.id == info.checkpoint_id), None)
@@ -765,9 +776,16 @@ def _seed_telemetry(
             except CheckpointError as e:  # the restore succeeded: the metrics must not undo it
                 _log.info("cannot read the commit time of %s for the metrics: %s",
                           info.checkpoint_id, e)
-        key = timestamp_key(text)
-        committed = epoch_us(key) / 1e6 if len(key) == 7 else None
-    mgr.telemetry.seed(tier_name, step=info.step, committed_at=committed)
+        stamps[tier_name] = seconds(text)
+        for other, versions in seen.items():
+            if other != tier_name and other in mgr.tiers:
+                times = [t for v in versions if v.status == "committed"
+                         and (t := seconds(v.committed_at)) is not None]
+                stamps[other] = max(times, default=None)
+    mgr.telemetry.seed(tier_name, step=info.step, committed_at=stamps.get(tier_name))
+    for other, when in stamps.items():
+        if other != tier_name and when is not None:
+            mgr.telemetry.seed(other, committed_at=when)
 
 
 def after_restore(
