@@ -981,8 +981,12 @@ class _VersionChecker:
                     if f is None:
                         continue
                 if f is None:
+                    # A failure pruned by the writer of a later one while the clearing ran
+                    # (R-DRILL-9) leaves such an id too: said, not taken for tampering.
                     self.r.warn(f"{where}: clears {vid!r}, which is no failed verification "
-                                "record of this version (R-DRILL-10)")
+                                "record of this version, here or below verifications/cleared/ "
+                                "(R-DRILL-10; a failure the writer of a later one pruned while "
+                                "the clearing ran, R-DRILL-9, leaves one too)")
                 elif _ts_key(f.get("verified_at")) > _ts_key(d.get("verified_at")):
                     self.r.warn(f"{where}: clears {vid!r}, which finished after this "
                                 "verification did (R-DRILL-10: only records read before it "

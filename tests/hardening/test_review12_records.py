@@ -145,3 +145,19 @@ def test_the_checker_compares_a_clearing_with_the_moved_failure(tmp_path: Path) 
     report = check(root)
     assert any("finished after this verification did" in w.message for w in report.warnings), (
         report.warnings)
+
+
+def test_the_checker_turns_away_a_huge_branch_of_a_one_of_quickly(tmp_path: Path) -> None:
+    """B4 (attack review 12b): jsonschema's oneOf lists every error of each branch; a 4 MB
+    manifest whose ``continuation.mesh.shape`` held a million strings took the checker 33 s
+    and 3.5 GB. One error per branch decides it."""
+    from conformance.checker import check
+
+    root, (v1, _) = _root(tmp_path)
+    doc = json.loads((v1 / "manifest.json").read_text())
+    doc["continuation"]["mesh"] = {"shape": ["x"] * 300_000, "dim_names": ["a"]}
+    (v1 / "manifest.json").write_text(json.dumps(doc))
+    t0 = time.perf_counter()
+    report = check(v1)
+    assert not report.ok and "PCK-SCHEMA" in report.codes
+    assert time.perf_counter() - t0 < 5.0  # 10 s and more before, growing with the array
