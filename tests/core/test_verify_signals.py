@@ -137,8 +137,8 @@ def test_a_clearing_whose_records_cannot_be_read_again_does_not_say_restorable(
 def test_a_record_written_into_a_version_deleted_meanwhile_is_removed_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SRE review 2, V1: a nightly copy wrote its record into a version the job's retention had
-    just deleted; the directory of records left was an "invalid" attempt gc kept for good
+    """R-DRILL-11 (SRE review 2, V1): a nightly copy wrote its record into a version the job's
+    retention had just deleted; the directory of records left was an "invalid" attempt gc kept for good
     (advising to put back a commit record whose data was gone), and every verify --all and gc
     exited 1. The writer removes its own record when the version is gone, and an attempt of
     records only is incomplete (gc deletes it after its grace period)."""
@@ -221,3 +221,57 @@ def test_ls_names_the_newest_deep_pass_and_a_commit_dated_ahead(
     (v2 / "manifest.json").write_text(json.dumps(doc))
     code, out, err = _cli(capsys, "ls", str(root))
     assert code == 0 and "record(s) dated after now (manifest.json)" in err, err
+
+
+def test_a_version_deleted_between_its_check_and_its_record_is_no_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Maintainer review 5, 1: deleted after its bytes were checked and before its record was
+    written, a version still made `verify --all` exit 1 ("the verification was not
+    recorded")."""
+    import shutil
+
+    from portable_ckpt.cli import cmd_verify
+
+    root, (v1, v2) = _root(tmp_path)
+    real = cmd_verify._record
+
+    def retention_first(storage, attempt, *a, **k):  # type: ignore[no-untyped-def]
+        if attempt == v1.name:
+            shutil.rmtree(v1)  # a retention pass between the check and the record
+        return real(storage, attempt, *a, **k)
+
+    monkeypatch.setattr(cmd_verify, "_record", retention_first)
+    code, out, err = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--json")
+    assert code == 0 and [d["step"] for d in json.loads(out)["versions"]] == [2], (out, err)
+    assert "deleted while they were verified" in err
+
+
+def test_a_check_that_cannot_tell_keeps_the_record(tmp_path: Path) -> None:
+    """Maintainer review 5, 2: a storage error in the check after the record was stored left
+    the record but reported it as not written; only a definite "absent" removes it."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.io.annotations import read_annotations, write_verification_record
+    from portable_ckpt.storage.local import LocalStorage
+
+    root, (_, v2) = _root(tmp_path)
+
+    class Flaky(LocalStorage):
+        """The storage fails to answer about the commit record once the record is stored."""
+
+        stored = False
+
+        def create_if_absent(self, path: str, data: bytes) -> bool:
+            Flaky.stored = super().create_if_absent(path, data)
+            return Flaky.stored
+
+        def exists(self, path: str) -> bool:
+            if Flaky.stored and path.endswith("manifest.json"):
+                raise StorageError("injected: EIO", path=path, retryable=True)
+            return super().exists(path)
+
+    path = write_verification_record(Flaky(str(root)), v2.name, ok=True, mode="deep",
+                                     fraction=1.0, chunks=1)
+    assert path.rsplit("/", 1)[1].removesuffix(".json") in [
+        r["verification_id"] for r in read_annotations(LocalStorage(str(root)), v2.name,
+                                                       "verifications")]

@@ -342,3 +342,19 @@ def test_passes_dated_ahead_do_not_push_out_the_passes_dated_by_now(tmp_path: Pa
     assert Path(path).name in _files(vdir, "verifications")
     (v,) = list_versions(vdir.parent)
     assert v.last_pass is not None and "clock_ahead" not in v.last_pass
+
+
+def test_a_deep_failure_is_not_pruned_by_later_sampled_ones(tmp_path: Path) -> None:
+    """Maintainer review 5, 3: a deep failure naming three files was pruned by the sampled
+    failures after it, each naming one: no record named the other two any more. The newest
+    failure of each mode stays."""
+    vdir, _ = build_version(tmp_path / "r")
+    storage = open_storage(vdir.parent)
+    ids = []
+    for mode in ("sample", "deep", *["sample"] * 8):
+        path = write_verification_record(
+            storage, vdir.name, ok=False, mode=mode, fraction=0.5 if mode == "sample" else None,
+            chunks=1, errors=[{"code": "PCK-CHECKSUM", "message": f"{mode} finding"}])
+        ids.append(path.rsplit("/", 1)[1].removesuffix(".json"))
+    left = [r["verification_id"] for r in read_annotations(storage, vdir.name, "verifications")]
+    assert ids[1] in left and ids[0] in left and ids[-1] in left, (ids, left)

@@ -185,7 +185,7 @@ def _record_and_clear(
     # the schema's CLEARS_MAX records at a time (the oldest first).
     clean = not (run.errors or run.away or run.forced or run.unread)
     clears = run.barring[:CLEARS_MAX] if args.clear_failed and clean else []
-    chunks = sum(len(t.ranges) for t in manifest.tensors.values())
+    chunks = sum(t.range_count for t in manifest.tensors.values())
     run.record, run.record_failure = _record(
         storage, attempt, chunks, run.errors, args, seed, run.forced, clears
     )
@@ -362,8 +362,11 @@ def _deleted_meanwhile(storage: Any, runs: list[_Run]) -> set[str]:
     out: set[str] = set()
     for run in runs:
         ident = _ident(run)
-        if run.errors and all(isinstance(e, VersionDeletedError | ManifestMissingError)
-                              for e in run.errors):
+        # Its check, or its record, found the version gone (maintainer review 5, 1: a version
+        # deleted between the check and the record still paged).
+        problems = [*run.errors, *([run.record_failure] if run.record_failure else [])]
+        if problems and all(isinstance(e, VersionDeletedError | ManifestMissingError)
+                            for e in problems):
             try:
                 if not storage.exists(f"{ident}/manifest.json"):
                     out.add(ident)

@@ -49,9 +49,11 @@ __all__ = [
     "annotation_id",
     "cleared_ids",
     "FUTURE_SLACK_US",
+    "dated_ahead",
     "epoch_us",
     "now_us",
     "record_epoch_us",
+    "timestamp_us",
     "failed_verifications",
     "listed_info",
     "lists_file",
@@ -127,10 +129,20 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+def timestamp_us(ts: str | None) -> int:
+    """Microseconds since 1970 of a format timestamp (-1 when it is none)."""
+    key = timestamp_key(str(ts or ""))
+    return epoch_us(key) if len(key) == 7 else -1
+
+
 def record_epoch_us(record: dict[str, Any] | Any, member: str = "verified_at") -> int:
     """Microseconds since 1970 of a record's ``member`` time (-1 when it has none)."""
-    key = timestamp_key(str(record.get(member) or ""))
-    return epoch_us(key) if len(key) == 7 else -1
+    return timestamp_us(record.get(member))
+
+
+def dated_ahead(ts: str | None) -> bool:
+    """Whether a timestamp lies after now (beyond :data:`FUTURE_SLACK_US`): a clock ahead."""
+    return timestamp_us(ts) > now_us() + FUTURE_SLACK_US
 
 
 def lists_file(storage: Storage, rel: str) -> bool:
@@ -398,7 +410,7 @@ def _write_annotation(
 ) -> str:
     from portable_ckpt.io.versions import load_manifest  # (versions lists these records)
 
-    load_manifest(storage, attempt_id)  # annotations only exist for committed versions
+    listed = load_manifest(storage, attempt_id).files  # only committed versions get records
     rel = f"{attempt_id}/{kind}/{ident}.json"
     before: list[dict[str, Any]] = []
     if kind == "verifications" and record.get("ok") is False:
@@ -407,7 +419,7 @@ def _write_annotation(
     if not storage.create_if_absent(rel, jsonio.dumps(record, indent=2)):
         raise UsageError(f"{rel} already exists")
     _still_committed(storage, attempt_id, rel)
-    prune_quietly(storage, attempt_id, kind,
+    prune_quietly(storage, attempt_id, kind, listed=listed,
                   repeated=repeated_failures(before, record) if before else ())
     return rel
 
@@ -425,10 +437,13 @@ def _still_committed(storage: Storage, attempt_id: str, rel: str) -> None:
     """
     from portable_ckpt.errors import VersionDeletedError
 
-    if storage.exists(f"{attempt_id}/manifest.json") or lists_file(
-        storage, f"{attempt_id}/manifest.json"
-    ):
-        return  # (absent to one question but listed: an inconsistent store; the record stays)
+    try:
+        if storage.exists(f"{attempt_id}/manifest.json") or lists_file(
+            storage, f"{attempt_id}/manifest.json"
+        ):
+            return  # (absent to one question but listed: an inconsistent store; it stays)
+    except CheckpointError:
+        return  # cannot tell: only a definite "absent" removes the record (review 5, 2)
     with contextlib.suppress(CheckpointError):
         storage.delete(rel)  # this tool's own record, of a version that is gone
         storage.remove_empty_dirs(f"{attempt_id}/")
@@ -463,8 +478,8 @@ def superseded(
     # The newest by the records' own times, and the newest dated by now: four passes dated
     # ahead by a host's fast clock pruned every real pass right after it was written (attack
     # review 12b, B5).
-    now = now_us() + FUTURE_SLACK_US
-    dated = [r for r in records if record_epoch_us(r, ANNOTATION_KINDS[kind][2]) <= now]
+    member = ANNOTATION_KINDS[kind][2]
+    dated = [r for r in records if not dated_ahead(r.get(member))]
     keep: set[int] = {id(r) for r in [*records[-RECORDS_KEPT:], *dated[-RECORDS_KEPT:]]}
 
     def newest(pred: Callable[[dict[str, Any]], bool], by: str | None = None) -> None:
@@ -507,15 +522,21 @@ def repeated_failures(before: Sequence[dict[str, Any]], written: dict[str, Any])
     """The failures a tool that stored the failed record ``written`` may prune (R-DRILL-9).
 
     ``before``: the version's verification records it read before it stored ``written``. Of
-    their failed ones that no record clears, all but the oldest (of them and ``written``): a
+    their failed ones that no record clears, all but the oldest and the newest of each
+    ``mode`` (of them and ``written``): a
     cron that found the same damage every hour kept a record an hour, and every listing read
     them all (SRE review 2, W1). Only records read before ``written`` was stored: the failed
     record stored last stays whoever prunes when, and is cleared only by a clearing that read
     it, one that began after the last failure was recorded.
     """
     failed = failed_verifications(before)
-    oldest = min([*failed, written], key=_failure_order)
-    return {str(r.get("verification_id")) for r in failed if r is not oldest}
+    mine = [*failed, written]
+    # The first finding stays, and the newest of each mode: a deep failure naming three files
+    # was pruned by later sampled ones naming one (maintainer review 5, 3).
+    kept = {id(min(mine, key=_failure_order))}
+    for mode in {r.get("mode") for r in mine}:
+        kept.add(id(max((r for r in mine if r.get("mode") == mode), key=_failure_order)))
+    return {str(r.get("verification_id")) for r in failed if id(r) not in kept}
 
 
 def _failure_order(r: dict[str, Any]) -> tuple[tuple[int, ...], str]:
@@ -642,6 +663,7 @@ def prune_annotations(
     records: Sequence[dict[str, Any]] | None = None,
     *,
     repeated: Collection[str] = (),
+    listed: Collection[str] | None = None,
 ) -> list[str]:
     """Delete the :func:`superseded` records of ``kind`` of a version; return their paths.
 
@@ -651,6 +673,8 @@ def prune_annotations(
 
     ``records``: the ones :func:`read_annotations` returned, when the caller has them.
     ``repeated``: failed records the caller may prune (:func:`repeated_failures`).
+    ``listed``: the version's ``files``, when the caller read its manifest (else read here,
+    and only when something is to be pruned).
 
     Raises:
         CheckpointError: a storage error (what was deleted before it stays deleted).
@@ -673,9 +697,10 @@ def prune_annotations(
     if doomed:
         # A file the version's manifest lists is part of the version (R-FILES-1), whatever its
         # name: never pruned, as never moved (attack review 12b, B1).
-        from portable_ckpt.io.versions import load_manifest  # (versions lists these records)
+        if listed is None:
+            from portable_ckpt.io.versions import load_manifest  # (versions lists records)
 
-        listed = load_manifest(storage, attempt_id).files
+            listed = load_manifest(storage, attempt_id).files
         doomed = [r for r in doomed if f"{kind}/{r[id_member]}.json" not in listed]
     out = []
     for r in doomed:
@@ -692,6 +717,7 @@ def prune_quietly(
     records: Sequence[dict[str, Any]] | None = None,
     *,
     repeated: Collection[str] = (),
+    listed: Collection[str] | None = None,
 ) -> int:
     """:func:`prune_annotations`, a failure logged, not raised; return how many were removed.
 
@@ -699,7 +725,8 @@ def prune_quietly(
     next writer or gc prunes again.
     """
     try:
-        return len(prune_annotations(storage, attempt_id, kind, records, repeated=repeated))
+        return len(prune_annotations(storage, attempt_id, kind, records, repeated=repeated,
+                                     listed=listed))
     except CheckpointError as exc:
         log_event(
             _log, "records.prune_failed", {"attempt_id": attempt_id, "kind": kind},

@@ -148,7 +148,8 @@ def _finding_file(
     rel = (path or "").removeprefix(f"{attempt_id}/")
     if rel in files:
         return rel
-    return next((f for f in sorted(files) if f in message), "")
+    # The longest name the message holds: `data/s1.bin` is in a message about `data/s10.bin`.
+    return max((f for f in files if f in message), key=len, default="")
 
 
 #: What :func:`record_read_damage` did: recorded; nothing to record (``"none"``); the damage

@@ -61,14 +61,12 @@ from portable_ckpt.format.naming import (
 )
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
-    FUTURE_SLACK_US,
     cleared_ids,
+    dated_ahead,
     epoch_us,
     failed_verifications,
     lists_file,
-    now_us,
     read_annotations,
-    record_epoch_us,
     reread_record,
     timestamp_key,
     unmoved_cleared,
@@ -213,24 +211,21 @@ class VersionInfo:
         # A pass dated in the future (a host whose clock is ahead) read as "0 s ago" for as long
         # as the skew, and hid that the crons had stopped (SRE review 2, W4): the newest pass
         # dated by now counts; one dated ahead only when there is no other, marked.
-        now = now_us() + FUTURE_SLACK_US
-        dated = [v for v in passed if record_epoch_us(v) <= now] or passed
+        dated = [v for v in passed if not dated_ahead(v.get("verified_at"))] or passed
         newest = max(dated, key=lambda v: timestamp_key(str(v.get("verified_at") or "")))
         out = {"mode": newest.get("mode"), "verified_at": newest.get("verified_at")}
-        if record_epoch_us(newest) > now:
+        if dated_ahead(newest.get("verified_at")):
             out["clock_ahead"] = True
         return out
 
     @property
     def dated_ahead(self) -> list[str]:
         """Its records dated after now (a clock ahead): ``manifest.json``, then record ids."""
-        now = now_us() + FUTURE_SLACK_US
-        commit = ["manifest.json"] if record_epoch_us(
-            {"t": self.committed_at}, "t") > now else []  # the commit record's host (V4)
+        commit = ["manifest.json"] if dated_ahead(self.committed_at) else []  # (V4)
         return commit + [str(r.get(idm)) for kind, idm, rs in (
             ("verifications", "verification_id", self.verifications),
             ("drills", "drill_id", self.drills), ("copies", "copy_id", self.copies))
-            for r in rs if record_epoch_us(r, ANNOTATION_KINDS[kind][2]) > now]
+            for r in rs if dated_ahead(r.get(ANNOTATION_KINDS[kind][2]))]
 
     @property
     def unmoved_cleared(self) -> list[str]:

@@ -749,6 +749,7 @@ def _say_failed_deleted(
     """
     import shlex
 
+    from portable_ckpt._printable import printable
     from portable_ckpt.logs import log_event
 
     if mgr.rank != 0 or not deleted:
@@ -779,10 +780,10 @@ def _say_failed_deleted(
         "inside keep_last too, unless it is pinned: to repair the next one in place, pin it "
         f"as soon as it fails (`portable-ckpt pin {shlex.quote(root)}/ID`; docs/recovery.md)"
     )
-    log_event(
+    log_event(  # escaped as say() escapes it: copy destinations come from records (review 5)
         _log, "retention.deleted_failed",
         {"tier": tier.name, "deleted": rows, "more": more},
-        "%s", text, rank=mgr.rank, level=logging.WARNING,
+        "%s", printable(text), rank=mgr.rank, level=logging.WARNING,
     )
     say(text)
 

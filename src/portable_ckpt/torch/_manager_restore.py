@@ -29,7 +29,7 @@ from portable_ckpt.errors import (
     UnsupportedValueError,
     UsageError,
 )
-from portable_ckpt.io.annotations import epoch_us, timestamp_key
+from portable_ckpt.io.annotations import timestamp_key
 from portable_ckpt.io.versions import list_versions, load_manifest, restore_decision
 from portable_ckpt.storage import local_path
 from portable_ckpt.torch._collectives import make_comm
@@ -758,13 +758,13 @@ def _seed_telemetry(
     never a freshness the alert cannot see through. Only versions of this job's tiers: another
     run's is no save of this job. Never raises: the restore succeeded.
     """
-    from portable_ckpt.io.annotations import now_us
+    from portable_ckpt.io.annotations import now_us, timestamp_us
 
-    now = now_us() / 1e6
+    now = now_us()
 
     def seconds(text: str | None) -> float | None:
-        key = timestamp_key(text)
-        return min(epoch_us(key) / 1e6, now) if len(key) == 7 else None
+        us = timestamp_us(text)
+        return min(us, now) / 1e6 if us >= 0 else None
 
     stamps: dict[str, float | None] = {}
     if mgr.rank == 0 and mgr.telemetry.prometheus:
