@@ -55,6 +55,9 @@ __all__ = [
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",
     "FORMAT_VERSION_RE",
+    "is_newer_major",
+    "minor_at_least",
+    "version_parts",
     "KNOWN_EXTENSIONS",
     "MAX_NDIM",
     "MAX_SIZE",
@@ -529,6 +532,29 @@ class _Ctx:
         extra = set(d) - allowed
         if extra:
             raise self.fail(where, f"unknown field(s) {sorted(extra)}")
+
+
+def version_parts(v: Any) -> tuple[str, str] | None:
+    """``(MAJOR, MINOR)`` of a well-formed format version (§16.1) as digit strings, else None.
+
+    Digits, not ints: CPython refuses to convert more than 4,300 of them.
+    """
+    m = FORMAT_VERSION_RE.match(v) if isinstance(v, str) else None
+    return None if m is None else (m.group(1), m.group(2))
+
+
+def is_newer_major(v: Any) -> bool:
+    """Whether ``v`` is a well-formed format version of a MAJOR above this one's (1)."""
+    parts = version_parts(v)
+    return parts is not None and (len(parts[0]) > 1 or parts[0] > str(FORMAT_MAJOR))
+
+
+def minor_at_least(v: Any, minor: int) -> bool:
+    """Whether ``v`` is a well-formed 1.x format version whose MINOR is ``minor`` or later."""
+    parts = version_parts(v)
+    if parts is None or parts[0] != str(FORMAT_MAJOR):
+        return False
+    return len(parts[1]) > len(str(minor)) or int(parts[1]) >= minor
 
 
 def check_format_version(v: Any, what: str) -> str:

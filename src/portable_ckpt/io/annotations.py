@@ -37,6 +37,8 @@ from portable_ckpt.format import jsonio
 from portable_ckpt.format.manifest import (
     CLEARS_FORMAT_VERSION,
     FORMAT_VERSION,
+    is_newer_major,
+    minor_at_least,
 )
 from portable_ckpt.logs import log_event
 from portable_ckpt.storage import ObjectInfo, Storage
@@ -295,10 +297,6 @@ def _read_annotation(
     return doc
 
 
-#: A well-formed format version (§16.1): MAJOR.MINOR, no leading zeros, any number of digits.
-_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
-
-
 def _counting_record(
     data: bytes, attempt_id: str, kind: str, path: str
 ) -> dict[str, Any] | None:
@@ -319,9 +317,7 @@ def _counting_record(
     fv = doc.get("format_version")
     # Only a well-formed version (§16.1: no leading zeros) with a MAJOR above 1 is newer:
     # "01.0" or "0.9" is a malformed record, which does not count (attack review 12, A7).
-    newer = isinstance(fv, str) and (m := _VERSION.fullmatch(fv)) is not None and (
-        len(m[1]) > 1 or m[1] > "1")
-    if newer:
+    if is_newer_major(fv):
         # A newer major version's record of this version (a failed verification, perhaps):
         # not "no record" (compatibility review F3), as a foreign version is not abandoned.
         raise VersionUnsupportedError(
@@ -550,11 +546,9 @@ def _clears(record: dict[str, Any]) -> list[str]:
         clears, list
     ):
         return []
-    fv = str(record.get("format_version", ""))
-    major, _, minor = fv.partition(".")
     # In a 1.0 or 1.1 record the member is unknown and ignored (R-VERSION-6); MINOR may have
-    # any number of digits (§16.1): compared as a digit string, never converted.
-    if major != "1" or not minor.isdigit() or (len(minor) == 1 and minor < "2"):
+    # any number of digits (§16.1).
+    if not minor_at_least(record.get("format_version"), 2):
         return []
     return [c for c in clears if isinstance(c, str)]
 
