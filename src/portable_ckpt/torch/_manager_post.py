@@ -740,7 +740,9 @@ def _say_failed_deleted(
     deleted: list[str],
     copies: dict[str, tuple[list[str], str | None]],
 ) -> None:
-    """Rank 0, once per pass: retention deleted versions that failed verification.
+    """Once per pass, by the rank that ran it: retention deleted versions that failed verification.
+
+    Rank 0, or a node-local tier's node leaders, each for its node root.
 
     They went at the job's next save, inside ``keep_last`` too, with nothing said but the
     retention event: an operator paged for a cron verify's failure found the version gone
@@ -752,7 +754,7 @@ def _say_failed_deleted(
     from portable_ckpt._printable import printable
     from portable_ckpt.logs import log_event
 
-    if mgr.rank != 0 or not deleted:
+    if not tier.leads(mgr.rank) or not deleted:  # (a node leader's node root: its own)
         return
     step = {d.id: d.step for d in decisions}
     gone = sorted(deleted, reverse=True)  # newest first (attempt ids sort by step)
