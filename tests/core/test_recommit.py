@@ -70,15 +70,67 @@ def test_a_lost_commit_record_is_rebuilt_from_the_writer_indexes(
     assert code == 1 and "has a commit record" in err
 
 
+@pytest.mark.parametrize("lost", [0, 1])
 def test_a_missing_writer_index_refuses_and_writes_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], lost: int
 ) -> None:
+    """On-call review 4, R1: the highest-numbered writer's index lost went unseen (only holes
+    between indexes were looked for): a DDP job's rank 1 was dropped from the record and
+    `verify --deep` said OK. Its data and per-rank entry files name it."""
     v = _version(tmp_path / "root")
     (v / "manifest.json").unlink()
-    (v / "index" / "w00000.json").unlink()
+    (v / "index" / f"w{lost:05d}.json").unlink()
     code, _, err = _cli(capsys, "recommit", str(v))
-    assert code == 1 and "[PCK-WRITER-MISSING]" in err and "writers [0]" in err, err
+    assert code == 1 and "[PCK-WRITER-MISSING]" in err and f"writers [{lost}]" in err, err
     assert not (v / "manifest.json").exists()
+
+
+def test_a_writer_number_from_a_planted_name_costs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On-call review 4, R2: a 14-byte ``index/w9999999999.json`` made recommit build a set of
+    ten billion numbers. Holes are counted, not enumerated."""
+    v = _version(tmp_path / "root")
+    (v / "manifest.json").unlink()
+    (v / "index" / "w9999999999.json").write_text("{}")
+    code, _, err = _cli(capsys, "recommit", str(v))
+    assert code == 1 and "writers [2, 3, 4, 5, 6, 7, 8, 9] ..." in err, err
+    (v / "index" / "w9999999999.json").unlink()
+    (v / "index" / "w000001.json").write_text("{}")  # not a canonical name (§14.1): no index
+    assert _cli(capsys, "recommit", str(v))[0] == 0
+
+
+def test_a_recorded_copy_holds_the_record_to_put_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On-call review 4, R4: recommit threw away the original record when a copy recorded right
+    there held it; the copies then disagreed with the root (PCK-COMMIT-CONFLICT at every
+    nightly copy)."""
+    v = _version(tmp_path / "root")
+    backup = tmp_path / "backup"
+    assert _cli(capsys, "copy", str(v), str(backup))[0] == 0
+    (v / "manifest.json").unlink()
+    code, _, err = _cli(capsys, "recommit", str(v))
+    assert code == 1 and f"a verified copy is recorded at {backup}" in err, err
+    assert f"cp {backup / v.name}/manifest.json" in err and "--copies-lost" in err
+    code, out, _ = _cli(capsys, "recommit", str(v), "--copies-lost", "--json")
+    doc = json.loads(out)
+    assert code == 0 and (doc["writers"], doc["tensors"], doc["entries"]) == (2, 1, 1), doc
+
+
+def test_another_version_of_the_step_is_not_undone_silently(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On-call review 4, R6: a recommitted record is dated now, after a newer branch's version
+    of the same step, and the next restart switched back to the old branch without a word."""
+    root = tmp_path / "root"
+    v = _version(root)
+    _version(root)  # the job trained step 5 again
+    (v / "manifest.json").unlink()
+    code, _, err = _cli(capsys, "recommit", str(v))
+    assert code == 1 and "also holds step 5" in err and "--newest-of-step" in err, err
+    assert _cli(capsys, "recommit", str(v), "--newest-of-step")[0] == 0
+    assert portable_ckpt.list_versions(root)[-1].id == v.name  # what the flag said
 
 
 def test_an_attempt_nothing_shows_was_committed_needs_the_operators_word(
@@ -122,3 +174,37 @@ def test_a_root_or_attempt_that_does_not_exist_is_named(
     other = v.name.replace("s000000000005", "s000000000009")
     code, _, err = _cli(capsys, "recommit", str(tmp_path / "root" / other))
     assert code == 1 and "[PCK-NOT-FOUND]" in err and other in err, err
+
+
+def test_a_copy_onto_a_version_whose_record_was_lost_deletes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On-call review 4, R3: `copy BACKUP/ID ROOT` onto a version whose manifest was lost took
+    its intact files for leftovers of an interrupted copy and deleted them first; with the
+    backup's copy damaged, both copies were lost. The copy refuses and says how to put the
+    record back."""
+    v = _version(tmp_path / "root")
+    backup = tmp_path / "backup"
+    assert _cli(capsys, "copy", str(v), str(backup))[0] == 0
+    (v / "manifest.json").unlink()
+    before = sorted(p.relative_to(v) for p in v.rglob("*") if p.is_file())
+    for force in ([], ["--force"]):
+        code, _, err = _cli(capsys, "copy", str(backup / v.name), str(tmp_path / "root"), *force)
+        assert code == 1 and "commit record was lost" in err and "nothing was deleted" in err
+    assert sorted(p.relative_to(v) for p in v.rglob("*") if p.is_file()) == before
+    assert f"cp {backup / v.name}/manifest.json {v}/manifest.json" in err, err
+
+
+def test_gc_reports_its_own_deletion_of_a_version_whose_record_was_lost(
+    tmp_path: Path,
+) -> None:
+    """On-call review 4, R5 (side bug): `gc --delete-invalid` reported the lost-record version
+    it deleted itself as deleted by another process, and the cron log showed no deletion."""
+    from portable_ckpt.io.gc import gc
+
+    root = tmp_path / "root"
+    v = _version(root)
+    _version(root, step=6)
+    (v / "manifest.json").unlink()
+    report = gc(root, keep=1, grace_seconds=0, delete_invalid=True)
+    assert v.name in report.abandoned and v.name not in report.gone and not v.exists(), report

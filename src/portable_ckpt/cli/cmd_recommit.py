@@ -29,16 +29,24 @@ def _recommit(args: argparse.Namespace) -> int:
     if not root or not ATTEMPT_ID_RE.match(ident):
         raise UsageError("recommit names the version: ROOT/ID (a version directory)")
     storage = open_storage(root)
-    m = recommit(storage, ident, world_size=args.world_size, was_committed=args.was_committed)
+    m = recommit(storage, ident, world_size=args.world_size, was_committed=args.was_committed,
+                 copies_lost=args.copies_lost, newest_of_step=args.newest_of_step)
     path = f"{root}/{ident}"
+    # What the new record vouches for, to compare with what the job saved (on-call review 4,
+    # R7: a forged extra index is merged like any writer's).
+    writers = sorted({p.split("/", 1)[1] for p in m.files if p.startswith("index/")})
+    summary = {"writers": len(writers), "tensors": len(m.tensors), "entries": len(m.entries),
+               "files": len(m.files), "bytes": sum(f.size for f in m.files.values())}
     if args.json:
         print(json.dumps({"path": path, "attempt_id": ident, "step": m.step,
                           "committed_at": m.committed_at,
-                          "continuation": m.continuation.to_json()}, indent=2))
+                          "continuation": m.continuation.to_json(), **summary}, indent=2))
     else:
-        print(f"recommitted {safe(path)} (step {m.step}) from its writer indexes, continuation "
-              f"statistical on {m.continuation.world_size} rank(s); verify every byte now: "
-              f"`portable-ckpt verify {safe(path)} --deep`")
+        print(f"recommitted {safe(path)} (step {m.step}) from {summary['writers']} writer "
+              f"indexes: {summary['tensors']} tensors, {summary['entries']} entries, "
+              f"{summary['files']} files, {summary['bytes']} bytes; continuation statistical on "
+              f"{m.continuation.world_size} rank(s). Check that this is what the job saved, "
+              f"then verify every byte: `portable-ckpt verify {safe(path)} --deep`")
     return 0
 
 
@@ -62,5 +70,12 @@ def register(sub: Any) -> None:
     p.add_argument("--was-committed", action="store_true",
                    help="publish also when no drill, copy or verification record shows the "
                    "version was ever committed (it is 'incomplete'): on your word that it was")
+    p.add_argument("--copies-lost", action="store_true",
+                   help="publish also when copy records name verified copies of the version "
+                   "(their record is the one to put back): on your word that none is left")
+    p.add_argument("--newest-of-step", action="store_true",
+                   help="publish also when another committed version holds the same step: the "
+                   "new record, dated now, makes this one the version of that step a restore "
+                   "takes")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_recommit)

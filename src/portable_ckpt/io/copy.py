@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -360,6 +361,29 @@ def _same_local_device(src: Storage, dst: Storage) -> bool:
         return os.stat(a).st_dev == os.stat(probe).st_dev
     except OSError:
         return False
+
+
+def _refuse_lost_record(job: _CopyJob) -> None:
+    """The destination's attempt is a committed version whose record was lost: never cleared.
+
+    Its drill, copy or verification records show it was committed (spec §15.1, errata 13):
+    its files are the version's, not leftovers of an interrupted copy, and clearing them for
+    the source's lost the intact version when the source's copy was damaged (on-call review
+    4, R3). The source's commit record is the one to put back (spec §15.4).
+    """
+    from portable_ckpt.errors import ManifestMissingError
+    from portable_ckpt.io.versions import INVALID, classify_attempt
+
+    c = classify_attempt(job.dst, job.attempt)
+    if c.status == INVALID and isinstance(c.error, ManifestMissingError):
+        where = f"{local_path(job.result.destination) or job.result.destination}/{job.attempt}"
+        src = f"{local_path(job.result.source) or job.result.source}"
+        raise CommitConflictError(
+            f"{where} is a committed version whose commit record was lost (it holds its "
+            f"records), not leftovers of a copy: nothing was deleted. Put the source's record "
+            f"back (`cp {shlex.quote(src)}/manifest.json {shlex.quote(where)}/manifest.json`), "
+            f"then `portable-ckpt verify {shlex.quote(where)} --deep` (docs/recovery.md)",
+            path=f"{job.attempt}/manifest.json", retryable=False)
 
 
 def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -> None:
@@ -712,6 +736,7 @@ def copy_version(
 
             # Something that is not a file under the record's name is no leftover to clear.
             check_record_absent(job.dst, job.attempt)
+            _refuse_lost_record(job)
             if job.dst.capabilities.local_path:
                 _clear_partial(job.dst, job.attempt, force=force, grace_s=partial_grace_s)
             try:

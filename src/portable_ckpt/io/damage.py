@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PLACEMENT_ENTRY", "ReadDamageVerdict", "absent_by_design", "confirm_damage",
            "confirmed_findings", "elsewhere", "holdings", "placement", "read_file_again",
-           "record_read_damage"]
+           "record_read_damage", "writer_of"]
 
 
 def confirm_damage(
@@ -383,7 +383,7 @@ def absent_by_design(
     """
     if value is None or not missing:
         return set()
-    here = {w for w in (_writer_of(p) for p in present) if w is not None}
+    here = {w for w in (writer_of(p) for p in present) if w is not None}
     fitting = [held for held in holdings(value) if here <= held]
     if not fitting:
         return set()
@@ -394,7 +394,7 @@ def absent_by_design(
     fewest = min(len(held - here) for held in fitting)
     best = [held for held in fitting if len(held - here) == fewest]
     return {rel for rel in missing
-            if (w := _writer_of(rel)) is not None and all(w not in held for held in best)}
+            if (w := writer_of(rel)) is not None and all(w not in held for held in best)}
 
 
 _WRITER = re.compile(
@@ -402,7 +402,7 @@ _WRITER = re.compile(
 )
 
 
-def _writer_of(rel: str) -> int | None:
+def writer_of(rel: str) -> int | None:
     """The writer a file's recommended name gives.
 
     ``data/w00003-0000…``, ``index/w00003.json``, a per-rank entry value

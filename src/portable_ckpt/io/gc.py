@@ -344,7 +344,10 @@ def gc(
     )
     doomed += abandoned
     unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
-    recorded = {v.id for v in versions if v.status in (COMMITTED, INVALID)}
+    # Those with a commit record file (an invalid one whose record was lost has none: its own
+    # deletion was reported as another process's, on-call review 4, R5).
+    recorded = {v.id for v in versions if v.status == COMMITTED
+                or (v.status == INVALID and v.error_code != "PCK-MANIFEST-MISSING")}
     if not dry_run:
         pins_now = _PinWatch(storage, report)
         for i, attempt_id in enumerate(doomed):

@@ -13,6 +13,7 @@ recorded says so), and the producer names this tool.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import TYPE_CHECKING
 
 from portable_ckpt.errors import (
@@ -40,6 +41,8 @@ def recommit(
     *,
     world_size: int | None = None,
     was_committed: bool = False,
+    copies_lost: bool = False,
+    newest_of_step: bool = False,
 ) -> CommittedManifest:
     """Publish a commit record for ``attempt_id`` from its writer indexes (spec §15.4).
 
@@ -52,12 +55,19 @@ def recommit(
             shows it was ever committed (``incomplete``): publish all the same, on the
             operator's word. Without it such an attempt is refused: a save that never
             committed may have been abandoned for a reason.
+        copies_lost: Its copy records name verified copies, whose byte-identical record is
+            the one to put back: publish all the same, on the operator's word that none is
+            left.
+        newest_of_step: Another committed version holds the same step: publish all the same,
+            although the new record, dated now, makes this one the version of that step a
+            restore takes (R-COMMIT-16).
 
     Returns:
         The published manifest.
 
     Raises:
-        CommitConflictError: the attempt has a commit record.
+        CommitConflictError: the attempt has a commit record; a copy is recorded; another
+            version holds its step; its files went while the record was published.
         ManifestMissingError: an incomplete attempt without ``was_committed``.
         WriterMissingError: a writer's index is missing (its data cannot be told).
         CheckpointError: any check of the commit failed; nothing is published.
@@ -77,7 +87,8 @@ def recommit(
     if step is None:
         raise UsageError(f"{attempt_id!r} is no attempt id: name the version as ROOT/ID")
     root_must_exist(storage)  # a mistyped root is no attempt to rebuild
-    if next(iter(storage.list(f"{attempt_id}/")), None) is None:
+    names = [o.path.removeprefix(f"{attempt_id}/") for o in storage.list(f"{attempt_id}/")]
+    if not names:
         raise NotFoundError(f"{attempt_id}: no such attempt in {storage.url}",
                             path=f"{attempt_id}/")
     c = classify_attempt(storage, attempt_id)
@@ -94,21 +105,96 @@ def recommit(
             "committed, pass --was-committed", path=f"{attempt_id}/manifest.json")
     if c.status not in (INCOMPLETE, INVALID):
         raise c.error if c.error is not None else UsageError(f"{attempt_id}: {c.status}")
-    writers = sorted(int(m[1]) for o in storage.list(f"{attempt_id}/index/", recursive=False)
-                     if (m := _INDEX.fullmatch(o.path.rsplit("/", 1)[-1])))
-    if not writers:
-        raise WriterMissingError(f"{attempt_id}/index/ holds no writer index: nothing to "
-                                 "rebuild the commit record from", path=f"{attempt_id}/index/")
-    missing = sorted(set(range(writers[-1] + 1)) - set(writers))
-    if missing:
-        raise WriterMissingError(
-            f"{attempt_id}: the indexes of writers {missing[:8]} are missing (writers 0 to "
-            f"{writers[-1]} wrote it): their data cannot be told; a copy of the version may "
-            "hold them", path=f"{attempt_id}/index/")
+    if not copies_lost:
+        _refuse_if_copied(storage, attempt_id)
+    if not newest_of_step:
+        _refuse_if_step_taken(storage, attempt_id, step)
+    writers = _writers(attempt_id, names)
     indexes = read_writer_indexes(storage, attempt_id, writers)
     ranks = [v.rank for x in indexes for e in x.entries.values() for v in e.values
              if v.rank is not None]
     size = world_size if world_size is not None else (max(ranks) + 1 if ranks else len(writers))
-    return commit(storage, attempt_id, step=step, indexes=indexes, expected_writers=writers,
-                  continuation=Continuation("statistical", size, None),
-                  producer={"name": "portable-ckpt recommit", "version": __version__})
+    m = commit(storage, attempt_id, step=step, indexes=indexes, expected_writers=writers,
+               continuation=Continuation("statistical", size, None),
+               producer={"name": "portable-ckpt recommit", "version": __version__})
+    # A gc or retention that deleted the attempt meanwhile left a record over nothing, which
+    # `ls --latest` named (on-call review 4, R5): said, with what to do; nothing removed.
+    here = {o.path.removeprefix(f"{attempt_id}/") for o in storage.list(f"{attempt_id}/")}
+    gone = sorted(set(m.files) - here)
+    if gone:
+        raise CommitConflictError(
+            f"{attempt_id}: {len(gone)} of the files its new commit record names went while it "
+            f"was published ({gone[0]}, ...: a gc or a job's retention?): delete "
+            f"{attempt_id}/manifest.json, stop what deletes, and recommit again",
+            path=f"{attempt_id}/manifest.json")
+    return m
+
+
+def _writers(attempt_id: str, names: list[str]) -> list[int]:
+    """The writers whose indexes are here: every writer any file of the attempt names.
+
+    A writer known only from its data or per-rank entry files has lost its index: refused,
+    also the highest-numbered one, which holes between indexes did not show (on-call review
+    4, R1: a DDP job's rank 1 went missing from the record). Index names are the canonical
+    ``wNNNNN.json`` (§14.1); the holes are counted, never enumerated (R2: one file named
+    ``w9999999999.json`` took all memory).
+    """
+    from portable_ckpt.io.damage import writer_of
+
+    indexes = set()
+    for rel in names:
+        m = _INDEX.fullmatch(rel.removeprefix("index/")) if rel.startswith("index/") else None
+        if m is not None and rel == f"index/w{int(m[1]):05d}.json":
+            indexes.add(int(m[1]))
+    named = {w for rel in names if (w := writer_of(rel)) is not None} | indexes
+    if not indexes:
+        raise WriterMissingError(f"{attempt_id}/index/ holds no writer index: nothing to "
+                                 "rebuild the commit record from", path=f"{attempt_id}/index/")
+    top = max(named)
+    if top + 1 > len(indexes):
+        missing: list[int] = []
+        i = 0
+        while len(missing) < 8 and i <= top:
+            if i not in indexes:
+                missing.append(i)
+            i += 1
+        raise WriterMissingError(
+            f"{attempt_id}: its files name writers up to {top}, but {top + 1 - len(indexes)} "
+            f"of them have no index here (writers {missing}{' ...' if top + 1 - len(indexes) > 8 else ''}): "
+            "what they wrote cannot be told; a copy of the version holds its record "
+            "(docs/recovery.md)", path=f"{attempt_id}/index/")
+    return sorted(indexes)
+
+
+def _refuse_if_copied(storage: Storage, attempt_id: str) -> None:
+    """A verified copy recorded beside the version holds the record to put back (§15.4)."""
+    from portable_ckpt.io.annotations import read_annotations
+    from portable_ckpt.io.copy import url_of_record
+    from portable_ckpt.storage import local_path
+
+    dests = sorted({local_path(url_of_record(str(r["destination"])))
+                    or url_of_record(str(r["destination"]))
+                    for r in read_annotations(storage, attempt_id, "copies", errors=[])
+                    if r.get("ok") is True and isinstance(r.get("destination"), str)})
+    if dests:
+        first = f"{dests[0].rstrip('/')}/{attempt_id}"
+        raise CommitConflictError(
+            f"{attempt_id}: a verified copy is recorded at {', '.join(dests[:3])}: its commit "
+            f"record is the one to put back (byte-identical: the copies keep agreeing), "
+            f"`cp {shlex.quote(first)}/manifest.json ROOT/{attempt_id}/manifest.json`, then "
+            "verify --deep; pass --copies-lost when no copy is left (docs/recovery.md)",
+            path=f"{attempt_id}/manifest.json")
+
+
+def _refuse_if_step_taken(storage: Storage, attempt_id: str, step: int) -> None:
+    """Another committed version of the step: the new record would be the newer (R6)."""
+    from portable_ckpt.io.versions import COMMITTED, attempt_names, classify_attempt
+
+    others = [n for n in attempt_names(storage, step)
+              if n != attempt_id and classify_attempt(storage, n).status == COMMITTED]
+    if others:
+        raise CommitConflictError(
+            f"{attempt_id}: {others[0]} also holds step {step} (the job trained it again). A "
+            "new commit record is dated now, after it (R-COMMIT-16): this version would be "
+            f"the step {step} a restore takes, undoing the newer branch. Pass --newest-of-step "
+            "if that is what you want", path=f"{attempt_id}/manifest.json")

@@ -340,6 +340,9 @@ def _read_record(
             "gc deleted looks like this); open the root again for its latest version",
             path=rel,
         )
+    lost = _without_record(storage, attempt_id)
+    if lost.status == INVALID and lost.error is not None:
+        raise lost.error  # a committed version whose record was lost (on-call review 4, R8)
     raise ManifestMissingError(
         f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
         "(or was interrupted) and does not exist for readers",
@@ -451,8 +454,9 @@ def _without_record(storage: Storage, attempt_id: str) -> Classification:
         f"{attempt_id}/manifest.json is missing, but the attempt holds {' and '.join(held)} "
         "records, which only a committed version gets: a committed version whose commit "
         "record was lost; its data files and writer indexes are kept (gc keeps it). Put the "
-        "record back from a copy of the version (`portable-ckpt ls COPY_ROOT`), then "
-        "`portable-ckpt verify ROOT/ID --deep`",
+        "record back from a copy of the version (`portable-ckpt ls COPY_ROOT`), or, when no "
+        "copy holds one, `portable-ckpt recommit ROOT/ID`; then `portable-ckpt verify ROOT/ID "
+        "--deep` (docs/recovery.md)",
         path=f"{attempt_id}/manifest.json",
     ))
 
