@@ -24,11 +24,11 @@ def _recommit(args: argparse.Namespace) -> int:
     from portable_ckpt.io.versions import root_must_exist
     from portable_ckpt.storage import open_storage
 
-    root_must_exist(open_storage(args.ckpt))  # a path that is not there: PCK-NOT-FOUND
     root, _, ident = args.ckpt.rstrip("/").rpartition("/")
-    if not root or not ATTEMPT_ID_RE.match(ident):
+    if not (root and ATTEMPT_ID_RE.match(ident)):
+        root_must_exist(open_storage(args.ckpt))  # a path that is not there: PCK-NOT-FOUND
         raise UsageError("recommit names the version: ROOT/ID (a version directory)")
-    storage = open_storage(root)
+    storage = open_storage(root)  # (recommit says a missing root, or attempt, by its name)
     m = recommit(storage, ident, world_size=args.world_size, was_committed=args.was_committed,
                  copies_lost=args.copies_lost, newest_of_step=args.newest_of_step)
     path = f"{root}/{ident}"
