@@ -95,8 +95,9 @@ def recommit(
     lost = c.status == INVALID and isinstance(c.error, ManifestMissingError)
     if c.status == COMMITTED or (c.status == INVALID and not lost):
         raise CommitConflictError(
-            f"{attempt_id} has a commit record ({c.status}): nothing to recommit; "
-            "`portable-ckpt verify ROOT/ID` names what is wrong with it",
+            f"{attempt_id} has a commit record: nothing to recommit" + (
+                "" if c.status == COMMITTED else f" ({c.status}: `portable-ckpt verify "
+                "ROOT/ID` names what is wrong with it; put a copy's record in its place)"),
             path=f"{attempt_id}/manifest.json")
     if c.status == INCOMPLETE and not was_committed:
         raise ManifestMissingError(
