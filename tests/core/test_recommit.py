@@ -208,3 +208,42 @@ def test_gc_reports_its_own_deletion_of_a_version_whose_record_was_lost(
     (v / "manifest.json").unlink()
     report = gc(root, keep=1, grace_seconds=0, delete_invalid=True)
     assert v.name in report.abandoned and v.name not in report.gone and not v.exists(), report
+
+
+def test_the_summary_counts_writers_in_a_tensor_table_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On-call review 5, Q3: a tensor-table version lists its tables under index/ too; the
+    summary counted them as writers (4 for a 2-writer job), the number the runbook says to
+    check."""
+    root = tmp_path / "root"
+    storage = open_storage(root, create=True)
+    attempt = new_attempt_id(3)
+    ws = [ShardWriter(storage, attempt, i, tensor_table=True) for i in range(2)]
+    for i in range(2):
+        ws[i].add_tensor("w", W[i * 20:(i + 1) * 20], offsets=(i * 20, 0), global_shape=W.shape)
+    idx = [x.finish() for x in ws]
+    commit(storage, attempt, step=3, indexes=idx, expected_writers=[0, 1],
+           continuation=Continuation("exact", 2, None), tensor_table=True)
+    assert len([p for p in (root / attempt / "index").iterdir()]) == 4  # indexes and tables
+    write_verification_record(storage, attempt, ok=True, mode="sample", fraction=0.5, chunks=2)
+    (root / attempt / "manifest.json").unlink()
+    code, out, err = _cli(capsys, "recommit", str(root / attempt), "--json")
+    assert code == 0, err
+    assert json.loads(out)["writers"] == 2
+    assert np.array_equal(portable_ckpt.open(root / attempt).read("w"), W)
+
+
+def test_a_rebuilt_record_meets_the_original_in_a_copy_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On-call review 5, R4: after `--copies-lost`, a copy to the backup that holds the original
+    failed with "different commit record" and nothing more."""
+    v = _version(tmp_path / "root")
+    backup = tmp_path / "backup"
+    assert _cli(capsys, "copy", str(v), str(backup))[0] == 0
+    (v / "manifest.json").unlink()
+    assert _cli(capsys, "recommit", str(v), "--copies-lost")[0] == 0
+    code, _, err = _cli(capsys, "copy", str(v), str(backup))
+    assert code == 1 and "rebuilt by `portable-ckpt recommit`" in err, err
+    assert f"cp {backup / v.name}/manifest.json {v}/manifest.json" in err, err

@@ -647,3 +647,23 @@ def test_a_rank_late_to_restore_fails_it_cleanly_and_the_next_save_works(tmp_pat
     for r in ok(run("late_restore", 2, str(tmp_path), timeout=120)):
         assert r["restore"] == "DistributedError PCK-DISTRIBUTED", r
         assert r["saved"] is True, r
+
+
+def test_recommit_refuses_a_node_local_version_and_names_the_record_to_copy(
+    tmp_path: Path,
+) -> None:
+    """On-call review 5, Q1: rebuilt from one node root, a node-local version's record dropped
+    the other node's writer (its files are in its own root by design), and `verify --deep`
+    passed. Every node root holds the same record: the one to put back."""
+    import subprocess
+    import sys
+
+    ok(run("node_local_then_one_node", 2, str(tmp_path), timeout=240))
+    [v3] = [v for v in portable_ckpt.list_versions(tmp_path / "fast0") if v.step == 3]
+    (Path(v3.path) / "manifest.json").unlink()
+    p = subprocess.run([sys.executable, "-m", "portable_ckpt", "recommit", v3.path,
+                        "--copies-lost", "--was-committed"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "is a node-local version" in p.stderr, p
+    assert "from another node root or from the durable root" in p.stderr, p
+    assert not (Path(v3.path) / "manifest.json").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
 from portable_ckpt.cli import _args as A
@@ -34,7 +35,8 @@ def _recommit(args: argparse.Namespace) -> int:
     path = f"{root}/{ident}"
     # What the new record vouches for, to compare with what the job saved (on-call review 4,
     # R7: a forged extra index is merged like any writer's).
-    writers = sorted({p.split("/", 1)[1] for p in m.files if p.startswith("index/")})
+    # Writer indexes only (a tensor-table version lists its tables there too: Q3).
+    writers = sorted(p for p in m.files if re.fullmatch(r"index/w[0-9]{5,}\.json", p))
     summary = {"writers": len(writers), "tensors": len(m.tensors), "entries": len(m.entries),
                "files": len(m.files), "bytes": sum(f.size for f in m.files.values())}
     if args.json:
@@ -55,7 +57,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "recommit",
         help="publish a new commit record for a version whose manifest.json was lost, from its "
-        "writer indexes (exit 0 published, 1 refused: nothing written)",
+        "writer indexes (exit 0 published, 1 refused: nothing written, or a record it published "
+        "over files deleted meanwhile removed again)",
         description="A version whose commit record was lost after the commit (ls: invalid, "
         "PCK-MANIFEST-MISSING) and of which no copy holds one: its record is built again from "
         "every writer's index with every check of a commit (coverage, entries, file sizes, "

@@ -516,9 +516,16 @@ def _set_aside(dst_url: str, attempt: str) -> str:
 def _verify_existing(job: _CopyJob, raw: bytes) -> None:
     """The destination already holds the version: check its record and every block there."""
     dst, dst_url = job.dst, job.result.destination
+    rebuilt = b'"portable-ckpt recommit"' in raw  # its producer (spec §15.4)
     _check_same_record(
         job, raw, f"exists with a different commit record than {job.result.source}; refusing "
-        "to overwrite a committed version",
+        "to overwrite a committed version" + (
+            ": the source's record was rebuilt by `portable-ckpt recommit` after its own was "
+            "lost, and this destination holds the original. Put the original back in the "
+            f"source (`cp {shlex.quote(local_path(job.result.destination) or job.result.destination)}"
+            f"/{job.attempt}/manifest.json {shlex.quote(local_path(job.result.source) or job.result.source)}"
+            "/manifest.json`), or set one of them aside (on-call review 5, R4)"
+            if rebuilt else ""),
     )
     # Before vouching for an existing copy, verify every block of every file there.
     window = bytearray(8 << 20)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.errors import (
     CommitConflictError,
@@ -112,23 +112,46 @@ def recommit(
         _refuse_if_step_taken(storage, attempt_id, step)
     writers = _writers(attempt_id, names)
     indexes = read_writer_indexes(storage, attempt_id, writers)
+    _refuse_if_node_local(attempt_id, indexes)
     ranks = [v.rank for x in indexes for e in x.entries.values() for v in e.values
              if v.rank is not None]
     size = world_size if world_size is not None else (max(ranks) + 1 if ranks else len(writers))
     m = commit(storage, attempt_id, step=step, indexes=indexes, expected_writers=writers,
                continuation=Continuation("statistical", size, None),
-               producer={"name": "portable-ckpt recommit", "version": __version__})
+               producer={"name": "portable-ckpt recommit", "version": __version__},
+               check_headers=True)  # every shard header, at any size (on-call review 5, Q2)
     # A gc or retention that deleted the attempt meanwhile left a record over nothing, which
     # `ls --latest` named (on-call review 4, R5): said, with what to do; nothing removed.
     here = {o.path.removeprefix(f"{attempt_id}/") for o in storage.list(f"{attempt_id}/")}
     gone = sorted(set(m.files) - here)
     if gone:
+        # Its own record over files that are gone: removed again, as a record writer removes
+        # its record of a deleted version (R-DRILL-11; on-call review 5, R5).
+        storage.delete(f"{attempt_id}/manifest.json")
         raise CommitConflictError(
             f"{attempt_id}: {len(gone)} of the files its new commit record names went while it "
-            f"was published ({gone[0]}, ...: a gc or a job's retention?): delete "
-            f"{attempt_id}/manifest.json, stop what deletes, and recommit again",
-            path=f"{attempt_id}/manifest.json")
+            f"was published ({gone[0]}, ...: a gc or a job's retention deleted the version?); "
+            "the record was removed again. Stop what deletes; what is left of the version "
+            "cannot be rebuilt without those files", path=f"{attempt_id}/manifest.json")
     return m
+
+
+def _refuse_if_node_local(attempt_id: str, indexes: list[Any]) -> None:
+    """A node-local version (spec §14.7): a node root holds its nodes' writers' files only.
+
+    Rebuilt from one node root, the record dropped the other nodes' writers (their files are
+    in their roots by design), and `verify --deep` passed (on-call review 5, Q1). Every node
+    root and the durable copy hold the same record: the one to put back.
+    """
+    from portable_ckpt.io.damage import PLACEMENT_ENTRY
+
+    if any(PLACEMENT_ENTRY in x.entries for x in indexes):
+        raise CommitConflictError(
+            f"{attempt_id} is a node-local version (its {PLACEMENT_ENTRY} entry): a node root "
+            "holds only its nodes' writers' files, so its indexes cannot rebuild the record. "
+            f"Copy `{attempt_id}/manifest.json` from another node root or from the durable "
+            "root (the same bytes in each), then verify --deep (docs/recovery.md)",
+            path=f"{attempt_id}/manifest.json")
 
 
 def _writers(attempt_id: str, names: list[str]) -> list[int]:
@@ -159,11 +182,14 @@ def _writers(attempt_id: str, names: list[str]) -> list[int]:
             if i not in indexes:
                 missing.append(i)
             i += 1
+        more = " ..." if top + 1 - len(indexes) > 8 else ""
+        files = ", ".join(f"index/w{w:05d}.json" for w in missing[:3])
         raise WriterMissingError(
-            f"{attempt_id}: its files name writers up to {top}, but {top + 1 - len(indexes)} "
-            f"of them have no index here (writers {missing}{' ...' if top + 1 - len(indexes) > 8 else ''}): "
-            "what they wrote cannot be told; a copy of the version holds its record "
-            "(docs/recovery.md)", path=f"{attempt_id}/index/")
+            f"{attempt_id}: its files name writers up to {top}, but {top + 1 - len(indexes)} of "
+            f"them have no index as a regular file here (writers {missing}{more}: {files} ...): "
+            "what they wrote cannot be told. Put the commit record back from a copy of the "
+            "version if one exists (docs/recovery.md); an index file that is no writer's can "
+            "be moved away and the command run again", path=f"{attempt_id}/index/")
     return sorted(indexes)
 
 
@@ -179,10 +205,12 @@ def _refuse_if_copied(storage: Storage, attempt_id: str) -> None:
                     if r.get("ok") is True and isinstance(r.get("destination"), str)})
     if dests:
         first = f"{dests[0].rstrip('/')}/{attempt_id}"
+        here = local_path(storage.url) or storage.url
         raise CommitConflictError(
             f"{attempt_id}: a verified copy is recorded at {', '.join(dests[:3])}: its commit "
             f"record is the one to put back (byte-identical: the copies keep agreeing), "
-            f"`cp {shlex.quote(first)}/manifest.json ROOT/{attempt_id}/manifest.json`, then "
+            f"`cp {shlex.quote(first)}/manifest.json "
+            f"{shlex.quote(here.rstrip('/') + '/' + attempt_id)}/manifest.json`, then "
             "verify --deep; pass --copies-lost when no copy is left (docs/recovery.md)",
             path=f"{attempt_id}/manifest.json")
 

@@ -451,12 +451,9 @@ def _without_record(storage: Storage, attempt_id: str) -> Classification:
     if not held or only_records:
         return Classification(INCOMPLETE)  # the storage said "absent" (perhaps deleted since)
     return Classification(INVALID, error=ManifestMissingError(
-        f"{attempt_id}/manifest.json is missing, but the attempt holds {' and '.join(held)} "
-        "records, which only a committed version gets: a committed version whose commit "
-        "record was lost; its data files and writer indexes are kept (gc keeps it). Put the "
-        "record back from a copy of the version (`portable-ckpt ls COPY_ROOT`), or, when no "
-        "copy holds one, `portable-ckpt recommit ROOT/ID`; then `portable-ckpt verify ROOT/ID "
-        "--deep` (docs/recovery.md)",
+        f"{attempt_id}/manifest.json is lost (the attempt holds {' and '.join(held)} records, "
+        "which only a committed version gets; gc keeps it): put it back from a copy, or "
+        "without one `portable-ckpt recommit ROOT/ID`, then `verify --deep` (docs/recovery.md)",
         path=f"{attempt_id}/manifest.json",
     ))
 
