@@ -97,6 +97,9 @@ def test_a_writer_number_from_a_planted_name_costs_nothing(
     assert code == 1 and "writers [2, 3, 4, 5, 6, 7, 8, 9] ..." in err, err
     (v / "index" / "w9999999999.json").unlink()
     (v / "index" / "w000001.json").write_text("{}")  # not a canonical name (§14.1): no index
+    code, _, err = _cli(capsys, "recommit", str(v))
+    assert code == 1 and "1 file(s) no writer index lists (index/w000001.json)" in err, err
+    (v / "index" / "w000001.json").unlink()  # what the message says to do with a stray file
     assert _cli(capsys, "recommit", str(v))[0] == 0
 
 
@@ -247,3 +250,103 @@ def test_a_rebuilt_record_meets_the_original_in_a_copy_and_says_so(
     code, _, err = _cli(capsys, "copy", str(v), str(backup))
     assert code == 1 and "rebuilt by `portable-ckpt recommit`" in err, err
     assert f"cp {backup / v.name}/manifest.json {v}/manifest.json" in err, err
+
+
+def test_a_lost_writers_files_that_do_not_name_it_are_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Final review 20, 2: writer 1 wrote a global entry (``….g.json``, named by no writer);
+    its index lost, recommit published a record without the entry, on one rank, and
+    `verify --deep` passed. A file no surviving index lists is a lost writer's."""
+    root = tmp_path / "root"
+    storage = open_storage(root, create=True)
+    attempt = new_attempt_id(4)
+    ws = [ShardWriter(storage, attempt, i) for i in range(2)]
+    ws[0].add_tensor("w", W, offsets=(0, 0), global_shape=W.shape)
+    ws[1].add_entry("cfg", {"lr": 0.1}, scope="global")
+    idx = [x.finish() for x in ws]
+    commit(storage, attempt, step=4, indexes=idx, expected_writers=[0, 1],
+           continuation=Continuation("exact", 2, None))
+    write_verification_record(storage, attempt, ok=True, mode="sample", fraction=0.5, chunks=1)
+    v = root / attempt
+    (v / "manifest.json").unlink()
+    (v / "index" / "w00001.json").unlink()
+    code, _, err = _cli(capsys, "recommit", str(v))
+    assert code == 1 and "no writer index lists (entries/" in err, err
+    assert not (v / "manifest.json").exists()
+
+
+def test_one_writer_with_values_for_many_ranks_is_no_missing_writer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Final review 20, 3: a per-rank entry's ``rNNNNN`` is a rank: one writer that saved the
+    values of 4 ranks was refused as "writers [1, 2, 3] have no index"."""
+    root = tmp_path / "root"
+    storage = open_storage(root, create=True)
+    attempt = new_attempt_id(4)
+    w = ShardWriter(storage, attempt, 0)
+    w.add_tensor("w", W, offsets=(0, 0), global_shape=W.shape)
+    for r in range(4):
+        w.add_entry("rng", {"seed": r}, scope="per_rank", rank=r,
+                    world_size_policy="require_same")
+    commit(storage, attempt, step=4, indexes=[w.finish()], expected_writers=[0],
+           continuation=Continuation("exact", 4, None))
+    write_verification_record(storage, attempt, ok=True, mode="sample", fraction=0.5, chunks=1)
+    (root / attempt / "manifest.json").unlink()
+    code, out, err = _cli(capsys, "recommit", str(root / attempt), "--json")
+    assert code == 0, err
+    assert json.loads(out)["continuation"]["world_size"] == 4
+
+
+def test_a_rollback_branch_is_not_undone_by_a_rebuilt_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Final review 20, 1: the first run's step 5, abandoned by a rollback that went on from
+    step 3, rebuilt and dated now, made the new branch's step 4 look abandoned: `gc --keep 1`
+    deleted it."""
+    import time as _time
+
+    root = tmp_path / "root"
+    old5 = _version(root, step=5)
+    _time.sleep(0.01)
+    _version(root, step=4)  # the rollback's branch, committed after step 5 began
+    (old5 / "manifest.json").unlink()
+    code, _, err = _cli(capsys, "recommit", str(old5))
+    assert code == 1 and "a rollback's branch" in err and "--newest-of-step" in err, err
+
+
+def test_a_copy_that_cannot_tell_what_the_destination_holds_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Final review 20, 5: one failed listing made the destination's lost-record version
+    'unreadable', not 'invalid', and the copy cleared it as leftovers. Only an attempt
+    positively classified as a copy's leftovers is cleared."""
+    import os
+    import time
+
+    from portable_ckpt.errors import CheckpointError, StorageError
+    from portable_ckpt.io.copy import copy_version
+    from portable_ckpt.storage.local import LocalStorage
+
+    v = _version(tmp_path / "root")
+    backup = tmp_path / "backup"
+    copy_version(v, backup)
+    (v / "manifest.json").unlink()
+    old = time.time() - 3600  # older than a copy's grace period: "leftovers"
+    for p in v.rglob("*"):
+        os.utime(p, (old, old))
+    before = sorted(p.relative_to(v) for p in v.rglob("*") if p.is_file())
+    calls = {"n": 0}
+
+    class OneFailedListing(LocalStorage):
+        def list_dirs(self, prefix: str = "") -> list[str]:
+            if prefix == f"{v.name}/":
+                calls["n"] += 1
+                if calls["n"] == 2:  # the classification's (EIO once)
+                    raise StorageError(f"{prefix}: injected EIO", retryable=True)
+            return super().list_dirs(prefix)
+
+    with pytest.raises(CheckpointError):
+        copy_version(backup / v.name, OneFailedListing(str(tmp_path / "root")))
+    assert calls["n"] >= 2
+    assert sorted(p.relative_to(v) for p in v.rglob("*") if p.is_file()) == before

@@ -372,9 +372,13 @@ def _refuse_lost_record(job: _CopyJob) -> None:
     4, R3). The source's commit record is the one to put back (spec §15.4).
     """
     from portable_ckpt.errors import ManifestMissingError
-    from portable_ckpt.io.versions import INVALID, classify_attempt
+    from portable_ckpt.io.versions import INCOMPLETE, INVALID, classify_attempt
 
     c = classify_attempt(job.dst, job.attempt)
+    if c.status not in (INCOMPLETE, INVALID):  # not positively leftovers: nothing is cleared
+        raise c.error if c.error is not None else StorageError(  # (final review 20, 5)
+            f"{job.result.destination}/{job.attempt}: cannot tell what its files are "
+            f"({c.status}); nothing was deleted: retry", path=f"{job.attempt}/", retryable=True)
     if c.status == INVALID and isinstance(c.error, ManifestMissingError):
         where = f"{local_path(job.result.destination) or job.result.destination}/{job.attempt}"
         src = f"{local_path(job.result.source) or job.result.source}"

@@ -344,10 +344,12 @@ def gc(
     )
     doomed += abandoned
     unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
-    # Those with a commit record file (an invalid one whose record was lost has none: its own
-    # deletion was reported as another process's, on-call review 4, R5).
-    recorded = {v.id for v in versions if v.status == COMMITTED
-                or (v.status == INVALID and v.error_code != "PCK-MANIFEST-MISSING")}
+    # Versions (a pin may hold them: a lost record may be recommitted meanwhile, final review
+    # 20, 7), and of them those with a commit record file (a lost one has none: its deletion
+    # was reported as another process's, on-call review 4, R5).
+    recorded = {v.id for v in versions if v.status in (COMMITTED, INVALID)}
+    with_record = {v.id for v in versions if v.status == COMMITTED
+                   or (v.status == INVALID and v.error_code != "PCK-MANIFEST-MISSING")}
     if not dry_run:
         pins_now = _PinWatch(storage, report)
         for i, attempt_id in enumerate(doomed):
@@ -357,7 +359,7 @@ def gc(
                 if attempt_id in recorded and pins_now.holds(attempt_id):
                     doomed[i] = ""  # kept: pinned while this gc ran
                 else:
-                    _delete_attempt(storage, attempt_id, report, attempt_id in recorded)
+                    _delete_attempt(storage, attempt_id, report, attempt_id in with_record)
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
                 report.failed(attempt_id, exc)

@@ -17,6 +17,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.errors import (
+    CheckpointError,
     CommitConflictError,
     ManifestMissingError,
     NotFoundError,
@@ -25,6 +26,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.manifest import Continuation
 from portable_ckpt.format.naming import parse_attempt_step
+from portable_ckpt.io.damage import PLACEMENT_ENTRY
 from portable_ckpt.storage.base import Storage
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["recommit"]
 
 _INDEX = re.compile(r"w([0-9]{5,})\.json")
+_DATA = re.compile(r"data/w([0-9]{5,})-[^/]*")
 
 
 def recommit(
@@ -109,10 +112,18 @@ def recommit(
     if not copies_lost:
         _refuse_if_copied(storage, attempt_id)
     if not newest_of_step:
-        _refuse_if_step_taken(storage, attempt_id, step)
-    writers = _writers(attempt_id, names)
-    indexes = read_writer_indexes(storage, attempt_id, writers)
-    _refuse_if_node_local(attempt_id, indexes)
+        _refuse_if_reordered(storage, attempt_id, step)
+    placed = [rel for rel in names if rel.startswith(f"entries/{PLACEMENT_ENTRY}")]
+    try:
+        writers = _writers(attempt_id, names)
+        indexes = read_writer_indexes(storage, attempt_id, writers)
+        _refuse_unclaimed(attempt_id, names, indexes)
+    except WriterMissingError:
+        if placed:  # a node root: the other nodes' writers are in their roots (Q1, #4)
+            _refuse_node_root(attempt_id)
+        raise
+    if placed and len(writers) < _placed_writers(storage, attempt_id, placed):
+        _refuse_node_root(attempt_id)  # every writer of a node root's own present: still short
     ranks = [v.rank for x in indexes for e in x.entries.values() for v in e.values
              if v.rank is not None]
     size = world_size if world_size is not None else (max(ranks) + 1 if ranks else len(writers))
@@ -126,8 +137,10 @@ def recommit(
     gone = sorted(set(m.files) - here)
     if gone:
         # Its own record over files that are gone: removed again, as a record writer removes
-        # its record of a deleted version (R-DRILL-11; on-call review 5, R5).
-        storage.delete(f"{attempt_id}/manifest.json")
+        # its record of a deleted version (R-DRILL-11; on-call review 5, R5), and only its
+        # own: a record put back meanwhile (a copy's) stays (final review 20, 6).
+        if _is_mine(storage, attempt_id, m):
+            storage.delete(f"{attempt_id}/manifest.json")
         raise CommitConflictError(
             f"{attempt_id}: {len(gone)} of the files its new commit record names went while it "
             f"was published ({gone[0]}, ...: a gc or a job's retention deleted the version?); "
@@ -136,41 +149,94 @@ def recommit(
     return m
 
 
-def _refuse_if_node_local(attempt_id: str, indexes: list[Any]) -> None:
-    """A node-local version (spec §14.7): a node root holds its nodes' writers' files only.
+def _is_mine(storage: Storage, attempt_id: str, m: Any) -> bool:
+    """Whether ``manifest.json`` is still the record this run published (its commit time)."""
+    from portable_ckpt.format import jsonio
+
+    try:
+        rel = f"{attempt_id}/manifest.json"
+        doc = jsonio.loads(storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES), what=rel)
+    except CheckpointError:
+        return False  # gone, or not readable: not positively this run's
+    return (isinstance(doc, dict) and doc.get("committed_at") == m.committed_at
+            and doc.get("producer") == m.producer)
+
+
+def _placed_writers(storage: Storage, attempt_id: str, placed: list[str]) -> int:
+    """The writers a node-local version has (its placement's ranks), or a count no root has.
+
+    A durable copy holds all of them and is rebuilt as any version (final review 20, 4); a
+    placement that cannot be read counts as a node root's (refused: the record to copy).
+    """
+    from portable_ckpt.format import jsonio
+
+    try:
+        rel = f"{attempt_id}/{placed[0]}"
+        value = jsonio.loads(storage.read_all(rel, max_size=1 << 20), what=rel)
+        ranks = value["node_of_rank"]
+        if isinstance(ranks, list):
+            return len(ranks)
+    except (CheckpointError, KeyError, TypeError):
+        pass
+    return 1 << 62
+
+
+def _refuse_node_root(attempt_id: str) -> None:
+    """A node-local version read through a node root (spec §14.7): its own record to copy.
 
     Rebuilt from one node root, the record dropped the other nodes' writers (their files are
-    in their roots by design), and `verify --deep` passed (on-call review 5, Q1). Every node
-    root and the durable copy hold the same record: the one to put back.
+    in their roots by design), and `verify --deep` passed (on-call review 5, Q1). A durable
+    copy holds every writer's files and is rebuilt as any version (final review 20, 4).
     """
-    from portable_ckpt.io.damage import PLACEMENT_ENTRY
+    raise CommitConflictError(
+        f"{attempt_id} is a node-local version (its {PLACEMENT_ENTRY} entry) whose writers are "
+        "not all here: a node root holds only its nodes' writers' files, so its indexes cannot "
+        f"rebuild the record. Copy `{attempt_id}/manifest.json` from another node root or "
+        "from the durable root (the same bytes in each), then verify --deep "
+        "(docs/recovery.md)", path=f"{attempt_id}/manifest.json")
 
-    if any(PLACEMENT_ENTRY in x.entries for x in indexes):
-        raise CommitConflictError(
-            f"{attempt_id} is a node-local version (its {PLACEMENT_ENTRY} entry): a node root "
-            "holds only its nodes' writers' files, so its indexes cannot rebuild the record. "
-            f"Copy `{attempt_id}/manifest.json` from another node root or from the durable "
-            "root (the same bytes in each), then verify --deep (docs/recovery.md)",
-            path=f"{attempt_id}/manifest.json")
+
+#: Files of an attempt no writer index lists: its records, and the commit record's own table.
+_NOT_A_WRITERS = re.compile(r"manifest\.json|(?:drills|copies|verifications)/.*"
+                            r"|tensor-table-[^/]*\.safetensors(?:\.zst)?")
+
+
+def _refuse_unclaimed(attempt_id: str, names: list[str], indexes: list[Any]) -> None:
+    """Every file of the attempt is listed by a surviving writer index, or is no writer's.
+
+    A lost writer's files that its name does not give away (a global entry's ``….g.json``)
+    were left out of the record, with the world size wrong and `verify --deep` OK (final
+    review 20, 2): what no index lists is a lost writer's, or a stray file.
+    """
+    claimed = {f for x in indexes for f in x.files}
+    claimed |= {x.index_file.path for x in indexes if x.index_file is not None}
+    loose = [rel for rel in names if rel not in claimed and not _NOT_A_WRITERS.fullmatch(rel)]
+    if loose:
+        raise WriterMissingError(
+            f"{attempt_id}: {len(loose)} file(s) no writer index lists ({', '.join(loose[:3])}"
+            f"{', ...' if len(loose) > 3 else ''}): a writer whose index was lost wrote them, "
+            "or they are no writer's. Put the commit record back from a copy of the version if "
+            "one exists (docs/recovery.md); move a file that is no writer's out of the version "
+            "and run the command again", path=f"{attempt_id}/{loose[0]}")
 
 
 def _writers(attempt_id: str, names: list[str]) -> list[int]:
     """The writers whose indexes are here: every writer any file of the attempt names.
 
-    A writer known only from its data or per-rank entry files has lost its index: refused,
+    A writer known only from its data files has lost its index: refused,
     also the highest-numbered one, which holes between indexes did not show (on-call review
     4, R1: a DDP job's rank 1 went missing from the record). Index names are the canonical
     ``wNNNNN.json`` (§14.1); the holes are counted, never enumerated (R2: one file named
     ``w9999999999.json`` took all memory).
     """
-    from portable_ckpt.io.damage import writer_of
-
     indexes = set()
     for rel in names:
         m = _INDEX.fullmatch(rel.removeprefix("index/")) if rel.startswith("index/") else None
         if m is not None and rel == f"index/w{int(m[1]):05d}.json":
             indexes.add(int(m[1]))
-    named = {w for rel in names if (w := writer_of(rel)) is not None} | indexes
+    # Data files name their writer; a per-rank entry's ``rNNNNN`` is a rank, not a writer
+    # (final review 20, 3): a lost writer's entries are found by _refuse_unclaimed.
+    named = {int(m[1]) for rel in names if (m := _DATA.fullmatch(rel))} | indexes
     if not indexes:
         raise WriterMissingError(f"{attempt_id}/index/ holds no writer index: nothing to "
                                  "rebuild the commit record from", path=f"{attempt_id}/index/")
@@ -215,15 +281,28 @@ def _refuse_if_copied(storage: Storage, attempt_id: str) -> None:
             path=f"{attempt_id}/manifest.json")
 
 
-def _refuse_if_step_taken(storage: Storage, attempt_id: str, step: int) -> None:
-    """Another committed version of the step: the new record would be the newer (R6)."""
-    from portable_ckpt.io.versions import COMMITTED, attempt_names, classify_attempt
+def _refuse_if_reordered(storage: Storage, attempt_id: str, step: int) -> None:
+    """A rebuilt record is dated now (R-COMMIT-16): it must not reorder the root's versions.
 
-    others = [n for n in attempt_names(storage, step)
-              if n != attempt_id and classify_attempt(storage, n).status == COMMITTED]
-    if others:
-        raise CommitConflictError(
-            f"{attempt_id}: {others[0]} also holds step {step} (the job trained it again). A "
-            "new commit record is dated now, after it (R-COMMIT-16): this version would be "
-            f"the step {step} a restore takes, undoing the newer branch. Pass --newest-of-step "
-            "if that is what you want", path=f"{attempt_id}/manifest.json")
+    Another committed version of the step would come before it, and a restore take it instead
+    (on-call review 4, R6); a version of a lower step committed after this attempt began is a
+    rollback's branch, which this version, dated now, would make look abandoned: `gc --keep 1`
+    then deleted the new branch (final review 20, 1).
+    """
+    from portable_ckpt.format.naming import attempt_time
+    from portable_ckpt.io.annotations import timestamp_us
+    from portable_ckpt.io.versions import COMMITTED, list_versions
+
+    began = attempt_time(attempt_id)
+    for v in list_versions(storage, annotations=False):
+        if v.id == attempt_id or v.status != COMMITTED:
+            continue
+        later = began is not None and timestamp_us(v.committed_at) > began * 1e6
+        if v.step == step or (v.step < step and later):
+            why = (f"also holds step {step} (the job trained it again)" if v.step == step else
+                   f"(step {v.step}) was committed after this version began: a rollback's branch")
+            raise CommitConflictError(
+                f"{attempt_id}: {v.id} {why}. A new commit record is dated now, after it "
+                "(R-COMMIT-16): this version would be the one restores and gc take as the "
+                "newest, undoing the newer branch. Pass --newest-of-step if that is what you "
+                "want", path=f"{attempt_id}/manifest.json")

@@ -301,7 +301,8 @@ def load_manifest(
 
 
 def _read_record(
-    storage: Storage, attempt_id: str, known: Mapping[str, bytes] | None = None
+    storage: Storage, attempt_id: str, known: Mapping[str, bytes] | None = None,
+    *, explain: bool = True,
 ) -> bytes:
     """The bytes of ``<attempt_id>/manifest.json``, refused above the 1 GiB limit (R-SEC-11).
 
@@ -340,8 +341,8 @@ def _read_record(
             "gc deleted looks like this); open the root again for its latest version",
             path=rel,
         )
-    lost = _without_record(storage, attempt_id)
-    if lost.status == INVALID and lost.error is not None:
+    lost = _without_record(storage, attempt_id) if explain else None  # (classifying: its own)
+    if lost is not None and lost.status == INVALID and lost.error is not None:
         raise lost.error  # a committed version whose record was lost (on-call review 4, R8)
     raise ManifestMissingError(
         f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
@@ -416,7 +417,7 @@ def _record_or_status(
 ) -> bytes | Classification:
     """The bytes of the attempt's commit record, or what their absence or refusal makes it."""
     try:
-        return _read_record(storage, attempt_id, known)
+        return _read_record(storage, attempt_id, known, explain=False)
     except (ManifestMissingError, FileMissingError):
         return _without_record(storage, attempt_id)
     except (JsonInvalidError, LimitError) as exc:
