@@ -460,11 +460,9 @@ def _record_status(
 
 def _status_of(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """:func:`_record_status` of records read already."""
-    from portable_ckpt.io.annotations import failed_verifications, timestamp_key, unmoved_cleared
+    from portable_ckpt.io.annotations import failed_verifications, failure_order, unmoved_cleared
 
-    failed = sorted(failed_verifications(records),
-                    key=lambda r: (timestamp_key(str(r.get("verified_at") or "")),
-                                   r["verification_id"]))
+    failed = sorted(failed_verifications(records), key=failure_order)
     return ([str(r["verification_id"]) for r in failed],
             [str(r["verification_id"]) for r in unmoved_cleared(records)])
 

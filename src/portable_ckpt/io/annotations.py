@@ -57,6 +57,7 @@ __all__ = [
     "record_epoch_us",
     "timestamp_us",
     "failed_verifications",
+    "failure_order",
     "listed_info",
     "lists_file",
     "move_cleared",
@@ -72,6 +73,7 @@ __all__ = [
     "timestamp_key",
     "unmoved_cleared",
     "verification_verdict",
+    "version_gone",
     "write_drill_record",
     "write_verification_record",
 ]
@@ -415,9 +417,27 @@ def _write_annotation(
     if not storage.create_if_absent(rel, jsonio.dumps(record, indent=2)):
         raise UsageError(f"{rel} already exists")
     _still_committed(storage, attempt_id, rel)
-    prune_quietly(storage, attempt_id, kind, listed=listed,
+    # With the records read before, and this one, the pruning reads none again: it only ever
+    # removes a record older than one of its own view that stays (R-DRILL-9).
+    view = sorted([*before, _slim(record)], key=failure_order) if before else None
+    prune_quietly(storage, attempt_id, kind, view, listed=listed,
                   repeated=repeated_failures(before, record) if before else ())
     return rel
+
+
+def version_gone(storage: Storage, attempt_id: str) -> bool:
+    """Whether the storage says, beyond doubt, that ``attempt_id``'s commit record is gone.
+
+    Asked by whoever just stored a record of the version (a pin, a drill, copy or
+    verification record) before it removes its own record again: gc deletes the commit
+    record first (R-GC-3). Absent to one question but listed is an inconsistent store, and a
+    question that fails cannot tell: neither is "gone" (maintainer review 5, 2).
+    """
+    rel = f"{attempt_id}/manifest.json"
+    try:
+        return not (storage.exists(rel) or lists_file(storage, rel))
+    except CheckpointError:
+        return False
 
 
 def _still_committed(storage: Storage, attempt_id: str, rel: str) -> None:
@@ -433,13 +453,8 @@ def _still_committed(storage: Storage, attempt_id: str, rel: str) -> None:
     """
     from portable_ckpt.errors import VersionDeletedError
 
-    try:
-        if storage.exists(f"{attempt_id}/manifest.json") or lists_file(
-            storage, f"{attempt_id}/manifest.json"
-        ):
-            return  # (absent to one question but listed: an inconsistent store; it stays)
-    except CheckpointError:
-        return  # cannot tell: only a definite "absent" removes the record (review 5, 2)
+    if not version_gone(storage, attempt_id):
+        return
     with contextlib.suppress(CheckpointError):
         storage.delete(rel)  # this tool's own record, of a version that is gone
         storage.remove_empty_dirs(f"{attempt_id}/")
@@ -529,13 +544,14 @@ def repeated_failures(before: Sequence[dict[str, Any]], written: dict[str, Any])
     mine = [*failed, written]
     # The first finding stays, and the newest of each mode: a deep failure naming three files
     # was pruned by later sampled ones naming one (maintainer review 5, 3).
-    kept = {id(min(mine, key=_failure_order))}
+    kept = {id(min(mine, key=failure_order))}
     for mode in {r.get("mode") for r in mine}:
-        kept.add(id(max((r for r in mine if r.get("mode") == mode), key=_failure_order)))
+        kept.add(id(max((r for r in mine if r.get("mode") == mode), key=failure_order)))
     return {str(r.get("verification_id")) for r in failed if id(r) not in kept}
 
 
-def _failure_order(r: dict[str, Any]) -> tuple[tuple[int, ...], str]:
+def failure_order(r: dict[str, Any]) -> tuple[tuple[int, ...], str]:
+    """The order of a version's verification records: ``verified_at``, then their id."""
     return timestamp_key(str(r.get("verified_at") or "")), str(r.get("verification_id"))
 
 

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CopyResult",
+    "copies_of",
     "copy_version",
     "copy_version_async",
     "normalize_root_url",
@@ -798,3 +799,33 @@ def shutdown_background_copies(*, wait: bool = True) -> None:
         pool, _background = _background, None
     if pool is not None:
         pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+def copies_of(storage: Storage, ident: str) -> tuple[list[str], str | None]:
+    """The roots holding a verified copy of ``ident`` (its copy records, spec §14.4).
+
+    Also why the list may be short (a copy record that could not be read). Read only, and
+    never raises: a copy record never makes a restore fail (incident review R4). Used by the
+    restore's report, retention's message and ``recommit`` (the record to put back).
+    """
+    from portable_ckpt.io.annotations import read_annotations
+
+    copies: list[str] = []
+    problem: str | None = None
+    errors: list[CheckpointError] = []
+    try:
+        records = read_annotations(storage, ident, "copies", errors=errors)
+        here = normalize_root_url(storage)
+        for rec in records:
+            dest = rec.get("destination")
+            if rec.get("ok") is not True or not isinstance(dest, str):
+                continue
+            url = url_of_record(dest)
+            shown = local_path(url) or url
+            if url.rstrip("/") != here and shown not in copies:
+                copies.append(shown)
+    except Exception as exc:  # the restore's outcome must not depend on a record
+        problem = f"{type(exc).__name__}: {exc}"
+    if errors and problem is None:
+        problem = str(errors[0])
+    return copies, problem

@@ -24,7 +24,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.naming import check_attempt_id, utc_now_iso
-from portable_ckpt.io.annotations import annotation_id, read_listed_record
+from portable_ckpt.io.annotations import annotation_id, read_listed_record, version_gone
 from portable_ckpt.logs import log_event
 from portable_ckpt.storage import Storage, open_storage
 
@@ -225,7 +225,7 @@ def pin(
         raise UsageError(f"{storage.url}/{rel} already exists; pin again")
     # A gc that read the pins before this one may have deleted the version meanwhile; gc
     # deletes the commit record first (R-GC-3), so its presence is the question (no re-parse).
-    if not storage.exists(f"{attempt_id}/manifest.json"):
+    if version_gone(storage, attempt_id):
         storage.delete(rel)
         raise NotFoundError(
             f"{attempt_id} was deleted while it was being pinned (a gc ran at the same time); "

@@ -261,14 +261,10 @@ def _writers(attempt_id: str, names: list[str]) -> list[int]:
 
 def _refuse_if_copied(storage: Storage, attempt_id: str) -> None:
     """A verified copy recorded beside the version holds the record to put back (§15.4)."""
-    from portable_ckpt.io.annotations import read_annotations
-    from portable_ckpt.io.copy import url_of_record
+    from portable_ckpt.io.copy import copies_of
     from portable_ckpt.storage import local_path
 
-    dests = sorted({local_path(url_of_record(str(r["destination"])))
-                    or url_of_record(str(r["destination"]))
-                    for r in read_annotations(storage, attempt_id, "copies", errors=[])
-                    if r.get("ok") is True and isinstance(r.get("destination"), str)})
+    dests, _ = copies_of(storage, attempt_id)
     if dests:
         first = f"{dests[0].rstrip('/')}/{attempt_id}"
         here = local_path(storage.url) or storage.url

@@ -65,6 +65,7 @@ from portable_ckpt.io.annotations import (
     dated_ahead,
     epoch_us,
     failed_verifications,
+    failure_order,
     lists_file,
     read_annotations,
     reread_record,
@@ -212,7 +213,7 @@ class VersionInfo:
         # as the skew, and hid that the crons had stopped (SRE review 2, W4): the newest pass
         # dated by now counts; one dated ahead only when there is no other, marked.
         dated = [v for v in passed if not dated_ahead(v.get("verified_at"))] or passed
-        newest = max(dated, key=lambda v: timestamp_key(str(v.get("verified_at") or "")))
+        newest = max(dated, key=failure_order)
         out = {"mode": newest.get("mode"), "verified_at": newest.get("verified_at")}
         if dated_ahead(newest.get("verified_at")):
             out["clock_ahead"] = True

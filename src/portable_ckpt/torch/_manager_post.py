@@ -727,7 +727,7 @@ def _failed_copies(
     Read before gc deletes them with their records; at most :data:`FAILED_DELETED_NAMED`, and
     none in the usual pass, which deletes no failed version.
     """
-    from portable_ckpt.torch._restore_passed_over import copies_of
+    from portable_ckpt.io.copy import copies_of
 
     doomed = [d.id for d in decisions if d.delete and d.id in failed]
     return {i: copies_of(tier.storage, i) for i in doomed[::-1][:FAILED_DELETED_NAMED]}

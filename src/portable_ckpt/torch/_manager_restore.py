@@ -30,6 +30,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.io.annotations import timestamp_key
+from portable_ckpt.io.copy import copies_of
 from portable_ckpt.io.versions import list_versions, load_manifest, restore_decision
 from portable_ckpt.storage import local_path
 from portable_ckpt.torch._collectives import make_comm
@@ -37,7 +38,7 @@ from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
 from portable_ckpt.torch._manager_tiers import Tier, storage_url
 from portable_ckpt.torch._nodelocal import prepare_fast_restore
-from portable_ckpt.torch._restore_passed_over import copies_of, passed_over, say_passed_over
+from portable_ckpt.torch._restore_passed_over import passed_over, say_passed_over
 from portable_ckpt.torch.info import LoadInfo
 from portable_ckpt.torch.loading import left_from, load, shown_keys
 

@@ -14,19 +14,17 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from portable_ckpt.errors import CheckpointError
-from portable_ckpt.io.annotations import failed_verifications, timestamp_key
-from portable_ckpt.storage import local_path
+from portable_ckpt.io.annotations import failed_verifications, failure_order
+from portable_ckpt.io.copy import copies_of
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import broadcast_json
 from portable_ckpt.torch.info import LoadInfo
 
 if TYPE_CHECKING:
     from portable_ckpt.io.versions import VersionInfo
-    from portable_ckpt.storage import Storage
     from portable_ckpt.torch.manager import CheckpointManager
 
-__all__ = ["PASSED_OVER_NAMED", "copies_of", "passed_over", "say_passed_over"]
+__all__ = ["PASSED_OVER_NAMED", "passed_over", "say_passed_over"]
 
 _log = logging.getLogger("portable_ckpt")
 
@@ -104,7 +102,7 @@ def _find_passed_over(
             elif v.status == "committed" and v.verification_failed:
                 failed = max(  # the newest failure no pass cleared (spec §14.5)
                     failed_verifications(v.verifications),
-                    key=lambda r: timestamp_key(str(r.get("verified_at") or "")),
+                    key=failure_order,
                     default={},
                 )
                 errors = failed.get("errors") or []
@@ -157,36 +155,6 @@ def _passed_row(
         "copies_error": None if problem is None else problem[:300],
         "commands": commands,
     }
-
-
-def copies_of(storage: Storage, ident: str) -> tuple[list[str], str | None]:
-    """The roots holding a verified copy of ``ident`` (its copy records, spec §14.4).
-
-    Also why the list may be short (a copy record that could not be read). Read only, and
-    never raises: a copy record never makes a restore fail (incident review R4).
-    """
-    from portable_ckpt.io.annotations import read_annotations
-    from portable_ckpt.io.copy import normalize_root_url, url_of_record
-
-    copies: list[str] = []
-    problem: str | None = None
-    errors: list[CheckpointError] = []
-    try:
-        records = read_annotations(storage, ident, "copies", errors=errors)
-        here = normalize_root_url(storage)
-        for rec in records:
-            dest = rec.get("destination")
-            if rec.get("ok") is not True or not isinstance(dest, str):
-                continue
-            url = url_of_record(dest)
-            shown = local_path(url) or url
-            if url.rstrip("/") != here and shown not in copies:
-                copies.append(shown)
-    except Exception as exc:  # the restore's outcome must not depend on a record
-        problem = f"{type(exc).__name__}: {exc}"
-    if errors and problem is None:
-        problem = str(errors[0])
-    return copies, problem
 
 
 def _short(text: str, n: int) -> str:
