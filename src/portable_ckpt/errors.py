@@ -27,6 +27,7 @@ __all__ = [
     "DtypeValueError",
     "EntryMissingError",
     "EntrySchemaError",
+    "EntryTargetError",
     "FeatureUnsupportedError",
     "FileMissingError",
     "FileSizeError",
@@ -243,6 +244,14 @@ class EntrySchemaError(CheckpointError):
     """A non-tensor entry violates its declared schema, or names an unknown built-in schema."""
 
     code = "PCK-ENTRY-SCHEMA"
+
+
+class EntryTargetError(EntrySchemaError):
+    """A stored entry value is another object's state than the target's (R-ENTRY-17).
+
+    A scheduler's state of another class, a generator's state of another kind. Every version
+    of the job holds the same, so a manager's restore raises it instead of trying older ones.
+    """
 
 
 class EntryMissingError(CheckpointError):

@@ -22,6 +22,7 @@ from portable_ckpt.errors import (
     ContractError,
     DistributedError,
     EntryMissingError,
+    EntryTargetError,
     FileMissingError,
     NotFoundError,
     StorageError,
@@ -56,6 +57,7 @@ _CALLER_ERRORS = (
     UsageError,
     TensorMissingError,
     EntryMissingError,
+    EntryTargetError,
     UnsupportedValueError,
 )
 

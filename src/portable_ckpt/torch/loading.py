@@ -33,6 +33,7 @@ from portable_ckpt.errors import (
     ContractError,
     DistributedError,
     EntryMissingError,
+    EntrySchemaError,
     TensorMissingError,
     UsageError,
     VersionDeletedError,
@@ -387,8 +388,8 @@ def _load_local(
         by_int = f"/{where}".rpartition("/state")[0] in optimizers and where.endswith("state")
         values[where] = _with_tensors(values.get(where, {}), tensors, by_int=by_int)
     fill_state(template, flat, values)
-    for e, value in last:  # RNG last: loading has no RNG side effect
-        e.restore(value)
+    for key, e, value in last:  # RNG last: loading has no RNG side effect
+        _restore_entry(e, value, key, ck)
     info.bytes_read = ck.stats.bytes_read
     info.blocks_verified = ck.stats.blocks_verified
     info.peak_temp_bytes = max(ck.stats.peak_scratch_bytes, extra_peak)
@@ -1119,13 +1120,13 @@ def _load_whole(stored: dict[str, Any], flat: FlatState) -> tuple[dict[str, Any]
 
 def _load_entries(
     entries: _EntryReads, flat: FlatState, info: LoadInfo, *, strict: bool
-) -> list[tuple[StateEntry, Any]]:
+) -> list[tuple[str, StateEntry, Any]]:
     """Restore every entry now, except the ``restore_last`` ones: returned with their values."""
     ck = entries.ck
-    last: list[tuple[StateEntry, Any]] = []
+    last: list[tuple[str, StateEntry, Any]] = []
     for key, e in flat.entries.items():
         if key not in ck.entries and (value := _entry_from_values(entries, key, e)) is not None:
-            e.restore(value)  # a DCP save stored the object's state_dict() as JSON leaves
+            _restore_entry(e, value, key, ck)  # a DCP save stored its state_dict() as JSON leaves
             info.entries_loaded += 1
             continue
         if key not in ck.entries:
@@ -1149,11 +1150,19 @@ def _load_entries(
                 "their random draws repeat those ranks'; reseed them (torch.manual_seed(seed + "
                 "rank)) where that matters")
         if e.restore_last:
-            last.append((e, value))
+            last.append((key, e, value))
         else:
-            e.restore(value)
+            _restore_entry(e, value, key, ck)
         info.entries_loaded += 1
     return last
+
+
+def _restore_entry(e: StateEntry, value: Any, key: str, ck: Checkpoint) -> None:
+    """``e.restore(value)``, a value it refuses named by entry and version."""
+    try:
+        e.restore(value)
+    except EntrySchemaError as exc:  # the same class: a manager tells the caller's own apart
+        raise type(exc)(f"entry {key!r} of {ck.path}: {exc.message}") from exc
 
 
 def _entry_from_values(entries: _EntryReads, key: str, e: StateEntry) -> Any:

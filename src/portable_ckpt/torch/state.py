@@ -31,7 +31,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from portable_ckpt.errors import EntrySchemaError, UsageError
+from portable_ckpt.errors import EntrySchemaError, EntryTargetError, UsageError
 from portable_ckpt.format.vocab import POLICIES
 from portable_ckpt.torch.flatten import StateEntry, decode_json, encode_json
 
@@ -223,12 +223,20 @@ class GeneratorState(StateEntry):
         a resume continues the saved run's children instead of repeating them (F8).
 
         Raises:
+            EntryTargetError: the stored value is the other kind's (torch or NumPy).
             EntrySchemaError: the stored value is not a state of this generator.
 
         """
         self.restored = False
         if value is None:
             return
+        if isinstance(value, dict) and value.get("kind") in ("torch", "numpy") and (
+            value["kind"] != self.kind
+        ):
+            raise EntryTargetError(
+                f"generator state cannot be applied: the stored state is a {value['kind']} "
+                f"generator's, this is {self.kind}; give the entry a {value['kind']} generator"
+            )
         try:
             if not isinstance(value, dict) or value.get("kind") != self.kind:
                 got = value.get("kind") if isinstance(value, dict) else type(value).__name__
@@ -446,19 +454,69 @@ class LRSchedulerState(StateEntry):
         self.scheduler = scheduler
 
     def capture(self) -> Any:
-        """Return the scheduler's state as JSON."""
-        return encode_json(self.scheduler.state_dict(), key="lr-scheduler")
+        """Return the scheduler's state as JSON, with the class of each scheduler (``class``)."""
+        value = encode_json(self.scheduler.state_dict(), key="lr-scheduler")
+        _name_classes(value, self.scheduler)
+        return value
 
     def restore(self, value: Any) -> None:
-        """Load a stored scheduler state."""
+        """Load a stored scheduler state into a scheduler of the class that saved it.
+
+        Raises:
+            EntryTargetError: the value names another scheduler class (R-ENTRY-17): applied to
+                it, a ``CosineAnnealingLR``'s state set a ``LinearLR``'s epoch and left a
+                stray ``T_max`` (fine-tuning review F5).
+
+        """
         if value is None:
             return
+        value = _check_classes(value, self.scheduler, "the value")
         state = decode_json(value)
         current = self.scheduler.state_dict()
         for k, v in list(state.items()):  # keep tuple-typed fields tuples
             if isinstance(current.get(k), tuple) and isinstance(v, list):
                 state[k] = tuple(v)
         self.scheduler.load_state_dict(state)
+
+
+def _class_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _name_classes(value: Any, scheduler: Any) -> None:
+    """Add ``class`` to a scheduler's JSON state, and to each nested scheduler's (SequentialLR)."""
+    if not isinstance(value, dict):
+        return
+    value["class"] = _class_name(scheduler)
+    nested, inner = value.get("_schedulers"), getattr(scheduler, "_schedulers", None)
+    if isinstance(nested, list) and isinstance(inner, (list, tuple)) and len(nested) == len(inner):
+        for v, s in zip(nested, inner, strict=True):
+            _name_classes(v, s)
+
+
+def _check_classes(value: Any, scheduler: Any, where: str) -> Any:
+    """``value`` without its ``class`` members, once each names ``scheduler``'s class or is absent.
+
+    Classes are compared by their last dotted part: a job whose scheduler moved to another
+    module restores as before; a value of another scheduler class is refused, naming both.
+    """
+    if not isinstance(value, dict):
+        return value
+    out = {k: v for k, v in value.items() if k != "class"}
+    stored, live = value.get("class"), _class_name(scheduler)
+    if isinstance(stored, str) and stored.rsplit(".", 1)[-1] != live.rsplit(".", 1)[-1]:
+        raise EntryTargetError(
+            f"pck:lr-scheduler/1 value cannot be applied: {where} holds the state of a "
+            f"{stored[-200:]}, the target is a {live}; build the scheduler of the stored class, "
+            "or leave the scheduler out of the loaded state (a fine-tune builds it fresh)"
+        )
+    nested, inner = out.get("_schedulers"), getattr(scheduler, "_schedulers", None)
+    if isinstance(nested, list) and isinstance(inner, (list, tuple)) and len(nested) == len(inner):
+        out["_schedulers"] = [
+            _check_classes(v, s, f"{where}._schedulers[{i}]")
+            for i, (v, s) in enumerate(zip(nested, inner, strict=True))
+        ]
+    return out
 
 
 class GradScalerState(StateEntry):

@@ -1,0 +1,163 @@
+"""A scheduler's state names its class, and another class refuses it (spec §12.5, R-ENTRY-17,
+errata 15; fine-tuning review F5: the documented seed applied a ``CosineAnnealingLR``'s state to
+the fine-tune's ``LinearLR`` without a word, its epoch set and a stray ``T_max`` left)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import EntrySchemaError, EntryTargetError
+from portable_ckpt.format.schemas import validate_entry_value
+
+pytestmark = pytest.mark.torch
+
+SPEC = Path(__file__).resolve().parents[2] / "spec"
+SCHED = "torch.optim.lr_scheduler"
+
+
+def _opt() -> torch.optim.Optimizer:
+    return torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+
+
+def _sequential(opt: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.SequentialLR(
+        opt,
+        [torch.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2),
+         torch.optim.lr_scheduler.CosineAnnealingLR(opt, 9)],
+        milestones=[2],
+    )
+
+
+def test_a_saved_value_names_each_schedulers_class_and_keeps_its_schema() -> None:
+    opt = _opt()
+    value = pckt.LRSchedulerState(_sequential(opt)).capture()
+    assert value["class"] == f"{SCHED}.SequentialLR"
+    assert [v["class"] for v in value["_schedulers"]] == [
+        f"{SCHED}.LinearLR", f"{SCHED}.CosineAnnealingLR"]
+    validate_entry_value(value, {"id": "pck:lr-scheduler/1"}, name="sched")
+    example = json.loads((SPEC / "examples" / "entries" / "lr-scheduler--class.json").read_text())
+    validate_entry_value(example, {"id": "pck:lr-scheduler/1"}, name="example")
+
+
+def test_r_entry_17_another_class_is_refused_before_the_scheduler_changes() -> None:
+    """R-ENTRY-17: PCK-ENTRY-SCHEMA, the scheduler untouched."""
+    opt = _opt()
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    for _ in range(3):
+        opt.step()
+        cosine.step()
+    value = pckt.LRSchedulerState(cosine).capture()
+    linear = torch.optim.lr_scheduler.LinearLR(_opt(), 0.1, total_iters=100)
+    before = linear.state_dict()
+    with pytest.raises(EntryTargetError, match=r"CosineAnnealingLR.*the target is a torch\.optim"
+                       r"\.lr_scheduler\.LinearLR") as err:
+        pckt.LRSchedulerState(linear).restore(value)
+    assert err.value.code == "PCK-ENTRY-SCHEMA" and isinstance(err.value, EntrySchemaError)
+    assert linear.state_dict() == before  # nothing applied: no epoch, no stray T_max
+
+
+def test_r_entry_17_a_nested_schedulers_class_is_compared_too() -> None:
+    value = pckt.LRSchedulerState(_sequential(_opt())).capture()
+    opt = _opt()
+    other = torch.optim.lr_scheduler.SequentialLR(
+        opt,
+        [torch.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2),
+         torch.optim.lr_scheduler.StepLR(opt, 3)],
+        milestones=[2],
+    )
+    before = other.state_dict()
+    with pytest.raises(EntryTargetError, match=r"_schedulers\[1\].*CosineAnnealingLR.*StepLR"):
+        pckt.LRSchedulerState(other).restore(value)
+    assert other.state_dict() == before
+
+
+def test_r_entry_17_the_same_class_restores_without_the_member() -> None:
+    """``class`` never reaches the scheduler (MUST NOT hand it): its next state_dict() would
+    carry the stored name, whatever scheduler it is."""
+    opt = _opt()
+    sched = _sequential(opt)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    value = pckt.LRSchedulerState(sched).capture()
+    again = _sequential(_opt())
+    pckt.LRSchedulerState(again).restore(value)
+    assert again.last_epoch == sched.last_epoch == 4
+    assert "class" not in again.__dict__
+    assert all("class" not in s.__dict__ for s in again._schedulers)
+    assert again.state_dict()["_schedulers"][1]["last_epoch"] == sched._schedulers[1].last_epoch
+
+
+def test_r_entry_17_module_moves_old_values_and_non_strings_apply() -> None:
+    opt = _opt()
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    for _ in range(2):
+        opt.step()
+        cosine.step()
+    value = pckt.LRSchedulerState(cosine).capture()
+    for stored in ("myjob.schedules.CosineAnnealingLR", 7, None):
+        v = dict(value)
+        if stored is None:
+            del v["class"]  # a value written before errata 15
+        else:
+            v["class"] = stored
+        target = torch.optim.lr_scheduler.CosineAnnealingLR(_opt(), 10)
+        pckt.LRSchedulerState(target).restore(v)
+        assert target.last_epoch == 2 and "class" not in target.__dict__
+
+
+def test_a_load_names_the_entry_and_a_manager_does_not_fall_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every version of the job holds the same class: a manager raises instead of trying
+    older versions (and telling the caller each failed)."""
+    def state(sched_cls: str) -> dict[str, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10) if sched_cls == "cos"
+                 else torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=10))
+        return {"model": model, "optim": opt, "sched": sched}
+
+    root = str(tmp_path / "r")
+    with pckt.CheckpointManager(root, save_every=1, async_save=False,
+                                continuation="statistical") as mgr:
+        s = state("cos")
+        for step in (1, 2):
+            s["model"](torch.ones(1, 3)).sum().backward()
+            s["optim"].step()
+            s["sched"].step()
+            mgr.maybe_save(step, s)
+    with pytest.raises(EntryTargetError, match=r"entry 'sched' of .*s000000000002.*"
+                       r"CosineAnnealingLR.*LinearLR"):
+        pckt.load(state("lin"), root)
+    capsys.readouterr()
+    with pckt.CheckpointManager(root, save_every=1, async_save=False) as mgr:
+        with pytest.raises(EntryTargetError, match="s000000000002"):
+            mgr.restore(state("lin"))
+    err = capsys.readouterr().err
+    assert "s000000000001" not in err  # the older version was not tried
+    info = pckt.load(state("cos"), root)
+    assert info.step == 2
+
+
+def test_a_generator_of_the_other_kind_is_the_targets_error() -> None:
+    """The same for a GeneratorState given a NumPy generator's state: the target's error, so a
+    manager raises it at once (an unknown kind stays a damaged value)."""
+    import numpy as np
+
+    value = pckt.GeneratorState(np.random.default_rng(1)).capture()
+    with pytest.raises(EntryTargetError, match="stored state is a numpy generator's, this is torch"):
+        pckt.GeneratorState(torch.Generator()).restore(value)
+    with pytest.raises(EntrySchemaError) as err:
+        pckt.GeneratorState(torch.Generator()).restore({**value, "kind": "jax"})
+    assert not isinstance(err.value, EntryTargetError)
