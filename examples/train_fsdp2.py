@@ -3,9 +3,13 @@
 Run it with torchrun (CPU processes over gloo; the model stays on the CPU, also where CUDA is
 present: on GPUs, give each rank its device and a NCCL group as in docs/torch.md)::
 
-    torchrun --nproc_per_node 4 examples/train_fsdp2.py --ckpt /tmp/run1 --steps 200
+    torchrun --nproc_per_node 4 examples/train_fsdp2.py --ckpt ckpts/run1 --steps 200
     # stop it any time (Ctrl-C or SIGTERM to torchrun: the step is saved before exiting), then
-    torchrun --nproc_per_node 3 examples/train_fsdp2.py --ckpt /tmp/run1 --steps 200 --resize
+    torchrun --nproc_per_node 3 examples/train_fsdp2.py --ckpt ckpts/run1 --steps 200 --resize
+
+(After a SIGTERM, torchrun itself prints ``SignalException`` with a traceback and exits 1, as it
+does for any job it was told to stop: the workers saved the step and exited first; ``portable-ckpt
+ls ckpts/run1`` shows it.)
 
 It uses only the public API of ``portable_ckpt.torch``: the manager decides when to save (every
 ``--save-every`` steps durably, every ``--fast-every`` steps to the fast tier with ``--fast``), keeps the last

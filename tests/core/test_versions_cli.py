@@ -770,3 +770,35 @@ def test_open_of_a_path_inside_a_version_names_the_version(tmp_path) -> None:
     assert portable_ckpt.open(tmp_path / attempt).step == 1
     r = cli("ls", str(tmp_path / attempt / "data"))
     assert r.returncode == 2 and str(tmp_path / attempt) in r.stderr
+
+
+def test_ls_names_the_code_of_each_invalid_attempt_and_verify_tells_an_empty_attempt(
+    tmp_path,
+) -> None:
+    """Docs review 21, F6 and F9: the runbook tells a lost commit record (PCK-MANIFEST-MISSING)
+    from a damaged one by its code, which ``ls`` did not show (the row was dashes); and verify
+    of an empty attempt directory said it "does not exist (any more...)"."""
+    lost, damaged = save_step(tmp_path, 1), save_step(tmp_path, 2)
+    write_drill_record(open_storage(tmp_path), lost, {
+        "ok": True, "started_at": "2026-11-29T00:00:00Z", "finished_at": "2026-11-29T00:00:01Z",
+        "world_size": 2, "saved_world_size": 2, "contract": "exact", "error": None,
+        "measurements": {"restore_seconds": 1.0, "restore_bytes": 10, "restore_mib_per_s": 1.0,
+                         "slowest_rank_seconds": 1.0, "peak_temp_bytes_per_rank": [1, 1],
+                         "first_step_seconds": 0.1}})
+    os.remove(tmp_path / lost / "manifest.json")
+    (tmp_path / damaged / "manifest.json").write_text("{not json")
+    empty = new_attempt_id(3)
+    (tmp_path / empty).mkdir()
+    r = cli("ls", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    said = {line.split(":", 2)[1].strip(): line for line in r.stderr.splitlines()
+            if line.startswith("portable-ckpt: s")}
+    assert "[PCK-MANIFEST-MISSING]" in said[lost] and "recommit" in said[lost]
+    assert "[PCK-JSON-INVALID]" in said[damaged]
+    assert f"portable-ckpt verify {tmp_path}/{damaged}" in said[damaged]
+    assert empty not in said  # incomplete, not invalid
+    assert "[PCK-" not in r.stdout  # the table a script parses is unchanged
+    v = cli("verify", str(tmp_path / empty))
+    assert v.returncode == 1
+    assert "holds no file and no manifest.json" in v.stdout + v.stderr
+    assert "any more" not in v.stdout + v.stderr

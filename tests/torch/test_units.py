@@ -283,8 +283,11 @@ def test_load_errors(tmp_path: Any) -> None:
     with pytest.raises(CheckpointError) as e:
         pckt.load({"v": torch.zeros(3)}, str(tmp_path))
     assert e.value.code == "PCK-TENSOR-MISSING"
-    info = pckt.load({"v": torch.zeros(3)}, str(tmp_path), strict=False)
-    assert info.missing_keys == ["v"] and info.unexpected_keys == ["w"]
+    info = pckt.load({"v": torch.zeros(3), "w": torch.ones(3)}, str(tmp_path), strict=False)
+    assert info.missing_keys == ["v"] and info.unexpected_keys == []
+    with pytest.raises(CheckpointError) as e:  # none found: nothing would load (docs review 21)
+        pckt.load({"v": torch.zeros(3)}, str(tmp_path), strict=False)
+    assert e.value.code == "PCK-TENSOR-MISSING" and "none of the target's 1 tensors" in str(e.value)
     with pytest.raises(CheckpointError) as e:
         pckt.load({"w": torch.zeros(3)}, str(tmp_path / "nothing"))
     assert e.value.code in ("PCK-NOT-FOUND", "PCK-STORAGE", "PCK-FILE-MISSING")

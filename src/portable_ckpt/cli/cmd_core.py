@@ -130,6 +130,17 @@ def _ls(args: argparse.Namespace) -> int:
         )
     print(table(rows, ["ID", "STEP", "STATUS", "SIZE", "COMMITTED", "VERIFIED", "DRILL", "PINNED",
                        "COPIES"]))
+    invalid = [v for v in versions if v.status == "invalid"]
+    for v in invalid[:_MAX_INVALID_NAMED]:
+        # The runbook tells a lost commit record from a damaged one by this code (docs review
+        # 21, F6): the table showed "invalid" and dashes.
+        hint = "" if v.error_code == "PCK-MANIFEST-MISSING" else (  # its message says what to do
+            f"; `portable-ckpt verify {safe(v.path)}` names the defect (docs/recovery.md)")
+        print(f"portable-ckpt: {v.id}: invalid: {safe((v.error or '?')[:500])}{hint}",
+              file=sys.stderr)
+    if len(invalid) > _MAX_INVALID_NAMED:
+        print(f"portable-ckpt: and {len(invalid) - _MAX_INVALID_NAMED} more invalid attempts "
+              "(ls --json gives each error_code)", file=sys.stderr)
     for v in versions:
         if v.status == "stray":
             print(
@@ -138,6 +149,10 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+#: Invalid attempts ``ls`` names one by one on stderr (then a count).
+_MAX_INVALID_NAMED = 8
 
 
 def _passed(last: dict[str, Any]) -> str:

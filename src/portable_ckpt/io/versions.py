@@ -337,6 +337,16 @@ def _read_record(
         return reread_record(storage, rel)
     check_record_absent(storage, attempt_id)
     if next(iter(storage.list(f"{attempt_id}/")), None) is None:  # nothing of it is left
+        local = storage.local_root()
+        if local is not None and os.path.isdir(os.path.join(local, attempt_id)):
+            # An empty directory is an attempt (ls: incomplete), not a deleted version (docs
+            # review 21, F9).
+            raise ManifestMissingError(
+                f"{storage.url}/{attempt_id} holds no file and no manifest.json: an attempt "
+                "that was never committed (a save that wrote nothing, or whose files were "
+                "deleted); readers do not see it, and gc deletes it after its grace period",
+                path=rel,
+            )
         raise ManifestMissingError(
             f"{storage.url}/{attempt_id} does not exist (any more: a version that retention or "
             "gc deleted looks like this); open the root again for its latest version",

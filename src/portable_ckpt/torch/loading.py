@@ -488,6 +488,8 @@ def _load_tensors(
         _check_target(key, local)
         casts.check(ck, key, local)
         targets.append((key, layout, local))
+    if not targets and not info.fresh_optimizer_state and flat.tensors:
+        _none_found(ck, list(flat.tensors))
     ties = tied_targets([(key, local) for key, _, local in targets])
     for key, layout, local in targets:
         if key in ties:
@@ -901,6 +903,28 @@ class _Casts:
                 "to refuse", key, stored, target,
                 " and every tensor like it" if family != key else "",
             )
+
+
+def _none_found(ck: Checkpoint, keys: list[str]) -> None:
+    """Raise: not one of the target's tensors is in the version (``strict=False`` too).
+
+    Such a load loaded nothing and reported success: the fine-tune the docs showed restored
+    ``{"model": model}`` from a version that holds ``train/model/...`` and trained from random
+    weights (docs review 21, F1). Keys that are absent one by one are what ``strict=False``
+    is for; all of them absent is a target that does not fit the version.
+    """
+    key = keys[0]
+    under = next((s[: -len(key)] for s in ck.tensors if s.endswith(f"/{key}")), None)
+    hint = (
+        f"; the version holds {key!r} as {under + key!r}: nest the target under {under!r} as "
+        "the saving job did (e.g. {'train': pckt.ModelOptimizerState(model)})"
+        if under is not None else _instead(ck, key, wanted="tensor")
+    )
+    raise TensorMissingError(
+        f"none of the target's {len(keys)} tensors (e.g. {key!r}) is in checkpoint {ck.path}, "
+        f"which holds {len(ck.tensors)}: strict=False would load nothing and report success"
+        + (hint or "; build the target with the saved keys (portable-ckpt inspect lists them)")
+    )
 
 
 def _instead(ck: Checkpoint, key: str, *, wanted: str) -> str:
