@@ -164,6 +164,31 @@ def test_missing_truncated_and_extended_files(ck_dir) -> None:
     expect("PCK-FILE-MISSING", ck_dir[1])
 
 
+def test_verify_file_alone_refuses_an_extended_file(ck_dir) -> None:
+    """verify_file checks the size itself: a file longer than recorded is PCK-FILE-SIZE
+    ("extended"), before any block is read. Test audit 21, finding 6: the read paths check
+    sizes separately, which hid a verify_file that took a longer file for a good one; the
+    manager's check of the files a restore did not read calls verify_file alone, as here."""
+    from portable_ckpt.errors import FileSizeError
+    from portable_ckpt.io.checksum import verify_file
+    from portable_ckpt.io.versions import load_manifest
+    from portable_ckpt.storage import open_storage
+
+    root, vdir = ck_dir
+    storage = open_storage(root)
+    files = load_manifest(storage, vdir.name).files
+    rest = sorted(p for p in files if not p.startswith("data/"))
+    assert rest, sorted(files)  # the writer index (and entry files): what the manager checks
+    for rel in rest:
+        full = f"{vdir.name}/{rel}"
+        assert verify_file(storage, full, files[rel]).bytes_read == files[rel].size
+        with open(vdir / rel, "ab") as fh:
+            fh.write(b"\0")  # a byte more: every recorded block is still intact
+        with pytest.raises(FileSizeError, match="extended") as err:
+            verify_file(storage, full, files[rel])
+        assert err.value.code == "PCK-FILE-SIZE" and err.value.path == full
+
+
 def test_flipped_byte_fails_checksum(ck_dir) -> None:
     f = _data_file(ck_dir[1])
     flip_byte(f, -2, 0x40)

@@ -24,6 +24,7 @@ import pytest
 import portable_ckpt
 from portable_ckpt.convert import convert
 from portable_ckpt.errors import CheckpointError
+from portable_ckpt.storage import open_storage
 from tests.hardening._util import time_bound
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,29 @@ def test_shard_swapped_for_a_fifo_after_the_first_read(tmp_path: Path) -> None:
         errors = ck.verify(deep=True)  # opens the shard again
     assert [e.code for e in errors][:1] == ["PCK-FILE-MISSING"], errors
     assert _code(lambda: portable_ckpt.open(tmp_path).read("w"), seconds=5) == "PCK-FILE-MISSING"
+
+
+def test_shard_swapped_for_a_symlink_after_the_first_read(tmp_path: Path) -> None:
+    """R-SEC-1: the leaf is opened with O_NOFOLLOW. A shard replaced by a symlink after the
+    reader checked it (open, one read: its size is known, no lstat comes again) is refused by
+    the open itself, even when the link's target holds the very same bytes. Test audit 21,
+    finding 8: without O_NOFOLLOW on the leaf, this read went through the link."""
+    root = tmp_path / "root"
+    m = portable_ckpt.save_arrays(root, {"w": np.arange(1024, dtype=np.float32)}, step=1)
+    ck = portable_ckpt.open(root)
+    np.testing.assert_array_equal(ck.read("w"), np.arange(1024, dtype=np.float32))
+    [shard] = [f for f in m.files if f.startswith("data/")]
+    path = root / m.attempt_id / shard
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(path.read_bytes())  # a faithful copy: only the link is wrong
+    link = path.with_name(path.name + ".lnk")
+    link.symlink_to(outside)
+    os.replace(link, path)
+    assert _code(ck.read, "w", seconds=5) == "PCK-PATH-UNSAFE"
+    storage = open_storage(root)
+    buf = memoryview(bytearray(8))
+    assert _code(storage.read_into, f"{m.attempt_id}/{shard}", 0, buf) == "PCK-PATH-UNSAFE"
+    assert bytes(buf) == bytes(8)
 
 
 _TRUNCATE_CHILD = textwrap.dedent(

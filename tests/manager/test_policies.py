@@ -169,6 +169,21 @@ def test_keep_best_min_and_max_and_missing_metric() -> None:
     assert 0 not in _deleted(ds)  # no loss stored: unclassified for keep_best, kept
 
 
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_keep_best_ties_keep_the_newer_version(mode: str) -> None:
+    """keep_best: of versions with an equal metric, the newer one is kept (it continues
+    furthest), in either mode and whatever order the candidates come in. Test audit 21,
+    finding 7: the tie order was never asserted."""
+    best, other = (1.0, 3.0) if mode == "min" else (3.0, 1.0)
+    metric = {1: best, 2: other, 3: best, 4: best, 5: other, 6: other}
+    cands = [Candidate(f"v{s}", s, metrics={"loss": v}) for s, v in reversed(metric.items())]
+    ds = plan_retention(cands, RetentionPolicy.build(keep_best=("loss", 1, mode)))
+    assert _deleted(ds) == [1, 2, 3, 5]  # 4: the newest of the three best; 6: newest committed
+    assert f"keep_best=1 by {mode} loss" in {d.step: d for d in ds}[4].reasons
+    ds = plan_retention(cands, RetentionPolicy.build(keep_best=("loss", 2, mode)))
+    assert _deleted(ds) == [1, 2, 5]
+
+
 def test_protections_newest_drilled_in_flight_incomplete_unclassified_failed() -> None:
     cands = [
         Candidate("a", 1, drilled=True),

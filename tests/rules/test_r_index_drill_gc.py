@@ -418,6 +418,27 @@ def test_gc_keeps_versions_that_did_not_fail_verification(tmp_path: Path) -> Non
     assert _alive(tmp_path) == {ids[2]}  # nothing restorable is left to keep
 
 
+def test_gc_keeps_the_keep_greatest_versions_that_did_not_fail(tmp_path: Path) -> None:
+    """R-GC-9 with keep >= 2: gc keeps the `keep` greatest versions that did not fail
+    verification, besides the `keep` greatest of all. Test audit 21, finding 3: with keep=1
+    the newest good version is also R-GC-2's protected one, so dropping R-GC-9 went unseen."""
+    from portable_ckpt.io.annotations import write_verification_record
+
+    bad = [{"code": "PCK-CHECKSUM", "message": "block 0"}]
+    for root, steps, failed in [(tmp_path / "a", [10, 20, 30, 40], 1),
+                                (tmp_path / "b", [10, 20, 30, 40, 50], 2)]:
+        ids = _versions(root, steps)
+        for v in ids[-failed:]:
+            write_verification_record(open_storage(root), v, ok=False, mode="deep",
+                                      fraction=None, chunks=1, errors=bad)
+        report = portable_ckpt.gc(root, keep=2)
+        # a: the 2 greatest (40 failed, 30) and the 2 greatest good (30, 20): 10 goes.
+        # b: the 2 greatest (50, 40 both failed) and the 2 greatest good (30, 20): 10 goes.
+        assert _alive(root) == set(ids[1:]), report.to_json()
+        assert report.deleted == [ids[0]], report.to_json()
+        assert report.failed_verification == ids[-failed:][::-1]
+
+
 def test_gc_deletes_the_manifest_first(tmp_path: Path) -> None:
     """R-GC-3: a version's manifest.json is deleted before any of its other files."""
     ids = _versions(tmp_path, [1, 2, 3])

@@ -248,6 +248,32 @@ def test_writer_index_reference_rules(tmp_path: Path) -> None:
     assert (open_and_read_all(tmp_path / attempt).read("x") == 1).all()
 
 
+def test_a_writer_table_longer_than_its_index_records_is_refused(tmp_path: Path) -> None:
+    """R-COMMIT-4, R-FILES-3 for a writer's tensor table: a table file that grew after its
+    writer recorded its size is PCK-FILE-SIZE when the index is read (read_writer_index,
+    load_writer_table: the recorded blocks alone would still verify), and commit publishes
+    nothing. Test audit 21, finding 9: in commit the later check of every file's size also
+    refuses it, so only the reading functions show whether the table's own check holds."""
+    from portable_ckpt.errors import FileSizeError
+    from portable_ckpt.io.commit import load_writer_table, read_writer_index
+
+    attempt, idx = write_attempt(tmp_path, {"x": np.ones((4, 2), np.float32)}, tensor_table=True)
+    assert idx.tensor_table is not None
+    rel = idx.tensor_table.file
+    storage = open_storage(tmp_path)
+    assert read_writer_index(storage, attempt, 0).table is not None  # as written: it reads
+    with open(tmp_path / attempt / rel, "ab") as fh:
+        fh.write(b"\0")
+    full = f"{attempt}/{rel}"
+    for read in (lambda: read_writer_index(storage, attempt, 0),
+                 lambda: load_writer_table(storage, attempt, idx)):
+        with pytest.raises(FileSizeError, match="writer 0 reported") as err:
+            read()
+        assert err.value.code == "PCK-FILE-SIZE" and err.value.path == full
+    expect_code("PCK-FILE-SIZE", commit, storage, attempt, step=1, expected_writers=[0])
+    assert not (tmp_path / attempt / "manifest.json").exists()
+
+
 # ------------------------------------------------------------------------------ R-TABLE-2
 
 

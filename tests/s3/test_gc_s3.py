@@ -6,6 +6,7 @@ attempts it deletes (R-GC-8); keys the format did not write are foreign (R-LAYOU
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 
@@ -74,6 +75,34 @@ def test_gc_keeps_the_uploads_of_a_save_in_progress(
     w.write(b"tail")  # type: ignore[attr-defined]
     w.close()  # type: ignore[attr-defined]
     assert storage.size(f"{attempt}/data/w00000-0000.safetensors") == (5 << 20) + 4
+
+
+def test_grace_counts_an_old_attempts_upload_activity(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R-GC-4: an attempt's last activity includes its unfinished uploads' newest activity.
+
+    Test audit 21, finding 1: the attempt id here is 5 h old and the attempt's only object is
+    an unfinished multipart upload whose part was sent just now (a slow save of one big file),
+    so the upload's activity alone decides. gc with a 1 h grace must neither abandon the
+    attempt nor abort its upload; the writer then finishes. Dated 2 h on, it is abandoned."""
+    monkeypatch.setenv("PCK_S3_PART_SIZE", str(5 << 20))
+    root = s3.root("run")
+    keep = _save(root, 1)
+    storage = open_storage(root)
+    started = time.time() - 5 * 3600
+    attempt = new_attempt_id(2, now=datetime.datetime.fromtimestamp(started, datetime.UTC))
+    w = _start_upload(storage, attempt, "w00000-0000.safetensors")
+    assert list(storage.list(f"{attempt}/")) == []  # nothing but the upload: no file dates it
+    rep = gc(root, keep=1, grace_seconds=3600.0)
+    assert rep.abandoned == [] and rep.aborted_uploads == 0, rep.to_json()
+    assert [g["id"] for g in rep.in_grace] == [attempt], rep.to_json()
+    later = gc(root, keep=1, grace_seconds=3600.0, dry_run=True, now=lambda: time.time() + 7200)
+    assert later.abandoned == [attempt], later.to_json()  # quiet for 2 h: it would go
+    w.write(b"tail")  # type: ignore[attr-defined]
+    w.close()  # type: ignore[attr-defined]
+    assert storage.size(f"{attempt}/data/w00000-0000.safetensors") == (5 << 20) + 4
+    assert _committed(root) == [keep]
 
 
 def test_gc_aborts_uploads_only_of_attempts_it_deletes(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import os
 import threading
 
@@ -302,3 +303,25 @@ def test_read_into_many_is_one_ranged_get(s3_proxied: S3Env) -> None:
     bufs = [bytearray(n) for n in (MIB // 2, MIB + 3, 700_000, 1)]
     st.read_into_many("a/b", 5, [memoryview(b) for b in bufs])
     assert b"".join(bufs) == data[5 : 5 + sum(map(len, bufs))]
+
+
+def test_read_into_many_fetches_a_chunk_inside_a_later_buffer_from_its_offset(
+    s3_proxied: S3Env,
+) -> None:
+    """A chunk-sized GET that lies wholly inside a buffer after the first is fetched straight
+    into it from the object's offset of that chunk: the reader's head/body/tail extent with a
+    body above read_chunk. Test audit 21, finding 4: fetched from the offset less the
+    buffer's position, such a read returned other bytes (a false PCK-CHECKSUM)."""
+    st = S3Storage.from_url(s3_proxied.root(), read_chunk=MIB)
+    data = os.urandom(4 * MIB)
+    st.put("a/b", data)
+    s3_proxied.proxy.reset()
+    bufs = [bytearray(n) for n in (MIB, 2 * MIB, 7)]  # chunks 2 and 3 lie inside bufs[1]
+    st.read_into_many("a/b", 3, [memoryview(b) for b in bufs])
+    assert b"".join(bufs) == data[3 : 3 + 3 * MIB + 7]
+    spans = sorted(tuple(int(x) for x in r.removeprefix("bytes=").split("-"))
+                   for _p, r, _n in s3_proxied.proxy.log.get_log)
+    # chunk-sized GETs that tile the span once: nothing fetched twice, nothing around it
+    assert spans[0][0] == 3 and spans[-1][1] == 3 + 3 * MIB + 6, spans
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans)), spans
+    assert all(hi - lo + 1 <= MIB for lo, hi in spans), spans

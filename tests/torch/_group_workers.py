@@ -126,6 +126,36 @@ def partial_load_on_the_same_2d_mesh(rank: int, world: int, root: str) -> dict[s
             "contract": loaded.contract, "same": same}
 
 
+def exact_onto_another_mesh_of_the_same_world(rank: int, world: int,
+                                              root: str) -> dict[str, Any]:
+    """Save a DTensor on a (2, 2) mesh (contract exact), load it on (4,) and on (2, 2) again."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import portable_ckpt
+    import portable_ckpt.torch as pckt
+    from portable_ckpt.errors import CheckpointError
+
+    full = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    info = pckt.save({"w": distribute_tensor(full, grid, [Shard(0), Shard(1)])}, root, step=1)
+    saved = portable_ckpt.open(info.path).manifest.continuation
+    line = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    target = {"w": distribute_tensor(torch.zeros(4, 4), line, [Shard(0)])}
+    out: dict[str, Any] = {"saved": [saved.contract, saved.world_size, list(saved.mesh.shape)]}
+    try:
+        out["refused"] = pckt.load(target, root).contract
+    except CheckpointError as e:
+        out["refused"] = e.code
+    out["untouched"] = target["w"].full_tensor().sum().item() == 0.0
+    out["allowed"] = pckt.load(target, root, allow_statistical=True).contract
+    out["values"] = torch.equal(target["w"].full_tensor(), full)
+    back = {"w": distribute_tensor(torch.zeros(4, 4), grid, [Shard(0), Shard(1)])}
+    out["same_mesh"] = pckt.load(back, root).contract
+    return out
+
+
 def stall_then_save(rank: int, world: int, root: str) -> dict[str, Any]:
     """Rank 1 stalls past the timeout once; later saves work (async review F8: the side group
     a timeout closed was kept, and every later save and load of the job failed at once)."""

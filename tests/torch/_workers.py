@@ -214,6 +214,7 @@ def load_then_save(rank: int, world: int, root: str, out_root: str) -> dict[str,
     state = make_state(world, "save2", zeros=False)
     info = pckt.save(state, out_root, step=7, timeout=30)
     a["saved"] = info.checkpoint_id
+    a["saved_next_rand"] = torch.rand(1).item()  # the first draw of the RNG stream it saved
     return a
 
 

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 import torch
 
 import portable_ckpt.torch as pckt
-from portable_ckpt.errors import UsageError
+from portable_ckpt.errors import EntrySchemaError, EntryTargetError, UsageError
 from portable_ckpt.torch import saving
 
 pytestmark = pytest.mark.torch
@@ -53,7 +53,7 @@ def test_a_generator_of_another_kind_or_no_generator_is_refused(tmp_path: Path) 
         pckt.GeneratorState(np.random.RandomState(1))
     pckt.save({"g": pckt.GeneratorState(torch.Generator())}, str(tmp_path / "r"), step=1)
     target = {"g": pckt.GeneratorState(np.random.default_rng(1))}
-    with pytest.raises(Exception, match="torch generator's, this is numpy"):
+    with pytest.raises(EntryTargetError, match="torch generator's, this is numpy"):
         pckt.load(target, str(tmp_path / "r"))
 
 
@@ -172,7 +172,8 @@ def test_spawn_after_a_resume_continues_the_saved_runs_children(tmp_path: Path) 
     live = np.random.default_rng(1234)
     before = live.bit_generator.state
     gs = pckt.GeneratorState(live)
-    with pytest.raises(Exception, match="n_children_spawned"):
+    with pytest.raises(EntrySchemaError, match="n_children_spawned") as err:
         gs.restore(value)
+    assert not isinstance(err.value, EntryTargetError)  # a bad value, not another kind's state
     # Refused before anything changed (attack review 3 F5): not the donor's state half-applied.
     assert live.bit_generator.state == before and gs.restored is False

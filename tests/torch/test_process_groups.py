@@ -70,6 +70,25 @@ def test_a_partial_load_on_the_same_2d_mesh_is_exact(tmp_path: Path) -> None:
     assert res.results == [{"saved_mesh": [2, 2], "contract": "exact", "same": True}] * 4
 
 
+def test_exact_onto_another_mesh_shape_of_the_same_world_size_is_refused(tmp_path: Path) -> None:
+    """R-CONTRACT-5: an exact version restored onto another mesh shape is refused, even at the
+    same world size: saved on a (2, 2) mesh of 4 gloo ranks, loaded onto a (4,) mesh of the same
+    4 ranks, it fails with PCK-CONTRACT and leaves the target alone; with allow_statistical it
+    loads as statistical, bit for bit; on a (2, 2) mesh again it is exact. Test audit 21,
+    finding 2: no test compared mesh shapes at one world size."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group(
+        "tests.torch._group_workers:exact_onto_another_mesh_of_the_same_world", 4,
+        (str(tmp_path),), timeout=180, pg_timeout=60,
+    )
+    res.raise_for_errors()
+    assert res.results == [{
+        "saved": ["exact", 4, [2, 2]], "refused": "PCK-CONTRACT", "untouched": True,
+        "allowed": "statistical", "values": True, "same_mesh": "exact",
+    }] * 4
+
+
 @pytest.mark.parametrize(("local_names", "mode"), [(False, "sync"), (True, "async")])
 def test_pipeline_stages_on_dp_submeshes_are_refused_not_dropped(
     tmp_path: Path, local_names: bool, mode: str
