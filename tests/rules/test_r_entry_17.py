@@ -161,3 +161,63 @@ def test_a_generator_of_the_other_kind_is_the_targets_error() -> None:
     with pytest.raises(EntrySchemaError) as err:
         pckt.GeneratorState(torch.Generator()).restore({**value, "kind": "jax"})
     assert not isinstance(err.value, EntryTargetError)
+
+
+def test_a_different_number_of_nested_schedulers_is_refused() -> None:
+    """Fine-tuning review 21, M3: a 3-scheduler SequentialLR took a 2-scheduler state silently
+    (its milestones went from [5, 50] to [5], ``class`` handed to the inner schedulers), and a
+    1-scheduler target failed inside torch on an index."""
+    value = pckt.LRSchedulerState(_sequential(_opt())).capture()
+    for n in (1, 3):
+        opt = _opt()
+        inner = [torch.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2) for _ in range(n)]
+        target = torch.optim.lr_scheduler.SequentialLR(opt, inner, milestones=list(range(5, 5 * n, 5)))
+        before = target.state_dict()
+        with pytest.raises(EntryTargetError, match=f"holds 2 nested schedulers, the target .* holds {n}"):
+            pckt.LRSchedulerState(target).restore(value)
+        assert target.state_dict() == before
+    old = {k: v for k, v in value.items() if k != "class"}  # before errata 15: refused as well
+    opt = _opt()
+    three = torch.optim.lr_scheduler.SequentialLR(
+        opt, [torch.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2) for _ in range(3)],
+        milestones=[5, 50])
+    with pytest.raises(EntryTargetError, match="holds 2 nested schedulers"):
+        pckt.LRSchedulerState(three).restore(old)
+
+
+def test_a_subclass_of_the_stored_class_restores_it() -> None:
+    """Fine-tuning review 21, L11: a job's own subclass of the torch scheduler it saved with."""
+
+    class WarmCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
+        pass
+
+    opt = _opt()
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    for _ in range(3):
+        opt.step()
+        cosine.step()
+    target = WarmCosine(_opt(), 10)
+    pckt.LRSchedulerState(target).restore(pckt.LRSchedulerState(cosine).capture())
+    assert target.last_epoch == 3 and "class" not in target.__dict__
+    back = pckt.LRSchedulerState(target).capture()  # it names its own class from now on
+    assert back["class"].endswith("WarmCosine")
+    with pytest.raises(EntryTargetError):  # the reverse: the stored subclass may hold more
+        pckt.LRSchedulerState(torch.optim.lr_scheduler.CosineAnnealingLR(_opt(), 10)).restore(back)
+
+
+def test_dcp_and_torch_save_consumers_never_get_the_member(tmp_path: Path) -> None:
+    """R-ENTRY-17 (MUST NOT hand ``class`` to the scheduler) where another load_state_dict
+    applies the value: ``dcp.load`` through PortableStorageReader."""
+    import torch.distributed.checkpoint as dcp
+
+    from portable_ckpt.torch.dcp import PortableStorageReader
+
+    opt = _opt()
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    pckt.save({"sched": sched}, tmp_path, step=2, continuation="statistical")
+    target = torch.optim.lr_scheduler.CosineAnnealingLR(_opt(), 10)
+    dcp.load({"sched": target}, storage_reader=PortableStorageReader(str(tmp_path)))
+    assert target.last_epoch == 2 and "class" not in target.__dict__

@@ -68,3 +68,46 @@ def test_some_keys_absent_still_load_the_rest_with_strict_false(tmp_path: Path) 
     target = {"train": pckt.ModelOptimizerState(_model(1)), "extra": torch.zeros(3)}
     info = pckt.load(target, root, strict=False)
     assert info.missing_keys == ["extra"]
+
+
+def test_an_optimizer_in_the_target_does_not_hide_that_no_tensor_fits(tmp_path: Path) -> None:
+    """Fine-tuning review 21, M1: a target with an optimizer counted every optimizer key of an
+    unfound parameter as fresh state, so the refusal never came: the load reported success with
+    nothing loaded and the optimizer's param_groups stripped of lr and betas (or failed inside
+    torch, "a parameter group that doesn't match"). Refused before anything changes."""
+    root, _ = _saved(tmp_path)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = _model(2)
+
+    for tied in (False, True):
+        model = Wrapped()
+        if tied:
+            model.backbone[1].weight = torch.nn.Parameter(model.backbone[0].weight[:2].clone())
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        groups = [dict(g) for g in opt.state_dict()["param_groups"]]
+        with pytest.raises(TensorMissingError, match="none of the target's") as err:
+            pckt.load({"train": pckt.ModelOptimizerState(model, opt)}, root, strict=False)
+        assert "train/model/0.weight" in err.value.message  # the stored keys that look alike
+        assert opt.state_dict()["param_groups"] == groups  # untouched: lr, betas kept
+
+
+def test_none_found_is_decided_over_the_group(tmp_path: Path) -> None:
+    """Fine-tuning review 21, M2: a pipeline stage whose tensors are all new (a model grown by
+    stages) is a partial target: the other stage loads, nothing fails. A target that no rank
+    finds is refused on every rank alike (no rank waits for another)."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group("tests.torch._fit_workers:stage_all_new", 2, (str(tmp_path / "a"), False),
+                    timeout=180)
+    res.raise_for_errors()
+    r0, r1 = res.results
+    assert r0 == {"code": None, "missing": [], "w": [0.0, 1.0, 2.0, 3.0]}
+    assert r1 == {"code": None, "missing": ["stage1/w"], "w": [0.0, 0.0, 0.0, 0.0]}
+    res = run_group("tests.torch._fit_workers:stage_all_new", 2, (str(tmp_path / "b"), True),
+                    timeout=180)
+    res.raise_for_errors()
+    assert [r["code"] for r in res.results] == ["PCK-TENSOR-MISSING"] * 2
+    assert all("none of the target's 1 tensors" in r["message"] for r in res.results)

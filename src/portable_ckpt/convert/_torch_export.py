@@ -47,6 +47,7 @@ from portable_ckpt.format.keys import (
     recorded_items,
     split_key,
 )
+from portable_ckpt.torch.state import without_scheduler_class
 
 __all__ = ["nest", "save_portable_as_torch"]
 
@@ -133,24 +134,11 @@ def _values(ck: Any, *, mapped: bool) -> dict[str, Any]:
             continue
         value = ck.entry(name)
         if ck.entries[name].schema_id == "pck:lr-scheduler/1":
-            value = _without_class(value)
+            value = without_scheduler_class(value)
         if name == VALUES_ENTRY and isinstance(value, dict):
             out.update({k: decode_json(v) for k, v in value.items()})
         else:
             out[name] = decode_json(value)
-    return out
-
-
-def _without_class(value: Any) -> Any:
-    """A scheduler's state without the ``class`` members the format adds (R-ENTRY-17).
-
-    The file's dict is what ``load_state_dict`` takes, which would keep them as attributes.
-    """
-    if not isinstance(value, dict):
-        return value
-    out = {k: v for k, v in value.items() if k != "class"}
-    if isinstance(out.get("_schedulers"), list):
-        out["_schedulers"] = [_without_class(v) for v in out["_schedulers"]]
     return out
 
 

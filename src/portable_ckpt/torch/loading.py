@@ -279,24 +279,42 @@ def _load(
     if resolved:
         resolved[0].source = None  # sent: the parsed record is what this rank keeps
 
+    opened_ck: list[Checkpoint] = []
+
     def fill() -> tuple[LoadInfo, dict[str, Any]]:
         manifest = resolved[0] if resolved else share.manifest(attempt_id, record)
         if held is not None:
             held.update(manifest.tensors)
             held.update(manifest.entries)
         ck = Checkpoint(storage, attempt_id, manifest)
+        opened_ck.append(ck)
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
-        _load_local(
-            ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges,
-            casts=_Casts(strict_dtype, tell=comm.rank == 0),
-        )
+        found = sum(1 for k in flat.tensors if k in ck.tensors)
+        if not found and flat.tensors and comm.world_size == 1:
+            raise _none_found(ck, list(flat.tensors))  # decided alone: before anything changes
+        try:
+            _load_local(
+                ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges,
+                casts=_Casts(strict_dtype, tell=comm.rank == 0),
+            )
+        except Exception as exc:
+            if found or not flat.tensors:
+                raise
+            # An optimizer's values applied to parameters none of which was found fail in
+            # torch ("a parameter group that doesn't match"): the cause is the target's keys.
+            raise _none_found(ck, list(flat.tensors)) from exc
         info.seconds = time.perf_counter() - t0
-        return info, info.counters()
+        return info, {**info.counters(), "_found": found, "_targets": len(flat.tensors)}
 
     info, counters = comm.all_gather_step(
         "load/status", fill, what=f"load of {attempt_id}", outcome=_LOAD_FAILED
     )
-    info.per_rank = counters
+    # Decided over the group, on every rank alike: a pipeline stage whose tensors are all new
+    # is a partial target like any other, while a target of which no rank found a tensor
+    # loaded nothing (fine-tuning review 21, M2).
+    if any(c["_targets"] for c in counters) and not any(c["_found"] for c in counters):
+        raise _none_found(opened_ck[0], list(flat.tensors))
+    info.per_rank = [{k: v for k, v in c.items() if not k.startswith("_")} for c in counters]
     return info
 
 
@@ -488,8 +506,6 @@ def _load_tensors(
         _check_target(key, local)
         casts.check(ck, key, local)
         targets.append((key, layout, local))
-    if not targets and not info.fresh_optimizer_state and flat.tensors:
-        _none_found(ck, list(flat.tensors))
     ties = tied_targets([(key, local) for key, _, local in targets])
     for key, layout, local in targets:
         if key in ties:
@@ -905,26 +921,49 @@ class _Casts:
             )
 
 
-def _none_found(ck: Checkpoint, keys: list[str]) -> None:
-    """Raise: not one of the target's tensors is in the version (``strict=False`` too).
+def _none_found(ck: Checkpoint, keys: list[str]) -> TensorMissingError:
+    """The error of a load of which no rank found one of its target tensors in the version.
 
-    Such a load loaded nothing and reported success: the fine-tune the docs showed restored
-    ``{"model": model}`` from a version that holds ``train/model/...`` and trained from random
-    weights (docs review 21, F1). Keys that are absent one by one are what ``strict=False``
-    is for; all of them absent is a target that does not fit the version.
+    Such a load loaded nothing and reported success, also with ``strict=False``: the
+    fine-tune the docs showed restored ``{"model": model}`` from a version that holds
+    ``train/model/...`` and trained from random weights (docs review 21, F1). Keys absent one
+    by one are what ``strict=False`` is for; all of them absent is a target that does not fit.
     """
-    key = keys[0]
-    under = next((s[: -len(key)] for s in ck.tensors if s.endswith(f"/{key}")), None)
-    hint = (
-        f"; the version holds {key!r} as {under + key!r}: nest the target under {under!r} as "
-        "the saving job did (e.g. {'train': pckt.ModelOptimizerState(model)})"
-        if under is not None else _instead(ck, key, wanted="tensor")
+    where = f"checkpoint {ck.path}, which holds {len(ck.tensors)} tensors"
+    if not keys:  # this rank holds no tensor: its peers' did not fit
+        return TensorMissingError(f"no rank found one of its target tensors in {where}")
+    return TensorMissingError(
+        f"none of the target's {len(keys)} tensors (e.g. {keys[0]!r}) is in {where}: the load "
+        f"would load none of them and report success, also with strict=False; "
+        f"{_prefix_hint(ck, keys)}. To load an optional part only where a version holds it, "
+        "look first: portable_ckpt.open(root).tensors"
     )
-    raise TensorMissingError(
-        f"none of the target's {len(keys)} tensors (e.g. {key!r}) is in checkpoint {ck.path}, "
-        f"which holds {len(ck.tensors)}: strict=False would load nothing and report success"
-        + (hint or "; build the target with the saved keys (portable-ckpt inspect lists them)")
-    )
+
+
+def _prefix_hint(ck: Checkpoint, keys: list[str]) -> str:
+    """How the target's keys differ from the stored ones by a prefix, or how to see both."""
+    stored = set(ck.tensors)
+    ends: dict[str, str] = {}  # "a/b/c" -> "x/a/b/c": the stored keys by their shorter tails
+    for s in list(stored)[:200_000]:
+        parts = s.split("/")
+        for i in range(1, min(len(parts), 8)):
+            ends.setdefault("/".join(parts[i:]), s)
+    for key in keys[:256]:
+        if key in ends:
+            long = ends[key]
+            under = long[: -len(key)]
+            return (f"the version holds {key!r} as {long!r}: nest the target under {under!r} "
+                    "as the saving job did (e.g. {'train': pckt.ModelOptimizerState(model)})")
+        parts = key.split("/")
+        for i in range(1, len(parts)):
+            tail = "/".join(parts[i:])
+            if tail in stored:
+                return (f"the version holds {key!r} as {tail!r}: the target nests it under "
+                        f"{'/'.join(parts[:i]) + '/'!r}, the saving job did not")
+    close = similar_keys(keys[0], list(stored))
+    if close:
+        return f"stored keys that look alike: {close}"
+    return "build the target with the saved keys (portable-ckpt inspect lists them)"
 
 
 def _instead(ck: Checkpoint, key: str, *, wanted: str) -> str:

@@ -494,24 +494,50 @@ def _name_classes(value: Any, scheduler: Any) -> None:
             _name_classes(v, s)
 
 
+def without_scheduler_class(value: Any) -> Any:
+    """A ``pck:lr-scheduler/1`` value without the ``class`` members the format adds.
+
+    For a ``load_state_dict`` that is not :class:`LRSchedulerState`'s (DCP's, a torch.save
+    file's), which would keep them as attributes (R-ENTRY-17: not handed to the scheduler).
+    """
+    if not isinstance(value, dict):
+        return value
+    out = {k: v for k, v in value.items() if k != "class"}
+    if isinstance(out.get("_schedulers"), list):
+        out["_schedulers"] = [without_scheduler_class(v) for v in out["_schedulers"]]
+    return out
+
+
 def _check_classes(value: Any, scheduler: Any, where: str) -> Any:
     """``value`` without its ``class`` members, once each names ``scheduler``'s class or is absent.
 
-    Classes are compared by their last dotted part: a job whose scheduler moved to another
-    module restores as before; a value of another scheduler class is refused, naming both.
+    Classes are compared by their last dotted part, against the target's class and its bases:
+    a job whose scheduler moved to another module, or a subclass of the stored class, restores
+    as before; a value of another scheduler class is refused, naming both. Nested schedulers
+    (SequentialLR, ChainedScheduler) are compared one by one, and a different number of them
+    is refused whatever the value names (torch applies the first ones, or fails on an index).
     """
     if not isinstance(value, dict):
         return value
     out = {k: v for k, v in value.items() if k != "class"}
     stored, live = value.get("class"), _class_name(scheduler)
-    if isinstance(stored, str) and stored.rsplit(".", 1)[-1] != live.rsplit(".", 1)[-1]:
+    names = {c.__qualname__ for c in type(scheduler).__mro__}
+    if isinstance(stored, str) and stored.rsplit(".", 1)[-1] not in names:
         raise EntryTargetError(
             f"pck:lr-scheduler/1 value cannot be applied: {where} holds the state of a "
             f"{stored[-200:]}, the target is a {live}; build the scheduler of the stored class, "
-            "or leave the scheduler out of the loaded state (a fine-tune builds it fresh)"
+            "or leave the scheduler out of the loaded state (a fine-tune builds it fresh; a "
+            "version an older release saved after loading another class's state names that "
+            "class: docs/upgrading.md, 'Loads')"
         )
     nested, inner = out.get("_schedulers"), getattr(scheduler, "_schedulers", None)
-    if isinstance(nested, list) and isinstance(inner, (list, tuple)) and len(nested) == len(inner):
+    if isinstance(nested, list) and isinstance(inner, (list, tuple)):
+        if len(nested) != len(inner):
+            raise EntryTargetError(
+                f"pck:lr-scheduler/1 value cannot be applied: {where} holds {len(nested)} "
+                f"nested schedulers, the target {live} holds {len(inner)}; build it with the "
+                "stored schedule, or leave the scheduler out of the loaded state"
+            )
         out["_schedulers"] = [
             _check_classes(v, s, f"{where}._schedulers[{i}]")
             for i, (v, s) in enumerate(zip(nested, inner, strict=True))
