@@ -247,10 +247,11 @@ class EntrySchemaError(CheckpointError):
 
 
 class EntryTargetError(EntrySchemaError):
-    """A stored entry value is another object's state than the target's (R-ENTRY-17).
+    """A stored entry value is another object's state than the target's.
 
-    A scheduler's state of another class, a generator's state of another kind. Every version
-    of the job holds the same, so a manager's restore raises it instead of trying older ones.
+    A scheduler's state of another class (R-ENTRY-17), a generator's state of another kind, an
+    optimizer's param groups of another class. Every version of the job holds the same, so a
+    manager's restore raises it instead of trying older ones.
     """
 
 

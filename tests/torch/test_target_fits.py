@@ -111,3 +111,29 @@ def test_none_found_is_decided_over_the_group(tmp_path: Path) -> None:
     res.raise_for_errors()
     assert [r["code"] for r in res.results] == ["PCK-TENSOR-MISSING"] * 2
     assert all("none of the target's 1 tensors" in r["message"] for r in res.results)
+
+
+def test_an_optimizer_of_another_class_is_refused_before_its_groups_change(tmp_path: Path) -> None:
+    """Fine-tuning review 21, M7: an SGD loaded from an AdamW version took the pretraining
+    run's learning rate and weight decay without a word. Told apart by the hyper-parameters
+    each side's param groups hold; one side's extra member alone (a newer torch) is not."""
+    from portable_ckpt.errors import EntryTargetError
+
+    root, _ = _saved(tmp_path)  # AdamW(lr=0.1)
+    model = _model(1)
+    # (with momentum, strict=True stops earlier, at the momentum buffers the version lacks)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+    with pytest.raises(EntryTargetError, match=r"param group 0 holds \['amsgrad', 'betas'.*"
+                       r"the target's holds \['dampening', 'momentum', 'nesterov'\]"):
+        pckt.load({"train": pckt.ModelOptimizerState(model, sgd)}, root, strict=False)
+    assert sgd.param_groups[0]["lr"] == 0.05 and "betas" not in sgd.param_groups[0]
+    model = _model(1)
+    adam = torch.optim.Adam(model.parameters(), lr=0.05)  # the same members: loads
+    pckt.load({"train": pckt.ModelOptimizerState(model, adam)}, root, strict=False)
+    assert adam.param_groups[0]["lr"] == 0.1
+    model = _model(1)
+    newer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    newer.param_groups[0]["new_knob"] = 1  # a member the saving torch did not have
+    info = pckt.load({"train": pckt.ModelOptimizerState(model, newer)}, root, strict=False)
+    assert newer.param_groups[0]["lr"] == 0.1
+    assert "train/optim/param_groups/0/new_knob" in info.missing_keys

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -34,6 +35,7 @@ from portable_ckpt.errors import (
     DistributedError,
     EntryMissingError,
     EntrySchemaError,
+    EntryTargetError,
     TensorMissingError,
     UsageError,
     VersionDeletedError,
@@ -1138,6 +1140,7 @@ def _load_values(
         if not isinstance(stored, dict):
             raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
         info.entries_loaded += 1
+    _same_optimizers(stored, flat.values, ck.path)
     loaded, whole = _load_whole(stored, flat)
     for k, v in flat.values.items():
         if whole.on_path(k):
@@ -1160,6 +1163,48 @@ def _load_values(
         k for k in stored if k not in flat.values and not whole.on_path(k)
     )
     return loaded
+
+
+_GROUP = re.compile(r"^(?:(.*)/)?param_groups/(\d+)/([^/]+)")
+#: Members of every optimizer's param groups, whatever its class.
+_GROUP_COMMON = frozenset({"params", "param_names", "lr", "weight_decay", "maximize", "foreach",
+                           "differentiable", "fused", "capturable", "initial_lr"})
+
+
+def _group_members(keys: Any) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for k in keys:
+        m = _GROUP.match(f"{k}")
+        if m:
+            out.setdefault((m.group(1) or "", m.group(2)), set()).add(m.group(3))
+    return out
+
+
+def _same_optimizers(stored: dict[str, Any], target: Mapping[str, Any], path: str) -> None:
+    """Refuse stored param groups of another optimizer class than the target's.
+
+    Loaded into an SGD, an AdamW's groups set the pretraining run's learning rate and weight
+    decay and left out ``momentum`` (fine-tuning review 21, M7). Groups are told apart by their
+    hyper-parameters: each side holding some the other lacks (``betas`` and ``eps`` against
+    ``momentum`` and ``dampening``). One side's extra members alone are a newer torch's.
+    """
+    wanted = _group_members(target)
+    if not wanted:
+        return
+    have = _group_members(stored)
+    for (head, idx), names in sorted(wanted.items()):
+        got = have.get((head, idx))
+        if got is None:
+            continue
+        theirs, ours = got - names - _GROUP_COMMON, names - got - _GROUP_COMMON
+        if theirs and ours:
+            raise EntryTargetError(
+                f"optimizer {head or '(top)'!r} of {path}: its param group {idx} holds "
+                f"{sorted(theirs)[:6]}, the target's holds {sorted(ours)[:6]}: the state of "
+                "another optimizer class (an AdamW's into an SGD would set the saved learning "
+                "rate and weight decay); build the optimizer the version saved, or leave it out "
+                "of the loaded state (a fine-tune builds it fresh)"
+            )
 
 
 def _load_whole(stored: dict[str, Any], flat: FlatState) -> tuple[dict[str, Any], KeyTrie]:
