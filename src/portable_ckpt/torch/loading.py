@@ -1166,9 +1166,11 @@ def _load_values(
 
 
 _GROUP = re.compile(r"^(?:(.*)/)?param_groups/(\d+)/([^/]+)")
-#: Members of every optimizer's param groups, whatever its class.
+#: Members of every optimizer's param groups, whatever its class, and those LR schedulers add
+#: (OneCycleLR, CyclicLR, SWALR): a fine-tune with another schedule is no other optimizer.
 _GROUP_COMMON = frozenset({"params", "param_names", "lr", "weight_decay", "maximize", "foreach",
-                           "differentiable", "fused", "capturable", "initial_lr"})
+                           "differentiable", "fused", "capturable", "initial_lr", "max_lr",
+                           "min_lr", "base_lr", "max_momentum", "base_momentum", "swa_lr"})
 
 
 def _group_members(keys: Any) -> dict[tuple[str, str], set[str]]:
