@@ -139,18 +139,19 @@ def test_an_optimizer_of_another_class_is_refused_before_its_groups_change(tmp_p
     assert "train/optim/param_groups/0/new_knob" in info.missing_keys
 
 
-def test_members_a_schedule_adds_to_the_groups_tell_no_optimizer_apart(tmp_path: Path) -> None:
-    """A pretraining run with OneCycleLR (``max_lr``, ``min_lr`` in its groups) seeds a
-    fine-tune of the same optimizer under CyclicLR, whose groups hold others: it loads."""
+def test_members_a_schedule_or_the_job_adds_tell_no_optimizer_apart(tmp_path: Path) -> None:
+    """A pretraining run with OneCycleLR (``max_lr``, ``min_lr`` in its groups) and a group
+    ``name`` seeds a fine-tune of the same optimizer under CyclicLR with a ``tag``: it loads."""
     model = _model(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt.param_groups[0]["name"] = "decay"  # a job's own member, to log by
     torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
     pckt.save({"train": pckt.ModelOptimizerState(model, opt)}, tmp_path, step=1,
               continuation="statistical")
     target = _model(1)
     sgd = torch.optim.SGD(target.parameters(), lr=0.05, momentum=0.9)
     torch.optim.lr_scheduler.CyclicLR(sgd, base_lr=0.01, max_lr=0.05)
-    sgd.param_groups[0]["cyclic_only"] = 1  # a member only the target's schedule adds
+    sgd.param_groups[0]["tag"] = "all"  # the fine-tune's own member
     pckt.load({"train": pckt.ModelOptimizerState(target)}, tmp_path)
     pckt.load({"train": pckt.ModelOptimizerState(target, sgd)}, tmp_path, strict=False)
     assert torch.equal(target[0].weight, model[0].weight)

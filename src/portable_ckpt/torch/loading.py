@@ -17,6 +17,9 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import math
 import os
 import re
@@ -1173,6 +1176,17 @@ _GROUP_COMMON = frozenset({"params", "param_names", "lr", "weight_decay", "maxim
                            "min_lr", "base_lr", "max_momentum", "base_momentum", "swa_lr"})
 
 
+@functools.cache
+def _optimizer_members() -> frozenset[str]:
+    """The hyper-parameters torch's optimizers take, but those every one has or schedules add."""
+    names: set[str] = set()
+    for c in vars(torch.optim).values():
+        if isinstance(c, type) and issubclass(c, torch.optim.Optimizer):
+            with contextlib.suppress(TypeError, ValueError):
+                names |= set(inspect.signature(c.__init__).parameters)
+    return frozenset(names - _GROUP_COMMON - {"self", "args", "kwargs", "defaults"})
+
+
 def _group_members(keys: Any) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for k in keys:
@@ -1188,7 +1202,8 @@ def _same_optimizers(stored: dict[str, Any], target: Mapping[str, Any], path: st
     Loaded into an SGD, an AdamW's groups set the pretraining run's learning rate and weight
     decay and left out ``momentum`` (fine-tuning review 21, M7). Groups are told apart by their
     hyper-parameters: each side holding some the other lacks (``betas`` and ``eps`` against
-    ``momentum`` and ``dampening``). One side's extra members alone are a newer torch's.
+    ``momentum`` and ``dampening``), among the hyper-parameters torch's optimizers take: one
+    side's extra members alone are a newer torch's, and a group's own (a ``name``) tell nothing.
     """
     wanted = _group_members(target)
     if not wanted:
@@ -1198,7 +1213,8 @@ def _same_optimizers(stored: dict[str, Any], target: Mapping[str, Any], path: st
         got = have.get((head, idx))
         if got is None:
             continue
-        theirs, ours = got - names - _GROUP_COMMON, names - got - _GROUP_COMMON
+        known = _optimizer_members()  # a group's own members (a "name" to log) tell nothing
+        theirs, ours = (got - names) & known, (names - got) & known
         if theirs and ours:
             raise EntryTargetError(
                 f"optimizer {head or '(top)'!r} of {path}: its param group {idx} holds "
