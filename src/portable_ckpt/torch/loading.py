@@ -309,6 +309,7 @@ def _load(
             # torch ("a parameter group that doesn't match"): the cause is the target's keys.
             raise _none_found(ck, list(flat.tensors)) from exc
         info.seconds = time.perf_counter() - t0
+        found = sum(1 for k in flat.tensors if k in ck.tensors)  # with the targets grown below
         return info, {**info.counters(), "_found": found, "_targets": len(flat.tensors)}
 
     info, counters = comm.all_gather_step(
@@ -967,7 +968,7 @@ def _prefix_hint(ck: Checkpoint, keys: list[str]) -> str:
                         f"{'/'.join(parts[:i]) + '/'!r}, the saving job did not")
     close = similar_keys(keys[0], list(stored))
     if close:
-        return f"stored keys that look alike: {close}"
+        return f"stored keys that look alike: {close} (a renamed prefix? map the target's keys)"
     return "build the target with the saved keys (portable-ckpt inspect lists them)"
 
 
