@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import struct
 from pathlib import Path
@@ -191,6 +192,46 @@ def test_duplicate_tensor_across_shards(tmp_path: Path) -> None:
     assert not (tmp_path / "root").exists()
 
 
+def _index_says(d: Path, change: Any) -> None:
+    """Edit the weight map of ``d``'s index in place."""
+    path = d / "model.safetensors.index.json"
+    doc = json.loads(path.read_text())
+    change(doc["weight_map"])
+    path.write_text(json.dumps(doc))
+
+
+_S1, _S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    # a tensor no shard holds (the index of another revision): it would go silently missing
+    (lambda wm: wm.update({"lm_head.weight": _S2}),
+     f"lists tensor 'lm_head.weight' in '{_S2}', but that shard does not hold it"),
+    # a tensor placed in the other shard than the one holding it
+    (lambda wm: wm.update({"embed.weight": _S2}), f"places tensor 'embed.weight' in '{_S2}'"),
+    # a tensor a shard holds that the index does not list
+    (lambda wm: wm.pop("mask"), "holds tensor 'mask', which"),
+], ids=["listed-not-stored", "misplaced", "stored-not-listed"])
+def test_an_index_that_disagrees_with_its_shards_is_refused(
+    tmp_path: Path, change: Any, says: str
+) -> None:
+    """An HF checkpoint is its shards and its index together: where they disagree, which is
+    right cannot be told, and the convert refuses (PCK-SHARD-MISMATCH) and publishes nothing.
+    Test audit 21b, V02 (the placement check) and V03 (every listed tensor stored): no test
+    built such an index; without V03's check a model converted with a tensor silently
+    missing."""
+    t = _tensors()
+    keys = sorted(t)
+    _save_sharded(tmp_path / "src", t, [keys[:4], keys[4:]])
+    assert "embed.weight" in keys[:4] and "mask" in keys[4:]
+    _index_says(tmp_path / "src", change)
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "src", tmp_path / "root")
+    assert ei.value.code == "PCK-SHARD-MISMATCH", ei.value
+    assert says in ei.value.message, ei.value.message
+    assert not (tmp_path / "root").exists()
+
+
 def test_truncated_shard(tmp_path: Path) -> None:
     t = _tensors()
     keys = sorted(t)
@@ -207,6 +248,30 @@ def test_truncated_shard(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as ei:
         convert(tmp_path / "src", tmp_path / "root")
     assert ei.value.code == "PCK-SHARD-HEADER" and victim.name in str(ei.value)
+
+
+def test_a_shard_truncated_while_the_convert_runs_is_a_storage_error(tmp_path: Path) -> None:
+    """A shard that another program truncates after the convert planned (checked its size)
+    and before it reads the shard's tensors is PCK-STORAGE naming the file and the tensor,
+    not an error from inside mmap; nothing is published. Test audit 21b, V04: only a shard
+    truncated before the convert started was tested (refused by the planning's size check), so
+    the check made when a tensor is mapped could go (a ValueError from mmap instead)."""
+    src = tmp_path / "src"
+    _save_sharded(src, {"a": torch.ones(1 << 14), "b": torch.ones(1 << 14)}, [["a"], ["b"]])
+    second = src / "model-00002-of-00002.safetensors"
+    ticks: list[int] = []
+
+    def truncate_the_second_shard(done: int, total: int) -> None:
+        ticks.append(done)
+        if len(ticks) == 1:  # "a" is converted; "b" is not mapped yet
+            os.truncate(second, second.stat().st_size - 4096)
+
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "root", batch_bytes=1 << 14, progress=truncate_the_second_shard)
+    assert ei.value.code == "PCK-STORAGE", ei.value
+    assert f"{second}: tensor 'b' extends past the end of the file" in ei.value.message
+    assert ticks == [1 << 16]
+    assert not (tmp_path / "root").exists()  # nothing published
 
 
 def test_unsupported_dtype(tmp_path: Path) -> None:

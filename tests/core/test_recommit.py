@@ -350,3 +350,32 @@ def test_a_copy_that_cannot_tell_what_the_destination_holds_deletes_nothing(
         copy_version(backup / v.name, OneFailedListing(str(tmp_path / "root")))
     assert calls["n"] >= 2
     assert sorted(p.relative_to(v) for p in v.rglob("*") if p.is_file()) == before
+
+
+def test_files_deleted_while_the_record_is_published_take_the_record_away_again(
+    tmp_path: Path,
+) -> None:
+    """On-call review 4, R5 and review 5, R5: a gc or a job's retention that deletes the
+    attempt while recommit publishes its record left a record over nothing, which `ls --latest`
+    named. The record is removed again and the error names the files that went. Test audit
+    21b, RC05: that check could go with the suite green (no test deleted files in the race)."""
+    from portable_ckpt.errors import CommitConflictError
+    from portable_ckpt.io.recommit import recommit
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    v = _version(tmp_path / "root")
+    (v / "manifest.json").unlink()
+    [shard] = (v / "data").glob("w00001-*")
+
+    def gc_deletes(op: str, path: str) -> None:
+        shard.unlink()
+
+    storage = FaultyStorage(open_storage(tmp_path / "root"), [Fault(
+        op="create", path="*/manifest.json", error=None, times=1, callback=gc_deletes)])
+    with pytest.raises(CommitConflictError, match=f"1 of the files its new commit record names "
+                       f"went while it was published \\(data/{shard.name}, "):
+        recommit(storage, v.name)
+    assert storage.faults[0].fired == 1
+    assert not (v / "manifest.json").exists()  # removed again: no record over missing files
+    [info] = portable_ckpt.list_versions(tmp_path / "root")
+    assert info.status == "invalid"

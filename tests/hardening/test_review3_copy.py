@@ -23,11 +23,13 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.errors import FileMissingError, UsageError
+from portable_ckpt.errors import ChecksumError, FileMissingError, FileSizeError, UsageError
+from portable_ckpt.io.checksum import crc32c
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.versions import list_versions
-from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.storage import LocalStorage, Storage, open_storage
+from portable_ckpt.storage.base import Capabilities, StreamWriter
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 
 
@@ -102,6 +104,100 @@ def test_no_copy_record_when_the_files_vanish_as_the_record_is_created(tmp_path:
     report = gc(src, keep=1, grace_seconds=0, require_copy=True)
     assert report.deleted == [] and report.kept_for_copy == [old]
     assert (dst / aid / "manifest.json").exists()  # published, damaged: named in the error
+
+
+def _grow(path: Path) -> None:
+    with open(path, "ab") as f:
+        f.write(b"\0" * 8)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_copied_file_another_program_changed_is_not_vouched_for(
+    tmp_path: Path, when: str
+) -> None:
+    """Finding 2's size half: a copied file that another program made longer after the copy
+    wrote it (before the destination's commit record is created, or as it is created) is
+    PCK-FILE-SIZE naming the file and the moment: before, nothing is published; after, the
+    damaged version is named and no copy record vouches for it. Test audit 21b, CP04: only
+    files gone were tested, and the size comparison of ``_check_copied`` could go."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    aid = _save(src, 1)
+    dst.mkdir()
+    [shard] = portable_ckpt.open(src).manifest.files  # the one data shard
+    assert shard.startswith("data/")
+    grow = lambda *_: _grow(dst / aid / shard)  # noqa: E731
+    a_dst: Storage = (_HookedStorage(open_storage(dst), grow) if when == "before" else
+                      FaultyStorage(open_storage(dst), [Fault(
+                          op="create", path="*/manifest.json", error=None, times=1,
+                          callback=grow)]))
+    moment = ("before the commit record was created" if when == "before" else
+              "just after the commit record was created")
+    with pytest.raises(FileSizeError, match=f"{aid}/{shard} was copied and holds "
+                       f"\\d+ bytes {moment}"):
+        copy_version(str(src), a_dst)
+    assert (dst / aid / "manifest.json").exists() == (when == "after")
+    assert [v.copies for v in list_versions(src)] == [[]]
+
+
+class _ChecksummingStore(LocalStorage):
+    """A local store that, like S3 with checksums on, checks uploads and reports each object's
+    whole CRC32C as stored; it flips one bit of the first bytes written to ``data/`` files
+    (damage on the way in, which the copy's reads of the source cannot see)."""
+
+    capabilities = Capabilities(atomic_create=True, ranged_read=True, durable_fsync=True,
+                                local_path=True, native_crc32c=True)
+
+    def __init__(self, root: Path, *, damage: bool) -> None:
+        super().__init__(root, create=True)
+        self.damage = damage
+
+    def validates_checksums(self) -> bool:
+        return True
+
+    def checksum_crc32c(self, path: str) -> int | None:
+        return crc32c(Path(self.root, path).read_bytes())
+
+    def open_writer(self, path: str, *, defer_sync: bool = False) -> StreamWriter:
+        inner = super().open_writer(path, defer_sync=defer_sync)
+        return _FlipFirstBit(inner) if self.damage and "/data/" in path else inner
+
+
+class _FlipFirstBit(StreamWriter):
+    def __init__(self, inner: StreamWriter) -> None:
+        self.inner, self.first = inner, True
+
+    def write(self, data: memoryview | bytes) -> None:
+        raw = bytes(data)
+        if self.first and raw:
+            raw, self.first = bytes([raw[0] ^ 1]) + raw[1:], False
+        self.inner.write(raw)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+
+def test_a_store_checksum_that_disagrees_with_the_verified_bytes_fails_the_copy(
+    tmp_path: Path,
+) -> None:
+    """Where the store checks uploads, its whole-object CRC32C is compared with that of the
+    verified source bytes: an object stored otherwise than sent is PCK-CHECKSUM naming both
+    values, and nothing is published; an honest store's checksums are counted. Test audit 21b,
+    CP06: moto does not check uploads, so the comparison was never reached and could go (a
+    damaged copy published and vouched for)."""
+    src = tmp_path / "src"
+    aid = _save(src, 1)
+    files = len(portable_ckpt.open(src).manifest.files)
+    with pytest.raises(ChecksumError, match=r"the store reports CRC32C [0-9a-f]{8}, the verified "
+                       r"source bytes have [0-9a-f]{8}"):
+        copy_version(str(src), _ChecksummingStore(tmp_path / "bad", damage=True))
+    assert not (tmp_path / "bad" / aid / "manifest.json").exists()
+    assert [v.copies for v in list_versions(src)] == [[]]
+    res = copy_version(str(src), _ChecksummingStore(tmp_path / "good", damage=False))
+    assert res.server_checksums == files and res.record is not None
+    assert portable_ckpt.open(tmp_path / "good").verify(deep=True) == []
 
 
 @pytest.mark.parametrize("grace", [float("nan"), -1.0, float("inf"), True, "300"])

@@ -19,7 +19,7 @@ import torch
 
 import portable_ckpt
 import portable_ckpt.torch as pckt
-from portable_ckpt.errors import UsageError
+from portable_ckpt.errors import TensorMissingError, UsageError
 
 pytestmark = pytest.mark.torch
 
@@ -876,7 +876,14 @@ def test_a_parameter_without_optimizer_state_when_saved_restores_exactly(tmp_pat
     """Integrator review F8: a parameter that had no gradient yet when saved (an unused branch,
     an expert not routed yet) has no optimizer state in the version, but a fresh optimizer's
     template has: every restore failed with PCK-TENSOR-MISSING. Now the fresh state stays and
-    the resumed run equals one never stopped; a real gap still fails."""
+    the resumed run equals one never stopped; a real gap still fails.
+
+    The gap is a stored parameter with part of its state missing, in a real optimizer's
+    template (``param_groups`` beside ``state``): AdamW switched to ``amsgrad=True`` wants
+    ``max_exp_avg_sq``, which no stored parameter has. Test audit 21b, L13: this clause used a
+    dict without ``param_groups``, refused as no optimizer at all (review F5), so the rule
+    that a parameter with some state stored is no fresh state could go with the suite green,
+    and such a restore kept the zero ``max_exp_avg_sq`` and reported success."""
 
     class M(torch.nn.Module):
         def __init__(self) -> None:
@@ -915,11 +922,14 @@ def test_a_parameter_without_optimizer_state_when_saved_restores_exactly(tmp_pat
     for i in range(3, 7):
         step(m2, o2, i)
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters(), strict=True))
-    # A parameter with part of its state missing is no fresh state: refused as before.
-    target = {"train": {"optim": {"state": {"a.weight": {"step": torch.zeros(()),
-                                                          "extra": torch.zeros(3, 3)}}}}}
-    with pytest.raises(portable_ckpt.CheckpointError, match="extra"):
-        pckt.load(target, root)
+    # A parameter with part of its state missing is no fresh state: refused as before, by
+    # the manager too (b's state, which the version lacks as a whole, is not what fails).
+    m3 = M()
+    o3 = torch.optim.AdamW(m3.parameters(), lr=0.1, amsgrad=True)
+    with pckt.CheckpointManager(root, handle_sigterm=False) as mgr, pytest.raises(
+        TensorMissingError, match=r"'train/optim/state/a\.weight/max_exp_avg_sq' is in the target"
+    ):
+        mgr.restore({"train": pckt.ModelOptimizerState(m3, o3)})
 
 
 def test_a_0d_tensor_metric_ranks_keep_best_without_a_false_warning(

@@ -157,6 +157,27 @@ def test_keep_every_keeps_multiples_forever() -> None:
     assert _deleted(ds) == [1, 2, 3, 5, 6, 7, 9]
 
 
+def test_keep_every_and_keep_best_do_not_keep_a_version_that_failed_verification() -> None:
+    """A version that failed verification is kept by no policy but the protections (newest
+    committed, newest drilled): a failed multiple of keep_every, and a failed best loss, are
+    deleted as "failed sampled verification", and the next-best good one is kept instead.
+    Test audit 21b, RT02: keep_every counted the failed versions too, with the suite green
+    (test_retention_invariants asserts only what is kept)."""
+    cands = _cands(list(range(1, 9)), **{"4": {"verification_failed": True}})
+    ds = {d.step: d for d in plan_retention(cands, RetentionPolicy.build(keep_last=1,
+                                                                           keep_every=4))}
+    assert ds[4].delete and ds[4].reasons == ["failed sampled verification"], ds[4]
+    assert [s for s, d in ds.items() if not d.delete] == [8]
+    losses = {1: 3.0, 2: 0.5, 3: 1.0, 4: 2.0}
+    cands = [Candidate(f"v{s}", s, metrics={"loss": v}, verification_failed=s == 2)
+             for s, v in losses.items()]
+    ds = {d.step: d for d in plan_retention(cands, RetentionPolicy.build(keep_best=("loss", 1,
+                                                                                      "min")))}
+    assert ds[2].delete and ds[2].reasons == ["failed sampled verification"], ds[2]
+    assert "keep_best=1 by min loss" in ds[3].reasons
+    assert _deleted(list(ds.values())) == [1, 2]
+
+
 def test_keep_best_min_and_max_and_missing_metric() -> None:
     losses = {1: 5.0, 2: 1.0, 3: 3.0, 4: 2.0, 5: 4.0}
     cands = [Candidate(f"v{s}", s, metrics={"loss": v}) for s, v in losses.items()]

@@ -28,6 +28,7 @@ import torch
 import portable_ckpt
 import portable_ckpt.torch as pckt
 from portable_ckpt.cli.main import main
+from portable_ckpt.errors import TensorMissingError, UsageError
 from portable_ckpt.io.annotations import write_verification_record
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.logs import EVENT_ATTR
@@ -374,3 +375,39 @@ def test_what_a_record_says_reaches_the_terminal_escaped(
     for out in (err, text):
         assert not any(c in out for c in "\x1b\r\x07"), out
     assert "block 0\\x1b[2J" in err and "\\x07" in text
+
+
+@pytest.mark.parametrize("grown", ["shape", "key"])
+def test_a_target_the_newest_version_does_not_fit_is_raised_not_passed_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+    grown: str,
+) -> None:
+    """An error of the caller's own target (another shape: PCK-USAGE; a key the newest version
+    lacks: PCK-TENSOR-MISSING) would repeat on every version: restore() raises it and never
+    passes over to an older version it happens to fit, nor records the newest as damaged.
+
+    Test audit 21b, R01 (every CheckpointError taken as a reason to fall back) and R02
+    (TensorMissingError left out of the caller's errors): no test had a newest version the
+    target does not fit beside an older one it does, and restore() silently resumed the older
+    step, reporting success."""
+    root = str(tmp_path / "ckpt")
+    old, new = (({"w": torch.ones(4)}, {"w": torch.ones(6)}) if grown == "shape"  # model grew
+                else ({"w": torch.ones(4), "head": torch.ones(2)}, {"w": torch.ones(4)}))
+    with pckt.CheckpointManager(root, save_every=1, async_save=False,
+                                continuation="statistical") as mgr:
+        mgr.save(1, old)
+        mgr.save(2, new)
+    target = {k: torch.zeros_like(v) for k, v in old.items()}  # fits step 1 only
+    error, says = ((UsageError, "the checkpoint holds shape \\[6\\]") if grown == "shape"
+                   else (TensorMissingError, "'head'"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="portable_ckpt"), pckt.CheckpointManager(
+        root, save_every=1, async_save=False
+    ) as mgr, pytest.raises(error, match=says):  # what step 2 holds: the newest was tried
+        mgr.restore(target)
+    assert all(bool((t == 0).all()) for t in target.values())  # nothing of step 1 loaded
+    assert "passing over" not in capsys.readouterr().err
+    assert not [r for r in caplog.records if getattr(r, EVENT_ATTR, {}).get("event")
+                == "restore.passed_over"]
+    assert [(v.step, v.verification_failed) for v in portable_ckpt.list_versions(root)] == [
+        (1, False), (2, False)]

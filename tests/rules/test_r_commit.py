@@ -224,6 +224,88 @@ def test_committer_checks_everything_and_publishes_nothing(
     _nothing_published(tmp_path, attempt)
 
 
+def _case_index_of_another_attempt(root: Path) -> tuple[str, Callable[[], Any]]:
+    """C01: an index that reports another attempt (a writer of an earlier try, its in-memory
+    index sent late) is not merged into this one."""
+    storage, attempt, ws = _two_writers(root)
+    ws[0].add_tensor("x", np.ones(4, dtype=np.float32))
+    idx = ws[0].finish()
+    other = WriterIndex.from_json({**_idx_doc(idx), "attempt_id": new_attempt_id(1)})
+    return attempt, lambda: commit(storage, attempt, step=1, indexes=[other],
+                                   expected_writers=[0])
+
+
+def _case_entry_declared_differently(root: Path) -> tuple[str, Callable[[], Any]]:
+    """C05: two writers declare one per-rank entry with different world-size policies; merged,
+    one declaration would be silently lost."""
+    storage, attempt, ws = _two_writers(root)
+    ws[0].add_entry("pos", {"i": 0}, scope="per_rank", rank=0, world_size_policy="modulo")
+    ws[1].add_entry("pos", {"i": 1}, scope="per_rank", rank=1, world_size_policy="rank0")
+    idx = [w.finish() for w in ws]
+    return attempt, lambda: commit(storage, attempt, step=1, indexes=idx, expected_writers=[0, 1])
+
+
+def _case_entry_value_stored_twice(root: Path) -> tuple[str, Callable[[], Any]]:
+    """C06: writer 1's index claims rank 0's value of an entry (in its own file), as writer 0's
+    does: two values for one (entry, rank)."""
+    storage, attempt, ws = _two_writers(root)
+    ws[0].add_entry("pos", {"i": 0}, scope="per_rank", rank=0, world_size_policy="modulo")
+    ws[1].add_entry("pos", {"i": 1}, scope="per_rank", rank=1, world_size_policy="modulo")
+    idx0, idx1 = (w.finish() for w in ws)
+    doc = _idx_doc(idx1)
+    [value] = doc["entries"]["pos"]["values"]
+    value["rank"] = 0
+    idx1 = WriterIndex.from_json(doc)
+    return attempt, lambda: commit(storage, attempt, step=1, indexes=[idx0, idx1],
+                                   expected_writers=[0, 1])
+
+
+def _case_unexpected_writer(root: Path) -> tuple[str, Callable[[], Any]]:
+    """C08: a writer the job does not have (writer 1 of a job of one) reports an index; its
+    half of ``x`` makes the tensor whole, so nothing later would notice."""
+    storage, attempt, ws = _two_writers(root)
+    ws[0].add_tensor("x", np.ones(2, dtype=np.float32), offsets=[0], global_shape=[4])
+    ws[1].add_tensor("x", np.ones(2, dtype=np.float32), offsets=[2], global_shape=[4])
+    idx = [w.finish() for w in ws]
+    return attempt, lambda: commit(storage, attempt, step=1, indexes=idx, expected_writers=[0])
+
+
+def _case_step_of_another_attempt(root: Path) -> tuple[str, Callable[[], Any]]:
+    """C12: the step asked for is not the step in the attempt id."""
+    storage, attempt, ws = _two_writers(root)
+    ws[0].add_tensor("x", np.ones(4, dtype=np.float32))
+    idx = [w.finish() for w in ws]
+    return attempt, lambda: commit(storage, attempt, step=2, indexes=idx, expected_writers=[0, 1])
+
+
+@pytest.mark.parametrize(
+    "case, code, says",
+    [
+        (_case_index_of_another_attempt, "PCK-ATTEMPT-ID", "reported attempt s000000000001-"),
+        (_case_entry_declared_differently, "PCK-METADATA-CONFLICT",
+         "entry 'pos': writer 1 declares a different schema, scope, encoding or policy"),
+        (_case_entry_value_stored_twice, "PCK-METADATA-CONFLICT",
+         "entry 'pos': writer 1 and another writer both stored the value of rank 0"),
+        (_case_unexpected_writer, "PCK-METADATA-CONFLICT", "unexpected writer(s) [1]"),
+        (_case_step_of_another_attempt, "PCK-USAGE", "step 2 differs from the step in attempt"),
+    ],
+    ids=["another-attempt", "entry-declaration", "entry-value-twice", "unexpected-writer",
+         "step"],
+)
+def test_committer_merge_checks_refuse_with_their_own_code_and_publish_nothing(
+    tmp_path: Path, case: Callable[[Path], tuple[str, Callable[[], Any]]], code: str, says: str
+) -> None:
+    """R-COMMIT-4 (2): indexes that disagree on an attempt, an entry's declaration or value, or
+    come from a writer outside the job are refused by the check made for it, with its code and
+    message, and nothing is published. Test audit 21b, C01, C05, C08: each of these checks could
+    be deleted with the suite green (a version published that must be refused); C06 and C12:
+    refused later with another code, so their own checks were untested."""
+    attempt, do_commit = case(tmp_path)
+    err = expect_code(code, do_commit)
+    assert says in err.message, err.message
+    _nothing_published(tmp_path, attempt)
+
+
 def test_expected_writers_come_from_the_job_not_a_listing(tmp_path: Path) -> None:
     """R-COMMIT-5: the committer never derives the writer set from index/ listings."""
     storage, attempt, ws = _two_writers(tmp_path)

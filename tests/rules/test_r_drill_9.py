@@ -344,6 +344,36 @@ def test_passes_dated_ahead_do_not_push_out_the_passes_dated_by_now(tmp_path: Pa
     assert v.last_pass is not None and "clock_ahead" not in v.last_pass
 
 
+def test_the_newest_records_dated_by_now_stay_as_history_beside_those_dated_ahead(
+    tmp_path: Path,
+) -> None:
+    """R-DRILL-9: a version keeps its RECORDS_KEPT newest records of a kind as history, counted
+    by the records' times and again among those dated by now. With as many passes dated ahead
+    as that, each real pass written pruned the real ones before it but the newest: three
+    sampled passes left one. Test audit 21b, A05: the count among those dated by now was
+    masked by the newest pass of each mode, which keeps one."""
+    import datetime as dt
+
+    vdir, m = build_version(tmp_path / "r")
+    storage = open_storage(vdir.parent)
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    (vdir / "verifications").mkdir()
+    planted = []
+    for i in range(RECORDS_KEPT):
+        vid = f"v20991231T00000000000{i}Z-0000000{i}"
+        planted.append(f"{vid}.json")
+        (vdir / "verifications" / f"{vid}.json").write_text(json.dumps({
+            "format": "portable-ckpt-verification", "format_version": "1.0",
+            "attempt_id": m.attempt_id, "verification_id": vid,
+            "verified_at": (ahead + dt.timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "ok": True, "mode": "sample", "fraction": 0.5, "chunks": 1, "seed": 1,
+            "errors": []}))
+    written = [Path(write_verification_record(storage, m.attempt_id, ok=True, mode="sample",
+                                              fraction=0.5, chunks=1, seed=s)).name
+               for s in (2, 3, 4)]
+    assert _files(vdir, "verifications") == sorted([*planted, *written])
+
+
 def test_a_deep_failure_is_not_pruned_by_later_sampled_ones(tmp_path: Path) -> None:
     """Maintainer review 5, 3: a deep failure naming three files was pruned by the sampled
     failures after it, each naming one: no record named the other two any more. The newest

@@ -635,3 +635,30 @@ def load_while_pruned(rank: int, world: int, root: str, newer: str) -> dict[str,
     info = pckt.load(target, root, strict=False)
     return {"step": info.step, "values": [float(t[0]) for t in target.values()],
             "left": info.left_from_failed, "missing": info.missing_keys}
+
+
+def data_positions_across_world_sizes(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Ranks 0 and 1 save per-rank DataPositions of each world-size policy (each with its own
+    ``shard``); then all ``world`` ranks load them (a larger job): which stored rank each got."""
+    import torch.distributed as dist
+
+    def state(policies: tuple[str, ...], shard: int = -1) -> dict[str, Any]:
+        return {"w": torch.zeros(4) if shard < 0 else torch.arange(4.0),
+                **{p: pckt.DataPosition(3, 40, {"shard": shard}, world_size_policy=p)
+                   for p in policies}}
+
+    pair = dist.new_group([0, 1])  # every rank makes it; only its members save through it
+    if rank < 2:
+        pckt.save(state(("rank0", "modulo"), rank), root, step=1, process_group=pair,
+                  timeout=30)
+        pckt.save(state(("require_same",), rank), root, step=2, process_group=pair, timeout=30)
+    dist.barrier()
+    target = state(("rank0", "modulo"))
+    info = pckt.load(target, root, step=1, allow_statistical=True, timeout=30)
+    return {
+        "worlds": [info.saved_world_size, info.world_size],
+        "got": {p: (target[p].extra.get("shard"), target[p].epoch, target[p].restored)
+                for p in ("rank0", "modulo")},
+        "require_same": _outcome(lambda: pckt.load(state(("require_same",)), root, step=2,
+                                                   allow_statistical=True, timeout=30)),
+    }

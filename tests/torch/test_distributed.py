@@ -505,3 +505,20 @@ def test_plain_tensors_that_differ_between_ranks_make_the_version_statistical(
     assert only.read("buf").tolist() == [1.0, 1.0]  # rank 1's
     value = portable_ckpt.open(str(tmp_path / "conflict-value-only-rank-1"))
     assert value.entry("torch.values") == {"buf": 5}
+
+
+def test_data_positions_follow_their_world_size_policy_through_load(tmp_path: Any) -> None:
+    """R-ENTRY-11, through pckt.load on a larger group: a DataPosition saved by 2 ranks
+    and loaded on 3 gets what its policy says. ``rank0``: every rank rank 0's position (the
+    cursor is global); ``modulo``: new rank r stored rank r mod 2; ``require_same``: refused
+    with PCK-CONTRACT on every rank. Test audit 21b, S06 and S07: these policies were checked at
+    the reader level only, and the torch path to them was not pinned."""
+    res = ok(run("data_positions_across_world_sizes", 3, str(tmp_path)))
+    for rank, r in enumerate(res):
+        assert r["worlds"] == [2, 3]
+        assert r["got"]["rank0"] == [0, 3, True], (rank, r)
+        assert r["got"]["modulo"] == [rank % 2, 3, True], (rank, r)
+        same = r["require_same"]
+        assert same["code"] == "PCK-CONTRACT", (rank, same)
+        assert "policy require_same) was saved on 2 ranks and cannot be restored on 3" in (
+            same["message"]), (rank, same)

@@ -151,7 +151,9 @@ def test_a_torch_state_that_is_no_string_is_an_entry_schema_error(state: object)
 
 def test_spawn_after_a_resume_continues_the_saved_runs_children(tmp_path: Path) -> None:
     """Attack review 2 F8: the SeedSequence stayed the fresh generator's, so the first child
-    spawned after a resume was the saved run's first child again (the same stream twice)."""
+    spawned after a resume was the saved run's first child again (the same stream twice).
+    A stored child count past the bound is refused before anything is spawned, in bounded time
+    (test audit 21b, S04)."""
     g = np.random.default_rng(1234)
     g.spawn(2)
     g.random(3)
@@ -168,6 +170,17 @@ def test_spawn_after_a_resume_continues_the_saved_runs_children(tmp_path: Path) 
     donor = np.random.default_rng(1234)
     donor.random(5)
     value = pckt.GeneratorState(donor).capture()
+    # The bound (2**16 children) is checked before anything is spawned: one past it is refused,
+    # the bound itself is spawned. Checked first, so that without the bound this test fails in
+    # a second instead of spawning 10**9 children below for minutes (test audit 21b, S04: a
+    # hang, a failure only where CI has a per-test timeout).
+    value["seed_seq"]["n_children_spawned"] = 2**16 + 1
+    with pytest.raises(EntrySchemaError, match="n_children_spawned"):
+        pckt.GeneratorState(np.random.default_rng(1234)).restore(value)
+    value["seed_seq"]["n_children_spawned"] = 2**16
+    at_bound = np.random.default_rng(1234)
+    pckt.GeneratorState(at_bound).restore(value)
+    assert at_bound.bit_generator.seed_seq.n_children_spawned == 2**16
     value["seed_seq"]["n_children_spawned"] = 10**9
     live = np.random.default_rng(1234)
     before = live.bit_generator.state

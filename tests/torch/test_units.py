@@ -295,6 +295,22 @@ def test_load_errors(tmp_path: Any) -> None:
         pckt.save({"w": torch.zeros(3)}, str(tmp_path), step=-1)
 
 
+@pytest.mark.parametrize("n", [5, 7])
+def test_a_target_of_another_global_shape_is_refused_and_left_unwritten(
+    tmp_path: Path, n: int
+) -> None:
+    """One process, no group: a target smaller or larger than the saved tensor is refused
+    naming both shapes, before anything is written into it. Test audit 21b, L11: without the
+    shape check of ``_stored_like`` a smaller target got a prefix of the stored tensor and the
+    load reported success; only a 3-rank gloo test about how failures propagate caught it."""
+    pckt.save({"w": torch.arange(6.0)}, str(tmp_path), step=1, continuation="statistical")
+    target = {"w": torch.zeros(n)}
+    with pytest.raises(UsageError, match=rf"tensor 'w': the checkpoint holds shape \[6\], the "
+                       rf"target has \[{n}\]"):
+        pckt.load(target, str(tmp_path))
+    assert torch.equal(target["w"], torch.zeros(n))
+
+
 def test_dtype_conversion_on_load(tmp_path: Any) -> None:
     pckt.save({"w": torch.tensor([1.5, 2.5])}, str(tmp_path), step=1)
     target = {"w": torch.zeros(2, dtype=torch.bfloat16)}
