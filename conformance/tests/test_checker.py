@@ -251,7 +251,7 @@ def test_a_newer_minor_is_warned_as_a_writer_rule_and_foreign_when_it_fails(
 
 def _data_file(version: Path) -> Path:
     doc = json.loads((version / "manifest.json").read_text())
-    [rel] = [p for p in doc["files"] if p.startswith("data/")]
+    [rel] = [str(p) for p in doc["files"] if str(p).startswith("data/")]
     return version / rel
 
 
