@@ -155,3 +155,68 @@ def test_members_a_schedule_or_the_job_adds_tell_no_optimizer_apart(tmp_path: Pa
     pckt.load({"train": pckt.ModelOptimizerState(target)}, tmp_path)
     pckt.load({"train": pckt.ModelOptimizerState(target, sgd)}, tmp_path, strict=False)
     assert torch.equal(target[0].weight, model[0].weight)
+
+
+def test_damage_beside_a_stage_of_new_layers_is_still_passed_over(tmp_path: Path) -> None:
+    """Diff review 21, 2: on a rank whose tensors are all new, every error of the load was
+    rewritten as PCK-TENSOR-MISSING, a caller's error: a damaged newest version stopped the
+    restore on every rank instead of being passed over to the older one."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group("tests.torch._fit_workers:damaged_beside_a_new_stage", 2, (str(tmp_path),),
+                    timeout=240)
+    res.raise_for_errors()
+    assert [r["step"] for r in res.results] == [1, 1]
+    assert [r["pos"] for r in res.results] == [10, 11]
+
+
+def test_the_targets_grown_below_an_empty_dict_hide_no_renamed_model(tmp_path: Path) -> None:
+    """Diff review 21, 4: counted after the load grew them, the ``ema`` tensors below an empty
+    dict made a renamed model load unloaded on two ranks, while one process refused it."""
+    from portable_ckpt.torch.launch import run_group
+
+    with pytest.raises(TensorMissingError, match="none of the target's 1 tensors"):
+        pckt.load({"module": {"w": torch.zeros(4)}, "ema": {}},
+                  _arrays(tmp_path / "one"), strict=False)
+    res = run_group("tests.torch._fit_workers:renamed_beside_an_empty_dict", 2,
+                    (str(tmp_path / "two"),), timeout=240)
+    res.raise_for_errors()
+    assert [r["code"] for r in res.results] == ["PCK-TENSOR-MISSING"] * 2
+
+
+def _arrays(root: Path) -> str:
+    import numpy as np
+
+    import portable_ckpt
+
+    portable_ckpt.save_arrays(str(root), {"model/w": np.ones(4, np.float32),
+                                          "ema/w": np.ones(4, np.float32)}, step=1)
+    return str(root)
+
+
+def test_the_hint_names_a_prefix_the_target_has_and_the_version_not(tmp_path: Path) -> None:
+    """The other direction of the hint: the target nests what the job saved at the top."""
+    pckt.save({"0.weight": torch.ones(2)}, tmp_path, step=1, continuation="statistical")
+    with pytest.raises(TensorMissingError, match=r"holds 'model/0\.weight' as '0\.weight': the "
+                       r"target nests it under 'model/', the saving job did not"):
+        pckt.load({"model": {"0.weight": torch.zeros(2)}}, tmp_path, strict=False)
+
+
+def test_one_sides_extra_hyper_parameter_alone_loads(tmp_path: Path) -> None:
+    """Diff review 21, 6: a member torch's optimizers take, on one side only (a newer or older
+    torch's), is no other optimizer class: the version's extra one, or the target's."""
+    model = _model(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    opt.param_groups[0]["momentum_decay"] = 0.004  # (a member another torch's AdamW has)
+    pckt.save({"train": pckt.ModelOptimizerState(model, opt)}, tmp_path / "v", step=1,
+              continuation="statistical")
+    plain, _ = _saved(tmp_path)  # AdamW(lr=0.1), as this torch holds it
+    for root, extra in ((str(tmp_path / "v"), False), (plain, True)):
+        model = _model(1)
+        target = torch.optim.AdamW(model.parameters(), lr=0.05)
+        if extra:  # the target's alone
+            target.param_groups[0]["nesterov"] = False
+        pckt.load({"train": pckt.ModelOptimizerState(model, target)}, root, strict=False)
+        assert target.param_groups[0]["lr"] == 0.1

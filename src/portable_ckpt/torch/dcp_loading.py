@@ -65,7 +65,6 @@ from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, split_key
 from portable_ckpt.torch.layout import Piece, group_mesh
 from portable_ckpt.torch.loading import _Casts, _contract, _read_converted
-from portable_ckpt.torch.state import without_scheduler_class
 
 __all__ = ["PortableLoadPlanner", "PortableStorageReader"]
 
@@ -184,8 +183,6 @@ def _json_items(
             values = value
             leaves.update(value)
         elif name != VALUES_ENTRY:
-            if e.schema_id == "pck:lr-scheduler/1":  # DCP's load_state_dict gets the rest
-                value = without_scheduler_class(value)
             value = decode_json(value)
             leaves.update(json_leaves(name, value, fqn=dcp_fqn(name)))
             entry_items.update(

@@ -294,23 +294,27 @@ def _load(
         ck = Checkpoint(storage, attempt_id, manifest)
         opened_ck.append(ck)
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
-        found = sum(1 for k in flat.tensors if k in ck.tensors)
-        if not found and flat.tensors and comm.world_size == 1:
-            raise _none_found(ck, list(flat.tensors))  # decided alone: before anything changes
+        # The target's own tensors, before the load grows any below an empty dict (a fresh
+        # Stateful's EMA): those are the stored ones, and would hide a target that fits not.
+        wanted = list(flat.tensors)
+        found = sum(1 for k in wanted if k in ck.tensors)
+        if not found and wanted and comm.world_size == 1:
+            raise _none_found(ck, wanted)  # decided alone: before anything changes
         try:
             _load_local(
                 ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges,
                 casts=_Casts(strict_dtype, tell=comm.rank == 0),
             )
+        except CheckpointError:
+            raise  # damage, storage, contract: what it says (a fallback may follow)
         except Exception as exc:
-            if found or not flat.tensors:
+            if found or not wanted:
                 raise
             # An optimizer's values applied to parameters none of which was found fail in
             # torch ("a parameter group that doesn't match"): the cause is the target's keys.
-            raise _none_found(ck, list(flat.tensors)) from exc
+            raise _none_found(ck, wanted) from exc
         info.seconds = time.perf_counter() - t0
-        found = sum(1 for k in flat.tensors if k in ck.tensors)  # with the targets grown below
-        return info, {**info.counters(), "_found": found, "_targets": len(flat.tensors)}
+        return info, {**info.counters(), "_found": found, "_targets": len(wanted)}
 
     info, counters = comm.all_gather_step(
         "load/status", fill, what=f"load of {attempt_id}", outcome=_LOAD_FAILED
@@ -319,7 +323,7 @@ def _load(
     # is a partial target like any other, while a target of which no rank found a tensor
     # loaded nothing (fine-tuning review 21, M2).
     if any(c["_targets"] for c in counters) and not any(c["_found"] for c in counters):
-        raise _none_found(opened_ck[0], list(flat.tensors))
+        raise _none_found(opened_ck[0], [k for k in flat.tensors if k not in opened_ck[0].tensors])
     info.per_rank = [{k: v for k, v in c.items() if not k.startswith("_")} for c in counters]
     return info
 
@@ -939,8 +943,8 @@ def _none_found(ck: Checkpoint, keys: list[str]) -> TensorMissingError:
     if not keys:  # this rank holds no tensor: its peers' did not fit
         return TensorMissingError(f"no rank found one of its target tensors in {where}")
     return TensorMissingError(
-        f"none of the target's {len(keys)} tensors (e.g. {keys[0]!r}) is in {where}: the load "
-        f"would load none of them and report success, also with strict=False; "
+        f"none of the target's {len(keys)} tensors (e.g. {keys[0]!r}) is in {where}: the "
+        f"target does not fit the version, and strict=False does not load it either; "
         f"{_prefix_hint(ck, keys)}. To load an optional part only where a version holds it, "
         "look first: portable_ckpt.open(root).tensors"
     )
@@ -948,25 +952,26 @@ def _none_found(ck: Checkpoint, keys: list[str]) -> TensorMissingError:
 
 def _prefix_hint(ck: Checkpoint, keys: list[str]) -> str:
     """How the target's keys differ from the stored ones by a prefix, or how to see both."""
-    stored = set(ck.tensors)
+    stored = list(ck.tensors)  # in the record's order: the same hint on every rank and run
     ends: dict[str, str] = {}  # "a/b/c" -> "x/a/b/c": the stored keys by their shorter tails
-    for s in list(stored)[:200_000]:
+    for s in stored[:200_000]:
         parts = s.split("/")
         for i in range(1, min(len(parts), 8)):
             ends.setdefault("/".join(parts[i:]), s)
+    known = set(stored)
     for key in keys[:256]:
         if key in ends:
             long = ends[key]
             under = long[: -len(key)]
             return (f"the version holds {key!r} as {long!r}: nest the target under {under!r} "
-                    "as the saving job did (e.g. {'train': pckt.ModelOptimizerState(model)})")
+                    "as the saving job did")
         parts = key.split("/")
         for i in range(1, len(parts)):
             tail = "/".join(parts[i:])
-            if tail in stored:
+            if tail in known:
                 return (f"the version holds {key!r} as {tail!r}: the target nests it under "
                         f"{'/'.join(parts[:i]) + '/'!r}, the saving job did not")
-    close = similar_keys(keys[0], list(stored))
+    close = similar_keys(keys[0], stored)
     if close:
         return f"stored keys that look alike: {close} (a renamed prefix? map the target's keys)"
     return "build the target with the saved keys (portable-ckpt inspect lists them)"
@@ -1131,44 +1136,6 @@ class _EntryReads:
         return fut.result()
 
 
-def _load_values(
-    entries: _EntryReads, flat: FlatState, info: LoadInfo, *, strict: bool
-) -> dict[str, Any]:
-    """The target's plain (JSON) leaves from the ``VALUES_ENTRY`` entry."""
-    if not flat.values:
-        return {}
-    ck = entries.ck
-    stored: Any = {}
-    if VALUES_ENTRY in ck.entries:
-        stored = entries.get(VALUES_ENTRY)
-        if not isinstance(stored, dict):
-            raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
-        info.entries_loaded += 1
-    _same_optimizers(stored, flat.values, ck.path)
-    loaded, whole = _load_whole(stored, flat)
-    for k, v in flat.values.items():
-        if whole.on_path(k):
-            continue  # in a list loaded whole
-        if k in stored:
-            loaded[k] = decode_json(stored[k])
-        elif isinstance(v, list | tuple | dict) and not v:
-            continue  # an empty container of the target: versions before 2026-12-03 lack it
-        elif strict:
-            raise EntryMissingError(
-                f"value {k!r} is in the target state but not in entry {VALUES_ENTRY!r} of "
-                f"{ck.path}"
-                + (_instead(ck, k, wanted="value") or "; pass strict=False to keep the current value")
-            )
-        else:
-            info.missing_keys.append(k)
-    # Stored values the target does not ask for are reported, as stored tensors are (a config
-    # key added between save and load went unnoticed: fidelity review F7).
-    info.unexpected_keys += sorted(
-        k for k in stored if k not in flat.values and not whole.on_path(k)
-    )
-    return loaded
-
-
 _GROUP = re.compile(r"^(?:(.*)/)?param_groups/(\d+)/([^/]+)")
 #: Members of every optimizer's param groups, whatever its class, and those LR schedulers add
 #: (OneCycleLR, CyclicLR, SWALR): a fine-tune with another schedule is no other optimizer.
@@ -1224,6 +1191,44 @@ def _same_optimizers(stored: dict[str, Any], target: Mapping[str, Any], path: st
                 "rate and weight decay); build the optimizer the version saved, or leave it out "
                 "of the loaded state (a fine-tune builds it fresh)"
             )
+
+
+def _load_values(
+    entries: _EntryReads, flat: FlatState, info: LoadInfo, *, strict: bool
+) -> dict[str, Any]:
+    """The target's plain (JSON) leaves from the ``VALUES_ENTRY`` entry."""
+    if not flat.values:
+        return {}
+    ck = entries.ck
+    stored: Any = {}
+    if VALUES_ENTRY in ck.entries:
+        stored = entries.get(VALUES_ENTRY)
+        if not isinstance(stored, dict):
+            raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
+        info.entries_loaded += 1
+    _same_optimizers(stored, flat.values, ck.path)
+    loaded, whole = _load_whole(stored, flat)
+    for k, v in flat.values.items():
+        if whole.on_path(k):
+            continue  # in a list loaded whole
+        if k in stored:
+            loaded[k] = decode_json(stored[k])
+        elif isinstance(v, list | tuple | dict) and not v:
+            continue  # an empty container of the target: versions before 2026-12-03 lack it
+        elif strict:
+            raise EntryMissingError(
+                f"value {k!r} is in the target state but not in entry {VALUES_ENTRY!r} of "
+                f"{ck.path}"
+                + (_instead(ck, k, wanted="value") or "; pass strict=False to keep the current value")
+            )
+        else:
+            info.missing_keys.append(k)
+    # Stored values the target does not ask for are reported, as stored tensors are (a config
+    # key added between save and load went unnoticed: fidelity review F7).
+    info.unexpected_keys += sorted(
+        k for k in stored if k not in flat.values and not whole.on_path(k)
+    )
+    return loaded
 
 
 def _load_whole(stored: dict[str, Any], flat: FlatState) -> tuple[dict[str, Any], KeyTrie]:
@@ -1289,7 +1294,7 @@ def _restore_entry(e: StateEntry, value: Any, key: str, ck: Checkpoint) -> None:
     try:
         e.restore(value)
     except EntrySchemaError as exc:  # the same class: a manager tells the caller's own apart
-        raise type(exc)(f"entry {key!r} of {ck.path}: {exc.message}") from exc
+        raise type(exc)(f"entry {key!r} of {ck.path}: {exc.message}", path=exc.path) from exc
 
 
 def _entry_from_values(entries: _EntryReads, key: str, e: StateEntry) -> Any:

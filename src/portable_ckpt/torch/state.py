@@ -521,7 +521,7 @@ def _check_classes(value: Any, scheduler: Any, where: str) -> Any:
         return value
     out = {k: v for k, v in value.items() if k != "class"}
     stored, live = value.get("class"), _class_name(scheduler)
-    names = {c.__qualname__ for c in type(scheduler).__mro__}
+    names = {c.__name__ for c in type(scheduler).__mro__}  # "a.<locals>.Warmup": "Warmup"
     if isinstance(stored, str) and stored.rsplit(".", 1)[-1] not in names:
         raise EntryTargetError(
             f"pck:lr-scheduler/1 value cannot be applied: {where} holds the state of a "
