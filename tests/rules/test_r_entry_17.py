@@ -249,3 +249,29 @@ def test_dcp_load_of_a_scheduler_that_holds_a_stale_class_attribute(tmp_path: Pa
     stale.__dict__["class"] = "torch.optim.lr_scheduler.CosineAnnealingLR"  # an older release's
     dcp.load({"sched": stale}, storage_reader=PortableStorageReader(str(tmp_path)))
     assert stale.last_epoch == 2
+
+
+def test_a_refused_entry_is_named_on_every_path_that_applies_it(tmp_path: Path) -> None:
+    """The entry and the version are named where the value is applied after the tensors
+    (generators and RNG, last) and where a DCP save's leaves rebuild it."""
+    import numpy as np
+    import torch.distributed.checkpoint as dcp
+
+    from portable_ckpt.torch.dcp import PortableStorageWriter
+
+    pckt.save({"w": torch.ones(2), "g": pckt.GeneratorState(np.random.default_rng(1))},
+              tmp_path / "a", step=1, continuation="statistical")
+    with pytest.raises(EntryTargetError, match=r"entry 'g' of .*s000000000001-.*numpy generator"):
+        pckt.load({"w": torch.zeros(2), "g": pckt.GeneratorState(torch.Generator())},
+                  tmp_path / "a")
+    opt = _opt()
+    sched = _sequential(opt)
+    dcp.save({"w": torch.ones(2), "sched": sched.state_dict()},
+             storage_writer=PortableStorageWriter(str(tmp_path / "b"), step=1,
+                                                  continuation="statistical"))
+    o2 = _opt()
+    three = torch.optim.lr_scheduler.SequentialLR(
+        o2, [torch.optim.lr_scheduler.LinearLR(o2, 0.5, total_iters=2) for _ in range(3)],
+        milestones=[5, 50])
+    with pytest.raises(EntryTargetError, match=r"entry 'sched' of .*holds 2 nested schedulers"):
+        pckt.load({"w": torch.zeros(2), "sched": three}, tmp_path / "b")
