@@ -28,6 +28,16 @@ def _opt() -> torch.optim.Optimizer:
     return torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=0.1)
 
 
+def _cosine(steps: int) -> Any:
+    """A CosineAnnealingLR of its own optimizer, stepped ``steps`` times."""
+    opt = _opt()
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    for _ in range(steps):
+        opt.step()
+        sched.step()
+    return sched
+
+
 def _sequential(opt: torch.optim.Optimizer) -> Any:
     return torch.optim.lr_scheduler.SequentialLR(
         opt,
@@ -50,11 +60,7 @@ def test_a_saved_value_names_each_schedulers_class_and_keeps_its_schema() -> Non
 
 def test_r_entry_17_another_class_is_refused_before_the_scheduler_changes() -> None:
     """R-ENTRY-17: PCK-ENTRY-SCHEMA, the scheduler untouched."""
-    opt = _opt()
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
-    for _ in range(3):
-        opt.step()
-        cosine.step()
+    cosine = _cosine(steps=3)
     value = pckt.LRSchedulerState(cosine).capture()
     linear = torch.optim.lr_scheduler.LinearLR(_opt(), 0.1, total_iters=100)
     before = linear.state_dict()
@@ -98,11 +104,7 @@ def test_r_entry_17_the_same_class_restores_without_the_member() -> None:
 
 
 def test_r_entry_17_module_moves_old_values_and_non_strings_apply() -> None:
-    opt = _opt()
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
-    for _ in range(2):
-        opt.step()
-        cosine.step()
+    cosine = _cosine(steps=2)
     value = pckt.LRSchedulerState(cosine).capture()
     for stored in ("myjob.schedules.CosineAnnealingLR", 7, None):
         v = dict(value)
@@ -191,11 +193,7 @@ def test_a_subclass_of_the_stored_class_restores_it() -> None:
     class WarmCosine(torch.optim.lr_scheduler.CosineAnnealingLR):
         pass
 
-    opt = _opt()
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
-    for _ in range(3):
-        opt.step()
-        cosine.step()
+    cosine = _cosine(steps=3)
     target = WarmCosine(_opt(), 10)
     pckt.LRSchedulerState(target).restore(pckt.LRSchedulerState(cosine).capture())
     assert target.last_epoch == 3 and "class" not in target.__dict__
@@ -236,11 +234,7 @@ def test_dcp_load_of_a_scheduler_that_holds_a_stale_class_attribute(tmp_path: Pa
 
     from portable_ckpt.torch.dcp import PortableStorageReader
 
-    opt = _opt()
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
-    for _ in range(2):
-        opt.step()
-        sched.step()
+    sched = _cosine(steps=2)
     pckt.save({"sched": sched}, tmp_path, step=2, continuation="statistical")
     fresh = torch.optim.lr_scheduler.CosineAnnealingLR(_opt(), 10)
     dcp.load({"sched": fresh}, storage_reader=PortableStorageReader(str(tmp_path)))
