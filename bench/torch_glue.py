@@ -22,5 +22,41 @@ def run(ctx: Any, external: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     else:
         args = ["--gib", "1", "--reps", "3"]
     args += ["--out", "{json}"]
-    return external(ctx, "torch adapter vs torch.distributed.checkpoint (bench/bench_torch.py)",
-                    "bench_torch.py", args, 3000)
+    section = external(ctx, "torch adapter vs torch.distributed.checkpoint (bench/bench_torch.py)",
+                       "bench_torch.py", args, 3000)
+    if not section.get("skipped"):
+        section["targets"] = targets(section.get("external", {}))
+    return section
+
+
+#: bench_torch.py's targets: (name, its JSON key, the bound, at least (True) or at most)
+TARGETS: list[tuple[str, str, float, bool]] = [
+    ("torch save vs dcp.save (speed ratio)", "save_ratio_vs_dcp", 1.3, True),
+    ("torch save vs dd conv=fsync per rank (speed ratio)", "save_ratio_vs_dd", 0.9, True),
+    ("torch load 4→2 vs dcp.load (speed ratio)", "load_ratio_vs_dcp", 1.2, True),
+    ("async_save blocking time / sync save time", "async_block_ratio_vs_sync", 0.5, False),
+]
+
+
+def targets(external: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets bench_torch.py prints, for the report's Targets table (MET/MISSED).
+
+    They were only in its printed output, inside a collapsed block of the report, so a missed
+    one did not show (outside review 21b). A run that left no JSON misses every target.
+    """
+    data = external.get("json")
+    if not isinstance(data, dict):
+        value = f"n/a (bench_torch.py exit {external.get('rc')}, no result)"
+        return [{"name": name, "value": value, "target": f"{'≥' if least else '≤'} {bound:g}×",
+                 "met": False} for name, _, bound, least in TARGETS]
+    out = []
+    for name, key, bound, least in TARGETS:
+        v = data.get(key)
+        ok = isinstance(v, (int, float)) and (v >= bound if least else v <= bound)
+        out.append({"name": name, "value": f"{v:.2f}×" if isinstance(v, (int, float)) else "n/a",
+                    "target": f"{'≥' if least else '≤'} {bound:g}×", "met": bool(ok)})
+    budget = data.get("rss_budget_ok")
+    out.append({"name": "torch load: peak RSS growth per rank ≤ 1.1 × its target bytes + 64 MiB",
+                "value": "within" if budget else "over" if budget is False else "n/a",
+                "target": "within", "met": budget is True})
+    return out

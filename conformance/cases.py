@@ -26,6 +26,8 @@ __all__ = [
     "EXERCISE_EMPTY",
     "EXERCISE_NAME",
     "FAULT_POINTS",
+    "RANK_KINDS",
+    "STRATUM_RANKS",
     "TABLE_MODES",
     "WRITE_FAULTS",
     "CrashCase",
@@ -38,6 +40,7 @@ __all__ = [
     "crash_cases",
     "exercising",
     "new_attempt_id",
+    "rank_writer",
     "save_cases",
 ]
 
@@ -100,10 +103,18 @@ class SaveCase:
     table_codec: str = "none"  # codec of that table
     contract: str = "exact"  # the commit job's continuation contract (§13)
     mesh: dict[str, Any] | None = None  # the commit job's mesh: {"shape", "dim_names"} or None
+    #: the saving job's world size (``continuation.world_size``); None: one rank per writer.
+    #: It is a fact of its own (R-COMMIT-5, R-CONTRACT-1): one writer per node stores the
+    #: state of several ranks, and a job may run writers that are not ranks.
+    world_size: int | None = None
+
+    def ranks(self) -> int:
+        """The saving job's world size: every per-rank entry has one value per rank (R-ENTRY-8)."""
+        return self.num_writers if self.world_size is None else self.world_size
 
     def continuation(self) -> dict[str, Any]:
         """The commit job's ``continuation``, which the committer records as given (§13)."""
-        return {"contract": self.contract, "world_size": self.num_writers, "mesh": self.mesh}
+        return {"contract": self.contract, "world_size": self.ranks(), "mesh": self.mesh}
 
     def summary(self) -> str:
         """Short description for failure messages."""
@@ -111,7 +122,8 @@ class SaveCase:
         es = ", ".join(f"{e.name}:{e.scope}/{e.encoding}" for e in self.entries)
         tt = f" tensor_table={self.table_codec}" if self.tensor_table else ""
         mesh = f" mesh={self.mesh['shape']}" if self.mesh else ""
-        return (f"step={self.step} writers={self.num_writers} codec={self.codec}{tt} "
+        ws = f" world_size={self.ranks()}" if self.ranks() != self.num_writers else ""
+        return (f"step={self.step} writers={self.num_writers}{ws} codec={self.codec}{tt} "
                 f"contract={self.contract}{mesh} tensors=[{ts}] entries=[{es}]")
 
 
@@ -138,18 +150,39 @@ def new_attempt_id(step: int) -> str:
 #: first stratum asks for what a committer that ignores the job would not write (a statistical
 #: contract and a mesh), the second for the plain default; random cases draw both.
 CONTINUATIONS: tuple[tuple[str, bool], ...] = (("statistical", True), ("exact", False))
+#: how the saving job's world size relates to its writers (R-COMMIT-5: two facts of the job):
+#: one rank per writer; fewer ranks than writers (writers numbered ``world_size`` and above store
+#: no per-rank value); more ranks than writers (ranks that do not write, or one writer per node).
+#: A write job gives writer ``w`` rank ``w`` of every per-rank entry (the protocol), so "more" is
+#: drawn without per-rank entries; the committer case ``world-size-not-writers`` hands the
+#: committer an index that holds the values of several ranks.
+RANK_KINDS: tuple[str, ...] = ("writers", "fewer", "more")
+#: the rank kind of each codec stratum's case, in turn: the first asks for more ranks than
+#: writers (with its statistical contract and mesh), so that every run commits a job whose world
+#: size is not its number of writers (a committer that took one for the other passed every
+#: case: outside review 21b, finding 1).
+STRATUM_RANKS: tuple[str, ...] = ("more", "writers")
 _DIM_NAMES = ("dp", "tp", "pp")
 
 
-def continuation(num_writers: int, split: int) -> dict[str, Any]:
-    """A mesh of ``num_writers`` ranks (R-CONTRACT-2): 1-d, or 2-d when ``split`` divides it.
+def rank_writer(rank: int, num_writers: int) -> int:
+    """The writer that stores ``rank``'s value of a per-rank entry: ``rank mod num_writers``.
 
-    ``split`` (>= 1) picks the first dimension: ``[split, num_writers // split]`` when ``split``
-    is a proper divisor, ``[num_writers]`` otherwise.
+    Rank ``r`` is writer ``r``'s while there are as many writers; with more ranks than writers,
+    the extra ranks' values are stored by the writers in turn (one writer per node).
     """
-    if 1 < split < num_writers and num_writers % split == 0:
-        return {"shape": [split, num_writers // split], "dim_names": list(_DIM_NAMES[:2])}
-    return {"shape": [num_writers], "dim_names": [_DIM_NAMES[0]]}
+    return rank % num_writers
+
+
+def continuation(world_size: int, split: int) -> dict[str, Any]:
+    """A mesh of ``world_size`` ranks (R-CONTRACT-2): 1-d, or 2-d when ``split`` divides it.
+
+    ``split`` (>= 1) picks the first dimension: ``[split, world_size // split]`` when ``split``
+    is a proper divisor, ``[world_size]`` otherwise.
+    """
+    if 1 < split < world_size and world_size % split == 0:
+        return {"shape": [split, world_size // split], "dim_names": list(_DIM_NAMES[:2])}
+    return {"shape": [world_size], "dim_names": [_DIM_NAMES[0]]}
 
 
 def _partition(draw: Any, shape: list[int]) -> list[tuple[list[int], list[int]]]:
@@ -220,25 +253,45 @@ def exercising(case: SaveCase) -> SaveCase:
     return case
 
 
+def _world_size(draw: Any, nw: int, kind: str | None) -> int:
+    """The saving job's world size for ``nw`` writers (:data:`RANK_KINDS`; drawn if None)."""
+    kinds = [k for k in RANK_KINDS if k != "fewer" or nw >= 2]
+    if kind is None:
+        kind = draw(st.sampled_from(kinds))
+    elif kind not in kinds:  # fewer ranks than one writer: one rank per writer
+        kind = "writers"
+    if kind == "fewer":
+        return int(draw(st.integers(1, nw - 1)))
+    if kind == "more":
+        return int(draw(st.integers(nw + 1, nw + 4)))
+    return nw
+
+
 def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
                max_tensors: int = 4, max_entries: int = 3, min_step: int = 0,
                tables: str = "sometimes", exercise: bool = False,
-               continuation_kind: tuple[str, bool] | None = None) -> Any:
+               continuation_kind: tuple[str, bool] | None = None,
+               rank_kind: str | None = None) -> Any:
     """Hypothesis strategy of :class:`SaveCase`: uneven 0–4-D shardings of every dtype.
 
     ``tables`` (one of :data:`TABLE_MODES`) says whether cases ask for a tensor table;
     ``exercise`` gives every case two writers at least (where ``max_writers`` allows: concurrent
     writers even in hypothesis' simplest state) and passes it through :func:`exercising`.
     The commit job's continuation (§13) is drawn — contract ``exact`` or ``statistical``, mesh
-    ``null`` or one of the writers' count — unless ``continuation_kind`` fixes the contract and
-    whether there is a mesh (:data:`CONTINUATIONS`).
+    ``null`` or one of the world size — unless ``continuation_kind`` fixes the contract and
+    whether there is a mesh (:data:`CONTINUATIONS`). The world size is drawn from
+    :data:`RANK_KINDS` (as many ranks as writers, fewer or more) unless ``rank_kind`` fixes it;
+    a case with more ranks than writers has no per-rank entry.
     """
     if tables not in TABLE_MODES:
         raise ValueError(f"tables must be one of {TABLE_MODES}, got {tables!r}")
+    if rank_kind is not None and rank_kind not in RANK_KINDS:
+        raise ValueError(f"rank_kind must be one of {RANK_KINDS}, got {rank_kind!r}")
 
     @st.composite
     def build(draw: Any) -> SaveCase:
         nw = draw(st.integers(min(2, max_writers) if exercise else 1, max_writers))
+        ws = _world_size(draw, nw, rank_kind)
         codec = draw(st.sampled_from(list(codecs)))
         keys = draw(st.lists(st.text(st.characters(exclude_categories=["Cs"], exclude_characters=_CONTROL),
                                      min_size=1, max_size=12),
@@ -270,21 +323,21 @@ def save_cases(max_writers: int = 4, codecs: tuple[str, ...] = ("none", "zstd"),
             vals = _json_values().filter(lambda v: v is not None) \
                 if "not" in schema.get("json_schema", {}) else _json_values()
             enc = draw(st.sampled_from(["json", "json+zstd"]))
-            if draw(st.booleans()):
+            if ws > nw or draw(st.booleans()):  # more ranks than writers: global only
                 entries.append(EntrySpec(name, schema, "global", enc, value=draw(vals),
                                          writer=draw(st.integers(0, nw - 1))))
             else:
                 entries.append(EntrySpec(
-                    name, schema, "per_rank", enc, values=[draw(vals) for _ in range(nw)],
+                    name, schema, "per_rank", enc, values=[draw(vals) for _ in range(ws)],
                     policy=draw(st.sampled_from(["require_same", "modulo", "rank0", "drop"]))))
         step = draw(st.integers(min_step, min_step + 10**6))
         want_table = tables == "always" or (tables == "sometimes" and draw(st.booleans()))
         table_codec = draw(st.sampled_from(["none", "zstd"])) if want_table else "none"
         contract, meshed = continuation_kind if continuation_kind is not None else (
             draw(st.sampled_from(["exact", "statistical"])), draw(st.booleans()))
-        mesh = continuation(nw, draw(st.integers(1, nw))) if meshed else None
+        mesh = continuation(ws, draw(st.integers(1, ws))) if meshed else None
         case = SaveCase(step, nw, codec, tensors, entries, want_table, table_codec,
-                        contract, mesh)
+                        contract, mesh, None if ws == nw else ws)
         return exercising(case) if exercise else case
 
     return build()
@@ -327,7 +380,7 @@ def _save_from(d: dict[str, Any]) -> SaveCase:
     entries = [EntrySpec(**e) for e in d["entries"]]
     return SaveCase(d["step"], d["num_writers"], d["codec"], tensors, entries,
                     d.get("tensor_table", False), d.get("table_codec", "none"),
-                    d.get("contract", "exact"), d.get("mesh"))
+                    d.get("contract", "exact"), d.get("mesh"), d.get("world_size"))
 
 
 def case_from_json(d: dict[str, Any]) -> SaveCase | CrashCase:

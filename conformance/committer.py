@@ -5,9 +5,10 @@ breaks exactly one rule, and runs the committer under test on it with a commit j
 has to exit non-zero, report the exact code (the last ``{"error": {"code": ...}}`` line of its
 standard output) and publish nothing; with a ``manifest.json`` already there it has to report
 ``PCK-COMMIT-CONFLICT`` and leave that file as it was (bytes, inode, modification time; under
-tracing, no call that writes, renames or removes it). Two positive cases make sure the committer
+tracing, no call that writes, renames or removes it). Positive cases make sure the committer
 commits what a conforming writer may write (a tensor declared without ranges by a writer that
-stores none of it, spec §14.1; a zero-size tensor declared by two writers).
+stores none of it, spec §14.1; a zero-size tensor declared by two writers; a job of more ranks
+than writers, one writer holding the per-rank values of two ranks).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from conformance.trace import (
 )
 from conformance.verify import HarnessFailure, verify_saved
 
-__all__ = ["REFUSALS", "Refusal", "base_case", "run_commit_twice", "run_refusal",
-           "run_valid_commit"]
+__all__ = ["REFUSALS", "WIDE_WORLD_SIZE", "Refusal", "base_case", "run_commit_twice",
+           "run_refusal", "run_valid_commit", "run_wide_commit", "widen"]
 
 
 def base_case(tables: bool = False) -> SaveCase:
@@ -60,6 +61,35 @@ def base_case(tables: bool = False) -> SaveCase:
         tensor_table=tables, table_codec="none",
         contract="statistical" if tables else "exact",
         mesh={"shape": [2], "dim_names": ["dp"]} if tables else None)
+
+
+#: the world size of the committer cases whose job has more ranks than its two writers
+WIDE_WORLD_SIZE = 3
+
+
+def widen(case: SaveCase) -> None:
+    """Make ``case`` a job of :data:`WIDE_WORLD_SIZE` ranks saved by its two writers.
+
+    The per-rank entry ``rng`` gets a value per rank; writer 0 stores ranks 0 and 2, writer 1
+    rank 1 (:func:`~conformance.cases.rank_writer`: one writer per node holds several ranks'
+    state). The commit job gives the world size (and a mesh of it) apart from the list of
+    writers, as R-COMMIT-5 has it: a committer that takes ``len(writers)`` for the world size
+    records the wrong ``continuation`` and checks R-ENTRY-8 against the wrong count.
+    """
+    case.world_size = WIDE_WORLD_SIZE
+    rng = next(e for e in case.entries if e.name == "rng")
+    rng.values = [{"seed": r + 1} for r in range(WIDE_WORLD_SIZE)]
+    case.mesh = {"shape": [WIDE_WORLD_SIZE], "dim_names": ["dp"]}
+
+
+def _drop_rank2(c: Crafted) -> None:
+    """Writer 0 leaves out rank 2 of ``rng``: complete for two ranks, not for three."""
+    w0 = c.writers[0]
+    values = w0.index["entries"]["rng"]["values"]
+    gone = next(v for v in values if v["rank"] == 2)
+    values.remove(gone)
+    w0.files.pop(gone["file"])
+    w0.index["files"].pop(gone["file"])
 
 
 def _tensor(case: SaveCase, key: str) -> TensorSpec:
@@ -177,6 +207,9 @@ REFUSALS: tuple[Refusal, ...] = (
                                                          ([3, 0], [2, 6], 1)])),
     Refusal("entry-rank-missing", "PCK-ENTRY-MISSING", "R-COMMIT-4", "rank 1 of the per-rank "
             "entry rng has no value", edit=_drop_rank1),
+    Refusal("entry-rank-missing-beyond-writers", "PCK-ENTRY-MISSING", "R-ENTRY-8",
+            f"the job has {WIDE_WORLD_SIZE} ranks and 2 writers; rank 2 of rng has no value",
+            mutate=widen, edit=_drop_rank2),
     Refusal("entry-value-missing", "PCK-ENTRY-MISSING", "R-COMMIT-4", "the global entry meta is "
             "declared with no value", edit=_index(0, lambda i: i["entries"]["meta"].update(
                 values=[]))),
@@ -255,12 +288,28 @@ def _check_untouched(o: Outcome, adapter: Adapter, manifest: Path,
             raise HarnessFailure("; ".join(what))
 
 
+def run_wide_commit(adapter: Adapter, workdir: Path, tables: bool = False,
+                    details: dict[str, Any] | None = None) -> tuple[SaveCase, Path, str]:
+    """The committer commits a job of more ranks than writers (:func:`widen`).
+
+    It records the job's world size, not the number of writers (R-COMMIT-5, R-CONTRACT-1,
+    R-ENTRY-8).
+    """
+    return run_valid_commit(adapter, workdir, tables, details, wide=True)
+
+
 def run_valid_commit(adapter: Adapter, workdir: Path, tables: bool = False,
-                     details: dict[str, Any] | None = None) -> tuple[SaveCase, Path, str]:
-    """The committer commits a conforming attempt (with a §14.1 declaration without ranges)."""
+                     details: dict[str, Any] | None = None,
+                     wide: bool = False) -> tuple[SaveCase, Path, str]:
+    """The committer commits a conforming attempt (with a §14.1 declaration without ranges).
+
+    ``wide``: the job has more ranks than writers (:func:`widen`).
+    """
     root = workdir / "root"
     root.mkdir(parents=True, exist_ok=True)
     case = base_case(tables)
+    if wide:
+        widen(case)
     aid = new_attempt_id(case.step)
     crafted = craft_attempt(case, aid)
     # §14.1: writer 0 declares layer.b, which only writer 1 stores; both declare `empty`.

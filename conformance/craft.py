@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.cases import SaveCase
+from conformance.cases import SaveCase, rank_writer
 from conformance.spec import DTYPES, path_problem
 from conformance.store import crc32c
 
@@ -136,7 +136,7 @@ def _entries(case: SaveCase, outs: list[WriterOutput]) -> None:
     for n, e in enumerate(case.entries):
         decl = {"schema": e.schema, "scope": e.scope, "encoding": e.encoding}
         pairs = [(e.writer, None, e.value)] if e.scope == "global" else \
-            [(r, r, v) for r, v in enumerate(e.values)]
+            [(rank_writer(r, case.num_writers), r, v) for r, v in enumerate(e.values)]
         for w, rank, value in pairs:
             data = json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
             if e.encoding == "json+zstd":

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.cases import SaveCase
+from conformance.cases import SaveCase, rank_writer
 
 __all__ = ["PROTOCOL", "commit_job", "write_jobs"]
 
@@ -37,8 +37,8 @@ def _per_writer(case: SaveCase, jobdir: Path) -> list[dict[str, Any]]:
         if e.scope == "global":
             per[e.writer]["entries"].append({**base, "value": e.value})
         else:
-            for r, v in enumerate(e.values):
-                per[r]["entries"].append({**base, "rank": r, "world_size_policy": e.policy,
+            for r, v in enumerate(e.values):  # rank r of the job's world size
+                per[rank_writer(r, case.num_writers)]["entries"].append({**base, "rank": r, "world_size_policy": e.policy,
                                           "value": v})
     return per
 
@@ -52,7 +52,7 @@ def write_jobs(case: SaveCase, jobdir: Path, root: Path, attempt_id: str,
     for w in range(case.num_writers):
         job = {"protocol": PROTOCOL, "phase": "write", "root": str(root), "attempt_id": attempt_id,
                "step": case.step, "writer": w, "num_writers": case.num_writers,
-               "world_size": case.num_writers, "codec": case.codec, "block_size": 4096,
+               "world_size": case.ranks(), "codec": case.codec, "block_size": 4096,
                "tensor_table": case.tensor_table, "table_codec": case.table_codec,
                **per[w], "fail_at": (fail_at or {}).get(w)}
         p = jobdir / f"write-w{w}.json"

@@ -30,11 +30,14 @@ from typing import Any
 from conformance.trace import count_progress, traced_argv
 
 __all__ = ["Adapter", "InfrastructureError", "KillPlan", "Outcome", "count_trace_progress",
-           "progress_mode"]
+           "import_error", "progress_mode"]
 
 
 class InfrastructureError(Exception):
-    """The harness could not run the adapter: not found, not executable, past ``--timeout``."""
+    """The harness could not run the adapter: not found, not executable, past ``--timeout``.
+
+    Also when every process of it died of an import error (:attr:`Adapter.cannot_import`).
+    """
 
 
 @dataclass
@@ -129,6 +132,22 @@ class Adapter:
         self.timeout = timeout
         self.trace = trace
         self.cwd = cwd or Path.cwd()
+        self.ended = 0  # adapter processes that ran to their end (not killed by the harness)
+        self.import_failures = 0  # ... of which died of an import error (import_error())
+        self.last_import_error = ""
+
+    @property
+    def cannot_import(self) -> str | None:
+        """The import error every adapter process so far died of, or None.
+
+        An adapter whose every process ends in ``ModuleNotFoundError``/``ImportError`` never
+        ran a job: its interpreter lacks a module (the reference adapter run by a Python without
+        ``portable_ckpt``). That is the environment, not a verdict on the writer (outside
+        review 21b, finding 3: such a run reported "not conformant" after minutes of shrinking).
+        """
+        if self.ended and self.import_failures == self.ended:
+            return self.last_import_error
+        return None
 
     def preflight(self) -> None:
         """Raise :class:`InfrastructureError` when the command (or its script) cannot exist."""
@@ -197,6 +216,12 @@ class Adapter:
                                       "and was killed (raise --timeout on a slow machine)") from None
         if r.watcher is not None:
             r.watcher.join()
+        if not r.killed:
+            self.ended += 1
+            failed = import_error(r.err) if rc != 0 else None
+            if failed is not None:
+                self.import_failures += 1
+                self.last_import_error = failed
         return Outcome(r.job, rc, _reported_error(r.out), r.out, r.err, r.trace,
                        time.monotonic() - r.t0, r.killed, r.progress)
 
@@ -291,6 +316,28 @@ def _killpg(p: subprocess.Popen[bytes]) -> None:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+_IMPORT_ERROR = re.compile(r"(ModuleNotFoundError|ImportError)(: .*)?")
+
+
+def import_error(err: Path) -> str | None:
+    """The last line of standard error when it is an import error, or None.
+
+    That is Python's ``ModuleNotFoundError: ...`` or ``ImportError: ...``: the end of the
+    traceback of a process that could not import.
+    """
+    try:
+        with open(err, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [x.strip() for x in tail.splitlines() if x.strip()]
+    if lines and _IMPORT_ERROR.fullmatch(lines[-1]):
+        return lines[-1]
+    return None
 
 
 def _reported_error(out: Path) -> dict[str, Any] | None:

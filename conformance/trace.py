@@ -425,9 +425,19 @@ class _Model:
             if not self.name_durable(p, t):
                 kind = "directory" if name.inode is None else "file"
                 out.append(f"{rel}: the new {kind} name was not made durable by an fsync of "
-                           f"{os.path.relpath(os.path.dirname(p), self.root) or '.'}/ {when} "
-                           f"({rule})")
+                           f"{self._holder(p)} {when} ({rule})")
         return out
+
+    def _holder(self, path: str) -> str:
+        """The directory holding ``path``, named for a message.
+
+        The root by its absolute path (it was ``./``, read as the working directory: outside
+        review 21b), others by their path below it.
+        """
+        parent = os.path.dirname(path)
+        if parent == self.root:
+            return f"the root {parent}"
+        return f"its directory {os.path.relpath(parent, self.root)}/"
 
 
 def _listed_files(index: str, adir: str) -> set[str] | None:

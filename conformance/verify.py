@@ -89,9 +89,11 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> list[str]:
     if got.step != case.step:
         raise HarnessFailure(f"manifest step {got.step} != {case.step}")
     cont = got.manifest["continuation"]
-    if not _same_json(cont.get("world_size"), case.num_writers):
-        raise HarnessFailure(f"continuation.world_size {cont.get('world_size')!r} != "
-                             f"{case.num_writers}")
+    if not _same_json(cont.get("world_size"), case.ranks()):
+        raise HarnessFailure(
+            f"continuation.world_size {cont.get('world_size')!r} is not the commit job's "
+            f"{case.ranks()} ({case.num_writers} writer(s): the world size is the saving job's, "
+            "not the number of writers, R-COMMIT-5, R-CONTRACT-1)")
     if not _same_json(cont, case.continuation()):
         raise HarnessFailure(f"continuation {json.dumps(cont, sort_keys=True)} is not the commit "
                              f"job's {json.dumps(case.continuation(), sort_keys=True)} (the "

@@ -87,6 +87,13 @@ def _mesh_invented(job: dict[str, Any], path: Path) -> None:
         c["mesh"] = {"shape": [c["world_size"]], "dim_names": ["dp"]}
 
 
+def _ws_from_writers(job: dict[str, Any], path: Path) -> None:
+    """The committer takes the number of writers for the job's world size (outside review
+    21b, finding 1): it records it and checks per-rank entries against it."""
+    if job["phase"] == "commit":
+        job["continuation"]["world_size"] = len(job["writers"])
+
+
 def _true_as_1(value: Any) -> Any:
     if value is True:
         return 1
@@ -131,6 +138,7 @@ JOB_EDITS: dict[str, Edit] = {
     "always-statistical": _always_statistical,  # contract "statistical" whatever was asked
     "mesh-dropped": _mesh_dropped,  # the job's mesh is not recorded
     "mesh-invented": _mesh_invented,  # a mesh where the job has none
+    "ws-from-writers": _ws_from_writers,  # world size = number of writers (R-COMMIT-5)
     "int-as-float": _int_as_float,  # entry integers stored as floats
     "schema-true-as-1": _schema_true_as_1,  # an entry's declaration is not the job's (JSON)
 }

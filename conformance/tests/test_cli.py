@@ -27,6 +27,8 @@ from .conftest import BAD_WRITER, MINIMAL_WRITER, REPO, TRACING, needs_tracing
 
 QUICK = ["--examples", "1", "--codec", "zstd", "--crash-examples", "0", "--no-committer",
          "--tracing", "auto"]
+#: the exit status of a QUICK run that passes: 6 where ``--tracing auto`` finds no strace
+QUICK_PASS = 0 if TRACING else 6
 
 
 def _run(args: list[str], cwd: Path, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -157,13 +159,87 @@ def test_zero_cases_usage_and_infrastructure_codes(dirs: tuple[Path, Path]) -> N
 
 
 def test_untraced_run_says_not_checked(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """``--tracing off`` is a deliberate opt-out: exit 0, ``ok``, the checks NOT CHECKED."""
     cwd, tmp = dirs
     r = _run(["writer", *QUICK[:-2], "--tracing", "off", "--junit-xml", str(fast_tmp / "r.xml"),
-              "--", *MINIMAL_WRITER], cwd, tmp)
+              "--json", str(fast_tmp / "r.json"), "--", *MINIMAL_WRITER], cwd, tmp)
     assert r.returncode == 0 and "NOT CHECKED" in r.stdout, r.stdout + r.stderr
     skipped = [tc for tc in ET.parse(fast_tmp / "r.xml").getroot().iter("testcase")
                if tc.find("skipped") is not None]
     assert skipped and "durability" in str(skipped[0].get("name"))
+    doc = json.loads((fast_tmp / "r.json").read_text())
+    assert doc["ok"] and doc["verdict"] == "pass" and not doc["tracing"]["used"]
+    # Outside review 21b, finding 9: a passed case had no `message`, `case_dir` or `replay`
+    # (a KeyError for a CI parser), `shrink_seconds` only after a shrink. All always there.
+    keys = {"suite", "name", "status", "message", "seconds", "seed", "case_dir", "replay",
+            "details"}
+    assert all(set(c) == keys for c in doc["cases"]), doc["cases"]
+    passed = next(c for c in doc["cases"] if c["status"] == "passed")
+    assert passed["message"] == "" and passed["replay"] is None and passed["case_dir"] is None
+    assert doc["shrink_seconds"] == {} and doc["fault_points"] == dict.fromkeys(
+        doc["fault_points"], 0)
+    assert set(doc["counts"]["writer.save"]) == {"passed", "failed", "skipped", "error"}
+
+
+def test_an_untraced_auto_pass_is_not_exit_0(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """Outside review 21b, finding 4: `--tracing auto` without strace passed a writer that never
+    fsyncs and writes manifest.json in place with exit 0 and ``"ok": true``. Such a pass is
+    exit 6, ``ok`` false, ``verdict`` "partial"; a failure is still 1."""
+    cwd, tmp = dirs
+    rep = fast_tmp / "r.json"
+    r = _run(["writer", *QUICK, "--json", str(rep), "--", *MINIMAL_WRITER], cwd, tmp,
+             PATH=str(cwd))  # no strace on PATH
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert "WITHOUT the system-call checks" in r.stdout and "NOT CHECKED" in r.stdout
+    doc = json.loads(rep.read_text())
+    assert doc["exit_code"] == 6 and not doc["ok"] and doc["verdict"] == "partial"
+    assert "not a certification" in doc["exit_meaning"]
+    assert doc["counts"]["writer.save"]["failed"] == 0
+    bad = _run(["writer", *QUICK, "--no-shrink", "--", *BAD_WRITER], cwd, tmp, PATH=str(cwd),
+               PCK_BAD_MODE="wrong-crc")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    for left in tmp.iterdir():  # the failing case is kept
+        shutil.rmtree(left)
+    from conformance.report import EXIT_CODES
+
+    assert set(EXIT_CODES) == {0, 1, 2, 3, 4, 5, 6}
+    table = (REPO / "conformance" / "README.md").read_text().split("## Exit status", 1)[1]
+    assert "\n| 6 | " in table.split("## Reports", 1)[0]
+
+
+def test_an_adapter_that_cannot_import_is_infrastructure(dirs: tuple[Path, Path],
+                                                         fast_tmp: Path) -> None:
+    """Outside review 21b, finding 3: the reference adapter run by a Python without
+    portable_ckpt failed every case with ModuleNotFoundError and the run reported "not
+    conformant" (exit 1) after two minutes of minimising. Every process dead of an import
+    error is an infrastructure error (4) at the first case, without shrinking. An adapter
+    whose writers run and whose committer alone cannot import is still a verdict (1)."""
+    cwd, tmp = dirs
+    script = fast_tmp / "adapter.py"
+    script.write_text("import no_such_module_of_the_adapter  # noqa\n")
+    rep = fast_tmp / "r.json"
+    t0 = time.monotonic()
+    r = _run(["writer", "--examples", "2", "--crash-examples", "7", "--json", str(rep), "--",
+              sys.executable, str(script)], cwd, tmp)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "import error" in r.stderr and "no_such_module_of_the_adapter" in r.stderr
+    assert "minimising" not in r.stdout + r.stderr and time.monotonic() - t0 < 60
+    doc = json.loads(rep.read_text())
+    assert doc["verdict"] == "none" and [c["status"] for c in doc["cases"]] == ["error"]
+    for left in tmp.iterdir():  # the case with the adapters' *.err is kept
+        shutil.rmtree(left)
+    half = fast_tmp / "half.py"
+    half.write_text(
+        "import json, runpy, sys\n"
+        "if json.load(open(sys.argv[-1]))['phase'] == 'commit':\n"
+        "    import no_such_module_of_the_committer  # noqa\n"
+        f"sys.argv = [{str(MINIMAL_WRITER[-1])!r}, sys.argv[-1]]\n"
+        f"runpy.run_path({str(MINIMAL_WRITER[-1])!r}, run_name='__main__')\n")
+    r = _run(["writer", *QUICK, "--no-shrink", "--", sys.executable, str(half)], cwd, tmp)
+    assert r.returncode == 1 and "no_such_module_of_the_committer" in r.stdout, \
+        r.stdout + r.stderr
+    for left in tmp.iterdir():
+        shutil.rmtree(left)
 
 
 @needs_tracing
@@ -198,21 +274,48 @@ def test_failure_reports_replay_and_cleanup(dirs: tuple[Path, Path], fast_tmp: P
     assert list(cwd.iterdir()) == []
 
 
+def test_replay_sets_the_recorded_environment(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """Outside review 21b, finding 13: a defect behind an environment variable of the adapter
+    (a feature flag; PCK_BAD_MODE here) passed on replay. ``--record-env NAME`` records it in
+    case.json and ``--replay`` sets it again; the replay's own environment wins."""
+    cwd, tmp = dirs
+    rep = fast_tmp / "r.json"
+    r = _run(["writer", *QUICK, "--no-shrink", "--record-env", "PCK_BAD_MODE", "--json",
+              str(rep), "--", *BAD_WRITER], cwd, tmp, PCK_BAD_MODE="wrong-crc")
+    assert r.returncode == 1, r.stdout + r.stderr
+    case_dir = Path(json.loads(rep.read_text())["failures"][0]["case_dir"])
+    meta = json.loads((case_dir / "case.json").read_text())
+    assert meta["env"] == {"PCK_BAD_MODE": "wrong-crc"}
+    again = _run(["writer", "--replay", str(case_dir), "--tracing", "auto"], cwd, tmp)
+    assert again.returncode == 1 and "PCK-CHECKSUM" in again.stdout, again.stdout + again.stderr
+    fixed = _run(["writer", "--replay", str(case_dir), "--tracing", "auto"], cwd, tmp,
+                 PCK_BAD_MODE="")
+    assert fixed.returncode == QUICK_PASS, fixed.stdout + fixed.stderr
+    work = fast_tmp / "work"  # nothing is recorded unless asked: an environment holds secrets
+    plain = _run(["writer", *QUICK, "--workdir", str(work), "--keep-work", "--",
+                  *MINIMAL_WRITER], cwd, tmp, SECRET_TOKEN="x")
+    assert plain.returncode == QUICK_PASS, plain.stdout + plain.stderr
+    (kept,) = work.glob("save-*/case.json")
+    assert json.loads(kept.read_text())["env"] == {}
+    for left in tmp.iterdir():
+        shutil.rmtree(left)
+
+
 def test_keep_work_and_workdir(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
     cwd, tmp = dirs
     work = fast_tmp / "work"
     r = _run(["writer", *QUICK, "--workdir", str(work), "--keep-work", "--", *MINIMAL_WRITER],
              cwd, tmp)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == QUICK_PASS, r.stderr
     (case,) = [p for p in work.iterdir() if p.name.startswith("save-")]
     assert (case / "case.json").is_file() and list(case.rglob("manifest.json"))
     r = _run(["writer", *QUICK, "--workdir", str(work / "again"), "--", *MINIMAL_WRITER],
              cwd, tmp)
-    assert r.returncode == 0 and list((work / "again").iterdir()) == []
+    assert r.returncode == QUICK_PASS and list((work / "again").iterdir()) == []
     # Review C1: a --workdir holding an earlier run's case (kept, or a run beside this one)
     # crashed the run with FileExistsError, exit 1 ("not conformant"), no report.
     again = _run(["writer", *QUICK, "--workdir", str(work), "--", *MINIMAL_WRITER], cwd, tmp)
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == QUICK_PASS, again.stderr
     assert (case / "case.json").is_file()  # the earlier case is left alone
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
 
@@ -325,7 +428,7 @@ def test_exit_codes_a_ci_gate_reads(dirs: tuple[Path, Path], fast_tmp: Path) -> 
     assert "infrastructure" in m.stderr and time.monotonic() - t0 < 60
     ok = _run(["writer", *QUICK, "--", sys.executable, "-m", "conformance.examples.minimal_writer"],
               cwd, tmp)
-    assert ok.returncode == 0, ok.stdout + ok.stderr  # a module that exists runs as before
+    assert ok.returncode == QUICK_PASS, ok.stdout + ok.stderr  # a module that exists runs
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
 
 

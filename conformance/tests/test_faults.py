@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from conformance.cases import (
     CONTINUATIONS,
     EXERCISE_BLOCKS,
+    STRATUM_RANKS,
     CrashCase,
     EntrySpec,
     SaveCase,
@@ -26,7 +27,7 @@ from conformance.cases import (
     case_to_json,
     save_cases,
 )
-from conformance.committer import REFUSALS, run_commit_twice, run_refusal
+from conformance.committer import REFUSALS, run_commit_twice, run_refusal, run_wide_commit
 from conformance.harness import check_writer, run_crash_case, run_save_case
 from conformance.spec import DTYPES
 from conformance.trace import tracing_status
@@ -306,15 +307,92 @@ def test_drawn_continuations_are_valid_and_varied(data: st.DataObject) -> None:
     """Drawn meshes describe the world size (R-CONTRACT-2); a stratum's continuation is fixed."""
     case: SaveCase = data.draw(save_cases(4))
     assert case.contract in ("exact", "statistical")
-    if case.mesh is not None:
+    if case.mesh is not None:  # a mesh of the job's world size, not of its writers
         shape, names = case.mesh["shape"], case.mesh["dim_names"]
-        assert len(shape) == len(names) and math.prod(shape) == case.num_writers
+        assert len(shape) == len(names) and math.prod(shape) == case.ranks()
     for kind in CONTINUATIONS:
         fixed: SaveCase = data.draw(save_cases(3, ("none",), exercise=True,
                                                continuation_kind=kind))
         assert (fixed.contract, fixed.mesh is not None) == kind
     assert {k[0] for k in CONTINUATIONS} == {"exact", "statistical"}
     assert {k[1] for k in CONTINUATIONS} == {True, False}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_drawn_world_sizes_are_valid_jobs(data: st.DataObject) -> None:
+    """Outside review 21b, finding 1: every case had world size = number of writers. Cases now
+    draw fewer and more ranks than writers; every per-rank entry has one value per rank of the
+    job (R-ENTRY-8); a job of more ranks than writers has none (the protocol gives writer w
+    rank w); the first codec stratum always asks for more ranks than writers."""
+    case: SaveCase = data.draw(save_cases(4))
+    for e in case.entries:
+        if e.scope == "per_rank":
+            assert len(e.values) == case.ranks() <= case.num_writers
+    assert case.continuation()["world_size"] == case.ranks() >= 1
+    first: SaveCase = data.draw(save_cases(3, ("none",), exercise=True,
+                                           rank_kind=STRATUM_RANKS[0]))
+    assert first.ranks() > first.num_writers and first.world_size == first.ranks()
+    assert not any(e.scope == "per_rank" for e in first.entries)
+    one: SaveCase = data.draw(save_cases(1, rank_kind="fewer"))  # impossible: one per writer
+    assert one.ranks() == one.num_writers == 1
+
+
+def test_world_sizes_of_every_kind_are_drawn() -> None:
+    """Random cases draw all three relations of world size and writers (a property above
+    holds for each; this checks that each occurs)."""
+    from hypothesis import find
+
+    for pred in (lambda c: c.ranks() == c.num_writers, lambda c: c.ranks() < c.num_writers,
+                 lambda c: c.ranks() > c.num_writers and c.mesh is not None,
+                 lambda c: c.ranks() < c.num_writers
+                 and any(e.scope == "per_rank" for e in c.entries)):
+        find(save_cases(4), pred, settings=settings(database=None, max_examples=2000))
+
+
+def test_write_jobs_carry_the_jobs_world_size(fast_tmp: Path) -> None:
+    """The write jobs say the job's world size, and rank r of a per-rank entry goes to writer
+    r mod num_writers (with as many writers as ranks: rank w to writer w)."""
+    import json
+
+    from conformance.cases import rank_writer
+    from conformance.jobs import commit_job, write_jobs
+
+    case = explicit_case()
+    case.world_size = 1  # two writers, one rank: writer 1 stores no per-rank value
+    case.entries.append(EntrySpec("rng", {"id": "pck:json/1"}, "per_rank", "json",
+                                  values=[{"r": 0}], policy="modulo"))
+    jobs = [json.loads(p.read_text()) for p in write_jobs(case, fast_tmp, fast_tmp, "a")]
+    assert [j["world_size"] for j in jobs] == [1, 1] and [j["num_writers"] for j in jobs] == [2, 2]
+    assert [[e.get("rank") for e in j["entries"] if e["name"] == "rng"] for j in jobs] == [[0], []]
+    commit = json.loads(commit_job(case, fast_tmp, fast_tmp, "a").read_text())
+    assert commit["writers"] == [0, 1] and commit["continuation"]["world_size"] == 1
+    assert [rank_writer(r, 2) for r in range(5)] == [0, 1, 0, 1, 0]
+
+
+def test_a_committer_that_takes_the_writers_for_the_world_size(bad: pytest.MonkeyPatch,
+                                                              fast_tmp: Path) -> None:
+    """Outside review 21b, finding 1 (HIGH): a committer that records
+    ``continuation.world_size = len(writers)`` and checks per-rank entries against that count
+    passed every case. The smallest run (`--examples 2`) fails it for any seed (the first
+    stratum has more ranks than writers), and so do both committer cases of a job of 3 ranks
+    and 2 writers; the unmodified committer passes them."""
+    bad.setenv("PCK_BAD_MODE", "ws-from-writers")
+    with pytest.raises(HarnessFailure) as ei:
+        check_writer(BAD_WRITER, examples=2, crash_examples=0, seed=21, tracing="off",
+                     shrink=False, workdir=str(fast_tmp / "run"))
+    assert "world_size" in str(ei.value), ei.value
+    with pytest.raises(HarnessFailure) as ei:
+        run_wide_commit(adapter(BAD_WRITER, trace=False), fast_tmp / "wide")
+    assert "refused a conforming attempt" in str(ei.value) and "PCK-ENTRY-MISSING" in str(ei.value)
+    assert "the committer exited 0" in _refuse("ws-from-writers",
+                                               "entry-rank-missing-beyond-writers", bad,
+                                               fast_tmp / "missing")
+    bad.delenv("PCK_BAD_MODE")
+    case, _, _ = run_wide_commit(adapter(BAD_WRITER, trace=False), fast_tmp / "ok")
+    assert case.ranks() == 3 and case.num_writers == 2
+    run_refusal(adapter(BAD_WRITER, trace=False), REFUSAL["entry-rank-missing-beyond-writers"],
+                fast_tmp / "ok-missing")
 
 
 def test_an_old_case_json_replays_with_the_old_continuation() -> None:
@@ -454,6 +532,47 @@ def test_a_reopen_without_a_write_is_no_overwrite() -> None:
     assert ["written again" in p for p in overwrite_problems(rewrite, a)] == [True]
     trunc = [made, FsEvent("open", f"{a}/data/f", 3, 4, flags="O_WRONLY|O_TRUNC")]
     assert ["O_TRUNC" in p for p in overwrite_problems(trunc, a)] == [True]
+
+
+def test_the_kept_failure_is_the_minimal_example(bad: pytest.MonkeyPatch,
+                                                 fast_tmp: Path) -> None:
+    """Outside review 21b, finding 16: the kept case of a failing stratum was a random state
+    (step 5799, 3 writers) after the whole --shrink-time: hypothesis' explain phase ran random
+    variations of the minimal example after shrinking, each a whole save, and the last failing
+    one was reported. Without that phase the report is the minimal example (a stratum keeps
+    the tensors it adds: those do not shrink)."""
+    from conformance.harness import Options, run_suite
+    from conformance.report import RunReport
+
+    bad.setenv("PCK_BAD_MODE", "wrong-crc")
+    report = RunReport("writer", [])
+    run_suite(BAD_WRITER, Options(examples=2, crash_examples=0, committer=False, seed=7,
+                                  workdir=str(fast_tmp), tracing="off", shrink_time=4), report)
+    (failure,) = report.failures
+    assert failure.message.startswith("step 0: 2 writer(s) for 3 rank(s), codec none, "
+                                      "17 tensor(s), 1 entr(y/ies): "), failure.message
+
+
+def test_a_name_not_made_durable_names_its_directory() -> None:
+    """Outside review 21b, finding 11: an attempt directory whose name the writer never made
+    durable in the root was reported as "not made durable by an fsync of ./", which reads as
+    the working directory. The root is named by its absolute path; a directory inside it by
+    its path below the root."""
+    from conformance.trace import FsEvent, writer_problems
+
+    root, aid = "/abs/ckpt-root", "s000000000001-20260101T000000000000Z-0123456789abcdef"
+    a = f"{root}/{aid}"
+    index = f"{a}/index/w00000.json"
+    events = [FsEvent("mkdir", a, 0, 1), FsEvent("mkdir", f"{a}/index", 1, 2),
+              FsEvent("sync", a, 2, 3),  # the attempt directory, after index/: not the root
+              FsEvent("open", index, 3, 4, flags="O_WRONLY|O_CREAT|O_EXCL"),
+              FsEvent("write", index, 4, 5), FsEvent("sync", index, 5, 6)]
+    problems = writer_problems(events, root, aid, 0, 10)
+    assert any(f"{aid}: the new directory name was not made durable by an fsync of the root "
+               f"{root} before the writer exited" in p for p in problems), problems
+    assert any(f"index/w00000.json: the new file name was not made durable by an fsync of its "
+               f"directory {aid}/index/ " in p for p in problems), problems
+    assert not any(" ./ " in p for p in problems), problems
 
 
 def test_a_killed_committers_temporary_manifest_is_no_writer_breach() -> None:

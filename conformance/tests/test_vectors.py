@@ -59,6 +59,27 @@ def test_case_names_are_unique_across_versions() -> None:
     assert len(names) == len(set(names))
 
 
+def test_materialize_finds_the_set_of_a_case(tmp_path: Path) -> None:
+    """Outside review 21b, finding 5: ``materialize(case, dest)`` as the README documents it
+    copied from ``vectors/1.0/`` whatever set the case belonged to. Without a directory it
+    finds the case's set by its name (unique across sets, above), setup included."""
+    from conformance.vectors import vector_dir_of
+
+    seen = set()
+    for version, vdir, case in ALL:
+        if version in seen and not case.get("setup"):
+            continue
+        seen.add(version)
+        assert vector_dir_of(case["name"]) == vdir
+        target = materialize(case, tmp_path / version)
+        assert target == tmp_path / version / case["name"] / case["target"] and target.exists()
+        for op in case.get("setup", []):
+            assert (tmp_path / version / case["name"] / op["path"]).is_symlink()
+    assert seen == set(VECTOR_DIRS)
+    with pytest.raises(KeyError):
+        vector_dir_of("no-such-case")
+
+
 @pytest.mark.parametrize(("vdir", "case"), [(d, c) for _, d, c in ALL], ids=ALL_IDS)
 def test_check(vdir: Path, case: dict[str, Any], tmp_path: Path) -> None:
     target = materialize(case, tmp_path, vdir)

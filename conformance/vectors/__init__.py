@@ -15,8 +15,9 @@ MINOR), ``vectors/errata-10/`` those of errata 10 (a writer index that lists a f
 another size, zero-size shard tensors at and inside a span), ``vectors/errata-11/`` those of
 errata 11 (pin records at a root), ``vectors/errata-12/`` those of errata 12 (a grid and a
 non-grid layout of more than 12,000 boxes each, R-COVER-4), ``vectors/1.2/`` those of format 1.2
-(verification records that clear failed ones, R-DRILL-10). Errata 5, 7, 8, 9 and 13 have no vectors. All are frozen (R-VERSION-9); a reader of 1.1 passes all of
-them (:data:`VECTOR_DIRS`, :func:`all_cases`).
+(verification records that clear failed ones, R-DRILL-10). Errata 5, 7, 8, 9, 13, 14 and 15 have
+no vectors. All are frozen (R-VERSION-9); a reader of 1.2 passes all of them
+(:data:`VECTOR_DIRS`, :func:`all_cases`; :func:`materialize` finds a case's set by its name).
 
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
 relative to the case directory), for valid cases ``expected`` (expected.json with every tensor's
@@ -40,7 +41,8 @@ from typing import Any
 __all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1",
            "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4",
            "VECTOR_DIR_ERRATA_6", "VECTOR_DIR_ERRATA_10", "VECTOR_DIR_ERRATA_11",
-           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "all_cases", "load_cases", "materialize"]
+           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "all_cases", "load_cases", "materialize",
+           "vector_dir_of"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
 VECTOR_DIR_1_1 = Path(__file__).resolve().parent / "1.1"
@@ -75,8 +77,37 @@ def all_cases() -> list[tuple[str, Path, dict[str, Any]]]:
     return [(version, d, c) for version, d in VECTOR_DIRS.items() for c in load_cases(d)]
 
 
-def materialize(case: dict[str, Any], dest: Path, vector_dir: Path = VECTOR_DIR) -> Path:
-    """Copy a case to ``dest/<name>``, apply its setup, and return the path to open."""
+def vector_dir_of(name: str) -> Path:
+    """The directory of the set that holds the case ``name`` (names are unique across sets).
+
+    Raises ``KeyError`` for a name no set has.
+    """
+    dirs = _case_dirs()
+    if name not in dirs:
+        raise KeyError(f"no vector set has a case named {name!r}")
+    return dirs[name]
+
+
+_CASE_DIRS: dict[str, Path] = {}
+
+
+def _case_dirs() -> dict[str, Path]:
+    """Every case name of :data:`VECTOR_DIRS` and its set's directory (read once)."""
+    if not _CASE_DIRS:
+        for _, d, case in all_cases():
+            _CASE_DIRS.setdefault(case["name"], d)
+    return _CASE_DIRS
+
+
+def materialize(case: dict[str, Any], dest: Path, vector_dir: Path | None = None) -> Path:
+    """Copy a case to ``dest/<name>``, apply its setup, and return the path to open.
+
+    ``vector_dir`` is the directory of the case's set (the second element of an
+    :func:`all_cases` record, or a value of :data:`VECTOR_DIRS`); without it the set is found
+    by the case's name, which is unique across every set (:func:`vector_dir_of`).
+    """
+    if vector_dir is None:
+        vector_dir = vector_dir_of(str(case["name"]))
     src = vector_dir / case["name"]
     out = dest / case["name"]
     shutil.copytree(src, out, symlinks=True)
