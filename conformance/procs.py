@@ -335,9 +335,19 @@ def import_error(err: Path) -> str | None:
     except OSError:
         return None
     lines = [x.strip() for x in tail.splitlines() if x.strip()]
-    if lines and _IMPORT_ERROR.fullmatch(lines[-1]):
-        return lines[-1]
-    return None
+    if not lines or not _IMPORT_ERROR.fullmatch(lines[-1]):
+        return None
+    # Only an import of the adapter's start: every frame of the traceback (but the
+    # interpreter's own runpy/importlib ones) is a module's top level. A module imported for
+    # one kind of job, inside a function (a codec's), is the writer's failure: with
+    # `--codec zstd` alone such a writer was told "infrastructure" (re-review 21c, 1).
+    frames = [m.group(2) for m in _FRAME.finditer(tail) if not m.group(1).startswith("<frozen")]
+    if not frames or any(name != "<module>" for name in frames):
+        return None
+    return lines[-1]
+
+
+_FRAME = re.compile(r'^\s*File "([^"]*)", line \d+, in (\S+)', re.M)
 
 
 def _reported_error(out: Path) -> dict[str, Any] | None:

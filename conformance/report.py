@@ -35,8 +35,9 @@ EXIT_CODES: dict[int, str] = {
     5: "internal error of the suite itself (a bug of portable-ckpt-conformance, not a "
        "conformance verdict): the reports hold the cases done so far and the error",
     6: "partial pass, not a certification: every writer case that ran passed, but --tracing "
-       "auto found no usable tracer (strace), so durability and atomic publish (R-COMMIT-6, "
-       "R-COMMIT-7, R-COMMIT-8) were not checked; --tracing off opts out on purpose (exit 0)",
+       "auto found no usable tracer (strace), so the system-call checks (durability R-COMMIT-6, "
+       "R-COMMIT-17; atomic publish R-COMMIT-7, R-COMMIT-8; R-COMMIT-9; R-LAYOUT-2) were not "
+       "made; --tracing off opts out on purpose (exit 0)",
 }
 
 #: the ``verdict`` of a JSON report, by exit status (any other status: ``"none"``)

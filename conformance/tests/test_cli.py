@@ -240,6 +240,14 @@ def test_an_adapter_that_cannot_import_is_infrastructure(dirs: tuple[Path, Path]
         r.stdout + r.stderr
     for left in tmp.iterdir():
         shutil.rmtree(left)
+    # Re-review 21c, 1: a module imported inside the job's work (a codec's), whatever job
+    # comes first, is the writer's failure (1), not its environment's (4).
+    lazy = fast_tmp / "lazy.py"
+    lazy.write_text("def write_job():\n    import no_such_codec_module  # noqa\n\nwrite_job()\n")
+    r = _run(["writer", *QUICK, "--no-shrink", "--", sys.executable, str(lazy)], cwd, tmp)
+    assert r.returncode == 1 and "no_such_codec_module" in r.stdout, r.stdout + r.stderr
+    for left in tmp.iterdir():
+        shutil.rmtree(left)
 
 
 @needs_tracing
