@@ -319,24 +319,32 @@ def test_a_record_the_version_lists_is_never_pruned(tmp_path: Path) -> None:
     assert len(_files(vdir, "verifications")) == RECORDS_KEPT + 1
 
 
+def _plant_passes_dated_ahead(vdir: Path, attempt_id: str) -> list[str]:
+    """RECORDS_KEPT sampled passes dated a day ahead, as a fast clock writes them; their names."""
+    import datetime as dt
+
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    (vdir / "verifications").mkdir(exist_ok=True)
+    planted = []
+    for i in range(RECORDS_KEPT):
+        vid = f"v20991231T00000000000{i}Z-0000000{i}"
+        planted.append(f"{vid}.json")
+        (vdir / "verifications" / f"{vid}.json").write_text(json.dumps({
+            "format": "portable-ckpt-verification", "format_version": "1.0",
+            "attempt_id": attempt_id, "verification_id": vid,
+            "verified_at": (ahead + dt.timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "ok": True, "mode": "sample", "fraction": 0.5, "chunks": 1, "seed": 1,
+            "errors": []}))
+    return planted
+
+
 def test_passes_dated_ahead_do_not_push_out_the_passes_dated_by_now(tmp_path: Path) -> None:
     """Attack review 12b, B5: four passes dated a day ahead (a fast clock, or planted) made
     every real pass pruned right after it was written; ``ls`` then showed only the one dated
     ahead."""
-    import datetime as dt
-
     vdir, m = build_version(tmp_path / "r")
     storage = open_storage(vdir.parent)
-    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-    for i in range(RECORDS_KEPT):
-        vid = f"v20991231T00000000000{i}Z-0000000{i}"
-        (vdir / "verifications").mkdir(exist_ok=True)
-        (vdir / "verifications" / f"{vid}.json").write_text(json.dumps({
-            "format": "portable-ckpt-verification", "format_version": "1.0",
-            "attempt_id": m.attempt_id, "verification_id": vid,
-            "verified_at": (ahead + dt.timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "ok": True, "mode": "sample", "fraction": 0.5, "chunks": 1, "seed": 1,
-            "errors": []}))
+    _plant_passes_dated_ahead(vdir, m.attempt_id)
     path = write_verification_record(storage, m.attempt_id, ok=True, mode="sample",
                                       fraction=0.5, chunks=1, seed=2)
     assert Path(path).name in _files(vdir, "verifications")
@@ -352,22 +360,9 @@ def test_the_newest_records_dated_by_now_stay_as_history_beside_those_dated_ahea
     as that, each real pass written pruned the real ones before it but the newest: three
     sampled passes left one. Test audit 21b, A05: the count among those dated by now was
     masked by the newest pass of each mode, which keeps one."""
-    import datetime as dt
-
     vdir, m = build_version(tmp_path / "r")
     storage = open_storage(vdir.parent)
-    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-    (vdir / "verifications").mkdir()
-    planted = []
-    for i in range(RECORDS_KEPT):
-        vid = f"v20991231T00000000000{i}Z-0000000{i}"
-        planted.append(f"{vid}.json")
-        (vdir / "verifications" / f"{vid}.json").write_text(json.dumps({
-            "format": "portable-ckpt-verification", "format_version": "1.0",
-            "attempt_id": m.attempt_id, "verification_id": vid,
-            "verified_at": (ahead + dt.timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "ok": True, "mode": "sample", "fraction": 0.5, "chunks": 1, "seed": 1,
-            "errors": []}))
+    planted = _plant_passes_dated_ahead(vdir, m.attempt_id)
     written = [Path(write_verification_record(storage, m.attempt_id, ok=True, mode="sample",
                                               fraction=0.5, chunks=1, seed=s)).name
                for s in (2, 3, 4)]

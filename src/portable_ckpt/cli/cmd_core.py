@@ -26,6 +26,10 @@ __all__ = ["register"]
 _MAX_FOREIGN = 1000
 
 
+#: Invalid attempts ``ls`` names one by one on stderr (then a count).
+_MAX_INVALID_NAMED = 8
+
+
 def _ls(args: argparse.Namespace) -> int:
     from portable_ckpt.io.versions import (
         foreign_keys,
@@ -149,10 +153,6 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
-
-
-#: Invalid attempts ``ls`` names one by one on stderr (then a count).
-_MAX_INVALID_NAMED = 8
 
 
 def _passed(last: dict[str, Any]) -> str:

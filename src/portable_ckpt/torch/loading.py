@@ -284,7 +284,7 @@ def _load(
     if resolved:
         resolved[0].source = None  # sent: the parsed record is what this rank keeps
 
-    opened_ck: list[Checkpoint] = []
+    mine: list[tuple[Checkpoint, list[str]]] = []  # this rank's version and own targets
 
     def fill() -> tuple[LoadInfo, dict[str, Any]]:
         manifest = resolved[0] if resolved else share.manifest(attempt_id, record)
@@ -292,11 +292,11 @@ def _load(
             held.update(manifest.tensors)
             held.update(manifest.entries)
         ck = Checkpoint(storage, attempt_id, manifest)
-        opened_ck.append(ck)
         info = _new_info(ck, comm, group_mesh(flat.tensors.values()), allow_statistical)
         # The target's own tensors, before the load grows any below an empty dict (a fresh
         # Stateful's EMA): those are the stored ones, and would hide a target that fits not.
         wanted = list(flat.tensors)
+        mine.append((ck, wanted))
         found = sum(1 for k in wanted if k in ck.tensors)
         if not found and wanted and comm.world_size == 1:
             raise _none_found(ck, wanted)  # decided alone: before anything changes
@@ -323,7 +323,7 @@ def _load(
     # is a partial target like any other, while a target of which no rank found a tensor
     # loaded nothing (fine-tuning review 21, M2).
     if any(c["_targets"] for c in counters) and not any(c["_found"] for c in counters):
-        raise _none_found(opened_ck[0], [k for k in flat.tensors if k not in opened_ck[0].tensors])
+        raise _none_found(*mine[0])
     info.per_rank = [{k: v for k, v in c.items() if not k.startswith("_")} for c in counters]
     return info
 
@@ -1177,11 +1177,11 @@ def _same_optimizers(stored: dict[str, Any], target: Mapping[str, Any], path: st
     if not wanted:
         return
     have = _group_members(stored)
+    known = _optimizer_members()  # a group's own members (a "name" to log) tell nothing
     for (head, idx), names in sorted(wanted.items()):
         got = have.get((head, idx))
         if got is None:
             continue
-        known = _optimizer_members()  # a group's own members (a "name" to log) tell nothing
         theirs, ours = (got - names) & known, (names - got) & known
         if theirs and ours:
             raise EntryTargetError(

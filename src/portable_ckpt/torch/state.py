@@ -470,8 +470,8 @@ class LRSchedulerState(StateEntry):
         """
         if value is None:
             return
-        value = _check_classes(value, self.scheduler, "the value")
-        state = decode_json(value)
+        _check_classes(value, self.scheduler, "the value")  # before the scheduler changes
+        state = decode_json(without_scheduler_class(value))
         current = self.scheduler.state_dict()
         for k, v in list(state.items()):  # keep tuple-typed fields tuples
             if isinstance(current.get(k), tuple) and isinstance(v, list):
@@ -508,8 +508,8 @@ def without_scheduler_class(value: Any) -> Any:
     return out
 
 
-def _check_classes(value: Any, scheduler: Any, where: str) -> Any:
-    """``value`` without its ``class`` members, once each names ``scheduler``'s class or is absent.
+def _check_classes(value: Any, scheduler: Any, where: str) -> None:
+    """Refuse ``value`` unless each ``class`` it holds names ``scheduler``'s class, or is absent.
 
     Classes are compared by their last dotted part, against the target's class and its bases:
     a job whose scheduler moved to another module, or a subclass of the stored class, restores
@@ -518,8 +518,7 @@ def _check_classes(value: Any, scheduler: Any, where: str) -> Any:
     is refused whatever the value names (torch applies the first ones, or fails on an index).
     """
     if not isinstance(value, dict):
-        return value
-    out = {k: v for k, v in value.items() if k != "class"}
+        return
     stored, live = value.get("class"), _class_name(scheduler)
     names = {c.__name__ for c in type(scheduler).__mro__}  # "a.<locals>.Warmup": "Warmup"
     if isinstance(stored, str) and stored.rsplit(".", 1)[-1] not in names:
@@ -530,7 +529,7 @@ def _check_classes(value: Any, scheduler: Any, where: str) -> Any:
             "version an older release saved after loading another class's state names that "
             "class: docs/upgrading.md, 'Loads')"
         )
-    nested, inner = out.get("_schedulers"), getattr(scheduler, "_schedulers", None)
+    nested, inner = value.get("_schedulers"), getattr(scheduler, "_schedulers", None)
     if isinstance(nested, list) and isinstance(inner, (list, tuple)):
         if len(nested) != len(inner):
             raise EntryTargetError(
@@ -538,11 +537,8 @@ def _check_classes(value: Any, scheduler: Any, where: str) -> Any:
                 f"nested schedulers, the target {live} holds {len(inner)}; build it with the "
                 "stored schedule, or leave the scheduler out of the loaded state"
             )
-        out["_schedulers"] = [
+        for i, (v, s) in enumerate(zip(nested, inner, strict=True)):
             _check_classes(v, s, f"{where}._schedulers[{i}]")
-            for i, (v, s) in enumerate(zip(nested, inner, strict=True))
-        ]
-    return out
 
 
 class GradScalerState(StateEntry):
