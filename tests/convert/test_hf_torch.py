@@ -451,3 +451,30 @@ def test_a_stored_json_array_comes_back_a_list(tmp_path: Path) -> None:
     again.load_state_dict(back["sched"])
     assert again.get_last_lr() == sched.get_last_lr()
     assert not [w for w in res.warnings if "decimal strings" in w.message], res.warnings
+
+
+def test_verbatim_dcp_export_leaves_the_scheduler_class_behind(tmp_path: Path) -> None:
+    """R-ENTRY-17 (left open at the twenty-first stop): ``convert --to dcp --keys verbatim``
+    wrote a scheduler entry as one DCP byte item with the format's ``class`` member in it; a
+    scheduler loaded from that item took ``class`` as an attribute, and its next state_dict()
+    carried it into every later save. The export leaves it behind, as ``--to torch`` does."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    import portable_ckpt.torch as pckt
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    inner = [torch.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2),
+             torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)]
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, inner, milestones=[2])
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    pckt.save({"model": model, "optim": opt, "sched": sched}, tmp_path / "root", step=3,
+              continuation="statistical")
+    convert(str(tmp_path / "root"), str(tmp_path / "dcp"), dst_format="dcp", keys="verbatim")
+    dcp_to_torch_save(tmp_path / "dcp", tmp_path / "back.pt")
+    back = torch.load(tmp_path / "back.pt", weights_only=True)["sched"]
+    assert "class" not in back
+    assert all("class" not in s for s in back["_schedulers"])
+    assert back["last_epoch"] == 3 and back["_milestones"] == [2]

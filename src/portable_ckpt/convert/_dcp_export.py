@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_strict
 from portable_ckpt.errors import UsageError
+from portable_ckpt.torch.state import without_scheduler_class
 
 __all__ = ["save_portable_as_dcp", "to_torch"]
 
@@ -145,9 +146,18 @@ def _verbatim(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
                 )
             )
             values[name] = functools.partial(ck.entry, name, rank=0, world_size=1)
+        elif ck.entries[name].schema_id == "pck:lr-scheduler/1":
+            # The format's ``class`` member (R-ENTRY-17) is no part of the scheduler's state: a
+            # scheduler given it keeps it as an attribute and saves it again (mapped items keep
+            # it, as the DCP view shows it to dcp.load).
+            values[name] = functools.partial(_scheduler_value, ck, name)
         else:
             values[name] = functools.partial(ck.entry, name)
     return _Items({k: k for k in ck.tensors}, values, None), warnings
+
+
+def _scheduler_value(ck: Any, name: str) -> Any:
+    return without_scheduler_class(ck.entry(name))
 
 
 def _mapped(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
