@@ -15,11 +15,21 @@ def stage_all_new(rank: int, world: int, root: str, every_rank_new: bool) -> dic
     import portable_ckpt.torch as pckt
     from portable_ckpt.errors import CheckpointError
 
-    if rank == 0:  # one process writes the version (torch.save of the group is collective)
+    if every_rank_new:  # the version holds a plain value and a data position too
+        pckt.save({"stage0": {"w": torch.arange(4.0)}, "seen": 7, "pos": pckt.DataPosition(2, 70)},
+                  root, step=1, continuation="statistical")
+    elif rank == 0:  # one process writes the version (torch.save of the group is collective)
         portable_ckpt.save_arrays(root, {"stage0/w": np.arange(4.0, dtype=np.float32)}, step=1)
     torch.distributed.barrier()
     if every_rank_new:
-        target = {"renamed": {"w": torch.zeros(4)}}
+        pos = pckt.DataPosition(0, 0)
+        target = {"renamed": {"w": torch.zeros(4)}, "seen": 0, "pos": pos}
+        try:
+            pckt.load(target, root, strict=False, allow_statistical=True)
+        except CheckpointError as exc:  # refused before anything changed, on every rank
+            return {"code": exc.code, "message": exc.message, "seen": target["seen"],
+                    "pos": [pos.epoch, pos.global_sample_index, pos.restored]}
+        return {"code": None}
     else:
         target = {"stage0": {"w": torch.zeros(4)}} if rank == 0 else {"stage1": {"w": torch.zeros(4)}}
     try:

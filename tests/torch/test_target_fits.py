@@ -97,7 +97,7 @@ def test_an_optimizer_in_the_target_does_not_hide_that_no_tensor_fits(tmp_path: 
 def test_none_found_is_decided_over_the_group(tmp_path: Path) -> None:
     """Fine-tuning review 21, M2: a pipeline stage whose tensors are all new (a model grown by
     stages) is a partial target: the other stage loads, nothing fails. A target that no rank
-    finds is refused on every rank alike (no rank waits for another)."""
+    finds is refused on every rank alike (no rank waits for another), before anything changes."""
     from portable_ckpt.torch.launch import run_group
 
     res = run_group("tests.torch._fit_workers:stage_all_new", 2, (str(tmp_path / "a"), False),
@@ -111,6 +111,9 @@ def test_none_found_is_decided_over_the_group(tmp_path: Path) -> None:
     res.raise_for_errors()
     assert [r["code"] for r in res.results] == ["PCK-TENSOR-MISSING"] * 2
     assert all("none of the target's 1 tensors" in r["message"] for r in res.results)
+    # Before anything changed: the plain value and the data position the version holds were
+    # not applied (they were, until the twenty-second stop).
+    assert [(r["seen"], r["pos"]) for r in res.results] == [(0, [0, 0, False])] * 2
 
 
 def test_an_optimizer_of_another_class_is_refused_before_its_groups_change(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ Phases (every rank of the group calls :func:`load` with its own target state):
    load (the newest, the newest of a step, or a given attempt id), so every rank opens the same.
    Its ``manifest.json`` is read once per load, each rank reading a slice; every rank validates
    the whole document as one read from storage, all at the same time (:mod:`._load_resolve`).
-2. ``load`` (all-gather of each rank's counters): each rank opens that version, checks the
-   continuation contract, intersects the stored ranges with each local target box and reads only
+2. ``check`` (all-gather): each rank opens that version, checks the continuation contract and
+   counts the target tensors it holds; a target of which no rank finds one is refused here,
+   before anything changes.
+3. ``load`` (all-gather of each rank's counters): each rank intersects the stored ranges with each local target box and reads only
    those bytes straight into the destination tensor's memory, proving coverage and verifying the
    checksums of everything it reads — all tensors of the rank in one read planned per file (each
    byte read once, each checksum block verified once). The entry values it restores are read
@@ -284,9 +286,7 @@ def _load(
     if resolved:
         resolved[0].source = None  # sent: the parsed record is what this rank keeps
 
-    mine: list[tuple[Checkpoint, list[str]]] = []  # this rank's version and own targets
-
-    def fill() -> tuple[LoadInfo, dict[str, Any]]:
+    def check() -> tuple[tuple[Checkpoint, LoadInfo, list[str], int], dict[str, int]]:
         manifest = resolved[0] if resolved else share.manifest(attempt_id, record)
         if held is not None:
             held.update(manifest.tensors)
@@ -296,10 +296,20 @@ def _load(
         # The target's own tensors, before the load grows any below an empty dict (a fresh
         # Stateful's EMA): those are the stored ones, and would hide a target that fits not.
         wanted = list(flat.tensors)
-        mine.append((ck, wanted))
         found = sum(1 for k in wanted if k in ck.tensors)
-        if not found and wanted and comm.world_size == 1:
-            raise _none_found(ck, wanted)  # decided alone: before anything changes
+        return (ck, info, wanted, found), {"found": found, "targets": len(wanted)}
+
+    (ck, info, wanted, found), counts = comm.all_gather_step(
+        "load/check", check, what=f"load of {attempt_id}", outcome=_LOAD_FAILED
+    )
+    # Decided over the group, on every rank alike and before anything changes: a pipeline
+    # stage whose tensors are all new is a partial target like any other, while a target of
+    # which no rank found a tensor would load nothing (fine-tuning review 21, M2; its values
+    # and entries were applied before the refusal until the twenty-second stop).
+    if any(c["targets"] for c in counts) and not any(c["found"] for c in counts):
+        raise _none_found(ck, wanted)
+
+    def fill() -> tuple[LoadInfo, dict[str, Any]]:
         try:
             _load_local(
                 ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges,
@@ -314,17 +324,12 @@ def _load(
             # torch ("a parameter group that doesn't match"): the cause is the target's keys.
             raise _none_found(ck, wanted) from exc
         info.seconds = time.perf_counter() - t0
-        return info, {**info.counters(), "_found": found, "_targets": len(wanted)}
+        return info, info.counters()
 
     info, counters = comm.all_gather_step(
         "load/status", fill, what=f"load of {attempt_id}", outcome=_LOAD_FAILED
     )
-    # Decided over the group, on every rank alike: a pipeline stage whose tensors are all new
-    # is a partial target like any other, while a target of which no rank found a tensor
-    # loaded nothing (fine-tuning review 21, M2).
-    if any(c["_targets"] for c in counters) and not any(c["_found"] for c in counters):
-        raise _none_found(*mine[0])
-    info.per_rank = [{k: v for k, v in c.items() if not k.startswith("_")} for c in counters]
+    info.per_rank = counters
     return info
 
 
