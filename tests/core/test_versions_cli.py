@@ -590,7 +590,7 @@ def test_ls_latest_stops_at_unreadable_verification_records_and_prints_the_raw_p
     tmp_path,
 ) -> None:
     """Attack review 3 F3: a version whose verification records could not be read (one may
-    have failed) was printed, exit 0, where a restore stops. F14: the path printed for scripts
+    have failed) was printed, exit 0, where a restore stops (R-DRILL-12: PCK-STORAGE). F14: the path printed for scripts
     was escaped as in a table, so a root with a tab in its name printed a path that does not
     exist."""
     from portable_ckpt.io.annotations import write_verification_record

@@ -839,7 +839,9 @@ def test_model_optimizer_state_takes_several_optimizers_and_resumes_exactly(
 def test_only_unreadable_verification_records_stop_a_restore(tmp_path: Path, kind: str) -> None:
     """Attack review 4 A4: a copy (or drill) record of a newer major format version beside the
     newest version stopped every restart and `ls --latest` ("retry", which never helped),
-    though those records do not decide what is restored. A verification record still does."""
+    though those records do not decide what is restored. A verification record still does:
+    R-DRILL-12, a record of a newer MAJOR that names the version makes its status unknown, and
+    the restore neither takes it nor an older version."""
     import json
     import subprocess
     import sys

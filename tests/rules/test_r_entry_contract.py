@@ -282,6 +282,16 @@ def test_rank_outside_requesting_world_is_usage_error(tmp_path: Path) -> None:
     expect_code("PCK-USAGE", ck.entry, "st", rank=2, world_size=2)
 
 
+def test_a_global_entry_ignores_the_rank_and_world_size_asked_for(tmp_path: Path) -> None:
+    """R-ENTRY-14, R-CONTRACT-4 (errata 16, reader review R5): the rank check and the policies
+    concern per-rank entries; a global entry is delivered unchanged whatever a request names,
+    also a rank outside the requesting world (which a per-rank entry refuses)."""
+    ck = portable_ckpt.open(_per_rank_version(tmp_path, 4, "modulo"))
+    for rank, world in ((0, 4), (7, 2), (3, 3), (0, 9)):
+        assert ck.entry("g", rank=rank, world_size=world) == {"lr": 0.5}
+    expect_code("PCK-USAGE", ck.entry, "st", rank=7, world_size=2)
+
+
 def test_drop_signals_no_value_distinctly(tmp_path: Path) -> None:
     """R-ENTRY-12: under drop, 'no value' differs from every stored value (even null)."""
     ck = portable_ckpt.open(_per_rank_version(tmp_path, 2, "drop", values=[None, None]))

@@ -102,6 +102,23 @@ def test_box_outside_the_tensor_is_a_usage_error(grid_version: tuple[Path, np.nd
     assert ck.stats.bytes_read == 0
 
 
+@pytest.mark.parametrize("offsets, lengths", [([0, 0, 0], [0, 2, 2]), ([13, 0, 0], [0, 2, 2]),
+                                              ([3, 1, 2], [5, 0, 0]), ([0, 11, 0], [13, 0, 2])])
+def test_a_box_with_a_zero_length_delivers_no_elements(grid_version: tuple[Path, np.ndarray],
+                                                       offsets: list[int],
+                                                       lengths: list[int]) -> None:
+    """R-READ-3 (errata 16, reader review R6): a box with a zero length lies inside the shape
+    (also at offsets[i] = shape[i]) and delivers an empty array of the box's lengths; one
+    element further is outside (PCK-USAGE)."""
+    vdir, arr = grid_version
+    ck = portable_ckpt.open(vdir)
+    got = ck.read("t", offsets, lengths)
+    assert got.shape == tuple(lengths) and got.dtype == arr.dtype
+    beyond = [o + 1 if n == 0 else o for o, n in zip(offsets, lengths, strict=True)]
+    if any(b > s for b, s in zip(beyond, arr.shape, strict=True)):
+        expect_code("PCK-USAGE", ck.read, "t", beyond, lengths)
+
+
 @pytest.mark.parametrize("defect", ["gap", "overlap"])
 def test_the_box_is_checked_before_coverage(tmp_path: Path, defect: str) -> None:
     """R-READ-3 ("first"): a box outside the shape is the caller's PCK-USAGE even when the
