@@ -1,4 +1,4 @@
-"""Every golden vector (1.0, 1.1, errata-1 … errata-12, 1.2), through ``check`` and the reference reader (R-VERSION-13)."""
+"""Every golden vector (1.0, 1.1, errata-1 … errata-12, 1.2, errata-16), through ``check`` and the reference reader (R-VERSION-13)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ REFERENCE_KNOWN_BUGS: dict[str, str] = {
                                                                ("errata-10", 1, 2),
                                                                ("errata-11", 1, 2),
                                                                ("errata-12", 2, 1),
-                                                               ("1.2", 2, 3)])
+                                                               ("1.2", 2, 3),
+                                                               ("errata-16", 2, 9)])
 def test_cases_index_is_well_formed(version: str, n_valid: int, n_invalid: int) -> None:
     vdir = VECTOR_DIRS[version]
     cases = load_cases(vdir)
@@ -209,17 +210,33 @@ _FAILED_CASES = [(d, c) for _, d, c in ALL if "failed_verification" in c]
 
 @pytest.mark.parametrize(("vdir", "case"), _FAILED_CASES,
                          ids=[c["name"] for _, c in _FAILED_CASES])
-def test_failed_verification_status(vdir: Path, case: dict[str, Any], tmp_path: Path) -> None:
+def test_failed_verification_status(vdir: Path, case: dict[str, Any], tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
     """R-VERSION-14, R-DRILL-8, R-DRILL-10 (vectors 1.2): whether the version has failed
     verification, as the reference's listing, ``ls --latest`` (which passes over such a
-    version) and restores decide it."""
+    version) and restores decide it. ``null`` (errata 16, R-DRILL-12): the status is unknown,
+    a record of a newer MAJOR names the version; the listing marks its verification records
+    unreadable and ``ls --latest`` stops there (exit 69, ``PCK-STORAGE``, naming the record),
+    neither taking it nor passing over it."""
     pytest.importorskip("portable_ckpt")
     from portable_ckpt.errors import NotFoundError
-    from portable_ckpt.io.versions import list_versions, newest_first
+    from portable_ckpt.io.versions import list_versions, newest_first, restore_decision
     from portable_ckpt.storage import open_storage
 
     target = materialize(case, tmp_path, vdir)
     (v,) = list_versions(target.parent)
+    if case["failed_verification"] is None:
+        from portable_ckpt.cli.main import main
+
+        assert v.status == "committed" and v.verifications_unreadable, v.error
+        assert restore_decision(v) == "stop"
+        assert main(["ls", str(target.parent), "--latest"]) == 69
+        out, err = capsys.readouterr()
+        assert out == "" and "PCK-STORAGE" in err, err
+        records = sorted(p.name for p in (target / "verifications").glob("*.json"))
+        assert any(name in _flat(err) for name in records), err
+        return
+    assert not v.verifications_unreadable, v.error
     assert v.verification_failed is case["failed_verification"], v.verifications
     try:
         latest = newest_first(open_storage(target.parent))
@@ -229,7 +246,17 @@ def test_failed_verification_status(vdir: Path, case: dict[str, Any], tmp_path: 
     assert (chosen[:1] == [target.name]) is (not case["failed_verification"])
 
 
+def _flat(text: str) -> str:
+    """``text`` without the line breaks a terminal-width message may hold."""
+    return " ".join(text.split())
+
+
 def test_a_1_2_set_has_failed_verification_cases() -> None:
     names = {c["name"]: c["failed_verification"] for _, c in _FAILED_CASES}
     assert names["valid-verification-cleared"] is False
     assert names["valid-verification-1-0-with-clears"] is True
+    assert names["verification-record-of-major-2"] is None  # unknown (errata 16, R-DRILL-12)
+    # true, false or null (unknown), and only on a case that targets a version a reader reads
+    for _, c in _FAILED_CASES:
+        assert c["failed_verification"] is None or isinstance(c["failed_verification"], bool)
+        assert c["target"] != "root" and (c["valid"] or c.get("reader") == "accept"), c["name"]

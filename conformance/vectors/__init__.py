@@ -15,8 +15,11 @@ MINOR), ``vectors/errata-10/`` those of errata 10 (a writer index that lists a f
 another size, zero-size shard tensors at and inside a span), ``vectors/errata-11/`` those of
 errata 11 (pin records at a root), ``vectors/errata-12/`` those of errata 12 (a grid and a
 non-grid layout of more than 12,000 boxes each, R-COVER-4), ``vectors/1.2/`` those of format 1.2
-(verification records that clear failed ones, R-DRILL-10). Errata 5, 7, 8, 9, 13, 14 and 15 have
-no vectors. All are frozen (R-VERSION-9); a reader of 1.2 passes all of them
+(verification records that clear failed ones, R-DRILL-10), ``vectors/errata-16/`` those of
+errata 16 (mesh dimension names outside the schema's pattern, R-CONTRACT-8; verification records
+of a newer MAJOR, R-DRILL-12; a clearing dated before the failure it clears; a header entry no
+record uses, R-SHARD-6). Errata 5, 7, 8, 9, 13, 14 and 15 have no vectors. All are frozen
+(R-VERSION-9); a reader of 1.2 passes all of them
 (:data:`VECTOR_DIRS`, :func:`all_cases`; :func:`materialize` finds a case's set by its name).
 
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
@@ -25,7 +28,10 @@ dtype, shape, values and exact little-endian bytes as hex, and every entry value
 entries as ``{"per_rank": {"<rank>": value}}``), for invalid ones ``code`` (the error a reader
 must report) and ``deep`` (the defect is only visible when data blocks are read); an invalid
 case with ``"reader": "accept"`` breaks a rule that binds writers only: a conformance checker
-reports ``code`` and a reader reads ``expected``. Optional
+reports ``code`` and a reader reads ``expected``. From set 1.2 on, ``failed_verification`` on a
+case a reader lists: whether the version has failed verification (``true``, ``false``), or, from
+set ``errata-16`` on, ``null``: its verification status is unknown to a tool of format 1.x (a
+tool that restores automatically takes neither it nor an older version, R-DRILL-12). Optional
 ``setup`` operations to apply to a copy before use (``{"op": "symlink", "path", "target"}``:
 create a symbolic link that git cannot be trusted to carry).
 """
@@ -41,8 +47,8 @@ from typing import Any
 __all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1",
            "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4",
            "VECTOR_DIR_ERRATA_6", "VECTOR_DIR_ERRATA_10", "VECTOR_DIR_ERRATA_11",
-           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "all_cases", "load_cases", "materialize",
-           "vector_dir_of"]
+           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "VECTOR_DIR_ERRATA_16", "all_cases",
+           "load_cases", "materialize", "vector_dir_of"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
 VECTOR_DIR_1_1 = Path(__file__).resolve().parent / "1.1"
@@ -55,6 +61,7 @@ VECTOR_DIR_ERRATA_10 = Path(__file__).resolve().parent / "errata-10"
 VECTOR_DIR_ERRATA_11 = Path(__file__).resolve().parent / "errata-11"
 VECTOR_DIR_ERRATA_12 = Path(__file__).resolve().parent / "errata-12"
 VECTOR_DIR_1_2 = Path(__file__).resolve().parent / "1.2"
+VECTOR_DIR_ERRATA_16 = Path(__file__).resolve().parent / "errata-16"
 #: every vector set (a format version, or an errata set of one) by name, oldest first.
 VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-1": VECTOR_DIR_ERRATA_1, "errata-2": VECTOR_DIR_ERRATA_2,
@@ -62,7 +69,8 @@ VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-6": VECTOR_DIR_ERRATA_6,
                                 "errata-10": VECTOR_DIR_ERRATA_10,
                                 "errata-11": VECTOR_DIR_ERRATA_11,
-                                "errata-12": VECTOR_DIR_ERRATA_12, "1.2": VECTOR_DIR_1_2}
+                                "errata-12": VECTOR_DIR_ERRATA_12, "1.2": VECTOR_DIR_1_2,
+                                "errata-16": VECTOR_DIR_ERRATA_16}
 
 
 def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:

@@ -531,3 +531,33 @@ def test_recovery_commands_are_quoted_for_a_shell(tmp_path: Path) -> None:
         "portable-ckpt", "copy", f"/backup root/{ident}", str(tmp_path / "my root")]
     assert shlex.split(verify) == ["portable-ckpt", "verify", path, "--deep"]
     assert f"set {shlex.quote(path)} aside" in copy_back(path, "/backup root")
+
+
+def _vector_cases_with_a_status() -> list[tuple[Path, dict[str, Any]]]:
+    from conformance.vectors import all_cases
+
+    return [(d, c) for _, d, c in all_cases() if "failed_verification" in c]
+
+
+@pytest.mark.parametrize(("vdir", "case"), _vector_cases_with_a_status(),
+                         ids=[c["name"] for _, c in _vector_cases_with_a_status()])
+def test_ls_latest_over_an_older_version_agrees_with_the_vectors(
+    vdir: Path, case: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-VERSION-14, R-DRILL-8, R-DRILL-12 (vectors 1.2 and errata-16): with an older version
+    saved beside the vector's, ``ls --latest`` takes the vector's version when
+    ``failed_verification`` is false, passes over it to the older one when true, and stops
+    (exit 69, ``PCK-STORAGE``) when null, an unknown status: it takes neither."""
+    from conformance.vectors import materialize
+
+    target = materialize(case, tmp_path, vdir)
+    root = target.parent
+    portable_ckpt.save_arrays(root, {"w": np.arange(4, dtype=np.int64)}, step=1)
+    (older,) = [v.id for v in list_versions(root) if v.step == 1]
+    code, out, err = _cli(capsys, "ls", str(root), "--latest")
+    if case["failed_verification"] is None:
+        assert code == 69 and out == "" and "PCK-STORAGE" in err and target.name in err, err
+        return
+    assert code == 0, err
+    want = older if case["failed_verification"] else target.name
+    assert out.strip().rsplit("/", 1)[-1] == want
