@@ -270,3 +270,109 @@ def test_keys_with_one_dcp_name_are_refused_before_anything_is_written(tmp_path:
     res = convert(str(tmp_path / "src"), str(tmp_path / "dcp2"), dst_format="dcp",
                   keys="verbatim")
     assert res.tensors == 2
+
+
+# -- attack review of the conversion tooling (M1, M3, M4, M5, L1, L3) -------------------------------
+
+
+def _edit_pickle(src: Path, dst: Path, edit: object) -> None:
+    """Copy the torch.save zip ``src`` with its ``data.pkl`` passed through ``edit``."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            zout.writestr(info, edit(data) if info.filename.endswith("/data.pkl") else data)  # type: ignore[operator]
+
+
+def test_hostile_values_are_the_sources_problem_naming_the_file_and_key(tmp_path: Path) -> None:
+    torch.save({"w": torch.arange(4.0), "epoch": 1}, tmp_path / "ok.pt")
+    # an int of 5000 digits (LONG4) where the file had 1
+    huge = (10**5000).to_bytes(2100, "little", signed=True)
+    big = tmp_path / "big.pt"
+    long4 = b"\x8b" + len(huge).to_bytes(4, "little") + huge
+
+    def edit(d: bytes) -> bytes:
+        at = d.index(b"epoch")
+        assert d[at + 7 : at + 9] == b"K\x01"  # epoch, BINPUT, BININT1 1
+        return d[: at + 7] + long4 + d[at + 9 :]
+
+    _edit_pickle(tmp_path / "ok.pt", big, edit)
+    r = _cli("convert", str(big), str(tmp_path / "o1"), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "PCK-UNSUPPORTED-VALUE" in r.stderr and str(big) in r.stderr and "'epoch'" in r.stderr
+    assert "set_int_max_str_digits" not in r.stderr and "Traceback" not in r.stderr
+    # a tensor name with a lone surrogate (not UTF-8)
+    bad = tmp_path / "surrogate.pt"
+    _edit_pickle(tmp_path / "ok.pt", bad, lambda d: d.replace(b"X\x01\x00\x00\x00w", b"X\x04\x00\x00\x00w\xed\xb0\x80"))
+    r = _cli("convert", str(bad), str(tmp_path / "o2"), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "PCK-UNSUPPORTED-VALUE" in r.stderr and str(bad) in r.stderr and "rename it" in r.stderr
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "extra"),
+    [
+        ({1: "A", "1": "B"}, ()),
+        ({"": "A", "value": "B"}, ()),
+        ({"a": {"b": "A"}, "a.b": "B"}, ("--keys", "verbatim")),
+    ],
+    ids=["int-and-str", "empty-and-value", "verbatim-dots"],
+)
+def test_torch_keys_that_collide_are_refused_naming_both(
+    state: dict[object, object], extra: tuple[str, ...], tmp_path: Path
+) -> None:
+    def fill(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: fill(v) for k, v in node.items()}
+        return torch.full((4,), 1.0 if node == "A" else 2.0)
+
+    torch.save(fill(state), tmp_path / "src.pt")
+    r = _cli("convert", str(tmp_path / "src.pt"), str(tmp_path / "out"), *extra, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "PCK-USAGE" in r.stderr and str(tmp_path / "src.pt") in r.stderr
+    assert "both become the key" in r.stderr and "COVERAGE" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_torch_target_below_a_file_and_a_symlinked_dst_are_refused_up_front(
+    hf_dir: Path, tmp_path: Path
+) -> None:
+    src = hf_dir / "model.safetensors"
+    r = _cli("convert", str(src), str(src / "x.pt"), "--to", "torch", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "is not a directory" in r.stderr and "internal error" not in r.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    for to in ("hf", "dcp"):
+        r = _cli("convert", str(src), str(tmp_path / "link"), "--to", to, cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert "symbolic link" in r.stderr and "PCK-STORAGE" not in r.stderr
+    assert (tmp_path / "link").is_symlink() and not os.listdir(tmp_path / "empty")
+    r = _cli("convert", str(src), str(hf_dir), "--to", "hf", cwd=tmp_path)
+    assert r.returncode == 2 and "already is not" not in r.stderr and "is not empty" in r.stderr
+
+
+def test_a_huge_dimension_is_shortened_and_names_the_file(tmp_path: Path) -> None:
+    torch.save({"w": torch.zeros(0, 2)}, tmp_path / "ok.pt")
+    src = tmp_path / "huge.pt"
+    # size (0, 2) -> (0, 2**1000): zero elements, so the storage check passes
+    n = (2**1000).to_bytes(127, "little", signed=True)
+    _edit_pickle(tmp_path / "ok.pt", src, lambda d: d.replace(b"K\x00K\x02\x86", b"K\x00\x8a\x7f" + n + b"\x86", 1))
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out")
+    msg = str(ei.value)
+    assert ei.value.code == "PCK-LIMIT" and str(src) in msg and "(302 digits)" in msg
+    assert len(msg) < 400 and "chunks stored in )" not in msg
+
+
+def test_a_cyclic_list_is_skipped_not_copied(tmp_path: Path) -> None:
+    x: list[object] = [torch.arange(4.0)]
+    x.append(x)
+    torch.save({"a": x}, tmp_path / "cyc.pt")
+    report = convert(tmp_path / "cyc.pt", tmp_path / "out")
+    assert report.tensors == 1  # a/0 once, not 63 copies down to the depth cap
+    assert any("cycle" in w.message for w in report.warnings)
+    with pytest.raises(CheckpointError, match="cycle"):
+        convert(tmp_path / "cyc.pt", tmp_path / "strict", strict=True)

@@ -376,3 +376,125 @@ def test_damaged_source_to_dcp_is_one_line_error(converted: tuple[Path, Any], tm
     assert "Traceback" not in proc.stderr and "bug" not in proc.stderr
     assert "UserWarning" not in proc.stderr
     assert not out.exists()
+
+
+# -- hostile .metadata against a genuine single-process dcp.save (attack review H2, M2) -----------
+
+
+def _single_rank_dcp(d: Path) -> Path:
+    """A genuine one-process ``dcp.save`` checkpoint (one ``__0_0.distcp``)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    sd = {"model": {"a": torch.arange(8, dtype=torch.float32), "b": torch.ones(2, 3)}, "step": 7}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(d), single_file_per_rank=True))
+    return d
+
+
+def _rewrite_metadata(d: Path, change: Any) -> None:
+    import pickle
+
+    md = pickle.loads((d / ".metadata").read_bytes())
+    change(md)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def _count_zip_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from portable_ckpt.convert import dcp as dcp_mod
+
+    calls: list[int] = []
+    real = dcp_mod.parse_torch_zip
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dcp_mod, "parse_torch_zip", counting)
+    return calls
+
+
+def test_a_chunk_listed_many_times_is_refused_before_any_zip_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = _single_rank_dcp(tmp_path / "src")
+
+    def repeat(md: Any) -> None:  # pickled as memo references: a few bytes each
+        t = md.state_dict_metadata["model.a"]
+        t.chunks = [t.chunks[0]] * 2000
+
+    _rewrite_metadata(src, repeat)
+    parses = _count_zip_parses(monkeypatch)
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out", trust_pickle=True)
+    assert ei.value.code == "PCK-COVERAGE-OVERLAP"
+    assert str(src / ".metadata") in str(ei.value) and "model.a" in str(ei.value)
+    assert parses == []  # decided from .metadata alone (each chunk reference parsed its zip)
+    assert not (tmp_path / "out").exists()
+
+
+def test_items_whose_bytes_overlap_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _single_rank_dcp(tmp_path / "src")
+
+    def overlap(md: Any) -> None:
+        a = next(v for k, v in md.storage_data.items() if k.fqn == "model.a")
+        b = next(v for k, v in md.storage_data.items() if k.fqn == "model.b")
+        b.relative_path, b.offset, b.length = a.relative_path, a.offset + 1, a.length
+
+    _rewrite_metadata(src, overlap)
+    parses = _count_zip_parses(monkeypatch)
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out", trust_pickle=True)
+    assert ei.value.code == "PCK-SHARD-HEADER" and "overlap" in str(ei.value)
+    assert "model.a" in str(ei.value) and "model.b" in str(ei.value)
+    assert str(src / ".metadata") in str(ei.value) and parses == []
+
+
+def test_a_chunk_zip_of_many_members_is_refused(tmp_path: Path) -> None:
+    import io
+    import zipfile
+
+    src = _single_rank_dcp(tmp_path / "src")
+    buf = io.BytesIO()
+    torch.save(torch.arange(8, dtype=torch.float32), buf)
+    real = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    fat = io.BytesIO()
+    with zipfile.ZipFile(fat, "w", zipfile.ZIP_STORED) as z:
+        for info in real.infolist():
+            z.writestr(info, real.read(info))
+        for k in range(500):  # every parse of the chunk read the whole central directory
+            z.writestr(f"archive/pad/{k}", b"")
+    (src / "__1_0.distcp").write_bytes(fat.getvalue())
+
+    def point(md: Any) -> None:
+        a = next(v for k, v in md.storage_data.items() if k.fqn == "model.a")
+        a.relative_path, a.offset, a.length = "__1_0.distcp", 0, len(fat.getvalue())
+
+    _rewrite_metadata(src, point)
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out", trust_pickle=True)
+    assert ei.value.code == "PCK-SHARD-HEADER" and "members" in str(ei.value)
+    assert str(src / "__1_0.distcp") in str(ei.value)
+
+
+def test_world_size_is_what_the_rank_files_show(tmp_path: Path) -> None:
+    src = _single_rank_dcp(tmp_path / "src")
+    ok = convert(src, tmp_path / "ok", trust_pickle=True)
+    assert not ok.warnings
+    assert portable_ckpt.open(str(tmp_path / "ok")).continuation.to_json()["world_size"] == 1
+    (src / "__0_0.distcp").rename(src / "__4000000_0.distcp")  # one renamed file
+
+    def rename(md: Any) -> None:
+        for v in md.storage_data.values():
+            v.relative_path = "__4000000_0.distcp"
+
+    _rewrite_metadata(src, rename)
+    report = convert(src, tmp_path / "out", trust_pickle=True)
+    cont = portable_ckpt.open(str(tmp_path / "out")).continuation
+    assert (cont.contract, cont.world_size) == ("statistical", 1)  # not exact for 4000001
+    (w,) = report.warnings
+    assert "4000000" in w.message and "statistical" in w.message and w.item == str(src / ".metadata")
+    with pytest.raises(CheckpointError, match="statistical"):  # --strict: the contract changed
+        convert(src, tmp_path / "strict", trust_pickle=True, strict=True)

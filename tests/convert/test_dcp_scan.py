@@ -572,3 +572,87 @@ def test_converting_process_never_imports_torch(torch_ckpt: tuple[Path, dict[str
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc == {"torch": False, "tensors": 9}
+
+
+# -- dict keys and set elements that hashing would expand (attack review H1) ----------------------
+
+#: ``x = 1``, then ``x = (x, x)`` sixty times: a tuple of 2^60 leaves in 129 bytes; ``hash(x)``
+#: (and a walk that does not count shared references) never finishes.
+_DAG = b"K\x01" + b"2\x86" * 60
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x02}" + _DAG + b"K\x00s.",  # SETITEM
+        b"\x80\x02}(" + _DAG + b"K\x00u.",  # SETITEMS
+        b"\x80\x02(" + _DAG + b"K\x00d.",  # DICT
+        b"\x80\x04(" + _DAG + b"\x91.",  # FROZENSET
+        b"\x80\x04\x8f(" + _DAG + b"\x90.",  # ADDITEMS
+        b"\x80\x02}" + _DAG + b"QK\x00s.",  # a persistent id (hashed with its value) as a key
+        b"\x80\x02}" + _DAG + b"\x85K\x00s.",  # the DAG one level down
+    ],
+    ids=["setitem", "setitems", "dict", "frozenset", "additems", "persid", "nested"],
+)
+def test_key_that_hashing_would_expand_is_refused_at_once(data: bytes) -> None:
+    with pytest.raises(PickleScanError, match="more than 4096 values"):
+        scan_pickle(data)
+
+
+def test_keys_of_chosen_hashes_are_bounded() -> None:
+    # ints that are equal modulo 2^61 - 1 share one hash: 5000 of them as keys would cost
+    # 12.5M comparisons; their number (and their values') is bounded per pickle
+    collide = b"".join(
+        b"\x8a\x0c" + (k * ((1 << 61) - 1) + 5).to_bytes(12, "little") + b"N" for k in range(1, 5000)
+    )
+    with pytest.raises(PickleScanError, match="more than 4096 dict keys"):
+        scan_pickle(b"\x80\x04}(" + collide + b"u.")
+    # legitimate keys: many small ints (an optimizer's state), shared tuples, frozensets
+    state = {i: i for i in range(20_000)}
+    assert scan_pickle(pickle.dumps(state, protocol=2)) == state
+    pair = (1, ("a", 2.5))
+    value = {pair: 1, (pair, pair): 2, frozenset({pair, 3}): 3, 2**70: 4, 1.5: 5, b"k": 6}
+    for protocol in (4, 5):  # (earlier protocols pickle frozensets and bytes as calls)
+        assert scan_pickle(pickle.dumps(value, protocol=protocol)) == value
+    with pytest.raises(PickleScanError, match="unhashable"):
+        scan_pickle(b"\x80\x02}](K\x01\x85eK\x00s.")  # a list key (inside nothing)
+
+
+def _with_data_pkl(src: Path, dst: Path, edit: Any) -> None:
+    """Copy the torch.save zip ``src`` to ``dst`` with its ``data.pkl`` passed through ``edit``."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            zout.writestr(info, edit(data) if info.filename.endswith("/data.pkl") else data)
+
+
+@pytest.mark.torch
+def test_key_bomb_in_a_torch_save_file_is_a_header_error(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.arange(4.0)}, tmp_path / "ok.pt")
+    bomb = tmp_path / "bomb.pt"
+    # after the top-level EMPTY_DICT (and its BINPUT), set dict[x] = 0 for the 2^60-leaf x
+    _with_data_pkl(tmp_path / "ok.pt", bomb, lambda d: d.replace(b"}q\x00", b"}q\x00" + _DAG + b"K\x00s", 1))
+    with pytest.raises(CheckpointError) as ei:
+        convert(bomb, tmp_path / "out")
+    assert ei.value.code == "PCK-SHARD-HEADER"
+    assert str(bomb) in str(ei.value) and "more than 4096 values" in str(ei.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.torch
+def test_key_bomb_in_real_metadata_is_a_header_error(
+    torch_ckpt: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    import shutil
+
+    d, _ = torch_ckpt
+    src = tmp_path / "src"
+    shutil.copytree(d, src)
+    (src / ".metadata").write_bytes(b"\x80\x02}" + _DAG + b"K\x00s.")  # 129 bytes, no global
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "dst", trust_pickle=True)
+    assert ei.value.code == "PCK-SHARD-HEADER" and str(src / ".metadata") in str(ei.value)
+    assert not (tmp_path / "dst").exists()

@@ -71,6 +71,7 @@ from portable_ckpt.errors import (
     CommitOutcomeUnknownError,
     LimitError,
     StorageError,
+    UnsupportedValueError,
     UsageError,
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
@@ -197,7 +198,7 @@ def _open_source(p: str, fmt: str | None, options: ConvertOptions) -> SourcePlan
     source = get_format(fmt or detect_format(p), role="source")
     plan: SourcePlan = source.load("reader")(p, options)
     try:
-        check_plan(plan)
+        check_plan(plan, p)
         _check_output(plan, p, options.max_output_bytes)
     except BaseException:
         plan.close()
@@ -375,8 +376,15 @@ def _write_chunks(plan: SourcePlan, sink: _PortableSink, tick: Callable[[int], N
     return chunks
 
 
-def _write_entries(plan: SourcePlan, sink: _PortableSink, warnings: list[ConvertWarning]) -> int:
-    """Add every entry value of ``plan``; return the number of entries written."""
+def _write_entries(
+    plan: SourcePlan, sink: _PortableSink, warnings: list[ConvertWarning], src: str = ""
+) -> int:
+    """Add every entry value of ``plan``; return the number of entries written.
+
+    A value the format cannot store (an int of more than 4300 digits, a lone surrogate) is the
+    source's content, not the caller's usage: ``PCK-UNSUPPORTED-VALUE`` naming the source and
+    the value (attack review M1).
+    """
     names: set[str] = set()
     for e in plan.entries:
         if not is_entry_name(e.name):
@@ -384,17 +392,41 @@ def _write_entries(plan: SourcePlan, sink: _PortableSink, warnings: list[Convert
                 ConvertWarning(e.name, "not a valid entry name ([A-Za-z0-9._/-], 1..256); skipped")
             )
             continue
-        sink.writer.add_entry(
-            e.name,
-            e.value,
-            e.schema,
-            scope=e.scope,
-            rank=e.rank,
-            world_size_policy=e.world_size_policy,
-            compress=e.compress,
-        )
+        try:
+            sink.writer.add_entry(
+                e.name,
+                e.value,
+                e.schema,
+                scope=e.scope,
+                rank=e.rank,
+                world_size_policy=e.world_size_policy,
+                compress=e.compress,
+            )
+        except UsageError as exc:
+            why = exc.message.partition(" cannot be stored as JSON: ")[2] or exc.message
+            why = why.partition("; use sys.set_int_max_str_digits")[0]
+            raise UnsupportedValueError(
+                f"{src or 'the source'}: {_unstorable(e)} cannot be stored ({why}); the "
+                "format stores non-tensor values as JSON (UTF-8 text, integers of at most 4300 "
+                "digits): change or remove it in the source",
+                path=src or None,
+            ) from None
         names.add(e.name)
     return len(names)
+
+
+def _unstorable(e: EntrySpec) -> str:
+    """Which value of entry ``e`` the format cannot store (its leaf, for ``torch.values``)."""
+    from portable_ckpt.convert._model import short_text
+    from portable_ckpt.format.jsonio import dumps
+
+    if isinstance(e.value, dict):
+        for k, v in e.value.items():
+            try:
+                dumps({k: v})
+            except UsageError:
+                return f"value {short_text(str(k))!r} (entry {e.name!r})"
+    return f"entry {e.name!r}"
 
 
 def _write_portable(
@@ -404,6 +436,7 @@ def _write_portable(
     step: int,
     options: ConvertOptions,
     progress: Callable[[int], None],
+    src: str = "",
 ) -> tuple[ConvertReport, str]:
     batch = options.batch_bytes
     limit = max(plan.largest_chunk, batch) + batch
@@ -411,7 +444,7 @@ def _write_portable(
     warnings = list(plan.warnings)
     try:
         chunks = _write_chunks(plan, sink, progress)
-        entries = _write_entries(plan, sink, warnings)
+        entries = _write_entries(plan, sink, warnings, src)
         fail_if_strict(warnings, options, dst)
         sink.commit(plan.world_size, plan.continuation)
     except BaseException as e:
@@ -620,7 +653,9 @@ def _to_portable(
     try:
         tick.total = plan.total_bytes
         out_step, why = _target_step(plan, s, options, source.name)
-        report, dest = _write_portable(plan, d, step=out_step, options=options, progress=tick)
+        report, dest = _write_portable(
+            plan, d, step=out_step, options=options, progress=tick, src=s
+        )
     finally:
         plan.close()
     report.destination = dest

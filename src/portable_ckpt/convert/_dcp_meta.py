@@ -597,10 +597,10 @@ def decode_byte_item(fd: int, offset: int, length: int, *, where: str) -> Any:
             raw ``io.BytesIO`` item); the message says why.
 
     """
-    from portable_ckpt.convert._torchzip import open_torch_archive
+    from portable_ckpt.convert._torchzip import MAX_ITEM_MEMBERS, open_torch_archive
 
     try:
-        archive = open_torch_archive(fd, offset, length, where=where)
+        archive = open_torch_archive(fd, offset, length, where=where, max_members=MAX_ITEM_MEMBERS)
     except FileSizeError:
         raise  # a truncated file is damage, not a value that merely isn't JSON
     except CheckpointError as exc:  # not a torch.save zip: a raw BytesIO item, or damaged

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from portable_ckpt.errors import CheckpointError, UnsupportedValueError
+from portable_ckpt.errors import CheckpointError, LimitError, UnsupportedValueError
 from portable_ckpt.format.keys import MAX_KEY, is_key
 from portable_ckpt.ranges import Box, check_coverage
 
@@ -28,9 +28,12 @@ __all__ = [
     "SourcePlan",
     "TensorSpec",
     "WriteResult",
+    "MAX_DIM",
     "check_plan",
     "fail_if_strict",
     "infer_step",
+    "short_number",
+    "short_text",
     "to_json_value",
 ]
 
@@ -182,34 +185,67 @@ class SourcePlan:
         return max((c.nbytes for t in self.tensors for c in t.chunks), default=0)
 
 
-def check_plan(plan: SourcePlan) -> None:
+def check_plan(plan: SourcePlan, src: str = "") -> None:
     """Check that every tensor's chunks cover it exactly once (before anything is written).
+
+    ``src`` (the source, for messages) is named where a tensor has no chunk to name.
 
     Raises:
         CoverageGapError, CoverageOverlapError, RangeBoundsError: the layout is broken; the
             message names the tensor and the files of its chunks.
+        LimitError: a dimension above the format's limit.
+        UnsupportedValueError: a name that is no portable key.
 
     """
     for t in plan.tensors:
-        _check_key(t.key)
+        files = sorted({c.where for c in t.chunks}) or [src]
+        where = ", ".join(f for f in files[:4] if f) or "the source"
+        _check_key(t.key, where)
+        big = [d for d in t.shape if d > MAX_DIM]
+        if big:
+            raise LimitError(
+                f"{where}: tensor {short_text(t.key)!r} has a dimension of {short_number(big[0])}, "
+                f"above the format's limit of 2^53 - 1: the source is damaged",
+                path=src or None,
+            )
         boxes = [Box.of(c.offsets, c.lengths) for c in t.chunks]
         try:
             check_coverage(t.shape, boxes, key=t.key)
         except CheckpointError as exc:
-            files = sorted({c.where for c in t.chunks})
-            exc.message = f"{exc.message} (chunks stored in {', '.join(files[:4])})"
+            exc.message = f"{exc.message} (chunks stored in {where})"
             exc.args = (exc.message,)
             raise
 
 
-def _check_key(key: str) -> None:
+#: Largest dimension (and size) the format allows (``portable_ckpt.format.manifest.MAX_SIZE``).
+MAX_DIM = (1 << 53) - 1
+
+
+def short_number(n: int) -> str:
+    """``n`` for a message: its digits, or their first and last few and their count."""
+    text = str(n)
+    return text if len(text) <= 24 else f"{text[:8]}…{text[-4:]} ({len(text)} digits)"
+
+
+def short_text(text: str) -> str:
+    """``text`` for a message: itself, or its start and its length."""
+    return text if len(text) <= 80 else f"{text[:60]}… ({len(text):,} characters)"
+
+
+def _check_key(key: str, where: str) -> None:
     """A source name the key rule turns into no portable key is the source's, not a usage error."""
-    if is_key(key):
+    try:
+        key.encode("utf-8")
+        valid = is_key(key)
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 (every document is UTF-8)
+        valid = False
+    if valid:
         return
-    shown = key if len(key) <= 80 else f"{key[:60]}… ({len(key):,} characters)"
     raise UnsupportedValueError(
-        f"source tensor {shown!r} cannot be stored: a portable key is 1–{MAX_KEY} characters "
-        "without control characters; rename it in the source"
+        f"{where}: source tensor {short_text(key)!r} cannot be stored: a portable key is "
+        f"1–{MAX_KEY} characters of UTF-8 text without control characters; rename it in the "
+        "source",
+        path=where,
     )
 
 

@@ -226,23 +226,102 @@ def _top(stack: list[Any]) -> Any:
     return stack[-1]
 
 
-def _check_key(key: Any) -> None:
-    """Refuse unhashable or deeply nested keys before hashing them (C hashing recurses)."""
-    if type(key) is str or type(key) is int or type(key) is Call or isinstance(key, Resolved):
-        return
-    todo = [(key, 0)]
-    while todo:
-        k, depth = todo.pop()
-        if depth > _MAX_KEY_DEPTH:
-            raise PickleScanError("dict key or set element nested too deeply")
-        if isinstance(k, tuple | frozenset):
-            todo.extend((v, depth + 1) for v in k)
-        elif isinstance(k, PersistentId):
-            todo.append((k.value, depth + 1))
-        elif not isinstance(
-            k, str | bytes | int | float | complex | type(None) | Global | Call | Resolved
+#: Most nodes (counted with multiplicity: a value referenced twice counts twice) of one dict key
+#: or set element. ``hash()`` of a tuple is not cached and walks every element again, so a key
+#: built as ``x = (x, x)`` sixty times (129 bytes) would take 2^60 steps to hash.
+_MAX_KEY_NODES = 4096
+#: Most dict keys and set elements per pickle whose hash a pickle can choose (anything but a
+#: string, a small int, a bool or an object record), and most nodes of them in all: hash
+#: collisions among such keys cost time quadratic in their number (strings are hashed with a
+#: random seed; ints below 2^61 - 1 hash to themselves).
+_MAX_HASHED_KEYS = 4096
+_MAX_HASHED_NODES = 1 << 15
+_INT_HASH_MOD = (1 << 61) - 1
+_KEY_LEAVES = (str, bytes, int, float, complex, type(None), Global, Call, Resolved)
+
+
+class _KeyCheck:
+    """Checks every dict key and set element of one scan before it is hashed.
+
+    Refuses unhashable keys, keys nested deeper than :data:`_MAX_KEY_DEPTH` (C hashing
+    recurses), keys of more than :data:`_MAX_KEY_NODES` nodes counted with multiplicity (the
+    count is memoised per node, so shared references cost one visit each), and more than
+    :data:`_MAX_HASHED_KEYS` keys (:data:`_MAX_HASHED_NODES` nodes) of a hash the pickle can
+    choose. Every cost is thus bounded by the pickle's bytes.
+    """
+
+    __slots__ = ("keep", "keys_left", "nodes_left", "sizes")
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, int] = {}  # id(tuple/frozenset/PersistentId) -> nodes
+        self.keep: list[Any] = []  # keeps those ids valid for the whole scan
+        self.keys_left = _MAX_HASHED_KEYS
+        self.nodes_left = _MAX_HASHED_NODES
+
+    def __call__(self, key: Any) -> None:
+        t = type(key)
+        if (
+            t is str
+            or t is Call
+            or t is bool
+            or (t is int and -_INT_HASH_MOD < key < _INT_HASH_MOD)
+            or isinstance(key, Resolved)
         ):
-            raise PickleScanError(f"unhashable dict key or set element of type {type(k).__name__}")
+            return
+        n = self.sizes.get(id(key))
+        if n is None:
+            n = self._size(key)
+        self.keys_left -= 1
+        self.nodes_left -= n
+        if self.keys_left < 0 or self.nodes_left < 0:
+            raise PickleScanError(
+                f"more than {_MAX_HASHED_KEYS} dict keys or set elements (or {_MAX_HASHED_NODES} "
+                "values in them) that are not strings or integers below 2^61; refusing to hash them"
+            )
+
+    def _size(self, key: Any) -> int:
+        """Nodes of ``key`` with multiplicity (memoised per node), checking each node's type."""
+        sizes = self.sizes
+        todo: list[tuple[Any, int, bool]] = [(key, 0, False)]
+        while todo:
+            node, depth, done = todo.pop()
+            if type(node) is tuple:
+                kids: tuple[Any, ...] = node
+            elif isinstance(node, PersistentId):
+                kids = (node.value,)
+            elif isinstance(node, frozenset):
+                # built by FROZENSET, which checked its elements; its hash is cached after the
+                # first, from its elements' stored hashes
+                kids = ()
+            elif isinstance(node, _KEY_LEAVES):
+                continue
+            else:
+                raise PickleScanError(
+                    f"unhashable dict key or set element of type {type(node).__name__}"
+                )
+            if done:
+                total = 1 + len(node) if type(node) is frozenset else 1
+                for k in kids:
+                    total += sizes.get(id(k), 1)
+                if total > _MAX_KEY_NODES:
+                    raise PickleScanError(
+                        f"a dict key or set element of more than {_MAX_KEY_NODES} values "
+                        "(counting each shared reference again, as hashing it would)"
+                    )
+                sizes[id(node)] = total
+                self.keep.append(node)
+                continue
+            if id(node) in sizes:
+                continue
+            if depth > _MAX_KEY_DEPTH:
+                raise PickleScanError("dict key or set element nested too deeply")
+            if len(kids) > _MAX_KEY_NODES:
+                raise PickleScanError(
+                    f"a dict key or set element of more than {_MAX_KEY_NODES} values"
+                )
+            todo.append((node, depth, True))
+            todo.extend((k, depth + 1, False) for k in kids if id(k) not in sizes)
+        return sizes[id(key)] if id(key) in sizes else 1
 
 
 #: Python 2 module names that protocol 0-2 pickles use (pickle's ``fix_imports``), as the real
@@ -457,6 +536,7 @@ def _scan(
     memo: list[Any] = []
     memo_x: dict[int, Any] = {}
     memo_append = memo.append
+    check_key = _KeyCheck()
     unwrap_ids: set[int] = set()
     hook_ids: dict[int, BuildHook] = {}
     globals_seen: list[Global] = []  # keeps the ids in unwrap_ids and hook_ids valid
@@ -540,13 +620,13 @@ def _scan(
                 for j in range(p + 1, len(stack), 2):
                     key = stack[j]
                     if type(key) is not str:
-                        _check_key(key)
+                        check_key(key)
                     target[key] = stack[j + 1]
                 del stack[p:]
             else:
                 items = stack[p + 1 :]
                 del stack[p:]
-                _setitems(_top(stack), items)
+                _setitems(_top(stack), items, check_key)
         elif op == 0x7D:  # EMPTY_DICT
             push({})
         elif op == 0x85:  # TUPLE1
@@ -620,7 +700,7 @@ def _scan(
         elif op == 0x73:  # SETITEM
             value = _pop(stack)
             key = _pop(stack)
-            _setitems(_top(stack), [key, value])
+            _setitems(_top(stack), [key, value], check_key)
         elif op == 0x95:  # FRAME (the next frame's length: informational)
             _, i = _uint(data, i, 8)
         elif op == 0x58:  # BINUNICODE
@@ -673,12 +753,12 @@ def _scan(
             if not isinstance(target, set):
                 raise PickleScanError("ADDITEMS on a non-set")
             for item in items:
-                _check_key(item)
+                check_key(item)
             target.update(items)
         elif op == 0x91:  # FROZENSET
             items = _pop_mark(stack, marks)
             for item in items:
-                _check_key(item)
+                check_key(item)
             push(frozenset(items))
         elif op == 0x92:  # NEWOBJ_EX
             kwargs = _pop(stack)
@@ -717,7 +797,7 @@ def _scan(
         elif op == 0x6C:  # LIST
             push(_pop_mark(stack, marks))
         elif op == 0x64:  # DICT
-            push(_pairs_to_dict(_pop_mark(stack, marks)))
+            push(_pairs_to_dict(_pop_mark(stack, marks), check_key))
         elif op == 0x49:  # INT (I00/I01 are False/True)
             raw, i = _line(data, i)
             push(False if raw == b"00" else True if raw == b"01" else int(raw))
@@ -760,7 +840,9 @@ def _scan(
     raise PickleScanError("pickle has no STOP opcode (truncated)")
 
 
-def _pairs_to_dict(items: list[Any], out: dict[Any, Any] | None = None) -> dict[Any, Any]:
+def _pairs_to_dict(
+    items: list[Any], check_key: _KeyCheck, out: dict[Any, Any] | None = None
+) -> dict[Any, Any]:
     if len(items) % 2:
         raise PickleScanError("odd number of dict items")
     if out is None:
@@ -768,7 +850,7 @@ def _pairs_to_dict(items: list[Any], out: dict[Any, Any] | None = None) -> dict[
     it = iter(items)
     for k, v in zip(it, it, strict=True):
         if type(k) is not str:
-            _check_key(k)
+            check_key(k)
         out[k] = v
     return out
 
@@ -784,11 +866,11 @@ def _append(target: Any, items: list[Any]) -> None:
         raise PickleScanError("APPEND on a non-list")
 
 
-def _setitems(target: Any, items: list[Any]) -> None:
+def _setitems(target: Any, items: list[Any], check_key: _KeyCheck) -> None:
     if len(items) % 2:
         raise PickleScanError("odd number of dict items")
     if isinstance(target, dict):
-        _pairs_to_dict(items, target)
+        _pairs_to_dict(items, check_key, target)
     elif isinstance(target, Call):
         if target._setitems is None:
             target._setitems = []

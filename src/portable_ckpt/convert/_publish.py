@@ -19,13 +19,37 @@ __all__ = ["check_dst_free", "open_staged", "staged", "staged_dir"]
 
 
 def check_dst_free(dst: str, *, directory: bool = True) -> None:
-    """Raise ``UsageError`` unless ``dst`` is free: absent, or (``directory``) an empty directory."""
+    """Raise ``UsageError`` unless ``dst`` is free: absent, or (``directory``) an empty directory.
+
+    A symbolic link is never free (the result is renamed onto ``dst``, which a link to a
+    directory refuses only after all the work), and the nearest existing directory above
+    ``dst`` must be a directory (a torch target below a file failed as an internal error).
+    """
+    if os.path.islink(dst):
+        raise UsageError(
+            f"destination {dst} is a symbolic link; give the path it names, or a new path"
+        )
     if not os.path.lexists(dst):
+        parent = os.path.dirname(os.path.abspath(dst))
+        while parent and not os.path.lexists(parent):
+            up = os.path.dirname(parent)
+            if up == parent:
+                break
+            parent = up
+        if parent and os.path.lexists(parent) and not os.path.isdir(parent):
+            raise UsageError(
+                f"destination {dst}: {parent} exists and is not a directory; choose a path in "
+                "a directory"
+            )
         return
     if directory and os.path.isdir(dst) and not os.listdir(dst):
         return
-    what = "is not empty" if directory else "exists (a file target is never overwritten)"
-    raise UsageError(f"destination {dst} already {what}; choose a new path")
+    what = (
+        "is not empty (a directory target is new or empty)"
+        if directory and os.path.isdir(dst)
+        else "already exists (a target is never overwritten)"
+    )
+    raise UsageError(f"destination {dst} {what}; choose a new path")
 
 
 @contextlib.contextmanager

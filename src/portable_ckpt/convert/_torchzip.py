@@ -39,6 +39,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
 __all__ = [
+    "MAX_ITEM_MEMBERS",
     "TORCH_DTYPE_NAMES",
     "ZIP_ERRORS",
     "TorchArchive",
@@ -80,6 +81,9 @@ _STORAGE_DTYPES = {
 }
 
 _MAX_PKL = 64 << 20
+#: Most zip members of one DCP item (a stored chunk or byte item): ``torch.save`` of one value
+#: writes about eight (data.pkl, byteorder, version, data/0, ...).
+MAX_ITEM_MEMBERS = 64
 #: What :mod:`zipfile` raises for a damaged or unsupported archive (``NotImplementedError``, a
 #: ``RuntimeError``, for a newer "version needed"; ``RuntimeError`` for an encrypted member).
 ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError)
@@ -225,12 +229,15 @@ def is_zip(f: Any) -> bool:
         return True
 
 
-def open_torch_archive(fd: int, offset: int, length: int, *, where: str) -> TorchArchive:
+def open_torch_archive(
+    fd: int, offset: int, length: int, *, where: str, max_members: int | None = None
+) -> TorchArchive:
     """Open the ``torch.save`` zip at ``[offset, offset+length)`` of ``fd``.
 
     Returns:
         The symbolic tree of ``data.pkl`` (see :mod:`._pickle_scan`), per storage key
-        ``(absolute data offset, size in bytes)``, and the pickle's size.
+        ``(absolute data offset, size in bytes)``, and the pickle's size. ``max_members``
+        refuses a zip of more members (a DCP item holds one ``torch.save`` of one value).
 
     Raises:
         FileSizeError: the file is shorter than ``offset + length`` (truncated).
@@ -252,6 +259,11 @@ def open_torch_archive(fd: int, offset: int, length: int, *, where: str) -> Torc
         ) from None
     storages: dict[str, tuple[int, int]] = {}
     with zf:
+        if max_members is not None and len(zf.infolist()) > max_members:
+            raise ShardHeaderError(
+                f"{where}: zip of {len(zf.infolist())} members; a torch.save of one item holds "
+                f"about eight (at most {max_members} are read): not a torch.save zip"
+            )
         members = {i.filename: i for i in zf.infolist()}
         pkl = [n for n in members if n.endswith("data.pkl") and n.count("/") == 1]
         if len(pkl) != 1:
@@ -321,7 +333,9 @@ def is_tensor_node(node: object) -> bool:
     )
 
 
-def parse_torch_zip(fd: int, offset: int, length: int, *, where: str) -> TorchTensorLayout:
+def parse_torch_zip(
+    fd: int, offset: int, length: int, *, where: str, max_members: int | None = None
+) -> TorchTensorLayout:
     """Parse a ``torch.save`` zip holding exactly one tensor (a DCP chunk).
 
     Raises:
@@ -329,7 +343,7 @@ def parse_torch_zip(fd: int, offset: int, length: int, *, where: str) -> TorchTe
             :func:`open_torch_archive` and :func:`tensor_layout`.
 
     """
-    archive = open_torch_archive(fd, offset, length, where=where)
+    archive = open_torch_archive(fd, offset, length, where=where, max_members=max_members)
     return tensor_layout(archive.root, archive.storages, where=where)
 
 

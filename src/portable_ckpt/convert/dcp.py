@@ -66,6 +66,7 @@ from portable_ckpt.convert._dcp_meta import (
     read_dcp_metadata,
 )
 from portable_ckpt.convert._model import (
+    MAX_DIM,
     ChunkSpec,
     ConvertOptions,
     ConvertWarning,
@@ -74,8 +75,10 @@ from portable_ckpt.convert._model import (
     SourcePlan,
     TensorSpec,
     WriteResult,
+    short_number,
 )
 from portable_ckpt.convert._torchzip import (
+    MAX_ITEM_MEMBERS,
     TORCH_DTYPE_NAMES,
     TorchTensorLayout,
     map_torch_tensor,
@@ -83,11 +86,14 @@ from portable_ckpt.convert._torchzip import (
     read_torch_tensor,
 )
 from portable_ckpt.errors import (
+    CheckpointError,
     CodecError,
     DtypeUnsupportedError,
     FileMissingError,
     FileSizeError,
+    LimitError,
     PathUnsafeError,
+    ShardHeaderError,
     ShardMismatchError,
     UnsupportedValueError,
     UsageError,
@@ -104,7 +110,9 @@ from portable_ckpt.format.keys import (
     json_leaves,
     portable_key,
 )
+from portable_ckpt.format.manifest import Continuation
 from portable_ckpt.format.vocab import is_entry_name
+from portable_ckpt.ranges import Box, check_coverage
 from portable_ckpt.storage._posix import open_regular
 
 __all__ = [
@@ -295,6 +303,13 @@ def _plan(
 ) -> SourcePlan:
     planner = _Planner(root, meta, files, strict, _Keys(meta, keys))
     items = sorted(meta.state_dict_metadata.items())
+    # From .metadata alone, before any zip is opened: the items' byte ranges do not overlap one
+    # another (each is parsed once, so parsing costs at most the bytes present), and each
+    # tensor's chunks cover it exactly once (attack review H2).
+    _check_regions(planner.meta_path, meta, items)
+    for fqn, md in items:
+        if not isinstance(md, DcpBytes):
+            _check_chunks(planner.meta_path, fqn, md)
     for fqn, md in items:  # tensors first, then byte items (the order warnings are reported in)
         if not isinstance(md, DcpBytes):
             planner.tensor(fqn, md)
@@ -302,6 +317,63 @@ def _plan(
         if isinstance(md, DcpBytes):
             planner.byte_item(fqn)
     return planner.result()
+
+
+def _check_chunks(meta_path: str, fqn: str, md: Any) -> None:
+    """The non-empty chunks of tensor ``fqn`` cover it exactly once (.metadata alone)."""
+    big = [d for d in md.size if d > MAX_DIM]
+    if big:
+        raise LimitError(
+            f"{meta_path}: tensor {fqn!r} has a dimension of {short_number(big[0])}, above the "
+            "format's limit of 2^53 - 1: the .metadata is damaged",
+            path=meta_path,
+        )
+    boxes = [Box.of(ch.offsets, ch.sizes) for ch in md.chunks if math.prod(ch.sizes)]
+    try:
+        check_coverage(md.size, boxes, key=fqn)
+    except CheckpointError as exc:
+        exc.message = f"{meta_path}: {exc.message} (found in .metadata, before any chunk was read)"
+        exc.args = (exc.message,)
+        exc.path = meta_path
+        raise
+
+
+def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any]]) -> None:
+    """Refuse items whose stored byte ranges overlap one another (an identical range is read once).
+
+    ``FileSystemWriter`` writes each item to a range of its own. A ``.metadata`` that points many
+    items into one range (or into ranges that share a zip's central directory) would make the
+    conversion parse those bytes once per item.
+    """
+    regions: dict[str, list[tuple[int, int, str]]] = {}
+    for fqn, md in items:
+        if isinstance(md, DcpBytes):
+            infos = [(fqn, meta.storage_for(fqn))]
+        else:
+            infos = [
+                (f"{fqn} chunk at {list(ch.offsets)}", meta.storage_for(fqn, ch.offsets))
+                for ch in md.chunks
+                if math.prod(ch.sizes)
+            ]
+        for what, info in infos:
+            if info is not None and info.length:
+                regions.setdefault(info.relative_path, []).append(
+                    (info.offset, info.offset + info.length, what)
+                )
+    for rel, spans in regions.items():
+        spans.sort()
+        prev: tuple[int, int, str] | None = None
+        for span in spans:
+            if prev is not None and span[0] < prev[1] and span[:2] != prev[:2]:
+                raise ShardHeaderError(
+                    f"{meta_path}: items {prev[2]!r} (bytes [{prev[0]}, {prev[1]})) and "
+                    f"{span[2]!r} (bytes [{span[0]}, {span[1]})) overlap in {rel}; "
+                    "FileSystemWriter stores each item in bytes of its own: the .metadata is "
+                    "damaged, re-copy the checkpoint",
+                    path=meta_path,
+                )
+            if prev is None or span[1] > prev[1]:
+                prev = span
 
 
 class _Planner:
@@ -322,6 +394,8 @@ class _Planner:
         self.entries: list[EntrySpec] = []
         self.ranks: set[int] = set()
         self.items: list[DcpPath] = []  # torch.dcp_items: what a key alone does not say
+        # (relative_path, offset, length) -> its parsed zip: each stored item is parsed once
+        self.layouts: dict[tuple[str, int, int], TorchTensorLayout] = {}
 
     def note_rank(self, rel: str) -> None:
         m = _DISTCP.match(os.path.basename(rel))
@@ -380,7 +454,13 @@ class _Planner:
                 "truncated; re-copy the checkpoint",
                 path=path,
             )
-        layout = parse_torch_zip(fd, info.offset, info.length, where=where)
+        region = (rel, info.offset, info.length)
+        layout = self.layouts.get(region)
+        if layout is None:
+            layout = parse_torch_zip(
+                fd, info.offset, info.length, where=where, max_members=MAX_ITEM_MEMBERS
+            )
+            self.layouts[region] = layout
         if layout.dtype != tdtype or layout.shape != ch.sizes:
             raise ShardMismatchError(
                 f"{where}: stored tensor is {layout.dtype}{list(layout.shape)} but "
@@ -436,11 +516,41 @@ class _Planner:
             self.entries.append(EntrySpec(VALUES_ENTRY, dict(sorted(self.leaves.items()))))
         if self.leaves or self.items:
             self.entries.append(EntrySpec(DCP_ITEMS_ENTRY, dcp_items_value(self.items)))
-        world = max(self.ranks) + 1 if self.ranks else 1
+        world, continuation = self.world()
         self.warnings.extend(self.key_of.warnings())
         return SourcePlan(
-            "dcp", self.tensors, self.entries, self.warnings, world_size=world, close=self.files.close
+            "dcp", self.tensors, self.entries, self.warnings, world_size=world,
+            close=self.files.close, continuation=continuation,
         )
+
+    def world(self) -> tuple[int, Continuation | None]:
+        """The world size that saved the checkpoint, from its ``__<rank>_<n>.distcp`` files.
+
+        The ranks of the files ``.metadata`` uses are ``0..N-1`` for a checkpoint every rank
+        of a world of ``N`` wrote: the version gets an ``exact`` contract for ``N``. Otherwise
+        (a rank missing, a renamed file) that world size is unknown: the version is recorded
+        with a ``statistical`` contract for the ranks present, and a warning says so (attack
+        review M2).
+        """
+        if not self.ranks:
+            return 1, None
+        n = len(self.ranks)
+        if max(self.ranks) + 1 == n:
+            return n, None
+        shown = sorted(self.ranks)
+        listed = ", ".join(str(r) for r in shown[:4]) + (", ..." if n > 4 else "")
+        expected = "rank 0" if n == 1 else f"ranks 0..{n - 1}"
+        self.warnings.append(
+            ConvertWarning(
+                self.meta_path,
+                f"the .distcp files it uses name {n} rank(s) ({listed}), not {expected}: "
+                "the world size that saved it is unknown, so the version's continuation "
+                f"contract is 'statistical' for {n} rank(s), not 'exact' (load it with "
+                "allow_statistical=True)",
+                kind="changed",
+            )
+        )
+        return n, Continuation(contract="statistical", world_size=n)
 
 
 def write_target(

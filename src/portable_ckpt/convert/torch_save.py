@@ -100,8 +100,10 @@ class _Values:
     ``portable_ckpt.torch.save`` does: a list stays a list through every target.
     """
 
-    def __init__(self, keys: KeyMode) -> None:
+    def __init__(self, keys: KeyMode, where: str = "") -> None:
         self.mapped = keys == "mapped"
+        self.where = where
+        self.paths: dict[str, tuple[Any, ...]] = {}  # each value's key -> its source path
         self.entries: list[EntrySpec] = []
         self.leaves: dict[str, Any] = {}
         self.items: list[DcpPath] = []
@@ -111,11 +113,20 @@ class _Values:
             return f"{prefix}/{escape_component(comp)}" if prefix else escape_component(comp)
         return f"{prefix}.{comp}" if prefix else comp
 
-    def add(self, name: str, value: Any, path: DcpPath) -> None:
+    def add(self, name: str, value: Any, path: DcpPath, raw: tuple[Any, ...] = ()) -> None:
+        shown = raw or path
         if self.mapped:
-            self.leaves.update(json_leaves(name, value, fqn=name))
+            leaves = json_leaves(name, value, fqn=name)
+            for leaf in leaves:
+                if leaf in self.leaves:
+                    raise _collision(self.where, leaf, self.paths[leaf], shown, "value")
+                self.paths[leaf] = shown
+            self.leaves.update(leaves)
             self.items.extend(p for p, item in json_items(value, path) if needs_record(p, item))
         else:
+            if name in self.paths:
+                raise _collision(self.where, name, self.paths[name], shown, "value")
+            self.paths[name] = shown
             self.entries.append(EntrySpec(name, encode_json(value, key=name)))
 
     def tensor_at(self, path: DcpPath) -> None:
@@ -131,17 +142,33 @@ class _Values:
         return out
 
 
-def _children(node: Any) -> list[tuple[str | int, Any]] | None:
-    """Return (DCP path component, child) pairs of a container node, or None for a leaf.
+def _collision(
+    src: str, name: str, first: tuple[Any, ...], second: tuple[Any, ...], what: str
+) -> UsageError:
+    """Two places of the source that become one key (attack review M3)."""
+
+    def shown(p: tuple[Any, ...]) -> str:
+        return "the top level" if not p else "[" + "][".join(repr(c) for c in p) + "]"
+
+    return UsageError(
+        f"{src}: the source's {what}s at {shown(first)} and {shown(second)} both become the "
+        f"key {name!r} (the format has one of each key), so nothing was written: rename one "
+        "in the source, or convert with the other --keys mode (mapped/verbatim)",
+        path=src,
+    )
+
+
+def _children(node: Any) -> list[tuple[str | int, Any, Any]] | None:
+    """Return (DCP path component, child, key as stored) of a container node, or None for a leaf.
 
     A dict key is a ``str``, a list or tuple position an ``int`` (DCP's object path).
     """
     if isinstance(node, dict):
-        return [(json_key(k), v) for k, v in node.items()]
+        return [(json_key(k), v, k) for k, v in node.items()]
     if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in DICT_CTORS:
-        return [(json_key(k), v) for k, v in node.setitems]
+        return [(json_key(k), v, k) for k, v in node.setitems]
     if isinstance(node, list | tuple):
-        return list(enumerate(node))
+        return [(i, v, i) for i, v in enumerate(node)]
     return None
 
 
@@ -176,7 +203,7 @@ class _Walk:
                 kids = _children(node)
             except NotJsonError:
                 kids = None
-            found = any(self.has_tensor(v, depth + 1) for _, v in kids or [])
+            found = any(self.has_tensor(v, depth + 1) for _, v, _ in kids or [])
         if isinstance(node, list | dict | Call):
             self._tensor_below[id(node)] = found
             self._keep.append(node)
@@ -225,9 +252,11 @@ def _plan(
 ) -> SourcePlan:
     storages = archive.storages
     tensors: list[TensorSpec] = []
-    values = _Values(keys)
+    values = _Values(keys, path)
     warnings: list[ConvertWarning] = []
     walker = _Walk(archive.budget(path))
+    tensor_paths: dict[str, tuple[Any, ...]] = {}  # each tensor's key -> its source path
+    on_path: set[int] = set()  # the containers the walk is inside (a cycle refers to one)
 
     def loader(layout: TorchTensorLayout, where: str) -> Callable[[], np.ndarray[Any, Any]]:
         return lambda: map_torch_tensor(fd, layout, where=where)
@@ -253,11 +282,14 @@ def _plan(
             chunks.append(ChunkSpec((0,) * len(layout.shape), layout.shape, nbytes, path, loader(layout, where)))
         tensors.append(TensorSpec(name, layout.dtype, layout.shape, chunks))
 
-    def walk(prefix: str, node: Any, depth: int, dcp_path: DcpPath) -> None:
+    def walk(prefix: str, node: Any, depth: int, dcp_path: DcpPath, raw: tuple[Any, ...]) -> None:
         walker.budget.spend()
         node = _unwrap_param(node)
         name = prefix or "value"
         if is_tensor_node(node):
+            if name in tensor_paths:
+                raise _collision(path, name, tensor_paths[name], raw, "tensor")
+            tensor_paths[name] = raw
             add_tensor(name, node)
             values.tensor_at(dcp_path)
             return
@@ -269,8 +301,16 @@ def _plan(
                 warnings.append(ConvertWarning(name, f"{exc}; skipped"))
                 return
         if kids is not None:
-            for k, v in kids:
-                walk(values.join(prefix, str(k)), v, depth + 1, (*dcp_path, k))
+            if id(node) in on_path:  # attack review L3: x = [t, x] gave 63 copies of t
+                msg = f"{path}: a container inside itself (a cycle), which cannot be converted"
+                if strict:
+                    raise UnsupportedValueError(f"item {name!r}: {msg}", path=path)
+                warnings.append(ConvertWarning(name, f"{msg}; skipped"))
+                return
+            on_path.add(id(node))
+            for k, v, raw_k in kids:
+                walk(values.join(prefix, str(k)), v, depth + 1, (*dcp_path, k), (*raw, raw_k))
+            on_path.discard(id(node))
             return
         try:
             value = symbolic_to_json(node, budget=walker.budget)
@@ -279,10 +319,10 @@ def _plan(
                 raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
             warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
             return
-        values.add(name, value, dcp_path)
+        values.add(name, value, dcp_path, raw)
 
     try:
-        walk("", archive.root, 0, ())
+        walk("", archive.root, 0, (), ())
     except ExpansionError as exc:
         raise LimitError(str(exc), path=path) from None
     except RecursionError:
