@@ -174,6 +174,33 @@ def _(root: Path) -> Any:
                        names={MAJOR_2_ID: "v20260101T000005000000Z-00000000"})
 
 
+@case("verification-record-of-major-2-other-format", "R-DRILL-12, §14.5: a 2.0 record under its "
+      "own verification_id naming the version, whose format member is another than 1.x's "
+      "(portable-ckpt-verification-2): its members are read as in format 1 whatever its format "
+      "says, and the version's status is unknown (null); a checker reports the format member "
+      "first (§16.3: PCK-SCHEMA)",
+      code="PCK-SCHEMA", reader="accept", failed_verification=None)
+def _(root: Path) -> Any:
+    return P._verified(root, _major_2(format="portable-ckpt-verification-2"), base=False)
+
+
+@case("verification-record-of-major-2-beside-a-failure", "R-DRILL-12, R-DRILL-8, §14.5: a "
+      f"failed deep 1.0 record ({FAILED_ID}) and a 2.0 record naming the version: the 2.0 "
+      "record may clear the failure, so the status is unknown (null), not failed",
+      code="PCK-VERSION-UNSUPPORTED", reader="accept", failed_verification=None)
+def _(root: Path) -> Any:
+    return P._verified(root, _failed_late(), _major_2(), base=False)
+
+
+@case("verification-record-of-version-0-9", "R-DRILL-12, §16.1: a record naming the version "
+      "under its own verification_id whose format_version 0.9 is of a MAJOR below 1, no newer "
+      "MAJOR: it does not count (the version has not failed verification, its status is "
+      "known); a checker reports the unknown MAJOR (R-VERSION-3)",
+      code="PCK-VERSION-UNSUPPORTED", reader="accept", failed_verification=False)
+def _(root: Path) -> Any:
+    return P._verified(root, _major_2(format_version="0.9"), base=False)
+
+
 # --------------------------------------------------------------- §14.5: times play no part
 def _failed_late() -> dict[str, Any]:
     return dict(P._failed(FAILED_ID))
