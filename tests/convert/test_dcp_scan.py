@@ -182,6 +182,18 @@ def test_deep_keys_and_op_limit() -> None:
     assert isinstance(scan_pickle(deep), list)
 
 
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("op", [b"\x8b", b"T"], ids=["LONG4", "BINSTRING"])
+def test_negative_signed_length_is_refused_not_a_backward_jump(op: bytes) -> None:
+    """Mutation audit B P06 (mut-01): a LONG4/BINSTRING whose signed 4-byte length is negative
+    is refused as truncated. Taken as a length it would move the scan backwards: here onto a
+    POP before the opcode, so with ``max_ops=None`` (how torch zips are scanned) the scan would
+    loop for ever on a 10-byte pickle."""
+    data = b"\x80\x02N0" + op + (-6).to_bytes(4, "little", signed=True) + b"."
+    with pytest.raises(PickleScanError, match="-6 bytes announced"):
+        scan_pickle(data, max_ops=None)
+
+
 _SCALARS = (
     st.none()
     | st.booleans()
@@ -278,6 +290,32 @@ def test_build_hooks_resolve_records_and_consume_their_state() -> None:
     odd.extra = 1  # type: ignore[attr-defined]
     rec = scan_pickle(dp.dumps(odd, 4), unwrap_calls=("torch.Size",), build_hooks=_dcp_meta._BUILD_HOOKS)
     assert isinstance(rec, Call) and rec.state == {"offsets": (0, 0), "sizes": (4, 5), "extra": 1}
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+@pytest.mark.parametrize(
+    ("size", "chunk", "says"),
+    [
+        ((4,), ((-1,), (4,), 0, 16), "chunk offsets has a negative entry"),
+        ((4, 2), ((0, 0), (4, -2), 0, 32), "chunk sizes has a negative entry"),
+        ((4, 2), ((0, 0), (4,), 0, 32), "has the wrong rank for size [4, 2]"),
+        ((4,), ((0,), (4,), 0, -1), "negative storage offset/length 0/-1"),
+    ],
+    ids=["negative-offset", "negative-size", "sizes-of-another-rank", "negative-length"],
+)
+def test_hooked_records_with_impossible_values_are_refused(
+    size: tuple[int, ...], chunk: tuple[Any, ...], says: str, protocol: int
+) -> None:
+    """Mutation audit B D07/D11/D06 (mut-07, mut-15, mut-23): a ChunkStorageMetadata or
+    _StorageInfo of exactly the shape the build hooks resolve, holding a negative chunk
+    offset or size, sizes of another rank than its offsets, or a negative storage length, is
+    refused as the slow path refuses it (PCK-SHARD-HEADER): the hooks resolved them as they
+    were, past every later check of ``parse_dcp_metadata``."""
+    offsets, sizes, offset, length = chunk
+    md = dp.metadata({"t": ("float32", size, [(offsets, sizes, "__0_0.distcp", offset, length)])})
+    with pytest.raises(CheckpointError) as ei:
+        parse_dcp_metadata(dp.dumps(md, protocol), path="x/.metadata")
+    assert ei.value.code == "PCK-SHARD-HEADER" and says in str(ei.value), ei.value
 
 
 def test_consumed_state_in_metadata_is_refused() -> None:

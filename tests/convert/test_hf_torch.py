@@ -192,6 +192,28 @@ def test_duplicate_tensor_across_shards(tmp_path: Path) -> None:
     assert not (tmp_path / "root").exists()
 
 
+@pytest.mark.parametrize(
+    "name", ["../outside.safetensors", "sub/x.safetensors", "/abs/x.safetensors", "..\\x", ".."]
+)
+def test_an_index_naming_a_file_not_beside_it_is_refused(tmp_path: Path, name: str) -> None:
+    """Mutation audit B H01 (mut-06): an index's ``weight_map`` names files beside the index
+    only; a name with a ``/`` (``../outside``, ``sub/x``) let a hostile index make convert read
+    shards outside the model directory. The named files exist and hold the tensor."""
+    d = tmp_path / "src"
+    (d / "sub").mkdir(parents=True)
+    w = torch.arange(4.0)
+    for where in (tmp_path / "outside.safetensors", d / "sub" / "x.safetensors"):
+        save_file({"w": w}, where)
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"w": name}})
+    )
+    with pytest.raises(CheckpointError) as ei:
+        convert(d, tmp_path / "root")
+    assert ei.value.code == "PCK-SHARD-MISMATCH", ei.value
+    assert "not a file beside the index" in str(ei.value)
+    assert not (tmp_path / "root").exists()
+
+
 def _index_says(d: Path, change: Any) -> None:
     """Edit the weight map of ``d``'s index in place."""
     path = d / "model.safetensors.index.json"
@@ -274,6 +296,36 @@ def test_a_shard_truncated_while_the_convert_runs_is_a_storage_error(tmp_path: P
     assert not (tmp_path / "root").exists()  # nothing published
 
 
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("how", ["map", "read"])
+def test_a_torch_file_truncated_after_planning_is_a_file_size_error(
+    tmp_path: Path, how: str
+) -> None:
+    """Mutation audit B Z11/Z12 (mut-26, mut-25): a torch.save file truncated between the
+    planning of a tensor and the read of its bytes is PCK-FILE-SIZE: mapping checks the file's
+    size first (else the mapping fails with another error, or SIGBUS), and a read that meets
+    the end of the file stops (a zero-length ``preadv`` looped for ever)."""
+    from portable_ckpt.convert._torchzip import map_torch_tensor, parse_torch_zip, read_torch_tensor
+    from portable_ckpt.errors import FileSizeError
+
+    p = tmp_path / "t.pt"
+    torch.save(torch.arange(4096.0), p)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        layout = parse_torch_zip(fd, 0, p.stat().st_size, where=str(p))
+        assert read_torch_tensor(fd, layout, where=str(p))[4095] == 4095.0
+        os.truncate(p, layout.data_offset + 5000)  # in the middle of the tensor's bytes
+        with pytest.raises(FileSizeError) as ei:
+            if how == "map":
+                map_torch_tensor(fd, layout, where=str(p))
+            else:
+                read_torch_tensor(fd, layout, where=str(p))
+    finally:
+        os.close(fd)
+    assert ei.value.code == "PCK-FILE-SIZE"
+    assert ("extend past the end of the file" if how == "map" else "short read") in str(ei.value)
+
+
 def test_unsupported_dtype(tmp_path: Path) -> None:
     save_file({"ok": torch.ones(2), "c": torch.zeros(3, dtype=torch.complex64)}, tmp_path / "model.safetensors")
     with pytest.raises(CheckpointError) as ei:
@@ -289,6 +341,22 @@ def test_absurd_header(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as ei:
         convert(p, tmp_path / "root")
     assert ei.value.code == "PCK-SHARD-HEADER"
+
+
+@pytest.mark.parametrize("end", [4, 16], ids=["too-short", "too-long"])
+def test_data_offsets_spanning_other_than_the_shape_are_refused(tmp_path: Path, end: int) -> None:
+    """Mutation audit B S02 (mut-16): a tensor's ``data_offsets`` span exactly shape x itemsize
+    bytes; a longer span (here 16 bytes for an F32 [2]) is PCK-SHARD-HEADER naming what the
+    shape needs, not a bare numpy reshape error later (and its extra bytes may be another
+    tensor's)."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, end]}}).encode()
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + bytes(end))
+    with pytest.raises(CheckpointError) as ei:
+        convert(p, tmp_path / "root")
+    assert ei.value.code == "PCK-SHARD-HEADER", ei.value
+    assert f"has {end} bytes but shape [2]" in str(ei.value) and "needs 8" in str(ei.value)
+    assert not (tmp_path / "root").exists()
 
 
 def test_hf_target_not_published_on_failure(tmp_path: Path) -> None:

@@ -121,6 +121,26 @@ def test_gc_that_left_files_of_a_deleted_version_is_75(tmp_path: Path,
     assert len(list(root.iterdir())) == 1
 
 
+@pytest.mark.parametrize(("error", "code"), [("EIO", 75), ("EACCES", 1)])
+def test_copy_whose_record_could_not_be_written_is_75_when_it_may_pass_else_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], error: str, code: int
+) -> None:
+    """Mutation audit B C07/C08 (mut-18, mut-19): the copy is made but its record in the
+    source cannot be written: never exit 0 (``ls`` and ``gc --require-copy`` see no copy), and
+    75 when the cause may pass by itself (the source store's EIO), 1 when a person must act
+    (EACCES) (multi-job review F4, scripting review F6)."""
+    root, backup = tmp_path / "r", tmp_path / "b"
+    [aid] = _save(root, 1)
+    scheme = _scheme([Fault(op="create", path="*/copies/*", error=error)])
+    capsys.readouterr()
+    assert cli_main(["copy", f"{scheme}://{root}", str(backup), "-q"]) == code
+    err = capsys.readouterr().err
+    assert "the copy is made, but its record was not written" in err, err
+    assert "run the copy again to record it" in err
+    assert (backup / aid / "manifest.json").exists()
+    assert [v.copies for v in portable_ckpt.list_versions(root)] == [[]]
+
+
 def test_gc_require_copy_when_the_backup_did_not_answer_is_75(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -870,6 +870,51 @@ def test_torch_expanded_view_needs_allow_expand(tmp_path: Path) -> None:
     assert info.value.code == "PCK-LIMIT"
 
 
+def test_torch_zip_storage_member_past_its_window_is_refused(tmp_path: Path) -> None:
+    """Mutation audit B Z05 (mut-05): a storage member whose declared size runs past the end
+    of its zip's window is refused (PCK-FILE-SIZE) even where the file goes on: a DCP chunk is
+    one zip inside a larger .distcp, and the next item's bytes were read as tensor data."""
+    import io
+    import os
+    import zipfile
+
+    torch = pytest.importorskip("torch")
+    from portable_ckpt.convert._torchzip import parse_torch_zip
+    from portable_ckpt.errors import FileSizeError
+
+    def saved(t: Any) -> bytes:
+        buf = io.BytesIO()
+        torch.save(t, buf)
+        return buf.getvalue()
+
+    # data.pkl: a (4,) view of a 256-element storage (1 KiB); the member, written last, holds
+    # 16 bytes of it and the central directory says 1024, so the sizes agree with the pickle
+    # and only the window (about 400 bytes of central directory after the member) bounds it.
+    src = zipfile.ZipFile(io.BytesIO(saved(torch.arange(256.0)[:4])))
+    out = io.BytesIO()
+    with src, zipfile.ZipFile(out, "w") as zf:
+        infos = sorted(src.infolist(), key=lambda i: i.filename.endswith("/data/0"))
+        for info in infos:
+            data = src.read(info)
+            zf.writestr(info.filename, data[:16] if info.filename.endswith("/data/0") else data)
+    first, second = bytearray(out.getvalue()), saved(torch.full((512,), 7.0))
+    name = first.rfind(b"/data/0")
+    cd = first.rfind(b"PK\x01\x02", 0, name)
+    assert cd > 0 and int.from_bytes(first[cd + 24 : cd + 28], "little") == 16
+    assert len(first) - first.find(b"/data/0") < 1024
+    for at in (cd + 20, cd + 24):  # compressed and uncompressed size: 16 -> 1024 bytes
+        first[at : at + 4] = (1024).to_bytes(4, "little")
+    path = tmp_path / "two.distcp"
+    path.write_bytes(bytes(first) + second)  # the first zip's member now ends in the second
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert parse_torch_zip(fd, len(first), len(second), where="x").shape == (512,)
+        with pytest.raises(FileSizeError, match="extends past"):
+            parse_torch_zip(fd, 0, len(first), where="x")
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("damage", ["byteorder-header", "pickle-header", "encrypted", "crc"])
 def test_torch_zip_damaged_member_is_a_checkpoint_error(tmp_path: Path, damage: str) -> None:
     """Found by the fuzz target of torch.save sources (issue 12 "Done means"): a damaged local

@@ -1138,3 +1138,89 @@ def ops_signals_restart(rank: int, world: int, root: str, prom: str) -> dict[str
     out["after"] = _prom_samples(path)
     out["stderr"] = err.getvalue()
     return out
+
+
+def node_local_foreign_record_and_lost_fetch(rank: int, world: int, base: str) -> dict[str, Any]:
+    """2 nodes x 1 rank, one fast replica (mutation audit B N02 and N04).
+
+    ``foreign``: node 1's root already holds another commit record at the attempt's path when
+    its leader publishes the record there (planted just before the real publish): the save
+    fails on every rank. ``lost``: node 1 is replaced by an empty node; the restore fetches its
+    files from node 0's replica, and node 1's disk loses one fetched file of step 2 right after
+    the real transfer: step 2 is not usable, node 1's root gets no commit record of it, and
+    step 1 is restored from the fast tier.
+    """
+    import shutil
+
+    import torch.distributed as dist
+
+    from portable_ckpt.torch import _nodelocal
+
+    mesh = init_device_mesh("cpu", (world,))
+    kw: dict[str, Any] = dict(ranks_per_node=1, fast_replicas=1, fast_every=1, timeout=20,
+                              continuation="statistical", handle_sigterm=False, async_save=False,
+                              max_failed_saves=None)
+    out: dict[str, Any] = {}
+
+    real_after_commit = _nodelocal.NodeLocalPublisher.after_commit
+
+    def plant_then_publish(self: Any, comm: Any, storage: Any, attempt: str, text: str) -> None:
+        storage.put(f"{attempt}/manifest.json", b'{"not": "the agreed commit record"}\n')
+        real_after_commit(self, comm, storage, attempt, text)
+
+    if rank == 1:
+        _nodelocal.NodeLocalPublisher.after_commit = plant_then_publish  # type: ignore[method-assign]
+    errors: list[str] = []
+    with pckt.CheckpointManager(f"{base}/a", fast_root=f"{base}/a-fast{{node}}", save_every=100,
+                                **kw) as mgr:
+        try:
+            mgr.maybe_save(1, {"w": distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])})
+        except CheckpointError as e:
+            errors.append(e.message)
+        errors += [str(e.get("error")) for e in mgr.telemetry.history
+                   if e["event"] == "save" and not e.get("ok", True)]
+        failed = mgr._failed_saves
+    _nodelocal.NodeLocalPublisher.after_commit = real_after_commit  # type: ignore[method-assign]
+    out["foreign"] = {"errors": errors, "failed": failed, "committed": [
+        v.step for v in portable_ckpt.list_versions(f"{base}/a-fast0") if v.status == "committed"]}
+
+    root = f"{base}/b"
+    with pckt.CheckpointManager(root, fast_root=f"{root}-fast{{node}}", save_every=100,
+                                **kw) as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, {"w": distribute_tensor(torch.arange(8.0) * step, mesh,
+                                                         [Shard(0)])})
+    dist.barrier()
+    if rank == 0:  # node 1 lost, replaced by an empty node
+        shutil.move(f"{root}-fast1", f"{root}-fast1-lost")
+    dist.barrier()
+    real_exchange = _nodelocal._exchange
+    lost: list[str] = []
+
+    def exchange_then_lose_a_file(comm: Any, transfers: Any, storage: Any, attempt: str,
+                                  paths: Any = ()) -> int:
+        n = real_exchange(comm, transfers, storage, attempt, paths)
+        if rank == 1 and attempt.startswith("s000000000002-"):
+            for info in storage.list(f"{attempt}/data/"):
+                storage.delete(info.path)
+                lost.append(info.path)
+                break
+        return n
+
+    _nodelocal._exchange = exchange_then_lose_a_file
+    w = distribute_tensor(torch.zeros(8), mesh, [Shard(0)])
+    with pckt.CheckpointManager(root, fast_root=f"{root}-fast{{node}}", save_every=100,
+                                **kw) as m2:
+        info = m2.restore({"w": w})
+        ev = next(e for e in m2.telemetry.history if e["event"] == "restore")
+    _nodelocal._exchange = real_exchange
+    node1 = f"{root}-fast1"
+    out["lost"] = {
+        "lost": lost,
+        "restored": None if info is None else info.step,
+        "tier": ev["tier"],
+        "w": w.full_tensor().tolist(),
+        "node1_records": sorted(d for d in (os.listdir(node1) if os.path.isdir(node1) else [])
+                                if os.path.exists(f"{node1}/{d}/manifest.json")),
+    }
+    return out

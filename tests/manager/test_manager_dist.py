@@ -407,6 +407,26 @@ def test_failed_replications_stop_the_job_naming_the_error_on_every_rank(tmp_pat
         assert r["fast"] == [1, 2], (rank, r)
 
 
+def test_a_foreign_node_record_fails_the_save_and_a_lost_fetch_leaves_no_node_record(
+    tmp_path: Path,
+) -> None:
+    """Mutation audit B N02 and N04 (mut-22, mut-12), 2 nodes of 1 rank. A node root that
+    already holds another commit record at the attempt's path fails the save on every rank
+    ("exists with another commit record"): kept silently, that node restored from a foreign
+    record. A fetch that reported success but whose file the node's disk lost makes the fast
+    version unusable: its record went into the replacement node's root all the same (listed as
+    committed there, tried by every restore); the older fast version is restored instead."""
+    for rank, r in enumerate(ok(run("node_local_foreign_record_and_lost_fetch", 2,
+                                    str(tmp_path), timeout=120))):
+        foreign, lost = r["foreign"], r["lost"]
+        assert any("exists with another commit record" in e for e in foreign["errors"]), (rank, r)
+        assert lost["restored"] == 1 and lost["tier"] == "fast", (rank, r)
+        assert lost["w"] == [float(i) for i in range(8)], (rank, r)
+        [record] = lost["node1_records"]  # step 1's only: step 2's files are not all there
+        assert record.startswith("s000000000001-"), (rank, r)
+        assert bool(lost["lost"]) is (rank == 1), (rank, r)
+
+
 def test_a_rank_late_past_the_timeout_once_fails_one_decision(tmp_path: Path) -> None:
     for r in ok(run("late_rank_once", 2, str(tmp_path / "r"), timeout=120)):
         assert r["steps"] == [[1, True], [2, "PCK-DISTRIBUTED"], [3, True], [4, True]], r

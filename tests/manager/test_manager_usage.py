@@ -46,6 +46,22 @@ def test_fast_every_without_fast_root_is_refused(tmp_path: Path) -> None:
     mgr.close()
 
 
+@pytest.mark.parametrize("spelling", ["same", "slash", "url", "dot"])
+def test_fast_root_equal_to_root_is_refused(tmp_path: Path, spelling: str) -> None:
+    """Mutation audit B N14 (mut-17): a fast_root naming the durable root (however spelled)
+    is refused with PCK-USAGE: both tiers' retention would run on one root, the fast tier's
+    keep deleting durable versions."""
+    root = tmp_path / "r"
+    fast = {
+        "same": str(root),
+        "slash": str(root) + "/",
+        "url": root.as_uri(),
+        "dot": str(tmp_path / "." / "r"),
+    }[spelling]
+    with pytest.raises(UsageError, match="fast_root must differ from root"):
+        pckt.CheckpointManager(str(root), save_every=1, fast_every=1, fast_root=fast)
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3"])
 def test_max_failed_saves_must_be_a_positive_int_or_none(tmp_path: Path, bad: object) -> None:
     with pytest.raises(UsageError, match="max_failed_saves must be an int >= 1 or None"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
@@ -55,3 +57,39 @@ def test_each_held_file_goes_to_one_holder_own_writer_first(case: tuple[int, lis
             writer = int(p[6:11])
             assert writer not in holders[p] or writer == r  # the writer handles its own file
     assert assign_files(files, held) == (share, missing)  # deterministic
+
+
+def test_a_node_root_holds_only_files_of_their_recorded_size(tmp_path: Path) -> None:
+    """Mutation audit B N11 (mut-10): a file whose node-root copy is shorter or longer than
+    its record (a truncated copy) is not held: counted as held, the copy or verify share of
+    that file went to the node with the bad copy instead of the one with the whole file. A
+    missing file is not held either; one a storage error answered for is unasked."""
+    import numpy as np
+
+    import portable_ckpt
+    from portable_ckpt.io.versions import load_manifest
+    from portable_ckpt.storage import open_storage
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+    from portable_ckpt.torch._manager_nodelocal import _held
+
+    root = tmp_path / "node0"
+    m = portable_ckpt.save_arrays(root, {"w": np.arange(1000.0)}, step=1)
+    storage = open_storage(str(root))
+    manifest = load_manifest(storage, m.attempt_id)
+    paths = sorted(manifest.files)
+    assert _held(storage, m.attempt_id, manifest) == [paths, []]
+    data = [p for p in paths if p.startswith("data/")]
+    assert data, paths
+    vdir = root / m.attempt_id
+    for how in ("shorter", "longer", "missing"):
+        f = vdir / data[0]
+        whole = f.read_bytes()
+        if how == "missing":
+            f.unlink()
+        else:
+            f.write_bytes(whole[:-1] if how == "shorter" else whole + b"\0")
+        others = [p for p in paths if p != data[0]]
+        assert _held(storage, m.attempt_id, manifest) == [others, []], how
+        f.write_bytes(whole)
+    eio = FaultyStorage(storage, [Fault(op="size", path=f"*/{data[0]}", error="EIO")])
+    assert _held(eio, m.attempt_id, manifest) == [[p for p in paths if p != data[0]], [data[0]]]

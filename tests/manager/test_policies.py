@@ -354,6 +354,46 @@ def test_verification_record_marks_a_version(tmp_path: Path) -> None:
     assert len(list_versions(root)[0].verifications) == 2
 
 
+def test_a_version_whose_record_read_fails_after_listing_is_unclassified_and_kept(
+    tmp_path: Path,
+) -> None:
+    """Mutation audit B M11 (mut-03): a committed version whose commit record cannot be read
+    when its ``pck.manager`` entry is fetched (a 503 between the listing and the read) is
+    ``classified=False``, which retention always keeps ("unclassified"): taken as classified
+    without metrics, keep_last deleted it because of one failed read."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.manager.retention import RetentionPolicy, plan_retention
+    from portable_ckpt.storage.local import LocalStorage
+
+    root = tmp_path / "r"
+    for s in (1, 2, 3):
+        entry = manager_entry_value(s, "save_every", {"loss": float(s)})
+        portable_ckpt.save_arrays(
+            str(root), {"w": np.zeros(4, np.float32)}, step=s, entries={"pck.manager": entry}
+        )
+    ids = [v.id for v in list_versions(root)]
+    first = f"{ids[0]}/manifest.json"
+
+    class FlakyAfterListing(LocalStorage):
+        reads = 0
+
+        def read_all(self, path: str, *, max_size: int) -> bytes:
+            if path == first:
+                FlakyAfterListing.reads += 1
+                if FlakyAfterListing.reads > 1:  # the listing's read worked, the next fails
+                    raise StorageError(f"{path}: a transient read error", path=path)
+            return super().read_all(path, max_size=max_size)
+
+    cands = {c.id: c for c in candidates_of(FlakyAfterListing(str(root)))}
+    assert FlakyAfterListing.reads == 2
+    assert cands[ids[0]].classified is False and cands[ids[0]].committed
+    assert cands[ids[1]].classified and cands[ids[1]].metrics == {"loss": 2.0}
+    ds = {d.id: d for d in plan_retention(list(cands.values()), RetentionPolicy.build(keep_last=1))}
+    assert not ds[ids[0]].delete
+    assert any(r.startswith("unclassified") for r in ds[ids[0]].reasons), ds[ids[0]].reasons
+    assert ds[ids[1]].delete and not ds[ids[2]].delete
+
+
 def test_manager_entry_schema_and_value() -> None:
     from portable_ckpt.format.schemas import validate_entry_value
 
@@ -366,6 +406,16 @@ def test_manager_entry_schema_and_value() -> None:
     validate_entry_value(value, manager_entry_schema(), name="pck.manager")
     with pytest.raises(UsageError):
         manager_entry_value(5, "save_every", {"loss": [1.0]})
+
+
+def test_metric_names_are_1_to_256_characters() -> None:
+    """Mutation audit B M10 (mut-24): metric names of 1-256 characters pass, 0 or 257 are
+    refused by maybe_save's own check (PCK-USAGE), not later by the embedded schema."""
+    assert manager_entry_value(1, "x", {"a" * 256: 1})["metrics"] == {"a" * 256: 1}
+    assert manager_entry_value(1, "x", {"a": 1})["metrics"] == {"a": 1}
+    for bad in ("a" * 257, ""):
+        with pytest.raises(UsageError, match="1-256 characters"):
+            manager_entry_value(1, "x", {bad: 1})
 
 
 # -- node-local tiers -------------------------------------------------------------------------
@@ -477,6 +527,60 @@ def test_sync_pins_never_unpins_a_version_it_could_not_read(tmp_path: Path) -> N
     pin(str(root), v6, reason="keep_every=2", by=MANAGER_PIN_BY)
     assert sync_pins(st, planned)["unpinned"] == [] and v6 in read_pins(root)
 
+
+
+
+def test_sync_pins_keeps_the_pin_of_an_unlisted_version_when_asking_for_its_record_fails(
+    tmp_path: Path,
+) -> None:
+    """Mutation audit B M07 (mut-09): a manager-pinned version missing from the decisions
+    (committed after the listing) is unpinned only when its commit record is known to be
+    gone; a storage error asking for it keeps the pin (a platform gc would delete it)."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.io.pins import pin, read_pins
+    from portable_ckpt.manager.pinning import MANAGER_PIN_BY, sync_pins
+    from portable_ckpt.storage.local import LocalStorage
+
+    root = tmp_path / "r"
+    portable_ckpt.save_arrays(str(root), {"w": np.zeros(4, np.float32)}, step=2)
+    [aid] = [v.id for v in list_versions(root)]
+    pin(str(root), aid, reason="keep_every=2", by=MANAGER_PIN_BY)
+
+    class ExistsFails(LocalStorage):
+        def exists(self, path: str) -> bool:
+            if path == f"{aid}/manifest.json":
+                raise StorageError(f"{path}: a transient error", path=path)
+            return super().exists(path)
+
+    assert sync_pins(ExistsFails(str(root)), []) == {"pinned": [], "unpinned": []}
+    assert [r["by"] for r in read_pins(root)[aid]] == [MANAGER_PIN_BY]
+    # Asked without the error, the record is there: the pin stays too.
+    assert sync_pins(LocalStorage(str(root)), [])["unpinned"] == []
+
+
+def test_sync_pins_adds_its_own_pin_beside_someone_elses(tmp_path: Path) -> None:
+    """Mutation audit B M08 (mut-11): a version keep_every keeps that someone else pinned
+    still gets the manager's pin; counted as the manager's, it lost all protection from a
+    platform gc once that person unpinned it."""
+    from portable_ckpt.io.pins import pin, read_pins, unpin
+    from portable_ckpt.manager.pinning import MANAGER_PIN_BY, sync_pins
+    from portable_ckpt.manager.retention import RetentionPolicy, plan_retention
+    from portable_ckpt.storage.local import LocalStorage
+
+    root = tmp_path / "r"
+    for s in (2, 3):
+        portable_ckpt.save_arrays(str(root), {"w": np.zeros(4, np.float32)}, step=s)
+    ids = [v.id for v in list_versions(root)]
+    pin(str(root), ids[0], reason="mine", by="alice")
+    st_ = LocalStorage(str(root))
+    pol = RetentionPolicy.build(keep_last=1, keep_every=2)
+    assert sync_pins(st_, plan_retention(candidates_of(st_), pol)) == {
+        "pinned": [ids[0]],
+        "unpinned": [],
+    }
+    assert sorted(r["by"] for r in read_pins(root)[ids[0]]) == sorted([MANAGER_PIN_BY, "alice"])
+    unpin(str(root), ids[0], by="alice")
+    assert [r["by"] for r in read_pins(root)[ids[0]]] == [MANAGER_PIN_BY]
 
 
 @given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 1), st.data())

@@ -246,6 +246,25 @@ def test_a_drill_that_meets_damage_records_a_failed_verification(
     assert _latest(capsys, root) == v1.name
 
 
+def test_a_drill_restoring_non_finite_values_fails_and_drill_json_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutation audit B DR02 and C11 (mut-08, mut-20): a drill whose restored state holds a NaN
+    fails (its synthetic step refuses non-finite values: the drill would vouch for a restart
+    that diverges), and ``drill --json`` of a failed drill exits 1, like the text output."""
+    pytest.importorskip("torch")
+    root = tmp_path / "root"
+    w = np.arange(8, dtype=np.float32)
+    w[3] = np.nan
+    portable_ckpt.save_arrays(root, {"w": w}, step=1)
+    code, out, _ = _cli(capsys, "drill", str(root), "--world-size", "1", "--json")
+    rec = json.loads(out)
+    assert rec["ok"] is False, rec
+    assert "non-finite" in rec["error"]["message"], rec
+    assert code == 1
+    assert [v.drilled for v in list_versions(root)] == [False]
+
+
 def test_ls_shows_the_kind_and_age_of_the_newest_pass(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

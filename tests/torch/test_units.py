@@ -275,6 +275,44 @@ def test_async_save_second_save_in_flight(tmp_path: Any) -> None:
     assert portable_ckpt.open(str(tmp_path)).read("w").tolist() == list(np.arange(6.0) + 10)
 
 
+def test_async_save_after_a_finished_one_does_not_raise_if_busy(tmp_path: Any) -> None:
+    """Mutation audit B I01 (mut-14): ``if_busy="raise"`` raises only while a save is in
+    flight; the slot keeps the finished handle, so a done save must not count as busy (every
+    later ``if_busy="raise"`` save failed with PCK-USAGE)."""
+    state = {"w": torch.arange(6.0)}
+    h = pckt.async_save(state, str(tmp_path), step=1)
+    assert h.result().step == 1
+    h2 = pckt.async_save(state, str(tmp_path), step=2, if_busy="raise")
+    assert h2.result().step == 2
+    assert [v.step for v in portable_ckpt.list_versions(str(tmp_path))] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (torch.arange(6, dtype=torch.float32) + 0.25, torch.arange(6, dtype=torch.float64) + 0.5),
+        (torch.arange(6, dtype=torch.float32) + 0.25, torch.arange(6, dtype=torch.int32) - 3),
+        (torch.arange(6, dtype=torch.float32) + 0.25, torch.arange(6.0).reshape(1, 6) * 3),
+        (torch.arange(6, dtype=torch.float32) + 0.25, torch.arange(6.0).reshape(2, 3) * 3),
+        (torch.arange(6.0).reshape(2, 3), torch.arange(6.0).reshape(3, 2) + 1),
+    ],
+    ids=["f32-f64", "f32-i32", "6-1x6", "6-2x3", "2x3-3x2"],
+)
+def test_async_saves_of_one_key_whose_dtype_or_shape_changed(
+    tmp_path: Any, first: Any, second: Any
+) -> None:
+    """Mutation audit B G02/G03 (mut-04, mut-13): the staging buffer reused across async
+    saves of one key is reallocated when the tensor's dtype or shape changes (same numel):
+    reused, ``copy_`` cast the values into the old dtype, or kept the old shape, and the
+    second version was written with the wrong bytes or shape."""
+    pckt.async_save({"w": first}, str(tmp_path), step=1).result()
+    pckt.async_save({"w": second}, str(tmp_path), step=2).result()
+    for step, want in ((1, first), (2, second)):
+        got = portable_ckpt.open(str(tmp_path), step=step).read("w")
+        assert got.dtype == want.numpy().dtype and got.shape == tuple(want.shape), step
+        assert np.array_equal(got, want.numpy()), step
+
+
 def test_load_errors(tmp_path: Any) -> None:
     pckt.save({"w": torch.zeros(3)}, str(tmp_path), step=1)
     with pytest.raises(CheckpointError) as e:
