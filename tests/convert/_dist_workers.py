@@ -152,3 +152,25 @@ def read_portable_boxes(rank: int, world: int, root: str, ref: str) -> None:
             exp = v[tuple(sl)].contiguous().reshape(-1).view(torch.uint8).numpy()
             assert got.dtype.itemsize == v.element_size(), k
             assert np.ascontiguousarray(got).reshape(-1).view(np.uint8).tobytes() == exp.tobytes(), (k, dim)
+
+
+def save_replicated(rank: int, world: int, ckpt: str) -> None:
+    """dcp.save of a small replicated state: DCP's dedup leaves the last rank without items."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {"w": torch.ones(3), "b": torch.zeros(2)}, "step": 11}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt))
+
+
+def save_uneven(rank: int, world: int, ckpt: str) -> None:
+    """dcp.save of a DTensor of 6 rows on 4 ranks (2, 2, 2, 0: rank 3 stores an empty chunk)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(6 * 3, dtype=torch.float32).reshape(6, 3)
+    state = {"rep": torch.full((2,), 7.0), "sh": distribute_tensor(full, mesh, [Shard(0)])}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt))

@@ -50,6 +50,7 @@ from portable_ckpt.errors import (
     ShardHeaderError,
     UnsupportedValueError,
 )
+from portable_ckpt.format.manifest import MAX_NDIM
 from portable_ckpt.storage._posix import read_regular
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "DcpMetadata",
     "DcpStorage",
     "DcpTensor",
+    "KeyCollisionError",
     "NotJsonError",
     "decode_byte_item",
     "json_key",
@@ -176,6 +178,22 @@ class NotJsonError(ValueError):
     """A byte item's value is not JSON data (the message says what it is)."""
 
 
+class KeyCollisionError(NotJsonError):
+    """Two keys of one dict (``1`` and ``"1"``) become one JSON key: a value would be lost."""
+
+    def __init__(self, first: Any, second: Any, key: str) -> None:
+        self.first, self.second, self.key = first, second, key
+        super().__init__(
+            f"a dict whose keys {_short_repr(first)} and {_short_repr(second)} both become the "
+            f"key {_short_repr(key)} (JSON keys are strings: one value would be lost)"
+        )
+
+
+def _short_repr(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else f"{text[:60]}… ({len(text):,} characters)"
+
+
 class _Bad(ValueError):
     """The pickle is well formed but not shaped like DCP metadata."""
 
@@ -245,6 +263,8 @@ def parse_dcp_metadata(data: bytes, *, path: str) -> DcpMetadata:
         return _metadata(root, budget)
     except ExpansionError as exc:
         raise LimitError(str(exc), path=path) from None
+    except _TooManyDims as exc:
+        raise LimitError(f"{path}: {exc}", path=path) from None
     except _Bad as exc:
         raise ShardHeaderError(f"{path}: unexpected DCP metadata structure: {exc}", path=path) from None
     except RecursionError:
@@ -307,12 +327,23 @@ def _int(value: Any, what: str) -> int:
 _TORCH_SIZE = Global("torch", "Size")
 
 
+class _TooManyDims(ValueError):
+    """A shape of more dimensions than the format allows (:data:`MAX_NDIM`)."""
+
+
 def _size(node: Any, what: str) -> tuple[int, ...]:
-    """``torch.Size((...))`` (or a plain tuple/list) of non-negative ints."""
+    """``torch.Size((...))`` (or a plain tuple/list) of at most 64 non-negative ints."""
     if type(node) is Call and node.func == _TORCH_SIZE:
         if len(node.args) != 1:
             raise _Bad(f"{what}: torch.Size with {len(node.args)} arguments")
         node = node.args[0]
+    if isinstance(node, tuple | list) and len(node) > MAX_NDIM:
+        # before any walk over it (conversion review atkconv2 N1): one shape shared by many
+        # tensors through memo references cost tensors x rank
+        raise _TooManyDims(
+            f"{what} has {len(node):,} dimensions, above the format's limit of {MAX_NDIM}: "
+            "the .metadata is damaged"
+        )
     if type(node) is not tuple:
         if not isinstance(node, tuple | list):
             raise _Bad(f"{what} is {_describe(node)}, not a torch.Size")
@@ -416,7 +447,10 @@ class _Index(tuple[str, tuple[int, ...] | None], Resolved):
 
 
 def _size_or_none(node: Any) -> tuple[int, ...] | None:
-    if type(node) is not tuple:
+    # More than MAX_NDIM entries: left unresolved, for _size to refuse with the item's name.
+    # (An _Index is hashed each time the pickle uses it as a dict key: the cap bounds that too,
+    # conversion review atkconv2 N3.)
+    if type(node) is not tuple or len(node) > MAX_NDIM:
         return None
     for v in node:
         if type(v) is not int or v < 0:
@@ -564,7 +598,16 @@ def symbolic_to_json(node: Any, depth: int = 0, *, budget: WalkBudget | None = N
             pairs = _mapping(node, "value")
         except _Bad as exc:
             raise NotJsonError(str(exc)) from None
-        return {json_key(k): symbolic_to_json(v, depth + 1, budget=budget) for k, v in pairs}
+        out: dict[str, Any] = {}
+        raw: dict[str, Any] = {}
+        for k, v in pairs:
+            jk = json_key(k)
+            if jk in raw and (type(raw[jk]) is not type(k) or raw[jk] != k):
+                # {1: 5, "1": 6} became {"1": 6}, silently (conversion review atkconv2 N8)
+                raise KeyCollisionError(raw[jk], k, jk)
+            raw[jk] = k
+            out[jk] = symbolic_to_json(v, depth + 1, budget=budget)
+        return out
     if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname == "torch.Size":
         if len(node.args) == 1 and isinstance(node.args[0], tuple):
             return symbolic_to_json(node.args[0], depth + 1, budget=budget)

@@ -25,7 +25,8 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
     directory refuses only after all the work), and the nearest existing directory above
     ``dst`` must be a directory (a torch target below a file failed as an internal error).
     """
-    if os.path.islink(dst):
+    # "link/" follows the link: the name itself is checked (conversion review atkconv2 N7)
+    if os.path.islink(dst.rstrip("/" + os.sep) or dst):
         raise UsageError(
             f"destination {dst} is a symbolic link; give the path it names, or a new path"
         )
@@ -37,9 +38,12 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
                 break
             parent = up
         if parent and os.path.lexists(parent) and not os.path.isdir(parent):
+            what = (
+                "is a symbolic link to nothing" if os.path.islink(parent)
+                else "exists and is not a directory"
+            )
             raise UsageError(
-                f"destination {dst}: {parent} exists and is not a directory; choose a path in "
-                "a directory"
+                f"destination {dst}: {parent} {what}; choose a path in a directory"
             )
         return
     if directory and os.path.isdir(dst) and not os.listdir(dst):

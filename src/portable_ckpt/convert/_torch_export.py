@@ -16,10 +16,13 @@ the state in anonymous memory. The file appears with one ``rename`` after an ``f
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -95,8 +98,13 @@ def save_portable_as_torch(
                     "is keyed by int)", kind="note")
                 for k in decimal
             ]
-            with open_staged(tmp) as f:
-                torch.save(state, f)  # a full disk met here: convert's _write_failed says so
+            with open_staged(tmp) as f, _interrupts_kept() as caught:
+                try:
+                    torch.save(state, f)  # a full disk met here: convert's _write_failed says so
+                except (RuntimeError, OSError):
+                    if caught:  # torch's writer made the Ctrl-C a short write (review N10)
+                        raise caught[0].with_traceback(None) from None
+                    raise
             del state, tensors
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -106,6 +114,40 @@ def save_portable_as_torch(
         if ck.entries[n].scope == "global" and not (options.keys == "mapped" and n == HF_METADATA_ENTRY)
     )
     return WriteResult(len(ck.tensors), written, entries, warnings)
+
+
+@contextlib.contextmanager
+def _interrupts_kept() -> Iterator[list[BaseException]]:
+    """Yield the interrupts (Ctrl-C, the CLI's SIGTERM) that arrive meanwhile.
+
+    A ``KeyboardInterrupt`` raised while torch's C++ zip writer calls back into Python comes
+    out of ``torch.save`` as a short write ("unexpected pos"): the CLI said "disk full", exit
+    75, not "interrupted", 130 (conversion review atkconv2 N10). The Python-level handlers in
+    place are wrapped to note what they raise; only the main thread can set handlers.
+    """
+    caught: list[BaseException] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    before: dict[int, Any] = {}
+
+    def noting(signum: int, frame: Any) -> None:
+        try:
+            before[signum](signum, frame)
+        except BaseException as exc:
+            caught.append(exc)
+            raise
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            before[sig] = handler
+            signal.signal(sig, noting)
+    try:
+        yield caught
+    finally:
+        for signum, prev in before.items():
+            signal.signal(signum, prev)
 
 
 def _mapped_tensor(ck: Any, info: Any, path: str) -> torch.Tensor:

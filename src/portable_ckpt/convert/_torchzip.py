@@ -32,11 +32,13 @@ from portable_ckpt.errors import (
     CodecError,
     DtypeUnsupportedError,
     FileSizeError,
+    LimitError,
     ShardHeaderError,
     StorageError,
     transient_errno,
 )
 from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
+from portable_ckpt.format.manifest import MAX_NDIM
 
 __all__ = [
     "MAX_ITEM_MEMBERS",
@@ -175,6 +177,13 @@ class _Window(io.RawIOBase):
 
 
 def _as_int_tuple(value: object, what: str, where: str) -> tuple[int, ...]:
+    if isinstance(value, tuple) and len(value) > MAX_NDIM:
+        # before any walk over it: a shape shared by many tensors (memo references, a few bytes
+        # each) cost tensors x rank (conversion review atkconv2 N1, N2)
+        raise LimitError(
+            f"{where}: a tensor {what} of {len(value):,} dimensions, above the format's limit "
+            f"of {MAX_NDIM}: the source is damaged"
+        )
     if not isinstance(value, tuple) or not all(isinstance(v, int) for v in value):
         raise ShardHeaderError(f"{where}: torch.save pickle has a malformed {what} {value!r}")
     return tuple(int(v) for v in value)

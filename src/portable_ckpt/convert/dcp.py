@@ -61,6 +61,7 @@ from portable_ckpt.convert._dcp_meta import (
     DcpChunk,
     DcpMetadata,
     DcpStorage,
+    KeyCollisionError,
     NotJsonError,
     decode_byte_item,
     read_dcp_metadata,
@@ -339,39 +340,46 @@ def _check_chunks(meta_path: str, fqn: str, md: Any) -> None:
 
 
 def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any]]) -> None:
-    """Refuse items whose stored byte ranges overlap one another (an identical range is read once).
+    """Refuse items whose stored byte ranges overlap one another.
 
     ``FileSystemWriter`` writes each item to a range of its own. A ``.metadata`` that points many
     items into one range (or into ranges that share a zip's central directory) would make the
-    conversion parse those bytes once per item.
+    conversion parse those bytes once per item. Tensor chunks on one identical range are parsed
+    once (their output counts in the conversion's output bound); a byte item shares its range
+    with no other item: each would be decoded into a JSON copy of its own (conversion review
+    atkconv2 N5: 150 references to one 370 KB item wrote 89 MB).
     """
-    regions: dict[str, list[tuple[int, int, str]]] = {}
+    regions: dict[str, list[tuple[int, int, str, bool]]] = {}
     for fqn, md in items:
+        infos: list[tuple[str, DcpStorage | None, bool]]
         if isinstance(md, DcpBytes):
-            infos = [(fqn, meta.storage_for(fqn))]
+            infos = [(fqn, meta.storage_for(fqn), True)]
         else:
             infos = [
-                (f"{fqn} chunk at {list(ch.offsets)}", meta.storage_for(fqn, ch.offsets))
+                (f"{fqn} chunk at {list(ch.offsets)}", meta.storage_for(fqn, ch.offsets), False)
                 for ch in md.chunks
                 if math.prod(ch.sizes)
             ]
-        for what, info in infos:
+        for what, info, is_bytes in infos:
             if info is not None and info.length:
                 regions.setdefault(info.relative_path, []).append(
-                    (info.offset, info.offset + info.length, what)
+                    (info.offset, info.offset + info.length, what, is_bytes)
                 )
     for rel, spans in regions.items():
         spans.sort()
-        prev: tuple[int, int, str] | None = None
+        prev: tuple[int, int, str, bool] | None = None
         for span in spans:
-            if prev is not None and span[0] < prev[1] and span[:2] != prev[:2]:
-                raise ShardHeaderError(
-                    f"{meta_path}: items {prev[2]!r} (bytes [{prev[0]}, {prev[1]})) and "
-                    f"{span[2]!r} (bytes [{span[0]}, {span[1]})) overlap in {rel}; "
-                    "FileSystemWriter stores each item in bytes of its own: the .metadata is "
-                    "damaged, re-copy the checkpoint",
-                    path=meta_path,
-                )
+            if prev is not None and span[0] < prev[1]:
+                same = span[:2] == prev[:2]
+                if not same or span[3] or prev[3]:
+                    how = "are stored in the same bytes" if same else "overlap"
+                    raise ShardHeaderError(
+                        f"{meta_path}: items {prev[2]!r} (bytes [{prev[0]}, {prev[1]})) and "
+                        f"{span[2]!r} (bytes [{span[0]}, {span[1]})) {how} in {rel}; "
+                        "FileSystemWriter stores each item in bytes of its own: the .metadata "
+                        "is damaged, re-copy the checkpoint",
+                        path=meta_path,
+                    )
             if prev is None or span[1] > prev[1]:
                 prev = span
 
@@ -398,9 +406,10 @@ class _Planner:
         self.layouts: dict[tuple[str, int, int], TorchTensorLayout] = {}
 
     def note_rank(self, rel: str) -> None:
-        m = _DISTCP.match(os.path.basename(rel))
-        if m:
-            self.ranks.add(int(m.group(1)))
+        """Note the rank of a file an item is read from (``__<rank>_<n>.distcp``)."""
+        rank = _rank_of(os.path.basename(rel))
+        if rank is not None:
+            self.ranks.add(rank)
 
     def skip(self, fqn: str, msg: str, path: str) -> None:
         if self.strict:
@@ -435,7 +444,6 @@ class _Planner:
         """The stored chunk ``ch`` of ``fqn`` (``None``: it is empty), checked against its zip."""
         rel = info.relative_path
         path = self.files.path(rel)
-        self.note_rank(rel)
         if info.transforms:
             raise CodecError(
                 f"{path}: chunk of {fqn!r} at {list(ch.offsets)} uses stream transforms "
@@ -443,7 +451,8 @@ class _Planner:
                 path=path,
             )
         if math.prod(ch.sizes) == 0:
-            return None
+            return None  # nothing read: its file is not counted as a rank's (review atkconv2 N11)
+        self.note_rank(rel)
         where = f"{path} (tensor {fqn!r}, chunk at {list(ch.offsets)})"
         fd = self.files.fd(rel)
         end = info.offset + info.length
@@ -508,6 +517,12 @@ class _Planner:
             return None, decode_byte_item(fd, info.offset, info.length, where=where)
         except FileSizeError as exc:
             raise FileSizeError(exc.message, path=path) from None
+        except KeyCollisionError as exc:
+            raise UnsupportedValueError(
+                f"{where}: the item holds {exc}, so nothing was written: change one of the "
+                "keys in the source",
+                path=path,
+            ) from None
         except NotJsonError as exc:
             return f"not convertible ({exc})", None
 
@@ -526,31 +541,78 @@ class _Planner:
     def world(self) -> tuple[int, Continuation | None]:
         """The world size that saved the checkpoint, from its ``__<rank>_<n>.distcp`` files.
 
-        The ranks of the files ``.metadata`` uses are ``0..N-1`` for a checkpoint every rank
-        of a world of ``N`` wrote: the version gets an ``exact`` contract for ``N``. Otherwise
-        (a rank missing, a renamed file) that world size is unknown: the version is recorded
-        with a ``statistical`` contract for the ranks present, and a warning says so (attack
-        review M2).
+        Every rank's ``FileSystemWriter`` creates its file, even a rank that DCP's dedup left
+        without items (an empty ``__3_0.distcp`` that ``.metadata`` does not use: conversion
+        review atkconv2 N6). The ranks counted are those of the files read and of the files in
+        the directory that are empty or that ``.metadata`` names (an uneven DTensor's rank
+        without rows stores a zero-length chunk there, which is never read; a file named but
+        absent counts for nothing: review N11). When they are ``0..N-1`` the version gets an
+        ``exact`` contract for ``N``. Otherwise (a rank missing, a renamed file, a file with
+        bytes that ``.metadata`` does not use, as an older save into the same directory
+        leaves) that world size is unknown: the version is recorded with a ``statistical``
+        contract for the ranks present, and a warning says so (attack review M2).
         """
-        if not self.ranks:
+        ranks, stray = set(self.ranks), []
+        named = {os.path.basename(info.relative_path) for info in self.meta.storage_data.values()}
+        for name, size in _distcp_files(self.root):
+            rank = _rank_of(name)
+            if rank is None:
+                continue
+            # present and named by .metadata (a rank whose shard is empty writes its zero-length
+            # chunk's zip, never read), or empty: a rank of the world that saved it
+            if size == 0 or name in named or rank in self.ranks:
+                ranks.add(rank)
+            else:
+                stray.append(name)
+        if not ranks:
             return 1, None
-        n = len(self.ranks)
-        if max(self.ranks) + 1 == n:
+        n = len(ranks)
+        if max(ranks) + 1 == n and not stray:
             return n, None
-        shown = sorted(self.ranks)
+        shown = sorted(ranks)
         listed = ", ".join(str(r) for r in shown[:4]) + (", ..." if n > 4 else "")
         expected = "rank 0" if n == 1 else f"ranks 0..{n - 1}"
+        why = (
+            f"{os.path.join(self.root, min(stray))} holds bytes that .metadata does not use"
+            if stray
+            else f"the .distcp files name {n} rank(s) ({listed}), not {expected}"
+        )
         self.warnings.append(
             ConvertWarning(
                 self.meta_path,
-                f"the .distcp files it uses name {n} rank(s) ({listed}), not {expected}: "
-                "the world size that saved it is unknown, so the version's continuation "
+                f"{why}: the world size that saved it is unknown, so the version's continuation "
                 f"contract is 'statistical' for {n} rank(s), not 'exact' (load it with "
                 "allow_statistical=True)",
                 kind="changed",
             )
         )
         return n, Continuation(contract="statistical", world_size=n)
+
+
+def _rank_of(name: str) -> int | None:
+    """The rank a ``__<rank>_<n>.distcp`` file name gives (``None``: another name).
+
+    More than 18 digits is no rank of a real world (and more than 4300 no int Python parses
+    from text): such a name counts as a rank far past any other, so never as ``exact``.
+    """
+    m = _DISTCP.match(name)
+    if m is None:
+        return None
+    digits = m.group(1)
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
+def _distcp_files(root: str) -> list[tuple[str, int]]:
+    """``(name, size)`` of the regular files (not links) ``__<rank>_<n>.distcp`` in ``root``."""
+    out: list[tuple[str, int]] = []
+    try:
+        with os.scandir(root) as it:
+            for e in it:
+                if _DISTCP.match(e.name) and e.is_file(follow_symlinks=False):
+                    out.append((e.name, e.stat(follow_symlinks=False).st_size))
+    except OSError:
+        return []
+    return out
 
 
 def write_target(

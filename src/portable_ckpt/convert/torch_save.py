@@ -28,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from portable_ckpt.convert._dcp_meta import DICT_CTORS, NotJsonError, json_key, symbolic_to_json
+from portable_ckpt.convert._dcp_meta import (
+    DICT_CTORS,
+    KeyCollisionError,
+    NotJsonError,
+    json_key,
+    symbolic_to_json,
+)
 from portable_ckpt.convert._model import (
     ChunkSpec,
     ConvertOptions,
@@ -150,10 +156,14 @@ def _collision(
     def shown(p: tuple[Any, ...]) -> str:
         return "the top level" if not p else "[" + "][".join(repr(c) for c in p) + "]"
 
+    # Paths of different lengths ({"a": {"b": t}} and "a.b") are apart under --keys mapped,
+    # whose components stay components; others (1 and "1", "" and "value") collide in both
+    # modes (conversion review atkconv2 N8).
+    other = ", or convert with --keys mapped" if len(first) != len(second) else ""
     return UsageError(
         f"{src}: the source's {what}s at {shown(first)} and {shown(second)} both become the "
         f"key {name!r} (the format has one of each key), so nothing was written: rename one "
-        "in the source, or convert with the other --keys mode (mapped/verbatim)",
+        f"in the source{other}",
         path=src,
     )
 
@@ -314,6 +324,12 @@ def _plan(
             return
         try:
             value = symbolic_to_json(node, budget=walker.budget)
+        except KeyCollisionError as exc:
+            raise UnsupportedValueError(
+                f"{path}: value {name!r} holds {exc}, so nothing was written: change one of "
+                "the keys in the source",
+                path=path,
+            ) from None
         except NotJsonError as exc:
             if strict:
                 raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
