@@ -290,6 +290,8 @@ def test_a_global_entry_ignores_the_rank_and_world_size_asked_for(tmp_path: Path
     for rank, world in ((0, 4), (7, 2), (3, 3), (0, 9)):
         assert ck.entry("g", rank=rank, world_size=world) == {"lr": 0.5}
     expect_code("PCK-USAGE", ck.entry, "st", rank=7, world_size=2)
+    expect_code("PCK-USAGE", ck.entry, "g", rank=-1, world_size=2)  # never a rank (D8)
+    expect_code("PCK-USAGE", ck.entry, "g", rank=0, world_size=0)
 
 
 def test_drop_signals_no_value_distinctly(tmp_path: Path) -> None:

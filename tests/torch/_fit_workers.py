@@ -88,3 +88,31 @@ def renamed_beside_an_empty_dict(rank: int, world: int, root: str) -> dict[str, 
     except CheckpointError as exc:
         return {"code": exc.code}
     return {"code": None}
+
+
+def check_fails_on_one_rank(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Rank 1's check step fails (its contract check raises, injected around the real one):
+    rank 0's error must say that the target was not touched, which is true of that step."""
+    import torch
+
+    import portable_ckpt.torch as pckt
+    import portable_ckpt.torch.loading as loading
+    from portable_ckpt.errors import CheckpointError, ContractError
+
+    pckt.save({"w": torch.arange(4.0), "seen": 7}, root, step=1, continuation="statistical")
+    torch.distributed.barrier()
+    if rank == 1:
+        real = loading._new_info
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            real(*args, **kwargs)
+            raise ContractError("injected: this rank's contract check failed")
+
+        loading._new_info = refuse  # type: ignore[assignment]
+    target = {"w": torch.zeros(4), "seen": 0}
+    try:
+        pckt.load(target, root)
+    except CheckpointError as exc:
+        return {"code": exc.code, "message": exc.message, "w": target["w"].tolist(),
+                "seen": target["seen"]}
+    return {"code": None}

@@ -223,3 +223,18 @@ def test_one_sides_extra_hyper_parameter_alone_loads(tmp_path: Path) -> None:
             target.param_groups[0]["nesterov"] = False
         pckt.load({"train": pckt.ModelOptimizerState(model, target)}, root, strict=False)
         assert target.param_groups[0]["lr"] == 0.1
+
+
+def test_a_check_that_fails_on_one_rank_says_nothing_was_touched(tmp_path: Path) -> None:
+    """Diff review 22, D2: the check step changes nothing; a peer's failure there was reported
+    as "the ranks that succeeded hold a partly restored state; load again"."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group("tests.torch._fit_workers:check_fails_on_one_rank", 2, (str(tmp_path / "r"),),
+                    timeout=180)
+    res.raise_for_errors()
+    r0, r1 = res.results
+    assert r1["code"] == "PCK-CONTRACT" and "injected" in r1["message"]
+    assert r0["code"] == "PCK-DISTRIBUTED", r0
+    assert "not touched" in r0["message"] and "partly restored" not in r0["message"], r0
+    assert [(r["w"], r["seen"]) for r in res.results] == [([0.0] * 4, 0)] * 2

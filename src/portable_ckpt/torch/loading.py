@@ -6,9 +6,9 @@ Phases (every rank of the group calls :func:`load` with its own target state):
    load (the newest, the newest of a step, or a given attempt id), so every rank opens the same.
    Its ``manifest.json`` is read once per load, each rank reading a slice; every rank validates
    the whole document as one read from storage, all at the same time (:mod:`._load_resolve`).
-2. ``check`` (all-gather): each rank opens that version, checks the continuation contract and
-   counts the target tensors it holds; a target of which no rank finds one is refused here,
-   before anything changes.
+2. ``check`` (all-gather): each rank opens that version, checks the continuation contract
+   and counts the target tensors it holds; a target of which no rank finds one is refused
+   here, before anything changes.
 3. ``load`` (all-gather of each rank's counters): each rank intersects the stored ranges with each local target box and reads only
    those bytes straight into the destination tensor's memory, proving coverage and verifying the
    checksums of everything it reads — all tensors of the rank in one read planned per file (each
@@ -231,7 +231,7 @@ def _load(
     strict_dtype: bool,
     held: set[str] | None = None,
 ) -> LoadInfo:
-    """The two phases of :func:`load` (resolve, then fill and agree).
+    """The three steps of :func:`load`: resolve, check (nothing changed yet), fill and agree.
 
     ``held`` receives the keys of the version this load fills from, as soon as it is known.
     """
@@ -300,7 +300,7 @@ def _load(
         return (ck, info, wanted, found), {"found": found, "targets": len(wanted)}
 
     (ck, info, wanted, found), counts = comm.all_gather_step(
-        "load/check", check, what=f"load of {attempt_id}", outcome=_LOAD_FAILED
+        "load/check", check, what=f"load of {attempt_id} (check)", outcome=RESOLVE_FAILED
     )
     # Decided over the group, on every rank alike and before anything changes: a pipeline
     # stage whose tensors are all new is a partial target like any other, while a target of
