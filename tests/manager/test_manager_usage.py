@@ -144,6 +144,38 @@ def test_a_job_saving_below_newer_steps_keeps_its_save_and_is_told(
     assert "already holds newer" not in err
 
 
+def test_a_jobs_own_save_below_newer_steps_committed_by_a_clock_ahead_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mutation audit 22 B2-30: an earlier run on a host whose clock was an hour ahead left
+    newer steps whose commit records are stamped after this job's saves, so no rollback-branch
+    rule covers them: a fresh job's save is outside keep_last, and only its own retention's
+    "this job's newest save" keeps it (it was deleted right after its commit)."""
+    import datetime as dt
+
+    import portable_ckpt.io.commit as commit
+
+    root = str(tmp_path / "r")
+    state = {"w": torch.arange(4.0)}
+    real = commit.commit_time
+
+    def ahead(storage: Any, attempt_id: str, now: Any = None) -> str:  # the earlier host's clock
+        return real(storage, attempt_id, dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+
+    with monkeypatch.context() as m:
+        m.setattr(commit, "commit_time", ahead)
+        with pckt.CheckpointManager(root, save_every=1, keep_last=2, async_save=False,
+                                    handle_sigterm=False, continuation="statistical") as mgr:
+            for step in (10, 20):
+                mgr.save(step, state)
+    capsys.readouterr()
+    with pckt.CheckpointManager(root, save_every=1, keep_last=2, async_save=False,
+                                handle_sigterm=False, continuation="statistical") as mgr:
+        mgr.save(3, state)  # a fresh run, no restore()
+        assert [v.step for v in portable_ckpt.list_versions(root)] == [3, 10, 20]
+    assert "already holds newer" in capsys.readouterr().err
+
+
 def test_newer_steps_that_failed_verification_are_not_named_as_resumed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

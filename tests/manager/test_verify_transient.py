@@ -142,3 +142,67 @@ def test_a_slow_replication_is_no_earlier_run(
     mgr.close()
     assert "already holds newer steps" not in capfd.readouterr().err
     assert [v.step for v in list_versions(str(tmp_path / "durable"))] == [3]
+
+
+def test_fast_retention_waits_for_a_copy_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """mutation audit 22 B2-27: ``replicate=True``, ``fast_keep=1``: while step 3 is copied to
+    the durable root, the fast saves of steps 4 and 5 commit; their fast-tier retention must
+    not delete step 3's fast version under the copy (the copy then failed, and the durable
+    root never got step 3). Once the copy is done, the fast tier is pruned to its keep."""
+    import time
+
+    import portable_ckpt.io.copy as copy_module
+
+    copy = copy_module.copy_version
+
+    def slow(*a: Any, **k: Any) -> Any:
+        time.sleep(1.0)  # later fast saves commit meanwhile
+        return copy(*a, **k)
+
+    monkeypatch.setattr(copy_module, "copy_version", slow)
+    fast = str(tmp_path / "fast")
+    mgr = CheckpointManager(str(tmp_path / "durable"), fast_root=fast, replicate=True,
+                            save_every=3, fast_every=1, fast_keep=1, async_save=False,
+                            handle_sigterm=False)
+    for step in range(1, 6):
+        mgr.maybe_save(step, {"model": {"w": torch.arange(10.0) * step}})
+    mgr.close()
+    assert "FAILED" not in capfd.readouterr().err
+    assert [v.step for v in list_versions(str(tmp_path / "durable"))] == [3]
+    assert [v.step for v in list_versions(fast) if v.status == "committed"] == [5]
+
+
+def test_a_copy_that_works_resets_the_failed_durable_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mutation audit 22 B2-32: ``replicate=True``: a durable save exists once its copy is done,
+    so a copy that works ends a run of failed durable saves; two copies that failed with one
+    that worked between them are not two failures in a row (max_failed_saves=2 stopped the job).
+    """
+    import portable_ckpt.io.copy as copy_module
+
+    copy = copy_module.copy_version
+
+    def fails_for_odd_steps(src: Any, dst: Any, **k: Any) -> Any:
+        if int(str(src).rstrip("/").rsplit("/", 1)[-1][1:13]) % 2:
+            raise StorageError(f"write {dst}: Input/output error [injected]", path=str(dst))
+        return copy(src, dst, **k)
+
+    monkeypatch.setattr(copy_module, "copy_version", fails_for_odd_steps)
+    durable = str(tmp_path / "durable")
+    mgr = CheckpointManager(durable, fast_root=str(tmp_path / "fast"), replicate=True,
+                            save_every=1, max_failed_saves=2, async_save=False,
+                            continuation="statistical", handle_sigterm=False)
+    try:
+        for step in (1, 2, 3):
+            mgr.maybe_save(step, {"model": {"w": torch.arange(10.0) * step}})
+            try:
+                mgr.wait()
+            except StorageError:
+                pass
+        assert mgr._failed_steps == [3] and mgr._failed_saves == 1
+    finally:
+        mgr.close()
+    assert [v.step for v in list_versions(durable)] == [2]

@@ -219,6 +219,50 @@ def test_released_segment_is_unmapped(tmp_path: Path) -> None:
     assert SHARED.nbytes == 0 and not _maps_segment(os.getpid())
 
 
+def _segment_inodes() -> list[int]:
+    """The staging memfd behind each descriptor of this process (the mmap holds a dup too)."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if SEGMENT in os.readlink(f"/proc/self/fd/{name}"):
+                out.append(os.stat(f"/proc/self/fd/{name}").st_ino)
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_release_closes_the_segment_descriptor(tmp_path: Path) -> None:
+    """mutation audit 22 B2-09 / B2-14: ``release()`` closes the memfd, not only the mapping.
+
+    A descriptor left open keeps the whole segment's memory alive after the mapping is gone.
+    """
+    pckt.async_save({"w": torch.ones(1000)}, str(tmp_path), step=1, mode="process").result(60)
+    assert SHARED.segment is not None
+    assert os.fstat(SHARED.segment.fd).st_ino in _segment_inodes()
+    SHARED.release()
+    assert _segment_inodes() == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_replaced_segment_closes_its_descriptor(tmp_path: Path) -> None:
+    """mutation audit 22 B2-14: a segment replaced by a bigger one closes its memfd.
+
+    Each growth would otherwise leak one descriptor (and the old segment's memory with it).
+    """
+    SHARED.release()
+    pckt.async_save({"w": torch.ones(1000)}, str(tmp_path), step=1, mode="process").result(60)
+    assert SHARED.segment is not None
+    first = os.fstat(SHARED.segment.fd).st_ino
+    assert set(_segment_inodes()) == {first}
+    pckt.async_save({"w": torch.ones(1 << 20)}, str(tmp_path), step=2, mode="process").result(60)
+    assert SHARED.segment is not None
+    second = os.fstat(SHARED.segment.fd).st_ino
+    assert second != first and set(_segment_inodes()) == {second}
+    SHARED.release()
+    assert _segment_inodes() == []
+
+
 def test_roots_travel_by_description(tmp_path: Path) -> None:
     """Local and S3 roots reopen in another process from their JSON description alone."""
     local = LocalStorage(str(tmp_path), create=True)
@@ -261,6 +305,21 @@ class _OtherRoot(LocalStorage):
 
     def process_spec(self) -> dict[str, object]:
         return {"kind": "local", "root": self.root + "-elsewhere"}
+
+
+def test_process_mode_refuses_a_description_of_the_same_backend_at_another_root(
+    tmp_path: Path,
+) -> None:
+    """mutation audit 22 B2-17: a description that opens the very same backend type, but at
+    another root, is refused (not only one of another type): the writer would commit where
+    this root never looks and the save would report success."""
+    store = LocalStorage(str(tmp_path / "here"), create=True)
+    (tmp_path / "there").mkdir()
+    store.process_spec = lambda: {  # type: ignore[method-assign]
+        "kind": "local", "root": str(tmp_path / "there")}  # a wrong description, injected
+    with pytest.raises(UsageError, match=r"opens a LocalStorage at .*there.* not this"):
+        pckt.async_save({"w": torch.ones(3)}, store, step=1, mode="process")
+    assert os.listdir(tmp_path / "here") == [] and os.listdir(tmp_path / "there") == []
 
 
 class _Registered(LocalStorage):

@@ -149,3 +149,22 @@ def test_strided_alone_gives_several_boxes() -> None:
     ]
     with pytest.raises(UnsupportedValueError):
         shard_box((9,), (2,), (0,), [PlacementSpec("strided", 0, 2)])
+
+
+def test_a_local_shard_of_another_shape_than_the_placement_gives_is_refused() -> None:
+    """mutation audit 22 B2-22: a DTensor built with ``from_local`` whose local shard is not the
+    one its placements give (uneven sharding done by hand: 3 rows where Shard(0) of 8 rows on
+    2 ranks gives 4) is refused; it was written into the box of the expected shape."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    from portable_ckpt.torch.layout import dtensor_layout
+
+    with fake_group(2):
+        mesh = mesh_at((2,), (0,))
+        dt = DTensor.from_local(torch.arange(3.0), mesh, [Shard(0)], run_check=False,
+                                shape=torch.Size([8]), stride=(1,))
+        with pytest.raises(UnsupportedValueError, match=r"local shard shape \[3\] differs"):
+            dtensor_layout(dt, key="w")
+        even = DTensor.from_local(torch.arange(4.0), mesh, [Shard(0)], run_check=False,
+                                  shape=torch.Size([8]), stride=(1,))
+        assert dtensor_layout(even, key="w") is not None
