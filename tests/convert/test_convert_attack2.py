@@ -338,18 +338,36 @@ def test_a_rank_whose_shard_is_empty_still_counts(tmp_path: Path) -> None:
     assert (cont.contract, cont.world_size) == ("exact", 4) and not report.warnings
 
 
-def test_a_file_of_bytes_no_item_uses_makes_the_world_unknown(replicated_4: Path, tmp_path: Path) -> None:
+def test_a_file_of_bytes_no_item_uses_is_a_leftover(replicated_4: Path, tmp_path: Path) -> None:
+    # a file with bytes that .metadata does not name is left by an older, larger save into the
+    # same directory: it names no rank, and the world of ranks 0..3 stays exact (rev22 D5)
     src = _copy(replicated_4, tmp_path / "src")
     (src / "__4_0.distcp").write_bytes(b"left by an older save")
-    report = convert(src, tmp_path / "out", trust_pickle=True)
+    report = convert(src, tmp_path / "out", trust_pickle=True, strict=True)
     cont = portable_ckpt.open(str(tmp_path / "out")).continuation
-    assert (cont.contract, cont.world_size) == ("statistical", 4)
+    assert (cont.contract, cont.world_size) == ("exact", 4)
     (w,) = report.warnings
-    assert "__4_0.distcp" in w.message and "statistical" in w.message
+    assert w.kind == "note" and "__4_0.distcp" in w.message and "older save" in w.message
     (src / "__4_0.distcp").write_bytes(b"")  # an empty file: a rank that had no items
     assert convert(src, tmp_path / "out5", trust_pickle=True).warnings == []
     cont = portable_ckpt.open(str(tmp_path / "out5")).continuation
     assert (cont.contract, cont.world_size) == ("exact", 5)
+
+
+def test_a_save_again_by_fewer_ranks_is_exact_for_them(tmp_path: Path) -> None:
+    import _dist_workers
+    from conftest import run_ranks
+
+    src = tmp_path / "ckpt"
+    run_ranks(_dist_workers.save_uneven, 4, str(src))
+    run_ranks(_dist_workers.save_uneven, 2, str(src))  # elastic shrink: __2_0, __3_0 stay behind
+    assert all((src / f"__{r}_0.distcp").stat().st_size > 0 for r in range(4))
+    report = convert(src, tmp_path / "out", trust_pickle=True, strict=True)
+    ck = portable_ckpt.open(str(tmp_path / "out"))
+    assert (ck.continuation.contract, ck.continuation.world_size) == ("exact", 2)
+    (w,) = report.warnings
+    assert w.kind == "note" and "__2_0.distcp (and 1 more)" in w.message
+    assert report.tensors == 2
 
 
 def test_a_zero_length_chunk_names_no_rank(tmp_path: Path) -> None:
@@ -446,7 +464,8 @@ def test_collision_advice_is_advice_that_works(tmp_path: Path, state: Any, other
             convert(src, tmp_path / keys, keys=keys)
             worked.append(keys)
         except CheckpointError as exc:
-            assert exc.code == "PCK-USAGE" and "rename one in the source" in str(exc)
+            # the source's content, as inside a value: not a usage error (rev22 D3)
+            assert exc.code == "PCK-UNSUPPORTED-VALUE" and "rename one in the source" in str(exc)
             # the other mode is advised only where it converts
             assert ("--keys" in str(exc)) == other_mode
             assert ("--keys mapped" in str(exc)) == other_mode
@@ -495,3 +514,18 @@ def test_ctrl_c_while_the_torch_target_is_written_is_an_interrupt(
         convert(src, tmp_path / "out.pt", dst_format="torch")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing left behind
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_positions_in_any_order_is_a_json_tree_option() -> None:
+    # rev22 D6: the DCP view took a list's positions in any order by copying JsonTree's private
+    # trie; it is JsonTree's own option now, and only children 0..n-1 make a list
+    from portable_ckpt.format.keys import JsonTree
+
+    leaves = {"x/1": 5, "x/0": 6, "y/1": 1, "y/2": 2, "z/00": 1, "z/1": 2, "p/10": 0}
+    leaves.update({f"p/{i}": i for i in range(10)})
+    plain, any_order = JsonTree(leaves), JsonTree(leaves, positions_in_any_order=True)
+    assert plain.value("x") == {"1": 5, "0": 6} and any_order.value("x") == [6, 5]
+    assert plain.value("p") == {"10": 0, **{str(i): i for i in range(10)}}
+    assert any_order.value("p") == [*range(10), 0]
+    for tree in (plain, any_order):
+        assert tree.value("y") == {"1": 1, "2": 2} and tree.value("z") == {"00": 1, "1": 2}

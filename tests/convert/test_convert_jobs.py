@@ -19,6 +19,7 @@ from portable_ckpt.convert import (
     FORMATS,
     ChunkSpec,
     ConvertOptions,
+    EntrySpec,
     Format,
     SourcePlan,
     TensorSpec,
@@ -510,3 +511,45 @@ def test_a_torch_export_is_not_written_through_a_symlink_planted_at_its_staged_n
         convert(tmp_path / "root", out, dst_format="torch")
     assert victim.read_bytes() == b"keep me" and not os.path.lexists(out)
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging left
+
+
+def _read_npz_with_entry(src: str, options: ConvertOptions) -> SourcePlan:
+    plan = _read_npz(src, options)
+    plan.entries.append(_PLUGIN_ENTRY[0])
+    return plan
+
+
+_PLUGIN_ENTRY: list[EntrySpec] = []
+
+
+@pytest.mark.parametrize(
+    ("entry", "code"),
+    [
+        # a plugin's EntrySpec the writer refuses: the plugin's usage, not a damaged source
+        (EntrySpec("meta", {"a": 1}, scope="per_rank"), "PCK-USAGE"),
+        (EntrySpec("meta", {"a": 1}, scope="global", rank=0), "PCK-USAGE"),
+        # a value JSON cannot hold: the source's content
+        (EntrySpec("meta", {"a": float("nan")}), "PCK-UNSUPPORTED-VALUE"),
+        (EntrySpec("meta", {"a": 10**5000}), "PCK-UNSUPPORTED-VALUE"),
+    ],
+)
+def test_only_values_json_cannot_hold_are_the_sources_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: EntrySpec, code: str
+) -> None:
+    # review rev22 D4: every UsageError of add_entry was relabelled PCK-UNSUPPORTED-VALUE
+    fmt = Format(
+        name="npz", help="numpy .npz archives", reader=f"{__name__}:_read_npz_with_entry",
+        detect=lambda p: p.endswith(".npz"),
+    )
+    monkeypatch.setitem(FORMATS, "npz", fmt)
+    monkeypatch.setattr(sys.modules[__name__], "_PLUGIN_ENTRY", [entry])
+    np.savez(tmp_path / "a.npz", w=np.arange(6.0))
+    with pytest.raises(CheckpointError) as ei:
+        convert(tmp_path / "a.npz", tmp_path / "root")
+    assert ei.value.code == code, ei.value
+    if code == "PCK-UNSUPPORTED-VALUE":
+        assert "value 'a' (entry 'meta')" in str(ei.value)
+        assert "set_int_max_str_digits" not in str(ei.value)
+    else:
+        assert "change or remove it in the source" not in str(ei.value)
+    assert not (tmp_path / "root").exists()

@@ -330,8 +330,8 @@ def test_torch_keys_that_collide_are_refused_naming_both(
 
     torch.save(fill(state), tmp_path / "src.pt")
     r = _cli("convert", str(tmp_path / "src.pt"), str(tmp_path / "out"), *extra, cwd=tmp_path)
-    assert r.returncode == 2, r.stderr
-    assert "PCK-USAGE" in r.stderr and str(tmp_path / "src.pt") in r.stderr
+    assert r.returncode == 1, r.stderr  # the source's content: exit 1, not a usage error (rev22 D3)
+    assert "PCK-UNSUPPORTED-VALUE" in r.stderr and str(tmp_path / "src.pt") in r.stderr
     assert "both become the key" in r.stderr and "COVERAGE" not in r.stderr
     assert not (tmp_path / "out").exists()
 

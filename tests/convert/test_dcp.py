@@ -498,3 +498,17 @@ def test_world_size_is_what_the_rank_files_show(tmp_path: Path) -> None:
     assert "4000000" in w.message and "statistical" in w.message and w.item == str(src / ".metadata")
     with pytest.raises(CheckpointError, match="statistical"):  # --strict: the contract changed
         convert(src, tmp_path / "strict", trust_pickle=True, strict=True)
+
+
+def test_a_byte_item_of_many_tensors_is_a_torch_save(tmp_path: Path) -> None:
+    # rev22 D12: DCP stores a tuple as one byte item; a tuple of 70 tensors is a torch.save zip
+    # of more than 64 members, which was "not a torch.save zip"
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "src"
+    dcp.save({"w": torch.arange(4.0), "pair": tuple(torch.full((2,), float(i)) for i in range(70))},
+             checkpoint_id=str(src))
+    report = convert(src, tmp_path / "out", trust_pickle=True)
+    (w,) = [w for w in report.warnings if w.item == "pair"]
+    assert "a tensor value" in w.message and "members" not in w.message, w.message
+    assert report.tensors == 1

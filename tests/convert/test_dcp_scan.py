@@ -14,6 +14,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from portable_ckpt.convert._pickle_scan import (
     CONSUMED,
     Call,
     Global,
+    OpaqueKey,
     PickleGlobalError,
     PickleScanError,
     Resolved,
@@ -221,11 +223,28 @@ def _values(protocol: int) -> st.SearchStrategy[Any]:
     )
 
 
+def _plain(v: Any) -> Any:
+    """A scanned value with its :class:`OpaqueKey` keys and set elements unwrapped."""
+
+    def key(k: Any) -> Any:
+        return _plain(k.value) if type(k) is OpaqueKey else k
+
+    if type(v) is dict:
+        return {key(k): _plain(x) for k, x in v.items()}
+    if type(v) is list:
+        return [_plain(x) for x in v]
+    if type(v) is tuple:
+        return tuple(_plain(x) for x in v)
+    if type(v) in (set, frozenset):
+        return type(v)(key(x) for x in v)
+    return v
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), protocol=st.integers(0, 5))
 def test_scanner_matches_pickle_on_data(data: Any, protocol: int) -> None:
     value = data.draw(_values(protocol))
-    assert scan_pickle(pickle.dumps(value, protocol=protocol)) == value
+    assert _plain(scan_pickle(pickle.dumps(value, protocol=protocol))) == value
 
 
 def test_scanner_keeps_shared_references() -> None:
@@ -637,23 +656,65 @@ def test_key_that_hashing_would_expand_is_refused_at_once(data: bytes) -> None:
         scan_pickle(data)
 
 
-def test_keys_of_chosen_hashes_are_bounded() -> None:
-    # ints that are equal modulo 2^61 - 1 share one hash: 5000 of them as keys would cost
-    # 12.5M comparisons; their number (and their values') is bounded per pickle
+def test_keys_of_chosen_hashes_are_never_hashed() -> None:
+    # ints that are equal modulo 2^61 - 1 share one hash: 50 000 of them as keys would cost
+    # 1.25G comparisons; the scan stores them unhashed, by identity, in their order (rev22 D1)
     collide = b"".join(
-        b"\x8a\x0c" + (k * ((1 << 61) - 1) + 5).to_bytes(12, "little") + b"N" for k in range(1, 5000)
+        b"\x8a\x0c" + (k * ((1 << 61) - 1) + 5).to_bytes(12, "little") + b"N" for k in range(1, 50_000)
     )
-    with pytest.raises(PickleScanError, match="more than 4096 dict keys"):
-        scan_pickle(b"\x80\x04}(" + collide + b"u.")
-    # legitimate keys: many small ints (an optimizer's state), shared tuples, frozensets
+    t0 = time.perf_counter()
+    out = scan_pickle(b"\x80\x04}(" + collide + b"u.")
+    assert time.perf_counter() - t0 < 2.0
+    assert [k.value for k in out] == [k * ((1 << 61) - 1) + 5 for k in range(1, 50_000)]
+    assert all(type(k) is OpaqueKey for k in out)
+    # equal keys are not merged: the conversion sees both (and refuses the value)
+    twice = b"\x80\x04}(G?\xf8\x00\x00\x00\x00\x00\x00K\x01G?\xf8\x00\x00\x00\x00\x00\x00K\x02u."
+    assert [(k.value, v) for k, v in scan_pickle(twice).items()] == [(1.5, 1), (1.5, 2)]
+    # legitimate keys: many small ints (an optimizer's state), shared tuples, frozensets, and
+    # more than 4096 keys of every kind (refused before rev22 D1)
     state = {i: i for i in range(20_000)}
     assert scan_pickle(pickle.dumps(state, protocol=2)) == state
     pair = (1, ("a", 2.5))
-    value = {pair: 1, (pair, pair): 2, frozenset({pair, 3}): 3, 2**70: 4, 1.5: 5, b"k": 6}
+    value = {pair: 1, (pair, pair): 2, frozenset({pair, 3}): 3, 2**70: 4, 1.5: 5, b"k": 6, None: 7}
+    many = {**{i / 7: i for i in range(5000)}, **{(i, i + 1): i for i in range(5000)}}
+    many.update({2**61 + i: i for i in range(5000)})
     for protocol in (4, 5):  # (earlier protocols pickle frozensets and bytes as calls)
-        assert scan_pickle(pickle.dumps(value, protocol=protocol)) == value
+        assert _plain(scan_pickle(pickle.dumps(value, protocol=protocol))) == value
+        assert _plain(scan_pickle(pickle.dumps(many, protocol=protocol))) == many
+        assert _plain(scan_pickle(pickle.dumps({2.5, (1, 2), 3}, protocol=protocol))) == {2.5, (1, 2), 3}
     with pytest.raises(PickleScanError, match="unhashable"):
         scan_pickle(b"\x80\x02}](K\x01\x85eK\x00s.")  # a list key (inside nothing)
+
+
+@pytest.mark.torch
+def test_many_keys_of_every_kind_convert_as_before(tmp_path: Path) -> None:
+    # 5000 float, tuple and big-int keys (refused as a whole before rev22 D1; at 669b6f0 the
+    # big ints converted as decimal strings and the others were skipped with a warning)
+    torch = pytest.importorskip("torch")
+    src = tmp_path / "k.pt"
+    big = {2**61 + i: i for i in range(5000)}
+    torch.save(
+        {
+            "w": torch.arange(3.0),
+            "f": {i / 7: i for i in range(5000)},
+            "t": {(i, i + 1): i for i in range(5000)},
+            "b": big,
+            "mixed": {**{i / 7: i for i in range(5000)}, **{(i, i + 1): i for i in range(5000)}, **big},
+        },
+        src,
+    )
+    t0 = time.perf_counter()
+    r = convert(src, tmp_path / "out")
+    assert time.perf_counter() - t0 < 20
+    assert r.tensors == 1
+    assert sorted(w.message.removeprefix(f"{src}: ") for w in r.warnings) == [
+        "a dict key of type float is not convertible; skipped",
+        "a dict key of type float is not convertible; skipped",
+        "a dict key of type tuple is not convertible; skipped",
+    ]
+    values = portable_ckpt.open(tmp_path / "out").entry("torch.values")
+    assert {k: v for k, v in values.items() if k.startswith("b/")} == {f"b/{k}": v for k, v in big.items()}
+    assert not any(k.startswith(("f/", "t/", "mixed/")) for k in values)
 
 
 def _with_data_pkl(src: Path, dst: Path, edit: Any) -> None:

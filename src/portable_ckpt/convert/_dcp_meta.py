@@ -32,11 +32,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from portable_ckpt.convert._model import short_text
 from portable_ckpt.convert._pickle_scan import (
     CONSUMED,
     Call,
     ExpansionError,
     Global,
+    OpaqueKey,
     PickleGlobalError,
     PickleScanError,
     Resolved,
@@ -184,14 +186,9 @@ class KeyCollisionError(NotJsonError):
     def __init__(self, first: Any, second: Any, key: str) -> None:
         self.first, self.second, self.key = first, second, key
         super().__init__(
-            f"a dict whose keys {_short_repr(first)} and {_short_repr(second)} both become the "
-            f"key {_short_repr(key)} (JSON keys are strings: one value would be lost)"
+            f"a dict whose keys {short_text(repr(first))} and {short_text(repr(second))} both become the "
+            f"key {short_text(repr(key))} (JSON keys are strings: one value would be lost)"
         )
-
-
-def _short_repr(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 80 else f"{text[:60]}… ({len(text):,} characters)"
 
 
 class _Bad(ValueError):
@@ -621,11 +618,20 @@ def symbolic_to_json(node: Any, depth: int = 0, *, budget: WalkBudget | None = N
 
 
 def json_key(k: Any) -> str:
-    """A pickled dict key as a JSON object key: strings as they are, ints in decimal."""
+    """A pickled dict key as a JSON object key: strings as they are, ints in decimal.
+
+    A key the scan stored unhashed (:class:`OpaqueKey`: a float, a tuple, an int of 2^61 or more)
+    is judged by the value it wraps.
+    """
     if isinstance(k, str):
         return k
+    if type(k) is OpaqueKey:
+        k = k.value
     if isinstance(k, int) and not isinstance(k, bool):
-        return str(k)
+        try:
+            return str(k)
+        except ValueError:  # more digits than sys.get_int_max_str_digits() allows
+            raise NotJsonError(f"an integer dict key of {k.bit_length():,} bits") from None
     raise NotJsonError(f"a dict key of type {type(k).__name__}")
 
 
@@ -640,10 +646,14 @@ def decode_byte_item(fd: int, offset: int, length: int, *, where: str) -> Any:
             raw ``io.BytesIO`` item); the message says why.
 
     """
-    from portable_ckpt.convert._torchzip import MAX_ITEM_MEMBERS, open_torch_archive
+    from portable_ckpt.convert._torchzip import open_torch_archive
 
+    # No bound on the members: a byte item may be a torch.save of a tuple of many tensors (DCP
+    # stores tuples as one item), and its zip's members cost at least 76 bytes of it each (a
+    # local and a central header): reading them costs the item's bytes, which no other item
+    # shares (review rev22 D12).
     try:
-        archive = open_torch_archive(fd, offset, length, where=where, max_members=MAX_ITEM_MEMBERS)
+        archive = open_torch_archive(fd, offset, length, where=where)
     except FileSizeError:
         raise  # a truncated file is damage, not a value that merely isn't JSON
     except CheckpointError as exc:  # not a torch.save zip: a raw BytesIO item, or damaged

@@ -17,6 +17,7 @@ import numpy as np
 
 from portable_ckpt.errors import CheckpointError, LimitError, UnsupportedValueError
 from portable_ckpt.format.keys import MAX_KEY, is_key
+from portable_ckpt.format.manifest import MAX_SIZE
 from portable_ckpt.ranges import Box, check_coverage
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
     "SourcePlan",
     "TensorSpec",
     "WriteResult",
-    "MAX_DIM",
+    "check_layout",
     "check_plan",
     "fail_if_strict",
     "infer_step",
@@ -173,6 +174,9 @@ class SourcePlan:
     step_source: str = ""
     #: A portable source's continuation record (kept by a portable target).
     continuation: Any = None
+    #: The reader already checked every tensor with :func:`check_layout` (DCP, from
+    #: ``.metadata`` before any chunk was read): :func:`check_plan` does not check it again.
+    layout_checked: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -201,24 +205,50 @@ def check_plan(plan: SourcePlan, src: str = "") -> None:
         files = sorted({c.where for c in t.chunks}) or [src]
         where = ", ".join(f for f in files[:4] if f) or "the source"
         _check_key(t.key, where)
-        big = [d for d in t.shape if d > MAX_DIM]
-        if big:
-            raise LimitError(
-                f"{where}: tensor {short_text(t.key)!r} has a dimension of {short_number(big[0])}, "
-                f"above the format's limit of 2^53 - 1: the source is damaged",
-                path=src or None,
+        if not plan.layout_checked:
+            check_layout(
+                t.key, t.shape, [Box.of(c.offsets, c.lengths) for c in t.chunks],
+                where=where, damaged="the source", path=src or None,
+                found=f"chunks stored in {where}",
             )
-        boxes = [Box.of(c.offsets, c.lengths) for c in t.chunks]
-        try:
-            check_coverage(t.shape, boxes, key=t.key)
-        except CheckpointError as exc:
-            exc.message = f"{exc.message} (chunks stored in {where})"
-            exc.args = (exc.message,)
-            raise
 
 
-#: Largest dimension (and size) the format allows (``portable_ckpt.format.manifest.MAX_SIZE``).
-MAX_DIM = (1 << 53) - 1
+def check_layout(
+    key: str,
+    shape: tuple[int, ...],
+    boxes: list[Box],
+    *,
+    where: str,
+    damaged: str,
+    path: str | None,
+    found: str,
+    lead: str = "",
+) -> None:
+    """Check tensor ``key``'s dimensions against the limit, and that ``boxes`` cover it once.
+
+    ``boxes`` are its non-empty chunks. ``where`` starts a dimension refusal (``damaged`` says what is damaged: ``"the source"``);
+    ``found`` is appended to a coverage refusal, in parentheses, and ``lead`` put before it.
+
+    Raises:
+        LimitError: a dimension above :data:`~portable_ckpt.format.manifest.MAX_SIZE`.
+        CoverageGapError, CoverageOverlapError, RangeBoundsError: the chunks do not cover it.
+
+    """
+    big = [d for d in shape if d > MAX_SIZE]
+    if big:
+        raise LimitError(
+            f"{where}: tensor {short_text(key)!r} has a dimension of {short_number(big[0])}, "
+            f"above the format's limit of 2^53 - 1: {damaged} is damaged",
+            path=path,
+        )
+    try:
+        check_coverage(shape, boxes, key=key)
+    except CheckpointError as exc:
+        exc.message = f"{lead}{exc.message} ({found})"
+        exc.args = (exc.message,)
+        if path is not None:
+            exc.path = path
+        raise
 
 
 def short_number(n: int) -> str:

@@ -48,6 +48,7 @@ __all__ = [
     "Call",
     "ExpansionError",
     "Global",
+    "OpaqueKey",
     "PersistentId",
     "PickleGlobalError",
     "PickleScanError",
@@ -228,20 +229,46 @@ def _top(stack: list[Any]) -> Any:
 
 #: Most nodes (counted with multiplicity: a value referenced twice counts twice) of one dict key
 #: or set element. ``hash()`` of a tuple is not cached and walks every element again, so a key
-#: built as ``x = (x, x)`` sixty times (129 bytes) would take 2^60 steps to hash.
+#: built as ``x = (x, x)`` sixty times (129 bytes) would take 2^60 steps to hash; such a key is
+#: refused even though the scan stores it unhashed (see :class:`OpaqueKey`): a later walk (a
+#: consumer's own ``hash()``, ``repr()``) would expand it.
 _MAX_KEY_NODES = 4096
-#: Most dict keys and set elements per pickle whose hash a pickle can choose (anything but a
-#: string, a small int, a bool or an object record), and most nodes of them in all: hash
-#: collisions among such keys cost time quadratic in their number (strings are hashed with a
-#: random seed; ints below 2^61 - 1 hash to themselves).
-_MAX_HASHED_KEYS = 4096
-_MAX_HASHED_NODES = 1 << 15
 _INT_HASH_MOD = (1 << 61) - 1
 _KEY_LEAVES = (str, bytes, int, float, complex, type(None), Global, Call, Resolved)
 
 
+class OpaqueKey:
+    """A dict key or set element whose hash the pickle could choose, stored unhashed.
+
+    Strings and bytes hash with a random seed, ints below 2^61 - 1 to themselves, and records by
+    identity; any other key (a float, a larger int, a tuple, a frozenset, a persistent id) could
+    be chosen by a file to collide with many others, which makes building the dict quadratic in
+    their number (conversion review rev22 D1). The scan stores such a key wrapped in this
+    record, which is hashed and compared by identity: insertion order is kept, and two equal
+    keys are *not* merged (a writer never pickles one dict with two equal keys; a consumer that
+    turns keys into strings sees both and refuses or skips the value, as for ``1`` and ``"1"``).
+
+    Attributes:
+        value: the key as the pickle built it.
+
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        v = self.value
+        if type(v) is int:
+            return f"<int key of {v.bit_length()} bits>" if v.bit_length() > 256 else repr(v)
+        if type(v) is float:
+            return repr(v)
+        return f"<{type(v).__name__} key>"
+
+
 def _int_nodes(n: int) -> int:
-    """What hashing int ``n`` costs, in nodes: one per 64 bits.
+    """What hashing or printing int ``n`` costs, in nodes: one per 64 bits.
 
     ``hash()`` of an int is not cached and reads every digit: a 1 MB int key hashed 32 000
     times took 20 s (conversion review atkconv2 N4).
@@ -260,44 +287,40 @@ def _int_nodes(n: int) -> int:
 
 
 class _KeyCheck:
-    """Checks every dict key and set element of one scan before it is hashed.
+    """Checks every dict key and set element of one scan, and says how to store it.
 
     Refuses unhashable keys, keys nested deeper than :data:`_MAX_KEY_DEPTH` (C hashing
-    recurses), keys of more than :data:`_MAX_KEY_NODES` nodes counted with multiplicity (the
+    recurses) and keys of more than :data:`_MAX_KEY_NODES` nodes counted with multiplicity (the
     count is memoised per node, so shared references cost one visit each; an int of 2^61 or more
-    counts one node per 64 bits, as hashing it reads them all), and more than
-    :data:`_MAX_HASHED_KEYS` keys (:data:`_MAX_HASHED_NODES` nodes) of a hash the pickle can
-    choose. Every cost is thus bounded by the pickle's bytes.
+    counts one node per 64 bits). A key whose hash the pickle can choose is returned wrapped in
+    an :class:`OpaqueKey` and never hashed, so collisions cost nothing; every cost is thus
+    bounded by the pickle's bytes, whatever the number of keys.
     """
 
-    __slots__ = ("keep", "keys_left", "nodes_left", "sizes")
+    __slots__ = ("keep", "sizes")
 
     def __init__(self) -> None:
         self.sizes: dict[int, int] = {}  # id(tuple/frozenset/PersistentId) -> nodes
         self.keep: list[Any] = []  # keeps those ids valid for the whole scan
-        self.keys_left = _MAX_HASHED_KEYS
-        self.nodes_left = _MAX_HASHED_NODES
 
-    def __call__(self, key: Any) -> None:
+    def __call__(self, key: Any) -> Any:
         t = type(key)
         if (
             t is str
             or t is Call
             or t is bool
+            or t is bytes
+            or key is None
             or (t is int and -_INT_HASH_MOD < key < _INT_HASH_MOD)
-            or isinstance(key, Resolved)
+            or isinstance(key, Resolved | Global)
         ):
-            return
-        n = self.sizes.get(id(key))
-        if n is None:
-            n = _int_nodes(key) if t is int else self._size(key)
-        self.keys_left -= 1
-        self.nodes_left -= n
-        if self.keys_left < 0 or self.nodes_left < 0:
-            raise PickleScanError(
-                f"more than {_MAX_HASHED_KEYS} dict keys or set elements (or {_MAX_HASHED_NODES} "
-                "values in them) that are not strings or integers below 2^61; refusing to hash them"
-            )
+            return key
+        if id(key) not in self.sizes:
+            if t is int:
+                _int_nodes(key)
+            else:
+                self._size(key)
+        return OpaqueKey(key)
 
     def _size(self, key: Any) -> int:
         """Nodes of ``key`` with multiplicity (memoised per node), checking each node's type."""
@@ -645,7 +668,7 @@ def _scan(
                 for j in range(p + 1, len(stack), 2):
                     key = stack[j]
                     if type(key) is not str:
-                        check_key(key)
+                        key = check_key(key)
                     target[key] = stack[j + 1]
                 del stack[p:]
             else:
@@ -777,14 +800,10 @@ def _scan(
             target = _top(stack)
             if not isinstance(target, set):
                 raise PickleScanError("ADDITEMS on a non-set")
-            for item in items:
-                check_key(item)
-            target.update(items)
+            target.update([check_key(item) for item in items])
         elif op == 0x91:  # FROZENSET
             items = _pop_mark(stack, marks)
-            for item in items:
-                check_key(item)
-            push(frozenset(items))
+            push(frozenset([check_key(item) for item in items]))
         elif op == 0x92:  # NEWOBJ_EX
             kwargs = _pop(stack)
             args = _pop(stack)
@@ -875,7 +894,7 @@ def _pairs_to_dict(
     it = iter(items)
     for k, v in zip(it, it, strict=True):
         if type(k) is not str:
-            check_key(k)
+            k = check_key(k)
         out[k] = v
     return out
 

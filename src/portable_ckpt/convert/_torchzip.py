@@ -83,8 +83,9 @@ _STORAGE_DTYPES = {
 }
 
 _MAX_PKL = 64 << 20
-#: Most zip members of one DCP item (a stored chunk or byte item): ``torch.save`` of one value
-#: writes about eight (data.pkl, byteorder, version, data/0, ...).
+#: Most zip members of one DCP tensor chunk: ``torch.save`` of one tensor writes about eight
+#: (data.pkl, byteorder, version, data/0, ...). A byte item's zip has no such bound (its
+#: members cost its bytes: see ``_dcp_meta.decode_byte_item``).
 MAX_ITEM_MEMBERS = 64
 #: What :mod:`zipfile` raises for a damaged or unsupported archive (``NotImplementedError``, a
 #: ``RuntimeError``, for a newer "version needed"; ``RuntimeError`` for an encrypted member).
@@ -270,8 +271,9 @@ def open_torch_archive(
     with zf:
         if max_members is not None and len(zf.infolist()) > max_members:
             raise ShardHeaderError(
-                f"{where}: zip of {len(zf.infolist())} members; a torch.save of one item holds "
-                f"about eight (at most {max_members} are read): not a torch.save zip"
+                f"{where}: a zip of {len(zf.infolist()):,} members, more than the "
+                f"{max_members} read for one tensor chunk (a torch.save of one tensor holds "
+                "about eight): not converted"
             )
         members = {i.filename: i for i in zf.infolist()}
         pkl = [n for n in members if n.endswith("data.pkl") and n.count("/") == 1]

@@ -67,7 +67,6 @@ from portable_ckpt.convert._dcp_meta import (
     read_dcp_metadata,
 )
 from portable_ckpt.convert._model import (
-    MAX_DIM,
     ChunkSpec,
     ConvertOptions,
     ConvertWarning,
@@ -76,7 +75,7 @@ from portable_ckpt.convert._model import (
     SourcePlan,
     TensorSpec,
     WriteResult,
-    short_number,
+    check_layout,
 )
 from portable_ckpt.convert._torchzip import (
     MAX_ITEM_MEMBERS,
@@ -87,12 +86,10 @@ from portable_ckpt.convert._torchzip import (
     read_torch_tensor,
 )
 from portable_ckpt.errors import (
-    CheckpointError,
     CodecError,
     DtypeUnsupportedError,
     FileMissingError,
     FileSizeError,
-    LimitError,
     PathUnsafeError,
     ShardHeaderError,
     ShardMismatchError,
@@ -113,7 +110,7 @@ from portable_ckpt.format.keys import (
 )
 from portable_ckpt.format.manifest import Continuation
 from portable_ckpt.format.vocab import is_entry_name
-from portable_ckpt.ranges import Box, check_coverage
+from portable_ckpt.ranges import Box
 from portable_ckpt.storage._posix import open_regular
 
 __all__ = [
@@ -321,22 +318,15 @@ def _plan(
 
 
 def _check_chunks(meta_path: str, fqn: str, md: Any) -> None:
-    """The non-empty chunks of tensor ``fqn`` cover it exactly once (.metadata alone)."""
-    big = [d for d in md.size if d > MAX_DIM]
-    if big:
-        raise LimitError(
-            f"{meta_path}: tensor {fqn!r} has a dimension of {short_number(big[0])}, above the "
-            "format's limit of 2^53 - 1: the .metadata is damaged",
-            path=meta_path,
-        )
-    boxes = [Box.of(ch.offsets, ch.sizes) for ch in md.chunks if math.prod(ch.sizes)]
-    try:
-        check_coverage(md.size, boxes, key=fqn)
-    except CheckpointError as exc:
-        exc.message = f"{meta_path}: {exc.message} (found in .metadata, before any chunk was read)"
-        exc.args = (exc.message,)
-        exc.path = meta_path
-        raise
+    """Tensor ``fqn``'s dimensions are within the limit and its chunks cover it exactly once.
+
+    From .metadata alone; the plan is marked checked (``check_plan`` does not check it again).
+    """
+    check_layout(
+        fqn, md.size, [Box.of(ch.offsets, ch.sizes) for ch in md.chunks if math.prod(ch.sizes)],
+        where=meta_path, damaged="the .metadata", path=meta_path,
+        found="found in .metadata, before any chunk was read", lead=f"{meta_path}: ",
+    )
 
 
 def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any]]) -> None:
@@ -535,7 +525,7 @@ class _Planner:
         self.warnings.extend(self.key_of.warnings())
         return SourcePlan(
             "dcp", self.tensors, self.entries, self.warnings, world_size=world,
-            close=self.files.close, continuation=continuation,
+            close=self.files.close, continuation=continuation, layout_checked=True,
         )
 
     def world(self) -> tuple[int, Continuation | None]:
@@ -543,14 +533,17 @@ class _Planner:
 
         Every rank's ``FileSystemWriter`` creates its file, even a rank that DCP's dedup left
         without items (an empty ``__3_0.distcp`` that ``.metadata`` does not use: conversion
-        review atkconv2 N6). The ranks counted are those of the files read and of the files in
-        the directory that are empty or that ``.metadata`` names (an uneven DTensor's rank
-        without rows stores a zero-length chunk there, which is never read; a file named but
-        absent counts for nothing: review N11). When they are ``0..N-1`` the version gets an
-        ``exact`` contract for ``N``. Otherwise (a rank missing, a renamed file, a file with
-        bytes that ``.metadata`` does not use, as an older save into the same directory
-        leaves) that world size is unknown: the version is recorded with a ``statistical``
-        contract for the ranks present, and a warning says so (attack review M2).
+        review atkconv2 N6). The ranks counted are those of the files that ``.metadata`` names
+        and that are present (an uneven DTensor's rank without rows stores a zero-length chunk
+        there, which is never read; a file named but absent counts for nothing: review N11),
+        and those of the empty files. When they are ``0..N-1`` the version gets an ``exact``
+        contract for ``N``; otherwise (a rank missing, a renamed file) that world size is
+        unknown: the version is recorded with a ``statistical`` contract for the ranks present,
+        and a warning says so (attack review M2).
+
+        A file with bytes that ``.metadata`` does not name is no rank of this save: it is left
+        by an older save into the same directory by more ranks (``FileSystemWriter`` overwrites
+        only its own files). It counts for nothing, and a note names it (review rev22 D5).
         """
         ranks, stray = set(self.ranks), []
         named = {os.path.basename(info.relative_path) for info in self.meta.storage_data.values()}
@@ -564,24 +557,31 @@ class _Planner:
                 ranks.add(rank)
             else:
                 stray.append(name)
+        if stray:
+            first = os.path.join(self.root, min(stray))
+            more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
+            self.warnings.append(
+                ConvertWarning(
+                    self.meta_path,
+                    f"{first}{more} holds bytes that .metadata does not use (left by an older "
+                    "save into the same directory): ignored, it names no rank",
+                    kind="note",
+                )
+            )
         if not ranks:
             return 1, None
         n = len(ranks)
-        if max(ranks) + 1 == n and not stray:
+        if max(ranks) + 1 == n:
             return n, None
         shown = sorted(ranks)
         listed = ", ".join(str(r) for r in shown[:4]) + (", ..." if n > 4 else "")
         expected = "rank 0" if n == 1 else f"ranks 0..{n - 1}"
-        why = (
-            f"{os.path.join(self.root, min(stray))} holds bytes that .metadata does not use"
-            if stray
-            else f"the .distcp files name {n} rank(s) ({listed}), not {expected}"
-        )
         self.warnings.append(
             ConvertWarning(
                 self.meta_path,
-                f"{why}: the world size that saved it is unknown, so the version's continuation "
-                f"contract is 'statistical' for {n} rank(s), not 'exact' (load it with "
+                f"the .distcp files name {n} rank(s) ({listed}), not {expected}: the world size "
+                f"that saved it is unknown, so the version's continuation contract is "
+                f"'statistical' for {n} rank(s), not 'exact' (load it with "
                 "allow_statistical=True)",
                 kind="changed",
             )

@@ -150,8 +150,13 @@ class _Values:
 
 def _collision(
     src: str, name: str, first: tuple[Any, ...], second: tuple[Any, ...], what: str
-) -> UsageError:
-    """Two places of the source that become one key (attack review M3)."""
+) -> UnsupportedValueError:
+    """Two places of the source that become one key (attack review M3).
+
+    The source's content, which no flag can change where both modes collide: the source's
+    problem (``PCK-UNSUPPORTED-VALUE``, exit 1), as the same collision inside a value is
+    (review rev22 D3).
+    """
 
     def shown(p: tuple[Any, ...]) -> str:
         return "the top level" if not p else "[" + "][".join(repr(c) for c in p) + "]"
@@ -160,7 +165,7 @@ def _collision(
     # whose components stay components; others (1 and "1", "" and "value") collide in both
     # modes (conversion review atkconv2 N8).
     other = ", or convert with --keys mapped" if len(first) != len(second) else ""
-    return UsageError(
+    return UnsupportedValueError(
         f"{src}: the source's {what}s at {shown(first)} and {shown(second)} both become the "
         f"key {name!r} (the format has one of each key), so nothing was written: rename one "
         f"in the source{other}",

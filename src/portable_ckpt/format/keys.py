@@ -614,11 +614,17 @@ class JsonTree:
     int where a float was becomes a float; where it does not (a scalar or a list where a
     container of other children is stored) the stored shape wins, as with DCP's own storage,
     which puts the stored object in place of the target's.
+
+    ``positions_in_any_order``: children that are the positions ``0..n-1`` stored in another
+    order (a version ``convert`` wrote from DCP stores its leaves sorted as strings,
+    ``params/10`` before ``params/2``) are taken in numeric order, as a list's; by default
+    only children stored in the order ``0..n-1`` are.
     """
 
-    def __init__(self, leaves: Mapping[str, Any]) -> None:
+    def __init__(self, leaves: Mapping[str, Any], *, positions_in_any_order: bool = False) -> None:
         self._leaves = dict(leaves)
         self._keys: KeyTrie | None = None
+        self._any_order = positions_in_any_order
 
     @property
     def _trie(self) -> KeyTrie:
@@ -659,6 +665,10 @@ class JsonTree:
         kids = self._trie.kids(at)
         comps = [c for c, _ in kids]
         dense = comps == [str(i) for i in range(len(comps))]
+        if not dense and self._any_order and _positions(comps):
+            kids = sorted(kids, key=lambda kid: int(kid[0]))
+            comps = [c for c, _ in kids]
+            dense = True
         if isinstance(template, list | tuple) and dense:
             # a tuple subclass (torch.Size, a namedtuple) stays itself (fidelity review F13)
             kind = type(template) if isinstance(template, tuple) else list
@@ -672,6 +682,20 @@ class JsonTree:
         if dense:
             return _Rebuild(kids, list, None, None)
         return _Rebuild(kids, dict, [split_key(c)[0] for c in comps], None)
+
+
+def _positions(comps: list[str]) -> bool:
+    """``comps`` are the positions ``0..n-1`` (distinct, as a node's children are), any order.
+
+    A position is written as the key rule writes it: ``"0"``, ``"17"``, never ``"007"``.
+    """
+    n = len(comps)
+    for c in comps:
+        if not (c.isascii() and c.isdigit() and len(c) <= 18) or (c[0] == "0" and c != "0"):
+            return False
+        if int(c) >= n:
+            return False
+    return True
 
 
 class _Rebuild:

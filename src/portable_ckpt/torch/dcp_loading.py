@@ -188,7 +188,10 @@ def _json_items(
             entry_items.update(
                 (portable_key(p), p) for p in json_item_paths(value, tuple(split_key(name)))
             )
-    tree = _ListsInOrder(leaves)
+    # a version convert wrote from DCP stores its leaves sorted as strings (params/10 before
+    # params/2): a list's positions in any order still make a list, so an optimizer's params
+    # list of more than ten keeps the group's lr, betas, eps and weight_decay (atkconv2 N9)
+    tree = JsonTree(leaves, positions_in_any_order=True)
     tensors = set(ck.tensors)
     shape = KeyTrie(tensors)
     _refuse_nested_tensors(shape)
@@ -227,46 +230,6 @@ def _json_items(
             value_items.setdefault(_leading(leaf, size), ())
     items = _disjoint({**entry_items, **value_items}, tensors, shape)
     return tree, *_guessed_paths(items, tensors, entry_items)
-
-
-class _ListsInOrder(JsonTree):
-    """A :class:`JsonTree` that finds a list's positions whatever order they are stored in.
-
-    :class:`JsonTree` takes children ``0..n-1`` in that order for a list, in any other for a
-    dict. A version that ``convert`` wrote from DCP stores its leaves sorted as strings
-    (``params/10`` before ``params/2``), so an optimizer's ``params`` list of more than ten
-    parameters came back a dict, and ``set_state_dict`` dropped the group's ``lr``, ``betas``,
-    ``eps`` and ``weight_decay`` (conversion review atkconv2 N9). The trie of the keys (the one
-    the tree builds anyway) gets the children of each node that are exactly ``0..n-1`` in
-    numeric order: one pass over its nodes, no copy of the keys.
-    """
-
-    @property
-    def _trie(self) -> KeyTrie:
-        if self._keys is None:  # built on first use, as the base class does
-            trie = KeyTrie(k for k in self._leaves if len(k) <= MAX_KEY)
-            _positions_in_order(trie.root)
-            for node, _ in trie.nodes():  # a node's kids are reordered before they are walked
-                _positions_in_order(node)
-            self._keys = trie
-        return self._keys
-
-
-def _positions_in_order(node: TrieNode) -> None:
-    """Put ``node``'s children in numeric order when they are the positions ``0..n-1``."""
-    kids = node.kids
-    if not kids or len(kids) < 2:
-        return
-    n = len(kids)
-    for comp in kids:
-        # a position as DCP's key rule writes it: "0", "17", never "007"
-        if not (comp.isascii() and comp.isdigit() and len(comp) <= 18) or (
-            comp[0] == "0" and comp != "0"
-        ) or int(comp) >= n:
-            return
-    order = [str(i) for i in range(n)]
-    if list(kids) != order:
-        node.kids = {c: kids[c] for c in order}
 
 
 def _leading(key: str, n: int) -> str:
