@@ -789,6 +789,33 @@ def test_retention_held_by_unreadable_pins_is_said_and_not_ok(
     assert err.count("retention deletes no committed version while the root's pins") == 1
 
 
+def test_retention_whose_pins_cannot_be_written_is_not_ok(tmp_path: Path) -> None:
+    """mutation audit 22 B2-36: with pin_kept, a pass whose pins could not be written (the
+    root's `pins` directory refuses new records) still deleted by the policy, and its event
+    said ok: the milestone it meant to pin was open to the next platform gc."""
+    import dataclasses
+    import json
+
+    from portable_ckpt.io.pins import read_pins
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    root, events = tmp_path / "r", tmp_path / "events.jsonl"
+    with pckt.CheckpointManager(str(root), save_every=1, keep_last=1, keep_every=2,
+                                pin_kept=True, async_save=False, events=str(events),
+                                continuation="statistical") as mgr:
+        tier = mgr.tiers["durable"]
+        mgr.tiers["durable"] = dataclasses.replace(tier, storage=FaultyStorage(
+            tier.storage, [Fault(op="create", path="pins/*", error="EACCES")]))
+        for step in (1, 2):
+            mgr.maybe_save(step, {"w": torch.arange(4.0)})
+    assert not read_pins(str(root))  # the milestone (step 2) could not be pinned
+    ret = [e for e in map(json.loads, events.read_text().splitlines())
+           if e["event"] == "retention"]
+    last = ret[-1]
+    assert last["pin_error"]["code"] and "pinned" not in last, last
+    assert last["ok"] is False, last
+
+
 def test_a_bit_flipped_while_the_post_save_verification_opens_a_table_is_read_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

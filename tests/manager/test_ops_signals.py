@@ -161,6 +161,38 @@ def test_an_explicit_restore_of_an_own_version_seeds_and_a_foreign_one_does_not(
     assert got[("pck_restore_ok", "explicit")] == 1.0
 
 
+def _save_then_restore_an_older_own_version(tmp_path: Path) -> tuple[dict[Any, float], float]:
+    """Steps 3 and 6 saved; a new manager saves step 9, then restores step 3 (a rollback)."""
+    root, prom = tmp_path / "ckpt", tmp_path / "metrics.prom"
+    with pckt.CheckpointManager(root, save_every=3, async_save=False) as mgr:
+        for step in (3, 6):
+            mgr.save(step, _state(step))
+    three = portable_ckpt.list_versions(root)[0]
+    with pckt.CheckpointManager(root, save_every=3, async_save=False, events=prom) as mgr:
+        before = time.time()
+        mgr.save(9, _state(9))
+        assert mgr.restore(_state(), checkpoint=three.path).step == 3
+        got = _metrics(prom)  # the restore event wrote the file
+    assert before > _epoch(three.committed_at)
+    return got, before
+
+
+def test_a_restore_after_a_save_keeps_the_step_of_the_save(tmp_path: Path) -> None:
+    """mutation audit 22 B2-24: the seed of a restore sets ``pck_save_step`` only while no
+    save of this process did: after a real save (step 9), restoring step 3 must not say the
+    last committed save was step 3."""
+    got, _ = _save_then_restore_an_older_own_version(tmp_path)
+    assert got[("pck_save_step", "durable")] == 9.0
+
+
+def test_a_restore_after_a_save_keeps_the_time_of_the_newer_commit(tmp_path: Path) -> None:
+    """mutation audit 22 B2-29: restoring an older version after a save seeds its (older)
+    commit time; the last-commit timestamp must stay the save's, not move back (a freshness
+    alert would fire on a job that just committed)."""
+    got, before = _save_then_restore_an_older_own_version(tmp_path)
+    assert got[("pck_last_commit_timestamp_seconds", "durable")] >= before - 1e-3
+
+
 def test_commit_and_verify_are_dated_and_deletions_are_counted(tmp_path: Path) -> None:
     """W5 (a), (c), (d): the newest commit and the last sampled verification have a time;
     ``pck_retention_deleted`` is the last pass's count, ``..._total`` counts every pass."""

@@ -297,6 +297,35 @@ def test_telemetry_json_lines_and_logger(tmp_path: Path, caplog: pytest.LogCaptu
     assert Telemetry(tmp_path / "only0.jsonl", rank=1).path is None  # only rank 0 without {rank}
 
 
+def test_a_non_finite_field_is_not_written_to_the_events_file_and_emit_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mutation audit 22 B2-33: an event with a NaN or infinite field (no JSON) raised out of
+    emit, i.e. out of the save that emitted it; it is said, not written, and the next event
+    is written as a line of strict JSON."""
+    path = tmp_path / "events.jsonl"
+    t = Telemetry(path, rank=0)
+    doc = t.emit("save", tier="durable", step=1, mib_per_s=float("inf"), pause_s=float("nan"))
+    assert doc["step"] == 1 and t.history[-1] is doc
+    t.emit("save", tier="durable", step=2, mib_per_s=1.5)
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2]
+    assert "not written" in capsys.readouterr().err
+
+
+def test_the_textfile_has_no_nan_or_inf_sample(tmp_path: Path) -> None:
+    """mutation audit 22 B2-20: a NaN or infinite field became a ``NaN``/``+Inf`` gauge
+    (``pck_save_mib_per_s inf``) that alerts compare as if it were a value; such a field
+    gives no sample, and the finite ones of the same event are written."""
+    path = tmp_path / "metrics.prom"
+    t = Telemetry(path, rank=0)
+    t.emit("save", tier="durable", step=4, seconds=float("nan"), mib_per_s=float("inf"),
+           pause_s=float("-inf"), bytes=10)
+    samples = {line.split("{")[0]: line.rsplit(" ", 1)[1]
+               for line in path.read_text().splitlines() if not line.startswith("#")}
+    assert samples == {"pck_save_step": "4.0", "pck_save_bytes": "10.0"}, samples
+
+
 def test_telemetry_prometheus_textfile(tmp_path: Path) -> None:
     path = tmp_path / "metrics.prom"
     t = Telemetry(path, rank=0, root="/ckpt/run1")

@@ -263,6 +263,47 @@ def test_a_replaced_segment_closes_its_descriptor(tmp_path: Path) -> None:
     assert _segment_inodes() == []
 
 
+def test_the_segment_shrinks_when_the_state_does(tmp_path: Path) -> None:
+    """mutation audit 22 B2-12: a segment more than twice what a save needs is replaced by a
+    smaller one; a job that once staged a large state (an evaluation checkpoint, a state
+    before pruning) kept that much shared memory for every later save."""
+    SHARED.release()
+    big = {"w": torch.ones(1 << 21)}  # 8 MiB
+    pckt.async_save(big, str(tmp_path), step=1, mode="process").result(60)
+    assert SHARED.nbytes >= 8 << 20
+    small = {"w": torch.ones(1 << 18)}  # 1 MiB
+    pckt.async_save(small, str(tmp_path), step=2, mode="process").result(60)
+    assert 1 << 20 <= SHARED.nbytes <= 2 << 20, SHARED.nbytes
+    loaded = _zeros_like(small)
+    pckt.load(loaded, str(tmp_path), step=2)
+    assert _equal(small, loaded)
+    SHARED.release()
+
+
+def test_rank_zero_gives_up_a_stopped_commit_writer_before_the_peers_stop_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mutation audit 22 B2-25: rank 0's commit gives a stopped writer at most half the save's
+    ``timeout`` (the other ranks' wait for rank 0), so the outcome reaches them before they give
+    up; at twice the timeout they stopped waiting first and the save's outcome split. Observed
+    on the limits a real process-mode save passes to its writer's requests."""
+    from portable_ckpt.io.writer_process import WriterProcess
+
+    asked: list[tuple[str, float | None]] = []
+    real = WriterProcess.request
+
+    def request(self: Any, msg: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        asked.append((str(msg.get("op")), kwargs.get("stopped_limit")))
+        return real(self, msg, *args, **kwargs)
+
+    monkeypatch.setattr(WriterProcess, "request", request)
+    info = pckt.async_save(_state(), str(tmp_path), step=1, mode="process",
+                           timeout=40).result(timeout=120)
+    assert info.step == 1
+    limits = dict(asked)
+    assert limits["commit"] is not None and 0 < limits["commit"] <= 20, asked
+
+
 def test_roots_travel_by_description(tmp_path: Path) -> None:
     """Local and S3 roots reopen in another process from their JSON description alone."""
     local = LocalStorage(str(tmp_path), create=True)
@@ -887,3 +928,18 @@ def test_a_writer_process_that_cannot_start_says_why_in_one_line() -> None:
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr and p.stderr.startswith("portable_ckpt writer process:")
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_forked_child_holds_none_of_the_parents_writer_process(tmp_path: Path) -> None:
+    """mutation audit 22 B2-21: a forked child (a DataLoader worker) must not keep its
+    parent's writer process: its saves would talk to the parent's writer over the shared
+    socket. After the fork the child holds no writer (its next save starts its own)."""
+    pckt.async_save(_state(), str(tmp_path), step=1, mode="process").result(timeout=120)
+    parent = _process_write._CURRENT.proc
+    assert parent is not None and parent.alive()
+    pid = os.fork()
+    if pid == 0:  # the child reports by its exit code only, and skips pytest's exit
+        os._exit(0 if _process_write._CURRENT.proc is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _process_write._CURRENT.proc is parent and parent.alive()  # the parent's is untouched

@@ -168,3 +168,22 @@ def test_a_local_shard_of_another_shape_than_the_placement_gives_is_refused() ->
         even = DTensor.from_local(torch.arange(4.0), mesh, [Shard(0)], run_check=False,
                                   shape=torch.Size([8]), stride=(1,))
         assert dtensor_layout(even, key="w") is not None
+
+
+def test_the_job_mesh_is_the_larger_of_two_meshes_of_one_dimension() -> None:
+    """mutation audit 22 B2-35: of two unrelated meshes with the same number of dimensions
+    (a 2-rank mesh built for a few tensors, the job's 4-rank mesh), the larger stands for the
+    job, whichever tensor comes first; the first one seen was taken."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    from portable_ckpt.torch.layout import group_mesh
+
+    with fake_group(4):
+        small, big = mesh_at((2,), (0,)), mesh_at((4,), (0,))
+        a = DTensor.from_local(torch.arange(2.0), small, [Shard(0)], run_check=False,
+                               shape=torch.Size([4]), stride=(1,))
+        b = DTensor.from_local(torch.arange(2.0), big, [Shard(0)], run_check=False,
+                               shape=torch.Size([8]), stride=(1,))
+        for order in ([a, b], [b, a]):
+            mesh = group_mesh(order)
+            assert mesh is not None and mesh.shape == (4,), mesh
