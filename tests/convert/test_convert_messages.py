@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -376,3 +377,41 @@ def test_a_cyclic_list_is_skipped_not_copied(tmp_path: Path) -> None:
     assert any("cycle" in w.message for w in report.warnings)
     with pytest.raises(CheckpointError, match="cycle"):
         convert(tmp_path / "cyc.pt", tmp_path / "strict", strict=True)
+
+
+def test_the_walk_of_a_torch_file_stops_64_containers_deep(tmp_path: Path) -> None:
+    """mutation audit 22 B2-28: the walk of a torch.save value descends 64 containers at most:
+    a tensor in a list nested 70 deep is skipped with a warning naming the item at depth 64
+    (nothing converted), one nested 60 deep converts. Without the bound the walk went on to
+    the deep tensor (and only Python's recursion limit ended deeper ones)."""
+    for depth, want in ((60, 1), (70, 0)):
+        deep: object = torch.ones(2)
+        for _ in range(depth):
+            deep = [deep]
+        src = tmp_path / f"deep{depth}.pt"
+        torch.save({"d": deep}, src)
+        report = convert(src, tmp_path / f"out{depth}")
+        assert report.tensors == want
+        if want:
+            key = "d" + "/0" * depth
+            assert portable_ckpt.open(str(tmp_path / f"out{depth}")).read(key).tolist() == [1.0, 1.0]
+        else:
+            assert [w.item for w in report.warnings] == ["d" + "/0" * 63]
+
+
+@pytest.mark.parametrize("value", [{1, 2}, 3 + 4j, b"raw"])
+def test_strict_refuses_a_torch_value_it_would_skip_as_unsupported_value(tmp_path: Path,
+                                                                          value: Any) -> None:
+    """docs/convert.md, ``--strict``: a strict refusal is PCK-UNSUPPORTED-VALUE naming the item
+    (a torch.save value that is no JSON was PCK-SHARD-HEADER, as if the file were damaged;
+    mutation audit 22 B2-23 found the two codes); without --strict it is skipped."""
+    import torch
+
+    src = tmp_path / "src.pt"
+    torch.save({"w": torch.arange(4.0), "odd": value}, src)
+    with pytest.raises(CheckpointError) as ei:
+        convert(str(src), str(tmp_path / "out"), strict=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and "'odd'" in ei.value.message
+    assert not (tmp_path / "out").exists()
+    report = convert(str(src), str(tmp_path / "out2"))
+    assert any("odd" in f"{w.item} {w.message}" for w in report.warnings), report.warnings

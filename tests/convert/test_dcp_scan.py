@@ -171,6 +171,30 @@ def test_extension_registry_and_out_of_band_buffers_refused() -> None:
             scan_pickle(data)
 
 
+@pytest.mark.parametrize(
+    ("value", "protocol", "edit", "says"),
+    [
+        ({}, 2, lambda d: d[:-1] + b"].", "not balanced"),
+        (None, 5, lambda d: d.replace(b"\x80\x05", b"\x80\x06", 1), "protocol 6"),
+        ({1}, 4, lambda d: d.replace(b"\x8f", b"]", 1), "ADDITEMS on a non-set"),
+    ],
+    ids=["B2-01-stop-over-two-items", "B2-02-protocol-6", "B2-07-additems-on-a-list"],
+)
+def test_pickles_edited_past_what_pickle_writes_are_refused(
+    value: Any, protocol: int, edit: Any, says: str
+) -> None:
+    """mutation audit 22 B2-01, B2-02, B2-07: a real pickle edited to leave two items on the
+    stack at STOP (the mutant returned the bottom one), to claim protocol 6 (accepted by the
+    mutant) or to ADDITEMS into a list (an AttributeError in the mutant) is a PickleScanError
+    naming the fault; unedited, each scans to its value."""
+    data = pickle.dumps(value, protocol=protocol)
+    assert scan_pickle(data) == value
+    bad = edit(data)
+    assert bad != data
+    with pytest.raises(PickleScanError, match=says):
+        scan_pickle(bad)
+
+
 def test_deep_keys_and_op_limit() -> None:
     deep_key = b"\x80\x04}K\x00" + b"\x85" * 10_000 + b"K\x01s."
     with pytest.raises(PickleScanError, match="nested too deeply"):
@@ -311,6 +335,39 @@ def test_build_hooks_resolve_records_and_consume_their_state() -> None:
     assert isinstance(rec, Call) and rec.state == {"offsets": (0, 0), "sizes": (4, 5), "extra": 1}
 
 
+def _hooked(data: bytes) -> Any:
+    return scan_pickle(data, unwrap_calls=("torch.Size",), build_hooks=_dcp_meta._BUILD_HOOKS)
+
+
+def test_build_hooks_leave_records_they_cannot_read_whole() -> None:
+    """mutation audit 22 B2-03, B2-04, B2-05, B2-06: a real pickle of ChunkStorageMetadata
+    ((0,), (4,)) (NEWOBJ, its memo slot, its state dict, BUILD) resolves to a DcpChunk, but
+    edited so the record also holds SETITEMS items (B2-03), its memo slot is overwritten before
+    BUILD (B2-04: a later BINGET of the slot is the new value, not the chunk), its torch.Size
+    is built by NEWOBJ (B2-05: only REDUCE is unwrapped) or a second BUILD adds a field
+    (B2-06: states merge as pickle merges them), the scan keeps exactly what the pickle says."""
+    data = dp.dumps(dp.ChunkStorageMetadata((0,), (4,)), 2)
+    assert data.count(b"\x81q\x01}") == 1 and data.endswith(b"ub.")
+    assert _hooked(data) == DcpChunk((0,), (4,))
+    # B2-03: MARK 1 2 SETITEMS on the new object before its state
+    rec = _hooked(data.replace(b"\x81q\x01", b"\x81q\x01(K\x01K\x02u"))
+    assert isinstance(rec, Call) and rec.setitems == [(1, 2)]
+    # B2-04: protocol 4 (MEMOIZE records the object's slot, 3; its FRAME dropped): "x" stored
+    # in slot 3 before BUILD, then (chunk, memo[3]) returned
+    four = dp.dumps(dp.ChunkStorageMetadata((0,), (4,)), 4)
+    assert four[2] == 0x95 and four[11:].count(b")\x81\x94}") == 1
+    four = four[:2] + four[11:].replace(b")\x81\x94", b")\x81\x94\x8c\x01xq\x030")
+    assert _hooked(four[:-1] + b"h\x03\x86.") == (DcpChunk((0,), (4,)), "x")
+    # B2-05: the offsets' torch.Size((0,)) by NEWOBJ instead of REDUCE
+    rec = _hooked(data.replace(b"\x85q\x06R", b"\x85q\x06\x81", 1))
+    assert isinstance(rec, Call) and isinstance(rec.state["offsets"], Call)
+    assert rec.state["offsets"].func == Global("torch", "Size") and rec.state["sizes"] == (4,)
+    # B2-06: a second BUILD of {"extra": 7}
+    rec = scan_pickle(data[:-1] + b"}X\x05\x00\x00\x00extraK\x07sb.")
+    assert isinstance(rec, Call) and set(rec.state) == {"offsets", "sizes", "extra"}
+    assert rec.state["extra"] == 7
+
+
 @pytest.mark.parametrize("protocol", [2, 4])
 @pytest.mark.parametrize(
     ("size", "chunk", "says"),
@@ -319,8 +376,10 @@ def test_build_hooks_resolve_records_and_consume_their_state() -> None:
         ((4, 2), ((0, 0), (4, -2), 0, 32), "chunk sizes has a negative entry"),
         ((4, 2), ((0, 0), (4,), 0, 32), "has the wrong rank for size [4, 2]"),
         ((4,), ((0,), (4,), 0, -1), "negative storage offset/length 0/-1"),
+        ((4, 2), ((0,), (4,), 0, 32), "has the wrong rank for size [4, 2]"),
     ],
-    ids=["negative-offset", "negative-size", "sizes-of-another-rank", "negative-length"],
+    ids=["negative-offset", "negative-size", "sizes-of-another-rank", "negative-length",
+         "chunk-of-another-rank"],
 )
 def test_hooked_records_with_impossible_values_are_refused(
     size: tuple[int, ...], chunk: tuple[Any, ...], says: str, protocol: int
@@ -329,7 +388,9 @@ def test_hooked_records_with_impossible_values_are_refused(
     _StorageInfo of exactly the shape the build hooks resolve, holding a negative chunk
     offset or size, sizes of another rank than its offsets, or a negative storage length, is
     refused as the slow path refuses it (PCK-SHARD-HEADER): the hooks resolved them as they
-    were, past every later check of ``parse_dcp_metadata``."""
+    were, past every later check of ``parse_dcp_metadata``. mutation audit 22 B2-34: a chunk
+    whose offsets and sizes agree with each other but not with the tensor's rank (1-d of a 2-d
+    tensor) is refused by the tensor's check of hooked chunks."""
     offsets, sizes, offset, length = chunk
     md = dp.metadata({"t": ("float32", size, [(offsets, sizes, "__0_0.distcp", offset, length)])})
     with pytest.raises(CheckpointError) as ei:

@@ -296,3 +296,18 @@ def test_local_path_is_the_one_reading_of_a_roots_text() -> None:
     assert local_path("file:///a") == "/a" and local_path("file://rel") == "rel"
     assert local_path("s3://bucket/p") is None and local_path("mem://x") is None
     assert local_path("file://s3://b") is None  # as open_storage reads it: not a path
+
+
+def test_a_key_of_1025_characters_is_refused_and_1024_saves(tmp_path) -> None:
+    """mutation audit 22 A-68: tensor keys are 1 to 1,024 characters (spec §8.1): save refuses
+    a 1,025-character key with PCK-USAGE, writing no version; one of 1,024 saves and reads."""
+    from portable_ckpt.format.keys import MAX_KEY, is_key
+
+    assert MAX_KEY == 1024 and is_key("k" * 1024) and not is_key("k" * 1025)
+    arr = np.arange(3, dtype=np.float32)
+    with pytest.raises(CheckpointError) as ei:
+        portable_ckpt.save_arrays(tmp_path / "long", {"k" * 1025: arr}, step=1)
+    assert ei.value.code == "PCK-USAGE"
+    assert not (tmp_path / "long").exists() or portable_ckpt.list_versions(tmp_path / "long") == []
+    portable_ckpt.save_arrays(tmp_path / "ok", {"k" * 1024: arr}, step=1)
+    assert np.array_equal(portable_ckpt.open(tmp_path / "ok").read("k" * 1024), arr)

@@ -201,6 +201,109 @@ def test_a_finding_without_its_bytes_is_confirmed_by_the_first_damage_met(
     assert sum(r.nbytes for r in again.ops_for("read", f"*/{f0}")) == 1 << 20  # one window
 
 
+def test_a_file_answered_absent_yet_listed_is_a_storage_error_not_damage(
+    tmp_path: Path,
+) -> None:
+    """mutation audit 22 A-53: a file the second read is told is missing while the listing
+    of its directory still shows it is a storage inconsistency (PCK-STORAGE, 'answered
+    absent, yet listed'), not confirmed damage: no failed verification is recorded."""
+    from portable_ckpt.errors import FileMissingError
+    from portable_ckpt.io.damage import record_read_damage
+
+    vdir = _version(tmp_path)
+    ck, f0, _ = _files(vdir)
+    full = f"{vdir.name}/{f0}"
+
+    def absent(op: str, path: str) -> None:
+        raise FileMissingError(f"{path}: no such file [injected]", path=path)
+
+    again = FaultyStorage(ck.storage, [Fault(op="size", path=full, callback=absent)])
+    verdict, path, notes = record_read_damage(
+        again, vdir.name, ck.manifest, [("PCK-FILE-MISSING", f"{full}: missing", full)],
+        verifier="test")
+    assert again.faults[0].fired >= 1
+    assert (verdict, path) == ("unconfirmed", None)
+    assert [n.code for n in notes] == ["PCK-STORAGE"]
+    assert "answered absent, yet listed" in notes[0].message
+    assert not (vdir / "verifications").exists() or not list((vdir / "verifications").iterdir())
+
+
+def test_a_node_roots_absent_by_design_file_is_elsewhere_not_damage(tmp_path: Path) -> None:
+    """mutation audit 22 A-55: a reader's only finding a file that a node-local version keeps
+    on another node's root (spec §14.7, its ``pck.placement``) is 'elsewhere': nothing read
+    again, nothing recorded."""
+    from portable_ckpt.io.damage import PLACEMENT_ENTRY, record_read_damage
+
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(3)
+    ws = [ShardWriter(storage, attempt, i) for i in range(2)]
+    for i in range(2):
+        ws[i].add_tensor("w", np.full((2, 4), i, np.float32), offsets=(2 * i, 0),
+                         global_shape=(4, 4))
+    ws[0].add_entry(PLACEMENT_ENTRY, {"nodes": 2, "node_of_rank": [0, 1], "replicas": 0,
+                                      "everywhere": []})
+    commit(storage, attempt, step=3, indexes=[x.finish() for x in ws], expected_writers=[0, 1],
+           continuation=Continuation("exact", 2, None))
+    ck = portable_ckpt.open(tmp_path / attempt)
+    [other] = [p for p in ck.manifest.files if p.startswith("data/w00001-")]
+    for rel in (other, "index/w00001.json"):  # node 1's files: on node 1's root only
+        (tmp_path / attempt / rel).unlink()
+    full = f"{attempt}/{other}"
+    again = FaultyStorage(ck.storage)
+    got = record_read_damage(again, attempt, ck.manifest,
+                             [("PCK-FILE-MISSING", f"{full}: missing", full)], verifier="test")
+    assert got == ("elsewhere", None, [])
+    assert again.ops_for("read", full) == again.ops_for("size", full) == []  # not read again
+    assert not (tmp_path / attempt / "verifications").exists()
+
+
+def test_a_damaged_block_names_no_tensor_that_ends_where_it_begins(tmp_path: Path) -> None:
+    """mutation audit 22 A-118: a damaged block's message names the tensor ranges it overlaps:
+    not one that ends exactly where the block begins, nor one that begins where it ends."""
+    from portable_ckpt.io.safetensors_io import build_header
+    from tests.hardening._hand import HandTensor, Piece, write_version
+
+    def items(la: int) -> list[tuple[str, str, list[int], int]]:
+        return [("a@0", "U8", [la], la), ("b@0", "U8", [BS], BS), ("c@0", "U8", [BS], BS)]
+
+    la = 2 * BS - 8
+    for _ in range(4):  # tensor a ends on the boundary of block 1, b fills block 2 exactly
+        la = 2 * BS - len(build_header(items(la), {"format": "pt"}))
+    start_b = len(build_header(items(la), {"format": "pt"})) + la
+    assert start_b == 2 * BS
+    parts = {k: bytes([i + 1]) * n for i, (k, n) in enumerate((("a", la), ("b", BS), ("c", BS)))}
+    attempt = write_version(str(tmp_path), [
+        HandTensor(k, "uint8", (len(v),), [Piece((0,), (len(v),), v)]) for k, v in parts.items()])
+    rel = "data/w00000-0000.safetensors"
+    flip_byte(tmp_path / attempt / rel, 2 * BS + 100)
+    errors = portable_ckpt.open(tmp_path / attempt).verify(deep=True)
+    assert [e.code for e in errors] == ["PCK-CHECKSUM"]
+    msg = errors[0].message
+    assert "tensor 'b'" in msg and "tensor 'a'" not in msg and "tensor 'c'" not in msg, msg
+
+
+def test_a_finding_whose_bytes_the_second_read_checked_intact_is_not_confirmed(
+    tmp_path: Path,
+) -> None:
+    """mutation audit 22 A-52: a checksum finding whose bytes end exactly where the second
+    read stopped, checked intact, is not found again (transient: PCK-STORAGE 'not found
+    again'), even though that read then failed with a storage error past them."""
+    from portable_ckpt.errors import ChecksumError, FileSizeError
+
+    vdir = _version(tmp_path, u_elems=400_000)  # file 0 over two 1 MiB windows of a local pass
+    ck, f0, _ = _files(vdir)
+    assert ck.manifest.files[f0].size > (1 << 20) + BS
+    full = f"{vdir.name}/{f0}"
+    span = ((1 << 20) - BS, 1 << 20)  # the last block of the first window: intact on disk
+    findings = [ChecksumError(f"{full}: block {span[0] // BS} damaged", path=full, span=span),
+                FileSizeError(f"{full}: size", path=full)]  # the file read again whole
+    storage = FaultyStorage(ck.storage, [
+        Fault(op="read", path=full, error="EIO", after_bytes=(1 << 20) + 16 * BS)])
+    out = confirm_damage(storage, vdir.name, ck.manifest.files, findings)
+    assert storage.faults[0].fired == 1
+    assert out[0].code == "PCK-STORAGE" and "not found again" in out[0].message, out[0]
+
+
 def test_a_storage_error_stops_the_file_and_says_what_was_not_checked(tmp_path: Path) -> None:
     vdir = _version(tmp_path, u_elems=400_000)  # file 0 over two 1 MiB windows of a local pass
     ck, f0, _ = _files(vdir)

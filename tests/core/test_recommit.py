@@ -103,6 +103,21 @@ def test_a_writer_number_from_a_planted_name_costs_nothing(
     assert _cli(capsys, "recommit", str(v))[0] == 0
 
 
+def test_an_index_under_a_non_canonical_name_stands_in_for_no_writer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mutation audit 22 A-49: only ``index/wNNNNN.json`` is writer N's index (§14.1): writer
+    1's index lost and its bytes under ``index/w000001.json`` still leave writer 1 without an
+    index, named as such, and nothing is published."""
+    v = _version(tmp_path / "root")
+    (v / "manifest.json").unlink()
+    (v / "index" / "w00001.json").rename(v / "index" / "w000001.json")
+    code, _, err = _cli(capsys, "recommit", str(v))
+    assert code == 1 and "[PCK-WRITER-MISSING]" in err, err
+    assert "have no index as a regular file here (writers [1]: index/w00001.json" in err, err
+    assert not (v / "manifest.json").exists()
+
+
 def test_a_recorded_copy_holds_the_record_to_put_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -379,3 +394,31 @@ def test_files_deleted_while_the_record_is_published_take_the_record_away_again(
     assert not (v / "manifest.json").exists()  # removed again: no record over missing files
     [info] = portable_ckpt.list_versions(tmp_path / "root")
     assert info.status == "invalid"
+
+
+def test_a_record_put_back_while_files_went_is_not_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mutation audit 22 A-45: when files went while recommit published its record, it removes
+    the record again only if it is still its own: a copy's record put back meanwhile stays
+    (final review 20, 6)."""
+    import portable_ckpt.io.commit as commit_mod
+    from portable_ckpt.errors import CommitConflictError
+    from portable_ckpt.io.recommit import recommit
+
+    v = _version(tmp_path / "root")
+    copys = (v / "manifest.json").read_bytes()  # the record a copy holds, byte-identical
+    (v / "manifest.json").unlink()
+    [shard] = (v / "data").glob("w00001-*")
+    real_commit = commit_mod.commit
+
+    def commit_then_race(*args: object, **kwargs: object) -> object:
+        m = real_commit(*args, **kwargs)  # the real publication, then the race around it:
+        shard.unlink()  # a gc deletes a file ...
+        (v / "manifest.json").write_bytes(copys)  # ... and an operator puts the copy's back
+        return m
+
+    monkeypatch.setattr(commit_mod, "commit", commit_then_race)
+    with pytest.raises(CommitConflictError, match="went while it was published"):
+        recommit(open_storage(tmp_path / "root"), v.name)
+    assert (v / "manifest.json").read_bytes() == copys  # not this run's record: it stays

@@ -397,6 +397,22 @@ def test_ls_latest_prints_the_version_a_restore_takes(tmp_path) -> None:
     assert res.returncode == 1 and json.loads(res.stdout)["error"]["code"] == "PCK-NOT-FOUND"
 
 
+def test_ls_latest_takes_the_later_of_two_versions_of_the_top_step(tmp_path) -> None:
+    """mutation audit 22 A-74: newest_first() yields each step's versions newest first, so
+    `ls --latest` (and drill ROOT, verify ROOT --all) take the later-committed of two committed
+    versions of the top step, as a restore does."""
+    from portable_ckpt.io.versions import newest_first
+
+    save_step(tmp_path, 3, 3.0)
+    older = save_step(tmp_path, 5, 5.0)
+    later = save_step(tmp_path, 5, 5.5)
+    assert [v.id for v in newest_first(tmp_path)] == [later, older, *[
+        v.id for v in list_versions(tmp_path) if v.step == 3]]
+    res = cli("ls", str(tmp_path), "--latest")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"{tmp_path / later}\n"
+
+
 @pytest.mark.parametrize("skewed", ["ahead", "behind"])
 def test_retire_abandoned_needs_the_stores_clock_to_agree(tmp_path, skewed: str) -> None:
     """Multi-job review F1: one version committed by a host whose clock was 2 h ahead made

@@ -774,3 +774,29 @@ def test_a_lossy_cast_through_dcp_load_is_refused_as_by_load(tmp_path: Any) -> N
     wide = {"w": torch.zeros(3, dtype=torch.float64), "h": torch.zeros(2, dtype=torch.float32)}
     dcp.load(wide, storage_reader=PortableStorageReader(d))
     assert torch.equal(wide["w"], w) and wide["h"].tolist() == [0.5, -2.0]
+
+
+def test_list_room_at_its_edge() -> None:
+    """mutation audit 22 A-69: each list may ask for its stored positions plus 16 beyond them
+    without taking any of LIST_ROOM: an empty list whose largest position is LIST_ROOM + 15
+    fits exactly, LIST_ROOM + 16 does not."""
+    from portable_ckpt.format.keys import LIST_ROOM, list_room, lists_fit
+
+    assert list_room(4, 4 + 4 + 16 - 1) == 0  # 4 stored, 20 positions beyond the last: free
+    assert list_room(4, 4 + 4 + 16) == -1
+    assert lists_fit([(0, LIST_ROOM + 15)])
+    assert not lists_fit([(0, LIST_ROOM + 16)])
+
+
+def test_json_leaves_nesting_limit_is_64_levels() -> None:
+    """mutation audit 22 A-70: a value nested 64 levels deep is split into leaves; 65 levels
+    is PCK-UNSUPPORTED-VALUE, 'nested more than 64 levels deep'."""
+    def nested(depth: int) -> Any:
+        v: Any = 1
+        for _ in range(depth):
+            v = {"a": v}
+        return v
+
+    assert json_leaves("k", nested(64), fqn="x") == {"k" + "/a" * 64: 1}
+    with pytest.raises(UnsupportedValueError, match="nested more than 64 levels deep"):
+        json_leaves("k", nested(65), fqn="x")

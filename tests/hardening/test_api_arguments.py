@@ -106,3 +106,22 @@ def test_a_mistyped_root_is_named_as_such(tmp_path: Path) -> None:
         portable_ckpt.open(tmp_path / "empty")
     for cmd in ("inspect", "verify"):
         assert main([cmd, str(tmp_path / "typo")]) == 1
+
+
+def test_step_bound_is_exactly_max_step(tmp_path: Path) -> None:
+    """mutation audit 22 A-61: steps are 0 to MAX_STEP (10^12 - 1, twelve digits of an attempt
+    id): new_attempt_id and save refuse MAX_STEP + 1 with PCK-USAGE, writing nothing, and take
+    MAX_STEP."""
+    from portable_ckpt.format.naming import MAX_STEP, new_attempt_id, parse_attempt_step
+
+    assert MAX_STEP == 10**12 - 1
+    assert parse_attempt_step(new_attempt_id(MAX_STEP)) == MAX_STEP
+    with pytest.raises(UsageError, match="step must be an int in"):
+        new_attempt_id(MAX_STEP + 1)
+    root = tmp_path / "root"
+    with pytest.raises(portable_ckpt.CheckpointError) as ei:
+        portable_ckpt.save_arrays(root, {"w": np.ones(2, np.float32)}, step=MAX_STEP + 1)
+    assert ei.value.code == "PCK-USAGE"
+    assert not root.exists() or not any(root.iterdir())
+    m = portable_ckpt.save_arrays(root, {"w": np.ones(2, np.float32)}, step=MAX_STEP)
+    assert portable_ckpt.open(root).id == m.attempt_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,38 @@ def test_zstd_frame_at_bound_is_accepted(tmp_path: Path) -> None:
         st = ck._header(ck.tensors["x"].ranges[0].file).tensors["x@0"]
         assert st.end - st.start <= zstd_bound(n)
         assert np.array_equal(ck.read("x"), arr)
+
+
+def _padded_frame(window_descriptor: bool) -> bytes:
+    """A valid zstd frame of float32 1.0 (4 bytes, size declared) padded with 17 empty raw
+    blocks: 67 bytes (single segment) or 68 (with a window descriptor byte)."""
+    import struct
+
+    head = bytes([0x80, 0x00]) if window_descriptor else bytes([0xA0])  # 4-byte content size
+    return (struct.pack("<I", 0xFD2FB528) + head + struct.pack("<I", 4) + b"\0\0\0" * 17
+            + struct.pack("<I", (4 << 3) | 1)[:3] + b"\x00\x00\x80\x3f")
+
+
+def test_zstd_frame_one_byte_above_the_bound_is_refused(tmp_path: Path) -> None:
+    """mutation audit 22 A-06: R-TENSOR-10 at its boundary: a valid frame of a 4-byte range
+    stored in exactly ZSTD_COMPRESSBOUND(4) = 67 bytes reads; in 68 bytes it is PCK-CODEC."""
+    import zstandard
+
+    from portable_ckpt.io.codec import zstd_bound
+
+    for pad, ok in ((False, True), (True, False)):
+        frame = _padded_frame(pad)
+        assert len(frame) == zstd_bound(4) + (0 if ok else 1)
+        assert zstandard.ZstdDecompressor().decompress(frame) == b"\x00\x00\x80\x3f"
+        root = tmp_path / str(pad)
+        attempt = write_version(
+            str(root), [HandTensor("w", "float32", (1,), [Piece((0,), (1,), frame, "zstd")])])
+        ck = portable_ckpt.open(str(root / attempt))
+        if ok:
+            assert ck.read("w").tolist() == [1.0]
+        else:
+            err = expect_code("PCK-CODEC", ck.read, "w")
+            assert "ZSTD_COMPRESSBOUND" in err.message
 
 
 # -- item 13: reading part of a zstd range costs memory bounded by a window, not its size --------
@@ -915,6 +948,89 @@ def test_torch_zip_storage_member_past_its_window_is_refused(tmp_path: Path) -> 
         os.close(fd)
 
 
+def _edited_torch_save(path: Path, tensor: Any, *, ints: dict[int, int] | None = None,
+                       drop_int: int | None = None, byteorder: bytes | None = None,
+                       data: bytes | None = None, compress: str | None = None,
+                       prefix: str = "archive/") -> Path:
+    """``torch.save({"w": tensor})`` to ``path``, its zip rewritten member by member with edits:
+    ``ints`` replaces the integer arguments of data.pkl by their position (0: the storage's
+    element count, 1: the storage offset, then the sizes and the strides), ``drop_int`` removes
+    one, ``byteorder``/``data`` replace those members, ``compress`` deflates the member of that
+    name and ``prefix`` moves every member under another folder."""
+    import io
+    import pickletools
+    import struct
+    import zipfile
+
+    torch = pytest.importorskip("torch")
+    buf = io.BytesIO()
+    torch.save({"w": tensor}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    pkl = src.read("archive/data.pkl")
+    edits, n = [], 0
+    sizes = {"BININT1": 2, "BININT2": 3, "BININT": 5}
+    for op, _arg, pos in pickletools.genops(pkl):
+        if op.name in sizes:
+            if ints and n in ints:
+                edits.append((pos, sizes[op.name], b"J" + struct.pack("<i", ints[n])))
+            if drop_int == n:
+                edits.append((pos, sizes[op.name], b""))
+            n += 1
+    for pos, size, new in sorted(edits, reverse=True):
+        pkl = pkl[:pos] + new + pkl[pos + size :]
+    with src, zipfile.ZipFile(path, "w") as zf:
+        for info in src.infolist():
+            leaf = info.filename.split("/", 1)[1]
+            body = {"data.pkl": pkl, "byteorder": byteorder, "data/0": data}.get(leaf)
+            kind = zipfile.ZIP_DEFLATED if compress == leaf else zipfile.ZIP_STORED
+            zf.writestr(zipfile.ZipInfo(prefix + leaf), src.read(info) if body is None else body,
+                        compress_type=kind)
+    return path
+
+
+_FIVE = np.arange(5.0, dtype=np.float32)
+
+
+@pytest.mark.parametrize(("edit", "code", "says"), [
+    pytest.param({}, None, "", id="unedited"),
+    pytest.param({"byteorder": b"big", "data": _FIVE.astype(">f4").tobytes()},
+                 "PCK-SHARD-HEADER", "big-endian", id="B2-08-big-endian"),
+    pytest.param({"compress": "data/0"}, "PCK-CODEC", "compressed", id="B2-10-deflated-storage"),
+    pytest.param({"ints": {0: 6}}, "PCK-SHARD-HEADER", "disagrees", id="B2-11-numel-6-of-20-bytes"),
+    pytest.param({"ints": {1: 4, 3: -1}}, "PCK-SHARD-HEADER", "shape/stride", id="B2-13-stride-minus-1"),
+    pytest.param({"ints": {1: 2}}, "PCK-SHARD-HEADER", "exceeds", id="B2-15-one-element-past"),
+    pytest.param({"ints": {1: -1, 2: 2}}, "PCK-SHARD-HEADER", "exceeds", id="B2-16-offset-minus-1"),
+    pytest.param({"prefix": "archive/inner/"}, "PCK-SHARD-HEADER", "single data.pkl",
+                 id="B2-18-nested-data-pkl"),
+    pytest.param({"drop_int": 0}, "PCK-SHARD-HEADER", "storage reference", id="B2-19-4-item-pid"),
+])
+def test_torch_zip_inconsistent_with_its_storage_is_refused(
+    tmp_path: Path, edit: dict[str, Any], code: str | None, says: str
+) -> None:
+    """mutation audit 22 B2-08, B2-10, B2-11, B2-13, B2-15, B2-16, B2-18, B2-19: a real
+    ``torch.save`` of ``arange(5.)[1:]`` (a (4,) view at offset 1 of a 5-element storage) with
+    one edit is refused with a named code before a value is read, where each mutant converted
+    garbage or raised a bare error: byteorder "big" (with big-endian data: values byte-swapped),
+    a deflated storage member (compressed bytes read as floats), a storage element count that
+    disagrees with its 20 bytes, stride -1 (refused as an expand view instead), a view ending
+    one element past its storage (offset 2: reads the bytes after it), storage offset -1 (reads
+    the zip header before it), data.pkl one folder deeper than torch writes it, and a storage
+    reference of 4 items (a bare ValueError). Unedited, the rewritten zip converts."""
+    from portable_ckpt.convert import convert
+
+    torch = pytest.importorskip("torch")
+    src = _edited_torch_save(tmp_path / "w.pt", torch.from_numpy(_FIVE)[1:], **edit)
+    out = tmp_path / "out"
+    with time_bound(10):
+        if code is None:
+            convert(str(src), str(out), src_format="torch")
+            assert portable_ckpt.open(str(out)).read("w").tolist() == [1.0, 2.0, 3.0, 4.0]
+            return
+        err = expect_code(code, convert, str(src), str(out), src_format="torch")
+    assert says in err.message
+    assert not out.exists() or not any(p.suffix == ".safetensors" for p in out.rglob("*"))
+
+
 @pytest.mark.parametrize("damage", ["byteorder-header", "pickle-header", "encrypted", "crc"])
 def test_torch_zip_damaged_member_is_a_checkpoint_error(tmp_path: Path, damage: str) -> None:
     """Found by the fuzz target of torch.save sources (issue 12 "Done means"): a damaged local
@@ -1048,3 +1164,19 @@ def test_missing_ranks_of_a_huge_world_size_cost_the_values_present(tmp_path: Pa
         report = check(str(vdir))
     assert "[2, 3, 4, 5, 6, 7, 8, 9]" in err.message
     assert "PCK-ENTRY-MISSING" in report.codes
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="needs Linux /proc")
+def test_read_regular_bounds_what_it_reads_not_what_fstat_says() -> None:
+    """mutation audit 22 A-97: ``read_regular`` stops reading above ``max_size`` whatever fstat
+    said: a pseudo-file (procfs reports st_size 0) or a file growing during the read is refused
+    with PCK-LIMIT ("grew above"), never read without bound."""
+    from portable_ckpt.errors import LimitError
+    from portable_ckpt.storage._posix import read_regular
+
+    path = "/proc/self/status"  # a regular file of st_size 0 and over a kilobyte of text
+    assert os.stat(path).st_size == 0
+    with pytest.raises(LimitError, match="grew above the limit of 64 bytes") as ei:
+        read_regular(path, max_size=64)
+    assert ei.value.code == "PCK-LIMIT"
+    assert b"Name:" in read_regular(path, max_size=1 << 20)

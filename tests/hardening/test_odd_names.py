@@ -74,3 +74,23 @@ def test_foreign_entries_never_break_or_vanish(
     rep2 = gc(str(root), keep=1, grace_seconds=0.0)
     assert rep2.complete and rep2.abandoned == [] and rep2.deleted == []
     assert portable_ckpt.open(root).id == ids[1]
+
+
+def test_an_attempt_id_followed_by_a_newline_is_no_attempt_id(tmp_path: Path) -> None:
+    """mutation audit 22 A-60: an attempt id ends at its last hex digit: the same id with a
+    newline after it is refused by check_attempt_id, has no step, and a directory of that name
+    in a root is a foreign entry, not an attempt (not listed, not collected by gc)."""
+    from portable_ckpt.errors import AttemptIdError
+    from portable_ckpt.format.naming import check_attempt_id, parse_attempt_step
+
+    root = tmp_path / "root"
+    good = make_version(str(root), 1)
+    odd = new_attempt_id(2) + "\n"
+    with pytest.raises(AttemptIdError):
+        check_attempt_id(odd)
+    assert parse_attempt_step(odd) is None and parse_attempt_step(odd[:-1]) == 2
+    (root / odd / "data").mkdir(parents=True)
+    (root / odd / "data" / "w00000-0000.safetensors").write_bytes(b"partial")
+    assert [v.id for v in list_versions(root)] == [good]
+    rep = gc(str(root), keep=1, grace_seconds=0.0)
+    assert rep.abandoned == [] and (root / odd / "data" / "w00000-0000.safetensors").exists()

@@ -312,3 +312,46 @@ def test_two_copies_started_together_are_conflicts(
     if "ok" not in codes:
         copy_version(str(tmp_path / "src"), str(tmp_path / "dst"), force=True)
     assert portable_ckpt.open(tmp_path / "dst").verify(deep=True) == []
+
+
+def test_a_destination_file_grown_since_the_copy_is_not_vouched_for(tmp_path: Path) -> None:
+    """mutation audit 22 A-40: a destination that already holds the version is checked file by
+    file before copy vouches for it: a data file there with one byte appended (its recorded
+    bytes all verify) is PCK-FILE-SIZE naming the destination, and no copy record is written."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    attempt = _save(src, 1)
+    first = copy_version(src / attempt, dst)
+    assert not first.already_present and first.record is not None
+    copies = _tree(src / attempt / "copies")
+    [data] = (dst / attempt / "data").iterdir()
+    with open(data, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(FileSizeError) as ei:
+        copy_version(src / attempt, dst)
+    assert str(dst) in ei.value.message and "damaged" in ei.value.message
+    assert _tree(src / attempt / "copies") == copies  # no copy record for a damaged copy
+
+
+def test_a_store_reporting_another_size_after_the_upload_fails_the_copy(tmp_path: Path) -> None:
+    """mutation audit 22 A-35: after writing a file, copy asks the destination its size: a
+    store that reports another size than the manifest's (once: a truncating or extending store)
+    fails the copy with PCK-FILE-SIZE naming the file, and no commit record is published."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    attempt = _save(src, 1)
+    storage = open_storage(dst, create=True)
+    real_size = storage.size
+    told: list[str] = []
+
+    def size(path: str) -> int:
+        n = real_size(path)
+        if "/data/" in path and not told:  # the first answer about the data file: one short
+            told.append(path)
+            return n - 1
+        return n
+
+    storage.size = size  # type: ignore[method-assign]
+    with pytest.raises(FileSizeError, match=r"destination holds .* bytes after the copy") as ei:
+        copy_version(src / attempt, storage)
+    assert len(told) == 1 and told[0] in ei.value.message
+    assert not (dst / attempt / "manifest.json").exists()
+    assert not (src / attempt / "copies").exists() or _tree(src / attempt / "copies") == []

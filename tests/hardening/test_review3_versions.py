@@ -69,6 +69,34 @@ def test_the_last_microsecond_is_still_given(tmp_path: Path) -> None:
     assert commit_time(open_storage(tmp_path), nxt) == "9999-12-31T23:59:59.999999Z"
 
 
+def test_versions_of_one_step_committed_at_the_same_time_are_ordered_by_id(tmp_path: Path) -> None:
+    """mutation audit 22 A-71: R-ID-4: of two versions of one step with the same committed_at,
+    the latest is the one of the greater attempt id, for open(root) as for list_versions."""
+    ids = sorted([_save(tmp_path, 5), _save(tmp_path, 5)])
+    for aid in reversed(ids):
+        _set_record(tmp_path, aid, committed_at="2026-01-01T00:00:00.000001Z")
+    assert [v.id for v in list_versions(tmp_path)] == ids
+    assert portable_ckpt.open(tmp_path).id == ids[1]
+    assert portable_ckpt.open(tmp_path, step=5).id == ids[1]
+
+
+def test_a_newer_foreign_record_of_the_answers_step_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """mutation audit 22 A-77: within the answer's step, an attempt of a format this reader does
+    not implement that claims a later committed_at is named in a warning (R-COMMIT-1); one that
+    claims an earlier one does not change the answer and is not named."""
+    older, good, newer = _save(tmp_path, 5), _save(tmp_path, 5), _save(tmp_path, 5)
+    for aid in (older, newer):
+        _set_record(tmp_path, aid, format_version="2.0")
+    assert {v.id: v.status for v in list_versions(tmp_path)} == {
+        older: "foreign", good: "committed", newer: "foreign"}
+    with caplog.at_level("WARNING", logger="portable_ckpt"):
+        assert portable_ckpt.open(tmp_path).id == good
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert newer in said and "does not implement" in said and older not in said
+
+
 # -- finding 7: a commit record that is a symlink, FIFO or directory ----------------------------
 
 

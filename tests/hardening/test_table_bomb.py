@@ -142,6 +142,21 @@ def test_header_length_then_bytes_json_cannot_hold(tmp_path: Path) -> None:
     assert "0x00" in err.message
 
 
+def test_header_length_above_the_header_limit_is_refused_before_decoding(tmp_path: Path) -> None:
+    """mutation audit 22 A-16: a prefix over MAX_HEADER_BYTES is refused from the prefix alone.
+
+    The frame declares ~300 MB and its prefix a 200 MB header of spaces (bytes JSON can hold):
+    only the MAX_HEADER_BYTES bound stops the reader decoding those 200 MB before parsing.
+    """
+    vdir = _table_version(tmp_path)
+    n = 200_000_000
+    assert n > td.MAX_HEADER_BYTES
+    _install(vdir, _frame(struct.pack("<Q", n), 300_000_000, byte=0x20))
+    with time_bound(30), cpu_bound(5), memory_bound(SMALL):
+        err = expect_code("PCK-SHARD-HEADER", portable_ckpt.open, vdir)
+    assert f"header length {n}" in err.message
+
+
 def test_zeros_after_a_valid_header_fail_in_the_first_column(tmp_path: Path) -> None:
     """A consistent header for ~1 GiB of columns, then zeros: tensor.key fails in its first piece."""
     vdir = _table_version(tmp_path)

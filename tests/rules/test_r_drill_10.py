@@ -190,6 +190,33 @@ def test_clears_in_a_1_0_record_clears_nothing(tmp_path: Path) -> None:
     assert info.verification_failed
 
 
+def test_clears_in_a_passed_sample_record_clears_nothing(tmp_path: Path) -> None:
+    """mutation audit 22 A-83: only a passed *deep* verification clears (spec §14.5,
+    R-DRILL-10): a valid format-1.2 sample-mode pass naming a failed record in ``clears`` (from
+    another tool, or by hand) leaves the version failed; the same record in deep mode clears."""
+    from portable_ckpt.io.annotations import cleared_ids
+
+    root, (_, v2) = _root(tmp_path)
+    storage = open_storage(root)
+    failed = Path(write_verification_record(
+        storage, v2.name, ok=False, mode="deep", fraction=None, chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])).stem
+    rec = {"format": "portable-ckpt-verification", "format_version": "1.2",
+           "attempt_id": v2.name, "verification_id": "v20990101T000000000000Z-0000abcd",
+           "verified_at": "2099-01-01T00:00:00Z", "ok": True, "mode": "sample", "fraction": 0.5,
+           "chunks": 1, "seed": None, "errors": [], "clears": [failed]}
+    planted = v2 / "verifications" / f"{rec['verification_id']}.json"
+    planted.write_text(json.dumps(rec))
+    recs = _records(v2)
+    assert len(recs) == 2  # the sample record counts (valid) ...
+    assert cleared_ids(recs) == set()  # ... and clears nothing
+    assert [r["verification_id"] for r in failed_verifications(recs)] == [failed]
+    (info,) = [v for v in list_versions(root) if v.id == v2.name]
+    assert info.verification_failed
+    planted.write_text(json.dumps({**rec, "mode": "deep", "fraction": 1.0}))  # the control
+    assert cleared_ids(_records(v2)) == {failed}
+
+
 def test_verify_all_names_the_newest_version_good_now(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

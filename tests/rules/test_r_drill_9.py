@@ -319,11 +319,12 @@ def test_a_record_the_version_lists_is_never_pruned(tmp_path: Path) -> None:
     assert len(_files(vdir, "verifications")) == RECORDS_KEPT + 1
 
 
-def _plant_passes_dated_ahead(vdir: Path, attempt_id: str) -> list[str]:
-    """RECORDS_KEPT sampled passes dated a day ahead, as a fast clock writes them; their names."""
+def _plant_passes_dated_ahead(vdir: Path, attempt_id: str, minutes: float = 24 * 60) -> list[str]:
+    """RECORDS_KEPT sampled passes dated a day (or ``minutes``) ahead, as a fast clock writes
+    them; their names."""
     import datetime as dt
 
-    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=minutes)
     (vdir / "verifications").mkdir(exist_ok=True)
     planted = []
     for i in range(RECORDS_KEPT):
@@ -363,6 +364,27 @@ def test_the_newest_records_dated_by_now_stay_as_history_beside_those_dated_ahea
     vdir, m = build_version(tmp_path / "r")
     storage = open_storage(vdir.parent)
     planted = _plant_passes_dated_ahead(vdir, m.attempt_id)
+    written = [Path(write_verification_record(storage, m.attempt_id, ok=True, mode="sample",
+                                              fraction=0.5, chunks=1, seed=s)).name
+               for s in (2, 3, 4)]
+    assert _files(vdir, "verifications") == sorted([*planted, *written])
+
+
+def test_dated_ahead_begins_five_minutes_after_now(tmp_path: Path) -> None:
+    """mutation audit 22 A-86: a record is dated ahead beyond FUTURE_SLACK_US (5 minutes):
+    4 minutes ahead is not, 6 minutes ahead is, and passes dated 6 minutes ahead take none of
+    the RECORDS_KEPT places of the passes dated by now."""
+    import datetime as dt
+
+    from portable_ckpt.io.annotations import FUTURE_SLACK_US, dated_ahead
+
+    assert FUTURE_SLACK_US == 300_000_000
+    now = dt.datetime.now(dt.UTC)
+    at = [(now + dt.timedelta(minutes=m)).strftime("%Y-%m-%dT%H:%M:%S.%fZ") for m in (4, 6)]
+    assert not dated_ahead(at[0]) and dated_ahead(at[1])
+    vdir, m = build_version(tmp_path / "r")
+    storage = open_storage(vdir.parent)
+    planted = _plant_passes_dated_ahead(vdir, m.attempt_id, minutes=6)
     written = [Path(write_verification_record(storage, m.attempt_id, ok=True, mode="sample",
                                               fraction=0.5, chunks=1, seed=s)).name
                for s in (2, 3, 4)]

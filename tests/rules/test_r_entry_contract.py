@@ -192,6 +192,26 @@ def test_decompression_stops_at_64_mib(tmp_path: Path, declared: bool) -> None:
     assert time.perf_counter() - t0 < 5
 
 
+def test_a_frame_without_size_longer_than_its_bound_is_codec(tmp_path: Path) -> None:
+    """mutation audit 22 A-11: R-ENTRY-6 / R-TENSOR-10 for a json+zstd value whose frame
+    declares no content size: a valid frame, padded with empty raw blocks beyond
+    ZSTD_COMPRESSBOUND of what it decodes to, is PCK-CODEC once decoded."""
+    import struct
+
+    from portable_ckpt.io.codec import zstd_bound
+
+    vdir = _entry_version(tmp_path, {"v": {"k": 1}}, compress=True)
+    text = b'{"k": 2}'
+    frame = (struct.pack("<I", 0xFD2FB528) + bytes([0x00, 0x00])  # no content size; 1 KiB window
+             + b"\0\0\0" * 30 + struct.pack("<I", (len(text) << 3) | 1)[:3] + text)
+    assert zstandard.get_frame_parameters(frame).content_size == zstandard.CONTENTSIZE_UNKNOWN
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(frame) == text
+    assert len(frame) > zstd_bound(len(text))
+    rewrite_file(vdir, _entry_file(vdir, "v"), frame)
+    err = expect_code("PCK-CODEC", portable_ckpt.open(vdir).entry, "v")
+    assert "ZSTD_COMPRESSBOUND" in err.message
+
+
 def test_global_entry_has_exactly_one_value_without_rank(tmp_path: Path) -> None:
     """R-ENTRY-7: a global entry has exactly one value, without a rank."""
     vdir = _entry_version(tmp_path, {"g": 1})

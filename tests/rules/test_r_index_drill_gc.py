@@ -382,6 +382,33 @@ def test_gc_keeps_the_keep_greatest_versions(tmp_path: Path) -> None:
     assert set(ids) >= _alive(tmp_path)
 
 
+def test_versions_of_one_step_are_ordered_by_commit_time_not_start_time(tmp_path: Path) -> None:
+    """mutation audit 22 A-76: within a step, versions are ordered by commit time before their
+    id (R-ID-4): an attempt that started first but committed last is the newest, what
+    list_versions ends with and what gc --keep 1 keeps."""
+    import datetime as dt
+
+    storage = open_storage(tmp_path, create=True)
+    t0 = dt.datetime.now(dt.UTC)
+    first = new_attempt_id(4, now=t0 - dt.timedelta(seconds=10))  # started first ...
+    second = new_attempt_id(4, now=t0)
+    assert first < second
+    idx = {}
+    for a in (first, second):
+        w = ShardWriter(storage, a, 0)
+        w.add_tensor("t", np.full((2, 2), float(a == first), np.float32))
+        idx[a] = w.finish()
+    for a in (second, first):  # ... committed last
+        commit(storage, a, step=4, indexes=[idx[a]], expected_writers=[0],
+               continuation=Continuation("exact", 1, None))
+        time.sleep(0.002)
+    vs = portable_ckpt.list_versions(tmp_path)
+    assert [v.id for v in vs] == [second, first]
+    assert portable_ckpt.open(tmp_path).id == first
+    portable_ckpt.gc(tmp_path, keep=1, grace_seconds=0)
+    assert first in _alive(tmp_path)
+
+
 def test_gc_protects_the_newest_drilled_version(tmp_path: Path) -> None:
     """R-GC-2: the newest drilled version survives until a newer one is drilled."""
     ids = _versions(tmp_path, [1, 2, 3, 4])

@@ -333,6 +333,34 @@ def test_header_length_limit_is_100_000_000_bytes_whatever_the_file_size() -> No
         assert reads == [(0, 4096)]  # refused before the header is read
 
 
+def test_header_length_past_the_file_is_refused_before_the_header_is_read(tmp_path: Path) -> None:
+    """mutation audit 22 A-67: R-SHARD-4's ``N <= size - 8`` alone (N far below the limit): a
+    real shard whose prefix says N = size - 7 is refused from its first read, nothing past the
+    file asked for; N = size - 8 passes that check (the header is then read)."""
+    from portable_ckpt.io.safetensors_io import load_header
+
+    vdir, _ = build_version(tmp_path)
+    raw = (vdir / _data_rel(vdir)).read_bytes()
+    size = len(raw)
+    for n, refused in ((size - 7, True), (size - 8, False)):
+        data = struct.pack("<Q", n) + raw[8:]
+        reads: list[tuple[int, int]] = []
+
+        def read(lo: int, hi: int, data: bytes = data, seen: list[Any] = reads) -> bytes:
+            seen.append((lo, hi))
+            return data[lo:hi]
+
+        if refused:
+            err = expect_code("PCK-SHARD-HEADER", load_header, read, file_size=size, what="f",
+                              probe=8)
+            assert f"header length {n} exceeds the limit" in err.message
+            assert reads == [(0, 8)]
+        else:
+            with pytest.raises(portable_ckpt.CheckpointError):  # the data area is no JSON
+                load_header(read, file_size=size, what="f", probe=8)
+            assert reads == [(0, 8), (8, size)]
+
+
 @pytest.mark.parametrize(
     "header",
     [b"[]", b'"x"', b"{not json", b'{"a": 1, "a": 2}', b'{"b@0": {"dtype": "I32"}}',
@@ -360,6 +388,28 @@ def test_header_entry_with_invalid_dtype(tmp_path: Path) -> None:
     rewrite_shard_header(vdir, rel, lambda h: h.__setitem__(
         "extra", {"dtype": "Q99", "shape": [0], "data_offsets": [0, 0]}))
     expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+
+
+@pytest.mark.parametrize("dim", [2**53, 2**63])
+def test_a_shape_value_of_2_53_or_more_is_refused(tmp_path: Path, dim: int) -> None:
+    """mutation audit 22 A-62: a header shape value is an int in [0, 2^53) (R-SHARD-5): an
+    entry of shape [2^53, 0] (zero bytes, so its span agrees) is PCK-SHARD-HEADER."""
+    vdir, _ = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    rewrite_shard_header(vdir, rel, lambda h: h.__setitem__(
+        "extra", {"dtype": "U8", "shape": [dim, 0], "data_offsets": [0, 0]}))
+    err = expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+    assert "extra" in err.message
+
+
+def test_bytes_after_the_last_tensor_are_refused(tmp_path: Path) -> None:
+    """mutation audit 22 A-64: R-SHARD-9: a data area longer than its tensors (16 bytes
+    appended, the manifest's size and checksums made to match) is PCK-SHARD-HEADER."""
+    vdir, _ = build_version(tmp_path)
+    rel = _data_rel(vdir)
+    rewrite_file(vdir, rel, (vdir / rel).read_bytes() + bytes(16))
+    err = expect_code("PCK-SHARD-HEADER", open_and_read_all, vdir)
+    assert "(16 bytes no tensor owns)" in err.message
 
 
 @pytest.mark.parametrize("offsets", [[20, 0], [0, 10**6], [-4, 16]])

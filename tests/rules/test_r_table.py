@@ -541,6 +541,22 @@ def test_column_lengths_must_agree(vdir: Path, case: str) -> None:
     expect_code("PCK-SCHEMA", portable_ckpt.open, vdir)
 
 
+def test_a_negative_count_balanced_by_another_is_refused(vdir: Path) -> None:
+    """mutation audit 22 A-18: a count below 0 in 'tensor.ranges' is PCK-SCHEMA even when the
+    sum of counts is R, no count exceeds R and Σ counts·ndim still matches (R-TABLE-5)."""
+    tab = load_table(vdir)
+    cols = columns(tab)
+    a, z = index_of(tab, "a"), index_of(tab, "z")
+    assert cols["tensor.ndim"][a] == cols["tensor.ndim"][z] == 2
+    old = int(cols["tensor.ranges"][a])
+    cols["tensor.ranges"][a] = -1
+    cols["tensor.ranges"][z] += old + 1
+    assert int(cols["tensor.ranges"].max()) <= len(cols["range.file"])
+    install_columns(vdir, cols)
+    err = expect_code("PCK-SCHEMA", portable_ckpt.open, vdir)
+    assert "'tensor.ranges' holds a count outside" in err.message
+
+
 # ------------------------------------------------------------------------------ R-TABLE-6
 
 

@@ -92,6 +92,18 @@ def test_s3_to_s3_and_background(s3: S3Env) -> None:
     assert portable_ckpt.list_versions(a)[0].copied
 
 
+def test_a_destination_prefix_inside_the_source_root_is_refused(s3: S3Env) -> None:
+    """mutation audit 22 A-41: on an object store only the URLs tell that the destination lies
+    inside the source root (no real path to resolve): s3://b/a/backup for the source s3://b/a
+    is PCK-USAGE ('inside'), and nothing is written under it."""
+    a = s3.root("a")
+    attempt, _arrays = _save(a, step=2, n=1000)
+    with pytest.raises(UsageError, match="lies inside the source root"):
+        copy_version(f"{a}/{attempt}", f"{a}/backup")
+    assert list(open_storage(a).list("backup/")) == []
+    assert [v.id for v in portable_ckpt.list_versions(a)] == [attempt]
+
+
 def test_corrupt_source_publishes_nothing(s3: S3Env, tmp_path: Path) -> None:
     src = str(tmp_path / "src")
     attempt, _ = _save(src)

@@ -337,7 +337,13 @@ def _plan(
             ) from None
         except NotJsonError as exc:
             if strict:
-                raise ShardHeaderError(f"{path}: item {name!r}: {exc} is not supported", path=path) from None
+                # --strict refuses what a plain run skips (docs/convert.md): the value's, not
+                # the file's, problem
+                raise UnsupportedValueError(
+                    f"{path}: item {name!r}: {exc} is not convertible, and --strict refuses what "
+                    "a conversion would skip: drop --strict to skip it, or change it in the source",
+                    path=path,
+                ) from None
             warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
             return
         values.add(name, value, dcp_path, raw)
