@@ -227,3 +227,46 @@ def test_a_lost_answer_to_the_commit_record_create_loses_nothing(tmp_path: Path,
 def test_lost_answer_is_for_creates_only() -> None:
     with pytest.raises(portable_ckpt.errors.UsageError, match="create"):
         Fault(op="write", lost_answer=True)
+
+
+def test_a_failed_deferred_fsync_fails_sync_and_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mutation audit 22 A-94: an fsync deferred by ``close`` (``defer_sync=True``, data files)
+    that fails (EIO) makes ``LocalStorage.sync`` raise PCK-STORAGE, and a save through it
+    publishes no record: a commit never proceeds over data whose durability failed
+    (R-COMMIT-17)."""
+    import errno
+
+    from portable_ckpt.storage import local
+
+    real = local._fsync_close
+    failed: list[str] = []
+
+    def fsync_close(fd: int, rel: str, full: str) -> None:  # the real close, fsync says EIO
+        if "/data/" not in rel:
+            return real(fd, rel, full)
+        failed.append(rel)
+        os.close(fd)
+        raise local._os_error("fsync", rel, OSError(errno.EIO, os.strerror(errno.EIO)), full)
+
+    root = tmp_path / "root"
+    prev = make_version(str(root), 1)
+    monkeypatch.setattr(local, "_fsync_close", fsync_close)
+    st = open_storage(str(root))
+    assert isinstance(st, local.LocalStorage)
+    with st.open_writer("scratch/data/x", defer_sync=True) as w:
+        w.write(b"abc")
+    with pytest.raises(StorageError) as info:
+        st.sync()
+    assert info.value.code == "PCK-STORAGE" and "fsync" in str(info.value), info.value
+    assert failed == ["scratch/data/x"]
+    st.sync()  # reported once
+    st.delete("scratch/data/x")
+    st.remove_empty_dirs("scratch")
+    before = _snapshot(root)
+    with pytest.raises(StorageError) as info:
+        _save(st, 2)  # type: ignore[arg-type]
+    assert info.value.code == "PCK-STORAGE" and "fsync" in str(info.value), info.value
+    assert not list(root.glob("s000000000002-*/manifest.json"))
+    _assert_nothing_published(root, prev, before)

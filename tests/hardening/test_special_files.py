@@ -246,3 +246,29 @@ def test_a_listed_shard_that_is_a_fifo_never_hangs_verify_or_a_restore(tmp_path:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd=ROOT)
     assert p.returncode == 0 and "restored 1 1.0" in p.stdout, p
+
+
+@pytest.mark.parametrize("link", ["attempt", "data"])
+def test_writes_through_a_symlinked_directory_below_the_root_are_refused(
+    tmp_path: Path, link: str
+) -> None:
+    """mutation audit 22 A-93: LocalStorage refuses a write whose directory below the root is a
+    symlink (PCK-PATH-UNSAFE). Reads walk with O_NOFOLLOW, writes do not: without the check an
+    attempt directory (or its data/) linked elsewhere took a save's files out of the root."""
+    from portable_ckpt.io.writer import new_attempt_id
+    from portable_ckpt.storage.local import LocalStorage
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    att = new_attempt_id(1)
+    if link == "attempt":
+        (root / att).symlink_to(outside, target_is_directory=True)
+    else:
+        (root / att).mkdir()
+        (root / att / "data").symlink_to(outside, target_is_directory=True)
+    st = LocalStorage(str(root))
+    assert _code(st.open_writer, f"{att}/data/w00000-0000.safetensors") == "PCK-PATH-UNSAFE"
+    assert _code(st.create_if_absent, f"{att}/data/manifest.json", b"{}") == "PCK-PATH-UNSAFE"
+    assert _code(st.put, f"{att}/data/x", b"abc") == "PCK-PATH-UNSAFE"
+    assert list(outside.iterdir()) == []  # nothing was written outside the root

@@ -112,3 +112,46 @@ def test_a_404_reading_back_a_stored_record_removes_nothing(s3_proxied: S3Env) -
     assert ck.step == 2 and ck.verify(deep=True) == []
     np.testing.assert_array_equal(ck.read("w"), np.full(100, 2, np.float32))
     assert [v.status for v in list_versions(root)] == ["committed", "committed"]
+
+
+def test_a_record_stored_with_other_bytes_is_deleted_not_left_published(
+    s3_proxied: S3Env,
+) -> None:
+    """mutation audit 22 A-107: on a store that does not check uploads (moto), a commit record
+    corrupted in transit is stored; create_if_absent reads it back, deletes it and raises
+    PCK-STORAGE. The corrupted record must not stay published under a save reported failed."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.storage.s3 import S3Storage
+
+    st = S3Storage.from_url(s3_proxied.root())
+    assert st.validates_checksums() is False  # moto keeps a wrong x-amz-checksum-crc32c
+    proxy = s3_proxied.proxy
+    proxy.match_method, proxy.match_path, proxy.flip_bodies = "PUT", r"manifest\.json", 1
+    with pytest.raises(StorageError, match="kept other bytes than were sent") as exc:
+        st.create_if_absent("att/manifest.json", b'{"step": 1}')
+    assert exc.value.code == "PCK-STORAGE"
+    assert not isinstance(exc.value, CommitOutcomeUnknownError)
+    assert proxy.flip_bodies == 0  # the corruption was injected
+    proxy.reset()
+    assert not st.exists("att/manifest.json")
+    keys = s3_proxied.boto().list_objects_v2(Bucket=s3_proxied.bucket).get("Contents", [])
+    assert [k["Key"] for k in keys if k["Key"].endswith("manifest.json")] == []
+    assert st.create_if_absent("att/manifest.json", b'{"step": 1}')  # a retry commits
+
+
+def test_a_409_conditional_request_conflict_is_asked_again(s3_proxied: S3Env) -> None:
+    """mutation audit 22 A-105: S3 answers a conditional PUT 409 ConditionalRequestConflict while
+    another conditional write of the key is in progress: the PUT is asked again (and creates the
+    record), never read as "exists" for a record nobody wrote."""
+    from portable_ckpt.storage.s3 import S3Storage
+
+    st = S3Storage.from_url(s3_proxied.root(), backoff_initial=0.01)
+    st.validates_checksums()  # the probe PUT, before the PUTs counted below
+    proxy = s3_proxied.proxy
+    proxy.match_method, proxy.match_path = "PUT", r"manifest\.json"
+    proxy.fail_every, proxy.fail_limit = 1, 1
+    proxy.fail_status = (409, "ConditionalRequestConflict")
+    assert st.create_if_absent("att/manifest.json", b'{"step": 1}') is True
+    assert proxy.log.injected_by_status == {409: 1}
+    proxy.reset()
+    assert st.read_all("att/manifest.json", max_size=100) == b'{"step": 1}'

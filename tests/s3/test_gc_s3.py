@@ -450,3 +450,39 @@ def test_a_pin_key_that_only_looks_like_a_record_holds_every_version(s3: S3Env, 
     rep = gc(root, keep=1, grace_seconds=0.0)
     assert rep.deleted == [] and not rep.complete
     assert _committed(root) == ids
+
+
+def test_abort_uploads_leaves_uploads_younger_than_older_than_s(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mutation audit 22 A-104: ``abort_uploads(prefix, older_than_s=...)`` aborts only uploads
+    started longer ago than that: a live save's multipart upload, started a moment ago, is left
+    alone and completes; one started two hours ago is aborted.
+
+    moto lists every upload as initiated on 2010-11-10: the real listing is wrapped to report
+    the time each upload was really started (as S3 does), the start of ``old`` moved back."""
+    from portable_ckpt.storage.s3 import S3Storage
+
+    mib = 1 << 20
+    st = S3Storage.from_url(s3.root(), part_size=5 * mib)
+    started: dict[str, datetime.datetime] = {}
+    real_uploads = st._uploads
+
+    def uploads(prefix: str) -> list[dict[str, object]]:
+        return [dict(up, Initiated=started[up["Key"]]) for up in real_uploads(prefix)]
+
+    monkeypatch.setattr(st, "_uploads", uploads)
+    data = bytes(range(256)) * (6 * mib // 256)
+    now = datetime.datetime.now(datetime.UTC)
+    started["ckpts/att/data/live"] = now
+    started["ckpts/att/data/old"] = now - datetime.timedelta(hours=2)
+    live, old = st.open_writer("att/data/live"), st.open_writer("att/data/old")
+    for w in (live, old):
+        w.write(data)  # starts a multipart upload, in flight
+        w._parts[0].result()  # type: ignore[attr-defined]
+    assert st.abort_uploads("att", older_than_s=3600) == 1  # the old one only
+    [left] = s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    assert left["Key"] == "ckpts/att/data/live"
+    live.close()  # the upload was not aborted under the writer
+    assert st.read_all("att/data/live", max_size=len(data)) == data
+    old.abort()

@@ -43,3 +43,16 @@ def test_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PCK_S3_READ_TIMEOUT", "soon")
     with pytest.raises(UsageError, match="is not a number"):
         S3Options.from_env()
+
+
+def test_abort_after_close_removes_the_object(s3: S3Env) -> None:
+    """mutation audit 22 A-110: like the local backend, ``abort()`` after a completed ``close()``
+    removes what was written (one PUT and multipart alike)."""
+    st = S3Storage.from_url(s3.root("contract"), part_size=5 << 20)
+    for path, size in (("a/small", 10), ("a/big", 6 << 20)):
+        w = st.open_writer(path)
+        w.write(b"x" * size)
+        w.close()
+        assert st.exists(path)
+        w.abort()
+        assert not st.exists(path), path

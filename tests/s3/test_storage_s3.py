@@ -325,3 +325,128 @@ def test_read_into_many_fetches_a_chunk_inside_a_later_buffer_from_its_offset(
     assert spans[0][0] == 3 and spans[-1][1] == 3 + 3 * MIB + 6, spans
     assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans)), spans
     assert all(hi - lo + 1 <= MIB for lo, hi in spans), spans
+
+
+def test_delete_prefix_of_the_whole_root_is_refused(s3: S3Env) -> None:
+    """mutation audit 22 A-102: ``S3Storage.delete_prefix('')`` names everything below the
+    root: refused with PCK-USAGE, and no object (nor an unfinished upload) is deleted. ``'/'``
+    is no path below the root (PCK-PATH-UNSAFE)."""
+    from portable_ckpt.errors import CheckpointError, UsageError
+
+    st = S3Storage.from_url(s3.root(), part_size=5 * MIB)
+    st.put("att1/manifest.json", b"{}")
+    st.put("att2/data/x", b"abc")
+    w = st.open_writer("att3/data/y")
+    w.write(os.urandom(6 * MIB))  # starts a multipart upload, never completed
+    w._parts[0].result()  # type: ignore[attr-defined]
+    with pytest.raises(UsageError) as ei:
+        st.delete_prefix("")
+    assert ei.value.code == "PCK-USAGE"
+    with pytest.raises(CheckpointError):
+        st.delete_prefix("/")
+    assert sorted(i.path for i in st.list("")) == ["att1/manifest.json", "att2/data/x"]
+    assert len(s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])) == 1
+    w.abort()
+
+
+def test_an_empty_folder_marker_is_foreign_not_a_zero_byte_object(s3: S3Env) -> None:
+    """mutation audit 22 A-101: a folder marker (an empty key ending in '/', as the AWS console
+    makes) comes back from obstore without its slash, as a 0-byte object 'att/data'. The raw
+    keys decide: it is foreign (``list_foreign``), never an object of ``list`` (gc and verify
+    would see a file the version does not list, and a delete would name another key)."""
+    st = S3Storage.from_url(s3.root())
+    st.put("att/data/w.safetensors", b"abc")
+    s3.boto().put_object(Bucket=s3.bucket, Key="ckpts/att/data/", Body=b"")
+    for recursive in (True, False):
+        pfx = "att" if recursive else "att/data"
+        assert [i.path for i in st.list(pfx, recursive=recursive)] == [
+            "att/data/w.safetensors"], recursive
+        assert "att/data/" in st.list_foreign("att"), st.list_foreign("att")
+
+
+def test_a_non_empty_key_ending_in_a_slash_is_foreign_not_the_key_above(s3: S3Env) -> None:
+    """mutation audit 22 A-100: a non-empty key '<root>/a/' is listed by obstore as 'a', a key
+    above the prefix 'a/' (not sent to boto3 by the empty-object fallback). It is foreign:
+    ``list('a/')`` never yields an object 'a', ``list_foreign`` names 'a/'."""
+    st = S3Storage.from_url(s3.root())
+    st.put("a/b", b"12345")
+    s3.boto().put_object(Bucket=s3.bucket, Key="ckpts/a/", Body=b"not empty")
+    assert [i.path for i in st.list("a/")] == ["a/b"]
+    assert "a/" in st.list_foreign("a/")
+
+
+def test_a_part_whose_server_crc32c_differs_fails_the_upload(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mutation audit 22 A-109: a multipart part answered with another CRC32C than the data's
+    (corrupted in transit) fails the upload with PCK-STORAGE; nothing is published. moto always
+    agrees, so the real ``upload_part``'s answer is altered for part 2."""
+    st = S3Storage.from_url(s3.root(), part_size=5 * MIB, max_concurrency=2)
+    client = st._client()
+    real = client.upload_part
+
+    def upload_part(**kwargs: object) -> dict[str, object]:
+        resp = dict(real(**kwargs))
+        if kwargs["PartNumber"] == 2:
+            resp["ChecksumCRC32C"] = base64.b64encode(
+                crc32c.crc32c(b"other").to_bytes(4, "big")).decode()
+        return resp
+
+    monkeypatch.setattr(client, "upload_part", upload_part)
+    w = st.open_writer("att/data/big")
+    with pytest.raises(StorageError, match="server CRC32C") as ei:
+        w.write(_payload(11 * MIB))
+        w.close()
+    assert ei.value.code == "PCK-STORAGE"
+    w.abort()
+    assert not st.exists("att/data/big")
+    assert s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
+
+
+def test_a_single_put_whose_server_crc32c_differs_fails(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mutation audit 22 A-111: a one-PUT upload answered with another CRC32C than the data's
+    (corrupted in transit) raises PCK-STORAGE ("corrupted in transit"), never reports success.
+    moto always agrees, so the real ``put_object``'s answer is altered."""
+    st = S3Storage.from_url(s3.root())
+    client = st._client()
+    real = client.put_object
+
+    def put_object(**kwargs: object) -> dict[str, object]:
+        resp = dict(real(**kwargs))
+        resp["ChecksumCRC32C"] = base64.b64encode(
+            crc32c.crc32c(b"other").to_bytes(4, "big")).decode()
+        return resp
+
+    monkeypatch.setattr(client, "put_object", put_object)
+    with pytest.raises(StorageError, match="corrupted in transit") as ei:
+        st.put("att/data/x", _payload(1000))
+    assert ei.value.code == "PCK-STORAGE"
+
+
+def test_the_part_size_doubles_every_1000_parts(s3: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mutation audit 22 A-108: an object of more than 1000 parts doubles its part size every
+    1000 parts (S3 allows 10,000): part 1000 is the last of the first size. The multipart upload
+    is real; the parts' uploads are recorded, not sent (1000 real parts are 5 GB), with the
+    part size lowered to 4 bytes on the writer."""
+    from concurrent.futures import Future
+
+    sizes: dict[int, int] = {}
+
+    class Recording:
+        def submit(self, fn: object, number: int, body: bytearray) -> Future[dict[str, object]]:
+            sizes[number] = len(body)
+            fut: Future[dict[str, object]] = Future()
+            fut.set_result({"PartNumber": number, "ETag": f'"{number}"'})
+            return fut
+
+    st = S3Storage.from_url(s3.root())
+    monkeypatch.setattr(st, "_executor", Recording)
+    w = st.open_writer("att/data/huge")
+    w._part_size = 4  # type: ignore[attr-defined]
+    w.write(b"x" * (4 * 1000 + 8 * 2))
+    assert [sizes[n] for n in (1, 999, 1000, 1001, 1002)] == [4, 4, 4, 8, 8]
+    assert len(sizes) == 1002
+    w.abort()
+    assert s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
