@@ -415,3 +415,32 @@ def test_strict_refuses_a_torch_value_it_would_skip_as_unsupported_value(tmp_pat
     assert not (tmp_path / "out").exists()
     report = convert(str(src), str(tmp_path / "out2"))
     assert any("odd" in f"{w.item} {w.message}" for w in report.warnings), report.warnings
+
+
+def test_two_equal_keys_of_one_dict_are_refused_not_both_converted(tmp_path: Path) -> None:
+    """Re-attack of rev22, R2: a data.pkl edited to hold {2**70: {"a": t0}, 2**70: {"b": t1}}
+    (torch.load keeps only the last) converted into both tensors, exit 0: the scan keeps keys
+    whose hash the file could choose apart. Two keys of one dict that become one key are
+    refused, naming both (also 1 and "1" above tensors)."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    big = 1 << 70
+    torch.save({big: {"a": torch.zeros(2)}, big + 1: {"b": torch.ones(2)}}, tmp_path / "h.pt")
+    with zipfile.ZipFile(tmp_path / "h.pt") as z:
+        names = z.namelist()
+        pkl = next(n for n in names if n.endswith("data.pkl"))
+        data = z.read(pkl).replace(pickle.dumps(big + 1, 2)[2:-1], pickle.dumps(big, 2)[2:-1])
+        with zipfile.ZipFile(tmp_path / "dup.pt", "w", zipfile.ZIP_STORED) as w:
+            for n in names:
+                w.writestr(n, data if n == pkl else z.read(n))
+    assert list(torch.load(tmp_path / "dup.pt", weights_only=True)[big]) == ["b"]
+    with pytest.raises(CheckpointError) as ei:
+        convert(str(tmp_path / "dup.pt"), str(tmp_path / "out.pt"), dst_format="torch")
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and str(big) in ei.value.message
+    assert not (tmp_path / "out.pt").exists()
+    torch.save({1: {"a": torch.zeros(2)}, "1": {"b": torch.ones(2)}}, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError, match=r"keys at \[1\] and \['1'\]"):
+        convert(str(tmp_path / "m.pt"), str(tmp_path / "out2.pt"), dst_format="torch")

@@ -486,8 +486,16 @@ def _unquote(raw: bytes) -> str:
     raise PickleScanError("STRING argument without quotes")
 
 
+#: Memo keys are below 2^32 (the binary opcodes' 4-byte argument; the text ``PUT`` of a real
+#: writer counts up from 0). A text key of the file's choosing above that could make the
+#: sparse memo's hashes collide (ints hash modulo 2^61 - 1: quadratic; rev22 re-attack R1).
+_MEMO_KEYS = 1 << 32
+
+
 def _memo_put(memo: list[Any], memo_x: dict[int, Any], key: int, value: Any) -> None:
     """Store ``memo[key] = value`` with the semantics of a dict memo (see :func:`_scan`)."""
+    if not 0 <= key < _MEMO_KEYS:
+        raise PickleScanError(f"memo key of {key.bit_length()} bits outside 0..2^32-1")
     n = len(memo)
     if 0 <= key < n:
         memo[key] = value
@@ -504,6 +512,8 @@ def _memo_put(memo: list[Any], memo_x: dict[int, Any], key: int, value: Any) -> 
 def _memo_get(memo: list[Any], memo_x: dict[int, Any], key: int) -> Any:
     if 0 <= key < len(memo):
         return memo[key]
+    if not 0 <= key < _MEMO_KEYS:
+        raise PickleScanError(f"memo key of {key.bit_length()} bits outside 0..2^32-1")
     if key not in memo_x:
         raise PickleScanError(f"memo key {key} missing")
     return memo_x[key]

@@ -322,6 +322,14 @@ def _plan(
                     raise UnsupportedValueError(f"item {name!r}: {msg}", path=path)
                 warnings.append(ConvertWarning(name, f"{msg}; skipped"))
                 return
+            seen: dict[str | int, Any] = {}
+            for k, _, raw_k in kids:
+                # Two keys of one dict that become one (1 and "1", or two equal keys the scan
+                # keeps apart: torch.load keeps only the last, rev22 re-attack R2): refused.
+                if k in seen:
+                    raise _collision(path, values.join(prefix, str(k)), (*raw, seen[k]),
+                                     (*raw, raw_k), "key")
+                seen[k] = raw_k
             on_path.add(id(node))
             for k, v, raw_k in kids:
                 walk(values.join(prefix, str(k)), v, depth + 1, (*dcp_path, k), (*raw, raw_k))
