@@ -47,6 +47,7 @@ __all__ = [
     "TensorMissingError",
     "UnsupportedValueError",
     "UsageError",
+    "ValueNotJsonError",
     "VerificationFailedError",
     "VersionDeletedError",
     "VersionUnsupportedError",
@@ -405,6 +406,15 @@ class UsageError(CheckpointError):
     """Invalid arguments from the caller (e.g. a read box outside the tensor)."""
 
     code = "PCK-USAGE"
+
+
+class ValueNotJsonError(UsageError):
+    """A value the format cannot store as JSON.
+
+    NaN, a lone surrogate, an int of more than 4300 digits, nesting readers refuse: the caller's
+    value (``PCK-USAGE``), or, where a converted source holds it, the source's content, which
+    ``convert`` reports so.
+    """
 
 
 class VerificationFailedError(CheckpointError):

@@ -171,18 +171,27 @@ def test_a_clearing_record_outlives_pruning_and_gc_counts_the_version(
     assert v1.name in rep.deleted and v2.exists()
 
 
+def _failed_and_a_passed_record_clearing_it(
+    tmp_path: Path, format_version: str, mode: str, fraction: float
+) -> tuple[Path, Path, str, Path]:
+    """A failed deep record of the newest version, and a passed record of ``format_version``
+    and ``mode`` whose ``clears`` names it, planted by hand: root, version, failed id, record."""
+    root, (_, v2) = _root(tmp_path)
+    failed = Path(write_verification_record(
+        open_storage(root), v2.name, ok=False, mode="deep", fraction=None, chunks=1,
+        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])).stem
+    rec = {"format": "portable-ckpt-verification", "format_version": format_version,
+           "attempt_id": v2.name, "verification_id": "v20990101T000000000000Z-0000abcd",
+           "verified_at": "2099-01-01T00:00:00Z", "ok": True, "mode": mode,
+           "fraction": fraction, "chunks": 1, "seed": None, "errors": [], "clears": [failed]}
+    planted = v2 / "verifications" / f"{rec['verification_id']}.json"
+    planted.write_text(json.dumps(rec))
+    return root, v2, failed, planted
+
+
 def test_clears_in_a_1_0_record_clears_nothing(tmp_path: Path) -> None:
     """R-VERSION-6, R-VERSION-2: in a record of format 1.0 the member is unknown, ignored."""
-    root, (_, v2) = _root(tmp_path)
-    storage = open_storage(root)
-    failed = Path(write_verification_record(
-        storage, v2.name, ok=False, mode="deep", fraction=None, chunks=1,
-        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])).stem
-    rec = {"format": "portable-ckpt-verification", "format_version": "1.0",
-           "attempt_id": v2.name, "verification_id": "v20990101T000000000000Z-0000abcd",
-           "verified_at": "2099-01-01T00:00:00Z", "ok": True, "mode": "deep", "fraction": 1.0,
-           "chunks": 1, "seed": None, "errors": [], "clears": [failed]}
-    (v2 / "verifications" / f"{rec['verification_id']}.json").write_text(json.dumps(rec))
+    root, v2, failed, _ = _failed_and_a_passed_record_clearing_it(tmp_path, "1.0", "deep", 1.0)
     recs = _records(v2)
     assert len(recs) == 2  # the record counts (a passed deep verification) ...
     assert [r["verification_id"] for r in failed_verifications(recs)] == [failed]  # ... no more
@@ -196,23 +205,15 @@ def test_clears_in_a_passed_sample_record_clears_nothing(tmp_path: Path) -> None
     another tool, or by hand) leaves the version failed; the same record in deep mode clears."""
     from portable_ckpt.io.annotations import cleared_ids
 
-    root, (_, v2) = _root(tmp_path)
-    storage = open_storage(root)
-    failed = Path(write_verification_record(
-        storage, v2.name, ok=False, mode="deep", fraction=None, chunks=1,
-        errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])).stem
-    rec = {"format": "portable-ckpt-verification", "format_version": "1.2",
-           "attempt_id": v2.name, "verification_id": "v20990101T000000000000Z-0000abcd",
-           "verified_at": "2099-01-01T00:00:00Z", "ok": True, "mode": "sample", "fraction": 0.5,
-           "chunks": 1, "seed": None, "errors": [], "clears": [failed]}
-    planted = v2 / "verifications" / f"{rec['verification_id']}.json"
-    planted.write_text(json.dumps(rec))
+    root, v2, failed, planted = _failed_and_a_passed_record_clearing_it(
+        tmp_path, "1.2", "sample", 0.5)
     recs = _records(v2)
     assert len(recs) == 2  # the sample record counts (valid) ...
     assert cleared_ids(recs) == set()  # ... and clears nothing
     assert [r["verification_id"] for r in failed_verifications(recs)] == [failed]
     (info,) = [v for v in list_versions(root) if v.id == v2.name]
     assert info.verification_failed
+    rec = json.loads(planted.read_text())
     planted.write_text(json.dumps({**rec, "mode": "deep", "fraction": 1.0}))  # the control
     assert cleared_ids(_records(v2)) == {failed}
 

@@ -73,6 +73,7 @@ from portable_ckpt.errors import (
     StorageError,
     UnsupportedValueError,
     UsageError,
+    ValueNotJsonError,
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
 from portable_ckpt.format.vocab import CODECS, is_entry_name
@@ -402,15 +403,12 @@ def _write_entries(
                 world_size_policy=e.world_size_policy,
                 compress=e.compress,
             )
-        except UsageError:
+        except ValueNotJsonError as exc:
             # only a value that JSON cannot hold is the source's content; any other refusal
             # of add_entry (scope, rank, policy: a source plugin's EntrySpec) is a usage error
             # and goes through as it is (review rev22 D4)
-            why = _json_failure(e.value)
-            if why is None:
-                raise
             raise UnsupportedValueError(
-                f"{src or 'the source'}: {_unstorable(e)} cannot be stored ({why}); the "
+                f"{src or 'the source'}: {_unstorable(e)} cannot be stored ({exc.message}); the "
                 "format stores non-tensor values as JSON (UTF-8 text, integers of at most 4300 "
                 "digits): change or remove it in the source",
                 path=src or None,
@@ -419,39 +417,16 @@ def _write_entries(
     return len(names)
 
 
-def _json_failure(value: Any) -> str | None:
-    """Why the format cannot store ``value`` as a JSON entry value, or ``None`` if it can.
-
-    Encodes it as ``format.jsonio.dumps`` does and parses the text as readers do
-    (``format.jsonio.loads``), judging each failure by its exception's type.
-    """
-    import json
-
-    from portable_ckpt.format import jsonio
-
-    try:
-        payload = json.dumps(
-            value, allow_nan=False, ensure_ascii=False, separators=(",", ":")
-        ).encode("utf-8")
-    except RecursionError:
-        return "nested deeper than this interpreter's recursion limit"
-    except (ValueError, TypeError) as exc:
-        # (Python's advice to raise sys.set_int_max_str_digits is no advice for a reader)
-        return str(exc).split("; use sys.set_int_max_str_digits", 1)[0]
-    try:
-        jsonio.loads(payload, what="the value", max_cost_per_byte=None)
-    except CheckpointError as exc:
-        return exc.message
-    return None
-
-
 def _unstorable(e: EntrySpec) -> str:
     """Which value of entry ``e`` the format cannot store (its leaf, for ``torch.values``)."""
     from portable_ckpt.convert._model import short_text
+    from portable_ckpt.format import jsonio
 
     if isinstance(e.value, dict):
         for k, v in e.value.items():
-            if _json_failure({k: v}) is not None:
+            try:
+                jsonio.encode_value({k: v})
+            except ValueNotJsonError:
                 return f"value {short_text(str(k))!r} (entry {e.name!r})"
     return f"entry {e.name!r}"
 

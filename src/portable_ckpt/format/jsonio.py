@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from portable_ckpt.errors import JsonInvalidError, UsageError
+from portable_ckpt.errors import CheckpointError, JsonInvalidError, ValueNotJsonError
 
 __all__ = [
     "COST_FLOOR",
@@ -28,6 +28,7 @@ __all__ = [
     "Tally",
     "count_values",
     "dumps",
+    "encode_value",
     "loads",
     "tally",
     "unescaped_quotes",
@@ -237,12 +238,30 @@ def dumps(doc: Any, *, indent: int | None = None, what: str = "value") -> bytes:
             separators=(",", ":") if indent is None else None,
         ).encode("utf-8")
     except (ValueError, TypeError) as exc:
-        raise UsageError(f"{what} cannot be stored as JSON: {exc}") from None
+        # (Python's advice to raise sys.set_int_max_str_digits is no advice for a reader)
+        why = str(exc).split("; use sys.set_int_max_str_digits", 1)[0]
+        raise ValueNotJsonError(f"{what} cannot be stored as JSON: {why}") from None
     except RecursionError:
-        raise UsageError(
+        raise ValueNotJsonError(
             f"{what} cannot be stored as JSON: nested deeper than this interpreter's recursion "
             f"limit (readers refuse more than {MAX_DEPTH} levels, spec §18.3)"
         ) from None
+
+
+def encode_value(value: Any, *, what: str = "value") -> bytes:
+    """:func:`dumps` of a value, parsed back as readers parse it (depth, integer range, ...).
+
+    Raises:
+        ValueNotJsonError: a value JSON cannot hold, or one readers would refuse: refused when
+            it is stored, not when it is read.
+
+    """
+    payload = dumps(value, what=what)
+    try:  # (the value count is the schema validator's: not counted twice)
+        loads(payload, what=what, max_cost_per_byte=None)
+    except CheckpointError as exc:
+        raise ValueNotJsonError(f"{exc.message}; readers would refuse this value") from None
+    return payload
 
 
 def count_values(data: bytes, *, chunk: int = 1 << 20) -> int:

@@ -398,12 +398,8 @@ class ShardWriter:
         from portable_ckpt.format.schemas import validate_entry_value
 
         validate_entry_value(value, schema_doc, name=name)
-        payload = jsonio.dumps(value, what=f"entry {name!r}")
-        try:  # parsed as readers will (depth, integer range, ...): refused now, not after commit
-            # (the value count was checked by validate_entry_value: not counted twice)
-            jsonio.loads(payload, what=f"entry {name!r}", max_cost_per_byte=None)
-        except CheckpointError as exc:
-            raise UsageError(f"{exc.message}; readers would refuse this entry value") from None
+        # parsed as readers will (depth, integer range, ...): refused now, not after commit
+        payload = jsonio.encode_value(value, what=f"entry {name!r}")
         if compress:
             payload = zstandard.ZstdCompressor(
                 level=self.zstd_level, write_content_size=True

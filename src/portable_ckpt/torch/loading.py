@@ -9,11 +9,12 @@ Phases (every rank of the group calls :func:`load` with its own target state):
 2. ``check`` (all-gather): each rank opens that version, checks the continuation contract
    and counts the target tensors it holds; a target of which no rank finds one is refused
    here, before anything changes.
-3. ``load`` (all-gather of each rank's counters): each rank intersects the stored ranges with each local target box and reads only
-   those bytes straight into the destination tensor's memory, proving coverage and verifying the
-   checksums of everything it reads — all tensors of the rank in one read planned per file (each
-   byte read once, each checksum block verified once). The entry values it restores are read
-   on a worker meanwhile; they are applied after the tensors, RNG last.
+3. ``load`` (all-gather of each rank's counters): each rank intersects the stored ranges with
+   each local target box and reads only those bytes straight into the destination tensor's
+   memory, proving coverage and verifying the checksums of everything it reads — all tensors
+   of the rank in one read planned per file (each byte read once, each checksum block verified
+   once). The entry values it restores are read on a worker meanwhile; they are applied after
+   the tensors, RNG last.
    A failure on any rank makes every rank raise.
 """
 
