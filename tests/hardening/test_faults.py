@@ -270,3 +270,17 @@ def test_a_failed_deferred_fsync_fails_sync_and_publishes_nothing(
     assert info.value.code == "PCK-STORAGE" and "fsync" in str(info.value), info.value
     assert not list(root.glob("s000000000002-*/manifest.json"))
     _assert_nothing_published(root, prev, before)
+
+
+def test_a_put_whose_fsync_fails_leaves_no_file(tmp_path: Path) -> None:
+    """A writer used as a context manager whose close fails (here an fsync error) is aborted:
+    nothing stays under its name that a later look could take for the file (the close's error
+    reaches the caller unchanged)."""
+    storage = FaultyStorage(open_storage(str(tmp_path / "root")),
+                            [Fault(op="fsync", path="a/data/*", error="EIO", times=1)])
+    with pytest.raises(StorageError, match="fsync") as info:
+        storage.put("a/data/f", b"x" * 100)
+    assert info.value.code == "PCK-STORAGE"
+    assert not (tmp_path / "root" / "a" / "data" / "f").exists()
+    storage.put("a/data/g", b"y")  # the fault fired once: the next put works
+    assert (tmp_path / "root" / "a" / "data" / "g").read_bytes() == b"y"

@@ -423,6 +423,40 @@ def test_a_single_put_whose_server_crc32c_differs_fails(
     with pytest.raises(StorageError, match="corrupted in transit") as ei:
         st.put("att/data/x", _payload(1000))
     assert ei.value.code == "PCK-STORAGE"
+    # The object the server stored is removed: no file of the attempt holds bytes nobody wrote.
+    assert not st.exists("att/data/x")
+    w = st.open_writer("att/data/y")  # also when the caller closes and aborts by hand
+    w.write(_payload(10))
+    with pytest.raises(StorageError, match="corrupted in transit"):
+        w.close()
+    assert not st.exists("att/data/y")
+    w.abort()
+    assert not st.exists("att/data/y")
+
+
+def test_a_completed_multipart_upload_whose_crc32c_differs_is_removed(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole object's CRC32C is answered by ``complete_multipart_upload``, after the object
+    is in place: a wrong one fails the upload (PCK-STORAGE) and the object is deleted again
+    (it stayed before). moto always agrees, so the real answer is altered."""
+    st = S3Storage.from_url(s3.root(), part_size=5 * MIB, max_concurrency=2)
+    client = st._client()
+    real = client.complete_multipart_upload
+
+    def complete(**kwargs: object) -> dict[str, object]:
+        resp = dict(real(**kwargs))
+        resp["ChecksumCRC32C"] = base64.b64encode(
+            crc32c.crc32c(b"other").to_bytes(4, "big")).decode()
+        return resp
+
+    monkeypatch.setattr(client, "complete_multipart_upload", complete)
+    with pytest.raises(StorageError, match="corrupted in transit") as ei:
+        with st.open_writer("att/data/big") as w:
+            w.write(_payload(11 * MIB))
+    assert ei.value.code == "PCK-STORAGE"
+    assert not st.exists("att/data/big")
+    assert s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
 
 
 def test_the_part_size_doubles_every_1000_parts(s3: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,10 +94,16 @@ class StreamWriter(abc.ABC):
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:
+            # A close that failed (an fsync error, an object stored with other bytes than were
+            # sent) leaves nothing a reader could mistake for the file.
+            self.abort()
+            raise
 
 
 class Storage(abc.ABC):

@@ -1276,7 +1276,8 @@ class S3Storage(ScannedStorage):
             w.write(data)
 
     def _put_object(
-        self, path: str, key: str, body: bytes | bytearray, crc: int, **extra: Any
+        self, path: str, key: str, body: bytes | bytearray, crc: int, *, check: bool = True,
+        **extra: Any,
     ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": body, **extra}
         if self.options.checksum == "crc32c":
@@ -1285,7 +1286,8 @@ class S3Storage(ScannedStorage):
         resp: dict[str, Any] = self._boto_call(
             lambda: self._client().put_object(**kwargs), "PUT", key)
         self.stats.add(put_requests=1, put_bytes=len(body))
-        self._check_returned_crc(path, resp, crc)
+        if check:
+            self._check_returned_crc(path, resp, crc)
         return resp
 
     def _check_returned_crc(self, path: str, resp: dict[str, Any], crc: int) -> None:
@@ -1546,7 +1548,7 @@ class _S3Writer(StreamWriter):
             body = self._buf
             self._buf = bytearray()
             try:
-                self._s._put_object(self._path, self._key, body, self._crc)
+                resp = self._s._put_object(self._path, self._key, body, self._crc, check=False)
             except CheckpointError as exc:
                 self._failed = exc
                 raise
@@ -1554,6 +1556,7 @@ class _S3Writer(StreamWriter):
                 self._failed = exc
                 self._s._fail("upload", self._path, exc)
             self._completed = True
+            self._check_or_undo(resp)
             return
         if self._buf:
             self._flush_part()
@@ -1580,7 +1583,24 @@ class _S3Writer(StreamWriter):
         self._s.stats.add(other_requests=1)
         self._upload_id = None
         self._completed = True
-        self._s._check_returned_crc(self._path, resp, self._crc)
+        self._check_or_undo(resp)
+
+    def _check_or_undo(self, resp: dict[str, Any]) -> None:
+        """Refuse an upload the server stored with another CRC32C, and remove the object.
+
+        The object is in place once the upload completed; left there, it is a file of this
+        attempt with bytes nobody wrote (gc would remove it only with the attempt).
+        """
+        try:
+            self._s._check_returned_crc(self._path, resp, self._crc)
+        except StorageError as exc:
+            self._failed = exc
+            try:
+                self._s.delete(self._path)
+                self._completed = False
+            except CheckpointError:
+                pass  # abort() tries again; the attempt's gc removes it otherwise
+            raise
 
     def _abort_quietly(self) -> None:
         for fut in self._parts:
