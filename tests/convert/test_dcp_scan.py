@@ -46,6 +46,7 @@ from portable_ckpt.convert._pickle_scan import (
     PickleScanError,
     Resolved,
     scan_pickle,
+    scan_pickles,
 )
 from portable_ckpt.errors import CheckpointError
 
@@ -832,3 +833,72 @@ def test_text_memo_keys_beyond_32_bits_are_refused(op: bytes) -> None:
     with pytest.raises(PickleScanError, match=r"memo key of 6[12] bits"):
         scan_pickle(b"\x80\x02N" + body + b".", max_ops=None)
     assert scan_pickle(b"]p4294967295\n0g4294967295\n.", max_ops=None) == []  # 2^32 - 1 is a key
+
+
+def _legacy_file(path: Path, obj_pickle: bytes, keys_pickle: bytes = b"\x80\x02].") -> Path:
+    """A legacy (pre-1.6, non-zip) torch.save file: magic, protocol, system info, ``obj_pickle``,
+    ``keys_pickle``, no storages."""
+    info = {"protocol_version": 1001, "little_endian": True, "type_sizes": {"short": 2, "int": 4, "long": 4}}
+    head = [pickle.dumps(x, protocol=2) for x in (0x1950A86A20F9469CFC6C, 1001, info)]
+    path.write_bytes(b"".join([*head, obj_pickle, keys_pickle]))
+    return path
+
+
+#: ``_DAG`` through the memo (torch's weights-only unpickler has no DUP): a 2^60-leaf tuple.
+_MEMO_DAG = b"K\x01q\x00" + b"h\x00\x86q\x00" * 60
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("where", ["object", "storage keys"])
+def test_key_bomb_in_a_legacy_torch_file_is_refused_before_torch_loads_it(tmp_path: Path, where: str) -> None:
+    """Reader review L2: a legacy file goes to ``torch.load``, whose weights-only unpickler hashes
+    each dict key: this 272-byte file never finished (SIGTERM did not stop the CLI either). Its
+    pickles are now interpreted by the scanner first. Run in a child with a deadline, so that a
+    regression fails instead of hanging the suite."""
+    bomb = b"\x80\x02}" + _MEMO_DAG + b"K\x00s."
+    src = _legacy_file(tmp_path / "bomb.pt", *((bomb,) if where == "object" else (b"\x80\x02}.", bomb)))
+    code = (
+        "import sys; from portable_ckpt.convert import convert\n"
+        "try:\n    convert(sys.argv[1], sys.argv[2])\n"
+        "except Exception as e:\n    print(e.code, e)\n"
+    )
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=60)
+    assert time.perf_counter() - t0 < 30, "the scan should refuse it at once"
+    assert out.stdout.startswith("PCK-SHARD-HEADER"), out.stdout + out.stderr
+    assert str(src) in out.stdout and "more than 4096 values" in out.stdout
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.torch
+def test_a_legacy_torch_file_still_converts_and_other_files_are_named(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    src = tmp_path / "old.pt"
+    state = {"w": torch.arange(6.0).reshape(2, 3), "n": {"b": torch.ones(2, dtype=torch.int64)}, "epoch": 3}
+    torch.save(state, src, _use_new_zipfile_serialization=False)
+    r = convert(src, tmp_path / "out")
+    assert r.tensors == 2
+    assert any("legacy (non-zip) torch.save format" in w.message for w in r.warnings)
+    back = portable_ckpt.open(tmp_path / "out")
+    np.testing.assert_array_equal(back.read("w"), np.arange(6.0).reshape(2, 3))
+    # a plain pickle, a text file, and a legacy file cut inside its pickles: named, not loaded
+    (tmp_path / "plain.pt").write_bytes(pickle.dumps({"w": 1}))
+    (tmp_path / "text.pt").write_bytes(b"hello\n")
+    (tmp_path / "cut.pt").write_bytes(src.read_bytes()[:150])
+    for name, says in [("plain", "not a torch.save file: neither"), ("text", "not a torch.save file, or a damaged"),
+                       ("cut", "not a torch.save file, or a damaged")]:
+        with pytest.raises(CheckpointError) as ei:
+            convert(tmp_path / f"{name}.pt", tmp_path / f"out_{name}")
+        assert ei.value.code == "PCK-SHARD-HEADER", name
+        assert says in str(ei.value) and str(tmp_path / f"{name}.pt") in str(ei.value), (name, str(ei.value))
+
+
+def test_scan_pickles_reads_consecutive_pickles_and_says_where_they_end() -> None:
+    parts = [pickle.dumps(x, protocol=p) for x, p in [(1, 2), ({"a": [1, 2]}, 4), ("z", 0)]]
+    data = b"".join(parts) + b"trailing bytes"
+    values, end = scan_pickles(data, 3)
+    assert values == [1, {"a": [1, 2]}, "z"] and end == sum(map(len, parts))
+    assert scan_pickles(data, 1) == ([1], len(parts[0]))
+    with pytest.raises(PickleScanError, match=r"STOP|truncated|malformed"):
+        scan_pickles(b"".join(parts), 4)  # a fourth pickle is not there

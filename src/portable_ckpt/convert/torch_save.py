@@ -11,7 +11,8 @@ one ``pck:json/1`` entry. Anything else is reported and skipped.
 
 Files in the legacy (pre-1.6, non-zip) format, or whose pickle uses constructs the scanner does not
 interpret, fall back to ``torch.load(path, weights_only=True, mmap=True)`` (needs torch; tensors are
-copied out one at a time).
+copied out one at a time); a legacy file's pickles are interpreted by the scanner first, so that
+what the scanner refuses (keys that expand when hashed) never reaches torch's unpickler.
 
 Writing (:func:`write_target`, :mod:`portable_ckpt.convert._torch_export`): one ``torch.save``
 file of the nested state (mapped keys) or of a flat ``{key: tensor}`` dict (verbatim), readable
@@ -45,8 +46,16 @@ from portable_ckpt.convert._model import (
     TensorSpec,
     WriteResult,
 )
-from portable_ckpt.convert._pickle_scan import Call, ExpansionError, Global, WalkBudget
+from portable_ckpt.convert._pickle_scan import (
+    Call,
+    ExpansionError,
+    Global,
+    PickleScanError,
+    WalkBudget,
+    scan_pickles,
+)
 from portable_ckpt.convert._torchzip import (
+    MAX_PKL,
     TORCH_DTYPE_NAMES,
     TorchArchive,
     TorchTensorLayout,
@@ -251,7 +260,10 @@ def read_torch_source(
     with os.fdopen(os.dup(fd), "rb") as f:
         zipped = is_zip(f)
     if not zipped:
-        os.close(fd)
+        try:
+            _check_legacy(path, fd)
+        finally:
+            os.close(fd)
         return _fallback(path, strict=strict, keys=keys, reason="legacy (non-zip) torch.save format")
     try:
         archive = open_torch_archive(fd, 0, os.fstat(fd).st_size, where=path)
@@ -378,6 +390,41 @@ def _unpickler_says(exc: BaseException) -> str:
         if line and not line.startswith(("Weights only load failed", "Check the documentation"))
     ]
     return "; ".join(x for x in said if x) or type(exc).__name__
+
+
+#: The first pickle of a legacy (pre-1.6, non-zip) torch.save file.
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def _check_legacy(path: str, fd: int) -> None:
+    """Interpret a legacy file's five pickles with the scanner before ``torch.load`` sees them.
+
+    The format is five pickles in a row (magic number, protocol, system info, the object, its
+    storage keys), then the storages. ``torch.load``'s weights-only unpickler hashes each dict
+    key as it builds the dict: a 272-byte file whose key is a tuple of 2^60 shared leaves never
+    finished (and a CLI's SIGTERM did not stop it). The scanner refuses such keys at once, and
+    the pickles are bounded as a zip's ``data.pkl`` is.
+    """
+    head = os.pread(fd, MAX_PKL + 1, 0)
+    try:
+        (magic,), _end = scan_pickles(head[:MAX_PKL], 1)
+        if magic != _LEGACY_MAGIC:
+            raise ShardHeaderError(
+                f"{path}: not a torch.save file: neither a zip nor a legacy file (which starts "
+                "with torch's magic number)",
+                path=path,
+            )
+        scan_pickles(head[:MAX_PKL], 5)
+    except PickleScanError as exc:
+        longer = (
+            f"; or its pickles are longer than {MAX_PKL} bytes (load it and save it again with "
+            "torch.save, which writes a zip)" if len(head) > MAX_PKL else ""
+        )
+        raise ShardHeaderError(
+            f"{path}: not a torch.save file, or a damaged one: neither a zip nor a legacy file "
+            f"({exc}){longer}",
+            path=path,
+        ) from None
 
 
 def _fallback(path: str, *, strict: bool, keys: KeyMode, reason: str) -> SourcePlan:
