@@ -516,6 +516,59 @@ def test_ctrl_c_while_the_torch_target_is_written_is_an_interrupt(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
+_CLI_INTERRUPTED_AT_1MIB = """
+import signal, sys
+from portable_ckpt.cli.main import main
+from portable_ckpt.convert import _torch_export
+
+real = _torch_export.open_staged
+
+
+class Interrupted:
+    def __init__(self, f):
+        self.f, self.n = f, 0
+
+    def write(self, b):
+        self.n += len(b)
+        if self.n > 1 << 20 and self.n - len(b) <= 1 << 20:
+            signal.raise_signal(signal.SIGINT)  # a real SIGINT, inside torch's writer
+        return self.f.write(b)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+_torch_export.open_staged = lambda tmp: Interrupted(real(tmp))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_cli_exits_130_for_a_ctrl_c_while_the_torch_target_is_written(tmp_path: Path) -> None:
+    """rev22 D13: the CLI's side of the interrupt above, in its own process: exit 130 with the
+    advice to run it again, no traceback, and nothing left in the target's directory."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "m.pt"
+    torch.save({f"t{i}": torch.full((1 << 18,), float(i)) for i in range(8)}, src)  # 8 MiB
+    out = subprocess.run(
+        [sys.executable, "-c", _CLI_INTERRUPTED_AT_1MIB, "convert", str(src), str(tmp_path / "out.pt"),
+         "--to", "torch"],
+        capture_output=True, text=True, timeout=100, cwd=tmp_path,
+    )
+    assert out.returncode == 130, out.stderr
+    # one line, no traceback
+    assert out.stderr == "portable-ckpt: convert was interrupted before it finished; run it again to finish it\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing left behind
+
+
 def test_positions_in_any_order_is_a_json_tree_option() -> None:
     # rev22 D6: the DCP view took a list's positions in any order by copying JsonTree's private
     # trie; it is JsonTree's own option now, and only children 0..n-1 make a list
