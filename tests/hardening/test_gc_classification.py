@@ -405,3 +405,44 @@ def test_a_record_misread_then_answered_absent_while_listed_is_unknown(tmp_path:
     st = _FlipThen404(storage, rel)
     gc(st, keep=1, grace_seconds=0.0)
     assert {ids[1], ids[2]} <= _alive(tmp_path)
+
+
+def test_a_gc_stopped_while_deleting_data_leaves_no_version_whose_record_was_lost(tmp_path: Path) -> None:
+    """On-call review 23, F1: a gc (or a job's retention) stopped after the commit record went,
+    while it deleted the data, left the drill, copy and verification records and the writer
+    indexes: every tool took the directory for a version whose record was lost (`invalid`,
+    `PCK-MANIFEST-MISSING`), gc kept it for good and exited 1, and `recommit` brought back what
+    retention had deleted. The records and indexes go first now: what a stopped gc leaves is
+    data files, an abandoned attempt the next gc removes."""
+    from portable_ckpt.errors import CheckpointError
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.io.recommit import recommit
+
+    old, new = make_version(str(tmp_path), 1), make_version(str(tmp_path), 2)
+    storage = open_storage(tmp_path)
+    for v in (old, new):  # (the newest drilled version is kept: R-GC-2)
+        write_drill_record(storage, v, _drill())
+    write_verification_record(storage, old, ok=True, mode="deep", fraction=None, chunks=4)
+    class Sorted(FaultyStorage):
+        """Lists in key order, as an object store does (`data/` before the records)."""
+
+        def list(self, prefix: str = "", **kwargs: Any) -> Any:
+            return sorted(super().list(prefix, **kwargs), key=lambda info: info.path)
+
+    # the data files cannot be deleted (the process "stops" there); every delete is recorded
+    stopped = Sorted(storage, [Fault(op="delete", path=f"{old}/data/*", error="EIO")], record=True)
+    rep = gc(stopped, keep=1, grace_seconds=0.0)
+    assert old in rep.deleted and [x["id"] for x in rep.left_behind] == [old]
+    order = [r.path.removeprefix(f"{old}/") for r in stopped.ops_for("delete", f"{old}/*")]
+    first_data = next(i for i, p in enumerate(order) if p.startswith("data/"))
+    assert order[0] == "manifest.json" and {p.split("/")[0] for p in order[1:first_data]} >= {
+        "drills", "verifications", "index"}, order  # whatever order the directory lists
+    left = sorted(p.relative_to(tmp_path / old).as_posix() for p in (tmp_path / old).rglob("*") if p.is_file())
+    assert left and all(p.startswith(("data/", "entries/")) for p in left), left
+    (v,) = [v for v in list_versions(storage) if v.id == old]
+    assert v.status == "incomplete", (v.status, v.error_code)
+    with pytest.raises(CheckpointError):  # nothing to rebuild a version from
+        recommit(storage, old, was_committed=True)
+    rep2 = gc(storage, keep=1, grace_seconds=0.0)  # the next gc removes the leftover
+    assert rep2.complete and not rep2.damaged and old in rep2.abandoned and not (tmp_path / old).exists()
+    assert _alive(tmp_path) == {new}

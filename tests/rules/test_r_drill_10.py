@@ -608,3 +608,27 @@ def test_ls_latest_over_an_older_version_agrees_with_the_vectors(
     assert code == 0, err
     want = older if case["failed_verification"] else target.name
     assert out.strip().rsplit("/", 1)[-1] == want
+
+
+@pytest.mark.parametrize(
+    ("vdir", "case"), [(d, c) for d, c in _vector_cases_with_a_status() if c["failed_verification"] is None],
+    ids=[c["name"] for _, c in _vector_cases_with_a_status() if c["failed_verification"] is None])
+def test_gc_keeps_a_version_of_unknown_status_and_gives_it_no_place(
+    vdir: Path, case: dict[str, Any], tmp_path: Path
+) -> None:
+    """R-GC-12 (errata 17), on the vectors whose status is unknown (errata-16): gc does not
+    delete the version, it is not among the `keep` greatest (the newest known version is kept
+    as well, an older one deleted), and gc reports it as not classified."""
+    from conformance.vectors import materialize
+    from portable_ckpt.io.gc import gc
+    from portable_ckpt.storage import open_storage
+
+    target = materialize(case, tmp_path, vdir)
+    root = target.parent
+    for step in (1, 2):
+        portable_ckpt.save_arrays(root, {"w": np.arange(4, dtype=np.int64)}, step=step)
+    by_step = {v.step: v.id for v in list_versions(root) if v.id != target.name}
+    report = gc(open_storage(root), keep=1, grace_seconds=0.0)
+    assert (target / "manifest.json").exists() and target.name not in report.deleted
+    assert target.name in [u["id"] for u in report.unknown] and not report.complete
+    assert report.deleted == [by_step[1]] and by_step[2] in report.kept, report

@@ -1000,6 +1000,15 @@ def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport, recorde
     try:
         aborted = storage.abort_uploads(prefix)
         report.aborted_uploads += aborted
+        # The records first, then the writer indexes, then the rest: a gc stopped half-way
+        # (kill -9, a node lost, the job whose retention this is) left a directory without a
+        # commit record that still held records and indexes, which every tool then took for a
+        # version whose record was lost: gc kept it for good and `recommit` brought back what
+        # retention had deleted (on-call review 23, F1). Stopped now, it leaves data files only.
+        present = set(storage.list_dirs(prefix))
+        for part in (*ANNOTATION_KINDS, "index"):
+            if part in present:
+                storage.delete_prefix(f"{prefix}{part}/")
         removed_dir = storage.delete_prefix(prefix)
     except CheckpointError as exc:
         report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),
