@@ -204,6 +204,64 @@ def test_a_version_deleted_while_verify_all_runs_is_no_problem(
     assert f"1 version(s) deleted while they were verified (a job's retention or a gc): {v1.name}" in err
 
 
+def test_versions_committed_while_verify_all_runs_are_no_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On-call review 23, F3: a job that saves more often than a deep check takes commits
+    while every `verify --all` runs. Such a version made the run exit 75 ("committed while this
+    verification ran"), a 75 that persisted on a healthy root and paged; and a run whose versions
+    were all deleted meanwhile by the job's retention exited 1 ("no committed version to
+    verify"). Both exit 0 now, naming what was committed meanwhile; a root with no version
+    left still exits 1."""
+    import shutil
+
+    import numpy as np
+
+    import portable_ckpt
+    from portable_ckpt.cli import cmd_verify
+
+    root, (v1, v2) = _root(tmp_path)
+    real = cmd_verify._verify_one
+    saved: list[str] = []
+
+    def with_a_save(args, ckpt, step, seed):  # type: ignore[no-untyped-def]
+        if not saved:  # the job commits step 9 while the first version is checked
+            portable_ckpt.save_arrays(root, {"w": np.arange(4.0)}, step=9)
+            saved.append("9")
+        return real(args, ckpt, step, seed)
+
+    monkeypatch.setattr(cmd_verify, "_verify_one", with_a_save)
+    code, out, err = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["undecided"] is None, (doc, err)
+    (new,) = doc["committed_meanwhile"]
+    assert new.startswith("s000000000009-") and new not in [d["attempt_id"] for d in doc["versions"]]
+    assert doc["newest_restorable"]["attempt_id"] == v2.name  # the newest of those checked
+    assert "1 version(s) committed while this ran, not checked (the next run checks them)" in err
+    code, out, _ = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5")
+    assert code == 0 and "committed while this ran" not in out  # the next run checked it
+
+    def retention(args, ckpt, step, seed):  # type: ignore[no-untyped-def]
+        name = ckpt.rsplit("/", 1)[-1]
+        if not name.startswith("s000000000010-"):  # the job's retention keeps only step 10
+            if not saved or saved[-1] != "10":
+                portable_ckpt.save_arrays(root, {"w": np.arange(4.0)}, step=10)
+                saved.append("10")
+            shutil.rmtree(root / name)
+        return real(args, ckpt, step, seed)
+
+    monkeypatch.setattr(cmd_verify, "_verify_one", retention)
+    code, out, err = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["versions"] == [] and len(doc["committed_meanwhile"]) == 1, (doc, err)
+    assert "deleted while they were verified" in err
+    for p in root.iterdir():  # nothing left at all: a person must look
+        shutil.rmtree(p)
+    monkeypatch.setattr(cmd_verify, "_verify_one", real)
+    code, _, err = _cli(capsys, "verify", str(root), "--all")
+    assert code == 1 and "no committed version to verify" in err, err
+
+
 def test_ls_names_the_newest_deep_pass_and_a_commit_dated_ahead(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
