@@ -3,6 +3,7 @@ JSON items, refusals, checksums; and the key/JSON helpers as properties."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -453,7 +454,42 @@ def test_a_load_bytes_that_expects_pickle_is_told_why(tmp_path: Any) -> None:
                  planner=_TorchLoadPlanner())
     err = failure(info.value)
     assert isinstance(err, UnsupportedValueError)
-    assert "'epoch'" in str(err) and "JSON" in str(err) and "json.load" in str(err)
+    assert "'epoch'" in str(err) and "JSON" in str(err) and "decode_item" in str(err)
+
+
+class _JsonLoadPlanner(DefaultLoadPlanner):
+    """A custom load_bytes as the docs say to write one (DefaultLoadPlanner's, decoding JSON)."""
+
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        from portable_ckpt.torch.dcp import decode_item
+
+        obj = decode_item(value)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def test_a_custom_load_bytes_gets_floats_that_are_not_finite(tmp_path: Any) -> None:
+    """DCP integrator review 23, 1: the docs said to read byte items with json.load, which gives
+    ReduceLROnPlateau's `best` of inf as {"__float__": "inf"}: the load passed and the first
+    scheduler.step() raised TypeError. decode_item gives the float, as DCP's own storage does."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    root = str(tmp_path)
+    state = {"sched": sched.state_dict(), "nan": float("nan"), "neg": float("-inf")}
+    dcp.save(state, storage_writer=PortableStorageWriter(root, step=1))
+    target = {"sched": {k: None for k in state["sched"]}, "nan": 0.0, "neg": 0.0}
+    dcp.load(target, storage_reader=PortableStorageReader(root), planner=_JsonLoadPlanner())
+    assert target["sched"]["best"] == float("inf") and target["neg"] == float("-inf")
+    assert math.isnan(target["nan"])
+    fresh = torch.optim.lr_scheduler.ReduceLROnPlateau(torch.optim.SGD(model.parameters(), lr=0.1))
+    fresh.load_state_dict(target["sched"])
+    fresh.step(1.0)  # raised TypeError with the tagged object
+    assert fresh.best == 1.0
 
 
 def test_a_tensor_in_an_unflattened_dict_names_the_planner_option(tmp_path: Any) -> None:

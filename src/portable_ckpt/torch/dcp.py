@@ -46,7 +46,7 @@ collectives), never on storage.
 from __future__ import annotations
 
 from portable_ckpt.torch._dcp_keys import dcp_fqn, portable_key
-from portable_ckpt.torch.dcp_loading import PortableLoadPlanner, PortableStorageReader
+from portable_ckpt.torch.dcp_loading import PortableLoadPlanner, PortableStorageReader, decode_item
 from portable_ckpt.torch.dcp_saving import PortableSavePlanner, PortableStorageWriter
 
 __all__ = [
@@ -55,5 +55,6 @@ __all__ = [
     "PortableStorageReader",
     "PortableStorageWriter",
     "dcp_fqn",
+    "decode_item",
     "portable_key",
 ]

@@ -66,7 +66,7 @@ from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, 
 from portable_ckpt.torch.layout import Piece, group_mesh
 from portable_ckpt.torch.loading import _Casts, _contract, _read_converted
 
-__all__ = ["PortableLoadPlanner", "PortableStorageReader"]
+__all__ = ["PortableLoadPlanner", "PortableStorageReader", "decode_item"]
 
 
 class PortableLoadPlanner(DefaultLoadPlanner):
@@ -107,10 +107,23 @@ class PortableLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         """Put a UTF-8 JSON byte item in place (refusing anything else, pickles included)."""
-        doc = jsonio.loads(
-            value.getvalue(), what=f"DCP item {read_item.dest_index.fqn!r}", max_cost_per_byte=None
-        )
-        _place_value(self, read_item, decode_json(doc))
+        _place_value(self, read_item, decode_item(value, what=f"DCP item {read_item.dest_index.fqn!r}"))
+
+
+def decode_item(value: io.BytesIO | bytes, *, what: str = "DCP byte item") -> Any:
+    """The value of a byte item that :class:`PortableStorageReader` hands to ``load_bytes``.
+
+    For custom load planners: the bytes are UTF-8 JSON in the format's encoding, where a float
+    that is not finite is a tagged object; ``json.load`` gives that object back
+    (``{"__float__": "inf"}`` where ``ReduceLROnPlateau.best`` was ``inf``), this gives the
+    float. Lists stay lists (JSON has no tuples), dict keys strings, as ``load`` puts them.
+
+    Raises:
+        CheckpointError: the bytes are not such JSON (``PCK-...`` naming ``what``).
+
+    """
+    data = value.getvalue() if isinstance(value, io.BytesIO) else value
+    return decode_json(jsonio.loads(data, what=what, max_cost_per_byte=None))
 
 
 def _place_value(planner: DefaultLoadPlanner, item: ReadItem, value: Any) -> None:
@@ -669,5 +682,6 @@ def _read_bytes(view: _DcpView, item: ReadItem, planner: LoadPlanner) -> None:
                 f"DCP item {fqn!r}: {type(planner).__name__}.load_bytes failed on the item's "
                 f"UTF-8 JSON ({type(e).__name__}: {str(e)[:200]}). The portable format never "
                 "stores pickle, so load_bytes gets JSON, not torch.save bytes: read it with "
-                "json.load (or PortableLoadPlanner's load_bytes) instead of torch.load"
+                "portable_ckpt.torch.dcp.decode_item (or PortableLoadPlanner's load_bytes) "
+                "instead of torch.load"
             ) from e
