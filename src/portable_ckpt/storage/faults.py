@@ -8,13 +8,15 @@ Wrap any backend and describe what should go wrong; every other call passes thro
     st = FaultyStorage(open_storage("/ckpts/run1", create=True), [
         Fault(op="write", path="*/data/*", error="ENOSPC", after_bytes=1 << 20),  # disk fills
         Fault(op="read", path="*.safetensors", error="EIO", after_ops=3, times=1),  # one bad read
-        Fault(op="fsync", path="*/manifest.json", error="EIO"),  # fsync fails on commit
+        Fault(op="create", path="*/manifest.json", error="EIO"),  # the commit record fails
+        Fault(op="fsync", path="*/index/*", error="EIO"),  # a writer index is not made durable
         Fault(op="*", delay=0.05),  # every call 50 ms slower
     ])
 
 Operations (``Fault.op``): ``open`` (start writing a file), ``write``, ``fsync`` (closing a written
 file, which makes it durable), ``read`` (``read_into``/``read_into_many``/``read_all``), ``size``,
-``exists``, ``create`` (the atomic create-if-absent of commit records), ``list`` (``list`` and
+``exists``, ``create`` (the atomic create-if-absent of commit records, which makes the record
+durable itself: an ``fsync`` fault never matches it), ``list`` (``list`` and
 ``list_dirs``), ``delete``; ``*`` matches all. ``path`` is an :func:`fnmatch.fnmatch` pattern on the
 storage-relative path (``"*"`` matches ``/`` too).
 
