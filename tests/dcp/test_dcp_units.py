@@ -836,3 +836,36 @@ def test_json_leaves_nesting_limit_is_64_levels() -> None:
     assert json_leaves("k", nested(64), fqn="x") == {"k" + "/a" * 64: 1}
     with pytest.raises(UnsupportedValueError, match="nested more than 64 levels deep"):
         json_leaves("k", nested(65), fqn="x")
+
+
+def test_a_dcp_directory_is_named_as_such_where_no_version_is_found(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DCP integrator review 23, 4: the reader pointed at a stock DCP checkpoint said only "no
+    committed version". It names the `.metadata` and the two ways on (FileSystemReader,
+    convert), in the library, through DCP's reader and in `ls --latest`."""
+    import warnings
+
+    from portable_ckpt.cli.main import main
+
+    root = str(tmp_path / "dcp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save({"w": torch.ones(2)}, checkpoint_id=root, no_dist=True)
+    with pytest.raises(CheckpointError) as info:
+        portable_ckpt.open(root)
+    assert info.value.code == "PCK-NOT-FOUND" and "it holds .metadata" in str(info.value)
+    assert "FileSystemReader" in str(info.value) and "portable-ckpt convert" in str(info.value)
+    with pytest.raises(BaseException) as info2:
+        dcp.load({"w": torch.zeros(2)}, storage_reader=PortableStorageReader(root), no_dist=True)
+    assert "it holds .metadata" in str(failure(info2.value))
+    assert main(["ls", root, "--latest"], restore_signals=True) == 1
+    assert "it holds .metadata" in capsys.readouterr().err
+    portable_ckpt.save_arrays(tmp_path / "empty", {"w": np.ones(1)}, step=1)
+    for p in (tmp_path / "empty").iterdir():
+        import shutil
+
+        shutil.rmtree(p)
+    with pytest.raises(CheckpointError) as info3:  # an empty root: no hint
+        portable_ckpt.open(tmp_path / "empty")
+    assert "it holds" not in str(info3.value)

@@ -51,7 +51,7 @@ def _ls(args: argparse.Namespace) -> int:
             return EXIT_UNAVAILABLE
         raise
     if args.latest:
-        return _latest(args, newest_first(storage))
+        return _latest(args, newest_first(storage), storage)
     # with the saves killed while all their objects were uploading: only their parts are stored
     problems: list[CheckpointError] = []
     versions = list_versions(storage, uploads=True, errors=problems, pins=False)
@@ -185,7 +185,7 @@ def _child_roots(storage: Any, foreign: list[str], root: str) -> None:
         print(f"{safe(d)} is a checkpoint root: portable-ckpt ls {safe(root.rstrip('/'))}/{safe(d)}")
 
 
-def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
+def _latest(args: argparse.Namespace, versions: Iterable[Any], storage: Any) -> int:
     """``ls --latest``: the version a restore takes, its path alone (or its row with ``--json``).
 
     The newest committed version (R-ID-4) that no verification failed: what
@@ -251,7 +251,10 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any]) -> int:
         say_failed(args, {"code": NotFoundError.code, "message": message, "retryable": False,
                           "failed_verification": failed}, safe(message))
         return EXIT_UNAVAILABLE
-    raise NotFoundError(f"no committed version under {args.root}", path=args.root)
+    from portable_ckpt.io.versions import other_format_hint
+
+    raise NotFoundError(f"no committed version under {args.root}{other_format_hint(storage)}",
+                        path=args.root)
 
 
 #: ``ls --latest`` names this many attempts it passes over, then says there are more.

@@ -92,6 +92,7 @@ __all__ = [
     "list_versions",
     "load_manifest",
     "newest_first",
+    "other_format_hint",
     "restore_decision",
     "mark_pinned",
     "root_must_exist",
@@ -838,9 +839,30 @@ def latest(
         "foreign one: "
         "`portable-ckpt ls` shows each one's status)"
         if seen
-        else ""
+        else other_format_hint(storage)
     )
     raise NotFoundError(f"no committed version for {what} under {storage.url}{others}")
+
+
+#: Files that say a directory holds a checkpoint of another format, and what to do with it.
+_OTHER_FORMATS = (
+    (".metadata", "a torch.distributed.checkpoint (DCP) checkpoint: load it with DCP's "
+     "FileSystemReader, or convert it (`portable-ckpt convert ROOT DEST`)"),
+    ("model.safetensors.index.json", "a Hugging Face checkpoint: convert it "
+     "(`portable-ckpt convert ROOT DEST`)"),
+    ("model.safetensors", "a Hugging Face checkpoint: convert it (`portable-ckpt convert ROOT DEST`)"),
+)
+
+
+def other_format_hint(storage: Storage) -> str:
+    """A hint when the root holds another format's checkpoint (DCP integrator review 23, 4)."""
+    for name, what in _OTHER_FORMATS:
+        try:
+            if storage.exists(name):
+                return f" (it holds {name}: {what})"
+        except CheckpointError:
+            continue  # a hint only
+    return ""
 
 
 def _latest_of_level(
