@@ -818,3 +818,30 @@ def test_ls_names_the_code_of_each_invalid_attempt_and_verify_tells_an_empty_att
     assert v.returncode == 1
     assert "holds no file and no manifest.json" in v.stdout + v.stderr
     assert "any more" not in v.stdout + v.stderr
+
+
+def test_ls_drill_column_shows_the_newest_drill(tmp_path, capsys) -> None:
+    """On-call review 23, F8: DRILL said `passed` whenever any drill had passed, so a weekly
+    drill that failed afterwards left the column green. The newest drill decides (by
+    ``finished_at``), and an earlier pass is said."""
+    from portable_ckpt.cli.main import main as cli_main
+
+    (vid,) = [save_step(tmp_path, 1)]
+
+    def drill(ok: bool, at: str) -> None:
+        write_drill_record(open_storage(tmp_path), vid, {
+            "ok": ok, "started_at": at, "finished_at": at, "world_size": 1, "saved_world_size": 1,
+            "contract": "exact", "measurements": {},
+            "error": None if ok else {"code": "PCK-DRILL", "message": "loss differs"}})
+
+    def cell() -> str:
+        assert cli_main(["ls", str(tmp_path)]) == 0
+        (row,) = [line for line in capsys.readouterr().out.splitlines() if vid in line]
+        return row
+
+    drill(False, "2026-11-28T00:00:00Z")
+    assert "failed" in cell() and "passed" not in cell()
+    drill(True, "2026-11-29T00:00:00Z")
+    assert " passed " in cell() + " " and "failed" not in cell()
+    drill(False, "2026-11-30T00:00:00Z")  # the newest failed: no longer green
+    assert "failed (passed before)" in cell()

@@ -112,7 +112,7 @@ def _ls(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for v in versions:
-        drill = "passed" if v.drilled else ("failed" if v.drills else "-")
+        drill = _drill_cell(v.drills)
         last = v.last_pass
         checked = "unreadable" if v.verifications_unreadable else (
             "failed" if v.verification_failed else _passed(last) if v.verified and last else "-")
@@ -153,6 +153,24 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+def _drill_cell(drills: list[dict[str, Any]]) -> str:
+    """DRILL of ``ls``: the newest drill's result, and whether an earlier one passed.
+
+    "passed" when any had passed hid a newest drill that failed: a weekly drill's alert read
+    from ``ls`` stayed green (on-call review 23, F8). Retention still protects the newest
+    version a drill passed on (R-GC-2).
+    """
+    from portable_ckpt.io.annotations import timestamp_key
+
+    if not drills:
+        return "-"
+    newest = max(drills, key=lambda d: (timestamp_key(str(d.get("finished_at") or "")),
+                                        str(d.get("drill_id"))))
+    if newest.get("ok") is True:
+        return "passed"
+    return "failed (passed before)" if any(d.get("ok") is True for d in drills) else "failed"
 
 
 def _passed(last: dict[str, Any]) -> str:
