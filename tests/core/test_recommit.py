@@ -129,7 +129,7 @@ def test_a_recorded_copy_holds_the_record_to_put_back(
     assert _cli(capsys, "copy", str(v), str(backup))[0] == 0
     (v / "manifest.json").unlink()
     code, _, err = _cli(capsys, "recommit", str(v))
-    assert code == 1 and f"a verified copy is recorded at {backup}" in err, err
+    assert code == 1 and f"a copy is recorded at {backup} (verified when made, not since)" in err, err
     assert f"cp {backup / v.name}/manifest.json" in err and "--copies-lost" in err
     code, out, _ = _cli(capsys, "recommit", str(v), "--copies-lost", "--json")
     doc = json.loads(out)

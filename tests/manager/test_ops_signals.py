@@ -256,7 +256,7 @@ def test_retention_says_it_deleted_a_version_that_failed_verification(
         assert record.levelno == logging.WARNING
         text = record.getMessage()
         assert "durable tier: retention deleted 1 version(s) that failed verification" in text
-        assert f"step 2, {root}/{two} (a verified copy is recorded at {backup})" in text
+        assert f"step 2, {root}/{two} (a copy is recorded at {backup}, verified when made, not since)" in text
         assert "inside keep_last too, unless it is pinned" in text
         assert f"`portable-ckpt pin {root}/ID`" in text and "docs/recovery.md" in text
         assert err.count("retention deleted") == 1 and text in err  # once, on stderr

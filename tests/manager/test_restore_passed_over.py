@@ -113,7 +113,7 @@ def test_a_version_damaged_on_read_names_its_verified_copy(
     assert _said(records).levelno == logging.WARNING
     assert "restored step 3" in text and "passing over 1 newer version" in text
     assert f"step 6, {root}/{six}: damaged on read ([PCK-CHECKSUM]" in text
-    assert f"a verified copy is recorded at {backup}: set {root}/{six} aside" in text
+    assert f"a copy is recorded at {backup} (verified when made, not since: check it is still there with `portable-ckpt ls`): set {root}/{six} aside" in text
     assert f"`portable-ckpt copy {backup}/{six} {root}`" in text
     assert f"`portable-ckpt verify {root}/{six} --deep`" in text
     assert f"unless they are pinned (`portable-ckpt pin {root}/{six}`)" in text

@@ -269,7 +269,8 @@ def _refuse_if_copied(storage: Storage, attempt_id: str) -> None:
         first = f"{dests[0].rstrip('/')}/{attempt_id}"
         here = local_path(storage.url) or storage.url
         raise CommitConflictError(
-            f"{attempt_id}: a verified copy is recorded at {', '.join(dests[:3])}: its commit "
+            f"{attempt_id}: a copy is recorded at {', '.join(dests[:3])} (verified when made, "
+            f"not since): its commit "
             f"record is the one to put back (byte-identical: the copies keep agreeing), "
             f"`cp {shlex.quote(first)}/manifest.json "
             f"{shlex.quote(here.rstrip('/') + '/' + attempt_id)}/manifest.json`, then "

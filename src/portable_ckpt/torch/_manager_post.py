@@ -767,7 +767,7 @@ def _say_failed_deleted(
                      "copies": found, "copies_error": problem})
         part = f"step {step.get(ident)}, {root}/{ident}"
         if found:
-            part += f" (a verified copy is recorded at {', '.join(found)})"
+            part += f" (a copy is recorded at {', '.join(found)}, verified when made, not since)"
         elif problem is not None:
             part += f" (its copy records could not be read: {problem[:200]})"
         elif ident in copies:

@@ -196,7 +196,8 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
             )
         if row["copies"]:
             line += (
-                f"; a verified copy is recorded at {', '.join(row['copies'])}: "
+                f"; a copy is recorded at {', '.join(row['copies'])} (verified when made, not "
+                f"since: check it is still there with `portable-ckpt ls`): "
                 f"{copy_back(str(row['path']), str(row['copies'][0]))}, and restart the job"
             )
         elif not row["copies_error"]:
