@@ -759,6 +759,16 @@ def test_pin_kept_pins_the_best_and_the_milestones_against_a_platform_gc(
     assert sorted(steps.values()) == [4, 5, 6, 7]
     assert {steps[a] for a in pinned} == {4, 5, 7}
     assert [r["by"] for r in pinned[ids[5]]] == ["alice"]
+    # On-call review 23, F7: a relaunch without pin_kept leaves the manager's pins (removing
+    # them would let this retention delete the milestones at once) and says so, once.
+    capsys.readouterr()
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=False) as mgr:
+        mgr.maybe_save(8, state, metrics={"loss": 0.2})
+        mgr.maybe_save(9, state, metrics={"loss": 0.3})
+    err = capsys.readouterr().err
+    assert err.count("2 version(s) stay pinned by an earlier run's pin_kept=True") == 1, err
+    assert "portable-ckpt unpin" in err and ids[4] in err
+    assert {steps.get(a) for a in read_pins(root)} == {4, 5, 7}
 
 
 @pytest.mark.parametrize("pin_kept", [False, True])

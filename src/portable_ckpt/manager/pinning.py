@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from portable_ckpt.manager.retention import RetentionDecision
 from portable_ckpt.storage import Storage
 
-__all__ = ["MANAGER_PIN_BY", "sync_pins"]
+__all__ = ["MANAGER_PIN_BY", "manager_pins", "sync_pins"]
 
 #: ``by`` of the pins a manager writes (``pin_kept``): the only pins it ever removes.
 MANAGER_PIN_BY = "portable_ckpt CheckpointManager (pin_kept)"
@@ -54,6 +54,23 @@ def sync_pins(storage: Storage, decisions: Sequence[RetentionDecision]) -> dict[
     for aid in dropped:
         unpin(storage, aid, by=MANAGER_PIN_BY)
     return {"pinned": added, "unpinned": dropped}
+
+
+def manager_pins(storage: Storage) -> list[str]:
+    """The attempt ids a manager's ``pin_kept`` pinned (``by`` :data:`MANAGER_PIN_BY`), sorted.
+
+    A manager without ``pin_kept`` leaves them (removing them could let its own retention
+    delete the milestones they hold in the same pass) and says so once (on-call review 23, F7:
+    a relaunch without ``pin_kept`` kept an earlier run's pins for good, without a word).
+
+    Raises:
+        CheckpointError: the pins could not be read.
+
+    """
+    from portable_ckpt.io.pins import read_pins
+
+    return sorted(aid for aid, recs in read_pins(storage).items()
+                  if any(r.get("by") == MANAGER_PIN_BY for r in recs))
 
 
 def _no_record(storage: Storage, attempt_id: str) -> bool:

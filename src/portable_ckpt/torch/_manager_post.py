@@ -659,6 +659,8 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
                 pins = sync_pins(tier.storage, decisions)
             except CheckpointError as e:  # gc below says whether the pins can be read at all
                 pins = {"pin_error": {"code": e.code, "message": e.message[:2000]}}
+        elif tier.name == "durable" and "stale_pins" not in mgr._warned:
+            _say_stale_pins(mgr, tier)
         # spare_since: the next async save may be writing already; with a short grace its
         # files went under its writers (chaos review F1). Failed saves remove their own files.
         # Their copy records go with them: read before gc, for the few that are named.
@@ -713,6 +715,26 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
             f"{where} attempt {bad['id']} has an invalid commit record ([{bad['code']}] "
             f"{bad['message'][:300]}): a committed version damaged after its commit; retention "
             "keeps it (portable-ckpt gc --delete-invalid deletes it)"))
+
+
+def _say_stale_pins(mgr: CheckpointManager, tier: Tier) -> None:
+    """Once per manager without ``pin_kept``: the pins an earlier run's ``pin_kept`` wrote."""
+    from portable_ckpt.manager.pinning import manager_pins
+
+    try:
+        left = manager_pins(tier.storage)
+    except CheckpointError:
+        return  # gc says whether the pins can be read
+    if left:
+        root = tier.root.rstrip("/")
+        _say_once(mgr, "stale_pins", (
+            f"rank {mgr.rank}: {tier.name} tier: {len(left)} version(s) stay pinned by an "
+            f"earlier run's pin_kept=True ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}"
+            "): this manager (pin_kept=False) neither keeps them in step with its policy nor "
+            "removes them, and every gc keeps them; remove them with `portable-ckpt unpin "
+            f"{root}/ID`, or relaunch with pin_kept=True"))
+    else:
+        mgr._warned.add("stale_pins")  # asked once: none
 
 
 #: Deleted versions that failed verification which one retention pass names (then a count).
