@@ -355,3 +355,22 @@ def test_a_store_reporting_another_size_after_the_upload_fails_the_copy(tmp_path
     assert len(told) == 1 and told[0] in ei.value.message
     assert not (dst / attempt / "manifest.json").exists()
     assert not (src / attempt / "copies").exists() or _tree(src / attempt / "copies") == []
+
+
+def test_a_copy_that_fails_removes_its_files_and_its_retry_need_not_wait(tmp_path: Path) -> None:
+    """On-call review 23, F5: a copy cut short by a full disk left its files there (using the
+    space it needed), and its retry was refused for 300 s as "another copy may be in progress"
+    although they were its own. It removes what it wrote; the retry runs at once."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    aid = portable_ckpt.save_arrays(src, {"w": np.arange(4096, dtype=np.float32)}, step=1,
+                                    entries={"note": {"lr": 0.1}}).attempt_id
+    dst.mkdir()
+    *first, last = portable_ckpt.open(src).manifest.files  # the disk fills at the last file
+    assert first, last
+    full = FaultyStorage(open_storage(dst), [Fault(op="write", path=f"*/{last}", error="ENOSPC")])
+    with pytest.raises(portable_ckpt.CheckpointError, match="No space left"):
+        copy_version(str(src), full, jobs=1)
+    assert [p for p in _tree(dst) if (dst / p).is_file()] == []  # nothing of it left
+    res = copy_version(str(src), str(dst))  # no --force, no wait
+    assert res.record is not None and (dst / aid / "manifest.json").exists()
+    assert portable_ckpt.open(dst).verify(deep=True) == []

@@ -180,8 +180,11 @@ class _FileCopier:
         chunk: int,
         reads: ThreadPoolExecutor,
         progress: Callable[[int], None],
+        created: list[str] | None = None,
     ) -> None:
         self.src, self.dst, self.rec = src, dst, rec
+        #: Where the files this copy created are named (list.append is atomic across threads).
+        self.created = created
         self.rel = f"{attempt}/{check_relative_path(rec.path, what='file path')}"
         bs = rec.checksum.block_size
         if rec.checksum.algorithm != "crc32c":
@@ -227,6 +230,8 @@ class _FileCopier:
         whole = 0
         try:
             writer = self.dst.open_writer(self.rel)
+            if self.created is not None:
+                self.created.append(self.rel)  # created here (never over another's file)
         except StorageError as exc:
             if self.dst.exists(self.rel):  # made since this copy looked: another copy runs
                 raise CommitConflictError(
@@ -422,6 +427,25 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
     dst.delete_prefix(f"{attempt}/")
 
 
+def _remove_unpublished(job: _CopyJob) -> None:
+    """After a copy failed: remove the files it wrote, unless the version is published there.
+
+    A copy cut short by a full disk left its files, which used the space it needed and made
+    its own retry wait ``partial_grace_s`` for "another copy in progress" (on-call review 23,
+    F5). Best effort: what cannot be removed is a leftover the next copy clears.
+    """
+    try:
+        if job.dst.exists(job.manifest_path):
+            return  # another copy published it meanwhile: its files
+        # Only the files this copy created: a copy that met another one writing the same
+        # destination (PCK-COMMIT-CONFLICT) must not delete that one's files.
+        for rel in job.created:
+            job.dst.delete(rel)
+        job.dst.remove_empty_dirs(f"{job.attempt}/")
+    except (CheckpointError, OSError):
+        pass
+
+
 def _write_record(src: Storage, attempt: str, destination: str, result: CopyResult) -> str:
     from portable_ckpt.format.naming import utc_now_iso
     from portable_ckpt.format.schemas import validate_document
@@ -459,6 +483,8 @@ class _CopyJob:
     record: bytes
     #: The source version, opened (it tells a file missing from a version deleted meanwhile).
     version: Checkpoint | None = None
+    #: The destination files this copy created (removed again if it fails).
+    created: list[str] = field(default_factory=list)
 
     @property
     def manifest_path(self) -> str:
@@ -596,7 +622,7 @@ def _copy_files(
     ):
         futures = [
             pool.submit(_FileCopier(job.src, job.dst, job.attempt, rec, chunk_size, reads,
-                                    on_bytes).run)
+                                    on_bytes, job.created).run)
             for rec in job.files
         ]
         first: BaseException | None = None
@@ -754,11 +780,15 @@ def copy_version(
             try:
                 _copy_files(job, jobs, chunk_size, progress)
             except FileMissingError as exc:
+                _remove_unpublished(job)
                 # gc or retention deleted the source version meanwhile: not damage (SRE S8)
                 gone = job.version._deleted(exc) if job.version is not None else None
                 if gone is None:
                     raise
                 raise gone from exc
+            except BaseException:
+                _remove_unpublished(job)
+                raise
             _publish(job, raw)
         if record:
             try:
