@@ -245,6 +245,34 @@ def test_only_newer_versions_are_named_a_handful_at_most(
     assert "this job also holds newer steps [4]:" in err and "resumes step 4" in err
 
 
+def test_a_newest_save_without_its_record_is_named_with_the_recommit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On-call review 23, F2: the newest version lost its `manifest.json` in a job without
+    verification records (`verify_sample=0`): it is `incomplete`, and the restart resumed step
+    3 without naming it (no passed-over row, the metric 0) before retention deleted its intact
+    data. Every writer's index being there, it is named, with the recommit that brings it back;
+    a save that never got that far (an index missing) is not."""
+    root, _backup, _three, six = _job(tmp_path, copy=False)
+    Path(root, six, "manifest.json").unlink()
+    info, records, err = _restore(root, caplog, capsys)
+    assert info.step == 3
+    [row] = info.passed_over
+    assert row["checkpoint_id"] == six and row["reason"] == "uncommitted"
+    assert row["code"] == "PCK-MANIFEST-MISSING" and row["recorded_failed"] is False
+    text = _said(records).getMessage()
+    assert f"portable-ckpt recommit {root}/{six} --was-committed" in text
+    assert "passing over 1 newer version" in err
+    assert main(["recommit", f"{root}/{six}", "--was-committed"]) == 0  # as it says
+    assert _restore(root, caplog, capsys)[0].step == 6
+    # a save cut short before every writer finished: nothing to bring back, nothing said
+    Path(root, six, "manifest.json").unlink()
+    for index in Path(root, six, "index").iterdir():
+        index.unlink()
+    info, records, err = _restore(root, caplog, capsys)
+    assert info.step == 3 and info.passed_over == [] and "passing over" not in err
+
+
 def test_a_restore_of_the_newest_version_says_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -32,7 +32,7 @@ from portable_ckpt.storage.base import Storage
 if TYPE_CHECKING:
     from portable_ckpt.io.commit import CommittedManifest
 
-__all__ = ["recommit"]
+__all__ = ["every_writer_indexed", "recommit"]
 
 _INDEX = re.compile(r"w([0-9]{5,})\.json")
 _DATA = re.compile(r"data/w([0-9]{5,})-[^/]*")
@@ -218,6 +218,21 @@ def _refuse_unclaimed(attempt_id: str, names: list[str], indexes: list[Any]) -> 
             "or they are no writer's. Put the commit record back from a copy of the version if "
             "one exists (docs/recovery.md); move a file that is no writer's out of the version "
             "and run the command again", path=f"{attempt_id}/{loose[0]}")
+
+
+def every_writer_indexed(storage: Storage, attempt_id: str) -> bool:
+    """Whether every writer the attempt's files name left its index: what a recommit needs.
+
+    Without a commit record that is a save cut short at its commit, or a committed version
+    whose record was lost; a restore names it among what it passed over (on-call review 23,
+    F2). False where the listing fails too (it tells nothing then).
+    """
+    try:
+        names = [o.path.removeprefix(f"{attempt_id}/") for o in storage.list(f"{attempt_id}/")]
+        _writers(attempt_id, names)
+    except CheckpointError:
+        return False
+    return True
 
 
 def _writers(attempt_id: str, names: list[str]) -> list[int]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.io.annotations import failed_verifications, failure_order
 from portable_ckpt.io.copy import copies_of
+from portable_ckpt.io.recommit import every_writer_indexed
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import broadcast_json
 from portable_ckpt.torch.info import LoadInfo
@@ -40,6 +41,7 @@ _REASONS = {
     "unloadable": "failed to load",
     "invalid": "invalid commit record",
     "failed_verification": "failed verification",
+    "uncommitted": "no commit record, but every writer's index",
 }
 
 
@@ -97,6 +99,18 @@ def _find_passed_over(
             if v.status == "invalid":
                 rows[(tier_name, v.id)] = {
                     "reason": "invalid", "code": v.error_code, "message": str(v.error),
+                    "recorded": False,
+                }
+            elif v.status == "incomplete" and every_writer_indexed(mgr.tiers[tier_name].storage,
+                                                                   v.id):
+                # A save cut short at its commit, or a version whose record was lost: with
+                # no drill, copy or verification record nothing tells which, and retention
+                # deletes it after the grace period (on-call review 23, F2: the restart went
+                # back a step without a word, and the data went too).
+                rows[(tier_name, v.id)] = {
+                    "reason": "uncommitted", "code": "PCK-MANIFEST-MISSING",
+                    "message": "a save cut short at its commit, or a version whose record was "
+                               "lost",
                     "recorded": False,
                 }
             elif v.status == "committed" and v.verification_failed:
@@ -193,6 +207,12 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
             line += (
                 "; this job's retention deletes versions that failed verification unless they "
                 f"are pinned (`portable-ckpt pin {shlex.quote(str(row['path']))}`)"
+            )
+        if row["reason"] == "uncommitted":
+            line += (
+                "; if it was committed, `portable-ckpt recommit "
+                f"{shlex.quote(str(row['path']))} --was-committed` brings it back, before this "
+                "job's retention deletes it once the grace period has passed"
             )
         if row["copies"]:
             line += (

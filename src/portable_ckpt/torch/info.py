@@ -79,8 +79,11 @@ class LoadInfo:
             the rest): ``{"checkpoint_id", "step", "tier", "path", "reason", "code",
             "message", "recorded_failed", "copies", "copies_error", "commands"}``. ``reason``
             is ``"damaged"`` (found damaged while read), ``"unloadable"`` (failed otherwise
-            while read), ``"invalid"`` (its commit record is invalid or lost) or
-            ``"failed_verification"`` (a recorded failed verification, R-DRILL-8), with the
+            while read), ``"invalid"`` (its commit record is invalid or lost),
+            ``"failed_verification"`` (a recorded failed verification, R-DRILL-8) or
+            ``"uncommitted"`` (no commit record and no other record, but every writer's index:
+            a save cut short at its commit, or a version whose record was lost, which
+            ``portable-ckpt recommit ROOT/ID --was-committed`` brings back), with the
             error's ``code`` and ``message``; ``recorded_failed``: it holds a failed
             verification record (retention deletes it unless pinned); ``copies`` the roots
             that hold a verified copy of it (its copy records with ``ok: true``),
