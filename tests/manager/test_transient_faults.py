@@ -166,3 +166,28 @@ def test_cli_verify_does_not_record_a_flip_it_cannot_find_again(tmp_path: Path) 
     assert "not found again when the file was read a second time" in res.stdout
     assert "recorded" not in res.stderr
     assert not any(v.verification_failed for v in list_versions(root))
+
+
+@pytest.mark.parametrize(("error", "advice"), [("EACCES", "mend what the error names"),
+                                                ("EIO", "retry the restore")])
+def test_the_advice_of_a_restore_stopped_by_storage_errors_follows_their_class(
+    tmp_path: Path, error: str, advice: str
+) -> None:
+    """On-call review 23, F12: a permission denied on the newest version stopped the restore
+    with "retry the restore", and a restart loop would retry it for good (`ls --latest` said
+    exit 69: a person must act). A permission is mended by a person; an EIO may pass."""
+    import dataclasses
+
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    newest = list_versions(root)[-1].id
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        tier = mgr.tiers["durable"]
+        mgr.tiers["durable"] = dataclasses.replace(tier, storage=FaultyStorage(
+            tier.storage, [Fault(op="read", path=f"{newest}/data/*", error=error)]))
+        with pytest.raises(StorageError, match="failed twice on a storage error") as info:
+            mgr.restore(target)
+    assert advice in str(info.value) and info.value.retryable is (error == "EIO")
+    assert not any(v.verification_failed for v in list_versions(root))

@@ -197,11 +197,15 @@ def restore(
             err = _fall_back_or_raise(mgr, e)
             codes = _codes(err)
             if tier_name != "fast" and "PCK-STORAGE" in codes and not codes & DAMAGE_CODES:
+                # A permission (not retryable) is mended by a person, not by a restart loop
+                # retrying it (on-call review 23, F12): the advice follows the error's class.
+                fix = ("retry the restore" if err.retryable else
+                       "mend what the error names (a permission, a path), then restart")
                 raise StorageError(
                     f"restore of {ident} from the {tier_name} tier failed twice on a storage "
                     f"error ({err.message}); a storage error is not damage, and resuming an "
-                    "older version would silently lose the training since (spec R-ID-5): retry "
-                    f"the restore; {_WAY_OUT}",
+                    "older version would silently lose the training since (spec R-ID-5): "
+                    f"{fix}; {_WAY_OUT}",
                     path=ident, retryable=err.retryable,
                 ) from err
             verdict = _damage_agreed(mgr, tier_name, ident, err)
