@@ -582,3 +582,23 @@ def test_positions_in_any_order_is_a_json_tree_option() -> None:
     assert any_order.value("p") == [*range(10), 0]
     for tree in (plain, any_order):
         assert tree.value("y") == {"1": 1, "2": 2} and tree.value("z") == {"00": 1, "1": 2}
+
+
+def test_a_dcp_checkpoint_in_the_safetensors_layout_is_named_not_called_damaged(tmp_path: Path) -> None:
+    """DCP integrator review 23, 8: `FileSystemWriter(serialization_format=SAFETENSORS)` was
+    refused as a damaged `.metadata` to re-copy. It is a layout convert does not read."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    src = tmp_path / "src"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"a": torch.arange(4.0), "b": torch.arange(6)}, no_dist=True,
+                 storage_writer=FileSystemWriter(str(src),
+                                                 serialization_format=SerializationFormat.SAFETENSORS))
+    with pytest.raises(CheckpointError) as ei:
+        convert(src, tmp_path / "out", trust_pickle=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE", str(ei.value)
+    assert "serialization_format=SAFETENSORS" in str(ei.value) and "damaged" not in str(ei.value)
+    assert not (tmp_path / "out").exists()

@@ -363,6 +363,7 @@ def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any
                 same = span[:2] == prev[:2]
                 if not same or span[3] or prev[3]:
                     how = "are stored in the same bytes" if same else "overlap"
+                    _refuse_safetensors_layout(meta_path, rel)
                     raise ShardHeaderError(
                         f"{meta_path}: items {prev[2]!r} (bytes [{prev[0]}, {prev[1]})) and "
                         f"{span[2]!r} (bytes [{span[0]}, {span[1]})) {how} in {rel}; "
@@ -372,6 +373,28 @@ def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any
                     )
             if prev is None or span[1] > prev[1]:
                 prev = span
+
+
+def _refuse_safetensors_layout(meta_path: str, rel: str) -> None:
+    """A ``.distcp`` that is a safetensors file: DCP's ``serialization_format=SAFETENSORS``.
+
+    Its items' ranges are not ``FileSystemWriter``'s default layout, and they were reported as
+    a damaged ``.metadata`` to re-copy (DCP integrator review 23, 8). Refused as a layout
+    convert does not read (nor does torch 2.13's ``FileSystemReader``).
+    """
+    try:
+        with open(os.path.join(os.path.dirname(meta_path), rel), "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 1:
+        raise UnsupportedValueError(
+            f"{meta_path}: {rel} is a safetensors file: the checkpoint was saved with "
+            "FileSystemWriter(serialization_format=SAFETENSORS), a layout convert does not "
+            "read; save it with the default format (or load it and save it with "
+            "portable_ckpt.torch.save)",
+            path=meta_path,
+        )
 
 
 class _Planner:
