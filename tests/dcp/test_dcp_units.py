@@ -869,3 +869,22 @@ def test_a_dcp_directory_is_named_as_such_where_no_version_is_found(
     with pytest.raises(CheckpointError) as info3:  # an empty root: no hint
         portable_ckpt.open(tmp_path / "empty")
     assert "it holds" not in str(info3.value)
+
+
+def test_an_int_a_float_cannot_hold_is_not_rounded_into_a_float_target(tmp_path: Any) -> None:
+    """DCP integrator review 23, 6: an int loaded where the target holds a float became a float
+    (documented); above 2^53 that rounded it without a word (`2**70 + 1` → 1.18e21). Such an
+    int stays the int it was saved as; one a float holds exactly still becomes a float."""
+    big = 2**70 + 1
+    state = {"w": torch.ones(2), "big": big, "small": 3, "huge": 10**300}
+    root = str(tmp_path / "dcp")
+    dcp.save(state, storage_writer=PortableStorageWriter(root, step=1), no_dist=True)
+    target = {"w": torch.zeros(2), "big": 0.0, "small": 0.0, "huge": 0.0}
+    dcp.load(target, storage_reader=PortableStorageReader(root), no_dist=True)
+    assert target["big"] == big and type(target["big"]) is int
+    assert target["small"] == 3.0 and type(target["small"]) is float
+    assert target["huge"] == 10**300 and type(target["huge"]) is int
+    pckt.save(state, tmp_path / "pk", step=1)  # the same through portable_ckpt.torch.load
+    again = {"w": torch.zeros(2), "big": 0.0, "small": 0.0, "huge": 0.0}
+    pckt.load(again, tmp_path / "pk")
+    assert again["big"] == big and type(again["small"]) is float and again["huge"] == 10**300

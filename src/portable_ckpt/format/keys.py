@@ -50,6 +50,7 @@ __all__ = [
     "is_key",
     "decode_json",
     "encode_json",
+    "float_if_exact",
     "escape_component",
     "has_surrogates",
     "join_key",
@@ -729,12 +730,29 @@ class _Rebuild:
 
 
 def _like(value: Any, template: Any) -> Any:
-    """A stored scalar in the target's type where JSON lost it (an int where a float was)."""
+    """A stored scalar in the target's type where JSON lost it (an int where a float was).
+
+    Only where the float is the same number: an int a float cannot hold (above 2^53, say)
+    stays the int it was saved as, not silently rounded (DCP integrator review 23, 6).
+    """
     if isinstance(template, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        return float_if_exact(value)
     if isinstance(template, tuple) and isinstance(value, list):
         return _as_tuple(type(template), value)
     return value
+
+
+def float_if_exact(value: int) -> float | int:
+    """``value`` as a float where the float is the same number, else the int itself.
+
+    A stored int loaded where the target holds a float: above 2^53 a float rounds it
+    (``2**70 + 1``), and the value would change without a word (DCP integrator review 23, 6).
+    """
+    try:
+        as_float = float(value)
+    except OverflowError:
+        return value
+    return as_float if as_float == value else value
 
 
 def _as_tuple(kind: type, values: list[Any]) -> Any:

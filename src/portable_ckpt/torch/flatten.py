@@ -41,6 +41,7 @@ from portable_ckpt.format.keys import (
     decode_json,
     encode_json,
     escape_component,
+    float_if_exact,
     has_position,
     has_surrogates,
     is_key,
@@ -471,7 +472,7 @@ def fill_state(
         if isinstance(node, tuple) and isinstance(value, list):
             return tuple(value)
         if isinstance(node, float) and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
+            return float_if_exact(value)
         return _like(node, value)
     return node
 
