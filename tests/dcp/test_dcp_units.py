@@ -888,3 +888,22 @@ def test_an_int_a_float_cannot_hold_is_not_rounded_into_a_float_target(tmp_path:
     again = {"w": torch.zeros(2), "big": 0.0, "small": 0.0, "huge": 0.0}
     pckt.load(again, tmp_path / "pk")
     assert again["big"] == big and type(again["small"]) is float and again["huge"] == 10**300
+
+
+def test_a_writer_on_a_storage_object_travels_to_another_process_or_says_why_not(tmp_path: Any) -> None:
+    """DCP integrator review 23, 10: process-mode async_save with a Storage object as the root
+    failed with "cannot pickle '_thread.lock' object". A backend that says how another process
+    opens it (local, S3) travels as that; any other is refused naming the way out."""
+    import pickle
+
+    from portable_ckpt.errors import UsageError
+    from portable_ckpt.storage import open_storage
+    from portable_ckpt.storage.faults import FaultyStorage
+
+    local = open_storage(str(tmp_path / "r"), create=True)
+    back = pickle.loads(pickle.dumps(PortableStorageWriter(local, step=3)))
+    assert back.root.url == local.url and back.step == 3
+    dcp.save({"w": torch.ones(2)}, storage_writer=back, no_dist=True)
+    assert portable_ckpt.open(tmp_path / "r").step == 3
+    with pytest.raises(UsageError, match=r"cannot be sent to another process.*path or an s3:// URL"):
+        pickle.dumps(PortableStorageWriter(FaultyStorage(local), step=3))

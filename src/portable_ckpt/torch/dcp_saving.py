@@ -65,6 +65,13 @@ __all__ = ["PortableSavePlanner", "PortableStorageWriter"]
 _RESULT_FQN = "portable_ckpt/writer"
 
 
+@dataclasses.dataclass(frozen=True)
+class _SpecRoot:
+    """A storage root as it travels to another process (``Storage.process_spec``)."""
+
+    spec: dict[str, Any]
+
+
 class PortableSavePlanner(DefaultSavePlanner):
     """``DefaultSavePlanner`` that describes strided DTensor layouts exactly and never pickles.
 
@@ -127,8 +134,9 @@ class PortableStorageWriter(StorageWriter):
 
     Args:
         root: Checkpoint root (local path or ``s3://...``; a :class:`~portable_ckpt.storage.
-            Storage` works for threads, not for ``async_save`` in process mode, which pickles
-            the writer into the checkpoint process).
+            Storage` works for threads; ``async_save`` in process mode pickles the writer into
+            the checkpoint process, where a backend travels as its ``process_spec`` and one
+            without is refused with :class:`~portable_ckpt.errors.UsageError`).
         step: The completed training step (in the attempt id and the manifest).
         continuation: ``"exact"`` or ``"statistical"`` (see ``docs/torch.md``).
         codec: ``"none"`` or ``"zstd"`` for tensor chunks.
@@ -171,7 +179,27 @@ class PortableStorageWriter(StorageWriter):
         # Process-mode async_save sends the writer to the checkpoint process before a save starts.
         state = dict(self.__dict__)
         state["_storage"] = state["_writer"] = None
+        if isinstance(self.root, Storage):
+            # A backend object holds locks and connections: pickle said only "cannot pickle
+            # '_thread.lock' object" (DCP integrator review 23, 10). One that can say how
+            # another process opens it travels as that; any other is refused by name.
+            spec = self.root.process_spec()
+            if spec is None:
+                raise UsageError(
+                    f"PortableStorageWriter: its root is a {type(self.root).__name__} object, "
+                    "which cannot be sent to another process (async_save's process mode "
+                    "pickles the writer): give the root as a path or an s3:// URL, or use "
+                    "async_checkpointer_type=AsyncCheckpointerType.THREAD")
+            state["root"] = _SpecRoot(spec)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        root = state.get("root")
+        if isinstance(root, _SpecRoot):
+            from portable_ckpt.storage import open_process_spec
+
+            state["root"] = open_process_spec(root.spec)
+        self.__dict__.update(state)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new save (``checkpoint_id``, when given, is the root)."""
