@@ -295,3 +295,18 @@ def test_clears_in_a_format_1_1_verification_record_is_ignored(tmp_path: Path) -
     for fv, codes in (("1.1", set()), ("1.2", {"PCK-SCHEMA"})):
         _edit(rec, lambda d, fv=fv: d.update(format_version=fv, clears=[]))  # type: ignore[misc]
         assert _codes(vdir) == codes, fv
+
+
+def test_a_data_file_linked_outside_the_attempt_is_not_read(tmp_path: Path) -> None:
+    """S02 of the audit: with the symlink check of ``VersionFiles.resolve`` removed the verdict
+    stayed the same (another pass reports the link), but the checker then read the file outside
+    the attempt. The link's target here holds other bytes than recorded: read, it would add
+    size and checksum problems; the only problem is the link (R-SEC-1)."""
+    vdir = _version(tmp_path / "root")
+    rel = "data/w00000-0000.safetensors"
+    outside = tmp_path / "elsewhere.safetensors"
+    outside.write_bytes(b"\x00" * 7)  # neither the recorded size nor its checksums
+    (vdir / rel).unlink()
+    (vdir / rel).symlink_to(outside)
+    for deep in (False, True):
+        assert _codes(vdir, deep=deep) == {"PCK-PATH-UNSAFE"}, deep
