@@ -1,0 +1,53 @@
+"""Mutation audit 23: torch.chunk arithmetic of DTensor layouts at its edges."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from portable_ckpt.errors import UnsupportedValueError  # noqa: E402
+from portable_ckpt.torch.layout import (  # noqa: E402
+    PlacementSpec,
+    chunk_extent,
+    local_pieces,
+    shard_box,
+)
+
+pytestmark = pytest.mark.torch
+
+
+def test_an_empty_chunk_starts_at_the_end_of_the_dimension() -> None:
+    # torch.chunk gives fewer chunks than asked for when the length is short: the missing
+    # ones are empty and start at the end of the dimension, never past it.
+    for length in range(0, 12):
+        for parts in range(1, 7):
+            chunks = torch.arange(length).chunk(parts)
+            for i in range(parts):
+                start, size = chunk_extent(length, parts, i)
+                assert 0 <= start <= length and 0 <= size and start + size <= length
+                if i >= len(chunks) or chunks[i].numel() == 0:
+                    assert (start, size) == (length, 0), (length, parts, i)
+                else:
+                    assert (start, size) == (int(chunks[i][0]), chunks[i].numel())
+
+
+def test_runs_that_continue_each_other_are_one_box() -> None:
+    # _StridedShard on a mesh dimension of one rank: its chunks follow each other in the
+    # global tensor, so the local data is one box (one range on disk, not split_factor).
+    shape, pieces = local_pieces((6, 4), (1,), (0,), [PlacementSpec("strided", 0, 3)])
+    assert shape == (6, 4)
+    assert [(p.offsets, p.lengths, p.local_offsets) for p in pieces] == [((0, 0), (6, 4), (0, 0))]
+    assert shard_box((6, 4), (1,), (0,), [PlacementSpec("strided", 0, 3)]) == ((0, 0), (6, 4))
+    # Shard(0) after _StridedShard(0, 2) on a 2 x 1 mesh: rank (0, 0) holds two chunks apart.
+    _, pieces = local_pieces((8,), (2, 1), (0, 0),
+                             [PlacementSpec("strided", 0, 2), PlacementSpec("shard", 0)])
+    assert [(p.offsets, p.lengths) for p in pieces] == [((0,), (2,)), ((4,), (2,))]
+
+
+def test_a_shard_dimension_past_the_rank_is_refused() -> None:
+    for dim in (1, 2):
+        with pytest.raises(UnsupportedValueError):
+            local_pieces((4,), (2,), (0,), [PlacementSpec("shard", dim)])
+        with pytest.raises(UnsupportedValueError):
+            local_pieces((4,), (2,), (0,), [PlacementSpec("strided", dim, 2)])
