@@ -587,18 +587,46 @@ def test_positions_in_any_order_is_a_json_tree_option() -> None:
 def test_a_dcp_checkpoint_in_the_safetensors_layout_is_named_not_called_damaged(tmp_path: Path) -> None:
     """DCP integrator review 23, 8: `FileSystemWriter(serialization_format=SAFETENSORS)` was
     refused as a damaged `.metadata` to re-copy. It is a layout convert does not read."""
+    import os
+    import shutil
+    import threading
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import SerializationFormat
 
-    src = tmp_path / "src"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save({"a": torch.arange(4.0), "b": torch.arange(6)}, no_dist=True,
-                 storage_writer=FileSystemWriter(str(src),
-                                                 serialization_format=SerializationFormat.SAFETENSORS))
-    with pytest.raises(CheckpointError) as ei:
-        convert(src, tmp_path / "out", trust_pickle=True)
-    assert ei.value.code == "PCK-UNSUPPORTED-VALUE", str(ei.value)
-    assert "serialization_format=SAFETENSORS" in str(ei.value) and "damaged" not in str(ei.value)
-    assert not (tmp_path / "out").exists()
+    for name, state in [("two", {"a": torch.arange(4.0), "b": torch.arange(6)}),
+                        ("one", {"a": torch.arange(4.0)})]:  # items overlap / one item, no zip
+        src = tmp_path / name
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(state, no_dist=True, storage_writer=FileSystemWriter(
+                str(src), serialization_format=SerializationFormat.SAFETENSORS))
+        with pytest.raises(CheckpointError) as ei:
+            convert(src, tmp_path / f"out_{name}", trust_pickle=True)
+        assert ei.value.code == "PCK-UNSUPPORTED-VALUE", str(ei.value)
+        assert "serialization_format=SAFETENSORS" in str(ei.value) and "damaged" not in str(ei.value)
+        assert not (tmp_path / f"out_{name}").exists()
+    # rev23 maintainer review 2: the layout check opened the file plainly; a FIFO in its place
+    # hung the conversion. It is opened as every source file is (a FIFO refused at once).
+    fifo = tmp_path / "fifo"
+    shutil.copytree(tmp_path / "two", fifo)
+    (data,) = fifo.glob("*.distcp")
+    data.unlink()
+    os.mkfifo(data)
+    done: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            convert(fifo, tmp_path / "out_fifo", trust_pickle=True)
+        except BaseException as exc:
+            done.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():  # unblock the reader so the thread ends, then fail
+        with open(data, "wb"):
+            pass
+        pytest.fail("convert waited on a FIFO in the source")
+    assert done and isinstance(done[0], CheckpointError), done

@@ -86,6 +86,7 @@ from portable_ckpt.convert._torchzip import (
     read_torch_tensor,
 )
 from portable_ckpt.errors import (
+    CheckpointError,
     CodecError,
     DtypeUnsupportedError,
     FileMissingError,
@@ -304,7 +305,7 @@ def _plan(
     # From .metadata alone, before any zip is opened: the items' byte ranges do not overlap one
     # another (each is parsed once, so parsing costs at most the bytes present), and each
     # tensor's chunks cover it exactly once (attack review H2).
-    _check_regions(planner.meta_path, meta, items)
+    _check_regions(planner.meta_path, meta, items, files)
     for fqn, md in items:
         if not isinstance(md, DcpBytes):
             _check_chunks(planner.meta_path, fqn, md)
@@ -329,7 +330,9 @@ def _check_chunks(meta_path: str, fqn: str, md: Any) -> None:
     )
 
 
-def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any]]) -> None:
+def _check_regions(
+    meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any]], files: _Files
+) -> None:
     """Refuse items whose stored byte ranges overlap one another.
 
     ``FileSystemWriter`` writes each item to a range of its own. A ``.metadata`` that points many
@@ -363,7 +366,12 @@ def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any
                 same = span[:2] == prev[:2]
                 if not same or span[3] or prev[3]:
                     how = "are stored in the same bytes" if same else "overlap"
-                    _refuse_safetensors_layout(meta_path, rel)
+                    try:
+                        fd = files.fd(rel)  # checked as every source file is: no FIFO, no link
+                    except CheckpointError:
+                        fd = None
+                    if fd is not None:
+                        _refuse_safetensors_layout(meta_path, rel, fd)
                     raise ShardHeaderError(
                         f"{meta_path}: items {prev[2]!r} (bytes [{prev[0]}, {prev[1]})) and "
                         f"{span[2]!r} (bytes [{span[0]}, {span[1]})) {how} in {rel}; "
@@ -375,16 +383,17 @@ def _check_regions(meta_path: str, meta: DcpMetadata, items: list[tuple[str, Any
                 prev = span
 
 
-def _refuse_safetensors_layout(meta_path: str, rel: str) -> None:
+def _refuse_safetensors_layout(meta_path: str, rel: str, fd: int) -> None:
     """A ``.distcp`` that is a safetensors file: DCP's ``serialization_format=SAFETENSORS``.
 
-    Its items' ranges are not ``FileSystemWriter``'s default layout, and they were reported as
-    a damaged ``.metadata`` to re-copy (DCP integrator review 23, 8). Refused as a layout
-    convert does not read (nor does torch 2.13's ``FileSystemReader``).
+    Its items' ranges are not ``FileSystemWriter``'s default layout (overlapping items, or an
+    item that is no zip), and they were reported as a damaged ``.metadata`` to re-copy (DCP
+    integrator review 23, 8). Refused as a layout convert does not read (nor does torch 2.13's
+    ``FileSystemReader``). ``fd``: the file as the source's files are opened (regular, below
+    the source, no link).
     """
     try:
-        with open(os.path.join(os.path.dirname(meta_path), rel), "rb") as f:
-            head = f.read(9)
+        head = os.pread(fd, 9, 0)
     except OSError:
         return
     if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 1:
@@ -479,9 +488,13 @@ class _Planner:
         region = (rel, info.offset, info.length)
         layout = self.layouts.get(region)
         if layout is None:
-            layout = parse_torch_zip(
-                fd, info.offset, info.length, where=where, max_members=MAX_ITEM_MEMBERS
-            )
+            try:
+                layout = parse_torch_zip(
+                    fd, info.offset, info.length, where=where, max_members=MAX_ITEM_MEMBERS
+                )
+            except ShardHeaderError:
+                _refuse_safetensors_layout(self.meta_path, rel, fd)
+                raise
             self.layouts[region] = layout
         if layout.dtype != tdtype or layout.shape != ch.sizes:
             raise ShardMismatchError(
