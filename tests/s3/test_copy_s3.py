@@ -176,3 +176,37 @@ def test_killed_copy_to_local_then_rerun(s3: S3Env, tmp_path: Path) -> None:
     res = copy_version(remote, str(dst), force=True)
     assert _files(remote, attempt) == _files(str(dst), attempt)
     assert res.files >= 1
+
+
+def test_a_failed_copy_leaves_a_concurrent_copys_objects_on_s3(s3: S3Env, tmp_path: Path) -> None:
+    """rev23 maintainer review 1: a copy that failed removed every key it had opened; on S3 an
+    open proves nothing (the second copy's upload of a key replaces the first), so it deleted
+    the objects of another copy that published meanwhile. Only local files a copy created
+    exclusively are removed."""
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+    from portable_ckpt.storage.s3 import S3Storage
+
+    src = tmp_path / "src"
+    aid = portable_ckpt.save_arrays(src, {"w": np.arange(4096, dtype=np.float32),
+                                          "v": np.arange(2048, dtype=np.float64)}, step=1).attempt_id
+    *first, last = portable_ckpt.open(src).manifest.files
+    dst_url = s3.root("dst")
+
+    class Racing(FaultyStorage):
+        calls = 0
+
+        def exists(self, path: str) -> bool:
+            if path == f"{aid}/manifest.json":
+                Racing.calls += 1
+                if Racing.calls == 2:  # A's _remove_unpublished asks: B publishes just then
+                    copy_version(str(src), S3Storage.from_url(dst_url), jobs=1)
+                    return False  # (the answer A got before B's record landed)
+            return super().exists(path)
+
+    a = Racing(S3Storage.from_url(dst_url), [Fault(op="write", path=f"*/{last}", error="ENOSPC")])
+    with pytest.raises(portable_ckpt.CheckpointError):
+        copy_version(str(src), a, jobs=1)
+    dst = S3Storage.from_url(dst_url)
+    assert dst.exists(f"{aid}/manifest.json")  # B published
+    problems = portable_ckpt.open(dst_url).verify(deep=True)
+    assert problems == [], [str(p)[:200] for p in problems]

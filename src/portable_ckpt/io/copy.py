@@ -230,8 +230,11 @@ class _FileCopier:
         whole = 0
         try:
             writer = self.dst.open_writer(self.rel)
-            if self.created is not None:
-                self.created.append(self.rel)  # created here (never over another's file)
+            if self.created is not None and self.dst.capabilities.local_path:
+                # Created here: a local open is exclusive (O_EXCL), never over another copy's
+                # file. An object store's writer proves nothing (a second copy's upload of the
+                # same key replaces the first): nothing is recorded, nothing removed there.
+                self.created.append(self.rel)
         except StorageError as exc:
             if self.dst.exists(self.rel):  # made since this copy looked: another copy runs
                 raise CommitConflictError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import builtins
+import contextlib
 import re
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -101,8 +102,10 @@ class StreamWriter(abc.ABC):
             self.close()
         except BaseException:
             # A close that failed (an fsync error, an object stored with other bytes than were
-            # sent) leaves nothing a reader could mistake for the file.
-            self.abort()
+            # sent) leaves nothing a reader could mistake for the file. The close's error is
+            # the one the caller gets, also when the abort fails too.
+            with contextlib.suppress(Exception):
+                self.abort()
             raise
 
 
