@@ -902,3 +902,22 @@ def test_scan_pickles_reads_consecutive_pickles_and_says_where_they_end() -> Non
     assert scan_pickles(data, 1) == ([1], len(parts[0]))
     with pytest.raises(PickleScanError, match=r"STOP|truncated|malformed"):
         scan_pickles(b"".join(parts), 4)  # a fourth pickle is not there
+
+
+@pytest.mark.torch
+def test_a_legacy_file_of_many_tensors_passes_the_scan(tmp_path: Path) -> None:
+    """rev23 maintainer review 4: the legacy pre-scan kept the scanner's default limit of a
+    million opcodes (the zip path has none: the bytes are bounded), so a valid legacy file of
+    some 40,000 tensors was refused as damaged. The scan itself is what is checked here (the
+    whole conversion of such a file takes tens of seconds)."""
+    torch = pytest.importorskip("torch")
+    from portable_ckpt.convert import torch_save
+
+    src = tmp_path / "many.pt"
+    torch.save({f"t{i}": torch.tensor(float(i)) for i in range(45_000)}, src,
+               _use_new_zipfile_serialization=False)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        torch_save._check_legacy(str(src), fd)  # raised "pickle too long" before
+    finally:
+        os.close(fd)

@@ -262,9 +262,12 @@ def read_torch_source(
     if not zipped:
         try:
             _check_legacy(path, fd)
+            # torch.load reads the same open file the scanner read: a file put in the path's
+            # place meanwhile is never loaded unscanned
+            return _fallback(path, fd, strict=strict, keys=keys,
+                             reason="legacy (non-zip) torch.save format")
         finally:
             os.close(fd)
-        return _fallback(path, strict=strict, keys=keys, reason="legacy (non-zip) torch.save format")
     try:
         archive = open_torch_archive(fd, 0, os.fstat(fd).st_size, where=path)
         plan = _plan(path, fd, archive, strict=strict, allow_expand=allow_expand, keys=keys)
@@ -407,14 +410,16 @@ def _check_legacy(path: str, fd: int) -> None:
     """
     head = os.pread(fd, MAX_PKL + 1, 0)
     try:
-        (magic,), _end = scan_pickles(head[:MAX_PKL], 1)
+        # No opcode limit (as for a zip's data.pkl): the bytes are bounded by MAX_PKL, and a
+        # legacy file of 40,000 tensors holds more than a million opcodes (rev23 review 4).
+        (magic,), _end = scan_pickles(head[:MAX_PKL], 1, max_ops=None)
         if magic != _LEGACY_MAGIC:
             raise ShardHeaderError(
                 f"{path}: not a torch.save file: neither a zip nor a legacy file (which starts "
                 "with torch's magic number)",
                 path=path,
             )
-        scan_pickles(head[:MAX_PKL], 5)
+        scan_pickles(head[:MAX_PKL], 5, max_ops=None)
     except PickleScanError as exc:
         longer = (
             f"; or its pickles are longer than {MAX_PKL} bytes (load it and save it again with "
@@ -427,13 +432,14 @@ def _check_legacy(path: str, fd: int) -> None:
         ) from None
 
 
-def _fallback(path: str, *, strict: bool, keys: KeyMode, reason: str) -> SourcePlan:
+def _fallback(path: str, fd: int, *, strict: bool, keys: KeyMode, reason: str) -> SourcePlan:
     try:
         import torch
     except ImportError:
         raise UsageError(f"{path}: {reason} needs torch to read: pip install 'portable-ckpt[torch]'") from None
     try:
-        with os.fdopen(open_regular(path), "rb") as f, pywarnings.catch_warnings():
+        with os.fdopen(os.dup(fd), "rb") as f, pywarnings.catch_warnings():
+            f.seek(0)
             # "Detected pickle protocol 4": the unpickler below refuses what it cannot read
             pywarnings.filterwarnings("ignore", message="Detected pickle protocol")
             obj = torch.load(f, map_location="cpu", weights_only=True)
