@@ -333,3 +333,29 @@ def test_a_check_that_cannot_tell_keeps_the_record(tmp_path: Path) -> None:
     assert path.rsplit("/", 1)[1].removesuffix(".json") in [
         r["verification_id"] for r in read_annotations(LocalStorage(str(root)), v2.name,
                                                        "verifications")]
+
+
+def test_a_newest_version_that_failed_to_open_is_not_committed_meanwhile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rev23 maintainer review 5: a version that failed to open (an EIO on its record) was
+    taken for one committed while the run went: exit 0 with an older newest_restorable, and
+    nobody paged. It is undecided (a restore stops there)."""
+    import portable_ckpt
+    from portable_ckpt.errors import StorageError
+
+    root, (v1, v2) = _root(tmp_path)
+    real = portable_ckpt._resolve
+
+    def flaky(ckpt, step):  # type: ignore[no-untyped-def]
+        if str(ckpt).endswith(v2.name):
+            raise StorageError(f"read {ckpt}/manifest.json: EIO", path="manifest.json", retryable=True)
+        return real(ckpt, step)
+
+    monkeypatch.setattr(portable_ckpt, "_resolve", flaky)
+    code, out, err = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--json")
+    doc = json.loads(out)
+    assert doc["committed_meanwhile"] == [], "v2 existed at the start: not committed meanwhile"
+    # a restore stops at v2 (it may be the latest): undecided, which operations.md pages on
+    assert doc["newest_restorable"] is None and doc["undecided"]["attempt_id"] == v2.name, doc
+    assert code == 75 and not doc["ok"], err

@@ -312,7 +312,8 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
          "retryable": v.error_retryable}
         for v in reversed(versions) if v.status in (INVALID, UNREADABLE)
     ]
-    newest, undecided, meanwhile = _restore_takes(args.ckpt, docs, runs)
+    newest, undecided, meanwhile = _restore_takes(args.ckpt, docs, runs,
+                                                  {v.id for v in committed})
     if meanwhile and not args.quiet:
         # A job saving more often than a deep check takes commits during every run: no
         # problem, and no reason to exit 75 (on-call review 23, F3: the documented cron paged
@@ -386,7 +387,7 @@ def _deleted_meanwhile(storage: Any, runs: list[_Run]) -> set[str]:
 
 
 def _restore_takes(
-    root: str, docs: list[dict[str, Any]], runs: list[_Run],
+    root: str, docs: list[dict[str, Any]], runs: list[_Run], listed: set[str],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str]]:
     """Of ``--all``'s results: the version a manager restores, of those checked, if it is good.
 
@@ -396,15 +397,18 @@ def _restore_takes(
     there: it does not resume an older step; on-call review 2, F2; maintainer review, 1); of a
     version a restore would take, this run's verdict decides: good now, damage found (a restore
     falls back from it: the next), or a problem that is not damage (it stops the answer).
-    Versions committed after the run began are passed over and returned as the third item
-    (a busy job commits during every long run: not checked, no problem).
+    Versions committed after the run began (not in ``listed``, the ids it set out to check)
+    are passed over and returned as the third item (a busy job commits during every long run:
+    not checked, no problem); one listed whose check has no result stops the answer.
     Returns ``(version, None, meanwhile)``, ``(None, the version that stops the answer,
     meanwhile)``, or ``(None, None, meanwhile)`` when none checked is restorable.
     """
     from portable_ckpt.errors import DAMAGE_CODES
     from portable_ckpt.io.versions import newest_first, restore_decision
 
-    by_id = {d.get("attempt_id"): (d, r) for d, r in zip(docs, runs, strict=True)}
+    # By the id the run set out to check: a version that failed to open has no attempt_id in
+    # its document (rev23 maintainer review 5: it was taken for one committed meanwhile).
+    by_id = {_ident(r): (d, r) for d, r in zip(docs, runs, strict=True)}
 
     def stop(v: Any, code: Any, message: Any, retryable: Any) -> dict[str, Any]:
         return {"attempt_id": v.id, "step": v.step, "path": v.path, "code": code,
@@ -418,9 +422,11 @@ def _restore_takes(
         if decision == "stop":
             return None, stop(v, v.error_code, v.error, v.error_retryable), meanwhile
         found = by_id.get(v.id)
-        if found is None:  # committed after this run began: not checked
+        if found is None and v.id not in listed:  # committed after this run began
             meanwhile.append(v.id)
             continue
+        if found is None:
+            return None, stop(v, None, "listed, but its check has no result", True), meanwhile
         d, run = found  # what the version's bytes showed (a record not written is no problem)
         if not run.errors:
             return d, None, meanwhile
