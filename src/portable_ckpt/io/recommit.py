@@ -225,7 +225,10 @@ def every_writer_indexed(storage: Storage, attempt_id: str) -> bool:
 
     Without a commit record that is a save cut short at its commit, or a committed version
     whose record was lost; a restore names it among what it passed over (on-call review 23,
-    F2). False where the listing fails too (it tells nothing then).
+    F2). Writers that wrote no file at all are not seen (no document records how many there
+    were): a save killed before its last ranks wrote anything passes too; recommit's coverage
+    check refuses it where their tensors were sharded. False where the listing fails (it tells
+    nothing then).
     """
     try:
         names = [o.path.removeprefix(f"{attempt_id}/") for o in storage.list(f"{attempt_id}/")]

@@ -86,6 +86,9 @@ def _find_passed_over(
     ``step=`` (newer steps were passed over on purpose: a rollback says so itself).
     """
     restored = info.checkpoint_id
+    # The other ranks wait in the broadcast while rank 0 reads: a slow store must not turn a
+    # restore that succeeded into a collective timeout (review of the change).
+    deadline = time.monotonic() + min(COPIES_SECONDS, (mgr.timeout or COPIES_SECONDS * 4) / 4)
     rows: dict[tuple[str, str], Mapping[str, Any]] = {
         # (not a node-local version then restored from the durable tier: the same one)
         key: why for key, why in tried.items() if key[1] > restored and key[0] in mgr.tiers
@@ -101,8 +104,8 @@ def _find_passed_over(
                     "reason": "invalid", "code": v.error_code, "message": str(v.error),
                     "recorded": False,
                 }
-            elif v.status == "incomplete" and every_writer_indexed(mgr.tiers[tier_name].storage,
-                                                                   v.id):
+            elif (v.status == "incomplete" and time.monotonic() < deadline
+                  and every_writer_indexed(mgr.tiers[tier_name].storage, v.id)):
                 # A save cut short at its commit, or a version whose record was lost: with
                 # no drill, copy or verification record nothing tells which, and retention
                 # deletes it after the grace period (on-call review 23, F2: the restart went
@@ -131,9 +134,6 @@ def _find_passed_over(
     order = sorted(rows, key=lambda k: (k[1], k[0] == "fast"), reverse=True)
     # One version in both tiers is one version passed over (the fast tier's row is named).
     order = list({k[1]: k for k in reversed(order)}.values())[::-1]
-    # The other ranks wait in the broadcast while rank 0 reads copy records: a slow store
-    # must not turn a restore that succeeded into a collective timeout (review of the change).
-    deadline = time.monotonic() + min(COPIES_SECONDS, (mgr.timeout or COPIES_SECONDS * 4) / 4)
     named = [
         _passed_row(mgr, tier_name, ident, rows[(tier_name, ident)], deadline)
         for tier_name, ident in order[:PASSED_OVER_NAMED]
@@ -212,7 +212,8 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
             line += (
                 "; if it was committed, `portable-ckpt recommit "
                 f"{shlex.quote(str(row['path']))} --was-committed` brings it back, before this "
-                "job's retention deletes it once the grace period has passed"
+                "job's retention deletes it once the grace period has passed (recommit checks "
+                "that its writers' files cover every tensor exactly once)"
             )
         if row["copies"]:
             line += (
