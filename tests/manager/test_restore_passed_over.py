@@ -324,7 +324,7 @@ def test_when_every_version_failed_the_error_names_the_copy_and_the_repair(
     with pytest.raises(portable_ckpt.CheckpointError) as err:
         _restore(root, caplog, capsys)
     text = err.value.message
-    assert f"a verified copy of {six} is recorded at {backup}" in text
+    assert f"a copy of {six} is recorded at {backup} (verified when made, not since)" in text
     assert f"`portable-ckpt copy {backup}/{six} {root}`" in text
     assert f"`portable-ckpt verify {root}/{six} --deep --clear-failed`" in text
 

@@ -647,7 +647,7 @@ def _way_back(mgr: CheckpointManager, failed: Sequence[str]) -> str:
     root, _, ident = newest.rpartition("/")
     tier = next((t for t in mgr.tiers.values() if t.root.rstrip("/") == root), None)
     copies, _ = copies_of(tier.storage, ident) if tier is not None else ([], None)
-    back = (f"; a verified copy of {ident} is recorded at {copies[0]}: "
+    back = (f"; a copy of {ident} is recorded at {copies[0]} (verified when made, not since): "
             f"{copy_back(newest, copies[0])}" if copies else f"; no copy of {ident} is recorded")
     # A version set aside and copied back has no failed record to clear: the other way.
     return (back + f"; or{' instead' * bool(copies)}, once a damaged file is replaced by its "
