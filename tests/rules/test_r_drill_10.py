@@ -632,3 +632,32 @@ def test_gc_keeps_a_version_of_unknown_status_and_gives_it_no_place(
     assert (target / "manifest.json").exists() and target.name not in report.deleted
     assert target.name in [u["id"] for u in report.unknown] and not report.complete
     assert report.deleted == [by_step[1]] and by_step[2] in report.kept, report
+
+
+def test_gc_does_not_take_a_drilled_version_of_unknown_status_for_the_newest_drilled(
+    tmp_path: Path,
+) -> None:
+    """R-GC-12: a version whose status is unknown is not the newest drilled version of R-GC-2
+    either. Here it (step 10) and step 1 were drilled: gc keeps step 1 as the newest drilled
+    of the versions it knows, and step 2 as the greatest; nothing is deleted."""
+    from conformance.vectors import materialize
+    from portable_ckpt.io.annotations import write_drill_record
+    from portable_ckpt.io.gc import gc
+    from portable_ckpt.storage import open_storage
+
+    [(vdir, case)] = [(d, c) for d, c in _vector_cases_with_a_status()
+                      if c["name"] == "verification-record-of-major-2"]
+    target = materialize(case, tmp_path, vdir)
+    root = target.parent
+    for step in (1, 2):
+        portable_ckpt.save_arrays(root, {"w": np.arange(4, dtype=np.int64)}, step=step)
+    by_step = {v.step: v.id for v in list_versions(root) if v.id != target.name}
+    drill = {"ok": True, "started_at": "2026-11-29T00:00:00Z", "finished_at": "2026-11-29T00:00:01Z",
+             "world_size": 1, "saved_world_size": 1, "contract": "exact", "measurements": {},
+             "error": None}
+    storage = open_storage(root)
+    for ident in (by_step[1], target.name):
+        write_drill_record(storage, ident, drill)
+    report = gc(storage, keep=1, grace_seconds=0.0)
+    assert report.deleted == [] and report.protected == by_step[1], report
+    assert {by_step[1], by_step[2]} <= set(report.kept) and target.name not in report.kept
