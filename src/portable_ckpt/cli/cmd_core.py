@@ -162,12 +162,9 @@ def _drill_cell(drills: list[dict[str, Any]]) -> str:
     from ``ls`` stayed green (on-call review 23, F8). Retention still protects the newest
     version a drill passed on (R-GC-2).
     """
-    from portable_ckpt.io.annotations import timestamp_key
-
     if not drills:
         return "-"
-    newest = max(drills, key=lambda d: (timestamp_key(str(d.get("finished_at") or "")),
-                                        str(d.get("drill_id"))))
+    newest = drills[-1]  # read_annotations gives them oldest first (by finished_at)
     if newest.get("ok") is True:
         return "passed"
     return "failed (passed before)" if any(d.get("ok") is True for d in drills) else "failed"

@@ -116,7 +116,8 @@ def decode_item(value: io.BytesIO | bytes, *, what: str = "DCP byte item") -> An
     For custom load planners: the bytes are UTF-8 JSON in the format's encoding, where a float
     that is not finite is a tagged object; ``json.load`` gives that object back
     (``{"__float__": "inf"}`` where ``ReduceLROnPlateau.best`` was ``inf``), this gives the
-    float. Lists stay lists (JSON has no tuples), dict keys strings, as ``load`` puts them.
+    float. Lists stay lists (JSON has no tuples), ints ints and dict keys strings: the shape
+    of the target, which ``PortableLoadPlanner`` follows, is the planner's to apply.
 
     Raises:
         CheckpointError: the bytes are not such JSON (``PCK-...`` naming ``what``).
