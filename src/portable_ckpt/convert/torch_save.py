@@ -408,7 +408,8 @@ def _check_legacy(path: str, fd: int) -> None:
     finished (and a CLI's SIGTERM did not stop it). The scanner refuses such keys at once, and
     the pickles are bounded as a zip's ``data.pkl`` is.
     """
-    head = os.pread(fd, MAX_PKL + 1, 0)
+    # pread allocates what it is asked for before reading: ask for no more than is there
+    head = os.pread(fd, min(os.fstat(fd).st_size, MAX_PKL + 1), 0)
     try:
         # No opcode limit (as for a zip's data.pkl): the bytes are bounded by MAX_PKL, and a
         # legacy file of 40,000 tensors holds more than a million opcodes (rev23 review 4).
