@@ -6,6 +6,8 @@ import base64
 import itertools
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import crc32c
 import pytest
@@ -375,6 +377,25 @@ def test_a_non_empty_key_ending_in_a_slash_is_foreign_not_the_key_above(s3: S3En
     assert "a/" in st.list_foreign("a/")
 
 
+def _answer_another_crc(
+    monkeypatch: pytest.MonkeyPatch, st: S3Storage, method: str,
+    when: Callable[[dict[str, Any]], bool] = lambda kw: True,
+) -> None:
+    """The real request is sent, and its answer names another CRC32C than the data's where
+    ``when(kwargs)`` (moto always agrees: a transfer corrupted in transit, as a store reports it)."""
+    client = st._client()
+    real = getattr(client, method)
+
+    def answer(**kwargs: Any) -> dict[str, Any]:
+        resp = dict(real(**kwargs))
+        if when(kwargs):
+            resp["ChecksumCRC32C"] = base64.b64encode(
+                crc32c.crc32c(b"other").to_bytes(4, "big")).decode()
+        return resp
+
+    monkeypatch.setattr(client, method, answer)
+
+
 def test_a_part_whose_server_crc32c_differs_fails_the_upload(
     s3: S3Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -382,17 +403,7 @@ def test_a_part_whose_server_crc32c_differs_fails_the_upload(
     (corrupted in transit) fails the upload with PCK-STORAGE; nothing is published. moto always
     agrees, so the real ``upload_part``'s answer is altered for part 2."""
     st = S3Storage.from_url(s3.root(), part_size=5 * MIB, max_concurrency=2)
-    client = st._client()
-    real = client.upload_part
-
-    def upload_part(**kwargs: object) -> dict[str, object]:
-        resp = dict(real(**kwargs))
-        if kwargs["PartNumber"] == 2:
-            resp["ChecksumCRC32C"] = base64.b64encode(
-                crc32c.crc32c(b"other").to_bytes(4, "big")).decode()
-        return resp
-
-    monkeypatch.setattr(client, "upload_part", upload_part)
+    _answer_another_crc(monkeypatch, st, "upload_part", lambda kw: kw["PartNumber"] == 2)
     w = st.open_writer("att/data/big")
     with pytest.raises(StorageError, match="server CRC32C") as ei:
         w.write(_payload(11 * MIB))
@@ -410,16 +421,7 @@ def test_a_single_put_whose_server_crc32c_differs_fails(
     (corrupted in transit) raises PCK-STORAGE ("corrupted in transit"), never reports success.
     moto always agrees, so the real ``put_object``'s answer is altered."""
     st = S3Storage.from_url(s3.root())
-    client = st._client()
-    real = client.put_object
-
-    def put_object(**kwargs: object) -> dict[str, object]:
-        resp = dict(real(**kwargs))
-        resp["ChecksumCRC32C"] = base64.b64encode(
-            crc32c.crc32c(b"other").to_bytes(4, "big")).decode()
-        return resp
-
-    monkeypatch.setattr(client, "put_object", put_object)
+    _answer_another_crc(monkeypatch, st, "put_object")
     with pytest.raises(StorageError, match="corrupted in transit") as ei:
         st.put("att/data/x", _payload(1000))
     assert ei.value.code == "PCK-STORAGE"
@@ -441,16 +443,7 @@ def test_a_completed_multipart_upload_whose_crc32c_differs_is_removed(
     is in place: a wrong one fails the upload (PCK-STORAGE) and the object is deleted again
     (it stayed before). moto always agrees, so the real answer is altered."""
     st = S3Storage.from_url(s3.root(), part_size=5 * MIB, max_concurrency=2)
-    client = st._client()
-    real = client.complete_multipart_upload
-
-    def complete(**kwargs: object) -> dict[str, object]:
-        resp = dict(real(**kwargs))
-        resp["ChecksumCRC32C"] = base64.b64encode(
-            crc32c.crc32c(b"other").to_bytes(4, "big")).decode()
-        return resp
-
-    monkeypatch.setattr(client, "complete_multipart_upload", complete)
+    _answer_another_crc(monkeypatch, st, "complete_multipart_upload")
     with pytest.raises(StorageError, match="corrupted in transit") as ei:
         with st.open_writer("att/data/big") as w:
             w.write(_payload(11 * MIB))
