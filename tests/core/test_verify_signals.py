@@ -305,6 +305,40 @@ def test_a_version_deleted_between_its_check_and_its_record_is_no_problem(
     assert "deleted while they were verified" in err
 
 
+def test_a_record_whose_create_fails_because_the_version_went_is_no_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On-call review 23, N3: retention deleted the version between its check and its record,
+    and the record's create failed with ENOENT (a plain storage error, not "deleted"): the
+    nightly `verify --all --deep` exited 1 on a healthy root. A record that failed for a
+    version whose commit record is gone now is a deletion, no problem."""
+    import shutil
+
+    import portable_ckpt.io.annotations as annotations
+    from portable_ckpt.errors import StorageError
+
+    root, (v1, v2) = _root(tmp_path)
+    real = annotations.write_verification_record
+
+    def deleted_under_it(storage, attempt, **kw):  # type: ignore[no-untyped-def]
+        if attempt == v1.name:
+            shutil.rmtree(v1)  # the job's retention, as the record is created
+            raise StorageError(f"create {attempt}/verifications/x.json: No such file or directory "
+                               "(errno 2)", path=f"{attempt}/verifications/x.json", retryable=False)
+        return real(storage, attempt, **kw)
+
+    monkeypatch.setattr(annotations, "write_verification_record", deleted_under_it)
+    code, out, err = _cli(capsys, "verify", str(root), "--all", "--deep", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and [d["step"] for d in doc["versions"]] == [2], (doc, err)
+    assert "deleted while they were verified" in err
+    # a record that fails while the version is still there stays a problem
+    monkeypatch.setattr(annotations, "write_verification_record", lambda storage, attempt, **kw: (
+        _ for _ in ()).throw(StorageError("create: disk full", path="x", retryable=False)))
+    code, out, _ = _cli(capsys, "verify", str(root), "--all", "--deep", "--json")
+    assert code == 1 and not json.loads(out)["ok"]
+
+
 def test_a_check_that_cannot_tell_keeps_the_record(tmp_path: Path) -> None:
     """Maintainer review 5, 2: a storage error in the check after the record was stored left
     the record but reported it as not written; only a definite "absent" removes it."""

@@ -368,16 +368,18 @@ def _ident(run: _Run) -> str:
 
 def _deleted_meanwhile(storage: Any, runs: list[_Run]) -> set[str]:
     """Ids of versions a run found gone, whose commit record is gone now (not damage)."""
-    from portable_ckpt.errors import ManifestMissingError
+    from portable_ckpt.errors import FileMissingError, ManifestMissingError
 
     out: set[str] = set()
     for run in runs:
         ident = _ident(run)
-        # Its check, or its record, found the version gone (maintainer review 5, 1: a version
-        # deleted between the check and the record still paged).
-        problems = [*run.errors, *([run.record_failure] if run.record_failure else [])]
-        if problems and all(isinstance(e, VersionDeletedError | ManifestMissingError)
-                            for e in problems):
+        # Its check found the version gone (its record, or a file while it was read), or its
+        # check passed and its record could not be written (maintainer review 5, 1; on-call
+        # review 23, N3: the record's create failed with ENOENT, a plain storage error, and
+        # the nightly run paged): told by its commit record being gone now.
+        gone_errors = all(isinstance(e, VersionDeletedError | ManifestMissingError
+                                     | FileMissingError) for e in run.errors)
+        if (run.errors or run.record_failure) and gone_errors:
             try:
                 if not storage.exists(f"{ident}/manifest.json"):
                     out.add(ident)
