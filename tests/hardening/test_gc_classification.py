@@ -446,3 +446,37 @@ def test_a_gc_stopped_while_deleting_data_leaves_no_version_whose_record_was_los
     rep2 = gc(storage, keep=1, grace_seconds=0.0)  # the next gc removes the leftover
     assert rep2.complete and not rep2.damaged and old in rep2.abandoned and not (tmp_path / old).exists()
     assert _alive(tmp_path) == {new}
+
+
+def test_a_save_that_commits_while_gc_lists_it_is_no_problem(tmp_path: Path) -> None:
+    """On-call review 23, N7: a save whose commit record appeared while gc listed its attempt
+    (classified without one a moment before) made gc skip it as unknown: exit 75, "run it
+    again once the cause named there is fixed (a storage that did not answer, or
+    permissions)". A record that is there and valid now is a new version: kept, no problem."""
+    from portable_ckpt.cli.main import main as cli_main
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import new_attempt_id
+    from tests.hardening._util import write_share
+
+    make_version(str(tmp_path), 1)
+    storage = open_storage(tmp_path)
+    aid = new_attempt_id(2)
+    idx = [write_share(storage, aid, 2, w, 2) for w in range(2)]  # written, not committed yet
+
+    def commit_now(op: str, path: str) -> None:
+        import inspect
+
+        # when gc lists the attempt to date it, after it classified it without a record
+        if not committed and any(f.function == "_last_activity" for f in inspect.stack()):
+            commit(storage, aid, step=2, indexes=idx, expected_writers=[0, 1],
+                   continuation=portable_ckpt.Continuation("exact", 2, None))
+            committed.append(aid)
+
+    committed: list[str] = []
+    racing = FaultyStorage(storage, [Fault(op="list", path=f"{aid}/", error=None,
+                                           callback=commit_now)])
+    rep = gc(racing, keep=5, grace_seconds=0.0)
+    assert rep.committed_meanwhile == [aid] and rep.complete and aid not in rep.abandoned, rep
+    assert aid in _alive(tmp_path)
+    check_restores(storage, aid)
+    assert cli_main(["gc", str(tmp_path), "--keep", "5"]) == 0  # and the next gc keeps it

@@ -458,6 +458,10 @@ def _gc(args: argparse.Namespace) -> int:
             "`portable-ckpt verify ROOT/ID --deep`; or delete them with --delete-invalid",
             file=sys.stderr,
         )
+    if rep.committed_meanwhile:
+        print(f"portable-ckpt: {len(rep.committed_meanwhile)} attempt(s) committed while gc ran "
+              f"(a save's commit): kept, no problem; the next gc applies retention to them: "
+              f"{safe(', '.join(rep.committed_meanwhile[:4]))}", file=sys.stderr)
     if not rep.complete:
         print(
             f"portable-ckpt: gc skipped {len(rep.unknown)} attempt(s) it could not read or "

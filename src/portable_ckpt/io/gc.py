@@ -43,6 +43,7 @@ from portable_ckpt.io.versions import (
     STRAY,
     UNREADABLE,
     VersionInfo,
+    classify_attempt,
     list_versions,
     load_manifest,
     root_must_exist,
@@ -131,6 +132,9 @@ class GcReport:
     #: manager's retention): not in ``deleted`` or ``abandoned``, which count what this run
     #: deleted (scripting review F7: three overlapping runs reported 615 of 297 versions).
     gone: list[str] = field(default_factory=list)
+    #: Attempts listed without a commit record that were committed while gc ran (a save's
+    #: commit during its listing): new versions, left to the next gc, no problem.
+    committed_meanwhile: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -162,6 +166,7 @@ class GcReport:
             "retire_doubted": self.retire_doubted,
             "clock_skew": self.clock_skew,
             "gone": self.gone,
+            "committed_meanwhile": self.committed_meanwhile,
             "left_behind": self.left_behind,
             "unknown": self.unknown,
             "complete": self.complete,
@@ -362,7 +367,13 @@ def gc(
                     _delete_attempt(storage, attempt_id, report, attempt_id in with_record)
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
-                report.failed(attempt_id, exc)
+                if attempt_id in unrecorded and _committed_now(storage, attempt_id):
+                    for done in (report.deleted, report.abandoned):
+                        if attempt_id in done:
+                            done.remove(attempt_id)
+                    report.committed_meanwhile.append(attempt_id)
+                else:
+                    report.failed(attempt_id, exc)
             if progress is not None:
                 progress(i + 1, len(doomed))
     kept = [v for v in versions if v.id not in doomed] + held
@@ -822,6 +833,9 @@ def _abandoned(
             )
             foreign = [] if anything else storage.list_foreign(f"{v.id}/")
         except StorageError as exc:
+            if v.status == INCOMPLETE and _committed_now(storage, v.id):
+                report.committed_meanwhile.append(v.id)  # a save's commit during the listing
+                continue
             report.skip(v.id, v.status, exc)  # cannot date it: it may be a save in progress
             continue
         if foreign:  # only what the format never writes is left: not gc's to delete
@@ -966,6 +980,19 @@ def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
 def _any_file(storage: Storage, prefix: str) -> bool:
     """Whether anything is stored under ``prefix`` (the listing's first entry only)."""
     return next(iter(storage.list(prefix)), None) is not None
+
+
+def _committed_now(storage: Storage, attempt_id: str) -> bool:
+    """Whether an attempt gc listed without a commit record holds a valid one now.
+
+    A save that committed while gc ran (on-call review 23, N7: gc exited 75 and blamed "a
+    storage that did not answer, or permissions"). Anything short of a record read and valid
+    (a store that contradicts itself, a storage error) leaves the attempt unknown.
+    """
+    try:
+        return classify_attempt(storage, attempt_id).status == COMMITTED
+    except CheckpointError:
+        return False
 
 
 def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
