@@ -191,3 +191,28 @@ def test_the_advice_of_a_restore_stopped_by_storage_errors_follows_their_class(
             mgr.restore(target)
     assert advice in str(info.value) and info.value.retryable is (error == "EIO")
     assert not any(v.verification_failed for v in list_versions(root))
+
+
+@pytest.mark.parametrize(("error", "advice"), [("EACCES", "mend what the error names"),
+                                                ("EIO", ": retry;")])
+def test_a_newest_record_that_cannot_be_read_advises_by_its_error_class(
+    tmp_path: Path, error: str, advice: str
+) -> None:
+    """On-call review 23, F12 (its repro: `chmod 000` on the newest version): the newest
+    version's commit record could not be read, and the restore said "retry" whatever the
+    cause; a permission is not retryable (`ls --latest` exits 69 for it)."""
+    import dataclasses
+
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    newest = list_versions(root)[-1].id
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        tier = mgr.tiers["durable"]
+        mgr.tiers["durable"] = dataclasses.replace(tier, storage=FaultyStorage(
+            tier.storage, [Fault(op=("read", "exists", "size"), path=f"{newest}/manifest.json",
+                                 error=error)]))
+        with pytest.raises(StorageError, match="cannot tell whether") as info:
+            mgr.restore(target)
+    assert advice in str(info.value) and info.value.retryable is (error == "EIO"), str(info.value)

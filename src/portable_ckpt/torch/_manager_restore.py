@@ -85,7 +85,7 @@ def listing(
 
     ``problem`` is ``None`` for a restorable version, else why its commit record (or its
     verification records) could not be read (an ``unreadable`` attempt: perhaps the newest
-    version). A tier that could not be
+    version), as ``{"message", "retryable"}``. A tier that could not be
     listed gives ``{"error": message}`` (never "no versions", R-ID-5). ``seen`` keeps the
     whole listing by tier name (what the restore passed over is named from it).
     """
@@ -103,8 +103,8 @@ def listing(
     for v in versions:
         decision = restore_decision(v)
         if (step is None or v.step == step) and decision != "skip":
-            rows.append([v.step, v.committed_at, v.id,
-                         None if decision == "take" else str(v.error)])
+            rows.append([v.step, v.committed_at, v.id, None if decision == "take" else
+                         {"message": str(v.error), "retryable": v.error_retryable}])
     return {"rows": rows}
 
 
@@ -122,7 +122,7 @@ def candidates(
         StorageError: a tier could not be listed (on every rank).
 
     """
-    found: dict[tuple[str, str], tuple[tuple[int, tuple[int, ...], int], str | None]] = {}
+    found: dict[tuple[str, str], tuple[tuple[int, tuple[int, ...], int], Any]] = {}
     fast = mgr.tiers.get("fast")
     views: list[tuple[int, str, dict[str, Any]]] = []
     if fast is not None and fast.layout is not None:
@@ -174,12 +174,17 @@ def restore(
     tried: dict[tuple[str, str], dict[str, Any]] = {}  # the candidates that failed, and why
     for tier_name, ident, problem in cands:
         if problem is not None:
-            # Same list on every rank: every rank stops here (R-ID-5).
+            # Same list on every rank: every rank stops here (R-ID-5). A permission (not
+            # retryable) is mended by a person: a restart loop must not retry it for good
+            # (on-call review 23, F12: `chmod 000` on the newest version said "retry").
+            retryable = bool(problem["retryable"])
             raise StorageError(
                 f"cannot tell whether {ident} of the {tier_name} tier is the version to restore:"
-                f" its commit or verification records could not be read ({problem}); a storage "
-                f"error is not 'no version' (spec R-ID-5): retry; {_WAY_OUT}",
-                path=f"{ident}/manifest.json",
+                f" its commit or verification records could not be read ({problem['message']});"
+                " a storage error is not 'no version' (spec R-ID-5): "
+                f"{'retry' if retryable else 'mend what the error names (a permission, a path), then restart'}"
+                f"; {_WAY_OUT}",
+                path=f"{ident}/manifest.json", retryable=retryable,
             )
         attempt = functools.partial(
             load_one, mgr, state, tier_name, ident, allow_statistical, record_ranges,
