@@ -263,6 +263,14 @@ def test_a_newest_save_without_its_record_is_named_with_the_recommit(
     text = _said(records).getMessage()
     assert f"portable-ckpt recommit {root}/{six} --was-committed" in text
     assert "passing over 1 newer version" in err
+    # counted apart from the versions passed over: a crash during a commit leaves the same
+    import json
+
+    events = tmp_path / "events.jsonl"
+    with pckt.CheckpointManager(root, save_every=3, async_save=False, events=str(events)) as mgr:
+        assert mgr.restore(_state(1000.0)).step == 3
+    (ev,) = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "restore"]
+    assert ev["passed_over_count"] == 0 and ev["uncommitted_count"] == 1, ev
     assert main(["recommit", f"{root}/{six}", "--was-committed"]) == 0  # as it says
     assert _restore(root, caplog, capsys)[0].step == 6
     # a save cut short before every writer finished: nothing to bring back, nothing said

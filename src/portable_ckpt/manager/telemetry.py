@@ -61,6 +61,9 @@ _GAUGES: tuple[tuple[str, str, str, str], ...] = (
     ("pck_restore_slowest_rank_seconds", "restore", "slowest_rank_seconds", "Slowest rank"),
     ("pck_restore_passed_over", "restore", "passed_over_count",
      "Newer versions the last restore passed over (alert when above 0)"),
+    ("pck_restore_uncommitted", "restore", "uncommitted_count",
+     "Newer attempts without commit record beside every writer index (a commit cut short, or "
+     "a record lost)"),
     ("pck_time_to_resume_seconds", "resume", "seconds", "Restore end to first completed step"),
     ("pck_retention_deleted", "retention", "deleted_count", "Versions deleted by retention"),
     ("pck_verify_ok", "verify", "ok", "1 when the last sampled verification passed"),
