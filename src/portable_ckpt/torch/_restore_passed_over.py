@@ -210,7 +210,8 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
             )
         if row["reason"] == "uncommitted":
             line += (
-                "; if it was committed, `portable-ckpt recommit "
+                "; a job killed while committing that save leaves the same; if it was "
+                "committed (the job's events name a commit of it), `portable-ckpt recommit "
                 f"{shlex.quote(str(row['path']))} --was-committed` brings it back, before this "
                 "job's retention deletes it once the grace period has passed (recommit checks "
                 "that its writers' files cover every tensor exactly once)"
