@@ -247,7 +247,9 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any], storage: Any) -> 
         if v.status == "committed":
             failed.append(v.id)
         if passed <= _PASSED_NAMED:
-            why = "a verification of it failed" if v.status == "committed" else f"it is {v.status}"
+            why = ("a verification of it failed" if v.status == "committed" else
+                   "it is incomplete (no commit record: a save in progress, or one cut short)"
+                   if v.status == "incomplete" else f"it is {v.status}")
             print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
         elif passed == _PASSED_NAMED + 1:  # one line a poll, not one per abandoned attempt
             print("portable-ckpt: more attempts passed over (`portable-ckpt ls` lists them)",
