@@ -849,49 +849,58 @@ _MEMO_DAG = b"K\x01q\x00" + b"h\x00\x86q\x00" * 60
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("where", ["object", "storage keys"])
-def test_key_bomb_in_a_legacy_torch_file_is_refused_before_torch_loads_it(tmp_path: Path, where: str) -> None:
-    """Reader review L2: a legacy file goes to ``torch.load``, whose weights-only unpickler hashes
-    each dict key: this 272-byte file never finished (SIGTERM did not stop the CLI either). Its
-    pickles are now interpreted by the scanner first. Run in a child with a deadline, so that a
-    regression fails instead of hanging the suite."""
-    bomb = b"\x80\x02}" + _MEMO_DAG + b"K\x00s."
-    src = _legacy_file(tmp_path / "bomb.pt", *((bomb,) if where == "object" else (b"\x80\x02}.", bomb)))
+def test_a_legacy_torch_file_is_refused_with_the_way_to_convert_it(tmp_path: Path) -> None:
+    """Reader review L2 and the legacy attack of stop 23: a legacy file went to `torch.load`,
+    whose legacy loader no check before it makes safe (a 406-byte file wrote its bytes into
+    freed heap memory; a 272-byte one whose dict key expands when hashed ran for hours, and
+    SIGTERM did not stop the CLI). Refused at once, with the re-save that makes it a zip; the
+    file so saved converts. Run in a child with a deadline, so that a regression fails instead
+    of hanging the suite."""
+    torch = pytest.importorskip("torch")
+    bomb = _legacy_file(tmp_path / "bomb.pt", b"\x80\x02}" + _MEMO_DAG + b"K\x00s.")
     code = (
         "import sys; from portable_ckpt.convert import convert\n"
         "try:\n    convert(sys.argv[1], sys.argv[2])\n"
         "except Exception as e:\n    print(e.code, e)\n"
     )
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "out")],
+    out = subprocess.run([sys.executable, "-c", code, str(bomb), str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=60)
-    assert time.perf_counter() - t0 < 30, "the scan should refuse it at once"
-    assert out.stdout.startswith("PCK-SHARD-HEADER"), out.stdout + out.stderr
-    assert str(src) in out.stdout and "more than 4096 values" in out.stdout
+    assert time.perf_counter() - t0 < 30
+    assert out.stdout.startswith("PCK-UNSUPPORTED-VALUE"), out.stdout + out.stderr
+    assert str(bomb) in out.stdout and "a legacy (pre-1.6, non-zip) torch.save file" in out.stdout
     assert not (tmp_path / "out").exists()
+    old = tmp_path / "old.pt"
+    state = {"w": torch.arange(6.0).reshape(2, 3), "epoch": 3}
+    torch.save(state, old, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError) as ei:
+        convert(old, tmp_path / "out")
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and "torch.save(torch.load(" in str(ei.value)
+    torch.save(torch.load(old, weights_only=True), tmp_path / "new.pt")  # the advice, followed
+    assert convert(tmp_path / "new.pt", tmp_path / "out").tensors == 1
+    np.testing.assert_array_equal(portable_ckpt.open(tmp_path / "out").read("w"),
+                                  np.arange(6.0).reshape(2, 3))
 
 
 @pytest.mark.torch
-def test_a_legacy_torch_file_still_converts_and_other_files_are_named(tmp_path: Path) -> None:
+def test_files_that_are_no_torch_zip_are_named(tmp_path: Path) -> None:
+    """A plain pickle and a text file are no torch.save files; a legacy stream with a zip
+    appended is taken as torch.load takes it, by its first bytes (stop 23's attack: convert
+    read the appended zip, torch.load the legacy content)."""
     torch = pytest.importorskip("torch")
-    src = tmp_path / "old.pt"
-    state = {"w": torch.arange(6.0).reshape(2, 3), "n": {"b": torch.ones(2, dtype=torch.int64)}, "epoch": 3}
-    torch.save(state, src, _use_new_zipfile_serialization=False)
-    r = convert(src, tmp_path / "out")
-    assert r.tensors == 2
-    assert any("legacy (non-zip) torch.save format" in w.message for w in r.warnings)
-    back = portable_ckpt.open(tmp_path / "out")
-    np.testing.assert_array_equal(back.read("w"), np.arange(6.0).reshape(2, 3))
-    # a plain pickle, a text file, and a legacy file cut inside its pickles: named, not loaded
     (tmp_path / "plain.pt").write_bytes(pickle.dumps({"w": 1}))
     (tmp_path / "text.pt").write_bytes(b"hello\n")
-    (tmp_path / "cut.pt").write_bytes(src.read_bytes()[:150])
-    for name, says in [("plain", "not a torch.save file: neither"), ("text", "not a torch.save file, or a damaged"),
-                       ("cut", "not a torch.save file, or a damaged")]:
+    legacy, zipped = tmp_path / "l.pt", tmp_path / "z.pt"
+    torch.save({"w": torch.arange(4.0)}, legacy, _use_new_zipfile_serialization=False)
+    torch.save({"w": torch.full((4,), -9.0)}, zipped)
+    (tmp_path / "both.pt").write_bytes(legacy.read_bytes() + zipped.read_bytes())
+    for name, code, says in [("plain", "PCK-SHARD-HEADER", "not a torch.save file"),
+                             ("text", "PCK-SHARD-HEADER", "not a torch.save file"),
+                             ("both", "PCK-UNSUPPORTED-VALUE", "a legacy (pre-1.6")]:
         with pytest.raises(CheckpointError) as ei:
             convert(tmp_path / f"{name}.pt", tmp_path / f"out_{name}")
-        assert ei.value.code == "PCK-SHARD-HEADER", name
-        assert says in str(ei.value) and str(tmp_path / f"{name}.pt") in str(ei.value), (name, str(ei.value))
+        assert ei.value.code == code and says in str(ei.value), (name, str(ei.value))
+        assert str(tmp_path / f"{name}.pt") in str(ei.value)
 
 
 def test_scan_pickles_reads_consecutive_pickles_and_says_where_they_end() -> None:
@@ -902,22 +911,3 @@ def test_scan_pickles_reads_consecutive_pickles_and_says_where_they_end() -> Non
     assert scan_pickles(data, 1) == ([1], len(parts[0]))
     with pytest.raises(PickleScanError, match=r"STOP|truncated|malformed"):
         scan_pickles(b"".join(parts), 4)  # a fourth pickle is not there
-
-
-@pytest.mark.torch
-def test_a_legacy_file_of_many_tensors_passes_the_scan(tmp_path: Path) -> None:
-    """rev23 maintainer review 4: the legacy pre-scan kept the scanner's default limit of a
-    million opcodes (the zip path has none: the bytes are bounded), so a valid legacy file of
-    some 40,000 tensors was refused as damaged. The scan itself is what is checked here (the
-    whole conversion of such a file takes tens of seconds)."""
-    torch = pytest.importorskip("torch")
-    from portable_ckpt.convert import torch_save
-
-    src = tmp_path / "many.pt"
-    torch.save({f"t{i}": torch.tensor(float(i)) for i in range(45_000)}, src,
-               _use_new_zipfile_serialization=False)
-    fd = os.open(src, os.O_RDONLY)
-    try:
-        torch_save._check_legacy(str(src), fd)  # raised "pickle too long" before
-    finally:
-        os.close(fd)

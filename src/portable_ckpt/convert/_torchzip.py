@@ -83,7 +83,7 @@ _STORAGE_DTYPES = {
     "BoolStorage": "bool",
 }
 
-#: Most bytes of pickle a torch.save file may hold (a zip's data.pkl, a legacy file's pickles).
+#: Most bytes of a torch.save zip's ``data.pkl``.
 MAX_PKL = 64 << 20
 #: Most zip members of one DCP tensor chunk: ``torch.save`` of one tensor writes about eight
 #: (data.pkl, byteorder, version, data/0, ...). A byte item's zip has no such bound (its

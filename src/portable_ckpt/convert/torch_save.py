@@ -9,10 +9,9 @@ structure: dicts/OrderedDicts (string or int keys), lists/tuples, tensors (``_re
 flattened to dotted keys (``"state.0.exp_avg"``); a list or dict without tensors below it becomes
 one ``pck:json/1`` entry. Anything else is reported and skipped.
 
-Files in the legacy (pre-1.6, non-zip) format, or whose pickle uses constructs the scanner does not
-interpret, fall back to ``torch.load(path, weights_only=True, mmap=True)`` (needs torch; tensors are
-copied out one at a time); a legacy file's pickles are interpreted by the scanner first, so that
-what the scanner refuses (keys that expand when hashed) never reaches torch's unpickler.
+Files in the legacy (pre-1.6, non-zip) format are refused (``PCK-UNSUPPORTED-VALUE``, with the
+re-save that makes them zips): ``torch.load`` of a crafted legacy file corrupts the heap, and
+nothing of this module's checks can make that loader safe.
 
 Writing (:func:`write_target`, :mod:`portable_ckpt.convert._torch_export`): one ``torch.save``
 file of the nested state (mapped keys) or of a flat ``{key: tensor}`` dict (verbatim), readable
@@ -23,9 +22,8 @@ from __future__ import annotations
 
 import math
 import os
-import warnings as pywarnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -55,8 +53,6 @@ from portable_ckpt.convert._pickle_scan import (
     scan_pickles,
 )
 from portable_ckpt.convert._torchzip import (
-    MAX_PKL,
-    TORCH_DTYPE_NAMES,
     TorchArchive,
     TorchTensorLayout,
     is_tensor_node,
@@ -66,12 +62,10 @@ from portable_ckpt.convert._torchzip import (
     tensor_layout,
 )
 from portable_ckpt.errors import (
-    CheckpointError,
     DtypeUnsupportedError,
     LimitError,
     ShardHeaderError,
     UnsupportedValueError,
-    UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.keys import (
@@ -258,14 +252,13 @@ def read_torch_source(
     """
     fd = open_regular(path, what=f"torch.save file {path}")  # a FIFO is refused, never waited on
     with os.fdopen(os.dup(fd), "rb") as f:
-        zipped = is_zip(f)
+        # torch.load takes a file for a zip by its first bytes (a local header), zipfile by
+        # its end record: a legacy stream with a zip appended was converted from the zip,
+        # while torch.load gives the legacy content (stop 23's attack). Both must agree.
+        zipped = os.pread(fd, 4, 0) == b"PK\x03\x04" and is_zip(f)
     if not zipped:
         try:
-            _check_legacy(path, fd)
-            # torch.load reads the same open file the scanner read: a file put in the path's
-            # place meanwhile is never loaded unscanned
-            return _fallback(path, fd, strict=strict, keys=keys,
-                             reason="legacy (non-zip) torch.save format")
+            _refuse_legacy(path, fd)
         finally:
             os.close(fd)
     try:
@@ -380,123 +373,37 @@ def _plan(
     return SourcePlan("torch", tensors, values.all(), warnings, close=lambda: os.close(fd))
 
 
-#: What precedes the reason in torch's weights-only refusal.
-_TORCH_PREFIX = "WeightsUnpickler error:"
-
-
-def _unpickler_says(exc: BaseException) -> str:
-    """What torch's error says about the file, without its advice to unpickle with code."""
-    lines = (line.strip() for line in str(exc).splitlines())
-    said = [
-        line.rpartition(_TORCH_PREFIX)[2].strip()
-        for line in lines
-        if line and not line.startswith(("Weights only load failed", "Check the documentation"))
-    ]
-    return "; ".join(x for x in said if x) or type(exc).__name__
-
-
 #: The first pickle of a legacy (pre-1.6, non-zip) torch.save file.
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
-def _check_legacy(path: str, fd: int) -> None:
-    """Interpret a legacy file's five pickles with the scanner before ``torch.load`` sees them.
+def _refuse_legacy(path: str, fd: int) -> NoReturn:
+    """Refuse a file that is no zip: a legacy (pre-1.6) torch.save file, or none at all.
 
-    The format is five pickles in a row (magic number, protocol, system info, the object, its
-    storage keys), then the storages. ``torch.load``'s weights-only unpickler hashes each dict
-    key as it builds the dict: a 272-byte file whose key is a tuple of 2^60 shared leaves never
-    finished (and a CLI's SIGTERM did not stop it). The scanner refuses such keys at once, and
-    the pickles are bounded as a zip's ``data.pkl`` is.
+    Legacy files went to ``torch.load(weights_only=True)``, which no check before it can make
+    safe: its legacy loader resizes a storage that a view of it still points into, and a
+    crafted file of 406 bytes wrote its own bytes into freed heap memory (glibc aborted);
+    others crashed, ran for hours (keys chosen to share a hash; a tar header it tries first),
+    or gave heap contents as tensor values (conversion attack on the legacy path, stop 23).
+    The first pickle tells a legacy file (torch's magic number) from other files, for the
+    message; nothing else of it is read.
     """
     # pread allocates what it is asked for before reading: ask for no more than is there
-    head = os.pread(fd, min(os.fstat(fd).st_size, MAX_PKL + 1), 0)
+    head = os.pread(fd, min(os.fstat(fd).st_size, 64 << 10), 0)
     try:
-        # No opcode limit (as for a zip's data.pkl): the bytes are bounded by MAX_PKL, and a
-        # legacy file of 40,000 tensors holds more than a million opcodes (rev23 review 4).
-        (magic,), _end = scan_pickles(head[:MAX_PKL], 1, max_ops=None)
-        if magic != _LEGACY_MAGIC:
-            raise ShardHeaderError(
-                f"{path}: not a torch.save file: neither a zip nor a legacy file (which starts "
-                "with torch's magic number)",
-                path=path,
-            )
-        scan_pickles(head[:MAX_PKL], 5, max_ops=None)
-    except PickleScanError as exc:
-        longer = (
-            f"; or its pickles are longer than {MAX_PKL} bytes (load it and save it again with "
-            "torch.save, which writes a zip)" if len(head) > MAX_PKL else ""
-        )
+        (magic,), _end = scan_pickles(head, 1, max_ops=None)
+    except PickleScanError:
+        magic = None
+    if magic != _LEGACY_MAGIC:
         raise ShardHeaderError(
-            f"{path}: not a torch.save file, or a damaged one: neither a zip nor a legacy file "
-            f"({exc}){longer}",
+            f"{path}: not a torch.save file: neither a zip nor a legacy file (which starts with "
+            "torch's magic number)",
             path=path,
-        ) from None
-
-
-def _fallback(path: str, fd: int, *, strict: bool, keys: KeyMode, reason: str) -> SourcePlan:
-    try:
-        import torch
-    except ImportError:
-        raise UsageError(f"{path}: {reason} needs torch to read: pip install 'portable-ckpt[torch]'") from None
-    try:
-        with os.fdopen(os.dup(fd), "rb") as f, pywarnings.catch_warnings():
-            f.seek(0)
-            # "Detected pickle protocol 4": the unpickler below refuses what it cannot read
-            pywarnings.filterwarnings("ignore", message="Detected pickle protocol")
-            obj = torch.load(f, map_location="cpu", weights_only=True)
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        if type(exc).__name__ != "UnpicklingError":  # pickle's, from the weights-only unpickler
-            raise ShardHeaderError(
-                f"{path}: {reason}: torch.load(weights_only=True) failed: {_unpickler_says(exc)}",
-                path=path,
-            ) from None
-        raise UnsupportedValueError(
-            f"{path}: {reason}: torch's weights-only unpickler refused it ({_unpickler_says(exc)}); "
-            "nothing in it was run. Only tensors, containers and plain values convert",
-            path=path,
-        ) from None
-    tensors: list[TensorSpec] = []
-    values = _Values(keys)
-    warnings = [ConvertWarning(path, f"{reason}: loaded whole with torch.load", kind="note")]
-
-    def walk(prefix: str, node: Any, dcp_path: DcpPath) -> None:
-        name = prefix or "value"
-        if isinstance(node, torch.Tensor):
-            values.tensor_at(dcp_path)
-            t = node.detach()
-            dtype = TORCH_DTYPE_NAMES.get(str(t.dtype).removeprefix("torch."))
-            if dtype is None:
-                raise DtypeUnsupportedError(f"{path}: tensor {name!r} has unsupported dtype {t.dtype}", path=path)
-            shape = tuple(t.shape)
-            nbytes = t.numel() * t.element_size()
-
-            def load(t: Any = t, shape: tuple[int, ...] = shape, dtype: str = dtype) -> np.ndarray[Any, Any]:
-                raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-                out: np.ndarray[Any, Any] = raw.view(DTYPES[dtype].numpy).reshape(shape)
-                return out
-
-            chunks = [ChunkSpec((0,) * len(shape), shape, nbytes, path, load)] if nbytes else []
-            tensors.append(TensorSpec(name, dtype, shape, chunks))
-        elif isinstance(node, dict) and (
-            (values.mapped and not prefix)
-            or any(isinstance(v, torch.Tensor | dict | list | tuple) for v in node.values())
-        ):
-            for k, v in node.items():
-                walk(values.join(prefix, str(k)), v, (*dcp_path, str(k)))
-        elif isinstance(node, list | tuple) and any(isinstance(v, torch.Tensor) for v in node):
-            for i, v in enumerate(node):
-                walk(values.join(prefix, str(i)), v, (*dcp_path, i))
-        else:
-            from portable_ckpt.convert._model import to_json_value
-
-            try:
-                values.add(name, to_json_value(node), dcp_path)
-            except ValueError as exc:
-                if strict:
-                    raise ShardHeaderError(f"{path}: item {name!r}: {exc}", path=path) from None
-                warnings.append(ConvertWarning(name, f"{exc}; skipped"))
-
-    walk("", obj, ())
-    return SourcePlan("torch", tensors, values.all(), warnings)
+        )
+    raise UnsupportedValueError(
+        f"{path}: a legacy (pre-1.6, non-zip) torch.save file, which convert does not read: "
+        "torch's loader for that format cannot be made safe against a crafted file. If you "
+        "trust the file, save it again in the zip format with torch (python -c \"import torch; "
+        "torch.save(torch.load('OLD', weights_only=True), 'NEW')\"), then convert NEW",
+        path=path,
+    )
