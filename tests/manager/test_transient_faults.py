@@ -168,6 +168,21 @@ def test_cli_verify_does_not_record_a_flip_it_cannot_find_again(tmp_path: Path) 
     assert not any(v.verification_failed for v in list_versions(root))
 
 
+def _restore_with_faults(root: Path, target: dict[str, Any], *faults: Any) -> StorageError:
+    """Restore ``root`` through a durable tier that injects ``faults``; the error it raises."""
+    import dataclasses
+
+    from portable_ckpt.storage.faults import FaultyStorage
+
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        tier = mgr.tiers["durable"]
+        mgr.tiers["durable"] = dataclasses.replace(
+            tier, storage=FaultyStorage(tier.storage, list(faults)))
+        with pytest.raises(StorageError) as info:
+            mgr.restore(target)
+    return info.value
+
+
 @pytest.mark.parametrize(("error", "advice"), [("EACCES", "mend what the error names"),
                                                 ("EIO", "retry the restore")])
 def test_the_advice_of_a_restore_stopped_by_storage_errors_follows_their_class(
@@ -176,20 +191,14 @@ def test_the_advice_of_a_restore_stopped_by_storage_errors_follows_their_class(
     """On-call review 23, F12: a permission denied on the newest version stopped the restore
     with "retry the restore", and a restart loop would retry it for good (`ls --latest` said
     exit 69: a person must act). A permission is mended by a person; an EIO may pass."""
-    import dataclasses
-
-    from portable_ckpt.storage.faults import Fault, FaultyStorage
+    from portable_ckpt.storage.faults import Fault
 
     root = tmp_path / "r"
     target = _two_versions(root)
     newest = list_versions(root)[-1].id
-    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
-        tier = mgr.tiers["durable"]
-        mgr.tiers["durable"] = dataclasses.replace(tier, storage=FaultyStorage(
-            tier.storage, [Fault(op="read", path=f"{newest}/data/*", error=error)]))
-        with pytest.raises(StorageError, match="failed twice on a storage error") as info:
-            mgr.restore(target)
-    assert advice in str(info.value) and info.value.retryable is (error == "EIO")
+    err = _restore_with_faults(root, target, Fault(op="read", path=f"{newest}/data/*", error=error))
+    assert "failed twice on a storage error" in str(err)
+    assert advice in str(err) and err.retryable is (error == "EIO")
     assert not any(v.verification_failed for v in list_versions(root))
 
 
@@ -201,18 +210,12 @@ def test_a_newest_record_that_cannot_be_read_advises_by_its_error_class(
     """On-call review 23, F12 (its repro: `chmod 000` on the newest version): the newest
     version's commit record could not be read, and the restore said "retry" whatever the
     cause; a permission is not retryable (`ls --latest` exits 69 for it)."""
-    import dataclasses
-
-    from portable_ckpt.storage.faults import Fault, FaultyStorage
+    from portable_ckpt.storage.faults import Fault
 
     root = tmp_path / "r"
     target = _two_versions(root)
     newest = list_versions(root)[-1].id
-    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
-        tier = mgr.tiers["durable"]
-        mgr.tiers["durable"] = dataclasses.replace(tier, storage=FaultyStorage(
-            tier.storage, [Fault(op=("read", "exists", "size"), path=f"{newest}/manifest.json",
-                                 error=error)]))
-        with pytest.raises(StorageError, match="cannot tell whether") as info:
-            mgr.restore(target)
-    assert advice in str(info.value) and info.value.retryable is (error == "EIO"), str(info.value)
+    err = _restore_with_faults(root, target, Fault(
+        op=("read", "exists", "size"), path=f"{newest}/manifest.json", error=error))
+    assert "cannot tell whether" in str(err)
+    assert advice in str(err) and err.retryable is (error == "EIO"), str(err)
