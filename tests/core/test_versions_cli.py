@@ -845,3 +845,23 @@ def test_ls_drill_column_shows_the_newest_drill(tmp_path, capsys) -> None:
     assert " passed " in cell() + " " and "failed" not in cell()
     drill(False, "2026-11-30T00:00:00Z")  # the newest failed: no longer green
     assert "failed (passed before)" in cell()
+
+
+def test_ls_names_a_newer_attempt_that_lost_its_record(tmp_path, capsys) -> None:
+    """On-call review 23, N5: a newest version whose `manifest.json` was lost is `incomplete`
+    in `ls`, and only a restore named it: `ls` says that every writer's index is there, with
+    the recommit; an older such attempt, or one missing an index, is not named."""
+    from portable_ckpt.cli.main import main as cli_main
+
+    save_step(tmp_path, 1)
+    lost = save_step(tmp_path, 2)
+    os.remove(tmp_path / lost / "manifest.json")
+    assert cli_main(["ls", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"{lost}: no commit record, but every writer's index" in err
+    assert f"portable-ckpt recommit {tmp_path / lost} --was-committed" in err
+    for index in (tmp_path / lost / "index").iterdir():  # a save cut short earlier: nothing
+        index.unlink()
+        break
+    assert cli_main(["ls", str(tmp_path)]) == 0
+    assert "no commit record, but every writer's index" not in capsys.readouterr().err

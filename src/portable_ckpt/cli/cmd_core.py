@@ -89,6 +89,7 @@ def _ls(args: argparse.Namespace) -> int:
                   "record(s) not yet moved to verifications/cleared/: releases before format 1.2 "
                   f"count it as failed; `portable-ckpt verify {safe(v.path)} --deep` or a gc "
                   "finishes the move", file=sys.stderr)
+    _say_uncommitted(storage, versions)
     code = failed_status(
         [v.error_retryable for v in unreadable]
         + ([pins_unread.retryable] if pins_unread is not None else [])
@@ -153,6 +154,26 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+def _say_uncommitted(storage: Any, versions: list[Any]) -> None:
+    """Name, on stderr, the newest attempts without a commit record that hold every index.
+
+    Attempts above every committed step: a save cut short at its commit, or a version whose
+    record was lost. A restore names them (``passed_over``, reason ``uncommitted``); ``ls`` said nothing, so
+    an operator looking at a root after an incident did not learn that a newer step may be
+    brought back (on-call review 23, N5). A save in progress may be one for a moment.
+    """
+    from portable_ckpt.io.recommit import every_writer_indexed
+
+    top = max((v.step for v in versions if v.status == "committed"), default=-1)
+    newer = [v for v in versions if v.status == "incomplete" and v.step > top]
+    for v in newer[-3:]:  # the newest few: each costs a listing
+        if every_writer_indexed(storage, v.id):
+            print(f"portable-ckpt: {v.id}: no commit record, but every writer's index (a save "
+                  "in progress or cut short at its commit, or a version whose record was lost): "
+                  f"if it was committed, `portable-ckpt recommit {safe(v.path)} --was-committed` "
+                  "brings it back", file=sys.stderr)
 
 
 def _drill_cell(drills: list[dict[str, Any]]) -> str:
