@@ -374,3 +374,23 @@ def test_a_copy_that_fails_removes_its_files_and_its_retry_need_not_wait(tmp_pat
     res = copy_version(str(src), str(dst))  # no --force, no wait
     assert res.record is not None and (dst / aid / "manifest.json").exists()
     assert portable_ckpt.open(dst).verify(deep=True) == []
+
+
+def test_copy_of_a_root_copies_the_version_a_restore_takes(tmp_path: Path) -> None:
+    """Review of stop 23, E1: `copy ROOT DEST` (the backup cron operations.md gives) copied the
+    greatest committed version also when a verification of it had failed, which the copy then
+    refused as damaged every night. It copies what a restore takes, as `ls --latest` names it."""
+    from tests.rules.test_r_drill_10 import _failed_record
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    one = _save(src, 1)
+    two = _save(src, 2)
+    _failed_record(src / two, "v20260101T000000000000Z-00000001")
+    res = copy_version(str(src), str(dst))
+    assert res.attempt_id == one and (dst / one / "manifest.json").exists()
+    assert not (dst / two).exists()
+    _failed_record(src / one, "v20260101T000000000000Z-00000002")
+    with pytest.raises(portable_ckpt.CheckpointError, match="no version a restore takes") as ei:
+        copy_version(str(src), str(tmp_path / "dst2"))
+    assert ei.value.code == "PCK-NOT-FOUND" and "copy one explicitly as ROOT/ID" in str(ei.value)
+    assert copy_version(str(src / two), str(tmp_path / "dst3"), force=True).attempt_id == two

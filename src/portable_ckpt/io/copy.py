@@ -430,6 +430,38 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
     dst.delete_prefix(f"{attempt}/")
 
 
+def _version_a_restore_takes(root: str | os.PathLike[str]) -> str:
+    """The path of the version a restore of ``root`` takes (``ls --latest``'s answer).
+
+    ``copy ROOT DEST`` copied the greatest committed version, also one that failed
+    verification, which the copy then refused as damaged every night (review of stop 23,
+    E1): a backup is of what a restart takes. Raises as ``ls --latest`` fails: a version
+    whose records could not be read stops the answer (R-ID-5).
+    """
+    from portable_ckpt.errors import NotFoundError
+    from portable_ckpt.io.versions import newest_first, restore_decision, root_must_exist
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(root)
+    root_must_exist(storage)
+    failed = []
+    for v in newest_first(storage):
+        decision = restore_decision(v)
+        if decision == "take":
+            return v.path
+        if decision == "stop":
+            raise StorageError(
+                f"{v.path}: cannot tell whether it is the version a restore takes ({v.error}); "
+                "nothing copied: run it again once it can be read (`portable-ckpt ls ROOT` says "
+                "why)", path=f"{v.id}/manifest.json", retryable=v.error_retryable)
+        if v.status == "committed":
+            failed.append(v.id)
+    raise NotFoundError(
+        f"{root}: no version a restore takes" + (
+            f" (its {len(failed)} committed version(s) failed verification; copy one "
+            "explicitly as ROOT/ID)" if failed else ""))
+
+
 def _remove_unpublished(job: _CopyJob) -> None:
     """After a copy failed: remove the files it wrote, unless the version is published there.
 
@@ -499,7 +531,12 @@ def _resolve(
 ) -> _CopyJob:
     """Open the source version and the destination root (no byte is copied yet)."""
     import portable_ckpt
+    from portable_ckpt.storage import root_text
 
+    if step is None and not isinstance(src, Storage) and portable_ckpt._split_version(
+        root_text(src)
+    ) is None:
+        src = _version_a_restore_takes(src)
     ck = portable_ckpt.open(src, step=step)
     src_storage: Storage = ck.storage
     dst_url = normalize_root_url(dst_root)
@@ -731,8 +768,9 @@ def copy_version(
     ``copy.started``.
 
     Args:
-        src: A version directory (``<root>/<attempt-id>``) or a root (its latest committed
-            version, or the newest of ``step``); local path or ``s3://``.
+        src: A version directory (``<root>/<attempt-id>``) or a root (the version a restore
+            takes, as ``ls --latest`` names it: the newest committed version no verification
+            failed; or the newest of ``step``); local path or ``s3://``.
         dst_root: The destination root (local path, ``file://`` URL, ``s3://bucket/prefix`` or a
             :class:`Storage`); created when missing.
         step: With a root as ``src``, copy the newest committed version of this step.
