@@ -430,6 +430,19 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
     dst.delete_prefix(f"{attempt}/")
 
 
+def _restorable(ck: Checkpoint) -> bool:
+    """Whether a restore would take the greatest version (no failed or unreadable records).
+
+    Read from its verification records only: its commit record was read once, and the
+    republished bytes are the bytes read (the listing walk below reads it again).
+    """
+    from portable_ckpt.io.annotations import failed_verifications, read_annotations
+
+    errors: list[CheckpointError] = []
+    records = read_annotations(ck.storage, ck.id, "verifications", errors=errors)
+    return not errors and not failed_verifications(records)
+
+
 def _version_a_restore_takes(root: str | os.PathLike[str]) -> str:
     """The path of the version a restore of ``root`` takes (``ls --latest``'s answer).
 
@@ -533,11 +546,11 @@ def _resolve(
     import portable_ckpt
     from portable_ckpt.storage import root_text
 
+    ck = portable_ckpt.open(src, step=step)
     if step is None and not isinstance(src, Storage) and portable_ckpt._split_version(
         root_text(src)
-    ) is None:
-        src = _version_a_restore_takes(src)
-    ck = portable_ckpt.open(src, step=step)
+    ) is None and not _restorable(ck):
+        ck = portable_ckpt.open(_version_a_restore_takes(src))
     src_storage: Storage = ck.storage
     dst_url = normalize_root_url(dst_root)
     _check_not_inside(src_storage, normalize_root_url(src_storage), dst_root, dst_url)
