@@ -271,6 +271,19 @@ def test_a_newest_save_without_its_record_is_named_with_the_recommit(
         assert mgr.restore(_state(1000.0)).step == 3
     (ev,) = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "restore"]
     assert ev["passed_over_count"] == 0 and ev["uncommitted_count"] == 1, ev
+    # a restart loop killed during ten commits: still not counted as versions passed over
+    # (review E2: the ones beyond the eight named were)
+    copies = [Path(root, f"s{7 + i:012d}-20990101T000000000000Z-{i:016x}") for i in range(10)]
+    for c in copies:
+        shutil.copytree(Path(root, six), c)
+    events.unlink()
+    with pckt.CheckpointManager(root, save_every=3, async_save=False, events=str(events)) as mgr:
+        info = mgr.restore(_state(1000.0))
+    (ev,) = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "restore"]
+    assert ev["passed_over_count"] == 0 and info.passed_over_more == 0, ev
+    assert ev["uncommitted_count"] == 8 and info.passed_over[0]["checkpoint_id"] == copies[-1].name
+    for c in copies:
+        shutil.rmtree(c)
     assert main(["recommit", f"{root}/{six}", "--was-committed"]) == 0  # as it says
     assert _restore(root, caplog, capsys)[0].step == 6
     # a save cut short before every writer finished: nothing to bring back, nothing said

@@ -60,7 +60,8 @@ _GAUGES: tuple[tuple[str, str, str, str], ...] = (
     ("pck_restore_ok", "restore", "ok", "1 when the last restore succeeded"),
     ("pck_restore_slowest_rank_seconds", "restore", "slowest_rank_seconds", "Slowest rank"),
     ("pck_restore_passed_over", "restore", "passed_over_count",
-     "Newer versions the last restore passed over (alert when above 0)"),
+     "Newer versions the last restore passed over, attempts without a record apart "
+     "(alert when above 0)"),
     ("pck_restore_uncommitted", "restore", "uncommitted_count",
      "Newer attempts without commit record beside every writer index (a commit cut short, or "
      "a record lost)"),

@@ -94,7 +94,7 @@ def _find_passed_over(
         key: why for key, why in tried.items() if key[1] > restored and key[0] in mgr.tiers
     }
     for tier_name, versions in seen.items():
-        for v in versions:
+        for v in reversed(versions):  # newest first: a deadline reached drops the oldest
             if v.id <= restored or (step is not None and v.step != step):
                 continue
             if (tier_name, v.id) in rows:
@@ -138,7 +138,11 @@ def _find_passed_over(
         _passed_row(mgr, tier_name, ident, rows[(tier_name, ident)], deadline)
         for tier_name, ident in order[:PASSED_OVER_NAMED]
     ]
-    return {"named": named, "more": max(0, len(order) - PASSED_OVER_NAMED)}
+    # "more" counts versions: attempts without a record beyond the named ones are not counted
+    # (a restart loop killed during commits must not page through the count: review E2)
+    rest = order[PASSED_OVER_NAMED:]
+    return {"named": named,
+            "more": sum(1 for k in rest if rows[k]["reason"] != "uncommitted")}
 
 
 def _passed_row(

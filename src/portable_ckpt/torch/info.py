@@ -90,7 +90,8 @@ class LoadInfo:
             ``copies_error`` why its copy records could not all be read, ``commands`` the
             ``portable-ckpt copy`` and ``verify`` that bring the first copy back once the
             version is set aside (moved out of the root). The same on every rank.
-        passed_over_more: Versions passed over beyond those listed in ``passed_over``.
+        passed_over_more: Versions passed over beyond those listed in ``passed_over`` (not
+            counting attempts without a commit record, reason ``"uncommitted"``).
         per_rank: Every rank's counters (from the final status exchange).
         range_map: With ``record_ranges=True``: for each key, the stored boxes (file, writer
             box) and the target box they fill on this rank.
