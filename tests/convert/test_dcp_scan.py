@@ -894,8 +894,10 @@ def test_files_that_are_no_torch_zip_are_named(tmp_path: Path) -> None:
     torch.save({"w": torch.arange(4.0)}, legacy, _use_new_zipfile_serialization=False)
     torch.save({"w": torch.full((4,), -9.0)}, zipped)
     (tmp_path / "both.pt").write_bytes(legacy.read_bytes() + zipped.read_bytes())
+    (tmp_path / "cut.pt").write_bytes(zipped.read_bytes()[: zipped.stat().st_size // 2])
     for name, code, says in [("plain", "PCK-SHARD-HEADER", "not a torch.save file"),
                              ("text", "PCK-SHARD-HEADER", "not a torch.save file"),
+                             ("cut", "PCK-SHARD-HEADER", "a damaged or truncated torch.save zip"),
                              ("both", "PCK-UNSUPPORTED-VALUE", "a legacy (pre-1.6")]:
         with pytest.raises(CheckpointError) as ei:
             convert(tmp_path / f"{name}.pt", tmp_path / f"out_{name}")

@@ -308,3 +308,31 @@ def test_the_module_docstring_faults_fire(tmp_path: Path) -> None:
         except StorageError:
             pass
         assert fault.fired >= 1, text
+
+
+def test_the_callers_error_stands_when_the_abort_fails_too(tmp_path: Path) -> None:
+    """Review of stop 23, E6 and maintainer review 10: an abort that fails (an S3 delete that
+    did not answer) replaced the error that made the writer abort, in the body of a `with` and
+    after a failed close."""
+    from portable_ckpt.storage.base import StreamWriter
+
+    class Failing(StreamWriter):
+        def __init__(self, close_fails: bool) -> None:
+            self.close_fails = close_fails
+
+        def write(self, data: memoryview | bytes) -> None:
+            pass
+
+        def close(self) -> None:
+            if self.close_fails:
+                raise StorageError("close: the upload failed", path="f")
+
+        def abort(self) -> None:
+            raise StorageError("abort: the delete did not answer", path="f")
+
+    with pytest.raises(RuntimeError, match="the body's own"):
+        with Failing(close_fails=False):
+            raise RuntimeError("the body's own error")
+    with pytest.raises(StorageError, match="close: the upload failed"):
+        with Failing(close_fails=True) as w:
+            w.write(b"x")

@@ -428,7 +428,7 @@ def _restore_takes(
             meanwhile.append(v.id)
             continue
         if found is None:
-            return None, stop(v, None, "listed, but its check has no result", True), meanwhile
+            return None, stop(v, "PCK-STORAGE", "listed, but its check has no result", True), meanwhile
         d, run = found  # what the version's bytes showed (a record not written is no problem)
         if not run.errors:
             return d, None, meanwhile

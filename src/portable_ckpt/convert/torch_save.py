@@ -258,6 +258,12 @@ def read_torch_source(
         zipped = os.pread(fd, 4, 0) == b"PK\x03\x04" and is_zip(f)
     if not zipped:
         try:
+            if os.pread(fd, 4, 0) == b"PK\x03\x04":  # a zip's start, but no end record
+                raise ShardHeaderError(
+                    f"{path}: a damaged or truncated torch.save zip (it starts as a zip, but its "
+                    "end record is missing): copy or download it again",
+                    path=path,
+                )
             _refuse_legacy(path, fd)
         finally:
             os.close(fd)

@@ -17,6 +17,7 @@ and written, one prefetched) plus its destination writer's buffer (for S3:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -264,7 +265,8 @@ class _FileCopier:
                 offset = nxt
             writer.close()
         except BaseException:
-            writer.abort()
+            with contextlib.suppress(Exception):  # the first error is the one that counts
+                writer.abort()
             raise
         got_size = self.dst.size(self.rel)
         if got_size != size:

@@ -96,7 +96,8 @@ class StreamWriter(abc.ABC):
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is not None:
-            self.abort()
+            with contextlib.suppress(Exception):  # the body's error is the one that counts
+                self.abort()
             return
         try:
             self.close()

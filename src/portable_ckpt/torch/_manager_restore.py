@@ -137,6 +137,12 @@ def candidates(
     for order, name, view in views:
         for v_step, committed_at, ident, problem in view.get("rows", []):
             key = (int(v_step), timestamp_key(committed_at), order)
+            seen_before = found.get((name, ident), (key, None))[1]
+            # Several ranks' views of a node-local tier: a problem any rank met stands (one
+            # that read the record fine must not hide it), and one a person must mend first
+            # (review of stop 23, E8: the last rank's row won).
+            if problem is None or (seen_before is not None and not seen_before["retryable"]):
+                problem = seen_before
             found[(name, ident)] = (key, problem)
     ranked = sorted(found.items(), key=lambda kv: kv[1][0], reverse=True)
     local: dict[str, Any] = (

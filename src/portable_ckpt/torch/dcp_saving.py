@@ -6,6 +6,7 @@ for strided DTensors; the protocol is in :mod:`portable_ckpt.torch.dcp`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -252,7 +253,8 @@ class PortableStorageWriter(StorageWriter):
             results, values, items = self._write_items(writer, plan, planner)
             index = None if self.is_coordinator else writer.finish()
         except BaseException:
-            writer.abort()
+            with contextlib.suppress(Exception):  # the first error is the one that counts
+                writer.abort()
             raise
         self._writer = writer if self.is_coordinator else None
         doc = {
@@ -341,7 +343,8 @@ class PortableStorageWriter(StorageWriter):
         except CommitOutcomeUnknownError:
             raise  # the version may be committed: its files stay (R-COMMIT-19)
         except BaseException:
-            writer.abort()
+            with contextlib.suppress(Exception):  # the first error is the one that counts
+                writer.abort()
             _discard(storage, attempt, list(peers.values()))
             raise
         # What dcp.save returns, as FileSystemWriter fills it: where each item went (its
