@@ -480,3 +480,32 @@ def test_a_save_that_commits_while_gc_lists_it_is_no_problem(tmp_path: Path) -> 
     assert aid in _alive(tmp_path)
     check_restores(storage, aid)
     assert cli_main(["gc", str(tmp_path), "--keep", "5"]) == 0  # and the next gc keeps it
+
+
+def test_a_save_that_commits_just_before_gc_deletes_it_is_no_problem(tmp_path: Path) -> None:
+    """Review of stop 23, E5: the other moment of N7, after gc dated the attempt and just before
+    it deletes it (its last look for a record finds one): kept, named, not a failed delete."""
+    import inspect
+
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import new_attempt_id
+    from tests.hardening._util import write_share
+
+    make_version(str(tmp_path), 1)
+    storage = open_storage(tmp_path)
+    aid = new_attempt_id(2)
+    idx = [write_share(storage, aid, 2, w, 2) for w in range(2)]
+    committed: list[str] = []
+
+    def commit_now(op: str, path: str) -> None:
+        if not committed and any(f.function == "_still_unrecorded" for f in inspect.stack()):
+            commit(storage, aid, step=2, indexes=idx, expected_writers=[0, 1],
+                   continuation=portable_ckpt.Continuation("exact", 2, None))
+            committed.append(aid)
+
+    racing = FaultyStorage(storage, [Fault(op="exists", path=f"{aid}/manifest.json", error=None,
+                                           callback=commit_now)])
+    rep = gc(racing, keep=5, grace_seconds=0.0)
+    assert committed and rep.committed_meanwhile == [aid] and rep.complete, rep
+    assert aid not in rep.abandoned and aid in _alive(tmp_path)
+    check_restores(storage, aid)
