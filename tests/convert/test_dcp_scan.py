@@ -46,7 +46,6 @@ from portable_ckpt.convert._pickle_scan import (
     PickleScanError,
     Resolved,
     scan_pickle,
-    scan_pickles,
 )
 from portable_ckpt.errors import CheckpointError
 
@@ -903,13 +902,3 @@ def test_files_that_are_no_torch_zip_are_named(tmp_path: Path) -> None:
             convert(tmp_path / f"{name}.pt", tmp_path / f"out_{name}")
         assert ei.value.code == code and says in str(ei.value), (name, str(ei.value))
         assert str(tmp_path / f"{name}.pt") in str(ei.value)
-
-
-def test_scan_pickles_reads_consecutive_pickles_and_says_where_they_end() -> None:
-    parts = [pickle.dumps(x, protocol=p) for x, p in [(1, 2), ({"a": [1, 2]}, 4), ("z", 0)]]
-    data = b"".join(parts) + b"trailing bytes"
-    values, end = scan_pickles(data, 3)
-    assert values == [1, {"a": [1, 2]}, "z"] and end == sum(map(len, parts))
-    assert scan_pickles(data, 1) == ([1], len(parts[0]))
-    with pytest.raises(PickleScanError, match=r"STOP|truncated|malformed"):
-        scan_pickles(b"".join(parts), 4)  # a fourth pickle is not there

@@ -37,7 +37,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import struct
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,6 @@ __all__ = [
     "Resolved",
     "WalkBudget",
     "scan_pickle",
-    "scan_pickles",
 ]
 
 
@@ -439,51 +438,23 @@ def scan_pickle(
     # The scan allocates one container per few opcodes and frees nothing until it ends: the cyclic
     # collector would traverse the growing graph again and again (~15 % of the time on a
     # 128k-chunk .metadata) and finds nothing to free, so it is paused for large inputs.
-    with paused_gc() if len(data) > _GC_PAUSE_BYTES else contextlib.nullcontext(), _malformed():
-        return _scan(
-            bytes(data) if not isinstance(data, bytes) else data,
-            allowed,
-            max_ops,
-            frozenset(unwrap_calls),
-            build_hooks or {},
-        )[0]
-
-
-@contextlib.contextmanager
-def _malformed() -> Iterator[None]:
-    """Report what the interpreter raised on a malformed stream as :class:`PickleScanError`."""
-    try:
-        yield
-    except PickleScanError:
-        raise
-    except KeyError as exc:  # only memo lookups index a dict
-        raise PickleScanError(f"malformed pickle: memo key {exc} missing") from None
-    except RecursionError:
-        raise PickleScanError("malformed pickle: nested too deeply") from None
-    except Exception as exc:  # e.g. UnicodeDecodeError, ValueError from int()/float() args
-        raise PickleScanError(f"malformed pickle: {type(exc).__name__}: {exc}"[:300]) from None
-
-
-def scan_pickles(data: bytes, count: int, *, max_ops: int | None = _MAX_OPS) -> tuple[list[Any], int]:
-    """Interpret ``count`` pickles written one after the other at the start of ``data``.
-
-    As :func:`scan_pickle` (every global accepted, none resolved), for streams such as the legacy
-    ``torch.save`` format (magic number, protocol, system info, the object, its storage keys).
-
-    Returns:
-        The symbolic values and the offset just past the last pickle's ``STOP``.
-
-    Raises:
-        PickleScanError: as :func:`scan_pickle`, for any of the pickles.
-
-    """
-    values: list[Any] = []
-    start = 0
-    for _ in range(count):
-        with _malformed():
-            value, start = _scan(data, None, max_ops, frozenset(), {}, start)
-        values.append(value)
-    return values, start
+    with paused_gc() if len(data) > _GC_PAUSE_BYTES else contextlib.nullcontext():
+        try:
+            return _scan(
+                bytes(data) if not isinstance(data, bytes) else data,
+                allowed,
+                max_ops,
+                frozenset(unwrap_calls),
+                build_hooks or {},
+            )
+        except PickleScanError:
+            raise
+        except KeyError as exc:  # only memo lookups index a dict
+            raise PickleScanError(f"malformed pickle: memo key {exc} missing") from None
+        except RecursionError:
+            raise PickleScanError("malformed pickle: nested too deeply") from None
+        except Exception as exc:  # e.g. UnicodeDecodeError, ValueError from int()/float() args
+            raise PickleScanError(f"malformed pickle: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 def _line(data: bytes, i: int) -> tuple[bytes, int]:
@@ -601,8 +572,7 @@ def _scan(
     max_ops: int | None,
     unwrap: frozenset[str] = frozenset(),
     hooks: Mapping[str, BuildHook] | None = None,
-    start: int = 0,
-) -> tuple[Any, int]:
+) -> Any:
     # One flat dispatch on the opcode byte, most frequent opcodes first. The opcodes are decoded
     # here rather than with pickletools.genops (whose argument formats this follows): genops
     # alone took 4.6 s for the 18 MB .metadata of a 128k-chunk checkpoint, more than
@@ -636,7 +606,7 @@ def _scan(
     # Every opcode consumes at least one byte: without a smaller max_ops nothing needs counting.
     counting = max_ops is not None and max_ops < n
     limit = max_ops or 0
-    i = start
+    i = 0
     count = 0
     proto = 0  # until a PROTO opcode says otherwise (protocols 0 and 1 have none)
     # Hot opcodes index the stack and data directly: an empty stack or a short argument raises
@@ -859,7 +829,7 @@ def _scan(
         elif op == 0x2E:  # STOP
             if len(stack) != 1 or stack[0] is mark:
                 raise PickleScanError("stack not balanced at STOP")
-            return stack[0], i
+            return stack[0]
         # -- protocol 0/1 text opcodes and the rarely used rest ------------------------------------
         elif op == 0x63:  # GLOBAL
             module_b, i = _line(data, i)

@@ -41,7 +41,6 @@ from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 from portable_ckpt.format.manifest import MAX_NDIM
 
 __all__ = [
-    "MAX_PKL",
     "MAX_ITEM_MEMBERS",
     "TORCH_DTYPE_NAMES",
     "ZIP_ERRORS",
@@ -83,8 +82,7 @@ _STORAGE_DTYPES = {
     "BoolStorage": "bool",
 }
 
-#: Most bytes of a torch.save zip's ``data.pkl``.
-MAX_PKL = 64 << 20
+_MAX_PKL = 64 << 20
 #: Most zip members of one DCP tensor chunk: ``torch.save`` of one tensor writes about eight
 #: (data.pkl, byteorder, version, data/0, ...). A byte item's zip has no such bound (its
 #: members cost its bytes: see ``_dcp_meta.decode_byte_item``).
@@ -287,8 +285,8 @@ def open_torch_archive(
         if order is not None and _read_stored(zf, order, 64, where).strip() not in (b"little", b""):
             raise ShardHeaderError(f"{where}: big-endian torch.save data is not supported")
         try:
-            raw = _read_stored(zf, info, MAX_PKL, where)
-            root = scan_pickle(raw, max_ops=None)  # bounded by MAX_PKL
+            raw = _read_stored(zf, info, _MAX_PKL, where)
+            root = scan_pickle(raw, max_ops=None)  # bounded by _MAX_PKL
         except PickleScanError as exc:
             raise ShardHeaderError(f"{where}: cannot interpret data.pkl: {exc}") from None
         dprefix = prefix + "data/"

@@ -50,7 +50,7 @@ from portable_ckpt.convert._pickle_scan import (
     Global,
     PickleScanError,
     WalkBudget,
-    scan_pickles,
+    scan_pickle,
 )
 from portable_ckpt.convert._torchzip import (
     TorchArchive,
@@ -251,14 +251,15 @@ def read_torch_source(
 
     """
     fd = open_regular(path, what=f"torch.save file {path}")  # a FIFO is refused, never waited on
+    # torch.load takes a file for a zip by its first bytes (a local header), zipfile by its end
+    # record: a legacy stream with a zip appended was converted from the zip, while torch.load
+    # gives the legacy content (stop 23's attack). Both must agree.
+    starts_as_zip = os.pread(fd, 4, 0) == b"PK\x03\x04"
     with os.fdopen(os.dup(fd), "rb") as f:
-        # torch.load takes a file for a zip by its first bytes (a local header), zipfile by
-        # its end record: a legacy stream with a zip appended was converted from the zip,
-        # while torch.load gives the legacy content (stop 23's attack). Both must agree.
-        zipped = os.pread(fd, 4, 0) == b"PK\x03\x04" and is_zip(f)
+        zipped = starts_as_zip and is_zip(f)
     if not zipped:
         try:
-            if os.pread(fd, 4, 0) == b"PK\x03\x04":  # a zip's start, but no end record
+            if starts_as_zip:  # but no end record
                 raise ShardHeaderError(
                     f"{path}: a damaged or truncated torch.save zip (it starts as a zip, but its "
                     "end record is missing): copy or download it again",
@@ -394,10 +395,11 @@ def _refuse_legacy(path: str, fd: int) -> NoReturn:
     The first pickle tells a legacy file (torch's magic number) from other files, for the
     message; nothing else of it is read.
     """
-    # pread allocates what it is asked for before reading: ask for no more than is there
-    head = os.pread(fd, min(os.fstat(fd).st_size, 64 << 10), 0)
+    # The magic number's pickle is 15 bytes; the scan stops at its STOP. (pread allocates
+    # what it is asked for: ask for no more than is there.)
+    head = os.pread(fd, min(os.fstat(fd).st_size, 1024), 0)
     try:
-        (magic,), _end = scan_pickles(head, 1, max_ops=None)
+        magic = scan_pickle(head, max_ops=None)
     except PickleScanError:
         magic = None
     if magic != _LEGACY_MAGIC:

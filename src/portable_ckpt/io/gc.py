@@ -214,10 +214,18 @@ class GcReport:
 
     def failed(self, attempt_id: str, exc: CheckpointError) -> None:
         """Record an attempt whose deletion failed part way: not deleted, and named."""
+        self._uncount(attempt_id)
+        self.skip(attempt_id, "delete failed", exc)
+
+    def committed_since(self, attempt_id: str) -> None:
+        """Record an attempt planned for deletion as abandoned that a save committed since."""
+        self._uncount(attempt_id)
+        self.committed_meanwhile.append(attempt_id)
+
+    def _uncount(self, attempt_id: str) -> None:
         for done in (self.deleted, self.abandoned):
             if attempt_id in done:
                 done.remove(attempt_id)
-        self.skip(attempt_id, "delete failed", exc)
 
 
 def check_retention(keep: int, grace_seconds: float) -> None:
@@ -368,10 +376,7 @@ def gc(
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
                 if attempt_id in unrecorded and _committed_now(storage, attempt_id):
-                    for done in (report.deleted, report.abandoned):
-                        if attempt_id in done:
-                            done.remove(attempt_id)
-                    report.committed_meanwhile.append(attempt_id)
+                    report.committed_since(attempt_id)
                 else:
                     report.failed(attempt_id, exc)
             if progress is not None:
