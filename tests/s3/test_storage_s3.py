@@ -452,6 +452,46 @@ def test_a_completed_multipart_upload_whose_crc32c_differs_is_removed(
     assert s3.boto().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
 
 
+@pytest.mark.parametrize("versioned", [False, True])
+@pytest.mark.parametrize("size", [1000, 11 * MIB])
+def test_an_upload_refused_for_its_crc32c_never_deletes_another_uploads_object(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch, versioned: bool, size: int
+) -> None:
+    """Two copies of one version to one root upload the same keys. When the server answers
+    one upload with another CRC32C, its object is deleted again; a plain delete removed the
+    other copy's good object that had replaced it meanwhile, and that copy's commit record
+    then named a file that was gone (left open at stop 23). The delete is conditional on the
+    upload's ETag, or names its version where the bucket keeps versions."""
+    bucket = s3.boto()
+    if versioned:
+        bucket.put_bucket_versioning(Bucket=s3.bucket,
+                                     VersioningConfiguration={"Status": "Enabled"})
+    st = S3Storage.from_url(s3.root(), part_size=5 * MIB, max_concurrency=2)
+    other = b"the other copy's object" * 7
+    method = "put_object" if size < 5 * MIB else "complete_multipart_upload"
+    client = st._client()
+    real = getattr(client, method)
+
+    def answer(**kwargs: Any) -> dict[str, Any]:
+        resp = dict(real(**kwargs))
+        # the other copy's upload of the same key completes before this answer is read
+        bucket.put_object(Bucket=s3.bucket, Key="ckpts/att/data/x", Body=other)
+        resp["ChecksumCRC32C"] = base64.b64encode(crc32c.crc32c(b"x").to_bytes(4, "big")).decode()
+        return resp
+
+    monkeypatch.setattr(client, method, answer)
+    w = st.open_writer("att/data/x")
+    with pytest.raises(StorageError, match="corrupted in transit"):
+        w.write(_payload(size))
+        w.close()
+    w.abort()
+    assert st.read_all("att/data/x", max_size=1 << 20) == other
+    if versioned:  # this upload's version is gone, the other's is the one left
+        versions = bucket.list_object_versions(Bucket=s3.bucket, Prefix="ckpts/att/data/x")
+        assert [v["Size"] for v in versions.get("Versions", [])] == [len(other)]
+        assert not versions.get("DeleteMarkers")
+
+
 def test_the_part_size_doubles_every_1000_parts(s3: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """mutation audit 22 A-108: an object of more than 1000 parts doubles its part size every
     1000 parts (S3 allows 10,000): part 1000 is the last of the first size. The multipart upload

@@ -1443,6 +1443,9 @@ class _S3Writer(StreamWriter):
         self._closed = False
         self._completed = False
         self._failed: BaseException | None = None
+        #: What the server answered for the completed object (its ETag, VersionId): a delete
+        #: of it removes this upload's object only.
+        self._stored: dict[str, Any] = {}
 
     def _fail(self, op: str, exc: BaseException) -> NoReturn:
         self._failed = exc
@@ -1591,16 +1594,44 @@ class _S3Writer(StreamWriter):
         The object is in place once the upload completed; left there, it is a file of this
         attempt with bytes nobody wrote (gc would remove it only with the attempt).
         """
+        self._stored = {k: resp[k] for k in ("ETag", "VersionId") if isinstance(resp.get(k), str)}
         try:
             self._s._check_returned_crc(self._path, resp, self._crc)
         except StorageError as exc:
             self._failed = exc
             try:
-                self._s.delete(self._path)
+                self._delete_own()
                 self._completed = False
             except CheckpointError:
                 pass  # abort() tries again; the attempt's gc removes it otherwise
             raise
+
+    def _delete_own(self) -> None:
+        """Delete the object this upload stored, and never another upload's of the same key.
+
+        Two copies of one version to one root upload the same keys: a plain delete of the
+        object stored with the wrong CRC32C could remove the other copy's good one, which
+        replaced it meanwhile (its commit record then names a file that is gone). The delete
+        names this upload's version where the bucket keeps versions, else is conditional on
+        its ETag (``If-Match``: a 412 means another upload's object is there now, left alone).
+        """
+        kwargs: dict[str, Any] = {"Bucket": self._s.bucket, "Key": self._key}
+        if self._stored.get("VersionId", "null") != "null":
+            # ("null": no versioning, or suspended; that version is whichever upload was last)
+            kwargs["VersionId"] = self._stored["VersionId"]
+        elif "ETag" in self._stored:
+            kwargs["IfMatch"] = self._stored["ETag"]
+        try:
+            self._s._boto_call(lambda: self._s._client().delete_object(**kwargs), "DELETE",
+                               self._key)
+        except Exception as exc:
+            err = getattr(exc, "response", {}).get("Error", {})
+            status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get(
+                "HTTPStatusCode")
+            if err.get("Code") in ("PreconditionFailed", "NoSuchKey") or status in (404, 412):
+                return  # another upload's object is there now, or none: nothing of ours
+            self._s._fail("delete", self._path, exc)
+        self._s.stats.add(other_requests=1)
 
     def _abort_quietly(self) -> None:
         for fut in self._parts:
@@ -1628,5 +1659,5 @@ class _S3Writer(StreamWriter):
             self._failed = StorageError(f"upload {self._path!r} aborted", path=self._path)
         self._abort_quietly()
         if self._completed:  # like the local backend: abort removes what was written
-            self._s.delete(self._path)
+            self._delete_own()
             self._completed = False
