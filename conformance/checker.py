@@ -933,6 +933,11 @@ class _VersionChecker:
                                  f"its file name ({rule})")
                 if sub == "verifications":
                     verifications.append((where, doc))
+                if sub == "deleting":
+                    self.r.warn(f"{where}: a gc began deleting this version and was stopped "
+                                "before its commit record went, or could not delete it "
+                                "(R-GC-13): the version is committed; a gc that keeps it "
+                                "removes the mark")
                 if sub == "index":
                     w = doc.get("writer")
                     if not _is_int(w) or p.name != f"w{w:05d}.json":
@@ -1075,7 +1080,7 @@ _VERIFICATION_NAME = re.compile(r"v[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
 #: anything below ``drills/`` or ``copies/``; ``manifest.jsonl`` is a file like any other.
 _FORBIDDEN_FILES = re.compile(r"manifest\.json(?:\..*)?\Z|drills/|copies/", re.DOTALL)
 #: the directories of the records added after the commit (not part of the version, §14.3).
-_SIDE_DIRS = re.compile(r"(?:drills|copies|verifications)/")
+_SIDE_DIRS = re.compile(r"(?:drills|copies|verifications|deleting)/")
 #: the documents below an attempt besides the manifest: (directory, schema, format, id member
 #: that names the file, rule of that name).
 _SIDE_DOCUMENTS: tuple[tuple[str, str, str, str | None, str], ...] = (
@@ -1084,6 +1089,7 @@ _SIDE_DOCUMENTS: tuple[tuple[str, str, str, str | None, str], ...] = (
     ("copies", "copy", "portable-ckpt-copy", "copy_id", "R-DRILL-6"),
     ("verifications", "verification", "portable-ckpt-verification", "verification_id",
      "R-DRILL-7"),
+    ("deleting", "deletion", "portable-ckpt-deletion", "deletion_id", "R-GC-13"),
 )
 
 
@@ -1105,8 +1111,8 @@ def _history_record(path: Path) -> dict[str, Any] | None:
 def _record_kind(rel: str) -> str | None:
     """The kind of record the checker reads ``rel`` as, or None.
 
-    ``"index"``, ``"drills"``, ``"copies"`` or ``"verifications"``
-    (:meth:`_VersionChecker.check_side_documents`).
+    ``"index"``, ``"drills"``, ``"copies"``, ``"verifications"`` or ``"deleting"`` (a gc's
+    deletion mark, R-GC-13) (:meth:`_VersionChecker.check_side_documents`).
     """
     sub, _, name = rel.partition("/")
     if "/" in name or not name.endswith(".json"):
@@ -1115,7 +1121,7 @@ def _record_kind(rel: str) -> str | None:
         return sub if _INDEX_NAME.fullmatch(name) else None
     if sub == "verifications":
         return sub if _VERIFICATION_NAME.fullmatch(name) else None
-    return sub if sub in ("drills", "copies") else None
+    return sub if sub in ("drills", "copies", "deleting") else None
 
 
 def _walk(top: Path) -> Iterator[tuple[str, int]]:

@@ -30,6 +30,7 @@ ERRATA_SCHEMAS: tuple[str, ...] = ("errata/common.schema.json", "errata/copy.sch
 REQUIRED_SCHEMAS: tuple[str, ...] = (
     "common.schema.json", "manifest.schema.json", "writer-index.schema.json",
     "drill.schema.json", "copy.schema.json", "verification.schema.json", "pin.schema.json",
+    "deletion.schema.json",
     "1.1/manifest.schema.json", "1.1/writer-index.schema.json", "1.1/table-ref.schema.json",
     "1.2/verification.schema.json", *ERRATA_SCHEMAS, *BUILTIN_SCHEMA_FILES.values(),
 )

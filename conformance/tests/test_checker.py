@@ -305,3 +305,33 @@ def test_a_gap_of_one_element_is_found(ref_root: Path) -> None:
     rep = check(version)
     assert "PCK-COVERAGE-GAP" in rep.codes, [e.to_json() for e in rep.errors]
     assert any("cover 5 of 6 elements" in e.message for e in rep.errors), rep.errors
+
+
+@pytest.mark.parametrize("defect", [None, "schema", "name", "attempt", "json"])
+def test_a_deletion_mark_in_a_committed_version(ref_root: Path, defect: str | None) -> None:
+    """R-GC-13 (errata 18): a gc's deletion mark beside a commit record (a gc stopped before the
+    record went) is no file of the version: a warning, the version conforms. A mark is read as
+    drill, copy and verification records are: one that does not validate, is not stored under
+    its own ``deletion_id`` or names another attempt is an error of the gc that wrote it."""
+    (version,) = [p for p in ref_root.iterdir() if p.is_dir()]
+    ident = "g20261205T120000000000Z-0badf00d"
+    doc = {"format": "portable-ckpt-deletion", "format_version": "1.0", "deletion_id": ident,
+           "attempt_id": version.name, "started_at": "2026-12-05T12:00:00.000000Z",
+           "reason": "retention"}
+    name = f"{ident}.json"
+    if defect == "schema":
+        del doc["started_at"]
+    elif defect == "name":
+        name = "g20261205T120000000000Z-00000000.json"
+    elif defect == "attempt":
+        doc["attempt_id"] = version.name[:-1] + ("0" if version.name[-1] != "0" else "1")
+    (version / "deleting").mkdir()
+    (version / "deleting" / name).write_text("{" if defect == "json" else json.dumps(doc))
+    rep = check(ref_root)
+    codes = sorted(e.code for e in rep.errors)
+    want = {None: [], "schema": ["PCK-SCHEMA"], "name": ["PCK-SCHEMA"],
+            "attempt": ["PCK-ATTEMPT-ID"], "json": ["PCK-JSON-INVALID"]}[defect]
+    assert codes == want, [e.to_json() for e in rep.errors]
+    if defect is None:
+        assert rep.ok and any("R-GC-13" in w.message for w in rep.warnings)
+    assert not any("is not listed in files" in w.message for w in rep.warnings)

@@ -865,3 +865,28 @@ def test_ls_names_a_newer_attempt_that_lost_its_record(tmp_path, capsys) -> None
         break
     assert cli_main(["ls", str(tmp_path)]) == 0
     assert "no commit record, but every writer's index" not in capsys.readouterr().err
+
+
+def test_verify_all_names_a_newer_attempt_that_lost_its_record(tmp_path, capsys) -> None:
+    """On-call review 23 (left open): `ls` and a restore named a newer attempt without commit
+    record that holds every writer's index, and the nightly `verify ROOT --all` said nothing of
+    it. It names it on stderr and in `--json` (`uncommitted`), with no change to the exit
+    status; one that a gc was deleting (a deletion mark, R-GC-13) is not named."""
+    import json
+
+    from portable_ckpt.cli.main import main as cli_main
+    from portable_ckpt.io.deletion import mark_deletion
+    from portable_ckpt.storage import open_storage
+
+    save_step(tmp_path, 1)
+    lost = save_step(tmp_path, 2)
+    os.remove(tmp_path / lost / "manifest.json")
+    assert cli_main(["verify", str(tmp_path), "--all"]) == 0
+    err = capsys.readouterr().err
+    assert f"{lost}: no commit record, but every writer's index" in err, err
+    assert cli_main(["verify", str(tmp_path), "--all", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["uncommitted"] == [lost]
+    mark_deletion(open_storage(tmp_path), lost, reason="retention")
+    assert cli_main(["verify", str(tmp_path), "--all", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["uncommitted"] == [] and "no commit record" not in err

@@ -438,7 +438,8 @@ def test_a_gc_stopped_while_deleting_data_leaves_no_version_whose_record_was_los
     assert order[0] == "manifest.json" and {p.split("/")[0] for p in order[1:first_data]} >= {
         "drills", "verifications", "index"}, order  # whatever order the directory lists
     left = sorted(p.relative_to(tmp_path / old).as_posix() for p in (tmp_path / old).rglob("*") if p.is_file())
-    assert left and all(p.startswith(("data/", "entries/")) for p in left), left
+    # (and the deletion mark stored before the commit record went, R-GC-13, errata 18)
+    assert left and all(p.startswith(("data/", "entries/", "deleting/")) for p in left), left
     (v,) = [v for v in list_versions(storage) if v.id == old]
     assert v.status == "incomplete", (v.status, v.error_code)
     with pytest.raises(CheckpointError):  # nothing to rebuild a version from

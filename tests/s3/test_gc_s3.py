@@ -486,3 +486,32 @@ def test_abort_uploads_leaves_uploads_younger_than_older_than_s(
     live.close()  # the upload was not aborted under the writer
     assert st.read_all("att/data/live", max_size=len(data)) == data
     old.abort()
+
+
+def test_a_gc_stopped_after_the_record_went_leaves_a_version_being_deleted_on_s3(
+    s3: S3Env,
+) -> None:
+    """R-GC-13 on an object store: the mark is an object under ``<attempt>/deleting/``, which
+    the delimiter listing shows as a "directory"; a gc stopped after the commit record went
+    leaves a version being deleted (not a lost record), which a later gc removes."""
+    from portable_ckpt.io.annotations import write_drill_record
+    from portable_ckpt.io.deletion import DELETION_DIR, mark_deletion
+    from portable_ckpt.io.recommit import every_writer_indexed
+
+    root = s3.root("marks")
+    old, new = _save(root, 1), _save(root, 2)
+    storage = open_storage(root)
+    drill = {"ok": True, "started_at": "2030-01-01T00:00:00Z",
+             "finished_at": "2030-01-01T00:00:01Z", "world_size": 1, "saved_world_size": 1,
+             "contract": "exact", "measurements": {}, "error": None}
+    write_drill_record(storage, old, drill)
+    # what gc does up to the commit record's deletion, and no further (the process killed)
+    rel = mark_deletion(storage, old, reason="retention")
+    assert rel.startswith(f"{old}/{DELETION_DIR}/")
+    storage.delete(f"{old}/manifest.json")  # S3 cannot tell whether it removed anything
+    (v,) = [v for v in list_versions(root) if v.id == old]
+    assert (v.status, v.being_deleted) == ("incomplete", True)
+    assert not every_writer_indexed(storage, old)
+    rep = gc(root, keep=1, grace_seconds=0.0)
+    assert rep.complete and rep.abandoned == [old] and not rep.damaged
+    assert not list(storage.list(f"{old}/")) and _committed(root) == [new]

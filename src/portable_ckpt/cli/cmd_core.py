@@ -89,7 +89,7 @@ def _ls(args: argparse.Namespace) -> int:
                   "record(s) not yet moved to verifications/cleared/: releases before format 1.2 "
                   f"count it as failed; `portable-ckpt verify {safe(v.path)} --deep` or a gc "
                   "finishes the move", file=sys.stderr)
-    _say_uncommitted(storage, versions)
+    say_uncommitted(uncommitted(storage, versions))
     code = failed_status(
         [v.error_retryable for v in unreadable]
         + ([pins_unread.retryable] if pins_unread is not None else [])
@@ -124,7 +124,9 @@ def _ls(args: argparse.Namespace) -> int:
             [
                 v.id,
                 str(v.step),
-                f"{v.status}, node-local" if v.node_local else v.status,
+                f"{v.status}, node-local" if v.node_local else
+                f"{v.status}, being deleted" if v.being_deleted and v.status == "incomplete"
+                else v.status,
                 human_bytes(v.bytes) if v.bytes else "-",
                 v.committed_at or "-",
                 checked,
@@ -156,7 +158,7 @@ def _ls(args: argparse.Namespace) -> int:
     return code
 
 
-def _say_uncommitted(storage: Any, versions: list[Any]) -> None:
+def say_uncommitted(found: list[Any]) -> None:
     """Name, on stderr, the newest attempts without a commit record that hold every index.
 
     Attempts above every committed step: a save cut short at its commit, or a version whose
@@ -164,16 +166,25 @@ def _say_uncommitted(storage: Any, versions: list[Any]) -> None:
     an operator looking at a root after an incident did not learn that a newer step may be
     brought back (on-call review 23, N5). A save in progress may be one for a moment.
     """
+    for v in found:
+        print(f"portable-ckpt: {v.id}: no commit record, but every writer's index (a save "
+              "in progress or cut short at its commit, or a version whose record was lost): "
+              f"if it was committed, `portable-ckpt recommit {safe(v.path)} --was-committed` "
+              "brings it back", file=sys.stderr)
+
+
+def uncommitted(storage: Any, versions: list[Any]) -> list[Any]:
+    """The newest few attempts above every committed step without record, with every index.
+
+    What ``ls`` and ``verify ROOT --all`` name (:func:`say_uncommitted`).
+    """
     from portable_ckpt.io.recommit import every_writer_indexed
 
     top = max((v.step for v in versions if v.status == "committed"), default=-1)
-    newer = [v for v in versions if v.status == "incomplete" and v.step > top]
-    for v in newer[-3:]:  # the newest few: each costs a listing
-        if every_writer_indexed(storage, v.id):
-            print(f"portable-ckpt: {v.id}: no commit record, but every writer's index (a save "
-                  "in progress or cut short at its commit, or a version whose record was lost): "
-                  f"if it was committed, `portable-ckpt recommit {safe(v.path)} --was-committed` "
-                  "brings it back", file=sys.stderr)
+    newer = [v for v in versions if v.status == "incomplete" and v.step > top
+             and not v.being_deleted]
+    # the newest few: each costs a listing
+    return [v for v in newer[-3:] if every_writer_indexed(storage, v.id)]
 
 
 def _drill_cell(drills: list[dict[str, Any]]) -> str:
@@ -269,6 +280,8 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any], storage: Any) -> 
             failed.append(v.id)
         if passed <= _PASSED_NAMED:
             why = ("a verification of it failed" if v.status == "committed" else
+                   "a gc was deleting it (it holds a deletion mark, no commit record)"
+                   if v.being_deleted and v.status == "incomplete" else
                    "it is incomplete (no commit record: a save in progress, or one cut short)"
                    if v.status == "incomplete" else f"it is {v.status}")
             print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
@@ -434,7 +447,9 @@ def _gc(args: argparse.Namespace) -> int:
         for g in rep.in_grace:
             print(
                 f"kept    {g['id']}  ({g['status']}, written to {g['age_seconds']:.0f} s ago: "
-                f"within the grace period of {args.grace:g} s, a save may be in progress)"
+                f"within the grace period of {args.grace:g} s, " + (
+                    "being deleted: a gc that stopped part-way marked it; a later gc removes "
+                    "it)" if g.get("being_deleted") else "a save may be in progress)")
             )
         for d in rep.damaged:
             print(

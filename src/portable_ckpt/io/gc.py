@@ -8,6 +8,7 @@ deleted that was not positively classified (:mod:`portable_ckpt.io.versions`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -33,7 +34,9 @@ from portable_ckpt.io.annotations import (
     prune_quietly,
     superseded,
     timestamp_key,
+    version_gone,
 )
+from portable_ckpt.io.deletion import deletion_marks, mark_deletion
 from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.io.versions import (
     COMMITTED,
@@ -135,6 +138,9 @@ class GcReport:
     #: Attempts listed without a commit record that were committed while gc ran (a save's
     #: commit during its listing): new versions, left to the next gc, no problem.
     committed_meanwhile: list[str] = field(default_factory=list)
+    #: Deletion marks removed from committed versions gc keeps (R-GC-13): what a gc stopped
+    #: before the commit record went left.
+    marks_cleared: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -167,6 +173,7 @@ class GcReport:
             "clock_skew": self.clock_skew,
             "gone": self.gone,
             "committed_meanwhile": self.committed_meanwhile,
+            "marks_cleared": self.marks_cleared,
             "left_behind": self.left_behind,
             "unknown": self.unknown,
             "complete": self.complete,
@@ -363,6 +370,7 @@ def gc(
     recorded = {v.id for v in versions if v.status in (COMMITTED, INVALID)}
     with_record = {v.id for v in versions if v.status == COMMITTED
                    or (v.status == INVALID and v.error_code != "PCK-MANIFEST-MISSING")}
+    by_id = {v.id: v for v in versions}
     if not dry_run:
         pins_now = _PinWatch(storage, report)
         for i, attempt_id in enumerate(doomed):
@@ -372,7 +380,8 @@ def gc(
                 if attempt_id in recorded and pins_now.holds(attempt_id):
                     doomed[i] = ""  # kept: pinned while this gc ran
                 else:
-                    _delete_attempt(storage, attempt_id, report, attempt_id in with_record)
+                    _delete_attempt(storage, attempt_id, report, attempt_id in with_record,
+                                    mark=_why_deleted(attempt_id, report, by_id, recorded))
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
                 if attempt_id in unrecorded and _committed_now(storage, attempt_id):
@@ -385,8 +394,63 @@ def gc(
     report.kept += [v.id for v in held if v.status == COMMITTED and v.id not in report.kept]
     _abort_orphan_uploads(storage, kept, uploads, grace_seconds, now(), report)
     _prune_kept(storage, kept, report)
+    if not dry_run:
+        _clear_stale_marks(storage, kept, grace_seconds, now(), report,
+                           ask_storage=ask_storage)
     _log_gc(storage, report)
     return report
+
+
+def _why_deleted(
+    attempt_id: str, report: GcReport, by_id: dict[str, VersionInfo], recorded: set[str]
+) -> str | None:
+    """The reason a deletion mark gives (R-GC-13), or None: no mark (no version, or one there).
+
+    Only versions get one (an attempt without records is incomplete whatever a stopped gc
+    leaves), and only one each: a gc that cannot delete the record (a permission) would
+    otherwise add a mark at every run.
+    """
+    v = by_id.get(attempt_id)
+    if attempt_id not in recorded or v is None or v.being_deleted:
+        return None
+    if attempt_id in report.retired:
+        return "retired: a later commit at the same or a lower step abandoned it"
+    if v.status == INVALID:
+        return "invalid commit record, deleted as asked (delete_invalid)"
+    return "retention"
+
+
+def _clear_stale_marks(
+    storage: Storage,
+    kept: list[VersionInfo],
+    grace: float,
+    t_now: float,
+    report: GcReport,
+    *,
+    ask_storage: bool,
+) -> None:
+    """Delete the deletion marks of committed versions this gc keeps, once out of grace.
+
+    A mark beside a commit record is what a gc left that was stopped before the record went,
+    or whose deletion of it failed. Left there, a record lost later would make the version
+    deletable (R-GC-13) where it is otherwise kept (R-GC-10). A mark younger than the grace
+    period may be another gc's at work (with another ``keep``): left alone.
+    """
+    marked = [v for v in kept if v.status == COMMITTED and v.being_deleted]
+    if not marked:
+        return
+    try:
+        now = _clock_for_ages(storage, t_now, report) if ask_storage else t_now
+    except CheckpointError:
+        return  # the next gc
+    for v in marked:
+        try:
+            for info in deletion_marks(storage, v.id):
+                if now - info.mtime >= grace and storage.delete(info.path):
+                    report.marks_cleared.append(info.path)
+        except CheckpointError as exc:
+            _log.warning("%s: could not clear the deletion mark of %s, which gc keeps (%s); "
+                         "the next gc tries again", storage.url, v.id, exc)
 
 
 #: How old gc's last look at ``pins/`` may be when it deletes a version.
@@ -849,6 +913,7 @@ def _abandoned(
         if now - last < grace:
             report.in_grace.append(
                 {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, now - last), 1)}
+                | ({"being_deleted": True} if v.being_deleted else {})
             )
             continue
         report.abandoned.append(v.id)
@@ -1015,8 +1080,14 @@ def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
         )
 
 
-def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport, recorded: bool) -> None:
+def _delete_attempt(
+    storage: Storage, attempt_id: str, report: GcReport, recorded: bool, *,
+    mark: str | None = None,
+) -> None:
     """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads.
+
+    ``mark``: the reason of the deletion mark stored before the commit record is deleted
+    (R-GC-13); if the record cannot be deleted, the mark is removed again.
 
     Once its record is gone the version no longer exists: a failure after that leaves files,
     not a version, and is reported as such (``report.left_behind``), never as "not deleted"
@@ -1028,7 +1099,23 @@ def _delete_attempt(storage: Storage, attempt_id: str, report: GcReport, recorde
     # What was there before this run deleted anything: the fallback where a store cannot
     # tell who deleted what (an object store's DELETE answers alike).
     there = storage.exists(record) if recorded else _any_file(storage, prefix)
-    removed_record = storage.delete(record)
+    # Marked first: a gc stopped after the record went leaves a version being deleted, not
+    # one whose record was lost (on-call review 23, F1 and N2). No mark, no deletion.
+    try:
+        marked = mark_deletion(storage, attempt_id, reason=mark) if mark is not None else None
+    except CheckpointError:
+        if not version_gone(storage, attempt_id):
+            raise  # still there: not deleted, and said
+        # An overlapping gc (a manager's retention) removed it first, directory and all.
+        report.deleted_by_other(attempt_id)
+        return
+    try:
+        removed_record = storage.delete(record)
+    except CheckpointError:
+        if marked is not None:
+            with contextlib.suppress(CheckpointError):
+                storage.delete(marked)  # still committed: no mark left behind
+        raise
     try:
         aborted = storage.abort_uploads(prefix)
         report.aborted_uploads += aborted

@@ -27,6 +27,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.manifest import Continuation
 from portable_ckpt.format.naming import parse_attempt_step
 from portable_ckpt.io.damage import PLACEMENT_ENTRY
+from portable_ckpt.io.deletion import DELETION_DIR, deletion_marks
 from portable_ckpt.storage.base import Storage
 
 if TYPE_CHECKING:
@@ -102,6 +103,14 @@ def recommit(
                 "" if c.status == COMMITTED else f" ({c.status}: `portable-ckpt verify "
                 "ROOT/ID` names what is wrong with it; put a copy's record in its place)"),
             path=f"{attempt_id}/manifest.json")
+    if c.being_deleted:
+        # A gc deleted it on purpose and was stopped half-way (R-GC-13): rebuilding its record
+        # would bring back what retention deleted (on-call review 23, F1).
+        raise CommitConflictError(
+            f"{attempt_id} is being deleted: a gc marked it (its {DELETION_DIR}/ records) and "
+            "deleted its commit record, then stopped; a later gc removes the rest. Nothing was "
+            f"rebuilt. If that gc was wrong, remove {attempt_id}/{DELETION_DIR}/ and run the "
+            "command again", path=f"{attempt_id}/{DELETION_DIR}/")
     if c.status == INCOMPLETE and not was_committed:
         raise ManifestMissingError(
             f"{attempt_id} holds no record that it was ever committed (no drill, copy or "
@@ -197,7 +206,7 @@ def _refuse_node_root(attempt_id: str) -> None:
 
 
 #: Files of an attempt no writer index lists: its records, and the commit record's own table.
-_NOT_A_WRITERS = re.compile(r"manifest\.json|(?:drills|copies|verifications)/.*"
+_NOT_A_WRITERS = re.compile(r"manifest\.json|(?:drills|copies|verifications|deleting)/.*"
                             r"|tensor-table-[^/]*\.safetensors(?:\.zst)?")
 
 
@@ -233,6 +242,10 @@ def every_writer_indexed(storage: Storage, attempt_id: str) -> bool:
     try:
         names = [o.path.removeprefix(f"{attempt_id}/") for o in storage.list(f"{attempt_id}/")]
         _writers(attempt_id, names)
+        # What a gc stopped while deleting the version left (R-GC-13): no recommit rebuilds it.
+        if any(n.startswith(f"{DELETION_DIR}/") for n in names) and deletion_marks(
+                storage, attempt_id):
+            return False
     except CheckpointError:
         return False
     return True

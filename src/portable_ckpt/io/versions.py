@@ -73,6 +73,7 @@ from portable_ckpt.io.annotations import (
     unmoved_cleared,
 )
 from portable_ckpt.io.damage import PLACEMENT_ENTRY
+from portable_ckpt.io.deletion import DELETION_DIR, deletion_marks
 from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.storage import ObjectInfo, Storage, local_path, open_storage
 
@@ -184,6 +185,9 @@ class VersionInfo:
     pinned: bool | None = False
     #: Published in node-local roots (spec §14.7): a node root holds its nodes' files only.
     node_local: bool = False
+    #: A gc began deleting it (R-GC-13): without a commit record, what a stopped gc left
+    #: (``incomplete``); with one, a gc stopped before the record went, or one deleting it now.
+    being_deleted: bool = False
 
     @property
     def drilled(self) -> bool:
@@ -278,6 +282,7 @@ class VersionInfo:
             "last_deep_verified": self.newest_pass("deep"),
             "pinned": self.pinned,
             "node_local": self.node_local,
+            "being_deleted": self.being_deleted,
             "error": self.error,
             "error_code": self.error_code,
             "error_retryable": self.error_retryable,
@@ -356,6 +361,13 @@ def _read_record(
     lost = _without_record(storage, attempt_id) if explain else None  # (classifying: its own)
     if lost is not None and lost.status == INVALID and lost.error is not None:
         raise lost.error  # a committed version whose record was lost (on-call review 4, R8)
+    if lost is not None and lost.being_deleted:
+        raise ManifestMissingError(
+            f"{storage.url}/{attempt_id} is being deleted: a gc marked it ({DELETION_DIR}/) and "
+            "deleted its manifest.json, then stopped; it does not exist for readers, and a "
+            "later gc removes the rest (open the root again for its latest version)",
+            path=rel,
+        )
     raise ManifestMissingError(
         f"{storage.url}/{attempt_id} has no manifest.json: the attempt was never committed "
         "(or was interrupted) and does not exist for readers",
@@ -411,6 +423,8 @@ class Classification:
     committed_at: str | None = None
     #: A version published in node-local roots (spec §14.7): one root holds part of it.
     node_local: bool = False
+    #: ``incomplete`` because a gc began deleting it: it holds a deletion mark (R-GC-13).
+    being_deleted: bool = False
 
 
 def classify_attempt(
@@ -453,6 +467,10 @@ def _without_record(storage: Storage, attempt_id: str) -> Classification:
     """
     try:
         dirs = set(storage.list_dirs(f"{attempt_id}/"))
+        # A gc that began deleting the version wrote its mark before the commit record went
+        # (R-GC-13): what it left is no version whose record was lost (on-call review 23, N2).
+        if DELETION_DIR in dirs and deletion_marks(storage, attempt_id):
+            return Classification(INCOMPLETE, being_deleted=True)
         kinds = sorted(dirs & set(ANNOTATION_KINDS))
         held = [k for k in kinds if next(iter(storage.list(f"{attempt_id}/{k}/")), None)]
         # Records and nothing else: written into a version while it was deleted (a nightly
@@ -557,7 +575,8 @@ def _info(
 ) -> VersionInfo:
     path = f"{storage.url.rstrip('/')}/{name}"
     step = _step_of(name)
-    info = VersionInfo(name, step, c.status, path, c.committed_at, node_local=c.node_local)
+    info = VersionInfo(name, step, c.status, path, c.committed_at, node_local=c.node_local,
+                       being_deleted=c.being_deleted)
     if c.error is not None:
         info.error, info.error_code = str(c.error), c.error.code
         info.error_retryable = c.error.retryable
@@ -567,7 +586,9 @@ def _info(
     if annotations:
         errors: list[CheckpointError] = []
         try:  # one listing says which kinds of records exist (three listings were asked)
-            present = set(storage.list_dirs(f"{name}/")) & set(ANNOTATION_KINDS)
+            dirs = set(storage.list_dirs(f"{name}/"))
+            present = dirs & set(ANNOTATION_KINDS)
+            info.being_deleted = DELETION_DIR in dirs
         except StorageError:
             present = set(ANNOTATION_KINDS)  # each is asked, and its error kept
         unread: dict[str, CheckpointError] = {}

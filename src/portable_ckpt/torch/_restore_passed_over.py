@@ -104,7 +104,8 @@ def _find_passed_over(
                     "reason": "invalid", "code": v.error_code, "message": str(v.error),
                     "recorded": False,
                 }
-            elif (v.status == "incomplete" and time.monotonic() < deadline
+            elif (v.status == "incomplete" and not v.being_deleted
+                  and time.monotonic() < deadline
                   and every_writer_indexed(mgr.tiers[tier_name].storage, v.id)):
                 # A save cut short at its commit, or a version whose record was lost: with
                 # no drill, copy or verification record nothing tells which, and retention

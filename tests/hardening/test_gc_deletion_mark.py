@@ -1,0 +1,256 @@
+"""Deletion marks (R-GC-13, errata 18): what a gc stopped after the commit record went leaves.
+
+On-call review 23, F1 and N2: a gc (or a job's retention) killed between deleting a version's
+``manifest.json`` and deleting its records left a directory with drill, copy and verification
+records, writer indexes and data and no commit record. Every tool took it for a committed version
+whose record was lost: gc kept it and exited 1 at every run, a restore named it, and ``recommit``
+brought back what retention had deleted (1 kill in 25 after errata 17's deletion order). gc now
+stores a deletion mark first; such a directory is a version being deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from portable_ckpt.errors import CommitConflictError
+from portable_ckpt.format.schemas import validate_document
+from portable_ckpt.io.annotations import write_drill_record, write_verification_record
+from portable_ckpt.io.deletion import DELETION_DIR, deletion_marks, mark_deletion
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.recommit import every_writer_indexed, recommit
+from portable_ckpt.io.versions import classify_attempt, list_versions
+from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+from tests.hardening._util import check_restores, make_version
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _drill() -> dict[str, Any]:
+    return {"ok": True, "started_at": "2030-01-01T00:00:00Z", "finished_at": "2030-01-01T00:00:01Z",
+            "world_size": 1, "saved_world_size": 2, "contract": "exact", "measurements": {},
+            "error": None}
+
+
+def _root(tmp_path: Path) -> tuple[str, str]:
+    """Two versions with drill and verification records; ``keep=1`` deletes the older."""
+    old, new = make_version(str(tmp_path), 1), make_version(str(tmp_path), 2)
+    storage = open_storage(tmp_path)
+    for v in (old, new):  # (the newest drilled version is kept: R-GC-2)
+        write_drill_record(storage, v, _drill())
+    write_verification_record(storage, old, ok=True, mode="deep", fraction=None, chunks=4)
+    return old, new
+
+
+_KILL_GC = """
+import os, signal, sys
+from portable_ckpt.io.gc import gc
+from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+root, old = sys.argv[1], sys.argv[2]
+# kill -9 right after the commit record went, before any other file of the version did
+die = Fault(op="delete", path=f"{old}/*", after_ops=1,
+            callback=lambda op, path: os.kill(os.getpid(), signal.SIGKILL))
+gc(FaultyStorage(open_storage(root), [die]), keep=1, grace_seconds=0.0)
+"""
+
+
+def test_a_gc_killed_after_the_commit_record_went_leaves_a_version_being_deleted(
+    tmp_path: Path,
+) -> None:
+    """The process is killed by SIGKILL just after ``manifest.json`` was deleted: the records,
+    indexes and data are all there. Before errata 18 that was ``invalid`` (a lost record): kept
+    for good, exit 1 at every gc, rebuilt by ``recommit``."""
+    from portable_ckpt.cli.main import main
+
+    old, new = _root(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", _KILL_GC, str(tmp_path), old], cwd=REPO,
+                          env=os.environ | {"PYTHONPATH": str(REPO / "src")}, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    here = {p.relative_to(tmp_path / old).parts[0] for p in (tmp_path / old).rglob("*")
+            if p.is_file()}
+    assert "manifest.json" not in here and {"drills", "verifications", "index", "data",
+                                            DELETION_DIR} <= here, here
+    storage = open_storage(tmp_path)
+    c = classify_attempt(storage, old)
+    assert (c.status, c.being_deleted) == ("incomplete", True)
+    (v,) = [v for v in list_versions(storage) if v.id == old]
+    assert v.status == "incomplete" and v.being_deleted and v.to_json()["being_deleted"]
+    assert not every_writer_indexed(storage, old)  # no restore or `ls` offers to rebuild it
+    with pytest.raises(CommitConflictError, match="is being deleted"):
+        recommit(storage, old, was_committed=True, copies_lost=True, newest_of_step=True)
+    assert not (tmp_path / old / "manifest.json").exists()  # nothing was published
+    # Within the grace period: kept, and no problem (exit 0); after it: deleted.
+    assert main(["gc", str(tmp_path), "--keep", "1"]) == 0
+    rep = gc(storage, keep=1)
+    assert rep.complete and not rep.damaged
+    assert [(g["id"], g.get("being_deleted")) for g in rep.in_grace] == [(old, True)]
+    rep = gc(storage, keep=1, grace_seconds=0.0)
+    assert rep.complete and old in rep.abandoned and not (tmp_path / old).exists()
+    check_restores(storage, new)
+
+
+def test_ls_and_latest_say_a_version_is_being_deleted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ls`` names such an attempt "being deleted", and no recommit is offered for it."""
+    from portable_ckpt.cli.main import main
+
+    old, new = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    mark_deletion(storage, new, reason="retention")  # the newest: `ls --latest` passes over it
+    storage.delete(f"{new}/manifest.json")
+    assert main(["ls", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "incomplete, being deleted" in out and "recommit" not in err, (out, err)
+    assert main(["ls", str(tmp_path), "--latest"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().endswith(old) and "a gc was deleting it" in err, (out, err)
+    assert main(["verify", f"{tmp_path}/{new}"]) == 1
+    out, err = capsys.readouterr()
+    assert "is being deleted: a gc marked it" in out + err, (out, err)
+
+
+def test_the_mark_is_stored_before_the_commit_record_is_deleted(tmp_path: Path) -> None:
+    """R-GC-13: one mark per deleted version, created before its ``manifest.json`` goes, valid
+    against ``deletion.schema.json``, naming the version and stored under its own id."""
+    old, new = _root(tmp_path)
+    stored: list[tuple[str, str, dict[str, Any] | None]] = []
+
+    class Watch(FaultyStorage):
+        def create_if_absent(self, path: str, data: bytes) -> bool:
+            stored.append(("create", path, json.loads(data)))
+            return super().create_if_absent(path, data)
+
+        def delete(self, path: str) -> bool | None:
+            stored.append(("delete", path, None))
+            return super().delete(path)
+
+    rep = gc(Watch(open_storage(tmp_path), []), keep=1, grace_seconds=0.0)
+    assert rep.deleted == [old] and not (tmp_path / old).exists()
+    ops = [(op, p) for op, p, _ in stored if p.startswith(f"{old}/")]
+    assert ops[0][0] == "create" and ops[0][1].startswith(f"{old}/{DELETION_DIR}/g")
+    assert ops[1] == ("delete", f"{old}/manifest.json"), ops[:3]
+    doc = stored[[p for _, p, _ in stored].index(ops[0][1])][2]
+    validate_document(doc, "deletion.schema.json", what="mark")
+    assert doc is not None and doc["attempt_id"] == old and doc["reason"] == "retention"
+    assert ops[0][1] == f"{old}/{DELETION_DIR}/{doc['deletion_id']}.json"
+    assert not any(p.startswith(f"{new}/") for _, p, _ in stored)
+
+
+def test_no_mark_no_deletion(tmp_path: Path) -> None:
+    """A mark that cannot be stored stops the version's deletion: its record stays."""
+    old, new = _root(tmp_path)
+    st = FaultyStorage(open_storage(tmp_path), [Fault(op="create", path=f"*/{DELETION_DIR}/*",
+                                                      error="EACCES")])
+    rep = gc(st, keep=1, grace_seconds=0.0)
+    assert not rep.complete and old not in rep.deleted
+    assert [u["id"] for u in rep.unknown] == [old]
+    check_restores(open_storage(tmp_path), old)
+
+
+def test_a_record_that_cannot_be_deleted_leaves_no_mark(tmp_path: Path) -> None:
+    """A store that refuses deletes (a permission) made every gc run fail on the version: it
+    stays committed, and its mark is removed again, so none piles up, run after run."""
+    old, _ = _root(tmp_path)
+    st = FaultyStorage(open_storage(tmp_path), [Fault(op="delete", path=f"{old}/manifest.json",
+                                                      error="EACCES")])
+    for _ in range(3):
+        rep = gc(st, keep=1, grace_seconds=0.0)
+        assert [u["id"] for u in rep.unknown] == [old]
+    assert not (tmp_path / old / DELETION_DIR).exists() or not any(
+        (tmp_path / old / DELETION_DIR).iterdir())
+    assert classify_attempt(open_storage(tmp_path), old).status == "committed"
+
+
+@pytest.mark.parametrize("junk", ["not-a-mark", "other-attempt", "bad-name", "not-json"])
+def test_only_a_gc_mark_makes_a_lost_record_deletable(tmp_path: Path, junk: str) -> None:
+    """Anything under ``deleting/`` that is no mark of this attempt under its own name leaves
+    the attempt what it was: a version whose record was lost, kept (R-GC-10)."""
+    old, _ = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    rel = mark_deletion(storage, old, reason="retention")
+    doc = json.loads((tmp_path / rel).read_text())
+    (tmp_path / rel).unlink()
+    if junk == "not-a-mark":
+        doc["format"] = "portable-ckpt-pin"
+    elif junk == "other-attempt":
+        doc["attempt_id"] = old[:-1] + ("0" if old[-1] != "0" else "1")
+    elif junk == "bad-name":
+        rel = rel.replace(".json", "0.json")
+    (tmp_path / rel).write_text("{" if junk == "not-json" else json.dumps(doc))
+    (tmp_path / old / "manifest.json").unlink()
+    c = classify_attempt(storage, old)
+    assert (c.status, c.being_deleted) == ("invalid", False)
+    assert deletion_marks(storage, old) == []
+    rep = gc(storage, keep=1, grace_seconds=0.0)
+    assert [d["id"] for d in rep.damaged] == [old] and (tmp_path / old).exists()
+
+
+def test_a_stale_mark_of_a_kept_version_is_cleared_after_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    """A gc stopped between its mark and the record's deletion left a committed version with a
+    mark. A gc that keeps it removes the mark once older than its grace period (a younger one
+    may be another gc's at work): a record lost later is then a lost record again, kept."""
+    old, new = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    rel = mark_deletion(storage, old, reason="retention")
+    rep = gc(storage, keep=2, grace_seconds=3600.0)
+    assert rep.marks_cleared == [] and (tmp_path / rel).exists()
+    assert next(v for v in list_versions(storage) if v.id == old).being_deleted
+    rep = gc(storage, keep=2, grace_seconds=3600.0, now=lambda: time.time() + 7200)
+    assert rep.marks_cleared == [rel] and not (tmp_path / rel).exists()
+    assert rep.to_json()["marks_cleared"] == [rel]
+    (tmp_path / old / "manifest.json").unlink()
+    assert classify_attempt(storage, old).status == "invalid"
+
+
+def test_readers_ignore_the_mark_of_a_committed_version(tmp_path: Path) -> None:
+    """While its commit record is there, a version with a mark is committed and reads as
+    before (R-LAYOUT-4); a gc that deletes it adds no second mark."""
+    old, _ = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    mark_deletion(storage, old, reason="retention")
+    check_restores(storage, old)
+    assert classify_attempt(storage, old).status == "committed"
+    created: list[str] = []
+
+    class Watch(FaultyStorage):
+        def create_if_absent(self, path: str, data: bytes) -> bool:
+            created.append(path)
+            return super().create_if_absent(path, data)
+
+    rep = gc(Watch(storage, []), keep=1, grace_seconds=0.0)
+    assert rep.deleted == [old] and not any(DELETION_DIR in p for p in created)
+
+
+def test_the_mark_gives_the_reason_of_the_deletion(tmp_path: Path) -> None:
+    """Retention and an invalid record deleted as asked each give a mark with its reason (read
+    through the callback, before the record goes)."""
+    reasons: list[str] = []
+
+    def seen(op: str, path: str) -> None:
+        marks = sorted((Path(tmp_path) / path.split("/")[0] / DELETION_DIR).glob("*.json"))
+        if path.endswith("/manifest.json") and marks:
+            reasons.append(json.loads(marks[-1].read_text())["reason"])
+
+    ids = [make_version(str(tmp_path), s) for s in (1, 2, 3)]
+    (tmp_path / ids[1] / "manifest.json").write_text("{}")  # invalid, deleted as asked
+    st = FaultyStorage(open_storage(tmp_path), [Fault(op="delete", path="*/manifest.json",
+                                                      error=None, callback=seen)])
+    rep = gc(st, keep=1, grace_seconds=0.0, delete_invalid=True)
+    assert set(rep.deleted) | set(rep.abandoned) == {ids[0], ids[1]}
+    assert sorted(reasons) == ["invalid commit record, deleted as asked (delete_invalid)",
+                               "retention"], reasons
+    assert not (tmp_path / ids[0]).exists() and not (tmp_path / ids[1]).exists()
