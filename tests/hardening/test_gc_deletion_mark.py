@@ -146,6 +146,13 @@ def test_the_mark_is_stored_before_the_commit_record_is_deleted(tmp_path: Path) 
     assert doc is not None and doc["attempt_id"] == old and doc["reason"] == "retention"
     assert ops[0][1] == f"{old}/{DELETION_DIR}/{doc['deletion_id']}.json"
     assert not any(p.startswith(f"{new}/") for _, p, _ in stored)
+    # the records and indexes, then the data and entries, then the mark: a gc stopped at any
+    # point leaves its mark with whatever is left (S3 review 24, L4)
+    gone = [p.removeprefix(f"{old}/").split("/")[0] for op, p in ops[2:] if op == "delete"]
+    last = {part: max(i for i, q in enumerate(gone) if q == part) for part in set(gone)}
+    first = {part: gone.index(part) for part in set(gone)}
+    assert max(last[k] for k in ("drills", "verifications", "index")) < first["data"], gone
+    assert first[DELETION_DIR] > max(last["data"], last.get("entries", -1)), gone
 
 
 def test_no_mark_no_deletion(tmp_path: Path) -> None:

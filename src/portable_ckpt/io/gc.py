@@ -36,7 +36,7 @@ from portable_ckpt.io.annotations import (
     timestamp_key,
     version_gone,
 )
-from portable_ckpt.io.deletion import deletion_marks, mark_deletion
+from portable_ckpt.io.deletion import DELETION_DIR, deletion_marks, mark_deletion
 from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.io.versions import (
     COMMITTED,
@@ -1080,6 +1080,10 @@ def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
         )
 
 
+#: What gc deletes of a version right after its commit record, before the data (R-GC-3).
+_FIRST_GONE = frozenset((*ANNOTATION_KINDS, "index"))
+
+
 def _delete_attempt(
     storage: Storage, attempt_id: str, report: GcReport, recorded: bool, *,
     mark: str | None = None,
@@ -1124,10 +1128,15 @@ def _delete_attempt(
         # commit record that still held records and indexes, which every tool then took for a
         # version whose record was lost: gc kept it for good and `recommit` brought back what
         # retention had deleted (on-call review 23, F1). Stopped now, it leaves data files only.
-        present = set(storage.list_dirs(prefix))
-        for part in (*ANNOTATION_KINDS, "index"):
-            if part in present:
-                storage.delete_prefix(f"{prefix}{part}/")
+        # One listing, then the records and indexes in as few requests as the store allows
+        # (an object store: one bulk delete; one delete_prefix each was ~8 requests more per
+        # version), then the data and entries, and the deletion mark last: a gc stopped in
+        # the last bulk delete left data without its mark, "a save may be in progress" for
+        # the grace period (S3 review 24, L4).
+        listed = [(o.path, o.path[len(prefix):].split("/", 1)[0]) for o in storage.list(prefix)]
+        storage.delete_many([p for p, top in listed if top in _FIRST_GONE])
+        storage.delete_many([p for p, top in listed
+                             if top not in _FIRST_GONE and top != DELETION_DIR])
         removed_dir = storage.delete_prefix(prefix)
     except CheckpointError as exc:
         report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),

@@ -230,6 +230,20 @@ class Storage(abc.ABC):
             self.delete(info.path)
         return None
 
+    def delete_many(self, paths: Sequence[str]) -> None:
+        """Delete these objects (missing ones are not an error), in as few requests as can be.
+
+        gc deletes a version's records and writer indexes this way, before its data (R-GC-3):
+        an object store deletes up to 1,000 keys a request. The default deletes one by one.
+        A path that leaves the root is refused before anything is deleted.
+        """
+        for path in paths:
+            if not well_formed(path):
+                raise PathUnsafeError(f"delete {path!r}: not a path below the root {self.url}",
+                                      path=path)
+        for path in paths:
+            self.delete(path)
+
     def remove_empty_dirs(self, prefix: str) -> None:  # noqa: B027 - optional hook
         """Remove the empty directories under ``prefix``, and ``prefix`` if it is left empty.
 

@@ -1207,24 +1207,32 @@ class S3Storage(ScannedStorage):
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object below ``prefix`` (bulk deletes) and abort its pending uploads."""
-        import obstore
-
         pfx = self._prefix_arg(prefix)
         if pfx is None:
             raise UsageError(f"refusing to delete everything below {self.url}")
         # The raw keys (boto3): obstore's listing drops trailing slashes, so a folder marker
         # deeper down ("<prefix>/data/") would be listed, and deleted, as the key without it.
         paths = [e[0].path for e in self._scan_boto(pfx, recursive=True) if e[0] is not None]
+        self._bulk_delete(paths, pfx)
+        self.abort_uploads(pfx)
+
+    def delete_many(self, paths: Sequence[str]) -> None:
+        """Delete these objects with bulk deletes (1,000 keys a request); missing ones are fine."""
+        self._bulk_delete([self._check(p) for p in paths], paths[0] if paths else "")
+
+    def _bulk_delete(self, paths: Sequence[str], where: str) -> None:
+        """Bulk deletes of ``paths`` (below the root), 1,000 a request."""
+        import obstore
+
         for i in range(0, len(paths), 1000):
-            batch = paths[i : i + 1000]
+            batch = list(paths[i : i + 1000])
             try:
                 self._retrying(
-                    functools.partial(obstore.delete, self._store(), batch), "POST", pfx
+                    functools.partial(obstore.delete, self._store(), batch), "POST", where
                 )
             except Exception as exc:
-                self._fail("delete", pfx, exc)
+                self._fail("delete", where, exc)
             self.stats.add(other_requests=1)
-        self.abort_uploads(pfx)
 
     def abort_uploads(
         self,

@@ -385,6 +385,18 @@ class StorageTests:
         assert _paths(store) == ["ab/w", "top"]
         assert "a" not in store.list_dirs("")
 
+    def test_delete_many_removes_exactly_the_named_objects(self, store: Storage) -> None:
+        """``delete_many`` removes exactly the named objects; missing ones are no error.
+
+        More than one bulk request's worth (1,000 keys on an object store) all go.
+        """
+        names = [f"v/k{i:04d}" for i in range(1003)]
+        for name in (*names, "v/keep", "v/k0000x"):
+            store.put(name, b"1")
+        store.delete_many([*names, "v/never/was"])
+        store.delete_many([])
+        assert _paths(store) == ["v/k0000x", "v/keep"]
+
     # -- paths and capabilities ------------------------------------------------------------------
 
     @pytest.mark.parametrize("path", ESCAPING_PATHS)
@@ -399,6 +411,7 @@ class StorageTests:
             lambda: store.create_if_absent(path, b"x"),
             lambda: store.delete(path),
             lambda: store.delete_prefix(path),
+            lambda: store.delete_many(["v/ok", path]),
             lambda: store.exists(path),
             lambda: store.read_into(path, 0, memoryview(bytearray(1))),
             lambda: store.read_into_many(path, 0, [memoryview(bytearray(1))]),
@@ -406,9 +419,11 @@ class StorageTests:
             lambda: [*store.list(path)],
             lambda: store.list_dirs(path),
         ]
+        store.put("v/ok", b"1")
         for op in operations:
             with pytest.raises(PathUnsafeError):
                 op()
+        assert store.exists("v/ok")  # a batch with one such path deletes nothing
 
     def test_capabilities_and_local_root_agree(self, store: Storage) -> None:
         """``capabilities`` is a Capabilities; ``local_root`` is set exactly with ``local_path``."""
