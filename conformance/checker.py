@@ -1080,6 +1080,7 @@ _VERIFICATION_NAME = re.compile(r"v[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
 #: anything below ``drills/`` or ``copies/``; ``manifest.jsonl`` is a file like any other.
 _FORBIDDEN_FILES = re.compile(r"manifest\.json(?:\..*)?\Z|drills/|copies/", re.DOTALL)
 #: the directories of the records added after the commit (not part of the version, §14.3).
+_DELETION_NAME = re.compile(r"g[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
 _SIDE_DIRS = re.compile(r"(?:drills|copies|verifications|deleting)/")
 #: the documents below an attempt besides the manifest: (directory, schema, format, id member
 #: that names the file, rule of that name).
@@ -1121,7 +1122,9 @@ def _record_kind(rel: str) -> str | None:
         return sub if _INDEX_NAME.fullmatch(name) else None
     if sub == "verifications":
         return sub if _VERIFICATION_NAME.fullmatch(name) else None
-    return sub if sub in ("drills", "copies", "deleting") else None
+    if sub == "deleting":  # (R-GC-13: only a file named like a mark is read as one)
+        return sub if _DELETION_NAME.fullmatch(name) else None
+    return sub if sub in ("drills", "copies") else None
 
 
 def _walk(top: Path) -> Iterator[tuple[str, int]]:

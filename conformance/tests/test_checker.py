@@ -307,7 +307,7 @@ def test_a_gap_of_one_element_is_found(ref_root: Path) -> None:
     assert any("cover 5 of 6 elements" in e.message for e in rep.errors), rep.errors
 
 
-@pytest.mark.parametrize("defect", [None, "schema", "name", "attempt", "json"])
+@pytest.mark.parametrize("defect", [None, "schema", "name", "attempt", "json", "not-a-mark"])
 def test_a_deletion_mark_in_a_committed_version(ref_root: Path, defect: str | None) -> None:
     """R-GC-13 (errata 18): a gc's deletion mark beside a commit record (a gc stopped before the
     record went) is no file of the version: a warning, the version conforms. A mark is read as
@@ -325,12 +325,14 @@ def test_a_deletion_mark_in_a_committed_version(ref_root: Path, defect: str | No
         name = "g20261205T120000000000Z-00000000.json"
     elif defect == "attempt":
         doc["attempt_id"] = version.name[:-1] + ("0" if version.name[-1] != "0" else "1")
+    elif defect == "not-a-mark":  # not named like one: a file like any other (mark review F8)
+        name, doc = "README.json", {}
     (version / "deleting").mkdir()
     (version / "deleting" / name).write_text("{" if defect == "json" else json.dumps(doc))
     rep = check(ref_root)
     codes = sorted(e.code for e in rep.errors)
     want = {None: [], "schema": ["PCK-SCHEMA"], "name": ["PCK-SCHEMA"],
-            "attempt": ["PCK-ATTEMPT-ID"], "json": ["PCK-JSON-INVALID"]}[defect]
+            "attempt": ["PCK-ATTEMPT-ID"], "json": ["PCK-JSON-INVALID"], "not-a-mark": []}[defect]
     assert codes == want, [e.to_json() for e in rep.errors]
     if defect is None:
         assert rep.ok and any("R-GC-13" in w.message for w in rep.warnings)

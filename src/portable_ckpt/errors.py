@@ -36,6 +36,7 @@ __all__ = [
     "ManifestMissingError",
     "MetadataConflictError",
     "NotFoundError",
+    "PassedOverWarning",
     "PathUnsafeError",
     "RangeBoundsError",
     "RankFailure",
@@ -91,6 +92,17 @@ class CheckpointError(Exception):
     def to_json(self) -> dict[str, str]:
         """Return ``{"code": ..., "message": ...}`` as used by ``--json`` outputs."""
         return {"code": self.code, "message": self.message}
+
+
+class PassedOverWarning(UserWarning):
+    """A newer attempt was passed over to open an older version of a root.
+
+    Readers skip an attempt whose commit record is lost or damaged, or of a newer format
+    (R-READ-1); opening a root then gives an older step. The package logs it, and warns with
+    this category too: its logger has a ``NullHandler``, so a job that set up no logging
+    resumed an older step without a word (S3 review 24, M1). Turn it into an error with
+    ``warnings.simplefilter("error", PassedOverWarning)``.
+    """
 
 
 class NotFoundError(CheckpointError):

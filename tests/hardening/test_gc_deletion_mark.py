@@ -225,7 +225,8 @@ def test_a_stale_mark_of_a_kept_version_is_cleared_after_the_grace_period(
 
 def test_readers_ignore_the_mark_of_a_committed_version(tmp_path: Path) -> None:
     """While its commit record is there, a version with a mark is committed and reads as
-    before (R-LAYOUT-4); a gc that deletes it adds no second mark."""
+    before (R-LAYOUT-4); a gc that deletes it stores its own mark all the same (mark review
+    24, F4: another gc may clear the one that is there)."""
     old, _ = _root(tmp_path)
     storage = open_storage(tmp_path)
     mark_deletion(storage, old, reason="retention")
@@ -239,7 +240,7 @@ def test_readers_ignore_the_mark_of_a_committed_version(tmp_path: Path) -> None:
             return super().create_if_absent(path, data)
 
     rep = gc(Watch(storage, []), keep=1, grace_seconds=0.0)
-    assert rep.deleted == [old] and not any(DELETION_DIR in p for p in created)
+    assert rep.deleted == [old] and [p.split("/")[1] for p in created] == [DELETION_DIR]
 
 
 def test_the_mark_gives_the_reason_of_the_deletion(tmp_path: Path) -> None:
@@ -261,3 +262,106 @@ def test_the_mark_gives_the_reason_of_the_deletion(tmp_path: Path) -> None:
     assert sorted(reasons) == ["invalid commit record, deleted as asked (delete_invalid)",
                                "retention"], reasons
     assert not (tmp_path / ids[0]).exists() and not (tmp_path / ids[1]).exists()
+
+
+def _kill_after_the_record(tmp_path: Path, old: str, *extra: str) -> None:
+    """Run gc (keep 1) in a process killed right after ``old``'s commit record went."""
+    code = _KILL_GC.replace("keep=1, grace_seconds=0.0", "keep=1, grace_seconds=0.0" + "".join(
+        extra))
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), old], cwd=REPO,
+                          env=os.environ | {"PYTHONPATH": str(REPO / "src")}, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("left", ["empty", "junk", "stale-cleared"])
+def test_a_deletion_dir_without_a_mark_does_not_stop_the_next_mark(
+    tmp_path: Path, left: str
+) -> None:
+    """Mark review 24, F1: ``being_deleted`` followed the directory, not a mark. An empty
+    ``deleting/`` (a mark cleared, a mark removed again, a create that failed on a full disk)
+    or junk in it made every later gc store no mark: killed after the record went, it left a
+    lost record again (kept for good, rebuilt by recommit)."""
+    old, _ = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    if left == "empty":
+        (tmp_path / old / DELETION_DIR).mkdir()
+    elif left == "junk":
+        (tmp_path / old / DELETION_DIR).mkdir()
+        (tmp_path / old / DELETION_DIR / "notes.json").write_text("{}")
+    else:  # a stale mark cleared by a gc that kept the version: nothing of it stays
+        rel = mark_deletion(storage, old, reason="retention")
+        rep = gc(storage, keep=2, grace_seconds=0.0, now=lambda: time.time() + 7200)
+        assert rep.marks_cleared == [rel] and not (tmp_path / old / DELETION_DIR).exists()
+    (v,) = [v for v in list_versions(storage) if v.id == old]
+    assert v.status == "committed" and not v.being_deleted
+    _kill_after_the_record(tmp_path, old)
+    c = classify_attempt(storage, old)
+    assert (c.status, c.being_deleted) == ("incomplete", True)
+
+
+def test_a_full_disk_is_freed_without_a_mark(tmp_path: Path) -> None:
+    """Mark review 24, F2: on a full disk every mark's create failed (ENOSPC), gc deleted
+    nothing and exited 75 at every run: the disk stayed full. There, gc deletes without the
+    mark (records and indexes first, errata 17's order); any other failure still stops it."""
+    old, new = _root(tmp_path)
+    full = FaultyStorage(open_storage(tmp_path), [Fault(op="create", path=f"*/{DELETION_DIR}/*",
+                                                        error="ENOSPC")])
+    rep = gc(full, keep=1, grace_seconds=0.0)
+    assert rep.complete and rep.deleted == [old] and not (tmp_path / old).exists()
+    check_restores(open_storage(tmp_path), new)
+
+
+class _LostAnswer(FaultyStorage):
+    """The DELETE of a commit record takes effect, and its answer is lost (a timeout)."""
+
+    def delete(self, path: str) -> bool | None:
+        done = super().delete(path)
+        if path.endswith("/manifest.json"):
+            from portable_ckpt.errors import StorageError
+
+            raise StorageError(f"delete {path!r}: timed out", path=path)
+        return done
+
+
+def test_a_lost_answer_to_the_records_delete_keeps_the_mark(tmp_path: Path) -> None:
+    """Mark review 24, F3: the record's DELETE took effect but its answer was lost; gc took it
+    for "not deleted" and removed its mark: no record and no mark, a lost record again. The
+    mark goes again only where the record is known to be there still."""
+    old, _ = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    rep = gc(_LostAnswer(storage, []), keep=1, grace_seconds=0.0)
+    assert [u["id"] for u in rep.unknown] == [old]
+    c = classify_attempt(storage, old)
+    assert (c.status, c.being_deleted) == ("incomplete", True)
+    assert gc(storage, keep=1, grace_seconds=0.0).abandoned == [old]
+
+
+def test_a_young_mark_is_not_cleared_whatever_the_grace(tmp_path: Path) -> None:
+    """Mark review 24, F5: a gc with ``--grace 0`` that kept a version cleared the mark another
+    gc had stored a moment before (it was about to delete the record): marks younger than an
+    hour stay, and none is cleared once the record is gone."""
+    old, _ = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    rel = mark_deletion(storage, old, reason="retention")
+    rep = gc(storage, keep=2, grace_seconds=0.0)
+    assert rep.marks_cleared == [] and (tmp_path / rel).exists()
+    rep = gc(storage, keep=2, grace_seconds=0.0, now=lambda: time.time() + 3700)
+    assert rep.marks_cleared == [rel]
+
+
+def test_a_mark_of_a_newer_major_counts(tmp_path: Path) -> None:
+    """A mark a newer tool wrote (format_version 2.0, which 1.x cannot validate) counts when
+    it names the attempt under its own id, as a pin of a newer major pins: that tool's gc
+    deleted the record on purpose."""
+    old, _ = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    rel = mark_deletion(storage, old, reason="retention")
+    doc = json.loads((tmp_path / rel).read_text())
+    doc.update(format_version="2.0", started_at=12345, new_member=[1])
+    (tmp_path / rel).write_text(json.dumps(doc))
+    (tmp_path / old / "manifest.json").unlink()
+    c = classify_attempt(storage, old)
+    assert (c.status, c.being_deleted) == ("incomplete", True)
+    doc["attempt_id"] = "s" + "0" * 12 + old[13:]  # another attempt's
+    (tmp_path / rel).write_text(json.dumps(doc))
+    assert classify_attempt(storage, old).status == "invalid"

@@ -131,7 +131,10 @@ def log_to_stderr(args: argparse.Namespace) -> Iterator[None]:
     log.setLevel(min(level, saved) if saved else level)
 
     def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
-        if level <= logging.WARNING:
+        from portable_ckpt.errors import PassedOverWarning
+
+        # (logged as well, and the log is shown: said once)
+        if level <= logging.WARNING and not issubclass(category, PassedOverWarning):
             text = f"portable-ckpt: WARNING {category.__name__}: {message}"
             _write_line(text)
 

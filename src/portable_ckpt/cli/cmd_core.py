@@ -449,7 +449,10 @@ def _gc(args: argparse.Namespace) -> int:
                 f"kept    {g['id']}  ({g['status']}, written to {g['age_seconds']:.0f} s ago: "
                 f"within the grace period of {args.grace:g} s, " + (
                     "being deleted: a gc that stopped part-way marked it; a later gc removes "
-                    "it)" if g.get("being_deleted") else "a save may be in progress)")
+                    "it)" if g.get("being_deleted") else
+                    # (--delete-invalid: a damaged version, no save; S3 review 24, L5)
+                    "deleted as asked once it has passed)" if g["status"] == "invalid" else
+                    "a save may be in progress)")
             )
         for d in rep.damaged:
             print(
@@ -470,6 +473,9 @@ def _gc(args: argparse.Namespace) -> int:
             keys = rep.foreign_keys
             shown = ", ".join(safe(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
             print(f"left in place {len(keys)} entries that are not this format's: {shown}")
+        if rep.aborted_uploads:  # billed until then, and shown in --json only (S3 review 24, L2)
+            print(f"aborted {rep.aborted_uploads} unfinished upload(s) (of deleted attempts, or "
+                  "left by a writer killed while it uploaded a file a kept version lists)")
         if rep.pruned_records:
             pruned = "would remove" if args.dry_run else "removed"
             print(f"{pruned} {rep.pruned_records} superseded verify/copy/drill record(s) of "
@@ -492,8 +498,10 @@ def _gc(args: argparse.Namespace) -> int:
             "invalid: committed versions damaged after their commit (a save never publishes "
             "such a record), whose data may still be recovered. `portable-ckpt verify ROOT/ID` "
             "names the record's defect. Where a copy of the version exists (`portable-ckpt ls "
-            "COPY_ROOT`), replace ROOT/ID/manifest.json by hand with the copy's, then run "
-            "`portable-ckpt verify ROOT/ID --deep`; or delete them with --delete-invalid",
+            "COPY_ROOT`), copy its manifest.json over ROOT/ID/manifest.json (`cp`, or `aws s3 "
+            "cp` on S3), then run `portable-ckpt verify ROOT/ID --deep`; a version whose record "
+            "was lost (PCK-MANIFEST-MISSING) without a copy is rebuilt by `portable-ckpt "
+            "recommit ROOT/ID` (docs/recovery.md); or delete them with --delete-invalid",
             file=sys.stderr,
         )
     if rep.committed_meanwhile:

@@ -91,14 +91,29 @@ def deletion_marks(storage: Storage, attempt_id: str) -> list[ObjectInfo]:
     return out
 
 
+_NEWER_MAJOR = re.compile(r"[2-9][0-9]*\.[0-9]+\Z|1[0-9]+\.[0-9]+\Z")
+
+
 def _counts(data: bytes, attempt_id: str, name: str, rel: str) -> bool:
     from portable_ckpt.format.schemas import validate_document
 
     try:
         doc = jsonio.loads(data, what=rel)
-        validate_document(doc, "deletion.schema.json", what=rel)
     except StorageError:
         raise
     except CheckpointError:
         return False
-    return bool(doc["attempt_id"] == attempt_id and f"{doc['deletion_id']}.json" == name)
+    if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt-deletion":
+        return False
+    own = doc.get("attempt_id") == attempt_id and f"{doc.get('deletion_id')}.json" == name
+    fv = doc.get("format_version")
+    if isinstance(fv, str) and _NEWER_MAJOR.match(fv):
+        # A newer tool's mark: it cannot be validated here, and a gc of that tool deleted the
+        # commit record on purpose; it counts under its own name, for this attempt (as a pin
+        # of a newer major pins).
+        return own
+    try:
+        validate_document(doc, "deletion.schema.json", what=rel)
+    except CheckpointError:
+        return False
+    return own

@@ -9,9 +9,11 @@ deleted that was not positively classified (:mod:`portable_ckpt.io.versions`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -404,14 +406,15 @@ def gc(
 def _why_deleted(
     attempt_id: str, report: GcReport, by_id: dict[str, VersionInfo], recorded: set[str]
 ) -> str | None:
-    """The reason a deletion mark gives (R-GC-13), or None: no mark (no version, or one there).
+    """The reason a deletion mark gives (R-GC-13), or None: no mark (no version).
 
     Only versions get one (an attempt without records is incomplete whatever a stopped gc
-    leaves), and only one each: a gc that cannot delete the record (a permission) would
-    otherwise add a mark at every run.
+    leaves). Every gc stores its own, also where one is there: another gc may clear that one
+    meanwhile (mark review 24, F4). A gc that cannot delete the record removes its mark again,
+    so none piles up run after run.
     """
     v = by_id.get(attempt_id)
-    if attempt_id not in recorded or v is None or v.being_deleted:
+    if attempt_id not in recorded or v is None:
         return None
     if attempt_id in report.retired:
         return "retired: a later commit at the same or a lower step abandoned it"
@@ -434,7 +437,10 @@ def _clear_stale_marks(
     A mark beside a commit record is what a gc left that was stopped before the record went,
     or whose deletion of it failed. Left there, a record lost later would make the version
     deletable (R-GC-13) where it is otherwise kept (R-GC-10). A mark younger than the grace
-    period may be another gc's at work (with another ``keep``): left alone.
+    period, and than an hour whatever the grace, may be another gc's at work (with another
+    ``keep``): left alone (mark review 24, F5: a gc with ``--grace 0`` cleared a live one).
+    The commit record is looked for right before: a version this gc listed as committed may
+    be being deleted by another now.
     """
     marked = [v for v in kept if v.status == COMMITTED and v.being_deleted]
     if not marked:
@@ -443,14 +449,24 @@ def _clear_stale_marks(
         now = _clock_for_ages(storage, t_now, report) if ask_storage else t_now
     except CheckpointError:
         return  # the next gc
+    age = max(grace, MARK_STALE_SECONDS)
     for v in marked:
         try:
-            for info in deletion_marks(storage, v.id):
-                if now - info.mtime >= grace and storage.delete(info.path):
-                    report.marks_cleared.append(info.path)
+            old = [m for m in deletion_marks(storage, v.id) if now - m.mtime >= age]
+            if not old or not storage.exists(f"{v.id}/manifest.json"):
+                continue
+            for info in old:
+                storage.delete(info.path)  # (an object store cannot tell whether it removed it)
+                report.marks_cleared.append(info.path)
+            storage.remove_empty_dirs(f"{v.id}/{DELETION_DIR}/")
         except CheckpointError as exc:
             _log.warning("%s: could not clear the deletion mark of %s, which gc keeps (%s); "
                          "the next gc tries again", storage.url, v.id, exc)
+
+
+#: A deletion mark beside a commit record younger than this (or than the grace period) may be
+#: another gc's at work: not cleared.
+MARK_STALE_SECONDS = 3600.0
 
 
 #: How old gc's last look at ``pins/`` may be when it deletes a version.
@@ -1080,6 +1096,29 @@ def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
         )
 
 
+def _still_there(storage: Storage, record: str) -> bool:
+    """Whether ``record`` is there beyond doubt (False where the storage cannot tell)."""
+    try:
+        return storage.exists(record)
+    except CheckpointError:
+        return False
+
+
+#: errno values of a storage that is full (a disk, a quota).
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the storage is full (ENOSPC, EDQUOT), by its cause or its message."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _FULL:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    found = re.search(r"errno (\d+)\)", str(exc))
+    return found is not None and int(found[1]) in _FULL
+
+
 #: What gc deletes of a version right after its commit record, before the data (R-GC-3).
 _FIRST_GONE = frozenset((*ANNOTATION_KINDS, "index"))
 
@@ -1103,22 +1142,32 @@ def _delete_attempt(
     # What was there before this run deleted anything: the fallback where a store cannot
     # tell who deleted what (an object store's DELETE answers alike).
     there = storage.exists(record) if recorded else _any_file(storage, prefix)
-    # Marked first: a gc stopped after the record went leaves a version being deleted, not
-    # one whose record was lost (on-call review 23, F1 and N2). No mark, no deletion.
+    # Marked first, by every gc its own mark (another's may be cleared meanwhile: mark review
+    # 24, F4): a gc stopped after the record went leaves a version being deleted, not one
+    # whose record was lost (on-call review 23, F1 and N2). No mark, no deletion; but a full
+    # disk is freed without one (mark review F2: every run failed, "retry", disk still full).
+    marked = None
     try:
         marked = mark_deletion(storage, attempt_id, reason=mark) if mark is not None else None
-    except CheckpointError:
+    except CheckpointError as exc:
         if not version_gone(storage, attempt_id):
-            raise  # still there: not deleted, and said
-        # An overlapping gc (a manager's retention) removed it first, directory and all.
-        report.deleted_by_other(attempt_id)
-        return
+            if not storage_full(exc):
+                raise  # still there: not deleted, and said
+            _log.warning("%s: no room for the deletion mark of %s (%s): deleted without it, "
+                         "records and indexes first (R-GC-13)", storage.url, attempt_id, exc)
+        else:
+            # An overlapping gc (a manager's retention) removed it first, directory and all.
+            report.deleted_by_other(attempt_id)
+            return
     try:
         removed_record = storage.delete(record)
     except CheckpointError:
-        if marked is not None:
+        # Its mark goes again only where the record is known to be there still: a DELETE whose
+        # answer was lost took effect (mark review F3: no record and no mark, a lost record).
+        if marked is not None and _still_there(storage, record):
             with contextlib.suppress(CheckpointError):
                 storage.delete(marked)  # still committed: no mark left behind
+                storage.remove_empty_dirs(f"{attempt_id}/{DELETION_DIR}/")
         raise
     try:
         aborted = storage.abort_uploads(prefix)

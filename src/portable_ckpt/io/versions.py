@@ -21,12 +21,15 @@ fails rather than return an older version than one it could not read.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
 import logging
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +44,7 @@ from portable_ckpt.errors import (
     LimitError,
     ManifestMissingError,
     NotFoundError,
+    PassedOverWarning,
     PathUnsafeError,
     StorageError,
     VersionUnsupportedError,
@@ -588,9 +592,13 @@ def _info(
         try:  # one listing says which kinds of records exist (three listings were asked)
             dirs = set(storage.list_dirs(f"{name}/"))
             present = dirs & set(ANNOTATION_KINDS)
-            info.being_deleted = DELETION_DIR in dirs
         except StorageError:
-            present = set(ANNOTATION_KINDS)  # each is asked, and its error kept
+            dirs, present = set(), set(ANNOTATION_KINDS)  # each is asked, and its error kept
+        if DELETION_DIR in dirs:
+            # A mark, not the directory: an empty one (a mark cleared) or junk in it made gc
+            # store no mark of its own (mark review 24, F1). Unread: as without one.
+            with contextlib.suppress(CheckpointError):
+                info.being_deleted = bool(deletion_marks(storage, name))
         unread: dict[str, CheckpointError] = {}
         for kind in sorted(present):
             setattr(info, kind, read_annotations(storage, name, kind, errors=errors))
@@ -839,17 +847,12 @@ def latest(
     for name in attempt_names(storage, step) if names is None else names:
         by_step.setdefault(_step_of(name), []).append(name)
     skipped: list[str] = []
-    invalid: list[str] = []
+    invalid: list[tuple[str, Classification]] = []
     for s in sorted(by_step, reverse=True):
         found = _latest_of_level(storage, by_step[s], skipped, known, invalid)
         if found is not None:
             if invalid:  # R-READ-1: a damaged newest record must not pass unnoticed
-                _log.warning(
-                    "%s: the newer attempt(s) %s have a commit record that is not valid and are "
-                    "skipped; returning %s. `portable-ckpt ls` says why (gc keeps them and names "
-                    "them; `portable-ckpt gc --delete-invalid` removes them)",
-                    storage.url, ", ".join(invalid), found[0],
-                )
+                _passed_over(storage, invalid, found[0])
             return found
     if not by_step:
         root_must_exist(storage)  # a mistyped root is not a root without versions
@@ -863,6 +866,44 @@ def latest(
         else other_format_hint(storage)
     )
     raise NotFoundError(f"no committed version for {what} under {storage.url}{others}")
+
+
+def _passed_over(storage: Storage, invalid: list[tuple[str, Classification]], taken: str) -> None:
+    """Log and warn (:class:`PassedOverWarning`) that newer invalid attempts were skipped.
+
+    A lost commit record (the attempt holds records only a committed version gets) is put back
+    from a copy or rebuilt; the advice was `gc --delete-invalid`, which deletes what `recommit`
+    brings back (S3 review 24, M1).
+    """
+    base = storage.url.rstrip("/")
+    lost = [n for n, c in invalid if isinstance(c.error, ManifestMissingError)]
+    damaged = [n for n, c in invalid if n not in lost]
+    parts = []
+    if lost:
+        parts.append(
+            f"the newer version(s) {', '.join(lost)} lost their commit record (manifest.json): "
+            "put it back from a copy of the version, or rebuild it with `portable-ckpt "
+            f"recommit {base}/{lost[0]}`, then `portable-ckpt verify --deep` (docs/recovery.md)")
+    if damaged:
+        parts.append(
+            f"the newer attempt(s) {', '.join(damaged)} have a commit record that is not valid: "
+            f"`portable-ckpt verify {base}/{damaged[0]}` names the defect; put a copy's record "
+            "back (gc keeps them and names them)")
+    message = f"{storage.url}: opening {taken}, an older version: " + "; ".join(parts)
+    _log.warning("%s", message)
+    warnings.warn(message, PassedOverWarning, stacklevel=_outside_level())
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _outside_level() -> int:
+    """The ``stacklevel`` of a warning that names the first caller outside this package."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+            _PACKAGE_DIR + os.sep):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
 
 
 #: Files that say a directory holds a checkpoint of another format, and what to do with it.
@@ -891,7 +932,7 @@ def _latest_of_level(
     names: list[str],
     skipped: list[str],
     known: Mapping[str, bytes] | None,
-    invalid: list[str],
+    invalid: list[tuple[str, Classification]],
 ) -> tuple[str, Manifest] | None:
     """The greatest version among attempts of one step, ``None`` when none is a version.
 
@@ -919,20 +960,18 @@ def _latest_of_level(
         if c.status == FOREIGN:
             skipped.append(name)
         elif c.status == INVALID:
-            invalid.append(name)
+            invalid.append((name, c))
     for name, c in level:
         if c.status == STRAY:
             _log.warning(
                 "%s/%s is skipped: %s (R-LAYOUT-7)", storage.url.rstrip("/"), name, c.error
             )
     if best is not None and skipped:
-        _log.warning(
-            "%s: the newer attempt(s) %s were written by a format version this reader does not "
-            "implement and are skipped; returning %s",
-            storage.url,
-            ", ".join(skipped),
-            best[1],
-        )
+        message = (f"{storage.url}: the newer attempt(s) {', '.join(skipped)} were written by a "
+                   "format version this reader does not implement and are skipped; returning "
+                   f"{best[1]} (a newer release of portable_ckpt reads them)")
+        _log.warning("%s", message)
+        warnings.warn(message, PassedOverWarning, stacklevel=_outside_level())
     return None if best is None else (best[1], best[2])
 
 
