@@ -219,3 +219,18 @@ def test_a_newest_record_that_cannot_be_read_advises_by_its_error_class(
         op=("read", "exists", "size"), path=f"{newest}/manifest.json", error=error))
     assert "cannot tell whether" in str(err)
     assert advice in str(err) and err.retryable is (error == "EIO"), str(err)
+
+
+def test_a_durable_root_that_cannot_be_listed_gets_the_durable_tiers_way_out(
+    tmp_path: Path,
+) -> None:
+    """S3 review 24, L1: a job without a fast tier whose bucket was gone was told "construct
+    the manager without fast_root=". The way out names the tier that failed: for the durable
+    root, a copy back from a backup or an explicit version."""
+    from portable_ckpt.storage.faults import Fault
+
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    err = _restore_with_faults(root, target, Fault(op="list", path="*", error="EIO"))
+    assert "not 'no checkpoint'" in str(err) and "fast_root=" not in str(err), str(err)
+    assert "portable-ckpt copy BACKUP_ROOT ROOT" in str(err) and "checkpoint=" in str(err)

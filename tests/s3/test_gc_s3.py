@@ -158,6 +158,14 @@ def test_odd_keys_are_foreign_and_harmless(s3: S3Env, capsys: pytest.CaptureFixt
     # The attempt left with only foreign keys is not reported as abandoned again and again.
     rep2 = gc(root, keep=1, grace_seconds=0.0)
     assert rep2.abandoned == [] and rep2.deleted == [] and set(rep2.foreign_keys) == inside
+    # The command line names them as URLs a person can look up and remove (S3 review 24, L3:
+    # `ls` said "/, a/" for `run//x` and `run/a//b`).
+    assert cli_main(["ls", root]) == 0
+    err = capsys.readouterr().err
+    assert f"{root}//" in err and f"{root}/a/" in err, err
+    assert cli_main(["gc", root, "--keep", "1", "--grace", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"{root}/{ids[0]}//x" in out and "remove them by hand" in out, out
 
 
 def test_folder_markers_and_control_keys_are_foreign_and_kept(s3: S3Env) -> None:

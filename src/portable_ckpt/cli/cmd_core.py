@@ -103,10 +103,9 @@ def _ls(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return code
     if foreign:
-        shown = ", ".join(safe(n) for n in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         # stderr: stdout is the table a script parses (scripting review F10)
         print(f"portable-ckpt: {len(foreign)} entries that are not this format's are ignored: "
-              f"{shown}", file=sys.stderr)
+              f"{_foreign_urls(storage.url, foreign)}", file=sys.stderr)
     if not versions:
         print(f"no attempts under {safe(args.root)}")
         _child_roots(storage, foreign, args.root)
@@ -156,6 +155,17 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+def _foreign_urls(root_url: str, keys: list[str], most: int = 5) -> str:
+    """The first foreign entries as URLs below the root, as a person removes them.
+
+    ``ls`` of an S3 root named ``e1//x`` as "/" and ``e1/a/../b`` as "a/" (S3 review 24, L3):
+    no key to look up or remove.
+    """
+    base = root_url.rstrip("/")
+    shown = ", ".join(safe(f"{base}/{k}") for k in keys[:most])
+    return shown + (f", ... ({len(keys) - most} more)" if len(keys) > most else "")
 
 
 def say_uncommitted(found: list[Any]) -> None:
@@ -471,8 +481,9 @@ def _gc(args: argparse.Namespace) -> int:
             print(f"kept    {v}  (--require-copy: no kept version has a verified copy{where})")
         if rep.foreign_keys:
             keys = rep.foreign_keys
-            shown = ", ".join(safe(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
-            print(f"left in place {len(keys)} entries that are not this format's: {shown}")
+            print(f"left in place {len(keys)} entries that are not this format's: "
+                  f"{_foreign_urls(str(args.root), keys)} (no tool of this format deletes them; "
+                  "look at them and remove them by hand where they are garbage)")
         if rep.aborted_uploads:  # billed until then, and shown in --json only (S3 review 24, L2)
             print(f"aborted {rep.aborted_uploads} unfinished upload(s) (of deleted attempts, or "
                   "left by a writer killed while it uploaded a file a kept version lists)")

@@ -747,8 +747,12 @@ class S3Storage(ScannedStorage):
         ) from exc
 
     def _budget_text(self) -> str:
+        # What a hung endpoint costs: each try waits for its answer (S3 review 24, M3: "30s of
+        # retries" read as the whole wait, which was five times the read timeout).
         seconds = self.options.retry_seconds
-        return f" or {seconds:g}s of retries" if seconds > 0 else ""
+        return ((f" and {seconds:g}s of retries" if seconds > 0 else "")
+                + f", each try waiting up to {self.options.read_timeout:g}s for an answer, "
+                "PCK_S3_READ_TIMEOUT")
 
     @staticmethod
     def _classify(exc: BaseException) -> tuple[str | None, int | None, str]:

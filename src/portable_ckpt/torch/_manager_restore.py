@@ -67,12 +67,20 @@ def _fallback(tier: str, ident: str, e: CheckpointError) -> dict[str, Any]:
     return {"tier": tier, "checkpoint_id": ident, "code": e.code, "message": e.message[:500]}
 
 
-#: How a job goes on when a tier stays unreadable (a dead node-local disk, a lost bucket).
-_WAY_OUT = (
-    "if that tier is gone for good, restore without it: construct the manager without "
-    "fast_root= for this run (the durable tier's newest version is restored), or pass "
-    "checkpoint= to restore one version directory explicitly"
-)
+def _way_out(tier: str) -> str:
+    """How a job goes on when ``tier`` stays unreadable (a dead node-local disk, a lost bucket).
+
+    The advice was the fast tier's whatever the tier: a job without a fast tier whose bucket
+    was gone was told to construct its manager without ``fast_root=`` (S3 review 24, L1).
+    """
+    if tier == "fast":
+        return ("if the fast tier is gone for good, restore without it: construct the manager "
+                "without fast_root= for this run (the durable tier's newest version is "
+                "restored), or pass checkpoint= to restore one version directory explicitly")
+    return ("if the durable root is gone for good, its versions are lost with it: copy them "
+            "back from a backup (`portable-ckpt copy BACKUP_ROOT ROOT`, docs/recovery.md), or "
+            "pass checkpoint= to restore one version directory explicitly (a fast tier's, or "
+            "a backup's); an empty durable root starts the job afresh")
 
 
 def listing(
@@ -133,7 +141,7 @@ def candidates(
         views.append((1, "fast", listing(mgr, "fast", step, seen)))
     if mgr.rank == 0:
         views.append((0, "durable", listing(mgr, "durable", step, seen)))
-    errors = [view["error"] for _, _, view in views if "error" in view]
+    errors = [(name, view["error"]) for _, name, view in views if "error" in view]
     for order, name, view in views:
         for v_step, committed_at, ident, problem in view.get("rows", []):
             key = (int(v_step), timestamp_key(committed_at), order)
@@ -146,7 +154,7 @@ def candidates(
             found[(name, ident)] = (key, problem)
     ranked = sorted(found.items(), key=lambda kv: kv[1][0], reverse=True)
     local: dict[str, Any] = (
-        {"error": errors[0]}
+        {"error": errors[0][1], "tier": errors[0][0]}
         if errors
         else {"cands": [[name, ident, problem] for (name, ident), (_, problem) in ranked]}
     )
@@ -154,7 +162,7 @@ def candidates(
     if "error" in got:
         raise StorageError(
             f"{got['error']}; a storage error is not 'no checkpoint' (spec R-ID-5): retry the "
-            f"restore; {_WAY_OUT}"
+            f"restore; {_way_out(str(got.get('tier', 'durable')))}"
         )
     return [list(c) for c in got["cands"]]
 
@@ -189,7 +197,7 @@ def restore(
                 f" its commit or verification records could not be read ({problem['message']});"
                 " a storage error is not 'no version' (spec R-ID-5): "
                 f"{'retry' if retryable else 'mend what the error names (a permission, a path), then restart'}"
-                f"; {_WAY_OUT}",
+                f"; {_way_out(tier_name)}",
                 path=f"{ident}/manifest.json", retryable=retryable,
             )
         attempt = functools.partial(
@@ -216,7 +224,7 @@ def restore(
                     f"restore of {ident} from the {tier_name} tier failed twice on a storage "
                     f"error ({err.message}); a storage error is not damage, and resuming an "
                     "older version would silently lose the training since (spec R-ID-5): "
-                    f"{fix}; {_WAY_OUT}",
+                    f"{fix}; {_way_out(tier_name)}",
                     path=ident, retryable=err.retryable,
                 ) from err
             verdict = _damage_agreed(mgr, tier_name, ident, err)
@@ -226,7 +234,7 @@ def restore(
                     ", but the damage was not found again by a third read of the file: the "
                     "storage or this host's reads are unreliable, and resuming an older version"
                     " would silently lose the training since (spec R-ID-5): retry the restore;"
-                    f" {_WAY_OUT}",
+                    f" {_way_out(tier_name)}",
                     path=ident,
                 ) from err
             fallbacks.append(_fallback(tier_name, ident, err))
