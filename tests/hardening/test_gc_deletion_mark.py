@@ -349,7 +349,8 @@ def test_a_young_mark_is_not_cleared_whatever_the_grace(tmp_path: Path) -> None:
     assert rep.marks_cleared == [rel]
 
 
-def test_a_mark_of_a_newer_major_counts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["2.0", "10.3", "9" * 5000 + ".1"])
+def test_a_mark_of_a_newer_major_counts(tmp_path: Path, version: str) -> None:
     """A mark a newer tool wrote (format_version 2.0, which 1.x cannot validate) counts when
     it names the attempt under its own id, as a pin of a newer major pins: that tool's gc
     deleted the record on purpose."""
@@ -357,11 +358,25 @@ def test_a_mark_of_a_newer_major_counts(tmp_path: Path) -> None:
     storage = open_storage(tmp_path)
     rel = mark_deletion(storage, old, reason="retention")
     doc = json.loads((tmp_path / rel).read_text())
-    doc.update(format_version="2.0", started_at=12345, new_member=[1])
+    doc.update(format_version=version, started_at=12345, new_member=[1])
     (tmp_path / rel).write_text(json.dumps(doc))
     (tmp_path / old / "manifest.json").unlink()
     c = classify_attempt(storage, old)
     assert (c.status, c.being_deleted) == ("incomplete", True)
     doc["attempt_id"] = "s" + "0" * 12 + old[13:]  # another attempt's
     (tmp_path / rel).write_text(json.dumps(doc))
+    assert classify_attempt(storage, old).status == "invalid"
+
+
+@pytest.mark.parametrize("version", ["0.9", "1.0", "01.0", "1.7"])
+def test_a_mark_of_major_1_or_below_must_validate(tmp_path: Path, version: str) -> None:
+    """Only a newer major escapes validation: a 1.x (or 0.x) mark that breaks the schema is no
+    mark, and the version whose record was lost is kept (R-GC-10)."""
+    old, _ = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    rel = mark_deletion(storage, old, reason="retention")
+    doc = json.loads((tmp_path / rel).read_text())
+    doc.update(format_version=version, started_at=12345)
+    (tmp_path / rel).write_text(json.dumps(doc))
+    (tmp_path / old / "manifest.json").unlink()
     assert classify_attempt(storage, old).status == "invalid"

@@ -376,6 +376,34 @@ _MEMBERS = frozenset({
 })
 
 
+_MAJOR_MINOR = re.compile(r"([0-9]+)\.[0-9]+\Z")
+
+
+def parse_record(data: bytes, rel: str, fmt: str) -> tuple[dict[str, Any], str | None] | None:
+    """A record's JSON object when its ``format`` is ``fmt``, and the MAJOR it claims.
+
+    ``None`` for anything else (not JSON, not an object, another format). The MAJOR (``"1"``,
+    ``"2"``) is ``None`` where ``format_version`` is not ``MAJOR.MINOR``: a caller validates a
+    1.x record, and decides for a newer one, which it cannot validate, which side is safe (a
+    pin of a newer major still pins; a deletion mark of one still marks, R-GC-13).
+
+    Raises:
+        StorageError: the bytes could not be told apart from a storage failure.
+
+    """
+    try:
+        doc = jsonio.loads(data, what=rel)
+    except StorageError:
+        raise
+    except CheckpointError:
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        return None
+    fv = doc.get("format_version")
+    found = _MAJOR_MINOR.match(fv) if isinstance(fv, str) else None
+    return doc, None if found is None else found[1]
+
+
 def read_listed_record(storage: Storage, rel: str) -> bytes:
     """A listed record's bytes; "absent" only when a second listing agrees (§15.1).
 

@@ -26,7 +26,7 @@ from typing import Any
 from portable_ckpt.errors import CheckpointError, FileMissingError, LimitError, StorageError
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.naming import utc_now_iso
-from portable_ckpt.io.annotations import annotation_id, read_listed_record
+from portable_ckpt.io.annotations import annotation_id, parse_record, read_listed_record
 from portable_ckpt.storage import ObjectInfo, Storage
 
 __all__ = ["DELETION_DIR", "deletion_marks", "mark_deletion"]
@@ -91,23 +91,16 @@ def deletion_marks(storage: Storage, attempt_id: str) -> list[ObjectInfo]:
     return out
 
 
-_NEWER_MAJOR = re.compile(r"[2-9][0-9]*\.[0-9]+\Z|1[0-9]+\.[0-9]+\Z")
-
-
 def _counts(data: bytes, attempt_id: str, name: str, rel: str) -> bool:
     from portable_ckpt.format.schemas import validate_document
 
-    try:
-        doc = jsonio.loads(data, what=rel)
-    except StorageError:
-        raise
-    except CheckpointError:
+    parsed = parse_record(data, rel, "portable-ckpt-deletion")
+    if parsed is None:
         return False
-    if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt-deletion":
-        return False
+    doc, major = parsed
     own = doc.get("attempt_id") == attempt_id and f"{doc.get('deletion_id')}.json" == name
-    fv = doc.get("format_version")
-    if isinstance(fv, str) and _NEWER_MAJOR.match(fv):
+    digits = (major or "").lstrip("0")  # compared as text: CPython refuses huge int()s
+    if len(digits) > 1 or digits > "1":
         # A newer tool's mark: it cannot be validated here, and a gc of that tool deleted the
         # commit record on purpose; it counts under its own name, for this attempt (as a pin
         # of a newer major pins).

@@ -24,7 +24,12 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.naming import check_attempt_id, utc_now_iso
-from portable_ckpt.io.annotations import annotation_id, read_listed_record, version_gone
+from portable_ckpt.io.annotations import (
+    annotation_id,
+    parse_record,
+    read_listed_record,
+    version_gone,
+)
 from portable_ckpt.logs import log_event
 from portable_ckpt.storage import Storage, open_storage
 
@@ -147,22 +152,14 @@ def _read_pin(storage: Storage, rel: str) -> dict[str, Any] | None:
     return doc
 
 
-_NEWER_MAJOR = re.compile(r"[0-9]+\.[0-9]+\Z")
-
-
 def _counting_pin(data: bytes, rel: str) -> dict[str, Any] | None:
     from portable_ckpt.format.schemas import validate_document
 
-    try:
-        doc = jsonio.loads(data, what=rel)
-    except StorageError:
-        raise
-    except CheckpointError:
+    parsed = parse_record(data, rel, "portable-ckpt-pin")
+    if parsed is None:
         return None
-    if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt-pin":
-        return None
-    fv = doc.get("format_version")
-    if isinstance(fv, str) and _NEWER_MAJOR.match(fv) and fv.split(".", 1)[0] != "1":
+    doc, major = parsed
+    if major is not None and major != "1":
         # A newer tool's pin: it cannot be validated here, and keeping is the safe side; still
         # only under its own name (unpin deletes exactly that file: review of the change F1).
         own = isinstance(doc.get("pin_id"), str) and f"{doc['pin_id']}.json" == rel.rsplit(
