@@ -351,7 +351,7 @@ def _check_other_root(src: Storage, dst: Storage, dst_url: str) -> None:
     spellings of a registered scheme's root: backend review B2). A destination that refuses
     the probe refuses the copy's files as well.
     """
-    from portable_ckpt.io.gc import same_root
+    from portable_ckpt.io.clock import same_root
 
     if same_root(src, dst):
         raise UsageError(
@@ -406,7 +406,7 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
     leftovers = list(dst.list(f"{attempt}/"))
     if not leftovers:
         return
-    from portable_ckpt.io.gc import storage_clock
+    from portable_ckpt.io.clock import storage_clock
 
     newest = max(i.mtime for i in leftovers)
     # The destination's clock set those times: this host's, ahead, made another copier's

@@ -3,18 +3,17 @@
 :func:`gc` keeps the newest versions (and the protected ones: drilled, verified, copied, a
 rollback's new branch), deletes the rest commit record first, and removes abandoned attempts
 once quiet for the grace period on the storage's clock (:func:`storage_clock`). Nothing is
-deleted that was not positively classified (:mod:`portable_ckpt.io.versions`).
+deleted that was not positively classified (:mod:`portable_ckpt.io.versions`). This module
+decides what goes; :mod:`portable_ckpt.io.deletion` deletes one attempt (its mark, its commit
+record, then the rest, R-GC-3 and R-GC-13) and :mod:`portable_ckpt.io.clock` asks the
+storage's clock.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import math
 import os
-import re
-import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from portable_ckpt.errors import (
     may_pass,
 )
 from portable_ckpt.format import usage
-from portable_ckpt.format.naming import PROBE_RE, attempt_time
+from portable_ckpt.format.naming import attempt_time
 from portable_ckpt.format.vocab import DEFAULT_GRACE_SECONDS
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
@@ -36,9 +35,9 @@ from portable_ckpt.io.annotations import (
     prune_quietly,
     superseded,
     timestamp_key,
-    version_gone,
 )
-from portable_ckpt.io.deletion import DELETION_DIR, deletion_marks, mark_deletion
+from portable_ckpt.io.clock import PROBE_LEFTOVER_SECONDS, same_root, storage_clock
+from portable_ckpt.io.deletion import DELETION_DIR, delete_attempt, deletion_marks
 from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.io.versions import (
     COMMITTED,
@@ -382,7 +381,7 @@ def gc(
                 if attempt_id in recorded and pins_now.holds(attempt_id):
                     doomed[i] = ""  # kept: pinned while this gc ran
                 else:
-                    _delete_attempt(storage, attempt_id, report, attempt_id in with_record,
+                    delete_attempt(storage, attempt_id, report, attempt_id in with_record,
                                     mark=_why_deleted(attempt_id, report, by_id, recorded))
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
@@ -996,78 +995,6 @@ def _clock_for_ages(storage: Storage, t_now: float, report: GcReport) -> float:
     return there
 
 
-#: A clock probe's name (spec §15.2); one older than an hour is a leftover any gc may delete.
-_PROBE = PROBE_RE
-
-
-PROBE_LEFTOVER_SECONDS = 3600.0
-
-
-def _probe_name() -> str:
-    """A fresh probe name (:data:`~portable_ckpt.format.naming.PROBE_RE`, spec §15.2)."""
-    return f".pck-clock-{secrets.token_hex(8)}"
-
-
-def same_root(root: Storage, other: Storage) -> bool | None:
-    """Whether ``other`` is ``root`` under another name: a probe put into ``other`` shows in ``root``.
-
-    Two spellings of one root of a registered scheme (``quirk:///w/q``, ``quirk:///w/./q``),
-    or a bucket behind two endpoints, are no independent copy: compared as text they were,
-    and ``gc --require-copy`` counted a version's "copy" in its own root (backend review B2).
-    The probe is named and emptied as the clock probe (spec §15.2: readers ignore it, gc
-    deletes a leftover). ``None`` when it cannot tell (``other`` refused the probe).
-    """
-    name = _probe_name()
-    try:
-        other.put(name, b"")
-    except CheckpointError:
-        return None
-    try:
-        return root.exists(name)
-    except CheckpointError:
-        return None
-    finally:
-        try:
-            other.delete(name)
-        except CheckpointError as exc:
-            _log.warning("%s: could not delete the probe %s (%s); a later gc deletes it once "
-                         "it is an hour old", other.url, name, exc)
-
-
-def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
-    """The storage's time now: the modification time it gives a probe file written at its root.
-
-    ``None`` when it cannot be asked (a read-only root, no listing of the probe). The probe
-    (``.pck-clock-<16 hex>``, empty, spec §15.2) is deleted again; readers ignore such names
-    (R-LAYOUT-4). ``tidy``: also delete probes the same listing shows older than
-    :data:`PROBE_LEFTOVER_SECONDS` (a failed delete or a killed gc left them: F15).
-    """
-    name = _probe_name()
-    try:
-        storage.put(name, b"")
-    except CheckpointError:
-        return None
-    try:
-        listed = [o for o in storage.list("", recursive=False) if _PROBE.match(o.path)]
-    except CheckpointError:
-        listed = []
-    there = next((o.mtime for o in listed if o.path == name), None)
-    stale = [o.path for o in listed if there is not None and o.path != name
-             and there - o.mtime > PROBE_LEFTOVER_SECONDS] if tidy else []
-    for path in [name, *stale]:
-        try:
-            storage.delete(path)
-        except CheckpointError as exc:
-            _log.warning("%s: could not delete the clock probe %s (%s); a later gc deletes it "
-                         "once it is an hour old", storage.url, path, exc)
-    return there
-
-
-def _any_file(storage: Storage, prefix: str) -> bool:
-    """Whether anything is stored under ``prefix`` (the listing's first entry only)."""
-    return next(iter(storage.list(prefix)), None) is not None
-
-
 def _committed_now(storage: Storage, attempt_id: str) -> bool:
     """Whether an attempt gc listed without a commit record holds a valid one now.
 
@@ -1096,109 +1023,3 @@ def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
         )
 
 
-def _still_there(storage: Storage, record: str) -> bool:
-    """Whether ``record`` is there beyond doubt (False where the storage cannot tell)."""
-    try:
-        return storage.exists(record)
-    except CheckpointError:
-        return False
-
-
-#: errno values of a storage that is full (a disk, a quota).
-_FULL = {errno.ENOSPC, errno.EDQUOT}
-
-
-def storage_full(exc: BaseException) -> bool:
-    """Whether ``exc`` says the storage is full (ENOSPC, EDQUOT), by its cause or its message."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in _FULL:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    found = re.search(r"errno (\d+)\)", str(exc))
-    return found is not None and int(found[1]) in _FULL
-
-
-#: What gc deletes of a version right after its commit record, before the data (R-GC-3).
-_FIRST_GONE = frozenset((*ANNOTATION_KINDS, "index"))
-
-
-def _delete_attempt(
-    storage: Storage, attempt_id: str, report: GcReport, recorded: bool, *,
-    mark: str | None = None,
-) -> None:
-    """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads.
-
-    ``mark``: the reason of the deletion mark stored before the commit record is deleted
-    (R-GC-13); if the record cannot be deleted, the mark is removed again.
-
-    Once its record is gone the version no longer exists: a failure after that leaves files,
-    not a version, and is reported as such (``report.left_behind``), never as "not deleted"
-    (multi-job review F3: an operator read that the versions were intact). An attempt another
-    process deleted first (an overlapping gc, a manager's retention) is deleted all the same
-    and reported in ``report.gone``, not counted (scripting review F7, SRE review S7).
-    """
-    record, prefix = f"{attempt_id}/manifest.json", f"{attempt_id}/"
-    # What was there before this run deleted anything: the fallback where a store cannot
-    # tell who deleted what (an object store's DELETE answers alike).
-    there = storage.exists(record) if recorded else _any_file(storage, prefix)
-    # Marked first, by every gc its own mark (another's may be cleared meanwhile: mark review
-    # 24, F4): a gc stopped after the record went leaves a version being deleted, not one
-    # whose record was lost (on-call review 23, F1 and N2). No mark, no deletion; but a full
-    # disk is freed without one (mark review F2: every run failed, "retry", disk still full).
-    marked = None
-    try:
-        marked = mark_deletion(storage, attempt_id, reason=mark) if mark is not None else None
-    except CheckpointError as exc:
-        if not version_gone(storage, attempt_id):
-            if not storage_full(exc):
-                raise  # still there: not deleted, and said
-            _log.warning("%s: no room for the deletion mark of %s (%s): deleted without it, "
-                         "records and indexes first (R-GC-13)", storage.url, attempt_id, exc)
-        else:
-            # An overlapping gc (a manager's retention) removed it first, directory and all.
-            report.deleted_by_other(attempt_id)
-            return
-    try:
-        removed_record = storage.delete(record)
-    except CheckpointError:
-        # Its mark goes again only where the record is known to be there still: a DELETE whose
-        # answer was lost took effect (mark review F3: no record and no mark, a lost record).
-        if marked is not None and _still_there(storage, record):
-            with contextlib.suppress(CheckpointError):
-                storage.delete(marked)  # still committed: no mark left behind
-                storage.remove_empty_dirs(f"{attempt_id}/{DELETION_DIR}/")
-        raise
-    try:
-        aborted = storage.abort_uploads(prefix)
-        report.aborted_uploads += aborted
-        # The records first, then the writer indexes, then the rest: a gc stopped half-way
-        # (kill -9, a node lost, the job whose retention this is) left a directory without a
-        # commit record that still held records and indexes, which every tool then took for a
-        # version whose record was lost: gc kept it for good and `recommit` brought back what
-        # retention had deleted (on-call review 23, F1). Stopped now, it leaves data files only.
-        # One listing, then the records and indexes in as few requests as the store allows
-        # (an object store: one bulk delete; one delete_prefix each was ~8 requests more per
-        # version), then the data and entries, and the deletion mark last: a gc stopped in
-        # the last bulk delete left data without its mark, "a save may be in progress" for
-        # the grace period (S3 review 24, L4).
-        listed = [(o.path, o.path[len(prefix):].split("/", 1)[0]) for o in storage.list(prefix)]
-        storage.delete_many([p for p, top in listed if top in _FIRST_GONE])
-        storage.delete_many([p for p, top in listed
-                             if top not in _FIRST_GONE and top != DELETION_DIR])
-        removed_dir = storage.delete_prefix(prefix)
-    except CheckpointError as exc:
-        report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),
-                                   "retryable": exc.retryable})
-        aborted, removed_dir, foreign = 0, None, []
-    else:
-        foreign = storage.list_foreign(prefix)  # never deleted
-        report.foreign_keys.extend(foreign)
-    # Of two runs deleting one attempt at once, exactly one removed its record (a version) or
-    # its directory (an attempt without a record, unless foreign entries keep it).
-    if recorded:
-        mine = there if removed_record is None else removed_record
-    else:
-        mine = there if removed_dir is None or foreign else removed_dir
-    if not (mine or aborted):
-        report.deleted_by_other(attempt_id)
