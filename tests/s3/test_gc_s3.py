@@ -166,6 +166,13 @@ def test_odd_keys_are_foreign_and_harmless(s3: S3Env, capsys: pytest.CaptureFixt
     assert cli_main(["gc", root, "--keep", "1", "--grace", "0"]) == 0
     out = capsys.readouterr().out
     assert f"{root}/{ids[0]}//x" in out and "remove them by hand" in out, out
+    # `ls --latest` passed over a newer attempt holding only such a key as "a save in
+    # progress", at every poll
+    newer = new_attempt_id(99)
+    client.put_object(Bucket=s3.bucket, Key=f"run/{newer}//x", Body=b"odd")
+    assert cli_main(["ls", root, "--latest"]) == 0
+    err = capsys.readouterr().err
+    assert f"{newer} passed over: it holds no file of this format" in err, err
 
 
 def test_folder_markers_and_control_keys_are_foreign_and_kept(s3: S3Env) -> None:
