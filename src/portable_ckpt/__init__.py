@@ -106,6 +106,10 @@ def open(path: str | os.PathLike[str] | Storage, step: int | None = None) -> Any
             directory of another step than ``step``.
         ManifestMissingError: a version directory that was never committed.
 
+    Warns:
+        PassedOverWarning: a newer attempt of the root was passed over: its commit record is
+            lost or damaged, or of a newer format (the message says what to do).
+
     """
     from portable_ckpt.io.reader import Checkpoint
 

@@ -225,8 +225,8 @@ def test_a_stale_mark_of_a_kept_version_is_cleared_after_the_grace_period(
 
 def test_readers_ignore_the_mark_of_a_committed_version(tmp_path: Path) -> None:
     """While its commit record is there, a version with a mark is committed and reads as
-    before (R-LAYOUT-4); a gc that deletes it stores its own mark all the same (mark review
-    24, F4: another gc may clear the one that is there)."""
+    before (R-LAYOUT-4); a gc that deletes it stores its own mark where the one there may be
+    cleared by another gc meanwhile (mark review 24, F4), and reuses a young one."""
     old, _ = _root(tmp_path)
     storage = open_storage(tmp_path)
     mark_deletion(storage, old, reason="retention")
@@ -239,7 +239,8 @@ def test_readers_ignore_the_mark_of_a_committed_version(tmp_path: Path) -> None:
             created.append(path)
             return super().create_if_absent(path, data)
 
-    rep = gc(Watch(storage, []), keep=1, grace_seconds=0.0)
+    # (half an hour on: a mark that old may be cleared by a gc that keeps the version)
+    rep = gc(Watch(storage, []), keep=1, grace_seconds=0.0, now=lambda: time.time() + 2000)
     assert rep.deleted == [old] and [p.split("/")[1] for p in created] == [DELETION_DIR]
 
 
@@ -299,16 +300,77 @@ def test_a_deletion_dir_without_a_mark_does_not_stop_the_next_mark(
     assert (c.status, c.being_deleted) == ("incomplete", True)
 
 
-def test_a_full_disk_is_freed_without_a_mark(tmp_path: Path) -> None:
+@pytest.mark.parametrize("error", ["ENOSPC", "EDQUOT", "QuotaExceeded", "XMinioStorageFull"])
+def test_a_full_disk_is_freed_without_a_mark(tmp_path: Path, error: str) -> None:
     """Mark review 24, F2: on a full disk every mark's create failed (ENOSPC), gc deleted
     nothing and exited 75 at every run: the disk stayed full. There, gc deletes without the
-    mark (records and indexes first, errata 17's order); any other failure still stops it."""
+    mark, the records, then the indexes, then the data (errata 17's order: a kill between
+    leaves no lost record; maintainer review 24, 2: one call deleted them in listing order,
+    indexes first); any other failure still stops it. Object stores say so with a code (Ceph's
+    QuotaExceeded, MinIO's XMinioStorageFull: re-attack 24, N2)."""
+    from portable_ckpt.errors import StorageError
+
     old, new = _root(tmp_path)
-    full = FaultyStorage(open_storage(tmp_path), [Fault(op="create", path=f"*/{DELETION_DIR}/*",
-                                                        error="ENOSPC")])
-    rep = gc(full, keep=1, grace_seconds=0.0)
+    (tmp_path / old / "index").rename(tmp_path / old / "aaa")  # listed before drills/ ...
+    (tmp_path / old / "aaa").rename(tmp_path / old / "index")  # (same names, same order)
+    deletes: list[str] = []
+
+    class Full(FaultyStorage):
+        def create_if_absent(self, path: str, data: bytes) -> bool:
+            if f"/{DELETION_DIR}/" in path and not error.startswith("E"):
+                raise StorageError(f"PUT s3://b/{path}: {error}: the bucket is full", path=path)
+            return super().create_if_absent(path, data)
+
+        def list(self, prefix: str = "", **kwargs: Any) -> Any:
+            return sorted(super().list(prefix, **kwargs), key=lambda i: i.path)  # index < vers..
+
+        def delete(self, path: str) -> bool | None:
+            deletes.append(path.removeprefix(f"{old}/").split("/")[0])
+            return super().delete(path)
+
+    faults = [Fault(op="create", path=f"*/{DELETION_DIR}/*", error=error)] if error.startswith(
+        "E") else []
+    rep = gc(Full(open_storage(tmp_path), faults), keep=1, grace_seconds=0.0)
     assert rep.complete and rep.deleted == [old] and not (tmp_path / old).exists()
+    order = [d for d in deletes if d in ("drills", "verifications", "index", "data")]
+    last_record = max(i for i, d in enumerate(order) if d in ("drills", "verifications"))
+    assert last_record < order.index("index") < order.index("data"), order
     check_restores(open_storage(tmp_path), new)
+
+
+def test_a_store_refusing_deletes_gets_no_mark_more_per_run(tmp_path: Path) -> None:
+    """Maintainer review 24, 1: a store that refuses deletes (a role without DeleteObject)
+    refused the record's delete and then the mark's: every run added a mark to every old
+    version (five runs, five marks). A mark too young for any gc to clear is reused."""
+    old, _ = _root(tmp_path)
+    refusing = FaultyStorage(open_storage(tmp_path), [Fault(op="delete", path="*",
+                                                            error="EACCES")])
+    for _ in range(5):
+        rep = gc(refusing, keep=1, grace_seconds=0.0)
+        assert [u["id"] for u in rep.unknown] == [old]
+    assert len(list((tmp_path / old / DELETION_DIR).iterdir())) == 1
+    assert classify_attempt(open_storage(tmp_path), old).status == "committed"
+
+
+def test_marks_that_cannot_be_read_leave_the_attempt_unknown(tmp_path: Path) -> None:
+    """R-GC-13: a storage error while reading the marks of an attempt without commit record
+    leaves it unknown: gc deletes nothing of it and says so, and a reader does not take an
+    older version for the newest (maintainer review 24, 4: the MUST had no test)."""
+    from portable_ckpt.errors import StorageError
+
+    old, new = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    mark_deletion(storage, new, reason="retention")
+    (tmp_path / new / "manifest.json").unlink()
+    eio = FaultyStorage(storage, [Fault(op="read", path=f"*/{DELETION_DIR}/*", error="EIO")])
+    assert classify_attempt(eio, new).status == "unreadable"
+    rep = gc(eio, keep=1, grace_seconds=0.0)
+    assert [u["id"] for u in rep.unknown] == [new] and not rep.deleted and not rep.abandoned
+    assert (tmp_path / new).exists()
+    import portable_ckpt
+
+    with pytest.raises(StorageError):
+        portable_ckpt.open(eio)
 
 
 class _LostAnswer(FaultyStorage):
@@ -380,3 +442,18 @@ def test_a_mark_of_major_1_or_below_must_validate(tmp_path: Path, version: str) 
     (tmp_path / rel).write_text(json.dumps(doc))
     (tmp_path / old / "manifest.json").unlink()
     assert classify_attempt(storage, old).status == "invalid"
+
+
+def test_the_cli_says_which_marks_it_cleared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gc`'s text names the stale marks it removed (they were in --json only)."""
+    from portable_ckpt.cli.main import main
+
+    old, _ = _root(tmp_path)
+    rel = mark_deletion(open_storage(tmp_path), old, reason="retention")
+    two_hours_ago = time.time() - 7200
+    os.utime(tmp_path / rel, (two_hours_ago, two_hours_ago))
+    assert main(["gc", str(tmp_path), "--keep", "2"]) == 0
+    assert "removed 1 deletion mark(s)" in capsys.readouterr().out
+    assert not (tmp_path / rel).exists()

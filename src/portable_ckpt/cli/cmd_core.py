@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from portable_ckpt.cli import _args as A
+from portable_ckpt.cli._attempts import say_uncommitted, uncommitted
 from portable_ckpt.cli._output import EXIT_UNAVAILABLE, failed_status, progress_bar, say_failed
 from portable_ckpt.cli._text import age_seconds, safe, table
 from portable_ckpt.errors import (
@@ -166,35 +167,6 @@ def _foreign_urls(root_url: str, keys: list[str], most: int = 5) -> str:
     base = root_url.rstrip("/")
     shown = ", ".join(safe(f"{base}/{k}") for k in keys[:most])
     return shown + (f", ... ({len(keys) - most} more)" if len(keys) > most else "")
-
-
-def say_uncommitted(found: list[Any]) -> None:
-    """Name, on stderr, the newest attempts without a commit record that hold every index.
-
-    Attempts above every committed step: a save cut short at its commit, or a version whose
-    record was lost. A restore names them (``passed_over``, reason ``uncommitted``); ``ls`` said nothing, so
-    an operator looking at a root after an incident did not learn that a newer step may be
-    brought back (on-call review 23, N5). A save in progress may be one for a moment.
-    """
-    for v in found:
-        print(f"portable-ckpt: {v.id}: no commit record, but every writer's index (a save "
-              "in progress or cut short at its commit, or a version whose record was lost): "
-              f"if it was committed, `portable-ckpt recommit {safe(v.path)} --was-committed` "
-              "brings it back", file=sys.stderr)
-
-
-def uncommitted(storage: Any, versions: list[Any]) -> list[Any]:
-    """The newest few attempts above every committed step without record, with every index.
-
-    What ``ls`` and ``verify ROOT --all`` name (:func:`say_uncommitted`).
-    """
-    from portable_ckpt.io.recommit import every_writer_indexed
-
-    top = max((v.step for v in versions if v.status == "committed"), default=-1)
-    newer = [v for v in versions if v.status == "incomplete" and v.step > top
-             and not v.being_deleted]
-    # the newest few: each costs a listing
-    return [v for v in newer[-3:] if every_writer_indexed(storage, v.id)]
 
 
 def _drill_cell(drills: list[dict[str, Any]]) -> str:
@@ -509,6 +481,9 @@ def _gc(args: argparse.Namespace) -> int:
             print(f"left in place {len(keys)} entries that are not this format's: "
                   f"{_foreign_urls(str(args.root), keys)} (no tool of this format deletes them; "
                   "look at them and remove them by hand where they are garbage)")
+        if rep.marks_cleared:  # (maintainer review 24, 6: in --json only)
+            print(f"removed {len(rep.marks_cleared)} deletion mark(s) that a gc stopped before "
+                  "the commit record went left in versions this gc keeps")
         if rep.aborted_uploads:  # billed until then, and shown in --json only (S3 review 24, L2)
             print(f"aborted {rep.aborted_uploads} unfinished upload(s) (of deleted attempts, or "
                   "left by a writer killed while it uploaded a file a kept version lists)")

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portable_ckpt.cli import _args as A
+from portable_ckpt.cli._attempts import say_uncommitted, uncommitted
 from portable_ckpt.cli._output import failed_status, progress_bar
 from portable_ckpt.cli._text import age_seconds, safe
-from portable_ckpt.cli.cmd_core import say_uncommitted, uncommitted
 from portable_ckpt.errors import (
     CheckpointError,
     FileMissingError,

@@ -42,6 +42,7 @@ from portable_ckpt.format import jsonio, usage
 from portable_ckpt.format.manifest import FORMAT_VERSION, FileRecord
 from portable_ckpt.format.paths import check_relative_path
 from portable_ckpt.io.checksum import crc32c, read_verified
+from portable_ckpt.io.deletion import DELETION_DIR
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, check_root_url, local_path, open_storage
 
@@ -423,8 +424,11 @@ def _clear_partial(dst: Storage, attempt: str, *, force: bool, grace_s: float) -
             else f"whose times are {-age:.0f}s ahead of this machine's clock (the destination's "
             "clock runs ahead, or a copy is in progress): waiting does not tell"
         )
+        # (what a gc stopped while deleting the version there left: re-attack 24, N7)
+        what = ("a version a gc was deleting there (its deletion mark)" if any(
+            f"/{DELETION_DIR}/" in i.path for i in leftovers) else "an uncommitted copy")
         raise CommitConflictError(
-            f"{dst.url}/{attempt} holds {len(leftovers)} files of an uncommitted copy {when}, or "
+            f"{dst.url}/{attempt} holds {len(leftovers)} files of {what} {when}, or "
             "pass force=True (--force) to replace them if no other copy runs",
             path=f"{dst.url}/{attempt}",
             retryable=age >= 0,

@@ -16,7 +16,8 @@ its commit record (R-GC-13, errata 18).
 While the commit record is there a mark changes nothing: the version is committed (a gc was
 stopped between the two, or could not delete the record), and readers ignore the directory
 (R-LAYOUT-4). gc removes the marks of a version it keeps once they are older than its grace
-period, so that a record lost later is again a version whose record was lost, kept.
+period and an hour, the record seen, so that a record lost later is again a version whose
+record was lost, kept.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import logging
 import os
 import re
 import socket
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.errors import CheckpointError, FileMissingError, LimitError, StorageError
@@ -82,8 +85,14 @@ def mark_deletion(storage: Storage, attempt_id: str, *, reason: str) -> str:
     return rel
 
 
-def deletion_marks(storage: Storage, attempt_id: str) -> list[ObjectInfo]:
+def deletion_marks(
+    storage: Storage, attempt_id: str, *, first: bool = False,
+    younger_than: float | None = None, now: float = 0.0,
+) -> list[ObjectInfo]:
     """The deletion marks ``attempt_id`` holds: records named by their own ``deletion_id``.
+
+    ``first``: stop at the first that counts (whether there is one). ``younger_than``: only
+    marks whose modification time is less than that many seconds before ``now`` are read.
 
     A file under ``deleting/`` counts only when it validates, names this attempt and is stored
     under its own id: a mark makes a version whose commit record is gone deletable, so only what
@@ -100,12 +109,16 @@ def deletion_marks(storage: Storage, attempt_id: str) -> list[ObjectInfo]:
         name = info.path.rsplit("/", 1)[-1]
         if not _NAME.match(name) or info.size > jsonio.MAX_DOCUMENT_BYTES:
             continue
+        if younger_than is not None and now - info.mtime >= younger_than:
+            continue
         try:
             data = read_listed_record(storage, info.path)
         except (FileMissingError, LimitError):
             continue  # deleted since the listing (a gc finishing its work)
         if _counts(data, attempt_id, name, info.path):
             out.append(info)
+            if first:
+                break
     return out
 
 
@@ -147,29 +160,58 @@ def _still_there(storage: Storage, record: str) -> bool:
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
+def _young_mark(storage: Storage, attempt_id: str, storage_now: Callable[[], float]) -> bool:
+    """Whether the version holds a mark no gc clears for a while (:data:`REUSE_MARK_SECONDS`).
+
+    Dated on the storage's clock, as a clearing gc dates it (re-attack 24: on this host's, a
+    clock half an hour behind reused a mark that another gc cleared at once). A storage error
+    answers no (a mark of its own is stored).
+    """
+    try:
+        return bool(deletion_marks(storage, attempt_id, first=True,
+                                   younger_than=REUSE_MARK_SECONDS, now=storage_now()))
+    except CheckpointError:
+        return False
+
+
+#: What object stores answer when a bucket is full or over quota (Ceph RGW's QuotaExceeded,
+#: MinIO's XMinioStorageFull, HTTP 507): a store where deleting still frees room (re-attack
+#: 24, N2: every run failed on a full bucket, "access was denied").
+_FULL_CODES = re.compile(r"\b(QuotaExceeded|XMinioStorageFull|XMinioAdminBucketQuotaExceeded|"
+                         r"InsufficientStorage|507)\b")
+
+
 def storage_full(exc: BaseException) -> bool:
-    """Whether ``exc`` says the storage is full (ENOSPC, EDQUOT), by its cause or its message."""
+    """Whether ``exc`` says the storage is full: ENOSPC, EDQUOT, or an object store's quota."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in _FULL:
             return True
         seen = seen.__cause__ or seen.__context__
     found = re.search(r"errno (\d+)\)", str(exc))
-    return found is not None and int(found[1]) in _FULL
+    return (found is not None and int(found[1]) in _FULL) or bool(_FULL_CODES.search(str(exc)))
 
 
-#: What gc deletes of a version right after its commit record, before the data (R-GC-3).
-_FIRST_GONE = frozenset((*ANNOTATION_KINDS, "index"))
+#: What gc deletes of a version right after its commit record, in this order, before the data
+#: (R-GC-3: the records, then the writer indexes).
+_FIRST_GONE = (frozenset(ANNOTATION_KINDS), frozenset(("index",)))
+#: A mark this much younger than a gc's own clearing age is one no gc clears before this one
+#: is done: the next run reuses it rather than adding one (a store that refuses deletes left
+#: one more mark per run: maintainer review 24, 1).
+REUSE_MARK_SECONDS = 1800.0
 
 
 def delete_attempt(
     storage: Storage, attempt_id: str, report: GcReport, recorded: bool, *,
-    mark: str | None = None,
+    mark: str | None = None, marked_before: bool = False,
+    storage_now: Callable[[], float] = time.time,
 ) -> None:
     """Delete one attempt, commit record first (R-GC-3), and abort its unfinished uploads.
 
     ``mark``: the reason of the deletion mark stored before the commit record is deleted
-    (R-GC-13); if the record cannot be deleted, the mark is removed again.
+    (R-GC-13); if the record cannot be deleted, the mark is removed again. ``marked_before``:
+    the listing showed a mark, which is reused when younger than :data:`REUSE_MARK_SECONDS` on
+    ``storage_now`` (the storage's clock: the one a clearing gc dates marks on).
 
     Once its record is gone the version no longer exists: a failure after that leaves files,
     not a version, and is reported as such (``report.left_behind``), never as "not deleted"
@@ -187,7 +229,9 @@ def delete_attempt(
     # disk is freed without one (mark review F2: every run failed, "retry", disk still full).
     marked = None
     try:
-        marked = mark_deletion(storage, attempt_id, reason=mark) if mark is not None else None
+        if mark is not None and not (
+                marked_before and _young_mark(storage, attempt_id, storage_now)):
+            marked = mark_deletion(storage, attempt_id, reason=mark)
     except CheckpointError as exc:
         if not version_gone(storage, attempt_id):
             if not storage_full(exc):
@@ -221,10 +265,14 @@ def delete_attempt(
         # version), then the data and entries, and the deletion mark last: a gc stopped in
         # the last bulk delete left data without its mark, "a save may be in progress" for
         # the grace period (S3 review 24, L4).
+        # (Two calls: without a mark, on a full disk, a gc killed after the indexes went and
+        # before the records left what only a lost record looks like: maintainer review 24, 2.)
         listed = [(o.path, o.path[len(prefix):].split("/", 1)[0]) for o in storage.list(prefix)]
-        storage.delete_many([p for p, top in listed if top in _FIRST_GONE])
+        for parts in _FIRST_GONE:
+            storage.delete_many([p for p, top in listed if top in parts])
+        first = frozenset().union(*_FIRST_GONE)
         storage.delete_many([p for p, top in listed
-                             if top not in _FIRST_GONE and top != DELETION_DIR])
+                             if top not in first and top != DELETION_DIR])
         removed_dir = storage.delete_prefix(prefix)
     except CheckpointError as exc:
         report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),

@@ -359,9 +359,10 @@ def gc(
         versions, keep, require_copy, report, keep_ids, own=_copy_destination(storage.url),
         root=storage if require_copy else None,
     )
+    storage_now = _StorageNow(storage, now(), report, ask=ask_storage)
     abandoned = _abandoned(
         storage, versions, grace_seconds, now(), report, delete_invalid, spare_since,
-        ask_storage=ask_storage,
+        storage_now=storage_now,
     )
     doomed += abandoned
     unrecorded = {v.id for v in versions if v.status == INCOMPLETE}
@@ -381,8 +382,11 @@ def gc(
                 if attempt_id in recorded and pins_now.holds(attempt_id):
                     doomed[i] = ""  # kept: pinned while this gc ran
                 else:
+                    seen = by_id.get(attempt_id)
                     delete_attempt(storage, attempt_id, report, attempt_id in with_record,
-                                    mark=_why_deleted(attempt_id, report, by_id, recorded))
+                                   mark=_why_deleted(attempt_id, report, by_id, recorded),
+                                   marked_before=seen is not None and seen.being_deleted,
+                                   storage_now=storage_now)
             except CheckpointError as exc:
                 # Go on with the others; the report says what was deleted and what was not.
                 if attempt_id in unrecorded and _committed_now(storage, attempt_id):
@@ -396,8 +400,10 @@ def gc(
     _abort_orphan_uploads(storage, kept, uploads, grace_seconds, now(), report)
     _prune_kept(storage, kept, report)
     if not dry_run:
-        _clear_stale_marks(storage, kept, grace_seconds, now(), report,
-                           ask_storage=ask_storage)
+        # (also the versions whose deletion failed: a store refusing deletes keeps them)
+        failed = {u["id"] for u in report.unknown if u["status"] == "delete failed"}
+        _clear_stale_marks(storage, kept + [v for v in versions if v.id in failed],
+                           grace_seconds, storage_now, report)
     _log_gc(storage, report)
     return report
 
@@ -408,9 +414,9 @@ def _why_deleted(
     """The reason a deletion mark gives (R-GC-13), or None: no mark (no version).
 
     Only versions get one (an attempt without records is incomplete whatever a stopped gc
-    leaves). Every gc stores its own, also where one is there: another gc may clear that one
-    meanwhile (mark review 24, F4). A gc that cannot delete the record removes its mark again,
-    so none piles up run after run.
+    leaves). Every gc stores its own, also where an older one is there: another gc may clear
+    that one meanwhile (mark review 24, F4); one too young for any gc to clear is reused, so
+    that a store refusing deletes gets no mark more per run (maintainer review 24, 1).
     """
     v = by_id.get(attempt_id)
     if attempt_id not in recorded or v is None:
@@ -422,14 +428,31 @@ def _why_deleted(
     return "retention"
 
 
+class _StorageNow:
+    """The storage's time, asked once per run (a clock probe) and only when needed.
+
+    The grace period and a stale mark's age are both measured on it; asked twice, a run wrote
+    two probes and warned of a skew twice (maintainer review 24, 9). Later uses take the first
+    answer: an age it understates by the run's length only keeps more.
+    """
+
+    def __init__(self, storage: Storage, t_now: float, report: GcReport, *, ask: bool) -> None:
+        self._storage, self._t_now, self._report, self._ask = storage, t_now, report, ask
+        self._at: float | None = None
+
+    def __call__(self) -> float:
+        if self._at is None:
+            self._at = (_clock_for_ages(self._storage, self._t_now, self._report) if self._ask
+                        else self._t_now)
+        return self._at
+
+
 def _clear_stale_marks(
     storage: Storage,
     kept: list[VersionInfo],
     grace: float,
-    t_now: float,
+    storage_now: Callable[[], float],
     report: GcReport,
-    *,
-    ask_storage: bool,
 ) -> None:
     """Delete the deletion marks of committed versions this gc keeps, once out of grace.
 
@@ -445,7 +468,7 @@ def _clear_stale_marks(
     if not marked:
         return
     try:
-        now = _clock_for_ages(storage, t_now, report) if ask_storage else t_now
+        now = storage_now()
     except CheckpointError:
         return  # the next gc
     age = max(grace, MARK_STALE_SECONDS)
@@ -882,7 +905,7 @@ def _abandoned(
     delete_invalid: bool,
     spare_since: float | None = None,
     *,
-    ask_storage: bool = True,
+    storage_now: Callable[[], float],
 ) -> list[str]:
     """Attempts without a commit record (or, if asked, an invalid one) quiet for ``grace`` s.
 
@@ -893,7 +916,6 @@ def _abandoned(
     (F8: such an attempt was kept for years, "written to 0 s ago").
     """
     doomed = []
-    clock: list[float] = []  # the storage's "now", once asked
     for v in versions:
         if v.status == INVALID and not delete_invalid:
             report.damage(v)  # R-GC-10: a damaged version, not an abandoned save
@@ -905,13 +927,12 @@ def _abandoned(
             born >= spare_since
         ):  # the caller's own save, perhaps still being written
             report.in_grace.append(
-                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - born), 1)}
+                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - born), 1),
+                 "being_deleted": v.being_deleted}
             )
             continue
         try:
-            if not clock:
-                clock.append(_clock_for_ages(storage, t_now, report) if ask_storage else t_now)
-            now = clock[0]
+            now = storage_now()  # asked before the first deletion, once
             last, anything = _last_activity(
                 storage, v.id, record_absent=v.status == INCOMPLETE, not_after=now + 60.0
             )
@@ -927,8 +948,8 @@ def _abandoned(
             continue
         if now - last < grace:
             report.in_grace.append(
-                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, now - last), 1)}
-                | ({"being_deleted": True} if v.being_deleted else {})
+                {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, now - last), 1),
+                 "being_deleted": v.being_deleted}
             )
             continue
         report.abandoned.append(v.id)

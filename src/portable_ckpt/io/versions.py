@@ -473,7 +473,7 @@ def _without_record(storage: Storage, attempt_id: str) -> Classification:
         dirs = set(storage.list_dirs(f"{attempt_id}/"))
         # A gc that began deleting the version wrote its mark before the commit record went
         # (R-GC-13): what it left is no version whose record was lost (on-call review 23, N2).
-        if DELETION_DIR in dirs and deletion_marks(storage, attempt_id):
+        if DELETION_DIR in dirs and deletion_marks(storage, attempt_id, first=True):
             return Classification(INCOMPLETE, being_deleted=True)
         kinds = sorted(dirs & set(ANNOTATION_KINDS))
         held = [k for k in kinds if next(iter(storage.list(f"{attempt_id}/{k}/")), None)]
@@ -595,10 +595,10 @@ def _info(
         except StorageError:
             dirs, present = set(), set(ANNOTATION_KINDS)  # each is asked, and its error kept
         if DELETION_DIR in dirs:
-            # A mark, not the directory: an empty one (a mark cleared) or junk in it made gc
-            # store no mark of its own (mark review 24, F1). Unread: as without one.
+            # A mark that counts, not the directory (an empty one, a mark cleared, or junk in
+            # it: mark review 24, F1). Unread: as without one (gc then stores its own).
             with contextlib.suppress(CheckpointError):
-                info.being_deleted = bool(deletion_marks(storage, name))
+                info.being_deleted = bool(deletion_marks(storage, name, first=True))
         unread: dict[str, CheckpointError] = {}
         for kind in sorted(present):
             setattr(info, kind, read_annotations(storage, name, kind, errors=errors))

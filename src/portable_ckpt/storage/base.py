@@ -234,8 +234,9 @@ class Storage(abc.ABC):
         """Delete these objects (missing ones are not an error), in as few requests as can be.
 
         gc deletes a version's records and writer indexes this way, before its data (R-GC-3):
-        an object store deletes up to 1,000 keys a request. The default deletes one by one.
-        A path that leaves the root is refused before anything is deleted.
+        an object store deletes up to 1,000 keys a request. The default deletes one by one. A
+        malformed path (``..``, absolute, empty components) is refused before anything is
+        deleted; one that leaves the root through a symbolic link is refused when reached.
         """
         for path in paths:
             if not well_formed(path):

@@ -77,10 +77,11 @@ def _way_out(tier: str) -> str:
         return ("if the fast tier is gone for good, restore without it: construct the manager "
                 "without fast_root= for this run (the durable tier's newest version is "
                 "restored), or pass checkpoint= to restore one version directory explicitly")
-    return ("if the durable root is gone for good, its versions are lost with it: copy them "
-            "back from a backup (`portable-ckpt copy BACKUP_ROOT ROOT`, docs/recovery.md), or "
-            "pass checkpoint= to restore one version directory explicitly (a fast tier's, or "
-            "a backup's); an empty durable root starts the job afresh")
+    return ("if the durable root is gone for good, copy the version to resume back from a "
+            "backup (`portable-ckpt copy BACKUP_ROOT ROOT` copies the one a restore takes, "
+            "docs/recovery.md), or pass checkpoint= to restore one version directory "
+            "explicitly (a fast tier's, or a backup's); do not empty this root: a job given a "
+            "new root= starts afresh")
 
 
 def listing(
