@@ -492,6 +492,40 @@ def test_an_upload_refused_for_its_crc32c_never_deletes_another_uploads_object(
         assert not versions.get("DeleteMarkers")
 
 
+def test_a_role_without_delete_object_version_still_removes_the_refused_upload(
+    s3: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Maintainer review 24, 3: on a versioned bucket the refused upload is deleted by its
+    VersionId, which takes s3:DeleteObjectVersion; a role without it (AccessDenied, played
+    here: moto checks no policy) left the object visible and `abort` raised. The delete then
+    falls back to the one conditional on the upload's ETag."""
+    from botocore.exceptions import ClientError
+
+    bucket = s3.boto()
+    bucket.put_bucket_versioning(Bucket=s3.bucket, VersioningConfiguration={"Status": "Enabled"})
+    st = S3Storage.from_url(s3.root())
+    _answer_another_crc(monkeypatch, st, "put_object")
+    client = st._client()
+    real_delete = client.delete_object
+    asked: list[str] = []
+
+    def delete_object(**kwargs: Any) -> Any:
+        asked.append("VersionId" if "VersionId" in kwargs else "IfMatch" if "IfMatch" in kwargs
+                     else "plain")
+        if "VersionId" in kwargs:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "denied"},
+                               "ResponseMetadata": {"HTTPStatusCode": 403}}, "DeleteObject")
+        return real_delete(**kwargs)
+
+    monkeypatch.setattr(client, "delete_object", delete_object)
+    w = st.open_writer("att/data/x")
+    w.write(_payload(1000))
+    with pytest.raises(StorageError, match="corrupted in transit"):
+        w.close()
+    w.abort()
+    assert not st.exists("att/data/x") and asked == ["VersionId", "IfMatch"]
+
+
 def test_the_part_size_doubles_every_1000_parts(s3: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """mutation audit 22 A-108: an object of more than 1000 parts doubles its part size every
     1000 parts (S3 allows 10,000): part 1000 is the last of the first size. The multipart upload
