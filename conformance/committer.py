@@ -254,8 +254,11 @@ def _expect_refusal(o: Outcome, code: str, what: str) -> None:
 
 def run_refusal(adapter: Adapter, r: Refusal, workdir: Path, tables: bool = False) -> None:
     """Hand the committer the crafted attempt of ``r``; check its refusal."""
+    # Resolved, as the traces name it (mutation audit 24: a work directory behind a symbolic
+    # link failed a conforming committer and passed one that touched the existing manifest).
     root = workdir / "root"
     root.mkdir(parents=True, exist_ok=True)
+    root = root.resolve()
     case = base_case(tables)
     if r.mutate is not None:
         r.mutate(case)
@@ -305,8 +308,11 @@ def run_valid_commit(adapter: Adapter, workdir: Path, tables: bool = False,
 
     ``wide``: the job has more ranks than writers (:func:`widen`).
     """
+    # Resolved, as the traces name it (mutation audit 24: a work directory behind a symbolic
+    # link failed a conforming committer and passed one that touched the existing manifest).
     root = workdir / "root"
     root.mkdir(parents=True, exist_ok=True)
+    root = root.resolve()
     case = base_case(tables)
     if wide:
         widen(case)
