@@ -255,18 +255,12 @@ def delete_attempt(
     try:
         aborted = storage.abort_uploads(prefix)
         report.aborted_uploads += aborted
-        # The records first, then the writer indexes, then the rest: a gc stopped half-way
-        # (kill -9, a node lost, the job whose retention this is) left a directory without a
-        # commit record that still held records and indexes, which every tool then took for a
-        # version whose record was lost: gc kept it for good and `recommit` brought back what
-        # retention had deleted (on-call review 23, F1). Stopped now, it leaves data files only.
-        # One listing, then the records and indexes in as few requests as the store allows
-        # (an object store: one bulk delete; one delete_prefix each was ~8 requests more per
-        # version), then the data and entries, and the deletion mark last: a gc stopped in
-        # the last bulk delete left data without its mark, "a save may be in progress" for
-        # the grace period (S3 review 24, L4).
-        # (Two calls: without a mark, on a full disk, a gc killed after the indexes went and
-        # before the records left what only a lost record looks like: maintainer review 24, 2.)
+        # One listing, then the records, then the writer indexes, then data and entries, each
+        # in as few requests as the store allows (bulk deletes on an object store), and the
+        # mark last. A gc stopped half-way leaves its mark with what is left (S3 review 24,
+        # L4), and without a mark (a full disk) no record beside indexes: what only a lost
+        # record looks like, kept for good and rebuilt by `recommit` (on-call review 23, F1;
+        # maintainer review 24, 2).
         listed = [(o.path, o.path[len(prefix):].split("/", 1)[0]) for o in storage.list(prefix)]
         for parts in _FIRST_GONE:
             storage.delete_many([p for p, top in listed if top in parts])
