@@ -457,3 +457,20 @@ def test_the_cli_says_which_marks_it_cleared(
     assert main(["gc", str(tmp_path), "--keep", "2"]) == 0
     assert "removed 1 deletion mark(s)" in capsys.readouterr().out
     assert not (tmp_path / rel).exists()
+
+
+def test_an_empty_attempt_in_grace_is_not_called_a_save(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Re-attack 24, N6: a gc killed in its last step (the mark deleted, the directories not)
+    left an empty attempt, which gc called "a save may be in progress" for the grace period."""
+    from portable_ckpt.cli.main import main
+
+    old, _ = _root(tmp_path)
+    for p in sorted((tmp_path / old).rglob("*"), reverse=True):
+        if p.is_file():
+            p.unlink()
+    assert main(["gc", str(tmp_path), "--keep", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if old in x)
+    assert "empty: a save that wrote nothing yet, or what a stopped gc left" in line, line
+    assert gc(open_storage(tmp_path), keep=1).in_grace[0]["empty"] is True

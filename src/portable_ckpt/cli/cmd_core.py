@@ -459,7 +459,9 @@ def _gc(args: argparse.Namespace) -> int:
                     "it)" if g.get("being_deleted") else
                     # (--delete-invalid: a damaged version, no save; S3 review 24, L5)
                     "deleted as asked once it has passed)" if g["status"] == "invalid" else
-                    "a save may be in progress)")
+                    # (re-attack 24, N6: what a gc killed in its last step leaves)
+                    "empty: a save that wrote nothing yet, or what a stopped gc left)"
+                    if g.get("empty") else "a save may be in progress)")
             )
         for d in rep.damaged:
             print(

@@ -103,7 +103,9 @@ class GcReport:
     foreign: list[str] = field(default_factory=list)
     foreign_keys: list[str] = field(default_factory=list)
     #: Attempts without a commit record left alone because something was written to them
-    #: within the grace period (a save may be in progress): ``{"id", "status", "age_seconds"}``.
+    #: within the grace period (a save may be in progress): ``{"id", "status", "age_seconds",
+    #: "being_deleted", "empty"}`` (``empty``: no file left in it, a save that wrote nothing
+    #: yet or what a stopped gc left).
     in_grace: list[dict[str, Any]] = field(default_factory=list)
     #: Attempts whose commit record is there but invalid, kept (R-GC-10): committed versions
     #: damaged after their commit. ``{"id", "code", "message"}``; ``delete_invalid`` deletes them.
@@ -928,7 +930,7 @@ def _abandoned(
         ):  # the caller's own save, perhaps still being written
             report.in_grace.append(
                 {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, t_now - born), 1),
-                 "being_deleted": v.being_deleted}
+                 "being_deleted": v.being_deleted, "empty": False}  # (not listed: unknown)
             )
             continue
         try:
@@ -949,7 +951,7 @@ def _abandoned(
         if now - last < grace:
             report.in_grace.append(
                 {"id": v.id, "status": v.status, "age_seconds": round(max(0.0, now - last), 1),
-                 "being_deleted": v.being_deleted}
+                 "being_deleted": v.being_deleted, "empty": not anything}
             )
             continue
         report.abandoned.append(v.id)
