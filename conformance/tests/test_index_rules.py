@@ -20,15 +20,23 @@ from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import open_storage
 
 
-def _two_writers(root: Path) -> Path:
+def _two_writers(root: Path, *, per_rank_entry: bool = False) -> Path:
+    """Two writers with stored indexes: ``t`` of 8 int64 split in halves (and, if asked, a
+    per-rank entry ``rng`` and a continuation of 2 ranks)."""
+    from portable_ckpt.format.manifest import Continuation
+
     storage = open_storage(root, create=True)
     attempt = new_attempt_id(3)
     for w in (0, 1):
         sw = ShardWriter(storage, attempt, w, sync_on_finish=True)
         sw.add_tensor("t", np.arange(4, dtype=np.int64) + 4 * w, offsets=(4 * w,),
                       global_shape=(8,))
+        if per_rank_entry:
+            sw.add_entry("rng", {"seed": w}, scope="per_rank", rank=w,
+                         world_size_policy="require_same")
         sw.finish()
-    commit(storage, attempt, step=3, expected_writers=[0, 1])
+    commit(storage, attempt, step=3, expected_writers=[0, 1],
+           continuation=Continuation(world_size=2) if per_rank_entry else None)
     return root / attempt
 
 

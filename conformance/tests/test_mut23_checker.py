@@ -89,23 +89,9 @@ def test_coverage_is_decided_per_layout_not_per_shape(tmp_path: Path) -> None:
 
 def _indexed(root: Path) -> Path:
     """Two writers with stored indexes: ``t`` of 8 int64 split in halves, a per-rank entry."""
-    from portable_ckpt.format.manifest import Continuation
-    from portable_ckpt.io.commit import commit
-    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
-    from portable_ckpt.storage import open_storage
+    from .test_index_rules import _two_writers
 
-    storage = open_storage(root, create=True)
-    attempt = new_attempt_id(3)
-    for w in (0, 1):
-        sw = ShardWriter(storage, attempt, w, sync_on_finish=True)
-        sw.add_tensor("t", np.arange(4, dtype=np.int64) + 4 * w, offsets=(4 * w,),
-                      global_shape=(8,))
-        sw.add_entry("rng", {"seed": w}, scope="per_rank", rank=w,
-                     world_size_policy="require_same")
-        sw.finish()
-    commit(storage, attempt, step=3, expected_writers=[0, 1],
-           continuation=Continuation(world_size=2))
-    return root / attempt
+    return _two_writers(root, per_rank_entry=True)
 
 
 @pytest.mark.parametrize("what", ["shape", "entry-value"])

@@ -9,27 +9,11 @@ torch = pytest.importorskip("torch")
 from portable_ckpt.errors import UnsupportedValueError  # noqa: E402
 from portable_ckpt.torch.layout import (  # noqa: E402
     PlacementSpec,
-    chunk_extent,
     local_pieces,
     shard_box,
 )
 
 pytestmark = pytest.mark.torch
-
-
-def test_an_empty_chunk_starts_at_the_end_of_the_dimension() -> None:
-    # torch.chunk gives fewer chunks than asked for when the length is short: the missing
-    # ones are empty and start at the end of the dimension, never past it.
-    for length in range(0, 12):
-        for parts in range(1, 7):
-            chunks = torch.arange(length).chunk(parts)
-            for i in range(parts):
-                start, size = chunk_extent(length, parts, i)
-                assert 0 <= start <= length and 0 <= size and start + size <= length
-                if i >= len(chunks) or chunks[i].numel() == 0:
-                    assert (start, size) == (length, 0), (length, parts, i)
-                else:
-                    assert (start, size) == (int(chunks[i][0]), chunks[i].numel())
 
 
 def test_runs_that_continue_each_other_are_one_box() -> None:

@@ -214,27 +214,27 @@ def _child_roots(storage: Any, foreign: list[str], root: str) -> None:
         print(f"{safe(d)} is a checkpoint root: portable-ckpt ls {safe(root.rstrip('/'))}/{safe(d)}")
 
 
-def _holds_nothing(storage: Any, attempt_id: str) -> bool:
-    """Whether an attempt holds foreign entries and no file of this format (False if unsure).
-
-    (An empty directory is a save that wrote nothing yet.)
-    """
+def _why_passed_over(storage: Any, v: Any) -> str:
+    """Why ``ls --latest`` passed over ``v``, a newer attempt than the version it names."""
+    if v.status == "committed":
+        return "a verification of it failed"
+    if v.status != "incomplete":
+        return f"it is {v.status}"
+    if v.being_deleted:
+        return "a gc was deleting it (it holds a deletion mark, no commit record)"
     try:
-        return next(iter(storage.list(f"{attempt_id}/")), None) is None and bool(
-            storage.list_foreign(f"{attempt_id}/"))
+        # Only entries this format never writes were left there (an odd key gc leaves in
+        # place, R-LAYOUT-7): "a save in progress" was said at every poll for good (S3 review
+        # 24, L3). (An empty directory is a save that wrote nothing yet.)
+        foreign_only = next(iter(storage.list(f"{v.id}/")), None) is None and bool(
+            storage.list_foreign(f"{v.id}/"))
     except CheckpointError:
-        return False
-
-
-def _foreign_only(storage: Any, attempt_id: str) -> str:
-    """Why an attempt that holds nothing of this format was passed over.
-
-    Only entries this format never writes were left there (an odd key gc leaves in place,
-    R-LAYOUT-7): "a save in progress" was said at every poll for good (S3 review 24, L3).
-    """
-    return ("it holds no file of this format (only entries this format never writes, which no "
-            f"tool of it deletes: `portable-ckpt gc` names them; {safe(storage.url)}/"
-            f"{attempt_id}/ may be removed by hand)")
+        foreign_only = False
+    if foreign_only:
+        return ("it holds no file of this format (only entries this format never writes, which "
+                f"no tool of it deletes: `portable-ckpt gc` names them; {safe(storage.url)}/"
+                f"{v.id}/ may be removed by hand)")
+    return "it is incomplete (no commit record: a save in progress, or one cut short)"
 
 
 def _latest(args: argparse.Namespace, versions: Iterable[Any], storage: Any) -> int:
@@ -284,14 +284,8 @@ def _latest(args: argparse.Namespace, versions: Iterable[Any], storage: Any) -> 
         if v.status == "committed":
             failed.append(v.id)
         if passed <= _PASSED_NAMED:
-            why = ("a verification of it failed" if v.status == "committed" else
-                   "a gc was deleting it (it holds a deletion mark, no commit record)"
-                   if v.being_deleted and v.status == "incomplete" else
-                   _foreign_only(storage, v.id) if v.status == "incomplete" and
-                   _holds_nothing(storage, v.id) else
-                   "it is incomplete (no commit record: a save in progress, or one cut short)"
-                   if v.status == "incomplete" else f"it is {v.status}")
-            print(f"portable-ckpt: {v.id} passed over: {why}", file=sys.stderr)
+            print(f"portable-ckpt: {v.id} passed over: {_why_passed_over(storage, v)}",
+                  file=sys.stderr)
         elif passed == _PASSED_NAMED + 1:  # one line a poll, not one per abandoned attempt
             print("portable-ckpt: more attempts passed over (`portable-ckpt ls` lists them)",
                   file=sys.stderr)

@@ -123,15 +123,16 @@ def deletion_marks(
 
 
 def _counts(data: bytes, attempt_id: str, name: str, rel: str) -> bool:
+    from portable_ckpt.format.manifest import is_newer_major
     from portable_ckpt.format.schemas import validate_document
 
     parsed = parse_record(data, rel, "portable-ckpt-deletion")
     if parsed is None:
         return False
-    doc, major = parsed
+    doc = parsed[0]
     own = doc.get("attempt_id") == attempt_id and f"{doc.get('deletion_id')}.json" == name
-    digits = (major or "").lstrip("0")  # compared as text: CPython refuses huge int()s
-    if len(digits) > 1 or digits > "1":
+    # (well-formed only, as for drill, copy and verification records: "01.0" is no version)
+    if is_newer_major(doc.get("format_version")):
         # A newer tool's mark: it cannot be validated here, and a gc of that tool deleted the
         # commit record on purpose; it counts under its own name, for this attempt (as a pin
         # of a newer major pins).

@@ -244,7 +244,7 @@ def every_writer_indexed(storage: Storage, attempt_id: str) -> bool:
         _writers(attempt_id, names)
         # What a gc stopped while deleting the version left (R-GC-13): no recommit rebuilds it.
         if any(n.startswith(f"{DELETION_DIR}/") for n in names) and deletion_marks(
-                storage, attempt_id):
+                storage, attempt_id, first=True):
             return False
     except CheckpointError:
         return False

@@ -1640,13 +1640,11 @@ class _S3Writer(StreamWriter):
                     functools.partial(self._s._client().delete_object, **kwargs), "DELETE",
                     self._key)
             except Exception as exc:
-                err = getattr(exc, "response", {}).get("Error", {})
-                status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get(
-                    "HTTPStatusCode")
-                if err.get("Code") in ("PreconditionFailed", "NoSuchKey") or status in (404, 412):
+                code, status, _ = self._s._classify(exc)
+                if code in ("PreconditionFailed", "NoSuchKey") or status in (404, 412):
                     return  # another upload's object is there now, or none: nothing of ours
                 if "VersionId" in kwargs and i + 1 < len(tries) and (
-                        err.get("Code") == "AccessDenied" or status == 403):
+                        code == "AccessDenied" or status == 403):
                     # deleting a version takes s3:DeleteObjectVersion, which many roles lack
                     # (maintainer review 24, 3): the conditional delete of the object instead
                     continue
