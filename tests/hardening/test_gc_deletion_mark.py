@@ -474,3 +474,86 @@ def test_an_empty_attempt_in_grace_is_not_called_a_save(
     line = next(x for x in capsys.readouterr().out.splitlines() if old in x)
     assert "empty: a save that wrote nothing yet, or what a stopped gc left" in line, line
     assert gc(open_storage(tmp_path), keep=1).in_grace[0]["empty"] is True
+
+
+def _paused_past_the_clearing_age(storage: Any, old: str) -> FaultyStorage:
+    """A storage on which gc's delete of ``old``'s commit record comes after another gc, run
+    meanwhile with the storage's clock two hours on, kept ``old`` and cleared its marks: what a
+    gc stopped (SIGSTOP, a suspended VM) for over an hour between its mark and the record's
+    delete meets."""
+    def other_gc(op: str, path: str) -> None:
+        rep = gc(storage, keep=2, grace_seconds=0.0, now=lambda: time.time() + 7200)
+        assert rep.marks_cleared and not deletion_marks(storage, old)
+
+    return FaultyStorage(storage, [Fault(op="delete", path=f"{old}/manifest.json", error=None,
+                                         times=1, callback=other_gc)])
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_a_gc_whose_mark_was_cleared_meanwhile_marks_again(tmp_path: Path, reused: bool) -> None:
+    """Re-attack 24, N3: a gc paused past a mark's clearing age between its mark (its own, or a
+    young one it reused) and the record's delete found its mark cleared by a gc that kept the
+    version, and deleted the record: a lost record again, kept for good and rebuilt by
+    ``recommit``. It looks for its mark right after the record went and stores one again."""
+    old, new = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    if reused:
+        mark_deletion(storage, old, reason="retention")
+    stop = _KillAfterRecord(_paused_past_the_clearing_age(storage, old), old)
+    with pytest.raises(_Stopped):
+        gc(stop, keep=1, grace_seconds=0.0)
+    c = classify_attempt(storage, old)
+    assert (c.status, c.being_deleted) == ("incomplete", True)
+    with pytest.raises(CommitConflictError, match="is being deleted"):
+        recommit(storage, old, was_committed=True, copies_lost=True, newest_of_step=True)
+    assert gc(storage, keep=1, grace_seconds=0.0).abandoned == [old]
+    check_restores(storage, new)
+
+
+def test_a_gc_that_cleared_a_mark_marks_again_when_the_record_went_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """The other half of N3: the paused gc deleted the record after the clearing gc looked for
+    it, and was stopped before it could look for its mark. The clearing gc looks for the record
+    right after it cleared the marks, and stores a mark again."""
+    old, new = _root(tmp_path)
+    storage = open_storage(tmp_path)
+    mark_deletion(storage, old, reason="retention")
+
+    def paused_gc_deletes_the_record(op: str, path: str) -> None:
+        (tmp_path / old / "manifest.json").unlink()
+
+    # (exists: when classified, right before the marks are cleared, then right after)
+    late = FaultyStorage(storage, [Fault(op="exists", path=f"{old}/manifest.json", error=None,
+                                         after_ops=2, times=1,
+                                         callback=paused_gc_deletes_the_record)])
+    rep = gc(late, keep=2, grace_seconds=0.0, now=lambda: time.time() + 7200)
+    assert len(rep.marks_cleared) == 1
+    c = classify_attempt(storage, old)
+    assert (c.status, c.being_deleted) == ("incomplete", True)
+    assert gc(storage, keep=1, grace_seconds=0.0).abandoned == [old]
+    check_restores(storage, new)
+
+
+class _Stopped(Exception):
+    """gc stopped right after its checks that follow the record's delete."""
+
+
+class _KillAfterRecord(FaultyStorage):
+    """Stops gc at its first delete after the commit record's (as a kill there would)."""
+
+    def __init__(self, inner: Any, old: str) -> None:
+        super().__init__(inner, [])
+        self.old, self.record_gone = old, False
+
+    def delete(self, path: str) -> bool | None:
+        if self.record_gone:
+            raise _Stopped(path)
+        done = super().delete(path)
+        self.record_gone = path == f"{self.old}/manifest.json"
+        return done
+
+    def delete_many(self, paths: Any) -> None:
+        if self.record_gone:
+            raise _Stopped(paths)
+        super().delete_many(paths)

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 _log = logging.getLogger("portable_ckpt.io.gc")  # (gc's deletions: gc's logger)
 
 __all__ = [
-    "DELETION_DIR", "delete_attempt", "deletion_marks", "mark_deletion", "storage_full"]
+    "DELETION_DIR", "delete_attempt", "deletion_marks", "mark_deletion", "remark_if_record_gone",
+    "storage_full"]
 
 #: The directory of deletion marks inside an attempt.
 DELETION_DIR = "deleting"
@@ -161,18 +162,57 @@ def _still_there(storage: Storage, record: str) -> bool:
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
-def _young_mark(storage: Storage, attempt_id: str, storage_now: Callable[[], float]) -> bool:
-    """Whether the version holds a mark no gc clears for a while (:data:`REUSE_MARK_SECONDS`).
+def _young_mark(
+    storage: Storage, attempt_id: str, storage_now: Callable[[], float],
+) -> str | None:
+    """A mark of the version no gc clears for a while (:data:`REUSE_MARK_SECONDS`), or None.
 
     Dated on the storage's clock, as a clearing gc dates it (re-attack 24: on this host's, a
     clock half an hour behind reused a mark that another gc cleared at once). A storage error
-    answers no (a mark of its own is stored).
+    answers none (a mark of its own is stored).
     """
     try:
-        return bool(deletion_marks(storage, attempt_id, first=True,
-                                   younger_than=REUSE_MARK_SECONDS, now=storage_now()))
+        found = deletion_marks(storage, attempt_id, first=True,
+                               younger_than=REUSE_MARK_SECONDS, now=storage_now())
     except CheckpointError:
+        return None
+    return found[0].path if found else None
+
+
+def _keep_marked(storage: Storage, attempt_id: str, mark: str, reason: str) -> None:
+    """After the commit record went: store a mark again where ``mark`` is no longer there.
+
+    A gc paused for longer than a mark's clearing age between its mark and the record's
+    deletion (SIGSTOP, a suspended VM) found it cleared by a gc that kept the version: the
+    record gone without a mark is a lost record again (re-attack 24, N3). A clearing gc looks
+    for the record right after it cleared (:func:`remark_if_record_gone`): of the two, one
+    sees the other's deletion.
+    """
+    if _still_there(storage, mark):
+        return
+    with contextlib.suppress(CheckpointError):  # (the first mark's failure path: said by gc)
+        mark_deletion(storage, attempt_id, reason=reason)
+        _log.warning("%s: the deletion mark %s went while gc deleted %s (another gc cleared "
+                     "it): stored again", storage.url, mark, attempt_id)
+
+
+def remark_if_record_gone(storage: Storage, attempt_id: str) -> bool:
+    """After clearing a version's marks: mark it again if its commit record went meanwhile.
+
+    The other half of :func:`_keep_marked`: a gc that stored its mark, paused past the
+    clearing age and deleted the record after this one looked for it. Returns whether a mark
+    was stored.
+    """
+    try:
+        if storage.exists(f"{attempt_id}/manifest.json"):
+            return False
+        mark_deletion(storage, attempt_id,
+                      reason="its commit record went while a gc cleared its deletion mark")
+    except CheckpointError as exc:
+        _log.warning("%s: could not tell whether the commit record of %s is still there after "
+                     "its deletion mark was cleared (%s)", storage.url, attempt_id, exc)
         return False
+    return True
 
 
 #: What object stores answer when a bucket is full or over quota (Ceph RGW's QuotaExceeded,
@@ -228,11 +268,12 @@ def delete_attempt(
     # 24, F4): a gc stopped after the record went leaves a version being deleted, not one
     # whose record was lost (on-call review 23, F1 and N2). No mark, no deletion; but a full
     # disk is freed without one (mark review F2: every run failed, "retry", disk still full).
-    marked = None
+    marked = reused = None
     try:
-        if mark is not None and not (
-                marked_before and _young_mark(storage, attempt_id, storage_now)):
-            marked = mark_deletion(storage, attempt_id, reason=mark)
+        if mark is not None:
+            reused = _young_mark(storage, attempt_id, storage_now) if marked_before else None
+            if reused is None:
+                marked = mark_deletion(storage, attempt_id, reason=mark)
     except CheckpointError as exc:
         if not version_gone(storage, attempt_id):
             if not storage_full(exc):
@@ -253,6 +294,9 @@ def delete_attempt(
                 storage.delete(marked)  # still committed: no mark left behind
                 storage.remove_empty_dirs(f"{attempt_id}/{DELETION_DIR}/")
         raise
+    kept_mark = marked or reused
+    if mark is not None and kept_mark is not None:
+        _keep_marked(storage, attempt_id, kept_mark, mark)
     try:
         aborted = storage.abort_uploads(prefix)
         report.aborted_uploads += aborted

@@ -37,7 +37,12 @@ from portable_ckpt.io.annotations import (
     timestamp_key,
 )
 from portable_ckpt.io.clock import PROBE_LEFTOVER_SECONDS, same_root, storage_clock
-from portable_ckpt.io.deletion import DELETION_DIR, delete_attempt, deletion_marks
+from portable_ckpt.io.deletion import (
+    DELETION_DIR,
+    delete_attempt,
+    deletion_marks,
+    remark_if_record_gone,
+)
 from portable_ckpt.io.pins import PIN_DIR, read_pins
 from portable_ckpt.io.versions import (
     COMMITTED,
@@ -463,8 +468,8 @@ def _clear_stale_marks(
     deletable (R-GC-13) where it is otherwise kept (R-GC-10). A mark younger than the grace
     period, and than an hour whatever the grace, may be another gc's at work (with another
     ``keep``): left alone (mark review 24, F5: a gc with ``--grace 0`` cleared a live one).
-    The commit record is looked for right before: a version this gc listed as committed may
-    be being deleted by another now.
+    The commit record is looked for right before (a version this gc listed as committed may
+    be being deleted by another now), and right after (:func:`remark_if_record_gone`).
     """
     marked = [v for v in kept if v.status == COMMITTED and v.being_deleted]
     if not marked:
@@ -482,7 +487,10 @@ def _clear_stale_marks(
             for info in old:
                 storage.delete(info.path)  # (an object store cannot tell whether it removed it)
                 report.marks_cleared.append(info.path)
-            storage.remove_empty_dirs(f"{v.id}/{DELETION_DIR}/")
+            # A gc that stored one of them, paused past their age, may have deleted the record
+            # since it was looked for (re-attack 24, N3): marked again then.
+            if not remark_if_record_gone(storage, v.id):
+                storage.remove_empty_dirs(f"{v.id}/{DELETION_DIR}/")
         except CheckpointError as exc:
             _log.warning("%s: could not clear the deletion mark of %s, which gc keeps (%s); "
                          "the next gc tries again", storage.url, v.id, exc)
