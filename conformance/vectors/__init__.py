@@ -18,7 +18,7 @@ non-grid layout of more than 12,000 boxes each, R-COVER-4), ``vectors/1.2/`` tho
 (verification records that clear failed ones, R-DRILL-10), ``vectors/errata-16/`` those of
 errata 16 (mesh dimension names outside the schema's pattern, R-CONTRACT-8; verification records
 of a newer MAJOR, R-DRILL-12; a clearing dated before the failure it clears; a header entry no
-record uses, R-SHARD-6). Errata 5, 7, 8, 9, 13, 14, 15, 17 and 18 have no vectors. All are frozen
+record uses, R-SHARD-6). Errata 5, 7, 8, 9, 13, 14, 15, 17, 18 and 19 have no vectors. All are frozen
 (R-VERSION-9); a reader of 1.2 passes all of them
 (:data:`VECTOR_DIRS`, :func:`all_cases`; :func:`materialize` finds a case's set by its name).
 

@@ -427,6 +427,29 @@ def test_gc_protects_the_newest_drilled_version(tmp_path: Path) -> None:
     assert _alive(root2) == {ids2[1]}
 
 
+@pytest.mark.parametrize("left", ["empty directories", "a data file"])
+def test_records_and_nothing_else_count_files_not_directories(tmp_path: Path, left: str) -> None:
+    """§15.1 (errata 19; spec implementer 25, 2): an attempt without commit record that holds
+    records and nothing else is incomplete; directories left empty (a disk's, which an object
+    store never shows) are not "anything else". A file is: the attempt is then invalid, kept."""
+    ids = _versions(tmp_path, [1, 2])
+    write_drill_record(open_storage(tmp_path), ids[0], _drill_record())
+    v = tmp_path / ids[0]
+    (v / "manifest.json").unlink()
+    for p in sorted(v.rglob("*"), reverse=True):
+        if p.is_file() and p.parent.name not in ("drills",):
+            if not (left == "a data file" and p.parent.name == "data"):
+                p.unlink()
+    assert (v / "data").is_dir() and (v / "index").is_dir()
+    status = next(x.status for x in portable_ckpt.list_versions(tmp_path) if x.id == ids[0])
+    report = portable_ckpt.gc(tmp_path, keep=1, grace_seconds=0)
+    if left == "empty directories":
+        assert status == "incomplete" and ids[0] in report.abandoned and not v.exists()
+    else:
+        assert status == "invalid" and [d["id"] for d in report.damaged] == [ids[0]]
+        assert v.exists()
+
+
 def test_gc_keeps_versions_that_did_not_fail_verification(tmp_path: Path) -> None:
     """R-GC-9: a version that failed verification takes no place of the `keep` newest and no
     protection: `gc --keep 1` used to keep only it (never restorable) and delete the rest."""

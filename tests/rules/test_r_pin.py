@@ -103,6 +103,28 @@ def test_r_gc_11_pinned_versions_are_kept_outside_keep(tmp_path: Path) -> None:
     assert _committed(root) == [ids[3], ids[4]]
 
 
+def test_r_gc_11_a_pinned_drilled_version_releases_no_other_protection(tmp_path: Path) -> None:
+    """R-GC-11 with R-GC-2 (errata 19; spec implementer 25, 1): R-GC-2 and R-GC-9 apply to the
+    versions that are not pinned. The newest drilled version pinned, the newest drilled one
+    that is not stays: a pin is removed at any time, and the version then goes by retention."""
+    from portable_ckpt.io.annotations import write_drill_record
+
+    root, ids = _root(tmp_path, 5)
+    storage = open_storage(root)
+    drill = {"ok": True, "started_at": "2030-01-01T00:00:00Z",
+             "finished_at": "2030-01-01T00:00:01Z", "world_size": 1, "saved_world_size": 1,
+             "contract": "exact", "measurements": {}, "error": None}
+    for v in (ids[1], ids[3]):
+        write_drill_record(storage, v, drill)
+    pin(root, ids[3])
+    rep = gc(root, keep=1, grace_seconds=0)
+    assert rep.protected == ids[1] and sorted(rep.deleted) == sorted([ids[0], ids[2]])
+    assert _committed(root) == [ids[1], ids[3], ids[4]]
+    unpin(root, ids[3])
+    gc(root, keep=1, grace_seconds=0)
+    assert _committed(root) == [ids[3], ids[4]]  # the newest drilled, and the newest
+
+
 def test_r_gc_11_a_pinned_attempt_is_never_deleted_whatever_gc_was_asked(tmp_path: Path) -> None:
     """R-GC-11: a pinned version whose commit record was damaged is kept under delete_invalid;
     a pinned version that a rollback abandoned is not retired."""

@@ -479,8 +479,12 @@ def _without_record(storage: Storage, attempt_id: str) -> Classification:
         held = [k for k in kinds if next(iter(storage.list(f"{attempt_id}/{k}/")), None)]
         # Records and nothing else: written into a version while it was deleted (a nightly
         # copy after the job's retention: SRE review 2, V1); nothing of a version is left.
-        only_records = held and not dirs - set(ANNOTATION_KINDS) and next(
-            iter(storage.list(f"{attempt_id}/", recursive=False)), None) is None
+        # Files count, not directories (an empty `data/` on a disk, which an object store
+        # never shows: spec implementer 25, 2).
+        only_records = held and not any(
+            next(iter(storage.list(f"{attempt_id}/{d}/")), None) is not None
+            for d in sorted(dirs - set(ANNOTATION_KINDS))
+        ) and next(iter(storage.list(f"{attempt_id}/", recursive=False)), None) is None
     except CheckpointError as exc:
         return Classification(UNREADABLE, error=exc)
     if not held or only_records:
