@@ -335,6 +335,26 @@ def test_unsupported_dtype(tmp_path: Path) -> None:
     assert not (tmp_path / "root").exists()
 
 
+@pytest.mark.parametrize("ndim", [64, 65, 100])
+def test_more_dimensions_than_the_format_allows_are_refused_first(tmp_path: Path, ndim: int) -> None:
+    """Conversion review 25, M1: a 100-dimension tensor was ``PCK-INTERNAL`` ("this is a bug")
+    from numpy's reshape mid-write; it is ``PCK-LIMIT`` naming it, before anything is written.
+    64 dimensions, the format's limit, convert."""
+    doc = {"big": {"dtype": "F32", "shape": [1] * ndim, "data_offsets": [0, 4]}}
+    head = json.dumps(doc).encode()
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(struct.pack("<Q", len(head)) + head + b"\0\0\x80\x3f")
+    if ndim <= 64:
+        convert(p, tmp_path / "root")
+        assert portable_ckpt.open(tmp_path / "root").read("big").reshape(-1).tolist() == [1.0]
+        return
+    with pytest.raises(CheckpointError) as ei:
+        convert(p, tmp_path / "root")
+    assert ei.value.code == "PCK-LIMIT" and "'big'" in str(ei.value), ei.value
+    assert f"{ndim} dimensions" in str(ei.value)
+    assert not (tmp_path / "root").exists()
+
+
 def test_absurd_header(tmp_path: Path) -> None:
     p = tmp_path / "model.safetensors"
     p.write_bytes(struct.pack("<Q", 10**12) + b"{}")
@@ -546,3 +566,31 @@ def test_verbatim_dcp_export_leaves_the_scheduler_class_behind(tmp_path: Path) -
     assert "class" not in back
     assert all("class" not in s for s in back["_schedulers"])
     assert back["last_epoch"] == 3 and back["_milestones"] == [2]
+
+
+_LOW_FD_LIMIT = """
+import resource, sys
+from portable_ckpt.cli.main import main
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "-q"]))
+"""
+
+
+def test_thousands_of_small_tensors_convert_under_a_low_descriptor_limit(tmp_path: Path) -> None:
+    """Conversion review 25, H2: every safetensors tensor was mapped, and each mapping holds a
+    descriptor until the writer drops the array: 5,000 small tensors under ``ulimit -n 1024``
+    failed with EMFILE (exit 75, "may pass by itself", at every run). Small ones are read."""
+    import subprocess
+    import sys
+
+    tensors = {f"t.{i}": torch.full((2,), float(i)) for i in range(3000)}
+    src = tmp_path / "m.safetensors"
+    save_file(tensors, str(src))
+    repo = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-c", _LOW_FD_LIMIT, str(src), str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=300,
+                       env=os.environ | {"PYTHONPATH": str(repo / "src")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    ck = portable_ckpt.open(tmp_path / "r")
+    assert len(ck.tensors) == 3000
+    assert ck.read("t.2999").tolist() == [2999.0, 2999.0]

@@ -141,6 +141,12 @@ def test_drill_world_size_is_checked_before_any_process_starts(
         ["convert", "{root}", "{root}-dst", "--step", "-1"],
         ["convert", "{root}", "{root}-dst", "--max-shard-size", "lots"],
         ["convert", "{root}", "{root}-dst", "--max-shard-size", "0"],
+        # conversion review 25, H1: int(inf) was an OverflowError traceback, exit 1
+        ["convert", "{root}", "{root}-dst", "--to", "hf", "--max-shard-size", "inf"],
+        ["convert", "{root}", "{root}-dst", "--to", "hf", "--max-shard-size", "1e400"],
+        ["convert", "{root}", "{root}-dst", "--to", "hf", "--max-shard-size", "nanGB"],
+        ["convert", "{root}", "{root}-dst", "--max-output", "inf"],
+        ["convert", "{root}", "{root}-dst", "--max-output", "1e30TiB"],
         ["convert", "{root}", "s3://"],
     ],
     ids=lambda a: " ".join(a)[:60],
@@ -155,6 +161,27 @@ def test_every_subcommand_checks_its_arguments_first(
     before = _snapshot(tmp_path)
     _usage(argv, capsys)
     assert _snapshot(tmp_path) == before
+
+
+def test_a_failing_argument_check_is_a_usage_error_without_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Conversion review 25, H1: argparse makes only ValueError and TypeError of a type check
+    usage errors, and the CLI's guard began after parsing: any other exception of a check was
+    a traceback. Now exit 2, nothing touched, the cause named."""
+    import portable_ckpt.convert.hf as hf
+
+    def overflow(text: str) -> int:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(hf, "parse_size", overflow)
+    root = tmp_path / "root"
+    _version(root)
+    before = _snapshot(tmp_path)
+    assert cli_main(["convert", str(root), f"{root}-dst", "--max-shard-size", "5GB"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the arguments" in err and "OverflowError" in err, err
+    assert "Traceback" not in err and _snapshot(tmp_path) == before
 
 
 def test_ls_and_gc_of_a_missing_root_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -97,12 +97,21 @@ def main(argv: Sequence[str] | None = None, *, restore_signals: bool = True) -> 
         parser = build_parser()
     except KeyboardInterrupt:
         return _interrupted(None)
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        check = getattr(args, "check", None)
+        problem = check(args) if check is not None else None
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # a checker's own failure: nothing was touched, no traceback
+        if os.environ.get("PCK_DEBUG"):
+            raise
+        print(f"portable-ckpt: error: cannot read the arguments ({_unexpected(exc)[1]})",
+              file=sys.stderr)
         return 2
-    check = getattr(args, "check", None)
-    problem = check(args) if check is not None else None
     if problem:  # with the subcommand's usage, not the top level's (maintainer review M8)
         _subparser(parser, args.command).error(problem)
     if sys.stdout is None:

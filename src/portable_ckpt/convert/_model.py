@@ -21,6 +21,7 @@ from portable_ckpt.format.manifest import MAX_SIZE
 from portable_ckpt.ranges import Box, check_coverage
 
 __all__ = [
+    "MAP_MIN_BYTES",
     "ChunkSpec",
     "ConvertOptions",
     "ConvertWarning",
@@ -37,6 +38,13 @@ __all__ = [
     "short_text",
     "to_json_value",
 ]
+
+#: Source tensors smaller than this are read into fresh buffers instead of mapped: every mapping
+#: holds a duplicate of the file descriptor (Python's ``mmap`` dups it) until the writer drops
+#: the array, and the writer holds up to two batches (2 x 64 MiB) of them: mapping thousands of
+#: small tensors ran out of descriptors (EMFILE). With this floor at most ~128 mappings are
+#: alive, and copying tensors this small costs nothing.
+MAP_MIN_BYTES = 1 << 20
 
 #: How keys cross formats: ``mapped`` (the key rule of ``portable_ckpt.torch`` ↔ DCP's FQNs and
 #: nested ``torch.save`` dicts) or ``verbatim`` (names as the source spells them).

@@ -18,10 +18,12 @@ from portable_ckpt.errors import (
     DtypeUnsupportedError,
     FileSizeError,
     JsonInvalidError,
+    LimitError,
     ShardHeaderError,
 )
 from portable_ckpt.format import jsonio
 from portable_ckpt.format.dtypes import DTYPES, dtype_by_safetensors
+from portable_ckpt.format.manifest import MAX_NDIM
 from portable_ckpt.storage._posix import open_regular
 
 __all__ = ["MAX_HEADER", "StTensor", "build_header", "read_header"]
@@ -132,6 +134,12 @@ def _tensor(path: str, name: str, info: Any, data_start: int, size: int) -> StTe
         or offs[0] > offs[1]
     ):
         raise ShardHeaderError(f"{path}: tensor {name!r} has a malformed shape/data_offsets", path=path)
+    if len(shape) > MAX_NDIM:
+        # before anything is written (conversion review 25, M1: numpy's reshape refused it
+        # mid-write, an internal error), as the DCP and torch.save readers do
+        raise LimitError(f"{path}: tensor {name!r} has {len(shape):,} dimensions, above the "
+                         f"format's limit of {MAX_NDIM}: it cannot be stored; reshape it before "
+                         "converting", path=path)
     want = math.prod(shape) * dt.itemsize
     if offs[1] - offs[0] != want:
         raise ShardHeaderError(

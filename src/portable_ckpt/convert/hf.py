@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from portable_ckpt.convert._model import (
+    MAP_MIN_BYTES,
     ChunkSpec,
     ConvertOptions,
     ConvertWarning,
@@ -39,6 +40,7 @@ from portable_ckpt.convert._model import (
     fail_if_strict,
 )
 from portable_ckpt.convert._st import StTensor, build_header, read_header
+from portable_ckpt.convert._torchzip import pread_into
 from portable_ckpt.errors import (
     CoverageOverlapError,
     FileMissingError,
@@ -93,8 +95,11 @@ def parse_size(text: str | int) -> int:
         value = float(num)
     except ValueError:
         raise UsageError(f"cannot parse size {text!r}; use e.g. 5GB, 500MiB or 1048576") from None
-    if unit not in _UNITS or value <= 0:
-        raise UsageError(f"cannot parse size {text!r}; use e.g. 5GB, 500MiB or 1048576")
+    # (inf, nan and 1e400 are floats too: int() of them raised past the CLI's usage check)
+    if unit not in _UNITS or not math.isfinite(value) or value <= 0 or value * _UNITS[unit] > (
+            1 << 62):
+        raise UsageError(f"cannot parse size {text!r}; use e.g. 5GB, 500MiB or 1048576 (a "
+                         "finite number of bytes, at most 2^62)")
     return int(value * _UNITS[unit])
 
 
@@ -153,6 +158,12 @@ def _loader(path: str, t: StTensor) -> Callable[[], np.ndarray[Any, Any]]:
             if os.fstat(fd).st_size < t.start + t.nbytes:
                 raise StorageError(f"{path}: tensor {t.name!r} extends past the end of the file",
                                    path=path, retryable=False)
+            if t.nbytes < MAP_MIN_BYTES:
+                # Read, not mapped: each mapping holds a descriptor until the writer drops the
+                # array, and 5,000 small tensors ran out of them (conversion review 25, H2).
+                small = np.empty(t.nbytes, dtype=np.uint8)
+                pread_into(fd, small, t.start, where=f"{path}: tensor {t.name!r}")
+                return small.view(numpy_dtype(t.dtype)).reshape(t.shape)
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             mm = mmap.mmap(fd, t.start + t.nbytes - start, flags=flags, prot=mmap.PROT_READ, offset=start)
         except OSError as exc:
