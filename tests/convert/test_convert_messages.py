@@ -447,3 +447,92 @@ def test_two_equal_keys_of_one_dict_are_refused_not_both_converted(tmp_path: Pat
     torch.save({1: {"a": torch.zeros(2)}, "1": {"b": torch.ones(2)}}, tmp_path / "m.pt")
     with pytest.raises(CheckpointError, match=r"keys at \[1\] and \['1'\]"):
         convert(str(tmp_path / "m.pt"), str(tmp_path / "out2.pt"), dst_format="torch")
+
+
+# Conversion review 25: the smaller findings (L1-L6).
+
+
+def _portable(tmp_path: Path, step: int = 1) -> Path:
+    root = tmp_path / "root"
+    save_file({"w": torch.arange(8.0)}, str(tmp_path / "m.safetensors"))
+    convert(tmp_path / "m.safetensors", root, step=step)
+    return root
+
+
+@pytest.mark.parametrize("target", ["hf", "dcp", "torch"])
+def test_max_output_bounds_an_export(tmp_path: Path, target: str) -> None:
+    """L1: ``--max-output 10`` wrote every byte of an export (it bounded imports only)."""
+    root = _portable(tmp_path)
+    dst = tmp_path / ("out.pt" if target == "torch" else "out")
+    with pytest.raises(CheckpointError) as ei:
+        convert(root, dst, dst_format=target, max_output_bytes=10)
+    assert ei.value.code == "PCK-LIMIT" and "32 bytes" in str(ei.value), ei.value
+    assert not dst.exists()
+    convert(root, dst, dst_format=target, max_output_bytes=32)
+    assert dst.exists()
+
+
+def test_a_step_above_the_format_s_largest_is_named_before_the_root_is_made(
+    tmp_path: Path,
+) -> None:
+    """L2: a millisecond timestamp as ``global_step`` was a bare "step must be an int in ...",
+    exit 2 after an empty destination root was made."""
+    src = tmp_path / "ts.pt"
+    torch.save({"w": torch.ones(2), "global_step": 1733430000000}, src)
+    p = _cli("convert", str(src), "root", cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "'global_step' value is 1,733,430,000,000" in p.stderr and "--step" in p.stderr
+    assert not (tmp_path / "root").exists()
+    assert _cli("convert", str(src), "root", "--step", "7", cwd=tmp_path).returncode == 0
+
+
+def test_shards_whose_metadata_differ_are_said_and_refused_under_strict(tmp_path: Path) -> None:
+    """L3: each shard's ``__metadata__`` was merged without a word, the first value winning,
+    also under ``--strict``."""
+    import json
+
+    src = tmp_path / "src"
+    src.mkdir()
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    save_file({"a": torch.ones(2)}, str(src / names[0]), metadata={"format": "pt", "k": "1"})
+    save_file({"b": torch.ones(2)}, str(src / names[1]), metadata={"format": "pt", "k": "2"})
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": names[0], "b": names[1]}}))
+    with pytest.raises(CheckpointError, match=r"__metadata__\['k'\]: differs") as ei:
+        convert(src, tmp_path / "strict", strict=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and "'format'" not in str(ei.value)
+    report = convert(src, tmp_path / "root")
+    assert [w.item for w in report.warnings] == [f"{src / names[1]}: __metadata__['k']"]
+
+
+def test_destinations_that_cannot_work_are_usage_errors_first(tmp_path: Path) -> None:
+    """L4, L5: a torch target ``new.pt/`` ran the whole export and then failed to rename (exit
+    1); a portable root below a file was exit 1; ``convert hf hf`` committed a version among
+    the model's files (exit 0)."""
+    root = _portable(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"w": torch.ones(2)}, str(hf / "model.safetensors"))
+    for args in (["convert", str(root), "new.pt/", "--to", "torch"],
+                 ["convert", str(hf), "afile/root"],
+                 ["convert", str(hf), "hf"],
+                 ["convert", str(hf), "hf/sub"],
+                 ["convert", str(root), "root/inner", "--step", "1"]):
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        p = _cli(*args, cwd=tmp_path)
+        assert p.returncode == 2 and "PCK-USAGE" in p.stderr, (args, p.stderr)
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before, args
+    assert _cli("convert", str(hf), "hf2", cwd=tmp_path).returncode == 0
+
+
+def test_an_import_below_the_root_s_latest_step_is_said(tmp_path: Path) -> None:
+    """L6: an import at step 3 into a root whose latest is step 500 said nothing: readers keep
+    step 500, and ``gc --retire-abandoned`` takes it for a rollback's abandoned branch."""
+    root = _portable(tmp_path, step=500)
+    report = convert(tmp_path / "m.safetensors", root, step=3)
+    (note,) = [w for w in report.warnings if w.kind == "note"]
+    assert "below the root's latest version, step 500" in note.message
+    assert "--retire-abandoned" in note.message
+    assert not [w for w in convert(tmp_path / "m.safetensors", root, step=600).warnings
+                if w.kind == "note"]

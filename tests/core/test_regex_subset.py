@@ -156,9 +156,9 @@ def test_a_catastrophic_pattern_runs_in_linear_time() -> None:
     """R-ENTRY-15: ^(a+)+$ on 100,000 a's and a '!' (Python's re would not finish)."""
     s = "a" * 100_000 + "!"
     for rx in (reader_regex.compile_pattern("^(a+)+$"), checker_regex.compiled("^(a+)+$")):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # (CPU: other processes do not count)
         assert rx.search(s) is None
-        assert time.perf_counter() - t0 < 1.0
+        assert time.process_time() - t0 < 1.0
 
 
 def test_only_schema_positions_are_patterns() -> None:

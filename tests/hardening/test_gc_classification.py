@@ -195,6 +195,41 @@ def test_invalid_manifest_is_kept_unless_deleting_it_is_asked_for(tmp_path: Path
     assert rep.abandoned == [ids[2]] and rep.damaged == [] and _alive(tmp_path) == {ids[1]}
 
 
+class _FlipsFirstRead(FaultyStorage):
+    """The first read of one commit record is damaged on the way (a proxy, a flaky link); the
+    record as stored is intact."""
+
+    def __init__(self, inner: Any, rel: str) -> None:
+        super().__init__(inner, [])
+        self.rel, self.flipped = rel, False
+
+    def read_all(self, path: str, *, max_size: int) -> bytes:
+        data = super().read_all(path, max_size=max_size)
+        if path == self.rel and not self.flipped:
+            self.flipped = True
+            return data[:10] + bytes([data[10] ^ 0x20]) + data[11:]
+        return data
+
+
+def test_delete_invalid_reads_the_record_again_before_deleting(tmp_path: Path) -> None:
+    """S3 attack 25, H2: one GET of the newest ``manifest.json`` damaged on the way made
+    ``gc --delete-invalid --grace 0`` delete that intact version (exit 0), and the root went
+    back a step. A record is deleted as invalid only when read again it is invalid too."""
+    ids = [make_version(str(tmp_path), s) for s in (1, 2)]
+    storage = open_storage(tmp_path)
+    flaky = _FlipsFirstRead(storage, f"{ids[1]}/manifest.json")
+    rep = gc(flaky, keep=1, delete_invalid=True, grace_seconds=0.0)
+    assert flaky.flipped and _alive(tmp_path) == set(ids)
+    assert [u["id"] for u in rep.unknown] == [ids[1]] and "read again it is committed" in (
+        rep.unknown[0]["message"])
+    check_restores(storage, ids[1])
+    # an invalid record as stored still goes, as asked
+    record = tmp_path / ids[1] / "manifest.json"
+    record.write_bytes(record.read_bytes()[:-5])
+    rep = gc(storage, keep=1, delete_invalid=True, grace_seconds=0.0)
+    assert rep.abandoned == [ids[1]] and _alive(tmp_path) == {ids[0]}
+
+
 def test_gc_command_keeps_a_damaged_record_and_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

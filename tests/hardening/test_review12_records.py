@@ -46,10 +46,10 @@ def test_an_invalid_record_costs_about_what_parsing_it_costs(tmp_path: Path) -> 
            "verification_id": FAILED, "verified_at": "2026-01-01T00:00:00Z", "ok": False,
            "mode": "deep", "fraction": None, "chunks": 1, "seed": None,
            "errors": [0] * 2_000_000}
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # (CPU: other processes do not count)
     with pytest.raises(SchemaError, match="PCK-SCHEMA"):
         validate_document(doc, "1.2/verification.schema.json", what="x")
-    assert time.perf_counter() - t0 < 5.0  # 100 s before (the parse alone: about 0.05 s)
+    assert time.process_time() - t0 < 5.0  # 100 s before (the parse alone: about 0.05 s)
 
 
 def test_a_listing_keeps_what_tools_read_of_a_record(tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_the_checker_turns_away_a_huge_branch_of_a_one_of_quickly(tmp_path: Path
     doc = json.loads((v1 / "manifest.json").read_text())
     doc["continuation"]["mesh"] = {"shape": ["x"] * 300_000, "dim_names": ["a"]}
     (v1 / "manifest.json").write_text(json.dumps(doc))
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # (CPU: other processes do not count)
     report = check(v1)
     assert not report.ok and "PCK-SCHEMA" in report.codes
-    assert time.perf_counter() - t0 < 5.0  # 10 s and more before, growing with the array
+    assert time.process_time() - t0 < 5.0  # 10 s and more before, growing with the array

@@ -181,7 +181,7 @@ def test_decompression_stops_at_64_mib(tmp_path: Path, declared: bool) -> None:
     del text
     rewrite_file(vdir, _entry_file(vdir, "v"), bomb)
     ck = portable_ckpt.open(vdir)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # (CPU: other processes do not count)
     tracemalloc.start()
     try:
         expect_code("PCK-CODEC", ck.entry, "v")
@@ -189,7 +189,7 @@ def test_decompression_stops_at_64_mib(tmp_path: Path, declared: bool) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 80 << 20
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_a_frame_without_size_longer_than_its_bound_is_codec(tmp_path: Path) -> None:

@@ -41,12 +41,12 @@ def test_a_catastrophic_pattern_is_evaluated_in_linear_time(tmp_path: Path) -> N
     """R-ENTRY-15: 40 a's and a '!' against ^(a+)+$ (hours for a backtracking engine)."""
     vdir = _with_embedded_schema(tmp_path, {"type": "string", "pattern": "^(a+)+$"},
                                  "a" * 40 + "!")
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # (CPU: other processes do not count)
     rep = check(vdir, deep=True)
     assert rep.codes == {"PCK-ENTRY-SCHEMA"}, rep.to_json()
     expect_code("PCK-ENTRY-SCHEMA", portable_ckpt.open(vdir).entry, "cfg")
     assert [e.code for e in portable_ckpt.open(vdir).verify()] == ["PCK-ENTRY-SCHEMA"]
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
 
 
 @pytest.mark.parametrize("pattern", ["(?=a)", "^(a)\\1$", "\\Aa", "[[:alpha:]]", "(?i)a"])

@@ -76,6 +76,7 @@ from portable_ckpt.errors import (
     ValueNotJsonError,
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
+from portable_ckpt.format.naming import MAX_STEP
 from portable_ckpt.format.vocab import CODECS, is_entry_name
 from portable_ckpt.storage import local_path, root_text
 
@@ -455,6 +456,7 @@ def _write_portable(
         raise
     local = sink.storage.local_root()
     dest = os.path.join(local, sink.attempt) if local else f"{sink.storage.url}/{sink.attempt}"
+    warnings += _below_latest(sink.storage, sink.attempt, step)
     report = ConvertReport(
         tensors=len(plan.tensors),
         bytes=plan.total_bytes,
@@ -466,6 +468,29 @@ def _write_portable(
         step=step,
     )
     return report, dest
+
+
+def _below_latest(storage: Any, attempt: str, step: int) -> list[ConvertWarning]:
+    """A note when the root holds a committed version of a greater step than the new one.
+
+    Readers keep taking that one, and to ``gc --retire-abandoned`` the import, committed
+    later at a lower step, looks like a rollback that abandoned it (conversion review 25, L6).
+    """
+    from portable_ckpt.io.versions import newest_first
+
+    try:
+        above = next((v for v in newest_first(storage) if v.status == "committed"
+                      and v.id != attempt and v.step > step), None)
+    except CheckpointError:
+        return []  # (the version is committed: only the note is lost)
+    if above is None:
+        return []
+    return [ConvertWarning(
+        f"{storage.url}/{attempt}",
+        f"step {step} is below the root's latest version, step {above.step} ({above.id}): "
+        "readers and restores keep taking that one, and `gc --retire-abandoned` would delete "
+        "it as a rollback's abandoned branch; convert into a root of its own, or with --step "
+        "above it", kind="note")]
 
 
 def convert(
@@ -541,11 +566,16 @@ def convert(
         if problem:
             raise UsageError(problem)
     tick = _Ticker(progress)
+    _check_not_inside(s, d)
     if target.name != "portable":
         from portable_ckpt.convert._publish import check_dst_free
 
         check_dst_free(d, directory=target.destination == "directory")
         target.load("writer")  # a missing dependency is reported before anything is read
+    elif local_path(d) is not None:
+        from portable_ckpt.convert._publish import check_parents
+
+        check_parents(d)  # (a root below a file was exit 1 after the source was read: L4)
     _log.info("convert %s %s -> %s %s started", source.name, s, target.name, d)
     try:
         report = _dispatch(s, d, source, target, options, tick)
@@ -560,6 +590,20 @@ def convert(
         report.bytes / max(report.seconds, 1e-9) / (1 << 20),
     )
     return report
+
+
+def _check_not_inside(src: str, dst: str) -> None:
+    """Refuse a local destination that is a source directory or lies inside it.
+
+    ``convert hf hf`` committed a portable version among the model's files (conversion review
+    25, L5): the next conversion of that directory reads both.
+    """
+    if local_path(src) is None or local_path(dst) is None or not os.path.isdir(src):
+        return
+    s, d = os.path.realpath(src), os.path.realpath(dst)
+    if d == s or d.startswith(s.rstrip(os.sep) + os.sep):
+        raise UsageError(f"the destination {dst} is the source {src} or lies inside it; "
+                         "choose a path outside the source")
 
 
 def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | None,
@@ -682,6 +726,11 @@ def _target_step(
     step, why = infer_step(leaves, src)
     if step is None:
         return 0, "default (the source records no step; pass --step)"
+    if step > MAX_STEP:
+        # before the destination is made (conversion review 25, L2: a millisecond timestamp as
+        # `global_step` was a bare "step must be ..." after an empty root was created)
+        raise UsageError(f"{src}: {why} is {step:,}, above the format's largest step "
+                         f"({MAX_STEP:,}; a timestamp?): pass --step N")
     return step, why
 
 
@@ -733,6 +782,13 @@ def _from_portable(
     ck = portable_ckpt.open(s, step=options.step)
     view = ExportView(ck, options, dotted=target.dotted_names and options.keys == "mapped")
     tick.total = sum(t.nbytes for t in view.tensors.values())
+    bound = options.max_output_bytes
+    if bound is not None and tick.total > bound:
+        # (an export writes what the version holds, cast: only a bound asked for applies;
+        # conversion review 25, L1: it was ignored, and --max-output 10 wrote every byte)
+        raise LimitError(f"{s}: exporting it would write {tick.total:,} bytes of tensors, more "
+                         f"than the --max-output / max_output_bytes bound of {bound:,}; pass a "
+                         "larger one, or select less (--select)", path=s)
     try:
         res: WriteResult = target.load("writer")(view, d, options, tick)
     except (OSError, RuntimeError) as exc:

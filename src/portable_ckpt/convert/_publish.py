@@ -15,7 +15,7 @@ from typing import Any
 from portable_ckpt.errors import StorageError, UsageError, transient_errno
 from portable_ckpt.storage.local import fsync_dir
 
-__all__ = ["check_dst_free", "open_staged", "staged", "staged_dir"]
+__all__ = ["check_dst_free", "check_parents", "open_staged", "staged", "staged_dir"]
 
 
 def check_dst_free(dst: str, *, directory: bool = True) -> None:
@@ -30,21 +30,12 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
         raise UsageError(
             f"destination {dst} is a symbolic link; give the path it names, or a new path"
         )
+    if not directory and dst.endswith(("/", os.sep)):
+        # (the whole export ran, then its rename onto "new.pt/" failed: conversion review 25, L4)
+        raise UsageError(f"destination {dst} ends with a '/', but this target is one file; "
+                         "drop the slash")
     if not os.path.lexists(dst):
-        parent = os.path.dirname(os.path.abspath(dst))
-        while parent and not os.path.lexists(parent):
-            up = os.path.dirname(parent)
-            if up == parent:
-                break
-            parent = up
-        if parent and os.path.lexists(parent) and not os.path.isdir(parent):
-            what = (
-                "is a symbolic link to nothing" if os.path.islink(parent)
-                else "exists and is not a directory"
-            )
-            raise UsageError(
-                f"destination {dst}: {parent} {what}; choose a path in a directory"
-            )
+        check_parents(dst)
         return
     if directory and os.path.isdir(dst) and not os.listdir(dst):
         return
@@ -54,6 +45,22 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
         else "already exists (a target is never overwritten)"
     )
     raise UsageError(f"destination {dst} {what}; choose a new path")
+
+
+def check_parents(dst: str) -> None:
+    """Raise ``UsageError`` when the nearest existing path above ``dst`` is not a directory."""
+    parent = os.path.dirname(os.path.abspath(dst))
+    while parent and not os.path.lexists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if parent and os.path.lexists(parent) and not os.path.isdir(parent):
+        what = (
+            "is a symbolic link to nothing" if os.path.islink(parent)
+            else "exists and is not a directory"
+        )
+        raise UsageError(f"destination {dst}: {parent} {what}; choose a path in a directory")
 
 
 @contextlib.contextmanager

@@ -189,7 +189,7 @@ def read_hf_source(src: str) -> SourcePlan:
     if index_path is not None:
         weight_map = _load_index(index_path)
         shards = _indexed_shards(index_path, weight_map)
-    headers, metadata = _headers(shards)
+    headers, metadata, differing = _headers(shards)
     tensors: list[TensorSpec] = []
     for path, sts in headers:
         for t in sts:
@@ -204,7 +204,13 @@ def read_hf_source(src: str) -> SourcePlan:
     if weight_map is not None:
         _check_all_stored(index_path or "", weight_map, {t.key for t in tensors})
     entries = [EntrySpec(HF_METADATA_ENTRY, metadata)] if metadata else []
-    return SourcePlan("hf", tensors, entries, [])
+    # Keys the shards give different values: one value is kept, and --strict refuses that
+    # (conversion review 25, L3: merged without a word, the first shard's value winning).
+    warnings = [ConvertWarning(f"{path}: __metadata__[{key!r}]",
+                               f"differs from the value of {first} ({metadata[key]!r}): that "
+                               "one is kept, for every shard of an export", kind="changed")
+                for key, (first, path) in sorted(differing.items())]
+    return SourcePlan("hf", tensors, entries, warnings)
 
 
 def _indexed_shards(index_path: str, weight_map: dict[str, str]) -> list[str]:
@@ -222,16 +228,27 @@ def _indexed_shards(index_path: str, weight_map: dict[str, str]) -> list[str]:
     return shards
 
 
-def _headers(shards: list[str]) -> tuple[list[tuple[str, list[StTensor]]], dict[str, str]]:
-    """Each shard's tensors (each tensor in exactly one shard) and the merged ``__metadata__``."""
+def _headers(
+    shards: list[str],
+) -> tuple[list[tuple[str, list[StTensor]]], dict[str, str], dict[str, tuple[str, str]]]:
+    """Each shard's tensors, the merged ``__metadata__``, and where shards differ on a key.
+
+    Each tensor is in exactly one shard. For each key whose shards differ: the shard whose value
+    was kept and the first shard that differs.
+    """
     where: dict[str, str] = {}
     metadata: dict[str, str] = {}
+    first_of: dict[str, str] = {}
+    differing: dict[str, tuple[str, str]] = {}
     headers = []
     for path in shards:
         sts, meta = read_header(path)
         headers.append((path, sts))
         for k, v in meta.items():
-            metadata.setdefault(k, v)
+            if k not in metadata:
+                metadata[k], first_of[k] = v, path
+            elif metadata[k] != v and k not in differing:
+                differing[k] = (first_of[k], path)
         for t in sts:
             if t.name in where:
                 raise CoverageOverlapError(
@@ -240,7 +257,7 @@ def _headers(shards: list[str]) -> tuple[list[tuple[str, list[StTensor]]], dict[
                     path=path,
                 )
             where[t.name] = path
-    return headers, metadata
+    return headers, metadata, differing
 
 
 def _check_placed(name: str, path: str, index_path: str, weight_map: dict[str, str]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from portable_ckpt.errors import (
     CheckpointError,
+    LimitError,
     StorageError,
     UsageError,
     may_pass,
@@ -386,6 +387,9 @@ def gc(
             try:
                 if attempt_id in abandoned and attempt_id in unrecorded:
                     _still_unrecorded(storage, attempt_id)
+                if attempt_id in abandoned and attempt_id in with_record and attempt_id not in (
+                        unrecorded):
+                    _still_invalid(storage, attempt_id)
                 if attempt_id in recorded and pins_now.holds(attempt_id):
                     doomed[i] = ""  # kept: pinned while this gc ran
                 else:
@@ -1037,6 +1041,35 @@ def _committed_now(storage: Storage, attempt_id: str) -> bool:
         return classify_attempt(storage, attempt_id).status == COMMITTED
     except CheckpointError:
         return False
+
+
+def _still_invalid(storage: Storage, attempt_id: str) -> None:
+    """Raise unless a second read of an invalid commit record, deleted as asked, is invalid too.
+
+    The listing read each record once: one GET whose bytes were damaged on the way (a proxy, a
+    flaky link) made ``--delete-invalid`` delete the intact newest version (S3 attack 25, H2).
+    The record is read again, and where the store keeps its CRC32C the bytes must match it;
+    only a record invalid as stored is deleted.
+    """
+    from portable_ckpt.format import jsonio
+    from portable_ckpt.io.checksum import crc32c
+    from portable_ckpt.io.versions import classify_record
+
+    rel = f"{attempt_id}/manifest.json"
+    try:
+        data = storage.read_all(rel, max_size=jsonio.MAX_MANIFEST_BYTES)
+    except LimitError:
+        return  # larger than any record may be, as the store says: invalid as stored
+    again = classify_record(attempt_id, data)
+    stored = getattr(storage, "checksum_crc32c", None)
+    want = stored(rel) if stored is not None else None
+    if again.status != INVALID or (want is not None and want != crc32c(data)):
+        how = (f"read again it is {again.status}" if again.status != INVALID
+               else "the bytes read again do not match the CRC32C the store keeps for it")
+        raise StorageError(
+            f"{storage.url}/{rel} was invalid when gc listed the root, but {how}: a read was "
+            "damaged on the way, or the record changed; not deleted (run gc again, and "
+            f"`portable-ckpt verify {storage.url}/{attempt_id}`)", path=rel)
 
 
 def _still_unrecorded(storage: Storage, attempt_id: str) -> None:
