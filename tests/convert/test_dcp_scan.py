@@ -616,10 +616,10 @@ def test_chunks_are_mapped_not_copied(
 ) -> None:
     import torch
 
-    from portable_ckpt.convert import dcp
+    from portable_ckpt.convert import _torchzip
 
     if mapped:  # chunks of 1 MiB and more are mapped; these small ones are read into buffers
-        monkeypatch.setattr(dcp, "_MAP_MIN_BYTES", 0)
+        monkeypatch.setattr(_torchzip, "MAP_MIN_BYTES", 0)
     d, sd = torch_ckpt
     plan = open_source(d, "dcp", trust_pickle=True)
     try:

@@ -1036,7 +1036,8 @@ def test_torch_zip_damaged_member_is_a_checkpoint_error(tmp_path: Path, damage: 
     """Found by the fuzz target of torch.save sources (issue 12 "Done means"): a damaged local
     header of ``archive/byteorder`` raised a bare ``zipfile.BadZipFile`` from ``open_source``, an
     "encrypted" flag on ``data.pkl`` a bare ``RuntimeError``; both now PCK-SHARD-HEADER, like a
-    damaged header or CRC of ``data.pkl`` already were (every member read maps zipfile's errors)."""
+    damaged header of ``data.pkl`` already was. A recorded CRC-32 that its bytes do not match is
+    PCK-CHECKSUM, as for every member (conversion review M2)."""
     import pickle
 
     from portable_ckpt.convert import open_source
@@ -1055,7 +1056,8 @@ def test_torch_zip_damaged_member_is_a_checkpoint_error(tmp_path: Path, damage: 
         raw[central + 16] ^= 0xFF  # the recorded CRC-32 of data.pkl
     src.write_bytes(bytes(raw))
     with time_bound(10):
-        expect_code("PCK-SHARD-HEADER", open_source, str(src), "torch")
+        code = "PCK-CHECKSUM" if damage == "crc" else "PCK-SHARD-HEADER"
+        expect_code(code, open_source, str(src), "torch")
 
 
 @pytest.mark.parametrize("fmt", ["torch", None])

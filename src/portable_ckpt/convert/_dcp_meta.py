@@ -47,6 +47,7 @@ from portable_ckpt.convert._pickle_scan import (
 )
 from portable_ckpt.errors import (
     CheckpointError,
+    ChecksumError,
     FileSizeError,
     LimitError,
     ShardHeaderError,
@@ -642,11 +643,14 @@ def decode_byte_item(fd: int, offset: int, length: int, *, where: str) -> Any:
 
     Raises:
         FileSizeError: the file is shorter than the item (truncated).
+        ChecksumError: a member's bytes differ from the CRC-32 its zip records (damage).
+        DuplicateMemberError: the zip holds two members of one name (its value is whichever
+            a reader picks).
         NotJsonError: the value is not JSON data, or the item is not a ``torch.save`` zip (e.g. a
             raw ``io.BytesIO`` item); the message says why.
 
     """
-    from portable_ckpt.convert._torchzip import open_torch_archive
+    from portable_ckpt.convert._torchzip import DuplicateMemberError, open_torch_archive
 
     # No bound on the members: a byte item may be a torch.save of a tuple of many tensors (DCP
     # stores tuples as one item), and its zip's members cost at least 76 bytes of it each (a
@@ -654,8 +658,10 @@ def decode_byte_item(fd: int, offset: int, length: int, *, where: str) -> Any:
     # shares (review rev22 D12).
     try:
         archive = open_torch_archive(fd, offset, length, where=where)
-    except FileSizeError:
-        raise  # a truncated file is damage, not a value that merely isn't JSON
+    except (FileSizeError, ChecksumError, DuplicateMemberError):
+        # damage (a truncated file, bytes that differ from their CRC-32) or a zip whose value
+        # is whichever of two members a reader picks: refused, not a value that isn't JSON
+        raise
     except CheckpointError as exc:  # not a torch.save zip: a raw BytesIO item, or damaged
         raise NotJsonError(exc.message.removeprefix(f"{where}: ")) from None
     try:

@@ -43,7 +43,8 @@ __all__ = [
 #: holds a duplicate of the file descriptor (Python's ``mmap`` dups it) until the writer drops
 #: the array, and the writer holds up to two batches (2 x 64 MiB) of them: mapping thousands of
 #: small tensors ran out of descriptors (EMFILE). With this floor at most ~128 mappings are
-#: alive, and copying tensors this small costs nothing.
+#: alive, and copying tensors this small costs nothing. The safetensors, torch.save and DCP
+#: readers share it (``_torchzip.load_torch_tensor``).
 MAP_MIN_BYTES = 1 << 20
 
 #: How keys cross formats: ``mapped`` (the key rule of ``portable_ckpt.torch`` ↔ DCP's FQNs and

@@ -4,7 +4,14 @@ The zip is located by ``(path, offset, length)`` — DCP concatenates one such z
 ``.distcp`` files. The tensor's metadata comes from ``data.pkl`` interpreted by
 :mod:`portable_ckpt.convert._pickle_scan` (no code runs); its bytes are the ``data/<key>`` member,
 which ``torch.save`` stores uncompressed, so they are mapped straight from the file
-(:func:`map_torch_tensor`, no copy) or ``pread`` into a new array (:func:`read_torch_tensor`).
+(:func:`map_torch_tensor`, no copy) or ``pread`` into a new array (:func:`read_torch_tensor`);
+:func:`load_torch_tensor` picks one by size and checks the member's CRC-32 on the bytes it got.
+
+Every member is read from where its local header puts it (as torch's own reader, miniz, does)
+and checked against the CRC-32 its zip records: a damaged member is refused
+(``PCK-CHECKSUM``), never converted into a version whose fresh checksums would call it good.
+Two members of one name (torch's reader folds ASCII case) are refused: ``torch.load`` reads
+one of them, and a converter could read the other.
 """
 
 from __future__ import annotations
@@ -15,11 +22,13 @@ import mmap
 import os
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from portable_ckpt.convert._model import MAP_MIN_BYTES
 from portable_ckpt.convert._pickle_scan import (
     Call,
     Global,
@@ -29,6 +38,7 @@ from portable_ckpt.convert._pickle_scan import (
     scan_pickle,
 )
 from portable_ckpt.errors import (
+    ChecksumError,
     CodecError,
     DtypeUnsupportedError,
     FileSizeError,
@@ -44,10 +54,15 @@ __all__ = [
     "MAX_ITEM_MEMBERS",
     "TORCH_DTYPE_NAMES",
     "ZIP_ERRORS",
+    "CrcChecks",
+    "DuplicateMemberError",
+    "StoredMember",
     "TorchArchive",
     "TorchTensorLayout",
     "is_tensor_node",
     "is_zip",
+    "check_member_crc",
+    "load_torch_tensor",
     "map_torch_tensor",
     "open_torch_archive",
     "parse_torch_zip",
@@ -91,6 +106,31 @@ MAX_ITEM_MEMBERS = 64
 #: ``RuntimeError``, for a newer "version needed"; ``RuntimeError`` for an encrypted member).
 ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError)
 _REBUILD = ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3")
+#: Bytes read at a time when a member's CRC-32 is checked apart from the tensor's own read.
+_CRC_BLOCK = 16 << 20
+#: ``str.translate`` table folding ASCII case, as torch's zip reader (miniz) compares names.
+_ASCII_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+class DuplicateMemberError(ShardHeaderError):
+    """Two members of one ``torch.save`` zip have one name (``PCK-SHARD-HEADER``).
+
+    Apart from other damage because a DCP byte item with it is refused, not skipped as an item
+    that is no ``torch.save`` zip: its value is whichever member a reader picks.
+    """
+
+
+class StoredMember(NamedTuple):
+    """Where one stored zip member's bytes are, and the CRC-32 its zip records for them."""
+
+    name: str
+    #: Absolute file offset of the member's first byte.
+    offset: int
+    size: int
+    #: ``None`` where the zip records none: ``torch.save`` under
+    #: ``torch.serialization.set_crc32_options(False)`` writes 0 for every member, and
+    #: ``torch.load`` reads such files.
+    crc: int | None
 
 
 @dataclass(frozen=True)
@@ -113,6 +153,24 @@ class TorchTensorLayout:
     storage_offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+    #: The storage's zip member (for messages) and its recorded CRC-32 (:class:`StoredMember`).
+    member: str = ""
+    crc: int | None = None
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """``(file offset, bytes)`` of the part of the storage the view addresses (``0`` bytes: none)."""
+        item = DTYPES[self.dtype].itemsize
+        start = self.data_offset + self.storage_offset * item
+        if math.prod(self.shape) == 0:
+            return start, 0
+        count = 1 + sum((d - 1) * s for d, s in zip(self.shape, self.stride, strict=True))
+        return start, count * item
+
+    @property
+    def covers_storage(self) -> bool:
+        """Whether :attr:`span` is the whole storage member (its CRC-32 can be summed on it)."""
+        return self.span == (self.data_offset, self.storage_nbytes)
 
     @property
     def repeats_elements(self) -> bool:
@@ -194,7 +252,7 @@ class TorchArchive(NamedTuple):
     """An opened ``torch.save`` zip: the scanned ``data.pkl`` and where the storages are."""
 
     root: Any
-    storages: dict[str, tuple[int, int]]
+    storages: dict[str, StoredMember]
     #: Size of ``data.pkl``: walks over ``root`` are budgeted by it (:class:`WalkBudget`).
     pickle_bytes: int
 
@@ -203,27 +261,93 @@ class TorchArchive(NamedTuple):
         return WalkBudget(self.pickle_bytes, what=f"{where}: data.pkl ({self.pickle_bytes} bytes)")
 
 
-def _read_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, where: str) -> bytes:
-    """Read a member torch.save wrote uncompressed, never more than ``limit`` bytes.
+def _stored_member(
+    fd: int, offset: int, length: int, info: zipfile.ZipInfo, crc: bool, where: str
+) -> StoredMember:
+    """Locate an uncompressed member's bytes from its local header, as torch's reader does.
 
-    A compressed member (torch.save writes none) could declare a few bytes and inflate to
-    gigabytes in one call: it is refused before it is read.
+    ``crc``: whether the zip records CRC-32s (:attr:`StoredMember.crc`).
     """
+    name = info.filename
     if info.compress_type != zipfile.ZIP_STORED:
         raise CodecError(
-            f"{where}: zip member {info.filename} is compressed (method {info.compress_type}); "
+            f"{where}: zip member {name} is compressed (method {info.compress_type}); "
             "torch.save stores every member uncompressed"
         )
-    if max(info.file_size, info.compress_size) > limit:
-        raise ShardHeaderError(f"{where}: {info.filename} is {info.file_size} bytes; too large")
-    try:
-        with zf.open(info) as f:
-            data = f.read(limit + 1)
-    except ZIP_ERRORS as exc:
-        # A damaged local header, a bad CRC, an "encrypted" flag: not a torch.save member.
-        raise ShardHeaderError(f"{where}: cannot read {info.filename}: {exc}") from None
-    if len(data) > limit:
-        raise ShardHeaderError(f"{where}: {info.filename} is longer than {limit} bytes")
+    if info.flag_bits & 0x61:  # encrypted (0x1, 0x40) or patch data (0x20): zipfile's refusals
+        raise ShardHeaderError(
+            f"{where}: zip member {name} is encrypted or patch data (flags {info.flag_bits:#x}): "
+            "not a torch.save member"
+        )
+    if info.compress_size != info.file_size:
+        raise ShardHeaderError(
+            f"{where}: zip member {name} is stored but records {info.compress_size} bytes "
+            f"stored and {info.file_size} bytes long: not a torch.save member"
+        )
+    header = os.pread(fd, 30, offset + info.header_offset) if info.header_offset >= 0 else b""
+    if len(header) != 30 or header[:4] != b"PK\x03\x04":
+        raise ShardHeaderError(f"{where}: bad zip local header for {name}")
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    data_offset = offset + info.header_offset + 30 + name_len + extra_len
+    if data_offset - offset + info.file_size > length:
+        raise FileSizeError(f"{where}: zip member {name} extends past the file (truncated)")
+    return StoredMember(name, data_offset, info.file_size, info.CRC if crc else None)
+
+
+def _crc_mismatch(
+    member: StoredMember, got: int, where: str, path: str | None
+) -> ChecksumError:
+    return ChecksumError(
+        f"{where}: zip member {member.name} is damaged: its {member.size:,} bytes have CRC-32 "
+        f"{got:08x}, its zip records {member.crc:08x}; nothing of it is converted: copy or "
+        "download the file again (or save it again from its source)",
+        path=path,
+        span=(member.offset, member.offset + member.size),
+    )
+
+
+def check_member_crc(
+    fd: int, member: StoredMember, *, where: str, data: Any = None, path: str | None = None
+) -> None:
+    """Check ``member``'s bytes against its recorded CRC-32 (nothing where none is recorded).
+
+    ``data``: the member's bytes when the caller has them (any buffer; the sum runs on them, no
+    second read); otherwise they are read ``_CRC_BLOCK`` at a time. ``path``: the file, for the
+    error's :attr:`~portable_ckpt.CheckpointError.path`.
+
+    Raises:
+        ChecksumError: the bytes differ from what the zip recorded.
+        FileSizeError: the file ends inside the member.
+
+    """
+    if member.crc is None:
+        return
+    if data is not None:
+        got = zlib.crc32(data)
+    else:
+        got, done = 0, 0
+        buf = np.empty(min(member.size, _CRC_BLOCK), dtype=np.uint8)
+        while done < member.size:
+            n = min(len(buf), member.size - done)
+            pread_into(fd, buf[:n], member.offset + done, where=where)
+            got = zlib.crc32(buf[:n].data, got)
+            done += n
+    if got != member.crc:
+        raise _crc_mismatch(member, got, where, path)
+
+
+def _read_stored(fd: int, member: StoredMember, limit: int, where: str) -> bytes:
+    """Read a small member (``data.pkl``, ``byteorder``), never more than ``limit`` bytes.
+
+    A compressed member (torch.save writes none) could declare a few bytes and inflate to
+    gigabytes in one call: it is refused before it is read (:func:`_stored_member`).
+    """
+    if member.size > limit:
+        raise ShardHeaderError(f"{where}: {member.name} is {member.size} bytes; too large")
+    data = os.pread(fd, member.size, member.offset)
+    if len(data) != member.size:
+        raise FileSizeError(f"{where}: zip member {member.name} extends past the file (truncated)")
+    check_member_crc(fd, member, where=where, data=data)
     return data
 
 
@@ -267,48 +391,69 @@ def open_torch_archive(
         raise ShardHeaderError(
             f"{where}: not a torch.save zip ({exc}); only torch's zip serialization is supported"
         ) from None
-    storages: dict[str, tuple[int, int]] = {}
+    storages: dict[str, StoredMember] = {}
     with zf:
-        if max_members is not None and len(zf.infolist()) > max_members:
-            raise ShardHeaderError(
-                f"{where}: a zip of {len(zf.infolist()):,} members, more than the "
-                f"{max_members} read for one tensor chunk (a torch.save of one tensor holds "
-                "about eight): not converted"
-            )
-        members = {i.filename: i for i in zf.infolist()}
-        pkl = [n for n in members if n.endswith("data.pkl") and n.count("/") == 1]
-        if len(pkl) != 1:
-            raise ShardHeaderError(f"{where}: torch zip without a single data.pkl")
-        prefix = pkl[0][: -len("data.pkl")]
-        info = members[pkl[0]]
-        order = members.get(prefix + "byteorder")
-        if order is not None and _read_stored(zf, order, 64, where).strip() not in (b"little", b""):
+        infos = zf.infolist()
+    if max_members is not None and len(infos) > max_members:
+        raise ShardHeaderError(
+            f"{where}: a zip of {len(infos):,} members, more than the "
+            f"{max_members} read for one tensor chunk (a torch.save of one tensor holds "
+            "about eight): not converted"
+        )
+    members = _unique_members(infos, where)
+    # torch.save under set_crc32_options(False) records 0 for every member (torch.load reads
+    # it); where any member records a CRC-32, every member's is checked.
+    crc = any(i.CRC for i in infos)
+    pkl = [n for n in members if n.endswith("data.pkl") and n.count("/") == 1]
+    if len(pkl) != 1:
+        raise ShardHeaderError(f"{where}: torch zip without a single data.pkl")
+    prefix = pkl[0][: -len("data.pkl")]
+    pickled = _stored_member(fd, offset, length, members[pkl[0]], crc, where)  # compressed? no
+    order = members.get(prefix + "byteorder")
+    if order is not None:
+        stored = _stored_member(fd, offset, length, order, crc, where)
+        if _read_stored(fd, stored, 64, where).strip() not in (b"little", b""):
             raise ShardHeaderError(f"{where}: big-endian torch.save data is not supported")
-        try:
-            raw = _read_stored(zf, info, _MAX_PKL, where)
-            root = scan_pickle(raw, max_ops=None)  # bounded by _MAX_PKL
-        except PickleScanError as exc:
-            raise ShardHeaderError(f"{where}: cannot interpret data.pkl: {exc}") from None
-        dprefix = prefix + "data/"
-        for name, member in members.items():
-            if not name.startswith(dprefix) or "/" in name[len(dprefix) :]:
-                continue
-            key = name[len(dprefix) :]
-            if member.compress_type != zipfile.ZIP_STORED:
-                raise CodecError(f"{where}: storage member {name} is compressed; unsupported")
-            header = os.pread(fd, 30, offset + member.header_offset)
-            if len(header) != 30 or header[:4] != b"PK\x03\x04":
-                raise ShardHeaderError(f"{where}: bad zip local header for {name}")
-            name_len, extra_len = struct.unpack("<HH", header[26:30])
-            data_offset = offset + member.header_offset + 30 + name_len + extra_len
-            if data_offset - offset + member.file_size > length:
-                raise FileSizeError(f"{where}: storage member {name} extends past the file (truncated)")
-            storages[key] = (data_offset, member.file_size)
+    raw = _read_stored(fd, pickled, _MAX_PKL, where)
+    try:
+        root = scan_pickle(raw, max_ops=None)  # bounded by _MAX_PKL
+    except PickleScanError as exc:
+        raise ShardHeaderError(f"{where}: cannot interpret data.pkl: {exc}") from None
+    dprefix = prefix + "data/"
+    for name, member in members.items():
+        if not name.startswith(dprefix) or "/" in name[len(dprefix) :]:
+            continue
+        storages[name[len(dprefix) :]] = _stored_member(fd, offset, length, member, crc, where)
     return TorchArchive(root, storages, len(raw))
 
 
+def _unique_members(infos: list[zipfile.ZipInfo], where: str) -> dict[str, zipfile.ZipInfo]:
+    """The members by name, refusing two of one name.
+
+    ``zipfile`` keeps the last of two members of one name; torch's reader finds one of them by
+    a binary search of names compared without ASCII case. A file with both converted to other
+    values than ``torch.load`` reads (the re-added ``data/0`` of an edited zip): refused.
+    """
+    seen: dict[str, str] = {}
+    for info in infos:
+        folded = info.filename.translate(_ASCII_FOLD)
+        first = seen.get(folded)
+        if first is not None:
+            both = (
+                f"two members named {first!r}" if first == info.filename else
+                f"members {first!r} and {info.filename!r}, one name to torch's reader (which "
+                "does not tell ASCII case apart)"
+            )
+            raise DuplicateMemberError(
+                f"{where}: the zip holds {both}: torch.load reads one of them and a conversion "
+                "could read the other, so the file is refused; save it again with torch.save"
+            )
+        seen[folded] = info.filename
+    return {info.filename: info for info in infos}
+
+
 def tensor_layout(
-    node: object, storages: dict[str, tuple[int, int]], *, where: str
+    node: object, storages: dict[str, StoredMember], *, where: str
 ) -> TorchTensorLayout:
     """Return the layout of a ``_rebuild_tensor_v2/v3`` call node of a scanned ``data.pkl``.
 
@@ -320,7 +465,8 @@ def tensor_layout(
     key, numel, (dtype, storage_offset, shape, stride) = _tensor_from_pickle(node, where)
     if key not in storages:
         raise ShardHeaderError(f"{where}: torch zip lacks storage member data/{key}")
-    data_offset, storage_nbytes = storages[key]
+    member = storages[key]
+    data_offset, storage_nbytes = member.offset, member.size
     item = DTYPES[dtype].itemsize
     if numel >= 0 and numel * item != storage_nbytes and numel != storage_nbytes:
         raise ShardHeaderError(
@@ -332,7 +478,9 @@ def tensor_layout(
         last = storage_offset + sum((d - 1) * s for d, s in zip(shape, stride, strict=True))
         if storage_offset < 0 or (last + 1) * item > storage_nbytes:
             raise ShardHeaderError(f"{where}: tensor view exceeds its storage")
-    return TorchTensorLayout(dtype, data_offset, storage_nbytes, storage_offset, shape, stride)
+    return TorchTensorLayout(
+        dtype, data_offset, storage_nbytes, storage_offset, shape, stride, member.name, member.crc
+    )
 
 
 def is_tensor_node(node: object) -> bool:
@@ -397,30 +545,84 @@ def _tensor_from_pickle(
     return key, count, (dtype, offset, shape, stride)
 
 
+class CrcChecks:
+    """The storage members of one source whose CRC-32 was checked: each is checked once.
+
+    Tensors sharing one storage (views, tied weights) and DCP chunks naming one range load the
+    same member; its bytes are summed by the first load only. Loaders run one at a time
+    (:mod:`._model`), so a set suffices.
+    """
+
+    def __init__(self) -> None:
+        self._done: set[tuple[str, int]] = set()
+
+    def claim(self, file: str, layout: TorchTensorLayout) -> bool:
+        """Return whether ``layout``'s member of ``file`` is still to be checked, and mark it."""
+        key = (file, layout.data_offset)
+        if layout.crc is None or key in self._done:
+            return False
+        self._done.add(key)
+        return True
+
+
+def load_torch_tensor(
+    fd: int, layout: TorchTensorLayout, *, where: str, file: str, checks: CrcChecks
+) -> np.ndarray:
+    """The tensor ``layout`` describes, its storage member's CRC-32 checked once per ``checks``.
+
+    Tensors of at least :data:`~portable_ckpt.convert._model.MAP_MIN_BYTES` are mapped (no
+    copy), smaller ones read into a fresh array: a mapping holds a descriptor until the writer
+    drops its batch, and 4,800 small tensors of a torch.save file (a DCP checkpoint's 128k
+    256-byte chunks) ran out of them, EMFILE on every run (conversion review 25, H2).
+
+    The CRC-32 is summed on the bytes just mapped or read when they are the whole member (a
+    plain tensor, a DCP chunk: no second pass); a view of part of its storage has the member
+    read apart (once per member: at most the bytes present).
+
+    Raises:
+        ChecksumError: the storage member differs from its recorded CRC-32 (``where`` names the
+            file and the tensor, the message the member).
+        FileSizeError: the file is shorter than the tensor's bytes (truncated).
+        StorageError: the mapping fails.
+
+    """
+    dt = numpy_dtype(layout.dtype)
+    n = math.prod(layout.shape)
+    if n == 0:
+        return np.empty(layout.shape, dtype=dt)
+    nbytes = n * dt.itemsize
+    start, span = layout.span
+    if span < MAP_MIN_BYTES:
+        flat = np.empty(span, dtype=np.uint8)
+        pread_into(fd, flat, start, where=where)
+    else:
+        flat = _map_bytes(fd, start, span, where)
+    if checks.claim(file, layout):
+        member = StoredMember(layout.member, layout.data_offset, layout.storage_nbytes, layout.crc)
+        data = flat if layout.covers_storage else None
+        check_member_crc(fd, member, where=where, data=data, path=file)
+    view = _view(flat, layout)
+    if span >= MAP_MIN_BYTES and nbytes < MAP_MIN_BYTES:
+        # a few elements strided across a large span: copied out, so that the mapping (and
+        # its descriptor) goes now, not when the writer drops a batch of such small tensors
+        return np.array(view)
+    return view
+
+
 def read_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.ndarray:
     """Read the tensor described by ``layout`` from ``fd`` into a new numpy array.
 
     Only the bytes the view covers are read when it is contiguous; a strided view reads its
     storage span and returns a strided view of it (the format writer accepts any strides).
+    No CRC-32 is checked (:func:`load_torch_tensor` checks it).
     """
     dt = numpy_dtype(layout.dtype)
-    item = dt.itemsize
-    n = math.prod(layout.shape)
-    if n == 0:
+    if math.prod(layout.shape) == 0:
         return np.empty(layout.shape, dtype=dt)
-    if layout.is_contiguous:
-        start = layout.data_offset + layout.storage_offset * item
-        buf = np.empty(n * item, dtype=np.uint8)
-        pread_into(fd, buf, start, where=where)
-        return buf.view(dt).reshape(layout.shape)
-    lo = layout.storage_offset
-    hi = lo + sum((d - 1) * s for d, s in zip(layout.shape, layout.stride, strict=True)) + 1
-    buf = np.empty((hi - lo) * item, dtype=np.uint8)
-    pread_into(fd, buf, layout.data_offset + lo * item, where=where)
-    flat = buf.view(dt)
-    return np.lib.stride_tricks.as_strided(
-        flat, shape=layout.shape, strides=tuple(s * item for s in layout.stride), writeable=False
-    )
+    start, span = layout.span
+    buf = np.empty(span, dtype=np.uint8)
+    pread_into(fd, buf, start, where=where)
+    return _view(buf, layout)
 
 
 def map_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.ndarray:
@@ -430,7 +632,7 @@ def map_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.nd
     cache when they are there); nothing is copied. A strided view maps its storage span and is
     returned as a strided array (the format writer accepts any strides). The mapping lives as
     long as the array does, so a consumer that drops the array after writing it keeps memory at
-    the chunks in flight.
+    the chunks in flight. No CRC-32 is checked (:func:`load_torch_tensor` checks it).
 
     Raises:
         FileSizeError: the file is shorter than the tensor's bytes (truncated).
@@ -438,18 +640,14 @@ def map_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.nd
 
     """
     dt = numpy_dtype(layout.dtype)
-    item = dt.itemsize
-    n = math.prod(layout.shape)
-    if n == 0:
+    if math.prod(layout.shape) == 0:
         return np.empty(layout.shape, dtype=dt)
-    contiguous = layout.is_contiguous
-    lo = layout.storage_offset
-    if contiguous:
-        count = n
-    else:
-        count = sum((d - 1) * s for d, s in zip(layout.shape, layout.stride, strict=True)) + 1
-    start = layout.data_offset + lo * item
-    nbytes = count * item
+    start, span = layout.span
+    return _view(_map_bytes(fd, start, span, where), layout)
+
+
+def _map_bytes(fd: int, start: int, nbytes: int, where: str) -> np.ndarray:
+    """A read-only ``uint8`` array over a mapping of ``fd``'s bytes ``[start, start+nbytes)``."""
     size = os.fstat(fd).st_size
     if start + nbytes > size:
         raise FileSizeError(
@@ -464,11 +662,18 @@ def map_torch_tensor(fd: int, layout: TorchTensorLayout, *, where: str) -> np.nd
     except (OSError, ValueError) as exc:
         raise StorageError(f"{where}: cannot map the tensor bytes: {exc}",
                            retryable=transient_errno(getattr(exc, "errno", None))) from None
-    flat = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start - base).view(dt)
-    if contiguous:
-        return flat.reshape(layout.shape)
+    return np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start - base)
+
+
+def _view(flat: np.ndarray, layout: TorchTensorLayout) -> np.ndarray:
+    """The tensor of ``layout`` over ``flat``, the bytes of its :attr:`~TorchTensorLayout.span`."""
+    dt = numpy_dtype(layout.dtype)
+    typed = flat.view(dt)
+    if layout.is_contiguous:
+        return typed.reshape(layout.shape)
     return np.lib.stride_tricks.as_strided(
-        flat, shape=layout.shape, strides=tuple(s * item for s in layout.stride), writeable=False
+        typed, shape=layout.shape, strides=tuple(s * dt.itemsize for s in layout.stride),
+        writeable=False,
     )
 
 

@@ -12,7 +12,8 @@ Reading (:func:`read_dcp_source`)
     be referenced — any other global is refused with ``PCK-UNSUPPORTED-VALUE`` naming the file and
     the global). Each chunk's zip is parsed and its ``data.pkl`` interpreted the same way, then
     exactly the storage bytes are mapped (``mmap``, no copy: they flow from the page cache
-    through the CRC to the destination write).
+    through the CRC to the destination write; a chunk under 1 MiB is read). Each chunk's
+    CRC-32, as its zip records it, is checked on those bytes (``PCK-CHECKSUM``).
 
     Layout is kept: each DCP chunk becomes one range record (offsets/sizes unchanged); no tensor
     is ever gathered. Keys (``keys="mapped"``, the default) follow
@@ -51,6 +52,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -80,13 +82,14 @@ from portable_ckpt.convert._model import (
 from portable_ckpt.convert._torchzip import (
     MAX_ITEM_MEMBERS,
     TORCH_DTYPE_NAMES,
+    CrcChecks,
     TorchTensorLayout,
-    map_torch_tensor,
+    load_torch_tensor,
     parse_torch_zip,
-    read_torch_tensor,
 )
 from portable_ckpt.errors import (
     CheckpointError,
+    ChecksumError,
     CodecError,
     DtypeUnsupportedError,
     FileMissingError,
@@ -144,12 +147,23 @@ def is_dcp_dir(path: str) -> bool:
     return ".metadata" in names or any(n.endswith(".distcp") for n in names)
 
 
+#: Most ``.distcp`` files held open at once. ``FileSystemWriter(single_file_per_rank=False)``
+#: (what ``write_dcp`` uses) writes one file per item, and a large world one per rank: holding
+#: every file open ran out of descriptors (EMFILE, exit 75 on every run) past ~1,000 files.
+_MAX_OPEN = 64
+
+
 class _Files:
-    """Lazily opened read-only descriptors of the ``.distcp`` files."""
+    """Lazily opened read-only descriptors of the ``.distcp`` files, at most :data:`_MAX_OPEN`.
+
+    The least recently used is closed to open another. Callers use a descriptor at once and ask
+    again later (a mapping holds its own duplicate); one reopened is checked as at first (a
+    regular file below the root, no link), and its bytes against the CRC-32s already read.
+    """
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self._fds: dict[str, int] = {}
+        self._fds: OrderedDict[str, int] = OrderedDict()
 
     def path(self, rel: str) -> str:
         if (
@@ -167,7 +181,9 @@ class _Files:
 
     def fd(self, rel: str) -> int:
         fd = self._fds.get(rel)
-        if fd is None:
+        if fd is not None:
+            self._fds.move_to_end(rel)
+        else:
             path = self.path(rel)
             try:
                 # Component by component with O_NOFOLLOW: neither the file nor a directory on
@@ -179,6 +195,8 @@ class _Files:
                     "the checkpoint is incomplete",
                     path=path,
                 ) from None
+            if len(self._fds) >= _MAX_OPEN:
+                os.close(self._fds.popitem(last=False)[1])
             self._fds[rel] = fd
         return fd
 
@@ -188,21 +206,17 @@ class _Files:
         self._fds.clear()
 
 
-#: Chunks whose storage is smaller than this are read into fresh buffers instead of mapped. Every
-#: mapping holds a duplicate of the file descriptor (Python's ``mmap`` dups it) until the writer
-#: drops the array, and the writer holds up to two batches (2 × 64 MiB) of chunks: mapping tiny
-#: chunks (a 128k-chunk checkpoint stores 256-byte chunks) ran out of descriptors (EMFILE). With
-#: this floor at most ~128 mappings are alive, and copying chunks this small costs nothing.
-_MAP_MIN_BYTES = 1 << 20
+def _loader(
+    files: _Files, layout: TorchTensorLayout, rel: str, where: str, checks: CrcChecks
+) -> Callable[[], np.ndarray[Any, Any]]:
+    path = files.path(rel)
 
-
-def _loader(files: _Files, layout: TorchTensorLayout, rel: str, where: str) -> Callable[[], np.ndarray[Any, Any]]:
     def load() -> np.ndarray[Any, Any]:
-        if layout.storage_nbytes < _MAP_MIN_BYTES:
-            return read_torch_tensor(files.fd(rel), layout, where=where)
-        # Map just the chunk's bytes: no fresh buffer, no copy (the page cache pages are CRC'd
-        # and written as they are); the mapping is released when the writer drops the array.
-        return map_torch_tensor(files.fd(rel), layout, where=where)
+        # Chunks of 1 MiB and more are mapped (no fresh buffer, no copy: the page cache pages
+        # are CRC'd and written as they are; the mapping goes when the writer drops the array),
+        # smaller ones read: a mapping holds a descriptor, and a 128k-chunk checkpoint's
+        # 256-byte chunks ran out of them (_model.MAP_MIN_BYTES).
+        return load_torch_tensor(files.fd(rel), layout, where=where, file=path, checks=checks)
 
     return load
 
@@ -426,6 +440,7 @@ class _Planner:
         self.items: list[DcpPath] = []  # torch.dcp_items: what a key alone does not say
         # (relative_path, offset, length) -> its parsed zip: each stored item is parsed once
         self.layouts: dict[tuple[str, int, int], TorchTensorLayout] = {}
+        self.checks = CrcChecks()  # ... and its CRC-32 checked once
 
     def note_rank(self, rel: str) -> None:
         """Note the rank of a file an item is read from (``__<rank>_<n>.distcp``)."""
@@ -503,7 +518,7 @@ class _Planner:
                 path=path,
             )
         nbytes = math.prod(ch.sizes) * DTYPES[tdtype].itemsize
-        return ChunkSpec(ch.offsets, ch.sizes, nbytes, path, _loader(self.files, layout, rel, where))
+        return ChunkSpec(ch.offsets, ch.sizes, nbytes, path, _loader(self.files, layout, rel, where, self.checks))
 
     def byte_item(self, fqn: str) -> None:
         info = self.meta.storage_for(fqn)
@@ -543,6 +558,9 @@ class _Planner:
             return None, decode_byte_item(fd, info.offset, info.length, where=where)
         except FileSizeError as exc:
             raise FileSizeError(exc.message, path=path) from None
+        except (ChecksumError, ShardHeaderError) as exc:  # damaged, or two members of one name
+            exc.path = path
+            raise
         except KeyCollisionError as exc:
             raise UnsupportedValueError(
                 f"{where}: the item holds {exc}, so nothing was written: change one of the "

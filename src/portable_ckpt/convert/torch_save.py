@@ -3,7 +3,9 @@
 The file is a zip; its ``data.pkl`` is interpreted symbolically by
 :mod:`portable_ckpt.convert._pickle_scan` (nothing is imported or called — strictly safer than
 ``torch.load(weights_only=True)``, and it needs no torch), and each tensor's bytes are mapped
-(``mmap``, no copy) from its storage member one tensor at a time, so memory stays at one tensor. Recognised
+(``mmap``, no copy; a tensor under 1 MiB is read) from its storage member one tensor at a time,
+so memory stays at one tensor. Each storage member's CRC-32 is checked once, on the bytes read
+for the conversion (``PCK-CHECKSUM``: damage is never converted into fresh checksums). Recognised
 structure: dicts/OrderedDicts (string or int keys), lists/tuples, tensors (``_rebuild_tensor_v2``
 /``v3``, ``nn.Parameter``), ``torch.Size`` and plain JSON scalars. Nested containers are
 flattened to dotted keys (``"state.0.exp_avg"``); a list or dict without tensors below it becomes
@@ -53,11 +55,12 @@ from portable_ckpt.convert._pickle_scan import (
     scan_pickle,
 )
 from portable_ckpt.convert._torchzip import (
+    CrcChecks,
     TorchArchive,
     TorchTensorLayout,
     is_tensor_node,
     is_zip,
-    map_torch_tensor,
+    load_torch_tensor,
     open_torch_archive,
     tensor_layout,
 )
@@ -287,9 +290,12 @@ def _plan(
     walker = _Walk(archive.budget(path))
     tensor_paths: dict[str, tuple[Any, ...]] = {}  # each tensor's key -> its source path
     on_path: set[int] = set()  # the containers the walk is inside (a cycle refers to one)
+    checks = CrcChecks()  # each storage member's CRC-32 once, however many tensors view it
 
     def loader(layout: TorchTensorLayout, where: str) -> Callable[[], np.ndarray[Any, Any]]:
-        return lambda: map_torch_tensor(fd, layout, where=where)
+        # Small tensors are read, not mapped: a mapping holds a descriptor until the writer
+        # drops its batch, and 4,800 small tensors ran out of them (EMFILE, review H2).
+        return lambda: load_torch_tensor(fd, layout, where=where, file=path, checks=checks)
 
     def add_tensor(name: str, node: Any) -> None:
         where = f"{path} (tensor {name!r})"
