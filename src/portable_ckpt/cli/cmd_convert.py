@@ -23,6 +23,9 @@ Formats (--from / --to):
 
 DST is a checkpoint root for portable (a new version is committed there); for the other targets
 it must be new (an empty directory for dcp/hf) and appears only when the conversion succeeded.
+It is built in a hidden .pck-staging-* directory beside DST; what a killed conversion left there
+is removed by the next conversion to DST's directory once provably stale (its process gone, or,
+from another host, nothing in it changed for an hour), and said (path, size, why).
 
 Keys are mapped by default: DCP's dotted FQNs and nested torch.save dicts become the keys
 portable_ckpt.torch.save writes for the same nested state (app/model/tok.weight), so

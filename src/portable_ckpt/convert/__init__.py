@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from portable_ckpt.convert._model import (
     fail_if_strict,
     infer_step,
 )
+from portable_ckpt.convert._publish import StagingNote
 from portable_ckpt.convert._registry import (
     ENTRY_POINT_GROUP,
     FORMATS,
@@ -123,6 +123,9 @@ class ConvertReport:
         warnings: items skipped or changed.
         step: the step of the new portable version (``None`` for other targets).
         step_source: where that step came from (``--step``, the source's ``step`` value, ...).
+        staging: non-portable targets: the stale staging of killed conversions that this one
+            removed beside ``destination``, and what it kept there and did not know to be live
+            (:class:`~portable_ckpt.convert._publish.StagingNote`: path, bytes, why).
 
     """
 
@@ -138,6 +141,7 @@ class ConvertReport:
     warnings: list[ConvertWarning] = field(default_factory=list)
     step: int | None = None
     step_source: str = ""
+    staging: list[StagingNote] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """Return the report as JSON data (the CLI's ``--json`` output)."""
@@ -156,6 +160,7 @@ class ConvertReport:
             "seconds": round(self.seconds, 6),
             "mib_per_s": round(self.bytes / max(self.seconds, 1e-9) / (1 << 20), 3),
             "warnings": [w.to_json() for w in self.warnings],
+            "staging": [n.to_json() for n in self.staging],
         }
 
 
@@ -567,11 +572,17 @@ def convert(
             raise UsageError(problem)
     tick = _Ticker(progress)
     _check_not_inside(s, d)
+    swept: list[StagingNote] = []
     if target.name != "portable":
-        from portable_ckpt.convert._publish import check_dst_free
+        from portable_ckpt.convert._publish import check_dst_free, sweep_staging
 
         check_dst_free(d, directory=target.destination == "directory")
         target.load("writer")  # a missing dependency is reported before anything is read
+        # What a killed conversion left beside DST (review M4): removed when provably stale,
+        # told either way (logged now, in case this conversion fails; and in the report).
+        parent = os.path.dirname(os.path.abspath(d)) or "."
+        if os.path.isdir(parent):
+            swept = sweep_staging(parent, dst=d)
     elif local_path(d) is not None:
         from portable_ckpt.convert._publish import check_parents
 
@@ -582,6 +593,7 @@ def convert(
     except CheckpointError as exc:
         _log.info("convert %s -> %s refused: %s", s, d, exc)  # the caller shows the error
         raise
+    report.staging = swept
     report.source_format, report.target_format = source.name, target.name
     report.seconds = time.perf_counter() - t0
     _log.info(
@@ -658,9 +670,13 @@ def _dispatch(
         return _to_portable(s, d, source, options, tick)
     if source.name == "portable":
         return _from_portable(s, d, target, options, tick)
+    from portable_ckpt.convert._publish import make_staging
+
     parent = os.path.dirname(os.path.abspath(d)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".pck-convert-", dir=parent)
+    # The temporary portable version, in a staging directory named for its owner: what a kill
+    # leaves of it is removed by the next conversion here (_publish.sweep_staging).
+    tmp = make_staging(parent)
     try:
         first = _to_portable(s, tmp, source, _hub_options(options), _Ticker(None))
         second = _from_portable(tmp, d, target, options, tick)

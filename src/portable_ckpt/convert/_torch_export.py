@@ -76,7 +76,8 @@ def save_portable_as_torch(
     written = 0
     with staged(dst, directory=False) as tmp:
         # A private directory of a random name (0700): `<tmp>.tensors` told another user of
-        # the directory the staged file's name (tenant review F4).
+        # the directory the staged file's name (tenant review F4). It lies in the staging
+        # directory beside the staged file, so what a kill leaves is swept with it (review M4).
         scratch = tempfile.mkdtemp(prefix=".pck-export-", dir=os.path.dirname(tmp))
         try:
             tensors: dict[str, torch.Tensor] = {}
