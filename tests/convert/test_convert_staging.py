@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file
 
-import portable_ckpt.convert._publish as publish
+import portable_ckpt.convert._staging as publish
 from portable_ckpt.convert import convert
 
 pytestmark = pytest.mark.torch

@@ -53,7 +53,6 @@ from portable_ckpt.convert._model import (
     fail_if_strict,
     infer_step,
 )
-from portable_ckpt.convert._publish import StagingNote
 from portable_ckpt.convert._registry import (
     ENTRY_POINT_GROUP,
     FORMATS,
@@ -66,6 +65,7 @@ from portable_ckpt.convert._registry import (
     target_formats,
     url_problem,
 )
+from portable_ckpt.convert._staging import StagingNote
 from portable_ckpt.errors import (
     CheckpointError,
     CommitOutcomeUnknownError,
@@ -125,7 +125,7 @@ class ConvertReport:
         step_source: where that step came from (``--step``, the source's ``step`` value, ...).
         staging: non-portable targets: the stale staging of killed conversions that this one
             removed beside ``destination``, and what it kept there and did not know to be live
-            (:class:`~portable_ckpt.convert._publish.StagingNote`: path, bytes, why).
+            (:class:`~portable_ckpt.convert._staging.StagingNote`: path, bytes, why).
 
     """
 
@@ -574,7 +574,8 @@ def convert(
     _check_not_inside(s, d)
     swept: list[StagingNote] = []
     if target.name != "portable":
-        from portable_ckpt.convert._publish import check_dst_free, sweep_staging
+        from portable_ckpt.convert._publish import check_dst_free
+        from portable_ckpt.convert._staging import sweep_staging
 
         check_dst_free(d, directory=target.destination == "directory")
         target.load("writer")  # a missing dependency is reported before anything is read
@@ -670,12 +671,12 @@ def _dispatch(
         return _to_portable(s, d, source, options, tick)
     if source.name == "portable":
         return _from_portable(s, d, target, options, tick)
-    from portable_ckpt.convert._publish import make_staging
+    from portable_ckpt.convert._staging import make_staging
 
     parent = os.path.dirname(os.path.abspath(d)) or "."
     os.makedirs(parent, exist_ok=True)
     # The temporary portable version, in a staging directory named for its owner: what a kill
-    # leaves of it is removed by the next conversion here (_publish.sweep_staging).
+    # leaves of it is removed by the next conversion here (_staging.sweep_staging).
     tmp = make_staging(parent)
     try:
         first = _to_portable(s, tmp, source, _hub_options(options), _Ticker(None))
