@@ -214,3 +214,30 @@ def test_an_installed_backend_names_its_roots_by_url_everywhere(tmp_path: Path) 
     assert (tmp_path / "dst" / attempt / "manifest.json").is_file()
     unknown = run("-m", "portable_ckpt", "ls", "nostore://x")
     assert unknown.returncode == 2 and "entry point group portable_ckpt.storage" in unknown.stderr
+
+
+def test_a_root_that_cannot_be_created_gets_advice_for_its_cause(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Manager review 25, L1: a root on a read-only mount was told to "pass a directory path";
+    the advice now follows the cause (a parent that is a file keeps that advice)."""
+    import errno as _errno
+
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.storage.local import LocalStorage
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(StorageError, match="pass a directory path"):
+        LocalStorage(tmp_path / "afile" / "root", create=True)
+    # /sys refuses new entries (EPERM as root in a container, EROFS or EACCES elsewhere)
+    try:
+        os.makedirs("/sys/pck-test-root")
+    except OSError as exc:
+        cause = exc.errno
+    else:  # pragma: no cover - a writable /sys
+        os.rmdir("/sys/pck-test-root")
+        pytest.skip("/sys accepts new directories here")
+    if cause not in (_errno.EPERM, _errno.EACCES, _errno.EROFS):
+        pytest.skip(f"/sys answers errno {cause} here")
+    with pytest.raises(StorageError) as ei:
+        LocalStorage("/sys/pck-test-root", create=True)
+    assert "pass a directory path" not in ei.value.message
+    assert ("read-only" if cause == _errno.EROFS else "may not create it") in ei.value.message

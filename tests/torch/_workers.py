@@ -308,14 +308,19 @@ def hung_peer(rank: int, world: int, root: str) -> dict[str, Any]:
     state = {"w": torch.arange(4.0)}
     pckt.save(state, root, step=1, timeout=4)  # creates the metadata group on every rank
     if rank == 1:
-        time.sleep(8)  # alive but never joins the next save
+        time.sleep(14)  # alive but never joins the next saves
         return {"error": None}
     t0 = time.monotonic()
     try:
         pckt.save(state, root, step=2, timeout=4)
         return {"error": None}
     except CheckpointError as e:
-        return {"error": e.code, "seconds": time.monotonic() - t0}
+        out: dict[str, Any] = {"error": e.code, "seconds": time.monotonic() - t0}
+    try:  # the group is made again, and the peer still does not come
+        pckt.save(state, root, step=3, timeout=4)
+    except CheckpointError as e:
+        out.update(again=e.code, again_message=e.message)
+    return out
 
 
 # -- failures inside the protocol ---------------------------------------------------------------------

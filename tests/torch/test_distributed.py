@@ -255,6 +255,11 @@ def test_stuck_peer_times_out_instead_of_hanging(tmp_path: Any) -> None:
     assert [
         v.step for v in portable_ckpt.list_versions(str(tmp_path)) if v.status == "committed"
     ] == [1]
+    # Manager review 25, M1: the next call, which makes the group again, said only gloo's
+    # "wait timeout ... keys"; it says what a missing peer may be and what to do.
+    assert r0["again"] == "PCK-DISTRIBUTED", r0
+    assert "a rank did not reach this save or load in time" in r0["again_message"], r0
+    assert "catch PCK-DISTRIBUTED to go on" in r0["again_message"]
 
 
 def test_protocol_failures_raise_everywhere_naming_the_rank(tmp_path: Any) -> None:

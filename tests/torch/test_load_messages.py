@@ -193,3 +193,27 @@ def test_every_cast_between_the_formats_dtypes_keeps_values_or_is_refused(
         assert bool(((a - b).abs() <= a.abs() * eps).all()), (a, b)
     else:
         assert torch.equal(a, b), (a, b)
+
+
+def test_another_optimizer_class_is_named_not_taken_for_a_renamed_prefix(tmp_path: Path) -> None:
+    """Manager review 25, L2: an AdamW's state restored into an SGD said "stored keys that look
+    alike ... a renamed prefix? map the target's keys"; it names the optimizer's class."""
+    import torch
+
+    import portable_ckpt.torch as pckt
+
+    def trained(opt_cls: type, **kw: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        m = torch.nn.Linear(3, 2)
+        o = opt_cls(m.parameters(), lr=0.1, **kw)
+        m(torch.ones(1, 3)).sum().backward()
+        o.step()
+        return m, o
+
+    m, o = trained(torch.optim.AdamW)
+    pckt.save({"model": m, "optim": o}, tmp_path, step=1, continuation="statistical")
+    m2, o2 = trained(torch.optim.SGD, momentum=0.9)
+    with pytest.raises(TensorMissingError) as ei:
+        pckt.load({"model": m2, "optim": o2}, tmp_path, allow_statistical=True)
+    msg = str(ei.value)
+    assert "momentum_buffer" in msg and "another optimizer class" in msg, msg
+    assert "['exp_avg', 'exp_avg_sq', 'step']" in msg and "renamed prefix" not in msg

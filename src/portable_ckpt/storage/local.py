@@ -216,9 +216,21 @@ class LocalStorage(ScannedStorage):
             try:
                 os.makedirs(root, exist_ok=True)
             except OSError as exc:
+                # (the advice fits the cause: "pass a directory path" for a read-only mount
+                # or a permission was wrong, manager review 25, L1)
+                fix = {errno.EROFS: "the file system is mounted read-only: remount it "
+                                    "read-write, or choose a root on a writable one",
+                       errno.EACCES: "this user may not create it: choose a root it may "
+                                     "write, or fix the permissions of its parent",
+                       errno.EPERM: "this user may not create it: choose a root it may "
+                                    "write, or fix the permissions of its parent",
+                       errno.ENOSPC: "the disk is full: free space, or choose another disk",
+                       errno.EDQUOT: "the quota is used up: free space, or choose another "
+                                     "disk"}.get(
+                    exc.errno or 0,
+                    "pass a directory path (or a path whose parents are directories)")
                 raise StorageError(
-                    f"cannot create the checkpoint root {root!r}: {exc.strerror}; pass a "
-                    f"directory path (or a path whose parents are directories)",
+                    f"cannot create the checkpoint root {root!r}: {exc.strerror}; {fix}",
                     path=root, retryable=transient_errno(exc.errno),
                 ) from exc
         if create:

@@ -557,4 +557,20 @@ def _new_side_group(ranks: list[int], rank: int, timeout: float) -> Any:
     try:
         return new_gloo_group(ranks, timeout)
     except Exception as e:
-        raise DistributedError(f"rank {rank}: cannot create the metadata group: {e}") from e
+        # A peer that never came: one whose previous save is still writing (a stalled disk),
+        # a pause longer than the timeout, or a process that is gone (manager review 25, M1:
+        # only gloo's "wait timeout ... keys" was said, and the loop died without knowing why).
+        raise DistributedError(
+            f"rank {rank}: cannot create the metadata group of ranks {_ranks_text(ranks)} "
+            f"within {timeout:g} s: a rank did not reach this save or load in time (its "
+            "previous save still writing to a stalled storage, a pause longer than `timeout`, "
+            "or its process gone); this call failed on the ranks that waited, nothing was "
+            "published; catch PCK-DISTRIBUTED to go on (the next call makes the group again), "
+            f"or raise `timeout` ({e})") from e
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``0..7``, or the first few ranks of a group that is not a range."""
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}..{ranks[-1]}"
+    return ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")

@@ -205,21 +205,38 @@ def drill(
 
     """
     import portable_ckpt
-    from portable_ckpt.io.annotations import write_drill_record
+    from portable_ckpt.errors import VersionDeletedError
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+    from portable_ckpt.io.annotations import version_gone, write_drill_record
     from portable_ckpt.torch.launch import run_group
 
-    ck = portable_ckpt.open(_restorable(checkpoint) if step is None else checkpoint, step=step)
-    root = ck.storage.url
-    started = _now()
-    res = run_group(
-        _drill_rank,
-        world_size,
-        (root, ck.id, factory),
-        timeout=timeout,
-        pg_timeout=min(timeout, 300.0),
-        progress=progress,
-    )
-    rec = _record(ck, res, world_size, started, _now())
+    # A root's version may be deleted while it is drilled (a running job's retention): that is
+    # no failed restore, and a weekly drill paged for it (manager review 25, M2). The root is
+    # resolved again once and its version then a restore takes is drilled.
+    again = step is None and not ATTEMPT_ID_RE.match(
+        os.fspath(checkpoint).rstrip("/").rsplit("/", 1)[-1])
+    while True:
+        ck = portable_ckpt.open(_restorable(checkpoint) if step is None else checkpoint,
+                                step=step)
+        root = ck.storage.url
+        started = _now()
+        res = run_group(
+            _drill_rank,
+            world_size,
+            (root, ck.id, factory),
+            timeout=timeout,
+            pg_timeout=min(timeout, 300.0),
+            progress=progress,
+        )
+        rec = _record(ck, res, world_size, started, _now())
+        if rec["ok"] or not version_gone(ck.storage, ck.id):
+            break
+        if not again:
+            raise VersionDeletedError(
+                f"{root.rstrip('/')}/{ck.id} was deleted while it was drilled (retention, a "
+                "gc): no drill record; drill it again, or pin the version for the drill "
+                "(`portable-ckpt pin`)", path=f"{ck.id}/manifest.json")
+        again = False
     out: dict[str, Any] = dict(rec)
     if record:
         rel = write_drill_record(ck.storage, ck.id, rec)

@@ -1007,6 +1007,18 @@ def _instead(ck: Checkpoint, key: str, *, wanted: str) -> str:
             f"; the checkpoint holds {key!r} as a plain value, the target a tensor: make the "
             "target that value's type"
         )
+    head, _, member = key.rpartition("/")
+    if f"/{head}/".find("/state/") >= 0:
+        # An optimizer's per-parameter state of other members: another optimizer class, not a
+        # renamed prefix (manager review 25, L2: an AdamW's state loaded into an SGD said "map
+        # the target's keys")
+        sibling = {k.rpartition("/")[2] for k in [*ck.tensors, *values]
+                   if k.rpartition("/")[0] == head}
+        if sibling and member not in sibling:
+            return (f"; the checkpoint holds {sorted(sibling)[:6]} for that parameter: the "
+                    "state of another optimizer class (an AdamW's where an SGD's is wanted?): "
+                    "build the optimizer the version saved, or leave it out of the loaded "
+                    "state (a fine-tune builds it fresh)")
     close = similar_keys(key, [*ck.tensors, *values])
     if not close:
         return ""
