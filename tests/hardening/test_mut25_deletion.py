@@ -8,34 +8,17 @@ import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from portable_ckpt.errors import StorageError
-from portable_ckpt.io.annotations import write_drill_record, write_verification_record
 from portable_ckpt.io.deletion import DELETION_DIR, deletion_marks, storage_full
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.versions import classify_attempt
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.storage.faults import FaultyStorage
 from tests.hardening._util import check_restores, make_version
-
-
-def _drill() -> dict[str, Any]:
-    return {"ok": True, "started_at": "2030-01-01T00:00:00Z", "finished_at": "2030-01-01T00:00:01Z",
-            "world_size": 1, "saved_world_size": 2, "contract": "exact", "measurements": {},
-            "error": None}
-
-
-def _root(tmp_path: Path) -> tuple[str, str]:
-    """Two versions with drill and verification records; ``keep=1`` deletes the older."""
-    old, new = make_version(str(tmp_path), 1), make_version(str(tmp_path), 2)
-    storage = open_storage(tmp_path)
-    for v in (old, new):
-        write_drill_record(storage, v, _drill())
-    write_verification_record(storage, old, ok=True, mode="deep", fraction=None, chunks=4)
-    return old, new
+from tests.hardening.test_gc_deletion_mark import _root
 
 
 class _LostAnswerThenBlind(FaultyStorage):
