@@ -10,6 +10,16 @@ It forwards every request to the upstream server unchanged and can, per request:
   credentials),
 * leave the first key of a bulk delete in place and answer it with a per-key ``<Error>`` in the
   200 answer (``delete_key_errors`` times, code ``delete_key_code``),
+and, for matching requests, alter what the server answered (a hostile endpoint):
+* ``list_forever``: answer every ListObjectsV2 as truncated, with a new continuation token each
+  time (``"new"``), the same one (``"same"``), or a new one and no entries (``"empty"``);
+  ``list_extra`` more entries on each such page; the server is always asked for its first page,
+* ``list_page_size``: ask the server for pages of this many keys (real pagination, real tokens),
+* ``trickle_s``: send the answer's headers, then its body one byte every ``trickle_s`` seconds
+  (for at most ``trickle_max_s``, then the connection is closed),
+* ``set_headers``: set (a value) or drop (``None``) answer headers; ``body_subs``: regex
+  substitutions on the answer's body; ``cut_body``: that many bytes fewer, with an honest
+  Content-Length (a short 206 whose Content-Range still names the whole range),
 and counts requests and response bytes per method, plus every GET's Range header.
 """
 
@@ -79,6 +89,15 @@ class FaultProxy:
         self.match_method: str | None = None  # only count/inject on this method when set
         self.match_path: str | None = None  # regex on the request path
         self.deny_keys: set[str] = set()
+        self.list_forever: str | None = None  # "new", "same" or "empty"
+        self.list_extra = 0
+        self.list_page_size = 0
+        self.trickle_s = 0.0
+        self.trickle_max_s = 20.0
+        self.set_headers: dict[str, str | None] = {}
+        self.body_subs: list[tuple[bytes, bytes]] = []
+        self.cut_body = 0
+        self._tokens = 0
         self.log = ProxyLog()
         self._lock = threading.Lock()
         self._counter = 0
@@ -201,12 +220,18 @@ class FaultProxy:
                         by[status] = by.get(status, 0) + 1
                     self._error(status, code, "Injected error.")
                     return
+                path = self.path
+                listing = matches and self.command == "GET" and "list-type=2" in path
+                if listing and proxy.list_forever:  # always the first page
+                    path = re.sub(r"&?continuation-token=[^&]*", "", path)
+                if listing and proxy.list_page_size:
+                    path += f"&max-keys={proxy.list_page_size}"
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=120)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                     if body or self.command in ("PUT", "POST"):
                         headers["Content-Length"] = str(len(body))
-                    conn.request(self.command, self.path, body=body, headers=headers)
+                    conn.request(self.command, path, body=body, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
                     out_headers = {k: v for k, v in resp.getheaders()
@@ -230,7 +255,40 @@ class FaultProxy:
                     data = data.replace(b"</DeleteResult>", error + b"</DeleteResult>")
                     with proxy._lock:
                         proxy.log.refused_keys.append(refused_key)
+                if listing and proxy.list_forever:
+                    data = proxy._endless_page(data)
+                if matches and not fail_after:
+                    for pat, repl in proxy.body_subs:
+                        data = re.sub(pat, repl, data)
+                    if proxy.cut_body:
+                        data = data[: max(0, len(data) - proxy.cut_body)]
+                    for name, value in proxy.set_headers.items():
+                        for k in [k for k in out_headers if k.lower() == name.lower()]:
+                            del out_headers[k]
+                        if value is not None:
+                            out_headers[name] = value
+                    if proxy.trickle_s > 0 and self.command != "HEAD":
+                        self._trickle(resp.status, data, out_headers)
+                        return
                 self._reply(resp.status, data, out_headers)
+
+            def _trickle(self, status: int, data: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                deadline = time.monotonic() + proxy.trickle_max_s
+                try:
+                    for i in range(len(data)):
+                        if time.monotonic() > deadline:
+                            break
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(proxy.trickle_s)
+                except OSError:
+                    pass  # the client gave up
+                self.close_connection = True
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
@@ -240,6 +298,30 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
+
+    def _endless_page(self, data: bytes) -> bytes:
+        """A ListObjectsV2 answer made to say "more to come" for ever (see ``list_forever``)."""
+        with self._lock:
+            self._tokens += 1
+            n = self._tokens
+        token = b"SAME" if self.list_forever == "same" else b"tok%d" % n
+        if self.list_forever == "empty":
+            data = re.sub(rb"<Contents>.*?</Contents>|<CommonPrefixes>.*?</CommonPrefixes>", b"",
+                          data, flags=re.S)
+            data = re.sub(rb"<KeyCount>\d+</KeyCount>", b"<KeyCount>0</KeyCount>", data)
+        data = re.sub(rb"<NextContinuationToken>.*?</NextContinuationToken>", b"", data)
+        data = data.replace(b"<IsTruncated>false</IsTruncated>", b"<IsTruncated>true</IsTruncated>")
+        data = data.replace(b"</IsTruncated>", b"</IsTruncated><NextContinuationToken>" + token
+                            + b"</NextContinuationToken>", 1)
+        if self.list_extra:
+            pfx = re.search(rb"<Prefix>([^<]*)</Prefix>", data)
+            base = pfx.group(1) if pfx else b""
+            extra = b"".join(
+                b"<Contents><Key>%sjunk-%d-%d</Key><LastModified>2026-01-01T00:00:00.000Z"
+                b"</LastModified><ETag>&quot;x&quot;</ETag><Size>1</Size><StorageClass>STANDARD"
+                b"</StorageClass></Contents>" % (base, n, i) for i in range(self.list_extra))
+            data = data.replace(b"<IsTruncated>", extra + b"<IsTruncated>", 1)
+        return data
 
     def reset(self) -> None:
         with self._lock:
@@ -255,6 +337,13 @@ class FaultProxy:
             self.delay_s = 0.0
             self.match_method = self.match_path = None
             self.deny_keys = set()
+            self.list_forever = None
+            self.list_extra = self.list_page_size = self.cut_body = 0
+            self.trickle_s = 0.0
+            self.trickle_max_s = 20.0
+            self.set_headers = {}
+            self.body_subs = []
+            self._tokens = 0
             self.log = ProxyLog()
             self._counter = 0
 
