@@ -369,3 +369,106 @@ def test_a_conversion_whose_staging_was_swept_publishes_nothing(
             stopped.wait()
     assert stopped.returncode != 0 and "removed meanwhile" in err and "nothing was published" in err
     assert not (out / "a").exists() and _hidden(out) == [] and os.listdir(out) == ["b"]
+
+
+# -- the re-attack of the sweep (re-attack 25) --------------------------------------------------
+
+_BIND_SWEEP = """
+set -e
+mount --bind "$1" "$2/sub"
+"$3" -c 'import sys; from portable_ckpt.convert import convert
+rep = convert(sys.argv[1], sys.argv[2], dst_format="hf")
+print([(n.removed, n.why) for n in rep.staging])' "$4" "$5"
+ls "$2/sub"
+umount "$2/sub"
+"""
+
+
+def test_a_mount_inside_a_dead_staging_is_never_entered(src: Path, tmp_path: Path) -> None:
+    """M1: a bind mount at ``<staging>/sub`` (same file system, same ``st_dev``): the sweep's
+    ``shutil.rmtree`` deleted the mounted directory's files. The staging is kept and said."""
+    import shutil
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m)")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "file1").write_bytes(b"keep me")
+    host, _, _, machine = publish._me()
+    dead = _staging(out := tmp_path / "out", _name(host=host, pid=2**22 - 3, start=1,
+                                                    machine=machine))
+    p = subprocess.run(["unshare", "-m", "sh", "-c", _BIND_SWEEP, "sh", str(precious), str(dead),
+                        sys.executable, str(src), str(out / "m")],
+                       capture_output=True, text=True, timeout=300,
+                       env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[2] / "src")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "is mounted inside it: kept" in p.stdout, p.stdout
+    assert (precious / "file1").read_bytes() == b"keep me"
+    assert dead.is_dir()
+
+
+def test_a_deep_dead_staging_is_removed_without_recursion(src: Path, tmp_path: Path) -> None:
+    """L1: 1,500 nested directories in a dead conversion's staging: ``RecursionError``, exit 1,
+    at every later conversion into that directory."""
+    host, _, _, machine = publish._me()
+    dead = _staging(out := tmp_path / "out", _name(host=host, pid=2**22 - 3, start=1,
+                                                    machine=machine))
+    deep = str(dead)
+    for _ in range(1500):  # (past the interpreter's recursion limit, within PATH_MAX)
+        deep = os.path.join(deep, "d")
+        os.mkdir(deep)
+    rep = convert(src, out / "m", dst_format="hf")
+    assert [(n.path, n.removed) for n in rep.staging] == [(str(dead), True)]
+    assert _hidden(out) == []
+
+
+_MAIN_THREAD_EXITS = """
+import ctypes, os, sys, threading, time
+d = sys.argv[1]
+def write():
+    for i in range(600):
+        with open(os.path.join(d, "part"), "w") as f:
+            f.write(str(i))
+        time.sleep(0.1)
+threading.Thread(target=write).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the writer goes on
+"""
+
+
+def test_a_live_owner_whose_main_thread_exited_is_kept(src: Path, tmp_path: Path) -> None:
+    """L2: a process whose main thread ended while another writes on shows as a zombie in
+    ``/proc/PID/stat``; its staging was removed under it."""
+    host, _, _, machine = publish._me()
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", _MAIN_THREAD_EXITS, str(holder)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        ticks = None
+        while ticks is None:
+            ticks = publish._start_ticks(child.pid)
+        time.sleep(0.3)  # the main thread is gone by now
+        live = _staging(out, _name(host=host, pid=child.pid, start=ticks, machine=machine))
+        convert(src, out / "m", dst_format="hf")
+        assert live.is_dir()
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("name", [".pck-swept-aaaaaaaaaaaa", ".pck-staging-x", ".pck-clock-0"])
+def test_a_destination_named_like_staging_is_refused(
+    src: Path, tmp_path: Path, name: str
+) -> None:
+    """L3: an export published as ``.pck-swept-<hex>`` was deleted by the next conversion in
+    that directory."""
+    from portable_ckpt.errors import UsageError
+
+    with pytest.raises(UsageError, match="staging and probes"):
+        convert(src, tmp_path / name, dst_format="hf")
+    assert not (tmp_path / name).exists()

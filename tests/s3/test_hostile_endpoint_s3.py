@@ -1,4 +1,4 @@
-"""An endpoint that answers well-formed HTTP with hostile or broken S3 (attack review 3).
+"""An endpoint that answers well-formed HTTP with hostile or broken S3 (S3 attack 25).
 
 H1: a listing that never ends (``IsTruncated`` for ever, with new tokens, the same token or
 empty pages) hung every command and grew its memory without limit; it now fails within
@@ -178,6 +178,35 @@ def test_a_trickling_object_body_is_bounded_by_the_request_timeout(s3_proxied: S
     assert time.monotonic() - start < 10
     assert info.value.retryable and "v/data/a" in info.value.message
     assert "PCK_S3_REQUEST_TIMEOUT" in info.value.message
+
+
+def test_requests_given_up_on_are_bounded(
+    s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack 25, M2: each request given up on kept its thread and socket while the
+    endpoint trickled: 60 calls, 61 threads and 66 descriptors. Past the bound no request is
+    sent until one of them ends."""
+    import threading
+
+    import portable_ckpt.storage.s3 as s3
+
+    monkeypatch.setattr(s3, "MAX_ABANDONED_REQUESTS", 3)
+    proxy = s3_proxied.proxy
+    st = _storage(s3_proxied, read_timeout=5.0, request_timeout=0.5, max_attempts=1)
+    _seed(st, 1)
+    proxy.match_path, proxy.trickle_s = r"list-type=2", 0.3
+
+    def hanging() -> int:
+        return sum(t.name == "pck-s3-request" for t in threading.enumerate())
+
+    before = hanging()
+    for _ in range(6):
+        with pytest.raises(StorageError):
+            st.list_dirs("")
+    assert hanging() - before <= 3
+    assert proxy.log.by_method["GET"] <= 3
+    with pytest.raises(StorageError, match="still hang"):
+        st.list_dirs("")
 
 
 # -- L1: malformed answers are storage errors naming the object ------------------------------

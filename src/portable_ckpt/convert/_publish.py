@@ -41,6 +41,12 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
         raise UsageError(
             f"destination {dst} is a symbolic link; give the path it names, or a new path"
         )
+    name = os.path.basename(dst.rstrip("/" + os.sep))
+    if name.startswith((".pck-staging-", ".pck-swept-", ".pck-clock-")):
+        # names a later conversion's sweep (or gc) would take for its own and remove (re-attack
+        # 25, L3: an export published under one was deleted by the next conversion there)
+        raise UsageError(f"destination {dst}: names starting with {name[:12]!r} are this "
+                         "tool's staging and probes, which it removes; choose another name")
     if not directory and dst.endswith(("/", os.sep)):
         # (the whole export ran, then its rename onto "new.pt/" failed: conversion review 25, L4)
         raise UsageError(f"destination {dst} ends with a '/', but this target is one file; "

@@ -40,9 +40,9 @@ A removal first renames the directory to ``.pck-swept-<random>`` (one ``rename``
 sweeps never both remove it, and an owner that is in fact still running, say stopped for
 longer than the grace period on another host, fails at its own ``rename`` onto DST with
 "nothing was published" instead of publishing a half-removed directory), then removes it with
-:func:`shutil.rmtree` (which on Linux works through directory descriptors and never follows a
-symbolic link). A sweep killed after that rename leaves a ``.pck-swept-*`` directory, which the
-next sweep removes. Work is bounded: one listing of the directory, at most
+:func:`_remove_tree` (bottom-up, never following a symbolic link and never entering another
+file system: a mount inside is left, and said). A sweep killed after that rename leaves a
+``.pck-swept-*`` directory, which the next sweep removes. Work is bounded: one listing of the directory, at most
 :data:`MAX_SWEPT` staging directories looked at, and at most :data:`MAX_WALK` entries dated per
 directory (a larger one is dated as "could not read": kept, unless its owner is provably gone).
 """
@@ -57,7 +57,6 @@ import os
 import re
 import secrets
 import shlex
-import shutil
 import socket
 import stat
 from dataclasses import dataclass
@@ -172,7 +171,12 @@ def _owner_gone(pid: int, start: int) -> bool | None:
         return None
     state, ticks = got
     if state in (b"Z", b"X"):
-        return True
+        # A main thread that exited while others write on shows as a zombie (re-attack 25,
+        # L2): gone only when no thread is left.
+        try:
+            return len(os.listdir(f"/proc/{pid}/task")) <= 1
+        except OSError:
+            return True
     if start == 0:
         return None
     return ticks != start
@@ -297,6 +301,8 @@ def _walk(path: str) -> tuple[int | None, float | None, str | None]:
                     if seen > MAX_WALK:
                         return total, None, f"more than {MAX_WALK:,} entries: not dated in full"
                     st = e.stat(follow_symlinks=False)
+                    if st.st_dev != top.st_dev:  # a mount inside: neither counted nor entered
+                        return total, None, f"{e.path} is another file system (a mount)"
                     newest = max(newest, st.st_mtime)
                     if e.is_dir(follow_symlinks=False):
                         todo.append(e.path)
@@ -305,6 +311,81 @@ def _walk(path: str) -> tuple[int | None, float | None, str | None]:
     except OSError as exc:
         return (total or None), None, f"could not read it ({exc.strerror or exc})"
     return total, newest, None
+
+
+def _mount_points() -> frozenset[str]:
+    """The mount points this process sees (``/proc/self/mountinfo``; none where it is absent).
+
+    A bind mount of a directory of the same file system has the same ``st_dev``: only the
+    mount table tells it (re-attack 25, M1).
+    """
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return frozenset()
+    out = set()
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) > 4:
+            # (octal escapes for space, tab, newline and backslash)
+            out.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]))
+    return frozenset(out)
+
+
+def mounted_below(path: str) -> str | None:
+    """A mount point strictly below ``path`` (resolved), or None."""
+    top = os.path.realpath(path).rstrip("/") + "/"
+    return next((m for m in sorted(_mount_points()) if m.startswith(top)), None)
+
+
+def _remove_tree(top: str) -> list[str]:
+    """Remove the tree at ``top`` bottom-up; what could not be removed (empty: all of it).
+
+    Never follows a symbolic link, and never enters another file system: a mount point inside
+    a dead conversion's staging (a bind mount) is left with what it holds, and said
+    (re-attack 25, M1: ``shutil.rmtree`` descended into it and deleted the mounted files).
+    Iterative: a tree thousands of levels deep is no ``RecursionError`` (L1).
+    """
+    errors: list[str] = []
+    try:
+        dev = os.lstat(top).st_dev
+    except OSError as exc:
+        return [] if exc.errno == errno.ENOENT else [f"{top}: {exc.strerror}"]
+    mounts = _mount_points()
+    stack: list[tuple[str, bool]] = [(top, False)]
+    while stack:
+        path, listed = stack.pop()
+        if listed:
+            try:
+                os.rmdir(path)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    errors.append(f"{path}: {exc.strerror}")
+            continue
+        stack.append((path, True))
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                errors.append(f"{path}: {exc.strerror}")
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    if st.st_dev != dev or os.path.realpath(e.path) in mounts:
+                        errors.append(f"{e.path}: another file system is mounted there (left "
+                                      "as it is)")
+                        continue
+                    stack.append((e.path, False))
+                else:
+                    os.unlink(e.path)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    errors.append(f"{e.path}: {exc.strerror}")
+    return errors
 
 
 def _sweep_one(path: str, now: float | None, grace: float) -> StagingNote | None:
@@ -359,6 +440,10 @@ def _sweep_one(path: str, now: float | None, grace: float) -> StagingNote | None
 def _remove(path: str, st: os.stat_result, why: str) -> StagingNote | None:
     """Claim ``path`` by renaming it to ``.pck-swept-<hex>`` (checked: the same inode), remove it."""
     parent = os.path.dirname(path)
+    inside = mounted_below(path)
+    if inside is not None:
+        return StagingNote(path, None, False, f"{why}; {inside} is mounted inside it: kept; "
+                           f"unmount it, then remove it: rm -rf -- {_quote(path)}")
     claimed = path
     if not _SWEPT_RE.match(os.path.basename(path)):
         claimed = os.path.join(parent, f".pck-swept-{secrets.token_hex(6)}")
@@ -378,14 +463,7 @@ def _remove(path: str, st: os.stat_result, why: str) -> StagingNote | None:
                 os.rename(claimed, path)
             return StagingNote(path, None, False, "replaced while it was looked at: kept")
     size = _walk(claimed)[0]
-    errors: list[str] = []
-
-    def failed(_fn: Any, p: str, exc: Any) -> None:
-        err = exc[1] if isinstance(exc, tuple) else exc
-        if not (isinstance(err, OSError) and err.errno == errno.ENOENT):
-            errors.append(f"{p}: {getattr(err, 'strerror', None) or err}")
-
-    shutil.rmtree(claimed, onerror=failed)
+    errors = _remove_tree(claimed)
     if errors:
         return StagingNote(path, size, False, f"{why}; its removal failed ({errors[0]}): the "
                            f"rest is in {claimed}; remove it: rm -rf -- {_quote(claimed)}")
