@@ -418,9 +418,13 @@ def test_a_deep_dead_staging_is_removed_without_recursion(src: Path, tmp_path: P
     for _ in range(1500):  # (past the interpreter's recursion limit, within PATH_MAX)
         deep = os.path.join(deep, "d")
         os.mkdir(deep)
-    rep = convert(src, out / "m", dst_format="hf")
-    assert [(n.path, n.removed) for n in rep.staging] == [(str(dead), True)]
-    assert _hidden(out) == []
+    try:
+        rep = convert(src, out / "m", dst_format="hf")
+        assert [(n.path, n.removed) for n in rep.staging] == [(str(dead), True)]
+        assert _hidden(out) == []
+    finally:  # (pytest's own clean-up of old temporary directories recurses: leave no tree)
+        for left in out.glob(".pck-*"):
+            publish._remove_tree(str(left))
 
 
 _MAIN_THREAD_EXITS = """
