@@ -483,9 +483,14 @@ def _below_latest(storage: Any, attempt: str, step: int) -> list[ConvertWarning]
     """
     from portable_ckpt.io.versions import newest_first
 
+    above = None
     try:
-        above = next((v for v in newest_first(storage) if v.status == "committed"
-                      and v.id != attempt and v.step > step), None)
+        for v in newest_first(storage):  # greatest step first: only the levels above are read
+            if v.step <= step:
+                break
+            if v.status == "committed":
+                above = v
+                break
     except CheckpointError:
         return []  # (the version is committed: only the note is lost)
     if above is None:

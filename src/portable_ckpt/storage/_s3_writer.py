@@ -72,18 +72,23 @@ class _S3Writer(StreamWriter):
         if self._opts.checksum == "crc32c":
             kwargs["ChecksumAlgorithm"] = "CRC32C"
             kwargs["ChecksumType"] = "FULL_OBJECT"
-        try:
-            resp = self._s._boto_call(
-                lambda: self._s._client().create_multipart_upload(**kwargs), "POST", self._key)
-        except Exception as exc:
-            self._fail("upload", exc)
-        self._s.stats.add(other_requests=1)
+        resp = self._post("create_multipart_upload", kwargs, "upload")
         upload_id = resp.get("UploadId")
         if not isinstance(upload_id, str) or not upload_id:
             # Nothing to abort by (an id is what an abort names); retrying the save may pass.
             self._fail("upload", _BadAnswerError(
                 "the answer to CreateMultipartUpload has no UploadId"))
         self._upload_id = upload_id
+
+    def _post(self, operation: str, kwargs: dict[str, Any], what: str) -> dict[str, Any]:
+        """One POST of the multipart protocol (``operation`` of the boto3 client), counted."""
+        try:
+            resp: dict[str, Any] = self._s._boto_call(
+                lambda: getattr(self._s._client(), operation)(**kwargs), "POST", self._key)
+        except Exception as exc:
+            self._fail(what, exc)
+        self._s.stats.add(other_requests=1)
+        return resp
 
     def _flush_part(self) -> None:
         if self._upload_id is None:
@@ -190,12 +195,7 @@ class _S3Writer(StreamWriter):
         if self._opts.checksum == "crc32c":
             kwargs["ChecksumCRC32C"] = _b64_crc(self._crc)
             kwargs["ChecksumType"] = "FULL_OBJECT"
-        try:
-            resp = self._s._boto_call(
-                lambda: self._s._client().complete_multipart_upload(**kwargs), "POST", self._key)
-        except Exception as exc:
-            self._fail("complete upload", exc)
-        self._s.stats.add(other_requests=1)
+        resp = self._post("complete_multipart_upload", kwargs, "complete upload")
         self._upload_id = None
         self._completed = True
         self._check_or_undo(resp)
