@@ -1,4 +1,4 @@
-"""Command line of the conformance suite: ``portable-ckpt-conformance check|writer``.
+"""Command line of the conformance suite: ``portable-ckpt-conformance check|vectors|writer|gc``.
 
 Also run as ``python -m conformance``.
 
@@ -257,6 +257,53 @@ def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
     return report.exit_code
 
 
+# ------------------------------------------------------------------------------------- gc
+def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the retention vectors (spec §20.1) through a gc adapter."""
+    from conformance.gc_harness import GcOptions, run_gc_vectors
+    from conformance.procs import InfrastructureError
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    report = RunReport("gc", argv)
+    if not cmd:
+        print(f"usage: {PROG} gc [options] -- CMD ...", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.timeout > 0:
+        print("error: --timeout must be a positive number of seconds", file=sys.stderr)
+        return EXIT_USAGE
+    opts = GcOptions(args.set, args.timeout, not args.no_retire_abandoned, args.workdir,
+                     args.keep_work, tuple(args.case))
+    try:
+        run_gc_vectors(cmd, opts, report)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except InfrastructureError as exc:
+        return _abort(report, args, EXIT_INFRA,
+                      f"error (infrastructure, not a conformance verdict): {exc}")
+    except Exception as exc:  # a bug of the suite is no verdict (review C1)
+        return _internal(report, args, exc)
+    ran = [c for c in report.cases if c.status != "skipped"]
+    if not ran:
+        return _abort(report, args, EXIT_NOTHING, "error: no retention case ran")
+    report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
+    out = sys.stderr if args.json == "-" else sys.stdout
+    for f in report.failures:
+        print(f"FAIL [gc] {f.name}\n  {f.message.strip()}\n  case directory: {f.case_dir}\n"
+              f"  replay: {f.replay}", file=out)
+    for w in report.warnings:
+        print(f"warning: {w}", file=out)
+    skipped = len(report.cases) - len(ran)
+    verdict = "gc FAILED" if report.failures else "gc passed"
+    print(f"{verdict}: {len(ran) - len(report.failures)}/{len(ran)} retention vectors"
+          + (f" ({skipped} skipped: options this gc does not offer)" if skipped else "")
+          + f" in {report.seconds:.1f}s", file=out)
+    _emit(report, args)
+    return report.exit_code
+
+
 # ----------------------------------------------------------------------------------- main
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults in ``--help``, but never "(default: None)" after a help that says its own."""
@@ -328,6 +375,22 @@ def _parser() -> argparse.ArgumentParser:
     _report_args(w)
     w.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the adapter command")
     w.set_defaults(func=_cmd_writer)
+    g = sub.add_parser("gc", formatter_class=fmt,
+                       help="run the retention vectors (spec §20.1) through a gc adapter")
+    g.add_argument("--set", default=None, help="one retention set (errata-20)")
+    g.add_argument("--case", action="append", default=[], metavar="NAME",
+                   help="run only the case NAME (repeatable; default: every case)")
+    g.add_argument("--no-retire-abandoned", action="store_true",
+                   help="the gc does not offer retire_abandoned (optional, spec §15.2): skip "
+                   "the cases that need it")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process")
+    g.add_argument("--workdir", default=None, help="directory for case directories (default: a "
+                   "new temporary directory)")
+    g.add_argument("--keep-work", action="store_true", help="keep every case directory (failed "
+                   "cases are always kept)")
+    _report_args(g)
+    g.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the adapter command")
+    g.set_defaults(func=_cmd_gc)
     return ap
 
 

@@ -10,14 +10,15 @@ from types import ModuleType
 
 import pytest
 
-from conformance.vectors import VECTOR_DIRS
+from conformance.vectors import RETENTION_DIRS, VECTOR_DIRS
 
-VERSIONS = list(VECTOR_DIRS)
+DIRS = {**VECTOR_DIRS, **RETENTION_DIRS}
+VERSIONS = list(DIRS)
 
 
 def _generator(version: str) -> ModuleType:
     stem = f"generate_{version.replace('.', '_').replace('-', '_')}"
-    path = VECTOR_DIRS[version].parent / f"{stem}.py"
+    path = DIRS[version].parent / f"{stem}.py"
     spec = importlib.util.spec_from_file_location(f"pck_{stem}", path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
@@ -39,13 +40,13 @@ def test_refuses_to_overwrite(version: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_reproduces_committed_vectors(version: str, tmp_path: Path) -> None:
     gen = _generator(version)
-    committed = VECTOR_DIRS[version]
+    committed = DIRS[version]
     out = tmp_path / version
     assert gen.main(["--out", str(out)]) == 0
     assert json.loads((out / "cases.json").read_text()) == \
         json.loads((committed / "cases.json").read_text())
     for case in json.loads((out / "cases.json").read_text())["cases"]:
-        if case["valid"]:
+        if case.get("valid"):
             assert (out / case["expected"]).read_text() == \
                 (committed / case["expected"]).read_text()
         # Manifests are deterministic text; compare them too.

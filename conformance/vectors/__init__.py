@@ -34,6 +34,14 @@ set ``errata-16`` on, ``null``: its verification status is unknown to a tool of 
 tool that restores automatically takes neither it nor an older version, R-DRILL-12). Optional
 ``setup`` operations to apply to a copy before use (``{"op": "symlink", "path", "target"}``:
 create a symbolic link that git cannot be trusted to carry).
+
+``vectors/errata-20/`` holds vectors of another kind, **retention** (spec §20.1; not in
+:data:`VECTOR_DIRS`, which hold the reader and checker cases): a root, a gc ``policy``
+(``keep``, ``grace_seconds``, ``delete_invalid``, ``retire_abandoned``) and, for every attempt,
+its ``class`` (§15.1) and ``outcome`` (``keep``, ``should-keep``, ``delete``, ``either``);
+``untouched``: root files outside attempts; ``reports``: the gc must report an attempt; their
+``setup`` dates the files (``{"op": "age", "path", "seconds"}``) and makes empty directories
+(``{"op": "mkdir", "path"}``) (:data:`RETENTION_DIRS`, :func:`retention_cases`).
 """
 
 from __future__ import annotations
@@ -41,14 +49,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 __all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1",
            "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4",
            "VECTOR_DIR_ERRATA_6", "VECTOR_DIR_ERRATA_10", "VECTOR_DIR_ERRATA_11",
-           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "VECTOR_DIR_ERRATA_16", "all_cases",
-           "load_cases", "materialize", "vector_dir_of"]
+           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "VECTOR_DIR_ERRATA_16", "RETENTION_DIRS",
+           "all_cases", "load_cases", "materialize", "retention_cases", "vector_dir_of"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
 VECTOR_DIR_1_1 = Path(__file__).resolve().parent / "1.1"
@@ -71,6 +80,8 @@ VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-11": VECTOR_DIR_ERRATA_11,
                                 "errata-12": VECTOR_DIR_ERRATA_12, "1.2": VECTOR_DIR_1_2,
                                 "errata-16": VECTOR_DIR_ERRATA_16}
+#: the retention vector sets (spec §20.1), by name: another kind of case, not in VECTOR_DIRS.
+RETENTION_DIRS: dict[str, Path] = {"errata-20": Path(__file__).resolve().parent / "errata-20"}
 
 
 def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:
@@ -83,6 +94,11 @@ def load_cases(vector_dir: Path = VECTOR_DIR) -> list[dict[str, Any]]:
 def all_cases() -> list[tuple[str, Path, dict[str, Any]]]:
     """``(format version, vector directory, case)`` for every case of every version."""
     return [(version, d, c) for version, d in VECTOR_DIRS.items() for c in load_cases(d)]
+
+
+def retention_cases() -> list[tuple[str, Path, dict[str, Any]]]:
+    """``(set, vector directory, case)`` for every retention case (spec §20.1)."""
+    return [(name, d, c) for name, d in RETENTION_DIRS.items() for c in load_cases(d)]
 
 
 def vector_dir_of(name: str) -> Path:
@@ -100,9 +116,9 @@ _CASE_DIRS: dict[str, Path] = {}
 
 
 def _case_dirs() -> dict[str, Path]:
-    """Every case name of :data:`VECTOR_DIRS` and its set's directory (read once)."""
+    """Every case name of every set (retention too) and its set's directory (read once)."""
     if not _CASE_DIRS:
-        for _, d, case in all_cases():
+        for _, d, case in all_cases() + retention_cases():
             _CASE_DIRS.setdefault(case["name"], d)
     return _CASE_DIRS
 
@@ -116,6 +132,7 @@ def materialize(case: dict[str, Any], dest: Path, vector_dir: Path | None = None
     """
     if vector_dir is None:
         vector_dir = vector_dir_of(str(case["name"]))
+    now = time.time()  # every "age" of a case counts back from one instant
     src = vector_dir / case["name"]
     out = dest / case["name"]
     shutil.copytree(src, out, symlinks=True)
@@ -127,7 +144,18 @@ def materialize(case: dict[str, Any], dest: Path, vector_dir: Path | None = None
             # git stores no empty directories: the link's directory may not exist in a clone.
             p.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(op["target"], p)
+        elif op["op"] == "mkdir":
+            (out / op["path"]).mkdir(parents=True, exist_ok=True)
+        elif op["op"] == "age":
+            _age(out / op["path"], now - float(op["seconds"]))
         else:  # pragma: no cover - future setup kinds
             raise ValueError(f"unknown setup op {op['op']!r}")
     target: Path = out / str(case["target"])
     return target
+
+
+def _age(path: Path, when: float) -> None:
+    """Set the modification time of ``path``, or of every file below it, to ``when``."""
+    files = [path] if not path.is_dir() else [p for p in sorted(path.rglob("*")) if p.is_file()]
+    for p in files:
+        os.utime(p, (when, when), follow_symlinks=False)

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""The reference gc adapter with one deliberate defect (``PCK_BAD_MODE``).
+
+Proves that ``portable-ckpt-conformance gc`` catches each kind of defect a gc can have:
+
+* ``no-grace``: runs with a grace period of 0 (deletes saves in progress, R-GC-4);
+* ``always-delete-invalid``: deletes invalid attempts it was not asked to (R-GC-10);
+* ``exit-zero``: exits 0 whatever its gc reported (R-GC-6, R-GC-10, R-GC-11, R-GC-12);
+* ``exit-one``: exits 1 whatever happened (a failure, or a report with nothing to report);
+* ``keep-more``: keeps one version more than asked (what the rules let go is left);
+* ``outside``: deletes a root file that is no attempt (R-GC-5);
+* ``ignore-pins``: deletes the pins first, then runs (R-GC-11).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "adapters"))
+
+import reference_gc
+
+MODE = os.environ.get("PCK_BAD_MODE", "")
+
+
+def main(argv: list[str]) -> int:
+    """Edit the job (or the root) as ``MODE`` says, then run the reference adapter."""
+    path = Path(argv[-1])
+    job = json.loads(path.read_text(encoding="utf-8"))
+    root = Path(job["root"])
+    if MODE == "no-grace":
+        job["grace_seconds"] = 0
+    elif MODE == "always-delete-invalid":
+        job["delete_invalid"] = True
+    elif MODE == "keep-more":
+        job["keep"] += 1
+    elif MODE == "outside":
+        for p in root.iterdir():
+            if p.is_file() and not p.name.startswith("."):
+                p.unlink()
+    elif MODE == "ignore-pins":
+        shutil.rmtree(root / "pins", ignore_errors=True)
+        if (root / "pins").is_file():
+            (root / "pins").unlink()
+    path.write_text(json.dumps(job), encoding="utf-8")
+    rc = reference_gc.main(argv)
+    return 0 if MODE == "exit-zero" else 1 if MODE == "exit-one" else rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

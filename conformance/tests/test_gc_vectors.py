@@ -1,0 +1,220 @@
+"""The retention vectors (spec §20.1, R-VERSION-15) and ``portable-ckpt-conformance gc``.
+
+The reference gc passes every case (classes through its listing, outcomes and exit status
+through its command line, in this process); the harness runs it as other teams run theirs,
+and fails a gc with any one deliberate defect (``bad_gc.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.gc_harness import judge, snapshot
+from conformance.vectors import (
+    RETENTION_DIRS,
+    VECTOR_DIRS,
+    all_cases,
+    load_cases,
+    materialize,
+    retention_cases,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ADAPTER = REPO / "conformance" / "adapters" / "reference_gc.py"
+BAD = REPO / "conformance" / "tests" / "bad_gc.py"
+CASES = retention_cases()
+IDS = [c["name"] for _, _, c in CASES]
+CLASSES = {"committed", "incomplete", "invalid", "foreign"}
+OUTCOMES = {"keep", "should-keep", "delete", "either"}
+
+
+def _by_name(name: str) -> tuple[Path, dict[str, Any]]:
+    return next((d, c) for _, d, c in CASES if c["name"] == name)
+
+
+def test_retention_sets_are_well_formed() -> None:
+    """Every case says what §20.1 asks; names are unique across every set of either kind."""
+    assert set(RETENTION_DIRS) == {"errata-20"}
+    doc = json.loads((RETENTION_DIRS["errata-20"] / "cases.json").read_text())
+    assert (doc["set"], doc["kind"]) == ("errata-20", "retention")
+    assert len(CASES) == 44
+    names = [c["name"] for _, _, c in all_cases()] + IDS
+    assert len(names) == len(set(names))
+    for _, vdir, case in CASES:
+        assert case["target"] == "root"
+        assert set(case["policy"]) == {"keep", "grace_seconds", "delete_invalid",
+                                       "retire_abandoned"}
+        assert case["setup"][0] == {"op": "age", "path": "root", "seconds": 86400}
+        made = {op["path"] for op in case["setup"] if op["op"] == "mkdir"}
+        for aid, exp in case["attempts"].items():
+            assert exp["class"] in CLASSES and exp["outcome"] in OUTCOMES and exp["why"]
+            assert (vdir / case["name"] / "root" / aid).is_dir() or f"root/{aid}" in made
+        for rel in case["untouched"]:
+            assert (vdir / case["name"] / "root" / rel).is_file()
+    # the reader and checker sets do not hold the retention kind
+    assert not set(RETENTION_DIRS.values()) & set(VECTOR_DIRS.values())
+
+
+def test_setup_dates_the_files(tmp_path: Path) -> None:
+    """``age`` sets the modification times a gc measures ages by; ``mkdir`` makes a directory."""
+    vdir, case = _by_name("grace-of-an-hour-passed")
+    root = materialize(case, tmp_path, vdir)
+    now = time.time()
+    ages = {op["path"].removeprefix("root/"): op["seconds"] for op in case["setup"][1:]}
+    assert len(ages) == 2
+    for p in root.rglob("*"):
+        if p.is_file():
+            top = p.relative_to(root).parts[0]
+            want = ages.get(top, 86400)
+            assert abs(now - p.stat().st_mtime - want) < 60, (p, want)
+    vdir, case = _by_name("empty-attempt-directory")
+    root = materialize(case, tmp_path / "b", vdir)
+    made = [op["path"] for op in case["setup"] if op["op"] == "mkdir"]
+    assert made and all((tmp_path / "b" / case["name"] / m).is_dir() for m in made)
+    assert not any((tmp_path / "b" / case["name"] / made[0]).iterdir())
+
+
+@pytest.mark.parametrize(("set_name", "vdir", "case"), CASES, ids=IDS)
+def test_reference_classifies_every_attempt(set_name: str, vdir: Path, case: dict[str, Any],
+                                            tmp_path: Path) -> None:
+    """R-VERSION-15: the reference's listing gives every attempt the class of §15.1 the case
+    says."""
+    from portable_ckpt.io.versions import list_versions
+
+    root = materialize(case, tmp_path, vdir)
+    got = {v.id: v.status for v in list_versions(root)}
+    assert got == {a: e["class"] for a, e in case["attempts"].items()}
+
+
+@pytest.mark.parametrize(("set_name", "vdir", "case"), CASES, ids=IDS)
+def test_reference_gc_passes(set_name: str, vdir: Path, case: dict[str, Any],
+                             tmp_path: Path) -> None:
+    """R-VERSION-15, R-GC-1 to R-GC-13: ``portable-ckpt gc`` with the case's policy keeps what
+    the case keeps, deletes what it deletes, touches nothing else and exits non-zero exactly
+    when it must report."""
+    sys.path.insert(0, str(ADAPTER.parent))
+    import reference_gc
+
+    root = materialize(case, tmp_path, vdir)
+    before = snapshot(root)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"op": "gc", "root": str(root), **case["policy"]}))
+    rc = reference_gc.main([str(ADAPTER), str(job)])
+    failures, warnings = judge(case, before, root, rc)
+    assert (failures, warnings) == ([], [])
+    for aid, exp in case["attempts"].items():
+        if exp["outcome"] == "delete":
+            assert not [p for p in (root / aid).rglob("*") if p.is_file()]
+
+
+def test_judge_weighs_a_should_as_a_warning(tmp_path: Path) -> None:
+    """A gc that deletes what a SHOULD keeps (R-GC-9) is warned about, not failed."""
+    vdir, case = _by_name("newest-failed-verification")
+    root = materialize(case, tmp_path, vdir)
+    before = snapshot(root)
+    should = [a for a, e in case["attempts"].items() if e["outcome"] == "should-keep"]
+    assert len(should) == 1
+    for a, e in case["attempts"].items():
+        if e["outcome"] in ("delete", "should-keep"):
+            shutil.rmtree(root / a)
+    failures, warnings = judge(case, before, root, 0)
+    assert failures == [] and len(warnings) == 1 and should[0] in warnings[0]
+    assert "R-GC-9" in warnings[0]
+    # a MUST is a failure; a pruned record of a kept version is not
+    kept = next(a for a, e in case["attempts"].items() if e["outcome"] == "keep")
+    (root / kept / "verifications").rename(tmp_path / "gone")
+    assert judge(case, before, root, 0)[0] == []
+    (root / kept / "manifest.json").write_text("{}")
+    failures, _ = judge(case, before, root, 0)
+    assert len(failures) == 1 and kept in failures[0] and "changed" in failures[0]
+
+
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300
+         ) -> tuple[int, dict[str, Any] | None, str]:
+    out = subprocess.run([sys.executable, "-m", "conformance", "gc", *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})})
+    try:
+        doc = json.loads(out.stdout) if "--json" in args else None
+    except json.JSONDecodeError:
+        doc = None
+    return out.returncode, doc, out.stdout + out.stderr
+
+
+def test_harness_passes_the_reference_and_skips_what_it_is_told() -> None:
+    """The command other teams run, on the reference adapter: exit 0, every case passed; a gc
+    without retire_abandoned has those cases skipped."""
+    picked = ["keep-two-of-four", "pins-not-a-directory", "rollback-retired", "invalid-in-grace"]
+    rc, doc, text = _run("--json", *[f"--case={n}" for n in picked], "--",
+                         sys.executable, str(ADAPTER))
+    assert rc == 0, text
+    assert doc is not None and doc["counts"]["gc"] == {"passed": 4, "failed": 0, "skipped": 0,
+                                                        "error": 0}
+    rc, doc, text = _run("--json", "--no-retire-abandoned", *[f"--case={n}" for n in picked],
+                         "--", sys.executable, str(ADAPTER))
+    assert rc == 0, text
+    assert doc is not None and doc["counts"]["gc"]["skipped"] == 1
+    assert [c["name"] for c in doc["cases"] if c["status"] == "skipped"] == \
+        ["errata-20/rollback-retired"]
+
+
+BAD_MODES = {  # mode: (cases run, the one that must fail)
+    "no-grace": (["attempt-in-grace-kept", "keep-two-of-four"], "attempt-in-grace-kept"),
+    "always-delete-invalid": (["lost-commit-record-kept", "keep-two-of-four"],
+                              "lost-commit-record-kept"),
+    "exit-zero": (["pins-not-a-directory", "keep-two-of-four"], "pins-not-a-directory"),
+    "exit-one": (["keep-two-of-four", "pins-not-a-directory"], "keep-two-of-four"),
+    "keep-more": (["keep-two-of-four", "lost-commit-record-kept"], "keep-two-of-four"),
+    "outside": (["other-root-children-untouched", "abandoned-attempt-deleted"],
+                "other-root-children-untouched"),
+    "ignore-pins": (["pinned-old-version", "abandoned-attempt-deleted"], "pinned-old-version"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(BAD_MODES))
+def test_harness_fails_a_gc_with_a_defect(mode: str) -> None:
+    """Each deliberate defect fails exactly the case that shows it (exit 1), naming why."""
+    cases, failing = BAD_MODES[mode]
+    rc, doc, text = _run("--json", *[f"--case={n}" for n in cases], "--", sys.executable,
+                         str(BAD), env={"PCK_BAD_MODE": mode})
+    assert rc == 1, text
+    assert doc is not None
+    assert [f["name"] for f in doc["failures"]] == [f"errata-20/{failing}"]
+    message = doc["failures"][0]["message"]
+    want = {"no-grace": "deleted or changed", "always-delete-invalid": "exit status 0",
+            "exit-zero": "exit status 0", "exit-one": "exit status 1", "keep-more": "the rules let it go",
+            "outside": "R-GC-5", "ignore-pins": "R-GC-11: pinned"}[mode]
+    assert want in message, message
+    assert f"gc --case {failing} --keep-work -- " in doc["failures"][0]["replay"]
+    kept = Path(doc["failures"][0]["case_dir"])
+    assert (kept / "job.json").is_file() and (kept / "root").is_dir()
+    shutil.rmtree(doc["workdir"])
+
+
+def test_harness_usage_and_infrastructure_errors(tmp_path: Path) -> None:
+    """Usage errors exit 2 before anything runs; an adapter past --timeout is exit 4."""
+    assert _run()[0] == 2
+    assert _run("--set", "errata-99", "--", sys.executable, str(ADAPTER))[0] == 2
+    assert _run("--case", "no-such-case", "--", sys.executable, str(ADAPTER))[0] == 2
+    assert _run("--timeout", "0", "--", sys.executable, str(ADAPTER))[0] == 2
+    rc, _, text = _run("--case", "grace-zero", "--", str(tmp_path / "missing.py"))
+    assert rc == 4 and "not an executable file" in text
+    rc, _, text = _run("--timeout", "1", "--case", "grace-zero", "--", sys.executable, "-c",
+                       "import time; time.sleep(30)")
+    assert rc == 4 and "--timeout" in text
+
+
+def test_every_retention_directory_is_a_case() -> None:
+    """No case directory without its record (a frozen set says what it holds)."""
+    for vdir in RETENTION_DIRS.values():
+        dirs = {p.name for p in vdir.iterdir() if p.is_dir()}
+        assert dirs == {c["name"] for c in load_cases(vdir)}
