@@ -35,13 +35,14 @@ from portable_ckpt.io.copy import copies_of
 from portable_ckpt.io.versions import list_versions, load_manifest, restore_decision
 from portable_ckpt.storage import local_path
 from portable_ckpt.torch._collectives import make_comm
+from portable_ckpt.torch._hyperparameters import Hyperparameters
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import any_rank, broadcast_json
 from portable_ckpt.torch._manager_tiers import Tier, storage_url
 from portable_ckpt.torch._nodelocal import prepare_fast_restore
 from portable_ckpt.torch._restore_passed_over import passed_over, say_passed_over
 from portable_ckpt.torch.info import LoadInfo
-from portable_ckpt.torch.loading import left_from, load, shown_keys
+from portable_ckpt.torch.loading import left_from, load_into, shown_keys
 
 if TYPE_CHECKING:
     from portable_ckpt.io.versions import VersionInfo
@@ -177,8 +178,14 @@ def restore(
     record_ranges: bool,
     strict: bool = True,
     strict_dtype: bool = False,
+    hyper: Hyperparameters | None = None,
 ) -> LoadInfo | None:
-    """The body of :meth:`CheckpointManager.restore` (see there)."""
+    """The body of :meth:`CheckpointManager.restore` (see there).
+
+    ``hyper`` is shared by the loads of every candidate: the optimizers' hyper-parameters
+    before the first are the current ones, also after a candidate failed part way.
+    """
+    hyper = Hyperparameters() if hyper is None else hyper
     t0 = time.perf_counter()
     seen: dict[str, list[VersionInfo]] = {}  # rank 0's listings: what it passes over is named
     if checkpoint is not None:
@@ -203,7 +210,7 @@ def restore(
             )
         attempt = functools.partial(
             load_one, mgr, state, tier_name, ident, allow_statistical, record_ranges,
-            strict=strict, strict_dtype=strict_dtype,
+            strict=strict, strict_dtype=strict_dtype, hyper=hyper,
         )
         try:
             try:
@@ -705,8 +712,10 @@ def load_one(
     *,
     strict: bool = True,
     strict_dtype: bool = False,
+    hyper: Hyperparameters | None = None,
 ) -> LoadInfo:
     """Load one candidate (a version directory, or an attempt of a tier)."""
+    hyper = Hyperparameters() if hyper is None else hyper
     kwargs: dict[str, Any] = {
         "process_group": mgr.process_group,
         "allow_statistical": allow_statistical,
@@ -716,11 +725,11 @@ def load_one(
         "strict_dtype": strict_dtype,
     }
     if tier_name == "explicit":
-        return load(state, ident, **kwargs)  # a version directory
+        return load_into(state, ident, hyper, **kwargs)  # a version directory
     tier = mgr.tiers[tier_name]
     if tier.layout is not None:
         reach_node_local(mgr, tier, state, ident)
-    return load(state, tier.storage, checkpoint_id=ident, **kwargs)
+    return load_into(state, tier.storage, hyper, checkpoint_id=ident, **kwargs)
 
 
 def reach_node_local(

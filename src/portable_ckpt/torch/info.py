@@ -74,6 +74,12 @@ class LoadInfo:
             "stored", "target", "elements", "flushed"}`` (``flushed``: non-zero values that
             became 0). A cast that made finite values infinite, more than half of a box's
             non-zero values 0, or changed an integer, was refused instead.
+        changed_hyperparameters: The members of the target's optimizer param groups (all but
+            ``params``) whose stored values differ from the values the optimizer held before
+            the load (a changed config): ``{"optimizer", "group", "key", "stored", "current",
+            "applied"}`` (``optimizer``: the key of its state, ``applied``: ``"checkpoint"`` or
+            ``"current"``, as the load's ``optimizer_hyperparameters`` chose), in the target's
+            order. Not the members an LR scheduler in the state sets (``lr``, ``initial_lr``).
         passed_over: With :meth:`CheckpointManager.restore`: the versions newer than the one
             restored that it passed over, newest first (at most 8; ``passed_over_more`` counts
             the rest): ``{"checkpoint_id", "step", "tier", "path", "reason", "code",
@@ -118,6 +124,7 @@ class LoadInfo:
     left_from_failed: list[str] = field(default_factory=list)
     unexpected_keys: list[str] = field(default_factory=list)
     casts: list[dict[str, Any]] = field(default_factory=list)
+    changed_hyperparameters: list[dict[str, Any]] = field(default_factory=list)
     passed_over: list[dict[str, Any]] = field(default_factory=list)
     passed_over_more: int = 0
     per_rank: list[dict[str, Any]] = field(default_factory=list)

@@ -25,7 +25,6 @@ import functools
 import inspect
 import math
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -49,10 +48,17 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.keys import JsonTree, KeyTrie, similar_keys, split_key
 from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
+from portable_ckpt.format.usage import require_one_of
 from portable_ckpt.io.reader import NO_VALUE, Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._collectives import Comm, make_comm
+from portable_ckpt.torch._hyperparameters import (
+    GROUP_MEMBER,
+    OPTIMIZER_HYPERPARAMETERS,
+    Hyperparameters,
+    OptimizerHyperparameters,
+)
 from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch._load_resolve import RESOLVE_FAILED, RecordShare
 from portable_ckpt.torch._tensors import (
@@ -93,6 +99,7 @@ def load(
     timeout: float | None = None,
     record_ranges: bool = False,
     strict_dtype: bool = False,
+    optimizer_hyperparameters: OptimizerHyperparameters = "checkpoint",
 ) -> LoadInfo:
     """Fill ``state_dict`` in place from a committed version (a collective over the group).
 
@@ -120,12 +127,47 @@ def load(
             listed in ``LoadInfo.casts``. A cast that would make finite values infinite (or the
             largest value), more than half of a box's non-zero values 0, or change an integer
             (a wrap, a truncation, an int64 rounded by a float), is refused either way.
+        optimizer_hyperparameters: Which values an optimizer's param groups get where the
+            stored hyper-parameters (every member of a param group but ``params``: ``lr``,
+            ``weight_decay``, ``betas``, ``eps``, ``param_names``, ...) differ from the
+            optimizer's current ones (its values before the load: a changed config):
+            ``"checkpoint"`` (default) the stored ones, as torch's ``load_state_dict`` and DCP
+            do, or ``"current"`` the current ones. Either way rank 0 says the differences
+            (stderr and the ``portable_ckpt.torch`` logger, event
+            ``load.optimizer_hyperparameters``), and ``LoadInfo.changed_hyperparameters``
+            lists them. The members an LR scheduler in ``state_dict`` sets (``lr``,
+            ``initial_lr``; ``momentum`` and ``betas`` where it cycles momentum) are restored
+            with its state, whatever the choice, and not reported.
 
     Raises:
         ContractError: exact checkpoint onto another world size/mesh without
             ``allow_statistical``.
         CheckpointError: on every rank when any rank fails.
 
+    """
+    choice = require_one_of(
+        optimizer_hyperparameters, OPTIMIZER_HYPERPARAMETERS, "optimizer_hyperparameters"
+    )
+    return load_into(
+        state_dict, root, Hyperparameters(choice), step=step, checkpoint_id=checkpoint_id,
+        process_group=process_group, allow_statistical=allow_statistical, strict=strict,
+        timeout=timeout, record_ranges=record_ranges, strict_dtype=strict_dtype,
+    )
+
+
+def load_into(
+    state_dict: Mapping[str, Any],
+    root: Root,
+    hyper: Hyperparameters,
+    *,
+    process_group: Any = None,
+    timeout: float | None = None,
+    **options: Any,
+) -> LoadInfo:
+    """:func:`load` (its other keyword arguments in ``options``) with ``hyper``'s choice.
+
+    A manager's restore passes one ``hyper`` to the loads of its candidates: the values before
+    the first one are the current ones for every one.
     """
     t0 = time.perf_counter()
     # An async save of this process still in flight runs collectives on the same side group:
@@ -139,13 +181,14 @@ def load(
         what = f"load from {_where(root)}"
         with logged(_log, "load", what, rank=comm.rank, t0=t0) as out:
             kwargs: dict[str, Any] = dict(
-                step=step, checkpoint_id=checkpoint_id, allow_statistical=allow_statistical,
-                strict=strict, record_ranges=record_ranges, strict_dtype=strict_dtype)
+                step=None, checkpoint_id=None, allow_statistical=False, strict=True,
+                record_ranges=False, strict_dtype=False)
+            kwargs.update(options)
             held: set[str] = set()
             try:
-                info = _load(state_dict, root, comm, t0, held=held, **kwargs)
+                info = _load(state_dict, root, comm, t0, hyper, held=held, **kwargs)
             except CheckpointError as e:
-                if not _may_retry(root, comm, checkpoint_id, step, e):
+                if not _may_retry(root, comm, kwargs["checkpoint_id"], kwargs["step"], e):
                     raise
                 # Retention deleted the version under this load (a server reloading from a
                 # root a trainer writes and prunes): the state is partly filled from it.
@@ -153,8 +196,9 @@ def load(
                 # together (each decides from the same exchanged failures).
                 if comm.rank == 0:
                     say(f"{e}; loading the root's latest version again")
-                info = _load(state_dict, root, comm, t0, **kwargs)
+                info = _load(state_dict, root, comm, t0, hyper, **kwargs)
                 _say_left_from_deleted(info, held)
+            hyper.say(info, _log)
             out.update(
                 bytes=info.bytes_read, step=info.step, version=info.path,
                 contract=info.contract,
@@ -223,6 +267,7 @@ def _load(
     root: Root,
     comm: Comm,
     t0: float,
+    hyper: Hyperparameters,
     *,
     step: int | None,
     checkpoint_id: str | None,
@@ -252,7 +297,9 @@ def _load(
     # which would deadlock against ranks already waiting in the record share below. A failure
     # is raised inside the collective step, so every rank learns of it.
     try:
-        flattened: FlatState | Exception = flatten_state(state_dict, for_load=True)
+        flat_now = flatten_state(state_dict, for_load=True)
+        hyper.remember(flat_now)  # the optimizers' hyper-parameters before anything is loaded
+        flattened: FlatState | Exception = flat_now
     except Exception as e:  # re-raised in resolve(), where the peers learn of it
         flattened = e
 
@@ -314,7 +361,7 @@ def _load(
         try:
             _load_local(
                 ck, flat, state_dict, info, strict=strict, record_ranges=record_ranges,
-                casts=_Casts(strict_dtype, tell=comm.rank == 0),
+                casts=_Casts(strict_dtype, tell=comm.rank == 0), hyper=hyper,
             )
         except CheckpointError:
             raise  # damage, storage, contract: what it says (a fallback may follow)
@@ -403,6 +450,7 @@ def _load_local(
     strict: bool,
     record_ranges: bool,
     casts: _Casts,
+    hyper: Hyperparameters,
 ) -> None:
     """Fill this rank's targets from ``ck``: tensors, plain values, entries (RNG last)."""
     grown = _tensors_into_empty(ck, flat, whole=info.world_size == 1)
@@ -412,6 +460,7 @@ def _load_local(
         )
         info.unexpected_keys = sorted(k for k in ck.tensors if k not in flat.tensors)
         values = _load_values(entries, flat, info, strict=strict)
+        hyper.settle(flat, values, info)  # before a grown optimizer state joins the values
         last = _load_entries(entries, flat, info, strict=strict)
     optimizers = {f"/{k}".split("/param_groups/", 1)[0] for k in flat.values
                   if "/param_groups/" in f"/{k}"}
@@ -1154,7 +1203,6 @@ class _EntryReads:
         return fut.result()
 
 
-_GROUP = re.compile(r"^(?:(.*)/)?param_groups/(\d+)/([^/]+)")
 #: Members of every optimizer's param groups, whatever its class, and those LR schedulers add
 #: (OneCycleLR, CyclicLR, SWALR): a fine-tune with another schedule is no other optimizer.
 _GROUP_COMMON = frozenset({"params", "param_names", "lr", "weight_decay", "maximize", "foreach",
@@ -1176,7 +1224,7 @@ def _optimizer_members() -> frozenset[str]:
 def _group_members(keys: Any) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for k in keys:
-        m = _GROUP.match(f"{k}")
+        m = GROUP_MEMBER.match(f"{k}")
         if m:
             out.setdefault((m.group(1) or "", m.group(2)), set()).add(m.group(3))
     return out

@@ -58,6 +58,11 @@ from portable_ckpt.manager.records import (
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
 from portable_ckpt.torch._collectives import Comm
+from portable_ckpt.torch._hyperparameters import (
+    OPTIMIZER_HYPERPARAMETERS,
+    Hyperparameters,
+    OptimizerHyperparameters,
+)
 from portable_ckpt.torch._inflight import DEFAULT_EXIT_TIMEOUT, inflight_save, say
 from portable_ckpt.torch._manager_decisions import (
     Preemption,
@@ -527,6 +532,7 @@ class CheckpointManager:
         record_ranges: bool = False,
         strict: bool = True,
         strict_dtype: bool = False,
+        optimizer_hyperparameters: OptimizerHyperparameters = "checkpoint",
     ) -> LoadInfo | None:
         """Fill ``state`` from the newest committed, verified version over both tiers.
 
@@ -548,6 +554,14 @@ class CheckpointManager:
         stderr (the newer steps would win the next restore). Newer versions passed over (damaged,
         an invalid commit record, a failed verification) are named by rank 0 on stderr and in a
         WARNING, with the roots holding a verified copy of each (``LoadInfo.passed_over``).
+        ``optimizer_hyperparameters``: which values the optimizers' param groups get where the
+        stored hyper-parameters (``lr``, ``weight_decay``, ``betas``, ``eps``, every member
+        but ``params``) differ from the optimizers' current ones (a changed config; their values
+        before the restore): ``"checkpoint"`` (default) the stored ones, as torch and DCP do, or
+        ``"current"`` the current ones; rank 0 names each difference once, on stderr and in a
+        WARNING (``LoadInfo.changed_hyperparameters``), as
+        :func:`~portable_ckpt.torch.load` does. ``lr`` and ``initial_lr`` are left to an LR
+        scheduler in ``state``: restored with its state, and not named.
 
         Raises:
             StorageError: a tier could not be listed, or a version that may be newer than the
@@ -559,6 +573,8 @@ class CheckpointManager:
 
         """
         self._check_open()
+        hyper = Hyperparameters(require_one_of(
+            optimizer_hyperparameters, OPTIMIZER_HYPERPARAMETERS, "optimizer_hyperparameters"))
         self._settle_pending()
         # This process's async save of another manager (or of async_save) on this root must
         # be in the listing: a second manager's restore ran before the first's save committed
@@ -569,7 +585,8 @@ class CheckpointManager:
             future, bound = in_flight
             cf.wait([future], timeout=bound)
         return _restore(
-            self, state, step, checkpoint, allow_statistical, record_ranges, strict, strict_dtype
+            self, state, step, checkpoint, allow_statistical, record_ranges, strict, strict_dtype,
+            hyper,
         )
 
     def mark_resumed(self) -> None:

@@ -1,0 +1,253 @@
+"""Optimizer hyper-parameters that a load finds changed: compared, said, and which values win.
+
+torch's ``Optimizer.load_state_dict`` (and DCP's ``set_state_dict``) replaces every member of
+each param group by the stored one: a job restarted with a new ``weight_decay`` (or ``lr``,
+``betas``, ``eps``) in its config trained on with the old one, and nobody was told (manager
+review L3). A load compares the members of the target's param groups (every one but
+``params``: ``param_names`` too) as they were before it with the stored ones; rank 0 says the
+differences once (a WARNING of event ``load.optimizer_hyperparameters``, the same lines on
+stderr); every rank lists its own in ``LoadInfo.changed_hyperparameters``; and the stored values
+win (``"checkpoint"``, as torch and DCP do) or the current ones (``"current"``).
+
+The members an LR scheduler in the state sets are its own (``lr`` and ``initial_lr``, and
+``momentum`` and ``betas`` where it cycles momentum, as ``OneCycleLR`` does): a fresh
+scheduler sets them at construction, so they differ from the stored ones at every restart,
+and the restored scheduler goes on from the stored ones. They are restored whatever the choice,
+and never reported. A member held as a tensor (a tensor ``lr`` of a ``capturable`` or ``fused``
+optimizer) is loaded as any tensor, and not compared.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Literal, get_args
+
+import torch
+
+from portable_ckpt.torch.flatten import FlatState
+from portable_ckpt.torch.info import LoadInfo
+
+__all__ = [
+    "GROUP_MEMBER",
+    "OPTIMIZER_HYPERPARAMETERS",
+    "Hyperparameters",
+    "OptimizerHyperparameters",
+]
+
+#: Which values a load keeps where the stored hyper-parameters differ from the current ones.
+OptimizerHyperparameters = Literal["checkpoint", "current"]
+OPTIMIZER_HYPERPARAMETERS: Final[tuple[OptimizerHyperparameters, ...]] = get_args(
+    OptimizerHyperparameters
+)
+
+#: A member of an optimizer's param group: ``<optimizer>/param_groups/<index>/<member>``.
+GROUP_MEMBER: Final = re.compile(r"^(?:(.*)/)?param_groups/(\d+)/([^/]+)")
+
+#: Members an LR scheduler sets (at construction, and at each step).
+_SCHEDULED: Final = frozenset({"lr", "initial_lr"})
+#: Members a scheduler that cycles momentum (``cycle_momentum=True``) sets besides.
+_CYCLED: Final = frozenset({"momentum", "betas"})
+#: Member lines a message shows (the rest are counted, and all are in LoadInfo).
+_SHOWN: Final = 8
+
+
+def _member(key: str) -> tuple[str, str, int, str] | None:
+    """``(member's key, optimizer path, group index, member)`` of a key at or below a member."""
+    m = GROUP_MEMBER.match(key)
+    if m is None or m.group(3) == "params":
+        return None
+    return key[: m.end()], m.group(1) or "", int(m.group(2)), m.group(3)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as hyper-parameters: ``0`` is ``0.0``, but ``True`` is not ``1``."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b) and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would hold it (tuples as lists), for comparing and reporting."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+class Hyperparameters:
+    """One load's (or one restore's, over its candidates) choice and the values before it.
+
+    Args:
+        choice: ``"checkpoint"`` (the stored values win) or ``"current"``.
+
+    """
+
+    def __init__(self, choice: OptimizerHyperparameters = "checkpoint") -> None:
+        self.choice: OptimizerHyperparameters = choice
+        #: Key of a member (or of a leaf below one) → the target's value before the first load.
+        self.before: dict[str, Any] = {}
+
+    def remember(self, flat: FlatState) -> None:
+        """Keep the target's members as they are now, unless an earlier load kept them.
+
+        A restore's candidate that failed part way (damage on another rank) has loaded its
+        stored values into the optimizers of some ranks: the next candidate compares with, and
+        keeps, the values from before the first.
+        """
+        for key, value in (*flat.values.items(), *flat.lists.items()):
+            if key not in self.before and _member(key) is not None:
+                self.before[key] = copy.deepcopy(value)
+
+    def settle(self, flat: FlatState, loaded: dict[str, Any], info: LoadInfo) -> None:
+        """Compare ``loaded`` (the stored values about to be applied) with the values before.
+
+        Lists the differences in ``info.changed_hyperparameters``; with ``"current"``, puts
+        the values before in ``loaded``'s place. Members stored but not in the target, or in
+        the target but not stored, are not compared (``LoadInfo.unexpected_keys`` and
+        ``missing_keys`` name them).
+        """
+        scheduled = _Scheduled(flat)
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for key in (*flat.values, *flat.lists):
+            where = _member(key)
+            if where is None:
+                continue
+            path, head, index, name = where
+            if path in seen or path not in loaded or path not in self.before:
+                continue  # a leaf below a list loaded whole: its member is compared
+            seen.add(path)
+            if name in scheduled.members(head):
+                continue
+            stored, current = _plain(loaded[path]), _plain(self.before[path])
+            if _same(stored, current):
+                continue
+            rows.append({"optimizer": head, "group": index, "key": name, "stored": stored,
+                         "current": current, "applied": self.choice})
+            if self.choice == "current":
+                loaded[path] = copy.deepcopy(self.before[path])
+        info.changed_hyperparameters = rows
+
+    def say(self, info: LoadInfo, log: logging.Logger) -> None:
+        """Rank 0: the changed hyper-parameters, once per load (the logger and stderr)."""
+        rows = info.changed_hyperparameters
+        if info.rank != 0 or not rows:
+            return
+        from portable_ckpt._printable import printable
+        from portable_ckpt.logs import log_event
+        from portable_ckpt.torch._inflight import say
+
+        kept = self.choice == "checkpoint"
+        lines = [
+            f"rank 0: loaded step {info.step} ({info.path}): {len(rows)} optimizer "
+            "hyper-parameter(s) stored in the version differ from the optimizer's current ones "
+            "(a changed config?); "
+            + ("the stored ones were applied, as torch's load_state_dict does"
+               if kept else "the current ones were kept (optimizer_hyperparameters='current')")
+            + ":"
+        ]
+        merged = _merged(rows)
+        lines += [f"  {line}" for line in merged[:_SHOWN]]
+        if len(merged) > _SHOWN:
+            lines.append(f"  and {len(merged) - _SHOWN} more (LoadInfo.changed_hyperparameters)")
+        lines.append(
+            "  To train on the current values, pass optimizer_hyperparameters='current' to "
+            "CheckpointManager.restore() (or load()); to keep the stored ones, set them in the "
+            "config, so that this is not said at every restart"
+            if kept else
+            "  The next save stores the current values; optimizer_hyperparameters='checkpoint' "
+            "(the default) restores the stored ones"
+        )
+        text = "\n".join(printable(line) for line in lines)
+        log_event(
+            log, "load.optimizer_hyperparameters",
+            {"step": info.step, "version": info.path, "applied": self.choice, "changed": rows},
+            "%s", text, rank=info.rank, level=logging.WARNING if kept else logging.INFO,
+        )
+        for line in lines:
+            say(line)
+
+
+def _merged(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per optimizer, member and change, naming every group it holds for."""
+    groups: dict[tuple[str, str, str, str], list[int]] = {}
+    for r in rows:
+        stored, current = _short(repr(r["stored"])), _short(repr(r["current"]))
+        groups.setdefault((r["optimizer"], r["key"], stored, current), []).append(r["group"])
+    out = []
+    for (head, name, stored, current), indexes in groups.items():
+        which = f"group {indexes[0]}" if len(indexes) == 1 else f"groups {_spans(indexes)}"
+        out.append(f"optimizer {head or '(top)'!r} {which} {name}: stored {stored}, "
+                   f"current {current}")
+    return out
+
+
+def _spans(indexes: list[int]) -> str:
+    """``0-3, 7`` for ``[0, 1, 2, 3, 7]``."""
+    parts: list[str] = []
+    start = prev = indexes[0]
+    for i in [*indexes[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)
+
+
+def _short(text: str, n: int = 120) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class _Scheduled:
+    """The members the LR schedulers of a state set, by optimizer path.
+
+    An optimizer path whose owner in the state is an optimizer, or a Stateful holding
+    ``optimizers`` (``ModelOptimizerState``), gets the members of the schedulers that drive one
+    of them; any other (a plain optimizer state dict) those of every scheduler in the state.
+    """
+
+    def __init__(self, flat: FlatState) -> None:
+        from portable_ckpt.torch.state import LRSchedulerState
+
+        self.flat = flat
+        self.by_optimizer: dict[int, set[str]] = {}
+        for entry in flat.entries.values():
+            if isinstance(entry, LRSchedulerState):
+                for sched in _with_nested(entry.scheduler):
+                    members = set(_SCHEDULED)
+                    if getattr(sched, "cycle_momentum", False):
+                        members |= _CYCLED
+                    opt = getattr(sched, "optimizer", None)
+                    self.by_optimizer.setdefault(id(opt), set()).update(members)
+        self.every = frozenset(m for ms in self.by_optimizer.values() for m in ms)
+        self._cache: dict[str, frozenset[str]] = {}
+
+    def members(self, head: str) -> frozenset[str]:
+        if not self.by_optimizer:
+            return frozenset()
+        if head not in self._cache:
+            owner = max((k for k in self.flat.objects
+                         if head == k or head.startswith(f"{k}/")), key=len, default=None)
+            obj = None if owner is None else self.flat.objects[owner][0]
+            optims = ([obj] if isinstance(obj, torch.optim.Optimizer)
+                      else list(getattr(obj, "optimizers", None) or ()))
+            self._cache[head] = (
+                frozenset(m for o in optims for m in self.by_optimizer.get(id(o), ()))
+                if optims else self.every
+            )
+        return self._cache[head]
+
+
+def _with_nested(sched: Any) -> list[Any]:
+    """A scheduler and those it chains (``SequentialLR``, ``ChainedScheduler``)."""
+    inner = getattr(sched, "_schedulers", None)
+    out = [sched]
+    for s in inner if isinstance(inner, list | tuple) else ():
+        out += _with_nested(s)
+    return out
