@@ -33,7 +33,7 @@ ADAPTER = REPO / "conformance" / "adapters" / "reference_gc.py"
 BAD = REPO / "conformance" / "tests" / "bad_gc.py"
 CASES = retention_cases()
 IDS = [c["name"] for _, _, c in CASES]
-CLASSES = {"committed", "incomplete", "invalid", "foreign"}
+CLASSES = {"committed", "incomplete", "invalid", "foreign", "stray"}
 OUTCOMES = {"keep", "should-keep", "delete", "either"}
 
 
@@ -46,7 +46,7 @@ def test_retention_sets_are_well_formed() -> None:
     assert set(RETENTION_DIRS) == {"errata-20"}
     doc = json.loads((RETENTION_DIRS["errata-20"] / "cases.json").read_text())
     assert (doc["set"], doc["kind"]) == ("errata-20", "retention")
-    assert len(CASES) == 44
+    assert len(CASES) == 47
     names = [c["name"] for _, _, c in all_cases()] + IDS
     assert len(names) == len(set(names))
     for _, vdir, case in CASES:
@@ -98,8 +98,8 @@ def test_reference_classifies_every_attempt(set_name: str, vdir: Path, case: dic
 @pytest.mark.parametrize(("set_name", "vdir", "case"), CASES, ids=IDS)
 def test_reference_gc_passes(set_name: str, vdir: Path, case: dict[str, Any],
                              tmp_path: Path) -> None:
-    """R-VERSION-15, R-GC-1 to R-GC-13: ``portable-ckpt gc`` with the case's policy keeps what
-    the case keeps, deletes what it deletes, touches nothing else and exits non-zero exactly
+    """R-VERSION-15, R-GC-1 to R-GC-13, R-GC-14 (stray attempts): ``portable-ckpt gc`` with
+    the case's policy keeps what the case keeps, deletes what it deletes, touches nothing else and exits non-zero exactly
     when it must report."""
     sys.path.insert(0, str(ADAPTER.parent))
     import reference_gc

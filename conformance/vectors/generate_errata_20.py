@@ -66,7 +66,7 @@ class Root:
         self.path = path
         self.attempts: dict[str, dict[str, Any]] = {}
         self.untouched: list[str] = []
-        self.ages: list[dict[str, Any]] = []
+        self.setup: list[dict[str, Any]] = []
 
     def version(self, step: int, n: int = 0, *, committed: int = 1, outcome: str, cls: str =
                 "committed", why: str, day: str = "20260101", manifest: bool = True,
@@ -148,7 +148,7 @@ class Root:
 
     def age(self, rel: str, seconds: int) -> None:
         """Date the file (or the files below the directory) ``rel`` ``seconds`` back."""
-        self.ages.append({"op": "age", "path": f"root/{rel}" if rel else "root",
+        self.setup.append({"op": "age", "path": f"root/{rel}" if rel else "root",
                           "seconds": seconds})
 
 
@@ -396,7 +396,7 @@ def _(r: Root) -> None:
     r.version(10, outcome="keep", why="R-GC-1: the greatest")
     r.attempt(aid(20), cls="incomplete", outcome="delete",
               why="R-GC-4: no file, dated by its id (2026-01-01); nothing is left to delete")
-    r.ages.append({"op": "mkdir", "path": f"root/{aid(20)}"})
+    r.setup.append({"op": "mkdir", "path": f"root/{aid(20)}"})
 
 
 # ------------------------------------------------------ §15.1 records, R-GC-10: invalid
@@ -523,7 +523,42 @@ def _(r: Root) -> None:
     r.pin(a)
 
 
+@case("invalid-record-beside-a-mark", "§15.1, R-GC-10, R-GC-13: a manifest.json that is not "
+      "JSON beside a valid deletion mark: the attempt has a record, so the mark does not make "
+      "it incomplete; it is invalid, kept and reported", reports=True)
+def _(r: Root) -> None:
+    r.version(10, outcome="keep", why="R-GC-1: the greatest valid version")
+    a = r.version(20, outcome="keep", cls="invalid", why="R-GC-10: invalid, not asked")
+    r.write(f"{a}/manifest.json", "{\"format\": \"portable-ckpt\", \n")
+    r.mark(a)
+
+
 # ------------------------------------------------------ R-GC-7, R-GC-12: what gc cannot read
+@case("manifest-is-a-directory", "§15.1 (errata 20), R-LAYOUT-7: the greatest attempt's "
+      "manifest.json is a directory: stray, no version, never deleted by gc and counted among "
+      "no keep; 20 stays as the greatest version")
+def _(r: Root) -> None:
+    r.version(10, outcome="delete", why="not among the keep greatest")
+    r.version(20, outcome="keep", why="R-GC-1: the greatest version")
+    a = r.version(30, manifest=False, outcome="keep", cls="stray",
+                  why="R-LAYOUT-7: manifest.json is not a regular file")
+    r.setup.append({"op": "mkdir", "path": f"root/{a}/manifest.json"})
+
+
+@case("manifest-is-a-symbolic-link", "§15.1 (errata 20), R-LAYOUT-7: the greatest attempt's "
+      "manifest.json is a symbolic link to a valid commit record beside it (a foreign entry): "
+      "stray, never deleted by gc and counted among no keep; 20 stays")
+def _(r: Root) -> None:
+    r.version(10, outcome="delete", why="not among the keep greatest")
+    r.version(20, outcome="keep", why="R-GC-1: the greatest version")
+    a = r.version(30, outcome="keep", cls="stray",
+                  why="R-LAYOUT-7: manifest.json is a symbolic link (foreign)")
+    (r.path / a / "manifest.json").rename(r.path / a / "record.json")
+    r.setup.append({"op": "symlink", "path": f"root/{a}/manifest.json",
+                   "target": "record.json"})
+
+
+
 @case("foreign-version-takes-no-place", "R-GC-7: the greatest version claims format 2.0: "
       "foreign, never deleted nor counted among the keep greatest, so 30 stays")
 def _(r: Root) -> None:
@@ -573,8 +608,9 @@ def _branch(r: Root, *, retire: bool, pin_30: bool = False) -> None:
     else:
         r.attempts[v[30]].update(outcome="keep", why="R-GC-1: the greatest")
         r.attempts[b].update(outcome="either",
-                             why="the newest commit, not the greatest: the reference keeps "
-                             "it (a rollback's branch), the rules do not ask for it")
+                             why="committed last, but not the greatest in the order of §3 "
+                             "(step 20 < 30): the reference keeps it (a rollback's branch), "
+                             "no rule asks for it")
     if pin_30:
         r.attempts[v[30]].update(outcome="keep", why="R-GC-11: pinned (not retired)")
         r.pin(v[30])
@@ -604,7 +640,7 @@ def _(r: Root) -> None:
 DESCRIPTION = ("Retention vectors of errata 20 (spec §20.1): a root, a gc policy, and for every "
                "attempt its class (§15.1) and what a gc run with the policy does with it: "
                "'keep' (a MUST of §15), 'should-keep' (a SHOULD), 'delete' (the rules let it "
-               "go and the reference gc deletes it), 'either'. 'untouched' lists root files "
+               "go and a gc following §15 deletes it), 'either'. 'untouched' lists root files "
                "outside attempts no gc may change (R-GC-5); 'reports': the gc MUST report an "
                "attempt (a command-line gc exits non-zero). Apply 'setup' to a copy first: it "
                "dates the files.")
@@ -619,7 +655,7 @@ def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
                            "policy": c["policy"], "reports": c["reports"]}
     if c["requires"]:
         rec["requires"] = c["requires"]
-    rec["setup"] = [{"op": "age", "path": "root", "seconds": DAY}, *r.ages]
+    rec["setup"] = [{"op": "age", "path": "root", "seconds": DAY}, *r.setup]
     rec["attempts"] = dict(sorted(r.attempts.items()))
     rec["untouched"] = sorted(r.untouched)
     return rec
