@@ -951,3 +951,25 @@ def test_gc_text_for_a_lost_record_names_recommit_and_no_save(tmp_path, capsys) 
     out, err = capsys.readouterr()
     line = next(x for x in out.splitlines() if lost in x)
     assert "deleted as asked once it has passed" in line and "save" not in line, line
+
+
+def test_ls_sizes_attempts_without_a_valid_record_by_what_they_store(tmp_path) -> None:
+    """A killed save takes space until gc removes it: ``ls`` gives the bytes stored under an
+    incomplete or invalid attempt (it showed ``-`` and ``bytes: 0``), marked ``stored``."""
+    save_step(tmp_path, 10)
+    dead = save_step(tmp_path, 20)
+    os.remove(tmp_path / dead / "manifest.json")  # a save killed before its commit
+    damaged = save_step(tmp_path, 30)
+    (tmp_path / damaged / "manifest.json").write_text("{")
+    stored = {a: sum(p.stat().st_size for p in (tmp_path / a).rglob("*") if p.is_file())
+              for a in (dead, damaged)}
+    assert all(n > 100 for n in stored.values())
+    r = cli("ls", "--json", str(tmp_path))
+    rows = {v["id"]: v for v in json.loads(r.stdout)["versions"]}
+    for a in (dead, damaged):
+        assert (rows[a]["bytes"], rows[a]["bytes_stored"]) == (stored[a], True)
+    committed = next(v for v in rows.values() if v["step"] == 10)
+    assert "bytes_stored" not in committed and committed["bytes"] > 0
+    table = cli("ls", str(tmp_path)).stdout
+    line = next(x for x in table.splitlines() if x.startswith(dead))
+    assert " stored " in line and " - " not in line.split("incomplete")[1].split("stored")[0]

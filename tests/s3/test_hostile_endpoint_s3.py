@@ -192,8 +192,8 @@ def test_requests_given_up_on_are_bounded(
 
     monkeypatch.setattr(s3, "MAX_ABANDONED_REQUESTS", 3)
     proxy = s3_proxied.proxy
+    _seed(_storage(s3_proxied), 1)  # with the default timeout: a loaded machine's PUT is slow
     st = _storage(s3_proxied, read_timeout=5.0, request_timeout=0.5, max_attempts=1)
-    _seed(st, 1)
     proxy.match_path, proxy.trickle_s = r"list-type=2", 0.3
 
     def hanging() -> int:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from portable_ckpt.cli import _args as A
 from portable_ckpt.cli._attempts import say_uncommitted, uncommitted
@@ -21,6 +22,9 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.vocab import CODECS, DEFAULT_GRACE_SECONDS, SHORT_GRACE_SECONDS
 from portable_ckpt.logs import human_bytes
 
+if TYPE_CHECKING:
+    from portable_ckpt.storage import Storage
+
 __all__ = ["register"]
 
 #: ``ls --json`` lists at most this many foreign keys (their count is always given).
@@ -32,6 +36,15 @@ _MAX_INVALID_NAMED = 8
 
 
 def _ls(args: argparse.Namespace) -> int:
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(args.root)
+    with storage.one_root_listing():  # one view of the root, listed once (attack review L5)
+        return _ls_root(args, storage)
+
+
+def _ls_root(args: argparse.Namespace, storage: Storage) -> int:
+    """``ls`` of an opened root."""
     from portable_ckpt.io.versions import (
         foreign_keys,
         list_versions,
@@ -39,9 +52,7 @@ def _ls(args: argparse.Namespace) -> int:
         newest_first,
         root_must_exist,
     )
-    from portable_ckpt.storage import open_storage
 
-    storage = open_storage(args.root)
     try:
         root_must_exist(storage)
     except NotFoundError as missing:
@@ -91,13 +102,15 @@ def _ls(args: argparse.Namespace) -> int:
                   f"count it as failed; `portable-ckpt verify {safe(v.path)} --deep` or a gc "
                   "finishes the move", file=sys.stderr)
     say_uncommitted(uncommitted(storage, versions))
+    stored = _stored_sizes(storage, versions)
     code = failed_status(
         [v.error_retryable for v in unreadable]
         + ([pins_unread.retryable] if pins_unread is not None else [])
     )
     if args.json:
         doc = {
-            "versions": [v.to_json() for v in versions],
+            "versions": [{**v.to_json(), **({"bytes": stored[v.id], "bytes_stored": True}
+                                            if v.id in stored else {})} for v in versions],
             "foreign_keys": foreign[:_MAX_FOREIGN],
             "foreign_key_count": len(foreign),
         }
@@ -127,7 +140,8 @@ def _ls(args: argparse.Namespace) -> int:
                 f"{v.status}, node-local" if v.node_local else
                 f"{v.status}, being deleted" if v.being_deleted and v.status == "incomplete"
                 else v.status,
-                human_bytes(v.bytes) if v.bytes else "-",
+                human_bytes(v.bytes) if v.bytes else
+                f"{human_bytes(stored[v.id])} stored" if stored.get(v.id) else "-",
                 v.committed_at or "-",
                 checked,
                 drill,
@@ -156,6 +170,22 @@ def _ls(args: argparse.Namespace) -> int:
                 "it and remove it by hand"
             )
     return code
+
+
+def _stored_sizes(storage: Storage, versions: list[Any]) -> dict[str, int]:
+    """The bytes stored under each incomplete, invalid or stray attempt, by id (one listing each).
+
+    Such an attempt has no valid record to size it by, and its files take space until gc
+    removes them: ``ls`` showed ``-`` (and ``bytes: 0``) for a killed save of 3 GiB
+    (conversion review). An attempt whose listing fails keeps ``-``: ``ls`` is no place to
+    fail for a size.
+    """
+    out: dict[str, int] = {}
+    for v in versions:
+        if v.status in ("incomplete", "invalid", "stray") and not v.bytes:
+            with contextlib.suppress(CheckpointError):
+                out[v.id] = sum(o.size for o in storage.list(f"{v.id}/"))
+    return out
 
 
 def _foreign_urls(root_url: str, keys: list[str], most: int = 5) -> str:

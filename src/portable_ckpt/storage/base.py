@@ -290,6 +290,17 @@ class Storage(abc.ABC):
         """
         return 0
 
+    @contextlib.contextmanager
+    def one_root_listing(self) -> Iterator[None]:
+        """Within: the root's top level may be listed once and that listing reused.
+
+        For a read-only command that looks at the root from several sides (its attempts, its
+        pins, its foreign entries): one view, and one request where a listing is a request.
+        Never around what must see the storage change (a clock probe, a gc's deletions). The
+        default lists every time.
+        """
+        yield
+
     def cached(self, path: str, offset: int, length: int) -> bool | None:
         """Whether bytes ``[offset, offset + length)`` of ``path`` are in memory already.
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import contextvars
 import datetime as _dt
 import functools
@@ -602,6 +603,10 @@ class S3Storage(ScannedStorage):
         self._obstore: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._session: Any = None
+        #: the pages of each directory level listed inside :meth:`one_root_listing`
+        self._level_pages: dict[str, builtins.list[dict[str, Any]]] = {}
+        self._reuse_root = 0
+        self._root_lock = threading.Lock()  # not _lock: a listing takes that one (the client)
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -1376,7 +1381,32 @@ class S3Storage(ScannedStorage):
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key_prefix(prefix)}
         if delimiter:
             kwargs["Delimiter"] = "/"
-        return self._list_pages("list_objects_v2", kwargs, "list", prefix)
+        if not (delimiter and self._reuse_root):
+            return self._list_pages("list_objects_v2", kwargs, "list", prefix)
+        with self._root_lock:  # a failed listing is not kept: the next call asks again
+            pages = self._level_pages.get(prefix)
+        if pages is None:  # listed outside the lock: the version listings of ls run in parallel
+            pages = builtins.list(self._list_pages("list_objects_v2", kwargs, "list", prefix))
+            with self._root_lock:
+                pages = self._level_pages.setdefault(prefix, pages)
+        return iter(pages)
+
+    @contextlib.contextmanager
+    def one_root_listing(self) -> Iterator[None]:
+        """Within: each directory level is listed once, the root's top level too.
+
+        ``ls`` listed the root six times and ``pins/`` twice (attack review L5). The pages
+        are dropped on leaving.
+        """
+        with self._root_lock:
+            self._reuse_root += 1
+        try:
+            yield
+        finally:
+            with self._root_lock:
+                self._reuse_root -= 1
+                if not self._reuse_root:
+                    self._level_pages.clear()
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the names of the immediate common prefixes below ``prefix``."""

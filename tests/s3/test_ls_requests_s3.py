@@ -1,0 +1,56 @@
+"""``ls`` of an S3 root lists each level once (attack review L5: the root six times, pins twice).
+
+Requests are counted by the fault proxy in front of moto (real HTTP); the same ``ls`` output
+as with every listing asked again, and nothing kept across commands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.cli.main import main as cli
+
+from .conftest import S3Env
+
+pytestmark = [pytest.mark.s3]
+
+
+def _listings(s3: S3Env) -> Counter[tuple[str, bool]]:
+    """ListObjectsV2 requests by ``(prefix, with delimiter)``."""
+    out: Counter[tuple[str, bool]] = Counter()
+    for path, _, _ in s3.proxy.log.get_log:
+        q = parse_qs(urlsplit(path).query)
+        if q.get("list-type") == ["2"] and "max-keys" not in q:
+            out[(q["prefix"][0], "delimiter" in q)] += 1
+    return out
+
+
+def test_ls_lists_the_root_once(s3_proxied: S3Env, capsys: pytest.CaptureFixture[str]) -> None:
+    root = s3_proxied.root("ls")
+    for step in (10, 20, 30):
+        portable_ckpt.save_arrays(root, step=step, arrays={"w": np.arange(4.0) * step})
+    s3_proxied.boto().put_object(Bucket=s3_proxied.bucket, Key="ls/NOTES.txt", Body=b"x")
+    capsys.readouterr()
+    s3_proxied.proxy.reset()
+    assert cli(["ls", "--json", root]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    seen = _listings(s3_proxied)
+    assert seen[("ls/", True)] == 1, seen  # was 6: attempts, pins' parent, foreign entries
+    assert seen[("ls/pins/", True)] == 1, seen  # was 2
+    assert max(seen.values()) == 1, seen
+    assert [v["step"] for v in doc["versions"]] == [10, 20, 30]
+    assert doc["foreign_keys"] == ["NOTES.txt"] and doc["foreign_key_count"] == 1
+    # nothing is kept across commands: a version saved since is listed by the next ls
+    portable_ckpt.save_arrays(root, step=40, arrays={"w": np.arange(4.0)})
+    capsys.readouterr()
+    s3_proxied.proxy.reset()
+    assert cli(["ls", "--json", root]) == 0
+    assert [v["step"] for v in json.loads(capsys.readouterr().out)["versions"]] == \
+        [10, 20, 30, 40]
+    assert _listings(s3_proxied)[("ls/", True)] == 1
