@@ -264,6 +264,8 @@ def test_non_attempt_children_of_a_root_are_ignored(tmp_path: Path) -> None:
     for empty in ("data", "index", "lost+found"):
         (root / empty).mkdir(exist_ok=True)
     (root / "backup-of-v").mkdir()
+    for probe in (".pck-clock-0011223344556677", ".pck-probe-0011223344556677"):  # §15.2
+        (root / probe).write_bytes(b"")
     for p in version.rglob("*"):
         if p.is_file():
             dst = root / "backup-of-v" / p.relative_to(version)
@@ -272,6 +274,7 @@ def test_non_attempt_children_of_a_root_are_ignored(tmp_path: Path) -> None:
     rep = check(root)
     assert rep.ok and rep.versions == [version.name], rep.errors
     assert any("R-LAYOUT-4" in w.message and "backup-of-v" in w.message for w in rep.warnings)
+    assert not [w for w in rep.warnings if ".pck-" in w.message]  # probes: ignored, unsaid
     # A version directory named directly is still checked (its name is not its attempt id).
     assert check(root / "backup-of-v").codes == {"PCK-ATTEMPT-ID"}
     # A root with only an empty data/ child is no version: nothing committed there.

@@ -465,7 +465,8 @@ def test_a_live_owner_whose_main_thread_exited_is_kept(src: Path, tmp_path: Path
         child.wait()
 
 
-@pytest.mark.parametrize("name", [".pck-swept-aaaaaaaaaaaa", ".pck-staging-x", ".pck-clock-0"])
+@pytest.mark.parametrize("name", [".pck-swept-aaaaaaaaaaaa", ".pck-staging-x", ".pck-clock-0",
+                                  ".pck-probe-0"])
 def test_a_destination_named_like_staging_is_refused(
     src: Path, tmp_path: Path, name: str
 ) -> None:

@@ -3,12 +3,14 @@ leave at the root, and which clock dates an attempt when the storage cannot be a
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from portable_ckpt.errors import StorageError
 from portable_ckpt.io.gc import gc, storage_clock
@@ -29,6 +31,29 @@ def _age(path: Path, seconds: float) -> None:
         for f in [*files, "."]:
             os.utime(os.path.join(dirpath, f), (t, t))
     os.utime(path, (t, t))
+
+
+def test_a_probe_of_the_general_name_is_tidied_as_a_clock_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Attack review L3, spec §15.2: every probe a tool writes at a root is ``.pck-clock-<16
+    hex>`` or ``.pck-probe-<16 hex>`` (the S3 backend's checksum and If-None-Match probes). A
+    ``.pck-probe-`` left behind is no foreign entry of ``ls``, and gc deletes it once an hour
+    old, a younger one not; a name off the pattern is foreign and stays."""
+    from portable_ckpt.cli.main import main as cli_main
+
+    make_version(str(tmp_path), 1)
+    young = tmp_path / ".pck-probe-00112233445566aa"
+    old = tmp_path / ".pck-probe-00112233445566bb"
+    odd = tmp_path / ".pck-probe-0011223344556677-x"  # not a probe: foreign
+    for p, age in ((young, 3000.0), (old, 3700.0), (odd, 7200.0)):
+        p.write_bytes(b"portable_ckpt checksum probe")
+        os.utime(p, (time.time() - age, time.time() - age))
+    assert cli_main(["ls", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["foreign_keys"] == [odd.name]
+    assert storage_clock(open_storage(tmp_path)) is not None
+    left = {p for p in os.listdir(tmp_path) if p.startswith(".pck-")}
+    assert left == {young.name, odd.name}
 
 
 def _abandoned_attempt(root: Path, age: float) -> str:

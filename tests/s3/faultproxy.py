@@ -10,6 +10,9 @@ It forwards every request to the upstream server unchanged and can, per request:
   credentials),
 * leave the first key of a bulk delete in place and answer it with a per-key ``<Error>`` in the
   200 answer (``delete_key_errors`` times, code ``delete_key_code``),
+* forward a matching request without the request headers named in ``drop_request_headers``
+  (``{"If-None-Match"}``: a store that accepts a conditional PUT and ignores its condition;
+  moto does not check signatures, so the signed header may go),
 and, for matching requests, alter what the server answered (a hostile endpoint):
 * ``list_forever``: answer every ListObjectsV2 as truncated, with a new continuation token each
   time (``"new"``), the same one (``"same"``), or a new one and no entries (``"empty"``);
@@ -50,6 +53,7 @@ class ProxyLog:
     injected_by_status: dict[int, int] = field(default_factory=dict)  # fail_every's answers
     injected_delays: int = 0
     denied: int = 0
+    dropped_headers: int = 0  # requests forwarded without a header of drop_request_headers
     refused_keys: list[str] = field(default_factory=list)  # delete_key_errors' keys
 
 
@@ -89,6 +93,7 @@ class FaultProxy:
         self.match_method: str | None = None  # only count/inject on this method when set
         self.match_path: str | None = None  # regex on the request path
         self.deny_keys: set[str] = set()
+        self.drop_request_headers: set[str] = set()  # case-insensitive; matching requests only
         self.list_forever: str | None = None  # "new", "same" or "empty"
         self.list_extra = 0
         self.list_page_size = 0
@@ -229,6 +234,11 @@ class FaultProxy:
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=120)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                    drop = {h.lower() for h in proxy.drop_request_headers} if matches else set()
+                    if drop & {k.lower() for k in headers}:
+                        headers = {k: v for k, v in headers.items() if k.lower() not in drop}
+                        with proxy._lock:
+                            proxy.log.dropped_headers += 1
                     if body or self.command in ("PUT", "POST"):
                         headers["Content-Length"] = str(len(body))
                     conn.request(self.command, path, body=body, headers=headers)
@@ -337,6 +347,7 @@ class FaultProxy:
             self.delay_s = 0.0
             self.match_method = self.match_path = None
             self.deny_keys = set()
+            self.drop_request_headers = set()
             self.list_forever = None
             self.list_extra = self.list_page_size = self.cut_body = 0
             self.trickle_s = 0.0

@@ -147,6 +147,7 @@ def test_a_409_conditional_request_conflict_is_asked_again(s3_proxied: S3Env) ->
 
     st = S3Storage.from_url(s3_proxied.root(), backoff_initial=0.01)
     st.validates_checksums()  # the probe PUT, before the PUTs counted below
+    assert st.honours_conditional_put()  # the If-None-Match probe's two PUTs, the same
     proxy = s3_proxied.proxy
     proxy.match_method, proxy.match_path = "PUT", r"manifest\.json"
     proxy.fail_every, proxy.fail_limit = 1, 1

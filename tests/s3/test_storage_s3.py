@@ -181,6 +181,8 @@ def test_conditional_put_retried_after_server_side_success(s3_proxied: S3Env) ->
     proxy = s3_proxied.proxy
     st = S3Storage.from_url(s3_proxied.root(), backoff_initial=0.01)
     st.validates_checksums()  # the probe PUT, before the PUTs counted below
+    assert st.honours_conditional_put()  # the If-None-Match probe's two PUTs, the same
+    proxy.reset()  # (the probes' requests counted)
     proxy.fail_after_every = 2  # every 2nd PUT: forwarded to the server, then answered 500
     proxy.match_method = "PUT"
     assert st.create_if_absent("a/manifest.json", b"first")  # request 1: plain success

@@ -42,7 +42,7 @@ def check_dst_free(dst: str, *, directory: bool = True) -> None:
             f"destination {dst} is a symbolic link; give the path it names, or a new path"
         )
     name = os.path.basename(dst.rstrip("/" + os.sep))
-    if name.startswith((".pck-staging-", ".pck-swept-", ".pck-clock-")):
+    if name.startswith((".pck-staging-", ".pck-swept-", ".pck-clock-", ".pck-probe-")):
         # names a later conversion's sweep (or gc) would take for its own and remove (re-attack
         # 25, L3: an export published under one was deleted by the next conversion there)
         raise UsageError(f"destination {dst}: names starting with {name[:12]!r} are this "

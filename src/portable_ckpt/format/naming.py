@@ -10,6 +10,7 @@ from portable_ckpt.errors import AttemptIdError, UsageError
 
 __all__ = [
     "ATTEMPT_ID_RE",
+    "PROBE_PREFIX",
     "PROBE_RE",
     "MAX_STEP",
     "attempt_time",
@@ -24,9 +25,13 @@ __all__ = [
 
 #: Attempt ids: step, UTC time to the microsecond, 64 random bits.
 ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-([0-9]{8}T[0-9]{12})Z-([0-9a-f]{16})\Z")
-#: An empty probe object at a root's top (spec §15.2: gc's clock, copy's same-root test):
-#: readers ignore it, ``ls`` does not list it among foreign entries, gc deletes a leftover.
-PROBE_RE = re.compile(r"\.pck-clock-[0-9a-f]{16}\Z")
+#: A probe object at a root's top (spec §15.2): a clock probe ``.pck-clock-<16 hex>`` (gc's
+#: clock, copy's same-root test) or any other probe ``.pck-probe-<16 hex>`` (the S3 backend's
+#: checksum and ``If-None-Match`` probes): readers ignore it, ``ls`` does not list it among
+#: foreign entries, gc deletes a leftover an hour old.
+PROBE_RE = re.compile(r"\.pck-(?:clock|probe)-[0-9a-f]{16}\Z")
+#: The name of a probe that is no clock probe (spec §15.2), without its 16 hex digits.
+PROBE_PREFIX = ".pck-probe-"
 #: Largest step an attempt id can carry.
 MAX_STEP = 10**12 - 1
 

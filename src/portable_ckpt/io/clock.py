@@ -20,7 +20,8 @@ __all__ = ["PROBE_LEFTOVER_SECONDS", "same_root", "storage_clock"]
 
 _log = logging.getLogger("portable_ckpt.io.gc")  # (its messages were gc's: same logger)
 
-#: A clock probe's name (spec §15.2); one older than an hour is a leftover any gc may delete.
+#: A probe's name (spec §15.2: a clock probe, or another tool's ``.pck-probe-<16 hex>``, such
+#: as the S3 backend's); one older than an hour is a leftover any gc may delete.
 _PROBE = PROBE_RE
 
 
@@ -63,8 +64,9 @@ def storage_clock(storage: Storage, *, tidy: bool = True) -> float | None:
 
     ``None`` when it cannot be asked (a read-only root, no listing of the probe). The probe
     (``.pck-clock-<16 hex>``, empty, spec §15.2) is deleted again; readers ignore such names
-    (R-LAYOUT-4). ``tidy``: also delete probes the same listing shows older than
-    :data:`PROBE_LEFTOVER_SECONDS` (a failed delete or a killed gc left them: F15).
+    (R-LAYOUT-4). ``tidy``: also delete probes of either name (``.pck-clock-`` and
+    ``.pck-probe-``) the same listing shows older than :data:`PROBE_LEFTOVER_SECONDS` (a failed
+    delete, a store that answered a delete without deleting, or a killed tool left them: F15).
     """
     name = _probe_name()
     try:

@@ -72,6 +72,7 @@ from portable_ckpt.errors import (
     StorageError,
     UsageError,
 )
+from portable_ckpt.format.naming import PROBE_PREFIX
 from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage._listing import ListingEntry, ScannedStorage
 from portable_ckpt.storage.base import (
@@ -99,9 +100,10 @@ _FORKED_AFTER_OBSTORE = False
 
 
 def _after_fork_in_child() -> None:
-    global _FORKED_AFTER_OBSTORE
+    global _FORKED_AFTER_OBSTORE, _HONOURS_LOCK
     if _OBSTORE_PID is not None:
         _FORKED_AFTER_OBSTORE = True
+    _HONOURS_LOCK = threading.Lock()  # another thread of the parent may have held it
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -167,7 +169,10 @@ class S3Options:
         checksum: ``"crc32c"`` sends S3 native CRC32C checksums with every upload and compares
             the server's; ``"off"`` for stores without flexible checksums (``PCK_S3_CHECKSUM``).
         conditional_put: Commit with ``If-None-Match: *`` (``PCK_S3_CONDITIONAL_PUT``). Turn off
-            only for stores that reject the header; ``atomic_create`` is then False.
+            only for stores that reject the header; ``atomic_create`` is then False, and every
+            create is refused. A store that accepts the header but ignores it is found by a
+            probe before the first create (:meth:`S3Storage.honours_conditional_put`) and
+            refused the same way.
         endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``); None = AWS.
         region: Region (``AWS_REGION`` / ``AWS_DEFAULT_REGION``, default ``us-east-1``).
         allow_http: Allow a plain-HTTP endpoint; None = only for loopback hosts or when
@@ -298,6 +303,11 @@ class S3IoStats:
             }
 
 
+def _probe_name() -> str:
+    """A fresh name for a probe at the root (spec §15.2, ``.pck-probe-<16 lowercase hex>``)."""
+    return f"{PROBE_PREFIX}{os.urandom(8).hex()}"
+
+
 def _b64_crc(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
@@ -307,6 +317,13 @@ def _b64_crc(value: int) -> str:
 #: checksum header and echo it back, so "verified by the store" verified nothing).
 _VALIDATES: dict[tuple[str | None, str], bool] = {}
 _VALIDATES_LOCK = threading.Lock()
+
+#: Whether a store honours ``If-None-Match: *`` on PUT, by ``(endpoint, bucket)``: probed once
+#: per process before its first conditional create (attack review L2: a store that accepts the
+#: header and overwrites anyway let two committers both "win"). The lock is held during the
+#: probe, so that threads that create at once probe once.
+_HONOURS: dict[tuple[str | None, str], bool] = {}
+_HONOURS_LOCK = threading.Lock()
 
 
 def _is_loopback(url: str) -> bool:
@@ -1188,7 +1205,7 @@ class S3Storage(ScannedStorage):
         (forbidden, a transient error after the retries) leaves it unknown, and unknown takes
         the safe way (attack review 2 F7: one reset was cached as "checks" for the process).
         """
-        rel = f".pck-checksum-probe-{os.urandom(8).hex()}"
+        rel = _probe_name()
         body = b"portable_ckpt checksum probe"
         try:
             self._boto_call(lambda: self._client().put_object(
@@ -1205,10 +1222,7 @@ class S3Storage(ScannedStorage):
                 self.options.endpoint_url or "AWS", self.bucket, code or text[:200],
             )
             return None
-        try:
-            self.delete(rel)
-        except CheckpointError as exc:
-            _log.warning("the checksum probe %s/%s could not be deleted: %s", self.url, rel, exc)
+        self._delete_probe(rel)
         log_event(
             _log, "storage.unchecked_uploads", {"endpoint": self.options.endpoint_url or "AWS",
                                                 "bucket": self.bucket},
@@ -1219,6 +1233,86 @@ class S3Storage(ScannedStorage):
             self.options.endpoint_url or "AWS", self.bucket, level=logging.WARNING,
         )
         return False
+
+    def _delete_probe(self, rel: str) -> None:
+        """Delete a probe (spec §15.2: a leftover is deleted by any gc once an hour old)."""
+        try:
+            self.delete(rel)
+        except CheckpointError as exc:
+            _log.warning("the probe %s/%s could not be deleted (%s); a later gc deletes it once "
+                         "it is an hour old", self.url, rel, exc)
+
+    def honours_conditional_put(self) -> bool:
+        """Whether the store refuses a ``PUT`` with ``If-None-Match: *`` of an existing object.
+
+        Probed once per process and ``(endpoint, bucket)``, before the first
+        :meth:`create_if_absent`: a probe object ``.pck-probe-<16 hex>`` (spec §15.2) at the
+        root is put with ``If-None-Match: *``, then put again the same way, and deleted: three
+        requests. The second ``PUT`` must be refused (412; a 409 ``ConditionalRequestConflict``
+        is asked once more). A store that accepts it ignores the condition, and two committers
+        could both "win": False, logged once as ``storage.conditional_put_ignored``, and
+        :meth:`create_if_absent` refuses from then on. When no answer said (a failure the
+        retries did not mend, a refused probe), True this time: the create goes on as it did
+        before the probe, and the store is asked again next time. With ``conditional_put=False``
+        nothing is probed (False: nothing is created conditionally).
+        """
+        if not self.options.conditional_put:
+            return False
+        key = (self.options.endpoint_url, self.bucket)
+        with _HONOURS_LOCK:
+            known = _HONOURS.get(key)
+            if known is not None:
+                return known
+            honours = self._probe_conditional_put()
+            if honours is None:
+                return True  # unknown: as before the probe, and asked again next time
+            _HONOURS[key] = honours
+            return honours
+
+    def _probe_conditional_put(self) -> bool | None:
+        """True: the second conditional PUT was refused; False: it was stored; None: unknown."""
+        rel = _probe_name()
+        key = self._key(rel)
+        body = b"portable_ckpt If-None-Match probe"
+        crc = _crc32c.crc32c(body)
+        why = ""
+        for attempt in range(3):  # the first PUT, the second, and the second again after a 409
+            try:
+                self._put_object(rel, key, body, crc, check=False, IfNoneMatch="*")
+            except Exception as exc:
+                code, status, text = self._classify(exc)
+                if code == "PreconditionFailed" or status == 412:
+                    # The object exists: the first PUT's own try (its answer lost) or the
+                    # first PUT: either way the store checked the condition.
+                    self._delete_probe(rel)
+                    return True
+                if attempt > 0 and (code == "ConditionalRequestConflict" or status == 409):
+                    continue  # a conditional write of the key in progress: ask once more
+                why = code or (text.strip().splitlines() or [type(exc).__name__])[0][:200]
+                break
+            else:
+                if attempt == 0:
+                    continue  # created: now the PUT that must be refused
+                self._delete_probe(rel)
+                endpoint = self.options.endpoint_url or "AWS"
+                log_event(
+                    _log, "storage.conditional_put_ignored",
+                    {"endpoint": endpoint, "bucket": self.bucket},
+                    "the store at %s (bucket %s) accepted a PUT with If-None-Match: * of an "
+                    "object that existed: it ignores the condition, so two committers could "
+                    "both commit one version. Nothing is created conditionally in this "
+                    "process (commits, pins and deletion marks are refused); use a store that "
+                    "supports conditional writes (If-None-Match on PUT)",
+                    endpoint, self.bucket, level=logging.ERROR,
+                )
+                return False
+        self._delete_probe(rel)
+        _log.warning(
+            "could not learn whether the store at %s (bucket %s) honours If-None-Match: * on "
+            "PUT (%s): creating conditionally as if it did this time, asked again next time",
+            self.options.endpoint_url or "AWS", self.bucket, why or "a conflict that stayed",
+        )
+        return None
 
     def checksum_crc32c(self, path: str) -> int | None:
         """Return the server-stored whole-object CRC32C of ``path``, or None if it has none.
@@ -1594,11 +1688,13 @@ class S3Storage(ScannedStorage):
     def create_if_absent(self, path: str, data: bytes) -> bool:
         """Create ``path`` with one ``PUT`` + ``If-None-Match: *``; False when it exists.
 
-        A 412 after a retried request may mean our own first try succeeded: the existing object
-        is then read back and compared, and identical bytes count as created. So is a request
-        whose answer was lost (a 5xx, or none): the server may have stored it. When that
-        read-back cannot tell, :class:`CommitOutcomeUnknownError` says the record may exist
-        (R-COMMIT-19), never that it was not created.
+        Refused (``PCK-STORAGE``, not retryable) where conditional PUT is off or the store
+        ignores the condition (:meth:`honours_conditional_put`, probed before the first create
+        of the process). A 412 after a retried request may mean our own first try succeeded:
+        the existing object is then read back and compared, and identical bytes count as
+        created. So is a request whose answer was lost (a 5xx, or none): the server may have
+        stored it. When that read-back cannot tell, :class:`CommitOutcomeUnknownError` says the
+        record may exist (R-COMMIT-19), never that it was not created.
         """
         key = self._key(path)
         crc = _crc32c.crc32c(data)
@@ -1607,6 +1703,15 @@ class S3Storage(ScannedStorage):
             raise StorageError(
                 f"{self.url}: conditional PUT is off (PCK_S3_CONDITIONAL_PUT); {path} cannot be "
                 "created atomically, so nothing is committed",
+                path=path, retryable=False,
+            )
+        if not self.honours_conditional_put():
+            # A PUT it "refuses" overwrites: the same as no conditional PUT (attack review L2).
+            raise StorageError(
+                f"{self.url}: the store at {self.options.endpoint_url or 'AWS'} (bucket "
+                f"{self.bucket!r}) ignores If-None-Match: * on PUT (a probe was overwritten), so "
+                f"{path} cannot be created atomically and nothing is committed; use a store "
+                "that supports conditional writes (If-None-Match on PUT)",
                 path=path, retryable=False,
             )
         lost: BaseException | None = None  # a failure after which the PUT may have been applied
