@@ -13,7 +13,7 @@ absolute path is the last argument). Then it compares what is left with the case
   §15 with the case's policy removes it): a failure otherwise;
 * ``either``: nothing is checked;
 * every file outside the case's attempts (pins, notes, directories that are not attempts) MUST
-  be left as it was (R-GC-5); clock probes (``.pck-clock-*``) may come and go;
+  be left as it was (R-GC-5); probes (``.pck-clock-*``, ``.pck-probe-*``) may come and go;
 * ``reports``: the gc had something it MUST report (an attempt it could not classify or kept as
   invalid, pins it could not read, R-GC-6, R-GC-10, R-GC-11, R-GC-12): the adapter exits
   non-zero, as a command-line gc does; otherwise it exits 0.
@@ -41,8 +41,8 @@ __all__ = ["GcOptions", "judge", "run_gc_vectors", "snapshot"]
 
 #: Directories of an attempt whose records a gc may prune from a version it keeps.
 PRUNABLE = ("drills", "copies", "verifications", "deleting")
-#: Root entries a gc may create and delete (spec §15.2, clock probes).
-PROBE_PREFIXES = (".pck-clock-",)
+#: Root entries a gc may create and delete (spec §15.2, probes).
+PROBE_PREFIXES = (".pck-clock-", ".pck-probe-")
 
 
 @dataclass(frozen=True)

@@ -285,3 +285,33 @@ def test_a_file_system_without_hard_links_commits_by_renameat2_or_says_why_not(
     monkeypatch.setattr(ctypes, "CDLL", NoRenameat2)
     with pytest.raises(StorageError, match="supports neither hard links nor renameat2"):
         portable_ckpt.save_arrays(tmp_path / "r", {"w": np.arange(4.0)}, step=2)
+
+
+def test_nothing_is_written_or_committed_into_a_version_directory(tmp_path) -> None:
+    """Framework review 26, F1: a root inside a version (the version itself, its ``data/``) is
+    refused by the writer before a byte is written and by the committer, on disk and on an
+    object store's prefix (the root a reader of the outer root never sees)."""
+    from portable_ckpt.errors import UsageError
+    from portable_ckpt.io.versions import refuse_root_in_version
+
+    m = portable_ckpt.save_arrays(tmp_path, step=1, arrays={"w": np.ones(2)})
+    version = tmp_path / m.attempt_id
+    for inner in (version, version / "data", version / "new-root"):
+        storage = open_storage(inner, create=True) if inner.name == "new-root" else \
+            open_storage(inner)
+        with pytest.raises(UsageError, match=f"Save into the root, {tmp_path}$"):
+            ShardWriter(storage, new_attempt_id(2), 0)
+        with pytest.raises(UsageError, match="version directory"):
+            commit(storage, new_attempt_id(2), step=2)
+    with pytest.raises(UsageError, match="is a version directory"):
+        portable_ckpt.save_arrays(version, step=2, arrays={"w": np.ones(2)})
+    assert not any(p.name.startswith("s000000000002") for p in tmp_path.rglob("*"))
+    aid = m.attempt_id
+    for url in (f"s3://bkt/runs/{aid}", f"s3://bkt/runs/{aid}/data/", f"s3://bkt/{aid}/x"):
+        with pytest.raises(UsageError, match=f"in the version directory s3://bkt/[a-z/]*{aid}|"
+                                            f"{aid} is a version directory"):
+            refuse_root_in_version(url)
+    for fine in ("s3://bkt/runs", f"s3://{aid[:20]}/r", str(tmp_path), str(tmp_path / "other")):
+        refuse_root_in_version(fine)
+    # a directory named like an attempt that does not exist yet is no version
+    refuse_root_in_version(str(tmp_path / new_attempt_id(9)))

@@ -810,6 +810,23 @@ def test_ls_of_a_sweep_names_the_roots_below(tmp_path) -> None:
                          for run in ("lr1e-3", "lr3e-4")]
 
 
+def test_gc_of_a_folder_of_roots_names_each_root(tmp_path) -> None:
+    """Framework review 26, F2: torchtitan's ``<folder>/step-N`` roots: `gc <folder> --keep 1`
+    said ``kept 0: -`` and exit 0, nothing more; it names each root with the gc to run (on
+    stderr: stdout is the report) and deletes nothing."""
+    for run in ("step-2", "step-4"):
+        save_step(tmp_path / run, int(run[-1]))
+    r = cli("gc", str(tmp_path), "--keep", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].startswith("kept 0: -")
+    assert r.stderr.splitlines() == [
+        f"{run}/ is a checkpoint root: portable-ckpt gc --keep 1 {tmp_path}/{run}/"
+        for run in ("step-2", "step-4")]
+    assert all(len(list_versions(tmp_path / run)) == 1 for run in ("step-2", "step-4"))
+    one = cli("gc", str(tmp_path / "step-2"), "--keep", "1")
+    assert one.returncode == 0 and "checkpoint root" not in one.stderr
+
+
 def test_open_of_a_path_inside_a_version_names_the_version(tmp_path) -> None:
     """Maintainer review M9: `open("<root>/<attempt>/data")` said "no committed version for any
     step under .../data" while `ls` of the same path named the version; one rule for both."""

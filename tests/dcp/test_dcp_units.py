@@ -150,6 +150,26 @@ def test_reset_root_steps_and_version_directories(tmp_path: Any) -> None:
         assert target["w"].tolist() == [want, want]
 
 
+def test_a_save_into_a_version_directory_is_refused(tmp_path: Any) -> None:
+    """Framework review 26, F1: a save given the version a save returned
+    (``storage_meta.checkpoint_id``) nested a root inside it, said success, was read by no
+    reader of the root and deleted by gc with the outer version. Refused, naming the root."""
+    root = tmp_path / "root"
+    md = dcp.save({"w": torch.ones(2)}, storage_writer=PortableStorageWriter(root, step=1))
+    version = md.storage_meta.checkpoint_id
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for target in (version, os.path.join(version, "data")):
+        with pytest.raises(CheckpointError, match="version directory") as info:
+            dcp.save({"w": torch.full((2,), 2.0)}, checkpoint_id=target,
+                     storage_writer=PortableStorageWriter(target, step=2))
+        assert info.value.code == "PCK-USAGE" and f"Save into the root, {root}" in str(info.value)
+    writer = PortableStorageWriter(root, step=3)
+    with pytest.raises(CheckpointError, match="is a version directory"):
+        writer.reset(version)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert [v.step for v in portable_ckpt.list_versions(root)] == [1]
+
+
 def failure(e: BaseException) -> BaseException:
     """The first rank's exception inside DCP's CheckpointException."""
     failures = getattr(e, "failures", None)

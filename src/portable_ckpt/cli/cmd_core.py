@@ -231,17 +231,21 @@ def _passed(last: dict[str, Any]) -> str:
     return f"passed {last.get('mode')} {max(0, int(age))}s"
 
 
-def _child_roots(storage: Any, foreign: list[str], root: str) -> None:
+def _child_roots(storage: Any, foreign: list[str], root: str, command: str = "ls",
+                 *, file: Any = None) -> None:
     """Name the subdirectories that are checkpoint roots (a sweep's: fine-tuning review F8).
 
     One listing per subdirectory, for the first 20: a directory with an attempt-named child.
+    ``command`` is what to run on each (``gc --keep 2`` for gc, whose run on a directory of
+    roots did nothing and said ``kept 0: -``: framework review 26, F2).
     """
     from portable_ckpt.format.naming import ATTEMPT_ID_RE
 
     found = [d for d in (f for f in foreign[:20] if f.endswith("/"))
              if any(ATTEMPT_ID_RE.match(n) for n in storage.list_dirs(d))]
     for d in found:
-        print(f"{safe(d)} is a checkpoint root: portable-ckpt ls {safe(root.rstrip('/'))}/{safe(d)}")
+        print(f"{safe(d)} is a checkpoint root: portable-ckpt {command} "
+              f"{safe(root.rstrip('/'))}/{safe(d)}", file=file or sys.stdout)
 
 
 def _why_passed_over(storage: Any, v: Any) -> str:
@@ -524,6 +528,16 @@ def _gc(args: argparse.Namespace) -> int:
                if failed.intersection(rep.kept) else "")
             + (f"; kept for want of a copy: {len(rep.kept_for_copy)}" if rep.kept_for_copy else "")
         )
+    if not (rep.kept or rep.deleted or rep.abandoned or rep.in_grace or rep.damaged
+            or rep.foreign or rep.unknown or rep.pinned or rep.gone):
+        from portable_ckpt.io.versions import foreign_keys
+        from portable_ckpt.storage import open_storage
+
+        # gc applies to one root; a folder of roots (torchtitan's step-N) held no attempt
+        with contextlib.suppress(CheckpointError):
+            storage = open_storage(args.root)
+            _child_roots(storage, foreign_keys(storage), str(args.root),
+                         f"gc --keep {args.keep}", file=sys.stderr)
     for u in rep.unknown:
         what = u["id"] or ("the pins" if u["status"] == "pins unreadable" else "unfinished uploads")
         why = {"delete failed": "could not delete it", "pins unreadable": "could not read them; "

@@ -532,6 +532,9 @@ def commit(
         CheckpointError: any failed check; nothing is published.
 
     """
+    from portable_ckpt.io.versions import refuse_root_in_version
+
+    refuse_root_in_version(storage)  # a committer of another process, whatever its writers did
     with logged_commit(storage.url, attempt_id, step) as done:
         manifest = _commit(
             storage, attempt_id, step, indexes, expected_writers, continuation, producer,

@@ -47,6 +47,7 @@ from portable_ckpt.errors import (
     PassedOverWarning,
     PathUnsafeError,
     StorageError,
+    UsageError,
     VersionUnsupportedError,
     may_pass,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "classify_record",
     "commit_time",
     "enclosing_version",
+    "refuse_root_in_version",
     "foreign_keys",
     "latest",
     "likely_record",
@@ -124,6 +126,42 @@ def enclosing_version(text: str) -> str | None:
                 return path
             path = os.path.dirname(path)
     return None
+
+
+def refuse_root_in_version(root: Storage | str | os.PathLike[str]) -> None:
+    """Refuse to write into a root that is a version directory or lies in one (``UsageError``).
+
+    A save given the version a previous save returned (DCP's ``storage_meta.checkpoint_id``)
+    nested a root inside that version: it reported success, no reader of the root saw it
+    (files of an attempt that no document names are ignored, R-LAYOUT-4), and gc deleted it
+    with the outer version (framework review 26, F1). A local root is looked at on disk
+    (:func:`enclosing_version`, also before it exists); an object store's root by the
+    components of its prefix.
+    """
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    if isinstance(root, Storage):
+        local, url = root.local_root(), root.url
+    else:
+        url = os.fspath(root)
+        local = local_path(url)
+    if local is not None:
+        version = enclosing_version(local)
+    else:
+        scheme, _, rest = url.rpartition("://")
+        parts = rest.rstrip("/").split("/")
+        inner = [i for i, part in enumerate(parts[1:], 1) if ATTEMPT_ID_RE.match(part)]
+        version = f"{scheme}://{'/'.join(parts[:inner[0] + 1])}" if inner else None
+    if version is None:
+        return
+    what = "is a version directory" if version.rstrip("/") == (local or url).rstrip("/") \
+        else f"lies in the version directory {version}"
+    raise UsageError(
+        f"{url} {what}: a save there would nest a root inside that version, which no reader of "
+        f"its root sees and gc deletes with it. Save into the root, "
+        f"{os.path.dirname(version.rstrip('/'))}",
+        path=url,
+    )
 
 
 COMMITTED, INCOMPLETE, INVALID, FOREIGN, UNREADABLE, STRAY = (

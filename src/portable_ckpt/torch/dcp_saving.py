@@ -53,6 +53,7 @@ from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
+from portable_ckpt.io.versions import refuse_root_in_version
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
 from portable_ckpt.torch._dcp_keys import json_leaves, portable_key
@@ -206,6 +207,7 @@ class PortableStorageWriter(StorageWriter):
         """Start a new save (``checkpoint_id``, when given, is the root)."""
         if checkpoint_id is not None:
             self.root = check_root(checkpoint_id)
+        refuse_root_in_version(self.root)  # at once, before DCP plans the save
         self.attempt_id: str | None = None
         self.rank = 0
         self.is_coordinator = True
@@ -247,6 +249,7 @@ class PortableStorageWriter(StorageWriter):
         if isinstance(state, Mapping):
             self._mesh = group_mesh(state.values())
             refuse_one_box_view(planner, (i.index.fqn for i in plan.items), PortableSavePlanner)
+        refuse_root_in_version(self.root)  # before the root is made inside that version
         self._storage = open_storage(self.root, create=True)
         writer = self._new_writer(self._storage, len(plan.items) * world)
         try:
