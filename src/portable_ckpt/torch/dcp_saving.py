@@ -52,8 +52,8 @@ from portable_ckpt.format.usage import require_non_negative_int, require_one_of
 from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
-from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
 from portable_ckpt.io.versions import refuse_root_in_version
+from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
 from portable_ckpt.torch._dcp_keys import json_leaves, portable_key
