@@ -274,7 +274,7 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
         print("error: --timeout must be a positive number of seconds", file=sys.stderr)
         return EXIT_USAGE
     opts = GcOptions(args.set, args.timeout, not args.no_retire_abandoned, args.workdir,
-                     args.keep_work, tuple(args.case))
+                     args.keep_work, tuple(args.case), args.tracing)
     try:
         run_gc_vectors(cmd, opts, report)
     except ValueError as exc:
@@ -289,6 +289,9 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     if not ran:
         return _abort(report, args, EXIT_NOTHING, "error: no retention case ran")
     report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
+    traced = report.info.get("tracing", {}).get("used")
+    if report.exit_code == EXIT_OK and args.tracing == "auto" and not traced:
+        report.exit_code = EXIT_PARTIAL
     out = sys.stderr if args.json == "-" else sys.stdout
     for f in report.failures:
         print(f"FAIL [gc] {f.name}\n  {f.message.strip()}\n  case directory: {f.case_dir}\n"
@@ -297,9 +300,11 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"warning: {w}", file=out)
     skipped = len(report.cases) - len(ran)
     verdict = "gc FAILED" if report.failures else "gc passed"
+    order = "on" if traced else "NOT CHECKED (exit 6; install strace, or --tracing off)" \
+        if args.tracing == "auto" else "off"
     print(f"{verdict}: {len(ran) - len(report.failures)}/{len(ran)} retention vectors"
           + (f" ({skipped} skipped: options this gc does not offer)" if skipped else "")
-          + f" in {report.seconds:.1f}s", file=out)
+          + f" in {report.seconds:.1f}s (order checks, R-GC-3 and R-GC-13: {order})", file=out)
     _emit(report, args)
     return report.exit_code
 
@@ -384,6 +389,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the gc does not offer retire_abandoned (optional, spec §15.2): skip "
                    "the cases that need it")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process")
+    g.add_argument("--tracing", choices=["require", "auto", "off"], default="require",
+                   help="system-call tracing (strace) for the order checks (the mark before "
+                   "the commit record, the commit record first: R-GC-13, R-GC-3): require it "
+                   "(exit 4 without), use it when available (exit 6 without), or skip them")
     g.add_argument("--workdir", default=None, help="directory for case directories (default: a "
                    "new temporary directory)")
     g.add_argument("--keep-work", action="store_true", help="keep every case directory (failed "

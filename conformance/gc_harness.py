@@ -20,11 +20,20 @@ absolute path is the last argument). Then it compares what is left with the case
 
 Cases whose ``requires`` names an option the gc under test does not offer
 (``--no-retire-abandoned``) are skipped.
+
+Under system-call tracing (``strace``, as the writer harness; ``--tracing require`` by
+default) the order of what the gc did is checked too, which files at rest cannot show: in every
+attempt whose ``manifest.json`` it removed, a deletion mark ``deleting/<deletion_id>.json`` was
+created before (R-GC-13) and no other file of the attempt was removed or renamed before it
+(R-GC-3): failures; the records before the writer indexes before the data and entry files, the
+mark last (R-GC-3's SHOULD): warnings; a file removed or renamed outside the root (R-GC-5): a
+failure, other writes there a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shutil
 import tempfile
@@ -33,11 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.procs import Adapter, InfrastructureError
+from conformance.procs import Adapter, InfrastructureError, Outcome
 from conformance.report import CaseResult, RunReport, shell_join
+from conformance.trace import FsEvent, fs_events, outside_writes, parse_trace, tracing_status
 from conformance.vectors import RETENTION_DIRS, load_cases, materialize
 
-__all__ = ["GcOptions", "judge", "run_gc_vectors", "snapshot"]
+__all__ = ["GcOptions", "judge", "order_problems", "run_gc_vectors", "snapshot"]
 
 #: Directories of an attempt whose records a gc may prune from a version it keeps.
 PRUNABLE = ("drills", "copies", "verifications", "deleting")
@@ -55,6 +65,7 @@ class GcOptions:
     workdir: str | None = None
     keep_work: bool = False
     cases: tuple[str, ...] = ()  # only these (by name); empty: every case
+    tracing: str = "require"  # require | auto | off, as for ``writer``
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -119,7 +130,15 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
     unknown = [n for n in opts.cases if n not in known]
     if unknown:
         raise ValueError(f"no retention case is named {', '.join(map(repr, unknown))}")
-    adapter = Adapter(cmd, timeout=opts.timeout)
+    status = tracing_status() if opts.tracing != "off" else None
+    traced = bool(status and status.available)
+    if opts.tracing == "require" and not traced:
+        raise InfrastructureError(f"system-call tracing is required for the order checks "
+                                  f"(R-GC-3, R-GC-13) but unavailable: "
+                                  f"{status.detail if status else ''}; pass --tracing auto to "
+                                  "run without them (reported as not checked)")
+    report.info["tracing"] = {"used": traced, "detail": status.detail if status else "off"}
+    adapter = Adapter(cmd, timeout=opts.timeout, trace=traced)
     adapter.preflight()
     own = opts.workdir is None
     work = Path(tempfile.mkdtemp(prefix="pck-gc-vectors-") if own else str(opts.workdir))
@@ -163,6 +182,10 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
                               indent=1) + "\n", encoding="utf-8")
     out = adapter.run(job)
     failures, warnings = judge(case, before, root, out.rc)
+    if out.trace is not None:
+        errors, advice = order_problems(_events(out, adapter), root, case, out)
+        failures += errors
+        warnings += advice
     status = "failed" if failures else "passed"
     if not failures and not warnings and not opts.keep_work:
         shutil.rmtree(cdir, ignore_errors=True)
@@ -177,3 +200,91 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
                       if failures else None,
                       details={"policy": case["policy"], "rc": out.rc,
                                "warnings": warnings, "feature": case["feature"]})
+
+
+def _events(out: Outcome, adapter: Adapter) -> list[FsEvent]:
+    assert out.trace is not None
+    calls, _ = parse_trace(out.trace)
+    return fs_events(calls, str(adapter.cwd))
+
+
+#: An attempt's top-level directories in the order R-GC-3 recommends removing them: the
+#: records, then the writer indexes, then the data and entry files (the mark last).
+_ORDER = ({"drills", "copies", "verifications"}, {"index"}, {"data", "entries"})
+
+
+def order_problems(events: list[FsEvent], root: Path, case: dict[str, Any], out: Outcome
+                   ) -> tuple[list[str], list[str]]:
+    """``(failures, warnings)`` of a traced gc run: R-GC-3 and R-GC-13 order, R-GC-5 outside.
+
+    Only attempts whose ``manifest.json`` the gc removed are looked at (an attempt without a
+    commit record has none to remove first, and needs no mark).
+    """
+    failures: list[str] = []
+    warnings: list[str] = []
+    base = str(root.resolve())
+    for aid in case["attempts"]:
+        adir = f"{base}/{aid}"
+        mine = [e for e in events if e.kind in ("unlink", "rename", "link", "open")
+                and (e.path.startswith(adir + "/") or e.src.startswith(adir + "/"))]
+        gone = [i for i, e in enumerate(mine) if e.kind in ("unlink", "rename")
+                and (e.src or e.path) == f"{adir}/manifest.json"]
+        if not gone:
+            continue
+        first = gone[0]
+        marks = [i for i, e in enumerate(mine) if e.kind in ("link", "rename", "open")
+                 and _is_mark(e.path, adir) and (e.kind != "open" or "O_CREAT" in e.flags)]
+        if not any(i < first for i in marks):
+            failures.append(f"removed {aid}/manifest.json without storing a deletion mark "
+                            "deleting/<deletion_id>.json in the attempt first (R-GC-13: a gc "
+                            "stopped right after leaves what every tool takes for a version "
+                            "whose record was lost)")
+        early = sorted({_rel(e.src if e.kind == "rename" else e.path, adir)
+                        for e in mine[:first] if e.kind in ("unlink", "rename")
+                        and (e.src if e.kind == "rename" else e.path) != f"{adir}/manifest.json"
+                        and not _is_mark(e.src or e.path, adir)
+                        and not (e.src or e.path).endswith(".tmp")})
+        if early:
+            failures.append(f"removed {', '.join(early[:3])} of {aid} before its manifest.json "
+                            "(R-GC-3: the commit record goes first, so that the version stops "
+                            "existing before any of its files)")
+        dirs = {d for e in mine for d in _parents(e.path, adir)}
+        tops = [_rel(e.path, adir).split("/", 1)[0] for e in mine[first + 1:]
+                if e.kind == "unlink" and e.path not in dirs]  # files: rmdir comes at the end
+        rank = [next((r for r, group in enumerate(_ORDER) if t in group), None) for t in tops]
+        seen = [r for r in rank if r is not None]
+        if any(a > b for a, b in itertools.pairwise(seen)):
+            warnings.append(f"{aid}: removed its files in another order than records, writer "
+                            "indexes, then data and entry files (R-GC-3, a SHOULD: a gc "
+                            "stopped half-way then leaves what classifies as invalid)")
+        if "deleting" in tops and any(t not in ("deleting", "") for t in
+                                      tops[tops.index("deleting"):]):
+            warnings.append(f"{aid}: removed its deletion mark before its other files "
+                            "(R-GC-13, a SHOULD: the mark goes last)")
+    own = {str(out.out.resolve()), str(out.err.resolve())}
+    outside = [p for p in outside_writes(events, base) if p not in own
+               and not p.startswith(str(out.job.parent.resolve()) + "/job")]
+    removed = sorted({e.src or e.path for e in events if e.kind in ("unlink", "rename")
+                      and (e.src or e.path) in outside})
+    if removed:
+        failures.append(f"removed or renamed {', '.join(removed[:3])} outside the root (R-GC-5)")
+    rest = [p for p in outside if p not in removed]
+    if rest:
+        warnings.append(f"wrote outside the root: {', '.join(rest[:3])} (the adapter protocol: "
+                        "a gc writes only below its root)")
+    return failures, warnings
+
+
+def _parents(path: str, adir: str) -> list[str]:
+    """The directories between ``adir`` (excluded) and ``path`` (excluded)."""
+    parts = _rel(path, adir).split("/")[:-1]
+    return [f"{adir}/{'/'.join(parts[:i])}" for i in range(1, len(parts) + 1)]
+
+
+def _is_mark(path: str, adir: str) -> bool:
+    rel = _rel(path, adir)
+    return rel.startswith("deleting/g") and rel.endswith(".json") and rel.count("/") == 1
+
+
+def _rel(path: str, adir: str) -> str:
+    return path[len(adir) + 1:] if path.startswith(adir + "/") else path

@@ -9,7 +9,11 @@ Proves that ``portable-ckpt-conformance gc`` catches each kind of defect a gc ca
 * ``exit-one``: exits 1 whatever happened (a failure, or a report with nothing to report);
 * ``keep-more``: keeps one version more than asked (what the rules let go is left);
 * ``outside``: deletes a root file that is no attempt (R-GC-5);
-* ``ignore-pins``: deletes the pins first, then runs (R-GC-11).
+* ``ignore-pins``: deletes the pins first, then runs (R-GC-11);
+* ``no-mark``: removes a version's commit record without storing a deletion mark first (the
+  mark comes after, R-GC-13), seen only under system-call tracing;
+* ``data-first``: removes a version's data files before its commit record (R-GC-3), seen
+  only under system-call tracing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "adapters"))
 
@@ -47,8 +52,27 @@ def main(argv: list[str]) -> int:
         if (root / "pins").is_file():
             (root / "pins").unlink()
     path.write_text(json.dumps(job), encoding="utf-8")
+    if MODE in ("no-mark", "data-first"):
+        _patch_deletion()
     rc = reference_gc.main(argv)
     return 0 if MODE == "exit-zero" else 1 if MODE == "exit-one" else rc
+
+
+def _patch_deletion() -> None:
+    """Inject the order defects into the reference's deletion of one attempt."""
+    import portable_ckpt.io.deletion as deletion
+    import portable_ckpt.io.gc as gc_mod
+
+    real = deletion.delete_attempt
+
+    def delete_attempt(storage: Any, attempt_id: str, *args: Any, **kwargs: Any) -> None:
+        if MODE == "no-mark":
+            kwargs["mark"] = None  # no mark before the record; the re-mark comes after it
+        else:
+            storage.delete_many([o.path for o in storage.list(f"{attempt_id}/data/")])
+        real(storage, attempt_id, *args, **kwargs)
+
+    setattr(gc_mod, "delete_attempt", delete_attempt)  # noqa: B010 - not exported there
 
 
 if __name__ == "__main__":

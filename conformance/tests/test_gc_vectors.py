@@ -28,6 +28,8 @@ from conformance.vectors import (
     retention_cases,
 )
 
+from .conftest import needs_tracing
+
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER = REPO / "conformance" / "adapters" / "reference_gc.py"
 BAD = REPO / "conformance" / "tests" / "bad_gc.py"
@@ -140,6 +142,8 @@ def test_judge_weighs_a_should_as_a_warning(tmp_path: Path) -> None:
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300
          ) -> tuple[int, dict[str, Any] | None, str]:
+    if "--tracing" not in args:  # the order checks have their own tests (they need strace)
+        args = ("--tracing", "off", *args)
     out = subprocess.run([sys.executable, "-m", "conformance", "gc", *args], cwd=REPO,
                          capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, **(env or {})})
@@ -198,6 +202,42 @@ def test_harness_fails_a_gc_with_a_defect(mode: str) -> None:
     kept = Path(doc["failures"][0]["case_dir"])
     assert (kept / "job.json").is_file() and (kept / "root").is_dir()
     shutil.rmtree(doc["workdir"])
+
+
+ORDER_CASES = ["keep-two-of-four", "rollback-retired", "rollback-retired-pinned",
+               "invalid-record-delete-invalid"]
+
+
+@needs_tracing
+def test_traced_order_of_the_reference_and_of_defects() -> None:
+    """R-GC-3, R-GC-13 under strace: the reference stores its mark before each commit record
+    it removes and removes that first, also for versions --retire-abandoned retires (it
+    stored no mark there, and skipped the last look at the pins, until the trace showed it);
+    a gc that marks after, or removes data first, fails exactly there."""
+    picked = [f"--case={n}" for n in ORDER_CASES]
+    rc, doc, text = _run("--json", "--tracing", "require", *picked, "--", sys.executable,
+                         str(ADAPTER))
+    assert rc == 0, text
+    assert doc is not None and doc["tracing"]["used"] and doc["warnings"] == []
+    for mode, want in (("no-mark", "without storing a deletion mark"),
+                       ("data-first", "before its manifest.json (R-GC-3")):
+        rc, doc, text = _run("--json", "--tracing", "require", *picked, "--", sys.executable,
+                             str(BAD), env={"PCK_BAD_MODE": mode})
+        assert rc == 1, text
+        assert doc is not None
+        assert sorted(f["name"] for f in doc["failures"]) == sorted(
+            f"errata-20/{n}" for n in ORDER_CASES), mode
+        assert all(want in f["message"] for f in doc["failures"]), mode
+        shutil.rmtree(doc["workdir"])
+
+
+def test_an_untraced_run_says_so() -> None:
+    """Without tracing the order is not checked: ``--tracing off`` says so and exits 0;
+    ``--tracing auto`` without strace would exit 6 (a partial pass, as ``writer``)."""
+    rc, doc, text = _run("--json", "--tracing", "off", "--case=grace-zero", "--",
+                         sys.executable, str(BAD), env={"PCK_BAD_MODE": "no-mark"})
+    assert rc == 0, text
+    assert doc is not None and doc["tracing"] == {"used": False, "detail": "off"}
 
 
 def test_harness_usage_and_infrastructure_errors(tmp_path: Path) -> None:

@@ -155,6 +155,35 @@ def test_the_mark_is_stored_before_the_commit_record_is_deleted(tmp_path: Path) 
     assert first[DELETION_DIR] > max(last["data"], last.get("entries", -1)), gone
 
 
+def test_retired_versions_are_marked_before_their_record_goes(tmp_path: Path) -> None:
+    """R-GC-13 for ``retire_abandoned``: the versions a rollback abandoned went without a mark
+    (they had left the list gc took its marks from; found by the conformance suite's trace of
+    the retention vectors). Each now gets its mark, with the reason, before its record."""
+    first10 = make_version(tmp_path, 10)
+    first20 = make_version(tmp_path, 20)
+    again10 = make_version(tmp_path, 10)  # the job resumed from step 10 and saved it again
+    stored: list[tuple[str, str, dict[str, Any] | None]] = []
+
+    class Watch(FaultyStorage):
+        def create_if_absent(self, path: str, data: bytes) -> bool:
+            stored.append(("create", path, json.loads(data)))
+            return super().create_if_absent(path, data)
+
+        def delete(self, path: str) -> bool | None:
+            stored.append(("delete", path, None))
+            return super().delete(path)
+
+    rep = gc(Watch(open_storage(tmp_path), []), keep=1, grace_seconds=0.0,
+             retire_abandoned=True)
+    assert sorted(rep.retired) == sorted([first10, first20]), rep.to_json()
+    assert [v.id for v in list_versions(tmp_path)] == [again10]
+    for old in (first10, first20):
+        ops = [(op, p, doc) for op, p, doc in stored if p.startswith(f"{old}/")]
+        assert ops[0][0] == "create" and ops[0][1].startswith(f"{old}/{DELETION_DIR}/g"), ops
+        assert ops[0][2] is not None and ops[0][2]["reason"].startswith("retired")
+        assert (ops[1][0], ops[1][1]) == ("delete", f"{old}/manifest.json"), ops[:3]
+
+
 def test_no_mark_no_deletion(tmp_path: Path) -> None:
     """A mark that cannot be stored stops the version's deletion: its record stays."""
     old, new = _root(tmp_path)
