@@ -165,6 +165,8 @@ def test_one_process_loads_the_2x2_versions(saved: tuple[dict[str, str], list[An
     with pytest.raises(CheckpointException) as ei:
         dcp.load(state, storage_reader=PortableStorageReader(roots["pckt"], step=2))
     assert "PCK-CONTRACT" in str(ei.value)
+    # the fix a DCP caller can apply (framework review 26, F3: "pass allow_statistical=True")
+    assert "pass PortableStorageReader(root, allow_statistical=True)" in str(ei.value)
 
 
 def test_cli_and_conformance_checker_read_dcp_written_versions(

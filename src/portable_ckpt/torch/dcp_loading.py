@@ -555,7 +555,10 @@ class PortableStorageReader(StorageReader):
         state = getattr(planner, "state_dict", None)
         mesh = group_mesh(state.values()) if isinstance(state, Mapping) else None
         if not _template_free(planner):  # an export or inspection continues no training
-            _contract(view.ck, int(data.get("world_size", 1)), mesh, self.allow_statistical)
+            # (framework review 26, F3: every DCP reshard met "pass allow_statistical=True")
+            _contract(view.ck, int(data.get("world_size", 1)), mesh, self.allow_statistical,
+                      "PortableStorageReader(root, allow_statistical=True) (as DCP's own "
+                      "reader, which reshards without asking)")
         refuse_one_box_view(planner, (i.dest_index.fqn for i in plan.items), PortableLoadPlanner)
         filled: dict[MetadataIndex, int] = defaultdict(int)
         reads = _TensorReads(view, planner)

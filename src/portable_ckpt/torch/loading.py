@@ -410,7 +410,9 @@ def _new_info(ck: Checkpoint, comm: Comm, mesh: Mesh | None, allow_statistical: 
     )
 
 
-def _contract(ck: Checkpoint, world: int, mesh: Mesh | None, allow_statistical: bool) -> str:
+def _contract(ck: Checkpoint, world: int, mesh: Mesh | None, allow_statistical: bool,
+              accept: str = "allow_statistical=True") -> str:
+    """The contract of this load; ``ContractError`` naming ``accept``, how the caller accepts."""
     saved = ck.continuation
     same = saved.world_size == world
     if same and saved.mesh is not None and mesh is not None:
@@ -430,10 +432,10 @@ def _contract(ck: Checkpoint, world: int, mesh: Mesh | None, allow_statistical: 
     raise ContractError(
         f"checkpoint {ck.path} was saved with continuation contract 'exact' on world size "
         f"{saved.world_size} ({smesh}); this group has world size {world} ({nmesh}). Bit-exact "
-        f"continuation is impossible; pass allow_statistical=True to accept statistical "
+        f"continuation is impossible; pass {accept} to accept statistical "
         f"continuation (values restored exactly, RNG/data position per the entries' policies). "
         f"Loading weights to evaluate or fine-tune, not to continue that run? Nothing is lost: "
-        f"pass allow_statistical=True (the contract is about that run's random streams and "
+        f"pass {accept} (the contract is about that run's random streams and "
         f"data order)"
     )
 
