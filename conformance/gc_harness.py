@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -47,10 +48,9 @@ from conformance.report import CaseResult, RunReport, shell_join
 from conformance.trace import FsEvent, fs_events, outside_writes, parse_trace, tracing_status
 from conformance.vectors import RETENTION_DIRS, load_cases, materialize
 
-__all__ = ["GcOptions", "judge", "order_problems", "run_gc_vectors", "snapshot"]
+__all__ = ["GcOptions", "judge", "order_problems", "reported_ids", "run_gc_vectors",
+           "snapshot"]
 
-#: Directories of an attempt whose records a gc may prune from a version it keeps.
-PRUNABLE = ("drills", "copies", "verifications", "deleting")
 #: Root entries a gc may create and delete (spec §15.2, probes).
 PROBE_PREFIXES = (".pck-clock-", ".pck-probe-")
 
@@ -69,51 +69,121 @@ class GcOptions:
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every regular file below ``root`` (relative path) and the SHA-256 of its bytes."""
+    """Every entry below ``root`` by relative path: ``file:<SHA-256>``, ``link:<target>``, ``dir``.
+
+    Links are not followed: a gc that replaced a stray ``manifest.json`` link by a copy, or
+    removed a ``manifest.json`` directory, changed what the case keeps.
+    """
     out: dict[str, str] = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            out[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(top) / name
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                out[rel] = f"link:{os.readlink(p)}"
+            elif p.is_dir():
+                out[rel] = "dir"
+            elif p.is_file():
+                out[rel] = f"file:{hashlib.sha256(p.read_bytes()).hexdigest()}"
+            else:
+                out[rel] = "special"
     return out
 
 
-def judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int
-          ) -> tuple[list[str], list[str]]:
-    """``(failures, warnings)`` of a gc run on ``case`` that left ``root`` and exited ``rc``."""
+def reported_ids(stdout: str) -> list[str] | None:
+    """The attempt ids of the adapter's report line (None: none, e.g. the gc crashed).
+
+    The report line is the last standard-output line that is a JSON object with a
+    ``reported`` list.
+    """
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("reported"), list):
+                return [str(x) for x in doc["reported"]]
+    return None
+
+
+def judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int,
+          reported: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """``(failures, warnings)`` of a gc run on ``case``.
+
+    The run left ``root``, exited ``rc`` and reported ``reported`` (the ids of its report
+    line, :func:`reported_ids`).
+    """
     after = snapshot(root)
     failures: list[str] = []
     warnings: list[str] = []
     attempts: dict[str, dict[str, Any]] = case["attempts"]
     for aid, exp in attempts.items():
         mine = {rel: h for rel, h in before.items() if rel.startswith(aid + "/")}
-        left = sorted(rel for rel in after if rel.startswith(aid + "/"))
+        left = sorted(rel for rel, h in after.items() if rel.startswith(aid + "/")
+                      and h != "dir")
         what = f"{aid} ({exp['class']}; {exp['why']})"
         if exp["outcome"] in ("keep", "should-keep"):
-            lost = sorted(rel for rel, h in mine.items() if after.get(rel) != h
-                          and rel.split("/")[1] not in PRUNABLE)
+            # Only its deletion marks may go (cleared beside a commit record, R-GC-13); its
+            # drill, copy and verification records are each the newest of their kind or a
+            # failure, which R-DRILL-9 keeps. Nothing new but a mark may appear.
+            clearable = before.get(f"{aid}/manifest.json", "").startswith("file:")
+            lost = sorted(rel for rel, h in mine.items() if after.get(rel) != h and not (
+                clearable and rel.startswith(f"{aid}/deleting") and rel not in after))
+            added = sorted(rel for rel in after if rel.startswith(aid + "/")
+                           and rel not in mine and not _mark_path(rel, aid))
             if lost:
                 verb = "deleted or changed" if exp["outcome"] == "keep" else "deleted (a SHOULD)"
-                text = f"{verb} {', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''} of {what}"
+                text = f"{verb} {_few(lost)} of {what}"
                 (failures if exp["outcome"] == "keep" else warnings).append(text)
+            if added:
+                failures.append(f"added {_few(added)} to {what}: a gc adds nothing to a version "
+                                "it keeps but a deletion mark")
         elif exp["outcome"] == "delete" and left:
-            failures.append(f"left {', '.join(left[:3])}{' ...' if len(left) > 3 else ''} of "
-                            f"{what}: the rules let it go and a gc following spec §15 with this "
-                            "policy removes it")
+            failures.append(f"left {_few(left)} of {what}: the rules let it go and a gc "
+                            "following spec §15 with this policy removes it")
     inside = tuple(a + "/" for a in attempts)
     for rel, h in before.items():
-        if rel.startswith(inside) or rel.startswith(PROBE_PREFIXES):
+        if rel.startswith(inside) or rel in attempts or rel.startswith(PROBE_PREFIXES):
             continue
         if after.get(rel) != h:
             failures.append(f"{'changed' if rel in after else 'deleted'} {rel}, which is no "
                             "attempt of the root (R-GC-5: gc deletes nothing outside the "
                             "attempts it removes)")
-    if case["reports"] and rc == 0:
-        failures.append("exit status 0, but the gc had to report an attempt (R-GC-6, R-GC-10, "
-                        "R-GC-11, R-GC-12: a command-line gc exits non-zero)")
-    elif not case["reports"] and rc != 0:
+    new = sorted(rel for rel in after if rel not in before and not rel.startswith(inside)
+                 and rel not in attempts and not (rel.startswith(PROBE_PREFIXES) and "/" not in rel))
+    if new:
+        failures.append(f"wrote {_few(new)} into the root: a gc writes nothing there but its "
+                        "probes (spec §15.2) and deletion marks")
+    must = sorted(a for a, exp in attempts.items() if exp.get("reported"))
+    if case["reports"] is True:
+        if rc == 0:
+            failures.append("exit status 0, but the gc had to report (R-GC-6, R-GC-10, R-GC-11, "
+                            "R-GC-12: a command-line gc exits non-zero)")
+        if reported is None:
+            failures.append("no report line on standard output ({\"reported\": [...]}, the "
+                            "adapter protocol): a gc that had to report said nothing, or "
+                            "crashed")
+        else:
+            missing = [a for a in must if a not in reported]
+            if missing:
+                failures.append(f"its report does not name {_few(missing)}, which it had to "
+                                "report (R-GC-10, R-GC-12, R-GC-11)")
+    elif case["reports"] is False and rc != 0:
         failures.append(f"exit status {rc}: the gc failed, or reported what needs no report "
                         "(see its standard error)")
     return failures, warnings
+
+
+def _mark_path(rel: str, aid: str) -> bool:
+    """A deletion mark of ``aid`` (or its ``deleting/`` directory), which a gc may store."""
+    return rel == f"{aid}/deleting" or (rel.startswith(f"{aid}/deleting/")
+                                        and rel.count("/") == 2)
+
+
+def _few(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "")
 
 
 def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
@@ -141,6 +211,8 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
     adapter = Adapter(cmd, timeout=opts.timeout, trace=traced)
     adapter.preflight()
     own = opts.workdir is None
+    if not own and Path(str(opts.workdir)).exists() and not Path(str(opts.workdir)).is_dir():
+        raise ValueError(f"--workdir {opts.workdir} exists and is not a directory")
     work = Path(tempfile.mkdtemp(prefix="pck-gc-vectors-") if own else str(opts.workdir))
     work.mkdir(parents=True, exist_ok=True)
     report.info["workdir"] = str(work)
@@ -159,10 +231,12 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
         if adapter.cannot_import is not None:
             raise InfrastructureError(f"every adapter process died of an import error: "
                                       f"{adapter.cannot_import}")
-    finally:
+    except BaseException:
         report.seconds = time.monotonic() - t0
-        if own and not opts.keep_work and not any(c.failed for c in report.cases):
-            shutil.rmtree(work, ignore_errors=True)
+        raise  # the work directory stays: the message may name a case in it
+    report.seconds = time.monotonic() - t0
+    if own and not opts.keep_work and not any(c.failed for c in report.cases):
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
@@ -180,8 +254,21 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
     job = cdir / "job.json"
     job.write_text(json.dumps({"op": "gc", "root": str(root.resolve()), **case["policy"]},
                               indent=1) + "\n", encoding="utf-8")
-    out = adapter.run(job)
-    failures, warnings = judge(case, before, root, out.rc)
+    try:
+        out = adapter.run(job)
+    except InfrastructureError as exc:
+        if "--timeout" not in str(exc):
+            raise
+        # A gc that does not end on a case (a loop on a stray attempt) is that case's failure,
+        # with its directory kept; the run goes on (re-attack 26: exit 4 and no verdict).
+        return CaseResult("gc", name, "failed", f"did not end within --timeout "
+                          f"{opts.timeout:g} s and was killed: a gc that hangs on this root (on "
+                          "a slow machine, raise --timeout)", time.monotonic() - t0,
+                          case_dir=str(cdir), replay=_replay(case, cmd),
+                          details={"policy": case["policy"], "rc": None, "warnings": [],
+                                   "feature": case["feature"]})
+    stdout = out.out.read_text(encoding="utf-8", errors="replace") if out.out.exists() else ""
+    failures, warnings = judge(case, before, root, out.rc, reported_ids(stdout))
     if out.trace is not None:
         errors, advice = order_problems(_events(out, adapter), root, case, out)
         failures += errors
@@ -194,12 +281,15 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
         message += f"\nadapter exit status {out.rc}; its output: {out.out}, {out.err}"
     return CaseResult("gc", name, status, message, time.monotonic() - t0,
                       case_dir=str(cdir) if cdir.exists() else None,
-                      # the root as the gc left it is kept; a replay starts from the case again
-                      replay=shell_join(["portable-ckpt-conformance", "gc", "--case",
-                                         case["name"], "--keep-work", "--", *cmd])
-                      if failures else None,
+                      replay=_replay(case, cmd) if failures else None,
                       details={"policy": case["policy"], "rc": out.rc,
                                "warnings": warnings, "feature": case["feature"]})
+
+
+def _replay(case: dict[str, Any], cmd: list[str]) -> str:
+    """The command that runs ``case`` again, from the case's root (not the one the gc left)."""
+    return shell_join(["portable-ckpt-conformance", "gc", "--case", case["name"], "--keep-work",
+                       "--", *cmd])
 
 
 def _events(out: Outcome, adapter: Adapter) -> list[FsEvent]:

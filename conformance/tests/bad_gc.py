@@ -13,7 +13,14 @@ Proves that ``portable-ckpt-conformance gc`` catches each kind of defect a gc ca
 * ``no-mark``: removes a version's commit record without storing a deletion mark first (the
   mark comes after, R-GC-13), seen only under system-call tracing;
 * ``data-first``: removes a version's data files before its commit record (R-GC-3), seen
-  only under system-call tracing.
+  only under system-call tracing;
+* ``drop-records``: after a correct run, removes the drill and verification records of the
+  versions it kept (R-DRILL-9 keeps the newest of each kind; R-GC-2 loses its drilled version);
+* ``repair-stray``: after a correct run, replaces a ``manifest.json`` symbolic link by a copy of
+  its target, and removes a ``manifest.json`` directory (R-GC-14);
+* ``junk``: after a correct run, writes a file at the root and into each kept version;
+* ``crash``: dies with a traceback on a root holding an invalid attempt (exit 1, no report);
+* ``hang``: sleeps past the harness's ``--timeout``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +59,37 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(root / "pins", ignore_errors=True)
         if (root / "pins").is_file():
             (root / "pins").unlink()
+    elif MODE == "hang":
+        time.sleep(3600)
+    elif MODE == "crash" and any(p.is_dir() and not (p / "manifest.json").exists()
+                                 and (p / "drills").exists() for p in root.iterdir()):
+        raise RuntimeError("a gc that cannot handle a lost commit record")
     path.write_text(json.dumps(job), encoding="utf-8")
     if MODE in ("no-mark", "data-first"):
         _patch_deletion()
     rc = reference_gc.main(argv)
+    if MODE in ("drop-records", "repair-stray", "junk"):
+        _after(root)
     return 0 if MODE == "exit-zero" else 1 if MODE == "exit-one" else rc
+
+
+def _after(root: Path) -> None:
+    """What ``drop-records``, ``repair-stray`` and ``junk`` do to the root a run left."""
+    for a in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("s")):
+        m = a / "manifest.json"
+        if MODE == "drop-records":
+            for kind in ("drills", "verifications"):
+                shutil.rmtree(a / kind, ignore_errors=True)
+        elif MODE == "repair-stray" and m.is_symlink():
+            data = m.read_bytes()
+            m.unlink()
+            m.write_bytes(data)
+        elif MODE == "repair-stray" and m.is_dir():
+            shutil.rmtree(m)
+        elif MODE == "junk" and m.is_file():
+            (a / "EXTRA").write_text("junk")
+    if MODE == "junk":
+        (root / "JUNK.bin").write_bytes(b"junk")
 
 
 def _patch_deletion() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conformance.gc_harness import judge, snapshot
+from conformance.gc_harness import judge, reported_ids, snapshot
 from conformance.vectors import (
     RETENTION_DIRS,
     VECTOR_DIRS,
@@ -48,7 +48,7 @@ def test_retention_sets_are_well_formed() -> None:
     assert set(RETENTION_DIRS) == {"errata-20"}
     doc = json.loads((RETENTION_DIRS["errata-20"] / "cases.json").read_text())
     assert (doc["set"], doc["kind"]) == ("errata-20", "retention")
-    assert len(CASES) == 47
+    assert len(CASES) == 48
     names = [c["name"] for _, _, c in all_cases()] + IDS
     assert len(names) == len(set(names))
     for _, vdir, case in CASES:
@@ -99,7 +99,7 @@ def test_reference_classifies_every_attempt(set_name: str, vdir: Path, case: dic
 
 @pytest.mark.parametrize(("set_name", "vdir", "case"), CASES, ids=IDS)
 def test_reference_gc_passes(set_name: str, vdir: Path, case: dict[str, Any],
-                             tmp_path: Path) -> None:
+                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """R-VERSION-15, R-GC-1 to R-GC-13, R-GC-14 (stray attempts): ``portable-ckpt gc`` with
     the case's policy keeps what the case keeps, deletes what it deletes, touches nothing else and exits non-zero exactly
     when it must report."""
@@ -110,8 +110,10 @@ def test_reference_gc_passes(set_name: str, vdir: Path, case: dict[str, Any],
     before = snapshot(root)
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"op": "gc", "root": str(root), **case["policy"]}))
+    capsys.readouterr()
     rc = reference_gc.main([str(ADAPTER), str(job)])
-    failures, warnings = judge(case, before, root, rc)
+    reported = reported_ids(capsys.readouterr().out)
+    failures, warnings = judge(case, before, root, rc, reported)
     assert (failures, warnings) == ([], [])
     for aid, exp in case["attempts"].items():
         if exp["outcome"] == "delete":
@@ -131,13 +133,40 @@ def test_judge_weighs_a_should_as_a_warning(tmp_path: Path) -> None:
     failures, warnings = judge(case, before, root, 0)
     assert failures == [] and len(warnings) == 1 and should[0] in warnings[0]
     assert "R-GC-9" in warnings[0]
-    # a MUST is a failure; a pruned record of a kept version is not
+    # a MUST is a failure: the kept version's only failed verification record (which
+    # R-DRILL-9 keeps: re-attack 26 deleted the records of kept versions after a correct run)
     kept = next(a for a, e in case["attempts"].items() if e["outcome"] == "keep")
     (root / kept / "verifications").rename(tmp_path / "gone")
+    failures, _ = judge(case, before, root, 0)
+    assert len(failures) == 1 and kept in failures[0] and "verifications" in failures[0]
+    (tmp_path / "gone").rename(root / kept / "verifications")
     assert judge(case, before, root, 0)[0] == []
     (root / kept / "manifest.json").write_text("{}")
     failures, _ = judge(case, before, root, 0)
     assert len(failures) == 1 and kept in failures[0] and "changed" in failures[0]
+
+
+def test_judge_lets_marks_of_kept_versions_go_and_nothing_else(tmp_path: Path) -> None:
+    """R-GC-13: a mark beside a commit record may be cleared; a gc may store a mark; any other
+    file added to a kept version, or to the root, fails the case."""
+    vdir, case = _by_name("mark-beside-commit-record")
+    root = materialize(case, tmp_path, vdir)
+    before = snapshot(root)
+    kept = next(a for a, e in case["attempts"].items() if e["outcome"] == "keep")
+    gone = next(a for a, e in case["attempts"].items() if e["outcome"] == "delete")
+    shutil.rmtree(root / gone)
+    shutil.rmtree(root / kept / "deleting")
+    assert judge(case, before, root, 0) == ([], [])
+    (root / kept / "deleting").mkdir()
+    (root / kept / "deleting" / "g20260103T000000000000Z-00000001.json").write_text("{}")
+    assert judge(case, before, root, 0) == ([], [])
+    (root / kept / "EXTRA").write_text("x")
+    (root / ".pck-probe-0123456789abcdef").write_text("")
+    failures, _ = judge(case, before, root, 0)
+    assert len(failures) == 1 and "added" in failures[0] and "EXTRA" in failures[0]
+    (root / "NEW").write_text("x")
+    failures, _ = judge(case, before, root, 0)
+    assert any("wrote NEW into the root" in f for f in failures)
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300
@@ -181,6 +210,13 @@ BAD_MODES = {  # mode: (cases run, the one that must fail)
     "outside": (["other-root-children-untouched", "abandoned-attempt-deleted"],
                 "other-root-children-untouched"),
     "ignore-pins": (["pinned-old-version", "abandoned-attempt-deleted"], "pinned-old-version"),
+    # re-attack 26: damage after a correct run, a crash, a hang
+    "drop-records": (["newest-drilled-kept", "keep-two-of-four"], "newest-drilled-kept"),
+    "repair-stray": (["manifest-is-a-symbolic-link", "keep-two-of-four"],
+                     "manifest-is-a-symbolic-link"),
+    "junk": (["keep-two-of-four"], "keep-two-of-four"),
+    "crash": (["lost-commit-record-kept", "keep-two-of-four"], "lost-commit-record-kept"),
+    "hang": (["keep-two-of-four"], "keep-two-of-four"),
 }
 
 
@@ -188,7 +224,8 @@ BAD_MODES = {  # mode: (cases run, the one that must fail)
 def test_harness_fails_a_gc_with_a_defect(mode: str) -> None:
     """Each deliberate defect fails exactly the case that shows it (exit 1), naming why."""
     cases, failing = BAD_MODES[mode]
-    rc, doc, text = _run("--json", *[f"--case={n}" for n in cases], "--", sys.executable,
+    rc, doc, text = _run("--json", "--timeout", "10" if mode == "hang" else "60",
+                         *[f"--case={n}" for n in cases], "--", sys.executable,
                          str(BAD), env={"PCK_BAD_MODE": mode})
     assert rc == 1, text
     assert doc is not None
@@ -196,7 +233,9 @@ def test_harness_fails_a_gc_with_a_defect(mode: str) -> None:
     message = doc["failures"][0]["message"]
     want = {"no-grace": "deleted or changed", "always-delete-invalid": "exit status 0",
             "exit-zero": "exit status 0", "exit-one": "exit status 1", "keep-more": "the rules let it go",
-            "outside": "R-GC-5", "ignore-pins": "R-GC-11: pinned"}[mode]
+            "outside": "R-GC-5", "ignore-pins": "R-GC-11: pinned",
+            "drop-records": "deleted or changed", "repair-stray": "deleted or changed",
+            "junk": "added", "crash": "no report line", "hang": "did not end within"}[mode]
     assert want in message, message
     assert f"gc --case {failing} --keep-work -- " in doc["failures"][0]["replay"]
     kept = Path(doc["failures"][0]["case_dir"])
@@ -241,16 +280,23 @@ def test_an_untraced_run_says_so() -> None:
 
 
 def test_harness_usage_and_infrastructure_errors(tmp_path: Path) -> None:
-    """Usage errors exit 2 before anything runs; an adapter past --timeout is exit 4."""
+    """Usage errors exit 2 before anything runs; an adapter that cannot start is exit 4; one
+    that hangs fails its case, which keeps its directory (re-attack 26: exit 4, and the
+    directory the message named was already removed)."""
     assert _run()[0] == 2
     assert _run("--set", "errata-99", "--", sys.executable, str(ADAPTER))[0] == 2
     assert _run("--case", "no-such-case", "--", sys.executable, str(ADAPTER))[0] == 2
     assert _run("--timeout", "0", "--", sys.executable, str(ADAPTER))[0] == 2
+    (tmp_path / "a-file").write_text("x")
+    rc, _, text = _run("--workdir", str(tmp_path / "a-file"), "--", sys.executable, str(ADAPTER))
+    assert rc == 2 and "not a directory" in text and "Traceback" not in text
     rc, _, text = _run("--case", "grace-zero", "--", str(tmp_path / "missing.py"))
     assert rc == 4 and "not an executable file" in text
-    rc, _, text = _run("--timeout", "1", "--case", "grace-zero", "--", sys.executable, "-c",
-                       "import time; time.sleep(30)")
-    assert rc == 4 and "--timeout" in text
+    rc, doc, text = _run("--json", "--timeout", "1", "--case", "grace-zero", "--",
+                         sys.executable, "-c", "import time; time.sleep(30)")
+    assert rc == 1 and doc is not None and "did not end within --timeout 1 s" in text
+    assert Path(doc["failures"][0]["case_dir"]).is_dir()
+    shutil.rmtree(doc["workdir"])
 
 
 def test_every_retention_directory_is_a_case() -> None:

@@ -80,6 +80,11 @@ class Root:
         G.write_version(self.path, v, no_manifest=not manifest)
         return self.attempt(v.id, cls=cls, outcome=outcome, why=why)
 
+    def find(self, prefix: str) -> str:
+        """The one attempt id that starts with ``prefix`` (e.g. ``s000000000020-``)."""
+        (found,) = [a for a in self.attempts if a.startswith(prefix)]
+        return found
+
     def attempt(self, attempt_id: str, *, cls: str, outcome: str, why: str) -> str:
         """Record what is expected of an attempt written by hand."""
         assert outcome in OUTCOMES, outcome
@@ -156,12 +161,17 @@ Generator = Callable[[Root], None]
 CASES: list[dict[str, Any]] = []
 
 
-def case(name: str, feature: str, *, reports: bool = False, requires: str | None = None,
-         **policy: Any) -> Callable[[Generator], Generator]:
-    """Register a case: ``policy`` changes :data:`POLICY`; ``reports``: gc MUST report."""
+def case(name: str, feature: str, *, reports: bool | None = False, requires: str | None = None,
+         reported: tuple[int, ...] = (), **policy: Any) -> Callable[[Generator], Generator]:
+    """Register a case: ``policy`` changes :data:`POLICY`.
+
+    ``reports``: gc MUST report (True), has nothing to report (False), or may (None: a stray
+    attempt, reported or not); ``reported``: the steps of the attempts its report MUST name.
+    """
     def deco(fn: Generator) -> Generator:
         CASES.append({"name": name, "feature": feature, "policy": {**POLICY, **policy},
-                      "reports": reports, "requires": requires, "fn": fn})
+                      "reports": reports, "requires": requires, "fn": fn,
+                      "reported": [f"s{step:012d}-" for step in reported]})
         return fn
     return deco
 
@@ -337,6 +347,18 @@ def _(r: Root) -> None:
     r.untouched.append("pins/p20260102T000000000000Z-4d5e6f70.json/x")
 
 
+@case("pins-unreadable-keep-a-marked-attempt", "R-GC-11, R-GC-13 (errata 20): while the pins "
+      "cannot be read (pins is a file), an attempt without commit record that holds a deletion "
+      "mark (a version being deleted, which a pin keeps as it is) is kept too", reports=True)
+def _(r: Root) -> None:
+    r.version(10, outcome="keep", why="R-GC-11: the pins cannot be read")
+    a = r.data_only(20, outcome="keep", why="R-GC-11: may be a pinned version being deleted")
+    r.drill(a)
+    r.mark(a)
+    r.write("pins", "not a directory\n")
+    r.untouched.append("pins")
+
+
 # ------------------------------------------------------------- R-GC-4: grace, activity
 @case("abandoned-attempt-deleted", "§15.1, R-GC-4: an attempt without commit record whose files "
       "are a day old is abandoned: it goes")
@@ -411,7 +433,7 @@ def _(r: Root) -> None:
 
 @case("lost-commit-record-kept", "§15.1, R-GC-10: an attempt holding a drill record and a data "
       "file, no commit record, is invalid (a version whose record was lost): kept and reported",
-      reports=True)
+      reports=True, reported=(20,))
 def _(r: Root) -> None:
     r.version(10, outcome="keep", why="R-GC-1: the greatest")
     a = r.data_only(20, cls="invalid", outcome="keep", why="R-GC-10: invalid, not asked")
@@ -429,7 +451,7 @@ def _(r: Root) -> None:
 
 @case("invalid-record-takes-no-place", "R-GC-10: the greatest attempt's manifest.json is not "
       "JSON: it is invalid, kept and reported, and takes no place among the keep greatest, so "
-      "20 stays", reports=True)
+      "20 stays", reports=True, reported=(30,))
 def _(r: Root) -> None:
     r.version(10, outcome="delete", why="not among the keep greatest")
     r.version(20, outcome="keep", why="R-GC-1: the greatest valid version")
@@ -470,7 +492,7 @@ def _(r: Root) -> None:
 
 @case("misnamed-mark-is-no-mark", "R-GC-13: a deletion mark stored under another name than its "
       "deletion_id is no mark: the attempt (drill record and data, no commit record) is "
-      "invalid, kept", reports=True)
+      "invalid, kept", reports=True, reported=(20,))
 def _(r: Root) -> None:
     r.version(10, outcome="keep", why="R-GC-1: the greatest")
     a = r.data_only(20, cls="invalid", outcome="keep", why="R-GC-10: invalid (no mark counts)")
@@ -479,7 +501,7 @@ def _(r: Root) -> None:
 
 
 @case("mark-of-another-attempt-is-no-mark", "R-GC-13: a mark naming another attempt is no mark: "
-      "invalid, kept", reports=True)
+      "invalid, kept", reports=True, reported=(20,))
 def _(r: Root) -> None:
     r.version(10, outcome="keep", why="R-GC-1: the greatest")
     a = r.data_only(20, cls="invalid", outcome="keep", why="R-GC-10: invalid (no mark counts)")
@@ -497,7 +519,7 @@ def _(r: Root) -> None:
 
 
 @case("mark-of-newer-major-without-format", "R-GC-13 (errata 19): the same mark without format "
-      "is no mark: invalid, kept", reports=True)
+      "is no mark: invalid, kept", reports=True, reported=(20,))
 def _(r: Root) -> None:
     r.version(10, outcome="keep", why="R-GC-1: the greatest")
     a = r.data_only(20, cls="invalid", outcome="keep", why="R-GC-10: invalid (no mark counts)")
@@ -525,7 +547,7 @@ def _(r: Root) -> None:
 
 @case("invalid-record-beside-a-mark", "§15.1, R-GC-10, R-GC-13: a manifest.json that is not "
       "JSON beside a valid deletion mark: the attempt has a record, so the mark does not make "
-      "it incomplete; it is invalid, kept and reported", reports=True)
+      "it incomplete; it is invalid, kept and reported", reports=True, reported=(20,))
 def _(r: Root) -> None:
     r.version(10, outcome="keep", why="R-GC-1: the greatest valid version")
     a = r.version(20, outcome="keep", cls="invalid", why="R-GC-10: invalid, not asked")
@@ -536,7 +558,7 @@ def _(r: Root) -> None:
 # ------------------------------------------------------ R-GC-7, R-GC-12: what gc cannot read
 @case("manifest-is-a-directory", "§15.1 (errata 20), R-LAYOUT-7: the greatest attempt's "
       "manifest.json is a directory: stray, no version, never deleted by gc and counted among "
-      "no keep; 20 stays as the greatest version")
+      "no keep; 20 stays as the greatest version", reports=None)
 def _(r: Root) -> None:
     r.version(10, outcome="delete", why="not among the keep greatest")
     r.version(20, outcome="keep", why="R-GC-1: the greatest version")
@@ -547,7 +569,7 @@ def _(r: Root) -> None:
 
 @case("manifest-is-a-symbolic-link", "§15.1 (errata 20), R-LAYOUT-7: the greatest attempt's "
       "manifest.json is a symbolic link to a valid commit record beside it (a foreign entry): "
-      "stray, never deleted by gc and counted among no keep; 20 stays")
+      "stray, never deleted by gc and counted among no keep; 20 stays", reports=None)
 def _(r: Root) -> None:
     r.version(10, outcome="delete", why="not among the keep greatest")
     r.version(20, outcome="keep", why="R-GC-1: the greatest version")
@@ -571,7 +593,7 @@ def _(r: Root) -> None:
 
 @case("verification-status-unknown", "R-GC-12, R-DRILL-12: the greatest version holds a "
       "verification record of format 2.0: its status is unknown, so it stays, takes no place "
-      "among the keep greatest, and is reported; 30 stays", reports=True)
+      "among the keep greatest, and is reported; 30 stays", reports=True, reported=(40,))
 def _(r: Root) -> None:
     v = four(r, {30})
     r.attempts[v[40]].update(outcome="keep", why="R-GC-12: verification status unknown")
@@ -632,7 +654,7 @@ def _(r: Root) -> None:
 @case("rollback-retired-pinned", "§15.2, R-GC-11: with retire_abandoned, a pinned abandoned "
       "version (30) stays and is reported (the rollback's branch is not the latest); the later "
       "20 stays as the greatest unpinned version", retire_abandoned=True,
-      requires="retire_abandoned", reports=True)
+      requires="retire_abandoned", reports=True, reported=(30,))
 def _(r: Root) -> None:
     _branch(r, retire=True, pin_30=True)
 
@@ -641,9 +663,10 @@ DESCRIPTION = ("Retention vectors of errata 20 (spec §20.1): a root, a gc polic
                "attempt its class (§15.1) and what a gc run with the policy does with it: "
                "'keep' (a MUST of §15), 'should-keep' (a SHOULD), 'delete' (the rules let it "
                "go and a gc following §15 deletes it), 'either'. 'untouched' lists root files "
-               "outside attempts no gc may change (R-GC-5); 'reports': the gc MUST report an "
-               "attempt (a command-line gc exits non-zero). Apply 'setup' to a copy first: it "
-               "dates the files.")
+               "outside attempts no gc may change (R-GC-5); 'reports': true, the gc MUST report "
+               "(a command-line gc exits non-zero), and names each attempt marked 'reported'; "
+               "false, it has nothing to report (exit 0); null, either (a stray attempt). "
+               "Apply 'setup' to a copy first: it dates the files.")
 
 
 def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
@@ -656,6 +679,8 @@ def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
     if c["requires"]:
         rec["requires"] = c["requires"]
     rec["setup"] = [{"op": "age", "path": "root", "seconds": DAY}, *r.setup]
+    for aid in c.get("reported", ()):
+        r.attempts[r.find(aid)]["reported"] = True
     rec["attempts"] = dict(sorted(r.attempts.items()))
     rec["untouched"] = sorted(r.untouched)
     return rec

@@ -396,10 +396,11 @@ def gc(
                 if attempt_id in abandoned and attempt_id in with_record and attempt_id not in (
                         unrecorded):
                     _still_invalid(storage, attempt_id)
-                if attempt_id in recorded and pins_now.holds(attempt_id):
+                seen = by_id.get(attempt_id)
+                pinnable = attempt_id in recorded or (seen is not None and seen.being_deleted)
+                if pinnable and pins_now.holds(attempt_id):
                     doomed[i] = ""  # kept: pinned while this gc ran
                 else:
-                    seen = by_id.get(attempt_id)
                     delete_attempt(storage, attempt_id, report, attempt_id in with_record,
                                    mark=_why_deleted(attempt_id, report, by_id, recorded),
                                    marked_before=seen is not None and seen.being_deleted,
@@ -564,13 +565,14 @@ def _pinned(storage: Storage, versions: list[VersionInfo], report: GcReport) -> 
     """The ids of ``versions`` gc must leave alone for pins (R-GC-11); listed in ``report``.
 
     While a pin cannot be read any version may be pinned: then every attempt that has a commit
-    record (committed, invalid) is held, and the run is incomplete (``report.unknown``).
+    record (committed, invalid) or a deletion mark (a version being deleted, which a pin keeps
+    as it is: re-attack 26, errata 20) is held, and the run is incomplete (``report.unknown``).
     """
     try:
         pins = read_pins(storage)
     except CheckpointError as exc:
         report.skip(None, "pins unreadable", exc)
-        held = {v.id for v in versions if v.status in (COMMITTED, INVALID)}
+        held = {v.id for v in versions if v.status in (COMMITTED, INVALID) or v.being_deleted}
         report.pinned = sorted(held)
         return held
     held = {v.id for v in versions if v.id in pins}
