@@ -118,6 +118,7 @@ def test_installed_package_is_self_contained(installed: tuple[Path, Path]) -> No
     assert not differ, differ
     assert not (pkg / "tests").exists()
     assert (pkg / "examples" / "minimal_writer.py").is_file()
+    assert (pkg / "examples" / "minimal_gc.py").is_file()
     assert _tool(venv, "--help", cwd=outside).returncode == 0
     m = subprocess.run([str(venv / "bin" / "python"), "-m", "conformance", "--help"], cwd=outside,
                        env=_env(), capture_output=True, text=True)
