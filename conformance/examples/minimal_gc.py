@@ -11,8 +11,10 @@ Usage (the job protocol of conformance/README.md, "gc"): ``minimal_gc.py JOB.jso
 ``{"op": "gc", "root", "keep", "grace_seconds", "delete_invalid", "retire_abandoned"}``.
 Exit status 0, or 1 when the gc reports an attempt (R-GC-6, R-GC-10, R-GC-11, R-GC-12, a
 pinned version ``retire_abandoned`` could not retire) or failed to delete one; 2 on a usage
-error. Its report is printed to standard output as JSON: the class of every attempt
-(``classes``), what it deleted and kept (with the rule that kept it), what it reports.
+error. Its report is printed to standard output as one line of JSON: the class of every
+attempt (``classes``), what it deleted and kept (with the rule that kept it), what it reports
+(``reports``) and the attempts those name (``reported``, the protocol's report line). Patterns
+are matched whole (``fullmatch``: ``$`` also matches before a final newline).
 
 How it follows §15, in the order of :func:`gc`:
 
@@ -276,7 +278,7 @@ def is_uint53(v: object) -> bool:
 
 def matches(rx: re.Pattern[str], v: object) -> bool:
     """A string matched by one of the patterns above."""
-    return isinstance(v, str) and rx.match(v) is not None
+    return isinstance(v, str) and rx.fullmatch(v) is not None
 
 
 def is_ts(v: object) -> bool:
@@ -306,7 +308,7 @@ def fv_tuple(s: object) -> tuple[str, str] | None:
     """(major, minor) digit strings of a well-formed format_version, or None."""
     if not isinstance(s, str) or s.endswith("\n"):  # re's $ matches before a final newline
         return None
-    m = FV_RE.match(s)
+    m = FV_RE.fullmatch(s)
     return (m.group(1), m.group(2)) if m else None
 
 
@@ -374,7 +376,7 @@ def _check_continuation(c: Any) -> int:
         req(isinstance(sh, list) and 1 <= len(sh) <= 64
             and all(is_int(x) and 1 <= x <= MAX_WORLD for x in sh), "mesh.shape")
         req(isinstance(dn, list) and 1 <= len(dn) <= 64
-            and all(isinstance(x, str) and 1 <= len(x) <= 64 and NOCTRL_RE.match(x) for x in dn)
+            and all(isinstance(x, str) and 1 <= len(x) <= 64 and NOCTRL_RE.fullmatch(x) for x in dn)
             and len(set(dn)) == len(dn), "mesh.dim_names")  # R-CONTRACT-8
         req(len(sh) == len(dn), "R-CONTRACT-2: mesh lengths")
         req(math.prod(sh) == ws, "R-CONTRACT-2: prod(shape) != world_size")
@@ -385,7 +387,7 @@ def _check_files(files: Any) -> None:
     """Check ``files``: paths, sizes and block checksums (R-CKSUM-2)."""
     req(isinstance(files, dict), "files")
     for path, rec in files.items():
-        req(is_path(path) and not FILES_EXCL_RE.match(path), f"files key {path!r}")
+        req(is_path(path) and not FILES_EXCL_RE.fullmatch(path), f"files key {path!r}")
         req(isinstance(rec, dict) and set(rec) == {"size", "checksum"}, f"file record {path!r}")
         req(is_uint53(rec["size"]), f"size of {path!r}")
         ck = rec["checksum"]
@@ -408,7 +410,7 @@ def _check_range(r: Any, shape: list[int], files: dict[str, Any]) -> None:
         and all(is_int(x) and 1 <= x <= MAXINT for x in ln), "lengths")
     req(is_path(r["file"]), "range file")
     nm = r["name"]
-    req(isinstance(nm, str) and 1 <= len(nm) <= 4096 and NOCTRL_RE.match(nm)
+    req(isinstance(nm, str) and 1 <= len(nm) <= 4096 and NOCTRL_RE.fullmatch(nm)
         and nm != "__metadata__", "range name")
     req(r["codec"] in ("none", "zstd"), "codec")
     req(len(off) == len(shape) and len(ln) == len(shape), "R-TENSOR-2 rank")
@@ -420,7 +422,7 @@ def _check_tensors(tensors: Any, files: dict[str, Any]) -> None:
     """Check ``tensors``: dtype, shape, size (R-TENSOR-1) and ranges."""
     req(isinstance(tensors, dict), "tensors")
     for key, t in tensors.items():
-        req(1 <= len(key) <= 1024 and NOCTRL_RE.match(key), "tensor key")
+        req(1 <= len(key) <= 1024 and NOCTRL_RE.fullmatch(key), "tensor key")
         req(isinstance(t, dict) and set(t) == {"dtype", "shape", "ranges"}, f"tensor {key!r}")
         req(isinstance(t["dtype"], str) and t["dtype"] in ITEMSIZE, "dtype")
         shape = t["shape"]
@@ -454,7 +456,7 @@ def _check_entries(entries: Any, files: dict[str, Any], ws: int) -> None:
     """Check ``entries``: names, schemas, scopes and values (R-ENTRY-7..9, R-FILES-2)."""
     req(isinstance(entries, dict), "entries")
     for name, e in entries.items():
-        req(len(name) <= 256 and ENTRY_NAME_RE.match(name) and not ENTRY_NAME_BAD_RE.search(name),
+        req(len(name) <= 256 and ENTRY_NAME_RE.fullmatch(name) and not ENTRY_NAME_BAD_RE.search(name),
             "entry name")
         req(isinstance(e, dict) and {"schema", "scope", "encoding", "values"} <= set(e)
             and set(e) <= {"schema", "scope", "world_size_policy", "encoding", "values"}, "entry")
@@ -485,7 +487,7 @@ def check_manifest(m: dict[str, Any], attempt_id: str) -> None:
     """Check a commit record of format 1.x against the schema and §4.1; raise Invalid."""
     for k in MANIFEST_MEMBERS:
         req(k in m, f"missing member {k}")
-    req(FV_SCHEMA_RE.match(m["format_version"]) is not None, "format_version outside schema")
+    req(FV_SCHEMA_RE.fullmatch(m["format_version"]) is not None, "format_version outside schema")
     req(matches(ATTEMPT_RE, m["attempt_id"]), "attempt_id")
     req(is_int(m["step"]) and 0 <= m["step"] <= 999999999999, "step")
     req(is_ts(m["created_at"]), "created_at")
@@ -504,7 +506,7 @@ def check_manifest(m: dict[str, Any], attempt_id: str) -> None:
     req(isinstance(mu, list) and all(matches(MU_RE, x) for x in mu)
         and len(set(mu)) == len(mu), "must_understand")
     ex = m["extensions"]
-    req(isinstance(ex, dict) and all(MU_RE.match(k) for k in ex), "extensions")
+    req(isinstance(ex, dict) and all(MU_RE.fullmatch(k) for k in ex), "extensions")
     # a 1.0 record ignores a tensor_table member (R-VERSION-6); 1.1 defines it (§8.5)
     if m["format_version"] != "1.0" and "tensor_table" in m:
         tt = m["tensor_table"]
@@ -681,7 +683,7 @@ def deletion_marks(adir: str, aid: str) -> list[tuple[str, float]]:
     marks = []
     for name in list_dir(d):
         mid = name.removesuffix(".json")
-        if mid == name or not DEL_ID_RE.match(mid):
+        if mid == name or not DEL_ID_RE.fullmatch(mid):
             continue
         p = os.path.join(d, name)
         doc = read_doc(p)
@@ -705,7 +707,7 @@ def verification_status(adir: str, aid: str) -> tuple[str, str | None]:
     unknown = None
     for name in list_dir(vdir):
         vid = name.removesuffix(".json")
-        if vid == name or not VER_ID_RE.match(vid):
+        if vid == name or not VER_ID_RE.fullmatch(vid):
             continue
         doc = read_doc(os.path.join(vdir, name))
         if not isinstance(doc, dict):
@@ -784,7 +786,7 @@ def read_pins(root: str) -> tuple[set[str], str | None]:
     why = None
     for name in names:
         pid = name.removesuffix(".json")
-        if pid == name or not PIN_ID_RE.match(pid):
+        if pid == name or not PIN_ID_RE.fullmatch(pid):
             continue  # only files named like a pin are pins
         p = os.path.join(pdir, name)
         try:
@@ -819,6 +821,8 @@ class Attempt:
     why: str | None = None
     #: manifest.json is there in some form (a deletion mark is due before it is deleted)
     has_record: bool = False
+    #: no record, but a deletion mark that counts: a version being deleted (R-GC-13)
+    marked: bool = False
     #: (path, mtime) of its regular files and foreign entries, for its last activity (R-GC-4)
     files: list[tuple[str, float]] = field(default_factory=list)
     foreign: list[tuple[str, float]] = field(default_factory=list)
@@ -866,7 +870,7 @@ def _classify_without_record(a: Attempt) -> None:
     marks = deletion_marks(a.dir, a.id)
     a.files, a.foreign, _ = walk_files(a.dir)
     if marks:
-        a.cls, a.why = "incomplete", "holds a deletion mark"
+        a.cls, a.why, a.marked = "incomplete", "holds a deletion mark", True
         return
     tops = [os.path.relpath(p, a.dir).split(os.sep)[0] for p, _ in a.files + a.foreign]
     has_rec = any(t in RECORD_DIRS for t in tops)
@@ -941,6 +945,8 @@ class Report:
     deleted: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)  # attempt id: the first rule keeping it
     reports: list[str] = field(default_factory=list)
+    #: the attempts ``reports`` name (the protocol's report line, conformance/README.md "gc")
+    reported: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     foreign_entries: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -953,6 +959,7 @@ class Report:
     def report_invalid(self, a: Attempt, how: str = "") -> None:
         """Report an invalid attempt that is kept (R-GC-10)."""
         self.reports.append(f"R-GC-10: invalid attempt {a.id} kept{how}: {a.why}")
+        self.reported.append(a.id)
 
 
 def _fsync_dir(d: str) -> None:
@@ -1077,7 +1084,7 @@ def list_attempts(root: str, names: list[str], report: Report) -> list[Attempt]:
     """Classify every child of the root named like an attempt id (§15.1)."""
     attempts = []
     for name in sorted(names):
-        if not ATTEMPT_RE.match(name):
+        if not ATTEMPT_RE.fullmatch(name):
             continue
         p = os.path.join(root, name)
         try:
@@ -1103,6 +1110,7 @@ def retire_abandoned(committed: list[Attempt], pinned: set[str], report: Report)
             continue
         if v.id in pinned:
             report.reports.append(f"{v.id} is abandoned (rollback) but pinned: kept")
+            report.reported.append(v.id)
             continue
         if v.vstatus == "unknown":
             continue
@@ -1116,6 +1124,7 @@ def retire_abandoned(committed: list[Attempt], pinned: set[str], report: Report)
             # the newest commit instead
             report.reports.append(f"{v.id} looks abandoned but the record times disagree "
                                   "with committed_at: kept")
+            report.reported.append(v.id)
             report.keep(v, "abandoned? times disagree")
             report.keep(max(newer, key=lambda x: x.key[1]),
                         "newest commit of a branch whose retirement was refused")
@@ -1158,7 +1167,7 @@ def to_delete(attempts: list[Attempt], pinned: set[str], pins_unreadable: str | 
             if a.cls == "invalid":
                 report.report_invalid(a, " (pinned)")
             continue
-        if pins_unreadable and a.has_record:  # it may be pinned (R-GC-11)
+        if pins_unreadable and (a.has_record or a.marked):  # it may be pinned (R-GC-11)
             report.keep(a, "R-GC-11: pins unreadable")
             if a.cls == "invalid":
                 report.report_invalid(a)
@@ -1180,7 +1189,7 @@ def delete_all(doomed: list[Attempt], root: str, now: float, report: Report) -> 
     """Delete the attempts the rules let go, looking at the pins again as it goes (§15.3)."""
     pins_read = time.monotonic()
     for a in doomed:
-        if a.has_record and time.monotonic() - pins_read > 1.0:
+        if (a.has_record or a.marked) and time.monotonic() - pins_read > 1.0:
             # a pin may have been stored since: reading pins/ again narrows that race
             pinned, why = read_pins(root)
             pins_read = time.monotonic()
@@ -1212,7 +1221,7 @@ def gc(job: dict[str, Any]) -> int:
         names = os.listdir(root)
     except OSError as e:
         report.errors.append(f"cannot list root: {e}")
-        print(json.dumps(asdict(report), indent=1, sort_keys=True))
+        print(json.dumps(asdict(report), sort_keys=True))  # one line: the protocol's report line
         return 1
     attempts = list_attempts(root, names, report)
     pinned, pins_unreadable = read_pins(root)
@@ -1224,6 +1233,7 @@ def gc(job: dict[str, Any]) -> int:
         if a.cls == "unknown":
             report.keep(a, f"unknown: {a.why}")
             report.reports.append(f"R-GC-6: {a.id} could not be classified: {a.why}")
+            report.reported.append(a.id)
         elif a.cls == "foreign":
             report.keep(a, "foreign (R-GC-7)")
         elif a.cls == "stray":  # reported as foreign entries are, no exit 1 (R-GC-14)
@@ -1234,6 +1244,7 @@ def gc(job: dict[str, Any]) -> int:
         if a.vstatus == "unknown":
             report.keep(a, "verification status unknown (R-GC-12)")
             report.reports.append(f"R-GC-12: {a.id} verification status unknown: {a.vwhy}")
+            report.reported.append(a.id)
         if a.id in pinned:
             report.keep(a, "pinned (R-PIN-2)")
 
@@ -1248,7 +1259,7 @@ def gc(job: dict[str, Any]) -> int:
     report.classes = {a.id: a.cls for a in attempts}
     if report.foreign_entries:
         report.warnings.append("foreign entries left in place (R-LAYOUT-7)")
-    print(json.dumps(asdict(report), indent=1, sort_keys=True))
+    print(json.dumps(asdict(report), sort_keys=True))  # one line: the protocol's report line
     return 1 if (report.reports or report.errors) else 0
 
 

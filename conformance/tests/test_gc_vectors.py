@@ -34,7 +34,7 @@ from conformance.vectors import (
     retention_cases,
 )
 
-from .conftest import needs_tracing
+from .conftest import TRACING, needs_tracing
 
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER = REPO / "conformance" / "adapters" / "reference_gc.py"
@@ -350,6 +350,7 @@ def test_minimal_gc_classifies_every_attempt(set_name: str, vdir: Path, case: di
     report = json.loads(capsys.readouterr().out)
     assert report["classes"] == {a: e["class"] for a, e in case["attempts"].items()}
     assert rc == (1 if case["reports"] else 0), report["reports"]
+    assert {a for a, e in case["attempts"].items() if e.get("reported")} <= set(report["reported"])
 
 
 def test_harness_passes_the_minimal_gc() -> None:
@@ -359,8 +360,9 @@ def test_harness_passes_the_minimal_gc() -> None:
     the two cases that need ``retire_abandoned``, so this run covers it (the skipping itself is
     tested on the reference above).
     """
-    rc, doc, text = _run("--json", "--", sys.executable, str(MINIMAL))
+    tracing = ("--tracing", "require") if TRACING else ()  # its order too, where strace runs
+    rc, doc, text = _run("--json", *tracing, "--", sys.executable, str(MINIMAL))
     assert rc == 0, text
-    assert doc is not None and doc["counts"]["gc"] == {"passed": 47, "failed": 0, "skipped": 0,
+    assert doc is not None and doc["counts"]["gc"] == {"passed": 48, "failed": 0, "skipped": 0,
                                                         "error": 0}
     assert doc["warnings"] == [] and doc["failures"] == []
