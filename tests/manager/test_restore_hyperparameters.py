@@ -245,6 +245,79 @@ def test_one_change_of_many_groups_is_one_line(
     assert "optimizer 'opt' group 4 lr: stored 0.01, current 0.02" in err
 
 
+def _t(*values: float) -> Any:
+    """Tensor hyper-parameters: one 0-d tensor, or a tuple of them."""
+    ts = tuple(torch.tensor(v) for v in values)
+    return ts[0] if len(ts) == 1 else ts
+
+
+@pytest.mark.parametrize("choice", ["checkpoint", "current"])
+def test_tensor_members_are_compared_by_value_and_current_keeps_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+    choice: str,
+) -> None:
+    """A tensor ``lr`` (a fused or capturable optimizer's) and ``betas`` of tensors: compared
+    by value and reported like any member; ``"current"`` keeps the config's (their values were
+    loaded over, then copied back into the target's own tensors). Before, they were loaded as
+    any tensor and never compared: "current" was silently ignored (review of the change, 1)."""
+    root = tmp_path / "ckpt"
+    _saved(root, lr=_t(0.01), betas=_t(0.9, 0.999), fused=True)
+    info, opt, _, records, err = _restore(root, caplog, capsys, choice=choice,
+                                          lr=_t(0.02), betas=_t(0.8, 0.999), fused=True)
+    assert [(r["key"], r["stored"], r["current"], r["applied"])
+            for r in info.changed_hyperparameters] == [
+        ("lr", 0.01, 0.02, choice), ("betas", [0.9, 0.999], [0.8, 0.999], choice)]
+    assert "group 0 lr: stored 0.01, current 0.02" in err
+    assert "group 0 betas: stored [0.9, 0.999], current [0.8, 0.999]" in err
+    [record] = records
+    assert getattr(record, EVENT_ATTR)["changed"] == info.changed_hyperparameters
+    group = opt.param_groups[0]
+    lr, betas = (0.01, (0.9, 0.999)) if choice == "checkpoint" else (0.02, (0.8, 0.999))
+    assert isinstance(group["lr"], torch.Tensor) and group["lr"].item() == pytest.approx(lr)
+    assert all(isinstance(b, torch.Tensor) for b in group["betas"])
+    assert [b.item() for b in group["betas"]] == pytest.approx(betas)
+    assert group["fused"] is True
+    before = [p.detach().clone() for p in group["params"]]
+    opt.zero_grad()
+    sum(p.pow(2).sum() for p in group["params"]).backward()
+    opt.step()  # the fused step takes the tensors the group holds
+    assert all(not torch.equal(a, b) for a, b in zip(before, group["params"], strict=True))
+    # unchanged tensor members: nothing said
+    info, _, _, records, err = _restore(root, caplog, capsys, lr=_t(0.01),
+                                        betas=_t(0.9, 0.999), fused=True)
+    assert info.changed_hyperparameters == [] and not records and HEADER not in err
+
+
+def test_a_nan_member_and_implementation_flags_are_not_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN is NaN: a member that is NaN before and after was said at every restart. ``foreach``
+    and ``fused`` choose kernels, not the maths: never said, and the current optimizer keeps its
+    own (torch's load_state_dict would apply the stored ones), whatever the choice."""
+    root = str(tmp_path / "ckpt")
+
+    def job(**hp: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model, opt = _job(**hp)
+        opt.param_groups[0]["clip"] = float("nan")  # a member of the user's own
+        return model, opt
+
+    model, opt = job(foreach=False)
+    _train(model, opt)
+    pckt.save({"m": model, "o": opt}, root, step=1, continuation="statistical")
+    for choice in ("checkpoint", "current"):
+        model, opt = job(fused=True, weight_decay=0.05)
+        capsys.readouterr()
+        info = pckt.load({"m": model, "o": opt}, root,
+                         optimizer_hyperparameters=choice)  # type: ignore[arg-type]
+        err = capsys.readouterr().err
+        assert [r["key"] for r in info.changed_hyperparameters] == ["weight_decay"], err
+        assert "clip" not in err and "foreach" not in err and "fused" not in err
+        group = opt.param_groups[0]
+        assert group["foreach"] is None and group["fused"] is True
+        assert group["weight_decay"] == (0.1 if choice == "checkpoint" else 0.05)
+        _train(model, opt)  # the fused step, on the state loaded
+
+
 def test_an_unknown_choice_is_refused_before_anything_is_read(tmp_path: Path) -> None:
     _saved(tmp_path / "ckpt")
     model, opt = _job(weight_decay=0.05)

@@ -78,8 +78,13 @@ class LoadInfo:
             ``params``) whose stored values differ from the values the optimizer held before
             the load (a changed config): ``{"optimizer", "group", "key", "stored", "current",
             "applied"}`` (``optimizer``: the key of its state, ``applied``: ``"checkpoint"`` or
-            ``"current"``, as the load's ``optimizer_hyperparameters`` chose), in the target's
-            order. Not the members an LR scheduler in the state sets (``lr``, ``initial_lr``).
+            ``"current"``, as the load's ``optimizer_hyperparameters`` chose; a tensor
+            member's values as numbers, a list for a tuple), by optimizer and group in the
+            target's order. Not the members an LR scheduler in the state sets on the optimizer
+            it drives (``lr``, ``initial_lr``; ``momentum`` and ``betas`` too where it cycles
+            momentum, as ``OneCycleLR`` and ``CyclicLR`` do by default), nor those that
+            choose kernels (``foreach``, ``fused``, ``capturable``, ``differentiable``: the
+            current values kept), nor a member NaN on both sides.
         passed_over: With :meth:`CheckpointManager.restore`: the versions newer than the one
             restored that it passed over, newest first (at most 8; ``passed_over_more`` counts
             the rest): ``{"checkpoint_id", "step", "tier", "path", "reason", "code",

@@ -135,9 +135,16 @@ def load(
             do, or ``"current"`` the current ones. Either way rank 0 says the differences
             (stderr and the ``portable_ckpt.torch`` logger, event
             ``load.optimizer_hyperparameters``), and ``LoadInfo.changed_hyperparameters``
-            lists them. The members an LR scheduler in ``state_dict`` sets (``lr``,
-            ``initial_lr``; ``momentum`` and ``betas`` where it cycles momentum) are restored
-            with its state, whatever the choice, and not reported.
+            lists them. Values compare as numbers, NaN equal to NaN; a tensor member (a
+            ``fused`` or ``capturable`` optimizer's ``lr``, ``betas`` of tensors) by value,
+            ``"current"`` copying its value back into the target's own tensor. The members an
+            LR scheduler in ``state_dict`` sets on the optimizer it drives (``lr`` and
+            ``initial_lr``; ``momentum`` and ``betas`` too where it cycles momentum:
+            ``cycle_momentum``, as ``OneCycleLR`` and ``CyclicLR`` have by default) are
+            restored with its state, whatever the choice, and not reported. The members that
+            choose kernels, not the maths (``foreach``, ``fused``, ``capturable``,
+            ``differentiable``) keep the optimizer's current values, whatever the choice (torch's
+            ``load_state_dict`` would apply the stored ones), and are not reported.
 
     Raises:
         ContractError: exact checkpoint onto another world size/mesh without

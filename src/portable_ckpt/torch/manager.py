@@ -560,8 +560,13 @@ class CheckpointManager:
         before the restore): ``"checkpoint"`` (default) the stored ones, as torch and DCP do, or
         ``"current"`` the current ones; rank 0 names each difference once, on stderr and in a
         WARNING (``LoadInfo.changed_hyperparameters``), as
-        :func:`~portable_ckpt.torch.load` does. ``lr`` and ``initial_lr`` are left to an LR
-        scheduler in ``state``: restored with its state, and not named.
+        :func:`~portable_ckpt.torch.load` does (NaN equal to NaN; a tensor member, a ``fused``
+        or ``capturable`` optimizer's ``lr``, by value). The members an LR scheduler in
+        ``state`` sets on the optimizer it drives are left to it: ``lr`` and ``initial_lr``,
+        and ``momentum`` and ``betas`` where it cycles momentum (``OneCycleLR``, ``CyclicLR``
+        with their default ``cycle_momentum=True``): restored with its state whatever the
+        choice, and not named. ``foreach``, ``fused``, ``capturable`` and ``differentiable``
+        (kernels, not maths) keep the optimizers' current values, and are not named.
 
         Raises:
             StorageError: a tier could not be listed, or a version that may be newer than the
