@@ -18,6 +18,7 @@ from portable_ckpt.cli.main import main as cli_main
 from portable_ckpt.errors import StorageError
 from portable_ckpt.io.gc import gc
 from portable_ckpt.logs import EVENT_ATTR
+from portable_ckpt.storage import s3 as s3mod
 from portable_ckpt.storage.s3 import S3Storage
 
 from .conftest import S3Env
@@ -126,9 +127,12 @@ def test_a_409_on_the_probe_is_asked_again(s3_proxied: S3Env) -> None:
     assert not [k for k in _keys(s3_proxied) if "pck-probe" in k]
 
 
-def test_a_probe_without_an_answer_creates_and_is_asked_again(s3_proxied: S3Env) -> None:
+def test_a_probe_without_an_answer_creates_and_is_asked_again(
+    s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """L2: a probe the store refused (403 on the probe's key) says nothing of the condition:
-    the create goes on as before the probe, and the next create asks again."""
+    the create goes on as before the probe, the next creates do not ask for the next
+    ``PROBE_UNKNOWN_SECONDS``, and once they are over the store is asked again."""
     proxy = s3_proxied.proxy
     proxy.match_method, proxy.match_path = "PUT", r"\.pck-probe-[0-9a-f]{16}"
     proxy.fail_status, proxy.fail_every = (403, "AccessDenied"), 1
@@ -136,13 +140,60 @@ def test_a_probe_without_an_answer_creates_and_is_asked_again(s3_proxied: S3Env)
     assert st.create_if_absent("a/manifest.json", b"{}") is True
     assert proxy.log.injected_by_status == {403: 1}
     assert st.create_if_absent("b/manifest.json", b"{}") is True
-    assert proxy.log.injected_by_status == {403: 2}  # asked again
+    assert proxy.log.injected_by_status == {403: 1}  # remembered: not asked again
     proxy.reset()
+    monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 0.0)  # the period is over
     assert st.create_if_absent("c/manifest.json", b"{}") is True
     # the probe's PUT, PUT (412), DELETE (a POST); the create's PUT and read-back GET
     assert proxy.log.by_method == {"PUT": 3, "POST": 1, "GET": 1}  # answered now, and kept
     assert st.create_if_absent("d/manifest.json", b"{}") is True
     assert proxy.log.by_method == {"PUT": 4, "POST": 1, "GET": 2}
+
+
+def test_a_store_that_refuses_the_probes_is_asked_once_per_period(
+    s3_proxied: S3Env, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack 26: a store that refuses the probes' PUTs (a bucket policy on dot-keys) was
+    probed at every create (commit, pin, deletion mark): two probe PUTs and two warnings each.
+    The unknown answers are kept for ``PROBE_UNKNOWN_SECONDS``: one probe of each kind and one
+    warning each, then none; the safe ways stay (commit records are read back, the creates go
+    on with the condition); after the period the store is asked, and warned about, again."""
+    proxy = s3_proxied.proxy
+    proxy.match_method, proxy.match_path = "PUT", r"\.pck-probe-"
+    proxy.fail_status, proxy.fail_every = (403, "AccessDenied"), 1
+    root = s3_proxied.root("run")
+    st = S3Storage.from_url(root)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "could not learn" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="portable_ckpt"):
+        for i in range(5):
+            assert st.create_if_absent(f"a{i}/manifest.json", b"{}") is True
+        # Another storage object of the process (a pin, a gc's deletion mark) asks nothing.
+        assert S3Storage.from_url(root).create_if_absent("pin/x.json", b"{}") is True
+        assert proxy.log.injected_by_status == {403: 2}  # one PUT of each probe
+        # the probes' 2 PUTs and the If-None-Match probe's DELETE (a POST); each create's PUT
+        # and its read-back GET (the store's checks unknown: commit records are read back)
+        assert proxy.log.by_method == {"PUT": 2 + 6, "POST": 1, "GET": 6}, proxy.log.by_method
+        msgs = warnings()
+        assert len(msgs) == 2, msgs
+        assert "honours If-None-Match" in msgs[0] and "asked again in 10 minutes" in msgs[0]
+        assert "checks uploaded CRC32C" in msgs[1] and "asked again in 10 minutes" in msgs[1]
+        assert st.create_if_absent("a0/manifest.json", b"[]") is False  # the condition holds
+        # The period is over: asked (and warned about) once more, then kept again.
+        monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 0.0)
+        proxy.reset()
+        proxy.match_method, proxy.match_path = "PUT", r"\.pck-probe-"
+        proxy.fail_status, proxy.fail_every = (403, "AccessDenied"), 1
+        assert st.create_if_absent("b/manifest.json", b"{}") is True
+        assert proxy.log.injected_by_status == {403: 2}
+        monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 600.0)
+        for i in range(3):
+            assert st.create_if_absent(f"c{i}/manifest.json", b"{}") is True
+        assert proxy.log.injected_by_status == {403: 2}
+        assert len(warnings()) == 4
+    assert not [k for k in _keys(s3_proxied) if "pck-probe" in k]
 
 
 def test_a_probe_left_behind_is_named_by_the_spec_and_tidied_by_gc(

@@ -114,9 +114,12 @@ def test_a_thousand_tries_back_off_without_overflow(monkeypatch: pytest.MonkeyPa
     assert tries[0] == 1100
 
 
-def test_a_checksum_probe_without_an_answer_is_not_cached(s3_proxied: S3Env) -> None:
+def test_a_checksum_probe_without_an_answer_is_not_cached(
+    s3_proxied: S3Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Attack review 2 F7: any failure of the probe was cached for the process as "the store
-    checks CRC32C", which switched the commit record's read-back off for good."""
+    checks CRC32C", which switched the commit record's read-back off for good. Unknown is kept
+    only for ``PROBE_UNKNOWN_SECONDS`` (re-attack 26: no probe, no warning meanwhile)."""
     from portable_ckpt.storage import open_storage
     from portable_ckpt.storage import s3 as s3mod
 
@@ -129,5 +132,9 @@ def test_a_checksum_probe_without_an_answer_is_not_cached(s3_proxied: S3Env) -> 
     assert st.validates_checksums() is False  # unknown: the safe way
     assert (st.options.endpoint_url, st.bucket) not in s3mod._VALIDATES
     proxy.reset()
+    assert open_storage(root).validates_checksums() is False  # unknown, remembered
+    assert proxy.log.requests == 0  # not asked again within the period
+    monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 0.0)
     assert open_storage(root).validates_checksums() is False  # asked again: moto keeps it
+    assert proxy.log.by_method.get("PUT") == 1
     assert s3mod._VALIDATES[(st.options.endpoint_url, st.bucket)] is False

@@ -100,10 +100,11 @@ _FORKED_AFTER_OBSTORE = False
 
 
 def _after_fork_in_child() -> None:
-    global _FORKED_AFTER_OBSTORE, _HONOURS_LOCK
+    global _FORKED_AFTER_OBSTORE, _HONOURS_LOCK, _VALIDATES_LOCK
     if _OBSTORE_PID is not None:
         _FORKED_AFTER_OBSTORE = True
-    _HONOURS_LOCK = threading.Lock()  # another thread of the parent may have held it
+    _HONOURS_LOCK = threading.Lock()  # another thread of the parent may have held them
+    _VALIDATES_LOCK = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -312,10 +313,19 @@ def _b64_crc(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
+#: Seconds for which a probe that got no answer (the store refused the probe's PUT, e.g. 403
+#: from a bucket policy on dot-keys, or a failure the retries did not mend) is remembered per
+#: ``(endpoint, bucket)``: meanwhile the unknown answer's safe way is taken without a request
+#: and without another warning, then the store is asked again (re-attack 26: a store that
+#: refused the probes was probed, and warned about, at every commit, pin and deletion mark).
+PROBE_UNKNOWN_SECONDS = 600.0
+
 #: Whether a store rejects an upload whose CRC32C is wrong, by ``(endpoint, bucket)``: probed
 #: once per process (S3 latency review F8: moto, and other S3-compatible stores, accept any
 #: checksum header and echo it back, so "verified by the store" verified nothing).
 _VALIDATES: dict[tuple[str | None, str], bool] = {}
+#: When (``time.monotonic()``) the checksum probe last got no answer, by key.
+_VALIDATES_UNKNOWN: dict[tuple[str | None, str], float] = {}
 _VALIDATES_LOCK = threading.Lock()
 
 #: Whether a store honours ``If-None-Match: *`` on PUT, by ``(endpoint, bucket)``: probed once
@@ -323,7 +333,20 @@ _VALIDATES_LOCK = threading.Lock()
 #: header and overwrites anyway let two committers both "win"). The lock is held during the
 #: probe, so that threads that create at once probe once.
 _HONOURS: dict[tuple[str | None, str], bool] = {}
+#: When (``time.monotonic()``) the If-None-Match probe last got no answer, by key.
+_HONOURS_UNKNOWN: dict[tuple[str | None, str], float] = {}
 _HONOURS_LOCK = threading.Lock()
+
+
+def _unknown_kept(since: float | None) -> bool:
+    """Whether an unknown answer got at ``since`` (``time.monotonic()``) is still remembered."""
+    return since is not None and time.monotonic() - since < PROBE_UNKNOWN_SECONDS
+
+
+def _period() -> str:
+    """``PROBE_UNKNOWN_SECONDS`` in words, for the warnings."""
+    seconds = PROBE_UNKNOWN_SECONDS
+    return f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} seconds"
 
 
 def _is_loopback(url: str) -> bool:
@@ -1181,7 +1204,10 @@ class S3Storage(ScannedStorage):
         that checks answers 400 (BadDigest) and stores nothing. One that stores it (moto; stores
         that ignore or echo the header) gets the object deleted again, a WARNING
         (``storage.unchecked_uploads``), and from then on: commit records are read back and
-        compared after each upload, and no whole-object CRC32C is taken from it. With
+        compared after each upload, and no whole-object CRC32C is taken from it. When no answer
+        said (the probe's PUT refused, a failure the retries did not mend): False, with one
+        WARNING, and that is kept for :data:`PROBE_UNKNOWN_SECONDS` per ``(endpoint, bucket)``
+        (no request, no warning meanwhile); the store is asked again after that. With
         ``checksum="off"`` nothing is sent and nothing probed (False).
         """
         if self.options.checksum != "crc32c":
@@ -1189,12 +1215,16 @@ class S3Storage(ScannedStorage):
         key = (self.options.endpoint_url, self.bucket)
         with _VALIDATES_LOCK:
             known = _VALIDATES.get(key)
+            if known is None and _unknown_kept(_VALIDATES_UNKNOWN.get(key)):
+                return False  # unknown, and remembered: the safe way, without asking
         if known is not None:
             return known
         validates = self._probe_checksums()
-        if validates is None:
-            return False  # unknown: the safe way this time, and asked again next time
         with _VALIDATES_LOCK:
+            if validates is None:
+                _VALIDATES_UNKNOWN[key] = time.monotonic()
+                return False  # unknown: the safe way, and asked again once the period is over
+            _VALIDATES_UNKNOWN.pop(key, None)
             _VALIDATES.setdefault(key, validates)
             return _VALIDATES[key]
 
@@ -1218,8 +1248,8 @@ class S3Storage(ScannedStorage):
                 return True
             _log.warning(
                 "could not learn whether the store at %s (bucket %s) checks uploaded CRC32C "
-                "(%s): commit records are read back after upload this time",
-                self.options.endpoint_url or "AWS", self.bucket, code or text[:200],
+                "(%s): commit records are read back after upload; asked again in %s",
+                self.options.endpoint_url or "AWS", self.bucket, code or text[:200], _period(),
             )
             return None
         self._delete_probe(rel)
@@ -1252,9 +1282,11 @@ class S3Storage(ScannedStorage):
         is asked once more). A store that accepts it ignores the condition, and two committers
         could both "win": False, logged once as ``storage.conditional_put_ignored``, and
         :meth:`create_if_absent` refuses from then on. When no answer said (a failure the
-        retries did not mend, a refused probe), True this time: the create goes on as it did
-        before the probe, and the store is asked again next time. With ``conditional_put=False``
-        nothing is probed (False: nothing is created conditionally).
+        retries did not mend, a refused probe), True: the create goes on as it did before the
+        probe, with one WARNING, and that is kept for :data:`PROBE_UNKNOWN_SECONDS` per
+        ``(endpoint, bucket)`` (no request, no warning meanwhile); the store is asked again
+        after that. With ``conditional_put=False`` nothing is probed (False: nothing is created
+        conditionally).
         """
         if not self.options.conditional_put:
             return False
@@ -1263,9 +1295,13 @@ class S3Storage(ScannedStorage):
             known = _HONOURS.get(key)
             if known is not None:
                 return known
+            if _unknown_kept(_HONOURS_UNKNOWN.get(key)):
+                return True  # unknown, and remembered: as before the probe, without asking
             honours = self._probe_conditional_put()
             if honours is None:
-                return True  # unknown: as before the probe, and asked again next time
+                _HONOURS_UNKNOWN[key] = time.monotonic()
+                return True  # unknown: as before the probe, asked again once the period is over
+            _HONOURS_UNKNOWN.pop(key, None)
             _HONOURS[key] = honours
             return honours
 
@@ -1309,8 +1345,9 @@ class S3Storage(ScannedStorage):
         self._delete_probe(rel)
         _log.warning(
             "could not learn whether the store at %s (bucket %s) honours If-None-Match: * on "
-            "PUT (%s): creating conditionally as if it did this time, asked again next time",
+            "PUT (%s): creating conditionally as if it did; asked again in %s",
             self.options.endpoint_url or "AWS", self.bucket, why or "a conflict that stayed",
+            _period(),
         )
         return None
 
