@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from conformance import __version__
@@ -132,8 +133,7 @@ def _check_cases(report: RunReport, found: object, args: argparse.Namespace) -> 
 
 # --------------------------------------------------------------------------------- writer
 def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
-    from conformance.harness import InfrastructureError, Options, replay, run_suite
-    from conformance.schemas import SchemasUnavailable
+    from conformance.harness import Options, replay, run_suite
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -153,12 +153,29 @@ def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
         return _abort(report, args, EXIT_NOTHING, "error: zero cases requested (--examples 0 "
                       "--crash-examples 0 --no-committer): nothing would be checked")
     t0 = time.monotonic()
+    stopped = _guarded(report, args, lambda: replay(
+        Path(args.replay).resolve(), report, cmd or None, args.tracing) if args.replay
+        else run_suite(cmd, opts, report))
+    if stopped is not None:
+        return stopped
+    report.seconds = time.monotonic() - t0
+    report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
+    if report.exit_code == EXIT_OK and args.tracing == "auto" \
+            and not report.info.get("tracing", {}).get("used"):
+        report.exit_code = EXIT_PARTIAL
+    _print_writer(report, args)
+    _emit(report, args)
+    return report.exit_code
+
+
+def _guarded(report: RunReport, args: argparse.Namespace, run: Callable[[], None]) -> int | None:
+    """Run a harness; the exit status of what stopped it without a verdict, or None."""
+    from conformance.procs import InfrastructureError
+    from conformance.schemas import SchemasUnavailable
+
     try:
-        if args.replay:
-            replay(Path(args.replay).resolve(), report, cmd or None, args.tracing)
-        else:
-            run_suite(cmd, opts, report)
-    except ValueError as exc:
+        run()
+    except ValueError as exc:  # an argument only the harness could check
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except SchemasUnavailable as exc:
@@ -168,14 +185,7 @@ def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
                       f"error (infrastructure, not a conformance verdict): {exc}")
     except Exception as exc:  # a bug of the suite is no verdict (review C1)
         return _internal(report, args, exc)
-    report.seconds = time.monotonic() - t0
-    report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
-    if report.exit_code == EXIT_OK and args.tracing == "auto" \
-            and not report.info.get("tracing", {}).get("used"):
-        report.exit_code = EXIT_PARTIAL
-    _print_writer(report, args)
-    _emit(report, args)
-    return report.exit_code
+    return None
 
 
 def _print_writer(report: RunReport, args: argparse.Namespace) -> None:
@@ -261,7 +271,6 @@ def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
 def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the retention vectors (spec §20.1) through a gc adapter."""
     from conformance.gc_harness import GcOptions, run_gc_vectors
-    from conformance.procs import InfrastructureError
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -275,16 +284,9 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
         return EXIT_USAGE
     opts = GcOptions(args.set, args.timeout, not args.no_retire_abandoned, args.workdir,
                      args.keep_work, tuple(args.case), args.tracing)
-    try:
-        run_gc_vectors(cmd, opts, report)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except InfrastructureError as exc:
-        return _abort(report, args, EXIT_INFRA,
-                      f"error (infrastructure, not a conformance verdict): {exc}")
-    except Exception as exc:  # a bug of the suite is no verdict (review C1)
-        return _internal(report, args, exc)
+    stopped = _guarded(report, args, lambda: run_gc_vectors(cmd, opts, report))
+    if stopped is not None:
+        return stopped
     ran = [c for c in report.cases if c.status != "skipped"]
     if not ran:
         return _abort(report, args, EXIT_NOTHING, "error: no retention case ran")

@@ -391,10 +391,14 @@ def registry(cases: list[dict[str, Any]], **defaults: Any) -> Callable[..., Any]
 
 
 def write_set(argv: list[str] | None, cases: list[dict[str, Any]], set_name: str,
-              description: str, doc: str | None, *, format_version: str = "1.1") -> int:
+              description: str, doc: str | None, *, format_version: str = "1.1",
+              write_case: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None,
+              kind: str | None = None) -> int:
     """The command line of an errata set's generator: write ``cases`` as set ``set_name``.
 
-    ``format_version``: the newest format version the set's cases use (``cases.json``).
+    ``format_version``: the newest format version the set's cases use (``cases.json``);
+    ``write_case(out, case)`` writes one case and returns its record (default: a reader and
+    checker case); ``kind``: a set of another kind of case (``"retention"``, spec §20.1).
     """
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / set_name))
@@ -408,9 +412,9 @@ def write_set(argv: list[str] | None, cases: list[dict[str, Any]], set_name: str
     if args.force and out.is_dir():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    index = [_write_case(out, c) for c in cases]
-    doc_out = {"format_version": format_version, "set": set_name, "description": description,
-               "cases": index}
+    index = [(write_case or _write_case)(out, c) for c in cases]
+    doc_out = {"format_version": format_version, "set": set_name,
+               **({"kind": kind} if kind else {}), "description": description, "cases": index}
     (out / "cases.json").write_text(json.dumps(doc_out, indent=1) + "\n")
     print(f"wrote {len(index)} cases to {out}")
     return 0

@@ -18,10 +18,8 @@ Usage: python conformance/vectors/generate_errata_20.py [--out DIR] [--force]
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +37,7 @@ def _load(stem: str) -> Any:
 
 
 G = _load("generate_1_0")
+E1 = _load("generate_errata_1")  # its command line writes this set too
 DAY = 86400
 HOUR = 3600
 #: The policy a case uses unless it says otherwise (the reference gc's defaults, ``keep`` 1).
@@ -688,24 +687,8 @@ def _write_case(out: Path, c: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write every case below ``--out`` (default: ``errata-20`` next to this script)."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "errata-20"))
-    ap.add_argument("--force", action="store_true", help="overwrite existing vectors")
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        print(f"refusing to overwrite the vectors in {out}; published vectors are frozen",
-              file=sys.stderr)
-        return 1
-    if args.force and out.is_dir():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    index = [_write_case(out, c) for c in CASES]
-    doc = {"format_version": "1.2", "set": "errata-20", "kind": "retention",
-           "description": DESCRIPTION, "cases": index}
-    (out / "cases.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {len(index)} cases to {out}")
-    return 0
+    return int(E1.write_set(argv, CASES, "errata-20", DESCRIPTION, __doc__,
+                            format_version="1.2", write_case=_write_case, kind="retention"))
 
 
 if __name__ == "__main__":

@@ -121,22 +121,29 @@ def test_ls_and_latest_say_a_version_is_being_deleted(
     assert "is being deleted: a gc marked it" in out + err, (out, err)
 
 
+class _Watch(FaultyStorage):
+    """Records every create-if-absent (with its document) and delete, in order."""
+
+    def __init__(self, inner: Any, faults: list[Fault]) -> None:
+        super().__init__(inner, faults)
+        self.stored: list[tuple[str, str, dict[str, Any] | None]] = []
+
+    def create_if_absent(self, path: str, data: bytes) -> bool:
+        self.stored.append(("create", path, json.loads(data)))
+        return super().create_if_absent(path, data)
+
+    def delete(self, path: str) -> bool | None:
+        self.stored.append(("delete", path, None))
+        return super().delete(path)
+
+
 def test_the_mark_is_stored_before_the_commit_record_is_deleted(tmp_path: Path) -> None:
     """R-GC-13: one mark per deleted version, created before its ``manifest.json`` goes, valid
     against ``deletion.schema.json``, naming the version and stored under its own id."""
     old, new = _root(tmp_path)
-    stored: list[tuple[str, str, dict[str, Any] | None]] = []
-
-    class Watch(FaultyStorage):
-        def create_if_absent(self, path: str, data: bytes) -> bool:
-            stored.append(("create", path, json.loads(data)))
-            return super().create_if_absent(path, data)
-
-        def delete(self, path: str) -> bool | None:
-            stored.append(("delete", path, None))
-            return super().delete(path)
-
-    rep = gc(Watch(open_storage(tmp_path), []), keep=1, grace_seconds=0.0)
+    watch = _Watch(open_storage(tmp_path), [])
+    stored = watch.stored
+    rep = gc(watch, keep=1, grace_seconds=0.0)
     assert rep.deleted == [old] and not (tmp_path / old).exists()
     ops = [(op, p) for op, p, _ in stored if p.startswith(f"{old}/")]
     assert ops[0][0] == "create" and ops[0][1].startswith(f"{old}/{DELETION_DIR}/g")
@@ -162,19 +169,9 @@ def test_retired_versions_are_marked_before_their_record_goes(tmp_path: Path) ->
     first10 = make_version(tmp_path, 10)
     first20 = make_version(tmp_path, 20)
     again10 = make_version(tmp_path, 10)  # the job resumed from step 10 and saved it again
-    stored: list[tuple[str, str, dict[str, Any] | None]] = []
-
-    class Watch(FaultyStorage):
-        def create_if_absent(self, path: str, data: bytes) -> bool:
-            stored.append(("create", path, json.loads(data)))
-            return super().create_if_absent(path, data)
-
-        def delete(self, path: str) -> bool | None:
-            stored.append(("delete", path, None))
-            return super().delete(path)
-
-    rep = gc(Watch(open_storage(tmp_path), []), keep=1, grace_seconds=0.0,
-             retire_abandoned=True)
+    watch = _Watch(open_storage(tmp_path), [])
+    stored = watch.stored
+    rep = gc(watch, keep=1, grace_seconds=0.0, retire_abandoned=True)
     assert sorted(rep.retired) == sorted([first10, first20]), rep.to_json()
     assert [v.id for v in list_versions(tmp_path)] == [again10]
     for old in (first10, first20):
