@@ -225,12 +225,12 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
                 if opts.cases and case["name"] not in opts.cases:
                     continue
                 result = _run_case(adapter, cmd, set_name, vdir, case, work, opts)
+                if adapter.cannot_import is not None:  # the environment: found at once
+                    raise InfrastructureError(f"every adapter process died of an import "
+                                              f"error: {adapter.cannot_import}")
                 report.cases.append(result)
                 report.warnings += [f"{result.name}: {w}" for w in
                                     result.details.get("warnings", [])]
-        if adapter.cannot_import is not None:
-            raise InfrastructureError(f"every adapter process died of an import error: "
-                                      f"{adapter.cannot_import}")
     except BaseException:
         report.seconds = time.monotonic() - t0
         raise  # the work directory stays: the message may name a case in it

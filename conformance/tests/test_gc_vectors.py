@@ -299,6 +299,11 @@ def test_harness_usage_and_infrastructure_errors(tmp_path: Path) -> None:
     assert rc == 2 and "not a directory" in text and "Traceback" not in text
     rc, _, text = _run("--case", "grace-zero", "--", str(tmp_path / "missing.py"))
     assert rc == 4 and "not an executable file" in text
+    # an interpreter without the gc's module (the reference adapter run by a Python without
+    # portable_ckpt): the environment, said at the first case, not 48 failures
+    rc, doc, text = _run("--json", "--", sys.executable, "-c", "import pck_no_such_module")
+    assert rc == 4 and "import error" in text and doc is not None
+    assert [c["status"] for c in doc["cases"]] == ["error"]
     rc, doc, text = _run("--json", "--timeout", "1", "--case", "grace-zero", "--",
                          sys.executable, "-c", "import time; time.sleep(30)")
     assert rc == 1 and doc is not None and "did not end within --timeout 1 s" in text
