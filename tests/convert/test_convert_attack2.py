@@ -228,10 +228,10 @@ def test_a_big_int_key_is_charged_by_its_size(tmp_path: Path, digits_bytes: int,
 def test_int_keys_of_a_legitimate_size_still_convert(tmp_path: Path) -> None:
     src = tmp_path / "ok.pt"
     torch.save({"w": torch.ones(2), "ids": {2**100: "a", 7: "b"}, "pairs": {(2**70, 1): 1}}, src)
-    report = convert(src, tmp_path / "out")
+    report = convert(src, tmp_path / "out", drop_unsupported=True)
     ck = portable_ckpt.open(str(tmp_path / "out"))
     assert ck.entry("torch.values")["ids/" + str(2**100)] == "a"
-    assert [w for w in report.warnings if "tuple" in w.message]  # tuple keys: skipped, as before
+    assert [w for w in report.warnings if "tuple" in w.message]  # tuple keys: dropped, as asked
 
 
 # -- N5: byte items on one byte range -----------------------------------------------------------

@@ -91,7 +91,14 @@ def test_strict_fails_on_anything_not_converted(tmp_path: Path) -> None:
     # the CLI: exit 1 under --strict, 0 with the warnings otherwise; --select what HF can hold
     proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "hf"), "--to", "hf", "--strict")
     assert proc.returncode == 1 and "PCK-UNSUPPORTED-VALUE" in proc.stderr and not (tmp_path / "hf").exists()
+    # without --strict the entries HF cannot hold fail the export too (review 26, 1), naming
+    # them; --drop-unsupported exports without them, each a warning
     proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "hf"), "--to", "hf")
+    assert proc.returncode == 1 and "have no place in a hf target" in proc.stderr, proc.stderr
+    assert "rng:" in proc.stderr and "--drop-unsupported" in proc.stderr, proc.stderr
+    assert not (tmp_path / "hf").exists()
+    proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "hf"), "--to", "hf",
+                "--drop-unsupported")
     assert proc.returncode == 0 and proc.stderr.count("warning:") == 3, proc.stderr
     proc = _cli("convert", str(tmp_path / "a"), str(tmp_path / "hf2"), "--to", "hf", "--strict",
                 "--select", "model/*", "--strip-prefix", "model/")

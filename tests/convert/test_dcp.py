@@ -137,7 +137,8 @@ def test_dcp_to_hf_direct(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
 
     ckpt, ref = dcp_ckpt
     out = tmp_path / "hf"
-    convert(ckpt, out, trust_pickle=True, dst_format="hf", max_shard_size=200)
+    convert(ckpt, out, trust_pickle=True, dst_format="hf", max_shard_size=200,
+            drop_unsupported=True)  # (the step and the optimizer's values: no HF tensors)
     idx = json.loads((out / "model.safetensors.index.json").read_text())
     loaded: dict[str, Any] = {}
     for f in set(idx["weight_map"].values()):
@@ -209,7 +210,9 @@ def test_unrecognised_byte_item_warns_or_fails(tmp_path: Path) -> None:
 
     src = tmp_path / "odd"
     dcp.save({"w": torch.ones(2), "odd": {1.5, 2.5}, "n": float("nan")}, checkpoint_id=str(src), no_dist=True)
-    report = convert(src, tmp_path / "out", trust_pickle=True)
+    with pytest.raises(CheckpointError, match="1 item"):  # dropped only when asked (review 26, 1)
+        convert(src, tmp_path / "out", trust_pickle=True)
+    report = convert(src, tmp_path / "out", trust_pickle=True, drop_unsupported=True)
     items = {w.item for w in report.warnings}
     assert items == {"odd"}  # nan is stored ({"__float__": "nan"}), a set is not JSON
     ck = portable_ckpt.open(tmp_path / "out")
@@ -238,6 +241,74 @@ def test_cli_json(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["error"]["code"] == "PCK-USAGE"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "portable_ckpt.cli.main", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_dcp_item_the_format_cannot_store_fails_the_conversion_unless_dropped(
+    tmp_path: Path,
+) -> None:
+    """DCP integrator review 26, 1: torchtitan's pickled dataloader state (bytes, io.BytesIO)
+    was dropped with a warning and exit 0 (only --strict failed): the migrated job resumed
+    without its data position. Dropping an item now fails by default, naming the items (the
+    first five and their number), why, and the opt-in --drop-unsupported; nothing is written."""
+    import io
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    src, dst = tmp_path / "dcp" / "step-3", tmp_path / "portable"
+    state: dict[str, Any] = {
+        "model": {"w": torch.arange(6.0)},
+        "train_state": {"step": 3},
+        "dataloader": {"dp_rank_0": pickle.dumps({"pos": 10}), "world_size": 1},
+        "losses": io.BytesIO(b"\x00\x01"),
+        "xtra": {f"blob{i}": pickle.dumps(i) for i in range(5)},  # listed after those
+    }
+    dcp.save(state, checkpoint_id=str(src), no_dist=True)
+
+    got = _cli("convert", str(src), str(dst), "--trust-pickle")
+    assert got.returncode == 1, got.stderr
+    err = got.stderr
+    assert "[PCK-UNSUPPORTED-VALUE] 7 item(s) cannot be stored in the portable format" in err, err
+    assert "dataloader.dp_rank_0: " in err and "a bytes value" in err, err
+    assert "losses: " in err and "BytesIO" in err, err
+    assert "(and 2 more)" in err and "--drop-unsupported" in err, err
+    assert "stored as JSON data" in err and "base64" in err, err
+    assert not dst.exists()
+    with pytest.raises(CheckpointError) as ei:  # the Python API: the same refusal
+        convert(src, dst, trust_pickle=True)
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and "drop_unsupported=True" in str(ei.value)
+    assert not dst.exists()
+
+    # through a temporary version (DCP -> HF): the same refusal, naming DST, not the staging
+    got = _cli("convert", str(src), str(tmp_path / "hf"), "--to", "hf", "--trust-pickle")
+    assert got.returncode == 1 and "7 item(s)" in got.stderr, got.stderr
+    assert f"nothing was written to {tmp_path / 'hf'}:" in got.stderr, got.stderr
+    assert not (tmp_path / "hf").exists() and ".pck-staging" not in got.stderr
+
+    # --strict refuses them too (and what would be changed); with --drop-unsupported: usage
+    got = _cli("convert", str(src), str(dst), "--trust-pickle", "--strict")
+    assert got.returncode == 1 and "--strict: 7 item(s)" in got.stderr, got.stderr
+    got = _cli("convert", str(src), str(dst), "--trust-pickle", "--strict", "--drop-unsupported")
+    assert got.returncode == 2 and "PCK-USAGE" in got.stderr, got.stderr
+    assert not dst.exists()
+
+    # dropped knowingly: every item named in a warning, the rest converted
+    got = _cli("convert", str(src), str(dst), "--trust-pickle", "--drop-unsupported")
+    assert got.returncode == 0, got.stderr
+    assert got.stderr.count("warning: ") == 7, got.stderr
+    assert "warning: dataloader.dp_rank_0: " in got.stderr and "warning: losses: " in got.stderr
+    ck = portable_ckpt.open(dst)
+    assert list(ck.tensors) == ["model/w"] and ck.step == 3
+    assert ck.entry("torch.values") == {"dataloader/world_size": 1, "train_state/step": 3}
+    report = convert(src, tmp_path / "api", trust_pickle=True, drop_unsupported=True)
+    dropped = sorted(w.item for w in report.warnings if w.kind == "skipped")
+    assert dropped == sorted(["dataloader.dp_rank_0", "losses",
+                              *(f"xtra.blob{i}" for i in range(5))])
 
 
 # -- mapped keys (the default): conversions that round-trip into the job's own state ------------
@@ -508,7 +579,7 @@ def test_a_byte_item_of_many_tensors_is_a_torch_save(tmp_path: Path) -> None:
     src = tmp_path / "src"
     dcp.save({"w": torch.arange(4.0), "pair": tuple(torch.full((2,), float(i)) for i in range(70))},
              checkpoint_id=str(src))
-    report = convert(src, tmp_path / "out", trust_pickle=True)
+    report = convert(src, tmp_path / "out", trust_pickle=True, drop_unsupported=True)
     (w,) = [w for w in report.warnings if w.item == "pair"]
     assert "a tensor value" in w.message and "members" not in w.message, w.message
     assert report.tensors == 1

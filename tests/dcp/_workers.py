@@ -408,3 +408,33 @@ def _async_process_save(rank: int, root: str) -> dict[str, Any]:
         "ok": torch.equal(back["w"].full_tensor(), g) and torch.equal(back["b"], torch.ones(4)),
         "n": back["n"]["k"],
     }
+
+
+# -- ranks that open different versions in one dcp.load --------------------------------------------
+
+
+def mixed_versions(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Versions of steps 1 and 2 under ``a``, 7 under ``b``; one load where the ranks were given
+    different steps, one where they were given different roots: each load's error, as DCP
+    raises it on this rank (code and message of the first failure)."""
+    for step, root in ((1, "a"), (2, "a"), (7, "b")):
+        dcp.save({"w": torch.full((4,), float(step))},
+                 storage_writer=PortableStorageWriter(f"{base}/{root}", step=step))
+    readers = {
+        "steps": PortableStorageReader(f"{base}/a", step=1 + rank),
+        "roots": PortableStorageReader(f"{base}/{'a' if rank == 0 else 'b'}",
+                                       allow_statistical=True),
+        "same": PortableStorageReader(f"{base}/a", step=2),
+    }
+    out: dict[str, Any] = {}
+    for name, reader in readers.items():
+        target = {"w": torch.zeros(4)}
+        try:
+            dcp.load(target, storage_reader=reader)
+        except BaseException as e:  # CheckpointException derives from BaseException
+            failures = getattr(e, "failures", None)
+            err = next(iter(failures.values()))[0] if failures else e
+            out[name] = {"code": getattr(err, "code", type(err).__name__), "message": str(err)}
+        else:
+            out[name] = {"loaded": target["w"].tolist()}
+    return out

@@ -183,3 +183,28 @@ def test_cli_and_conformance_checker_read_dcp_written_versions(
     assert main(["inspect", f"{roots['dcp']}", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["step"] == 3 and "model/up.weight" in doc["tensors"]
+
+
+def test_ranks_given_different_steps_or_roots_are_told_what_differed(tmp_path: Any) -> None:
+    """DCP integrator review 26, 3: ranks that opened different versions always heard "a save
+    committed during the load: pass step=", also when they were given different step= values
+    or different roots. The PCK-DISTRIBUTED message now says what differed, per rank, and the
+    fix for it."""
+    res = run("mixed_versions", 2, str(tmp_path))
+    for r in res:
+        assert r["same"] == {"loaded": [2.0] * 4}, r
+        steps, roots = r["steps"], r["roots"]
+        assert steps["code"] == roots["code"] == "PCK-DISTRIBUTED", r
+        # the steps each rank was given, and the fix; no save committed during this load
+        assert "the ranks were given different steps (step= rank 0: 1; rank 1: 2)" in (
+            steps["message"]), steps
+        assert "give every rank the same PortableStorageReader(step=)" in steps["message"]
+        assert "committed" not in steps["message"] and "roots" not in steps["message"], steps
+        # the roots each rank was given, and the fix
+        a, b = str(tmp_path / "a"), str(tmp_path / "b")
+        assert f"different roots (rank 0: {a!r}; rank 1: {b!r})" in roots["message"], roots
+        assert "give every rank the same root" in roots["message"], roots
+        assert "committed" not in roots["message"] and "steps" not in roots["message"], roots
+        # which version each rank opened
+        for m in (steps["message"], roots["message"]):
+            assert m.count("s0000000000") == 2, m

@@ -525,6 +525,84 @@ def test_a_tensor_in_an_unflattened_dict_names_the_planner_option(tmp_path: Any)
     assert "a tensor inside a dict" in str(err) and "flatten_state_dict=True" in str(err)
 
 
+@pytest.mark.parametrize(
+    ("state", "flatten", "fix"),
+    [
+        ({"model": {"w": torch.ones(2), "b": {"x": torch.ones(1)}}}, False, "DefaultSavePlanner()"),
+        ({"m": {"a": [torch.ones(2), {"x": torch.ones(1)}]}}, False, "DefaultSavePlanner()"),
+        ({"m": {"pair": (torch.ones(2), 3)}}, True, "make the tuple a list"),
+    ],
+)
+def test_a_tensor_kept_inside_an_item_gets_one_message_and_its_one_fix(
+    tmp_path: Any, state: dict[str, Any], flatten: bool, fix: str
+) -> None:
+    """DCP integrator review 26, 2: a tensor inside an item kept whole (flatten_state_dict=False,
+    or a tuple) was refused with two messages joined: "... so that each tensor is an item of its
+    own (Tensor) cannot be stored without pickle; ... Convert it (bytes to a base64 str ...)".
+    Now one message naming the item, the key, and the fix for that case only."""
+    with pytest.raises(BaseException) as info:
+        dcp.save(
+            state,
+            storage_writer=PortableStorageWriter(str(tmp_path), step=1),
+            planner=DefaultSavePlanner(flatten_state_dict=flatten),
+        )
+    err = failure(info.value)
+    assert isinstance(err, UnsupportedValueError) and err.code == "PCK-UNSUPPORTED-VALUE"
+    text = str(err)
+    assert text.startswith("[PCK-UNSUPPORTED-VALUE] DCP item "), text
+    assert fix in text, text
+    assert "a tensor inside" in text and "cannot be stored" in text, text
+    for other in ("base64", "without pickle", "state_dict()", "(Tensor)"):
+        assert other not in text, text
+    if flatten:
+        assert "flatten_state_dict" not in text, text  # the tuple's fix, not the planner's
+    else:
+        assert "tuple" not in text, text  # the planner's fix, not the tuple's
+    assert not [v for v in portable_ckpt.list_versions(str(tmp_path)) if v.status == "committed"]
+
+
+def test_a_writer_saving_again_at_its_published_step_says_so_once(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """DCP integrator review 26, 4: a PortableStorageWriter(root, step=10) kept across saves
+    labelled every version step 10, silently. The second save at a step the writer already
+    published says so once (a warning event on portable_ckpt.torch and a line on stderr),
+    naming both fixes; a writer whose step is set before each save says nothing."""
+    import logging
+
+    root = str(tmp_path / "r")
+    writer = PortableStorageWriter(root, step=10)
+    caplog.set_level(logging.WARNING, logger="portable_ckpt.torch")
+    dcp.save({"w": torch.ones(2)}, storage_writer=writer)
+    assert not [r for r in caplog.records if r.name == "portable_ckpt.torch"]
+    first = writer.attempt_id
+    dcp.save({"w": torch.ones(2)}, storage_writer=writer)
+    dcp.save({"w": torch.ones(2)}, storage_writer=writer)  # said once per writer
+    said = [r for r in caplog.records if getattr(r, "pck_event", {}).get("event")
+            == "save.writer_reused"]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert said[0].levelno == logging.WARNING
+    assert said[0].pck_event["step"] == 10 and said[0].pck_event["previous"] == first
+    msg = said[0].getMessage()
+    assert first in msg and "new PortableStorageWriter(root, step=N)" in msg
+    assert "writer.step = N" in msg
+    err = capfd.readouterr().err
+    assert err.count("saves again at step 10") == 1, err
+    assert [v.step for v in portable_ckpt.list_versions(root)] == [10, 10, 10]
+    # step set before each save, or a new writer per save: nothing to say
+    caplog.clear()
+    other = PortableStorageWriter(str(tmp_path / "s"), step=1)
+    for step in (1, 2):
+        other.step = step
+        dcp.save({"w": torch.ones(2)}, storage_writer=other)
+    for step in (3, 4):
+        dcp.save({"w": torch.ones(2)},
+                 storage_writer=PortableStorageWriter(str(tmp_path / "s"), step=step))
+    assert not [r for r in caplog.records if r.name == "portable_ckpt.torch"]
+    assert "saves again" not in capfd.readouterr().err
+    assert sorted(v.step for v in portable_ckpt.list_versions(str(tmp_path / "s"))) == [1, 2, 3, 4]
+
+
 # -- which leaves make one DCP item (torch.dcp_items) ----------------------------------------------
 
 

@@ -41,6 +41,13 @@ unpickled: the pickle opcodes are decoded symbolically (no import, no call) and 
 metadata classes are accepted; any other class or function is refused (PCK-UNSUPPORTED-VALUE).
 The flag stays required because a pickle remains a format to accept only from people you trust.
 (torch.save files are read the same way, with weights_only semantics.)
+
+An item the target cannot hold (a DCP byte item that is pickled bytes, io.BytesIO or an object,
+as torchtitan's dataloader state; a per-rank entry in a dcp or torch export) fails the
+conversion, naming it, and nothing is written: a job resumed from the result would silently
+miss it. Change it in the source, --select what the target holds, or pass --drop-unsupported
+to convert the rest without it (each item dropped is a warning). --strict also refuses items
+that would be changed.
 """
 
 
@@ -105,6 +112,7 @@ def _run(args: argparse.Namespace) -> int:
             dst_format=args.dst_format,
             trust_pickle=args.trust_pickle,
             strict=args.strict,
+            drop_unsupported=args.drop_unsupported,
             max_shard_size=args.max_shard_size,
             step=args.step,
             codec=args.codec,
@@ -172,8 +180,16 @@ def _add_reading_options(p: argparse.ArgumentParser) -> None:
         "DCP's metadata classes — still, only use it for checkpoints you trust",
     )
     p.add_argument(
+        "--drop-unsupported", action="store_true",
+        help="convert without the items the target cannot hold (pickled bytes or objects of a "
+        "DCP or torch.save source, per-rank entries in a dcp/torch export, non-tensor entries in "
+        "an hf one), each named in a warning; without it they fail the conversion (exit 1, "
+        "nothing written)",
+    )
+    p.add_argument(
         "--strict", action="store_true",
-        help="fail (exit 1, nothing written) when anything would be skipped or changed",
+        help="fail (exit 1, nothing written) also when anything would be changed (a contract "
+        "made statistical, one rank's value kept, ...); not with --drop-unsupported",
     )
     p.add_argument(
         "--keys", choices=["mapped", "verbatim"], default="mapped",

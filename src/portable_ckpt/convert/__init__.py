@@ -15,8 +15,10 @@ finds them, and the way back gives what stock ``dcp.load`` / ``torch.load`` of t
 ``keys="verbatim"`` keeps the source's names.
 
 Every conversion streams: one batch of chunks (≤ ``batch_bytes``, or one chunk if it is larger)
-is in memory at a time. Nothing appears at ``dst`` unless the conversion succeeds (and, with
-``strict``, converted everything as it was): portable targets publish with the core commit
+is in memory at a time. Nothing appears at ``dst`` unless the conversion succeeds: it fails when
+an item would be dropped (a value the target cannot hold: pickled bytes of a DCP source, a
+per-rank entry in an HF export) unless ``drop_unsupported=True``, and with ``strict`` when
+anything would not be converted as it was: portable targets publish with the core commit
 (``manifest.json`` created last), directory and file targets are built beside ``dst`` and
 renamed into place.
 
@@ -50,7 +52,7 @@ from portable_ckpt.convert._model import (
     TensorSpec,
     WriteResult,
     check_plan,
-    fail_if_strict,
+    fail_if_lost,
     infer_step,
 )
 from portable_ckpt.convert._registry import (
@@ -120,7 +122,7 @@ class ConvertReport:
         chunks: number of stored chunks (range records) written.
         entries: number of non-tensor entries written.
         largest_chunk: size in bytes of the largest chunk.
-        warnings: items skipped or changed.
+        warnings: items dropped (``drop_unsupported``) or changed, and notes.
         step: the step of the new portable version (``None`` for other targets).
         step_source: where that step came from (``--step``, the source's ``step`` value, ...).
         staging: non-portable targets: the stale staging of killed conversions that this one
@@ -448,12 +450,13 @@ def _write_portable(
 ) -> tuple[ConvertReport, str]:
     batch = options.batch_bytes
     limit = max(plan.largest_chunk, batch) + batch
-    sink = _PortableSink(dst, step, options.codec, batch, limit)
     warnings = list(plan.warnings)
+    fail_if_lost(warnings, options, dst)  # what the source's reader skipped: before anything
+    sink = _PortableSink(dst, step, options.codec, batch, limit)
     try:
         chunks = _write_chunks(plan, sink, progress)
         entries = _write_entries(plan, sink, warnings, src)
-        fail_if_strict(warnings, options, dst)
+        fail_if_lost(warnings, options, dst)
         sink.commit(plan.world_size, plan.continuation)
     except BaseException as e:
         # A commit whose outcome is unknown may have published the version: its files stay.
@@ -511,6 +514,7 @@ def convert(
     dst_format: str = "portable",
     trust_pickle: bool = False,
     strict: bool = False,
+    drop_unsupported: bool = False,
     max_shard_size: int | str = "5GB",
     step: int | None = None,
     codec: str = "none",
@@ -533,7 +537,13 @@ def convert(
         dst_format: a name of :func:`target_formats` (default ``portable``).
         trust_pickle: allow reading DCP pickles (they can run code; see
             :data:`portable_ckpt.convert.dcp.TRUST_HELP`).
-        strict: fail, publishing nothing, when anything would be skipped or changed.
+        strict: fail, publishing nothing, when anything would be skipped or changed (a
+            contract made ``statistical``, one rank's value of a per-rank entry kept, ...).
+        drop_unsupported: convert without the items the target cannot hold (each one a
+            ``skipped`` warning of the report). Without it such an item fails the conversion
+            (``PCK-UNSUPPORTED-VALUE`` naming them, nothing published): a job resumed from the
+            result would miss it (a DCP source's pickled dataloader state, say). Not with
+            ``strict``.
         max_shard_size: HF target: largest shard (``"5GB"`` = 5·10^9 bytes, ``"2GiB"``, or int).
         step: portable target: the step of the new version (default: the step the source
             records, else 0); portable source: which version to read (default latest).
@@ -566,9 +576,10 @@ def convert(
     target = get_format(dst_format, role="target")
     source = get_format(src_format or detect_format(s), role="source")
     options = _options(
-        trust_pickle=trust_pickle, strict=strict, step=step, keys=keys, codec=codec,
-        max_shard_size=max_shard_size, select=select, strip_prefix=strip_prefix, dtype=dtype,
-        batch_bytes=batch_bytes, allow_expand=allow_expand, max_output_bytes=max_output_bytes,
+        trust_pickle=trust_pickle, strict=strict, drop_unsupported=drop_unsupported, step=step,
+        keys=keys, codec=codec, max_shard_size=max_shard_size, select=select,
+        strip_prefix=strip_prefix, dtype=dtype, batch_bytes=batch_bytes,
+        allow_expand=allow_expand, max_output_bytes=max_output_bytes,
         target=target.name,
     )
     for path, fmt, role in ((s, source.name, "source"), (d, target.name, "destination")):
@@ -631,6 +642,11 @@ def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | 
     from portable_ckpt.convert.hf import parse_size
     from portable_ckpt.format.usage import name_collection
 
+    if kw["strict"] and kw["drop_unsupported"]:
+        raise UsageError(
+            "--strict refuses the items that --drop-unsupported drops (Python: strict and "
+            "drop_unsupported): pass one of them"
+        )
     if kw["keys"] not in ("mapped", "verbatim"):
         raise UsageError(f"keys must be 'mapped' or 'verbatim', not {kw['keys']!r}")
     if select is None:
@@ -684,7 +700,11 @@ def _dispatch(
     # leaves of it is removed by the next conversion here (_staging.sweep_staging).
     tmp = make_staging(parent)
     try:
-        first = _to_portable(s, tmp, source, _hub_options(options), _Ticker(None))
+        try:
+            first = _to_portable(s, tmp, source, _hub_options(options), _Ticker(None))
+        except CheckpointError as exc:
+            _name_source(exc, tmp, d)  # the first half's destination: nothing reached DST
+            raise
         second = _from_portable(tmp, d, target, options, tick)
         second.warnings = first.warnings + second.warnings
         return second
@@ -696,7 +716,10 @@ def _dispatch(
 
 
 def _name_source(exc: CheckpointError, tmp: str, src: str) -> None:
-    """Name the source in an error of the second half, not the temporary version (removed)."""
+    """Name ``src`` in an error instead of the temporary version (removed).
+
+    ``src`` is the source for an error of the second half, the destination for one of the first.
+    """
     hub = re.compile(re.escape(tmp) + r"(/[^\s'\"]*)?")
     exc.message = hub.sub(lambda _m: src, exc.message)
     exc.args = (exc.message,)

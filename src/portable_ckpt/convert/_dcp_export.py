@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_strict
+from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_lost
 from portable_ckpt.errors import UsageError
 from portable_ckpt.torch.state import without_scheduler_class
 
@@ -226,7 +226,7 @@ def save_portable_as_dcp(
     """
     opts = options or ConvertOptions()
     items, warnings = _mapped(ck) if opts.keys == "mapped" else _verbatim(ck)
-    fail_if_strict(warnings, opts, dst or directory)
+    fail_if_lost(warnings, opts, dst or directory, target="dcp")
     planner = _PortablePlanner(
         ck, progress, tensors=items.tensors, values=items.values, paths=items.paths
     )

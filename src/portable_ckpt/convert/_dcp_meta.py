@@ -612,6 +612,8 @@ def symbolic_to_json(node: Any, depth: int = 0, *, budget: WalkBudget | None = N
     if isinstance(node, Call) and isinstance(node.func, Global):
         if node.func.qualname.startswith("torch._utils._rebuild_"):
             raise NotJsonError("a tensor value")
+        if node.func.qualname == "_codecs.encode":  # how pickle protocol 2 spells bytes
+            raise NotJsonError("a bytes value, such as pickle.dumps output")
         raise NotJsonError(f"an object of type {node.func.qualname}")
     if isinstance(node, Global):
         raise NotJsonError(f"a reference to {node.qualname}")

@@ -32,6 +32,7 @@ __all__ = [
     "WriteResult",
     "check_layout",
     "check_plan",
+    "fail_if_lost",
     "fail_if_strict",
     "infer_step",
     "short_number",
@@ -59,6 +60,8 @@ class ConvertOptions:
     Attributes:
         trust_pickle: DCP sources: allow reading their pickles (decoded symbolically).
         strict: fail, before anything is published, on anything not converted as it is.
+        drop_unsupported: convert without the items the target cannot hold (each one a
+            ``skipped`` warning) instead of failing on them; refused with ``strict``.
         step: portable source: the version to read; portable target: the new version's step.
         keys: key mapping between formats (:data:`KeyMode`).
         codec: portable target: ``"none"`` or ``"zstd"``.
@@ -75,6 +78,7 @@ class ConvertOptions:
 
     trust_pickle: bool = False
     strict: bool = False
+    drop_unsupported: bool = False
     step: int | None = None
     keys: KeyMode = "mapped"
     codec: str = "none"
@@ -141,7 +145,8 @@ class ConvertWarning:
 
     ``kind`` is ``"skipped"`` (not converted), ``"changed"`` (converted with a loss, e.g. one
     rank's value of a per-rank entry) or ``"note"`` (how it was converted; nothing lost).
-    ``strict`` conversions fail on the first two.
+    A conversion fails on ``skipped`` ones unless ``drop_unsupported``; ``strict`` conversions
+    fail on ``changed`` ones too.
     """
 
     item: str
@@ -288,25 +293,64 @@ def _check_key(key: str, where: str) -> None:
     )
 
 
-def fail_if_strict(warnings: Iterable[ConvertWarning], options: ConvertOptions, where: str) -> None:
-    """Raise before publishing when ``options.strict`` and something was not converted as is.
+#: Items a refusal names (then how many more there are).
+_SHOWN = 5
+
+
+def fail_if_lost(
+    warnings: Iterable[ConvertWarning], options: ConvertOptions, where: str, *,
+    target: str | None = None,
+) -> None:
+    """Raise before publishing when the conversion would lose what ``options`` does not allow.
+
+    Dropping an item (a ``skipped`` warning) fails unless ``options.drop_unsupported``: a job
+    resumed from the result would silently miss it (its data position, say). With
+    ``options.strict`` a ``changed`` item fails too. ``target`` names the format of an export
+    (what it cannot hold is to be left out with ``--select``); without it the items are the
+    source's values that the portable format cannot store.
 
     Raises:
-        UnsupportedValueError: naming every item skipped or changed (``PCK-UNSUPPORTED-VALUE``).
+        UnsupportedValueError: naming the first items lost and their number
+            (``PCK-UNSUPPORTED-VALUE``), and the options that convert the rest.
 
     """
-    if not options.strict:
+    if options.strict:
+        lost = [w for w in warnings if w.loses]
+    elif not options.drop_unsupported:
+        lost = [w for w in warnings if w.kind == "skipped"]
+    else:
         return
-    lost = [w for w in warnings if w.loses]
-    if lost:
-        shown = "; ".join(f"{w.item}: {w.message}" for w in lost[:8])
-        more = f" (and {len(lost) - 8} more)" if len(lost) > 8 else ""
+    if not lost:
+        return
+    shown = "; ".join(f"{w.item}: {w.message.removesuffix('; skipped')}" for w in lost[:_SHOWN])
+    more = f" (and {len(lost) - _SHOWN} more)" if len(lost) > _SHOWN else ""
+    if options.strict:
         raise UnsupportedValueError(
             f"--strict: {len(lost)} item(s) would not be converted as they are, so nothing was "
-            f"written to {where}: {shown}{more}. Drop --strict to convert the rest, or --select "
-            "what to export",
+            f"written to {where}: {shown}{more}. Drop --strict to convert the rest (with "
+            "--drop-unsupported for items the target cannot hold), or --select what to export",
             path=where,
         )
+    if target is None:
+        what = "cannot be stored in the portable format"
+        fix = ("Non-tensor values are stored as JSON data, never pickled: change them in the "
+               "source (bytes or io.BytesIO to a base64 str or a uint8 tensor, an object to its "
+               "state as JSON values)")
+    else:
+        what = f"have no place in a {target} target"
+        fix = ("Export what it can hold with --select (`portable-ckpt inspect` lists the keys), "
+               "or convert to a target that holds them")
+    raise UnsupportedValueError(
+        f"{len(lost)} item(s) {what} and would be dropped, so nothing was written to "
+        f"{where}: {shown}{more}. {fix}; or pass --drop-unsupported (Python: "
+        "drop_unsupported=True) to convert the rest without them, knowing that a job resumed "
+        "from the result does not get them back",
+        path=where,
+    )
+
+
+#: The name of :func:`fail_if_lost` before ``drop_unsupported`` (format plugins may call it).
+fail_if_strict = fail_if_lost
 
 
 def to_json_value(value: Any, depth: int = 0) -> Any:

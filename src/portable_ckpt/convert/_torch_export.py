@@ -33,7 +33,7 @@ from portable_ckpt.convert._model import (
     ConvertOptions,
     ConvertWarning,
     WriteResult,
-    fail_if_strict,
+    fail_if_lost,
 )
 from portable_ckpt.convert._publish import open_staged, staged
 from portable_ckpt.convert.hf import HF_METADATA_ENTRY, slabs
@@ -64,7 +64,7 @@ def save_portable_as_torch(
 
     Raises:
         UnsupportedValueError: keys that cannot nest (a key below another key's leaf), or with
-            ``options.strict`` per-rank entries (a file has no ranks).
+            per-rank entries (a file has no ranks) unless ``options.drop_unsupported``.
 
     """
     warnings = [
@@ -72,7 +72,7 @@ def save_portable_as_torch(
         for name in sorted(ck.entries)
         if ck.entries[name].scope != "global"
     ]
-    fail_if_strict(warnings, options, dst)
+    fail_if_lost(warnings, options, dst, target="torch")
     written = 0
     with staged(dst, directory=False) as tmp:
         # A private directory of a random name (0700): `<tmp>.tensors` told another user of

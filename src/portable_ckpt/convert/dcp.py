@@ -25,7 +25,8 @@ Reading (:func:`read_dcp_source`)
     state, so ``portable_ckpt.torch.load`` of the job's state finds everything. With
     ``keys="verbatim"`` keys stay as DCP flattened them (``"model.layer.weight"``) and each byte
     item becomes one ``pck:json/1`` entry of its FQN (tuples become lists). Other byte items are
-    skipped with a warning, or raise ``PCK-UNSUPPORTED-VALUE`` when ``strict=True``.
+    warnings of the plan (``skipped``), which fail a conversion unless ``drop_unsupported``
+    (``read_dcp_source(strict=True)`` raises ``PCK-UNSUPPORTED-VALUE`` on the first instead).
 
     Earlier versions unpickled ``.metadata`` with torch in a child process (~4 s of a 6 s
     conversion of 1 GiB, and ~270 MiB RSS). The scanner covers everything ``FileSystemWriter``
@@ -222,10 +223,12 @@ def _loader(
 
 
 def read_source(src: str, options: ConvertOptions) -> SourcePlan:
-    """The registry's reader: :func:`read_dcp_source` with the conversion's options."""
-    return read_dcp_source(
-        src, trust_pickle=options.trust_pickle, strict=options.strict, keys=options.keys
-    )
+    """The registry's reader: :func:`read_dcp_source` with the conversion's options.
+
+    Items it cannot convert are warnings of the plan, whatever ``options.strict``: the
+    conversion refuses them together, naming them all (``fail_if_lost``).
+    """
+    return read_dcp_source(src, trust_pickle=options.trust_pickle, keys=options.keys)
 
 
 def read_dcp_source(
@@ -687,8 +690,8 @@ def write_dcp(
     """Write portable checkpoint ``src`` (an opened checkpoint) as a DCP directory ``dst``.
 
     See the module docstring for the approach. ``dst`` must not exist or be empty; the directory
-    appears with one ``rename`` once ``.metadata`` is written (and, with ``options.strict``,
-    only when nothing was skipped or changed).
+    appears with one ``rename`` once ``.metadata`` is written (and only when nothing was
+    skipped, unless ``options.drop_unsupported``; with ``options.strict``, nor changed).
 
     Returns:
         ``(tensors, bytes, warnings)``.

@@ -37,7 +37,7 @@ from portable_ckpt.convert._model import (
     SourcePlan,
     TensorSpec,
     WriteResult,
-    fail_if_strict,
+    fail_if_lost,
 )
 from portable_ckpt.convert._st import StTensor, build_header, read_header
 from portable_ckpt.convert._torchzip import pread_into
@@ -321,7 +321,8 @@ def write_hf(
         max_shard_size: largest shard in bytes of tensor data.
         progress: called with the number of bytes written after each slab.
         slab_bytes: most bytes assembled in memory at once.
-        options: with ``strict``, entries that safetensors cannot hold fail the export.
+        options: entries that safetensors cannot hold fail the export unless
+            ``drop_unsupported`` (:func:`~portable_ckpt.convert._model.fail_if_lost`).
 
     Returns:
         ``(tensors, bytes, warnings)``.
@@ -342,7 +343,7 @@ def write_hf(
         )
     meta, warnings = _shard_metadata(src)
     if options is not None:
-        fail_if_strict(warnings, options, dst)
+        fail_if_lost(warnings, options, dst, target="hf")
     infos = [src.tensors[k] for k in sorted(src.tensors)]
     shards = _group_shards(infos, max_shard_size)
     count = len(shards)

@@ -321,13 +321,28 @@ def read_dcp_items(value: Any) -> dict[str, DcpPath] | None:
     return out
 
 
-def _unsupported(fqn: str, key: str, value: Any, why: str) -> UnsupportedValueError:
+#: How a value JSON cannot hold is to be changed (the fix of "the value" refusals).
+_JSON_FIX = (
+    "non-tensor items are stored as JSON (None, bool, int, float, str, and lists, tuples and "
+    "dicts of them). Convert it (bytes to a base64 str or a uint8 tensor, an object to its "
+    "state_dict(); DCP calls state_dict() only on top-level values)"
+)
+
+
+def _unsupported(
+    fqn: str, key: str, value: Any, why: str, fix: str = _JSON_FIX
+) -> UnsupportedValueError:
+    """The refusal of DCP item ``fqn``: ``why`` for what is at ``key``, and that case's ``fix``."""
     return UnsupportedValueError(
-        f"DCP item {fqn!r} (key {key!r}): {why} ({type(value).__name__}) cannot be stored without "
-        f"pickle; non-tensor items are stored as JSON (None, bool, int, float, str, and lists, "
-        f"tuples and dicts of them). Convert it (bytes to a base64 str or a uint8 tensor, an "
-        f"object to its state_dict(); DCP calls state_dict() only on top-level values)"
+        f"DCP item {fqn!r} (key {key!r}): {why} ({type(value).__name__}) cannot be stored "
+        f"without pickle; {fix}"
     )
+
+
+def _tensor_refused(fqn: str, key: str, inside: str | None) -> UnsupportedValueError:
+    """The refusal of a tensor inside the non-tensor DCP item ``fqn``: one message, one fix."""
+    why, fix = _tensor_inside(inside)
+    return UnsupportedValueError(f"DCP item {fqn!r} (key {key!r}): {why}; {fix}")
 
 
 def json_leaves(
@@ -353,31 +368,43 @@ def _leaves(
     fqn: str,
     depth: int,
     is_tensor: Callable[[Any], bool] | None,
-    inside: str = "a tuple or a plain list",
+    inside: str | None = None,
 ) -> None:
     if depth > 64:
-        raise _unsupported(fqn, key, value, "a value nested more than 64 levels deep")
+        raise _unsupported(
+            fqn, key, value, "a value nested more than 64 levels deep",
+            "non-tensor items are stored as JSON of at most 64 levels: flatten it",
+        )
     if is_tensor is not None and is_tensor(value):
-        raise _unsupported(fqn, key, value, f"a tensor inside {inside}")
+        raise _tensor_refused(fqn, key, inside)
     if isinstance(value, Mapping):
         if not value:
             out[key] = {}
         seen: set[str] = set()
         for k, v in value.items():
             if isinstance(k, bool) or not isinstance(k, str | int):
-                raise _unsupported(fqn, key, k, f"the dict key {k!r}")
+                raise _unsupported(
+                    fqn, key, k, f"the dict key {k!r}",
+                    "dict keys are stored as strings: use str or int keys",
+                )
             comp = escape_component(str(k))
             if comp in seen:
-                raise _unsupported(fqn, key, value, f"a dict whose keys collide on {str(k)!r}")
+                raise _unsupported(
+                    fqn, key, value, f"a dict whose keys collide on {str(k)!r}",
+                    "two of its keys would be one stored key: rename one",
+                )
             seen.add(comp)
             # A dict reaches here only when the planner did not flatten it into items.
-            _leaves(f"{key}/{comp}", v, out, fqn, depth + 1, is_tensor, _IN_DICT)
+            _leaves(f"{key}/{comp}", v, out, fqn, depth + 1, is_tensor, inside or _IN_ITEM)
         return
     if isinstance(value, list | tuple):
         if not value:
             out[key] = []
+        # DCP's flattening keeps a tuple as one item, and a list only without a tensor or a
+        # dict in it: a tensor below a tuple is the tuple's case, else the planner's
+        below = _IN_TUPLE if isinstance(value, tuple) else inside or _IN_ITEM
         for i, v in enumerate(value):
-            _leaves(f"{key}/{i}", v, out, fqn, depth + 1, is_tensor)
+            _leaves(f"{key}/{i}", v, out, fqn, depth + 1, is_tensor, below)
         return
     try:
         out[key] = encode_json(value, key=key)
@@ -385,11 +412,33 @@ def _leaves(
         raise _unsupported(fqn, key, value, "the value") from None
 
 
-_IN_DICT = (
-    "a dict that the planner kept as one item (DefaultSavePlanner(flatten_state_dict=False)): "
-    "keep the default flatten_state_dict=True, or use PortableSavePlanner, so that each tensor "
-    "is an item of its own"
-)
+#: A tensor below a container of an item: why it is there, and the fix (:func:`_tensor_inside`).
+_IN_ITEM = "item"
+_IN_TUPLE = "tuple"
+
+
+def _tensor_inside(inside: str | None) -> tuple[str, str]:
+    """``(why, fix)`` of a tensor found inside a non-tensor item."""
+    if inside == _IN_TUPLE:
+        return (
+            "a tensor inside a tuple cannot be stored: DCP's planner keeps a tuple as one "
+            "non-tensor item",
+            "a tensor is stored only as an item of its own: make the tuple a list (DCP "
+            "flattens a list holding tensors into items) or a dict",
+        )
+    if inside == _IN_ITEM:
+        return (
+            "a tensor inside a dict or list that the planner kept as one non-tensor item (as "
+            "DefaultSavePlanner(flatten_state_dict=False) does) cannot be stored",
+            "a tensor is stored only as an item of its own: save with DCP's default planner "
+            "(DefaultSavePlanner(), whose flatten_state_dict=True makes each tensor an item) or "
+            "PortableSavePlanner(), or have a custom planner flatten the state",
+        )
+    return (
+        "a tensor given as a non-tensor item cannot be stored",
+        "have the planner give it as a tensor item (DefaultSavePlanner() or "
+        "PortableSavePlanner() do)",
+    )
 
 
 class TrieNode:

@@ -465,8 +465,10 @@ class PortableStorageReader(StorageReader):
             (as ``portable_ckpt.torch.load(..., allow_statistical=True)``); without it such a
             load raises PCK-CONTRACT.
 
-    Every rank opens the version itself; when ranks resolved different versions (a save
-    committed meanwhile) the load fails instead of mixing them: pass ``step`` for a fixed one.
+    Every rank opens the version itself; when ranks resolved different versions the load fails
+    instead of mixing them (``PCK-DISTRIBUTED``), naming what differed: the ``step`` or root the
+    ranks were given, or, with the same ones and no ``step``, a save committed meanwhile (pass
+    ``step`` for a fixed one).
     :attr:`stats` counts the bytes read and checksum blocks verified on this rank.
 
     """
@@ -532,17 +534,18 @@ class PortableStorageReader(StorageReader):
         self.rank = int(kwargs.get("rank", 0) or 0)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """Tag the plan with the version this rank opened."""
-        return dataclasses.replace(plan, storage_data=self._opened().ck.id)
+        """Tag the plan with the version this rank opened (and the root and step it was given)."""
+        root = self.root.url if isinstance(self.root, Storage) else os.fspath(self.root)
+        opened = {"id": self._opened().ck.id, "root": root, "step": self.step}
+        return dataclasses.replace(plan, storage_data=opened)
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """Check every rank opened the same version; tell each the world size (coordinator)."""
-        ids = sorted({str(p.storage_data) for p in plans})
+        opened = [p.storage_data if isinstance(p.storage_data, dict) else {"id": p.storage_data}
+                  for p in plans]
+        ids = sorted({str(o.get("id")) for o in opened})
         if len(ids) != 1:
-            raise DistributedError(
-                f"ranks opened different versions of {self.root} ({ids}); a save committed "
-                f"during the load: pass step= to PortableStorageReader"
-            )
+            raise DistributedError(_mixed_versions(opened))
         return [
             dataclasses.replace(p, storage_data={"id": ids[0], "world_size": len(plans)})
             for p in plans
@@ -577,6 +580,64 @@ class PortableStorageReader(StorageReader):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         """Any path or URL may name a root or version."""
         return isinstance(checkpoint_id, str | os.PathLike)
+
+
+def _by_rank(values: list[Any], shown: int = 4) -> str:
+    """``rank 0: 'a'; ranks 1-3: 'b'`` (the first ``shown`` distinct values, then a count)."""
+    ranks: dict[str, list[int]] = {}
+    for r, v in enumerate(values):
+        ranks.setdefault(repr(v), []).append(r)
+    parts = []
+    for text, rs in list(ranks.items())[:shown]:
+        spans = []
+        start = prev = rs[0]
+        following: list[int | None] = [*rs[1:], None]
+        for nxt in following:
+            if nxt is not None and nxt == prev + 1:
+                prev = nxt
+                continue
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+            if nxt is not None:
+                start = prev = nxt
+        listed = ", ".join(spans[:8]) + (", ..." if len(spans) > 8 else "")
+        parts.append(f"rank{'s' if len(rs) > 1 else ''} {listed}: {text[:200]}")
+    if len(ranks) > shown:
+        parts.append(f"and {len(ranks) - shown} more")
+    return "; ".join(parts)
+
+
+def _mixed_versions(opened: list[dict[str, Any]]) -> str:
+    """Why the ranks of one load opened different versions, and the fix for each cause.
+
+    ``opened``: per rank, the version it opened (``id``) and the ``root`` and ``step`` it was
+    given (absent from a plan of an older release).
+    """
+    roots = [o.get("root") for o in opened]
+    steps = [o.get("step") for o in opened]
+    causes = []
+    if len(set(roots)) > 1:
+        causes.append(
+            f"the ranks were given different roots ({_by_rank(roots)}): give every rank the "
+            "same root (PortableStorageReader(root), or dcp.load's checkpoint_id=)"
+        )
+    if len(set(steps)) > 1:
+        causes.append(
+            f"the ranks were given different steps (step= {_by_rank(steps)}): give every rank "
+            "the same PortableStorageReader(step=)"
+        )
+    if not causes and steps and steps[0] is None:
+        causes.append(
+            "every rank was given the same root and no step, so a save committed a newer "
+            "version during the load: pass step= to PortableStorageReader (or a version "
+            "directory as the root) for a fixed one"
+        )
+    elif not causes:
+        causes.append(
+            f"every rank was given the same root and step {steps[0]}, of which a save committed "
+            "another version during the load: pass that version's directory as the root"
+        )
+    ids = [o.get("id") for o in opened]
+    return f"ranks opened different versions ({_by_rank(ids)}): " + "; ".join(causes)
 
 
 def _template_free(planner: LoadPlanner) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any, cast
@@ -54,6 +55,7 @@ from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.versions import refuse_root_in_version
 from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
+from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
 from portable_ckpt.torch._dcp_keys import json_leaves, portable_key
@@ -65,6 +67,7 @@ __all__ = ["PortableSavePlanner", "PortableStorageWriter"]
 
 #: FQN of the one extra result each rank returns from ``write_data`` (its writer index).
 _RESULT_FQN = "portable_ckpt/writer"
+_log = get_logger("torch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +151,12 @@ class PortableStorageWriter(StorageWriter):
             more than 65,536 range records.
 
     After ``dcp.save`` returns, :attr:`attempt_id` is the published version's id on every rank.
-    Every save through the writer publishes a new version of ``step``; DCP's ``checkpoint_id``
-    (``reset``) changes the root.
+    Every save through the writer publishes a new version of :attr:`step` (an attribute: set it
+    before each save of a writer kept across saves, or make a new writer per save); DCP's
+    ``checkpoint_id`` (``reset``) changes the root. A writer that published a version and saves
+    again at the same step says so once (a warning on the coordinator: logger
+    ``portable_ckpt.torch``, event ``save.writer_reused``, and stderr): that second version
+    carries the first one's step.
 
     """
 
@@ -175,6 +182,9 @@ class PortableStorageWriter(StorageWriter):
         self.block_size = block_size
         self.max_file_bytes = max_file_bytes
         self.tensor_table = tensor_table
+        #: ``(step, attempt id)`` of the last version this writer published (coordinator).
+        self._published: tuple[int, str] | None = None
+        self._reuse_said = False
         self.reset()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -239,8 +249,34 @@ class PortableStorageWriter(StorageWriter):
                 "DCP plan caching reuses an earlier save's plans, attempt id included; every "
                 "portable_ckpt save needs a fresh attempt: drop enable_plan_caching=True"
             )
+        self._say_reused()
         data = {"attempt_id": new_attempt_id(self.step), "world_size": len(plans)}
         return [dataclasses.replace(p, storage_data=dict(data)) for p in plans]
+
+    def _say_reused(self) -> None:
+        """Warn, once per writer, when it saves again at the step of a version it published.
+
+        ``step`` is the writer's, not DCP's: a writer kept across saves (DCP calls only
+        ``reset`` between them) labelled every version with its first step (DCP integrator
+        review 26, 4).
+        """
+        published = getattr(self, "_published", None)  # (a writer unpickled from older state)
+        if published is None or published[0] != self.step or getattr(self, "_reuse_said", False):
+            return
+        self._reuse_said = True
+        step, previous = published
+        msg = (
+            f"PortableStorageWriter saves again at step {step}: it published {previous} at "
+            f"that step, so this version is labelled step {step} too. A writer's step is "
+            "its own, not DCP's: make a new PortableStorageWriter(root, step=N) for each save, "
+            "or set writer.step = N before it (said once per writer)"
+        )
+        from portable_ckpt.torch._inflight import say
+
+        root = os.fspath(self.root) if isinstance(self.root, str | os.PathLike) else self.root.url
+        log_event(_log, "save.writer_reused", {"step": step, "previous": previous, "root": root},
+                  "%s", msg, rank=self.rank, level=logging.WARNING)
+        say(msg)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's items with its own ``ShardWriter`` (see the module docstring)."""
@@ -343,6 +379,7 @@ class PortableStorageWriter(StorageWriter):
                 expected_writers=list(range(len(docs))),
                 continuation=Continuation(self.continuation, len(docs), _mesh_of(docs)),
             )
+            self._published = (self.step, attempt)
         except CommitOutcomeUnknownError:
             raise  # the version may be committed: its files stay (R-COMMIT-19)
         except BaseException:
