@@ -68,6 +68,8 @@ class Box:
         )
 
     def __str__(self) -> str:
+        if len(self.offsets) != len(self.lengths):  # said by the error that names it, not a crash
+            return f"[offsets {list(self.offsets)}, lengths {list(self.lengths)}]"
         return (
             "["
             + ", ".join(f"{o}:{o + n}" for o, n in zip(self.offsets, self.lengths, strict=True))
