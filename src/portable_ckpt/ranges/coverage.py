@@ -64,8 +64,10 @@ def _bounds(shape: Sequence[int], boxes: Sequence[Box], key: str) -> None:
     nd = len(shape)
     for i, b in enumerate(boxes):
         if b.ndim != nd or len(b.lengths) != nd:
+            ranks = f"rank {b.ndim}" if len(b.lengths) == b.ndim else (
+                f"offsets of rank {b.ndim} and lengths of rank {len(b.lengths)}")
             raise RangeBoundsError(
-                f"tensor {key!r}: range #{i} {b} has rank {b.ndim}, the tensor has rank {nd}"
+                f"tensor {key!r}: range #{i} {b} has {ranks}, the tensor has rank {nd}"
             )
         for d, (o, n, s) in enumerate(zip(b.offsets, b.lengths, shape, strict=True)):
             if o < 0 or n < 1 or o + n > s:
