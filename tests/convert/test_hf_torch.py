@@ -166,6 +166,25 @@ def test_chunked_portable_to_hf_slabs(tmp_path: Path) -> None:
     assert _raw(load_file(tmp_path / "hf" / "model.safetensors")["a"]) == _raw(a)
 
 
+def test_write_hf_without_options_refuses_to_drop_entries(tmp_path: Path) -> None:
+    """Re-attack 26: the refusal to drop what safetensors cannot hold (framework review 26,
+    F4) was skipped by ``write_hf(options=None)``: the default options refuse too, and
+    ``drop_unsupported`` exports the tensors alone, saying what it left out."""
+    from portable_ckpt.convert._model import ConvertOptions
+    from portable_ckpt.convert.hf import write_hf
+    from portable_ckpt.errors import UnsupportedValueError
+
+    portable_ckpt.save_arrays(tmp_path / "root", step=1, arrays={"w": np.ones(3, np.float32)},
+                              entries={"data_position": {"epoch": 2}})
+    ck = portable_ckpt.open(tmp_path / "root")
+    with pytest.raises(UnsupportedValueError, match="data_position"):
+        write_hf(ck, str(tmp_path / "hf"), max_shard_size=10**9)
+    assert not (tmp_path / "hf").exists()
+    n, _, warnings = write_hf(ck, str(tmp_path / "hf"), max_shard_size=10**9,
+                              options=ConvertOptions(drop_unsupported=True))
+    assert n == 1 and [w.item for w in warnings] == ["data_position"]
+
+
 def test_index_names_missing_file(tmp_path: Path) -> None:
     t = _tensors()
     keys = sorted(t)

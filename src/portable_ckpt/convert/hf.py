@@ -322,7 +322,8 @@ def write_hf(
         progress: called with the number of bytes written after each slab.
         slab_bytes: most bytes assembled in memory at once.
         options: entries that safetensors cannot hold fail the export unless
-            ``drop_unsupported`` (:func:`~portable_ckpt.convert._model.fail_if_lost`).
+            ``drop_unsupported`` (:func:`~portable_ckpt.convert._model.fail_if_lost`); the
+            default options refuse them too.
 
     Returns:
         ``(tensors, bytes, warnings)``.
@@ -342,8 +343,8 @@ def write_hf(
             path=src.path,
         )
     meta, warnings = _shard_metadata(src)
-    if options is not None:
-        fail_if_lost(warnings, options, dst, target="hf")
+    # The default options refuse to drop, as write_dcp's do (re-attack 26: None skipped it)
+    fail_if_lost(warnings, options or ConvertOptions(), dst, target="hf")
     infos = [src.tensors[k] for k in sorted(src.tensors)]
     shards = _group_shards(infos, max_shard_size)
     count = len(shards)
