@@ -100,11 +100,12 @@ _FORKED_AFTER_OBSTORE = False
 
 
 def _after_fork_in_child() -> None:
-    global _FORKED_AFTER_OBSTORE, _HONOURS_LOCK, _VALIDATES_LOCK
+    global _FORKED_AFTER_OBSTORE, _HONOURS_LOCK, _VALIDATES_LOCK, _VALIDATES_PROBING
     if _OBSTORE_PID is not None:
         _FORKED_AFTER_OBSTORE = True
     _HONOURS_LOCK = threading.Lock()  # another thread of the parent may have held them
     _VALIDATES_LOCK = threading.Lock()
+    _VALIDATES_PROBING = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -327,6 +328,9 @@ _VALIDATES: dict[tuple[str | None, str], bool] = {}
 #: When (``time.monotonic()``) the checksum probe last got no answer, by key.
 _VALIDATES_UNKNOWN: dict[tuple[str | None, str], float] = {}
 _VALIDATES_LOCK = threading.Lock()
+#: Held while the checksum probe runs: threads that create at once send one probe, not one
+#: each (re-attack 26).
+_VALIDATES_PROBING = threading.Lock()
 
 #: Whether a store honours ``If-None-Match: *`` on PUT, by ``(endpoint, bucket)``: probed once
 #: per process before its first conditional create (attack review L2: a store that accepts the
@@ -1213,12 +1217,26 @@ class S3Storage(ScannedStorage):
         if self.options.checksum != "crc32c":
             return False
         key = (self.options.endpoint_url, self.bucket)
+        known = self._checksums_known(key)
+        if known is not None:
+            return known
+        with _VALIDATES_PROBING:
+            known = self._checksums_known(key)  # another thread's probe may have answered
+            if known is not None:
+                return known
+            return self._probe_and_keep(key)
+
+    @staticmethod
+    def _checksums_known(key: tuple[str | None, str]) -> bool | None:
+        """The kept answer of the checksum probe, False while "unknown" is kept, else None."""
         with _VALIDATES_LOCK:
             known = _VALIDATES.get(key)
             if known is None and _unknown_kept(_VALIDATES_UNKNOWN.get(key)):
                 return False  # unknown, and remembered: the safe way, without asking
-        if known is not None:
             return known
+
+    def _probe_and_keep(self, key: tuple[str | None, str]) -> bool:
+        """Probe, and keep the answer (an unknown one for the period)."""
         validates = self._probe_checksums()
         with _VALIDATES_LOCK:
             if validates is None:
