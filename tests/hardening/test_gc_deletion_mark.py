@@ -181,6 +181,26 @@ def test_retired_versions_are_marked_before_their_record_goes(tmp_path: Path) ->
         assert (ops[1][0], ops[1][1]) == ("delete", f"{old}/manifest.json"), ops[:3]
 
 
+def test_a_store_that_says_deleted_and_keeps_the_record_loses_no_data(tmp_path: Path) -> None:
+    """Left open by stop 25 (a DeleteObjects "deleted" trusted): a store that answers that it
+    deleted a commit record and keeps it. gc deleted the version's data next, leaving a
+    committed record without its files. It now looks, stops there, removes its own mark (the
+    record is known to be there) and reports the version; the version still restores."""
+    old, new = _root(tmp_path)
+
+    class Lies(FaultyStorage):
+        def delete(self, path: str) -> bool | None:
+            if path.endswith("/manifest.json"):
+                return True  # "deleted"
+            return super().delete(path)
+
+    rep = gc(Lies(open_storage(tmp_path), []), keep=1, grace_seconds=0.0)
+    assert old not in rep.deleted and [u["id"] for u in rep.unknown] == [old]
+    assert "still there" in rep.unknown[0]["message"]
+    assert deletion_marks(open_storage(tmp_path), old) == []
+    check_restores(open_storage(tmp_path), old)
+
+
 def test_no_mark_no_deletion(tmp_path: Path) -> None:
     """A mark that cannot be stored stops the version's deletion: its record stays."""
     old, new = _root(tmp_path)

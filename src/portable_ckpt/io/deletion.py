@@ -286,6 +286,13 @@ def delete_attempt(
             return
     try:
         removed_record = storage.delete(record)
+        if storage.exists(record):
+            # A store that answers "deleted" and keeps the object (an S3-compatible one, a
+            # proxy): deleting the data next would leave a committed record without its files.
+            raise StorageError(
+                f"{storage.url}/{record}: the store answered that it deleted this commit "
+                "record, but it is still there; nothing else of the version was deleted "
+                "(retry later, or look at the store)", path=record, retryable=True)
     except CheckpointError:
         # Its mark goes again only where the record is known to be there still: a DELETE whose
         # answer was lost took effect (mark review F3: no record and no mark, a lost record).
