@@ -307,11 +307,24 @@ def test_nothing_is_written_or_committed_into_a_version_directory(tmp_path) -> N
         portable_ckpt.save_arrays(version, step=2, arrays={"w": np.ones(2)})
     assert not any(p.name.startswith("s000000000002") for p in tmp_path.rglob("*"))
     aid = m.attempt_id
-    for url in (f"s3://bkt/runs/{aid}", f"s3://bkt/runs/{aid}/data/", f"s3://bkt/{aid}/x"):
-        with pytest.raises(UsageError, match=f"in the version directory s3://bkt/[a-z/]*{aid}|"
-                                            f"{aid} is a version directory"):
+    for url in (f"s3://bkt/runs/{aid}/data/", f"s3://bkt/{aid}/x", f"s3://bkt/{aid}/a/b/c"):
+        with pytest.raises(UsageError, match=f"in the version directory s3://bkt/[a-z/]*{aid}"):
             refuse_root_in_version(url)
-    for fine in ("s3://bkt/runs", f"s3://{aid[:20]}/r", str(tmp_path), str(tmp_path / "other")):
+    for fine in ("s3://bkt/runs", f"s3://{aid[:20]}/r", str(tmp_path), str(tmp_path / "other"),
+                 f"s3://bkt/runs/{aid}"):  # (given as text; a storage is asked, below)
         refuse_root_in_version(fine)
-    # a directory named like an attempt that does not exist yet is no version
-    refuse_root_in_version(str(tmp_path / new_attempt_id(9)))
+    # re-attack 26: at any depth (3 levels were looked at), relative, through a link
+    deep = version / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(version)
+    for inner in (deep, tmp_path / "link" / "x", os.path.relpath(deep)):
+        with pytest.raises(UsageError, match=f"lies in the version directory {version}"):
+            refuse_root_in_version(str(inner))
+    with pytest.raises(UsageError, match="is a version directory"):
+        refuse_root_in_version(os.path.relpath(version))
+    # a root a person named like an attempt id is a root: empty, then holding its versions
+    named = tmp_path / "runs" / new_attempt_id(9)
+    refuse_root_in_version(str(named))
+    for step in (1, 2):
+        portable_ckpt.save_arrays(named, step=step, arrays={"w": np.ones(2)})
+    assert [v.step for v in list_versions(named)] == [1, 2]

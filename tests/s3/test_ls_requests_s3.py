@@ -54,3 +54,17 @@ def test_ls_lists_the_root_once(s3_proxied: S3Env, capsys: pytest.CaptureFixture
     assert [v["step"] for v in json.loads(capsys.readouterr().out)["versions"]] == \
         [10, 20, 30, 40]
     assert _listings(s3_proxied)[("ls/", True)] == 1
+
+
+def test_no_save_into_a_version_on_s3(s3: S3Env) -> None:
+    """Framework review 26, F1 on an object store: a root that is a version's prefix (it
+    holds a manifest.json) or lies below one is refused before anything is written."""
+    from portable_ckpt.errors import UsageError
+
+    root = s3.root("nest")
+    m = portable_ckpt.save_arrays(root, step=1, arrays={"w": np.ones(2)})
+    for inner in (f"{root}/{m.attempt_id}", f"{root}/{m.attempt_id}/data/x"):
+        with pytest.raises(UsageError, match="version directory"):
+            portable_ckpt.save_arrays(inner, step=2, arrays={"w": np.ones(2)})
+    keys = [o["Key"] for o in s3.boto().list_objects_v2(Bucket=s3.bucket)["Contents"]]
+    assert not any("s000000000002" in k for k in keys), keys

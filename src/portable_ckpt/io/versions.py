@@ -128,15 +128,42 @@ def enclosing_version(text: str) -> str | None:
     return None
 
 
+#: What an attempt directory holds (§2.1): a directory named like an attempt id that holds one
+#: of these is a version (or a save in progress), not a root of its own.
+_ATTEMPT_PARTS = ("manifest.json", "data", "index", "entries", "drills", "copies",
+                  "verifications", "deleting")
+
+
+def _version_above(local: str) -> str | None:
+    """The attempt directory ``local`` is, or lies in at any depth, as written and resolved.
+
+    Only a directory named like an attempt id that holds what attempts hold counts: a root a
+    person named like an attempt id, still empty or holding attempts, is a root.
+    """
+    from portable_ckpt.format.naming import ATTEMPT_ID_RE
+
+    for path in dict.fromkeys((os.path.normpath(os.path.abspath(local)), os.path.realpath(local))):
+        while True:
+            if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path) and any(
+                    os.path.lexists(os.path.join(path, part)) for part in _ATTEMPT_PARTS):
+                return path
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    return None
+
+
 def refuse_root_in_version(root: Storage | str | os.PathLike[str]) -> None:
     """Refuse to write into a root that is a version directory or lies in one (``UsageError``).
 
     A save given the version a previous save returned (DCP's ``storage_meta.checkpoint_id``)
     nested a root inside that version: it reported success, no reader of the root saw it
     (files of an attempt that no document names are ignored, R-LAYOUT-4), and gc deleted it
-    with the outer version (framework review 26, F1). A local root is looked at on disk
-    (:func:`enclosing_version`, also before it exists); an object store's root by the
-    components of its prefix.
+    with the outer version (framework review 26, F1). A local root is looked at on disk, at any
+    depth (:func:`_version_above`); an object store's by the components of its prefix: one
+    named like an attempt id with more below it, or, given the storage, the root itself when it
+    holds a ``manifest.json``.
     """
     from portable_ckpt.format.naming import ATTEMPT_ID_RE
 
@@ -146,15 +173,20 @@ def refuse_root_in_version(root: Storage | str | os.PathLike[str]) -> None:
         url = os.fspath(root)
         local = local_path(url)
     if local is not None:
-        version = enclosing_version(local)
+        version = _version_above(local)
     else:
         scheme, _, rest = url.rpartition("://")
         parts = rest.rstrip("/").split("/")
-        inner = [i for i, part in enumerate(parts[1:], 1) if ATTEMPT_ID_RE.match(part)]
+        inner = [i for i, part in enumerate(parts[1:-1], 1) if ATTEMPT_ID_RE.match(part)]
         version = f"{scheme}://{'/'.join(parts[:inner[0] + 1])}" if inner else None
+        if version is None and len(parts) > 1 and ATTEMPT_ID_RE.match(parts[-1]) \
+                and isinstance(root, Storage) and root.exists("manifest.json"):
+            version = url.rstrip("/")
     if version is None:
         return
-    what = "is a version directory" if version.rstrip("/") == (local or url).rstrip("/") \
+    here = {os.path.normpath(os.path.abspath(local)), os.path.realpath(local)} \
+        if local is not None else {url.rstrip("/")}
+    what = "is a version directory" if version.rstrip("/") in here \
         else f"lies in the version directory {version}"
     raise UsageError(
         f"{url} {what}: a save there would nest a root inside that version, which no reader of "
