@@ -293,6 +293,8 @@ def test_a_dcp_item_the_format_cannot_store_fails_the_conversion_unless_dropped(
     # --strict refuses them too (and what would be changed); with --drop-unsupported: usage
     got = _cli("convert", str(src), str(dst), "--trust-pickle", "--strict")
     assert got.returncode == 1 and "--strict: 7 item(s)" in got.stderr, got.stderr
+    # an import: not "--select what to export", which an import refuses (re-attack 26b)
+    assert "--select" not in got.stderr, got.stderr
     got = _cli("convert", str(src), str(dst), "--trust-pickle", "--strict", "--drop-unsupported")
     assert got.returncode == 2 and "PCK-USAGE" in got.stderr, got.stderr
     assert not dst.exists()

@@ -328,7 +328,8 @@ def fail_if_lost(
         raise UnsupportedValueError(
             f"--strict: {len(lost)} item(s) would not be converted as they are, so nothing was "
             f"written to {where}: {shown}{more}. Drop --strict to convert the rest (with "
-            "--drop-unsupported for items the target cannot hold), or --select what to export",
+            "--drop-unsupported for items the target cannot hold)"
+            + (", or --select what to export" if target is not None else ""),  # exports only
             path=where,
         )
     if target is None:
