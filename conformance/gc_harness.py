@@ -69,7 +69,7 @@ class GcOptions:
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every entry below ``root`` by relative path: ``file:<SHA-256>``, ``link:<target>``, ``dir``.
+    """Every entry below ``root``: ``file:<SHA-256>:<inode>:<mtime ns>``, ``link:…``, ``dir``.
 
     Links are not followed: a gc that replaced a stray ``manifest.json`` link by a copy, or
     removed a ``manifest.json`` directory, changed what the case keeps.
@@ -84,7 +84,11 @@ def snapshot(root: Path) -> dict[str, str]:
             elif p.is_dir():
                 out[rel] = "dir"
             elif p.is_file():
-                out[rel] = f"file:{hashlib.sha256(p.read_bytes()).hexdigest()}"
+                # its bytes, and which file it is: a gc that removed a kept file and wrote it
+                # back with the same bytes changed the version under its readers (re-attack 26b)
+                st = p.stat()
+                out[rel] = (f"file:{hashlib.sha256(p.read_bytes()).hexdigest()}:"
+                            f"{st.st_ino}:{st.st_mtime_ns}")
             else:
                 out[rel] = "special"
     return out
@@ -170,6 +174,9 @@ def judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int,
             if missing:
                 failures.append(f"its report does not name {_few(missing)}, which it had to "
                                 "report (R-GC-10, R-GC-12, R-GC-11)")
+    junk = sorted(set(reported or ()) - set(attempts))
+    if junk:
+        failures.append(f"its report names {_few(junk)}, which no attempt of the root is")
     elif case["reports"] is False and rc != 0:
         failures.append(f"exit status {rc}: the gc failed, or reported what needs no report "
                         "(see its standard error)")

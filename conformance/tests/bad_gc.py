@@ -19,6 +19,8 @@ Proves that ``portable-ckpt-conformance gc`` catches each kind of defect a gc ca
 * ``repair-stray``: after a correct run, replaces a ``manifest.json`` symbolic link by a copy of
   its target, and removes a ``manifest.json`` directory (R-GC-14);
 * ``junk``: after a correct run, writes a file at the root and into each kept version;
+* ``rewrite-kept``: after a correct run, removes each file of the kept versions and writes it
+  back with the same bytes (readers of the version saw it vanish);
 * ``crash``: dies with a traceback on a root holding an invalid attempt (exit 1, no report);
 * ``hang``: sleeps past the harness's ``--timeout``.
 """
@@ -68,7 +70,7 @@ def main(argv: list[str]) -> int:
     if MODE in ("no-mark", "data-first"):
         _patch_deletion()
     rc = reference_gc.main(argv)
-    if MODE in ("drop-records", "repair-stray", "junk"):
+    if MODE in ("drop-records", "repair-stray", "junk", "rewrite-kept"):
         _after(root)
     return 0 if MODE == "exit-zero" else 1 if MODE == "exit-one" else rc
 
@@ -88,6 +90,11 @@ def _after(root: Path) -> None:
             shutil.rmtree(m)
         elif MODE == "junk" and m.is_file():
             (a / "EXTRA").write_text("junk")
+        elif MODE == "rewrite-kept" and m.is_file() and not m.is_symlink():
+            for f in sorted(p for p in a.rglob("*") if p.is_file() and not p.is_symlink()):
+                data = f.read_bytes()
+                f.unlink()
+                f.write_bytes(data)
     if MODE == "junk":
         (root / "JUNK.bin").write_bytes(b"junk")
 

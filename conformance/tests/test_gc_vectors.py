@@ -174,6 +174,9 @@ def test_judge_lets_marks_of_kept_versions_go_and_nothing_else(tmp_path: Path) -
     (root / "NEW").write_text("x")
     failures, _ = judge(case, before, root, 0)
     assert any("wrote NEW into the root" in f for f in failures)
+    # a report line that names what is no attempt (re-attack 26b: never looked at)
+    failures, _ = judge(case, before, root, 0, ["pins", kept])
+    assert any("its report names pins, which no attempt" in f for f in failures)
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300
@@ -222,6 +225,7 @@ BAD_MODES = {  # mode: (cases run, the one that must fail)
     "repair-stray": (["manifest-is-a-symbolic-link", "keep-two-of-four"],
                      "manifest-is-a-symbolic-link"),
     "junk": (["keep-two-of-four"], "keep-two-of-four"),
+    "rewrite-kept": (["keep-two-of-four"], "keep-two-of-four"),
     "crash": (["lost-commit-record-kept", "keep-two-of-four"], "lost-commit-record-kept"),
     "hang": (["keep-two-of-four"], "keep-two-of-four"),
 }
@@ -242,7 +246,8 @@ def test_harness_fails_a_gc_with_a_defect(mode: str) -> None:
             "exit-zero": "exit status 0", "exit-one": "exit status 1", "keep-more": "the rules let it go",
             "outside": "R-GC-5", "ignore-pins": "R-GC-11: pinned",
             "drop-records": "deleted or changed", "repair-stray": "deleted or changed",
-            "junk": "added", "crash": "no report line", "hang": "did not end within"}[mode]
+            "junk": "added", "crash": "no report line", "hang": "did not end within",
+            "rewrite-kept": "deleted or changed"}[mode]
     assert want in message, message
     assert f"gc --case {failing} --keep-work -- " in doc["failures"][0]["replay"]
     kept = Path(doc["failures"][0]["case_dir"])
