@@ -25,7 +25,14 @@ Under system-call tracing (``strace``, as the writer harness; ``--tracing requir
 default) the order of what the gc did is checked too, which files at rest cannot show: in every
 attempt whose ``manifest.json`` it removed, a deletion mark ``deleting/<deletion_id>.json`` was
 created before (R-GC-13) and no other file of the attempt was removed or renamed before it
-(R-GC-3): failures; the records before the writer indexes before the data and entry files, the
+(R-GC-3): failures. A mark is a file named ``deleting/g<8 digits>T<12 digits>Z-<8 hex>.json``
+(the deletion id's pattern, spec §15.2) created (link or rename target, creating open) before the
+manifest went and not removed in between; its content is not in the trace (strace runs with
+``-s 0``). A rename of the attempt directory itself removes its ``manifest.json`` (when it held
+a regular one). Files of an attempt the case keeps are never removed or renamed, even when put
+back (a failure for ``keep``, a warning for ``should-keep``), but its marks beside a regular
+commit record; anything done through ``/proc/`` paths (``/proc/self/fd/N/...``) fails the case:
+the order cannot be checked. The records before the writer indexes before the data and entry files, the
 mark last (R-GC-3's SHOULD): warnings; a file removed or renamed outside the root (R-GC-5): a
 failure, other writes there a warning.
 """
@@ -36,6 +43,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -277,7 +285,7 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
     stdout = out.out.read_text(encoding="utf-8", errors="replace") if out.out.exists() else ""
     failures, warnings = judge(case, before, root, out.rc, reported_ids(stdout))
     if out.trace is not None:
-        errors, advice = order_problems(_events(out, adapter), root, case, out)
+        errors, advice = order_problems(_events(out, adapter), root, case, out, before)
         failures += errors
         warnings += advice
     status = "failed" if failures else "passed"
@@ -310,32 +318,46 @@ def _events(out: Outcome, adapter: Adapter) -> list[FsEvent]:
 _ORDER = ({"drills", "copies", "verifications"}, {"index"}, {"data", "entries"})
 
 
-def order_problems(events: list[FsEvent], root: Path, case: dict[str, Any], out: Outcome
-                   ) -> tuple[list[str], list[str]]:
+def order_problems(events: list[FsEvent], root: Path, case: dict[str, Any], out: Outcome,
+                   before: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
     """``(failures, warnings)`` of a traced gc run: R-GC-3 and R-GC-13 order, R-GC-5 outside.
 
-    Only attempts whose ``manifest.json`` the gc removed are looked at (an attempt without a
-    commit record has none to remove first, and needs no mark).
+    Only attempts whose ``manifest.json`` the gc removed are looked at for the order (an attempt
+    without a commit record has none to remove first, and needs no mark). A rename of the
+    attempt directory itself removes its commit record at that moment. ``before``: the root's
+    :func:`snapshot` before the run (which attempts held a regular ``manifest.json``); without
+    it every attempt is taken to have held one.
     """
     failures: list[str] = []
     warnings: list[str] = []
     base = str(root.resolve())
-    for aid in case["attempts"]:
+    proc = sorted({p for e in events if e.kind in ("unlink", "rename", "link", "mkdir", "open")
+                   and (e.kind != "open" or "O_CREAT" in e.flags)
+                   for p in (e.path, e.src) if p.startswith("/proc/")})
+    if proc:
+        failures.append(f"acted on files through /proc paths ({', '.join(proc[:3])}); the order "
+                        "cannot be checked (R-GC-3, R-GC-13)")
+    for aid, exp in case["attempts"].items():
         adir = f"{base}/{aid}"
+        recorded = before is None or before.get(f"{aid}/manifest.json", "").startswith("file:")
+        if exp["outcome"] in ("keep", "should-keep"):
+            _kept_problems(events, aid, adir, recorded, exp["outcome"], failures, warnings)
         mine = [e for e in events if e.kind in ("unlink", "rename", "link", "open")
-                and (e.path.startswith(adir + "/") or e.src.startswith(adir + "/"))]
+                and (e.path.startswith(adir + "/") or e.src.startswith(adir + "/")
+                     or (e.kind == "rename" and e.src == adir))]
         gone = [i for i, e in enumerate(mine) if e.kind in ("unlink", "rename")
-                and (e.src or e.path) == f"{adir}/manifest.json"]
+                and ((e.src or e.path) == f"{adir}/manifest.json"
+                     or (e.kind == "rename" and e.src == adir and recorded))]
         if not gone:
             continue
         first = gone[0]
-        marks = [i for i, e in enumerate(mine) if e.kind in ("link", "rename", "open")
-                 and _is_mark(e.path, adir) and (e.kind != "open" or "O_CREAT" in e.flags)]
-        if not any(i < first for i in marks):
+        if not _marked_before(mine, first, adir):
             failures.append(f"removed {aid}/manifest.json without storing a deletion mark "
                             "deleting/<deletion_id>.json in the attempt first (R-GC-13: a gc "
                             "stopped right after leaves what every tool takes for a version "
-                            "whose record was lost)")
+                            "whose record was lost)" + (
+                                f" (it renamed {aid} away, which removes its manifest.json)"
+                                if mine[first].src == adir else ""))
         early = sorted({_rel(e.src if e.kind == "rename" else e.path, adir)
                         for e in mine[:first] if e.kind in ("unlink", "rename")
                         and (e.src if e.kind == "rename" else e.path) != f"{adir}/manifest.json"
@@ -372,15 +394,57 @@ def order_problems(events: list[FsEvent], root: Path, case: dict[str, Any], out:
     return failures, warnings
 
 
+def _marked_before(mine: list[FsEvent], first: int, adir: str) -> bool:
+    """A deletion mark was created before ``mine[first]`` and was still there then.
+
+    Created: the target of a link or rename, or a file opened ``O_CREAT``, named
+    ``deleting/<deletion_id>.json`` (R-GC-13, spec §15.2); its content is not in the trace.
+    """
+    for i, e in enumerate(mine[:first]):
+        if e.kind in ("link", "rename", "open") and _is_mark(e.path, adir) and \
+                (e.kind != "open" or "O_CREAT" in e.flags) and not any(
+                    (later.kind == "unlink" and later.path == e.path)
+                    or (later.kind == "rename" and later.src == e.path)
+                    for later in mine[i + 1:first]):
+            return True
+    return False
+
+
+def _kept_problems(events: list[FsEvent], aid: str, adir: str, recorded: bool, outcome: str,
+                   failures: list[str], warnings: list[str]) -> None:
+    """A version the case keeps sees no file removed or renamed, but its deletion marks.
+
+    Its files at rest may be the same bytes when the gc put them back (re-attack 26: every kept
+    file unlinked and written again, or every version deleted and the kept ones restored from a
+    copy); the trace shows it. Marks may be cleared beside a regular commit record (R-GC-13).
+    """
+    touched = sorted({_rel(p, adir) for e in events if e.kind in ("unlink", "rename")
+                      for p in [e.src if e.kind == "rename" else e.path]
+                      if p == adir or p.startswith(adir + "/")})
+    touched = [r for r in touched if not (recorded and (r == "deleting"
+                                                          or r.startswith("deleting/")))]
+    if not touched:
+        return
+    text = (f"removed {_few(touched)} of {aid}, an attempt the case keeps, and put it back "
+            "(a gc removes nothing of a version it keeps: a crash in between loses it)")
+    if outcome == "keep":
+        failures.append(text)
+    else:
+        warnings.append(f"{text} (a SHOULD keep)")
+
+
 def _parents(path: str, adir: str) -> list[str]:
     """The directories between ``adir`` (excluded) and ``path`` (excluded)."""
     parts = _rel(path, adir).split("/")[:-1]
     return [f"{adir}/{'/'.join(parts[:i])}" for i in range(1, len(parts) + 1)]
 
 
+#: A deletion mark's name: ``deleting/<deletion_id>.json`` (spec §15.2, R-GC-13).
+_MARK = re.compile(r"deleting/g[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
+
+
 def _is_mark(path: str, adir: str) -> bool:
-    rel = _rel(path, adir)
-    return rel.startswith("deleting/g") and rel.endswith(".json") and rel.count("/") == 1
+    return path.startswith(adir + "/") and _MARK.fullmatch(_rel(path, adir)) is not None
 
 
 def _rel(path: str, adir: str) -> str:

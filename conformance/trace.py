@@ -20,7 +20,9 @@ threads included) and checks the trace:
 ``fsync``/``fdatasync`` on a descriptor, ``sync``/``syncfs``, and files opened ``O_SYNC`` or
 ``O_DSYNC`` count as synchronisation. Not understood (reported as not durable): ``io_uring``,
 ``msync`` of mapped files, ``sync_file_range``. Relative paths are resolved against the directory
-strace reports for ``AT_FDCWD``, or the adapter's working directory followed through ``chdir``.
+strace reports for ``AT_FDCWD``, or the process's working directory: the adapter's, followed
+through ``chdir`` and ``fchdir`` per process (a child starts in its parent's, ``clone``/``fork``).
+A short call is padded by strace before its ``=`` (``chdir("..")     = 0``): parsed all the same.
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ __all__ = [
 #: ``?`` marks calls an architecture may lack (aarch64 has no ``open``, ``mkdir``, ...).
 TRACED = ("?open,openat,?openat2,?creat,write,pwrite64,writev,pwritev,?pwritev2,truncate,"
           "ftruncate,fsync,fdatasync,sync,syncfs,?link,linkat,?symlink,symlinkat,?rename,"
-          "renameat,?renameat2,?unlink,unlinkat,?rmdir,?mkdir,mkdirat,chdir,fchdir")
+          "renameat,?renameat2,?unlink,unlinkat,?rmdir,?mkdir,mkdirat,chdir,fchdir,?clone,?clone3,"
+          "?fork,?vfork")
+#: the calls that make a process (or thread): its working directory starts as its parent's.
+_FORKS = frozenset({"clone", "clone3", "fork", "vfork"})
 _WRITES = frozenset({"write", "pwrite64", "writev", "pwritev", "pwritev2", "ftruncate",
                      "truncate"})
 _OPENS = frozenset({"open", "openat", "openat2", "creat"})
@@ -109,12 +114,16 @@ class Call:
     name: str
     args: list[str]
     ok: bool
+    ret: str = ""  # the return value as strace shows it (a new process's id for a fork)
 
 
 _LINE = re.compile(r"^(\d+)\s+(\d+\.\d+)\s(.*)$")
 _RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$")
 _CALL = re.compile(r"^(\w+)\((.*)$")
 _DURATION = re.compile(r"\s<(\d+\.\d+)>$")
+#: the end of the arguments: strace pads a short call with spaces before ``=``
+#: (``chdir("..")     = 0``), aligning return values (re-attack 26).
+_RETURN = re.compile(r"\) *= ")
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _FD = re.compile(r"^(?:-?\d+|AT_FDCWD)<(.*)>$")
 
@@ -162,11 +171,13 @@ def _parse_call(pid: int, start: float, text: str) -> Call | None:
     m = _CALL.match(text)
     if m is None:
         return None
-    body, sep, ret = m.group(2).rpartition(") = ")
-    if not sep:
+    inner = m.group(2)
+    ends = list(_RETURN.finditer(inner))
+    if not ends:
         return None
+    body, ret = inner[: ends[-1].start()], inner[ends[-1].end():].strip()
     return Call(pid, start, start + dur, m.group(1), _split_args(body),
-                not ret.startswith(("-1", "?")))
+                not ret.startswith(("-1", "?")), ret)
 
 
 def _split_args(body: str) -> list[str]:
@@ -240,17 +251,33 @@ class FsEvent:
 
 
 def fs_events(calls: list[Call], cwd: str) -> list[FsEvent]:
-    """The successful calls as :class:`FsEvent` in start order (relative paths resolved)."""
+    """The successful calls as :class:`FsEvent` in start order (relative paths resolved).
+
+    Each process has its own working directory (re-attack 26: a child's ``chdir`` re-based
+    its parent's relative paths): a new one (``clone``, ``clone3``, ``fork``, ``vfork``, from
+    the call's return value) starts in its parent's, a thread (``CLONE_FS``) shares it, and a
+    process first seen without a known parent starts in ``cwd``, the adapter's.
+    """
     out: list[FsEvent] = []
+    cwds: dict[int, list[str]] = {}  # pid: its working directory, a cell threads share
     for c in calls:
-        if c.name in ("chdir", "fchdir") and c.ok:
-            new = _at(c.args, 0, cwd) if c.name == "chdir" else _fd_path(c.args[0])
-            cwd = new or cwd
+        cell = cwds.setdefault(c.pid, [cwd])
+        if not c.ok:
             continue
-        if c.ok:
-            ev = _event(c, cwd)
-            if ev is not None:
-                out.append(ev)
+        if c.name in _FORKS:
+            child = c.ret.split(" ", 1)[0]
+            if child.isdigit():
+                shared = c.name.startswith("clone") and "CLONE_FS" in " ".join(c.args)
+                cwds[int(child)] = cell if shared else [cell[0]]
+            continue
+        if c.name in ("chdir", "fchdir"):
+            new = _at(c.args, 0, cell[0]) if c.name == "chdir" else (
+                _fd_path(c.args[0]) if c.args else None)
+            cell[0] = new or cell[0]
+            continue
+        ev = _event(c, cell[0])
+        if ev is not None:
+            out.append(ev)
     return out
 
 

@@ -19,8 +19,18 @@ Proves that ``portable-ckpt-conformance gc`` catches each kind of defect a gc ca
 * ``repair-stray``: after a correct run, replaces a ``manifest.json`` symbolic link by a copy of
   its target, and removes a ``manifest.json`` directory (R-GC-14);
 * ``junk``: after a correct run, writes a file at the root and into each kept version;
-* ``rewrite-kept``: after a correct run, removes each file of the kept versions and writes it
-  back with the same bytes (readers of the version saw it vanish);
+* ``chdir-dotdot``: removes a version's files, its commit record last and no mark, through
+  ``chdir(adir); chdir(".."); chdir(aid)`` and relative paths (strace pads the short
+  ``chdir("..")``, which the parser dropped: re-attack 26), seen only under tracing;
+* ``child-cwd``: a correct gc (``examples/minimal_gc.py``) working in the root by relative paths,
+  that starts a child process in another directory (whose ``chdir`` is no ``chdir`` of the gc);
+* ``proc-fd``: removes a version's data files through ``/proc/self/fd/N/...`` paths first;
+* ``rename-away``: renames a version's directory to ``.trash-<id>`` in the root without a mark,
+  then removes its files there, the commit record last;
+* ``fake-mark``: stores ``deleting/garbage.json`` (no deletion id) and removes it again before the
+  commit record, then deletes without a mark before the record;
+* ``rewrite-kept``: after a correct run, removes every file of the versions it kept and writes
+  it again, the same bytes;
 * ``crash``: dies with a traceback on a root holding an invalid attempt (exit 1, no report);
 * ``hang``: sleeps past the harness's ``--timeout``.
 """
@@ -30,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "adapters"))
 import reference_gc
 
 MODE = os.environ.get("PCK_BAD_MODE", "")
+ROOT = Path()  # the job's root, set by main
 
 
 def main(argv: list[str]) -> int:
@@ -47,6 +59,8 @@ def main(argv: list[str]) -> int:
     path = Path(argv[-1])
     job = json.loads(path.read_text(encoding="utf-8"))
     root = Path(job["root"])
+    global ROOT
+    ROOT = root
     if MODE == "no-grace":
         job["grace_seconds"] = 0
     elif MODE == "always-delete-invalid":
@@ -66,13 +80,27 @@ def main(argv: list[str]) -> int:
     elif MODE == "crash" and any(p.is_dir() and not (p / "manifest.json").exists()
                                  and (p / "drills").exists() for p in root.iterdir()):
         raise RuntimeError("a gc that cannot handle a lost commit record")
+    if MODE == "child-cwd":
+        return _child_cwd(job, root)
     path.write_text(json.dumps(job), encoding="utf-8")
-    if MODE in ("no-mark", "data-first"):
+    if MODE in ("no-mark", "data-first", "chdir-dotdot", "proc-fd", "rename-away",
+                "fake-mark"):
         _patch_deletion()
     rc = reference_gc.main(argv)
     if MODE in ("drop-records", "repair-stray", "junk", "rewrite-kept"):
         _after(root)
     return 0 if MODE == "exit-zero" else 1 if MODE == "exit-one" else rc
+
+
+def _child_cwd(job: dict[str, Any], root: Path) -> int:
+    """``child-cwd``: the minimal gc in the root, by relative paths, after a child elsewhere."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import minimal_gc
+
+    os.chdir(root)
+    elsewhere = Path(__file__).resolve().parents[1] / "examples"  # a long path: not padded
+    subprocess.run(["true"], cwd=elsewhere, check=True)  # the child's chdir is its own
+    return int(minimal_gc.gc({**job, "root": "."}))
 
 
 def _after(root: Path) -> None:
@@ -90,7 +118,7 @@ def _after(root: Path) -> None:
             shutil.rmtree(m)
         elif MODE == "junk" and m.is_file():
             (a / "EXTRA").write_text("junk")
-        elif MODE == "rewrite-kept" and m.is_file() and not m.is_symlink():
+        elif MODE == "rewrite-kept":
             for f in sorted(p for p in a.rglob("*") if p.is_file() and not p.is_symlink()):
                 data = f.read_bytes()
                 f.unlink()
@@ -107,10 +135,46 @@ def _patch_deletion() -> None:
     real = deletion.delete_attempt
 
     def delete_attempt(storage: Any, attempt_id: str, *args: Any, **kwargs: Any) -> None:
-        if MODE == "no-mark":
+        adir = ROOT / attempt_id
+        data = sorted(p.relative_to(adir).as_posix() for p in (adir / "data").rglob("*")
+                      if p.is_file())
+        if MODE in ("no-mark", "fake-mark"):
             kwargs["mark"] = None  # no mark before the record; the re-mark comes after it
-        else:
+        if MODE == "fake-mark" and (adir / "manifest.json").is_file():
+            (adir / "deleting").mkdir(exist_ok=True)
+            (adir / "deleting" / "garbage.json").write_text("not a mark")
+            (adir / "deleting" / "garbage.json").unlink()
+        elif MODE == "data-first":
             storage.delete_many([o.path for o in storage.list(f"{attempt_id}/data/")])
+        elif MODE == "chdir-dotdot":
+            here = os.getcwd()
+            os.chdir(adir)
+            os.chdir("..")
+            os.chdir(attempt_id)  # in adir; a parser that drops chdir("..") thinks adir/aid
+            files = sorted((p.relative_to(adir).as_posix() for p in adir.rglob("*")
+                            if not p.is_dir()), key=lambda r: r == "manifest.json")
+            for rel in files:  # the data first, the record last, no mark
+                os.unlink(rel)
+            for d in sorted((p for p in adir.rglob("*") if p.is_dir()), key=lambda p: -len(
+                    p.parts)):
+                os.rmdir(d.relative_to(adir))
+            os.chdir(here)
+            adir.rmdir()
+            return
+        elif MODE == "proc-fd":
+            fd = os.open(adir, os.O_RDONLY | os.O_DIRECTORY)
+            for rel in data:
+                os.unlink(f"/proc/self/fd/{fd}/{rel}")
+            os.close(fd)
+        elif MODE == "rename-away":
+            trash = ROOT / f".trash-{attempt_id}"
+            os.rename(adir, trash)
+            moved = sorted((f for f in trash.rglob("*") if not f.is_dir()),
+                           key=lambda f: f.name == "manifest.json")
+            for f in moved:
+                f.unlink()
+            shutil.rmtree(trash)
+            return
         real(storage, attempt_id, *args, **kwargs)
 
     setattr(gc_mod, "delete_attempt", delete_attempt)  # noqa: B010 - not exported there

@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-from conformance.gc_harness import judge, reported_ids, snapshot
+from conformance.gc_harness import judge, order_problems, reported_ids, snapshot
+from conformance.procs import Outcome
+from conformance.trace import FsEvent, fs_events, parse_trace
 from conformance.vectors import (
     RETENTION_DIRS,
     VECTOR_DIRS,
@@ -280,6 +282,114 @@ def test_traced_order_of_the_reference_and_of_defects() -> None:
             f"errata-20/{n}" for n in ORDER_CASES), mode
         assert all(want in f["message"] for f in doc["failures"]), mode
         shutil.rmtree(doc["workdir"])
+
+
+#: re-attack 26: hostile gcs the trace parser or the order checks let pass, and what fails them
+TRACED_MODES = {
+    "chdir-dotdot": "before its manifest.json (R-GC-3",
+    "proc-fd": "acted on files through /proc paths",
+    "rename-away": "without storing a deletion mark",
+    "fake-mark": "without storing a deletion mark",
+    "rewrite-kept": "an attempt the case keeps, and put it back",
+}
+
+
+@needs_tracing
+@pytest.mark.parametrize("mode", sorted(TRACED_MODES))
+def test_traced_order_defeats(mode: str) -> None:
+    """Re-attack 26: a padded ``chdir("..")`` (dropped by the parser), deletions through
+    ``/proc/self/fd``, a version renamed away unmarked, a mark that is no deletion id and is
+    gone before the record, kept files removed and put back: each fails its case."""
+    rc, doc, text = _run("--json", "--tracing", "require", "--case=keep-two-of-four", "--",
+                         sys.executable, str(BAD), env={"PCK_BAD_MODE": mode})
+    assert rc == 1, text
+    assert doc is not None and [f["name"] for f in doc["failures"]] == \
+        ["errata-20/keep-two-of-four"]
+    assert TRACED_MODES[mode] in doc["failures"][0]["message"], doc["failures"][0]["message"]
+    shutil.rmtree(doc["workdir"])
+
+
+@needs_tracing
+def test_traced_child_in_another_directory_passes() -> None:
+    """Re-attack 26: a correct gc by relative paths that starts a child with ``cwd=`` elsewhere
+    passes (the working directory is each process's own)."""
+    rc, doc, text = _run("--json", "--tracing", "require", *[f"--case={n}" for n in ORDER_CASES],
+                         "--", sys.executable, str(BAD), env={"PCK_BAD_MODE": "child-cwd"})
+    assert rc == 0, text
+    assert doc is not None and doc["failures"] == [] and doc["warnings"] == []
+
+
+def test_parser_reads_padded_calls_and_cwd_per_process(tmp_path: Path) -> None:
+    """strace pads short calls before ``=``; each process has its own working directory, a
+    child starting in its parent's (fork, vfork resumed, clone), a thread sharing it."""
+    trace = tmp_path / "trace"
+    trace.write_text("\n".join([
+        '100  1.000001 chdir("/r/a")      = 0 <0.000007>',
+        '100  1.000002 chdir("..")     = 0 <0.000006>',
+        '100  1.000003 vfork( <unfinished ...>',
+        '101  1.000004 chdir("/")      = 0 <0.000007>',
+        '101  1.000005 unlinkat(AT_FDCWD, "x", 0) = 0 <0.000007>',
+        '100  1.000006 <... vfork resumed>) = 101 <0.000292>',
+        '100  1.000007 unlinkat(AT_FDCWD, "b/manifest.json", 0) = 0 <0.000010>',
+        '100  1.000008 clone3({flags=CLONE_VM|CLONE_FS|CLONE_THREAD, exit_signal=0}'
+        ' => {parent_tid=[102]}, 88) = 102 <0.000028>',
+        '102  1.000009 chdir("b")  = 0 <0.000006>',
+        '100  1.000010 unlink("m")  = 0 <0.000006>',
+        '100  1.000011 clone(child_stack=NULL, flags=CLONE_CHILD_CLEARTID|SIGCHLD, '
+        'child_tidptr=0x7f) = 103 <0.000075>',
+        '103  1.000012 chdir("/elsewhere") = 0 <0.000007>',
+        '100  1.000013 rmdir("d")    = -1 ENOENT (No such file or directory) <0.000006>',
+        '100  1.000014 unlink("n")   = 0 <0.000006>',
+        '104  1.000015 unlink("o")   = 0 <0.000006>',
+    ]) + "\n")
+    calls, _ = parse_trace(trace)
+    assert [c.name for c in calls][:3] == ["chdir", "chdir", "vfork"]
+    assert calls[1].ret == "0" and calls[1].ok and calls[1].args == ['".."']
+    assert not next(c for c in calls if c.name == "rmdir").ok
+    events = fs_events(calls, "/adapter")
+    assert [e.path for e in events] == ["/x", "/r/b/manifest.json", "/r/b/m", "/r/b/n",
+                                        "/adapter/o"]
+
+
+def _events(*spec: tuple[str, str, str]) -> list[FsEvent]:
+    return [FsEvent(k, p, float(i), float(i) + 0.5, src, "O_WRONLY|O_CREAT|O_EXCL")
+            for i, (k, p, src) in enumerate(spec)]
+
+
+def test_order_marks_and_kept_versions(tmp_path: Path) -> None:
+    """R-GC-13: only a mark named by a deletion id, created before the record goes and still
+    there then, counts; a kept version's files removed and put back fail (``keep``) or warn
+    (``should-keep``); a rename of the attempt directory removes its record."""
+    root = tmp_path / "root"
+    root.mkdir()
+    out = Outcome(tmp_path / "job.json", 0, None, tmp_path / "job.out", tmp_path / "job.err",
+                  None, 0.0)
+    a, k = "s1-20260101T000000000000Z-0123456789abcdef", "s2-20260101T000000000000Z-01234567"
+    case = {"attempts": {a: {"outcome": "delete"}, k: {"outcome": "should-keep"}}}
+    base = f"{root.resolve()}/{a}"
+    mark = f"{base}/deleting/g20260103T000000000000Z-0000abcd.json"
+    good = _events(("rename", mark, mark + ".tmp"), ("unlink", f"{base}/manifest.json", ""))
+    assert order_problems(good, root, case, out) == ([], [])
+    for bad in (_events(("open", f"{base}/deleting/garbage.json", ""),
+                        ("unlink", f"{base}/manifest.json", "")),
+                _events(("open", mark, ""), ("unlink", mark, ""),
+                        ("unlink", f"{base}/manifest.json", "")),
+                _events(("rename", f"{root.resolve()}/.trash", base),
+                        ("unlink", f"{root.resolve()}/.trash/manifest.json", ""))):
+        failures, _ = order_problems(bad, root, case, out)
+        assert len(failures) == 1 and "without storing a deletion mark" in failures[0], bad
+    kept = f"{root.resolve()}/{k}"
+    back = _events(("unlink", f"{kept}/data/x", ""), ("open", f"{kept}/data/x", ""))
+    failures, warnings = order_problems(back, root, case, out)
+    assert failures == [] and len(warnings) == 1 and "and put it back" in warnings[0]
+    case["attempts"][k]["outcome"] = "keep"
+    failures, _ = order_problems(back, root, case, out)
+    assert len(failures) == 1 and "and put it back" in failures[0]
+    clear = _events(("unlink", f"{kept}/deleting/g20260103T000000000000Z-0000abcd.json", ""),
+                    ("unlink", f"{kept}/deleting", ""))
+    assert order_problems(clear, root, case, out) == ([], [])
+    failures, _ = order_problems(clear, root, case, out, {f"{k}/manifest.json": "dir"})
+    assert len(failures) == 1 and "deleting" in failures[0]
 
 
 def test_an_untraced_run_says_so() -> None:
