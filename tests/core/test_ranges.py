@@ -43,8 +43,13 @@ def partitions(draw: st.DrawFn, regular: bool | None = None) -> tuple[tuple[int,
             for idx in itertools.product(*[range(len(c) - 1) for c in cuts])
         ]
         return shape, boxes
+    return shape, guillotine(draw, shape, draw(st.integers(0, 12)))
+
+
+def guillotine(draw: st.DrawFn, shape: tuple[int, ...], rounds: int) -> list[Box]:
+    """An exact partition of ``shape`` by ``rounds`` recursive splits of one box in two."""
     boxes = [Box.full(shape)]
-    for _ in range(draw(st.integers(0, 12))):
+    for _ in range(rounds):
         i = draw(st.integers(0, len(boxes) - 1))
         b = boxes[i]
         dims = [d for d in range(b.ndim) if b.lengths[d] > 1]
@@ -58,7 +63,7 @@ def partitions(draw: st.DrawFn, regular: bool | None = None) -> tuple[tuple[int,
             b.lengths[:d] + (b.lengths[d] - cut,) + b.lengths[d + 1 :],
         )
         boxes[i : i + 1] = [left, right]
-    return shape, boxes
+    return boxes
 
 
 def brute_counts(shape: tuple[int, ...], boxes: list[Box]) -> np.ndarray:

@@ -36,6 +36,7 @@ from portable_ckpt.ranges import (
     intersect_arrays,
 )
 from portable_ckpt.ranges.planning import Segment, plan_file
+from tests.core.test_ranges import guillotine
 
 # -- reference -----------------------------------------------------------------------------------
 
@@ -84,22 +85,7 @@ def _outcome(shape: tuple[int, ...], boxes: list[Box], **kw: int) -> type[Except
 def _tilings(draw: st.DrawFn, min_nd: int = 2, max_nd: int = 4) -> tuple[tuple[int, ...], list[Box]]:
     """A shape and a tiling of it by recursive (guillotine) splits: rarely a grid."""
     shape = tuple(draw(st.lists(st.integers(1, 6), min_size=min_nd, max_size=max_nd)))
-    boxes = [Box.full(shape)]
-    for _ in range(draw(st.integers(1, 14))):
-        i = draw(st.integers(0, len(boxes) - 1))
-        b = boxes[i]
-        dims = [d for d in range(b.ndim) if b.lengths[d] > 1]
-        if not dims:
-            continue
-        d = draw(st.sampled_from(dims))
-        cut = draw(st.integers(1, b.lengths[d] - 1))
-        left = Box(b.offsets, b.lengths[:d] + (cut,) + b.lengths[d + 1 :])
-        right = Box(
-            b.offsets[:d] + (b.offsets[d] + cut,) + b.offsets[d + 1 :],
-            b.lengths[:d] + (b.lengths[d] - cut,) + b.lengths[d + 1 :],
-        )
-        boxes[i : i + 1] = [left, right]
-    return shape, boxes
+    return shape, guillotine(draw, shape, draw(st.integers(1, 14)))
 
 
 def _moved(b: Box, d: int, by: int) -> Box:
