@@ -272,6 +272,34 @@ def test_a_copy_that_may_be_in_progress_is_a_conflict_not_a_usage_error(tmp_path
     assert portable_ckpt.open(tmp_path / "dst").verify(deep=True) == []
 
 
+def test_a_file_the_other_copy_made_and_removed_again_is_a_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of the test below, made certain: this copy's exclusive create meets the other
+    copy's file, and that copy (failing too) has removed it again before this one looks: the
+    FileExistsError says "another copy", not a storage fault (a full run, session 26)."""
+    from portable_ckpt.errors import CommitConflictError
+    from portable_ckpt.storage.local import LocalStorage
+
+    portable_ckpt.save_arrays(tmp_path / "src", {"a": np.arange(8.0)}, step=1)
+    real_open = LocalStorage.open_writer
+
+    def other_copy_was_here(self: Any, path: str, **k: Any) -> Any:
+        if path.endswith(".safetensors"):
+            full = os.path.join(self.root, path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            open(full, "wb").close()  # the other copy's file ...
+            try:
+                return real_open(self, path, **k)
+            finally:
+                os.remove(full)  # ... which it removes again, failing
+        return real_open(self, path, **k)
+
+    monkeypatch.setattr(LocalStorage, "open_writer", other_copy_was_here)
+    with pytest.raises(CommitConflictError, match="another copy"):
+        copy_version(str(tmp_path / "src"), str(tmp_path / "dst"))
+
+
 def test_two_copies_started_together_are_conflicts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

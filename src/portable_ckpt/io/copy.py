@@ -238,7 +238,10 @@ class _FileCopier:
                 # same key replaces the first): nothing is recorded, nothing removed there.
                 self.created.append(self.rel)
         except StorageError as exc:
-            if self.dst.exists(self.rel):  # made since this copy looked: another copy runs
+            # Made since this copy looked: another copy runs. A local open is exclusive, so its
+            # FileExistsError says so even when that copy, failing, removed the file again
+            # before this one looked (a full run saw PCK-STORAGE for one of two copies).
+            if isinstance(exc.__cause__, FileExistsError) or self.dst.exists(self.rel):
                 raise CommitConflictError(
                     f"{self.dst.url}/{self.rel} appeared while this copy ran: another copy of "
                     "the version writes the same destination now; let it finish, then check it "
