@@ -8,7 +8,7 @@ screen or rewrites what was printed; a line break starts a line that looks like 
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["one_line", "printable", "spans"]
 
 
 def _escape(ch: str) -> str:
@@ -29,3 +29,25 @@ def printable(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in s)
+
+
+def one_line(text: str, n: int) -> str:
+    """``text`` on one line, at most ``n`` characters (``...`` where cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= n else flat[: n - 3] + "..."
+
+
+def spans(numbers: list[int]) -> list[str]:
+    """Runs of consecutive numbers: ``["0-3", "7"]`` for ``[0, 1, 2, 3, 7]`` (ranks, groups)."""
+    out: list[str] = []
+    if not numbers:
+        return out
+    start = prev = numbers[0]
+    for i in [*numbers[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return out

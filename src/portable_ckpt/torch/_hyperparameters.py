@@ -43,6 +43,7 @@ from typing import Any, Final, Literal, get_args
 
 import torch
 
+from portable_ckpt._printable import one_line, printable, spans
 from portable_ckpt.format.keys import unflatten_keys
 from portable_ckpt.torch.flatten import FlatState
 from portable_ckpt.torch.info import LoadInfo
@@ -251,7 +252,6 @@ class Hyperparameters:
         rows = info.changed_hyperparameters
         if info.rank != 0 or not rows:
             return
-        from portable_ckpt._printable import printable
         from portable_ckpt.logs import log_event
         from portable_ckpt.torch._inflight import say
 
@@ -290,32 +290,14 @@ def _merged(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """One line per optimizer, member and change, naming every group it holds for."""
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for r in rows:
-        stored, current = _short(repr(r["stored"])), _short(repr(r["current"]))
+        stored, current = one_line(repr(r["stored"]), 120), one_line(repr(r["current"]), 120)
         groups.setdefault((r["optimizer"], r["key"], stored, current), []).append(r["group"])
     out = []
     for (head, name, stored, current), indexes in groups.items():
-        which = f"group {indexes[0]}" if len(indexes) == 1 else f"groups {_spans(indexes)}"
+        which = f"group {indexes[0]}" if len(indexes) == 1 else f"groups {', '.join(spans(indexes))}"
         out.append(f"optimizer {head or '(top)'!r} {which} {name}: stored {stored}, "
                    f"current {current}")
     return out
-
-
-def _spans(indexes: list[int]) -> str:
-    """``0-3, 7`` for ``[0, 1, 2, 3, 7]``."""
-    parts: list[str] = []
-    start = prev = indexes[0]
-    for i in [*indexes[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(parts)
-
-
-def _short(text: str, n: int = 120) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 class _Scheduled:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from portable_ckpt._printable import one_line
 from portable_ckpt.io.annotations import failed_verifications, failure_order
 from portable_ckpt.io.copy import copies_of
 from portable_ckpt.io.recommit import every_writer_indexed
@@ -168,18 +169,12 @@ def _passed_row(
         "path": path,
         "reason": row["reason"],
         "code": row["code"],
-        "message": _short(str(row["message"]).removeprefix(f"[{row['code']}] "), 300),
+        "message": one_line(str(row["message"]).removeprefix(f"[{row['code']}] "), 300),
         "recorded_failed": bool(row["recorded"]),
         "copies": copies,
         "copies_error": None if problem is None else problem[:300],
         "commands": commands,
     }
-
-
-def _short(text: str, n: int) -> str:
-    """``text`` on one line, at most ``n`` characters (``...`` where cut)."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= n else flat[: n - 3] + "..."
 
 
 def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> None:
@@ -207,7 +202,7 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
         tier = mgr.tiers.get(str(row["tier"]))
         code = f"[{row['code']}] " if row["code"] else ""
         why = _REASONS.get(str(row["reason"]), "passed over")
-        line = f"  step {row['step']}, {row['path']}: {why} ({code}{_short(row['message'], 200)})"
+        line = f"  step {row['step']}, {row['path']}: {why} ({code}{one_line(row['message'], 200)})"
         if row["recorded_failed"] and tier is not None and tier.retention.active:
             line += (
                 "; this job's retention deletes versions that failed verification unless they "
@@ -231,7 +226,7 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
             line += "; no verified copy of it is recorded"
         if row["copies_error"]:
             line += (
-                f"; its copy records could not all be read ({_short(row['copies_error'], 200)}): "
+                f"; its copy records could not all be read ({one_line(row['copies_error'], 200)}): "
                 "`portable-ckpt ls` names its copies"
             )
         lines.append(line)

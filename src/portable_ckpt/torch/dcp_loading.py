@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 import portable_ckpt
+from portable_ckpt._printable import spans
 from portable_ckpt.errors import (
     CheckpointError,
     DistributedError,
@@ -589,17 +590,8 @@ def _by_rank(values: list[Any], shown: int = 4) -> str:
         ranks.setdefault(repr(v), []).append(r)
     parts = []
     for text, rs in list(ranks.items())[:shown]:
-        spans = []
-        start = prev = rs[0]
-        following: list[int | None] = [*rs[1:], None]
-        for nxt in following:
-            if nxt is not None and nxt == prev + 1:
-                prev = nxt
-                continue
-            spans.append(str(start) if start == prev else f"{start}-{prev}")
-            if nxt is not None:
-                start = prev = nxt
-        listed = ", ".join(spans[:8]) + (", ..." if len(spans) > 8 else "")
+        runs = spans(rs)
+        listed = ", ".join(runs[:8]) + (", ..." if len(runs) > 8 else "")
         parts.append(f"rank{'s' if len(rs) > 1 else ''} {listed}: {text[:200]}")
     if len(ranks) > shown:
         parts.append(f"and {len(ranks) - shown} more")
