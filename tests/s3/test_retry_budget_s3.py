@@ -130,11 +130,11 @@ def test_a_checksum_probe_without_an_answer_is_not_cached(
     st = open_storage(root)
     assert isinstance(st, s3mod.S3Storage)
     assert st.validates_checksums() is False  # unknown: the safe way
-    assert (st.options.endpoint_url, st.bucket) not in s3mod._VALIDATES
+    assert (st.options.endpoint_url, st.bucket) not in s3mod._VALIDATES.answers
     proxy.reset()
     assert open_storage(root).validates_checksums() is False  # unknown, remembered
     assert proxy.log.requests == 0  # not asked again within the period
     monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 0.0)
     assert open_storage(root).validates_checksums() is False  # asked again: moto keeps it
     assert proxy.log.by_method.get("PUT") == 1
-    assert s3mod._VALIDATES[(st.options.endpoint_url, st.bucket)] is False
+    assert s3mod._VALIDATES.answers[(st.options.endpoint_url, st.bucket)] is False

@@ -100,12 +100,11 @@ _FORKED_AFTER_OBSTORE = False
 
 
 def _after_fork_in_child() -> None:
-    global _FORKED_AFTER_OBSTORE, _HONOURS_LOCK, _VALIDATES_LOCK, _VALIDATES_PROBING
+    global _FORKED_AFTER_OBSTORE
     if _OBSTORE_PID is not None:
         _FORKED_AFTER_OBSTORE = True
-    _HONOURS_LOCK = threading.Lock()  # another thread of the parent may have held them
-    _VALIDATES_LOCK = threading.Lock()
-    _VALIDATES_PROBING = threading.Lock()
+    _VALIDATES.after_fork()  # another thread of the parent may have held their locks
+    _HONOURS.after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -321,25 +320,61 @@ def _b64_crc(value: int) -> str:
 #: refused the probes was probed, and warned about, at every commit, pin and deletion mark).
 PROBE_UNKNOWN_SECONDS = 600.0
 
-#: Whether a store rejects an upload whose CRC32C is wrong, by ``(endpoint, bucket)``: probed
-#: once per process (S3 latency review F8: moto, and other S3-compatible stores, accept any
-#: checksum header and echo it back, so "verified by the store" verified nothing).
-_VALIDATES: dict[tuple[str | None, str], bool] = {}
-#: When (``time.monotonic()``) the checksum probe last got no answer, by key.
-_VALIDATES_UNKNOWN: dict[tuple[str | None, str], float] = {}
-_VALIDATES_LOCK = threading.Lock()
-#: Held while the checksum probe runs: threads that create at once send one probe, not one
-#: each (re-attack 26).
-_VALIDATES_PROBING = threading.Lock()
+_Key = tuple[str | None, str]
 
-#: Whether a store honours ``If-None-Match: *`` on PUT, by ``(endpoint, bucket)``: probed once
-#: per process before its first conditional create (attack review L2: a store that accepts the
-#: header and overwrites anyway let two committers both "win"). The lock is held during the
-#: probe, so that threads that create at once probe once.
-_HONOURS: dict[tuple[str | None, str], bool] = {}
-#: When (``time.monotonic()``) the If-None-Match probe last got no answer, by key.
-_HONOURS_UNKNOWN: dict[tuple[str | None, str], float] = {}
-_HONOURS_LOCK = threading.Lock()
+
+class _Probed:
+    """What a probe of a store learnt, kept for the process by ``(endpoint, bucket)``.
+
+    A definite answer is kept for good; an unknown one (``None``: no answer said) for
+    :data:`PROBE_UNKNOWN_SECONDS`, during which :meth:`get` gives ``unknown`` (the safe way)
+    without a request. One probe runs at a time: threads that create at once send one probe,
+    not one each (re-attack 26).
+    """
+
+    def __init__(self, unknown: bool) -> None:
+        self.unknown = unknown
+        self.answers: dict[_Key, bool] = {}
+        self.unknown_since: dict[_Key, float] = {}  # time.monotonic() of the last unknown
+        self.after_fork()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._probing = threading.Lock()
+
+    def _known(self, key: _Key) -> bool | None:
+        with self._lock:
+            known = self.answers.get(key)
+            if known is None and _unknown_kept(self.unknown_since.get(key)):
+                return self.unknown  # unknown, and remembered: the safe way, without asking
+            return known
+
+    def get(self, key: _Key, probe: Callable[[], bool | None]) -> bool:
+        """The kept answer for ``key``, or ``probe()``'s, kept."""
+        known = self._known(key)
+        if known is not None:
+            return known
+        with self._probing:
+            known = self._known(key)  # another thread's probe may have answered
+            if known is not None:
+                return known
+            answer = probe()
+            with self._lock:
+                if answer is None:
+                    self.unknown_since[key] = time.monotonic()
+                    return self.unknown  # asked again once the period is over
+                self.unknown_since.pop(key, None)
+                return self.answers.setdefault(key, answer)
+
+
+#: Whether a store rejects an upload whose CRC32C is wrong: probed once per process (S3
+#: latency review F8: moto, and other S3-compatible stores, accept any checksum header and
+#: echo it back, so "verified by the store" verified nothing). Unknown: False (read back).
+_VALIDATES = _Probed(unknown=False)
+#: Whether a store honours ``If-None-Match: *`` on PUT: probed once per process before its
+#: first conditional create (attack review L2: a store that accepts the header and overwrites
+#: anyway let two committers both "win"). Unknown: True (creates as before the probe).
+_HONOURS = _Probed(unknown=True)
 
 
 def _unknown_kept(since: float | None) -> bool:
@@ -1216,35 +1251,7 @@ class S3Storage(ScannedStorage):
         """
         if self.options.checksum != "crc32c":
             return False
-        key = (self.options.endpoint_url, self.bucket)
-        known = self._checksums_known(key)
-        if known is not None:
-            return known
-        with _VALIDATES_PROBING:
-            known = self._checksums_known(key)  # another thread's probe may have answered
-            if known is not None:
-                return known
-            return self._probe_and_keep(key)
-
-    @staticmethod
-    def _checksums_known(key: tuple[str | None, str]) -> bool | None:
-        """The kept answer of the checksum probe, False while "unknown" is kept, else None."""
-        with _VALIDATES_LOCK:
-            known = _VALIDATES.get(key)
-            if known is None and _unknown_kept(_VALIDATES_UNKNOWN.get(key)):
-                return False  # unknown, and remembered: the safe way, without asking
-            return known
-
-    def _probe_and_keep(self, key: tuple[str | None, str]) -> bool:
-        """Probe, and keep the answer (an unknown one for the period)."""
-        validates = self._probe_checksums()
-        with _VALIDATES_LOCK:
-            if validates is None:
-                _VALIDATES_UNKNOWN[key] = time.monotonic()
-                return False  # unknown: the safe way, and asked again once the period is over
-            _VALIDATES_UNKNOWN.pop(key, None)
-            _VALIDATES.setdefault(key, validates)
-            return _VALIDATES[key]
+        return _VALIDATES.get((self.options.endpoint_url, self.bucket), self._probe_checksums)
 
     def _probe_checksums(self) -> bool | None:
         """True: the store refused the wrong CRC32C; False: it kept it; None: no answer said.
@@ -1308,20 +1315,8 @@ class S3Storage(ScannedStorage):
         """
         if not self.options.conditional_put:
             return False
-        key = (self.options.endpoint_url, self.bucket)
-        with _HONOURS_LOCK:
-            known = _HONOURS.get(key)
-            if known is not None:
-                return known
-            if _unknown_kept(_HONOURS_UNKNOWN.get(key)):
-                return True  # unknown, and remembered: as before the probe, without asking
-            honours = self._probe_conditional_put()
-            if honours is None:
-                _HONOURS_UNKNOWN[key] = time.monotonic()
-                return True  # unknown: as before the probe, asked again once the period is over
-            _HONOURS_UNKNOWN.pop(key, None)
-            _HONOURS[key] = honours
-            return honours
+        return _HONOURS.get((self.options.endpoint_url, self.bucket),
+                            self._probe_conditional_put)
 
     def _probe_conditional_put(self) -> bool | None:
         """True: the second conditional PUT was refused; False: it was stored; None: unknown."""

@@ -285,8 +285,7 @@ class PortableStorageWriter(StorageWriter):
         if isinstance(state, Mapping):
             self._mesh = group_mesh(state.values())
             refuse_one_box_view(planner, (i.index.fqn for i in plan.items), PortableSavePlanner)
-        refuse_root_in_version(self.root)  # before the root is made inside that version
-        self._storage = open_storage(self.root, create=True)
+        self._storage = open_storage(self.root, create=True)  # (reset() refused a version)
         writer = self._new_writer(self._storage, len(plan.items) * world)
         try:
             results, values, items = self._write_items(writer, plan, planner)

@@ -167,11 +167,16 @@ def load_into(
     root: Root,
     hyper: Hyperparameters,
     *,
+    step: int | None = None,
+    checkpoint_id: str | None = None,
     process_group: Any = None,
+    allow_statistical: bool = False,
+    strict: bool = True,
     timeout: float | None = None,
-    **options: Any,
+    record_ranges: bool = False,
+    strict_dtype: bool = False,
 ) -> LoadInfo:
-    """:func:`load` (its other keyword arguments in ``options``) with ``hyper``'s choice.
+    """:func:`load` (the same arguments) with ``hyper``'s choice.
 
     A manager's restore passes one ``hyper`` to the loads of its candidates: the values before
     the first one are the current ones for every one.
@@ -188,14 +193,13 @@ def load_into(
         what = f"load from {_where(root)}"
         with logged(_log, "load", what, rank=comm.rank, t0=t0) as out:
             kwargs: dict[str, Any] = dict(
-                step=None, checkpoint_id=None, allow_statistical=False, strict=True,
-                record_ranges=False, strict_dtype=False)
-            kwargs.update(options)
+                step=step, checkpoint_id=checkpoint_id, allow_statistical=allow_statistical,
+                strict=strict, record_ranges=record_ranges, strict_dtype=strict_dtype)
             held: set[str] = set()
             try:
                 info = _load(state_dict, root, comm, t0, hyper, held=held, **kwargs)
             except CheckpointError as e:
-                if not _may_retry(root, comm, kwargs["checkpoint_id"], kwargs["step"], e):
+                if not _may_retry(root, comm, checkpoint_id, step, e):
                     raise
                 # Retention deleted the version under this load (a server reloading from a
                 # root a trainer writes and prunes): the state is partly filled from it.
