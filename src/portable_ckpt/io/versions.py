@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
+import itertools
 import logging
 import os
 import sys
@@ -115,16 +116,28 @@ def enclosing_version(text: str) -> str | None:
     link to a version is that version). Remote URLs: None. The one rule of the CLI's path
     arguments and of :func:`portable_ckpt.open`'s "not found" (maintainer review M9).
     """
+    local = local_path(text)
+    return None if local is None else _attempt_dir_above(local, levels=3)
+
+
+def _attempt_dir_above(local: str, *, levels: int | None, holding: bool = False) -> str | None:
+    """The attempt-named directory ``local`` is or lies in, as written and with links resolved.
+
+    ``levels``: how many directories up to look (None: up to the file system's root);
+    ``holding``: count only one that holds what attempts hold (:data:`_ATTEMPT_PARTS`).
+    """
     from portable_ckpt.format.naming import ATTEMPT_ID_RE
 
-    local = local_path(text)
-    if local is None:
-        return None
     for path in dict.fromkeys((os.path.normpath(os.path.abspath(local)), os.path.realpath(local))):
-        for _ in range(3):
-            if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path):
+        for _ in itertools.count() if levels is None else range(levels):
+            if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path) and (
+                    not holding or any(os.path.lexists(os.path.join(path, part))
+                                       for part in _ATTEMPT_PARTS)):
                 return path
-            path = os.path.dirname(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
     return None
 
 
@@ -134,26 +147,6 @@ _ATTEMPT_PARTS = ("manifest.json", "data", "index", "entries", "drills", "copies
                   "verifications", "deleting")
 
 
-def _version_above(local: str) -> str | None:
-    """The attempt directory ``local`` is, or lies in at any depth, as written and resolved.
-
-    Only a directory named like an attempt id that holds what attempts hold counts: a root a
-    person named like an attempt id, still empty or holding attempts, is a root.
-    """
-    from portable_ckpt.format.naming import ATTEMPT_ID_RE
-
-    for path in dict.fromkeys((os.path.normpath(os.path.abspath(local)), os.path.realpath(local))):
-        while True:
-            if ATTEMPT_ID_RE.match(os.path.basename(path)) and os.path.isdir(path) and any(
-                    os.path.lexists(os.path.join(path, part)) for part in _ATTEMPT_PARTS):
-                return path
-            parent = os.path.dirname(path)
-            if parent == path:
-                break
-            path = parent
-    return None
-
-
 def refuse_root_in_version(root: Storage | str | os.PathLike[str]) -> None:
     """Refuse to write into a root that is a version directory or lies in one (``UsageError``).
 
@@ -161,7 +154,7 @@ def refuse_root_in_version(root: Storage | str | os.PathLike[str]) -> None:
     nested a root inside that version: it reported success, no reader of the root saw it
     (files of an attempt that no document names are ignored, R-LAYOUT-4), and gc deleted it
     with the outer version (framework review 26, F1). A local root is looked at on disk, at any
-    depth (:func:`_version_above`); an object store's by the components of its prefix: one
+    depth; an object store's by the components of its prefix: one
     named like an attempt id with more below it, or, given the storage, the root itself when it
     holds a ``manifest.json``.
     """
@@ -173,7 +166,9 @@ def refuse_root_in_version(root: Storage | str | os.PathLike[str]) -> None:
         url = os.fspath(root)
         local = local_path(url)
     if local is not None:
-        version = _version_above(local)
+        # at any depth, and only what holds an attempt's parts: a root a person named like an
+        # attempt id, empty or holding attempts, is a root
+        version = _attempt_dir_above(local, levels=None, holding=True)
     else:
         scheme, _, rest = url.rpartition("://")
         parts = rest.rstrip("/").split("/")
