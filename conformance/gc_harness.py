@@ -182,12 +182,12 @@ def judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int,
             if missing:
                 failures.append(f"its report does not name {_few(missing)}, which it had to "
                                 "report (R-GC-10, R-GC-12, R-GC-11)")
-    junk = sorted(set(reported or ()) - set(attempts))
-    if junk:
-        failures.append(f"its report names {_few(junk)}, which no attempt of the root is")
     elif case["reports"] is False and rc != 0:
         failures.append(f"exit status {rc}: the gc failed, or reported what needs no report "
                         "(see its standard error)")
+    junk = sorted(set(reported or ()) - set(attempts))
+    if junk:
+        failures.append(f"its report names {_few(junk)}, which no attempt of the root is")
     return failures, warnings
 
 

@@ -179,6 +179,9 @@ def test_judge_lets_marks_of_kept_versions_go_and_nothing_else(tmp_path: Path) -
     # a report line that names what is no attempt (re-attack 26b: never looked at)
     failures, _ = judge(case, before, root, 0, ["pins", kept])
     assert any("its report names pins, which no attempt" in f for f in failures)
+    # and the exit status is still looked at beside it (a case with nothing to report)
+    failures, _ = judge(case, before, root, 1, ["pins"])
+    assert any("exit status 1" in f for f in failures), failures
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300
