@@ -54,6 +54,7 @@ from conformance.spec import (
     ATTEMPT_ID_RE,
     BUILTIN_SCHEMA_FILES,
     BUILTIN_SCHEMA_IDS,
+    DELETION_NAME_RE,
     DTYPES,
     FORMAT_VERSIONS,
     KNOWN_EXTENSIONS,
@@ -1080,7 +1081,6 @@ _VERIFICATION_NAME = re.compile(r"v[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
 #: anything below ``drills/`` or ``copies/``; ``manifest.jsonl`` is a file like any other.
 _FORBIDDEN_FILES = re.compile(r"manifest\.json(?:\..*)?\Z|drills/|copies/", re.DOTALL)
 #: the directories of the records added after the commit (not part of the version, §14.3).
-_DELETION_NAME = re.compile(r"g[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
 _SIDE_DIRS = re.compile(r"(?:drills|copies|verifications|deleting)/")
 #: the documents below an attempt besides the manifest: (directory, schema, format, id member
 #: that names the file, rule of that name).
@@ -1123,7 +1123,7 @@ def _record_kind(rel: str) -> str | None:
     if sub == "verifications":
         return sub if _VERIFICATION_NAME.fullmatch(name) else None
     if sub == "deleting":  # (R-GC-13: only a file named like a mark is read as one)
-        return sub if _DELETION_NAME.fullmatch(name) else None
+        return sub if DELETION_NAME_RE.fullmatch(name) else None
     return sub if sub in ("drills", "copies") else None
 
 

@@ -43,7 +43,6 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -53,6 +52,7 @@ from typing import Any
 
 from conformance.procs import Adapter, InfrastructureError, Outcome
 from conformance.report import CaseResult, RunReport, shell_join
+from conformance.spec import DELETION_NAME_RE
 from conformance.trace import FsEvent, fs_events, outside_writes, parse_trace, tracing_status
 from conformance.vectors import RETENTION_DIRS, load_cases, materialize
 
@@ -439,12 +439,10 @@ def _parents(path: str, adir: str) -> list[str]:
     return [f"{adir}/{'/'.join(parts[:i])}" for i in range(1, len(parts) + 1)]
 
 
-#: A deletion mark's name: ``deleting/<deletion_id>.json`` (spec §15.2, R-GC-13).
-_MARK = re.compile(r"deleting/g[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
-
-
 def _is_mark(path: str, adir: str) -> bool:
-    return path.startswith(adir + "/") and _MARK.fullmatch(_rel(path, adir)) is not None
+    """``path`` is ``<adir>/deleting/<deletion_id>.json`` (spec §15.2, R-GC-13)."""
+    return (path.startswith(f"{adir}/deleting/")
+            and DELETION_NAME_RE.fullmatch(path[len(adir) + len("/deleting/"):]) is not None)
 
 
 def _rel(path: str, adir: str) -> str:

@@ -11,6 +11,7 @@ import re
 
 __all__ = [
     "ATTEMPT_ID_RE",
+    "DELETION_NAME_RE",
     "BUILTIN_SCHEMA_FILES",
     "BUILTIN_SCHEMA_IDS",
     "CODES",
@@ -62,6 +63,8 @@ def newer_minor(minor: str) -> bool:
 
 #: attempt id: ``s<step:012d>-<YYYYMMDD>T<HHMMSS><micro:06d>Z-<16 hex>``.
 ATTEMPT_ID_RE = re.compile(r"^s([0-9]{12})-[0-9]{8}T[0-9]{12}Z-[0-9a-f]{16}\Z")
+#: a deletion mark's file name in ``deleting/``: ``<deletion_id>.json`` (spec §15.2, R-GC-13).
+DELETION_NAME_RE = re.compile(r"g[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}\.json")
 PATH_COMPONENT_RE = re.compile(r"^[A-Za-z0-9._-]{1,255}\Z")
 MAX_COMPONENTS = 8
 #: format dtype name -> (safetensors dtype, itemsize)
