@@ -22,6 +22,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from conformance import __version__
 from conformance.report import EXIT_CODES, CaseResult, RunReport, shell_join
@@ -188,13 +189,24 @@ def _guarded(report: RunReport, args: argparse.Namespace, run: Callable[[], None
     return None
 
 
-def _print_writer(report: RunReport, args: argparse.Namespace) -> None:
+def _print_failures(report: RunReport, args: argparse.Namespace) -> TextIO:
+    """Print each failed case and each warning; return the stream the summary goes to.
+
+    A failure shows its message, seed (writer cases), case directory and replay line; the
+    stream is stderr when the JSON report takes stdout.
+    """
     out = sys.stderr if args.json == "-" else sys.stdout
     for f in report.failures:
-        print(f"FAIL [{f.suite}] {f.name}\n  {f.message.strip()}\n  seed: {f.seed}\n"
+        seed = f"\n  seed: {f.seed}" if f.seed is not None else ""
+        print(f"FAIL [{f.suite}] {f.name}\n  {f.message.strip()}{seed}\n"
               f"  case directory: {f.case_dir}\n  replay: {f.replay}", file=out)
     for w in report.warnings:
         print(f"warning: {w}", file=out)
+    return out
+
+
+def _print_writer(report: RunReport, args: argparse.Namespace) -> None:
+    out = _print_failures(report, args)
     shrink = report.info.get("shrink_seconds") or {}
     if sum(shrink.values()) >= 1:
         spent = ", ".join(f"{s} {t:.0f} s" for s, t in shrink.items())
@@ -294,12 +306,7 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     traced = report.info.get("tracing", {}).get("used")
     if report.exit_code == EXIT_OK and args.tracing == "auto" and not traced:
         report.exit_code = EXIT_PARTIAL
-    out = sys.stderr if args.json == "-" else sys.stdout
-    for f in report.failures:
-        print(f"FAIL [gc] {f.name}\n  {f.message.strip()}\n  case directory: {f.case_dir}\n"
-              f"  replay: {f.replay}", file=out)
-    for w in report.warnings:
-        print(f"warning: {w}", file=out)
+    out = _print_failures(report, args)
     skipped = len(report.cases) - len(ran)
     verdict = "gc FAILED" if report.failures else "gc passed"
     order = "on" if traced else "NOT CHECKED (exit 6; install strace, or --tracing off)" \
