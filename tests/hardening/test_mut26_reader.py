@@ -179,3 +179,22 @@ def test_a_streamed_zstd_range_fills_any_destination_within_its_own_size(
     fortran = np.asfortranarray(np.zeros((30, 20), dtype=np.float32))
     np.testing.assert_array_equal(ck.read("z", (5, 7), (30, 20), out=fortran), a[5:35, 7:27])
     assert ck.stats.peak_scratch_bytes <= a.nbytes + BS
+
+
+@pytest.mark.parametrize("box", [None, ((3, 5), (20, 30))])
+def test_a_decode_window_below_one_element_holds_one_element(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, box: tuple[tuple[int, int], tuple[int, int]]
+    | None,
+) -> None:
+    """A decode window set below one element decodes one element at a time (re-attack 26: no
+    dimension's rows fit, and the search for one raised ``StopIteration``)."""
+    a = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
+    vdir = _version(tmp_path, {"z": (a, (1, 1))}, codec="zstd")
+    monkeypatch.setattr(reader, "ZSTD_WHOLE_BYTES", 0)
+    monkeypatch.setattr(reader, "ZSTD_INPUT_BYTES", BS)
+    monkeypatch.setattr(reader, "ZSTD_WINDOW_BYTES", 3)
+    ck = portable_ckpt.open(vdir)
+    offs, lens = box if box is not None else ((0, 0), (64, 64))
+    want = a[offs[0] : offs[0] + lens[0], offs[1] : offs[1] + lens[1]]
+    np.testing.assert_array_equal(ck.read("z", offs, lens), want)
+    assert ck.stats.peak_scratch_bytes <= a.itemsize + BS

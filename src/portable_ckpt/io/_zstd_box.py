@@ -36,12 +36,15 @@ def stream_box(
         itemsize: Bytes per element.
         rel: The box to deliver, relative to the range.
         dst: Destination of shape ``rel.lengths`` (any strides).
-        window: Largest decoded window held at once (bytes, at least ``itemsize``).
+        window: Largest decoded window held at once (bytes; below ``itemsize``, one element).
 
     Returns:
         The scratch bytes used (0 when the range went straight into ``dst``).
 
     """
+    # A window below one element would find no dimension whose rows fit (re-attack 26: a
+    # StopIteration): one element is the least a window holds.
+    window = max(window, itemsize)
     raw = np.dtype(f"u{itemsize}")
     out = dst.view(raw)
     shape = tuple(int(n) for n in chunk_shape)
