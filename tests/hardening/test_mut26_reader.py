@@ -198,3 +198,28 @@ def test_a_decode_window_below_one_element_holds_one_element(
     want = a[offs[0] : offs[0] + lens[0], offs[1] : offs[1] + lens[1]]
     np.testing.assert_array_equal(ck.read("z", offs, lens), want)
     assert ck.stats.peak_scratch_bytes <= a.itemsize + BS
+
+
+def test_the_bytes_kept_from_header_blocks_stay_within_their_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R-READ-4: the data bytes kept from shard headers' last blocks are bounded by
+    ``PREFIX_BUDGET`` over all files (the mutant left by audit 26): a file whose tail would go
+    past it keeps nothing, and its tensors are read again, verified, from the file."""
+    a = sample_array("float32", (16, 64), seed=4)  # 4 files of 1 KiB, each in its header's block
+    m = save_sharded(tmp_path, {"a": (a, (4, 1))}, writers=4, block_size=BS)
+    vdir = tmp_path / m.attempt_id
+    monkeypatch.setattr(reader, "PREFIX_BUDGET", 2 * a.nbytes // 4 + 512)  # two tails, not three
+    ck = portable_ckpt.open(vdir)
+    files = sorted({r.file for r in ck.tensors["a"].ranges})
+    assert len(files) == 4
+    for path in files:
+        ck._header(path)
+    assert sorted(ck._prefix) == files[:2]
+    assert ck._prefix_bytes == sum(len(d) for _, d in ck._prefix.values()) == a.nbytes // 2
+    before_read, before_blocks = ck.stats.bytes_read, ck.stats.blocks_verified
+    np.testing.assert_array_equal(ck.read("a"), a)
+    # The two files without kept bytes are read again (one block each), the others not.
+    assert ck.stats.blocks_verified - before_blocks == 2
+    assert ck.stats.bytes_read - before_read == sum(
+        min(BS, ck.manifest.files[p].size) for p in files[2:])
