@@ -420,6 +420,28 @@ def test_strict_refuses_a_torch_value_it_would_skip_as_unsupported_value(tmp_pat
     assert any("odd" in f"{w.item} {w.message}" for w in report.warnings), report.warnings
 
 
+def test_strict_names_every_torch_value_it_would_skip_in_one_refusal(tmp_path: Path) -> None:
+    """``--strict`` on a torch.save file with several values that are no JSON names them all
+    in one refusal, the sixth and later counted (left open by stop 26: it stopped at the first,
+    a fix-and-retry loop per item); the cycle is among them. Nothing is written."""
+    import torch
+
+    cyc: list[object] = [torch.arange(2.0)]
+    cyc.append(cyc)
+    src = tmp_path / "src.pt"
+    torch.save({"w": torch.arange(4.0), "a": {1, 2}, "b": 3 + 4j, "c": b"raw", "cyc": cyc,
+                "d": {"e": {5}}, "f": frozenset({1}), "g": 1.5}, src)
+    with pytest.raises(CheckpointError) as ei:
+        convert(str(src), str(tmp_path / "out"), strict=True)
+    msg = ei.value.message
+    assert ei.value.code == "PCK-UNSUPPORTED-VALUE" and str(src) in msg
+    assert "6 item(s) are not convertible" in msg and "(and 1 more)" in msg, msg
+    assert all(f"item {k}: " in msg for k in ("'a'", "'b'", "'c'", "'cyc/1'", "'d'")), msg
+    assert not (tmp_path / "out").exists()
+    r = _cli("convert", str(src), str(tmp_path / "out"), "--strict", cwd=tmp_path)
+    assert r.returncode == 1 and "6 item(s)" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_two_equal_keys_of_one_dict_are_refused_not_both_converted(tmp_path: Path) -> None:
     """Re-attack of rev22, R2: a data.pkl edited to hold {2**70: {"a": t0}, 2**70: {"b": t1}}
     (torch.load keeps only the last) converted into both tensors, exit 0: the scan keeps keys

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,6 +34,7 @@ __all__ = [
     "check_plan",
     "fail_if_lost",
     "fail_if_strict",
+    "name_lost",
     "infer_step",
     "short_number",
     "short_text",
@@ -297,6 +298,18 @@ def _check_key(key: str, where: str) -> None:
 _SHOWN = 5
 
 
+def name_lost(lost: Sequence[ConvertWarning], *, source: str = "") -> str:
+    """The first items of ``lost`` with their reasons, then how many more there are.
+
+    ``source``: the file a refusal names already (left out of each reason, items quoted).
+    """
+    cut = f"{source}: " if source else ""
+    shown = "; ".join(
+        f"{f'item {w.item!r}' if source else w.item}: "
+        f"{w.message.removeprefix(cut).removesuffix('; skipped')}" for w in lost[:_SHOWN])
+    return shown + (f" (and {len(lost) - _SHOWN} more)" if len(lost) > _SHOWN else "")
+
+
 def fail_if_lost(
     warnings: Iterable[ConvertWarning], options: ConvertOptions, where: str, *,
     target: str | None = None,
@@ -322,8 +335,7 @@ def fail_if_lost(
         return
     if not lost:
         return
-    shown = "; ".join(f"{w.item}: {w.message.removesuffix('; skipped')}" for w in lost[:_SHOWN])
-    more = f" (and {len(lost) - _SHOWN} more)" if len(lost) > _SHOWN else ""
+    shown, more = name_lost(lost), ""
     if options.strict:
         raise UnsupportedValueError(
             f"--strict: {len(lost)} item(s) would not be converted as they are, so nothing was "

@@ -45,6 +45,7 @@ from portable_ckpt.convert._model import (
     SourcePlan,
     TensorSpec,
     WriteResult,
+    name_lost,
 )
 from portable_ckpt.convert._pickle_scan import (
     Call,
@@ -339,8 +340,6 @@ def _plan(
         if kids is not None:
             if id(node) in on_path:  # attack review L3: x = [t, x] gave 63 copies of t
                 msg = f"{path}: a container inside itself (a cycle), which cannot be converted"
-                if strict:
-                    raise UnsupportedValueError(f"item {name!r}: {msg}", path=path)
                 warnings.append(ConvertWarning(name, f"{msg}; skipped"))
                 return
             seen: dict[str | int, Any] = {}
@@ -365,14 +364,6 @@ def _plan(
                 path=path,
             ) from None
         except NotJsonError as exc:
-            if strict:
-                # --strict refuses what a plain run skips (docs/convert.md): the value's, not
-                # the file's, problem
-                raise UnsupportedValueError(
-                    f"{path}: item {name!r}: {exc} is not convertible, and --strict refuses what "
-                    "a conversion would skip: drop --strict to skip it, or change it in the source",
-                    path=path,
-                ) from None
             warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
             return
         values.add(name, value, dcp_path, raw)
@@ -383,7 +374,26 @@ def _plan(
         raise LimitError(str(exc), path=path) from None
     except RecursionError:
         raise ShardHeaderError(f"{path}: data.pkl is nested too deeply", path=path) from None
+    if strict:
+        _refuse_skipped(path, warnings)
     return SourcePlan("torch", tensors, values.all(), warnings, close=lambda: os.close(fd))
+
+
+def _refuse_skipped(path: str, warnings: list[ConvertWarning]) -> None:
+    """--strict refuses what a plain run skips (docs/convert.md), every such item at once.
+
+    The walk goes on past the first (review 26: one item named per run, a fix-and-retry loop
+    on a file with many).
+    """
+    lost = [w for w in warnings if w.kind == "skipped"]
+    if not lost:
+        return
+    raise UnsupportedValueError(
+        f"{path}: {len(lost)} item(s) are not convertible, and --strict refuses what a "
+        f"conversion would skip: {name_lost(lost, source=path)}. Drop --strict to skip them, or change them "
+        "in the source",
+        path=path,
+    )
 
 
 #: The first pickle of a legacy (pre-1.6, non-zip) torch.save file.
