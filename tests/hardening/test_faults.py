@@ -336,3 +336,78 @@ def test_the_callers_error_stands_when_the_abort_fails_too(tmp_path: Path) -> No
     with pytest.raises(StorageError, match="close: the upload failed"):
         with Failing(close_fails=True) as w:
             w.write(b"x")
+
+
+def _backend_exceptions() -> list[BaseException]:
+    return [KeyboardInterrupt(), RuntimeError("client: read timeout after the request was sent"),
+            ConnectionResetError(104, "connection reset")]
+
+
+@pytest.mark.parametrize("raises", _backend_exceptions(), ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("api", ["save_arrays", "writers", "dcp", "convert"])
+def test_an_interrupt_or_a_backend_exception_after_the_record_took_effect_loses_nothing(
+    tmp_path: Path, api: str, raises: BaseException
+) -> None:
+    """R-COMMIT-19 (backend review 27, H1): a Ctrl-C between the commit record's create and its
+    answer, or a backend's own exception after its request went (an SDK's timeout), reached
+    the save's clean-up, which deleted the data of what was now the latest version: its
+    record alone was left. The committer looks the record up after any exception of the
+    backend (ours there: committed), and a failed save removes nothing of an attempt that holds
+    a commit record. The interrupt still stops the save."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from portable_ckpt.torch.dcp import PortableStorageWriter
+
+    root = tmp_path / "root"
+    make_version(str(root), 1)
+    fault = Fault(op="create", path="*/manifest.json", lost_answer=True, raises=raises)
+    storage = FaultyStorage(open_storage(str(root)), [fault])
+
+    def save() -> None:
+        if api == "save_arrays":
+            portable_ckpt.save_arrays(storage, {"w": np.ones((4, 4))}, step=2)
+        elif api == "writers":
+            _save(storage, 2)
+        elif api == "dcp":
+            dcp.save({"w": torch.ones(8, 8)}, storage_writer=PortableStorageWriter(storage, step=2))
+        else:  # convert takes a root's text: the faulty store by a scheme of its own
+            from portable_ckpt.convert import convert
+            from portable_ckpt.storage import register_scheme
+
+            torch.save({"w": torch.ones(8, 8)}, tmp_path / "src.pt")
+            scheme = f"lost{os.getpid()}{type(raises).__name__.lower()}"
+            register_scheme(scheme, lambda url: storage)
+            convert(str(tmp_path / "src.pt"), f"{scheme}://{root}", step=2)
+
+    if isinstance(raises, KeyboardInterrupt):
+        with pytest.raises(BaseException) as info:  # dcp wraps it in its CheckpointException
+            save()
+        assert "KeyboardInterrupt" in repr(info.value) or isinstance(info.value, KeyboardInterrupt)
+    else:
+        save()  # the record is ours: committed
+    assert fault.fired == 1
+    newest = max(list_versions(str(root)), key=lambda v: v.step)
+    assert newest.step == 2 and newest.status == "committed"
+    ck = portable_ckpt.open(root)
+    assert ck.step == 2 and ck.verify(deep=True) == []  # every data file is still there
+
+
+def test_a_failed_save_keeps_the_files_of_an_attempt_whose_record_cannot_be_looked_for(
+    tmp_path: Path,
+) -> None:
+    """Could not read is never abandoned: a writer aborted while the attempt's commit record
+    cannot be looked for (EIO) keeps its files, with a WARNING; gc removes them once the
+    attempt is known abandoned. Where the record is known absent, its files go as before."""
+    root = tmp_path / "root"
+    make_version(str(root), 1)
+    for unreadable in (True, False):
+        faults = [Fault(op="exists", path="*/manifest.json", error="EIO")] if unreadable else []
+        storage = FaultyStorage(open_storage(str(root)), faults)
+        a = new_attempt_id(2)
+        w = ShardWriter(storage, a, 0)
+        w.add_tensor("w", np.ones((4, 4)))
+        w.finish()
+        w.abort()
+        left = sorted(p.name for p in (root / a).rglob("*") if p.is_file())
+        assert left == (["w00000-0000.safetensors", "w00000.json"] if unreadable else []), left

@@ -347,8 +347,10 @@ class _PortableSink:
                 pass
             self.inflight = None
         self.pool.shutdown()
-        if not remove:
-            return
+        from portable_ckpt.io.writer import committed_or_unknown
+
+        if not remove or committed_or_unknown(self.storage, self.attempt):
+            return  # (a commit that took effect before the failure: the version stays)
         for w in (self.writer, self.inflight_writer):
             if w is not None:
                 try:

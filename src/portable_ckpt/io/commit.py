@@ -844,27 +844,49 @@ def _create_record(storage: Storage, attempt_id: str, data: bytes) -> bool:
     try:
         return storage.create_if_absent(record, data)
     except CommitOutcomeUnknownError:
+        # Not looked up: the backend knows more than a read can tell (a record linked whose
+        # directory fsync failed is there, and not durable).
         raise
-    except (StorageError, FileMissingError) as exc:
-        # FileMissingError: a backend's read-back of what it just stored answered 404.
-        try:
-            if not storage.exists(record) and not lists_file(storage, record):
-                raise  # absent, and no listing says otherwise (§15.1): nothing was published
-            found = reread_record(storage, record)
-            if len(found) > len(data):
-                return False  # a longer record is there: another attempt's, a conflict
-        except CheckpointError as probe:
-            if probe is exc:
-                raise
-            raise CommitOutcomeUnknownError(
-                f"{record}: publishing failed ({exc.message}) and whether the record exists could "
-                f"not be read back ({probe.message}); the version may be committed, so nothing of "
-                "its attempt is removed: `portable-ckpt ls` / `verify` tell which it is",
-                path=record,
-            ) from exc
-        if found == data:
-            return True  # the create took effect; only its answer was lost
-        return False  # another record is there: a conflict
+    except CheckpointError as exc:
+        if not isinstance(exc, StorageError | FileMissingError):
+            raise  # a refusal (a usage error): nothing was sent
+        return _record_after_failure(storage, record, data, exc)
+    except Exception as exc:
+        # A backend's own exception (an SDK's timeout after its request went: backend review
+        # 27, H1): as a storage error, the record is looked for before anything is removed.
+        return _record_after_failure(storage, record, data, StorageError(
+            f"{storage.url}/{record}: the backend raised {type(exc).__name__}: {exc}",
+            path=record, retryable=False), cause=exc)
+
+
+def _record_after_failure(
+    storage: Storage, record: str, data: bytes, exc: CheckpointError,
+    cause: BaseException | None = None,
+) -> bool:
+    """After a failed create of ``record``: whether ``data`` is there (see ``_create_record``).
+
+    Raises ``exc`` (from ``cause``) where nothing is there, and CommitOutcomeUnknownError where
+    that cannot be read.
+    """
+    # FileMissingError: a backend's read-back of what it just stored answered 404.
+    try:
+        if not storage.exists(record) and not lists_file(storage, record):
+            raise exc from cause  # absent, and no listing says otherwise (§15.1): not published
+        found = reread_record(storage, record)
+        if len(found) > len(data):
+            return False  # a longer record is there: another attempt's, a conflict
+    except CheckpointError as probe:
+        if probe is exc:
+            raise
+        raise CommitOutcomeUnknownError(
+            f"{record}: publishing failed ({exc.message}) and whether the record exists could "
+            f"not be read back ({probe.message}); the version may be committed, so nothing of "
+            "its attempt is removed: `portable-ckpt ls` / `verify` tell which it is",
+            path=record,
+        ) from exc
+    if found == data:
+        return True  # the create took effect; only its answer was lost
+    return False  # another record is there: a conflict
 
 
 def _readable(attempt_id: str, data: bytes) -> None:

@@ -62,14 +62,43 @@ from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES, is_entry_name
 from portable_ckpt.io.checksum import AUTO_FILE_BLOCKS, BlockHasher, auto_block_size
 from portable_ckpt.io.safetensors_io import build_header
 from portable_ckpt.io.tensor_table import TensorTable, encode_table
+from portable_ckpt.logs import get_logger
 from portable_ckpt.ranges.box import Box
 from portable_ckpt.storage.base import Storage, StreamWriter
 
 __all__ = [
     "MAX_TILES", "PIECE_BYTES", "SMALL_PIECE_BYTES", "ShardWriter", "WriteStats", "check_block_size",
-    "new_attempt_id",
+    "committed_or_unknown", "new_attempt_id",
     "tile_lengths",
 ]
+
+_log = get_logger("io")
+
+
+def committed_or_unknown(storage: Storage, attempt_id: str) -> bool:
+    """Whether ``attempt_id`` holds a commit record, or whether that cannot be told.
+
+    A failed save removes its files only where this is false. Its record may have taken
+    effect before the failure reached the caller (a Ctrl-C between the create and its answer,
+    a backend's own exception after its request went: backend review 27, H1), and then the
+    attempt is a version whose files must stay (R-COMMIT-19); a record that cannot be looked
+    for is not known absent (could not read is never abandoned). Said in a WARNING when true.
+    """
+    record = f"{attempt_id}/manifest.json"
+    try:
+        there = storage.exists(record)
+    except Exception as exc:  # a storage error, or a backend's own: not known absent
+        _log.warning("%s: the save failed and whether its commit record %s exists could not "
+                     "be read (%s): its files are kept; `portable-ckpt ls` tells whether it "
+                     "is a version, and gc removes it once it is known abandoned",
+                     storage.url, record, exc)
+        return True
+    if there:
+        _log.warning("%s: the save failed after its commit record %s was stored: %s is a "
+                     "committed version and its files are kept", storage.url, record,
+                     attempt_id)
+    return there
+
 
 #: Largest piece handed to the storage in one write (and the bound on strided-copy scratch).
 PIECE_BYTES = 16 << 20
@@ -601,12 +630,19 @@ class ShardWriter:
     def abort(self, *, dirs: bool = False) -> None:
         """Remove every file this writer wrote (best effort); the attempt never commits.
 
+        Nothing is removed where the attempt holds a commit record, or where that cannot be
+        read (:func:`committed_or_unknown`): the failure came after the commit took effect.
+
         ``dirs``: the save is known to have failed everywhere (no writer of the attempt still
         creates files): its empty directories go too. A writer's own failure aborts without
         them: a peer between creating a directory and a file there would fail on it (last
         review L6).
         """
         self._finished = True
+        if self._written and committed_or_unknown(self.storage, self.attempt_id):
+            self._written.clear()
+            self._chunks.clear()
+            return
         for rel in self._written:
             try:
                 self.storage.delete(self._rel(rel))

@@ -272,8 +272,13 @@ class Storage(abc.ABC):
         return []
 
     def root_exists(self) -> bool:
-        """Whether the root exists: a directory, or (object stores) a prefix with an object."""
-        return bool(self.list_dirs("")) or next(iter(self.list("", recursive=False)), None) is not None
+        """Whether the root exists: a directory, or (object stores) a prefix with an object.
+
+        Or with an unfinished upload: a root whose only save was killed mid-upload exists for
+        gc, which cleans it (backend review 27, M2).
+        """
+        return (bool(self.list_dirs("")) or next(iter(self.list("", recursive=False)), None)
+                is not None or bool(self.list_uploads("")))
 
     def abort_uploads(
         self,

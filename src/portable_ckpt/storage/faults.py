@@ -84,6 +84,9 @@ class Fault:
         callback: ``callback(op, path)`` when the fault fires (phase hooks in tests).
         lost_answer: For ``create`` only: the create takes effect, then the error is raised (an
             object store's answer lost after the request was sent, R-COMMIT-19).
+        raises: Raised instead of the injected ``StorageError`` (a backend's own exception, a
+            ``KeyboardInterrupt``); with ``lost_answer``, after the create took effect. Not for
+            ``write``.
 
     """
 
@@ -97,6 +100,7 @@ class Fault:
     bandwidth: float | None = None
     callback: Callable[[str, str], None] | None = None
     lost_answer: bool = False
+    raises: BaseException | None = None
     fired: int = field(default=0, init=False)
     _ops_seen: int = field(default=0, init=False, repr=False)
     _bytes_seen: int = field(default=0, init=False, repr=False)
@@ -108,6 +112,8 @@ class Fault:
                 raise UsageError(f"unknown storage operation {o!r} (one of {', '.join(OPS)} or *)")
         if self.lost_answer and ops != ("create",):
             raise UsageError(f"lost_answer applies to op 'create' only, not {self.op!r}")
+        if self.raises is not None and ("write" in ops or "*" in ops):
+            raise UsageError("raises applies to operations other than 'write' (name them)")
         self._errno = _errno_of(self.error)
 
     def matches(self, op: str, path: str) -> bool:
@@ -184,6 +190,7 @@ class FaultyStorage(Storage):
         self.record = record
         self.ops: list[OpRecord] = []
         self._lock = threading.Lock()
+        self._lost_raises: dict[str, BaseException] = {}  # create path -> what its fault raises
 
     # -- fault machinery -------------------------------------------------------------------------
     def _before(self, op: str, path: str, nbytes: int) -> tuple[int, int] | None:
@@ -231,7 +238,12 @@ class FaultyStorage(Storage):
         if fire._errno is None:
             return None
         if op != "write" and not fire.lost_answer:
+            if fire.raises is not None:
+                raise fire.raises
             _raise(op, path, fire._errno)
+        if fire.lost_answer and fire.raises is not None:
+            with self._lock:
+                self._lost_raises[path] = fire.raises
         return (allowed or 0), fire._errno
 
     def ops_for(self, op: str | None = None, pattern: str = "*") -> list[OpRecord]:
@@ -305,6 +317,10 @@ class FaultyStorage(Storage):
         lost = self._before("create", path, len(data))
         done = self.inner.create_if_absent(path, data)
         if lost is not None:  # lost_answer: it took effect, and the caller hears an error
+            with self._lock:
+                raises = self._lost_raises.pop(path, None)
+            if raises is not None:
+                raise raises
             _raise("create", path, lost[1])
         return done
 

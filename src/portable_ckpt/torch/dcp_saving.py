@@ -54,7 +54,12 @@ from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.versions import refuse_root_in_version
-from portable_ckpt.io.writer import ShardWriter, check_block_size, new_attempt_id
+from portable_ckpt.io.writer import (
+    ShardWriter,
+    check_block_size,
+    committed_or_unknown,
+    new_attempt_id,
+)
 from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
@@ -502,7 +507,13 @@ def _writer_doc(results: list[WriteResult], rank: int) -> dict[str, Any]:
 
 
 def _discard(storage: Storage, attempt_id: str, indexes: list[WriterIndex]) -> None:
-    """Best effort: delete the files the writer indexes of a failed attempt list."""
+    """Best effort: delete the files the writer indexes of a failed attempt list.
+
+    Not where the attempt holds a commit record, or where that cannot be read: the failure
+    came after the commit took effect (:func:`committed_or_unknown`).
+    """
+    if indexes and committed_or_unknown(storage, attempt_id):
+        return
     for idx in indexes:
         paths = list(idx.files) + ([idx.index_file.path] if idx.index_file is not None else [])
         for rel in paths:
