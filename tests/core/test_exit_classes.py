@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import threading
@@ -321,3 +322,29 @@ def test_copying_back_over_a_damaged_version_says_which_copy_is_damaged(tmp_path
     shutil.move(str(root / attempt), str(tmp_path / "aside"))
     copy_version(str(backup / attempt), str(root))
     assert portable_ckpt.open(root).verify(deep=True) == []
+
+
+class _RawDeletes(_Remote):
+    """A backend whose deletes raise its client's raw OSError (no StorageError)."""
+
+    def delete(self, path: str) -> bool | None:
+        raise OSError(errno.EIO, "the store answered an I/O error")
+
+
+def test_a_backends_raw_oserror_in_gc_names_the_backend_not_a_save(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Backend review 27, L6: a backend's raw OSError with a resource errno reached the CLI as
+    "nothing it was writing was published" (wrong for gc, which deletes) without naming the
+    package that raised it. Now: which package, that a backend raises StorageError, and that
+    the command stopped where it was. Exit 75 (the errno may pass)."""
+    root = tmp_path / "r"
+    _save(root, 1, 2, 3)
+    name = f"rawdel{os.getpid()}"
+    register_scheme(name, lambda url: _RawDeletes(LocalStorage(url.split("://", 1)[1]), []))
+    rc = cli_main(["gc", f"{name}://{root}", "--keep", "1", "--grace", "0"])
+    err = capsys.readouterr().err
+    assert rc in (1, 75), err
+    assert "Traceback" not in err
+    assert "raised in tests" in err and "StorageError" in err, err
+    assert "nothing it was writing was published" not in err

@@ -530,15 +530,20 @@ class _NoConditionalCreate(LocalStorage):
 
 
 def test_backend_without_conditional_create_refuses_to_commit(tmp_path: Path) -> None:
-    """R-COMMIT-13: no conditional create: the commit is refused with PCK-STORAGE."""
+    """R-COMMIT-13: no conditional create: the commit is refused with PCK-STORAGE, and a
+    writer before its first byte (backend review 27, L12: refused only at the commit, after
+    every file was written and deleted again)."""
     storage = _NoConditionalCreate(tmp_path, create=True)
     attempt = new_attempt_id(1)
-    w = ShardWriter(storage, attempt, 0)
+    w = ShardWriter(LocalStorage(tmp_path), attempt, 0)  # written where commits are atomic
     w.add_tensor("x", np.ones(4, dtype=np.float32))
     idx = w.finish()
     expect_code("PCK-STORAGE", commit, storage, attempt, step=1, indexes=[idx],
                 expected_writers=[0])
     assert not (tmp_path / attempt / "manifest.json").exists()
+    other = new_attempt_id(2)
+    expect_code("PCK-STORAGE", ShardWriter, storage, other, 0)
+    assert not (tmp_path / other).exists()
 
 
 def test_committed_at_is_after_every_version_of_the_step(tmp_path: Path) -> None:

@@ -173,9 +173,16 @@ def test_store_without_conditional_put_refuses_to_commit(
         s3_root: tuple[str, RecordingProxy], monkeypatch: pytest.MonkeyPatch) -> None:
     """R-COMMIT-13: a backend that cannot create conditionally refuses to commit (PCK-STORAGE)."""
     root, proxy = s3_root
+    _, attempt, idx = _write(root)  # written where the store may commit
     monkeypatch.setenv("PCK_S3_CONDITIONAL_PUT", "0")
-    storage, attempt, idx = _write(root)
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(root)
     assert storage.capabilities.atomic_create is False
+    proxy.log.clear()
     expect_code("PCK-STORAGE", commit, storage, attempt, step=1, indexes=[idx],
                 expected_writers=[0])
-    assert not [m for m, p, _ in proxy.log if m == "PUT" and "manifest.json" in p]
+    # A writer asks before its first byte (backend review 27, L12: refused at the commit,
+    # after every file was written and deleted again).
+    expect_code("PCK-STORAGE", ShardWriter, storage, new_attempt_id(2), 0)
+    assert proxy.log == []  # refused without a request

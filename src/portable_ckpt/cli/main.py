@@ -283,13 +283,16 @@ def _unexpected(exc: BaseException) -> tuple[str, str]:
                  else f"; the address-space limit is {limit:,} bytes (ulimit -v)")
         return ("PCK-OUT-OF-MEMORY", "out of memory (MemoryError)" + where + "; give the "
                 "command more memory, or work on less at once")
+    package = _raised_in(exc)
     if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS and (
         exc.filename or exc.errno not in _NEED_A_FILE
     ):
         what = f" at {safe(exc.filename)!r}" if exc.filename else ""
+        # Not "nothing was published" alone: gc deletes (backend review 27, L6).
+        by = f", raised in {package} (a storage backend raises StorageError)" if package else ""
         return ("PCK-STORAGE", f"{exc.strerror or exc}{what} (errno {exc.errno}) while reading "
-                "or writing: the command stopped, and nothing it was writing was published")
-    package = _raised_in(exc)
+                f"or writing{by}: the command stopped where it was (a save or copy stopped "
+                "so publishes nothing); run it again once the cause is mended")
     if package is not None:  # a storage backend's raw client error is not ours (backend B6)
         return ("PCK-INTERNAL", f"error in {package} ({type(exc).__name__}: {safe(exc)}), "
                 f"called by portable-ckpt: report it to the authors of {package} (a storage "

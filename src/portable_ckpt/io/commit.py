@@ -96,6 +96,7 @@ __all__ = [
     "merge_tables",
     "read_writer_index",
     "read_writer_indexes",
+    "refuse_without_atomic_create",
 ]
 
 
@@ -592,14 +593,23 @@ def _commit(
     return _publish(storage, manifest, merged, indexes, tensor_table)
 
 
-def _check_request(storage: Storage, attempt_id: str, step: int) -> None:
-    check_attempt_id(attempt_id)
+def refuse_without_atomic_create(storage: Storage) -> None:
+    """Refuse a store that cannot create a commit record atomically (no create-if-absent).
+
+    A writer asks before its first byte (backend review 27, L12: the refusal came at the
+    commit, after every file was written and deleted again), the commit again.
+    """
     if not storage.capabilities.atomic_create:
         raise StorageError(
             f"{storage.url} cannot create the commit record atomically (no create-if-absent); "
-            "refusing to commit — enable conditional writes on the store",
+            "refusing to save there — enable conditional writes on the store",
             retryable=False,  # a setting of the store: waiting does not mend it
         )
+
+
+def _check_request(storage: Storage, attempt_id: str, step: int) -> None:
+    check_attempt_id(attempt_id)
+    refuse_without_atomic_create(storage)
     if parse_attempt_step(attempt_id) != step:
         raise UsageError(f"step {step} differs from the step in attempt id {attempt_id}")
 

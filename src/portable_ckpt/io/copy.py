@@ -279,13 +279,9 @@ class _FileCopier:
                 f"the manifest records {size}",
                 path=self.rel,
             )
-        server = getattr(self.dst, "checksum_crc32c", None)
         # A store that does not check uploads may echo the CRC32C it was sent (S3 review F8).
-        checks = getattr(self.dst, "validates_checksums", None)
-        if callable(server) and self.dst.capabilities.native_crc32c and (
-            not callable(checks) or checks()
-        ):
-            value = server(self.rel)
+        if self.dst.capabilities.native_crc32c and self.dst.validates_checksums():
+            value = self.dst.checksum_crc32c(self.rel)
             if value is not None:
                 if value != whole:
                     raise ChecksumError(

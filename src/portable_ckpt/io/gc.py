@@ -1072,8 +1072,7 @@ def _still_invalid(storage: Storage, attempt_id: str) -> None:
     except LimitError:
         return  # larger than any record may be, as the store says: invalid as stored
     again = classify_record(attempt_id, data)
-    stored = getattr(storage, "checksum_crc32c", None)
-    want = stored(rel) if stored is not None else None
+    want = storage.checksum_crc32c(rel)
     if again.status != INVALID or (want is not None and want != crc32c(data)):
         how = (f"read again it is {again.status}" if again.status != INVALID
                else "the bytes read again do not match the CRC32C the store keeps for it")

@@ -277,9 +277,11 @@ class ShardWriter:
         check_attempt_id(attempt_id)
         require_one_of(codec, CODECS, "codec")
         check_block_size(block_size)
+        from portable_ckpt.io.commit import refuse_without_atomic_create
         from portable_ckpt.io.versions import refuse_root_in_version
 
         refuse_root_in_version(storage)  # before a byte is written
+        refuse_without_atomic_create(storage)
         if max_file_blocks < 1:
             raise UsageError(f"max_file_blocks must be at least 1, got {max_file_blocks}")
         require_non_negative_int(writer, "writer")

@@ -49,8 +49,10 @@ class Capabilities:
 
     Attributes:
         atomic_create: ``create_if_absent`` is atomic against concurrent creators.
-        ranged_read: ``read_into`` reads only the requested bytes.
-        durable_fsync: writes are made durable (fsync) when a writer closes.
+        ranged_read: ``read_into`` reads only the requested bytes (descriptive: readers ask
+            for ranges whatever it says).
+        durable_fsync: writes are made durable (fsync) when a writer closes (descriptive:
+            writers call :meth:`Storage.sync` before any commit record whatever it says).
         local_path: the backend maps to a local directory (``local_root`` is set).
         native_crc32c: the backend verifies CRC32C checksums of uploaded objects itself.
 
@@ -270,6 +272,24 @@ class Storage(abc.ABC):
         object stores have unfinished uploads; the default returns none.
         """
         return []
+
+    def checksum_crc32c(self, path: str) -> int | None:
+        """The whole-object CRC32C the store keeps for ``path``, or None where it keeps none.
+
+        ``copy`` compares it with the verified source bytes of each file it wrote, instead of
+        reading the file back, where the store checks the checksums it is sent
+        (:meth:`validates_checksums`). The default keeps none.
+        """
+        return None
+
+    def validates_checksums(self) -> bool:
+        """Whether the store refuses an upload whose CRC32C differs from the one sent with it.
+
+        A store that stores what it is sent whatever its checksum may echo that checksum back
+        (:meth:`checksum_crc32c` then proves nothing). The default answers the
+        ``native_crc32c`` capability; the S3 backend probes the store once.
+        """
+        return self.capabilities.native_crc32c
 
     def root_exists(self) -> bool:
         """Whether the root exists: a directory, or (object stores) a prefix with an object.

@@ -307,6 +307,15 @@ class FaultyStorage(Storage):
         self._before("list", prefix, 0)
         return self.inner.list_uploads(prefix, activity=activity)
 
+    def checksum_crc32c(self, path: str) -> int | None:
+        """The inner store's CRC32C of ``path``, after the faults for ``exists`` (a HEAD)."""
+        self._before("exists", path, 0)
+        return self.inner.checksum_crc32c(path)
+
+    def validates_checksums(self) -> bool:
+        """Pass through to the inner storage."""
+        return self.inner.validates_checksums()
+
     def root_exists(self) -> bool:
         """Whether the root exists, after the faults for ``list``."""
         self._before("list", "", 0)
