@@ -18,7 +18,9 @@ non-grid layout of more than 12,000 boxes each, R-COVER-4), ``vectors/1.2/`` tho
 (verification records that clear failed ones, R-DRILL-10), ``vectors/errata-16/`` those of
 errata 16 (mesh dimension names outside the schema's pattern, R-CONTRACT-8; verification records
 of a newer MAJOR, R-DRILL-12; a clearing dated before the failure it clears; a header entry no
-record uses, R-SHARD-6). Errata 5, 7, 8, 9, 13, 14, 15, 17, 18 and 19 have no vectors. All are frozen
+record uses, R-SHARD-6), ``vectors/errata-21/`` those of errata 21 (damaged checksum blocks
+that are not a file's first: in a range, a zstd frame, an entry value, a tensor table;
+R-CKSUM-3). Errata 5, 7, 8, 9, 13, 14, 15, 17, 18 and 19 have no vectors. All are frozen
 (R-VERSION-9); a reader of 1.2 passes all of them
 (:data:`VECTOR_DIRS`, :func:`all_cases`; :func:`materialize` finds a case's set by its name).
 
@@ -56,7 +58,8 @@ from typing import Any
 __all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1",
            "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4",
            "VECTOR_DIR_ERRATA_6", "VECTOR_DIR_ERRATA_10", "VECTOR_DIR_ERRATA_11",
-           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "VECTOR_DIR_ERRATA_16", "RETENTION_DIRS",
+           "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "VECTOR_DIR_ERRATA_16",
+           "VECTOR_DIR_ERRATA_21", "RETENTION_DIRS",
            "all_cases", "load_cases", "materialize", "retention_cases", "vector_dir_of"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
@@ -71,6 +74,7 @@ VECTOR_DIR_ERRATA_11 = Path(__file__).resolve().parent / "errata-11"
 VECTOR_DIR_ERRATA_12 = Path(__file__).resolve().parent / "errata-12"
 VECTOR_DIR_1_2 = Path(__file__).resolve().parent / "1.2"
 VECTOR_DIR_ERRATA_16 = Path(__file__).resolve().parent / "errata-16"
+VECTOR_DIR_ERRATA_21 = Path(__file__).resolve().parent / "errata-21"
 #: every vector set (a format version, or an errata set of one) by name, oldest first.
 VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-1": VECTOR_DIR_ERRATA_1, "errata-2": VECTOR_DIR_ERRATA_2,
@@ -79,7 +83,8 @@ VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-10": VECTOR_DIR_ERRATA_10,
                                 "errata-11": VECTOR_DIR_ERRATA_11,
                                 "errata-12": VECTOR_DIR_ERRATA_12, "1.2": VECTOR_DIR_1_2,
-                                "errata-16": VECTOR_DIR_ERRATA_16}
+                                "errata-16": VECTOR_DIR_ERRATA_16,
+                                "errata-21": VECTOR_DIR_ERRATA_21}
 #: the retention vector sets (spec §20.1), by name: another kind of case, not in VECTOR_DIRS.
 RETENTION_DIRS: dict[str, Path] = {"errata-20": Path(__file__).resolve().parent / "errata-20"}
 
