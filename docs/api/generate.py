@@ -32,7 +32,10 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
      ["Continuation", "Mesh", "Manifest", "WriterIndex", "TensorEntry", "RangeRecord", "Entry",
       "EntryValue", "FileRecord"]),
     ("Storage", "portable_ckpt.storage", ["open_storage", "Storage", "StreamWriter",
-                                          "Capabilities", "ObjectInfo", "LocalStorage"]),
+                                          "Capabilities", "ObjectInfo", "LocalStorage",
+                                          "register_scheme"]),
+    ("Storage faults, for a backend's tests", "portable_ckpt.storage.faults",
+     ["FaultyStorage", "Fault"]),
     ("Listing versions", "portable_ckpt.io.versions", ["list_versions"]),
     ("Retention", "portable_ckpt.io.gc", ["gc"]),
     ("Pins", "portable_ckpt.io.pins", ["pin", "unpin", "read_pins"]),
@@ -43,6 +46,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
      ["StateEntry", "DataPosition", "RNGState", "GeneratorState"]),
     ("torch: saving and loading without a manager", "portable_ckpt.torch",
      ["save", "async_save", "AsyncSaveHandle", "load", "as_tensor"]),
+    ("torch: process groups for tests and drills", "portable_ckpt.torch.launch", ["run_group"]),
 ]
 
 HEADER = """# API reference (generated)

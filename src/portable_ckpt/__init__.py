@@ -158,7 +158,7 @@ def _resolve(path: str | os.PathLike[str] | Storage, step: int | None) -> tuple[
 
 
 def save_arrays(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | Storage,
     arrays: dict[str, Any],
     *,
     step: int,
@@ -171,7 +171,8 @@ def save_arrays(
     """Save numpy arrays (and JSON entries, schema ``pck:json/1``) as one version, one process.
 
     Args:
-        root: Checkpoint root (local path or ``s3://...``).
+        root: Checkpoint root: a local path, ``s3://...``, a registered scheme's URL, or a
+            backend object (:class:`~portable_ckpt.storage.base.Storage`).
         arrays: Tensor key → array.
         step: The completed step the version holds.
         entries: Entry name → JSON value.

@@ -348,3 +348,29 @@ def test_a_backends_raw_oserror_in_gc_names_the_backend_not_a_save(
     assert "Traceback" not in err
     assert "raised in tests" in err and "StorageError" in err, err
     assert "nothing it was writing was published" not in err
+
+
+def test_a_copy_record_names_a_registered_schemes_root_by_its_backends_url(
+    tmp_path: Path,
+) -> None:
+    """docs/storage-backends.md: copy records compare roots by the backend's ``url``, one
+    spelling per root. A registered scheme's destination was recorded as typed
+    (``scheme:///x/./back``: backend review 27, L10); now by the backend's url, which
+    ``gc --require-copy`` given the other spelling counts."""
+    root = tmp_path / "r"
+    _save(root, 1, 2)
+    name = f"tidy{os.getpid()}"
+
+    def opener(url: str) -> _Remote:
+        path = os.path.normpath(url.split("://", 1)[1])
+        store = _Remote(LocalStorage(path, create=True), [])
+        store.url = f"{name}://{path}"
+        return store
+
+    register_scheme(name, opener)
+    typed = f"{name}://{tmp_path}/./back"
+    assert cli_main(["copy", str(root), typed, "--json"]) == 0
+    [record] = list((root).glob("*/copies/*.json"))
+    assert json.loads(record.read_text())["destination"] == f"{name}://{tmp_path}/back"
+    assert cli_main(["gc", str(root), "--keep", "1", "--require-copy", f"{name}://{tmp_path}/back",
+                     "--dry-run", "--json"]) == 0

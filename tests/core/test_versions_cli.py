@@ -592,6 +592,26 @@ def test_gc_dates_attempts_on_the_storages_clock(tmp_path, monkeypatch) -> None:
     assert not [p for p in os.listdir(root) if p.startswith(".pck-clock")]
 
 
+def test_probes_left_behind_go_when_gc_has_nothing_to_date(tmp_path) -> None:
+    """Spec §15.2 (backend review 27, L9): a probe an hour old goes at the next gc, also one
+    with nothing to date (it asked the storage's clock only to date attempts, so such probes
+    stayed for ever); a younger probe and a dry run leave them."""
+    from portable_ckpt.io.versions import gc
+
+    root = tmp_path / "r"
+    for step in (1, 2):
+        portable_ckpt.save_arrays(root, {"w": np.arange(4.0)}, step=step)
+    old, young = root / ".pck-probe-00112233445566ff", root / ".pck-clock-0011223344556677"
+    for probe, age in ((old, 7200), (young, 600)):
+        probe.write_bytes(b"")
+        os.utime(probe, (time.time() - age, time.time() - age))
+    gc(root, keep=2, grace_seconds=3600, dry_run=True)
+    assert old.exists() and young.exists()
+    report = gc(root, keep=2, grace_seconds=3600)
+    assert report.deleted == [] and not old.exists() and young.exists()
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".pck-")) == [young.name]
+
+
 def test_a_version_whose_files_cannot_all_be_deleted_is_reported_as_deleted_with_leftovers(
     tmp_path, monkeypatch
 ) -> None:

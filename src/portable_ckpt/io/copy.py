@@ -560,6 +560,10 @@ def _resolve(
     dst_url = normalize_root_url(dst_root)
     _check_not_inside(src_storage, normalize_root_url(src_storage), dst_root, dst_url)
     dst = dst_root if isinstance(dst_root, Storage) else _storage_for(dst_url, create=True)
+    if local_path(dst_url) is None and not dst_url.startswith("s3://") and dst.url:
+        # A registered scheme's backend gives one spelling per root (docs/storage-backends.md):
+        # the record names the root by it, not as typed (backend review 27, L10).
+        dst_url = dst.url.rstrip("/")
     if not dst.capabilities.atomic_create:  # as a save's commit refuses (backend review B4)
         raise StorageError(
             f"{dst_url} cannot create a commit record atomically (no create-if-absent): a copy "

@@ -27,7 +27,7 @@ from portable_ckpt.errors import (
     may_pass,
 )
 from portable_ckpt.format import usage
-from portable_ckpt.format.naming import attempt_time
+from portable_ckpt.format.naming import PROBE_RE, attempt_time
 from portable_ckpt.format.vocab import DEFAULT_GRACE_SECONDS
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
@@ -422,6 +422,7 @@ def gc(
         failed = {u["id"] for u in report.unknown if u["status"] == "delete failed"}
         _clear_stale_marks(storage, kept + [v for v in versions if v.id in failed],
                            grace_seconds, storage_now, report)
+        storage_now.tidy_probes()
     _log_gc(storage, report)
     return report
 
@@ -457,6 +458,21 @@ class _StorageNow:
     def __init__(self, storage: Storage, t_now: float, report: GcReport, *, ask: bool) -> None:
         self._storage, self._t_now, self._report, self._ask = storage, t_now, report, ask
         self._at: float | None = None
+
+    def tidy_probes(self) -> None:
+        """Ask the clock where the run did not and a probe lies at the root.
+
+        Asking deletes probes over :data:`PROBE_LEFTOVER_SECONDS` old (spec §15.2); a gc that
+        had nothing to date never asked, and left them for ever (backend review 27, L9).
+        """
+        if self._at is not None or not self._ask:
+            return
+        try:
+            found = any(PROBE_RE.match(o.path) for o in self._storage.list("", recursive=False))
+        except CheckpointError:
+            return  # (another run tidies them)
+        if found:
+            self()
 
     def __call__(self) -> float:
         if self._at is None:

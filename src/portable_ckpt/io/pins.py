@@ -94,8 +94,10 @@ def _pins_is_a_directory(storage: Storage) -> None:
     if odd:
         raise PathUnsafeError(
             f"{storage.url.rstrip('/')}/{PIN_DIR} is not a directory (a symbolic link, a file or "
-            "a FIFO): the pins cannot be read, so any version may be pinned; make it the "
-            "root's own directory",
+            "a FIFO; on an object store, an object named exactly `pins`): the pins cannot be "
+            "read, so any version may be pinned; move it away (look at what it holds first: "
+            "pin records belong in the root's own `pins/` directory, or under the `pins/` "
+            "prefix of an object store)",
             path=PIN_DIR,
         )
 
