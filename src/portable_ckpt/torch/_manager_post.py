@@ -76,9 +76,11 @@ def after_save(
             info = handle.committed.result()
         except CheckpointError as e:
             after_failure(mgr, step, tier, decision, e)
+            _owed_retention(mgr, tier)
             return
         except BaseException as e:  # pragma: no cover - non-checkpoint failure
             after_failure(mgr, step, tier, decision, DistributedError(str(e)))
+            _owed_retention(mgr, tier)
             return
     if info is None:  # pragma: no cover - guarded by the callers
         return
@@ -118,6 +120,22 @@ def after_save(
         else:
             not_copied(mgr, info.checkpoint_id, step, damage)
     retain(mgr, tier, info.checkpoint_id)
+
+
+def _owed_retention(mgr: CheckpointManager, tier: Tier) -> None:
+    """Run the retention pass a commit left to the save queued behind it, which failed.
+
+    The failed save keeps every older version (it runs no pass of its own), but the pass the
+    last commit skipped is owed: without it, on a disk with room for one version beyond the
+    policy, the versions the policy lets go stayed, every later save failed for want of
+    space, and a restarted job too (fault review 27, F1). Only where that pass was skipped
+    (rank 0, a node's leader); skipped again while another save is queued.
+    """
+    with mgr._retain_lock:
+        if tier.name not in mgr._retain_owed:
+            return
+        own = mgr._retain_owed[tier.name]
+    retain(mgr, tier, own)
 
 
 def _newer_not_ours(mgr: CheckpointManager, step: int, decisions: list[Any]) -> bool:
@@ -633,8 +651,13 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         return
     if tier.name == "fast" and any(not c.done() for c in mgr._copies):
         return  # a version being replicated is never deleted under the copy
-    if own is not None and mgr._saves_queued.get(tier.name, 0) > 0:
-        return  # a later save's pass is queued behind this one and covers it (soak review F6)
+    with mgr._retain_lock:
+        if own is not None and mgr._saves_queued.get(tier.name, 0) > 0:
+            # A later save's pass is queued behind this one and covers it (soak review F6);
+            # owed, should that save fail (_owed_retention).
+            mgr._retain_owed[tier.name] = own
+            return
+        mgr._retain_owed.pop(tier.name, None)
     try:
         cands = candidates_of(tier.storage)
         decisions = plan_retention(cands, tier.retention)

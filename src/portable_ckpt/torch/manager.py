@@ -300,6 +300,8 @@ class CheckpointManager:
         #: Saves whose post-save work is queued or running (a retention pass with another one
         #: queued behind it is left to that one: soak review F6).
         self._saves_queued: dict[str, int] = {}
+        #: tier -> the own version of the retention pass a commit skipped for a queued save.
+        self._retain_owed: dict[str, str | None] = {}
         self._retain_lock = threading.Lock()
         self._bg = cf.ThreadPoolExecutor(1, thread_name_prefix="pck-manager")
         self._restored_at: float | None = None

@@ -1,0 +1,58 @@
+"""The retention pass a commit leaves to the save queued behind it runs when that save fails.
+
+Fault review 27, F1: a commit whose save had another queued behind it skipped its retention
+pass (the later save's pass covers it, soak review F6). When that later save failed (a full
+disk), its failure ran no pass, and the versions the policy lets go stayed: on a disk with
+room for ``keep_last + 1`` versions every later save failed for want of space, a restarted job
+too. The pass is now owed and run by the failed save.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from portable_ckpt.errors import StorageError
+from portable_ckpt.io.versions import list_versions
+from portable_ckpt.storage.local import LocalStorage
+
+torch = pytest.importorskip("torch")
+pckt = pytest.importorskip("portable_ckpt.torch")
+
+
+def _committed(root: Path) -> list[int]:
+    return sorted(v.step for v in list_versions(root) if v.status == "committed")
+
+
+def test_a_failed_save_runs_the_pass_the_commit_before_it_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "r"
+    state: dict[str, Any] = {"w": torch.arange(1024.0)}
+    real = LocalStorage.open_writer
+
+    def full_for_step_3(self: LocalStorage, path: str, **kw: Any) -> Any:
+        if path.startswith("s000000000003-") and "/data/" in path:
+            raise StorageError(f"create {path!r}: No space left on device (ENOSPC, errno "
+                               f"{errno.ENOSPC})", path=path)
+        return real(self, path, **kw)
+
+    monkeypatch.setattr(LocalStorage, "open_writer", full_for_step_3)
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=True,
+                                max_failed_saves=None) as mgr:
+        mgr.maybe_save(1, state)
+        mgr.wait()
+        gate = threading.Event()
+        mgr._bg.submit(gate.wait, 60)  # steps 2 and 3 queue their post-save work behind it
+        mgr.maybe_save(2, state)
+        mgr.maybe_save(3, state)  # fails (ENOSPC) once its data is written
+        gate.set()
+        with pytest.raises(StorageError):
+            mgr.wait()
+        # Step 2's commit skipped its pass for step 3's; step 3 failed and ran it.
+        assert _committed(root) == [2]
+        assert mgr._retain_owed == {}
