@@ -77,3 +77,38 @@ def test_a_named_version_deleted_mid_drill_is_retryable_not_a_failure(
     assert "was deleted while it was drilled" in err and "PCK-FILE-MISSING" in err
     assert not vdir.exists()
     shutil.rmtree(root)
+
+
+@pytest.mark.parametrize(("errno_name", "rc"), [("ENOSPC", 75), ("EROFS", 1)])
+def test_a_drill_whose_record_cannot_be_stored_says_its_result_and_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    errno_name: str, rc: int,
+) -> None:
+    """Fault review 27, F4: on a full or read-only root a drill ran its restore and printed
+    only the record's error: neither the text nor ``--json`` said whether it passed. Now the
+    result, then that the record was not stored, why, and ``--no-record``; exit 75 where the
+    cause may pass (a full disk), 1 where a person must act (read-only)."""
+    import errno
+    import json
+
+    from portable_ckpt.cli.main import main
+    from portable_ckpt.errors import StorageError, transient_errno
+    from portable_ckpt.io import annotations
+
+    root, infos = _root(tmp_path)
+    code = getattr(errno, errno_name)
+
+    def refused(storage: Any, attempt_id: str, rec: Any) -> str:
+        raise StorageError(f"create {attempt_id}/drills/x.json: {errno_name} (errno {code})",
+                           retryable=transient_errno(code))
+
+    monkeypatch.setattr(annotations, "write_drill_record", refused)
+    assert main(["drill", str(root), "--world-size", "1"]) == rc
+    out = capsys.readouterr().out
+    assert f"drill PASSED: {infos[1].attempt_id}" in out, out
+    assert "the drill record was NOT stored" in out and errno_name in out
+    assert "--no-record" in out
+    assert main(["drill", str(root), "--world-size", "1", "--json"]) == rc
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["record_error"]["code"] == "PCK-STORAGE"
+    assert "path" not in doc and not list(root.glob("*/drills/*.json"))

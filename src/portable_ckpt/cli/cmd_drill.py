@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from portable_ckpt.cli import _args as A
-from portable_ckpt.cli._output import progress_bar
+from portable_ckpt.cli._output import EXIT_RETRY, progress_bar
 from portable_ckpt.cli._text import safe
 from portable_ckpt.errors import UsageError
 
@@ -29,9 +29,13 @@ def _run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             progress=bar,
         )
+    unstored = rec.get("record_error")
+    # Not stored: the command did not do what was asked (75 where it may pass, as verify).
+    rc = 1 if not rec["ok"] else (0 if unstored is None else
+                                  EXIT_RETRY if unstored["retryable"] else 1)
     if args.json:
         print(json.dumps(rec, indent=2))
-        return 0 if rec["ok"] else 1
+        return rc
     status = "PASSED" if rec["ok"] else "FAILED"
     print(
         f"drill {status}: {rec['attempt_id']} (step {rec['step']}) saved on {rec['saved_world_size']} "
@@ -49,10 +53,15 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  error: [{safe(rec['error']['code'])}] {safe(rec['error']['message'])}")
     if rec.get("path"):
         print(f"  record: {safe(rec['path'])}")
+    if unstored is not None:
+        print(f"  the drill record was NOT stored: [{safe(unstored['code'])}] "
+              f"{safe(unstored['message'])} (gc and managers do not know this drill; run it "
+              "again once the root can be written, or with --no-record to drill without "
+              "writing)")
     if rec.get("verification"):  # damage a second read confirmed: never restored again
         print(f"  damage recorded as a failed verification: {safe(rec['verification'])} "
               "(managers no longer restore this version; see docs/recovery.md)")
-    return 0 if rec["ok"] else 1
+    return rc
 
 
 def register(subparsers: Any) -> None:

@@ -199,7 +199,9 @@ def drill(
         progress: Called as ``progress(ranks_finished, world_size)`` as the ranks exit.
 
     Returns:
-        The drill record (with ``drill_id`` and ``path`` when stored) plus ``per_rank`` details,
+        The drill record (with ``drill_id`` and ``path`` when stored; ``record_error``, the
+        code, message and ``retryable`` of why it was not, where storing it failed) plus
+        ``per_rank`` details,
         and ``verification``: the path of the failed verification recorded for damage the
         drill met (when stored and a second read confirmed it).
 
@@ -239,9 +241,16 @@ def drill(
         again = False
     out: dict[str, Any] = dict(rec)
     if record:
-        rel = write_drill_record(ck.storage, ck.id, rec)
-        out["path"] = f"{root.rstrip('/')}/{rel}"
-        out["drill_id"] = rel.rsplit("/", 1)[-1].removesuffix(".json")
+        try:
+            rel = write_drill_record(ck.storage, ck.id, rec)
+        except CheckpointError as exc:
+            # The drill ran: its result stands, said with why it is not stored (a full or
+            # read-only root showed the record's error alone: fault review 27, F4).
+            out["record_error"] = {"code": exc.code, "message": exc.message,
+                                   "retryable": exc.retryable}
+        else:
+            out["path"] = f"{root.rstrip('/')}/{rel}"
+            out["drill_id"] = rel.rsplit("/", 1)[-1].removesuffix(".json")
         verification = _record_damage(ck, _rank_results(res))
         if verification is not None:
             out["verification"] = f"{root.rstrip('/')}/{verification}"
