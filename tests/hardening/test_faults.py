@@ -411,3 +411,33 @@ def test_a_failed_save_keeps_the_files_of_an_attempt_whose_record_cannot_be_look
         w.abort()
         left = sorted(p.name for p in (root / a).rglob("*") if p.is_file())
         assert left == (["w00000-0000.safetensors", "w00000.json"] if unreadable else []), left
+
+
+def test_an_abandoned_attempt_on_a_read_only_root_is_not_deleted_and_not_said_to_be(
+    tmp_path: Path,
+) -> None:
+    """Fault review 27, F5: on a read-only root gc said "deleted ... (abandoned attempt)" and
+    "is deleted (its commit record is gone), but files of it are left" for an attempt that
+    never had a record and kept every file. Now: not deleted, named with its error."""
+    from portable_ckpt.io.gc import gc
+
+    root = tmp_path / "root"
+    make_version(str(root), 1)
+    storage = open_storage(str(root))
+    old = time.time() - 7200
+    a = f"s000000000002-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(old))}000000Z-00000000000000bb"
+    w = ShardWriter(storage, a, 0)
+    w.add_tensor("w", np.ones((4, 4)))
+    w.finish()  # no commit: an abandoned save, two hours old
+    for p in [*(root / a).rglob("*"), root / a]:
+        os.utime(p, (old, old))
+    before = _snapshot(root)
+    # A read-only file system: removing what is not there is no error, the rest is EROFS.
+    faulty = FaultyStorage(storage, [Fault(op="delete", path=f"{a}/{d}/*", error="EROFS")
+                                     for d in ("data", "index")])
+    report = gc(faulty, keep=1, grace_seconds=3600)
+    assert a not in report.deleted and a not in report.abandoned and report.left_behind == []
+    [skipped] = [u for u in report.unknown if u["id"] == a]
+    assert skipped["status"] == "delete failed" and skipped["retryable"] is False
+    after = {k: v for k, v in _snapshot(root).items() if ".pck-clock-" not in k}  # (its probe)
+    assert after == before

@@ -234,3 +234,69 @@ def test_a_durable_root_that_cannot_be_listed_gets_the_durable_tiers_way_out(
     err = _restore_with_faults(root, target, Fault(op="list", path="*", error="EIO"))
     assert "not 'no checkpoint'" in str(err) and "fast_root=" not in str(err), str(err)
     assert "portable-ckpt copy BACKUP_ROOT ROOT" in str(err) and "checkpoint=" in str(err)
+
+
+def test_damage_a_restore_cannot_record_is_said_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fault review 27, F6: on a full or read-only root a restore passed over a damaged
+    version and could not record its failure; it said so only to the logger (silent in a
+    training job), and every restart read the damaged version again without a word. Rank 0
+    says it on stderr with what to do."""
+    import os
+
+    from portable_ckpt.storage import register_scheme
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    newest = max(list_versions(root), key=lambda v: v.step)
+    data = sorted((root / newest.id / "data").glob("*.safetensors"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[-100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    scheme = f"rofs{os.getpid()}"
+    faults = [Fault(op=("create", "open"), path="*/verifications/*", error="EROFS")]
+    register_scheme(scheme, lambda url: FaultyStorage(LocalStorage(url.split("://", 1)[1]),
+                                                      faults))
+    with pckt.CheckpointManager(f"{scheme}://{root}", save_every=100, async_save=False) as mgr:
+        info = mgr.restore(target)
+    assert info is not None and info.step == 1
+    err = capsys.readouterr().err
+    assert "is damaged, and that could not be recorded" in err and "EROFS" in err, err
+    assert not any(v.verification_failed for v in list_versions(root))
+
+
+def test_a_failed_verification_record_replaced_by_a_directory_stops_the_restore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fault review 27, F10: a failed verification record replaced by a directory (a pin's
+    was taken for an unreadable pin) was passed over as no record, and the version it failed
+    became the one a restore takes again. An entry named like a record that is no plain file
+    is a record that cannot be read: ``ls`` says so, ``ls --latest`` and a restore stop
+    (R-ID-5) instead of taking it or an older one."""
+    import shutil
+
+    from portable_ckpt.cli.main import main as cli_main
+
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    newest = max(list_versions(root), key=lambda v: v.step)
+    data = sorted((root / newest.id / "data").glob("*.safetensors"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[-100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert cli_main(["verify", str(root / newest.id), "--deep"]) == 1
+    [record] = list((root / newest.id / "verifications").glob("*.json"))
+    data.write_bytes(bytes(raw[:-100]) + bytes([raw[-100] ^ 0xFF]) + bytes(raw[-99:]))  # mended
+    record.unlink()
+    record.mkdir()  # the failed record, now a directory
+    capsys.readouterr()
+    [v] = [v for v in list_versions(root) if v.id == newest.id]
+    assert v.verifications_unreadable and "named like a record" in (v.error or "")
+    assert cli_main(["ls", str(root), "--latest"]) == 69
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        with pytest.raises(portable_ckpt.CheckpointError, match="named like a record"):
+            mgr.restore(target)
+    shutil.rmtree(record)
+    assert cli_main(["ls", str(root), "--latest"]) == 0

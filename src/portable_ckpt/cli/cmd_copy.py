@@ -40,8 +40,14 @@ def _copy(args: argparse.Namespace) -> int:
         # Said whatever -q or --json say, and not success: `ls` and `gc --require-copy` see no
         # copy without it (multi-job review F4). Running the copy again writes it once the
         # cause passed: 75 when it may pass by itself (scripting review F6).
+        # Where waiting cannot mend it (a read-only source, a permission), "run it again"
+        # alone cannot help (fault review 27, F9): what the missing record means is said.
+        again = ("run the copy again to record it" if res.record_retryable else
+                 "`gc --require-copy` does not count this copy until a copy run can write "
+                 "the record beside the source version (make it writable, then run the copy "
+                 "again)")
         print(f"portable-ckpt: the copy is made, but its record was not written: "
-              f"{safe(res.record_error)}; run the copy again to record it", file=sys.stderr)
+              f"{safe(res.record_error)}; {again}", file=sys.stderr)
         return EXIT_RETRY if res.record_retryable else 1
     return 0
 

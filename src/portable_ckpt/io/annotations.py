@@ -198,13 +198,20 @@ def read_annotations(
     to ``errors`` when a list is given (the records that could be read are returned).
     """
     out: list[dict[str, Any]] = []
+    prefix = f"{attempt_id}/{kind}/"
     try:
-        listed = list(storage.list(f"{attempt_id}/{kind}/", recursive=False))
+        listed = list(storage.list(prefix, recursive=False))
+        # (verification records only: the kind that decides a restore, R-DRILL-8)
+        odd = _odd_records(storage, prefix) if kind == "verifications" else None
     except StorageError as exc:
         if errors is None:
             raise
         errors.append(exc)
         return out
+    if odd is not None:
+        if errors is None:
+            raise odd
+        errors.append(odd)
     for info in listed:
         try:
             doc = _annotation(storage, attempt_id, kind, info)
@@ -218,6 +225,27 @@ def read_annotations(
     time_member = ANNOTATION_KINDS[kind][2]
     out.sort(key=lambda d: timestamp_key(str(d.get(time_member) or "")))
     return out
+
+
+def _odd_records(storage: Storage, prefix: str) -> StorageError | None:
+    """An error when an entry of ``prefix`` is named like a record but is no plain file.
+
+    A failed verification record replaced by a directory (a symbolic link, a FIFO) was passed
+    over as no record, and the version it failed became restorable again (fault review 27,
+    F10). Its name is the best sign that it is a record, and one that cannot be read (as a
+    pin's, R-GC-11; a verification's stops a restore, R-ID-5). Directories not named like a
+    record (``verifications/cleared/``) are the format's.
+    """
+    odd = [e for e in storage.list_foreign(prefix, recursive=False)
+           + [f"{prefix}{d}/" for d in storage.list_dirs(prefix)]
+           if e.rstrip("/").endswith(".json")]
+    if not odd:
+        return None
+    return StorageError(
+        f"{storage.url.rstrip('/')}/{odd[0]} is named like a record but is no plain file (a "
+        "directory, a symbolic link or a FIFO): the record cannot be read, and may say the "
+        "version failed; replace it with the record itself, or remove it",
+        path=odd[0], retryable=False)
 
 
 #: Records read by listings, by ``(root, path, size, mtime)``: a record is created once and

@@ -196,6 +196,16 @@ def _keep_marked(storage: Storage, attempt_id: str, mark: str, reason: str) -> N
                      "it): stored again", storage.url, mark, attempt_id)
 
 
+def _nothing_removed(storage: Storage, prefix: str, listed: list[str] | None) -> bool:
+    """Whether every file listed under ``prefix`` before the deletions is there still."""
+    if not listed:
+        return False
+    try:
+        return set(listed) <= {o.path for o in storage.list(prefix)}
+    except CheckpointError:
+        return False  # cannot tell: reported as left behind
+
+
 def remark_if_record_gone(storage: Storage, attempt_id: str) -> bool:
     """After clearing a version's marks: mark it again if its commit record went meanwhile.
 
@@ -304,6 +314,7 @@ def delete_attempt(
     kept_mark = marked or reused
     if mark is not None and kept_mark is not None:
         _keep_marked(storage, attempt_id, kept_mark, mark)
+    listed_paths: list[str] | None = None
     try:
         aborted = storage.abort_uploads(prefix)
         report.aborted_uploads += aborted
@@ -314,6 +325,7 @@ def delete_attempt(
         # record looks like, kept for good and rebuilt by `recommit` (on-call review 23, F1;
         # maintainer review 24, 2).
         listed = [(o.path, o.path[len(prefix):].split("/", 1)[0]) for o in storage.list(prefix)]
+        listed_paths = [p for p, _ in listed]
         for parts in _FIRST_GONE:
             storage.delete_many([p for p, top in listed if top in parts])
         first = frozenset().union(*_FIRST_GONE)
@@ -321,6 +333,10 @@ def delete_attempt(
                              if top not in first and top != DELETION_DIR])
         removed_dir = storage.delete_prefix(prefix)
     except CheckpointError as exc:
+        if not recorded and _nothing_removed(storage, prefix, listed_paths):
+            # No record, no file gone (a read-only file system): not deleted, and said so,
+            # not "deleted, files left" (fault review 27, F5).
+            raise
         report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),
                                    "retryable": exc.retryable})
         aborted, removed_dir, foreign = 0, None, []

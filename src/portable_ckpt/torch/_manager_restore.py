@@ -591,6 +591,7 @@ def _record_damage(
         if not confirmed:
             raise  # the caller cannot tell: unconfirmed
         _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name, exc)
+        say(_unrecorded_text(ident, tier_name, exc))
         return "pass"
     verdict, _, notes = record_read_damage(
         tier.storage, ident, manifest, found,
@@ -600,10 +601,23 @@ def _record_damage(
         if verdict == "unrecorded":
             _log.error("cannot record that %s of the %s tier is damaged: %s", ident, tier_name,
                        x)
+            say(_unrecorded_text(ident, tier_name, x))
         else:
             say(f"rank 0: {ident}: {x.message[:600]}")
     # Not recorded: not "failed verification" in the restore's report (maintainer review 4).
     return {"unrecorded": "pass", "none": "pass"}.get(verdict, verdict)
+
+
+def _unrecorded_text(ident: str, tier_name: str, why: object) -> str:
+    """What rank 0 says on stderr when a damaged version's failure cannot be recorded.
+
+    The logger is silent in a training job: every restart read the damaged version again, and
+    nobody was told why (fault review 27, F6: a full or read-only root).
+    """
+    return (f"rank 0: {ident} of the {tier_name} tier is damaged, and that could not be "
+            f"recorded ({str(why)[:400]}): every restart reads it again before it falls back "
+            "until it is recorded; free space on the root or make it writable, then run "
+            "`portable-ckpt verify ROOT/ID --deep`")
 
 
 def _nothing_restored(
