@@ -377,3 +377,27 @@ def test_a_copy_record_names_a_registered_schemes_root_by_its_backends_url(
     assert json.loads(record.read_text())["destination"] == f"{name}://{tmp_path}/back"
     assert cli_main(["gc", str(root), "--keep", "1", "--require-copy", f"{name}://{tmp_path}/back",
                      "--dry-run", "--json"]) == 0
+
+
+def test_gc_says_when_a_deleted_versions_directory_cannot_be_removed(tmp_path: Path) -> None:
+    """Fault review 27, F8: in a root the process may not write (another user's), gc deleted
+    each version's files, could not remove its directory, and said "deleted", exit 0; ``ls``
+    then listed the empty directories as ``incomplete`` and later runs kept them in grace.
+    Now each is named as left behind (its directory could not be removed), exit 1 (a person
+    must act)."""
+    from tests._cli import unprivileged_cli
+
+    root = tmp_path / "r"
+    ids = _save(root, 1, 2, 3)
+    os.chmod(root, 0o555)
+    try:
+        run = unprivileged_cli("gc", str(root), "--keep", "1", "--json")
+    finally:
+        os.chmod(root, 0o755)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    doc = json.loads(run.stdout)
+    assert sorted(d["id"] for d in doc["left_behind"]) == ids[:2], doc
+    assert all("the directory could not be removed" in d["message"] and not d["retryable"]
+               for d in doc["left_behind"])
+    assert sorted(p.name for p in root.iterdir()) == ids  # the directories, emptied
+    assert not any(p.is_file() for i in ids[:2] for p in (root / i).rglob("*"))

@@ -196,6 +196,14 @@ def _keep_marked(storage: Storage, attempt_id: str, mark: str, reason: str) -> N
                      "it): stored again", storage.url, mark, attempt_id)
 
 
+def _directory_left(storage: Storage, attempt_id: str) -> bool:
+    """Whether the attempt's directory is there still, with nothing in it that is listed."""
+    try:
+        return attempt_id in storage.list_dirs("") and not _any_file(storage, f"{attempt_id}/")
+    except CheckpointError:
+        return False
+
+
 def _nothing_removed(storage: Storage, prefix: str, listed: list[str] | None) -> bool:
     """Whether every file listed under ``prefix`` before the deletions is there still."""
     if not listed:
@@ -343,6 +351,14 @@ def delete_attempt(
     else:
         foreign = storage.list_foreign(prefix)  # never deleted
         report.foreign_keys.extend(foreign)
+        if removed_dir is False and not foreign and _directory_left(storage, attempt_id):
+            # Emptied, but the process may not remove it (another user's root, a read-only
+            # parent): "deleted", exit 0, and `ls` listed it again (fault review 27, F8).
+            report.left_behind.append({
+                "id": attempt_id, "code": StorageError.code, "retryable": False,
+                "message": f"{storage.url.rstrip('/')}/{attempt_id}/: its files are deleted, "
+                           "but the directory could not be removed (a permission or a "
+                           "read-only file system: the root's owner removes it)"})
     # Of two runs deleting one attempt at once, exactly one removed its record (a version) or
     # its directory (an attempt without a record, unless foreign entries keep it).
     if recorded:
