@@ -1,4 +1,4 @@
-"""Command line of the conformance suite: ``portable-ckpt-conformance check|vectors|writer|gc``.
+"""Command line of the conformance suite: ``portable-ckpt-conformance check|vectors|writer|gc|reader``.
 
 Also run as ``python -m conformance``.
 
@@ -318,6 +318,40 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     return report.exit_code
 
 
+# --------------------------------------------------------------------------------- reader
+def _cmd_reader(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the golden vectors (spec §20) through a reader adapter."""
+    from conformance.reader_harness import ReaderOptions, run_reader_vectors
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    report = RunReport("reader", argv)
+    if not cmd:
+        print(f"usage: {PROG} reader [options] -- CMD ...", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.timeout > 0:
+        print("error: --timeout must be a positive number of seconds", file=sys.stderr)
+        return EXIT_USAGE
+    opts = ReaderOptions(args.set, args.timeout, not args.no_verification_status, args.workdir,
+                         args.keep_work, tuple(args.case))
+    stopped = _guarded(report, args, lambda: run_reader_vectors(cmd, opts, report))
+    if stopped is not None:
+        return stopped
+    if not report.cases:
+        return _abort(report, args, EXIT_NOTHING, "error: no reader case ran")
+    report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
+    out = _print_failures(report, args)
+    n = len(report.cases)
+    verdict = "reader FAILED" if report.failures else "reader passed"
+    status = "checked" if opts.verification_status else \
+        "NOT CHECKED (--no-verification-status)"
+    print(f"{verdict}: {n - len(report.failures)}/{n} golden vectors in {report.seconds:.1f}s "
+          f"(verification status, R-DRILL-8 and R-DRILL-12: {status})", file=out)
+    _emit(report, args)
+    return report.exit_code
+
+
 # ----------------------------------------------------------------------------------- main
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults in ``--help``, but never "(default: None)" after a help that says its own."""
@@ -409,6 +443,24 @@ def _parser() -> argparse.ArgumentParser:
     _report_args(g)
     g.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the adapter command")
     g.set_defaults(func=_cmd_gc)
+    r = sub.add_parser("reader", formatter_class=fmt,
+                       help="run the golden vectors (spec §20) through a reader adapter: "
+                       "exact bytes and values, exact error codes")
+    r.add_argument("--set", default=None, help="one vector set (1.0, 1.1, errata-1, ...)")
+    r.add_argument("--case", action="append", default=[], metavar="NAME",
+                   help="run only the case NAME (repeatable; default: every case)")
+    r.add_argument("--no-verification-status", action="store_true",
+                   help="the reader never chooses a version to restore: do not ask for nor "
+                   "check failed_verification (R-DRILL-8, R-DRILL-12)")
+    r.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process "
+                   "(one per case; a case past it fails)")
+    r.add_argument("--workdir", default=None, help="directory below which the run makes its own "
+                   "work directory (default: a new temporary directory)")
+    r.add_argument("--keep-work", action="store_true", help="keep every case directory (failed "
+                   "cases are always kept)")
+    _report_args(r)
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the adapter command")
+    r.set_defaults(func=_cmd_reader)
     return ap
 
 

@@ -1,0 +1,417 @@
+"""The golden vectors run against any reader (spec §20): ``portable-ckpt-conformance reader``.
+
+For every case of the reader and checker sets (:data:`~conformance.vectors.VECTOR_DIRS`; the
+retention sets are ``gc``'s) the harness copies the case into the run's own work directory
+(``materialize``: its ``setup`` applied, its ``expected.json`` left out), writes a job file
+``{"op": "read", "target": <absolute path>, "deep": <bool>, "verification_status": <bool>}``
+and runs ``CMD ... JOB.json`` once (the adapter protocol of the writer and gc harnesses: the
+job file's absolute path is the last argument). The adapter opens ``target`` (a root: its
+latest version; or a version directory), reads every tensor whole and every entry (each rank
+of a per-rank entry at the saved world size), verifies every checksum block of the version
+first when ``deep`` is true, and prints one line on standard output::
+
+    {"ok": true, "attempt_id": "...", "step": 10,
+     "tensors": {key: {"dtype": "float32", "shape": [4, 3], "hex": "<little-endian C-order>"}},
+     "entries": {name: value, per_rank_name: {"per_rank": {"0": value, ...}}},
+     "failed_verification": true | false | null}      # only when the job asks for it
+
+or ``{"ok": false, "code": "PCK-...", "message": "..."}`` (the last standard-output line that
+is a JSON object with a boolean ``ok`` counts). Then it compares:
+
+* a valid case, or an invalid one marked ``"reader": "accept"`` (a rule that binds writers
+  only: a reader reads it): ``ok``, the version's ``attempt_id`` and ``step``, exactly the
+  expected tensor keys with the same ``dtype``, ``shape`` and bytes, and exactly the expected
+  entries, JSON values compared with their types (``1`` is not ``1.0``, ``true`` is not
+  ``1``); a failure names the tensor or entry, the first differing byte (offset, element, the
+  bytes got and expected) or the JSON path of the first differing value;
+* an invalid case: not ``ok`` and exactly the case's ``code``; ``ok`` is a failure naming the
+  rule the case breaks (the rule ids of its ``feature``), a wrong code one naming both codes;
+  a ``deep`` case's job says ``"deep": true``: the defect lies in data blocks, which the reader
+  must verify;
+* a case with ``failed_verification`` (sets 1.2 and errata-16): the job says
+  ``"verification_status": true`` and the line's ``failed_verification`` must equal the case's
+  (``null``: unknown to a tool of 1.x, R-DRILL-12); ``--no-verification-status`` (a reader
+  that never chooses a version to restore) leaves it out of jobs and unchecked.
+
+A case whose adapter does not end within ``--timeout`` is that case's failure; one that
+prints no result line (a crash) too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.procs import Adapter, InfrastructureError, Outcome
+from conformance.report import CaseResult, RunReport, shell_join
+from conformance.vectors import RETENTION_DIRS, VECTOR_DIRS, all_cases, materialize
+
+__all__ = ["ReaderOptions", "judge", "result_line", "rules_of", "run_reader_vectors",
+           "same_json"]
+
+#: Bytes shown on each side of a difference in tensor data.
+SHOWN = 8
+#: A rule id of the spec in a case's ``feature``.
+RULE_RE = re.compile(r"\bR-[A-Z0-9]+-[0-9]+\b")
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    """What the ``reader`` command was asked."""
+
+    set_name: str | None = None
+    timeout: float = 60.0
+    verification_status: bool = True
+    workdir: str | None = None
+    keep_work: bool = False
+    cases: tuple[str, ...] = ()  # only these (by name); empty: every case
+
+
+def rules_of(case: dict[str, Any]) -> list[str]:
+    """The rule ids the case record names (in its ``feature``), in order, once each."""
+    return list(dict.fromkeys(RULE_RE.findall(str(case.get("feature", "")))))
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Malformed(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise _Malformed(f"{name} is not JSON")
+
+
+def result_line(stdout: str) -> tuple[dict[str, Any] | None, str]:
+    """The adapter's result: the last standard-output line that is a JSON object with ``ok``.
+
+    Returns ``(result, problem)``: ``(None, why)`` when there is none (``why`` names a line
+    that looked like one but is not strict JSON: duplicate keys, NaN).
+    """
+    problem = ""
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line, object_pairs_hook=_pairs, parse_constant=_constant)
+        except (ValueError, RecursionError) as exc:
+            if '"ok"' in line and not problem:
+                problem = f"a line that is not strict JSON ({str(exc)[:120]}): {line[:120]}"
+            continue
+        if isinstance(doc, dict) and "ok" in doc:
+            return doc, ""
+    return None, problem
+
+
+def same_json(got: Any, want: Any, path: str) -> str:
+    """``""`` when ``got`` is ``want`` with the same JSON types, else the first difference.
+
+    ``1`` and ``1.0`` differ, so do ``true`` and ``1``; object keys are compared as sets.
+    """
+    if type(got) is not type(want):
+        return (f"{path}: got {_show(got)} ({_kind(got)}), expected {_show(want)} "
+                f"({_kind(want)})")
+    if isinstance(want, dict):
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        if missing or extra:
+            return (f"{path}: " + "; ".join(
+                ([f"missing key(s) {', '.join(map(repr, missing[:5]))}"] if missing else [])
+                + ([f"unexpected key(s) {', '.join(map(repr, extra[:5]))}"] if extra else [])))
+        for k in want:
+            diff = same_json(got[k], want[k], f"{path}[{json.dumps(k, ensure_ascii=False)}]")
+            if diff:
+                return diff
+        return ""
+    if isinstance(want, list):
+        if len(got) != len(want):
+            return f"{path}: a list of {len(got)} items, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            diff = same_json(g, w, f"{path}[{i}]")
+            if diff:
+                return diff
+        return ""
+    if got != want or (isinstance(want, float) and str(got) != str(want)):  # -0.0 is not 0.0
+        return f"{path}: got {_show(got)}, expected {_show(want)}"
+    return ""
+
+
+def _kind(v: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number with a fraction or exponent",
+            str: "string", list: "array", dict: "object", type(None): "null"}.get(
+                type(v), type(v).__name__)
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(v, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bytes_diff(key: str, got_hex: Any, want: dict[str, Any]) -> str:
+    """The first difference of a tensor's bytes (offset, element, bytes got and expected)."""
+    if not isinstance(got_hex, str):
+        return f"tensor {key!r}: \"hex\" is {_show(got_hex)}, not a string of hex digits"
+    try:
+        got = bytes.fromhex(got_hex)
+    except ValueError:
+        return f"tensor {key!r}: \"hex\" is not hex digits: {got_hex[:40]!r}"
+    exp = bytes.fromhex(want["hex"])
+    if got == exp:
+        return ""
+    n = 1
+    for d in want["shape"]:
+        n *= d
+    size = len(exp) // n if n else 0
+    at = next((i for i, (a, b) in enumerate(zip(got, exp, strict=False)) if a != b),
+              min(len(got), len(exp)))
+    lo = at - at % size if size else at
+    where = f"byte {at}" + (f" (element {at // size} in C order, {size} bytes each)"
+                            if size else "")
+    text = (f"tensor {key!r} ({want['dtype']} {want['shape']}): bytes differ from {where}: "
+            f"got {got[lo:lo + SHOWN].hex() or '(end)'}, expected "
+            f"{exp[lo:lo + SHOWN].hex() or '(end)'}")
+    if len(got) != len(exp):
+        text += f"; {len(got)} bytes, expected {len(exp)}"
+    return text
+
+
+def _tensor_problems(got: Any, want: dict[str, Any]) -> list[str]:
+    if not isinstance(got, dict):
+        return [f"\"tensors\" is {_show(got)}, not an object"]
+    out: list[str] = []
+    missing = [k for k in want if k not in got]
+    extra = [k for k in got if k not in want]
+    if missing:
+        out.append(f"tensor(s) {', '.join(map(repr, missing[:5]))} not read "
+                   f"({len(missing)} of {len(want)} missing)")
+    if extra:
+        out.append(f"tensor(s) {', '.join(map(repr, extra[:5]))} read that the version does "
+                   "not hold")
+    for key, w in want.items():
+        g = got.get(key)
+        if key not in got:
+            continue
+        if not isinstance(g, dict):
+            out.append(f"tensor {key!r}: {_show(g)}, not {{\"dtype\", \"shape\", \"hex\"}}")
+            continue
+        if g.get("dtype") != w["dtype"]:
+            out.append(f"tensor {key!r}: dtype {_show(g.get('dtype'))}, expected "
+                       f"{w['dtype']!r}")
+            continue
+        shape_diff = same_json(g.get("shape"), w["shape"], "shape")
+        if shape_diff:
+            out.append(f"tensor {key!r}: {shape_diff}")
+            continue
+        diff = _bytes_diff(key, g.get("hex"), w)
+        if diff:
+            out.append(diff)
+    return out
+
+
+def _entry_problems(got: Any, want: dict[str, Any]) -> list[str]:
+    if not isinstance(got, dict):
+        return [f"\"entries\" is {_show(got)}, not an object"]
+    out: list[str] = []
+    missing = [k for k in want if k not in got]
+    extra = [k for k in got if k not in want]
+    if missing:
+        out.append(f"entr(ies) {', '.join(map(repr, missing[:5]))} not read")
+    if extra:
+        out.append(f"entr(ies) {', '.join(map(repr, extra[:5]))} read that the version does not "
+                   "hold")
+    for name, w in want.items():
+        if name in got:
+            diff = same_json(got[name], w, f"entry {name!r}")
+            if diff:
+                out.append(diff)
+    return out
+
+
+def judge(case: dict[str, Any], expected: dict[str, Any] | None, result: dict[str, Any],
+          verification_status: bool = True) -> list[str]:
+    """The failures of a reader's ``result`` line on ``case`` (``[]``: it passed).
+
+    ``expected``: the case's ``expected.json`` (a valid case, or ``"reader": "accept"``).
+    """
+    rules = rules_of(case)
+    why = f" ({', '.join(rules)})" if rules else ""
+    ok = result.get("ok")
+    if not isinstance(ok, bool):
+        return [f"\"ok\" is {_show(ok)}, not true or false (the protocol's result line)"]
+    if expected is None:  # an invalid case a reader refuses
+        want = case["code"]
+        if ok:
+            deep = (" (a defect in data blocks: the job said \"deep\": true, so every block "
+                    "is verified)") if case.get("deep") else ""
+            return [f"read an invalid case without error: expected {want}{why}{deep}: "
+                    f"{case['feature']}"]
+        got = result.get("code")
+        if got != want:
+            message = str(result.get("message", ""))[:300]
+            return [f"reported {_show(got) if not isinstance(got, str) else got}, expected "
+                    f"{want}{why}" + (f": {message}" if message else "")
+                    + f" (the case: {case['feature']})"]
+        return []
+    if not ok:
+        kind = ("a case a reader reads (\"reader\": \"accept\": the rule it breaks binds "
+                f"writers only; a checker reports {case.get('code')})"
+                if not case["valid"] else "a valid case")
+        return [f"refused {kind}: reported {result.get('code')}"
+                + (f": {str(result.get('message'))[:300]}" if result.get("message") else "")
+                + f" (the case: {case['feature']})"]
+    failures: list[str] = []
+    for member in ("attempt_id", "step"):
+        if member in expected:
+            diff = same_json(result.get(member), expected[member], member)
+            if diff:
+                failures.append(f"opened another version: {diff} (R-ID-4: a root's latest "
+                                "committed version, invalid commit records skipped, R-READ-1)"
+                                if member == "attempt_id" else diff)
+    failures += _tensor_problems(result.get("tensors"), expected.get("tensors", {}))
+    failures += _entry_problems(result.get("entries"), expected.get("entries", {}))
+    if verification_status and "failed_verification" in case:
+        want_fv = case["failed_verification"]
+        if "failed_verification" not in result:
+            failures.append("no \"failed_verification\" in the result line (the job asked "
+                            "for it: \"verification_status\": true; --no-verification-status "
+                            "for a reader that never chooses a version to restore)")
+        else:
+            diff = same_json(result["failed_verification"], want_fv, "failed_verification")
+            if diff:
+                failures.append(f"{diff}{why or ' (R-DRILL-8)'}")
+    return failures
+
+
+def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -> None:
+    """Run every reader case of the golden vectors (or ``opts.set_name``) through ``CMD``.
+
+    Raises:
+        ValueError: an unknown set or case name, a retention set or case, a ``--workdir``
+            that is a file (usage errors).
+        InfrastructureError: the adapter cannot be started, every process of it died of an
+            import error, or the work directory cannot be made.
+
+    """
+    if opts.set_name is not None and opts.set_name not in VECTOR_DIRS:
+        if opts.set_name in RETENTION_DIRS:
+            raise ValueError(f"--set {opts.set_name} holds retention vectors: run them "
+                             "through a gc (`portable-ckpt-conformance gc`)")
+        raise ValueError(f"--set must be one of {', '.join(VECTOR_DIRS)}")
+    known = {c["name"] for _, _, c in all_cases()}
+    unknown = [n for n in opts.cases if n not in known]
+    if unknown:
+        raise ValueError(f"no reader case is named {', '.join(map(repr, unknown))} (retention "
+                         "cases run with `gc`)")
+    adapter = Adapter(list(cmd), timeout=opts.timeout, trace=False)
+    adapter.preflight()
+    if opts.workdir is not None and Path(opts.workdir).exists() \
+            and not Path(opts.workdir).is_dir():
+        raise ValueError(f"--workdir {opts.workdir} exists and is not a directory")
+    try:
+        if opts.workdir is None:
+            work = Path(tempfile.mkdtemp(prefix="pck-reader-vectors-"))
+        else:  # a directory of this run's own: runs sharing --workdir do not meet
+            Path(opts.workdir).mkdir(parents=True, exist_ok=True)
+            work = Path(tempfile.mkdtemp(prefix="reader-", dir=opts.workdir))
+    except OSError as exc:
+        raise InfrastructureError(f"cannot make the work directory: {exc}") from None
+    report.info["workdir"] = str(work)
+    report.info["verification_status"] = opts.verification_status
+    t0 = time.monotonic()
+    try:
+        for set_name, vdir, case in all_cases():
+            if opts.set_name not in (None, set_name):
+                continue
+            if opts.cases and case["name"] not in opts.cases:
+                continue
+            result = _run_case(adapter, cmd, set_name, vdir, case, work, opts)
+            if adapter.cannot_import is not None:  # the environment: found at once
+                raise InfrastructureError(f"every adapter process died of an import "
+                                          f"error: {adapter.cannot_import}")
+            report.cases.append(result)
+    except BaseException:
+        report.seconds = time.monotonic() - t0
+        raise  # the work directory stays: the message may name a case in it
+    report.seconds = time.monotonic() - t0
+    if not opts.keep_work and not any(c.failed for c in report.cases):
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
+              case: dict[str, Any], work: Path, opts: ReaderOptions) -> CaseResult:
+    name = f"{set_name}/{case['name']}"
+    t0 = time.monotonic()
+    cdir = work / set_name / case["name"]
+    if cdir.exists():  # pragma: no cover - the run's directory is new
+        shutil.rmtree(cdir)
+    target = materialize(case, cdir.parent, vdir)
+    expected: dict[str, Any] | None = None
+    if case.get("expected") and (case["valid"] or case.get("reader") == "accept"):
+        expected = json.loads((vdir / case["expected"]).read_text(encoding="utf-8"))
+    # the reader sees the checkpoint only
+    (cdir / Path(str(case.get("expected") or "expected.json")).name).unlink(missing_ok=True)
+    asked = opts.verification_status and "failed_verification" in case
+    job = cdir / "job.json"
+    job.write_text(json.dumps({"op": "read", "target": str(target.resolve()),
+                               "deep": bool(case.get("deep", False)),
+                               "verification_status": asked}, indent=1) + "\n",
+                   encoding="utf-8")
+    details: dict[str, Any] = {"valid": case["valid"], "code": case.get("code"),
+                               "reader": case.get("reader"), "deep": bool(case.get("deep")),
+                               "rules": rules_of(case), "feature": case["feature"], "rc": None,
+                               "got": None}
+    if asked:
+        details["failed_verification"] = case["failed_verification"]
+    try:
+        out = adapter.run(job)
+    except InfrastructureError as exc:
+        if "--timeout" not in str(exc):
+            raise
+        # A reader that does not end on a case (a loop on a hostile layout) is that case's
+        # failure, with its directory kept; the run goes on.
+        return CaseResult("reader", name, "failed", f"{name}: did not end within --timeout "
+                          f"{opts.timeout:g} s and was killed: a reader that hangs on this "
+                          "case (on a slow machine, raise --timeout)", time.monotonic() - t0,
+                          case_dir=str(cdir), replay=_replay(case, cmd), details=details)
+    details["rc"] = out.rc
+    stdout = out.out.read_text(encoding="utf-8", errors="replace") if out.out.exists() else ""
+    result, problem = result_line(stdout)
+    if result is None:
+        failures = [f"no result line on standard output ({{\"ok\": ...}}, the adapter "
+                    f"protocol){': ' + problem if problem else ''}; the reader crashed? exit "
+                    f"status {out.rc}; {out.tail(600)}"]
+    else:
+        details["got"] = "ok" if result.get("ok") is True else result.get("code")
+        failures = judge(case, expected, result, opts.verification_status)
+    if failures:
+        message = f"{name}: " + "\n".join(failures) + _output_note(out)
+        return CaseResult("reader", name, "failed", message, time.monotonic() - t0,
+                          case_dir=str(cdir), replay=_replay(case, cmd), details=details)
+    if not opts.keep_work:
+        shutil.rmtree(cdir, ignore_errors=True)
+    return CaseResult("reader", name, "passed", "", time.monotonic() - t0,
+                      case_dir=str(cdir) if cdir.exists() else None, details=details)
+
+
+def _output_note(out: Outcome) -> str:
+    return f"\nadapter exit status {out.rc}; its output: {out.out}, {out.err}"
+
+
+def _replay(case: dict[str, Any], cmd: list[str]) -> str:
+    """The command that runs ``case`` again (case names are unique across sets)."""
+    return shell_join(["portable-ckpt-conformance", "reader", "--case", case["name"],
+                       "--keep-work", "--", *cmd])

@@ -1,0 +1,230 @@
+"""``portable-ckpt-conformance reader``: the golden vectors run through a reader adapter.
+
+The reference reader (``conformance/adapters/reference_reader.py``, ``portable_ckpt.open``)
+passes every case of every reader set, through the command other teams run; the same reader
+with one deliberate defect each (``bad_reader.py``) fails exactly the case that shows it, with
+a message that names what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.reader_harness import _bytes_diff, judge, result_line, rules_of, same_json
+from conformance.vectors import all_cases, retention_cases
+
+REPO = Path(__file__).resolve().parents[2]
+ADAPTER = REPO / "conformance" / "adapters" / "reference_reader.py"
+BAD = REPO / "conformance" / "tests" / "bad_reader.py"
+
+
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300
+         ) -> tuple[int, dict[str, Any] | None, str]:
+    out = subprocess.run([sys.executable, "-m", "conformance", "reader", *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})})
+    try:
+        doc = json.loads(out.stdout) if "--json" in args else None
+    except json.JSONDecodeError:
+        doc = None
+    return out.returncode, doc, out.stdout + out.stderr
+
+
+def _case(name: str) -> dict[str, Any]:
+    return next(c for _, _, c in all_cases() if c["name"] == name)
+
+
+def test_the_reference_reader_passes_every_vector(tmp_path: Path) -> None:
+    """Every case of every reader set (235 and more as sets are added), one process each:
+    exit 0, nothing failed or skipped, the JUnit report agrees, the work directory is gone."""
+    xml = tmp_path / "reader.xml"
+    rc, doc, text = _run("--json", "--junit-xml", str(xml), "--", sys.executable, str(ADAPTER),
+                         timeout=1800)
+    assert rc == 0, text[-4000:]
+    assert doc is not None and doc["verdict"] == "pass" and doc["command"] == "reader"
+    names = [f"{s}/{c['name']}" for s, _, c in all_cases()]
+    assert [c["name"] for c in doc["cases"]] == names
+    assert doc["counts"] == {"reader": {"passed": len(names), "failed": 0, "skipped": 0,
+                                        "error": 0}}
+    retention = {c["name"] for _, _, c in retention_cases()}
+    assert not any(n.split("/", 1)[1] in retention for n in names)
+    suite = ET.parse(xml).getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == str(len(names))
+    assert suite.get("failures") == "0"
+    assert not Path(doc["workdir"]).exists()
+
+
+# mode: (cases run, the one that must fail, what its message must say)
+BAD_MODES = {
+    "no-checksum": (["invalid-bad-checksum", "valid-per-rank"], "invalid-bad-checksum",
+                    "read an invalid case without error: expected PCK-CHECKSUM"),
+    "big-endian": (["valid-per-rank", "invalid-bad-checksum"], "valid-per-rank",
+                   "tensor 'w' (float32 [3]): bytes differ from byte 0 (element 0 in C order, "
+                   "4 bytes each): got 3f80000040000000, expected 0000803f00000040"),
+    "float-integers": (["valid-per-rank", "invalid-bad-checksum"], "valid-per-rank",
+                       "entry 'rank_state'[\"per_rank\"][\"0\"][\"r\"]: got 0.0 (number with a "
+                       "fraction or exponent), expected 0 (integer)"),
+    "bool-as-int": (["valid-entries", "valid-per-rank"], "valid-entries",
+                    "entry 'anything'[3]: got 1 (integer), expected true (boolean)"),
+    "rank-zero": (["valid-per-rank", "valid-entries"], "valid-per-rank",
+                  "entry 'rank_state'[\"per_rank\"][\"1\"][\"r\"]: got 0, expected 1"),
+    "oldest": (["valid-latest-of-two", "valid-per-rank"], "valid-latest-of-two",
+               "opened another version: attempt_id"),
+    "no-bool-check": (["invalid-bool-byte", "valid-bool-zstd"], "invalid-bool-byte",
+                      "expected PCK-DTYPE-VALUE (R-DTYPE-2, R-DTYPE-4)"),
+    "one-code": (["invalid-bad-checksum", "valid-per-rank"], "invalid-bad-checksum",
+                 "reported PCK-ERROR, expected PCK-CHECKSUM"),
+    "fv-false": (["valid-verification-one-of-two-cleared", "valid-verification-cleared"],
+                 "valid-verification-one-of-two-cleared",
+                 "failed_verification: got false, expected true (R-DRILL-8)"),
+    "strict": (["writer-index-disagrees", "valid-per-rank"], "writer-index-disagrees",
+               "refused a case a reader reads (\"reader\": \"accept\""),
+    "crash": (["valid-zstd", "valid-per-rank"], "valid-zstd", "no result line"),
+    "hang": (["valid-per-rank", "valid-zstd"], "valid-per-rank", "did not end within"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(BAD_MODES))
+def test_harness_fails_a_reader_with_a_defect(mode: str) -> None:
+    """Each deliberate defect fails exactly the case that shows it (exit 1), naming why."""
+    cases, failing, want = BAD_MODES[mode]
+    rc, doc, text = _run("--json", "--timeout", "5" if mode == "hang" else "60",
+                         *[f"--case={n}" for n in cases], "--", sys.executable,
+                         str(BAD), env={"PCK_BAD_MODE": mode})
+    assert rc == 1, text
+    assert doc is not None
+    (failure,) = doc["failures"]
+    assert failure["name"].endswith(f"/{failing}")
+    assert failure["message"].startswith(failure["name"] + ": ")
+    assert want in failure["message"], failure["message"]
+    assert f"reader --case {failing} --keep-work -- " in failure["replay"]
+    kept = Path(failure["case_dir"])
+    assert (kept / "job.json").is_file() and (kept / "root").is_dir()
+    assert not (kept / "expected.json").exists()  # the reader sees the checkpoint only
+    shutil.rmtree(doc["workdir"])
+
+
+def test_a_reader_that_restores_nothing_opts_out_of_the_status() -> None:
+    """--no-verification-status: the jobs do not ask, the lines are not checked (exit 0)."""
+    rc, doc, text = _run("--json", "--no-verification-status",
+                         "--case=valid-verification-one-of-two-cleared", "--", sys.executable,
+                         str(BAD), env={"PCK_BAD_MODE": "fv-false"})
+    assert rc == 0, text
+    assert doc is not None and doc["verification_status"] is False
+    assert "verification status, R-DRILL-8 and R-DRILL-12: NOT CHECKED" in text
+
+
+def test_the_job_file(tmp_path: Path) -> None:
+    """The job names the target by its absolute path, says deep for a deep case and asks for
+    the verification status where the case has one; --keep-work keeps each case directory
+    below the run's own directory in --workdir, so runs sharing --workdir do not meet."""
+    picked = ["invalid-bad-checksum", "valid-verification-cleared", "valid-latest-of-two"]
+    runs = []
+    for _ in range(2):
+        rc, doc, text = _run("--json", "--keep-work", "--workdir", str(tmp_path),
+                             *[f"--case={n}" for n in picked], "--", sys.executable,
+                             str(ADAPTER))
+        assert rc == 0 and doc is not None, text
+        runs.append(Path(doc["workdir"]))
+        jobs = {c["name"].split("/", 1)[1]: json.loads(
+            (Path(c["case_dir"]) / "job.json").read_text()) for c in doc["cases"]}
+        assert jobs["invalid-bad-checksum"]["deep"] is True
+        assert jobs["valid-verification-cleared"]["verification_status"] is True
+        latest = jobs["valid-latest-of-two"]
+        assert latest == {"op": "read", "deep": False, "verification_status": False,
+                          "target": latest["target"]}
+        assert Path(latest["target"]).is_absolute() and Path(latest["target"]).name == "root"
+    assert runs[0] != runs[1] and {r.parent for r in runs} == {tmp_path}
+    # without --keep-work a passing run leaves nothing in --workdir
+    shutil.rmtree(tmp_path)
+    rc, doc, text = _run("--json", "--workdir", str(tmp_path), "--case=valid-per-rank", "--",
+                         sys.executable, str(ADAPTER))
+    assert rc == 0 and doc is not None and list(tmp_path.iterdir()) == [], text
+
+
+def test_usage_and_infrastructure_errors(tmp_path: Path) -> None:
+    """Usage errors exit 2 before anything runs; an adapter that cannot start is exit 4, as is
+    one whose every process dies of an import error (found at the first case)."""
+    assert _run()[0] == 2
+    assert _run("--set", "errata-99", "--", sys.executable, str(ADAPTER))[0] == 2
+    rc, _, text = _run("--set", "errata-20", "--", sys.executable, str(ADAPTER))
+    assert rc == 2 and "retention" in text
+    rc, _, text = _run("--case", "keep-two-of-four", "--", sys.executable, str(ADAPTER))
+    assert rc == 2 and "no reader case is named 'keep-two-of-four'" in text
+    assert _run("--timeout", "0", "--", sys.executable, str(ADAPTER))[0] == 2
+    (tmp_path / "a-file").write_text("x")
+    rc, _, text = _run("--workdir", str(tmp_path / "a-file"), "--", sys.executable,
+                       str(ADAPTER))
+    assert rc == 2 and "not a directory" in text and "Traceback" not in text
+    rc, _, text = _run("--case", "valid-per-rank", "--", str(tmp_path / "missing.py"))
+    assert rc == 4 and "not an executable file" in text
+    rc, doc, text = _run("--json", "--", sys.executable, "-c", "import pck_no_such_module")
+    assert rc == 4 and "import error" in text and doc is not None
+    assert [c["status"] for c in doc["cases"]] == ["error"]
+    assert doc["cases"][0]["suite"] == "reader"
+
+
+def test_a_crash_and_a_line_that_is_no_protocol() -> None:
+    """A process that prints nothing, or not the protocol's line, fails each case (exit 1)."""
+    rc, doc, text = _run("--json", "--case=valid-per-rank", "--", sys.executable, "-c",
+                         "print('{\"ok\": true, \"ok\": false}')")
+    assert rc == 1 and doc is not None, text
+    assert "not strict JSON (duplicate key 'ok')" in doc["failures"][0]["message"]
+    rc, doc, text = _run("--json", "--case=valid-per-rank", "--", sys.executable, "-c",
+                         "print('{\"ok\": \"yes\"}')")
+    assert rc == 1 and doc is not None, text
+    assert "\"ok\" is \"yes\", not true or false" in doc["failures"][0]["message"]
+    shutil.rmtree(doc["workdir"])
+
+
+def test_json_values_are_compared_with_their_types() -> None:
+    assert same_json({"a": [1, 2.5, True, None, "x"]}, {"a": [1, 2.5, True, None, "x"]}, "v") == ""
+    assert same_json(1.0, 1, "v") == "v: got 1.0 (number with a fraction or exponent), " \
+        "expected 1 (integer)"
+    assert "got 1 (integer), expected true (boolean)" in same_json(1, True, "v")
+    assert "got false (boolean), expected 0 (integer)" in same_json(False, 0, "v")
+    assert same_json(-0.0, 0.0, "v") == "v: got -0.0, expected 0.0"
+    assert same_json({"a": 1}, {"a": 1, "b": 2}, "v") == "v: missing key(s) 'b'"
+    assert same_json([1], [1, 2], "v") == "v: a list of 1 items, expected 2"
+    assert same_json({"k": {"x": [0, 1]}}, {"k": {"x": [0, 2]}}, "e") == \
+        'e["k"]["x"][1]: got 1, expected 2'
+
+
+def test_byte_differences_name_offset_element_and_bytes() -> None:
+    hexed = "01000000020000000300000004000000"
+    want: dict[str, Any] = {"dtype": "int32", "shape": [4], "hex": hexed}
+    assert _bytes_diff("t", hexed.upper(), want) == ""  # hex digits in either case
+    text = _bytes_diff("t", "01000000020000000300000005000000", want)
+    assert text == ("tensor 't' (int32 [4]): bytes differ from byte 12 (element 3 in C order, "
+                    "4 bytes each): got 05000000, expected 04000000")
+    text = _bytes_diff("t", "0100000002000000", want)
+    assert "from byte 8" in text and "got (end)" in text and "8 bytes, expected 16" in text
+    assert "not hex digits" in _bytes_diff("t", "zz", want)
+
+
+def test_judge_of_an_invalid_case() -> None:
+    case = _case("invalid-bool-byte")
+    assert rules_of(case) == ["R-DTYPE-2", "R-DTYPE-4"]
+    assert judge(case, None, {"ok": False, "code": "PCK-DTYPE-VALUE"}) == []
+    (text,) = judge(case, None, {"ok": False, "code": "PCK-CHECKSUM", "message": "m"})
+    assert text.startswith("reported PCK-CHECKSUM, expected PCK-DTYPE-VALUE (R-DTYPE-2, "
+                           "R-DTYPE-4): m")
+    (text,) = judge(_case("invalid-bad-checksum"), None, {"ok": True})
+    assert "expected PCK-CHECKSUM" in text and "\"deep\": true" in text
+
+
+def test_result_line_is_the_last_protocol_line() -> None:
+    out = 'noise\n{"ok": false, "code": "A"}\n{"other": 1}\n{"ok": false, "code": "B"}\nbye\n'
+    assert result_line(out) == ({"ok": False, "code": "B"}, "")
+    assert result_line("nothing\n") == (None, "")
+    doc, problem = result_line('{"ok": true, "x": NaN}\n')
+    assert doc is None and "NaN is not JSON" in problem
