@@ -35,6 +35,13 @@ is a JSON object with a boolean ``ok`` counts). Then it compares:
 
 A case whose adapter does not end within ``--timeout`` is that case's failure; one that
 prints no result line (a crash) too.
+
+``--known-failures FILE`` (a JSON list of case names, or an object of case names and why) lets
+a team adopt the vectors before its reader passes all of them: a listed case that fails is
+``skipped`` (its failure kept in the message) and the run, if nothing else failed, ends with
+exit 6, a partial pass (not exit 0: the reader does not conform); a listed case that passes
+is a failure (the list shrinks as the reader is fixed, so a listed case cannot hide its next
+regression); a name that is no reader case is a usage error.
 """
 
 from __future__ import annotations
@@ -52,8 +59,8 @@ from conformance.procs import Adapter, InfrastructureError, Outcome
 from conformance.report import CaseResult, RunReport, shell_join
 from conformance.vectors import RETENTION_DIRS, VECTOR_DIRS, all_cases, materialize
 
-__all__ = ["ReaderOptions", "judge", "result_line", "rules_of", "run_reader_vectors",
-           "same_json"]
+__all__ = ["ReaderOptions", "judge", "load_known_failures", "result_line", "rules_of",
+           "run_reader_vectors", "same_json"]
 
 #: Bytes shown on each side of a difference in tensor data.
 SHOWN = 8
@@ -71,6 +78,35 @@ class ReaderOptions:
     workdir: str | None = None
     keep_work: bool = False
     cases: tuple[str, ...] = ()  # only these (by name); empty: every case
+    known_failures: str | None = None  # the --known-failures FILE
+
+
+def load_known_failures(path: str, known: set[str]) -> dict[str, str]:
+    """The cases ``path`` lists as known failures, by name, with why (``""`` when not said).
+
+    ``path`` holds a JSON list of case names, or an object ``{name: why}``; a name may carry
+    its set (``errata-3/writer-index-disagrees``). ``known``: every reader case's name.
+
+    Raises:
+        ValueError: the file cannot be read, is not such a document, or names no reader case.
+
+    """
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--known-failures {path}: {exc}") from None
+    if isinstance(doc, list) and all(isinstance(n, str) for n in doc):
+        doc = dict.fromkeys(doc, "")
+    if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
+        raise ValueError(f"--known-failures {path}: not a JSON list of case names, nor an "
+                         "object of case names and strings")
+    out = {str(n).rsplit("/", 1)[-1]: why for n, why in doc.items()}
+    unknown = sorted(n for n in out if n not in known)
+    if unknown:
+        raise ValueError(f"--known-failures {path} names no reader case "
+                         f"{', '.join(map(repr, unknown[:5]))}"
+                         + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
+    return out
 
 
 def rules_of(case: dict[str, Any]) -> list[str]:
@@ -316,6 +352,8 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
     if unknown:
         raise ValueError(f"no reader case is named {', '.join(map(repr, unknown))} (retention "
                          "cases run with `gc`)")
+    listed = {} if opts.known_failures is None else load_known_failures(opts.known_failures,
+                                                                        known)
     adapter = Adapter(list(cmd), timeout=opts.timeout, trace=False)
     adapter.preflight()
     if opts.workdir is not None and Path(opts.workdir).exists() \
@@ -342,13 +380,36 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
             if adapter.cannot_import is not None:  # the environment: found at once
                 raise InfrastructureError(f"every adapter process died of an import "
                                           f"error: {adapter.cannot_import}")
+            if case["name"] in listed:
+                result = _known(result, case, cmd, listed[case["name"]], opts)
             report.cases.append(result)
     except BaseException:
         report.seconds = time.monotonic() - t0
         raise  # the work directory stays: the message may name a case in it
     report.seconds = time.monotonic() - t0
-    if not opts.keep_work and not any(c.failed for c in report.cases):
+    report.info["known_failures"] = sorted(c.name for c in report.cases
+                                           if c.details.get("known_failure"))
+    if not opts.keep_work and not any(c.failed or c.details.get("known_failure")
+                                      for c in report.cases):
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _known(result: CaseResult, case: dict[str, Any], cmd: list[str], why: str,
+           opts: ReaderOptions) -> CaseResult:
+    """``result`` of a case ``--known-failures`` lists: a failure is excused, a pass is not."""
+    where = f"--known-failures {opts.known_failures}"
+    if result.failed:
+        result.status = "skipped"
+        result.details["known_failure"] = True
+        result.message = (f"known failure (listed in {where}{': ' + why if why else ''}), "
+                          f"not a pass: {result.message}")
+        return result
+    result.status = "failed"
+    result.message = (f"{result.name}: passes, but {where} lists it as a known failure: "
+                      "remove it from the list (a listed case that passes would hide its next "
+                      "regression)")
+    result.replay = _replay(case, cmd)
+    return result
 
 
 def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,

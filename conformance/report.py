@@ -37,7 +37,8 @@ EXIT_CODES: dict[int, str] = {
     6: "partial pass, not a certification: every writer case that ran passed, but --tracing "
        "auto found no usable tracer (strace), so the system-call checks (durability R-COMMIT-6, "
        "R-COMMIT-17; atomic publish R-COMMIT-7, R-COMMIT-8; R-COMMIT-9; R-LAYOUT-2) were not "
-       "made; --tracing off opts out on purpose (exit 0)",
+       "made; --tracing off opts out on purpose (exit 0); reader: every case passed but those "
+       "--known-failures lists, which still fail",
 }
 
 #: the ``verdict`` of a JSON report, by exit status (any other status: ``"none"``)

@@ -228,3 +228,47 @@ def test_result_line_is_the_last_protocol_line() -> None:
     assert result_line("nothing\n") == (None, "")
     doc, problem = result_line('{"ok": true, "x": NaN}\n')
     assert doc is None and "NaN is not JSON" in problem
+
+
+def test_known_failures_are_a_partial_pass_and_must_keep_failing(tmp_path: Path) -> None:
+    """--known-failures: a listed case that fails is skipped, its failure kept, and the run
+    ends with exit 6 (a partial pass, not 0: the reader does not conform); a listed case that
+    passes fails the run (the list cannot hide its next regression); a case not listed fails
+    as ever; a name that is no reader case is a usage error."""
+    known = tmp_path / "known.json"
+    known.write_text(json.dumps({"1.0/valid-per-rank": "our per-rank entries are late"}))
+    picked = ["--case=valid-per-rank", "--case=invalid-bad-checksum"]
+    bad = {"PCK_BAD_MODE": "rank-zero"}
+    rc, doc, text = _run("--json", "--known-failures", str(known), *picked, "--",
+                         sys.executable, str(BAD), env=bad)
+    assert rc == 6, text
+    assert doc is not None and doc["verdict"] == "partial" and doc["failures"] == []
+    assert doc["known_failures"] == ["1.0/valid-per-rank"]
+    (skipped,) = [c for c in doc["cases"] if c["status"] == "skipped"]
+    assert skipped["message"].startswith("known failure (listed in --known-failures ")
+    assert "our per-rank entries are late" in skipped["message"]
+    assert "got 0, expected 1" in skipped["message"]
+    assert Path(skipped["case_dir"]).is_dir()  # kept, as a failure's
+    assert "1 known failure(s) of" in text and "NOT conformant (exit 6" in text
+    shutil.rmtree(doc["workdir"])
+    # the reader fixed: the listed case passes, which fails the run until it leaves the list
+    rc, doc, text = _run("--json", "--known-failures", str(known), *picked, "--",
+                         sys.executable, str(ADAPTER))
+    assert rc == 1 and doc is not None, text
+    (failure,) = doc["failures"]
+    assert "passes, but --known-failures" in failure["message"]
+    assert "reader --case valid-per-rank --keep-work" in failure["replay"]
+    # another case that fails is a failure as ever
+    rc, doc, text = _run("--json", "--known-failures", str(known), *picked, "--",
+                         sys.executable, str(BAD), env={"PCK_BAD_MODE": "one-code"})
+    assert rc == 1 and doc is not None, text
+    assert sorted(f["name"] for f in doc["failures"]) == ["1.0/invalid-bad-checksum",
+                                                          "1.0/valid-per-rank"]
+    shutil.rmtree(doc["workdir"])
+    known.write_text(json.dumps(["valid-per-rank", "valid-per-rnak"]))
+    rc, _, text = _run("--known-failures", str(known), *picked, "--", sys.executable,
+                       str(ADAPTER))
+    assert rc == 2 and "names no reader case 'valid-per-rnak'" in text
+    known.write_text("{")
+    assert _run("--known-failures", str(known), *picked, "--", sys.executable,
+                str(ADAPTER))[0] == 2
