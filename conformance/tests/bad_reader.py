@@ -4,6 +4,8 @@
 Proves that ``portable-ckpt-conformance reader`` catches each kind of defect a reader can have:
 
 * ``no-checksum``: never verifies a checksum block (R-CKSUM-3), nor honours ``deep``;
+* ``first-block``: verifies only the first checksum block of each span it reads (R-CKSUM-3):
+  passes every set but ``errata-21``, whose damaged blocks are never a read's first;
 * ``big-endian``: gives multi-byte elements byte-swapped (the protocol's bytes are
   little-endian; a reader that reassembles in its host's order on a big-endian machine);
 * ``float-integers``: entry values' integers given as numbers with a fraction (``3.0``);
@@ -59,6 +61,16 @@ def _patch() -> None:
             self.verified += 1
 
         checksum.BlockVerifier.verify_span = verify_span  # type: ignore[method-assign]
+    elif MODE == "first-block":
+        from portable_ckpt.io import checksum
+
+        real = checksum.BlockVerifier.verify_span
+
+        def first_only(self: Any, start: int, pieces: list[memoryview]) -> None:
+            first = bytes(b"".join(bytes(p.cast("B")) for p in pieces)[:self.block_size])
+            real(self, start, [memoryview(first)])
+
+        checksum.BlockVerifier.verify_span = first_only  # type: ignore[method-assign]
     elif MODE == "no-bool-check":
         from portable_ckpt.io import reader
 

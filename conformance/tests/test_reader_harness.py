@@ -68,6 +68,9 @@ def test_the_reference_reader_passes_every_vector(tmp_path: Path) -> None:
 BAD_MODES = {
     "no-checksum": (["invalid-bad-checksum", "valid-per-rank"], "invalid-bad-checksum",
                     "read an invalid case without error: expected PCK-CHECKSUM"),
+    "first-block": (["invalid-bad-checksum", "invalid-checksum-middle-block-of-a-range"],
+                    "invalid-checksum-middle-block-of-a-range",
+                    "read an invalid case without error: expected PCK-CHECKSUM"),
     "big-endian": (["valid-per-rank", "invalid-bad-checksum"], "valid-per-rank",
                    "tensor 'w' (float32 [3]): bytes differ from byte 0 (element 0 in C order, "
                    "4 bytes each): got 3f80000040000000, expected 0000803f00000040"),
