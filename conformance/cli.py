@@ -406,8 +406,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--max-writers", type=int, default=4, help="writers per save, at most")
     w.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random, "
                    "printed and reported)")
-    w.add_argument("--workdir", default=None, help="directory for case directories (default: a "
-                   "new temporary directory)")
+    w.add_argument("--workdir", default=None, help="directory in which the run makes a "
+                   "directory of its own for its case directories; runs may share it (default: "
+                   "a new temporary directory)")
     w.add_argument("--keep-work", action="store_true", help="keep every case directory (failed "
                    "cases are always kept)")
     w.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process")
@@ -443,8 +444,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="system-call tracing (strace) for the order checks (the mark before "
                    "the commit record, the commit record first: R-GC-13, R-GC-3): require it "
                    "(exit 4 without), use it when available (exit 6 without), or skip them")
-    g.add_argument("--workdir", default=None, help="directory for case directories (default: a "
-                   "new temporary directory)")
+    g.add_argument("--workdir", default=None, help="directory in which the run makes a "
+                   "directory of its own for its case directories; runs may share it (default: "
+                   "a new temporary directory)")
     g.add_argument("--keep-work", action="store_true", help="keep every case directory (failed "
                    "cases are always kept)")
     _report_args(g)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.procs import Adapter, InfrastructureError, Outcome
+from conformance.procs import Adapter, InfrastructureError, Outcome, new_run_dir
 from conformance.report import CaseResult, RunReport, shell_join
 from conformance.spec import DELETION_NAME_RE
 from conformance.trace import FsEvent, fs_events, outside_writes, parse_trace, tracing_status
@@ -225,11 +225,10 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
     report.info["tracing"] = {"used": traced, "detail": status.detail if status else "off"}
     adapter = Adapter(cmd, timeout=opts.timeout, trace=traced)
     adapter.preflight()
-    own = opts.workdir is None
-    if not own and Path(str(opts.workdir)).exists() and not Path(str(opts.workdir)).is_dir():
-        raise ValueError(f"--workdir {opts.workdir} exists and is not a directory")
-    work = Path(tempfile.mkdtemp(prefix="pck-gc-vectors-") if own else str(opts.workdir))
-    work.mkdir(parents=True, exist_ok=True)
+    # The run's own directory: a new temporary one, or one below --workdir that no other run
+    # uses (outside CI review, finding 3: runs sharing --workdir deleted each other's cases).
+    work = Path(tempfile.mkdtemp(prefix="pck-gc-vectors-")) if opts.workdir is None else \
+        new_run_dir(Path(opts.workdir), "gc-")
     report.info["workdir"] = str(work)
     t0 = time.monotonic()
     try:
@@ -250,8 +249,18 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
         report.seconds = time.monotonic() - t0
         raise  # the work directory stays: the message may name a case in it
     report.seconds = time.monotonic() - t0
-    if own and not opts.keep_work and not any(c.failed for c in report.cases):
+    if opts.keep_work:
+        return
+    if opts.workdir is None and not any(c.failed for c in report.cases):
         shutil.rmtree(work, ignore_errors=True)
+        return
+    # Below --workdir the cases that failed or warned stay; the run's directory goes when
+    # nothing is left in it. Never a path this run did not create.
+    for d in [*(d for d in work.iterdir() if d.is_dir()), work]:
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
@@ -261,9 +270,7 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
         return CaseResult("gc", name, "skipped", "needs retire_abandoned, which this gc does "
                           "not offer (--no-retire-abandoned)")
     t0 = time.monotonic()
-    cdir = work / set_name / case["name"]
-    if cdir.exists():  # a workdir of an earlier run
-        shutil.rmtree(cdir)
+    cdir = work / set_name / case["name"]  # the run's own directory: no earlier run's case
     root = materialize(case, cdir.parent, vdir)
     before = snapshot(root)
     job = cdir / "job.json"

@@ -69,6 +69,7 @@ from conformance.procs import (
     KillPlan,
     Outcome,
     count_trace_progress,
+    new_run_dir,
     progress_mode,
 )
 from conformance.report import CaseResult, RunReport, shell_join
@@ -326,7 +327,8 @@ def stratify(n: int, points: tuple[str, ...] = FAULT_POINTS,
 class _Run:
     """One ``writer`` run: adapter, work directory, hypothesis settings, collected results."""
 
-    def __init__(self, cmd: list[str], opts: Options, report: RunReport) -> None:
+    def __init__(self, cmd: list[str], opts: Options, report: RunReport,
+                 subdir: bool = True) -> None:
         self.opts, self.report = opts, report
         self.seed = opts.seed if opts.seed is not None else random.SystemRandom().randrange(2**32)
         status = tracing_status() if opts.tracing != "off" else None
@@ -339,9 +341,17 @@ class _Run:
         self.cwd = Path.cwd()
         self.adapter = Adapter(cmd, timeout=opts.timeout, trace=self.tracing, cwd=self.cwd)
         self.adapter.preflight()
-        self.own_base = opts.workdir is None
-        self.base = Path(opts.workdir or tempfile.mkdtemp(prefix="pck-conformance-")).resolve()
-        self.base.mkdir(parents=True, exist_ok=True)
+        self.own_run_dir = subdir or opts.workdir is None  # finish() may remove it all
+        if opts.workdir is None:
+            self.base = Path(tempfile.mkdtemp(prefix="pck-conformance-")).resolve()
+        elif not subdir:  # --replay: a new case directory below the case directory replayed
+            self.base = Path(opts.workdir).resolve()
+        else:
+            # A directory of this run's own below --workdir: runs sharing one work directory
+            # (two CI jobs, a retry) never take or delete each other's case directories (outside
+            # CI review, finding 3: a run's clean-up deleted the names its passed cases had
+            # freed, which the other run had taken in the meantime).
+            self.base = new_run_dir(Path(opts.workdir), "writer-")
         self.counter = 0
         self.shrunk = 0.0  # seconds spent minimising failures so far (--shrink-time's budget)
         self.keep: set[Path] = set()
@@ -354,8 +364,8 @@ class _Run:
 
     # -- case directories ------------------------------------------------------------------
     def case_dir(self, suite: str, doc: dict[str, Any]) -> Path:
-        # The next free name: a --workdir shared by two runs, or kept from failed ones (the
-        # README's CI job reuses one), holds earlier runs' case directories (review C1).
+        # The next free name: the directory of a case replayed holds the case's own files and
+        # earlier replays (review C1); a run's own directory holds only its cases.
         while True:
             self.counter += 1
             d = self.base / f"{suite.split('.')[-1]}-{self.counter:04d}"
@@ -377,13 +387,15 @@ class _Run:
         return line if _installed() else f"cd {shell_join([str(self.cwd)])} && {line}"
 
     def finish(self) -> None:
+        """Remove what this run made and does not keep; never a path it did not create."""
         if self.opts.keep_work:
             return
         for d in self.made:
             if d not in self.keep:
                 shutil.rmtree(d, ignore_errors=True)
+        self.made = [d for d in self.made if d in self.keep]
         shutil.rmtree(self.base / ".hypothesis", ignore_errors=True)
-        if self.own_base and not self.keep:
+        if self.own_run_dir and not self.keep:
             shutil.rmtree(self.base, ignore_errors=True)
 
     # -- running one case ------------------------------------------------------------------
@@ -423,6 +435,7 @@ class _Run:
                 self.report.warnings.append(w)
         if not self.opts.keep_work:  # a passed case leaves nothing behind
             shutil.rmtree(d, ignore_errors=True)
+            self.made.remove(d)  # its name is free: finish() must not delete it again
         return CaseResult(suite, name, "passed", "", time.monotonic() - t0, self.seed,
                           str(d) if self.opts.keep_work else None, None, details)
 
@@ -692,7 +705,7 @@ def _replay_setup(case_dir: Path, meta: dict[str, Any], cmd: list[str] | None, t
     except OSError as exc:
         raise ValueError(f"the recorded working directory {cwd} of {case_dir} cannot be "
                          f"entered: {exc.strerror or exc}") from None
-    run = _Run(cmd or list(meta["cmd"]), opts, report)
+    run = _Run(cmd or list(meta["cmd"]), opts, report, subdir=False)
     run.counter = sum(1 for _ in case_dir.iterdir())
     suite = meta["suite"]
     if meta.get("kind") == "committer":

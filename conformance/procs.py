@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Any
 from conformance.trace import count_progress, traced_argv
 
 __all__ = ["Adapter", "InfrastructureError", "KillPlan", "Outcome", "count_trace_progress",
-           "import_error", "progress_mode"]
+           "import_error", "new_run_dir", "progress_mode"]
 
 
 class InfrastructureError(Exception):
@@ -368,3 +369,20 @@ def _reported_error(out: Path) -> dict[str, Any] | None:
             error: dict[str, Any] = doc["error"]
             return error
     return None
+
+
+def new_run_dir(workdir: Path, prefix: str) -> Path:
+    """A new directory of one run below ``workdir`` (created, with its parents, if missing).
+
+    Named ``<prefix><UTC time>-<random>``, so that runs sharing ``workdir`` list in order. A
+    run works in it alone: runs sharing ``workdir`` never take or delete each other's files.
+
+    Raises:
+        ValueError: ``workdir`` exists and is not a directory (a usage error).
+
+    """
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"--workdir {workdir} exists and is not a directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{stamp}-", dir=workdir)).resolve()

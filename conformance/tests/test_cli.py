@@ -308,7 +308,7 @@ def test_replay_sets_the_recorded_environment(dirs: tuple[Path, Path], fast_tmp:
     plain = _run(["writer", *QUICK, "--workdir", str(work), "--keep-work", "--",
                   *MINIMAL_WRITER], cwd, tmp, SECRET_TOKEN="x")
     assert plain.returncode == QUICK_PASS, plain.stdout + plain.stderr
-    (kept,) = work.glob("save-*/case.json")
+    (kept,) = work.glob("writer-*/save-*/case.json")  # below the run's own directory
     assert json.loads(kept.read_text())["env"] == {}
     for left in tmp.iterdir():
         shutil.rmtree(left)
@@ -320,7 +320,9 @@ def test_keep_work_and_workdir(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
     r = _run(["writer", *QUICK, "--workdir", str(work), "--keep-work", "--", *MINIMAL_WRITER],
              cwd, tmp)
     assert r.returncode == QUICK_PASS, r.stderr
-    (case,) = [p for p in work.iterdir() if p.name.startswith("save-")]
+    (run,) = work.iterdir()  # the run's own directory (finding 3 of the outside CI review)
+    assert run.name.startswith("writer-")
+    (case,) = [p for p in run.iterdir() if p.name.startswith("save-")]
     assert (case / "case.json").is_file() and list(case.rglob("manifest.json"))
     r = _run(["writer", *QUICK, "--workdir", str(work / "again"), "--", *MINIMAL_WRITER],
              cwd, tmp)
