@@ -59,19 +59,24 @@ def _emit(report: RunReport, args: argparse.Namespace) -> None:
 def _abort(report: RunReport, args: argparse.Namespace, code: int, message: str) -> int:
     """End a run that reached no verdict: the message on stderr and in the reports.
 
-    A run stopped by its infrastructure or by a bug of the suite keeps the cases it finished,
-    and gets one case in state ``error`` that says why: a CI test tab showed "0 tests" on a
-    red step (conformance review C4).
+    A run stopped by a usage error (2), with nothing to check (3), by its infrastructure (4) or
+    by a bug of the suite (5) keeps the cases it finished, and gets one case in state ``error``
+    that says why: a CI test tab showed "0 tests" on a red step (conformance review C4), and a
+    JUnit report of exit 2 or 3 had zero tests and no properties, green for a gate that reads
+    JUnit alone (outside CI review, finding 4).
     """
     print(message, file=sys.stderr)
     report.exit_code = code
     report.warnings.append(message)
-    if code in (EXIT_INFRA, EXIT_INTERNAL):
-        report.cases.append(CaseResult(
-            args.command, "infrastructure" if code == EXIT_INFRA else "internal error",
-            "error", message))
+    report.cases.append(CaseResult(args.command, _ERROR_CASES.get(code, "error"), "error",
+                                   message))
     _emit(report, args)
     return code
+
+
+#: the name of the ``error`` case of a run stopped without a verdict, by exit status
+_ERROR_CASES = {EXIT_USAGE: "usage error", EXIT_NOTHING: "nothing was checked",
+                EXIT_INFRA: "infrastructure", EXIT_INTERNAL: "internal error"}
 
 
 def _internal(report: RunReport, args: argparse.Namespace, exc: Exception) -> int:
@@ -141,9 +146,8 @@ def _cmd_writer(args: argparse.Namespace, argv: list[str]) -> int:
         cmd = cmd[1:]
     report = RunReport("writer", argv)
     if not cmd and not args.replay:
-        print(f"usage: {PROG} writer [options] -- CMD ...  (or writer --replay CASE_DIR)",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return _abort(report, args, EXIT_USAGE, f"usage: {PROG} writer [options] -- CMD ...  "
+                      "(or writer --replay CASE_DIR)")
     opts = Options(args.examples, args.crash_examples, not args.no_committer,
                    tuple(dict.fromkeys(c for c in args.codec.split(",") if c)),
                    args.max_writers, args.seed,
@@ -177,8 +181,7 @@ def _guarded(report: RunReport, args: argparse.Namespace, run: Callable[[], None
     try:
         run()
     except ValueError as exc:  # an argument only the harness could check
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _abort(report, args, EXIT_USAGE, f"error: {exc}")
     except SchemasUnavailable as exc:
         return _abort(report, args, EXIT_NOTHING, f"error: {exc}")
     except InfrastructureError as exc:
@@ -238,10 +241,10 @@ def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
     from conformance.schemas import SchemasUnavailable
     from conformance.vectors import VECTOR_DIRS, all_cases, materialize
 
-    if args.set is not None and args.set not in VECTOR_DIRS:
-        print(f"error: --set must be one of {', '.join(VECTOR_DIRS)}", file=sys.stderr)
-        return EXIT_USAGE
     report = RunReport("vectors", argv)
+    if args.set is not None and args.set not in VECTOR_DIRS:
+        return _abort(report, args, EXIT_USAGE, f"error: --set must be one of "
+                      f"{', '.join(VECTOR_DIRS)}")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pck-vectors-") as tmp:
         for version, vdir, case in all_cases():
@@ -289,11 +292,10 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
         cmd = cmd[1:]
     report = RunReport("gc", argv)
     if not cmd:
-        print(f"usage: {PROG} gc [options] -- CMD ...", file=sys.stderr)
-        return EXIT_USAGE
+        return _abort(report, args, EXIT_USAGE, f"usage: {PROG} gc [options] -- CMD ...")
     if not args.timeout > 0:
-        print("error: --timeout must be a positive number of seconds", file=sys.stderr)
-        return EXIT_USAGE
+        return _abort(report, args, EXIT_USAGE,
+                      "error: --timeout must be a positive number of seconds")
     opts = GcOptions(args.set, args.timeout, not args.no_retire_abandoned, args.workdir,
                      args.keep_work, tuple(args.case), args.tracing)
     stopped = _guarded(report, args, lambda: run_gc_vectors(cmd, opts, report))

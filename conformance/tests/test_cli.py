@@ -564,3 +564,41 @@ def test_every_version_directory_is_known() -> None:
     assert errata == set(ERRATA_SCHEMAS)
     sets = {p.parent.name for p in (REPO / "conformance" / "vectors").glob("*/cases.json")}
     assert sets == set(VECTOR_DIRS) | set(RETENTION_DIRS) and set(FORMAT_VERSIONS) <= sets
+
+
+def test_runs_without_a_verdict_are_red_in_junit(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """Outside CI review, finding 4: exit 2 (usage) and 3 (nothing checked) wrote a JUnit
+    report of zero tests and no properties, green for a gate that reads JUnit alone. Like 4 and
+    5 they now hold one ``error`` case, and every suite the run's ``exit_code``."""
+    cwd, tmp = dirs
+    empty = fast_tmp / "empty-schemas"
+    empty.mkdir()
+    runs = {  # name: (arguments, exit status, the error case's name)
+        "missing-path": (["check", str(fast_tmp / "no-such-root")], 2, "usage error"),
+        "no-schemas": (["check", "--schemas", str(empty), str(fast_tmp)], 3,
+                       "nothing was checked"),
+        "zero-cases": (["writer", "--examples", "0", "--crash-examples", "0", "--no-committer",
+                        "--", *MINIMAL_WRITER], 3, "nothing was checked"),
+        "writer-no-cmd": (["writer"], 2, "usage error"),
+        "writer-bad-option": (["writer", "--crash-examples", "3", "--", *MINIMAL_WRITER], 2,
+                              "usage error"),
+        "gc-no-cmd": (["gc"], 2, "usage error"),
+        "vectors-bad-set": (["vectors", "--set", "errata-99"], 2, "usage error"),
+    }
+    for name, (args, code, case) in runs.items():
+        xml, js = fast_tmp / f"{name}.xml", fast_tmp / f"{name}.json"
+        r = _run([args[0], "--junit-xml", str(xml), "--json", str(js), *args[1:]], cwd, tmp)
+        assert r.returncode == code, (name, r.stdout, r.stderr)
+        root = ET.parse(xml).getroot()
+        assert root.get("tests") == "1", (name, xml.read_text())
+        (suite,) = root.findall("testsuite")
+        assert suite.get("errors") == "1" and suite.get("name") == args[0], name
+        props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+        assert props["exit_code"] == str(code) and props["verdict"] == "none", (name, props)
+        (tc,) = suite.findall("testcase")
+        assert tc.get("name") == case and tc.find("error") is not None, name
+        doc = json.loads(js.read_text())
+        assert doc["exit_code"] == code and doc["verdict"] == "none" and not doc["ok"], name
+        assert [c["status"] for c in doc["cases"]] == ["error"], name
+        assert doc["cases"][0]["message"].strip() in r.stderr, name
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
