@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from conformance import __version__
-from conformance.report import EXIT_CODES, CaseResult, RunReport, shell_join
+from conformance.report import EXIT_CODES, GC_EXIT_CODES, CaseResult, RunReport, shell_join
 from conformance.spec import VERSIONS_TEXT
 
 __all__ = ["EXIT_INFRA", "EXIT_INTERNAL", "EXIT_NONCONFORMANT", "EXIT_NOTHING", "EXIT_OK",
@@ -301,7 +301,7 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     stopped = _guarded(report, args, lambda: run_gc_vectors(cmd, opts, report))
     if stopped is not None:
         return stopped
-    ran = [c for c in report.cases if c.status != "skipped"]
+    ran = [c for c in report.cases if c.suite == "gc" and c.status != "skipped"]
     if not ran:
         return _abort(report, args, EXIT_NOTHING, "error: no retention case ran")
     report.exit_code = EXIT_NONCONFORMANT if report.failures else EXIT_OK
@@ -309,7 +309,7 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     if report.exit_code == EXIT_OK and args.tracing == "auto" and not traced:
         report.exit_code = EXIT_PARTIAL
     out = _print_failures(report, args)
-    skipped = len(report.cases) - len(ran)
+    skipped = sum(1 for c in report.cases if c.suite == "gc") - len(ran)
     verdict = "gc FAILED" if report.failures else "gc passed"
     order = "on" if traced else "NOT CHECKED (exit 6; install strace, or --tracing off)" \
         if args.tracing == "auto" else "off"
@@ -377,7 +377,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"Conformance suite of the portable-ckpt format 1.x ({VERSIONS_TEXT}).",
-        epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items()))
+        epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
+        + "".join(f"\n  {k}  (gc) {v}" for k, v in GC_EXIT_CODES.items()))
     ap.add_argument("--version", action="version",
                     version=f"{PROG} {__version__} (checks format {VERSIONS_TEXT})")
     sub = ap.add_subparsers(dest="command", required=True)

@@ -223,6 +223,16 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
                                   f"{status.detail if status else ''}; pass --tracing auto to "
                                   "run without them (reported as not checked)")
     report.info["tracing"] = {"used": traced, "detail": status.detail if status else "off"}
+    if not traced:  # as the writer's writer.trace: a pass without them is no certification
+        detail = status.detail if status else "--tracing off"
+        report.cases.append(CaseResult(
+            "gc.trace", "order of deletions (system-call trace: R-GC-3, R-GC-13)", "skipped",
+            f"NOT CHECKED: tracing unavailable ({detail})" if status else
+            "NOT CHECKED: --tracing off"))
+        report.warnings.append(f"the order checks of the gc's deletions (a deletion mark stored "
+                               f"before the commit record is removed, R-GC-13; the commit "
+                               f"record first, R-GC-3; nothing removed of a kept version) were "
+                               f"NOT run: {detail}")
     adapter = Adapter(cmd, timeout=opts.timeout, trace=traced)
     adapter.preflight()
     # The run's own directory: a new temporary one, or one below --workdir that no other run
