@@ -35,6 +35,9 @@ commit record; anything done through ``/proc/`` paths (``/proc/self/fd/N/...``) 
 the order cannot be checked. The records before the writer indexes before the data and entry files, the
 mark last (R-GC-3's SHOULD): warnings; a file removed or renamed outside the root (R-GC-5): a
 failure, other writes there a warning.
+
+A case's failures that lost data (a file of an attempt it keeps deleted or changed, at rest or
+in the trace) come first: the first line is a JUnit report's headline.
 """
 
 from __future__ import annotations
@@ -125,9 +128,18 @@ def judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int,
     """``(failures, warnings)`` of a gc run on ``case``.
 
     The run left ``root``, exited ``rc`` and reported ``reported`` (the ids of its report
-    line, :func:`reported_ids`).
+    line, :func:`reported_ids`). The failures that lost data (a file of an attempt the case
+    keeps deleted or changed, a MUST) come first.
     """
+    lost, failures, warnings = _judge(case, before, root, rc, reported)
+    return lost + failures, warnings
+
+
+def _judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int,
+           reported: list[str] | None) -> tuple[list[str], list[str], list[str]]:
+    """``(lost, failures, warnings)``: :func:`judge`'s failures that lost data, the others."""
     after = snapshot(root)
+    lost_data: list[str] = []
     failures: list[str] = []
     warnings: list[str] = []
     attempts: dict[str, dict[str, Any]] = case["attempts"]
@@ -148,7 +160,7 @@ def judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int,
             if lost:
                 verb = "deleted or changed" if exp["outcome"] == "keep" else "deleted (a SHOULD)"
                 text = f"{verb} {_few(lost)} of {what}"
-                (failures if exp["outcome"] == "keep" else warnings).append(text)
+                (lost_data if exp["outcome"] == "keep" else warnings).append(text)
             if added:
                 failures.append(f"added {_few(added)} to {what}: a gc adds nothing to a version "
                                 "it keeps but a deletion mark")
@@ -188,7 +200,7 @@ def judge(case: dict[str, Any], before: dict[str, str], root: Path, rc: int,
     junk = sorted(set(reported or ()) - set(attempts))
     if junk:
         failures.append(f"its report names {_few(junk)}, which no attempt of the root is")
-    return failures, warnings
+    return lost_data, failures, warnings
 
 
 def _mark_path(rel: str, aid: str) -> bool:
@@ -300,11 +312,15 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
                           details={"policy": case["policy"], "rc": None, "warnings": [],
                                    "feature": case["feature"]})
     stdout = out.out.read_text(encoding="utf-8", errors="replace") if out.out.exists() else ""
-    failures, warnings = judge(case, before, root, out.rc, reported_ids(stdout))
+    lost, failures, warnings = _judge(case, before, root, out.rc, reported_ids(stdout))
     if out.trace is not None:
-        errors, advice = order_problems(_events(out, adapter), root, case, out, before)
+        lost_too, errors, advice = _order(_events(out, adapter), root, case, out, before)
+        lost += lost_too
         failures += errors
         warnings += advice
+    # Data lost first: the first line is the JUnit headline (outside CI review, finding 6: it
+    # said that two old versions were left, where the gc had deleted the two newest).
+    failures = lost + failures
     status = "failed" if failures else "passed"
     if not failures and not warnings and not opts.keep_work:
         shutil.rmtree(cdir, ignore_errors=True)
@@ -343,8 +359,17 @@ def order_problems(events: list[FsEvent], root: Path, case: dict[str, Any], out:
     without a commit record has none to remove first, and needs no mark). A rename of the
     attempt directory itself removes its commit record at that moment. ``before``: the root's
     :func:`snapshot` before the run (which attempts held a regular ``manifest.json``); without
-    it every attempt is taken to have held one.
+    it every attempt is taken to have held one. The failures that lost data (a file of an
+    attempt the case keeps removed) come first.
     """
+    lost, failures, warnings = _order(events, root, case, out, before)
+    return lost + failures, warnings
+
+
+def _order(events: list[FsEvent], root: Path, case: dict[str, Any], out: Outcome,
+           before: dict[str, str] | None) -> tuple[list[str], list[str], list[str]]:
+    """``(lost, failures, warnings)``: :func:`order_problems`' data-loss failures, the rest."""
+    lost: list[str] = []
     failures: list[str] = []
     warnings: list[str] = []
     base = str(root.resolve())
@@ -358,7 +383,7 @@ def order_problems(events: list[FsEvent], root: Path, case: dict[str, Any], out:
         adir = f"{base}/{aid}"
         recorded = before is None or before.get(f"{aid}/manifest.json", "").startswith("file:")
         if exp["outcome"] in ("keep", "should-keep"):
-            _kept_problems(events, aid, adir, recorded, exp["outcome"], failures, warnings)
+            _kept_problems(events, aid, adir, recorded, exp["outcome"], lost, warnings)
         mine = [e for e in events if e.kind in ("unlink", "rename", "link", "open")
                 and (e.path.startswith(adir + "/") or e.src.startswith(adir + "/")
                      or (e.kind == "rename" and e.src == adir))]
@@ -408,7 +433,7 @@ def order_problems(events: list[FsEvent], root: Path, case: dict[str, Any], out:
     if rest:
         warnings.append(f"wrote outside the root: {', '.join(rest[:3])} (the adapter protocol: "
                         "a gc writes only below its root)")
-    return failures, warnings
+    return lost, failures, warnings
 
 
 def _marked_before(mine: list[FsEvent], first: int, adir: str) -> bool:
@@ -442,8 +467,19 @@ def _kept_problems(events: list[FsEvent], aid: str, adir: str, recorded: bool, o
                                                           or r.startswith("deleting/")))]
     if not touched:
         return
-    text = (f"removed {_few(touched)} of {aid}, an attempt the case keeps, and put it back "
-            "(a gc removes nothing of a version it keeps: a crash in between loses it)")
+    # What the final state shows: files gone were deleted, not put back (outside CI review,
+    # finding 6: a gc that deleted two kept versions was said to have put them back).
+    gone = [r for r in touched if not os.path.lexists(r if r == adir else f"{adir}/{r}")]
+    back = [r for r in touched if r not in gone]
+    named = {adir: "its directory"}
+    if not back:
+        text = (f"deleted {_few([named.get(r, r) for r in gone])} of {aid}, an attempt the case "
+                "keeps: they are gone (a gc removes nothing of a version it keeps)")
+    else:
+        text = (f"removed {_few([named.get(r, r) for r in back])} of {aid}, an attempt the case "
+                "keeps, and put it back" + (
+                    f", and deleted {_few([named.get(r, r) for r in gone])}" if gone else "")
+                + " (a gc removes nothing of a version it keeps: a crash in between loses it)")
     if outcome == "keep":
         failures.append(text)
     else:

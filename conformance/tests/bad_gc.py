@@ -31,6 +31,9 @@ Proves that ``portable-ckpt-conformance gc`` catches each kind of defect a gc ca
   commit record, then deletes without a mark before the record;
 * ``rewrite-kept``: after a correct run, removes every file of the versions it kept and writes
   it again, the same bytes;
+* ``delete-newest``: keeps the oldest versions where it should keep the newest: deletes the
+  ``keep`` newest committed versions (data lost, R-GC-1) and leaves the older ones (an outside
+  team's gc bug, whose failure message led with the versions left);
 * ``crash``: dies with a traceback on a root holding an invalid attempt (exit 1, no report);
 * ``hang``: sleeps past the harness's ``--timeout``.
 """
@@ -82,6 +85,12 @@ def main(argv: list[str]) -> int:
         raise RuntimeError("a gc that cannot handle a lost commit record")
     if MODE == "child-cwd":
         return _child_cwd(job, root)
+    if MODE == "delete-newest":
+        committed = sorted(p for p in root.iterdir() if (p / "manifest.json").is_file())
+        for a in committed[-job["keep"]:]:
+            shutil.rmtree(a)
+        print(json.dumps({"reported": []}))
+        return 0
     path.write_text(json.dumps(job), encoding="utf-8")
     if MODE in ("no-mark", "data-first", "chdir-dotdot", "proc-fd", "rename-away",
                 "fake-mark"):

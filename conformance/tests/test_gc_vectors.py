@@ -323,6 +323,32 @@ def test_traced_child_in_another_directory_passes() -> None:
     assert doc is not None and doc["failures"] == [] and doc["warnings"] == []
 
 
+def test_data_lost_is_the_first_failure() -> None:
+    """Outside CI review, finding 6: a gc that deleted the two newest versions (R-GC-1) and
+    left the two old ones had a first line (the JUnit headline) saying that two old versions
+    were left, the deletion third, and under tracing "... and put it back" of versions that
+    are gone. The kept versions deleted come first; the trace check says they were deleted."""
+    rc, doc, text = _run("--json", "--tracing", "require" if TRACING else "off",
+                         "--case=keep-two-of-four", "--", sys.executable, str(BAD),
+                         env={"PCK_BAD_MODE": "delete-newest"})
+    assert rc == 1, text
+    assert doc is not None
+    _, case = _by_name("keep-two-of-four")
+    newest = sorted(a for a, e in case["attempts"].items() if e["outcome"] == "keep")
+    oldest = sorted(a for a, e in case["attempts"].items() if e["outcome"] == "delete")
+    lines = doc["failures"][0]["message"].splitlines()
+    lost = 4 if TRACING else 2  # the deletions, then (traced) the trace's word for them
+    assert all(line.startswith("deleted") for line in lines[:lost]), lines
+    assert "R-GC-1" in lines[0] and newest[0] in lines[0] and newest[1] in lines[1], lines
+    if TRACING:
+        assert all("an attempt the case keeps: they are gone" in line
+                   for line in lines[2:4]), lines
+        assert not any("put it back" in line for line in lines), lines
+    assert [line.startswith("left") for line in lines[lost:lost + 2]] == [True, True], lines
+    assert oldest[0] in lines[lost] and oldest[1] in lines[lost + 1]
+    shutil.rmtree(doc["workdir"])
+
+
 def test_parser_reads_padded_calls_and_cwd_per_process(tmp_path: Path) -> None:
     """strace pads short calls before ``=``; each process has its own working directory, a
     child starting in its parent's (fork, vfork resumed, clone), a thread sharing it."""
@@ -384,11 +410,22 @@ def test_order_marks_and_kept_versions(tmp_path: Path) -> None:
         assert len(failures) == 1 and "without storing a deletion mark" in failures[0], bad
     kept = f"{root.resolve()}/{k}"
     back = _events(("unlink", f"{kept}/data/x", ""), ("open", f"{kept}/data/x", ""))
+    (root / k / "data").mkdir(parents=True)
+    (root / k / "data" / "x").write_text("put back")
     failures, warnings = order_problems(back, root, case, out)
     assert failures == [] and len(warnings) == 1 and "and put it back" in warnings[0]
     case["attempts"][k]["outcome"] = "keep"
     failures, _ = order_problems(back, root, case, out)
     assert len(failures) == 1 and "and put it back" in failures[0]
+    # outside CI review, finding 6: a file the final state lacks was deleted, not put back;
+    # that loss of data is the first failure, before the order's
+    (root / k / "data" / "x").unlink()
+    gone = [*back, *_events(("open", f"{base}/deleting/garbage.json", ""),
+                            ("unlink", f"{base}/manifest.json", ""))]
+    failures, _ = order_problems(gone, root, case, out)
+    assert len(failures) == 2 and "put it back" not in failures[0], failures
+    assert failures[0].startswith(f"deleted data/x of {k}, an attempt the case keeps")
+    assert "without storing a deletion mark" in failures[1]
     clear = _events(("unlink", f"{kept}/deleting/g20260103T000000000000Z-0000abcd.json", ""),
                     ("unlink", f"{kept}/deleting", ""))
     assert order_problems(clear, root, case, out) == ([], [])
