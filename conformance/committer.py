@@ -239,17 +239,20 @@ def _events(o: Outcome, cwd: Path) -> list[FsEvent] | None:
     return fs_events(calls, str(cwd))
 
 
-def _expect_refusal(o: Outcome, code: str, what: str) -> None:
+def _expect_refusal(o: Outcome, code: str, what: str, rule: str) -> None:
+    """The committer refused with ``code``, as ``rule`` asks (named in every failure)."""
     if o.rc == 0:
-        raise HarnessFailure(f"the committer exited 0 on {what} (expected {code}): "
+        raise HarnessFailure(f"the committer exited 0 on {what} (expected {code}, {rule}): "
                              f"{o.tail()}")
     if o.code is None:
         raise HarnessFailure(f"the committer exited {o.rc} on {what} but reported no error code "
                              f"(expected {code} as the last stdout line "
-                             f'{{"error": {{"code": "{code}", ...}}}}): {o.tail()}')
+                             f'{{"error": {{"code": "{code}", ...}}}}, {rule}, R-ERR-1): '
+                             f"{o.tail()}")
     if o.code != code:
         raise HarnessFailure(f"the committer reported {o.code} on {what}, expected {code} "
-                             f"({o.error.get('message', '') if o.error else ''})")
+                             f"({rule}, R-ERR-1: "
+                             f"{o.error.get('message', '') if o.error else ''})")
 
 
 def run_refusal(adapter: Adapter, r: Refusal, workdir: Path, tables: bool = False) -> None:
@@ -272,7 +275,7 @@ def run_refusal(adapter: Adapter, r: Refusal, workdir: Path, tables: bool = Fals
     manifest = adir / "manifest.json"
     before = _stat(manifest)
     o = adapter.run(commit_job(case, workdir / "jobs", root, aid))
-    _expect_refusal(o, r.code, f"{r.name} ({r.what})")
+    _expect_refusal(o, r.code, f"{r.name} ({r.what})", r.rule)
     _check_untouched(o, adapter, manifest, before)
 
 
@@ -381,5 +384,6 @@ def run_commit_twice(adapter: Adapter, workdir: Path, tables: bool = False,
     manifest = root / aid / "manifest.json"
     before = _stat(manifest)
     o = adapter.run(commit_job(case, workdir / "jobs", root, aid, name="commit-again.json"))
-    _expect_refusal(o, "PCK-COMMIT-CONFLICT", "a second commit of a committed attempt")
+    _expect_refusal(o, "PCK-COMMIT-CONFLICT", "a second commit of a committed attempt",
+                    "R-COMMIT-9")
     _check_untouched(o, adapter, manifest, before)

@@ -83,7 +83,13 @@ from conformance.trace import (
     tracing_status,
     writer_problems,
 )
-from conformance.verify import HarnessFailure, publish_invariants, verify_saved
+from conformance.verify import (
+    HarnessFailure,
+    coverage_hint,
+    publish_invariants,
+    verify_saved,
+    writer_rule,
+)
 
 __all__ = [
     "PROTOCOL",
@@ -219,8 +225,10 @@ def _save(adapter: Adapter, case: SaveCase, root: Path, jobdir: Path,
                                  f"{case.summary()}: {o.tail()}")
     c = adapter.run(commit_job(case, jobdir, root, aid))
     if c.rc != 0:
+        hint = coverage_hint(root, aid, case) if c.code in ("PCK-COVERAGE-OVERLAP",
+                                                            "PCK-COVERAGE-GAP") else ""
         raise HarnessFailure(f"commit failed (exit {c.rc}, {c.code}) on {case.summary()}: "
-                             f"{c.tail()}")
+                             f"{c.tail()}{hint}{writer_rule(c.code) if hint else ''}")
     warned = verify_saved(root, aid, case)
     if details is not None and warned:  # the checker's warnings reach the writer's report
         details.setdefault("warnings", []).extend(f"checker: {w}" for w in warned)
@@ -291,14 +299,22 @@ def _publish_outcome(cc: CrashCase, root: Path, first: _Saved, aid_b: str, outs:
     kind = cc.fault.partition(":")[0]
     committed_b = (root / aid_b / "manifest.json").exists()
     rcs = [o.rc for o in outs]
+    # The rule each outcome breaks (outside CI review, finding 7): a committer refuses an
+    # attempt whose writer left no index (§4.2), and one stopped before its publish is complete
+    # leaves no commit record (R-COMMIT-7's atomic publish).
+    rule = " (R-COMMIT-4: a committer publishes nothing while an expected writer's index is " \
+        "missing, and reports PCK-WRITER-MISSING)" if kind == "write" else \
+        " (R-COMMIT-7: the publish is atomic; a committer that fails before it completes " \
+        "leaves no commit record)"
     if kind in ("write", "commit") and c.rc == 0:
-        raise HarnessFailure(f"commit exited 0 after fault {cc.fault} (writers exit {rcs})")
+        raise HarnessFailure(f"commit exited 0 after fault {cc.fault} (writers exit {rcs})"
+                             + (rule if kind == "write" else ""))
     if kind == "write" and c.code not in (None, "PCK-WRITER-MISSING"):
         raise HarnessFailure(f"the committer reported {c.code} after writer {cc.victim} failed "
-                             "before writing its index; expected PCK-WRITER-MISSING")
+                             f"before writing its index; expected PCK-WRITER-MISSING{rule}")
     if committed_b and kind in ("write", "commit"):
         raise HarnessFailure(f"attempt {aid_b} became visible as committed after fault "
-                             f"{cc.fault} (writers exit {rcs}, commit exit {c.rc})")
+                             f"{cc.fault} (writers exit {rcs}, commit exit {c.rc}){rule}")
     # A writer SIGKILLed after its index was durable leaves a complete attempt; publishing it is
     # then correct, and the invariants check that B is complete and equal to its state.
     if c.rc == 0 and not committed_b:

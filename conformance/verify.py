@@ -26,7 +26,8 @@ from conformance.checker import check_version
 from conformance.reader import committed_versions, latest_committed, load_version
 from conformance.spec import DTYPES
 
-__all__ = ["HarnessFailure", "publish_invariants", "verify_saved"]
+__all__ = ["WRITER_RULES", "HarnessFailure", "coverage_hint", "publish_invariants",
+           "verify_saved", "writer_rule"]
 
 
 class HarnessFailure(AssertionError):
@@ -83,7 +84,8 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> list[str]:
         raise HarnessFailure(f"{attempt_id} has no manifest.json after a successful commit")
     rep = check_version(vdir, deep=True)
     if not rep.ok:
-        errs = "; ".join(f"{e.code}: {e.message}" for e in rep.errors[:5])
+        errs = "; ".join(f"{e.code}: {e.message}{writer_rule(e.code, e.message)}"
+                         for e in rep.errors[:5])
         raise HarnessFailure(f"saved checkpoint does not conform ({case.summary()}): {errs}")
     got = load_version(vdir)
     if got.step != case.step:
@@ -141,6 +143,30 @@ def verify_saved(root: Path, attempt_id: str, case: SaveCase) -> list[str]:
     return warned
 
 
+#: The writer's rule that a checker error in an attempt only the writer under test wrote breaks
+#: (outside CI review, finding 7: a checksum failure named case, file, block and values, but no
+#: rule).
+WRITER_RULES: dict[str, str] = {
+    "PCK-CHECKSUM": "R-CKSUM-1: a writer computes each block's CRC-32C over exactly the bytes "
+                    "it stored in the file",
+    "PCK-COVERAGE-GAP": "R-COVER-1: the writers' ranges cover every element of every tensor "
+                        "exactly once",
+    "PCK-COVERAGE-OVERLAP": "R-COVER-1: the writers' ranges cover every element of every "
+                            "tensor exactly once",
+}
+
+
+def writer_rule(code: str | None, message: str = "") -> str:
+    """`` (R-…: …)``: the writer rule an error of ``code`` breaks.
+
+    ``""`` where none is known, or where ``message`` names it already.
+    """
+    rule = WRITER_RULES.get(code or "")
+    if rule is None or rule.split(":", 1)[0] in message:
+        return ""
+    return f" ({rule})"
+
+
 #: Checker warnings that, in an attempt only the writer under test wrote, name its violation:
 #: a file of the attempt that ``files`` does not list (R-FILES-1), a format version that does
 #: not match the features used (R-VERSION-2).
@@ -163,3 +189,37 @@ def publish_invariants(root: Path, allowed: dict[str, SaveCase], expect_latest: 
                              f"{expect_latest}")
 
 
+def coverage_hint(root: Path, attempt_id: str, case: SaveCase) -> str:
+    """The first box a writer index records that is no chunk of the writer's job, or ``""``.
+
+    A committer's ``PCK-COVERAGE-OVERLAP`` or ``-GAP`` names a tensor at most; this says which
+    recorded box differs from what the job asked the writer to store (a range recorded one
+    element early, say). Indexes that cannot be read are passed over: the committer's error
+    stands alone then.
+    """
+    specs = {t.key: t for t in case.tensors}
+    for index in sorted((root / attempt_id / "index").glob("w*.json")):
+        try:
+            writer = int(index.stem[1:])
+            doc = json.loads(index.read_text(encoding="utf-8"))
+            tensors = doc["tensors"]
+            items = list(tensors.items())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        for key, decl in items:
+            spec = specs.get(key)
+            if spec is None or not isinstance(decl, dict):
+                continue
+            chunks = [(list(o), list(n)) for o, n, w in spec.boxes if w == writer]
+            for r in decl.get("ranges") or []:
+                if not isinstance(r, dict):
+                    continue
+                box = (r.get("offsets"), r.get("lengths"))
+                if box in chunks:
+                    continue
+                asked = "; ".join(f"offsets {o} lengths {n}" for o, n in chunks[:3]) + (
+                    " ..." if len(chunks) > 3 else "")
+                return (f"; index/{index.name} records {key!r} box offsets {box[0]} lengths "
+                        f"{box[1]}, which is no chunk of writer {writer}'s job (its chunks of "
+                        f"{key!r}: {asked or 'none'})")
+    return ""

@@ -251,6 +251,20 @@ def _partial_after(orig: Any) -> Any:
     return write_file
 
 
+def _range_early(orig: Any) -> Any:
+    """The first range with a non-zero offset recorded one element early (its bytes right)."""
+    def shard_bytes(job: dict[str, Any], jobdir: Path) -> tuple[bytes | None, dict[str, Any]]:
+        data, tensors = orig(job, jobdir)
+        for t in tensors.values():
+            for r in t.get("ranges", []):
+                at = next((i for i, o in enumerate(r["offsets"]) if o > 0), None)
+                if at is not None:
+                    r["offsets"] = [o - (i == at) for i, o in enumerate(r["offsets"])]
+                    return data, tensors
+        return data, tensors
+    return shard_bytes
+
+
 def _chained_crcs(data: bytes, block_size: int) -> dict[str, Any]:
     """Block CRCs that continue from the previous block's: right for a one-block file only."""
     crcs = [f"{mw.crc32c(data[:i + block_size]):08x}" for i in range(0, len(data), block_size)]
@@ -314,6 +328,8 @@ def _apply(mode: str) -> None:
         mw.write_file = _scratch_outside(mw.write_file)
     elif mode == "partial-after-index":  # a durable stray file made after the index
         mw.write_file = _partial_after(mw.write_file)
+    elif mode == "range-early":  # a range's box recorded one element early (R-COVER-1)
+        mw.shard_bytes = _range_early(mw.shard_bytes)
     elif mode == "crc-block-chain":  # each block's CRC continues the previous one (§6)
         mw.file_record = _chained_crcs
     elif mode == "one-block":  # one CRC over the whole file, whatever its block size (§6)

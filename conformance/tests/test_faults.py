@@ -75,6 +75,24 @@ def test_data_faults(mode: str, kw: dict[str, object], message: str, bad: pytest
     assert message in got
     if mode == "swap":  # review C13: the bytes stored and expected are shown
         assert re.search(r"stored bytes [0-9a-f]+, expected [0-9a-f]+", got), got
+    if message == "PCK-CHECKSUM":  # outside CI review, finding 7: the writer's rule is named
+        assert "(R-CKSUM-1: a writer computes each block's CRC-32C" in got, got
+    if mode == "write-twice":  # ... and which recorded box is no chunk of the writer's job
+        assert "index/w00001.json records 'w' box offsets [0, 0] lengths [2, 3], which is no " \
+            "chunk of writer 1's job (its chunks of 'w': offsets [2, 0] lengths [2, 3])" in got, got
+        assert "(R-COVER-1:" in got
+
+
+def test_a_range_recorded_one_element_early_is_named(bad: pytest.MonkeyPatch,
+                                                     fast_tmp: Path) -> None:
+    """Outside CI review, finding 7: a writer that records a range one element early got only
+    the committer's ``PCK-COVERAGE-OVERLAP`` line; the box that differs from the job's chunk,
+    and R-COVER-1, are named now."""
+    got = _save("range-early", bad, fast_tmp)
+    assert "PCK-COVERAGE-OVERLAP" in got
+    assert "index/w00001.json records 'w' box offsets [1, 0] lengths [2, 3], which is no chunk " \
+        "of writer 1's job (its chunks of 'w': offsets [2, 0] lengths [2, 3])" in got, got
+    assert "(R-COVER-1: the writers' ranges cover every element" in got
 
 
 def test_a_junit_headline_keeps_the_end_of_a_long_message() -> None:
@@ -200,7 +218,10 @@ def _crash(mode: str, fault: str, bad: pytest.MonkeyPatch, tmp: Path, victim: in
 ])
 def test_publish_faults(mode: str, fault: str, message: str, bad: pytest.MonkeyPatch,
                         fast_tmp: Path) -> None:
-    assert message in _crash(mode, fault, bad, fast_tmp)
+    got = _crash(mode, fault, bad, fast_tmp)
+    assert message in got
+    if fault.startswith("write:") and "although" not in message:  # the rule (CI review, 7)
+        assert "(R-COMMIT-4: a committer publishes nothing while" in got, got
 
 
 def _refuse(mode: str, name: str, bad: pytest.MonkeyPatch, tmp: Path, trace: bool = False) -> str:
@@ -214,7 +235,9 @@ def _refuse(mode: str, name: str, bad: pytest.MonkeyPatch, tmp: Path, trace: boo
                                   "entry-rank-missing", "entry-value-missing",
                                   "data-file-missing", "file-wrong-size"])
 def test_committer_that_skips_checks(name: str, bad: pytest.MonkeyPatch, fast_tmp: Path) -> None:
-    assert "the committer exited 0" in _refuse("skip-checks", name, bad, fast_tmp)
+    got = _refuse("skip-checks", name, bad, fast_tmp)
+    assert "the committer exited 0" in got
+    assert f"(expected {REFUSAL[name].code}, {REFUSAL[name].rule}):" in got, got  # CI review, 7
 
 
 @pytest.mark.parametrize(("mode", "name", "message"), [
