@@ -94,7 +94,11 @@ def _cmd_check(args: argparse.Namespace, argv: list[str]) -> int:
 
     report = RunReport("check", argv)
     if not os.path.lexists(args.path):  # nothing to check: no verdict (review C8)
-        return _abort(report, args, EXIT_USAGE, f"error: {args.path} does not exist")
+        hint = (" (the argument after --json, which takes an optional FILE, was read as the "
+                "path to check: it is the only one that can be; to name a report file, give "
+                "the path too: `check --json FILE ROOT` or `check ROOT --json=FILE`)") \
+            if getattr(args, "json_was_path", False) else ""
+        return _abort(report, args, EXIT_USAGE, f"error: {args.path} does not exist{hint}")
     t0 = time.monotonic()
     try:
         found = check(args.path, deep=args.deep, schema_dir=args.schemas)
@@ -488,8 +492,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    argv = _json_before_path(list(sys.argv[1:] if argv is None else argv))
+    argv, json_was_path = _json_rewrite(list(sys.argv[1:] if argv is None else argv))
     args = _parser().parse_args(argv)
+    args.json_was_path = json_was_path
     previous = signal.signal(signal.SIGTERM, _terminate)  # clean up as after Ctrl-C
     try:
         return int(args.func(args, argv))
@@ -507,20 +512,48 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _json_before_path(argv: list[str]) -> list[str]:
-    """``check --json ROOT``: an existing directory after ``--json`` is the path, not the file.
+    """``check --json ROOT``: ROOT after ``--json`` is the path, not the report file.
 
     ``--json`` takes an optional FILE, so argparse gave it the path and then asked for the
-    path (exit 2). No report can be written over a directory, so the reading is unambiguous.
+    path (exit 2, "the following arguments are required: path"). The value is read as the path
+    where it is an existing directory (no report can be written over one), or where it is the
+    only argument that can be the path: ``check --json /nonexistent`` then says that
+    ``/nonexistent`` does not exist (outside CI review, finding 8), and a report file is named
+    with ``--json=FILE`` or before the path (``--json FILE ROOT``).
     """
+    return _json_rewrite(argv)[0]
+
+
+def _json_rewrite(argv: list[str]) -> tuple[list[str], bool]:
+    """:func:`_json_before_path`, and whether ``--json``'s value became the path."""
     out = list(argv)
     if not out or out[0] != "check":  # only check's own options: never an adapter's after --
-        return out
-    for i, a in enumerate(out[:-1]):
+        return out, False
+    at: int | None = None  # the index of a "--json VALUE"
+    positional = 0
+    i = 1
+    while i < len(out):
+        a = out[i]
         if a == "--":
+            positional += len(out) - i - 1
             break
-        if a == "--json" and not out[i + 1].startswith("-") and Path(out[i + 1]).is_dir():
-            out[i] = "--json=-"
-    return out
+        if a in ("--schemas", "--junit-xml"):  # options that take a value
+            i += 2
+            continue
+        if a == "--json" and i + 1 < len(out) and not out[i + 1].startswith("-"):
+            if Path(out[i + 1]).is_dir():
+                out[i] = "--json=-"
+                return out, True
+            at = i
+            i += 2
+            continue
+        if not a.startswith("-"):
+            positional += 1
+        i += 1
+    if at is not None and positional == 0:  # the only argument that can be the path
+        out[at] = "--json=-"
+        return out, True
+    return out, False
 
 
 def _terminate(signum: int, frame: object) -> None:

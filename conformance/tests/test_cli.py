@@ -602,3 +602,31 @@ def test_runs_without_a_verdict_are_red_in_junit(dirs: tuple[Path, Path], fast_t
         assert [c["status"] for c in doc["cases"]] == ["error"], name
         assert doc["cases"][0]["message"].strip() in r.stderr, name
     assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_json_before_a_missing_path_is_the_path(dirs: tuple[Path, Path], fast_tmp: Path) -> None:
+    """Outside CI review, finding 8: ``check --json /nonexistent`` took the path for the report
+    file, then argparse said "the following arguments are required: path". The only argument
+    that can be the path is the path: exit 2, it does not exist, and how to name a report file;
+    a report file named before the path still is one."""
+    from conformance.cli import _json_before_path
+
+    cwd, tmp = dirs
+    gone = str(fast_tmp / "no-such-root")
+    assert _json_before_path(["check", "--json", gone]) == ["check", "--json=-", gone]
+    assert _json_before_path(["check", "--deep", "--json", gone, "--schemas", "s"]) == \
+        ["check", "--deep", "--json=-", gone, "--schemas", "s"]
+    kept = ["check", "--json", "r.json", gone]  # FILE, then the path
+    assert _json_before_path(kept) == kept
+    assert _json_before_path(["check", "--junit-xml", "x.xml", "--json", "r.json"]) == \
+        ["check", "--junit-xml", "x.xml", "--json=-", "r.json"]
+    r = _run(["check", "--json", gone], cwd, tmp)
+    assert r.returncode == 2 and "required" not in r.stderr, r.stderr
+    assert f"error: {gone} does not exist (the argument after --json" in r.stderr, r.stderr
+    assert "`check --json FILE ROOT`" in r.stderr
+    assert json.loads(r.stdout)["exit_code"] == 2  # the report went to standard output
+    report = fast_tmp / "r.json"
+    r = _run(["check", "--json", str(report), gone], cwd, tmp)
+    assert r.returncode == 2 and "(the argument after --json" not in r.stderr, r.stderr
+    assert json.loads(report.read_text())["exit_code"] == 2
+    assert list(cwd.iterdir()) == [] and list(tmp.iterdir()) == []
