@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import TextIO
 
 from conformance import __version__
-from conformance.report import EXIT_CODES, GC_EXIT_CODES, CaseResult, RunReport, shell_join
+from conformance.report import (
+    EXIT_CODES,
+    GC_EXIT_CODES,
+    CaseResult,
+    RunReport,
+    shell_join,
+    vectors_sha256,
+)
 from conformance.spec import VERSIONS_TEXT
 
 __all__ = ["EXIT_INFRA", "EXIT_INTERNAL", "EXIT_NONCONFORMANT", "EXIT_NOTHING", "EXIT_OK",
@@ -246,6 +253,7 @@ def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
     from conformance.vectors import VECTOR_DIRS, all_cases, materialize
 
     report = RunReport("vectors", argv)
+    report.info["vectors_sha256"] = vectors_sha256()  # what a CI pins (CI review, finding 9)
     if args.set is not None and args.set not in VECTOR_DIRS:
         return _abort(report, args, EXIT_USAGE, f"error: --set must be one of "
                       f"{', '.join(VECTOR_DIRS)}")
@@ -281,7 +289,8 @@ def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
     for c in failed:
         print(f"FAIL {c.name}\n  {c.message}", file=out)
     verdict = "the checker agrees with" if not failed else f"the checker DISAGREES on {len(failed)} of"
-    print(f"{verdict} {len(report.cases)} golden vectors in {report.seconds:.1f}s", file=out)
+    print(f"{verdict} {len(report.cases)} golden vectors in {report.seconds:.1f}s (vectors "
+          f"sha256 {report.info['vectors_sha256']})", file=out)
     _emit(report, args)
     return report.exit_code
 
@@ -376,6 +385,25 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or text
 
 
+class _Version(argparse.Action):
+    """``--version``: the version line, then the vector set's fingerprint (read when asked)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    """What ``--version`` prints: the version line, then the vector set's fingerprint.
+
+    ``PROG VERSION (checks format ...)``, and on a line of its own ``vectors sha256 HEX``
+    (:func:`conformance.report.vectors_sha256`).
+    """
+    return (f"{PROG} {__version__} (checks format {VERSIONS_TEXT})\n"
+            f"vectors sha256 {vectors_sha256()}")
+
+
 def _parser() -> argparse.ArgumentParser:
     fmt = _Defaults
     ap = argparse.ArgumentParser(
@@ -383,8 +411,8 @@ def _parser() -> argparse.ArgumentParser:
         description=f"Conformance suite of the portable-ckpt format 1.x ({VERSIONS_TEXT}).",
         epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
         + "".join(f"\n  {k}  (gc) {v}" for k, v in GC_EXIT_CODES.items()))
-    ap.add_argument("--version", action="version",
-                    version=f"{PROG} {__version__} (checks format {VERSIONS_TEXT})")
+    ap.add_argument("--version", action=_Version, nargs=0,
+                    help="print the suite's version and its vector set's sha256, and exit")
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", formatter_class=fmt,
                        help="statically check a checkpoint root or version directory")

@@ -9,6 +9,7 @@ one-line command that replays it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import sys
@@ -20,7 +21,7 @@ from typing import Any
 from conformance import __version__
 
 __all__ = ["EXIT_CODES", "GC_EXIT_CODES", "VERDICTS", "CaseResult", "RunReport", "exit_meaning",
-           "shell_join"]
+           "shell_join", "vectors_sha256"]
 
 #: exit status of ``portable-ckpt-conformance`` (and ``python -m conformance``).
 EXIT_CODES: dict[int, str] = {
@@ -63,6 +64,24 @@ def exit_meaning(command: str, code: int) -> str:
 
 #: the ``verdict`` of a JSON report, by exit status (any other status: ``"none"``)
 VERDICTS: dict[int, str] = {0: "pass", 1: "fail", 6: "partial"}
+
+
+def vectors_sha256(base: Path | None = None) -> str:
+    """The fingerprint of the vector set the suite ships: SHA-256, hex.
+
+    Over every file below ``conformance/vectors/`` (``base``; ``__pycache__`` left out), in
+    the order of their relative paths' components: each file's relative path (``/``-separated,
+    UTF-8), a NUL byte, then its bytes. The same value for a checkout and an installed wheel;
+    printed by ``--version`` and in ``vectors --json`` (``vectors_sha256``), so a CI can pin
+    the vectors its verdicts rest on (outside CI review, finding 9).
+    """
+    base = base or Path(__file__).resolve().parent / "vectors"
+    h = hashlib.sha256()
+    for p in sorted((p for p in base.rglob("*") if "__pycache__" not in p.parts),
+                    key=lambda p: p.relative_to(base).parts):
+        if p.is_file():
+            h.update(p.relative_to(base).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
 
 
 def shell_join(argv: list[str]) -> str:

@@ -120,6 +120,11 @@ def test_installed_package_is_self_contained(installed: tuple[Path, Path]) -> No
     assert (pkg / "examples" / "minimal_writer.py").is_file()
     assert (pkg / "examples" / "minimal_gc.py").is_file()
     assert _tool(venv, "--help", cwd=outside).returncode == 0
+    # the vector set's fingerprint is the checkout's (outside CI review, finding 9)
+    from conformance.report import vectors_sha256
+
+    shown = _tool(venv, "--version", cwd=outside).stdout.splitlines()
+    assert shown[1] == f"vectors sha256 {vectors_sha256()}", shown
     m = subprocess.run([str(venv / "bin" / "python"), "-m", "conformance", "--help"], cwd=outside,
                        env=_env(), capture_output=True, text=True)
     assert m.returncode == 0 and "writer" in m.stdout
@@ -179,6 +184,17 @@ def test_every_third_party_import_is_declared() -> None:
                 if not dists & declared:
                     missing[top] = str(path.relative_to(REPO))
     assert not missing, f"imports without a declared dependency: {missing}"
+
+
+def test_the_build_backend_is_pinned() -> None:
+    """Outside CI review, finding 9: a wheel built again from the same tree is the same wheel
+    only with the same build backend; ``hatchling>=1.25`` took whatever was newest."""
+    build = tomllib.loads((CONF / "pyproject.toml").read_text())["build-system"]
+    (req,) = build["requires"]
+    name, _, version = req.partition("==")
+    assert name == "hatchling" and version.count(".") == 2, req
+    text = (CONF / "README.md").read_text()
+    assert f"`{req}`" in text and "vectors sha256" in text
 
 
 def test_the_readme_names_every_dependency() -> None:
