@@ -9,13 +9,15 @@ block is never a file's first:
 
 * a data block in the middle of a tensor's range, and the last block of a file;
 * a block inside a ``zstd`` frame that is not its first (the bytes are verified before they
-  are decoded: ``PCK-CHECKSUM``, never a codec error or damaged values);
+  are decoded: ``PCK-CHECKSUM``, never a codec error or damaged values): a frame stored raw,
+  which decodes unverified to one changed byte, and a compressed one whose damaged block makes
+  decoding fail (a reader that decodes first says ``PCK-CODEC``);
 * the second block of an entry value, changed so that it is still valid JSON;
 * a later block of a tensor table (format 1.1).
 
-Two valid cases hold the same kinds of files intact. Every damaged byte but the table's is one
-that a reader which skips the check returns or decodes without another error (the table's
-gives a layout that fails another check, under another code). Uses the builders of
+Two valid cases hold the same kinds of files intact. Every damaged byte but the table's and the
+compressed frame's is one that a reader which skips the check returns or decodes without
+another error (those two fail another check, under another code). Uses the builders of
 ``generate_1_0.py``, ``generate_1_1.py`` and ``generate_errata_1.py`` (standard library, numpy,
 crc32c, zstandard). Refuses to touch an existing vector directory unless ``--force`` is given.
 
@@ -67,14 +69,17 @@ def _multi(step: int = 10) -> Any:
     """A 1.0 version whose files each span several blocks.
 
     ``bias`` (16 bytes) and ``w`` (uint8, 2 x 9,000, one range a row) share one shard of five
-    blocks; ``z`` (6,000 incompressible bytes, one ``zstd`` range) has a shard of its own
-    (writer 1); the entry ``history`` holds 1,500 integers (about 8 KiB of JSON).
+    blocks; ``z`` (6,000 incompressible bytes, one ``zstd`` range, stored raw by zstd) and ``c``
+    (12,000 compressible bytes, one ``zstd`` range, compressed) share writer 1's shard; the
+    entry ``history`` holds 1,500 integers (about 8 KiB of JSON).
     """
     v = G.V(step, world_size=2)
     v.tensor("bias", "float32", [4], [0.5, 1.5, 2.5, 3.5])
     v.tensor("w", "uint8", [2, 9000], [i % 251 for i in range(18000)],
              [([0, 0], [1, 9000], 0), ([1, 0], [1, 9000], 0)])
     v.tensor("z", "uint8", [6000], _pattern(6000, 21), [([0], [6000], 1)], codec="zstd")
+    v.tensor("c", "uint8", [12000], [x % 33 for x in _pattern(12000, 7)], [([0], [12000], 1)],
+             codec="zstd")
     v.entry("history", list(range(1500)))
     return v
 
@@ -134,7 +139,8 @@ def _(root: Path) -> None:
       "(errata 21): one bit in block 1 of the shard of `z`, inside its zstd frame (a "
       "6,000-byte frame of incompressible bytes, stored raw by zstd: decoded unverified it "
       "gives one changed byte, no codec error). The bytes are verified before they are "
-      "decoded: PCK-CHECKSUM, block 1, not PCK-CODEC", code="PCK-CHECKSUM", deep=True)
+      "decoded: PCK-CHECKSUM, block 1, not PCK-CODEC (not deep: the block also holds the "
+      "frame header of `c`, which a metadata check reads and so verifies)", code="PCK-CHECKSUM")
 def _(root: Path) -> None:
     def ar(files: dict[str, bytes], m: dict[str, Any]) -> None:
         fname = "data/w00001-0000.safetensors"
@@ -142,6 +148,39 @@ def _(root: Path) -> None:
         at = BLOCK + 500
         assert lo + 18 < BLOCK < at < hi, (lo, hi)
         _flip(files, fname, at, 0x01)
+    G.write_version(root, _multi(), after_records=ar)
+
+
+@case("invalid-checksum-undecodable-zstd-frame", "R-CKSUM-3, R-CKSUM-4, R-TENSOR-10 "
+      "(errata 21): one bit in block 1 of writer 1's shard, in the compressed zstd frame of "
+      "`c` just past its frame header (its first block's header and literal tables), so that "
+      "decoding the unverified bytes fails: a reader that decodes before it verifies reports "
+      "PCK-CODEC; the bytes are verified before they are decoded: PCK-CHECKSUM, block 1 (not "
+      "deep: the block holds the frame's header, which a metadata check reads)",
+      code="PCK-CHECKSUM")
+def _(root: Path) -> None:
+    import zstandard
+
+    def ar(files: dict[str, bytes], m: dict[str, Any]) -> None:
+        fname = "data/w00001-0000.safetensors"
+        lo, hi = _range_span(files, fname, "c@0")
+        assert BLOCK < lo < 2 * BLOCK - 512, (lo, hi)
+        frame = files[fname][lo:hi]
+        def breaks(at: int, mask: int) -> bool:
+            bad = bytearray(frame)
+            bad[at - lo] ^= mask
+            try:
+                zstandard.ZstdDecompressor().decompress(bytes(bad), max_output_size=12000)
+            except zstandard.ZstdError:
+                return True
+            return False
+
+        # The first byte and bit past the frame header (18 bytes, metadata: R-TENSOR-10) whose
+        # change breaks decoding: the first block's header and literal tables.
+        at, mask = next((a, 1 << b) for a in range(lo + 18, lo + 512)
+                        for b in range(8) if breaks(a, 1 << b))
+        assert at // BLOCK == 1, at
+        _flip(files, fname, at, mask)
     G.write_version(root, _multi(), after_records=ar)
 
 
@@ -193,7 +232,8 @@ def _(root: Path) -> None:
 
 DESCRIPTION = ("Golden vectors of errata 21 (spec §20): damaged checksum blocks that are not "
                "a file's first (R-CKSUM-3, R-CKSUM-4): the middle block of a range, the last "
-               "block of a shard, a later block of a zstd frame, the second block of an entry "
+               "block of a shard, a later block of a zstd frame (stored raw, and compressed), "
+               "the second block of an entry "
                "value, a later block of a tensor table; and two versions with the same kinds "
                "of multi-block files intact.")
 

@@ -441,3 +441,30 @@ def test_an_abandoned_attempt_on_a_read_only_root_is_not_deleted_and_not_said_to
     assert skipped["status"] == "delete failed" and skipped["retryable"] is False
     after = {k: v for k, v in _snapshot(root).items() if ".pck-clock-" not in k}  # (its probe)
     assert after == before
+
+
+def test_a_backend_exception_with_no_record_after_it_removes_nothing(tmp_path: Path) -> None:
+    """Re-attack 27, 3: a backend's own exception from the commit record's create (a client's
+    timeout while its request is still in flight), the record not there when looked for: the
+    save removed its data, then the request landed, and the latest version had no files. The
+    outcome is unknown (``CommitOutcomeUnknownError``): nothing of the attempt is removed.
+    A ``StorageError`` keeps its documented meaning (not created)."""
+    from portable_ckpt.errors import CommitOutcomeUnknownError
+
+    root = tmp_path / "root"
+    make_version(str(root), 1)
+    fault = Fault(op="create", path="*/manifest.json",
+                  raises=TimeoutError("read timed out; the request was sent"))
+    storage = FaultyStorage(open_storage(str(root)), [fault])
+    with pytest.raises(CommitOutcomeUnknownError, match="still in flight") as info:
+        portable_ckpt.save_arrays(storage, {"w": np.ones((4, 4))}, step=2)
+    assert isinstance(info.value.__cause__, TimeoutError)
+    [attempt] = [p for p in root.iterdir() if p.name.startswith("s000000000002-")]
+    assert sorted(p.name for p in attempt.rglob("*") if p.is_file()) == [
+        "w00000-0000.safetensors"]  # its data is kept: the request may still land
+    storage.faults[:] = [Fault(op="create", path="*/manifest.json", error="ENOSPC")]
+    with pytest.raises(StorageError) as plain:
+        portable_ckpt.save_arrays(storage, {"w": np.ones((4, 4))}, step=3)
+    assert not isinstance(plain.value, CommitOutcomeUnknownError)
+    assert not [p for p in root.iterdir() if p.name.startswith("s000000000003-")
+                and any(q.is_file() for q in p.rglob("*"))]

@@ -56,3 +56,39 @@ def test_a_failed_save_runs_the_pass_the_commit_before_it_skipped(
         # Step 2's commit skipped its pass for step 3's; step 3 failed and ran it.
         assert _committed(root) == [2]
         assert mgr._retain_owed == {}
+
+
+def test_a_save_whose_outcome_is_unknown_leaves_the_pass_owed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-attack 27, 1: the save queued behind a commit failed with an unknown outcome (its
+    record linked, the directory's fsync failed: it may not survive a crash); the owed pass
+    then counted it as the newest version and deleted the last durable one, while the job
+    said "the previous version remains the latest". The pass stays owed: nothing deleted."""
+    from portable_ckpt.errors import CommitOutcomeUnknownError
+
+    root = tmp_path / "r"
+    state: dict[str, Any] = {"w": torch.arange(1024.0)}
+    real = LocalStorage.create_if_absent
+
+    def linked_not_durable(self: LocalStorage, path: str, data: bytes) -> bool:
+        done = real(self, path, data)
+        if path.startswith("s000000000003-") and path.endswith("/manifest.json"):
+            raise CommitOutcomeUnknownError(f"{path}: linked, but the directory's fsync "
+                                            "failed (EIO)", path=path)
+        return done
+
+    monkeypatch.setattr(LocalStorage, "create_if_absent", linked_not_durable)
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=True,
+                                max_failed_saves=None) as mgr:
+        mgr.maybe_save(1, state)
+        mgr.wait()
+        gate = threading.Event()
+        mgr._bg.submit(gate.wait, 60)
+        mgr.maybe_save(2, state)
+        mgr.maybe_save(3, state)
+        gate.set()
+        with pytest.raises(CommitOutcomeUnknownError):
+            mgr.wait()
+        assert set(mgr._retain_owed) == {"durable"}
+        assert _committed(root) == [1, 2, 3]  # step 2, the last durable version, is there

@@ -300,3 +300,39 @@ def test_a_failed_verification_record_replaced_by_a_directory_stops_the_restore(
             mgr.restore(target)
     shutil.rmtree(record)
     assert cli_main(["ls", str(root), "--latest"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file", "fifo"])
+def test_a_records_directory_that_is_no_directory_is_records_that_cannot_be_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Re-attack 27, 2: a version's ``verifications/`` replaced by a symbolic link (its failed
+    record intact behind it), a file or a FIFO hid the record: ``ls --latest`` named the failed
+    version and ``gc --keep 1`` deleted the good one before it. Such a directory holds records
+    that cannot be read: ``ls --latest`` exits 69, gc keeps both."""
+    import os
+
+    from portable_ckpt.cli.main import main as cli_main
+
+    root = tmp_path / "r"
+    _two_versions(root)
+    older, newest = sorted(list_versions(root), key=lambda v: v.step)
+    data = sorted((root / newest.id / "data").glob("*.safetensors"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[-100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert cli_main(["verify", str(root / newest.id), "--deep"]) == 1
+    records = root / newest.id / "verifications"
+    if kind == "symlink":
+        os.rename(records, tmp_path / "elsewhere")
+        os.symlink(tmp_path / "elsewhere", records)
+    else:
+        for p in records.iterdir():
+            p.unlink()
+        records.rmdir()
+        records.write_text("x") if kind == "file" else os.mkfifo(records)
+    capsys.readouterr()
+    assert cli_main(["ls", str(root), "--latest"]) == 69
+    assert "verifications is no directory" in capsys.readouterr().err
+    assert cli_main(["gc", str(root), "--keep", "1"]) == 1
+    assert sorted(v.id for v in list_versions(root)) == [older.id, newest.id]

@@ -497,8 +497,11 @@ def _gc(args: argparse.Namespace) -> int:
                 f"{safe(d['message'])[:300]})"
             )
         for d in rep.left_behind:
-            print(f"note: {d['id']} is deleted (its commit record is gone), but files of it are "
-                  f"left: {safe(d['message'])[:300]}")
+            # (an attempt that never had a record is no version: "partly deleted", re-attack 27)
+            what = ("is deleted (its commit record is gone)" if d.get("had_record", True)
+                    else "(no commit record: no version) is partly deleted")
+            print(f"note: {d['id']} {what}, but files of it are left: "
+                  f"{safe(d['message'])[:300]}")
         if rep.clock_skew is not None:
             print(f"note: this host's clock is {abs(rep.clock_skew):.0f} s "
                   f"{'ahead of' if rep.clock_skew > 0 else 'behind'} the storage's; attempts "

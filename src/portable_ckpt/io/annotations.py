@@ -243,8 +243,9 @@ def _odd_records(storage: Storage, prefix: str) -> StorageError | None:
         return None
     return StorageError(
         f"{storage.url.rstrip('/')}/{odd[0]} is named like a record but is no plain file (a "
-        "directory, a symbolic link or a FIFO): the record cannot be read, and may say the "
-        "version failed; replace it with the record itself, or remove it",
+        "directory, a symbolic link or a FIFO; on an object store, keys below that name): the "
+        "record cannot be read, and may say the version failed; replace it with the record "
+        "itself, or remove it",
         path=odd[0], retryable=False)
 
 

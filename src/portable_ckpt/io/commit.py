@@ -863,10 +863,21 @@ def _create_record(storage: Storage, attempt_id: str, data: bytes) -> bool:
         return _record_after_failure(storage, record, data, exc)
     except Exception as exc:
         # A backend's own exception (an SDK's timeout after its request went: backend review
-        # 27, H1): as a storage error, the record is looked for before anything is removed.
-        return _record_after_failure(storage, record, data, StorageError(
-            f"{storage.url}/{record}: the backend raised {type(exc).__name__}: {exc}",
-            path=record, retryable=False), cause=exc)
+        # 27, H1): the record is looked for; not there is not "not created" (the request may
+        # still be in flight and land after the look: re-attack 27, 3), so nothing is removed.
+        said = StorageError(f"{storage.url}/{record}: the backend raised "
+                            f"{type(exc).__name__}: {exc}", path=record, retryable=False)
+        try:
+            return _record_after_failure(storage, record, data, said, cause=exc)
+        except StorageError as absent:
+            if absent is not said:
+                raise
+            raise CommitOutcomeUnknownError(
+                f"{record}: publishing failed in the backend ({type(exc).__name__}: {exc}) and "
+                "the record is not there now, but a request still in flight may create it: "
+                "the version may be committed, so nothing of its attempt is removed "
+                "(`portable-ckpt ls` / `verify` tell which it is; gc removes it once it is "
+                "known abandoned)", path=record) from exc
 
 
 def _record_after_failure(

@@ -197,11 +197,21 @@ def _keep_marked(storage: Storage, attempt_id: str, mark: str, reason: str) -> N
 
 
 def _directory_left(storage: Storage, attempt_id: str) -> bool:
-    """Whether the attempt's directory is there still, with nothing in it that is listed."""
+    """Whether the attempt's directory is there still, with nothing in it that is listed.
+
+    Removed once more first: another gc deleting the attempt at once held its deletion mark
+    there when this one's removal ran, and had not removed the emptied directory yet when this
+    one looked (re-attack 27, 4: "could not be removed", exit 1, the directory gone).
+    """
     try:
-        return attempt_id in storage.list_dirs("") and not _any_file(storage, f"{attempt_id}/")
+        for wait in (0.0, 0.05, 0.2):  # the other gc removes its mark, then the directory
+            time.sleep(wait)
+            storage.remove_empty_dirs(f"{attempt_id}/")
+            if attempt_id not in storage.list_dirs("") or _any_file(storage, f"{attempt_id}/"):
+                return False
     except CheckpointError:
         return False
+    return True
 
 
 def _nothing_removed(storage: Storage, prefix: str, listed: list[str] | None) -> bool:
@@ -346,7 +356,7 @@ def delete_attempt(
             # not "deleted, files left" (fault review 27, F5).
             raise
         report.left_behind.append({"id": attempt_id, "code": exc.code, "message": str(exc),
-                                   "retryable": exc.retryable})
+                                   "retryable": exc.retryable, "had_record": recorded})
         aborted, removed_dir, foreign = 0, None, []
     else:
         foreign = storage.list_foreign(prefix)  # never deleted
@@ -356,6 +366,7 @@ def delete_attempt(
             # parent): "deleted", exit 0, and `ls` listed it again (fault review 27, F8).
             report.left_behind.append({
                 "id": attempt_id, "code": StorageError.code, "retryable": False,
+                "had_record": recorded,
                 "message": f"{storage.url.rstrip('/')}/{attempt_id}/: its files are deleted, "
                            "but the directory could not be removed (a permission or a "
                            "read-only file system: the root's owner removes it)"})

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from portable_ckpt.errors import (
     DAMAGE_CODES,
     CheckpointError,
+    CommitOutcomeUnknownError,
     DistributedError,
     UnsupportedValueError,
     error_for_code,
@@ -76,12 +77,14 @@ def after_save(
             info = handle.committed.result()
         except CheckpointError as e:
             after_failure(mgr, step, tier, decision, e)
-            _owed_retention(mgr, tier)
+            if not isinstance(e, CommitOutcomeUnknownError):
+                # (an unknown outcome may be a version: a pass would count it as the newest
+                # and delete the last durable one; the pass stays owed: re-attack 27, 1)
+                _owed_retention(mgr, tier)
             return
         except BaseException as e:  # pragma: no cover - non-checkpoint failure
             after_failure(mgr, step, tier, decision, DistributedError(str(e)))
-            _owed_retention(mgr, tier)
-            return
+            return  # (whether it committed is not known: the pass stays owed)
     if info is None:  # pragma: no cover - guarded by the callers
         return
     if tier.name == "fast":
