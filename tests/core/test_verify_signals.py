@@ -38,9 +38,19 @@ def test_a_version_that_failed_verification_is_a_problem_whatever_this_pass_find
 def test_a_verification_that_could_not_be_recorded_is_not_ok(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import os
+
+    from portable_ckpt.storage import LocalStorage, register_scheme
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
     root, (_, v2) = _root(tmp_path)
-    (v2 / "verifications").write_text("")  # no record can be stored (a read-only store alike)
-    code, out, _ = _cli(capsys, "verify", str(v2), "--sample", "0.5", "--json")
+    # No record can be stored (a read-only store alike). Not a file in the records' place:
+    # that is records that cannot be read (re-attack 27, 2), which no restore takes.
+    scheme = f"norec{os.getpid()}"
+    register_scheme(scheme, lambda url: FaultyStorage(LocalStorage(url.split("://", 1)[1]), [
+        Fault(op=("create", "open"), path=f"{v2.name}/verifications/*", error="EROFS")]))
+    root_url, v2_url = f"{scheme}://{root}", f"{scheme}://{v2}"
+    code, out, _ = _cli(capsys, "verify", v2_url, "--sample", "0.5", "--json")
     doc = json.loads(out)
     assert code == 1 and doc["ok"] is False and doc["record"] is None, doc
     [e] = doc["errors"]
@@ -48,10 +58,10 @@ def test_a_verification_that_could_not_be_recorded_is_not_ok(
         "the verification was not recorded"), e
     assert doc["record_error"]
     # --all: the version's bytes were fine, so it is still the one a restore takes
-    code, out, _ = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5", "--json")
+    code, out, _ = _cli(capsys, "verify", root_url, "--all", "--sample", "0.5", "--json")
     doc = json.loads(out)
     assert code == 1 and not doc["ok"] and doc["newest_restorable"]["attempt_id"] == v2.name
-    code, out, _ = _cli(capsys, "verify", str(root), "--all", "--sample", "0.5")
+    code, out, _ = _cli(capsys, "verify", root_url, "--all", "--sample", "0.5")
     assert "1 of 2 committed versions OK (1 more without a problem in this check, but its " \
            "record could not be written)" in out, out
 
