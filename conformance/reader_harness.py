@@ -3,12 +3,13 @@
 For every case of the reader and checker sets (:data:`~conformance.vectors.VECTOR_DIRS`; the
 retention sets are ``gc``'s) the harness copies the case into the run's own work directory
 (``materialize``: its ``setup`` applied, its ``expected.json`` left out), writes a job file
-``{"op": "read", "target": <absolute path>, "deep": <bool>, "verification_status": <bool>}``
+``{"op": "read", "target": <absolute path>, "verification_status": <bool>}``
 and runs ``CMD ... JOB.json`` once (the adapter protocol of the writer and gc harnesses: the
 job file's absolute path is the last argument). The adapter opens ``target`` (a root: its
 latest version; or a version directory), reads every tensor whole and every entry (each rank
-of a per-rank entry at the saved world size), verifies every checksum block of the version
-first when ``deep`` is true, and prints one line on standard output::
+of a per-rank entry at the saved world size), verifying every checksum block it reads
+(R-CKSUM-3: a whole read reaches every block, so every defect of a case), and prints one line
+on standard output::
 
     {"ok": true, "attempt_id": "...", "step": 10,
      "tensors": {key: {"dtype": "float32", "shape": [4, 3], "hex": "<little-endian C-order>"}},
@@ -26,8 +27,9 @@ is a JSON object with a boolean ``ok`` counts). Then it compares:
   bytes got and expected) or the JSON path of the first differing value;
 * an invalid case: not ``ok`` and exactly the case's ``code``; ``ok`` is a failure naming the
   rule the case breaks (the rule ids of its ``feature``), a wrong code one naming both codes;
-  a ``deep`` case's job says ``"deep": true``: the defect lies in data blocks, which the reader
-  must verify;
+  a case's ``deep`` (its defect lies in data blocks, which only a checker's deep verification
+  reads, R-VERSION-13) concerns metadata-only checkers, not readers: the job never asks for a
+  deep verification (a reader that verified data blocks only when asked passed every case);
 * a case with ``failed_verification`` (sets 1.2 and errata-16): the job says
   ``"verification_status": true`` and the line's ``failed_verification`` must equal the case's
   (``null``: unknown to a tool of 1.x, R-DRILL-12); ``--no-verification-status`` (a reader
@@ -291,8 +293,8 @@ def judge(case: dict[str, Any], expected: dict[str, Any] | None, result: dict[st
     if expected is None:  # an invalid case a reader refuses
         want = case["code"]
         if ok:
-            deep = (" (a defect in data blocks: the job said \"deep\": true, so every block "
-                    "is verified)") if case.get("deep") else ""
+            deep = (" (a defect in data blocks, which a whole read reaches: every block read "
+                    "is verified, R-CKSUM-3)") if case.get("deep") else ""
             return [f"read an invalid case without error: expected {want}{why}{deep}: "
                     f"{case['feature']}"]
         got = result.get("code")
@@ -428,7 +430,6 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
     asked = opts.verification_status and "failed_verification" in case
     job = cdir / "job.json"
     job.write_text(json.dumps({"op": "read", "target": str(target.resolve()),
-                               "deep": bool(case.get("deep", False)),
                                "verification_status": asked}, indent=1) + "\n",
                    encoding="utf-8")
     details: dict[str, Any] = {"valid": case["valid"], "code": case.get("code"),

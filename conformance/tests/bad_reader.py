@@ -3,7 +3,11 @@
 
 Proves that ``portable-ckpt-conformance reader`` catches each kind of defect a reader can have:
 
-* ``no-checksum``: never verifies a checksum block (R-CKSUM-3), nor honours ``deep``;
+* ``no-checksum``: never verifies a checksum block (R-CKSUM-3);
+* ``deep-only``: verifies the data blocks of tensor shards only in a separate deep pass
+  (``Checkpoint.verify(deep=True)``), run when a job asks for ``"deep"``, which the harness's
+  jobs never do; its reads verify headers, tables and entry values, not tensor data, so damaged
+  tensor bytes are returned (R-CKSUM-3);
 * ``first-block``: verifies only the first checksum block of each span it reads (R-CKSUM-3):
   passes every set but ``errata-21``, whose damaged blocks are never a read's first;
 * ``big-endian``: gives multi-byte elements byte-swapped (the protocol's bytes are
@@ -36,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "adapters"))
 import reference_reader
 
 MODE = os.environ.get("PCK_BAD_MODE", "")
+READING = False  # deep-only: a tensor is being read
 
 
 def _swap(t: dict[str, Any]) -> None:
@@ -61,6 +66,29 @@ def _patch() -> None:
             self.verified += 1
 
         checksum.BlockVerifier.verify_span = verify_span  # type: ignore[method-assign]
+    elif MODE == "deep-only":
+        from portable_ckpt.io import checksum
+
+        real_span = checksum.BlockVerifier.verify_span
+
+        real_tensor = reference_reader._tensor
+
+        def header_only(self: Any, start: int, pieces: list[memoryview]) -> None:
+            if READING and str(self.path).endswith(".safetensors") and start > 0:
+                self.verified += 1  # a data block of a read: left to the deep pass
+                return
+            real_span(self, start, pieces)
+
+        def tensor(ck: Any, key: str) -> dict[str, Any]:
+            global READING
+            READING = True
+            try:
+                return real_tensor(ck, key)
+            finally:
+                READING = False
+
+        checksum.BlockVerifier.verify_span = header_only  # type: ignore[method-assign]
+        reference_reader._tensor = tensor
     elif MODE == "first-block":
         from portable_ckpt.io import checksum
 
@@ -101,8 +129,6 @@ def main(argv: list[str]) -> int:
     """Run the reference adapter's job with ``MODE``'s defect."""
     job = json.loads(Path(argv[-1]).read_text(encoding="utf-8"))
     _patch()
-    if MODE == "no-checksum":
-        job["deep"] = False
     if MODE == "strict":
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
         from conformance.checker import check
@@ -110,6 +136,18 @@ def main(argv: list[str]) -> int:
         found = check(job["target"])
         if not found.ok:
             print(json.dumps({"ok": False, "code": sorted(found.codes)[0]}))
+            return 0
+    if MODE == "deep-only" and job.get("deep"):  # the separate pass, when a job asks for it
+        import portable_ckpt
+        from portable_ckpt.errors import CheckpointError
+
+        try:
+            problems = portable_ckpt.open(job["target"]).verify(deep=True)
+        except CheckpointError:
+            problems = []  # the read below says it
+        if problems:
+            print(json.dumps({"ok": False, "code": problems[0].code,
+                              "message": str(problems[0])}))
             return 0
     result = reference_reader.read(job)
     if MODE == "hang" and any(isinstance(v, dict) and "per_rank" in v

@@ -68,6 +68,8 @@ def test_the_reference_reader_passes_every_vector(tmp_path: Path) -> None:
 BAD_MODES = {
     "no-checksum": (["invalid-bad-checksum", "valid-per-rank"], "invalid-bad-checksum",
                     "read an invalid case without error: expected PCK-CHECKSUM"),
+    "deep-only": (["invalid-checksum-last-block", "valid-per-rank"], "invalid-checksum-last-block",
+                  "read an invalid case without error: expected PCK-CHECKSUM"),
     "first-block": (["invalid-bad-checksum", "invalid-checksum-middle-block-of-a-range"],
                     "invalid-checksum-middle-block-of-a-range",
                     "read an invalid case without error: expected PCK-CHECKSUM"),
@@ -128,8 +130,8 @@ def test_a_reader_that_restores_nothing_opts_out_of_the_status() -> None:
 
 
 def test_the_job_file(tmp_path: Path) -> None:
-    """The job names the target by its absolute path, says deep for a deep case and asks for
-    the verification status where the case has one; --keep-work keeps each case directory
+    """The job names the target by its absolute path, never asks for a deep verification and
+    asks for the verification status where the case has one; --keep-work keeps each case directory
     below the run's own directory in --workdir, so runs sharing --workdir do not meet."""
     picked = ["invalid-bad-checksum", "valid-verification-cleared", "valid-latest-of-two"]
     runs = []
@@ -141,10 +143,12 @@ def test_the_job_file(tmp_path: Path) -> None:
         runs.append(Path(doc["workdir"]))
         jobs = {c["name"].split("/", 1)[1]: json.loads(
             (Path(c["case_dir"]) / "job.json").read_text()) for c in doc["cases"]}
-        assert jobs["invalid-bad-checksum"]["deep"] is True
+        # a reader verifies every block it reads: no job asks for a deep verification (a
+        # reader that verified data blocks only when asked passed every case)
+        assert all("deep" not in job for job in jobs.values())
         assert jobs["valid-verification-cleared"]["verification_status"] is True
         latest = jobs["valid-latest-of-two"]
-        assert latest == {"op": "read", "deep": False, "verification_status": False,
+        assert latest == {"op": "read", "verification_status": False,
                           "target": latest["target"]}
         assert Path(latest["target"]).is_absolute() and Path(latest["target"]).name == "root"
     assert runs[0] != runs[1] and {r.parent for r in runs} == {tmp_path}
@@ -223,7 +227,7 @@ def test_judge_of_an_invalid_case() -> None:
     assert text.startswith("reported PCK-CHECKSUM, expected PCK-DTYPE-VALUE (R-DTYPE-2, "
                            "R-DTYPE-4): m")
     (text,) = judge(_case("invalid-bad-checksum"), None, {"ok": True})
-    assert "expected PCK-CHECKSUM" in text and "\"deep\": true" in text
+    assert "expected PCK-CHECKSUM" in text and "which a whole read reaches" in text
 
 
 def test_result_line_is_the_last_protocol_line() -> None:
