@@ -343,11 +343,10 @@ def _cmd_reader(args: argparse.Namespace, argv: list[str]) -> int:
         cmd = cmd[1:]
     report = RunReport("reader", argv)
     if not cmd:
-        print(f"usage: {PROG} reader [options] -- CMD ...", file=sys.stderr)
-        return EXIT_USAGE
-    if not args.timeout > 0:
-        print("error: --timeout must be a positive number of seconds", file=sys.stderr)
-        return EXIT_USAGE
+        return _abort(report, args, EXIT_USAGE, f"usage: {PROG} reader [options] -- CMD ...")
+    if not args.timeout > 0:  # 0, a negative number, nan
+        return _abort(report, args, EXIT_USAGE,
+                      "error: --timeout must be a positive number of seconds")
     opts = ReaderOptions(args.set, args.timeout, not args.no_verification_status, args.workdir,
                          args.keep_work, tuple(args.case), args.known_failures)
     stopped = _guarded(report, args, lambda: run_reader_vectors(cmd, opts, report))

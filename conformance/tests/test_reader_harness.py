@@ -181,6 +181,23 @@ def test_usage_and_infrastructure_errors(tmp_path: Path) -> None:
     assert doc["cases"][0]["suite"] == "reader"
 
 
+@pytest.mark.parametrize("args", [[], ["--"], ["--timeout", "0", "--", "true"],
+                                  ["--timeout", "nan", "--", "true"]],
+                         ids=["no-cmd", "no-cmd-after-dashes", "timeout-0", "timeout-nan"])
+def test_a_usage_error_writes_both_reports(tmp_path: Path, args: list[str]) -> None:
+    """Every usage error leaves --json and --junit-xml, with one `error` case named `usage
+    error`, as `writer` and `gc` do (no CMD and a --timeout that is not positive wrote none)."""
+    js, xml = tmp_path / "r.json", tmp_path / "r.xml"
+    rc, _, text = _run("--json", str(js), "--junit-xml", str(xml), *args)
+    assert rc == 2, text
+    doc = json.loads(js.read_text())
+    assert doc["verdict"] == "none" and doc["exit_code"] == 2
+    assert [(c["suite"], c["name"], c["status"]) for c in doc["cases"]] == [
+        ("reader", "usage error", "error")]
+    suite = ET.parse(xml).getroot().find("testsuite")
+    assert suite is not None and suite.get("errors") == "1"
+
+
 def test_a_crash_and_a_line_that_is_no_protocol() -> None:
     """A process that prints nothing, or not the protocol's line, fails each case (exit 1)."""
     rc, doc, text = _run("--json", "--case=valid-per-rank", "--", sys.executable, "-c",
