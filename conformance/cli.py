@@ -496,9 +496,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the reader never chooses a version to restore: do not ask for nor "
                    "check failed_verification (R-DRILL-8, R-DRILL-12)")
     r.add_argument("--known-failures", default=None, metavar="FILE",
-                   help="a JSON list of case names the reader is known to fail: those are "
-                   "skipped when they fail (exit 6, a partial pass, when nothing else failed) "
-                   "and fail when they pass")
+                   help="a JSON list of the cases the reader is known to fail, names or "
+                   "{\"case\": NAME, \"got\": \"ok\"|\"PCK-...\"|null} (the outcome pinned): "
+                   "those are skipped when they fail as listed (exit 6, a partial pass, when "
+                   "nothing else failed), and fail when they pass or fail otherwise")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process "
                    "(one per case; a case past it fails)")
     r.add_argument("--workdir", default=None, help="directory below which the run makes its own "

@@ -38,12 +38,16 @@ is a JSON object with a boolean ``ok`` counts). Then it compares:
 A case whose adapter does not end within ``--timeout`` is that case's failure; one that
 prints no result line (a crash) too.
 
-``--known-failures FILE`` (a JSON list of case names, or an object of case names and why) lets
-a team adopt the vectors before its reader passes all of them: a listed case that fails is
-``skipped`` (its failure kept in the message) and the run, if nothing else failed, ends with
-exit 6, a partial pass (not exit 0: the reader does not conform); a listed case that passes
-is a failure (the list shrinks as the reader is fixed, so a listed case cannot hide its next
-regression); a name that is no reader case is a usage error.
+``--known-failures FILE`` (a JSON list of case names and objects ``{"case": NAME, "got":
+"ok" | "PCK-..." | null}``, or an object of case names and why) lets a team adopt the vectors
+before its reader passes all of them: a listed case that fails as listed is ``skipped`` (its
+failure kept in the message) and the run, if nothing else failed, ends with exit 6, a partial
+pass (not exit 0: the reader does not conform); a listed case that passes is a failure (the
+list shrinks as the reader is fixed, so a listed case cannot hide its next regression), and so
+is one whose outcome is not its pinned ``got`` (``null``: no result line), or, listed by name
+alone, an invalid case read without error (excused only when pinned as ``"got": "ok"``); a
+name that is no reader case, or with a set that is not the case's, is a usage error. The
+report's ``known_failures`` lists each excused case with its ``got``: a list the file may hold.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from conformance.procs import Adapter, InfrastructureError, Outcome
 from conformance.report import CaseResult, RunReport, shell_join
 from conformance.vectors import RETENTION_DIRS, VECTOR_DIRS, all_cases, materialize
 
-__all__ = ["ReaderOptions", "judge", "load_known_failures", "result_line", "rules_of",
+__all__ = ["KnownFailure", "ReaderOptions", "judge", "load_known_failures", "result_line", "rules_of",
            "run_reader_vectors", "same_json"]
 
 #: Bytes shown on each side of a difference in tensor data.
@@ -83,27 +87,71 @@ class ReaderOptions:
     known_failures: str | None = None  # the --known-failures FILE
 
 
-def load_known_failures(path: str, known: set[str]) -> dict[str, str]:
-    """The cases ``path`` lists as known failures, by name, with why (``""`` when not said).
+@dataclass(frozen=True)
+class KnownFailure:
+    """One case of ``--known-failures``: why (``""`` when not said) and its pinned outcome."""
 
-    ``path`` holds a JSON list of case names, or an object ``{name: why}``; a name may carry
-    its set (``errata-3/writer-index-disagrees``). ``known``: every reader case's name.
+    why: str = ""
+    pinned: bool = False
+    got: str | None = None  # "ok", a code, or None (no result line); when pinned
+
+
+#: what a pinned ``got`` may be: ``"ok"``, an error code, or null
+_GOT_RE = re.compile(r"^(ok|PCK-[A-Z0-9-]+)$")
+
+
+def load_known_failures(path: str, known: dict[str, str]) -> dict[str, KnownFailure]:
+    """The cases ``path`` lists as known failures, by name.
+
+    ``path`` holds a JSON list whose items are case names or objects ``{"case": NAME, "got":
+    "ok" | "PCK-..." | null, "why": "..."}`` (``got`` pins the observed outcome, ``why`` is
+    optional), or an object ``{name: why}``; a name may carry its set
+    (``errata-3/writer-index-disagrees``), which must be the case's set. ``known``: every
+    reader case's name, with its set.
 
     Raises:
-        ValueError: the file cannot be read, is not such a document, or names no reader case.
+        ValueError: the file cannot be read, is not such a document, names no reader case, or
+            names a case with another set.
 
     """
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ValueError(f"--known-failures {path}: {exc}") from None
-    if isinstance(doc, list) and all(isinstance(n, str) for n in doc):
-        doc = dict.fromkeys(doc, "")
-    if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
-        raise ValueError(f"--known-failures {path}: not a JSON list of case names, nor an "
-                         "object of case names and strings")
-    out = {str(n).rsplit("/", 1)[-1]: why for n, why in doc.items()}
-    unknown = sorted(n for n in out if n not in known)
+    what = (f"--known-failures {path}: not a JSON list of case names and objects "
+            "{\"case\": NAME, \"got\": \"ok\" | \"PCK-...\" | null}, nor an object of case "
+            "names and strings")
+    items: list[tuple[str, KnownFailure]] = []
+    if isinstance(doc, dict) and all(isinstance(v, str) for v in doc.values()):
+        items = [(str(n), KnownFailure(why)) for n, why in doc.items()]
+    elif isinstance(doc, list):
+        for item in doc:
+            if isinstance(item, str):
+                items.append((item, KnownFailure()))
+            elif isinstance(item, dict) and isinstance(item.get("case"), str) \
+                    and set(item) <= {"case", "got", "why"} \
+                    and isinstance(item.get("why", ""), str):
+                got = item.get("got")
+                if "got" in item and not (got is None or (isinstance(got, str)
+                                                          and _GOT_RE.match(got))):
+                    raise ValueError(f"{what}: \"got\" of {item['case']!r} is {_show(got)}")
+                items.append((item["case"], KnownFailure(item.get("why", ""), "got" in item,
+                                                         got)))
+            else:
+                raise ValueError(f"{what}: {_show(item)}")
+    else:
+        raise ValueError(what)
+    out: dict[str, KnownFailure] = {}
+    unknown: list[str] = []
+    for name, entry in items:
+        set_name, _, case = name.rpartition("/")
+        if case not in known:
+            unknown.append(name)
+        elif set_name and set_name != known[case]:
+            raise ValueError(f"--known-failures {path} names {name!r}, but {case!r} is a case "
+                             f"of set {known[case]} ({known[case]}/{case})")
+        else:
+            out[case] = entry
     if unknown:
         raise ValueError(f"--known-failures {path} names no reader case "
                          f"{', '.join(map(repr, unknown[:5]))}"
@@ -349,11 +397,16 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
             raise ValueError(f"--set {opts.set_name} holds retention vectors: run them "
                              "through a gc (`portable-ckpt-conformance gc`)")
         raise ValueError(f"--set must be one of {', '.join(VECTOR_DIRS)}")
-    known = {c["name"] for _, _, c in all_cases()}
+    known = {c["name"]: s for s, _, c in all_cases()}
     unknown = [n for n in opts.cases if n not in known]
     if unknown:
         raise ValueError(f"no reader case is named {', '.join(map(repr, unknown))} (retention "
                          "cases run with `gc`)")
+    elsewhere = [n for n in opts.cases if opts.set_name not in (None, known[n])]
+    if elsewhere:
+        raise ValueError("--case " + ", ".join(f"{n} is a case of set {known[n]}"
+                                               for n in elsewhere)
+                         + f", not of --set {opts.set_name}: nothing of it would run")
     listed = {} if opts.known_failures is None else load_known_failures(opts.known_failures,
                                                                         known)
     adapter = Adapter(list(cmd), timeout=opts.timeout, trace=False)
@@ -383,34 +436,62 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
                 raise InfrastructureError(f"every adapter process died of an import "
                                           f"error: {adapter.cannot_import}")
             if case["name"] in listed:
-                result = _known(result, case, cmd, listed[case["name"]], opts)
+                result = _known(result, case, cmd, listed[case["name"]], opts,
+                                expects_refusal=_expects_refusal(case))
             report.cases.append(result)
     except BaseException:
         report.seconds = time.monotonic() - t0
         raise  # the work directory stays: the message may name a case in it
     report.seconds = time.monotonic() - t0
-    report.info["known_failures"] = sorted(c.name for c in report.cases
-                                           if c.details.get("known_failure"))
+    # each with what it got: the list a team writes to --known-failures from a report
+    report.info["known_failures"] = [{"case": c.name, "got": c.details.get("got")}
+                                     for c in report.cases if c.details.get("known_failure")]
     if not opts.keep_work and not any(c.failed or c.details.get("known_failure")
                                       for c in report.cases):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _known(result: CaseResult, case: dict[str, Any], cmd: list[str], why: str,
-           opts: ReaderOptions) -> CaseResult:
-    """``result`` of a case ``--known-failures`` lists: a failure is excused, a pass is not."""
+def _expects_refusal(case: dict[str, Any]) -> bool:
+    """Whether a reader must refuse ``case`` (invalid, and not ``"reader": "accept"``)."""
+    return not case["valid"] and case.get("reader") != "accept"
+
+
+def _got_text(got: Any) -> str:
+    return "no result line (null)" if got is None else json.dumps(got)
+
+
+def _known(result: CaseResult, case: dict[str, Any], cmd: list[str], entry: KnownFailure,
+           opts: ReaderOptions, expects_refusal: bool) -> CaseResult:
+    """``result`` of a case ``--known-failures`` lists: a failure is excused, a pass is not.
+
+    A failure is excused only as it was: a pinned ``got`` must be the outcome observed; an
+    entry without one excuses any failure but reading an invalid case without error.
+    """
     where = f"--known-failures {opts.known_failures}"
-    if result.failed:
-        result.status = "skipped"
-        result.details["known_failure"] = True
-        result.message = (f"known failure (listed in {where}{': ' + why if why else ''}), "
-                          f"not a pass: {result.message}")
+    why = f": {entry.why}" if entry.why else ""
+    if not result.failed:
+        result.status = "failed"
+        result.message = (f"{result.name}: passes, but {where} lists it as a known failure: "
+                          "remove it from the list (a listed case that passes would hide its "
+                          "next regression)")
+        result.replay = _replay(case, cmd)
         return result
-    result.status = "failed"
-    result.message = (f"{result.name}: passes, but {where} lists it as a known failure: "
-                      "remove it from the list (a listed case that passes would hide its next "
-                      "regression)")
-    result.replay = _replay(case, cmd)
+    got = result.details.get("got")
+    changed = ""
+    if entry.pinned and got != entry.got:
+        changed = (f"the known failure changed: got {_got_text(got)}, pinned "
+                   f"{_got_text(entry.got)} in {where}{why}")
+    elif not entry.pinned and expects_refusal and got == "ok":
+        changed = (f"read an invalid case without error, which {where} excuses only when "
+                   f"pinned as {{\"case\": \"{result.name}\", \"got\": \"ok\"}} (a plain name "
+                   "excuses a wrong code, a crash or a hang, not a reader that accepts damaged "
+                   "data)")
+    if changed:
+        result.message = f"{result.name}: {changed}\n{result.message}"
+        return result
+    result.status = "skipped"
+    result.details["known_failure"] = True
+    result.message = (f"known failure (listed in {where}{why}), not a pass: {result.message}")
     return result
 
 

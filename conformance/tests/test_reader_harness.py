@@ -268,7 +268,7 @@ def test_known_failures_are_a_partial_pass_and_must_keep_failing(tmp_path: Path)
                          sys.executable, str(BAD), env=bad)
     assert rc == 6, text
     assert doc is not None and doc["verdict"] == "partial" and doc["failures"] == []
-    assert doc["known_failures"] == ["1.0/valid-per-rank"]
+    assert doc["known_failures"] == [{"case": "1.0/valid-per-rank", "got": "ok"}]
     (skipped,) = [c for c in doc["cases"] if c["status"] == "skipped"]
     assert skipped["message"].startswith("known failure (listed in --known-failures ")
     assert "our per-rank entries are late" in skipped["message"]
@@ -297,3 +297,57 @@ def test_known_failures_are_a_partial_pass_and_must_keep_failing(tmp_path: Path)
     known.write_text("{")
     assert _run("--known-failures", str(known), *picked, "--", sys.executable,
                 str(ADAPTER))[0] == 2
+
+
+def test_a_known_failure_is_excused_only_as_it_failed(tmp_path: Path) -> None:
+    """An entry may pin the outcome (`got`): one that changes fails the run; a plain name does
+    not excuse an invalid case read without error (a reader that regressed from a wrong code to
+    accepting damaged data stayed exit 6); the report's list is a file that pins; a name's set
+    must be the case's."""
+    known = tmp_path / "known.json"
+    case = "invalid-checksum-middle-block-of-a-range"
+    first_block = {"PCK_BAD_MODE": "first-block"}  # reads that case without error
+
+    def run(entries: Any, env: dict[str, str]) -> tuple[int, dict[str, Any] | None, str]:
+        known.write_text(json.dumps(entries))
+        return _run("--json", "--known-failures", str(known), f"--case={case}",
+                    "--workdir", str(tmp_path / "work"), "--",
+                    sys.executable, str(BAD), env=env)
+
+    rc, doc, text = run([case], first_block)
+    assert rc == 1 and doc is not None, text
+    (failure,) = doc["failures"]
+    assert "excuses only when pinned as" in failure["message"]
+    assert "read an invalid case without error: expected PCK-CHECKSUM" in failure["message"]
+    rc, doc, text = run([{"case": f"errata-21/{case}", "got": "PCK-STORAGE"}], first_block)
+    assert rc == 1 and doc is not None, text
+    assert "the known failure changed: got \"ok\", pinned \"PCK-STORAGE\"" in \
+        doc["failures"][0]["message"]
+    rc, doc, text = run([{"case": case, "got": "ok", "why": "blocks past the first"}],
+                        first_block)
+    assert rc == 6 and doc is not None, text
+    assert doc["known_failures"] == [{"case": f"errata-21/{case}", "got": "ok"}]
+    # the report's list, written as the file, pins what it saw
+    rc, doc, text = run(doc["known_failures"], {"PCK_BAD_MODE": "one-code"})
+    assert rc == 1 and doc is not None, text
+    assert "got \"PCK-ERROR\", pinned \"ok\"" in doc["failures"][0]["message"]
+    rc, doc, text = run([{"case": case, "got": "PCK-ERROR"}], {"PCK_BAD_MODE": "one-code"})
+    assert rc == 6, text
+    rc, doc, text = run([{"case": case, "got": None}], {"PCK_BAD_MODE": "one-code"})
+    assert rc == 1 and "pinned no result line (null)" in text, text
+    for entries, want in (
+            (["nonsense-set/" + case], "is a case of set errata-21"),
+            ([{"case": "1.0/" + case}], "is a case of set errata-21"),
+            ([{"case": case, "got": 3}], "\"got\" of"),
+            ([{"case": case, "got": "fine"}], "\"got\" of"),
+            ([{"name": case}], "not a JSON list")):
+        rc, _, text = run(entries, {})
+        assert rc == 2 and want in text, (entries, text)
+
+
+def test_a_case_of_another_set_is_a_usage_error() -> None:
+    """--set 1.1 --case <a 1.0 case> ran nothing (exit 3, "no reader case ran"): exit 2,
+    naming the case's set."""
+    rc, _, text = _run("--set", "1.1", "--case", "valid-per-rank", "--", sys.executable,
+                       str(ADAPTER))
+    assert rc == 2 and "valid-per-rank is a case of set 1.0, not of --set 1.1" in text, text
