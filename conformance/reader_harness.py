@@ -2,7 +2,9 @@
 
 For every case of the reader and checker sets (:data:`~conformance.vectors.VECTOR_DIRS`; the
 retention sets are ``gc``'s) the harness copies the case into the run's own work directory
-(``materialize``: its ``setup`` applied, its ``expected.json`` left out), writes a job file
+(``materialize``: its ``setup`` applied, its ``expected.json`` left out) as a directory with
+a neutral name, ``c<12 hex digits>``, so that the path names neither the case nor its set (the
+report and the replay line do), writes a job file
 ``{"op": "read", "target": <absolute path>, "verification_status": <bool>}``
 and runs ``CMD ... JOB.json`` once (the adapter protocol of the writer and gc harnesses: the
 job file's absolute path is the last argument). The adapter opens ``target`` (a root: its
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -499,14 +502,18 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
               case: dict[str, Any], work: Path, opts: ReaderOptions) -> CaseResult:
     name = f"{set_name}/{case['name']}"
     t0 = time.monotonic()
-    cdir = work / set_name / case["name"]
-    if cdir.exists():  # pragma: no cover - the run's directory is new
-        shutil.rmtree(cdir)
-    target = materialize(case, cdir.parent, vdir)
+    # A neutral name: the path the reader is given names neither the case nor its set (a
+    # reader that looked its answers up by the path passed every case); the report names it.
+    cdir = _neutral_dir(work)
+    stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=work))
+    target = cdir / str(case["target"])
+    materialize(case, stage, vdir)
+    (stage / case["name"]).rename(cdir)
+    stage.rmdir()
     expected: dict[str, Any] | None = None
     if case.get("expected") and (case["valid"] or case.get("reader") == "accept"):
         expected = json.loads((vdir / case["expected"]).read_text(encoding="utf-8"))
-    # the reader sees the checkpoint only
+    # the reader is not handed the answers (it may still find them in the suite's package)
     (cdir / Path(str(case.get("expected") or "expected.json")).name).unlink(missing_ok=True)
     asked = opts.verification_status and "failed_verification" in case
     job = cdir / "job.json"
@@ -548,6 +555,14 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
         shutil.rmtree(cdir, ignore_errors=True)
     return CaseResult("reader", name, "passed", "", time.monotonic() - t0,
                       case_dir=str(cdir) if cdir.exists() else None, details=details)
+
+
+def _neutral_dir(work: Path) -> Path:
+    """A new name ``c<12 hex digits>`` in ``work``, not yet there."""
+    while True:
+        cdir = work / f"c{secrets.token_hex(6)}"
+        if not cdir.exists():
+            return cdir
 
 
 def _output_note(out: Outcome) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def test_harness_fails_a_reader_with_a_defect(mode: str) -> None:
     assert f"reader --case {failing} --keep-work -- " in failure["replay"]
     kept = Path(failure["case_dir"])
     assert (kept / "job.json").is_file() and (kept / "root").is_dir()
+    assert failing not in str(kept)  # a neutral name, c<hex>
     assert not (kept / "expected.json").exists()  # the reader sees the checkpoint only
     shutil.rmtree(doc["workdir"])
 
@@ -151,6 +153,16 @@ def test_the_job_file(tmp_path: Path) -> None:
         assert latest == {"op": "read", "verification_status": False,
                           "target": latest["target"]}
         assert Path(latest["target"]).is_absolute() and Path(latest["target"]).name == "root"
+        # the path names neither the case nor its set (a reader that looked its answers up by
+        # the path passed every case); the report does
+        for c in doc["cases"]:
+            case_dir = Path(c["case_dir"])
+            assert re.fullmatch(r"c[0-9a-f]{12}", case_dir.name) and \
+                case_dir.parent == runs[-1], c
+            target = jobs[c["name"].split("/", 1)[1]]["target"]
+            assert target.startswith(str(case_dir) + "/")
+            set_name, name = c["name"].split("/", 1)
+            assert name not in target and f"/{set_name}/" not in target, target
     assert runs[0] != runs[1] and {r.parent for r in runs} == {tmp_path}
     # without --keep-work a passing run leaves nothing in --workdir
     shutil.rmtree(tmp_path)
