@@ -35,7 +35,9 @@ is a JSON object with a boolean ``ok`` counts). Then it compares:
 * a case with ``failed_verification`` (sets 1.2 and errata-16): the job says
   ``"verification_status": true`` and the line's ``failed_verification`` must equal the case's
   (``null``: unknown to a tool of 1.x, R-DRILL-12); ``--no-verification-status`` (a reader
-  that never chooses a version to restore) leaves it out of jobs and unchecked.
+  that never chooses a version to restore) leaves it out of jobs and unchecked, and a run in
+  which that left a case's status unchecked is a partial pass (exit 6; a skipped case
+  ``reader.verification_status``), as the writer's run without its system-call checks.
 
 A case whose adapter does not end within ``--timeout`` is that case's failure; one that
 prints no result line (a crash) too.
@@ -428,12 +430,15 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
     report.info["workdir"] = str(work)
     report.info["verification_status"] = opts.verification_status
     t0 = time.monotonic()
+    unasked: list[str] = []  # the cases whose verification status was not asked
     try:
         for set_name, vdir, case in all_cases():
             if opts.set_name not in (None, set_name):
                 continue
             if opts.cases and case["name"] not in opts.cases:
                 continue
+            if not opts.verification_status and "failed_verification" in case:
+                unasked.append(f"{set_name}/{case['name']}")
             result = _run_case(adapter, cmd, set_name, vdir, case, work, opts)
             if adapter.cannot_import is not None:  # the environment: found at once
                 raise InfrastructureError(f"every adapter process died of an import "
@@ -446,6 +451,17 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
         report.seconds = time.monotonic() - t0
         raise  # the work directory stays: the message may name a case in it
     report.seconds = time.monotonic() - t0
+    report.info["verification_status_unchecked"] = unasked
+    if unasked:  # as the writer's writer.trace: a pass without them is no certification
+        report.cases.append(CaseResult(
+            "reader.verification_status", "verification status (R-DRILL-8, R-DRILL-12)",
+            "skipped", f"NOT CHECKED (--no-verification-status): the status of "
+            f"{len(unasked)} case(s) ({', '.join(unasked[:3])}"
+            f"{', ...' if len(unasked) > 3 else ''}) was neither asked nor checked"))
+        report.warnings.append(
+            f"the verification status (failed_verification, R-DRILL-8, R-DRILL-12) of "
+            f"{len(unasked)} case(s) was NOT checked (--no-verification-status): exit 6, a "
+            "partial pass")
     # each with what it got: the list a team writes to --known-failures from a report
     report.info["known_failures"] = [{"case": c.name, "got": c.details.get("got")}
                                      for c in report.cases if c.details.get("known_failure")]

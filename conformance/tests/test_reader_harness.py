@@ -121,14 +121,32 @@ def test_harness_fails_a_reader_with_a_defect(mode: str) -> None:
     shutil.rmtree(doc["workdir"])
 
 
-def test_a_reader_that_restores_nothing_opts_out_of_the_status() -> None:
-    """--no-verification-status: the jobs do not ask, the lines are not checked (exit 0)."""
-    rc, doc, text = _run("--json", "--no-verification-status",
-                         "--case=valid-verification-one-of-two-cleared", "--", sys.executable,
-                         str(BAD), env={"PCK_BAD_MODE": "fv-false"})
-    assert rc == 0, text
+def test_a_reader_that_restores_nothing_opts_out_of_the_status(tmp_path: Path) -> None:
+    """--no-verification-status: the jobs do not ask, the lines are not checked, and the run
+    is a partial pass (exit 6, a skipped reader.verification_status case, a warning), not
+    exit 0 "reader passed"; a run with no case that has a status to check exits 0."""
+    xml = tmp_path / "r.xml"
+    rc, doc, text = _run("--json", "--junit-xml", str(xml), "--no-verification-status",
+                         "--case=valid-verification-one-of-two-cleared", "--case=valid-per-rank",
+                         "--", sys.executable, str(BAD), env={"PCK_BAD_MODE": "fv-false"})
+    assert rc == 6, text
     assert doc is not None and doc["verification_status"] is False
+    assert doc["verdict"] == "partial" and doc["failures"] == []
+    assert doc["verification_status_unchecked"] == ["1.2/valid-verification-one-of-two-cleared"]
+    (skipped,) = [c for c in doc["cases"] if c["status"] == "skipped"]
+    assert skipped["suite"] == "reader.verification_status"
+    assert "NOT CHECKED (--no-verification-status)" in skipped["message"]
+    assert any("NOT checked" in w for w in doc["warnings"])
     assert "verification status, R-DRILL-8 and R-DRILL-12: NOT CHECKED" in text
+    assert "reader passed the cases that ran, WITHOUT the verification status (exit 6" in text
+    root = ET.parse(xml).getroot()
+    assert [s.get("name") for s in root.iter("testsuite")] == ["reader",
+                                                               "reader.verification_status"]
+    reader, status = root.iter("testsuite")
+    assert reader.get("skipped") == "0" and status.get("skipped") == "1"
+    rc, doc, text = _run("--json", "--no-verification-status", "--case=valid-per-rank", "--",
+                         sys.executable, str(ADAPTER))
+    assert rc == 0 and doc is not None and doc["verification_status_unchecked"] == [], text
 
 
 def test_the_job_file(tmp_path: Path) -> None:
