@@ -57,6 +57,7 @@ report's ``known_failures`` lists each excused case with its ``got``: a list the
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import shutil
@@ -186,26 +187,48 @@ def _constant(name: str) -> Any:
     raise _Malformed(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Malformed(f"the number {text[:40]} is out of range (not a finite double)")
+    return value
+
+
 def result_line(stdout: str) -> tuple[dict[str, Any] | None, str]:
     """The adapter's result: the last standard-output line that is a JSON object with ``ok``.
 
-    Returns ``(result, problem)``: ``(None, why)`` when there is none (``why`` names a line
-    that looked like one but is not strict JSON: duplicate keys, NaN).
+    That line must be strict JSON: no duplicate keys, no ``NaN``/``Infinity``, no number out of
+    a double's range (``1e400``), no leading byte order mark; such a last line is not passed
+    over for an earlier one. Returns ``(result, problem)``: ``(None, why)`` when there is none,
+    ``why`` saying what is wrong with the last line that looked like one (``""`` when no line
+    did); a ``why`` that starts with "the last result line" is the adapter's fault for sure.
     """
-    problem = ""
+    hint = ""
     for line in reversed(stdout.splitlines()):
         line = line.strip()
-        if not line.startswith("{"):
+        bom = line.startswith("\ufeff")
+        bare = line.lstrip("\ufeff").strip()
+        if not bare.startswith("{"):
             continue
-        try:
-            doc = json.loads(line, object_pairs_hook=_pairs, parse_constant=_constant)
+        try:  # the lenient reading says whether the line means to be the result line
+            meant = json.loads(bare)
         except (ValueError, RecursionError) as exc:
-            if '"ok"' in line and not problem:
-                problem = f"a line that is not strict JSON ({str(exc)[:120]}): {line[:120]}"
+            if '"ok"' in line and not hint:
+                hint = f"a line that is not JSON ({str(exc)[:120]}): {line[:120]}"
             continue
-        if isinstance(doc, dict) and "ok" in doc:
-            return doc, ""
-    return None, problem
+        if not isinstance(meant, dict) or "ok" not in meant:
+            continue
+        if bom:
+            return None, ("the last result line starts with a UTF-8 byte order mark (U+FEFF), "
+                          f"which the protocol's line may not: {bare[:120]}")
+        try:
+            doc = json.loads(bare, object_pairs_hook=_pairs, parse_constant=_constant,
+                             parse_float=_finite)
+        except (ValueError, RecursionError) as exc:
+            return None, f"the last result line is not strict JSON ({str(exc)[:120]}): " \
+                f"{line[:120]}"
+        return doc, ""
+    return None, hint
 
 
 def same_json(got: Any, want: Any, path: str) -> str:
@@ -556,7 +579,9 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
     details["rc"] = out.rc
     stdout = out.out.read_text(encoding="utf-8", errors="replace") if out.out.exists() else ""
     result, problem = result_line(stdout)
-    if result is None:
+    if result is None and problem.startswith("the last result line"):
+        failures = [f"{problem}; exit status {out.rc}"]
+    elif result is None:
         failures = [f"no result line on standard output ({{\"ok\": ...}}, the adapter "
                     f"protocol){': ' + problem if problem else ''}; the reader crashed? exit "
                     f"status {out.rc}; {out.tail(600)}"]

@@ -233,7 +233,8 @@ def test_a_crash_and_a_line_that_is_no_protocol() -> None:
     rc, doc, text = _run("--json", "--case=valid-per-rank", "--", sys.executable, "-c",
                          "print('{\"ok\": true, \"ok\": false}')")
     assert rc == 1 and doc is not None, text
-    assert "not strict JSON (duplicate key 'ok')" in doc["failures"][0]["message"]
+    assert "the last result line is not strict JSON (duplicate key 'ok')" in \
+        doc["failures"][0]["message"]
     rc, doc, text = _run("--json", "--case=valid-per-rank", "--", sys.executable, "-c",
                          "print('{\"ok\": \"yes\"}')")
     assert rc == 1 and doc is not None, text
@@ -283,6 +284,27 @@ def test_result_line_is_the_last_protocol_line() -> None:
     assert result_line("nothing\n") == (None, "")
     doc, problem = result_line('{"ok": true, "x": NaN}\n')
     assert doc is None and "NaN is not JSON" in problem
+
+
+@pytest.mark.parametrize(("last", "why"), [
+    ('{"ok": true, "ok": true, "tensors": {}}', "not strict JSON (duplicate key 'ok')"),
+    ('{"ok": true, "x": NaN}', "not strict JSON (NaN is not JSON)"),
+    ('{"ok": true, "x": -Infinity}', "not strict JSON (-Infinity is not JSON)"),
+    ('{"ok": true, "v": 1e400}', "the number 1e400 is out of range"),
+    ('\ufeff{"ok": true}', "starts with a UTF-8 byte order mark"),
+])
+def test_a_last_result_line_that_is_not_strict_json_fails(last: str, why: str) -> None:
+    """The last line meant as the result is judged, not passed over for an earlier one (a
+    non-strict last line let an earlier `{"ok": false, ...}` count); a BOM said "no result
+    line" without a hint; 1e400 was read as infinity."""
+    good = '{"ok": false, "code": "PCK-CHECKSUM"}\n'
+    doc, problem = result_line(good + last + "\n")
+    assert doc is None and problem.startswith("the last result line ") and why in problem, \
+        problem
+    doc, problem = result_line(last + "\n")
+    assert doc is None and why in problem
+    assert result_line('{"ok": true, "v": 1e300, "w": 12345678901234567890123}\n')[0] == \
+        {"ok": True, "v": 1e300, "w": 12345678901234567890123}
 
 
 def test_known_failures_are_a_partial_pass_and_must_keep_failing(tmp_path: Path) -> None:
