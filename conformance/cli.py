@@ -28,6 +28,7 @@ from conformance import __version__
 from conformance.report import (
     EXIT_CODES,
     GC_EXIT_CODES,
+    READER_EXIT_CODES,
     CaseResult,
     RunReport,
     shell_join,
@@ -411,7 +412,8 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"Conformance suite of the portable-ckpt format 1.x ({VERSIONS_TEXT}).",
         epilog="exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
-        + "".join(f"\n  {k}  (gc) {v}" for k, v in GC_EXIT_CODES.items()))
+        + "".join(f"\n  {k}  (gc) {v}" for k, v in GC_EXIT_CODES.items())
+        + "".join(f"\n  {k}  (reader) {v}" for k, v in READER_EXIT_CODES.items()))
     ap.add_argument("--version", action=_Version, nargs=0,
                     help="print the suite's version and its vector set's sha256, and exit")
     sub = ap.add_subparsers(dest="command", required=True)

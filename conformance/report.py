@@ -20,7 +20,7 @@ from typing import Any
 
 from conformance import __version__
 
-__all__ = ["EXIT_CODES", "GC_EXIT_CODES", "VERDICTS", "CaseResult", "RunReport", "exit_meaning",
+__all__ = ["EXIT_CODES", "GC_EXIT_CODES", "READER_EXIT_CODES", "VERDICTS", "CaseResult", "RunReport", "exit_meaning",
            "shell_join", "vectors_sha256"]
 
 #: exit status of ``portable-ckpt-conformance`` (and ``python -m conformance``).
@@ -40,8 +40,7 @@ EXIT_CODES: dict[int, str] = {
     6: "partial pass, not a certification: every writer case that ran passed, but --tracing "
        "auto found no usable tracer (strace), so the system-call checks (durability R-COMMIT-6, "
        "R-COMMIT-17; atomic publish R-COMMIT-7, R-COMMIT-8; R-COMMIT-9; R-LAYOUT-2) were not "
-       "made; --tracing off opts out on purpose (exit 0); reader: every case passed but those "
-       "--known-failures lists, which still fail",
+       "made; --tracing off opts out on purpose (exit 0)",
 }
 
 #: what differs for ``gc`` (its ``exit_meaning``): a partial pass leaves its order checks out
@@ -55,10 +54,27 @@ GC_EXIT_CODES: dict[int, str] = {
 }
 
 
+#: what differs for ``reader``: it traces nothing, and a case past --timeout is that case's
+#: failure, not an infrastructure error
+READER_EXIT_CODES: dict[int, str] = {
+    0: "reader passed: every golden vector read as expected (bytes, values, codes, "
+       "verification status)",
+    4: "infrastructure error: adapter command, script or python -m module not found or not "
+       "executable, every adapter process died of an import error, work directory unusable, "
+       "the report of a passing run not written (a case whose adapter ran past --timeout is "
+       "that case's failure, exit 1)",
+    6: "partial pass, not a certification: every case that ran passed but those "
+       "--known-failures lists, which still fail as listed, or --no-verification-status left "
+       "the verification status of a case (R-DRILL-8, R-DRILL-12) unchecked",
+}
+
+
 def exit_meaning(command: str, code: int) -> str:
     """``exit_meaning`` of a report of ``command`` that exits ``code`` (``""``: none)."""
     if command == "gc" and code in GC_EXIT_CODES:
         return GC_EXIT_CODES[code]
+    if command == "reader" and code in READER_EXIT_CODES:
+        return READER_EXIT_CODES[code]
     return EXIT_CODES.get(code, "")
 
 
@@ -159,6 +175,8 @@ class RunReport:
         """Write a JUnit XML file: one ``<testsuite>`` per suite, one ``<testcase>`` per case."""
         root = ET.Element("testsuites", name=f"portable-ckpt-conformance {self.command}",
                           tests=str(len(self.cases)), failures=str(len(self.failures)),
+                          errors=str(sum(c.status == "error" for c in self.cases)),
+                          skipped=str(sum(c.status == "skipped" for c in self.cases)),
                           time=f"{self.seconds:.3f}")
         suites: dict[str, ET.Element] = {}
         for c in self.cases:

@@ -144,9 +144,16 @@ def test_a_reader_that_restores_nothing_opts_out_of_the_status(tmp_path: Path) -
                                                                "reader.verification_status"]
     reader, status = root.iter("testsuite")
     assert reader.get("skipped") == "0" and status.get("skipped") == "1"
+    # the root's totals, and the reader's own exit texts (not the writer's tracing text)
+    assert (root.get("tests"), root.get("failures"), root.get("errors"),
+            root.get("skipped")) == ("3", "0", "0", "1")
+    assert "--no-verification-status" in doc["exit_meaning"]
+    assert "tracing" not in doc["exit_meaning"] and "strace" not in doc["exit_meaning"]
     rc, doc, text = _run("--json", "--no-verification-status", "--case=valid-per-rank", "--",
                          sys.executable, str(ADAPTER))
     assert rc == 0 and doc is not None and doc["verification_status_unchecked"] == [], text
+    assert doc["exit_meaning"].startswith("reader passed") and "writer" not in \
+        doc["exit_meaning"]
 
 
 def test_the_job_file(tmp_path: Path) -> None:
@@ -207,6 +214,7 @@ def test_usage_and_infrastructure_errors(tmp_path: Path) -> None:
     assert rc == 4 and "not an executable file" in text
     rc, doc, text = _run("--json", "--", sys.executable, "-c", "import pck_no_such_module")
     assert rc == 4 and "import error" in text and doc is not None
+    assert "--timeout is that case's failure" in doc["exit_meaning"]  # the reader's own text
     assert [c["status"] for c in doc["cases"]] == ["error"]
     assert doc["cases"][0]["suite"] == "reader"
 
@@ -224,7 +232,9 @@ def test_a_usage_error_writes_both_reports(tmp_path: Path, args: list[str]) -> N
     assert doc["verdict"] == "none" and doc["exit_code"] == 2
     assert [(c["suite"], c["name"], c["status"]) for c in doc["cases"]] == [
         ("reader", "usage error", "error")]
-    suite = ET.parse(xml).getroot().find("testsuite")
+    root = ET.parse(xml).getroot()
+    assert root.get("errors") == "1" and root.get("skipped") == "0"
+    suite = root.find("testsuite")
     assert suite is not None and suite.get("errors") == "1"
 
 
