@@ -27,7 +27,9 @@ is a JSON object with a boolean ``ok`` counts). Then it compares:
   entries, JSON values compared with their types (``1`` is not ``1.0``, ``true`` is not
   ``1``); a failure names the tensor or entry, the first differing byte (offset, element, the
   bytes got and expected) or the JSON path of the first differing value;
-* an invalid case: not ``ok`` and exactly the case's ``code``; ``ok`` is a failure naming the
+* an invalid case: not ``ok`` and exactly the case's ``code`` (for ``PCK-CHECKSUM``, a
+  ``message``, optional, must name the damaged file by its path below the version, R-CKSUM-4;
+  ``/`` or ``\\`` separated); ``ok`` is a failure naming the
   rule the case breaks (the rule ids of its ``feature``), a wrong code one naming both codes;
   a case's ``deep`` (its defect lies in data blocks, which only a checker's deep verification
   reads, R-VERSION-13) concerns metadata-only checkers, not readers: the job never asks for a
@@ -69,10 +71,11 @@ from typing import Any
 
 from conformance.procs import Adapter, InfrastructureError, Outcome
 from conformance.report import CaseResult, RunReport, shell_join
+from conformance.store import crc32c
 from conformance.vectors import RETENTION_DIRS, VECTOR_DIRS, all_cases, materialize
 
-__all__ = ["KnownFailure", "ReaderOptions", "judge", "load_known_failures", "result_line", "rules_of",
-           "run_reader_vectors", "same_json"]
+__all__ = ["KnownFailure", "ReaderOptions", "damaged_files", "judge", "load_known_failures",
+           "result_line", "rules_of", "run_reader_vectors", "same_json"]
 
 #: Bytes shown on each side of a difference in tensor data.
 SHOWN = 8
@@ -355,11 +358,34 @@ def _entry_problems(got: Any, want: dict[str, Any]) -> list[str]:
     return out
 
 
+def damaged_files(version: Path) -> list[str]:
+    """The files of ``version`` (a version directory) whose checksum blocks do not match its
+    manifest, as relative paths below it (``[]`` when there is no manifest to read)."""
+    try:
+        files = json.loads((version / "manifest.json").read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    out: list[str] = []
+    for rel, record in sorted(files.items()):
+        try:
+            data = (version / rel).read_bytes()
+            size = int(record["checksum"]["block_size"])
+            blocks = "".join(f"{crc32c(data[i:i + size]):08x}"
+                             for i in range(0, len(data), size))
+            if blocks != record["checksum"]["blocks"]:
+                out.append(rel)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def judge(case: dict[str, Any], expected: dict[str, Any] | None, result: dict[str, Any],
-          verification_status: bool = True) -> list[str]:
+          verification_status: bool = True, damaged: list[str] | None = None) -> list[str]:
     """The failures of a reader's ``result`` line on ``case`` (``[]``: it passed).
 
     ``expected``: the case's ``expected.json`` (a valid case, or ``"reader": "accept"``).
+    ``damaged``: the files of a ``PCK-CHECKSUM`` case whose blocks do not match
+    (:func:`damaged_files`): a ``message``, when given, must name one (R-CKSUM-4).
     """
     rules = rules_of(case)
     why = f" ({', '.join(rules)})" if rules else ""
@@ -379,6 +405,13 @@ def judge(case: dict[str, Any], expected: dict[str, Any] | None, result: dict[st
             return [f"reported {_show(got) if not isinstance(got, str) else got}, expected "
                     f"{want}{why}" + (f": {message}" if message else "")
                     + f" (the case: {case['feature']})"]
+        message = result.get("message")
+        if want == "PCK-CHECKSUM" and damaged and isinstance(message, str) and message \
+                and not any(rel in message or rel.replace("/", "\\") in message
+                            for rel in damaged):
+            return [f"reported {want}, but its message does not name the damaged file "
+                    f"{' or '.join(map(repr, damaged))} (R-CKSUM-4: a checksum failure names "
+                    f"the file, by its path below the version): {message[:300]}"]
         return []
     if not ok:
         kind = ("a case a reader reads (\"reader\": \"accept\": the rule it breaks binds "
@@ -555,6 +588,8 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
     # the reader is not handed the answers (it may still find them in the suite's package)
     (cdir / Path(str(case.get("expected") or "expected.json")).name).unlink(missing_ok=True)
     asked = opts.verification_status and "failed_verification" in case
+    # found before the adapter runs: the files a checksum failure's message must name
+    damaged = damaged_files(target) if case.get("code") == "PCK-CHECKSUM" else []
     job = cdir / "job.json"
     job.write_text(json.dumps({"op": "read", "target": str(target.resolve()),
                                "verification_status": asked}, indent=1) + "\n",
@@ -587,7 +622,7 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
                     f"status {out.rc}; {out.tail(600)}"]
     else:
         details["got"] = "ok" if result.get("ok") is True else result.get("code")
-        failures = judge(case, expected, result, opts.verification_status)
+        failures = judge(case, expected, result, opts.verification_status, damaged)
     if failures:
         message = f"{name}: " + "\n".join(failures) + _output_note(out)
         return CaseResult("reader", name, "failed", message, time.monotonic() - t0,

@@ -18,6 +18,7 @@ Proves that ``portable-ckpt-conformance reader`` catches each kind of defect a r
 * ``oldest``: opens a root's oldest committed version, not its latest (R-READ-1, R-ID-4);
 * ``no-bool-check``: reads ``bool`` bytes other than 0 and 1 (R-DTYPE-4 ignored);
 * ``one-code``: reports ``PCK-ERROR`` for every refusal (not the spec's stable codes);
+* ``anonymous-checksum``: a checksum failure's message does not name the file (R-CKSUM-4);
 * ``fv-false``: says no version failed verification (reads no verification record);
 * ``strict``: refuses whatever the suite's checker reports, writer-only defects included
   (``"reader": "accept"`` cases: a stored writer index that disagrees with the manifest), which
@@ -172,6 +173,8 @@ def main(argv: list[str]) -> int:
             result["failed_verification"] = False
     elif MODE == "one-code":
         result["code"] = "PCK-ERROR"
+    elif MODE == "anonymous-checksum" and result["code"] == "PCK-CHECKSUM":
+        result["message"] = "checksum mismatch"
     print(json.dumps(result))
     return 0
 

@@ -90,6 +90,10 @@ BAD_MODES = {
                       "expected PCK-DTYPE-VALUE (R-DTYPE-2, R-DTYPE-4)"),
     "one-code": (["invalid-bad-checksum", "valid-per-rank"], "invalid-bad-checksum",
                  "reported PCK-ERROR, expected PCK-CHECKSUM"),
+    "anonymous-checksum": (["invalid-checksum-later-block-of-a-zstd-frame", "valid-per-rank"],
+                           "invalid-checksum-later-block-of-a-zstd-frame",
+                           "its message does not name the damaged file "
+                           "'data/w00001-0000.safetensors' (R-CKSUM-4"),
     "fv-false": (["valid-verification-one-of-two-cleared", "valid-verification-cleared"],
                  "valid-verification-one-of-two-cleared",
                  "failed_verification: got false, expected true (R-DRILL-8)"),
@@ -284,6 +288,16 @@ def test_judge_of_an_invalid_case() -> None:
     (text,) = judge(case, None, {"ok": False, "code": "PCK-CHECKSUM", "message": "m"})
     assert text.startswith("reported PCK-CHECKSUM, expected PCK-DTYPE-VALUE (R-DTYPE-2, "
                            "R-DTYPE-4): m")
+    # R-CKSUM-4: a checksum failure's message, when given, names the damaged file
+    bad, rel = _case("invalid-bad-checksum"), ["data/w00000-0000.safetensors"]
+    ok_code = {"ok": False, "code": "PCK-CHECKSUM"}
+    assert judge(bad, None, ok_code, damaged=rel) == []  # message is optional
+    assert judge(bad, None, {**ok_code, "message": "s1/data/w00000-0000.safetensors: block 0"},
+                 damaged=rel) == []
+    assert judge(bad, None, {**ok_code, "message": "data\\w00000-0000.safetensors"},
+                 damaged=rel) == []
+    (text,) = judge(bad, None, {**ok_code, "message": "crc mismatch"}, damaged=rel)
+    assert "does not name the damaged file 'data/w00000-0000.safetensors'" in text
     (text,) = judge(_case("invalid-bad-checksum"), None, {"ok": True})
     assert "expected PCK-CHECKSUM" in text and "which a whole read reaches" in text
 
