@@ -29,7 +29,7 @@ is a JSON object with a boolean ``ok`` counts). Then it compares:
   bytes got and expected) or the JSON path of the first differing value;
 * an invalid case: not ``ok`` and exactly the case's ``code`` (for ``PCK-CHECKSUM``, a
   ``message``, optional, must name the damaged file by its path below the version, R-CKSUM-4;
-  ``/`` or ``\\`` separated); ``ok`` is a failure naming the
+  separated by a slash or a backslash); ``ok`` is a failure naming the
   rule the case breaks (the rule ids of its ``feature``), a wrong code one naming both codes;
   a case's ``deep`` (its defect lies in data blocks, which only a checker's deep verification
   reads, R-VERSION-13) concerns metadata-only checkers, not readers: the job never asks for a
@@ -359,8 +359,10 @@ def _entry_problems(got: Any, want: dict[str, Any]) -> list[str]:
 
 
 def damaged_files(version: Path) -> list[str]:
-    """The files of ``version`` (a version directory) whose checksum blocks do not match its
-    manifest, as relative paths below it (``[]`` when there is no manifest to read)."""
+    """The files of ``version`` whose checksum blocks do not match its manifest.
+
+    ``version``: a version directory; relative paths below it (``[]`` without a manifest).
+    """
     try:
         files = json.loads((version / "manifest.json").read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -405,13 +407,12 @@ def judge(case: dict[str, Any], expected: dict[str, Any] | None, result: dict[st
             return [f"reported {_show(got) if not isinstance(got, str) else got}, expected "
                     f"{want}{why}" + (f": {message}" if message else "")
                     + f" (the case: {case['feature']})"]
-        message = result.get("message")
-        if want == "PCK-CHECKSUM" and damaged and isinstance(message, str) and message \
-                and not any(rel in message or rel.replace("/", "\\") in message
-                            for rel in damaged):
+        said = result.get("message")
+        if want == "PCK-CHECKSUM" and damaged and isinstance(said, str) and said \
+                and not any(rel in said or rel.replace("/", "\\") in said for rel in damaged):
             return [f"reported {want}, but its message does not name the damaged file "
                     f"{' or '.join(map(repr, damaged))} (R-CKSUM-4: a checksum failure names "
-                    f"the file, by its path below the version): {message[:300]}"]
+                    f"the file, by its path below the version): {said[:300]}"]
         return []
     if not ok:
         kind = ("a case a reader reads (\"reader\": \"accept\": the rule it breaks binds "

@@ -84,7 +84,8 @@ def _patch() -> None:
             global READING
             READING = True
             try:
-                return real_tensor(ck, key)
+                out: dict[str, Any] = real_tensor(ck, key)
+                return out
             finally:
                 READING = False
 
