@@ -190,3 +190,39 @@ def test_a_newer_commit_of_a_step_on_the_durable_tier_wins_over_the_fast_copy_of
         info = mgr.restore(state)
     assert info.checkpoint_id == again, info.checkpoint_id
     assert torch.equal(state["w"], _state(6.5)["w"])
+
+
+def test_an_older_commit_of_the_step_created_later_is_not_named_passed_over(
+    tmp_path: Path,
+) -> None:
+    """Mutation audit 27 (the bug it found): the passed-over report ordered attempts by id
+    (step, then creation time), not as §3 does (step, commit time, id): at one step, A created
+    first and committed last is the newest; B, created later and committed first, failed
+    verification; the restore resumed A and named B "passed over: the steps after step 6 are
+    trained again"."""
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.storage import open_storage
+
+    def st(v: float) -> dict[str, Any]:
+        return {"w": torch.arange(16.0) + v}
+
+    root = tmp_path / "ckpt"
+    with pckt.CheckpointManager(str(root), save_every=3, async_save=False) as m:
+        m.save(3, st(3))
+        m.save(6, st(6))
+    with pckt.CheckpointManager(str(root), save_every=3, async_save=False) as m:
+        m.save(6, st(6.5))
+    _, a, b = (v.id for v in portable_ckpt.list_versions(root))
+    rec = root / a / "manifest.json"
+    doc = json.loads(rec.read_text())
+    later = portable_ckpt.list_versions(root)[2].committed_at
+    doc["committed_at"] = (dt.datetime.strptime(later, "%Y-%m-%dT%H:%M:%S.%fZ")
+                           + dt.timedelta(milliseconds=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    rec.write_text(json.dumps(doc))  # A committed last: the newest of step 6 (R-ID-4)
+    write_verification_record(open_storage(root), b, ok=False, mode="deep", fraction=None,
+                              chunks=1, verifier="test",
+                              errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    with pckt.CheckpointManager(str(root), save_every=3, async_save=False) as m:
+        info = m.restore(st(1000.0))
+    assert info is not None and info.checkpoint_id == a
+    assert info.passed_over == []

@@ -18,6 +18,7 @@ from portable_ckpt._printable import one_line
 from portable_ckpt.io.annotations import failed_verifications, failure_order
 from portable_ckpt.io.copy import copies_of
 from portable_ckpt.io.recommit import every_writer_indexed
+from portable_ckpt.io.versions import version_order
 from portable_ckpt.torch._inflight import say
 from portable_ckpt.torch._manager_decisions import broadcast_json
 from portable_ckpt.torch.info import LoadInfo
@@ -81,22 +82,33 @@ def _find_passed_over(
 ) -> dict[str, Any]:
     """Rank 0: ``{"named": [...], "more": n}`` (see :attr:`LoadInfo.passed_over`).
 
-    A version is passed over when it is newer than the one restored (attempt ids sort by step,
-    then time) and the restore tried it and failed, or did not try it: its commit record is
+    A version is passed over when it is newer than the one restored (in the order of §3) and
+    the restore tried it and failed, or did not try it: its commit record is
     invalid (or lost), or a verification of it failed. Of the step asked for only, with
     ``step=`` (newer steps were passed over on purpose: a rollback says so itself).
     """
     restored = info.checkpoint_id
+    by_id = {v.id: v for vs in seen.values() for v in vs}
+
+    def newer(vid: str) -> bool:
+        # In the order of §3 (step, commit time, id) where both are committed (mutation audit
+        # 27: an older commit of the step, created later, was named passed over), else by id
+        # (an attempt without a commit time).
+        v, mine = by_id.get(vid), by_id.get(restored)
+        if v is not None and mine is not None and v.committed_at and mine.committed_at:
+            return version_order(v) > version_order(mine)
+        return vid > restored
+
     # The other ranks wait in the broadcast while rank 0 reads: a slow store must not turn a
     # restore that succeeded into a collective timeout (review of the change).
     deadline = time.monotonic() + min(COPIES_SECONDS, (mgr.timeout or COPIES_SECONDS * 4) / 4)
     rows: dict[tuple[str, str], Mapping[str, Any]] = {
         # (not a node-local version then restored from the durable tier: the same one)
-        key: why for key, why in tried.items() if key[1] > restored and key[0] in mgr.tiers
+        key: why for key, why in tried.items() if newer(key[1]) and key[0] in mgr.tiers
     }
     for tier_name, versions in seen.items():
         for v in reversed(versions):  # newest first: a deadline reached drops the oldest
-            if v.id <= restored or (step is not None and v.step != step):
+            if not newer(v.id) or (step is not None and v.step != step):
                 continue
             if (tier_name, v.id) in rows:
                 continue
