@@ -296,20 +296,34 @@ def _cmd_vectors(args: argparse.Namespace, argv: list[str]) -> int:
     return report.exit_code
 
 
+def _adapter_command(
+    report: RunReport, args: argparse.Namespace, name: str
+) -> list[str] | int:
+    """``CMD ...`` of a vector command (``gc``, ``reader``), or the exit status of its refusal.
+
+    A missing command or a ``--timeout`` that is not a positive number (0, negative, nan) is a
+    usage error, with a report when one was asked for.
+    """
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        return _abort(report, args, EXIT_USAGE, f"usage: {PROG} {name} [options] -- CMD ...")
+    if not args.timeout > 0:
+        return _abort(report, args, EXIT_USAGE,
+                      "error: --timeout must be a positive number of seconds")
+    return cmd
+
+
 # ------------------------------------------------------------------------------------- gc
 def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the retention vectors (spec §20.1) through a gc adapter."""
     from conformance.gc_harness import GcOptions, run_gc_vectors
 
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
     report = RunReport("gc", argv)
-    if not cmd:
-        return _abort(report, args, EXIT_USAGE, f"usage: {PROG} gc [options] -- CMD ...")
-    if not args.timeout > 0:
-        return _abort(report, args, EXIT_USAGE,
-                      "error: --timeout must be a positive number of seconds")
+    cmd = _adapter_command(report, args, "gc")
+    if isinstance(cmd, int):
+        return cmd
     opts = GcOptions(args.set, args.timeout, not args.no_retire_abandoned, args.workdir,
                      args.keep_work, tuple(args.case), args.tracing)
     stopped = _guarded(report, args, lambda: run_gc_vectors(cmd, opts, report))
@@ -339,15 +353,10 @@ def _cmd_reader(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the golden vectors (spec §20) through a reader adapter."""
     from conformance.reader_harness import ReaderOptions, run_reader_vectors
 
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
     report = RunReport("reader", argv)
-    if not cmd:
-        return _abort(report, args, EXIT_USAGE, f"usage: {PROG} reader [options] -- CMD ...")
-    if not args.timeout > 0:  # 0, a negative number, nan
-        return _abort(report, args, EXIT_USAGE,
-                      "error: --timeout must be a positive number of seconds")
+    cmd = _adapter_command(report, args, "reader")
+    if isinstance(cmd, int):
+        return cmd
     opts = ReaderOptions(args.set, args.timeout, not args.no_verification_status, args.workdir,
                          args.keep_work, tuple(args.case), args.known_failures)
     stopped = _guarded(report, args, lambda: run_reader_vectors(cmd, opts, report))
