@@ -53,7 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.procs import Adapter, InfrastructureError, Outcome, new_run_dir
+from conformance.procs import (
+    Adapter,
+    AdapterTimeout,
+    InfrastructureError,
+    Outcome,
+    hung,
+    new_run_dir,
+)
 from conformance.report import CaseResult, RunReport, shell_join
 from conformance.spec import DELETION_NAME_RE
 from conformance.trace import FsEvent, fs_events, outside_writes, parse_trace, tracing_status
@@ -300,14 +307,11 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
                               indent=1) + "\n", encoding="utf-8")
     try:
         out = adapter.run(job)
-    except InfrastructureError as exc:
-        if "--timeout" not in str(exc):
-            raise
+    except AdapterTimeout:
         # A gc that does not end on a case (a loop on a stray attempt) is that case's failure,
         # with its directory kept; the run goes on (re-attack 26: exit 4 and no verdict).
-        return CaseResult("gc", name, "failed", f"did not end within --timeout "
-                          f"{opts.timeout:g} s and was killed: a gc that hangs on this root (on "
-                          "a slow machine, raise --timeout)", time.monotonic() - t0,
+        return CaseResult("gc", name, "failed", hung("a gc that hangs on this root", opts.timeout),
+                          time.monotonic() - t0,
                           case_dir=str(cdir), replay=_replay(case, cmd),
                           details={"policy": case["policy"], "rc": None, "warnings": [],
                                    "feature": case["feature"]})

@@ -30,8 +30,8 @@ from typing import Any
 
 from conformance.trace import count_progress, traced_argv
 
-__all__ = ["Adapter", "InfrastructureError", "KillPlan", "Outcome", "count_trace_progress",
-           "import_error", "new_run_dir", "progress_mode"]
+__all__ = ["Adapter", "AdapterTimeout", "InfrastructureError", "KillPlan", "Outcome",
+           "count_trace_progress", "hung", "import_error", "new_run_dir", "progress_mode"]
 
 
 class InfrastructureError(Exception):
@@ -39,6 +39,16 @@ class InfrastructureError(Exception):
 
     Also when every process of it died of an import error (:attr:`Adapter.cannot_import`).
     """
+
+
+class AdapterTimeout(InfrastructureError):
+    """The adapter ran past ``--timeout`` and was killed (the vector commands: a case failure)."""
+
+
+def hung(what: str, timeout: float) -> str:
+    """The failure of a case whose adapter process did not end: ``what`` hangs."""
+    return (f"did not end within --timeout {timeout:g} s and was killed: {what} (on a slow "
+            "machine, raise --timeout)")
 
 
 @dataclass
@@ -213,8 +223,8 @@ class Adapter:
         except subprocess.TimeoutExpired:
             _killpg(r.popen)
             r.popen.wait()
-            raise InfrastructureError(f"adapter ran past --timeout {self.timeout:g}s on {r.job} "
-                                      "and was killed (raise --timeout on a slow machine)") from None
+            raise AdapterTimeout(f"adapter ran past --timeout {self.timeout:g}s on {r.job} "
+                                 "and was killed (raise --timeout on a slow machine)") from None
         if r.watcher is not None:
             r.watcher.join()
         if not r.killed:

@@ -59,7 +59,6 @@ report's ``known_failures`` lists each excused case with its ``got``: a list the
 from __future__ import annotations
 
 import json
-import math
 import re
 import secrets
 import shutil
@@ -69,9 +68,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.procs import Adapter, InfrastructureError, Outcome
+from conformance.procs import Adapter, AdapterTimeout, InfrastructureError, Outcome, hung
 from conformance.report import CaseResult, RunReport, shell_join
 from conformance.store import crc32c
+from conformance.strictjson import loads_text
 from conformance.vectors import RETENTION_DIRS, VECTOR_DIRS, all_cases, materialize
 
 __all__ = ["KnownFailure", "ReaderOptions", "damaged_files", "judge", "load_known_failures",
@@ -173,30 +173,6 @@ def rules_of(case: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(RULE_RE.findall(str(case.get("feature", "")))))
 
 
-class _Malformed(ValueError):
-    pass
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Malformed(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def _constant(name: str) -> Any:
-    raise _Malformed(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Malformed(f"the number {text[:40]} is out of range (not a finite double)")
-    return value
-
-
 def result_line(stdout: str) -> tuple[dict[str, Any] | None, str]:
     """The adapter's result: the last standard-output line that is a JSON object with ``ok``.
 
@@ -225,8 +201,7 @@ def result_line(stdout: str) -> tuple[dict[str, Any] | None, str]:
             return None, ("the last result line starts with a UTF-8 byte order mark (U+FEFF), "
                           f"which the protocol's line may not: {bare[:120]}")
         try:
-            doc = json.loads(bare, object_pairs_hook=_pairs, parse_constant=_constant,
-                             parse_float=_finite)
+            doc = loads_text(bare)
         except (ValueError, RecursionError) as exc:
             return None, f"the last result line is not strict JSON ({str(exc)[:120]}): " \
                 f"{line[:120]}"
@@ -603,14 +578,12 @@ def _run_case(adapter: Adapter, cmd: list[str], set_name: str, vdir: Path,
         details["failed_verification"] = case["failed_verification"]
     try:
         out = adapter.run(job)
-    except InfrastructureError as exc:
-        if "--timeout" not in str(exc):
-            raise
+    except AdapterTimeout:
         # A reader that does not end on a case (a loop on a hostile layout) is that case's
         # failure, with its directory kept; the run goes on.
-        return CaseResult("reader", name, "failed", f"{name}: did not end within --timeout "
-                          f"{opts.timeout:g} s and was killed: a reader that hangs on this "
-                          "case (on a slow machine, raise --timeout)", time.monotonic() - t0,
+        return CaseResult("reader", name, "failed",
+                          f"{name}: {hung('a reader that hangs on this case', opts.timeout)}",
+                          time.monotonic() - t0,
                           case_dir=str(cdir), replay=_replay(case, cmd), details=details)
     details["rc"] = out.rc
     stdout = out.out.read_text(encoding="utf-8", errors="replace") if out.out.exists() else ""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_VALUES", "StrictJsonError", "count_values", "loads_strict"]
+__all__ = ["MAX_DEPTH", "MAX_VALUES", "StrictJsonError", "count_values", "loads_strict",
+           "loads_text"]
 
 #: Maximum nesting depth of a document (arrays and objects).
 MAX_DEPTH = 64
@@ -24,19 +25,19 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise StrictJsonError(f"duplicate object key {k!r}")
+            raise StrictJsonError(f"duplicate key {k!r}")
         out[k] = v
     return out
 
 
 def _constant(name: str) -> Any:
-    raise StrictJsonError(f"{name} is not allowed in JSON documents of the format")
+    raise StrictJsonError(f"{name} is not JSON")
 
 
 def _float(s: str) -> float:
     v = float(s)
     if v in (float("inf"), float("-inf")):
-        raise StrictJsonError(f"number {s[:40]} overflows an IEEE 754 double")
+        raise StrictJsonError(f"the number {s[:40]} is out of range (not a finite double)")
     return v
 
 
@@ -141,6 +142,21 @@ def count_values(data: bytes, window: int = 1 << 22) -> int:
         tail = np.flatnonzero(~bs)
         backslashes = len(a) - 1 - int(tail[-1]) if len(tail) else backslashes + len(a)
     return total
+
+
+def loads_text(text: str) -> Any:
+    """``text`` as strict JSON without the format's limits on depth and integers.
+
+    No duplicate keys, no ``NaN``/``Infinity``, no number beyond a double (``1e400``): for what
+    the suite reads from adapters (a result line wraps a case's values in more levels and
+    carries integers of any size, which a valid case may hold).
+
+    Raises:
+        StrictJsonError: a violation (a ``ValueError`` too, as a decoding error is).
+
+    """
+    return json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant,
+                      parse_float=_float)
 
 
 def loads_strict(data: bytes, *, max_bytes: int | None = None,
