@@ -1010,3 +1010,37 @@ def test_ls_sizes_attempts_without_a_valid_record_by_what_they_store(tmp_path) -
     table = cli("ls", str(tmp_path)).stdout
     line = next(x for x in table.splitlines() if x.startswith(dead))
     assert " stored " in line and " - " not in line.split("incomplete")[1].split("stored")[0]
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+def test_verify_all_counts_an_older_version_whose_records_cannot_be_read(
+    tmp_path, capsys, kind: str
+) -> None:
+    """Left open by stop 27: an older version whose ``verifications`` is no directory (its
+    records cannot be read; `ls` calls it unreadable, a restore stops at it) was "OK" in
+    `verify ROOT --all`, exit 0, and a plain `verify` of it said nothing. It is a problem of
+    the root now: named with its code, not counted OK, exit 1, listed in ``--json``."""
+    import json
+
+    from portable_ckpt.cli.main import main as cli_main
+
+    older = save_step(tmp_path, 1)
+    save_step(tmp_path, 2)
+    records = tmp_path / older / "verifications"
+    if kind == "file":
+        records.write_text("x")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        os.symlink(tmp_path / "elsewhere", records)
+    capsys.readouterr()
+    assert cli_main(["verify", str(tmp_path / older)]) == 0  # its bytes: fine, and said
+    assert "verifications is no directory" in capsys.readouterr().err
+    assert cli_main(["verify", str(tmp_path), "--all"]) == 1
+    out = capsys.readouterr().out
+    assert f"PCK-STORAGE  {older}: its verification records cannot be read" in out, out
+    assert "1 of 2 committed versions OK (1 more without a problem in this check, but its " \
+        "verification records cannot be read); the newest a manager restores" in out, out
+    assert cli_main(["verify", str(tmp_path), "--all", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [e["attempt_id"] for e in doc["records_unreadable"]] == [older]
+    assert doc["ok"] is False and doc["records_unreadable"][0]["retryable"] is False

@@ -203,6 +203,11 @@ def read_annotations(
         listed = list(storage.list(prefix, recursive=False))
         # (verification records only: the kind that decides a restore, R-DRILL-8)
         odd = _odd_records(storage, prefix) if kind == "verifications" else None
+        if not listed and odd is None:
+            # Nothing listed: the kind's own entry may be no directory (a file, a symbolic
+            # link), whose records cannot be read; `verify` said OK of such a version that a
+            # restore stops at (left open by stop 27).
+            odd = odd_record_dirs(storage, attempt_id, (kind,)).get(kind)
     except StorageError as exc:
         if errors is None:
             raise
@@ -225,6 +230,28 @@ def read_annotations(
     time_member = ANNOTATION_KINDS[kind][2]
     out.sort(key=lambda d: timestamp_key(str(d.get(time_member) or "")))
     return out
+
+
+def odd_record_dirs(
+    storage: Storage, name: str, kinds: Collection[str] = tuple(ANNOTATION_KINDS)
+) -> dict[str, CheckpointError]:
+    """The kinds of records whose directory in attempt ``name`` is no directory, with why.
+
+    ``verifications`` replaced by a file, a symbolic link or a FIFO (an object of that name on
+    an object store) hid its records: a failed version became the one a restore takes, and gc
+    deleted the good one before it; ``drills`` so hid the drilled version gc protects
+    (re-attack 27, 2). Such a directory holds records that cannot be read (as ``pins``, R-GC-11).
+    One listing of the version's top level; ``kinds`` limits which are looked for.
+    """
+    top = f"{name}/"
+    names = {p[len(top):].rstrip("/") for p in storage.list_foreign(top, recursive=False)}
+    names |= {o.path[len(top):] for o in storage.list(top, recursive=False)}
+    return {kind: StorageError(
+        f"{storage.url.rstrip('/')}/{name}/{kind} is no directory (a file, a symbolic link or a "
+        "FIFO; on an object store, an object of that name): its records cannot be read, and "
+        "may say the version failed; make it the version's own directory of records again",
+        path=f"{name}/{kind}", retryable=False) for kind in sorted(kinds)
+        if kind in names}
 
 
 def _odd_records(storage: Storage, prefix: str) -> StorageError | None:

@@ -67,6 +67,7 @@ from portable_ckpt.format.naming import (
 )
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
+    odd_record_dirs,
     cleared_ids,
     dated_ahead,
     epoch_us,
@@ -661,7 +662,7 @@ def _info(
         try:  # one listing says which kinds of records exist (three listings were asked)
             dirs = set(storage.list_dirs(f"{name}/"))
             present = dirs & set(ANNOTATION_KINDS)
-            odd = _odd_record_dirs(storage, name)
+            odd = odd_record_dirs(storage, name)
         except StorageError:
             dirs, present = set(), set(ANNOTATION_KINDS)  # each is asked, and its error kept
             odd = {}
@@ -686,25 +687,6 @@ def _info(
             info.error, info.error_code = f"{kind} records unreadable: {first}", first.code
             info.error_retryable = first.retryable
     return info
-
-
-def _odd_record_dirs(storage: Storage, name: str) -> dict[str, CheckpointError]:
-    """The kinds of records whose directory in attempt ``name`` is no directory, with why.
-
-    ``verifications`` replaced by a file, a symbolic link or a FIFO (an object of that name on
-    an object store) hid its records: a failed version became the one a restore takes, and gc
-    deleted the good one before it; ``drills`` so hid the drilled version gc protects
-    (re-attack 27, 2). Such a directory holds records that cannot be read (as ``pins``, R-GC-11).
-    """
-    top = f"{name}/"
-    names = {p[len(top):].rstrip("/") for p in storage.list_foreign(top, recursive=False)}
-    names |= {o.path[len(top):] for o in storage.list(top, recursive=False)}
-    return {kind: StorageError(
-        f"{storage.url.rstrip('/')}/{name}/{kind} is no directory (a file, a symbolic link or a "
-        "FIFO; on an object store, an object of that name): its records cannot be read, and "
-        "may say the version failed; make it the version's own directory of records again",
-        path=f"{name}/{kind}", retryable=False) for kind in sorted(ANNOTATION_KINDS)
-        if kind in names}
 
 
 def restore_decision(v: VersionInfo) -> str:
