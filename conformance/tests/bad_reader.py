@@ -16,6 +16,10 @@ Proves that ``portable-ckpt-conformance reader`` catches each kind of defect a r
 * ``bool-as-int``: entry values' booleans given as ``0``/``1``;
 * ``rank-zero``: a per-rank entry's value of rank 0 given for every rank;
 * ``oldest``: opens a root's oldest committed version, not its latest (R-READ-1, R-ID-4);
+* ``decode-first``: decodes a zstd range's frame from the bytes as stored, then verifies them
+  (R-CKSUM-3: verified before decoded): damage in a frame reports the codec's error, not the
+  checksum's; passes every set but ``errata-21``'s frame damaged in a block of its own (its
+  other undecodable frame shares the block with ``z``, whose verified read meets it first);
 * ``no-bool-check``: reads ``bool`` bytes other than 0 and 1 (R-DTYPE-4 ignored);
 * ``one-code``: reports ``PCK-ERROR`` for every refusal (not the spec's stable codes);
 * ``anonymous-checksum``: a checksum failure's message does not name the file (R-CKSUM-4);
@@ -101,6 +105,21 @@ def _patch() -> None:
             real(self, start, [memoryview(first)])
 
         checksum.BlockVerifier.verify_span = first_only  # type: ignore[method-assign]
+    elif MODE == "decode-first":
+        import math
+
+        from portable_ckpt.io import reader
+        from portable_ckpt.io.codec import decompress_frame
+
+        real_check = reader.Checkpoint._check_frame
+
+        def decode_then_verify(self: Any, t: Any, rec: Any, st: Any) -> None:
+            stored = self.storage.read_range(self._rel(rec.file), st.start, st.end - st.start)
+            expect = math.prod(rec.lengths) * t.itemsize
+            decompress_frame(bytearray(stored), expect=expect, limit=expect, what=rec.name)
+            real_check(self, t, rec, st)
+
+        reader.Checkpoint._check_frame = decode_then_verify  # type: ignore[method-assign]
     elif MODE == "no-bool-check":
         from portable_ckpt.io import reader
 

@@ -11,11 +11,13 @@ block is never a file's first:
 * a block inside a ``zstd`` frame that is not its first (the bytes are verified before they
   are decoded: ``PCK-CHECKSUM``, never a codec error or damaged values): a frame stored raw,
   which decodes unverified to one changed byte, and a compressed one whose damaged block makes
-  decoding fail (a reader that decodes first says ``PCK-CODEC``);
+  decoding fail (a reader that decodes first says ``PCK-CODEC``), once in a block that the
+  frame shares with another range and once in a block of its own bytes only, which no other
+  read verifies first;
 * the second block of an entry value, changed so that it is still valid JSON;
 * a later block of a tensor table (format 1.1).
 
-Two valid cases hold the same kinds of files intact. Every damaged byte but the table's and the
+Three valid cases hold the same kinds of files intact. Every damaged byte but the table's and the
 compressed frame's is one that a reader which skips the check returns or decodes without
 another error (those two fail another check, under another code). Uses the builders of
 ``generate_1_0.py``, ``generate_1_1.py`` and ``generate_errata_1.py`` (standard library, numpy,
@@ -184,6 +186,60 @@ def _(root: Path) -> None:
     G.write_version(root, _multi(), after_records=ar)
 
 
+def _long_frame(step: int = 10) -> Any:
+    """A 1.0 version of one writer whose shard holds one ``zstd`` range, ``m``: 40,000 bytes of
+    sixteen values (about 20 KiB compressed: the frame spans five 4 KiB blocks, four of them
+    holding nothing but its bytes)."""
+    v = G.V(step, world_size=1)
+    v.tensor("m", "uint8", [40000], [x % 16 for x in _pattern(40000, 11)], [([0], [40000], 0)],
+             codec="zstd")
+    return v
+
+
+@case("valid-long-zstd-frame", "R-CKSUM-3, R-TENSOR-10 (errata 21): a zstd frame of five "
+      "4 KiB blocks, intact")
+def _(root: Path) -> Any:
+    v = _long_frame()
+    G.write_version(root, v)
+    return v
+
+
+@case("invalid-checksum-undecodable-zstd-frame-own-block", "R-CKSUM-3, R-CKSUM-4, "
+      "R-TENSOR-10 (errata 21): one bit in the last block of a shard whose only range is the "
+      "compressed zstd frame of `m` (a block of the frame's bytes alone, not the one it "
+      "shares with the shard header), chosen so that decoding the unverified frame fails. "
+      "No other read "
+      "touches that block, so a reader that decodes a frame before it verifies it reports "
+      "PCK-CODEC whatever order it reads in (`invalid-checksum-undecodable-zstd-frame` shares "
+      "its block with `z`, read first in the manifest's order); the bytes are verified before "
+      "they are decoded: PCK-CHECKSUM", code="PCK-CHECKSUM", deep=True)
+def _(root: Path) -> None:
+    import zstandard
+
+    def ar(files: dict[str, bytes], m: dict[str, Any]) -> None:
+        lo, hi = _range_span(files, SHARD, "m@0")
+        first = -(-lo // BLOCK) * BLOCK  # the frame's first block of its own bytes only
+        assert first + 2 * BLOCK < hi, (lo, hi)
+        frame = files[SHARD][lo:hi]
+
+        def breaks(at: int, mask: int) -> bool:
+            bad = bytearray(frame)
+            bad[at - lo] ^= mask
+            try:
+                zstandard.ZstdDecompressor().decompress(bytes(bad), max_output_size=40000)
+            except zstandard.ZstdError:
+                return True
+            return False
+
+        # The first byte and bit past the frame's first two blocks of its own bytes whose change
+        # breaks decoding (in its last block: the ends of its Huffman streams and sequences).
+        at, mask = next((a, 1 << b) for a in range(first + 2 * BLOCK, hi)
+                        for b in range(8) if breaks(a, 1 << b))
+        assert at // BLOCK * BLOCK >= lo and len(files[SHARD]) == hi, (lo, at, hi)
+        _flip(files, SHARD, at, mask)
+    G.write_version(root, _long_frame(), after_records=ar)
+
+
 @case("invalid-checksum-second-block-of-an-entry", "R-CKSUM-3, R-CKSUM-4 (errata 21): a "
       "digit in block 1 of the entry value `history` changed into another digit (still "
       "valid JSON: a reader that verifies only the first block returns the changed list); "
@@ -232,9 +288,10 @@ def _(root: Path) -> None:
 
 DESCRIPTION = ("Golden vectors of errata 21 (spec §20): damaged checksum blocks that are not "
                "a file's first (R-CKSUM-3, R-CKSUM-4): the middle block of a range, the last "
-               "block of a shard, a later block of a zstd frame (stored raw, and compressed), "
+               "block of a shard, a later block of a zstd frame (stored raw, and compressed, "
+               "also in a block no other read touches), "
                "the second block of an entry "
-               "value, a later block of a tensor table; and two versions with the same kinds "
+               "value, a later block of a tensor table; and three versions with the same kinds "
                "of multi-block files intact.")
 
 
