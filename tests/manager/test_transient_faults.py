@@ -31,13 +31,22 @@ _READS = ("read_into", "read_into_many", "read_extents")
 
 def _fault_once(monkeypatch: pytest.MonkeyPatch, kind: str, times: int = 1) -> list[int]:
     """The next ``times`` reads of a data file flip a bit in memory, or fail with EIO."""
-    left = [times]
+    return _faults(monkeypatch, [kind] * times)
+
+
+def _faults(monkeypatch: pytest.MonkeyPatch, kinds: list[str]) -> list[int]:
+    """The next reads of a data file, one each of ``kinds`` in order: ``flip`` or ``eio``."""
+    left = [len(kinds)]
+
+    def kind() -> str:
+        return kinds[len(kinds) - left[0]]
+
     for name in _READS:
         orig = getattr(LocalStorage, name)
 
         def wrapped(self: Any, path: str, *a: Any, _orig: Any = orig, **k: Any) -> Any:
             hit = left[0] > 0 and "/data/" in path
-            if hit and kind == "eio":
+            if hit and kind() == "eio":
                 left[0] -= 1
                 raise StorageError(f"read {path!r}: Input/output error (errno 5)", path=path)
             out = _orig(self, path, *a, **k)
@@ -111,6 +120,24 @@ def test_damage_that_repeats_is_recorded_and_a_storage_error_that_persists_stops
         with pytest.raises(StorageError, match="failed twice on a storage error"):
             mgr.restore(target)
     assert not any(v.verification_failed for v in list_versions(root2))
+
+
+def test_damage_whose_third_read_fails_stops_the_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutation audit 27, MR22 (untested): both loads of the newest version meet damage and
+    the third read, which would confirm it, fails with EIO. Nothing is known of the bytes: the
+    restore stops (R-ID-5) and records nothing, never resumes the step before."""
+    root = tmp_path / "r"
+    target = _two_versions(root)
+    left = _faults(monkeypatch, ["flip", "flip", "eio"])
+    with pckt.CheckpointManager(root, save_every=100, async_save=False) as mgr:
+        with pytest.raises(StorageError, match="failed twice") as caught:
+            mgr.restore(target)
+    assert left == [0], left
+    assert "would silently lose the training since" in caught.value.message
+    assert target["w"][0].item() == 0.0  # step 1 was not loaded instead
+    assert not any(v.verification_failed for v in list_versions(root))
 
 
 def test_confirm_damage_reads_the_file_again(tmp_path: Path) -> None:
