@@ -187,9 +187,11 @@ def _(root: Path) -> None:
 
 
 def _long_frame(step: int = 10) -> Any:
-    """A 1.0 version of one writer whose shard holds one ``zstd`` range, ``m``: 40,000 bytes of
-    sixteen values (about 20 KiB compressed: the frame spans five 4 KiB blocks, four of them
-    holding nothing but its bytes)."""
+    """A 1.0 version of one writer whose shard holds one ``zstd`` range, ``m``.
+
+    40,000 bytes of sixteen values (about 20 KiB compressed: the frame spans five 4 KiB
+    blocks, four of them holding nothing but its bytes).
+    """
     v = G.V(step, world_size=1)
     v.tensor("m", "uint8", [40000], [x % 16 for x in _pattern(40000, 11)], [([0], [40000], 0)],
              codec="zstd")

@@ -316,7 +316,7 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
     # Verification records that cannot be read: the bytes may be good, but a restore stops at
     # the version (R-ID-5) and `ls` calls it unreadable; "OK" said otherwise (left open by
     # stop 27). A problem of the root, as an unreadable attempt is.
-    records_unreadable = [
+    records_unreadable: list[dict[str, Any]] = [
         {"attempt_id": _ident(r), "code": r.unread[0].code, "message": r.unread[0].message,
          "retryable": r.unread[0].retryable} for r in runs if r.unread and not r.errors]
     newest, undecided, meanwhile = _restore_takes(args.ckpt, docs, runs,

@@ -202,7 +202,8 @@ def read_annotations(
     try:
         listed = list(storage.list(prefix, recursive=False))
         # (verification records only: the kind that decides a restore, R-DRILL-8)
-        odd = _odd_records(storage, prefix) if kind == "verifications" else None
+        odd: CheckpointError | None = (
+            _odd_records(storage, prefix) if kind == "verifications" else None)
         if not listed and odd is None:
             # Nothing listed: the kind's own entry may be no directory (a file, a symbolic
             # link), whose records cannot be read; `verify` said OK of such a version that a

@@ -67,13 +67,13 @@ from portable_ckpt.format.naming import (
 )
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
-    odd_record_dirs,
     cleared_ids,
     dated_ahead,
     epoch_us,
     failed_verifications,
     failure_order,
     lists_file,
+    odd_record_dirs,
     read_annotations,
     reread_record,
     timestamp_key,
