@@ -600,8 +600,10 @@ def register(sub: Any) -> None:
         "--latest",
         action="store_true",
         help="print only the version a restore takes: the path of the newest committed version "
-        "that no verification failed (exit 1 when there is none, or when a newer attempt could "
-        "not be read); with --json, its row",
+        "that no verification failed; with --json, its row. Exit 1 only when there is none "
+        "(start afresh); 75 when a newer attempt, or its records, could not be read for a cause "
+        "that may pass (retry, never start afresh); 69 when a person must act (a permission, "
+        "every version failed verification)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_ls)
