@@ -40,6 +40,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ("Retention", "portable_ckpt.io.gc", ["gc"]),
     ("Pins", "portable_ckpt.io.pins", ["pin", "unpin", "read_pins"]),
     ("Job log", "portable_ckpt.logs", ["get_logger", "log_event", "logged"]),
+    ("Converting other formats", "portable_ckpt.convert", ["convert", "register_format"]),
     ("torch: the checkpoint manager", "portable_ckpt.torch",
      ["CheckpointManager", "ModelOptimizerState", "LoadInfo", "CheckpointInfo"]),
     ("torch: what a state holds", "portable_ckpt.torch",

@@ -537,7 +537,8 @@ def convert(
             new/empty directory for ``hf`` and ``dcp``, a new file for ``torch``.
         src_format: a name of :func:`source_formats`; detected when ``None``.
         dst_format: a name of :func:`target_formats` (default ``portable``).
-        trust_pickle: allow reading DCP pickles (they can run code; see
+        trust_pickle: accept DCP sources, whose pickles are decoded without running any code (only
+            DCP's metadata classes; see
             :data:`portable_ckpt.convert.dcp.TRUST_HELP`).
         strict: fail, publishing nothing, when anything would be skipped or changed (a
             contract made ``statistical``, one rank's value of a per-rank entry kept, ...).
