@@ -92,3 +92,34 @@ def test_a_save_whose_outcome_is_unknown_leaves_the_pass_owed(
             mgr.wait()
         assert set(mgr._retain_owed) == {"durable"}
         assert _committed(root) == [1, 2, 3]  # step 2, the last durable version, is there
+
+
+def test_saves_queued_back_to_back_still_run_retention(tmp_path: Path) -> None:
+    """Leak review 28, F1: each commit found the next save queued and left its pass to it, so
+    a job saving back to back ran no retention pass until it exited (300 versions of
+    ``keep_last=3`` on S3, deleted in 88 s at exit; on a disk, until a save failed for want
+    of space). A pass is skipped once at most: with six saves queued, every other commit runs
+    one, and the versions never pile up beyond the policy and the two newest."""
+    root = tmp_path / "r"
+    state: dict[str, Any] = {"w": torch.arange(1024.0)}
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=True) as mgr:
+        mgr.maybe_save(1, state)
+        mgr.wait()
+        gate = threading.Event()
+        mgr._bg.submit(gate.wait, 60)  # steps 2..7 queue their post-save work behind it
+        for step in range(2, 8):
+            mgr.maybe_save(step, state)
+        seen: list[int] = []
+        real = mgr.telemetry.emit
+
+        def emit(event: str, **kw: Any) -> None:
+            if event == "retention":
+                seen.append(len(list_versions(root)))
+            real(event, **kw)
+
+        mgr.telemetry.emit = emit  # type: ignore[method-assign]
+        gate.set()
+        mgr.wait()
+    assert len(seen) == 3, seen  # the passes of commits 3, 5 and 7 (7's alone before the fix)
+    assert max(seen) <= 3, seen  # keep_last=1, the newest, and one whose pass was skipped
+    assert _committed(root) == [7]
