@@ -262,3 +262,51 @@ def test_a_writers_own_failure_leaves_the_attempts_directories(tmp_path: Path) -
     assert (tmp_path / attempt / "data").is_dir()
     ShardWriter(storage, attempt, 1).abort(dirs=True)
     assert not (tmp_path / attempt).exists()
+
+
+def test_a_failed_saves_deferred_fsync_does_not_fail_the_next_save(
+    tmp_path, monkeypatch
+) -> None:
+    """Re-attack 28, 3: a save whose first shard's deferred fsync failed (EDQUOT) and whose
+    second shard's write failed left that fsync's error pending in the storage; the next
+    save on the same storage object (a manager's tier keeps one) failed with it, though the
+    failed save's abort had deleted the file. An error of a file deleted since is nobody's."""
+    import errno
+
+    import portable_ckpt.storage.local as L
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+
+    storage = open_storage(tmp_path / "r")
+    first = new_attempt_id(1)
+    real_fsync, real_write = L._fsync_close, L._LocalWriter.write
+
+    def bad_fsync(fd: int, rel: str, full: str) -> None:
+        if first in rel and "w00000-0000" in rel:
+            os.close(fd)
+            raise L._os_error("fsync", rel, OSError(errno.EDQUOT, "Disk quota exceeded"), full)
+        real_fsync(fd, rel, full)
+
+    def bad_write(self, data):  # type: ignore[no-untyped-def]
+        if first in self._rel and "w00000-0001" in self._rel:
+            raise L._os_error("write", self._rel, OSError(errno.EDQUOT, "Disk quota exceeded"),
+                              self._full)
+        return real_write(self, data)
+
+    monkeypatch.setattr(L, "_fsync_close", bad_fsync)
+    monkeypatch.setattr(L._LocalWriter, "write", bad_write)
+    w = ShardWriter(storage, first, 0, max_file_bytes=5000)
+    for i in range(3):
+        w.add_tensor(f"t{i}", np.arange(1000, dtype=np.float32), offsets=(0,),
+                     global_shape=(1000,))
+    try:
+        w.finish()
+    except StorageError:
+        w.abort(dirs=True)  # as a failed save does
+    else:
+        raise AssertionError("the injected write failure did not fail the save")
+    assert not (tmp_path / "r" / first / "data").exists()
+    monkeypatch.undo()  # the quota is raised
+    w2 = ShardWriter(storage, new_attempt_id(2), 0)
+    w2.add_tensor("t", np.arange(10, dtype=np.float32), offsets=(0,), global_shape=(10,))
+    assert w2.finish().files  # no error of the first save's deleted file

@@ -240,7 +240,7 @@ class LocalStorage(ScannedStorage):
         self._synced_dirs: set[str] = set()
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
-        self._pending: list[Future[None]] = []
+        self._pending: list[tuple[Future[None], str]] = []  # (fsync, the file's full path)
         self._fsync_pool: ThreadPoolExecutor | None = None
 
     # -- path handling -------------------------------------------------------------------------
@@ -291,11 +291,15 @@ class LocalStorage(ScannedStorage):
         with self._dirty_lock:
             pending, self._pending = self._pending, []
         errors = []
-        for fut in pending:  # wait for every deferred fsync, even after a failure
+        for fut, full in pending:  # wait for every deferred fsync, even after a failure
             try:
                 fut.result()
             except StorageError as exc:
-                errors.append(exc)
+                # A file deleted since (a failed save's, removed by its abort) is nobody's to
+                # make durable: its error failed the next save of a storage kept across saves
+                # (re-attack 28, 3). Every other failure is this sync's.
+                if os.path.lexists(full):
+                    errors.append(exc)
         if errors:
             raise errors[0]
         with self._dirty_lock:
@@ -467,7 +471,7 @@ class LocalStorage(ScannedStorage):
         with self._dirty_lock:
             if self._fsync_pool is None:
                 self._fsync_pool = ThreadPoolExecutor(2, thread_name_prefix="pck-fsync")
-            self._pending.append(self._fsync_pool.submit(_fsync_close, fd, rel, full))
+            self._pending.append((self._fsync_pool.submit(_fsync_close, fd, rel, full), full))
 
     def create_if_absent(self, path: str, data: bytes) -> bool:
         full = self._full(path)
