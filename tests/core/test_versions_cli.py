@@ -1044,3 +1044,31 @@ def test_verify_all_counts_an_older_version_whose_records_cannot_be_read(
     doc = json.loads(capsys.readouterr().out)
     assert [e["attempt_id"] for e in doc["records_unreadable"]] == [older]
     assert doc["ok"] is False and doc["records_unreadable"][0]["retryable"] is False
+
+
+def test_verify_root_fails_when_the_newest_versions_records_cannot_be_read(
+    tmp_path, capsys
+) -> None:
+    """Re-attack 28, 2: `verify ROOT` said OK, exit 0, of a root whose newest version's
+    verification records cannot be read (`ls --latest` exit 69: a restore stops there); and
+    `verify ROOT --all` counted one version in two groups of its summary ("1 of 2 OK (1 more
+    ...) (1 more ...)"). A problem of the root; each version counted once."""
+    from portable_ckpt.cli.main import main as cli_main
+
+    older = save_step(tmp_path, 1)
+    newest = save_step(tmp_path, 2)
+    (tmp_path / newest / "verifications").write_text("x")
+    capsys.readouterr()
+    assert cli_main(["verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"PCK-STORAGE  {newest}: its verification records could not be read" in out, out
+    assert cli_main(["verify", str(tmp_path / newest)]) == 0  # the version's own bytes: fine
+    (tmp_path / newest / "verifications").unlink()
+    (tmp_path / older / "verifications").write_text("x")
+    capsys.readouterr()
+    # --deep: its record cannot be written either (where records go is no directory)
+    assert cli_main(["verify", str(tmp_path), "--all", "--deep"]) == 1
+    out = capsys.readouterr().out
+    assert "the verification was not recorded" in out  # the version's own line says so
+    assert "1 of 2 committed versions OK (1 more without a problem in this check, but its " \
+        "verification records cannot be read); the newest" in out, out

@@ -102,6 +102,12 @@ def _verify_one(
         _record_and_clear(args, run, storage, attempt, manifest, seed)
         if step is None and _is_root(ckpt, attempt):  # problems of the root
             run.errors += _newer_invalid(storage, attempt)
+            # The version a root's verification takes, whose records cannot be read: a restore
+            # stops at it (re-attack 28, 2: OK, exit 0, while `ls --latest` exited 69).
+            run.errors += [StorageError(
+                f"{attempt}: its verification records could not be read ({e.message[:600]}): "
+                "a restore stops at this version until they can", path=e.path,
+                retryable=e.retryable) for e in run.unread[:1]]
         run.errors += run.unsure  # after the record: never recorded as damage
         if args.clear_failed and run.unread:  # the clearing asked for did not happen: retry
             run.errors.append(StorageError(
@@ -362,10 +368,13 @@ def _verify_all(args: argparse.Namespace, seed: int) -> int:
         of_checked = " of those checked" if meanwhile else ""
         unread_ids = {e["attempt_id"] for e in records_unreadable}
         good = sum(d["ok"] for d, r in zip(docs, runs, strict=True) if _ident(r) not in unread_ids)
-        barred = sum(bool(not r.errors and r.barring) for r in runs)
+        # Each version in one group at most (re-attack 28, 5: "1 of 2 OK (1 more ...) (1 more
+        # ...)" counted one version twice).
+        barred = sum(bool(not r.errors and r.barring and _ident(r) not in unread_ids)
+                     for r in runs)
         # A read-only root: the bytes verified, the records could not be written (V10).
-        unrecorded = sum(bool(not r.errors and not r.barring and r.record_failure)
-                         for r in runs)
+        unrecorded = sum(bool(not r.errors and not r.barring and r.record_failure
+                              and _ident(r) not in unread_ids) for r in runs)
         print(f"{good} of {len(results)} committed versions OK"
               + (f" ({barred} more without a problem in this check, but kept from restores by "
                  "an earlier failed verification)" if barred else "")

@@ -204,10 +204,11 @@ def read_annotations(
         # (verification records only: the kind that decides a restore, R-DRILL-8)
         odd: CheckpointError | None = (
             _odd_records(storage, prefix) if kind == "verifications" else None)
-        if not listed and odd is None:
-            # Nothing listed: the kind's own entry may be no directory (a file, a symbolic
-            # link), whose records cannot be read; `verify` said OK of such a version that a
-            # restore stops at (left open by stop 27).
+        if not listed and kind == "verifications":
+            # Nothing listed: the entry may be no directory (a file, a symbolic link), whose
+            # records cannot be read; `verify` said OK of such a version that a restore stops
+            # at (left open by stop 27). The kind that decides a restore only: two listings of
+            # the version's top level on an object store (re-attack 28, 4).
             odd = odd_record_dirs(storage, attempt_id, (kind,)).get(kind)
     except StorageError as exc:
         if errors is None:
