@@ -155,9 +155,16 @@ def lists_file(storage: Storage, rel: str) -> bool:
 
 
 def listed_info(storage: Storage, rel: str) -> ObjectInfo | None:
-    """``rel`` as a listing of its directory shows it (size, the storage's time), or ``None``."""
+    """``rel`` as a listing of its directory shows it (size, the storage's time), or ``None``.
+
+    Listed anew, even inside :meth:`~portable_ckpt.storage.Storage.one_root_listing`: the
+    second look of a record answered absent must see the storage now (a record pruned since the
+    listing is gone, not "absent while listed").
+    """
     parent = rel.rsplit("/", 1)[0] + "/"
-    return next((info for info in storage.list(parent, recursive=False) if info.path == rel), None)
+    with storage.fresh_listing():
+        return next((info for info in storage.list(parent, recursive=False)
+                     if info.path == rel), None)
 
 
 def reread_record(storage: Storage, rel: str, max_size: int = jsonio.MAX_MANIFEST_BYTES) -> bytes:

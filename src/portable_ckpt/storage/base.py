@@ -322,7 +322,19 @@ class Storage(abc.ABC):
         For a read-only command that looks at the root from several sides (its attempts, its
         pins, its foreign entries): one view, and one request where a listing is a request.
         Never around what must see the storage change (a clock probe, a gc's deletions). The
-        default lists every time.
+        view belongs to the caller's context (a context variable, not the object): another
+        thread of the process using the same object never sees it. The default lists every
+        time.
+        """
+        yield
+
+    @contextlib.contextmanager
+    def fresh_listing(self) -> Iterator[None]:
+        """Within: listings ask the storage again, even inside :meth:`one_root_listing`.
+
+        Around a second look that must see the storage now (a record answered absent that the
+        listing showed: pruned since, or a store that contradicts itself). The default does
+        nothing (it lists every time anyway).
         """
         yield
 

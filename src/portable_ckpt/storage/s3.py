@@ -640,6 +640,12 @@ def _boto_transient(exc: BaseException, method: str, url: str) -> tuple[str, str
     return None
 
 
+#: The pages of directory levels listed inside :meth:`S3Storage.one_root_listing`, by storage
+#: object and prefix; ``None`` outside one.
+_LEVEL_PAGES: contextvars.ContextVar[dict[tuple[S3Storage, str], builtins.list[dict[str, Any]]] | None] = (
+    contextvars.ContextVar("pck_s3_level_pages", default=None))
+
+
 def _entry(rel: str, size: int, mtime: float) -> ListingEntry:
     return (ObjectInfo(rel, size, mtime), None) if well_formed(rel) else (None, rel)
 
@@ -682,9 +688,6 @@ class S3Storage(ScannedStorage):
         self._obstore: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._session: Any = None
-        #: the pages of each directory level listed inside :meth:`one_root_listing`
-        self._level_pages: dict[str, builtins.list[dict[str, Any]]] = {}
-        self._reuse_root = 0
         self._root_lock = threading.Lock()  # not _lock: a listing takes that one (the client)
 
     # -- construction ---------------------------------------------------------------------------
@@ -1525,32 +1528,43 @@ class S3Storage(ScannedStorage):
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key_prefix(prefix)}
         if delimiter:
             kwargs["Delimiter"] = "/"
-        if not (delimiter and self._reuse_root):
+        views = _LEVEL_PAGES.get()
+        if not delimiter or views is None:
             return self._list_pages("list_objects_v2", kwargs, "list", prefix)
         with self._root_lock:  # a failed listing is not kept: the next call asks again
-            pages = self._level_pages.get(prefix)
+            pages = views.get((self, prefix))
         if pages is None:  # listed outside the lock: the version listings of ls run in parallel
             pages = builtins.list(self._list_pages("list_objects_v2", kwargs, "list", prefix))
             with self._root_lock:
-                pages = self._level_pages.setdefault(prefix, pages)
+                pages = views.setdefault((self, prefix), pages)
         return iter(pages)
 
     @contextlib.contextmanager
     def one_root_listing(self) -> Iterator[None]:
         """Within: each directory level is listed once, the root's top level too.
 
-        ``ls`` listed the root six times and ``pins/`` twice (attack review L5). The pages
-        are dropped on leaving.
+        ``ls`` listed the root six times and ``pins/`` twice (attack review L5); a listing of
+        versions listed each version's directory three times and its verifications twice (scale
+        review A). The pages are kept in the caller's context (a context variable), so another
+        thread of the process (a save committing, a clock probe) never sees them; threads the
+        caller starts see them only when it runs them in a copy of its context. They are dropped
+        on leaving the outermost one.
         """
-        with self._root_lock:
-            self._reuse_root += 1
+        token = _LEVEL_PAGES.set({}) if _LEVEL_PAGES.get() is None else None
         try:
             yield
         finally:
-            with self._root_lock:
-                self._reuse_root -= 1
-                if not self._reuse_root:
-                    self._level_pages.clear()
+            if token is not None:
+                _LEVEL_PAGES.reset(token)
+
+    @contextlib.contextmanager
+    def fresh_listing(self) -> Iterator[None]:
+        """Within: listings ask the endpoint again, even inside :meth:`one_root_listing`."""
+        token = _LEVEL_PAGES.set(None)
+        try:
+            yield
+        finally:
+            _LEVEL_PAGES.reset(token)
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Return the names of the immediate common prefixes below ``prefix``."""
