@@ -211,7 +211,7 @@ def read_annotations(
         # (verification records only: the kind that decides a restore, R-DRILL-8)
         odd: CheckpointError | None = (
             _odd_records(storage, prefix) if kind == "verifications" else None)
-        if not listed and kind == "verifications":
+        if not listed and odd is None and kind == "verifications":
             # Nothing listed: the entry may be no directory (a file, a symbolic link), whose
             # records cannot be read; `verify` said OK of such a version that a restore stops
             # at (left open by stop 27). The kind that decides a restore only: two listings of
