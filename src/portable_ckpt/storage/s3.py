@@ -755,7 +755,7 @@ class S3Storage(ScannedStorage):
         from botocore.config import Config
 
         endpoint = self._endpoint()
-        creds = self._credentials().get_frozen_credentials()
+        self._credentials()  # none at all: said now, with what to set
         cfg = Config(
             region_name=self._region(),
             connect_timeout=self.options.connect_timeout,
@@ -768,14 +768,10 @@ class S3Storage(ScannedStorage):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        client = self._boto_session().client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id=creds.access_key,
-            aws_secret_access_key=creds.secret_key,
-            aws_session_token=creds.token,
-            config=cfg,
-        )
+        # The session's own credentials, not a frozen copy: a role's, a web identity's or a
+        # credential process's are refreshed before they expire. Frozen keys failed every
+        # request of a kept storage (a manager's tier) once they expired (re-attack 28, 1).
+        client = self._boto_session().client("s3", endpoint_url=endpoint, config=cfg)
         client.meta.events.register_first("needs-retry.s3", _no_region_redirect)
         return self._keep_first("_boto", client)
 
