@@ -104,6 +104,29 @@ def _flip(files: dict[str, bytes], fname: str, at: int, mask: int = 0x01) -> Non
     files[fname] = bytes(b)
 
 
+def _first_breaking(
+    data: bytes, lo: int, hi: int, candidates: range, size: int
+) -> tuple[int, int]:
+    """``(byte, bit mask)``: the first change that makes a zstd frame fail to decode.
+
+    The frame is ``data[lo:hi]`` (``size`` bytes decoded); bytes are tried in ``candidates``.
+    """
+    import zstandard
+
+    frame = data[lo:hi]
+
+    def breaks(at: int, mask: int) -> bool:
+        bad = bytearray(frame)
+        bad[at - lo] ^= mask
+        try:
+            zstandard.ZstdDecompressor().decompress(bytes(bad), max_output_size=size)
+        except zstandard.ZstdError:
+            return True
+        return False
+
+    return next((a, 1 << b) for a in candidates for b in range(8) if breaks(a, 1 << b))
+
+
 @case("valid-multi-block-files", "R-CKSUM-3 (errata 21): a 1.0 version whose shards, zstd "
       "frame and entry value each span several 4 KiB checksum blocks, intact: a reader "
       "verifies every block it reads and reads them all")
@@ -161,26 +184,13 @@ def _(root: Path) -> None:
       "deep: the block holds the frame's header, which a metadata check reads)",
       code="PCK-CHECKSUM")
 def _(root: Path) -> None:
-    import zstandard
-
     def ar(files: dict[str, bytes], m: dict[str, Any]) -> None:
         fname = "data/w00001-0000.safetensors"
         lo, hi = _range_span(files, fname, "c@0")
         assert BLOCK < lo < 2 * BLOCK - 512, (lo, hi)
-        frame = files[fname][lo:hi]
-        def breaks(at: int, mask: int) -> bool:
-            bad = bytearray(frame)
-            bad[at - lo] ^= mask
-            try:
-                zstandard.ZstdDecompressor().decompress(bytes(bad), max_output_size=12000)
-            except zstandard.ZstdError:
-                return True
-            return False
-
         # The first byte and bit past the frame header (18 bytes, metadata: R-TENSOR-10) whose
         # change breaks decoding: the first block's header and literal tables.
-        at, mask = next((a, 1 << b) for a in range(lo + 18, lo + 512)
-                        for b in range(8) if breaks(a, 1 << b))
+        at, mask = _first_breaking(files[fname], lo, hi, range(lo + 18, lo + 512), 12000)
         assert at // BLOCK == 1, at
         _flip(files, fname, at, mask)
     G.write_version(root, _multi(), after_records=ar)
@@ -216,27 +226,13 @@ def _(root: Path) -> Any:
       "its block with `z`, read first in the manifest's order); the bytes are verified before "
       "they are decoded: PCK-CHECKSUM", code="PCK-CHECKSUM", deep=True)
 def _(root: Path) -> None:
-    import zstandard
-
     def ar(files: dict[str, bytes], m: dict[str, Any]) -> None:
         lo, hi = _range_span(files, SHARD, "m@0")
         first = -(-lo // BLOCK) * BLOCK  # the frame's first block of its own bytes only
         assert first + 2 * BLOCK < hi, (lo, hi)
-        frame = files[SHARD][lo:hi]
-
-        def breaks(at: int, mask: int) -> bool:
-            bad = bytearray(frame)
-            bad[at - lo] ^= mask
-            try:
-                zstandard.ZstdDecompressor().decompress(bytes(bad), max_output_size=40000)
-            except zstandard.ZstdError:
-                return True
-            return False
-
         # The first byte and bit past the frame's first two blocks of its own bytes whose change
         # breaks decoding (in its last block: the ends of its Huffman streams and sequences).
-        at, mask = next((a, 1 << b) for a in range(first + 2 * BLOCK, hi)
-                        for b in range(8) if breaks(a, 1 << b))
+        at, mask = _first_breaking(files[SHARD], lo, hi, range(first + 2 * BLOCK, hi), 40000)
         assert at // BLOCK * BLOCK >= lo and len(files[SHARD]) == hi, (lo, at, hi)
         _flip(files, SHARD, at, mask)
     G.write_version(root, _long_frame(), after_records=ar)

@@ -14,8 +14,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -91,6 +93,18 @@ class S3Env:
 
     def root(self, name: str = "ckpts") -> str:
         return f"s3://{self.bucket}/{name}"
+
+    def listings(self) -> Counter[tuple[str, bool]]:
+        """ListObjectsV2 requests through the proxy by ``(prefix, with delimiter)``.
+
+        Not the one-key probes (``max-keys``).
+        """
+        out: Counter[tuple[str, bool]] = Counter()
+        for path, _, _ in self.proxy.log.get_log:
+            q = parse_qs(urlsplit(path).query)
+            if q.get("list-type") == ["2"] and "max-keys" not in q:
+                out[(q["prefix"][0], "delimiter" in q)] += 1
+        return out
 
     def boto(self, endpoint: str | None = None):  # type: ignore[no-untyped-def]
         import boto3

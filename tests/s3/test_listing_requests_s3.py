@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections import Counter
-from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -29,15 +27,6 @@ from .conftest import S3Env
 
 pytestmark = [pytest.mark.s3]
 
-
-def _listings(s3: S3Env) -> Counter[tuple[str, bool]]:
-    """ListObjectsV2 requests by ``(prefix, with delimiter)`` (not the one-key probes)."""
-    out: Counter[tuple[str, bool]] = Counter()
-    for path, _, _ in s3.proxy.log.get_log:
-        q = parse_qs(urlsplit(path).query)
-        if q.get("list-type") == ["2"] and "max-keys" not in q:
-            out[(q["prefix"][0], "delimiter" in q)] += 1
-    return out
 
 
 def _root_with_records(s3: S3Env, name: str, versions: int) -> tuple[str, list[str]]:
@@ -64,7 +53,7 @@ def test_list_versions_and_gc_list_each_prefix_once(s3_proxied: S3Env) -> None:
             list_versions(root)
         else:
             gc(root, keep=10, grace_seconds=3600.0, dry_run=True)
-        seen = _listings(s3_proxied)
+        seen = s3_proxied.listings()
         for aid in ids:
             # was 3 (list_dirs, odd_record_dirs' list and list_foreign) and 3 (the records,
             # then _odd_records' list_foreign and list_dirs)

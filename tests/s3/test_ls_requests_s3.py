@@ -7,8 +7,6 @@ as with every listing asked again, and nothing kept across commands.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -21,15 +19,6 @@ from .conftest import S3Env
 pytestmark = [pytest.mark.s3]
 
 
-def _listings(s3: S3Env) -> Counter[tuple[str, bool]]:
-    """ListObjectsV2 requests by ``(prefix, with delimiter)``."""
-    out: Counter[tuple[str, bool]] = Counter()
-    for path, _, _ in s3.proxy.log.get_log:
-        q = parse_qs(urlsplit(path).query)
-        if q.get("list-type") == ["2"] and "max-keys" not in q:
-            out[(q["prefix"][0], "delimiter" in q)] += 1
-    return out
-
 
 def test_ls_lists_the_root_once(s3_proxied: S3Env, capsys: pytest.CaptureFixture[str]) -> None:
     root = s3_proxied.root("ls")
@@ -40,7 +29,7 @@ def test_ls_lists_the_root_once(s3_proxied: S3Env, capsys: pytest.CaptureFixture
     s3_proxied.proxy.reset()
     assert cli(["ls", "--json", root]) == 0
     doc = json.loads(capsys.readouterr().out)
-    seen = _listings(s3_proxied)
+    seen = s3_proxied.listings()
     assert seen[("ls/", True)] == 1, seen  # was 6: attempts, pins' parent, foreign entries
     assert seen[("ls/pins/", True)] == 1, seen  # was 2
     assert max(seen.values()) == 1, seen
@@ -53,7 +42,7 @@ def test_ls_lists_the_root_once(s3_proxied: S3Env, capsys: pytest.CaptureFixture
     assert cli(["ls", "--json", root]) == 0
     assert [v["step"] for v in json.loads(capsys.readouterr().out)["versions"]] == \
         [10, 20, 30, 40]
-    assert _listings(s3_proxied)[("ls/", True)] == 1
+    assert s3_proxied.listings()[("ls/", True)] == 1
 
 
 def test_no_save_into_a_version_on_s3(s3: S3Env) -> None:
