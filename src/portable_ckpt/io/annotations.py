@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
+import contextvars
 import fractions
+import itertools
+import json
 import logging
 import math
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from portable_ckpt.errors import (
@@ -53,12 +55,14 @@ __all__ = [
     "FUTURE_SLACK_US",
     "dated_ahead",
     "epoch_us",
+    "evictable",
     "now_us",
     "record_epoch_us",
     "timestamp_us",
     "failed_verifications",
     "failure_order",
     "listed_info",
+    "listing_pass",
     "lists_file",
     "move_cleared",
     "prune_annotations",
@@ -70,6 +74,7 @@ __all__ = [
     "reread_record",
     "sampled_chunks",
     "superseded",
+    "tick",
     "timestamp_key",
     "unmoved_cleared",
     "verification_verdict",
@@ -290,8 +295,9 @@ def _odd_records(storage: Storage, prefix: str) -> StorageError | None:
 #: read and validated every record of every version again (soak review F2). Only records that
 #: count are kept, and only small ones: a read that did not give one is never remembered (one
 #: flipped bit would have hidden a failed verification for the life of the process, attack
-#: review 3 F19), and a parsed document costs up to ~45x its bytes (F9).
-_RECORDS: collections.OrderedDict[tuple[str, str, int, float], dict[str, Any]] = (
+#: review 3 F19). Each is kept as its compact JSON text (a parsed document costs up to ~45x its
+#: bytes, F9), with what it costs and the tick of its last use (:func:`evictable`).
+_RECORDS: collections.OrderedDict[tuple[str, str, int, float], tuple[str, int, int]] = (
     collections.OrderedDict()
 )
 
@@ -300,10 +306,61 @@ _RECORDS: collections.OrderedDict[tuple[str, str, int, float], dict[str, Any]] =
 _RECORD_CACHED_MAX = 64 << 10
 
 
-_RECORDS_BYTES_MAX = 8 << 20
+#: What one kept record costs beyond its JSON text: its key (path, size, time), the dict's
+#: entry and link, the value's tuple and ints, the text's header (measured: about 500 bytes).
+_RECORD_OVERHEAD = 544
+
+
+#: The memory bound of the records cache: each record's compact JSON plus
+#: :data:`_RECORD_OVERHEAD` (about 850 bytes a record of the library, 300 of them JSON). 72 MiB
+#: keep a root of 10,000 versions with 4 verification and 4 drill records each (80,000 records,
+#: about 67 MiB). It was 8 MiB of record files (about 2,800 such versions; as parsed documents
+#: several times that), and past it every listing read every record (scale review C).
+_RECORDS_BYTES_MAX = 72 << 20
 
 
 _records_bytes = 0
+
+
+#: Ticks of the listings' caches' use (records here, summaries in
+#: :mod:`portable_ckpt.io.versions`, manager entries): increasing, so "used during this
+#: listing" is one comparison. Taken under each cache's lock, so a cache's order of use (least
+#: recent first) is also the order of its entries' ticks.
+_TICKS = itertools.count(1)
+
+
+#: The tick at which the listing of every version running in this context began, or ``None``.
+_LISTING_SINCE: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "pck_listing_since", default=None)
+
+
+def tick() -> int:
+    """A new tick of the listings' caches' use."""
+    return next(_TICKS)
+
+
+@contextlib.contextmanager
+def listing_pass() -> Iterator[None]:
+    """Within: one pass over every version of a root (a nested pass is the outer one).
+
+    The listings' caches evict their least recently used entry, but never one used since the
+    running pass began (:func:`evictable`); when none may go, the new entry is not kept. A
+    listing reads every version in the same order, so with a root larger than a cache a plain
+    LRU evicted each entry just before the next listing asked for it, and every listing missed
+    everything (scale review C). Past a cap a listing now misses only what did not fit.
+    """
+    token = _LISTING_SINCE.set(tick()) if _LISTING_SINCE.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _LISTING_SINCE.reset(token)
+
+
+def evictable(used: int) -> bool:
+    """Whether an entry last used at tick ``used`` may make room (not used by the running pass)."""
+    since = _LISTING_SINCE.get()
+    return since is None or used < since
 
 
 def _annotation(
@@ -313,21 +370,29 @@ def _annotation(
     global _records_bytes
     key = (storage.url, info.path, info.size, info.mtime)
     with _RECORDS_LOCK:
-        if key in _RECORDS:
+        kept = _RECORDS.get(key)
+        if kept is not None:
+            _RECORDS[key] = (kept[0], kept[1], tick())
             _RECORDS.move_to_end(key)
-            return copy.deepcopy(_RECORDS[key])  # the caller's own: the cache stays as read
-    doc = _read_annotation(storage, attempt_id, kind, info)
-    if doc is None or info.size > _RECORD_CACHED_MAX:
+    if kept is not None:
+        doc: dict[str, Any] = json.loads(kept[0])  # the caller's own: the cache stays as read
         return doc
+    found = _read_annotation(storage, attempt_id, kind, info)
+    if found is None or info.size > _RECORD_CACHED_MAX:
+        return found
+    text = json.dumps(found, separators=(",", ":"))
+    cost = len(text) + _RECORD_OVERHEAD
     with _RECORDS_LOCK:
-        if key not in _RECORDS:
-            _RECORDS[key] = copy.deepcopy(doc)
-            _records_bytes += info.size
-        while _records_bytes > _RECORDS_BYTES_MAX and _RECORDS:
-            _records_bytes -= _RECORDS.popitem(last=False)[0][2]
         if not _RECORDS:
             _records_bytes = 0  # (a test cleared the cache)
-    return doc
+        # Least recently used first; the first this pass used, and all after it, stay.
+        while (_RECORDS and _records_bytes + cost > _RECORDS_BYTES_MAX
+               and evictable(next(iter(_RECORDS.values()))[2])):
+            _records_bytes -= _RECORDS.popitem(last=False)[1][1]
+        if key not in _RECORDS and _records_bytes + cost <= _RECORDS_BYTES_MAX:
+            _RECORDS[key] = (text, cost, tick())
+            _records_bytes += cost
+    return found
 
 
 def _read_annotation(

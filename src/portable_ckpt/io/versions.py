@@ -71,12 +71,15 @@ from portable_ckpt.io.annotations import (
     cleared_ids,
     dated_ahead,
     epoch_us,
+    evictable,
     failed_verifications,
     failure_order,
+    listing_pass,
     lists_file,
     odd_record_dirs,
     read_annotations,
     reread_record,
+    tick,
     timestamp_key,
     unmoved_cleared,
 )
@@ -734,7 +737,8 @@ def list_versions(
     # One view: each directory level listed once (on S3 a version's directory was listed three
     # times and its verifications twice, 7 requests where 3 prefixes were asked: scale review
     # A); the second looks of records answered absent list again (annotations.listed_info).
-    with storage.one_root_listing():
+    # One pass: the caches keep what it used (annotations.listing_pass, scale review C).
+    with storage.one_root_listing(), listing_pass():
         return _list_versions(storage, annotations, uploads, errors, pins)
 
 
@@ -822,16 +826,20 @@ LISTING_CONCURRENCY = 16
 
 
 #: Listings' classifications by record bytes: ``(attempt id, size, BLAKE2b)`` → the
-#: classification without its manifest, and the version's bytes. Parsing and checking a commit
-#: record of thousands of tensors costs a tenth of a second, and ls, gc and a manager's
-#: retention after every save listed every version again (ops review F11, F20); a record that
-#: changed is a new key.
-_SUMMARIES: collections.OrderedDict[tuple[str, int, bytes], tuple[Classification, int | None]] = (
-    collections.OrderedDict()
-)
+#: classification without its manifest, the version's bytes and the tick of the entry's last use
+#: (a listing never evicts what it used itself: :func:`~.annotations.listing_pass`, scale review
+#: C). Parsing and checking a commit record of thousands of tensors costs a tenth of a second,
+#: and ls, gc and a manager's retention after every save listed every version again (ops review
+#: F11, F20); a record that changed is a new key.
+_SUMMARIES: collections.OrderedDict[
+    tuple[str, int, bytes], tuple[Classification, int | None, int]
+] = collections.OrderedDict()
 
 
-_SUMMARIES_MAX = 4096
+#: Entries at most, each about 700 bytes (measured: a classification without its manifest and
+#: the key), so about 12 MiB: a root of 16,384 versions is listed without parsing a record
+#: again (was 4,096, and past that every listing parsed every record).
+_SUMMARIES_MAX = 16384
 
 
 _SUMMARIES_LOCK = threading.Lock()
@@ -844,10 +852,11 @@ def _summary(storage: Storage, name: str) -> tuple[Classification, int | None]:
         return data, None
     key = (name, len(data), hashlib.blake2b(data, digest_size=16).digest())
     with _SUMMARIES_LOCK:
-        hit = _SUMMARIES.get(key)
-        if hit is not None:
+        kept = _SUMMARIES.get(key)
+        if kept is not None:
+            _SUMMARIES[key] = (kept[0], kept[1], tick())
             _SUMMARIES.move_to_end(key)
-            return hit
+            return kept[0], kept[1]
     c = classify_record(name, data)
     # The error without its traceback and chained errors: their frames hold the record's bytes
     # and parsed document, pinned for the life of the process (attack review 2 F11).
@@ -855,9 +864,12 @@ def _summary(storage: Storage, name: str) -> tuple[Classification, int | None]:
     hit = (dataclasses.replace(c, manifest=None, error=error),
            None if c.manifest is None else files_bytes(c.manifest.files))
     with _SUMMARIES_LOCK:
-        _SUMMARIES[key] = hit
-        while len(_SUMMARIES) > _SUMMARIES_MAX:
+        # Least recently used first; the first this pass used, and all after it, stay.
+        while (key not in _SUMMARIES and len(_SUMMARIES) >= _SUMMARIES_MAX
+               and evictable(next(iter(_SUMMARIES.values()))[2])):
             _SUMMARIES.popitem(last=False)
+        if len(_SUMMARIES) < _SUMMARIES_MAX:  # else full of this pass's own: not kept
+            _SUMMARIES[key] = (*hit, tick())
     return hit
 
 

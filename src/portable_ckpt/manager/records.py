@@ -8,9 +8,11 @@ the choice survives restarts and is visible to every tool.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,16 +77,46 @@ def read_manager_entry(ck: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-#: Each committed version's manager entry, read once per process: a manager's retention after
-#: every save parsed every kept version's record and read its entry again (ops review F20).
-_ENTRIES: dict[tuple[str, str, str | None], dict[str, Any] | None] = {}
-_ENTRIES_MAX = 4096
+#: Each committed version's manager metrics (``None`` without an entry), read once per process:
+#: a manager's retention after every save parsed every kept version's record and read its entry
+#: again (ops review F20). Each entry keeps the tick of its last use: a pass of
+#: :func:`candidates_of` never evicts what it used itself (it thrashed as the listings' caches
+#: did, scale review C: :func:`~portable_ckpt.io.annotations.listing_pass`).
+_ENTRIES: collections.OrderedDict[
+    tuple[str, str, str | None], tuple[Any, int]
+] = collections.OrderedDict()
+
+
+#: Entries at most, as the listings' summaries (a root listed from that cache finds its
+#: versions' metrics here too): each about 600 bytes with a few metrics (measured), so about
+#: 10 MiB (was 4,096, evicted oldest first: past that every pass read every manifest again).
+_ENTRIES_MAX = 16384
+
+
+_ENTRIES_LOCK = threading.Lock()
+
+
+def _metrics_of(storage: Any, attempt_id: str) -> Any:
+    """The metrics of a committed version's manager entry (``None``: no entry, or none there)."""
+    from portable_ckpt.io.reader import Checkpoint
+    from portable_ckpt.io.versions import load_manifest
+
+    value = read_manager_entry(Checkpoint(storage, attempt_id, load_manifest(storage, attempt_id)))
+    return None if value is None else value.get("metrics")
 
 
 def candidates_of(storage: Any, *, in_flight: set[str] | None = None) -> list[Any]:
     """Retention candidates of a root: every attempt, with metrics, drills and verifications."""
-    from portable_ckpt.io.reader import Checkpoint
-    from portable_ckpt.io.versions import list_versions, load_manifest
+    from portable_ckpt.io.annotations import listing_pass
+
+    with listing_pass():  # entries this pass used stay (see _ENTRIES)
+        return _candidates_of(storage, in_flight)
+
+
+def _candidates_of(storage: Any, in_flight: set[str] | None) -> list[Any]:
+    """:func:`candidates_of` within its listing pass."""
+    from portable_ckpt.io.annotations import evictable, tick
+    from portable_ckpt.io.versions import list_versions
     from portable_ckpt.manager.retention import Candidate
 
     out = []
@@ -93,22 +125,30 @@ def candidates_of(storage: Any, *, in_flight: set[str] | None = None) -> list[An
             out.append(Candidate(v.id, v.step, committed=False))
             continue
         key = (storage.url, v.id, v.committed_at)
-        if key in _ENTRIES:  # a committed version's entry never changes
-            value = _ENTRIES[key]
+        with _ENTRIES_LOCK:  # a committed version's entry never changes
+            kept = _ENTRIES.get(key)
+            if kept is not None:
+                _ENTRIES[key] = (kept[0], tick())
+                _ENTRIES.move_to_end(key)
+        if kept is not None:
+            metrics = kept[0]
         else:
             try:
-                value = read_manager_entry(Checkpoint(storage, v.id, load_manifest(storage, v.id)))
+                metrics = _metrics_of(storage, v.id)
             except CheckpointError:
                 out.append(Candidate(v.id, v.step, classified=False))
                 continue
-            _ENTRIES[key] = value
-            while len(_ENTRIES) > _ENTRIES_MAX:
-                _ENTRIES.pop(next(iter(_ENTRIES)))
+            with _ENTRIES_LOCK:  # least recently used first; what this pass used stays
+                while (key not in _ENTRIES and len(_ENTRIES) >= _ENTRIES_MAX
+                       and evictable(next(iter(_ENTRIES.values()))[1])):
+                    _ENTRIES.popitem(last=False)
+                if len(_ENTRIES) < _ENTRIES_MAX:  # else full of this pass's own: not kept
+                    _ENTRIES[key] = (metrics, tick())
         out.append(
             Candidate(
                 v.id,
                 v.step,
-                metrics=None if value is None else value.get("metrics"),
+                metrics=metrics,
                 drilled=v.drilled,
                 verification_failed=v.verification_failed,
                 in_flight=v.id in (in_flight or set()),
