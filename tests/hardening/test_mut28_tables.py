@@ -305,14 +305,11 @@ def test_a_streamed_frame_that_ends_with_the_columns_is_codec_without_metadata()
         assert _code(decode_table, data, codec="zstd", what="t", files=FILES).code == "PCK-CODEC"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (audit 28): table_decode._columns_end returns None for any header with a "
-    "__metadata__ member (every table encode_table writes has one), so a streamed frame that "
-    "declares more bytes than it decodes to is reported as PCK-SHARD-HEADER, not PCK-CODEC",
-)
 def test_a_streamed_frame_that_ends_with_the_columns_is_codec_with_metadata() -> None:
-    """The same table as the reference writer stores it (with ``__metadata__``)."""
+    """The same table as the reference writer stores it (with ``__metadata__``): a bug the
+    audit found (``_columns_end`` gave up at the ``__metadata__`` member, which every table
+    has, and the short frame was refused as PCK-SHARD-HEADER, not PCK-CODEC as R-TENSOR-7
+    says through §8.5)."""
     raw = encode_table(_incompressible_table(), codec="none")
     data = _lying_frame(raw, len(raw) + 1)
     assert _code(decode_table, data, codec="zstd", what="t", files=FILES).code == "PCK-CODEC"

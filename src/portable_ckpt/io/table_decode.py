@@ -344,7 +344,9 @@ def _columns_end(head: bytes, data_start: int) -> int | None:
         return None
     ends = [0]
     for name, t in doc.items():
-        offs = t.get("data_offsets") if isinstance(t, dict) and name != "__metadata__" else None
+        if name == "__metadata__":  # every table has one; it holds no column (mutation audit
+            continue                # 28: a short frame was PCK-SHARD-HEADER, not PCK-CODEC)
+        offs = t.get("data_offsets") if isinstance(t, dict) else None
         if not (isinstance(offs, list) and len(offs) == 2 and isinstance(offs[1], int)):
             return None
         ends.append(offs[1])
