@@ -655,8 +655,12 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     if tier.name == "fast" and any(not c.done() for c in mgr._copies):
         return  # a version being replicated is never deleted under the copy
     with mgr._retain_lock:
+        # Work of the background group (node-local tiers, replication) waits on this thread:
+        # there a pass may be skipped while saves are queued, as before (a pass between them
+        # made the peers' replications time out, test_manager_dist's slow node share).
+        grouped = tier.layout is not None or mgr.replicate
         if (own is not None and mgr._saves_queued.get(tier.name, 0) > 0
-                and tier.name not in mgr._retain_owed):
+                and (grouped or tier.name not in mgr._retain_owed)):
             # A later save's pass is queued behind this one and covers it (soak review F6);
             # owed, should that save fail (_owed_retention). Never twice in a row: a job whose
             # every commit found the next save queued ran no pass at all until it exited (leak
