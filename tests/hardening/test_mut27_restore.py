@@ -40,9 +40,12 @@ def _job(root: Path, steps: tuple[int, ...] = (3, 6)) -> list[str]:
     return [v.id for v in portable_ckpt.list_versions(root)]
 
 
-def _restore(root: Path, **kw: Any) -> Any:
+def _restore(root: Path, fast: Path | None = None, **kw: Any) -> Any:
+    """A fresh job's restore (with a fast tier at ``fast``): ``(its LoadInfo, the state)``."""
     state = _state(1000.0)
-    with pckt.CheckpointManager(str(root), save_every=3, async_save=False) as mgr:
+    tiers: dict[str, Any] = {} if fast is None else {"fast_root": str(fast),
+                                                    "handle_sigterm": False}
+    with pckt.CheckpointManager(str(root), save_every=3, async_save=False, **tiers) as mgr:
         info = mgr.restore(state, **kw)
     return info, state
 
@@ -97,10 +100,7 @@ def test_a_fast_copy_that_cannot_be_restored_is_not_passed_over_when_the_durable
     else:
         _damage(fast / six / "manifest.json")
     capsys.readouterr()
-    state = _state(1000.0)
-    with pckt.CheckpointManager(str(root), fast_root=str(fast), save_every=3,
-                                async_save=False, handle_sigterm=False) as mgr:
-        info = mgr.restore(state)
+    info, state = _restore(root, fast)
     assert info.checkpoint_id == six and info.step == 6
     assert info.passed_over == [] and info.passed_over_more == 0, info.passed_over
     assert torch.equal(state["w"], _state(6)["w"])
@@ -126,10 +126,7 @@ def test_a_newer_version_passed_over_in_both_tiers_is_named_once_by_its_fast_cop
     for tier in (root, fast):
         _damage(tier / six / "manifest.json")
     capsys.readouterr()
-    state = _state(1000.0)
-    with pckt.CheckpointManager(str(root), fast_root=str(fast), save_every=3,
-                                async_save=False, handle_sigterm=False) as mgr:
-        info = mgr.restore(state)
+    info, state = _restore(root, fast)
     assert info.checkpoint_id == three and info.step == 3
     assert [(r["checkpoint_id"], r["tier"], r["reason"]) for r in info.passed_over] == [
         (six, "fast", "invalid")], info.passed_over
@@ -184,10 +181,7 @@ def test_a_newer_commit_of_a_step_on_the_durable_tier_wins_over_the_fast_copy_of
     with pckt.CheckpointManager(str(root), save_every=3, async_save=False) as mgr:
         mgr.save(6, _state(6.5))
     [again] = [v.id for v in portable_ckpt.list_versions(root) if v.step == 6 and v.id != six]
-    state = _state(1000.0)
-    with pckt.CheckpointManager(str(root), fast_root=str(fast), save_every=3,
-                                async_save=False, handle_sigterm=False) as mgr:
-        info = mgr.restore(state)
+    info, state = _restore(root, fast)
     assert info.checkpoint_id == again, info.checkpoint_id
     assert torch.equal(state["w"], _state(6.5)["w"])
 

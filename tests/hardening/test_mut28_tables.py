@@ -29,6 +29,7 @@ from portable_ckpt.io.tensor_table import (
     encode_table,
     range_name,
 )
+from tests.rules.test_r_table import columns, heap
 
 A, B = "data/a.safetensors", "data/b.safetensors"
 FILES: dict[str, Any] = {A: {}, B: {}}
@@ -47,24 +48,8 @@ def _entries() -> list[TensorEntry]:
     ]
 
 
-def _heap(strings: list[bytes]) -> np.ndarray:
-    return np.frombuffer(b"".join(s + b"\0" for s in strings), np.uint8).copy()
-
-
 def _columns() -> dict[str, np.ndarray]:
-    tab = TensorTable.from_entries(_entries())
-    return {
-        "tensor.key": _heap([k.encode() for k in tab.keys]),
-        "tensor.dtype": np.array(tab.dtypes, np.uint8),
-        "tensor.ndim": np.array(tab.ndim, np.uint8),
-        "tensor.shape": np.array(tab.shape, np.int64),
-        "tensor.ranges": np.array(tab.counts, np.int64),
-        "range.file": np.array(tab.file, np.uint32),
-        "range.codec": np.array(tab.codec, np.uint8),
-        "range.offsets": np.array(tab.offsets, np.int64),
-        "range.lengths": np.array(tab.lengths, np.int64),
-        "file.path": _heap([p.encode() for p in tab.paths]),
-    }
+    return columns(TensorTable.from_entries(_entries()))
 
 
 def _st(cols: dict[str, np.ndarray]) -> bytes:
@@ -119,7 +104,7 @@ def test_every_control_character_in_a_key_is_schema(codec: str, byte: int) -> No
     cols = _columns()
     keys = bytes(cols["tensor.key"]).split(b"\0")[:-1]
     keys[1] = b"a" + bytes([byte]) + b"b"
-    cols["tensor.key"] = _heap(keys)
+    cols["tensor.key"] = heap(keys)
     err = _code(_decode, cols, codec)
     assert err.code == "PCK-SCHEMA" and "control character" in err.message
 
@@ -127,7 +112,7 @@ def test_every_control_character_in_a_key_is_schema(codec: str, byte: int) -> No
 def test_space_and_non_ascii_in_keys_are_allowed() -> None:
     """The other side of the boundary: 0x20, 0x7E and 0x80+ (UTF-8) are not control characters."""
     cols = _columns()
-    cols["tensor.key"] = _heap([b"a b", b"~", "é\u0080x".encode()])
+    cols["tensor.key"] = heap([b"a b", b"~", "é\u0080x".encode()])
     assert _decode(cols).keys == ["a b", "~", "é\u0080x"]
 
 
@@ -212,7 +197,7 @@ def test_cached_declarations_are_reused_only_for_identical_columns() -> None:
     assert _code(_decode, cols, cache=cache).code == "PCK-LIMIT"
     cols = _columns()
     keys = bytes(cols["tensor.key"]).split(b"\0")[:-1]
-    cols["tensor.key"] = _heap([keys[0], keys[0], keys[2]])  # same length, a duplicate key
+    cols["tensor.key"] = heap([keys[0], keys[0], keys[2]])  # same length, a duplicate key
     assert _code(_decode, cols, cache=cache).code == "PCK-SCHEMA"
 
 

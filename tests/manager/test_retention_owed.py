@@ -24,6 +24,16 @@ torch = pytest.importorskip("torch")
 pckt = pytest.importorskip("portable_ckpt.torch")
 
 
+def _first_save_then_hold(mgr: Any, state: dict[str, Any]) -> threading.Event:
+    """Save step 1 to the end, then hold the background thread until the gate is set: the
+    post-save work of the saves made meanwhile queues behind it."""
+    mgr.maybe_save(1, state)
+    mgr.wait()
+    gate = threading.Event()
+    mgr._bg.submit(gate.wait, 60)
+    return gate
+
+
 def _committed(root: Path) -> list[int]:
     return sorted(v.step for v in list_versions(root) if v.status == "committed")
 
@@ -44,10 +54,7 @@ def test_a_failed_save_runs_the_pass_the_commit_before_it_skipped(
     monkeypatch.setattr(LocalStorage, "open_writer", full_for_step_3)
     with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=True,
                                 max_failed_saves=None) as mgr:
-        mgr.maybe_save(1, state)
-        mgr.wait()
-        gate = threading.Event()
-        mgr._bg.submit(gate.wait, 60)  # steps 2 and 3 queue their post-save work behind it
+        gate = _first_save_then_hold(mgr, state)  # steps 2 and 3 queue behind the gate
         mgr.maybe_save(2, state)
         mgr.maybe_save(3, state)  # fails (ENOSPC) once its data is written
         gate.set()
@@ -81,10 +88,7 @@ def test_a_save_whose_outcome_is_unknown_leaves_the_pass_owed(
     monkeypatch.setattr(LocalStorage, "create_if_absent", linked_not_durable)
     with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=True,
                                 max_failed_saves=None) as mgr:
-        mgr.maybe_save(1, state)
-        mgr.wait()
-        gate = threading.Event()
-        mgr._bg.submit(gate.wait, 60)
+        gate = _first_save_then_hold(mgr, state)
         mgr.maybe_save(2, state)
         mgr.maybe_save(3, state)
         gate.set()
@@ -103,10 +107,7 @@ def test_saves_queued_back_to_back_still_run_retention(tmp_path: Path) -> None:
     root = tmp_path / "r"
     state: dict[str, Any] = {"w": torch.arange(1024.0)}
     with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=True) as mgr:
-        mgr.maybe_save(1, state)
-        mgr.wait()
-        gate = threading.Event()
-        mgr._bg.submit(gate.wait, 60)  # steps 2..7 queue their post-save work behind it
+        gate = _first_save_then_hold(mgr, state)  # steps 2..7 queue behind the gate
         for step in range(2, 8):
             mgr.maybe_save(step, state)
         seen: list[int] = []
