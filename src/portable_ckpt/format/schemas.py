@@ -17,6 +17,7 @@ from referencing.jsonschema import DRAFT202012
 
 from portable_ckpt.errors import EntrySchemaError, JsonInvalidError, SchemaError
 from portable_ckpt.format import jsonio
+from portable_ckpt.format._schema_inline import NotInlinable, inline_refs
 from portable_ckpt.format.regex import PatternError, compile_pattern, schema_patterns
 
 __all__ = [
@@ -100,8 +101,28 @@ def _integer_token(checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+@functools.cache
+def _inlined_validator(rel: str) -> jsonschema.protocols.Validator | None:
+    """The document validator of ``rel`` on its references resolved once (None if it cannot be).
+
+    The same keywords unmetered (the meter runs only for entry values): a listing validates
+    every record of every version, and resolving each ``$ref`` at each use was most of it.
+    """
+    try:
+        schema = inline_refs(_load(rel), _registry())
+    except NotInlinable:
+        return None
+    v: jsonschema.protocols.Validator = _PlainDocumentValidator(schema, registry=Registry())
+    return v
+
+
 def validate_document(doc: Any, schema_file: str, *, what: str) -> None:
     """Validate a format document against ``schemas/<schema_file>`` (``SchemaError`` if not)."""
+    fast = _inlined_validator(schema_file) if _METER.left is None else None
+    if fast is not None and fast.is_valid(doc):
+        return
+    # Invalid (or not inlinable): the referencing validator decides and names the error, with
+    # the schema paths and messages it always gave.
     v = _validator(schema_file)
     if v.is_valid(doc):
         return
@@ -409,21 +430,23 @@ def _metered_types() -> Any:
     return base.redefine_many({n: check(n) for n in names})
 
 
+#: The keywords this module implements itself (RE2 patterns, hashed enum, set-based checks).
+_OWN_KEYWORDS: dict[str, Any] = {
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+    "uniqueItems": _unique_items,
+    "enum": _enum,
+    "const": _const,
+    "unevaluatedProperties": _unevaluated_properties,
+    "unevaluatedItems": _unevaluated_items,
+}
+
 _SafeValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
     {
         k: _metered(k, fn)
-        for k, fn in {
-            **jsonschema.Draft202012Validator.VALIDATORS,
-            "pattern": _pattern,
-            "patternProperties": _pattern_properties,
-            "additionalProperties": _additional_properties,
-            "uniqueItems": _unique_items,
-            "enum": _enum,
-            "const": _const,
-            "unevaluatedProperties": _unevaluated_properties,
-            "unevaluatedItems": _unevaluated_items,
-        }.items()
+        for k, fn in {**jsonschema.Draft202012Validator.VALIDATORS, **_OWN_KEYWORDS}.items()
     },
     type_checker=_metered_types(),
 )
@@ -432,6 +455,13 @@ _SafeValidator = jsonschema.validators.extend(
 _DocumentValidator = jsonschema.validators.extend(
     _SafeValidator,
     type_checker=_SafeValidator.TYPE_CHECKER.redefine("integer", _integer_token),
+)
+
+#: The same keywords as :data:`_DocumentValidator`, without the meter's wrappers.
+_PlainDocumentValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    _OWN_KEYWORDS,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _integer_token),
 )
 
 
