@@ -290,3 +290,11 @@ def submesh_copy_cases(rank: int, world: int, root: str, case: str) -> dict[str,
     out["published"] = [n for n in os.listdir(root)
                         if os.path.exists(os.path.join(root, n, "manifest.json"))]
     return out
+
+
+def sleep_for(rank: int, world: int, seconds: float) -> int:
+    """A rank that outlives a parent killed meanwhile (test_group_sweep.py)."""
+    import time
+
+    time.sleep(seconds)
+    return rank

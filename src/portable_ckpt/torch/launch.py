@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch.multiprocessing as tmp
 
-__all__ = ["GroupResult", "free_port", "run_group"]
+__all__ = ["GROUP_PREFIX", "GroupResult", "free_port", "run_group", "sweep_abandoned_groups"]
 
 #: The fork server of this process answered once (:func:`_start_fork_server`).
 _SERVER_READY = False
@@ -210,7 +210,9 @@ def run_group(
         _start_fork_server(ctx)
     sigint = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="pck-group-") as outdir:
+    sweep_abandoned_groups()
+    with tempfile.TemporaryDirectory(prefix=GROUP_PREFIX) as outdir:
+        _write_owners(outdir, [])
         init = "file://" + os.path.join(outdir, "store")
         procs = []
         for rank in range(world_size):
@@ -234,6 +236,7 @@ def run_group(
             )
             p.start()
             procs.append(p)
+        _write_owners(outdir, [p.pid for p in procs])
         try:
             _wait_all(procs, time.monotonic() + timeout, progress)
         finally:  # also on Ctrl-C: no rank outlives the group's directory
@@ -254,6 +257,72 @@ def run_group(
                 results.append(None)
                 errors.append(f"no result (exit code {p.exitcode})")
         return GroupResult(results, [p.exitcode for p in procs], errors, time.perf_counter() - t0)
+
+
+#: Prefix of a group's directory (its rendezvous store and the ranks' results).
+GROUP_PREFIX = "pck-group-"
+#: The file naming the processes of a group's directory (:func:`sweep_abandoned_groups`).
+_OWNERS = "owners.json"
+
+
+def _started(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22, counted after the command name, which may hold spaces and parentheses.
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+def _write_owners(outdir: str, ranks: list[int | None]) -> None:
+    """Name this process and the ranks (pid and start time) as the users of ``outdir``."""
+    me = os.getpid()
+    known = ((p, _started(p)) for p in ranks if p)
+    doc = {"owner": [me, _started(me)], "ranks": [[p, t] for p, t in known if t is not None]}
+    with open(os.path.join(outdir, _OWNERS + ".tmp"), "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    os.replace(os.path.join(outdir, _OWNERS + ".tmp"), os.path.join(outdir, _OWNERS))
+
+
+def sweep_abandoned_groups(tmpdir: str | None = None) -> list[str]:
+    """Remove group directories that a killed run left behind; returns the paths removed.
+
+    A run killed with SIGKILL (a drill's parent, an out-of-memory kill) runs no ``finally``:
+    its directory stayed in the temporary directory for good. One is removed only when it is
+    positively known abandoned: a directory of this user named :data:`GROUP_PREFIX`, whose
+    owners file names its run and ranks, none of which is still running (a process id of
+    another start time is another process). Anything else is kept (no ``/proc``: nothing is
+    known, nothing removed).
+    """
+    import shutil
+    import stat as st
+
+    base = tmpdir or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(GROUP_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            info = os.lstat(path)
+            if not st.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            with open(os.path.join(path, _OWNERS), encoding="utf-8") as f:
+                doc = json.load(f)
+            procs = [doc["owner"], *doc["ranks"]]
+            if not all(isinstance(pid, int) and isinstance(t, int) for pid, t in procs):
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a group directory this code wrote, or not readable: kept
+        if any(_started(pid) == t for pid, t in procs):
+            continue  # its run or a rank is still running
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _start_fork_server(ctx: Any) -> None:
