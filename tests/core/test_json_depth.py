@@ -42,3 +42,26 @@ def test_depth_limit_on_the_text(depth: int) -> None:
     else:
         with pytest.raises(JsonInvalidError, match="nesting deeper"):
             jsonio.loads(doc, what="d")
+
+
+@pytest.mark.parametrize("depth", [jsonio.MAX_DEPTH, jsonio.MAX_DEPTH + 1])
+@pytest.mark.parametrize("as_text", [False, True])
+def test_depth_limit_of_mixed_brackets(depth: int, as_text: bool) -> None:
+    """A small document is measured by counting its opening brackets, both kinds: half
+    arrays, half objects, ``depth`` deep (a count of ``[`` alone passed 65 levels)."""
+    doc = ""
+    for level in range(depth):
+        doc = f'{{"k":{doc or 0}}}' if level % 2 else f"[{doc or 0}]"
+    data: str | bytes = doc if as_text else doc.encode()
+    if depth <= jsonio.MAX_DEPTH:
+        assert _walk(jsonio.loads(data, what="d")) == depth
+    else:
+        with pytest.raises(JsonInvalidError, match="nesting deeper"):
+            jsonio.loads(data, what="d")
+
+
+def test_brackets_in_strings_past_the_limit_are_scanned_not_refused() -> None:
+    """More than 64 opening brackets, all inside strings: the count says "maybe deep", the
+    scan of the text says depth 1."""
+    doc = json.dumps(["[{" * 40]).encode()
+    assert jsonio.loads(doc, what="d") == ["[{" * 40]
