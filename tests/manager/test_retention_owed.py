@@ -124,3 +124,42 @@ def test_saves_queued_back_to_back_still_run_retention(tmp_path: Path) -> None:
     assert len(seen) == 3, seen  # the passes of commits 3, 5 and 7 (7's alone before the fix)
     assert max(seen) <= 3, seen  # keep_last=1, the newest, and one whose pass was skipped
     assert _committed(root) == [7]
+
+
+def test_saves_queued_back_to_back_with_replication_run_retention_beside_the_thread(
+    tmp_path: Path,
+) -> None:
+    """Left open by stop 28: with ``replicate=True`` (and node-local tiers) a commit with a
+    save queued behind it skipped its pass every time (a pass on the background thread made
+    the peers' replications time out), so back-to-back saves ran none until the job exited.
+    The pass now runs on a thread of its own; the versions a queued save may still verify or
+    copy are kept (newer than the pass's version, or being copied), nothing else."""
+    root, fast = tmp_path / "durable", tmp_path / "fast"
+    state: dict[str, Any] = {"w": torch.arange(1024.0)}
+    with pckt.CheckpointManager(root, fast_root=fast, replicate=True, save_every=1,
+                                keep_last=1, fast_keep=1, async_save=True) as mgr:
+        gate = _first_save_then_hold(mgr, state)  # steps 2..7 queue behind the gate
+        (first,) = [v.id for v in list_versions(fast)]
+        for step in range(2, 8):
+            mgr.maybe_save(step, state)
+        passes: list[tuple[str, str, int]] = []
+        real = mgr.telemetry.emit
+
+        def emit(event: str, **kw: Any) -> None:
+            if event == "retention" and kw.get("tier") == "fast":
+                passes.append((threading.current_thread().name.split("_")[0],
+                               ",".join(str(d["id"]) for d in kw["deleted"]),
+                               len(list_versions(fast))))
+            if event == "replicate":
+                assert kw["ok"], kw  # no copy lost its source under a pass
+            real(event, **kw)
+
+        mgr.telemetry.emit = emit  # type: ignore[method-assign]
+        gate.set()
+        mgr.wait()
+        assert mgr.last_error is None
+    # Before: one pass, the last commit's, deleted all six older versions at the end.
+    deleting = [p for p in passes if p[1]]
+    assert len(deleting) >= 3 and deleting[0][0] == "pck-retention", passes
+    assert deleting[0][1] == first, passes  # not steps 2-7: their copies were queued
+    assert _committed(fast) == [7] and _committed(root) == [7]

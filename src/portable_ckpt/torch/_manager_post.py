@@ -580,13 +580,22 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
     from portable_ckpt.io.copy import copy_version_async
 
     durable = mgr.tiers["durable"]
-    fut = copy_version_async(f"{tier.root.rstrip('/')}/{attempt}", durable.root)
+    with mgr._retain_lock:  # kept by the fast tier's passes from before the copy starts
+        mgr._copying.add(attempt)
+    try:
+        fut = copy_version_async(f"{tier.root.rstrip('/')}/{attempt}", durable.root)
+    except BaseException:
+        with mgr._retain_lock:
+            mgr._copying.discard(attempt)
+        raise
     tracked: cf.Future[Any] = cf.Future()
     with mgr._retain_lock:  # the training thread prunes the list (race review F8)
         mgr._copies.append(tracked)
 
     def done(f: cf.Future[Any]) -> None:
         try:
+            with mgr._retain_lock:
+                mgr._copying.discard(attempt)
             reported(f)
         finally:
             tracked.set_result(None)
@@ -648,19 +657,20 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
     run's, or a rolled-back branch); the job then says so once. A version that failed its
     sampled verification is deleted all the same.
     """
-    from portable_ckpt.io.gc import gc
-
     if not tier.retention.active:
         return
-    if tier.name == "fast" and any(not c.done() for c in mgr._copies):
-        return  # a version being replicated is never deleted under the copy
     with mgr._retain_lock:
-        # Work of the background group (node-local tiers, replication) waits on this thread:
-        # there a pass may be skipped while saves are queued, as before (a pass between them
-        # made the peers' replications time out, test_manager_dist's slow node share).
+        queued = own is not None and mgr._saves_queued.get(tier.name, 0) > 0
         grouped = tier.layout is not None or mgr.replicate
-        if (own is not None and mgr._saves_queued.get(tier.name, 0) > 0
-                and (grouped or tier.name not in mgr._retain_owed)):
+        if own is not None and grouped and any(n > 0 for n in mgr._saves_queued.values()):
+            # The peers' next collectives (a node-local verification, a replication) wait on
+            # this thread: a pass here made them time out (test_manager_dist's slow node
+            # share), and skipping it while saves came back to back ran none until the job
+            # ended (leak review 28, left open). It runs beside this thread instead (the
+            # durable root's too, which fast-tier saves queue behind).
+            _retain_aside(mgr, tier, own)
+            return
+        if queued and tier.name not in mgr._retain_owed:
             # A later save's pass is queued behind this one and covers it (soak review F6);
             # owed, should that save fail (_owed_retention). Never twice in a row: a job whose
             # every commit found the next save queued ran no pass at all until it exited (leak
@@ -668,6 +678,45 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
             mgr._retain_owed[tier.name] = own
             return
         mgr._retain_owed.pop(tier.name, None)
+    with mgr._pass_lock:
+        _retention_pass(mgr, tier, own, aside=False)
+
+
+def _retain_aside(mgr: CheckpointManager, tier: Tier, own: str) -> None:
+    """Queue a pass on the retention thread (the caller holds ``mgr._retain_lock``).
+
+    One pass per tier waits at most: a later commit's request before it started gives it
+    the newer version instead. ``wait()`` and ``close()`` wait for it (``mgr._post``).
+    """
+    waiting = tier.name in mgr._aside_own
+    mgr._aside_own[tier.name] = own
+    if waiting:
+        return
+    try:
+        mgr._post.append(mgr._retainer.submit(_aside_pass, mgr, tier))
+    except RuntimeError:  # closed (close(timeout=...) gave up): nothing more runs
+        mgr._aside_own.pop(tier.name, None)
+
+
+def _aside_pass(mgr: CheckpointManager, tier: Tier) -> None:
+    with mgr._pass_lock:
+        with mgr._retain_lock:
+            own = mgr._aside_own.pop(tier.name)
+        _retention_pass(mgr, tier, own, aside=True)
+
+
+def _retention_pass(mgr: CheckpointManager, tier: Tier, own: str | None, *, aside: bool) -> None:
+    """One retention pass of ``tier`` (the caller holds ``mgr._pass_lock``).
+
+    ``aside``: run beside the background thread, which may be verifying or replicating a
+    version committed after ``own`` (queued saves): those are kept, whatever the policy says;
+    a later pass decides them.
+    """
+    from portable_ckpt.format.naming import attempt_time
+    from portable_ckpt.io.gc import gc
+
+    with mgr._retain_lock:  # a version being replicated is never deleted under the copy
+        copying = set(mgr._copying) if tier.name == "fast" else set()
     try:
         cands = candidates_of(tier.storage)
         decisions = plan_retention(cands, tier.retention)
@@ -685,6 +734,14 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
             # Said whether or not the policy keeps it (a rollback's branch is kept now): the
             # newer steps win the next restore (review of the change F13).
             _warn_below_newer(mgr, tier, d.step, restorable)
+        since = (attempt_time(own) or 0.0) if aside and own is not None else None
+        for d in decisions:
+            if d.delete and d.id in copying:
+                d.delete, d.reasons = False, ["being copied to the durable root"]
+            elif d.delete and since is not None and d.id != own and (
+                    attempt_time(d.id) or 0.0) > since:
+                d.delete, d.reasons = False, ["newer than this pass's version (its "
+                                              "verification or replication may be running)"]
         keep = [d.id for d in decisions if not d.delete]
         pins: dict[str, Any] = {}
         if tier.name == "durable" and mgr.pin_kept:

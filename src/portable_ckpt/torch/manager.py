@@ -297,6 +297,8 @@ class CheckpointManager:
         self._pending: AsyncSaveHandle | None = None
         self._post: list[cf.Future[None]] = []
         self._copies: list[cf.Future[Any]] = []
+        #: Fast-tier versions whose copy to the durable root runs (retention keeps them).
+        self._copying: set[str] = set()
         #: Saves whose post-save work is queued or running (a retention pass with another one
         #: queued behind it is left to that one: soak review F6).
         self._saves_queued: dict[str, int] = {}
@@ -304,6 +306,12 @@ class CheckpointManager:
         self._retain_owed: dict[str, str | None] = {}
         self._retain_lock = threading.Lock()
         self._bg = cf.ThreadPoolExecutor(1, thread_name_prefix="pck-manager")
+        #: Retention passes of node-local tiers and replication, beside the background thread
+        #: (whose collectives the peers wait on); tier -> the own version of the one queued.
+        self._retainer = cf.ThreadPoolExecutor(1, thread_name_prefix="pck-retention")
+        self._aside_own: dict[str, str] = {}
+        #: Held by each retention pass: passes of the two threads never overlap.
+        self._pass_lock = threading.Lock()
         self._restored_at: float | None = None
         self._restored_step: int | None = None
         self._fetched: dict[str, Any] | None = None
@@ -699,6 +707,7 @@ class CheckpointManager:
         self._closed = True
         busy = self._busy()  # timed out: the stuck thread is left behind, not joined
         self._bg.shutdown(wait=not busy, cancel_futures=busy)
+        self._retainer.shutdown(wait=not busy, cancel_futures=busy)
         if not busy:
             release_groups(self)
 
