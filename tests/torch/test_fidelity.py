@@ -384,3 +384,36 @@ def test_a_tie_among_the_views_of_one_flat_buffer(tmp_path: Path) -> None:
     pckt.load({**{k: out[i * 100:(i + 1) * 100] for i, k in enumerate(views)},
                "head": out[0:100]}, tmp_path)
     assert torch.equal(out, buf)
+
+
+def test_a_stateful_that_grows_gets_its_lists_and_int_keyed_dicts_back_as_saved(
+    tmp_path: Path,
+) -> None:
+    """Zoo review Z2: below an empty dict of the target, a list of tensors came back as a dict
+    keyed "0", "1" and a dict keyed 0..n-1 as a list: the key rule writes both alike, and the
+    version's record of list positions (``torch.dcp_items``) was not asked."""
+    a = _Grows()
+    a.d = {"shadow": [torch.ones(2), torch.zeros(3, dtype=torch.int8)],
+           "per_class": {0: 0.5, 1: 0.75}, "by_name": {"0": "a", "1": "b"},
+           "by_id": {0: torch.ones(1), 1: torch.full((2,), 2.0)},
+           "evals": [{"loss": 1.5, "w": torch.ones(1)}, {"loss": 0.5, "w": torch.zeros(1)}],
+           "nested": [[torch.ones(1)], [torch.zeros(1), torch.ones(2)]], "nums": [3, 4]}
+    pckt.save({"g": a}, tmp_path, step=1, continuation="statistical")
+    b = _Grows()
+    info = pckt.load({"g": b}, tmp_path)
+    shadow = b.d["shadow"]
+    assert isinstance(shadow, list) and [t.tolist() for t in shadow] == [[1.0, 1.0], [0, 0, 0]]
+    assert shadow[1].dtype == torch.int8
+    assert b.d["per_class"] == {"0": 0.5, "1": 0.75}  # int keys come back as str (documented)
+    assert b.d["by_name"] == {"0": "a", "1": "b"}
+    by_id = b.d["by_id"]
+    assert isinstance(by_id, dict) and sorted(by_id) == ["0", "1"]
+    assert by_id["1"].tolist() == [2.0, 2.0]
+    evals = b.d["evals"]
+    assert isinstance(evals, list) and [e["loss"] for e in evals] == [1.5, 0.5]
+    assert [e["w"].tolist() for e in evals] == [[1.0], [0.0]]
+    nested = b.d["nested"]
+    assert isinstance(nested, list) and all(isinstance(n, list) for n in nested)
+    assert [[t.tolist() for t in n] for n in nested] == [[[1.0]], [[0.0], [1.0, 1.0]]]
+    assert b.d["nums"] == [3, 4] and info.unexpected_keys == []
+

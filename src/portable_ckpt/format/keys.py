@@ -296,6 +296,30 @@ def recorded_items(ck: Any) -> dict[str, DcpPath] | None:
     return read_dcp_items(ck.entry(DCP_ITEMS_ENTRY))
 
 
+class RecordedShapes:
+    """Which containers of a version were lists, from its :data:`DCP_ITEMS_ENTRY` record.
+
+    The key rule writes a list position and an int dict key alike (``h/0``), so a container
+    rebuilt without a target to follow (below an empty dict of the target) had its kind guessed
+    from its children: ``{0: 0.5, 1: 0.7}`` came back as a list, and a list of tensors as a dict
+    keyed ``"0"``, ``"1"`` (zoo review Z2). The record names every item below a list position
+    with that position as an int: the containers it passes through at an int are the lists, any
+    other container is a dict. Below an item (a plain list DCP keeps whole) nothing is recorded,
+    and the children decide as before.
+    """
+
+    def __init__(self, items: Mapping[str, DcpPath]) -> None:
+        self.lists = {portable_key(p[:i]) for p in items.values() for i, c in enumerate(p)
+                      if type(c) is int}
+        self.items = KeyTrie(items)
+
+    def is_list(self, key: str) -> bool | None:
+        """Whether the container at ``key`` was a list (``None``: within an item, not known)."""
+        if self.items.on_path(key):
+            return None
+        return key in self.lists
+
+
 def dcp_items_value(paths: Iterable[DcpPath]) -> list[list[str | int]]:
     """The :data:`DCP_ITEMS_ENTRY` value of ``paths``: one JSON array per item, sorted by key."""
     by_key = {portable_key(p): [c if type(c) is int else str(c) for c in p] for p in paths if p}
@@ -671,10 +695,17 @@ class JsonTree:
     only children stored in the order ``0..n-1`` are.
     """
 
-    def __init__(self, leaves: Mapping[str, Any], *, positions_in_any_order: bool = False) -> None:
+    def __init__(
+        self,
+        leaves: Mapping[str, Any],
+        *,
+        positions_in_any_order: bool = False,
+        shapes: RecordedShapes | None = None,
+    ) -> None:
         self._leaves = dict(leaves)
         self._keys: KeyTrie | None = None
         self._any_order = positions_in_any_order
+        self._shapes = shapes
 
     @property
     def _trie(self) -> KeyTrie:
@@ -729,7 +760,10 @@ class JsonTree:
             temps = [template.get(by_comp[c]) if c in by_comp else None for c in comps]
             return _Rebuild(kids, dict, names, temps)
         # no template, or one that does not explain the stored children: the stored shape
-        if dense:
+        if dense and not (
+            self._shapes is not None and at is not None
+            and self._shapes.is_list(at[0].key[: at[1]]) is False
+        ):
             return _Rebuild(kids, list, None, None)
         return _Rebuild(kids, dict, [split_key(c)[0] for c in comps], None)
 
