@@ -417,3 +417,68 @@ def test_a_stateful_that_grows_gets_its_lists_and_int_keyed_dicts_back_as_saved(
     assert [[t.tolist() for t in n] for n in nested] == [[[1.0]], [[0.0], [1.0, 1.0]]]
     assert b.d["nums"] == [3, 4] and info.unexpected_keys == []
 
+
+class _Closure(torch.optim.Optimizer):
+    """An optimizer whose step needs its closure, as LBFGS's (and SAM-like ones) does."""
+
+    def __init__(self, params: object) -> None:
+        super().__init__(params, {"lr": 0.5})  # type: ignore[arg-type]
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        loss = closure()  # type: ignore[operator]
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["prev"] = p.detach().clone()
+                p.data.add_(p.grad, alpha=-group["lr"])
+        return loss
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: torch.optim.LBFGS(m.parameters(), lr=0.5, history_size=3),
+    lambda m: _Closure(m.parameters()),
+], ids=["lbfgs", "closure"])
+def test_an_optimizer_whose_state_cannot_be_made_loads_and_is_left_intact(
+    tmp_path: Path, make
+) -> None:
+    """Zoo review Z1: the state of a fresh optimizer is made by a step of zero gradients at
+    learning rate 0; where that step raised (LBFGS without a closure) the load failed as
+    PCK-DISTRIBUTED naming a TypeError, and the optimizer was left at learning rate 0 with zero
+    gradients, so a job that went on after it (or after a failed initial save) trained at lr 0.
+    Given by itself, such an optimizer now loads its stored state (lists of tensors included)
+    and continues bit for bit; through ModelOptimizerState the refusal says what to do and
+    leaves it as it was."""
+    from portable_ckpt.errors import UnsupportedValueError
+
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 2)
+        return m, make(m)
+
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+
+    def steps(m: torch.nn.Module, opt: torch.optim.Optimizer, n: int) -> list[float]:
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            return loss
+        return [float(opt.step(closure).detach()) for _ in range(n)]  # type: ignore[union-attr]
+
+    a, opt_a = build()
+    steps(a, opt_a, 4)
+    pckt.save({"m": a, "o": opt_a}, tmp_path, step=1, continuation="statistical")
+    expected = steps(a, opt_a, 3)
+    b, opt_b = build()
+    info = pckt.load({"m": b, "o": opt_b}, tmp_path)
+    assert info.unexpected_keys == [] and steps(b, opt_b, 3) == expected
+    c, opt_c = build()
+    with pytest.raises(UnsupportedValueError, match=r"cannot make the state of \w+ .*optimizer "
+                       r"was left as it was.*\"optim\": optimizer"):
+        pckt.save({"t": pckt.ModelOptimizerState(c, opt_c)}, tmp_path / "x", step=1,
+                  continuation="statistical")
+    assert opt_c.param_groups[0]["lr"] == 0.5 and not opt_c.state
+    assert all(p.grad is None for p in c.parameters())
+    with pytest.raises(UnsupportedValueError, match=r"cannot make the state of"):
+        pckt.load({"t": pckt.ModelOptimizerState(c, opt_c)}, tmp_path, strict=False)
+    assert opt_c.param_groups[0]["lr"] == 0.5 and not opt_c.state
+    assert all(p.grad is None for p in c.parameters())

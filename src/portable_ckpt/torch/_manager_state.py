@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from portable_ckpt.errors import UsageError
+from portable_ckpt.errors import UnsupportedValueError, UsageError
 from portable_ckpt.manager.records import manager_entry_schema
-from portable_ckpt.torch.flatten import StateEntry
+from portable_ckpt.torch.flatten import StateEntry, init_optimizer_state
 
 __all__ = ["ManagerEntry", "ModelOptimizerState", "warn_stale"]
 
@@ -81,6 +81,8 @@ class ModelOptimizerState:
         for p, _ in pending.values():
             p.grad = None
         try:
+            for o in fresh:  # made here so that a failure is undone and named (zoo review Z1)
+                _made_state(o)
             msd, osd = get_state_dict(self.model, self._given(), options=self.options)
         finally:
             for p, grad in pending.values():
@@ -137,6 +139,20 @@ class ModelOptimizerState:
     def _given(self) -> Any:
         """The optimizer as ``get_state_dict`` takes it: one, or a tuple of several."""
         return self.optimizers[0] if len(self.optimizers) == 1 else tuple(self.optimizers)
+
+
+def _made_state(optimizer: torch.optim.Optimizer) -> None:
+    """A fresh optimizer's state as ``get_state_dict`` makes it, or an actionable refusal."""
+    try:
+        init_optimizer_state(optimizer)
+    except Exception as e:
+        raise UnsupportedValueError(
+            f"ModelOptimizerState: torch's get_state_dict cannot make the state of "
+            f"{type(optimizer).__name__} (its step with zero gradients at learning rate 0 "
+            f"failed: {type(e).__name__}: {e}); the optimizer was left as it was. Put the "
+            f"optimizer in the state by itself beside the model, e.g. "
+            f'{{"train": ModelOptimizerState(model), "optim": optimizer}}'
+        ) from e
 
 
 def _never_stepped(per_param: Any) -> bool:

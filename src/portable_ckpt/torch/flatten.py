@@ -209,16 +209,41 @@ def _check_key(key: str) -> None:
 
 
 def _init_optimizer(node: Any) -> None:
+    """Give a fresh plain optimizer its state before it serves as a load template.
+
+    An optimizer whose state cannot be made so (LBFGS needs a closure, SparseAdam refuses
+    dense gradients) keeps its empty state, which then grows like any empty dict of the target:
+    its stored state comes back keyed by int, whole, as a fresh ``load_state_dict`` takes it.
+    """
     if isinstance(node, torch.optim.Optimizer) and not node.state:
         try:
-            from torch.distributed.checkpoint.state_dict import _init_optim_state
+            init_optimizer_state(node)
+        except Exception:  # any optimizer's own error: the state grows instead
+            pass
 
-            _init_optim_state(node)
-        except Exception as e:  # pragma: no cover - depends on the optimizer
-            raise UnsupportedValueError(
-                f"cannot initialise the state of {type(node).__name__} before loading ({e}); run "
-                f"one step first or pass its state through get_state_dict"
-            ) from e
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """``torch.distributed.checkpoint``'s ``_init_optim_state``, undone where it fails.
+
+    It makes the state with a step of zero gradients at learning rate 0, and a step that
+    raises (LBFGS without a closure, SparseAdam's dense gradients) left every group's ``lr`` at
+    0 and zero gradients on the parameters: a job that went on after the failed save or load
+    trained at learning rate 0, silently (zoo review Z1). On failure the learning rates, the
+    gradients and the (empty) state are put back before the error is raised.
+    """
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    lrs = [(g, g["lr"]) for g in optimizer.param_groups if "lr" in g]
+    grads = [(p, p.grad) for g in optimizer.param_groups for p in g["params"]]
+    try:
+        _init_optim_state(optimizer)
+    except BaseException:
+        for group, lr in lrs:
+            group["lr"] = lr
+        for p, grad in grads:
+            p.grad = grad
+        optimizer.state.clear()  # it was empty: a part made before the failure goes
+        raise
 
 
 #: Deepest nesting of dicts, lists and tuples a state may have: far beyond any real state, and
