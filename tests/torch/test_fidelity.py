@@ -84,6 +84,24 @@ def test_scalars_without_a_json_form_are_refused_naming_the_key(tmp_path: Path, 
                                   entries={"e": {"x": value}})
 
 
+@pytest.mark.parametrize(("value", "fix"), [
+    (np.datetime64("2026-01-01"), r"store str\(x\) \(ISO 8601\)"),
+    (np.timedelta64(5, "s"), r"np.timedelta64\(1, 's'\)"),
+    (np.bytes_(b"ab"), r"x.tobytes\(\) as a uint8 tensor"),
+    (np.complex64(1j), r"x.real and x.imag"),
+])
+def test_a_scalar_without_a_json_form_is_told_a_conversion_that_works(
+    tmp_path: Path, value, fix
+) -> None:
+    """Zoo review Z4: every such scalar was told to use float(x), which raises for these."""
+    with pytest.raises(UnsupportedValueError, match=rf"'x': a \w+ scalar has no JSON form; .*{fix}"):
+        pckt.save({"x": value, "w": torch.ones(1)}, tmp_path, step=1)
+    from portable_ckpt.format.keys import encode_json
+
+    with pytest.raises(UnsupportedValueError, match=rf"'e': a \w+ scalar has no JSON form; .*{fix}"):
+        encode_json(value, key="e")
+
+
 @pytest.mark.parametrize(("state", "named"), [
     ({"a\ud800b": torch.ones(2)}, r"flat key 'a\\ud800b' holds a lone surrogate"),
     ({"x": {"k\udcff": 1}}, r"flat key 'x/k\\udcff' holds a lone surrogate"),

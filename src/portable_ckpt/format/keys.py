@@ -200,8 +200,8 @@ def encode_json(value: Any, *, key: str = "?") -> Any:
         # np.longdouble(...).item() is an np.longdouble again: it recursed without end
         # (odd-states review O7); a complex scalar has no JSON form either
         raise UnsupportedValueError(
-            f"value at {key!r}: a {type(value).__name__} scalar has no JSON form; convert it "
-            "(float(x), or a float64 tensor) before saving"
+            f"value at {key!r}: a {type(value).__name__} scalar has no JSON form; "
+            f"{scalar_fix(value)}"
         )
     raise UnsupportedValueError(
         f"value at {key!r} of type {type(value).__name__} cannot be stored without pickle; "
@@ -343,6 +343,24 @@ def read_dcp_items(value: Any) -> dict[str, DcpPath] | None:
                 return None
         out[portable_key(p)] = tuple(p)
     return out
+
+
+def scalar_fix(value: Any) -> str:
+    """How to store a numpy or torch scalar that has no JSON form, for its kind.
+
+    The one advice given to all, ``float(x)``, raises for a datetime, a timedelta and bytes
+    (zoo review Z4).
+    """
+    kind = getattr(getattr(value, "dtype", None), "kind", "")
+    if kind == "M":
+        return "store str(x) (ISO 8601), or x.astype('int64') with its unit, and convert it back"
+    if kind == "m":
+        return "store x / np.timedelta64(1, 's') (seconds as a float), or x.astype('int64')"
+    if kind in ("S", "V"):
+        return "store x.tobytes() as a uint8 tensor, or decode it to a str"
+    if kind == "c":
+        return "store x.real and x.imag as two floats, or a tensor through view_as_real"
+    return "convert it (float(x), or a float64 tensor) before saving"
 
 
 #: How a value JSON cannot hold is to be changed (the fix of "the value" refusals).

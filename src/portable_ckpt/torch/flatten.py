@@ -46,6 +46,7 @@ from portable_ckpt.format.keys import (
     has_surrogates,
     is_key,
     join_key,
+    scalar_fix,
     split_key,
     unflatten_keys,
 )
@@ -336,8 +337,8 @@ def _flatten(
         if not (item is None or isinstance(item, bool | int | float | str)):
             # np.longdouble's item() is itself: it recursed without end (odd-states O7)
             raise UnsupportedValueError(
-                f"state at {key!r}: a {type(node).__name__} scalar has no JSON form; convert "
-                "it (float(x), or a float64 tensor) before saving"
+                f"state at {key!r}: a {type(node).__name__} scalar has no JSON form; "
+                f"{scalar_fix(node)}"
             )
         _value(item, key, flat, path, in_item)
         return
