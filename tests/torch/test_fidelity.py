@@ -500,3 +500,19 @@ def test_an_optimizer_whose_state_cannot_be_made_loads_and_is_left_intact(
         pckt.load({"t": pckt.ModelOptimizerState(c, opt_c)}, tmp_path, strict=False)
     assert opt_c.param_groups[0]["lr"] == 0.5 and not opt_c.state
     assert all(p.grad is None for p in c.parameters())
+
+
+def test_a_value_a_numpy_target_cannot_hold_stays_as_stored(tmp_path: Path) -> None:
+    """Zoo review Z5: a stored float out of a numpy target's range became inf, said only by
+    numpy's overflow warning; it stays the stored number now, as an int8 overflow did."""
+    pckt.save({"v": {"a": 1e300, "b": 70000.0, "c": 300, "d": 0.1}}, tmp_path, step=1)
+    target = {"v": {"a": np.float32(0), "b": np.array(0, dtype=np.float16), "c": np.int8(0),
+                    "d": np.float32(0)}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warning is an error here
+        pckt.load(target, tmp_path)
+    v = target["v"]
+    assert v["a"] == 1e300 and type(v["a"]) is float
+    assert v["b"] == 70000.0 and type(v["b"]) is float
+    assert v["c"] == 300 and type(v["c"]) is int
+    assert v["d"] == np.float32(0.1) and type(v["d"]) is np.float32  # a rounding is a cast

@@ -27,6 +27,7 @@ from __future__ import annotations
 import abc
 import enum
 import itertools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -508,17 +509,25 @@ def _like(node: Any, value: Any) -> Any:
 
     An IntEnum member, a numpy scalar or a 0-d array is stored as its value; it came back as a
     plain int or float (float32 arithmetic became float64, ``isinstance`` checks failed:
-    fidelity review F8). A value the type refuses stays as loaded.
+    fidelity review F8). A value the type refuses stays as loaded, and so does a finite one the
+    type would make infinite (``1e300`` into an ``np.float32`` became ``inf``, said only by
+    numpy's overflow warning: zoo review Z5), as a cast of a tensor is refused for it.
     """
     if value is None or isinstance(value, str | dict | list):
         return value
     try:
         if isinstance(node, enum.Enum):
             return type(node)(value)
-        if isinstance(node, np.generic):
-            return node.dtype.type(value)
-        if isinstance(node, np.ndarray) and node.ndim == 0:
-            return np.asarray(value, dtype=node.dtype)
+        with np.errstate(over="ignore"):
+            if isinstance(node, np.generic):
+                out: Any = node.dtype.type(value)
+            elif isinstance(node, np.ndarray) and node.ndim == 0:
+                out = np.asarray(value, dtype=node.dtype)
+            else:
+                return value
+        if isinstance(value, float) and math.isfinite(value) and not np.all(np.isfinite(out)):
+            return value
+        return out
     except (ValueError, TypeError, OverflowError):
         pass
     return value
