@@ -516,3 +516,38 @@ def test_a_value_a_numpy_target_cannot_hold_stays_as_stored(tmp_path: Path) -> N
     assert v["b"] == 70000.0 and type(v["b"]) is float
     assert v["c"] == 300 and type(v["c"]) is int
     assert v["d"] == np.float32(0.1) and type(v["d"]) is np.float32  # a rounding is a cast
+
+
+def test_a_param_group_added_during_training_is_asked_for_before_the_restore(
+    tmp_path: Path,
+) -> None:
+    """Zoo review Z6: a group added by add_param_group (a layer unfrozen at step N) is stored;
+    a restarted job that built its optimizer without it loaded the other groups and trained on
+    with that layer frozen, its optimizer state dropped, named only in unexpected_keys."""
+    from portable_ckpt.errors import EntryTargetError
+
+    def build() -> tuple[torch.nn.Sequential, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        return m, torch.optim.AdamW(m[0].parameters(), lr=1e-3)
+
+    a, opt_a = build()
+    for _ in range(2):
+        a(torch.ones(2, 4)).sum().backward()
+        opt_a.step()
+        if len(opt_a.param_groups) == 1:
+            opt_a.add_param_group({"params": list(a[1].parameters()), "lr": 5e-4})
+    pckt.save({"t": pckt.ModelOptimizerState(a, opt_a)}, tmp_path, step=2,
+              continuation="statistical")
+    b, opt_b = build()
+    with pytest.raises(EntryTargetError, match=r"'t/optim' .* holds 2 param groups, the "
+                       r"target's optimizer 1 \(group 1: lr 0.0005, params \['1.weight', "
+                       r"'1.bias'\]\): a group added during training \(add_param_group\)"):
+        pckt.load({"t": pckt.ModelOptimizerState(b, opt_b)}, tmp_path)
+    info = pckt.load({"t": pckt.ModelOptimizerState(b, opt_b)}, tmp_path, strict=False)
+    assert "t/optim/param_groups/1/lr" in info.unexpected_keys
+    c, opt_c = build()
+    opt_c.add_param_group({"params": list(c[1].parameters()), "lr": 1e-3})
+    pckt.load({"t": pckt.ModelOptimizerState(c, opt_c)}, tmp_path)
+    assert opt_c.param_groups[1]["lr"] == 5e-4
+    assert torch.equal(opt_c.state[c[1].weight]["exp_avg"], opt_a.state[a[1].weight]["exp_avg"])

@@ -1327,6 +1327,49 @@ def _same_optimizers(stored: dict[str, Any], target: Mapping[str, Any], path: st
             )
 
 
+def _same_group_count(stored: dict[str, Any], target: Mapping[str, Any], path: str) -> None:
+    """Refuse stored param groups beyond the target optimizer's (``strict`` loads only).
+
+    A group added during training (``add_param_group`` for a layer unfrozen at step N) is
+    stored; a restarted job that builds its optimizer without it got the other groups and
+    trained on with that layer frozen and its optimizer state dropped, listed only among
+    ``LoadInfo.unexpected_keys`` (zoo review Z6). torch's ``load_state_dict`` refuses another
+    number of groups; so does this, naming the groups and the fix.
+    """
+    wanted = _group_members(target)
+    if not wanted:
+        return
+    ours: dict[str, set[int]] = {}
+    for head, idx in wanted:
+        ours.setdefault(head, set()).add(int(idx))
+    theirs: dict[str, set[int]] = {}
+    for head, idx in _group_members(stored):
+        if head in ours:
+            theirs.setdefault(head, set()).add(int(idx))
+    for head, groups in sorted(theirs.items()):
+        extra = sorted(groups - ours[head])
+        if not extra:
+            continue
+        pre = f"{head}/" if head else ""
+        named = "; ".join(
+            f"group {i}: lr {stored.get(f'{pre}param_groups/{i}/lr')!r}, params "
+            f"{_params_of(stored, f'{pre}param_groups/{i}/params')}" for i in extra[:3]
+        )
+        raise EntryTargetError(
+            f"optimizer {head or '(top)'!r} of {path}: the version holds {max(groups) + 1} param "
+            f"groups, the target's optimizer {len(ours[head])} ({named}): a group added during "
+            "training (add_param_group) must be added again before the restore, or its "
+            "parameters train on without it; pass strict=False to load the others "
+            "(LoadInfo.unexpected_keys names the rest)"
+        )
+
+
+def _params_of(stored: dict[str, Any], key: str) -> str:
+    """A stored group's parameters (names, or ids), the first four."""
+    params = [stored[f"{key}/{i}"] for i in range(5) if f"{key}/{i}" in stored]
+    return repr(params[:4])[:-1] + (", ...]" if len(params) > 4 else "]")
+
+
 def _load_values(
     entries: _EntryReads, flat: FlatState, info: LoadInfo, *, strict: bool
 ) -> dict[str, Any]:
@@ -1341,6 +1384,8 @@ def _load_values(
             raise EntryMissingError(f"entry {VALUES_ENTRY!r} is not an object")
         info.entries_loaded += 1
     _same_optimizers(stored, flat.values, ck.path)
+    if strict:
+        _same_group_count(stored, flat.values, ck.path)
     loaded, whole = _load_whole(stored, flat, lambda: entries.shapes)
     for k, v in flat.values.items():
         if whole.on_path(k):
