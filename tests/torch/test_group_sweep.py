@@ -16,7 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-from portable_ckpt.torch.launch import GROUP_PREFIX, _started, sweep_abandoned_groups
+import pytest
+
+from portable_ckpt.torch.launch import (
+    GROUP_PREFIX,
+    _pid_space,
+    _started,
+    _write_owners,
+    sweep_abandoned_groups,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,8 +83,11 @@ def test_what_is_not_known_abandoned_is_kept(tmp_path: Path) -> None:
         d = tmp_path / name
         d.mkdir()
         (d / "store").write_text("x")
-        if owners is not None:
-            (d / "owners.json").write_text(json.dumps(owners))
+        if isinstance(owners, dict):
+            owners = {"pid_space": _pid_space(), **owners}
+        if owners is not None:  # a str is the file's text
+            text = owners if isinstance(owners, str) else json.dumps(owners)
+            (d / "owners.json").write_text(text)
         return d
 
     kept = [
@@ -86,6 +97,11 @@ def test_what_is_not_known_abandoned_is_kept(tmp_path: Path) -> None:
         plant(GROUP_PREFIX + "unknown-start", {"owner": [dead, None], "ranks": []}),
         plant(GROUP_PREFIX + "odd", {"owner": "x", "ranks": []}),
         plant("other-prefix", {"owner": [dead, 1], "ranks": []}),
+        # Its pids are another container's (a shared /tmp) or an earlier boot's.
+        plant(GROUP_PREFIX + "other-space", {"owner": [dead, 1], "ranks": [], "pid_space": "x"}),
+        plant(GROUP_PREFIX + "no-space", {"owner": [dead, 1], "ranks": [], "pid_space": None}),
+        # Forged or damaged: too deep for json to read (a RecursionError stopped the run).
+        plant(GROUP_PREFIX + "deep", "[" * 100_000 + "]" * 100_000),
     ]
     (tmp_path / (GROUP_PREFIX + "link")).symlink_to(kept[0])
     # Its owner's pid is dead, or reused by a process of another start time.
@@ -93,3 +109,24 @@ def test_what_is_not_known_abandoned_is_kept(tmp_path: Path) -> None:
     assert sweep_abandoned_groups(str(tmp_path)) == [str(gone_dir)]
     assert all(d.is_dir() for d in kept) and not gone_dir.exists()
     assert (tmp_path / (GROUP_PREFIX + "link")).is_symlink()
+
+
+def test_a_live_run_of_another_pid_namespace_is_kept(tmp_path: Path) -> None:
+    """Containers sharing ``$TMPDIR`` (a pod's shared /tmp): this process's run is invisible
+    from another PID namespace, whose sweep took its pids for gone and removed the live run's
+    directory (re-attack 29)."""
+    live = tmp_path / (GROUP_PREFIX + "live")
+    live.mkdir()
+    _write_owners(str(live), [])  # this process runs it
+    code = ("import sys; from portable_ckpt.torch.launch import sweep_abandoned_groups; "
+            "print(sweep_abandoned_groups(sys.argv[1]))")
+    try:
+        out = subprocess.run(["unshare", "-Urpf", "--mount-proc", sys.executable, "-c", code,
+                              str(tmp_path)], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1)")
+    if out.returncode != 0 and "unshare" in out.stderr:
+        pytest.skip(f"no PID namespace here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert live.is_dir()

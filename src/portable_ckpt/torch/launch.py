@@ -276,11 +276,25 @@ def _started(pid: int) -> int | None:
     return int(stat[stat.rindex(b")") + 2:].split()[19])
 
 
+def _pid_space() -> str | None:
+    """The boot and PID namespace of this process (None: unknown); pids mean these only.
+
+    Containers sharing a ``$TMPDIR`` (a pod's shared ``/tmp``) see other PID namespaces'
+    group directories; there the owners' pids name nothing, or other processes.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f"{f.read().strip()} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
 def _write_owners(outdir: str, ranks: list[int | None]) -> None:
     """Name this process and the ranks (pid and start time) as the users of ``outdir``."""
     me = os.getpid()
     known = ((p, _started(p)) for p in ranks if p)
-    doc = {"owner": [me, _started(me)], "ranks": [[p, t] for p, t in known if t is not None]}
+    doc = {"owner": [me, _started(me)], "ranks": [[p, t] for p, t in known if t is not None],
+           "pid_space": _pid_space()}
     with open(os.path.join(outdir, _OWNERS + ".tmp"), "w", encoding="utf-8") as f:
         json.dump(doc, f)
     os.replace(os.path.join(outdir, _OWNERS + ".tmp"), os.path.join(outdir, _OWNERS))
@@ -293,14 +307,17 @@ def sweep_abandoned_groups(tmpdir: str | None = None) -> list[str]:
     its directory stayed in the temporary directory for good. One is removed only when it is
     positively known abandoned: a directory of this user named :data:`GROUP_PREFIX`, whose
     owners file names its run and ranks, none of which is still running (a process id of
-    another start time is another process). Anything else is kept (no ``/proc``: nothing is
-    known, nothing removed).
+    another start time is another process), in this boot and PID namespace. Anything else is
+    kept (no ``/proc``: nothing is known, nothing removed).
     """
     import shutil
     import stat as st
 
     base = tmpdir or tempfile.gettempdir()
     removed: list[str] = []
+    space = _pid_space()
+    if space is None:
+        return removed
     try:
         names = [n for n in os.listdir(base) if n.startswith(GROUP_PREFIX)]
     except OSError:
@@ -316,7 +333,9 @@ def sweep_abandoned_groups(tmpdir: str | None = None) -> list[str]:
             procs = [doc["owner"], *doc["ranks"]]
             if not all(isinstance(pid, int) and isinstance(t, int) for pid, t in procs):
                 continue
-        except (OSError, ValueError, KeyError, TypeError):
+            if doc.get("pid_space") != space:
+                continue  # its pids are another namespace's (or boot's): nothing is known
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue  # not a group directory this code wrote, or not readable: kept
         if any(_started(pid) == t for pid, t in procs):
             continue  # its run or a rank is still running
