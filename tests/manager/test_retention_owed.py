@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,44 @@ def test_saves_queued_back_to_back_with_replication_run_retention_beside_the_thr
     assert len(deleting) >= 3 and deleting[0][0] == "pck-retention", passes
     assert deleting[0][1] == first, passes  # not steps 2-7: their copies were queued
     assert _committed(fast) == [7] and _committed(root) == [7]
+
+
+def test_a_pass_queued_by_a_finished_copy_keeps_the_versions_still_to_verify_and_copy(
+    tmp_path: Path,
+) -> None:
+    """Re-attack 29: a finished copy queues a fast-tier pass (no own version) on the background
+    thread; saves that committed meanwhile queue their post-save work behind it. That pass
+    deleted one of them (fast_keep=1 keeps the newest only) before its copy started: the copy
+    failed and its durable version was lost. Versions whose post-save work is queued are kept
+    until it ran."""
+    root, fast = tmp_path / "durable", tmp_path / "fast"
+    state: dict[str, Any] = {"w": torch.arange(1024.0)}
+    failed: list[dict[str, Any]] = []
+    with pckt.CheckpointManager(root, fast_root=fast, replicate=True, save_every=1,
+                                keep_last=4, fast_keep=1, async_save=True) as mgr:
+        real = mgr.telemetry.emit
+
+        def emit(event: str, **kw: Any) -> None:
+            if event == "replicate" and not kw["ok"]:
+                failed.append(kw)
+            real(event, **kw)
+
+        mgr.telemetry.emit = emit  # type: ignore[method-assign]
+        gate = _first_save_then_hold(mgr, state)
+        mgr.maybe_save(2, state)  # its post-save work starts the copy of step 2 ...
+        held = threading.Event()
+        mgr._bg.submit(held.wait, 60)  # ... and then the background thread is held
+        gate.set()
+        deadline = time.monotonic() + 60
+        while not (mgr._copies and all(c.done() for c in mgr._copies)):
+            assert time.monotonic() < deadline, "the copy of step 2 did not end"
+            time.sleep(0.01)
+        # The copy's passes wait behind the held thread; steps 3 and 4 commit and queue theirs.
+        mgr.maybe_save(3, state)
+        mgr.maybe_save(4, state)
+        assert mgr._pending is not None
+        mgr._pending.committed.result(60)
+        held.set()
+        mgr.wait()
+    assert failed == []
+    assert _committed(root) == [1, 2, 3, 4] and _committed(fast) == [4]

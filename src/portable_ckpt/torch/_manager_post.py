@@ -87,6 +87,8 @@ def after_save(
             return  # (whether it committed is not known: the pass stays owed)
     if info is None:  # pragma: no cover - guarded by the callers
         return
+    with mgr._retain_lock:
+        mgr._handled[tier.name] = info.checkpoint_id
     if tier.name == "fast":
         mgr._fast_failed = False
     elif mgr._fast_failing:  # a durable save that went around a failing fast tier
@@ -717,6 +719,13 @@ def _retention_pass(mgr: CheckpointManager, tier: Tier, own: str | None, *, asid
 
     with mgr._retain_lock:  # a version being replicated is never deleted under the copy
         copying = set(mgr._copying) if tier.name == "fast" else set()
+        # Versions committed after the newest one whose post-save work began wait for their
+        # verification and copy on the background thread: a pass a finished copy queued ahead
+        # of that work (own=None) deleted one, and its copy to the durable root failed
+        # (re-attack 29). Without copies a queued version is the policy's to delete.
+        grouped = tier.layout is not None or mgr.replicate
+        queued = grouped and mgr._saves_queued.get(tier.name, 0) > 0
+        unhandled = mgr._handled.get(tier.name) if queued else None
     try:
         cands = candidates_of(tier.storage)
         decisions = plan_retention(cands, tier.retention)
@@ -735,13 +744,16 @@ def _retention_pass(mgr: CheckpointManager, tier: Tier, own: str | None, *, asid
             # newer steps win the next restore (review of the change F13).
             _warn_below_newer(mgr, tier, d.step, restorable)
         since = (attempt_time(own) or 0.0) if aside and own is not None else None
+        if since is None and unhandled is not None:
+            since = attempt_time(unhandled) or 0.0
         for d in decisions:
             if d.delete and d.id in copying:
                 d.delete, d.reasons = False, ["being copied to the durable root"]
             elif d.delete and since is not None and d.id != own and (
                     attempt_time(d.id) or 0.0) > since:
                 d.delete, d.reasons = False, ["newer than this pass's version (its "
-                                              "verification or replication may be running)"]
+                                              "verification or replication may be running "
+                                              "or queued)"]
         keep = [d.id for d in decisions if not d.delete]
         pins: dict[str, Any] = {}
         if tier.name == "durable" and mgr.pin_kept:

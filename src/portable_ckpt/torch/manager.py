@@ -310,6 +310,9 @@ class CheckpointManager:
         #: (whose collectives the peers wait on); tier -> the own version of the one queued.
         self._retainer = cf.ThreadPoolExecutor(1, thread_name_prefix="pck-retention")
         self._aside_own: dict[str, str] = {}
+        #: Tier -> the newest version whose post-save work began: the ones committed after it
+        #: wait for their verification and copy, and retention keeps them until then.
+        self._handled: dict[str, str] = {}
         #: Held by each retention pass: passes of the two threads never overlap.
         self._pass_lock = threading.Lock()
         self._restored_at: float | None = None
