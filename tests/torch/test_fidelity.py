@@ -518,6 +518,21 @@ def test_a_value_a_numpy_target_cannot_hold_stays_as_stored(tmp_path: Path) -> N
     assert v["d"] == np.float32(0.1) and type(v["d"]) is np.float32  # a rounding is a cast
 
 
+def test_a_stored_int_a_numpy_float_target_cannot_hold_stays_as_stored(tmp_path: Path) -> None:
+    """Re-attack 29: the Z5 fix looked at stored floats only; a stored int beyond a float
+    target's range (70000 into an np.float16, 10**39 into an np.float32) still became inf,
+    and the overflow warning was now silenced too."""
+    pckt.save({"v": {"a": 70000, "b": 10**39, "c": -70000, "d": 3}}, tmp_path, step=1)
+    target = {"v": {"a": np.float16(0), "b": np.array(0, dtype=np.float32),
+                    "c": np.float16(0), "d": np.float16(0)}}
+    pckt.load(target, tmp_path)
+    v = target["v"]
+    assert v["a"] == 70000 and type(v["a"]) is int
+    assert v["b"] == 10**39 and type(v["b"]) is int
+    assert v["c"] == -70000 and type(v["c"]) is int
+    assert v["d"] == np.float16(3) and type(v["d"]) is np.float16  # in range: a cast
+
+
 def test_a_param_group_added_during_training_is_asked_for_before_the_restore(
     tmp_path: Path,
 ) -> None:

@@ -525,7 +525,10 @@ def _like(node: Any, value: Any) -> Any:
                 out = np.asarray(value, dtype=node.dtype)
             else:
                 return value
-        if isinstance(value, float) and math.isfinite(value) and not np.all(np.isfinite(out)):
+        # An int too (a state that held 65536 where the target holds an np.float16: re-attack
+        # 29); one beyond every float raised OverflowError above.
+        finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+        if finite and not np.all(np.isfinite(out)):
             return value
         return out
     except (ValueError, TypeError, OverflowError):
