@@ -104,9 +104,21 @@ def test_what_is_not_known_abandoned_is_kept(tmp_path: Path) -> None:
         plant(GROUP_PREFIX + "deep", "[" * 100_000 + "]" * 100_000),
     ]
     (tmp_path / (GROUP_PREFIX + "link")).symlink_to(kept[0])
+    # An owners file that is a FIFO (open blocked the sweep for good), or a link to /dev/zero.
+    fifo = tmp_path / (GROUP_PREFIX + "fifo")
+    fifo.mkdir()
+    os.mkfifo(fifo / "owners.json")
+    zero = tmp_path / (GROUP_PREFIX + "zero")
+    zero.mkdir()
+    (zero / "owners.json").symlink_to("/dev/zero")
+    kept += [fifo, zero]
     # Its owner's pid is dead, or reused by a process of another start time.
     gone_dir = plant(GROUP_PREFIX + "gone", {"owner": [dead, 1], "ranks": [[os.getpid(), 1]]})
-    assert sweep_abandoned_groups(str(tmp_path)) == [str(gone_dir)]
+    swept = subprocess.run(  # in a child: a sweep that blocks fails here, not hangs
+        [sys.executable, "-c", "import sys; from portable_ckpt.torch.launch import "
+         "sweep_abandoned_groups as s; print(s(sys.argv[1]))", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=True)
+    assert swept.stdout.strip() == repr([str(gone_dir)])
     assert all(d.is_dir() for d in kept) and not gone_dir.exists()
     assert (tmp_path / (GROUP_PREFIX + "link")).is_symlink()
 

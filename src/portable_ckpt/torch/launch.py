@@ -300,6 +300,30 @@ def _write_owners(outdir: str, ranks: list[int | None]) -> None:
     os.replace(os.path.join(outdir, _OWNERS + ".tmp"), os.path.join(outdir, _OWNERS))
 
 
+#: Far beyond an owners file of any run (a pid and a start time per rank).
+_MAX_OWNERS_BYTES = 1 << 20
+
+
+def _read_owners(path: str) -> bytes:
+    """An owners file's bytes: a regular file only, not followed, bounded.
+
+    A FIFO or a link to one there blocked the sweep, and so the drill or demo that ran it,
+    for good; a link to ``/dev/zero`` read without end (re-attack 29).
+    """
+    import stat as st
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not st.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        data = os.read(fd, _MAX_OWNERS_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_OWNERS_BYTES:
+        raise ValueError(f"{path} is larger than an owners file")
+    return data
+
+
 def sweep_abandoned_groups(tmpdir: str | None = None) -> list[str]:
     """Remove group directories that a killed run left behind; returns the paths removed.
 
@@ -328,8 +352,7 @@ def sweep_abandoned_groups(tmpdir: str | None = None) -> list[str]:
             info = os.lstat(path)
             if not st.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue
-            with open(os.path.join(path, _OWNERS), encoding="utf-8") as f:
-                doc = json.load(f)
+            doc = json.loads(_read_owners(os.path.join(path, _OWNERS)))
             procs = [doc["owner"], *doc["ranks"]]
             if not all(isinstance(pid, int) and isinstance(t, int) for pid, t in procs):
                 continue
