@@ -65,3 +65,11 @@ def test_brackets_in_strings_past_the_limit_are_scanned_not_refused() -> None:
     scan of the text says depth 1."""
     doc = json.dumps(["[{" * 40]).encode()
     assert jsonio.loads(doc, what="d") == ["[{" * 40]
+
+
+@pytest.mark.parametrize("text", ['["\ud800"]', '{"a": "x\udcff"}', "\udfff"])
+def test_a_str_with_a_lone_surrogate_is_invalid_json(text: str) -> None:
+    """A str (not bytes) holding an unpaired surrogate code point: JsonInvalidError, not the
+    UnicodeEncodeError of encoding it for the counts (re-attack 29)."""
+    with pytest.raises(JsonInvalidError, match="cannot encode"):
+        jsonio.loads(text, what="d")

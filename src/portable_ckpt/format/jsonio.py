@@ -165,6 +165,14 @@ def loads(
         raise JsonInvalidError(
             f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", path=what
         )
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")  # the counts below run on the bytes
+        except UnicodeEncodeError as exc:  # a lone surrogate code point (not an escape)
+            raise JsonInvalidError(
+                f"{what}: holds a code point UTF-8 cannot encode (U+{ord(data[exc.start]):04X} "
+                f"at character {exc.start}): no JSON text of a file can", path=what
+            ) from None
     depth: int | None = None  # measured on the text with the cost (not measured twice)
     if max_cost_per_byte is not None and len(data) * (
         _MOST_COST_PER_BYTE - max_cost_per_byte
