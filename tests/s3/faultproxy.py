@@ -10,6 +10,8 @@ It forwards every request to the upstream server unchanged and can, per request:
   credentials),
 * leave the first key of a bulk delete in place and answer it with a per-key ``<Error>`` in the
   200 answer (``delete_key_errors`` times, code ``delete_key_code``),
+* answer ``400 BadDigest`` to a PUT whose ``x-amz-checksum-crc32c`` is not its body's CRC32C
+  (``check_crc32c``: a store that checks uploads, which moto does not),
 * forward a matching request without the request headers named in ``drop_request_headers``
   (``{"If-None-Match"}``: a store that accepts a conditional PUT and ignores its condition;
   moto does not check signatures, so the signed header may go),
@@ -38,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import crc32c
 
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade"}
@@ -94,6 +98,7 @@ class FaultProxy:
         self.match_path: str | None = None  # regex on the request path
         self.deny_keys: set[str] = set()
         self.drop_request_headers: set[str] = set()  # case-insensitive; matching requests only
+        self.check_crc32c = False  # refuse PUTs whose CRC32C header differs from the body's
         self.list_forever: str | None = None  # "new", "same" or "empty"
         self.list_extra = 0
         self.list_page_size = 0
@@ -217,6 +222,12 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                sent_crc = self.headers.get("x-amz-checksum-crc32c")
+                if proxy.check_crc32c and self.command == "PUT" and sent_crc is not None:
+                    real = base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode()
+                    if sent_crc != real:
+                        self._error(400, "BadDigest", "The CRC32C you specified did not match.")
+                        return
                 if fail:
                     status, code = proxy.fail_status
                     with proxy._lock:
@@ -348,6 +359,7 @@ class FaultProxy:
             self.match_method = self.match_path = None
             self.deny_keys = set()
             self.drop_request_headers = set()
+            self.check_crc32c = False
             self.list_forever = None
             self.list_extra = self.list_page_size = self.cut_body = 0
             self.trickle_s = 0.0
