@@ -288,11 +288,15 @@ def test_numpy_scalars_and_int_enums_come_back_in_the_targets_type(tmp_path: Pat
         WARMUP = 1
         MAIN = 2
 
+    class Split(enum.StrEnum):
+        TRAIN = "train"
+        EVAL = "eval"
+
     saved = {"f": np.float32(1.1), "u": np.uint64(2**64 - 1), "a": np.array(2.5, np.float16),
-             "p": Phase.MAIN, "b": np.bool_(True)}
+             "p": Phase.MAIN, "b": np.bool_(True), "s": np.str_("shard-3"), "e": Split.EVAL}
     pckt.save(saved, tmp_path, step=1)
     target = {"f": np.float32(0), "u": np.uint64(0), "a": np.array(0, np.float16),
-              "p": Phase.WARMUP, "b": np.bool_(False)}
+              "p": Phase.WARMUP, "b": np.bool_(False), "s": np.str_(""), "e": Split.TRAIN}
     pckt.load(target, tmp_path)
     for k, v in saved.items():
         assert type(target[k]) is type(v) and target[k] == v, (k, target[k])

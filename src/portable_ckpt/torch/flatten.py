@@ -513,8 +513,10 @@ def _like(node: Any, value: Any) -> Any:
     type would make infinite (``1e300`` into an ``np.float32`` became ``inf``, said only by
     numpy's overflow warning: zoo review Z5), as a cast of a tensor is refused for it.
     """
-    if value is None or isinstance(value, str | dict | list):
+    if value is None or isinstance(value, dict | list):
         return value
+    if isinstance(value, str) and not isinstance(node, enum.Enum | np.str_):
+        return value  # (a str enum and np.str_ came back as str: zoo review, left by Z4)
     try:
         if isinstance(node, enum.Enum):
             return type(node)(value)
