@@ -34,6 +34,35 @@ def test_a_renamed_prefix_names_the_stored_keys(tmp_path: Path) -> None:
     assert "renamed prefix" in str(e.value)
 
 
+def test_a_container_stored_where_the_target_holds_one_value_is_named_so(tmp_path: Path) -> None:
+    """A module's extra state saved as a dict, loaded into a fresh module whose extra state is
+    None: it was "a renamed prefix? map the target's keys" (zoo review, low)."""
+
+    class Extra(torch.nn.Module):
+        def __init__(self, v: object) -> None:
+            super().__init__()
+            self.v = v
+
+        def get_extra_state(self) -> object:
+            return self.v
+
+        def set_extra_state(self, s: object) -> None:
+            self.v = s
+
+    pckt.save({"m": Extra({"k": 2, "seen": [1, 2]})}, tmp_path, step=1)
+    with pytest.raises(EntryMissingError, match=r"holds a dict or list there \(\['m/_extra_state/"
+                       r"k', 'm/_extra_state/seen/0', 'm/_extra_state/seen/1'\]\), the target "
+                       r"a single plain value") as e:
+        pckt.load({"m": Extra(None)}, tmp_path)
+    assert "renamed prefix" not in str(e.value)
+    pckt.save({"w": {"a": torch.ones(2)}}, tmp_path / "t", step=1)
+    with pytest.raises(TensorMissingError, match=r"\['w/a'\]\), the target a single tensor"):
+        pckt.load({"w": torch.zeros(2)}, tmp_path / "t")
+    back = Extra({})  # the advice works: an empty dict takes what is stored below it
+    pckt.load({"m": back}, tmp_path)
+    assert back.v == {"k": 2, "seen": [1, 2]}
+
+
 def test_a_key_with_nothing_near_keeps_the_strict_advice(tmp_path: Path) -> None:
     pckt.save({"w": torch.ones(3)}, tmp_path, step=1)
     with pytest.raises(TensorMissingError, match="pass strict=False"):

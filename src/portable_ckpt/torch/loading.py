@@ -1067,9 +1067,29 @@ def _none_found(ck: Checkpoint, keys: list[str]) -> TensorMissingError:
     )
 
 
+def _stored_below(key: str, stored: list[str], wanted: str) -> str:
+    """A container stored where the target holds one ``wanted`` at ``key``, said ("" if not).
+
+    A module's extra state that is None in a fresh object, a parameter that became a
+    submodule: not a renamed prefix, as the keys that look alike suggested (zoo review, low).
+    """
+    below = sorted(k for k in stored if k.startswith(f"{key}/"))
+    if not below:
+        return ""
+    return (
+        f"the checkpoint holds a dict or list there ({below[:4]}"
+        f"{', ...' if len(below) > 4 else ''}), the target a single "
+        f"{'plain value' if wanted == 'value' else 'tensor'}: make the target's value a "
+        "container of that shape (an empty dict takes whatever is stored below it)"
+    )
+
+
 def _prefix_hint(ck: Checkpoint, keys: list[str]) -> str:
     """How the target's keys differ from the stored ones by a prefix, or how to see both."""
     stored = list(ck.tensors)  # in the record's order: the same hint on every rank and run
+    below = _stored_below(keys[0], stored, "tensor")
+    if below:
+        return below
     ends: dict[str, str] = {}  # "a/b/c" -> "x/a/b/c": the stored keys by their shorter tails
     for s in stored[:200_000]:
         parts = s.split("/")
@@ -1130,6 +1150,9 @@ def _instead(ck: Checkpoint, key: str, *, wanted: str) -> str:
                     "state of another optimizer class (an AdamW's where an SGD's is wanted?): "
                     "build the optimizer the version saved, or leave it out of the loaded "
                     "state (a fine-tune builds it fresh)")
+    below = _stored_below(key, [*ck.tensors, *values], wanted)
+    if below:
+        return f"; {below}"
     close = similar_keys(key, [*ck.tensors, *values])
     if not close:
         return ""
