@@ -127,14 +127,24 @@ def test_saves_queued_back_to_back_still_run_retention(tmp_path: Path) -> None:
     assert _committed(root) == [7]
 
 
+@pytest.mark.parametrize("clock_back", [False, True], ids=["clock", "clock-stepped-back"])
 def test_saves_queued_back_to_back_with_replication_run_retention_beside_the_thread(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock_back: bool
 ) -> None:
     """Left open by stop 28: with ``replicate=True`` (and node-local tiers) a commit with a
     save queued behind it skipped its pass every time (a pass on the background thread made
     the peers' replications time out), so back-to-back saves ran none until the job exited.
     The pass now runs on a thread of its own; the versions a queued save may still verify or
-    copy are kept (newer than the pass's version, or being copied), nothing else."""
+    copy are kept (newer than the pass's version, or being copied), nothing else. "Newer" is
+    this job's commit order, not the times in the ids: with the clock stepping back before
+    every save (the times reversed), the queued versions looked older than the pass's own and
+    were deleted under their copies (re-attack 29)."""
+    if clock_back:
+        from portable_ckpt.format import naming
+
+        real_time = naming.attempt_time
+        monkeypatch.setattr(naming, "attempt_time",
+                            lambda aid: None if real_time(aid) is None else -real_time(aid))
     root, fast = tmp_path / "durable", tmp_path / "fast"
     state: dict[str, Any] = {"w": torch.arange(1024.0)}
     with pckt.CheckpointManager(root, fast_root=fast, replicate=True, save_every=1,

@@ -44,6 +44,7 @@ __all__ = [
     "durable_ok",
     "failure_text",
     "replicate",
+    "note_commit",
     "replicate_nodes",
     "retain",
     "too_many_failures",
@@ -684,6 +685,33 @@ def retain(mgr: CheckpointManager, tier: Tier, own: str | None = None) -> None:
         _retention_pass(mgr, tier, own, aside=False)
 
 
+#: This job's committed versions numbered in commit order, the newest kept.
+COMMIT_ORDER_KEPT = 4096
+
+
+def note_commit(mgr: CheckpointManager, attempt: str) -> None:
+    """Number a version this job committed (retention's "newer", whatever the clocks say)."""
+    with mgr._retain_lock:
+        mgr._commit_order[attempt] = mgr._commits_noted
+        mgr._commits_noted += 1
+        while len(mgr._commit_order) > COMMIT_ORDER_KEPT:
+            del mgr._commit_order[next(iter(mgr._commit_order))]
+
+
+def _newer(order: dict[str, int], attempt: str, than: str) -> bool:
+    """Whether ``attempt`` was committed after ``than``.
+
+    By this job's commit order where it numbered both, else by the times in their ids (a
+    clock stepped back between two saves made a newer version look older: re-attack 29).
+    """
+    from portable_ckpt.format.naming import attempt_time
+
+    a, b = order.get(attempt), order.get(than)
+    if a is not None and b is not None:
+        return a > b
+    return (attempt_time(attempt) or 0.0) > (attempt_time(than) or 0.0)
+
+
 def _retain_aside(mgr: CheckpointManager, tier: Tier, own: str) -> None:
     """Queue a pass on the retention thread (the caller holds ``mgr._retain_lock``).
 
@@ -714,7 +742,6 @@ def _retention_pass(mgr: CheckpointManager, tier: Tier, own: str | None, *, asid
     version committed after ``own`` (queued saves): those are kept, whatever the policy says;
     a later pass decides them.
     """
-    from portable_ckpt.format.naming import attempt_time
     from portable_ckpt.io.gc import gc
 
     with mgr._retain_lock:  # a version being replicated is never deleted under the copy
@@ -726,6 +753,7 @@ def _retention_pass(mgr: CheckpointManager, tier: Tier, own: str | None, *, asid
         grouped = tier.layout is not None or mgr.replicate
         queued = grouped and mgr._saves_queued.get(tier.name, 0) > 0
         unhandled = mgr._handled.get(tier.name) if queued else None
+        order = dict(mgr._commit_order)
     try:
         cands = candidates_of(tier.storage)
         decisions = plan_retention(cands, tier.retention)
@@ -743,14 +771,11 @@ def _retention_pass(mgr: CheckpointManager, tier: Tier, own: str | None, *, asid
             # Said whether or not the policy keeps it (a rollback's branch is kept now): the
             # newer steps win the next restore (review of the change F13).
             _warn_below_newer(mgr, tier, d.step, restorable)
-        since = (attempt_time(own) or 0.0) if aside and own is not None else None
-        if since is None and unhandled is not None:
-            since = attempt_time(unhandled) or 0.0
+        pivot = own if aside and own is not None else unhandled
         for d in decisions:
             if d.delete and d.id in copying:
                 d.delete, d.reasons = False, ["being copied to the durable root"]
-            elif d.delete and since is not None and d.id != own and (
-                    attempt_time(d.id) or 0.0) > since:
+            elif d.delete and pivot is not None and d.id != own and _newer(order, d.id, pivot):
                 d.delete, d.reasons = False, ["newer than this pass's version (its "
                                               "verification or replication may be running "
                                               "or queued)"]

@@ -81,6 +81,7 @@ from portable_ckpt.torch._manager_post import (
     UNSTORABLE,
     after_failure,
     after_save,
+    note_commit,
     too_many_failures,
 )
 from portable_ckpt.torch._manager_restore import restore as _restore
@@ -313,6 +314,9 @@ class CheckpointManager:
         #: Tier -> the newest version whose post-save work began: the ones committed after it
         #: wait for their verification and copy, and retention keeps them until then.
         self._handled: dict[str, str] = {}
+        #: This job's committed versions in commit order (``_manager_post.note_commit``).
+        self._commit_order: dict[str, int] = {}
+        self._commits_noted = 0
         #: Held by each retention pass: passes of the two threads never overlap.
         self._pass_lock = threading.Lock()
         self._restored_at: float | None = None
@@ -495,10 +499,12 @@ class CheckpointManager:
             except CheckpointError as e:
                 after_failure(self, step, tier, decision, e, raised=True)
                 raise
+            note_commit(self, info.checkpoint_id)
         else:
             handle = self._pending = async_save(
                 full, tier.storage, mode=self.async_mode, exit_timeout=self.exit_timeout, **kwargs
             )
+            handle.committed.add_done_callback(self._note_commit)
             register_after_async_save()
         # Saved (sync) or staged (async; a later failure takes it out again): a Ctrl-C before
         # this point left it counted, and its save again was called a repeat (last review 4 F5).
@@ -523,6 +529,11 @@ class CheckpointManager:
                 fut.result()  # a preemption save is verified and replicated before the loop exits
             finally:
                 self._main_waiting -= 1
+
+    def _note_commit(self, fut: cf.Future[CheckpointInfo]) -> None:
+        """Number a committed async save (a done callback: failures are after_save's)."""
+        if not fut.cancelled() and fut.exception() is None:
+            note_commit(self, fut.result().checkpoint_id)
 
     def _settle_pending(self) -> None:
         """Wait for the in-flight async save (its failure was already reported)."""
