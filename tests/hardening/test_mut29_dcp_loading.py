@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.metadata import (  # noqa: E402
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem  # noqa: E402
 
 import portable_ckpt  # noqa: E402
-from portable_ckpt.errors import DistributedError, UnsupportedValueError  # noqa: E402
+from portable_ckpt.errors import DistributedError, JsonInvalidError, UnsupportedValueError  # noqa: E402
 from portable_ckpt.format.keys import MAX_KEY, dcp_items_value  # noqa: E402
 from portable_ckpt.format.manifest import Continuation  # noqa: E402
 from portable_ckpt.torch.dcp import (  # noqa: E402
@@ -205,3 +205,23 @@ def test_a_tensor_stored_in_several_chunks_loads_each_at_its_offset(tmp_path: Pa
     target = {"w": torch.zeros(8, 2)}
     dcp.load(target, storage_reader=PortableStorageReader(root), no_dist=True)
     assert target["w"].flatten().tolist() == [float(i) for i in range(16)]
+
+
+class _Refusing(DefaultLoadPlanner):
+    """A custom ``load_bytes`` that refuses the item with a checkpoint error of its own."""
+
+    def load_bytes(self, read_item: ReadItem, value: object) -> None:
+        raise JsonInvalidError("the planner's own refusal")
+
+
+def test_a_checkpoint_error_from_a_custom_load_bytes_is_raised_as_it_is(tmp_path: Path) -> None:
+    """Only other exceptions of a custom ``load_bytes`` are explained as a planner expecting
+    pickle; its checkpoint error keeps its class and code (mutant L110 wrapped it too)."""
+    root = str(tmp_path)
+    dcp.save({"w": torch.ones(1), "epoch": 3}, storage_writer=PortableStorageWriter(root, step=1),
+             no_dist=True)
+    with pytest.raises(BaseException) as ei:
+        dcp.load({"w": torch.zeros(1), "epoch": 0}, storage_reader=PortableStorageReader(root),
+                 planner=_Refusing(), no_dist=True)
+    err = _failure(ei.value)
+    assert type(err) is JsonInvalidError and str(err).endswith("the planner's own refusal"), err
