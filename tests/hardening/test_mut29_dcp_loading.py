@@ -225,3 +225,17 @@ def test_a_checkpoint_error_from_a_custom_load_bytes_is_raised_as_it_is(tmp_path
                  planner=_Refusing(), no_dist=True)
     err = _failure(ei.value)
     assert type(err) is JsonInvalidError and str(err).endswith("the planner's own refusal"), err
+
+
+def test_a_version_without_an_item_record_takes_positions_for_list_indices(
+    tmp_path: Path,
+) -> None:
+    """Without ``torch.dcp_items``, a container whose children are ``0..n-1`` is a list: the
+    object paths carry int positions, several children as one (mutant L76 kept them str, and
+    DCP would rebuild a dict ``{"0": ..., "1": ...}``)."""
+    root = str(tmp_path)
+    portable_ckpt.save_arrays(root, {"w": np.zeros(2, np.float32)}, step=1, entries={
+        "torch.values": {"g/0/lr": 1, "g/1/lr": 2, "g/1/m": 2, "h/0/x/0": 5}})
+    assert PortableStorageReader(root).read_metadata().planner_data == {
+        "w": ("w",), "g.0.lr": ("g", 0, "lr"), "g.1.lr": ("g", 1, "lr"),
+        "g.1.m": ("g", 1, "m"), "h.0.x": ("h", 0, "x")}
