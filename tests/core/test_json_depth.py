@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from portable_ckpt.errors import JsonInvalidError
 from portable_ckpt.format import jsonio
+from tests.hardening._util import json_depth
 
 _VALUES = st.recursive(
     st.one_of(st.integers(), st.booleans(), st.none(),
@@ -19,26 +20,18 @@ _VALUES = st.recursive(
         st.text(alphabet='k[]{}"\\', max_size=3), c, max_size=3)), max_leaves=40)
 
 
-def _walk(v: Any) -> int:
-    if isinstance(v, dict):
-        return 1 + max((_walk(x) for x in v.values()), default=0)
-    if isinstance(v, list):
-        return 1 + max((_walk(x) for x in v), default=0)
-    return 0
-
-
 @settings(max_examples=300, deadline=None)
 @given(_VALUES, st.sampled_from([None, 2]), st.sampled_from([1, 2, 5, 64, 1 << 20]))
 def test_text_depth_equals_the_parsed_depth(value: Any, indent: int | None, chunk: int) -> None:
     text = json.dumps(value, indent=indent, ensure_ascii=False).encode()
-    assert jsonio.text_depth(text, chunk=chunk) == _walk(value)
+    assert jsonio.text_depth(text, chunk=chunk) == json_depth(value)
 
 
 @pytest.mark.parametrize("depth", [jsonio.MAX_DEPTH, jsonio.MAX_DEPTH + 1])
 def test_depth_limit_on_the_text(depth: int) -> None:
     doc = b"[" * depth + b'"]]}{["' + b"]" * depth  # brackets inside a string do not count
     if depth <= jsonio.MAX_DEPTH:
-        assert _walk(jsonio.loads(doc, what="d")) == depth
+        assert json_depth(jsonio.loads(doc, what="d")) == depth
     else:
         with pytest.raises(JsonInvalidError, match="nesting deeper"):
             jsonio.loads(doc, what="d")
@@ -54,7 +47,7 @@ def test_depth_limit_of_mixed_brackets(depth: int, as_text: bool) -> None:
         doc = f'{{"k":{doc or 0}}}' if level % 2 else f"[{doc or 0}]"
     data: str | bytes = doc if as_text else doc.encode()
     if depth <= jsonio.MAX_DEPTH:
-        assert _walk(jsonio.loads(data, what="d")) == depth
+        assert json_depth(jsonio.loads(data, what="d")) == depth
     else:
         with pytest.raises(JsonInvalidError, match="nesting deeper"):
             jsonio.loads(data, what="d")

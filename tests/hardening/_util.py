@@ -21,6 +21,25 @@ from portable_ckpt.io.versions import latest, list_versions, load_manifest
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import Storage, open_storage
 
+
+def json_values(doc: Any) -> int:
+    """JSON values of a parsed document (containers and scalars; member names not)."""
+    if isinstance(doc, dict):
+        return 1 + sum(json_values(v) for v in doc.values())
+    if isinstance(doc, list):
+        return 1 + sum(json_values(v) for v in doc)
+    return 1
+
+
+def json_depth(doc: Any) -> int:
+    """Nesting depth of a parsed document (the top-level container counts 1; a scalar 0)."""
+    if isinstance(doc, dict):
+        return 1 + max((json_depth(v) for v in doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max((json_depth(v) for v in doc), default=0)
+    return 0
+
+
 #: Per-input time bound of the fuzz targets (seconds). Generous: a healthy rejection takes ms.
 PER_INPUT_SECONDS = 5.0
 #: Bound on the Python-heap peak (tracemalloc, numpy buffers included) of one fuzz input.

@@ -22,7 +22,7 @@ import portable_ckpt.format.dtypes
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.io.checksum import BlockHasher
 from tests.hardening._hand import HandTensor, Piece, edit_manifest, rle_frame, write_version
-from tests.hardening._util import cpu_bound, expect_code, memory_bound, time_bound
+from tests.hardening._util import cpu_bound, expect_code, json_values, memory_bound, time_bound
 
 #: Memory a small read may cost: the 16 MiB scratch window of the reader plus slack.
 SMALL_READ_BYTES = 40 << 20
@@ -769,15 +769,8 @@ def test_count_values_equals_the_parse(value: Any, indent: int | None, chunk: in
     """R-SEC-15: the count on the text equals the values json.loads builds, in any windows."""
     from portable_ckpt.format import jsonio
 
-    def count(v: Any) -> int:
-        if isinstance(v, dict):
-            return 1 + sum(count(x) for x in v.values())
-        if isinstance(v, list):
-            return 1 + sum(count(x) for x in v)
-        return 1
-
     text = json.dumps(value, indent=indent, ensure_ascii=False).encode()
-    assert jsonio.count_values(text, chunk=chunk) == count(value)
+    assert jsonio.count_values(text, chunk=chunk) == json_values(value)
 
 
 # -- items 14-16: conversion sources cost work and output bounded by their bytes -------------

@@ -15,6 +15,7 @@ import pytest
 
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.format import jsonio
+from tests.hardening._util import json_depth, json_values
 
 
 def _invalid(text: bytes | str, **kw: Any) -> CheckpointError:
@@ -92,22 +93,6 @@ def _texts() -> list[bytes]:
     return out
 
 
-def _values(doc: Any) -> int:
-    if isinstance(doc, dict):
-        return 1 + sum(_values(v) for v in doc.values())
-    if isinstance(doc, list):
-        return 1 + sum(_values(v) for v in doc)
-    return 1
-
-
-def _depth(doc: Any) -> int:
-    if isinstance(doc, dict):
-        return 1 + max((_depth(v) for v in doc.values()), default=0)
-    if isinstance(doc, list):
-        return 1 + max((_depth(v) for v in doc), default=0)
-    return 0
-
-
 @pytest.mark.parametrize("i", range(6))
 def test_text_scans_agree_with_the_document_at_every_window_size(i: int) -> None:
     """``count_values`` (R-SEC-15), ``text_depth`` (R-SEC-10) and ``tally`` count on the raw
@@ -117,7 +102,7 @@ def test_text_scans_agree_with_the_document_at_every_window_size(i: int) -> None
     across windows; an even backslash run taken as escaping the quote)."""
     text = _texts()[i]
     doc = json.loads(text)
-    values, depth = _values(doc), _depth(doc)
+    values, depth = json_values(doc), json_depth(doc)
     for chunk in range(1, len(text) + 2):
         assert jsonio.count_values(text, chunk=chunk) == values, chunk
         assert jsonio.text_depth(text, chunk=chunk) == depth, chunk

@@ -165,19 +165,23 @@ def loads(
         raise JsonInvalidError(
             f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", path=what
         )
+    # The counts below run on the bytes, made once (a bytearray or memoryview copied once, a
+    # str encoded once: each count made its own copy).
     if isinstance(data, str):
         try:
-            data.encode("utf-8")  # the counts below run on the bytes
+            raw = data.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate code point (not an escape)
             raise JsonInvalidError(
                 f"{what}: holds a code point UTF-8 cannot encode (U+{ord(data[exc.start]):04X} "
                 f"at character {exc.start}): no JSON text of a file can", path=what
             ) from None
+    else:
+        raw = bytes(data)
     depth: int | None = None  # measured on the text with the cost (not measured twice)
     if max_cost_per_byte is not None and len(data) * (
         _MOST_COST_PER_BYTE - max_cost_per_byte
     ) > COST_FLOOR:  # smaller texts cannot cost more
-        counts = tally(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+        counts = tally(raw)
         cost, budget = counts.cost(), max_cost_per_byte * len(data) + COST_FLOOR
         if cost > budget:
             raise JsonInvalidError(
@@ -192,7 +196,7 @@ def loads(
             )
         depth = counts.depth
     if max_nodes is not None and len(data) > 2 * max_nodes:  # smaller texts cannot hold more
-        nodes = count_values(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+        nodes = count_values(raw)
         if nodes > max_nodes:
             raise JsonInvalidError(
                 f"{what}: holds {nodes} JSON values, more than the limit of {max_nodes} "
@@ -201,7 +205,7 @@ def loads(
             )
     if isinstance(data, bytes | bytearray | memoryview):
         try:
-            text = bytes(data).decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise JsonInvalidError(
                 f"{what}: not UTF-8 ({exc.reason} at byte {exc.start})", path=what
@@ -226,7 +230,6 @@ def loads(
         raise JsonInvalidError(f"{what}: invalid JSON: {exc}", path=what) from None
     # On the text (numpy, ~100x faster than walking the parsed document; equal for valid JSON).
     if depth is None:
-        raw = text.encode("utf-8") if isinstance(data, str) else bytes(data)
         # Brackets anywhere (in strings too) bound the depth: a small record with a few needs
         # no scan (the numpy scan's fixed cost was half of parsing one; a listing parses all).
         opening = raw.count(b"[") + raw.count(b"{")
