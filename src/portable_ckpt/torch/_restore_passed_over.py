@@ -204,12 +204,23 @@ def say_passed_over(mgr: CheckpointManager, info: LoadInfo, tier_name: str) -> N
     from portable_ckpt.logs import log_event
 
     total = len(info.passed_over) + info.passed_over_more
-    lines = [
-        f"rank 0: restored step {info.step} ({info.checkpoint_id}) from the {tier_name} "
-        f"tier, passing over {total} newer version(s): the steps after step {info.step} are "
-        "trained again unless you stop the job and bring one back (docs/recovery.md; "
-        "LoadInfo.passed_over lists them)"
-    ]
+    head = (f"rank 0: restored step {info.step} ({info.checkpoint_id}) from the {tier_name} "
+            f"tier, passing over {total} newer version(s)")
+    if info.passed_over_more == 0 and all(r["reason"] == "uncommitted" for r in info.passed_over):
+        # Most often the last run was killed while committing a save: nothing was lost, and
+        # "trained again unless you bring one back" read as an incident (stop 27 review).
+        lines = [
+            f"{head} without a commit record: most often the last run was killed while "
+            "committing that save, and nothing needs doing (the steps after step "
+            f"{info.step} are trained again); only if the job's events name a commit of it "
+            "was its record lost, and recommit brings it back (docs/recovery.md; "
+            "LoadInfo.passed_over lists them)"
+        ]
+    else:
+        lines = [
+            f"{head}: the steps after step {info.step} are trained again unless you stop the "
+            "job and bring one back (docs/recovery.md; LoadInfo.passed_over lists them)"
+        ]
     for row in info.passed_over:
         tier = mgr.tiers.get(str(row["tier"]))
         code = f"[{row['code']}] " if row["code"] else ""
