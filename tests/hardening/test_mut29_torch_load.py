@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 import portable_ckpt  # noqa: E402
 import portable_ckpt.torch as pckt  # noqa: E402
 from portable_ckpt.errors import EntryMissingError, TensorMissingError, UsageError  # noqa: E402
+from portable_ckpt.torch._load_casts import CONVERT_BATCH_BYTES  # noqa: E402
 from portable_ckpt.torch.launch import run_group  # noqa: E402
-from portable_ckpt.torch.loading import CONVERT_BATCH_BYTES  # noqa: E402
 
 ROOT = str(Path(__file__).resolve().parents[2])
 

@@ -369,8 +369,8 @@ def test_a_fresh_optimizers_plain_state_dict_gets_its_state_keyed_by_int(tmp_pat
 def test_a_group_makes_only_tensors_stored_whole_below_an_empty_dict(tmp_path: Path) -> None:
     """Diff review D6: a sharded tensor below an empty dict (an FSDP2 EMA) was made whole on
     every rank of a group; there only tensors stored as one range are made."""
+    from portable_ckpt.torch._load_values import tensors_into_empty
     from portable_ckpt.torch.flatten import FlatState
-    from portable_ckpt.torch.loading import _tensors_into_empty
 
     portable_ckpt.save_arrays(tmp_path, {"e/tiled": np.ones((4, 4), np.float32),
                                          "e/whole": np.ones(3, np.float32)},
@@ -378,7 +378,7 @@ def test_a_group_makes_only_tensors_stored_whole_below_an_empty_dict(tmp_path: P
     ck = portable_ckpt.open(tmp_path)
     for whole, made in ((True, ["tiled", "whole"]), (False, ["whole"])):
         flat = FlatState(values={"e": {}})
-        grown = _tensors_into_empty(ck, flat, whole=whole)
+        grown = tensors_into_empty(ck, flat, whole=whole)
         assert sorted(grown["e"]) == made, (whole, grown)
 
 
@@ -396,7 +396,7 @@ def test_a_tie_among_the_views_of_one_flat_buffer(tmp_path: Path) -> None:
     """Last review L3: parameters that are views of one flat buffer (a contiguous parameter
     buffer, FSDP1's use_orig_params) plus one tie made the whole buffer one case (a mask of
     its size, quadratic time). Only the overlapping views are looked at together."""
-    from portable_ckpt.torch.loading import tied_targets
+    from portable_ckpt.torch._load_ties import tied_targets
 
     buf = torch.arange(4000.0)
     views = {f"p{i}": buf[i * 100:(i + 1) * 100] for i in range(40)}

@@ -153,7 +153,7 @@ def test_a_cast_that_keeps_every_value_loads(
 ) -> None:
     """Widening casts (float8 to float32 in fp8 recipes) load exactly: the check of a float8
     pair used to raise from torch.promote_types (attack review 3 F12)."""
-    from portable_ckpt.torch.loading import exact_cast
+    from portable_ckpt.torch._load_casts import exact_cast
 
     saved = torch.tensor(values, dtype=stored)
     pckt.save({"x": saved}, tmp_path, step=1)
@@ -168,9 +168,9 @@ def test_a_cast_that_keeps_every_value_loads(
 
 def test_a_value_that_rounds_to_the_largest_float8_loads() -> None:
     """What rounds to float8_e4m3fn's 448 (up to 464) is rounding, not overflow (D1)."""
-    from portable_ckpt.torch.loading import _Casts
+    from portable_ckpt.torch._load_casts import Casts
 
-    casts = _Casts(strict=False)
+    casts = Casts(strict=False)
     src = torch.tensor([460.0, -448.0, 1.0])
     casts.convert("x", src, src.to(torch.float8_e4m3fn))  # no refusal
 

@@ -62,10 +62,11 @@ from portable_ckpt.io.versions import latest
 from portable_ckpt.storage import Storage
 from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
 from portable_ckpt.torch._dcp_keys import JsonTree, dcp_fqn, json_leaves, portable_key
+from portable_ckpt.torch._load_casts import Casts, read_converted
 from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, split_key
 from portable_ckpt.torch.layout import Piece, group_mesh
-from portable_ckpt.torch.loading import _Casts, _contract, _read_converted
+from portable_ckpt.torch.loading import _contract
 
 __all__ = ["PortableLoadPlanner", "PortableStorageReader", "decode_item"]
 
@@ -671,7 +672,7 @@ class _TensorReads:
         self._bytes = 0
         # A cast that changes values (1e5 -> inf in float16) is refused as by load() (attack
         # review 4 A1: this path cast without a check).
-        self._casts = _Casts(strict=False)
+        self._casts = Casts(strict=False)
 
     def add(self, item: ReadItem) -> int:
         """Plan one item's box (read at the next flush); return the elements it fills."""
@@ -697,7 +698,7 @@ class _TensorReads:
         ck = self._view.ck
         if self._direct:
             ck.read_many(self._direct)
-        _read_converted(ck, self._converted, self._casts)
+        read_converted(ck, self._converted, self._casts)
         for item, dst in self._items:
             self._planner.commit_tensor(item, dst)
         self._items, self._direct, self._converted, self._bytes = [], [], [], 0
