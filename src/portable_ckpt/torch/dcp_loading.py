@@ -212,6 +212,11 @@ def _json_items(
     shape = KeyTrie(tensors)
     _refuse_nested_tensors(shape)
     vkeys = [k for k in values if len(k) <= MAX_KEY]  # longer: no DCP item
+    # An empty dict is a leaf of its own only in a version convert wrote from torch.save (it
+    # keeps {"scaler": {}} for the way back to torch.save); DCP's flattening makes no item of
+    # one outside an item, and an extra item sends dcp.load into its pre-2.4 key scheme:
+    # "Missing key ... optim" for the whole state (conv30 F1).
+    empty = {k for k in vkeys if type(values[k]) is dict and not values[k]}
     if recorded is not None and all(len(k) <= MAX_KEY for k in recorded):
         own: dict[str, DcpPath] = {}
         taken = KeyTrie()
@@ -220,7 +225,7 @@ def _json_items(
                 own[k] = p
                 taken.add(k)
         for leaf in vkeys:
-            if not taken.on_path(leaf) and not shape.below(leaf):
+            if not taken.on_path(leaf) and not shape.below(leaf) and leaf not in empty:
                 own[leaf] = tuple(split_key(leaf))
         items = {**entry_items, **own}
         tensor_paths = {k: recorded.get(k) or tuple(split_key(k)) for k in tensors}
@@ -242,7 +247,7 @@ def _json_items(
         depth, more = shape.reach(leaf)
         deepest_above = depth if more else depth - 1
         size = max(list_item_key(leaf).count("/") + 1, deepest_above + 1)
-        if size <= leaf.count("/") + 1:
+        if size < leaf.count("/") + 1 or (size == leaf.count("/") + 1 and leaf not in empty):
             value_items.setdefault(_leading(leaf, size), ())
     items = _disjoint({**entry_items, **value_items}, tensors, shape)
     return tree, *_guessed_paths(items, tensors, entry_items)
