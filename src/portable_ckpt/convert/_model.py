@@ -410,7 +410,8 @@ def infer_step(leaves: Iterable[tuple[str, Any]], path: str) -> tuple[int | None
     ``leaves`` are ``(name, value)`` pairs of the source's non-tensor values (names split on
     ``/`` or ``.``). The shallowest leaf named ``step`` (then ``global_step``) with a
     non-negative int value wins; several at that depth with different values say nothing.
-    Otherwise the last component of ``path`` is matched against ``step-N``-style names.
+    Otherwise the last component of ``path`` is matched against ``step-N``-style names, then,
+    for a file, the directory holding it (``checkpoint-500/model.safetensors``).
     """
     best: dict[str, tuple[int, set[int]]] = {}
     for name, value in leaves:
@@ -431,4 +432,11 @@ def infer_step(leaves: Iterable[tuple[str, Any]], path: str) -> tuple[int | None
     m = _STEP_DIR.search(base)
     if m:
         return int(m.group(1)), f"the source's name {base!r}"
+    # The Trainer's checkpoint-500/ (and DeepSpeed's global_step100/) name the step of the
+    # files they hold: the file alone gave step 0, its directory 500 (conv30 F2).
+    if os.path.isfile(path):
+        parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        m = _STEP_DIR.search(parent)
+        if m:
+            return int(m.group(1)), f"the name of the source's directory {parent!r}"
     return None, ""
