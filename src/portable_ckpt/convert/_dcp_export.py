@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_lost
+from portable_ckpt.convert.hf import HF_METADATA_ENTRY
 from portable_ckpt.errors import UsageError
 from portable_ckpt.torch.state import without_scheduler_class
 
@@ -186,12 +187,20 @@ def _mapped(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
             "--select the ones to keep"
         )
     tensors = {f: k for f, k in view.tensor_keys.items() if f not in view.ambiguous}
+    # An HF source's __metadata__ is the safetensors files', no part of the job's state (as for
+    # a mapped torch target): as items it gave dcp_to_torch_save an 'hf' key, and convert
+    # DCP -> HF refused it as a value with no place in safetensors (conv30 F3).
+    hf_meta = HF_METADATA_ENTRY + "/"
     values: dict[str, Callable[[], Any]] = {
         f: functools.partial(view.values.value, k)
         for f, k in view.byte_keys.items()
-        if f not in view.ambiguous
+        if f not in view.ambiguous and not k.startswith(hf_meta)
     }
-    paths = {f: tuple(p) for f, p in (view.metadata.planner_data or {}).items()}
+    paths = {
+        f: tuple(p)
+        for f, p in (view.metadata.planner_data or {}).items()
+        if f in tensors or f in values
+    }
     return _Items(tensors, values, paths), warnings
 
 

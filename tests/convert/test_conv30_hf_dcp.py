@@ -1,0 +1,50 @@
+"""Conversion review 30: Hugging Face safetensors -> DCP -> back.
+
+An HF source's ``__metadata__`` (``{"format": "pt"}``, kept as the entry
+``hf/safetensors_metadata``) was written to a DCP target as the byte items
+``hf.safetensors_metadata.format``: DCP -> HF then refused them as values with no place in
+safetensors (exit 1), and DCP's own ``dcp_to_torch_save`` gave a state dict with an ``hf`` key
+that ``load_state_dict`` refuses. A mapped torch target already leaves it out.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file, save_file
+from test_dcp import _assert_same_nested
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from portable_ckpt.convert import convert
+
+pytestmark = pytest.mark.torch
+
+
+def test_hf_to_dcp_holds_the_weights_only_and_comes_back_to_hf(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    weights = {
+        "model.embed.weight": torch.randn(5, 4),
+        "model.norm.weight": torch.randn(4).to(torch.bfloat16),
+        "lm_head.weight": torch.randn(5, 4),
+    }
+    (tmp_path / "hf").mkdir()
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+
+    out = tmp_path / "dcp"
+    convert(tmp_path / "hf", out, dst_format="dcp")
+    md = FileSystemReader(str(out)).read_metadata()
+    assert set(md.state_dict_metadata) == set(weights)
+    assert set(md.planner_data or {}) <= set(weights)
+    dcp_to_torch_save(str(out), str(tmp_path / "whole.pt"))
+    # exactly the weights' names: what a model's load_state_dict takes
+    _assert_same_nested(torch.load(tmp_path / "whole.pt", weights_only=True), weights)
+
+    back = tmp_path / "back"
+    rep = convert(out, back, dst_format="hf", trust_pickle=True, strict=True)
+    assert rep.warnings == []
+    _assert_same_nested(load_file(back / "model.safetensors"), weights)
