@@ -89,7 +89,12 @@ def _raw_header(path: str) -> tuple[bytes, int]:
                     f"{path}: header length {n} exceeds the file ({size} bytes): truncated file",
                     path=path,
                 )
-            raise ShardHeaderError(f"{path}: header length {n} is absurd (max {MAX_HEADER})", path=path)
+            # `--from hf` given a torch.save file is a user's slip, not a damaged download
+            hint = (": not a safetensors file (it starts as a zip, as a torch.save file does: "
+                    "pass --from torch)" if head[:4] == b"PK\x03\x04" else "")
+            raise ShardHeaderError(
+                f"{path}: header length {n} is absurd (max {MAX_HEADER}){hint}", path=path
+            )
         return os.pread(fd, n, 8), size
     finally:
         os.close(fd)
