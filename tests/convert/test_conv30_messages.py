@@ -24,3 +24,18 @@ def test_a_torch_save_file_given_as_hf_names_from_torch(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "[PCK-SHARD-HEADER]" in proc.stderr
     assert "not a safetensors file (it starts as a zip, as a torch.save file does: pass --from torch)" in proc.stderr
     assert not (tmp_path / "root").exists()
+
+
+def test_a_destination_named_as_a_file_needs_to_say_its_target(tmp_path: Path) -> None:
+    """``convert step-40.pt back.pt`` without ``--to torch`` made a directory ``back.pt`` holding
+    a portable root and exited 0: a pipeline's ``torch.load("back.pt")`` failed later."""
+    torch.save({"w": torch.ones(2)}, tmp_path / "step-40.pt")
+    for name in ("back.pt", "model.safetensors"):
+        proc = _cli("convert", str(tmp_path / "step-40.pt"), str(tmp_path / name))
+        assert proc.returncode == 2, proc.stderr
+        assert f"{tmp_path / name} is named as a file, but the target is a portable root" in proc.stderr
+        assert "pass --to torch" in proc.stderr and not (tmp_path / name).exists()
+    # said explicitly, a root of that name is made
+    proc = _cli("convert", str(tmp_path / "step-40.pt"), str(tmp_path / "back.pt"), "--to", "portable")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "back.pt").is_dir()

@@ -78,6 +78,10 @@ def _dtype(text: str) -> str:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
+#: Names of checkpoint files, which no one gives a portable root by mistake of intent.
+_FILE_NAMES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
 def _check(args: argparse.Namespace) -> str | None:
     """DST as the target format takes it (before anything is read)."""
     import os
@@ -85,6 +89,19 @@ def _check(args: argparse.Namespace) -> str | None:
     from portable_ckpt.convert._registry import url_problem
     from portable_ckpt.storage import local_path
 
+    if args.dst_format is None:  # no --to: a portable root, unless DST is named as a file
+        args.dst_format = "portable"
+        local = local_path(args.dst)
+        name = os.path.basename(os.path.normpath(args.dst)).lower()
+        if local is not None and not os.path.lexists(local) and name.endswith(_FILE_NAMES):
+            # `convert step-40.pt back.pt` (no --to torch) made a directory back.pt holding a
+            # root, exit 0, and a pipeline's torch.load(back.pt) failed later (conv30 F5)
+            return (
+                f"argument DST: {args.dst} is named as a file, but the target is a portable root "
+                "(a directory; --to defaults to portable): pass --to torch for a torch.save "
+                "file (--to hf for a directory of safetensors), or --to portable for a root of "
+                "that name"
+            )
     problem = url_problem(args.dst, args.dst_format, "destination")
     if problem:
         return f"argument DST: {problem}"
@@ -162,8 +179,8 @@ def register(subparsers: Any) -> None:
         help="source format (default: detected)",
     )
     p.add_argument(
-        "--to", dest="dst_format", choices=target_formats(), default="portable",
-        help="target format (default: portable)",
+        "--to", dest="dst_format", choices=target_formats(), default=None,
+        help="target format (default: portable; then a new DST named *.pt, *.bin, *.safetensors, ... is refused)",
     )
     _add_reading_options(p)
     _add_writing_options(p)
