@@ -39,3 +39,20 @@ def test_a_destination_named_as_a_file_needs_to_say_its_target(tmp_path: Path) -
     proc = _cli("convert", str(tmp_path / "step-40.pt"), str(tmp_path / "back.pt"), "--to", "portable")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "back.pt").is_dir()
+
+
+def test_a_wrong_from_names_the_format_the_source_is(tmp_path: Path) -> None:
+    """``--from dcp`` given a portable root said only that its ``.metadata`` is missing and "the
+    DCP checkpoint is incomplete", as for a damaged checkpoint."""
+    from portable_ckpt.convert import convert
+
+    torch.save({"w": torch.ones(2)}, tmp_path / "state.pt")
+    convert(tmp_path / "state.pt", tmp_path / "root")
+    root = str(tmp_path / "root")
+    proc = _cli("convert", root, str(tmp_path / "out"), "--from", "dcp", "--trust-pickle")
+    assert proc.returncode == 1 and "[PCK-FILE-MISSING]" in proc.stderr
+    assert f"({root} is a portable source: pass --from portable, or leave --from out)" in proc.stderr
+    proc = _cli("convert", root, str(tmp_path / "out"), "--from", "hf")
+    assert proc.returncode == 1
+    assert f"holds no .safetensors file ({root} is a portable source: pass --from portable" in proc.stderr
+    assert not (tmp_path / "out").exists()

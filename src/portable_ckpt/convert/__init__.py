@@ -611,6 +611,8 @@ def convert(
     try:
         report = _dispatch(s, d, source, target, options, tick)
     except CheckpointError as exc:
+        if src_format is not None and not exc.retryable and "--from" not in exc.message:
+            _name_detected_format(exc, s, source.name)
         _log.info("convert %s -> %s refused: %s", s, d, exc)  # the caller shows the error
         raise
     report.staging = swept
@@ -622,6 +624,21 @@ def convert(
         report.bytes / max(report.seconds, 1e-9) / (1 << 20),
     )
     return report
+
+
+def _name_detected_format(exc: CheckpointError, src: str, said: str) -> None:
+    """Add to ``exc`` the format ``src`` is detected as, where ``--from`` said another.
+
+    ``convert ROOT x --from dcp`` of a portable root said only that ``.metadata`` is missing and
+    "the DCP checkpoint is incomplete": a wrong ``--from`` read as a damaged source (conv30 F6).
+    """
+    try:
+        found = detect_format(src)
+    except CheckpointError:
+        return
+    if found != said:
+        exc.message += f" ({src} is a {found} source: pass --from {found}, or leave --from out)"
+        exc.args = (exc.message,)
 
 
 def _check_not_inside(src: str, dst: str) -> None:
