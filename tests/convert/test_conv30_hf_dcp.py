@@ -48,3 +48,21 @@ def test_hf_to_dcp_holds_the_weights_only_and_comes_back_to_hf(tmp_path: Path) -
     rep = convert(out, back, dst_format="hf", trust_pickle=True, strict=True)
     assert rep.warnings == []
     _assert_same_nested(load_file(back / "model.safetensors"), weights)
+
+
+def test_a_dcp_export_counts_the_entries_it_wrote_as_a_torch_export_does(tmp_path: Path) -> None:
+    """Conversion review 30, F10: the summary of a DCP export said "0 entries" while the
+    version's values and scheduler state were written as DCP items (read as "dropped")."""
+    import portable_ckpt.torch as pckt
+
+    w = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(w.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    state = {"model": w.state_dict(), "step": 7, "sched": sched}
+    pckt.save(state, tmp_path / "root", step=7, continuation="statistical")
+    to_dcp = convert(tmp_path / "root", tmp_path / "dcp", dst_format="dcp")
+    to_torch = convert(tmp_path / "root", tmp_path / "t.pt", dst_format="torch")
+    assert to_torch.entries >= 2  # the values and the scheduler
+    assert to_dcp.entries == to_torch.entries
+    md = FileSystemReader(str(tmp_path / "dcp")).read_metadata()
+    assert "step" in md.state_dict_metadata  # what is counted was written

@@ -109,12 +109,18 @@ def save_portable_as_torch(
             del state, tensors
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    entries = sum(
+    return WriteResult(len(ck.tensors), written, exported_entries(ck, options), warnings)
+
+
+def exported_entries(ck: Any, options: ConvertOptions) -> int:
+    """The entries an export to torch.save or DCP carries: the global ones (per-rank entries
+    have no place there), less an HF source's metadata where keys are mapped (it is the
+    safetensors files', not the job's)."""
+    return sum(
         1
         for n in ck.entries
         if ck.entries[n].scope == "global" and not (options.keys == "mapped" and n == HF_METADATA_ENTRY)
     )
-    return WriteResult(len(ck.tensors), written, entries, warnings)
 
 
 @contextlib.contextmanager

@@ -676,8 +676,11 @@ def write_target(
     src: Any, dst: str, options: ConvertOptions, progress: Callable[[int], None]
 ) -> WriteResult:
     """The registry's writer: :func:`write_dcp` with the conversion's options."""
+    from portable_ckpt.convert._torch_export import exported_entries
+
     n, nbytes, warnings = write_dcp(src, dst, progress=progress, options=options)
-    return WriteResult(n, nbytes, 0, warnings)
+    # Counted as the torch target counts them: "0 entries" read as the values dropped (conv30 F10)
+    return WriteResult(n, nbytes, exported_entries(src, options), warnings)
 
 
 def write_dcp(
