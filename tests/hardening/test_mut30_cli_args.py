@@ -67,3 +67,20 @@ def test_one_past_each_bound_is_refused(tmp_path: Path, capsys: pytest.CaptureFi
 def test_a_factory_of_a_dotted_module_is_accepted(tmp_path: Path) -> None:
     a = _parse(["drill", str(tmp_path), "--world-size", "1", "--factory", "pkg.mod_1:make_2"])
     assert a.factory == "pkg.mod_1:make_2"
+
+
+def test_record_unreadable_needs_a_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Mutant v02: ``--record-unreadable`` records a failed verification: with ``--no-record``
+    it can record nothing, a usage error (2) before anything is read, not a run that did not
+    do what was asked."""
+    import numpy as np
+
+    import portable_ckpt
+    from portable_ckpt.cli.main import main as cli_main
+
+    aid = portable_ckpt.save_arrays(tmp_path, {"w": np.arange(4.0)}, step=1).attempt_id
+    assert cli_main(["verify", str(tmp_path / aid), "--deep", "--no-record",
+                     "--record-unreadable"]) == 2
+    assert "--record-unreadable needs --deep (and a record: not --no-record)" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / aid / "verifications").exists()

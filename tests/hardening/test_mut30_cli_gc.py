@@ -58,3 +58,15 @@ def test_dry_run_says_would_delete_and_deletes_nothing(
     assert cli_main(["gc", str(tmp_path), "--keep", "1"]) == 0
     assert f"deleted  {old}" in capsys.readouterr().out
     assert [p.name for p in tmp_path.iterdir()] == [new]
+
+
+def test_require_copy_without_any_copy_is_1_not_retry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant k17: versions kept for want of a copy when no destination was even asked (no
+    copy exists): waiting mends nothing, a copy must be made: 1, not 75."""
+    old, new = _save(tmp_path, 1), _save(tmp_path, 2)
+    assert cli_main(["gc", str(tmp_path), "--keep", "1", "--require-copy"]) == 1
+    err = capsys.readouterr().err
+    assert "kept for want of a verified copy: no destination holds a copy" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([old, new])

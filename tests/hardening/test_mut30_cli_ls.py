@@ -65,3 +65,71 @@ def test_ls_is_no_success_when_the_pins_cannot_be_read(tmp_path: Path) -> None:
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert "the pins could not be read (any version may be pinned)" in p.stderr, p.stderr
     assert aid in p.stdout
+
+
+def test_inspect_step_and_json_show_what_was_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutants k23, k24: ``inspect --step`` was not passed on (the latest was shown), and
+    ``--json`` without ``--ranges`` listed every range and block checksum."""
+    first = _version(tmp_path, step=1)
+    _version(tmp_path, step=2)
+    assert cli_main(["inspect", str(tmp_path), "--step", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"version     {tmp_path / first}\nstep        1\n" in out, out
+    assert cli_main(["inspect", str(tmp_path / first), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tensors"]["w"]["ranges"] == 1
+    assert all("blocks" not in f["checksum"] for f in doc["files"].values())
+    assert cli_main(["inspect", str(tmp_path / first), "--json", "--ranges"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["tensors"]["w"]["ranges"]) == 1
+    assert all("blocks" in f["checksum"] for f in doc["files"].values())
+
+
+def test_an_uncommitted_attempt_of_the_committed_step_is_not_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant t01: ``ls`` names attempts without a record *above* every committed step (a
+    newer step may be brought back); one of the committed step itself is a save of a step
+    already restorable and was named with a recommit to run."""
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    _version(tmp_path, step=2)
+    storage = open_storage(tmp_path)
+    for step in (2, 3):
+        w = ShardWriter(storage, new_attempt_id(step), 0)
+        w.add_tensor("w", np.ones(4, np.float32))
+        w.finish()  # every writer's index, no commit record
+    assert cli_main(["ls", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    named = [line for line in err.splitlines() if "no commit record, but every writer's index" in line]
+    assert len(named) == 1 and named[0].startswith("portable-ckpt: s000000000003-"), err
+
+
+def test_the_newest_three_uncommitted_attempts_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutants t02, t04: of the attempts without a record above the committed steps, the
+    newest three are named (each costs a listing); a version whose record was lost is named
+    once, as invalid with its code, not again as a save cut short."""
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    _version(tmp_path, step=1)
+    lost = _version(tmp_path, step=7)  # the newest attempt
+    storage = open_storage(tmp_path)
+    write_verification_record(storage, lost, ok=True, mode="sample", fraction=0.5, chunks=1)
+    (tmp_path / lost / "manifest.json").unlink()  # committed, then its record was lost
+    for step in (3, 4, 5, 6):
+        w = ShardWriter(storage, new_attempt_id(step), 0)
+        w.add_tensor("w", np.ones(4, np.float32))
+        w.finish()
+    assert cli_main(["ls", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    named = [line.split(":")[1].strip()[:13] for line in err.splitlines()
+             if "no commit record, but every writer's index" in line]
+    assert named == ["s000000000004", "s000000000005", "s000000000006"], err
+    assert f"portable-ckpt: {lost}: invalid: " in err

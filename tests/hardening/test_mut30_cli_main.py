@@ -139,3 +139,24 @@ def test_quiet_hides_the_librarys_warnings(tmp_path: Path, capsys: pytest.Captur
     assert cli_main(["inspect", str(tmp_path), "-q"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and "step        1" in out
+
+
+def test_verify_all_with_damage_and_a_storage_error_is_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant v04: ``verify --all`` that found a damaged version (1) and a record the store
+    did not answer for (75) exited 75, "retry": damage needs a person whatever else passed."""
+    from portable_ckpt.storage.faults import Fault
+    from tests.core.test_exit_classes import _scheme
+
+    damaged = portable_ckpt.save_arrays(tmp_path, {"w": np.arange(64.0)}, step=1).attempt_id
+    unread = portable_ckpt.save_arrays(tmp_path, {"w": np.arange(64.0)}, step=2).attempt_id
+    [data] = (tmp_path / damaged / "data").iterdir()
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    scheme = _scheme([Fault(op="list", path=f"{unread}/verifications/*", error="EIO")])
+    code = cli_main(["verify", f"{scheme}://{tmp_path}", "--all", "--deep", "--no-record", "-q"])
+    out, err = capsys.readouterr()
+    assert code == 1, (code, out, err)
+    assert "PCK-CHECKSUM" in out + err
