@@ -160,3 +160,38 @@ def test_verify_all_with_damage_and_a_storage_error_is_1(
     out, err = capsys.readouterr()
     assert code == 1, (code, out, err)
     assert "PCK-CHECKSUM" in out + err
+
+
+def test_verify_all_whose_only_problem_may_pass_is_75(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant v05: ``verify --all`` whose only problem is a store that did not answer (a
+    version's records unread) is 75, retry; it was 1, which pages for damage."""
+    from portable_ckpt.storage.faults import Fault
+    from tests.core.test_exit_classes import _scheme
+
+    portable_ckpt.save_arrays(tmp_path, {"w": np.arange(64.0)}, step=1)
+    unread = portable_ckpt.save_arrays(tmp_path, {"w": np.arange(64.0)}, step=2).attempt_id
+    scheme = _scheme([Fault(op="list", path=f"{unread}/verifications/*", error="EIO")])
+    code = cli_main(["verify", f"{scheme}://{tmp_path}", "--all", "--deep", "--no-record", "-q"])
+    out, err = capsys.readouterr()
+    assert code == 75, (code, out, err)
+
+
+def test_verify_all_of_a_version_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant v03: ``--all`` verifies every version of a root; given one version it is exit 2."""
+    aid = portable_ckpt.save_arrays(tmp_path, {"w": np.arange(4.0)}, step=1).attempt_id
+    assert cli_main(["verify", str(tmp_path / aid), "--all"]) == 2
+    assert "--all verifies every committed version of a root" in capsys.readouterr().err
+
+
+def test_pin_records_who_pinned_as_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Mutant p01: ``pin --by`` was ignored and user@host recorded instead."""
+    aid = portable_ckpt.save_arrays(tmp_path, {"w": np.arange(4.0)}, step=1).attempt_id
+    assert cli_main(["pin", str(tmp_path / aid), "--by", "oncall-bot", "--reason", "incident 7",
+                     "--json"]) == 0
+    rel = json.loads(capsys.readouterr().out)["pin"]
+    rec = json.loads((tmp_path / rel).read_text())
+    assert (rec["by"], rec["reason"], rec["attempt_id"]) == ("oncall-bot", "incident 7", aid)
