@@ -247,3 +247,18 @@ def test_a_relative_destination_is_recorded_as_an_absolute_url(
     [info] = portable_ckpt.list_versions(tmp_path / "src")
     assert [c["destination"] for c in info.copies] == [f"file://{tmp_path}/backup"]
     assert (tmp_path / "backup" / aid / "manifest.json").is_file()
+
+
+def test_json_names_why_the_copy_record_was_not_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant x45: ``copy --json`` whose record could not be written lost ``record_error``
+    from its document: the one field that says why ``gc --require-copy`` sees no copy."""
+    from portable_ckpt.storage.faults import Fault
+    from tests.core.test_exit_classes import _scheme
+
+    _version(tmp_path / "src")
+    scheme = _scheme([Fault(op="create", path="*/copies/*", error="EIO")])
+    assert cli_main(["copy", f"{scheme}://{tmp_path}/src", str(tmp_path / "dst"), "--json"]) == 75
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["record"] is None and "Input/output error" in doc["record_error"], doc

@@ -133,3 +133,20 @@ def test_the_newest_three_uncommitted_attempts_are_named(
              if "no commit record, but every writer's index" in line]
     assert named == ["s000000000004", "s000000000005", "s000000000006"], err
     assert f"portable-ckpt: {lost}: invalid: " in err
+
+
+def test_latest_with_only_uncommitted_attempts_is_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mutant k31: attempts without a commit record are no versions: with nothing else, ``ls
+    --latest`` is 1 ("none: start afresh"); counted as versions that failed verification it
+    said 69 and a job never started."""
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    w = ShardWriter(open_storage(tmp_path, create=True), new_attempt_id(1), 0)
+    w.add_tensor("w", np.ones(4, np.float32))
+    w.finish()  # a first save cut short before its commit
+    assert cli_main(["ls", str(tmp_path), "--latest"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "PCK-NOT-FOUND" in err and "failed verification" not in err
