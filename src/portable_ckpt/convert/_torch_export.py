@@ -113,9 +113,11 @@ def save_portable_as_torch(
 
 
 def exported_entries(ck: Any, options: ConvertOptions) -> int:
-    """The entries an export to torch.save or DCP carries: the global ones (per-rank entries
-    have no place there), less an HF source's metadata where keys are mapped (it is the
-    safetensors files', not the job's)."""
+    """The entries an export to torch.save or DCP carries.
+
+    The global ones (per-rank entries have no place there), less an HF source's metadata where
+    keys are mapped (it is the safetensors files', not the job's).
+    """
     return sum(
         1
         for n in ck.entries
