@@ -188,6 +188,11 @@ def _children(node: Any) -> list[tuple[str | int, Any, Any]] | None:
     if isinstance(node, dict):
         return [(json_key(k), v, k) for k, v in node.items()]
     if isinstance(node, Call) and isinstance(node.func, Global) and node.func.qualname in DICT_CTORS:
+        if node.args:
+            # OrderedDict(pairs): the items are in the constructor's arguments (a custom
+            # __reduce__), not SETITEMS; read as no items, a top-level one converted to an
+            # empty version while torch.load gives them all (mutation audit 30)
+            raise NotJsonError(f"a {node.func.qualname} built from constructor arguments")
         return [(json_key(k), v, k) for k, v in node.setitems]
     if isinstance(node, list | tuple):
         return [(i, v, i) for i, v in enumerate(node)]
