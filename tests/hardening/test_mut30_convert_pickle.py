@@ -110,3 +110,29 @@ def test_an_int_dict_key_is_bounded_by_its_bits() -> None:
     assert len(scan_pickle(pickle.dumps({most: 1}, protocol=2))) == 1
     with pytest.raises(PickleScanError, match="integer dict key"):
         scan_pickle(pickle.dumps({most + 1: 1}, protocol=2))
+
+
+def test_protocol_0_bools_scan_as_bools() -> None:
+    """Protocols 0 and 1 write ``True``/``False`` as ``INT`` with the arguments ``01``/``00``;
+    they scan as bools, not as the ints 1 and 0 (equal to them, so a value comparison misses
+    it: mutant P33 turned a JSON ``true`` into ``1``)."""
+    import pickle
+
+    for protocol in (0, 1):
+        out = scan_pickle(pickle.dumps([True, False, 1], protocol=protocol))
+        assert [type(v) for v in out] == [bool, bool, int]
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        # NEWOBJ_EX of a list and a dict (mutant P38 built the record)
+        (b"\x80\x04\x8c\x08builtins\x8c\x06object\x93]}\x92.", "NEWOBJ_EX arguments"),
+        # BUILD on a list (mutant P39 dropped the state and went on)
+        (b"\x80\x02]}b.", "BUILD on a non-object"),
+    ],
+    ids=["newobj-ex-of-a-list", "build-on-a-list"],
+)
+def test_object_opcodes_on_the_wrong_operands_are_refused(data: bytes, says: str) -> None:
+    with pytest.raises(PickleScanError, match=says):
+        scan_pickle(data)
