@@ -133,3 +133,29 @@ def test_an_empty_tensor_converts_with_its_shape(tmp_path: Path) -> None:
     ck = portable_ckpt.open(str(tmp_path / "root"))
     assert ck.tensors["e"].shape == (0, 3) and ck.tensors["e"].dtype == "bfloat16"
     assert ck.read("e").shape == (0, 3) and ck.read("w").tolist() == [1.5, -2.0]
+
+
+def _portable(tmp_path: Path, arrays: dict[str, Any]) -> Path:
+    root = tmp_path / "root"
+    portable_ckpt.save_arrays(str(root), arrays, step=1)
+    return root
+
+
+def test_an_export_cast_changes_float_tensors_only(tmp_path: Path) -> None:
+    """``dtype=`` casts the floating tensors of an export; integer tensors keep their dtype
+    (mutant V02 cast the int64 tensor to bfloat16 too)."""
+    root = _portable(tmp_path, {"w": np.ones(2, np.float32), "n": np.arange(3, dtype=np.int64)})
+    convert(str(root), str(tmp_path / "hf"), dst_format="hf", dtype="bfloat16")
+    raw = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])
+    assert header["w"]["dtype"] == "BF16" and header["n"]["dtype"] == "I64"
+
+
+def test_two_keys_that_strip_to_one_name_are_a_usage_error(tmp_path: Path) -> None:
+    """``strip_prefix`` that makes two keys one name is refused naming both (mutant V04 let the
+    second overwrite the first)."""
+    root = _portable(tmp_path, {"model.w": np.ones(2, np.float32), "w": np.zeros(2, np.float32)})
+    with pytest.raises(CheckpointError) as ei:
+        convert(str(root), str(tmp_path / "hf"), dst_format="hf", strip_prefix="model.")
+    assert ei.value.code == "PCK-USAGE" and "model.w" in str(ei.value)
+    assert not (tmp_path / "hf").exists()
