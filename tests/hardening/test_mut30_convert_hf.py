@@ -159,3 +159,24 @@ def test_two_keys_that_strip_to_one_name_are_a_usage_error(tmp_path: Path) -> No
         convert(str(root), str(tmp_path / "hf"), dst_format="hf", strip_prefix="model.")
     assert ei.value.code == "PCK-USAGE" and "model.w" in str(ei.value)
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "patterns"),
+    [("torch", ["nope*"]), ("hf", ["W"])],
+    ids=["torch-target-nothing-selected", "patterns-are-case-sensitive"],
+)
+def test_a_select_that_matches_no_key_is_a_usage_error(
+    tmp_path: Path, fmt: str, patterns: list[str]
+) -> None:
+    """``select`` patterns match keys case-sensitively, and patterns that match no key are a
+    usage error before anything is written, whatever the target (mutant V05 wrote an empty
+    torch.save file; V06 matched ``W`` to ``w``)."""
+    if fmt == "torch":
+        pytest.importorskip("torch")
+    root = _portable(tmp_path, {"w": np.ones(2, np.float32)})
+    dst = tmp_path / ("out.pt" if fmt == "torch" else "hf")
+    with pytest.raises(CheckpointError) as ei:
+        convert(str(root), str(dst), dst_format=fmt, select=patterns)
+    assert ei.value.code == "PCK-USAGE" and patterns[0] in str(ei.value)
+    assert not dst.exists()
