@@ -180,3 +180,28 @@ def test_a_select_that_matches_no_key_is_a_usage_error(
         convert(str(root), str(dst), dst_format=fmt, select=patterns)
     assert ei.value.code == "PCK-USAGE" and patterns[0] in str(ei.value)
     assert not dst.exists()
+
+
+def test_a_torch_export_of_an_hf_source_holds_its_tensors_only(tmp_path: Path) -> None:
+    """The safetensors ``__metadata__`` an HF source leaves describes its files: a mapped torch
+    export does not write it into the state, which ``load_state_dict`` would refuse as an
+    unexpected key (mutant E03 wrote it)."""
+    torch = pytest.importorskip("torch")
+    src = _st(tmp_path / "model.safetensors", {"w": _W, "__metadata__": {"format": "pt"}}, _DATA)
+    convert(str(src), str(tmp_path / "root"))
+    convert(str(tmp_path / "root"), str(tmp_path / "out.pt"), dst_format="torch")
+    state = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert list(state) == ["w"] and state["w"].tolist() == [1.5, -2.0]
+
+
+def test_a_dcp_export_lists_a_tensor_of_no_elements(tmp_path: Path) -> None:
+    """A tensor of no elements is written to DCP as one empty chunk, so that ``.metadata``
+    gives its shape (mutant E01 wrote no chunk, and the tensor was missing from it)."""
+    pytest.importorskip("torch")
+    from portable_ckpt.convert._dcp_meta import DcpTensor, read_dcp_metadata
+
+    root = _portable(tmp_path, {"e": np.zeros((0, 3), np.float32), "w": np.ones(2, np.float32)})
+    convert(str(root), str(tmp_path / "dcp"), dst_format="dcp", keys="verbatim")
+    md = read_dcp_metadata(str(tmp_path / "dcp" / ".metadata"))
+    e = md.state_dict_metadata["e"]
+    assert isinstance(e, DcpTensor) and e.size == (0, 3) and e.dtype == "float32"
