@@ -286,7 +286,7 @@ def copy_failed(mgr: CheckpointManager, attempt: str, step: int, e: CheckpointEr
     Counted towards ``max_failed_saves``, kept for ``wait()``, said on stderr and sent as a
     ``replicate`` event (rank 0), like any durable save that failed.
     """
-    mgr.last_error, mgr._last_error_fast = e, False
+    mgr.last_error = e
     durable_failed(mgr, step)
     if mgr.rank == 0:
         if not mgr._exiting:
@@ -348,7 +348,6 @@ def replicate_nodes(
             f"replication of {attempt} to {durable.root} failed on rank {out.failed_rank}: "
             f"[{out.code}] {out.message}"
         )
-        mgr._last_error_fast = False
     if mgr.rank != 0:
         return
     fields: dict[str, Any] = {"tier": "durable", "checkpoint_id": attempt, "ok": out.ok}
@@ -388,7 +387,6 @@ def after_failure(
     mgr._saved_steps.discard(step)  # not saved: saving it again is no repeat
     if not raised:  # a synchronous save's error reached the caller already
         mgr.last_error = e
-        mgr._last_error_fast = decision.tier != "durable"
     if decision.tier == "durable":
         durable_failed(mgr, step)
     if isinstance(e, UnsupportedValueError) and not raised:
@@ -448,7 +446,7 @@ def durable_ok(mgr: CheckpointManager) -> None:
     the fast tier, async review F16 for an earlier durable failure).
     """
     mgr._failed_saves, mgr._failed_steps = 0, []
-    mgr.last_error, mgr._last_error_fast = None, False
+    mgr.last_error = None
     mgr._last_raised = None  # a later stop names a failure after this commit, not before it
 
 
@@ -607,7 +605,7 @@ def replicate(mgr: CheckpointManager, tier: Tier, attempt: str, step: int) -> No
         try:
             res = f.result()
         except BaseException as e:
-            mgr.last_error, mgr._last_error_fast = e, False
+            mgr.last_error = e
             durable_failed(mgr, step)
             say(
                 f"rank 0: the copy of {attempt} to the durable root {durable.root} FAILED "

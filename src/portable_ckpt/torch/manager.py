@@ -280,7 +280,6 @@ class CheckpointManager:
         self.last_error: BaseException | None = None
         #: The failure wait() raised last (a stop after max_failed_saves names it: notebook F7).
         self._last_raised: BaseException | None = None
-        self._last_error_fast = False  # last_error is a fast-tier failure (see durable_ok)
         self._failed_saves = 0  # failed saves in a row seen by this rank (reset by a commit)
         self._failed_steps: list[int] = []
         self._agreed_failed_saves = 0  # the most any rank had seen at the last agreement
