@@ -351,7 +351,9 @@ class ShardWriter:
         offs = (0,) * array.ndim if offsets is None else tuple(int(o) for o in offsets)
         entry = self.declare_tensor(key, name, gshape)
         box = Box(offs, tuple(int(n) for n in array.shape))
-        if len(offs) != len(gshape) or not box.within(gshape):
+        # The array's rank too: ``Box.within`` zips the lengths with the offsets strictly,
+        # and its ValueError is no checkpoint error.
+        if len(offs) != len(gshape) or array.ndim != len(gshape) or not box.within(gshape):
             raise RangeBoundsError(
                 f"tensor {key!r}: chunk at offsets {list(offs)} with shape {list(array.shape)} does "
                 f"not fit the global shape {list(gshape)}"
