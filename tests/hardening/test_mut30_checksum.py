@@ -72,3 +72,14 @@ def test_verify_file_reports_a_file_longer_than_its_record(tmp_path: Path) -> No
         f.write(b"\0" * 3)
     with pytest.raises(FileSizeError, match="extended"):
         verify_file(storage, path, rec)
+
+
+def test_a_one_byte_verified_read_is_read(tmp_path: Path) -> None:
+    """Only an empty span is answered without a read. Mutant K13 (``hi == lo + 1``): a
+    one-byte read returned without filling its buffer (zeros instead of the file's byte)."""
+    storage, path, rec = _shard(tmp_path)
+    raw = (tmp_path / path).read_bytes()
+    for lo in (0, 7, rec.size - 1):
+        buf = bytearray(b"\xa5")
+        read_verified(storage, path, rec, lo, lo + 1, memoryview(buf))
+        assert buf == raw[lo : lo + 1], lo

@@ -305,3 +305,17 @@ def test_the_writer_process_commit_checks_the_expected_writers(tmp_path: Path) -
     }, [])
     assert (reply["ok"], reply["code"]) == (False, "PCK-WRITER-MISSING"), reply
     assert not (tmp_path / attempt / "manifest.json").exists()
+
+
+def test_the_shard_headers_are_checked_by_default_at_65536_records(tmp_path: Path) -> None:
+    """``check_headers`` defaults to checking "when the version has at most 65,536 range
+    records". Mutant C31 (``<``): a version of exactly 65,536 records was published with no
+    shard header read. The version of ``test_r_table``'s threshold test (one uint8 tensor)."""
+    from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
+
+    from ..rules.test_r_table import _many_records
+
+    storage, attempt, idx, _ = _many_records(tmp_path, TABLE_THRESHOLD)
+    m = commit(storage, attempt, step=1, indexes=[idx])
+    assert m.report.ranges == TABLE_THRESHOLD
+    assert "headers" in m.report.checks
