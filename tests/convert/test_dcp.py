@@ -525,7 +525,8 @@ def test_items_whose_bytes_overlap_are_refused(tmp_path: Path, monkeypatch: pyte
     assert str(src / ".metadata") in str(ei.value) and parses == []
 
 
-def test_a_chunk_zip_of_many_members_is_refused(tmp_path: Path) -> None:
+def dcp_chunk_of_members(tmp_path: Path, members: int) -> Path:
+    """The one-process DCP source with ``model.a``'s chunk a ``torch.save`` zip of ``members``."""
     import io
     import zipfile
 
@@ -537,7 +538,7 @@ def test_a_chunk_zip_of_many_members_is_refused(tmp_path: Path) -> None:
     with zipfile.ZipFile(fat, "w", zipfile.ZIP_STORED) as z:
         for info in real.infolist():
             z.writestr(info, real.read(info))
-        for k in range(500):  # every parse of the chunk read the whole central directory
+        for k in range(members - len(real.infolist())):
             z.writestr(f"archive/pad/{k}", b"")
     (src / "__1_0.distcp").write_bytes(fat.getvalue())
 
@@ -546,6 +547,12 @@ def test_a_chunk_zip_of_many_members_is_refused(tmp_path: Path) -> None:
         a.relative_path, a.offset, a.length = "__1_0.distcp", 0, len(fat.getvalue())
 
     _rewrite_metadata(src, point)
+    return src
+
+
+def test_a_chunk_zip_of_many_members_is_refused(tmp_path: Path) -> None:
+    # every parse of the chunk read the whole central directory
+    src = dcp_chunk_of_members(tmp_path, 500)
     with pytest.raises(CheckpointError) as ei:
         convert(src, tmp_path / "out", trust_pickle=True)
     assert ei.value.code == "PCK-SHARD-HEADER" and "members" in str(ei.value)

@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.format import jsonio
-from portable_ckpt.format.manifest import Checksum, Continuation, FileRecord, Mesh, WriterIndex
-from portable_ckpt.io.checksum import BlockHasher
+from portable_ckpt.format.manifest import Continuation, Mesh, WriterIndex
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import LocalStorage, open_storage
 from portable_ckpt.storage.base import Storage
 
-from ..rules._util import expect_code, shard_header
+from ..rules._util import expect_code, rename_shard_member
 
 
 def _two_writers(root: Path, *, tables: bool, dtype1: type = np.float32,
@@ -146,17 +143,8 @@ def _renamed_range(root: Path, writer: int = 0, attempt: str | None = None) -> t
     sw.add_tensor("w", np.arange(4, dtype=np.float32).reshape(2, 2))
     idx = sw.finish()
     (rel,) = idx.files
-    path = root / attempt / rel
-    _, header, data = shard_header(path)
-    header["w-first"] = header.pop("w@0,0")
-    body = jsonio.dumps(header)
-    body += b" " * (-(len(body) + 8) % 8)
-    raw = struct.pack("<Q", len(body)) + body + data
-    path.write_bytes(raw)
-    bs = idx.files[rel].checksum.block_size
-    h = BlockHasher(bs)
-    h.update(raw)
-    idx.files[rel] = FileRecord(rel, len(raw), Checksum("crc32c", bs, h.blocks()))
+    idx.files[rel] = rename_shard_member(root / attempt / rel, rel, "w@0,0", "w-first",
+                                         idx.files[rel].checksum.block_size)
     t = idx.tensors["w"]
     t.ranges[:] = [dataclasses.replace(t.ranges[0], name="w-first")]
     return storage, attempt, idx

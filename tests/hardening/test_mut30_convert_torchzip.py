@@ -27,7 +27,7 @@ from tests.convert.test_source_integrity import _flip, _member_data, _refused  #
 
 # test_dcp imports its neighbours by bare name, as tests/convert/conftest.py arranges there
 sys.path.insert(0, str(Path(__file__).parents[1] / "convert"))
-from tests.convert.test_dcp import _rewrite_metadata, _single_rank_dcp  # noqa: E402
+from tests.convert.test_dcp import dcp_chunk_of_members  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -247,30 +247,6 @@ def test_a_data_pkl_below_the_archive_folder_is_no_torch_save_file(tmp_path: Pat
     assert "without a single data.pkl" in err.message
 
 
-def _dcp_chunk_of_members(tmp_path: Path, members: int) -> Path:
-    """The one-process DCP source with ``model.a``'s chunk a ``torch.save`` zip of ``members``."""
-    import io
-
-    src = _single_rank_dcp(tmp_path / "src")
-    buf = io.BytesIO()
-    torch.save(torch.arange(8, dtype=torch.float32), buf)
-    real = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
-    fat = io.BytesIO()
-    with zipfile.ZipFile(fat, "w", zipfile.ZIP_STORED) as z:
-        for info in real.infolist():
-            z.writestr(info, real.read(info))
-        for k in range(members - len(real.infolist())):
-            z.writestr(f"archive/pad/{k}", b"")
-    (src / "__1_0.distcp").write_bytes(fat.getvalue())
-
-    def point(md: Any) -> None:
-        a = next(v for k, v in md.storage_data.items() if k.fqn == "model.a")
-        a.relative_path, a.offset, a.length = "__1_0.distcp", 0, len(fat.getvalue())
-
-    _rewrite_metadata(src, point)
-    return src
-
-
 def test_a_dcp_chunk_zip_of_the_member_limit_converts_and_one_more_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -278,11 +254,11 @@ def test_a_dcp_chunk_zip_of_the_member_limit_converts_and_one_more_is_refused(
     Z17 read one more)."""
     from portable_ckpt.convert._torchzip import MAX_ITEM_MEMBERS
 
-    ok = _dcp_chunk_of_members(tmp_path / "ok", MAX_ITEM_MEMBERS)
+    ok = dcp_chunk_of_members(tmp_path / "ok", MAX_ITEM_MEMBERS)
     convert(ok, tmp_path / "ok" / "out", trust_pickle=True)
     got = portable_ckpt.open(tmp_path / "ok" / "out").read("model/a")
     assert got.tolist() == list(range(8))
-    bad = _dcp_chunk_of_members(tmp_path / "bad", MAX_ITEM_MEMBERS + 1)
+    bad = dcp_chunk_of_members(tmp_path / "bad", MAX_ITEM_MEMBERS + 1)
     with pytest.raises(CheckpointError) as ei:
         convert(bad, tmp_path / "bad" / "out", trust_pickle=True)
     assert ei.value.code == "PCK-SHARD-HEADER"

@@ -17,7 +17,11 @@ import portable_ckpt
 import portable_ckpt.io.gc as gc_module
 import portable_ckpt.torch._manager_post as post
 from tests._corrupt import flip_byte
-from tests.manager.test_retention_owed import _first_save_then_hold
+from tests.manager.test_retention_owed import (
+    _copy_of_step_2_ended_then_hold,
+    _first_save_then_hold,
+    _until_the_copies_ended,
+)
 
 torch = pytest.importorskip("torch")
 pckt = pytest.importorskip("portable_ckpt.torch")
@@ -146,14 +150,9 @@ def test_the_durable_roots_pass_runs_beside_the_thread_while_fast_saves_queue(
 
         mgr.telemetry.emit = emit  # type: ignore[method-assign]
         gate = _first_save_then_hold(mgr, state)  # fast step 1
-        mgr.maybe_save(2, state)  # durable: its post-save work starts the copy of step 2 ...
-        held = threading.Event()
-        mgr._bg.submit(held.wait, 60)  # ... and then the background thread is held
+        held = _copy_of_step_2_ended_then_hold(mgr, state)  # durable step 2: its copy
         gate.set()
-        deadline = time.monotonic() + 60
-        while not (mgr._copies and all(c.done() for c in mgr._copies)):
-            assert time.monotonic() < deadline, "the copy of step 2 did not end"
-            time.sleep(0.01)
+        _until_the_copies_ended(mgr)
         mgr.maybe_save(3, state)  # fast: queued behind the copy's passes
         held.set()
         mgr.wait()

@@ -35,6 +35,24 @@ def _first_save_then_hold(mgr: Any, state: dict[str, Any]) -> threading.Event:
     return gate
 
 
+def _copy_of_step_2_ended_then_hold(mgr: Any, state: dict[str, Any]) -> threading.Event:
+    """Behind ``_first_save_then_hold``'s gate: save step 2 (its post-save work starts its copy)
+    and hold the background thread behind that work until the returned event is set; the
+    copy's retention passes queue there (the caller lets the gate go, then waits for the copy
+    with ``_until_the_copies_ended``)."""
+    mgr.maybe_save(2, state)
+    held = threading.Event()
+    mgr._bg.submit(held.wait, 60)
+    return held
+
+
+def _until_the_copies_ended(mgr: Any) -> None:
+    deadline = time.monotonic() + 60
+    while not (mgr._copies and all(c.done() for c in mgr._copies)):
+        assert time.monotonic() < deadline, "the copy of step 2 did not end"
+        time.sleep(0.01)
+
+
 def _committed(root: Path) -> list[int]:
     return sorted(v.step for v in list_versions(root) if v.status == "committed")
 
@@ -198,14 +216,9 @@ def test_a_pass_queued_by_a_finished_copy_keeps_the_versions_still_to_verify_and
 
         mgr.telemetry.emit = emit  # type: ignore[method-assign]
         gate = _first_save_then_hold(mgr, state)
-        mgr.maybe_save(2, state)  # its post-save work starts the copy of step 2 ...
-        held = threading.Event()
-        mgr._bg.submit(held.wait, 60)  # ... and then the background thread is held
+        held = _copy_of_step_2_ended_then_hold(mgr, state)
         gate.set()
-        deadline = time.monotonic() + 60
-        while not (mgr._copies and all(c.done() for c in mgr._copies)):
-            assert time.monotonic() < deadline, "the copy of step 2 did not end"
-            time.sleep(0.01)
+        _until_the_copies_ended(mgr)
         # The copy's passes wait behind the held thread; steps 3 and 4 commit and queue theirs.
         mgr.maybe_save(3, state)
         mgr.maybe_save(4, state)

@@ -14,7 +14,8 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError
-from portable_ckpt.format.manifest import Continuation, Manifest
+from portable_ckpt.format import jsonio
+from portable_ckpt.format.manifest import Checksum, Continuation, FileRecord, Manifest
 from portable_ckpt.io.checksum import BlockHasher
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.reader import Checkpoint
@@ -127,6 +128,20 @@ def rewrite_shard_header(
     body = raw_header if raw_header is not None else json.dumps(header).encode()
     body += b" " * (-(len(body) + 8) % 8)
     rewrite_file(vdir, rel, struct.pack("<Q", len(body)) + body + data)
+
+
+def rename_shard_member(path: Path, rel: str, old: str, new: str, block_size: int) -> FileRecord:
+    """Rename member ``old`` of an uncommitted writer's data file ``path`` (its file ``rel``) to
+    ``new``; return the file record of the bytes now there (no manifest yet to mend)."""
+    _, header, data = shard_header(path)
+    header[new] = header.pop(old)
+    body = jsonio.dumps(header)
+    body += b" " * (-(len(body) + 8) % 8)
+    raw = struct.pack("<Q", len(body)) + body + data
+    path.write_bytes(raw)
+    h = BlockHasher(block_size)
+    h.update(raw)
+    return FileRecord(rel, len(raw), Checksum("crc32c", block_size, h.blocks()))
 
 
 def rebuild_shard(

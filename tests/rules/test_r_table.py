@@ -51,6 +51,7 @@ from ._util import (
     open_and_read_all,
     open_recorded,
     read_manifest,
+    rename_shard_member,
     rewrite_file,
     rewrite_shard_header,
     sample_array,
@@ -914,17 +915,8 @@ def test_committer_checks_implied_names(tmp_path: Path) -> None:
     sw.add_tensor("w", np.ones((2, 2), np.float32))
     idx = sw.finish()
     rel = "data/w00000-0000.safetensors"
-    path = tmp_path / attempt / rel
-    _, header, data = shard_header(path)
-    header["w@9,9"] = header.pop("w@0,0")
-    body = jsonio.dumps(header)
-    body += b" " * (-(len(body) + 8) % 8)
-    raw = struct.pack("<Q", len(body)) + body + data
-    path.write_bytes(raw)
-    bs = idx.files[rel].checksum.block_size
-    h = BlockHasher(bs)
-    h.update(raw)
-    idx.files[rel] = FileRecord(rel, len(raw), Checksum("crc32c", bs, h.blocks()))
+    idx.files[rel] = rename_shard_member(tmp_path / attempt / rel, rel, "w@0,0", "w@9,9",
+                                         idx.files[rel].checksum.block_size)
     expect_code("PCK-SHARD-MISMATCH", commit, storage, attempt, step=1, indexes=[idx],
                 check_headers=True)
     assert not (tmp_path / attempt / "manifest.json").exists()
