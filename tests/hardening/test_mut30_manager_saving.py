@@ -223,3 +223,27 @@ def test_a_stop_names_no_failure_from_before_the_last_durable_commit(
         with pytest.raises(portable_ckpt.CheckpointError, match="in a row failed") as stop:
             mgr.maybe_save(5, {"w": torch.arange(8.0)})
     assert "steps 3, 4; this rank's last error: None" in str(stop.value)
+
+
+def test_a_synchronous_save_of_an_unstorable_state_raises_and_stops_nothing(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """docs/torch.md: a value no save can store stops the job at the next save, "not when the
+    caller was told": a synchronous save raises it to the caller, who may change the state and
+    save again. Mutants P33 (the synchronous failure marked the state unstorable: the fixed
+    state's save raised "no save can store") and P36 (the failure the caller got was also
+    printed on stderr as a background failure)."""
+    from portable_ckpt.errors import UnsupportedValueError
+    from tests.manager.test_manager_usage import _Config
+
+    state: dict[str, Any] = {"cfg": _Config(), "w": torch.ones(2)}
+    with pckt.CheckpointManager(tmp_path, save_every=1, async_save=False,
+                                continuation="statistical", handle_sigterm=False) as mgr:
+        capfd.readouterr()
+        with pytest.raises(UnsupportedValueError):
+            mgr.maybe_save(1, state)
+        err = capfd.readouterr().err
+        assert "FAILED" not in err and "No save can store" not in err, err
+        state["cfg"] = {"lr": 0.1}
+        assert mgr.maybe_save(2, state)
+    assert [v.step for v in portable_ckpt.list_versions(str(tmp_path))] == [2]
