@@ -247,3 +247,22 @@ def test_a_synchronous_save_of_an_unstorable_state_raises_and_stops_nothing(
         state["cfg"] = {"lr": 0.1}
         assert mgr.maybe_save(2, state)
     assert [v.step for v in portable_ckpt.list_versions(str(tmp_path))] == [2]
+
+
+def test_keep_best_says_nothing_of_a_fast_tier_save_without_the_metric(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """keep_best ranks the durable root's versions only: a fast-tier save without the metric
+    is no unranked version, and the warning (said once) is kept for a durable one. Mutant M16
+    (the fast tier's save warned, and the durable save's missing metric was then never said)."""
+    state = {"w": torch.arange(4.0)}
+    with pckt.CheckpointManager(str(tmp_path / "durable"), fast_root=str(tmp_path / "fast"),
+                                fast_every=1, save_every=2, keep_best=("loss", 1, "min"),
+                                async_save=False, continuation="statistical",
+                                handle_sigterm=False) as mgr:
+        capsys.readouterr()
+        mgr.maybe_save(1, state)  # fast tier, no metric: nothing to say
+        assert "keep_best" not in capsys.readouterr().err
+        mgr.maybe_save(2, state, metrics={"acc": 0.5})  # durable, no 'loss'
+    err = capsys.readouterr().err
+    assert "the save of step 2 carries no finite 'loss' value" in err, err
