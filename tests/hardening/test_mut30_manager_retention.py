@@ -300,3 +300,37 @@ def test_a_pass_beside_the_thread_keeps_a_version_whose_verification_runs(
         mgr.wait()
     assert failed == []
     assert _committed(root) == [1, 2, 3, 4] and _committed(fast) == [4]
+
+
+def test_a_version_whose_commit_record_retention_cannot_delete_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store that refuses to delete a version's commit record leaves the version whole (gc:
+    "delete failed", nothing else of it deleted): the retention event is not ok, names it, and
+    stderr says so once, as for files left behind. Mutant P101 (only files left behind were
+    counted: the event said ok while the version stayed, the disk filling)."""
+    from portable_ckpt.errors import StorageError
+    from portable_ckpt.storage.local import LocalStorage
+
+    real = LocalStorage.delete
+    stuck: list[str] = []
+
+    def delete(self: LocalStorage, path: str) -> Any:
+        if stuck and path == f"{stuck[0]}/manifest.json":
+            raise StorageError(f"delete {path!r}: Permission denied (errno 13)", path=path)
+        return real(self, path)
+
+    monkeypatch.setattr(LocalStorage, "delete", delete)
+    root = tmp_path / "r"
+    with pckt.CheckpointManager(root, save_every=1, keep_last=1, async_save=False,
+                                continuation="statistical", handle_sigterm=False) as mgr:
+        mgr.maybe_save(1, {"w": torch.ones(2)})
+        stuck.append(portable_ckpt.list_versions(root)[0].id)
+        capsys.readouterr()
+        for step in (2, 3):
+            mgr.maybe_save(step, {"w": torch.ones(2)})
+        events = [e for e in mgr.telemetry.history if e["event"] == "retention"]
+    bad = [e for e in events if not e["ok"]]
+    assert bad and all(e["failed"][0]["id"] == stuck[0] for e in bad), events
+    assert capsys.readouterr().err.count(f"retention could not delete {stuck[0]}") == 1
+    assert stuck[0] in [v.id for v in portable_ckpt.list_versions(root)]  # still whole
