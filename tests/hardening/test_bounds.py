@@ -988,6 +988,10 @@ _FIVE = np.arange(5.0, dtype=np.float32)
     pytest.param({}, None, "", id="unedited"),
     pytest.param({"byteorder": b"big", "data": _FIVE.astype(">f4").tobytes()},
                  "PCK-SHARD-HEADER", "big-endian", id="B2-08-big-endian"),
+    # torch.load takes b"little" and b"big" only (mutation audit 30's observation)
+    pytest.param({"byteorder": b""}, "PCK-SHARD-HEADER", "neither", id="byteorder-empty"),
+    pytest.param({"byteorder": b" little\n"}, "PCK-SHARD-HEADER", "neither",
+                 id="byteorder-padded"),
     pytest.param({"compress": "data/0"}, "PCK-CODEC", "compressed", id="B2-10-deflated-storage"),
     pytest.param({"ints": {0: 6}}, "PCK-SHARD-HEADER", "disagrees", id="B2-11-numel-6-of-20-bytes"),
     pytest.param({"ints": {1: 4, 3: -1}}, "PCK-SHARD-HEADER", "shape/stride", id="B2-13-stride-minus-1"),

@@ -412,8 +412,16 @@ def open_torch_archive(
     order = members.get(prefix + "byteorder")
     if order is not None:
         stored = _stored_member(fd, offset, length, order, crc, where)
-        if _read_stored(fd, stored, 64, where).strip() not in (b"little", b""):
+        value = _read_stored(fd, stored, 64, where)
+        if value == b"big":
             raise ShardHeaderError(f"{where}: big-endian torch.save data is not supported")
+        if value != b"little":
+            # torch.load takes exactly these two ("Unknown endianness type"): anything else is
+            # no file torch wrote (mutation audit 30: b"" and " little\n" were read as little)
+            raise ShardHeaderError(
+                f"{where}: byteorder member {value[:16]!r} is neither b'little' nor b'big' "
+                "(torch.load refuses it too): not a torch.save file, or damaged"
+            )
     raw = _read_stored(fd, pickled, _MAX_PKL, where)
     try:
         root = scan_pickle(raw, max_ops=None)  # bounded by _MAX_PKL
