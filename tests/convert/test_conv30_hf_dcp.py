@@ -66,3 +66,17 @@ def test_a_dcp_export_counts_the_entries_it_wrote_as_a_torch_export_does(tmp_pat
     assert to_dcp.entries == to_torch.entries
     md = FileSystemReader(str(tmp_path / "dcp")).read_metadata()
     assert "step" in md.state_dict_metadata  # what is counted was written
+
+
+@pytest.mark.parametrize("target", ["dcp", "torch"])
+def test_an_export_counts_the_values_not_the_record_of_their_dcp_items(
+    tmp_path: Path, target: str
+) -> None:
+    """Re-attack 30: a version converted from torch.save holds ``torch.values`` and
+    ``torch.dcp_items``; the summary counted both ("2 entries") though only the values are the
+    job's, and a DCP export of ``{"w": ..., "scaler": {}}`` writes no value item at all."""
+    torch.save({"w": torch.ones(2), "scaler": {}}, tmp_path / "s.pt")
+    root = convert(tmp_path / "s.pt", tmp_path / "root")
+    assert root.entries == 2  # a portable target carries both entries as they are
+    rep = convert(tmp_path / "root", tmp_path / f"out.{target}", dst_format=target)
+    assert rep.entries == 1

@@ -116,12 +116,16 @@ def exported_entries(ck: Any, options: ConvertOptions) -> int:
     """The entries an export to torch.save or DCP carries.
 
     The global ones (per-rank entries have no place there), less an HF source's metadata where
-    keys are mapped (it is the safetensors files', not the job's).
+    keys are mapped (it is the safetensors files', not the job's), and less the record of the
+    values' DCP items: it is how the values are cut, no value of its own, and counting it said
+    "2 entries" of a state whose one value was left out (reatk30).
     """
     return sum(
         1
         for n in ck.entries
-        if ck.entries[n].scope == "global" and not (options.keys == "mapped" and n == HF_METADATA_ENTRY)
+        if ck.entries[n].scope == "global"
+        and n != DCP_ITEMS_ENTRY
+        and not (options.keys == "mapped" and n == HF_METADATA_ENTRY)
     )
 
 
