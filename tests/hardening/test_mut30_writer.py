@@ -229,3 +229,25 @@ def test_a_failed_write_of_an_early_piece_fails_the_writer(tmp_path: Path) -> No
         w.finish()
     assert fault.fired == 1
     assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob("*.json"))
+
+
+def test_a_refused_chunk_leaves_its_tensor_undeclared(tmp_path: Path) -> None:
+    """Re-attack 30: a chunk refused as PCK-RANGE-BOUNDS (here a global shape of another
+    rank) kept its tensor declared with that shape: the caller's corrected call was refused as
+    PCK-METADATA-CONFLICT, and a writer that went on without it failed its commit with a
+    coverage gap of a tensor it never stored."""
+    from portable_ckpt.errors import RangeBoundsError
+
+    attempt = new_attempt_id(1)
+    storage = open_storage(tmp_path, create=True)
+    w = ShardWriter(storage, attempt, 0)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with pytest.raises(RangeBoundsError):
+        w.add_tensor("x", a, global_shape=(6,))
+    with pytest.raises(RangeBoundsError):
+        w.add_tensor("y", a, global_shape=(6,))
+    w.add_tensor("x", a, global_shape=(2, 3))  # the corrected call; "y" is left out
+    commit(storage, attempt, step=1, indexes=[w.finish()])
+    ck = portable_ckpt.open(tmp_path)
+    assert list(ck.tensors) == ["x"]
+    np.testing.assert_array_equal(ck.read("x"), a)

@@ -349,11 +349,17 @@ class ShardWriter:
         name = dtype_name(array.dtype)
         gshape = tuple(array.shape) if global_shape is None else tuple(int(s) for s in global_shape)
         offs = (0,) * array.ndim if offsets is None else tuple(int(o) for o in offsets)
+        fresh = key not in self._tensors
         entry = self.declare_tensor(key, name, gshape)
         box = Box(offs, tuple(int(n) for n in array.shape))
         # The array's rank too: ``Box.within`` zips the lengths with the offsets strictly,
         # and its ValueError is no checkpoint error.
         if len(offs) != len(gshape) or array.ndim != len(gshape) or not box.within(gshape):
+            if fresh:
+                # A refused chunk declares nothing: its wrong global shape stayed declared, so
+                # the corrected call was a METADATA-CONFLICT and the commit a COVERAGE-GAP
+                # of a tensor the caller never stored (re-attack 30).
+                del self._tensors[key]
             raise RangeBoundsError(
                 f"tensor {key!r}: chunk at offsets {list(offs)} with shape {list(array.shape)} does "
                 f"not fit the global shape {list(gshape)}"
