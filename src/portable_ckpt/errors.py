@@ -89,6 +89,14 @@ class CheckpointError(Exception):
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}"
 
+    def reword(self, message: str) -> None:
+        """Say ``message`` instead (class, code, path kept): a caller that knows more adds it.
+
+        ``args`` follows: repr, and the message a copy unpickled in another process is made with.
+        """
+        self.message = message
+        self.args = (message,)
+
     def to_json(self) -> dict[str, str]:
         """Return ``{"code": ..., "message": ...}`` as used by ``--json`` outputs."""
         return {"code": self.code, "message": self.message}

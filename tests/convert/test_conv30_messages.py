@@ -56,3 +56,25 @@ def test_a_wrong_from_names_the_format_the_source_is(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert f"holds no .safetensors file ({root} is a portable source: pass --from portable" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reworded_error_keeps_its_class_and_says_the_same_in_another_process(
+    tmp_path: Path,
+) -> None:
+    """``CheckpointError.reword`` (the hint of a wrong ``--from``): the class, code and path
+    stay, and the error pickled to another process (a writer process, a spawned rank) carries
+    the new message, not the first one (``args`` follows it)."""
+    import pickle
+
+    from portable_ckpt.convert import convert
+    from portable_ckpt.errors import FileMissingError
+
+    torch.save({"w": torch.ones(2)}, tmp_path / "state.pt")
+    convert(tmp_path / "state.pt", tmp_path / "root")
+    with pytest.raises(FileMissingError) as ei:
+        convert(tmp_path / "root", tmp_path / "out", src_format="dcp", trust_pickle=True)
+    back = pickle.loads(pickle.dumps(ei.value))
+    assert type(back) is FileMissingError and back.code == "PCK-FILE-MISSING"
+    assert back.message == ei.value.message and "is a portable source" in str(back)
+    assert back.path == ei.value.path
+    assert back.args == (back.message,) == ei.value.args  # repr and re-raise say the same

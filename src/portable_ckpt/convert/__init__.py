@@ -637,8 +637,8 @@ def _name_detected_format(exc: CheckpointError, src: str, said: str) -> None:
     except CheckpointError:
         return
     if found != said:
-        exc.message += f" ({src} is a {found} source: pass --from {found}, or leave --from out)"
-        exc.args = (exc.message,)
+        exc.reword(f"{exc.message} ({src} is a {found} source: pass --from {found}, or leave "
+                   "--from out)")
 
 
 def _check_not_inside(src: str, dst: str) -> None:
@@ -741,8 +741,7 @@ def _name_source(exc: CheckpointError, tmp: str, src: str) -> None:
     ``src`` is the source for an error of the second half, the destination for one of the first.
     """
     hub = re.compile(re.escape(tmp) + r"(/[^\s'\"]*)?")
-    exc.message = hub.sub(lambda _m: src, exc.message)
-    exc.args = (exc.message,)
+    exc.reword(hub.sub(lambda _m: src, exc.message))
     if exc.path is not None:
         exc.path = hub.sub(lambda _m: src, exc.path)
 

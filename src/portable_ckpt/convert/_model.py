@@ -259,8 +259,7 @@ def check_layout(
     try:
         check_coverage(shape, boxes, key=key)
     except CheckpointError as exc:
-        exc.message = f"{lead}{exc.message} ({found})"
-        exc.args = (exc.message,)
+        exc.reword(f"{lead}{exc.message} ({found})")
         if path is not None:
             exc.path = path
         raise

@@ -1445,10 +1445,8 @@ class Checkpoint:
             )
         except CheckpointError as exc:
             stopped = exc
-            note = (f"; the rest of {rel!r} (bytes [{log.checked}:{rec.size}]) was not checked "
-                    "for damage")
-            stopped.message += note
-            stopped.args = (stopped.message,)
+            stopped.reword(f"{exc.message}; the rest of {rel!r} (bytes [{log.checked}:"
+                           f"{rec.size}]) was not checked for damage")
         else:
             self._account(res)
         found: list[CheckpointError] = []
