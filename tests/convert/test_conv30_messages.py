@@ -22,7 +22,7 @@ def test_a_torch_save_file_given_as_hf_names_from_torch(tmp_path: Path) -> None:
     torch.save({"w": torch.ones(2)}, tmp_path / "state.pt")
     proc = _cli("convert", str(tmp_path / "state.pt"), str(tmp_path / "root"), "--from", "hf")
     assert proc.returncode == 1 and "[PCK-SHARD-HEADER]" in proc.stderr
-    assert "not a safetensors file (it starts as a zip, as a torch.save file does: pass --from torch)" in proc.stderr
+    assert "not a safetensors file (it starts as a zip, as a torch.save file does: pass --from torch (Python: src_format='torch'))" in proc.stderr
     assert not (tmp_path / "root").exists()
 
 
@@ -51,7 +51,8 @@ def test_a_wrong_from_names_the_format_the_source_is(tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     proc = _cli("convert", root, str(tmp_path / "out"), "--from", "dcp", "--trust-pickle")
     assert proc.returncode == 1 and "[PCK-FILE-MISSING]" in proc.stderr
-    assert f"({root} is a portable source: pass --from portable, or leave --from out)" in proc.stderr
+    assert (f"({root} is a portable source: pass --from portable (Python: src_format='portable'), "
+            "or leave it out)") in proc.stderr
     proc = _cli("convert", root, str(tmp_path / "out"), "--from", "hf")
     assert proc.returncode == 1
     assert f"holds no .safetensors file ({root} is a portable source: pass --from portable" in proc.stderr
@@ -76,5 +77,7 @@ def test_a_reworded_error_keeps_its_class_and_says_the_same_in_another_process(
     back = pickle.loads(pickle.dumps(ei.value))
     assert type(back) is FileMissingError and back.code == "PCK-FILE-MISSING"
     assert back.message == ei.value.message and "is a portable source" in str(back)
+    # a Python caller is told the argument it passed, not only the CLI's flag (re-attack R6)
+    assert "src_format='portable'" in back.message
     assert back.path == ei.value.path
     assert back.args == (back.message,) == ei.value.args  # repr and re-raise say the same

@@ -637,8 +637,9 @@ def _name_detected_format(exc: CheckpointError, src: str, said: str) -> None:
     except CheckpointError:
         return
     if found != said:
-        exc.reword(f"{exc.message} ({src} is a {found} source: pass --from {found}, or leave "
-                   "--from out)")
+        # worded for both callers, as the usage errors are (conv30 re-attack R6)
+        exc.reword(f"{exc.message} ({src} is a {found} source: pass --from {found} (Python: "
+                   f"src_format={found!r}), or leave it out)")
 
 
 def _check_not_inside(src: str, dst: str) -> None:

@@ -330,5 +330,6 @@ def detect_format(path: str | os.PathLike[str]) -> str:
             return fmt.name
     kind = "file" if os.path.isfile(p) else "directory"
     raise UsageError(
-        f"cannot tell the format of {kind} {p}; pass --from {'|'.join(source_formats())}"
+        f"cannot tell the format of {kind} {p}; pass --from {'|'.join(source_formats())} "
+        "(Python: src_format=...)"
     )

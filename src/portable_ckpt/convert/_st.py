@@ -91,7 +91,7 @@ def _raw_header(path: str) -> tuple[bytes, int]:
                 )
             # `--from hf` given a torch.save file is a user's slip, not a damaged download
             hint = (": not a safetensors file (it starts as a zip, as a torch.save file does: "
-                    "pass --from torch)" if head[:4] == b"PK\x03\x04" else "")
+                    "pass --from torch (Python: src_format='torch'))" if head[:4] == b"PK\x03\x04" else "")
             raise ShardHeaderError(
                 f"{path}: header length {n} is absurd (max {MAX_HEADER}){hint}", path=path
             )
