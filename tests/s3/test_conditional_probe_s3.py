@@ -18,7 +18,7 @@ from portable_ckpt.cli.main import main as cli_main
 from portable_ckpt.errors import StorageError
 from portable_ckpt.io.gc import gc
 from portable_ckpt.logs import EVENT_ATTR
-from portable_ckpt.storage import s3 as s3mod
+from portable_ckpt.storage import _s3_probes
 from portable_ckpt.storage.s3 import S3Storage
 
 from .conftest import S3Env
@@ -142,7 +142,7 @@ def test_a_probe_without_an_answer_creates_and_is_asked_again(
     assert st.create_if_absent("b/manifest.json", b"{}") is True
     assert proxy.log.injected_by_status == {403: 1}  # remembered: not asked again
     proxy.reset()
-    monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 0.0)  # the period is over
+    monkeypatch.setattr(_s3_probes, "PROBE_UNKNOWN_SECONDS", 0.0)  # the period is over
     assert st.create_if_absent("c/manifest.json", b"{}") is True
     # the probe's PUT, PUT (412), DELETE (a POST); the create's PUT and read-back GET
     assert proxy.log.by_method == {"PUT": 3, "POST": 1, "GET": 1}  # answered now, and kept
@@ -182,13 +182,13 @@ def test_a_store_that_refuses_the_probes_is_asked_once_per_period(
         assert "checks uploaded CRC32C" in msgs[1] and "asked again in 10 minutes" in msgs[1]
         assert st.create_if_absent("a0/manifest.json", b"[]") is False  # the condition holds
         # The period is over: asked (and warned about) once more, then kept again.
-        monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 0.0)
+        monkeypatch.setattr(_s3_probes, "PROBE_UNKNOWN_SECONDS", 0.0)
         proxy.reset()
         proxy.match_method, proxy.match_path = "PUT", r"\.pck-probe-"
         proxy.fail_status, proxy.fail_every = (403, "AccessDenied"), 1
         assert st.create_if_absent("b/manifest.json", b"{}") is True
         assert proxy.log.injected_by_status == {403: 2}
-        monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 600.0)
+        monkeypatch.setattr(_s3_probes, "PROBE_UNKNOWN_SECONDS", 600.0)
         for i in range(3):
             assert st.create_if_absent(f"c{i}/manifest.json", b"{}") is True
         assert proxy.log.injected_by_status == {403: 2}

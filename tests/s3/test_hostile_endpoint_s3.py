@@ -188,9 +188,9 @@ def test_requests_given_up_on_are_bounded(
     sent until one of them ends."""
     import threading
 
-    import portable_ckpt.storage.s3 as s3
+    from portable_ckpt.storage import _s3_requests
 
-    monkeypatch.setattr(s3, "MAX_ABANDONED_REQUESTS", 3)
+    monkeypatch.setattr(_s3_requests, "MAX_ABANDONED_REQUESTS", 3)
     proxy = s3_proxied.proxy
     _seed(_storage(s3_proxied), 1)  # with the default timeout: a loaded machine's PUT is slow
     st = _storage(s3_proxied, read_timeout=5.0, request_timeout=0.5, max_attempts=1)

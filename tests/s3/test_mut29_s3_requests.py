@@ -45,9 +45,9 @@ def test_requests_are_sent_again_once_the_abandoned_ones_end(
     """The bound on requests given up on counts the ones that still hang: when the endpoint
     lets go of them, requests are sent again (mutant A03: the count never went down, and the
     process refused every request for good after the bound was reached once)."""
-    import portable_ckpt.storage.s3 as s3mod
+    from portable_ckpt.storage import _s3_requests
 
-    monkeypatch.setattr(s3mod, "MAX_ABANDONED_REQUESTS", 2)
+    monkeypatch.setattr(_s3_requests, "MAX_ABANDONED_REQUESTS", 2)
     proxy = s3_proxied.proxy
     seed = S3Storage.from_url(s3_proxied.root(), backoff_initial=0.01)
     seed.put("v/data/a", b"x")

@@ -120,7 +120,7 @@ def test_a_checksum_probe_without_an_answer_is_not_cached(
     """Attack review 2 F7: any failure of the probe was cached for the process as "the store
     checks CRC32C", which switched the commit record's read-back off for good. Unknown is kept
     only for ``PROBE_UNKNOWN_SECONDS`` (re-attack 26: no probe, no warning meanwhile)."""
-    from portable_ckpt.storage import open_storage
+    from portable_ckpt.storage import _s3_probes, open_storage
     from portable_ckpt.storage import s3 as s3mod
 
     root = s3_proxied.root("run")
@@ -134,7 +134,7 @@ def test_a_checksum_probe_without_an_answer_is_not_cached(
     proxy.reset()
     assert open_storage(root).validates_checksums() is False  # unknown, remembered
     assert proxy.log.requests == 0  # not asked again within the period
-    monkeypatch.setattr(s3mod, "PROBE_UNKNOWN_SECONDS", 0.0)
+    monkeypatch.setattr(_s3_probes, "PROBE_UNKNOWN_SECONDS", 0.0)
     assert open_storage(root).validates_checksums() is False  # asked again: moto keeps it
     assert proxy.log.by_method.get("PUT") == 1
     assert s3mod._VALIDATES.answers[(st.options.endpoint_url, st.bucket)] is False

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import crc32c as _crc32c
 
 from portable_ckpt.errors import CheckpointError, StorageError
+from portable_ckpt.storage._s3_options import _MAX_PART, _MAX_PARTS
+from portable_ckpt.storage._s3_probes import _b64_crc
+from portable_ckpt.storage._s3_requests import _BadAnswerError, _within, classify_error
 from portable_ckpt.storage.base import StreamWriter
-from portable_ckpt.storage.s3 import _MAX_PART, _MAX_PARTS, _b64_crc, _BadAnswerError, _within
 
 if TYPE_CHECKING:
     from portable_ckpt.storage.s3 import S3Storage
@@ -240,7 +242,7 @@ class _S3Writer(StreamWriter):
                     functools.partial(self._s._client().delete_object, **kwargs), "DELETE",
                     self._key)
             except Exception as exc:
-                code, status, _ = self._s._classify(exc)
+                code, status, _ = classify_error(exc)
                 if code in ("PreconditionFailed", "NoSuchKey") or status in (404, 412):
                     return  # another upload's object is there now, or none: nothing of ours
                 if "VersionId" in kwargs and i + 1 < len(tries) and (

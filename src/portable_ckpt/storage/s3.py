@@ -35,6 +35,11 @@ reports nothing of its retries to Python; botocore's jitter draws from the modul
 connection resets) are retried for :attr:`S3Options.max_attempts` tries and
 :attr:`S3Options.retry_seconds`, with exponential backoff and jitter from a private generator,
 and every retry is logged as ``storage.retry``.
+
+This module is the backend itself; what it is built from has a file each: its options and
+counters (``_s3_options``), what probes of a store learnt (``_s3_probes``), one request's
+deadline and the classification of its failures (``_s3_requests``), and the multipart upload
+(``_s3_writer``).
 """
 
 from __future__ import annotations
@@ -46,18 +51,14 @@ import contextvars
 import datetime as _dt
 import functools
 import hashlib
-import ipaddress
 import logging
-import math
 import os
-import random
-import re
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Collection, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from typing import Any, NoReturn, TypeVar
 
 import crc32c as _crc32c
@@ -72,9 +73,29 @@ from portable_ckpt.errors import (
     StorageError,
     UsageError,
 )
-from portable_ckpt.format.naming import PROBE_PREFIX
 from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage._listing import ListingEntry, ScannedStorage
+from portable_ckpt.storage._s3_options import S3IoStats, S3Options
+from portable_ckpt.storage._s3_probes import _HONOURS, _VALIDATES, _b64_crc, _period, _probe_name
+from portable_ckpt.storage._s3_requests import (
+    _AUTH_CODES,
+    _CHECKSUM_REFUSALS,
+    _JITTER,
+    _KEY_FINAL_CODES,
+    _RETRY_CODES,
+    _TIMEOUT_BYTES,
+    _BadAnswerError,
+    _boto_transient,
+    _is_loopback,
+    _log_retry,
+    _mask_key,
+    _no_region_redirect,
+    _obstore_transient,
+    _RequestDeadlineError,
+    _wait_all,
+    _within,
+    classify_error,
+)
 from portable_ckpt.storage.base import (
     Capabilities,
     ObjectInfo,
@@ -83,11 +104,6 @@ from portable_ckpt.storage.base import (
 )
 
 __all__ = ["S3IoStats", "S3Options", "S3Storage"]
-
-_MIB = 1 << 20
-_MIN_PART = 5 * _MIB  # S3's minimum part size (all parts but the last)
-_MAX_PART = 5 << 30
-_MAX_PARTS = 10_000
 
 
 _T = TypeVar("_T")
@@ -111,322 +127,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _log = get_logger("storage.s3")
 
 
-def _env(name: str, default: _T, parse: Callable[[str], _T], kind: str) -> _T:
-    """The environment variable ``name`` parsed, or ``default`` when unset or empty."""
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return parse(raw)
-    except ValueError as exc:
-        raise UsageError(f"environment variable {name}={raw!r} is not {kind}") from exc
-
-
-def _flag(raw: str) -> bool:
-    return raw.strip().lower() not in ("0", "false", "no", "off", "none")
-
-
-@dataclass(frozen=True)
-class S3Options:
-    """Tuning of the S3 backend. Every field has an environment variable (read by ``from_env``).
-
-    Attributes:
-        part_size: Multipart part size in bytes (``PCK_S3_PART_SIZE``, default 16 MiB, at least
-            5 MiB). Objects smaller than one part are uploaded with a single PUT.
-        max_concurrency: Part uploads in flight per writer (``PCK_S3_CONCURRENCY``, default 4).
-            A writer holds at most ``(max_concurrency + 1) * part_size`` bytes.
-        read_chunk: Reads larger than this are split into concurrent ranged GETs of this size.
-        max_attempts: Tries per request, first included (``PCK_S3_MAX_ATTEMPTS``, default 5).
-        retry_seconds: A transient failure (5xx, throttling, a reset, a timeout) is retried
-            until ``max_attempts`` tries were made *and* this many seconds have passed since
-            the first (``PCK_S3_RETRY_SECONDS``, default 30): S3 answers 503 SlowDown for
-            seconds while it scales a prefix that many ranks read at once, and five quick tries
-            gave up after 1.5 s of sleep (S3 latency review F5). ``0``: tries only.
-        backoff_initial: First retry delay in seconds (doubles each retry, with jitter).
-        backoff_max: Largest retry delay in seconds.
-        connect_timeout: Seconds to establish a connection (``PCK_S3_CONNECT_TIMEOUT``).
-        read_timeout: Seconds without progress on a response (``PCK_S3_READ_TIMEOUT``, default
-            20: S3 answers in well under a second; a black-holed endpoint took five times 60 s
-            to fail, review F7).
-        request_timeout: Seconds one request may take as a whole: connecting, sending, and
-            receiving the whole answer (``PCK_S3_REQUEST_TIMEOUT``, default 600). The read
-            timeout alone does not bound a body that trickles in (one byte every few seconds
-            is progress); this does, for every client. 600 s lets a 64 MiB range or part move
-            at about 110 KB/s (under 1 Mbit/s); an upload larger than 64 MiB (a
-            ``part_size`` raised above it) gets the same allowance per 64 MiB.
-        list_max_keys: Entries (keys, common prefixes, uploads, parts) one listing may return
-            before it fails (``PCK_S3_LIST_MAX_KEYS``, default 2,000,000). A listing is kept in
-            memory (a few hundred bytes an entry): a store that keeps answering "more to come"
-            must not grow it without end. The largest real listing, a root's recursive scan
-            by gc, is its versions times their files: two million covers 1,000 versions of
-            2,000 files each.
-        list_max_pages: Answers one listing may take (``PCK_S3_LIST_MAX_PAGES``, default
-            10,000): S3 pages hold up to 1,000 entries, so two million entries take 2,000
-            full pages; the rest is room for stores that answer shorter pages.
-        list_max_empty_pages: Answers in a row with no entry that say "more to come"
-            (``PCK_S3_LIST_MAX_EMPTY_PAGES``, default 100). S3 may answer a page that is empty
-            but truncated (a run of delete markers or expired keys it skipped); an endless
-            run of them fails early instead of taking ``list_max_pages`` requests.
-        checksum: ``"crc32c"`` sends S3 native CRC32C checksums with every upload and compares
-            the server's; ``"off"`` for stores without flexible checksums (``PCK_S3_CHECKSUM``).
-        conditional_put: Commit with ``If-None-Match: *`` (``PCK_S3_CONDITIONAL_PUT``). Turn off
-            only for stores that reject the header; ``atomic_create`` is then False, and every
-            create is refused. A store that accepts the header but ignores it is found by a
-            probe before the first create (:meth:`S3Storage.honours_conditional_put`) and
-            refused the same way.
-        endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``); None = AWS.
-        region: Region (``AWS_REGION`` / ``AWS_DEFAULT_REGION``, default ``us-east-1``).
-        allow_http: Allow a plain-HTTP endpoint; None = only for loopback hosts or when
-            ``AWS_ALLOW_HTTP=true``.
-
-    """
-
-    part_size: int = 16 * _MIB
-    max_concurrency: int = 4
-    read_chunk: int = 32 * _MIB
-    max_attempts: int = 5
-    retry_seconds: float = 30.0
-    backoff_initial: float = 0.1
-    backoff_max: float = 5.0
-    connect_timeout: float = 10.0
-    read_timeout: float = 20.0
-    request_timeout: float = 600.0
-    list_max_keys: int = 2_000_000
-    list_max_pages: int = 10_000
-    list_max_empty_pages: int = 100
-    checksum: str = "crc32c"
-    conditional_put: bool = True
-    endpoint_url: str | None = None
-    region: str | None = None
-    allow_http: bool | None = None
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> S3Options:
-        """Return options from the environment, with keyword ``overrides`` taking precedence."""
-        opts = cls(
-            part_size=_env("PCK_S3_PART_SIZE", cls.part_size, int, "an integer"),
-            max_concurrency=_env("PCK_S3_CONCURRENCY", cls.max_concurrency, int, "an integer"),
-            max_attempts=_env("PCK_S3_MAX_ATTEMPTS", cls.max_attempts, int, "an integer"),
-            retry_seconds=_env("PCK_S3_RETRY_SECONDS", cls.retry_seconds, float, "a number"),
-            connect_timeout=_env("PCK_S3_CONNECT_TIMEOUT", cls.connect_timeout, float, "a number"),
-            read_timeout=_env("PCK_S3_READ_TIMEOUT", cls.read_timeout, float, "a number"),
-            request_timeout=_env(
-                "PCK_S3_REQUEST_TIMEOUT", cls.request_timeout, float, "a number"),
-            list_max_keys=_env("PCK_S3_LIST_MAX_KEYS", cls.list_max_keys, int, "an integer"),
-            list_max_pages=_env("PCK_S3_LIST_MAX_PAGES", cls.list_max_pages, int, "an integer"),
-            list_max_empty_pages=_env(
-                "PCK_S3_LIST_MAX_EMPTY_PAGES", cls.list_max_empty_pages, int, "an integer"),
-            checksum=os.environ.get("PCK_S3_CHECKSUM", cls.checksum).strip().lower() or "crc32c",
-            conditional_put=_env("PCK_S3_CONDITIONAL_PUT", cls.conditional_put, _flag, "a flag"),
-            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL")
-            or None,
-            region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
-            allow_http=_env("AWS_ALLOW_HTTP", False, _flag, "a flag") or None,
-        )
-        opts = replace(opts, **overrides)
-        opts.validate()
-        return opts
-
-    def validate(self) -> None:
-        """Raise ``UsageError`` for out-of-range values."""
-        if not _MIN_PART <= self.part_size <= _MAX_PART:
-            raise UsageError(
-                f"S3 part_size {self.part_size} must be between 5 MiB and 5 GiB (PCK_S3_PART_SIZE)"
-            )
-        if self.max_concurrency < 1 or self.max_attempts < 1 or self.read_chunk < _MIB:
-            raise UsageError(
-                "S3 max_concurrency and max_attempts must be >= 1 and read_chunk >= 1 MiB"
-            )
-        if self.checksum not in ("crc32c", "off"):
-            raise UsageError(f"PCK_S3_CHECKSUM must be 'crc32c' or 'off', got {self.checksum!r}")
-        for name, env in (("connect_timeout", "PCK_S3_CONNECT_TIMEOUT"),
-                          ("read_timeout", "PCK_S3_READ_TIMEOUT"),
-                          ("request_timeout", "PCK_S3_REQUEST_TIMEOUT")):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and 0 < value <= 86400):
-                raise UsageError(
-                    f"S3 {name} must be more than 0 and at most 86400 seconds, got {value!r} "
-                    f"({env})"
-                )
-        for name, env in (("list_max_keys", "PCK_S3_LIST_MAX_KEYS"),
-                          ("list_max_pages", "PCK_S3_LIST_MAX_PAGES"),
-                          ("list_max_empty_pages", "PCK_S3_LIST_MAX_EMPTY_PAGES")):
-            if getattr(self, name) < 1:
-                raise UsageError(f"S3 {name} must be >= 1, got {getattr(self, name)!r} ({env})")
-        if not (math.isfinite(self.retry_seconds) and 0 <= self.retry_seconds <= 3600):
-            raise UsageError(
-                f"S3 retry_seconds must be between 0 and 3600, got {self.retry_seconds!r} "
-                "(PCK_S3_RETRY_SECONDS)"
-            )
-
-    def may_retry(self, tries: int, elapsed: float) -> bool:
-        """Whether a transient failure after ``tries`` tries and ``elapsed`` seconds is retried."""
-        return tries < self.max_attempts or elapsed < self.retry_seconds
-
-
-@dataclass
-class S3IoStats:
-    """Counters of the requests this storage object made (all threads together).
-
-    Attributes:
-        get_requests: ranged/whole GETs that succeeded (retried attempts are logged as
-            ``storage.retry``, not counted).
-        get_bytes: payload bytes received by GETs.
-        put_requests: PUTs and UploadParts issued.
-        put_bytes: payload bytes sent.
-        other_requests: HEAD, LIST, DELETE, multipart create/complete/abort.
-
-    """
-
-    get_requests: int = 0
-    get_bytes: int = 0
-    put_requests: int = 0
-    put_bytes: int = 0
-    other_requests: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        """Add ``counts`` (field name -> increment) atomically."""
-        with self._lock:
-            for name, value in counts.items():
-                setattr(self, name, getattr(self, name) + value)
-
-    def snapshot(self) -> dict[str, int]:
-        """Return the counters as a plain dict."""
-        with self._lock:
-            return {
-                "get_requests": self.get_requests,
-                "get_bytes": self.get_bytes,
-                "put_requests": self.put_requests,
-                "put_bytes": self.put_bytes,
-                "other_requests": self.other_requests,
-            }
-
-
-def _probe_name() -> str:
-    """A fresh name for a probe at the root (spec §15.2, ``.pck-probe-<16 lowercase hex>``)."""
-    return f"{PROBE_PREFIX}{os.urandom(8).hex()}"
-
-
-def _b64_crc(value: int) -> str:
-    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
-
-
-#: Seconds for which a probe that got no answer (the store refused the probe's PUT, e.g. 403
-#: from a bucket policy on dot-keys, or a failure the retries did not mend) is remembered per
-#: ``(endpoint, bucket)``: meanwhile the unknown answer's safe way is taken without a request
-#: and without another warning, then the store is asked again (re-attack 26: a store that
-#: refused the probes was probed, and warned about, at every commit, pin and deletion mark).
-PROBE_UNKNOWN_SECONDS = 600.0
-
-_Key = tuple[str | None, str]
-
-
-class _Probed:
-    """What a probe of a store learnt, kept for the process by ``(endpoint, bucket)``.
-
-    A definite answer is kept for good; an unknown one (``None``: no answer said) for
-    :data:`PROBE_UNKNOWN_SECONDS`, during which :meth:`get` gives ``unknown`` (the safe way)
-    without a request. One probe runs at a time: threads that create at once send one probe,
-    not one each (re-attack 26).
-    """
-
-    def __init__(self, unknown: bool) -> None:
-        self.unknown = unknown
-        self.answers: dict[_Key, bool] = {}
-        self.unknown_since: dict[_Key, float] = {}  # time.monotonic() of the last unknown
-        self.after_fork()
-
-    def after_fork(self) -> None:
-        self._lock = threading.Lock()
-        self._probing = threading.Lock()
-
-    def _known(self, key: _Key) -> bool | None:
-        with self._lock:
-            known = self.answers.get(key)
-            if known is None and _unknown_kept(self.unknown_since.get(key)):
-                return self.unknown  # unknown, and remembered: the safe way, without asking
-            return known
-
-    def get(self, key: _Key, probe: Callable[[], bool | None]) -> bool:
-        """The kept answer for ``key``, or ``probe()``'s, kept."""
-        known = self._known(key)
-        if known is not None:
-            return known
-        with self._probing:
-            known = self._known(key)  # another thread's probe may have answered
-            if known is not None:
-                return known
-            answer = probe()
-            with self._lock:
-                if answer is None:
-                    self.unknown_since[key] = time.monotonic()
-                    return self.unknown  # asked again once the period is over
-                self.unknown_since.pop(key, None)
-                return self.answers.setdefault(key, answer)
-
-
-#: Whether a store rejects an upload whose CRC32C is wrong: probed once per process (S3
-#: latency review F8: moto, and other S3-compatible stores, accept any checksum header and
-#: echo it back, so "verified by the store" verified nothing). Unknown: False (read back).
-_VALIDATES = _Probed(unknown=False)
-#: Whether a store honours ``If-None-Match: *`` on PUT: probed once per process before its
-#: first conditional create (attack review L2: a store that accepts the header and overwrites
-#: anyway let two committers both "win"). Unknown: True (creates as before the probe).
-_HONOURS = _Probed(unknown=True)
-
-
-def _unknown_kept(since: float | None) -> bool:
-    """Whether an unknown answer got at ``since`` (``time.monotonic()``) is still remembered."""
-    return since is not None and time.monotonic() - since < PROBE_UNKNOWN_SECONDS
-
-
-def _period() -> str:
-    """``PROBE_UNKNOWN_SECONDS`` in words, for the warnings."""
-    seconds = PROBE_UNKNOWN_SECONDS
-    return f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} seconds"
-
-
-def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _mask_key(key: str | None) -> str:
-    if not key:
-        return "<none>"
-    return key if len(key) <= 8 else f"{key[:4]}…{key[-4:]}"
-
-
-_AUTH_CODES = {
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "AccessDenied",
-    "InvalidToken",
-    "ExpiredToken",
-    "TokenRefreshRequired",
-    "AllAccessDisabled",
-}
-
-
-def _wait_all(futures: Sequence[Future[Any]]) -> None:
-    """Wait for every future (none is left running), then raise the first failure."""
-    first: BaseException | None = None
-    for fut in futures:
-        try:
-            fut.result()
-        except BaseException as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-
-
 #: How each boto3 listing pages: (the answer's token fields, the request's, the entry fields).
 _LISTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "list_objects_v2": (("NextContinuationToken",), ("ContinuationToken",),
@@ -435,209 +135,6 @@ _LISTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] =
                                ("KeyMarker", "UploadIdMarker"), ("Uploads", "CommonPrefixes")),
     "list_parts": (("NextPartNumberMarker",), ("PartNumberMarker",), ("Parts",)),
 }
-
-#: The transfer size one :attr:`S3Options.request_timeout` allows for (see :meth:`_deadline`).
-_TIMEOUT_BYTES = 64 * _MIB
-
-
-class _RequestDeadlineError(Exception):
-    """A boto3 request did not complete within its whole-request limit (a transient failure).
-
-    botocore has only connect and read timeouts, each per socket operation: an answer that
-    trickles in (a byte every few seconds) never trips them (S3 attack 25, M1).
-    """
-
-
-class _BadAnswerError(Exception):
-    """The endpoint answered something malformed or inconsistent.
-
-    A missing field, a body shorter than its own headers say. ``transient``: a retry of the
-    request may mend it. Raised where the answer is checked and turned into a ``StorageError`` naming the object by
-    :meth:`S3Storage._fail`: the malformed answer is the endpoint's fault, not a bug here, and
-    never evidence about the checkpoint's own bytes (S3 attack 25, L1 and L4).
-    """
-
-    def __init__(self, detail: str, *, transient: bool = True) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.transient = transient
-
-
-def _no_region_redirect(request_dict: dict[str, Any], **_: Any) -> None:
-    """Mark every boto3 request as redirected already, so botocore never follows a 301.
-
-    botocore answers a 301 without a region by asking HeadBucket, whose own 301 asks again:
-    an endpoint that answers 301 to everything took 160 requests and a ``RecursionError``
-    (found when every listing moved to boto3, S3 attack 25). The region is configured
-    (``AWS_REGION``); a bucket in another one fails with its 301, as obstore's reads do.
-    """
-    redirect = request_dict.get("context", {}).get("s3_redirect")
-    if isinstance(redirect, dict):
-        redirect["redirected"] = True
-
-
-#: Requests given up on (:func:`_within`) that may still hang, in this process, before no more
-#: are sent: each holds a thread, a socket and, for an upload, its part's bytes.
-MAX_ABANDONED_REQUESTS = 32
-_ABANDONED = [0]
-_ABANDONED_LOCK = threading.Lock()
-
-
-def _within(call: Callable[[], _T], seconds: float, method: str, url: str) -> _T:
-    """``call()``, or ``_RequestDeadlineError`` when it has not returned after ``seconds``.
-
-    botocore cannot be told a whole-request limit, and a blocked socket read cannot be
-    interrupted from another thread; so the request runs in a daemon thread of its own and is
-    abandoned when late: that thread ends when the endpoint answers or its read timeout
-    passes, and never holds up the interpreter's exit (a ``ThreadPoolExecutor``'s would). An
-    abandoned write may still complete: every retried write here is one a lost answer may
-    have completed already (see :meth:`S3Storage._boto_call`).
-    """
-    with _ABANDONED_LOCK:
-        hanging = _ABANDONED[0]
-    if hanging >= MAX_ABANDONED_REQUESTS:
-        # Each request given up on keeps its thread and socket until the endpoint lets go: an
-        # endpoint trickling every answer grew one of each per call without end (re-attack 25,
-        # M2). No more are sent while that many hang; the caller's retries wait for them.
-        raise _RequestDeadlineError(
-            f"{method} {url} not sent: {hanging} earlier requests to the endpoint were given up "
-            "after PCK_S3_REQUEST_TIMEOUT and still hang (the endpoint trickles or stalls its "
-            "answers)")
-    box: dict[str, Any] = {}
-    done = threading.Event()
-    ctx = contextvars.copy_context()
-    given_up = [False]
-
-    def run() -> None:
-        try:
-            box["value"] = ctx.run(call)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            with _ABANDONED_LOCK:
-                done.set()
-                if given_up[0]:
-                    _ABANDONED[0] -= 1
-
-    threading.Thread(target=run, name="pck-s3-request", daemon=True).start()
-    if not done.wait(seconds):
-        with _ABANDONED_LOCK:
-            late = not done.is_set()
-            if late:
-                given_up[0] = True
-                _ABANDONED[0] += 1
-        if late:
-            raise _RequestDeadlineError(
-                f"{method} {url} did not complete within {seconds:g}s (PCK_S3_REQUEST_TIMEOUT)"
-            )
-    if "error" in box:
-        raise box["error"]
-    value: _T = box["value"]
-    return value
-
-
-def _log_retry(
-    method: str, url: str, cause: str, attempt: int, max_attempts: int, budget: float = 0.0
-) -> None:
-    """One ``storage.retry`` record (WARNING): ``attempt`` is the try about to be made.
-
-    Past ``max_attempts`` the tries go on within ``budget`` seconds (:attr:`S3Options.retry_seconds`).
-    """
-    fields = {"method": method, "url": url, "attempt": attempt, "max_attempts": max_attempts,
-              "cause": cause}
-    if attempt <= max_attempts:
-        log_event(_log, "storage.retry", fields, "retrying %s %s after %s (attempt %d of %d)",
-                  method, url, cause, attempt, max_attempts, level=logging.WARNING)
-    else:
-        log_event(_log, "storage.retry", fields,
-                  "retrying %s %s after %s (attempt %d; retried for up to %gs)",
-                  method, url, cause, attempt, budget, level=logging.WARNING)
-
-
-#: Transport failures of obstore's HTTP client (``HttpError { kind: ... }``) worth another try.
-_TRANSIENT_KINDS = frozenset({"Connect", "Request", "Timeout", "Interrupted", "Decode"})
-_PERFORMING = re.compile(r"Error performing ([A-Z]+) (\S+)")
-_HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
-
-
-def _obstore_transient(exc: BaseException) -> tuple[str, str, str] | None:
-    """``(method, url, cause)`` when an obstore failure is worth a retry, else ``None``.
-
-    Retried as botocore's standard mode and object_store's own policy do: 5xx answers, 429
-    (throttling) and transport failures (connect, timeout, reset or truncated body), and a bulk
-    delete's per-key ``SlowDown``/``InternalError`` inside its 200 answer. Any other answer
-    (404, 403, 412, 416) and anything not raised by obstore is final.
-    """
-    if not type(exc).__module__.startswith("obstore") or isinstance(exc, FileNotFoundError):
-        return None
-    code, status, text = S3Storage._classify(exc)
-    m = _PERFORMING.search(text)
-    method, url = (m.group(1), m.group(2).split("?", 1)[0]) if m else ("request", "?")
-    if code in _AUTH_CODES:  # a per-key AccessDenied of a bulk delete (SRE review S4)
-        return None
-    if status is not None:
-        if status < 500 and status != 429:
-            return None
-        return method, url, f"HTTP {status}" + (f" {code}" if code else "")
-    if code in _RETRY_CODES or code in _KEY_RETRY_CODES:
-        # A per-key error inside a 200 answer (a bulk delete): the request is idempotent, and
-        # the keys that were deleted are answered "Deleted" again (S3 review F9).
-        return method, url, f"{code} in the answer"
-    kind = _HTTP_KIND.search(text)
-    if kind is None or kind.group(1) not in _TRANSIENT_KINDS:
-        return None
-    detail = text.split(" - ", 1)[-1].split("\n", 1)[0].strip()
-    return method, url, f"{kind.group(1)} error: {detail}"
-
-
-#: The retries' jitter: never the module-global ``random``, which the training loop draws from
-#: and :class:`~portable_ckpt.torch.RNGState` saves; a retried request during a save advanced it,
-#: and the resumed job's stream differed from the one that lived through the retries
-#: (continuation review F6).
-_JITTER = random.SystemRandom()
-
-#: Error codes of S3 answers below 500 that are worth another try (botocore's standard mode).
-_RETRY_CODES = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-    "TooManyRequestsException", "RequestThrottled", "RequestTimeout", "RequestTimeoutException",
-    "PriorRequestNotComplete", "BandwidthLimitExceeded", "ProvisionedThroughputExceededException",
-})
-
-
-#: S3 error codes of an upload refused for its checksum.
-_CHECKSUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"})
-
-#: Per-key codes of a bulk delete's 200 answer that mean "try again" (5xx-like). Any other
-#: per-key code (AccessDenied, ...) is final.
-_KEY_RETRY_CODES = frozenset({"InternalError", "ServiceUnavailable"})
-#: Per-key codes (no HTTP status of their own) that waiting does not mend.
-_KEY_FINAL_CODES = frozenset({"NoSuchBucket", "InvalidBucketName", "MethodNotAllowed",
-                              "InvalidRequest", "InvalidArgument", "NotImplemented"})
-
-
-def _boto_transient(exc: BaseException, method: str, url: str) -> tuple[str, str, str] | None:
-    """``(method, url, cause)`` when a boto3 failure is worth another try.
-
-    5xx answers, 429 and throttling codes, and transport failures (a reset, a timeout, a
-    connection that could not be made); any other answer is final.
-    """
-    from botocore.exceptions import ClientError, HTTPClientError
-    from botocore.exceptions import ConnectionError as BotoConnectionError
-
-    if isinstance(exc, _RequestDeadlineError):
-        return method, url, f"Timeout error: {exc}"
-    if isinstance(exc, _BadAnswerError):
-        return (method, url, f"malformed answer: {exc.detail}") if exc.transient else None
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        code = str(err.get("Code") or "")
-        if (isinstance(status, int) and (status >= 500 or status == 429)) or code in _RETRY_CODES:
-            return method, url, f"HTTP {status}" + (f" {code}" if code else "")
-        return None
-    if isinstance(exc, (HTTPClientError, BotoConnectionError)):
-        return method, url, f"{type(exc).__name__}: {exc}"
-    return None
 
 
 #: The pages of directory levels listed inside :meth:`S3Storage.one_root_listing`, by storage
@@ -985,7 +482,7 @@ class S3Storage(ScannedStorage):
                 path=path,
                 retryable=not isinstance(exc, _BadAnswerError) or exc.transient,
             ) from exc
-        code, status, text = self._classify(exc)
+        code, status, text = classify_error(exc)
         if code == "NoSuchBucket":
             raise StorageError(
                 f"{op} {where}: bucket {self.bucket!r} does not exist at "
@@ -1041,38 +538,6 @@ class S3Storage(ScannedStorage):
                 f"the answer and {self.options.request_timeout:g}s in all, PCK_S3_READ_TIMEOUT "
                 "and PCK_S3_REQUEST_TIMEOUT")
 
-    @staticmethod
-    def _classify(exc: BaseException) -> tuple[str | None, int | None, str]:
-        """Return (S3 error code, HTTP status, text) for a boto3 or obstore exception."""
-        response = getattr(exc, "response", None)
-        if isinstance(response, dict):
-            err = response.get("Error", {})
-            meta = response.get("ResponseMetadata", {})
-            code = err.get("Code")
-            status = meta.get("HTTPStatusCode")
-            if code is not None and str(code).isdigit() and status is None:
-                status = int(code)
-            return (str(code) if code else None, status, str(exc))
-        text = str(exc)
-        code = None
-        marker = text.find("<Code>")
-        if marker >= 0:
-            end = text.find("</Code>", marker)
-            code = text[marker + 6 : end] if end > marker else None
-        if code is None:  # a bulk delete's per-key error: "... failed for key K: ... (code: X)"
-            per_key = re.search(r"\(code: ([A-Za-z]+)\)", text)
-            code = per_key.group(1) if per_key else None
-        status = None
-        m = re.search(r"status code: (\d{3})", text)
-        if m:
-            status = int(m.group(1))
-        elif "Received redirect" in text:  # obstore: a bucket in another region than configured
-            status = 301
-        if code is None and isinstance(exc, FileNotFoundError):
-            code = "NoSuchKey"
-        if code is None and type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
-            status = status or 403
-        return (code, status, text)
 
     # -- reads (obstore) ------------------------------------------------------------------------
     def _get_range(self, path: str, key_path: str, offset: int, dest: memoryview) -> None:
@@ -1267,7 +732,7 @@ class S3Storage(ScannedStorage):
                 ChecksumCRC32C=_b64_crc(_crc32c.crc32c(body) ^ 0x5A5A5A5A),
             ), "PUT", self._key(rel))
         except Exception as exc:
-            code, status, text = self._classify(exc)
+            code, status, text = classify_error(exc)
             if code in _CHECKSUM_REFUSALS or (status == 400 and "checksum" in text.lower()):
                 return True
             _log.warning(
@@ -1328,7 +793,7 @@ class S3Storage(ScannedStorage):
             try:
                 self._put_object(rel, key, body, crc, check=False, IfNoneMatch="*")
             except Exception as exc:
-                code, status, text = self._classify(exc)
+                code, status, text = classify_error(exc)
                 if code == "PreconditionFailed" or status == 412:
                     # The object exists: the first PUT's own try (its answer lost) or the
                     # first PUT: either way the store checked the condition.
@@ -1603,7 +1068,7 @@ class S3Storage(ScannedStorage):
                     if isinstance(when, _dt.datetime):
                         t = max(t, when.timestamp())
         except StorageError as exc:
-            if self._classify(exc.__cause__ or exc)[0] == "NoSuchUpload":
+            if classify_error(exc.__cause__ or exc)[0] == "NoSuchUpload":
                 return t  # completed or aborted meanwhile
             raise
         return t
@@ -1698,7 +1163,7 @@ class S3Storage(ScannedStorage):
                 ), "DELETE", str(up["Key"]))
                 count += 1
             except Exception as exc:
-                if self._classify(exc)[0] != "NoSuchUpload":
+                if classify_error(exc)[0] != "NoSuchUpload":
                     self._fail("abort upload", self._rel(str(up["Key"])), exc)
             self.stats.add(other_requests=1)
         return count
@@ -1785,7 +1250,7 @@ class S3Storage(ScannedStorage):
             except CheckpointError:
                 raise
             except Exception as exc:
-                code, status, _text = self._classify(exc)
+                code, status, _text = classify_error(exc)
                 if code == "PreconditionFailed" or status == 412:
                     break
                 if code == "ConditionalRequestConflict" or status == 409:
