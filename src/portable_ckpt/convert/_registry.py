@@ -104,6 +104,9 @@ class Format:
 # -- detection ------------------------------------------------------------------------------------
 
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+#: Indexes of sharded torch.save sets (convert.torch_save.TORCH_INDEX_SUFFIXES; not imported
+#: here: detection stays free of the readers' imports).
+_TORCH_INDEXES = (".bin.index.json", ".pt.index.json", ".pth.index.json")
 
 
 def _is_portable(p: str) -> bool:
@@ -152,7 +155,7 @@ def _is_hf(p: str) -> bool:
         return any(n.endswith((".safetensors", ".safetensors.index.json")) for n in os.listdir(p))
     if p.endswith((".safetensors", ".safetensors.index.json")):
         return True
-    if p.endswith(_TORCH_SUFFIXES):
+    if p.endswith(_TORCH_SUFFIXES + _TORCH_INDEXES):
         return False
     if _is_zip(p):
         return False  # a torch.save archive without a suffix
@@ -162,8 +165,11 @@ def _is_hf(p: str) -> bool:
 
 def _is_torch(p: str) -> bool:
     if os.path.isdir(p):
-        return len([n for n in os.listdir(p) if n.endswith(_TORCH_SUFFIXES[:3])]) == 1
-    if p.endswith(_TORCH_SUFFIXES) or _is_torch_zip(p):
+        # one file, or a sharded set with its index (transformers' pytorch_model.bin.index.json)
+        names = os.listdir(p)
+        return (any(n.endswith(_TORCH_INDEXES) for n in names)
+                or len([n for n in names if n.endswith(_TORCH_SUFFIXES[:3])]) == 1)
+    if p.endswith(_TORCH_SUFFIXES + _TORCH_INDEXES) or _is_torch_zip(p):
         return True
     return _head(p, 2) == b"\x80\x02"  # the legacy (non-zip) torch.save pickle
 
@@ -203,7 +209,8 @@ FORMATS: dict[str, Format] = {
         ),
         Format(
             name="torch",
-            help="a torch.save file (.pt/.pth/.bin state dict); as a target one file that "
+            help="a torch.save file (.pt/.pth/.bin state dict), or shards with their "
+            "pytorch_model.bin.index.json; as a target one file that "
             "torch.load(weights_only=True) reads",
             reader="portable_ckpt.convert.torch_save:read_source",
             writer="portable_ckpt.convert.torch_save:write_target",

@@ -66,10 +66,13 @@ from portable_ckpt.convert._torchzip import (
     tensor_layout,
 )
 from portable_ckpt.errors import (
+    CoverageOverlapError,
     DtypeUnsupportedError,
+    FileMissingError,
     LimitError,
     ShardHeaderError,
     UnsupportedValueError,
+    UsageError,
 )
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.keys import (
@@ -84,16 +87,134 @@ from portable_ckpt.format.keys import (
     json_leaves,
     needs_record,
 )
-from portable_ckpt.storage._posix import open_regular
+from portable_ckpt.storage._posix import file_kind, open_regular
 
-__all__ = ["read_source", "read_torch_source", "write_target"]
+__all__ = [
+    "TORCH_INDEX_SUFFIXES",
+    "find_torch_files",
+    "read_source",
+    "read_torch_shards",
+    "read_torch_source",
+    "write_target",
+]
 
 
 def read_source(src: str, options: ConvertOptions) -> SourcePlan:
-    """The registry's reader: :func:`read_torch_source` with the conversion's options."""
+    """The registry's reader: :func:`read_torch_source` with the conversion's options.
+
+    ``src`` is a file, a directory holding one ``.pt``/``.pth``/``.bin`` file, or a sharded set
+    (``pytorch_model-00001-of-00003.bin`` … with ``pytorch_model.bin.index.json``, as
+    ``transformers`` saves weights without safetensors): the directory or its index
+    (:func:`read_torch_shards`).
+    """
+    index, files = find_torch_files(src)
+    if index is not None:
+        return read_torch_shards(index, options)
     return read_torch_source(
-        src, strict=options.strict, allow_expand=options.allow_expand, keys=options.keys
+        files[0], strict=options.strict, allow_expand=options.allow_expand, keys=options.keys
     )
+
+
+#: How the index of a sharded set of ``torch.save`` files ends (``transformers`` writes
+#: ``pytorch_model.bin.index.json``; others name theirs after their ``.pt``/``.pth`` shards).
+TORCH_INDEX_SUFFIXES = (".bin.index.json", ".pt.index.json", ".pth.index.json")
+#: The files a directory source may hold one of (``.ckpt`` only as a file named alone).
+_FILE_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def find_torch_files(src: str) -> tuple[str | None, list[str]]:
+    """Return ``(index path or None, [the one file])`` for a file, index or directory ``src``.
+
+    Raises:
+        FileMissingError: a directory without a ``torch.save`` file or an index.
+        UsageError: a directory with several files and no index, or several indexes.
+
+    """
+    if file_kind(src, what=f"source {src}") == "file":
+        return (src, []) if src.endswith(TORCH_INDEX_SUFFIXES) else (None, [src])
+    names = sorted(os.listdir(src))
+    indexes = [n for n in names if n.endswith(TORCH_INDEX_SUFFIXES)]
+    if "pytorch_model.bin.index.json" in indexes:
+        return os.path.join(src, "pytorch_model.bin.index.json"), []
+    if len(indexes) == 1:
+        return os.path.join(src, indexes[0]), []
+    if indexes:
+        raise UsageError(f"{src} holds several indexes ({', '.join(indexes)}); pass one of "
+                         "them as SRC")
+    files = [os.path.join(src, n) for n in names
+             if n.endswith(_FILE_SUFFIXES) and os.path.isfile(os.path.join(src, n))]
+    if len(files) == 1:
+        return None, files
+    if not files:
+        raise FileMissingError(f"{src} holds no torch.save file (.pt, .pth or .bin) and no "
+                               "index of one", path=src)
+    raise UsageError(
+        f"{src} holds {len(files)} torch.save files ({', '.join(os.path.basename(f) for f in files[:3])}"
+        f"{', ...' if len(files) > 3 else ''}) but no index of them (pytorch_model.bin.index.json); "
+        "pass one file as SRC"
+    )
+
+
+def read_torch_shards(index: str, options: ConvertOptions) -> SourcePlan:
+    """Describe a sharded set of ``torch.save`` files as one source, by its index.
+
+    Each file the index's ``weight_map`` names is read as :func:`read_torch_source` reads one
+    file; the index is checked against them as an HF index is (a shard missing, a tensor in two
+    shards, a tensor the index misplaces or does not list, a listed tensor no shard holds): a
+    set that does not add up converts to nothing. Non-tensor values of the shards are kept
+    where each has its own entries; two shards giving the same entry are refused.
+    """
+    from portable_ckpt.convert.hf import _indexed_shards, _load_index
+
+    mapped = options.keys == "mapped"
+    # The index names tensors as the state dict did; a flat state dict's names are its keys
+    # (one component each under mapped keys, where a "/" in a name is escaped).
+    weight_map = {(escape_component(n) if mapped else n): f for n, f in _load_index(index).items()}
+    plans: dict[str, SourcePlan] = {}
+    try:
+        for path in _indexed_shards(index, weight_map):
+            plans[path] = read_torch_source(path, strict=options.strict,
+                                            allow_expand=options.allow_expand, keys=options.keys)
+        return _merged(index, weight_map, plans)
+    except BaseException:
+        for plan in plans.values():
+            plan.close()
+        raise
+
+
+def _merged(index: str, weight_map: dict[str, str], plans: dict[str, SourcePlan]) -> SourcePlan:
+    """One source of the shards' plans, by shard path (each checked as a file of its own)."""
+    from portable_ckpt.convert.hf import _check_all_stored, _check_placed
+
+    where: dict[str, str] = {}
+    entries: dict[str, str] = {}
+    tensors: list[TensorSpec] = []
+    out_entries: list[EntrySpec] = []
+    for path, plan in plans.items():
+        for t in plan.tensors:
+            if t.key in where:
+                raise CoverageOverlapError(
+                    f"tensor {t.key!r} is stored in both {where[t.key]} and {path}; each tensor "
+                    "must be in exactly one shard", path=path)
+            where[t.key] = path
+            _check_placed(t.key, path, index, weight_map)
+            tensors.append(t)
+        for e in plan.entries:
+            if e.name in entries:
+                raise UnsupportedValueError(
+                    f"{index}: {entries[e.name]} and {path} both hold non-tensor values of entry "
+                    f"{e.name!r} (the format has one of each entry); convert each file alone",
+                    path=path)
+            entries[e.name] = path
+            out_entries.append(e)
+    _check_all_stored(index, weight_map, set(where))
+
+    def close() -> None:
+        for plan in plans.values():
+            plan.close()
+
+    return SourcePlan("torch", tensors, out_entries, [w for p in plans.values() for w in p.warnings],
+                      close=close)
 
 
 def write_target(
