@@ -156,7 +156,7 @@ def test_several_bin_files_without_an_index_are_a_usage_error(tmp_path: Path) ->
     (tmp_path / "two").mkdir()
     for n in ("a.bin", "b.bin"):
         torch.save({"w": torch.ones(1)}, tmp_path / "two" / n)
-    with pytest.raises(UsageError, match="holds 2 torch.save files"):
+    with pytest.raises(UsageError, match=r"holds 2 torch\.save files"):
         convert(tmp_path / "two", tmp_path / "root", src_format="torch")
     proc = _cli("convert", str(tmp_path / "two"), str(tmp_path / "root"), "--from", "torch")
     assert proc.returncode == 2 and "pass one file as SRC" in proc.stderr
