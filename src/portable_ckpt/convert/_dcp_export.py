@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_lost
+from portable_ckpt.convert._publish import fsync_files
 from portable_ckpt.convert.hf import HF_METADATA_ENTRY
 from portable_ckpt.errors import UsageError
 from portable_ckpt.torch.state import without_scheduler_class
@@ -239,7 +240,12 @@ def save_portable_as_dcp(
     planner = _PortablePlanner(
         ck, progress, tensors=items.tensors, values=items.values, paths=items.paths
     )
-    writer = FileSystemWriter(directory, single_file_per_rank=False, thread_count=1)
+    # A file per chunk: DCP keeps every tensor of a file alive until the file is closed, so one
+    # file per rank would hold the whole version in memory. DCP would fsync each file as it
+    # closes it, one disk flush after another (two thirds of an export's time, 130 files of
+    # 257 MiB); they are fsynced together once written, before the directory is published.
+    writer = FileSystemWriter(directory, single_file_per_rank=False, thread_count=1,
+                              sync_files=False)
     try:
         with pywarnings.catch_warnings():
             # One process by design: DCP's "assuming the intent is to save in a single process".
@@ -247,4 +253,5 @@ def save_portable_as_dcp(
             dcp_save({}, storage_writer=writer, planner=planner, no_dist=True)
     except CheckpointException as e:
         raise _first_failure(e) from None
+    fsync_files(directory)
     return len(items.tensors), planner.bytes, warnings

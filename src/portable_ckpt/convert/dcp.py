@@ -42,7 +42,9 @@ Writing (:func:`write_dcp`)
     record (the chunk layout is kept) and resolves each item lazily by reading just that range
     from the portable checkpoint; ``FileSystemWriter(single_file_per_rank=False)`` writes one
     ``.distcp`` file per chunk, so only one chunk is in memory at a time (with
-    ``single_file_per_rank=True`` torch keeps every tensor of the file alive until it is closed).
+    ``single_file_per_rank=True`` torch keeps every tensor of the file alive until it is closed);
+    the files are fsynced together once written (DCP's own ``sync_files`` fsynced each as it
+    closed it, one flush after another), then the directory, before it is published.
     The result loads with ``torch.distributed.checkpoint.load`` on any world size, since DCP's
     loader reshards chunk layouts itself. Entries are written as DCP byte items (the JSON value).
     Memory: torch itself (~270 MiB RSS) plus one chunk.
