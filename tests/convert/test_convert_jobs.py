@@ -437,6 +437,15 @@ def test_torch_target_verbatim_is_flat(tmp_path: Path) -> None:
 # -- HF export that transformers loads as is ---------------------------------------------------
 
 
+def tiny_llama_config(transformers: Any) -> Any:
+    """A Llama of 2 layers and 16 hidden units, embeddings not tied (the tests' model)."""
+    return transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+
+
 @pytest.mark.torch
 def test_hf_export_loads_in_transformers(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
@@ -444,11 +453,7 @@ def test_hf_export_loads_in_transformers(tmp_path: Path) -> None:
 
     import portable_ckpt.torch as pckt
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_llama_config(transformers)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters())

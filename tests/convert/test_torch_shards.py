@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
+from test_convert_jobs import tiny_llama_config
 from test_dcp import _cli
 from test_hf_torch import _check, _raw, _tensors
 
@@ -168,11 +169,7 @@ def test_a_transformers_bin_repo_converts_to_hf_weights_it_loads(tmp_path: Path)
     portable format and on to safetensors: the model loaded from the export gives the logits of
     the one loaded from the ``.bin`` repo."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_llama_config(transformers)
     torch.manual_seed(0)
     sd = transformers.LlamaForCausalLM(cfg).state_dict()
     names = list(sd)
