@@ -110,6 +110,8 @@ def check_root_url(url: str) -> None:
         check_s3_prefix(parts.path, url=url)
         return
     scheme = url.split("://", 1)[0] if "://" in url else ""
+    if not scheme:
+        _check_lost_slash(url)
     if scheme and scheme != "file" and _opener(scheme) is None:
         raise UsageError(
             f"{url!r}: unsupported scheme {scheme!r}; use a path, file:// or s3://, or install "
@@ -117,6 +119,24 @@ def check_root_url(url: str) -> None:
         )
     if scheme == "file" and not url[len("file://") :]:
         raise UsageError(f"{url!r} names no directory")
+
+
+def _check_lost_slash(text: str) -> None:
+    """Refuse ``s3:/bucket/run`` (a URL that lost a slash), which reads as a relative path.
+
+    It was a local folder ``s3:`` in the working directory: the job saved there, on a disk
+    that goes with the node, and every call said it worked (api review 31).
+    """
+    from portable_ckpt.errors import UsageError
+
+    typo = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)", text)
+    if typo is not None and (
+        typo[1].lower() in ("s3", "file") or _opener(typo[1].lower()) is not None
+    ):
+        raise UsageError(
+            f"root {text!r} looks like a URL with a slash missing: write "
+            f"{typo[1].lower()}://..., or ./{text} for a local folder of that name"
+        )
 
 
 #: A bucket name S3 accepts: 3 to 63 lowercase letters, digits, dots and hyphens, beginning and
@@ -188,6 +208,7 @@ def root_text(url: object) -> str:
         raise UsageError(f"a root is a path or URL string, got bytes {text!r:.80}")
     if "\x00" in text:
         raise UsageError(f"root {text!r:.120} contains a NUL character; no path does")
+    _check_lost_slash(text)
     if text == "~" or text.startswith("~/"):
         # A config file's "~/ckpts/run1" (no shell to expand it) made a directory named "~"
         # in the job's working directory (integrator review F12).
