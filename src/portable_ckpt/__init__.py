@@ -189,9 +189,9 @@ def save_arrays(
         The published manifest.
 
     Raises:
-        UsageError: a ``tiles`` key that is not in ``arrays``, a bad tile or an invalid
-            ``continuation`` (before anything is written), a bad block size or entry name
-            (before any file is written).
+        UsageError: ``arrays``, ``entries`` or ``tiles`` not a dict, a ``tiles`` key that is
+            not in ``arrays``, a bad tile or an invalid ``continuation`` (before anything is
+            written), a bad block size or entry name (before any file is written).
 
     """
     import numpy as np
@@ -201,6 +201,9 @@ def save_arrays(
     from portable_ckpt.io.writer import ShardWriter, new_attempt_id, tile_lengths
     from portable_ckpt.storage import open_storage
 
+    arrays = usage.mapping(arrays, "save_arrays: arrays")
+    entries = usage.mapping(entries, "save_arrays: entries", allow_none=True)
+    tiles = usage.mapping(tiles, "save_arrays: tiles", allow_none=True)
     unknown = sorted(set(tiles or {}) - set(arrays))
     if unknown:
         raise errors.UsageError(f"save_arrays: tiles names keys that are not arrays: {unknown}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 import operator
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, TypeVar
 
 from portable_ckpt.errors import UsageError
@@ -22,12 +22,14 @@ from portable_ckpt.errors import UsageError
 __all__ = [
     "continuation_or_none",
     "fraction",
+    "mapping",
     "name_collection",
     "plain_array",
     "require_non_negative_int",
     "require_one_of",
     "require_seconds",
     "strict_int",
+    "timeout_seconds",
 ]
 
 _T = TypeVar("_T")
@@ -54,6 +56,50 @@ def require_seconds(value: object, what: str) -> float:
     """Return ``value`` as a float when it is a number of seconds ≥ 0 (``math.inf``: no bound)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise UsageError(f"{what} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def mapping(value: object, what: str, *, allow_none: bool = False) -> Any:
+    """``value`` when it is a mapping (a dict), or ``None`` when ``allow_none``.
+
+    A list of pairs, a generator or a list of arrays failed below the call (an
+    ``AttributeError`` on ``.items()``) once the root was created and files were written.
+
+    Raises:
+        UsageError: anything else.
+
+    """
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, Mapping):
+        raise UsageError(
+            f"{what} must be a dict (name → value){' or None' if allow_none else ''}, got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
+    return value
+
+
+def timeout_seconds(value: object, what: str) -> float | None:
+    """A collective's timeout: ``None`` (the default) or a finite number of seconds > 0.
+
+    ``float(value)`` deep in the first collective turned ``"30"`` into a ``ValueError`` there,
+    and took ``-1``, ``0`` or NaN, which time a collective out at once or never.
+
+    Raises:
+        UsageError: anything else.
+
+    """
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0 < float(value) < float("inf")
+    ):
+        raise UsageError(
+            f"{what} must be a finite number of seconds > 0 or None, got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
     return float(value)
 
 

@@ -201,6 +201,11 @@ def tile_lengths(key: str, tile: Sequence[int], shape: Sequence[int]) -> tuple[i
         UsageError: naming the tensor, the tile and the shape.
 
     """
+    if isinstance(tile, str | bytes) or not isinstance(tile, Sequence | np.ndarray):  # 2: no len()
+        raise UsageError(
+            f"tensor {key!r}: tile {tile!r:.80} must be a sequence of one positive int per "
+            f"dimension of its shape {list(shape)}"
+        )
     ok = len(tile) == len(shape) and all(
         isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in tile
     )

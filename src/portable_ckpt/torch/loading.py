@@ -39,7 +39,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
-from portable_ckpt.format.usage import require_one_of
+from portable_ckpt.format.usage import require_one_of, strict_int, timeout_seconds
 from portable_ckpt.io.reader import Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
@@ -169,6 +169,10 @@ def load_into(
     the first one are the current ones for every one.
     """
     t0 = time.perf_counter()
+    # step="10" was compared with the stored ints: "no committed version for step 10" where
+    # one was (api review 31); a bad timeout failed in the first collective.
+    step = None if step is None else strict_int(step, "load: step", minimum=0)
+    timeout = timeout_seconds(timeout, "load: timeout")
     # An async save of this process still in flight runs collectives on the same side group:
     # interleaved with the load's, both waited for the timeout (async review F9). Its outcome
     # is its own handle's.

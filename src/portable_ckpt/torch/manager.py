@@ -47,8 +47,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from portable_ckpt.errors import CheckpointError, UsageError
-from portable_ckpt.format.usage import require_non_negative_int, require_one_of, require_seconds
-from portable_ckpt.format.vocab import CONTRACTS, DEFAULT_GRACE_SECONDS
+from portable_ckpt.format.usage import (
+    mapping,
+    require_non_negative_int,
+    require_one_of,
+    require_seconds,
+    strict_int,
+    timeout_seconds,
+)
+from portable_ckpt.format.vocab import CODECS, CONTRACTS, DEFAULT_GRACE_SECONDS
 from portable_ckpt.manager.decisions import Decision, SavePolicy
 from portable_ckpt.manager.records import (
     MANAGER_ENTRY,
@@ -207,7 +214,17 @@ class CheckpointManager:
             fast_every=fast_every,
         )
         require_one_of(continuation, CONTRACTS, "continuation")
-        if not 0.0 <= float(verify_sample) <= 1.0:
+        # Checked here, not at the first save hours later on every rank (api review 31).
+        require_one_of(codec, CODECS, "codec")
+        strict_int(fast_keep, "fast_keep", minimum=1)  # (was refused as "keep_last")
+        if ranks_per_node is not None:  # (0 was taken as "not given", -2 as a layout)
+            strict_int(ranks_per_node, "ranks_per_node", minimum=1)
+        timeout = timeout_seconds(timeout, "timeout")
+        if (
+            isinstance(verify_sample, bool)
+            or not isinstance(verify_sample, int | float)
+            or not 0.0 <= float(verify_sample) <= 1.0
+        ):
             raise UsageError(f"verify_sample must be a fraction in [0, 1], got {verify_sample!r}")
         if replicate and fast_root is None:
             raise UsageError("replicate=True needs fast_root= (the tier durable saves go to first)")
@@ -237,7 +254,7 @@ class CheckpointManager:
         if self.pin_kept and keep_every is None and keep_best is None:
             raise UsageError("pin_kept=True pins what keep_every= and keep_best= keep; give one")
         self.timeout = timeout
-        self.grace_seconds = float(grace_seconds)
+        self.grace_seconds = require_seconds(grace_seconds, "grace_seconds")
         self.exit_timeout = require_seconds(exit_timeout, "exit_timeout")
         self.decision_interval = require_seconds(decision_interval, "decision_interval")
         self.process_group = process_group
@@ -367,6 +384,9 @@ class CheckpointManager:
         """
         self._check_open()
         require_non_negative_int(step, "maybe_save: step")  # before any collective
+        # (a list as the state was an AttributeError in the stale-state check: api review 31)
+        mapping(state, "maybe_save: state")
+        mapping(metrics, "maybe_save: metrics", allow_none=True)
         self.mark_resumed()
         if not agreement_due(self, step):
             return False  # the last agreement said no rule saves before its next one
@@ -383,6 +403,9 @@ class CheckpointManager:
         """Save ``state`` at ``step`` durably, whatever the policy says (a collective)."""
         self._check_open()
         require_non_negative_int(step, "save: step")
+        # (a list as the state was an AttributeError in the stale-state check: api review 31)
+        mapping(state, "save: state")
+        mapping(metrics, "save: metrics", allow_none=True)
         self.mark_resumed()
         decision = agree(self, step, Decision("durable", "requested"))
         self._raise_if_failing(decision)
@@ -603,6 +626,9 @@ class CheckpointManager:
         self._check_open()
         hyper = Hyperparameters(require_one_of(
             optimizer_hyperparameters, OPTIMIZER_HYPERPARAMETERS, "optimizer_hyperparameters"))
+        # step="10" or -1 was looked for as such: "no committed version of step 10" (api
+        # review 31)
+        step = None if step is None else strict_int(step, "restore: step", minimum=0)
         self._settle_pending()
         # This process's async save of another manager (or of async_save) on this root must
         # be in the listing: a second manager's restore ran before the first's save committed

@@ -36,7 +36,12 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value, read_dcp_items
 from portable_ckpt.format.manifest import Continuation, WriterIndex, files_bytes
-from portable_ckpt.format.usage import require_non_negative_int, require_one_of
+from portable_ckpt.format.usage import (
+    require_non_negative_int,
+    require_one_of,
+    strict_int,
+    timeout_seconds,
+)
 from portable_ckpt.format.vocab import CONTRACTS, Codec, Contract
 from portable_ckpt.io.checksum import file_blocks_for
 from portable_ckpt.io.commit import commit
@@ -95,6 +100,10 @@ class SaveKeywords(_Step, total=False):
     publisher: Any
 
 
+#: What a save does while an async save of this process is in flight.
+IF_BUSY = ("wait", "raise")
+
+
 @dataclass(frozen=True)
 class SaveOptions:
     """The options of one save (built once from the keyword arguments; validated then).
@@ -147,6 +156,13 @@ class SaveOptions:
         """Refuse a bad step or contract before anything is touched."""
         require_non_negative_int(self.step, "step")
         require_one_of(self.continuation, CONTRACTS, "continuation")
+        # Taken unchecked before: if_busy="skip" waited, tensor_table="no" wrote a table, a
+        # timeout "30" failed in the first collective (api review 31).
+        timeout_seconds(self.timeout, "timeout")
+        strict_int(self.max_file_bytes, "max_file_bytes", minimum=1)
+        require_one_of(self.if_busy, IF_BUSY, "if_busy")
+        if self.tensor_table is not None and not isinstance(self.tensor_table, bool):
+            raise UsageError(f"tensor_table must be True, False or None, got {self.tensor_table!r}")
 
     def writer_options(self, pieces: int, world: int) -> dict[str, Any]:
         """The :class:`ShardWriter` keyword arguments for a rank writing ``pieces`` pieces."""

@@ -1,0 +1,54 @@
+"""save_arrays refuses arguments of the wrong kind at the call, before the root is made.
+
+Found by the API review 31: ``arrays`` given as a list of pairs or a generator, ``entries`` as a
+list, or a tile as a bare int raised ``TypeError``/``AttributeError`` from inside the writer,
+after the root was created (and, for ``entries``, after the tensors' files were written).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import UsageError
+
+W = np.arange(12.0).reshape(3, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"arrays": [("w", W)]}, r"save_arrays: arrays must be a dict \(name → value\), got list"),
+        ({"arrays": (a for a in [W])}, "save_arrays: arrays must be a dict .*got generator"),
+        ({"arrays": None}, "save_arrays: arrays must be a dict .*got NoneType"),
+        ({"entries": [1]}, r"save_arrays: entries must be a dict \(name → value\) or None"),
+        ({"tiles": [(2, 2)]}, "save_arrays: tiles must be a dict .*got list"),
+        ({"tiles": {"w": 2}}, r"tensor 'w': tile 2 must be a sequence of one positive int"),
+        ({"tiles": {"w": "22"}}, r"tensor 'w': tile '22' must be a sequence"),
+    ],
+)
+def test_wrong_kinds_are_refused_before_the_root_exists(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    root = tmp_path / "root"
+    call: dict[str, Any] = {"arrays": {"w": W}} | kwargs
+    with pytest.raises(UsageError, match=message):
+        portable_ckpt.save_arrays(root, call.pop("arrays"), step=1, **call)
+    assert not root.exists()
+
+
+def test_tiles_as_a_numpy_array_and_any_mapping_are_taken(tmp_path: Path) -> None:
+    from types import MappingProxyType
+
+    tiles: dict[str, Any] = {"w": np.array([2, 2])}
+    portable_ckpt.save_arrays(
+        tmp_path, MappingProxyType({"w": W}),  # type: ignore[arg-type]
+        step=1, tiles=tiles, entries=MappingProxyType({"e": 1}),  # type: ignore[arg-type]
+    )
+    ck = portable_ckpt.open(tmp_path)
+    assert ck.read("w").tolist() == W.tolist()
+    assert len(ck.tensors["w"].ranges) == 4 and ck.entry("e") == 1

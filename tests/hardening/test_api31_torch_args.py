@@ -1,0 +1,111 @@
+"""torch save/load options and CheckpointManager arguments are checked at the call.
+
+Found by the API review 31: ``save``/``async_save`` took ``if_busy="skip"`` (and waited),
+``tensor_table="no"`` (and wrote a table), ``max_file_bytes`` of 0, -5 or 1.5, and a timeout
+of -1, 0 or NaN, and raised a bare ``ValueError`` for ``timeout="30"`` from the first
+collective. ``load(step="10")`` and ``restore(step="10")`` answered "no committed version of
+step 10" where one was. The manager took ``codec="gzip"`` (every save failed later, on every
+rank), ``grace_seconds=-5``, ``verify_sample="0.5"``, ``ranks_per_node=0``, named
+``fast_keep=0`` "keep_last", and ``maybe_save(step, [tensors])`` raised an ``AttributeError``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+import portable_ckpt
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import UsageError
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"if_busy": "skip"}, r"if_busy must be one of \('wait', 'raise'\), got 'skip'"),
+        ({"tensor_table": "no"}, "tensor_table must be True, False or None, got 'no'"),
+        ({"max_file_bytes": 0}, "max_file_bytes must be >= 1, got 0"),
+        ({"max_file_bytes": 1.5}, "max_file_bytes must be an integer, got float 1.5"),
+        ({"timeout": "30"}, "timeout must be a finite number of seconds > 0 or None, got str"),
+        ({"timeout": -1}, "timeout must be a finite number of seconds > 0 or None, got int -1"),
+        ({"timeout": 0.0}, "timeout must be a finite number of seconds > 0"),
+        ({"timeout": float("nan")}, "timeout must be a finite number of seconds > 0"),
+    ],
+)
+def test_save_options_are_refused_before_anything_is_written(
+    tmp_path: Path, option: dict[str, Any], message: str
+) -> None:
+    state = {"w": torch.ones(3)}
+    for save in (pckt.save, pckt.async_save):
+        with pytest.raises(UsageError, match=message):
+            save(state, tmp_path, step=1, continuation="statistical", **option)
+    assert list(tmp_path.iterdir()) == []
+    info = pckt.save(state, tmp_path, step=1, continuation="statistical", timeout=30,
+                     max_file_bytes=1, if_busy="raise", tensor_table=False)
+    assert info.step == 1
+
+
+def test_load_and_restore_check_step_and_timeout(tmp_path: Path) -> None:
+    state = {"w": torch.arange(3.0)}
+    pckt.save(state, tmp_path, step=10, continuation="statistical")
+    target = {"w": torch.zeros(3)}
+    bad_steps: list[tuple[Any, str]] = [
+        ("10", "load: step must be an integer, got str '10'"),
+        (-1, "load: step must be >= 0, got -1"),
+        (10.0, "got float 10.0"),
+    ]
+    for bad, message in bad_steps:
+        with pytest.raises(UsageError, match=message):
+            pckt.load(target, tmp_path, step=bad)
+    with pytest.raises(UsageError, match="load: timeout must be a finite number"):
+        pckt.load(target, tmp_path, timeout="60")  # type: ignore[arg-type]
+    assert target["w"].tolist() == [0.0, 0.0, 0.0]  # refused before anything was read
+    assert pckt.load(target, tmp_path, step=10, timeout=60).step == 10
+    with pckt.CheckpointManager(tmp_path, handle_sigterm=False) as mgr:
+        with pytest.raises(UsageError, match="restore: step must be an integer, got str '10'"):
+            mgr.restore(target, step="10")  # type: ignore[arg-type]
+        info = mgr.restore(target, step=10)
+        assert info is not None and info.step == 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"codec": "gzip"}, r"codec must be one of \('none', 'zstd'\), got 'gzip'"),
+        ({"timeout": "30"}, "timeout must be a finite number of seconds > 0 or None, got str"),
+        ({"timeout": 0}, "timeout must be a finite number of seconds > 0"),
+        ({"grace_seconds": -5}, "grace_seconds must be a number of seconds >= 0, got -5"),
+        ({"grace_seconds": "x"}, "grace_seconds must be a number of seconds >= 0, got 'x'"),
+        ({"verify_sample": "0.5"}, r"verify_sample must be a fraction in \[0, 1\], got '0.5'"),
+        ({"verify_sample": True}, r"verify_sample must be a fraction in \[0, 1\], got True"),
+        ({"ranks_per_node": 0}, "ranks_per_node must be >= 1, got 0"),
+        ({"fast_root": "FAST", "fast_keep": 0}, "fast_keep must be >= 1, got 0"),
+    ],
+)
+def test_manager_arguments_are_refused_at_construction(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    if kwargs.get("fast_root") == "FAST":
+        kwargs["fast_root"] = tmp_path / "fast"
+    with pytest.raises(UsageError, match=message):
+        pckt.CheckpointManager(tmp_path / "root", save_every=1, handle_sigterm=False, **kwargs)
+    assert not (tmp_path / "root").exists() or list((tmp_path / "root").iterdir()) == []
+
+
+def test_a_state_or_metrics_of_the_wrong_kind_is_named(tmp_path: Path) -> None:
+    with pckt.CheckpointManager(tmp_path, save_every=1, handle_sigterm=False) as mgr:
+        for call in (mgr.maybe_save, mgr.save):
+            with pytest.raises(UsageError, match=r"save: state must be a dict .*got list"):
+                call(1, [torch.ones(2)])  # type: ignore[arg-type]
+            with pytest.raises(UsageError, match=r"save: metrics must be a dict .* or None"):
+                call(1, {"w": torch.ones(2)}, metrics=[0.5])  # type: ignore[arg-type]
+        assert mgr.maybe_save(1, {"w": torch.ones(2)}, metrics={"loss": 0.5})
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [1]
