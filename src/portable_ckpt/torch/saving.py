@@ -378,7 +378,9 @@ def _agree_on_attempt(
     def local() -> tuple[tuple[Storage, SavePlan], dict[str, Any]]:
         storage, plan = prepared.ready()
         attempt = new_attempt_id(step) if comm.rank == 0 else None
-        doc: dict[str, Any] = {"id": attempt, "replicas": plan.replicas, "copies": plan.copies}
+        doc: dict[str, Any] = {
+            "id": attempt, "step": step, "replicas": plan.replicas, "copies": plan.copies
+        }
         if plan.staged_plain or plan.plain_values:  # a rank other than 0 stores some
             doc["stored"] = keys_digest([*plan.staged_plain, *plan.plain_values])
             doc.update(values=plan.plain_values, paths=plan.plain_paths)
@@ -389,6 +391,14 @@ def _agree_on_attempt(
     )
     if not isinstance(sent[0].get("id"), str):  # pragma: no cover - rank 0 always sends one
         raise DistributedError(f"save of step {step}: no attempt id from rank 0")
+    steps = [d.get("step") for d in sent]
+    if len(set(steps)) > 1:  # the same list on every rank: every rank refuses alike
+        # Rank 0's step named the version, which held the others' state of other steps, and
+        # each rank's CheckpointInfo said its own step (api review 31).
+        raise UsageError(
+            f"rank {comm.rank}: the ranks called save with different steps ({_steps_by_rank(steps)}"
+            f"; this rank: {step}). Every rank must pass the same step. Nothing was saved"
+        )
     replicas = [d.get("replicas", {}) for d in sent]
     conflicts = replica_conflicts(replicas)
     if conflicts:  # every rank holds the same list: every rank refuses alike
@@ -424,6 +434,15 @@ def _agree_on_attempt(
         )
     differ = diverged(replicas)
     return storage, plan, sent[0]["id"], differ, diverged_parameters(replicas, differ)
+
+
+def _steps_by_rank(steps: list[Any]) -> str:
+    """``step 1 on rank(s) [0], step 2 on rank(s) [1]`` (the first few steps)."""
+    ranks: dict[Any, list[int]] = {}
+    for r, s in enumerate(steps):
+        ranks.setdefault(s, []).append(r)
+    parts = [f"step {s} on rank(s) {r[:8]}{' ...' if len(r) > 8 else ''}" for s, r in ranks.items()]
+    return ", ".join(parts[:4]) + (", ..." if len(parts) > 4 else "")
 
 
 def _take_from_others(plan: SavePlan, sent: list[Any]) -> None:

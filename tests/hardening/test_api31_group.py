@@ -1,0 +1,53 @@
+"""Ranks that pass different steps to one save are refused on every rank, nothing committed.
+
+Found by the API review 31 (two gloo ranks): ``save(state, root, step=1)`` on rank 0 and
+``step=2`` on rank 1 committed one version named step 1 that held rank 1's state of step 2,
+and rank 1's ``CheckpointInfo`` said step 2 with the id of that step-1 version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+import portable_ckpt
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import CheckpointError
+from portable_ckpt.torch.launch import run_group
+
+pytestmark = pytest.mark.torch
+
+
+def _steps_differ(rank: int, world: int, root: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    state = {"w": torch.arange(4.0)}
+    for name, save in (("save", pckt.save), ("async_save", pckt.async_save)):
+        try:
+            got = save(state, f"{root}/{name}", step=1 + rank, continuation="statistical")
+            info = got.result(60) if name == "async_save" else got  # type: ignore[union-attr]
+            out[name] = ["saved", info.step]
+        except CheckpointError as e:
+            out[name] = [e.code, str(e)]
+    # The group is usable afterwards: the next save with one step commits.
+    out["next"] = pckt.save(state, f"{root}/save", step=3, continuation="statistical").step
+    return out
+
+
+def test_different_steps_on_the_ranks_commit_nothing(tmp_path: Path) -> None:
+    res = run_group(_steps_differ, 2, (str(tmp_path),), timeout=180, pg_timeout=45)
+    res.raise_for_errors()
+    for rank, out in enumerate(res.results):
+        for name in ("save", "async_save"):
+            code, message = out[name]
+            assert code == "PCK-USAGE", out
+            assert "different steps (step 1 on rank(s) [0], step 2 on rank(s) [1]" in message
+            assert f"this rank: {1 + rank}" in message
+        assert out["next"] == 3
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path / "save")] == [3]
+    assert portable_ckpt.list_versions(tmp_path / "async_save") == []
