@@ -109,3 +109,15 @@ def test_a_state_or_metrics_of_the_wrong_kind_is_named(tmp_path: Path) -> None:
                 call(1, {"w": torch.ones(2)}, metrics=[0.5])  # type: ignore[arg-type]
         assert mgr.maybe_save(1, {"w": torch.ones(2)}, metrics={"loss": 0.5})
     assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [1]
+
+
+def test_restore_rng_of_no_object_is_an_entry_schema_error() -> None:
+    from portable_ckpt.errors import EntrySchemaError
+
+    for bad in (None, [1, 2], "state"):
+        with pytest.raises(EntrySchemaError, match=r"expected an object .*got "):
+            pckt.restore_rng(bad)  # type: ignore[arg-type]
+    saved = pckt.capture_rng()
+    first = torch.rand(2)
+    pckt.restore_rng(saved)
+    assert torch.equal(torch.rand(2), first)

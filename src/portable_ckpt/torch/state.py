@@ -100,7 +100,17 @@ def capture_rng(*, cuda: bool | None = None) -> dict[str, Any]:
 
 
 def restore_rng(value: dict[str, Any]) -> None:
-    """Apply a ``pck:rng/1`` value to this process's generators."""
+    """Apply a ``pck:rng/1`` value to this process's generators.
+
+    Raises:
+        EntrySchemaError: ``value`` is no ``pck:rng/1`` object, or a member cannot be applied.
+
+    """
+    if not isinstance(value, dict):  # (None was an AttributeError on .get: api review 31)
+        raise EntrySchemaError(
+            f"pck:rng/1 value cannot be applied: expected an object (capture_rng()'s dict), got "
+            f"{type(value).__name__}"
+        )
     try:
         py = value.get("python")
         if py is not None:
