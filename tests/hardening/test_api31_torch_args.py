@@ -121,3 +121,18 @@ def test_restore_rng_of_no_object_is_an_entry_schema_error() -> None:
     first = torch.rand(2)
     pckt.restore_rng(saved)
     assert torch.equal(torch.rand(2), first)
+
+
+def test_portable_storage_writer_checks_file_size_and_table_at_construction(
+    tmp_path: Path,
+) -> None:
+    from portable_ckpt.torch.dcp_saving import PortableStorageWriter
+
+    for bad, message in ((0, "max_file_bytes must be >= 1, got 0"),
+                         (1.5, "max_file_bytes must be an integer, got float 1.5")):
+        with pytest.raises(UsageError, match=message):
+            PortableStorageWriter(tmp_path, step=1, max_file_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="tensor_table must be True, False or None, got 'no'"):
+        PortableStorageWriter(tmp_path, step=1, tensor_table="no")  # type: ignore[arg-type]
+    assert PortableStorageWriter(tmp_path, step=1, max_file_bytes=1).max_file_bytes == 1
+    assert list(tmp_path.iterdir()) == []

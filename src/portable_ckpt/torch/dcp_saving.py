@@ -49,7 +49,7 @@ from portable_ckpt.format.keys import (
     has_position,
 )
 from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
-from portable_ckpt.format.usage import require_non_negative_int, require_one_of
+from portable_ckpt.format.usage import require_non_negative_int, require_one_of, strict_int
 from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
@@ -185,7 +185,10 @@ class PortableStorageWriter(StorageWriter):
         self.continuation = continuation
         self.codec = codec
         self.block_size = block_size
-        self.max_file_bytes = max_file_bytes
+        # (0, -5, 1.5 and "no" were taken, as by save(): api review 31)
+        self.max_file_bytes = strict_int(max_file_bytes, "max_file_bytes", minimum=1)
+        if tensor_table is not None and not isinstance(tensor_table, bool):
+            raise UsageError(f"tensor_table must be True, False or None, got {tensor_table!r}")
         self.tensor_table = tensor_table
         #: ``(step, attempt id)`` of the last version this writer published (coordinator).
         self._published: tuple[int, str] | None = None
@@ -244,8 +247,8 @@ class PortableStorageWriter(StorageWriter):
         self.is_coordinator = bool(is_coordinator)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Nothing to add locally."""
-        return plan
+        """Add the rank's step, which the coordinator compares with the others'."""
+        return dataclasses.replace(plan, storage_data={"step": self.step})
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Give every rank's plan the fresh attempt id and the world size (coordinator)."""
@@ -253,6 +256,16 @@ class PortableStorageWriter(StorageWriter):
             raise UsageError(
                 "DCP plan caching reuses an earlier save's plans, attempt id included; every "
                 "portable_ckpt save needs a fresh attempt: drop enable_plan_caching=True"
+            )
+        steps = [p.storage_data.get("step") if isinstance(p.storage_data, dict) else None
+                 for p in plans]
+        if any(s is not None and s != self.step for s in steps):  # (None: no local plan's)
+            # Ranks whose writers had other steps were committed under the coordinator's: a
+            # version of one step holding other steps' state (api review 31).
+            raise UsageError(
+                f"the ranks' PortableStorageWriters have different steps (by rank: "
+                f"{steps[:16]}{' ...' if len(steps) > 16 else ''}); every rank must save the "
+                "same step. Nothing was saved"
             )
         self._say_reused()
         data = {"attempt_id": new_attempt_id(self.step), "world_size": len(plans)}

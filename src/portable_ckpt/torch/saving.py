@@ -331,7 +331,9 @@ def _run_save(
     # Paused on the main thread (a synchronous save); the background thread of an async save
     # leaves the training loop's collector alone. The pause ends before `seconds` is taken.
     with paused_gc():
-        storage, plan, attempt_id, differ, weights = _agree_on_attempt(prepared, comm, opts.step)
+        storage, plan, attempt_id, differ, weights = _agree_on_attempt(
+            prepared, comm, opts.step, opts.continuation
+        )
         opts = _contract_of(opts, comm.rank, differ, weights)
         _warn_exact_without_rng(opts, comm.rank, plan)
         if on_attempt is not None:
@@ -368,7 +370,7 @@ def _run_save(
 
 
 def _agree_on_attempt(
-    prepared: Prepared, comm: Comm, step: int
+    prepared: Prepared, comm: Comm, step: int, continuation: str
 ) -> tuple[Storage, SavePlan, str, list[str], list[str]]:
     """The attempt id (rank 0's), what differs between ranks, and which of it is parameters.
 
@@ -379,7 +381,8 @@ def _agree_on_attempt(
         storage, plan = prepared.ready()
         attempt = new_attempt_id(step) if comm.rank == 0 else None
         doc: dict[str, Any] = {
-            "id": attempt, "step": step, "replicas": plan.replicas, "copies": plan.copies
+            "id": attempt, "step": step, "continuation": continuation,
+            "replicas": plan.replicas, "copies": plan.copies,
         }
         if plan.staged_plain or plan.plain_values:  # a rank other than 0 stores some
             doc["stored"] = keys_digest([*plan.staged_plain, *plan.plain_values])
@@ -398,6 +401,13 @@ def _agree_on_attempt(
         raise UsageError(
             f"rank {comm.rank}: the ranks called save with different steps ({_steps_by_rank(steps)}"
             f"; this rank: {step}). Every rank must pass the same step. Nothing was saved"
+        )
+    contracts = [d.get("continuation") for d in sent]
+    if len(set(contracts)) > 1:  # (rank 0's was recorded; the others' CheckpointInfo differed)
+        raise UsageError(
+            f"rank {comm.rank}: the ranks called save of step {step} with different "
+            f"continuation contracts (by rank: {contracts[:8]}{' ...' if len(contracts) > 8 else ''}"
+            f"; this rank: {continuation!r}). Every rank must pass the same. Nothing was saved"
         )
     replicas = [d.get("replicas", {}) for d in sent]
     conflicts = replica_conflicts(replicas)
