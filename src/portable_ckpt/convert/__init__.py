@@ -589,6 +589,8 @@ def convert(
         problem = url_problem(path, fmt, role)
         if problem:
             raise UsageError(problem)
+    if progress is not None and not callable(progress):  # (a TypeError mid-conversion before)
+        raise UsageError(f"progress must be a callable or None, got {type(progress).__name__}")
     tick = _Ticker(progress)
     _check_not_inside(s, d)
     swept: list[StagingNote] = []
@@ -661,7 +663,8 @@ def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | 
     """Check the arguments of :func:`convert` (usage errors before anything is touched)."""
     from portable_ckpt.convert._view import parse_dtype
     from portable_ckpt.convert.hf import parse_size
-    from portable_ckpt.format.usage import name_collection
+    from portable_ckpt.format.naming import MAX_STEP
+    from portable_ckpt.format.usage import name_collection, strict_int
 
     if kw["strict"] and kw["drop_unsupported"]:
         raise UsageError(
@@ -678,6 +681,15 @@ def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | 
         raise UsageError(f"strip_prefix must be a str, got {type(kw['strip_prefix']).__name__}")
     if kw["codec"] not in CODECS:
         raise UsageError(f"codec must be one of {list(CODECS)}, not {kw['codec']!r}")
+    # Checked here, before DST is made: a step of -3 left an empty DST directory behind, a
+    # batch_bytes of 0 or -1 was taken (api review 31).
+    if kw["step"] is not None:
+        strict_int(kw["step"], "step", minimum=0)
+        if kw["step"] > MAX_STEP:
+            raise UsageError(f"step must be at most {MAX_STEP}, got {kw['step']}")
+    strict_int(kw["batch_bytes"], "batch_bytes", minimum=1)
+    if kw["max_output_bytes"] is not None:
+        strict_int(kw["max_output_bytes"], "max_output_bytes", minimum=0)
     exporting = select or kw["strip_prefix"] or dtype
     if exporting and target == "portable":
         raise UsageError(

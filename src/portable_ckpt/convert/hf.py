@@ -86,8 +86,12 @@ _UNITS = {
 
 def parse_size(text: str | int) -> int:
     """Parse ``"5GB"`` (10^9, as ``transformers``), ``"500MiB"``, ``"1048576"`` into bytes."""
-    if isinstance(text, int):
+    if isinstance(text, int) and not isinstance(text, bool):
+        if not 1 <= text <= 1 << 62:  # (-1 and 0 were taken: a shard per tensor, api review 31)
+            raise UsageError(f"a size must be a number of bytes in [1, 2^62], got {text}")
         return text
+    if not isinstance(text, str):  # (True was an AttributeError on .strip())
+        raise UsageError(f"cannot parse size {text!r}; use e.g. 5GB, 500MiB or 1048576")
     s = text.strip().upper().replace(" ", "")
     num = s.rstrip("KMGTIB")
     unit = s[len(num) :]
