@@ -24,8 +24,11 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format import usage
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what __getattr__ imports lazily, typed for mypy (it saw Any: api review 31)
     from portable_ckpt.format.manifest import FORMAT_VERSION, Continuation, Manifest, Mesh
+    from portable_ckpt.io.gc import gc
+    from portable_ckpt.io.reader import NO_VALUE, Checkpoint
+    from portable_ckpt.io.versions import list_versions
     from portable_ckpt.storage.base import Storage
 
 # Quiet by default: the job log shows portable_ckpt's records once the application configures
@@ -89,7 +92,7 @@ def _split_version(text: str) -> tuple[str, str] | None:
     return None
 
 
-def open(path: str | os.PathLike[str] | Storage, step: int | None = None) -> Any:
+def open(path: str | os.PathLike[str] | Storage, step: int | None = None) -> Checkpoint:
     """Open a committed version for reading.
 
     Args:
