@@ -136,3 +136,24 @@ def test_portable_storage_writer_checks_file_size_and_table_at_construction(
         PortableStorageWriter(tmp_path, step=1, tensor_table="no")  # type: ignore[arg-type]
     assert PortableStorageWriter(tmp_path, step=1, max_file_bytes=1).max_file_bytes == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_restore_of_an_explicit_checkpoint_honours_step(tmp_path: Path) -> None:
+    """``restore(checkpoint=v, step=99)`` loaded ``v`` (step 1) and dropped ``step``; a
+    ``checkpoint`` of 5 was a ``TypeError`` from deep in the restore."""
+    state = {"w": torch.arange(3.0)}
+    pckt.save(state, tmp_path / "seed", step=1, continuation="statistical")
+    pckt.save(state, tmp_path / "seed", step=2, continuation="statistical")
+    (v1, _) = portable_ckpt.list_versions(tmp_path / "seed")
+    target = {"w": torch.zeros(3)}
+    with pckt.CheckpointManager(tmp_path / "job", handle_sigterm=False) as mgr:
+        with pytest.raises(UsageError, match=f"version {v1.id} holds step 1, not 99"):
+            mgr.restore(target, checkpoint=v1.path, step=99)
+        with pytest.raises(UsageError, match="a root is a path or URL string, got int 5"):
+            mgr.restore(target, checkpoint=5)  # type: ignore[arg-type]
+        assert target["w"].tolist() == [0.0, 0.0, 0.0]
+        got = mgr.restore(target, checkpoint=v1.path, step=1)
+        assert got is not None and got.checkpoint_id == v1.id
+        # A root as checkpoint: its version of step 1, not its newest (step 2).
+        got = mgr.restore(target, checkpoint=tmp_path / "seed", step=1)
+        assert got is not None and got.checkpoint_id == v1.id

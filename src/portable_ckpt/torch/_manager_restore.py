@@ -210,7 +210,7 @@ def restore(
             )
         attempt = functools.partial(
             load_one, mgr, state, tier_name, ident, allow_statistical, record_ranges,
-            strict=strict, strict_dtype=strict_dtype, hyper=hyper,
+            strict=strict, strict_dtype=strict_dtype, hyper=hyper, step=step,
         )
         try:
             try:
@@ -727,8 +727,13 @@ def load_one(
     strict: bool = True,
     strict_dtype: bool = False,
     hyper: Hyperparameters | None = None,
+    step: int | None = None,
 ) -> LoadInfo:
-    """Load one candidate (a version directory, or an attempt of a tier)."""
+    """Load one candidate (a version directory, or an attempt of a tier).
+
+    ``step``: the caller's, for an explicit ``checkpoint=`` (a root's version of that step, or
+    a version directory that must hold it); a tier's candidate was chosen by it already.
+    """
     hyper = Hyperparameters() if hyper is None else hyper
     kwargs: dict[str, Any] = {
         "process_group": mgr.process_group,
@@ -739,7 +744,8 @@ def load_one(
         "strict_dtype": strict_dtype,
     }
     if tier_name == "explicit":
-        return load_into(state, ident, hyper, **kwargs)  # a version directory
+        # (step was dropped: restore(checkpoint=v, step=99) loaded v's step 1: api review 31)
+        return load_into(state, ident, hyper, step=step, **kwargs)  # a version directory
     tier = mgr.tiers[tier_name]
     if tier.layout is not None:
         reach_node_local(mgr, tier, state, ident)

@@ -64,6 +64,7 @@ from portable_ckpt.manager.records import (
 )
 from portable_ckpt.manager.telemetry import Telemetry
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
+from portable_ckpt.storage import root_text
 from portable_ckpt.torch._collectives import Comm
 from portable_ckpt.torch._hyperparameters import (
     OPTIMIZER_HYPERPARAMETERS,
@@ -586,7 +587,9 @@ class CheckpointManager:
         of a job: start from scratch). A damaged, partial or missing fast-tier version falls back
         to the next candidate (the durable tier); errors of the target state itself (contract,
         shapes, missing keys) are raised at once. ``checkpoint`` restores one explicit version
-        directory (e.g. a seed from another run) instead. ``allow_statistical``: restore a
+        directory (e.g. a seed from another run) instead; with ``step``, it must hold that
+        step (``PCK-USAGE`` otherwise; a root given as ``checkpoint`` gives its newest version
+        of ``step``). ``allow_statistical``: restore a
         version of contract ``exact`` on another world size or mesh (``PCK-CONTRACT``
         otherwise), as :func:`~portable_ckpt.torch.load`. ``record_ranges`` is passed to
         :func:`~portable_ckpt.torch.load`, and so is ``strict``: ``False`` keeps the current
@@ -629,6 +632,8 @@ class CheckpointManager:
         # step="10" or -1 was looked for as such: "no committed version of step 10" (api
         # review 31)
         step = None if step is None else strict_int(step, "restore: step", minimum=0)
+        if checkpoint is not None:
+            root_text(checkpoint)  # (5 was a TypeError from os.fspath deep in the restore)
         self._settle_pending()
         # This process's async save of another manager (or of async_save) on this root must
         # be in the listing: a second manager's restore ran before the first's save committed
