@@ -52,3 +52,27 @@ def test_tiles_as_a_numpy_array_and_any_mapping_are_taken(tmp_path: Path) -> Non
     ck = portable_ckpt.open(tmp_path)
     assert ck.read("w").tolist() == W.tolist()
     assert len(ck.tensors["w"].ranges) == 4 and ck.entry("e") == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"progress": 5}, "gc: progress must be a callable or None, got int"),
+        ({"now": 5.0}, "gc: now must be a callable or None, got float"),
+        ({"spare_since": "x"}, "gc: spare_since must be epoch seconds"),
+        ({"spare_since": float("nan")}, "gc: spare_since must be epoch seconds"),
+        ({"require_copy": 1}, "gc: require_copy must be True, False or a root URL, got 1"),
+    ],
+)
+def test_gc_refuses_what_it_would_trip_on_part_way(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    """``progress=5`` raised ``TypeError`` after gc had deleted the first version."""
+    for step in (1, 2, 3):
+        portable_ckpt.save_arrays(tmp_path, {"w": W}, step=step)
+    with pytest.raises(UsageError, match=message):
+        portable_ckpt.gc(tmp_path, keep=1, grace_seconds=0, **kwargs)
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [1, 2, 3]
+    done: list[tuple[int, int]] = []
+    report = portable_ckpt.gc(tmp_path, keep=1, progress=lambda d, t: done.append((d, t)))
+    assert len(report.deleted) == 2 and done[-1] == (2, 2)

@@ -263,6 +263,33 @@ def check_grace(seconds: float, what: str = "grace period") -> None:
         raise UsageError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
 
 
+def _check_gc_arguments(
+    *, now: object, progress: object, spare_since: object, require_copy: object
+) -> None:
+    """Refuse (``UsageError``) what gc would trip on part way, after deleting some versions.
+
+    ``progress=5`` raised ``TypeError`` after the first deletion, ``spare_since="x"`` and
+    ``now=5.0`` at the first comparison; ``require_copy=1`` was taken as ``True`` (api
+    review 31).
+    """
+    for name, fn in (("now", now), ("progress", progress)):
+        if fn is not None and not callable(fn):
+            raise UsageError(f"gc: {name} must be a callable or None, got {type(fn).__name__}")
+    if spare_since is not None and (
+        isinstance(spare_since, bool)
+        or not isinstance(spare_since, int | float)
+        or not math.isfinite(spare_since)
+    ):
+        raise UsageError(
+            f"gc: spare_since must be epoch seconds (a finite number) or None, got "
+            f"{spare_since!r:.80}"
+        )
+    if not isinstance(require_copy, bool | str):
+        raise UsageError(
+            f"gc: require_copy must be True, False or a root URL, got {require_copy!r:.80}"
+        )
+
+
 def gc(
     root: str | os.PathLike[str] | Storage,
     *,
@@ -324,11 +351,15 @@ def gc(
     is never deleted as abandoned.
 
     Raises:
-        UsageError: ``keep`` < 1 or a grace period that is negative or not finite.
+        UsageError: ``keep`` < 1, a grace period that is negative or not finite, or ``now``,
+            ``progress``, ``spare_since`` or ``require_copy`` of the wrong kind (before
+            anything is read).
         NotFoundError: the root does not exist.
 
     """
     check_retention(keep, grace_seconds)
+    _check_gc_arguments(now=now, progress=progress, spare_since=spare_since,
+                        require_copy=require_copy)
     ask_storage = now is None  # a caller's own clock is taken as it is
     now = time.time if now is None else now
     keep_ids = usage.name_collection(keep_ids, "gc: keep_ids")
