@@ -76,3 +76,14 @@ def test_gc_refuses_what_it_would_trip_on_part_way(
     done: list[tuple[int, int]] = []
     report = portable_ckpt.gc(tmp_path, keep=1, progress=lambda d, t: done.append((d, t)))
     assert len(report.deleted) == 2 and done[-1] == (2, 2)
+
+
+def test_verify_refuses_a_progress_that_is_no_callable(tmp_path: Path) -> None:
+    """It raised ``TypeError`` from inside the deep pass, after the other checks ran."""
+    portable_ckpt.save_arrays(tmp_path, {"w": W}, step=1)
+    ck = portable_ckpt.open(tmp_path)
+    with pytest.raises(UsageError, match="verify: progress must be a callable or None, got int"):
+        ck.verify(deep=True, progress=5)  # type: ignore[arg-type]
+    done: list[tuple[int, int]] = []
+    assert ck.verify(deep=True, progress=lambda d, t: done.append((d, t))) == []
+    assert done and done[-1][0] == done[-1][1]

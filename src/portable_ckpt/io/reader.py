@@ -1329,14 +1329,17 @@ class Checkpoint:
         one names them all). ``progress(done, total)`` follows the bytes of the deep pass.
 
         Raises:
-            UsageError: ``sample`` is not a fraction in (0, 1] (NaN, 0, 2, a string) or ``seed``
-                not an integer.
+            UsageError: ``sample`` is not a fraction in (0, 1] (NaN, 0, 2, a string), ``seed``
+                not an integer or ``progress`` not a callable.
 
         """
         if sample is not None:
             sample = fraction(sample, "verify: sample")
         if seed is not None:
             seed = strict_int(seed, "verify: seed")
+        if progress is not None and not callable(progress):  # (TypeError mid-pass: review 31)
+            raise UsageError(f"verify: progress must be a callable or None, got "
+                             f"{type(progress).__name__}")
         f = _Findings()
         gone = self._deleted()
         if gone is not None:  # gc removed it since it was opened (serving review F2)
