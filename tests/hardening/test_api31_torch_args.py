@@ -157,3 +157,14 @@ def test_restore_of_an_explicit_checkpoint_honours_step(tmp_path: Path) -> None:
         # A root as checkpoint: its version of step 1, not its newest (step 2).
         got = mgr.restore(target, checkpoint=tmp_path / "seed", step=1)
         assert got is not None and got.checkpoint_id == v1.id
+
+
+def test_a_manager_on_a_version_directory_is_refused_at_construction(tmp_path: Path) -> None:
+    """It was constructed; every save then failed in the background (a save into a version
+    directory is refused) until ``max_failed_saves`` stopped the job."""
+    info = pckt.save({"w": torch.ones(2)}, tmp_path / "root", step=1, continuation="statistical")
+    for kwargs in ({"root": info.path}, {"root": tmp_path / "job", "fast_root": info.path}):
+        with pytest.raises(UsageError, match="is a version directory: a save there would nest"):
+            pckt.CheckpointManager(**kwargs, save_every=1, handle_sigterm=False)
+    assert sorted(p.name for p in Path(info.path).iterdir()) == ["data", "index", "manifest.json"]
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path / "root")] == [1]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from portable_ckpt.errors import UsageError
+from portable_ckpt.io.versions import refuse_root_in_version
 from portable_ckpt.manager.retention import RetentionPolicy
 from portable_ckpt.manager.tiers import NodeLayout
 from portable_ckpt.storage import Storage, local_path, open_storage, root_text
@@ -45,6 +46,9 @@ def storage_url(root: str | os.PathLike[str]) -> str:
 def durable_tier(root: str | os.PathLike[str], **retention: Any) -> Tier:
     """The durable tier with the caller's retention policy (keep_last, keep_every, keep_best)."""
     url = storage_url(root)
+    # A version directory as the root was taken here and every save failed later, in the
+    # background, until max_failed_saves stopped the job (api review 31).
+    refuse_root_in_version(url)
     return Tier("durable", url, open_storage(url, create=True), RetentionPolicy.build(**retention))
 
 
@@ -66,5 +70,6 @@ def fast_tier(
     if fast == durable:
         raise UsageError("fast_root must differ from root")
     retention = RetentionPolicy.build(keep_last=keep)
+    refuse_root_in_version(fast)
     storage = open_storage(fast, create=True)
     return Tier("fast", fast, storage, retention, layout if layout.nodes > 1 else None)
