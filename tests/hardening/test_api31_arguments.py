@@ -87,3 +87,34 @@ def test_verify_refuses_a_progress_that_is_no_callable(tmp_path: Path) -> None:
     done: list[tuple[int, int]] = []
     assert ck.verify(deep=True, progress=lambda d, t: done.append((d, t))) == []
     assert done and done[-1][0] == done[-1][1]
+
+
+def test_shard_writer_and_commit_refuse_arguments_of_the_wrong_kind(tmp_path: Path) -> None:
+    """A path as the storage, a dict of indexes or a generator of writers was an
+    ``AttributeError``/``TypeError`` from inside; ``max_file_bytes=0`` was taken."""
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(1)
+    with pytest.raises(UsageError, match="ShardWriter takes a storage backend, got PosixPath"):
+        ShardWriter(tmp_path, attempt)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="max_file_bytes must be >= 1, got 0"):
+        ShardWriter(storage, attempt, max_file_bytes=0)
+    w = ShardWriter(storage, attempt, 0)
+    w.add_tensor("w", W)
+    index = w.finish()
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"indexes": {0: index}}, "commit: indexes must be a list of WriterIndex .*got dict"),
+        ({"expected_writers": iter([0])}, "commit: expected_writers must be a list of writer"),
+        ({"expected_writers": [0.0]}, "commit: expected_writers item must be an integer"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(UsageError, match=message):
+            commit(storage, attempt, step=1, **kwargs)
+    with pytest.raises(UsageError, match="commit takes a storage backend, got str"):
+        commit(str(tmp_path), attempt, step=1, indexes=[index])  # type: ignore[arg-type]
+    assert portable_ckpt.list_versions(tmp_path)[0].status == "incomplete"
+    commit(storage, attempt, step=1, indexes=[index], expected_writers=range(1))
+    assert portable_ckpt.open(tmp_path).read("w").tolist() == W.tolist()

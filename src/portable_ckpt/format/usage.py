@@ -28,6 +28,7 @@ __all__ = [
     "require_non_negative_int",
     "require_one_of",
     "require_seconds",
+    "storage_object",
     "strict_int",
     "timeout_seconds",
 ]
@@ -77,6 +78,21 @@ def mapping(value: object, what: str, *, allow_none: bool = False) -> Any:
             f"{type(value).__name__} {value!r:.80}"
         )
     return value
+
+
+def storage_object(value: object, what: str) -> None:
+    """Refuse (``UsageError``) anything but a :class:`~portable_ckpt.storage.base.Storage`.
+
+    A path where a backend object is taken was an ``AttributeError`` ('str' object has no
+    attribute 'capabilities') from inside (api review 31).
+    """
+    from portable_ckpt.storage.base import Storage
+
+    if not isinstance(value, Storage):
+        raise UsageError(
+            f"{what} takes a storage backend, got {type(value).__name__} {value!r:.80}: "
+            "pass portable_ckpt.storage.open_storage(url, create=True)"
+        )
 
 
 def timeout_seconds(value: object, what: str) -> float | None:

@@ -36,7 +36,7 @@ from portable_ckpt.errors import (
     UsageError,
     WriterMissingError,
 )
-from portable_ckpt.format import jsonio
+from portable_ckpt.format import jsonio, usage
 from portable_ckpt.format.dtypes import DTYPES
 from portable_ckpt.format.manifest import (
     TABLE_FORMAT_VERSION,
@@ -535,6 +535,7 @@ def commit(
     """
     from portable_ckpt.io.versions import refuse_root_in_version
 
+    _check_arguments(storage, indexes, expected_writers)
     refuse_root_in_version(storage)  # a committer of another process, whatever its writers did
     with logged_commit(storage.url, attempt_id, step) as done:
         manifest = _commit(
@@ -591,6 +592,34 @@ def _commit(
         _check_headers(storage, attempt_id, merged)
     manifest = _manifest(attempt_id, step, cont, producer, merged)
     return _publish(storage, manifest, merged, indexes, tensor_table)
+
+
+def _check_arguments(
+    storage: object, indexes: object, expected_writers: object
+) -> None:
+    """Refuse (``UsageError``) arguments of the wrong kind before anything is read.
+
+    A path as ``storage``, a dict as ``indexes`` or a generator as ``expected_writers`` was an
+    ``AttributeError`` or ``TypeError`` from inside the commit (api review 31).
+    """
+    usage.storage_object(storage, "commit")
+    if indexes is not None and (
+        not isinstance(indexes, Sequence)
+        or isinstance(indexes, str)
+        or not all(isinstance(i, WriterIndex) for i in indexes)
+    ):
+        raise UsageError(
+            f"commit: indexes must be a list of WriterIndex (what ShardWriter.finish returns) "
+            f"or None, got {type(indexes).__name__} {indexes!r:.80}"
+        )
+    if expected_writers is not None:
+        if not isinstance(expected_writers, Sequence) or isinstance(expected_writers, str):
+            raise UsageError(
+                f"commit: expected_writers must be a list of writer numbers or None, got "
+                f"{type(expected_writers).__name__} {expected_writers!r:.80}"
+            )
+        for w in expected_writers:
+            usage.strict_int(w, "commit: expected_writers item", minimum=0)
 
 
 def refuse_without_atomic_create(storage: Storage) -> None:

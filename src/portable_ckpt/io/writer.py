@@ -57,7 +57,13 @@ from portable_ckpt.format.naming import (
     index_file_name,
     new_attempt_id,
 )
-from portable_ckpt.format.usage import plain_array, require_non_negative_int, require_one_of
+from portable_ckpt.format.usage import (
+    plain_array,
+    require_non_negative_int,
+    require_one_of,
+    storage_object,
+    strict_int,
+)
 from portable_ckpt.format.vocab import CODECS, POLICIES, SCOPES, is_entry_name
 from portable_ckpt.io.checksum import AUTO_FILE_BLOCKS, BlockHasher, auto_block_size
 from portable_ckpt.io.safetensors_io import build_header
@@ -279,9 +285,11 @@ class ShardWriter:
         sync_on_finish: bool = True,
         tensor_table: bool = False,
     ) -> None:
+        storage_object(storage, "ShardWriter")
         check_attempt_id(attempt_id)
         require_one_of(codec, CODECS, "codec")
         check_block_size(block_size)
+        strict_int(max_file_bytes, "max_file_bytes", minimum=1)  # (0, -5 were taken)
         from portable_ckpt.io.commit import refuse_without_atomic_create
         from portable_ckpt.io.versions import refuse_root_in_version
 
