@@ -168,3 +168,26 @@ def test_a_manager_on_a_version_directory_is_refused_at_construction(tmp_path: P
             pckt.CheckpointManager(**kwargs, save_every=1, handle_sigterm=False)
     assert sorted(p.name for p in Path(info.path).iterdir()) == ["data", "index", "manifest.json"]
     assert [v.step for v in portable_ckpt.list_versions(tmp_path / "root")] == [1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"save_every": "5"}, "save_every must be a positive number or None, got '5'"),
+        ({"save_every_seconds": "60"}, "save_every_seconds must be a positive number or None"),
+        ({"save_steps": 5}, "save_steps must be a collection of steps, got int 5"),
+        ({"save_steps": "12"}, "save_steps must be a collection of steps, got str '12'"),
+        ({"events": 5}, "events must be a file path or None, got int 5"),
+        ({"events": "DIR"}, "is a directory: name a file in it"),
+    ],
+)
+def test_policy_and_events_of_the_wrong_kind_are_named(
+    tmp_path: Path, kwargs: dict[str, Any], message: str
+) -> None:
+    """``save_every="5"`` and ``save_steps=5`` raised ``TypeError`` from the policy, ``events=5``
+    one from ``os.fspath``; a directory as ``events`` was taken and no event was ever written."""
+    if kwargs.get("events") == "DIR":
+        kwargs["events"] = tmp_path
+    with pytest.raises(UsageError, match=message):
+        pckt.CheckpointManager(tmp_path / "root", handle_sigterm=False, **kwargs)
+    assert not (tmp_path / "root").exists()

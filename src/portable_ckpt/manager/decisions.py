@@ -33,7 +33,10 @@ _REASONS: Final[tuple[str, ...]] = (
 
 
 def _positive(name: str, value: float | None) -> None:
-    if value is not None and (isinstance(value, bool) or not value > 0):
+    # (a str such as "5" was a TypeError from the comparison: api review 31)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+    ):
         raise UsageError(f"{name} must be a positive number or None, got {value!r}")
 
 
@@ -70,6 +73,11 @@ class SavePolicy:
         for name, v in (("save_every", save_every), ("fast_every", fast_every)):
             if v is not None and not isinstance(v, int):
                 raise UsageError(f"{name} must be an int, got {v!r}")
+        if isinstance(save_steps, str | bytes) or not isinstance(save_steps, Iterable):
+            raise UsageError(  # (5 was a TypeError: 'int' object is not iterable)
+                f"save_steps must be a collection of steps, got {type(save_steps).__name__} "
+                f"{save_steps!r:.80}"
+            )
         steps = frozenset(save_steps)
         bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or s < 0]
         if bad:

@@ -27,9 +27,10 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from portable_ckpt.errors import UsageError
 from portable_ckpt.logs import LOGGER_NAME, log_event
 
-__all__ = ["COUNTERS", "EVENTS", "LOGGER_NAME", "Telemetry", "prometheus_text"]
+__all__ = ["COUNTERS", "EVENTS", "LOGGER_NAME", "Telemetry", "events_path", "prometheus_text"]
 
 #: Event names and what they report.
 EVENTS = {
@@ -226,6 +227,34 @@ def _umask() -> int:
     return 0o077  # unknown: the private mode
 
 
+def events_path(events: str | os.PathLike[str] | None, rank: int) -> str | None:
+    """The file ``rank`` writes its events to (``None``: none), checked (``UsageError``).
+
+    ``events=5`` was a ``TypeError`` from ``os.fspath``, and a directory was taken, after
+    which no event was ever written (api review 31).
+    """
+    if events is None:
+        return None
+    try:
+        text = os.path.expanduser(os.fspath(events))  # "~/events.jsonl" (notebook F6)
+    except TypeError:
+        raise UsageError(
+            f"events must be a file path or None, got {type(events).__name__} {events!r:.80}"
+        ) from None
+    if not isinstance(text, str):
+        raise UsageError(f"events must be a file path or None, got bytes {text!r:.80}")
+    if "{rank}" in text:
+        path: str | None = text.replace("{rank}", str(rank))
+    else:
+        path = text if rank == 0 else None
+    if path is not None and os.path.isdir(path):
+        raise UsageError(
+            f"events {path!r} is a directory: name a file in it (events.jsonl, or ckpt.prom "
+            "for a Prometheus textfile)"
+        )
+    return path
+
+
 class Telemetry:
     """Emit events for one rank (see the module docstring)."""
 
@@ -240,17 +269,11 @@ class Telemetry:
         self._latest: dict[tuple[str, str], dict[str, Any]] = {}
         self._stamps: dict[tuple[str, str], float] = {}  # (metric, tier) -> unix seconds
         self._counters: dict[tuple[str, str], float] = {}  # (metric, tier) -> since start
-        self.path: str | None = None
         self._said_unwritable = False
         self.history: list[dict[str, Any]] = []
-        if events is not None:
-            text = os.path.expanduser(os.fspath(events))  # "~/events.jsonl" (notebook F6)
-            if "{rank}" in text:
-                self.path = text.replace("{rank}", str(rank))
-            elif rank == 0:
-                self.path = text
-            if self.path is not None:
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.path: str | None = events_path(events, rank)
+        if self.path is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
 
     @property
     def prometheus(self) -> bool:

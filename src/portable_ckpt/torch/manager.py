@@ -62,7 +62,7 @@ from portable_ckpt.manager.records import (
     manager_entry_value,
     placement_entry_schema,
 )
-from portable_ckpt.manager.telemetry import Telemetry
+from portable_ckpt.manager.telemetry import Telemetry, events_path
 from portable_ckpt.manager.tiers import PLACEMENT_ENTRY
 from portable_ckpt.storage import root_text
 from portable_ckpt.torch._collectives import Comm
@@ -269,6 +269,7 @@ class CheckpointManager:
         self._fast_failed = False
         self._fast_failing = False
         self._direct_saves = 0
+        events_path(events, self.rank)  # before a tier's root is made (api review 31)
         durable = durable_tier(
             root, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best
         )
