@@ -84,6 +84,10 @@ def test_verify_refuses_a_progress_that_is_no_callable(tmp_path: Path) -> None:
     ck = portable_ckpt.open(tmp_path)
     with pytest.raises(UsageError, match="verify: progress must be a callable or None, got int"):
         ck.verify(deep=True, progress=5)  # type: ignore[arg-type]
+    # deep="no" is truthy: it ran the deep pass; a flag that is no bool is refused (review 31)
+    for deep in ("no", 1, None):
+        with pytest.raises(UsageError, match="verify: deep must be True or False"):
+            ck.verify(deep=deep)  # type: ignore[arg-type]
     done: list[tuple[int, int]] = []
     assert ck.verify(deep=True, progress=lambda d, t: done.append((d, t))) == []
     assert done and done[-1][0] == done[-1][1]

@@ -53,6 +53,16 @@ def test_save_options_are_refused_before_anything_is_written(
     assert info.step == 1
 
 
+def test_a_misspelt_save_keyword_names_the_call(tmp_path: Path) -> None:
+    """``save(..., stpe=3)`` said "SaveOptions.__init__() got an unexpected keyword argument":
+    a class the caller never named. It is the call's TypeError now, before anything is done."""
+    state = {"w": torch.ones(3)}
+    for save, name in ((pckt.save, "save"), (pckt.async_save, "async_save")):
+        with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'stpe'$"):
+            save(state, tmp_path, step=1, stpe=3)  # type: ignore[call-arg]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_load_and_restore_check_step_and_timeout(tmp_path: Path) -> None:
     state = {"w": torch.arange(3.0)}
     pckt.save(state, tmp_path, step=10, continuation="statistical")

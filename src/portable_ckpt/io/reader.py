@@ -1330,9 +1330,11 @@ class Checkpoint:
 
         Raises:
             UsageError: ``sample`` is not a fraction in (0, 1] (NaN, 0, 2, a string), ``seed``
-                not an integer or ``progress`` not a callable.
+                not an integer, ``deep`` not a bool or ``progress`` not a callable.
 
         """
+        if not isinstance(deep, bool):  # deep="no" is truthy: a deep pass nobody asked for
+            raise UsageError(f"verify: deep must be True or False, got {deep!r:.80}")
         if sample is not None:
             sample = fraction(sample, "verify: sample")
         if seed is not None:

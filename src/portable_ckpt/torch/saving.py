@@ -145,6 +145,11 @@ class SaveOptions:
 
         (Not a ``TypeError`` naming this class: ``step`` is ``call``'s required keyword.)
         """
+        # A misspelt keyword is Python's TypeError, but naming the call, not this class's
+        # __init__ (api review 31: save(..., stpe=3) named SaveOptions.__init__()).
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}")
         if "step" not in options:
             raise UsageError(
                 f"{call}() needs the keyword argument step= (the completed training step, "
