@@ -57,3 +57,14 @@ def test_good_numbers_convert(tmp_path: Path) -> None:
     assert portable_ckpt.open(tmp_path / "out").step == 3
     hf = convert(tmp_path / "out", tmp_path / "hf", dst_format="hf", max_shard_size=24)
     assert hf.tensors == 2
+
+
+def test_an_export_option_to_a_portable_target_names_the_python_arguments(tmp_path: Path) -> None:
+    """A Python caller passing ``dtype=`` to a portable target was told of ``--select`` and
+    ``--dtype`` only (api review 31, left by the reviewer)."""
+    torch.save({"w": torch.ones(2)}, tmp_path / "s.pt")
+    with pytest.raises(UsageError) as ei:
+        convert(tmp_path / "s.pt", tmp_path / "root", dtype="bf16")
+    assert "(Python: select, strip_prefix and dtype)" in ei.value.message
+    assert "--to hf, dcp or torch (dst_format)" in ei.value.message
+    assert not (tmp_path / "root").exists()

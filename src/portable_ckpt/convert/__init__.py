@@ -693,8 +693,8 @@ def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | 
     exporting = select or kw["strip_prefix"] or dtype
     if exporting and target == "portable":
         raise UsageError(
-            "--select, --strip-prefix and --dtype shape an export from a portable version: use "
-            "them with --to hf, dcp or torch"
+            "--select, --strip-prefix and --dtype (Python: select, strip_prefix and dtype) shape "
+            "an export from a portable version: use them with --to hf, dcp or torch (dst_format)"
         )
     return ConvertOptions(
         max_shard_size=parse_size(max_shard_size),
@@ -865,7 +865,7 @@ def _from_portable(
         # conversion review 25, L1: it was ignored, and --max-output 10 wrote every byte)
         raise LimitError(f"{s}: exporting it would write {tick.total:,} bytes of tensors, more "
                          f"than the --max-output / max_output_bytes bound of {bound:,}; pass a "
-                         "larger one, or select less (--select)", path=s)
+                         "larger one, or select less (--select, Python: select)", path=s)
     try:
         res: WriteResult = target.load("writer")(view, d, options, tick)
     except (OSError, RuntimeError) as exc:
