@@ -80,12 +80,17 @@ def save_portable_as_torch(
         # directory beside the staged file, so what a kill leaves is swept with it (review M4).
         scratch = tempfile.mkdtemp(prefix=".pck-export-", dir=os.path.dirname(tmp))
         try:
+            values = _values(ck, mapped=options.keys == "mapped")
+            if options.keys != "mapped" and (both := values.keys() & ck.tensors.keys()):
+                # The flat dict holds one of them: the value replaced the tensor, exit 0 (reatk31)
+                raise UnsupportedValueError(
+                    f"key {min(both)!r} is both a tensor and an entry of the version, and a flat "
+                    "dict has one of each key; nothing was written")
             tensors: dict[str, torch.Tensor] = {}
             for i, key in enumerate(sorted(ck.tensors)):
                 tensors[key] = _mapped_tensor(ck, ck.tensors[key], os.path.join(scratch, str(i)))
                 written += ck.tensors[key].nbytes
                 progress(ck.tensors[key].nbytes)
-            values = _values(ck, mapped=options.keys == "mapped")
             decimal: list[str] = []
             state = (
                 nest(tensors, values, kinds=_kinds(ck), decimal=decimal)

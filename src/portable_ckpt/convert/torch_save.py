@@ -175,14 +175,16 @@ def read_torch_shards(index: str, options: ConvertOptions) -> SourcePlan:
         for path in _indexed_shards(index, weight_map):
             plans[path] = read_torch_source(path, strict=options.strict,
                                             allow_expand=options.allow_expand, keys=options.keys)
-        return _merged(index, weight_map, plans)
+        return _merged(index, weight_map, plans, mapped=mapped)
     except BaseException:
         for plan in plans.values():
             plan.close()
         raise
 
 
-def _merged(index: str, weight_map: dict[str, str], plans: dict[str, SourcePlan]) -> SourcePlan:
+def _merged(
+    index: str, weight_map: dict[str, str], plans: dict[str, SourcePlan], *, mapped: bool
+) -> SourcePlan:
     """One source of the shards' plans, by shard path (each checked as a file of its own)."""
     from portable_ckpt.convert.hf import _check_all_stored, _check_placed
 
@@ -208,6 +210,21 @@ def _merged(index: str, weight_map: dict[str, str], plans: dict[str, SourcePlan]
             entries[e.name] = path
             out_entries.append(e)
     _check_all_stored(index, weight_map, set(where))
+    # A tensor of one shard and a value of another under one key: one file cannot hold both
+    # (its dict has one of each key), so the set is inconsistent. Kept, the torch export gave
+    # the value alone (the tensor silently gone) and DCP exports dropped one or crashed
+    # (reatk31 R1). Mapped, the values are leaves of the one shard's torch.values entry, and a
+    # leaf below a tensor's key ("a/k" under "a") is such a clash too.
+    values = {e.name: entries[e.name] for e in out_entries}
+    if mapped and VALUES_ENTRY in entries:
+        leaves = next(e.value for e in out_entries if e.name == VALUES_ENTRY)
+        parts = [leaf.split("/") for leaf in leaves]
+        values = {"/".join(p[:i]): entries[VALUES_ENTRY] for p in parts for i in range(1, len(p) + 1)}
+    for key in sorted(values.keys() & where.keys()):
+        raise UnsupportedValueError(
+            f"{index}: {where[key]} holds tensor {key!r} and {values[key]} a non-tensor value "
+            f"of the same key (the format has one of each key); convert each file alone",
+            path=values[key])
 
     def close() -> None:
         for plan in plans.values():
@@ -452,6 +469,8 @@ def _plan(
         if is_tensor_node(node):
             if name in tensor_paths:
                 raise _collision(path, name, tensor_paths[name], raw, "tensor")
+            if not values.mapped and name in values.paths:  # {"a.b": 1, "a": {"b": t}}
+                raise _collision(path, name, values.paths[name], raw, "item")
             tensor_paths[name] = raw
             add_tensor(name, node)
             values.tensor_at(dcp_path)
@@ -492,6 +511,10 @@ def _plan(
         except NotJsonError as exc:
             warnings.append(ConvertWarning(name, f"{path}: {exc} is not convertible; skipped"))
             return
+        if not values.mapped and name in tensor_paths:
+            # Dotted verbatim names: {"a": {"b": t}, "a.b": 1} gave tensor and entry "a.b",
+            # and the torch export kept the value alone (reatk31 R2).
+            raise _collision(path, name, tensor_paths[name], raw, "item")
         values.add(name, value, dcp_path, raw)
 
     try:
