@@ -152,7 +152,14 @@ def _is_torch_zip(p: str) -> bool:
 
 def _is_hf(p: str) -> bool:
     if os.path.isdir(p):
-        return any(n.endswith((".safetensors", ".safetensors.index.json")) for n in os.listdir(p))
+        names = os.listdir(p)
+        if "model.safetensors" in names or any(n.endswith(".safetensors.index.json") for n in names):
+            return True
+        # transformers loads pytorch_model.bin or its index before other safetensors files: a
+        # lone adapter_model.safetensors beside them was converted alone, exit 0 (reatk31 R4)
+        if "pytorch_model.bin" in names or any(n.endswith(_TORCH_INDEXES) for n in names):
+            return False
+        return any(n.endswith(".safetensors") for n in names)
     if p.endswith((".safetensors", ".safetensors.index.json")):
         return True
     if p.endswith(_TORCH_SUFFIXES + _TORCH_INDEXES):
