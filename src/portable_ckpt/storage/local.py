@@ -94,6 +94,15 @@ def _fsync_close(fd: int, rel: str, full: str) -> None:
         os.close(fd)
 
 
+def _missing_dirs(full_dir: str, root: str) -> list[str]:
+    """``full_dir`` and its parents below ``root`` that do not exist yet, deepest first."""
+    missing = []
+    while len(full_dir) > len(root) and not os.path.lexists(full_dir):
+        missing.append(full_dir)
+        full_dir = os.path.dirname(full_dir)
+    return missing
+
+
 class _LocalWriter(StreamWriter):
     def __init__(
         self, storage: LocalStorage, rel: str, full: str, defer_sync: bool = False
@@ -245,8 +254,12 @@ class LocalStorage(ScannedStorage):
 
     # -- path handling -------------------------------------------------------------------------
     def _full(self, rel: str) -> str:
-        if rel.startswith("/") or "\\" in rel or any(p in ("..",) for p in rel.split("/")):
-            raise PathUnsafeError(f"path {rel!r} leaves the storage root {self.root}", path=rel)
+        # Every path the listings would call foreign (well_formed: a NUL, a newline, `..`, an
+        # empty or `.` component) is refused, as S3 refuses it: a file written under such a
+        # name was one gc never deletes, and a NUL raised a bare ValueError.
+        if rel and not well_formed(rel):
+            raise PathUnsafeError(f"path {rel!r} is not a relative path below the storage root "
+                                  f"{self.root}", path=rel)
         full = os.path.join(self.root, rel) if rel else self.root
         # Refuse symlinked parents below the root: they could point anywhere.
         parent = os.path.dirname(full)
@@ -476,6 +489,10 @@ class LocalStorage(ScannedStorage):
     def create_if_absent(self, path: str, data: bytes) -> bool:
         full = self._full(path)
         tmp = f"{full}.{secrets.token_hex(8)}.tmp"
+        # The directories this call creates need their names made durable as well (R-COMMIT-17:
+        # "every directory it created"): a root's first pin created `pins/`, fsynced only
+        # `pins/` itself, and a crash could lose the pin with the directory's name.
+        created = _missing_dirs(os.path.dirname(full), self.root)
         try:
             _makedirs(os.path.dirname(full), full, path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
@@ -507,6 +524,8 @@ class LocalStorage(ScannedStorage):
             os.unlink(tmp)  # a leftover temporary name is ignored by readers (R-COMMIT-10)
         try:
             fsync_dir(os.path.dirname(full))
+            for d in created:  # deepest first: each new directory's name, in its parent
+                fsync_dir(os.path.dirname(d))
         except OSError as exc:
             raise CommitOutcomeUnknownError(
                 f"create {path!r}: the record is visible but its directory could not be synced "
@@ -523,7 +542,10 @@ class LocalStorage(ScannedStorage):
         (a backslash, not UTF-8). The format writes none of them; they are never listed.
         """
         base = self._full(prefix.rstrip("/")) if prefix else self.root
-        if not os.path.isdir(base) or os.path.islink(base):
+        # A prefix that is a link is never followed; the root may be one (the user chose it:
+        # a root linked to another disk listed nothing at its top, so the storage clock, the
+        # probes' tidying and the check that `pins` is a directory saw an empty root).
+        if not os.path.isdir(base) or (prefix and os.path.islink(base)):
             return
         stack = [base]
         while stack:
@@ -555,6 +577,8 @@ class LocalStorage(ScannedStorage):
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         base = self._full(prefix.rstrip("/")) if prefix else self.root
+        if prefix and os.path.islink(base):
+            return []  # as list() does: a listing never follows a link (R-SEC-2)
         try:
             with os.scandir(base) as it:
                 return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
