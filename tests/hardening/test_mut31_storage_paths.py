@@ -126,3 +126,18 @@ def test_a_root_that_is_a_link_lists_its_top_level(tmp_path: Path) -> None:
     assert sorted(i.path for i in st.list("")) == ["top.bin", "v/f"]
     assert st.list_foreign("") == ["fifo"]
     assert storage_clock(st) is not None
+
+
+def test_a_flat_foreign_listing_stays_at_its_level(tmp_path: Path) -> None:
+    """``list_foreign(prefix, recursive=False)`` names the foreign entries of that directory
+    only: ``ls --json``'s top-level ``foreign_keys`` and the check for odd records read it.
+    Mutant G02 (``recursive`` ignored): a FIFO inside an attempt was a foreign key of the
+    root."""
+    root = tmp_path / "root"
+    st = LocalStorage(root, create=True)
+    st.put("v/data/f", b"x")
+    os.mkfifo(root / "top-fifo")
+    os.mkfifo(root / "v" / "data" / "fifo")
+    assert st.list_foreign("", recursive=False) == ["top-fifo"]
+    assert sorted(st.list_foreign("")) == ["top-fifo", "v/data/fifo"]
+    assert st.list_foreign("v/", recursive=False) == []
