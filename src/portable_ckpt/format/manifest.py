@@ -781,8 +781,9 @@ def _tensor(
                 raise c.fail(
                     rw, f"box [{o}:{o + n}] exceeds dimension {dim} of size {s}", RangeBoundsError
                 )
+        # No length bound of its own: a path too long for §2.2 is PCK-PATH-UNSAFE (§17.2).
         fpath = check_relative_path(
-            c.str_(c.req(r, "file", rw), rw + ".file", 4096), what=f"{c.what}: {rw}.file"
+            c.str_(c.req(r, "file", rw), rw + ".file", MAX_SIZE), what=f"{c.what}: {rw}.file"
         )
         if files is not None and fpath not in files:
             raise c.fail(rw + ".file", f"{fpath!r} is not listed in files")
@@ -822,7 +823,8 @@ def _entry(
         policy = c.enum(
             c.req(d, "world_size_policy", where), where + ".world_size_policy", POLICIES
         )
-    elif policy is not None:
+    elif "world_size_policy" in d:
+        # Absent, not null: the schema forbids the member itself on a global entry (§12.1).
         raise c.fail(where + ".world_size_policy", "only per_rank entries have a world_size_policy")
     encoding = c.enum(c.req(d, "encoding", where), where + ".encoding", ENCODINGS)
     values = _entry_values(c, c.req(d, "values", where), where, scope, files, world_size)
@@ -863,8 +865,9 @@ def _entry_values(
         vw = f"{where}.values[{i}]"
         o = c.obj(vv, vw)
         c.closed(o, vw, {"file", "rank"})
+        # As a range's file: §2.2 bounds the length (PCK-PATH-UNSAFE), not a string limit.
         fpath = check_relative_path(
-            c.str_(c.req(o, "file", vw), vw + ".file", 4096), what=f"{c.what}: {vw}.file"
+            c.str_(c.req(o, "file", vw), vw + ".file", MAX_SIZE), what=f"{c.what}: {vw}.file"
         )
         if files is not None and fpath not in files:
             raise c.fail(vw + ".file", f"{fpath!r} is not listed in files")
@@ -879,6 +882,9 @@ def _entry_values(
         elif "rank" in o:
             raise c.fail(vw, "global entries have no rank")
         values.append(EntryValue(fpath, rank))
+    if scope == "global" and len(values) > 1:
+        # The schema's maxItems, in a writer index too, where no world size is known (§14.1).
+        raise c.fail(where + ".values", f"a global entry has exactly one value, found {len(values)}")
     if world_size is not None:
         problem = entry_values_problem(scope, [v.rank for v in values], world_size)
         if problem is not None:
@@ -1010,7 +1016,8 @@ def parse_manifest(
     if d.get("format") != "portable-ckpt":
         raise c.fail("format", f"expected 'portable-ckpt', got {d.get('format')!r}")
     version = check_format_version(c.req(d, "format_version", "top level"), what)
-    mu = _must_understand(c, d.get("must_understand", []))
+    # Required (§5): empty is allowed, absent is not (the schema's "required").
+    mu = _must_understand(c, c.req(d, "must_understand", "top level"))
     c.version, c.must_understand = version, mu
     attempt_id = check_attempt_id(c.req(d, "attempt_id", "top level"), what=f"{what}: attempt_id")
     if directory_name is not None and directory_name != attempt_id:
@@ -1049,7 +1056,7 @@ def parse_manifest(
             "must_understand",
             "a manifest with a tensor_table must list 'tensor-table' (R-TABLE-2)",
         )
-    ext = d.get("extensions", {})
+    ext = c.req(d, "extensions", "top level")
     if not isinstance(ext, dict):
         raise c.fail("extensions", "must be an object")
     # R-VERSION-6 ignores what extensions hold, not their names (the schema's propertyNames).
