@@ -175,6 +175,7 @@ def read_torch_shards(index: str, options: ConvertOptions) -> SourcePlan:
         for path in _indexed_shards(index, weight_map):
             plans[path] = read_torch_source(path, strict=options.strict,
                                             allow_expand=options.allow_expand, keys=options.keys)
+            plans[path].close()  # planned: its tensors open the file again as they load
         return _merged(index, weight_map, plans, mapped=mapped)
     except BaseException:
         for plan in plans.values():
@@ -436,10 +437,12 @@ def _plan(
     on_path: set[int] = set()  # the containers the walk is inside (a cycle refers to one)
     checks = CrcChecks()  # each storage member's CRC-32 once, however many tensors view it
 
+    source = _File(path, fd)
+
     def loader(layout: TorchTensorLayout, where: str) -> Callable[[], np.ndarray[Any, Any]]:
         # Small tensors are read, not mapped: a mapping holds a descriptor until the writer
         # drops its batch, and 4,800 small tensors ran out of them (EMFILE, review H2).
-        return lambda: load_torch_tensor(fd, layout, where=where, file=path, checks=checks)
+        return lambda: source.load(layout, where, checks)
 
     def add_tensor(name: str, node: Any) -> None:
         where = f"{path} (tensor {name!r})"
@@ -525,7 +528,35 @@ def _plan(
         raise ShardHeaderError(f"{path}: data.pkl is nested too deeply", path=path) from None
     if strict:
         _refuse_skipped(path, warnings)
-    return SourcePlan("torch", tensors, values.all(), warnings, close=lambda: os.close(fd))
+    return SourcePlan("torch", tensors, values.all(), warnings, close=source.close)
+
+
+class _File:
+    """A source file's descriptor, open while the file is planned.
+
+    A file converted alone keeps it until the conversion closes it. Once it is closed (a
+    shard of a set, right after it is planned), each tensor's load opens the file again: every
+    shard of a 1,100-file set open at once ran out of descriptors (reatk31 R3), where an HF
+    set opens a shard per tensor.
+    """
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def load(self, layout: TorchTensorLayout, where: str, checks: CrcChecks) -> np.ndarray[Any, Any]:
+        if self._fd >= 0:
+            return load_torch_tensor(self._fd, layout, where=where, file=self.path, checks=checks)
+        fd = open_regular(self.path, what=f"torch.save file {self.path}")  # a FIFO is refused
+        try:
+            return load_torch_tensor(fd, layout, where=where, file=self.path, checks=checks)
+        finally:
+            os.close(fd)  # a mapped tensor keeps its own duplicate
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def _refuse_skipped(path: str, warnings: list[ConvertWarning]) -> None:
