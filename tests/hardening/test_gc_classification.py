@@ -359,13 +359,14 @@ def test_a_verification_record_keeps_long_messages_short(tmp_path: Path) -> None
     assert v.verification_failed
 
 
-class _Flips(FaultyStorage):
-    """Reads of ``path`` return one flipped bit the first ``times`` times (a flaky NIC or DIMM;
-    each read flips another bit)."""
+class Flips(FaultyStorage):
+    """Reads of ``path`` return one flipped bit the first ``times`` times: each read flips
+    another bit (a flaky NIC or DIMM), or with ``same`` the same one (a client cache that
+    kept a bad copy)."""
 
-    def __init__(self, storage: Any, path: str, times: int) -> None:
+    def __init__(self, storage: Any, path: str, times: int, *, same: bool = False) -> None:
         super().__init__(storage, [])
-        self._path, self._left = path, times
+        self._path, self._left, self._same = path, times, same
 
     def read_all(self, path: str, *, max_size: int) -> bytes:
         data = super().read_all(path, max_size=max_size)
@@ -373,7 +374,7 @@ class _Flips(FaultyStorage):
             return data
         self._left -= 1
         blob = bytearray(data)
-        blob[20 + self._left] ^= 0x04
+        blob[20 if self._same else 20 + self._left] ^= 0x04
         return bytes(blob)
 
 
@@ -395,7 +396,7 @@ def test_a_record_misread_once_is_read_again_and_never_cached_as_absent(
     else:  # step 1 is the drilled one (R-GC-2)
         rel = write_drill_record(storage, ids[0], _drill())
     annotations._RECORDS.clear()
-    once = _Flips(storage, rel, 1)
+    once = Flips(storage, rel, 1)
     seen = {v.id: v for v in list_versions(once)}
     assert seen[ids[2]].verification_failed is (kind == "verification")
     assert seen[ids[0]].drilled is (kind == "drill")
@@ -403,7 +404,7 @@ def test_a_record_misread_once_is_read_again_and_never_cached_as_absent(
     assert (ids[1] if kind == "verification" else ids[0]) in _alive(tmp_path)
     # Two reads that differ: a storage error, the version unknown (nothing decided on it).
     annotations._RECORDS.clear()  # a fresh process
-    twice = _Flips(storage, rel, 2)
+    twice = Flips(storage, rel, 2)
     rep = gc(twice, keep=1, grace_seconds=0.0, dry_run=True)
     assert ids[2 if kind == "verification" else 0] in [u["id"] for u in rep.unknown]
 

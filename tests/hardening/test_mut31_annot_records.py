@@ -29,6 +29,7 @@ from portable_ckpt.storage import Storage, open_storage
 from portable_ckpt.storage.faults import FaultyStorage
 
 from ..rules.test_r_drill_10 import _cli, _failed_and_a_passed_record_clearing_it, _root
+from .test_gc_classification import Flips
 from .test_review12_records import FAILED, _record
 
 
@@ -90,20 +91,6 @@ def test_the_records_cache_sees_a_record_replaced_under_its_name(tmp_path: Path)
     assert ok(copy) == [True] and ok(root) == [False]
 
 
-class _SameFlip(FaultyStorage):
-    """Reads of ``path`` return the same flipped bit the first ``times`` times (a client cache
-    that kept a bad copy), then the stored bytes."""
-
-    def __init__(self, storage: Storage, path: str, times: int) -> None:
-        super().__init__(storage, [])
-        self._path, self._left = path, times
-
-    def read_all(self, path: str, *, max_size: int) -> bytes:
-        data = super().read_all(path, max_size=max_size)
-        if path != self._path or self._left <= 0:
-            return data
-        self._left -= 1
-        return data[:20] + bytes([data[20] ^ 0x04]) + data[21:]
 
 
 def test_a_record_misread_alike_twice_is_not_remembered(tmp_path: Path) -> None:
@@ -113,7 +100,7 @@ def test_a_record_misread_alike_twice_is_not_remembered(tmp_path: Path) -> None:
     process, and each restore took the version it had failed."""
     root, (_, v2) = _root(tmp_path)
     _record(v2, FAILED)
-    flaky = _SameFlip(open_storage(root), f"{v2.name}/verifications/{FAILED}.json", 2)
+    flaky = Flips(open_storage(root), f"{v2.name}/verifications/{FAILED}.json", 2, same=True)
     assert read_annotations(flaky, v2.name, "verifications") == []
     assert [r["ok"] for r in read_annotations(flaky, v2.name, "verifications")] == [False]
 

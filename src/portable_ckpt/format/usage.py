@@ -24,6 +24,7 @@ __all__ = [
     "fraction",
     "mapping",
     "name_collection",
+    "path_text",
     "plain_array",
     "require_non_negative_int",
     "require_one_of",
@@ -93,6 +94,26 @@ def storage_object(value: object, what: str) -> None:
             f"{what} takes a storage backend, got {type(value).__name__} {value!r:.80}: "
             "pass portable_ckpt.storage.open_storage(url, create=True)"
         )
+
+
+def path_text(value: object, must: str) -> str:
+    """``os.fspath(value)`` as a ``str``, or PCK-USAGE saying ``must`` and what was given.
+
+    ``must`` says what was wanted: ``"events must be a file path or None"``.
+
+    Raises:
+        UsageError: no path (an int: ``os.fspath``'s ``TypeError``), or bytes.
+
+    """
+    import os
+
+    try:
+        text = os.fspath(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise UsageError(f"{must}, got {type(value).__name__} {value!r:.80}") from None
+    if not isinstance(text, str):
+        raise UsageError(f"{must}, got bytes {text!r:.80}")
+    return text
 
 
 def timeout_seconds(value: object, what: str) -> float | None:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from portable_ckpt.errors import UsageError
+from portable_ckpt.format.usage import path_text
 from portable_ckpt.logs import LOGGER_NAME, log_event
 
 __all__ = ["COUNTERS", "EVENTS", "LOGGER_NAME", "Telemetry", "events_path", "prometheus_text"]
@@ -235,14 +236,8 @@ def events_path(events: str | os.PathLike[str] | None, rank: int) -> str | None:
     """
     if events is None:
         return None
-    try:
-        text = os.path.expanduser(os.fspath(events))  # "~/events.jsonl" (notebook F6)
-    except TypeError:
-        raise UsageError(
-            f"events must be a file path or None, got {type(events).__name__} {events!r:.80}"
-        ) from None
-    if not isinstance(text, str):
-        raise UsageError(f"events must be a file path or None, got bytes {text!r:.80}")
+    # "~/events.jsonl" (notebook F6)
+    text = os.path.expanduser(path_text(events, "events must be a file path or None"))
     if "{rank}" in text:
         path: str | None = text.replace("{rank}", str(rank))
     else:

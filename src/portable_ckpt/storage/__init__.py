@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from portable_ckpt.errors import UsageError
+from portable_ckpt.format.usage import path_text
 from portable_ckpt.storage.base import (
     Capabilities,
     ObjectInfo,
@@ -198,14 +199,7 @@ def root_text(url: object) -> str:
             f" at {url.url!r}): register the backend's URL scheme (register_scheme, or an "
             "entry point: docs/storage-backends.md) and pass its URL"
         )
-    try:
-        text = os.fspath(url)  # type: ignore[call-overload]
-    except TypeError:
-        raise UsageError(
-            f"a root is a path or URL string, got {type(url).__name__} {url!r:.80}"
-        ) from None
-    if not isinstance(text, str):
-        raise UsageError(f"a root is a path or URL string, got bytes {text!r:.80}")
+    text = path_text(url, "a root is a path or URL string")
     if "\x00" in text:
         raise UsageError(f"root {text!r:.120} contains a NUL character; no path does")
     _check_lost_slash(text)
