@@ -122,3 +122,21 @@ def test_shard_writer_and_commit_refuse_arguments_of_the_wrong_kind(tmp_path: Pa
     assert portable_ckpt.list_versions(tmp_path)[0].status == "incomplete"
     commit(storage, attempt, step=1, indexes=[index], expected_writers=range(1))
     assert portable_ckpt.open(tmp_path).read("w").tolist() == W.tolist()
+
+
+def test_a_zstd_level_outside_zstd_and_a_compress_that_is_no_bool_are_refused(tmp_path: Path) -> None:
+    """``ShardWriter(zstd_level=99)`` was taken (zstd clamps it without a word) and
+    ``add_entry(compress="no")`` compressed (a non-empty string is true): api review 31, left by
+    the reviewer."""
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(str(tmp_path), create=True)
+    for level, says in ((99, "at most 22"), (1.5, "must be an integer"), (-(1 << 18), "must be >=")):
+        with pytest.raises(UsageError, match=says):
+            ShardWriter(storage, new_attempt_id(1), 0, codec="zstd", zstd_level=level)
+    assert ShardWriter(storage, new_attempt_id(1), 0, codec="zstd", zstd_level=-5).zstd_level == -5
+    w = ShardWriter(storage, new_attempt_id(1), 0)
+    with pytest.raises(UsageError, match="compress must be True or False, got 'no'"):
+        w.add_entry("meta", {"a": 1}, schema="pck:json/1", compress="no")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []  # nothing written by the refusals

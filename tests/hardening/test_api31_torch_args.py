@@ -201,3 +201,18 @@ def test_policy_and_events_of_the_wrong_kind_are_named(
     with pytest.raises(UsageError, match=message):
         pckt.CheckpointManager(tmp_path / "root", handle_sigterm=False, **kwargs)
     assert not (tmp_path / "root").exists()
+
+
+def test_a_data_position_is_counts() -> None:
+    """``DataPosition(epoch=-1)`` was taken and ``epoch="1"`` became 1 (``int()``): a position
+    the loader then resumed from (api review 31, left by the reviewer). numpy integers stay
+    welcome (a loader's counters often are)."""
+    import numpy as np
+
+    for kw, says in (({"epoch": -1}, "epoch must be >= 0"), ({"epoch": "1"}, "epoch must be an integer"),
+                     ({"global_sample_index": 2.5}, "global_sample_index must be an integer"),
+                     ({"epoch": True}, "epoch must be an integer")):
+        with pytest.raises(UsageError, match=f"DataPosition: {says}"):
+            pckt.DataPosition(**kw)
+    pos = pckt.DataPosition(np.int64(3), np.int32(40))
+    assert (pos.epoch, pos.global_sample_index) == (3, 40) and type(pos.epoch) is int

@@ -255,7 +255,8 @@ class ShardWriter:
         max_file_blocks: For ``block_size=None``: about this many blocks per file (jobs with
             thousands of writers pass fewer, to bound the manifest's checksum list).
         max_file_bytes: Start a new shard file when one would exceed this.
-        zstd_level: Compression level for ``codec="zstd"``.
+        zstd_level: Compression level for ``codec="zstd"``: an int in zstd's range, -131072
+            (its fastest) to 22.
         write_index: Also store ``index/wNNNNN.json`` (needed when the committer reads indexes
             from storage rather than receiving them in memory).
         sync_on_finish: Make the files durable in :meth:`finish` (``storage.sync()``). A caller
@@ -305,7 +306,11 @@ class ShardWriter:
         self.block_size = block_size
         self.max_file_blocks = max_file_blocks
         self.max_file_bytes = max_file_bytes
-        self.zstd_level = zstd_level
+        # zstd's own range (negative levels are its fast ones): 99 was taken here and then
+        # clamped by zstd without a word (api review 31)
+        self.zstd_level = strict_int(zstd_level, "zstd_level", minimum=-(1 << 17))
+        if self.zstd_level > 22:
+            raise UsageError(f"zstd_level must be at most 22 (zstd's highest), got {zstd_level}")
         if write_index and not sync_on_finish:
             raise UsageError("an index lists durable files only: write_index needs sync_on_finish")
         self.write_index = write_index
@@ -422,6 +427,8 @@ class ShardWriter:
     ) -> None:
         """Plan to store a non-tensor entry value (validated against its schema now)."""
         self._check_open()
+        if not isinstance(compress, bool):  # compress="no" is truthy (api review 31)
+            raise UsageError(f"entry {name!r:.80}: compress must be True or False, got {compress!r:.80}")
         if not is_entry_name(name):
             # The reader refuses a manifest with such a name: the whole version would be lost.
             raise UsageError(

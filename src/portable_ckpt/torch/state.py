@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from portable_ckpt.errors import EntrySchemaError, EntryTargetError, UsageError
+from portable_ckpt.format.usage import strict_int
 from portable_ckpt.format.vocab import POLICIES
 from portable_ckpt.torch.flatten import StateEntry, decode_json, encode_json
 
@@ -380,7 +381,8 @@ class DataPosition(StateEntry):
     """Where the data stream stands (``pck:data-position/1``), a mutable holder.
 
     Args:
-        epoch: Current epoch.
+        epoch: Current epoch (an integer >= 0, as ``global_sample_index``; ``PCK-USAGE``
+            otherwise).
         global_sample_index: Samples of the epoch consumed by the whole job (the same on every
             rank).
         extra: Further JSON members stored beside them (e.g. ``sampler_seed``).
@@ -399,8 +401,11 @@ class DataPosition(StateEntry):
         *,
         world_size_policy: str = "rank0",
     ) -> None:
-        self.epoch = int(epoch)
-        self.global_sample_index = int(global_sample_index)
+        # Counts: int("1") and int(1.5) took a string and a float, and -1 was taken, each
+        # stored as a position the loader then resumed from (api review 31)
+        self.epoch = strict_int(epoch, "DataPosition: epoch", minimum=0)
+        self.global_sample_index = strict_int(
+            global_sample_index, "DataPosition: global_sample_index", minimum=0)
         self.extra: dict[str, Any] = dict(extra or {})
         self.world_size_policy = _check_policy(world_size_policy)
         #: True after a load applied a stored value.
