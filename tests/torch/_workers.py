@@ -356,10 +356,11 @@ def protocol_failures(rank: int, world: int, root: str, scratch: str) -> dict[st
     last = world - 1
 
     def state(epoch: int = 1, policy: str = "rank0", n: int = 6) -> dict[str, Any]:
-        return {
-            "w": torch.arange(float(n)),
-            "data": pckt.DataPosition(epoch, 2, world_size_policy=policy),
-        }
+        data = pckt.DataPosition(1, 2, world_size_policy=policy)
+        # Set on the holder, as a loop sets it: the constructor refuses -1 itself, the save's
+        # schema check is what this test needs to fail on one rank
+        data.epoch = epoch
+        return {"w": torch.arange(float(n)), "data": data}
 
     pckt.save(state(), root, step=1, timeout=30)
     out: dict[str, Any] = {}
