@@ -68,12 +68,12 @@ def test_different_steps_on_the_ranks_commit_nothing(tmp_path: Path) -> None:
             assert "different steps (step 1 on rank(s) [0], step 2 on rank(s) [1]" in message
             assert f"this rank: {1 + rank}" in message
         assert out["contract"][0] == "PCK-USAGE"
-        assert "different continuation contracts (by rank: ['exact', 'statistical']" in (
-            out["contract"][1]
-        )
+        assert ("different continuation contracts (continuation 'exact' on rank(s) [0], "
+                "continuation 'statistical' on rank(s) [1]") in out["contract"][1]
         assert out["next"] == 3
         assert out["dcp"][0] == ["PCK-USAGE"], out["dcp"]
-        assert "PortableStorageWriters have different steps (by rank: [1, 2])" in out["dcp"][1]
+        assert ("PortableStorageWriters have different steps (step 1 on rank(s) [0], step 2 on "
+                "rank(s) [1])") in out["dcp"][1]
     assert [v.step for v in portable_ckpt.list_versions(tmp_path / "save")] == [3]
     for name in ("async_save", "dcp", "contract"):
         assert portable_ckpt.list_versions(tmp_path / name) == []

@@ -79,6 +79,7 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, VALUES_ENTRY
 from portable_ckpt.format.naming import MAX_STEP
+from portable_ckpt.format.usage import callable_or_none
 from portable_ckpt.format.vocab import CODECS, is_entry_name
 from portable_ckpt.storage import local_path, root_text
 
@@ -589,8 +590,7 @@ def convert(
         problem = url_problem(path, fmt, role)
         if problem:
             raise UsageError(problem)
-    if progress is not None and not callable(progress):  # (a TypeError mid-conversion before)
-        raise UsageError(f"progress must be a callable or None, got {type(progress).__name__}")
+    callable_or_none(progress, "progress")
     tick = _Ticker(progress)
     _check_not_inside(s, d)
     swept: list[StagingNote] = []
@@ -663,7 +663,6 @@ def _options(*, target: str, max_shard_size: int | str, select: Sequence[str] | 
     """Check the arguments of :func:`convert` (usage errors before anything is touched)."""
     from portable_ckpt.convert._view import parse_dtype
     from portable_ckpt.convert.hf import parse_size
-    from portable_ckpt.format.naming import MAX_STEP
     from portable_ckpt.format.usage import name_collection, strict_int
 
     if kw["strict"] and kw["drop_unsupported"]:

@@ -30,10 +30,15 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from portable_ckpt.convert._model import ConvertOptions, ConvertWarning, fail_if_lost
+from portable_ckpt.convert._model import (
+    ConvertOptions,
+    ConvertWarning,
+    fail_if_lost,
+    refuse_shared_keys,
+)
 from portable_ckpt.convert._publish import fsync_files
 from portable_ckpt.convert.hf import HF_METADATA_ENTRY
-from portable_ckpt.errors import UnsupportedValueError, UsageError
+from portable_ckpt.errors import UsageError
 from portable_ckpt.torch.state import without_scheduler_class
 
 __all__ = ["save_portable_as_dcp", "to_torch"]
@@ -137,11 +142,7 @@ class _PortablePlanner(SavePlanner):
 def _verbatim(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
     """Keys as they are: FQN = portable key, one byte item per entry (rank 0's when per-rank)."""
     warnings: list[ConvertWarning] = []
-    if both := ck.entries.keys() & ck.tensors.keys():
-        # One DCP item per name: DCP's planner failed on an assertion (reatk31)
-        raise UnsupportedValueError(
-            f"key {min(both)!r} is both a tensor and an entry of the version, and a DCP "
-            "checkpoint has one item of each name; nothing was written")
+    refuse_shared_keys(ck.entries, ck.tensors, "a DCP checkpoint has one item of each name")
     values: dict[str, Callable[[], Any]] = {}
     for name in sorted(ck.entries):
         if ck.entries[name].scope == "per_rank":

@@ -33,6 +33,7 @@ __all__ = [
     "check_layout",
     "check_plan",
     "fail_if_lost",
+    "refuse_shared_keys",
     "fail_if_strict",
     "name_lost",
     "infer_step",
@@ -307,6 +308,23 @@ def name_lost(lost: Sequence[ConvertWarning], *, source: str = "") -> str:
         f"{f'item {w.item!r}' if source else w.item}: "
         f"{w.message.removeprefix(cut).removesuffix('; skipped')}" for w in lost[:_SHOWN])
     return shown + (f" (and {len(lost) - _SHOWN} more)" if len(lost) > _SHOWN else "")
+
+
+def refuse_shared_keys(values: Iterable[str], tensors: Iterable[str], one_of_each: str) -> None:
+    """Refuse a version whose tensor and entry share a name, for a target with one of each.
+
+    ``one_of_each`` says why the target cannot hold both (``"a flat dict has one of each
+    key"``): a torch export kept the value and lost the tensor, exit 0, and DCP's planner failed
+    on an assertion (reatk31).
+
+    Raises:
+        UnsupportedValueError: naming the first such key.
+
+    """
+    if both := set(values) & set(tensors):
+        raise UnsupportedValueError(
+            f"key {min(both)!r} is both a tensor and an entry of the version, and {one_of_each}; "
+            "nothing was written")
 
 
 def fail_if_lost(

@@ -34,6 +34,7 @@ from portable_ckpt.convert._model import (
     ConvertWarning,
     WriteResult,
     fail_if_lost,
+    refuse_shared_keys,
 )
 from portable_ckpt.convert._publish import open_staged, staged
 from portable_ckpt.convert.hf import HF_METADATA_ENTRY, slabs
@@ -81,11 +82,8 @@ def save_portable_as_torch(
         scratch = tempfile.mkdtemp(prefix=".pck-export-", dir=os.path.dirname(tmp))
         try:
             values = _values(ck, mapped=options.keys == "mapped")
-            if options.keys != "mapped" and (both := values.keys() & ck.tensors.keys()):
-                # The flat dict holds one of them: the value replaced the tensor, exit 0 (reatk31)
-                raise UnsupportedValueError(
-                    f"key {min(both)!r} is both a tensor and an entry of the version, and a flat "
-                    "dict has one of each key; nothing was written")
+            if options.keys != "mapped":
+                refuse_shared_keys(values, ck.tensors, "a flat dict has one of each key")
             tensors: dict[str, torch.Tensor] = {}
             for i, key in enumerate(sorted(ck.tensors)):
                 tensors[key] = _mapped_tensor(ck, ck.tensors[key], os.path.join(scratch, str(i)))

@@ -171,16 +171,12 @@ def read_torch_shards(index: str, options: ConvertOptions) -> SourcePlan:
     # (one component each under mapped keys, where a "/" in a name is escaped).
     weight_map = {(escape_component(n) if mapped else n): f for n, f in _load_index(index).items()}
     plans: dict[str, SourcePlan] = {}
-    try:
-        for path in _indexed_shards(index, weight_map):
-            plans[path] = read_torch_source(path, strict=options.strict,
-                                            allow_expand=options.allow_expand, keys=options.keys)
-            plans[path].close()  # planned: its tensors open the file again as they load
-        return _merged(index, weight_map, plans, mapped=mapped)
-    except BaseException:
-        for plan in plans.values():
-            plan.close()
-        raise
+    for path in _indexed_shards(index, weight_map):
+        plan = read_torch_source(path, strict=options.strict, allow_expand=options.allow_expand,
+                                 keys=options.keys)  # (a failure closes its own file)
+        plan.close()  # planned: its tensors open the file again as they load
+        plans[path] = plan
+    return _merged(index, weight_map, plans, mapped=mapped)
 
 
 def _merged(
@@ -226,13 +222,8 @@ def _merged(
             f"{index}: {where[key]} holds tensor {key!r} and {values[key]} a non-tensor value "
             f"of the same key (the format has one of each key); convert each file alone",
             path=values[key])
-
-    def close() -> None:
-        for plan in plans.values():
-            plan.close()
-
-    return SourcePlan("torch", tensors, out_entries, [w for p in plans.values() for w in p.warnings],
-                      close=close)
+    # (every shard's file is closed already: nothing for the merged plan to close)
+    return SourcePlan("torch", tensors, out_entries, [w for p in plans.values() for w in p.warnings])
 
 
 def write_target(

@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 from portable_ckpt.errors import UsageError
 
 __all__ = [
+    "callable_or_none",
     "continuation_or_none",
+    "flag",
     "fraction",
     "mapping",
     "name_collection",
@@ -94,6 +96,36 @@ def storage_object(value: object, what: str) -> None:
             f"{what} takes a storage backend, got {type(value).__name__} {value!r:.80}: "
             "pass portable_ckpt.storage.open_storage(url, create=True)"
         )
+
+
+def flag(value: object, what: str, *, allow_none: bool = False) -> bool | None:
+    """``value`` when it is a bool (or ``None`` with ``allow_none``).
+
+    A truthy string (``deep="no"``, ``compress="no"``, ``tensor_table="no"``) did what it says
+    not to (api review 31).
+
+    Raises:
+        UsageError: anything else.
+
+    """
+    if isinstance(value, bool) or (value is None and allow_none):
+        return value
+    kinds = "True, False or None" if allow_none else "True or False"
+    raise UsageError(f"{what} must be {kinds}, got {value!r:.80}")
+
+
+def callable_or_none(value: object, what: str) -> None:
+    """Refuse a callback that is no callable, before the work it reports on.
+
+    It failed only when first called, part way through the work (a deep verification, a gc
+    that had deleted a version, a conversion).
+
+    Raises:
+        UsageError: ``value`` is neither ``None`` nor callable.
+
+    """
+    if value is not None and not callable(value):
+        raise UsageError(f"{what} must be a callable or None, got {type(value).__name__}")
 
 
 def path_text(value: object, must: str) -> str:

@@ -272,9 +272,8 @@ def _check_gc_arguments(
     ``now=5.0`` at the first comparison; ``require_copy=1`` was taken as ``True`` (api
     review 31).
     """
-    for name, fn in (("now", now), ("progress", progress)):
-        if fn is not None and not callable(fn):
-            raise UsageError(f"gc: {name} must be a callable or None, got {type(fn).__name__}")
+    usage.callable_or_none(now, "gc: now")
+    usage.callable_or_none(progress, "gc: progress")
     if spare_since is not None and (
         isinstance(spare_since, bool)
         or not isinstance(spare_since, int | float)

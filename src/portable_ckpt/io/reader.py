@@ -71,7 +71,7 @@ from portable_ckpt.format.manifest import (
     dtype_not_defined,
 )
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
-from portable_ckpt.format.usage import fraction, strict_int
+from portable_ckpt.format.usage import callable_or_none, flag, fraction, strict_int
 from portable_ckpt.io._blame import name_block, name_blocks
 from portable_ckpt.io._zstd_box import stream_box
 from portable_ckpt.io.checksum import DamagedBlocks, read_planned, read_verified, verify_file
@@ -1333,15 +1333,12 @@ class Checkpoint:
                 not an integer, ``deep`` not a bool or ``progress`` not a callable.
 
         """
-        if not isinstance(deep, bool):  # deep="no" is truthy: a deep pass nobody asked for
-            raise UsageError(f"verify: deep must be True or False, got {deep!r:.80}")
+        flag(deep, "verify: deep")  # deep="no" is truthy: a deep pass nobody asked for
         if sample is not None:
             sample = fraction(sample, "verify: sample")
         if seed is not None:
             seed = strict_int(seed, "verify: seed")
-        if progress is not None and not callable(progress):  # (TypeError mid-pass: review 31)
-            raise UsageError(f"verify: progress must be a callable or None, got "
-                             f"{type(progress).__name__}")
+        callable_or_none(progress, "verify: progress")
         f = _Findings()
         gone = self._deleted()
         if gone is not None:  # gc removed it since it was opened (serving review F2)

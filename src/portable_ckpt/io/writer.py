@@ -58,6 +58,7 @@ from portable_ckpt.format.naming import (
     new_attempt_id,
 )
 from portable_ckpt.format.usage import (
+    flag,
     plain_array,
     require_non_negative_int,
     require_one_of,
@@ -427,8 +428,7 @@ class ShardWriter:
     ) -> None:
         """Plan to store a non-tensor entry value (validated against its schema now)."""
         self._check_open()
-        if not isinstance(compress, bool):  # compress="no" is truthy (api review 31)
-            raise UsageError(f"entry {name!r:.80}: compress must be True or False, got {compress!r:.80}")
+        flag(compress, f"entry {name!r:.80}: compress")
         if not is_entry_name(name):
             # The reader refuses a manifest with such a name: the whole version would be lost.
             raise UsageError(

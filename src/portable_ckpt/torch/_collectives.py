@@ -37,7 +37,21 @@ from portable_ckpt.errors import (
     error_for_code,
 )
 
-__all__ = ["Comm", "DEFAULT_TIMEOUT_S", "StepStatus", "make_comm", "new_gloo_group"]
+__all__ = ["Comm", "DEFAULT_TIMEOUT_S", "StepStatus", "by_rank", "make_comm", "new_gloo_group"]
+
+
+def by_rank(values: list[Any], noun: str) -> str:
+    """What each rank gave, grouped: ``step 1 on rank(s) [0], step 2 on rank(s) [1]``.
+
+    For the messages of a collective that found the ranks disagree (the first few values,
+    and the first ranks of each).
+    """
+    ranks: dict[Any, list[int]] = {}
+    for r, v in enumerate(values):
+        ranks.setdefault(v, []).append(r)
+    parts = [f"{noun} {v!r} on rank(s) {r[:8]}{' ...' if len(r) > 8 else ''}"
+             for v, r in ranks.items()]
+    return ", ".join(parts[:4]) + (", ..." if len(parts) > 4 else "")
 
 #: Default timeout of metadata collectives (seconds), the process group default.
 DEFAULT_TIMEOUT_S = (

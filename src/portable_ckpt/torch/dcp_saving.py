@@ -49,7 +49,12 @@ from portable_ckpt.format.keys import (
     has_position,
 )
 from portable_ckpt.format.manifest import CODECS, Continuation, Mesh, WriterIndex
-from portable_ckpt.format.usage import require_non_negative_int, require_one_of, strict_int
+from portable_ckpt.format.usage import (
+    flag,
+    require_non_negative_int,
+    require_one_of,
+    strict_int,
+)
 from portable_ckpt.format.vocab import CONTRACTS
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
@@ -62,6 +67,7 @@ from portable_ckpt.io.writer import (
 )
 from portable_ckpt.logs import get_logger, log_event
 from portable_ckpt.storage import Storage, open_storage
+from portable_ckpt.torch._collectives import by_rank
 from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
 from portable_ckpt.torch._dcp_keys import json_leaves, portable_key
 from portable_ckpt.torch._tensors import numpy_view
@@ -187,8 +193,7 @@ class PortableStorageWriter(StorageWriter):
         self.block_size = block_size
         # (0, -5, 1.5 and "no" were taken, as by save(): api review 31)
         self.max_file_bytes = strict_int(max_file_bytes, "max_file_bytes", minimum=1)
-        if tensor_table is not None and not isinstance(tensor_table, bool):
-            raise UsageError(f"tensor_table must be True, False or None, got {tensor_table!r}")
+        flag(tensor_table, "tensor_table", allow_none=True)
         self.tensor_table = tensor_table
         #: ``(step, attempt id)`` of the last version this writer published (coordinator).
         self._published: tuple[int, str] | None = None
@@ -263,8 +268,8 @@ class PortableStorageWriter(StorageWriter):
             # Ranks whose writers had other steps were committed under the coordinator's: a
             # version of one step holding other steps' state (api review 31).
             raise UsageError(
-                f"the ranks' PortableStorageWriters have different steps (by rank: "
-                f"{steps[:16]}{' ...' if len(steps) > 16 else ''}); every rank must save the "
+                f"the ranks' PortableStorageWriters have different steps ("
+                f"{by_rank(steps, 'step')}); every rank must save the "
                 "same step. Nothing was saved"
             )
         self._say_reused()

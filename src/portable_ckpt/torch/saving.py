@@ -37,6 +37,7 @@ from portable_ckpt.errors import (
 from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value, read_dcp_items
 from portable_ckpt.format.manifest import Continuation, WriterIndex, files_bytes
 from portable_ckpt.format.usage import (
+    flag,
     require_non_negative_int,
     require_one_of,
     strict_int,
@@ -49,7 +50,7 @@ from portable_ckpt.io.tensor_table import TABLE_THRESHOLD
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.logs import get_logger, human_bytes, logged
 from portable_ckpt.storage import Storage, open_storage
-from portable_ckpt.torch._collectives import Comm, make_comm
+from portable_ckpt.torch._collectives import Comm, by_rank, make_comm
 from portable_ckpt.torch._inflight import say, wait_idle
 from portable_ckpt.torch._owners import (
     OwnersExchange,
@@ -166,8 +167,7 @@ class SaveOptions:
         timeout_seconds(self.timeout, "timeout")
         strict_int(self.max_file_bytes, "max_file_bytes", minimum=1)
         require_one_of(self.if_busy, IF_BUSY, "if_busy")
-        if self.tensor_table is not None and not isinstance(self.tensor_table, bool):
-            raise UsageError(f"tensor_table must be True, False or None, got {self.tensor_table!r}")
+        flag(self.tensor_table, "tensor_table", allow_none=True)
 
     def writer_options(self, pieces: int, world: int) -> dict[str, Any]:
         """The :class:`ShardWriter` keyword arguments for a rank writing ``pieces`` pieces."""
@@ -404,14 +404,14 @@ def _agree_on_attempt(
         # Rank 0's step named the version, which held the others' state of other steps, and
         # each rank's CheckpointInfo said its own step (api review 31).
         raise UsageError(
-            f"rank {comm.rank}: the ranks called save with different steps ({_steps_by_rank(steps)}"
+            f"rank {comm.rank}: the ranks called save with different steps ({by_rank(steps, 'step')}"
             f"; this rank: {step}). Every rank must pass the same step. Nothing was saved"
         )
     contracts = [d.get("continuation") for d in sent]
     if len(set(contracts)) > 1:  # (rank 0's was recorded; the others' CheckpointInfo differed)
         raise UsageError(
             f"rank {comm.rank}: the ranks called save of step {step} with different "
-            f"continuation contracts (by rank: {contracts[:8]}{' ...' if len(contracts) > 8 else ''}"
+            f"continuation contracts ({by_rank(contracts, 'continuation')}"
             f"; this rank: {continuation!r}). Every rank must pass the same. Nothing was saved"
         )
     replicas = [d.get("replicas", {}) for d in sent]
@@ -449,15 +449,6 @@ def _agree_on_attempt(
         )
     differ = diverged(replicas)
     return storage, plan, sent[0]["id"], differ, diverged_parameters(replicas, differ)
-
-
-def _steps_by_rank(steps: list[Any]) -> str:
-    """``step 1 on rank(s) [0], step 2 on rank(s) [1]`` (the first few steps)."""
-    ranks: dict[Any, list[int]] = {}
-    for r, s in enumerate(steps):
-        ranks.setdefault(s, []).append(r)
-    parts = [f"step {s} on rank(s) {r[:8]}{' ...' if len(r) > 8 else ''}" for s, r in ranks.items()]
-    return ", ".join(parts[:4]) + (", ..." if len(parts) > 4 else "")
 
 
 def _take_from_others(plan: SavePlan, sent: list[Any]) -> None:
