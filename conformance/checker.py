@@ -55,6 +55,7 @@ from conformance.spec import (
     BUILTIN_SCHEMA_FILES,
     BUILTIN_SCHEMA_IDS,
     DELETION_NAME_RE,
+    DTYPE_SINCE,
     DTYPES,
     FORMAT_VERSIONS,
     KNOWN_EXTENSIONS,
@@ -63,6 +64,7 @@ from conformance.spec import (
     NEWEST_FORMAT_VERSION,
     NEWEST_MINOR,
     TABLE_EXTENSION,
+    dtype_not_allowed,
     has_control_chars,
     newer_minor,
     path_problem,
@@ -227,21 +229,25 @@ def _classify_schema_error(path: list[str | int], keyword: str, doc: Any,
 
 
 def _schema_version(doc: Any) -> str:
-    """Which schema set a format document is validated against: ``"1.0"`` or ``"1.1"``.
+    """Which schema set a format document is validated against: ``"1.0"``, ``"1.1"``, ``"1.3"``.
 
-    1.0 documents use the 1.0 schemas; every later 1.x document, and any document that has a
+    1.0 documents use the 1.0 schemas; 1.1 and 1.2 documents, and any document that has a
     ``tensor_table`` member (which R-TABLE-2 forbids in 1.0 and the 1.1 schema rejects there),
-    uses the 1.1 schemas, which extend the 1.0 ones.
+    use the 1.1 schemas, which extend the 1.0 ones; documents of 1.3 and later use the 1.3
+    schemas, whose dtype list is longer (§7).
     """
     if not isinstance(doc, dict):
         return "1.0"
     fv = doc.get("format_version")
+    m = re.fullmatch(r"1\.(0|[1-9][0-9]*)", fv) if isinstance(fv, str) else None
+    if m is not None and (len(m.group(1)), m.group(1)) >= (1, "3"):
+        return "1.3"
     if "tensor_table" in doc or (isinstance(fv, str) and fv.startswith("1.") and fv != "1.0"):
         return "1.1"
     return "1.0"
 
 
-#: the documents that have a schema of format 1.1 (spec/schemas/1.1/)
+#: the documents that have schemas of later formats (spec/schemas/1.1/, spec/schemas/1.3/)
 _SCHEMAS_1_1 = ("manifest", "writer-index")
 
 
@@ -351,6 +357,10 @@ class _VersionChecker:
         # errors about what the attempt holds besides the manifest's own record (an unlisted
         # index, a symbolic link): they do not stop the comparison of R-INDEX-6
         self.content_errors = 0
+        # the manifest's format_version and must_understand: which rows of §7 its tensors may
+        # use (R-DTYPE-3 per version; set by check_manifest)
+        self.doc_version: Any = None
+        self.doc_must_understand: Any = None
 
     def err(self, code: str, msg: str) -> None:
         self.r.error(code, f"{self.name}: {msg}")
@@ -430,6 +440,8 @@ class _VersionChecker:
         self.check_manifest(m)
 
     def check_manifest(self, m: dict[str, Any]) -> None:
+        self.doc_version, self.doc_must_understand = m.get("format_version"), m.get(
+            "must_understand")
         aid, step = m.get("attempt_id"), m.get("step")
         am = ATTEMPT_ID_RE.match(aid) if isinstance(aid, str) else None
         if am is None:
@@ -468,14 +480,19 @@ class _VersionChecker:
                 except Problem as exc:
                     self.problem(exc, f"tensor {key!r}: ")
         self.check_version_use(m)
+        used: set[str] = {t["dtype"] for t in tensors.values() if isinstance(t, dict) and
+                          isinstance(t.get("dtype"), str)} if isinstance(tensors, dict) else set()
         if "tensor_table" in m and self.check_table_member(m) and not self.record_only:
             table = self.table = self.read_table(m, "manifest.json")
             if table is not None:
+                used.update(table.dtypes)
                 for t, key in enumerate(table.keys):
                     try:
                         self.check_tensor(key, table.tensor(t))
                     except Problem as exc:
                         self.err(exc.code, f"tensor {key!r} (tensor table): {exc.message}")
+        if not self.record_only:
+            self.check_dtype_version_use(m, used)
         entries = m.get("entries", {})
         if not isinstance(entries, dict):
             self.err("PCK-SCHEMA", "entries must be an object")
@@ -576,19 +593,34 @@ class _VersionChecker:
             # stamps a version it does not implement passed the harness (review C2).
             self.r.warn(f"{self.name}: format_version {fv} is newer than this checker's "
                         f"{NEWEST_FORMAT_VERSION} and was checked as {NEWEST_FORMAT_VERSION}; a "
-                        "writer of this text records '1.0', or '1.1' for a tensor table "
-                        "(R-VERSION-2)")
+                        "writer of this text records '1.0', '1.1' for a tensor table, or '1.3' "
+                        "for a dtype of 1.3 (R-VERSION-2)")
         elif fv == "1.2":
             # 1.2 changes verification records only (spec §14.5): a manifest uses none of it.
             self.r.warn(f"{self.name}: format_version 1.2 in a manifest: 1.2 adds nothing to "
-                        "manifests; a writer records '1.0', or '1.1' for a tensor table "
-                        "(R-VERSION-2)")
+                        "manifests; a writer records '1.0', '1.1' for a tensor table, or '1.3' "
+                        "for a dtype of 1.3 (R-VERSION-2)")
         if fv == "1.1" and "tensor_table" not in m:
             self.r.warn(f"{self.name}: format_version 1.1 without a tensor table: writers record "
                         "'1.0' in documents that use no 1.1 feature (R-VERSION-2)")
         if isinstance(mu, list) and TABLE_EXTENSION in mu and "tensor_table" not in m:
             self.r.warn(f"{self.name}: must_understand lists {TABLE_EXTENSION!r} but the "
                         "manifest has no tensor_table")
+
+    def check_dtype_version_use(self, m: dict[str, Any], used: set[str]) -> None:
+        """R-VERSION-2, R-VERSION-7 for the dtypes of 1.3 (a writer rule: ``check`` warns).
+
+        ``used``: the dtypes of the manifest's tensors, its table's included.
+        """
+        fv, mu = m.get("format_version"), m.get("must_understand")
+        later = {DTYPE_SINCE[d][1]: d for d in DTYPE_SINCE}
+        if fv == "1.3" and not used & set(DTYPE_SINCE):
+            self.r.warn(f"{self.name}: format_version 1.3 without a tensor of a dtype of 1.3: "
+                        "writers record '1.0', or '1.1' for a tensor table (R-VERSION-2)")
+        for ext in sorted(set(mu) & set(later) if isinstance(mu, list) else ()):
+            if later[ext] not in used:
+                self.r.warn(f"{self.name}: must_understand lists {ext!r} but the manifest has "
+                            f"no tensor of dtype {later[ext]!r} (R-VERSION-2)")
 
     def check_table_member(self, m: dict[str, Any]) -> bool:
         """R-TABLE-1/-2 in code as well (the 1.1 schema encodes them; it may be absent)."""
@@ -674,6 +706,9 @@ class _VersionChecker:
         if dtype not in DTYPES:
             raise _Located("PCK-DTYPE-UNSUPPORTED", f"dtype {dtype!r} is not in the format's "
                            "table", (*at, "dtype"))
+        later = dtype_not_allowed(dtype, self.doc_version, self.doc_must_understand)
+        if later:
+            raise _Located("PCK-DTYPE-UNSUPPORTED", f"{later} (R-DTYPE-3)", (*at, "dtype"))
         st_dtype, itemsize = DTYPES[dtype]
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise _Located("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0",

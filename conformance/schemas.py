@@ -22,8 +22,8 @@ DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 #: the errata schemas (spec §19.1) that replace released files: without them the released
 #: patterns (lookahead, ``\\uHHHH``) are outside the portable subset of §18.7.
 ERRATA_SCHEMAS: tuple[str, ...] = ("errata/common.schema.json", "errata/copy.schema.json")
-#: every schema file a check uses (relative to the schema directory): the documents of 1.0, 1.1
-#: and 1.2 (manifest, writer index, drill, copy and verification records), what they refer to
+#: every schema file a check uses (relative to the schema directory): the documents of 1.0 to
+#: 1.3 (manifest, writer index, drill, copy and verification records), what they refer to
 #: (common definitions, the 1.1 table reference), the errata and the built-in entry schemas.
 #: Without any of them a check would have to skip validation or fail half-way, so their absence
 #: is a hard error (:class:`SchemasUnavailable`), never a warning or a traceback.
@@ -32,7 +32,8 @@ REQUIRED_SCHEMAS: tuple[str, ...] = (
     "drill.schema.json", "copy.schema.json", "verification.schema.json", "pin.schema.json",
     "deletion.schema.json",
     "1.1/manifest.schema.json", "1.1/writer-index.schema.json", "1.1/table-ref.schema.json",
-    "1.2/verification.schema.json", *ERRATA_SCHEMAS, *BUILTIN_SCHEMA_FILES.values(),
+    "1.2/verification.schema.json", "1.3/common.schema.json", "1.3/manifest.schema.json",
+    "1.3/writer-index.schema.json", *ERRATA_SCHEMAS, *BUILTIN_SCHEMA_FILES.values(),
 )
 
 
@@ -232,7 +233,8 @@ class SchemaSet:
 
         ``("manifest", "1.0")`` is ``manifest.schema.json``; the 1.1 schemas live in ``1.1/``
         (``("manifest", "1.1")`` is ``1.1/manifest.schema.json``) and extend the 1.0 ones, as
-        the 1.2 verification schema does.
+        the 1.2 verification schema does; the 1.3 manifest and writer index restate them with
+        the longer dtype list.
         """
         if version == "1.0":
             return self.by_file.get(f"{name}.schema.json")

@@ -8,6 +8,7 @@ tables shows up as a disagreement.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 __all__ = [
     "ATTEMPT_ID_RE",
@@ -17,6 +18,7 @@ __all__ = [
     "CODES",
     "DTYPES",
     "DTYPE_CODES",
+    "DTYPE_SINCE",
     "FORMAT_VERSIONS",
     "KNOWN_EXTENSIONS",
     "MAX_BLOCK_SIZE",
@@ -34,6 +36,7 @@ __all__ = [
     "PATH_COMPONENT_RE",
     "ST_ITEMSIZE",
     "VERSIONS_TEXT",
+    "dtype_not_allowed",
     "has_control_chars",
     "newer_minor",
     "path_problem",
@@ -44,11 +47,31 @@ __all__ = [
 #: the CLI and the tests take "the newest" and "a newer one" from here (contributor review D5:
 #: "1.2 is the newest" was written out in six places, and a test used "1.3" as a future version).
 #: ``tests/test_dtype_tables.py`` compares it with the reference's ``FORMAT_VERSIONS``.
-FORMAT_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2")
+FORMAT_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2", "1.3")
 NEWEST_FORMAT_VERSION = FORMAT_VERSIONS[-1]
 NEWEST_MINOR = int(NEWEST_FORMAT_VERSION.split(".")[1])
-#: ``"1.0, 1.1 and 1.2"``: how the CLI and the README name them.
+#: ``"1.0, 1.1, 1.2 and 1.3"``: how the CLI and the README name them.
 VERSIONS_TEXT = f"{', '.join(FORMAT_VERSIONS[:-1])} and {NEWEST_FORMAT_VERSION}"
+
+
+def dtype_not_allowed(dtype: str, version: Any, must_understand: Any) -> str:
+    """Why a row of §7 is not a dtype of a document (R-DTYPE-3 per version); "" when it is.
+
+    ``version`` is the document's ``format_version``; ``must_understand`` is ``None`` for a
+    writer index (which has none).
+    """
+    since = DTYPE_SINCE.get(dtype)
+    if since is None:
+        return ""
+    minor, ext = since
+    m = re.fullmatch(r"1\.(0|[1-9][0-9]*)", version) if isinstance(version, str) else None
+    if m is not None and (len(m.group(1)), m.group(1)) < (len(minor[2:]), minor[2:]):
+        return f"dtype {dtype!r} is a dtype of format {minor}; the document is {version}"
+    if must_understand is not None and (not isinstance(must_understand, list)
+                                        or ext not in must_understand):
+        return (f"dtype {dtype!r} needs the extension {ext!r} in must_understand "
+                "(R-VERSION-7)")
+    return ""
 
 
 def newer_minor(minor: str) -> bool:
@@ -84,11 +107,27 @@ DTYPES: dict[str, tuple[str, int]] = {
     "bool": ("BOOL", 1),
     "float8_e4m3fn": ("F8_E4M3", 1),
     "float8_e5m2": ("F8_E5M2", 1),
+    # format 1.3 (DTYPE_SINCE)
+    "float8_e8m0fnu": ("F8_E8M0", 1),
+    "float8_e4m3fnuz": ("F8_E4M3FNUZ", 1),
+    "float8_e5m2fnuz": ("F8_E5M2FNUZ", 1),
+    "complex64": ("C64", 8),
+}
+#: the rows a later MINOR added (§7): dtype -> (format version, extension). Such a row is a
+#: dtype only of a document of that version or later and, in a manifest, only where
+#: ``must_understand`` lists its extension (R-DTYPE-3, R-VERSION-7); elsewhere it is
+#: ``PCK-DTYPE-UNSUPPORTED``.
+DTYPE_SINCE: dict[str, tuple[str, str]] = {
+    "float8_e8m0fnu": ("1.3", "dtype-float8-e8m0fnu"),
+    "float8_e4m3fnuz": ("1.3", "dtype-float8-e4m3fnuz"),
+    "float8_e5m2fnuz": ("1.3", "dtype-float8-e5m2fnuz"),
+    "complex64": ("1.3", "dtype-complex64"),
 }
 #: itemsize of every safetensors dtype a header may name (superset of the format's table).
 ST_ITEMSIZE: dict[str, int] = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
     "U8": 1, "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "F8_E8M0": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1, "C64": 8,
 }
 MAX_SIZE = 2**53 - 1
 MAX_NDIM = 64
@@ -114,13 +153,17 @@ BUILTIN_SCHEMA_FILES = {
 }
 #: the extension name a manifest with a tensor table lists in ``must_understand`` (§8.5, 1.1).
 TABLE_EXTENSION = "tensor-table"
-#: extensions this checker implements (for ``must_understand``): 1.0 defines none, 1.1 one.
-KNOWN_EXTENSIONS: frozenset[str] = frozenset({TABLE_EXTENSION})
+#: extensions this checker implements (for ``must_understand``): 1.0 defines none, 1.1 one,
+#: 1.3 one per dtype it adds.
+KNOWN_EXTENSIONS: frozenset[str] = frozenset(
+    {TABLE_EXTENSION, *(ext for _, ext in DTYPE_SINCE.values())}
+)
 #: dtype code of a tensor table (§8.5): the row of the dtype in §7's table, counted from 0.
 #: Transcribed row by row, independently of the order of :data:`DTYPES`.
 DTYPE_CODES: tuple[str, ...] = (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
     "uint16", "uint32", "uint64", "bool", "float8_e4m3fn", "float8_e5m2",
+    "float8_e8m0fnu", "float8_e4m3fnuz", "float8_e5m2fnuz", "complex64",
 )
 #: range codec names; in a tensor table their index is the codec code (0 = none, 1 = zstd).
 RANGE_CODECS: tuple[str, ...] = ("none", "zstd")

@@ -109,7 +109,7 @@ def candidates() -> list[str]:
         *DTYPES, *cspec.DTYPES, *cspec.DTYPE_CODES, *minimal_writer.DTYPES,
         *(r[0] for r in spec_rows()), *_schema_dtype_names(),
     }
-    return sorted(names | {"complex64"})
+    return sorted(names | {"complex128"})
 
 
 def _document(kind: str, version: str, dtype: str, announce: bool) -> dict[str, Any]:

@@ -54,8 +54,11 @@ DOCUMENT_SCHEMAS = ["manifest", "writer-index", "drill", "copy"]
 SCHEMAS_1_1 = ["manifest", "writer-index", "table-ref"]
 #: The 1.2 schema: verification records that clear failed ones (spec §14.5, R-DRILL-10).
 SCHEMAS_1_2 = ["verification"]
+#: The 1.3 schemas: the manifest and writer index with the dtypes of 1.3 (spec §7), and the
+#: shared definitions they use (the longer dtype list).
+SCHEMAS_1_3 = ["common", "manifest", "writer-index"]
 #: The schemas of each later MINOR, each of a kind whose 1.0 examples keep their verdict under it.
-SCHEMAS_BY_MINOR = {"1.1": SCHEMAS_1_1, "1.2": SCHEMAS_1_2}
+SCHEMAS_BY_MINOR = {"1.1": SCHEMAS_1_1, "1.2": SCHEMAS_1_2, "1.3": SCHEMAS_1_3}
 ENTRY_SCHEMAS = {
     "pck:step/1": "step",
     "pck:lr-scheduler/1": "lr-scheduler",

@@ -21,7 +21,8 @@ conformance/examples/minimal_writer.py``.
   the checkpoint has more than ``TABLE_THRESHOLD`` range records (R-TABLE-9 asks for a table only
   above the size limits of R-SEC-11; this writer switches far earlier); the manifest is then
   ``format_version`` 1.1 with ``must_understand: ["tensor-table"]`` (R-TABLE-2), otherwise 1.0
-  (R-VERSION-2). Writer indexes stay JSON. Every range is stored under its implied name
+  (R-VERSION-2). A tensor of a dtype of format 1.3 (§7) makes its writer index and the manifest
+  1.3, and the manifest lists that dtype's extension in ``must_understand`` (R-VERSION-7). Writer indexes stay JSON. Every range is stored under its implied name
   ``key@offsets`` (R-TABLE-7), so the committer can choose either form after the data is written.
 
 Usage (adapter protocol of conformance/README.md): ``minimal_writer.py JOB.json``.
@@ -45,6 +46,13 @@ DTYPES = {
     "int64": ("I64", 8), "int32": ("I32", 4), "int16": ("I16", 2), "int8": ("I8", 1),
     "uint8": ("U8", 1), "uint16": ("U16", 2), "uint32": ("U32", 4), "uint64": ("U64", 8),
     "bool": ("BOOL", 1), "float8_e4m3fn": ("F8_E4M3", 1), "float8_e5m2": ("F8_E5M2", 1),
+    "float8_e8m0fnu": ("F8_E8M0", 1), "float8_e4m3fnuz": ("F8_E4M3FNUZ", 1),
+    "float8_e5m2fnuz": ("F8_E5M2FNUZ", 1), "complex64": ("C64", 8),
+}
+#: the rows of format 1.3 and the extension that announces each (§7, §16.2, R-VERSION-7).
+LATER_DTYPES = {
+    "float8_e8m0fnu": "dtype-float8-e8m0fnu", "float8_e4m3fnuz": "dtype-float8-e4m3fnuz",
+    "float8_e5m2fnuz": "dtype-float8-e5m2fnuz", "complex64": "dtype-complex64",
 }
 BLOCK_SIZE = 4096
 CRASH = 3
@@ -261,7 +269,8 @@ def do_write(job: dict[str, Any], jobdir: Path) -> None:
     blob, tensors = shard_bytes(job, jobdir)
     values, entries = entry_files(job)
     files = ([(f"data/w{job['writer']:05d}-0000.safetensors", blob)] if blob else []) + values
-    index = {"format": "portable-ckpt-writer-index", "format_version": "1.0",
+    later = any(t["dtype"] in LATER_DTYPES for t in tensors.values())
+    index = {"format": "portable-ckpt-writer-index", "format_version": "1.3" if later else "1.0",
              "attempt_id": job["attempt_id"], "writer": job["writer"],
              "files": {rel: file_record(data, BLOCK_SIZE) for rel, data in files},
              "tensors": tensors, "entries": entries}
@@ -484,8 +493,12 @@ def do_commit(job: dict[str, Any]) -> None:
         files[rel] = file_record(blob, BLOCK_SIZE)
         table = {"file": rel, "codec": codec}
     created = aid.split("-")[1]  # the attempt id's timestamp is the attempt's creation time
+    # R-VERSION-2, R-VERSION-7: a dtype of 1.3 makes the manifest 1.3 and lists its extension.
+    later = sorted({LATER_DTYPES[t["dtype"]] for t in tensors.values()
+                    if t["dtype"] in LATER_DTYPES})
+    version = "1.3" if later else "1.1" if table else "1.0"
     manifest = {
-        "format": "portable-ckpt", "format_version": "1.1" if table else "1.0",  # R-VERSION-2
+        "format": "portable-ckpt", "format_version": version,  # R-VERSION-2
         "attempt_id": aid, "step": job["step"],
         "created_at": f"{created[0:4]}-{created[4:6]}-{created[6:8]}T{created[9:11]}:"
                       f"{created[11:13]}:{created[13:15]}.{created[15:21]}Z",
@@ -493,7 +506,8 @@ def do_commit(job: dict[str, Any]) -> None:
         "producer": {"name": "conformance-minimal-writer", "version": "1.1"},
         "continuation": job["continuation"], "files": dict(sorted(files.items())),
         "tensors": {} if table else tensors, "entries": entries,
-        "must_understand": ["tensor-table"] if table else [], "extensions": {},
+        "must_understand": sorted((["tensor-table"] if table else []) + later),
+        "extensions": {},
     }
     if table:
         manifest["tensor_table"] = table  # R-TABLE-1, R-TABLE-2

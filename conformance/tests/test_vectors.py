@@ -1,4 +1,4 @@
-"""Every golden vector (1.0, 1.1, errata-1 … errata-12, 1.2, errata-16, errata-21), through ``check`` and the reference reader (R-VERSION-13)."""
+"""Every golden vector (1.0, 1.1, errata-1 … errata-12, 1.2, errata-16, errata-21, 1.3), through ``check`` and the reference reader (R-VERSION-13)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ REFERENCE_KNOWN_BUGS: dict[str, str] = {
                                                                ("errata-12", 2, 1),
                                                                ("1.2", 2, 3),
                                                                ("errata-16", 2, 12),
-                                                               ("errata-21", 3, 7)])
+                                                               ("errata-21", 3, 7),
+                                                               ("1.3", 8, 6)])
 def test_cases_index_is_well_formed(version: str, n_valid: int, n_invalid: int) -> None:
     vdir = VECTOR_DIRS[version]
     cases = load_cases(vdir)

@@ -20,8 +20,10 @@ errata 16 (mesh dimension names outside the schema's pattern, R-CONTRACT-8; veri
 of a newer MAJOR, R-DRILL-12; a clearing dated before the failure it clears; a header entry no
 record uses, R-SHARD-6), ``vectors/errata-21/`` those of errata 21 (damaged checksum blocks
 that are not a file's first: in a range, a zstd frame, an entry value, a tensor table;
-R-CKSUM-3). Errata 5, 7, 8, 9, 13, 14, 15, 17, 18 and 19 have no vectors. All are frozen
-(R-VERSION-9); a reader of 1.2 passes all of them
+R-CKSUM-3), ``vectors/1.3/`` those of format 1.3 (the dtypes ``float8_e8m0fnu``,
+``float8_e4m3fnuz``, ``float8_e5m2fnuz`` and ``complex64``, spec §7, in JSON and in tensor
+tables, and where they are not defined). Errata 5, 7, 8, 9, 13, 14, 15, 17, 18 and 19 have no
+vectors. All are frozen (R-VERSION-9); a reader of 1.3 passes all of them
 (:data:`VECTOR_DIRS`, :func:`all_cases`; :func:`materialize` finds a case's set by its name).
 
 ``cases.json`` lists every case: ``name``, ``feature``, ``valid``, ``target`` (path to open,
@@ -59,7 +61,7 @@ __all__ = ["VECTOR_DIR", "VECTOR_DIRS", "VECTOR_DIR_1_1", "VECTOR_DIR_ERRATA_1",
            "VECTOR_DIR_ERRATA_2", "VECTOR_DIR_ERRATA_3", "VECTOR_DIR_ERRATA_4",
            "VECTOR_DIR_ERRATA_6", "VECTOR_DIR_ERRATA_10", "VECTOR_DIR_ERRATA_11",
            "VECTOR_DIR_ERRATA_12", "VECTOR_DIR_1_2", "VECTOR_DIR_ERRATA_16",
-           "VECTOR_DIR_ERRATA_21", "RETENTION_DIRS",
+           "VECTOR_DIR_ERRATA_21", "VECTOR_DIR_1_3", "RETENTION_DIRS",
            "all_cases", "load_cases", "materialize", "retention_cases", "vector_dir_of"]
 
 VECTOR_DIR = Path(__file__).resolve().parent / "1.0"
@@ -75,6 +77,7 @@ VECTOR_DIR_ERRATA_12 = Path(__file__).resolve().parent / "errata-12"
 VECTOR_DIR_1_2 = Path(__file__).resolve().parent / "1.2"
 VECTOR_DIR_ERRATA_16 = Path(__file__).resolve().parent / "errata-16"
 VECTOR_DIR_ERRATA_21 = Path(__file__).resolve().parent / "errata-21"
+VECTOR_DIR_1_3 = Path(__file__).resolve().parent / "1.3"
 #: every vector set (a format version, or an errata set of one) by name, oldest first.
 VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-1": VECTOR_DIR_ERRATA_1, "errata-2": VECTOR_DIR_ERRATA_2,
@@ -84,7 +87,7 @@ VECTOR_DIRS: dict[str, Path] = {"1.0": VECTOR_DIR, "1.1": VECTOR_DIR_1_1,
                                 "errata-11": VECTOR_DIR_ERRATA_11,
                                 "errata-12": VECTOR_DIR_ERRATA_12, "1.2": VECTOR_DIR_1_2,
                                 "errata-16": VECTOR_DIR_ERRATA_16,
-                                "errata-21": VECTOR_DIR_ERRATA_21}
+                                "errata-21": VECTOR_DIR_ERRATA_21, "1.3": VECTOR_DIR_1_3}
 #: the retention vector sets (spec §20.1), by name: another kind of case, not in VECTOR_DIRS.
 RETENTION_DIRS: dict[str, Path] = {"errata-20": Path(__file__).resolve().parent / "errata-20"}
 

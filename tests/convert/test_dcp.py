@@ -196,8 +196,8 @@ def test_truncated_distcp(dcp_ckpt: tuple[Path, Path], tmp_path: Path) -> None:
 def test_unsupported_dtype_in_dcp(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    src = tmp_path / "c64"
-    dcp.save({"z": torch.zeros(3, dtype=torch.complex64), "ok": torch.ones(2)}, checkpoint_id=str(src), no_dist=True)
+    src = tmp_path / "c128"  # complex64 is a dtype of format 1.3; complex128 is no row of §7
+    dcp.save({"z": torch.zeros(3, dtype=torch.complex128), "ok": torch.ones(2)}, checkpoint_id=str(src), no_dist=True)
     with pytest.raises(CheckpointError) as ei:
         convert(src, tmp_path / "out", trust_pickle=True)
     assert ei.value.code == "PCK-DTYPE-UNSUPPORTED"

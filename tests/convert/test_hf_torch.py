@@ -346,7 +346,16 @@ def test_a_torch_file_truncated_after_planning_is_a_file_size_error(
 
 
 def test_unsupported_dtype(tmp_path: Path) -> None:
-    save_file({"ok": torch.ones(2), "c": torch.zeros(3, dtype=torch.complex64)}, tmp_path / "model.safetensors")
+    """A safetensors dtype that is no row of spec §7 (``F4``, packed float4: safetensors knows
+    it, its Python writer does not write it) is refused naming file and tensor."""
+    save_file({"ok": torch.ones(2)}, tmp_path / "model.safetensors")
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header["c"] = {"dtype": "F4", "shape": [2], "data_offsets": [8, 9]}
+    body = json.dumps(header).encode()
+    body += b" " * (-len(body) % 8)
+    (tmp_path / "model.safetensors").write_bytes(len(body).to_bytes(8, "little") + body + raw[8 + n:] + b"\x00")
     with pytest.raises(CheckpointError) as ei:
         convert(tmp_path / "model.safetensors", tmp_path / "root")
     assert ei.value.code == "PCK-DTYPE-UNSUPPORTED"

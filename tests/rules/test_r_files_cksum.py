@@ -296,30 +296,66 @@ def test_the_committer_refuses_a_later_dtype_it_does_not_announce(
 ) -> None:
     """Contributor review D11: the committer's readability check parsed the record, which holds
     none of a table's rows, so a later row in a tensor table was published in a 1.1 manifest
-    without its extension, and no reader opened the version; JSON tensors were refused. (No
-    row is later than 1.0 yet, so nothing announces one: both are refused.)"""
-    from portable_ckpt.format import manifest
-    from portable_ckpt.format.dtypes import DType
+    without its extension, and no reader opened the version; JSON tensors were refused. The
+    committer announces a row of 1.3 itself (R-VERSION-2, R-VERSION-7); with that step taken
+    out, the last check before publishing still refuses both forms."""
+    from portable_ckpt.io import commit as commit_mod
     from portable_ckpt.io.commit import commit
     from portable_ckpt.io.writer import ShardWriter, new_attempt_id
     from portable_ckpt.storage import open_storage
 
-    monkeypatch.setitem(DTYPES, "uint8", DType("uint8", "U8", 1, "u1", since="1.3",
-                                               extension="dtype-u8-again"))
-    monkeypatch.setattr(manifest, "KNOWN_EXTENSIONS", {*manifest.KNOWN_EXTENSIONS,
-                                                       "dtype-u8-again"})
+    monkeypatch.setattr(commit_mod, "_announce_dtypes", lambda manifest, merged: None)
     storage = open_storage(tmp_path, create=True)
     attempt = new_attempt_id(1)
     indexes = []
     for w in (0, 1):
         sw = ShardWriter(storage, attempt, w, tensor_table=table)
-        sw.add_tensor("u", np.arange(2, dtype=np.uint8), offsets=(2 * w,), global_shape=(4,))
+        sw.add_tensor("z", np.arange(2, dtype=np.complex64), offsets=(2 * w,), global_shape=(4,))
         indexes.append(sw.finish())
     err = expect_code("PCK-DTYPE-UNSUPPORTED", commit, storage, attempt, step=1,
                       indexes=indexes, tensor_table=table)
-    assert "'uint8' is a dtype of format 1.3" in err.message, err.message
+    assert "'complex64' is a dtype of format 1.3" in err.message, err.message
     assert "nothing is published" in err.message, err.message
     assert not (tmp_path / attempt / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("table", [False, True], ids=["json", "table"])
+def test_the_committer_announces_a_dtype_of_1_3_beside_a_table(tmp_path: Path, table: bool) -> None:
+    """R-VERSION-2, R-VERSION-7: a tensor of a row of 1.3 makes the manifest and the writer
+    indexes that hold it 1.3, and the manifest lists the row's extension, beside
+    ``tensor-table`` when the records are in a table (added, never replacing); a version
+    without such a tensor stays 1.0 / 1.1."""
+    import json
+
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(tmp_path, create=True)
+    for step, arrays in enumerate(({"w": np.ones(2, np.float32)},
+                                   {"w": np.ones(2, np.float32), "z": np.ones(2, np.complex64)}), 1):
+        attempt = new_attempt_id(step)
+        for w, (key, arr) in enumerate(arrays.items()):
+            sw = ShardWriter(storage, attempt, w, tensor_table=table)
+            sw.add_tensor(key, arr)
+            sw.finish()
+        commit(storage, attempt, step=step, expected_writers=list(range(len(arrays))),
+               tensor_table=table)
+        doc = json.loads((tmp_path / attempt / "manifest.json").read_bytes())
+        index_versions = [json.loads((tmp_path / attempt / "index" / f"w{w:05d}.json")
+                                     .read_bytes())["format_version"] for w in range(len(arrays))]
+        base = "1.1" if table else "1.0"
+        if step == 1:
+            assert (doc["format_version"], doc["must_understand"]) == (
+                base, ["tensor-table"] if table else [])
+            assert index_versions == [base]
+        else:
+            assert doc["format_version"] == "1.3"
+            assert doc["must_understand"] == (["dtype-complex64", "tensor-table"] if table
+                                              else ["dtype-complex64"])
+            assert index_versions == [base, "1.3"]  # only the writer holding the row
+        ck = portable_ckpt.open(tmp_path / attempt)
+        assert ck.read("w").tolist() == [1.0, 1.0]
 
 
 def _spec_dtype_table() -> list[tuple[str, str, int]]:

@@ -148,7 +148,7 @@ def test_staged_raises_when_nothing_was_staged(tmp_path: Path) -> None:
     alone never read; now it raises this rank's error, and ``committed`` the save's."""
     from portable_ckpt.errors import CheckpointError
 
-    handle = pckt.async_save({"c": torch.zeros(2, dtype=torch.complex64)}, tmp_path, step=1)
+    handle = pckt.async_save({"c": torch.zeros(2, dtype=torch.complex128)}, tmp_path, step=1)
     with pytest.raises(UnsupportedValueError, match="'c'"):
         handle.staged.result(timeout=60)
     with pytest.raises(CheckpointError):

@@ -198,23 +198,29 @@ def test_every_cast_between_the_formats_dtypes_keeps_values_or_is_refused(
     of the format's dtypes: the values come back within the target's rounding, with their sign
     and their zeros, or the load is refused (PCK-USAGE)."""
     from portable_ckpt.errors import UsageError
-    from portable_ckpt.torch._tensors import torch_dtype
+    from portable_ckpt.torch._tensors import as_bits, torch_dtype
 
     src, dst = torch_dtype(stored), torch_dtype(target)
     values = [-2.0, -0.5, 0.0, 1.0, 3.0]
     if src == torch.bool:
         x = torch.tensor([True, False, True])
-    elif src.is_floating_point:
+    elif src.is_floating_point and torch.finfo(src).min > 0:
+        x = torch.tensor([0.5, 1.0, 2.0, 4.0]).to(src)  # e8m0: no sign, no zero
+    elif src.is_floating_point or src.is_complex:
         x = torch.tensor(values).to(src)
     else:
         lo = torch.iinfo(src).min
         x = torch.tensor([v for v in (-2, 0, 1, 3) if v >= lo], dtype=torch.int64).to(src)
     pckt.save({"w": x}, tmp_path, step=1)
     out = {"w": torch.zeros(x.shape, dtype=dst)}
+    before = as_bits(out["w"]).clone()
     try:
         pckt.load(out, tmp_path)
     except UsageError:
+        assert torch.equal(as_bits(out["w"]), before), out["w"]  # nothing was written
         return  # refused: nothing silently changed
+    # Complex and real types do not cast into each other (format 1.3's complex64): refused.
+    assert not (src.is_complex or dst.is_complex), (stored, target, out["w"])
     a, b = x.double(), out["w"].double()
     assert torch.equal(torch.sign(a), torch.sign(b)), (a, b)
     if dst.is_floating_point and dst != torch.bool:

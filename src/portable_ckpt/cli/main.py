@@ -46,6 +46,7 @@ def formats_line() -> str:
     """The format versions this build reads and writes (``--help``, ``--version``)."""
     from portable_ckpt.format.manifest import (
         CLEARS_FORMAT_VERSION,
+        DTYPES_FORMAT_VERSION,
         FORMAT_VERSIONS,
         TABLE_FORMAT_VERSION,
     )
@@ -53,7 +54,9 @@ def formats_line() -> str:
     return (
         f"reads and writes format versions {', '.join(FORMAT_VERSIONS)} "
         f"({TABLE_FORMAT_VERSION} when a version's ranges are described in a tensor table, "
-        f"{CLEARS_FORMAT_VERSION} in a verification record that clears failed ones)"
+        f"{CLEARS_FORMAT_VERSION} in a verification record that clears failed ones, "
+        f"{DTYPES_FORMAT_VERSION} when a version holds complex64 or float8 e8m0fnu, e4m3fnuz "
+        "or e5m2fnuz tensors)"
     )
 
 

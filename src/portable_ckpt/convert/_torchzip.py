@@ -95,6 +95,7 @@ _STORAGE_DTYPES = {
     "CharStorage": "int8",
     "ByteStorage": "uint8",
     "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
 }
 
 _MAX_PKL = 64 << 20

@@ -1,4 +1,4 @@
-"""The dtype table of format 1.0: format name ↔ safetensors dtype ↔ numpy dtype.
+"""The format's dtype table (spec §7): format name ↔ safetensors dtype ↔ numpy dtype.
 
 numpy has no bfloat16 or float8; their numpy dtypes come from ``ml_dtypes``, imported on first
 use: its import costs ~1.4 s of CPU here, paid by every process (each CLI call, each rank) that
@@ -71,6 +71,15 @@ DTYPES: dict[str, DType] = {
         DType("bool", "BOOL", 1, "?"),
         DType("float8_e4m3fn", "F8_E4M3", 1, "ml_dtypes:float8_e4m3fn"),
         DType("float8_e5m2", "F8_E5M2", 1, "ml_dtypes:float8_e5m2"),
+        # Format 1.3: each row is announced by its own extension (R-VERSION-7), named as
+        # spec §16.2 says; a released row's position (its tensor-table code) never changes.
+        DType("float8_e8m0fnu", "F8_E8M0", 1, "ml_dtypes:float8_e8m0fnu",
+              since="1.3", extension="dtype-float8-e8m0fnu"),
+        DType("float8_e4m3fnuz", "F8_E4M3FNUZ", 1, "ml_dtypes:float8_e4m3fnuz",
+              since="1.3", extension="dtype-float8-e4m3fnuz"),
+        DType("float8_e5m2fnuz", "F8_E5M2FNUZ", 1, "ml_dtypes:float8_e5m2fnuz",
+              since="1.3", extension="dtype-float8-e5m2fnuz"),
+        DType("complex64", "C64", 8, "<c8", since="1.3", extension="dtype-complex64"),
     )
 }
 _PLAIN = [r for r in DTYPES.values() if ":" not in r.spec]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ __all__ = [
     "MAX_SIZE",
     "TABLE_FORMAT_VERSION",
     "CLEARS_FORMAT_VERSION",
+    "DTYPES_FORMAT_VERSION",
     "CLEARS_MAX",
     "TableRef",
     "Checksum",
@@ -78,6 +79,7 @@ __all__ = [
     "check_continuation",
     "check_format_version",
     "dtype_not_defined",
+    "dtypes_announced",
     "entry_values_problem",
     "files_bytes",
     "parse_manifest",
@@ -96,8 +98,13 @@ TABLE_FORMAT_VERSION = "1.1"
 CLEARS_FORMAT_VERSION = "1.2"
 #: Failed records one clearing record names at most (``clears``'s maxItems, spec §14.5).
 CLEARS_MAX = 1024
+#: The format version that added the dtypes ``float8_e8m0fnu``, ``float8_e4m3fnuz``,
+#: ``float8_e5m2fnuz`` and ``complex64`` (spec §7): a document with a tensor of one carries it.
+DTYPES_FORMAT_VERSION = "1.3"
 #: Every format version this implementation reads and writes (oldest first; the CLI names them).
-FORMAT_VERSIONS = (FORMAT_VERSION, TABLE_FORMAT_VERSION, CLEARS_FORMAT_VERSION)
+FORMAT_VERSIONS = (
+    FORMAT_VERSION, TABLE_FORMAT_VERSION, CLEARS_FORMAT_VERSION, DTYPES_FORMAT_VERSION
+)
 #: Largest size or byte count the format allows (2^53 - 1: exact in every JSON implementation).
 MAX_SIZE = (1 << 53) - 1
 #: Largest tensor rank.
@@ -111,7 +118,9 @@ BUILTIN_SCHEMA_IDS = (
     "pck:json/1",
 )
 #: Extensions this implementation understands (for ``must_understand``).
-KNOWN_EXTENSIONS: frozenset[str] = frozenset({TABLE_EXTENSION})
+KNOWN_EXTENSIONS: frozenset[str] = frozenset(
+    {TABLE_EXTENSION, *(r.extension for r in DTYPES.values() if r.extension is not None)}
+)
 
 _HEX_DIGITS = b"0123456789abcdef"
 _CTRL = re.compile(r"[\x00-\x1f\x7f]")
@@ -389,7 +398,10 @@ class WriterIndex:
         """JSON form (``index/wNNNNN.json``)."""
         doc: dict[str, Any] = {
             "format": "portable-ckpt-writer-index",
-            "format_version": TABLE_FORMAT_VERSION if self.tensor_table else FORMAT_VERSION,
+            "format_version": dtypes_announced(
+                TABLE_FORMAT_VERSION if self.tensor_table else FORMAT_VERSION,
+                self._dtypes(),
+            )[0],
             "attempt_id": self.attempt_id,
             "writer": self.writer,
             "files": {p: f.to_json() for p, f in self.files.items()},
@@ -401,6 +413,13 @@ class WriterIndex:
         if self.tensor_table:
             doc["tensor_table"] = self.tensor_table.to_json()
         return doc
+
+    def _dtypes(self) -> set[str]:
+        """The dtypes of this writer's tensors (JSON entries and a loaded table's codes)."""
+        names = {t.dtype for t in self.tensors.values()}
+        if self.table is not None:
+            names.update(_table_dtype_names(self.table))
+        return names
 
     @staticmethod
     def from_json(doc: Any, *, what: str = "writer index") -> WriterIndex:
@@ -731,6 +750,28 @@ def dtype_not_defined(row: DType, version: str | None, must_understand: list[str
         f"this document is format_version {version}"
         + (f" and does not list {row.extension!r} in must_understand" if unlisted else "")
     )
+
+
+def dtypes_announced(version: str, dtypes: Iterable[str]) -> tuple[str, list[str]]:
+    """Return the format version and the extensions a document holding ``dtypes`` needs.
+
+    R-VERSION-2, R-VERSION-7: ``version`` raised to the newest row's MINOR, and the rows'
+    extensions, sorted. A writer stamps these; it adds to what a document already declares, never replaces it.
+    """
+    rows = [DTYPES[n] for n in sorted(set(dtypes)) if n in DTYPES]
+    newest = max([version, *(r.since for r in rows)], key=_version_key)
+    return newest, sorted({r.extension for r in rows if r.extension is not None})
+
+
+def _version_key(version: str) -> tuple[int, int]:
+    major, minor = version.split(".", 1)
+    return int(major), int(minor)
+
+
+def _table_dtype_names(table: Any) -> set[str]:
+    """The dtype names of a decoded tensor table's codes (its rows of §7)."""
+    names = list(DTYPES)
+    return {names[int(c)] for c in set(table.dtypes.tolist()) if int(c) < len(names)}
 
 
 def _minor(version: str) -> int:

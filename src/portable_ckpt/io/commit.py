@@ -50,6 +50,7 @@ from portable_ckpt.format.manifest import (
     WriterIndex,
     check_continuation,
     dtype_not_defined,
+    dtypes_announced,
     entry_values_problem,
     files_bytes,
     parse_manifest,
@@ -837,6 +838,7 @@ def _publish(
     attempt_id = manifest.attempt_id
     while True:
         blob = _describe_table(manifest, merged) if merged.table is not None else None
+        _announce_dtypes(manifest, merged)
         manifest.committed_at = commit_time(storage, attempt_id)  # after every version of the step
         data = jsonio.dumps(manifest.to_json())
         if len(data) <= jsonio.MAX_MANIFEST_BYTES:
@@ -984,6 +986,22 @@ def _table_dtypes_defined(manifest: CommittedManifest, table: TensorTable, what:
                 "published",
                 path=what,
             )
+
+
+def _announce_dtypes(manifest: CommittedManifest, merged: _Merged) -> None:
+    """Announce the later dtype rows the version holds (R-VERSION-2, R-VERSION-7).
+
+    A tensor of a row of spec §7 that format 1.3 added raises the record's version to that
+    row's MINOR and lists its extension, added to what the record declares (a table's version
+    and extension stay).
+    """
+    if merged.table is not None:
+        used = {DTYPE_CODES[c] for c in np.unique(merged.table.dtypes).tolist()}
+    else:
+        used = {t.dtype for t in merged.tensors.values()}
+    manifest.format_version, extensions = dtypes_announced(manifest.format_version, used)
+    if extensions:
+        manifest.must_understand = sorted({*manifest.must_understand, *extensions})
 
 
 def _describe_table(manifest: CommittedManifest, merged: _Merged) -> bytes:

@@ -103,13 +103,17 @@ def exact_cast(src: torch.dtype, out: torch.dtype) -> bool:
     """Whether every value of ``src`` is exactly a value of ``out`` (no scan needed).
 
     ``torch.promote_types`` is not this: it promotes every integer to any float type (int64 to
-    float16) and raises for float8 (attack review 3 F1, F12). (The format has no complex
-    dtypes: a complex target is refused before any cast.)
+    float16) and raises for float8 (attack review 3 F1, F12). Complex and real types never
+    cast into each other (:meth:`Casts.check` refuses such a target before any read).
     """
-    if src == out or src == torch.bool:
+    if src == out:
         return True
+    if src.is_complex or out.is_complex:
+        return False
     if out == torch.bool:
         return False
+    if src == torch.bool:  # 0 and 1: every type holds them but e8m0, which has no zero
+        return not (out.is_floating_point and torch.finfo(out).min > 0)
     if out.is_floating_point:
         bits, top, low = _digits(out)
         if src.is_floating_point:
@@ -186,6 +190,12 @@ class Casts:
             "target": format_dtype(out.dtype, key=key), "flushed": 0, "elements": 0,
         })
         rec["elements"] += src.numel()
+        if src.dtype.is_complex != out.dtype.is_complex:
+            raise UsageError(
+                f"tensor {key!r}: casting the stored {rec['stored']} to the target's "
+                f"{rec['target']}: complex and real dtypes do not cast into each other; build "
+                f"the target with dtype {rec['stored']}"
+            )
         if exact_cast(src.dtype, out.dtype):
             return  # every stored value is a target value (bf16 -> fp32 weights: no scan)
         try:
@@ -259,6 +269,14 @@ class Casts:
         stored, target = ck.tensors[key].dtype, format_dtype(local.dtype, key=key)
         if stored == target:
             return
+        if torch_dtype(stored).is_complex != local.dtype.is_complex:
+            # A complex value has no real one (torch drops the imaginary part with a warning)
+            # and a real target of a complex tensor, or the reverse, is a different state.
+            raise UsageError(
+                f"tensor {key!r}: {ck.path} stores {stored}, the target is {target}: complex "
+                "and real dtypes do not cast into each other; build the target with dtype "
+                f"{stored} (torch.view_as_real/view_as_complex convert after the load)"
+            )
         if self.strict:
             raise UsageError(
                 f"tensor {key!r}: {ck.path} stores {stored}, the target is {target}; "
