@@ -19,6 +19,8 @@ from conformance.harness import (
     run_save_case,
 )
 from conformance.procs import count_trace_progress
+from conformance.reader import load_version
+from conformance.spec import DTYPE_SINCE
 
 from .conftest import (
     MINIMAL_WRITER,
@@ -87,15 +89,17 @@ def test_minimal_writer_table_modes(tables: str, fast_tmp: Path) -> None:
     check_writer(MINIMAL_WRITER, examples=5, crash_examples=0, seed=13, workdir=str(fast_tmp),
                  keep_work=True,
                  tables=tables)
-    manifests = [json.loads(m.read_text()) for m in fast_tmp.rglob("manifest.json")]
+    paths = list(fast_tmp.rglob("manifest.json"))
+    manifests = [json.loads(m.read_text()) for m in paths]
     assert manifests
     with_table = [m for m in manifests if "tensor_table" in m]
     assert len(with_table) == (len(manifests) if tables == "always" else 0)
-    for m in with_table:  # R-TABLE-2, R-VERSION-2
-        assert m["format_version"] == "1.1" and "tensor-table" in m["must_understand"]
-    for m in manifests:
-        if "tensor_table" not in m:
-            assert m["format_version"] == "1.0"
+    for path, m in zip(paths, manifests, strict=True):  # R-TABLE-2, R-VERSION-2, R-VERSION-7
+        dtypes = {dtype for dtype, _, _ in load_version(path.parent).tensors.values()}
+        later = sorted(DTYPE_SINCE[d][1] for d in dtypes if d in DTYPE_SINCE)
+        table = ["tensor-table"] if "tensor_table" in m else []
+        assert m["format_version"] == ("1.3" if later else "1.1" if table else "1.0"), m
+        assert m["must_understand"] == sorted(set(later + table)), m
 
 
 @pytest.mark.parametrize("table_codec", ["none", "zstd"])

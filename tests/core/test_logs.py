@@ -195,7 +195,7 @@ def test_cli_verbose_shows_the_log_and_quiet_hides_it(tmp_path, capsys) -> None:
 
 
 def test_help_and_version_name_the_format_versions(capsys) -> None:
-    assert FORMAT_VERSIONS == ("1.0", "1.1", "1.2")
+    assert FORMAT_VERSIONS == ("1.0", "1.1", "1.2", "1.3")
     _, helped, _ = _main(capsys, "--help")
     _, versioned, _ = _main(capsys, "--version")
     for out in (" ".join(helped.split()), " ".join(versioned.split())):
