@@ -144,7 +144,12 @@ def _check(
     try:
         ck = Checkpoint(storage, attempt, manifest)
         with progress_bar(args, "verify --deep") if args.deep else nullcontext() as bar:
-            errors = ck.verify(deep=args.deep, sample=args.sample, seed=seed, progress=bar)
+            errors = ck.verify(
+                deep=args.deep,
+                sample=args.sample,
+                seed=seed if args.sample is not None else None,  # the drawn one: for a sample
+                progress=bar,
+            )
         run.target = ck.path
     except UsageError:
         raise

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from portable_ckpt.errors import NotFoundError, UsageError
+from portable_ckpt.format.usage import flag
 from portable_ckpt.storage import local_path
 from portable_ckpt.storage._posix import file_kind, open_regular
 
@@ -233,9 +234,16 @@ def register_format(fmt: Format, *, replace: bool = False) -> None:
     """Add ``fmt`` to the table (after the built-in formats in detection order).
 
     Raises:
-        UsageError: a format of that name exists and ``replace`` is false.
+        UsageError: ``fmt`` is no :class:`Format`, ``replace`` no bool, or a format of that
+            name exists and ``replace`` is false.
 
     """
+    if not isinstance(fmt, Format):  # (None was an AttributeError on .name)
+        raise UsageError(
+            f"register_format: fmt must be a portable_ckpt.convert.Format, got "
+            f"{type(fmt).__name__} {fmt!r:.80}"
+        )
+    flag(replace, "register_format: replace")
     if fmt.name in FORMATS and not replace:
         raise UsageError(f"conversion format {fmt.name!r} is already registered")
     FORMATS[fmt.name] = fmt

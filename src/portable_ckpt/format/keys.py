@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from portable_ckpt.errors import UnsupportedValueError
+from portable_ckpt.errors import UnsupportedValueError, UsageError
 from portable_ckpt.format.manifest import has_control_chars
 
 __all__ = [
@@ -137,16 +137,42 @@ def join_key(parts: list[str]) -> str:
 
 
 def split_key(key: str) -> list[str]:
-    """Split a key into its unescaped components (inverse of the key rule)."""
+    """Split a key into its unescaped components (inverse of the key rule).
+
+    Raises:
+        UsageError: ``key`` is no string (an int was a ``TypeError`` from inside).
+
+    """
+    if not isinstance(key, str):
+        raise UsageError(
+            f"split_key: key must be a flat key (a str such as 'model/fc.weight'), got "
+            f"{type(key).__name__} {key!r:.80}"
+        )
     if "~" not in key:
         return key.split("/")
     return [p.replace("~1", "/").replace("~0", "~") for p in key.split("/")]
 
 
 def unflatten_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """Build nested dicts from flat keys; flattening the result gives the same keys."""
+    """Build nested dicts from flat keys; flattening the result gives the same keys.
+
+    Raises:
+        UsageError: ``flat`` is no mapping, or holds a key that is no string.
+        UnsupportedValueError: a key nests below another key's leaf.
+
+    """
+    if not isinstance(flat, Mapping):  # (a list was an AttributeError on .items())
+        raise UsageError(
+            f"unflatten_keys: flat must be a dict (flat key → value), got "
+            f"{type(flat).__name__} {flat!r:.80}"
+        )
     root: dict[str, Any] = {}
     for key, value in flat.items():
+        if not isinstance(key, str):
+            raise UsageError(
+                f"unflatten_keys: flat's keys must be flat keys (str), got "
+                f"{type(key).__name__} {key!r:.80}"
+            )
         parts = split_key(key)
         node = root
         for p in parts[:-1]:

@@ -42,9 +42,19 @@ def utc_now_iso() -> str:
 
 
 def new_attempt_id(step: int, *, now: _dt.datetime | None = None) -> str:
-    """Return a fresh, never-reused attempt id for ``step``."""
+    """Return a fresh, never-reused attempt id for ``step``.
+
+    Raises:
+        UsageError: ``step`` is no int in ``[0, MAX_STEP]``, or ``now`` no ``datetime``.
+
+    """
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
         raise UsageError(f"step must be an int in [0, {MAX_STEP}], got {step!r}")
+    if now is not None and not isinstance(now, _dt.datetime):  # (was AttributeError: strftime)
+        raise UsageError(
+            "new_attempt_id: now must be a datetime.datetime (UTC) or None, got "
+            f"{type(now).__name__} {now!r:.80}"
+        )
     t = now or _dt.datetime.now(_dt.UTC)
     return f"s{step:012d}-{t.strftime('%Y%m%dT%H%M%S%f')}Z-{secrets.token_hex(8)}"
 

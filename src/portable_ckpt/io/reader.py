@@ -1330,7 +1330,10 @@ class Checkpoint:
 
         Raises:
             UsageError: ``sample`` is not a fraction in (0, 1] (NaN, 0, 2, a string), ``seed``
-                not an integer, ``deep`` not a bool or ``progress`` not a callable.
+                not an integer, ``deep`` not a bool or ``progress`` not a callable; ``seed``
+                without ``sample``, or ``sample`` with ``deep`` (the deep pass reads every
+                range: neither would change what is checked, as the CLI's ``--seed`` and
+                ``--sample`` say).
 
         """
         flag(deep, "verify: deep")  # deep="no" is truthy: a deep pass nobody asked for
@@ -1338,6 +1341,13 @@ class Checkpoint:
             sample = fraction(sample, "verify: sample")
         if seed is not None:
             seed = strict_int(seed, "verify: seed")
+        # Silently ignored before (api review 31): a caller who meant a sample got none.
+        if seed is not None and sample is None:
+            raise UsageError("verify: seed draws the sample's range records: it needs sample=")
+        if deep and sample is not None:
+            raise UsageError(
+                "verify: deep=True reads every range record: give deep=True or sample=, not both"
+            )
         callable_or_none(progress, "verify: progress")
         f = _Findings()
         gone = self._deleted()

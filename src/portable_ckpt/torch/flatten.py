@@ -90,7 +90,13 @@ class StateEntry(abc.ABC):
 
     @abc.abstractmethod
     def capture(self) -> Any:
-        """Return this rank's JSON value now."""
+        """Return this rank's JSON value now.
+
+        Dict keys are strings, or ints, stored as their decimal strings (the key rule:
+        :meth:`restore` gets ``"1"`` for ``1``); a key of another kind (a float, a bool,
+        ``None``) is refused at the save, as the core API's entries refuse every key that
+        is no string.
+        """
 
     @abc.abstractmethod
     def restore(self, value: Any) -> None:

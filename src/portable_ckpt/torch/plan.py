@@ -680,4 +680,30 @@ def _entry_value(e: StateEntry, rng_snapshot: dict[str, Any]) -> Any:
         if e.cuda is False:
             value["torch_cuda"] = None
         return value
-    return e.capture()
+    return _int_keys_as_text(e.capture())
+
+
+def _int_keys_as_text(value: Any, depth: int = 0) -> Any:
+    """``value`` with its int dict keys as decimal strings (the key rule; a copy where any is).
+
+    The writer refuses every dict key that is no string (it would not read back as given);
+    a StateEntry's int keys were stored as strings before that, as state dict keys are, and
+    stay so (attack review 2 F5). Other keys are left for the writer to refuse, named.
+    """
+    if depth > 64:  # deeper than readers take: the writer refuses it as such
+        return value
+    if isinstance(value, dict):
+        out = {
+            (str(k) if type(k) is int else k): _int_keys_as_text(v, depth + 1)
+            for k, v in value.items()
+        }
+        if len(out) < len(value):  # {1: ..., "1": ...}: one would be lost
+            clash = next(k for k in value if type(k) is int and str(k) in value)
+            raise UnsupportedValueError(
+                f"a StateEntry's value holds the dict keys {clash!r} and {str(clash)!r}, which "
+                "are stored as one (int keys are stored as decimal strings); rename one"
+            )
+        return out
+    if isinstance(value, list | tuple) and any(isinstance(v, dict | list | tuple) for v in value):
+        return [_int_keys_as_text(v, depth + 1) for v in value]
+    return value
