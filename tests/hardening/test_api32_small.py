@@ -3,7 +3,8 @@
 Each was taken (and did something else than the caller meant) or failed below the call with
 Python's own error: an entry's non-string dict keys read back as strings, a seed without a
 sample ignored, ``new_attempt_id(now="x")``, ``unflatten_keys([...])`` and
-``register_format(None)`` an ``AttributeError``, ``split_key(5)`` a ``TypeError``.
+``register_format(None)`` an ``AttributeError``, ``split_key(5)`` a ``TypeError``, and
+``list_versions`` of a mistyped root ``[]`` (a root without versions).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 import portable_ckpt
 from portable_ckpt.cli.main import main as cli_main
-from portable_ckpt.errors import UsageError, ValueNotJsonError
+from portable_ckpt.errors import NotFoundError, UsageError, ValueNotJsonError
 from portable_ckpt.format.keys import split_key, unflatten_keys
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
 from portable_ckpt.storage import open_storage
@@ -120,4 +121,27 @@ def test_the_helpers_still_work() -> None:
     assert new_attempt_id(7, now=when).startswith("s000000000007-20261206T010203000004Z-")
     assert split_key("a/b~1c") == ["a", "b/c"]
     assert unflatten_keys({"a/b": 1, "a/c": 2}) == {"a": {"b": 1, "c": 2}}
+
+
+def test_list_versions_of_a_missing_root_is_not_found_as_ls_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``list_versions`` of a mistyped root returned ``[]``, as if it were empty, where
+    ``portable-ckpt ls`` exits 1 and ``open``/``latest`` raise PCK-NOT-FOUND."""
+    missing = tmp_path / "typo"
+    with pytest.raises(NotFoundError, match=f"root {missing} does not exist") as ei:
+        portable_ckpt.list_versions(missing)
+    assert ei.value.code == "PCK-NOT-FOUND"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotFoundError, match="is not a directory"):
+        portable_ckpt.list_versions(tmp_path / "file")
+    assert portable_ckpt.list_versions(missing, missing_ok=True) == []
+    assert cli_main(["ls", str(missing)]) == 1
+    assert not missing.exists()
+    (tmp_path / "empty").mkdir()
+    assert portable_ckpt.list_versions(tmp_path / "empty") == []  # exists: no versions
+    portable_ckpt.save_arrays(tmp_path / "empty", {"w": W}, step=1)
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path / "empty")] == [1]
+    with pytest.raises(UsageError, match="list_versions: missing_ok must be True or False"):
+        portable_ckpt.list_versions(missing, missing_ok="yes")  # type: ignore[arg-type]
 

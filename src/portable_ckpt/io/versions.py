@@ -66,6 +66,7 @@ from portable_ckpt.format.naming import (
     PROBE_RE,
     check_attempt_id,
 )
+from portable_ckpt.format.usage import flag
 from portable_ckpt.io.annotations import (
     ANNOTATION_KINDS,
     cleared_ids,
@@ -721,6 +722,7 @@ def list_versions(
     uploads: bool = False,
     errors: list[CheckpointError] | None = None,
     pins: bool = False,
+    missing_ok: bool = False,
 ) -> list[VersionInfo]:
     """List every attempt of a root, oldest first (by step, then commit time).
 
@@ -732,14 +734,27 @@ def list_versions(
     list is given (the attempts that could be listed are returned). With ``pins``, each
     attempt's ``pinned`` says whether a pin record names it (spec §15.3); pins that cannot be
     read make it ``None`` for every attempt, and the error is appended to ``errors`` (or logged).
+
+    A root that does not exist raises ``NotFoundError``, as ``portable-ckpt ls`` and
+    :func:`latest` say it (a mistyped root is not a root without versions); an existing empty
+    root lists ``[]``. ``missing_ok``: list a missing root as ``[]`` too (a fresh job's root,
+    which an object store holds no object of before the job's first save).
+
+    Raises:
+        NotFoundError: the root does not exist (or is no directory), unless ``missing_ok``.
+
     """
+    flag(missing_ok, "list_versions: missing_ok")
     storage = open_storage(root)
     # One view: each directory level listed once (on S3 a version's directory was listed three
     # times and its verifications twice, 7 requests where 3 prefixes were asked: scale review
     # A); the second looks of records answered absent list again (annotations.listed_info).
     # One pass: the caches keep what it used (annotations.listing_pass, scale review C).
     with storage.one_root_listing(), listing_pass():
-        return _list_versions(storage, annotations, uploads, errors, pins)
+        out = _list_versions(storage, annotations, uploads, errors, pins)
+        if not out and not missing_ok:
+            root_must_exist(storage)  # (was [], as if the mistyped root were empty)
+        return out
 
 
 def _list_versions(

@@ -120,7 +120,7 @@ def _candidates_of(storage: Any, in_flight: set[str] | None) -> list[Any]:
     from portable_ckpt.manager.retention import Candidate
 
     out = []
-    for v in list_versions(storage):
+    for v in list_versions(storage, missing_ok=True):  # (a root not saved to yet)
         if v.status != "committed":
             out.append(Candidate(v.id, v.step, committed=False))
             continue

@@ -101,7 +101,7 @@ def listing(
     """
     tier = mgr.tiers[name]
     try:
-        versions = list_versions(tier.storage)
+        versions = list_versions(tier.storage, missing_ok=True)  # a fresh job: from scratch
     except CheckpointError as e:
         return {"error": f"cannot list the {name} tier {tier.root}: {e}"}
     if seen is not None:
@@ -543,7 +543,7 @@ def _warn_if_rolled_back(mgr: CheckpointManager, restored: int) -> None:
 def _versions_or_none(tier: Tier, *, annotations: bool = False) -> list[Any]:
     """The tier's versions for a message (a listing error only leaves the message shorter)."""
     try:
-        return list_versions(tier.storage, annotations=annotations)
+        return list_versions(tier.storage, annotations=annotations, missing_ok=True)
     except CheckpointError:
         return []
 
