@@ -9,6 +9,7 @@ sample ignored, ``new_attempt_id(now="x")``, ``unflatten_keys([...])`` and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,25 @@ def test_list_versions_of_a_missing_root_is_not_found_as_ls_says(
     with pytest.raises(UsageError, match="list_versions: missing_ok must be True or False"):
         portable_ckpt.list_versions(missing, missing_ok="yes")  # type: ignore[arg-type]
 
+
+def test_verify_of_a_version_whose_records_are_a_file_says_what_it_means(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``verify VERSION --no-record`` with ``verifications`` a regular file exits 0: its bytes
+    verify, which is what it was asked (nothing was to be recorded; ``verify ROOT`` and
+    ``--all`` count such a version as a problem of the root). The warning now says what the
+    unread records mean (a restore stops at the version), and ``--json`` names them."""
+    portable_ckpt.save_arrays(tmp_path, {"w": W}, step=1)
+    (version,) = [p for p in tmp_path.iterdir() if p.name.startswith("s0")]
+    (version / "verifications").write_text("x")
+    assert cli_main(["verify", str(version), "--no-record"]) == 0
+    err = capsys.readouterr().err
+    assert "verifications is no directory" in err
+    assert "a restore stops at this version and `ls` shows it unreadable" in err
+    assert cli_main(["verify", str(version), "--no-record", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True
+    assert [e["code"] for e in doc["records_unreadable"]] == ["PCK-STORAGE"]
+    assert "verifications is no directory" in doc["records_unreadable"][0]["message"]
+    assert cli_main(["verify", str(tmp_path), "--no-record"]) == 1  # the root's problem
+    assert cli_main(["verify", str(version), "--deep"]) == 1  # the record asked for: not stored

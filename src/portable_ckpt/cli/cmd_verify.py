@@ -135,7 +135,11 @@ def _check(
     if run.unread and not args.quiet:
         print(f"portable-ckpt: the version's verification records could not all be read "
               f"({safe(run.unread[0])}); "
-              + ("nothing is cleared" if args.clear_failed else "verifying it anyway"),
+              + ("nothing is cleared" if args.clear_failed else
+                 # exit 0 when its bytes verify (what was asked), but the version is not
+                 # restorable as it stands: said, not only that the records are unread
+                 "verifying it anyway (the exit status is its bytes'); until they can be "
+                 "read, a restore stops at this version and `ls` shows it unreadable"),
               file=sys.stderr)
     run.version = {"attempt_id": attempt, "step": manifest.step,
                    "committed_at": manifest.committed_at,
@@ -258,6 +262,9 @@ def _report(args: argparse.Namespace, run: _Run, seed: int) -> tuple[int, dict[s
                            "record": run.record, "record_error": record_error,
                            "failed_verifications": run.barring, "cleared": run.cleared,
                            "still_failed": bool(run.barring)}
+    if run.unread:  # said on stderr: a script reading --json learns it too (exit 0 all the same)
+        doc["records_unreadable"] = [{**e.to_json(), "retryable": e.retryable}
+                                     for e in run.unread]
     if run.away:  # the files a node root lacks by design: problems here unless --node-root
         doc["node_root_absent"] = run.away
     if args.sample is not None:
