@@ -28,6 +28,7 @@ __all__ = [
     "name_collection",
     "path_text",
     "plain_array",
+    "process_group_or_none",
     "require_non_negative_int",
     "require_one_of",
     "require_seconds",
@@ -264,3 +265,26 @@ def plain_array(value: object, what: str) -> None:
             "(and the mask as an array of its own, np.ma.getmaskarray(arr), if it matters)"
         )
 
+
+
+def process_group_or_none(value: object, what: str) -> Any:
+    """``value`` when it is ``None`` or a ``torch.distributed.ProcessGroup``.
+
+    Anything else (a string, a rank list, a ``DeviceMesh``) was ignored without a word where
+    torch.distributed is not initialised, and failed in torch's group lookup where it is (api
+    review 31). torch is imported only here, by the callers that take a group.
+
+    Raises:
+        UsageError: anything else.
+
+    """
+    if value is None:
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and isinstance(value, dist.ProcessGroup)):
+        raise UsageError(
+            f"{what} must be a torch.distributed ProcessGroup (dist.new_group(...)) or None "
+            f"(the default group), got {type(value).__name__} {value!r:.80}"
+        )
+    return value

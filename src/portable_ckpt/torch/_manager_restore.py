@@ -212,14 +212,18 @@ def restore(
             load_one, mgr, state, tier_name, ident, allow_statistical, record_ranges,
             strict=strict, strict_dtype=strict_dtype, hyper=hyper, step=step,
         )
+        absent: NotFoundError | None = None
         try:
             try:
                 info = attempt()
             except Exception as first:
                 if tier_name == "fast":
                     raise  # a node-local version may just be out of some rank's reach
-                _again(mgr, ident, _fall_back_or_raise(mgr, first))
-                info = attempt()
+                err = _fall_back_or_raise(mgr, first)
+                absent = _explicit_absent(mgr, tier_name, ident, step, err)
+                if absent is None:
+                    _again(mgr, ident, err)
+                    info = attempt()
         except Exception as e:
             err = _fall_back_or_raise(mgr, e)
             codes = _codes(err)
@@ -255,6 +259,8 @@ def restore(
             if mgr.rank == 0:
                 say(text)  # an operator without logging or events= learns of the damage too
             continue
+        if absent is not None:
+            raise absent
         if fallbacks and info.missing_keys:
             _say_left_from_failed(mgr, info, fallbacks)
         if tier_name != "explicit":
@@ -273,6 +279,37 @@ def restore(
         return info
     _nothing_restored(mgr, t0, fallbacks, len(cands), step)
     return None
+
+
+#: What a load of a path that holds no (such) version raises: nothing a second read mends.
+_ABSENT_CODES = frozenset({"PCK-NOT-FOUND", "PCK-MANIFEST-MISSING"})
+
+
+def _explicit_absent(
+    mgr: CheckpointManager, tier_name: str, ident: str, step: int | None, err: CheckpointError
+) -> NotFoundError | None:
+    """The ``NotFoundError`` every rank raises when an explicit ``checkpoint=`` holds no version.
+
+    A misspelt path was read twice and reported as ``PCK-DISTRIBUTED`` ("no version could be
+    restored: 1 candidate(s) failed") wrapping the ``PCK-NOT-FOUND`` (api review 31): the
+    caller's path, not a failure to retry. Agreed by every rank (one collective), so that a
+    rank whose own error was a peer's failure raises the same.
+    """
+    if tier_name != "explicit":
+        return None
+    codes = _codes(err)
+    if not any_rank(mgr, bool(codes & _ABSENT_CODES) and not codes & DAMAGE_CODES,
+                    "whether the checkpoint exists"):
+        return None
+    which = f"no version of step {step}" if step is not None else "no committed version"
+    out = NotFoundError(
+        f"restore: checkpoint={ident!r} holds {which} ({err.message}); pass the path of a "
+        "version directory (<root>/<attempt id>) or of a root, as `portable-ckpt ls ROOT` "
+        "lists them, or leave checkpoint= out to restore this job's newest version",
+        path=ident,
+    )
+    out.__cause__ = err
+    return out
 
 
 def _damage_agreed(

@@ -34,6 +34,30 @@ class ModelOptimizerState:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, *, options: Any = None):
+        """Hold ``model``, its ``optimizer`` (one, a list, or ``None``) and ``options``.
+
+        Raises:
+            UsageError: ``model`` is no ``torch.nn.Module``, ``optimizer`` no optimizer (or
+                list of them), ``options`` no ``StateDictOptions``, or options the manager
+                cannot honour.
+
+        """
+        # Checked here: ModelOptimizerState(5) was taken, and failed at the first save or
+        # restore, deep in get_state_dict (api review 31).
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(
+                "ModelOptimizerState: model must be a torch.nn.Module (the FSDP2 or plain "
+                f"model), got {type(model).__name__} {model!r:.80}"
+            )
+        if options is not None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+            if not isinstance(options, StateDictOptions):
+                raise UsageError(
+                    "ModelOptimizerState: options must be a torch.distributed.checkpoint."
+                    f"state_dict.StateDictOptions or None, got {type(options).__name__} "
+                    f"{options!r:.80}"
+                )
         if getattr(options, "broadcast_from_rank0", False):
             # set_state_dict then broadcasts from rank 0 while the other ranks, which hold no
             # full state, are already in the load's next collective: a hang until the timeout

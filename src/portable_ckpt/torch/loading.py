@@ -39,7 +39,12 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.format.manifest import Manifest, Mesh
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
-from portable_ckpt.format.usage import require_one_of, strict_int, timeout_seconds
+from portable_ckpt.format.usage import (
+    process_group_or_none,
+    require_one_of,
+    strict_int,
+    timeout_seconds,
+)
 from portable_ckpt.io.reader import Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger, logged
 from portable_ckpt.storage import Storage, open_storage
@@ -103,7 +108,8 @@ def load(
             (``<root>/<attempt id>``: that version).
         step: Load the newest version of this step (default: the newest version).
         checkpoint_id: Load this attempt id.
-        process_group: The group (default: the default group when initialised).
+        process_group: A torch.distributed ProcessGroup (default: the default group when
+            initialised).
         allow_statistical: Accept restoring an ``exact`` checkpoint onto another world size or
             mesh (the contract becomes ``statistical``).
         strict: Raise when the target has keys the checkpoint lacks.
@@ -173,6 +179,7 @@ def load_into(
     # one was (api review 31); a bad timeout failed in the first collective.
     step = None if step is None else strict_int(step, "load: step", minimum=0)
     timeout = timeout_seconds(timeout, "load: timeout")
+    process_group_or_none(process_group, "load: process_group")
     # An async save of this process still in flight runs collectives on the same side group:
     # interleaved with the load's, both waited for the timeout (async review F9). Its outcome
     # is its own handle's.

@@ -49,6 +49,7 @@ from typing import Any
 from portable_ckpt.errors import CheckpointError, UsageError
 from portable_ckpt.format.usage import (
     mapping,
+    process_group_or_none,
     require_non_negative_int,
     require_one_of,
     require_seconds,
@@ -144,7 +145,7 @@ class CheckpointManager:
             that fails is marked (a verification record) and never restored.
         events: Telemetry sink: JSON lines, or a Prometheus textfile when it ends in ``.prom``;
             ``{rank}`` in it gives every rank its own file (otherwise rank 0 writes).
-        process_group: The group (default: the default group).
+        process_group: A torch.distributed ProcessGroup (default: the default group).
         timeout: Seconds a collective may wait for peers. It also bounds how much later than
             the others a rank may reach a ``maybe_save`` where the ranks agree (see
             ``decision_interval``): a rank that late fails that call with ``PCK-DISTRIBUTED``
@@ -221,6 +222,7 @@ class CheckpointManager:
         if ranks_per_node is not None:  # (0 was taken as "not given", -2 as a layout)
             strict_int(ranks_per_node, "ranks_per_node", minimum=1)
         timeout = timeout_seconds(timeout, "timeout")
+        process_group_or_none(process_group, "process_group")
         if (
             isinstance(verify_sample, bool)
             or not isinstance(verify_sample, int | float)
@@ -623,7 +625,9 @@ class CheckpointManager:
                 one to restore has an unreadable commit record (never "nothing to resume",
                 spec R-ID-5): retry.
             NotFoundError: ``step`` was given and no tier holds it, or every version the
-                tiers hold failed verification (never "start from scratch").
+                tiers hold failed verification (never "start from scratch"); or
+                ``checkpoint`` names a path that holds no committed version (of ``step``):
+                on every rank, without a second read.
             DistributedError: every candidate failed.
 
         """

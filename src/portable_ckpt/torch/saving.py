@@ -38,6 +38,7 @@ from portable_ckpt.format.keys import DCP_ITEMS_ENTRY, dcp_items_value, read_dcp
 from portable_ckpt.format.manifest import Continuation, WriterIndex, files_bytes
 from portable_ckpt.format.usage import (
     flag,
+    process_group_or_none,
     require_non_negative_int,
     require_one_of,
     strict_int,
@@ -111,7 +112,8 @@ class SaveOptions:
 
     Attributes:
         step: The completed training step (stored once, in the manifest).
-        process_group: The group (default: the default group when initialised, else one process).
+        process_group: A torch.distributed ProcessGroup (default: the default group when
+            initialised, else one process).
         continuation: ``"exact"`` (bit-exact resume on the same world size and mesh) or
             ``"statistical"``.
         codec: ``"none"`` or ``"zstd"`` for tensor chunks.
@@ -168,6 +170,7 @@ class SaveOptions:
         strict_int(self.max_file_bytes, "max_file_bytes", minimum=1)
         require_one_of(self.if_busy, IF_BUSY, "if_busy")
         flag(self.tensor_table, "tensor_table", allow_none=True)
+        process_group_or_none(self.process_group, "process_group")
 
     def writer_options(self, pieces: int, world: int) -> dict[str, Any]:
         """The :class:`ShardWriter` keyword arguments for a rank writing ``pieces`` pieces."""
