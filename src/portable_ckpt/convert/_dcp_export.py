@@ -38,7 +38,16 @@ from portable_ckpt.convert._model import (
 )
 from portable_ckpt.convert._publish import fsync_files
 from portable_ckpt.convert.hf import HF_METADATA_ENTRY
-from portable_ckpt.errors import UsageError
+from portable_ckpt.errors import UnsupportedValueError, UsageError
+from portable_ckpt.format.keys import (
+    DCP_ITEMS_ENTRY,
+    VALUES_ENTRY,
+    dcp_fqn,
+    decode_json,
+    json_item_paths,
+    portable_key,
+    split_key,
+)
 from portable_ckpt.torch.state import without_scheduler_class
 
 __all__ = ["save_portable_as_dcp", "to_torch"]
@@ -193,6 +202,7 @@ def _mapped(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
             "hold only one of them. Convert with --keys verbatim (the keys as they are), or "
             "--select the ones to keep"
         )
+    _refuse_entries_lost_to_tensors(ck, view)
     tensors = {f: k for f, k in view.tensor_keys.items() if f not in view.ambiguous}
     # An HF source's __metadata__ is the safetensors files', no part of the job's state (as for
     # a mapped torch target): as items it gave dcp_to_torch_save an 'hf' key, and convert
@@ -209,6 +219,52 @@ def _mapped(ck: Any) -> tuple[_Items, list[ConvertWarning]]:
         if f in tensors or f in values
     }
     return _Items(tensors, values, paths), warnings
+
+
+def _refuse_entries_lost_to_tensors(ck: Any, view: Any) -> None:
+    """Refuse an entry whose DCP item a tensor displaces (nothing is written).
+
+    The DCP view shows a tensor where an entry's item has its name, or lies above or below
+    it (``a`` and ``a/x``), and drops the item: a version of the core API holding tensor ``a``
+    and entry ``a`` (or ``b.c`` beside tensor ``b/c``) was exported without the entry, exit 0
+    (api review 31), where verbatim keys and the torch export refuse it.
+
+    Raises:
+        UnsupportedValueError: naming the entry, its item and the tensor.
+
+    """
+    shown = set(view.byte_keys.values())
+    for name in sorted(ck.entries):
+        if ck.entries[name].scope != "global" or name in (
+            VALUES_ENTRY, DCP_ITEMS_ENTRY, HF_METADATA_ENTRY
+        ):
+            continue  # torch.values's leaves are the view's own; the others are no state
+        value = decode_json(ck.entry(name))
+        for path in json_item_paths(value, tuple(split_key(name))):
+            key = portable_key(path)
+            if key in shown:
+                continue
+            tensor = _tensor_in_the_way(ck, view, key)
+            if tensor is not None:
+                refuse_shared_keys([name], [tensor], "a DCP checkpoint has one item of each name")
+                raise UnsupportedValueError(
+                    f"entry {name!r}: its DCP item {dcp_fqn(key)!r} has no place beside the "
+                    f"tensor {tensor!r} (one name, or one inside the other), and a DCP "
+                    "checkpoint has one item of each name; nothing was written. Convert with "
+                    "--select to leave one of them out"
+                )
+
+
+def _tensor_in_the_way(ck: Any, view: Any, key: str) -> str | None:
+    """The tensor whose DCP name is ``key``'s, or whose key lies at, above or below ``key``."""
+    by_name = view.tensor_keys.get(dcp_fqn(key))
+    if by_name is not None:
+        return str(by_name)
+    return next(
+        (t for t in sorted(ck.tensors)
+         if t == key or key.startswith(t + "/") or t.startswith(key + "/")),
+        None,
+    )
 
 
 @dataclasses.dataclass
