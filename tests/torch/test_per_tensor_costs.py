@@ -20,6 +20,7 @@ import torch
 import portable_ckpt.torch as pckt
 from portable_ckpt.format import manifest
 from portable_ckpt.format.manifest import WriterIndex
+from portable_ckpt.io import reader
 
 pytestmark = pytest.mark.torch
 
@@ -62,3 +63,14 @@ def test_save_parses_each_tensor_entry_once(
     pckt.load(target, str(tmp_path))
     assert all(torch.equal(target["model"][k], state["model"][k]) for k in state["model"])
     assert torch.equal(target["optim"]["state"]["layers.3.w"]["step"], torch.tensor(1.0))
+
+
+def test_planner_boxes_are_not_converted_again() -> None:
+    """A tuple of ints (every box the planner makes) is taken as it is; other sequences are
+    converted, and bools and floats refused, as before."""
+    box = (0, 4, 8)
+    assert reader._indices(box, "offsets", "k") is box
+    assert reader._indices([0, 4], "offsets", "k") == (0, 4)
+    for bad in ((0, True), (0, 0.5), [1.0]):
+        with pytest.raises(Exception, match="must be a sequence of integers"):
+            reader._indices(bad, "offsets", "k")

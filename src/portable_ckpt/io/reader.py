@@ -318,6 +318,8 @@ def _indices(xs: Sequence[int], what: str, key: str) -> tuple[int, ...]:
 
     ``int()`` would truncate 0.5 to 0, and read another box than the caller meant.
     """
+    if type(xs) is tuple and all(type(x) is int for x in xs):
+        return xs  # already what is returned (the planner's own boxes): nothing to convert
     items: tuple[Any, ...] = ()
     try:
         items = tuple(xs)  # read once: it may be an iterator
