@@ -8,6 +8,7 @@ checks themselves still run once, and the values still round-trip exactly.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import portable_ckpt.torch as pckt
 from portable_ckpt.format import manifest
 from portable_ckpt.format.manifest import WriterIndex
 from portable_ckpt.io import reader
+from portable_ckpt.torch import _hyperparameters, _load_values
 
 pytestmark = pytest.mark.torch
 
@@ -74,3 +76,29 @@ def test_planner_boxes_are_not_converted_again() -> None:
     for bad in ((0, True), (0, 0.5), [1.0]):
         with pytest.raises(Exception, match="must be a sequence of integers"):
             reader._indices(bad, "offsets", "k")
+
+
+class _Counted:
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern, self.texts = pattern, list[str]()
+
+    def match(self, text: str) -> re.Match[str] | None:
+        self.texts.append(text)
+        return self.pattern.match(text)
+
+
+def test_load_matches_param_group_pattern_only_on_group_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The param-group pattern (whose leading ``(.*)/`` backtracks over a key) runs on keys
+    holding ``param_groups/``, not on every tensor's key; groups still load."""
+    pckt.save(_state(1.0), str(tmp_path), step=1, continuation="statistical")
+    counted = _Counted(_hyperparameters.GROUP_MEMBER)
+    monkeypatch.setattr(_hyperparameters, "GROUP_MEMBER", counted)
+    monkeypatch.setattr(_load_values, "GROUP_MEMBER", counted)
+    target = _state(0.0)
+    target["optim"]["param_groups"][0]["lr"] = 0.5
+    pckt.load(target, str(tmp_path))
+    assert target["optim"]["param_groups"][0]["lr"] == 0.1
+    assert counted.texts  # the group members were matched ...
+    assert all("param_groups/" in t for t in counted.texts)  # ... and no tensor's key

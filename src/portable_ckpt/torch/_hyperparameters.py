@@ -79,7 +79,8 @@ _SHOWN: Final = 8
 
 def _member(key: str) -> tuple[str, str, int, str] | None:
     """``(member's key, optimizer path, group index, member)`` of a key at or below a member."""
-    m = GROUP_MEMBER.match(key)
+    # The literal first: the pattern's leading ``(.*)/`` backtracks over every key of a state.
+    m = GROUP_MEMBER.match(key) if "param_groups/" in key else None
     if m is None or m.group(3) == "params":
         return None
     return key[: m.end()], m.group(1) or "", int(m.group(2)), m.group(3)

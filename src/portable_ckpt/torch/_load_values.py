@@ -221,7 +221,8 @@ def _optimizer_members() -> frozenset[str]:
 def _group_members(keys: Any) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for k in keys:
-        m = GROUP_MEMBER.match(f"{k}")
+        text = f"{k}"
+        m = GROUP_MEMBER.match(text) if "param_groups/" in text else None  # the literal first
         if m:
             out.setdefault((m.group(1) or "", m.group(2)), set()).add(m.group(3))
     return out
