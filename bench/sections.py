@@ -701,6 +701,12 @@ def section_realistic(ctx: Ctx) -> dict[str, Any]:
     return realistic.section(ctx)
 
 
+def section_small(ctx: Ctx) -> dict[str, Any]:
+    from bench import small_tensors
+
+    return small_tensors.section(ctx)
+
+
 def section_s3(ctx: Ctx) -> dict[str, Any]:
     size = "32" if ctx.quick else "256"
     rounds = "2" if ctx.quick else "3"
@@ -718,6 +724,7 @@ SECTIONS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "torch": section_torch,
     "s3": section_s3,
     "realistic": section_realistic,
+    "small": section_small,
 }
 #: What ``--only core`` means.
 GROUPS = {

@@ -187,3 +187,23 @@ def test_the_node_streams_are_spread_over_the_ranks() -> None:
     for world in range(1, 10):
         per = [_streams_of(r, world) for r in range(world)]
         assert sum(per) == max(NODE_STREAMS, world) and max(per) - min(per) <= 1
+
+
+@pytest.mark.timeout(300)
+def test_small_tensors_section_measures_every_operation(tmp_path: Path) -> None:
+    """`--only small` (issue 13): every operation on 1 and 2 ranks, the 2→1 load, DCP's ratio."""
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--only", "small", "--out", str(out),
+         "--name", "smoke", "--no-cold", "--scratch", str(tmp_path)],
+        cwd=REPO, env={**_env()}, capture_output=True, text=True, timeout=280,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    sec = json.loads((out / "smoke.json").read_text())["sections"]["small"]
+    assert not sec.get("failed"), sec
+    done = {(r["world"], r["op"]) for r in sec["rows"]}
+    ops = {"save", "async", "dcp_save", "load", "restore", "dcp_load"}
+    assert done == {(w, op) for w in (1, 2) for op in ops} | {(2, "load_2to1")}
+    assert all(r["cpu_ms_per_1k"] > 0 for r in sec["rows"])
+    assert all(r["vs_dcp_cpu"] > 0 for r in sec["rows"] if r["op"] in ("save", "load"))
