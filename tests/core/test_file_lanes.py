@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import portable_ckpt
 from portable_ckpt._threads import worker
 from portable_ckpt.errors import ChecksumError
-from portable_ckpt.io import reader
+from portable_ckpt.io import _read_plan, reader
 from portable_ckpt.io.commit import commit
 from portable_ckpt.io.reader import ReadRequest
 from portable_ckpt.io.writer import ShardWriter, new_attempt_id
@@ -124,7 +124,7 @@ def test_balanced_lanes_hold_every_file_once_within_the_largest_file_of_even(
 ) -> None:
     paths = [f"data/f{i:02d}" for i in range(len(sizes))]
     nbytes = dict(zip(paths, sizes, strict=True))
-    share = reader._balanced(paths, nbytes, lanes)
+    share = _read_plan.balanced(paths, nbytes, lanes)
     assert len(share) == lanes
     assert sorted(p for s in share for p in s) == paths
     assert all(s == sorted(s) for s in share)

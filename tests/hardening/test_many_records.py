@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.format.dtypes import DTYPES
-from portable_ckpt.io import commit, reader, safetensors_io
+from portable_ckpt.io import _read_plan, _verify, commit, reader, safetensors_io
 from portable_ckpt.io.reader import ReadRequest
 from portable_ckpt.io.safetensors_io import parse_header
 
@@ -200,7 +200,7 @@ def test_a_read_of_many_pieces_is_planned_in_passes(tmp_path: Path, table: bool)
     boxes (read_many across pass boundaries); each block read once per pass at most."""
     a = _tiles(tmp_path, 100, table=table)
     ck = portable_ckpt.open(tmp_path)
-    with mock.patch.object(reader, "PIECES_PER_PASS", 64):
+    with mock.patch.object(_read_plan, "PIECES_PER_PASS", 64):
         np.testing.assert_array_equal(ck.read("emb"), a)
         blocks = ck.stats.blocks_verified
         outs = ck.read_many([
@@ -224,7 +224,7 @@ def test_pieces_of_zstd_and_bool_ranges_in_passes(tmp_path: Path, table: bool) -
     """zstd pieces are checked (frame headers) and read in passes too; a bad bool byte in
     a late pass names its own range."""
     a = _tiles(tmp_path / "z", 40, codec="zstd", table=table)
-    with mock.patch.object(reader, "PIECES_PER_PASS", 16):
+    with mock.patch.object(_read_plan, "PIECES_PER_PASS", 16):
         np.testing.assert_array_equal(portable_ckpt.open(tmp_path / "z").read("emb"), a)
     b = _tiles(tmp_path / "b", 40, dtype="bool", table=table)
     assert b.any()
@@ -236,7 +236,7 @@ def test_pieces_of_zstd_and_bool_ranges_in_passes(tmp_path: Path, table: bool) -
     data.write_bytes(bytes(raw))
     # The damaged byte passes its checksum: the bool check finds it.
     rechecksum(str(tmp_path / "b" / ck.id), str(data.relative_to(tmp_path / "b" / ck.id)))
-    with mock.patch.object(reader, "PIECES_PER_PASS", 16):
+    with mock.patch.object(_read_plan, "PIECES_PER_PASS", 16):
         err = expect_code("PCK-DTYPE-VALUE", portable_ckpt.open(tmp_path / "b").read, "emb")
     assert "'emb@38,97'" in err.message and "[38, 97]" in err.message
 
@@ -271,7 +271,7 @@ def test_verify_does_not_build_a_tables_records(tmp_path: Path) -> None:
 
     picked = random.Random(7).sample(every, sampled_chunks(len(every), 0.01))
     seen: list[Any] = []
-    with mock.patch.object(reader.Checkpoint, "_verify_chunk", lambda self, t, r, d: seen.append((t.key, r))):
+    with mock.patch.object(_verify, "_verify_chunk", lambda ck, t, r, d: seen.append((t.key, r))):
         portable_ckpt.open(tmp_path).verify(sample=0.01, seed=7)
     assert seen == picked and len(seen) >= 50
 
@@ -318,7 +318,7 @@ def test_many_requests_keep_at_most_a_pass_of_pieces(tmp_path: Path) -> None:
                               block_size=4096)  # 256 tiles each, 10,240 in all
     ck = portable_ckpt.open(tmp_path)
     ck.read("e0", [0, 0], [1, 1])  # the header parsed outside the bound
-    with mock.patch.object(reader, "PIECES_PER_PASS", 512), memory_bound(3 << 20) as peak:
+    with mock.patch.object(_read_plan, "PIECES_PER_PASS", 512), memory_bound(3 << 20) as peak:
         outs = ck.read_many([ReadRequest(k) for k in arrays])
     assert all(np.array_equal(o, arrays[k]) for o, k in zip(outs, arrays, strict=True)), peak
 

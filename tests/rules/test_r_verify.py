@@ -376,7 +376,8 @@ NOT_VERSION_RULES = {
     "PCK-STORAGE": "the storage backend failed, not the version",
     "PCK-SCHEMA": "raised for drill and copy records and at open (R-COMMIT-15)",
 }
-READ_PATH = ["io/reader.py", "io/safetensors_io.py", "io/codec.py", "io/checksum.py",
+READ_PATH = ["io/reader.py", "io/_read_plan.py", "io/_entries.py", "io/_verify.py",
+             "io/safetensors_io.py", "io/codec.py", "io/checksum.py",
              "io/_zstd_box.py", "ranges/coverage.py", "ranges/planning.py", "format/schemas.py",
              "format/regex.py", "format/jsonio.py", "storage/local.py"]
 
