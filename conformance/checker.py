@@ -21,23 +21,26 @@ The checks are written from the spec, independently of :mod:`portable_ckpt`:
 * every entry: declaration, the values per scope, each value strictly decoded and valid against
   its declared schema (builtin ids resolve to ``spec/schemas/entries`` and take integer tokens;
   an embedded schema's ``$schema`` must name Draft 2020-12, whose integers it keeps).
+
+Reading a JSON document and its schema pass are :mod:`conformance.documents`; exactly-once
+coverage by box arithmetic is :mod:`conformance.coverage`.
 """
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import itertools
 import json
 import math
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.coverage import check_coverage
+from conformance.documents import JsonPath, Located, load_json, same_json, schema_check
 from conformance.reader import timestamp_key as _ts_key
 from conformance.regex import BadPattern, compiled, patterns_of
 from conformance.schemas import (
@@ -46,7 +49,6 @@ from conformance.schemas import (
     BudgetExceeded,
     OtherDialect,
     SchemaSet,
-    SchemasUnavailable,
     load_schemas,
     without_dialect,
 )
@@ -145,194 +147,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-_Path = tuple[str | int, ...]
-
-
-class _Located(Problem):
-    """A problem at a JSON location of the manifest (``at``), for de-duplication.
-
-    The schema pass reports some defects with their specific codes (an unknown dtype or codec,
-    an unsafe path, ...) and the checks in code meet the same defects again; a problem whose
-    location the schema pass already reported is not reported twice (R-VERSION-13).
-    """
-
-    def __init__(self, code: str, message: str, at: _Path) -> None:
-        super().__init__(code, message)
-        self.at = at
-
-
-def _bad_path(keyword: str, instance: Any) -> bool:
-    """A violation of the path definition: its pattern, length, or (errata 1) its ``not``."""
-    return keyword in ("pattern", "maxLength") or (keyword == "not"
-                                                   and path_problem(instance) is not None)
-
-
-def _classify_schema_error(path: list[str | int], keyword: str, doc: Any,
-                           instance: Any = None) -> str:
-    """Map a schema violation to the most specific code the spec has for that location.
-
-    The error table has specific codes for rules that the schemas also express (dtype enum,
-    path patterns, box rank, lengths >= 1, ...); those take precedence over PCK-SCHEMA.
-    ``instance`` is the value that failed (for a ``files`` key: the key).
-    """
-    if not path:
-        return "PCK-SCHEMA"
-    top = path[0]
-    n = len(path)
-    if top == "attempt_id":
-        return "PCK-ATTEMPT-ID"
-    if top == "tensor_table" and n == 2:
-        if path[1] == "codec" and keyword in ("enum", "const"):
-            return "PCK-CODEC"
-        if path[1] == "file" and _bad_path(keyword, instance):
-            return "PCK-PATH-UNSAFE"
-    if top == "files":
-        if n == 1 and _bad_path(keyword, instance):
-            return "PCK-PATH-UNSAFE"
-        if n == 3 and path[2] == "size" and keyword == "maximum":
-            return "PCK-LIMIT"
-    if top == "tensors" and n >= 3:
-        if path[2] == "dtype" and keyword in ("enum", "const"):
-            return "PCK-DTYPE-UNSUPPORTED"
-        if path[2] == "shape" and keyword in ("maxItems", "maximum"):
-            return "PCK-LIMIT"
-        if path[2] == "ranges":
-            if n == 3 and keyword == "minItems":
-                return "PCK-COVERAGE-GAP"
-            if n == 3 and keyword == "maxItems":
-                t = doc.get("tensors", {}).get(path[1], {}) if isinstance(doc, dict) else {}
-                shape = t.get("shape") if isinstance(t, dict) else None
-                if isinstance(shape, list) and 0 in shape:
-                    return "PCK-RANGE-BOUNDS"
-                return "PCK-COVERAGE-OVERLAP"
-            if n >= 5 and path[4] == "file" and _bad_path(keyword, instance):
-                return "PCK-PATH-UNSAFE"
-            if n >= 5 and path[4] == "codec" and keyword in ("enum", "const"):
-                return "PCK-CODEC"
-            if n >= 5 and path[4] in ("offsets", "lengths") and keyword == "maximum":
-                return "PCK-LIMIT"
-            if n >= 5 and path[4] in ("offsets", "lengths") and keyword in (
-                    "maxItems", "minimum"):
-                return "PCK-RANGE-BOUNDS"
-    if top == "entries" and n >= 3:
-        if path[2] == "values" and n == 3 and keyword == "minItems":
-            return "PCK-ENTRY-MISSING"
-        if n >= 5 and path[2] == "values" and path[4] == "file" and _bad_path(keyword,
-                                                                               instance):
-            return "PCK-PATH-UNSAFE"
-        if path[2] == "schema" and n == 3:
-            e = doc.get("entries", {}).get(path[1], {}) if isinstance(doc, dict) else {}
-            sch = e.get("schema") if isinstance(e, dict) else None
-            if isinstance(sch, dict) and set(sch) == {"id"} and isinstance(sch["id"], str):
-                return "PCK-ENTRY-SCHEMA"
-    return "PCK-SCHEMA"
-
-
-def _schema_version(doc: Any) -> str:
-    """Which schema set a format document is validated against: ``"1.0"``, ``"1.1"``, ``"1.3"``.
-
-    1.0 documents use the 1.0 schemas; 1.1 and 1.2 documents, and any document that has a
-    ``tensor_table`` member (which R-TABLE-2 forbids in 1.0 and the 1.1 schema rejects there),
-    use the 1.1 schemas, which extend the 1.0 ones; documents of 1.3 and later use the 1.3
-    schemas, whose dtype list is longer (§7).
-    """
-    if not isinstance(doc, dict):
-        return "1.0"
-    fv = doc.get("format_version")
-    m = re.fullmatch(r"1\.(0|[1-9][0-9]*)", fv) if isinstance(fv, str) else None
-    if m is not None and (len(m.group(1)), m.group(1)) >= (1, "3"):
-        return "1.3"
-    if "tensor_table" in doc or (isinstance(fv, str) and fv.startswith("1.") and fv != "1.0"):
-        return "1.1"
-    return "1.0"
-
-
-#: the documents that have schemas of later formats (spec/schemas/1.1/, spec/schemas/1.3/)
-_SCHEMAS_1_1 = ("manifest", "writer-index")
-
-
-def _schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
-                  report: Report, found: set[_Path] | None = None) -> bool:
-    """Validate ``doc`` against ``<name>.schema.json``; return False on a generic violation.
-
-    Integer members must be integer tokens (R-SEC-18: Draft 2020-12 calls 42.0 an integer, a
-    format document does not; ``SchemaSet.validator(integer_tokens=True)``). ``found`` collects
-    the locations reported with a specific code (a ``files`` key as ``("files", key)``), which
-    the checks in code then do not report again.
-    """
-    version = _schema_version(doc)
-    if name == "verification":
-        # Every verification record, of any version: the 1.2 schema is the 1.0 one plus the
-        # rules of ``clears`` in records of 1.2 and later (spec §14.5, §19).
-        version = "1.2"
-    elif name not in _SCHEMAS_1_1:
-        version = "1.0"  # drill, copy and pin records have no later schema of their own
-    schema = schemas.document(name, version)
-    label = f"{name}.schema.json" if version == "1.0" else f"{version}/{name}.schema.json"
-    if schema is None:  # never after require_complete(): a check never skips validation
-        raise SchemasUnavailable(f"{label} not found in {schemas.root}")
-    validator = schemas.validator(schema, integer_tokens=True)
-    generic = False
-    n = 0
-    for err in validator.iter_errors(doc):
-        path = list(err.absolute_path)
-        if name == "manifest" or (path and path[0] == "tensor_table"):
-            code = _classify_schema_error(path, str(err.validator), doc, err.instance)
-        else:
-            code = "PCK-SCHEMA"
-        generic |= code == "PCK-SCHEMA"
-        if found is not None and code != "PCK-SCHEMA" and path:
-            at: _Path = tuple(path)
-            if at == ("files",) and isinstance(err.instance, str):
-                at = ("files", err.instance)  # a key of files (its property name)
-            found.add(at)
-        loc = "/".join(str(p) for p in path) or "(root)"
-        report.error(code, f"{where}: schema {label} violated at {loc}: "
-                     f"{err.message[:300]}")
-        n += 1
-        if n >= 20:
-            break
-    return not generic
-
-
-def _same_json(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` are the same JSON value: same types, member order free.
-
-    ``true`` is not ``1`` and ``1`` is not ``1.0`` (Python's ``==`` says both are).
-    """
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _load_json(vf: VersionFiles, rel: str, report: Report, *, max_bytes: int,
-               verified: bool, path: Path | None = None) -> Any:
-    """Read and strictly decode a JSON file; record problems; return None on failure.
-
-    The size limit (R-SEC-11) is applied before the file is read: from its record when it is
-    listed (``verified``: every block checked), otherwise from ``fstat`` of the descriptor. An
-    unlisted file (``path``, or ``rel`` resolved) is opened without following a final
-    symbolic link and without waiting on a FIFO; anything but a regular file is
-    PCK-FILE-MISSING (R-SEC-16).
-    """
-    try:
-        if verified:
-            size = vf.records[rel].size
-            if size > max_bytes:
-                raise Problem("PCK-JSON-INVALID", f"{rel!r} is {size} bytes, larger than the "
-                              f"limit of {max_bytes} (R-SEC-11)")
-            data = vf.read(rel)
-        else:
-            data = read_regular(path if path is not None else vf.resolve(rel), repr(rel),
-                                max_bytes=max_bytes, follow=False)
-        return loads_strict(data, max_bytes=max_bytes)
-    except Problem as exc:
-        report.error(exc.code, f"{vf.vdir.name}/{rel}: {exc.message}")
-    except StrictJsonError as exc:
-        report.error("PCK-JSON-INVALID", f"{vf.vdir.name}/{rel}: {exc}")
-    except OSError as exc:
-        report.error("PCK-STORAGE", f"{vf.vdir.name}/{rel}: {exc}")
-    return None
-
-
 class _VersionChecker:
     def __init__(self, vdir: Path, report: Report, schemas: SchemaSet, deep: bool,
                  record_only: bool = False) -> None:
@@ -350,7 +164,7 @@ class _VersionChecker:
         # one proof (most useful for tensor tables with thousands of tensors).
         self.coverage_cache: dict[tuple[Any, ...], Problem | None] = {}
         # locations of the manifest the schema pass reported with a specific code
-        self.schema_at: set[_Path] = set()
+        self.schema_at: set[JsonPath] = set()
         # the manifest's tensor table, once read and validated (R-INDEX-6 compares with it)
         self.table: TensorTable | None = None
         self._table_keys: dict[str, int] | None = None
@@ -365,13 +179,13 @@ class _VersionChecker:
     def err(self, code: str, msg: str) -> None:
         self.r.error(code, f"{self.name}: {msg}")
 
-    def reported(self, at: _Path) -> bool:
+    def reported(self, at: JsonPath) -> bool:
         """Whether the schema pass reported a defect at ``at``, inside it or around it."""
         return any(p[:len(at)] == at or at[:len(p)] == p for p in self.schema_at)
 
     def problem(self, exc: Problem, prefix: str) -> None:
         """Report ``exc`` unless the schema pass already reported its location."""
-        if isinstance(exc, _Located) and self.reported(exc.at):
+        if isinstance(exc, Located) and self.reported(exc.at):
             return
         self.err(exc.code, f"{prefix}{exc.message}")
 
@@ -385,7 +199,7 @@ class _VersionChecker:
         if not mpath.is_file():
             self.err("PCK-MANIFEST-MISSING", "no manifest.json: the attempt is not committed")
             return
-        m = _load_json(self.vf, "manifest.json", self.r, max_bytes=MANIFEST_MAX_BYTES,
+        m = load_json(self.vf, "manifest.json", self.r, max_bytes=MANIFEST_MAX_BYTES,
                        verified=False)
         if m is None:
             return
@@ -414,7 +228,7 @@ class _VersionChecker:
         minor = mv.group(2)
         newer = newer_minor(minor)  # newer than NEWEST_FORMAT_VERSION: maybe a foreign record
         before = len(self.r.errors)
-        valid = _schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
+        valid = schema_check(self.schemas, "manifest", m, f"{self.name}/manifest.json", self.r,
                               self.schema_at)
         if newer and len(self.r.errors) > before:
             # A specific code (a dtype, a codec) is still a failed check of 1.1: the record is
@@ -519,7 +333,7 @@ class _VersionChecker:
                 try:
                     fr: FileRecord = parse_file_record(rel, rec)
                 except Problem as exc:
-                    raise _Located(exc.code, exc.message, ("files", rel)) from None
+                    raise Located(exc.code, exc.message, ("files", rel)) from None
                 if self.record_only:
                     self.vf.records[rel] = fr
                     continue
@@ -702,42 +516,42 @@ class _VersionChecker:
         if not isinstance(t, dict):
             raise Problem("PCK-SCHEMA", "tensor record is not an object")
         dtype, shape, ranges = t.get("dtype"), t.get("shape"), t.get("ranges")
-        at: _Path = ("tensors", key)
+        at: JsonPath = ("tensors", key)
         if dtype not in DTYPES:
-            raise _Located("PCK-DTYPE-UNSUPPORTED", f"dtype {dtype!r} is not in the format's "
+            raise Located("PCK-DTYPE-UNSUPPORTED", f"dtype {dtype!r} is not in the format's "
                            "table", (*at, "dtype"))
         later = dtype_not_allowed(dtype, self.doc_version, self.doc_must_understand)
         if later:
-            raise _Located("PCK-DTYPE-UNSUPPORTED", f"{later} (R-DTYPE-3)", (*at, "dtype"))
+            raise Located("PCK-DTYPE-UNSUPPORTED", f"{later} (R-DTYPE-3)", (*at, "dtype"))
         st_dtype, itemsize = DTYPES[dtype]
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise _Located("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0",
+            raise Located("PCK-SCHEMA", f"shape {shape!r} must be a list of integers >= 0",
                            (*at, "shape"))
         # R-TENSOR-1: also the product of the non-zero dimensions (zero-size tensors included).
         if len(shape) > MAX_NDIM or any(d > MAX_SIZE for d in shape) or \
                 math.prod(d for d in shape if d) * itemsize > MAX_SIZE:
-            raise _Located("PCK-LIMIT", f"shape {shape} exceeds the format's limits",
+            raise Located("PCK-LIMIT", f"shape {shape} exceeds the format's limits",
                            (*at, "shape"))
         if not isinstance(ranges, list):
-            raise _Located("PCK-SCHEMA", "ranges must be a list", (*at, "ranges"))
+            raise Located("PCK-SCHEMA", "ranges must be a list", (*at, "ranges"))
         ndim = len(shape)
         boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
         for i, rr in enumerate(ranges):
             where = f"range {i}"
-            rat: _Path = (*at, "ranges", i)
+            rat: JsonPath = (*at, "ranges", i)
             if not isinstance(rr, dict):
-                raise _Located("PCK-SCHEMA", f"{where} is not an object", rat)
+                raise Located("PCK-SCHEMA", f"{where} is not an object", rat)
             offs, lens = rr.get("offsets"), rr.get("lengths")
             if (not isinstance(offs, list) or not isinstance(lens, list)
                     or not all(_is_int(x) for x in offs + lens)):
-                raise _Located("PCK-SCHEMA", f"{where}: offsets/lengths must be integer lists",
+                raise Located("PCK-SCHEMA", f"{where}: offsets/lengths must be integer lists",
                                rat)
             if len(offs) != ndim or len(lens) != ndim:
-                raise _Located("PCK-RANGE-BOUNDS", f"{where}: box of rank "
+                raise Located("PCK-RANGE-BOUNDS", f"{where}: box of rank "
                                f"{len(offs)}/{len(lens)} for a tensor of rank {ndim}", rat)
             for d in range(ndim):
                 if offs[d] < 0 or lens[d] < 1 or offs[d] + lens[d] > shape[d]:
-                    raise _Located("PCK-RANGE-BOUNDS", f"{where}: box offsets={offs} "
+                    raise Located("PCK-RANGE-BOUNDS", f"{where}: box offsets={offs} "
                                    f"lengths={lens} is empty or outside shape {shape} (dim {d})",
                                    rat)
             boxes.append((tuple(offs), tuple(lens)))
@@ -748,23 +562,23 @@ class _VersionChecker:
         if sig in self.coverage_cache:
             hit = self.coverage_cache[sig]
             if hit is not None:
-                raise _Located(hit.code, hit.message, (*at, "ranges"))
+                raise Located(hit.code, hit.message, (*at, "ranges"))
             return
         try:
-            _check_coverage(shape, boxes)
+            check_coverage(shape, boxes)
         except Problem as exc:
             self.coverage_cache[sig] = exc
-            raise _Located(exc.code, exc.message, (*at, "ranges")) from None
+            raise Located(exc.code, exc.message, (*at, "ranges")) from None
         self.coverage_cache[sig] = None
 
     def check_range_data(self, key: str, where: str, rr: dict[str, Any], st_dtype: str,
-                         itemsize: int, lens: list[int], at: _Path = ()) -> None:
+                         itemsize: int, lens: list[int], at: JsonPath = ()) -> None:
         rel, name, codec = rr.get("file"), rr.get("name"), rr.get("codec")
         if codec not in ("none", "zstd"):
-            raise _Located("PCK-CODEC", f"{where}: unknown codec {codec!r}", (*at, "codec"))
+            raise Located("PCK-CODEC", f"{where}: unknown codec {codec!r}", (*at, "codec"))
         why = path_problem(rel)
         if why is not None:
-            raise _Located("PCK-PATH-UNSAFE", f"{where}: {why}", (*at, "file"))
+            raise Located("PCK-PATH-UNSAFE", f"{where}: {why}", (*at, "file"))
         assert isinstance(rel, str)
         if rel in self.bad_files:
             return  # already reported for the file itself
@@ -815,7 +629,7 @@ class _VersionChecker:
         try:
             schema_doc, schema_id = self.entry_schema(sch)
         except Problem as exc:
-            raise _Located(exc.code, exc.message, ("entries", name, "schema")) from None
+            raise Located(exc.code, exc.message, ("entries", name, "schema")) from None
         if enc not in ("json", "json+zstd"):
             raise Problem("PCK-SCHEMA", f"encoding {enc!r} is not 'json' or 'json+zstd'")
         if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
@@ -824,7 +638,7 @@ class _VersionChecker:
             if "world_size_policy" in e:
                 raise Problem("PCK-SCHEMA", "world_size_policy is only allowed for per_rank")
             if not values:
-                raise _Located("PCK-ENTRY-MISSING", "global entry has no value",
+                raise Located("PCK-ENTRY-MISSING", "global entry has no value",
                                ("entries", name, "values"))
             if len(values) != 1 or "rank" in values[0]:
                 raise Problem("PCK-SCHEMA", "global entry must have exactly one value, no rank")
@@ -852,7 +666,7 @@ class _VersionChecker:
             rel = v.get("file")
             why = path_problem(rel)
             if why is not None:
-                raise _Located("PCK-PATH-UNSAFE", why, ("entries", name, "values", j, "file"))
+                raise Located("PCK-PATH-UNSAFE", why, ("entries", name, "values", j, "file"))
             assert isinstance(rel, str)
             if rel in self.bad_files:
                 continue
@@ -947,7 +761,7 @@ class _VersionChecker:
                 if p.is_symlink() or rel in self.bad_files:
                     continue  # reported: a link (R-SEC-2), or the listed file itself
                 listed = rel in self.vf.records
-                doc = _load_json(self.vf, rel, self.r, max_bytes=DOC_MAX_BYTES,
+                doc = load_json(self.vf, rel, self.r, max_bytes=DOC_MAX_BYTES,
                                  verified=listed, path=p)
                 if doc is None:
                     continue
@@ -959,7 +773,7 @@ class _VersionChecker:
                 if isinstance(fv, str) and not fv.startswith("1."):
                     self.r.error("PCK-VERSION-UNSUPPORTED", f"{where}: format_version {fv!r}")
                     continue
-                if not _schema_check(self.schemas, schema_name, doc, where, self.r):
+                if not schema_check(self.schemas, schema_name, doc, where, self.r):
                     continue
                 if doc.get("attempt_id") != aid:
                     self.r.error("PCK-ATTEMPT-ID", f"{where}: attempt_id {doc.get('attempt_id')!r}"
@@ -1082,7 +896,7 @@ class _VersionChecker:
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: tensor {key!r} is not in the "
                              "manifest")
                 continue
-            if not _same_json([t.get("dtype"), t.get("shape")], [mt.get("dtype"),
+            if not same_json([t.get("dtype"), t.get("shape")], [mt.get("dtype"),
                                                                   mt.get("shape")]):
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: tensor {key!r} is "
                              f"{t.get('dtype')}{t.get('shape')} in the index, "
@@ -1097,7 +911,7 @@ class _VersionChecker:
         for name, e in (idx.get("entries") or {}).items():
             me = entries.get(name)
             if not isinstance(me, dict) or not isinstance(e, dict) or not all(
-                    _same_json(e.get(k), me.get(k))
+                    same_json(e.get(k), me.get(k))
                     for k in ("schema", "scope", "encoding", "world_size_policy")):
                 self.r.error("PCK-METADATA-CONFLICT", f"{where}: entry {name!r} is not the "
                              "manifest's (declaration or presence)")
@@ -1226,101 +1040,6 @@ def _has_remote_ref(js: Any) -> bool:
     return False
 
 
-_Box = tuple[Sequence[int], Sequence[int]]
-
-
-def _overlap(a: _Box, b: _Box) -> Problem:
-    lo = [max(x, y) for x, y in zip(a[0], b[0], strict=True)]
-    return Problem("PCK-COVERAGE-OVERLAP", f"boxes offsets={list(a[0])} lengths={list(a[1])} and "
-                   f"offsets={list(b[0])} lengths={list(b[1])} both cover element {lo}")
-
-
-def _check_coverage(shape: Sequence[int], boxes: Sequence[_Box]) -> None:
-    """Exactly-once coverage (§9) by box arithmetic: a sweep for overlaps plus a volume count.
-
-    Boxes are already known to be in bounds and non-empty. Without overlaps, the boxes cover
-    the tensor iff their volumes add up to the tensor's element count (R-COVER-3). Dimensions
-    that every box spans whole cannot separate two boxes and are left out of the sweep. With one
-    dimension left the sweep compares neighbours after a sort; with two it keeps the boxes that
-    contain the sweep coordinate in a sorted list of (pairwise disjoint) intervals of the other
-    dimension and finds the only candidate by bisection: O(n log n) either way. With three or
-    more it compares each box with the boxes that contain the sweep coordinate.
-    """
-    total = math.prod(shape)
-    if total == 0:
-        if boxes:
-            raise Problem("PCK-RANGE-BOUNDS", "a zero-size tensor must have no ranges")
-        return
-    ndim = len(shape)
-    if ndim == 0 or len(boxes) <= 1:
-        if len(boxes) > 1:
-            raise Problem("PCK-COVERAGE-OVERLAP", f"0-d tensor has {len(boxes)} ranges")
-    else:
-        keep = [d for d in range(ndim)
-                if any(b[0][d] != 0 or b[1][d] != shape[d] for b in boxes)]
-        if not keep:  # every box is the whole tensor
-            raise _overlap(boxes[0], boxes[1])
-        if len(keep) == 1:
-            _sweep_1d(keep[0], boxes)
-        elif len(keep) == 2:
-            a, b = keep
-            if len({x[0][b] for x in boxes}) > len({x[0][a] for x in boxes}):
-                a, b = b, a
-            _sweep_2d(a, b, boxes)
-        else:
-            _sweep_nd(keep, boxes)
-    covered = sum(math.prod(b[1]) for b in boxes)
-    if covered < total:
-        raise Problem("PCK-COVERAGE-GAP", f"ranges cover {covered} of {total} elements of shape "
-                      f"{list(shape)}")
-
-
-def _sweep_1d(d: int, boxes: Sequence[_Box]) -> None:
-    order = sorted(boxes, key=lambda b: b[0][d])
-    reach = order[0]
-    for b in order[1:]:
-        if b[0][d] < reach[0][d] + reach[1][d]:
-            raise _overlap(reach, b)
-        reach = b
-
-
-def _sweep_2d(sd: int, d2: int, boxes: Sequence[_Box]) -> None:
-    """Sweep along ``sd``; the active boxes' ``d2`` intervals are pairwise disjoint."""
-    order = sorted(range(len(boxes)), key=lambda i: boxes[i][0][sd])
-    expiry: list[tuple[int, int]] = []  # heap of (end in sd, start in d2)
-    starts: list[int] = []  # sorted d2 starts of the active boxes
-    at: dict[int, _Box] = {}
-    for i in order:
-        b = boxes[i]
-        pos = b[0][sd]
-        while expiry and expiry[0][0] <= pos:
-            _, s2 = heapq.heappop(expiry)
-            del starts[bisect.bisect_left(starts, s2)]
-            del at[s2]
-        lo, hi = b[0][d2], b[0][d2] + b[1][d2]
-        k = bisect.bisect_left(starts, hi) - 1
-        if k >= 0:
-            a = at[starts[k]]
-            if a[0][d2] + a[1][d2] > lo:
-                raise _overlap(a, b)
-        bisect.insort(starts, lo)
-        at[lo] = b
-        heapq.heappush(expiry, (pos + b[1][sd], lo))
-
-
-def _sweep_nd(dims: Sequence[int], boxes: Sequence[_Box]) -> None:
-    sd = max(dims, key=lambda d: len({b[0][d] for b in boxes}))
-    order = sorted(boxes, key=lambda b: b[0][sd])
-    active: list[_Box] = []
-    for b in order:
-        start = b[0][sd]
-        active = [a for a in active if a[0][sd] + a[1][sd] > start]
-        for a in active:
-            if all(a[0][d] < b[0][d] + b[1][d] and b[0][d] < a[0][d] + a[1][d] for d in dims):
-                raise _overlap(a, b)
-        active.append(b)
-
-
 def find_versions(root: Path) -> tuple[list[Path], list[Path]]:
     """Return (committed candidate dirs, uncommitted attempt dirs) below a root.
 
@@ -1374,7 +1093,7 @@ def _check_pins(root: Path, schemas: SchemaSet, report: Report) -> None:
         if not isinstance(doc, dict) or doc.get("format") != "portable-ckpt-pin":
             report.error("PCK-SCHEMA", f"{where}: format must be 'portable-ckpt-pin' (R-PIN-1)")
             continue
-        if not _schema_check(schemas, "pin", doc, where, report):
+        if not schema_check(schemas, "pin", doc, where, report):
             continue
         if p.name != f"{doc.get('pin_id')}.json":
             report.error("PCK-SCHEMA", f"{where}: pin_id {doc.get('pin_id')!r} is not its file "

@@ -26,7 +26,8 @@ from conformance import spec as cspec
 from conformance import table as ctable
 from conformance.cases import SaveCase, TensorSpec
 from conformance.cases import new_attempt_id as conformance_attempt_id
-from conformance.checker import Report, _schema_check, _schema_version, check
+from conformance.checker import Report, check
+from conformance.documents import schema_check, schema_version
 from conformance.examples import minimal_writer
 from conformance.jobs import commit_job, write_jobs
 from conformance.reader import load_version
@@ -133,7 +134,7 @@ def _reference_code(kind: str, doc: dict[str, Any]) -> str | None:
 
 def _schema_label(kind: str, version: str) -> str:
     """The schema file the checker applies to a ``kind`` document of ``version``."""
-    v = _schema_version({"format_version": version})
+    v = schema_version({"format_version": version})
     return f"{kind}.schema.json" if v == "1.0" else f"{v}/{kind}.schema.json"
 
 
@@ -174,7 +175,7 @@ def test_each_version_allows_the_dtypes_of_section_7(kind: str, version: str) ->
         if ref is None:
             got["the reference's parser"].add(name)
         rep = Report()
-        _schema_check(schemas, kind, doc, kind, rep, set())
+        schema_check(schemas, kind, doc, kind, rep, set())
         if not rep.errors:
             got[f"{label} (conformance checker)"].add(name)
         try:
@@ -201,7 +202,7 @@ def test_a_later_row_needs_its_extension_in_every_copy(version: str) -> None:
         doc = _document("manifest", version, name, announce=False)
         assert _reference_code("manifest", doc) == "PCK-DTYPE-UNSUPPORTED", name
         rep = Report()
-        _schema_check(schemas, "manifest", doc, "manifest", rep, set())
+        schema_check(schemas, "manifest", doc, "manifest", rep, set())
         assert {e.code for e in rep.errors} == {"PCK-DTYPE-UNSUPPORTED"}, (name, rep.errors)
 
 

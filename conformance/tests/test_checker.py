@@ -138,20 +138,20 @@ def test_never_crashes_on_mutated_manifests(ref_root: Path) -> None:
 
 def test_coverage_is_box_arithmetic_and_fast(tmp_path: Path) -> None:
     """2^34-element tensor with 4096 ranges: box arithmetic, fast, no per-element memory."""
-    from conformance.checker import _check_coverage
+    from conformance.coverage import check_coverage
     from conformance.store import Problem
 
     n = 64
     shape = [n * 1024, n * 256]  # 2^34 elements
     boxes = [((i * 1024, j * 256), (1024, 256)) for i in range(n) for j in range(n)]
     t0 = time.monotonic()
-    _check_coverage(shape, boxes)
+    check_coverage(shape, boxes)
     assert time.monotonic() - t0 < 2.0
     with pytest.raises(Problem) as ei:
-        _check_coverage(shape, boxes[:-1])
+        check_coverage(shape, boxes[:-1])
     assert ei.value.code == "PCK-COVERAGE-GAP"
     with pytest.raises(Problem) as ei:
-        _check_coverage(shape, [*boxes, ((5, 5), (1, 1))])
+        check_coverage(shape, [*boxes, ((5, 5), (1, 1))])
     assert ei.value.code == "PCK-COVERAGE-OVERLAP"
 
 

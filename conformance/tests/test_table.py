@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.checker import _check_coverage, check_version
+from conformance.checker import check_version
+from conformance.coverage import check_coverage
 from conformance.spec import DTYPE_CODES, DTYPES, TABLE_COLUMNS
 from conformance.store import Problem, crc32c, zstd_decode
 from conformance.table import decode_table, encode_table, implied_name
@@ -192,7 +193,7 @@ def test_coverage_equals_brute_force(case: tuple[list[int], Any]) -> None:
     shape, boxes = case
     want = brute_force(shape, boxes)
     try:
-        _check_coverage(shape, [(tuple(o), tuple(n)) for o, n in boxes])
+        check_coverage(shape, [(tuple(o), tuple(n)) for o, n in boxes])
         got = None
     except Problem as exc:
         got = exc.code
@@ -357,14 +358,14 @@ def test_coverage_grids_are_not_quadratic() -> None:
     """2-d sweep: 65,536 boxes of a 256×256 grid, and 100,000 1-d boxes, each in seconds."""
     boxes = [((i * 4, j * 4), (4, 4)) for i in range(256) for j in range(256)]
     t0 = time.monotonic()
-    _check_coverage([1024, 1024], boxes)
-    _check_coverage([100_000, 3], [((i, 0), (1, 3)) for i in range(100_000)])
+    check_coverage([1024, 1024], boxes)
+    check_coverage([100_000, 3], [((i, 0), (1, 3)) for i in range(100_000)])
     assert time.monotonic() - t0 < 10
     with pytest.raises(Problem) as ei:
-        _check_coverage([1024, 1024], [*boxes[:-1], ((1020, 1020), (4, 3))])
+        check_coverage([1024, 1024], [*boxes[:-1], ((1020, 1020), (4, 3))])
     assert ei.value.code == "PCK-COVERAGE-GAP"
     with pytest.raises(Problem) as ei:
-        _check_coverage([1024, 1024], [*boxes, ((511, 3), (2, 2))])
+        check_coverage([1024, 1024], [*boxes, ((511, 3), (2, 2))])
     assert ei.value.code == "PCK-COVERAGE-OVERLAP"
 
 
