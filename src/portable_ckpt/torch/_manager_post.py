@@ -65,11 +65,13 @@ def after_save(
     info: CheckpointInfo | None,
     pause: float,
     comm: Comm | None = None,
+    seq: int | None = None,
 ) -> None:
     """Report a save (every rank), then rank 0's commit, verification, copy and retention.
 
     ``comm``: the background group as it was when the save was started (every rank took it
-    at the same call, so every rank's background thread uses the same one).
+    at the same call, so every rank's background thread uses the same one). ``seq``: the
+    save's number in this manager (``CheckpointManager._saves_started`` when it started).
     """
     with mgr._retain_lock:
         mgr._saves_queued[tier.name] -= 1  # now the saves queued behind this one
@@ -77,14 +79,14 @@ def after_save(
         try:
             info = handle.committed.result()
         except CheckpointError as e:
-            after_failure(mgr, step, tier, decision, e)
+            after_failure(mgr, step, tier, decision, e, seq=seq)
             if not isinstance(e, CommitOutcomeUnknownError):
                 # (an unknown outcome may be a version: a pass would count it as the newest
                 # and delete the last durable one; the pass stays owed: re-attack 27, 1)
                 _owed_retention(mgr, tier)
             return
         except BaseException as e:  # pragma: no cover - non-checkpoint failure
-            after_failure(mgr, step, tier, decision, DistributedError(str(e)))
+            after_failure(mgr, step, tier, decision, DistributedError(str(e)), seq=seq)
             return  # (whether it committed is not known: the pass stays owed)
     if info is None:  # pragma: no cover - guarded by the callers
         return
@@ -377,19 +379,26 @@ def after_failure(
     e: CheckpointError,
     *,
     raised: bool = False,
+    seq: int | None = None,
 ) -> None:
     """Report a refused commit; keep the error for ``wait()`` (older versions are all kept).
 
     Every rank counts it (the next ``maybe_save`` raises after ``max_failed_saves`` in a row);
     rank 0 says so on stderr unless the error is ``raised`` to the caller right away (a
-    synchronous save): the logger is silent by default and training goes on.
+    synchronous save): the logger is silent by default and training goes on. A save started
+    before the stop after ``max_failed_saves`` (``seq``) is neither counted nor kept: that stop
+    surfaced it, whichever rank learned of it first.
     """
     mgr._saved_steps.discard(step)  # not saved: saving it again is no repeat
-    if not raised:  # a synchronous save's error reached the caller already
+    # A rank whose thread learns of a failure after the agreed stop (busy with a verification)
+    # counted it again: the next call stopped every rank a second time, for the same steps,
+    # though the cause was mended (mutation audit 32).
+    surfaced = seq is not None and seq < mgr._stopped_before
+    if not raised and not surfaced:  # a synchronous save's error reached the caller already
         mgr.last_error = e
-    if decision.tier == "durable":
+    if decision.tier == "durable" and not surfaced:
         durable_failed(mgr, step)
-    if isinstance(e, UnsupportedValueError) and not raised:
+    if isinstance(e, UnsupportedValueError) and not raised and not surfaced:
         # The state holds a value no save can store: every later save fails alike. Counted
         # as all the failures allowed, so the next maybe_save raises on every rank (the count
         # is agreed), whatever max_failed_saves says (odd-states review O12: training went on

@@ -302,6 +302,10 @@ class CheckpointManager:
         #: The failure wait() raised last (a stop after max_failed_saves names it: notebook F7).
         self._last_raised: BaseException | None = None
         self._failed_saves = 0  # failed saves in a row seen by this rank (reset by a commit)
+        self._saves_started = 0  # saves this manager started (a save's number: after_save's seq)
+        #: Saves numbered below it were started before the last stop after max_failed_saves,
+        #: which surfaced their failures: a failure learned later is not counted again.
+        self._stopped_before = 0
         self._failed_steps: list[int] = []
         self._agreed_failed_saves = 0  # the most any rank had seen at the last agreement
         #: The step of the ranks' next agreement (None: the next call agrees), the last call's.
@@ -425,6 +429,7 @@ class CheckpointManager:
             return  # a preemption save is the last chance: it is tried (and raises if it fails)
         err = too_many_failures(self)
         self._failed_saves, self._failed_steps, self._agreed_failed_saves = 0, [], 0
+        self._stopped_before = self._saves_started
         last, self.last_error = self.last_error, None  # surfaced here, not again by wait()
         raise err from last
 
@@ -517,6 +522,7 @@ class CheckpointManager:
             self._settle_pending()
         t0 = time.perf_counter()
         kwargs = self._save_options(step, tier)
+        seq, self._saves_started = self._saves_started, self._saves_started + 1
         handle: AsyncSaveHandle | None = None
         info: CheckpointInfo | None = None
         if sync:
@@ -542,7 +548,7 @@ class CheckpointManager:
             self._post = [f for f in self._post if not f.done() or f.exception() is not None]
             self._copies = [c for c in self._copies if not c.done()]  # reported by callbacks
             fut = self._bg.submit(
-                after_save, self, step, tier, decision, handle, info, pause, self._bg_comm
+                after_save, self, step, tier, decision, handle, info, pause, self._bg_comm, seq
             )
             # Counted once submitted (the job's decrement waits for this lock): a Ctrl-C in
             # between leaves the count one low (a pass too many), never one high (retention

@@ -1,0 +1,274 @@
+"""Mutation audit 32: the CheckpointManager's agreements between ranks, on real gloo groups.
+
+Each test kills mutants of ``torch/_manager_decisions.py`` and ``torch/manager.py`` that the
+manager suites let live: every rank saw the same failures at the same time there, so a rank's
+own count or flag served as well as the agreed one. Here rank 0's background thread learns of a
+failed save seconds after rank 1's (as when it is busy with a verification or a retention pass),
+so only the agreement makes both ranks act alike at the same call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import portable_ckpt
+import portable_ckpt.torch as pckt
+from portable_ckpt.errors import CheckpointError
+from portable_ckpt.torch.launch import run_group
+
+pytestmark = pytest.mark.torch
+
+#: How much later rank 0's background thread records each failed save.
+LATE_S = 3.0
+
+
+def _rank_zero_learns_late() -> None:
+    """Rank 0 records each failed save LATE_S seconds after it failed (its thread is busy)."""
+    import portable_ckpt.torch._manager_post as post
+
+    real = post.after_failure
+
+    def late(*args: Any, **kwargs: Any) -> None:
+        time.sleep(LATE_S)
+        real(*args, **kwargs)
+
+    post.after_failure = late
+
+
+def _failing(tier: Any) -> Any:
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    full = FaultyStorage(tier.storage, [Fault(op="write", path="*/data/*", error="ENOSPC")])
+    return dataclasses.replace(tier, storage=full)
+
+
+def _count_agreed(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Rank 1's disk is full; rank 1 knows of each failure before its next call, rank 0 late."""
+    from tests.manager._workers import Trainer
+
+    tr = Trainer(world)
+    mgr = pckt.CheckpointManager(root, save_every=1, max_failed_saves=2, timeout=15)
+    durable = mgr.tiers["durable"]
+    if rank == 1:
+        mgr.tiers["durable"] = _failing(durable)
+    else:
+        _rank_zero_learns_late()
+    out: dict[str, Any] = {"raised": None}
+    t0 = time.monotonic()
+    for step in range(1, 6):
+        try:
+            mgr.maybe_save(step, {"model": tr})
+        except CheckpointError as e:
+            out["raised"] = [step, e.code, e.message]
+            break
+        if rank == 1:
+            for fut in list(mgr._post):
+                fut.result()
+    out["seconds"] = time.monotonic() - t0
+    # The caller mends the disk and goes on, once rank 0's thread learned of both failures.
+    for fut in list(mgr._post):
+        fut.result()
+    mgr.tiers["durable"] = durable
+    try:
+        out["after"] = mgr.maybe_save(4, {"model": tr})
+        mgr.wait()
+    except CheckpointError as e:
+        out["after"] = [e.code, e.message]
+    mgr.close()
+    return out
+
+
+def test_the_stop_after_max_failed_saves_is_agreed_when_one_rank_learns_late(
+    tmp_path: Path,
+) -> None:
+    """Both ranks raise at step 3, the first agreement after the second failure, whatever rank
+    0's thread knows by then. Its own count stopped it later (mutant D04: only rank 0's count
+    sent), or one rank stopped alone and the other waited out the group's timeout in the next
+    collective (D08, M02: a rank's own count instead of the agreed one). Once the disk is
+    mended, the next save works: the failures rank 0 learned of after the stop were surfaced
+    by it, and are not counted again (they stopped every rank a second time)."""
+    res = run_group(_count_agreed, 2, (str(tmp_path / "r"),), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    for rank, r in enumerate(res.results):
+        assert r["raised"] is not None, (rank, r)
+        step, code, message = r["raised"]
+        assert (step, code) == (3, "PCK-DISTRIBUTED"), (rank, r)
+        assert "2 durable checkpoints in a row failed" in message, (rank, r)
+        assert r["seconds"] < 14, (rank, r)  # no rank waited for a collective's timeout (15 s)
+        # The stop surfaced the failures of steps 1 and 2; rank 0 learned of them after it and
+        # counted them again: the next call stopped every rank once more, for the same steps.
+        assert r["after"] is True, (rank, r)
+    committed = [v.step for v in portable_ckpt.list_versions(tmp_path / "r")
+                 if v.status == "committed"]
+    assert committed == [4]
+
+
+def _fast_failure_agreed(rank: int, world: int, root: str, fast: str) -> dict[str, Any]:
+    """replicate=True: rank 1's fast disk is full; rank 0 learns of the failure late."""
+    from tests.manager._workers import Trainer
+
+    tr = Trainer(world)
+    mgr = pckt.CheckpointManager(
+        root, save_every=1, fast_root=fast, replicate=True, async_save=True, timeout=15,
+    )
+    if rank == 1:
+        mgr.tiers["fast"] = _failing(mgr.tiers["fast"])
+    else:
+        _rank_zero_learns_late()
+    out: dict[str, Any] = {"error": None}
+    for step in (1, 2):
+        mgr.maybe_save(step, {"model": tr})
+        if rank == 1:
+            for fut in list(mgr._post):
+                fut.result()
+    try:
+        mgr.wait()
+    except CheckpointError as e:
+        out["error"] = e.code
+    mgr.close()
+    out["saves"] = [[e["step"], e["tier"]] for e in mgr.telemetry.history if e["event"] == "save"]
+    return out
+
+
+def test_durable_saves_go_around_a_fast_tier_one_rank_knows_failed(tmp_path: Path) -> None:
+    """With replicate=True, step 1 failed on the fast tier; at step 2 rank 1 knew it, rank 0
+    not yet. The agreed flag sends both ranks' step 2 to the durable root directly. Each
+    rank's own flag (mutants D07, M03) sent rank 0 to the fast tier and rank 1 to the durable
+    root: the step failed, on both tiers."""
+    root, fast = str(tmp_path / "r"), str(tmp_path / "f")
+    res = run_group(_fast_failure_agreed, 2, (root, fast), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    for rank, r in enumerate(res.results):
+        assert r["error"] is None, (rank, r)  # the durable step 2 superseded step 1's failure
+        assert r["saves"] == [[2, "durable"]], (rank, r)
+    assert [(v.step, v.status) for v in portable_ckpt.list_versions(root)] == [(2, "committed")]
+    assert [v.step for v in portable_ckpt.list_versions(fast) if v.status == "committed"] == []
+
+
+def _one_rank_cannot_take_it(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Steps 1 and 2 saved, step 1 passed again; then rank 1's state holds a key no version has
+    (an error of the target on one rank only)."""
+    import io
+
+    import torch
+
+    from tests.manager._workers import Trainer
+
+    tr = Trainer(world)
+    out: dict[str, Any] = {"error": None}
+    err = io.StringIO()
+    with pckt.CheckpointManager(root, save_every=1, timeout=15) as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, {"model": tr})
+        with contextlib.redirect_stderr(err):
+            out["again"] = mgr.maybe_save(1, {"model": tr})  # below the last save: not saved
+    out["said"] = err.getvalue()
+    state: dict[str, Any] = {"model": tr}
+    if rank == 1:
+        state["extra"] = torch.zeros(2)
+    mgr = pckt.CheckpointManager(root, save_every=1, timeout=15)
+    try:
+        mgr.restore(state)
+    except CheckpointError as e:
+        out["error"] = [e.code, e.message]
+    mgr.close()
+    out["restores"] = [e for e in mgr.telemetry.history if e["event"] == "restore"]
+    # A value no save can store, on rank 1 only, and max_failed_saves=None.
+    mgr = pckt.CheckpointManager(root + "-bad", save_every=1, max_failed_saves=None, timeout=15)
+    bad: dict[str, Any] = {"model": tr, **({"bad": object()} if rank == 1 else {})}
+    mgr.maybe_save(1, bad)
+    for fut in list(mgr._post):
+        fut.result()
+    out["unstorable"] = None
+    try:
+        mgr.maybe_save(2, {"model": tr})
+    except CheckpointError as e:
+        out["unstorable"] = e.code
+    with contextlib.suppress(CheckpointError):
+        mgr.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank_cannot(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    root = str(tmp_path_factory.mktemp("mut32") / "r")
+    res = run_group(_one_rank_cannot_take_it, 2, (root,), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    return list(res.results)
+
+
+def test_a_step_below_the_last_save_is_said_by_rank_zero_alone(
+    one_rank_cannot: list[dict[str, Any]],
+) -> None:
+    """Rank 0 decides, and says once that a step below the last save is not saved; every rank
+    deciding (mutant D02: each rank's clock and view, max-reduced) said it once per rank."""
+    r0, r1 = one_rank_cannot
+    assert r0["again"] is False and r1["again"] is False
+    assert r0["said"].count("step 1 is not saved (save_every)") == 1, r0["said"]
+    assert r1["said"] == "", r1["said"]
+
+
+def test_a_target_error_on_one_rank_is_raised_on_every_rank_without_a_fallback(
+    one_rank_cannot: list[dict[str, Any]],
+) -> None:
+    """Rank 1's state has a key no version holds: every version would fail alike, so every
+    rank raises at the newest one. Whether any rank met an error of its target is agreed
+    (any_rank); agreed as "every rank" (mutant D17), the ranks walked every version and
+    raised "no version could be restored" instead of the error to fix."""
+    r0, r1 = one_rank_cannot
+    assert r1["error"][0] == "PCK-TENSOR-MISSING" and "'extra'" in r1["error"][1], r1
+    assert r0["error"][0] == "PCK-DISTRIBUTED" and "PCK-TENSOR-MISSING" in r0["error"][1], r0
+    for r in (r0, r1):
+        assert "no version could be restored" not in r["error"][1], r
+        assert r["restores"] == [], r  # no fallback was reported: the newest one raised
+
+
+def test_a_value_no_save_can_store_on_one_rank_stops_every_rank(
+    one_rank_cannot: list[dict[str, Any]],
+) -> None:
+    """With max_failed_saves=None a value no save can store stops the job all the same, at the
+    next call, on every rank: the count that says so is agreed. Rank 1 holds the value; its
+    own count alone (mutant M01) stopped rank 1, while rank 0 went on to save step 2 alone."""
+    for rank, r in enumerate(one_rank_cannot):
+        assert r["unstorable"] == "PCK-UNSUPPORTED-VALUE", (rank, r)
+
+
+def _node_local_verified(rank: int, world: int, base: str) -> list[dict[str, Any]]:
+    from tests.manager._workers import Trainer
+
+    tr = Trainer(world)
+    mgr = pckt.CheckpointManager(
+        f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, fast_every=1,
+        verify_sample=1.0, timeout=15,
+    )
+    mgr.maybe_save(1, {"model": tr})
+    mgr.close()
+    return [e for e in mgr.telemetry.history if e["event"] == "verify"]
+
+
+def test_a_node_local_fast_tier_is_verified_without_replicate(tmp_path: Path) -> None:
+    """verify_sample on a node-local fast tier needs the background group as replicate=True
+    does: each rank reads its share, and every node root records the same outcome, with rank
+    0's seed. Made for replicate only (mutant M04), nothing was verified and nothing said;
+    each rank's own seed (N08) gave every node a record of its own."""
+    import json
+
+    res = run_group(_node_local_verified, 2, (str(tmp_path),), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    [event] = res.results[0]
+    assert event["ok"] and len(event["chunks_by_rank"]) == 2, event
+    assert all(c > 0 for c in event["chunks_by_rank"]), event
+    records = []
+    for node in ("fast0", "fast1"):
+        [v] = portable_ckpt.list_versions(tmp_path / node)
+        [record] = Path(v.path, "verifications").iterdir()
+        records.append(json.loads(record.read_text()))
+    assert records[0]["seed"] == records[1]["seed"], records
