@@ -272,3 +272,131 @@ def test_a_node_local_fast_tier_is_verified_without_replicate(tmp_path: Path) ->
         [record] = Path(v.path, "verifications").iterdir()
         records.append(json.loads(record.read_text()))
     assert records[0]["seed"] == records[1]["seed"], records
+
+
+def _queued_behind_a_broken_group(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Rank 1's copy share of step 2 outlasts the background group's timeout (3 s); step 3's
+    replication is queued behind it when the loop ends and closes the manager."""
+    import torch
+
+    from tests.manager._workers import _slow_share_of_step_2
+
+    _slow_share_of_step_2(rank)
+    mgr = pckt.CheckpointManager(
+        f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True,
+        save_every=1, timeout=3, continuation="statistical", max_failed_saves=None,
+        handle_sigterm=False, decision_interval=0,
+    )
+    state = {"x": torch.arange(4.0)}
+    for step in (1, 2, 3):
+        mgr.maybe_save(step, state)
+    out: dict[str, Any] = {"closed": None}
+    try:
+        mgr.close()
+    except CheckpointError as e:
+        out["closed"] = [e.code, e.message]
+    out["committed"] = [v.step for v in portable_ckpt.list_versions(f"{base}/durable")
+                        if v.status == "committed"]
+    return out
+
+
+def test_a_replication_queued_behind_a_broken_group_at_close_is_a_failure(
+    tmp_path: Path,
+) -> None:
+    """The group broke under step 2's replication and is made anew only at the ranks' next
+    agreement, which never comes once the loop closes the manager: step 3's replication
+    cannot run, and close() raises that (the durable checkpoint of step 3 does not exist).
+    Without the check (mutant P13) it ran without a group, did nothing, and close() named
+    only step 2."""
+    res = run_group(_queued_behind_a_broken_group, 2, (str(tmp_path),), timeout=120,
+                    pg_timeout=45)
+    res.raise_for_errors()
+    for rank, r in enumerate(res.results):
+        assert r["committed"] == [1], (rank, r)
+        code, message = r["closed"]
+        assert code == "PCK-DISTRIBUTED", (rank, r)
+        assert "replication of s000000000003-" in message, (rank, r)
+        assert "broke on earlier work" in message, (rank, r)
+
+
+def _durable_publish_fails(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Node-local replication whose durable commit record rank 0 cannot publish."""
+    import torch
+
+    from portable_ckpt.errors import StorageError
+
+    mgr = pckt.CheckpointManager(
+        f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True,
+        save_every=1, timeout=15, continuation="statistical", max_failed_saves=None,
+    )
+    if rank == 0:
+        durable = mgr.tiers["durable"].storage
+
+        def refused(path: str, data: bytes) -> bool:
+            raise StorageError(f"create {path!r}: Permission denied (errno 13)")
+
+        durable.create_if_absent = refused  # type: ignore[method-assign]
+    mgr.maybe_save(1, {"x": torch.arange(4.0)})
+    for fut in list(mgr._post):
+        fut.result()
+    out = {"failed": mgr._failed_saves, "error": repr(mgr.last_error)}
+    with contextlib.suppress(CheckpointError):
+        mgr.close()
+    return out
+
+
+def test_a_durable_record_rank_0_could_not_publish_fails_the_replication_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """Every file was copied, but rank 0 could not publish the durable commit record: the
+    outcome is broadcast, every rank counts the failure and names it, and no node root records
+    a copy that does not exist. Not broadcast (mutant N04), rank 1 called it a success and
+    wrote a copy record in its node root (`gc --require-copy` would then let the fast version
+    go, the only one)."""
+    res = run_group(_durable_publish_fails, 2, (str(tmp_path),), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    for rank, r in enumerate(res.results):
+        assert r["failed"] == 1, (rank, r)
+        assert "failed on rank 0" in r["error"] and "Permission denied" in r["error"], (rank, r)
+    for node in ("fast0", "fast1"):
+        [v] = portable_ckpt.list_versions(tmp_path / node)
+        assert v.status == "committed" and not v.copied, node
+    assert [v.status for v in portable_ckpt.list_versions(tmp_path / "durable")] != ["committed"]
+
+
+def _copy_share_longer_than_timeout(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Rank 1's copy share takes 5 s; the manager's timeout (steps' skew) is 3 s."""
+    import torch
+
+    import portable_ckpt.torch._manager_nodelocal as nl
+
+    real = nl._copy_files
+
+    def slow(src: Any, dst: Any, attempt: str, recs: Any) -> Any:
+        if rank == 1:
+            time.sleep(5.0)
+        return real(src, dst, attempt, recs)
+
+    nl._copy_files = slow
+    mgr = pckt.CheckpointManager(
+        f"{base}/durable", fast_root=f"{base}/fast{{node}}", ranks_per_node=1, replicate=True,
+        save_every=1, timeout=3, continuation="statistical", async_save=False,
+    )
+    mgr.maybe_save(1, {"x": torch.arange(4.0)})
+    out = {"error": None if mgr.last_error is None else repr(mgr.last_error)}
+    mgr.close()
+    return out
+
+
+def test_a_node_copy_share_longer_than_the_timeout_replicates(tmp_path: Path) -> None:
+    """timeout= bounds the ranks' skew between steps; a node's share of a replication takes as
+    long as its bytes take, so the background group waits at least BACKGROUND_TIMEOUT_S.
+    With the manager's timeout (mutant N12) the 5 s share broke the group at 3 s and the
+    replication failed (race review F5)."""
+    res = run_group(_copy_share_longer_than_timeout, 2, (str(tmp_path),), timeout=120,
+                    pg_timeout=45)
+    res.raise_for_errors()
+    assert [r["error"] for r in res.results] == [None, None], res.results
+    assert [(v.step, v.status) for v in portable_ckpt.list_versions(tmp_path / "durable")] == [
+        (1, "committed")
+    ]
