@@ -400,3 +400,81 @@ def test_a_node_copy_share_longer_than_the_timeout_replicates(tmp_path: Path) ->
     assert [(v.step, v.status) for v in portable_ckpt.list_versions(tmp_path / "durable")] == [
         (1, "committed")
     ]
+
+
+def _node_zero_lost_its_root(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Two nodes of one rank, fast_replicas=1, steps 1 and 2 on the fast tier only; node 0's
+    disk is replaced (its root empty) before the restart."""
+    import shutil
+
+    import torch
+    import torch.distributed as dist
+
+    kw: dict[str, Any] = {"fast_root": f"{base}/fast{{node}}", "ranks_per_node": 1,
+                          "fast_replicas": 1, "fast_every": 1, "timeout": 15,
+                          "continuation": "statistical"}
+    with pckt.CheckpointManager(f"{base}/durable", **kw) as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, {"x": torch.arange(4.0) * step})
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(f"{base}/fast0")
+    dist.barrier()
+    target = {"x": torch.zeros(4)}
+    mgr = pckt.CheckpointManager(f"{base}/durable", **kw)
+    info = mgr.restore(target)
+    mgr.close()
+    ev = next(e for e in mgr.telemetry.history if e["event"] == "restore")
+    return {"step": None if info is None else info.step, "tier": ev["tier"],
+            "x": target["x"].tolist()}
+
+
+def test_a_version_only_another_node_root_holds_is_restored(tmp_path: Path) -> None:
+    """Node 0's root is empty after a disk replacement; node 1 holds step 2 and, as its
+    replica, node 0's files: every rank lists its own node root, so step 2 is a candidate and
+    is restored. Listed by rank 0 alone (mutant R01), the fast tier looked empty and the job
+    started from scratch (restore() returned None)."""
+    res = run_group(_node_zero_lost_its_root, 2, (str(tmp_path),), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    for rank, r in enumerate(res.results):
+        assert (r["step"], r["tier"]) == (2, "fast"), (rank, r)
+        assert r["x"] == [0.0, 2.0, 4.0, 6.0], (rank, r)
+
+
+def _node_records_unreadable(rank: int, world: int, base: str) -> dict[str, Any]:
+    """Step 1 on a node-local fast tier; at the restart node 0 may not read its commit record
+    (a permission), node 1 meets an EIO."""
+    import torch
+
+    from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+    kw: dict[str, Any] = {"fast_root": f"{base}/fast{{node}}", "ranks_per_node": 1,
+                          "fast_every": 1, "timeout": 15, "continuation": "statistical"}
+    with pckt.CheckpointManager(f"{base}/durable", **kw) as mgr:
+        mgr.maybe_save(1, {"x": torch.arange(4.0)})
+    mgr = pckt.CheckpointManager(f"{base}/durable", **kw)
+    fast = mgr.tiers["fast"]
+    fault = Fault(op="read", path="*/manifest.json", error="EACCES" if rank == 0 else "EIO")
+    mgr.tiers["fast"] = dataclasses.replace(fast, storage=FaultyStorage(fast.storage, [fault]))
+    out: dict[str, Any] = {"error": None}
+    try:
+        mgr.restore({"x": torch.zeros(4)})
+    except CheckpointError as e:
+        out["error"] = [e.code, e.retryable, e.message]
+    mgr.close()
+    return out
+
+
+def test_a_permission_one_node_met_is_not_hidden_by_another_nodes_transient_error(
+    tmp_path: Path,
+) -> None:
+    """Each rank lists its own node root: node 0 may not read the record (not retryable, a
+    person mends it), node 1 met an EIO (retryable). The problem a person must mend stands, on
+    every rank, so a restart loop does not retry it for good. The later rank's row winning
+    (mutant R02) said "retry" everywhere (review of stop 23, E8)."""
+    res = run_group(_node_records_unreadable, 2, (str(tmp_path),), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    for rank, r in enumerate(res.results):
+        code, retryable, message = r["error"]
+        assert (code, retryable) == ("PCK-STORAGE", False), (rank, r)
+        assert "mend what the error names" in message and "EACCES" in message, (rank, r)
