@@ -478,3 +478,66 @@ def test_a_permission_one_node_met_is_not_hidden_by_another_nodes_transient_erro
         code, retryable, message = r["error"]
         assert (code, retryable) == ("PCK-STORAGE", False), (rank, r)
         assert "mend what the error names" in message and "EACCES" in message, (rank, r)
+
+
+def _flip_next_reads(n: int) -> list[int]:
+    """The next ``n`` reads of a data file by this process flip one bit in memory (a flaky
+    NIC): the file itself is intact."""
+    from portable_ckpt.storage.local import LocalStorage
+
+    left = [n]
+    for name in ("read_into", "read_into_many", "read_extents"):
+        orig = getattr(LocalStorage, name)
+
+        def wrapped(self: Any, path: str, *a: Any, _orig: Any = orig, **k: Any) -> Any:
+            out = _orig(self, path, *a, **k)
+            if left[0] > 0 and "/data/" in path:
+                bufs = a[-1]
+                if isinstance(bufs, list) and bufs and isinstance(bufs[0], tuple):
+                    bufs = [b for _, bl in bufs for b in bl]
+                b = bufs[0] if isinstance(bufs, list) else bufs
+                if len(b):
+                    b[len(b) // 2] ^= 0x01
+                    left[0] -= 1
+            return out
+
+        setattr(LocalStorage, name, wrapped)
+    return left
+
+
+def _flips_on_rank_zero(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Steps 1 and 2; at the restore rank 0's first two reads of step 2 meet a flipped bit."""
+    import torch
+
+    kw: dict[str, Any] = {"save_every": 1, "async_save": False, "timeout": 15,
+                          "continuation": "statistical"}
+    with pckt.CheckpointManager(root, **kw) as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, {"w": torch.arange(4096.0) + step})
+    left = _flip_next_reads(2 if rank == 0 else 0)
+    target = {"w": torch.zeros(4096)}
+    mgr = pckt.CheckpointManager(root, **kw)
+    out: dict[str, Any] = {"error": None}
+    try:
+        mgr.restore(target)
+    except CheckpointError as e:
+        out["error"] = [e.code, e.message]
+    mgr.close()
+    out["left"], out["w0"] = left[0], float(target["w"][0])
+    return out
+
+
+def test_damage_rank_0_cannot_find_again_stops_the_restore_on_every_rank(tmp_path: Path) -> None:
+    """Both loads of step 2 failed (rank 0 read a flipped bit twice); rank 0's third read found
+    the file intact: nothing is known of the bytes, so no rank may resume step 1. The verdict
+    is rank 0's, broadcast; rank 1's own ("pass", mutant R03) took it to step 1 while rank 0
+    stopped, and it waited out the group's timeout alone."""
+    root = str(tmp_path / "r")
+    res = run_group(_flips_on_rank_zero, 2, (root,), timeout=120, pg_timeout=45)
+    res.raise_for_errors()
+    assert res.results[0]["left"] == 0, res.results[0]
+    for rank, r in enumerate(res.results):
+        code, message = r["error"]
+        assert code == "PCK-STORAGE" and "not found again by a third read" in message, (rank, r)
+        assert r["w0"] != 1.0, (rank, r)  # step 1 was not loaded instead
+    assert not any(v.verification_failed for v in portable_ckpt.list_versions(root))
