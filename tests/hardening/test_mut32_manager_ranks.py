@@ -27,7 +27,7 @@ from portable_ckpt.torch.launch import run_group
 pytestmark = pytest.mark.torch
 
 #: How much later rank 0's background thread records each failed save.
-LATE_S = 3.0
+LATE_S = 1.5
 
 
 def _rank_zero_learns_late() -> None:
