@@ -21,7 +21,7 @@ import torch
 import portable_ckpt.torch as pckt
 from portable_ckpt.format import manifest
 from portable_ckpt.format.manifest import WriterIndex
-from portable_ckpt.io import reader
+from portable_ckpt.io import _read_plan
 from portable_ckpt.torch import _hyperparameters, _load_values
 
 pytestmark = pytest.mark.torch
@@ -71,11 +71,11 @@ def test_planner_boxes_are_not_converted_again() -> None:
     """A tuple of ints (every box the planner makes) is taken as it is; other sequences are
     converted, and bools and floats refused, as before."""
     box = (0, 4, 8)
-    assert reader._indices(box, "offsets", "k") is box
-    assert reader._indices([0, 4], "offsets", "k") == (0, 4)
+    assert _read_plan._indices(box, "offsets", "k") is box
+    assert _read_plan._indices([0, 4], "offsets", "k") == (0, 4)
     for bad in ((0, True), (0, 0.5), [1.0]):
         with pytest.raises(Exception, match="must be a sequence of integers"):
-            reader._indices(bad, "offsets", "k")
+            _read_plan._indices(bad, "offsets", "k")
 
 
 class _Counted:
