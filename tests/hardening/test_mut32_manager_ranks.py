@@ -23,6 +23,7 @@ import portable_ckpt
 import portable_ckpt.torch as pckt
 from portable_ckpt.errors import CheckpointError
 from portable_ckpt.torch.launch import run_group
+from tests._corrupt import flip_read_buffer
 
 pytestmark = pytest.mark.torch
 
@@ -491,14 +492,8 @@ def _flip_next_reads(n: int) -> list[int]:
 
         def wrapped(self: Any, path: str, *a: Any, _orig: Any = orig, **k: Any) -> Any:
             out = _orig(self, path, *a, **k)
-            if left[0] > 0 and "/data/" in path:
-                bufs = a[-1]
-                if isinstance(bufs, list) and bufs and isinstance(bufs[0], tuple):
-                    bufs = [b for _, bl in bufs for b in bl]
-                b = bufs[0] if isinstance(bufs, list) else bufs
-                if len(b):
-                    b[len(b) // 2] ^= 0x01
-                    left[0] -= 1
+            if left[0] > 0 and "/data/" in path and flip_read_buffer(a[-1]):
+                left[0] -= 1
             return out
 
         setattr(LocalStorage, name, wrapped)

@@ -22,6 +22,7 @@ from portable_ckpt.errors import ChecksumError, FileMissingError, StorageError
 from portable_ckpt.io.damage import confirm_damage
 from portable_ckpt.io.versions import list_versions
 from portable_ckpt.storage.local import LocalStorage
+from tests._corrupt import flip_read_buffer
 
 torch = pytest.importorskip("torch")
 pckt = pytest.importorskip("portable_ckpt.torch")
@@ -50,14 +51,8 @@ def _faults(monkeypatch: pytest.MonkeyPatch, kinds: list[str]) -> list[int]:
                 left[0] -= 1
                 raise StorageError(f"read {path!r}: Input/output error (errno 5)", path=path)
             out = _orig(self, path, *a, **k)
-            if hit:
-                bufs = a[-1]
-                if isinstance(bufs, list) and bufs and isinstance(bufs[0], tuple):
-                    bufs = [b for _, bl in bufs for b in bl]
-                b = bufs[0] if isinstance(bufs, list) else bufs
-                if len(b):
-                    b[len(b) // 2] ^= 0x01
-                    left[0] -= 1
+            if hit and flip_read_buffer(a[-1]):
+                left[0] -= 1
             return out
 
         monkeypatch.setattr(LocalStorage, name, wrapped)
