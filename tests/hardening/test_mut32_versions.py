@@ -1,0 +1,111 @@
+"""Mutation audit 32 of ``io/versions.py``: which attempts are versions, how a commit record is
+classified, ``latest`` and what a restore passes over (spec §3, §4.1, §15.1, §16.2), on real
+roots written by the library.
+
+Each test names the mutant it kills (the audit's table is in its report).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import portable_ckpt
+from portable_ckpt.errors import ManifestMissingError, PassedOverWarning
+from portable_ckpt.io.copy import copy_version
+from portable_ckpt.io.gc import gc
+from portable_ckpt.io.versions import classify_attempt, list_versions
+from portable_ckpt.storage import open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
+
+
+def _save(root: Path, step: int) -> str:
+    return portable_ckpt.save_arrays(root, {"w": np.arange(8.0) + step}, step=step).attempt_id
+
+
+def _set_record(root: Path, aid: str, **members: object) -> None:
+    path = root / aid / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc.update(members)
+    path.write_text(json.dumps(doc))
+
+
+def test_a_newer_foreign_record_claiming_no_valid_time_is_still_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """R-COMMIT-1: a foreign attempt of the answer's step whose ``committed_at`` is no timestamp
+    claims no time, so nothing shows it older than the answer: a restore names it. ``ls`` shows
+    no time for it. Mutant V06 (``_claimed_time`` keeps any string): its "time" ordered before
+    every version, the restore passed over it silently, and ``ls`` showed the text as a time."""
+    good = _save(tmp_path, 5)
+    newer = _save(tmp_path, 5)
+    _set_record(tmp_path, newer, format_version="2.0", committed_at="next tuesday")
+    listed = {v.id: (v.status, v.committed_at) for v in list_versions(tmp_path)}
+    assert listed[newer] == ("foreign", None) and listed[good][0] == "committed"
+    with caplog.at_level(logging.WARNING, logger="portable_ckpt"), \
+            pytest.warns(PassedOverWarning, match=newer):
+        assert portable_ckpt.open(tmp_path).id == good
+
+
+def test_opening_a_version_whose_record_was_lost_says_so_and_names_the_repair(
+    tmp_path: Path,
+) -> None:
+    """A version opened by its path whose ``manifest.json`` is gone while its copy record
+    remains was committed (only a committed version gets one, §14): the error says the record
+    is lost and how to put it back, not that the attempt was never committed. Mutant V13
+    (``_read_record`` drops the lost-record branch): "the attempt was never committed", and
+    the repair went unsaid."""
+    src = tmp_path / "src"
+    aid = _save(src, 3)
+    assert copy_version(str(src / aid), tmp_path / "dst").record is not None
+    (src / aid / "manifest.json").unlink()
+    with pytest.raises(ManifestMissingError) as info:
+        portable_ckpt.open(src / aid)
+    assert "is lost" in info.value.message and "recommit" in info.value.message
+    assert "never committed" not in info.value.message
+
+
+def _lost_record(root: Path, step: int) -> str:
+    """A committed version that lost its ``manifest.json`` and kept its copy record."""
+    aid = _save(root, step)
+    assert copy_version(str(root / aid), root.parent / f"copy{step}").record is not None
+    (root / aid / "manifest.json").unlink()
+    return aid
+
+
+def test_an_attempt_whose_listing_fails_is_unreadable_and_gc_keeps_it(tmp_path: Path) -> None:
+    """R-GC-6: an attempt without a commit record whose directories cannot be listed (one
+    ``EIO``) may be a version that lost its record: nothing is known about it. It is
+    ``unreadable``, gc neither deletes nor counts it, and says so. Mutant V21 (a listing error
+    in ``_without_record`` gives ``incomplete``): gc deleted the version's data as garbage."""
+    root = tmp_path / "r"
+    keep = _save(root, 1)
+    lost = _lost_record(root, 2)
+    faulty = FaultyStorage(open_storage(root), [Fault(op="list", path=f"{lost}/data/", error="EIO")])
+    c = classify_attempt(faulty, lost)
+    assert c.status == "unreadable" and c.error is not None and c.error.code == "PCK-STORAGE"
+    report = gc(faulty, keep=1, grace_seconds=0.0)
+    assert [u["id"] for u in report.unknown] == [lost] and not report.complete
+    assert report.deleted == [] and report.abandoned == []
+    assert (root / lost / "data").is_dir() and any((root / lost / "data").iterdir())
+    assert {v.id: v.status for v in list_versions(root)} == {keep: "committed", lost: "invalid"}
+
+
+def test_empty_record_directories_do_not_make_an_attempt_a_lost_version(tmp_path: Path) -> None:
+    """Only records count as evidence that an attempt was committed (§15.1), not an empty
+    ``drills/`` or ``copies/`` directory (a tool that made one and stopped, a hand's mkdir):
+    such an attempt without a commit record is ``incomplete``, deleted after the grace period.
+    Mutant V19 (directories count, files or not): it was ``invalid``, kept for ever."""
+    root = tmp_path / "r"
+    keep = _save(root, 1)
+    aid = _save(root, 2)
+    (root / aid / "manifest.json").unlink()
+    (root / aid / "drills").mkdir()
+    (root / aid / "copies").mkdir()
+    assert {v.id: v.status for v in list_versions(root)} == {keep: "committed", aid: "incomplete"}
+    report = gc(root, keep=1, grace_seconds=0.0)
+    assert report.abandoned == [aid] and not (root / aid).exists()
