@@ -6,15 +6,22 @@ Each test names the mutant it kills (the audit's table is in its report).
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import portable_ckpt
+from portable_ckpt.errors import CommitConflictError
+from portable_ckpt.io.copy import copy_version
+from portable_ckpt.storage import LocalStorage, ObjectInfo
 
 
 def _save(root: Path, step: int) -> str:
@@ -49,3 +56,46 @@ def test_a_destination_below_a_bind_mount_of_the_source_root_is_refused(tmp_path
     assert p.returncode == 2, p
     assert "lies inside the source root" in p.stderr and "another mount" in p.stderr, p.stderr
     assert sorted(q.name for q in src.iterdir()) == [aid]  # nothing written into the source
+
+
+class _ClockBehind(LocalStorage):
+    """A local root on a file server whose clock runs an hour behind this machine's: every time
+    it gives a file (a listing's ``mtime``) is an hour earlier than this machine's clock."""
+
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        for info in super().list(prefix, recursive=recursive):
+            yield dataclasses.replace(info, mtime=info.mtime - 3600)
+
+
+def test_leftovers_written_just_now_by_a_server_whose_clock_is_behind_are_kept(
+    tmp_path: Path,
+) -> None:
+    """Multi-job review F2: the age of an interrupted copy's leftovers at a local destination is
+    measured on the destination's clock (a probe's time there), not this machine's: files
+    another copy writes right now on a file server an hour behind are fresh, a conflict, and
+    are not cleared. Mutant C17 (this machine's clock): they were an hour old, and the copy
+    deleted the files of the copy in progress."""
+    aid = _save(tmp_path / "src", 1)
+    left = tmp_path / "dst" / aid / "data"
+    left.mkdir(parents=True)
+    (left / "w00000-0000.safetensors").write_bytes(b"another copy, writing now")
+    with pytest.raises(CommitConflictError, match=r"written \d+s ago: another copy may be in"):
+        copy_version(str(tmp_path / "src" / aid), _ClockBehind(tmp_path / "dst"))
+    assert (left / "w00000-0000.safetensors").read_bytes() == b"another copy, writing now"
+
+
+def test_leftovers_are_as_young_as_their_newest_file(tmp_path: Path) -> None:
+    """A copy in progress wrote its first file long ago (a large version) and its latest just
+    now: the leftovers' age is their newest file's, so they are a copy in progress, kept. Mutant
+    C18 (their oldest file's): the copy cleared the files of the copy still writing them."""
+    aid = _save(tmp_path / "src", 1)
+    left = tmp_path / "dst" / aid / "data"
+    left.mkdir(parents=True)
+    (left / "w00000-0000.safetensors").write_bytes(b"written two hours ago")
+    old = time.time() - 7200
+    os.utime(left / "w00000-0000.safetensors", (old, old))
+    (left / "w00001-0000.safetensors").write_bytes(b"written now")
+    with pytest.raises(CommitConflictError, match=r"holds 2 files of an uncommitted copy"):
+        copy_version(str(tmp_path / "src" / aid), str(tmp_path / "dst"))
+    assert sorted(p.name for p in left.iterdir()) == [
+        "w00000-0000.safetensors", "w00001-0000.safetensors"]
