@@ -7,6 +7,7 @@ Each test names the mutant it kills (the audit's table is in its report).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -19,9 +20,10 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.errors import CommitConflictError
+from portable_ckpt.errors import CommitConflictError, StorageError
+from portable_ckpt.io.annotations import write_verification_record
 from portable_ckpt.io.copy import copy_version
-from portable_ckpt.storage import LocalStorage, ObjectInfo
+from portable_ckpt.storage import LocalStorage, ObjectInfo, open_storage
 
 
 def _save(root: Path, step: int) -> str:
@@ -99,3 +101,26 @@ def test_leftovers_are_as_young_as_their_newest_file(tmp_path: Path) -> None:
         copy_version(str(tmp_path / "src" / aid), str(tmp_path / "dst"))
     assert sorted(p.name for p in left.iterdir()) == [
         "w00000-0000.safetensors", "w00001-0000.safetensors"]
+
+
+def test_a_copy_of_a_root_stops_where_the_newest_versions_verifications_cannot_be_read(
+    tmp_path: Path,
+) -> None:
+    """R-ID-5, R-DRILL-8: ``copy ROOT`` copies what a restore takes; where the newest version's
+    verification records cannot be read (one of a newer major format: it may say "failed"), a
+    restore stops, and so does the copy: PCK-STORAGE naming that version, nothing copied.
+    Mutant C19 (``_restorable`` ignores unread records): the newest version was copied as the
+    backup. Mutant C20 (the walk does not stop): the older version was, silently."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _save(src, 1)
+    two = _save(src, 2)
+    rel = write_verification_record(open_storage(src), two, ok=True, mode="deep", fraction=None,
+                                    chunks=1)
+    record = src / rel
+    doc = json.loads(record.read_text())
+    record.write_text(json.dumps({**doc, "format_version": "2.0"}))
+    with pytest.raises(StorageError, match="cannot tell whether it is the version a restore"
+                       ) as info:
+        copy_version(str(src), str(dst))
+    assert two in str(info.value)
+    assert not dst.exists() or not any(dst.iterdir())
