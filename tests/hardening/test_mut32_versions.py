@@ -109,3 +109,18 @@ def test_empty_record_directories_do_not_make_an_attempt_a_lost_version(tmp_path
     assert {v.id: v.status for v in list_versions(root)} == {keep: "committed", aid: "incomplete"}
     report = gc(root, keep=1, grace_seconds=0.0)
     assert report.abandoned == [aid] and not (root / aid).exists()
+
+
+def test_a_record_changed_in_place_to_the_same_length_is_classified_again(tmp_path: Path) -> None:
+    """Listings keep classifications by the record's bytes (ops review F11): a record changed
+    in place without changing its length (a digit flipped by a disk or a hand) is a new record,
+    classified again. Mutant V58 (kept by attempt and length only): the listing went on
+    calling the damaged record ``committed``, and gc counted it."""
+    root = tmp_path / "r"
+    ids = [_save(root, s) for s in (1, 2)]
+    assert [v.status for v in list_versions(root)] == ["committed", "committed"]
+    record = root / ids[1] / "manifest.json"
+    raw = record.read_bytes()
+    assert raw.count(b'"step":2,') == 1
+    record.write_bytes(raw.replace(b'"step":2,', b'"step":7,'))  # same length
+    assert {v.id: v.status for v in list_versions(root)} == {ids[0]: "committed", ids[1]: "invalid"}
