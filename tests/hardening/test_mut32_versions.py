@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.errors import ManifestMissingError, PassedOverWarning
+from portable_ckpt.errors import ManifestMissingError, NotFoundError, PassedOverWarning
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
-from portable_ckpt.io.versions import classify_attempt, list_versions
+from portable_ckpt.io.versions import classify_attempt, latest, likely_record, list_versions
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 
@@ -124,3 +124,29 @@ def test_a_record_changed_in_place_to_the_same_length_is_classified_again(tmp_pa
     assert raw.count(b'"step":2,') == 1
     record.write_bytes(raw.replace(b'"step":2,', b'"step":7,'))  # same length
     assert {v.id: v.status for v in list_versions(root)} == {ids[0]: "committed", ids[1]: "invalid"}
+
+
+def test_a_root_that_is_a_file_or_missing_is_named_as_such(tmp_path: Path) -> None:
+    """A mistyped root is not a root without versions: ``latest`` (``open``) says that it does
+    not exist, or that it is a file, not "no committed version". Mutant V26 (``latest`` does
+    not look at the root when it lists no attempt) and V61 (``root_must_exist`` does not tell a
+    file): the error named no version, or called the file missing."""
+    (tmp_path / "afile").write_text("not a root")
+    with pytest.raises(NotFoundError, match="is not a directory; a root is the directory"):
+        latest(open_storage(tmp_path / "afile"))
+    with pytest.raises(NotFoundError, match=r"does not exist \(no directory"):
+        latest(open_storage(tmp_path / "missing"))
+    with pytest.raises(NotFoundError, match="no committed version for any step"):
+        latest(open_storage(tmp_path, create=True))
+
+
+def test_an_empty_commit_record_is_no_likely_record(tmp_path: Path) -> None:
+    """``likely_record`` names a record of an allowed size only: an empty ``manifest.json`` (a
+    disk that lost the record's bytes) is none, and the older record is not named either (it is
+    not the greatest). Mutant V59 (size 0 allowed): the empty record was named likely."""
+    root = tmp_path / "r"
+    _save(root, 1)
+    two = _save(root, 2)
+    assert likely_record(open_storage(root)) == (two, (root / two / "manifest.json").stat().st_size)
+    (root / two / "manifest.json").write_bytes(b"")
+    assert likely_record(open_storage(root)) is None
