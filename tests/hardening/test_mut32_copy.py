@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.errors import CommitConflictError, StorageError
+from portable_ckpt.errors import CheckpointError, CommitConflictError, StorageError
 from portable_ckpt.io.annotations import write_verification_record
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.storage import LocalStorage, ObjectInfo, open_storage
+from portable_ckpt.storage.faults import Fault, FaultyStorage
 
 
 def _save(root: Path, step: int) -> str:
@@ -124,3 +125,26 @@ def test_a_copy_of_a_root_stops_where_the_newest_versions_verifications_cannot_b
         copy_version(str(src), str(dst))
     assert two in str(info.value)
     assert not dst.exists() or not any(dst.iterdir())
+
+
+def test_a_failed_copy_leaves_the_files_of_a_version_another_copy_published(
+    tmp_path: Path,
+) -> None:
+    """A copy that fails removes the files it created, unless the version was published there
+    meanwhile: then the paths it wrote hold that version's files (a forced copy replaced its
+    leftovers and committed). Mutant C25 (removed whatever happened): the failed copy deleted
+    a file of the published version."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    aid = portable_ckpt.save_arrays(
+        src, {"w": np.arange(4096.0), "v": np.ones(8)}, step=1, entries={"note": {"lr": 0.1}}
+    ).attempt_id
+    assert len(portable_ckpt.open(src / aid).manifest.files) >= 2
+
+    def other_copy(op: str, path: str) -> None:  # after the first file was written and closed
+        copy_version(str(src / aid), str(dst), force=True)
+
+    hooked = FaultyStorage(open_storage(dst, create=True), [
+        Fault(op="open", path=f"{aid}/*", after_ops=1, times=1, error="EIO", callback=other_copy)])
+    with pytest.raises(CheckpointError):
+        copy_version(str(src / aid), hooked, jobs=1)
+    assert portable_ckpt.open(dst / aid).verify(deep=True) == []
