@@ -148,3 +148,27 @@ def test_a_failed_copy_leaves_the_files_of_a_version_another_copy_published(
     with pytest.raises(CheckpointError):
         copy_version(str(src / aid), hooked, jobs=1)
     assert portable_ckpt.open(dst / aid).verify(deep=True) == []
+
+
+def test_a_copy_that_meets_another_copy_removes_only_its_own_files(tmp_path: Path) -> None:
+    """Two copies of one version to one root: the one that finds a file the other created
+    (PCK-COMMIT-CONFLICT) removes the files it created itself, never the other copy's.
+    Mutant C26 (removes the attempt's whole directory): the other copy's file was deleted
+    under it."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    aid = portable_ckpt.save_arrays(
+        src, {"w": np.arange(4096.0), "v": np.ones(8)}, step=1, entries={"note": {"lr": 0.1}}
+    ).attempt_id
+    files = sorted(portable_ckpt.open(src / aid).manifest.files.values(), key=lambda r: -r.size)
+    theirs = dst / aid / files[1].path
+
+    def other_copy_writes(op: str, path: str) -> None:  # as this copy opens its first file
+        theirs.parent.mkdir(parents=True, exist_ok=True)
+        theirs.write_bytes(b"the other copy's bytes")
+
+    hooked = FaultyStorage(open_storage(dst, create=True), [
+        Fault(op="open", path=f"{aid}/*", times=1, error=None, callback=other_copy_writes)])
+    with pytest.raises(CommitConflictError, match="another copy of the version writes"):
+        copy_version(str(src / aid), hooked, jobs=1)
+    assert theirs.read_bytes() == b"the other copy's bytes"
+    assert not (dst / aid / files[0].path).exists()  # its own file is removed
