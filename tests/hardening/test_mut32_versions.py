@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.errors import ManifestMissingError, NotFoundError, PassedOverWarning
+from portable_ckpt.errors import ManifestMissingError, NotFoundError, PassedOverWarning, StorageError
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.versions import classify_attempt, latest, likely_record, list_versions
@@ -150,3 +150,19 @@ def test_an_empty_commit_record_is_no_likely_record(tmp_path: Path) -> None:
     assert likely_record(open_storage(root)) == (two, (root / two / "manifest.json").stat().st_size)
     (root / two / "manifest.json").write_bytes(b"")
     assert likely_record(open_storage(root)) is None
+
+
+def test_an_unreadable_attempt_of_the_answers_step_stops_latest(tmp_path: Path) -> None:
+    """R-ID-5: an attempt of the newest committed version's own step whose commit record cannot
+    be read may have been committed after it: ``latest`` raises PCK-STORAGE rather than return
+    the version it can read. Mutant V32 (only a level without an answer stops): the restore took
+    the older commit of the step, silently."""
+    root = tmp_path / "r"
+    good = _save(root, 5)
+    newer = _save(root, 5)
+    faulty = FaultyStorage(open_storage(root),
+                           [Fault(op="read", path=f"{newer}/manifest.json", error="EIO")])
+    with pytest.raises(StorageError, match=f"cannot tell whether .*{newer} is the latest") as info:
+        latest(faulty)
+    assert info.value.retryable
+    assert latest(open_storage(root))[0] == newer and good != newer
