@@ -15,10 +15,16 @@ import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.errors import ManifestMissingError, NotFoundError, PassedOverWarning, StorageError
+from portable_ckpt.errors import ManifestMissingError, NotFoundError, PassedOverWarning, StorageError, UsageError
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
-from portable_ckpt.io.versions import classify_attempt, latest, likely_record, list_versions
+from portable_ckpt.io.versions import (
+    classify_attempt,
+    latest,
+    likely_record,
+    list_versions,
+    refuse_root_in_version,
+)
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 
@@ -166,3 +172,31 @@ def test_an_unreadable_attempt_of_the_answers_step_stops_latest(tmp_path: Path) 
         latest(faulty)
     assert info.value.retryable
     assert latest(open_storage(root))[0] == newer and good != newer
+
+
+def test_a_remote_root_named_like_an_attempt_is_a_root() -> None:
+    """A save into an object-store root whose last component is named like an attempt id (a
+    person's choice) writes into that root; only a version found there, or an attempt-named
+    component with more below it, is refused (framework review 26, F1). Mutant V63 (the last
+    component counted as a version): every save into such a root was refused as PCK-USAGE."""
+    aid = "s000000000001-20261203T000000000000Z-00000000000000aa"
+    refuse_root_in_version(f"s3://bucket/runs/{aid}")  # nothing says it is a version: a root
+    with pytest.raises(UsageError, match=f"lies in the version directory s3://bucket/runs/{aid}"):
+        refuse_root_in_version(f"s3://bucket/runs/{aid}/inner")
+
+
+def test_a_local_root_named_like_an_attempt_is_a_root_until_it_holds_a_versions_parts(
+    tmp_path: Path,
+) -> None:
+    """Locally, a directory named like an attempt id is a version only when it holds what an
+    attempt holds (§2.1): an empty one, or one holding attempts, is a root a save may use.
+    Mutant V62 (any attempt-named directory): a save into such a root was refused."""
+    aid = "s000000000001-20261203T000000000000Z-00000000000000aa"
+    root = tmp_path / aid
+    root.mkdir()
+    refuse_root_in_version(root)
+    _save(root, 1)  # it holds attempts now: still a root
+    refuse_root_in_version(root)
+    (root / "data").mkdir()  # what a version holds
+    with pytest.raises(UsageError, match="is a version directory"):
+        refuse_root_in_version(root)
