@@ -20,6 +20,7 @@ from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.versions import (
     classify_attempt,
+    enclosing_version,
     latest,
     likely_record,
     list_versions,
@@ -200,3 +201,15 @@ def test_a_local_root_named_like_an_attempt_is_a_root_until_it_holds_a_versions_
     (root / "data").mkdir()  # what a version holds
     with pytest.raises(UsageError, match="is a version directory"):
         refuse_root_in_version(root)
+
+
+def test_a_file_in_a_versions_data_directory_names_the_version(tmp_path: Path) -> None:
+    """``enclosing_version`` looks up to two directories above a path: a shard file given where
+    a root belongs (``<version>/data/<file>``) names its version (maintainer review M9).
+    Mutant V64 (one directory up): a shard's path named nothing."""
+    root = tmp_path / "r"
+    aid = _save(root, 1)
+    shard = next((root / aid / "data").iterdir())
+    assert enclosing_version(str(shard)) == str(root / aid)
+    assert enclosing_version(str(root / aid / "data")) == str(root / aid)
+    assert enclosing_version(str(root)) is None
