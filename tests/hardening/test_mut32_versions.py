@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import portable_ckpt
-from portable_ckpt.errors import ManifestMissingError, NotFoundError, PassedOverWarning, StorageError, UsageError
+from portable_ckpt.errors import (
+    ManifestMissingError,
+    NotFoundError,
+    PassedOverWarning,
+    StorageError,
+    UsageError,
+)
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.versions import (
@@ -213,3 +220,21 @@ def test_a_file_in_a_versions_data_directory_names_the_version(tmp_path: Path) -
     assert enclosing_version(str(shard)) == str(root / aid)
     assert enclosing_version(str(root / aid / "data")) == str(root / aid)
     assert enclosing_version(str(root)) is None
+
+
+def test_a_version_deleted_while_its_record_is_read_is_incomplete(tmp_path: Path) -> None:
+    """A version a gc deletes between the test of its commit record and the read of it: the
+    storage answered that the record does not exist, which is no storage failure: the attempt
+    is classified as without a record (here nothing is left: ``incomplete``), not
+    ``unreadable`` (which stops ``ls`` and ``latest``). Mutant V65 (only ManifestMissingError
+    taken as absence): it was ``unreadable``."""
+    root = tmp_path / "r"
+    aid = _save(root, 1)
+
+    def gc_deletes_it(op: str, path: str) -> None:
+        shutil.rmtree(root / aid)
+
+    faulty = FaultyStorage(open_storage(root), [
+        Fault(op="read", path=f"{aid}/manifest.json", times=1, error=None, callback=gc_deletes_it)])
+    c = classify_attempt(faulty, aid)
+    assert (c.status, c.manifest) == ("incomplete", None)
