@@ -22,7 +22,7 @@ import pytest
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError, CommitConflictError, StorageError
 from portable_ckpt.io.annotations import write_verification_record
-from portable_ckpt.io.copy import copy_version
+from portable_ckpt.io.copy import copies_of, copy_version
 from portable_ckpt.storage import LocalStorage, ObjectInfo, open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 
@@ -172,3 +172,21 @@ def test_a_copy_that_meets_another_copy_removes_only_its_own_files(tmp_path: Pat
         copy_version(str(src / aid), hooked, jobs=1)
     assert theirs.read_bytes() == b"the other copy's bytes"
     assert not (dst / aid / files[0].path).exists()  # its own file is removed
+
+
+def test_a_failed_copy_record_names_no_copy(tmp_path: Path) -> None:
+    """``copies_of`` (what a restore's report and ``recommit`` name as copies) counts verified
+    copies only: a copy record whose ``ok`` is false names no root. Mutant C47 (every record
+    with a destination): a failed copy was offered as the place to restore from."""
+    src = tmp_path / "src"
+    aid = _save(src, 1)
+    res = copy_version(str(src / aid), tmp_path / "good")
+    assert copies_of(open_storage(src), aid) == ([str(tmp_path / "good")], None)
+    failed = copy_version(str(src / aid), tmp_path / "bad")
+    assert failed.record is not None
+    record = src / failed.record
+    doc = json.loads(record.read_text())
+    doc.update(ok=False, error={"code": "PCK-CHECKSUM", "message": "block 0 differs"})
+    record.write_text(json.dumps(doc))
+    assert copies_of(open_storage(src), aid) == ([str(tmp_path / "good")], None)
+    assert res.record is not None

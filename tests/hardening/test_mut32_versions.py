@@ -213,13 +213,17 @@ def test_a_local_root_named_like_an_attempt_is_a_root_until_it_holds_a_versions_
 def test_a_file_in_a_versions_data_directory_names_the_version(tmp_path: Path) -> None:
     """``enclosing_version`` looks up to two directories above a path: a shard file given where
     a root belongs (``<version>/data/<file>``) names its version (maintainer review M9).
-    Mutant V64 (one directory up): a shard's path named nothing."""
+    Mutant V64 (one directory up): a shard's path named nothing. Only a directory is a version:
+    mutant V68 (a file named like an attempt id too) named a stray file as a version."""
     root = tmp_path / "r"
     aid = _save(root, 1)
     shard = next((root / aid / "data").iterdir())
     assert enclosing_version(str(shard)) == str(root / aid)
     assert enclosing_version(str(root / aid / "data")) == str(root / aid)
     assert enclosing_version(str(root)) is None
+    stray = tmp_path / "s000000000001-20261203T000000000000Z-00000000000000aa"
+    stray.write_text("a file named like an attempt")
+    assert enclosing_version(str(stray)) is None
 
 
 def test_a_version_deleted_while_its_record_is_read_is_incomplete(tmp_path: Path) -> None:
