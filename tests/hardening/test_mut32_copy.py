@@ -190,3 +190,18 @@ def test_a_failed_copy_record_names_no_copy(tmp_path: Path) -> None:
     record.write_text(json.dumps(doc))
     assert copies_of(open_storage(src), aid) == ([str(tmp_path / "good")], None)
     assert res.record is not None
+
+
+def test_a_copy_record_naming_the_source_root_names_no_copy(tmp_path: Path) -> None:
+    """A copy record whose destination is the version's own root (written by hand or by a tool
+    that was wrong) is no second copy: ``copies_of`` leaves it out. Mutant C48: the source
+    root itself was named as the copy to restore from."""
+    src = tmp_path / "src"
+    aid = _save(src, 1)
+    res = copy_version(str(src / aid), tmp_path / "other")
+    assert res.record is not None
+    record = src / res.record
+    doc = json.loads(record.read_text())
+    doc["destination"] = f"file://{src}"
+    record.write_text(json.dumps(doc))
+    assert copies_of(open_storage(src), aid) == ([], None)
