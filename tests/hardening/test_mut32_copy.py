@@ -205,3 +205,19 @@ def test_a_copy_record_naming_the_source_root_names_no_copy(tmp_path: Path) -> N
     doc["destination"] = f"file://{src}"
     record.write_text(json.dumps(doc))
     assert copies_of(open_storage(src), aid) == ([], None)
+
+
+def test_a_copy_record_that_cannot_be_read_is_said_with_the_copies(tmp_path: Path) -> None:
+    """``copies_of`` never raises (a copy record never fails a restore) but says why its list
+    may be short: a record of a newer major format is one it cannot read. Mutant C49 (the
+    records' errors dropped): the list looked complete."""
+    src = tmp_path / "src"
+    aid = _save(src, 1)
+    res = copy_version(str(src / aid), tmp_path / "other")
+    assert res.record is not None
+    record = src / res.record
+    doc = json.loads(record.read_text())
+    doc["format_version"] = "2.0"
+    record.write_text(json.dumps(doc))
+    copies, problem = copies_of(open_storage(src), aid)
+    assert copies == [] and problem is not None and res.record in problem
