@@ -25,9 +25,11 @@ from portable_ckpt.errors import (
 )
 from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
+from portable_ckpt.io.pins import pin
 from portable_ckpt.io.versions import (
     classify_attempt,
     enclosing_version,
+    foreign_keys,
     latest,
     likely_record,
     list_versions,
@@ -242,3 +244,14 @@ def test_a_version_deleted_while_its_record_is_read_is_incomplete(tmp_path: Path
         Fault(op="read", path=f"{aid}/manifest.json", times=1, error=None, callback=gc_deletes_it)])
     c = classify_attempt(faulty, aid)
     assert (c.status, c.manifest) == ("incomplete", None)
+
+
+def test_pins_are_the_formats_not_a_foreign_key(tmp_path: Path) -> None:
+    """``pins/`` at the top of a root holds the format's pin records (§15.3): ``foreign_keys``
+    (``ls --json``) names only what the format did not write. Mutant V44: every pinned root
+    reported ``pins/`` as a foreign entry."""
+    root = tmp_path / "r"
+    aid = _save(root, 1)
+    pin(root, aid, reason="release")
+    (root / "notes.txt").write_text("a person's notes")
+    assert foreign_keys(open_storage(root)) == ["notes.txt"]
