@@ -22,7 +22,7 @@ import pytest
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError, CommitConflictError, StorageError
 from portable_ckpt.io.annotations import write_verification_record
-from portable_ckpt.io.copy import copies_of, copy_version
+from portable_ckpt.io.copy import copies_of, copy_version, record_url, url_of_record
 from portable_ckpt.storage import LocalStorage, ObjectInfo, open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 
@@ -221,3 +221,21 @@ def test_a_copy_record_that_cannot_be_read_is_said_with_the_copies(tmp_path: Pat
     record.write_text(json.dumps(doc))
     copies, problem = copies_of(open_storage(src), aid)
     assert copies == [] and problem is not None and res.record in problem
+
+
+@pytest.mark.parametrize("path", ["/mnt/del\x7fname", "/mnt/a%20b", "/mnt/a b\tc"])
+def test_a_copy_record_names_its_destination_reversibly(tmp_path: Path, path: str) -> None:
+    """``record_url`` writes spaces, control characters (DEL among them) and ``%`` as ``%XX``
+    (``copy.schema.json`` allows none of the first), and ``url_of_record`` gives the URL back:
+    ``a%20b`` and ``a b`` are two roots. Mutant C51 (DEL kept): a destination with one got no
+    record; C52 (``%`` kept): ``a%20b`` came back as ``a b``."""
+    url = f"file://{path}"
+    written = record_url(url)
+    assert not any(ord(c) <= 0x20 or ord(c) == 0x7F for c in written)
+    assert url_of_record(written) == url
+    src = tmp_path / "src"
+    aid = _save(src, 1)
+    dst = tmp_path / path.lstrip("/")
+    res = copy_version(str(src / aid), dst)
+    assert res.record is not None and res.record_error is None
+    assert copies_of(open_storage(src), aid) == ([str(dst)], None)
