@@ -255,3 +255,15 @@ def test_pins_are_the_formats_not_a_foreign_key(tmp_path: Path) -> None:
     pin(root, aid, reason="release")
     (root / "notes.txt").write_text("a person's notes")
     assert foreign_keys(open_storage(root)) == ["notes.txt"]
+
+
+def test_list_versions_orders_a_step_by_commit_time_not_by_id(tmp_path: Path) -> None:
+    """R-ID-4: ``list_versions`` is oldest first by step, then commit time, then id; the ids
+    order a step by when its attempts started. Here the attempt started first committed last
+    (its record says so). Mutant V51 (the listing's order left as the ids'): ``ls`` and
+    retention took it for the older one."""
+    root = tmp_path / "r"
+    first = _save(root, 5)
+    second = _save(root, 5)
+    _set_record(root, first, committed_at="2999-01-01T00:00:00.000000Z")
+    assert [v.id for v in list_versions(root)] == [second, first]
