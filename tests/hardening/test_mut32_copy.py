@@ -22,7 +22,13 @@ import pytest
 import portable_ckpt
 from portable_ckpt.errors import CheckpointError, CommitConflictError, StorageError
 from portable_ckpt.io.annotations import write_verification_record
-from portable_ckpt.io.copy import copies_of, copy_version, record_url, url_of_record
+from portable_ckpt.io.copy import (
+    copies_of,
+    copy_version,
+    normalize_root_url,
+    record_url,
+    url_of_record,
+)
 from portable_ckpt.storage import LocalStorage, ObjectInfo, open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
 
@@ -239,3 +245,11 @@ def test_a_copy_record_names_its_destination_reversibly(tmp_path: Path, path: st
     res = copy_version(str(src / aid), dst)
     assert res.record is not None and res.record_error is None
     assert copies_of(open_storage(src), aid) == ([str(dst)], None)
+
+
+def test_a_remote_root_url_is_canonical_without_its_trailing_slash() -> None:
+    """``normalize_root_url`` gives one spelling per root, which copy records name and
+    ``gc --require-copy`` compares: ``s3://bucket/prefix/`` is ``s3://bucket/prefix``. Mutant
+    C53 (the slash kept): the copy's version was named ``s3://bucket/prefix//<id>``."""
+    assert normalize_root_url("s3://bucket/prefix/") == "s3://bucket/prefix"
+    assert normalize_root_url("s3://bucket/prefix") == "s3://bucket/prefix"

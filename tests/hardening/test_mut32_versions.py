@@ -24,6 +24,7 @@ from portable_ckpt.errors import (
     UsageError,
 )
 from portable_ckpt.io.copy import copy_version
+from portable_ckpt.io.annotations import write_verification_record
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.pins import pin
 from portable_ckpt.io.versions import (
@@ -34,6 +35,7 @@ from portable_ckpt.io.versions import (
     likely_record,
     list_versions,
     refuse_root_in_version,
+    restore_decision,
 )
 from portable_ckpt.storage import open_storage
 from portable_ckpt.storage.faults import Fault, FaultyStorage
@@ -267,3 +269,19 @@ def test_list_versions_orders_a_step_by_commit_time_not_by_id(tmp_path: Path) ->
     second = _save(root, 5)
     _set_record(root, first, committed_at="2999-01-01T00:00:00.000000Z")
     assert [v.id for v in list_versions(root)] == [second, first]
+
+
+def test_a_failed_listing_of_a_version_still_reads_each_kind_of_record(tmp_path: Path) -> None:
+    """When the one listing of a version's directory fails, each kind of post-commit record
+    is asked for by itself (and its error kept): a failed verification stays seen, and the
+    version is not what a restore takes. Mutant V55 (no kind asked): the failed version looked
+    verified by nothing and failed by nothing, and a restore took it."""
+    root = tmp_path / "r"
+    _save(root, 1)
+    two = _save(root, 2)
+    write_verification_record(open_storage(root), two, ok=False, mode="deep", fraction=None,
+                              chunks=1, errors=[{"code": "PCK-CHECKSUM", "message": "block 0"}])
+    faulty = FaultyStorage(open_storage(root),
+                           [Fault(op="list", path=f"{two}/", times=1, error="EIO")])
+    [v2] = [v for v in list_versions(faulty) if v.id == two]
+    assert v2.verification_failed and restore_decision(v2) == "skip"
