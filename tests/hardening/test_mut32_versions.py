@@ -23,8 +23,8 @@ from portable_ckpt.errors import (
     StorageError,
     UsageError,
 )
-from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.annotations import write_verification_record
+from portable_ckpt.io.copy import copy_version
 from portable_ckpt.io.gc import gc
 from portable_ckpt.io.pins import pin
 from portable_ckpt.io.versions import (
