@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,16 +199,22 @@ def test_a_failed_copy_record_names_no_copy(tmp_path: Path) -> None:
     assert res.record is not None
 
 
-def test_a_copy_record_naming_the_source_root_names_no_copy(tmp_path: Path) -> None:
-    """A copy record whose destination is the version's own root (written by hand or by a tool
-    that was wrong) is no second copy: ``copies_of`` leaves it out. Mutant C48: the source
-    root itself was named as the copy to restore from."""
+def _copied_with_record(tmp_path: Path) -> tuple[Path, str, Path, dict[str, Any]]:
+    """A version at ``tmp_path/src`` copied to another root: the root, its id, the copy
+    record's path and its document."""
     src = tmp_path / "src"
     aid = _save(src, 1)
     res = copy_version(str(src / aid), tmp_path / "other")
     assert res.record is not None
     record = src / res.record
-    doc = json.loads(record.read_text())
+    return src, aid, record, json.loads(record.read_text())
+
+
+def test_a_copy_record_naming_the_source_root_names_no_copy(tmp_path: Path) -> None:
+    """A copy record whose destination is the version's own root (written by hand or by a tool
+    that was wrong) is no second copy: ``copies_of`` leaves it out. Mutant C48: the source
+    root itself was named as the copy to restore from."""
+    src, aid, record, doc = _copied_with_record(tmp_path)
     doc["destination"] = f"file://{src}"
     record.write_text(json.dumps(doc))
     assert copies_of(open_storage(src), aid) == ([], None)
@@ -217,16 +224,11 @@ def test_a_copy_record_that_cannot_be_read_is_said_with_the_copies(tmp_path: Pat
     """``copies_of`` never raises (a copy record never fails a restore) but says why its list
     may be short: a record of a newer major format is one it cannot read. Mutant C49 (the
     records' errors dropped): the list looked complete."""
-    src = tmp_path / "src"
-    aid = _save(src, 1)
-    res = copy_version(str(src / aid), tmp_path / "other")
-    assert res.record is not None
-    record = src / res.record
-    doc = json.loads(record.read_text())
+    src, aid, record, doc = _copied_with_record(tmp_path)
     doc["format_version"] = "2.0"
     record.write_text(json.dumps(doc))
     copies, problem = copies_of(open_storage(src), aid)
-    assert copies == [] and problem is not None and res.record in problem
+    assert copies == [] and problem is not None and record.relative_to(src).as_posix() in problem
 
 
 @pytest.mark.parametrize("path", ["/mnt/del\x7fname", "/mnt/a%20b", "/mnt/a b\tc"])
