@@ -358,6 +358,41 @@ def test_the_committer_announces_a_dtype_of_1_3_beside_a_table(tmp_path: Path, t
         assert ck.read("w").tolist() == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("table", [False, True], ids=["json", "table"])
+def test_the_committer_refuses_a_stored_index_older_than_its_dtypes(
+    tmp_path: Path, table: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-DTYPE-3 on writer indexes: a stored index of 1.0 (JSON) or 1.1 (tensor table) holding
+    complex64 is refused, ``commit`` and ``portable-ckpt recommit`` alike. The table's codes
+    were not checked against the index's version: the committer merged them and published a
+    1.3 version (it stamps what it merged), over an index that readers must refuse."""
+    import json
+
+    from portable_ckpt.cli.main import main
+    from portable_ckpt.io.commit import commit
+    from portable_ckpt.io.writer import ShardWriter, new_attempt_id
+    from portable_ckpt.storage import open_storage
+
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(1)
+    sw = ShardWriter(storage, attempt, 0, tensor_table=table)
+    sw.add_tensor("z", np.arange(2, dtype=np.complex64))
+    sw.finish()
+    path = tmp_path / attempt / "index" / "w00000.json"
+    doc = json.loads(path.read_bytes())
+    assert doc["format_version"] == "1.3"
+    doc["format_version"] = "1.1" if table else "1.0"
+    path.write_text(json.dumps(doc))
+    err = expect_code("PCK-DTYPE-UNSUPPORTED", commit, storage, attempt, step=1,
+                      expected_writers=[0], tensor_table=table)
+    assert "'complex64' is a dtype of format 1.3" in err.message, err.message
+    assert not (tmp_path / attempt / "manifest.json").exists()
+    capsys.readouterr()
+    assert main(["recommit", str(tmp_path / attempt), "--was-committed"]) == 1
+    assert "[PCK-DTYPE-UNSUPPORTED]" in capsys.readouterr().err
+    assert not (tmp_path / attempt / "manifest.json").exists()
+
+
 def _spec_dtype_table() -> list[tuple[str, str, int]]:
     """The rows of spec §7's table, in order: (format dtype, safetensors dtype, itemsize)."""
     import re

@@ -368,6 +368,9 @@ class WriterIndex:
     tensor_table: TableRef | None = None
     #: The decoded table (an ``io.tensor_table.TensorTable``), once loaded or when built here.
     table: Any = None
+    #: The ``format_version`` a parsed document declared (``None`` when built here: ``to_json``
+    #: stamps its own); its tensor table's dtype codes are checked against it (R-DTYPE-3).
+    format_version: str | None = field(default=None, compare=False)
 
     def to_transport(self) -> dict[str, Any]:
         """The index plus the record of its own file, for sending to the committer in memory."""
@@ -1165,7 +1168,8 @@ def parse_writer_index(doc: Any, *, what: str = "writer index") -> WriterIndex:
         for n, v in c.obj(c.req(d, "entries", "top level"), "entries").items()
     }
     table = _table_ref(c, d, version, files, tensors)
-    return WriterIndex(attempt_id, writer, files, tensors, entries, tensor_table=table)
+    return WriterIndex(attempt_id, writer, files, tensors, entries, tensor_table=table,
+                       format_version=version)
 
 
 def _table_ref(

@@ -185,20 +185,14 @@ def _load_tables(
     window: int = 64,
 ) -> None:
     """Load every missing writer table: reads on ``pool`` (a bounded window ahead), decoding here."""
-    todo = [
-        (idx, idx.tensor_table)
-        for idx in indexes
-        if idx.tensor_table is not None and idx.table is None
-    ]
+    todo = [idx for idx in indexes if idx.tensor_table is not None and idx.table is None]
     pending: dict[int, Future[bytearray]] = {}
-    for i, (idx, ref) in enumerate(todo):
+    for i, idx in enumerate(todo):
         for j in range(i, min(len(todo), i + window)):
             if j not in pending:
-                pending[j] = pool.submit(_read_table_bytes, storage, attempt_id, todo[j][0])
+                pending[j] = pool.submit(_read_table_bytes, storage, attempt_id, todo[j])
         buf = pending.pop(i).result()
-        idx.table = decode_table(
-            buf, codec=ref.codec, what=f"{attempt_id}/{ref.file}", files=idx.files, cache=cache
-        )
+        idx.table = _decode_index_table(attempt_id, idx, buf, cache)
 
 
 def load_writer_table(
@@ -211,10 +205,31 @@ def load_writer_table(
     ref = idx.tensor_table
     if ref is None:
         raise UsageError(f"writer {idx.writer} has no tensor table")
-    buf = _read_table_bytes(storage, attempt_id, idx)
-    return decode_table(
-        buf, codec=ref.codec, what=f"{attempt_id}/{ref.file}", files=idx.files, cache=cache
-    )
+    return _decode_index_table(attempt_id, idx, _read_table_bytes(storage, attempt_id, idx), cache)
+
+
+def _decode_index_table(
+    attempt_id: str, idx: WriterIndex, buf: bytearray, cache: TableCache | None
+) -> TensorTable:
+    """Decode a writer's table; its dtype codes are rows of the index's version (R-DTYPE-3).
+
+    A 1.1 index whose table held a code of 1.3 was merged and published as a 1.3 version
+    (the committer stamps what it merged): a JSON tensor of that index was refused.
+    """
+    ref = idx.tensor_table
+    if ref is None:  # pragma: no cover - called for an index with a table
+        raise UsageError(f"writer {idx.writer} has no tensor table")
+    what = f"{attempt_id}/{ref.file}"
+    table = decode_table(buf, codec=ref.codec, what=what, files=idx.files, cache=cache)
+    if idx.format_version is not None:
+        for code in np.unique(table.dtypes).tolist():
+            problem = dtype_not_defined(DTYPES[DTYPE_CODES[code]], idx.format_version, None)
+            if problem:
+                raise DtypeUnsupportedError(
+                    f"{what}: {problem} (in the table of {index_file_name(idx.writer)})",
+                    path=what,
+                )
+    return table
 
 
 def _read_table_bytes(storage: Storage, attempt_id: str, idx: WriterIndex) -> bytearray:
