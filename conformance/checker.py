@@ -485,6 +485,11 @@ class _VersionChecker:
         table = self.read_table(doc, rel)
         if table is None:
             return None
+        for dtype in sorted(set(table.dtypes)):
+            # R-DTYPE-3 per version, as for the index's JSON tensors (which its schema checks)
+            later = dtype_not_allowed(dtype, doc.get("format_version"), None)
+            if later:
+                self.err("PCK-DTYPE-UNSUPPORTED", f"{rel}: its tensor table: {later} (R-DTYPE-3)")
         for t, key in enumerate(table.keys):
             shape = table.shapes[t]
             isz = DTYPES[table.dtypes[t]][1]

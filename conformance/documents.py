@@ -157,6 +157,10 @@ def schema_check(schemas: SchemaSet, name: str, doc: Any, where: str,
         path = list(err.absolute_path)
         if name == "manifest" or (path and path[0] == "tensor_table"):
             code = _classify_schema_error(path, str(err.validator), doc, err.instance)
+        elif name == "writer-index" and path[:1] == ["tensors"] and path[2:3] == ["dtype"]:
+            # §7 (errata 14): a dtype not in the table, a writer index's included, is
+            # PCK-DTYPE-UNSUPPORTED (a 1.0 index holding complex64 was PCK-SCHEMA here)
+            code = _classify_schema_error(path, str(err.validator), doc, err.instance)
         else:
             code = "PCK-SCHEMA"
         generic |= code == "PCK-SCHEMA"

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conformance.checker import check
 from conformance.craft import file_record
@@ -100,3 +101,25 @@ def test_verification_records_are_not_unlisted_files(tmp_path: Path) -> None:
     assert rep.codes == set() and rep.warnings == []
     (vdir / "verifications" / "v20260101T000000000000Z-00000000.json").write_text("{}")
     assert check(vdir).codes == {"PCK-SCHEMA"}  # a record that is no verification record
+
+
+@pytest.mark.parametrize(("table", "older"), [(False, "1.0"), (True, "1.1")], ids=["json", "table"])
+def test_an_index_older_than_its_dtypes_is_refused(tmp_path: Path, table: bool,
+                                                   older: str) -> None:
+    """R-DTYPE-3: a writer index of 1.0 (JSON) or 1.1 (a tensor table, code 18) may not hold
+    complex64, a dtype of 1.3. The index's table codes were not checked against its version
+    (its JSON tensors are, by the schema): such a version was called conformant."""
+    storage = open_storage(tmp_path, create=True)
+    attempt = new_attempt_id(1)
+    sw = ShardWriter(storage, attempt, 0, tensor_table=table, sync_on_finish=True)
+    sw.add_tensor("z", np.arange(2, dtype=np.complex64))
+    sw.finish()
+    commit(storage, attempt, step=1, expected_writers=[0], tensor_table=table)
+    vdir = tmp_path / attempt
+    assert check(vdir, deep=True).codes == set()
+    _edit_json(vdir / "index" / "w00000.json", lambda i: i.update(format_version=older))
+    _rerecord(vdir, "index/w00000.json")  # the index file itself is intact
+    rep = check(vdir, deep=True)
+    assert rep.codes == {"PCK-DTYPE-UNSUPPORTED"}, rep.errors
+    assert any("complex64" in e.message and "index/w00000.json" in e.message
+               for e in rep.errors), rep.errors
