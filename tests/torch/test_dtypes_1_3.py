@@ -204,3 +204,22 @@ def test_dcp_and_torch_save_sources_with_them_convert_and_back(tmp_path: Path) -
     dcp.load(out, checkpoint_id=str(tmp_path / "back"), no_dist=True)
     for k, v in state.items():
         assert _same(v, out[k]), k
+
+
+@pytest.mark.parametrize("target", [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+                                    torch.float8_e8m0fnu])
+@pytest.mark.parametrize("inf", [float("inf"), float("-inf")], ids=["inf", "-inf"])
+def test_an_infinity_is_not_loaded_as_nan_into_a_type_without_one(
+        tmp_path: Path, target: Any, inf: float) -> None:
+    """The fnuz float8 types and e8m0 have no infinity: torch casts one to NaN, and the load's
+    overflow check counted only an infinity made finite, so an ``inf`` (a loss scale, a mask
+    bias) arrived as NaN without a word. It is refused as out of range, like a finite value
+    made infinite, before any target is written."""
+    pckt.save({"a": torch.ones(2), "t": torch.tensor([inf, 1.0])}, tmp_path, step=1,
+              continuation="statistical")
+    out = {"a": torch.zeros(2), "t": torch.ones(2).to(target)}
+    with pytest.raises(UsageError, match=r"tensor 't'.*1 value\(s\) out of the target type's "
+                                         r"range would become infinite, its largest value, or NaN"):
+        pckt.load(out, tmp_path)
+    assert not out["a"].any()
+    assert out["t"].float().tolist() == [1.0, 1.0]

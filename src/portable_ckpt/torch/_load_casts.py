@@ -231,7 +231,9 @@ class Casts:
                 continue
             xf = x if x.is_floating_point() else x.double()  # (torch has no abs of uints)
             overflow += int((torch.isfinite(xf) & (~torch.isfinite(y) | (xf.abs() > top))).sum())
-            overflow += int((~torch.isfinite(xf) & torch.isfinite(y)).sum())  # inf saturated
+            # inf saturated, or made NaN: the fnuz float8 types and e8m0 have no inf, and
+            # torch gives NaN there (an inf loss-scale buffer loaded as NaN, silently)
+            overflow += int((torch.isinf(xf) & ~torch.isinf(y)).sum())
             if ints:
                 changed += _int_changes(x, y)
             # A sign lost, or a 0 that is no longer 0: a float type without a sign or a zero
@@ -244,8 +246,8 @@ class Casts:
         rec["flushed"] += flushed
         if overflow:
             return (
-                f"{overflow} value(s) out of the target type's range would become infinite, or "
-                "its largest value"
+                f"{overflow} value(s) out of the target type's range would become infinite, "
+                "its largest value, or NaN"
             )
         if flipped:
             return (f"{flipped} value(s) would change sign or stop being 0 (the target type "
