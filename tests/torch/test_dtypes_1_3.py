@@ -223,3 +223,22 @@ def test_an_infinity_is_not_loaded_as_nan_into_a_type_without_one(
         pckt.load(out, tmp_path)
     assert not out["a"].any()
     assert out["t"].float().tolist() == [1.0, 1.0]
+
+
+def test_values_far_below_e8m0s_smallest_are_not_raised_to_it_unnoticed(tmp_path: Path) -> None:
+    """e8m0 has no zero: a cast takes 1e-45 (a float32 subnormal) up to 2^-127, as a type with
+    a zero flushes it to 0. That passed the load's scan, which counted only values that became
+    0; a box where most of them are so raised is refused like a box flushed to zeros, and one
+    such value among others is counted in ``flushed`` and passes, as a flush does."""
+    tiny = [1e-45, 1e-42, 2.0 ** -129]
+    pckt.save({"most": torch.tensor([*tiny, 1.0]), "one": torch.tensor([1e-45, 1.0, 2.0, 4.0])},
+              tmp_path, step=1, continuation="statistical")
+    out = {"most": torch.ones(4).to(torch.float8_e8m0fnu),
+           "one": torch.ones(4).to(torch.float8_e8m0fnu)}
+    with pytest.raises(UsageError, match=r"tensor 'most'.*3 of its 4 non-zero values would "
+                                         r"become the target type's smallest value"):
+        pckt.load({"most": out["most"]}, tmp_path, strict=False)
+    assert out["most"].float().tolist() == [1.0] * 4
+    info = pckt.load({"one": out["one"]}, tmp_path, strict=False)
+    assert out["one"].float().tolist() == [2.0 ** -127, 1.0, 2.0, 4.0]
+    assert [(c["key"], c["flushed"]) for c in info.casts] == [("one", 1)]

@@ -219,7 +219,11 @@ class Casts:
         a, b = src.reshape(-1), out.reshape(-1)
         to_float = out.is_floating_point()
         ints = src.dtype != torch.bool and not src.is_floating_point()
-        overflow = changed = flushed = nonzero = flipped = 0
+        overflow = changed = flushed = nonzero = flipped = raised = 0
+        # A type without a zero (e8m0) takes what is far below its smallest value up to it
+        # (1e-45 became 2^-127): that is its flush to zero, counted as one.
+        floor = (float(torch.finfo(out.dtype).tiny) / 2
+                 if to_float and float(torch.finfo(out.dtype).min) > 0 else 0.0)
         # Beyond the largest value by more than half a step there (what rounds to it): float8
         # e4m3fn saturates instead of giving inf (448 for 500, and for inf: review of the change
         # D1).
@@ -243,7 +247,9 @@ class Casts:
             nz = (x != 0) & torch.isfinite(x)
             nonzero += int(nz.sum())
             flushed += int((nz & (y == 0)).sum())
-        rec["flushed"] += flushed
+            if floor:
+                raised += int((nz & (xf.abs() < floor)).sum())
+        rec["flushed"] += flushed + raised
         if overflow:
             return (
                 f"{overflow} value(s) out of the target type's range would become infinite, "
@@ -260,6 +266,11 @@ class Casts:
             return (
                 f"{flushed} of its {nonzero} non-zero values would become 0 (below the "
                 "target type's smallest value)"
+            )
+        if raised and 2 * raised > nonzero:
+            return (
+                f"{raised} of its {nonzero} non-zero values would become the target type's "
+                "smallest value, more than twice theirs (the type has no zero)"
             )
         return ""
 
