@@ -234,6 +234,13 @@ def _refuse_entries_lost_to_tensors(ck: Any, view: Any) -> None:
 
     """
     shown = set(view.byte_keys.values())
+    # Each tensor key and each of its ancestors (``a`` and ``a/b`` of ``a/b/c``) → the first
+    # tensor at or below it: one pass over the tensors, not one per item of every entry.
+    at_or_below: dict[str, str] = {}
+    for t in sorted(ck.tensors, reverse=True):
+        parts = t.split("/")
+        for i in range(1, len(parts) + 1):
+            at_or_below["/".join(parts[:i])] = t
     for name in sorted(ck.entries):
         if ck.entries[name].scope != "global" or name in (
             VALUES_ENTRY, DCP_ITEMS_ENTRY, HF_METADATA_ENTRY
@@ -244,8 +251,9 @@ def _refuse_entries_lost_to_tensors(ck: Any, view: Any) -> None:
             key = portable_key(path)
             if key in shown:
                 continue
-            tensor = _tensor_in_the_way(ck, view, key)
+            tensor = _tensor_in_the_way(ck, view, key, at_or_below)
             if tensor is not None:
+                # an entry and a tensor of one name say so as the verbatim export does
                 refuse_shared_keys([name], [tensor], "a DCP checkpoint has one item of each name")
                 raise UnsupportedValueError(
                     f"entry {name!r}: its DCP item {dcp_fqn(key)!r} has no place beside the "
@@ -255,14 +263,18 @@ def _refuse_entries_lost_to_tensors(ck: Any, view: Any) -> None:
                 )
 
 
-def _tensor_in_the_way(ck: Any, view: Any, key: str) -> str | None:
+def _tensor_in_the_way(
+    ck: Any, view: Any, key: str, at_or_below: dict[str, str]
+) -> str | None:
     """The tensor whose DCP name is ``key``'s, or whose key lies at, above or below ``key``."""
     by_name = view.tensor_keys.get(dcp_fqn(key))
     if by_name is not None:
         return str(by_name)
-    return next(
-        (t for t in sorted(ck.tensors)
-         if t == key or key.startswith(t + "/") or t.startswith(key + "/")),
+    if key in at_or_below:  # a tensor at ``key`` or below it
+        return at_or_below[key]
+    parts = key.split("/")
+    return next(  # a tensor above it: one of its ancestors
+        ("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in ck.tensors),
         None,
     )
 

@@ -420,8 +420,8 @@ class WriterIndex:
     def _dtypes(self) -> set[str]:
         """The dtypes of this writer's tensors (JSON entries and a loaded table's codes)."""
         names = {t.dtype for t in self.tensors.values()}
-        if self.table is not None:
-            names.update(_table_dtype_names(self.table))
+        if self.table is not None:  # an io.tensor_table.TensorTable
+            names.update(self.table.used_dtypes())
         return names
 
     @staticmethod
@@ -759,7 +759,8 @@ def dtypes_announced(version: str, dtypes: Iterable[str]) -> tuple[str, list[str
     """Return the format version and the extensions a document holding ``dtypes`` needs.
 
     R-VERSION-2, R-VERSION-7: ``version`` raised to the newest row's MINOR, and the rows'
-    extensions, sorted. A writer stamps these; it adds to what a document already declares, never replaces it.
+    extensions, sorted. A writer stamps these; it adds to what a document already declares,
+    never replaces it.
     """
     rows = [DTYPES[n] for n in sorted(set(dtypes)) if n in DTYPES]
     newest = max([version, *(r.since for r in rows)], key=_version_key)
@@ -769,12 +770,6 @@ def dtypes_announced(version: str, dtypes: Iterable[str]) -> tuple[str, list[str
 def _version_key(version: str) -> tuple[int, int]:
     major, minor = version.split(".", 1)
     return int(major), int(minor)
-
-
-def _table_dtype_names(table: Any) -> set[str]:
-    """The dtype names of a decoded tensor table's codes (its rows of §7)."""
-    names = list(DTYPES)
-    return {names[int(c)] for c in set(table.dtypes.tolist()) if int(c) < len(names)}
 
 
 def _minor(version: str) -> int:

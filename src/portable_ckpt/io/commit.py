@@ -49,7 +49,6 @@ from portable_ckpt.format.manifest import (
     TensorEntry,
     WriterIndex,
     check_continuation,
-    dtype_not_defined,
     dtypes_announced,
     entry_values_problem,
     files_bytes,
@@ -221,14 +220,11 @@ def _decode_index_table(
         raise UsageError(f"writer {idx.writer} has no tensor table")
     what = f"{attempt_id}/{ref.file}"
     table = decode_table(buf, codec=ref.codec, what=what, files=idx.files, cache=cache)
-    if idx.format_version is not None:
-        for code in np.unique(table.dtypes).tolist():
-            problem = dtype_not_defined(DTYPES[DTYPE_CODES[code]], idx.format_version, None)
-            if problem:
-                raise DtypeUnsupportedError(
-                    f"{what}: {problem} (in the table of {index_file_name(idx.writer)})",
-                    path=what,
-                )
+    problem = table.dtypes_not_defined(idx.format_version, None)
+    if problem:
+        raise DtypeUnsupportedError(
+            f"{what}: {problem} (in the table of {index_file_name(idx.writer)})", path=what
+        )
     return table
 
 
@@ -991,16 +987,13 @@ def _table_dtypes_defined(manifest: CommittedManifest, table: TensorTable, what:
     table of an earlier version (or without its extension) was published, and no reader opened
     the version (contributor review D11; a JSON tensor of it was refused).
     """
-    for code in np.unique(table.dtypes).tolist():
-        problem = dtype_not_defined(
-            DTYPES[DTYPE_CODES[code]], manifest.format_version, manifest.must_understand
+    problem = table.dtypes_not_defined(manifest.format_version, manifest.must_understand)
+    if problem:
+        raise DtypeUnsupportedError(
+            f"{what}: {problem}; readers would refuse this commit record, so nothing is "
+            "published",
+            path=what,
         )
-        if problem:
-            raise DtypeUnsupportedError(
-                f"{what}: {problem}; readers would refuse this commit record, so nothing is "
-                "published",
-                path=what,
-            )
 
 
 def _announce_dtypes(manifest: CommittedManifest, merged: _Merged) -> None:
@@ -1011,7 +1004,7 @@ def _announce_dtypes(manifest: CommittedManifest, merged: _Merged) -> None:
     and extension stay).
     """
     if merged.table is not None:
-        used = {DTYPE_CODES[c] for c in np.unique(merged.table.dtypes).tolist()}
+        used = merged.table.used_dtypes()
     else:
         used = {t.dtype for t in merged.tensors.values()}
     manifest.format_version, extensions = dtypes_announced(manifest.format_version, used)

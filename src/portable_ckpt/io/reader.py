@@ -63,7 +63,6 @@ from portable_ckpt.format.manifest import (
     RangeRecord,
     TableRef,
     TensorEntry,
-    dtype_not_defined,
 )
 from portable_ckpt.format.naming import ATTEMPT_ID_RE
 from portable_ckpt.io import _read_plan  # PIECES_PER_PASS is read at call time: tests set it
@@ -85,7 +84,7 @@ from portable_ckpt.io.checksum import read_planned, read_verified
 from portable_ckpt.io.codec import FrameStream, check_frame_header, decompress_frame
 from portable_ckpt.io.safetensors_io import ShardHeader, ShardTensor, check_range, load_header
 from portable_ckpt.io.table_decode import decode_table, read_table_file
-from portable_ckpt.io.tensor_table import DTYPE_CODES, TableTensorEntry
+from portable_ckpt.io.tensor_table import TableTensorEntry
 from portable_ckpt.logs import Progress
 from portable_ckpt.ranges.box import Box
 from portable_ckpt.ranges.coverage import LayoutCache, check_coverage
@@ -236,13 +235,12 @@ class Checkpoint:
         table = decode_table(
             buf, codec=ref.codec, what=self._rel(ref.file), files=self.manifest.files
         )
-        for code in np.unique(table.dtypes).tolist():  # as the JSON tensors' (review D1)
-            row = DTYPES[DTYPE_CODES[code]]
-            problem = dtype_not_defined(
-                row, self.manifest.format_version, self.manifest.must_understand
-            )
-            if problem:
-                raise DtypeUnsupportedError(f"{self._rel(ref.file)}: {problem}", path=ref.file)
+        # as the JSON tensors' (review D1)
+        problem = table.dtypes_not_defined(
+            self.manifest.format_version, self.manifest.must_understand
+        )
+        if problem:
+            raise DtypeUnsupportedError(f"{self._rel(ref.file)}: {problem}", path=ref.file)
         self.manifest.tensors = dict(table.entries())
 
     # -- metadata ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import zstandard
 
 from portable_ckpt.errors import CodecError
 from portable_ckpt.format.dtypes import DTYPES
-from portable_ckpt.format.manifest import RangeRecord, TensorEntry
+from portable_ckpt.format.manifest import RangeRecord, TensorEntry, dtype_not_defined
 from portable_ckpt.format.vocab import CODEC_CODES, CODECS, TABLE_EXTENSION
 from portable_ckpt.io.safetensors_io import build_header
 
@@ -116,6 +116,23 @@ class TensorTable:
     def dtype_of(self, i: int) -> str:
         """Format dtype name of tensor ``i``."""
         return DTYPE_CODES[int(self.dtypes[i])]
+
+    def used_dtypes(self) -> set[str]:
+        """The format dtype names the table's tensors use (each code looked up once)."""
+        return {DTYPE_CODES[c] for c in np.unique(self.dtypes).tolist()}
+
+    def dtypes_not_defined(self, version: str | None, must_understand: list[str] | None) -> str:
+        """Why a dtype the table uses is no row of a document of ``version`` ("" if none is).
+
+        R-DTYPE-3 per version (:func:`~portable_ckpt.format.manifest.dtype_not_defined`),
+        applied to a table's codes as the parser applies it to JSON tensors; ``None``: not
+        known (a writer index has no ``must_understand``).
+        """
+        for name in sorted(self.used_dtypes()):
+            problem = dtype_not_defined(DTYPES[name], version, must_understand)
+            if problem:
+                return problem
+        return ""
 
     def shape_of(self, i: int) -> tuple[int, ...]:
         """Global shape of tensor ``i``."""

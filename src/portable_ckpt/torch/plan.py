@@ -703,7 +703,9 @@ def _int_keys_as_text(value: Any, depth: int = 0) -> Any:
                 f"a StateEntry's value holds the dict keys {clash!r} and {str(clash)!r}, which "
                 "are stored as one (int keys are stored as decimal strings); rename one"
             )
-        return out
+        same = all(a is b and out[a] is v for (a, v), b in zip(value.items(), out, strict=True))
+        return value if same else out
     if isinstance(value, list | tuple) and any(isinstance(v, dict | list | tuple) for v in value):
-        return [_int_keys_as_text(v, depth + 1) for v in value]
+        items = [_int_keys_as_text(v, depth + 1) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     return value
