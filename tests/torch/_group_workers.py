@@ -298,3 +298,13 @@ def sleep_for(rank: int, world: int, seconds: float) -> int:
 
     time.sleep(seconds)
     return rank
+
+
+def sleep_through_ctrl_c(rank: int, world: int, seconds: float) -> int:
+    """A rank that ignores SIGINT (a job that traps Ctrl-C to save first): only a kill ends it."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(seconds)
+    return rank

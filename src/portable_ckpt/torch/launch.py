@@ -146,6 +146,12 @@ def _entry(
             world_size=world_size,
             timeout=dt.timedelta(seconds=timeout),
         )
+        if backend == "gloo":
+            # gloo's constructor returns on a rank as soon as its side of each pair is up: a
+            # rank with nothing to say (no collective) ran, exited and closed its sockets while
+            # a slower peer was still connecting, and that peer's init failed ("connectFullMesh
+            # failed ... Connection closed by peer", 3 % of two-rank groups on a loaded host).
+            dist.barrier()
         value = _resolve_fn(fn, sys_path)(rank, world_size, *args)
         doc: dict[str, Any] = {"result": value, "error": None}
     except KeyboardInterrupt:
@@ -240,10 +246,7 @@ def run_group(
         try:
             _wait_all(procs, time.monotonic() + timeout, progress)
         finally:  # also on Ctrl-C: no rank outlives the group's directory
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+            _kill_all(procs)
         results: list[Any] = []
         errors: list[str | None] = []
         for rank, p in enumerate(procs):
@@ -404,6 +407,28 @@ def _start_fork_server(ctx: Any) -> None:
     warm.start()
     warm.join()
     _SERVER_READY = True
+
+
+def _kill_all(procs: list[Any]) -> None:
+    """Kill and reap every process still alive, even through further interrupts.
+
+    ``timeout -s INT`` signals the caller, then its process group: the second signal landed
+    in this loop, skipped the kills, and a rank that outlived the first signal (busy in native
+    code, or ignoring SIGINT) was then joined by multiprocessing at exit, so the command hung
+    after it had said it was interrupted. An interrupt here waits until every rank is gone.
+    """
+    interrupt: BaseException | None = None
+    for p in procs:
+        while True:
+            try:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+                break
+            except KeyboardInterrupt as exc:
+                interrupt = interrupt or exc
+    if interrupt is not None:
+        raise interrupt
 
 
 def _wait_all(procs: list[Any], deadline: float, progress: Callable[[int, int], None] | None) -> None:
