@@ -191,7 +191,9 @@ def run_group(
     ``fn`` is a module-level function or a ``"module:function"`` string (imported in each rank,
     after prepending ``sys_path``); it returns a JSON-serialisable value.
     Rendezvous uses a fresh ``file://`` store, so no port can be taken by a concurrent run;
-    gloo connects over loopback (``GLOO_SOCKET_IFNAME=lo``).
+    gloo connects over loopback (``GLOO_SOCKET_IFNAME=lo``), and every gloo rank passes a
+    barrier before ``fn`` runs. On an interrupt every rank still alive is killed before the
+    ``KeyboardInterrupt`` propagates.
 
     Args:
         fn: The per-rank function.
