@@ -137,6 +137,41 @@ def test_complex_and_real_do_not_cast_into_each_other(tmp_path: Path, stored: An
     assert not out["a"].any() and not out["z"].any()
 
 
+@pytest.mark.parametrize("stored", [torch.complex64, torch.float32])
+@pytest.mark.parametrize("through", ["load", "dcp"])
+def test_a_target_of_a_dtype_outside_the_table_is_refused_as_a_load(
+    tmp_path: Path, stored: Any, through: str
+) -> None:
+    """A ``complex128`` target (no row of the table) was refused with the save's words
+    ("convert it ... before saving", ``PCK-UNSUPPORTED-VALUE``): now a usage error of the load
+    naming the tensor, the stored dtype and the fix, before any target is written."""
+    import torch.distributed.checkpoint as dcp
+
+    from portable_ckpt.torch.dcp import PortableStorageReader
+
+    pckt.save({"a": torch.ones(2), "z": torch.ones(3, dtype=stored)}, tmp_path, step=1,
+              continuation="statistical")
+    out = {"a": torch.zeros(2), "z": torch.zeros(3, dtype=torch.complex128)}
+    name = str(stored).removeprefix("torch.")
+    try:
+        if through == "load":
+            pckt.load(out, tmp_path)
+        else:
+            dcp.load(out, storage_reader=PortableStorageReader(str(tmp_path)))
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        failures = getattr(e, "failures", None)  # the rank's own exception inside it
+        raised = next(iter(failures.values()))[0] if failures else e
+    else:
+        raise AssertionError("loaded into a complex128 target")
+    assert isinstance(raised, UsageError) and raised.code == "PCK-USAGE", raised
+    assert (f"tensor 'z': the target's dtype torch.complex128 has no dtype in the format's "
+            f"table, so no stored tensor loads into it; this one is stored as {name}: build the "
+            "target with that dtype") in str(raised), raised
+    assert not out["z"].any()
+    if through == "load":
+        assert not out["a"].any()
+
+
 def test_a_reader_that_does_not_know_the_extension_refuses_and_keeps_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """R-VERSION-5, R-VERSION-10: a reader of 1.2 (the extensions of 1.3 unknown to it) refuses

@@ -17,7 +17,13 @@ from portable_ckpt.errors import UsageError
 from portable_ckpt.io.reader import Checkpoint, ReadRequest
 from portable_ckpt.logs import get_logger
 from portable_ckpt.torch._inflight import say
-from portable_ckpt.torch._tensors import as_bits, format_dtype, torch_dtype, torch_from_numpy
+from portable_ckpt.torch._tensors import (
+    as_bits,
+    format_dtype,
+    target_dtype,
+    torch_dtype,
+    torch_from_numpy,
+)
 
 __all__ = ["CONVERT_BATCH_BYTES", "Casts", "exact_cast", "read_converted"]
 
@@ -279,7 +285,8 @@ class Casts:
         return list(self.done.values())
 
     def check(self, ck: Checkpoint, key: str, local: torch.Tensor) -> None:
-        stored, target = ck.tensors[key].dtype, format_dtype(local.dtype, key=key)
+        stored = ck.tensors[key].dtype
+        target = target_dtype(local.dtype, key=key, stored=stored)
         if stored == target:
             return
         if torch_dtype(stored).is_complex != local.dtype.is_complex:

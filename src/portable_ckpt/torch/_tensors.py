@@ -16,7 +16,9 @@ import torch
 from portable_ckpt.errors import UnsupportedValueError, UsageError
 from portable_ckpt.format.dtypes import DTYPES, numpy_dtype
 
-__all__ = ["as_bits", "format_dtype", "numpy_view", "torch_dtype", "torch_from_numpy"]
+__all__ = [
+    "as_bits", "format_dtype", "numpy_view", "target_dtype", "torch_dtype", "torch_from_numpy"
+]
 
 # torch dtype -> (format name, integer torch dtype to view through or None, numpy dtype;
 # None: the format table's, resolved on first use). Built from the format's one dtype table:
@@ -60,6 +62,25 @@ def format_dtype(dtype: torch.dtype, *, key: str = "?") -> str:
         raise UnsupportedValueError(
             f"tensor {key!r}: dtype {dtype} has no dtype in the format's table; convert it (e.g. complex → "
             f"view_as_real) before saving"
+        ) from None
+
+
+def target_dtype(dtype: torch.dtype, *, key: str, stored: str) -> str:
+    """Return the format's dtype name of a load target's torch dtype.
+
+    Raises:
+        UsageError: the target's dtype (``complex128``, ``complex32``) has no format dtype, so
+            nothing stored loads into it; the message names the stored dtype to build it with
+            (it said "convert it ... before saving" to a load).
+
+    """
+    try:
+        return _MAP[dtype][0]
+    except KeyError:
+        raise UsageError(
+            f"tensor {key!r}: the target's dtype {dtype} has no dtype in the format's table, "
+            f"so no stored tensor loads into it; this one is stored as {stored}: build the "
+            f"target with that dtype and convert it after the load"
         ) from None
 
 

@@ -63,7 +63,7 @@ from portable_ckpt.storage import Storage
 from portable_ckpt.torch._dcp_common import Root, check_root, refuse_one_box_view, strided_pieces
 from portable_ckpt.torch._dcp_keys import JsonTree, dcp_fqn, json_leaves, portable_key
 from portable_ckpt.torch._load_casts import Casts, read_converted
-from portable_ckpt.torch._tensors import format_dtype, numpy_view, torch_dtype
+from portable_ckpt.torch._tensors import numpy_view, target_dtype, torch_dtype
 from portable_ckpt.torch.flatten import VALUES_ENTRY, decode_json, encode_json, split_key
 from portable_ckpt.torch.layout import Piece, group_mesh
 from portable_ckpt.torch.loading import _contract
@@ -688,7 +688,7 @@ class _TensorReads:
         req = ReadRequest(key, offsets, [int(n) for n in item.lengths])
         dst = self._planner.resolve_tensor(item).detach()
         stored = view.ck.tensors[key].dtype
-        if dst.device.type == "cpu" and format_dtype(dst.dtype, key=key) == stored:
+        if dst.device.type == "cpu" and target_dtype(dst.dtype, key=key, stored=stored) == stored:
             self._direct.append(dataclasses.replace(req, out=numpy_view(dst, key=key)))
         else:
             self._converted.append((req, dst))
