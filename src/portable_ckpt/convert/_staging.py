@@ -353,6 +353,21 @@ def _remove_tree(top: str) -> list[str]:
     except OSError as exc:
         return [] if exc.errno == errno.ENOENT else [f"{top}: {exc.strerror}"]
     mounts = _mount_points()
+    # Only mount points below ``top`` can be met (no link is followed); each is known by what
+    # stands there (its device and inode), so that a directory is resolved (``realpath``, one
+    # lstat per component) only when it is one of them: resolved for every directory, a dead
+    # staging 1,500 levels deep took 36 s to remove (its depth squared in lstat calls).
+    under = os.path.realpath(top).rstrip("/") + "/"
+    marks: set[tuple[int, int]] = set()
+    unknown = False  # a mount point that could not be looked at: resolve every directory
+    for m in mounts:
+        if m.startswith(under):
+            try:
+                st = os.lstat(m)
+            except OSError:
+                unknown = True
+            else:
+                marks.add((st.st_dev, st.st_ino))
     stack: list[tuple[str, bool]] = [(top, False)]
     while stack:
         path, listed = stack.pop()
@@ -375,7 +390,10 @@ def _remove_tree(top: str) -> list[str]:
             try:
                 st = e.stat(follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
-                    if st.st_dev != dev or os.path.realpath(e.path) in mounts:
+                    if st.st_dev != dev or (
+                        (unknown or (st.st_dev, st.st_ino) in marks)
+                        and os.path.realpath(e.path) in mounts
+                    ):
                         errors.append(f"{e.path}: another file system is mounted there (left "
                                       "as it is)")
                         continue
