@@ -357,8 +357,10 @@ def _cmd_reader(args: argparse.Namespace, argv: list[str]) -> int:
     cmd = _adapter_command(report, args, "reader")
     if isinstance(cmd, int):
         return cmd
+    if args.jobs < 1:
+        return _abort(report, args, EXIT_USAGE, "error: --jobs must be at least 1")
     opts = ReaderOptions(args.set, args.timeout, not args.no_verification_status, args.workdir,
-                         args.keep_work, tuple(args.case), args.known_failures)
+                         args.keep_work, tuple(args.case), args.known_failures, args.jobs)
     stopped = _guarded(report, args, lambda: run_reader_vectors(cmd, opts, report))
     if stopped is not None:
         return stopped
@@ -515,6 +517,9 @@ def _parser() -> argparse.ArgumentParser:
                    "nothing else failed), and fail when they pass or fail otherwise")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process "
                    "(one per case; a case past it fails)")
+    r.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="run N cases at once, each in its own adapter process (the report "
+                   "lists them in order, as with one); raise --timeout if the machine is busy")
     r.add_argument("--workdir", default=None, help="directory below which the run makes its own "
                    "work directory (default: a new temporary directory)")
     r.add_argument("--keep-work", action="store_true", help="keep every case directory (failed "

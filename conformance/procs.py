@@ -146,6 +146,11 @@ class Adapter:
         self.ended = 0  # adapter processes that ran to their end (not killed by the harness)
         self.import_failures = 0  # ... of which died of an import error (import_error())
         self.last_import_error = ""
+        # Jobs may run on several threads at once (``reader --jobs``): the counts and the
+        # processes still running are kept under one lock, so that :meth:`stop` can kill them.
+        self._lock = threading.Lock()
+        self._live: dict[int, _Running] = {}
+        self._stopped = False
 
     @property
     def cannot_import(self) -> str | None:
@@ -208,16 +213,40 @@ class Adapter:
         argv = [*self.cmd, str(job)]
         if trace is not None:
             argv = traced_argv(argv, trace)
-        with open(out, "wb") as fo, open(err, "wb") as fe:
+        with self._lock, open(out, "wb") as fo, open(err, "wb") as fe:
+            if self._stopped:  # the run was stopped meanwhile: no new adapter
+                raise InfrastructureError("the run was stopped; no adapter is started")
             try:
                 p = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
                                      cwd=self.cwd, start_new_session=True)
             except OSError as exc:
                 raise InfrastructureError(f"cannot start adapter {self.cmd!r}: {exc}") from None
-        return _Running(p, job, out, err, trace, time.monotonic())
+            r = _Running(p, job, out, err, trace, time.monotonic())
+            self._live[id(r)] = r  # (a pid may be reused once the process is reaped)
+        return r
+
+    def stop(self) -> None:
+        """Kill every adapter process still running and start none after (an interrupt).
+
+        Each adapter runs in a session of its own, so Ctrl-C at the terminal does not reach it;
+        with several jobs at once, the threads that wait for them are not the one interrupted.
+        """
+        with self._lock:
+            self._stopped = True
+            live = list(self._live.values())
+        for r in live:
+            r.killed = True
+            _killpg(r.popen)
 
     def wait(self, r: _Running) -> Outcome:
         """Wait for ``r`` (at most ``timeout`` seconds)."""
+        try:
+            return self._wait(r)
+        finally:
+            with self._lock:
+                self._live.pop(id(r), None)
+
+    def _wait(self, r: _Running) -> Outcome:
         try:
             rc = r.popen.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -228,11 +257,12 @@ class Adapter:
         if r.watcher is not None:
             r.watcher.join()
         if not r.killed:
-            self.ended += 1
             failed = import_error(r.err) if rc != 0 else None
-            if failed is not None:
-                self.import_failures += 1
-                self.last_import_error = failed
+            with self._lock:
+                self.ended += 1
+                if failed is not None:
+                    self.import_failures += 1
+                    self.last_import_error = failed
         return Outcome(r.job, rc, _reported_error(r.out), r.out, r.err, r.trace,
                        time.monotonic() - r.t0, r.killed, r.progress)
 

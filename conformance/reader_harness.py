@@ -64,6 +64,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ class ReaderOptions:
     keep_work: bool = False
     cases: tuple[str, ...] = ()  # only these (by name); empty: every case
     known_failures: str | None = None  # the --known-failures FILE
+    jobs: int = 1  # cases run at once, each its own adapter process (--jobs)
 
 
 @dataclass(frozen=True)
@@ -463,15 +465,20 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
     report.info["verification_status"] = opts.verification_status
     t0 = time.monotonic()
     unasked: list[str] = []  # the cases whose verification status was not asked
+    chosen = [(set_name, vdir, case) for set_name, vdir, case in all_cases()
+              if opts.set_name in (None, set_name)
+              and (not opts.cases or case["name"] in opts.cases)]
+    pool = ThreadPoolExecutor(max_workers=opts.jobs) if opts.jobs > 1 else None
     try:
-        for set_name, vdir, case in all_cases():
-            if opts.set_name not in (None, set_name):
-                continue
-            if opts.cases and case["name"] not in opts.cases:
-                continue
+        # With --jobs N, N cases run at once (each its own adapter process, as one at a time);
+        # the results are taken in the cases' order, so the report reads as a run of one job.
+        runs = [pool.submit(_run_case, adapter, cmd, set_name, vdir, case, work, opts)
+                if pool is not None else None for set_name, vdir, case in chosen]
+        for (set_name, vdir, case), run in zip(chosen, runs, strict=True):
             if not opts.verification_status and "failed_verification" in case:
                 unasked.append(f"{set_name}/{case['name']}")
-            result = _run_case(adapter, cmd, set_name, vdir, case, work, opts)
+            result = run.result() if run is not None else \
+                _run_case(adapter, cmd, set_name, vdir, case, work, opts)
             if adapter.cannot_import is not None:  # the environment: found at once
                 raise InfrastructureError(f"every adapter process died of an import "
                                           f"error: {adapter.cannot_import}")
@@ -481,7 +488,13 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
             report.cases.append(result)
     except BaseException:
         report.seconds = time.monotonic() - t0
+        if pool is not None:  # no case starts after this, and none is left running
+            pool.shutdown(wait=False, cancel_futures=True)
+            adapter.stop()
+            pool.shutdown(wait=True)
         raise  # the work directory stays: the message may name a case in it
+    if pool is not None:
+        pool.shutdown(wait=True)
     report.seconds = time.monotonic() - t0
     report.info["verification_status_unchecked"] = unasked
     if unasked:  # as the writer's writer.trace: a pass without them is no certification

@@ -44,13 +44,14 @@ def _case(name: str) -> dict[str, Any]:
     return next(c for _, _, c in all_cases() if c["name"] == name)
 
 
-@pytest.mark.timeout(1500)  # about 100 s on two cores (one process per case, 0.4 s each)
+@pytest.mark.timeout(1500)  # about 50 s on two cores with --jobs 4 (100 s one at a time)
 def test_the_reference_reader_passes_every_vector(tmp_path: Path) -> None:
-    """Every case of every reader set (235 and more as sets are added), one process each:
-    exit 0, nothing failed or skipped, the JUnit report agrees, the work directory is gone."""
+    """Every case of every reader set (235 and more as sets are added), one process each, four
+    at a time (``--jobs 4``): exit 0, nothing failed or skipped, the cases reported in their
+    order, the JUnit report agrees, the work directory is gone."""
     xml = tmp_path / "reader.xml"
-    rc, doc, text = _run("--json", "--junit-xml", str(xml), "--", sys.executable, str(ADAPTER),
-                         timeout=1400)
+    rc, doc, text = _run("--json", "--junit-xml", str(xml), "--jobs", "4", "--",
+                         sys.executable, str(ADAPTER), timeout=1400)
     assert rc == 0, text[-4000:]
     assert doc is not None and doc["verdict"] == "pass" and doc["command"] == "reader"
     names = [f"{s}/{c['name']}" for s, _, c in all_cases()]
@@ -127,6 +128,64 @@ def test_harness_fails_a_reader_with_a_defect(mode: str) -> None:
     assert failing not in str(kept)  # a neutral name, c<hex>
     assert not (kept / "expected.json").exists()  # the reader sees the checkpoint only
     shutil.rmtree(doc["workdir"])
+
+
+def test_cases_run_at_once_are_judged_and_reported_each_as_its_own() -> None:
+    """``--jobs 3``: a case whose reader hangs fails alone (past ``--timeout``) while the two
+    others ran meanwhile and pass; the report lists the three in the vectors' order."""
+    cases = ["valid-per-rank", "valid-zstd", "invalid-bad-checksum"]
+    rc, doc, text = _run("--json", "--timeout", "5", "--jobs", "3",
+                         *[f"--case={n}" for n in cases], "--", sys.executable, str(BAD),
+                         env={"PCK_BAD_MODE": "hang"})
+    assert rc == 1, text
+    assert doc is not None
+    order = [c["name"] for _, _, c in all_cases() if c["name"] in cases]  # the sets' order
+    assert [c["name"].split("/")[1] for c in doc["cases"]] == order
+    assert {c["name"].split("/")[1]: c["status"] for c in doc["cases"]} == {
+        "valid-per-rank": "failed", "valid-zstd": "passed", "invalid-bad-checksum": "passed"}
+    assert "did not end within" in doc["failures"][0]["message"]
+    assert doc["seconds"] < 5 * 3  # at once: not one after the other
+    shutil.rmtree(doc["workdir"])
+
+
+_SLEEPER = """
+import os, sys, time
+open(os.path.join(os.environ["PCK_TEST_PIDS"], str(os.getpid())), "w").close()
+time.sleep(120)
+"""
+
+
+def test_an_interrupt_kills_every_adapter_running_at_once(tmp_path: Path) -> None:
+    """Ctrl-C with ``--jobs 2``: each adapter runs in a session of its own (the terminal's
+    signal does not reach it) and the threads waiting for them are not the one interrupted;
+    the run ends 130 at once and no adapter outlives it."""
+    import signal
+    import time
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(_SLEEPER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "reader", "--jobs", "2", "--set", "1.3", "--",
+         sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PCK_TEST_PIDS": str(pids)})
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 2, "the two adapters were not seen running"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 15, (proc.returncode, err)
+    assert "interrupted" in err and "Traceback" not in err, err
+    time.sleep(0.5)  # (reaped by init once the harness is gone)
+    for pid in started:
+        alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(
+            f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        assert not alive, f"adapter {pid} outlived the interrupted run"
+    assert len(list(pids.iterdir())) == 2  # no adapter started after the interrupt
 
 
 def test_a_reader_that_restores_nothing_opts_out_of_the_status(tmp_path: Path) -> None:
@@ -228,8 +287,10 @@ def test_usage_and_infrastructure_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [[], ["--"], ["--timeout", "0", "--", "true"],
-                                  ["--timeout", "nan", "--", "true"]],
-                         ids=["no-cmd", "no-cmd-after-dashes", "timeout-0", "timeout-nan"])
+                                  ["--timeout", "nan", "--", "true"],
+                                  ["--jobs", "0", "--", "true"]],
+                         ids=["no-cmd", "no-cmd-after-dashes", "timeout-0", "timeout-nan",
+                              "jobs-0"])
 def test_a_usage_error_writes_both_reports(tmp_path: Path, args: list[str]) -> None:
     """Every usage error leaves --json and --junit-xml, with one `error` case named `usage
     error`, as `writer` and `gc` do (no CMD and a --timeout that is not positive wrote none)."""
