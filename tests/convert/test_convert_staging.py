@@ -385,9 +385,8 @@ umount "$2/sub"
 """
 
 
-def test_a_mount_inside_a_dead_staging_is_never_entered(src: Path, tmp_path: Path) -> None:
-    """M1: a bind mount at ``<staging>/sub`` (same file system, same ``st_dev``): the sweep's
-    ``shutil.rmtree`` deleted the mounted directory's files. The staging is kept and said."""
+def _precious_or_skip(tmp_path: Path) -> Path:
+    """A directory holding ``file1`` to bind-mount, or skip where no mount namespace is made."""
     import shutil
 
     if shutil.which("unshare") is None or subprocess.run(
@@ -396,6 +395,13 @@ def test_a_mount_inside_a_dead_staging_is_never_entered(src: Path, tmp_path: Pat
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "file1").write_bytes(b"keep me")
+    return precious
+
+
+def test_a_mount_inside_a_dead_staging_is_never_entered(src: Path, tmp_path: Path) -> None:
+    """M1: a bind mount at ``<staging>/sub`` (same file system, same ``st_dev``): the sweep's
+    ``shutil.rmtree`` deleted the mounted directory's files. The staging is kept and said."""
+    precious = _precious_or_skip(tmp_path)
     host, _, _, machine = publish._me()
     dead = _staging(out := tmp_path / "out", _name(host=host, pid=2**22 - 3, start=1,
                                                     machine=machine))
@@ -465,14 +471,7 @@ umount "$2"
 def test_a_mount_met_deep_in_a_removal_is_left_with_what_it_holds(tmp_path: Path) -> None:
     """A bind mount (same file system) 40 levels down a tree being removed (one made after the
     sweep looked, or met by the removal alone): left as it is and said; the rest removed."""
-    import shutil
-
-    if shutil.which("unshare") is None or subprocess.run(
-            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("no mount namespace here (unshare -m)")
-    precious = tmp_path / "precious"
-    precious.mkdir()
-    (precious / "file1").write_bytes(b"keep me")
+    precious = _precious_or_skip(tmp_path)
     top = tmp_path / "dead"
     at = top
     for _ in range(40):
@@ -488,7 +487,7 @@ def test_a_mount_met_deep_in_a_removal_is_left_with_what_it_holds(tmp_path: Path
     assert "file1" in p.stdout  # listed through the mount, before it was undone
     assert (precious / "file1").read_bytes() == b"keep me"
     assert not (top / "other").exists() and (at / "m").is_dir()
-    shutil.rmtree(top)
+    publish._remove_tree(str(top))
 
 
 _MAIN_THREAD_EXITS = """

@@ -14,6 +14,7 @@ import torch
 
 import portable_ckpt
 from portable_ckpt.torch.launch import GroupResult, run_group
+from tests._session import left_in_session
 
 pytestmark = pytest.mark.torch
 
@@ -336,13 +337,8 @@ def test_ctrl_c_during_the_demo_prints_no_traceback_and_leaves_no_rank(tmp_path:
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout
-        if not left.strip():
-            break
-        time.sleep(0.2)
-    assert not left.strip(), f"processes left in the demo's session: {left}"
+    left = left_in_session(proc.pid)
+    assert not left, f"processes left in the demo's session: {left}"
 
 
 def test_a_group_load_whose_version_retention_deletes_loads_the_latest_together(
@@ -418,14 +414,7 @@ def test_a_drill_stopped_as_timeout_stops_it_says_so_without_a_traceback(
     assert "drill was" in err and "before it finished" in err, err
     doc = json.loads(out)
     assert doc["ok"] is False and doc["error"]["code"] == "PCK-INTERRUPTED", doc
-    deadline = time.monotonic() + 10
-    left = "?"
-    while time.monotonic() < deadline:
-        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True,
-                              text=True).stdout.strip()
-        if not left:
-            break
-        time.sleep(0.2)
+    left = left_in_session(proc.pid)
     assert not left, f"processes left in the drill's session: {left}"
 
 

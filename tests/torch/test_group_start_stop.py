@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._session import left_in_session
+
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
@@ -108,11 +110,5 @@ def test_a_second_interrupt_still_kills_every_rank(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 130 and out.strip() == "interrupted", (proc.returncode, err)
-    deadline, left = time.monotonic() + 10, "?"
-    while time.monotonic() < deadline:  # the fork server and resource tracker follow the caller
-        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True,
-                              text=True).stdout.strip()
-        if not left:
-            break
-        time.sleep(0.2)
+    left = left_in_session(proc.pid)
     assert not left, f"processes left in the caller's session: {left}"
