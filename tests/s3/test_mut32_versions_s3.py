@@ -3,6 +3,8 @@ unfinished uploads. Each test names the mutant it kills."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -33,3 +35,30 @@ def test_an_attempt_with_objects_and_unfinished_uploads_is_listed_once(
         w.write(b"\x01" * (5 << 20))  # one full part: a multipart upload is under way
     listed = [(v.id, v.status) for v in list_versions(root, uploads=True)]
     assert listed == [(keep, "committed"), (dead, "incomplete")]
+
+
+@pytest.mark.parametrize("collect", [False, True], ids=["raised", "collected"])
+def test_unfinished_uploads_that_cannot_be_listed_are_never_taken_for_none(
+    s3_proxied: S3Env, collect: bool
+) -> None:
+    """``list_versions(uploads=True)`` whose ListMultipartUploads is refused: without an
+    ``errors`` list the storage error is raised (a listing that left out the attempts known only
+    by their uploads would let gc call a root clean); with one, it is appended there and the
+    versions that could be listed are returned. Mutant V50 (the error swallowed when ``errors``
+    is ``None``) survived every test."""
+    from portable_ckpt.errors import StorageError
+
+    root = s3_proxied.root("run")
+    keep = portable_ckpt.save_arrays(root, {"w": np.zeros(4, np.float32)}, step=1).attempt_id
+    proxy = s3_proxied.proxy
+    proxy.match_method, proxy.match_path = "GET", r"[?&]uploads"
+    proxy.fail_status, proxy.fail_every = (403, "AccessDenied"), 1
+    if not collect:
+        with pytest.raises(StorageError) as info:
+            list_versions(root, uploads=True)
+        assert "AccessDenied" in str(info.value) or "403" in str(info.value), info.value
+        return
+    errors: list[Any] = []
+    listed = [(v.id, v.status) for v in list_versions(root, uploads=True, errors=errors)]
+    assert listed == [(keep, "committed")]
+    assert len(errors) == 1 and isinstance(errors[0], StorageError), errors
