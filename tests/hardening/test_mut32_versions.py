@@ -259,6 +259,20 @@ def test_pins_are_the_formats_not_a_foreign_key(tmp_path: Path) -> None:
     assert foreign_keys(open_storage(root)) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("kind", ["clock", "probe"])
+def test_a_probe_left_at_the_root_is_the_formats_not_a_foreign_key(tmp_path: Path,
+                                                                     kind: str) -> None:
+    """A probe gc or copy left (``.pck-clock-<16 hex>``, asking the storage's clock; or the S3
+    backend's ``.pck-probe-<16 hex>``; a store that refused its delete) is the format's (spec
+    §15.2): ``foreign_keys`` does not name it, and a name off the pattern stays foreign. Mutant
+    V45 (probes not told from other keys) survived: only ``.pck-probe-`` had a test."""
+    root = tmp_path / "r"
+    _save(root, 1)
+    (root / f".pck-{kind}-0123456789abcdef").write_bytes(b"")
+    (root / f".pck-{kind}-0123456789abcdef.bak").write_bytes(b"")
+    assert foreign_keys(open_storage(root)) == [f".pck-{kind}-0123456789abcdef.bak"]
+
+
 def test_list_versions_orders_a_step_by_commit_time_not_by_id(tmp_path: Path) -> None:
     """R-ID-4: ``list_versions`` is oldest first by step, then commit time, then id; the ids
     order a step by when its attempts started. Here the attempt started first committed last
