@@ -308,3 +308,30 @@ def sleep_through_ctrl_c(rank: int, world: int, seconds: float) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     time.sleep(seconds)
     return rank
+
+
+def manager_complex64_dtensor(rank: int, world: int, root: str, mode: str) -> dict[str, Any]:
+    """A manager saving a ``complex64`` rope table sharded as a DTensor and an ``e8m0`` scale
+    (format 1.3), async in ``mode``; a second manager restores them into zeros."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import portable_ckpt.torch as pckt
+
+    mesh = init_device_mesh("cpu", (world,))
+    freqs = torch.polar(torch.ones(8, 4), torch.arange(32.0).reshape(8, 4))
+    scale = torch.tensor([0.5, 1.0, 4.0], dtype=torch.float32).to(torch.float8_e8m0fnu)
+    state = {"freqs_cis": distribute_tensor(freqs, mesh, [Shard(0)]), "scale": scale}
+    with pckt.CheckpointManager(root, save_every=1, async_save=True, async_mode=mode,
+                                continuation="statistical") as mgr:
+        for step in (1, 2):
+            mgr.maybe_save(step, state)
+    target = {"freqs_cis": distribute_tensor(torch.zeros(8, 4, dtype=torch.complex64), mesh,
+                                             [Shard(0)]),
+              "scale": torch.zeros(3, dtype=torch.float8_e8m0fnu)}
+    with pckt.CheckpointManager(root, save_every=1, continuation="statistical") as mgr:
+        info = mgr.restore(target)
+    return {"step": info.step if info else None,
+            "freqs": bool(torch.equal(target["freqs_cis"].full_tensor(), freqs)),
+            "scale": target["scale"].view(torch.uint8).tolist() == scale.view(torch.uint8).tolist()}

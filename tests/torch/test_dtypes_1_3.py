@@ -172,6 +172,22 @@ def test_a_target_of_a_dtype_outside_the_table_is_refused_as_a_load(
         assert not out["a"].any()
 
 
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_manager_on_two_ranks_saves_and_restores_them(tmp_path: Path, mode: str) -> None:
+    """Left open by stop 32: the manager with a ``complex64`` DTensor and an ``e8m0`` scale on
+    two gloo ranks, async in thread and in process mode (the writer process stages them in
+    shared memory), restored bit for bit into zeros by a second manager."""
+    from portable_ckpt.torch.launch import run_group
+
+    res = run_group("tests.torch._group_workers:manager_complex64_dtensor", 2,
+                    (str(tmp_path / "r"), mode), sys_path=[str(Path(__file__).parents[2])],
+                    timeout=240)
+    res.raise_for_errors()
+    assert res.results == [{"step": 2, "freqs": True, "scale": True}] * 2
+    assert json.loads(next((tmp_path / "r").glob("s*2-*/manifest.json")).read_bytes())[
+        "format_version"] == "1.3"
+
+
 def test_a_reader_that_does_not_know_the_extension_refuses_and_keeps_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """R-VERSION-5, R-VERSION-10: a reader of 1.2 (the extensions of 1.3 unknown to it) refuses
