@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.realistic_model import (
@@ -151,9 +152,8 @@ NODE_STREAMS = 8
 
 def _streams_read(parts: list[tuple[str, int, int]], threads: int) -> None:
     """Read ``parts`` with ``threads`` threads, each an 8 MiB ``preadv`` loop over a 1/threads
-    contiguous share: the disk's multi-stream ceiling for these bytes (nothing else done)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    contiguous share: the disk's multi-stream ceiling for these bytes (nothing else done; the
+    pool's module is imported with this one, so that a first call's rchar is not its .pyc)."""
     base = {p: skip for p, skip, _ in parts}
     shares = [_share([(p, c) for p, _, c in parts], k, threads) for k in range(threads)]
 
