@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,19 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
     return env
+
+
+def _bench(tmp_path: Path, *args: str, timeout: float = 280) -> dict[str, Any]:
+    """``python -m bench --smoke --no-cold --name smoke ARGS`` into ``tmp_path/out``: its JSON."""
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--no-cold", "--name", "smoke", "--out",
+         str(out), *args],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc: dict[str, Any] = json.loads((out / "smoke.json").read_text())
+    return doc
 
 
 def test_runner_measures_a_child_and_a_command(tmp_path: Path) -> None:
@@ -36,13 +50,7 @@ def test_runner_measures_a_child_and_a_command(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_quick_core_sections_write_a_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    p = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "core,scaling", "--out", str(out),
-         "--name", "smoke", "--no-cold", "--smoke"],
-        cwd=REPO, env={**_env()}, capture_output=True, text=True, timeout=120,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    doc = json.loads((out / "smoke.json").read_text())
+    doc = _bench(tmp_path, "--quick", "--only", "core,scaling", timeout=120)
     assert set(doc["sections"]) == {"save", "read", "verify", "checksum", "zstd", "scale"}
     assert not any(s.get("failed") for s in doc["sections"].values())
     rows = doc["sections"]["checksum"]["rows"]
@@ -55,14 +63,7 @@ def test_quick_core_sections_write_a_report(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_realistic_section_runs_every_phase(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    out = tmp_path / "out"
-    p = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--only", "realistic", "--out", str(out),
-         "--name", "smoke", "--no-cold"],
-        cwd=REPO, env={**_env()}, capture_output=True, text=True, timeout=280,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    sec = json.loads((out / "smoke.json").read_text())["sections"]["realistic"]
+    sec = _bench(tmp_path, "--only", "realistic")["sections"]["realistic"]
     assert not sec.get("failed")
     raw = sec["raw"][0]
     assert {r["owned_bytes"] > 0 for r in raw["save"]} == {True}
@@ -80,7 +81,7 @@ def test_realistic_section_runs_every_phase(tmp_path: Path) -> None:
     # What a later reader needs to rerun it was taken when it ran.
     prov = raw["provenance"]
     assert prov["git"] != "?" and prov["machine"]["cores"] >= 1 and prov["wall_s"] > 0
-    assert (out / "smoke-realistic-smoke.png").exists()
+    assert (tmp_path / "out" / "smoke-realistic-smoke.png").exists()
 
 
 @pytest.mark.timeout(120)
@@ -193,14 +194,7 @@ def test_the_node_streams_are_spread_over_the_ranks() -> None:
 def test_small_tensors_section_measures_every_operation(tmp_path: Path) -> None:
     """`--only small` (issue 13): every operation on 1 and 2 ranks, the 2→1 load, DCP's ratio."""
     pytest.importorskip("torch")
-    out = tmp_path / "out"
-    p = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--only", "small", "--out", str(out),
-         "--name", "smoke", "--no-cold", "--scratch", str(tmp_path)],
-        cwd=REPO, env={**_env()}, capture_output=True, text=True, timeout=280,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    sec = json.loads((out / "smoke.json").read_text())["sections"]["small"]
+    sec = _bench(tmp_path, "--only", "small", "--scratch", str(tmp_path))["sections"]["small"]
     assert not sec.get("failed"), sec
     done = {(r["world"], r["op"]) for r in sec["rows"]}
     ops = {"save", "async", "dcp_save", "load", "restore", "dcp_load"}
