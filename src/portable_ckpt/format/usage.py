@@ -266,7 +266,6 @@ def plain_array(value: object, what: str) -> None:
         )
 
 
-
 def process_group_or_none(value: object, what: str) -> Any:
     """``value`` when it is ``None`` or a ``torch.distributed.ProcessGroup``.
 
