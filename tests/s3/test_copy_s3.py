@@ -111,11 +111,16 @@ def test_corrupt_source_publishes_nothing(s3: S3Env, tmp_path: Path) -> None:
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     data.write_bytes(bytes(raw))
-    with pytest.raises(ChecksumError, match="block"):
+    with pytest.raises(ChecksumError, match="nothing was published"):
         copy_version(src, s3.root("dst"))
-    assert portable_ckpt.list_versions(s3.root("dst")) == [] or not any(
-        v.status == "committed" for v in portable_ckpt.list_versions(s3.root("dst")))
-    assert not open_storage(s3.root("dst")).exists(f"{attempt}/manifest.json")
+    dst = open_storage(s3.root("dst"))
+    assert not dst.exists(f"{attempt}/manifest.json")
+    # The version's other files, uploaded before the refusal, stay there (an object store's
+    # writer does not prove a key is this copy's, so none is deleted) -- unless the corrupt file
+    # failed first and cancelled them, and then no object is there at all and the root does not
+    # exist (CI of stop 33 met that order: list_versions raised PCK-NOT-FOUND).
+    if dst.root_exists():
+        assert not any(v.status == "committed" for v in portable_ckpt.list_versions(dst))
 
 
 _COPY = r"""
