@@ -187,10 +187,15 @@ def test_saves_queued_back_to_back_with_replication_run_retention_beside_the_thr
         gate.set()
         mgr.wait()
         assert mgr.last_error is None
-    # Before: one pass, the last commit's, deleted all six older versions at the end.
+    # Before: one pass, the last commit's, deleted all six older versions at the end. Now the
+    # first pass that deletes runs on the retention thread while steps 2-7 are listed (their
+    # copies were queued, so it keeps them) and deletes the first version only; later passes
+    # delete the rest. How many later passes delete is timing: one request waits per tier and a
+    # later commit's replaces it, so on a loaded host (four test workers on two cores) steps 2-6
+    # went in one pass (this asserted three deleting passes, which failed there).
     deleting = [p for p in passes if p[1]]
-    assert len(deleting) >= 3 and deleting[0][0] == "pck-retention", passes
-    assert deleting[0][1] == first, passes  # not steps 2-7: their copies were queued
+    assert deleting[0][:2] == ("pck-retention", first), passes
+    assert deleting[0][2] >= 2 and len(deleting) >= 2, passes
     assert _committed(fast) == [7] and _committed(root) == [7]
 
 
