@@ -310,6 +310,19 @@ def sleep_through_ctrl_c(rank: int, world: int, seconds: float) -> int:
     return rank
 
 
+def managers_opened_and_closed(rank: int, world: int, root: str, times: int) -> int:
+    """Open a manager and close it at once, ``times`` times (a job restarted after its last step).
+
+    Each manager makes its own gloo group; a rank that closed its manager while its peer was
+    still connecting to that group failed the peer's constructor (a loaded host)."""
+    import portable_ckpt.torch as pckt
+
+    for i in range(times):
+        with pckt.CheckpointManager(f"{root}/{i}", save_every=1):
+            pass
+    return rank
+
+
 def manager_complex64_dtensor(rank: int, world: int, root: str, mode: str) -> dict[str, Any]:
     """A manager saving a ``complex64`` rope table sharded as a DTensor and an ``e8m0`` scale
     (format 1.3), async in ``mode``; a second manager restores them into zeros."""

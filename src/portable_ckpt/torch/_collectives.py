@@ -564,7 +564,14 @@ def new_gloo_group(ranks: list[int], timeout: float | None) -> Any:
     if timeout is not None:
         kwargs["timeout"] = _dt.timedelta(seconds=timeout)
     whole = sorted(ranks) == list(range(dist.get_world_size()))
-    return dist.new_group(ranks=ranks, use_local_synchronization=not whole, **kwargs)
+    group = dist.new_group(ranks=ranks, use_local_synchronization=not whole, **kwargs)
+    # gloo's constructor returns on a rank once its own side of each pair is up. A rank that
+    # then left (a manager opened and closed at once: a job restarted after its last step)
+    # closed its sockets while a peer was still connecting, and the peer's constructor failed
+    # with "Connection closed by peer" (6 of 60 two-rank open/close runs on a loaded host).
+    # A barrier returns on no member before every member's constructor returned.
+    dist.barrier(group=group)
+    return group
 
 
 def _new_side_group(ranks: list[int], rank: int, timeout: float) -> Any:
