@@ -103,6 +103,12 @@ def test_the_stop_after_max_failed_saves_is_agreed_when_one_rank_learns_late(
         step, code, message = r["raised"]
         assert (step, code) == (3, "PCK-DISTRIBUTED"), (rank, r)
         assert "2 durable checkpoints in a row failed" in message, (rank, r)
+        # Rank 0 learns of the failures after the stop and named them "steps ?" (audit 32):
+        # the agreement carries the first and last step any rank saw fail.
+        named = ("(steps 1, 2; this rank's last error: [PCK-STORAGE]" if rank == 1 else
+                 "(steps 1 to 2, as another rank saw them; this rank has not learned of a "
+                 "failure yet)")
+        assert named in message, (rank, r)
         assert r["seconds"] < 14, (rank, r)  # no rank waited for a collective's timeout (15 s)
         # The stop surfaced the failures of steps 1 and 2; rank 0 learned of them after it and
         # counted them again: the next call stopped every rank once more, for the same steps.

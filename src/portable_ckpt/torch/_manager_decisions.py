@@ -228,6 +228,10 @@ def _next_agreement(mgr: CheckpointManager, step: int, now: float) -> int:
     return step + gap if rule is None else min(step + gap, rule)
 
 
+#: A step no rank saw fail, in the agreement's max-reduction (steps are at least 0).
+_NO_STEP = -(1 << 62)
+
+
 def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> Decision:
     """Rank 0's decision, every rank's preemption flag and failure count: one max-reduction.
 
@@ -248,9 +252,11 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
         following = _next_agreement(mgr, step, now)
         _say_skipped(mgr, step, mine, now)
     seen = int(mgr._preemption.seen.is_set())
+    failed = mgr._failed_steps
     flags = torch.tensor(
         [mine.encode(), seen, mgr._failed_saves, following, step, -step, int(mgr._bg_broken),
-         int(mgr._fast_failed)],
+         int(mgr._fast_failed), failed[-1] if failed else _NO_STEP,
+         -failed[0] if failed else _NO_STEP],
         dtype=torch.int64,
     )
     mgr._agreed = None  # until this agreement is known (a failed one: the next call agrees)
@@ -267,6 +273,9 @@ def agree(mgr: CheckpointManager, step: int, forced: Decision | None = None) -> 
     mgr._fast_failing = bool(int(flags[7]))  # where replicate's durable saves go (_target)
     decision = Decision.decode(int(flags[0]))
     mgr._agreed_failed_saves = int(flags[2])  # the most any rank has seen so far
+    # (Ranks other than the one that saw them said "steps ?" when the job stopped: audit 32.)
+    mgr._agreed_failed_range = (
+        None if int(flags[8]) == _NO_STEP else (-int(flags[9]), int(flags[8])))
     if int(flags[1]) and not mgr.preempted:
         mgr.preempted = True
         name = mgr._preemption.signal_name if seen else None  # None: a peer rank's signal

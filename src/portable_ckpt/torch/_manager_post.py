@@ -499,10 +499,24 @@ def too_many_failures(mgr: CheckpointManager) -> CheckpointError:
             + (f" ({last.message})" if isinstance(last, CheckpointError) else "")
             + ": no checkpoint of this job can be saved; change the state, then save again"
         )
-    steps = ", ".join(str(s) for s in mgr._failed_steps[-8:]) or "?"
+    agreed = mgr._agreed_failed_range
+    if mgr._failed_steps:
+        steps = "steps " + ", ".join(str(s) for s in mgr._failed_steps[-8:])
+    elif agreed is not None:  # this rank learns of them later (its thread still verifying)
+        first, latest = agreed
+        steps = (f"step {first}" if first == latest else f"steps {first} to {latest}") + (
+            ", as another rank saw them")
+    else:
+        steps = "steps not known to this rank"
+    if last is not None:
+        mine = f"this rank's last error: {str(last)[:1000]}"
+    elif mgr._failed_steps:  # (was "this rank's last error: None")
+        mine = "each was raised to the caller of its save"
+    else:
+        mine = "this rank has not learned of a failure yet"
     message = (
-        f"{mgr._agreed_failed_saves} durable checkpoints in a row failed (steps {steps}; this "
-        f"rank's last error: {str(last)[:1000]}). No durable version was published since; "
+        f"{mgr._agreed_failed_saves} durable checkpoints in a row failed ({steps}; {mine}). "
+        "No durable version was published since; "
         f"stopping rather than training on without checkpoints (max_failed_saves="
         f"{mgr.max_failed_saves}). Fix the cause and restart (restore resumes from the latest "
         f"version), or pass a larger max_failed_saves (None: never stop for failed saves)."

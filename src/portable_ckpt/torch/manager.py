@@ -308,6 +308,9 @@ class CheckpointManager:
         self._stopped_before = 0
         self._failed_steps: list[int] = []
         self._agreed_failed_saves = 0  # the most any rank had seen at the last agreement
+        #: The first and last step any rank had seen fail (in a row) at the last agreement:
+        #: a rank that learns of failures late still names them when the job stops.
+        self._agreed_failed_range: tuple[int, int] | None = None
         #: The step of the ranks' next agreement (None: the next call agrees), the last call's.
         self._agreed: int | None = None
         self._last_call_step: int | None = None
@@ -429,6 +432,7 @@ class CheckpointManager:
             return  # a preemption save is the last chance: it is tried (and raises if it fails)
         err = too_many_failures(self)
         self._failed_saves, self._failed_steps, self._agreed_failed_saves = 0, [], 0
+        self._agreed_failed_range = None
         self._stopped_before = self._saves_started
         last, self.last_error = self.last_error, None  # surfaced here, not again by wait()
         raise err from last
