@@ -14,4 +14,4 @@ __all__ = ["__version__"]
 
 #: MAJOR.MINOR is the newest format version the suite checks (``conformance.spec.FORMAT_VERSIONS``,
 #: held to it by ``conformance/tests/test_cli.py``); a literal, as hatchling reads it from this file.
-__version__ = "1.3.1"
+__version__ = "1.3.2"

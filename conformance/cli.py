@@ -324,8 +324,10 @@ def _cmd_gc(args: argparse.Namespace, argv: list[str]) -> int:
     cmd = _adapter_command(report, args, "gc")
     if isinstance(cmd, int):
         return cmd
+    if args.jobs < 1:
+        return _abort(report, args, EXIT_USAGE, "error: --jobs must be at least 1")
     opts = GcOptions(args.set, args.timeout, not args.no_retire_abandoned, args.workdir,
-                     args.keep_work, tuple(args.case), args.tracing)
+                     args.keep_work, tuple(args.case), args.tracing, args.jobs)
     stopped = _guarded(report, args, lambda: run_gc_vectors(cmd, opts, report))
     if stopped is not None:
         return stopped
@@ -489,6 +491,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the gc does not offer retire_abandoned (optional, spec §15.2): skip "
                    "the cases that need it")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds per adapter process")
+    g.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="run N cases at once, each on its own root in its own adapter process "
+                   "(the report lists them in order, as with one); raise --timeout if the "
+                   "machine is busy")
     g.add_argument("--tracing", choices=["require", "auto", "off"], default="require",
                    help="system-call tracing (strace) for the order checks (the mark before "
                    "the commit record, the commit record first: R-GC-13, R-GC-3): require it "

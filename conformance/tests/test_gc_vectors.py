@@ -323,6 +323,89 @@ def test_traced_child_in_another_directory_passes() -> None:
     assert doc is not None and doc["failures"] == [] and doc["warnings"] == []
 
 
+def test_jobs_run_cases_at_once_and_report_them_in_order() -> None:
+    """``--jobs 3``: each case on its own root in its own adapter process; a gc that crashes on
+    one case fails that case alone, and the report lists the cases in their order, as a run of
+    one job does (the whole errata-20 set: 34 s one at a time, 16 s with four on two cores)."""
+    picked = [f"--case={n}" for n in ["keep-two-of-four", "lost-commit-record-kept",
+                                      "rollback-retired", "invalid-in-grace"]]
+    runs = {jobs: _run("--json", "--jobs", jobs, *picked, "--", sys.executable, str(BAD),
+                       env={"PCK_BAD_MODE": "crash"}) for jobs in ("1", "3")}
+    for rc, doc, text in runs.values():
+        assert rc == 1, text
+        assert doc is not None
+        assert [f["name"] for f in doc["failures"]] == ["errata-20/lost-commit-record-kept"]
+        assert "no report line" in doc["failures"][0]["message"]
+        shutil.rmtree(doc["workdir"])
+    one, three = (runs[j][1] for j in ("1", "3"))
+    assert one is not None and three is not None
+    assert [(c["name"], c["status"]) for c in three["cases"]] == \
+        [(c["name"], c["status"]) for c in one["cases"]]
+    assert sorted(c["name"] for c in three["cases"] if c["suite"] == "gc") == sorted(
+        f"errata-20/{n}" for n in ["keep-two-of-four", "lost-commit-record-kept",
+                                   "rollback-retired", "invalid-in-grace"])
+
+
+@needs_tracing
+def test_jobs_keep_each_cases_trace_its_own() -> None:
+    """The order checks with four cases traced at once: the reference passes without a
+    warning, and a gc that removes data before the commit record fails every case, each with
+    its own trace (a trace read for another case would pass or fail the wrong one)."""
+    picked = [f"--case={n}" for n in ORDER_CASES]
+    rc, doc, text = _run("--json", "--tracing", "require", "--jobs", "4", *picked, "--",
+                         sys.executable, str(ADAPTER))
+    assert rc == 0, text
+    assert doc is not None and doc["tracing"]["used"] and doc["warnings"] == []
+    rc, doc, text = _run("--json", "--tracing", "require", "--jobs", "4", *picked, "--",
+                         sys.executable, str(BAD), env={"PCK_BAD_MODE": "data-first"})
+    assert rc == 1, text
+    assert doc is not None
+    assert [f["name"] for f in doc["failures"]] == [c["name"] for c in doc["cases"]]
+    assert sorted(f["name"] for f in doc["failures"]) == sorted(
+        f"errata-20/{n}" for n in ORDER_CASES)
+    assert all("before its manifest.json (R-GC-3" in f["message"] for f in doc["failures"])
+    shutil.rmtree(doc["workdir"])
+
+
+_SLEEPER = """
+import os, sys, time
+open(os.path.join(os.environ["PCK_TEST_PIDS"], str(os.getpid())), "w").close()
+time.sleep(120)
+"""
+
+
+def test_an_interrupt_kills_every_gc_running_at_once(tmp_path: Path) -> None:
+    """Ctrl-C with ``--jobs 2``: the run ends 130 at once, and neither adapter outlives it
+    (each runs in a session of its own, which the terminal's signal does not reach)."""
+    import signal
+    import time
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(_SLEEPER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "gc", "--tracing", "off", "--jobs", "2", "--",
+         sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PCK_TEST_PIDS": str(pids)})
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 2, "the two adapters were not seen running"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 15, (proc.returncode, err)
+    assert "interrupted" in err and "Traceback" not in err, err
+    time.sleep(0.5)  # (reaped by init once the harness is gone)
+    for pid in started:
+        alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(
+            f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        assert not alive, f"adapter {pid} outlived the interrupted run"
+    assert len(list(pids.iterdir())) == 2  # no adapter started after the interrupt
+
+
 def test_data_lost_is_the_first_failure() -> None:
     """Outside CI review, finding 6: a gc that deleted the two newest versions (R-GC-1) and
     left the two old ones had a first line (the JUnit headline) saying that two old versions
@@ -487,6 +570,8 @@ def test_harness_usage_and_infrastructure_errors(tmp_path: Path) -> None:
     assert _run("--set", "errata-99", "--", sys.executable, str(ADAPTER))[0] == 2
     assert _run("--case", "no-such-case", "--", sys.executable, str(ADAPTER))[0] == 2
     assert _run("--timeout", "0", "--", sys.executable, str(ADAPTER))[0] == 2
+    rc, _, text = _run("--jobs", "0", "--", sys.executable, str(ADAPTER))
+    assert rc == 2 and "--jobs must be at least 1" in text
     (tmp_path / "a-file").write_text("x")
     rc, _, text = _run("--workdir", str(tmp_path / "a-file"), "--", sys.executable, str(ADAPTER))
     assert rc == 2 and "not a directory" in text and "Traceback" not in text
