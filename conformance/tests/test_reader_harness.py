@@ -23,6 +23,8 @@ import pytest
 from conformance.reader_harness import _bytes_diff, judge, result_line, rules_of, same_json
 from conformance.vectors import all_cases, retention_cases
 
+from ._interrupt import assert_an_interrupt_kills_every_adapter
+
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER = REPO / "conformance" / "adapters" / "reference_reader.py"
 BAD = REPO / "conformance" / "tests" / "bad_reader.py"
@@ -148,44 +150,11 @@ def test_cases_run_at_once_are_judged_and_reported_each_as_its_own() -> None:
     shutil.rmtree(doc["workdir"])
 
 
-_SLEEPER = """
-import os, sys, time
-open(os.path.join(os.environ["PCK_TEST_PIDS"], str(os.getpid())), "w").close()
-time.sleep(120)
-"""
-
-
 def test_an_interrupt_kills_every_adapter_running_at_once(tmp_path: Path) -> None:
     """Ctrl-C with ``--jobs 2``: each adapter runs in a session of its own (the terminal's
     signal does not reach it) and the threads waiting for them are not the one interrupted;
     the run ends 130 at once and no adapter outlives it."""
-    import signal
-    import time
-
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    script = tmp_path / "sleeper.py"
-    script.write_text(_SLEEPER)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "reader", "--jobs", "2", "--set", "1.3", "--",
-         sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PCK_TEST_PIDS": str(pids)})
-    deadline = time.monotonic() + 60
-    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    started = [int(p.name) for p in pids.iterdir()]
-    assert len(started) == 2, "the two adapters were not seen running"
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and time.monotonic() - t0 < 15, (proc.returncode, err)
-    assert "interrupted" in err and "Traceback" not in err, err
-    time.sleep(0.5)  # (reaped by init once the harness is gone)
-    for pid in started:
-        alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(
-            f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        assert not alive, f"adapter {pid} outlived the interrupted run"
-    assert len(list(pids.iterdir())) == 2  # no adapter started after the interrupt
+    assert_an_interrupt_kills_every_adapter(tmp_path, "reader", "--set", "1.3")
 
 
 def test_a_reader_that_restores_nothing_opts_out_of_the_status(tmp_path: Path) -> None:
