@@ -176,7 +176,8 @@ def test_more_ranks_than_saved_are_told_their_rng_streams_repeat(tmp_path: Path)
     )
     res.raise_for_errors()
     r0, r1 = res.results
-    assert "ranks 1..1 continue the RNG streams of ranks r mod 1" in r0["stderr"], r0["stderr"]
+    assert "rank 1 continues the RNG streams of saved rank 0 (policy modulo)" in r0["stderr"], \
+        r0["stderr"]
     assert r1["stderr"] == ""
     assert r0["draw"] == r1["draw"]  # what the message warns about
 

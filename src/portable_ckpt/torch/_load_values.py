@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from portable_ckpt._printable import spans
 from portable_ckpt._threads import worker
 from portable_ckpt.errors import EntryMissingError, EntrySchemaError, EntryTargetError
 from portable_ckpt.format.keys import (
@@ -390,10 +391,12 @@ def load_entries(
                 and info.world_size > info.saved_world_size and info.rank == 0):
             # Documented, yet silent: a new rank r draws what stored rank r mod W drew (async
             # review F21: dropout masks and augmentations correlated across ranks).
-            say(f"load of {key!r}: ranks {info.saved_world_size}..{info.world_size - 1} continue "
-                f"the RNG streams of ranks r mod {info.saved_world_size} (policy modulo), so "
-                "their random draws repeat those ranks'; reseed them (torch.manual_seed(seed + "
-                "rank)) where that matters")
+            saved, world = info.saved_world_size, info.world_size
+            who = (f"rank {saved} continues the RNG streams of saved rank 0" if world == saved + 1
+                   else f"ranks {', '.join(spans(list(range(saved, world))))} continue the RNG "
+                   f"streams of saved ranks r mod {saved}")  # (was "ranks 1..1 continue")
+            say(f"load of {key!r}: {who} (policy modulo), so their random draws repeat those "
+                "ranks'; reseed them (torch.manual_seed(seed + rank)) where that matters")
         if e.restore_last:
             last.append((key, e, value))
         else:
