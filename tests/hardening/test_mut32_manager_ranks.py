@@ -542,3 +542,44 @@ def test_damage_rank_0_cannot_find_again_stops_the_restore_on_every_rank(tmp_pat
         assert code == "PCK-STORAGE" and "not found again by a third read" in message, (rank, r)
         assert r["w0"] != 1.0, (rank, r)  # step 1 was not loaded instead
     assert not any(v.verification_failed for v in portable_ckpt.list_versions(root))
+
+
+def _passed_over_on_two_ranks(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Twelve versions saved on two ranks, all but step 3's failed verification; a second
+    manager restores on both ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from portable_ckpt.io.annotations import write_verification_record
+    from portable_ckpt.storage import open_storage
+
+    with pckt.CheckpointManager(root, save_every=1, async_save=False, keep_last=None,
+                                continuation="statistical") as mgr:
+        for step in range(1, 13):
+            mgr.save(step, {"w": torch.full((4,), float(step))})
+    if rank == 0:
+        for v in portable_ckpt.list_versions(root):
+            if v.step != 3:
+                write_verification_record(
+                    open_storage(root), v.id, ok=False, mode="deep", fraction=None, chunks=1,
+                    verifier="test", errors=[{"code": "PCK-CHECKSUM", "message": "x"}])
+    dist.barrier()
+    back = {"w": torch.zeros(4)}
+    with pckt.CheckpointManager(root, save_every=1, keep_last=None,
+                                continuation="statistical") as mgr:
+        info = mgr.restore(back)
+    assert info is not None
+    return {"step": info.step, "named": [r["step"] for r in info.passed_over],
+            "more": info.passed_over_more, "w": back["w"].tolist()}
+
+
+def test_the_versions_passed_over_are_the_same_on_every_rank(tmp_path: Path) -> None:
+    """Stop 32's audit listed ``passed_over_more`` as wrong on ranks other than 0: rank 0 finds
+    the versions passed over and broadcasts them, so every rank names the same eight newest
+    and counts the ninth (steps 4-12 failed verification; step 3 is restored)."""
+    res = run_group(_passed_over_on_two_ranks, 2, (str(tmp_path / "r"),), timeout=120,
+                    pg_timeout=45)
+    res.raise_for_errors()
+    for rank, r in enumerate(res.results):
+        assert r == {"step": 3, "named": [12, 11, 10, 9, 8, 7, 6, 5], "more": 1,
+                     "w": [3.0] * 4}, (rank, r)
