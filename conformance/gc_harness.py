@@ -42,6 +42,7 @@ in the trace) come first: the first line is a JUnit report's headline.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -49,7 +50,6 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,31 +265,18 @@ def run_gc_vectors(cmd: list[str], opts: GcOptions, report: RunReport) -> None:
     chosen = [(set_name, vdir, case) for set_name, vdir in RETENTION_DIRS.items()
               if opts.set_name in (None, set_name) for case in load_cases(vdir)
               if not opts.cases or case["name"] in opts.cases]
-    pool = ThreadPoolExecutor(max_workers=opts.jobs) if opts.jobs > 1 else None
-    try:
-        # With --jobs N, N cases run at once (each its own root, adapter process and trace, as
-        # one at a time); the results are taken in the cases' order, so the report reads as a
-        # run of one job.
-        runs = [pool.submit(_run_case, adapter, cmd, set_name, vdir, case, work, opts)
-                if pool is not None else None for set_name, vdir, case in chosen]
-        for (set_name, vdir, case), run in zip(chosen, runs, strict=True):
-            result = run.result() if run is not None else \
-                _run_case(adapter, cmd, set_name, vdir, case, work, opts)
-            if adapter.cannot_import is not None:  # the environment: found at once
-                raise InfrastructureError(f"every adapter process died of an import "
-                                          f"error: {adapter.cannot_import}")
-            report.cases.append(result)
-            report.warnings += [f"{result.name}: {w}" for w in
-                                result.details.get("warnings", [])]
+
+    def take(_i: int, result: CaseResult) -> None:
+        report.cases.append(result)
+        report.warnings += [f"{result.name}: {w}" for w in result.details.get("warnings", [])]
+
+    try:  # --jobs N: N cases at once, each its own root, adapter process and trace; in order
+        adapter.run_cases([functools.partial(_run_case, adapter, cmd, set_name, vdir, case,
+                                             work, opts) for set_name, vdir, case in chosen],
+                          opts.jobs, take)
     except BaseException:
         report.seconds = time.monotonic() - t0
-        if pool is not None:  # no case starts after this, and none is left running
-            pool.shutdown(wait=False, cancel_futures=True)
-            adapter.stop()
-            pool.shutdown(wait=True)
         raise  # the work directory stays: the message may name a case in it
-    if pool is not None:
-        pool.shutdown(wait=True)
     report.seconds = time.monotonic() - t0
     if opts.keep_work:
         return

@@ -24,11 +24,15 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from conformance.trace import count_progress, traced_argv
+
+T = TypeVar("T")
 
 __all__ = ["Adapter", "AdapterTimeout", "InfrastructureError", "KillPlan", "Outcome",
            "count_trace_progress", "hung", "import_error", "new_run_dir", "progress_mode"]
@@ -237,6 +241,38 @@ class Adapter:
         for r in live:
             r.killed = True
             _killpg(r.popen)
+
+    def run_cases(self, calls: Sequence[Callable[[], T]], jobs: int,
+                  take: Callable[[int, T], None]) -> None:
+        """Run ``calls`` ``jobs`` at a time; pass each result to ``take`` in the calls' order.
+
+        Each call runs one case (its adapter process); ``take`` gets its index and result, in
+        order, so the report reads as a run of one job (``--jobs``). Every process dying of an import error
+        stops the run at once (the environment, not the cases). On any exception (Ctrl-C in
+        the thread that waits) no case starts after it and every adapter still running is
+        killed: they run in sessions of their own, which the terminal's signal does not reach.
+
+        Raises:
+            InfrastructureError: every adapter process died of an import error.
+
+        """
+        pool = ThreadPoolExecutor(max_workers=jobs) if jobs > 1 else None
+        try:
+            runs = [pool.submit(call) if pool is not None else None for call in calls]
+            for i, (call, run) in enumerate(zip(calls, runs, strict=True)):
+                result = run.result() if run is not None else call()
+                if self.cannot_import is not None:
+                    raise InfrastructureError(f"every adapter process died of an import "
+                                              f"error: {self.cannot_import}")
+                take(i, result)
+        except BaseException:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+                self.stop()
+                pool.shutdown(wait=True)
+            raise
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def wait(self, r: _Running) -> Outcome:
         """Wait for ``r`` (at most ``timeout`` seconds)."""

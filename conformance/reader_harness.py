@@ -58,13 +58,13 @@ report's ``known_failures`` lists each excused case with its ``got``: a list the
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -468,33 +468,23 @@ def run_reader_vectors(cmd: list[str], opts: ReaderOptions, report: RunReport) -
     chosen = [(set_name, vdir, case) for set_name, vdir, case in all_cases()
               if opts.set_name in (None, set_name)
               and (not opts.cases or case["name"] in opts.cases)]
-    pool = ThreadPoolExecutor(max_workers=opts.jobs) if opts.jobs > 1 else None
-    try:
-        # With --jobs N, N cases run at once (each its own adapter process, as one at a time);
-        # the results are taken in the cases' order, so the report reads as a run of one job.
-        runs = [pool.submit(_run_case, adapter, cmd, set_name, vdir, case, work, opts)
-                if pool is not None else None for set_name, vdir, case in chosen]
-        for (set_name, vdir, case), run in zip(chosen, runs, strict=True):
-            if not opts.verification_status and "failed_verification" in case:
-                unasked.append(f"{set_name}/{case['name']}")
-            result = run.result() if run is not None else \
-                _run_case(adapter, cmd, set_name, vdir, case, work, opts)
-            if adapter.cannot_import is not None:  # the environment: found at once
-                raise InfrastructureError(f"every adapter process died of an import "
-                                          f"error: {adapter.cannot_import}")
-            if case["name"] in listed:
-                result = _known(result, case, cmd, listed[case["name"]], opts,
-                                expects_refusal=_expects_refusal(case))
-            report.cases.append(result)
+
+    def take(i: int, result: CaseResult) -> None:
+        set_name, _vdir, case = chosen[i]
+        if not opts.verification_status and "failed_verification" in case:
+            unasked.append(f"{set_name}/{case['name']}")
+        if case["name"] in listed:
+            result = _known(result, case, cmd, listed[case["name"]], opts,
+                            expects_refusal=_expects_refusal(case))
+        report.cases.append(result)
+
+    try:  # --jobs N: N cases at once, each its own adapter process; reported in order
+        adapter.run_cases([functools.partial(_run_case, adapter, cmd, set_name, vdir, case,
+                                             work, opts) for set_name, vdir, case in chosen],
+                          opts.jobs, take)
     except BaseException:
         report.seconds = time.monotonic() - t0
-        if pool is not None:  # no case starts after this, and none is left running
-            pool.shutdown(wait=False, cancel_futures=True)
-            adapter.stop()
-            pool.shutdown(wait=True)
         raise  # the work directory stays: the message may name a case in it
-    if pool is not None:
-        pool.shutdown(wait=True)
     report.seconds = time.monotonic() - t0
     report.info["verification_status_unchecked"] = unasked
     if unasked:  # as the writer's writer.trace: a pass without them is no certification
