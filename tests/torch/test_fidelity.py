@@ -67,6 +67,38 @@ def test_tensors_without_a_dense_box_are_refused_naming_the_key(tmp_path: Path, 
                                                for p in tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda: torch.empty(3, device="meta"), "a meta tensor holds no data"),
+        (lambda: torch.eye(3)[0].to_sparse(), "layout torch.sparse_coo is not supported"),
+        (lambda: torch.nested.nested_tensor([torch.ones(1), torch.ones(2)]), "a nested tensor"),
+        (lambda: _two_tensor(), "a TwoTensor \\(a tensor subclass"),
+    ],
+)
+@pytest.mark.parametrize("how", ["save", "thread"])
+def test_tensors_without_a_dense_box_are_refused_after_a_plan_was_cached(
+    tmp_path: Path, make, what, how: str
+) -> None:
+    """The plan cache is looked up before the checks: a key whose plan is cached (a dense tensor
+    of the same shape and dtype) and now holds such a tensor is still refused, by name."""
+    def save(state: dict[str, object], step: int) -> None:
+        if how == "save":
+            pckt.save(state, tmp_path, step=step)
+        else:
+            pckt.async_save(state, tmp_path, step=step).result(timeout=120)
+
+    state = {"model": {"t": torch.ones(3), "ok": torch.ones(2)}}
+    save(state, 1)
+    save(state, 2)  # the plan is cached now
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state["model"]["t"] = make()
+    with pytest.raises(UnsupportedValueError, match=rf"tensor 'model/t': {what}"):
+        save(state, 3)
+    assert [v.step for v in portable_ckpt.list_versions(tmp_path)] == [1, 2]  # nothing of step 3
+
+
 def _two_tensor() -> torch.Tensor:
     from torch.testing._internal.two_tensor import TwoTensor  # a wrapper subclass, as torchao's
 
@@ -118,6 +150,22 @@ def test_lone_surrogates_are_refused_naming_the_key(tmp_path: Path, state, named
 
     with pytest.raises(UnsupportedValueError, match=r"value at 'e': the dict key 'n\\udc80'"):
         encode_json({"n\udc80": 1}, key="e")
+
+
+def test_keys_found_good_are_remembered_within_a_bound_and_bad_ones_never() -> None:
+    """Flattening remembers the keys it checked (they repeat at every save), up to a bound in
+    characters however many distinct keys states hold; a bad key is refused every time."""
+    from portable_ckpt.torch import flatten as fl
+
+    long = "k" * 1000
+    for batch in range(3):  # ~1.5 times the bound, in states of 2,000 keys of 1,000 characters
+        fl.flatten_state({f"{batch}-{i}-{long}": 1 for i in range(2000)})
+        assert sum(len(k) for k in fl._GOOD_KEYS) <= fl._GOOD_KEYS_CHARS
+        assert fl._good_chars == sum(len(k) for k in fl._GOOD_KEYS)
+    for _ in range(2):
+        with pytest.raises(UnsupportedValueError, match=r"flat key 'a\\x01b' must be"):
+            fl.flatten_state({"ok": 2, "a\x01b": 1})
+    assert "a\x01b" not in fl._GOOD_KEYS and "ok" in fl._GOOD_KEYS
 
 
 def test_tuple_subclasses_and_dict_subclasses_come_back_as_themselves(tmp_path: Path) -> None:

@@ -187,3 +187,27 @@ def test_the_job_mesh_is_the_larger_of_two_meshes_of_one_dimension() -> None:
         for order in ([a, b], [b, a]):
             mesh = group_mesh(order)
             assert mesh is not None and mesh.shape == (4,), mesh
+
+
+def test_is_dtensor_remembers_classes_not_instances() -> None:
+    """A class that defines the three attributes is remembered; one whose instances may or may
+    not carry them (set per instance) is asked every time."""
+    from portable_ckpt.torch.layout import _DTENSOR_CLASSES, is_dtensor
+
+    class PerInstance:
+        def __init__(self, full: bool) -> None:
+            if full:
+                self.device_mesh, self.placements, self.to_local = None, (), lambda: None
+
+    class Declared:
+        device_mesh = None
+        placements = ()
+
+        def to_local(self) -> None:
+            return None
+
+    assert is_dtensor(PerInstance(True))
+    assert not is_dtensor(PerInstance(False))
+    assert PerInstance not in _DTENSOR_CLASSES
+    assert is_dtensor(Declared()) and Declared in _DTENSOR_CLASSES
+    assert not is_dtensor(torch.ones(1)) and torch.Tensor not in _DTENSOR_CLASSES

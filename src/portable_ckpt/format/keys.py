@@ -311,7 +311,7 @@ def needs_record(path: DcpPath, item: Any) -> bool:
 
 def has_position(path: DcpPath) -> bool:
     """Whether a DCP object path goes through a list (an ``int`` component)."""
-    return any(type(c) is int for c in path)
+    return int in map(type, path)
 
 
 def recorded_items(ck: Any) -> dict[str, DcpPath] | None:

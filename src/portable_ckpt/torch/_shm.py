@@ -78,16 +78,21 @@ class SharedStaging:
     def __init__(self) -> None:
         self.segment: Segment | None = None
         self.offsets: dict[str, int] = {}
-        # The last layout handed out (slot, shape, dtype, device per piece), its segment and views.
-        self._last: tuple[tuple[Any, ...], Segment, list[Buffer]] | None = None
+        # The last layout handed out (the plan's, or slot, shape, dtype, device per piece), its
+        # segment and views.
+        self._last: tuple[Any, Segment, list[Buffer]] | None = None
 
-    def buffers(self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool) -> list[Buffer]:
+    def buffers(
+        self, wanted: Sequence[tuple[str, torch.Tensor]], prune: bool, layout: Any = None
+    ) -> list[Buffer]:
         """Views of the segment, one per ``(slot, like)`` (the segment grows or shrinks first).
 
         The same layout as last time, in the same segment, gets the same views back: a save
-        runs only after the previous one finished, so no writer still reads them.
+        runs only after the previous one finished, so no writer still reads them. ``layout``
+        names it where the caller knows it (else it is made of ``wanted``).
         """
-        layout = tuple((slot, like.shape, like.dtype, like.device.type) for slot, like in wanted)
+        if layout is None:
+            layout = tuple((s, like.shape, like.dtype, like.device.type) for s, like in wanted)
         last = self._last
         if last is not None and last[1] is self.segment and last[0] == layout:
             return last[2]

@@ -475,9 +475,23 @@ def dim_labels(names: Sequence[str]) -> list[str]:
     return out
 
 
+_DTENSOR_ATTRS = ("device_mesh", "placements", "to_local")
+#: Classes that define all three (DTensor): their instances are DTensors without the three
+#: lookups, asked several times per tensor and save (hundreds of tensors, async_save's blocking
+#: part). A class that defines them per instance only is asked every time.
+_DTENSOR_CLASSES: set[type] = set()
+
+
 def is_dtensor(t: Any) -> bool:
     """Whether ``t`` is a DTensor (duck-typed: device mesh, placements, local tensor)."""
-    return hasattr(t, "device_mesh") and hasattr(t, "placements") and hasattr(t, "to_local")
+    cls = type(t)
+    if cls in _DTENSOR_CLASSES:
+        return True
+    if not (hasattr(t, "device_mesh") and hasattr(t, "placements") and hasattr(t, "to_local")):
+        return False
+    if len(_DTENSOR_CLASSES) < 64 and all(hasattr(cls, a) for a in _DTENSOR_ATTRS):
+        _DTENSOR_CLASSES.add(cls)
+    return True
 
 
 def _no_grad() -> Any:

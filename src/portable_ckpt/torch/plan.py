@@ -131,6 +131,10 @@ class SavePlan:
     #: The DCP object paths of those tensors and values that need one (and of the lists the
     #: values are items of): rank 0 records them all.
     plain_paths: dict[str, list[Any]] = field(default_factory=dict)
+    #: Names the pieces' slots, shapes, dtypes and devices: two plans with the same layout
+    #: (``is``, or equal) have the same (:func:`~portable_ckpt.torch.staging.stage` reuses the
+    #: buffers it found for the last one). ``None``: unknown, the buffers are looked up.
+    layout: Any = None
 
     def release(self) -> None:
         """Drop every staged view and live reference (once the pieces are written)."""
@@ -182,8 +186,11 @@ def plan_save(
     if rank != 0 and flat.values and mine:
         values = {k: encode_json(v, key=k) for k, v in flat.values.items() if k in mine}
     paths = _paths_of([*staged, *values], flat.dcp_paths) if flat.dcp_paths else {}
+    # The template fixes every piece's slot, shape, dtype and device; which plain pieces a
+    # rank other than 0 keeps is fixed by the owners it stores.
+    layout = (template, mine if rank != 0 and template.plain else None)
     return SavePlan(
-        pieces, entries, template.mesh, nbytes, replicas, copies, staged, values, paths
+        pieces, entries, template.mesh, nbytes, replicas, copies, staged, values, paths, layout
     )
 
 
@@ -542,14 +549,23 @@ def plan_stats() -> dict[str, int]:
 
     A plan is reused when every input of the tensor planning is equal to an earlier save's
     (one of the last four): the rank and world size, and per tensor in order its key, dtype,
-    global shape, device mesh (the same object, not an equal one) and placements, and its local tensor's shape,
-    strides, storage offset, device and layout. Anything else re-plans.
+    global shape, device mesh (the same object, not an equal one) and placements, and its local
+    tensor's shape, device, layout and type. Anything else re-plans.
     """
     return {"planned": _CACHE.planned, "reused": _CACHE.reused}
 
 
-def _signature(flat: FlatState, rank: int, world: int) -> tuple[tuple[Any, ...], list[Any]]:
-    """The exact inputs of the tensor planning, and the local tensors (in key order)."""
+def _signature(
+    flat: FlatState, rank: int, world: int, check: bool = True
+) -> tuple[tuple[Any, ...], list[Any]]:
+    """The exact inputs of the tensor planning, and the local tensors (in key order).
+
+    ``check``: refuse a tensor that cannot be saved (:func:`_check_source`) before reading its
+    shape. Without it a signature equal to a cached one is as good: the checks depend only on
+    what the signature holds (type, nesting, layout, device), and the cached one passed them.
+    A local tensor's strides and storage offset are no input: its pieces are boxes of its
+    shape, whatever its memory layout.
+    """
     sig: list[Any] = [rank, world]
     locals_: list[Any] = []
     with torch.no_grad():  # once: to_local() is then an attribute read, not an autograd op
@@ -559,20 +575,29 @@ def _signature(flat: FlatState, rank: int, world: int) -> tuple[tuple[Any, ...],
                 local, mesh, placements = d.to_local(), d.device_mesh, tuple(d.placements)
             else:
                 local, mesh, placements = t, None, None
-            _check_source(key, local)  # before stride(): a sparse CSR tensor has none
+            if check:
+                _check_source(key, local)
             locals_.append(local)
             # The mesh by identity: id() first (a cached signature keeps its mesh alive, so an
             # equal id is the same object), then the object (compared by `is` in a tuple).
             sig.append((
-                key, t.dtype, t.shape, id(mesh), mesh, placements, local.shape, local.stride(),
-                local.storage_offset(), local.device, local.layout, local.is_sparse,
+                key, t.dtype, t.shape, id(mesh), mesh, placements, local.shape, local.device,
+                local.layout, type(local), local.is_nested,
             ))
     return tuple(sig), locals_
 
 
 def _template_for(flat: FlatState, rank: int, world: int) -> tuple[_Template, list[Any]]:
-    signature, locals_ = _signature(flat, rank, world)
-    template = _CACHE.find(signature)
+    try:
+        # Unchecked first: the checks are a third of the signature's cost, paid at every save
+        # of a state of hundreds of tensors (async_save's blocking part).
+        signature, locals_ = _signature(flat, rank, world, check=False)
+        template = _CACHE.find(signature)
+    except Exception:  # a tensor with no shape (a nested one): refused by the checks below
+        template = None
+    if template is None:
+        signature, locals_ = _signature(flat, rank, world)
+        template = _CACHE.find(signature)
     if template is None:
         template = _plan_template(flat, rank, signature)
         _CACHE.add(template)

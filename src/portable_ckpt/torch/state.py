@@ -84,12 +84,13 @@ def capture_rng(*, cuda: bool | None = None) -> dict[str, Any]:
     value: dict[str, Any] = {
         "python": {
             "version": int(version),
-            "state": [int(x) for x in internal],
+            "state": list(internal),  # ints already (a tuple of 625)
             "gauss_next": gauss,
         },
         "numpy": {
             "bit_generator": str(name),
-            "state": {"key": [int(x) for x in key], "pos": int(pos)},
+            # tolist(): Python ints, 20× faster than int() per element (async_save blocks on it)
+            "state": {"key": np.asarray(key).tolist(), "pos": int(pos)},
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
         },
