@@ -122,3 +122,17 @@ def test_views_of_every_kind_are_staged_as_their_values() -> None:
         else:
             got = torch.from_numpy(arr.copy())
             assert got.shape == w.shape and torch.equal(got, w), key
+
+
+def test_a_save_that_copies_nothing_leaves_the_last_layout_found() -> None:
+    """A synchronous save of host tensors (nothing copied) between two async saves does not
+    make the next async save look its buffers up again."""
+    pool = StagingPool()
+    state = {"w": torch.arange(3.0)}
+    stage(_plan(state), copy=True, into=pool)
+    found = pool._last
+    stage(_plan(state), copy=False, into=pool)
+    assert found is not None and pool._last is found
+    again = _plan(state)
+    stage(again, copy=True, into=pool)
+    assert again.pieces[0].array is found[2][0][1]

@@ -136,7 +136,10 @@ def stage(plan: SavePlan, copy: bool, into: Staging | None = None) -> float:
     live = [(p, p.source) for p in plan.pieces if p.source is not None]
     copied = live if copy else [(p, src) for p, src in live if not src.is_cpu]
     layout = None if plan.layout is None else (plan.layout, copy)
-    bufs = into.buffers([(p.slot, src) for p, src in copied], prune=copy, layout=layout)
+    bufs = (  # a save that copies nothing keeps the pool and what it found for the last layout
+        into.buffers([(p.slot, src) for p, src in copied], prune=copy, layout=layout)
+        if copied or copy else []
+    )
     host_to: list[torch.Tensor] = []
     host_from: list[torch.Tensor] = []
     with torch.no_grad():  # a copy is never part of an autograd graph
