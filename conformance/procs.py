@@ -247,10 +247,11 @@ class Adapter:
         """Run ``calls`` ``jobs`` at a time; pass each result to ``take`` in the calls' order.
 
         Each call runs one case (its adapter process); ``take`` gets its index and result, in
-        order, so the report reads as a run of one job (``--jobs``). Every process dying of an import error
-        stops the run at once (the environment, not the cases). On any exception (Ctrl-C in
-        the thread that waits) no case starts after it and every adapter still running is
-        killed: they run in sessions of their own, which the terminal's signal does not reach.
+        order, so the report reads as a run of one job (``--jobs``). Every process dying of an
+        import error stops the run at once (the environment, not the cases). On any exception
+        (Ctrl-C in the thread that waits) no case starts after it and every adapter still
+        running is killed: they run in sessions of their own, which the terminal's signal does
+        not reach.
 
         Raises:
             InfrastructureError: every adapter process died of an import error.

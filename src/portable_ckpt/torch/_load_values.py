@@ -394,7 +394,7 @@ def load_entries(
             saved, world = info.saved_world_size, info.world_size
             who = (f"rank {saved} continues the RNG streams of saved rank 0" if world == saved + 1
                    else f"ranks {', '.join(spans(list(range(saved, world))))} continue the RNG "
-                   f"streams of saved ranks r mod {saved}")  # (was "ranks 1..1 continue")
+                   f"streams of saved ranks r mod {saved}")
             say(f"load of {key!r}: {who} (policy modulo), so their random draws repeat those "
                 "ranks'; reseed them (torch.manual_seed(seed + rank)) where that matters")
         if e.restore_last:

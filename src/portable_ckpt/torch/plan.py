@@ -555,16 +555,12 @@ def plan_stats() -> dict[str, int]:
     return {"planned": _CACHE.planned, "reused": _CACHE.reused}
 
 
-def _signature(
-    flat: FlatState, rank: int, world: int, check: bool = True
-) -> tuple[tuple[Any, ...], list[Any]]:
+def _signature(flat: FlatState, rank: int, world: int) -> tuple[tuple[Any, ...], list[Any]]:
     """The exact inputs of the tensor planning, and the local tensors (in key order).
 
-    ``check``: refuse a tensor that cannot be saved (:func:`_check_source`) before reading its
-    shape. Without it a signature equal to a cached one is as good: the checks depend only on
-    what the signature holds (type, nesting, layout, device), and the cached one passed them.
     A local tensor's strides and storage offset are no input: its pieces are boxes of its
-    shape, whatever its memory layout.
+    shape, whatever its memory layout. What :func:`_check_source` looks at (type, nesting,
+    layout, device) is, so a signature equal to a cached one passed those checks.
     """
     sig: list[Any] = [rank, world]
     locals_: list[Any] = []
@@ -575,8 +571,6 @@ def _signature(
                 local, mesh, placements = d.to_local(), d.device_mesh, tuple(d.placements)
             else:
                 local, mesh, placements = t, None, None
-            if check:
-                _check_source(key, local)
             locals_.append(local)
             # The mesh by identity: id() first (a cached signature keeps its mesh alive, so an
             # equal id is the same object), then the object (compared by `is` in a tuple).
@@ -588,20 +582,27 @@ def _signature(
 
 
 def _template_for(flat: FlatState, rank: int, world: int) -> tuple[_Template, list[Any]]:
+    # The sources are checked only when a layout is planned: the checks were a third of the
+    # signature's cost, paid at every save of a state of hundreds of tensors.
     try:
-        # Unchecked first: the checks are a third of the signature's cost, paid at every save
-        # of a state of hundreds of tensors (async_save's blocking part).
-        signature, locals_ = _signature(flat, rank, world, check=False)
-        template = _CACHE.find(signature)
-    except Exception:  # a tensor with no shape (a nested one): refused by the checks below
-        template = None
-    if template is None:
         signature, locals_ = _signature(flat, rank, world)
-        template = _CACHE.find(signature)
+    except Exception:
+        _check_sources(flat)  # a tensor without a shape (a nested one): refused by name
+        raise
+    template = _CACHE.find(signature)
     if template is None:
+        for key, local in zip(flat.tensors, locals_, strict=True):
+            _check_source(key, local)
         template = _plan_template(flat, rank, signature)
         _CACHE.add(template)
     return template, locals_
+
+
+def _check_sources(flat: FlatState) -> None:
+    with torch.no_grad():
+        for key, t in flat.tensors.items():
+            d: Any = t
+            _check_source(key, d.to_local() if is_dtensor(d) else t)
 
 
 def _check_source(key: str, t: torch.Tensor) -> None:

@@ -97,10 +97,6 @@ class StagingPool:
         return self._nbytes
 
 
-#: torch's batched copy (``torch._foreach_copy_``, in every torch this package supports; a
-#: torch without it copies tensor by tensor).
-_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
-
 #: This process's private staging buffers (sync saves of device tensors, thread-mode async).
 POOL = StagingPool()
 
@@ -152,11 +148,8 @@ def stage(plan: SavePlan, copy: bool, into: Staging | None = None) -> float:
             p.array = view
         # One call for the host tensors: a state has hundreds of small ones, and copy_ per
         # tensor cost more in calls than in bytes.
-        if host_to and _FOREACH_COPY is not None:
-            _FOREACH_COPY(host_to, host_from)
-        else:
-            for buf, src in zip(host_to, host_from, strict=True):
-                buf.copy_(src)
+        if host_to:  # (torch refuses an empty list)
+            torch._foreach_copy_(host_to, host_from)
     for p, src in live:
         if p.array is None:
             p.array = numpy_view(src, key=p.key)
