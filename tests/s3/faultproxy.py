@@ -37,6 +37,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -107,6 +108,9 @@ class FaultProxy:
         self.set_headers: dict[str, str | None] = {}
         self.body_subs: list[tuple[bytes, bytes]] = []
         self.cut_body = 0
+        # Called with the request's path after the server answered a matching request and
+        # before the client hears it: another writer acting in between.
+        self.after_upstream: Callable[[str], None] | None = None
         self._tokens = 0
         self.log = ProxyLog()
         self._lock = threading.Lock()
@@ -266,6 +270,8 @@ class FaultProxy:
                         proxy.log.response_bytes.get(self.command, 0) + len(data))
                     if self.command == "GET":
                         proxy.log.get_log.append((self.path, self.headers.get("Range"), len(data)))
+                if matches and proxy.after_upstream is not None:
+                    proxy.after_upstream(self.path)
                 if fail_after:
                     with proxy._lock:
                         proxy.log.injected_500 += 1
@@ -366,6 +372,7 @@ class FaultProxy:
             self.trickle_max_s = 20.0
             self.set_headers = {}
             self.body_subs = []
+            self.after_upstream = None
             self._tokens = 0
             self.log = ProxyLog()
             self._counter = 0

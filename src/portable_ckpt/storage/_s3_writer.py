@@ -17,7 +17,7 @@ import crc32c as _crc32c
 from portable_ckpt.errors import CheckpointError, StorageError
 from portable_ckpt.storage._s3_options import _MAX_PART, _MAX_PARTS
 from portable_ckpt.storage._s3_probes import _b64_crc
-from portable_ckpt.storage._s3_requests import _BadAnswerError, _within, classify_error
+from portable_ckpt.storage._s3_requests import _BadAnswerError, _within
 from portable_ckpt.storage.base import StreamWriter
 
 if TYPE_CHECKING:
@@ -225,34 +225,9 @@ class _S3Writer(StreamWriter):
 
         Two copies of one version to one root upload the same keys: a plain delete of the
         object stored with the wrong CRC32C could remove the other copy's good one, which
-        replaced it meanwhile (its commit record then names a file that is gone). The delete
-        names this upload's version where the bucket keeps versions, else is conditional on
-        its ETag (``If-Match``: a 412 means another upload's object is there now, left alone).
+        replaced it meanwhile (its commit record then names a file that is gone).
         """
-        base: dict[str, Any] = {"Bucket": self._s.bucket, "Key": self._key}
-        tries = []
-        if self._stored.get("VersionId", "null") != "null":
-            # ("null": no versioning, or suspended; that version is whichever upload was last)
-            tries.append({**base, "VersionId": self._stored["VersionId"]})
-        if "ETag" in self._stored:
-            tries.append({**base, "IfMatch": self._stored["ETag"]})
-        for i, kwargs in enumerate(tries or [base]):
-            try:
-                self._s._boto_call(
-                    functools.partial(self._s._client().delete_object, **kwargs), "DELETE",
-                    self._key)
-            except Exception as exc:
-                code, status, _ = classify_error(exc)
-                if code in ("PreconditionFailed", "NoSuchKey") or status in (404, 412):
-                    return  # another upload's object is there now, or none: nothing of ours
-                if "VersionId" in kwargs and i + 1 < len(tries) and (
-                        code == "AccessDenied" or status == 403):
-                    # deleting a version takes s3:DeleteObjectVersion, which many roles lack
-                    # (maintainer review 24, 3): the conditional delete of the object instead
-                    continue
-                self._s._fail("delete", self._path, exc)
-            self._s.stats.add(other_requests=1)
-            return
+        self._s._delete_stored(self._path, self._stored)
 
     def _abort_quietly(self) -> None:
         for fut in self._parts:

@@ -147,6 +147,11 @@ def _entry(rel: str, size: int, mtime: float) -> ListingEntry:
     return (ObjectInfo(rel, size, mtime), None) if well_formed(rel) else (None, rel)
 
 
+def _bare_etag(etag: str) -> str:
+    """An ETag without its quotes (boto3 keeps them, obstore may not), to compare two."""
+    return etag.strip().removeprefix("W/").strip('"')
+
+
 class S3Storage(ScannedStorage):
     """A bucket and key prefix on S3 or any S3-compatible store.
 
@@ -651,11 +656,15 @@ class S3Storage(ScannedStorage):
 
     def read_all(self, path: str, *, max_size: int) -> bytes:
         """Return the whole object; ``LimitError`` when it is larger than ``max_size``."""
+        return self._get_with_etag(path, max_size=max_size)[0]
+
+    def _get_with_etag(self, path: str, *, max_size: int) -> tuple[bytes, str | None]:
+        """The whole object and the ETag it was answered with (None when the store sent none)."""
         import obstore
 
         self._check(path)
 
-        def fetch() -> bytes:  # a retry after a broken body starts over
+        def fetch() -> tuple[bytes, str | None]:  # a retry after a broken body starts over
             result = obstore.get(self._store(), path)
             size = int(result.meta["size"])
             if size > max_size:  # before the body is read
@@ -666,16 +675,16 @@ class S3Storage(ScannedStorage):
             data = bytes(result.bytes())
             if len(data) != size:  # the answer's own length: a broken transfer (L4)
                 raise _BadAnswerError(f"the answer says {size} bytes, and {len(data)} came")
-            return data
+            return data, result.meta.get("e_tag")
 
         try:
-            data = self._retrying(fetch, "GET", path)
+            data, etag = self._retrying(fetch, "GET", path)
         except CheckpointError:
             raise
         except Exception as exc:
             self._fail("read", path, exc)
         self.stats.add(get_requests=1, get_bytes=len(data))
-        return data
+        return data, etag
 
     def _head(self, path: str) -> dict[str, Any]:
         import obstore
@@ -1243,7 +1252,7 @@ class S3Storage(ScannedStorage):
         answered = True  # whether the server answered that failure (then it is done with it)
         for _ in range(self.options.max_attempts):
             try:
-                self._put_object(path, key, data, crc, IfNoneMatch="*")
+                put = self._put_object(path, key, data, crc, IfNoneMatch="*")
             except StorageError as exc:  # stored, but not the bytes sent (a corrupted upload)
                 lost = exc
                 break
@@ -1261,7 +1270,7 @@ class S3Storage(ScannedStorage):
                 break
             else:
                 if not self.validates_checksums():
-                    self._check_stored(path, data)  # raises: deleted, nothing published
+                    self._check_stored(path, data, put)  # raises if other bytes are stored
                 return True
         try:
             existing = self.read_all(path, max_size=max(len(data), 1) * 2 + 1024)
@@ -1281,8 +1290,13 @@ class S3Storage(ScannedStorage):
             raise self._unknown(path, lost)
         return False
 
-    def _check_stored(self, path: str, data: bytes) -> None:
+    def _check_stored(self, path: str, data: bytes, put: dict[str, Any]) -> None:
         """Read a record back from a store that does not check uploads; undo it if it differs.
+
+        Only the object this create stored is deleted: the one under the ETag the ``PUT`` was
+        answered with (and deleted by its version, or on that ETag). Other bytes under another
+        ETag are another writer's (the store let a second conditional PUT through, or the
+        object was replaced since): they are left as they are.
 
         Raises:
             StorageError: other bytes were stored (deleted again: a corrupted transfer is not
@@ -1290,13 +1304,14 @@ class S3Storage(ScannedStorage):
             CommitOutcomeUnknownError: the record could not be read back. The PUT succeeded,
                 so it may be published: a 404 here is the lag of errata 9, not "not created",
                 and the caller must remove nothing (attack review 2 F4: the writer's data was
-                deleted under a published record).
+                deleted under a published record). Also when the object holds other bytes
+                that this create cannot show to be its own (another ETag, or none).
 
         """
         try:
-            stored: bytes | None = self.read_all(path, max_size=len(data) + 1)
+            stored, etag = self._get_with_etag(path, max_size=len(data) + 1)
         except LimitError:
-            stored = None  # longer than what was sent: other bytes
+            stored, etag = None, None  # longer than what was sent: other bytes, whose?
         except CheckpointError as exc:
             raise CommitOutcomeUnknownError(
                 f"create {self._where(path)}: the store accepted the record, but reading it back "
@@ -1305,14 +1320,62 @@ class S3Storage(ScannedStorage):
                 "and `verify`, then save again if it is missing",
                 path=path,
             ) from exc
-        if stored != bytes(data):
-            self.delete(path)
-            raise StorageError(
-                f"create {self._where(path)}: the store kept other bytes than were sent (a "
-                "corrupted upload it did not check); the object was deleted and nothing is "
-                "published: retry",
+        if stored == bytes(data):
+            return
+        own = {k: put[k] for k in ("ETag", "VersionId") if isinstance(put.get(k), str)}
+        put_etag = own.get("ETag")
+        ours = etag is not None and put_etag is not None and _bare_etag(etag) == _bare_etag(
+            put_etag)
+        if not (ours and self._delete_stored(path, own)):  # False: another's object by now
+            raise CommitOutcomeUnknownError(
+                f"create {self._where(path)}: the store accepted the record, but it now holds "
+                f"other bytes (ETag {etag or 'unknown'}, the upload's was "
+                f"{put_etag or 'unknown'}): another writer's object, or a store that does not "
+                "decide If-None-Match atomically. Nothing was removed: check the record with "
+                "`portable-ckpt verify`, and that one writer commits each attempt",
                 path=path,
             )
+        # Deleted above: the upload's own object, with other bytes (corrupted in transit).
+        raise StorageError(
+            f"create {self._where(path)}: the store kept other bytes than were sent (a "
+            "corrupted upload it did not check); the object was deleted and nothing is "
+            "published: retry",
+            path=path,
+        )
+
+    def _delete_stored(self, path: str, stored: dict[str, Any]) -> bool:
+        """Delete the object a PUT or upload stored (``stored``: its answer's ETag, VersionId).
+
+        Never another writer's object of the same key: the delete names the version where the
+        bucket keeps versions, else is conditional on the ETag (``If-Match``: a 412 means
+        another writer's object is there now, left alone). Where the store gave neither, a
+        plain delete. False when nothing of ours was there (412, or 404).
+        """
+        key = self._key(path)
+        base: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        tries = []
+        if stored.get("VersionId", "null") != "null":
+            # ("null": no versioning, or suspended; that version is whichever upload was last)
+            tries.append({**base, "VersionId": stored["VersionId"]})
+        if "ETag" in stored:
+            tries.append({**base, "IfMatch": stored["ETag"]})
+        for i, kwargs in enumerate(tries or [base]):
+            try:
+                self._boto_call(
+                    functools.partial(self._client().delete_object, **kwargs), "DELETE", key)
+            except Exception as exc:
+                code, status, _ = classify_error(exc)
+                if code in ("PreconditionFailed", "NoSuchKey") or status in (404, 412):
+                    return False  # another writer's object is there now, or none
+                if "VersionId" in kwargs and i + 1 < len(tries) and (
+                        code == "AccessDenied" or status == 403):
+                    # deleting a version takes s3:DeleteObjectVersion, which many roles lack
+                    # (maintainer review 24, 3): the conditional delete of the object instead
+                    continue
+                self._fail("delete", path, exc)
+            self.stats.add(other_requests=1)
+            return True
+        return False  # unreachable: the last try returns or raises
 
     def _unknown(self, path: str, cause: BaseException) -> CommitOutcomeUnknownError:
         return CommitOutcomeUnknownError(
