@@ -17,6 +17,7 @@ from conformance.schemas import (
     SCHEMA_UNITS_PER_VALUE,
     BudgetExceeded,
     OtherDialect,
+    json_values,
     without_dialect,
 )
 from conformance.spec import (
@@ -105,7 +106,7 @@ class EntryChecks(CheckerBase):
             except StrictJsonError as exc:
                 raise Problem("PCK-JSON-INVALID", f"value file {rel!r}: {exc}") from None
             if schema_doc is not None:
-                units = SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * _values_of(value)
+                units = SCHEMA_BASE_UNITS + SCHEMA_UNITS_PER_VALUE * json_values(value)
                 try:
                     # Built-in schemas take integer tokens (R-SEC-18, errata 6: {"step": 4.0}
                     # is no step); embedded ones keep Draft 2020-12's 1.0 == 1.
@@ -163,16 +164,6 @@ class EntryChecks(CheckerBase):
             raise Problem("PCK-ENTRY-SCHEMA", f"json_schema: {exc} (§12.1)") from None
         return (js if isinstance(js, dict) else {"not": {}} if js is False else {}), None
 
-
-
-def _values_of(value: Any) -> int:
-    """JSON values of a decoded value (containers and scalars; R-SEC-15)."""
-    n, todo = 0, [value]
-    while todo:
-        v = todo.pop()
-        n += 1
-        todo.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
-    return n
 
 
 def _step_of(value: Any) -> Any:

@@ -14,7 +14,7 @@ from conformance.spec import BUILTIN_SCHEMA_FILES
 
 __all__ = ["DRAFT_2020_12", "REQUIRED_SCHEMAS", "SCHEMA_BASE_UNITS", "SCHEMA_UNITS_PER_VALUE",
            "BudgetExceeded", "OtherDialect", "SchemaSet", "SchemasUnavailable", "default_schema_dir",
-           "load_schemas", "without_dialect"]
+           "json_values", "load_schemas", "without_dialect"]
 
 #: The dialect of the spec's schemas and of every embedded schema (spec §12.1, §19.2).
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
@@ -439,7 +439,8 @@ def _metered(keyword: str, fn: Any) -> Any:
     return run
 
 
-def _size(v: Any) -> int:
+def json_values(v: Any) -> int:
+    """JSON values of a decoded value, containers and scalars alike (R-SEC-15)."""
     n, todo = 0, [v]
     while todo:
         x = todo.pop()
@@ -451,7 +452,7 @@ def _size(v: Any) -> int:
 def _enum(validator: Any, enums: Any, instance: Any, schema: Any) -> Any:
     from jsonschema import ValidationError
 
-    _charge(_size(instance))
+    _charge(json_values(instance))
     if not isinstance(enums, list) or _key(instance) not in _enum_keys(enums):
         yield ValidationError(f"{instance!r:.80} is not one of the enumerated values")
 
@@ -464,7 +465,7 @@ def _enum_keys(enums: list[Any]) -> frozenset[Any]:
     if hit is None or hit[0] is not enums:  # the list is kept alive with its set
         if len(_ENUMS) > 1024:
             _ENUMS.clear()
-        _charge(_size(enums))
+        _charge(json_values(enums))
         hit = _ENUMS[id(enums)] = (enums, frozenset(_key(v) for v in enums))
     return hit[1]
 
@@ -472,7 +473,7 @@ def _enum_keys(enums: list[Any]) -> frozenset[Any]:
 def _const(validator: Any, const: Any, instance: Any, schema: Any) -> Any:
     from jsonschema import ValidationError
 
-    _charge(_size(instance) + _size(const))
+    _charge(json_values(instance) + json_values(const))
     if _key(instance) != _key(const):
         yield ValidationError(f"{instance!r:.80} is not the constant")
 
