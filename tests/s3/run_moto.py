@@ -31,7 +31,7 @@ from moto.server import main
 # CRC32C("123456789") = 0xE3069283 (RFC 3720, B.4).
 _VECTOR = base64.b64encode((0xE3069283).to_bytes(4, "big"))
 
-_CONDITIONAL = threading.Lock()
+_CONDITIONAL = threading.RLock()  # re-entered if a locked handler calls another
 
 
 def _atomic_if_conditional(method: Callable[..., Any]) -> Callable[..., Any]:
