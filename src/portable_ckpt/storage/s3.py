@@ -1294,9 +1294,10 @@ class S3Storage(ScannedStorage):
         """Read a record back from a store that does not check uploads; undo it if it differs.
 
         Only the object this create stored is deleted: the one under the ETag the ``PUT`` was
-        answered with (and deleted by its version, or on that ETag). Other bytes under another
-        ETag are another writer's (the store let a second conditional PUT through, or the
-        object was replaced since): they are left as they are.
+        answered with, deleted by its version or on that ETag (where the store sent no ETag,
+        the one at the attempt's own name, which no other writer creates). Other bytes under
+        another ETag are another writer's (the store let a second conditional PUT through, or
+        the object was replaced since): they are left as they are.
 
         Raises:
             StorageError: other bytes were stored (deleted again: a corrupted transfer is not
@@ -1305,7 +1306,8 @@ class S3Storage(ScannedStorage):
                 so it may be published: a 404 here is the lag of errata 9, not "not created",
                 and the caller must remove nothing (attack review 2 F4: the writer's data was
                 deleted under a published record). Also when the object holds other bytes
-                that this create cannot show to be its own (another ETag, or none).
+                under another ETag than the upload's, or another object was there by the time
+                of the delete.
 
         """
         try:
@@ -1324,13 +1326,14 @@ class S3Storage(ScannedStorage):
             return
         own = {k: put[k] for k in ("ETag", "VersionId") if isinstance(put.get(k), str)}
         put_etag = own.get("ETag")
-        ours = etag is not None and put_etag is not None and _bare_etag(etag) == _bare_etag(
+        # Without both ETags the attempt's own name decides: no other writer creates it.
+        theirs = etag is not None and put_etag is not None and _bare_etag(etag) != _bare_etag(
             put_etag)
-        if not (ours and self._delete_stored(path, own)):  # False: another's object by now
+        if theirs or not self._delete_stored(path, own):  # False: another's object by now
             raise CommitOutcomeUnknownError(
                 f"create {self._where(path)}: the store accepted the record, but it now holds "
-                f"other bytes (ETag {etag or 'unknown'}, the upload's was "
-                f"{put_etag or 'unknown'}): another writer's object, or a store that does not "
+                f"other bytes (ETag {etag}, the upload's was {put_etag}): another writer's "
+                "object, or a store that does not "
                 "decide If-None-Match atomically. Nothing was removed: check the record with "
                 "`portable-ckpt verify`, and that one writer commits each attempt",
                 path=path,
